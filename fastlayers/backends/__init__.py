@@ -1,0 +1,79 @@
+"""Backend selection: the active Ops object lives in a ContextVar (default ``cpu``).
+
+``use_ops`` switches it for a block; ``set_num_threads`` sizes Numba's and the BLAS thread pools.
+Backends are imported lazily, so ``import fastlayers`` loads neither Numba nor any kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import threading
+
+from ..errors import UnsupportedError
+from .reference import ReferenceOps
+
+_BACKENDS = {
+    "reference": ("fastlayers.backends.reference", "ReferenceOps"),
+    "cpu": ("fastlayers.backends.cpu", "CpuOps"),
+}
+_instances: dict[str, ReferenceOps] = {}
+_instances_lock = threading.Lock()
+_active: contextvars.ContextVar[str] = contextvars.ContextVar("fastlayers_ops", default="cpu")
+_num_threads: list[int | None] = [None]
+
+
+def get_ops(name: str | None = None) -> ReferenceOps:
+    """Return the Ops instance of backend ``name`` (default: the active one)."""
+    name = _active.get() if name is None else name
+    ops = _instances.get(name)
+    if ops is None:
+        if name not in _BACKENDS:
+            if name == "cuda":
+                raise UnsupportedError("backend 'cuda' is not available yet; use 'cpu' or 'reference'")
+            raise UnsupportedError(f"unknown backend {name!r}; expected one of {sorted(_BACKENDS)}")
+        with _instances_lock:
+            ops = _instances.get(name)
+            if ops is None:
+                module, cls = _BACKENDS[name]
+                ops = _instances[name] = getattr(importlib.import_module(module), cls)()
+    return ops
+
+
+@contextlib.contextmanager
+def use_ops(name: str):
+    """Run the block with backend ``name`` ("reference" or "cpu") in this thread's context.
+
+    Examples
+    --------
+    >>> with fastlayers.use_ops("reference"):
+    ...     y = model(x)
+    """
+    get_ops(name)  # fail before the block starts
+    token = _active.set(name)
+    try:
+        yield get_ops(name)
+    finally:
+        _active.reset(token)
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads in Numba's parallel kernels and in the BLAS library numpy calls."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
+    _num_threads[0] = n
+    import sys
+
+    if "numba" in sys.modules:  # otherwise applied when the cpu backend loads
+        from ._jit import apply_num_threads
+
+        apply_num_threads()
+
+
+def get_num_threads() -> int | None:
+    """The count set by ``set_num_threads``, or None when the libraries' defaults are in force."""
+    return _num_threads[0]

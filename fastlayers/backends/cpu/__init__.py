@@ -1,0 +1,95 @@
+"""CpuOps: ReferenceOps with the hot primitives replaced by Numba kernels (BLAS for products).
+
+Kernels work on C-contiguous float32 rows; the methods here reshape to rows, allocate the output
+and pick the kernel. Anything not overridden falls back to the numpy reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import apply_num_threads, warmup  # noqa: F401  (re-exported for the CLI)
+from ..reference import ReferenceOps
+from . import _elementwise, _rows
+
+_EMPTY = np.zeros(0, dtype=np.float32)
+
+
+def _rows_of(x: np.ndarray) -> np.ndarray:
+    """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+
+
+class CpuOps(ReferenceOps):
+    """Compiled CPU backend."""
+
+    name = "cpu"
+
+    def __init__(self):
+        apply_num_threads()
+
+    def activation(self, x, name, alpha=0.0):
+        if name == "softmax":
+            return self.softmax(x, -1)
+        if name == "log_softmax":
+            return self.log_softmax(x, -1)
+        code = _elementwise.CODES.get(name)
+        if code is None or x.size == 0:
+            return super().activation(x, name, alpha)
+        xr = _rows_of(x)
+        out = np.empty_like(xr)
+        _elementwise.bias_act_rows(xr, _EMPTY, out, code, np.float32(alpha))
+        return out.reshape(x.shape)
+
+    def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
+        y = np.matmul(x, w_io)  # BLAS sgemm
+        if y.size == 0 or (b_o is None and activation == "linear"):
+            return y
+        code = _elementwise.CODES.get(activation)
+        if b_o is not None or code is not None:
+            yr = y.reshape(-1, y.shape[-1])
+            b = _EMPTY if b_o is None else b_o
+            _elementwise.bias_act_rows(yr, b, yr, _elementwise.LINEAR if code is None else code,
+                                       np.float32(alpha))
+        return y if code is not None else self.activation(y, activation, alpha)
+
+    def _last_axis_rows(self, kernel, x, axis, fallback):
+        if x.size == 0 or x.ndim == 0 or isinstance(axis, tuple):
+            return fallback(x, axis)
+        moved = axis not in (-1, x.ndim - 1)
+        xm = np.moveaxis(x, axis, -1) if moved else x
+        xr = _rows_of(xm)
+        out = np.empty_like(xr)
+        kernel(xr, out)
+        out = out.reshape(xm.shape)
+        return np.moveaxis(out, -1, axis) if moved else out
+
+    def softmax(self, x, axis=-1):
+        return self._last_axis_rows(_rows.softmax_rows, x, axis, super().softmax)
+
+    def log_softmax(self, x, axis=-1):
+        return self._last_axis_rows(_rows.log_softmax_rows, x, axis, super().log_softmax)
+
+    def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
+        if tuple(a % x.ndim for a in axes) != (x.ndim - 1,) or x.size == 0:
+            return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
+        xr = _rows_of(x)
+        out = np.empty_like(xr)
+        _rows.layer_norm_rows(xr, _EMPTY if gamma is None else gamma,
+                              _EMPTY if beta is None else beta, np.float32(epsilon), rms, out)
+        return out.reshape(x.shape)
+
+    def batch_norm(self, x, mean, var, gamma, beta, epsilon, axis=-1):
+        if axis % x.ndim != x.ndim - 1 or x.size == 0:
+            return super().batch_norm(x, mean, var, gamma, beta, epsilon, axis)
+        scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
+        if gamma is not None:
+            scale = scale * gamma
+        shift = -mean * scale
+        if beta is not None:
+            shift = shift + beta
+        xr = _rows_of(x)
+        out = np.empty_like(xr)
+        _rows.scale_shift_rows(xr, scale.astype(np.float32), shift.astype(np.float32), out)
+        return out.reshape(x.shape)

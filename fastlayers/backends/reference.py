@@ -1,0 +1,178 @@
+"""ReferenceOps: every primitive in plain numpy; the readable oracle and the fallback of all backends.
+
+Primitives take float32 arrays and return new float32 arrays. They assume their arguments were
+validated by the calling layer (shapes, dtypes) and neither check nor coerce beyond that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedError
+
+SELU_ALPHA = 1.6732632423543772
+SELU_SCALE = 1.0507009873554805
+
+#: Activation names every backend understands, with the parameter ``alpha`` where one applies.
+ACTIVATIONS = (
+    "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "gelu_tanh", "sigmoid",
+    "hard_sigmoid", "tanh", "softmax", "log_softmax", "softplus", "softsign", "silu",
+    "exponential",
+)
+
+
+def erfc64(x: np.ndarray) -> np.ndarray:
+    """erfc(x) in float64, Chebyshev fit with relative error < 1.2e-7 everywhere (Numerical Recipes)."""
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    r = t * np.exp(-z * z + poly)
+    return np.where(x >= 0, r, 2.0 - r)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+def _activation(x, name, alpha):
+    if name == "linear":
+        return x.copy()
+    if name == "relu":
+        return np.maximum(x, np.float32(0))
+    if name == "relu6":
+        return np.minimum(np.maximum(x, np.float32(0)), np.float32(6))
+    if name == "leaky_relu":
+        return np.where(x >= 0, x, np.float32(alpha) * x)
+    if name in ("elu", "selu"):
+        a, s = (alpha, 1.0) if name == "elu" else (SELU_ALPHA, SELU_SCALE)
+        neg = np.float32(a) * np.expm1(np.minimum(x, np.float32(0)))
+        return np.float32(s) * np.where(x > 0, x, neg)
+    if name == "gelu":
+        x64 = x.astype(np.float64)
+        return (0.5 * x64 * erfc64(-x64 / np.sqrt(2.0))).astype(np.float32)
+    if name == "gelu_tanh":
+        x64 = x.astype(np.float64)
+        inner = np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3)
+        return (0.5 * x64 * (1.0 + np.tanh(inner))).astype(np.float32)
+    if name == "sigmoid":
+        return _sigmoid(x)
+    if name == "hard_sigmoid":
+        return np.minimum(np.maximum(x + np.float32(3), np.float32(0)), np.float32(6)) / np.float32(6)
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "softplus":
+        return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0))
+    if name == "softsign":
+        return x / (np.float32(1) + np.abs(x))
+    if name == "silu":
+        return x * _sigmoid(x)
+    if name == "exponential":
+        return np.exp(x)
+    if name == "softmax":
+        return _softmax(x, -1)
+    if name == "log_softmax":
+        return _log_softmax(x, -1)
+    raise UnsupportedError(f"activation {name!r} is not supported; expected one of {ACTIVATIONS}")
+
+
+def _softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax(x, axis):
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+class ReferenceOps:
+    """Numpy implementation of every primitive; subclasses override the hot ones."""
+
+    name = "reference"
+
+    def activation(self, x: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+        """y = f(x) elementwise (softmax and log_softmax over the last axis)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return _activation(x, name, alpha)
+
+    def dense(self, x: np.ndarray, w_io: np.ndarray, b_o: np.ndarray | None,
+              activation: str = "linear", alpha: float = 0.0) -> np.ndarray:
+        """y[..., o] = f(sum_i x[..., i] w[i, o] + b[o])."""
+        y = np.matmul(x, w_io)
+        if b_o is not None:
+            y += b_o
+        return y if activation == "linear" else self.activation(y, activation, alpha)
+
+    def softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
+        """y = exp(x - max x) / sum exp(x - max x) along ``axis``."""
+        with np.errstate(invalid="ignore"):
+            return _softmax(x, axis)
+
+    def log_softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
+        """y = x - max x - log sum exp(x - max x) along ``axis``."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _log_softmax(x, axis)
+
+    def batch_norm(self, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                   gamma: np.ndarray | None, beta: np.ndarray | None, epsilon: float,
+                   axis: int = -1) -> np.ndarray:
+        """y = gamma (x - mean) / sqrt(var + eps) + beta, statistics indexed along ``axis``."""
+        shape = [1] * x.ndim
+        shape[axis] = x.shape[axis]
+        scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
+        if gamma is not None:
+            scale = scale * gamma
+        shift = -mean * scale
+        if beta is not None:
+            shift = shift + beta
+        return x * scale.reshape(shape) + shift.reshape(shape)
+
+    def layer_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
+                   epsilon: float, axes: tuple[int, ...] = (-1,), rms: bool = False) -> np.ndarray:
+        """y = gamma (x - mean) / sqrt(var + eps) + beta over ``axes`` (rms: y = gamma x / sqrt(mean x^2 + eps))."""
+        if rms:
+            y = x / np.sqrt(np.mean(np.square(x), axis=axes, keepdims=True) + np.float32(epsilon))
+        else:
+            mean = np.mean(x, axis=axes, keepdims=True)
+            var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+            y = (x - mean) / np.sqrt(var + np.float32(epsilon))
+        shape = [1] * x.ndim
+        for a in axes:
+            shape[a] = x.shape[a]
+        if gamma is not None:
+            y = y * gamma.reshape(shape)
+        if beta is not None:
+            y = y + beta.reshape(shape)
+        return y.astype(np.float32, copy=False)
+
+    def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """y[..., :] = table[ids[...], :]."""
+        return table[ids]
+
+    def hsoftmax_log_probs(self, x: np.ndarray, w_in: np.ndarray, b_n: np.ndarray,
+                           path_nodes: np.ndarray, path_signs: np.ndarray) -> np.ndarray:
+        """log p[b, c] = sum_d log sigmoid(sign[c, d] (x[b] . w[:, node[c, d]] + b[node[c, d]])).
+
+        ``path_nodes``/``path_signs`` are (C, depth); padded steps have sign 0 and contribute 0.
+        """
+        z = x @ w_in + b_n                                   # (B, N)
+        zs = z[:, path_nodes] * path_signs                   # (B, C, depth)
+        return np.sum(_log_sigmoid(zs) * (path_signs != 0), axis=-1)
+
+    def hsoftmax_class_log_probs(self, x: np.ndarray, w_in: np.ndarray, b_n: np.ndarray,
+                                 path_nodes: np.ndarray, path_signs: np.ndarray,
+                                 classes: np.ndarray) -> np.ndarray:
+        """log p[b] = sum_d log sigmoid(sign[y_b, d] (x[b] . w[:, node[y_b, d]] + b[node[y_b, d]]))."""
+        nodes = path_nodes[classes]                          # (B, depth)
+        signs = path_signs[classes]
+        w_bdi = np.moveaxis(w_in[:, nodes], 0, -1)           # (B, depth, I)
+        z = np.einsum("bi,bdi->bd", x, w_bdi) + b_n[nodes]
+        return np.sum(_log_sigmoid(z * signs) * (signs != 0), axis=-1)
+
+
+def _log_sigmoid(z):
+    """log sigmoid(z) = -softplus(-z), stable for large |z|."""
+    return -(np.log1p(np.exp(-np.abs(z))) + np.maximum(-z, np.float32(0)))

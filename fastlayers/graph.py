@@ -1,0 +1,426 @@
+"""Model graphs: symbolic tensors, ``Input``, functional ``Model`` and ``Sequential``.
+
+A model is a DAG of nodes, one per layer call, in topological order. Running it keeps every
+intermediate value in a dict local to the call, so one model serves many threads at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from .errors import ShapeError
+from .layers.base import Layer, as_float32, shape_str
+
+
+class SymbolicTensor:
+    """A placeholder for an array in a graph under construction (Keras's KerasTensor)."""
+
+    def __init__(self, shape: tuple, node: Node, index: int = 0):
+        self.shape = tuple(shape)
+        self.node = node
+        self.index = index
+        self.dtype = "float32"
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __repr__(self):
+        return f"<SymbolicTensor shape={shape_str(self.shape)} from {self.node.layer.name!r}>"
+
+
+class Node:
+    """One call of ``layer`` on ``args`` (a symbolic tensor or a list of them)."""
+
+    def __init__(self, layer: Layer, args, extra_args: tuple, kwargs: dict):
+        self.layer, self.args, self.extra_args, self.kwargs = layer, args, extra_args, kwargs
+        self.outputs: list[SymbolicTensor] = []
+
+    @property
+    def parents(self) -> list[SymbolicTensor]:
+        if self.args is None:
+            return []
+        return list(self.args) if isinstance(self.args, (list, tuple)) else [self.args]
+
+
+def is_symbolic(x) -> bool:
+    if isinstance(x, SymbolicTensor):
+        return True
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, SymbolicTensor) for t in x)
+
+
+def call_symbolic(layer: Layer, inputs, args, kwargs):
+    """Record a call of ``layer`` in the graph; return its symbolic output(s)."""
+    if isinstance(inputs, tuple):
+        inputs = list(inputs)
+    shape = [t.shape for t in inputs] if isinstance(inputs, list) else inputs.shape
+    layer._ensure_built(shape)
+    layer._check_spec(shape)
+    out_shape = layer.compute_output_shape(shape, *args, **kwargs) if (args or kwargs) \
+        else layer.compute_output_shape(shape)
+    node = Node(layer, inputs, args, kwargs)
+    multi = isinstance(out_shape, list)
+    shapes = out_shape if multi else [out_shape]
+    node.outputs = [SymbolicTensor(s, node, i) for i, s in enumerate(shapes)]
+    layer._inbound_nodes.append(node)
+    return node.outputs if multi else node.outputs[0]
+
+
+class InputLayer(Layer):
+    """The source of a graph's input; ``Input`` makes one and returns its tensor."""
+
+    config_keys = ("batch_shape", "dtype")
+
+    def __init__(self, shape=None, batch_size=None, name=None, batch_shape=None, dtype=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        #: Integer inputs (token ids) keep their dtype; everything else is cast to float32.
+        self.keep_dtype = dtype is not None and np.dtype(dtype).kind in "iu"
+        self.dtype = "float32" if dtype is None else np.dtype(dtype).name
+        if batch_shape is None:
+            if shape is None:
+                raise ShapeError(f"InputLayer {self.name!r}: give shape (without batch) or batch_shape")
+            batch_shape = (batch_size, *tuple(shape))
+        self.batch_shape = tuple(None if d is None else int(d) for d in batch_shape)
+        self.built = True
+        node = Node(self, None, (), {})
+        node.outputs = [SymbolicTensor(self.batch_shape, node)]
+        self._inbound_nodes.append(node)
+        self.output = node.outputs[0]
+
+    def check(self, x: np.ndarray) -> None:
+        want = self.batch_shape
+        if x.ndim != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
+            raise ShapeError(f"input {self.name!r}: expected shape {shape_str(want)}, got {x.shape}")
+
+
+def Input(shape=None, batch_size=None, name=None, dtype=None, batch_shape=None, **kwargs) -> SymbolicTensor:
+    """A symbolic graph input of ``shape`` (without the batch axis), as ``keras.Input``.
+
+    Parameters
+    ----------
+    shape : tuple of int or None
+        The shape of one sample; None marks a size known only at call time.
+    batch_size : int, optional
+        A fixed batch size (default: any).
+    name : str, optional
+        The input's name, used to pass inputs as a dict.
+    """
+    return InputLayer(shape=shape, batch_size=batch_size, name=name, dtype=dtype,
+                      batch_shape=batch_shape, **kwargs).output
+
+
+def _flatten(x) -> list:
+    if isinstance(x, dict):
+        return list(x.values())
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class Model(Layer):
+    """A functional model: a DAG of layer calls from ``inputs`` to ``outputs``.
+
+    Parameters
+    ----------
+    inputs : SymbolicTensor or list of SymbolicTensor
+        Tensors returned by ``fastlayers.Input``.
+    outputs : SymbolicTensor or list of SymbolicTensor
+        Tensors computed from the inputs by calling layers.
+    name : str, optional
+
+    Examples
+    --------
+    >>> x = fastlayers.Input(shape=(64,))
+    >>> h = fastlayers.layers.Dense(32, activation="relu")(x)
+    >>> model = fastlayers.Model(x, fastlayers.layers.Dense(10, activation="softmax")(h))
+    >>> model(np.zeros((2, 64))).shape
+    (2, 10)
+    """
+
+    def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        if inputs is not None:
+            self._init_graph(inputs, outputs)
+
+    def _init_graph(self, inputs, outputs) -> None:
+        self._single_input = not isinstance(inputs, (list, tuple, dict))
+        self._single_output = not isinstance(outputs, (list, tuple))
+        self.inputs = _flatten(inputs)
+        self.outputs = _flatten(outputs)
+        for t in self.inputs + self.outputs:
+            if not isinstance(t, SymbolicTensor):
+                raise TypeError(f"model {self.name!r}: inputs and outputs must be tensors from "
+                                f"fastlayers.Input and layer calls, got {type(t).__name__}")
+        for t in self.inputs:
+            if not isinstance(t.node.layer, InputLayer):
+                raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
+        self._nodes = self._topological_nodes()
+        seen, self._layers = set(), []
+        for node in self._nodes:
+            if id(node.layer) not in seen:
+                seen.add(id(node.layer))
+                self._layers.append(node.layer)
+        names = [layer.name for layer in self._layers]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"model {self.name!r}: layer names must be unique, repeated: {duplicated}")
+        self.built = True
+
+    def _topological_nodes(self) -> list[Node]:
+        order, state = [], {}
+        input_nodes = {id(t.node) for t in self.inputs}
+        stack = [(t.node, False) for t in reversed(self.outputs)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                state[id(node)] = 2
+                order.append(node)
+                continue
+            if state.get(id(node)):
+                continue
+            if isinstance(node.layer, InputLayer) and id(node) not in input_nodes:
+                raise ValueError(f"model {self.name!r}: output depends on input "
+                                 f"{node.layer.name!r}, which is not among the model's inputs")
+            state[id(node)] = 1
+            stack.append((node, True))
+            stack.extend((p.node, False) for p in reversed(node.parents) if not state.get(id(p.node)))
+        return order
+
+    # ---------------------------------------------------------------------------- structure
+    @property
+    def layers(self) -> list[Layer]:
+        """Layers in topological order (InputLayer included, as in Keras functional models)."""
+        return list(self._layers)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.node.layer.name for t in self.inputs]
+
+    def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
+        """The layer called ``name``, or at position ``index`` of ``layers``."""
+        if index is not None:
+            return self.layers[index]
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise ValueError(f"model {self.name!r} has no layer {name!r}; layers: "
+                         f"{[layer.name for layer in self.layers]}")
+
+    @property
+    def weights(self):
+        return [w for layer in self.layers for w in layer.weights]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """All weights, layer by layer in ``layers`` order, each layer in Keras order."""
+        return [w for layer in self.layers for w in layer.get_weights()]
+
+    def set_weights(self, weights) -> None:
+        """Set all weights from a flat list in ``get_weights`` order."""
+        weights = list(weights)
+        expected = sum(len(layer.weights) for layer in self.layers)
+        if len(weights) != expected:
+            raise ShapeError(f"model {self.name!r} expects {expected} weight arrays, got {len(weights)}")
+        i = 0
+        for layer in self.layers:
+            n = len(layer.weights)
+            if n:
+                layer.set_weights(weights[i:i + n])
+            i += n
+
+    def count_params(self) -> int:
+        return sum(layer.count_params() for layer in self.layers)
+
+    def compute_output_shape(self, input_shape):
+        shapes = [t.shape for t in self.outputs]
+        return shapes[0] if self._single_output else shapes
+
+    def _check_spec(self, shape) -> None:
+        shapes = shape if isinstance(shape, list) else [shape]
+        for t, s in zip(self.inputs, shapes):
+            want = t.shape
+            if len(s) != len(want) or any(w is not None and d is not None and w != d
+                                          for w, d in zip(want[1:], s[1:])):
+                raise ShapeError(f"model {self.name!r} input {t.node.layer.name!r}: expected shape "
+                                 f"{shape_str(want)}, got {shape_str(s)}")
+
+    # ------------------------------------------------------------------------------ running
+    def _prepare_inputs(self, inputs):
+        n = len(self.inputs)
+        if isinstance(inputs, dict):
+            missing = [k for k in self.input_names if k not in inputs]
+            if missing:
+                raise ShapeError(f"model {self.name!r}: missing inputs {missing}; got keys {sorted(inputs)}")
+            arrays = [inputs[k] for k in self.input_names]
+        elif isinstance(inputs, (list, tuple)) and not (n == 1 and _is_array_like_batch(inputs)):
+            arrays = list(inputs)
+        else:
+            arrays = [inputs]
+        if len(arrays) != n:
+            raise ShapeError(f"model {self.name!r} expects {n} input(s) {self.input_names}, got {len(arrays)}")
+        out = []
+        for t, a in zip(self.inputs, arrays):
+            a = as_float32(a, f"model {self.name!r} input {t.node.layer.name!r}") \
+                if not getattr(t.node.layer, "keep_dtype", False) else np.asarray(a)
+            t.node.layer.check(a)
+            out.append(a)
+        return out if n > 1 else out[0]
+
+    def __call__(self, *inputs, **kwargs):
+        """Run the model on numpy arrays (one per input: positional, a list or a dict by name)."""
+        kwargs.pop("training", None)
+        if len(inputs) == 1:
+            inputs = inputs[0]
+        elif len(inputs) == 0:
+            raise TypeError(f"model {self.name!r}: no input given")
+        else:
+            inputs = list(inputs)
+        return super().__call__(inputs, **kwargs)
+
+    def call(self, x):
+        arrays = x if isinstance(x, list) else [x]
+        values: dict[int, Any] = {}
+        for t, a in zip(self.inputs, arrays):
+            values[id(t)] = a
+        for node in self._nodes:
+            if isinstance(node.layer, InputLayer):
+                continue
+            if isinstance(node.args, list):
+                args = [values[id(t)] for t in node.args]
+            else:
+                args = values[id(node.args)]
+            out = node.layer(args, *node.extra_args, **node.kwargs)
+            outs = out if len(node.outputs) > 1 else [out]
+            for t, v in zip(node.outputs, outs):
+                values[id(t)] = v
+        results = [values[id(t)] for t in self.outputs]
+        return results[0] if self._single_output else results
+
+    def predict(self, x, batch_size: int | None = None, verbose: int = 0):
+        """Run the model in batches of ``batch_size`` (all at once by default), like Keras."""
+        arrays = self._prepare_inputs(x if not isinstance(x, tuple) else list(x))
+        arrays = arrays if isinstance(arrays, list) else [arrays]
+        total = arrays[0].shape[0]
+        if not batch_size or total <= batch_size:
+            return self(arrays if len(arrays) > 1 else arrays[0])
+        parts = []
+        for start in range(0, total, batch_size):
+            chunk = [a[start:start + batch_size] for a in arrays]
+            parts.append(self(chunk if len(chunk) > 1 else chunk[0]))
+        if self._single_output:
+            return np.concatenate(parts)
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(self.outputs))]
+
+    # -------------------------------------------------------------------------- description
+    def summary(self, print_fn=None, line_length: int = 98) -> None:
+        """Print each layer with its output shape, parameter count and inputs, then totals."""
+        from .summary import model_summary
+
+        (print_fn or (lambda s: print(s, file=sys.stdout)))(model_summary(self, line_length))
+
+    def save(self, path) -> None:
+        """Write architecture and weights to one file (fastlayers native format, no pickle)."""
+        from .io.native import save_model
+
+        save_model(self, path)
+
+    def get_config(self) -> dict:
+        from .io.native import model_config
+
+        return model_config(self)
+
+
+def _is_array_like_batch(x) -> bool:
+    """A list that is one nested-list array rather than a list of several inputs."""
+    return not any(isinstance(e, np.ndarray) for e in x)
+
+
+class Sequential(Model):
+    """A linear stack of layers, as ``keras.Sequential``.
+
+    Built as soon as the input shape is known: from a leading ``Input``/``InputLayer``, a first
+    layer given ``input_shape``, or else at the first call.
+
+    Parameters
+    ----------
+    layers : list of Layer, optional
+    name : str, optional
+    """
+
+    def __init__(self, layers=None, name=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._stack: list[Layer] = []
+        self._input_layer: InputLayer | None = None
+        self._lazy_lock = threading.Lock()
+        for layer in layers or []:
+            self.add(layer)
+
+    def add(self, layer) -> None:
+        """Append a layer (or a leading ``Input`` tensor) and rebuild the graph if possible."""
+        if isinstance(layer, SymbolicTensor):
+            layer = layer.node.layer
+        if isinstance(layer, InputLayer):
+            if self._stack or self._input_layer is not None:
+                raise ValueError(f"Sequential {self.name!r}: an Input can only come first")
+            self._input_layer = layer
+        elif isinstance(layer, Layer):
+            self._stack.append(layer)
+        else:
+            raise TypeError(f"Sequential {self.name!r}: expected a Layer, got {type(layer).__name__}")
+        self.built = False
+        shape = self._known_input_shape()
+        if shape is not None:
+            self._build_graph(shape)
+
+    def _known_input_shape(self):
+        if self._input_layer is not None:
+            return self._input_layer.batch_shape
+        if self._stack and self._stack[0]._batch_input_shape is not None:
+            return self._stack[0]._batch_input_shape
+        return None
+
+    def _build_graph(self, batch_shape) -> None:
+        if self._input_layer is None:
+            self._input_layer = InputLayer(batch_shape=batch_shape)
+        x = self._input_layer.output
+        for layer in self._stack:
+            x = layer(x)
+        self._init_graph(self._input_layer.output, x)
+
+    def build(self, input_shape) -> None:
+        with self._lazy_lock:
+            if not self.built:
+                self._build_graph(tuple(input_shape))
+
+    def _ensure_built(self, input_shape) -> None:
+        if not self.built:
+            self.build(input_shape)
+
+    def _prepare_inputs(self, inputs):
+        if not self.built:
+            if isinstance(inputs, (list, tuple)) and not _is_array_like_batch(inputs):
+                raise ShapeError(f"Sequential {self.name!r} takes one input")
+            a = as_float32(inputs, f"model {self.name!r} input")
+            self.build((None, *a.shape[1:]))
+            return a
+        return super()._prepare_inputs(inputs)
+
+    @property
+    def layers(self) -> list[Layer]:
+        """The stacked layers (without the InputLayer, as in Keras)."""
+        return list(self._stack)
+
+    def _require_built(self, what: str) -> None:
+        if not self.built:
+            raise ValueError(f"Sequential {self.name!r} is not built: {what} needs the input shape; "
+                             "start it with fastlayers.Input(shape) or call it once")
+
+    def summary(self, print_fn=None, line_length: int = 98) -> None:
+        self._require_built("summary()")
+        super().summary(print_fn, line_length)
+
+    def set_weights(self, weights) -> None:
+        self._require_built("set_weights()")
+        super().set_weights(weights)
+

@@ -1,0 +1,210 @@
+"""The native model file: one uncompressed ``.npz`` (zip) holding ``__fastlayers__`` (the JSON
+architecture, as uint8 bytes) and one array per weight, keyed ``<layer path>/<weight name>``.
+
+Reading needs numpy only and runs ``np.load(..., allow_pickle=False)``: no object arrays, no
+pickle, no code from the file is ever executed. Layer classes are looked up in a fixed registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FastlayersError, ModelFileError, UnsupportedError
+
+FORMAT = "fastlayers-model"
+VERSION = 1
+HEADER_KEY = "__fastlayers__"
+
+
+def _registry() -> dict:
+    from .. import layers
+    from ..graph import InputLayer, Model, Sequential
+
+    table = {name: getattr(layers, name) for name in layers.__all__
+             if isinstance(getattr(layers, name), type) and issubclass(getattr(layers, name), layers.Layer)}
+    table.update(InputLayer=InputLayer, Model=Model, Sequential=Sequential)
+    table.pop("Layer")
+    return table
+
+
+# ------------------------------------------------------------------------------------ writing
+def _layer_entry(layer) -> dict:
+    from ..graph import Model
+
+    if isinstance(layer, Model):
+        return model_config(layer)
+    return {"class_name": type(layer).__name__, "config": layer.get_config()}
+
+
+def model_config(model) -> dict:
+    """The JSON-compatible architecture of ``model`` (nested models included)."""
+    from ..graph import Sequential
+
+    if isinstance(model, Sequential):
+        model._require_built("saving")
+        return {"class_name": "Sequential", "config": {
+            "name": model.name, "batch_shape": list(model._input_layer.batch_shape),
+            "input_name": model._input_layer.name,
+            "layers": [_layer_entry(layer) for layer in model.layers]}}
+    node_ids = {id(node): i for i, node in enumerate(model._nodes)}
+
+    def ref(args):
+        if args is None:
+            return None
+        if isinstance(args, list):
+            return [ref(a) for a in args]
+        return [node_ids[id(args.node)], args.index]
+
+    nodes = [{"layer": node.layer.name, "args": ref(node.args), "extra_args": list(node.extra_args),
+              "kwargs": node.kwargs} for node in model._nodes]
+    return {"class_name": "Model", "config": {
+        "name": model.name, "layers": [_layer_entry(layer) for layer in model.layers],
+        "nodes": nodes, "inputs": [ref(t) for t in model.inputs],
+        "outputs": [ref(t) for t in model.outputs],
+        "single_input": model._single_input, "single_output": model._single_output}}
+
+
+def weight_items(model, prefix: str = ""):
+    """(key, layer, weight name) for every weight of ``model``, nested models flattened by path."""
+    from ..graph import Model
+
+    for layer in model.layers:
+        if isinstance(layer, Model):
+            yield from weight_items(layer, f"{prefix}{layer.name}/")
+        else:
+            for wname in layer.weight_names:
+                yield f"{prefix}{layer.name}/{wname}", layer, wname
+
+
+def save_model(model, path) -> None:
+    """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
+    from .. import __version__
+
+    try:
+        header = json.dumps({"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
+                             "model": model_config(model)})
+    except TypeError as e:
+        raise UnsupportedError(f"model {model.name!r} cannot be saved: a layer option is not "
+                               f"serializable ({e})") from e
+    arrays = {HEADER_KEY: np.frombuffer(header.encode(), dtype=np.uint8)}
+    for key, layer, wname in weight_items(model):
+        arrays[key] = getattr(layer, wname)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------ reading
+def is_native(path) -> bool:
+    """Whether ``path`` is a zip holding the fastlayers header."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return f"{HEADER_KEY}.npy" in z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _layer_from_entry(entry, registry, where):
+    if not isinstance(entry, dict) or "class_name" not in entry or "config" not in entry:
+        raise ModelFileError(f"{where}: malformed layer entry {str(entry)[:200]}")
+    cls_name, config = entry["class_name"], entry["config"]
+    if cls_name in ("Model", "Sequential"):
+        return model_from_config(entry, where)
+    cls = registry.get(cls_name)
+    if cls is None:
+        raise UnsupportedError(f"{where}: layer {config.get('name')!r} has unknown class {cls_name!r}")
+    try:
+        return cls.from_config(dict(config))
+    except FastlayersError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ModelFileError(f"{where}: layer {config.get('name')!r} ({cls_name}) has an invalid "
+                             f"config: {e}") from e
+
+
+def model_from_config(entry: dict, where: str = "model config"):
+    """Rebuild a model (weights initialized, not loaded) from ``model_config`` output."""
+    from ..graph import InputLayer, Model, Sequential
+
+    registry = _registry()
+    cfg = entry["config"]
+    if entry["class_name"] == "Sequential":
+        layers = [_layer_from_entry(e, registry, where) for e in cfg["layers"]]
+        first = InputLayer(batch_shape=cfg["batch_shape"], name=cfg.get("input_name"))
+        return Sequential([first, *layers], name=cfg["name"])
+    layers = {}
+    for e in cfg["layers"]:
+        layer = _layer_from_entry(e, registry, where)
+        layers[layer.name] = layer
+    outputs: list[list] = []
+
+    def resolve(ref):
+        if ref is None:
+            return None
+        if ref and isinstance(ref[0], list):
+            return [resolve(r) for r in ref]
+        return outputs[ref[0]][ref[1]]
+
+    for node in cfg["nodes"]:
+        layer = layers[node["layer"]]
+        if isinstance(layer, InputLayer):
+            outputs.append([layer.output])
+            continue
+        out = layer(resolve(node["args"]), *node.get("extra_args", []), **node.get("kwargs", {}))
+        outputs.append(out if isinstance(out, list) else [out])
+    inputs = [resolve(r) for r in cfg["inputs"]]
+    outs = [resolve(r) for r in cfg["outputs"]]
+    return Model(inputs[0] if cfg.get("single_input") else inputs,
+                 outs[0] if cfg.get("single_output") else outs, name=cfg["name"])
+
+
+def load_native(path):
+    """Read a model written by ``Model.save``."""
+    where = str(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(bytes(data[HEADER_KEY]).decode())
+            if header.get("format") != FORMAT:
+                raise ModelFileError(f"{where}: not a fastlayers model (format {header.get('format')!r})")
+            if header.get("version", 0) > VERSION:
+                raise UnsupportedError(f"{where}: written by a newer fastlayers (file format version "
+                                       f"{header['version']}, this version reads {VERSION})")
+            try:
+                model = model_from_config(header["model"], where)
+            except (KeyError, IndexError, TypeError, MemoryError) as e:
+                raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
+            expected = {key: (layer, wname) for key, layer, wname in weight_items(model)}
+            stored = set(data.files) - {HEADER_KEY}
+            missing, unexpected = sorted(set(expected) - stored), sorted(stored - set(expected))
+            if missing or unexpected:
+                raise ModelFileError(f"{where}: weights do not match the architecture; missing "
+                                     f"{missing[:10]}, unexpected {unexpected[:10]}")
+            for key, (layer, wname) in expected.items():
+                value = data[key]
+                current = getattr(layer, wname)
+                if value.shape != current.shape or value.dtype != np.float32:
+                    raise ModelFileError(f"{where}: weight {key!r} expects float32 {current.shape}, "
+                                         f"found {value.dtype} {value.shape}")
+                setattr(layer, wname, value)
+            for layer in {id(layer): layer for layer, _ in expected.values()}.values():
+                layer._weights_changed()
+    except FastlayersError:
+        raise
+    except FileNotFoundError as e:
+        raise ModelFileError(f"{where}: no such file") from e
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{where}: not a readable fastlayers model file "
+                             f"({type(e).__name__}: {e})") from e
+    return model

@@ -1,0 +1,255 @@
+"""Layer: the base of every fastlayers layer, with Keras's call, build and weight semantics."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_ops
+from ..errors import ShapeError, UnsupportedError
+
+# Keras constructor arguments that only matter for training: accepted and ignored.
+_TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"
+                            r"|^autocast$|^lora_(rank|alpha)$|^seed$|^noise_shape$")
+_name_counters: dict[str, itertools.count] = defaultdict(itertools.count)
+_name_lock = threading.Lock()
+
+
+def unique_name(base: str) -> str:
+    """Keras-style automatic names: ``dense``, ``dense_1``, ``dense_2``..."""
+    with _name_lock:
+        n = next(_name_counters[base])
+    return base if n == 0 else f"{base}_{n}"
+
+
+def snake_case(name: str) -> str:
+    """``BatchNormalization`` -> ``batch_normalization``; ``Conv2D`` -> ``conv2d``."""
+    s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", s).lower()
+
+
+def shape_str(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def as_float32(x: Any, where: str) -> np.ndarray:
+    """Cast a numeric input to float32 (bool, int, uint, float16/64); refuse other dtypes."""
+    a = np.asarray(x)
+    if a.dtype == np.float32:
+        return a
+    if a.dtype.kind not in "biuf":
+        raise ShapeError(f"{where}: expected a numeric array (cast to float32), got dtype {a.dtype}")
+    return a.astype(np.float32)
+
+
+class InputSpec:
+    """What a layer accepts: a rank (``ndim`` or ``min_ndim``) and fixed sizes of some axes."""
+
+    def __init__(self, ndim: int | None = None, min_ndim: int | None = None,
+                 axes: dict[int, int] | None = None):
+        self.ndim, self.min_ndim, self.axes = ndim, min_ndim, dict(axes or {})
+
+    def check(self, shape: tuple, where: str) -> None:
+        rank = len(shape)
+        if self.ndim is not None and rank != self.ndim:
+            raise ShapeError(f"{where}: expected an input of rank {self.ndim}{self._axes_text()}, "
+                             f"got shape {shape_str(shape)}")
+        if self.min_ndim is not None and rank < self.min_ndim:
+            raise ShapeError(f"{where}: expected an input of rank >= {self.min_ndim}"
+                             f"{self._axes_text()}, got shape {shape_str(shape)}")
+        for axis, size in self.axes.items():
+            if shape[axis] is not None and shape[axis] != size:
+                raise ShapeError(f"{where}: expected axis {axis} of size {size}, got shape "
+                                 f"{shape_str(shape)}")
+
+    def _axes_text(self):
+        return "".join(f", axis {a} of size {s}" for a, s in self.axes.items())
+
+
+_INITIALIZERS = {
+    "zeros": lambda rng, shape: np.zeros(shape, np.float32),
+    "ones": lambda rng, shape: np.ones(shape, np.float32),
+}
+
+
+def _glorot_uniform(rng, shape):
+    fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
+    fan_out = shape[-1]
+    if len(shape) > 2:  # convolution kernels: receptive field counts in both fans
+        receptive = int(np.prod(shape[:-2]))
+        fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+    limit = np.sqrt(6.0 / max(1, fan_in + fan_out))
+    return rng.uniform(-limit, limit, shape).astype(np.float32)
+
+
+class Layer:
+    """Base class of layers: Keras-style ``__call__`` on numpy arrays or symbolic tensors.
+
+    Subclasses implement ``build(input_shape)`` (create weights with ``add_weight``),
+    ``compute_output_shape(input_shape)`` and ``call(x)`` (numpy in, numpy out, through the
+    active backend ``self.ops``). Shapes passed to ``build`` include the batch axis as None.
+
+    Parameters
+    ----------
+    name : str, optional
+        Unique name in a model; default ``snake_case(class)`` with a counter.
+    dtype : str, optional
+        Only ``"float32"`` (or None) is supported.
+    input_shape, batch_size, batch_input_shape, input_dim
+        Keras's legacy way to give the first layer of a Sequential its input shape.
+    """
+
+    #: Names of constructor arguments stored as attributes of the same name (for get_config).
+    config_keys: tuple[str, ...] = ()
+    #: Whether call takes a list of inputs (merge layers).
+    multi_input = False
+
+    def __init__(self, name: str | None = None, dtype: Any = None, input_shape=None,
+                 batch_size=None, batch_input_shape=None, input_dim=None, **kwargs):
+        unknown = [k for k in kwargs if not _TRAINING_ONLY.match(k) and not k.endswith("_initializer")]
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unexpected keyword argument(s) {unknown}")
+        self._initializers = {k: v for k, v in kwargs.items() if k.endswith("_initializer")}
+        if dtype not in (None, "float32", np.float32) and getattr(dtype, "name", None) != "float32":
+            raise UnsupportedError(f"{type(self).__name__}: dtype {dtype!r} is not supported; "
+                                   "fastlayers computes in float32")
+        self.name = name or unique_name(snake_case(type(self).__name__))
+        if input_dim is not None:
+            input_shape = (input_dim,)
+        if batch_input_shape is not None:
+            batch_size, input_shape = batch_input_shape[0], tuple(batch_input_shape[1:])
+        self._batch_input_shape = None if input_shape is None else (batch_size, *input_shape)
+        self.built = False
+        self.input_spec: InputSpec | list[InputSpec] | None = None
+        self._weight_names: list[str] = []
+        self._build_lock = threading.Lock()
+        self._inbound_nodes: list = []
+
+    # ----------------------------------------------------------------------------- weights
+    def add_weight(self, name: str, shape: tuple[int, ...], initializer: str = "zeros"):
+        """Create weight ``name`` of ``shape`` (float32) as an attribute, in Keras order."""
+        init = self._initializers.get(f"{name}_initializer", initializer)
+        rng = np.random.default_rng()
+        value = _INITIALIZERS.get(init, _glorot_uniform)(rng, tuple(int(d) for d in shape))
+        setattr(self, name, value)
+        self._weight_names.append(name)
+        return value
+
+    @property
+    def weights(self) -> list[np.ndarray]:
+        return [getattr(self, n) for n in self._weight_names]
+
+    @property
+    def weight_names(self) -> list[str]:
+        """Names of this layer's weights in Keras order (``kernel``, ``bias``...)."""
+        return list(self._weight_names)
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the weights in Keras order."""
+        return [w.copy() for w in self.weights]
+
+    def set_weights(self, weights) -> None:
+        """Replace the weights (Keras order); each is cast to float32 and shape-checked."""
+        weights = list(weights)
+        if not self.built:
+            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}) is not built yet; call "
+                             "it on an input or put it in a model with a known input shape first")
+        if len(weights) != len(self._weight_names):
+            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}) expects "
+                             f"{len(self._weight_names)} weights {self._weight_names}, got {len(weights)}")
+        new = []
+        for wname, w in zip(self._weight_names, weights):
+            cur = getattr(self, wname)
+            w = as_float32(w, f"layer {self.name!r} weight {wname!r}")
+            if w.shape != cur.shape:
+                raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): weight {wname!r} "
+                                 f"expects shape {cur.shape}, got {w.shape}")
+            new.append(np.ascontiguousarray(w).copy())
+        for wname, w in zip(self._weight_names, new):
+            setattr(self, wname, w)
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        """Hook for layers that derive constants from their weights."""
+
+    def count_params(self) -> int:
+        return int(sum(w.size for w in self.weights))
+
+    # ------------------------------------------------------------------------------ config
+    def get_config(self) -> dict:
+        """Constructor arguments (JSON-compatible) that rebuild this layer."""
+        config = {"name": self.name}
+        for key in self.config_keys:
+            value = getattr(self, key)
+            config[key] = list(value) if isinstance(value, tuple) else value
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict) -> Layer:
+        return cls(**config)
+
+    # ------------------------------------------------------------------------------ shapes
+    def build(self, input_shape) -> None:
+        """Create weights for ``input_shape`` (batch axis included, as None)."""
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def _ensure_built(self, input_shape) -> None:
+        if self.built:
+            return
+        with self._build_lock:
+            if not self.built:
+                self._check_spec(input_shape)
+                self.build(input_shape)
+                self.built = True
+
+    def _check_spec(self, shape) -> None:
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        if isinstance(self.input_spec, list):
+            for i, (spec, s) in enumerate(zip(self.input_spec, shape)):
+                spec.check(tuple(s), f"{where} input {i}")
+        elif self.input_spec is not None:
+            self.input_spec.check(tuple(shape), where)
+
+    # ------------------------------------------------------------------------------ calling
+    @property
+    def ops(self):
+        """The active backend (``fastlayers.use_ops``)."""
+        return get_ops()
+
+    def __call__(self, inputs, *args, **kwargs):
+        from ..graph import call_symbolic, is_symbolic
+
+        kwargs.pop("training", None)
+        if is_symbolic(inputs):
+            return call_symbolic(self, inputs, args, kwargs)
+        x = self._prepare_inputs(inputs)
+        self._ensure_built(self._shape_of(x))
+        self._check_spec(self._shape_of(x))
+        return self.call(x, *args, **kwargs)
+
+    def _prepare_inputs(self, inputs):
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        if self.multi_input:
+            if not isinstance(inputs, (list, tuple)):
+                raise ShapeError(f"{where}: expected a list of inputs, got {type(inputs).__name__}")
+            return [as_float32(x, f"{where} input {i}") for i, x in enumerate(inputs)]
+        return as_float32(inputs, where)
+
+    @staticmethod
+    def _shape_of(x):
+        if isinstance(x, list):
+            return [(None, *a.shape[1:]) for a in x]
+        return (None, *x.shape[1:])
+
+    def call(self, x, *args, **kwargs):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<{type(self).__name__} name={self.name!r}>"

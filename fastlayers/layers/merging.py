@@ -1,0 +1,119 @@
+"""Merge layers: elementwise combinations of several inputs, and concatenation."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Layer, shape_str
+
+
+def _broadcast_shape(shapes, where):
+    out = []
+    rank = max(len(s) for s in shapes)
+    for axis in range(rank):
+        sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0}
+        known = {d for d in sizes if d is not None and d != 1}
+        if len(known) > 1:
+            raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} "
+                             "cannot be combined elementwise")
+        out.append(known.pop() if known else (None if None in sizes else 1))
+    return tuple(out)
+
+
+class _Merge(Layer):
+    multi_input = True
+    _arity: int | None = None
+
+    def _check_spec(self, input_shape):
+        where = f"{type(self).__name__} {self.name!r}"
+        if not isinstance(input_shape, list) or len(input_shape) < 2:
+            raise ShapeError(f"{where}: expected a list of at least 2 inputs")
+        if self._arity is not None and len(input_shape) != self._arity:
+            raise ShapeError(f"{where}: expected exactly {self._arity} inputs, got {len(input_shape)}")
+        _broadcast_shape(input_shape, where)
+
+    def compute_output_shape(self, input_shape):
+        return _broadcast_shape(input_shape, f"{type(self).__name__} {self.name!r}")
+
+    def call(self, xs):
+        return functools.reduce(self._merge, xs)
+
+
+class Add(_Merge):
+    """Sum of the inputs (broadcasting as numpy)."""
+
+    _merge = staticmethod(np.add)
+
+
+class Subtract(_Merge):
+    """First input minus the second (exactly two inputs)."""
+
+    _arity = 2
+    _merge = staticmethod(np.subtract)
+
+
+class Multiply(_Merge):
+    """Product of the inputs."""
+
+    _merge = staticmethod(np.multiply)
+
+
+class Maximum(_Merge):
+    """Elementwise maximum of the inputs (NaN propagates)."""
+
+    _merge = staticmethod(np.maximum)
+
+
+class Minimum(_Merge):
+    """Elementwise minimum of the inputs (NaN propagates)."""
+
+    _merge = staticmethod(np.minimum)
+
+
+class Average(_Merge):
+    """Mean of the inputs."""
+
+    def call(self, xs):
+        return functools.reduce(np.add, xs) * np.float32(1.0 / len(xs))
+
+
+class Concatenate(Layer):
+    """Concatenate the inputs along ``axis`` (the other axes must match)."""
+
+    multi_input = True
+    config_keys = ("axis",)
+
+    def __init__(self, axis=-1, **kwargs):
+        super().__init__(**kwargs)
+        self.axis = int(axis)
+
+    def _check_spec(self, shapes):
+        where = f"Concatenate {self.name!r}"
+        if not isinstance(shapes, list) or len(shapes) < 2:
+            raise ShapeError(f"{where}: expected a list of at least 2 inputs")
+        rank = len(shapes[0])
+        if any(len(s) != rank for s in shapes) or not -rank <= self.axis < rank:
+            raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} cannot be "
+                             f"concatenated on axis {self.axis}")
+        axis = self.axis % rank
+        for a in range(rank):
+            sizes = {s[a] for s in shapes if s[a] is not None}
+            if a != axis and len(sizes) > 1:
+                raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} must "
+                                 f"match on every axis but {self.axis}")
+
+    def compute_output_shape(self, shapes):
+        axis = self.axis % len(shapes[0])
+        out = list(shapes[0])
+        for a in range(len(out)):
+            if out[a] is None:
+                out[a] = next((s[a] for s in shapes if s[a] is not None), None)
+        sizes = [s[axis] for s in shapes]
+        out[axis] = None if None in sizes else sum(sizes)
+        return tuple(out)
+
+    def call(self, xs):
+        return np.concatenate(xs, axis=self.axis)
