@@ -157,11 +157,7 @@ class Model(Layer):
             if not isinstance(t.node.layer, InputLayer):
                 raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
         self._nodes = self._topological_nodes()
-        seen, self._layers = set(), []
-        for node in self._nodes:
-            if id(node.layer) not in seen:
-                seen.add(id(node.layer))
-                self._layers.append(node.layer)
+        self._layers = self._keras_layer_order()
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -188,10 +184,45 @@ class Model(Layer):
             stack.extend((p.node, False) for p in reversed(node.parents) if not state.get(id(p.node)))
         return order
 
+    def _keras_layer_order(self) -> list[Layer]:
+        """Layers in Keras's order (keras.src.ops.function.map_graph): by decreasing depth from the
+        outputs, ties broken by first visit in a depth-first walk from the outputs. Weight lists
+        follow this order, so ``set_weights(keras_model.get_weights())`` lines up."""
+        first_visit: dict[int, int] = {}
+        post_order: list[Node] = []
+        done: set[int] = set()
+
+        def walk(node):
+            if id(node) in done:
+                return
+            first_visit.setdefault(id(node.layer), len(first_visit))
+            for parent in node.parents:
+                walk(parent.node)
+            done.add(id(node))
+            post_order.append(node)
+
+        for t in self.outputs:
+            walk(t.node)
+        node_depth: dict[int, int] = {}
+        layer_depth: dict[int, int] = {}
+        layers: dict[int, Layer] = {}
+        for node in reversed(post_order):
+            depth = max(node_depth.setdefault(id(node), 0), layer_depth.get(id(node.layer), 0))
+            layer_depth[id(node.layer)] = depth
+            layers[id(node.layer)] = node.layer
+            for parent in node.parents:
+                node_depth[id(parent.node)] = max(depth + 1, node_depth.get(id(parent.node), 0))
+        for t in self.inputs:  # inputs the outputs do not depend on
+            if id(t.node.layer) not in layer_depth:
+                layer_depth[id(t.node.layer)], first_visit[id(t.node.layer)] = 0, -1
+                layers[id(t.node.layer)] = t.node.layer
+        order = sorted(layers, key=lambda k: (-layer_depth[k], first_visit[k]))
+        return [layers[k] for k in order]
+
     # ---------------------------------------------------------------------------- structure
     @property
     def layers(self) -> list[Layer]:
-        """Layers in topological order (InputLayer included, as in Keras functional models)."""
+        """Layers in Keras's order (InputLayer included, as in Keras functional models)."""
         return list(self._layers)
 
     @property

@@ -54,5 +54,5 @@ def warmup(progress=None) -> int:
             dispatcher.compile(sig)
             done += 1
             if progress is not None:
-                progress(done, f"{dispatcher.py_func.__module__}.{dispatcher.__name__}{sig}")
+                progress(done, dispatcher.__name__)
     return done

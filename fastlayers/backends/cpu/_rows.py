@@ -71,22 +71,28 @@ def softmax_rows(x, out):
 
 @njit(signatures=_ROWS_SIG)
 def log_softmax_rows(x, out):
-    """out[i, :] = x[i] - max x[i] - log sum_j exp(x[i, j] - max x[i]); ``out`` must not be ``x``."""
+    """out[i, :] = (x[i] - max x[i]) - log sum_j exp(x[i, j] - max x[i]); ``out`` must not be ``x``.
+
+    The shifted row is stored before subtracting log-sum so fastmath reassociation cannot turn
+    it into x - (max + log-sum), which loses the small results to rounding at large max.
+    """
     n, d = x.shape
     bits = np.empty(d, dtype=np.int32)
+    e = np.empty(d, dtype=np.float32)
     for i in range(n):
         xr = x[i]
         orow = out[i]
         m = _row_max(xr)
         for j in range(d):
             orow[j] = xr[j] - m
-        exp_inplace(orow, bits)
+        e[:] = orow
+        exp_inplace(e, bits)
         s = _ZERO
         for j in range(d):
-            s += orow[j]
-        shift = m + math.log(s)
+            s += e[j]
+        log_s = np.float32(math.log(s))
         for j in range(d):
-            orow[j] = xr[j] - shift
+            orow[j] -= log_s
 
 
 @njit(signatures=("void(float32[:, ::1], float32[::1], float32[::1], float32, boolean, "

@@ -1,0 +1,62 @@
+"""Shared fixtures: the framework oracles (keras on the torch backend, torch, onnxruntime).
+
+An interop test asks for its oracle through ``oracle("torch")`` or the ``keras``/``torch``
+fixtures. When the oracle is not installed the test is skipped, unless
+FASTLAYERS_REQUIRE_ORACLES=1 (set by .ci/run), where it fails: CI must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
+def oracle(module: str):
+    """Import a reference framework, or skip (fail under FASTLAYERS_REQUIRE_ORACLES=1)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get("FASTLAYERS_REQUIRE_ORACLES") == "1":
+            pytest.fail(f"oracle {module!r} is required (FASTLAYERS_REQUIRE_ORACLES=1) but missing: {e}")
+        pytest.skip(f"oracle {module!r} not installed")
+
+
+@pytest.fixture(scope="session")
+def keras():
+    k = oracle("keras")
+    if k.backend.backend() != "torch":
+        pytest.fail(f"keras must run on the torch backend, got {k.backend.backend()}")
+    return k
+
+
+@pytest.fixture(scope="session")
+def torch():
+    t = oracle("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(params=["reference", "cpu"])
+def backend(request):
+    """Run the test once per CPU backend."""
+    import fastlayers
+
+    with fastlayers.use_ops(request.param):
+        yield request.param
+
+
+def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
+    """float32 comparison at the project's per-op tolerance."""
+    np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
+                               rtol=rtol, atol=atol, err_msg=what)
