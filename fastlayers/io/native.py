@@ -82,13 +82,20 @@ def weight_items(model, prefix: str = ""):
                 yield f"{prefix}{layer.name}/{wname}", layer, wname
 
 
+def _json_numpy(value):
+    """numpy scalars and arrays in layer configs become plain JSON numbers and lists."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def save_model(model, path) -> None:
     """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
     from .. import __version__
 
     try:
         header = json.dumps({"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
-                             "model": model_config(model)})
+                             "model": model_config(model)}, default=_json_numpy)
     except TypeError as e:
         raise UnsupportedError(f"model {model.name!r} cannot be saved: a layer option is not "
                                f"serializable ({e})") from e

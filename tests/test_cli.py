@@ -1,0 +1,72 @@
+"""The fastlayers command, end to end in a subprocess."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fastlayers.cli import DATA
+
+
+def run_cli(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "fastlayers.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_demo_prints_predictions_accuracy_latency():
+    out = run_cli("--threads", "1", "demo", "--repeats", "3").stdout
+    assert "digits_mlp" in out and "predictions" in out and "latency" in out
+    accuracy = float(out.split("held-out samples: ")[1].split("%")[0])
+    assert accuracy > 95.0  # the bundled model is really trained
+
+
+def test_info_prints_summary():
+    out = run_cli("info", str(DATA / "digits_mlp.flm")).stdout
+    assert "hidden (Dense)" in out and "Total params: 5,066" in out
+
+
+def test_run_batches_with_progress_and_writes_output(tmp_path):
+    import fastlayers
+
+    with np.load(DATA / "digits_samples.npz") as d:
+        x = d["x"][:50]
+    np.save(tmp_path / "x.npy", x)
+    proc = run_cli("run", str(DATA / "digits_mlp.flm"), "--input", str(tmp_path / "x.npy"),
+                   "--output", str(tmp_path / "y.npy"), "--batch-size", "8")
+    assert "7/7" in proc.stderr and "100%" in proc.stderr
+    y = np.load(tmp_path / "y.npy")
+    np.testing.assert_allclose(y, fastlayers.load(DATA / "digits_mlp.flm")(x), rtol=1e-6)
+
+
+def test_run_prints_when_no_output_file(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 64)))
+    out = run_cli("run", str(DATA / "digits_mlp.flm"), "--input", str(tmp_path / "x.npy")).stdout
+    assert "output 0: shape (2, 10)" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["info", "missing.flm"], "missing.flm: no such file"),
+    (["run", str(DATA / "digits_mlp.flm"), "--input", "nowhere.npy"], "nowhere.npy"),
+])
+def test_errors_exit_2_with_message(args, message):
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_run_wrong_shape_is_a_clear_error(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 63)))
+    proc = run_cli("run", str(DATA / "digits_mlp.flm"), "--input", str(tmp_path / "x.npy"), check=False)
+    assert proc.returncode == 2 and "expected shape (None, 64), got (2, 63)" in proc.stderr
+
+
+def test_warmup_compiles_every_kernel():
+    from fastlayers.backends import _jit
+    from fastlayers.backends import cpu  # noqa: F401
+
+    total = sum(len(s) for _, s in _jit.KERNELS)
+    proc = run_cli("warmup")
+    assert f"compiled {total} kernel signatures" in proc.stdout and f"{total}/{total}" in proc.stderr
