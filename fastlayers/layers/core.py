@@ -90,7 +90,10 @@ class Activation(Layer):
 
 
 class ReLU(Layer):
-    """``y = min(max_value, x)`` for x >= threshold, else ``negative_slope * (x - threshold)``."""
+    """``y = min(max_value, x)`` for x > threshold, else ``negative_slope * (x - threshold)``.
+
+    At x == threshold the output is 0, as in Keras's implementation (its docstring says ``>=``).
+    """
 
     config_keys = ("max_value", "negative_slope", "threshold")
 
@@ -107,7 +110,7 @@ class ReLU(Layer):
             if self.max_value == 6.0:
                 return self.ops.activation(x, "relu6")
         t = np.float32(self.threshold)
-        y = np.where(x >= t, x, np.float32(self.negative_slope) * (x - t))
+        y = np.where(x > t, x, np.float32(self.negative_slope) * (x - t))
         if self.max_value is not None:
             y = np.minimum(y, np.float32(self.max_value))
         return y.astype(np.float32, copy=False)
