@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import ShapeError, UnsupportedError
+from ..symbolic import call_symbolic, is_symbolic, shape_str
 
 # Keras constructor arguments that only matter for training: accepted and ignored.
 _TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"
@@ -31,10 +32,6 @@ def snake_case(name: str) -> str:
     """``BatchNormalization`` -> ``batch_normalization``; ``Conv2D`` -> ``conv2d``."""
     s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
     return re.sub(r"([a-z])([A-Z])", r"\1_\2", s).lower()
-
-
-def shape_str(shape) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def as_float32(x: Any, where: str) -> np.ndarray:
@@ -224,15 +221,19 @@ class Layer:
         return get_ops()
 
     def __call__(self, inputs, *args, **kwargs):
-        from ..graph import call_symbolic, is_symbolic
-
         kwargs.pop("training", None)
         if is_symbolic(inputs):
             return call_symbolic(self, inputs, args, kwargs)
+        return self._numeric_call(inputs, args, kwargs)
+
+    def _numeric_call(self, inputs, args=(), kwargs=None):
+        """Validate and run on arrays (models call this directly for each node)."""
         x = self._prepare_inputs(inputs)
-        self._ensure_built(self._shape_of(x))
-        self._check_spec(self._shape_of(x))
-        return self.call(x, *args, **kwargs)
+        shape = self._shape_of(x)
+        if not self.built:
+            self._ensure_built(shape)
+        self._check_spec(shape)
+        return self.call(x, *args, **kwargs) if kwargs else self.call(x, *args)
 
     def _prepare_inputs(self, inputs):
         where = f"layer {self.name!r} ({type(self).__name__})"

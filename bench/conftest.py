@@ -1,0 +1,47 @@
+"""Benchmark helpers: the three engines on the same inputs and thread count.
+
+Run: ``python -m pytest bench --benchmark-enable --benchmark-json=bench/results.json``; CI runs
+the same files once with ``--benchmark-disable`` (each benchmark body executes once, unchecked
+for time), so they stay correct.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+THREADS = int(os.environ.get("FASTLAYERS_BENCH_THREADS", "2"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixed_threads():
+    import fastlayers
+
+    fastlayers.set_num_threads(THREADS)
+    yield THREADS
+
+
+def ort_session(model_proto, spinning: bool = True):
+    """An onnxruntime session on ``THREADS`` intra-op threads (spin-waiting on or off)."""
+    ort = pytest.importorskip("onnxruntime")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(model_proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def torch_module():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(THREADS)
+    return torch
+
+
+def check_same(outputs: dict, rtol=1e-4, atol=1e-5):
+    """Every engine's output equals the first one's (validated before timing)."""
+    items = list(outputs.items())
+    name0, ref = items[0]
+    for name, out in items[1:]:
+        np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"{name} vs {name0}")
