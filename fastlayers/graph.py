@@ -105,6 +105,8 @@ class Model(Layer):
                 raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
         self._nodes = self._topological_nodes()
         self._layers = self._keras_layer_order()
+        self._plan = [self._plan_step(node) for node in self._nodes
+                      if not isinstance(node.layer, InputLayer)]
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -130,6 +132,28 @@ class Model(Layer):
             stack.append((node, True))
             stack.extend((p.node, False) for p in reversed(node.parents) if not state.get(id(p.node)))
         return order
+
+    @staticmethod
+    def _plan_step(node: Node):
+        """(function, input keys, output keys) to run ``node``, value keys being tensor ids.
+
+        A node whose inputs are float32 arrays of shapes fully known when the graph was built
+        was validated then: it runs ``layer.call`` directly (the model validates its inputs once).
+        Other nodes (unknown sizes, layers converting their inputs) go through full validation.
+        """
+        layer, extra, kwargs = node.layer, node.extra_args, node.kwargs
+        static = type(layer)._prepare_inputs is Layer._prepare_inputs and \
+            all(d is not None for t in node.parents for d in t.shape[1:])
+        if static and not extra and not kwargs:
+            fn = layer.call
+        elif static:
+            def fn(args):
+                return layer.call(args, *extra, **kwargs)
+        else:
+            def fn(args):
+                return layer._numeric_call(args, extra, kwargs)
+        keys = [id(t) for t in node.args] if isinstance(node.args, list) else id(node.args)
+        return fn, keys, [id(t) for t in node.outputs]
 
     def _keras_layer_order(self) -> list[Layer]:
         """Layers in Keras's order (keras.src.ops.function.map_graph): by decreasing depth from the
@@ -224,8 +248,15 @@ class Model(Layer):
                                  f"{shape_str(want)}, got {shape_str(s)}")
 
     # ------------------------------------------------------------------------------ running
+    def _numeric_call(self, inputs, args=(), kwargs=None):
+        # the inputs are checked against the model's Input shapes; nothing else to validate
+        return self.call(self._prepare_inputs(inputs))
+
     def _prepare_inputs(self, inputs):
         n = len(self.inputs)
+        if n == 1 and type(inputs) is np.ndarray and inputs.dtype == np.float32:
+            self.inputs[0].node.layer.check(inputs)
+            return inputs
         if isinstance(inputs, dict):
             missing = [k for k in self.input_names if k not in inputs]
             if missing:
@@ -243,6 +274,9 @@ class Model(Layer):
                 if not getattr(t.node.layer, "keep_dtype", False) else np.asarray(a)
             t.node.layer.check(a)
             out.append(a)
+        if len({a.shape[0] for a in out}) > 1:
+            raise ShapeError(f"model {self.name!r}: inputs must share the batch size, got "
+                             f"{[a.shape[0] for a in out]} for {self.input_names}")
         return out if n > 1 else out[0]
 
     def __call__(self, *inputs, **kwargs):
@@ -261,17 +295,12 @@ class Model(Layer):
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):
             values[id(t)] = a
-        for node in self._nodes:
-            if isinstance(node.layer, InputLayer):
-                continue
-            if isinstance(node.args, list):
-                args = [values[id(t)] for t in node.args]
+        for fn, keys, out_keys in self._plan:
+            out = fn([values[k] for k in keys] if type(keys) is list else values[keys])
+            if len(out_keys) == 1:
+                values[out_keys[0]] = out
             else:
-                args = values[id(node.args)]
-            out = node.layer._numeric_call(args, node.extra_args, node.kwargs)
-            outs = out if len(node.outputs) > 1 else [out]
-            for t, v in zip(node.outputs, outs):
-                values[id(t)] = v
+                values.update(zip(out_keys, out))
         results = [values[id(t)] for t in self.outputs]
         return results[0] if self._single_output else results
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastlayers.backends import get_ops
-from fastlayers.backends.reference import ACTIVATIONS
+from fastlayers.backends.reference import ACTIVATIONS, fold_batch_norm
 
 from .conftest import assert_close
 
@@ -95,8 +95,15 @@ def test_batch_norm_matches_reference(shape, axis, rng):
     mean, gamma, beta = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
     var = rng.uniform(0.1, 2, c).astype(np.float32)
     for g, b in [(gamma, beta), (None, None)]:
-        assert_close(CPU.batch_norm(x, mean, var, g, b, 1e-3, axis),
-                     REF.batch_norm(x, mean, var, g, b, 1e-3, axis), rtol=1e-5, atol=1e-6)
+        scale, shift = fold_batch_norm(mean, var, g, b, 1e-3)
+        expected = (x - mean.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))) \
+            / np.sqrt(var.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) + 1e-3)
+        if g is not None:
+            expected = expected * g.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) \
+                + b.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))
+        assert_close(REF.batch_norm(x, scale, shift, axis), expected, rtol=1e-5, atol=1e-5)
+        assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis),
+                     rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)

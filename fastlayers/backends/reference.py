@@ -88,6 +88,17 @@ def _log_softmax(x, axis):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
+def fold_batch_norm(mean, var, gamma, beta, epsilon):
+    """Inference batch norm as one affine map: scale = gamma / sqrt(var + eps), shift = beta - mean scale."""
+    scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
+    if gamma is not None:
+        scale = scale * gamma
+    shift = -mean * scale
+    if beta is not None:
+        shift = shift + beta
+    return scale.astype(np.float32), shift.astype(np.float32)
+
+
 class ReferenceOps:
     """Numpy implementation of every primitive; subclasses override the hot ones."""
 
@@ -116,18 +127,11 @@ class ReferenceOps:
         with np.errstate(invalid="ignore", divide="ignore"):
             return _log_softmax(x, axis)
 
-    def batch_norm(self, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
-                   gamma: np.ndarray | None, beta: np.ndarray | None, epsilon: float,
+    def batch_norm(self, x: np.ndarray, scale: np.ndarray, shift: np.ndarray,
                    axis: int = -1) -> np.ndarray:
-        """y = gamma (x - mean) / sqrt(var + eps) + beta, statistics indexed along ``axis``."""
+        """y = x scale + shift, indexed along ``axis`` (see ``fold_batch_norm``)."""
         shape = [1] * x.ndim
         shape[axis] = x.shape[axis]
-        scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
-        if gamma is not None:
-            scale = scale * gamma
-        shift = -mean * scale
-        if beta is not None:
-            shift = shift + beta
         return x * scale.reshape(shape) + shift.reshape(shape)
 
     def layer_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..backends.reference import fold_batch_norm
 from ..errors import ShapeError, UnsupportedError
 from .base import InputSpec, Layer, shape_str
 
@@ -50,11 +51,16 @@ class BatchNormalization(Layer):
         self.add_weight("moving_variance", (c,), "ones")
         self.input_spec = InputSpec(ndim=len(input_shape), axes={axis: c})
         self._axis = axis
+        self._weights_changed()
+
+    def _weights_changed(self):
+        """Fold the four vectors into the affine map the kernel applies (once, not per call)."""
+        self._scale, self._shift = fold_batch_norm(
+            self.moving_mean, self.moving_variance, self.gamma if self.scale else None,
+            self.beta if self.center else None, self.epsilon)
 
     def call(self, x):
-        return self.ops.batch_norm(x, self.moving_mean, self.moving_variance,
-                                   self.gamma if self.scale else None,
-                                   self.beta if self.center else None, self.epsilon, self._axis)
+        return self.ops.batch_norm(x, self._scale, self._shift, self._axis)
 
 
 class LayerNormalization(Layer):

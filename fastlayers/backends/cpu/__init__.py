@@ -30,10 +30,6 @@ class CpuOps(ReferenceOps):
         apply_num_threads()
 
     def activation(self, x, name, alpha=0.0):
-        if name == "softmax":
-            return self.softmax(x, -1)
-        if name == "log_softmax":
-            return self.log_softmax(x, -1)
         code = _elementwise.CODES.get(name)
         if code is None or x.size == 0:
             return super().activation(x, name, alpha)
@@ -54,22 +50,20 @@ class CpuOps(ReferenceOps):
                                        np.float32(alpha))
         return y if code is not None else self.activation(y, activation, alpha)
 
-    def _last_axis_rows(self, kernel, x, axis, fallback):
+    def _over_axis(self, name, x, axis, fallback):
+        """A row activation over ``axis``: moved last, run as rows, moved back."""
         if x.size == 0 or x.ndim == 0 or isinstance(axis, tuple):
             return fallback(x, axis)
         moved = axis not in (-1, x.ndim - 1)
         xm = np.moveaxis(x, axis, -1) if moved else x
-        xr = _rows_of(xm)
-        out = np.empty_like(xr)
-        kernel(xr, out)
-        out = out.reshape(xm.shape)
+        out = self.activation(xm, name)
         return np.moveaxis(out, -1, axis) if moved else out
 
     def softmax(self, x, axis=-1):
-        return self._last_axis_rows(_rows.softmax_rows, x, axis, super().softmax)
+        return self._over_axis("softmax", x, axis, super().softmax)
 
     def log_softmax(self, x, axis=-1):
-        return self._last_axis_rows(_rows.log_softmax_rows, x, axis, super().log_softmax)
+        return self._over_axis("log_softmax", x, axis, super().log_softmax)
 
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
         if tuple(a % x.ndim for a in axes) != (x.ndim - 1,) or x.size == 0:
@@ -80,16 +74,10 @@ class CpuOps(ReferenceOps):
                               _EMPTY if beta is None else beta, np.float32(epsilon), rms, out)
         return out.reshape(x.shape)
 
-    def batch_norm(self, x, mean, var, gamma, beta, epsilon, axis=-1):
+    def batch_norm(self, x, scale, shift, axis=-1):
         if axis % x.ndim != x.ndim - 1 or x.size == 0:
-            return super().batch_norm(x, mean, var, gamma, beta, epsilon, axis)
-        scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
-        if gamma is not None:
-            scale = scale * gamma
-        shift = -mean * scale
-        if beta is not None:
-            shift = shift + beta
+            return super().batch_norm(x, scale, shift, axis)
         xr = _rows_of(x)
         out = np.empty_like(xr)
-        _rows.scale_shift_rows(xr, scale.astype(np.float32), shift.astype(np.float32), out)
+        _rows.scale_shift_rows(xr, scale, shift, out)
         return out.reshape(x.shape)

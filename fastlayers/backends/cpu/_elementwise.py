@@ -1,4 +1,5 @@
-"""Fused bias + activation kernels over rows: out[i, j] = f(x[i, j] + b[j]).
+"""Fused bias + activation kernels over rows: out[i, j] = f(x[i, j] + b[j]), f elementwise or
+softmax / log-softmax over the row.
 
 Only the activations where a compiled loop beats numpy's SIMD ufuncs are here (see
 docs/design.md); exp-based ones use the vectorized ``exp_inplace``.
@@ -16,9 +17,9 @@ from ._vexp import exp_inplace
 #: Activation name -> code passed to ``bias_act_rows``.
 CODES = {name: code for code, name in enumerate((
     "linear", "relu", "relu6", "leaky_relu", "hard_sigmoid", "softsign", "sigmoid", "silu",
-    "gelu", "gelu_tanh", "exponential"))}
+    "gelu", "gelu_tanh", "exponential", "softmax", "log_softmax"))}
 (LINEAR, RELU, RELU6, LEAKY_RELU, HARD_SIGMOID, SOFTSIGN, SIGMOID, SILU, GELU, GELU_TANH,
- EXPONENTIAL) = range(len(CODES))
+ EXPONENTIAL, SOFTMAX, LOG_SOFTMAX) = range(len(CODES))
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -42,8 +43,45 @@ def _erfc_t(z):
 
 
 @njit(inline=True)
-def _activate_row(row, code, alpha, bits):
-    """row[j] = f(row[j]) in place for the activation ``code``; NaN propagates."""
+def _row_max(xr):
+    """max_j xr[j] with eight independent accumulators, so LLVM vectorizes the reduction.
+
+    A NaN in the row may be skipped here; it still reaches every output through the sum.
+    """
+    d = xr.shape[0]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = xr[0]
+    k = 0
+    while k + 8 <= d:
+        v = xr[k]
+        a0 = v if v > a0 else a0
+        v = xr[k + 1]
+        a1 = v if v > a1 else a1
+        v = xr[k + 2]
+        a2 = v if v > a2 else a2
+        v = xr[k + 3]
+        a3 = v if v > a3 else a3
+        v = xr[k + 4]
+        a4 = v if v > a4 else a4
+        v = xr[k + 5]
+        a5 = v if v > a5 else a5
+        v = xr[k + 6]
+        a6 = v if v > a6 else a6
+        v = xr[k + 7]
+        a7 = v if v > a7 else a7
+        k += 8
+    m = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+    for j in range(k, d):
+        v = xr[j]
+        m = v if v > m else m
+    return m
+
+
+@njit(inline=True)
+def _activate_row(row, code, alpha, bits, scratch):
+    """row[j] = f(row[j]) in place for the activation ``code``; NaN propagates.
+
+    ``bits`` (int32) and ``scratch`` (float32) are work rows at least as long as ``row``.
+    """
     n = row.shape[0]
     if code == RELU:
         for j in range(n):
@@ -80,6 +118,25 @@ def _activate_row(row, code, alpha, bits):
         for j in range(n):
             s = _ONE / (_ONE + row[j])
             row[j] = s if code == SIGMOID else x[j] * s
+    elif code == SOFTMAX or code == LOG_SOFTMAX:
+        m = _row_max(row)
+        for j in range(n):
+            row[j] -= m
+        scratch[:n] = row
+        exp_inplace(scratch, bits)
+        s = _ZERO
+        for j in range(n):
+            s += scratch[j]
+        if code == SOFTMAX:
+            inv = _ONE / s
+            for j in range(n):
+                row[j] = scratch[j] * inv
+        else:
+            # (x - max) is stored before log-sum is subtracted: fastmath reassociation could
+            # otherwise form x - (max + log-sum), losing small results to rounding at large max
+            log_s = np.float32(math.log(s))
+            for j in range(n):
+                row[j] -= log_s
     elif code == GELU:
         # gelu(x) = x/2 erfc(-x / sqrt 2)
         x = row.copy()
@@ -102,6 +159,7 @@ def bias_act_rows(x, b, out, code, alpha):
     n, d = x.shape
     has_bias = b.shape[0] == d
     bits = np.empty(d, dtype=np.int32)
+    scratch = np.empty(d, dtype=np.float32)
     for i in range(n):
         xr = x[i]
         orow = out[i]
@@ -111,4 +169,4 @@ def bias_act_rows(x, b, out, code, alpha):
         else:
             for j in range(d):
                 orow[j] = xr[j]
-        _activate_row(orow, code, alpha, bits)
+        _activate_row(orow, code, alpha, bits, scratch)
