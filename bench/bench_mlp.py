@@ -13,7 +13,7 @@ import fastlayers
 from fastlayers import Input, Model
 from fastlayers import layers as L
 
-from .conftest import check_same, ort_session, torch_module
+from .conftest import check_same, oracle, ort_session, torch_module
 
 WORKLOADS = {
     "digits_mlp": (64, [(64, "relu"), (10, "softmax")]),
@@ -33,7 +33,7 @@ def build_fastlayers(d_in, spec, rng):
 
 
 def build_onnx(model, spec):
-    onnx = pytest.importorskip("onnx")
+    oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     nodes, inits, name = [], [], "x"

@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.conftest import oracle
+
 THREADS = int(os.environ.get("FASTLAYERS_BENCH_THREADS", "2"))
 
 
@@ -25,7 +27,7 @@ def fixed_threads():
 
 def ort_session(model_proto, spinning: bool = True):
     """An onnxruntime session on ``THREADS`` intra-op threads (spin-waiting on or off)."""
-    ort = pytest.importorskip("onnxruntime")
+    ort = oracle("onnxruntime")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = THREADS
     opts.inter_op_num_threads = 1
@@ -34,7 +36,7 @@ def ort_session(model_proto, spinning: bool = True):
 
 
 def torch_module():
-    torch = pytest.importorskip("torch")
+    torch = oracle("torch")
     torch.set_num_threads(THREADS)
     return torch
 
