@@ -23,3 +23,8 @@ class UnsupportedError(FastlayersError, NotImplementedError):
 
 class ModelFileError(FastlayersError, OSError):
     """A model or weight file that is missing, corrupt, truncated or refused as unsafe."""
+
+
+class StateDictError(FastlayersError, RuntimeError):
+    """A state dict whose keys do not match a module's (missing or unexpected keys), as torch's
+    ``load_state_dict`` reports them."""

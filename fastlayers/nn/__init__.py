@@ -1,0 +1,21 @@
+"""torch.nn-style modules: torch's names, constructor signatures and state_dict keys, running
+on fastlayers kernels over numpy arrays. Porting a model means changing the imports::
+
+    import fastlayers.nn as nn
+    import fastlayers.nn.functional as F
+"""
+
+from . import functional
+from .module import IncompatibleKeys, Module
+from .modules import (
+    ELU, GELU, SELU, BatchNorm1d, BatchNorm2d, Dropout, Dropout1d, Dropout2d, Embedding, Flatten,
+    Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
+    ReLU6, Sequential, Sigmoid, SiLU, Softmax, Softplus, Softsign, Tanh,
+)
+
+__all__ = [
+    "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding",
+    "Flatten", "GELU", "Hardsigmoid", "Identity", "IncompatibleKeys", "LayerNorm", "LeakyReLU",
+    "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList", "ReLU", "ReLU6", "SELU",
+    "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Softsign", "Tanh", "functional",
+]
