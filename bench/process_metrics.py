@@ -5,6 +5,9 @@ process.
   Numba cache and with an empty one (a new NUMBA_CACHE_DIR), onnxruntime with import + session
   creation + first run.
 - memory: peak RSS (ru_maxrss) of a process that imports, loads and runs the model 20 times.
+- load cost: for a model of ``--load-mb`` MB of weights saved as .keras, .h5 and native .flm,
+  the load time against the time to read the file's bytes, and the peak RSS growth during the
+  load against the weight bytes (each in a fresh process).
 
 Run: ``python bench/process_metrics.py --out bench/process_metrics.json [--repeats 5]``;
 ``python bench/report.py`` folds the result into docs/benchmarks.md.
@@ -74,6 +77,65 @@ def models(workdir: Path):
     yield "digits_mlp (demo)", demo, onnx_path, x_path
 
 
+CHILD_KERAS_SAVE = """
+import os
+os.environ["KERAS_BACKEND"] = "torch"
+import keras
+n = {n}
+m = keras.Sequential([keras.Input((n,))] + [keras.layers.Dense(n) for _ in range(4)])
+m.save({keras_path!r})
+m.save({h5_path!r})
+"""
+
+CHILD_READ = """
+import time
+t0 = time.perf_counter()
+with open({path!r}, "rb") as f:
+    data = f.read()
+print(time.perf_counter() - t0)
+"""
+
+CHILD_LOAD = """
+import resource, time
+import fastlayers, h5py
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+m = fastlayers.load({path!r})
+t = time.perf_counter() - t0
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(t, grown * 1024 / sum(w.nbytes for w in m.get_weights()))
+"""
+
+
+def _child_output(code: str) -> list[float]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+    return [float(v) for v in proc.stdout.split()]
+
+
+def measure_load_cost(work: Path, megabytes: float, repeats: int) -> list[dict]:
+    """Load time / read time and peak RSS growth / weight bytes for each Keras and native file."""
+    n = max(8, int((megabytes * 1e6 / 4 / 4) ** 0.5))  # four Dense(n) layers of n*n floats
+    keras_path, h5_path, flm_path = work / "big.keras", work / "big.h5", work / "big.flm"
+    _child_output(CHILD_KERAS_SAVE.format(n=n, keras_path=str(keras_path), h5_path=str(h5_path)) + "\nprint(0)")
+    _child_output(f"import fastlayers; fastlayers.load({str(keras_path)!r}).save({str(flm_path)!r}); print(0)")
+    records = []
+    for path in (keras_path, h5_path, flm_path):
+        reads, loads, growth = [], [], []
+        for _ in range(repeats):
+            reads.append(_child_output(CHILD_READ.format(path=str(path)))[0])
+            t, g = _child_output(CHILD_LOAD.format(path=str(path)))
+            loads.append(t)
+            growth.append(g)
+        name = f"{16 * n * n / 1e6:.0f} MB Dense stack ({path.suffix})"
+        records.append({"metric": "load_time_over_read_time", "model": name, "engine": "fastlayers",
+                        "value": statistics.median(loads) / statistics.median(reads), "repeats": repeats})
+        records.append({"metric": "load_peak_rss_over_weights", "model": name, "engine": "fastlayers",
+                        "value": max(growth), "repeats": repeats})
+    return records
+
+
 def measure(repeats: int, threads: int) -> list[dict]:
     records = []
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CACHE")}
@@ -107,8 +169,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "process_metrics.json"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--load-mb", type=float, default=100.0, help="weights of the load-cost model")
     args = parser.parse_args(argv)
     records = measure(args.repeats, args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        records += measure_load_cost(Path(tmp), args.load_mb, args.repeats)
     Path(args.out).write_text(json.dumps({"threads": args.threads, "records": records}, indent=1))
     for r in records:
         print(f"{r['metric']:14s} {r['model']:22s} {r['engine']:26s} {r['value']:.3f}")

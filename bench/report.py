@@ -100,9 +100,11 @@ def render(rows, flops, meta, process=None) -> str:
                   "is the wall time of import + load + first call (median of the repeats); memory is the "
                   "peak RSS of a process that loads the model and runs it 20 times.", "",
                   "| model | metric | engine | value |", "| --- | --- | --- | ---: |"]
+        labels = {"cold_start_s": ("cold start", "s"), "peak_rss_mib": ("peak RSS", "MiB"),
+                  "load_time_over_read_time": ("load time / file read time", "x"),
+                  "load_peak_rss_over_weights": ("peak RSS growth during load / weight bytes", "x")}
         for r in process["records"]:
-            unit = "s" if r["metric"] == "cold_start_s" else "MiB"
-            name = "cold start" if r["metric"] == "cold_start_s" else "peak RSS"
+            name, unit = labels[r["metric"]]
             lines.append(f"| {r['model']} | {name} | {r['engine']} | {r['value']:.3f} {unit} |")
     lines += ["", "![fastlayers cpu time / other engine's time](benchmarks.png)", ""]
     notes = ROOT / "bench" / "notes.md"

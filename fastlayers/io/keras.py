@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
+from ..layers.base import weights_loaded_later
 
 #: Config keys that only matter for training or for Keras internals: ignored.
 _IGNORED = re.compile(r"^(name|trainable|dtype|build_config|registered_name|module|seed|"
@@ -212,32 +213,63 @@ def _keras_weights_of(layer) -> list:
     return layer.weight_names
 
 
-def _assign(layer, arrays, where):
+def _assign(layer, datasets, where, raw=None):
+    """Set ``layer``'s weights from h5py datasets in Keras order (``raw``: see ``_RawFile``)."""
     names = _keras_weights_of(layer)
-    if len(arrays) != len(names):
+    if len(datasets) != len(names):
         raise ModelFileError(f"{where}: layer {layer.name!r} ({type(layer).__name__}) expects "
-                             f"{len(names)} weights {names}, the file has {len(arrays)}")
+                             f"{len(names)} weights {names}, the file has {len(datasets)}")
     values = []
-    for wname, value in zip(names, arrays):
+    for wname, dataset in zip(names, datasets):
         current = getattr(layer, wname)
-        value = np.asarray(value)
-        if value.shape != current.shape:
+        if dataset.shape != current.shape:
             raise ModelFileError(f"{where}: weight {wname!r} of layer {layer.name!r} expects shape "
-                                 f"{current.shape}, the file has {value.shape}")
-        values.append(value.astype(np.float32))
+                                 f"{current.shape}, the file has {dataset.shape}")
+        values.append(_read_dataset(dataset, raw, where))
     for wname, value in zip(names, values):
         setattr(layer, wname, value)
     layer._weights_changed()
+
+
+class _RawFile:
+    """Where the HDF5 bytes live on disk: a path and the offset of the HDF5 image in it (non-zero
+    for an uncompressed member of a .keras zip). Contiguous datasets are read with one
+    ``np.fromfile`` at their offset: as fast as reading the bytes, one copy in memory."""
+
+    def __init__(self, path, offset: int = 0):
+        self.path, self.offset = str(path), offset
+
+
+def _read_dataset(dataset, raw: _RawFile | None, where) -> np.ndarray:
+    """A dataset as a new C-contiguous float32 array (float16/bfloat16/float64 policies cast)."""
+    if dataset.dtype.kind not in "fiu" and str(dataset.dtype) != "bfloat16":
+        raise ModelFileError(f"{where}: dataset {dataset.name} has dtype {dataset.dtype}, expected floats")
+    if not dataset.size:
+        return np.zeros(dataset.shape, np.float32)
+    offset = dataset.id.get_offset() if raw is not None and dataset.chunks is None else None
+    try:
+        if offset is not None:
+            flat = np.fromfile(raw.path, dtype=dataset.dtype, count=dataset.size, offset=raw.offset + offset)
+            if flat.size != dataset.size:
+                raise ModelFileError(f"{where}: dataset {dataset.name} is truncated")
+            return np.ascontiguousarray(flat.reshape(dataset.shape), dtype=np.float32)
+        if dataset.dtype == np.float32:
+            value = np.empty(dataset.shape, np.float32)
+            dataset.read_direct(value)
+            return value
+        return np.asarray(dataset[()], dtype=np.float32)
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"{where}: cannot read dataset {dataset.name} ({e})") from e
 
 
 def _read_vars(group) -> list:
     vars_ = group.get("vars")
     if vars_ is None:
         return []
-    return [vars_[str(i)][()] for i in range(len(vars_))]
+    return [vars_[str(i)] for i in range(len(vars_))]
 
 
-def _assign_keras3(model, group, where, visited) -> None:
+def _assign_keras3(model, group, where, visited, raw=None) -> None:
     """Weights of the Keras 3 layout: ``layers/<snake_case class>[_n]/vars/<i>``, nested models
     under their own ``layers`` group (keras.src.saving.saving_lib container naming)."""
     from ..graph import InputLayer, Model
@@ -260,12 +292,12 @@ def _assign_keras3(model, group, where, visited) -> None:
                 raise ModelFileError(f"{where}: no weights group 'layers/{key}' for layer {layer.name!r}")
             continue
         if isinstance(layer, Model):
-            _assign_keras3(layer, sub, where, visited)
+            _assign_keras3(layer, sub, where, visited, raw)
         elif layer.weight_names:
-            _assign(layer, _read_vars(sub), where)
+            _assign(layer, _read_vars(sub), where, raw)
 
 
-def _assign_legacy(model, group, where, visited) -> None:
+def _assign_legacy(model, group, where, visited, raw=None) -> None:
     """Weights of the legacy HDF5 layout: ``<layer name>`` groups with a ``weight_names`` attribute."""
     from ..graph import Model
 
@@ -277,28 +309,28 @@ def _assign_legacy(model, group, where, visited) -> None:
             sub = group.get(layer.name)
             if sub is None:
                 raise ModelFileError(f"{where}: no weights for nested model {layer.name!r}")
-            _assign_legacy_nested(layer, sub, where, visited)
+            _assign_legacy_nested(layer, sub, where, visited, raw)
             continue
         if not layer.weight_names:
             continue
         sub = group.get(layer.name)
         if sub is None:
             raise ModelFileError(f"{where}: no weights group for layer {layer.name!r}")
-        _assign(layer, [sub[_decode(n)][()] for n in sub.attrs.get("weight_names", [])], where)
+        _assign(layer, [sub[_decode(n)] for n in sub.attrs.get("weight_names", [])], where, raw)
 
 
-def _assign_legacy_nested(model, group, where, visited) -> None:
+def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
     """A nested model's weights in the legacy layout: paths ``<model>/<layer>/<weight>``."""
     names = [_decode(n) for n in group.attrs.get("weight_names", [])]
     by_layer: dict[str, list] = {}
     for n in names:
         parts = n.split("/")
-        by_layer.setdefault(parts[-2], []).append(group[n][()])
+        by_layer.setdefault(parts[-2], []).append(group[n])
     for layer in model.layers:
         if id(layer) in visited or not layer.weight_names:
             continue
         visited.add(id(layer))
-        _assign(layer, by_layer.get(layer.name, []), where)
+        _assign(layer, by_layer.get(layer.name, []), where, raw)
 
 
 def _decode(name) -> str:
@@ -320,21 +352,80 @@ def load_keras(path):
     where = str(path)
     try:
         if path.is_dir():
-            config_text = (path / "config.json").read_text()
-            weights_source = str(path / "model.weights.h5")
-        else:
-            with zipfile.ZipFile(path) as z:
-                config_text = z.read("config.json").decode()
-                weights_source = io.BytesIO(z.read("model.weights.h5"))
-        entry = json.loads(config_text)
+            entry = json.loads((path / "config.json").read_text())
+            weights = path / "model.weights.h5"
+            with _open_h5(str(weights), where) as f:
+                return _model_with_weights(entry, f, where, _RawFile(weights))
+        with zipfile.ZipFile(path) as z:
+            entry = json.loads(z.read("config.json").decode())
+            info = z.getinfo("model.weights.h5")
+            # h5py reads the metadata through the member; the weight bytes of a stored
+            # (uncompressed) member are read straight from the archive at their offset
+            if info.compress_type != zipfile.ZIP_STORED:
+                with z.open(info) as member, _open_h5(io.BytesIO(member.read()), where) as f:
+                    return _model_with_weights(entry, f, where, None)
+            start = _member_data_offset(path, info)
+            with open(path, "rb") as fobj:
+                member = _Region(fobj, start, info.file_size)
+                with _open_h5(member, where) as f:
+                    return _model_with_weights(entry, f, where, _RawFile(path, start))
     except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError) as e:
+        if isinstance(e, FastlayersError):
+            raise
         raise ModelFileError(f"{where}: not a readable .keras archive ({type(e).__name__}: {e})") from e
+
+
+class _Region(io.RawIOBase):
+    """A read-only, seekable window ``[start, start + size)`` of an open binary file (a stored zip
+    member), so h5py reads the member in place; zipfile's own member objects re-read and
+    checksum everything before each forward seek."""
+
+    def __init__(self, fobj, start: int, size: int):
+        super().__init__()
+        self._f, self._start, self._size, self._pos = fobj, start, size, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer):
+        n = max(0, min(len(buffer), self._size - self._pos))
+        if n == 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        got = self._f.readinto(memoryview(buffer)[:n])
+        self._pos += got
+        return got
+
+
+def _member_data_offset(path, info) -> int:
+    """Offset of a zip member's data: after its local header (30 bytes, name and extra field)."""
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise ModelFileError(f"{path}: corrupt zip member header for {info.filename}")
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _model_with_weights(entry, h5file, where, raw):
     try:
-        model = build_model(entry, where)
+        with weights_loaded_later():
+            model = build_model(entry, where)
     except (KeyError, IndexError, TypeError) as e:
         raise ModelFileError(f"{where}: malformed model config ({type(e).__name__}: {e})") from e
-    with _open_h5(weights_source, where) as f:
-        _assign_keras3(model, f, where, set())
+    _assign_keras3(model, h5file, where, set(), raw)
     return model
 
 
@@ -348,12 +439,13 @@ def load_keras_h5(path):
         config = f.attrs["model_config"]
         try:
             entry = json.loads(config.decode() if isinstance(config, bytes) else config)
-            model = build_model(entry, where)
+            with weights_loaded_later():
+                model = build_model(entry, where)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             if isinstance(e, FastlayersError):
                 raise
             raise ModelFileError(f"{where}: malformed model_config ({type(e).__name__}: {e})") from e
-        _assign_legacy(model, f["model_weights"], where, set())
+        _assign_legacy(model, f["model_weights"], where, set(), _RawFile(path))
     return model
 
 
@@ -361,12 +453,13 @@ def load_weights(model, path) -> None:
     """Load Keras weights (``.weights.h5`` Keras 3 layout, or a legacy ``.h5``) into ``model``."""
     where = str(path)
     with _open_h5(path, where) as f:
+        raw = _RawFile(path)
         if "layers" in f or "vars" in f:
-            _assign_keras3(model, f, where, set())
+            _assign_keras3(model, f, where, set(), raw)
         elif "model_weights" in f:
-            _assign_legacy(model, f["model_weights"], where, set())
+            _assign_legacy(model, f["model_weights"], where, set(), raw)
         elif "layer_names" in f.attrs:
-            _assign_legacy(model, f, where, set())
+            _assign_legacy(model, f, where, set(), raw)
         else:
             raise ModelFileError(f"{where}: no Keras weights found (expected a 'layers' group or "
                                  "'layer_names' attribute)")
