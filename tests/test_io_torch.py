@@ -332,13 +332,16 @@ def _family_cases(torch):
                                                                         batch_first=True), [(2, 5, 8)]),
         "TransformerDecoderLayer": (lambda: tnn.TransformerDecoderLayer(8, 2, 16, norm_first=True),
                                     [(5, 2, 8), (4, 2, 8)]),
+        "TransformerEncoderLayer_module_activation": (
+            lambda: tnn.TransformerEncoderLayer(8, 2, 16, activation=tnn.GELU(), bias=False), [(5, 2, 8)]),
     }
 
 
 FAMILIES = ["Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool1d", "MaxPool2d", "AvgPool1d",
             "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d",
             "AdaptiveMaxPool2d", "Upsample", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell",
-            "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer"]
+            "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
+            "TransformerEncoderLayer_module_activation"]
 
 
 def _first(out):
@@ -348,6 +351,7 @@ def _first(out):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_other_families_rebuild(name, torch, tmp_path, rng):
     make, shapes = _family_cases(torch)[name]
+    name = name.split("_")[0]
     ref = make().eval()
     randomize(ref, torch)
     path = save(torch, ref, tmp_path / f"{name}.pt")
@@ -362,6 +366,27 @@ def test_other_families_rebuild(name, torch, tmp_path, rng):
     with torch.no_grad():
         want = _first(ref(*map(torch.from_numpy, xs))).numpy()
     assert_close(_first(ours(*xs)), want, rtol=1e-4, atol=1e-5, what=name)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_family_entries_rebuild_torch_itself(name, torch, tmp_path, rng):
+    """Each table entry passes torch's own constructor arguments: rebuilding the torch class from
+    the record's keywords gives the same state dict keys and outputs (checks the entries before
+    fastlayers.nn has the class)."""
+    from fastlayers.io.torch import read_torch_pickle
+
+    make, shapes = _family_cases(torch)[name]
+    name = name.split("_")[0]
+    ref = make().eval()
+    randomize(ref, torch)
+    record = read_torch_pickle(save(torch, ref, tmp_path / f"{name}.pt"), unknown_globals="record")
+    kwargs = TORCH_MODULE_BUILDERS[name].kwargs(record)
+    again = getattr(torch.nn, name)(**kwargs).eval()
+    assert list(again.state_dict()) == list(ref.state_dict())
+    again.load_state_dict({k: torch.from_numpy(v) for k, v in record.state_dict().items()})
+    xs = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    with torch.no_grad():
+        np.testing.assert_array_equal(_first(again(*xs)).numpy(), _first(ref(*xs)).numpy())
 
 
 # ---------------------------------------------------------------------------- hostile files

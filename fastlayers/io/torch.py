@@ -278,25 +278,35 @@ def has_param(name: str) -> Callable:
     return lambda r: r.has_param(name)
 
 
-def from_attrs(cls_name: str, *names: str, **computed) -> Callable:
-    """A builder calling ``fastlayers.nn.<cls_name>(**{n: record[n]}, **{k: f(record)})``.
+class from_attrs:  # noqa: N801 - used like a function in the table
+    """A builder calling ``fastlayers.nn.<cls_name>(**kwargs(record))``.
 
     Each name in ``names`` is a constructor keyword equal to the torch attribute of that name;
     attributes missing from an old pickle are left to the constructor's default. ``computed``
     maps keywords to functions of the record (``bias=has_param("bias")``). The class is looked up
-    when a file is read, so an entry may name a module another part of fastlayers adds.
+    when a file is read, so an entry may name a module another part of fastlayers adds. The
+    keywords are torch's own constructor arguments: ``kwargs(record)`` rebuilds the torch module
+    too (``torch.nn.<cls_name>(**kwargs)``), which is how the tests check each entry.
     """
-    def build(r: TorchModuleRecord):
+
+    def __init__(self, cls_name: str, *names: str, **computed: Callable):
+        self.cls_name, self.names, self.computed = cls_name, names, computed
+
+    def kwargs(self, r: TorchModuleRecord) -> dict:
+        kwargs = {n: r[n] for n in self.names if n in r.attrs}
+        kwargs.update({k: f(r) for k, f in self.computed.items()})
+        return kwargs
+
+    def __call__(self, r: TorchModuleRecord):
         from .. import nn
 
-        cls = getattr(nn, cls_name, None)
+        cls = getattr(nn, self.cls_name, None)
         if cls is None:
-            raise UnsupportedError(f"torch.nn.{r.class_name}: fastlayers.nn has no {cls_name} yet")
-        kwargs = {n: r[n] for n in names if n in r.attrs}
-        kwargs.update({k: f(r) for k, f in computed.items()})
-        return cls(**kwargs)
-    build.__qualname__ = f"from_attrs({cls_name!r})"
-    return build
+            raise UnsupportedError(f"torch.nn.{r.class_name}: fastlayers.nn has no {self.cls_name} yet")
+        return cls(**self.kwargs(r))
+
+    def __repr__(self):
+        return f"from_attrs({self.cls_name!r}, {', '.join(map(repr, self.names))})"
 
 
 def _children(r: TorchModuleRecord) -> "OrderedDict":
@@ -384,12 +394,13 @@ _simple("MultiheadAttention", "embed_dim", "num_heads", "dropout", "add_zero_att
 def _activation_name(r: TorchModuleRecord) -> str:
     """TransformerEncoderLayer's activation: a function reference or a module, as a name."""
     act = r.get("activation", r.children.get("activation"))
-    if isinstance(act, TorchFunctionRef):
+    if isinstance(act, type) and issubclass(act, TorchFunctionRef):  # the function itself
         name = act.function_name
     elif isinstance(act, TorchModuleRecord):
         name = act.class_name.lower()
     else:
-        raise UnsupportedError(f"torch.nn.{r.class_name}: activation {act!r:.60} is not relu or gelu")
+        what = getattr(act, "global_name", type(act).__name__)
+        raise UnsupportedError(f"torch.nn.{r.class_name}: activation {what} is not relu or gelu")
     if name not in ("relu", "gelu"):
         raise UnsupportedError(f"torch.nn.{r.class_name}: activation {name!r} is not relu or gelu")
     return name
