@@ -167,6 +167,26 @@ def test_safetensors(torch, tmp_path):
             fastlayers.load_state_dict(tmp_path / "cut.safetensors")
 
 
+def test_sharded_index(torch, tmp_path):
+    import json
+
+    st = pytest.importorskip("safetensors.torch")
+    sd = OrderedDict([("a", torch.randn(3)), ("b", torch.arange(4)), ("c", torch.randn(2, 2))])
+    torch.save({"a": sd["a"], "c": sd["c"]}, tmp_path / "pytorch_model-00001-of-00002.bin")
+    st.save_file({"b": sd["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    weight_map = {"a": "pytorch_model-00001-of-00002.bin", "b": "model-00002-of-00002.safetensors",
+                  "c": "pytorch_model-00001-of-00002.bin"}
+    index = tmp_path / "pytorch_model.bin.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_same_arrays(fastlayers.load_state_dict(index), sd, torch)
+    index.write_text(json.dumps({"weight_map": {"a": "../secret.bin"}}))
+    with pytest.raises(ModelFileError, match="file name beside the index"):
+        fastlayers.load_state_dict(index)
+    index.write_text("{not json")
+    with pytest.raises(ModelFileError, match="not a sharded checkpoint index"):
+        fastlayers.load_state_dict(index)
+
+
 # ---------------------------------------------------------------------------- whole modules
 def core_model(torch):
     tnn = torch.nn

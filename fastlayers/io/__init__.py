@@ -41,12 +41,12 @@ def load(path):
         raise ModelFileError(f"{path}: no such file")
     if is_native(p):
         return load_native(p)
-    if p.suffix.lower() in _TORCH_SUFFIXES or is_torch_file(p):
-        return load_torch_module(p)
     if p.suffix.lower() == ".safetensors" or is_safetensors(p):
         raise ModelFileError(f"{path}: a safetensors file holds weights only, not a model: build the "
                              "model with fastlayers.nn and load the weights with "
                              "model.load_state_dict(fastlayers.load_state_dict(path))")
+    if p.suffix.lower() in _TORCH_SUFFIXES or is_torch_file(p):
+        return load_torch_module(p)
     kind = _FOREIGN.get(p.suffix.lower())
     if kind is not None:
         raise UnsupportedError(f"{path}: reading {kind} files is not supported by this version of "

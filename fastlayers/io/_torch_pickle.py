@@ -399,8 +399,9 @@ class RestrictedUnpickler(pickle.Unpickler):
             storage = Storage(key, array, storage_type.torch_dtype)
             self._storages[key] = storage
         if view is not None:  # legacy: (view key, element offset, view size) into the root storage
-            if not (isinstance(view, tuple) and len(view) == 3 and isinstance(view[1], int)
-                    and isinstance(view[2], int) and 0 <= view[1] and view[1] + view[2] <= storage.array.size):
+            ok = (isinstance(view, tuple) and len(view) == 3 and isinstance(view[1], int)
+                  and isinstance(view[2], int) and view[1] >= 0 and view[2] >= 0)
+            if not ok or view[1] + view[2] > storage.array.size:
                 raise ModelFileError(f"{self.source}: malformed storage view {view!r:.100}")
             _vkey, off, n = view
             return Storage(f"{key}[{off}:{off + n}]", storage.array[off:off + n], storage.torch_dtype)

@@ -18,7 +18,6 @@ run, and torch is never imported.
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -211,8 +210,9 @@ def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarra
     ----------
     path : str or os.PathLike
         A ``torch.save`` file (zip archive or legacy pickle, e.g. ``model.pt``,
-        ``pytorch_model.bin``) holding a state dict or a whole ``torch.nn`` module, or a
-        ``.safetensors`` file (needs the ``safetensors`` package: ``fastlayers[safetensors]``).
+        ``pytorch_model.bin``) holding a state dict or a whole ``torch.nn`` module, a
+        ``.safetensors`` file (needs the ``safetensors`` package: ``fastlayers[safetensors]``), or
+        a sharded checkpoint's ``*.index.json`` (its shards are read from the same folder).
     key : str, optional
         For checkpoints that nest the state dict, e.g. ``{"model": state_dict, "epoch": 3}``:
         the entry to return.
@@ -242,6 +242,10 @@ def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarra
         raise ModelFileError(f"{where}: no such file")
     from .safetensors import is_safetensors, load_safetensors
 
+    if p.name.lower().endswith(".index.json"):
+        if key is not None:
+            raise InputError(f"{where}: a sharded checkpoint index is flat; key={key!r} does not apply")
+        return _load_sharded(p, where)
     if p.suffix.lower() == ".safetensors" or is_safetensors(p):
         sd = load_safetensors(p)
         if key is not None:
@@ -254,6 +258,32 @@ def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarra
                                  + (f" (entries: {list(obj)[:10]})" if isinstance(obj, dict) else ""))
         obj = obj[key]
     return _as_state_dict(obj, where)
+
+
+def _load_sharded(p: Path, where: str) -> "OrderedDict[str, np.ndarray]":
+    """A Hugging Face sharded checkpoint: ``{"weight_map": {tensor name: shard file}}`` beside
+    its shards (``pytorch_model.bin.index.json``, ``model.safetensors.index.json``)."""
+    import json
+
+    try:
+        index = json.loads(p.read_text(encoding="utf-8"))
+        weight_map = index["weight_map"]
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise TypeError("weight_map must map tensor names to shard file names")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise ModelFileError(f"{where}: not a sharded checkpoint index ({type(e).__name__}: {e})") from e
+    shards: dict[str, OrderedDict] = {}
+    for shard in dict.fromkeys(weight_map.values()):
+        if Path(shard).name != shard or shard.startswith("."):
+            raise ModelFileError(f"{where}: shard {shard!r} must be a file name beside the index")
+        shards[shard] = load_state_dict(p.parent / shard)
+    out: OrderedDict = OrderedDict()
+    for name, shard in weight_map.items():
+        if name not in shards[shard]:
+            raise ModelFileError(f"{where}: tensor {name!r} is not in its shard {shard!r}")
+        out[name] = shards[shard][name]
+    return out
 
 
 # ------------------------------------------------------------------------ whole modules
@@ -501,4 +531,4 @@ def _reject_unknown_attrs(record, path):
 
 
 __all__ = ["TORCH_MODULE_BUILDERS", "from_attrs", "has_param", "is_torch_file", "load_state_dict",
-           "load_torch_module", "read_torch_pickle", "register_torch_module", "TorchFunctionRef"]
+           "load_torch_module", "read_torch_pickle", "register_torch_module"]
