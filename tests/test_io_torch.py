@@ -246,6 +246,22 @@ def test_whole_module_options(torch, tmp_path, rng, fmt):
     assert_same_arrays(ours.state_dict(), containers.state_dict(), torch)
 
 
+def test_cli_info_and_run_on_torch_file(torch, tmp_path, rng, capsys):
+    from fastlayers.cli import main
+
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh()).eval()
+    path = save(torch, ref, tmp_path / "m.pt")
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Linear(in_features=3, out_features=2, bias=True)" in out and "parameters: 8" in out
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "--input", str(tmp_path / "x.npy"), "--output",
+                 str(tmp_path / "y.npy"), "--batch-size", "2"]) == 0
+    with torch.no_grad():
+        assert_close(np.load(tmp_path / "y.npy"), ref(torch.from_numpy(x)).numpy())
+
+
 def test_reader_never_imports_torch(torch, tmp_path):
     save(torch, core_model(torch), tmp_path / "m.pt")
     save(torch, core_model(torch).state_dict(), tmp_path / "sd.pt", "legacy")

@@ -159,8 +159,9 @@ def _read_legacy(path, where: str, unknown_globals: str):
             if count != numel:
                 raise ModelFileError(f"{where}: storage {key!r} holds {count} elements, the pickle "
                                      f"expects {numel}")
-            raw = np.frombuffer(bytearray(_read_exact(f, numel * storage_type.np_dtype.itemsize,
-                                                      where)), np.uint8)
+            raw = np.empty(numel * storage_type.np_dtype.itemsize, np.uint8)
+            if f.readinto(raw) != raw.size:
+                raise ModelFileError(f"{where}: truncated file (storage {key!r} ends early)")
             arrays[key] = _typed(raw, storage_type.np_dtype, "little" if little else "big")
         missing = sorted(set(layout) - set(arrays))
         if missing:
