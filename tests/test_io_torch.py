@@ -61,6 +61,23 @@ def test_dtypes(torch, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_untyped_storage_dtypes(torch, tmp_path, fmt):
+    """uint16/32/64 and float8 go through _rebuild_tensor_v3 on an untyped storage."""
+    every_code = torch.arange(256, dtype=torch.uint8)
+    sd = OrderedDict([("u16", torch.tensor([[1, 60000], [7, 8]], dtype=torch.uint16).t()),
+                      ("u32", torch.tensor([1, 2**31 + 5], dtype=torch.uint32)),
+                      ("u64", torch.tensor([3, 2**63 + 1], dtype=torch.uint64)),
+                      ("e4m3", every_code.view(torch.float8_e4m3fn)),
+                      ("e5m2", every_code.view(torch.float8_e5m2)[10:]),
+                      ("f32", torch.randn(3))])
+    ours = fastlayers.load_state_dict(save(torch, sd, tmp_path / "u.pt", fmt))
+    for k, t in sd.items():
+        want = t.float().numpy() if t.dtype.is_floating_point else t.numpy()
+        assert ours[k].dtype == want.dtype, k
+        np.testing.assert_array_equal(ours[k], want, err_msg=k)  # NaN == NaN here
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_views_offsets_strides_and_sharing(torch, tmp_path, fmt):
     base = torch.arange(60, dtype=torch.float32).reshape(3, 4, 5)
     sd = OrderedDict([
@@ -91,6 +108,22 @@ def test_record_prefix_and_pytorch_model_bin(torch, tmp_path):
         for info in src.infolist():
             dst.writestr("some/where else/" + info.filename.split("/", 1)[1], src.read(info))
     assert_same_arrays(fastlayers.load_state_dict(tmp_path / "other.pt"), sd, torch)
+
+
+def test_big_endian_archive(torch, tmp_path):
+    sd = {"w": torch.randn(3, 2), "i": torch.arange(4), "h": torch.randn(2).half(),
+          "m": torch.tensor([True])}
+    path = save(torch, sd, tmp_path / "le.pt")
+    arrays = {str(i): t.numpy() for i, t in enumerate(sd.values())}  # storage keys in save order
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "be.pt", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/byteorder"):
+                data = b"big"
+            elif "/data/" in info.filename:
+                data = arrays[info.filename.rsplit("/", 1)[1]].byteswap().tobytes()
+            dst.writestr(info, data)
+    assert_same_arrays(fastlayers.load_state_dict(tmp_path / "be.pt"), sd, torch)
 
 
 def test_module_state_dict_and_nested_checkpoint(torch, tmp_path):

@@ -54,6 +54,32 @@ STORAGE_TYPES: dict[str, tuple[np.dtype, str]] = {
 
 #: torch dtype attribute name -> (numpy storage dtype, canonical torch dtype name).
 TORCH_DTYPES: dict[str, tuple[np.dtype, str]] = {}
+def _float8_table(exp_bits: int, bias: int, ieee: bool) -> np.ndarray:
+    """float32 value of each of the 256 float8 codes (1 sign bit, ``exp_bits``, the rest
+    mantissa). ``ieee``: all-ones exponent is inf/NaN (e5m2); otherwise only S.1111.111 is NaN
+    (e4m3fn, no infinities)."""
+    man_bits = 7 - exp_bits
+    out = np.empty(256, np.float32)
+    for code in range(256):
+        sign = -1.0 if code >> 7 else 1.0
+        e = (code >> man_bits) & ((1 << exp_bits) - 1)
+        m = code & ((1 << man_bits) - 1)
+        if ieee and e == (1 << exp_bits) - 1:
+            value = sign * np.inf if m == 0 else np.nan
+        elif not ieee and e == (1 << exp_bits) - 1 and m == (1 << man_bits) - 1:
+            value = np.nan
+        elif e == 0:
+            value = sign * m / (1 << man_bits) * 2.0 ** (1 - bias)
+        else:
+            value = sign * (1 + m / (1 << man_bits)) * 2.0 ** (e - bias)
+        out[code] = value
+    return out
+
+
+#: float8 dtypes (stored as uint8 codes, widened to float32 through a 256-entry table).
+FLOAT8_TABLES = {"float8_e4m3fn": _float8_table(4, 7, ieee=False),
+                 "float8_e5m2": _float8_table(5, 15, ieee=True)}
+
 for _names, _np, _canon in [
     (("float32", "float"), np.float32, "float32"), (("float64", "double"), np.float64, "float64"),
     (("float16", "half"), np.float16, "float16"), (("bfloat16",), np.uint16, "bfloat16"),
@@ -63,6 +89,7 @@ for _names, _np, _canon in [
     (("uint32",), np.uint32, "uint32"), (("uint64",), np.uint64, "uint64"),
     (("bool",), np.bool_, "bool"), (("complex64", "cfloat"), np.complex64, "complex64"),
     (("complex128", "cdouble"), np.complex128, "complex128"),
+    (("float8_e4m3fn",), np.uint8, "float8_e4m3fn"), (("float8_e5m2",), np.uint8, "float8_e5m2"),
 ]:
     for _n in _names:
         TORCH_DTYPES[_n] = (np.dtype(_np), _canon)
@@ -240,11 +267,15 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
     data = storage.array
     torch_dtype = torch_dtype or storage.torch_dtype
     if dtype is not None and dtype != data.dtype:  # _rebuild_tensor_v3: typed view of raw bytes
-        raw = data.view(np.uint8)
-        if raw.size % dtype.itemsize:
-            raise ModelFileError(f"storage {storage.key} of {raw.size} bytes does not hold whole "
+        nbytes = data.size * data.itemsize
+        if nbytes % dtype.itemsize:
+            raise ModelFileError(f"storage {storage.key} of {nbytes} bytes does not hold whole "
                                  f"{torch_dtype} elements")
-        data = raw.view(dtype)
+        if data.flags.c_contiguous:
+            data = data.view(np.uint8).view(dtype)
+        else:  # the zero-stride stand-in of a legacy file's first pass
+            data = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=(nbytes // dtype.itemsize,),
+                                                   strides=(0,), writeable=False)
     n = int(np.prod(size, dtype=np.int64)) if size else 1
     if n:
         last = offset + sum((s - 1) * st for s, st in zip(size, stride))
@@ -265,6 +296,8 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
         out = np.ascontiguousarray(out)
     if torch_dtype == "bfloat16":  # bits of the upper half of a float32
         out = (out.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    elif torch_dtype in FLOAT8_TABLES:
+        out = FLOAT8_TABLES[torch_dtype][out]
     return out
 
 
@@ -313,7 +346,7 @@ _FUNCTIONS: dict[tuple[str, str], Callable] = {
 
 #: The globals admitted in a state-dict pickle (documented in docs/formats.md).
 ADMITTED_GLOBALS = sorted(f"{m}.{n}" for m, n in _FUNCTIONS) + [
-    "torch.<X>Storage (" + ", ".join(sorted(STORAGE_TYPES)) + ")",
+    "torch.<X>Storage (" + ", ".join(sorted(STORAGE_TYPES)) + "), torch.storage.UntypedStorage",
     "torch.<dtype> (" + ", ".join(sorted(TORCH_DTYPES)) + ")",
     "torch.nn.modules.<file>.<Class> (inert records)",
     "torch.nn.functional.<name>, torch._C._nn.<name> (inert references)",
@@ -359,6 +392,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         return cls
 
     def _make_class(self, module: str, name: str) -> type:
+        if module == "torch.storage" and name == "UntypedStorage":
+            module = "torch"
         if module == "torch" and name in STORAGE_TYPES:
             np_dtype, torch_dtype = STORAGE_TYPES[name]
             return _record_class(StorageType, module, name, np_dtype=np_dtype, torch_dtype=torch_dtype)
