@@ -375,6 +375,8 @@ register_torch_module("ModuleList", _module_list)
 register_torch_module("ModuleDict", _module_dict)
 _simple("Identity")
 _simple("Linear", "in_features", "out_features", bias=has_param("bias"))
+register_torch_module("NonDynamicallyQuantizableLinear",  # MultiheadAttention.out_proj's class
+                      from_attrs("Linear", "in_features", "out_features", bias=has_param("bias")))
 for _name in ("ReLU", "ReLU6", "SELU", "Sigmoid", "Hardsigmoid", "Tanh", "Softsign", "SiLU"):
     _simple(_name)
 _simple("LeakyReLU", "negative_slope")
