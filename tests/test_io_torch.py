@@ -538,6 +538,24 @@ def test_hostile_pickles_are_refused(torch, tmp_path, reader):
         assert not marker.exists(), f"{name} ran from {path.name}"
 
 
+def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
+    """BUILD with slot state would setattr on whatever the pickle names: refused for admitted
+    functions and record classes, so one file cannot change how the next one is read."""
+    from fastlayers.io._torch_pickle import _rebuild_tensor_v2
+
+    defaults = _rebuild_tensor_v2.__defaults__
+    for i, target in enumerate([b"torch._utils\n_rebuild_tensor_v2", b"collections\nOrderedDict",
+                                b"torch\nFloatStorage", b"torch.nn.modules.linear\nLinear"]):
+        data = b"c" + target + b"\n(N(S'__defaults__'\n(I1\nI2\nI3\ntdtb."
+        path = zip_with_pickle(tmp_path / f"build{i}.pt", data)
+        for reader in (fastlayers.load_state_dict, fastlayers.load):
+            with pytest.raises(ModelFileError, match=f"build{i}.pt"):
+                reader(path)
+    assert _rebuild_tensor_v2.__defaults__ == defaults
+    sd = {"w": torch.randn(2)}
+    assert_same_arrays(fastlayers.load_state_dict(save(torch, sd, tmp_path / "ok.pt")), sd, torch)
+
+
 def test_hostile_storage_references(torch, tmp_path):
     marker = tmp_path / "pwned"
 

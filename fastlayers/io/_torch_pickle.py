@@ -96,11 +96,15 @@ for _names, _np, _canon in [
 
 
 class _NotCallable(type):
-    """Metaclass of every record class: calling one (``REDUCE``, ``OBJ``, ``INST``) is refused."""
+    """Metaclass of every record class: calling one (``REDUCE``, ``OBJ``, ``INST``) is refused,
+    and so is setting its attributes (``BUILD`` with slot state on the class itself)."""
 
     def __call__(cls, *args, **kwargs):
         raise ModelFileError(f"refused to call {cls.global_name} while reading a pickle: fastlayers "
                              "never runs code from a model file")
+
+    def __setattr__(cls, name, value):
+        raise ModelFileError(f"refused to set {name!r} on {cls.global_name} while reading a pickle")
 
 
 class _Record(metaclass=_NotCallable):
@@ -331,7 +335,30 @@ def _device(*args):
     return str(args[0]) if args else "cpu"
 
 
-_FUNCTIONS: dict[tuple[str, str], Callable] = {
+class _Admitted:
+    """An admitted function as the pickle sees it: callable, but with no attributes a ``BUILD``
+    could change (a plain function's ``__defaults__`` would be writable, process-wide)."""
+
+    __slots__ = ("_fn", "_name")
+
+    def __init__(self, name: str, fn: Callable):
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+    def __setattr__(self, name, value):
+        raise ModelFileError(f"refused to set {name!r} on {self._name} while reading a pickle")
+
+    def __setstate__(self, state):
+        raise ModelFileError(f"refused to set the state of {self._name} while reading a pickle")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("admitted functions cannot be pickled")
+
+
+_FUNCTIONS: dict[tuple[str, str], _Admitted] = {key: _Admitted(".".join(key), fn) for key, fn in {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
@@ -342,7 +369,7 @@ _FUNCTIONS: dict[tuple[str, str], Callable] = {
     ("builtins", "frozenset"): frozenset,
     ("torch", "Size"): _size,
     ("torch", "device"): _device,
-}
+}.items()}
 
 #: The globals admitted in a state-dict pickle (documented in docs/formats.md).
 ADMITTED_GLOBALS = sorted(f"{m}.{n}" for m, n in _FUNCTIONS) + [
