@@ -108,6 +108,12 @@ def test_record_prefix_and_pytorch_model_bin(torch, tmp_path):
         for info in src.infolist():
             dst.writestr("some/where else/" + info.filename.split("/", 1)[1], src.read(info))
     assert_same_arrays(fastlayers.load_state_dict(tmp_path / "other.pt"), sd, torch)
+    # a re-packed, compressed archive reads through zipfile's decompressor
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "deflated.pt", "w",
+                                                       zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    assert_same_arrays(fastlayers.load_state_dict(tmp_path / "deflated.pt"), sd, torch)
 
 
 def test_big_endian_archive(torch, tmp_path):

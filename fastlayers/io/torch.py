@@ -18,7 +18,9 @@ run, and torch is never imported.
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
@@ -105,16 +107,40 @@ def _read_zip(path, where: str, unknown_globals: str):
             if info.file_size < nbytes:
                 raise ModelFileError(f"{where}: storage {name!r} holds {info.file_size} bytes, the "
                                      f"pickle expects {numel} x {dtype.itemsize}")
-            buf = np.empty(info.file_size, np.uint8)
-            with zf.open(info) as fh:
-                got = fh.readinto(buf)
-                fh.read(1)  # reach EOF so the CRC is checked
-            if got != info.file_size:
-                raise ModelFileError(f"{where}: storage {name!r} is truncated")
-            return _typed(buf[:nbytes], dtype, byteorder)
+            return _typed(_read_entry(zf, info, where)[:nbytes], dtype, byteorder)
 
         data = zf.read(pkls[0])
         return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals).load()
+
+
+def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> np.ndarray:
+    """A zip entry's bytes in a fresh numpy buffer, CRC checked.
+
+    torch stores entries uncompressed: those are read straight from the file into the buffer,
+    skipping ``ZipFile.open``'s intermediate bytes (see docs/design.md for the measurement);
+    compressed entries (a re-packed archive) go through ``ZipFile.open``.
+    """
+    buf = np.empty(info.file_size, np.uint8)
+    if info.compress_type == zipfile.ZIP_STORED:
+        f = zf.fp
+        f.seek(info.header_offset)
+        header = f.read(30)
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            raise ModelFileError(f"{where}: corrupt zip entry {info.filename!r} (bad local header)")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        got = f.readinto(buf)
+        if got != info.file_size:
+            raise ModelFileError(f"{where}: zip entry {info.filename!r} is truncated")
+        if zlib.crc32(buf) != info.CRC:
+            raise ModelFileError(f"{where}: zip entry {info.filename!r} is corrupt (CRC mismatch)")
+        return buf
+    with zf.open(info) as fh:
+        got = fh.readinto(buf)
+        fh.read(1)  # reach EOF so the CRC is checked
+    if got != info.file_size:
+        raise ModelFileError(f"{where}: zip entry {info.filename!r} is truncated")
+    return buf
 
 
 def _typed(raw: np.ndarray, dtype: np.dtype, byteorder: str) -> np.ndarray:
