@@ -346,6 +346,8 @@ def test_custom_and_unsupported_classes(torch, tmp_path):
         fastlayers.load(save(torch, bilinear, tmp_path / "bilinear.pt"))
     with pytest.raises(ModelFileError, match="state dict.*load_state_dict"):
         fastlayers.load(save(torch, bilinear.state_dict(), tmp_path / "sd.pt"))
+    with pytest.raises(ModelFileError, match=r"entries \['net'\] are modules"):
+        fastlayers.load(save(torch, {"net": torch.nn.ReLU(), "epoch": 1}, tmp_path / "ckpt.pt"))
     scripted = torch.jit.script(torch.nn.Sequential(torch.nn.ReLU()))
     torch.jit.save(scripted, str(tmp_path / "scripted.pt"))
     with pytest.raises(UnsupportedError, match="TorchScript"):

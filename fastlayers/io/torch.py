@@ -524,6 +524,12 @@ def load_torch_module(path):
     obj = read_torch_pickle(path, unknown_globals="record")
     if not is_module_like(obj):
         _reject_unknown(obj, where)
+        if isinstance(obj, dict) and any(is_module_like(v) for v in obj.values()):
+            names = [k for k, v in obj.items() if is_module_like(v)]
+            raise ModelFileError(
+                f"{where}: holds a dict whose entries {names[:5]} are modules; fastlayers.load reads "
+                "a file holding one module (torch.save(model)); re-save that module alone, or port "
+                "it to fastlayers.nn and use fastlayers.load_state_dict")
         if isinstance(obj, dict):
             raise ModelFileError(
                 f"{where}: holds a state dict (weights only), not a model: build the model with "
