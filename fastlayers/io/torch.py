@@ -27,7 +27,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, StateDictError, UnsupportedError
+from ..errors import (
+    FastlayersError, InputError, ModelFileError, ShapeError, StateDictError, UnsupportedError,
+)
 from ._torch_pickle import (
     RestrictedUnpickler, StorageType, TorchFunctionRef, TorchModuleRecord, UnknownGlobal,
     is_module_like,
