@@ -11,11 +11,14 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections import OrderedDict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fastlayers
 import fastlayers.nn as nn
@@ -97,6 +100,25 @@ def test_views_offsets_strides_and_sharing(torch, tmp_path, fmt):
     # one storage behind base/row/same_again, as in torch
     assert np.shares_memory(ours["base"], ours["row"])
     assert np.shares_memory(ours["base"], ours["same_again"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(),
+       fmt=st.sampled_from(FORMATS))
+def test_random_views_property(torch, shape, data, fmt):
+    """Any permuted, sliced, stepped view of a storage reads back as torch sees it."""
+    base = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+    perm = data.draw(st.permutations(range(len(shape))))
+    view = base.permute(*perm)
+    for axis in range(view.dim()):
+        n = view.shape[axis]
+        start = data.draw(st.integers(0, n - 1))
+        step = data.draw(st.integers(1, 3))
+        view = view.narrow(axis, start, n - start)[(slice(None),) * axis + (slice(None, None, step),)]
+    sd = {"view": view, "base": base}
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = fastlayers.load_state_dict(save(torch, sd, os.path.join(tmp, "v.pt"), fmt))
+    assert_same_arrays(ours, sd, torch)
 
 
 def test_record_prefix_and_pytorch_model_bin(torch, tmp_path):
@@ -186,11 +208,11 @@ def test_port_custom_module_with_state_dict(torch, tmp_path, rng, backend):
 
 
 def test_safetensors(torch, tmp_path):
-    st = pytest.importorskip("safetensors.torch")
+    sft = pytest.importorskip("safetensors.torch")
     sd = OrderedDict([("a.weight", torch.randn(4, 3)), ("a.half", torch.randn(5).half()),
                       ("a.bf16", torch.randn(2, 3).to(torch.bfloat16)),
                       ("ids", torch.arange(7)), ("mask", torch.tensor([True, False]))])
-    st.save_file(sd, str(tmp_path / "m.safetensors"))
+    sft.save_file(sd, str(tmp_path / "m.safetensors"))
     ours = fastlayers.load_state_dict(tmp_path / "m.safetensors")
     assert sorted(ours) == sorted(sd)
     assert_same_arrays(OrderedDict((k, ours[k]) for k in sd), sd, torch)
@@ -209,10 +231,10 @@ def test_safetensors(torch, tmp_path):
 def test_sharded_index(torch, tmp_path):
     import json
 
-    st = pytest.importorskip("safetensors.torch")
+    sft = pytest.importorskip("safetensors.torch")
     sd = OrderedDict([("a", torch.randn(3)), ("b", torch.arange(4)), ("c", torch.randn(2, 2))])
     torch.save({"a": sd["a"], "c": sd["c"]}, tmp_path / "pytorch_model-00001-of-00002.bin")
-    st.save_file({"b": sd["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    sft.save_file({"b": sd["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
     weight_map = {"a": "pytorch_model-00001-of-00002.bin", "b": "model-00002-of-00002.safetensors",
                   "c": "pytorch_model-00001-of-00002.bin"}
     index = tmp_path / "pytorch_model.bin.index.json"
