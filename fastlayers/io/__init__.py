@@ -10,7 +10,7 @@ from .safetensors import is_safetensors
 from .torch import is_torch_file, load_state_dict, load_torch_module
 
 _FOREIGN = {
-    ".keras": "Keras", ".h5": "Keras/HDF5", ".hdf5": "Keras/HDF5", ".onnx": "ONNX",
+    ".onnx": "ONNX",
 }
 _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 __all__ = ["load", "load_state_dict"]
@@ -22,7 +22,8 @@ def load(path):
     Parameters
     ----------
     path : str or os.PathLike
-        A model written by ``Model.save`` (fastlayers native format): returns a
+        A model written by ``Model.save`` (fastlayers native format), a Keras 3 ``.keras``
+        archive (or its unzipped directory), or a full-model Keras ``.h5`` file: returns a
         ``fastlayers.Model``. Or a whole pickled ``torch.nn`` module (``torch.save(model)``,
         ``.pt``/``.pth``/``.bin``, zip or legacy) made of standard torch.nn classes: returns the
         ``fastlayers.nn`` equivalent, rebuilt without torch and without running code from the
@@ -37,10 +38,24 @@ def load(path):
         The format or a layer in it is not supported (a custom torch class: export to ONNX).
     """
     p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():  # an unzipped .keras archive
+        from .keras import load_keras
+
+        return load_keras(p)
     if not p.is_file():
         raise ModelFileError(f"{path}: no such file")
     if is_native(p):
         return load_native(p)
+    with open(p, "rb") as f:
+        magic = f.read(8)
+    if p.suffix.lower() == ".keras":
+        from .keras import load_keras
+
+        return load_keras(p)
+    if magic == b"\x89HDF\r\n\x1a\n" or p.suffix.lower() in (".h5", ".hdf5"):
+        from .keras import load_keras_h5
+
+        return load_keras_h5(p)
     if p.suffix.lower() == ".safetensors" or is_safetensors(p):
         raise ModelFileError(f"{path}: a safetensors file holds weights only, not a model: build the "
                              "model with fastlayers.nn and load the weights with "
@@ -50,5 +65,6 @@ def load(path):
     kind = _FOREIGN.get(p.suffix.lower())
     if kind is not None:
         raise UnsupportedError(f"{path}: reading {kind} files is not supported by this version of "
-                               "fastlayers yet; only the native format written by Model.save is")
+                               "fastlayers yet (readable now: the native format, Keras .keras/.h5 files and "
+                               "PyTorch .pt/.pth/.bin files)")
     raise ModelFileError(f"{path}: not a fastlayers model file (unknown format)")
