@@ -9,9 +9,6 @@ from .native import is_native, load_native
 from .safetensors import is_safetensors
 from .torch import is_torch_file, load_state_dict, load_torch_module
 
-_FOREIGN = {
-    ".onnx": "ONNX",
-}
 _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 __all__ = ["load", "load_state_dict"]
 
@@ -28,7 +25,8 @@ def load(path):
         ``.pt``/``.pth``/``.bin``, zip or legacy) made of standard torch.nn classes: returns the
         ``fastlayers.nn`` equivalent, rebuilt without torch and without running code from the
         file. Files holding only weights (state dicts, safetensors) are refused with a pointer to
-        ``fastlayers.load_state_dict``.
+        ``fastlayers.load_state_dict``. Or an ONNX graph (``.onnx``): returns an ``OnnxModel``
+        that runs on fastlayers primitives.
 
     Raises
     ------
@@ -62,9 +60,8 @@ def load(path):
                              "model.load_state_dict(fastlayers.load_state_dict(path))")
     if p.suffix.lower() in _TORCH_SUFFIXES or is_torch_file(p):
         return load_torch_module(p)
-    kind = _FOREIGN.get(p.suffix.lower())
-    if kind is not None:
-        raise UnsupportedError(f"{path}: reading {kind} files is not supported by this version of "
-                               "fastlayers yet (readable now: the native format, Keras .keras/.h5 files and "
-                               "PyTorch .pt/.pth/.bin files)")
+    if p.suffix.lower() == ".onnx":
+        from .onnx import load_onnx
+
+        return load_onnx(p)
     raise ModelFileError(f"{path}: not a fastlayers model file (unknown format)")

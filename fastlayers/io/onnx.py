@@ -222,8 +222,9 @@ class OnnxModel:
             a = a.astype(dtype, copy=False)
             if shape is not None and (a.ndim != len(shape) or any(
                     d is not None and d != s for d, s in zip(shape, a.shape))):
-                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected shape "
-                                 f"{tuple('?' if d is None else d for d in shape)}, got {a.shape}")
+                want = ", ".join("?" if d is None else str(d) for d in shape)
+                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected shape ({want}), "
+                                 f"got {a.shape}")
             out.append(a)
         return out
 
@@ -274,8 +275,6 @@ def _value_shape(value_info):
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
     onnx = _onnx()
-    from onnx import numpy_helper
-
     where = str(path)
     try:
         proto = onnx.load(str(path))
@@ -283,6 +282,14 @@ def load_onnx(path) -> OnnxModel:
         raise
     except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError types
         raise ModelFileError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+    return from_proto(proto, where)
+
+
+def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
+    """Import an in-memory ``onnx.ModelProto``."""
+    onnx = _onnx()
+    from onnx import numpy_helper
+
     graph = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or not graph.node:

@@ -239,6 +239,8 @@ def _fused_dense(inputs, attrs, opset):
 # ---------------------------------------------------------------------------- normalization
 @op("BatchNormalization")
 def _batch_norm(inputs, attrs, opset):
+    if attrs.get("training_mode", 0):
+        raise UnsupportedError("BatchNormalization with training_mode=1 (batch statistics) is not supported")
     x, scale, bias, mean, var = inputs[:5]
     s, t = fold_batch_norm(mean, var, scale, bias, attrs.get("epsilon", 1e-5))
     return [get_ops().batch_norm(_f32(x), s, t, axis=1)]
@@ -259,7 +261,12 @@ def _layer_norm(inputs, attrs, opset):
     bias = inputs[2] if len(inputs) > 2 else None
     axis = attrs.get("axis", -1) % x.ndim
     axes = tuple(range(axis, x.ndim))
-    return [get_ops().layer_norm(_f32(x), scale, bias, attrs.get("epsilon", 1e-5), axes)]
+    eps = attrs.get("epsilon", 1e-5)
+    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes)
+    # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)
+    mean = np.mean(x, axis=axes, keepdims=True, dtype=np.float32)
+    inv_std = 1.0 / np.sqrt(np.mean(np.square(x - mean), axis=axes, keepdims=True) + np.float32(eps))
+    return [y, mean, inv_std.astype(np.float32)]
 
 
 @op("LpNormalization")
@@ -267,7 +274,7 @@ def _lp_norm(inputs, attrs, opset):
     x = inputs[0]
     axis, p = attrs.get("axis", -1), attrs.get("p", 2)
     norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
-    return [(x / norm).astype(x.dtype)]
+    return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
 
 
 # ----------------------------------------------------------------------------------- reduce
@@ -286,8 +293,12 @@ def _reduce(fn, axes_input_from):
 
 OPS["ReduceMean"] = _reduce(np.mean, 18)
 OPS["ReduceSum"] = _reduce(np.sum, 13)
-OPS["ReduceMax"] = _reduce(np.max, 18)
-OPS["ReduceMin"] = _reduce(np.min, 18)
+OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
+    x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    if x.dtype.kind in "iu" else False), 18)
+OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
+    x, axis=axis, keepdims=keepdims, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
+    if x.dtype.kind in "iu" else True), 18)
 OPS["ReduceProd"] = _reduce(np.prod, 18)
 OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims)), 18)
 OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: np.sum(np.square(x), axis=axis, keepdims=keepdims), 18)
@@ -335,8 +346,9 @@ def _reshape(inputs, attrs, opset):
 @op("Flatten")
 def _flatten(inputs, attrs, opset):
     x = inputs[0]
-    axis = attrs.get("axis", 1) % (x.ndim + 1) if x.ndim else 0
-    return [x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)]
+    axis = attrs.get("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
+    return [x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64)))]
 
 
 @op("Transpose")
