@@ -5,9 +5,10 @@ and PositionwiseFeedForward.
 Every attention layer can return its attention weights (``return_attention_scores=True``), so a
 service can show what the model looked at. Masks follow Keras: True (or > 0.5) means *attend*.
 A query whose keys are all masked gets what Keras computes: uniform weights 1/Tk in Attention and
-AdditiveAttention (Keras subtracts 1e9 from masked scores before the softmax), zero weights (so a
-zero context before the output projection) in MultiHeadAttention (Keras's Softmax layer zeroes
-masked positions after the softmax, and its fused path does the same).
+AdditiveAttention (Keras subtracts 1e9 from masked scores before the softmax), in
+MultiHeadAttention zero weights when the scores are returned (or the inputs have rank > 3),
+as Keras's Softmax layer zeroes masked positions, and uniform weights otherwise, as Keras's fused
+``dot_product_attention`` path gives (Keras itself differs between the two paths).
 """
 
 from __future__ import annotations
@@ -284,8 +285,8 @@ class MultiHeadAttention(Layer):
 
     Call arguments: ``query``, ``value``, ``key`` (default ``value``), ``attention_mask``
     (batch, Tq..., Tk...) with True / > 0.5 meaning *attend*, ``return_attention_scores``,
-    ``use_causal_mask`` (one attention axis). A query with every key masked gets zero weights,
-    as Keras computes. In a functional model the call is recorded with
+    ``use_causal_mask`` (one attention axis). A query with every key masked gets what Keras
+    gives: zero weights with ``return_attention_scores`` (or inputs of rank > 3), else uniform. In a functional model the call is recorded with
     its tensors packed in a list ``[query, value(, key)(, attention_mask)]``.
 
     Shape
@@ -457,8 +458,11 @@ class MultiHeadAttention(Layer):
             bias = _keep_bias(m).reshape(P, 1, TQ, TK)
         if use_causal_mask and len(axes) != 1:
             raise UnsupportedError(f"{_where(self)}: use_causal_mask needs exactly one attention axis")
+        # a fully masked query: Keras's explicit-scores path zeroes its weights; its fused path
+        # (rank-3 inputs, no scores returned, no dropout) gives uniform weights; match both
+        fused = not return_attention_scores and rank == 3 and self.dropout == 0
         out, w = ops.attention(q4, k4, v4, 1.0 / math.sqrt(kd), bias, bool(use_causal_mask),
-                               _EMPTY_ZERO)
+                               _EMPTY_UNIFORM if fused else _EMPTY_ZERO)
         # (P, H, TQ, vd) -> (B, other..., attn..., H*vd) -> output projection
         ctx = out.transpose(0, 2, 1, 3).reshape(B, *o_shape, *tq_shape, H * vd)
         if perm != tuple(range(rank)):
