@@ -39,11 +39,12 @@ class _FeedForward:
     def _ff_block(self, x):
         ops = get_ops()
         l1, l2 = self.linear1, self.linear2
+        x2 = x.reshape(-1, x.shape[-1])  # one 2-D GEMM, not numpy's loop over stacked ones
         if self._act_name is not None:
-            h = ops.dense(x, l1.weight.T, l1.bias, self._act_name)
+            h = ops.dense(x2, l1.weight.T, l1.bias, self._act_name)
         else:
-            h = np.asarray(self.activation(ops.dense(x, l1.weight.T, l1.bias)), np.float32)
-        return ops.dense(h, l2.weight.T, l2.bias)
+            h = np.asarray(self.activation(ops.dense(x2, l1.weight.T, l1.bias)), np.float32)
+        return ops.dense(h, l2.weight.T, l2.bias).reshape(*x.shape[:-1], -1)
 
 
 class TransformerEncoderLayer(_FeedForward, Module):

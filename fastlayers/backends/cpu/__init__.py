@@ -101,6 +101,5 @@ class CpuOps(ReferenceOps):
             if b.shape[3] != s.shape[3]:
                 b = np.broadcast_to(b, b.shape[:3] + (s.shape[3],))
             b = np.ascontiguousarray(b)
-        apply_num_threads()
         _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
         return s

@@ -1,5 +1,7 @@
 """The fused attention-softmax kernel: scale + mask + numerically stable softmax over the last
-axis of batched (B, H, Tq, Tk) scores, in place, one parallel pass (prange over B*H).
+axis of batched (B, H, Tq, Tk) scores, in place, in one serial pass. It is not a parallel
+(prange) kernel on purpose: it sits between BLAS products, and OpenMP worker threads that
+spin after a parallel region took the cores from OpenBLAS's threads (see docs/design.md).
 
 Masks arrive as one additive float32 bias (0 where attended, -inf where masked, any finite
 value for torch's float masks) broadcast over batch, head and query rows, plus an optional
@@ -9,8 +11,6 @@ causal (top-left aligned lower-triangular) mask that is never materialized.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
-
 from .._jit import njit
 from ._elementwise import _row_max
 from ._vexp import exp_inplace
@@ -24,8 +24,7 @@ _NEG_INF = np.float32(-np.inf)
 _NAN = np.float32(np.nan)
 
 
-@njit(signatures=("void(float32[:, :, :, ::1], float32, float32[:, :, :, ::1], boolean, int64)",),
-      parallel=True)
+@njit(signatures=("void(float32[:, :, :, ::1], float32, float32[:, :, :, ::1], boolean, int64)",))
 def attention_softmax_bhqk(s_bhqk, scale, bias, causal, empty):
     """s[b,h,i,:] = softmax(scale s[b,h,i,:] + bias[b,h,i,:] (+ -inf for j > i if causal)).
 
@@ -37,10 +36,10 @@ def attention_softmax_bhqk(s_bhqk, scale, bias, causal, empty):
     bb = bias.shape[0] > 1
     bh = bias.shape[1] > 1
     bq = bias.shape[2] > 1
-    for bhi in prange(nb * nh):
+    bits = np.empty(tk, dtype=np.int32)
+    for bhi in range(nb * nh):
         b = bhi // nh
         h = bhi - b * nh
-        bits = np.empty(tk, dtype=np.int32)
         for i in range(tq):
             row = s_bhqk[b, h, i]
             if has_bias:
