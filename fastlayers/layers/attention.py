@@ -427,12 +427,14 @@ class MultiHeadAttention(Layer):
         H, kd, vd = self.num_heads, self.key_dim, self.value_dim
         rank = q.ndim
         # projections: one GEMM each, (..., dim) @ (dim, H*kd)
-        qp = ops.dense(q, self.query_kernel.reshape(q.shape[-1], H * kd),
-                       self.query_bias.reshape(-1) if self.use_bias else None)
-        kp = ops.dense(k, self.key_kernel.reshape(k.shape[-1], H * kd),
-                       self.key_bias.reshape(-1) if self.use_bias else None)
-        vp = ops.dense(v, self.value_kernel.reshape(v.shape[-1], H * vd),
-                       self.value_bias.reshape(-1) if self.use_bias else None)
+        def project(x, kernel, bias, d):  # one 2-D GEMM, not numpy's loop over stacked ones
+            y = ops.dense(x.reshape(-1, x.shape[-1]), kernel.reshape(x.shape[-1], H * d),
+                          bias.reshape(-1) if self.use_bias else None)
+            return y.reshape(*x.shape[:-1], H * d)
+
+        qp = project(q, self.query_kernel, self.query_bias if self.use_bias else None, kd)
+        kp = project(k, self.key_kernel, self.key_bias if self.use_bias else None, kd)
+        vp = project(v, self.value_kernel, self.value_bias if self.use_bias else None, vd)
         # (B, other..., attn..., H*d) -> (B*other, H, prod(attn), d)
         perm = (0, *others, *axes, rank - 1)
         B = q.shape[0]
@@ -468,7 +470,7 @@ class MultiHeadAttention(Layer):
         if perm != tuple(range(rank)):
             ctx = ctx.transpose(np.argsort(perm))
         tail = self._out_tail(q.shape)
-        y = ops.dense(np.ascontiguousarray(ctx), self.output_kernel.reshape(H * vd, -1),
+        y = ops.dense(np.ascontiguousarray(ctx).reshape(-1, H * vd), self.output_kernel.reshape(H * vd, -1),
                       self.output_bias.reshape(-1) if self.use_bias else None)
         y = y.reshape(*q.shape[:-1], *tail)
         if not return_attention_scores:

@@ -11,7 +11,7 @@ import numpy as np
 from ..backends import get_ops
 from ..errors import InputError, ShapeError
 from . import functional as F
-from .attention import MultiheadAttention
+from .attention import MultiheadAttention, weight_io
 from .module import Module
 from .modules import GELU, Dropout, LayerNorm, Linear, ModuleList, ReLU
 
@@ -41,10 +41,10 @@ class _FeedForward:
         l1, l2 = self.linear1, self.linear2
         x2 = x.reshape(-1, x.shape[-1])  # one 2-D GEMM, not numpy's loop over stacked ones
         if self._act_name is not None:
-            h = ops.dense(x2, l1.weight.T, l1.bias, self._act_name)
+            h = ops.dense(x2, weight_io(l1, "weight"), l1.bias, self._act_name)
         else:
-            h = np.asarray(self.activation(ops.dense(x2, l1.weight.T, l1.bias)), np.float32)
-        return ops.dense(h, l2.weight.T, l2.bias).reshape(*x.shape[:-1], -1)
+            h = np.asarray(self.activation(ops.dense(x2, weight_io(l1, "weight"), l1.bias)), np.float32)
+        return ops.dense(h, weight_io(l2, "weight"), l2.bias).reshape(*x.shape[:-1], -1)
 
 
 class TransformerEncoderLayer(_FeedForward, Module):
