@@ -300,3 +300,17 @@ def test_greedy_decode_matches_torch_loop(torch, rng, backend):
     assert got[:, 0].tolist() == [1, 1, 1]
     with pytest.raises(InputError):
         nn.greedy_decode(lambda s: s, step, src, 1, max_len=0)
+
+
+def test_cached_transposed_weights_follow_load_state_dict(torch, rng, backend):
+    ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, 16, 0.0, batch_first=True)
+    x = rng.standard_normal((2, 3, E)).astype(np.float32)
+    ours(x)                                                   # fills the caches
+    randomize(ref, rng, torch)                                # new weights
+    ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
+    with torch.no_grad():
+        want = ref(t(torch, x)).numpy()
+    assert_close(ours(x), want, rtol=1e-4, atol=1e-5)
+    ours.self_attn.in_proj_weight = np.zeros((3 * E, E), np.float32)   # assignment is seen too
+    _, w = ours.self_attn(x, x, x)
+    assert_close(w, np.full((2, 3, 3), 1 / 3, np.float32), atol=1e-7)
