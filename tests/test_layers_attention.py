@@ -250,3 +250,25 @@ def test_attention_layer_errors(rng):
     x = Input((3, 4))
     with pytest.raises(UnsupportedError):
         fl.MultiHeadAttention(2, 2)(x, x, attention_mask=np.ones((1, 3, 3), bool))
+
+
+def test_multi_head_attention_query_value_key_masks_match_keras(keras, rng, backend):
+    q = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    v = rng.standard_normal((2, 5, 6)).astype(np.float32)
+    k = rng.standard_normal((2, 5, 6)).astype(np.float32)
+    qm, vm, km = rng.random((2, 4)) < 0.7, rng.random((2, 5)) < 0.7, rng.random((2, 5)) < 0.8
+    vm[:, 0] = km[:, 0] = True
+    am = rng.random((2, 4, 5)) < 0.8
+    ref = keras.layers.MultiHeadAttention(2, 3)
+    ref(q, v, k)
+    random_weights(ref, rng)
+    ours = fl.MultiHeadAttention(2, 3)
+    ours(q, v, k)
+    ours.set_weights(ref.get_weights())
+    kw = dict(value_mask=vm, key_mask=km, attention_mask=am, return_attention_scores=True)
+    o, s = ref(q, v, k, **kw)
+    o2, s2 = ours(q, v, k, **kw)
+    assert_close(o2, kn(keras, o), rtol=1e-4, atol=1e-5)
+    assert_close(s2, kn(keras, s), atol=1e-6)
+    with pytest.raises(UnsupportedError, match="query_mask"):   # Keras ignores it; we refuse it
+        ours(q, v, k, query_mask=qm)

@@ -284,7 +284,9 @@ class MultiHeadAttention(Layer):
         Axes attention is computed over (default: every axis between batch and features).
 
     Call arguments: ``query``, ``value``, ``key`` (default ``value``), ``attention_mask``
-    (batch, Tq..., Tk...) with True / > 0.5 meaning *attend*, ``return_attention_scores``,
+    (batch, Tq..., Tk...) with True / > 0.5 meaning *attend*, ``value_mask``/``key_mask``
+    (batch, Tk) (numeric rank-3 calls; ``query_mask`` is refused: Keras ignores it),
+    ``return_attention_scores``,
     ``use_causal_mask`` (one attention axis). A query with every key masked gets what Keras
     gives: zero weights with ``return_attention_scores`` (or inputs of rank > 3), else uniform. In a functional model the call is recorded with
     its tensors packed in a list ``[query, value(, key)(, attention_mask)]``.
@@ -328,6 +330,13 @@ class MultiHeadAttention(Layer):
     def __call__(self, query, value=None, key=None, attention_mask=None,
                  return_attention_scores: bool = False, training=None, use_causal_mask: bool = False,
                  query_mask=None, value_mask=None, key_mask=None, packed=None):
+        if query_mask is not None:
+            raise UnsupportedError(f"{_where(self)}: Keras 3 replaces an explicit query_mask argument "
+                                   "by the query's implicit Keras mask, so it has no effect there; "
+                                   "pass attention_mask (batch, Tq, Tk) instead")
+        if value_mask is not None or key_mask is not None:
+            attention_mask = self._merge_masks(query, value, key, attention_mask, value_mask,
+                                               key_mask)
         if packed is None:  # the Keras signature: pack the tensors into one list input
             if value is None:
                 raise TypeError(f"MultiHeadAttention {self.name!r}: call(query, value, key=None, "
@@ -351,6 +360,29 @@ class MultiHeadAttention(Layer):
         if use_causal_mask:
             kwargs["use_causal_mask"] = True
         return Layer.__call__(self, list(query), **kwargs)
+
+    def _merge_masks(self, query, value, key, attention_mask, value_mask, key_mask):
+        """Keras's _compute_attention_mask: (B, S) value and key masks combined
+        with ``attention_mask`` into one (B, T, S) mask (numeric rank-3 calls only)."""
+        given = [m for m in (query, value, key, attention_mask, value_mask, key_mask)
+                 if m is not None]
+        if any(isinstance(m, SymbolicTensor) for m in given) or np.ndim(query) != 3:
+            raise UnsupportedError(f"{_where(self)}: query_mask/value_mask/key_mask are supported in "
+                                   "numeric calls on rank-3 inputs; pass attention_mask instead")
+
+        def keep(m):
+            m = np.asarray(m)
+            return m if m.dtype == np.bool_ else m > 0.5
+
+        mask = None
+        for m in (value_mask, key_mask if key is not None and key is not value else None):
+            if m is not None:
+                m = keep(m)[:, None, :]
+                mask = m if mask is None else mask & m
+        if attention_mask is not None:
+            mask = keep(attention_mask) & mask
+        t, s = np.shape(query)[1], np.shape(value)[1]
+        return np.broadcast_to(mask, (np.shape(query)[0], t, s))
 
     def _unpack(self, items, packed):
         named = dict(zip(packed, items))
