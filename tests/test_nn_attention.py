@@ -314,3 +314,17 @@ def test_cached_transposed_weights_follow_load_state_dict(torch, rng, backend):
     ours.self_attn.in_proj_weight = np.zeros((3 * E, E), np.float32)   # assignment is seen too
     _, w = ours.self_attn(x, x, x)
     assert_close(w, np.full((2, 3, 3), 1 / 3, np.float32), atol=1e-7)
+
+
+def test_encoder_layer_is_thread_safe(rng):
+    from concurrent.futures import ThreadPoolExecutor
+
+    layer = nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True)
+    xs = [rng.standard_normal((2, 5, E)).astype(np.float32) for _ in range(8)]
+    serial = [layer(x, is_causal=True, src_mask=nn.generate_square_subsequent_mask(5)) for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            results = list(pool.map(
+                lambda x: layer(x, is_causal=True, src_mask=nn.generate_square_subsequent_mask(5)), xs))
+            for got, want in zip(results, serial):
+                np.testing.assert_array_equal(got, want)

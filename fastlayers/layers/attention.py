@@ -288,8 +288,9 @@ class MultiHeadAttention(Layer):
     (batch, Tk) (numeric rank-3 calls; ``query_mask`` is refused: Keras ignores it),
     ``return_attention_scores``,
     ``use_causal_mask`` (one attention axis). A query with every key masked gets what Keras
-    gives: zero weights with ``return_attention_scores`` (or inputs of rank > 3), else uniform. In a functional model the call is recorded with
-    its tensors packed in a list ``[query, value(, key)(, attention_mask)]``.
+    gives: zero weights with ``return_attention_scores`` (or inputs of rank > 3), else uniform.
+    In a functional model the call is recorded with its tensors packed in a list
+    ``[query, value(, key)(, attention_mask)]``.
 
     Shape
     -----
