@@ -19,3 +19,14 @@ __all__ = [
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
+
+# attention (issue 5)
+from .attention import (  # noqa: E402
+    AdditiveAttention, Attention, HardAttention, MultiHeadAttention, PositionalEncoding,
+    PositionwiseFeedForward, SelfAttention,
+)
+
+__all__ += [
+    "AdditiveAttention", "Attention", "HardAttention", "MultiHeadAttention", "PositionalEncoding",
+    "PositionwiseFeedForward", "SelfAttention",
+]

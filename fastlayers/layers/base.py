@@ -188,7 +188,7 @@ class Layer:
             if w.shape != cur.shape:
                 raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): weight {wname!r} "
                                  f"expects shape {cur.shape}, got {w.shape}")
-            new.append(np.ascontiguousarray(w).copy())
+            new.append(np.array(w, order="C", copy=True))  # ascontiguousarray makes 0-d 1-d
         for wname, w in zip(self._weight_names, new):
             setattr(self, wname, w)
         self._weights_changed()

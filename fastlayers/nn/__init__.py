@@ -19,3 +19,15 @@ __all__ = [
     "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList", "ReLU", "ReLU6", "SELU",
     "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Softsign", "Tanh", "functional",
 ]
+
+# attention and transformers (issue 5)
+from .attention import MultiheadAttention  # noqa: E402
+from .transformer import (  # noqa: E402
+    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    generate_square_subsequent_mask, greedy_decode,
+)
+
+__all__ += [
+    "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerEncoderLayer", "generate_square_subsequent_mask", "greedy_decode",
+]
