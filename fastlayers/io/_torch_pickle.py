@@ -297,7 +297,7 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
         item = data.itemsize
         out = np.lib.stride_tricks.as_strided(data[offset:], shape=size,
                                               strides=[st * item for st in stride], writeable=False)
-        out = np.ascontiguousarray(out)
+        out = np.array(out, order="C")  # a copy; 0-d stays 0-d
     if torch_dtype == "bfloat16":  # bits of the upper half of a float32
         out = (out.astype(np.uint32) << np.uint32(16)).view(np.float32)
     elif torch_dtype in FLOAT8_TABLES:

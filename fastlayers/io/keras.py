@@ -252,7 +252,7 @@ def _read_dataset(dataset, raw: _RawFile | None, where) -> np.ndarray:
             flat = np.fromfile(raw.path, dtype=dataset.dtype, count=dataset.size, offset=raw.offset + offset)
             if flat.size != dataset.size:
                 raise ModelFileError(f"{where}: dataset {dataset.name} is truncated")
-            return np.ascontiguousarray(flat.reshape(dataset.shape), dtype=np.float32)
+            return np.array(flat.reshape(dataset.shape), dtype=np.float32, order="C", copy=None)
         if dataset.dtype == np.float32:
             value = np.empty(dataset.shape, np.float32)
             dataset.read_direct(value)

@@ -94,7 +94,7 @@ def load_safetensors(path) -> "OrderedDict[str, np.ndarray]":
                 if isinstance(entry, dict) and entry.get("dtype") in _WIDENED:
                     out[name] = _read_bf16(path, where, name, entry, data_start)
                 else:
-                    out[name] = np.ascontiguousarray(f.get_tensor(name))
+                    out[name] = np.array(f.get_tensor(name), order="C", copy=None)
     except ModelFileError:
         raise
     except Exception as e:  # safetensors_rust.SafetensorError and numpy's dtype errors
