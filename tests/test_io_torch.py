@@ -467,6 +467,26 @@ def test_other_families_rebuild(name, torch, tmp_path, rng):
     assert_close(_first(ours(*xs)), want, rtol=1e-4, atol=1e-5, what=name)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_transformer_stacks_rebuild(torch, tmp_path, rng, fmt):
+    tnn = torch.nn
+    cases = [
+        (tnn.TransformerEncoder(tnn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                norm=tnn.LayerNorm(8), enable_nested_tensor=False), [(2, 5, 8)]),
+        (tnn.TransformerDecoder(tnn.TransformerDecoderLayer(8, 2, 16, activation="gelu"), 3), [(5, 2, 8), (4, 2, 8)]),
+    ]
+    for ref, shapes in cases:
+        ref = ref.eval()
+        randomize(ref, torch)
+        ours = fastlayers.load(save(torch, ref, tmp_path / "stack.pt", fmt))
+        assert type(ours).__name__ == type(ref).__name__
+        assert list(ours.state_dict()) == list(ref.state_dict())
+        xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        with torch.no_grad():
+            want = ref(*map(torch.from_numpy, xs)).numpy()
+        assert_close(ours(*xs), want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_entries_rebuild_torch_itself(name, torch, tmp_path, rng):
     """Each table entry passes torch's own constructor arguments: rebuilding the torch class from

@@ -486,6 +486,24 @@ register_torch_module("TransformerEncoderLayer", _transformer_layer("Transformer
 register_torch_module("TransformerDecoderLayer", _transformer_layer("TransformerDecoderLayer"))
 
 
+def _transformer_stack(cls_name: str, layer_keyword: str) -> Callable:
+    """TransformerEncoder/Decoder: the first layer rebuilt as the template, cloned num_layers times
+    by the constructor (the loaded state dict then sets every clone's weights), optional norm."""
+    def build(r: TorchModuleRecord):
+        from .. import nn
+
+        layers = r.child("layers")
+        first = rebuild_module(layers.children["0"], f"{r._path}.layers.0" if r._path else "layers.0")
+        norm = r.children.get("norm")
+        return getattr(nn, cls_name)(**{layer_keyword: first, "num_layers": len(layers.children),
+                                        "norm": None if norm is None else rebuild_module(norm, "norm")})
+    return build
+
+
+register_torch_module("TransformerEncoder", _transformer_stack("TransformerEncoder", "encoder_layer"))
+register_torch_module("TransformerDecoder", _transformer_stack("TransformerDecoder", "decoder_layer"))
+
+
 def rebuild_module(record, path: str = ""):
     """The fastlayers.nn module for a ``TorchModuleRecord`` tree, weights not loaded yet."""
     if isinstance(record, UnknownGlobal):
