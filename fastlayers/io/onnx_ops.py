@@ -522,3 +522,115 @@ def _pad(inputs, attrs, opset):
     if mode in ("reflect", "edge", "wrap"):
         return [np.pad(x, width, mode=mode)]
     raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+
+
+# ------------------------------------------------------------------------- recurrent (RNN/GRU/LSTM)
+def _rnn_activation(name, alpha, beta):
+    """An ONNX recurrent activation function by name (with its optional alpha/beta)."""
+    name = name.lower()
+    table = {
+        "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+        "tanh": np.tanh,
+        "relu": lambda x: np.maximum(x, 0),
+        "hardsigmoid": lambda x: np.clip(alpha * x + beta, 0, 1),
+        "leakyrelu": lambda x: np.where(x >= 0, x, alpha * x),
+        "thresholdedrelu": lambda x: np.where(x > alpha, x, 0),
+        "scaledtanh": lambda x: alpha * np.tanh(beta * x),
+        "affine": lambda x: alpha * x + beta,
+        "elu": lambda x: np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, 0))),
+        "softsign": lambda x: x / (1 + np.abs(x)),
+        "softplus": lambda x: np.logaddexp(0, x),
+    }
+    if name not in table:
+        raise UnsupportedError(f"recurrent activation {name!r} is not supported")
+    return table[name]
+
+
+def _recurrent(kind, inputs, attrs):
+    """The ONNX RNN/GRU/LSTM recurrences (https://onnx.ai/onnx/operators/onnx__LSTM.html), every
+    attribute: direction, layout, activations (+ alpha/beta), clip, sequence_lens, initial states,
+    peepholes (LSTM), input_forget (LSTM), linear_before_reset (GRU). Computed in float64."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    x, w, r = inputs[0], inputs[1], inputs[2]
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
+    b, seq_lens, h0 = get(3), get(4), get(5)
+    c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
+    layout = attrs.get("layout", 0)
+    if layout:
+        x = np.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else np.swapaxes(h0, 0, 1)
+        c0 = None if c0 is None else np.swapaxes(c0, 0, 1)
+    steps, batch, _ = x.shape
+    hidden = attrs.get("hidden_size") or r.shape[-1]
+    direction = attrs.get("direction", "forward")
+    n_dir = 2 if direction == "bidirectional" else 1
+    defaults = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind]
+    names = list(attrs.get("activations", [])) or defaults * n_dir
+    alphas, betas = list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", []))
+    acts = [_rnn_activation(n, alphas[i] if i < len(alphas) else 0.01 if n.lower() == "leakyrelu" else 1.0,
+                            betas[i] if i < len(betas) else 0.0) for i, n in enumerate(names)]
+    clip = attrs.get("clip")
+    lens = np.full(batch, steps, np.int64) if seq_lens is None else seq_lens.astype(np.int64)
+    x64 = x.astype(np.float64)
+    ys = np.zeros((steps, n_dir, batch, hidden))
+    h_last = np.zeros((n_dir, batch, hidden))
+    c_last = np.zeros((n_dir, batch, hidden))
+    for d in range(n_dir):
+        reverse = direction == "reverse" or d == 1
+        f = acts[d * len(defaults):(d + 1) * len(defaults)]
+        wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
+        wb = b[d, :gates * hidden].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        rb = b[d, gates * hidden:].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        h = np.zeros((batch, hidden)) if h0 is None else h0[d].astype(np.float64)
+        c = np.zeros((batch, hidden)) if c0 is None else c0[d].astype(np.float64)
+        pd = p[d].astype(np.float64) if p is not None else np.zeros(3 * hidden)
+        for t in range(steps):
+            for n in range(batch):
+                if t >= lens[n]:
+                    continue
+                step = lens[n] - 1 - t if reverse else t
+                xt, hp = x64[step, n], h[n]
+                zx = wd @ xt + wb
+                if kind == "RNN":
+                    z = zx + rd @ hp + rb
+                    if clip is not None:
+                        z = np.clip(z, -clip, clip)
+                    h[n] = f[0](z)
+                elif kind == "GRU":
+                    zr = zx[:2 * hidden] + rd[:2 * hidden] @ hp + rb[:2 * hidden]
+                    if clip is not None:
+                        zr = np.clip(zr, -clip, clip)
+                    zt, rt = f[0](zr[:hidden]), f[0](zr[hidden:])
+                    if attrs.get("linear_before_reset", 0):
+                        hh = zx[2 * hidden:] + rt * (rd[2 * hidden:] @ hp + rb[2 * hidden:])
+                    else:
+                        hh = zx[2 * hidden:] + rd[2 * hidden:] @ (rt * hp) + rb[2 * hidden:]
+                    if clip is not None:
+                        hh = np.clip(hh, -clip, clip)
+                    h[n] = (1 - zt) * f[1](hh) + zt * hp
+                else:
+                    z = zx + rd @ hp + rb
+                    zi, zo, zf, zc = (z[k * hidden:(k + 1) * hidden] for k in range(4))
+                    zi = zi + pd[:hidden] * c[n]
+                    zf = zf + pd[2 * hidden:] * c[n]
+                    if clip is not None:
+                        zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
+                    it, ft = f[0](zi), f[0](zf)
+                    if attrs.get("input_forget", 0):
+                        ft = 1 - it
+                    c[n] = ft * c[n] + it * f[1](zc)
+                    zo = zo + pd[hidden:2 * hidden] * c[n]
+                    if clip is not None:
+                        zo = np.clip(zo, -clip, clip)
+                    h[n] = f[0](zo) * f[2](c[n])
+                ys[step, d, n] = h[n]
+        h_last[d], c_last[d] = h, c
+    y, yh, yc = ys.astype(np.float32), h_last.astype(np.float32), c_last.astype(np.float32)
+    if layout:
+        y, yh, yc = y.transpose(2, 0, 1, 3), np.swapaxes(yh, 0, 1), np.swapaxes(yc, 0, 1)
+    return [y, yh, yc] if kind == "LSTM" else [y, yh]
+
+
+OPS["RNN"] = lambda inputs, attrs, opset: _recurrent("RNN", inputs, attrs)
+OPS["GRU"] = lambda inputs, attrs, opset: _recurrent("GRU", inputs, attrs)
+OPS["LSTM"] = lambda inputs, attrs, opset: _recurrent("LSTM", inputs, attrs)
