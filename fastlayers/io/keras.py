@@ -262,11 +262,25 @@ def _read_dataset(dataset, raw: _RawFile | None, where) -> np.ndarray:
         raise ModelFileError(f"{where}: cannot read dataset {dataset.name} ({e})") from e
 
 
-def _read_vars(group) -> list:
-    vars_ = group.get("vars")
-    if vars_ is None:
-        return []
-    return [vars_[str(i)] for i in range(len(vars_))]
+#: Where a layer's variables live in the Keras 3 weights file, in Keras's ``get_weights`` order:
+#: layers with sublayers save them in child groups named after the attribute.
+_VAR_GROUPS = {
+    "SimpleRNN": ("vars", "cell/vars"), "LSTM": ("vars", "cell/vars"), "GRU": ("vars", "cell/vars"),
+    "Bidirectional": ("vars", "forward_layer/vars", "forward_layer/cell/vars",
+                      "backward_layer/vars", "backward_layer/cell/vars"),
+    "MultiHeadAttention": ("vars", "query_dense/vars", "key_dense/vars", "value_dense/vars",
+                           "output_dense/vars"),
+}
+
+
+def _read_vars(group, class_name: str = "") -> list:
+    """The datasets of a layer's variables, in Keras's order (see ``_VAR_GROUPS``)."""
+    datasets = []
+    for path in _VAR_GROUPS.get(class_name, ("vars",)):
+        vars_ = group.get(path)
+        if vars_ is not None:
+            datasets += [vars_[str(i)] for i in range(len(vars_))]
+    return datasets
 
 
 def _assign_keras3(model, group, where, visited, raw=None) -> None:
@@ -294,7 +308,7 @@ def _assign_keras3(model, group, where, visited, raw=None) -> None:
         if isinstance(layer, Model):
             _assign_keras3(layer, sub, where, visited, raw)
         elif layer.weight_names:
-            _assign(layer, _read_vars(sub), where, raw)
+            _assign(layer, _read_vars(sub, type(layer).__name__), where, raw)
 
 
 def _assign_legacy(model, group, where, visited, raw=None) -> None:
