@@ -1,0 +1,156 @@
+"""Numba kernels of the convolution and pooling family, NHWC activations.
+
+Every kernel is parallel over output rows ``(n, oh)`` (prange) with the innermost loop running
+over contiguous channels, so LLVM vectorizes it; bounds are checked per window row and column,
+never per channel. The primitives in ``conv_ops.py`` allocate, validate and call
+``apply_num_threads`` before launching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .._jit import njit
+
+_ZERO = np.float32(0.0)
+_NEG_INF = np.float32(-np.inf)
+
+_I = "int64"
+_X4 = "float32[:, :, :, ::1]"
+_M2 = "float32[:, ::1]"
+
+
+@njit(parallel=True, signatures=(f"void({_X4}, {_M2}, " + ", ".join([_I] * 12) + ")",))
+def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0):
+    """cols[r, (i kw + j) cg + c] = x[n, s oh - pt + d i, s ow - pl + d j, c0 + c] (0 outside),
+    for global row r + row0 = (n Ho + oh) Wo + ow; cg = cols.shape[1] / (kh kw)."""
+    rows, k = cols.shape
+    cg = k // (kh * kw)
+    h, w = x_nhwc.shape[1], x_nhwc.shape[2]
+    for r in prange(rows):
+        g = r + row0
+        ow = g % wo
+        t = g // wo
+        oh = t % ho
+        n = t // ho
+        crow = cols[r]
+        for i in range(kh):
+            ih = oh * sh - pt + i * dh
+            for j in range(kw):
+                iw = ow * sw - pl + j * dw
+                base = (i * kw + j) * cg
+                if 0 <= ih < h and 0 <= iw < w:
+                    xrow = x_nhwc[n, ih, iw]
+                    for c in range(cg):
+                        crow[base + c] = xrow[c0 + c]
+                else:
+                    for c in range(cg):
+                        crow[base + c] = _ZERO
+
+
+@njit(parallel=True, signatures=(f"void({_X4}, float32[:, :, ::1], {_X4}, " + ", ".join([_I] * 7) + ")",))
+def depthwise_nhwc(x_nhwc, w_hwk, out_nhwk, sh, sw, dh, dw, pt, pl, m):
+    """out[n, oh, ow, c m' + q] = sum_{i, j} x[n, s oh - pt + d i, s ow - pl + d j, c] w[i, j, c m' + q]
+    (m' = depth multiplier ``m``; cells outside x count 0)."""
+    n_, ho, wo, k = out_nhwk.shape
+    h, w = x_nhwc.shape[1], x_nhwc.shape[2]
+    kh, kw = w_hwk.shape[0], w_hwk.shape[1]
+    for t in prange(n_ * ho):
+        n = t // ho
+        oh = t % ho
+        for ow in range(wo):
+            acc = out_nhwk[n, oh, ow]
+            for c in range(k):
+                acc[c] = _ZERO
+            for i in range(kh):
+                ih = oh * sh - pt + i * dh
+                if ih < 0 or ih >= h:
+                    continue
+                for j in range(kw):
+                    iw = ow * sw - pl + j * dw
+                    if iw < 0 or iw >= w:
+                        continue
+                    xrow = x_nhwc[n, ih, iw]
+                    wrow = w_hwk[i, j]
+                    if m == 1:
+                        for c in range(k):
+                            acc[c] += xrow[c] * wrow[c]
+                    else:
+                        for c in range(k):
+                            acc[c] += xrow[c // m] * wrow[c]
+
+
+@njit(parallel=True, signatures=(f"void({_X4}, {_X4}, " + ", ".join([_I] * 11) + ", boolean)",))
+def pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_end, w_pad_end,
+              count_include_pad):
+    """out[n, oh, ow, c] = max or mean of x[n, s oh - pt + d i, s ow - pl + d j, c] over the window;
+    max skips cells outside x (NaN wins), mean divides by the cells inside x, or inside
+    [-pt, h_pad_end) x [-pl, w_pad_end) when ``count_include_pad``."""
+    n_, ho, wo, c_ = out_nhwc.shape
+    h, w = x_nhwc.shape[1], x_nhwc.shape[2]
+    for t in prange(n_ * ho):
+        n = t // ho
+        oh = t % ho
+        for ow in range(wo):
+            acc = out_nhwc[n, oh, ow]
+            fill = _NEG_INF if is_max else _ZERO
+            for c in range(c_):
+                acc[c] = fill
+            count = 0
+            for i in range(kh):
+                ih = oh * sh - pt + i * dh
+                for j in range(kw):
+                    iw = ow * sw - pl + j * dw
+                    if count_include_pad:
+                        if ih < h_pad_end and iw < w_pad_end:
+                            count += 1
+                    if ih < 0 or ih >= h or iw < 0 or iw >= w:
+                        continue
+                    if not count_include_pad:
+                        count += 1
+                    xrow = x_nhwc[n, ih, iw]
+                    if is_max:
+                        for c in range(c_):
+                            v = xrow[c]
+                            o = acc[c]
+                            acc[c] = v if (v > o or v != v) else o
+                    else:
+                        for c in range(c_):
+                            acc[c] += xrow[c]
+            if not is_max:
+                inv = np.float32(1.0) / np.float32(count)
+                for c in range(c_):
+                    acc[c] *= inv
+
+
+@njit(parallel=True, signatures=(f"void({_M2}, {_X4}, " + ", ".join([_I] * 12) + ")",))
+def col2im_nhwc(cols, out_nhwc, h, w, kh, kw, sh, sw, dh, dw, ct, cl, c0, cg):
+    """out[n, oh, ow, c0 + c] = sum over (ih, iw, i, j) with s ih + d i = oh + ct, s iw + d j = ow + cl
+    of cols[(n h + ih) w + iw, (i kw + j) cg + c] (transposed convolution, gathered per output)."""
+    n_, ho, wo = out_nhwc.shape[0], out_nhwc.shape[1], out_nhwc.shape[2]
+    for t in prange(n_ * ho):
+        n = t // ho
+        oh = t % ho
+        for ow in range(wo):
+            acc = out_nhwc[n, oh, ow]
+            for c in range(cg):
+                acc[c0 + c] = _ZERO
+            for i in range(kh):
+                num_h = oh + ct - i * dh
+                if num_h < 0 or num_h % sh != 0:
+                    continue
+                ih = num_h // sh
+                if ih >= h:
+                    continue
+                for j in range(kw):
+                    num_w = ow + cl - j * dw
+                    if num_w < 0 or num_w % sw != 0:
+                        continue
+                    iw = num_w // sw
+                    if iw >= w:
+                        continue
+                    crow = cols[(n * h + ih) * w + iw]
+                    base = (i * kw + j) * cg
+                    for c in range(cg):
+                        acc[c0 + c] += crow[base + c]
