@@ -145,12 +145,6 @@ class NiNBlock(SpatialLayer):
         self.data_format = check_data_format(data_format, w)
         self.input_spec = InputSpec(ndim=4)
 
-    def get_config(self):
-        config = super().get_config()
-        if not isinstance(self.padding, str):
-            config["padding"] = [list(p) for p in self.padding]
-        return config
-
     def build(self, input_shape):
         c = input_shape[self._channel_axis()]
         if c is None:

@@ -155,12 +155,6 @@ class _Conv(SpatialLayer):
         self.use_bias = bool(use_bias)
         self.input_spec = InputSpec(ndim=self.rank + 2)
 
-    def get_config(self):
-        config = super().get_config()
-        if not isinstance(self.padding, str):
-            config["padding"] = [list(p) for p in self.padding]
-        return config
-
     def build(self, input_shape):
         channels = input_shape[self._channel_axis()]
         if channels is None:
@@ -285,8 +279,6 @@ class DepthwiseConv2D(SpatialLayer):
         self._alpha = _DEFAULT_ALPHA.get(self.activation, 0.0)
         self.use_bias = bool(use_bias)
         self.input_spec = InputSpec(ndim=4)
-
-    get_config = _Conv.get_config
 
     def _channels(self, input_shape):
         channels = input_shape[self._channel_axis()]
@@ -432,8 +424,6 @@ class Conv2DTranspose(SpatialLayer):
         self._alpha = _DEFAULT_ALPHA.get(self.activation, 0.0)
         self.use_bias = bool(use_bias)
         self.input_spec = InputSpec(ndim=4)
-
-    get_config = _Conv.get_config
 
     def build(self, input_shape):
         channels = input_shape[self._channel_axis()]

@@ -1,0 +1,158 @@
+"""CpuOps convolution and pooling kernels against ReferenceOps, with hypothesis over shapes and
+options (stride, dilation, asymmetric padding, groups, depth multiplier, ceil-mode windows)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fastlayers
+from fastlayers import layers as L
+from fastlayers.backends import get_ops
+from fastlayers.backends.cpu import conv_ops
+from fastlayers.backends.reference_conv import conv_out_size
+
+from .conftest import assert_close
+
+REF, CPU = get_ops("reference"), get_ops("cpu")
+ACTS = ["linear", "relu", "sigmoid", "gelu", "tanh", "leaky_relu"]
+
+
+def arr(seed, shape, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+@st.composite
+def conv_case(draw):
+    groups = draw(st.integers(1, 3))
+    cin_g, cout_g = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    pads = tuple((draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(2))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - sum(pads[0])), 12))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - sum(pads[1])), 12))
+    n = draw(st.integers(1, 3))
+    return dict(n=n, h=h, w=w, groups=groups, cin_g=cin_g, cout_g=cout_g, k=(kh, kw), s=(sh, sw),
+                d=(dh, dw), pads=pads, act=draw(st.sampled_from(ACTS)), bias=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(conv_case())
+def test_conv2d_cpu_matches_reference(c):
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], c["groups"] * c["cin_g"]))
+    w = arr(c["seed"] + 1, (*c["k"], c["cin_g"], c["groups"] * c["cout_g"]))
+    b = arr(c["seed"] + 2, (c["groups"] * c["cout_g"],)) if c["bias"] else None
+    args = (x, w, b, c["s"], c["pads"], c["d"], c["groups"], c["act"], 0.1)
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(conv_case(), st.integers(1, 3))
+def test_depthwise_cpu_matches_reference(c, m):
+    ch = c["groups"] * c["cin_g"]
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], ch))
+    w = arr(c["seed"] + 1, (*c["k"], ch, m))
+    b = arr(c["seed"] + 2, (ch * m,)) if c["bias"] else None
+    args = (x, w, b, c["s"], c["pads"], c["d"], c["act"], 0.1)
+    assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(conv_case(), st.integers(0, 2), st.integers(0, 2))
+def test_conv_transpose2d_cpu_matches_reference(c, extra_h, extra_w):
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], c["groups"] * c["cin_g"]))
+    w = arr(c["seed"] + 1, (*c["k"], c["groups"] * c["cin_g"], c["cout_g"]))
+    b = arr(c["seed"] + 2, (c["groups"] * c["cout_g"],)) if c["bias"] else None
+    (kh, kw), (sh, sw), (dh, dw) = c["k"], c["s"], c["d"]
+    crop = (c["pads"][0][0], c["pads"][1][0])
+    out = ((c["h"] - 1) * sh + dh * (kh - 1) + 1 - crop[0] + extra_h,
+           (c["w"] - 1) * sw + dw * (kw - 1) + 1 - crop[1] + extra_w)
+    if min(out) <= 0:
+        return
+    args = (x, w, b, c["s"], crop, out, c["d"], c["groups"], c["act"], 0.1)
+    assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(conv_case(), st.sampled_from(["max", "avg"]), st.booleans(), st.integers(0, 1))
+def test_pool2d_cpu_matches_reference(c, kind, count_include_pad, ceil_extra):
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], c["cin_g"]))
+    (kh, kw), (sh, sw) = c["k"], c["s"]
+    pads = tuple((min(p[0], k // 2), min(p[1], k // 2)) for p, k in zip(c["pads"], c["k"]))
+    d = c["d"] if kind == "max" else (1, 1)
+    ho = conv_out_size(c["h"], kh, sh, sum(pads[0]), d[0])
+    wo = conv_out_size(c["w"], kw, sw, sum(pads[1]), d[1])
+    if min(ho, wo) <= 0:
+        return
+    # ceil mode: one more window while it starts inside the input or the leading padding
+    if ceil_extra and ho * sh < c["h"] + pads[0][0]:
+        ho += 1
+    args = (x, kind, c["k"], c["s"], pads, (ho, wo), d, count_include_pad)
+    assert_close(CPU.pool2d(*args), REF.pool2d(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_conv2d_in_several_workspace_chunks(monkeypatch):
+    x, w, b = arr(0, (3, 9, 10, 5)), arr(1, (3, 3, 5, 7)), arr(2, (7,))
+    whole = CPU.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
+    monkeypatch.setattr(conv_ops, "_COLS_BUDGET", 45 * 37)   # 37 rows per chunk: 8 ragged chunks
+    chunked = CPU.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
+    assert_close(chunked, whole)   # sgemm may round differently for other row counts
+    assert_close(whole, REF.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu"))
+
+
+def test_outputs_do_not_alias_the_workspace():
+    x, w = arr(0, (1, 6, 6, 3)), arr(1, (3, 3, 3, 4))
+    first = CPU.conv2d(x, w, None, pads=((1, 1), (1, 1)))
+    kept = first.copy()
+    CPU.conv2d(arr(5, (1, 6, 6, 3)), w, None, pads=((1, 1), (1, 1)))
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_nan_propagates_through_conv_and_pool():
+    x = arr(0, (1, 5, 5, 2))
+    x[0, 2, 2, 0] = np.nan
+    y = CPU.conv2d(x, arr(1, (3, 3, 2, 2)), None, pads=((1, 1), (1, 1)))
+    assert np.isnan(y[0, 1:4, 1:4]).all() and not np.isnan(y[0, 0, 0]).any()
+    p = CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (4, 4))
+    assert np.isnan(p[0, 1:3, 1:3, 0]).all() and not np.isnan(p[..., 1]).any()
+    d = CPU.depthwise_conv2d(x, arr(2, (3, 3, 2, 1)), None, pads=((1, 1), (1, 1)))
+    assert np.isnan(d[0, 1:4, 1:4, 0]).all() and not np.isnan(d[..., 1]).any()
+
+
+def conv_model():
+    inp = fastlayers.Input((10, 10, 3))
+    h = L.Conv2D(8, 3, strides=2, padding="same", activation="relu")(inp)
+    h = L.DepthwiseConv2D(3, padding="same", activation="relu6")(h)
+    h = L.Conv2D(8, 1)(h)
+    h = L.MaxPooling2D(3, strides=1, padding="same")(h)
+    h = L.Conv2DTranspose(4, 3, strides=2, padding="same")(h)
+    h = L.AveragePooling2D(2)(h)
+    return fastlayers.Model(inp, L.Dense(3, activation="softmax")(L.GlobalAveragePooling2D()(h)))
+
+
+@pytest.mark.parametrize("ops", ["cpu", "reference"])
+def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
+    threads, calls = 8, 200
+    model = conv_model()
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
+    # varied batch sizes and image sizes so workspaces of different shapes interleave
+    inputs = [rng.standard_normal((1 + i % 3, 10, 10, 3)).astype(np.float32) for i in range(threads * calls)]
+    with fastlayers.use_ops(ops):
+        serial = [model(x) for x in inputs]
+
+    def worker(t):
+        with fastlayers.use_ops(ops):
+            return [model(inputs[t * calls + i]) for i in range(calls)]
+
+    with ThreadPoolExecutor(threads) as pool:
+        results = [y for chunk in pool.map(worker, range(threads)) for y in chunk]
+    assert all(np.all(np.isfinite(y)) for y in serial)
+    for got, want in zip(results, serial):
+        np.testing.assert_array_equal(got, want)
