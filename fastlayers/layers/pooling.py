@@ -23,9 +23,9 @@ class _Pool(SpatialLayer):
         self.pool_size = normalize_tuple(pool_size, self.rank, f"{where} pool_size")
         self.strides = self.pool_size if strides is None else normalize_tuple(strides, self.rank,
                                                                                 f"{where} strides")
+        # explicit per-side padding is an extension of Keras (ONNX / torch pooling pads):
+        # padded cells are ignored by max and not counted by average
         self.padding = normalize_padding(padding, self.rank, where)
-        if not isinstance(self.padding, str):
-            raise InputError(f"{where}: padding must be 'valid' or 'same', got {padding!r}")
         self.data_format = check_data_format(data_format, where)
         self.input_spec = InputSpec(ndim=self.rank + 2)
 
@@ -51,6 +51,8 @@ class _Pool(SpatialLayer):
 
 class MaxPooling1D(_Pool):
     """Max over windows of ``pool_size`` steps every ``strides`` (default pool_size).
+
+    ``padding`` is "valid", "same" or (an extension of Keras) explicit (before, after).
 
     Shape
     -----
@@ -79,6 +81,8 @@ class AveragePooling1D(MaxPooling1D):
 
 class MaxPooling2D(_Pool):
     """Max over ``pool_size`` windows every ``strides`` (default pool_size).
+
+    ``padding`` is "valid", "same" or (an extension of Keras) explicit, as Conv2D's.
 
     Shape
     -----

@@ -21,14 +21,14 @@ _X4 = "float32[:, :, :, ::1]"
 _M2 = "float32[:, ::1]"
 
 
-@njit(parallel=True, signatures=(f"void({_X4}, {_M2}, " + ", ".join([_I] * 12) + ")",))
+@njit(signatures=(f"void({_X4}, {_M2}, " + ", ".join([_I] * 12) + ")",))
 def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0):
     """cols[r, (i kw + j) cg + c] = x[n, s oh - pt + d i, s ow - pl + d j, c0 + c] (0 outside),
     for global row r + row0 = (n Ho + oh) Wo + ow; cg = cols.shape[1] / (kh kw)."""
     rows, k = cols.shape
     cg = k // (kh * kw)
     h, w = x_nhwc.shape[1], x_nhwc.shape[2]
-    for r in prange(rows):
+    for r in range(rows):
         g = r + row0
         ow = g % wo
         t = g // wo
@@ -124,12 +124,12 @@ def pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_en
                     acc[c] *= inv
 
 
-@njit(parallel=True, signatures=(f"void({_M2}, {_X4}, " + ", ".join([_I] * 12) + ")",))
+@njit(signatures=(f"void({_M2}, {_X4}, " + ", ".join([_I] * 12) + ")",))
 def col2im_nhwc(cols, out_nhwc, h, w, kh, kw, sh, sw, dh, dw, ct, cl, c0, cg):
     """out[n, oh, ow, c0 + c] = sum over (ih, iw, i, j) with s ih + d i = oh + ct, s iw + d j = ow + cl
     of cols[(n h + ih) w + iw, (i kw + j) cg + c] (transposed convolution, gathered per output)."""
     n_, ho, wo = out_nhwc.shape[0], out_nhwc.shape[1], out_nhwc.shape[2]
-    for t in prange(n_ * ho):
+    for t in range(n_ * ho):
         n = t // ho
         oh = t % ho
         for ow in range(wo):
