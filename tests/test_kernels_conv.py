@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import fastlayers
 from fastlayers import layers as L
 from fastlayers.backends import get_ops
-from fastlayers.backends.cpu import conv_ops
+from fastlayers.backends.cpu import _split, conv_ops
 from fastlayers.backends.reference_conv import conv_out_size
 
 from .conftest import assert_close
@@ -106,6 +106,20 @@ def test_conv2d_in_several_workspace_chunks(monkeypatch):
     assert_close(whole, REF.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu"))
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_kernels_split_over_threads_match_reference(monkeypatch, threads):
+    monkeypatch.setattr(conv_ops, "_MIN_OUT_VALUES", 1)     # split even tiny calls
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    x = arr(0, (2, 7, 9, 5))
+    w = arr(1, (3, 3, 5, 2))
+    pads = ((1, 1), (0, 2))
+    assert_close(CPU.depthwise_conv2d(x, w, None, (2, 1), pads),
+                 REF.depthwise_conv2d(x, w, None, (2, 1), pads))
+    for kind in ("max", "avg"):
+        assert_close(CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (4, 9), (1, 1), True),
+                     REF.pool2d(x, kind, (3, 3), (2, 1), pads, (4, 9), (1, 1), True))
+
+
 def test_outputs_do_not_alias_the_workspace():
     x, w = arr(0, (1, 6, 6, 3)), arr(1, (3, 3, 3, 4))
     first = CPU.conv2d(x, w, None, pads=((1, 1), (1, 1)))
@@ -137,7 +151,9 @@ def conv_model():
 
 
 @pytest.mark.parametrize("ops", ["cpu", "reference"])
-def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
+def test_conv_model_8_threads_x_200_calls_equal_serial(ops, monkeypatch):
+    monkeypatch.setattr(conv_ops, "_MIN_OUT_VALUES", 64)   # split kernels over threads too
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
     threads, calls = 8, 200
     model = conv_model()
     rng = np.random.default_rng(3)

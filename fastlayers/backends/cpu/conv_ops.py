@@ -6,6 +6,9 @@
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering col2im.
 - pool2d: a direct Numba loop vectorized over channels.
 - bias + activation: ``_elementwise.bias_act_rows`` over the output rows, in place (epilogue).
+- The Numba kernels are serial over a row range; ``_split.run_rows`` shares large depthwise and
+  pooling calls among ``set_num_threads`` Python threads (the kernels release the GIL); im2col
+  and col2im run in the calling thread, between sgemm calls (docs/design.md).
 
 Workspaces (the im2col and column buffers) are per thread (``threading.local``) and grow to the
 largest size seen, so repeated calls do not allocate them and concurrent calls never share one.
@@ -17,15 +20,22 @@ import threading
 
 import numpy as np
 
-from .._jit import apply_num_threads
 from ..reference import ReferenceOps
 from ..reference_conv import conv_out_size
 from . import _conv, _elementwise
+from ._split import run_rows
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 #: Largest im2col chunk, in floats (16 MiB): bounds the workspace, keeps sgemm panels large.
 _COLS_BUDGET = 1 << 22
 _tls = threading.local()
+#: Fewest output values per thread share of the direct kernels (depthwise, pooling): below this
+#: a thread hand-off (tens of microseconds) costs more than it saves.
+_MIN_OUT_VALUES = 1 << 15
+
+
+def _min_out_rows(values_per_row: int) -> int:
+    return max(1, _MIN_OUT_VALUES // max(values_per_row, 1))
 
 
 def workspace(size: int) -> np.ndarray:
@@ -70,7 +80,6 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     if kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
         np.matmul(x.reshape(rows, c), wk.reshape(c, cout), out=y)      # 1x1: one sgemm
     else:
-        apply_num_threads()
         chunk = max(1, min(rows, _COLS_BUDGET // max(k, 1)))
         w2 = wk.reshape(k, cout)
         for g in range(groups):
@@ -78,7 +87,9 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
             for r0 in range(0, rows, chunk):
                 m = min(chunk, rows - r0)
                 cols = workspace(m * k).reshape(m, k)
-                _conv.im2col_nhwc(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, g * cin_g, r0)
+                # serial, in the calling thread: it sits between sgemm calls, whose idle
+                # OpenBLAS workers spin for a while and would compete with a second thread
+                _conv.im2col_nhwc(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, g * cin_g, r0, 0, m)
                 if groups == 1:
                     np.matmul(cols, wg, out=y[r0: r0 + m])
                 else:
@@ -98,9 +109,8 @@ def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 
         return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
                                              activation, alpha)
     out = np.empty((n, ho, wo, c * m), np.float32)
-    apply_num_threads()
-    _conv.depthwise_nhwc(_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m), out,
-                         sh, sw, dh, dw, pt, pl, m)
+    run_rows(_conv.depthwise_nhwc, (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m), out,
+                                    sh, sw, dh, dw, pt, pl, m), n * ho, _min_out_rows(wo * c * m))
     return _epilogue(self, out.reshape(-1, c * m), b, activation, alpha).reshape(out.shape)
 
 
@@ -117,13 +127,12 @@ def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1
     # w (kh, kw, C_in, C_out/g) -> per group (C_in/g, kh kw C_out/g)
     w_ck = np.ascontiguousarray(np.moveaxis(_f32c(w_hwio), 2, 0)).reshape(cin, kh * kw * cout_g)
     out = np.empty((n, ho, wo, groups * cout_g), np.float32)
-    apply_num_threads()
     k = kh * kw * cout_g
     for g in range(groups):
         cols = workspace(n * h * w * k).reshape(n * h * w, k)
         xg = x_rows if groups == 1 else x_rows[:, g * cin_g: (g + 1) * cin_g]
         np.matmul(xg, w_ck[g * cin_g: (g + 1) * cin_g], out=cols)
-        _conv.col2im_nhwc(cols, out, h, w, kh, kw, sh, sw, dh, dw, ct, cl, g * cout_g, cout_g)
+        _conv.col2im_nhwc(cols, out, h, w, kh, kw, sh, sw, dh, dw, ct, cl, g * cout_g, cout_g, 0, n * ho)
     return _epilogue(self, out.reshape(-1, out.shape[-1]), b, activation, alpha).reshape(out.shape)
 
 
@@ -135,8 +144,7 @@ def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
         return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation,
                                    count_include_pad)
     out = np.empty((n, ho, wo, c), np.float32)
-    apply_num_threads()
-    _conv.pool_nhwc(_f32c(x_nhwc), out, int(kind == "max"), pool[0], pool[1], strides[0],
-                    strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
-                    bool(count_include_pad))
+    run_rows(_conv.pool_nhwc, (_f32c(x_nhwc), out, int(kind == "max"), pool[0], pool[1], strides[0],
+                               strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
+                               bool(count_include_pad)), n * ho, _min_out_rows(wo * c))
     return out
