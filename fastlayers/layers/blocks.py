@@ -8,7 +8,10 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from .base import InputSpec, shape_str
-from .convolutional import SpatialLayer, check_data_format, normalize_padding, normalize_tuple, same_pads
+from .convolutional import (
+    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple, same_pads,
+    window_out,
+)
 from .core import _DEFAULT_ALPHA, activation_name
 
 _NO_PAD = ((0, 0), (0, 0))
@@ -159,7 +162,6 @@ class NiNBlock(SpatialLayer):
         self.input_spec = InputSpec(ndim=4, axes={self._channel_axis(): c})
 
     def _conv_geometry(self, sizes):
-        from .convolutional import axis_pads, window_out
         pads = tuple(axis_pads(self.padding, n, k, s, 1, a)
                      for a, (n, k, s) in enumerate(zip(sizes, self.kernel_size, self.strides)))
         outs = [None if n is None else window_out(n, k, s, 1, p)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError, ShapeError, UnsupportedError
+from ..errors import InputError, ShapeError
 from .base import InputSpec, Layer, shape_str
 from .core import _DEFAULT_ALPHA, activation_name
 

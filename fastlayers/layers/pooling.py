@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError, UnsupportedError
-from .base import InputSpec, Layer, shape_str
+from .base import InputSpec
 from .convolutional import (
     SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple, window_out,
 )

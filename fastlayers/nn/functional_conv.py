@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.reference_conv import conv_out_size
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..layers.base import as_float32
 
