@@ -303,3 +303,21 @@ def test_conv_model_runs_in_a_graph(rng):
     model = fastlayers.Model(inp, h)
     assert model.outputs[0].shape == (None, 8)
     assert model(randn(rng, (2, 12, 12, 3))).shape == (2, 8)
+
+
+def test_conv2d_transpose_explicit_padding_matches_torch(torch, backend, rng):
+    x = randn(rng, (2, 5, 4, 3))
+    layer = fl.Conv2DTranspose(4, (3, 2), strides=(2, 3), padding=((1, 1), (0, 0)), output_padding=(1, 2))
+    layer(x)
+    kernel, bias = randn(rng, (3, 2, 4, 3)), randn(rng, (4,))
+    layer.set_weights([kernel, bias])
+    w_torch = np.ascontiguousarray(kernel.transpose(3, 2, 0, 1))       # (C_in, C_out, kh, kw)
+    expected = torch.nn.functional.conv_transpose2d(
+        torch.from_numpy(np.moveaxis(x, -1, 1).copy()), torch.from_numpy(w_torch),
+        torch.from_numpy(bias), stride=(2, 3), padding=(1, 0), output_padding=(1, 2)).numpy()
+    assert_close(layer(x), np.moveaxis(expected, 1, -1), atol=1e-5)
+
+
+def test_conv2d_groups_equal_to_channels_runs_depthwise(keras, backend, rng):
+    compare_layer(keras, rng, "Conv2D", dict(filters=10, kernel_size=3, groups=5, padding="same",
+                                             activation="relu"), randn(rng, (2, 6, 7, 5)))

@@ -73,6 +73,10 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0:
         return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
                                    activation, alpha)
+    if groups > 1 and cin_g == 1 and groups == c:
+        # one input channel per group: a depthwise convolution (multiplier cout / c), direct loop
+        return depthwise_conv2d(self, x_nhwc, w_hwio.reshape(kh, kw, c, cout // c), b, strides,
+                                pads, dilation, activation, alpha)
     x = _f32c(x_nhwc)
     wk = _f32c(w_hwio)
     rows, k, cout_g = n * ho * wo, kh * kw * cin_g, cout // groups
