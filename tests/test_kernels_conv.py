@@ -172,3 +172,24 @@ def test_conv_model_8_threads_x_200_calls_equal_serial(ops, monkeypatch):
     assert all(np.all(np.isfinite(y)) for y in serial)
     for got, want in zip(results, serial):
         np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9), st.integers(1, 5), st.integers(1, 6),
+       st.integers(1, 6), st.sampled_from(["max", "avg"]), st.integers(0, 2**16))
+def test_adaptive_pool_cpu_matches_reference(n, h, w, c, oh, ow, kind, seed):
+    x = arr(seed, (n, h, w, c))
+    assert_close(CPU.adaptive_pool2d(x, kind, (oh, ow)), REF.adaptive_pool2d(x, kind, (oh, ow)),
+                 rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 4), st.sampled_from([1.0, 0.5, 0.25]),
+       st.integers(0, 2**16))
+def test_roi_pool_cpu_matches_reference(k, ph, pw, scale, seed):
+    rng = np.random.default_rng(seed)
+    x = arr(seed, (2, 7, 9, 3))
+    corners = rng.uniform(-5, 40, (k, 4)).astype(np.float32)
+    rois = np.concatenate([rng.integers(0, 2, (k, 1)).astype(np.float32), corners], axis=1)
+    np.testing.assert_array_equal(CPU.roi_pool(x, rois, (ph, pw), scale),
+                                  REF.roi_pool(x, rois, (ph, pw), scale))

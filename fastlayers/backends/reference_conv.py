@@ -10,7 +10,6 @@ so the compiled kernels have an oracle to be tested against. Spatial conventions
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -124,35 +123,47 @@ def adaptive_pool2d(x_nhwc, kind, out_hw):
     return y
 
 
-def _round_half_away(v):
-    return np.float32(math.copysign(math.floor(abs(float(v)) + 0.5), float(v)))
+def roi_bins(rois, output_size, spatial_scale, h, w):
+    """torchvision's RoI bins: (batch (K,), h0, h1 (K, ph), w0, w1 (K, pw)) as int64.
+
+    A region's corners are scaled by ``spatial_scale`` and rounded half away from zero; its size
+    is at least 1; bin i spans [floor(i bh), ceil((i + 1) bh)) shifted by the region's start and
+    clipped to [0, size] (float32 arithmetic, as torchvision's kernel).
+    """
+    rois = np.asarray(rois, np.float32).reshape(-1, 5)
+    ph, pw = output_size
+    scaled = rois[:, 1:] * np.float32(spatial_scale)
+    corners = (np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))).astype(np.int64)
+    x1, y1, x2, y2 = corners.T
+    rh = np.maximum(y2 - y1 + 1, 1).astype(np.float32)
+    rw = np.maximum(x2 - x1 + 1, 1).astype(np.float32)
+    bh, bw = rh / np.float32(ph), rw / np.float32(pw)
+    i, j = np.arange(ph, dtype=np.float32), np.arange(pw, dtype=np.float32)
+
+    def edges(start, step, idx, size):
+        lo = np.floor(idx[None, :] * step[:, None]).astype(np.int64) + start[:, None]
+        hi = np.ceil((idx[None, :] + 1) * step[:, None]).astype(np.int64) + start[:, None]
+        return np.clip(lo, 0, size), np.clip(hi, 0, size)
+
+    h0, h1 = edges(y1, bh, i, h)
+    w0, w1 = edges(x1, bw, j, w)
+    return rois[:, 0].astype(np.int64), h0, h1, w0, w1
 
 
 def roi_pool(x_nhwc, rois, output_size, spatial_scale):
     """torchvision.ops.roi_pool on NHWC: max over each of ph x pw bins of every region.
 
-    ``rois`` is (K, 5) rows ``(batch index, x1, y1, x2, y2)`` in input coordinates; a region's
-    corners are scaled by ``spatial_scale`` and rounded (half away from zero); its size is at
-    least 1; bin (i, j) spans rows [floor(i bh), ceil((i + 1) bh)) shifted by the region's start
-    and clipped to the map; an empty bin gives 0. Returns (K, ph, pw, C).
+    ``rois`` is (K, 5) rows ``(batch index, x1, y1, x2, y2)`` in input coordinates (bins as in
+    ``roi_bins``); an empty bin gives 0. Returns (K, ph, pw, C).
     """
     n, h, w, c = x_nhwc.shape
-    ph, pw = output_size
-    scale = np.float32(spatial_scale)
-    y = np.zeros((rois.shape[0], ph, pw, c), np.float32)
-    for k, roi in enumerate(np.asarray(rois, np.float32)):
-        b = int(roi[0])
-        x1, y1, x2, y2 = (int(_round_half_away(np.float32(v) * scale)) for v in roi[1:])
-        rh, rw = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
-        bh, bw = np.float32(rh) / np.float32(ph), np.float32(rw) / np.float32(pw)
-        for i in range(ph):
-            h0 = min(max(int(math.floor(np.float32(i) * bh)) + y1, 0), h)
-            h1 = min(max(int(math.ceil(np.float32(i + 1) * bh)) + y1, 0), h)
-            for j in range(pw):
-                w0 = min(max(int(math.floor(np.float32(j) * bw)) + x1, 0), w)
-                w1 = min(max(int(math.ceil(np.float32(j + 1) * bw)) + x1, 0), w)
-                if h1 > h0 and w1 > w0:
-                    y[k, i, j] = x_nhwc[b, h0:h1, w0:w1].max(axis=(0, 1))
+    batch, h0, h1, w0, w1 = roi_bins(rois, output_size, spatial_scale, h, w)
+    y = np.zeros((batch.shape[0], output_size[0], output_size[1], c), np.float32)
+    for k in range(batch.shape[0]):
+        for i in range(output_size[0]):
+            for j in range(output_size[1]):
+                if h1[k, i] > h0[k, i] and w1[k, j] > w0[k, j]:
+                    y[k, i, j] = x_nhwc[batch[k], h0[k, i]:h1[k, i], w0[k, j]:w1[k, j]].max(axis=(0, 1))
     return y
 
 

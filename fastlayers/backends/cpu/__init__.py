@@ -88,3 +88,5 @@ class CpuOps(ReferenceOps):
     depthwise_conv2d = conv_ops.depthwise_conv2d
     conv_transpose2d = conv_ops.conv_transpose2d
     pool2d = conv_ops.pool2d
+    adaptive_pool2d = conv_ops.adaptive_pool2d
+    roi_pool = conv_ops.roi_pool

@@ -158,3 +158,41 @@ def col2im_nhwc(cols, out_nhwc, h, w, kh, kw, sh, sw, dh, dw, ct, cl, c0, cg, t_
                     crow = cols[(n * h + ih) * w + iw, base: base + cg]
                     for c in range(cg):
                         acc[c] += crow[c]
+
+
+@njit(signatures=(f"void({_X4}, int64[::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], "
+                  f"int64[:, ::1], int64, {_X4}, int64, int64)",))
+def bin_pool_nhwc(x_nhwc, batch_k, h0_kp, h1_kp, w0_kq, w1_kq, is_max, out_kpqc, t_begin, t_end):
+    """out[k, p, q, c] = max or mean of x[batch[k], h0[k, p]:h1[k, p], w0[k, q]:w1[k, q], c]
+    (an empty bin gives 0; max lets NaN win), for rows t = k P + p in [t_begin, t_end).
+    Adaptive pooling (k = image) and RoI pooling (k = region) are both this."""
+    ph, pw, c_ = out_kpqc.shape[1], out_kpqc.shape[2], out_kpqc.shape[3]
+    for t in range(t_begin, t_end):
+        k = t // ph
+        p = t % ph
+        n = batch_k[k]
+        for q in range(pw):
+            acc = out_kpqc[k, p, q]
+            ha, hb, wa, wb = h0_kp[k, p], h1_kp[k, p], w0_kq[k, q], w1_kq[k, q]
+            if hb <= ha or wb <= wa:
+                for c in range(c_):
+                    acc[c] = _ZERO
+                continue
+            fill = _NEG_INF if is_max else _ZERO
+            for c in range(c_):
+                acc[c] = fill
+            for ih in range(ha, hb):
+                for iw in range(wa, wb):
+                    xrow = x_nhwc[n, ih, iw]
+                    if is_max:
+                        for c in range(c_):
+                            v = xrow[c]
+                            o = acc[c]
+                            acc[c] = v if (v > o or v != v) else o
+                    else:
+                        for c in range(c_):
+                            acc[c] += xrow[c]
+            if not is_max:
+                inv = np.float32(1.0) / np.float32((hb - ha) * (wb - wa))
+                for c in range(c_):
+                    acc[c] *= inv

@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from ..reference import ReferenceOps
-from ..reference_conv import conv_out_size
+from ..reference_conv import adaptive_bins, conv_out_size, roi_bins
 from . import _conv, _elementwise
 from ._split import run_rows
 
@@ -152,3 +152,30 @@ def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                                strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
                                bool(count_include_pad)), n * ho, _min_out_rows(wo * c))
     return out
+
+
+def _bin_pool(x, batch, h0, h1, w0, w1, kind, out):
+    run_rows(_conv.bin_pool_nhwc, (_f32c(x), batch, h0, h1, w0, w1, int(kind == "max"), out),
+             out.shape[0] * out.shape[1], _min_out_rows(out.shape[2] * out.shape[3]))
+    return out
+
+
+def adaptive_pool2d(self, x_nhwc, kind, out_hw):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0:
+        return ReferenceOps.adaptive_pool2d(self, x_nhwc, kind, out_hw)
+    hb = np.array(adaptive_bins(h, out_hw[0]), np.int64)
+    wb = np.array(adaptive_bins(w, out_hw[1]), np.int64)
+    h0, h1 = (np.ascontiguousarray(np.broadcast_to(hb[:, i], (n, out_hw[0]))) for i in (0, 1))
+    w0, w1 = (np.ascontiguousarray(np.broadcast_to(wb[:, i], (n, out_hw[1]))) for i in (0, 1))
+    out = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+    return _bin_pool(x_nhwc, np.arange(n, dtype=np.int64), h0, h1, w0, w1, kind, out)
+
+
+def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0 or len(rois) == 0:
+        return ReferenceOps.roi_pool(self, x_nhwc, rois, output_size, spatial_scale)
+    batch, h0, h1, w0, w1 = roi_bins(rois, output_size, spatial_scale, h, w)
+    out = np.empty((batch.shape[0], output_size[0], output_size[1], c), np.float32)
+    return _bin_pool(x_nhwc, batch, h0, h1, w0, w1, "max", out)
