@@ -193,3 +193,23 @@ def test_roi_pool_cpu_matches_reference(k, ph, pw, scale, seed):
     rois = np.concatenate([rng.integers(0, 2, (k, 1)).astype(np.float32), corners], axis=1)
     np.testing.assert_array_equal(CPU.roi_pool(x, rois, (ph, pw), scale),
                                   REF.roi_pool(x, rois, (ph, pw), scale))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_split_kernels_work_in_a_forked_child(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(conv_ops, "_MIN_OUT_VALUES", 1)
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+    x = arr(0, (1, 6, 6, 4))
+    parent = CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (5, 5))   # starts the pool
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(_child_pool, (x,)).get(timeout=60)
+    np.testing.assert_array_equal(child, parent)
+
+
+def _child_pool(x):
+    conv_ops._MIN_OUT_VALUES = 1
+    _split.thread_count = lambda: 2
+    return CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (5, 5))

@@ -12,6 +12,7 @@ The pool holds ``threads - 1`` workers for the count given to ``fastlayers.set_n
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +20,17 @@ from .. import _num_threads
 
 _lock = threading.Lock()
 _pool: list = [None, 0]   # [executor, workers]
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the parent's worker threads: start a new pool on demand."""
+    global _lock
+    _lock = threading.Lock()
+    _pool[0], _pool[1] = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def thread_count() -> int:
@@ -33,7 +45,7 @@ def thread_count() -> int:
 
 def _executor(workers: int) -> ThreadPoolExecutor:
     with _lock:
-        if _pool[0] is None or _pool[1] != workers:
+        if _pool[0] is None or _pool[1] < workers:
             _pool[0] = ThreadPoolExecutor(workers, thread_name_prefix="fastlayers")
             _pool[1] = workers
         return _pool[0]
@@ -46,7 +58,9 @@ def run_rows(kernel, args: tuple, rows: int, min_rows: int = 8) -> None:
         kernel(*args, 0, rows)
         return
     bounds = [rows * i // parts for i in range(parts + 1)]
-    pool = _executor(parts - 1) if _pool[1] < parts - 1 or _pool[0] is None else _pool[0]
+    pool = _pool[0]
+    if pool is None or _pool[1] < parts - 1:
+        pool = _executor(parts - 1)
     futures = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     kernel(*args, bounds[0], bounds[1])
     for f in futures:
