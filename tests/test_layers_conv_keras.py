@@ -321,3 +321,18 @@ def test_conv2d_transpose_explicit_padding_matches_torch(torch, backend, rng):
 def test_conv2d_groups_equal_to_channels_runs_depthwise(keras, backend, rng):
     compare_layer(keras, rng, "Conv2D", dict(filters=10, kernel_size=3, groups=5, padding="same",
                                              activation="relu"), randn(rng, (2, 6, 7, 5)))
+
+
+@pytest.mark.parametrize("data_format", FORMATS)
+def test_upsampling2d_bilinear_align_corners_matches_torch(torch, backend, rng, data_format):
+    x = randn(rng, (2, 3, 5, 2))
+    layer = fl.UpSampling2D((3, 2), data_format=data_format, interpolation="bilinear", align_corners=True)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(np.moveaxis(x, -1, 1).copy()),
+                                               scale_factor=(3, 2), mode="bilinear",
+                                               align_corners=True).numpy()
+    if data_format == "channels_first":
+        assert_close(layer(np.moveaxis(x, -1, 1).copy()), expected)
+    else:
+        assert_close(layer(x), np.moveaxis(expected, 1, -1))
+    with pytest.raises(InputError, match="align_corners"):
+        fl.UpSampling2D(align_corners=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .base import InputSpec, shape_str
+from .base import InputSpec, shape_str, unique_name
 from .convolutional import (
     SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple, same_pads,
     window_out,
@@ -134,6 +134,8 @@ class NiNBlock(SpatialLayer):
 
     def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", mlp_filters=None,
                  activation="relu", global_pool=True, data_format=None, **kwargs):
+        if kwargs.get("name") is None:
+            kwargs["name"] = unique_name("nin_block")     # not snake_case's "ni_n_block"
         super().__init__(**kwargs)
         w = self._where()
         self.filters = _positive(filters, f"{w} filters")

@@ -175,17 +175,22 @@ class GlobalAveragePooling2D(GlobalMaxPooling2D):
 
 class UpSampling2D(SpatialLayer):
     """Repeat rows and columns ``size`` times ("nearest") or resize bilinearly (half-pixel
-    centres, ``align_corners=False``, as Keras).
+    centres, as Keras; ``align_corners=True``, an extension of Keras, maps the corner pixels of
+    input and output onto each other as torch's ``align_corners=True``).
 
     Shape
     -----
     (batch, rows, cols, channels) -> (batch, rows * size[0], cols * size[1], channels).
     """
 
-    config_keys = ("size", "data_format", "interpolation")
+    config_keys = ("size", "data_format", "interpolation", "align_corners")
 
-    def __init__(self, size=(2, 2), data_format=None, interpolation="nearest", **kwargs):
+    def __init__(self, size=(2, 2), data_format=None, interpolation="nearest", align_corners=False,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.align_corners = bool(align_corners)
+        if self.align_corners and interpolation != "bilinear":
+            raise InputError(f"{self._where()}: align_corners applies to bilinear interpolation only")
         self.size = normalize_tuple(size, 2, f"{self._where()} size")
         self.data_format = check_data_format(data_format, self._where())
         if interpolation not in ("nearest", "bilinear"):
@@ -202,7 +207,7 @@ class UpSampling2D(SpatialLayer):
     def call(self, x):
         x = self._to_nhwc(x)
         out_hw = (x.shape[1] * self.size[0], x.shape[2] * self.size[1])
-        return self._from_nhwc(self.ops.upsample2d(x, out_hw, self.interpolation, False))
+        return self._from_nhwc(self.ops.upsample2d(x, out_hw, self.interpolation, self.align_corners))
 
 
 class RoIPooling2D(SpatialLayer):
