@@ -43,6 +43,7 @@ def randomize(module, rng, torch):
             p.copy_(torch.from_numpy(rng.standard_normal(tuple(p.shape)).astype(np.float32)))
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 @pytest.mark.parametrize("name,args,kwargs,shape", CONV_CASES)
 def test_conv_modules_match_torch(name, args, kwargs, shape, torch, rng, backend):
     ref = getattr(torch.nn, name)(*args, **kwargs).eval()
