@@ -8,8 +8,8 @@ dense 1000; batch norm folded into the convolutions' biases, as inference graphs
 
 Every engine gets the same weights and input (fastlayers NHWC, onnxruntime and torch NCHW, each
 in its native layout) and the outputs are compared before timing. ``extra_info["flops"]`` holds
-the multiply-adds x 2 of the GEMM-bound workloads, to report GFLOP/s against this machine's
-sgemm (``python bench/sgemm_peak.py``).
+2 x the multiply-adds of the convolution workloads, so bench/report.py gives their GFLOP/s as a
+share of this machine's sgemm (bench/bench_sgemm.py).
 
 Shapes: the full shapes when FASTLAYERS_BENCH_FULL=1; otherwise small ones, so CI's
 ``--benchmark-disable`` pass stays cheap. The numpy reference is left out of the full ResNet
@@ -297,6 +297,7 @@ def bench_conv(benchmark, engines, engine):
     check_same(outs, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
     layout, fn = fns[engine]
     benchmark.group = f"{kind} batch {batch}"
-    benchmark.extra_info.update(workload=kind, batch=batch, engine=engine, flops=flops,
-                                shape=list(shape), full=FULL)
+    benchmark.extra_info.update(workload=kind, batch=batch, engine=engine, shape=list(shape), full=FULL)
+    if flops:
+        benchmark.extra_info["flops"] = flops
     benchmark(fn, inputs[layout])

@@ -336,3 +336,23 @@ def test_upsampling2d_bilinear_align_corners_matches_torch(torch, backend, rng, 
         assert_close(layer(x), np.moveaxis(expected, 1, -1))
     with pytest.raises(InputError, match="align_corners"):
         fl.UpSampling2D(align_corners=True)
+
+
+def test_keras_file_with_conv_layers_loads(keras, backend, rng, tmp_path):
+    kl = keras.layers
+    inp = keras.Input((12, 12, 3))
+    h = kl.Conv2D(6, 3, strides=2, padding="same", activation="relu")(inp)
+    h = kl.DepthwiseConv2D(3, padding="same", depth_multiplier=2)(h)
+    h = kl.SeparableConv2D(5, 3, padding="same")(h)
+    h = kl.MaxPooling2D()(h)
+    h = kl.Conv2DTranspose(4, 3, strides=2, padding="same")(h)
+    h = kl.AveragePooling2D(2)(h)
+    h = kl.UpSampling2D(interpolation="bilinear")(h)
+    h = kl.Conv1D(3, 2, padding="causal")(kl.Reshape((36, 4))(h))
+    km = keras.Model(inp, kl.GlobalMaxPooling1D()(h))
+    for w in km.weights:
+        w.assign(randn(rng, tuple(w.shape), 0.3))
+    km.save(tmp_path / "conv.keras")
+    x = randn(rng, (2, 12, 12, 3))
+    assert_close(fastlayers.load(tmp_path / "conv.keras")(x), keras.ops.convert_to_numpy(km(x)),
+                 rtol=1e-4, atol=1e-5)

@@ -236,6 +236,42 @@ class ReferenceOps:
         from . import reference_conv as rc
         return rc.local_response_norm(x, size, alpha, beta, k)
 
+    # ------------------------------------------------------------------ attention (issue 5)
+    def attention_softmax(self, scores_bhqk: np.ndarray, scale: float, bias: np.ndarray | None,
+                          causal: bool = False, empty: int = 0) -> np.ndarray:
+        """w = softmax(scale s + bias (+ -inf above the diagonal if causal)) over the last axis.
+
+        ``scores_bhqk`` is (B, H, Tq, Tk) and may be overwritten (backends work in place);
+        ``bias`` broadcasts to it (0 attend, -inf masked, or torch's float mask values). A row
+        with every key masked becomes NaN, 0 or 1/Tk for ``empty`` = 0, 1, 2.
+        """
+        s = scores_bhqk * np.float32(scale)
+        if bias is not None:
+            s = s + bias
+        tq, tk = s.shape[-2:]
+        if causal:
+            s = np.where(np.tril(np.ones((tq, tk), bool)), s, np.float32(-np.inf))
+        with np.errstate(invalid="ignore"):
+            m = np.max(s, axis=-1, keepdims=True)
+            empty_rows = m == -np.inf
+            e = np.exp(s - np.where(empty_rows, np.float32(0), m))
+            w = e / np.sum(e, axis=-1, keepdims=True)
+        if np.any(empty_rows):
+            fill = (np.float32(np.nan), np.float32(0), np.float32(1.0 / tk))[empty]
+            w = np.where(empty_rows, fill, w)
+        return w.astype(np.float32, copy=False)
+
+    def attention(self, q_bhqd: np.ndarray, k_bhkd: np.ndarray, v_bhkv: np.ndarray, scale: float,
+                  bias: np.ndarray | None = None, causal: bool = False,
+                  empty: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk).
+
+        Leading axes of q, k, v broadcast as in ``np.matmul`` (BLAS per (b, h) slice).
+        """
+        scores = np.matmul(q_bhqd, np.swapaxes(k_bhkd, -1, -2))
+        w = self.attention_softmax(scores, scale, bias, causal, empty)
+        return np.matmul(w, v_bhkv), w
+
 
 def _log_sigmoid(z):
     """log sigmoid(z) = -softplus(-z), stable for large |z|."""

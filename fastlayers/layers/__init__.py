@@ -32,3 +32,14 @@ __all__ += [
     "GlobalMaxPooling2D", "InceptionBlock", "LocalResponseNormalization", "MaxPooling1D",
     "MaxPooling2D", "NiNBlock", "RoIPooling2D", "SeparableConv2D", "UpSampling2D",
 ]
+
+# attention (issue 5)
+from .attention import (  # noqa: E402
+    AdditiveAttention, Attention, HardAttention, MultiHeadAttention, PositionalEncoding,
+    PositionwiseFeedForward, SelfAttention,
+)
+
+__all__ += [
+    "AdditiveAttention", "Attention", "HardAttention", "MultiHeadAttention", "PositionalEncoding",
+    "PositionwiseFeedForward", "SelfAttention",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..backends.reference import fold_batch_norm
 from ..errors import ShapeError, UnsupportedError
-from .base import InputSpec, Layer, shape_str
+from .base import InputSpec, Layer, shape_str, weights_pending
 
 
 def _normalize_axes(axis, rank, where):
@@ -51,7 +51,8 @@ class BatchNormalization(Layer):
         self.add_weight("moving_variance", (c,), "ones")
         self.input_spec = InputSpec(ndim=len(input_shape), axes={axis: c})
         self._axis = axis
-        self._weights_changed()
+        if not weights_pending():  # else the loader folds the loaded statistics
+            self._weights_changed()
 
     def _weights_changed(self):
         """Fold the four vectors into the affine map the kernel applies (once, not per call)."""

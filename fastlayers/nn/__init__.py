@@ -29,3 +29,15 @@ __all__ += [
     "AvgPool2d", "Conv1d", "Conv2d", "ConvTranspose2d", "LocalResponseNorm", "MaxPool1d",
     "MaxPool2d", "RoIPool", "Upsample", "roi_pool",
 ]
+
+# attention and transformers (issue 5)
+from .attention import MultiheadAttention  # noqa: E402
+from .transformer import (  # noqa: E402
+    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    generate_square_subsequent_mask, greedy_decode,
+)
+
+__all__ += [
+    "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerEncoderLayer", "generate_square_subsequent_mask", "greedy_decode",
+]
