@@ -213,3 +213,30 @@ def _child_pool(x):
     conv_ops._MIN_OUT_VALUES = 1
     _split.thread_count = lambda: 2
     return CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (5, 5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 6), st.integers(1, 6), st.integers(1, 4), st.integers(1, 13),
+       st.integers(1, 13), st.sampled_from(["nearest", "bilinear"]), st.booleans(), st.integers(0, 2**16))
+def test_upsample_cpu_matches_reference(n, h, w, c, oh, ow, mode, align, seed):
+    x = arr(seed, (n, h, w, c))
+    align = align and mode == "bilinear"
+    assert_close(CPU.upsample2d(x, (oh, ow), mode, align), REF.upsample2d(x, (oh, ow), mode, align),
+                 rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 7), st.sampled_from([1e-4, 0.1, 2.0]),
+       st.sampled_from([0.5, 0.75, 1.0, 0.6]), st.sampled_from([1.0, 2.0]), st.integers(0, 2**16))
+def test_lrn_cpu_matches_reference(c, size, alpha, beta, k, seed):
+    x = arr(seed, (2, 3, c), scale=3.0)
+    assert_close(CPU.local_response_norm(x, size, alpha, beta, k),
+                 REF.local_response_norm(x, size, alpha, beta, k), rtol=2e-5, atol=1e-6)
+
+
+def test_lrn_and_resize_propagate_nan():
+    x = arr(0, (1, 2, 2, 5))
+    x[0, 0, 0, 2] = np.nan
+    y = CPU.local_response_norm(x, 3)
+    assert np.isnan(y[0, 0, 0, 1:4]).all() and not np.isnan(y[0, 0, 0, [0, 4]]).any()
+    assert np.isnan(CPU.upsample2d(x, (4, 4), "bilinear")[0, :2, :2, 2]).all()

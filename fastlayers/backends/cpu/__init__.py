@@ -92,6 +92,8 @@ class CpuOps(ReferenceOps):
     pool2d = conv_ops.pool2d
     adaptive_pool2d = conv_ops.adaptive_pool2d
     roi_pool = conv_ops.roi_pool
+    upsample2d = conv_ops.upsample2d
+    local_response_norm = conv_ops.local_response_norm
 
     # ------------------------------------------------------------------ attention (issue 5)
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):

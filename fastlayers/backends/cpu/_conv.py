@@ -196,3 +196,67 @@ def bin_pool_nhwc(x_nhwc, batch_k, h0_kp, h1_kp, w0_kq, w1_kq, is_max, out_kpqc,
                 inv = np.float32(1.0) / np.float32((hb - ha) * (wb - wa))
                 for c in range(c_):
                     acc[c] *= inv
+
+
+@njit(signatures=(f"void({_X4}, int64[::1], int64[::1], float32[::1], int64[::1], int64[::1], "
+                  f"float32[::1], boolean, {_X4}, int64, int64)",))
+def resize_nhwc(x_nhwc, y0, y1, fy, x0, x1, fx, bilinear, out_nhwc, t_begin, t_end):
+    """Nearest: out[n, i, j] = x[n, y0[i], x0[j]]; bilinear: out = (1 - fy) top + fy bottom with
+    top = (1 - fx) x[n, y0, x0] + fx x[n, y0, x1] and bottom likewise on row y1; rows
+    t = n Ho + i in [t_begin, t_end)."""
+    ho, wo, c_ = out_nhwc.shape[1], out_nhwc.shape[2], out_nhwc.shape[3]
+    one = np.float32(1.0)
+    for t in range(t_begin, t_end):
+        n = t // ho
+        i = t % ho
+        for j in range(wo):
+            o = out_nhwc[n, i, j]
+            a = x_nhwc[n, y0[i], x0[j]]
+            if not bilinear:
+                for c in range(c_):
+                    o[c] = a[c]
+                continue
+            b = x_nhwc[n, y0[i], x1[j]]
+            d = x_nhwc[n, y1[i], x0[j]]
+            e = x_nhwc[n, y1[i], x1[j]]
+            wy, wx = fy[i], fx[j]
+            for c in range(c_):
+                top = a[c] * (one - wx) + b[c] * wx
+                bottom = d[c] * (one - wx) + e[c] * wx
+                o[c] = top * (one - wy) + bottom * wy
+
+
+@njit(signatures=("void(float32[:, ::1], int64, float32, float32, float32, float32[:, ::1], "
+                  "int64, int64)",))
+def lrn_rows(x_rc, size, alpha, beta, k, out_rc, t_begin, t_end):
+    """out[r, c] = x[r, c] / (k + alpha / size sum_{c' = c - size//2}^{c + (size-1)//2} x[r, c']^2)^beta,
+    rows r in [t_begin, t_end); beta 0.5, 0.75 and 1 use square roots and a division (vectorized),
+    other betas a power."""
+    c_ = x_rc.shape[1]
+    lo_off, hi_off = size // 2, (size - 1) // 2
+    scale = alpha / np.float32(size)
+    one = np.float32(1.0)
+    sq = np.empty(c_, np.float32)
+    for r in range(t_begin, t_end):
+        xr = x_rc[r]
+        o = out_rc[r]
+        for c in range(c_):
+            sq[c] = xr[c] * xr[c]
+        for c in range(c_):
+            s = np.float32(0.0)
+            for cc in range(max(c - lo_off, 0), min(c + hi_off + 1, c_)):
+                s += sq[cc]
+            o[c] = k + scale * s
+        if beta == np.float32(0.75):
+            for c in range(c_):
+                b = o[c]
+                o[c] = xr[c] / (np.sqrt(b) * np.sqrt(np.sqrt(b)))
+        elif beta == np.float32(0.5):
+            for c in range(c_):
+                o[c] = xr[c] / np.sqrt(o[c])
+        elif beta == one:
+            for c in range(c_):
+                o[c] = xr[c] / o[c]
+        else:
+            for c in range(c_):
+                o[c] = xr[c] / o[c] ** beta

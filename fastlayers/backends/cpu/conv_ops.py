@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from ..reference import ReferenceOps
-from ..reference_conv import adaptive_bins, conv_out_size, roi_bins
+from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
 from . import _conv, _elementwise
 from ._split import run_rows
 
@@ -179,3 +179,34 @@ def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
     batch, h0, h1, w0, w1 = roi_bins(rois, output_size, spatial_scale, h, w)
     out = np.empty((batch.shape[0], output_size[0], output_size[1], c), np.float32)
     return _bin_pool(x_nhwc, batch, h0, h1, w0, w1, "max", out)
+
+
+def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0 or min(out_hw) <= 0:
+        return ReferenceOps.upsample2d(self, x_nhwc, out_hw, mode, align_corners, scales)
+    sy = source_coords(out_hw[0], h, mode, align_corners, scales[0])
+    sx = source_coords(out_hw[1], w, mode, align_corners, scales[1])
+    if mode == "nearest":
+        y0, x0 = sy.astype(np.int64), sx.astype(np.int64)
+        y1, x1 = y0, x0
+        fy, fx = np.zeros(len(y0), np.float32), np.zeros(len(x0), np.float32)
+    else:
+        y0 = np.minimum(np.floor(sy).astype(np.int64), h - 1)
+        x0 = np.minimum(np.floor(sx).astype(np.int64), w - 1)
+        y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+        fy, fx = (sy - y0).astype(np.float32), (sx - x0).astype(np.float32)
+    out = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+    run_rows(_conv.resize_nhwc, (_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, mode != "nearest", out),
+             n * out_hw[0], _min_out_rows(out_hw[1] * c))
+    return out
+
+
+def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+    if x.size == 0 or x.ndim == 0:
+        return ReferenceOps.local_response_norm(self, x, size, alpha, beta, k)
+    xr = _f32c(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(xr)
+    run_rows(_conv.lrn_rows, (xr, int(size), np.float32(alpha), np.float32(beta), np.float32(k), out),
+             xr.shape[0], _min_out_rows(xr.shape[1]))
+    return out.reshape(x.shape)
