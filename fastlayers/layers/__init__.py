@@ -10,6 +10,13 @@ from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subt
 from .normalization import BatchNormalization, LayerNormalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 from ..graph import InputLayer
+from .blocks import InceptionBlock, NiNBlock
+from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
+from .pooling import (
+    AveragePooling1D, AveragePooling2D, GlobalAveragePooling1D, GlobalAveragePooling2D,
+    GlobalMaxPooling1D, GlobalMaxPooling2D, LocalResponseNormalization, MaxPooling1D, MaxPooling2D,
+    RoIPooling2D, UpSampling2D,
+)
 
 __all__ = [
     "Activation", "Add", "Average", "BatchNormalization", "Concatenate", "Cropping1D", "Cropping2D",
@@ -18,6 +25,12 @@ __all__ = [
     "Permute", "RMSNormalization", "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax",
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
+]
+__all__ += [
+    "AveragePooling1D", "AveragePooling2D", "Conv1D", "Conv2D", "Conv2DTranspose",
+    "DepthwiseConv2D", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D", "InceptionBlock", "LocalResponseNormalization", "MaxPooling1D",
+    "MaxPooling2D", "NiNBlock", "RoIPooling2D", "SeparableConv2D", "UpSampling2D",
 ]
 
 # attention (issue 5)

@@ -12,12 +12,22 @@ from .modules import (
     Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
     ReLU6, Sequential, Sigmoid, SiLU, Softmax, Softplus, Softsign, Tanh,
 )
+from .conv import (
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d,
+    Conv1d, Conv2d, ConvTranspose2d, LocalResponseNorm, MaxPool1d, MaxPool2d, RoIPool, Upsample,
+)
+from .functional_conv import roi_pool
 
 __all__ = [
     "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding",
     "Flatten", "GELU", "Hardsigmoid", "Identity", "IncompatibleKeys", "LayerNorm", "LeakyReLU",
     "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList", "ReLU", "ReLU6", "SELU",
     "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Softsign", "Tanh", "functional",
+]
+__all__ += [
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AvgPool1d",
+    "AvgPool2d", "Conv1d", "Conv2d", "ConvTranspose2d", "LocalResponseNorm", "MaxPool1d",
+    "MaxPool2d", "RoIPool", "Upsample", "roi_pool",
 ]
 
 # attention and transformers (issue 5)

@@ -124,6 +124,14 @@ def dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False
     return _f32(input, "dropout")
 
 
+# convolution, pooling, resizing (functional_conv.py)
+from .functional_conv import (  # noqa: E402,F401
+    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d, adaptive_max_pool2d, avg_pool1d,
+    avg_pool2d, conv1d, conv2d, conv_transpose2d, interpolate, local_response_norm, max_pool1d,
+    max_pool2d, roi_pool,
+)
+
+
 # ------------------------------------------------------------------------- attention (issue 5)
 def _attn_bias(mask, what: str, true_means_attend: bool) -> np.ndarray | None:
     """A torch attention mask as an additive float32 bias: bool -> 0 / -inf, float -> itself."""

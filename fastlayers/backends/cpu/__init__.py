@@ -11,6 +11,7 @@ import numpy as np
 from .._jit import apply_num_threads, warmup  # noqa: F401  (re-exported for the CLI)
 from ..reference import ReferenceOps
 from . import _elementwise, _rows
+from . import conv_ops
 from . import _attention
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -83,6 +84,16 @@ class CpuOps(ReferenceOps):
         out = np.empty_like(xr)
         _rows.scale_shift_rows(xr, scale, shift, out)
         return out.reshape(x.shape)
+
+    # convolution and pooling: NHWC kernels in _conv.py, primitives in conv_ops.py
+    conv2d = conv_ops.conv2d
+    depthwise_conv2d = conv_ops.depthwise_conv2d
+    conv_transpose2d = conv_ops.conv_transpose2d
+    pool2d = conv_ops.pool2d
+    adaptive_pool2d = conv_ops.adaptive_pool2d
+    roi_pool = conv_ops.roi_pool
+    upsample2d = conv_ops.upsample2d
+    local_response_norm = conv_ops.local_response_norm
 
     # ------------------------------------------------------------------ attention (issue 5)
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
