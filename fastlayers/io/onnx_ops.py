@@ -634,3 +634,272 @@ def _recurrent(kind, inputs, attrs):
 OPS["RNN"] = lambda inputs, attrs, opset: _recurrent("RNN", inputs, attrs)
 OPS["GRU"] = lambda inputs, attrs, opset: _recurrent("GRU", inputs, attrs)
 OPS["LSTM"] = lambda inputs, attrs, opset: _recurrent("LSTM", inputs, attrs)
+
+
+# --------------------------------------------------------------------- convolution and pooling
+# ONNX tensors are NCHW; the backend's convolution primitives run NHWC/HWIO, so each op moves the
+# channel axis last and back. 1-D ops run as 2-D with height 1.
+def _nhwc(x):
+    """(N, C, L) or (N, C, H, W) -> NHWC (a copy) and whether the input was 1-D."""
+    if x.ndim == 3:
+        return np.ascontiguousarray(x[:, :, None, :].transpose(0, 2, 3, 1), dtype=np.float32), True
+    if x.ndim != 4:
+        raise UnsupportedError(f"only 1-D and 2-D convolution and pooling are supported, got input of rank {x.ndim}")
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1), dtype=np.float32), False
+
+
+def _nchw(y, one_d):
+    y = y.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(y[:, :, 0, :] if one_d else y)
+
+
+def _spatial(attrs, key, n, default):
+    v = attrs.get(key)
+    v = [default] * n if v is None or len(v) == 0 else list(v)
+    return v if n == 2 else [default if key != "kernel_shape" else 1] + v
+
+
+def conv_pads(attrs, in_hw, kernel, strides, dilations):
+    """((top, bottom), (left, right)) from ``pads`` or ``auto_pad`` (SAME_UPPER puts the extra
+    cell at the end, SAME_LOWER at the start)."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    n = len(in_hw)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(in_hw, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + d * (k - 1) + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+        return tuple(pads)
+    if auto == "VALID":
+        return ((0, 0),) * n
+    p = list(attrs.get("pads") or [0] * (2 * n))
+    return tuple((p[i], p[i + n]) for i in range(n))
+
+
+def _pads_2d(attrs, x_shape, kernel, strides, dilations, one_d):
+    pads = conv_pads(attrs, x_shape[2:], kernel[-len(x_shape[2:]):], strides[-len(x_shape[2:]):],
+                     dilations[-len(x_shape[2:]):])
+    return ((0, 0),) + pads if one_d else pads
+
+
+@op("Conv", "FusedConv")
+def _conv(inputs, attrs, opset):
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    x4, one_d = _nhwc(x)
+    w_hwio = attrs.get("_w_hwio")
+    if w_hwio is None:
+        w4 = w[:, :, None, :] if w.ndim == 3 else w
+        w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 1, 0), dtype=np.float32)
+    n = x.ndim - 2
+    kernel = list(w.shape[2:])
+    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+    pads = _pads_2d(attrs, x.shape, [1] + kernel if one_d else kernel, strides, dilations, one_d)
+    y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides), pads,
+                         tuple(dilations), attrs.get("group", 1), attrs.get("activation", "linear"),
+                         attrs.get("alpha", 0.0))
+    return [_nchw(y, one_d)]
+
+
+@op("ConvTranspose")
+def _conv_transpose(inputs, attrs, opset):
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    x4, one_d = _nhwc(x)
+    w4 = w[:, :, None, :] if w.ndim == 3 else w
+    w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 0, 1), dtype=np.float32)  # (kh, kw, C_in, C_out / g)
+    n = x.ndim - 2
+    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+    out_pad = _spatial(attrs, "output_padding", n, 0)
+    kernel = list(w4.shape[2:])
+    in_hw = list(x4.shape[1:3])
+    full = [s * (i - 1) + op_ + (k - 1) * d + 1 for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
+    shape = attrs.get("output_shape")
+    auto = attrs.get("auto_pad", "NOTSET")
+    if shape:
+        shape = ([1] + list(shape)) if one_d else list(shape)[-2:]
+        totals = [f - o for f, o in zip(full, shape)]
+        pads = [(t - t // 2, t // 2) if auto != "SAME_UPPER" else (t // 2, t - t // 2) for t in totals]
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        shape = [i * s for i, s in zip(in_hw, strides)]
+        totals = [f - o for f, o in zip(full, shape)]
+        pads = [(t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2) for t in totals]
+    else:
+        p = list(attrs.get("pads") or [0] * (2 * n))
+        pads = [(p[i], p[i + n]) for i in range(n)]
+        pads = ([(0, 0)] + pads) if one_d else pads
+        shape = [f - a - z for f, (a, z) in zip(full, pads)]
+    y = get_ops().conv_transpose2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides),
+                                   tuple(a for a, _ in pads), tuple(shape), tuple(dilations),
+                                   attrs.get("group", 1))
+    return [_nchw(y, one_d)]
+
+
+def _pool(kind):
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        x4, one_d = _nhwc(x)
+        n = x.ndim - 2
+        kernel = list(attrs["kernel_shape"])
+        strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+        kernel = ([1] + kernel) if one_d else kernel
+        pads = _pads_2d(attrs, x.shape, kernel, strides, dilations, one_d)
+        out_hw = []
+        for size, k, s, d, (a, z) in zip(x4.shape[1:3], kernel, strides, dilations, pads):
+            span = size + a + z - d * (k - 1) - 1
+            out = (-(-span // s) if attrs.get("ceil_mode", 0) else span // s) + 1
+            if attrs.get("ceil_mode", 0) and (out - 1) * s >= size + a:
+                out -= 1  # the last window would start in the end padding
+            out_hw.append(out)
+        y = get_ops().pool2d(x4, kind, tuple(kernel), tuple(strides), pads, tuple(out_hw), tuple(dilations),
+                             bool(attrs.get("count_include_pad", 0)))
+        return [_nchw(y, one_d)]
+    return run
+
+
+OPS["MaxPool"] = _pool("max")
+OPS["AveragePool"] = _pool("avg")
+
+
+@op("LRN")
+def _lrn(inputs, attrs, opset):
+    x = _f32(inputs[0])
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    if size % 2:
+        y = get_ops().local_response_norm(moved, size, alpha, beta, bias)
+    else:  # ONNX centres even windows one channel later than torch does
+        c = moved.shape[-1]
+        sq = np.pad(np.square(moved.astype(np.float64)), [(0, 0)] * (x.ndim - 1) + [((size - 1) // 2, size // 2)])
+        s = sum(sq[..., t:t + c] for t in range(size))
+        y = (moved / (bias + alpha / size * s) ** beta).astype(np.float32)
+    return [np.ascontiguousarray(np.moveaxis(y, -1, 1))]
+
+
+@op("MaxRoiPool")
+def _max_roi_pool(inputs, attrs, opset):
+    x, rois = inputs
+    x4, _ = _nhwc(x)
+    y = get_ops().roi_pool(x4, _f32(rois), tuple(attrs["pooled_shape"]), attrs.get("spatial_scale", 1.0))
+    return [np.ascontiguousarray(y.transpose(0, 3, 1, 2))]
+
+
+def _source_coords(out_size, in_size, scale, mode, roi=(0.0, 1.0)):
+    """The input coordinate of each output index for a coordinate_transformation_mode."""
+    i = np.arange(out_size, dtype=np.float64)
+    if mode == "half_pixel":
+        return (i + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
+    if mode == "align_corners":  # the spec's output length is in_size * scale, unrounded
+        length = in_size * scale
+        return i * (in_size - 1) / (length - 1) if length != 1 else np.zeros(out_size)
+    if mode == "asymmetric":
+        return i / scale
+    if mode == "half_pixel_symmetric":
+        adj = out_size / (scale * in_size)
+        center = in_size / 2
+        offset = center * (1 - adj)
+        return offset + (i + 0.5) / scale - 0.5
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if out_size > 1:
+            return start * (in_size - 1) + i * (end - start) * (in_size - 1) / (out_size - 1)
+        return np.full(out_size, 0.5 * (start + end) * (in_size - 1))
+    raise UnsupportedError(f"Resize coordinate_transformation_mode {mode!r} is not supported")
+
+
+def _resize(x, out_shape, scales, attrs, roi):
+    """Nearest or linear resize of every axis whose size changes (numpy, separable)."""
+    mode = attrs.get("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise UnsupportedError(f"Resize mode {mode!r} is not supported (nearest and linear are)")
+    if attrs.get("antialias", 0):
+        raise UnsupportedError("Resize with antialias=1 is not supported")
+    coord = attrs.get("coordinate_transformation_mode", "half_pixel")
+    nearest = attrs.get("nearest_mode", "round_prefer_floor")
+    y = x.astype(np.float64) if x.dtype.kind == "f" else x
+    for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
+        if size_in == size_out and scales[axis] == 1.0 and coord != "tf_crop_and_resize":
+            continue
+        src = _source_coords(size_out, size_in, scales[axis], coord,
+                             (roi[axis], roi[axis + x.ndim]) if roi is not None else (0.0, 1.0))
+        if mode == "nearest":
+            if nearest == "round_prefer_floor":
+                idx = np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
+            elif nearest == "round_prefer_ceil":
+                idx = np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
+            elif nearest == "floor":
+                idx = np.floor(src)
+            else:
+                idx = np.ceil(src)
+            outside = (idx < 0) | (idx > size_in - 1)
+            y = np.take(y, np.clip(idx, 0, size_in - 1).astype(np.int64), axis=axis)
+        else:
+            outside = (src < 0) | (src > size_in - 1)
+            src_c = np.clip(src, 0, size_in - 1)
+            lo = np.floor(src_c).astype(np.int64)
+            hi = np.minimum(lo + 1, size_in - 1)
+            frac = (src_c - lo).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            y = np.take(y, lo, axis=axis) * (1 - frac) + np.take(y, hi, axis=axis) * frac
+        if coord == "tf_crop_and_resize" and np.any(outside):
+            mask = outside.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            y = np.where(mask, attrs.get("extrapolation_value", 0.0), y)
+    return y.astype(x.dtype, copy=False)
+
+
+@op("Resize")
+def _resize_op(inputs, attrs, opset):
+    x = inputs[0]
+    roi = inputs[1] if len(inputs) > 1 and inputs[1] is not None and inputs[1].size else None
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].size else None
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None and inputs[3].size else None
+    if opset < 11:  # Resize-10: (X, scales), asymmetric coordinates
+        scales, roi = inputs[1], None
+        attrs = {**attrs, "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": attrs.get("nearest_mode", "floor") if attrs.get("mode", "nearest") == "nearest" else "floor"}
+    axes = attrs.get("axes")
+    n = x.ndim
+    full_scales = [1.0] * n
+    out = list(x.shape)
+    if axes is not None:
+        axes = [a % n for a in axes]
+    else:
+        axes = list(range(n))
+    if roi is not None and len(roi) == 2 * len(axes) and len(axes) < n:
+        r = [0.0] * n + [1.0] * n
+        for k, a in enumerate(axes):
+            r[a], r[a + n] = roi[k], roi[k + len(axes)]
+        roi = r
+    if sizes is not None:
+        sizes = _ints(sizes)
+        policy = attrs.get("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            ratios = [sizes[k] / x.shape[a] for k, a in enumerate(axes)]
+            r = min(ratios) if policy == "not_larger" else max(ratios)
+            sizes = [int(round(r * x.shape[a])) for a in axes]
+            for a in axes:
+                full_scales[a] = r
+        for k, a in enumerate(axes):
+            out[a] = sizes[k]
+            if policy == "stretch":
+                full_scales[a] = sizes[k] / x.shape[a]
+    else:
+        scales = [float(s) for s in np.asarray(scales).reshape(-1)]
+        for k, a in enumerate(axes):
+            full_scales[a] = scales[k]
+            out[a] = int(np.floor(x.shape[a] * scales[k]))
+    return [_resize(x, out, full_scales, attrs, roi)]
+
+
+@op("Upsample")
+def _upsample(inputs, attrs, opset):
+    x = inputs[0]
+    scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]
+    out = [int(np.floor(d * s)) for d, s in zip(x.shape, scales)]
+    mode = attrs.get("mode", "nearest")
+    return [_resize(x, out, scales, {"mode": mode, "coordinate_transformation_mode": "asymmetric",
+                                     "nearest_mode": "floor"}, None)]
