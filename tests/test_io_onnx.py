@@ -194,3 +194,40 @@ def test_many_threads_one_onnx_model(torch, tmp_path, rng):
         parallel = list(pool.map(ours, xs))
     for a, b in zip(parallel, serial):
         np.testing.assert_array_equal(a, b)
+
+
+def test_torch_cnn_export_fuses_and_matches_onnxruntime(torch, tmp_path, rng, backend):
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class CNN(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = tnn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), tnn.BatchNorm2d(8)
+            self.c2, self.b2 = tnn.Conv2d(8, 8, 3, padding=1, groups=8), tnn.BatchNorm2d(8)
+            self.pool, self.avg = tnn.MaxPool2d(3, 2, 1, ceil_mode=True), tnn.AvgPool2d(2, count_include_pad=False)
+            self.up = tnn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+            self.t = tnn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+            self.c1d, self.fc = tnn.Conv1d(4, 4, 3, padding=1), tnn.Linear(4, 5)
+
+        def forward(self, x):
+            h = torch.relu(self.b1(self.c1(x)))
+            h = tnn.functional.leaky_relu(self.b2(self.c2(h)), 0.1)
+            h = self.t(self.up(self.avg(self.pool(h))))
+            return torch.softmax(self.fc(self.c1d(h.flatten(2)).mean(-1)), -1)
+
+    model = CNN().eval()
+    with torch.no_grad():
+        for bn in (model.b1, model.b2):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+    path = tmp_path / "cnn.onnx"
+    export(torch, model, (torch.randn(2, 3, 32, 32),), path, input_names=["x"],
+           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    ours = fastlayers.load(path)
+    assert ours.op_types[:2] == ["FusedConv", "FusedConv"]  # BatchNormalization and activation folded
+    assert "BatchNormalization" not in ours.op_types and "Relu" not in ours.op_types
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

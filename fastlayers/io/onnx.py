@@ -6,7 +6,9 @@ implement, then optimises the graph once:
 
 1. constant folding: nodes whose inputs are all known at load run once and become constants;
 2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
-   BLAS + fused-epilogue primitive, absorbing a following activation;
+   BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
+   absorbs a following BatchNormalization (folded into its weights) and activation, with its
+   weights transposed once to the backend's layout;
 3. dead-node removal: only nodes the outputs depend on are kept;
 4. static shape inference (onnx.shape_inference) for the summary and input checks.
 
@@ -157,6 +159,52 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
             node.outputs = follower.outputs
             removed.add(j)
     del producers
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def fuse_conv(nodes, constants, outputs) -> list[Node]:
+    """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) -> FusedConv,
+    its weights pre-transposed to the backend's HWIO layout once."""
+    uses = _consumers(nodes, outputs)
+    removed: set[int] = set()
+    for k, node in enumerate(nodes):
+        w = constants.get(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
+        if w is None or w.dtype != np.float32 or w.ndim not in (3, 4):
+            continue
+        b = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        if len(node.inputs) > 2 and node.inputs[2] and b is None:
+            continue
+        attrs = dict(node.attrs)
+        for _ in range(2):
+            out = node.outputs[0]
+            nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
+            if uses.get(out, 0) != 1 or len(nxt) != 1:
+                break
+            follower = nodes[nxt[0]]
+            if follower.op_type == "BatchNormalization" and "activation" not in attrs \
+                    and not follower.attrs.get("training_mode", 0) \
+                    and all(i in constants for i in follower.inputs[1:5]) and len(follower.outputs) == 1:
+                scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
+                s = scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))
+                w = (w * s.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
+                b = ((np.zeros_like(mean) if b is None else b) - mean) * s + beta
+            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
+                name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
+                attrs["activation"] = name
+                attrs["alpha"] = follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0
+            else:
+                break
+            node.outputs = follower.outputs
+            removed.add(nxt[0])
+        key = node.name or f"conv{k}"
+        constants[f"{key}::w"] = w
+        w4 = w[:, :, None, :] if w.ndim == 3 else w
+        attrs["_w_hwio"] = np.ascontiguousarray(w4.transpose(2, 3, 1, 0))
+        node.inputs = [node.inputs[0], f"{key}::w"]
+        if b is not None:
+            constants[f"{key}::b"] = np.asarray(b, np.float32)
+            node.inputs.append(f"{key}::b")
+        node.op_type, node.attrs = "FusedConv", attrs
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
@@ -316,7 +364,7 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
     nodes = _read_nodes(graph, where)
     try:
         nodes = fold_constants(nodes, constants, opset)
-        nodes = prune(fuse_dense(nodes, constants, outputs), outputs)
+        nodes = prune(fuse_conv(fuse_dense(nodes, constants, outputs), constants, outputs), outputs)
     except FastlayersError:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:
