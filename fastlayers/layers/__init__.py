@@ -7,7 +7,7 @@ from .core import (
 )
 from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tree
 from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
-from .normalization import BatchNormalization, LayerNormalization, RMSNormalization
+from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 from ..graph import InputLayer
 from .blocks import InceptionBlock, NiNBlock
@@ -21,7 +21,7 @@ from .pooling import (
 __all__ = [
     "Activation", "Add", "Average", "BatchNormalization", "Concatenate", "Cropping1D", "Cropping2D",
     "Dense", "Dropout", "ELU", "Embedding", "Flatten", "HierarchicalSoftmax", "InputLayer",
-    "InputSpec", "Layer", "LayerNormalization", "LeakyReLU", "Maximum", "Minimum", "Multiply",
+    "InputSpec", "Layer", "LayerNormalization", "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization",
     "Permute", "RMSNormalization", "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax",
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
