@@ -17,6 +17,7 @@ from .reference import ReferenceOps
 _BACKENDS = {
     "reference": ("fastlayers.backends.reference", "ReferenceOps"),
     "cpu": ("fastlayers.backends.cpu", "CpuOps"),
+    "cuda": ("fastlayers.backends.cuda", "CudaOps"),  # imports numba.cuda only when first used
 }
 _instances: dict[str, ReferenceOps] = {}
 _instances_lock = threading.Lock()
@@ -30,8 +31,6 @@ def get_ops(name: str | None = None) -> ReferenceOps:
     ops = _instances.get(name)
     if ops is None:
         if name not in _BACKENDS:
-            if name == "cuda":
-                raise UnsupportedError("backend 'cuda' is not available yet; use 'cpu' or 'reference'")
             raise UnsupportedError(f"unknown backend {name!r}; expected one of {sorted(_BACKENDS)}")
         with _instances_lock:
             ops = _instances.get(name)
@@ -43,7 +42,7 @@ def get_ops(name: str | None = None) -> ReferenceOps:
 
 @contextlib.contextmanager
 def use_ops(name: str):
-    """Run the block with backend ``name`` ("reference" or "cpu") in this thread's context.
+    """Run the block with backend ``name`` ("reference", "cpu" or "cuda") in this thread's context.
 
     Examples
     --------

@@ -1,0 +1,116 @@
+"""numba.cuda loading, device checks, host/device transfers and the device weight cache.
+
+Nothing here imports ``numba.cuda`` at module import time of ``fastlayers``: this module is only
+imported when the ``cuda`` backend is first requested (``fastlayers.backends._BACKENDS``).
+``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) runs every kernel in numba's CUDA
+simulator, on the CPU, which is how CI tests them without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import weakref
+
+import numpy as np
+
+from ...errors import UnsupportedError
+
+
+def load_cuda():
+    """Import ``numba.cuda`` (the numba-cuda package) and check that a device can be used.
+
+    Raises UnsupportedError when numba-cuda is not installed, or when neither a CUDA driver with a
+    device nor the simulator (``NUMBA_ENABLE_CUDASIM=1``) is available.
+    """
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise UnsupportedError("backend 'cuda' needs the numba-cuda package: "
+                               "pip install 'fastlayers[cuda]' (or pip install numba-cuda)")
+    from numba import cuda
+
+    if not cuda.is_available():
+        reason = ""
+        try:
+            cuda.detect()
+        except Exception as e:  # noqa: BLE001 - only used to word the error
+            reason = f" ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+        raise UnsupportedError(
+            "backend 'cuda' has no usable GPU: no CUDA driver or no CUDA device was found"
+            f"{reason}. Install an NVIDIA driver, or set NUMBA_ENABLE_CUDASIM=1 before numba is "
+            "imported to run the kernels in numba's (slow) CUDA simulator; use 'cpu' otherwise")
+    return cuda
+
+
+def simulated() -> bool:
+    """True when numba.cuda runs in the CUDA simulator."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def is_device(a) -> bool:
+    """True for a numba device array (real or simulated)."""
+    return hasattr(a, "copy_to_host") and hasattr(a, "shape")
+
+
+def to_device(a, dtype=np.float32):
+    """A C-contiguous device copy of host array ``a`` (device arrays are returned as they are)."""
+    from numba import cuda
+
+    if is_device(a):
+        return a
+    return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+
+
+def to_host(a) -> np.ndarray:
+    """A host numpy copy of device array ``a`` (host arrays are returned as they are)."""
+    return a.copy_to_host() if is_device(a) else a
+
+
+class WeightCache:
+    """Device copies of host weight arrays, made once and reused by every later call.
+
+    Entries are keyed by ``id(host)`` and checked against a "version" of the host array (its data
+    pointer, shape and strides, so a ``set_weights`` that installs new arrays is seen); an entry
+    is dropped when its host array is garbage collected. Writing into a weight array IN PLACE is
+    not detected: call ``clear()`` (``CudaOps.clear_weight_cache``) after doing that. Only
+    C-contiguous float32 arrays are cached (others are converted per call). Thread-safe.
+    """
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _version(a: np.ndarray):
+        return (a.__array_interface__["data"][0], a.shape, a.strides)
+
+    def get(self, a):
+        """The device copy of weight ``a`` (None stays None; device arrays pass through)."""
+        if a is None or is_device(a):
+            return a
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous):
+            return to_device(a)
+        key = id(a)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is a and entry[1] == self._version(a):
+                return entry[2]
+        dev = to_device(a)
+        with self._lock:
+            self._entries[key] = (weakref.ref(a), self._version(a), dev)
+        weakref.finalize(a, self._drop, key)
+        return dev
+
+    def _drop(self, key):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is None:  # its host array is gone
+                del self._entries[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
