@@ -291,6 +291,9 @@ class Model(Layer):
         return super().__call__(inputs, **kwargs)
 
     def call(self, x):
+        run_model = getattr(self.ops, "run_model", None)  # cuda: activations stay on the device
+        if run_model is not None:
+            return run_model(self, x)
         arrays = x if isinstance(x, list) else [x]
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):
@@ -320,6 +323,13 @@ class Model(Layer):
         return [np.concatenate([p[i] for p in parts]) for i in range(len(self.outputs))]
 
     # -------------------------------------------------------------------------- description
+    def to(self, device):
+        """This model on ``device``: "cpu" returns the model; "cuda" (or "cuda:0") a wrapper whose
+        calls run under ``use_ops("cuda")`` and return host numpy arrays."""
+        from .backends.placement import on_device
+
+        return on_device(self, device)
+
     def summary(self, print_fn=None, line_length: int = 98) -> None:
         """Print each layer with its output shape, parameter count and inputs, then totals."""
         from .summary import model_summary

@@ -210,8 +210,15 @@ class Module:
         return self
 
     def to(self, *args, **kwargs) -> Module:
-        """Accepted for porting (``.to("cpu")``, ``.to(torch.float32)``); modules stay on the CPU."""
-        return self
+        """Accepted for porting (``.to("cpu")``, ``.to(torch.float32)``): the module itself.
+
+        ``.to("cuda")`` (or ``"cuda:0"``, ``torch.device("cuda")``, ``device="cuda"``) returns a
+        wrapper whose calls run under ``use_ops("cuda")`` and return host numpy arrays.
+        """
+        from ..backends.placement import on_device
+
+        device = kwargs.get("device", args[0] if args else None)
+        return on_device(self, device, strict=False)
 
     def extra_repr(self) -> str:
         return ""

@@ -31,9 +31,10 @@ def load_cuda():
     if not cuda.is_available():
         reason = ""
         try:
-            cuda.detect()
+            cuda.current_context()
         except Exception as e:  # noqa: BLE001 - only used to word the error
-            reason = f" ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+            text = " ".join(str(e).split()).rstrip(" :")
+            reason = f" ({text or type(e).__name__})"
         raise UnsupportedError(
             "backend 'cuda' has no usable GPU: no CUDA driver or no CUDA device was found"
             f"{reason}. Install an NVIDIA driver, or set NUMBA_ENABLE_CUDASIM=1 before numba is "

@@ -14,6 +14,10 @@ Residency rules (docs/design.md, "CUDA backend"):
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+
 import numpy as np
 
 from ..reference import ReferenceOps
@@ -48,6 +52,19 @@ def _grid1(n: int, sim: bool):
     return ((n + t - 1) // t,), (t,)
 
 
+def _serialized_in_simulator(method):
+    """Run ``method`` under the ops' simulator lock: numba's CUDA simulator keeps per-launch
+    state in module globals and cannot run kernels from several Python threads at once (a real
+    device can; there the lock is a no-op)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._launch_lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class CudaOps(ReferenceOps):
     """CUDA backend (numba-cuda); raises UnsupportedError when no device (or simulator) is usable.
 
@@ -63,6 +80,7 @@ class CudaOps(ReferenceOps):
     def __init__(self):
         self.cuda = load_cuda()
         self.sim = simulated()
+        self._launch_lock = threading.RLock() if self.sim else contextlib.nullcontext()
         self.weights = WeightCache()
         self._dummy = to_device(_DUMMY)
         self._dummy2 = to_device(_DUMMY2)
@@ -90,6 +108,7 @@ class CudaOps(ReferenceOps):
         K.bmm_tiled[grid, (K.TILE, K.TILE)](a3, b3, c3, bool(trans_b))
         return c_mn
 
+    @_serialized_in_simulator
     def matmul(self, a, b, trans_b=False):
         """c = a b (or a b^T) on the device; 2-D, or 3-D batched with a size-1 batch broadcasting."""
         da, db = to_device(a), to_device(b)
@@ -128,6 +147,7 @@ class CudaOps(ReferenceOps):
         return out if was_device else out.copy_to_host()
 
     # ---------------------------------------------------------------------- elementwise
+    @_serialized_in_simulator
     def activation(self, x, name, alpha=0.0):
         dev = is_device(x)
         if (name not in K.CODES and name not in ("softmax", "log_softmax")) or x.size == 0 \
@@ -145,17 +165,20 @@ class CudaOps(ReferenceOps):
             K.softmax_rows[g, t](out, name == "log_softmax")
         return self._back(out.reshape(dx.shape), dev)
 
+    @_serialized_in_simulator
     def softmax(self, x, axis=-1):
         if isinstance(axis, int) and x.ndim and axis % x.ndim == x.ndim - 1:
             return self.activation(x, "softmax")
         return super().softmax(to_host(x), axis)
 
+    @_serialized_in_simulator
     def log_softmax(self, x, axis=-1):
         if isinstance(axis, int) and x.ndim and axis % x.ndim == x.ndim - 1:
             return self.activation(x, "log_softmax")
         return super().log_softmax(to_host(x), axis)
 
     # ---------------------------------------------------------------------------- dense
+    @_serialized_in_simulator
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         dev = is_device(x)
         if x.size == 0 or w_io.shape[1] == 0 or w_io.shape[0] == 0:
@@ -168,6 +191,7 @@ class CudaOps(ReferenceOps):
         return self._back(y.reshape(tuple(dx.shape)[:-1] + (w_io.shape[1],)), dev)
 
     # ------------------------------------------------------------- convolution and pooling
+    @_serialized_in_simulator
     def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
                groups=1, activation="linear", alpha=0.0):
         n, h, w, c = x_nhwc.shape
@@ -200,6 +224,7 @@ class CudaOps(ReferenceOps):
             y = self._epilogue(_rows(y), None, activation, alpha).reshape(y.shape)
         return self._back(y, dev)
 
+    @_serialized_in_simulator
     def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
                          dilation=(1, 1), activation="linear", alpha=0.0):
         n, h, w, c = x_nhwc.shape
@@ -217,6 +242,7 @@ class CudaOps(ReferenceOps):
         return self._conv(x_nhwc, dwk, b, (sh, sw), (dh, dw), (pt, pl), c, (ho, wo), activation,
                           alpha, dev)
 
+    @_serialized_in_simulator
     def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                count_include_pad=False):
         n, h, w, c = x_nhwc.shape
@@ -234,6 +260,7 @@ class CudaOps(ReferenceOps):
         return self._back(y, dev)
 
     # ------------------------------------------------------------------------ attention
+    @_serialized_in_simulator
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
         dev = is_device(scores_bhqk)
         if scores_bhqk.ndim != 4 or scores_bhqk.size == 0 or (bias is not None and bias.ndim > 4):
@@ -258,6 +285,7 @@ class CudaOps(ReferenceOps):
                                        fill)
         return self._back(s, dev)
 
+    @_serialized_in_simulator
     def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0):
         dev = is_device(q_bhqd)
         shapes = (q_bhqd.shape, k_bhkd.shape, v_bhkv.shape)
@@ -313,6 +341,7 @@ class CudaOps(ReferenceOps):
                                            dmask, has_mask, bool(zero_masked))
         return (ys if return_sequences else ys.reshape(nb, out_size)), h
 
+    @_serialized_in_simulator
     def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
                       recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                       return_sequences=True, zero_masked=False, y0=None):
@@ -349,6 +378,7 @@ class CudaOps(ReferenceOps):
                                     return_sequences, zero_masked, step)
         return self._back(y, dev), self._back(h, dev), self._back(c, dev)
 
+    @_serialized_in_simulator
     def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True,
                      activation="tanh", recurrent_activation="sigmoid", mask_bt=None,
                      reverse=False, return_sequences=True, zero_masked=False, y0=None):
@@ -397,3 +427,12 @@ class CudaOps(ReferenceOps):
                                     mask_bt is not None, reverse, return_sequences, zero_masked,
                                     step)
         return self._back(y, dev), self._back(h, dev)
+
+    # ------------------------------------------------------------------------ residency
+    @_serialized_in_simulator
+    def run_model(self, model, x):
+        """``model.call(x)`` (a graph Model) with activations kept on the device between layers;
+        see ``resident.py`` for the layer types that run there and ``resident.LAST_RUN``."""
+        from .resident import run_model
+
+        return run_model(self, model, x)

@@ -1,0 +1,190 @@
+"""Running a graph Model with its activations kept on the device (``CudaOps.run_model``).
+
+The model's inputs are copied to the device once, each node of its plan runs on device arrays
+and the outputs are copied back once. Nodes of the layer types in ``_HANDLERS`` run their
+primitive on device arrays directly; any other node is a host round trip (its inputs copied out,
+the layer run as on the CPU with the cuda backend active, its outputs copied back in), counted
+in ``Transfers`` so tests and users can see where a model leaves the device.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ...layers import convolutional, core, pooling
+from ...layers.convolutional import window_out
+from ._runtime import is_device, to_device, to_host
+
+
+class Transfers(threading.local):
+    """Per-thread counts of the last ``run_model`` call: activation copies in / out and the
+    names of the layers that ran on the host."""
+
+    def __init__(self):
+        self.to_device = 0
+        self.to_host = 0
+        self.host_layers: list[str] = []
+        self.depth = 0
+
+
+LAST_RUN = Transfers()
+
+
+def _alpha(layer):
+    return getattr(layer, "_alpha", 0.0)
+
+
+def _dense(ops, layer, x):
+    return ops.dense(x, layer.kernel, layer.bias if layer.use_bias else None, layer.activation,
+                     core._DEFAULT_ALPHA.get(layer.activation, 0.0))
+
+
+def _activation(ops, layer, x):
+    return ops.activation(x, layer.activation, layer._alpha)
+
+
+def _relu(ops, layer, x):
+    if layer.threshold == 0.0 and layer.negative_slope == 0.0 and layer.max_value in (None, 6.0):
+        return ops.activation(x, "relu" if layer.max_value is None else "relu6")
+    return None
+
+
+def _leaky(ops, layer, x):
+    return ops.activation(x, "leaky_relu", layer.negative_slope)
+
+
+def _elu(ops, layer, x):
+    return ops.activation(x, "elu", layer.alpha)
+
+
+def _softmax(ops, layer, x):
+    if isinstance(layer.axis, int) and layer.axis in (-1, len(x.shape) - 1):
+        return ops.activation(x, "softmax")
+    return None
+
+
+def _flatten(ops, layer, x):
+    shape = tuple(x.shape)
+    if layer.data_format == "channels_first" and len(shape) > 2:
+        return None
+    return x.reshape(shape[0], int(np.prod(shape[1:])))
+
+
+def _identity(ops, layer, x):
+    return x
+
+
+def _nhwc_ok(layer):
+    return layer.rank == 2 and layer.data_format == "channels_last"
+
+
+def _conv(ops, layer, x):
+    if not _nhwc_ok(layer):
+        return None
+    pads = layer._pads_hw(tuple(x.shape)[1:3], layer.kernel_size, layer.strides, layer.dilation_rate)
+    layer._check_output(x, pads)
+    return ops.conv2d(x, layer.kernel, layer.bias if layer.use_bias else None, layer.strides, pads,
+                      layer.dilation_rate, layer.groups, layer.activation, _alpha(layer))
+
+
+def _depthwise(ops, layer, x):
+    if not _nhwc_ok(layer):
+        return None
+    return layer._depthwise(x, layer.kernel, layer.bias if layer.use_bias else None,
+                            layer.activation, _alpha(layer))
+
+
+def _pool(ops, layer, x):
+    if not _nhwc_ok(layer):
+        return None
+    sizes = tuple(x.shape)[1:3]
+    pads = layer._pads_hw(sizes, layer.pool_size, layer.strides, (1, 1))
+    out_hw = tuple(window_out(n, k, s, 1, p)
+                   for n, k, s, p in zip(sizes, layer.pool_size, layer.strides, pads))
+    if min(out_hw) <= 0:
+        return None  # the layer's own call raises its ShapeError
+    return ops.pool2d(x, layer.kind, layer.pool_size, layer.strides, pads, out_hw, (1, 1), False)
+
+
+#: Layer types (exact classes: subclasses may override ``call``) that run on device arrays.
+_HANDLERS = {
+    core.Dense: _dense,
+    core.Activation: _activation,
+    core.ReLU: _relu,
+    core.LeakyReLU: _leaky,
+    core.ELU: _elu,
+    core.Softmax: _softmax,
+    core.Flatten: _flatten,
+    core.Dropout: _identity,
+    convolutional.Conv2D: _conv,
+    convolutional.DepthwiseConv2D: _depthwise,
+    pooling.MaxPooling2D: _pool,
+    pooling.AveragePooling2D: _pool,
+}
+
+
+def resident_layer_types() -> list[str]:
+    """Names of the layer types that keep their activations on the device."""
+    return sorted(t.__name__ for t in _HANDLERS)
+
+
+def _to_host_tree(v):
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_host_tree(a) for a in v)
+    if is_device(v):
+        LAST_RUN.to_host += 1
+        return v.copy_to_host()
+    return v
+
+
+def _to_device_tree(v):
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_device_tree(a) for a in v)
+    if isinstance(v, np.ndarray) and v.dtype == np.float32:
+        LAST_RUN.to_device += 1
+        return to_device(v)
+    return v
+
+
+def run_model(ops, model, x):
+    """``model.call(x)`` with activations on the device; returns host arrays (as ``call`` does)."""
+    if LAST_RUN.depth == 0:  # a nested model (run on the host path) adds to its parent's counts
+        LAST_RUN.to_device = LAST_RUN.to_host = 0
+        LAST_RUN.host_layers = []
+    LAST_RUN.depth += 1
+    try:
+        return _run(ops, model, x)
+    finally:
+        LAST_RUN.depth -= 1
+
+
+def _run(ops, model, x):
+    arrays = x if isinstance(x, list) else [x]
+    values: dict[int, object] = {}
+    for t, a in zip(model.inputs, arrays):
+        values[id(t)] = _to_device_tree(a)
+    nodes = _plan_nodes(model)
+    for node, (fn, keys, out_keys) in zip(nodes, model._plan):
+        args = [values[k] for k in keys] if type(keys) is list else values[keys]
+        out = None
+        handler = _HANDLERS.get(type(node.layer))
+        if handler is not None and type(keys) is not list and not node.extra_args \
+                and not node.kwargs and is_device(args):
+            out = handler(ops, node.layer, args)
+        if out is None:
+            LAST_RUN.host_layers.append(node.layer.name)
+            out = _to_device_tree(fn(_to_host_tree(args)))
+        if len(out_keys) == 1:
+            values[out_keys[0]] = out
+        else:
+            values.update(zip(out_keys, out))
+    results = [_to_host_tree(values[id(t)]) for t in model.outputs]
+    return results[0] if model._single_output else results
+
+
+def _plan_nodes(model):
+    from ...graph import InputLayer
+
+    return [n for n in model._nodes if not isinstance(n.layer, InputLayer)]
