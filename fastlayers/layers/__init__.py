@@ -9,6 +9,7 @@ from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tr
 from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
 from .normalization import BatchNormalization, LayerNormalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
+from .recurrent import GRU, LSTM, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell, Bidirectional
 from ..graph import InputLayer
 
 __all__ = [
@@ -19,3 +20,4 @@ __all__ = [
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
+__all__ += ["Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "SimpleRNN", "SimpleRNNCell"]

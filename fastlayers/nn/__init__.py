@@ -12,6 +12,7 @@ from .modules import (
     Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
     ReLU6, Sequential, Sigmoid, SiLU, Softmax, Softplus, Softsign, Tanh,
 )
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
     "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding",
@@ -19,3 +20,4 @@ __all__ = [
     "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList", "ReLU", "ReLU6", "SELU",
     "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Softsign", "Tanh", "functional",
 ]
+__all__ += ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]

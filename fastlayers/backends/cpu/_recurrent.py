@@ -1,7 +1,7 @@
 """Compiled time loops of the recurrent layers (SimpleRNN, LSTM, GRU) and their gate math.
 
 The primitive (``recurrent.py``) computes the input projection of all timesteps as one GEMM,
-``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates); each loop below then runs the
+``xw[b, t] = x[b, t] @ w_ig + b_g`` laid out (batch, time, gates); each loop below then runs the
 whole sequence in compiled code: per step one recurrent product through BLAS (``np.dot`` with an
 ``out`` array: sgemm, or sgemv at batch 1, from scipy's cython_blas) and one fused pass over the
 gates (activations, cell update, masking, outputs). No Python runs per timestep.
@@ -9,7 +9,8 @@ gates (activations, cell update, masking, outputs). No Python runs per timestep.
 Activation codes: 0 tanh, 1 sigmoid, 2 relu, 3 linear, 4 hard_sigmoid (relu6(x + 3) / 6).
 sigmoid and tanh use the vectorized ``exp_inplace``; tanh uses its odd Taylor series below
 |x| < 0.4 (where (1 - e^-2|x|) / (1 + e^-2|x|) loses relative precision to cancellation).
-Masks are uint8 (time, batch), 1 = valid step; an empty (0, 0) mask means every step is valid.
+Outputs ``y`` are (batch, time, out) ((batch, 0, out) when only the last
+output is wanted). Masks are uint8 (time, batch), 1 = valid step; an empty (0, 0) mask means every step is valid.
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def _matmul(a_bk, w_kn, out_bn):
 
 
 @njit(inline=True)
-def _emit(ts, b, valid, zero_masked, h_row, last_bp, y_tbp):
-    """Outputs of one sample at step ts: the carried output and, with sequences, y[ts, b]."""
+def _emit(ts, b, valid, zero_masked, h_row, last_bp, y_btp):
+    """Outputs of one sample at step ts: the carried output and, with sequences, y[b, ts]."""
     p = h_row.shape[0]
     if valid:
         for j in range(p):
             last_bp[b, j] = h_row[j]
-    if y_tbp.shape[0] > 0:
-        yr = y_tbp[ts, b]
+    if y_btp.shape[1] > 0:
+        yr = y_btp[b, ts]
         if valid or not zero_masked:
             for j in range(p):
                 yr[j] = last_bp[b, j]
@@ -105,10 +106,10 @@ _SIG_COMMON = "uint8[:, ::1], boolean, boolean, int64, int64, float32[:, :, ::1]
 @njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1], "
                   "float32[:, ::1], " + _SIG_COMMON + ", float32[:, ::1], float32[:, ::1], "
                   "float32[:, ::1], float32[::1], int32[::1])",))
-def lstm_loop(xw_tbg, w_hg, w_hp, h_bp, c_bh, mask_tb, reverse, zero_masked, act, ract, y_tbp,
+def lstm_loop(xw_btg, w_hg, w_hp, h_bp, c_bh, mask_tb, reverse, zero_masked, act, ract, y_btp,
               last_bp, gates_bg, hfull_bh, hproj_bp, tmp, bits):
     """[i f g o] = xw[t] + h w_hg; c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp."""
-    t_len, batch, _ = xw_tbg.shape
+    batch, t_len, _ = xw_btg.shape
     units = c_bh.shape[1]
     has_mask = mask_tb.shape[0] > 0
     has_proj = w_hp.shape[0] > 0
@@ -120,7 +121,7 @@ def lstm_loop(xw_tbg, w_hg, w_hp, h_bp, c_bh, mask_tb, reverse, zero_masked, act
             if not valid:
                 continue
             g = gates_bg[b]
-            xr = xw_tbg[ts, b]
+            xr = xw_btg[b, ts]
             for j in range(4 * units):
                 g[j] += xr[j]
             act_inplace(g[:2 * units], ract, tmp, bits)
@@ -146,13 +147,13 @@ def lstm_loop(xw_tbg, w_hg, w_hp, h_bp, c_bh, mask_tb, reverse, zero_masked, act
                         h_bp[b, j] = hproj_bp[b, j]
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
-            _emit(ts, b, valid, zero_masked, h_bp[b], last_bp, y_tbp)
+            _emit(ts, b, valid, zero_masked, h_bp[b], last_bp, y_btp)
 
 
 @njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], float32[::1], "
                   "float32[:, ::1], " + _SIG_COMMON + ", float32[:, ::1], float32[:, ::1], "
                   "float32[:, ::1], float32[::1], int32[::1])",))
-def gru_loop(xw_tbg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act, ract, y_tbh,
+def gru_loop(xw_btg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act, ract, y_bth,
              last_bh, rec_bg, rh_bh, cand_bh, tmp, bits):
     """z, r = ract(xw + h u + b_hg); cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or
     act(xw_h + (r h) w_hn); h = z h + (1 - z) cand.
@@ -160,7 +161,7 @@ def gru_loop(xw_tbg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act,
     reset_after: ``w_hn`` is empty and ``w_hg``/``rec_bg`` hold the 3 blocks; otherwise they hold
     z and r (2 blocks) and ``w_hn`` the candidate block. An empty ``b_hg`` means no recurrent bias.
     """
-    t_len, batch, _ = xw_tbg.shape
+    batch, t_len, _ = xw_btg.shape
     units = h_bh.shape[1]
     has_mask = mask_tb.shape[0] > 0
     reset_after = w_hn.shape[0] == 0
@@ -172,7 +173,7 @@ def gru_loop(xw_tbg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act,
             if has_mask and mask_tb[ts, b] == 0:
                 continue
             g = rec_bg[b]
-            xr = xw_tbg[ts, b]
+            xr = xw_btg[b, ts]
             if has_bias:
                 for j in range(g.shape[0]):
                     g[j] += b_hg[j]
@@ -194,7 +195,7 @@ def gru_loop(xw_tbg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act,
                 g = rec_bg[b]
                 cr = cand_bh[b]
                 if not reset_after:
-                    xr = xw_tbg[ts, b]
+                    xr = xw_btg[b, ts]
                     for j in range(units):
                         cr[j] += xr[2 * units + j]
                 act_inplace(cr, act, tmp, bits)
@@ -202,15 +203,15 @@ def gru_loop(xw_tbg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act,
                 for j in range(units):
                     z = g[j]
                     hr[j] = z * hr[j] + (_ONE - z) * cr[j]
-            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_tbh)
+            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_bth)
 
 
 @njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], " + _SIG_COMMON
                   + ", float32[:, ::1], float32[::1], int32[::1])",))
-def rnn_loop(xw_tbh, w_hh, h_bh, mask_tb, reverse, zero_masked, act, ract, y_tbh, last_bh, rec_bh,
+def rnn_loop(xw_bth, w_hh, h_bh, mask_tb, reverse, zero_masked, act, ract, y_bth, last_bh, rec_bh,
              tmp, bits):
     """h = act(xw[t] + h w_hh) (``ract`` unused, kept for a uniform signature)."""
-    t_len, batch, units = xw_tbh.shape
+    batch, t_len, units = xw_bth.shape
     has_mask = mask_tb.shape[0] > 0
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
@@ -219,10 +220,10 @@ def rnn_loop(xw_tbh, w_hh, h_bh, mask_tb, reverse, zero_masked, act, ract, y_tbh
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
                 g = rec_bh[b]
-                xr = xw_tbh[ts, b]
+                xr = xw_bth[b, ts]
                 for j in range(units):
                     g[j] += xr[j]
                 act_inplace(g, act, tmp, bits)
                 for j in range(units):
                     h_bh[b, j] = g[j]
-            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_tbh)
+            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_bth)

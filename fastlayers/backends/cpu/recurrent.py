@@ -7,6 +7,8 @@ numpy reference. Arguments follow ``backends/recurrent_reference.py``.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .._jit import apply_num_threads
@@ -27,13 +29,28 @@ def _codes(*names):
 
 
 def _input_projection(x_bti, w_ig, b_g):
-    """xw (T, B, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps."""
+    """xw (B, T, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps, written into a
+    per-thread workspace reused across calls (a fresh multi-MB array costs its page faults)."""
     b, t_len, i = x_bti.shape
-    x_tbi = np.ascontiguousarray(np.swapaxes(x_bti, 0, 1), dtype=np.float32)
-    xw = np.matmul(x_tbi.reshape(t_len * b, i), w_ig)
+    x = np.ascontiguousarray(x_bti, dtype=np.float32).reshape(b * t_len, i)
+    xw = _workspace("xw", (b * t_len, w_ig.shape[1]))
+    np.matmul(x, w_ig, out=xw)
     if b_g is not None:
         xw += b_g
-    return xw.reshape(t_len, b, -1)
+    return xw.reshape(b, t_len, -1)
+
+
+_local = threading.local()
+
+
+def _workspace(name, shape):
+    """A C-contiguous float32 scratch array of ``shape``, reused by later calls in this thread."""
+    size = int(np.prod(shape))
+    buf = getattr(_local, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(max(size, 1), np.float32)
+        setattr(_local, name, buf)
+    return buf[:size].reshape(shape)
 
 
 def _mask_tb(mask_bt):
@@ -41,14 +58,14 @@ def _mask_tb(mask_bt):
 
 
 def _outputs(t_len, batch, size, return_sequences, y0):
-    y_tbp = np.empty((t_len if return_sequences else 0, batch, size), np.float32)
+    y_btp = np.empty((batch, t_len if return_sequences else 0, size), np.float32)
     last = np.zeros((batch, size), np.float32) if y0 is None else _c32(y0).copy()
-    return y_tbp, last
+    return y_btp, last
 
 
-def _finish(y_tbp, last, mask_tb, reverse, return_sequences, zero_masked):
+def _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked):
     if return_sequences:
-        return np.ascontiguousarray(np.swapaxes(y_tbp, 0, 1))
+        return y_btp
     if zero_masked and mask_tb.shape[0]:
         last[mask_tb[0 if reverse else -1] == 0] = 0
     return last
@@ -69,11 +86,11 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     xw = _input_projection(x_bti, w_ih, b)
     h = _c32(h0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_tbp, last = _outputs(t_len, batch, units, return_sequences, y0)
+    y_btp, last = _outputs(t_len, batch, units, return_sequences, y0)
     tmp, bits = _scratch(units)
     K.rnn_loop(xw, _c32(w_hh), h, mask_tb, bool(reverse), bool(zero_masked), codes[0], codes[0],
-               y_tbp, last, np.empty((batch, units), np.float32), tmp, bits)
-    return _finish(y_tbp, last, mask_tb, reverse, return_sequences, zero_masked), h
+               y_btp, last, np.empty((batch, units), np.float32), tmp, bits)
+    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
 
 
 def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
@@ -88,13 +105,13 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     xw = _input_projection(x_bti, w_ig, b_g)
     h, c = _c32(h0).copy(), _c32(c0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_tbp, last = _outputs(t_len, batch, out_size, return_sequences, y0)
+    y_btp, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     tmp, bits = _scratch(4 * units)
     K.lstm_loop(xw, _c32(w_hg), _EMPTY_2D if w_hp is None else _c32(w_hp), h, c, mask_tb,
-                bool(reverse), bool(zero_masked), codes[0], codes[1], y_tbp, last,
+                bool(reverse), bool(zero_masked), codes[0], codes[1], y_btp, last,
                 np.empty((batch, 4 * units), np.float32), np.empty((batch, units), np.float32),
                 np.empty((batch, out_size), np.float32), tmp, bits)
-    return _finish(y_tbp, last, mask_tb, reverse, return_sequences, zero_masked), h, c
+    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h, c
 
 
 def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
@@ -109,7 +126,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     xw = _input_projection(x_bti, w_ig, b_ig)
     h = _c32(h0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_tbp, last = _outputs(t_len, batch, units, return_sequences, y0)
+    y_btp, last = _outputs(t_len, batch, units, return_sequences, y0)
     if reset_after:
         w_rec, w_hn, width = _c32(w_hg), _EMPTY_2D, 3 * units
         bias = _EMPTY_1D if b_hg is None else _c32(b_hg)
@@ -118,6 +135,6 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         bias = _EMPTY_1D
     tmp, bits = _scratch(3 * units)
     K.gru_loop(xw, w_rec, w_hn, bias, h, mask_tb, bool(reverse), bool(zero_masked), codes[0],
-               codes[1], y_tbp, last, np.empty((batch, width), np.float32),
+               codes[1], y_btp, last, np.empty((batch, width), np.float32),
                np.empty((batch, units), np.float32), np.empty((batch, units), np.float32), tmp, bits)
-    return _finish(y_tbp, last, mask_tb, reverse, return_sequences, zero_masked), h
+    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
