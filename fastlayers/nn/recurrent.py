@@ -336,7 +336,8 @@ class _CellBase(Module):
         hs = []
         for i, h in enumerate(states):
             if h is None:
-                h = np.zeros((xb.shape[0], self.hidden_size), np.float32)
+                hs.append(np.zeros((xb.shape[0], self.hidden_size), np.float32))
+                continue
             h = np.asarray(h.detach().cpu().numpy() if hasattr(h, "detach") else h, np.float32)
             h = h if batched else h[None]
             if h.shape != (xb.shape[0], self.hidden_size):
