@@ -72,7 +72,12 @@ def _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked):
 
 
 def _scratch(width):
-    return np.empty(width, np.float32), np.empty(width, np.int32)
+    """float32 and int32 scratch rows for the gate activations (per-thread workspace)."""
+    bits = getattr(_local, "bits", None)
+    if bits is None or bits.size < width:
+        bits = np.empty(width, np.int32)
+        _local.bits = bits
+    return _workspace("tmp", (width,)), bits[:width]
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
@@ -89,7 +94,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     y_btp, last = _outputs(t_len, batch, units, return_sequences, y0)
     tmp, bits = _scratch(units)
     K.rnn_loop(xw, _c32(w_hh), h, mask_tb, bool(reverse), bool(zero_masked), codes[0], codes[0],
-               y_btp, last, np.empty((batch, units), np.float32), tmp, bits)
+               y_btp, last, _workspace("gates", (batch, units)), tmp, bits)
     return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
 
 
@@ -109,8 +114,8 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     tmp, bits = _scratch(4 * units)
     K.lstm_loop(xw, _c32(w_hg), _EMPTY_2D if w_hp is None else _c32(w_hp), h, c, mask_tb,
                 bool(reverse), bool(zero_masked), codes[0], codes[1], y_btp, last,
-                np.empty((batch, 4 * units), np.float32), np.empty((batch, units), np.float32),
-                np.empty((batch, out_size), np.float32), tmp, bits)
+                _workspace("gates", (batch, 4 * units)), _workspace("hfull", (batch, units)),
+                _workspace("hproj", (batch, out_size)), tmp, bits)
     return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h, c
 
 
@@ -135,6 +140,6 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         bias = _EMPTY_1D
     tmp, bits = _scratch(3 * units)
     K.gru_loop(xw, w_rec, w_hn, bias, h, mask_tb, bool(reverse), bool(zero_masked), codes[0],
-               codes[1], y_btp, last, np.empty((batch, width), np.float32),
-               np.empty((batch, units), np.float32), np.empty((batch, units), np.float32), tmp, bits)
+               codes[1], y_btp, last, _workspace("gates", (batch, width)),
+               _workspace("rh", (batch, units)), _workspace("cand", (batch, units)), tmp, bits)
     return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
