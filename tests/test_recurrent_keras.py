@@ -294,3 +294,33 @@ def test_native_round_trip(tmp_path, rng):
     x = rng.standard_normal((2, 5, I)).astype(np.float32)
     for got, want in zip(loaded(x), model(x)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_embedding_mask_zero_propagates_in_graphs(keras, rng, backend, tmp_path):
+    """Keras propagates Embedding(mask_zero=True) masks to recurrent layers in a graph; so do we."""
+    ids = rng.integers(1, 20, (4, 7))
+    ids[0, 4:] = 0
+    ids[1, :3] = 0   # left padding
+    ids[2, 2] = 0    # a hole
+    ids[3, :] = 0    # nothing valid
+
+    def build(lib, layers):
+        inp = lib.Input((7,), dtype="int32")
+        h = layers.Embedding(20, I, mask_zero=True)(inp)
+        h = layers.Dropout(0.1)(h)
+        h = layers.LSTM(U, return_sequences=True)(h)
+        h = layers.Bidirectional(layers.GRU(3, return_sequences=True))(h)
+        h = layers.SimpleRNN(2)(h)
+        return lib.Model(inp, h)
+
+    k_model = build(keras, keras.layers)
+    random_weights(k_model, rng)
+    ours = build(fastlayers, fl)
+    ours.set_weights(k_model.get_weights())
+    expected = to_numpy(keras, k_model(ids))
+    assert_close(ours(ids), expected, rtol=1e-4, atol=1e-5)
+    unmasked = Sequential([Input((7, I)), fl.LSTM(U, return_sequences=True)])
+    assert not isinstance(unmasked.layers[0], fl.PaddingMask)
+    path = tmp_path / "masked.flm"
+    ours.save(path)
+    assert_close(fastlayers.load(path)(ids), expected, rtol=1e-4, atol=1e-5)

@@ -9,7 +9,9 @@ from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tr
 from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
 from .normalization import BatchNormalization, LayerNormalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
-from .recurrent import GRU, LSTM, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell, Bidirectional
+from .recurrent import (
+    GRU, LSTM, Bidirectional, GRUCell, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
+)
 from ..graph import InputLayer
 
 __all__ = [
@@ -20,4 +22,7 @@ __all__ = [
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
-__all__ += ["Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "SimpleRNN", "SimpleRNNCell"]
+__all__ += [
+    "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
+    "SimpleRNNCell",
+]

@@ -8,8 +8,11 @@ GEMM for the input projection of every step and a compiled time loop.
 Masks follow Keras: pass ``mask=`` (batch, time) bool (True = valid step) when calling the layer.
 A masked step leaves the state unchanged; its output repeats the previous step's output (zeros
 before the first valid step), or is zeros with ``zero_output_for_mask=True`` (what Bidirectional
-sets when returning sequences). Masks are not propagated automatically through a graph from
-``Embedding(mask_zero=True)``; pass ``mask=embedding.compute_mask(ids)`` yourself.
+sets when returning sequences). In graphs built from symbolic tensors, a recurrent layer called
+on the output of ``Embedding(mask_zero=True)`` (directly, through Dropout, Dense, Activation
+or normalization layers, or through recurrent layers returning sequences) gets the mask ``ids != 0`` automatically, as in Keras: a
+``PaddingMask`` node computing it from the ids is added to the graph. On arrays, pass
+``mask=embedding.compute_mask(ids)`` yourself.
 
 Streaming: ``state = layer.get_stream_state(batch_size)`` then ``y = layer.stream(chunk, state)``
 for each chunk of timesteps; the outputs equal one call on the whole sequence.
@@ -21,8 +24,10 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..streaming import StreamState
+from ..symbolic import SymbolicTensor
 from .base import InputSpec, Layer, as_float32, shape_str
-from .core import activation_name
+from .core import Activation, Dense, Dropout, Embedding, activation_name
+from .normalization import BatchNormalization, LayerNormalization
 
 _IGNORED = ("dropout", "recurrent_dropout", "unroll", "use_cudnn", "time_major")
 
@@ -118,6 +123,51 @@ class _GRUMath(_RecurrentMath):
         return y, [h]
 
 
+# ------------------------------------------------------------------------------ implicit masks
+class PaddingMask(Layer):
+    """``ids != 0`` as a (batch, time) bool mask: the node that carries an
+    ``Embedding(mask_zero=True)`` mask to the recurrent layers of a graph (added automatically).
+
+    Shape
+    -----
+    (batch, time) integers -> (batch, time) bool.
+    """
+
+    def _prepare_inputs(self, inputs):
+        return np.asarray(inputs)
+
+    def call(self, ids):
+        return np.asarray(ids) != 0
+
+
+#: Layers that pass a mask through unchanged (Keras ``supports_masking``), for ``implicit_mask``.
+_MASK_PASSING = (Dropout, Dense, Activation, BatchNormalization, LayerNormalization)
+
+
+def implicit_mask(tensor: SymbolicTensor):
+    """The symbolic Keras mask carried by ``tensor``, or None: from Embedding(mask_zero=True)
+    (through Dropout, Dense, Activation and normalization layers) or from a recurrent layer that
+    returned sequences under a mask."""
+    while True:
+        known = getattr(tensor, "_fl_mask", None)
+        if known is not None:
+            return known
+        layer = tensor.node.layer
+        if isinstance(layer, Embedding) and layer.mask_zero and \
+                isinstance(tensor.node.args, SymbolicTensor) and len(tensor.node.args.shape) == 2:
+            ids = tensor.node.args
+            mask = getattr(ids, "_fl_padding_mask", None)
+            if mask is None:  # one PaddingMask per ids tensor, shared by its consumers
+                mask = PaddingMask(name=f"{layer.name}_mask")(ids)
+                ids._fl_padding_mask = mask
+            tensor._fl_mask = mask
+            return mask
+        if isinstance(layer, _MASK_PASSING) and isinstance(tensor.node.args, SymbolicTensor):
+            tensor = tensor.node.args
+            continue
+        return None
+
+
 # ------------------------------------------------------------------------------------- layers
 class _RNNLayer(Layer):
     """Shared call, shape, state and streaming logic of SimpleRNN, LSTM and GRU."""
@@ -150,10 +200,19 @@ class _RNNLayer(Layer):
             inputs = inputs[0]
         states = [] if initial_state is None else (
             list(initial_state) if isinstance(initial_state, (list, tuple)) else [initial_state])
+        if mask is None and isinstance(inputs, SymbolicTensor):
+            mask = implicit_mask(inputs)
         if not states and mask is None:
-            return Layer.__call__(self, inputs)
-        items = [inputs, *states] + ([mask] if mask is not None else [])
-        return Layer.__call__(self, items, n_states=len(states), has_mask=mask is not None)
+            out = Layer.__call__(self, inputs)
+        else:
+            items = [inputs, *states] + ([mask] if mask is not None else [])
+            out = Layer.__call__(self, items, n_states=len(states), has_mask=mask is not None)
+        if mask is not None and isinstance(mask, SymbolicTensor) and self.return_sequences:
+            first = out[0] if isinstance(out, list) else out
+            first._fl_mask = mask  # Keras propagates the mask of returned sequences
+            if isinstance(out, list) and getattr(self, "merge_mode", "") is None:
+                out[1]._fl_mask = mask
+        return out
 
     def _ensure_built(self, input_shape):
         super()._ensure_built(_first_shape(input_shape))
@@ -620,8 +679,10 @@ class Bidirectional(Layer):
         return cls(layer, backward_layer=backward, **config)
 
     # ----------------------------------------------------------------------------- calling
-    def __call__(self, inputs, initial_state=None, mask=None, training=None):
-        return _RNNLayer.__call__(self, inputs, initial_state=initial_state, mask=mask)
+    def __call__(self, inputs, initial_state=None, mask=None, training=None, **kwargs):
+        return _RNNLayer.__call__(self, inputs, initial_state=initial_state, mask=mask, **kwargs)
+
+    _prepare_inputs = _RNNLayer._prepare_inputs
 
     def _ensure_built(self, input_shape):
         shape = _first_shape(input_shape)
