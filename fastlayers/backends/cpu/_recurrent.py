@@ -227,3 +227,19 @@ def rnn_loop(xw_bth, w_hh, h_bh, mask_tb, reverse, zero_masked, act, ract, y_bth
                 for j in range(units):
                     h_bh[b, j] = g[j]
             _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_bth)
+
+
+@njit(signatures=("void(float32[:, ::1], float32[:, ::1], float32[::1], float32[:, ::1])",))
+def input_projection(x_ni, w_ig, b_g, out_ng):
+    """out = x @ w_ig + b_g (all timesteps at once; an empty ``b_g`` adds nothing).
+
+    Compiled so that the GEMM runs in the same BLAS library as the time loops' products (Numba
+    calls scipy's OpenBLAS, numpy has its own): two libraries' spinning thread pools would
+    compete for the cores right when the loop starts.
+    """
+    np.dot(x_ni, w_ig, out_ng)
+    if b_g.shape[0] > 0:
+        for r in range(out_ng.shape[0]):
+            row = out_ng[r]
+            for j in range(row.shape[0]):
+                row[j] += b_g[j]

@@ -34,9 +34,7 @@ def _input_projection(x_bti, w_ig, b_g):
     b, t_len, i = x_bti.shape
     x = np.ascontiguousarray(x_bti, dtype=np.float32).reshape(b * t_len, i)
     xw = _workspace("xw", (b * t_len, w_ig.shape[1]))
-    np.matmul(x, w_ig, out=xw)
-    if b_g is not None:
-        xw += b_g
+    K.input_projection(x, _c32(w_ig), _EMPTY_1D if b_g is None else _c32(b_g), xw)
     return xw.reshape(b, t_len, -1)
 
 
