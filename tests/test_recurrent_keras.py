@@ -82,7 +82,7 @@ def lengths_mask(lengths, steps, left=False):
 
 
 MASKS = {
-    "right_padded": lengths_mask([5, 3, 1, 0], 5),
+    "right_padded": lengths_mask([5, 4, 3, 2, 1, 0], 5),  # every length 0..T
     "left_padded": lengths_mask([2, 5, 4, 0], 5, left=True),
     "holes": np.array([[1, 0, 1, 1, 0], [0, 0, 1, 0, 1], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0]], bool),
 }
@@ -324,3 +324,17 @@ def test_embedding_mask_zero_propagates_in_graphs(keras, rng, backend, tmp_path)
     path = tmp_path / "masked.flm"
     ours.save(path)
     assert_close(fastlayers.load(path)(ids), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_concurrent_calls_share_one_model(rng):
+    """Per-thread workspaces: many threads calling one recurrent model get their own results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = Sequential([Input((6, I)), fl.LSTM(8, return_sequences=True), fl.GRU(5)])
+    random_weights(model, rng)
+    inputs = [rng.standard_normal((b, 6, I)).astype(np.float32) for b in (1, 2, 3, 5) * 6]
+    expected = [model(x) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(model, inputs))
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)
