@@ -338,3 +338,26 @@ def test_concurrent_calls_share_one_model(rng):
         results = list(pool.map(model, inputs))
     for got, want in zip(results, expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_bidirectional_with_backward_layer_matches_keras(keras, rng, backend, tmp_path):
+    x = rng.standard_normal((B, T, I)).astype(np.float32)
+    k_layer = keras.layers.Bidirectional(keras.layers.LSTM(U, return_sequences=True),
+                                         backward_layer=keras.layers.LSTM(
+                                             U, return_sequences=True, go_backwards=True,
+                                             activation="relu"))
+    k_layer(x)
+    random_weights(k_layer, rng)
+    ours = fl.Bidirectional(fl.LSTM(U, return_sequences=True), backward_layer=fl.LSTM(
+        U, return_sequences=True, go_backwards=True, activation="relu"))
+    ours(x)
+    ours.set_weights(k_layer.get_weights())
+    assert_close(ours(x), to_numpy(keras, k_layer(x)))
+    model = Sequential([Input((T, I)), ours])
+    model.save(tmp_path / "bi.flm")
+    np.testing.assert_array_equal(fastlayers.load(tmp_path / "bi.flm")(x), model(x))
+
+
+def test_cells_refuse_symbolic_inputs():
+    with pytest.raises(UnsupportedError, match="cells run on arrays"):
+        fl.LSTMCell(3)(Input((4,)), [np.zeros((1, 3))] * 2)

@@ -495,6 +495,9 @@ class _Cell(Layer):
     def __call__(self, inputs, states=None, training=None):
         if states is None:
             raise TypeError(f"{type(self).__name__} {self.name!r}: call it as cell(x, states)")
+        if isinstance(inputs, SymbolicTensor):
+            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: cells run on arrays; "
+                                   "in a graph use SimpleRNN, LSTM or GRU")
         return super().__call__(inputs, states)
 
     def call(self, x, states):
