@@ -10,9 +10,9 @@ A masked step leaves the state unchanged; its output repeats the previous step's
 before the first valid step), or is zeros with ``zero_output_for_mask=True`` (what Bidirectional
 sets when returning sequences). In graphs built from symbolic tensors, a recurrent layer called
 on the output of ``Embedding(mask_zero=True)`` (directly, through Dropout, Dense, Activation
-or normalization layers, or through recurrent layers returning sequences) gets the mask ``ids != 0`` automatically, as in Keras: a
-``PaddingMask`` node computing it from the ids is added to the graph. On arrays, pass
-``mask=embedding.compute_mask(ids)`` yourself.
+or normalization layers, or through recurrent layers returning sequences) gets the mask
+``ids != 0`` automatically, as in Keras: a ``PaddingMask`` node computing it from the ids is
+added to the graph. On arrays, pass ``mask=embedding.compute_mask(ids)`` yourself.
 
 Streaming: ``state = layer.get_stream_state(batch_size)`` then ``y = layer.stream(chunk, state)``
 for each chunk of timesteps; the outputs equal one call on the whole sequence.
