@@ -7,6 +7,7 @@ numpy reference. Arguments follow ``backends/recurrent_reference.py``.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -43,7 +44,7 @@ _local = threading.local()
 
 def _workspace(name, shape):
     """A C-contiguous float32 scratch array of ``shape``, reused by later calls in this thread."""
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     buf = getattr(_local, name, None)
     if buf is None or buf.size < size:
         buf = np.empty(max(size, 1), np.float32)
