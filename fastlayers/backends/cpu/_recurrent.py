@@ -2,9 +2,10 @@
 
 The primitive (``recurrent.py``) computes the input projection of all timesteps as one GEMM,
 ``xw[b, t] = x[b, t] @ w_ig + b_g`` laid out (batch, time, gates); each loop below then runs the
-whole sequence in compiled code: per step one recurrent product through BLAS (``np.dot`` with an
-``out`` array: sgemm, or sgemv at batch 1, from scipy's cython_blas) and one fused pass over the
-gates (activations, cell update, masking, outputs). No Python runs per timestep.
+whole sequence in compiled code: per step one recurrent product (BLAS sgemm through ``np.dot``
+with an ``out`` array, from scipy's cython_blas; at batch 1 the Numba gemv ``_gemv``) and one
+fused pass over the gates (activations, cell update, masking, outputs). No Python runs per
+timestep.
 
 Activation codes: 0 tanh, 1 sigmoid, 2 relu, 3 linear, 4 hard_sigmoid (relu6(x + 3) / 6).
 sigmoid and tanh use the vectorized ``exp_inplace``; tanh uses its odd Taylor series below
@@ -75,10 +76,31 @@ def act_inplace(row, code, tmp, bits):
 
 
 @njit(inline=True)
+def _gemv(h_k, w_kn, out_n):
+    """out = h @ w, four rows of w per pass over out (single-threaded, vectorized)."""
+    k_len, n = w_kn.shape
+    for j in range(n):
+        out_n[j] = _ZERO
+    k = 0
+    while k + 4 <= k_len:
+        h0, h1, h2, h3 = h_k[k], h_k[k + 1], h_k[k + 2], h_k[k + 3]
+        w0, w1, w2, w3 = w_kn[k], w_kn[k + 1], w_kn[k + 2], w_kn[k + 3]
+        for j in range(n):
+            out_n[j] += h0 * w0[j] + h1 * w1[j] + h2 * w2[j] + h3 * w3[j]
+        k += 4
+    while k < k_len:
+        hk = h_k[k]
+        wk = w_kn[k]
+        for j in range(n):
+            out_n[j] += hk * wk[j]
+        k += 1
+
+
+@njit(inline=True)
 def _matmul(a_bk, w_kn, out_bn):
-    """out = a @ w through BLAS (gemv at batch 1, gemm otherwise)."""
+    """out = a @ w: our own gemv at batch 1, BLAS sgemm otherwise."""
     if a_bk.shape[0] == 1:
-        np.dot(a_bk[0], w_kn, out_bn[0])
+        _gemv(a_bk[0], w_kn, out_bn[0])
     else:
         np.dot(a_bk, w_kn, out_bn)
 
