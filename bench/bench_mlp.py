@@ -14,6 +14,7 @@ from fastlayers import Input, Model
 from fastlayers import layers as L
 
 from .conftest import check_same, oracle, ort_session, torch_module
+from .onnx_export import to_onnx
 
 WORKLOADS = {
     "digits_mlp": (64, [(64, "relu"), (10, "softmax")]),
@@ -30,30 +31,6 @@ def build_fastlayers(d_in, spec, rng):
     model = Model(x, h)
     model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
     return model
-
-
-def build_onnx(model, spec):
-    oracle("onnx")
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits, name = [], [], "x"
-    weights = model.get_weights()
-    for i, (units, act) in enumerate(spec):
-        w, b = weights[2 * i], weights[2 * i + 1]
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes.append(helper.make_node("Gemm", [name, f"w{i}", f"b{i}"], [f"g{i}"]))
-        out = f"a{i}"
-        if act == "relu":
-            nodes.append(helper.make_node("Relu", [f"g{i}"], [out]))
-        elif act == "gelu":
-            nodes.append(helper.make_node("Gelu", [f"g{i}"], [out]))
-        else:
-            nodes.append(helper.make_node("Softmax", [f"g{i}"], [out], axis=-1))
-        name = out
-    d_in = weights[0].shape[0]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, d_in])],
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
 
 
 def build_torch(model, spec):
@@ -75,7 +52,8 @@ def engines(request):
     rng = np.random.default_rng(0)
     d_in, spec = WORKLOADS[request.param]
     model = build_fastlayers(d_in, spec, rng)
-    proto = build_onnx(model, spec)
+    oracle("onnx")
+    proto = to_onnx(model)
     sess, sess_nospin = ort_session(proto), ort_session(proto, spinning=False)
     torch = torch_module()
     tmodel = build_torch(model, spec)
@@ -104,5 +82,7 @@ def bench_mlp(benchmark, engines, engine, batch):
     x = np.random.default_rng(1).standard_normal((batch, d_in)).astype(np.float32)
     check_same({e: f(x) for e, f in fns.items()})
     benchmark.group = f"{name} batch {batch}"
-    benchmark.extra_info.update(workload=name, batch=batch, engine=engine)
+    dims = [d_in] + [units for units, _ in WORKLOADS[name][1]]
+    flops = 2 * batch * sum(a * b for a, b in zip(dims, dims[1:]))
+    benchmark.extra_info.update(workload=name, batch=batch, engine=engine, flops=flops)
     benchmark(fns[engine], x)

@@ -47,3 +47,23 @@ def check_same(outputs: dict, rtol=1e-4, atol=1e-5):
     name0, ref = items[0]
     for name, out in items[1:]:
         np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"{name} vs {name0}")
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Record library versions and the thread count in the JSON that bench/report.py reads."""
+    import importlib
+    import importlib.metadata as md
+
+    versions = {}
+    for dist in ("fastlayers", "numpy", "numba", "onnxruntime", "torch", "scipy"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    try:
+        np_config = importlib.import_module("numpy").show_config(mode="dicts")
+        blas = np_config["Build Dependencies"]["blas"]
+        versions["blas"] = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # noqa: BLE001 - optional detail
+        pass
+    output_json["fastlayers_bench"] = {"threads": THREADS, "versions": versions}

@@ -10,8 +10,10 @@ from . import errors, layers
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops
 from .graph import Input, Model, Sequential
 from .io import load
+from .io import load_state_dict
 
 __all__ = [
     "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers", "load",
     "set_num_threads", "use_ops", "__version__",
 ]
+__all__ += ["load_state_dict"]

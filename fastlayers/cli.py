@@ -90,7 +90,12 @@ def cmd_demo(args) -> int:
 def cmd_info(args) -> int:
     import fastlayers
 
-    fastlayers.load(args.model).summary()
+    model = fastlayers.load(args.model)
+    if hasattr(model, "summary"):
+        model.summary()
+    else:  # a fastlayers.nn module (from a PyTorch file): torch's repr and the parameter count
+        print(model)
+        print(f"parameters: {sum(int(p.size) for p in model.parameters()):,}")
     return 0
 
 

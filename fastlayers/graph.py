@@ -326,6 +326,13 @@ class Model(Layer):
 
         (print_fn or (lambda s: print(s, file=sys.stdout)))(model_summary(self, line_length))
 
+    def load_weights(self, path) -> None:
+        """Load weights saved by Keras (``.weights.h5``, or a legacy ``.h5`` model/weights file)
+        into this model, which must have the saved model's architecture."""
+        from .io.keras import load_weights
+
+        load_weights(self, path)
+
     def save(self, path) -> None:
         """Write architecture and weights to one file (fastlayers native format, no pickle)."""
         from .io.native import save_model

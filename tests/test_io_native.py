@@ -165,10 +165,13 @@ def test_bad_config_values(tmp_path):
 def test_missing_and_foreign_files(tmp_path):
     with pytest.raises(ModelFileError, match="no such file"):
         fastlayers.load(tmp_path / "absent.flm")
-    for suffix in (".keras", ".onnx", ".pt"):
+    for suffix in (".keras", ".h5", ".onnx"):
         (tmp_path / f"m{suffix}").write_bytes(b"\x00" * 16)
-        with pytest.raises(UnsupportedError, match="not supported by this version"):
+        with pytest.raises(ModelFileError, match=f"m{suffix}: not a readable"):
             fastlayers.load(tmp_path / f"m{suffix}")
+    (tmp_path / "m.pt").write_bytes(b"\x00" * 16)  # PyTorch files are read (tests/test_io_torch.py)
+    with pytest.raises(ModelFileError, match="m.pt: corrupt"):
+        fastlayers.load(tmp_path / "m.pt")
     (tmp_path / "m.xyz").write_bytes(b"hello")
     with pytest.raises(ModelFileError, match="unknown format"):
         fastlayers.load(tmp_path / "m.xyz")

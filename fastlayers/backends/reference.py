@@ -176,6 +176,102 @@ class ReferenceOps:
         z = np.einsum("bi,bdi->bd", x, w_bdi) + b_n[nodes]
         return np.sum(_log_sigmoid(z * signs) * (signs != 0), axis=-1)
 
+    # --------------------------------------------------------------- convolution and pooling
+    # NHWC activations, HWIO kernels; the numpy code is in reference_conv.py.
+    def _conv_epilogue(self, y, b, activation, alpha):
+        """y = f(y + b) over the last (channel) axis."""
+        if b is not None:
+            y += b
+        return y if activation == "linear" else self.activation(y, activation, alpha)
+
+    def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
+               groups=1, activation="linear", alpha=0.0):
+        """y = f(conv(x, w) + b); w (kh, kw, C_in / groups, C_out); pads ((top, bottom), (left, right))."""
+        from . import reference_conv as rc
+        y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
+        return self._conv_epilogue(y, b, activation, alpha)
+
+    def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                         dilation=(1, 1), activation="linear", alpha=0.0):
+        """y[..., c M + m] = f(sum_{i, j} xpad[.., s oh + d i, s ow + d j, c] w[i, j, c, m] + b[c M + m])."""
+        kh, kw, c, m = w_hwcm.shape
+        return self.conv2d(x_nhwc, w_hwcm.reshape(kh, kw, 1, c * m), b, strides, pads, dilation,
+                           c, activation, alpha)
+
+    def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1),
+                         groups=1, activation="linear", alpha=0.0):
+        """Transposed convolution; w (kh, kw, C_in, C_out / groups); output cropped at ``crop`` to ``out_hw``."""
+        from . import reference_conv as rc
+        y = rc.conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups)
+        return self._conv_epilogue(y, b, activation, alpha)
+
+    def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+               count_include_pad=False):
+        """Max or average pooling over windows (see ``reference_conv.pool2d``)."""
+        from . import reference_conv as rc
+        return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
+
+    def adaptive_pool2d(self, x_nhwc, kind, out_hw):
+        """Max or average over torch's adaptive bins."""
+        from . import reference_conv as rc
+        return rc.adaptive_pool2d(x_nhwc, kind, out_hw)
+
+    def global_pool(self, x, kind, axes, keepdims=False):
+        """Max or mean over ``axes``."""
+        fn = np.max if kind == "max" else np.mean
+        return fn(x, axis=axes, keepdims=keepdims).astype(np.float32, copy=False)
+
+    def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
+        """torchvision's RoI max pooling; rois (K, 5) ``(batch, x1, y1, x2, y2)`` -> (K, ph, pw, C)."""
+        from . import reference_conv as rc
+        return rc.roi_pool(x_nhwc, rois, output_size, spatial_scale)
+
+    def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+        """Nearest or bilinear resize of H, W (torch's coordinate rules)."""
+        from . import reference_conv as rc
+        return rc.upsample2d(x_nhwc, out_hw, mode, align_corners, scales)
+
+    def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+        """y = x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels (last axis))^beta."""
+        from . import reference_conv as rc
+        return rc.local_response_norm(x, size, alpha, beta, k)
+
+    # ------------------------------------------------------------------ attention (issue 5)
+    def attention_softmax(self, scores_bhqk: np.ndarray, scale: float, bias: np.ndarray | None,
+                          causal: bool = False, empty: int = 0) -> np.ndarray:
+        """w = softmax(scale s + bias (+ -inf above the diagonal if causal)) over the last axis.
+
+        ``scores_bhqk`` is (B, H, Tq, Tk) and may be overwritten (backends work in place);
+        ``bias`` broadcasts to it (0 attend, -inf masked, or torch's float mask values). A row
+        with every key masked becomes NaN, 0 or 1/Tk for ``empty`` = 0, 1, 2.
+        """
+        s = scores_bhqk * np.float32(scale)
+        if bias is not None:
+            s = s + bias
+        tq, tk = s.shape[-2:]
+        if causal:
+            s = np.where(np.tril(np.ones((tq, tk), bool)), s, np.float32(-np.inf))
+        with np.errstate(invalid="ignore"):
+            m = np.max(s, axis=-1, keepdims=True)
+            empty_rows = m == -np.inf
+            e = np.exp(s - np.where(empty_rows, np.float32(0), m))
+            w = e / np.sum(e, axis=-1, keepdims=True)
+        if np.any(empty_rows):
+            fill = (np.float32(np.nan), np.float32(0), np.float32(1.0 / tk))[empty]
+            w = np.where(empty_rows, fill, w)
+        return w.astype(np.float32, copy=False)
+
+    def attention(self, q_bhqd: np.ndarray, k_bhkd: np.ndarray, v_bhkv: np.ndarray, scale: float,
+                  bias: np.ndarray | None = None, causal: bool = False,
+                  empty: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk).
+
+        Leading axes of q, k, v broadcast as in ``np.matmul`` (BLAS per (b, h) slice).
+        """
+        scores = np.matmul(q_bhqd, np.swapaxes(k_bhkd, -1, -2))
+        w = self.attention_softmax(scores, scale, bias, causal, empty)
+        return np.matmul(w, v_bhkv), w
+
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
         """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``recurrent_reference``)."""

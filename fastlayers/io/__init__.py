@@ -6,35 +6,62 @@ from pathlib import Path
 
 from ..errors import ModelFileError, UnsupportedError
 from .native import is_native, load_native
+from .safetensors import is_safetensors
+from .torch import is_torch_file, load_state_dict, load_torch_module
 
-_FOREIGN = {
-    ".keras": "Keras", ".h5": "Keras/HDF5", ".hdf5": "Keras/HDF5", ".onnx": "ONNX",
-    ".pt": "PyTorch", ".pth": "PyTorch", ".bin": "PyTorch", ".safetensors": "safetensors",
-}
+_TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
+__all__ = ["load", "load_state_dict"]
 
 
 def load(path):
-    """Load a model file and return a ready ``fastlayers.Model``.
+    """Load a model file and return a ready model.
 
     Parameters
     ----------
     path : str or os.PathLike
-        A model written by ``Model.save`` (fastlayers native format).
+        A model written by ``Model.save`` (fastlayers native format), a Keras 3 ``.keras``
+        archive (or its unzipped directory), or a full-model Keras ``.h5`` file: returns a
+        ``fastlayers.Model``. Or a whole pickled ``torch.nn`` module (``torch.save(model)``,
+        ``.pt``/``.pth``/``.bin``, zip or legacy) made of standard torch.nn classes: returns the
+        ``fastlayers.nn`` equivalent, rebuilt without torch and without running code from the
+        file. Files holding only weights (state dicts, safetensors) are refused with a pointer to
+        ``fastlayers.load_state_dict``. Or an ONNX graph (``.onnx``): returns an ``OnnxModel``
+        that runs on fastlayers primitives.
 
     Raises
     ------
     ModelFileError
         The file is missing, truncated, corrupt or not a model.
     UnsupportedError
-        The format or a layer in it is not supported.
+        The format or a layer in it is not supported (a custom torch class: export to ONNX).
     """
     p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():  # an unzipped .keras archive
+        from .keras import load_keras
+
+        return load_keras(p)
     if not p.is_file():
         raise ModelFileError(f"{path}: no such file")
     if is_native(p):
         return load_native(p)
-    kind = _FOREIGN.get(p.suffix.lower())
-    if kind is not None:
-        raise UnsupportedError(f"{path}: reading {kind} files is not supported by this version of "
-                               "fastlayers yet; only the native format written by Model.save is")
+    with open(p, "rb") as f:
+        magic = f.read(8)
+    if p.suffix.lower() == ".keras":
+        from .keras import load_keras
+
+        return load_keras(p)
+    if magic == b"\x89HDF\r\n\x1a\n" or p.suffix.lower() in (".h5", ".hdf5"):
+        from .keras import load_keras_h5
+
+        return load_keras_h5(p)
+    if p.suffix.lower() == ".safetensors" or is_safetensors(p):
+        raise ModelFileError(f"{path}: a safetensors file holds weights only, not a model: build the "
+                             "model with fastlayers.nn and load the weights with "
+                             "model.load_state_dict(fastlayers.load_state_dict(path))")
+    if p.suffix.lower() in _TORCH_SUFFIXES or is_torch_file(p):
+        return load_torch_module(p)
+    if p.suffix.lower() == ".onnx":
+        from .onnx import load_onnx
+
+        return load_onnx(p)
     raise ModelFileError(f"{path}: not a fastlayers model file (unknown format)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
+from ..layers.base import weights_loaded_later
 
 FORMAT = "fastlayers-model"
 VERSION = 1
@@ -189,7 +190,8 @@ def load_native(path):
                 raise UnsupportedError(f"{where}: written by a newer fastlayers (file format version "
                                        f"{header['version']}, this version reads {VERSION})")
             try:
-                model = model_from_config(header["model"], where)
+                with weights_loaded_later():
+                    model = model_from_config(header["model"], where)
             except (KeyError, IndexError, TypeError, MemoryError) as e:
                 raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
             expected = {key: (layer, wname) for key, layer, wname in weight_items(model)}

@@ -7,21 +7,47 @@ from .core import (
 )
 from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tree
 from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
-from .normalization import BatchNormalization, LayerNormalization, RMSNormalization
+from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 from .recurrent import (
     GRU, LSTM, Bidirectional, GRUCell, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
 )
 from ..graph import InputLayer
+from .blocks import InceptionBlock, NiNBlock
+from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
+from .pooling import (
+    AveragePooling1D, AveragePooling2D, GlobalAveragePooling1D, GlobalAveragePooling2D,
+    GlobalMaxPooling1D, GlobalMaxPooling2D, LocalResponseNormalization, MaxPooling1D, MaxPooling2D,
+    RoIPooling2D, UpSampling2D,
+)
 
 __all__ = [
     "Activation", "Add", "Average", "BatchNormalization", "Concatenate", "Cropping1D", "Cropping2D",
     "Dense", "Dropout", "ELU", "Embedding", "Flatten", "HierarchicalSoftmax", "InputLayer",
-    "InputSpec", "Layer", "LayerNormalization", "LeakyReLU", "Maximum", "Minimum", "Multiply",
+    "InputSpec", "Layer", "LayerNormalization", "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization",
     "Permute", "RMSNormalization", "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax",
     "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
+__all__ += [
+    "AveragePooling1D", "AveragePooling2D", "Conv1D", "Conv2D", "Conv2DTranspose",
+    "DepthwiseConv2D", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D", "InceptionBlock", "LocalResponseNormalization", "MaxPooling1D",
+    "MaxPooling2D", "NiNBlock", "RoIPooling2D", "SeparableConv2D", "UpSampling2D",
+]
+
+# attention (issue 5)
+from .attention import (  # noqa: E402
+    AdditiveAttention, Attention, HardAttention, MultiHeadAttention, PositionalEncoding,
+    PositionwiseFeedForward, SelfAttention,
+)
+
+__all__ += [
+    "AdditiveAttention", "Attention", "HardAttention", "MultiHeadAttention", "PositionalEncoding",
+    "PositionwiseFeedForward", "SelfAttention",
+]
+
+# recurrent (issue 4)
 __all__ += [
     "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
     "SimpleRNNCell",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import re
 import threading
@@ -19,6 +21,23 @@ _TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer
                             r"|^autocast$|^lora_(rank|alpha)$|^seed$|^noise_shape$")
 _name_counters: dict[str, itertools.count] = defaultdict(itertools.count)
 _name_lock = threading.Lock()
+_weights_follow = contextvars.ContextVar("fastlayers_weights_follow", default=False)
+
+
+def weights_pending() -> bool:
+    """True inside ``weights_loaded_later``: built weights are placeholders until the loader runs."""
+    return _weights_follow.get()
+
+
+@contextlib.contextmanager
+def weights_loaded_later():
+    """Within this block, layers built allocate their weights uninitialized (``np.empty``: no
+    random numbers drawn, no memory touched) because a loader is about to overwrite them all."""
+    token = _weights_follow.set(True)
+    try:
+        yield
+    finally:
+        _weights_follow.reset(token)
 
 
 def unique_name(base: str) -> str:
@@ -130,9 +149,12 @@ class Layer:
     # ----------------------------------------------------------------------------- weights
     def add_weight(self, name: str, shape: tuple[int, ...], initializer: str = "zeros"):
         """Create weight ``name`` of ``shape`` (float32) as an attribute, in Keras order."""
-        init = self._initializers.get(f"{name}_initializer", initializer)
-        rng = np.random.default_rng()
-        value = _INITIALIZERS.get(init, _glorot_uniform)(rng, tuple(int(d) for d in shape))
+        shape = tuple(int(d) for d in shape)
+        if _weights_follow.get():
+            value = np.empty(shape, np.float32)
+        else:
+            init = self._initializers.get(f"{name}_initializer", initializer)
+            value = _INITIALIZERS.get(init, _glorot_uniform)(np.random.default_rng(), shape)
         setattr(self, name, value)
         self._weight_names.append(name)
         return value
@@ -166,7 +188,7 @@ class Layer:
             if w.shape != cur.shape:
                 raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): weight {wname!r} "
                                  f"expects shape {cur.shape}, got {w.shape}")
-            new.append(np.ascontiguousarray(w).copy())
+            new.append(np.array(w, order="C", copy=True))  # ascontiguousarray makes 0-d 1-d
         for wname, w in zip(self._weight_names, new):
             setattr(self, wname, w)
         self._weights_changed()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..backends.reference import fold_batch_norm
 from ..errors import ShapeError, UnsupportedError
-from .base import InputSpec, Layer, shape_str
+from .base import InputSpec, Layer, shape_str, weights_pending
 
 
 def _normalize_axes(axis, rank, where):
@@ -51,7 +53,8 @@ class BatchNormalization(Layer):
         self.add_weight("moving_variance", (c,), "ones")
         self.input_spec = InputSpec(ndim=len(input_shape), axes={axis: c})
         self._axis = axis
-        self._weights_changed()
+        if not weights_pending():  # else the loader folds the loaded statistics
+            self._weights_changed()
 
     def _weights_changed(self):
         """Fold the four vectors into the affine map the kernel applies (once, not per call)."""
@@ -119,3 +122,56 @@ class RMSNormalization(LayerNormalization):
 
     def call(self, x):
         return self.ops.layer_norm(x, self.scale, None, self.epsilon, self._axes, True)
+
+
+class Normalization(Layer):
+    """Feature-wise standardization with stored statistics (Keras's preprocessing layer).
+
+    ``y = (x - mean) / max(sqrt(variance), 1e-7)`` (``invert=True``: ``mean + x * max(...)``),
+    statistics indexed by the kept ``axis`` (None: one scalar pair). Given ``mean``/``variance``
+    are stored in the config; otherwise they are weights (mean, variance, count), as Keras
+    saves an adapted layer.
+    """
+
+    config_keys = ("axis", "mean", "variance", "invert")
+    _EPSILON = np.float32(1e-7)
+
+    def __init__(self, axis=-1, mean=None, variance=None, invert=False, **kwargs):
+        super().__init__(**kwargs)
+        self.axis = () if axis is None else ((axis,) if isinstance(axis, int) else tuple(axis))
+        if (mean is None) != (variance is None):
+            raise ValueError(f"Normalization {self.name!r}: give both mean and variance, or neither")
+        self.mean_value = None if mean is None else np.asarray(mean, np.float32)
+        self.variance_value = None if variance is None else np.asarray(variance, np.float32)
+        self.invert = bool(invert)
+
+    def get_config(self):
+        config = super().get_config()
+        config["axis"] = list(self.axis)
+        config["mean"] = None if self.mean_value is None else self.mean_value.tolist()
+        config["variance"] = None if self.variance_value is None else self.variance_value.tolist()
+        return config
+
+    def build(self, input_shape):
+        ndim = len(input_shape)
+        keep = sorted(a % ndim for a in self.axis)
+        if any(input_shape[a] is None for a in keep):
+            raise ShapeError(f"Normalization {self.name!r}: kept axes {self.axis} must be known, got "
+                             f"shape {shape_str(input_shape)}")
+        self._broadcast = tuple(input_shape[d] if d in keep else 1 for d in range(ndim))
+        stat_shape = tuple(input_shape[d] for d in keep)
+        if self.mean_value is None:
+            self.add_weight("mean", stat_shape, "zeros")
+            self.add_weight("variance", stat_shape, "ones")
+            self.add_weight("count", (), "zeros")
+        self.input_spec = InputSpec(ndim=ndim, axes={a: input_shape[a] for a in keep})
+
+    def call(self, x):
+        mean = self.mean_value if self.mean_value is not None else self.mean
+        var = self.variance_value if self.variance_value is not None else self.variance
+        shape = self._broadcast  # kept axes' sizes, 1 elsewhere (scalar statistics broadcast)
+        mean = np.broadcast_to(mean, shape) if mean.ndim == 0 else mean.reshape(shape)
+        var = np.broadcast_to(var, shape) if var.ndim == 0 else var.reshape(shape)
+        std = np.maximum(np.sqrt(var), self._EPSILON)
+        y = mean + x * std if self.invert else (x - mean) / std
+        return y.astype(np.float32, copy=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from ..errors import ShapeError
@@ -43,7 +45,7 @@ class _Spatial(Layer):
     def get_config(self):
         config = super().get_config()
         config[self._amount_key] = [list(p) for p in self._amount]
-        if self._rank > 1:
+        if "data_format" in inspect.signature(type(self).__init__).parameters:
             config["data_format"] = self.data_format
         return config
 
@@ -88,8 +90,8 @@ class _Cropping(_Spatial):
 class ZeroPadding1D(_ZeroPadding):
     """Pad the steps axis of (batch, steps, features) with zeros: ``padding`` int or (before, after)."""
 
-    def __init__(self, padding=1, **kwargs):
-        super().__init__(padding, **kwargs)
+    def __init__(self, padding=1, data_format=None, **kwargs):
+        super().__init__(padding, data_format, **kwargs)
 
 
 class ZeroPadding2D(_ZeroPadding):

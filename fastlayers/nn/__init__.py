@@ -12,6 +12,11 @@ from .modules import (
     Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
     ReLU6, Sequential, Sigmoid, SiLU, Softmax, Softplus, Softsign, Tanh,
 )
+from .conv import (
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d,
+    Conv1d, Conv2d, ConvTranspose2d, LocalResponseNorm, MaxPool1d, MaxPool2d, RoIPool, Upsample,
+)
+from .functional_conv import roi_pool
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
@@ -19,5 +24,22 @@ __all__ = [
     "Flatten", "GELU", "Hardsigmoid", "Identity", "IncompatibleKeys", "LayerNorm", "LeakyReLU",
     "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList", "ReLU", "ReLU6", "SELU",
     "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Softsign", "Tanh", "functional",
+]
+__all__ += [
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AvgPool1d",
+    "AvgPool2d", "Conv1d", "Conv2d", "ConvTranspose2d", "LocalResponseNorm", "MaxPool1d",
+    "MaxPool2d", "RoIPool", "Upsample", "roi_pool",
+]
+
+# attention and transformers (issue 5)
+from .attention import MultiheadAttention  # noqa: E402
+from .transformer import (  # noqa: E402
+    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    generate_square_subsequent_mask, greedy_decode,
+)
+
+__all__ += [
+    "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerEncoderLayer", "generate_square_subsequent_mask", "greedy_decode",
 ]
 __all__ += ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]

@@ -122,3 +122,81 @@ def embedding(input, weight, padding_idx=None):
 def dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False):
     """The identity: fastlayers only runs inference."""
     return _f32(input, "dropout")
+
+
+# convolution, pooling, resizing (functional_conv.py)
+from .functional_conv import (  # noqa: E402,F401
+    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d, adaptive_max_pool2d, avg_pool1d,
+    avg_pool2d, conv1d, conv2d, conv_transpose2d, interpolate, local_response_norm, max_pool1d,
+    max_pool2d, roi_pool,
+)
+
+
+# ------------------------------------------------------------------------- attention (issue 5)
+def _attn_bias(mask, what: str, true_means_attend: bool) -> np.ndarray | None:
+    """A torch attention mask as an additive float32 bias: bool -> 0 / -inf, float -> itself."""
+    if mask is None:
+        return None
+    m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask)
+    if m.dtype == np.bool_:
+        keep = m if true_means_attend else ~m
+        return np.where(keep, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    if m.dtype.kind not in "fiu":
+        raise ShapeError(f"nn.functional.{what}: expected a bool or float mask, got dtype {m.dtype}")
+    return m.astype(np.float32, copy=False)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False, *, return_weights: bool = False):
+    """softmax(q k^T scale + mask) v, as ``torch.nn.functional.scaled_dot_product_attention``.
+
+    ``attn_mask`` bool: True means *take part in attention*; float: added to the scores.
+    ``is_causal`` masks keys after the query position (top-left aligned). ``scale`` defaults to
+    1/sqrt(E). ``dropout_p`` is ignored (inference). A query whose keys are all masked gets 0,
+    as torch's math kernel gives. ``return_weights=True`` (fastlayers) also returns the weights.
+
+    Shape
+    -----
+    query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev); weights (..., L, S).
+    With ``enable_gqa`` the head axis (-3) of key/value may divide that of query.
+    """
+    q, k, v = (_f32(t, "scaled_dot_product_attention") for t in (query, key, value))
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] \
+            or k.shape[-2] != v.shape[-2]:
+        raise ShapeError("nn.functional.scaled_dot_product_attention: expected query (..., L, E), "
+                         f"key (..., S, E), value (..., S, Ev); got {q.shape}, {k.shape}, {v.shape}")
+    if is_causal and attn_mask is not None:
+        raise InputError("nn.functional.scaled_dot_product_attention: is_causal and attn_mask "
+                         "cannot both be given (as in torch)")
+    if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        if q.shape[-3] % k.shape[-3] or q.shape[-3] % v.shape[-3]:
+            raise ShapeError("nn.functional.scaled_dot_product_attention: query heads "
+                             f"{q.shape[-3]} must be a multiple of key/value heads {k.shape[-3]}")
+        k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = np.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ShapeError("nn.functional.scaled_dot_product_attention: batch axes of query "
+                         f"{q.shape}, key {k.shape} and value {v.shape} do not broadcast") from None
+    bias = _attn_bias(attn_mask, "scaled_dot_product_attention", true_means_attend=True)
+    if bias is not None:
+        try:
+            bias = np.broadcast_to(bias, (*lead, L, S)) if bias.ndim > 2 else \
+                np.broadcast_to(bias, (L, S))
+        except ValueError:
+            raise ShapeError(f"nn.functional.scaled_dot_product_attention: attn_mask of shape "
+                             f"{np.shape(attn_mask)} does not broadcast to {(*lead, L, S)}") from None
+    # run as (B, H, L, E): the leading axes flattened into one "head" axis of a batch of 1
+    P = int(np.prod(lead)) if lead else 1
+    q4 = np.broadcast_to(q, (*lead, L, q.shape[-1])).reshape(1, P, L, q.shape[-1])
+    k4 = np.broadcast_to(k, (*lead, S, k.shape[-1])).reshape(1, P, S, k.shape[-1])
+    v4 = np.broadcast_to(v, (*lead, S, v.shape[-1])).reshape(1, P, S, v.shape[-1])
+    if bias is not None:
+        bias = bias.reshape(1, P, L, S) if bias.ndim > 2 else bias.reshape(1, 1, L, S)
+    sc = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1)
+    out = out.reshape(*lead, L, v.shape[-1])
+    return (out, w.reshape(*lead, L, S)) if return_weights else out

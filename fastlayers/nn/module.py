@@ -183,7 +183,7 @@ class Module:
             if value.shape != cur.shape:
                 raise ShapeError(f"size mismatch for {key}: copying a param with shape {value.shape} "
                                  f"from checkpoint, the shape in current model is {cur.shape}")
-            staged.append((m, table, name, np.ascontiguousarray(value).copy()))
+            staged.append((m, table, name, np.array(value, order="C", copy=True)))
         for m, table, name, value in staged:  # all or nothing
             table[name] = value
         for m in {id(m): m for m, *_ in staged}.values():

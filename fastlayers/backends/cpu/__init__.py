@@ -11,8 +11,11 @@ import numpy as np
 from .._jit import apply_num_threads, warmup  # noqa: F401  (re-exported for the CLI)
 from ..reference import ReferenceOps
 from . import _elementwise, _rows
+from . import conv_ops
+from . import _attention
 
 _EMPTY = np.zeros(0, dtype=np.float32)
+_EMPTY4 = np.zeros((0, 0, 0, 0), dtype=np.float32)
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
@@ -81,6 +84,36 @@ class CpuOps(ReferenceOps):
         out = np.empty_like(xr)
         _rows.scale_shift_rows(xr, scale, shift, out)
         return out.reshape(x.shape)
+
+    # convolution and pooling: NHWC kernels in _conv.py, primitives in conv_ops.py
+    conv2d = conv_ops.conv2d
+    depthwise_conv2d = conv_ops.depthwise_conv2d
+    conv_transpose2d = conv_ops.conv_transpose2d
+    pool2d = conv_ops.pool2d
+    adaptive_pool2d = conv_ops.adaptive_pool2d
+    roi_pool = conv_ops.roi_pool
+    upsample2d = conv_ops.upsample2d
+    local_response_norm = conv_ops.local_response_norm
+
+    # ------------------------------------------------------------------ attention (issue 5)
+    def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
+        s = scores_bhqk
+        if s.ndim != 4 or s.dtype != np.float32 or not s.flags.c_contiguous or s.size == 0:
+            s = np.ascontiguousarray(s, dtype=np.float32)
+            if s.ndim != 4 or s.size == 0:
+                return super().attention_softmax(s, scale, bias, causal, empty)
+        if bias is None:
+            b = _EMPTY4
+        else:
+            b = np.asarray(bias, dtype=np.float32)
+            if b.ndim > 4:
+                return super().attention_softmax(s, scale, bias, causal, empty)
+            b = b.reshape((1,) * (4 - b.ndim) + b.shape)
+            if b.shape[3] != s.shape[3]:
+                b = np.broadcast_to(b, b.shape[:3] + (s.shape[3],))
+            b = np.ascontiguousarray(b)
+        _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
+        return s
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):

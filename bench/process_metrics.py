@@ -1,0 +1,184 @@
+"""Cold start and peak memory of whole-model runs, fastlayers against onnxruntime, each in a fresh
+process.
+
+- cold start: wall time of ``python -c "import ...; load; first call"`` — fastlayers with a warm
+  Numba cache and with an empty one (a new NUMBA_CACHE_DIR), onnxruntime with import + session
+  creation + first run.
+- memory: peak RSS (ru_maxrss) of a process that imports, loads and runs the model 20 times.
+- load cost: for a model of ``--load-mb`` MB of weights saved as .keras, .h5 and native .flm,
+  the load time against the time to read the file's bytes, and the peak RSS growth during the
+  load against the weight bytes (each in a fresh process).
+
+Run: ``python bench/process_metrics.py --out bench/process_metrics.json [--repeats 5]``;
+``python bench/report.py`` folds the result into docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CHILD_FASTLAYERS = """
+import resource, sys, numpy as np
+import fastlayers
+fastlayers.set_num_threads({threads})
+m = fastlayers.load({model!r})
+x = np.load({x!r})
+for _ in range({runs}):
+    y = m(x)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+CHILD_ORT = """
+import resource, sys, numpy as np
+import onnxruntime as ort
+opts = ort.SessionOptions(); opts.intra_op_num_threads = {threads}; opts.inter_op_num_threads = 1
+s = ort.InferenceSession({model!r}, opts, providers=["CPUExecutionProvider"])
+x = np.load({x!r}); name = s.get_inputs()[0].name
+for _ in range({runs}):
+    y = s.run(None, {{name: x}})
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def run_child(code: str, env: dict) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB) of a fresh interpreter running ``code``."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+    return wall, int(proc.stdout.strip().splitlines()[-1])
+
+
+def models(workdir: Path):
+    """(name, fastlayers file, onnx file, input .npy) for each whole model measured."""
+    import fastlayers
+    from bench.onnx_export import to_onnx
+
+    demo = Path(fastlayers.__file__).parent / "data" / "digits_mlp.flm"
+    onnx_path = workdir / "digits_mlp.onnx"
+    onnx_path.write_bytes(to_onnx(fastlayers.load(demo)).SerializeToString())
+    x_path = workdir / "digits_x.npy"
+    np.save(x_path, np.load(demo.parent / "digits_samples.npz")["x"][:1].astype(np.float32))
+    yield "digits_mlp (demo)", demo, onnx_path, x_path
+
+
+CHILD_KERAS_SAVE = """
+import os
+os.environ["KERAS_BACKEND"] = "torch"
+import keras
+n = {n}
+m = keras.Sequential([keras.Input((n,))] + [keras.layers.Dense(n) for _ in range(4)])
+m.save({keras_path!r})
+m.save({h5_path!r})
+"""
+
+CHILD_READ = """
+import time
+t0 = time.perf_counter()
+with open({path!r}, "rb") as f:
+    data = f.read()
+print(time.perf_counter() - t0)
+"""
+
+CHILD_LOAD = """
+import resource, time
+import fastlayers, h5py
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+m = fastlayers.load({path!r})
+t = time.perf_counter() - t0
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(t, grown * 1024 / sum(w.nbytes for w in m.get_weights()))
+"""
+
+
+def _child_output(code: str) -> list[float]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+    return [float(v) for v in proc.stdout.split()]
+
+
+def measure_load_cost(work: Path, megabytes: float, repeats: int) -> list[dict]:
+    """Load time / read time and peak RSS growth / weight bytes for each Keras and native file."""
+    n = max(8, int((megabytes * 1e6 / 4 / 4) ** 0.5))  # four Dense(n) layers of n*n floats
+    keras_path, h5_path, flm_path = work / "big.keras", work / "big.h5", work / "big.flm"
+    _child_output(CHILD_KERAS_SAVE.format(n=n, keras_path=str(keras_path), h5_path=str(h5_path)) + "\nprint(0)")
+    _child_output(f"import fastlayers; fastlayers.load({str(keras_path)!r}).save({str(flm_path)!r}); print(0)")
+    records = []
+    for path in (keras_path, h5_path, flm_path):
+        reads, loads, growth = [], [], []
+        for _ in range(repeats):
+            reads.append(_child_output(CHILD_READ.format(path=str(path)))[0])
+            t, g = _child_output(CHILD_LOAD.format(path=str(path)))
+            loads.append(t)
+            growth.append(g)
+        name = f"{16 * n * n / 1e6:.0f} MB Dense stack ({path.suffix})"
+        records.append({"metric": "load_time_over_read_time", "model": name, "engine": "fastlayers",
+                        "value": statistics.median(loads) / statistics.median(reads), "repeats": repeats})
+        records.append({"metric": "load_peak_rss_over_weights", "model": name, "engine": "fastlayers",
+                        "value": max(growth), "repeats": repeats})
+    return records
+
+
+def measure(repeats: int, threads: int) -> list[dict]:
+    records = []
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CACHE")}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        warm_cache = work / "numba-warm"
+        for name, fl_path, onnx_path, x_path in models(work):
+            fl_code = CHILD_FASTLAYERS.format(threads=threads, model=str(fl_path), x=str(x_path), runs=1)
+            ort_code = CHILD_ORT.format(threads=threads, model=str(onnx_path), x=str(x_path), runs=1)
+            warm_env = {**base_env, "NUMBA_CACHE_DIR": str(warm_cache)}
+            run_child(fl_code, warm_env)  # fill the warm cache
+            rows = {"fastlayers (warm cache)": [], "fastlayers (empty cache)": [], "onnxruntime": []}
+            for i in range(repeats):
+                rows["fastlayers (warm cache)"].append(run_child(fl_code, warm_env)[0])
+                empty = {**base_env, "NUMBA_CACHE_DIR": str(work / f"numba-empty-{i}")}
+                rows["fastlayers (empty cache)"].append(run_child(fl_code, empty)[0])
+                rows["onnxruntime"].append(run_child(ort_code, base_env)[0])
+            for engine, walls in rows.items():
+                records.append({"metric": "cold_start_s", "model": name, "engine": engine,
+                                "value": statistics.median(walls), "repeats": repeats})
+            mem_fl = CHILD_FASTLAYERS.format(threads=threads, model=str(fl_path), x=str(x_path), runs=20)
+            mem_ort = CHILD_ORT.format(threads=threads, model=str(onnx_path), x=str(x_path), runs=20)
+            for engine, code, env in [("fastlayers", mem_fl, warm_env), ("onnxruntime", mem_ort, base_env)]:
+                records.append({"metric": "peak_rss_mib", "model": name, "engine": engine,
+                                "value": run_child(code, env)[1] / 1024.0, "repeats": 1})
+    return records
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "process_metrics.json"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--load-mb", type=float, default=100.0, help="weights of the load-cost model")
+    args = parser.parse_args(argv)
+    records = measure(args.repeats, args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        records += measure_load_cost(Path(tmp), args.load_mb, args.repeats)
+    Path(args.out).write_text(json.dumps({"threads": args.threads, "records": records}, indent=1))
+    for r in records:
+        print(f"{r['metric']:14s} {r['model']:22s} {r['engine']:26s} {r['value']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

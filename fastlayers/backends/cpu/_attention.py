@@ -1,0 +1,72 @@
+"""The fused attention-softmax kernel: scale + mask + numerically stable softmax over the last
+axis of batched (B, H, Tq, Tk) scores, in place, in one serial pass. It is not a parallel
+(prange) kernel on purpose: it sits between BLAS products, and OpenMP worker threads that
+spin after a parallel region took the cores from OpenBLAS's threads (see docs/design.md).
+
+Masks arrive as one additive float32 bias (0 where attended, -inf where masked, any finite
+value for torch's float masks) broadcast over batch, head and query rows, plus an optional
+causal (top-left aligned lower-triangular) mask that is never materialized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from .._jit import njit
+from ._elementwise import _row_max
+from ._vexp import exp_inplace
+
+#: What a row whose keys are all masked becomes (``empty`` argument).
+EMPTY_NAN, EMPTY_ZERO, EMPTY_UNIFORM = 0, 1, 2
+
+_ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
+_NEG_INF = np.float32(-np.inf)
+_NAN = np.float32(np.nan)
+
+
+@njit(signatures=("void(float32[:, :, :, ::1], float32, float32[:, :, :, ::1], boolean, int64)",))
+def attention_softmax_bhqk(s_bhqk, scale, bias, causal, empty):
+    """s[b,h,i,:] = softmax(scale s[b,h,i,:] + bias[b,h,i,:] (+ -inf for j > i if causal)).
+
+    ``bias`` is (B or 1, H or 1, Tq or 1, Tk), or empty (no bias). A row with every key masked
+    (max = -inf) becomes NaN, 0 or 1/Tk for ``empty`` = 0, 1, 2.
+    """
+    nb, nh, tq, tk = s_bhqk.shape
+    has_bias = bias.shape[0] > 0
+    bb = bias.shape[0] > 1
+    bh = bias.shape[1] > 1
+    bq = bias.shape[2] > 1
+    bits = np.empty(tk, dtype=np.int32)
+    for bhi in range(nb * nh):
+        b = bhi // nh
+        h = bhi - b * nh
+        for i in range(tq):
+            row = s_bhqk[b, h, i]
+            if has_bias:
+                brow = bias[b if bb else 0, h if bh else 0, i if bq else 0]
+                for j in range(tk):
+                    row[j] = row[j] * scale + brow[j]
+            else:
+                for j in range(tk):
+                    row[j] = row[j] * scale
+            n = tk
+            if causal and i + 1 < tk:
+                n = i + 1
+                for j in range(n, tk):
+                    row[j] = _ZERO
+            valid = row[:n]
+            m = _row_max(valid)
+            if m == _NEG_INF:
+                fill = _NAN if empty == 0 else (_ZERO if empty == 1 else _ONE / np.float32(tk))
+                for j in range(tk):
+                    row[j] = fill
+                continue
+            for j in range(n):
+                valid[j] -= m
+            exp_inplace(valid, bits)
+            total = _ZERO
+            for j in range(n):
+                total += valid[j]
+            inv = _ONE / total
+            for j in range(n):
+                valid[j] *= inv

@@ -1,0 +1,212 @@
+"""CpuOps primitives of the convolution and pooling family (bound as CpuOps methods).
+
+- conv2d: 1x1 / stride 1 / unpadded as one sgemm over the NHWC rows; otherwise im2col (Numba,
+  in row chunks of at most ``_COLS_BUDGET`` floats) + sgemm per chunk and group, into the output rows.
+- depthwise_conv2d: a direct Numba loop vectorized over channels.
+- conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering col2im.
+- pool2d: a direct Numba loop vectorized over channels.
+- bias + activation: ``_elementwise.bias_act_rows`` over the output rows, in place (epilogue).
+- The Numba kernels are serial over a row range; ``_split.run_rows`` shares large depthwise and
+  pooling calls among ``set_num_threads`` Python threads (the kernels release the GIL); im2col
+  and col2im run in the calling thread, between sgemm calls (docs/design.md).
+
+Workspaces (the im2col and column buffers) are per thread (``threading.local``) and grow to the
+largest size seen, so repeated calls do not allocate them and concurrent calls never share one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..reference import ReferenceOps
+from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
+from . import _conv, _elementwise
+from ._split import run_rows
+
+_EMPTY = np.zeros(0, dtype=np.float32)
+#: Largest im2col chunk, in floats (16 MiB): bounds the workspace, keeps sgemm panels large.
+_COLS_BUDGET = 1 << 22
+_tls = threading.local()
+#: Fewest output values per thread share of the direct kernels (depthwise, pooling): below this
+#: a thread hand-off (tens of microseconds) costs more than it saves.
+_MIN_OUT_VALUES = 1 << 15
+
+
+def _min_out_rows(values_per_row: int) -> int:
+    return max(1, _MIN_OUT_VALUES // max(values_per_row, 1))
+
+
+def workspace(size: int) -> np.ndarray:
+    """A float32 scratch vector of ``size`` owned by the calling thread (reused across calls)."""
+    buf = getattr(_tls, "buf", None)
+    if buf is None or buf.size < size:
+        buf = np.empty(max(size, 1), np.float32)
+        _tls.buf = buf
+    return buf[:size]
+
+
+def _f32c(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _epilogue(self, y_rows, b, activation, alpha):
+    """y = f(y + b) in place over (rows, C); activations without a fused kernel use the reference."""
+    code = _elementwise.CODES.get(activation)
+    if b is None and activation == "linear":
+        return y_rows
+    if b is not None or code is not None:
+        _elementwise.bias_act_rows(y_rows, _EMPTY if b is None else _f32c(b), y_rows,
+                                   _elementwise.LINEAR if code is None else code, np.float32(alpha))
+    return y_rows if code is not None else ReferenceOps.activation(self, y_rows, activation, alpha)
+
+
+def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
+           groups=1, activation="linear", alpha=0.0):
+    n, h, w, c = x_nhwc.shape
+    kh, kw, cin_g, cout = w_hwio.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    (pt, pb), (pl, pr) = pads
+    ho = conv_out_size(h, kh, sh, pt + pb, dh)
+    wo = conv_out_size(w, kw, sw, pl + pr, dw)
+    if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0:
+        return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
+                                   activation, alpha)
+    if groups > 1 and cin_g == 1 and groups == c:
+        # one input channel per group: a depthwise convolution (multiplier cout / c), direct loop
+        return depthwise_conv2d(self, x_nhwc, w_hwio.reshape(kh, kw, c, cout // c), b, strides,
+                                pads, dilation, activation, alpha)
+    x = _f32c(x_nhwc)
+    wk = _f32c(w_hwio)
+    rows, k, cout_g = n * ho * wo, kh * kw * cin_g, cout // groups
+    y = np.empty((rows, cout), np.float32)
+    if kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
+        np.matmul(x.reshape(rows, c), wk.reshape(c, cout), out=y)      # 1x1: one sgemm
+    else:
+        chunk = max(1, min(rows, _COLS_BUDGET // max(k, 1)))
+        w2 = wk.reshape(k, cout)
+        for g in range(groups):
+            wg = w2[:, g * cout_g: (g + 1) * cout_g] if groups > 1 else w2
+            for r0 in range(0, rows, chunk):
+                m = min(chunk, rows - r0)
+                cols = workspace(m * k).reshape(m, k)
+                # serial, in the calling thread: it sits between sgemm calls, whose idle
+                # OpenBLAS workers spin for a while and would compete with a second thread
+                _conv.im2col_nhwc(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, g * cin_g, r0, 0, m)
+                if groups == 1:
+                    np.matmul(cols, wg, out=y[r0: r0 + m])
+                else:
+                    y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
+    return _epilogue(self, y, b, activation, alpha).reshape(n, ho, wo, cout)
+
+
+def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                     dilation=(1, 1), activation="linear", alpha=0.0):
+    n, h, w, c = x_nhwc.shape
+    kh, kw, _, m = w_hwcm.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    (pt, pb), (pl, pr) = pads
+    ho = conv_out_size(h, kh, sh, pt + pb, dh)
+    wo = conv_out_size(w, kw, sw, pl + pr, dw)
+    if x_nhwc.size == 0 or ho <= 0 or wo <= 0:
+        return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
+                                             activation, alpha)
+    out = np.empty((n, ho, wo, c * m), np.float32)
+    run_rows(_conv.depthwise_nhwc, (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m), out,
+                                    sh, sw, dh, dw, pt, pl, m), n * ho, _min_out_rows(wo * c * m))
+    return _epilogue(self, out.reshape(-1, c * m), b, activation, alpha).reshape(out.shape)
+
+
+def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1), groups=1,
+                     activation="linear", alpha=0.0):
+    n, h, w, cin = x_nhwc.shape
+    kh, kw, _, cout_g = w_hwio.shape
+    (sh, sw), (dh, dw), (ct, cl), (ho, wo) = strides, dilation, crop, out_hw
+    if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout_g == 0:
+        return ReferenceOps.conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw,
+                                             dilation, groups, activation, alpha)
+    cin_g = cin // groups
+    x_rows = _f32c(x_nhwc).reshape(n * h * w, cin)
+    # w (kh, kw, C_in, C_out/g) -> per group (C_in/g, kh kw C_out/g)
+    w_ck = np.ascontiguousarray(np.moveaxis(_f32c(w_hwio), 2, 0)).reshape(cin, kh * kw * cout_g)
+    out = np.empty((n, ho, wo, groups * cout_g), np.float32)
+    k = kh * kw * cout_g
+    for g in range(groups):
+        cols = workspace(n * h * w * k).reshape(n * h * w, k)
+        xg = x_rows if groups == 1 else x_rows[:, g * cin_g: (g + 1) * cin_g]
+        np.matmul(xg, w_ck[g * cin_g: (g + 1) * cin_g], out=cols)
+        _conv.col2im_nhwc(cols, out, h, w, kh, kw, sh, sw, dh, dw, ct, cl, g * cout_g, cout_g, 0, n * ho)
+    return _epilogue(self, out.reshape(-1, out.shape[-1]), b, activation, alpha).reshape(out.shape)
+
+
+def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+           count_include_pad=False):
+    n, h, w, c = x_nhwc.shape
+    (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
+    if x_nhwc.size == 0 or ho <= 0 or wo <= 0:
+        return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation,
+                                   count_include_pad)
+    out = np.empty((n, ho, wo, c), np.float32)
+    run_rows(_conv.pool_nhwc, (_f32c(x_nhwc), out, int(kind == "max"), pool[0], pool[1], strides[0],
+                               strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
+                               bool(count_include_pad)), n * ho, _min_out_rows(wo * c))
+    return out
+
+
+def _bin_pool(x, batch, h0, h1, w0, w1, kind, out):
+    run_rows(_conv.bin_pool_nhwc, (_f32c(x), batch, h0, h1, w0, w1, int(kind == "max"), out),
+             out.shape[0] * out.shape[1], _min_out_rows(out.shape[2] * out.shape[3]))
+    return out
+
+
+def adaptive_pool2d(self, x_nhwc, kind, out_hw):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0:
+        return ReferenceOps.adaptive_pool2d(self, x_nhwc, kind, out_hw)
+    hb = np.array(adaptive_bins(h, out_hw[0]), np.int64)
+    wb = np.array(adaptive_bins(w, out_hw[1]), np.int64)
+    h0, h1 = (np.ascontiguousarray(np.broadcast_to(hb[:, i], (n, out_hw[0]))) for i in (0, 1))
+    w0, w1 = (np.ascontiguousarray(np.broadcast_to(wb[:, i], (n, out_hw[1]))) for i in (0, 1))
+    out = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+    return _bin_pool(x_nhwc, np.arange(n, dtype=np.int64), h0, h1, w0, w1, kind, out)
+
+
+def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0 or len(rois) == 0:
+        return ReferenceOps.roi_pool(self, x_nhwc, rois, output_size, spatial_scale)
+    batch, h0, h1, w0, w1 = roi_bins(rois, output_size, spatial_scale, h, w)
+    out = np.empty((batch.shape[0], output_size[0], output_size[1], c), np.float32)
+    return _bin_pool(x_nhwc, batch, h0, h1, w0, w1, "max", out)
+
+
+def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+    n, h, w, c = x_nhwc.shape
+    if x_nhwc.size == 0 or min(out_hw) <= 0:
+        return ReferenceOps.upsample2d(self, x_nhwc, out_hw, mode, align_corners, scales)
+    sy = source_coords(out_hw[0], h, mode, align_corners, scales[0])
+    sx = source_coords(out_hw[1], w, mode, align_corners, scales[1])
+    if mode == "nearest":
+        y0, x0 = sy.astype(np.int64), sx.astype(np.int64)
+        y1, x1 = y0, x0
+        fy, fx = np.zeros(len(y0), np.float32), np.zeros(len(x0), np.float32)
+    else:
+        y0 = np.minimum(np.floor(sy).astype(np.int64), h - 1)
+        x0 = np.minimum(np.floor(sx).astype(np.int64), w - 1)
+        y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+        fy, fx = (sy - y0).astype(np.float32), (sx - x0).astype(np.float32)
+    out = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+    run_rows(_conv.resize_nhwc, (_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, mode != "nearest", out),
+             n * out_hw[0], _min_out_rows(out_hw[1] * c))
+    return out
+
+
+def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+    if x.size == 0 or x.ndim == 0:
+        return ReferenceOps.local_response_norm(self, x, size, alpha, beta, k)
+    xr = _f32c(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(xr)
+    run_rows(_conv.lrn_rows, (xr, int(size), np.float32(alpha), np.float32(beta), np.float32(k), out),
+             xr.shape[0], _min_out_rows(xr.shape[1]))
+    return out.reshape(x.shape)

@@ -1,0 +1,379 @@
+"""ONNX models on fastlayers kernels: graph import, load-time optimisation, execution.
+
+``load_onnx(path)`` reads the protobuf with the ``onnx`` package (``fastlayers[onnx]``; external
+data files are read from beside the model), refuses in one error every operator it does not
+implement, then optimises the graph once:
+
+1. constant folding: nodes whose inputs are all known at load run once and become constants;
+2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
+   BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
+   absorbs a following BatchNormalization (folded into its weights) and activation, with its
+   weights transposed once to the backend's layout;
+3. dead-node removal: only nodes the outputs depend on are kept;
+4. static shape inference (onnx.shape_inference) for the summary and input checks.
+
+Execution walks the kept nodes in order with a value table local to the call, so one model
+serves many threads; batch size and sequence length may vary from call to call.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FastlayersError, ModelFileError, ShapeError, UnsupportedError
+from .onnx_ops import DTYPES, OPS
+
+MIN_OPSET = 9
+#: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
+_FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
+                        "LeakyRelu": ("leaky_relu", "alpha")}
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError as e:  # pragma: no cover - only without the extra
+        raise UnsupportedError("reading ONNX files needs the onnx package: pip install fastlayers[onnx]") from e
+    return onnx
+
+
+class Node:
+    """One operator call: op type, input and output value names, parsed attributes."""
+
+    __slots__ = ("op_type", "inputs", "outputs", "attrs", "name")
+
+    def __init__(self, op_type, inputs, outputs, attrs, name=""):
+        self.op_type, self.inputs, self.outputs, self.attrs, self.name = op_type, inputs, outputs, attrs, name
+
+
+def _attribute(attr):
+    from onnx import helper, numpy_helper
+
+    value = helper.get_attribute_value(attr)
+    if hasattr(value, "data_type") and hasattr(value, "dims"):  # a TensorProto
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+def _read_nodes(graph, where) -> list[Node]:
+    nodes = []
+    for n in graph.node:
+        if any(a.type in (5, 10) for a in n.attribute):  # GRAPH / GRAPHS: control flow
+            raise UnsupportedError(f"{where}: operator {n.op_type} with subgraphs (control flow) is not supported")
+        attrs = {a.name: _attribute(a) for a in n.attribute}
+        if n.op_type == "Split":
+            attrs["_num_outputs"] = len(n.output)
+        nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name))
+    return nodes
+
+
+# ------------------------------------------------------------------------------ optimisation
+def fold_constants(nodes, constants, opset) -> list[Node]:
+    """Run every node whose inputs are all constants; keep the others."""
+    kept = []
+    for node in nodes:
+        if node.op_type not in _NONDETERMINISTIC and all(i == "" or i in constants for i in node.inputs):
+            outs = OPS[node.op_type]([constants[i] if i else None for i in node.inputs], node.attrs, opset)
+            for name, value in zip(node.outputs, outs):
+                if name:
+                    constants[name] = np.asarray(value)
+        else:
+            kept.append(node)
+    return kept
+
+
+def _consumers(nodes, outputs) -> dict[str, int]:
+    count: dict[str, int] = {name: 1 for name in outputs}
+    for node in nodes:
+        for i in node.inputs:
+            count[i] = count.get(i, 0) + 1
+    return count
+
+
+def _bias_vector(value, units):
+    """A constant added on the last axis of a dense output, as a (units,) vector, else None."""
+    if value is None or value.dtype != np.float32:
+        return None
+    if value.shape in ((units,), (1, units)):
+        return np.ascontiguousarray(value.reshape(units))
+    return None
+
+
+def fuse_dense(nodes, constants, outputs) -> list[Node]:
+    """MatMul/Gemm with constant 2-D weights (+ Add of a bias) (+ an activation) -> FusedDense."""
+    producers = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    uses = _consumers(nodes, outputs)
+    removed: set[int] = set()
+    for k, node in enumerate(nodes):
+        if k in removed:
+            continue
+        w = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        if node.op_type == "MatMul" and w is not None and w.ndim == 2 and w.dtype == np.float32:
+            node.op_type, node.inputs, node.attrs = "FusedDense", [node.inputs[0], node.inputs[1]], {}
+        elif (node.op_type == "Gemm" and w is not None and w.dtype == np.float32 and not node.attrs.get("transA", 0)
+              and node.attrs.get("alpha", 1.0) == 1.0 and node.attrs.get("beta", 1.0) == 1.0):
+            c = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+            bias = _bias_vector(c, w.shape[0] if node.attrs.get("transB", 0) else w.shape[1]) if c is not None else None
+            if c is not None and bias is None:
+                continue
+            w_name = node.inputs[1]
+            if node.attrs.get("transB", 0):
+                w_name = f"{node.inputs[1]}::T"
+                constants[w_name] = np.ascontiguousarray(w.T)
+            ins = [node.inputs[0], w_name]
+            if bias is not None:
+                constants[f"{node.name or k}::bias"] = bias
+                ins.append(f"{node.name or k}::bias")
+            node.op_type, node.inputs, node.attrs = "FusedDense", ins, {}
+        else:
+            continue
+        # absorb a following Add of a bias, then an activation, when this node is their only input
+        for _ in range(2):
+            out = node.outputs[0]
+            nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
+            if uses.get(out, 0) != 1 or len(nxt) != 1:
+                break
+            j = nxt[0]
+            follower = nodes[j]
+            if follower.op_type == "Add" and len(node.inputs) == 2:
+                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
+                bias = _bias_vector(constants.get(other), constants[node.inputs[1]].shape[1])
+                if bias is None:
+                    break
+                constants[f"{other}::vec"] = bias
+                node.inputs.append(f"{other}::vec")
+            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in node.attrs:
+                name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
+                node.attrs = {"activation": name,
+                              "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
+            else:
+                break
+            node.outputs = follower.outputs
+            removed.add(j)
+    del producers
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def fuse_conv(nodes, constants, outputs) -> list[Node]:
+    """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) -> FusedConv,
+    its weights pre-transposed to the backend's HWIO layout once."""
+    uses = _consumers(nodes, outputs)
+    removed: set[int] = set()
+    for k, node in enumerate(nodes):
+        w = constants.get(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
+        if w is None or w.dtype != np.float32 or w.ndim not in (3, 4):
+            continue
+        b = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        if len(node.inputs) > 2 and node.inputs[2] and b is None:
+            continue
+        attrs = dict(node.attrs)
+        for _ in range(2):
+            out = node.outputs[0]
+            nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
+            if uses.get(out, 0) != 1 or len(nxt) != 1:
+                break
+            follower = nodes[nxt[0]]
+            if follower.op_type == "BatchNormalization" and "activation" not in attrs \
+                    and not follower.attrs.get("training_mode", 0) \
+                    and all(i in constants for i in follower.inputs[1:5]) and len(follower.outputs) == 1:
+                scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
+                s = scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))
+                w = (w * s.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
+                b = ((np.zeros_like(mean) if b is None else b) - mean) * s + beta
+            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
+                name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
+                attrs["activation"] = name
+                attrs["alpha"] = follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0
+            else:
+                break
+            node.outputs = follower.outputs
+            removed.add(nxt[0])
+        key = node.name or f"conv{k}"
+        constants[f"{key}::w"] = w
+        w4 = w[:, :, None, :] if w.ndim == 3 else w
+        attrs["_w_hwio"] = np.ascontiguousarray(w4.transpose(2, 3, 1, 0))
+        node.inputs = [node.inputs[0], f"{key}::w"]
+        if b is not None:
+            constants[f"{key}::b"] = np.asarray(b, np.float32)
+            node.inputs.append(f"{key}::b")
+        node.op_type, node.attrs = "FusedConv", attrs
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def prune(nodes, outputs) -> list[Node]:
+    """Keep only the nodes the graph outputs depend on."""
+    needed = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.outputs):
+            kept.append(node)
+            needed.update(i for i in node.inputs if i)
+    return kept[::-1]
+
+
+# --------------------------------------------------------------------------------- the model
+class OnnxModel:
+    """A model imported from ONNX, run on fastlayers primitives.
+
+    Call it like a fastlayers model: ``model(x)``, ``model(x1, x2)``, ``model([x1, x2])`` or
+    ``model({"input_name": x})``; it returns one array or a list (one per graph output).
+    """
+
+    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where):
+        self.name, self.opset, self._where = name, opset, where
+        self._inputs = inputs            # [(name, numpy dtype, shape with None for symbolic dims)]
+        self.output_names = list(outputs)
+        self._constants = constants
+        self._nodes = nodes
+        self._shapes = shapes
+        self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
+                                         for i in n.inputs], n.outputs, n.attrs) for n in nodes]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [name for name, _, _ in self._inputs]
+
+    @property
+    def op_types(self) -> list[str]:
+        """The operators run per call, after optimisation, in order."""
+        return [n.op_type for n in self._nodes]
+
+    def count_params(self) -> int:
+        return int(sum(v.size for v in self._constants.values() if v.dtype == np.float32))
+
+    def _prepare(self, args, kwargs):
+        if kwargs:
+            arrays = [kwargs.get(name) for name in self.input_names]
+        elif len(args) == 1 and isinstance(args[0], dict):
+            arrays = [args[0].get(name) for name in self.input_names]
+        elif len(args) == 1 and isinstance(args[0], (list, tuple)) and len(self._inputs) > 1:
+            arrays = list(args[0])
+        else:
+            arrays = list(args)
+        if len(arrays) != len(self._inputs) or any(a is None for a in arrays):
+            raise ShapeError(f"ONNX model {self.name!r} expects inputs {self.input_names}, got "
+                             f"{len([a for a in arrays if a is not None])}")
+        out = []
+        for (name, dtype, shape), a in zip(self._inputs, arrays):
+            a = np.asarray(a)
+            if a.dtype.kind not in "biuf":
+                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected a numeric array, "
+                                 f"got dtype {a.dtype}")
+            a = a.astype(dtype, copy=False)
+            if shape is not None and (a.ndim != len(shape) or any(
+                    d is not None and d != s for d, s in zip(shape, a.shape))):
+                want = ", ".join("?" if d is None else str(d) for d in shape)
+                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected shape ({want}), "
+                                 f"got {a.shape}")
+            out.append(a)
+        return out
+
+    def __call__(self, *args, **kwargs):
+        values = dict(zip(self.input_names, self._prepare(args, kwargs)))
+        for fn, ins, outs, attrs in self._plan:
+            results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+            for name, value in zip(outs, results):
+                if name:
+                    values[name] = value
+        results = [values[o] if o in values else self._constants[o] for o in self.output_names]
+        return results[0] if len(results) == 1 else results
+
+    def predict(self, x, batch_size: int | None = None):
+        """Run in batches along axis 0 of every input (all at once by default)."""
+        arrays = x if isinstance(x, (list, tuple)) else [x]
+        total = len(arrays[0])
+        if not batch_size or total <= batch_size:
+            return self(*arrays)
+        parts = [self(*[a[i:i + batch_size] for a in arrays]) for i in range(0, total, batch_size)]
+        if len(self.output_names) == 1:
+            return np.concatenate(parts)
+        return [np.concatenate([p[k] for p in parts]) for k in range(len(self.output_names))]
+
+    def summary(self, print_fn=None) -> None:
+        """Print the optimised operator sequence with output shapes, and the weight count."""
+        lines = [f'ONNX model "{self.name}" (opset {self.opset})', "=" * 90,
+                 f"{'operator':28s}{'outputs':40s}shape", "=" * 90]
+        for n in self._nodes:
+            for o in n.outputs:
+                shape = self._shapes.get(o)
+                text = "?" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+                lines.append(f"{n.op_type:28s}{o[:38]:40s}{text}")
+        lines += ["=" * 90, f"Total params: {self.count_params():,}", "=" * 90]
+        (print_fn or (lambda s: print(s, file=sys.stdout)))("\n".join(lines))
+
+    def save(self, path):
+        raise UnsupportedError("an imported ONNX model cannot be saved in the fastlayers format; keep the .onnx file")
+
+
+def _value_shape(value_info):
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+
+
+def load_onnx(path) -> OnnxModel:
+    """Import an ONNX model file (see the module docstring)."""
+    onnx = _onnx()
+    where = str(path)
+    try:
+        proto = onnx.load(str(path))
+    except FastlayersError:
+        raise
+    except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError types
+        raise ModelFileError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+    return from_proto(proto, where)
+
+
+def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
+    """Import an in-memory ``onnx.ModelProto``."""
+    onnx = _onnx()
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or not graph.node:
+        raise ModelFileError(f"{where}: not an ONNX model (no default-domain opset or no nodes)")
+    if opset < MIN_OPSET:
+        raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
+    unsupported = sorted({n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+                          for n in graph.node if n.domain not in ("", "ai.onnx") or n.op_type not in OPS})
+    if unsupported:
+        raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    try:
+        constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    except Exception as e:  # noqa: BLE001 - malformed tensors, missing external data
+        raise ModelFileError(f"{where}: cannot read the weights ({type(e).__name__}: {e})") from e
+    inputs = []
+    for vi in graph.input:
+        if vi.name in constants:
+            continue
+        elem = vi.type.tensor_type.elem_type
+        if elem not in DTYPES:
+            raise UnsupportedError(f"{where}: input {vi.name!r} has unsupported element type {elem}")
+        inputs.append((vi.name, np.dtype(DTYPES[elem]), _value_shape(vi)))
+    outputs = [o.name for o in graph.output]
+    nodes = _read_nodes(graph, where)
+    try:
+        nodes = fold_constants(nodes, constants, opset)
+        nodes = prune(fuse_conv(fuse_dense(nodes, constants, outputs), constants, outputs), outputs)
+    except FastlayersError:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError) as e:
+        raise ModelFileError(f"{where}: invalid graph ({type(e).__name__}: {e})") from e
+    shapes = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            shapes[vi.name] = _value_shape(vi)
+    except Exception:  # noqa: BLE001 - inference is informative only
+        pass
+    return OnnxModel(graph.name or Path(where).stem, inputs, outputs, constants, nodes, opset, shapes, where)

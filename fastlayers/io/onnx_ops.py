@@ -1,0 +1,905 @@
+"""ONNX operators on numpy and the fastlayers backend: ``OPS[op_type](inputs, attrs, opset)``.
+
+Each function takes the node's input arrays (None for an omitted optional input), its attributes
+as Python values and the model's opset for the default domain, and returns the list of outputs.
+Semantics follow https://onnx.ai/onnx/operators/ for opsets 9 to current; where an input moved
+from an attribute to an input across opsets (axes, pads, split, min/max, ...) both are read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends import get_ops
+from ..backends.reference import erfc64, fold_batch_norm
+from ..errors import UnsupportedError
+
+OPS: dict = {}
+
+# ONNX TensorProto element types -> numpy dtypes
+DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
+          7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+
+
+def op(*names):
+    def register(fn):
+        for name in names:
+            OPS[name] = fn
+        return fn
+    return register
+
+
+def _f32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+def _ints(x):
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _axes(inputs, attrs, index, name="axes"):
+    """An axes list given as an attribute (old opsets) or as input ``index`` (new opsets)."""
+    if len(inputs) > index and inputs[index] is not None:
+        return _ints(inputs[index])
+    value = attrs.get(name)
+    return None if value is None else [int(v) for v in value]
+
+
+# ------------------------------------------------------------------------- elementwise, math
+def _binary(fn):
+    def run(inputs, attrs, opset):
+        a, b = inputs
+        return [fn(a, b)]
+    return run
+
+
+for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": np.power,
+                   "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+                   "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+                   "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}.items():
+    OPS[_name] = _binary(_fn)
+
+
+@op("Div")
+def _div(inputs, attrs, opset):
+    a, b = inputs
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return [np.trunc(np.divide(a, b)).astype(np.result_type(a, b))]
+    return [np.divide(a, b)]
+
+
+@op("Mod")
+def _mod(inputs, attrs, opset):
+    a, b = inputs
+    return [np.fmod(a, b) if attrs.get("fmod", 0) else np.mod(a, b)]
+
+
+def _unary(fn):
+    def run(inputs, attrs, opset):
+        return [fn(inputs[0])]
+    return run
+
+
+for _name, _fn in {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
+                   "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not,
+                   "Sign": np.sign, "Round": np.round, "Sin": np.sin, "Cos": np.cos, "IsNaN": np.isnan,
+                   "Identity": lambda x: x}.items():
+    OPS[_name] = _unary(_fn)
+
+
+@op("Erf")
+def _erf(inputs, attrs, opset):
+    x = inputs[0]
+    return [(1.0 - erfc64(x.astype(np.float64))).astype(x.dtype)]
+
+
+def _variadic(fn):
+    def run(inputs, attrs, opset):
+        out = inputs[0]
+        for x in inputs[1:]:
+            out = fn(out, x)
+        return [out]
+    return run
+
+
+OPS["Sum"] = _variadic(np.add)
+OPS["Max"] = _variadic(np.maximum)
+OPS["Min"] = _variadic(np.minimum)
+
+
+@op("Mean")
+def _mean(inputs, attrs, opset):
+    return [_variadic(np.add)(inputs, attrs, opset)[0] / np.float32(len(inputs))]
+
+
+@op("Where")
+def _where(inputs, attrs, opset):
+    c, a, b = inputs
+    return [np.where(c, a, b)]
+
+
+@op("Clip")
+def _clip(inputs, attrs, opset):
+    x = inputs[0]
+    lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("min")
+    hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else attrs.get("max")
+    if lo is not None:
+        x = np.maximum(x, np.asarray(lo, x.dtype))
+    if hi is not None:
+        x = np.minimum(x, np.asarray(hi, x.dtype))
+    return [x]
+
+
+# ------------------------------------------------------------------------------ activations
+def _activation(name, alpha_attr=None, default=0.0):
+    def run(inputs, attrs, opset):
+        alpha = attrs.get(alpha_attr, default) if alpha_attr else default
+        return [get_ops().activation(_f32(inputs[0]), name, alpha)]
+    return run
+
+
+OPS["Relu"] = _activation("relu")
+OPS["Sigmoid"] = _activation("sigmoid")
+OPS["Tanh"] = _activation("tanh")
+OPS["Softsign"] = _activation("softsign")
+OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
+
+
+@op("Elu")
+def _elu(inputs, attrs, opset):
+    return [get_ops().activation(_f32(inputs[0]), "elu", attrs.get("alpha", 1.0))]
+
+
+@op("Selu")
+def _selu(inputs, attrs, opset):
+    alpha, gamma = attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)
+    x = _f32(inputs[0])
+    return [np.where(x > 0, np.float32(gamma) * x, np.float32(gamma * alpha) * np.expm1(np.minimum(x, 0)))
+            .astype(np.float32)]
+
+
+@op("Softplus")
+def _softplus(inputs, attrs, opset):
+    return [get_ops().activation(_f32(inputs[0]), "softplus")]
+
+
+@op("HardSigmoid")
+def _hard_sigmoid(inputs, attrs, opset):
+    alpha, beta = np.float32(attrs.get("alpha", 0.2)), np.float32(attrs.get("beta", 0.5))
+    return [np.clip(alpha * _f32(inputs[0]) + beta, np.float32(0), np.float32(1))]
+
+
+@op("HardSwish")
+def _hard_swish(inputs, attrs, opset):
+    x = _f32(inputs[0])
+    return [x * np.clip(x / np.float32(6) + np.float32(0.5), np.float32(0), np.float32(1))]
+
+
+@op("PRelu")
+def _prelu(inputs, attrs, opset):
+    x, slope = inputs
+    return [np.where(x >= 0, x, x * slope).astype(np.float32)]
+
+
+@op("Gelu")
+def _gelu(inputs, attrs, opset):
+    approx = attrs.get("approximate", "none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    return [get_ops().activation(_f32(inputs[0]), "gelu_tanh" if approx == "tanh" else "gelu")]
+
+
+def _softmax_like(kind):
+    def run(inputs, attrs, opset):
+        x = _f32(inputs[0])
+        ops = get_ops()
+        if opset >= 13:
+            axis = attrs.get("axis", -1)
+            return [getattr(ops, kind)(x, axis)]
+        axis = attrs.get("axis", 1) % max(x.ndim, 1)  # opsets < 13: coerce to 2-D at axis
+        flat = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+        return [getattr(ops, kind)(flat, -1).reshape(x.shape)]
+    return run
+
+
+OPS["Softmax"] = _softmax_like("softmax")
+OPS["LogSoftmax"] = _softmax_like("log_softmax")
+
+
+# --------------------------------------------------------------------------- linear algebra
+@op("MatMul")
+def _matmul(inputs, attrs, opset):
+    return [np.matmul(inputs[0], inputs[1])]
+
+
+@op("Gemm")
+def _gemm(inputs, attrs, opset):
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    if attrs.get("transA", 0):
+        a = a.T
+    if attrs.get("transB", 0):
+        b = b.T
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    y = np.matmul(a, b)
+    if alpha != 1.0:
+        y *= np.float32(alpha)
+    if c is not None:
+        y = y + (c if beta == 1.0 else np.float32(beta) * c)
+    return [y]
+
+
+@op("FusedDense")
+def _fused_dense(inputs, attrs, opset):
+    """fastlayers' own fused node: activation(x @ w + b) through the backend's dense primitive."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    return [get_ops().dense(_f32(x), w, b, attrs.get("activation", "linear"), attrs.get("alpha", 0.0))]
+
+
+# ---------------------------------------------------------------------------- normalization
+@op("BatchNormalization")
+def _batch_norm(inputs, attrs, opset):
+    if attrs.get("training_mode", 0):
+        raise UnsupportedError("BatchNormalization with training_mode=1 (batch statistics) is not supported")
+    x, scale, bias, mean, var = inputs[:5]
+    s, t = fold_batch_norm(mean, var, scale, bias, attrs.get("epsilon", 1e-5))
+    return [get_ops().batch_norm(_f32(x), s, t, axis=1)]
+
+
+@op("InstanceNormalization")
+def _instance_norm(inputs, attrs, opset):
+    x, scale, bias = inputs
+    axes = tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = get_ops().layer_norm(_f32(x), None, None, attrs.get("epsilon", 1e-5), axes)
+    return [y * scale.reshape(shape) + bias.reshape(shape)]
+
+
+@op("LayerNormalization")
+def _layer_norm(inputs, attrs, opset):
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    axis = attrs.get("axis", -1) % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    eps = attrs.get("epsilon", 1e-5)
+    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes)
+    # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)
+    mean = np.mean(x, axis=axes, keepdims=True, dtype=np.float32)
+    inv_std = 1.0 / np.sqrt(np.mean(np.square(x - mean), axis=axes, keepdims=True) + np.float32(eps))
+    return [y, mean, inv_std.astype(np.float32)]
+
+
+@op("LpNormalization")
+def _lp_norm(inputs, attrs, opset):
+    x = inputs[0]
+    axis, p = attrs.get("axis", -1), attrs.get("p", 2)
+    norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
+    return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
+
+
+# ----------------------------------------------------------------------------------- reduce
+def _reduce(fn, axes_input_from):
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        axes = _axes(inputs, attrs, 1) if opset >= axes_input_from else _axes([], attrs, 1)
+        keep = bool(attrs.get("keepdims", 1))
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.ndim))
+        return [fn(x, axis=tuple(axes), keepdims=keep)]
+    return run
+
+
+OPS["ReduceMean"] = _reduce(np.mean, 18)
+OPS["ReduceSum"] = _reduce(np.sum, 13)
+OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
+    x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    if x.dtype.kind in "iu" else False), 18)
+OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
+    x, axis=axis, keepdims=keepdims, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
+    if x.dtype.kind in "iu" else True), 18)
+OPS["ReduceProd"] = _reduce(np.prod, 18)
+OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims)), 18)
+OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: np.sum(np.square(x), axis=axis, keepdims=keepdims), 18)
+
+
+def _arg(fn):
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        axis = attrs.get("axis", 0)
+        if attrs.get("select_last_index", 0):
+            flipped = np.flip(x, axis)
+            out = x.shape[axis] - 1 - fn(flipped, axis=axis)
+        else:
+            out = fn(x, axis=axis)
+        out = out.astype(np.int64)
+        return [np.expand_dims(out, axis) if attrs.get("keepdims", 1) else out]
+    return run
+
+
+OPS["ArgMax"] = _arg(np.argmax)
+OPS["ArgMin"] = _arg(np.argmin)
+
+
+@op("GlobalAveragePool")
+def _gap(inputs, attrs, opset):
+    x = inputs[0]
+    return [np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
+@op("GlobalMaxPool")
+def _gmp(inputs, attrs, opset):
+    x = inputs[0]
+    return [np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
+# ---------------------------------------------------------------------------- shape, layout
+@op("Reshape")
+def _reshape(inputs, attrs, opset):
+    x, shape = inputs[0], _ints(inputs[1]) if len(inputs) > 1 else list(attrs["shape"])
+    if not attrs.get("allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [x.reshape(shape)]
+
+
+@op("Flatten")
+def _flatten(inputs, attrs, opset):
+    x = inputs[0]
+    axis = attrs.get("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
+    return [x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64)))]
+
+
+@op("Transpose")
+def _transpose(inputs, attrs, opset):
+    perm = attrs.get("perm")
+    return [np.transpose(inputs[0], perm)]
+
+
+@op("Squeeze")
+def _squeeze(inputs, attrs, opset):
+    x = inputs[0]
+    axes = _axes(inputs, attrs, 1)
+    if axes is None:
+        return [np.squeeze(x)]
+    return [np.squeeze(x, axis=tuple(a % x.ndim for a in axes))]
+
+
+@op("Unsqueeze")
+def _unsqueeze(inputs, attrs, opset):
+    x = inputs[0]
+    axes = _axes(inputs, attrs, 1)
+    rank = x.ndim + len(axes)
+    for a in sorted(a % rank for a in axes):
+        x = np.expand_dims(x, a)
+    return [x]
+
+
+@op("Concat")
+def _concat(inputs, attrs, opset):
+    return [np.concatenate([x for x in inputs if x is not None], axis=attrs["axis"])]
+
+
+@op("Split")
+def _split(inputs, attrs, opset):
+    x = inputs[0]
+    axis = attrs.get("axis", 0)
+    sizes = _axes(inputs, attrs, 1, name="split")
+    if sizes is None:
+        n = attrs.get("num_outputs") or attrs["_num_outputs"]
+        size = -(-x.shape[axis] // n)
+        sizes = [min(size, x.shape[axis] - i * size) for i in range(n)]
+    return list(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
+
+
+@op("Slice")
+def _slice(inputs, attrs, opset):
+    x = inputs[0]
+    if opset < 10:
+        starts, ends = list(attrs["starts"]), list(attrs["ends"])
+        axes = list(attrs.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(inputs[1]), _ints(inputs[2])
+        axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
+        steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[a % x.ndim] = slice(s, None if (st < 0 and e < -x.shape[a]) else e, st)
+    return [x[tuple(index)]]
+
+
+@op("Gather")
+def _gather(inputs, attrs, opset):
+    x, idx = inputs
+    return [np.take(x, idx.astype(np.int64), axis=attrs.get("axis", 0))]
+
+
+@op("GatherElements")
+def _gather_elements(inputs, attrs, opset):
+    x, idx = inputs
+    return [np.take_along_axis(x, idx.astype(np.int64) % x.shape[attrs.get("axis", 0)], axis=attrs.get("axis", 0))]
+
+
+@op("Shape")
+def _shape(inputs, attrs, opset):
+    shape = np.array(inputs[0].shape, dtype=np.int64)
+    return [shape[attrs.get("start", 0):attrs.get("end", None)]]
+
+
+@op("Size")
+def _size(inputs, attrs, opset):
+    return [np.array(inputs[0].size, dtype=np.int64)]
+
+
+@op("Cast")
+def _cast(inputs, attrs, opset):
+    to = attrs["to"]
+    if to not in DTYPES:
+        raise UnsupportedError(f"Cast to ONNX type {to} is not supported")
+    return [inputs[0].astype(DTYPES[to])]
+
+
+@op("CastLike")
+def _cast_like(inputs, attrs, opset):
+    return [inputs[0].astype(inputs[1].dtype)]
+
+
+@op("Constant")
+def _constant(inputs, attrs, opset):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in attrs:
+            value = attrs[key]
+            if key in ("value_float", "value_floats"):
+                return [np.asarray(value, np.float32)]
+            if key in ("value_int", "value_ints"):
+                return [np.asarray(value, np.int64)]
+            return [value]
+    raise UnsupportedError(f"Constant with attributes {sorted(attrs)} is not supported")
+
+
+@op("ConstantOfShape")
+def _constant_of_shape(inputs, attrs, opset):
+    value = attrs.get("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    return [np.full(_ints(inputs[0]), value.reshape(-1)[0], dtype=value.dtype)]
+
+
+@op("Range")
+def _range(inputs, attrs, opset):
+    start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
+    return [np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))]
+
+
+@op("Expand")
+def _expand(inputs, attrs, opset):
+    x, shape = inputs
+    return [x * np.ones(_ints(shape), dtype=x.dtype)]
+
+
+@op("Tile")
+def _tile(inputs, attrs, opset):
+    return [np.tile(inputs[0], _ints(inputs[1]))]
+
+
+@op("Trilu")
+def _trilu(inputs, attrs, opset):
+    x = inputs[0]
+    k = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 and inputs[1] is not None else 0
+    return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)]
+
+
+@op("Dropout")
+def _dropout(inputs, attrs, opset):
+    x = inputs[0]
+    return [x, np.ones(x.shape, dtype=np.bool_)]
+
+
+@op("Pad")
+def _pad(inputs, attrs, opset):
+    x = inputs[0]
+    mode = attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if opset < 11:
+        pads, value = list(attrs["pads"]), attrs.get("value", 0.0)
+        axes = list(range(x.ndim))
+    else:
+        pads = _ints(inputs[1])
+        value = np.asarray(inputs[2]).reshape(()) if len(inputs) > 2 and inputs[2] is not None and np.asarray(inputs[2]).size else 0
+        axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(x.ndim))
+    n = len(axes)
+    width = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes):
+        width[a % x.ndim] = (pads[i], pads[i + n])
+    if any(p < 0 for pair in width for p in pair):  # negative pads crop
+        index = tuple(slice(-b if b < 0 else 0, x.shape[k] + e if e < 0 else None)
+                      for k, (b, e) in enumerate(width))
+        x = x[index]
+        width = [(max(b, 0), max(e, 0)) for b, e in width]
+    if mode == "constant":
+        return [np.pad(x, width, mode="constant", constant_values=value)]
+    if mode in ("reflect", "edge", "wrap"):
+        return [np.pad(x, width, mode=mode)]
+    raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+
+
+# ------------------------------------------------------------------------- recurrent (RNN/GRU/LSTM)
+def _rnn_activation(name, alpha, beta):
+    """An ONNX recurrent activation function by name (with its optional alpha/beta)."""
+    name = name.lower()
+    table = {
+        "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+        "tanh": np.tanh,
+        "relu": lambda x: np.maximum(x, 0),
+        "hardsigmoid": lambda x: np.clip(alpha * x + beta, 0, 1),
+        "leakyrelu": lambda x: np.where(x >= 0, x, alpha * x),
+        "thresholdedrelu": lambda x: np.where(x > alpha, x, 0),
+        "scaledtanh": lambda x: alpha * np.tanh(beta * x),
+        "affine": lambda x: alpha * x + beta,
+        "elu": lambda x: np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, 0))),
+        "softsign": lambda x: x / (1 + np.abs(x)),
+        "softplus": lambda x: np.logaddexp(0, x),
+    }
+    if name not in table:
+        raise UnsupportedError(f"recurrent activation {name!r} is not supported")
+    return table[name]
+
+
+def _recurrent(kind, inputs, attrs):
+    """The ONNX RNN/GRU/LSTM recurrences (https://onnx.ai/onnx/operators/onnx__LSTM.html), every
+    attribute: direction, layout, activations (+ alpha/beta), clip, sequence_lens, initial states,
+    peepholes (LSTM), input_forget (LSTM), linear_before_reset (GRU). Computed in float64."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    x, w, r = inputs[0], inputs[1], inputs[2]
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
+    b, seq_lens, h0 = get(3), get(4), get(5)
+    c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
+    layout = attrs.get("layout", 0)
+    if layout:
+        x = np.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else np.swapaxes(h0, 0, 1)
+        c0 = None if c0 is None else np.swapaxes(c0, 0, 1)
+    steps, batch, _ = x.shape
+    hidden = attrs.get("hidden_size") or r.shape[-1]
+    direction = attrs.get("direction", "forward")
+    n_dir = 2 if direction == "bidirectional" else 1
+    defaults = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind]
+    names = list(attrs.get("activations", [])) or defaults * n_dir
+    alphas, betas = list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", []))
+    acts = [_rnn_activation(n, alphas[i] if i < len(alphas) else 0.01 if n.lower() == "leakyrelu" else 1.0,
+                            betas[i] if i < len(betas) else 0.0) for i, n in enumerate(names)]
+    clip = attrs.get("clip")
+    lens = np.full(batch, steps, np.int64) if seq_lens is None else seq_lens.astype(np.int64)
+    x64 = x.astype(np.float64)
+    ys = np.zeros((steps, n_dir, batch, hidden))
+    h_last = np.zeros((n_dir, batch, hidden))
+    c_last = np.zeros((n_dir, batch, hidden))
+    for d in range(n_dir):
+        reverse = direction == "reverse" or d == 1
+        f = acts[d * len(defaults):(d + 1) * len(defaults)]
+        wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
+        wb = b[d, :gates * hidden].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        rb = b[d, gates * hidden:].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        h = np.zeros((batch, hidden)) if h0 is None else h0[d].astype(np.float64)
+        c = np.zeros((batch, hidden)) if c0 is None else c0[d].astype(np.float64)
+        pd = p[d].astype(np.float64) if p is not None else np.zeros(3 * hidden)
+        for t in range(steps):
+            for n in range(batch):
+                if t >= lens[n]:
+                    continue
+                step = lens[n] - 1 - t if reverse else t
+                xt, hp = x64[step, n], h[n]
+                zx = wd @ xt + wb
+                if kind == "RNN":
+                    z = zx + rd @ hp + rb
+                    if clip is not None:
+                        z = np.clip(z, -clip, clip)
+                    h[n] = f[0](z)
+                elif kind == "GRU":
+                    zr = zx[:2 * hidden] + rd[:2 * hidden] @ hp + rb[:2 * hidden]
+                    if clip is not None:
+                        zr = np.clip(zr, -clip, clip)
+                    zt, rt = f[0](zr[:hidden]), f[0](zr[hidden:])
+                    if attrs.get("linear_before_reset", 0):
+                        hh = zx[2 * hidden:] + rt * (rd[2 * hidden:] @ hp + rb[2 * hidden:])
+                    else:
+                        hh = zx[2 * hidden:] + rd[2 * hidden:] @ (rt * hp) + rb[2 * hidden:]
+                    if clip is not None:
+                        hh = np.clip(hh, -clip, clip)
+                    h[n] = (1 - zt) * f[1](hh) + zt * hp
+                else:
+                    z = zx + rd @ hp + rb
+                    zi, zo, zf, zc = (z[k * hidden:(k + 1) * hidden] for k in range(4))
+                    zi = zi + pd[:hidden] * c[n]
+                    zf = zf + pd[2 * hidden:] * c[n]
+                    if clip is not None:
+                        zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
+                    it, ft = f[0](zi), f[0](zf)
+                    if attrs.get("input_forget", 0):
+                        ft = 1 - it
+                    c[n] = ft * c[n] + it * f[1](zc)
+                    zo = zo + pd[hidden:2 * hidden] * c[n]
+                    if clip is not None:
+                        zo = np.clip(zo, -clip, clip)
+                    h[n] = f[0](zo) * f[2](c[n])
+                ys[step, d, n] = h[n]
+        h_last[d], c_last[d] = h, c
+    y, yh, yc = ys.astype(np.float32), h_last.astype(np.float32), c_last.astype(np.float32)
+    if layout:
+        y, yh, yc = y.transpose(2, 0, 1, 3), np.swapaxes(yh, 0, 1), np.swapaxes(yc, 0, 1)
+    return [y, yh, yc] if kind == "LSTM" else [y, yh]
+
+
+OPS["RNN"] = lambda inputs, attrs, opset: _recurrent("RNN", inputs, attrs)
+OPS["GRU"] = lambda inputs, attrs, opset: _recurrent("GRU", inputs, attrs)
+OPS["LSTM"] = lambda inputs, attrs, opset: _recurrent("LSTM", inputs, attrs)
+
+
+# --------------------------------------------------------------------- convolution and pooling
+# ONNX tensors are NCHW; the backend's convolution primitives run NHWC/HWIO, so each op moves the
+# channel axis last and back. 1-D ops run as 2-D with height 1.
+def _nhwc(x):
+    """(N, C, L) or (N, C, H, W) -> NHWC (a copy) and whether the input was 1-D."""
+    if x.ndim == 3:
+        return np.ascontiguousarray(x[:, :, None, :].transpose(0, 2, 3, 1), dtype=np.float32), True
+    if x.ndim != 4:
+        raise UnsupportedError(f"only 1-D and 2-D convolution and pooling are supported, got input of rank {x.ndim}")
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1), dtype=np.float32), False
+
+
+def _nchw(y, one_d):
+    y = y.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(y[:, :, 0, :] if one_d else y)
+
+
+def _spatial(attrs, key, n, default):
+    v = attrs.get(key)
+    v = [default] * n if v is None or len(v) == 0 else list(v)
+    return v if n == 2 else [default if key != "kernel_shape" else 1] + v
+
+
+def conv_pads(attrs, in_hw, kernel, strides, dilations):
+    """((top, bottom), (left, right)) from ``pads`` or ``auto_pad`` (SAME_UPPER puts the extra
+    cell at the end, SAME_LOWER at the start)."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    n = len(in_hw)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(in_hw, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + d * (k - 1) + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+        return tuple(pads)
+    if auto == "VALID":
+        return ((0, 0),) * n
+    p = list(attrs.get("pads") or [0] * (2 * n))
+    return tuple((p[i], p[i + n]) for i in range(n))
+
+
+def _pads_2d(attrs, x_shape, kernel, strides, dilations, one_d):
+    pads = conv_pads(attrs, x_shape[2:], kernel[-len(x_shape[2:]):], strides[-len(x_shape[2:]):],
+                     dilations[-len(x_shape[2:]):])
+    return ((0, 0),) + pads if one_d else pads
+
+
+@op("Conv", "FusedConv")
+def _conv(inputs, attrs, opset):
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    x4, one_d = _nhwc(x)
+    w_hwio = attrs.get("_w_hwio")
+    if w_hwio is None:
+        w4 = w[:, :, None, :] if w.ndim == 3 else w
+        w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 1, 0), dtype=np.float32)
+    n = x.ndim - 2
+    kernel = list(w.shape[2:])
+    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+    pads = _pads_2d(attrs, x.shape, [1] + kernel if one_d else kernel, strides, dilations, one_d)
+    y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides), pads,
+                         tuple(dilations), attrs.get("group", 1), attrs.get("activation", "linear"),
+                         attrs.get("alpha", 0.0))
+    return [_nchw(y, one_d)]
+
+
+@op("ConvTranspose")
+def _conv_transpose(inputs, attrs, opset):
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    x4, one_d = _nhwc(x)
+    w4 = w[:, :, None, :] if w.ndim == 3 else w
+    w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 0, 1), dtype=np.float32)  # (kh, kw, C_in, C_out / g)
+    n = x.ndim - 2
+    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+    out_pad = _spatial(attrs, "output_padding", n, 0)
+    kernel = list(w4.shape[2:])
+    in_hw = list(x4.shape[1:3])
+    full = [s * (i - 1) + op_ + (k - 1) * d + 1 for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
+    shape = attrs.get("output_shape")
+    auto = attrs.get("auto_pad", "NOTSET")
+    if shape:
+        shape = ([1] + list(shape)) if one_d else list(shape)[-2:]
+        totals = [f - o for f, o in zip(full, shape)]
+        pads = [(t - t // 2, t // 2) if auto != "SAME_UPPER" else (t // 2, t - t // 2) for t in totals]
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        shape = [i * s for i, s in zip(in_hw, strides)]
+        totals = [f - o for f, o in zip(full, shape)]
+        pads = [(t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2) for t in totals]
+    else:
+        p = list(attrs.get("pads") or [0] * (2 * n))
+        pads = [(p[i], p[i + n]) for i in range(n)]
+        pads = ([(0, 0)] + pads) if one_d else pads
+        shape = [f - a - z for f, (a, z) in zip(full, pads)]
+    y = get_ops().conv_transpose2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides),
+                                   tuple(a for a, _ in pads), tuple(shape), tuple(dilations),
+                                   attrs.get("group", 1))
+    return [_nchw(y, one_d)]
+
+
+def _pool(kind):
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        x4, one_d = _nhwc(x)
+        n = x.ndim - 2
+        kernel = list(attrs["kernel_shape"])
+        strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+        kernel = ([1] + kernel) if one_d else kernel
+        pads = _pads_2d(attrs, x.shape, kernel, strides, dilations, one_d)
+        out_hw = []
+        for size, k, s, d, (a, z) in zip(x4.shape[1:3], kernel, strides, dilations, pads):
+            span = size + a + z - d * (k - 1) - 1
+            out = (-(-span // s) if attrs.get("ceil_mode", 0) else span // s) + 1
+            if attrs.get("ceil_mode", 0) and (out - 1) * s >= size + a:
+                out -= 1  # the last window would start in the end padding
+            out_hw.append(out)
+        y = get_ops().pool2d(x4, kind, tuple(kernel), tuple(strides), pads, tuple(out_hw), tuple(dilations),
+                             bool(attrs.get("count_include_pad", 0)))
+        return [_nchw(y, one_d)]
+    return run
+
+
+OPS["MaxPool"] = _pool("max")
+OPS["AveragePool"] = _pool("avg")
+
+
+@op("LRN")
+def _lrn(inputs, attrs, opset):
+    x = _f32(inputs[0])
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    if size % 2:
+        y = get_ops().local_response_norm(moved, size, alpha, beta, bias)
+    else:  # ONNX centres even windows one channel later than torch does
+        c = moved.shape[-1]
+        sq = np.pad(np.square(moved.astype(np.float64)), [(0, 0)] * (x.ndim - 1) + [((size - 1) // 2, size // 2)])
+        s = sum(sq[..., t:t + c] for t in range(size))
+        y = (moved / (bias + alpha / size * s) ** beta).astype(np.float32)
+    return [np.ascontiguousarray(np.moveaxis(y, -1, 1))]
+
+
+@op("MaxRoiPool")
+def _max_roi_pool(inputs, attrs, opset):
+    x, rois = inputs
+    x4, _ = _nhwc(x)
+    y = get_ops().roi_pool(x4, _f32(rois), tuple(attrs["pooled_shape"]), attrs.get("spatial_scale", 1.0))
+    return [np.ascontiguousarray(y.transpose(0, 3, 1, 2))]
+
+
+def _source_coords(out_size, in_size, scale, mode, roi=(0.0, 1.0)):
+    """The input coordinate of each output index for a coordinate_transformation_mode."""
+    i = np.arange(out_size, dtype=np.float64)
+    if mode == "half_pixel":
+        return (i + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
+    if mode == "align_corners":  # the spec's output length is in_size * scale, unrounded
+        length = in_size * scale
+        return i * (in_size - 1) / (length - 1) if length != 1 else np.zeros(out_size)
+    if mode == "asymmetric":
+        return i / scale
+    if mode == "half_pixel_symmetric":
+        adj = out_size / (scale * in_size)
+        center = in_size / 2
+        offset = center * (1 - adj)
+        return offset + (i + 0.5) / scale - 0.5
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if out_size > 1:
+            return start * (in_size - 1) + i * (end - start) * (in_size - 1) / (out_size - 1)
+        return np.full(out_size, 0.5 * (start + end) * (in_size - 1))
+    raise UnsupportedError(f"Resize coordinate_transformation_mode {mode!r} is not supported")
+
+
+def _resize(x, out_shape, scales, attrs, roi):
+    """Nearest or linear resize of every axis whose size changes (numpy, separable)."""
+    mode = attrs.get("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise UnsupportedError(f"Resize mode {mode!r} is not supported (nearest and linear are)")
+    if attrs.get("antialias", 0):
+        raise UnsupportedError("Resize with antialias=1 is not supported")
+    coord = attrs.get("coordinate_transformation_mode", "half_pixel")
+    nearest = attrs.get("nearest_mode", "round_prefer_floor")
+    y = x.astype(np.float64) if x.dtype.kind == "f" else x
+    for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
+        if size_in == size_out and scales[axis] == 1.0 and coord != "tf_crop_and_resize":
+            continue
+        src = _source_coords(size_out, size_in, scales[axis], coord,
+                             (roi[axis], roi[axis + x.ndim]) if roi is not None else (0.0, 1.0))
+        if mode == "nearest":
+            if nearest == "round_prefer_floor":
+                idx = np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
+            elif nearest == "round_prefer_ceil":
+                idx = np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
+            elif nearest == "floor":
+                idx = np.floor(src)
+            else:
+                idx = np.ceil(src)
+            outside = (idx < 0) | (idx > size_in - 1)
+            y = np.take(y, np.clip(idx, 0, size_in - 1).astype(np.int64), axis=axis)
+        else:
+            outside = (src < 0) | (src > size_in - 1)
+            src_c = np.clip(src, 0, size_in - 1)
+            lo = np.floor(src_c).astype(np.int64)
+            hi = np.minimum(lo + 1, size_in - 1)
+            frac = (src_c - lo).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            y = np.take(y, lo, axis=axis) * (1 - frac) + np.take(y, hi, axis=axis) * frac
+        if coord == "tf_crop_and_resize" and np.any(outside):
+            mask = outside.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            y = np.where(mask, attrs.get("extrapolation_value", 0.0), y)
+    return y.astype(x.dtype, copy=False)
+
+
+@op("Resize")
+def _resize_op(inputs, attrs, opset):
+    x = inputs[0]
+    roi = inputs[1] if len(inputs) > 1 and inputs[1] is not None and inputs[1].size else None
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].size else None
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None and inputs[3].size else None
+    if opset < 11:  # Resize-10: (X, scales), asymmetric coordinates
+        scales, roi = inputs[1], None
+        attrs = {**attrs, "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": attrs.get("nearest_mode", "floor") if attrs.get("mode", "nearest") == "nearest" else "floor"}
+    axes = attrs.get("axes")
+    n = x.ndim
+    full_scales = [1.0] * n
+    out = list(x.shape)
+    if axes is not None:
+        axes = [a % n for a in axes]
+    else:
+        axes = list(range(n))
+    if roi is not None and len(roi) == 2 * len(axes) and len(axes) < n:
+        r = [0.0] * n + [1.0] * n
+        for k, a in enumerate(axes):
+            r[a], r[a + n] = roi[k], roi[k + len(axes)]
+        roi = r
+    if sizes is not None:
+        sizes = _ints(sizes)
+        policy = attrs.get("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            ratios = [sizes[k] / x.shape[a] for k, a in enumerate(axes)]
+            r = min(ratios) if policy == "not_larger" else max(ratios)
+            sizes = [int(round(r * x.shape[a])) for a in axes]
+            for a in axes:
+                full_scales[a] = r
+        for k, a in enumerate(axes):
+            out[a] = sizes[k]
+            if policy == "stretch":
+                full_scales[a] = sizes[k] / x.shape[a]
+    else:
+        scales = [float(s) for s in np.asarray(scales).reshape(-1)]
+        for k, a in enumerate(axes):
+            full_scales[a] = scales[k]
+            out[a] = int(np.floor(x.shape[a] * scales[k]))
+    return [_resize(x, out, full_scales, attrs, roi)]
+
+
+@op("Upsample")
+def _upsample(inputs, attrs, opset):
+    x = inputs[0]
+    scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]
+    out = [int(np.floor(d * s)) for d, s in zip(x.shape, scales)]
+    mode = attrs.get("mode", "nearest")
+    return [_resize(x, out, scales, {"mode": mode, "coordinate_transformation_mode": "asymmetric",
+                                     "nearest_mode": "floor"}, None)]

@@ -1,0 +1,57 @@
+"""bench/report.py and bench/process_metrics.py produce what docs/benchmarks.md is made of."""
+
+import json
+
+import pytest
+
+from bench import process_metrics, report
+
+from .conftest import oracle
+
+
+def fake_run(threads, rows):
+    return {"machine_info": {"cpu": {"brand_raw": "Test CPU", "count": 2}, "python_version": "3.x"},
+            "datetime": "2026-01-01T00:00:00", "fastlayers_bench": {"threads": threads, "versions": {"numpy": "2"}},
+            "benchmarks": [{"extra_info": extra, "stats": {"median": median}} for extra, median in rows]}
+
+
+def test_report_tables_ratios_gflops_and_chart(tmp_path):
+    oracle("matplotlib")
+    run = fake_run(2, [
+        ({"workload": "sgemm 256", "batch": 1, "engine": "numpy", "flops": 2e9}, 0.01),  # 200 GFLOP/s
+        ({"workload": "conv", "batch": 8, "engine": "fastlayers-cpu", "flops": 1e9}, 0.01),
+        ({"workload": "conv", "batch": 8, "engine": "onnxruntime", "flops": 1e9}, 0.02),
+        ({"workload": "conv", "batch": 8, "engine": "torch", "flops": 1e9}, 0.005),
+        ({"workload": "relu", "batch": 1, "engine": "fastlayers-cpu"}, 2e-6),
+    ])
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    proc = tmp_path / "proc.json"
+    proc.write_text(json.dumps({"threads": 2, "records": [
+        {"metric": "cold_start_s", "model": "m", "engine": "onnxruntime", "value": 0.3, "repeats": 1}]}))
+    out = tmp_path / "bench.md"
+    assert report.main([str(path), "--process", str(proc), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "measured sgemm peak at 2 thread(s): 200.0 GFLOP/s" in text
+    assert "| conv | 8 | 2 | 10.00 ms | - | 20.00 ms | - | 5.00 ms | 0.50 | 2.00 | 100.0 | 50 % |" in text
+    assert "| relu | 1 | 2 | 2.0 µs |" in text and "| m | cold start | onnxruntime | 0.300 s |" in text
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_process_metrics_measures_cold_start_and_memory(tmp_path):
+    oracle("onnxruntime")
+    oracle("onnx")
+    out = tmp_path / "pm.json"
+    oracle("keras")
+    assert process_metrics.main(["--repeats", "1", "--load-mb", "2", "--out", str(out)]) == 0
+    records = json.loads(out.read_text())["records"]
+    got = {(r["metric"], r["engine"]) for r in records}
+    assert ("cold_start_s", "fastlayers (warm cache)") in got and ("cold_start_s", "onnxruntime") in got
+    assert ("peak_rss_mib", "fastlayers") in got and ("peak_rss_mib", "onnxruntime") in got
+    assert all(r["value"] > 0 for r in records if r["metric"] != "load_peak_rss_over_weights")
+    assert all(r["value"] >= 0 for r in records)
+    load = {r["model"] for r in records if r["metric"] == "load_time_over_read_time"}
+    assert {m.split("(")[1] for m in load} == {".keras)", ".h5)", ".flm)"}
+    empty = next(r["value"] for r in records if r["engine"] == "fastlayers (empty cache)")
+    warm = next(r["value"] for r in records if r["engine"] == "fastlayers (warm cache)")
+    assert empty > warm  # compiling costs more than loading the cache
