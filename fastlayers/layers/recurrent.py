@@ -379,7 +379,8 @@ class SimpleRNN(_SimpleRNNMath, _RNNLayer):
         Masked steps output zeros instead of repeating the previous output.
 
     Call arguments: ``initial_state`` (list [h]), ``mask`` (batch, time) bool.
-    dropout, recurrent_dropout, unroll are accepted and ignored (inference).
+    dropout, recurrent_dropout, unroll (and use_cudnn for LSTM/GRU) are accepted and ignored
+    (inference).
 
     Shape
     -----
@@ -392,7 +393,8 @@ class SimpleRNN(_SimpleRNNMath, _RNNLayer):
 
     def __init__(self, units, activation="tanh", use_bias=True, return_sequences=False,
                  return_state=False, go_backwards=False, stateful=False,
-                 zero_output_for_mask=False, **kwargs):
+                 zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0, unroll=False,
+                 **kwargs):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self._init_math(units, activation, "sigmoid", use_bias)
@@ -428,7 +430,8 @@ class LSTM(_LSTMMath, _RNNLayer):
 
     def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
                  unit_forget_bias=True, return_sequences=False, return_state=False,
-                 go_backwards=False, stateful=False, zero_output_for_mask=False, **kwargs):
+                 go_backwards=False, stateful=False, zero_output_for_mask=False, dropout=0.0,
+                 recurrent_dropout=0.0, unroll=False, use_cudnn="auto", **kwargs):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self.unit_forget_bias = bool(unit_forget_bias)
@@ -463,7 +466,8 @@ class GRU(_GRUMath, _RNNLayer):
 
     def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
                  return_sequences=False, return_state=False, go_backwards=False, stateful=False,
-                 reset_after=True, zero_output_for_mask=False, **kwargs):
+                 reset_after=True, zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0,
+                 unroll=False, use_cudnn="auto", **kwargs):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self.reset_after = bool(reset_after)
@@ -518,7 +522,8 @@ class SimpleRNNCell(_SimpleRNNMath, _Cell):
 
     config_keys = _Cell._cell_keys
 
-    def __init__(self, units, activation="tanh", use_bias=True, **kwargs):
+    def __init__(self, units, activation="tanh", use_bias=True, dropout=0.0, recurrent_dropout=0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self._init_math(units, activation, "sigmoid", use_bias)
 
@@ -534,7 +539,7 @@ class LSTMCell(_LSTMMath, _Cell):
     config_keys = _Cell._cell_keys + ("recurrent_activation", "unit_forget_bias")
 
     def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 unit_forget_bias=True, **kwargs):
+                 unit_forget_bias=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.unit_forget_bias = bool(unit_forget_bias)
         self._init_math(units, activation, recurrent_activation, use_bias)
@@ -551,7 +556,7 @@ class GRUCell(_GRUMath, _Cell):
     config_keys = _Cell._cell_keys + ("recurrent_activation", "reset_after")
 
     def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 reset_after=True, **kwargs):
+                 reset_after=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.reset_after = bool(reset_after)
         self._init_math(units, activation, recurrent_activation, use_bias)
@@ -559,6 +564,16 @@ class GRUCell(_GRUMath, _Cell):
 
 # ------------------------------------------------------------------------------ bidirectional
 _MERGE_MODES = ("concat", "sum", "mul", "ave", None)
+
+
+def _from_keras_config(layer):
+    """A wrapped layer given as a Keras config ({"class_name", "config"}, as in a Keras file)
+    is built through the Keras reader's table; layers pass through."""
+    if isinstance(layer, dict) and "class_name" in layer and "config" in layer:
+        from ..io.keras import build_layer
+
+        return build_layer(layer["class_name"], dict(layer["config"]), "Bidirectional")
+    return layer
 
 
 class Bidirectional(Layer):
@@ -587,6 +602,7 @@ class Bidirectional(Layer):
     config_keys = ("merge_mode",)
 
     def __init__(self, layer, merge_mode="concat", backward_layer=None, weights=None, **kwargs):
+        layer, backward_layer = _from_keras_config(layer), _from_keras_config(backward_layer)
         if not isinstance(layer, _RNNLayer):
             raise UnsupportedError(f"Bidirectional wraps SimpleRNN, LSTM or GRU, got "
                                    f"{type(layer).__name__}")
