@@ -365,11 +365,11 @@ def test_cells_refuse_symbolic_inputs():
 
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
 def test_keras_files_with_recurrent_layers_load(keras, rng, tmp_path, suffix):
-    """Keras-saved models with LSTM, GRU, SimpleRNN and Bidirectional load through
-    fastlayers.load and give Keras's outputs. (With Embedding(mask_zero=True) Keras 3 records the
-    mask as a NotEqual op node, which the Keras reader does not map yet.)"""
+    """Keras-saved models with a mask_zero Embedding, LSTM, GRU, SimpleRNN and Bidirectional
+    load through fastlayers.load and give Keras's outputs (Keras 3 records the mask as a
+    NotEqual op node; the reader drops it and the recurrent layers recompute the mask)."""
     inp = keras.Input((7,), dtype="int32")
-    h = keras.layers.Embedding(20, I)(inp)
+    h = keras.layers.Embedding(20, I, mask_zero=True)(inp)
     h = keras.layers.LSTM(U, return_sequences=True)(h)
     h = keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True, reset_after=False),
                                    merge_mode="ave")(h)

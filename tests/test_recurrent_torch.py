@@ -210,3 +210,17 @@ def test_gate_activations_accuracy_and_nan():
     y, h = get_ops("cpu").rnn_sequence(np.full((1, 2, 1), np.nan, np.float32), np.ones((1, 1), np.float32),
                                        np.ones((1, 1), np.float32), None, np.zeros((1, 1), np.float32))
     assert np.isnan(y).all() and np.isnan(h).all()
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True, "proj_size": 3}),
+    ("GRU", {}), ("RNN", {"nonlinearity": "relu"})])
+def test_torch_saved_modules_load(torch, rng, tmp_path, name, kwargs):
+    """torch.save(module) files load through fastlayers.load (the torch reader's table)."""
+    ref = getattr(torch.nn, name)(H_IN, H, **kwargs).eval()
+    path = tmp_path / "m.pt"
+    torch.save(ref, path)
+    ours = fastlayers.load(path)
+    assert type(ours) is getattr(nn, name)
+    x = rng.standard_normal((2, L, H_IN)).astype(np.float32)
+    compare(ours(x), run_torch(torch, ref, x))
