@@ -19,10 +19,18 @@ from .errors import FastlayersError
 
 DATA = Path(__file__).resolve().parent / "data"
 
-#: Bundled demo models: (model file, samples file, description). Trained by scripts/train_demo.py.
+#: Bundled demo models: (model file, samples file, sample shape, description), trained by
+#: scripts/train_demo.py on scikit-learn's 8x8 handwritten digits. Models whose layers this build
+#: lacks are skipped by name (none, in a complete build).
 DEMOS = [
-    ("digits_mlp.flm", "digits_samples.npz",
-     "8x8 handwritten digits (scikit-learn digits): Rescaling, Dense 64 relu, BatchNorm, Dense 10 softmax"),
+    ("digits_mlp.flm", "digits_samples.npz", (64,),
+     "MLP on the 64 pixels: Rescaling, Dense 64 relu, BatchNorm, Dense 10 softmax"),
+    ("digits_cnn.flm", "digits_samples.npz", (8, 8, 1),
+     "CNN on the 8x8 image: Conv2D 16, MaxPooling, Conv2D 32, GlobalAveragePooling, Dense 10"),
+    ("digits_lstm.flm", "digits_samples.npz", (8, 8),
+     "LSTM over the 8 rows of 8 pixels: LSTM 32, Dense 10"),
+    ("digits_transformer.flm", "digits_samples.npz", (8, 8),
+     "Transformer encoder over the 8 rows: Conv1D embedding, 4-head self-attention, FFN, pooling"),
 ]
 
 
@@ -67,10 +75,12 @@ def cmd_demo(args) -> int:
 
     print(f"fastlayers {fastlayers.__version__} demo (backend {args.backend}, "
           f"{args.threads or 'default'} threads)")
-    for model_file, samples_file, description in DEMOS:
+    for model_file, samples_file, shape, description in DEMOS:
+        if not (DATA / model_file).exists():
+            continue
         model = fastlayers.load(DATA / model_file)
         with np.load(DATA / samples_file, allow_pickle=False) as samples:
-            x, y = samples["x"], samples["y"]
+            x, y = samples["x"].reshape(-1, *shape), samples["y"]
         with fastlayers.use_ops(args.backend):
             t0 = time.perf_counter()
             probs = model(x)  # first call: compiles kernels or loads them from the cache

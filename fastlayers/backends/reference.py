@@ -272,6 +272,22 @@ class ReferenceOps:
         w = self.attention_softmax(scores, scale, bias, causal, empty)
         return np.matmul(w, v_bhkv), w
 
+    # ------------------------------------------------------------------------- recurrent
+    def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
+        """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``recurrent_reference``)."""
+        from .recurrent_reference import rnn_sequence
+        return rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
+
+    def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
+        """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``recurrent_reference``)."""
+        from .recurrent_reference import lstm_sequence
+        return lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
+
+    def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
+        """GRU over time, gate blocks z, r, h; returns (y, h) (``recurrent_reference``)."""
+        from .recurrent_reference import gru_sequence
+        return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
+
 
 def _log_sigmoid(z):
     """log sigmoid(z) = -softplus(-z), stable for large |z|."""

@@ -155,6 +155,11 @@ def build_model(entry: dict, where: str):
         raise UnsupportedError(f"{where}: model class {class_name!r} is not supported")
     layers, entries = {}, {}
     for e in cfg["layers"]:
+        if e["class_name"] == "NotEqual":
+            # Keras 3 records Embedding(mask_zero=True)'s mask as a NotEqual op feeding `mask=`
+            # kwargs (dropped below); recurrent layers recompute that mask (PaddingMask). A
+            # NotEqual used as an ordinary input leaves its consumers unresolved: a clear error.
+            continue
         lname = e.get("name") or e["config"]["name"]
         layers[lname] = build_model(e, where) if e["class_name"] in _MODEL_CLASSES \
             else build_layer(e["class_name"], e["config"], where)

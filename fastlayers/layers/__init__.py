@@ -9,6 +9,9 @@ from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tr
 from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
 from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
+from .recurrent import (
+    GRU, LSTM, Bidirectional, GRUCell, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
+)
 from ..graph import InputLayer
 from .blocks import InceptionBlock, NiNBlock
 from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
@@ -42,4 +45,10 @@ from .attention import (  # noqa: E402
 __all__ += [
     "AdditiveAttention", "Attention", "HardAttention", "MultiHeadAttention", "PositionalEncoding",
     "PositionwiseFeedForward", "SelfAttention",
+]
+
+# recurrent (issue 4)
+__all__ += [
+    "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
+    "SimpleRNNCell",
 ]

@@ -17,6 +17,7 @@ from .conv import (
     Conv1d, Conv2d, ConvTranspose2d, LocalResponseNorm, MaxPool1d, MaxPool2d, RoIPool, Upsample,
 )
 from .functional_conv import roi_pool
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
     "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding",
@@ -41,3 +42,4 @@ __all__ += [
     "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
     "TransformerEncoderLayer", "generate_square_subsequent_mask", "greedy_decode",
 ]
+__all__ += ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]

@@ -114,3 +114,19 @@ class CpuOps(ReferenceOps):
             b = np.ascontiguousarray(b)
         _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
         return s
+
+    # ------------------------------------------------------------------------- recurrent
+    def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
+        from . import recurrent
+        out = recurrent.rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
+        return super().rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw) if out is None else out
+
+    def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
+        from . import recurrent
+        out = recurrent.lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
+        return super().lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw) if out is None else out
+
+    def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
+        from . import recurrent
+        out = recurrent.gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
+        return super().gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw) if out is None else out

@@ -1,0 +1,778 @@
+"""Keras-style recurrent layers: SimpleRNN, LSTM, GRU, their cells, and Bidirectional.
+
+Weights follow Keras (kernel (input, gates*units), recurrent_kernel (units, gates*units), bias),
+gate blocks LSTM i, f, c, o and GRU z, r, h, so ``set_weights(keras_layer.get_weights())`` lines
+up. Each layer runs one backend primitive (``ops.lstm_sequence`` ...): on the cpu backend, one
+GEMM for the input projection of every step and a compiled time loop.
+
+Masks follow Keras: pass ``mask=`` (batch, time) bool (True = valid step) when calling the layer.
+A masked step leaves the state unchanged; its output repeats the previous step's output (zeros
+before the first valid step), or is zeros with ``zero_output_for_mask=True`` (what Bidirectional
+sets when returning sequences). In graphs built from symbolic tensors, a recurrent layer called
+on the output of ``Embedding(mask_zero=True)`` (directly, through Dropout, Dense, Activation
+or normalization layers, or through recurrent layers returning sequences) gets the mask
+``ids != 0`` automatically, as in Keras: a ``PaddingMask`` node computing it from the ids is
+added to the graph. On arrays, pass ``mask=embedding.compute_mask(ids)`` yourself.
+
+Streaming: ``state = layer.get_stream_state(batch_size)`` then ``y = layer.stream(chunk, state)``
+for each chunk of timesteps; the outputs equal one call on the whole sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedError
+from ..streaming import StreamState
+from ..symbolic import SymbolicTensor
+from .base import InputSpec, Layer, as_float32, shape_str
+from .core import Activation, Dense, Dropout, Embedding, activation_name
+from .normalization import BatchNormalization, LayerNormalization
+
+_IGNORED = ("dropout", "recurrent_dropout", "unroll", "use_cudnn", "time_major")
+
+
+def _first_shape(shape):
+    """The sequence's shape out of a list [x, *states, mask] of shapes, or the shape itself."""
+    return tuple(shape[0]) if isinstance(shape, list) else tuple(shape)
+
+
+def _pop_ignored(kwargs):
+    for key in _IGNORED:
+        kwargs.pop(key, None)
+
+
+class _RecurrentMath:
+    """Weights and one-sequence math of a cell type, shared by the layer and the cell classes."""
+
+    gates = 1
+    state_names: tuple[str, ...] = ("h",)
+
+    def _init_math(self, units, activation, recurrent_activation, use_bias):
+        self.units = int(units)
+        if self.units <= 0:
+            raise ValueError(f"{type(self).__name__} {self.name!r}: units must be positive, got {units}")
+        self.activation = activation_name(activation)
+        self.recurrent_activation = activation_name(recurrent_activation)
+        self.use_bias = bool(use_bias)
+
+    @property
+    def state_size(self) -> list[int]:
+        return [self.units] * len(self.state_names)
+
+    def _build_math(self, input_dim):
+        if input_dim is None:
+            raise ShapeError(f"{type(self).__name__} {self.name!r}: the feature axis of the input "
+                             "must be known")
+        g = self.gates * self.units
+        self.add_weight("kernel", (input_dim, g), "glorot_uniform")
+        self.add_weight("recurrent_kernel", (self.units, g), "orthogonal")
+        if self.use_bias:
+            self._add_bias()
+        self.input_dim = int(input_dim)
+
+    def _add_bias(self):
+        self.add_weight("bias", (self.gates * self.units,), "zeros")
+
+    def _run(self, x, states, mask, *, reverse=False, return_sequences=True, zero_masked=False,
+             y0=None):
+        """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``recurrent_reference``."""
+        raise NotImplementedError
+
+
+class _SimpleRNNMath(_RecurrentMath):
+    def _run(self, x, states, mask, **kw):
+        y, h = self.ops.rnn_sequence(x, self.kernel, self.recurrent_kernel,
+                                     self.bias if self.use_bias else None, states[0],
+                                     activation=self.activation, mask_bt=mask, **kw)
+        return y, [h]
+
+
+class _LSTMMath(_RecurrentMath):
+    gates = 4
+    state_names = ("h", "c")
+
+    def _add_bias(self):
+        bias = self.add_weight("bias", (4 * self.units,), "zeros")
+        if getattr(self, "unit_forget_bias", False) and "bias_initializer" not in self._initializers:
+            bias[self.units:2 * self.units] = 1.0
+
+    def _run(self, x, states, mask, **kw):
+        y, h, c = self.ops.lstm_sequence(
+            x, self.kernel, self.recurrent_kernel, self.bias if self.use_bias else None,
+            states[0], states[1], activation=self.activation,
+            recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
+        return y, [h, c]
+
+
+class _GRUMath(_RecurrentMath):
+    gates = 3
+
+    def _add_bias(self):
+        shape = (2, 3 * self.units) if self.reset_after else (3 * self.units,)
+        self.add_weight("bias", shape, "zeros")
+
+    def _run(self, x, states, mask, **kw):
+        b_ig = b_hg = None
+        if self.use_bias:
+            b_ig, b_hg = (self.bias[0], self.bias[1]) if self.reset_after else (self.bias, None)
+        y, h = self.ops.gru_sequence(
+            x, self.kernel, self.recurrent_kernel, b_ig, b_hg, states[0],
+            reset_after=self.reset_after, activation=self.activation,
+            recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
+        return y, [h]
+
+
+# ------------------------------------------------------------------------------ implicit masks
+class PaddingMask(Layer):
+    """``ids != 0`` as a (batch, time) bool mask: the node that carries an
+    ``Embedding(mask_zero=True)`` mask to the recurrent layers of a graph (added automatically).
+
+    Shape
+    -----
+    (batch, time) integers -> (batch, time) bool.
+    """
+
+    def _prepare_inputs(self, inputs):
+        return np.asarray(inputs)
+
+    def call(self, ids):
+        return np.asarray(ids) != 0
+
+
+#: Layers that pass a mask through unchanged (Keras ``supports_masking``), for ``implicit_mask``.
+_MASK_PASSING = (Dropout, Dense, Activation, BatchNormalization, LayerNormalization)
+
+
+def implicit_mask(tensor: SymbolicTensor):
+    """The symbolic Keras mask carried by ``tensor``, or None: from Embedding(mask_zero=True)
+    (through Dropout, Dense, Activation and normalization layers) or from a recurrent layer that
+    returned sequences under a mask."""
+    while True:
+        known = getattr(tensor, "_fl_mask", None)
+        if known is not None:
+            return known
+        layer = tensor.node.layer
+        if isinstance(layer, Embedding) and layer.mask_zero and \
+                isinstance(tensor.node.args, SymbolicTensor) and len(tensor.node.args.shape) == 2:
+            ids = tensor.node.args
+            mask = getattr(ids, "_fl_padding_mask", None)
+            if mask is None:  # one PaddingMask per ids tensor, shared by its consumers
+                mask = PaddingMask(name=f"{layer.name}_mask")(ids)
+                ids._fl_padding_mask = mask
+            tensor._fl_mask = mask
+            return mask
+        if isinstance(layer, _MASK_PASSING) and isinstance(tensor.node.args, SymbolicTensor):
+            tensor = tensor.node.args
+            continue
+        return None
+
+
+# ------------------------------------------------------------------------------------- layers
+class _RNNLayer(Layer):
+    """Shared call, shape, state and streaming logic of SimpleRNN, LSTM and GRU."""
+
+    _common_keys = ("units", "activation", "use_bias", "return_sequences", "return_state",
+                    "go_backwards", "zero_output_for_mask")
+
+    def _init_layer(self, return_sequences, return_state, go_backwards, stateful,
+                    zero_output_for_mask):
+        if stateful:
+            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: stateful=True is not "
+                                   "supported; use the explicit streaming API "
+                                   "(layer.get_stream_state / layer.stream)")
+        self.return_sequences = bool(return_sequences)
+        self.return_state = bool(return_state)
+        self.go_backwards = bool(go_backwards)
+        self.zero_output_for_mask = bool(zero_output_for_mask)
+        self.input_spec = InputSpec(ndim=3)
+
+    # ------------------------------------------------------------------------ graph plumbing
+    def __call__(self, inputs, initial_state=None, mask=None, training=None, **kwargs):
+        if set(kwargs) == {"n_states", "has_mask"}:  # a recorded call replayed (native format)
+            return Layer.__call__(self, inputs, **kwargs)
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} {self.name!r}: unexpected call argument(s) "
+                            f"{sorted(kwargs)}")
+        if isinstance(inputs, (list, tuple)) and len(inputs) > 1 and initial_state is None:
+            inputs, initial_state = inputs[0], list(inputs[1:])  # Keras: layer([x, h0, c0])
+        elif isinstance(inputs, (list, tuple)) and len(inputs) == 1:
+            inputs = inputs[0]
+        states = [] if initial_state is None else (
+            list(initial_state) if isinstance(initial_state, (list, tuple)) else [initial_state])
+        if mask is None and isinstance(inputs, SymbolicTensor):
+            mask = implicit_mask(inputs)
+        if not states and mask is None:
+            out = Layer.__call__(self, inputs)
+        else:
+            items = [inputs, *states] + ([mask] if mask is not None else [])
+            out = Layer.__call__(self, items, n_states=len(states), has_mask=mask is not None)
+        if mask is not None and isinstance(mask, SymbolicTensor) and self.return_sequences:
+            first = out[0] if isinstance(out, list) else out
+            first._fl_mask = mask  # Keras propagates the mask of returned sequences
+            if isinstance(out, list) and getattr(self, "merge_mode", "") is None:
+                out[1]._fl_mask = mask
+        return out
+
+    def _ensure_built(self, input_shape):
+        super()._ensure_built(_first_shape(input_shape))
+
+    def _check_spec(self, shape):
+        super()._check_spec(_first_shape(shape))
+
+    def build(self, input_shape):
+        self._build_math(input_shape[-1])
+        self.input_spec = InputSpec(ndim=3, axes={-1: self.input_dim})
+
+    def compute_output_shape(self, input_shape, n_states=0, has_mask=False):
+        b, t = _first_shape(input_shape)[:2]
+        out = (b, t, self.units) if self.return_sequences else (b, self.units)
+        if self.return_state:
+            return [out] + [(b, s) for s in self.state_size]
+        return out
+
+    def _prepare_inputs(self, inputs):
+        # overridden so that graphs run these layers through _numeric_call, which unpacks
+        # [x, *initial_states, mask] and validates states and masks
+        return inputs
+
+    def _numeric_call(self, inputs, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        n_states, has_mask = kwargs.pop("n_states", 0), kwargs.pop("has_mask", False)
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        if isinstance(inputs, (list, tuple)):
+            x, rest = inputs[0], list(inputs[1:])
+        else:
+            x, rest = inputs, []
+        if len(rest) != n_states + int(has_mask):
+            raise ShapeError(f"{where}: expected {n_states} initial state(s)"
+                             f"{' and a mask' if has_mask else ''}, got {len(rest)} extra input(s)")
+        x = as_float32(x, where)
+        shape = (None, *x.shape[1:])
+        if not self.built:
+            self._ensure_built(shape)
+        self._check_spec(shape)
+        states = self._check_states(rest[:n_states], x.shape[0], where) if n_states else None
+        mask = self._check_mask(rest[n_states], x.shape[:2], where) if has_mask else None
+        return self.call(x, initial_state=states, mask=mask)
+
+    @staticmethod
+    def _check_mask(mask, bt, where):
+        mask = np.asarray(mask)
+        if mask.shape != tuple(bt):
+            raise ShapeError(f"{where}: expected a mask of shape (batch, time) = {tuple(bt)}, "
+                             f"got {mask.shape}")
+        return mask.astype(bool, copy=False) if mask.dtype == bool else mask != 0
+
+    def _check_states(self, states, batch, where):
+        if len(states) != len(self.state_size):
+            raise ShapeError(f"{where}: expected {len(self.state_size)} initial state(s) "
+                             f"({', '.join(self.state_names)}), got {len(states)}")
+        out = []
+        for name, size, s in zip(self.state_names, self.state_size, states):
+            s = as_float32(s, f"{where} initial state {name!r}")
+            if s.shape != (batch, size):
+                raise ShapeError(f"{where}: initial state {name!r} expects shape ({batch}, {size}), "
+                                 f"got {s.shape}")
+            out.append(np.ascontiguousarray(s))
+        return out
+
+    # ------------------------------------------------------------------------------ compute
+    def _zero_states(self, batch):
+        return [np.zeros((batch, s), np.float32) for s in self.state_size]
+
+    def call(self, x, initial_state=None, mask=None):
+        if x.shape[1] == 0:
+            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
+                             f"timesteps (input shape {shape_str(x.shape)})")
+        states = initial_state if initial_state is not None else self._zero_states(x.shape[0])
+        y, new_states = self._run(x, states, mask, reverse=self.go_backwards,
+                                  return_sequences=self.return_sequences,
+                                  zero_masked=self.zero_output_for_mask)
+        if self.return_sequences and self.go_backwards:
+            y = np.ascontiguousarray(y[:, ::-1])  # Keras returns outputs in processing order
+        return [y, *new_states] if self.return_state else y
+
+    # ---------------------------------------------------------------------------- streaming
+    def get_stream_state(self, batch_size: int = 1, initial_state=None) -> StreamState:
+        """A fresh ``StreamState`` (zeros, or ``initial_state``) for ``stream``.
+
+        Shape
+        -----
+        Holds ``h`` (and ``c`` for LSTM) of shape (batch_size, units) and ``y``, the last output
+        (what masked steps repeat).
+        """
+        if self.go_backwards:
+            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: go_backwards reads the "
+                                   "sequence from its end; it cannot be streamed")
+        if not self.built:
+            raise ShapeError(f"{type(self).__name__} {self.name!r} is not built yet; call it once "
+                             "or put it in a model with a known input shape first")
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        states = self._check_states(list(initial_state), batch_size, where) \
+            if initial_state is not None else self._zero_states(batch_size)
+        arrays = dict(zip(self.state_names, states))
+        arrays["y"] = np.zeros((batch_size, self.units), np.float32)
+        return StreamState(arrays, self.name)
+
+    def stream(self, x, state: StreamState, mask=None) -> np.ndarray:
+        """Run the next timestep(s) of a stream, updating ``state`` in place.
+
+        Parameters
+        ----------
+        x : ndarray
+            (batch, time, features) for a chunk of timesteps, or (batch, features) for one step.
+        state : StreamState
+            From ``get_stream_state``; keep one per stream.
+        mask : ndarray of bool, optional
+            (batch, time) (or (batch,) for one step), True = valid step.
+
+        Returns
+        -------
+        ndarray
+            The outputs of these steps: (batch, time, units), or (batch, units) for one step,
+            equal to the corresponding slice of a full-sequence call with ``return_sequences``.
+        """
+        where = f"layer {self.name!r} ({type(self).__name__}) stream"
+        x = as_float32(x, where)
+        one_step = x.ndim == 2
+        if one_step:
+            x = x[:, None, :]
+            if mask is not None:
+                mask = np.asarray(mask).reshape(-1, 1)
+        shape = (None, *x.shape[1:])
+        self._ensure_built(shape)
+        self._check_spec(shape)
+        state.check_batch(x.shape[0], where)
+        if mask is not None:
+            mask = self._check_mask(mask, x.shape[:2], where)
+        if x.shape[1] == 0:
+            return np.zeros((x.shape[0], 0, self.units), np.float32)
+        y, new_states = self._run(x, [state[n] for n in self.state_names], mask,
+                                  return_sequences=True, zero_masked=self.zero_output_for_mask,
+                                  y0=state["y"])
+        for name, value in zip(self.state_names, new_states):
+            state[name] = value
+        if mask is None:
+            state["y"] = y[:, -1]
+        else:  # the carried output: the last valid step's output, else unchanged
+            valid = mask.any(axis=1)
+            last = np.where(mask, np.arange(mask.shape[1]), -1).max(axis=1)
+            state["y"] = np.where(valid[:, None], y[np.arange(y.shape[0]), np.maximum(last, 0)],
+                                  state["y"])
+        state.steps += x.shape[1]
+        return y[:, 0] if one_step else y
+
+
+class SimpleRNN(_SimpleRNNMath, _RNNLayer):
+    """Fully connected RNN: ``h_t = activation(x_t @ kernel + h_{t-1} @ recurrent_kernel + bias)``.
+
+    Parameters
+    ----------
+    units : int
+    activation : str, default "tanh"
+    use_bias : bool, default True
+    return_sequences, return_state, go_backwards : bool, default False
+        As Keras: all outputs or the last; also return the final state; read time backwards
+        (outputs then come in processing order).
+    zero_output_for_mask : bool, default False
+        Masked steps output zeros instead of repeating the previous output.
+
+    Call arguments: ``initial_state`` (list [h]), ``mask`` (batch, time) bool.
+    dropout, recurrent_dropout, unroll (and use_cudnn for LSTM/GRU) are accepted and ignored
+    (inference).
+
+    Shape
+    -----
+    (batch, time, input_dim) -> (batch, time, units) with return_sequences, else (batch, units);
+    with return_state, [output, h]. Weights: kernel (input_dim, units), recurrent_kernel
+    (units, units), bias (units,).
+    """
+
+    config_keys = _RNNLayer._common_keys
+
+    def __init__(self, units, activation="tanh", use_bias=True, return_sequences=False,
+                 return_state=False, go_backwards=False, stateful=False,
+                 zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0, unroll=False,
+                 **kwargs):
+        _pop_ignored(kwargs)
+        super().__init__(**kwargs)
+        self._init_math(units, activation, "sigmoid", use_bias)
+        self._init_layer(return_sequences, return_state, go_backwards, stateful, zero_output_for_mask)
+
+
+class LSTM(_LSTMMath, _RNNLayer):
+    """Long short-term memory (Hochreiter 1997), Keras semantics, gate blocks i, f, c, o.
+
+    ``c = ract(f) c + ract(i) act(x W_c + h U_c + b_c)``, ``h = ract(o) act(c)``.
+
+    Parameters
+    ----------
+    units : int
+    activation : str, default "tanh"
+    recurrent_activation : str, default "sigmoid"
+    use_bias : bool, default True
+    unit_forget_bias : bool, default True
+        Initialize the forget-gate bias to 1 (only matters for fresh weights).
+    return_sequences, return_state, go_backwards, zero_output_for_mask : bool
+        As ``SimpleRNN``.
+
+    Call arguments: ``initial_state`` (list [h, c]), ``mask`` (batch, time) bool.
+
+    Shape
+    -----
+    (batch, time, input_dim) -> (batch, time, units) or (batch, units); with return_state
+    [output, h, c]. Weights: kernel (input_dim, 4 units), recurrent_kernel (units, 4 units),
+    bias (4 units,).
+    """
+
+    config_keys = _RNNLayer._common_keys + ("recurrent_activation", "unit_forget_bias")
+
+    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
+                 unit_forget_bias=True, return_sequences=False, return_state=False,
+                 go_backwards=False, stateful=False, zero_output_for_mask=False, dropout=0.0,
+                 recurrent_dropout=0.0, unroll=False, use_cudnn="auto", **kwargs):
+        _pop_ignored(kwargs)
+        super().__init__(**kwargs)
+        self.unit_forget_bias = bool(unit_forget_bias)
+        self._init_math(units, activation, recurrent_activation, use_bias)
+        self._init_layer(return_sequences, return_state, go_backwards, stateful, zero_output_for_mask)
+
+
+class GRU(_GRUMath, _RNNLayer):
+    """Gated recurrent unit (Cho 2014), Keras semantics, gate blocks z, r, h.
+
+    ``h = z h_prev + (1 - z) act(x W_h + r (h_prev U_h + b_rh))`` with ``reset_after=True``
+    (Keras 3's default, torch's and cuDNN's form) or ``act(x W_h + (r h_prev) U_h + b_h)``.
+
+    Parameters
+    ----------
+    units : int
+    activation : str, default "tanh"
+    recurrent_activation : str, default "sigmoid"
+    use_bias : bool, default True
+    reset_after : bool, default True
+    return_sequences, return_state, go_backwards, zero_output_for_mask : bool
+        As ``SimpleRNN``.
+
+    Shape
+    -----
+    (batch, time, input_dim) -> (batch, time, units) or (batch, units); with return_state
+    [output, h]. Weights: kernel (input_dim, 3 units), recurrent_kernel (units, 3 units),
+    bias (2, 3 units) with reset_after (input and recurrent bias), else (3 units,).
+    """
+
+    config_keys = _RNNLayer._common_keys + ("recurrent_activation", "reset_after")
+
+    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
+                 return_sequences=False, return_state=False, go_backwards=False, stateful=False,
+                 reset_after=True, zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0,
+                 unroll=False, use_cudnn="auto", **kwargs):
+        _pop_ignored(kwargs)
+        super().__init__(**kwargs)
+        self.reset_after = bool(reset_after)
+        self._init_math(units, activation, recurrent_activation, use_bias)
+        self._init_layer(return_sequences, return_state, go_backwards, stateful, zero_output_for_mask)
+
+
+# -------------------------------------------------------------------------------------- cells
+class _Cell(Layer):
+    """One timestep: ``cell(x, states) -> (output, new_states)`` as Keras cells."""
+
+    _cell_keys = ("units", "activation", "use_bias")
+
+    def __init__(self, **kwargs):
+        _pop_ignored(kwargs)
+        super().__init__(**kwargs)
+
+    def build(self, input_shape):
+        self._build_math(input_shape[-1])
+        self.input_spec = InputSpec(ndim=2, axes={-1: self.input_dim})
+
+    def get_initial_state(self, batch_size=None):
+        """Zero states, one (batch_size, units) array per state."""
+        return [np.zeros((batch_size or 1, s), np.float32) for s in self.state_size]
+
+    def compute_output_shape(self, input_shape, states=None):
+        return (input_shape[0], self.units)
+
+    def __call__(self, inputs, states=None, training=None):
+        if states is None:
+            raise TypeError(f"{type(self).__name__} {self.name!r}: call it as cell(x, states)")
+        if isinstance(inputs, SymbolicTensor):
+            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: cells run on arrays; "
+                                   "in a graph use SimpleRNN, LSTM or GRU")
+        return super().__call__(inputs, states)
+
+    def call(self, x, states):
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        states = list(states) if isinstance(states, (list, tuple)) else [states]
+        states = _RNNLayer._check_states(self, states, x.shape[0], where)
+        y, new_states = self._run(x[:, None, :], states, None, return_sequences=False)
+        return y, new_states
+
+
+class SimpleRNNCell(_SimpleRNNMath, _Cell):
+    """One step of ``SimpleRNN``: ``cell(x (batch, input_dim), [h]) -> (h_new, [h_new])``.
+
+    Shape
+    -----
+    x (batch, input_dim), states [(batch, units)] -> (batch, units), [(batch, units)].
+    """
+
+    config_keys = _Cell._cell_keys
+
+    def __init__(self, units, activation="tanh", use_bias=True, dropout=0.0, recurrent_dropout=0.0,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self._init_math(units, activation, "sigmoid", use_bias)
+
+
+class LSTMCell(_LSTMMath, _Cell):
+    """One step of ``LSTM``: ``cell(x, [h, c]) -> (h_new, [h_new, c_new])``.
+
+    Shape
+    -----
+    x (batch, input_dim), states [(batch, units)] * 2 -> (batch, units), [h, c].
+    """
+
+    config_keys = _Cell._cell_keys + ("recurrent_activation", "unit_forget_bias")
+
+    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
+                 unit_forget_bias=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.unit_forget_bias = bool(unit_forget_bias)
+        self._init_math(units, activation, recurrent_activation, use_bias)
+
+
+class GRUCell(_GRUMath, _Cell):
+    """One step of ``GRU``: ``cell(x, [h]) -> (h_new, [h_new])``.
+
+    Shape
+    -----
+    x (batch, input_dim), states [(batch, units)] -> (batch, units), [(batch, units)].
+    """
+
+    config_keys = _Cell._cell_keys + ("recurrent_activation", "reset_after")
+
+    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
+                 reset_after=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.reset_after = bool(reset_after)
+        self._init_math(units, activation, recurrent_activation, use_bias)
+
+
+# ------------------------------------------------------------------------------ bidirectional
+_MERGE_MODES = ("concat", "sum", "mul", "ave", None)
+
+
+def _from_keras_config(layer):
+    """A wrapped layer given as a Keras config ({"class_name", "config"}, as in a Keras file)
+    is built through the Keras reader's table; layers pass through."""
+    if isinstance(layer, dict) and "class_name" in layer and "config" in layer:
+        from ..io.keras import build_layer
+
+        return build_layer(layer["class_name"], dict(layer["config"]), "Bidirectional")
+    return layer
+
+
+class Bidirectional(Layer):
+    """Run a recurrent layer forwards and a copy backwards, and merge their outputs (Keras).
+
+    Parameters
+    ----------
+    layer : SimpleRNN, LSTM or GRU
+        The forward layer's template (cloned from its config, named ``forward_<name>``).
+    merge_mode : {"concat", "sum", "mul", "ave", None}, default "concat"
+        None returns the two outputs as a list.
+    backward_layer : layer, optional
+        The backward layer (default: a clone of ``layer`` with ``go_backwards`` flipped).
+
+    Call arguments: ``initial_state`` (forward states then backward states), ``mask``.
+    Weights: the forward layer's, then the backward layer's, named ``forward_<weight>`` and
+    ``backward_<weight>``.
+
+    Shape
+    -----
+    (batch, time, input_dim) -> (batch, time, 2 units) with concat and return_sequences
+    ((batch, 2 units) without), (.., units) for sum/mul/ave; with return_state the states of
+    both directions follow the output(s).
+    """
+
+    config_keys = ("merge_mode",)
+
+    def __init__(self, layer, merge_mode="concat", backward_layer=None, weights=None, **kwargs):
+        layer, backward_layer = _from_keras_config(layer), _from_keras_config(backward_layer)
+        if not isinstance(layer, _RNNLayer):
+            raise UnsupportedError(f"Bidirectional wraps SimpleRNN, LSTM or GRU, got "
+                                   f"{type(layer).__name__}")
+        if merge_mode not in _MERGE_MODES:
+            raise ValueError(f"Bidirectional: merge_mode must be one of {_MERGE_MODES}, got "
+                             f"{merge_mode!r}")
+        super().__init__(**kwargs)
+        config = layer.get_config()
+        self.forward_layer = type(layer).from_config({**config, "name": f"forward_{layer.name}"})
+        if backward_layer is None:
+            self.backward_layer = type(layer).from_config(
+                {**config, "name": f"backward_{layer.name}", "go_backwards": not layer.go_backwards})
+        else:
+            if not isinstance(backward_layer, _RNNLayer):
+                raise UnsupportedError("Bidirectional: backward_layer must be SimpleRNN, LSTM or GRU")
+            self.backward_layer = backward_layer
+        for sub in (self.forward_layer, self.backward_layer):
+            sub.zero_output_for_mask = sub.return_sequences  # as Keras forces it
+        self.merge_mode = merge_mode
+        self.return_sequences = self.forward_layer.return_sequences
+        self.return_state = self.forward_layer.return_state
+        self._layer_config = {"class_name": type(layer).__name__, "config": config}
+        self._backward_config = None if backward_layer is None else {
+            "class_name": type(backward_layer).__name__, "config": backward_layer.get_config()}
+        self.input_spec = InputSpec(ndim=3)
+        if weights is not None:
+            raise UnsupportedError("Bidirectional(weights=...) is not supported; use set_weights")
+
+    # weights of the two sub-layers, exposed as forward_<name> / backward_<name>
+    def __getattr__(self, name):
+        for prefix in ("forward_", "backward_"):
+            if name.startswith(prefix) and name != prefix + "layer":
+                sub = self.__dict__.get(prefix + "layer")
+                if sub is not None and name[len(prefix):] in sub.__dict__.get("_weight_names", ()):
+                    return getattr(sub, name[len(prefix):])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        for prefix in ("forward_", "backward_"):
+            sub = self.__dict__.get(prefix + "layer")
+            if name.startswith(prefix) and sub is not None and name[len(prefix):] in sub._weight_names:
+                setattr(sub, name[len(prefix):], value)
+                return
+        object.__setattr__(self, name, value)
+
+    @property
+    def weight_names(self):
+        return [f"forward_{n}" for n in self.forward_layer.weight_names] + \
+            [f"backward_{n}" for n in self.backward_layer.weight_names]
+
+    @property
+    def weights(self):
+        return self.forward_layer.weights + self.backward_layer.weights
+
+    def get_weights(self):
+        return self.forward_layer.get_weights() + self.backward_layer.get_weights()
+
+    def set_weights(self, weights):
+        weights = list(weights)
+        if not self.built:
+            raise ShapeError(f"layer {self.name!r} (Bidirectional) is not built yet; call it once "
+                             "first")
+        n = len(self.forward_layer.weights)
+        if len(weights) != n + len(self.backward_layer.weights):
+            raise ShapeError(f"layer {self.name!r} (Bidirectional) expects "
+                             f"{n + len(self.backward_layer.weights)} weights, got {len(weights)}")
+        self.forward_layer.set_weights(weights[:n])
+        self.backward_layer.set_weights(weights[n:])
+
+    def count_params(self):
+        return self.forward_layer.count_params() + self.backward_layer.count_params()
+
+    def _weights_changed(self):
+        self.forward_layer._weights_changed()
+        self.backward_layer._weights_changed()
+
+    def get_config(self):
+        config = {"name": self.name, "layer": self._layer_config, "merge_mode": self.merge_mode}
+        if self._backward_config is not None:
+            config["backward_layer"] = self._backward_config
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        from ..io.native import _layer_from_entry, _registry
+
+        config = dict(config)
+        registry = _registry()
+        layer = _layer_from_entry(config.pop("layer"), registry, "Bidirectional config")
+        backward = config.pop("backward_layer", None)
+        if backward is not None:
+            backward = _layer_from_entry(backward, registry, "Bidirectional config")
+        return cls(layer, backward_layer=backward, **config)
+
+    # ----------------------------------------------------------------------------- calling
+    def __call__(self, inputs, initial_state=None, mask=None, training=None, **kwargs):
+        return _RNNLayer.__call__(self, inputs, initial_state=initial_state, mask=mask, **kwargs)
+
+    _prepare_inputs = _RNNLayer._prepare_inputs
+
+    def _ensure_built(self, input_shape):
+        shape = _first_shape(input_shape)
+        if not self.built:
+            with self._build_lock:
+                if not self.built:
+                    self._check_spec(shape)
+                    self.forward_layer._ensure_built(shape)
+                    self.backward_layer._ensure_built(shape)
+                    self.input_spec = InputSpec(ndim=3, axes={-1: shape[-1]})
+                    self.built = True
+
+    def _check_spec(self, shape):
+        Layer._check_spec(self, _first_shape(shape))
+
+    def compute_output_shape(self, input_shape, n_states=0, has_mask=False):
+        shape = _first_shape(input_shape)
+        out_f = self.forward_layer.compute_output_shape(shape)
+        out_b = self.backward_layer.compute_output_shape(shape)
+        states = []
+        if self.return_state:
+            out_f, states_f = out_f[0], out_f[1:]
+            out_b, states_b = out_b[0], out_b[1:]
+            states = states_f + states_b
+        if self.merge_mode is None:
+            outputs = [out_f, out_b]
+        elif self.merge_mode == "concat":
+            outputs = [(*out_f[:-1], out_f[-1] + out_b[-1])]
+        else:
+            outputs = [out_f]
+        return outputs + states if (self.return_state or self.merge_mode is None) else outputs[0]
+
+    def _numeric_call(self, inputs, args=(), kwargs=None):
+        return _RNNLayer._numeric_call(self, inputs, args, kwargs)
+
+    @property
+    def state_size(self):
+        return self.forward_layer.state_size + self.backward_layer.state_size
+
+    @property
+    def state_names(self):
+        return tuple(f"forward_{n}" for n in self.forward_layer.state_names) + \
+            tuple(f"backward_{n}" for n in self.backward_layer.state_names)
+
+    def _check_states(self, states, batch, where):
+        return _RNNLayer._check_states(self, states, batch, where)
+
+    _check_mask = staticmethod(_RNNLayer._check_mask)
+
+    def call(self, x, initial_state=None, mask=None):
+        nf = len(self.forward_layer.state_size)
+        init_f = init_b = None
+        if initial_state is not None:
+            init_f, init_b = initial_state[:nf], initial_state[nf:]
+        out_f = self.forward_layer.call(x, initial_state=init_f, mask=mask)
+        out_b = self.backward_layer.call(x, initial_state=init_b, mask=mask)
+        states = []
+        if self.return_state:
+            out_f, states_f = out_f[0], out_f[1:]
+            out_b, states_b = out_b[0], out_b[1:]
+            states = states_f + states_b
+        if self.return_sequences:
+            out_b = np.ascontiguousarray(out_b[:, ::-1])
+        if self.merge_mode == "concat":
+            y = [np.concatenate([out_f, out_b], axis=-1)]
+        elif self.merge_mode == "sum":
+            y = [out_f + out_b]
+        elif self.merge_mode == "ave":
+            y = [(out_f + out_b) * np.float32(0.5)]
+        elif self.merge_mode == "mul":
+            y = [out_f * out_b]
+        else:
+            y = [out_f, out_b]
+        return y + states if (self.return_state or self.merge_mode is None) else y[0]
