@@ -235,3 +235,23 @@ else:
                             lambda name, *a: None if name == "numba_cuda" else real(name, *a))
         with pytest.raises(UnsupportedError, match=r"fastlayers\[cuda\]"):
             _runtime.load_cuda()
+
+    def test_recurrent_layers_on_cuda(ops, rng):
+        """Keras LSTM / GRU layers (masked, bidirectional) and torch-style nn.LSTM / nn.GRU run
+        their sequences through the cuda primitives and match the cpu backend."""
+        ids = fastlayers.Input((3,), dtype="int32")
+        h = L.Embedding(5, 2, mask_zero=True)(ids)
+        h = L.Bidirectional(L.LSTM(2, return_sequences=True))(h)
+        out = L.GRU(2, reset_after=False)(h)
+        model = fastlayers.Model(ids, out)
+        x = np.array([[1, 2, 0], [3, 0, 0]], np.int32)
+        want = model(x)
+        with fastlayers.use_ops("cuda"):
+            got = model(x)
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        nn = fastlayers.nn
+        xs = _x(rng, 3, 2, 2)   # (T, B, I)
+        for net in (nn.LSTM(2, 3, num_layers=2), nn.GRU(2, 3, bidirectional=True)):
+            y_want, _ = net(xs)
+            y_got, _ = net.to("cuda")(xs)
+            assert_close(y_got, y_want, rtol=1e-4, atol=1e-5)

@@ -71,9 +71,9 @@ def to_host(a) -> np.ndarray:
 class WeightCache:
     """Device copies of host weight arrays, made once and reused by every later call.
 
-    Entries are keyed by ``id(host)`` and checked against a "version" of the host array (its data
-    pointer, shape and strides, so a ``set_weights`` that installs new arrays is seen); an entry
-    is dropped when its host array is garbage collected. Writing into a weight array IN PLACE is
+    Entries are keyed by ``id`` of the host array (of its root array for a view) and a "version"
+    (data pointer, shape and strides, so a ``set_weights`` that installs new arrays is seen); an
+    entry is dropped when its host array is garbage collected. Writing into a weight array IN PLACE is
     not detected: call ``clear()`` (``CudaOps.clear_weight_cache``) after doing that. Only
     C-contiguous float32 arrays are cached (others are converted per call). Thread-safe.
     """
@@ -92,15 +92,21 @@ class WeightCache:
             return a
         if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous):
             return to_device(a)
-        key = id(a)
+        # a view (e.g. one row of a stacked bias) is keyed by its root array and its position,
+        # so the per-call view objects of the same weight share one device copy
+        owner = a
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        key = (id(owner), self._version(a))
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry[0]() is a and entry[1] == self._version(a):
-                return entry[2]
+            if entry is not None and entry[0]() is owner:
+                return entry[1]
         dev = to_device(a)
         with self._lock:
-            self._entries[key] = (weakref.ref(a), self._version(a), dev)
-        weakref.finalize(a, self._drop, key)
+            if key not in self._entries:
+                weakref.finalize(owner, self._drop, key)
+            self._entries[key] = (weakref.ref(owner), dev)
         return dev
 
     def _drop(self, key):
