@@ -255,3 +255,21 @@ else:
             y_want, _ = net(xs)
             y_got, _ = net.to("cuda")(xs)
             assert_close(y_got, y_want, rtol=1e-4, atol=1e-5)
+
+    def test_attention_and_host_path_layers_on_cuda(ops, rng):
+        """Layers without a device path (Conv1D, BatchNormalization, MultiHeadAttention, Add) still
+        give the cpu backend's results under the cuda backend (their hot primitives on the device)."""
+        x_in = fastlayers.Input((4, 3))
+        h = L.Conv1D(4, 3, padding="causal", activation="relu")(x_in)
+        h = L.BatchNormalization()(h)
+        att = L.MultiHeadAttention(num_heads=2, key_dim=2)(h, h, use_causal_mask=True)
+        out = L.Add()([h, att])
+        model = fastlayers.Model(x_in, out)
+        x = _x(rng, 2, 4, 3)
+        want = model(x)
+        with fastlayers.use_ops("cuda"):
+            got = model(x)
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        on_host = {type(lay).__name__ for lay in model.layers
+                   if lay.name in resident.LAST_RUN.host_layers}
+        assert on_host == {"Conv1D", "BatchNormalization", "MultiHeadAttention", "Add"}
