@@ -318,7 +318,8 @@ def lstm_gates(xw_btg, t, rec_bg, c_bu, h_bu, mask_bt, has_mask, act_code, ract_
 
 @cuda.jit
 def gru_gates_after(xw_btg, t, rec_bg, bh_g, has_bh, h_bu, hn_bu, act_code, ract_code):
-    """reset_after: z, r = ract(x w + h u + b_h); cand = act(x w_h + r (h u_h + b_hh)); h' = z h + (1 - z) cand."""
+    """reset_after: z, r = ract(x w + h u + b_h); cand = act(x w_h + r (h u_h + b_hh));
+    h' = z h + (1 - z) cand."""
     u, b = cuda.grid(2)
     units = h_bu.shape[1]
     if u >= units or b >= h_bu.shape[0]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...layers import convolutional, core, pooling
 from ...layers.convolutional import window_out
-from ._runtime import is_device, to_device, to_host
+from ._runtime import is_device, to_device
 
 
 class Transfers(threading.local):
