@@ -78,7 +78,10 @@ class BackendModel:
         return self.model.to(*args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["model"], name)
+        model = self.__dict__.get("model")
+        if model is None:
+            raise AttributeError(name)
+        return getattr(model, name)
 
     def __repr__(self):
         return f"<{self.backend} {self.model!r}>"
