@@ -135,7 +135,7 @@ else:
         assert resident.LAST_RUN.host_layers == []
 
     def test_layers_without_a_device_path_round_trip_and_are_reported(ops, rng):
-        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), L.LayerNormalization(),
+        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), L.Rescaling(2.0, 0.5),
                                        L.Dense(2, activation="tanh")])
         x = _x(rng, 2, 4)
         want = model(x)
@@ -257,8 +257,8 @@ else:
             assert_close(y_got, y_want, rtol=1e-4, atol=1e-5)
 
     def test_attention_and_host_path_layers_on_cuda(ops, rng):
-        """Layers without a device path (Conv1D, BatchNormalization, MultiHeadAttention, Add) still
-        give the cpu backend's results under the cuda backend (their hot primitives on the device)."""
+        """Layers without a device path (Conv1D, MultiHeadAttention) still give the cpu backend's
+        results under the cuda backend (their hot primitives on the device)."""
         x_in = fastlayers.Input((4, 3))
         h = L.Conv1D(4, 3, padding="causal", activation="relu")(x_in)
         h = L.BatchNormalization()(h)
@@ -272,4 +272,27 @@ else:
         assert_close(got, want, rtol=1e-4, atol=1e-5)
         on_host = {type(lay).__name__ for lay in model.layers
                    if lay.name in resident.LAST_RUN.host_layers}
-        assert on_host == {"Conv1D", "BatchNormalization", "MultiHeadAttention", "Add"}
+        assert on_host == {"Conv1D", "MultiHeadAttention"}
+
+
+    def test_resnet_block_is_device_resident(ops, rng):
+        """Conv-BN-ReLU, a residual Add, LayerNormalization, global pooling: all on the device."""
+        x_in = fastlayers.Input((4, 4, 3))
+        h = L.Conv2D(3, 3, padding="same", use_bias=False)(x_in)
+        h = L.BatchNormalization()(h)
+        h = L.ReLU()(h)
+        h = L.Add()([h, x_in])
+        a = L.Average()([h, L.Maximum()([h, x_in])])
+        h = L.GlobalAveragePooling2D()(a)
+        h = L.LayerNormalization()(h)
+        model = fastlayers.Model(x_in, [L.Dense(2)(h), L.GlobalMaxPooling2D(keepdims=True)(a)])
+        bn = model.layers[2]
+        bn.set_weights([_x(rng, 3), _x(rng, 3), _x(rng, 3), np.abs(_x(rng, 3)) + 0.5])
+        x = _x(rng, 2, 4, 4, 3)
+        want = model(x)
+        with fastlayers.use_ops("cuda"):
+            got = model(x)
+        for g, w in zip(got, want):
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+        assert resident.LAST_RUN.host_layers == []
+        assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (1, 2)

@@ -233,3 +233,44 @@ else:
         for g, r in zip(got, want):
             assert g.shape == r.shape
             assert_close(g, r, atol=1e-5)
+
+    @pytest.mark.parametrize("rms", [False, True])
+    @pytest.mark.parametrize("affine", [False, True])
+    def test_layer_norm(ops, rng, rms, affine):
+        x = _r(rng, 2, 3, 5, scale=2.0) + np.float32(1.5)
+        g, b = (_r(rng, 5), _r(rng, 5)) if affine else (None, None)
+        assert_close(ops.layer_norm(x, g, b, 1e-3, (-1,), rms),
+                     REF.layer_norm(x, g, b, 1e-3, (-1,), rms), atol=1e-5)
+        assert_close(ops.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
+                     REF.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
+                     atol=1e-5)  # not the last axis: reference fallback
+
+    def test_batch_norm(ops, rng):
+        x, scale, shift = _r(rng, 2, 3, 4), _r(rng, 4), _r(rng, 4)
+        assert_close(ops.batch_norm(x, scale, shift), REF.batch_norm(x, scale, shift))
+        assert_close(ops.batch_norm(x, scale[:3], shift[:3], 1),
+                     REF.batch_norm(x, scale[:3], shift[:3], 1))
+
+    @pytest.mark.parametrize("kind", ["max", "avg"])
+    @pytest.mark.parametrize("keepdims", [False, True])
+    def test_global_pool(ops, rng, kind, keepdims):
+        x = _r(rng, 2, 3, 4, 5)
+        x[1, 0, 0, 2] = np.nan
+        for axes in [(1, 2), (1,), (1, 2, 3)]:
+            xx = x if len(axes) != 1 else x[:, 0]
+            got = ops.global_pool(xx, kind, axes, keepdims)
+            want = REF.global_pool(xx, kind, axes, keepdims)
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            assert_close(got, want)
+
+    def test_merge(ops, rng):
+        a, b = _r(rng, 2, 3, 4), _r(rng, 2, 3, 4)
+        a[0, 0, 0] = np.nan
+        b[1, 0, 0] = np.nan
+        for op, fn in [("add", np.add), ("subtract", np.subtract), ("multiply", np.multiply),
+                       ("maximum", np.maximum), ("minimum", np.minimum)]:
+            got, want = ops.merge(a, b, op), fn(a, b)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            assert_close(got, want, what=op)
+        assert_close(ops.merge(a, b, "add", 0.5), (a + b) * np.float32(0.5))

@@ -377,3 +377,81 @@ def commit_step(hn_bp, h_bp, carried_bp, ys_btp, t, ti, mask_bt, has_mask, zero_
         ys_btp[b, ti, j] = _ZERO
     else:
         ys_btp[b, ti, j] = carried_bp[b, j]
+
+
+# ------------------------------------------------------------------ normalization and merges
+@cuda.jit
+def scale_shift_rows(x_rc, scale_c, shift_c, y_rc):
+    """y[r, c] = x[r, c] scale[c] + shift[c] (inference batch norm, folded)."""
+    c, r = cuda.grid(2)
+    if r < y_rc.shape[0] and c < y_rc.shape[1]:
+        y_rc[r, c] = x_rc[r, c] * scale_c[c] + shift_c[c]
+
+
+@cuda.jit
+def layer_norm_rows(x_rc, gamma_c, has_gamma, beta_c, has_beta, epsilon, rms, y_rc):
+    """y[r] = gamma (x[r] - mean) / sqrt(var + eps) + beta (rms: gamma x[r] / sqrt(mean x^2 + eps)),
+    one thread per row, two passes (mean, then the variance of x - mean)."""
+    r = cuda.grid(1)
+    if r >= x_rc.shape[0]:
+        return
+    n = x_rc.shape[1]
+    inv_n = _ONE / float32(n)
+    mean = _ZERO
+    if not rms:
+        for j in range(n):
+            mean += x_rc[r, j]
+        mean *= inv_n
+    var = _ZERO
+    for j in range(n):
+        d = x_rc[r, j] - mean
+        var += d * d
+    inv = _ONE / math.sqrt(var * inv_n + epsilon)
+    for j in range(n):
+        v = (x_rc[r, j] - mean) * inv
+        if has_gamma:
+            v *= gamma_c[j]
+        if has_beta:
+            v += beta_c[j]
+        y_rc[r, j] = v
+
+
+@cuda.jit
+def global_pool_nhwc(x_nlc, y_nc, is_max):
+    """y[n, c] = max or mean over l of x[n, l, c] (l: the flattened spatial axes)."""
+    c, n = cuda.grid(2)
+    if n >= x_nlc.shape[0] or c >= x_nlc.shape[2]:
+        return
+    m = _NEG_INF
+    total = _ZERO
+    for j in range(x_nlc.shape[1]):
+        v = x_nlc[n, j, c]
+        if v > m or v != v:
+            if m == m:
+                m = v
+        total += v
+    y_nc[n, c] = m if is_max else total / float32(x_nlc.shape[1])
+
+
+MERGE_ADD, MERGE_SUB, MERGE_MUL, MERGE_MAX, MERGE_MIN = range(5)
+
+
+@cuda.jit
+def merge_flat(a, b, out, op, scale):
+    """out[i] = scale (a[i] op b[i]) for op in add, subtract, multiply, maximum, minimum."""
+    i = cuda.grid(1)
+    if i >= out.shape[0]:
+        return
+    x = a[i]
+    y = b[i]
+    if op == MERGE_ADD:
+        v = x + y
+    elif op == MERGE_SUB:
+        v = x - y
+    elif op == MERGE_MUL:
+        v = x * y
+    elif op == MERGE_MAX:
+        v = x if (x > y or x != x) else y
+    else:
+        v = x if (x < y or x != x) else y
+    out[i] = v * scale

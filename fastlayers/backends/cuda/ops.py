@@ -41,6 +41,10 @@ def _grid2(cols: int, rows: int, sim: bool):
     return ((cols + tx - 1) // tx, (rows + ty - 1) // ty), (tx, ty)
 
 
+_MERGE_OPS = {"add": K.MERGE_ADD, "subtract": K.MERGE_SUB, "multiply": K.MERGE_MUL,
+              "maximum": K.MERGE_MAX, "minimum": K.MERGE_MIN}
+
+
 def _rows(a):
     """Device array ``a`` viewed as (rows, last axis)."""
     shape = tuple(a.shape)
@@ -427,6 +431,67 @@ class CudaOps(ReferenceOps):
                                     mask_bt is not None, reverse, return_sequences, zero_masked,
                                     step)
         return self._back(y, dev), self._back(h, dev)
+
+    # ------------------------------------------------------------- normalization, pooling
+    @_serialized_in_simulator
+    def batch_norm(self, x, scale, shift, axis=-1):
+        dev = is_device(x)
+        if x.size == 0 or x.ndim == 0 or axis % x.ndim != x.ndim - 1:
+            return super().batch_norm(to_host(x), to_host(scale), to_host(shift), axis)
+        dx = to_device(x)
+        rows = _rows(dx)
+        out = self._empty(rows.shape)
+        blocks, threads = _grid2(rows.shape[1], rows.shape[0], self.sim)
+        K.scale_shift_rows[blocks, threads](rows, self._weight(scale), self._weight(shift), out)
+        return self._back(out.reshape(tuple(dx.shape)), dev)
+
+    @_serialized_in_simulator
+    def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
+        dev = is_device(x)
+        if x.size == 0 or x.ndim == 0 or tuple(a % x.ndim for a in axes) != (x.ndim - 1,):
+            return super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes,
+                                      rms)
+        dx = to_device(x)
+        rows = _rows(dx)
+        out = self._empty(rows.shape)
+        g, t = _grid1(rows.shape[0], self.sim)
+        K.layer_norm_rows[g, t](rows, self._dummy if gamma is None else self._weight(gamma),
+                                gamma is not None,
+                                self._dummy if beta is None else self._weight(beta),
+                                beta is not None, np.float32(epsilon), bool(rms), out)
+        return self._back(out.reshape(tuple(dx.shape)), dev)
+
+    @_serialized_in_simulator
+    def global_pool(self, x, kind, axes, keepdims=False):
+        """Max or mean over ``axes`` (on the device when they are all the axes between the first
+        and the last, e.g. NHWC (1, 2))."""
+        dev = is_device(x)
+        nd = x.ndim
+        axes_n = tuple(sorted(a % nd for a in axes)) if nd else ()
+        if x.size == 0 or nd < 3 or axes_n != tuple(range(1, nd - 1)):
+            return super().global_pool(to_host(x), kind, axes, keepdims)
+        shape = tuple(x.shape)
+        dx = to_device(x)
+        x3 = dx.reshape(shape[0], int(np.prod(shape[1:-1])), shape[-1])
+        y = self._empty((shape[0], shape[-1]))
+        blocks, threads = _grid2(shape[-1], shape[0], self.sim)
+        K.global_pool_nhwc[blocks, threads](x3, y, kind == "max")
+        if keepdims:
+            y = y.reshape((shape[0],) + (1,) * (nd - 2) + (shape[-1],))
+        return self._back(y, dev)
+
+    @_serialized_in_simulator
+    def merge(self, a, b, op, scale=1.0):
+        """scale (a op b) elementwise for same-shape arrays; op in "add", "subtract", "multiply",
+        "maximum", "minimum" (the merge layers on the device)."""
+        dev = is_device(a) or is_device(b)
+        shape = tuple(a.shape)
+        da, db = to_device(a), to_device(b)
+        n = int(np.prod(shape))
+        out = self._empty((n,))
+        g, t = _grid1(n, self.sim)
+        K.merge_flat[g, t](da.reshape(n), db.reshape(n), out, _MERGE_OPS[op], np.float32(scale))
+        return self._back(out.reshape(shape), dev)
 
     # ------------------------------------------------------------------------ residency
     @_serialized_in_simulator

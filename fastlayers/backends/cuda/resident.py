@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from ...layers import convolutional, core, pooling
+from ...layers import convolutional, core, merging, normalization, pooling
 from ...layers.convolutional import window_out
 from ._runtime import is_device, to_device
 
@@ -108,6 +108,40 @@ def _pool(ops, layer, x):
     return ops.pool2d(x, layer.kind, layer.pool_size, layer.strides, pads, out_hw, (1, 1), False)
 
 
+def _batch_norm(ops, layer, x):
+    return ops.batch_norm(x, layer._scale, layer._shift, layer._axis)
+
+
+def _layer_norm(ops, layer, x):
+    return ops.layer_norm(x, layer.gamma if layer.scale else None,
+                          layer.beta if layer.center else None, layer.epsilon, layer._axes,
+                          layer._rms)
+
+
+def _rms_norm(ops, layer, x):
+    return ops.layer_norm(x, layer.scale, None, layer.epsilon, layer._axes, True)
+
+
+def _global_pool(ops, layer, x):
+    if layer.data_format != "channels_last":
+        return None
+    return ops.global_pool(x, layer.kind, layer._axes(), layer.keepdims)
+
+
+def _merge(op, average=False):
+    def run(ops, layer, xs):
+        if any(tuple(a.shape) != tuple(xs[0].shape) for a in xs):
+            return None  # broadcasting merges run on the host
+        out = xs[0]
+        for i, a in enumerate(xs[1:]):
+            last = i == len(xs) - 2
+            out = ops.merge(out, a, op, 1.0 / len(xs) if average and last else 1.0)
+        return out
+
+    run.multi_input = True
+    return run
+
+
 #: Layer types (exact classes: subclasses may override ``call``) that run on device arrays.
 _HANDLERS = {
     core.Dense: _dense,
@@ -122,6 +156,19 @@ _HANDLERS = {
     convolutional.DepthwiseConv2D: _depthwise,
     pooling.MaxPooling2D: _pool,
     pooling.AveragePooling2D: _pool,
+    pooling.GlobalMaxPooling1D: _global_pool,
+    pooling.GlobalAveragePooling1D: _global_pool,
+    pooling.GlobalMaxPooling2D: _global_pool,
+    pooling.GlobalAveragePooling2D: _global_pool,
+    normalization.BatchNormalization: _batch_norm,
+    normalization.LayerNormalization: _layer_norm,
+    normalization.RMSNormalization: _rms_norm,
+    merging.Add: _merge("add"),
+    merging.Subtract: _merge("subtract"),
+    merging.Multiply: _merge("multiply"),
+    merging.Maximum: _merge("maximum"),
+    merging.Minimum: _merge("minimum"),
+    merging.Average: _merge("add", average=True),
 }
 
 
@@ -170,9 +217,12 @@ def _run(ops, model, x):
         args = [values[k] for k in keys] if type(keys) is list else values[keys]
         out = None
         handler = _HANDLERS.get(type(node.layer))
-        if handler is not None and type(keys) is not list and not node.extra_args \
-                and not node.kwargs and is_device(args):
-            out = handler(ops, node.layer, args)
+        if handler is not None and not node.extra_args and not node.kwargs:
+            if getattr(handler, "multi_input", False):
+                if type(args) is list and len(args) >= 2 and all(map(is_device, args)):
+                    out = handler(ops, node.layer, args)
+            elif type(keys) is not list and is_device(args):
+                out = handler(ops, node.layer, args)
         if out is None:
             LAST_RUN.host_layers.append(node.layer.name)
             out = _to_device_tree(fn(_to_host_tree(args)))
