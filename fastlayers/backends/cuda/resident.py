@@ -76,36 +76,57 @@ def _identity(ops, layer, x):
     return x
 
 
-def _nhwc_ok(layer):
-    return layer.rank == 2 and layer.data_format == "channels_last"
+def _as_nhwc(layer, x):
+    """x as a 4-D NHWC device array (1-D layers: height 1), or None for channels_first."""
+    if layer.data_format != "channels_last":
+        return None
+    if layer.rank == 1:
+        n, steps, c = tuple(x.shape)
+        return x.reshape(n, 1, steps, c)
+    return x
+
+
+def _from_nhwc(layer, y):
+    if layer.rank == 1:
+        n, _, steps, c = tuple(y.shape)
+        return y.reshape(n, steps, c)
+    return y
 
 
 def _conv(ops, layer, x):
-    if not _nhwc_ok(layer):
+    x4 = _as_nhwc(layer, x)
+    if x4 is None:
         return None
-    pads = layer._pads_hw(tuple(x.shape)[1:3], layer.kernel_size, layer.strides, layer.dilation_rate)
-    layer._check_output(x, pads)
-    return ops.conv2d(x, layer.kernel, layer.bias if layer.use_bias else None, layer.strides, pads,
-                      layer.dilation_rate, layer.groups, layer.activation, _alpha(layer))
+    sizes = tuple(x4.shape)[1:3] if layer.rank == 2 else tuple(x4.shape)[2:3]
+    pads = layer._pads_hw(sizes, layer.kernel_size, layer.strides, layer.dilation_rate)
+    layer._check_output(x4, pads)
+    kernel = layer.kernel if layer.rank == 2 else layer.kernel[None]
+    y = ops.conv2d(x4, kernel, layer.bias if layer.use_bias else None, layer._hw(layer.strides),
+                   pads, layer._hw(layer.dilation_rate), layer.groups, layer.activation,
+                   _alpha(layer))
+    return _from_nhwc(layer, y)
 
 
 def _depthwise(ops, layer, x):
-    if not _nhwc_ok(layer):
+    if layer.rank != 2 or layer.data_format != "channels_last":
         return None
     return layer._depthwise(x, layer.kernel, layer.bias if layer.use_bias else None,
                             layer.activation, _alpha(layer))
 
 
 def _pool(ops, layer, x):
-    if not _nhwc_ok(layer):
+    x4 = _as_nhwc(layer, x)
+    if x4 is None:
         return None
-    sizes = tuple(x.shape)[1:3]
-    pads = layer._pads_hw(sizes, layer.pool_size, layer.strides, (1, 1))
+    sizes = tuple(x4.shape)[1:3] if layer.rank == 2 else tuple(x4.shape)[2:3]
+    pads = layer._pads_hw(sizes, layer.pool_size, layer.strides, (1,) * layer.rank)
+    pool, strides = layer._hw(layer.pool_size), layer._hw(layer.strides)
     out_hw = tuple(window_out(n, k, s, 1, p)
-                   for n, k, s, p in zip(sizes, layer.pool_size, layer.strides, pads))
+                   for n, k, s, p in zip(tuple(x4.shape)[1:3], pool, strides, pads))
     if min(out_hw) <= 0:
         return None  # the layer's own call raises its ShapeError
-    return ops.pool2d(x, layer.kind, layer.pool_size, layer.strides, pads, out_hw, (1, 1), False)
+    return _from_nhwc(layer, ops.pool2d(x4, layer.kind, pool, strides, pads, out_hw, (1, 1),
+                                        False))
 
 
 def _batch_norm(ops, layer, x):
@@ -152,8 +173,11 @@ _HANDLERS = {
     core.Softmax: _softmax,
     core.Flatten: _flatten,
     core.Dropout: _identity,
+    convolutional.Conv1D: _conv,
     convolutional.Conv2D: _conv,
     convolutional.DepthwiseConv2D: _depthwise,
+    pooling.MaxPooling1D: _pool,
+    pooling.AveragePooling1D: _pool,
     pooling.MaxPooling2D: _pool,
     pooling.AveragePooling2D: _pool,
     pooling.GlobalMaxPooling1D: _global_pool,
