@@ -276,13 +276,15 @@ else:
 
 
     def test_resnet_block_is_device_resident(ops, rng):
-        """Conv-BN-ReLU, a residual Add, LayerNormalization, global pooling: all on the device."""
+        """Conv-BN-ReLU, a residual Add, merges, a channel Concatenate, LayerNormalization,
+        global pooling: all on the device."""
         x_in = fastlayers.Input((4, 4, 3))
         h = L.Conv2D(3, 3, padding="same", use_bias=False)(x_in)
         h = L.BatchNormalization()(h)
         h = L.ReLU()(h)
         h = L.Add()([h, x_in])
         a = L.Average()([h, L.Maximum()([h, x_in])])
+        a = L.Concatenate()([a, L.Conv2D(1, 1)(a)])
         h = L.GlobalAveragePooling2D()(a)
         h = L.LayerNormalization()(h)
         model = fastlayers.Model(x_in, [L.Dense(2)(h), L.GlobalMaxPooling2D(keepdims=True)(a)])

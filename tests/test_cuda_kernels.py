@@ -274,3 +274,9 @@ else:
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             assert_close(got, want, what=op)
         assert_close(ops.merge(a, b, "add", 0.5), (a + b) * np.float32(0.5))
+
+    def test_concatenate(ops, rng):
+        a, b, c = _r(rng, 2, 3, 4), _r(rng, 2, 3, 1), _r(rng, 2, 3, 2)
+        assert_close(ops.concatenate([a, b, c], -1), np.concatenate([a, b, c], -1))
+        assert_close(ops.concatenate([a, a[:, :1]], 1), np.concatenate([a, a[:, :1]], 1))
+        assert_close(ops.concatenate([a, a], 0), np.concatenate([a, a], 0))

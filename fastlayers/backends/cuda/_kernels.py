@@ -455,3 +455,11 @@ def merge_flat(a, b, out, op, scale):
     else:
         v = x if (x < y or x != x) else y
     out[i] = v * scale
+
+
+@cuda.jit
+def copy_cols(src_rc, dst_rk, col0):
+    """dst[r, col0 + c] = src[r, c] (one input of a concatenation)."""
+    c, r = cuda.grid(2)
+    if r < src_rc.shape[0] and c < src_rc.shape[1]:
+        dst_rk[r, col0 + c] = src_rc[r, c]

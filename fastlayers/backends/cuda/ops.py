@@ -493,6 +493,27 @@ class CudaOps(ReferenceOps):
         K.merge_flat[g, t](da.reshape(n), db.reshape(n), out, _MERGE_OPS[op], np.float32(scale))
         return self._back(out.reshape(shape), dev)
 
+    @_serialized_in_simulator
+    def concatenate(self, xs, axis=-1):
+        """Concatenation of same-rank arrays along ``axis`` (every other axis equal)."""
+        dev = any(map(is_device, xs))
+        shapes = [tuple(a.shape) for a in xs]
+        axis %= len(shapes[0])
+        outer = int(np.prod(shapes[0][:axis]))
+        inner = int(np.prod(shapes[0][axis + 1:]))
+        total = sum(s[axis] for s in shapes)
+        out = self._empty((outer, total * inner))
+        col0 = 0
+        for a, shape in zip(xs, shapes):
+            cols = shape[axis] * inner
+            if outer and cols:
+                src = to_device(a).reshape(outer, cols)
+                blocks, threads = _grid2(cols, outer, self.sim)
+                K.copy_cols[blocks, threads](src, out, col0)
+            col0 += cols
+        y = out.reshape(shapes[0][:axis] + (total,) + shapes[0][axis + 1:])
+        return self._back(y, dev)
+
     # ------------------------------------------------------------------------ residency
     @_serialized_in_simulator
     def run_model(self, model, x):

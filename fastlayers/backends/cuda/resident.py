@@ -163,6 +163,16 @@ def _merge(op, average=False):
     return run
 
 
+def _concatenate(ops, layer, xs):
+    shapes = [tuple(a.shape) for a in xs]
+    if 0 in (n for s in shapes for n in s):
+        return None
+    return ops.concatenate(xs, layer.axis)
+
+
+_concatenate.multi_input = True
+
+
 #: Layer types (exact classes: subclasses may override ``call``) that run on device arrays.
 _HANDLERS = {
     core.Dense: _dense,
@@ -193,6 +203,7 @@ _HANDLERS = {
     merging.Maximum: _merge("maximum"),
     merging.Minimum: _merge("minimum"),
     merging.Average: _merge("add", average=True),
+    merging.Concatenate: _concatenate,
 }
 
 
