@@ -165,7 +165,7 @@ def cmd_warmup(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlayers", description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=None, help="threads for kernels and BLAS")
-    parser.add_argument("--backend", default="cpu", choices=["cpu", "reference"])
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "reference", "cuda"])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled models on bundled samples")
     demo.add_argument("--repeats", type=int, default=50, help="timed runs per latency figure")

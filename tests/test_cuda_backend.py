@@ -81,6 +81,16 @@ if not IN_CUDA_RUN:
         else:
             assert proc.stdout.startswith("GPU cuda")
 
+    def test_cli_backend_cuda_without_gpu():
+        proc = subprocess.run([sys.executable, "-m", "fastlayers.cli", "--backend", "cuda", "demo",
+                               "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env={k: v for k, v in os.environ.items()
+                                                if k != "NUMBA_ENABLE_CUDASIM"})
+        if "no usable GPU" not in proc.stderr:  # a machine with a GPU runs the demo
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        else:
+            assert proc.returncode != 0 and "Traceback" not in proc.stderr
+
     def test_device_names():
         from fastlayers.backends.placement import device_backend
 
