@@ -24,10 +24,11 @@ FULL = os.environ.get("FASTLAYERS_BENCH_FULL") == "1"
 WORKLOADS = [("resnet18", 1), ("lstm_classifier", 8), ("transformer_encoder", 1)]
 
 
-def build(torch, name):
+def build(torch, name, full=FULL):
+    """(torch module, input shape, input dtype) of a workload, full size or small."""
     tnn = torch.nn
     if name == "resnet18":
-        width, hw = (64, 224) if FULL else (8, 32)
+        width, hw = (64, 224) if full else (8, 32)
 
         class Block(tnn.Module):
             def __init__(self, cin, cout, stride):
@@ -48,10 +49,10 @@ def build(torch, name):
             for block in range(2):
                 layers.append(Block(cin, width * mult, 2 if stage and not block else 1))
                 cin = width * mult
-        layers += [tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(cin, 1000 if FULL else 10)]
+        layers += [tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(cin, 1000 if full else 10)]
         return tnn.Sequential(*layers), (1, 3, hw, hw), np.float32
     if name == "lstm_classifier":
-        vocab, emb, hidden, steps = (5000, 128, 128, 64) if FULL else (500, 16, 16, 12)
+        vocab, emb, hidden, steps = (5000, 128, 128, 64) if full else (500, 16, 16, 12)
 
         class Classifier(tnn.Module):
             def __init__(self):
@@ -64,7 +65,7 @@ def build(torch, name):
                 return self.fc(self.lstm(self.emb(ids))[0][:, -1])
 
         return Classifier(), (8, steps), np.int64
-    d, heads, ff, steps = (128, 2, 512, 128) if FULL else (32, 2, 64, 16)
+    d, heads, ff, steps = (128, 2, 512, 128) if full else (32, 2, 64, 16)
 
     class Encoder(tnn.Module):
         def __init__(self):
