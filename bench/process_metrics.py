@@ -64,9 +64,16 @@ def run_child(code: str, env: dict) -> tuple[float, int]:
     return wall, int(proc.stdout.strip().splitlines()[-1])
 
 
-def models(workdir: Path):
-    """(name, fastlayers file, onnx file, input .npy) for each whole model measured."""
+def models(workdir: Path, full: bool):
+    """(name, fastlayers file, onnx file, input .npy) for each whole model measured: the demo MLP
+    (native file for fastlayers, an equivalent ONNX graph for onnxruntime) and a ResNet-18-like
+    CNN exported by torch (the same .onnx file for both engines)."""
+    import warnings
+
     import fastlayers
+    import torch
+
+    from bench.bench_onnx_models import build
     from bench.onnx_export import to_onnx
 
     demo = Path(fastlayers.__file__).parent / "data" / "digits_mlp.flm"
@@ -75,6 +82,16 @@ def models(workdir: Path):
     x_path = workdir / "digits_x.npy"
     np.save(x_path, np.load(demo.parent / "digits_samples.npz")["x"][:1].astype(np.float32))
     yield "digits_mlp (demo)", demo, onnx_path, x_path
+
+    module, shape, _ = build(torch, "resnet18", full)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    resnet = workdir / "resnet18.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.from_numpy(x),), str(resnet), dynamo=False,
+                          input_names=["x"], opset_version=17)
+    np.save(workdir / "resnet_x.npy", x)
+    yield f"resnet18-like {shape[-1]}x{shape[-1]} (.onnx)", resnet, resnet, workdir / "resnet_x.npy"
 
 
 CHILD_KERAS_SAVE = """
@@ -136,13 +153,13 @@ def measure_load_cost(work: Path, megabytes: float, repeats: int) -> list[dict]:
     return records
 
 
-def measure(repeats: int, threads: int) -> list[dict]:
+def measure(repeats: int, threads: int, full: bool = True) -> list[dict]:
     records = []
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CACHE")}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         warm_cache = work / "numba-warm"
-        for name, fl_path, onnx_path, x_path in models(work):
+        for name, fl_path, onnx_path, x_path in models(work, full):
             fl_code = CHILD_FASTLAYERS.format(threads=threads, model=str(fl_path), x=str(x_path), runs=1)
             ort_code = CHILD_ORT.format(threads=threads, model=str(onnx_path), x=str(x_path), runs=1)
             warm_env = {**base_env, "NUMBA_CACHE_DIR": str(warm_cache)}
@@ -170,8 +187,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--load-mb", type=float, default=100.0, help="weights of the load-cost model")
+    parser.add_argument("--small", action="store_true", help="a small ResNet (for tests)")
     args = parser.parse_args(argv)
-    records = measure(args.repeats, args.threads)
+    records = measure(args.repeats, args.threads, full=not args.small)
     with tempfile.TemporaryDirectory() as tmp:
         records += measure_load_cost(Path(tmp), args.load_mb, args.repeats)
     Path(args.out).write_text(json.dumps({"threads": args.threads, "records": records}, indent=1))

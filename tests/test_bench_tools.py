@@ -43,7 +43,8 @@ def test_process_metrics_measures_cold_start_and_memory(tmp_path):
     oracle("onnx")
     out = tmp_path / "pm.json"
     oracle("keras")
-    assert process_metrics.main(["--repeats", "1", "--load-mb", "2", "--out", str(out)]) == 0
+    oracle("torch")
+    assert process_metrics.main(["--repeats", "1", "--load-mb", "2", "--small", "--out", str(out)]) == 0
     records = json.loads(out.read_text())["records"]
     got = {(r["metric"], r["engine"]) for r in records}
     assert ("cold_start_s", "fastlayers (warm cache)") in got and ("cold_start_s", "onnxruntime") in got
@@ -52,6 +53,8 @@ def test_process_metrics_measures_cold_start_and_memory(tmp_path):
     assert all(r["value"] >= 0 for r in records)
     load = {r["model"] for r in records if r["metric"] == "load_time_over_read_time"}
     assert {m.split("(")[1] for m in load} == {".keras)", ".h5)", ".flm)"}
+    assert {r["model"] for r in records if r["metric"] == "cold_start_s"} == {
+        "digits_mlp (demo)", "resnet18-like 32x32 (.onnx)"}
     empty = next(r["value"] for r in records if r["engine"] == "fastlayers (empty cache)")
     warm = next(r["value"] for r in records if r["engine"] == "fastlayers (warm cache)")
     assert empty > warm  # compiling costs more than loading the cache

@@ -225,3 +225,21 @@ def test_tf_keras_2_style_h5(tmp_path, rng):
             g.create_dataset(f"{lname}/bias:0", data=b)
     x = rng.standard_normal((5, 3)).astype(np.float32)
     assert_close(fastlayers.load(path)(x), np.maximum(x @ w1 + b1, 0) @ w2 + b2, rtol=1e-5)
+
+
+def test_recurrent_attention_and_conv_layers_from_keras_files(keras, tmp_path, rng):
+    """Layers whose variables Keras saves in sublayer groups (RNN cells, Bidirectional's two
+    layers, MultiHeadAttention's projections) load in Keras's order."""
+    K = keras.layers
+    x = keras.Input((5, 4))
+    h = K.LSTM(3, return_sequences=True)(x)
+    h = K.Bidirectional(K.GRU(2, return_sequences=True, reset_after=False))(h)
+    h = K.SimpleRNN(2, return_sequences=True)(h)
+    h = K.MultiHeadAttention(2, 3)(h, h)
+    model = keras.Model(x, K.GlobalAveragePooling1D()(K.Conv1D(2, 3)(h)))
+    randomize(model, rng)
+    xs = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    expected = model.predict(xs, verbose=0)
+    for ext in ("keras", "h5"):
+        model.save(tmp_path / f"mixed.{ext}")
+        assert_close(fastlayers.load(tmp_path / f"mixed.{ext}")(xs), expected, rtol=1e-4, atol=1e-5)

@@ -231,3 +231,55 @@ def test_torch_cnn_export_fuses_and_matches_onnxruntime(torch, tmp_path, rng, ba
     for batch in (1, 3):
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
         assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction, layout, rng, backend):
+    """The compiled time loops (gate blocks reordered) give the spec's recurrence."""
+    from fastlayers.io.onnx_ops import _recurrent, _recurrent_fast
+
+    nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 4, 6
+    extras = [{}] + ([{"linear_before_reset": 1}] if kind == "GRU" else []) + \
+        ([{"activations": ["Relu"] * nd}] if kind == "RNN" else [])
+    for extra in extras:
+        x = rng.standard_normal((B, T, I) if layout else (T, B, I)).astype(np.float32)
+        ins = [x, (rng.standard_normal((nd, gates * H, I)) * 0.5).astype(np.float32),
+               (rng.standard_normal((nd, gates * H, H)) * 0.5).astype(np.float32),
+               (rng.standard_normal((nd, 2 * gates * H)) * 0.5).astype(np.float32), None,
+               rng.standard_normal((B, nd, H) if layout else (nd, B, H)).astype(np.float32)]
+        if kind == "LSTM":
+            ins.append(rng.standard_normal(ins[-1].shape).astype(np.float32))
+        attrs = {"direction": direction, "layout": layout, "hidden_size": H, **extra}
+        fast = _recurrent_fast(kind, ins, attrs)
+        assert fast is not None
+        for got, want in zip(fast, _recurrent(kind, ins, attrs)):
+            assert_close(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, bidirectional):
+    ort = oracle("onnxruntime")
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8)
+            self.rnn = getattr(torch.nn, cell)(8, 6, num_layers=2, batch_first=True, bidirectional=bidirectional)
+            self.fc = torch.nn.Linear(6 * (2 if bidirectional else 1), 3)
+
+        def forward(self, ids):
+            out = self.rnn(self.emb(ids))[0]
+            return torch.log_softmax(self.fc(out[:, -1]), -1)
+
+    path = tmp_path / f"{cell}.onnx"
+    export(torch, Classifier(), (torch.randint(0, 50, (2, 7)),), path, input_names=["ids"],
+           dynamic_axes={"ids": {0: "batch", 1: "time"}}, opset_version=17)
+    ours = fastlayers.load(path)
+    assert cell in ours.op_types
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, steps in [(1, 7), (3, 11)]:
+        ids = rng.integers(0, 50, (batch, steps)).astype(np.int64)
+        assert_close(ours(ids), session.run(None, {"ids": ids})[0], rtol=1e-4, atol=1e-5)

@@ -631,9 +631,79 @@ def _recurrent(kind, inputs, attrs):
     return [y, yh, yc] if kind == "LSTM" else [y, yh]
 
 
-OPS["RNN"] = lambda inputs, attrs, opset: _recurrent("RNN", inputs, attrs)
-OPS["GRU"] = lambda inputs, attrs, opset: _recurrent("GRU", inputs, attrs)
-OPS["LSTM"] = lambda inputs, attrs, opset: _recurrent("LSTM", inputs, attrs)
+_DEFAULT_ACTIVATIONS = {"RNN": [["tanh"], ["relu"]], "GRU": [["sigmoid", "tanh"]],
+                        "LSTM": [["sigmoid", "tanh", "tanh"]]}
+
+
+def _recurrent_fast(kind, inputs, attrs):
+    """The ONNX recurrence on the backend's compiled time loops (one input-projection GEMM, one
+    recurrent product and one fused gate pass per step), when the node uses only what they do:
+    no clip, peepholes, input_forget or sequence_lens, standard activations. Else None.
+    Gate blocks are reordered once per call: ONNX LSTM i,o,f,c -> i,f,c,o; GRU z,r,h as is."""
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
+    x, w, r, b, seq_lens, h0 = inputs[0], inputs[1], inputs[2], get(3), get(4), get(5)
+    c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
+    direction = attrs.get("direction", "forward")
+    n_dir = 2 if direction == "bidirectional" else 1
+    names = [n.lower() for n in attrs.get("activations", [])]
+    per_dir = len(_DEFAULT_ACTIVATIONS[kind][0])
+    if names and (names[:per_dir] not in _DEFAULT_ACTIVATIONS[kind] or names[per_dir:] not in ([], names[:per_dir])):
+        return None
+    if attrs.get("clip") is not None or attrs.get("input_forget", 0) or (p is not None and np.any(p)) \
+            or attrs.get("activation_alpha") or attrs.get("activation_beta"):
+        return None
+    layout = attrs.get("layout", 0)
+    x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
+    batch, steps, _ = x_bti.shape
+    if seq_lens is not None and np.any(seq_lens != steps):
+        return None
+    hidden = r.shape[-1]
+    states = lambda s: None if s is None else (s if not layout else np.swapaxes(s, 0, 1))  # noqa: E731
+    h0, c0 = states(h0), states(c0)
+    ops = get_ops()
+    ys, hs, cs = [], [], []
+    for d in range(n_dir):
+        reverse = direction == "reverse" or d == 1
+        wb = b[d, :b.shape[1] // 2] if b is not None else np.zeros(w.shape[1], np.float32)
+        rb = b[d, b.shape[1] // 2:] if b is not None else np.zeros(w.shape[1], np.float32)
+        h_init = np.zeros((batch, hidden), np.float32) if h0 is None else _f32(h0[d])
+        if kind == "LSTM":
+            order = [0, 2, 3, 1]
+            blocks = lambda m: m.reshape(4, hidden, -1)[order].reshape(4 * hidden, -1)  # noqa: E731
+            c_init = np.zeros((batch, hidden), np.float32) if c0 is None else _f32(c0[d])
+            y, h, c = ops.lstm_sequence(x_bti, _f32(blocks(w[d]).T), _f32(blocks(r[d]).T),
+                                        _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)), h_init,
+                                        c_init, reverse=reverse)
+            cs.append(c)
+        elif kind == "GRU":
+            lbr = bool(attrs.get("linear_before_reset", 0))
+            y, h = ops.gru_sequence(x_bti, _f32(w[d].T), _f32(r[d].T), _f32(wb if lbr else wb + rb),
+                                    _f32(rb) if lbr else None, h_init, reset_after=lbr, reverse=reverse)
+        else:
+            act = names[0] if names else "tanh"
+            y, h = ops.rnn_sequence(x_bti, _f32(w[d].T), _f32(r[d].T), _f32(wb + rb), h_init,
+                                    activation=act, reverse=reverse)
+        ys.append(y)
+        hs.append(h)
+    y = np.stack(ys, axis=1)            # (B, num_dir, T, H)
+    y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
+    yh = np.stack(hs, axis=1 if layout else 0)
+    outs = [np.ascontiguousarray(y), yh]
+    if kind == "LSTM":
+        outs.append(np.stack(cs, axis=1 if layout else 0))
+    return outs
+
+
+def _recurrent_op(kind):
+    def run(inputs, attrs, opset):
+        fast = _recurrent_fast(kind, inputs, attrs)
+        return fast if fast is not None else _recurrent(kind, inputs, attrs)
+    return run
+
+
+OPS["RNN"] = _recurrent_op("RNN")
+OPS["GRU"] = _recurrent_op("GRU")
+OPS["LSTM"] = _recurrent_op("LSTM")
 
 
 # --------------------------------------------------------------------- convolution and pooling
