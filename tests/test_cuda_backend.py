@@ -91,6 +91,15 @@ if not IN_CUDA_RUN:
         else:
             assert proc.returncode != 0 and "Traceback" not in proc.stderr
 
+    def test_kernels_lower_for_the_real_cuda_target():
+        """Typing and lowering for the GPU target, float32 only (tests/cuda_lowering.py)."""
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+        env["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.run([sys.executable, "tests/cuda_lowering.py"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert "failures: []" in proc.stdout
+
     def test_device_names():
         from fastlayers.backends.placement import device_backend
 

@@ -103,7 +103,7 @@ def bmm_tiled(a_zmk, b_zkn, c_zmn, trans_b):
     m = a_zmk.shape[1]
     k = a_zmk.shape[2]
     n = c_zmn.shape[2]
-    acc = float32(0.0)
+    acc = _ZERO
     for k0 in range(0, k, TILE):
         ka = k0 + tx
         if row < m and ka < k:
@@ -192,7 +192,7 @@ def conv2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, pt, pl, g
     oh = (r // wo) % ho
     ow = r % wo
     c0 = (o // (cout // groups)) * cin_g
-    acc = float32(0.0)
+    acc = _ZERO
     for i in range(kh):
         ih = oh * sh - pt + i * dh
         if ih >= 0 and ih < h:

@@ -1,0 +1,60 @@
+"""Type and lower every CUDA kernel for the real CUDA target (no GPU, driver or NVVM needed).
+
+The simulator runs kernels as Python, so it cannot catch a typing or lowering error of the real
+target (or a float64 operation slipping into a float32 kernel). This script compiles each kernel
+to LLVM IR for the argument types ``CudaOps`` launches it with, and checks that the IR has no
+double-precision values. Run by tests/test_cuda_backend.py in a subprocess (it must import
+numba.cuda without the simulator, and it stands in a compute capability for the absent device).
+"""
+
+import sys
+import types
+
+from numba.core import types as T
+from numba.cuda import compiler
+import numba.cuda.dispatcher as dispatcher
+
+# device functions (``act``) ask the current device for its compute capability while typing
+dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
+
+from fastlayers.backends.cuda import _kernels as K  # noqa: E402
+
+f1, f2, f3, f4 = (T.Array(T.float32, n, "C") for n in (1, 2, 3, 4))
+u2 = T.Array(T.uint8, 2, "C")
+i, b, f = T.int64, T.boolean, T.float32
+SIGNATURES = {
+    "bmm_tiled": (f3, f3, f3, b),
+    "bias_act_rows": (f2, f1, b, i, f),
+    "act_rows": (f2, f2, i, f),
+    "softmax_rows": (f2, b),
+    "conv2d_nhwc": (f4, f4, f1, b, f4, i, i, i, i, i, i, i, i, f),
+    "pool2d_nhwc": (f4, f4, b, i, i, i, i, i, i, i, i, i, i, b),
+    "attention_softmax_bhqk": (f4, f4, b, f, b, f),
+    "lstm_gates": (f3, i, f2, f2, f2, u2, b, i, i),
+    "gru_gates_after": (f3, i, f2, f1, b, f2, f2, i, i),
+    "gru_zr_before": (f3, i, f2, f2, f2, f2, i),
+    "gru_cand_before": (f3, i, f2, f2, f2, f2, i),
+    "commit_step": (f2, f2, f2, f3, i, i, u2, b, b),
+    "scale_shift_rows": (f2, f1, f1, f2),
+    "layer_norm_rows": (f2, f1, b, f1, b, f, b, f2),
+    "global_pool_nhwc": (f3, f2, b),
+    "merge_flat": (f1, f1, f1, i, f),
+    "copy_cols": (f2, f2, i),
+}
+
+failures = []
+kernels = {n for n in dir(K) if hasattr(getattr(K, n), "py_func") and n not in ("act", "_sigmoid")}
+missing = kernels - set(SIGNATURES)
+if missing:
+    failures.append(f"kernels without a signature here: {sorted(missing)}")
+for name, sig in SIGNATURES.items():
+    try:
+        cres = compiler.compile_cuda(getattr(K, name).py_func, T.void, sig, cc=(8, 0))
+    except Exception as e:  # noqa: BLE001 - reported below
+        failures.append(f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
+        continue
+    ir = "\n".join(lib.get_llvm_str() for lib in [cres.library] + list(cres.library._linking_libraries))
+    if "double" in ir:
+        failures.append(f"{name}: float64 in the IR")
+print(f"{len(SIGNATURES)} kernels lowered; failures: {failures}")
+sys.exit(1 if failures else 0)
