@@ -1,7 +1,7 @@
 """Dense stacks: fastlayers (cpu, reference) vs onnxruntime (spinning on/off) vs torch.
 
 Workloads: the bundled digits MLP (64-64-10) and a wider MLP (256-512-512-10, gelu), at batch 1
-and 64. Every engine gets the same weights and inputs; outputs are compared before timing.
+and 8. Every engine gets the same weights and inputs; outputs are compared before timing.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def engines(request):
     }
 
 
-@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("engine", ENGINES)
 def bench_mlp(benchmark, engines, engine, batch):
     name, d_in, fns = engines

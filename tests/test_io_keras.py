@@ -236,6 +236,8 @@ def test_recurrent_attention_and_conv_layers_from_keras_files(keras, tmp_path, r
     h = K.Bidirectional(K.GRU(2, return_sequences=True, reset_after=False))(h)
     h = K.SimpleRNN(2, return_sequences=True)(h)
     h = K.MultiHeadAttention(2, 3)(h, h)
+    h = K.Attention(use_scale=True)([h, h])
+    h = K.AdditiveAttention()([h, h])
     model = keras.Model(x, K.GlobalAveragePooling1D()(K.Conv1D(2, 3)(h)))
     randomize(model, rng)
     xs = rng.standard_normal((2, 5, 4)).astype(np.float32)

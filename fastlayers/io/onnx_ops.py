@@ -973,3 +973,56 @@ def _upsample(inputs, attrs, opset):
     mode = attrs.get("mode", "nearest")
     return [_resize(x, out, scales, {"mode": mode, "coordinate_transformation_mode": "asymmetric",
                                      "nearest_mode": "floor"}, None)]
+
+
+# -------------------------------------------------------------------------- attention (opset 23)
+@op("Attention")
+def _attention(inputs, attrs, opset):
+    """ONNX Attention: softmax(scale Q K^T (+ softcap) + mask (+ causal)) V over batched heads, with
+    3-D inputs split into heads, grouped-query K/V repeated, and a past K/V cache prepended.
+    A query row with no key left attends to nothing (output 0), as the spec's reference does."""
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
+    q, k, v = (_f32(a) for a in inputs[:3])
+    mask, past_k, past_v = get(3), get(4), get(5)
+    if get(6) is not None or attrs.get("left_window_size", -1) not in (-1, None) \
+            or attrs.get("right_window_size", -1) not in (-1, None):
+        raise UnsupportedError("Attention with nonpad_kv_seqlen or sliding windows is not supported")
+    three_d = q.ndim == 3
+    if three_d:
+        qh, kvh = attrs["q_num_heads"], attrs["kv_num_heads"]
+        split = lambda a, h: a.reshape(a.shape[0], a.shape[1], h, -1).transpose(0, 2, 1, 3)  # noqa: E731
+        q, k, v = split(q, qh), split(k, kvh), split(v, kvh)
+    if past_k is not None:
+        k, v = np.concatenate([_f32(past_k), k], axis=2), np.concatenate([_f32(past_v), v], axis=2)
+    present_k, present_v = k, v
+    if q.shape[1] != k.shape[1]:  # grouped-query attention
+        k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = np.repeat(v, q.shape[1] // v.shape[1], axis=1)
+    scale = attrs.get("scale") or 1.0 / np.sqrt(q.shape[-1])
+    tq, tk = q.shape[2], k.shape[2]
+    bias = np.zeros((tq, tk), np.float32)
+    if mask is not None:
+        if mask.shape[-1] < tk:  # a mask shorter than the keys (past cache) masks the rest
+            width = [(0, 0)] * (mask.ndim - 1) + [(0, tk - mask.shape[-1])]
+            mask = np.pad(mask, width, constant_values=False if mask.dtype == np.bool_ else -np.inf)
+        bias = bias + (np.where(mask, np.float32(0), np.float32(-np.inf)) if mask.dtype == np.bool_
+                       else _f32(mask))
+    if attrs.get("is_causal", 0):
+        offset = 0 if past_k is None else past_k.shape[2]
+        allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
+        bias = bias + np.where(allowed, np.float32(0), np.float32(-np.inf))
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
+    softcap = attrs.get("softcap", 0.0) or 0.0
+    if softcap > 0:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    capped = scores
+    scores = scores + bias
+    w = get_ops().attention_softmax(np.ascontiguousarray(scores, dtype=np.float32), 1.0, None, False, 1)
+    y = np.matmul(w, v)
+    if three_d:
+        y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)
+    # the optional 4th output, as the spec's reference computes it: the (soft-capped) scores,
+    # with the mask added for mode 2, the softmax weights for mode 3
+    mode = attrs.get("qk_matmul_output_mode", 0)
+    qk = capped + bias if mode == 2 else (w if mode == 3 else capped)
+    return [y, present_k, present_v, qk]
