@@ -4,7 +4,8 @@ process.
 - cold start: wall time of ``python -c "import ...; load; first call"`` — fastlayers with a warm
   Numba cache and with an empty one (a new NUMBA_CACHE_DIR), onnxruntime with import + session
   creation + first run.
-- memory: peak RSS (ru_maxrss) of a process that imports, loads and runs the model 20 times.
+- memory: peak RSS (VmHWM) of a process that imports, loads and runs the model 20 times. (Not
+  ru_maxrss: Linux carries it over fork and exec, so a child would report its parent's peak.)
 - load cost: for a model of ``--load-mb`` MB of weights saved as .keras, .h5 and native .flm,
   the load time against the time to read the file's bytes, and the peak RSS growth during the
   load against the weight bytes (each in a fresh process).
@@ -30,26 +31,32 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CHILD_FASTLAYERS = """
-import resource, sys, numpy as np
+PEAK_RSS_KIB = """
+def peak_rss_kib():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+"""
+
+CHILD_FASTLAYERS = PEAK_RSS_KIB + """
+import sys, numpy as np
 import fastlayers
 fastlayers.set_num_threads({threads})
 m = fastlayers.load({model!r})
 x = np.load({x!r})
 for _ in range({runs}):
     y = m(x)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(peak_rss_kib())
 """
 
-CHILD_ORT = """
-import resource, sys, numpy as np
+CHILD_ORT = PEAK_RSS_KIB + """
+import sys, numpy as np
 import onnxruntime as ort
 opts = ort.SessionOptions(); opts.intra_op_num_threads = {threads}; opts.inter_op_num_threads = 1
 s = ort.InferenceSession({model!r}, opts, providers=["CPUExecutionProvider"])
 x = np.load({x!r}); name = s.get_inputs()[0].name
 for _ in range({runs}):
     y = s.run(None, {{name: x}})
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(peak_rss_kib())
 """
 
 
@@ -112,14 +119,14 @@ with open({path!r}, "rb") as f:
 print(time.perf_counter() - t0)
 """
 
-CHILD_LOAD = """
-import resource, time
+CHILD_LOAD = PEAK_RSS_KIB + """
+import time
 import fastlayers, h5py
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_rss_kib()
 t0 = time.perf_counter()
 m = fastlayers.load({path!r})
 t = time.perf_counter() - t0
-grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+grown = peak_rss_kib() - base
 print(t, grown * 1024 / sum(w.nbytes for w in m.get_weights()))
 """
 
