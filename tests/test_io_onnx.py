@@ -121,8 +121,9 @@ def test_torch_transformer_encoder_export_matches_onnxruntime(torch, tmp_path, r
     export(torch, Encoder(), (torch.randn(2, 6, 32),), path, input_names=["x"],
            dynamic_axes={"x": {0: "batch"}}, opset_version=17)
     ours = fastlayers.load(path)
+    assert sum(step[4] for step in ours._plan) > 10  # shape computations, cached per input shape
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for batch in (1, 3):
+    for batch in (1, 3, 1, 3, 2):  # alternating shapes: the cache is keyed by them
         x = rng.standard_normal((batch, 6, 32)).astype(np.float32)
         assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
 

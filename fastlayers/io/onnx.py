@@ -287,8 +287,20 @@ class OnnxModel:
         self._constants = constants
         self._nodes = nodes
         self._shapes = shapes
+        # Nodes computing only from input shapes (Shape, Size and what combines them with
+        # constants) give the same values for the same input shapes: their outputs are cached
+        # per input-shape key and skipped on later calls.
+        shape_only: set[str] = set()
+        for n in nodes:
+            if n.op_type in ("Shape", "Size") or (
+                    n.op_type not in _NONDETERMINISTIC
+                    and all(not i or i in constants or i in shape_only for i in n.inputs)):
+                shape_only.update(o for o in n.outputs if o)
         self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
-                                         for i in n.inputs], n.outputs, n.attrs) for n in nodes]
+                                         for i in n.inputs], n.outputs, n.attrs,
+                       any(o in shape_only for o in n.outputs)) for n in nodes]
+        self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
+        self._shape_cache: dict = {}
 
     @property
     def input_names(self) -> list[str]:
@@ -330,12 +342,23 @@ class OnnxModel:
         return out
 
     def __call__(self, *args, **kwargs):
-        values = dict(zip(self.input_names, self._prepare(args, kwargs)))
-        for fn, ins, outs, attrs in self._plan:
+        arrays = self._prepare(args, kwargs)
+        values = dict(zip(self.input_names, arrays))
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        cached = self._shape_cache.get(key)
+        if cached is not None:
+            values.update(cached)
+        for fn, ins, outs, attrs, shape_only in self._plan:
+            if shape_only and cached is not None:
+                continue
             results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
             for name, value in zip(outs, results):
                 if name:
                     values[name] = value
+        if cached is None and self._shape_outputs:
+            if len(self._shape_cache) >= 64:  # bound the memory of many distinct shapes
+                self._shape_cache.clear()
+            self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         results = [values[o] if o in values else self._constants[o] for o in self.output_names]
         return results[0] if len(results) == 1 else results
 
