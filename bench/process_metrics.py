@@ -73,8 +73,9 @@ def run_child(code: str, env: dict) -> tuple[float, int]:
 
 def models(workdir: Path, full: bool):
     """(name, fastlayers file, onnx file, input .npy) for each whole model measured: the demo MLP
-    (native file for fastlayers, an equivalent ONNX graph for onnxruntime) and a ResNet-18-like
-    CNN exported by torch (the same .onnx file for both engines)."""
+    (native file for fastlayers, an equivalent ONNX graph for onnxruntime) and the three whole
+    models of bench_onnx_models (ResNet-18-like, LSTM classifier, Transformer encoder) exported by
+    torch (the same .onnx file for both engines)."""
     import warnings
 
     import fastlayers
@@ -90,15 +91,17 @@ def models(workdir: Path, full: bool):
     np.save(x_path, np.load(demo.parent / "digits_samples.npz")["x"][:1].astype(np.float32))
     yield "digits_mlp (demo)", demo, onnx_path, x_path
 
-    module, shape, _ = build(torch, "resnet18", full)
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    resnet = workdir / "resnet18.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.from_numpy(x),), str(resnet), dynamo=False,
-                          input_names=["x"], opset_version=17)
-    np.save(workdir / "resnet_x.npy", x)
-    yield f"resnet18-like {shape[-1]}x{shape[-1]} (.onnx)", resnet, resnet, workdir / "resnet_x.npy"
+    for name in ("resnet18", "lstm_classifier", "transformer_encoder"):
+        module, shape, dtype = build(torch, name, full)
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 50, shape) if dtype == np.int64 else rng.standard_normal(shape).astype(np.float32)
+        path = workdir / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.eval(), (torch.from_numpy(x),), str(path), dynamo=False,
+                              input_names=["x"], opset_version=17)
+        np.save(workdir / f"{name}_x.npy", x)
+        yield f"{name} {'x'.join(map(str, shape))} (.onnx)", path, path, workdir / f"{name}_x.npy"
 
 
 CHILD_KERAS_SAVE = """

@@ -54,7 +54,8 @@ def test_process_metrics_measures_cold_start_and_memory(tmp_path):
     load = {r["model"] for r in records if r["metric"] == "load_time_over_read_time"}
     assert {m.split("(")[1] for m in load} == {".keras)", ".h5)", ".flm)"}
     assert {r["model"] for r in records if r["metric"] == "cold_start_s"} == {
-        "digits_mlp (demo)", "resnet18-like 32x32 (.onnx)"}
+        "digits_mlp (demo)", "resnet18 1x3x32x32 (.onnx)", "lstm_classifier 8x12 (.onnx)",
+        "transformer_encoder 1x16x32 (.onnx)"}
     empty = next(r["value"] for r in records if r["engine"] == "fastlayers (empty cache)")
     warm = next(r["value"] for r in records if r["engine"] == "fastlayers (warm cache)")
     assert empty > warm  # compiling costs more than loading the cache
