@@ -16,6 +16,26 @@ from .._jit import njit
 _ZERO = np.float32(0.0)
 _NEG_INF = np.float32(-np.inf)
 
+
+@njit(inline=True)
+def _pool_in(acc, xrow, is_max):
+    """acc[c] = max(acc[c], xrow[c]) (NaN wins) or acc[c] + xrow[c], over the channels."""
+    if is_max:
+        for c in range(acc.shape[0]):
+            v = xrow[c]
+            o = acc[c]
+            acc[c] = v if (v > o or v != v) else o
+    else:
+        for c in range(acc.shape[0]):
+            acc[c] += xrow[c]
+
+
+@njit(inline=True)
+def _scale_row(acc, inv):
+    """acc[c] *= inv (the average of an accumulated window)."""
+    for c in range(acc.shape[0]):
+        acc[c] *= inv
+
 _I = "int64"
 _X4 = "float32[:, :, :, ::1]"
 _M2 = "float32[:, ::1]"
@@ -112,19 +132,9 @@ def pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_en
                         continue
                     if not count_include_pad:
                         count += 1
-                    xrow = x_nhwc[n, ih, iw]
-                    if is_max:
-                        for c in range(c_):
-                            v = xrow[c]
-                            o = acc[c]
-                            acc[c] = v if (v > o or v != v) else o
-                    else:
-                        for c in range(c_):
-                            acc[c] += xrow[c]
+                    _pool_in(acc, x_nhwc[n, ih, iw], is_max)
             if not is_max:
-                inv = np.float32(1.0) / np.float32(count)
-                for c in range(c_):
-                    acc[c] *= inv
+                _scale_row(acc, np.float32(1.0) / np.float32(count))
 
 
 @njit(signatures=(f"void({_M2}, {_X4}, " + ", ".join([_I] * 14) + ")",))
@@ -183,19 +193,9 @@ def bin_pool_nhwc(x_nhwc, batch_k, h0_kp, h1_kp, w0_kq, w1_kq, is_max, out_kpqc,
                 acc[c] = fill
             for ih in range(ha, hb):
                 for iw in range(wa, wb):
-                    xrow = x_nhwc[n, ih, iw]
-                    if is_max:
-                        for c in range(c_):
-                            v = xrow[c]
-                            o = acc[c]
-                            acc[c] = v if (v > o or v != v) else o
-                    else:
-                        for c in range(c_):
-                            acc[c] += xrow[c]
+                    _pool_in(acc, x_nhwc[n, ih, iw], is_max)
             if not is_max:
-                inv = np.float32(1.0) / np.float32((hb - ha) * (wb - wa))
-                for c in range(c_):
-                    acc[c] *= inv
+                _scale_row(acc, np.float32(1.0) / np.float32((hb - ha) * (wb - wa)))
 
 
 @njit(signatures=(f"void({_X4}, int64[::1], int64[::1], float32[::1], int64[::1], int64[::1], "
