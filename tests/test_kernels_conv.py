@@ -100,7 +100,8 @@ def test_pool2d_cpu_matches_reference(c, kind, count_include_pad, ceil_extra):
 def test_conv2d_in_several_workspace_chunks(monkeypatch):
     x, w, b = arr(0, (3, 9, 10, 5)), arr(1, (3, 3, 5, 7)), arr(2, (7,))
     whole = CPU.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
-    monkeypatch.setattr(conv_ops, "_COLS_BUDGET", 45 * 37)   # 37 rows per chunk: 8 ragged chunks
+    monkeypatch.setattr(conv_ops, "_COLS_CHUNK", 45 * 37)    # 37 rows per chunk: 8 ragged chunks
+    monkeypatch.setattr(conv_ops, "_winograd_pays", lambda *a: False)
     chunked = CPU.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
     assert_close(chunked, whole)   # sgemm may round differently for other row counts
     assert_close(whole, REF.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu"))
@@ -118,6 +119,66 @@ def test_kernels_split_over_threads_match_reference(monkeypatch, threads):
     for kind in ("max", "avg"):
         assert_close(CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (4, 9), (1, 1), True),
                      REF.pool2d(x, kind, (3, 3), (2, 1), pads, (4, 9), (1, 1), True))
+
+
+WINOGRAD_CASES = [   # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no padding, batch > 1
+    (1, 5, 7, 3, 4, ((1, 1), (1, 1))),
+    (2, 6, 5, 8, 3, ((0, 1), (1, 0))),
+    (1, 1, 1, 2, 2, ((1, 1), (1, 1))),
+    (3, 4, 4, 5, 6, ((0, 0), (0, 0))),
+    (2, 9, 3, 17, 9, ((2, 0), (0, 2))),
+    (1, 12, 11, 16, 20, ((1, 1), (1, 1))),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("block_tiles", [1, 5, 64])
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+def test_winograd_conv_matches_reference(monkeypatch, case, block_tiles, threads):
+    n, h, w, cin, cout, pads = case
+    monkeypatch.setattr(conv_ops, "_winograd_pays", lambda *a: True)
+    monkeypatch.setattr(conv_ops, "_WINOGRAD_BLOCK_TILES", block_tiles)   # several blocks
+    monkeypatch.setattr(conv_ops, "_MIN_SHARE_FLOPS", 1)                  # split tiny calls
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    x, k, b = arr(n, (n, h, w, cin)), arr(h, (3, 3, cin, cout)), arr(w, (cout,))
+    for bias, act in ((b, "relu"), (None, "linear"), (b, "tanh")):
+        args = (x, k, bias, (1, 1), pads, (1, 1), 1, act)
+        assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
+    calls = []
+    real = conv_ops._winograd.conv3x3_f23
+    monkeypatch.setattr(conv_ops._winograd, "conv3x3_f23", lambda *a: calls.append(1) or real(*a))
+    x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
+    y = CPU.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1)))
+    assert calls
+    assert_close(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    CPU.conv2d(x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: im2col
+    assert not calls
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_im2col_conv_split_over_threads_matches_reference(monkeypatch, threads):
+    monkeypatch.setattr(conv_ops, "_MIN_SHARE_FLOPS", 1)
+    monkeypatch.setattr(conv_ops, "_COLS_CHUNK", 30 * 7)      # 7-row chunks inside each share
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    x, k, b = arr(0, (2, 7, 9, 6)), arr(1, (5, 1, 6, 4)), arr(2, (4,))
+    args = (x, k, b, (2, 1), ((2, 1), (0, 0)), (1, 2), 1, "relu")
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args))
+
+
+def test_replaced_weights_reach_the_winograd_path():
+    layer = L.Conv2D(16, 3, padding="same")
+    x = arr(0, (1, 16, 16, 16))
+    y0 = layer(x)
+    new = [arr(3, layer.kernel.shape), arr(4, layer.bias.shape)]
+    layer.set_weights(new)
+    with fastlayers.use_ops("reference"):
+        expected = layer(x)
+    assert not np.allclose(y0, expected)
+    assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_outputs_do_not_alias_the_workspace():

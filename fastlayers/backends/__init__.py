@@ -58,7 +58,11 @@ def use_ops(name: str):
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads in Numba's parallel kernels and in the BLAS library numpy calls."""
+    """Use ``n`` threads: fastlayers' own thread shares and the BLAS library numpy calls.
+
+    The BLAS library that compiled kernels call (scipy's, through Numba's ``np.dot``) always
+    runs one thread: the kernels give each of their threads its own share of the rows.
+    """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
     from threadpoolctl import threadpool_limits
@@ -68,9 +72,10 @@ def set_num_threads(n: int) -> None:
     import sys
 
     if "numba" in sys.modules:  # otherwise applied when the cpu backend loads
-        from ._jit import apply_num_threads
+        from ._jit import apply_num_threads, pin_kernel_blas
 
         apply_num_threads()
+        pin_kernel_blas()
 
 
 def get_num_threads() -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._jit import apply_num_threads, warmup  # noqa: F401  (re-exported for the CLI)
+from .._jit import apply_num_threads, pin_kernel_blas, warmup  # noqa: F401  (warmup: the CLI)
 from ..reference import ReferenceOps
 from . import _elementwise, _rows
 from . import conv_ops
@@ -31,6 +31,7 @@ class CpuOps(ReferenceOps):
 
     def __init__(self):
         apply_num_threads()
+        pin_kernel_blas()
 
     def activation(self, x, name, alpha=0.0):
         code = _elementwise.CODES.get(name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from .._jit import njit
+from ._elementwise import bias_act_rows
 
 _ZERO = np.float32(0.0)
 _NEG_INF = np.float32(-np.inf)
@@ -69,6 +70,23 @@ def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0, 
                 else:
                     for c in range(cg):
                         dst[c] = _ZERO
+
+
+@njit(signatures=(f"void({_X4}, {_M2}, float32[::1], {_M2}, int64, float32, " + ", ".join([_I] * 10)
+                  + f", {_M2}, int64, int64)",))
+def conv_gemm_rows(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo,
+                   cols, r_begin, r_end):
+    """y[r] = f(im2col(x)[r] @ w + b) for output rows r in [r_begin, r_end), in chunks of
+    ``cols.shape[0]`` rows (im2col into ``cols``, sgemm, bias + activation ``code`` while hot)."""
+    chunk = cols.shape[0]
+    for r0 in range(r_begin, r_end, chunk):
+        m = min(chunk, r_end - r0)
+        c = cols[:m]
+        im2col_nhwc(x_nhwc, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, 0, r0, 0, m)
+        yc = y_rows[r0: r0 + m]
+        np.dot(c, w_kc, yc)
+        if code != 0 or b.shape[0] > 0:
+            bias_act_rows(yc, b, yc, code, alpha)
 
 
 @njit(signatures=(f"void({_X4}, float32[:, :, ::1], {_X4}, " + ", ".join([_I] * 9) + ")",))

@@ -22,12 +22,19 @@ import numpy as np
 
 from ..reference import ReferenceOps
 from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
-from . import _conv, _elementwise
+from ..derived import derived
+from . import _conv, _elementwise, _winograd
 from ._split import run_rows
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 #: Largest im2col chunk, in floats (16 MiB): bounds the workspace, keeps sgemm panels large.
 _COLS_BUDGET = 1 << 22
+#: im2col chunk of the threaded path, in floats (1 MiB): the chunk stays in L2 for its sgemm.
+_COLS_CHUNK = 1 << 18
+#: Tiles per Winograd block: its V and M panels (16 x tiles x channels each) stay in L2.
+_WINOGRAD_BLOCK_TILES = 64
+#: Fewest multiply-adds (x2) in a thread's share of a GEMM-bound kernel.
+_MIN_SHARE_FLOPS = 1 << 21
 _tls = threading.local()
 #: Fewest output values per thread share of the direct kernels (depthwise, pooling): below this
 #: a thread hand-off (tens of microseconds) costs more than it saves.
@@ -54,11 +61,7 @@ def _f32c(a):
 def _epilogue(self, y_rows, b, activation, alpha):
     """y = f(y + b) in place over (rows, C); activations without a fused kernel use the reference."""
     code = _elementwise.CODES.get(activation)
-    if b is None and activation == "linear":
-        return y_rows
-    if b is not None or code is not None:
-        _elementwise.bias_act_rows(y_rows, _EMPTY if b is None else _f32c(b), y_rows,
-                                   _elementwise.LINEAR if code is None else code, np.float32(alpha))
+    _epilogue_rows(y_rows, b, code, alpha)
     return y_rows if code is not None else ReferenceOps.activation(self, y_rows, activation, alpha)
 
 
@@ -79,26 +82,103 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
                                 pads, dilation, activation, alpha)
     x = _f32c(x_nhwc)
     wk = _f32c(w_hwio)
+    code = _elementwise.CODES.get(activation)
+    if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 and _winograd_pays(n, ho, wo, c, cout):
+        y = _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha)
+    elif kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
+        y = np.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout))   # 1x1: one sgemm
+        _epilogue_rows(y, b, code, alpha)
+    elif groups == 1:
+        y = _conv_im2col(x, wk, b, (sh, sw), (dh, dw), pt, pl, ho, wo, code, alpha)
+    else:
+        y = _conv_grouped(x, wk, (sh, sw), (dh, dw), pt, pl, ho, wo, groups)
+        _epilogue_rows(y, b, code, alpha)
+    y = y.reshape(n, ho, wo, cout)
+    return y if code is not None else ReferenceOps.activation(self, y, activation, alpha)
+
+
+def _epilogue_rows(y_rows, b, code, alpha):
+    """y = f(y + b) in place over (rows, C) with the fused activation ``code`` (None: bias only)."""
+    if b is not None or (code is not None and code != _elementwise.LINEAR):
+        _elementwise.bias_act_rows(y_rows, _EMPTY if b is None else _f32c(b), y_rows,
+                                   _elementwise.LINEAR if code is None else code, np.float32(alpha))
+
+
+def _min_rows_for(flops_per_row: int) -> int:
+    """Fewest rows per thread share of a GEMM-bound kernel (a share of at least ~2 MFLOP)."""
+    return max(1, _MIN_SHARE_FLOPS // max(flops_per_row, 1))
+
+
+def _winograd_pays(n, ho, wo, cin, cout) -> bool:
+    """Winograd F(2x2, 3x3) beats im2col + sgemm from about 36 tiles and 16 channels each way
+    (measured on this project's machine, docs/design.md); few tiles leave its 16 sgemms too thin."""
+    return n * ((ho + 1) // 2) * ((wo + 1) // 2) >= 36 and min(cin, cout) >= 16
+
+
+def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
+    n, cin, cout = x.shape[0], x.shape[3], wk.shape[3]
+    u = derived(wk, "winograd_f23", _winograd_weights)
+    out = np.empty((n, ho, wo, cout), np.float32)
+    th, tw = (ho + 1) // 2, (wo + 1) // 2
+    block_rows = max(1, _WINOGRAD_BLOCK_TILES // tw)
+    bias = _EMPTY if b is None else _f32c(b)
+    act = _elementwise.LINEAR if code is None else code
+
+    def share(begin, end):
+        rows = min(block_rows, end - begin)
+        ws = workspace(16 * rows * tw * (cin + cout) + 16 * max(cin, cout))
+        v = ws[: 16 * rows * tw * cin].reshape(16, rows * tw, cin)
+        m = ws[v.size: v.size + 16 * rows * tw * cout].reshape(16, rows * tw, cout)
+        patch = ws[v.size + m.size:].reshape(16, max(cin, cout))
+        _winograd.conv3x3_f23(x, u, bias, out, act, np.float32(alpha), pt, pl, v, m, patch,
+                              rows, begin, end)
+
+    run_rows(share, (), n * th, _min_rows_for(2 * 16 * tw * cin * cout))
+    return out.reshape(-1, cout)
+
+
+def _winograd_weights(wk):
+    u = np.empty((16, wk.shape[2], wk.shape[3]), np.float32)
+    _winograd.weights_f23(wk, u)
+    return u
+
+
+def _conv_im2col(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha):
+    """im2col + sgemm + epilogue in cache-sized row chunks, the rows shared among threads."""
+    n, kh, kw, cout = x.shape[0], wk.shape[0], wk.shape[1], wk.shape[3]
+    k = kh * kw * wk.shape[2]
+    w_kc = wk.reshape(k, cout)
+    rows = n * ho * wo
+    y = np.empty((rows, cout), np.float32)
+    bias = _EMPTY if b is None else _f32c(b)
+    act = _elementwise.LINEAR if code is None else code
+    chunk = max(8, min(rows, _COLS_CHUNK // k))
+
+    def share(begin, end):
+        cols = workspace(min(chunk, end - begin) * k).reshape(-1, k)
+        _conv.conv_gemm_rows(x, w_kc, bias, y, act, np.float32(alpha), kh, kw, strides[0],
+                             strides[1], dilation[0], dilation[1], pt, pl, ho, wo, cols, begin, end)
+
+    run_rows(share, (), rows, _min_rows_for(2 * k * cout))
+    return y
+
+
+def _conv_grouped(x, wk, strides, dilation, pt, pl, ho, wo, groups):
+    """Grouped convolution: per group and row chunk, im2col of the group's channels + sgemm."""
+    n, kh, kw, cin_g, cout = x.shape[0], wk.shape[0], wk.shape[1], wk.shape[2], wk.shape[3]
     rows, k, cout_g = n * ho * wo, kh * kw * cin_g, cout // groups
     y = np.empty((rows, cout), np.float32)
-    if kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
-        np.matmul(x.reshape(rows, c), wk.reshape(c, cout), out=y)      # 1x1: one sgemm
-    else:
-        chunk = max(1, min(rows, _COLS_BUDGET // max(k, 1)))
-        w2 = wk.reshape(k, cout)
-        for g in range(groups):
-            wg = w2[:, g * cout_g: (g + 1) * cout_g] if groups > 1 else w2
-            for r0 in range(0, rows, chunk):
-                m = min(chunk, rows - r0)
-                cols = workspace(m * k).reshape(m, k)
-                # serial, in the calling thread: it sits between sgemm calls, whose idle
-                # OpenBLAS workers spin for a while and would compete with a second thread
-                _conv.im2col_nhwc(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, g * cin_g, r0, 0, m)
-                if groups == 1:
-                    np.matmul(cols, wg, out=y[r0: r0 + m])
-                else:
-                    y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
-    return _epilogue(self, y, b, activation, alpha).reshape(n, ho, wo, cout)
+    chunk = max(1, min(rows, _COLS_BUDGET // max(k, 1)))
+    w2 = wk.reshape(k, cout)
+    for g in range(groups):
+        wg = w2[:, g * cout_g: (g + 1) * cout_g]
+        for r0 in range(0, rows, chunk):
+            m = min(chunk, rows - r0)
+            cols = workspace(m * k).reshape(m, k)
+            _conv.im2col_nhwc(x, cols, kh, kw, strides[0], strides[1], dilation[0], dilation[1],
+                              pt, pl, ho, wo, g * cin_g, r0, 0, m)
+            y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
+    return y
 
 
 def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),

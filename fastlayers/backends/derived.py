@@ -1,0 +1,50 @@
+"""Arrays derived from weights (re-laid-out, Winograd-transformed...), computed once per weight.
+
+Kernels that want their weights in another form ask ``derived(w, kind, make)``: the first call
+computes ``make(w)``, later calls with the same array object return that result. An entry holds
+only a weak reference to ``w`` and is dropped when ``w`` is garbage collected, so a new array at
+the same address is never mistaken for the old one.
+
+Weights are therefore read once: replacing a layer's weights (``set_weights``,
+``load_state_dict``, assigning a new array) takes effect at the next call, but writing into a
+weight array in place after it has been used does not reach the derived forms; call
+``clear_derived()`` after such an edit.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Callable
+
+_lock = threading.Lock()
+_cache: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+
+
+def _forget(key, ref) -> None:
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] is ref:
+            del _cache[key]
+
+
+def derived(source, kind: str, make: Callable):
+    """``make(source)``, cached per (``source`` object, ``kind``) for as long as ``source`` lives."""
+    key = (id(source), kind)
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is source:
+        return hit[1]
+    value = make(source)
+    try:
+        ref = weakref.ref(source, lambda r, key=key: _forget(key, r))
+    except TypeError:          # not weak-referenceable: nothing to key the cache on
+        return value
+    with _lock:
+        _cache[key] = (ref, value)
+    return value
+
+
+def clear_derived() -> None:
+    """Forget every derived weight (needed only after writing into a used weight array in place)."""
+    with _lock:
+        _cache.clear()
