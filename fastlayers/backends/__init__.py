@@ -1,6 +1,6 @@
 """Backend selection: the active Ops object lives in a ContextVar (default ``cpu``).
 
-``use_ops`` switches it for a block; ``set_num_threads`` sizes Numba's and the BLAS thread pools.
+``use_ops`` switches it for a block; ``set_num_threads`` sizes fastlayers' thread pool.
 Backends are imported lazily, so ``import fastlayers`` loads neither Numba nor any kernel.
 """
 
@@ -58,24 +58,21 @@ def use_ops(name: str):
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads: fastlayers' own thread shares and the BLAS library numpy calls.
+    """Use ``n`` threads in fastlayers' kernels and products.
 
-    The BLAS library that compiled kernels call (scipy's, through Numba's ``np.dot``) always
-    runs one thread: the kernels give each of their threads its own share of the rows.
+    fastlayers shares its work among its own threads and runs the BLAS libraries (numpy's and
+    scipy's) on one thread each, set when the cpu backend first loads; numpy products of the
+    calling program then run on one thread too (``threadpoolctl`` can raise that again).
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=n, user_api="blas")
     _num_threads[0] = n
     import sys
 
     if "numba" in sys.modules:  # otherwise applied when the cpu backend loads
-        from ._jit import apply_num_threads, pin_kernel_blas
+        from ._jit import apply_num_threads
 
         apply_num_threads()
-        pin_kernel_blas()
 
 
 def get_num_threads() -> int | None:

@@ -46,24 +46,14 @@ def apply_num_threads() -> None:
             numba.set_num_threads(n)
 
 
-def pin_kernel_blas() -> None:
-    """Run the BLAS library behind Numba's ``np.dot`` (scipy's) on one thread.
-
-    Kernels call sgemm from several threads at once, each on its own share of the rows; a
-    multi-threaded BLAS there would put 2 x n threads on n cores. numpy's own BLAS, when it is a
-    different library (as in the wheels), keeps the count of ``set_num_threads``.
-    """
-    import os
-
-    import numpy as np
+def pin_blas() -> None:
+    """Run the BLAS libraries on one thread: fastlayers splits its products among its own threads
+    (``cpu/_gemm.py``), each share one BLAS call, including the sgemm calls compiled kernels make
+    through Numba's ``np.dot`` (scipy's BLAS)."""
     import scipy.linalg.cython_blas  # noqa: F401  (loads the library Numba's np.dot calls)
-    from threadpoolctl import ThreadpoolController
+    from threadpoolctl import threadpool_limits
 
-    numpy_dir = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
-    numpy_libs = {os.path.join(numpy_dir, d) for d in ("numpy.libs", "numpy", ".dylibs")}
-    for lib in ThreadpoolController().lib_controllers:
-        if lib.user_api == "blas" and not any(lib.filepath.startswith(d) for d in numpy_libs):
-            lib.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def warmup(progress=None) -> int:

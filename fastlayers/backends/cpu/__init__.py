@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._jit import apply_num_threads, pin_kernel_blas, warmup  # noqa: F401  (warmup: the CLI)
+from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
 from ..reference import ReferenceOps
-from . import _elementwise, _rows
+from . import _elementwise, _gemm, _rows
 from . import conv_ops
 from . import _attention
 
@@ -31,7 +31,7 @@ class CpuOps(ReferenceOps):
 
     def __init__(self):
         apply_num_threads()
-        pin_kernel_blas()
+        pin_blas()
 
     def activation(self, x, name, alpha=0.0):
         code = _elementwise.CODES.get(name)
@@ -43,15 +43,16 @@ class CpuOps(ReferenceOps):
         return out.reshape(x.shape)
 
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
-        y = np.matmul(x, w_io)  # BLAS sgemm
-        if y.size == 0 or (b_o is None and activation == "linear"):
-            return y
         code = _elementwise.CODES.get(activation)
-        if b_o is not None or code is not None:
-            yr = y.reshape(-1, y.shape[-1])
-            b = _EMPTY if b_o is None else b_o
-            _elementwise.bias_act_rows(yr, b, yr, _elementwise.LINEAR if code is None else code,
-                                       np.float32(alpha))
+        x = np.asarray(x)
+        if (x.ndim < 1 or x.dtype != np.float32 or w_io.dtype != np.float32 or w_io.ndim != 2
+                or x.shape[-1] != w_io.shape[0] or x.size == 0 or w_io.size == 0):
+            return super().dense(x, w_io, b_o, activation, alpha)
+        x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+        y = np.empty((x2.shape[0], w_io.shape[1]), np.float32)
+        _gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
+                     _elementwise.LINEAR if code is None else code, alpha)
+        y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
     def _over_axis(self, name, x, axis, fallback):

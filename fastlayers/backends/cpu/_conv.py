@@ -48,7 +48,8 @@ def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0, 
     for global row r + row0 = (n Ho + oh) Wo + ow, r in [r_begin, r_end); cg = cols.shape[1] / (kh kw)."""
     k = cols.shape[1]
     cg = k // (kh * kw)
-    h, w = x_nhwc.shape[1], x_nhwc.shape[2]
+    h, w, c_all = x_nhwc.shape[1], x_nhwc.shape[2], x_nhwc.shape[3]
+    x_flat = x_nhwc.reshape(-1)
     for r in range(r_begin, r_end):
         g = r + row0
         ow = g % wo
@@ -57,6 +58,14 @@ def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0, 
         n = t // ho
         for i in range(kh):
             ih = oh * sh - pt + i * dh
+            iw0 = ow * sw - pl
+            if dw == 1 and cg == c_all and 0 <= ih < h and iw0 >= 0 and iw0 + kw <= w:
+                # the window row is one contiguous run of kw * C input floats (NHWC)
+                dst = cols[r, i * kw * cg: (i + 1) * kw * cg]
+                src = x_flat[((n * h + ih) * w + iw0) * cg: ((n * h + ih) * w + iw0 + kw) * cg]
+                for c in range(kw * cg):
+                    dst[c] = src[c]
+                continue
             for j in range(kw):
                 iw = ow * sw - pl + j * dw
                 base = (i * kw + j) * cg

@@ -23,7 +23,7 @@ import numpy as np
 from ..reference import ReferenceOps
 from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
 from ..derived import derived
-from . import _conv, _elementwise, _winograd
+from . import _conv, _elementwise, _gemm, _winograd
 from ._split import run_rows
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -35,6 +35,9 @@ _COLS_CHUNK = 1 << 18
 _WINOGRAD_BLOCK_TILES = 64
 #: Fewest multiply-adds (x2) in a thread's share of a GEMM-bound kernel.
 _MIN_SHARE_FLOPS = 1 << 21
+#: Fewest output rows for the threaded im2col path; below, the product is split over the output
+#: channels (numpy's sgemm is also faster than scipy's on such short, wide products: docs/design.md).
+_SPLIT_MIN_ROWS = 256
 _tls = threading.local()
 #: Fewest output values per thread share of the direct kernels (depthwise, pooling): below this
 #: a thread hand-off (tens of microseconds) costs more than it saves.
@@ -86,9 +89,10 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 and _winograd_pays(n, ho, wo, c, cout):
         y = _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha)
     elif kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
-        y = np.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout))   # 1x1: one sgemm
-        _epilogue_rows(y, b, code, alpha)
-    elif groups == 1:
+        y = np.empty((n * h * w, cout), np.float32)                     # 1x1: one sgemm
+        _gemm.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout), y,
+                     None if b is None else _f32c(b), _act_code(code), alpha)
+    elif groups == 1 and n * ho * wo >= _SPLIT_MIN_ROWS:
         y = _conv_im2col(x, wk, b, (sh, sw), (dh, dw), pt, pl, ho, wo, code, alpha)
     else:
         y = _conv_grouped(x, wk, (sh, sw), (dh, dw), pt, pl, ho, wo, groups)
@@ -97,11 +101,16 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     return y if code is not None else ReferenceOps.activation(self, y, activation, alpha)
 
 
+def _act_code(code):
+    """The fused activation code, LINEAR for an activation without one (applied afterwards)."""
+    return _elementwise.LINEAR if code is None else code
+
+
 def _epilogue_rows(y_rows, b, code, alpha):
     """y = f(y + b) in place over (rows, C) with the fused activation ``code`` (None: bias only)."""
     if b is not None or (code is not None and code != _elementwise.LINEAR):
         _elementwise.bias_act_rows(y_rows, _EMPTY if b is None else _f32c(b), y_rows,
-                                   _elementwise.LINEAR if code is None else code, np.float32(alpha))
+                                   _act_code(code), np.float32(alpha))
 
 
 def _min_rows_for(flops_per_row: int) -> int:
@@ -122,7 +131,7 @@ def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
     th, tw = (ho + 1) // 2, (wo + 1) // 2
     block_rows = max(1, _WINOGRAD_BLOCK_TILES // tw)
     bias = _EMPTY if b is None else _f32c(b)
-    act = _elementwise.LINEAR if code is None else code
+    act = _act_code(code)
 
     def share(begin, end):
         rows = min(block_rows, end - begin)
@@ -151,7 +160,7 @@ def _conv_im2col(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha):
     rows = n * ho * wo
     y = np.empty((rows, cout), np.float32)
     bias = _EMPTY if b is None else _f32c(b)
-    act = _elementwise.LINEAR if code is None else code
+    act = _act_code(code)
     chunk = max(8, min(rows, _COLS_CHUNK // k))
 
     def share(begin, end):
@@ -164,7 +173,9 @@ def _conv_im2col(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha):
 
 
 def _conv_grouped(x, wk, strides, dilation, pt, pl, ho, wo, groups):
-    """Grouped convolution: per group and row chunk, im2col of the group's channels + sgemm."""
+    """Per group and row chunk, im2col of the group's channels (in the calling thread) + a
+    product shared among threads (``_gemm.matmul``): grouped convolutions, and those with too
+    few output rows to share by rows (their product is split over the output channels)."""
     n, kh, kw, cin_g, cout = x.shape[0], wk.shape[0], wk.shape[1], wk.shape[2], wk.shape[3]
     rows, k, cout_g = n * ho * wo, kh * kw * cin_g, cout // groups
     y = np.empty((rows, cout), np.float32)
@@ -177,7 +188,10 @@ def _conv_grouped(x, wk, strides, dilation, pt, pl, ho, wo, groups):
             cols = workspace(m * k).reshape(m, k)
             _conv.im2col_nhwc(x, cols, kh, kw, strides[0], strides[1], dilation[0], dilation[1],
                               pt, pl, ho, wo, g * cin_g, r0, 0, m)
-            y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
+            if groups == 1:
+                _gemm.matmul(cols, wg, y[r0: r0 + m])
+            else:
+                y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
     return y
 
 
@@ -215,7 +229,7 @@ def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1
     for g in range(groups):
         cols = workspace(n * h * w * k).reshape(n * h * w, k)
         xg = x_rows if groups == 1 else x_rows[:, g * cin_g: (g + 1) * cin_g]
-        np.matmul(xg, w_ck[g * cin_g: (g + 1) * cin_g], out=cols)
+        _gemm.matmul(xg, w_ck[g * cin_g: (g + 1) * cin_g], cols)
         _conv.col2im_nhwc(cols, out, h, w, kh, kw, sh, sw, dh, dw, ct, cl, g * cout_g, cout_g, 0, n * ho)
     return _epilogue(self, out.reshape(-1, out.shape[-1]), b, activation, alpha).reshape(out.shape)
 
