@@ -1,32 +1,133 @@
-"""Run a serial, GIL-releasing kernel over a range of rows on several Python threads.
+"""Run a serial, GIL-releasing kernel over a range of rows on several threads.
 
-Why not ``numba.njit(parallel=True)``: Numba's OpenMP workers spin after each parallel kernel
-and, on a machine with as many threads as cores, starve the OpenBLAS threads of the sgemm that
-follows (a depthwise + pointwise stack ran 5-10x slower; docs/design.md). Python threads wait on
-a lock instead of spinning, and the calling thread does its own share.
+fastlayers owns its threads: BLAS runs one thread (``_jit.pin_blas``) and the work of a call is
+split here among ``set_num_threads`` threads, the calling thread doing the first share.
 
-The pool holds ``threads - 1`` workers for the count given to ``fastlayers.set_num_threads``
-(default: Numba's default thread count). Work is only split when each share has at least
-``min_rows`` rows, so small calls stay serial.
+The helpers are Python threads that, after each share, keep polling for the next one for a
+short while in compiled code (without the GIL, yielding the core on every poll) before they
+block on a condition. A hand-off then costs about a microsecond instead of the tens of
+microseconds of waking a sleeping thread, which is what a 100 microsecond depthwise
+convolution needs to gain from a second core. Why not Numba's ``parallel=True``: its OpenMP
+layer aborts a forked child (gunicorn --preload, multiprocessing), TBB would be another
+dependency, and its spinning workers starved the threads of an external pool (docs/design.md).
+
+One call uses the pool at a time; a call that finds it busy (another service thread) runs its
+kernel on the calling thread alone, so concurrent callers never oversubscribe the cores.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from .. import _num_threads
+from .._jit import njit
+
+#: Polls (each a sched_yield, about 0.5 us here) a helper makes for the next share before it sleeps.
+SPIN_POLLS = 5000
+#: Polls the caller makes for the helpers' shares before it sleeps on a condition.
+WAIT_POLLS = 20000
+
+
+def _yield_function():
+    """``sched_yield`` from the C library as a ctypes function (a no-op stand-in elsewhere)."""
+    libc_name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(libc_name) if libc_name else None
+        fn = libc.sched_yield if libc is not None else None
+    except (OSError, AttributeError):
+        fn = None
+    if fn is None:
+        @ctypes.CFUNCTYPE(ctypes.c_int)
+        def fn():
+            return 0
+        return fn
+    return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+_SCHED_YIELD = _yield_function()
+
+
+@njit()
+def _poll(flags, index, value, polls, pause):
+    """Until flags[index] != value, at most ``polls`` times, calling ``pause()`` between reads
+    (an opaque call, so every read comes from memory); True when the value changed."""
+    for _ in range(polls):
+        if flags[index] != value:
+            return True
+        pause()
+    return flags[index] != value
+
+
+class _Pool:
+    """``workers`` helper threads fed through a shared sequence number (see the module doc)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.seq = np.zeros(1, np.int64)            # job number, bumped per posted job
+        self.done = np.zeros(workers, np.int64)     # last job number each helper finished
+        self.jobs: list = [None] * workers
+        self.errors: list = [None] * workers
+        self.cond = threading.Condition()
+        self.busy = threading.Lock()
+        for i in range(workers):
+            threading.Thread(target=self._work, args=(i,), daemon=True,
+                             name=f"fastlayers-{i + 1}").start()
+
+    def _work(self, i: int) -> None:
+        seen = 0
+        while True:
+            if not _poll(self.seq, 0, seen, SPIN_POLLS, _SCHED_YIELD):
+                with self.cond:
+                    while self.seq[0] == seen:
+                        self.cond.wait()
+            seen = int(self.seq[0])
+            job = self.jobs[i]
+            if job is not None:
+                kernel, args, begin, end = job
+                try:
+                    kernel(*args, begin, end)
+                except BaseException as exc:     # re-raised in the calling thread
+                    self.errors[i] = exc
+            self.done[i] = seen
+            with self.cond:
+                self.cond.notify_all()
+
+    def run(self, kernel, args, bounds) -> None:
+        shares = len(bounds) - 1
+        for i in range(self.workers):
+            self.jobs[i] = (kernel, args, bounds[i + 1], bounds[i + 2]) if i + 1 < shares else None
+            self.errors[i] = None
+        with self.cond:
+            self.seq[0] += 1
+            self.cond.notify_all()
+        seq = int(self.seq[0])
+        try:
+            kernel(*args, bounds[0], bounds[1])
+        finally:
+            for i in range(self.workers):
+                if not _poll(self.done, i, seq - 1, WAIT_POLLS, _SCHED_YIELD) or self.done[i] != seq:
+                    with self.cond:
+                        while self.done[i] != seq:
+                            self.cond.wait()
+        for exc in self.errors:
+            if exc is not None:
+                raise exc
+
 
 _lock = threading.Lock()
-_pool: list = [None, 0]   # [executor, workers]
+_pool: list = [None]
 
 
 def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's worker threads: start a new pool on demand."""
+    """A forked child has none of the parent's helper threads: start a new pool on demand."""
     global _lock
     _lock = threading.Lock()
-    _pool[0], _pool[1] = None, 0
+    _pool[0] = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -43,25 +144,28 @@ def thread_count() -> int:
     return max(1, int(n))
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    with _lock:
-        if _pool[0] is None or _pool[1] < workers:
-            _pool[0] = ThreadPoolExecutor(workers, thread_name_prefix="fastlayers")
-            _pool[1] = workers
-        return _pool[0]
+def _get_pool(workers: int) -> _Pool:
+    pool = _pool[0]
+    if pool is None or pool.workers < workers:
+        with _lock:
+            pool = _pool[0]
+            if pool is None or pool.workers < workers:
+                pool = _pool[0] = _Pool(workers)   # an outgrown pool's helpers just sleep
+    return pool
 
 
 def run_rows(kernel, args: tuple, rows: int, min_rows: int = 8) -> None:
-    """``kernel(*args, begin, end)`` over [0, rows), split into equal shares among threads."""
+    """``kernel(*args, begin, end)`` over [0, rows), split into equal shares among threads
+    when each share gets at least ``min_rows`` rows."""
     parts = min(thread_count(), rows // max(min_rows, 1))
     if parts <= 1:
         kernel(*args, 0, rows)
         return
-    bounds = [rows * i // parts for i in range(parts + 1)]
-    pool = _pool[0]
-    if pool is None or _pool[1] < parts - 1:
-        pool = _executor(parts - 1)
-    futures = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    kernel(*args, bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+    pool = _get_pool(parts - 1)
+    if not pool.busy.acquire(blocking=False):
+        kernel(*args, 0, rows)          # another call holds the pool: run alone
+        return
+    try:
+        pool.run(kernel, args, [rows * i // parts for i in range(parts + 1)])
+    finally:
+        pool.busy.release()

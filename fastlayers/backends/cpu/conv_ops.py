@@ -207,9 +207,12 @@ def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 
         return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
                                              activation, alpha)
     out = np.empty((n, ho, wo, c * m), np.float32)
-    run_rows(_conv.depthwise_nhwc, (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m), out,
-                                    sh, sw, dh, dw, pt, pl, m), n * ho, _min_out_rows(wo * c * m))
-    return _epilogue(self, out.reshape(-1, c * m), b, activation, alpha).reshape(out.shape)
+    code = _elementwise.CODES.get(activation)
+    run_rows(_conv.depthwise_nhwc, (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m),
+                                    _EMPTY if b is None else _f32c(b), out, _act_code(code),
+                                    np.float32(alpha), sh, sw, dh, dw, pt, pl, m),
+             n * ho, _min_out_rows(wo * c * m))
+    return out if code is not None else ReferenceOps.activation(self, out, activation, alpha)
 
 
 def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1), groups=1,
