@@ -11,7 +11,9 @@ per channel. The primitives in ``conv_ops.py`` allocate, validate and call
 from __future__ import annotations
 
 import numpy as np
-from .._jit import njit
+from numba import prange
+
+from .._jit import KERNELS, njit
 from ._elementwise import bias_act_rows
 
 _ZERO = np.float32(0.0)
@@ -39,6 +41,13 @@ def _scale_row(acc, inv):
         acc[c] *= inv
 
 _I = "int64"
+
+
+def _driver_signatures(kernel) -> tuple[str, ...]:
+    """A kernel's signatures with (begin, end) replaced by one int64 (the share count)."""
+    sigs = next(sigs for disp, sigs in KERNELS if disp is kernel)
+    return tuple(sig[: sig.rindex(",")].rstrip() + ")" if sig.endswith("int64, int64)") else sig
+                 for sig in sigs)
 _X4 = "float32[:, :, :, ::1]"
 _M2 = "float32[:, ::1]"
 
@@ -198,6 +207,29 @@ def depthwise_nhwc(x_nhwc, w_hwk, b, out_nhwk, code, alpha, sh, sw, dh, dw, pt, 
         bias_act_rows(rows, b, rows, code, alpha)
 
 
+@njit(inline=True)
+def _max2(a, b):
+    """max(a, b) letting a NaN in ``b`` win (a NaN in ``a`` persists: it never compares larger)."""
+    return b if (b > a or b != b) else a
+
+
+@njit(inline=True)
+def _pool3x3_cell(xf, of, xb, ob, row, col, k, is_max, inv):
+    """of[ob + c] = max (NaN wins) or inv * sum of xf[xb + i row + j col + c], i, j < 3, c < k:
+    a window inside x, all nine taps in one vectorized channel loop (flat arrays, unsigned offsets)."""
+    r2, c2 = _U(2) * row, _U(2) * col
+    for cc in range(k):
+        a = xb + _U(cc)
+        v0, v1, v2 = xf[a], xf[a + col], xf[a + c2]
+        v3, v4, v5 = xf[a + row], xf[a + row + col], xf[a + row + c2]
+        v6, v7, v8 = xf[a + r2], xf[a + r2 + col], xf[a + r2 + c2]
+        if is_max:
+            m = _max2(_max2(_max2(v0, v1), _max2(v2, v3)), _max2(_max2(v4, v5), _max2(v6, v7)))
+            of[ob + _U(cc)] = _max2(m, v8)
+        else:
+            of[ob + _U(cc)] = inv * (v0 + v1 + v2 + v3 + v4 + v5 + v6 + v7 + v8)
+
+
 @njit(signatures=(f"void({_X4}, {_X4}, " + ", ".join([_I] * 11) + ", boolean, int64, int64)",))
 def pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_end, w_pad_end,
               count_include_pad, t_begin, t_end):
@@ -207,10 +239,22 @@ def pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_en
     [-pt, h_pad_end) x [-pl, w_pad_end) when ``count_include_pad``."""
     n_, ho, wo, c_ = out_nhwc.shape
     h, w = x_nhwc.shape[1], x_nhwc.shape[2]
+    fast = kh == 3 and kw == 3
+    xf, of = x_nhwc.reshape(-1), out_nhwc.reshape(-1)
+    col, row, ku = _U(dw * c_), _U(dh * w * c_), _U(c_)
+    inv9 = np.float32(1.0) / np.float32(9.0)
     for t in range(t_begin, t_end):
         n = t // ho
         oh = t % ho
+        ih0 = oh * sh - pt
+        rows_in = ih0 >= 0 and ih0 + 2 * dh < h
         for ow in range(wo):
+            iw0 = ow * sw - pl
+            if fast and rows_in and iw0 >= 0 and iw0 + 2 * dw < w:
+                # inside x, so both average modes count the nine cells
+                _pool3x3_cell(xf, of, _U(((n * h + ih0) * w + iw0) * c_),
+                              _U(((n * ho + oh) * wo + ow) * c_), row, col, ku, is_max, inv9)
+                continue
             acc = out_nhwc[n, oh, ow]
             fill = _NEG_INF if is_max else _ZERO
             for c in range(c_):
@@ -355,3 +399,61 @@ def lrn_rows(x_rc, size, alpha, beta, k, out_rc, t_begin, t_end):
         else:
             for c in range(c_):
                 o[c] = xr[c] / o[c] ** beta
+
+
+
+# ---------------------------------------------------------------------------- parallel drivers
+# ``kernel_par(..., parts)`` runs ``kernel(..., begin, end)`` on ``parts`` equal shares of the
+# rows in a prange over Numba's threads (``_split.run_parallel`` picks them; see _split.py).
+
+
+@njit(parallel=True, signatures=_driver_signatures(depthwise_nhwc))
+def depthwise_nhwc_par(x_nhwc, w_hwk, b, out_nhwk, code, alpha, sh, sw, dh, dw, pt, pl, m, parts):
+    """``depthwise_nhwc`` over all rows, in ``parts`` shares on Numba's threads."""
+    rows = out_nhwk.shape[0] * out_nhwk.shape[1]
+    for p in prange(parts):
+        depthwise_nhwc(x_nhwc, w_hwk, b, out_nhwk, code, alpha, sh, sw, dh, dw, pt, pl, m, rows * p // parts, rows * (p + 1) // parts)
+
+
+@njit(parallel=True, signatures=_driver_signatures(pool_nhwc))
+def pool_nhwc_par(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_end, w_pad_end, count_include_pad, parts):
+    """``pool_nhwc`` over all rows, in ``parts`` shares on Numba's threads."""
+    rows = out_nhwc.shape[0] * out_nhwc.shape[1]
+    for p in prange(parts):
+        pool_nhwc(x_nhwc, out_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_pad_end, w_pad_end, count_include_pad, rows * p // parts, rows * (p + 1) // parts)
+
+
+@njit(parallel=True, signatures=_driver_signatures(bin_pool_nhwc))
+def bin_pool_nhwc_par(x_nhwc, batch_k, h0_kp, h1_kp, w0_kq, w1_kq, is_max, out_kpqc, parts):
+    """``bin_pool_nhwc`` over all rows, in ``parts`` shares on Numba's threads."""
+    rows = out_kpqc.shape[0] * out_kpqc.shape[1]
+    for p in prange(parts):
+        bin_pool_nhwc(x_nhwc, batch_k, h0_kp, h1_kp, w0_kq, w1_kq, is_max, out_kpqc, rows * p // parts, rows * (p + 1) // parts)
+
+
+@njit(parallel=True, signatures=_driver_signatures(resize_nhwc))
+def resize_nhwc_par(x_nhwc, y0, y1, fy, x0, x1, fx, bilinear, out_nhwc, parts):
+    """``resize_nhwc`` over all rows, in ``parts`` shares on Numba's threads."""
+    rows = out_nhwc.shape[0] * out_nhwc.shape[1]
+    for p in prange(parts):
+        resize_nhwc(x_nhwc, y0, y1, fy, x0, x1, fx, bilinear, out_nhwc, rows * p // parts, rows * (p + 1) // parts)
+
+
+@njit(parallel=True, signatures=_driver_signatures(lrn_rows))
+def lrn_rows_par(x_rc, size, alpha, beta, k, out_rc, parts):
+    """``lrn_rows`` over all rows, in ``parts`` shares on Numba's threads."""
+    rows = out_rc.shape[0]
+    for p in prange(parts):
+        lrn_rows(x_rc, size, alpha, beta, k, out_rc, rows * p // parts, rows * (p + 1) // parts)
+
+
+@njit(parallel=True, signatures=(
+    f"void({_X4}, {_M2}, float32[::1], {_M2}, int64, float32, " + ", ".join([_I] * 10)
+    + ", float32[:, :, ::1], int64)",))
+def conv_gemm_rows_par(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho,
+                       wo, cols_p, parts):
+    """``conv_gemm_rows`` over all output rows in ``parts`` shares, share p with ``cols_p[p]``."""
+    rows = y_rows.shape[0]
+    for p in prange(parts):
+        conv_gemm_rows(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho,
+                       wo, cols_p[p], rows * p // parts, rows * (p + 1) // parts)

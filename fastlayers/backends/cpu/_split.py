@@ -1,22 +1,25 @@
-"""Run a serial, GIL-releasing kernel over a range of rows on several threads.
+"""How fastlayers shares one call's work among ``set_num_threads`` threads.
 
-fastlayers owns its threads: BLAS runs one thread (``_jit.pin_blas``) and the work of a call is
-split here among ``set_num_threads`` threads, the calling thread doing the first share.
+fastlayers owns its threads: BLAS runs one thread (``_jit.pin_blas``) and the work is split
+here, two ways:
 
-The helpers are Python threads that, after each share, keep polling for the next one for a
-short while in compiled code (without the GIL, yielding the core on every poll) before they
-block on a condition. A hand-off then costs about a microsecond instead of the tens of
-microseconds of waking a sleeping thread, which is what a 100 microsecond depthwise
-convolution needs to gain from a second core. Why not Numba's ``parallel=True``: its OpenMP
-layer aborts a forked child (gunicorn --preload, multiprocessing), TBB would be another
-dependency, and its spinning workers starved the threads of an external pool (docs/design.md).
+- ``shares``: compiled kernels over a range of rows run as ``prange`` drivers on Numba's
+  OpenMP threads, whose hand-off takes a few microseconds because idle workers spin briefly
+  (a 100 us depthwise convolution gains 1.8x from a second core; Python threads gained 1.3x:
+  waking a thread, then handing it the GIL, costs 20-40 us on this project's VM).
+- ``run_rows``: Python callables that release the GIL (numpy's sgemm on a share of a product)
+  on a small pool of Python threads, which poll for the next share in compiled code for a
+  short while before they sleep.
 
-One call uses the pool at a time; a call that finds it busy (another service thread) runs its
-kernel on the calling thread alone, so concurrent callers never oversubscribe the cores.
+GNU OpenMP cannot run in a forked child of a process that used it (Numba terminates such a
+child), so after a fork every ``shares`` call runs serially; ``run_rows`` keeps its threads.
+One call at a time uses the parallel slot; a call that finds it taken (another service thread)
+runs serially, so concurrent callers do not oversubscribe the cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -121,13 +124,18 @@ class _Pool:
 
 _lock = threading.Lock()
 _pool: list = [None]
+_parallel_slot = threading.Lock()
+_forked = [False]
 
 
 def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's helper threads: start a new pool on demand."""
-    global _lock
+    """A forked child has none of the parent's helper threads: start a new pool on demand, and
+    never launch an OpenMP region (see the module doc)."""
+    global _lock, _parallel_slot
     _lock = threading.Lock()
+    _parallel_slot = threading.Lock()
     _pool[0] = None
+    _forked[0] = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -169,3 +177,28 @@ def run_rows(kernel, args: tuple, rows: int, min_rows: int = 8) -> None:
         pool.run(kernel, args, [rows * i // parts for i in range(parts + 1)])
     finally:
         pool.busy.release()
+
+
+@contextlib.contextmanager
+def shares(rows: int, min_rows: int = 8):
+    """The number of ``prange`` shares to give a kernel over ``rows`` rows: 1 (run it serially)
+    when a share would get fewer than ``min_rows`` rows, after a fork, or while another call
+    holds the parallel slot; else up to ``set_num_threads``, holding the slot meanwhile."""
+    parts = min(thread_count(), rows // max(min_rows, 1))
+    if parts <= 1 or _forked[0] or not _parallel_slot.acquire(blocking=False):
+        yield 1
+        return
+    try:
+        yield parts
+    finally:
+        _parallel_slot.release()
+
+
+def run_parallel(kernel, driver, args: tuple, rows: int, min_rows: int = 8) -> None:
+    """``kernel(*args, begin, end)`` over [0, rows), or ``driver(*args, parts)``, its ``prange``
+    over ``parts`` equal shares, when ``shares`` gives more than one."""
+    with shares(rows, min_rows) as parts:
+        if parts == 1:
+            kernel(*args, 0, rows)
+        else:
+            driver(*args, parts)

@@ -7,13 +7,15 @@ C_out): 2.25x fewer multiplies than im2col + sgemm. The transforms only add, sub
 so rounding stays at the level of the direct sum (tests compare with the reference at 1e-5).
 
 ``conv3x3_f23`` works on a range of tile rows in blocks whose V and M panels fit in the L2 cache,
-calls sgemm through Numba's ``np.dot`` (BLAS, one thread: the caller splits the tile rows among
-threads) and runs the bias + activation epilogue on each block's output rows while they are hot.
+calls sgemm through Numba's ``np.dot`` (BLAS, one thread: ``conv3x3_f23_par`` shares the tile
+rows among Numba's threads) and runs the bias + activation epilogue on each block's output rows
+while they are hot.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from .._jit import njit
 from ._elementwise import bias_act_rows
@@ -132,3 +134,17 @@ def conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_etc, m_eto, p
         row1 = (n1 * ho + min(2 * ((r1 - 1) % th) + 2, ho)) * wo
         if code != 0 or b.shape[0] > 0:
             bias_act_rows(out_rows[row0:row1], b, out_rows[row0:row1], code, alpha)
+
+
+@njit(parallel=True, signatures=(
+    "void(float32[:, :, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, :, ::1], int64, "
+    "float32, int64, int64, float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], "
+    "int64, int64)",))
+def conv3x3_f23_par(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_petc, m_peto, patch_p,
+                    block_rows, parts):
+    """``conv3x3_f23`` over all tile rows in ``parts`` shares on Numba's threads, share p with
+    the workspaces ``v_petc[p]``, ``m_peto[p]``, ``patch_p[p]``."""
+    rows = out_nhwc.shape[0] * ((out_nhwc.shape[1] + 1) // 2)
+    for p in prange(parts):
+        conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_petc[p], m_peto[p],
+                    patch_p[p], block_rows, rows * p // parts, rows * (p + 1) // parts)

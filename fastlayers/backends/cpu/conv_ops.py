@@ -1,14 +1,15 @@
 """CpuOps primitives of the convolution and pooling family (bound as CpuOps methods).
 
-- conv2d: 1x1 / stride 1 / unpadded as one sgemm over the NHWC rows; otherwise im2col (Numba,
-  in row chunks of at most ``_COLS_BUDGET`` floats) + sgemm per chunk and group, into the output rows.
-- depthwise_conv2d: a direct Numba loop vectorized over channels.
+- conv2d: 3x3 stride 1 with enough tiles and channels: Winograd F(2x2, 3x3) (``_winograd``);
+  1x1 / stride 1 / unpadded: one product over the NHWC rows (``_gemm.matmul``); otherwise
+  im2col + sgemm + epilogue in L2-sized row chunks (``_conv.conv_gemm_rows``), or, for grouped
+  convolutions and those with few output rows, im2col + a product split over output channels.
+- depthwise_conv2d: a direct Numba loop vectorized over channels (3x3: all taps in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering col2im.
 - pool2d: a direct Numba loop vectorized over channels.
 - bias + activation: ``_elementwise.bias_act_rows`` over the output rows, in place (epilogue).
-- The Numba kernels are serial over a row range; ``_split.run_rows`` shares large depthwise and
-  pooling calls among ``set_num_threads`` Python threads (the kernels release the GIL); im2col
-  and col2im run in the calling thread, between sgemm calls (docs/design.md).
+- The Numba kernels are serial over a row range; ``_split.run_parallel`` / ``shares`` run large
+  calls as their ``prange`` drivers over ``set_num_threads`` threads (_split.py, docs/design.md).
 
 Workspaces (the im2col and column buffers) are per thread (``threading.local``) and grow to the
 largest size seen, so repeated calls do not allocate them and concurrent calls never share one.
@@ -24,7 +25,7 @@ from ..reference import ReferenceOps
 from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
 from ..derived import derived
 from . import _conv, _elementwise, _gemm, _winograd
-from ._split import run_rows
+from ._split import run_parallel, shares
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 #: Largest im2col chunk, in floats (16 MiB): bounds the workspace, keeps sgemm panels large.
@@ -133,16 +134,18 @@ def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
     bias = _EMPTY if b is None else _f32c(b)
     act = _act_code(code)
 
-    def share(begin, end):
-        rows = min(block_rows, end - begin)
-        ws = workspace(16 * rows * tw * (cin + cout) + 16 * max(cin, cout))
-        v = ws[: 16 * rows * tw * cin].reshape(16, rows * tw, cin)
-        m = ws[v.size: v.size + 16 * rows * tw * cout].reshape(16, rows * tw, cout)
-        patch = ws[v.size + m.size:].reshape(16, max(cin, cout))
-        _winograd.conv3x3_f23(x, u, bias, out, act, np.float32(alpha), pt, pl, v, m, patch,
-                              rows, begin, end)
-
-    run_rows(share, (), n * th, _min_rows_for(2 * 16 * tw * cin * cout))
+    with shares(n * th, _min_rows_for(2 * 16 * tw * cin * cout)) as parts:
+        rows = min(block_rows, -(-n * th // parts))
+        v_size, m_size = 16 * rows * tw * cin, 16 * rows * tw * cout
+        ws = workspace(parts * (v_size + m_size + 16 * max(cin, cout)))
+        v = ws[: parts * v_size].reshape(parts, 16, rows * tw, cin)
+        m = ws[parts * v_size: parts * (v_size + m_size)].reshape(parts, 16, rows * tw, cout)
+        patch = ws[parts * (v_size + m_size):].reshape(parts, 16, max(cin, cout))
+        args = (x, u, bias, out, act, np.float32(alpha), pt, pl)
+        if parts == 1:
+            _winograd.conv3x3_f23(*args, v[0], m[0], patch[0], rows, 0, n * th)
+        else:
+            _winograd.conv3x3_f23_par(*args, v, m, patch, rows, parts)
     return out.reshape(-1, cout)
 
 
@@ -163,12 +166,15 @@ def _conv_im2col(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha):
     act = _act_code(code)
     chunk = max(8, min(rows, _COLS_CHUNK // k))
 
-    def share(begin, end):
-        cols = workspace(min(chunk, end - begin) * k).reshape(-1, k)
-        _conv.conv_gemm_rows(x, w_kc, bias, y, act, np.float32(alpha), kh, kw, strides[0],
-                             strides[1], dilation[0], dilation[1], pt, pl, ho, wo, cols, begin, end)
-
-    run_rows(share, (), rows, _min_rows_for(2 * k * cout))
+    with shares(rows, _min_rows_for(2 * k * cout)) as parts:
+        m = min(chunk, -(-rows // parts))
+        cols = workspace(parts * m * k).reshape(parts, m, k)
+        args = (x, w_kc, bias, y, act, np.float32(alpha), kh, kw, strides[0], strides[1],
+                dilation[0], dilation[1], pt, pl, ho, wo)
+        if parts == 1:
+            _conv.conv_gemm_rows(*args, cols[0], 0, rows)
+        else:
+            _conv.conv_gemm_rows_par(*args, cols, parts)
     return y
 
 
@@ -208,10 +214,10 @@ def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 
                                              activation, alpha)
     out = np.empty((n, ho, wo, c * m), np.float32)
     code = _elementwise.CODES.get(activation)
-    run_rows(_conv.depthwise_nhwc, (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m),
-                                    _EMPTY if b is None else _f32c(b), out, _act_code(code),
-                                    np.float32(alpha), sh, sw, dh, dw, pt, pl, m),
-             n * ho, _min_out_rows(wo * c * m))
+    args = (_f32c(x_nhwc), _f32c(w_hwcm).reshape(kh, kw, c * m), _EMPTY if b is None else _f32c(b),
+            out, _act_code(code), np.float32(alpha), sh, sw, dh, dw, pt, pl, m)
+    run_parallel(_conv.depthwise_nhwc, _conv.depthwise_nhwc_par, args, n * ho,
+                 _min_out_rows(wo * c * m))
     return out if code is not None else ReferenceOps.activation(self, out, activation, alpha)
 
 
@@ -245,15 +251,16 @@ def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
         return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation,
                                    count_include_pad)
     out = np.empty((n, ho, wo, c), np.float32)
-    run_rows(_conv.pool_nhwc, (_f32c(x_nhwc), out, int(kind == "max"), pool[0], pool[1], strides[0],
-                               strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
-                               bool(count_include_pad)), n * ho, _min_out_rows(wo * c))
+    args = (_f32c(x_nhwc), out, int(kind == "max"), pool[0], pool[1], strides[0], strides[1],
+            dilation[0], dilation[1], pt, pl, h + pb, w + pr, bool(count_include_pad))
+    run_parallel(_conv.pool_nhwc, _conv.pool_nhwc_par, args, n * ho, _min_out_rows(wo * c))
     return out
 
 
 def _bin_pool(x, batch, h0, h1, w0, w1, kind, out):
-    run_rows(_conv.bin_pool_nhwc, (_f32c(x), batch, h0, h1, w0, w1, int(kind == "max"), out),
-             out.shape[0] * out.shape[1], _min_out_rows(out.shape[2] * out.shape[3]))
+    args = (_f32c(x), batch, h0, h1, w0, w1, int(kind == "max"), out)
+    run_parallel(_conv.bin_pool_nhwc, _conv.bin_pool_nhwc_par, args, out.shape[0] * out.shape[1],
+                 _min_out_rows(out.shape[2] * out.shape[3]))
     return out
 
 
@@ -294,8 +301,9 @@ def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales
         y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
         fy, fx = (sy - y0).astype(np.float32), (sx - x0).astype(np.float32)
     out = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
-    run_rows(_conv.resize_nhwc, (_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, mode != "nearest", out),
-             n * out_hw[0], _min_out_rows(out_hw[1] * c))
+    args = (_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, mode != "nearest", out)
+    run_parallel(_conv.resize_nhwc, _conv.resize_nhwc_par, args, n * out_hw[0],
+                 _min_out_rows(out_hw[1] * c))
     return out
 
 
@@ -304,6 +312,6 @@ def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
         return ReferenceOps.local_response_norm(self, x, size, alpha, beta, k)
     xr = _f32c(x).reshape(-1, x.shape[-1])
     out = np.empty_like(xr)
-    run_rows(_conv.lrn_rows, (xr, int(size), np.float32(alpha), np.float32(beta), np.float32(k), out),
-             xr.shape[0], _min_out_rows(xr.shape[1]))
+    args = (xr, int(size), np.float32(alpha), np.float32(beta), np.float32(k), out)
+    run_parallel(_conv.lrn_rows, _conv.lrn_rows_par, args, xr.shape[0], _min_out_rows(xr.shape[1]))
     return out.reshape(x.shape)
