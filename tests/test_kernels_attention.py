@@ -91,3 +91,27 @@ def test_attention_softmax_property(b, h, tq, tk, causal, scale, seed):
     sums = got.sum(-1)
     assert np.all((np.abs(sums - 1) < 1e-5) | (sums == 0))
     assert np.all(got[np.broadcast_to(bias == NEG_INF, got.shape)] == 0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape,bias_shape", CASES_BHQK)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_split_over_threads_matches_reference(monkeypatch, threads, shape, bias_shape,
+                                                        causal, rng):
+    from fastlayers.backends.cpu import _gemm, _split
+
+    monkeypatch.setattr(_gemm, "MIN_SHARE_FLOPS", 1)            # share even tiny calls
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    b, h, tq, tk = shape
+    q = rng.standard_normal((b, h, tq, 5)).astype(np.float32)
+    k = rng.standard_normal((b, h, tk, 5)).astype(np.float32)
+    v = rng.standard_normal((b, h, tk, 3)).astype(np.float32)
+    bias = None
+    if bias_shape is not None:
+        bias = masks(bias_shape, rng)
+        bias.reshape(-1, bias_shape[-1])[0] = NEG_INF            # one fully masked row
+    for empty in (0, 1, 2):
+        out, w = CPU.attention(q, k, v, 0.4, bias, causal, empty)
+        ref_out, ref_w = REF.attention(q, k, v, 0.4, bias, causal, empty)
+        np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,8 @@ import numpy as np
 
 from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
 from ..reference import ReferenceOps
-from . import _elementwise, _gemm, _rows
+from . import _blas, _elementwise, _gemm, _rows
+from ._split import shares
 from . import conv_ops
 from . import _attention
 
@@ -104,18 +105,44 @@ class CpuOps(ReferenceOps):
             s = np.ascontiguousarray(s, dtype=np.float32)
             if s.ndim != 4 or s.size == 0:
                 return super().attention_softmax(s, scale, bias, causal, empty)
-        if bias is None:
-            b = _EMPTY4
-        else:
-            b = np.asarray(bias, dtype=np.float32)
-            if b.ndim > 4:
-                return super().attention_softmax(s, scale, bias, causal, empty)
-            b = b.reshape((1,) * (4 - b.ndim) + b.shape)
-            if b.shape[3] != s.shape[3]:
-                b = np.broadcast_to(b, b.shape[:3] + (s.shape[3],))
-            b = np.ascontiguousarray(b)
+        b = self._attention_bias(bias, s.shape[3])
+        if b is None:
+            return super().attention_softmax(s, scale, bias, causal, empty)
         _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
         return s
+
+    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0):
+        q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q_bhqd, k_bhkd, v_bhkv))
+        b = self._attention_bias(bias, k.shape[-2])
+        if (_blas.SGEMM is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or b is None
+                or not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]
+                or q.shape[3] != k.shape[3] or 0 in q.shape or 0 in k.shape or 0 in v.shape):
+            return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty)
+        nb, nh, tq, d = q.shape
+        tk, dv = k.shape[2], v.shape[3]
+        flops = 2 * tq * tk * (d + dv)
+        with shares(nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops)) as parts:
+            if parts == 1:
+                return super().attention(q, k, v, scale, bias, causal, empty)
+            s = np.empty((nb, nh, tq, tk), np.float32)
+            out = np.empty((nb, nh, tq, dv), np.float32)
+            _attention.attention_par(_blas.SGEMM, q, k, v, np.float32(scale), b, bool(causal),
+                                     int(empty), s, out, parts)
+        return out, s
+
+    @staticmethod
+    def _attention_bias(bias, tk):
+        """bias as the kernels' 4-D (B or 1, H or 1, Tq or 1, Tk) float32 array; None when it
+        has more axes."""
+        if bias is None:
+            return _EMPTY4
+        b = np.asarray(bias, dtype=np.float32)
+        if b.ndim > 4:
+            return None
+        b = b.reshape((1,) * (4 - b.ndim) + b.shape)
+        if b.shape[3] != tk:
+            b = np.broadcast_to(b, b.shape[:3] + (tk,))
+        return np.ascontiguousarray(b)
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):

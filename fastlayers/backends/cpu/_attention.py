@@ -1,7 +1,7 @@
-"""The fused attention-softmax kernel: scale + mask + numerically stable softmax over the last
-axis of batched (B, H, Tq, Tk) scores, in place, in one serial pass. It is not a parallel
-(prange) kernel on purpose: it sits between BLAS products, and OpenMP worker threads that
-spin after a parallel region took the cores from OpenBLAS's threads (see docs/design.md).
+"""Attention kernels: the fused scale + mask + numerically stable softmax over the last axis of
+batched (B, H, Tq, Tk) scores, in place (``attention_softmax_bhqk``), and the whole
+softmax(scale q k^T + bias) v with the (batch, head) pairs shared among Numba's threads
+(``attention_par``: both products per pair through single-threaded sgemm).
 
 Masks arrive as one additive float32 bias (0 where attended, -inf where masked, any finite
 value for torch's float masks) broadcast over batch, head and query rows, plus an optional
@@ -11,7 +11,10 @@ causal (top-left aligned lower-triangular) mask that is never materialized.
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
+
 from .._jit import njit
+from ._blas import sgemm
 from ._elementwise import _row_max
 from ._vexp import exp_inplace
 
@@ -32,41 +35,62 @@ def attention_softmax_bhqk(s_bhqk, scale, bias, causal, empty):
     (max = -inf) becomes NaN, 0 or 1/Tk for ``empty`` = 0, 1, 2.
     """
     nb, nh, tq, tk = s_bhqk.shape
+    bits = np.empty(tk, dtype=np.int32)
+    for bhi in range(nb * nh):
+        _softmax_bh(s_bhqk, bhi // nh, bhi % nh, scale, bias, causal, empty, bits)
+
+
+@njit(inline=True)
+def _softmax_bh(s_bhqk, b, h, scale, bias, causal, empty, bits):
+    """The fused scale + mask + softmax of ``attention_softmax_bhqk`` on the rows of s[b, h]."""
+    tq, tk = s_bhqk.shape[2], s_bhqk.shape[3]
     has_bias = bias.shape[0] > 0
     bb = bias.shape[0] > 1
     bh = bias.shape[1] > 1
     bq = bias.shape[2] > 1
-    bits = np.empty(tk, dtype=np.int32)
-    for bhi in range(nb * nh):
-        b = bhi // nh
-        h = bhi - b * nh
-        for i in range(tq):
-            row = s_bhqk[b, h, i]
-            if has_bias:
-                brow = bias[b if bb else 0, h if bh else 0, i if bq else 0]
-                for j in range(tk):
-                    row[j] = row[j] * scale + brow[j]
-            else:
-                for j in range(tk):
-                    row[j] = row[j] * scale
-            n = tk
-            if causal and i + 1 < tk:
-                n = i + 1
-                for j in range(n, tk):
-                    row[j] = _ZERO
-            valid = row[:n]
-            m = _row_max(valid)
-            if m == _NEG_INF:
-                fill = _NAN if empty == 0 else (_ZERO if empty == 1 else _ONE / np.float32(tk))
-                for j in range(tk):
-                    row[j] = fill
-                continue
-            for j in range(n):
-                valid[j] -= m
-            exp_inplace(valid, bits)
-            total = _ZERO
-            for j in range(n):
-                total += valid[j]
-            inv = _ONE / total
-            for j in range(n):
-                valid[j] *= inv
+    for i in range(tq):
+        row = s_bhqk[b, h, i]
+        if has_bias:
+            brow = bias[b if bb else 0, h if bh else 0, i if bq else 0]
+            for j in range(tk):
+                row[j] = row[j] * scale + brow[j]
+        else:
+            for j in range(tk):
+                row[j] = row[j] * scale
+        n = tk
+        if causal and i + 1 < tk:
+            n = i + 1
+            for j in range(n, tk):
+                row[j] = _ZERO
+        valid = row[:n]
+        m = _row_max(valid)
+        if m == _NEG_INF:
+            fill = _NAN if empty == 0 else (_ZERO if empty == 1 else _ONE / np.float32(tk))
+            for j in range(tk):
+                row[j] = fill
+            continue
+        for j in range(n):
+            valid[j] -= m
+        exp_inplace(valid, bits)
+        total = _ZERO
+        for j in range(n):
+            total += valid[j]
+        inv = _ONE / total
+        for j in range(n):
+            valid[j] *= inv
+
+
+@njit(parallel=True)
+def attention_par(fn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk, out_bhqv, parts):
+    """out[b, h] = softmax(scale q[b, h] k[b, h]^T + bias) v[b, h] for every (b, h), the pairs in
+    ``parts`` shares on Numba's threads; each pair's scores stay in cache between its two
+    products (sgemm ``fn``, ``_blas.sgemm``) and the fused softmax, written to ``s_bhqk``."""
+    nb, nh, tk = s_bhqk.shape[0], s_bhqk.shape[1], s_bhqk.shape[3]
+    pairs = nb * nh
+    for p in prange(parts):
+        bits = np.empty(tk, dtype=np.int32)
+        for bhi in range(pairs * p // parts, pairs * (p + 1) // parts):
+            b, h = bhi // nh, bhi % nh
+            sgemm(fn, q_bhqd[b, h], k_bhkd[b, h], s_bhqk[b, h], True, 0.0)
+            _softmax_bh(s_bhqk, b, h, scale, bias, causal, empty, bits)
+            sgemm(fn, s_bhqk[b, h], v_bhkv[b, h], out_bhqv[b, h], False, 0.0)
