@@ -155,8 +155,8 @@ def _merge(op, average=False):
             return None  # broadcasting merges run on the host
         out = xs[0]
         for i, a in enumerate(xs[1:]):
-            last = i == len(xs) - 2
-            out = ops.merge(out, a, op, 1.0 / len(xs) if average and last else 1.0)
+            scale = 1.0 / len(xs) if average and i == len(xs) - 2 else 1.0
+            out = ops.merge(out, a, op, scale, scale)
         return out
 
     run.multi_input = True
