@@ -1,9 +1,12 @@
-"""numba.cuda kernels of the CUDA backend (float32, C-contiguous device arrays).
+"""numba.cuda kernels of the CUDA backend (float32 values, int64 indices, uint8 masks;
+C-contiguous device arrays).
 
 Imported only by ``CudaOps`` (never by ``import fastlayers``). Kernels are compiled lazily on
 first launch for the argument types they get. They take preallocated outputs and neither
-allocate nor validate (``ops.py`` does). NaN propagates as in the numpy reference. Every float
-constant is a module-level float32 so no float64 arithmetic enters the kernels.
+allocate nor validate shapes (``ops.py`` does); the few value checks the layers need (an index
+in range) set a one-element ``bad`` flag instead of raising. NaN propagates as in the numpy
+reference. Every float constant is a module-level float32 so no float64 arithmetic enters the
+kernels.
 """
 
 from __future__ import annotations
@@ -499,6 +502,7 @@ def hard_attention_rows(s_pqk, causal, w_pqk):
             best = k
     for k in range(tk):
         w_pqk[p, q, k] = _ONE if k == best else _ZERO
+
 
 # ------------------------------------------------------------------------------ recurrent
 @cuda.jit
