@@ -8,6 +8,7 @@ in their own plain subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -130,6 +131,96 @@ else:
     def _x(rng, *shape):
         return rng.standard_normal(shape).astype(np.float32)
 
+    @contextlib.contextmanager
+    def _device_only():
+        """Count the real host <-> device copies (activations in and out, weights into the cache)
+        and fail on anything that would copy silently on a GPU (numpy reading a device array, a
+        host array given to a kernel) or a weight uploaded without being cached. Simulator only
+        (on a GPU it yields None)."""
+        counts = {"in": 0, "out": 0, "weights": 0}
+        if not fastlayers.get_ops("cuda").sim:
+            yield None
+            return
+        from numba import cuda
+        from numba.cuda.simulator import kernel as sim_kernel
+        from numba.cuda.simulator.cudadrv import devicearray as sim_array
+
+        cls, internal, in_cache = sim_array.FakeCUDAArray, [0], [False]
+        saved = {n: cls.__dict__[n] for n in ("__getattr__", "__len__", "copy_to_host",
+                                              "copy_to_device")}
+        saved_launch, saved_to_device = sim_kernel.FakeCUDAKernel.__call__, cuda.to_device
+        saved_get = _runtime.WeightCache.get
+
+        def getattr_(self, name):
+            if name.startswith("__array") and not internal[0]:
+                raise AssertionError(f"a device array was read as a host array ({name})")
+            return saved["__getattr__"](self, name)
+
+        def len_(self):
+            raise AssertionError("len() of a device array")
+
+        def copy_to_host(self, *args, **kw):
+            counts["out"] += 1
+            return saved["copy_to_host"](self, *args, **kw)
+
+        def copy_to_device(self, ary, *args, **kw):
+            counts["in"] += not isinstance(ary, cls)
+            internal[0] += 1  # the simulator's own device-to-device copy reads its arrays
+            try:
+                return saved["copy_to_device"](self, ary, *args, **kw)
+            finally:
+                internal[0] -= 1
+
+        def to_device(*args, **kw):
+            counts["weights" if in_cache[0] else "in"] += 1
+            return saved_to_device(*args, **kw)
+
+        def cached_get(self, a, derive=None):
+            entries, uploads = len(self._entries), counts["weights"]
+            in_cache[0] = True
+            try:
+                return saved_get(self, a, derive)
+            finally:
+                in_cache[0] = False
+                assert counts["weights"] - uploads == len(self._entries) - entries, \
+                    "a weight was uploaded without being cached"
+
+        def launch(self, *args):
+            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), \
+                f"host array given to kernel {self.fn.__name__}"
+            return saved_launch(self, *args)
+
+        for name, fn in (("__getattr__", getattr_), ("__len__", len_),
+                         ("copy_to_host", copy_to_host), ("copy_to_device", copy_to_device)):
+            setattr(cls, name, fn)
+        sim_kernel.FakeCUDAKernel.__call__, cuda.to_device = launch, to_device
+        _runtime.WeightCache.get = cached_get
+        try:
+            yield counts
+        finally:
+            for name, fn in saved.items():
+                setattr(cls, name, fn)
+            sim_kernel.FakeCUDAKernel.__call__, cuda.to_device = saved_launch, saved_to_device
+            _runtime.WeightCache.get = saved_get
+
+    def _assert_resident(model, x, flag_reads=0, atol=1e-5):
+        """The model on the cuda backend equals the cpu backend, every node runs on the device and
+        the only activation copies are one per input in and one per output out (plus
+        ``flag_reads`` reads of the value-check flag); weights go into the cache once."""
+        want = model(x)
+        with fastlayers.use_ops("cuda"), _device_only() as counts:
+            got = model(x)
+        for g, w in zip(got if isinstance(got, list) else [got],
+                        want if isinstance(want, list) else [want]):
+            assert isinstance(g, np.ndarray) and g.shape == w.shape and g.dtype == w.dtype
+            assert_close(g, w, rtol=1e-4, atol=atol)
+        run = resident.LAST_RUN
+        n_in, n_out = len(model.inputs), len(model.outputs)
+        assert run.host_layers == []
+        assert (run.to_device, run.to_host, run.flag_reads) == (n_in, n_out, flag_reads)
+        if counts is not None:
+            assert (counts["in"], counts["out"]) == (n_in, n_out + flag_reads)
+
     def _cnn():
         return fastlayers.Sequential([
             fastlayers.Input((5, 5, 2)),
@@ -143,18 +234,16 @@ else:
         ])
 
     def test_use_ops_cuda_model_is_device_resident(ops, rng):
-        model, x = _cnn(), _x(rng, 2, 5, 5, 2)
-        want = model(x)
-        with fastlayers.use_ops("cuda"):
-            got = model(x)
-        assert isinstance(got, np.ndarray)
-        assert_close(got, want, rtol=1e-4, atol=1e-5)
-        # one activation transfer in, one out, every layer on the device
-        assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (1, 1)
-        assert resident.LAST_RUN.host_layers == []
+        _assert_resident(_cnn(), _x(rng, 2, 5, 5, 2))
 
-    def test_layers_without_a_device_path_round_trip_and_are_reported(ops, rng):
-        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), L.Rescaling(2.0, 0.5),
+    class _Scaled(L.Dense):
+        """A user subclass: it may override call, so it has no device handler."""
+
+        def call(self, x):
+            return super().call(x) * np.float32(2)
+
+    def test_layers_without_a_handler_round_trip_and_are_reported(ops, rng):
+        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), _Scaled(3),
                                        L.Dense(2, activation="tanh")])
         x = _x(rng, 2, 4)
         want = model(x)
@@ -162,6 +251,18 @@ else:
         assert_close(got, want, rtol=1e-4, atol=1e-5)
         assert resident.LAST_RUN.host_layers == [model.layers[1].name]
         assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (2, 2)
+
+    def test_every_graph_layer_type_has_a_device_handler():
+        """Every layer class of fastlayers.layers that a graph can hold runs on the device (cells
+        refuse symbolic inputs; Layer and InputLayer are not computations)."""
+        import fastlayers.layers as layers_module
+
+        not_in_graphs = {"Layer", "InputLayer", "SimpleRNNCell", "LSTMCell", "GRUCell"}
+        types = {t for t in vars(layers_module).values() if isinstance(t, type)
+                 and issubclass(t, L.Layer) and t.__name__ not in not_in_graphs}
+        assert len(types) > 60
+        missing = sorted(t.__name__ for t in types if t not in resident._HANDLERS)
+        assert missing == []
 
     def test_functional_model_two_inputs_two_outputs(ops, rng):
         a, b = fastlayers.Input((3,), name="a"), fastlayers.Input((2,), name="b")
@@ -255,19 +356,25 @@ else:
         with pytest.raises(UnsupportedError, match=r"fastlayers\[cuda\]"):
             _runtime.load_cuda()
 
-    def test_recurrent_layers_on_cuda(ops, rng):
-        """Keras LSTM / GRU layers (masked, bidirectional) and torch-style nn.LSTM / nn.GRU run
-        their sequences through the cuda primitives and match the cpu backend."""
+    def test_recurrent_model_is_device_resident(ops, rng):
+        """SimpleRNN read backwards, an LSTM returning its states, a GRU (reset before) started
+        from them: time loops, state passing and the reversal all on the device."""
+        x_in = fastlayers.Input((3, 2))
+        h = L.SimpleRNN(2, go_backwards=True, return_sequences=True)(x_in)
+        y, h_state, c_state = L.LSTM(2, return_sequences=True, return_state=True)(h)
+        out = L.GRU(2, reset_after=False)(y, initial_state=[h_state])
+        _assert_resident(fastlayers.Model(x_in, [out, c_state]), _x(rng, 2, 3, 2))
+
+    def test_bidirectional_gru_with_embedding_mask_is_device_resident(ops, rng):
         ids = fastlayers.Input((3,), dtype="int32")
         h = L.Embedding(5, 2, mask_zero=True)(ids)
-        h = L.Bidirectional(L.LSTM(2, return_sequences=True))(h)
-        out = L.GRU(2, reset_after=False)(h)
-        model = fastlayers.Model(ids, out)
-        x = np.array([[1, 2, 0], [3, 0, 0]], np.int32)
-        want = model(x)
-        with fastlayers.use_ops("cuda"):
-            got = model(x)
-        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        h = L.Bidirectional(L.GRU(2, return_sequences=True), merge_mode="ave")(h)
+        h = L.Bidirectional(L.LSTM(2))(h)
+        model = fastlayers.Model(ids, L.Dense(2, activation="softmax")(h))
+        _assert_resident(model, np.array([[1, 2, 0], [3, 0, 0]], np.int32), flag_reads=1)
+
+    def test_nn_recurrent_modules_on_cuda(ops, rng):
+        """torch-style modules have no graph: their sequence primitives run on the device."""
         nn = fastlayers.nn
         xs = _x(rng, 3, 2, 2)   # (T, B, I)
         for net in (nn.LSTM(2, 3, num_layers=2), nn.GRU(2, 3, bidirectional=True)):
@@ -275,24 +382,120 @@ else:
             y_got, _ = net.to("cuda")(xs)
             assert_close(y_got, y_want, rtol=1e-4, atol=1e-5)
 
-    def test_attention_and_host_path_layers_on_cuda(ops, rng):
-        """A layer without a device path (MultiHeadAttention) still gives the cpu backend's
-        results under the cuda backend (its hot primitives on the device)."""
-        x_in = fastlayers.Input((4, 3))
-        h = L.Conv1D(4, 3, padding="causal", activation="relu")(x_in)
-        h = L.BatchNormalization()(h)
-        att = L.MultiHeadAttention(num_heads=2, key_dim=2)(h, h, use_causal_mask=True)
-        out = L.Add()([h, att])
-        model = fastlayers.Model(x_in, out)
-        x = _x(rng, 2, 4, 3)
-        want = model(x)
-        with fastlayers.use_ops("cuda"):
-            got = model(x)
-        assert_close(got, want, rtol=1e-4, atol=1e-5)
-        on_host = {type(lay).__name__ for lay in model.layers
-                   if lay.name in resident.LAST_RUN.host_layers}
-        assert on_host == {"MultiHeadAttention"}
+    def test_transformer_model_is_device_resident(ops, rng):
+        """Embedding, positional encoding, causal multi-head attention, residual + layer norm,
+        the feed-forward block and self-attention."""
+        ids = fastlayers.Input((4,), dtype="int32")
+        h = L.PositionalEncoding(scale_input=True)(L.Embedding(7, 4)(ids))
+        a = L.MultiHeadAttention(num_heads=2, key_dim=2)(h, h, use_causal_mask=True)
+        h = L.LayerNormalization()(L.Add()([h, a]))
+        h = L.PositionwiseFeedForward(6, activation="gelu")(h)
+        h = L.GlobalAveragePooling1D()(L.SelfAttention(2, 2)(h))
+        model = fastlayers.Model(ids, L.Dense(3, activation="softmax")(h))
+        _assert_resident(model, np.array([[1, 2, 3, 0], [4, 5, 6, 1]], np.int32), flag_reads=1)
 
+    def test_attention_layers_with_masks_and_scores_are_device_resident(ops, rng):
+        q_in, v_in = fastlayers.Input((3, 4)), fastlayers.Input((2, 4))
+        mask_in = fastlayers.Input((3, 2))
+        mha, scores = L.MultiHeadAttention(2, 3, value_dim=2, output_shape=5)(
+            q_in, v_in, attention_mask=mask_in, return_attention_scores=True)
+        outs = [mha, scores,
+                L.Attention(use_scale=True)([q_in, v_in], use_causal_mask=True),
+                L.Attention(score_mode="concat", use_scale=True)([q_in, v_in]),
+                L.AdditiveAttention()([q_in, v_in, v_in], return_attention_scores=True)[1],
+                L.HardAttention(use_scale=True)([q_in, v_in], use_causal_mask=True)]
+        model = fastlayers.Model([q_in, v_in, mask_in], outs)
+        for layer in model.layers:
+            if isinstance(layer, L.Attention) and layer.use_scale:
+                layer.set_weights([np.array(-1.7, np.float32)] + layer.get_weights()[1:])
+        mask = (rng.random((2, 3, 2)) > 0.3).astype(np.float32)
+        mask[0, 1] = 0                                    # a fully masked query
+        _assert_resident(model, [_x(rng, 2, 3, 4), _x(rng, 2, 2, 4), mask])
+
+    def test_conv_transpose_and_upsampling_model_is_device_resident(ops, rng):
+        model = fastlayers.Sequential([
+            fastlayers.Input((2, 2, 1)),
+            L.Conv2DTranspose(2, 3, strides=2, padding="same", activation="relu"),    # (4, 4)
+            L.UpSampling2D((1, 2)),                                                    # (4, 8)
+            L.Conv2DTranspose(1, 2, strides=(2, 1), dilation_rate=(1, 2), padding="same",
+                              output_padding=(1, 0)),                                 # (8, 8)
+            L.UpSampling2D((2, 1), interpolation="bilinear"),
+            L.UpSampling2D((1, 2), interpolation="bilinear", align_corners=True),
+        ])
+        _assert_resident(model, _x(rng, 1, 2, 2, 1))
+
+    def test_channels_first_cnn_is_device_resident(ops, rng):
+        cf = {"data_format": "channels_first"}
+        model = fastlayers.Sequential([
+            fastlayers.Input((2, 6, 6)),
+            L.Conv2D(3, 3, padding="same", activation="relu", **cf),
+            L.BatchNormalization(axis=1),
+            L.DepthwiseConv2D(3, **cf),
+            L.MaxPooling2D(2, **cf),
+            L.LocalResponseNormalization(1, **cf),
+            L.UpSampling2D(2, **cf),
+            L.SeparableConv2D(2, 3, **cf),
+            L.ZeroPadding2D(1, **cf),
+            L.Cropping2D(((1, 0), (0, 1)), **cf),
+            L.AveragePooling2D(2, **cf),
+            L.Conv2D(2, 1, use_bias=False, **cf),
+            L.Flatten(**cf),
+        ])
+        model.layers[1].set_weights([_x(rng, 3), _x(rng, 3), _x(rng, 3), np.abs(_x(rng, 3)) + 0.5])
+        _assert_resident(model, _x(rng, 2, 2, 6, 6))
+        model_1d = fastlayers.Sequential([
+            fastlayers.Input((2, 7)), L.Conv1D(3, 3, padding="same", **cf),
+            L.MaxPooling1D(2, **cf), L.GlobalAveragePooling1D(**cf)])
+        _assert_resident(model_1d, _x(rng, 2, 2, 7))
+
+    def test_core_reshaping_and_block_layers_are_device_resident(ops, rng):
+        x_in = fastlayers.Input((4, 3))
+        h = L.ZeroPadding1D((1, 2))(x_in)
+        h = L.Cropping1D((2, 0))(L.SpatialDropout1D(0.3)(h))                       # (5, 3)
+        h = L.Rescaling([0.5, 2.0, -1.0], 0.25)(h)
+        h = L.ReLU(max_value=1.5, negative_slope=0.1, threshold=-0.2)(h)
+        h = L.Normalization(mean=[0.1, 0.2, 0.3], variance=[1.0, 4.0, 0.0])(h)
+        h = L.Softmax(axis=1)(L.Permute((2, 1))(h))                                 # (3, 5)
+        h = L.Reshape((5, 3))(h)
+        r = L.RepeatVector(5)(L.Flatten()(L.Reshape((-1,))(L.GlobalMaxPooling1D()(h))))
+        h = L.Multiply()([L.Subtract()([h, r]), L.Dense(1)(h)])                    # broadcasts
+        inner = fastlayers.Sequential([fastlayers.Input((5, 3)), L.Dense(4, activation="elu")])
+        h = L.Average()([inner(h), L.Dense(4)(h), L.Dense(4)(h)])
+        h = L.Reshape((5, 2, 2))(h)
+        h = L.InceptionBlock(1, 1, 2, 1, 1, 1)(h)
+        h = L.NiNBlock(2, 2, padding="same", mlp_filters=(3,), global_pool=False)(h)
+        h = L.Normalization(axis=None, mean=0.5, variance=2.0, invert=True)(h)
+        feats = L.Flatten()(h)
+        probs = L.HierarchicalSoftmax(5)(feats)
+        model = fastlayers.Model(x_in, [probs, L.LeakyReLU()(h)])
+        _assert_resident(model, _x(rng, 2, 4, 3))
+
+    def test_roi_pooling_and_class_probabilities_are_device_resident(ops, rng):
+        feats_in, rois_in = fastlayers.Input((6, 5, 2)), fastlayers.Input((5,), batch_size=None)
+        pooled = L.RoIPooling2D((2, 2), spatial_scale=0.5)([feats_in, rois_in])
+        classes_in = fastlayers.Input((), dtype="int32")
+        p = L.HierarchicalSoftmax(3)([L.Flatten()(pooled), classes_in])
+        model = fastlayers.Model([feats_in, rois_in, classes_in], [pooled, p])
+        rois = np.array([[0, 0, 0, 8, 9], [1, 1.4, 2.5, 9, 9]], np.float32)  # (K, 5), K = batch
+        _assert_resident(model, [_x(rng, 2, 6, 5, 2), rois, np.array([0, 2], np.int32)],
+                         flag_reads=1)
+
+    def test_value_checks_raise_the_layers_own_errors(ops, rng):
+        """Indices are checked in the kernels; a bad one raises what the cpu backend raises."""
+        from fastlayers.errors import InputError
+
+        ids = fastlayers.Input((2,))
+        model = fastlayers.Model(ids, L.Dense(2)(L.Flatten()(L.Embedding(4, 2)(ids))))
+        for bad in (np.array([[1, 4]], np.float32), np.array([[0.5, 1]], np.float32)):
+            with pytest.raises(InputError) as cpu_error:
+                model(bad)
+            with fastlayers.use_ops("cuda"), pytest.raises(InputError) as cuda_error:
+                model(bad)
+            assert str(cuda_error.value) == str(cpu_error.value)
+        feats_in, rois_in = fastlayers.Input((3, 3, 1)), fastlayers.Input((5,))
+        roi = fastlayers.Model([feats_in, rois_in], L.RoIPooling2D((1, 1))([feats_in, rois_in]))
+        with fastlayers.use_ops("cuda"), pytest.raises(InputError, match="batch indices"):
+            roi([_x(rng, 1, 3, 3, 1), np.array([[1, 0, 0, 1, 1]], np.float32)])
 
     def test_resnet_block_is_device_resident(ops, rng):
         """Conv-BN-ReLU, a residual Add, merges, a channel Concatenate, LayerNormalization,

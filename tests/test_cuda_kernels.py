@@ -62,7 +62,7 @@ else:
         if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
             assert ops.sim
 
-    @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 4), (17, 18, 19)])
+    @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 4), (9, 10, 11)])
     @pytest.mark.parametrize("trans_b", [False, True])
     def test_matmul_tiled(ops, rng, m, k, n, trans_b):
         a = _r(rng, m, k)
@@ -264,7 +264,7 @@ else:
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             assert_close(got, want)
 
-    def test_merge(ops, rng):
+    def test_merge_broadcast_and_normalization_ops(ops, rng):
         a, b = _r(rng, 2, 3, 4), _r(rng, 2, 3, 4)
         a[0, 0, 0] = np.nan
         b[1, 0, 0] = np.nan
@@ -273,10 +273,177 @@ else:
             got, want = ops.merge(a, b, op), fn(a, b)
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             assert_close(got, want, what=op)
-        assert_close(ops.merge(a, b, "add", 0.5), (a + b) * np.float32(0.5))
+        assert_close(ops.merge(a, b, "add", 0.5, 0.25), a * np.float32(0.5) + b * np.float32(0.25))
+        c = _r(rng, 3, 1)
+        assert_close(ops.merge(a, c, "subtract"), a - c)                  # broadcast (3, 1)
+        assert_close(ops.merge(c[None, :, :, None], a[:, :, None], "multiply"),
+                     c[None, :, :, None] * a[:, :, None])                 # both broadcast
+        var = np.abs(_r(rng, 4))
+        var[0] = 0
+        std = np.maximum(np.sqrt(var), np.float32(1e-7))
+        assert_close(ops.merge(a, var, "div_std"), a / std)
+        assert_close(ops.merge(a, var, "mul_std"), a * std)
+        assert_close(ops.merge(a, np.float32(3.0) * np.ones((), np.float32), "multiply"), a * 3)
 
     def test_concatenate(ops, rng):
         a, b, c = _r(rng, 2, 3, 4), _r(rng, 2, 3, 1), _r(rng, 2, 3, 2)
         assert_close(ops.concatenate([a, b, c], -1), np.concatenate([a, b, c], -1))
         assert_close(ops.concatenate([a, a[:, :1]], 1), np.concatenate([a, a[:, :1]], 1))
         assert_close(ops.concatenate([a, a], 0), np.concatenate([a, a], 0))
+
+    def test_strided_copies(ops, rng):
+        """copy_strided: transpose, flip, slice, broadcast, padding, int -> float32, zeros."""
+        x = _r(rng, 2, 3, 4, 5)
+        np.testing.assert_array_equal(ops.transpose(x, (0, 3, 1, 2)), x.transpose(0, 3, 1, 2))
+        np.testing.assert_array_equal(ops.copy_view(x, lambda v: v[:, ::-1, 1:3]), x[:, ::-1, 1:3])
+        np.testing.assert_array_equal(
+            ops.copy_view(x[0, 0], lambda v: np.broadcast_to(v[:, None], (4, 3, 5))),
+            np.broadcast_to(x[0, 0][:, None], (4, 3, 5)))
+        np.testing.assert_array_equal(ops.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))),
+                                      np.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))))
+        ids = np.array([[3, -1], [0, 7]], np.int64)
+        got = ops.as_float32(ops.cuda.to_device(ids)).copy_to_host()
+        assert got.dtype == np.float32 and np.array_equal(got, ids)
+        np.testing.assert_array_equal(ops.zeros((2, 3)).copy_to_host(), np.zeros((2, 3)))
+
+    def test_relu_general(ops, rng):
+        x = _r(rng, 3, 7, scale=3.0)
+        x[0, 0] = np.nan
+        want = np.minimum(np.where(x > 0.5, x, np.float32(0.1) * (x - np.float32(0.5))), 2.0)
+        got = ops.relu(x, 0.5, 0.1, 2.0)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert_close(got, want)
+        assert_close(ops.relu(x[1:], -1.0, 0.3), np.where(x[1:] > -1, x[1:], 0.3 * (x[1:] + 1)))
+
+    @pytest.mark.parametrize("axis", [1, (1, 2), (1, 3)])
+    def test_softmax_any_axes(ops, rng, axis):
+        x = _r(rng, 2, 3, 4, 2)
+        assert_close(ops.softmax(x, axis), REF.softmax(x, axis))
+        assert_close(ops.log_softmax(x, axis), REF.log_softmax(x, axis), atol=1e-5)
+
+    def test_norms_on_any_axis(ops, rng):
+        x = _r(rng, 2, 3, 4, 5) + np.float32(0.5)
+        scale, shift = _r(rng, 3), _r(rng, 3)
+        assert_close(ops.batch_norm(x, scale, shift, 1), REF.batch_norm(x, scale, shift, 1))
+        g, b = _r(rng, 3, 5), _r(rng, 3, 5)
+        for axes in [(1, 3), (2, 3)]:
+            gg, bb = (g, b) if axes == (1, 3) else (_r(rng, 4, 5), _r(rng, 4, 5))
+            for rms in (False, True):
+                assert_close(ops.layer_norm(x, gg, bb, 1e-3, axes, rms),
+                             REF.layer_norm(x, gg, bb, 1e-3, axes, rms), atol=1e-5)
+        for axes in [(2, 3), (3,)]:  # channels-first global pooling
+            for kind in ("max", "avg"):
+                assert_close(ops.global_pool(x, kind, axes, True),
+                             REF.global_pool(x, kind, axes, True))
+
+    def test_masks(ops, rng):
+        from fastlayers.layers.attention import _keep_bias
+
+        ids = np.array([[1, 0, 3], [0, 0, 2]], np.int64)
+        assert np.array_equal(ops.nonzero_mask(ids), (ids != 0).astype(np.uint8))
+        m = rng.random((2, 1, 3)).astype(np.float32)
+        want = np.broadcast_to(_keep_bias(m), (2, 4, 3))
+        np.testing.assert_array_equal(ops.mask_bias(m, (2, 4, 3)), want)
+        np.testing.assert_array_equal(ops.mask_bias(ids, (2, 3)), _keep_bias(ids != 0))
+
+    def test_embedding_gather_and_index_check(ops, rng):
+        from numba import cuda
+
+        table = _r(rng, 5, 3)
+        ids = np.array([[1, 4, 0], [2, 2, 3]], np.int64)
+        np.testing.assert_array_equal(ops.embedding(ids, table), REF.embedding(ids, table))
+        cases = [(ids.astype(np.float32), True), (np.array([[1.5, 2]], np.float32), False),
+                 (np.array([[5, 1]], np.int64), False), (np.array([[-1]], np.int64), False),
+                 (np.array([[np.nan]], np.float32), False)]
+        for bad_ids, ok in cases:
+            flag = ops.zeros((1,))
+            got = ops.embedding(cuda.to_device(bad_ids), table, bad=flag).copy_to_host()
+            assert (flag.copy_to_host()[0] == 0) == ok, bad_ids
+            if ok:
+                np.testing.assert_array_equal(got, table[bad_ids.astype(np.int64)])
+
+    @pytest.mark.parametrize("case", [dict(), dict(mask=True, zero_masked=True),
+                                      dict(reverse=True, return_sequences=False, y0=True),
+                                      dict(activation="relu")])
+    def test_rnn_sequence(ops, rng, case):
+        x, w_ih, w_hh = _r(rng, 2, 3, 3), _r(rng, 3, 2), _r(rng, 2, 2)
+        b, h0 = _r(rng, 2), _r(rng, 2, 2)
+        kw = _kw(rng, case, 2, 3, 2)
+        for g, r in zip(ops.rnn_sequence(x, w_ih, w_hh, b, h0, **kw),
+                        REF.rnn_sequence(x, w_ih, w_hh, b, h0, **kw)):
+            assert g.shape == r.shape
+            assert_close(g, r, atol=1e-5)
+
+    CONVT_CASES = [
+        # (x shape, kernel hw, strides, crop, out_hw, dilation, groups, activation)
+        ((1, 3, 3, 2), (3, 3), (2, 2), (1, 1), (5, 6), (1, 1), 1, "relu"),
+        ((2, 2, 3, 4), (2, 3), (1, 2), (0, 0), (3, 7), (1, 1), 2, "linear"),
+        ((1, 3, 2, 2), (2, 2), (2, 1), (0, 1), (7, 2), (2, 1), 1, "softmax"),
+    ]
+
+    @pytest.mark.parametrize("case", CONVT_CASES)
+    def test_conv_transpose2d(ops, rng, case):
+        shape, (kh, kw), strides, crop, out_hw, dilation, groups, activation = case
+        x, w, b = _r(rng, *shape), _r(rng, kh, kw, shape[3], 3), _r(rng, 3 * groups)
+        args = (strides, crop, out_hw, dilation, groups, activation)
+        assert_close(ops.conv_transpose2d(x, w, b, *args), REF.conv_transpose2d(x, w, b, *args),
+                     atol=1e-5)
+
+    @pytest.mark.parametrize("mode,align,out_hw,scales", [
+        ("nearest", False, (6, 4), (None, None)), ("nearest", False, (5, 3), (1.7, None)),
+        ("bilinear", False, (6, 5), (None, None)), ("bilinear", True, (5, 4), (None, None))])
+    def test_upsample2d(ops, rng, mode, align, out_hw, scales):
+        x = _r(rng, 1, 3, 2, 2)
+        assert_close(ops.upsample2d(x, out_hw, mode, align, scales),
+                     REF.upsample2d(x, out_hw, mode, align, scales))
+
+    def test_local_response_norm(ops, rng):
+        x = _r(rng, 2, 3, 6)
+        for size in (1, 2, 5):
+            assert_close(ops.local_response_norm(x, size, 0.3, 0.75, 2.0),
+                         REF.local_response_norm(x, size, 0.3, 0.75, 2.0))
+
+    def test_roi_pool(ops, rng):
+        x = _r(rng, 2, 6, 5, 2)
+        x[1, 3, 3, 1] = np.nan
+        rois = np.array([[0, 0, 0, 4, 5], [1, 1.4, 2.5, 9, 9], [1, -3, -2, 1, 0],
+                         [0, 3, 3, 3, 3]], np.float32)
+        assert_close(ops.roi_pool(x, rois, (2, 3), 0.5), REF.roi_pool(x, rois, (2, 3), 0.5))
+        for bad_index in (2, -1, 0.5):
+            flag = ops.zeros((1,))
+            ops.roi_pool(x, np.array([[bad_index, 0, 0, 1, 1]], np.float32), (1, 1), bad=flag)
+            assert flag.copy_to_host()[0] == 1
+
+    def test_tanh_and_hard_attention_scores(ops, rng):
+        q, k, w = _r(rng, 2, 3, 4), _r(rng, 2, 5, 4), _r(rng, 4)
+        t = np.tanh(np.float32(0.7) * (q[:, :, None] + k[:, None]))
+        assert_close(ops.tanh_scores(q, k, w), np.tanh(q[:, :, None] + k[:, None]) @ w, atol=1e-5)
+        assert_close(ops.tanh_scores(q, k, None, 0.7, 1.5), 1.5 * t.sum(-1), atol=1e-5)
+        s = _r(rng, 2, 3, 5)
+        s[0, 1, 3] = np.nan
+        s[1, 2, :] = s[1, 2, 0]                     # ties: the first wins
+        for causal in (False, True):
+            allowed = np.tril(np.ones((3, 5), bool)) if causal else np.ones((3, 5), bool)
+            want = np.zeros_like(s)
+            np.put_along_axis(want, np.argmax(np.where(allowed, s, -np.inf), -1)[..., None], 1, -1)
+            np.testing.assert_array_equal(ops.hard_attention(s, causal), want)
+
+    def test_hierarchical_softmax(ops, rng):
+        from fastlayers.layers.hierarchical_softmax import huffman_tree, tree_paths
+
+        nodes, signs, n_inner = tree_paths(huffman_tree([5, 1, 1, 2, 3]), 5)
+        x, w, b = _r(rng, 3, 4), _r(rng, 4, n_inner), _r(rng, n_inner)
+        assert_close(ops.hsoftmax_log_probs(x, w, b, nodes, signs),
+                     REF.hsoftmax_log_probs(x, w, b, nodes, signs), atol=1e-5)
+        classes = np.array([4, 0, 2])
+        assert_close(ops.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes),
+                     REF.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes), atol=1e-5)
+        flag = ops.zeros((1,))
+        ops.hsoftmax_class_log_probs(ops.cuda.to_device(x), w, b, nodes, signs,
+                                     ops.cuda.to_device(np.array([0, 5, 1], np.int64)), bad=flag)
+        assert flag.copy_to_host()[0] == 1
+
+    def test_attention_softmax_device_bias_broadcasts_keys(ops, rng):
+        s, bias = _r(rng, 1, 2, 3, 4), np.array([[[[0.0], [-np.inf], [1.0]]]], np.float32)
+        got = ops.attention_softmax(ops.cuda.to_device(s.copy()), 1.0, ops.cuda.to_device(bias))
+        assert_close(got.copy_to_host(), REF.attention_softmax(s.copy(), 1.0, bias), atol=1e-6)

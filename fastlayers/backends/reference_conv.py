@@ -173,14 +173,21 @@ def source_coords(out: int, size: int, mode: str, align_corners: bool, scale=Non
     ``scale`` is the ratio used by torch when a scale factor was given (source = dst / factor);
     by default size / out.
     """
-    ratio = np.float32(size / out if scale is None else 1.0 / scale)
+    ratio = resize_ratio(out, size, mode, align_corners, scale)
     dst = np.arange(out, dtype=np.float32)
     if mode == "nearest":
         return np.minimum(np.floor(dst * ratio).astype(np.int64), size - 1)
     if align_corners:
-        r = np.float32((size - 1) / (out - 1)) if out > 1 else np.float32(0)
-        return dst * r
+        return dst * ratio
     return np.maximum((dst + np.float32(0.5)) * ratio - np.float32(0.5), np.float32(0))
+
+
+def resize_ratio(out: int, size: int, mode: str, align_corners: bool, scale=None) -> np.float32:
+    """The float32 factor of ``source_coords``: source = dst ratio (bilinear without
+    align_corners: (dst + 0.5) ratio - 0.5)."""
+    if mode != "nearest" and align_corners:
+        return np.float32((size - 1) / (out - 1)) if out > 1 else np.float32(0)
+    return np.float32(size / out if scale is None else 1.0 / scale)
 
 
 def upsample2d(x_nhwc, out_hw, mode, align_corners=False, scales=(None, None)):

@@ -1,9 +1,12 @@
-"""numba.cuda kernels of the CUDA backend (float32, C-contiguous device arrays).
+"""numba.cuda kernels of the CUDA backend (float32 values, int64 indices, uint8 masks;
+C-contiguous device arrays).
 
 Imported only by ``CudaOps`` (never by ``import fastlayers``). Kernels are compiled lazily on
 first launch for the argument types they get. They take preallocated outputs and neither
-allocate nor validate (``ops.py`` does). NaN propagates as in the numpy reference. Every float
-constant is a module-level float32 so no float64 arithmetic enters the kernels.
+allocate nor validate shapes (``ops.py`` does); the few value checks the layers need (an index
+in range) set a one-element ``bad`` flag instead of raising. NaN propagates as in the numpy
+reference. Every float constant is a module-level float32 so no float64 arithmetic enters the
+kernels.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import config, cuda, float32
+from numba import config, cuda, float32, int64
 
 #: Tile edge of the shared-memory matrix product (TILE x TILE threads per block): 16 on a GPU;
 #: 8 in the simulator, which runs every thread of a block as a Python thread (4x fewer per block,
@@ -146,27 +149,44 @@ def act_rows(x_rc, y_rc, code, alpha):
 
 
 @cuda.jit
-def softmax_rows(y_rc, log):
-    """y[r] = softmax(y[r]) (log: log_softmax) in place, one thread per row."""
+def softmax_oni(y_oni, log):
+    """y[o, :, i] = softmax(y[o, :, i]) (log: log_softmax) in place, one thread per (o, i)."""
     r = cuda.grid(1)
-    if r >= y_rc.shape[0]:
+    inner = y_oni.shape[2]
+    if r >= y_oni.shape[0] * inner:
         return
-    n = y_rc.shape[1]
+    o = r // inner
+    i = r % inner
+    n = y_oni.shape[1]
     m = _NEG_INF
     for j in range(n):
-        v = y_rc[r, j]
+        v = y_oni[o, j, i]
         if v > m or v != v:
             m = v
     total = _ZERO
     for j in range(n):
-        total += math.exp(y_rc[r, j] - m)
+        total += math.exp(y_oni[o, j, i] - m)
     if log:
         lse = math.log(total)
         for j in range(n):
-            y_rc[r, j] = y_rc[r, j] - m - lse
+            y_oni[o, j, i] = y_oni[o, j, i] - m - lse
     else:
         for j in range(n):
-            y_rc[r, j] = math.exp(y_rc[r, j] - m) / total
+            y_oni[o, j, i] = math.exp(y_oni[o, j, i] - m) / total
+
+
+@cuda.jit
+def relu_flat(x, y, threshold, slope, max_value, has_max):
+    """y = x if x > t else slope (x - t), then min(y, max_value) with has_max (Keras ReLU)."""
+    i = cuda.grid(1)
+    if i >= y.shape[0]:
+        return
+    v = x[i]
+    if not v > threshold:
+        v = slope * (v - threshold)
+    if has_max and not (v < max_value or v != v):
+        v = max_value
+    y[i] = v
 
 
 # ------------------------------------------------------------------- convolution and pooling
@@ -250,6 +270,153 @@ def pool2d_nhwc(x_nhwc, y_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, 
         y_nhwc[n, oh, ow, c] = total / float32(count)
 
 
+@cuda.jit
+def conv_transpose2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, ct, cl, groups,
+                          code, alpha):
+    """y[n, oh, ow, g Cog + o] = f(b + sum x[n, ih, iw, g Cig + c] w[i, j, g Cig + c, o]) over
+    s ih + d i = oh + ct, s iw + d j = ow + cl: the adjoint of conv2d, cropped at (ct, cl).
+
+    One thread per output value (gathering the inputs that reach it); w is
+    (kh, kw, C_in, C_out / groups).
+    """
+    o_all, r = cuda.grid(2)
+    h = x_nhwc.shape[1]
+    w = x_nhwc.shape[2]
+    kh = w_hwio.shape[0]
+    kw = w_hwio.shape[1]
+    cout_g = w_hwio.shape[3]
+    cin_g = x_nhwc.shape[3] // groups
+    ho = y_nhwc.shape[1]
+    wo = y_nhwc.shape[2]
+    if o_all >= y_nhwc.shape[3] or r >= y_nhwc.shape[0] * ho * wo:
+        return
+    n = r // (ho * wo)
+    oh = (r // wo) % ho
+    ow = r % wo
+    c0 = (o_all // cout_g) * cin_g
+    o = o_all % cout_g
+    acc = _ZERO
+    for i in range(kh):
+        th = oh + ct - i * dh
+        if th >= 0 and th % sh == 0 and th // sh < h:
+            ih = th // sh
+            for j in range(kw):
+                tw = ow + cl - j * dw
+                if tw >= 0 and tw % sw == 0 and tw // sw < w:
+                    iw = tw // sw
+                    for c in range(cin_g):
+                        acc += x_nhwc[n, ih, iw, c0 + c] * w_hwio[i, j, c0 + c, o]
+    if has_bias:
+        acc += b_o[o_all]
+    y_nhwc[n, oh, ow, o_all] = act(acc, code, alpha)
+
+
+@cuda.jit(device=True, inline=True)
+def _source(dst, ratio, bilinear, align_corners):
+    """Source coordinate of output index ``dst`` in a resize (torch's rules, float32)."""
+    d = float32(dst)
+    if not bilinear or align_corners:
+        return d * ratio
+    s = (d + _HALF) * ratio - _HALF
+    return s if s > _ZERO else _ZERO
+
+
+@cuda.jit
+def upsample2d_nhwc(x_nhwc, y_nhwc, bilinear, align_corners, ratio_h, ratio_w):
+    """y[n, oh, ow, c] = x at source (oh ratio_h, ow ratio_w): nearest (floor) or bilinear between
+    the 4 neighbours (half-pixel centres unless align_corners), as ``reference_conv.upsample2d``."""
+    c, r = cuda.grid(2)
+    h = x_nhwc.shape[1]
+    w = x_nhwc.shape[2]
+    ho = y_nhwc.shape[1]
+    wo = y_nhwc.shape[2]
+    if c >= y_nhwc.shape[3] or r >= y_nhwc.shape[0] * ho * wo:
+        return
+    n = r // (ho * wo)
+    oh = (r // wo) % ho
+    ow = r % wo
+    sy = _source(oh, ratio_h, bilinear, align_corners)
+    sx = _source(ow, ratio_w, bilinear, align_corners)
+    y0 = min(int64(math.floor(sy)), h - 1)
+    x0 = min(int64(math.floor(sx)), w - 1)
+    if not bilinear:
+        y_nhwc[n, oh, ow, c] = x_nhwc[n, y0, x0, c]
+        return
+    y1 = min(y0 + 1, h - 1)
+    x1 = min(x0 + 1, w - 1)
+    fy = sy - float32(y0)
+    fx = sx - float32(x0)
+    top = x_nhwc[n, y0, x0, c] * (_ONE - fx) + x_nhwc[n, y0, x1, c] * fx
+    bottom = x_nhwc[n, y1, x0, c] * (_ONE - fx) + x_nhwc[n, y1, x1, c] * fx
+    y_nhwc[n, oh, ow, c] = top * (_ONE - fy) + bottom * fy
+
+
+@cuda.jit
+def lrn_rows(x_rc, y_rc, size, alpha_over_size, beta, k):
+    """y[r, c] = x[r, c] / (k + alpha / size sum_{c'} x[r, c']^2)^beta over the channels
+    c' in [c - size // 2, c + (size - 1) // 2]."""
+    c, r = cuda.grid(2)
+    nc = x_rc.shape[1]
+    if r >= x_rc.shape[0] or c >= nc:
+        return
+    total = _ZERO
+    for j in range(max(c - size // 2, 0), min(c + (size - 1) // 2 + 1, nc)):
+        total += x_rc[r, j] * x_rc[r, j]
+    y_rc[r, c] = x_rc[r, c] / math.pow(k + alpha_over_size * total, beta)
+
+
+@cuda.jit(device=True, inline=True)
+def _round_half_away(v):
+    """round(v) with halves away from zero, as int64 (sign(v) floor(|v| + 0.5))."""
+    f = int64(math.floor(abs(v) + _HALF))
+    return -f if v < _ZERO else f
+
+
+@cuda.jit
+def roi_pool_nhwc(x_nhwc, rois_k5, spatial_scale, y_kpqc, bad):
+    """y[k, i, j, c] = max of x[batch_k, bin (i, j) of region k, c] (torchvision roi_pool: corners
+    scaled and rounded half away from zero, bins [floor(i bh), ceil((i + 1) bh)) clipped, an empty
+    bin 0, float32 as ``reference_conv.roi_bins``); a batch index that is not a whole number in
+    [0, N) gives 0 and sets bad[0] = 1."""
+    c, r = cuda.grid(2)
+    h = x_nhwc.shape[1]
+    w = x_nhwc.shape[2]
+    ph = y_kpqc.shape[1]
+    pw = y_kpqc.shape[2]
+    if c >= y_kpqc.shape[3] or r >= y_kpqc.shape[0] * ph * pw:
+        return
+    k = r // (ph * pw)
+    i = (r // pw) % ph
+    j = r % pw
+    bf = rois_k5[k, 0]
+    if not (bf >= _ZERO and bf < float32(x_nhwc.shape[0]) and float32(int64(bf)) == bf):
+        y_kpqc[k, i, j, c] = _ZERO
+        bad[0] = _ONE
+        return
+    x1 = _round_half_away(rois_k5[k, 1] * spatial_scale)
+    y1 = _round_half_away(rois_k5[k, 2] * spatial_scale)
+    x2 = _round_half_away(rois_k5[k, 3] * spatial_scale)
+    y2 = _round_half_away(rois_k5[k, 4] * spatial_scale)
+    bh = float32(max(y2 - y1 + 1, 1)) / float32(ph)
+    bw = float32(max(x2 - x1 + 1, 1)) / float32(pw)
+    h0 = min(max(int64(math.floor(float32(i) * bh)) + y1, 0), h)
+    h1 = min(max(int64(math.ceil(float32(i + 1) * bh)) + y1, 0), h)
+    w0 = min(max(int64(math.floor(float32(j) * bw)) + x1, 0), w)
+    w1 = min(max(int64(math.ceil(float32(j + 1) * bw)) + x1, 0), w)
+    if h1 <= h0 or w1 <= w0:
+        y_kpqc[k, i, j, c] = _ZERO
+        return
+    n = int64(bf)
+    m = _NEG_INF
+    for ih in range(h0, h1):
+        for iw in range(w0, w1):
+            v = x_nhwc[n, ih, iw, c]
+            if v > m or v != v:
+                if m == m:
+                    m = v
+    y_kpqc[k, i, j, c] = m
+
+
 # ----------------------------------------------------------------------------- attention
 @cuda.jit
 def attention_softmax_bhqk(s_bhqk, bias, has_bias, scale, causal, fill):
@@ -295,7 +462,57 @@ def attention_softmax_bhqk(s_bhqk, bias, has_bias, scale, causal, fill):
         s_bhqk[bi, hi, qi, k] = s_bhqk[bi, hi, qi, k] / total
 
 
+@cuda.jit
+def tanh_scores(q_pqd, k_pkd, w_d, has_w, inner, outer, s_pqk):
+    """s[p, i, j] = outer sum_d w[d] tanh(inner (q[p, i, d] + k[p, j, d])) (w = 1 without has_w):
+    Bahdanau (AdditiveAttention) and Keras Attention's "concat" scores."""
+    j, r = cuda.grid(2)
+    tq = q_pqd.shape[1]
+    if j >= k_pkd.shape[1] or r >= q_pqd.shape[0] * tq:
+        return
+    p = r // tq
+    i = r % tq
+    acc = _ZERO
+    for d in range(q_pqd.shape[2]):
+        t = math.tanh(inner * (q_pqd[p, i, d] + k_pkd[p, j, d]))
+        acc += w_d[d] * t if has_w else t
+    s_pqk[p, i, j] = outer * acc
+
+
+@cuda.jit
+def hard_attention_rows(s_pqk, causal, w_pqk):
+    """w[p, q] = one-hot of the first argmax over k of s[p, q, k] (k <= q if causal; NaN wins, as
+    np.argmax), one thread per row."""
+    r = cuda.grid(1)
+    tq = s_pqk.shape[1]
+    tk = s_pqk.shape[2]
+    if r >= s_pqk.shape[0] * tq:
+        return
+    p = r // tq
+    q = r % tq
+    best = 0
+    m = _NEG_INF
+    for k in range(tk):
+        v = _NEG_INF if (causal and k > q) else s_pqk[p, q, k]
+        if v != v:
+            best = k
+            break
+        if v > m:
+            m = v
+            best = k
+    for k in range(tk):
+        w_pqk[p, q, k] = _ONE if k == best else _ZERO
+
+
 # ------------------------------------------------------------------------------ recurrent
+@cuda.jit
+def rnn_gates(xw_btg, t, rec_bu, h_bu, act_code):
+    """h[b, u] = act(xw[b, t, u] + rec[b, u]) (SimpleRNN step, rec = h_prev w_hh)."""
+    u, b = cuda.grid(2)
+    if u < h_bu.shape[1] and b < h_bu.shape[0]:
+        h_bu[b, u] = act(xw_btg[b, t, u] + rec_bu[b, u], act_code, _ZERO)
+
+
 @cuda.jit
 def lstm_gates(xw_btg, t, rec_bg, c_bu, h_bu, mask_bt, has_mask, act_code, ract_code):
     """[i f g o] = xw[:, t] + rec; c' = ract(f) c + ract(i) act(g); h = ract(o) act(c').
@@ -381,11 +598,14 @@ def commit_step(hn_bp, h_bp, carried_bp, ys_btp, t, ti, mask_bt, has_mask, zero_
 
 # ------------------------------------------------------------------ normalization and merges
 @cuda.jit
-def scale_shift_rows(x_rc, scale_c, shift_c, y_rc):
-    """y[r, c] = x[r, c] scale[c] + shift[c] (inference batch norm, folded)."""
-    c, r = cuda.grid(2)
-    if r < y_rc.shape[0] and c < y_rc.shape[1]:
-        y_rc[r, c] = x_rc[r, c] * scale_c[c] + shift_c[c]
+def scale_shift_oci(x_oci, scale_c, shift_c, y_oci):
+    """y[o, c, i] = x[o, c, i] scale[c] + shift[c] (inference batch norm, folded, on axis c)."""
+    i, r = cuda.grid(2)
+    nc = y_oci.shape[1]
+    if r < y_oci.shape[0] * nc and i < y_oci.shape[2]:
+        o = r // nc
+        c = r % nc
+        y_oci[o, c, i] = x_oci[o, c, i] * scale_c[c] + shift_c[c]
 
 
 @cuda.jit
@@ -433,33 +653,159 @@ def global_pool_nhwc(x_nlc, y_nc, is_max):
     y_nc[n, c] = m if is_max else total / float32(x_nlc.shape[1])
 
 
-MERGE_ADD, MERGE_SUB, MERGE_MUL, MERGE_MAX, MERGE_MIN = range(5)
+# ------------------------------------------------------------------- strided copies and binary ops
+#: Binary op codes of ``binary_strided``: a + b, a - b, a b, max, min (NaN wins), and the two
+#: halves of Keras's Normalization: a / max(sqrt(b), 1e-7) and a max(sqrt(b), 1e-7).
+OP_ADD, OP_SUB, OP_MUL, OP_MAX, OP_MIN, OP_DIV_STD, OP_MUL_STD = range(7)
+_STD_FLOOR = np.float32(1e-7)
+
+
+@cuda.jit(device=True, inline=True)
+def _offset(i, shape, strides, base):
+    """base + sum_k i_k strides[k] for the 6-D index (i_0 .. i_5) of flat position i in shape."""
+    off = base
+    for k in range(5, -1, -1):
+        off += (i % shape[k]) * strides[k]
+        i //= shape[k]
+    return off
 
 
 @cuda.jit
-def merge_flat(a, b, out, op, scale):
-    """out[i] = scale (a[i] op b[i]) for op in add, subtract, multiply, maximum, minimum."""
+def copy_strided(src, s_off, s_str, dst, d_off, d_str, shape):
+    """dst[d_off + i . d_str] = src[s_off + i . s_str] for every 6-D index i < shape (flat arrays).
+
+    With element strides and offsets of numpy views this is any transpose, flip, basic slice,
+    broadcast (stride 0) or placement into a larger array (padding, concatenation).
+    """
+    i = cuda.grid(1)
+    if i < shape[0] * shape[1] * shape[2] * shape[3] * shape[4] * shape[5]:
+        dst[_offset(i, shape, d_str, d_off)] = src[_offset(i, shape, s_str, s_off)]
+
+
+@cuda.jit(device=True, inline=True)
+def _std(v):
+    """max(sqrt(v), 1e-7), NaN propagating (Keras Normalization's divisor)."""
+    s = math.sqrt(v)
+    return s if (s > _STD_FLOOR or s != s) else _STD_FLOOR
+
+
+@cuda.jit
+def binary_strided(a, a_off, a_str, b, b_off, b_str, out, shape, op, alpha, beta):
+    """out[i] = (alpha a[a_off + i . a_str]) op (beta b[b_off + i . b_str]) for every 6-D index i
+    (out C-ordered and flat; stride 0 broadcasts): op in OP_ADD .. OP_MUL_STD."""
     i = cuda.grid(1)
     if i >= out.shape[0]:
         return
-    x = a[i]
-    y = b[i]
-    if op == MERGE_ADD:
+    x = alpha * a[_offset(i, shape, a_str, a_off)]
+    y = beta * b[_offset(i, shape, b_str, b_off)]
+    if op == OP_ADD:
         v = x + y
-    elif op == MERGE_SUB:
+    elif op == OP_SUB:
         v = x - y
-    elif op == MERGE_MUL:
+    elif op == OP_MUL:
         v = x * y
-    elif op == MERGE_MAX:
+    elif op == OP_MAX:
         v = x if (x > y or x != x) else y
-    else:
+    elif op == OP_MIN:
         v = x if (x < y or x != x) else y
-    out[i] = v * scale
+    elif op == OP_DIV_STD:
+        v = x / _std(y)
+    else:
+        v = x * _std(y)
+    out[i] = v
 
 
 @cuda.jit
-def copy_cols(src_rc, dst_rk, col0):
-    """dst[r, col0 + c] = src[r, c] (one input of a concatenation)."""
-    c, r = cuda.grid(2)
-    if r < src_rc.shape[0] and c < src_rc.shape[1]:
-        dst_rk[r, col0 + c] = src_rc[r, c]
+def fill_flat(out, value):
+    """out[i] = value."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = value
+
+
+@cuda.jit
+def nonzero_u8(x, zero, y):
+    """y[i] = 1 where x[i] != 0 else 0 (a mask as uint8; ``zero`` has x's type)."""
+    i = cuda.grid(1)
+    if i < y.shape[0]:
+        y[i] = 1 if x[i] != zero else 0
+
+
+@cuda.jit
+def keep_bias_strided(m, m_off, m_str, thr, out, shape):
+    """out[i] = 0 where m[m_off + i . m_str] > thr (attend) else -inf: a Keras mask as an additive
+    attention bias, broadcast through strides (``thr`` has m's type: 0.5 for floats, 0 for ints)."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = _ZERO if m[_offset(i, shape, m_str, m_off)] > thr else _NEG_INF
+
+
+# ------------------------------------------------------------------------- gathers and checks
+_INT64_LIMIT = np.float32(2.0 ** 62)
+
+
+@cuda.jit
+def whole_floats_to_int64(x, y, bad):
+    """y[i] = x[i] as int64 when it is a finite whole number, else -1 and bad[0] = 1."""
+    i = cuda.grid(1)
+    if i >= y.shape[0]:
+        return
+    v = x[i]
+    if abs(v) < _INT64_LIMIT and float32(int64(v)) == v:
+        y[i] = int64(v)
+    else:
+        y[i] = -1
+        bad[0] = _ONE
+
+
+@cuda.jit
+def gather_rows(ids_n, table_vd, y_nd, bad):
+    """y[n] = table[ids[n]]; an id outside [0, V) gives a zero row and sets bad[0] = 1."""
+    d, n = cuda.grid(2)
+    if n >= y_nd.shape[0] or d >= y_nd.shape[1]:
+        return
+    k = ids_n[n]
+    if k >= 0 and k < table_vd.shape[0]:
+        y_nd[n, d] = table_vd[k, d]
+    else:
+        y_nd[n, d] = _ZERO
+        bad[0] = _ONE
+
+
+@cuda.jit(device=True, inline=True)
+def _log_sigmoid(z):
+    """log sigmoid(z) = -(log1p(exp(-|z|)) + max(-z, 0)), stable for large |z|."""
+    return -(math.log1p(math.exp(-abs(z))) + (-z if z < _ZERO else _ZERO))
+
+
+@cuda.jit(device=True, inline=True)
+def _path_log_prob(z_bn, b, nodes_cd, signs_cd, c):
+    """sum_d log sigmoid(sign[c, d] z[b, node[c, d]]) over the steps of class c with sign != 0."""
+    acc = _ZERO
+    for d in range(nodes_cd.shape[1]):
+        sign = signs_cd[c, d]
+        if sign != _ZERO:
+            acc += _log_sigmoid(sign * z_bn[b, nodes_cd[c, d]])
+    return acc
+
+
+@cuda.jit
+def hsoftmax_rows(z_bn, nodes_cd, signs_cd, y_bc):
+    """y[b, c] = log p(c | x[b]) of a hierarchical softmax (``_path_log_prob``; z = x w + b)."""
+    c, b = cuda.grid(2)
+    if b < y_bc.shape[0] and c < y_bc.shape[1]:
+        y_bc[b, c] = _path_log_prob(z_bn, b, nodes_cd, signs_cd, c)
+
+
+@cuda.jit
+def hsoftmax_class_rows(z_bn, nodes_cd, signs_cd, classes_b, y_b, bad):
+    """y[b] = log p(classes[b] | x[b]); a class outside [0, C) gives 0 and sets bad[0] = 1."""
+    b = cuda.grid(1)
+    if b >= y_b.shape[0]:
+        return
+    c = classes_b[b]
+    if c >= 0 and c < nodes_cd.shape[0]:
+        y_b[b] = _path_log_prob(z_bn, b, nodes_cd, signs_cd, c)
+    else:
+        y_b[b] = _ZERO
+        bad[0] = _ONE

@@ -54,6 +54,13 @@ def is_device(a) -> bool:
     return hasattr(a, "copy_to_host") and hasattr(a, "shape")
 
 
+def device_dtype(dtype) -> np.dtype:
+    """The type an array of ``dtype`` has on the device: float32 for floats, int64 for integer
+    ids, uint8 for bool masks (every kernel is typed for these)."""
+    kind = np.dtype(dtype).kind
+    return np.dtype(np.float32 if kind == "f" else np.uint8 if kind == "b" else np.int64)
+
+
 def to_device(a, dtype=np.float32):
     """A C-contiguous device copy of host array ``a`` (device arrays are returned as they are)."""
     from numba import cuda
@@ -75,7 +82,8 @@ class WeightCache:
     (data pointer, shape and strides, so a ``set_weights`` that installs new arrays is seen); an
     entry is dropped when its host array is garbage collected. Writing into a weight array IN PLACE is
     not detected: call ``clear()`` (``CudaOps.clear_weight_cache``) after doing that. Only
-    C-contiguous float32 arrays are cached (others are converted per call). Thread-safe.
+    C-contiguous arrays are cached (others are converted per call); float weights are stored as
+    float32, integer tables (e.g. tree paths) keep their type. Thread-safe.
     """
 
     def __init__(self):
@@ -86,23 +94,28 @@ class WeightCache:
     def _version(a: np.ndarray):
         return (a.__array_interface__["data"][0], a.shape, a.strides)
 
-    def get(self, a):
-        """The device copy of weight ``a`` (None stays None; device arrays pass through)."""
+    def get(self, a, derive=None):
+        """The device copy of weight ``a`` (None stays None; device arrays pass through).
+
+        ``derive`` = (name, function): cache ``function(a)`` instead (a weight in another layout,
+        e.g. a transposed kernel or a column block), keyed by ``a`` and ``name``.
+        """
         if a is None or is_device(a):
             return a
-        if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous):
-            return to_device(a)
+        if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
+            return to_device(a if derive is None else derive[1](a))
         # a view (e.g. one row of a stacked bias) is keyed by its root array and its position,
         # so the per-call view objects of the same weight share one device copy
         owner = a
         while isinstance(owner.base, np.ndarray):
             owner = owner.base
-        key = (id(owner), self._version(a))
+        key = (id(owner), self._version(a), None if derive is None else derive[0])
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[0]() is owner:
                 return entry[1]
-        dev = to_device(a)
+        host = a if derive is None else derive[1](a)
+        dev = to_device(host, np.float32 if host.dtype.kind == "f" else host.dtype)
         with self._lock:
             if key not in self._entries:
                 weakref.finalize(owner, self._drop, key)

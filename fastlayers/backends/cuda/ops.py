@@ -6,10 +6,14 @@ Residency rules (docs/design.md, "CUDA backend"):
   array as its main input it returns device arrays (nothing is copied back), so a chain of
   primitive calls keeps its activations on the device; given host arrays it copies the input in
   once and the result out once.
-- Weights (kernels, biases, recurrent kernels) go through a ``WeightCache``: copied to the device
-  on first use and reused by every later call while the host array is alive and unchanged.
-- Primitives not overridden here (layer norm, embeddings, transposed convolution, resizing...)
-  are the numpy reference: they take and return host arrays.
+- Weights (kernels, biases, recurrent kernels, tables) go through a ``WeightCache``: copied to
+  the device on first use and reused by every later call while the host array is alive and
+  unchanged. A host array given next to a device activation is a weight (cached).
+- Device-array utilities (``zeros``, ``copy_view``, ``transpose``, ``pad``, ``nonzero_mask``,
+  ``mask_bias``...) give ``resident.py`` the data movement of reshaping, masking and recurrent
+  layers without leaving the device.
+- Primitives not overridden here (adaptive pooling...) are the numpy reference: they take and
+  return host arrays.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import threading
 
 import numpy as np
 
+from ...errors import UnsupportedError
 from ..reference import ReferenceOps
-from ..reference_conv import conv_out_size
+from ..reference_conv import conv_out_size, resize_ratio
 from . import _kernels as K
-from ._runtime import WeightCache, is_device, load_cuda, simulated, to_device, to_host
+from ._runtime import (
+    WeightCache, device_dtype, is_device, load_cuda, simulated, to_device, to_host,
+)
 
 _DUMMY = np.zeros(1, np.float32)
-_DUMMY2 = np.zeros((1, 1), np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY_MASK = np.zeros((1, 1), np.uint8)
 
@@ -41,8 +47,8 @@ def _grid2(cols: int, rows: int, sim: bool):
     return ((cols + tx - 1) // tx, (rows + ty - 1) // ty), (tx, ty)
 
 
-_MERGE_OPS = {"add": K.MERGE_ADD, "subtract": K.MERGE_SUB, "multiply": K.MERGE_MUL,
-              "maximum": K.MERGE_MAX, "minimum": K.MERGE_MIN}
+_BINARY_OPS = {"add": K.OP_ADD, "subtract": K.OP_SUB, "multiply": K.OP_MUL, "maximum": K.OP_MAX,
+               "minimum": K.OP_MIN, "div_std": K.OP_DIV_STD, "mul_std": K.OP_MUL_STD}
 
 
 def _rows(a):
@@ -51,9 +57,57 @@ def _rows(a):
     return a.reshape(int(np.prod(shape[:-1])), shape[-1])
 
 
+def _flat(a):
+    """Contiguous device array ``a`` viewed as 1-D (a 0-d array as one element)."""
+    return a.reshape(max(int(np.prod(a.shape)), 1))
+
+
 def _grid1(n: int, sim: bool):
     t = min(32 if sim else 128, max(1, n))
     return ((n + t - 1) // t,), (t,)
+
+
+_LAYOUT_BASE = np.zeros(1, np.uint8)
+
+
+def _layout(shape, select=None):
+    """(shape, element strides, element offset) of ``select(a)`` for a C-contiguous ``a`` of
+    ``shape``: numpy's view rules (transpose, basic slicing, flip, broadcast) applied to an array
+    of no data (one byte per element), as numba's device arrays do for their own views."""
+    shape = tuple(int(n) for n in shape)
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    a = np.lib.stride_tricks.as_strided(_LAYOUT_BASE, shape, tuple(reversed(strides)))
+    v = a if select is None else select(a)
+    offset = v.__array_interface__["data"][0] - _LAYOUT_BASE.__array_interface__["data"][0]
+    return tuple(v.shape), tuple(v.strides), offset
+
+
+def _collapse6(shape, *strides):
+    """``shape`` and each operand's ``strides`` with size-1 axes dropped and neighbours that are
+    contiguous in every operand merged, padded in front to the 6 axes of the strided kernels."""
+    dims = []
+    for k, n in enumerate(shape):
+        if n == 1:
+            continue
+        st = [s[k] for s in strides]
+        if dims and all(ps == s * n for ps, s in zip(dims[-1][1], st)):
+            dims[-1] = (dims[-1][0] * n, st)
+        else:
+            dims.append((n, st))
+    if len(dims) > 6:
+        raise UnsupportedError(f"backend 'cuda': array layouts of more than 6 non-unit axes are "
+                               f"not supported (shape {tuple(shape)})")
+    pad = 6 - len(dims)
+    return ((1,) * pad + tuple(n for n, _ in dims),
+            *((0,) * pad + tuple(st[i] for _, st in dims) for i in range(len(strides))))
+
+
+def _cols(lo: int, hi: int):
+    """A ``WeightCache`` derivation: columns [lo, hi) of a 2-D weight, contiguous."""
+    return ("cols", lo, hi), lambda a: np.ascontiguousarray(a[:, lo:hi])
 
 
 def _serialized_in_simulator(method):
@@ -87,7 +141,6 @@ class CudaOps(ReferenceOps):
         self._launch_lock = threading.RLock() if self.sim else contextlib.nullcontext()
         self.weights = WeightCache()
         self._dummy = to_device(_DUMMY)
-        self._dummy2 = to_device(_DUMMY2)
         self._dummy4 = to_device(_DUMMY4)
         self._dummy_mask = to_device(_DUMMY_MASK, np.uint8)
 
@@ -96,11 +149,26 @@ class CudaOps(ReferenceOps):
         self.weights.clear()
 
     # ---------------------------------------------------------------------------- helpers
-    def _empty(self, shape):
-        return self.cuda.device_array(tuple(int(s) for s in shape), np.float32)
+    def _empty(self, shape, dtype=np.float32):
+        return self.cuda.device_array(tuple(int(s) for s in shape), dtype)
 
-    def _weight(self, w):
-        return self.weights.get(w)
+    def _weight(self, w, derive=None):
+        return self.weights.get(w, derive)
+
+    def device_weight(self, w, derive=None):
+        """The cached device copy of weight ``w`` (or, with ``derive=(name, function)``, of
+        ``function(w)``: the weight in another layout); see ``WeightCache.get``."""
+        return self.weights.get(w, derive)
+
+    def _operand(self, a, dev):
+        """``a`` on the device: a host array next to device activations (``dev``) is a weight."""
+        return a if is_device(a) else (self._weight(a) if dev else to_device(a))
+
+    def _copy_of(self, a):
+        """A new device array holding host or device array ``a`` (as float32)."""
+        out = self._empty(a.shape)
+        out.copy_to_device(a if is_device(a) else np.ascontiguousarray(a, np.float32))
+        return out
 
     def _matmul_into(self, a_mk, b_kn, c_mn, trans_b=False):
         """c = a b (b^T) with 2-D or 3-D (batched) device operands."""
@@ -111,6 +179,95 @@ class CudaOps(ReferenceOps):
         grid = ((n + K.TILE - 1) // K.TILE, (m + K.TILE - 1) // K.TILE, z)
         K.bmm_tiled[grid, (K.TILE, K.TILE)](a3, b3, c3, bool(trans_b))
         return c_mn
+
+    def _copy(self, src, src_view, dst, dst_view):
+        """dst_view(dst) = src_view(src) for C-contiguous device arrays; a view is a function of
+        a numpy array (``lambda v: v.transpose(...)``, ``v[..., 2:5]``, ``np.flip``,
+        ``np.broadcast_to``) or None for the whole array. One ``copy_strided`` launch."""
+        shape, s_str, s_off = _layout(src.shape, src_view)
+        d_shape, d_str, d_off = _layout(dst.shape, dst_view)
+        if shape != d_shape:
+            raise ValueError(f"cuda copy: source view {shape} and destination view {d_shape} "
+                             "differ")
+        n = int(np.prod(shape))
+        if n == 0:
+            return
+        shape6, s6, d6 = _collapse6(shape, s_str, d_str)
+        g, t = _grid1(n, self.sim)
+        K.copy_strided[g, t](_flat(src), s_off, s6, _flat(dst), d_off, d6, shape6)
+
+    # ------------------------------------------------------------ device-array utilities
+    @_serialized_in_simulator
+    def zeros(self, shape, dtype=np.float32):
+        """A new device array of zeros (filled on the device, nothing copied in)."""
+        out = self._empty(shape, dtype)
+        n = int(np.prod(out.shape))
+        if n:
+            g, t = _grid1(n, self.sim)
+            K.fill_flat[g, t](_flat(out), np.dtype(dtype).type(0))
+        return out
+
+    @_serialized_in_simulator
+    def copy_view(self, x, select):
+        """A new C-contiguous array holding ``select(x)``, ``select`` being numpy view rules
+        (transpose, basic slicing, flip, broadcast_to; e.g. ``lambda v: v[:, ::-1]``)."""
+        dev = is_device(x)
+        dx = to_device(x, device_dtype(x.dtype))
+        shape = _layout(dx.shape, select)[0]
+        out = self._empty(shape, dx.dtype)
+        self._copy(dx, select, out, None)
+        return self._back(out, dev)
+
+    @_serialized_in_simulator
+    def as_float32(self, x):
+        """Device array ``x`` (ids, a mask) cast to float32, as layers cast their inputs."""
+        out = self._empty(x.shape)
+        self._copy(x, None, out, None)
+        return out
+
+    def transpose(self, x, axes):
+        """``np.transpose(x, axes)`` as a new C-contiguous array."""
+        axes = tuple(int(a) for a in axes)
+        return self.copy_view(x, lambda v: v.transpose(axes))
+
+    @_serialized_in_simulator
+    def pad(self, x, pads):
+        """``np.pad(x, pads)`` with zeros; ``pads`` is one (before, after) pair per axis."""
+        dev = is_device(x)
+        dx = to_device(x, device_dtype(x.dtype))
+        shape = tuple(dx.shape)
+        out = self.zeros(tuple(n + a + b for n, (a, b) in zip(shape, pads)), dx.dtype)
+        inner = tuple(slice(a, a + n) for n, (a, _) in zip(shape, pads))
+        self._copy(dx, None, out, lambda v: v[inner])
+        return self._back(out, dev)
+
+    @_serialized_in_simulator
+    def nonzero_mask(self, x):
+        """``x != 0`` as a uint8 array (the device form of a bool mask)."""
+        dev = is_device(x)
+        dx = to_device(x, device_dtype(x.dtype))
+        out = self._empty(dx.shape, np.uint8)
+        n = int(np.prod(dx.shape))
+        if n:
+            g, t = _grid1(n, self.sim)
+            K.nonzero_u8[g, t](_flat(dx), dx.dtype.type(0), _flat(out))
+        return self._back(out, dev)
+
+    @_serialized_in_simulator
+    def mask_bias(self, mask, shape):
+        """A Keras attention mask (True, or > 0.5 for numbers, means attend) as an additive bias of
+        ``shape`` (0 or -inf), the mask broadcast to ``shape`` (numpy rules)."""
+        dev = is_device(mask)
+        dm = to_device(mask, device_dtype(mask.dtype))
+        thr = dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0)
+        out = self._empty(shape)
+        n = int(np.prod(shape))
+        if n:
+            shape_b, m_str, m_off = _layout(dm.shape, lambda v: np.broadcast_to(v, tuple(shape)))
+            shape6, m6 = _collapse6(shape_b, m_str)
+            g, t = _grid1(n, self.sim)
+            K.keep_bias_strided[g, t](_flat(dm), m_off, m6, thr, _flat(out), shape6)
+        return self._back(out, dev)
 
     @_serialized_in_simulator
     def matmul(self, a, b, trans_b=False):
@@ -141,7 +298,7 @@ class CudaOps(ReferenceOps):
             return y_rc
         if activation in ("softmax", "log_softmax"):
             g, t = _grid1(rows, self.sim)
-            K.softmax_rows[g, t](y_rc, activation == "log_softmax")
+            K.softmax_oni[g, t](y_rc.reshape(rows, cols, 1), activation == "log_softmax")
             return y_rc
         host = ReferenceOps.activation(self, y_rc.copy_to_host(), activation, alpha)
         return to_device(host)
@@ -157,29 +314,61 @@ class CudaOps(ReferenceOps):
         if (name not in K.CODES and name not in ("softmax", "log_softmax")) or x.size == 0 \
                 or x.ndim == 0:
             return super().activation(to_host(x), name, alpha)
+        if name not in K.CODES:
+            return self._softmax(x, (x.ndim - 1,), name == "log_softmax")
         dx = to_device(x)
         rows = _rows(dx)
         out = self._empty(rows.shape)
-        if name in K.CODES:
-            blocks, threads = _grid2(rows.shape[1], rows.shape[0], self.sim)
-            K.act_rows[blocks, threads](rows, out, K.CODES[name], np.float32(alpha))
-        else:
-            out.copy_to_device(rows)
-            g, t = _grid1(rows.shape[0], self.sim)
-            K.softmax_rows[g, t](out, name == "log_softmax")
+        blocks, threads = _grid2(rows.shape[1], rows.shape[0], self.sim)
+        K.act_rows[blocks, threads](rows, out, K.CODES[name], np.float32(alpha))
         return self._back(out.reshape(dx.shape), dev)
 
     @_serialized_in_simulator
+    def relu(self, x, threshold=0.0, negative_slope=0.0, max_value=None):
+        """Keras ReLU: x where x > threshold, else negative_slope (x - threshold); then at most
+        ``max_value``."""
+        dev = is_device(x)
+        dx = to_device(x)
+        out = self._empty(dx.shape)
+        n = int(np.prod(dx.shape))
+        if n:
+            g, t = _grid1(n, self.sim)
+            K.relu_flat[g, t](_flat(dx), _flat(out), np.float32(threshold),
+                              np.float32(negative_slope),
+                              np.float32(0.0 if max_value is None else max_value),
+                              max_value is not None)
+        return self._back(out, dev)
+
+    def _softmax(self, x, axes, log):
+        """Softmax (or log-softmax) over ``axes``: in place on a copy viewed as (outer, axes,
+        inner) when they are adjacent, else with them moved last and back."""
+        dev = is_device(x)
+        dx = to_device(x)
+        nd = dx.ndim
+        axes = sorted({int(a) % nd for a in axes})
+        if axes != list(range(axes[0], axes[-1] + 1)):
+            rest = [a for a in range(nd) if a not in axes]
+            moved = self.transpose(dx, rest + axes)
+            y = self._softmax(moved, range(len(rest), nd), log)
+            return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
+        shape = tuple(dx.shape)
+        outer, inner = int(np.prod(shape[:axes[0]])), int(np.prod(shape[axes[-1] + 1:]))
+        y = self._copy_of(dx)
+        g, t = _grid1(outer * inner, self.sim)
+        K.softmax_oni[g, t](y.reshape(outer, int(np.prod(shape)) // (outer * inner), inner), log)
+        return self._back(y, dev)
+
+    @_serialized_in_simulator
     def softmax(self, x, axis=-1):
-        if isinstance(axis, int) and x.ndim and axis % x.ndim == x.ndim - 1:
-            return self.activation(x, "softmax")
-        return super().softmax(to_host(x), axis)
+        if x.ndim == 0 or x.size == 0:
+            return super().softmax(to_host(x), axis)
+        return self._softmax(x, axis if isinstance(axis, tuple) else (axis,), False)
 
     @_serialized_in_simulator
     def log_softmax(self, x, axis=-1):
-        if isinstance(axis, int) and x.ndim and axis % x.ndim == x.ndim - 1:
-            return self.activation(x, "log_softmax")
-        return super().log_softmax(to_host(x), axis)
+        if x.ndim == 0 or x.size == 0:
+            return super().log_softmax(to_host(x), axis)
+        return self._softmax(x, axis if isinstance(axis, tuple) else (axis,), True)
 
     # ---------------------------------------------------------------------------- dense
     @_serialized_in_simulator
@@ -263,6 +452,75 @@ class CudaOps(ReferenceOps):
                                        bool(count_include_pad))
         return self._back(y, dev)
 
+    @_serialized_in_simulator
+    def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1),
+                         groups=1, activation="linear", alpha=0.0):
+        """Transposed convolution, one thread per output value (gathering the inputs reaching it)."""
+        dev = is_device(x_nhwc)
+        cout = w_hwio.shape[3] * groups
+        if x_nhwc.size == 0 or min(out_hw) <= 0 or cout == 0:
+            return super().conv_transpose2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides,
+                                            crop, out_hw, dilation, groups, activation, alpha)
+        dx = to_device(x_nhwc)
+        n = dx.shape[0]
+        y = self._empty((n, out_hw[0], out_hw[1], cout))
+        code = K.CODES.get(activation)
+        db = self._dummy if b is None else self._weight(b)
+        blocks, threads = _grid2(cout, n * out_hw[0] * out_hw[1], self.sim)
+        K.conv_transpose2d_nhwc[blocks, threads](
+            dx, self._weight(w_hwio), db, b is not None, y, strides[0], strides[1], dilation[0],
+            dilation[1], crop[0], crop[1], groups, K.LINEAR if code is None else code,
+            np.float32(alpha))
+        if code is None:
+            y = self._epilogue(_rows(y), None, activation, alpha).reshape(y.shape)
+        return self._back(y, dev)
+
+    @_serialized_in_simulator
+    def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+        dev = is_device(x_nhwc)
+        if x_nhwc.size == 0 or min(out_hw) <= 0 or mode not in ("nearest", "bilinear"):
+            return super().upsample2d(to_host(x_nhwc), out_hw, mode, align_corners, scales)
+        dx = to_device(x_nhwc)
+        n, h, w, c = dx.shape
+        y = self._empty((n, out_hw[0], out_hw[1], c))
+        ratios = [resize_ratio(o, size, mode, align_corners, sc)
+                  for o, size, sc in zip(out_hw, (h, w), scales)]
+        blocks, threads = _grid2(c, n * out_hw[0] * out_hw[1], self.sim)
+        K.upsample2d_nhwc[blocks, threads](dx, y, mode == "bilinear", bool(align_corners),
+                                           ratios[0], ratios[1])
+        return self._back(y, dev)
+
+    @_serialized_in_simulator
+    def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+        dev = is_device(x)
+        if x.size == 0 or x.ndim == 0:
+            return super().local_response_norm(to_host(x), size, alpha, beta, k)
+        dx = to_device(x)
+        rows = _rows(dx)
+        out = self._empty(rows.shape)
+        blocks, threads = _grid2(rows.shape[1], rows.shape[0], self.sim)
+        K.lrn_rows[blocks, threads](rows, out, int(size), np.float32(alpha / size),
+                                    np.float32(beta), np.float32(k))
+        return self._back(out.reshape(dx.shape), dev)
+
+    @_serialized_in_simulator
+    def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0, bad=None):
+        """torchvision's RoI max pooling (see ``reference_conv.roi_pool``). A roi whose batch index
+        is not a whole number in [0, N) gives zeros and, given a one-element device array ``bad``,
+        sets bad[0] = 1 (the layer checks the indices before calling a host primitive)."""
+        dev = is_device(x_nhwc)
+        if x_nhwc.size == 0 or rois.shape[0] == 0:
+            return super().roi_pool(to_host(x_nhwc), to_host(rois), output_size, spatial_scale)
+        dx = to_device(x_nhwc)
+        dr = to_device(rois)
+        k, c = dr.shape[0], dx.shape[3]
+        ph, pw = output_size
+        y = self._empty((k, ph, pw, c))
+        blocks, threads = _grid2(c, k * ph * pw, self.sim)
+        K.roi_pool_nhwc[blocks, threads](dx, dr, np.float32(spatial_scale), y,
+                                         self.zeros((1,)) if bad is None else bad)
+        return self._back(y, dev)
+
     # ------------------------------------------------------------------------ attention
     @_serialized_in_simulator
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
@@ -277,7 +535,7 @@ class CudaOps(ReferenceOps):
         elif is_device(bias):
             db = bias if bias.ndim == 4 else bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
             if db.shape[3] != tk:
-                db = to_device(np.broadcast_to(db.copy_to_host(), tuple(db.shape)[:3] + (tk,)))
+                db = self.copy_view(db, lambda v: np.broadcast_to(v, v.shape[:3] + (tk,)))
         else:
             b = np.asarray(bias, np.float32)
             b = b.reshape((1,) * (4 - b.ndim) + b.shape)
@@ -311,6 +569,92 @@ class CudaOps(ReferenceOps):
                           out.reshape(nb * nh, tq, dv))
         return self._back(out, dev), self._back(w, dev)
 
+    @_serialized_in_simulator
+    def tanh_scores(self, q_pqd, k_pkd, w_d, inner=1.0, outer=1.0):
+        """s[p, i, j] = outer sum_d w[d] tanh(inner (q[p, i, d] + k[p, j, d])) (w None: ones):
+        additive (Bahdanau) and "concat" attention scores, (P, Tq, Tk)."""
+        dev = is_device(q_pqd)
+        dq, dk = to_device(q_pqd), self._operand(k_pkd, dev)
+        p, tq, tk = dq.shape[0], dq.shape[1], dk.shape[1]
+        s = self._empty((p, tq, tk))
+        if p * tq * tk:
+            blocks, threads = _grid2(tk, p * tq, self.sim)
+            dw = self._dummy if w_d is None else self._weight(w_d)
+            K.tanh_scores[blocks, threads](dq, dk, dw, w_d is not None, np.float32(inner),
+                                           np.float32(outer), s)
+        return self._back(s, dev)
+
+    @_serialized_in_simulator
+    def hard_attention(self, s_pqk, causal=False):
+        """One-hot weights at the first argmax over the last axis of scores (P, Tq, Tk) (keys after
+        the query excluded if ``causal``; NaN wins, as np.argmax)."""
+        dev = is_device(s_pqk)
+        ds = to_device(s_pqk)
+        w = self._empty(ds.shape)
+        rows = ds.shape[0] * ds.shape[1]
+        if rows and ds.shape[2]:
+            g, t = _grid1(rows, self.sim)
+            K.hard_attention_rows[g, t](ds, bool(causal), w)
+        return self._back(w, dev)
+
+    # ---------------------------------------------------------------- embeddings and trees
+    def _indices(self, ids, bad):
+        """``ids`` as a flat int64 device array; device floats are checked to be whole numbers
+        (else index -1 and bad[0] = 1); host ids were checked by the layer."""
+        n = int(np.prod(ids.shape))
+        if not is_device(ids):
+            return to_device(np.asarray(ids).astype(np.int64).reshape(n), np.int64)
+        if ids.dtype == np.int64:
+            return _flat(ids) if n else ids.reshape(0)
+        out = self._empty((n,), np.int64)
+        if n:
+            g, t = _grid1(n, self.sim)
+            K.whole_floats_to_int64[g, t](_flat(ids), out, bad)
+        return out
+
+    @_serialized_in_simulator
+    def embedding(self, ids, table, bad=None):
+        """y[..., :] = table[ids[...], :]. On the device an id that is not a whole number in
+        [0, V) gives a zero row and, given a one-element device array ``bad``, sets bad[0] = 1
+        (the Embedding layer checks host ids itself)."""
+        dev = is_device(ids)
+        flag = self.zeros((1,)) if bad is None else bad
+        shape = tuple(ids.shape)
+        di = self._indices(ids, flag)
+        out = self._empty((di.shape[0], table.shape[1]))
+        if di.shape[0] and table.shape[1]:
+            blocks, threads = _grid2(table.shape[1], di.shape[0], self.sim)
+            K.gather_rows[blocks, threads](di, self._weight(table), out, flag)
+        return self._back(out.reshape(shape + (table.shape[1],)), dev)
+
+    @_serialized_in_simulator
+    def hsoftmax_log_probs(self, x, w_in, b_n, path_nodes, path_signs):
+        dev = is_device(x)
+        if x.shape[0] == 0:
+            return super().hsoftmax_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs)
+        z = self.dense(to_device(x), w_in, b_n)
+        out = self._empty((z.shape[0], path_nodes.shape[0]))
+        blocks, threads = _grid2(path_nodes.shape[0], z.shape[0], self.sim)
+        K.hsoftmax_rows[blocks, threads](z, self._weight(path_nodes), self._weight(path_signs), out)
+        return self._back(out, dev)
+
+    @_serialized_in_simulator
+    def hsoftmax_class_log_probs(self, x, w_in, b_n, path_nodes, path_signs, classes, bad=None):
+        """As ReferenceOps; on the device a class that is not a whole number in [0, C) gives 0 and,
+        given a one-element device array ``bad``, sets bad[0] = 1."""
+        dev = is_device(x)
+        if x.shape[0] == 0:
+            return super().hsoftmax_class_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs,
+                                                    to_host(classes))
+        flag = self.zeros((1,)) if bad is None else bad
+        z = self.dense(to_device(x), w_in, b_n)
+        dc = self._indices(classes, flag)
+        out = self._empty((z.shape[0],))
+        g, t = _grid1(z.shape[0], self.sim)
+        K.hsoftmax_class_rows[g, t](z, self._weight(path_nodes), self._weight(path_signs), dc,
+                                    out, flag)
+        return self._back(out, dev)
+
     # ------------------------------------------------------------------------ recurrent
     def _input_projection(self, x_bti, w_ig, b_g):
         """xw = x w_ig + b over every time step at once, (B, T, G) on the device."""
@@ -326,24 +670,52 @@ class CudaOps(ReferenceOps):
         """(B, T) step mask as uint8 on the device (a (1, 1) dummy when None)."""
         if mask_bt is None:
             return self._dummy_mask
-        return to_device(np.ascontiguousarray(to_host(mask_bt), np.uint8), np.uint8)
+        if is_device(mask_bt):
+            return mask_bt if mask_bt.dtype == np.uint8 else self.nonzero_mask(mask_bt)
+        return to_device(np.ascontiguousarray(mask_bt, np.uint8), np.uint8)
 
     def _recurrent_loop(self, x_bti, out_size, h0, y0, dmask, has_mask, reverse,
                         return_sequences, zero_masked, step):
         """The time loop on the host, every array on the device: ``step(t, h)`` writes the new
         output into a (B, out_size) buffer it returns; masking and outputs are committed here."""
         nb, t_len = x_bti.shape[0], x_bti.shape[1]
-        h = self._empty((nb, out_size))
-        h.copy_to_device(np.ascontiguousarray(to_host(h0), np.float32))
-        carried = to_device(np.zeros((nb, out_size), np.float32) if y0 is None
-                            else np.ascontiguousarray(to_host(y0), np.float32))
-        ys = to_device(np.zeros((nb, t_len if return_sequences else 1, out_size), np.float32))
+        h = self._copy_of(h0)
+        carried = self.zeros((nb, out_size)) if y0 is None else self._copy_of(y0)
+        ys = self.zeros((nb, t_len if return_sequences else 1, out_size))
         blocks, threads = _grid2(out_size, nb, self.sim)
         for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
             hn = step(t, h)
             K.commit_step[blocks, threads](hn, h, carried, ys, t, t if return_sequences else 0,
                                            dmask, has_mask, bool(zero_masked))
         return (ys if return_sequences else ys.reshape(nb, out_size)), h
+
+    @_serialized_in_simulator
+    def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None,
+                     reverse=False, return_sequences=True, zero_masked=False, y0=None):
+        """SimpleRNN over time on the device: per step the tiled h w_hh product, one gate kernel."""
+        code = K.CODES.get(activation)
+        dev = is_device(x_bti)
+        if code is None or 0 in x_bti.shape:
+            return super().rnn_sequence(
+                to_host(x_bti), to_host(w_ih), to_host(w_hh), to_host(b), to_host(h0),
+                activation=activation, mask_bt=to_host(mask_bt), reverse=reverse,
+                return_sequences=return_sequences, zero_masked=zero_masked, y0=to_host(y0))
+        nb, units = x_bti.shape[0], w_hh.shape[0]
+        xw = self._input_projection(x_bti, w_ih, b)
+        dw_hh = self._weight(w_hh)
+        rec = self._empty((nb, units))
+        hn = self._empty((nb, units))
+        blocks, threads = _grid2(units, nb, self.sim)
+
+        def step(t, h):
+            self._matmul_into(h, dw_hh, rec)
+            K.rnn_gates[blocks, threads](xw, t, rec, hn, code)
+            return hn
+
+        y, h = self._recurrent_loop(x_bti, units, h0, y0, self._mask(mask_bt),
+                                    mask_bt is not None, reverse, return_sequences, zero_masked,
+                                    step)
+        return self._back(y, dev), self._back(h, dev)
 
     @_serialized_in_simulator
     def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
@@ -364,7 +736,7 @@ class CudaOps(ReferenceOps):
         out_size = w_hg.shape[0]
         xw = self._input_projection(x_bti, w_ig, b_g)
         dw_hg, dw_hp = self._weight(w_hg), self._weight(w_hp)
-        c = to_device(np.array(to_host(c0), np.float32, order="C", copy=True))
+        c = self._copy_of(c0)
         rec = self._empty((nb, 4 * units))
         hc = self._empty((nb, units))
         hp = self._empty((nb, out_size)) if w_hp is not None else None
@@ -412,9 +784,8 @@ class CudaOps(ReferenceOps):
                                                    act, ract)
                 return hn
         else:
-            w_host = to_host(w_hg)
-            dw_zr = to_device(np.ascontiguousarray(w_host[:, :2 * units]))
-            dw_h = to_device(np.ascontiguousarray(w_host[:, 2 * units:]))
+            dw_zr = self._weight(w_hg, _cols(0, 2 * units))
+            dw_h = self._weight(w_hg, _cols(2 * units, 3 * units))
             rec2 = self._empty((nb, 2 * units))
             rec1 = self._empty((nb, units))
             z = self._empty((nb, units))
@@ -436,62 +807,83 @@ class CudaOps(ReferenceOps):
     @_serialized_in_simulator
     def batch_norm(self, x, scale, shift, axis=-1):
         dev = is_device(x)
-        if x.size == 0 or x.ndim == 0 or axis % x.ndim != x.ndim - 1:
+        if x.size == 0 or x.ndim == 0:
             return super().batch_norm(to_host(x), to_host(scale), to_host(shift), axis)
         dx = to_device(x)
-        rows = _rows(dx)
-        out = self._empty(rows.shape)
-        blocks, threads = _grid2(rows.shape[1], rows.shape[0], self.sim)
-        K.scale_shift_rows[blocks, threads](rows, self._weight(scale), self._weight(shift), out)
-        return self._back(out.reshape(tuple(dx.shape)), dev)
+        shape = tuple(dx.shape)
+        axis %= len(shape)
+        x3 = dx.reshape(int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])))
+        out = self._empty(x3.shape)
+        blocks, threads = _grid2(x3.shape[2], x3.shape[0] * x3.shape[1], self.sim)
+        K.scale_shift_oci[blocks, threads](x3, self._weight(scale), self._weight(shift), out)
+        return self._back(out.reshape(shape), dev)
 
     @_serialized_in_simulator
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
+        """As ReferenceOps: one thread per row of the normalized axes (moved last when they are not
+        the trailing axes; gamma and beta have the normalized axes' shape)."""
         dev = is_device(x)
-        if x.size == 0 or x.ndim == 0 or tuple(a % x.ndim for a in axes) != (x.ndim - 1,):
+        if x.size == 0 or x.ndim == 0:
             return super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes,
                                       rms)
         dx = to_device(x)
-        rows = _rows(dx)
+        nd = dx.ndim
+        axes = sorted({int(a) % nd for a in axes})
+        if axes != list(range(nd - len(axes), nd)):
+            rest = [a for a in range(nd) if a not in axes]
+            y = self.layer_norm(self.transpose(dx, rest + axes), gamma, beta, epsilon,
+                                range(len(rest), nd), rms)
+            return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
+        shape = tuple(dx.shape)
+        n = int(np.prod(shape[nd - len(axes):]))
+        rows = dx.reshape(int(np.prod(shape)) // n, n)
         out = self._empty(rows.shape)
         g, t = _grid1(rows.shape[0], self.sim)
-        K.layer_norm_rows[g, t](rows, self._dummy if gamma is None else self._weight(gamma),
-                                gamma is not None,
-                                self._dummy if beta is None else self._weight(beta),
-                                beta is not None, np.float32(epsilon), bool(rms), out)
-        return self._back(out.reshape(tuple(dx.shape)), dev)
+        K.layer_norm_rows[g, t](
+            rows, self._dummy if gamma is None else _flat(self._weight(gamma)), gamma is not None,
+            self._dummy if beta is None else _flat(self._weight(beta)), beta is not None,
+            np.float32(epsilon), bool(rms), out)
+        return self._back(out.reshape(shape), dev)
 
     @_serialized_in_simulator
     def global_pool(self, x, kind, axes, keepdims=False):
-        """Max or mean over ``axes`` (on the device when they are all the axes between the first
-        and the last, e.g. NHWC (1, 2))."""
+        """Max or mean over ``axes`` (on the device when they are adjacent and not the batch axis,
+        e.g. NHWC (1, 2) or NCHW (2, 3))."""
         dev = is_device(x)
         nd = x.ndim
-        axes_n = tuple(sorted(a % nd for a in axes)) if nd else ()
-        if x.size == 0 or nd < 3 or axes_n != tuple(range(1, nd - 1)):
+        axes_n = sorted({a % nd for a in axes}) if nd else []
+        if x.size == 0 or not axes_n or axes_n[0] == 0 or \
+                axes_n != list(range(axes_n[0], axes_n[-1] + 1)):
             return super().global_pool(to_host(x), kind, axes, keepdims)
         shape = tuple(x.shape)
         dx = to_device(x)
-        x3 = dx.reshape(shape[0], int(np.prod(shape[1:-1])), shape[-1])
-        y = self._empty((shape[0], shape[-1]))
-        blocks, threads = _grid2(shape[-1], shape[0], self.sim)
+        outer, inner = int(np.prod(shape[:axes_n[0]])), int(np.prod(shape[axes_n[-1] + 1:]))
+        x3 = dx.reshape(outer, int(np.prod(shape)) // (outer * inner), inner)
+        y = self._empty((outer, inner))
+        blocks, threads = _grid2(inner, outer, self.sim)
         K.global_pool_nhwc[blocks, threads](x3, y, kind == "max")
-        if keepdims:
-            y = y.reshape((shape[0],) + (1,) * (nd - 2) + (shape[-1],))
-        return self._back(y, dev)
+        kept = tuple(1 if a in axes_n else n for a, n in enumerate(shape)
+                     if keepdims or a not in axes_n)
+        return self._back(y.reshape(kept), dev)
 
     @_serialized_in_simulator
-    def merge(self, a, b, op, scale=1.0):
-        """scale (a op b) elementwise for same-shape arrays; op in "add", "subtract", "multiply",
-        "maximum", "minimum" (the merge layers on the device)."""
+    def merge(self, a, b, op, alpha=1.0, beta=1.0):
+        """(alpha a) op (beta b) elementwise with numpy broadcasting, op in "add", "subtract",
+        "multiply", "maximum", "minimum" (NaN wins), "div_std" (a / max(sqrt(b), 1e-7)) and
+        "mul_std" (a max(sqrt(b), 1e-7)): the merge layers, Rescaling and Normalization."""
         dev = is_device(a) or is_device(b)
-        shape = tuple(a.shape)
-        da, db = to_device(a), to_device(b)
+        da, db = self._operand(a, dev), self._operand(b, dev)
+        shape = np.broadcast_shapes(tuple(da.shape), tuple(db.shape))
+        out = self._empty(shape)
         n = int(np.prod(shape))
-        out = self._empty((n,))
-        g, t = _grid1(n, self.sim)
-        K.merge_flat[g, t](da.reshape(n), db.reshape(n), out, _MERGE_OPS[op], np.float32(scale))
-        return self._back(out.reshape(shape), dev)
+        if n:
+            _, a_str, a_off = _layout(da.shape, lambda v: np.broadcast_to(v, shape))
+            _, b_str, b_off = _layout(db.shape, lambda v: np.broadcast_to(v, shape))
+            shape6, a6, b6 = _collapse6(shape, a_str, b_str)
+            g, t = _grid1(n, self.sim)
+            K.binary_strided[g, t](_flat(da), a_off, a6, _flat(db), b_off, b6, _flat(out), shape6,
+                                   _BINARY_OPS[op], np.float32(alpha), np.float32(beta))
+        return self._back(out, dev)
 
     @_serialized_in_simulator
     def concatenate(self, xs, axis=-1):
@@ -499,20 +891,14 @@ class CudaOps(ReferenceOps):
         dev = any(map(is_device, xs))
         shapes = [tuple(a.shape) for a in xs]
         axis %= len(shapes[0])
-        outer = int(np.prod(shapes[0][:axis]))
-        inner = int(np.prod(shapes[0][axis + 1:]))
         total = sum(s[axis] for s in shapes)
-        out = self._empty((outer, total * inner))
-        col0 = 0
+        out = self._empty(shapes[0][:axis] + (total,) + shapes[0][axis + 1:])
+        start = 0
         for a, shape in zip(xs, shapes):
-            cols = shape[axis] * inner
-            if outer and cols:
-                src = to_device(a).reshape(outer, cols)
-                blocks, threads = _grid2(cols, outer, self.sim)
-                K.copy_cols[blocks, threads](src, out, col0)
-            col0 += cols
-        y = out.reshape(shapes[0][:axis] + (total,) + shapes[0][axis + 1:])
-        return self._back(y, dev)
+            place = (slice(None),) * axis + (slice(start, start + shape[axis]),)
+            self._copy(to_device(a), None, out, lambda v, place=place: v[place])
+            start += shape[axis]
+        return self._back(out, dev)
 
     # ------------------------------------------------------------------------ residency
     @_serialized_in_simulator
