@@ -17,7 +17,7 @@ from numba import prange
 from .._jit import njit
 from . import _elementwise
 from ._blas import SGEMM, sgemm
-from ._split import shares
+from ._split import shares, thread_count
 
 #: Fewest multiply-adds (x2) in one thread's share of a product.
 MIN_SHARE_FLOPS = 1 << 21
@@ -57,10 +57,14 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0):
     n = b_kn.shape[1]
     b = _EMPTY if bias is None else bias
     flops = 2 * m * n * k
+    if SGEMM is None or flops < 2 * MIN_SHARE_FLOPS or thread_count() == 1:
+        np.matmul(a_mk, b_kn, out=out_mn)            # too small to share: no slot to take
+        if code != _elementwise.LINEAR or bias is not None:
+            _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
+        return out_mn
     by_rows = m >= ROW_SPLIT_MIN
     units = m if by_rows else -(-n // COLUMN_STEP)
-    with shares(units if SGEMM is not None and flops >= 2 * MIN_SHARE_FLOPS else 1,
-                max(1, units * MIN_SHARE_FLOPS // max(flops, 1))) as parts:
+    with shares(units, max(1, units * MIN_SHARE_FLOPS // flops)) as parts:
         if parts > 1:
             _matmul_shares(SGEMM, a_mk, b_kn, out_mn, b, code, np.float32(alpha), parts, by_rows)
             if by_rows:

@@ -197,6 +197,9 @@ def shares(rows: int, min_rows: int = 8):
 def run_parallel(kernel, driver, args: tuple, rows: int, min_rows: int = 8) -> None:
     """``kernel(*args, begin, end)`` over [0, rows), or ``driver(*args, parts)``, its ``prange``
     over ``parts`` equal shares, when ``shares`` gives more than one."""
+    if min(thread_count(), rows // max(min_rows, 1)) <= 1:
+        kernel(*args, 0, rows)          # the common small call: no slot, no context manager
+        return
     with shares(rows, min_rows) as parts:
         if parts == 1:
             kernel(*args, 0, rows)
