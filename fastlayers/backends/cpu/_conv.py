@@ -1,8 +1,8 @@
 """Numba kernels of the convolution and pooling family, NHWC activations.
 
-Kernels are serial and work on a range of output rows, so ``_split.run_rows`` can share the rows
-among Python threads (the kernels release the GIL): Numba's OpenMP pool, spinning after each
-parallel kernel, starved OpenBLAS's threads when the two alternate (see docs/design.md). Innermost loops run over contiguous channels of sliced views
+Kernels are serial and work on a range of output rows; each has a ``prange`` driver
+(``kernel_par``, at the end) that ``_split.run_parallel`` uses to share the rows among Numba's
+threads (docs/design.md, "Threads"). Innermost loops run over contiguous channels of sliced views
 (indices from 0), so LLVM vectorizes them; bounds are checked per window row and column, never
 per channel. The primitives in ``conv_ops.py`` allocate, validate and call
 ``apply_num_threads`` before launching.
