@@ -21,7 +21,8 @@ _lock = threading.Lock()
 _cache: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
 
 
-def _forget(key, ref) -> None:
+def _forget(key, ref, _lock=_lock, _cache=_cache) -> None:
+    # the module's globals are bound as defaults: at interpreter exit they may be gone already
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is ref:
@@ -36,7 +37,7 @@ def derived(source, kind: str, make: Callable):
         return hit[1]
     value = make(source)
     try:
-        ref = weakref.ref(source, lambda r, key=key: _forget(key, r))
+        ref = weakref.ref(source, lambda r, key=key, forget=_forget: forget(key, r))
     except TypeError:          # not weak-referenceable: nothing to key the cache on
         return value
     with _lock:

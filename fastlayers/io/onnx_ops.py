@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
+from ..backends.derived import derived
 from ..backends.reference import erfc64, fold_batch_norm
 from ..errors import UnsupportedError
 
@@ -662,6 +663,11 @@ def _recurrent_fast(kind, inputs, attrs):
     h0, c0 = states(h0), states(c0)
     ops = get_ops()
     ys, hs, cs = [], [], []
+
+    def kernel(m, d, kind, reorder=lambda a: a):
+        """Direction d of W or R as (input, gates * hidden), computed once per weight array."""
+        return derived(m, f"onnx-{kind}-kernel:{d}", lambda a: _f32(reorder(a[d]).T))
+
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
         wb = b[d, :b.shape[1] // 2] if b is not None else np.zeros(w.shape[1], np.float32)
@@ -671,18 +677,20 @@ def _recurrent_fast(kind, inputs, attrs):
             order = [0, 2, 3, 1]
             blocks = lambda m: m.reshape(4, hidden, -1)[order].reshape(4 * hidden, -1)  # noqa: E731
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else _f32(c0[d])
-            y, h, c = ops.lstm_sequence(x_bti, _f32(blocks(w[d]).T), _f32(blocks(r[d]).T),
-                                        _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)), h_init,
-                                        c_init, reverse=reverse)
+            y, h, c = ops.lstm_sequence(
+                x_bti, kernel(w, d, "lstm", blocks), kernel(r, d, "lstm", blocks),
+                _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)), h_init, c_init,
+                reverse=reverse)
             cs.append(c)
         elif kind == "GRU":
             lbr = bool(attrs.get("linear_before_reset", 0))
-            y, h = ops.gru_sequence(x_bti, _f32(w[d].T), _f32(r[d].T), _f32(wb if lbr else wb + rb),
-                                    _f32(rb) if lbr else None, h_init, reset_after=lbr, reverse=reverse)
+            y, h = ops.gru_sequence(x_bti, kernel(w, d, "gru"), kernel(r, d, "gru"),
+                                    _f32(wb if lbr else wb + rb), _f32(rb) if lbr else None,
+                                    h_init, reset_after=lbr, reverse=reverse)
         else:
             act = names[0] if names else "tanh"
-            y, h = ops.rnn_sequence(x_bti, _f32(w[d].T), _f32(r[d].T), _f32(wb + rb), h_init,
-                                    activation=act, reverse=reverse)
+            y, h = ops.rnn_sequence(x_bti, kernel(w, d, "rnn"), kernel(r, d, "rnn"),
+                                    _f32(wb + rb), h_init, activation=act, reverse=reverse)
         ys.append(y)
         hs.append(h)
     y = np.stack(ys, axis=1)            # (B, num_dir, T, H)

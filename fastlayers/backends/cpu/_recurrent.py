@@ -18,7 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._jit import njit
+from numba import prange, types
+from numba.extending import overload
+
+from .._jit import FASTMATH, njit
+from ._blas import sgemm
+from ._sync import barrier
 from ._vexp import exp_inplace
 
 TANH, SIGMOID, RELU, LINEAR, HARD_SIGMOID = 0, 1, 2, 3, 4
@@ -96,172 +101,264 @@ def _gemv(h_k, w_kn, out_n):
         k += 1
 
 
-@njit(inline=True)
-def _matmul(a_bk, w_kn, out_bn):
-    """out = a @ w: our own gemv at batch 1, BLAS sgemm otherwise."""
-    if a_bk.shape[0] == 1:
-        _gemv(a_bk[0], w_kn, out_bn[0])
+#: Largest m * n * k of one sgemm call in the recurrent products: OpenBLAS multiplies products
+#: up to about this size without packing the operands (its small-matrix kernels), which made a
+#: (32, 256) @ (256, 1024) step 1.7x faster in blocks of 64 columns than in one call
+#: (docs/design.md, "Recurrent loops").
+SMALL_GEMM = 1 << 19
+
+
+def _product(fn, a_bk, w_kn, out_bn):
+    """out[:, :n] = a @ w (n = w's columns): the gemv above at batch 1, else single-threaded sgemm
+    calls through ``fn`` (``_blas.SGEMM``); without sgemm (``fn`` None) the gemv per row."""
+    np.matmul(a_bk, w_kn, out=out_bn[:, :w_kn.shape[1]])
+
+
+@overload(_product, jit_options={"fastmath": FASTMATH, "nogil": True})
+def _product_impl(fn, a_bk, w_kn, out_bn):
+    if isinstance(fn, types.NoneType):
+        def product(fn, a_bk, w_kn, out_bn):
+            for b in range(a_bk.shape[0]):
+                _gemv(a_bk[b], w_kn, out_bn[b])
     else:
-        np.dot(a_bk, w_kn, out_bn)
+        def product(fn, a_bk, w_kn, out_bn):
+            m, k = a_bk.shape
+            n = w_kn.shape[1]
+            if m == 1:
+                _gemv(a_bk[0], w_kn, out_bn[0])
+            elif m * k * 32 > SMALL_GEMM:
+                sgemm(fn, a_bk, w_kn, out_bn[:, :n], False, 0.0)
+            else:
+                step = 32
+                while 2 * step * m * k <= SMALL_GEMM and step < n:
+                    step *= 2
+                for c0 in range(0, n, step):
+                    c1 = min(n, c0 + step)
+                    sgemm(fn, a_bk, w_kn[:, c0:c1], out_bn[:, c0:c1], False, 0.0)
+    return product
 
 
 @njit(inline=True)
-def _emit(ts, b, valid, zero_masked, h_row, last_bp, y_btp):
-    """Outputs of one sample at step ts: the carried output and, with sequences, y[b, ts]."""
-    p = h_row.shape[0]
+def _add_blocks(g, src, blocks, n, width, u0):
+    """g[k n + j] += src[k width + u0 + j] for k < blocks, j < n: a share's columns of each gate
+    block of a full-width row (``src``) added to its packed gates (``g``)."""
+    for k in range(blocks):
+        for j in range(n):
+            g[k * n + j] += src[k * width + u0 + j]
+
+
+@njit(inline=True)
+def _emit(ts, b, valid, zero_masked, h_row, c0, c1, last_bp, y_btp):
+    """Outputs of sample ``b`` at step ``ts`` in columns c0:c1: the carried output and, with
+    sequences, y[b, ts]."""
     if valid:
-        for j in range(p):
+        for j in range(c0, c1):
             last_bp[b, j] = h_row[j]
     if y_btp.shape[1] > 0:
         yr = y_btp[b, ts]
         if valid or not zero_masked:
-            for j in range(p):
+            for j in range(c0, c1):
                 yr[j] = last_bp[b, j]
         else:
-            for j in range(p):
+            for j in range(c0, c1):
                 yr[j] = _ZERO
 
 
-_SIG_COMMON = "uint8[:, ::1], boolean, boolean, int64, int64, float32[:, :, ::1], float32[:, ::1]"
+@njit(inline=True)
+def _carry(cur_bh, nxt_bh, b, c0, c1):
+    """A masked step keeps sample ``b``'s state: nxt[b, c0:c1] = cur[b, c0:c1]."""
+    for j in range(c0, c1):
+        nxt_bh[b, j] = cur_bh[b, j]
 
 
-@njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1], "
-                  "float32[:, ::1], " + _SIG_COMMON + ", float32[:, ::1], float32[:, ::1], "
-                  "float32[:, ::1], float32[::1], int32[::1])",))
-def lstm_loop(xw_btg, w_hg, w_hp, h_bp, c_bh, mask_tb, reverse, zero_masked, act, ract, y_btp,
-              last_bp, gates_bg, hfull_bh, hproj_bp, tmp, bits):
-    """[i f g o] = xw[t] + h w_hg; c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp."""
-    batch, t_len, _ = xw_btg.shape
-    units = c_bh.shape[1]
-    has_mask = mask_tb.shape[0] > 0
-    has_proj = w_hp.shape[0] > 0
-    for s in range(t_len):
-        ts = t_len - 1 - s if reverse else s
-        _matmul(h_bp, w_hg, gates_bg)
-        for b in range(batch):
-            valid = (not has_mask) or mask_tb[ts, b] != 0
-            if not valid:
-                continue
-            g = gates_bg[b]
-            xr = xw_btg[b, ts]
-            for j in range(4 * units):
-                g[j] += xr[j]
-            act_inplace(g[:2 * units], ract, tmp, bits)
-            act_inplace(g[2 * units:3 * units], act, tmp, bits)
-            act_inplace(g[3 * units:], ract, tmp, bits)
-            cr = c_bh[b]
-            hr = hfull_bh[b]
-            for j in range(units):
-                cn = g[units + j] * cr[j] + g[j] * g[2 * units + j]
-                cr[j] = cn
-                hr[j] = cn
-            act_inplace(hr, act, tmp, bits)
-            for j in range(units):
-                hr[j] *= g[3 * units + j]
-            if not has_proj:
-                for j in range(units):
-                    h_bp[b, j] = hr[j]
-        if has_proj:
-            _matmul(hfull_bh, w_hp, hproj_bp)
-            for b in range(batch):
-                if (not has_mask) or mask_tb[ts, b] != 0:
-                    for j in range(h_bp.shape[1]):
-                        h_bp[b, j] = hproj_bp[b, j]
-        for b in range(batch):
-            valid = (not has_mask) or mask_tb[ts, b] != 0
-            _emit(ts, b, valid, zero_masked, h_bp[b], last_bp, y_btp)
+@njit()
+def lstm_share(fn, xw_btg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
+               act, ract, y_btp, last_bp, gates_pbg, proj_pbq, tmp_pg, bits_pg, ubounds, qbounds,
+               sync, p):
+    """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
+    c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp (outputs qbounds[p:p + 2]).
 
-
-@njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], float32[::1], "
-                  "float32[:, ::1], " + _SIG_COMMON + ", float32[:, ::1], float32[:, ::1], "
-                  "float32[:, ::1], float32[::1], int32[::1])",))
-def gru_loop(xw_btg, w_hg, w_hn, b_hg, h_bh, mask_tb, reverse, zero_masked, act, ract, y_bth,
-             last_bh, rec_bg, rh_bh, cand_bh, tmp, bits):
-    """z, r = ract(xw + h u + b_hg); cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or
-    act(xw_h + (r h) w_hn); h = z h + (1 - z) cand.
-
-    reset_after: ``w_hn`` is empty and ``w_hg``/``rec_bg`` hold the 3 blocks; otherwise they hold
-    z and r (2 blocks) and ``w_hn`` the candidate block. An empty ``b_hg`` means no recurrent bias.
+    ``w_pkg[p]`` holds the share's columns of the 4 gate blocks side by side; ``hbuf`` is the
+    state of even and odd steps (step s reads hbuf[s % 2], writes hbuf[(s + 1) % 2]).
     """
     batch, t_len, _ = xw_btg.shape
-    units = h_bh.shape[1]
+    units = c_bh.shape[1]
+    parts = ubounds.shape[0] - 1
+    u0 = ubounds[p]
+    n = ubounds[p + 1] - u0
+    has_proj = wp_pkq.shape[0] > 0
+    q0, q1 = (qbounds[p], qbounds[p + 1]) if has_proj else (u0, u0 + n)
     has_mask = mask_tb.shape[0] > 0
-    reset_after = w_hn.shape[0] == 0
-    has_bias = b_hg.shape[0] > 0
+    gates, tmp, bits = gates_pbg[p], tmp_pg[p], bits_pg[p]
+    met = 0
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
-        _matmul(h_bh, w_hg, rec_bg)
+        cur, nxt = hbuf_2bp[s % 2], hbuf_2bp[(s + 1) % 2]
+        _product(fn, cur, w_pkg[p], gates)
+        for b in range(batch):
+            if has_mask and mask_tb[ts, b] == 0:
+                if not has_proj:
+                    _carry(cur, nxt, b, u0, u0 + n)
+                continue
+            g = gates[b]
+            _add_blocks(g, xw_btg[b, ts], 4, n, units, u0)
+            act_inplace(g[:2 * n], ract, tmp, bits)
+            act_inplace(g[2 * n:3 * n], act, tmp, bits)
+            act_inplace(g[3 * n:4 * n], ract, tmp, bits)
+            cr = c_bh[b]
+            hr = hfull_bh[b] if has_proj else nxt[b]
+            for j in range(n):
+                cn = g[n + j] * cr[u0 + j] + g[j] * g[2 * n + j]
+                cr[u0 + j] = cn
+                hr[u0 + j] = cn
+            act_inplace(hr[u0:u0 + n], act, tmp, bits)
+            for j in range(n):
+                hr[u0 + j] *= g[3 * n + j]
+        if has_proj:
+            met += 1
+            if not barrier(sync, parts, met):
+                return
+            proj = proj_pbq[p]
+            _product(fn, hfull_bh, wp_pkq[p], proj)
+            for b in range(batch):
+                if has_mask and mask_tb[ts, b] == 0:
+                    _carry(cur, nxt, b, q0, q1)
+                else:
+                    for j in range(q1 - q0):
+                        nxt[b, q0 + j] = proj[b, j]
+        for b in range(batch):
+            valid = (not has_mask) or mask_tb[ts, b] != 0
+            _emit(ts, b, valid, zero_masked, nxt[b], q0, q1, last_bp, y_btp)
+        met += 1
+        if not barrier(sync, parts, met):
+            return
+
+
+@njit()
+def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
+              act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg, bits_pg, ubounds, sync, p):
+    """Share ``p`` of the GRU loop, units u0:u1 = ubounds[p:p + 2]: z, r = ract(xw + h u + b_hg);
+    cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or act(xw_h + (r h) w_hn);
+    h = z h + (1 - z) cand.
+
+    reset_after: ``wn_pkn`` is empty and ``w_pkg[p]`` holds the share's columns of the 3 blocks;
+    otherwise of z and r, and ``wn_pkn[p]`` its candidate columns (a second barrier per step:
+    r h must be complete first). An empty ``b_hg`` means no recurrent bias.
+    """
+    batch, t_len, _ = xw_btg.shape
+    units = hbuf_2bh.shape[2]
+    parts = ubounds.shape[0] - 1
+    u0 = ubounds[p]
+    n = ubounds[p + 1] - u0
+    has_mask = mask_tb.shape[0] > 0
+    reset_after = wn_pkn.shape[0] == 0
+    has_bias = b_hg.shape[0] > 0
+    gates, cand, tmp, bits = gates_pbg[p], cand_pbn[p], tmp_pg[p], bits_pg[p]
+    met = 0
+    for s in range(t_len):
+        ts = t_len - 1 - s if reverse else s
+        cur, nxt = hbuf_2bh[s % 2], hbuf_2bh[(s + 1) % 2]
+        _product(fn, cur, w_pkg[p], gates)
         for b in range(batch):
             if has_mask and mask_tb[ts, b] == 0:
                 continue
-            g = rec_bg[b]
+            g = gates[b]
             xr = xw_btg[b, ts]
             if has_bias:
-                for j in range(g.shape[0]):
-                    g[j] += b_hg[j]
-            for j in range(2 * units):
-                g[j] += xr[j]
-            act_inplace(g[:2 * units], ract, tmp, bits)
-            cr = cand_bh[b]
+                _add_blocks(g, b_hg, 3 if reset_after else 2, n, units, u0)
+            _add_blocks(g, xr, 2, n, units, u0)
+            act_inplace(g[:2 * n], ract, tmp, bits)
             if reset_after:
-                for j in range(units):
-                    cr[j] = xr[2 * units + j] + g[units + j] * g[2 * units + j]
+                for j in range(n):
+                    cand[b, j] = xr[2 * units + u0 + j] + g[n + j] * g[2 * n + j]
             else:
-                for j in range(units):
-                    rh_bh[b, j] = g[units + j] * h_bh[b, j]
+                for j in range(n):
+                    rh_bh[b, u0 + j] = g[n + j] * cur[b, u0 + j]
         if not reset_after:
-            _matmul(rh_bh, w_hn, cand_bh)
+            met += 1
+            if not barrier(sync, parts, met):
+                return
+            _product(fn, rh_bh, wn_pkn[p], cand)
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
-                g = rec_bg[b]
-                cr = cand_bh[b]
+                g = gates[b]
+                cr = cand[b]
                 if not reset_after:
                     xr = xw_btg[b, ts]
-                    for j in range(units):
-                        cr[j] += xr[2 * units + j]
-                act_inplace(cr, act, tmp, bits)
-                hr = h_bh[b]
-                for j in range(units):
+                    for j in range(n):
+                        cr[j] += xr[2 * units + u0 + j]
+                act_inplace(cr[:n], act, tmp, bits)
+                for j in range(n):
                     z = g[j]
-                    hr[j] = z * hr[j] + (_ONE - z) * cr[j]
-            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_bth)
+                    nxt[b, u0 + j] = z * cur[b, u0 + j] + (_ONE - z) * cr[j]
+            else:
+                _carry(cur, nxt, b, u0, u0 + n)
+            _emit(ts, b, valid, zero_masked, nxt[b], u0, u0 + n, last_bh, y_bth)
+        met += 1
+        if not barrier(sync, parts, met):
+            return
 
 
-@njit(signatures=("void(float32[:, :, ::1], float32[:, ::1], float32[:, ::1], " + _SIG_COMMON
-                  + ", float32[:, ::1], float32[::1], int32[::1])",))
-def rnn_loop(xw_bth, w_hh, h_bh, mask_tb, reverse, zero_masked, act, ract, y_bth, last_bh, rec_bh,
-             tmp, bits):
-    """h = act(xw[t] + h w_hh) (``ract`` unused, kept for a uniform signature)."""
+@njit()
+def rnn_share(fn, xw_bth, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
+              gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
+    """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)."""
     batch, t_len, units = xw_bth.shape
+    parts = ubounds.shape[0] - 1
+    u0 = ubounds[p]
+    n = ubounds[p + 1] - u0
     has_mask = mask_tb.shape[0] > 0
+    gates, tmp, bits = gates_pbh[p], tmp_ph[p], bits_ph[p]
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
-        _matmul(h_bh, w_hh, rec_bh)
+        cur, nxt = hbuf_2bh[s % 2], hbuf_2bh[(s + 1) % 2]
+        _product(fn, cur, w_pkh[p], gates)
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
-                g = rec_bh[b]
-                xr = xw_bth[b, ts]
-                for j in range(units):
-                    g[j] += xr[j]
-                act_inplace(g, act, tmp, bits)
-                for j in range(units):
-                    h_bh[b, j] = g[j]
-            _emit(ts, b, valid, zero_masked, h_bh[b], last_bh, y_bth)
+                g = gates[b]
+                _add_blocks(g, xw_bth[b, ts], 1, n, units, u0)
+                act_inplace(g[:n], act, tmp, bits)
+                for j in range(n):
+                    nxt[b, u0 + j] = g[j]
+            else:
+                _carry(cur, nxt, b, u0, u0 + n)
+            _emit(ts, b, valid, zero_masked, nxt[b], u0, u0 + n, last_bh, y_bth)
+        if not barrier(sync, parts, s + 1):
+            return
 
 
-@njit(signatures=("void(float32[:, ::1], float32[:, ::1], float32[::1], float32[:, ::1])",))
-def input_projection(x_ni, w_ig, b_g, out_ng):
-    """out = x @ w_ig + b_g (all timesteps at once; an empty ``b_g`` adds nothing).
+# One share (serially) or all of them at once (one parallel region), each loop with ``args`` its
+# arguments before ``p``; Numba cannot cache a kernel that takes another kernel as argument.
+@njit()
+def lstm_one(args):
+    lstm_share(*args, 0)
 
-    Compiled so that the GEMM runs in the same BLAS library as the time loops' products (Numba
-    calls scipy's OpenBLAS, numpy has its own): two libraries' spinning thread pools would
-    compete for the cores right when the loop starts.
-    """
-    np.dot(x_ni, w_ig, out_ng)
-    if b_g.shape[0] > 0:
-        for r in range(out_ng.shape[0]):
-            row = out_ng[r]
-            for j in range(row.shape[0]):
-                row[j] += b_g[j]
+
+@njit(parallel=True)
+def lstm_all(args, parts):
+    for p in prange(parts):
+        lstm_share(*args, p)
+
+
+@njit()
+def gru_one(args):
+    gru_share(*args, 0)
+
+
+@njit(parallel=True)
+def gru_all(args, parts):
+    for p in prange(parts):
+        gru_share(*args, p)
+
+
+@njit()
+def rnn_one(args):
+    rnn_share(*args, 0)
+
+
+@njit(parallel=True)
+def rnn_all(args, parts):
+    for p in prange(parts):
+        rnn_share(*args, p)

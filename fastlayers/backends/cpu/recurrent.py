@@ -1,5 +1,12 @@
 """CpuOps recurrent primitives: one input GEMM for all steps, then a compiled time loop.
 
+The loop's units are split among ``set_num_threads`` threads (``_split.shares``): each share
+owns a block of units (the matching columns of every gate block, packed side by side once per
+weight array, ``derived``) for the whole sequence and the shares meet at a barrier after each
+step (``_sync``), inside one parallel region. Each thread thus reads only its part of the
+recurrent weights per step (half of a 1 MiB LSTM kernel stays in its core's L2 cache at two
+threads). Too little work per step (small layers, small batches) runs serially.
+
 Each function returns None when the compiled loop does not cover the call (an activation other
 than tanh, sigmoid, relu, linear, hard_sigmoid; an empty sequence), and CpuOps falls back to the
 numpy reference. Arguments follow ``backends/recurrent_reference.py``.
@@ -10,14 +17,26 @@ from __future__ import annotations
 import math
 import threading
 
+import numba
 import numpy as np
 
 from .._jit import apply_num_threads
+from ..derived import derived
 from . import _recurrent as K
+from ._blas import SGEMM
+from ._gemm import matmul
+from ._split import shares
+from ._sync import aborted, barrier_safe
 
 _NO_MASK = np.zeros((0, 0), np.uint8)
 _EMPTY_1D = np.zeros(0, np.float32)
-_EMPTY_2D = np.zeros((0, 0), np.float32)
+_EMPTY_3D = np.zeros((0, 0, 0), np.float32)
+#: Fewest multiply-adds of the recurrent product per share and step worth a thread (a barrier
+#: costs about 0.2 us; a share should compute for a few microseconds between two).
+MIN_SHARE_MADDS = 1 << 16
+#: Shares own multiples of this many units (whole SIMD vectors).
+UNIT_STEP = 16
+_local = threading.local()
 
 
 def _c32(a):
@@ -29,31 +48,89 @@ def _codes(*names):
     return None if any(c is None for c in codes) else codes
 
 
-def _input_projection(x_bti, w_ig, b_g):
-    """xw (B, T, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps, written into a
-    per-thread workspace reused across calls (a fresh multi-MB array costs its page faults)."""
-    b, t_len, i = x_bti.shape
-    x = np.ascontiguousarray(x_bti, dtype=np.float32).reshape(b * t_len, i)
-    xw = _workspace("xw", (b * t_len, w_ig.shape[1]))
-    K.input_projection(x, _c32(w_ig), _EMPTY_1D if b_g is None else _c32(b_g), xw)
-    return xw.reshape(b, t_len, -1)
-
-
-_local = threading.local()
-
-
-def _workspace(name, shape):
-    """A C-contiguous float32 scratch array of ``shape``, reused by later calls in this thread."""
+def _workspace(name, shape, dtype=np.float32):
+    """A C-contiguous scratch array of ``shape``, reused by later calls in this thread (a fresh
+    multi-MB array costs its page faults)."""
     size = math.prod(shape)
     buf = getattr(_local, name, None)
     if buf is None or buf.size < size:
-        buf = np.empty(max(size, 1), np.float32)
+        buf = np.empty(max(size, 1), dtype)
         setattr(_local, name, buf)
     return buf[:size].reshape(shape)
 
 
+def _input_projection(x_bti, w_ig, b_g):
+    """xw (B, T, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps (shared among the
+    threads by rows), written into a per-thread workspace."""
+    b, t_len, i = x_bti.shape
+    x = np.ascontiguousarray(x_bti, dtype=np.float32).reshape(b * t_len, i)
+    xw = _workspace("xw", (b * t_len, w_ig.shape[1]))
+    matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g))
+    return xw.reshape(b, t_len, -1)
+
+
 def _mask_tb(mask_bt):
     return _NO_MASK if mask_bt is None else np.ascontiguousarray(np.asarray(mask_bt, bool).T, np.uint8)
+
+
+def _bounds(size, parts):
+    """Share boundaries over ``size`` columns: multiples of UNIT_STEP when every share gets at
+    least one step of them, else of 1."""
+    step = UNIT_STEP if size >= UNIT_STEP * parts else 1
+    steps = -(-size // step)
+    return np.array([min(size, step * (steps * p // parts)) for p in range(parts + 1)], np.int64)
+
+
+def _pack(w_kn, blocks, n_blocks, bounds):
+    """(parts, k, len(blocks) * nmax): share p's columns of each gate block in ``blocks`` of
+    ``w_kn`` (k, n_blocks * units), side by side, zero-padded to the widest share."""
+    k, width = w_kn.shape
+    units = width // n_blocks
+    sizes = np.diff(bounds)
+    out = np.zeros((len(sizes), k, len(blocks) * int(sizes.max())), np.float32)
+    for p, (u0, n) in enumerate(zip(bounds[:-1], sizes)):
+        for i, blk in enumerate(blocks):
+            out[p, :, i * n:(i + 1) * n] = w_kn[:, blk * units + u0:blk * units + u0 + n]
+    return out
+
+
+def _share_weights(w_kn, blocks, n_blocks, bounds):
+    """``_pack``, computed once per weight array and split (the whole array, viewed, for one
+    share of every block)."""
+    w = _c32(w_kn)
+    if len(bounds) == 2 and len(blocks) == n_blocks:
+        return w.reshape(1, *w.shape)
+    kind = f"recurrent-shares:{blocks}:{n_blocks}:{bounds.tolist()}"
+    return derived(w, kind, lambda a: _pack(a, blocks, n_blocks, bounds))
+
+
+def _share_count(batch, k, units, gate_blocks):
+    """Shares of a loop whose recurrent product is (batch, k) @ (k, gate_blocks * units)."""
+    madds_per_unit = batch * k * gate_blocks
+    min_units = max(UNIT_STEP, -(-MIN_SHARE_MADDS // madds_per_unit))
+    return units, min_units
+
+
+def _scratch(parts, width, batch):
+    """Per-share gate rows (parts, batch, width) and activation scratch (parts, width)."""
+    return (_workspace("gates", (parts, batch, width)), _workspace("tmp", (parts, width)),
+            _workspace("bits", (parts, width), np.int32))
+
+
+def _run(one, all_shares, make_args, units, min_units):
+    """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
+    threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
+    ``make_args(parts)`` builds fresh outputs and states; returns the arguments run."""
+    with shares(units, min_units) as parts:
+        parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
+        if parts > 1 and barrier_safe():
+            args = make_args(parts)
+            all_shares(args, parts)
+            if not aborted(args[-1]):
+                return args
+    args = make_args(1)
+    one(args)
+    return args
 
 
 def _outputs(t_len, batch, size, return_sequences, y0):
@@ -62,21 +139,19 @@ def _outputs(t_len, batch, size, return_sequences, y0):
     return y_btp, last
 
 
+def _states(h0, batch, size):
+    """The state of even and odd steps, (2, batch, size), starting from h0."""
+    hbuf = np.empty((2, batch, size), np.float32)
+    hbuf[0] = h0
+    return hbuf
+
+
 def _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked):
     if return_sequences:
         return y_btp
     if zero_masked and mask_tb.shape[0]:
         last[mask_tb[0 if reverse else -1] == 0] = 0
     return last
-
-
-def _scratch(width):
-    """float32 and int32 scratch rows for the gate activations (per-thread workspace)."""
-    bits = getattr(_local, "bits", None)
-    if bits is None or bits.size < width:
-        bits = np.empty(width, np.int32)
-        _local.bits = bits
-    return _workspace("tmp", (width,)), bits[:width]
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
@@ -88,13 +163,20 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     apply_num_threads()
     units = w_hh.shape[0]
     xw = _input_projection(x_bti, w_ih, b)
-    h = _c32(h0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_btp, last = _outputs(t_len, batch, units, return_sequences, y0)
-    tmp, bits = _scratch(units)
-    K.rnn_loop(xw, _c32(w_hh), h, mask_tb, bool(reverse), bool(zero_masked), codes[0], codes[0],
-               y_btp, last, _workspace("gates", (batch, units)), tmp, bits)
-    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
+
+    def make_args(parts):
+        bounds = _bounds(units, parts)
+        gates, tmp, bits = _scratch(parts, int(np.diff(bounds).max()), batch)
+        return (SGEMM, xw, _share_weights(w_hh, (0,), 1, bounds), _states(h0, batch, units),
+                mask_tb, bool(reverse), bool(zero_masked), codes[0],
+                *_outputs(t_len, batch, units, return_sequences, y0), gates, tmp, bits, bounds,
+                np.zeros(2, np.int64))
+
+    args = _run(K.rnn_one, K.rnn_all, make_args, *_share_count(batch, units, units, 1))
+    hbuf, y_btp, last = args[3], args[8], args[9]
+    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
+            hbuf[t_len % 2].copy())
 
 
 def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
@@ -107,15 +189,28 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     apply_num_threads()
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
     xw = _input_projection(x_bti, w_ig, b_g)
-    h, c = _c32(h0).copy(), _c32(c0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_btp, last = _outputs(t_len, batch, out_size, return_sequences, y0)
-    tmp, bits = _scratch(4 * units)
-    K.lstm_loop(xw, _c32(w_hg), _EMPTY_2D if w_hp is None else _c32(w_hp), h, c, mask_tb,
-                bool(reverse), bool(zero_masked), codes[0], codes[1], y_btp, last,
-                _workspace("gates", (batch, 4 * units)), _workspace("hfull", (batch, units)),
-                _workspace("hproj", (batch, out_size)), tmp, bits)
-    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h, c
+
+    def make_args(parts):
+        ub = _bounds(units, parts)
+        width = int(np.diff(ub).max())
+        gates, tmp, bits = _scratch(parts, 4 * width, batch)
+        if w_hp is None:
+            qb, w_proj, proj = ub, _EMPTY_3D, _EMPTY_3D
+        else:
+            qb = _bounds(out_size, parts)
+            w_proj = _share_weights(w_hp, (0,), 1, qb)
+            proj = _workspace("proj", (parts, batch, w_proj.shape[2]))
+        return (SGEMM, xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub), w_proj,
+                _states(h0, batch, out_size), _workspace("hfull", (batch, units)),
+                _c32(c0).copy(), mask_tb, bool(reverse), bool(zero_masked), codes[0], codes[1],
+                *_outputs(t_len, batch, out_size, return_sequences, y0), gates, proj, tmp, bits,
+                ub, qb, np.zeros(2, np.int64))
+
+    args = _run(K.lstm_one, K.lstm_all, make_args, *_share_count(batch, out_size, units, 4))
+    hbuf, c, y_btp, last = args[4], args[6], args[12], args[13]
+    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
+            hbuf[t_len % 2].copy(), c)
 
 
 def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
@@ -128,17 +223,26 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     apply_num_threads()
     units = w_hg.shape[0]
     xw = _input_projection(x_bti, w_ig, b_ig)
-    h = _c32(h0).copy()
     mask_tb = _mask_tb(mask_bt)
-    y_btp, last = _outputs(t_len, batch, units, return_sequences, y0)
-    if reset_after:
-        w_rec, w_hn, width = _c32(w_hg), _EMPTY_2D, 3 * units
-        bias = _EMPTY_1D if b_hg is None else _c32(b_hg)
-    else:  # the recurrent bias does not exist without reset_after
-        w_rec, w_hn, width = _c32(w_hg[:, :2 * units]), _c32(w_hg[:, 2 * units:]), 2 * units
-        bias = _EMPTY_1D
-    tmp, bits = _scratch(3 * units)
-    K.gru_loop(xw, w_rec, w_hn, bias, h, mask_tb, bool(reverse), bool(zero_masked), codes[0],
-               codes[1], y_btp, last, _workspace("gates", (batch, width)),
-               _workspace("rh", (batch, units)), _workspace("cand", (batch, units)), tmp, bits)
-    return _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked), h
+    # the recurrent bias does not exist without reset_after
+    bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
+
+    def make_args(parts):
+        bounds = _bounds(units, parts)
+        width = int(np.diff(bounds).max())
+        if reset_after:
+            w_gates, w_cand = _share_weights(w_hg, (0, 1, 2), 3, bounds), _EMPTY_3D
+        else:
+            w_gates = _share_weights(w_hg, (0, 1), 3, bounds)
+            w_cand = _share_weights(w_hg, (2,), 3, bounds)
+        gates, tmp, bits = _scratch(parts, 3 * width, batch)
+        return (SGEMM, xw, w_gates, w_cand, bias, _states(h0, batch, units),
+                _workspace("rh", (batch, units)), mask_tb, bool(reverse), bool(zero_masked),
+                codes[0], codes[1], *_outputs(t_len, batch, units, return_sequences, y0), gates,
+                _workspace("cand", (parts, batch, width)), tmp, bits, bounds,
+                np.zeros(2, np.int64))
+
+    args = _run(K.gru_one, K.gru_all, make_args, *_share_count(batch, units, units, 3))
+    hbuf, y_btp, last = args[5], args[12], args[13]
+    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
+            hbuf[t_len % 2].copy())

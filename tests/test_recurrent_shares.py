@@ -1,0 +1,147 @@
+"""The recurrent loops split over threads (units per share, a barrier per step) against
+ReferenceOps: every layer kind and option, odd unit counts, the fallback when a share cannot
+run at once, and the loops without sgemm."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numba
+import numpy as np
+import pytest
+
+from fastlayers.backends import recurrent_reference as REF
+from fastlayers.backends.cpu import _recurrent as K
+from fastlayers.backends.cpu import _split, _sync
+from fastlayers.backends.cpu import recurrent as R
+
+from .conftest import assert_close
+
+B, T, I, U, P = 8, 7, 5, 130, 64          # enough work per step for two shares
+
+
+def weights(rng, *shape):
+    return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+def cases(rng):
+    """(name, compiled function, reference function, positional args) for every loop kind."""
+    h0 = rng.standard_normal((B, U)).astype(np.float32)
+    wl = (weights(rng, I, 4 * U), weights(rng, U, 4 * U), weights(rng, 4 * U))
+    wp = weights(rng, U, P)
+    wg = (weights(rng, I, 3 * U), weights(rng, U, 3 * U), weights(rng, 3 * U))
+    wr = (weights(rng, I, U), weights(rng, U, U), weights(rng, U))
+    return [
+        ("lstm", "lstm_sequence", (*wl, h0, h0), {}),
+        ("lstm_proj", "lstm_sequence", (wl[0], wl[1][:P], wl[2], h0[:, :P].copy(), h0),
+         {"w_hp": wp}),
+        ("gru", "gru_sequence", (*wg, weights(rng, 3 * U), h0), {}),
+        ("gru_reset_before", "gru_sequence", (*wg, None, h0), {"reset_after": False}),
+        ("rnn", "rnn_sequence", (*wr, h0), {}),
+        ("rnn_relu", "rnn_sequence", (*wr, h0), {"activation": "relu"}),
+    ]
+
+
+OPTIONS = [{}, {"reverse": True, "return_sequences": False},
+           {"mask": True, "zero_masked": True}, {"mask": True, "reverse": True}]
+
+
+def check(rng, name, fn, args, kw, options):
+    x = rng.standard_normal((B, T, I)).astype(np.float32)
+    opts = dict(options)
+    if opts.pop("mask", False):
+        mask = rng.random((B, T)) > 0.3
+        mask[0] = False                       # a sample without any valid step
+        opts["mask_bt"] = mask
+    actual = getattr(R, fn)(x, *args, **kw, **opts)
+    expected = getattr(REF, fn)(x, *args, **kw, **opts)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape
+        assert_close(a, e, rtol=1e-5, atol=2e-5)
+
+
+@pytest.fixture
+def count_regions(monkeypatch):
+    """Count the parallel regions the loops start."""
+    counts = {}
+    for driver in ("lstm_all", "gru_all", "rnn_all"):
+        def counted(*a, _f=getattr(K, driver), _name=driver):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _f(*a)
+        monkeypatch.setattr(K, driver, counted)
+    return counts
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options):
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    for name, fn, args, kw in cases(rng):
+        check(rng, name, fn, args, kw, options)
+    regions = sum(count_regions.values())
+    assert regions == (6 if _sync.barrier_safe() else 0)
+
+
+def test_small_loops_stay_serial(monkeypatch, count_regions, rng):
+    """Too little work per step for a second thread: one share, no parallel region."""
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+    x = rng.standard_normal((1, 4, 3)).astype(np.float32)
+    h0 = np.zeros((1, 32), np.float32)
+    R.lstm_sequence(x, weights(rng, 3, 128), weights(rng, 32, 128), None, h0, h0)
+    assert count_regions == {}
+
+
+def test_share_bounds_cover_units_in_whole_vectors():
+    assert R._bounds(256, 2).tolist() == [0, 128, 256]
+    assert R._bounds(130, 2).tolist() == [0, 64, 130]
+    assert R._bounds(20, 2).tolist() == [0, 10, 20]      # fewer than 16 per share: any width
+    packed = R._pack(np.arange(2 * 12, dtype=np.float32).reshape(2, 12), (0, 2), 3,
+                     np.array([0, 1, 4]))
+    assert packed.shape == (2, 2, 6)
+    np.testing.assert_array_equal(packed[0, 0], [0, 8, 0, 0, 0, 0])
+    np.testing.assert_array_equal(packed[1, 1], [13, 14, 15, 21, 22, 23])
+
+
+def test_shares_that_cannot_meet_fall_back_to_serial(monkeypatch, rng):
+    """More shares than running threads: the waiting share gives up (SPIN_LIMIT), every share
+    returns and the loop runs again serially with the same result."""
+    if not _sync.barrier_safe():
+        pytest.skip("the barrier is used only with the OpenMP threading layer")
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+
+    @contextlib.contextmanager
+    def three_shares(units, min_units):
+        yield 3
+
+    monkeypatch.setattr(R, "shares", three_shares)
+    gave_up = []
+    monkeypatch.setattr(R, "aborted", lambda sync: gave_up.append(_sync.aborted(sync)) or gave_up[-1])
+    name, fn, args, kw = cases(rng)[0]
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)
+    numba.set_num_threads(2)                 # Numba's team: 2 threads for 3 shares
+    start = time.perf_counter()
+    check(rng, name, fn, args, kw, {})
+    assert gave_up == [True]
+    assert time.perf_counter() - start < 30
+
+
+def test_loops_without_sgemm_match_reference(rng):
+    """Numba-only products (a numpy without OpenBLAS's CBLAS: ``SGEMM`` None)."""
+    x = rng.standard_normal((3, T, I)).astype(np.float32)
+    w_ig, w_hh = weights(rng, I, U), weights(rng, U, U)
+    h0 = rng.standard_normal((3, U)).astype(np.float32)
+    xw = (x.reshape(-1, I) @ w_ig).reshape(3, T, U)
+    bounds = np.array([0, U])
+    hbuf = np.zeros((2, 3, U), np.float32)
+    hbuf[0] = h0
+    y = np.empty((3, T, U), np.float32)
+    K.rnn_one((None, xw, w_hh[None], hbuf, R._NO_MASK, False, False, K.TANH, y,
+               np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
+               np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
+               np.zeros(2, np.int64)))
+    expected, h = REF.rnn_sequence(x, w_ig, w_hh, None, h0)
+    assert_close(y, expected, rtol=1e-5, atol=2e-5)
+    assert_close(hbuf[T % 2], h, rtol=1e-5, atol=2e-5)
