@@ -133,7 +133,7 @@ def test_loops_without_sgemm_match_reference(rng):
     x = rng.standard_normal((3, T, I)).astype(np.float32)
     w_ig, w_hh = weights(rng, I, U), weights(rng, U, U)
     h0 = rng.standard_normal((3, U)).astype(np.float32)
-    xw = (x.reshape(-1, I) @ w_ig).reshape(3, T, U)
+    xw = np.ascontiguousarray(np.swapaxes(x, 0, 1) @ w_ig)          # (T, B, U)
     bounds = np.array([0, U])
     hbuf = np.zeros((2, 3, U), np.float32)
     hbuf[0] = h0

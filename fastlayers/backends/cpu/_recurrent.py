@@ -1,17 +1,20 @@
 """Compiled time loops of the recurrent layers (SimpleRNN, LSTM, GRU) and their gate math.
 
 The primitive (``recurrent.py``) computes the input projection of all timesteps as one GEMM,
-``xw[b, t] = x[b, t] @ w_ig + b_g`` laid out (batch, time, gates); each loop below then runs the
-whole sequence in compiled code: per step one recurrent product (BLAS sgemm through ``np.dot``
-with an ``out`` array, from scipy's cython_blas; at batch 1 the Numba gemv ``_gemv``) and one
-fused pass over the gates (activations, cell update, masking, outputs). No Python runs per
-timestep.
+``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates). Each loop is split into
+shares of units (``*_share(..., p)``): share p owns units u0:u1 and the matching columns of
+every gate block, packed side by side in ``w_p..[p]``, and runs the whole sequence: per step
+one recurrent product (the gemv ``_gemv`` at batch 1, else single-threaded sgemm calls through
+numpy's CBLAS, ``_blas``), one fused pass over its gates (activations, cell update, masking,
+outputs), then a barrier (``_sync``) after which every share reads the full new state. The
+state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the whole layer)
+serially, ``*_all`` all of them in one parallel region. No Python runs per timestep.
 
 Activation codes: 0 tanh, 1 sigmoid, 2 relu, 3 linear, 4 hard_sigmoid (relu6(x + 3) / 6).
 sigmoid and tanh use the vectorized ``exp_inplace``; tanh uses its odd Taylor series below
 |x| < 0.4 (where (1 - e^-2|x|) / (1 + e^-2|x|) loses relative precision to cancellation).
-Outputs ``y`` are (batch, time, out) ((batch, 0, out) when only the last
-output is wanted). Masks are uint8 (time, batch), 1 = valid step; an empty (0, 0) mask means every step is valid.
+Outputs ``y`` are (batch, time, out) ((batch, 0, out) when only the last output is wanted).
+Masks are uint8 (time, batch), 1 = valid step; an empty (0, 0) mask means every step is valid.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ def _carry(cur_bh, nxt_bh, b, c0, c1):
 
 
 @njit()
-def lstm_share(fn, xw_btg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
+def lstm_share(fn, xw_tbg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
                act, ract, y_btp, last_bp, gates_pbg, proj_pbq, tmp_pg, bits_pg, ubounds, qbounds,
                sync, p):
     """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
@@ -181,7 +184,7 @@ def lstm_share(fn, xw_btg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
     ``w_pkg[p]`` holds the share's columns of the 4 gate blocks side by side; ``hbuf`` is the
     state of even and odd steps (step s reads hbuf[s % 2], writes hbuf[(s + 1) % 2]).
     """
-    batch, t_len, _ = xw_btg.shape
+    t_len, batch, _ = xw_tbg.shape
     units = c_bh.shape[1]
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
@@ -201,7 +204,7 @@ def lstm_share(fn, xw_btg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
                     _carry(cur, nxt, b, u0, u0 + n)
                 continue
             g = gates[b]
-            _add_blocks(g, xw_btg[b, ts], 4, n, units, u0)
+            _add_blocks(g, xw_tbg[ts, b], 4, n, units, u0)
             act_inplace(g[:2 * n], ract, tmp, bits)
             act_inplace(g[2 * n:3 * n], act, tmp, bits)
             act_inplace(g[3 * n:4 * n], ract, tmp, bits)
@@ -235,7 +238,7 @@ def lstm_share(fn, xw_btg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
 
 
 @njit()
-def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
+def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
               act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg, bits_pg, ubounds, sync, p):
     """Share ``p`` of the GRU loop, units u0:u1 = ubounds[p:p + 2]: z, r = ract(xw + h u + b_hg);
     cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or act(xw_h + (r h) w_hn);
@@ -245,7 +248,7 @@ def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
     otherwise of z and r, and ``wn_pkn[p]`` its candidate columns (a second barrier per step:
     r h must be complete first). An empty ``b_hg`` means no recurrent bias.
     """
-    batch, t_len, _ = xw_btg.shape
+    t_len, batch, _ = xw_tbg.shape
     units = hbuf_2bh.shape[2]
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
@@ -263,7 +266,7 @@ def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
             if has_mask and mask_tb[ts, b] == 0:
                 continue
             g = gates[b]
-            xr = xw_btg[b, ts]
+            xr = xw_tbg[ts, b]
             if has_bias:
                 _add_blocks(g, b_hg, 3 if reset_after else 2, n, units, u0)
             _add_blocks(g, xr, 2, n, units, u0)
@@ -285,7 +288,7 @@ def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
                 g = gates[b]
                 cr = cand[b]
                 if not reset_after:
-                    xr = xw_btg[b, ts]
+                    xr = xw_tbg[ts, b]
                     for j in range(n):
                         cr[j] += xr[2 * units + u0 + j]
                 act_inplace(cr[:n], act, tmp, bits)
@@ -301,10 +304,10 @@ def gru_share(fn, xw_btg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
 
 
 @njit()
-def rnn_share(fn, xw_bth, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
+def rnn_share(fn, xw_tbh, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
               gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
     """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)."""
-    batch, t_len, units = xw_bth.shape
+    t_len, batch, units = xw_tbh.shape
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
     n = ubounds[p + 1] - u0
@@ -318,7 +321,7 @@ def rnn_share(fn, xw_bth, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
                 g = gates[b]
-                _add_blocks(g, xw_bth[b, ts], 1, n, units, u0)
+                _add_blocks(g, xw_tbh[ts, b], 1, n, units, u0)
                 act_inplace(g[:n], act, tmp, bits)
                 for j in range(n):
                     nxt[b, u0 + j] = g[j]
