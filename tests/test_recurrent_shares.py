@@ -138,7 +138,7 @@ def test_loops_without_sgemm_match_reference(rng):
     hbuf = np.zeros((2, 3, U), np.float32)
     hbuf[0] = h0
     y = np.empty((3, T, U), np.float32)
-    K.rnn_one((None, xw, w_hh[None], hbuf, R._NO_MASK, False, False, K.TANH, y,
+    K.rnn_one(None, (xw, w_hh[None], hbuf, R._NO_MASK, False, False, K.TANH, y,
                np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
                np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
                np.zeros(2, np.int64)))

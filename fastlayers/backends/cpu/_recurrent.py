@@ -333,35 +333,37 @@ def rnn_share(fn, xw_tbh, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y
 
 
 # One share (serially) or all of them at once (one parallel region), each loop with ``args`` its
-# arguments before ``p``; Numba cannot cache a kernel that takes another kernel as argument.
+# arguments between ``fn`` and ``p``; Numba cannot cache a kernel that takes another kernel as
+# argument. ``fn`` stays outside the tuple: Numba types a tuple holding a ctypes function in
+# Python, element by element (about 60 us per call), a tuple of arrays in C.
 @njit()
-def lstm_one(args):
-    lstm_share(*args, 0)
+def lstm_one(fn, args):
+    lstm_share(fn, *args, 0)
 
 
 @njit(parallel=True)
-def lstm_all(args, parts):
+def lstm_all(fn, args, parts):
     for p in prange(parts):
-        lstm_share(*args, p)
+        lstm_share(fn, *args, p)
 
 
 @njit()
-def gru_one(args):
-    gru_share(*args, 0)
+def gru_one(fn, args):
+    gru_share(fn, *args, 0)
 
 
 @njit(parallel=True)
-def gru_all(args, parts):
+def gru_all(fn, args, parts):
     for p in prange(parts):
-        gru_share(*args, p)
+        gru_share(fn, *args, p)
 
 
 @njit()
-def rnn_one(args):
-    rnn_share(*args, 0)
+def rnn_one(fn, args):
+    rnn_share(fn, *args, 0)
 
 
 @njit(parallel=True)
-def rnn_all(args, parts):
+def rnn_all(fn, args, parts):
     for p in prange(parts):
-        rnn_share(*args, p)
+        rnn_share(fn, *args, p)

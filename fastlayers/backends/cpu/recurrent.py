@@ -89,6 +89,11 @@ def _bounds(size, parts):
     return np.array([min(size, step * (steps * p // parts)) for p in range(parts + 1)], np.int64)
 
 
+def _widest(bounds):
+    """The most units any share owns."""
+    return max(int(b) - int(a) for a, b in zip(bounds[:-1], bounds[1:]))
+
+
 def _pack(w_kn, blocks, n_blocks, bounds):
     """(parts, k, len(blocks) * nmax): share p's columns of each gate block in ``blocks`` of
     ``w_kn`` (k, n_blocks * units), side by side, zero-padded to the widest share."""
@@ -137,24 +142,25 @@ def _run(one, all_shares, make_args, units, min_units):
         parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
         if parts > 1 and barrier_safe():
             args = make_args(parts)
-            all_shares(args, parts)
+            all_shares(SGEMM, args, parts)
             if not aborted(args[-1]):
                 return args
     args = make_args(1)
-    one(args)
+    one(SGEMM, args)
     return args
 
 
-def _outputs(t_len, batch, size, return_sequences, y0):
+def _outputs(t_len, batch, size, return_sequences, y0, parts):
     y_btp = np.empty((batch, t_len if return_sequences else 0, size), np.float32)
-    last = aligned_empty((batch, size))
+    last = aligned_empty((batch, size)) if parts > 1 else np.empty((batch, size), np.float32)
     last[...] = 0 if y0 is None else y0
     return y_btp, last
 
 
-def _states(h0, batch, size):
-    """The state of even and odd steps, (2, batch, size), starting from h0."""
-    hbuf = aligned_empty((2, batch, size))
+def _states(h0, batch, size, parts):
+    """The state of even and odd steps, (2, batch, size), starting from h0 (cache-line aligned
+    for several shares)."""
+    hbuf = aligned_empty((2, batch, size)) if parts > 1 else np.empty((2, batch, size), np.float32)
     hbuf[0] = h0
     return hbuf
 
@@ -180,14 +186,14 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
 
     def make_args(parts):
         bounds = _bounds(units, parts)
-        gates, tmp, bits = _scratch(parts, int(np.diff(bounds).max()), batch)
-        return (SGEMM, xw, _share_weights(w_hh, (0,), 1, bounds), _states(h0, batch, units),
+        gates, tmp, bits = _scratch(parts, _widest(bounds), batch)
+        return (xw, _share_weights(w_hh, (0,), 1, bounds), _states(h0, batch, units, parts),
                 mask_tb, bool(reverse), bool(zero_masked), codes[0],
-                *_outputs(t_len, batch, units, return_sequences, y0), gates, tmp, bits, bounds,
-                np.zeros(2, np.int64))
+                *_outputs(t_len, batch, units, return_sequences, y0, parts), gates, tmp, bits,
+                bounds, np.zeros(2, np.int64))
 
     args = _run(K.rnn_one, K.rnn_all, make_args, *_share_count(batch, units, units, 1))
-    hbuf, y_btp, last = args[3], args[8], args[9]
+    hbuf, y_btp, last = args[2], args[7], args[8]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy())
 
@@ -206,7 +212,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
 
     def make_args(parts):
         ub = _bounds(units, parts)
-        width = int(np.diff(ub).max())
+        width = _widest(ub)
         gates, tmp, bits = _scratch(parts, 4 * width, batch)
         if w_hp is None:
             qb, w_proj, proj = ub, _EMPTY_3D, _EMPTY_3D
@@ -214,14 +220,15 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
             qb = _bounds(out_size, parts)
             w_proj = _share_weights(w_hp, (0,), 1, qb)
             proj = _workspace("proj", (parts, batch, _lines(w_proj.shape[2])))
-        return (SGEMM, xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub), w_proj,
-                _states(h0, batch, out_size), _workspace("hfull", (batch, units)),
-                _states(c0, batch, units)[0], mask_tb, bool(reverse), bool(zero_masked), codes[0], codes[1],
-                *_outputs(t_len, batch, out_size, return_sequences, y0), gates, proj, tmp, bits,
+        return (xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub), w_proj,
+                _states(h0, batch, out_size, parts), _workspace("hfull", (batch, units)),
+                _states(c0, batch, units, parts)[0], mask_tb, bool(reverse), bool(zero_masked),
+                codes[0], codes[1],
+                *_outputs(t_len, batch, out_size, return_sequences, y0, parts), gates, proj, tmp, bits,
                 ub, qb, np.zeros(2, np.int64))
 
     args = _run(K.lstm_one, K.lstm_all, make_args, *_share_count(batch, out_size, units, 4))
-    hbuf, c, y_btp, last = args[4], args[6], args[12], args[13]
+    hbuf, c, y_btp, last = args[3], args[5], args[11], args[12]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy(), c)
 
@@ -242,20 +249,21 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
 
     def make_args(parts):
         bounds = _bounds(units, parts)
-        width = int(np.diff(bounds).max())
+        width = _widest(bounds)
         if reset_after:
             w_gates, w_cand = _share_weights(w_hg, (0, 1, 2), 3, bounds), _EMPTY_3D
         else:
             w_gates = _share_weights(w_hg, (0, 1), 3, bounds)
             w_cand = _share_weights(w_hg, (2,), 3, bounds)
         gates, tmp, bits = _scratch(parts, 3 * width, batch)
-        return (SGEMM, xw, w_gates, w_cand, bias, _states(h0, batch, units),
+        return (xw, w_gates, w_cand, bias, _states(h0, batch, units, parts),
                 _workspace("rh", (batch, units)), mask_tb, bool(reverse), bool(zero_masked),
-                codes[0], codes[1], *_outputs(t_len, batch, units, return_sequences, y0), gates,
+                codes[0], codes[1], *_outputs(t_len, batch, units, return_sequences, y0, parts),
+                gates,
                 _workspace("cand", (parts, batch, _lines(width))), tmp, bits, bounds,
                 np.zeros(2, np.int64))
 
     args = _run(K.gru_one, K.gru_all, make_args, *_share_count(batch, units, units, 3))
-    hbuf, y_btp, last = args[5], args[12], args[13]
+    hbuf, y_btp, last = args[4], args[11], args[12]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy())
