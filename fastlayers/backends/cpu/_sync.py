@@ -8,9 +8,9 @@ written here as LLVM intrinsics (``atomicrmw add`` and ``load atomic acquire`` o
 
 ``sync`` is a 2-element int64 array: ``sync[0]`` counts arrivals (barrier number ``n`` is passed
 when it reaches ``n * parts``), ``sync[1]`` is set when a share gave up. A share gives up after
-``SPIN_LIMIT`` polls (about 80 ms on this project's VM: a poll takes a cycle), so that a runtime that ran the shares one
-after the other instead of at once cannot hang the call: every share then returns early and
-the caller runs the work again serially (``aborted``).
+``SPIN_LIMIT`` polls (about 80 ms on this project's VM: a poll takes a cycle), so that a
+runtime that ran the shares one after the other instead of at once cannot hang the call: every
+share then returns early and the caller runs the work again serially (``aborted``).
 """
 
 from __future__ import annotations
