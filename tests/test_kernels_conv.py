@@ -200,6 +200,24 @@ def test_nan_propagates_through_conv_and_pool():
     assert np.isnan(d[0, 1:4, 1:4, 0]).all() and not np.isnan(d[..., 1]).any()
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_max_pool_3x3_nan_at_every_tap_wins(stride):
+    """The 3x3 fast path takes a plain max and recomputes a cell that saw a NaN: a NaN at any of
+    the nine taps, in any channel, next to +-inf, gives NaN exactly where the reference does."""
+    c = 19                                  # a vector of 16 and a remainder
+    for tap in range(9):
+        x = arr(tap, (1, 7, 7, c))
+        x[0, 2 + tap // 3, 2 + tap % 3, tap] = np.nan
+        x[0, 3, 3, c - 1] = np.nan
+        x[0, 2, 3, 4], x[0, 4, 2, 4] = np.inf, -np.inf
+        args = ("max", (3, 3), (stride, stride), ((1, 1), (1, 1)),
+                (conv_out_size(7, 3, stride, 2), ) * 2)
+        got, want = CPU.pool2d(x, *args), REF.pool2d(x, *args)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
 def conv_model():
     inp = fastlayers.Input((10, 10, 3))
     h = L.Conv2D(8, 3, strides=2, padding="same", activation="relu")(inp)
