@@ -238,6 +238,42 @@ def test_torch_cnn_export_fuses_and_matches_onnxruntime(torch, tmp_path, rng, ba
         assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend):
+    """Convolution and pooling outputs travel as NCHW views of NHWC memory: every kind of op
+    that may receive one (residual Add, Relu, Concat and Slice on channels, a per-channel Mul,
+    Transpose, Reshape, global pooling, a 1-D convolution chain) gives onnxruntime's result, and
+    the model's outputs come back C-contiguous."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class Net(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = tnn.Conv2d(3, 6, 3, padding=1), tnn.Conv2d(6, 6, 3, padding=1)
+            self.c, self.d = tnn.Conv2d(12, 5, 1), tnn.Conv1d(5, 4, 3, padding=1)
+            self.e = tnn.Conv1d(4, 3, 1)
+            self.scale = tnn.Parameter(torch.randn(1, 5, 1, 1))
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            h = torch.relu(self.b(h) + h)                       # residual Add, Relu
+            h = torch.cat([h, tnn.functional.max_pool2d(h, 3, 1, 1)], 1)
+            h = self.c(h)[:, :, 1:, :] * self.scale             # Slice, per-channel Mul
+            seq = self.e(torch.relu(self.d(h.flatten(2))))      # 1-D chain on a Reshape
+            return seq.transpose(1, 2), h.mean((2, 3)), h.permute(0, 2, 3, 1)
+
+    path = tmp_path / "views.onnx"
+    export(torch, Net().eval(), (torch.randn(2, 3, 9, 7),), path, input_names=["x"],
+           opset_version=17)
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    got, want = ours(x), session.run(None, {"x": x})
+    for g, w in zip(got, want):
+        assert g.flags.c_contiguous
+        assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])

@@ -360,6 +360,8 @@ class OnnxModel:
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         results = [values[o] if o in values else self._constants[o] for o in self.output_names]
+        # ops may pass NCHW views of NHWC memory along (onnx_ops._nchw): callers get C order
+        results = [r if r.flags.c_contiguous else r.copy() for r in results]
         return results[0] if len(results) == 1 else results
 
     def predict(self, x, batch_size: int | None = None):

@@ -135,7 +135,9 @@ def _clip(inputs, attrs, opset):
 def _activation(name, alpha_attr=None, default=0.0):
     def run(inputs, attrs, opset):
         alpha = attrs.get(alpha_attr, default) if alpha_attr else default
-        return [get_ops().activation(_f32(inputs[0]), name, alpha)]
+        x, back = _stored(_f32(inputs[0]))
+        y = get_ops().activation(x, name, alpha)
+        return [y if back is None else y.transpose(back)]
     return run
 
 
@@ -715,10 +717,15 @@ OPS["LSTM"] = _recurrent_op("LSTM")
 
 
 # --------------------------------------------------------------------- convolution and pooling
-# ONNX tensors are NCHW; the backend's convolution primitives run NHWC/HWIO, so each op moves the
-# channel axis last and back. 1-D ops run as 2-D with height 1.
+# ONNX tensors are NCHW; the backend's convolution primitives run NHWC/HWIO. A convolution or
+# pooling op returns its NHWC result as an NCHW *view* (no copy), so the next one finds its input
+# already NHWC in memory and moves nothing; numpy's elementwise ops keep that memory order (an
+# Add of two such views is one), activations run on the stored order (``_stored``), and any other
+# op sees a correct NCHW array (strided). The model's outputs are made C-contiguous at the end.
+# 1-D ops run as 2-D with height 1.
 def _nhwc(x):
-    """(N, C, L) or (N, C, H, W) -> NHWC (a copy) and whether the input was 1-D."""
+    """(N, C, L) or (N, C, H, W) -> NHWC (a copy unless ``x`` is a view of NHWC memory) and
+    whether the input was 1-D."""
     if x.ndim == 3:
         return np.ascontiguousarray(x[:, :, None, :].transpose(0, 2, 3, 1), dtype=np.float32), True
     if x.ndim != 4:
@@ -727,8 +734,20 @@ def _nhwc(x):
 
 
 def _nchw(y, one_d):
-    y = y.transpose(0, 3, 1, 2)
-    return np.ascontiguousarray(y[:, :, 0, :] if one_d else y)
+    """The NCHW (or NCL) view of an NHWC result (no copy)."""
+    return y[:, 0].transpose(0, 2, 1) if one_d else y.transpose(0, 3, 1, 2)
+
+
+def _stored(x):
+    """(``x`` as the C-contiguous array its memory holds, the axes that view it back as ``x``):
+    an NCHW / NCL view of NHWC / NLC memory (``_nchw``) gives that memory, any other
+    non-contiguous ``x`` a contiguous copy (and None)."""
+    if x.flags.c_contiguous or x.ndim not in (3, 4):
+        return np.ascontiguousarray(x), None
+    held = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x.transpose(0, 2, 1)
+    if held.flags.c_contiguous:
+        return held, (0, 3, 1, 2) if x.ndim == 4 else (0, 2, 1)
+    return np.ascontiguousarray(x), None
 
 
 def _spatial(attrs, key, n, default):
