@@ -14,6 +14,7 @@ numpy reference. Arguments follow ``backends/recurrent_reference.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -26,7 +27,7 @@ from . import _recurrent as K
 from ._blas import SGEMM
 from ._gemm import matmul
 from ._pages import aligned_empty, weights_empty
-from ._split import shares
+from ._split import shares, thread_count
 from ._sync import aborted, barrier_safe
 
 _NO_MASK = np.zeros((0, 0), np.uint8)
@@ -81,9 +82,10 @@ def _mask_tb(mask_bt):
     return _NO_MASK if mask_bt is None else np.ascontiguousarray(np.asarray(mask_bt, bool).T, np.uint8)
 
 
+@functools.lru_cache(maxsize=256)
 def _bounds(size, parts):
     """Share boundaries over ``size`` columns: multiples of UNIT_STEP when every share gets at
-    least one step of them, else of 1."""
+    least one step of them, else of 1 (cached per call shape: never written to)."""
     step = UNIT_STEP if size >= UNIT_STEP * parts else 1
     steps = -(-size // step)
     return np.array([min(size, step * (steps * p // parts)) for p in range(parts + 1)], np.int64)
@@ -137,14 +139,16 @@ def _scratch(parts, width, batch):
 def _run(one, all_shares, make_args, units, min_units):
     """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
     threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
-    ``make_args(parts)`` builds fresh outputs and states; returns the arguments run."""
-    with shares(units, min_units) as parts:
-        parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
-        if parts > 1 and barrier_safe():
-            args = make_args(parts)
-            all_shares(SGEMM, args, parts)
-            if not aborted(args[-1]):
-                return args
+    ``make_args(parts)`` builds fresh outputs and states; returns the arguments run. A loop too
+    small for two shares goes straight to the serial run (no slot, no thread query)."""
+    if min(thread_count(), units // max(min_units, 1)) > 1:
+        with shares(units, min_units) as parts:
+            parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
+            if parts > 1 and barrier_safe():
+                args = make_args(parts)
+                all_shares(SGEMM, args, parts)
+                if not aborted(args[-1]):
+                    return args
     args = make_args(1)
     one(SGEMM, args)
     return args
