@@ -146,10 +146,27 @@ def test_winograd_conv_matches_reference(monkeypatch, case, block_tiles, threads
         assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_winograd_with_few_tiles_shares_the_products_by_e(monkeypatch, threads):
+    """Up to 2 blocks of tiles, the three phases run in separate regions (products shared by e)
+    whenever there are threads to share them; the result does not depend on the path."""
+    calls = []
+    real = conv_ops._winograd.products_f23_par
+    monkeypatch.setattr(conv_ops._winograd, "products_f23_par",
+                        lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    x, k, b = arr(0, (2, 7, 9, 16)), arr(1, (3, 3, 16, 24)), arr(2, (24,))
+    args = (x, k, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+    assert calls == ([] if threads == 1 else [min(threads, 2)])
+
+
 def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
     calls = []
-    real = conv_ops._winograd.conv3x3_f23
-    monkeypatch.setattr(conv_ops._winograd, "conv3x3_f23", lambda *a: calls.append(1) or real(*a))
+    for name in ("conv3x3_f23", "products_f23_par"):           # by tile rows, or by e
+        real = getattr(conv_ops._winograd, name)
+        monkeypatch.setattr(conv_ops._winograd, name,
+                            lambda *a, real=real: calls.append(1) or real(*a))
     x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
     y = CPU.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1)))
     assert calls

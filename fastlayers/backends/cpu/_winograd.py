@@ -67,6 +67,66 @@ def _at4(m0, m1, m2, m3, y0, y1):
         y1[c] = a1 - a2 - m3[c]
 
 
+@njit(inline=True)
+def _input_tiles(x_nhwc, v_etc, patch, pt, pl, th, tw, r0, r1, t0):
+    """v[:, t0 + (tr - r0) tw + tj] = B^T d B for the tiles of tile rows tr in [r0, r1)."""
+    n_, h, w, cin = x_nhwc.shape
+    t = t0
+    for tr in range(r0, r1):
+        n, ti = tr // th, tr % th
+        for tj in range(tw):
+            for a in range(4):
+                ih = 2 * ti - pt + a
+                for bb in range(4):
+                    iw = 2 * tj - pl + bb
+                    dst = patch[4 * a + bb, :cin]
+                    if 0 <= ih < h and 0 <= iw < w:
+                        src = x_nhwc[n, ih, iw]
+                        for c in range(cin):
+                            dst[c] = src[c]
+                    else:
+                        for c in range(cin):
+                            dst[c] = _ZERO
+            for bb in range(4):                    # columns: B^T d
+                p0, p1 = patch[bb, :cin], patch[4 + bb, :cin]
+                p2, p3 = patch[8 + bb, :cin], patch[12 + bb, :cin]
+                _bt4(p0, p1, p2, p3, p0, p1, p2, p3)
+            for a in range(4):                     # rows: (B^T d) B
+                _bt4(patch[4 * a, :cin], patch[4 * a + 1, :cin], patch[4 * a + 2, :cin],
+                     patch[4 * a + 3, :cin], v_etc[4 * a, t], v_etc[4 * a + 1, t],
+                     v_etc[4 * a + 2, t], v_etc[4 * a + 3, t])
+            t += 1
+
+
+@njit(inline=True)
+def _output_tiles(m_eto, b, out_nhwc, code, alpha, patch, dump, th, tw, r0, r1, t0):
+    """y = A^T M A for the tiles of tile rows tr in [r0, r1) (M's tile t0 + (tr - r0) tw + tj),
+    then the bias + activation epilogue over their output rows."""
+    n_, ho, wo, cout = out_nhwc.shape
+    out_rows = out_nhwc.reshape(n_ * ho * wo, cout)
+    t = t0
+    for tr in range(r0, r1):
+        n, ti = tr // th, tr % th
+        for tj in range(tw):
+            for bb in range(4):                    # s = A^T M, column bb -> patch rows bb, 4 + bb
+                _at4(m_eto[bb, t], m_eto[4 + bb, t], m_eto[8 + bb, t], m_eto[12 + bb, t],
+                     patch[bb, :cout], patch[4 + bb, :cout])
+            for a in range(2):
+                oh = 2 * ti + a
+                if oh >= ho:
+                    break
+                base = (n * ho + oh) * wo + 2 * tj
+                y1 = out_rows[base + 1] if 2 * tj + 1 < wo else dump
+                _at4(patch[4 * a, :cout], patch[4 * a + 1, :cout], patch[4 * a + 2, :cout],
+                     patch[4 * a + 3, :cout], out_rows[base], y1)
+            t += 1
+    n0, n1 = r0 // th, (r1 - 1) // th              # epilogue over the tiles' output rows
+    row0 = (n0 * ho + 2 * (r0 % th)) * wo
+    row1 = (n1 * ho + min(2 * ((r1 - 1) % th) + 2, ho)) * wo
+    if code != 0 or b.shape[0] > 0:
+        bias_act_rows(out_rows[row0:row1], b, out_rows[row0:row1], code, alpha)
+
+
 @njit(signatures=("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, :, ::1], "
                   "int64, float32, int64, int64, float32[:, :, ::1], float32[:, :, ::1], "
                   "float32[:, ::1], int64, int64, int64)",))
@@ -78,62 +138,56 @@ def conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_etc, m_eto, p
     ``v_etc`` / ``m_eto`` hold ``block_rows`` tile rows of V / M; ``patch`` is (16, C_in) scratch
     (its first 8 rows also hold A^T M for the output transform, so C_in >= C_out is not needed:
     ``patch`` has max(C_in, C_out) columns)."""
-    n_, h, w, cin = x_nhwc.shape
     ho, wo, cout = out_nhwc.shape[1], out_nhwc.shape[2], out_nhwc.shape[3]
     th, tw = (ho + 1) // 2, (wo + 1) // 2
-    out_rows = out_nhwc.reshape(n_ * ho * wo, cout)
     dump = np.empty(cout, np.float32)              # target of the outputs past an odd edge
     for r0 in range(tr_begin, tr_end, block_rows):
         r1 = min(r0 + block_rows, tr_end)
         nt = (r1 - r0) * tw
-        t = 0
-        for tr in range(r0, r1):                   # input transform: V[:, t] = B^T d B
-            n, ti = tr // th, tr % th
-            for tj in range(tw):
-                for a in range(4):
-                    ih = 2 * ti - pt + a
-                    for bb in range(4):
-                        iw = 2 * tj - pl + bb
-                        dst = patch[4 * a + bb, :cin]
-                        if 0 <= ih < h and 0 <= iw < w:
-                            src = x_nhwc[n, ih, iw]
-                            for c in range(cin):
-                                dst[c] = src[c]
-                        else:
-                            for c in range(cin):
-                                dst[c] = _ZERO
-                for bb in range(4):                # columns: B^T d
-                    p0, p1 = patch[bb, :cin], patch[4 + bb, :cin]
-                    p2, p3 = patch[8 + bb, :cin], patch[12 + bb, :cin]
-                    _bt4(p0, p1, p2, p3, p0, p1, p2, p3)
-                for a in range(4):                 # rows: (B^T d) B
-                    _bt4(patch[4 * a, :cin], patch[4 * a + 1, :cin], patch[4 * a + 2, :cin],
-                         patch[4 * a + 3, :cin], v_etc[4 * a, t], v_etc[4 * a + 1, t],
-                         v_etc[4 * a + 2, t], v_etc[4 * a + 3, t])
-                t += 1
+        _input_tiles(x_nhwc, v_etc, patch, pt, pl, th, tw, r0, r1, 0)
         for e in range(16):
             np.dot(v_etc[e, :nt], u_eio[e], m_eto[e, :nt])
-        t = 0
-        for tr in range(r0, r1):                   # output transform: y = A^T M A
-            n, ti = tr // th, tr % th
-            for tj in range(tw):
-                for bb in range(4):                # s = A^T M, column bb -> patch rows bb, 4 + bb
-                    _at4(m_eto[bb, t], m_eto[4 + bb, t], m_eto[8 + bb, t], m_eto[12 + bb, t],
-                         patch[bb, :cout], patch[4 + bb, :cout])
-                for a in range(2):
-                    oh = 2 * ti + a
-                    if oh >= ho:
-                        break
-                    base = (n * ho + oh) * wo + 2 * tj
-                    y1 = out_rows[base + 1] if 2 * tj + 1 < wo else dump
-                    _at4(patch[4 * a, :cout], patch[4 * a + 1, :cout], patch[4 * a + 2, :cout],
-                         patch[4 * a + 3, :cout], out_rows[base], y1)
-                t += 1
-        n0, n1 = r0 // th, (r1 - 1) // th          # epilogue over the block's output rows
-        row0 = (n0 * ho + 2 * (r0 % th)) * wo
-        row1 = (n1 * ho + min(2 * ((r1 - 1) % th) + 2, ho)) * wo
-        if code != 0 or b.shape[0] > 0:
-            bias_act_rows(out_rows[row0:row1], b, out_rows[row0:row1], code, alpha)
+        _output_tiles(m_eto, b, out_nhwc, code, alpha, patch, dump, th, tw, r0, r1, 0)
+
+
+# The same convolution in three phases, each shared among the threads in its own parallel
+# region: the input transform and the output transform by tile rows, the 16 products by e.
+# For layers with few tiles and large kernels (ResNet's 14x14x256), where splitting by tile rows
+# made every thread stream all of U (16 C_in C_out floats) for a thin product.
+@njit(parallel=True, signatures=(
+    "void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int64, int64, int64, "
+    "int64, int64)",))
+def input_f23_par(x_nhwc, v_etc, patch_p, pt, pl, ho, wo, parts):
+    """V for all tiles (tile t = tr Tw + tj), the tile rows in ``parts`` shares."""
+    th, tw = (ho + 1) // 2, (wo + 1) // 2
+    rows = x_nhwc.shape[0] * th
+    for p in prange(parts):
+        r0, r1 = rows * p // parts, rows * (p + 1) // parts
+        _input_tiles(x_nhwc, v_etc, patch_p[p], pt, pl, th, tw, r0, r1, r0 * tw)
+
+
+@njit(parallel=True, signatures=("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int64)",))
+def products_f23_par(v_etc, u_eio, m_eto, parts):
+    """M[e] = V[e] U[e] for e < 16, the 16 products in ``parts`` shares."""
+    for p in prange(parts):
+        for e in range(16 * p // parts, 16 * (p + 1) // parts):
+            np.dot(v_etc[e], u_eio[e], m_eto[e])
+
+
+@njit(parallel=True, signatures=(
+    "void(float32[:, :, ::1], float32[::1], float32[:, :, :, ::1], int64, float32, "
+    "float32[:, :, ::1], int64)",))
+def output_f23_par(m_eto, b, out_nhwc, code, alpha, patch_p, parts):
+    """y = f(A^T M A + b) for all tiles, the tile rows in ``parts`` shares."""
+    ho, wo = out_nhwc.shape[1], out_nhwc.shape[2]
+    th, tw = (ho + 1) // 2, (wo + 1) // 2
+    rows = out_nhwc.shape[0] * th
+    for p in prange(parts):
+        r0, r1 = rows * p // parts, rows * (p + 1) // parts
+        if r1 > r0:
+            dump = np.empty(out_nhwc.shape[3], np.float32)
+            _output_tiles(m_eto, b, out_nhwc, code, alpha, patch_p[p], dump, th, tw, r0, r1,
+                          r0 * tw)
 
 
 @njit(parallel=True, signatures=(
