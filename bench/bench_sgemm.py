@@ -1,5 +1,8 @@
-"""This machine's sgemm throughput (numpy matmul, float32), the yardstick for GEMM-bound rows:
-bench/report.py gives their GFLOP/s as a share of the best figure here."""
+"""This machine's sgemm throughput (numpy matmul, float32, its BLAS on the run's thread count),
+the yardstick for GEMM-bound rows: bench/report.py gives their GFLOP/s as a share of the best
+figure here. fastlayers pins BLAS to one thread (it shares products among its own threads), so
+the BLAS pool is widened to FASTLAYERS_BENCH_THREADS for this benchmark only (until session 4
+the 2-thread figure was a one-thread sgemm)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import os
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
+
+from .conftest import THREADS
 
 SIZES = [1024, 2048] if os.environ.get("FASTLAYERS_BENCH_FULL") else [256]
 
@@ -18,4 +24,5 @@ def bench_sgemm(benchmark, n):
     out = np.empty((n, n), np.float32)
     benchmark.group = "sgemm"
     benchmark.extra_info.update(workload=f"sgemm {n}x{n}x{n}", batch=1, engine="numpy", flops=2 * n**3)
-    benchmark(np.matmul, a, b, out=out)
+    with threadpool_limits(limits=THREADS, user_api="blas"):
+        benchmark(np.matmul, a, b, out=out)

@@ -38,6 +38,19 @@ def test_report_tables_ratios_gflops_and_chart(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+def test_report_takes_each_engines_best_median_over_runs(tmp_path):
+    paths = []
+    for i, (ours, ort) in enumerate([(0.03, 0.02), (0.01, 0.04), (0.02, 0.03)]):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(fake_run(2, [
+            ({"workload": "conv", "batch": 1, "engine": "fastlayers-cpu"}, ours),
+            ({"workload": "conv", "batch": 1, "engine": "onnxruntime"}, ort)])))
+        paths.append(str(path))
+    rows, _, meta = report.load_runs(paths)
+    assert rows[("conv", 1, 2)] == {"fastlayers-cpu": 0.01, "onnxruntime": 0.02}
+    assert "3 runs; each engine's row is its lowest median" in report.render(rows, {}, meta)
+
+
 def test_process_metrics_measures_cold_start_and_memory(tmp_path):
     oracle("onnxruntime")
     oracle("onnx")
