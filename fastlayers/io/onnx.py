@@ -71,6 +71,8 @@ def _read_nodes(graph, where) -> list[Node]:
         attrs = {a.name: _attribute(a) for a in n.attribute}
         if n.op_type == "Split":
             attrs["_num_outputs"] = len(n.output)
+        if n.op_type == "LayerNormalization":      # the mean / inv-std outputs cost two passes
+            attrs["_stats"] = any(n.output[1:])
         nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name))
     return nodes
 

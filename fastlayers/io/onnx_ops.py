@@ -266,6 +266,8 @@ def _layer_norm(inputs, attrs, opset):
     axes = tuple(range(axis, x.ndim))
     eps = attrs.get("epsilon", 1e-5)
     y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes)
+    if not attrs.get("_stats", True):
+        return [y]
     # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)
     mean = np.mean(x, axis=axes, keepdims=True, dtype=np.float32)
     inv_std = 1.0 / np.sqrt(np.mean(np.square(x - mean), axis=axes, keepdims=True) + np.float32(eps))

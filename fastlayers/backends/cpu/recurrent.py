@@ -27,7 +27,8 @@ from . import _recurrent as K
 from ._blas import SGEMM
 from ._gemm import matmul
 from ._pages import aligned_empty, weights_empty
-from ._split import shares, thread_count
+from . import _split
+from ._split import shares
 from ._sync import aborted, barrier_safe
 
 _NO_MASK = np.zeros((0, 0), np.uint8)
@@ -141,7 +142,7 @@ def _run(one, all_shares, make_args, units, min_units):
     threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
     ``make_args(parts)`` builds fresh outputs and states; returns the arguments run. A loop too
     small for two shares goes straight to the serial run (no slot, no thread query)."""
-    if min(thread_count(), units // max(min_units, 1)) > 1:
+    if min(_split.thread_count(), units // max(min_units, 1)) > 1:
         with shares(units, min_units) as parts:
             parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
             if parts > 1 and barrier_safe():
