@@ -97,7 +97,8 @@ def test_torch_mlp_export_matches_onnxruntime(torch, tmp_path, rng, backend, ops
            dynamic_axes={"x": {0: "batch"}}, opset_version=opset)
     ours = fastlayers.load(path)
     assert "MatMul" not in ours.op_types and "Gemm" not in ours.op_types  # fused into dense nodes
-    assert "Erf" not in ours.op_types  # the exported exact GELU became one Gelu node
+    # the exported exact GELU became one Gelu node, then the activation of its dense node
+    assert "Erf" not in ours.op_types and "Gelu" not in ours.op_types
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch in (1, 7):
         x = rng.standard_normal((batch, 6)).astype(np.float32)
@@ -148,6 +149,36 @@ def test_unsupported_operators_listed_in_one_error(tmp_path):
     onnx.save(make_graph(nodes, [x], [y]), tmp_path / "u.onnx")
     with pytest.raises(UnsupportedError, match=r"u.onnx: unsupported ONNX operator\(s\): Hardmax, com.example::Custom"):
         fastlayers.load(tmp_path / "u.onnx")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_nodes_fuse_into_dense_and_conv(tmp_path, rng, approximate):
+    """An opset-20 Gelu after MatMul + Add or after Conv becomes the node's fused activation, in
+    its exact or tanh form, with onnxruntime's result."""
+    ort = oracle("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w, b = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    k = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
+             helper.make_node("Gelu", ["h"], ["y"], approximate=approximate),
+             helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Gelu", ["c"], ["z"], approximate=approximate)]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                        helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+                        numpy_helper.from_array(k, "k")], opset=20)
+    onnx.save(model, tmp_path / "gelu.onnx")
+    ours = fastlayers.load(tmp_path / "gelu.onnx")
+    assert sorted(ours.op_types) == ["FusedConv", "FusedDense"]
+    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32),
+             "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)}
+    session = ort.InferenceSession(str(tmp_path / "gelu.onnx"), providers=["CPUExecutionProvider"])
+    for got, want in zip(ours(feeds), session.run(None, feeds)):
+        assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_constant_folding_dead_nodes_and_external_data(tmp_path, rng):

@@ -29,7 +29,16 @@ from .onnx_ops import DTYPES, OPS
 MIN_OPSET = 9
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
 _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
-                        "LeakyRelu": ("leaky_relu", "alpha")}
+                        "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
+
+
+def _fused_activation(follower) -> dict:
+    """The activation attributes a dense or convolution node takes from a following activation
+    node (Gelu with approximate="tanh" is the tanh form)."""
+    name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
+    if follower.op_type == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
+        name = "gelu_tanh"
+    return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 
 
@@ -153,9 +162,7 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
             elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in node.attrs:
-                name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
-                node.attrs = {"activation": name,
-                              "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
+                node.attrs = _fused_activation(follower)
             else:
                 break
             node.outputs = follower.outputs
@@ -191,9 +198,7 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                 w = (w * s.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
                 b = ((np.zeros_like(mean) if b is None else b) - mean) * s + beta
             elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
-                name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
-                attrs["activation"] = name
-                attrs["alpha"] = follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0
+                attrs.update(_fused_activation(follower))
             else:
                 break
             node.outputs = follower.outputs
@@ -444,7 +449,8 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
     nodes = _read_nodes(graph, where)
     try:
         nodes = fold_constants(nodes, constants, opset)
-        nodes = fuse_gelu(fuse_dense(nodes, constants, outputs), constants, outputs)
+        # GELU chains first, so that the Gelu node they become is absorbed by a dense node
+        nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = prune(fuse_conv(nodes, constants, outputs), outputs)
     except FastlayersError:
         raise
