@@ -418,7 +418,13 @@ def _slice(inputs, attrs, opset):
 @op("Gather")
 def _gather(inputs, attrs, opset):
     x, idx = inputs
-    return [np.take(x, idx.astype(np.int64), axis=attrs.get("axis", 0))]
+    axis = attrs.get("axis", 0) % max(x.ndim, 1)
+    if idx.ndim == 0 and x.ndim > 0:               # one index: a view (q, k, v out of a packed qkv)
+        i = int(idx)
+        if not -x.shape[axis] <= i < x.shape[axis]:
+            raise IndexError(f"Gather index {i} is out of bounds for axis {axis} with size {x.shape[axis]}")
+        return [x[(slice(None),) * axis + (i,)]]
+    return [np.take(x, idx.astype(np.int64), axis=axis)]
 
 
 @op("GatherElements")
