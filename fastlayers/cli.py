@@ -152,8 +152,9 @@ def cmd_run(args) -> int:
 def cmd_warmup(args) -> int:
     from .backends import _jit
     from .backends import cpu  # noqa: F401  (registers the kernels)
+    from .backends.cpu import recurrent  # noqa: F401  (imported on first use otherwise)
 
-    total = sum(len(sigs) for _, sigs in _jit.KERNELS)
+    total = sum(len(sigs) for _, sigs in _jit.KERNELS) + len(_jit.WARM_CALLS)
     progress = Progress(total, "compiling")
     t0 = time.perf_counter()
     count = _jit.warmup(progress.update)

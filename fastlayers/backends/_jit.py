@@ -21,6 +21,15 @@ numba.config.THREADING_LAYER = "threadsafe"
 
 #: Every compiled kernel with the signatures the backend calls it with, for ``warmup``.
 KERNELS: list[tuple[numba.core.registry.CPUDispatcher, tuple[str, ...]]] = []
+#: Functions that compile kernels by running them on tiny inputs, for ``warmup``: kernels whose
+#: argument types have no signature string (a ctypes function, a tuple of arrays).
+WARM_CALLS: list = []
+
+
+def warm_call(fn):
+    """Register ``fn()`` (compiles kernels by calling them) with ``warmup``."""
+    WARM_CALLS.append(fn)
+    return fn
 
 
 def njit(*, signatures: tuple[str, ...] = (), parallel: bool = False, inline: bool = False):
@@ -57,7 +66,8 @@ def pin_blas() -> None:
 
 
 def warmup(progress=None) -> int:
-    """Compile every registered kernel for its signatures (filling the cache); return the count."""
+    """Compile every registered kernel for its signatures, then run the ``WARM_CALLS`` (filling
+    the cache); return the count of signatures and calls."""
     done = 0
     for dispatcher, signatures in KERNELS:
         for sig in signatures:
@@ -65,4 +75,9 @@ def warmup(progress=None) -> int:
             done += 1
             if progress is not None:
                 progress(done, dispatcher.__name__)
+    for fn in WARM_CALLS:
+        fn()
+        done += 1
+        if progress is not None:
+            progress(done, fn.__name__)
     return done

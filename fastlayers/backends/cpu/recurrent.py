@@ -21,7 +21,7 @@ import threading
 import numba
 import numpy as np
 
-from .._jit import apply_num_threads
+from .._jit import apply_num_threads, warm_call
 from ..derived import derived
 from . import _recurrent as K
 from ._blas import SGEMM
@@ -40,6 +40,7 @@ MIN_SHARE_MADDS = 1 << 16
 #: Shares own multiples of this many units (whole SIMD vectors).
 UNIT_STEP = 16
 _local = threading.local()
+_warming = [False]
 
 
 def _c32(a):
@@ -141,7 +142,13 @@ def _run(one, all_shares, make_args, units, min_units):
     """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
     threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
     ``make_args(parts)`` builds fresh outputs and states; returns the arguments run. A loop too
-    small for two shares goes straight to the serial run (no slot, no thread query)."""
+    small for two shares goes straight to the serial run (no slot, no thread query). While
+    ``warm_loops`` runs, both drivers run with one share (compiling both)."""
+    if _warming[0]:
+        all_shares(SGEMM, make_args(1), 1)
+        args = make_args(1)
+        one(SGEMM, args)
+        return args
     if min(_split.thread_count(), units // max(min_units, 1)) > 1:
         with shares(units, min_units) as parts:
             parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
@@ -272,3 +279,24 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     hbuf, y_btp, last = args[4], args[11], args[12]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy())
+
+
+@warm_call
+def warm_loops():
+    """Compile the serial and parallel drivers of the three loops by running each once on a tiny
+    input: their arguments (a ctypes sgemm, a tuple of arrays) have no signature string, and
+    compiling them on first use took about a minute with an empty cache."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 3)).astype(np.float32)
+    h0 = np.zeros((1, 4), np.float32)
+
+    def w(k, n):
+        return rng.standard_normal((k, n)).astype(np.float32)
+
+    _warming[0] = True
+    try:
+        lstm_sequence(x, w(3, 16), w(4, 16), None, h0, h0)
+        gru_sequence(x, w(3, 12), w(4, 12), None, None, h0)
+        rnn_sequence(x, w(3, 4), w(4, 4), None, h0)
+    finally:
+        _warming[0] = False
