@@ -120,10 +120,18 @@ class SpatialLayer(Layer):
         return (input_shape[0], *spatial, channels)
 
     def _pads_hw(self, sizes, kernel, strides, dilation):
-        """((top, bottom), (left, right)) for NHWC sizes (1-D: no vertical padding)."""
-        pads = tuple(axis_pads(self.padding, n, k, s, d, a)
-                     for a, (n, k, s, d) in enumerate(zip(sizes, kernel, strides, dilation)))
-        return ((0, 0), *pads) if self.rank == 1 else pads
+        """((top, bottom), (left, right)) for NHWC sizes (1-D: no vertical padding), remembered
+        per input size (a few microseconds of Python per call otherwise)."""
+        key = (tuple(sizes), kernel, strides, dilation)
+        cache = self.__dict__.setdefault("_pads_by_size", {})
+        pads = cache.get(key)
+        if pads is None:
+            pads = tuple(axis_pads(self.padding, n, k, s, d, a)
+                         for a, (n, k, s, d) in enumerate(zip(sizes, kernel, strides, dilation)))
+            pads = ((0, 0), *pads) if self.rank == 1 else pads
+            if len(cache) < 64:
+                cache[key] = pads
+        return pads
 
     def _hw(self, t, one=1):
         """A per-axis tuple as (h, w): 1-D tuples get ``one`` for the height."""
