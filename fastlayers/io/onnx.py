@@ -30,6 +30,7 @@ MIN_OPSET = 9
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
 _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
                         "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 
 
 def _fused_activation(follower) -> dict:
@@ -39,7 +40,6 @@ def _fused_activation(follower) -> dict:
     if follower.op_type == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
         name = "gelu_tanh"
     return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 
 
 def _onnx():

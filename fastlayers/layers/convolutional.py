@@ -123,7 +123,9 @@ class SpatialLayer(Layer):
         """((top, bottom), (left, right)) for NHWC sizes (1-D: no vertical padding), remembered
         per input size (a few microseconds of Python per call otherwise)."""
         key = (tuple(sizes), kernel, strides, dilation)
-        cache = self.__dict__.setdefault("_pads_by_size", {})
+        cache = self.__dict__.get("_pads_by_size")
+        if cache is None:
+            cache = self._pads_by_size = {}
         pads = cache.get(key)
         if pads is None:
             pads = tuple(axis_pads(self.padding, n, k, s, d, a)

@@ -134,14 +134,14 @@ def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
     bias = _EMPTY if b is None else _f32c(b)
     act = _act_code(code)
 
-    if n * th * tw <= 2 * _WINOGRAD_BLOCK_TILES:
+    tiles = n * th * tw
+    if tiles <= 2 * _WINOGRAD_BLOCK_TILES:
         # few tiles: the 16 products shared by e, so that each thread reads only its part of U
         # (by tile rows, every thread streamed all of U for a thin product: ResNet-18's 14x14x256
         # layer took 1.58 ms inside the model, 1.14 ms shared by e)
         with shares(16, 8) as parts:
             if parts > 1:
-                ws = workspace(16 * n * th * tw * (cin + cout) + parts * 16 * max(cin, cout))
-                tiles = n * th * tw
+                ws = workspace(16 * tiles * (cin + cout) + parts * 16 * max(cin, cout))
                 v = ws[: 16 * tiles * cin].reshape(16, tiles, cin)
                 m = ws[16 * tiles * cin: 16 * tiles * (cin + cout)].reshape(16, tiles, cout)
                 patch = ws[16 * tiles * (cin + cout):].reshape(parts, 16, max(cin, cout))

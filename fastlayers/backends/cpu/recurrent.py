@@ -24,10 +24,10 @@ import numpy as np
 from .._jit import apply_num_threads, warm_call
 from ..derived import derived
 from . import _recurrent as K
+from . import _split
 from ._blas import SGEMM
 from ._gemm import matmul
 from ._pages import aligned_empty, weights_empty
-from . import _split
 from ._split import shares
 from ._sync import aborted, barrier_safe
 
@@ -162,19 +162,30 @@ def _run(one, all_shares, make_args, units, min_units):
     return args
 
 
+def _state_empty(shape, parts):
+    """A new float32 state or output array, cache-line aligned when several shares write it."""
+    return aligned_empty(shape) if parts > 1 else np.empty(shape, np.float32)
+
+
 def _outputs(t_len, batch, size, return_sequences, y0, parts):
     y_btp = np.empty((batch, t_len if return_sequences else 0, size), np.float32)
-    last = aligned_empty((batch, size)) if parts > 1 else np.empty((batch, size), np.float32)
+    last = _state_empty((batch, size), parts)
     last[...] = 0 if y0 is None else y0
     return y_btp, last
 
 
 def _states(h0, batch, size, parts):
-    """The state of even and odd steps, (2, batch, size), starting from h0 (cache-line aligned
-    for several shares)."""
-    hbuf = aligned_empty((2, batch, size)) if parts > 1 else np.empty((2, batch, size), np.float32)
+    """The state of even and odd steps, (2, batch, size), starting from h0."""
+    hbuf = _state_empty((2, batch, size), parts)
     hbuf[0] = h0
     return hbuf
+
+
+def _cell(c0, batch, units, parts):
+    """The LSTM cell state, (batch, units), starting from c0 (updated in place by the loop)."""
+    c = _state_empty((batch, units), parts)
+    c[...] = c0
+    return c
 
 
 def _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked):
@@ -234,7 +245,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
             proj = _workspace("proj", (parts, batch, _lines(w_proj.shape[2])))
         return (xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub), w_proj,
                 _states(h0, batch, out_size, parts), _workspace("hfull", (batch, units)),
-                _states(c0, batch, units, parts)[0], mask_tb, bool(reverse), bool(zero_masked),
+                _cell(c0, batch, units, parts), mask_tb, bool(reverse), bool(zero_masked),
                 codes[0], codes[1],
                 *_outputs(t_len, batch, out_size, return_sequences, y0, parts), gates, proj, tmp, bits,
                 ub, qb, np.zeros(2, np.int64))
