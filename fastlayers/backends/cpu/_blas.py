@@ -7,6 +7,12 @@ OpenBLAS was also the faster of the two here (a 49x4608 by 4608x512 product: 3.0
 ctypes function; kernels take it as an argument (``fn``), which keeps them cacheable.
 ``SGEMM`` is None when numpy's BLAS is not an OpenBLAS with such a symbol; callers then use
 numpy's ``matmul``.
+
+``PACKED`` is fastlayers' own sgemm on weights packed once (``pack``, the Cython extension
+``_sgemm``: an AVX-512 micro-kernel), ``packed(fn, a, pb, c, beta)``; it is None on CPUs without
+AVX-512F, without the extension, without ``SGEMM`` or with ``FASTLAYERS_SGEMM=openblas``. Small
+products on constant weights (a recurrent step) ran up to 1.8x faster on it than through
+OpenBLAS, which packs the weights again on every call (docs/design.md, "Own sgemm").
 """
 
 from __future__ import annotations
@@ -46,6 +52,30 @@ def _numpy_cblas_sgemm():
 SGEMM = _numpy_cblas_sgemm()
 
 
+def _own_packed_sgemm():
+    if SGEMM is None or os.environ.get("FASTLAYERS_SGEMM", "").lower() == "openblas":
+        return None
+    try:
+        from . import _sgemm
+    except ImportError:          # the package was installed without building its extension
+        return None
+    if not _sgemm.supported():
+        return None
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    proto = ctypes.CFUNCTYPE(None, i64, i64, i64, ptr, i64, ptr, f32, ptr, i64)
+    return proto(_sgemm.packed_address())
+
+
+PACKED = _own_packed_sgemm()
+
+
+def pack(b_kn):
+    """``b_kn`` (k, n) packed for ``packed`` (a new 1-D float32 array); needs ``PACKED``."""
+    from . import _sgemm
+
+    return _sgemm.pack(np.ascontiguousarray(b_kn, dtype=np.float32))
+
+
 @njit(inline=True)
 def sgemm(fn, a_mk, b_kn, c_mn, trans_b, beta):
     """c = a @ b (or a @ b^T when ``trans_b``, b then (n, k)) + beta c, for 2-D float32 arrays
@@ -54,4 +84,13 @@ def sgemm(fn, a_mk, b_kn, c_mn, trans_b, beta):
     n = c_mn.shape[1]
     fn(_ROW_MAJOR, _NO_TRANS, _TRANS if trans_b else _NO_TRANS, m, n, k, np.float32(1.0),
        a_mk.ctypes.data, a_mk.strides[0] // 4, b_kn.ctypes.data, b_kn.strides[0] // 4,
+       np.float32(beta), c_mn.ctypes.data, c_mn.strides[0] // 4)
+
+
+@njit(inline=True)
+def packed(fn, a_mk, pb, c_mn, beta):
+    """c = a @ b + beta c (beta 0 or 1) for b packed by ``pack`` and 2-D float32 ``a``/``c``
+    with a contiguous last axis: one single-threaded call of ``PACKED`` (``fn``)."""
+    m, k = a_mk.shape
+    fn(m, c_mn.shape[1], k, a_mk.ctypes.data, a_mk.strides[0] // 4, pb.ctypes.data,
        np.float32(beta), c_mn.ctypes.data, c_mn.strides[0] // 4)

@@ -4,8 +4,8 @@ The primitive (``recurrent.py``) computes the input projection of all timesteps 
 ``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates). Each loop is split into
 shares of units (``*_share(..., p)``): share p owns units u0:u1 and the matching columns of
 every gate block, packed side by side in ``w_p..[p]``, and runs the whole sequence: per step
-one recurrent product (the gemv ``_gemv`` at batch 1, else single-threaded sgemm calls through
-numpy's CBLAS, ``_blas``), one fused pass over its gates (activations, cell update, masking,
+one recurrent product (the gemv ``_gemv`` at batch 1, else fastlayers' sgemm on the share's
+weights packed once, or single-threaded sgemm calls through numpy's CBLAS: ``_blas``), one fused pass over its gates (activations, cell update, masking,
 outputs), then a barrier (``_sync``) after which every share reads the full new state. The
 state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the whole layer)
 serially, ``*_all`` all of them in one parallel region. No Python runs per timestep.
@@ -25,7 +25,7 @@ from numba import prange, types
 from numba.extending import overload
 
 from .._jit import FASTMATH, njit
-from ._blas import sgemm
+from ._blas import packed, sgemm
 from ._sync import barrier
 from ._vexp import exp_inplace
 
@@ -111,20 +111,32 @@ def _gemv(h_k, w_kn, out_n):
 SMALL_GEMM = 1 << 19
 
 
-def _product(fn, a_bk, w_kn, out_bn):
-    """out[:, :n] = a @ w (n = w's columns): the gemv above at batch 1, else single-threaded sgemm
-    calls through ``fn`` (``_blas.SGEMM``); without sgemm (``fn`` None) the gemv per row."""
+def _product(fn, a_bk, w_kn, pw, out_bn):
+    """out[:, :n] = a @ w (n = w's columns): the gemv above at batch 1, else one call of
+    fastlayers' sgemm on ``pw`` (w packed, ``fn`` ``_blas.PACKED``) or single-threaded sgemm calls
+    through ``fn`` (``_blas.SGEMM``); without sgemm (``fn`` None) the gemv per row."""
     np.matmul(a_bk, w_kn, out=out_bn[:, :w_kn.shape[1]])
 
 
+def _is_packed(fn):
+    """``fn`` is ``_blas.PACKED`` (9 arguments), not a CBLAS sgemm (14)."""
+    return isinstance(fn, types.ExternalFunctionPointer) and len(fn.sig.args) == 9
+
+
 @overload(_product, jit_options={"fastmath": FASTMATH, "nogil": True})
-def _product_impl(fn, a_bk, w_kn, out_bn):
+def _product_impl(fn, a_bk, w_kn, pw, out_bn):
     if isinstance(fn, types.NoneType):
-        def product(fn, a_bk, w_kn, out_bn):
+        def product(fn, a_bk, w_kn, pw, out_bn):
             for b in range(a_bk.shape[0]):
                 _gemv(a_bk[b], w_kn, out_bn[b])
+    elif _is_packed(fn):
+        def product(fn, a_bk, w_kn, pw, out_bn):
+            if a_bk.shape[0] == 1:
+                _gemv(a_bk[0], w_kn, out_bn[0])
+            else:
+                packed(fn, a_bk, pw, out_bn[:, :w_kn.shape[1]], 0.0)
     else:
-        def product(fn, a_bk, w_kn, out_bn):
+        def product(fn, a_bk, w_kn, pw, out_bn):
             m, k = a_bk.shape
             n = w_kn.shape[1]
             if m == 1:
@@ -146,42 +158,55 @@ def _add_blocks(g, src, blocks, n, width, u0):
     """g[k n + j] += src[k width + u0 + j] for k < blocks, j < n: a share's columns of each gate
     block of a full-width row (``src``) added to its packed gates (``g``)."""
     for k in range(blocks):
-        for j in range(n):
-            g[k * n + j] += src[k * width + u0 + j]
+        _add_to(g[k * n:(k + 1) * n], src[k * width + u0:k * width + u0 + n])
+
+
+@njit(inline=True)
+def _add_to(dst, src):
+    """dst += src. Loops here index slices from 0 (``range(n)``): an index such as u0 + j, whose
+    sign Numba cannot prove, is wrapped per element and kept the loop from vectorizing (the
+    LSTM's gate pass took 50 us per batch-32 step instead of 15; docs/design.md)."""
+    for j in range(dst.shape[0]):
+        dst[j] += src[j]
+
+
+@njit(inline=True)
+def _copy_to(dst, src):
+    """dst = src (see ``_add_to``)."""
+    for j in range(dst.shape[0]):
+        dst[j] = src[j]
 
 
 @njit(inline=True)
 def _emit(ts, b, valid, zero_masked, h_row, c0, c1, last_bp, y_btp):
     """Outputs of sample ``b`` at step ``ts`` in columns c0:c1: the carried output and, with
     sequences, y[b, ts]."""
+    last = last_bp[b, c0:c1]
     if valid:
-        for j in range(c0, c1):
-            last_bp[b, j] = h_row[j]
+        _copy_to(last, h_row[c0:c1])
     if y_btp.shape[1] > 0:
-        yr = y_btp[b, ts]
+        yr = y_btp[b, ts, c0:c1]
         if valid or not zero_masked:
-            for j in range(c0, c1):
-                yr[j] = last_bp[b, j]
+            _copy_to(yr, last)
         else:
-            for j in range(c0, c1):
-                yr[j] = _ZERO
+            yr[:] = _ZERO
 
 
 @njit(inline=True)
 def _carry(cur_bh, nxt_bh, b, c0, c1):
     """A masked step keeps sample ``b``'s state: nxt[b, c0:c1] = cur[b, c0:c1]."""
-    for j in range(c0, c1):
-        nxt_bh[b, j] = cur_bh[b, j]
+    _copy_to(nxt_bh[b, c0:c1], cur_bh[b, c0:c1])
 
 
 @njit()
-def lstm_share(fn, xw_tbg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
+def lstm_share(fn, xw_tbg, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
                act, ract, y_btp, last_bp, gates_pbg, proj_pbq, tmp_pg, bits_pg, ubounds, qbounds,
                sync, p):
     """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
     c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp (outputs qbounds[p:p + 2]).
 
-    ``w_pkg[p]`` holds the share's columns of the 4 gate blocks side by side; ``hbuf`` is the
+    ``w_pkg[p]`` holds the share's columns of the 4 gate blocks side by side (``pw_pg[p]`` the
+    same packed for ``_blas.PACKED``, ``pwp_pq`` likewise for ``wp_pkq``); ``hbuf`` is the
     state of even and odd steps (step s reads hbuf[s % 2], writes hbuf[(s + 1) % 2]).
     """
     t_len, batch, _ = xw_tbg.shape
@@ -197,7 +222,7 @@ def lstm_share(fn, xw_tbg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
         cur, nxt = hbuf_2bp[s % 2], hbuf_2bp[(s + 1) % 2]
-        _product(fn, cur, w_pkg[p], gates)
+        _product(fn, cur, w_pkg[p], pw_pg[p], gates)
         for b in range(batch):
             if has_mask and mask_tb[ts, b] == 0:
                 if not has_proj:
@@ -208,27 +233,27 @@ def lstm_share(fn, xw_tbg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
             act_inplace(g[:2 * n], ract, tmp, bits)
             act_inplace(g[2 * n:3 * n], act, tmp, bits)
             act_inplace(g[3 * n:4 * n], ract, tmp, bits)
-            cr = c_bh[b]
-            hr = hfull_bh[b] if has_proj else nxt[b]
+            cr = c_bh[b, u0:u0 + n]
+            hr = (hfull_bh[b] if has_proj else nxt[b])[u0:u0 + n]
+            gi, gf, gg, go = g[:n], g[n:2 * n], g[2 * n:3 * n], g[3 * n:4 * n]
             for j in range(n):
-                cn = g[n + j] * cr[u0 + j] + g[j] * g[2 * n + j]
-                cr[u0 + j] = cn
-                hr[u0 + j] = cn
-            act_inplace(hr[u0:u0 + n], act, tmp, bits)
+                cn = gf[j] * cr[j] + gi[j] * gg[j]
+                cr[j] = cn
+                hr[j] = cn
+            act_inplace(hr, act, tmp, bits)
             for j in range(n):
-                hr[u0 + j] *= g[3 * n + j]
+                hr[j] *= go[j]
         if has_proj:
             met += 1
             if not barrier(sync, parts, met):
                 return
             proj = proj_pbq[p]
-            _product(fn, hfull_bh, wp_pkq[p], proj)
+            _product(fn, hfull_bh, wp_pkq[p], pwp_pq[p], proj)
             for b in range(batch):
                 if has_mask and mask_tb[ts, b] == 0:
                     _carry(cur, nxt, b, q0, q1)
                 else:
-                    for j in range(q1 - q0):
-                        nxt[b, q0 + j] = proj[b, j]
+                    _copy_to(nxt[b, q0:q1], proj[b, :q1 - q0])
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
             _emit(ts, b, valid, zero_masked, nxt[b], q0, q1, last_bp, y_btp)
@@ -238,7 +263,7 @@ def lstm_share(fn, xw_tbg, w_pkg, wp_pkq, hbuf_2bp, hfull_bh, c_bh, mask_tb, rev
 
 
 @njit()
-def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
+def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
               act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg, bits_pg, ubounds, sync, p):
     """Share ``p`` of the GRU loop, units u0:u1 = ubounds[p:p + 2]: z, r = ract(xw + h u + b_hg);
     cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or act(xw_h + (r h) w_hn);
@@ -246,7 +271,8 @@ def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
 
     reset_after: ``wn_pkn`` is empty and ``w_pkg[p]`` holds the share's columns of the 3 blocks;
     otherwise of z and r, and ``wn_pkn[p]`` its candidate columns (a second barrier per step:
-    r h must be complete first). An empty ``b_hg`` means no recurrent bias.
+    r h must be complete first); ``pw_pg``/``pwn_pn`` hold them packed for ``_blas.PACKED``. An
+    empty ``b_hg`` means no recurrent bias.
     """
     t_len, batch, _ = xw_tbg.shape
     units = hbuf_2bh.shape[2]
@@ -261,7 +287,7 @@ def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
         cur, nxt = hbuf_2bh[s % 2], hbuf_2bh[(s + 1) % 2]
-        _product(fn, cur, w_pkg[p], gates)
+        _product(fn, cur, w_pkg[p], pw_pg[p], gates)
         for b in range(batch):
             if has_mask and mask_tb[ts, b] == 0:
                 continue
@@ -271,30 +297,32 @@ def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
                 _add_blocks(g, b_hg, 3 if reset_after else 2, n, units, u0)
             _add_blocks(g, xr, 2, n, units, u0)
             act_inplace(g[:2 * n], ract, tmp, bits)
+            gr = g[n:2 * n]
             if reset_after:
+                cr, xh, hh = cand[b, :n], xr[2 * units + u0:2 * units + u0 + n], g[2 * n:3 * n]
                 for j in range(n):
-                    cand[b, j] = xr[2 * units + u0 + j] + g[n + j] * g[2 * n + j]
+                    cr[j] = xh[j] + gr[j] * hh[j]
             else:
+                rh, hr = rh_bh[b, u0:u0 + n], cur[b, u0:u0 + n]
                 for j in range(n):
-                    rh_bh[b, u0 + j] = g[n + j] * cur[b, u0 + j]
+                    rh[j] = gr[j] * hr[j]
         if not reset_after:
             met += 1
             if not barrier(sync, parts, met):
                 return
-            _product(fn, rh_bh, wn_pkn[p], cand)
+            _product(fn, rh_bh, wn_pkn[p], pwn_pn[p], cand)
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
                 g = gates[b]
-                cr = cand[b]
+                cr = cand[b, :n]
                 if not reset_after:
-                    xr = xw_tbg[ts, b]
-                    for j in range(n):
-                        cr[j] += xr[2 * units + u0 + j]
-                act_inplace(cr[:n], act, tmp, bits)
+                    _add_to(cr, xw_tbg[ts, b, 2 * units + u0:2 * units + u0 + n])
+                act_inplace(cr, act, tmp, bits)
+                hn, hc = nxt[b, u0:u0 + n], cur[b, u0:u0 + n]
                 for j in range(n):
                     z = g[j]
-                    nxt[b, u0 + j] = z * cur[b, u0 + j] + (_ONE - z) * cr[j]
+                    hn[j] = z * hc[j] + (_ONE - z) * cr[j]
             else:
                 _carry(cur, nxt, b, u0, u0 + n)
             _emit(ts, b, valid, zero_masked, nxt[b], u0, u0 + n, last_bh, y_bth)
@@ -304,9 +332,10 @@ def gru_share(fn, xw_tbg, w_pkg, wn_pkn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse
 
 
 @njit()
-def rnn_share(fn, xw_tbh, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
+def rnn_share(fn, xw_tbh, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
               gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
-    """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)."""
+    """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)
+    (``pw_ph[p]``: ``w_pkh[p]`` packed for ``_blas.PACKED``)."""
     t_len, batch, units = xw_tbh.shape
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
@@ -316,15 +345,14 @@ def rnn_share(fn, xw_tbh, w_pkh, hbuf_2bh, mask_tb, reverse, zero_masked, act, y
     for s in range(t_len):
         ts = t_len - 1 - s if reverse else s
         cur, nxt = hbuf_2bh[s % 2], hbuf_2bh[(s + 1) % 2]
-        _product(fn, cur, w_pkh[p], gates)
+        _product(fn, cur, w_pkh[p], pw_ph[p], gates)
         for b in range(batch):
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
                 g = gates[b]
                 _add_blocks(g, xw_tbh[ts, b], 1, n, units, u0)
                 act_inplace(g[:n], act, tmp, bits)
-                for j in range(n):
-                    nxt[b, u0 + j] = g[j]
+                _copy_to(nxt[b, u0:u0 + n], g[:n])
             else:
                 _carry(cur, nxt, b, u0, u0 + n)
             _emit(ts, b, valid, zero_masked, nxt[b], u0, u0 + n, last_bh, y_bth)

@@ -23,9 +23,8 @@ import numpy as np
 
 from .._jit import apply_num_threads, warm_call
 from ..derived import derived
+from . import _blas, _split
 from . import _recurrent as K
-from . import _split
-from ._blas import SGEMM
 from ._gemm import matmul
 from ._pages import aligned_empty, weights_empty
 from ._split import shares
@@ -122,6 +121,22 @@ def _share_weights(w_kn, blocks, n_blocks, bounds):
     return derived(w, kind, lambda a: _pack(a, blocks, n_blocks, bounds))
 
 
+def _loop_fn():
+    """The product routine the loops get: fastlayers' packed sgemm, else numpy's CBLAS sgemm
+    (read at call time: tests switch it)."""
+    return _blas.PACKED if _blas.PACKED is not None else _blas.SGEMM
+
+
+def _packed_shares(w_kn, blocks, n_blocks, bounds, fn, batch):
+    """``_share_weights`` with each share packed for ``fn`` (computed once per weight array) when
+    ``fn`` is ``_blas.PACKED`` and the batch needs a matrix product, else an empty (parts, 0)."""
+    if w_kn is None or fn is None or fn is not _blas.PACKED or batch == 1:
+        return np.zeros((len(bounds) - 1, 0), np.float32)
+    kind = f"recurrent-packed:{blocks}:{n_blocks}:{bounds.tolist()}"
+    return derived(_c32(w_kn), kind, lambda w: np.stack(
+        [_blas.pack(share) for share in _share_weights(w, blocks, n_blocks, bounds)]))
+
+
 def _share_count(batch, k, units, gate_blocks):
     """Shares of a loop whose recurrent product is (batch, k) @ (k, gate_blocks * units)."""
     madds_per_unit = batch * k * gate_blocks
@@ -138,27 +153,28 @@ def _scratch(parts, width, batch):
             _workspace("bits", (parts, width), np.int32))
 
 
-def _run(one, all_shares, make_args, units, min_units):
+def _run(one, all_shares, make_args, units, min_units, fn):
     """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
     threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
-    ``make_args(parts)`` builds fresh outputs and states; returns the arguments run. A loop too
+    ``make_args(parts)`` builds fresh outputs and states; ``fn`` is ``_loop_fn()``; returns the
+    arguments run. A loop too
     small for two shares goes straight to the serial run (no slot, no thread query). While
     ``warm_loops`` runs, both drivers run with one share (compiling both)."""
     if _warming[0]:
-        all_shares(SGEMM, make_args(1), 1)
+        all_shares(fn, make_args(1), 1)
         args = make_args(1)
-        one(SGEMM, args)
+        one(fn, args)
         return args
     if min(_split.thread_count(), units // max(min_units, 1)) > 1:
         with shares(units, min_units) as parts:
             parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
             if parts > 1 and barrier_safe():
                 args = make_args(parts)
-                all_shares(SGEMM, args, parts)
+                all_shares(fn, args, parts)
                 if not aborted(args[-1]):
                     return args
     args = make_args(1)
-    one(SGEMM, args)
+    one(fn, args)
     return args
 
 
@@ -206,17 +222,19 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     units = w_hh.shape[0]
     xw = _input_projection(x_bti, w_ih, b)
     mask_tb = _mask_tb(mask_bt)
+    fn = _loop_fn()
 
     def make_args(parts):
         bounds = _bounds(units, parts)
         gates, tmp, bits = _scratch(parts, _widest(bounds), batch)
-        return (xw, _share_weights(w_hh, (0,), 1, bounds), _states(h0, batch, units, parts),
+        return (xw, _share_weights(w_hh, (0,), 1, bounds),
+                _packed_shares(w_hh, (0,), 1, bounds, fn, batch), _states(h0, batch, units, parts),
                 mask_tb, bool(reverse), bool(zero_masked), codes[0],
                 *_outputs(t_len, batch, units, return_sequences, y0, parts), gates, tmp, bits,
                 bounds, np.zeros(2, np.int64))
 
-    args = _run(K.rnn_one, K.rnn_all, make_args, *_share_count(batch, units, units, 1))
-    hbuf, y_btp, last = args[2], args[7], args[8]
+    args = _run(K.rnn_one, K.rnn_all, make_args, *_share_count(batch, units, units, 1), fn)
+    hbuf, y_btp, last = args[3], args[8], args[9]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy())
 
@@ -232,6 +250,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
     xw = _input_projection(x_bti, w_ig, b_g)
     mask_tb = _mask_tb(mask_bt)
+    fn = _loop_fn()
 
     def make_args(parts):
         ub = _bounds(units, parts)
@@ -243,15 +262,17 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
             qb = _bounds(out_size, parts)
             w_proj = _share_weights(w_hp, (0,), 1, qb)
             proj = _workspace("proj", (parts, batch, _lines(w_proj.shape[2])))
-        return (xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub), w_proj,
+        return (xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub),
+                _packed_shares(w_hg, (0, 1, 2, 3), 4, ub, fn, batch), w_proj,
+                _packed_shares(w_hp, (0,), 1, qb, fn, batch),
                 _states(h0, batch, out_size, parts), _workspace("hfull", (batch, units)),
                 _cell(c0, batch, units, parts), mask_tb, bool(reverse), bool(zero_masked),
                 codes[0], codes[1],
                 *_outputs(t_len, batch, out_size, return_sequences, y0, parts), gates, proj, tmp, bits,
                 ub, qb, np.zeros(2, np.int64))
 
-    args = _run(K.lstm_one, K.lstm_all, make_args, *_share_count(batch, out_size, units, 4))
-    hbuf, c, y_btp, last = args[3], args[5], args[11], args[12]
+    args = _run(K.lstm_one, K.lstm_all, make_args, *_share_count(batch, out_size, units, 4), fn)
+    hbuf, c, y_btp, last = args[5], args[7], args[13], args[14]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy(), c)
 
@@ -269,25 +290,26 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     mask_tb = _mask_tb(mask_bt)
     # the recurrent bias does not exist without reset_after
     bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
+    fn = _loop_fn()
 
     def make_args(parts):
         bounds = _bounds(units, parts)
         width = _widest(bounds)
-        if reset_after:
-            w_gates, w_cand = _share_weights(w_hg, (0, 1, 2), 3, bounds), _EMPTY_3D
-        else:
-            w_gates = _share_weights(w_hg, (0, 1), 3, bounds)
-            w_cand = _share_weights(w_hg, (2,), 3, bounds)
+        gate_blocks = (0, 1, 2) if reset_after else (0, 1)
+        w_gates = _share_weights(w_hg, gate_blocks, 3, bounds)
+        w_cand = _EMPTY_3D if reset_after else _share_weights(w_hg, (2,), 3, bounds)
         gates, tmp, bits = _scratch(parts, 3 * width, batch)
-        return (xw, w_gates, w_cand, bias, _states(h0, batch, units, parts),
+        return (xw, w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, batch), w_cand,
+                _packed_shares(None if reset_after else w_hg, (2,), 3, bounds, fn, batch), bias,
+                _states(h0, batch, units, parts),
                 _workspace("rh", (batch, units)), mask_tb, bool(reverse), bool(zero_masked),
                 codes[0], codes[1], *_outputs(t_len, batch, units, return_sequences, y0, parts),
                 gates,
                 _workspace("cand", (parts, batch, _lines(width))), tmp, bits, bounds,
                 np.zeros(2, np.int64))
 
-    args = _run(K.gru_one, K.gru_all, make_args, *_share_count(batch, units, units, 3))
-    hbuf, y_btp, last = args[4], args[11], args[12]
+    args = _run(K.gru_one, K.gru_all, make_args, *_share_count(batch, units, units, 3), fn)
+    hbuf, y_btp, last = args[6], args[13], args[14]
     return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
             hbuf[t_len % 2].copy())
 
