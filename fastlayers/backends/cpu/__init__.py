@@ -52,7 +52,7 @@ class CpuOps(ReferenceOps):
         x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
         y = np.empty((x2.shape[0], w_io.shape[1]), np.float32)
         _gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
-                     _elementwise.LINEAR if code is None else code, alpha)
+                     _elementwise.LINEAR if code is None else code, alpha, weights=True)
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 

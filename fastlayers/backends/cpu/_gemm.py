@@ -6,17 +6,21 @@ layer), on Numba's threads like every other kernel (``_split.shares``): a multi-
 keeps its idle workers spinning after each call, and on a machine with as many threads as cores
 they took the cores from the next kernel's threads (a ResNet-18 ran slower on 2 threads than on
 1; docs/design.md). The shares call numpy's CBLAS through ``_blas.SGEMM``; without it (a numpy
-not built on OpenBLAS) products run unsplit through ``np.matmul``.
+not built on OpenBLAS) products run unsplit through ``np.matmul``. Products on weights whose
+packed form ``packed_weights`` gives (fastlayers' own sgemm, ``_blas.PACKED``) run on it instead,
+by row shares.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
-from .._jit import njit
-from . import _elementwise
-from ._blas import SGEMM, sgemm
+from .._jit import FASTMATH, njit
+from ..derived import derived
+from . import _blas, _elementwise
+from ._blas import SGEMM, TILE_ROWS, packed, sgemm
 from ._split import shares, thread_count
 
 #: Fewest multiply-adds (x2) in one thread's share of a product.
@@ -26,22 +30,71 @@ MIN_SHARE_FLOPS = 1 << 21
 ROW_SPLIT_MIN = 64
 #: Column shares are multiples of this many columns (whole SIMD vectors, sgemm panels).
 COLUMN_STEP = 16
+#: Fewest rows for the packed sgemm: its register tiles are 4, 8 or 14 rows high, and OpenBLAS
+#: was as fast on fewer rows (docs/design.md, "Own sgemm").
+PACKED_MIN_ROWS = 8
+#: Output floats per chunk of the packed product (256 KiB): its bias and activation run while
+#: the chunk is in L2 (a separate pass over a 13 MB output took about 1 ms).
+PACKED_CHUNK_FLOATS = 1 << 16
 _EMPTY = np.zeros(0, np.float32)
 
 
+def packed_weights(w_kn):
+    """``w_kn`` (k, n) packed for ``_blas.PACKED``, computed once per weight array (a view is
+    keyed by the array it views, its offset, shape and strides), or None without it."""
+    if _blas.PACKED is None or w_kn.dtype != np.float32 or w_kn.ndim != 2:
+        return None
+    root = w_kn
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    offset = w_kn.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    kind = f"packed-sgemm:{offset}:{w_kn.shape}:{w_kn.strides}"
+    return derived(root, kind, lambda _: _blas.pack(w_kn))
+
+
+def _rows_product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
+    """out = f(a @ b + bias): fastlayers' sgemm on ``pb`` (b packed) when ``pfn`` is
+    ``_blas.PACKED``, in row chunks whose epilogue runs while they are in cache; else one sgemm
+    ``fn`` on b and the epilogue."""
+    out_mn[...] = a_mk @ b_kn + bias
+
+
+@overload(_rows_product, jit_options={"fastmath": FASTMATH, "nogil": True})
+def _rows_product_impl(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
+    if isinstance(pfn, types.NoneType):
+        def product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
+            sgemm(fn, a_mk, b_kn, out_mn, False, 0.0)
+            if code != 0 or bias.shape[0] > 0:
+                _elementwise.bias_act_rows(out_mn, bias, out_mn, code, alpha)
+    else:
+        def product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
+            m, n = out_mn.shape
+            chunk = max(PACKED_CHUNK_FLOATS // max(n, 1) // TILE_ROWS, 1) * TILE_ROWS
+            for r0 in range(0, m, chunk):
+                rows = out_mn[r0:r0 + chunk]
+                packed(pfn, a_mk[r0:r0 + chunk], pb, rows, 0.0)
+                if code != 0 or bias.shape[0] > 0:
+                    _elementwise.bias_act_rows(rows, bias, rows, code, alpha)
+    return product
+
+
+@njit()
+def _packed_serial(pfn, a_mk, pb, out_mn, bias, code, alpha):
+    """out = f(a @ b + bias) in the calling thread, b packed."""
+    _rows_product(None, pfn, a_mk, a_mk, pb, out_mn, bias, code, alpha)
+
+
 @njit(parallel=True)
-def _matmul_shares(fn, a_mk, b_kn, out_mn, bias, code, alpha, parts, by_rows):
-    """out = a @ b in ``parts`` shares: row blocks (each with its bias + activation epilogue)
-    or, when not ``by_rows``, blocks of COLUMN_STEP-aligned output columns."""
+def _matmul_shares(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha, parts, by_rows):
+    """out = a @ b in ``parts`` shares: row blocks (each with its bias + activation epilogue;
+    on ``pb`` when ``pfn`` is ``_blas.PACKED``) or, when not ``by_rows``, blocks of
+    COLUMN_STEP-aligned output columns (sgemm ``fn``)."""
     m, n = out_mn.shape
     steps = (n + COLUMN_STEP - 1) // COLUMN_STEP
     for p in prange(parts):
         if by_rows:
             r0, r1 = m * p // parts, m * (p + 1) // parts
-            rows = out_mn[r0:r1]
-            sgemm(fn, a_mk[r0:r1], b_kn, rows, False, 0.0)
-            if code != 0 or bias.shape[0] > 0:
-                _elementwise.bias_act_rows(rows, bias, rows, code, alpha)
+            _rows_product(fn, pfn, a_mk[r0:r1], b_kn, pb, out_mn[r0:r1], bias, code, alpha)
         else:
             c0 = min(n, COLUMN_STEP * (steps * p // parts))
             c1 = min(n, COLUMN_STEP * (steps * (p + 1) // parts))
@@ -49,15 +102,21 @@ def _matmul_shares(fn, a_mk, b_kn, out_mn, bias, code, alpha, parts, by_rows):
                 sgemm(fn, a_mk, b_kn[:, c0:c1], out_mn[:, c0:c1], False, 0.0)
 
 
-def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0):
+def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0, weights=False):
     """out = f(a @ b + bias) for 2-D float32 arrays (``out`` C-contiguous, the others with a
     contiguous last axis); ``code`` is an ``_elementwise`` activation code, applied with the bias
-    while the rows are hot."""
+    while the rows are hot. ``weights``: b is a weight array (or a view of one), worth packing
+    once for fastlayers' sgemm (``packed_weights``)."""
     m, k = a_mk.shape
     n = b_kn.shape[1]
     b = _EMPTY if bias is None else bias
     flops = 2 * m * n * k
-    if SGEMM is None or flops < 2 * MIN_SHARE_FLOPS or thread_count() == 1:
+    pb = packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS and k > 0 else None
+    single = thread_count() == 1 or flops < 2 * MIN_SHARE_FLOPS
+    if pb is not None and single:
+        _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))
+        return out_mn
+    if SGEMM is None or single:
         np.matmul(a_mk, b_kn, out=out_mn)            # too small to share: no slot to take
         if code != _elementwise.LINEAR or bias is not None:
             _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
@@ -66,9 +125,14 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0):
     units = m if by_rows else -(-n // COLUMN_STEP)
     with shares(units, max(1, units * MIN_SHARE_FLOPS // flops)) as parts:
         if parts > 1:
-            _matmul_shares(SGEMM, a_mk, b_kn, out_mn, b, code, np.float32(alpha), parts, by_rows)
+            pfn = None if pb is None or not by_rows else _blas.PACKED
+            _matmul_shares(SGEMM, pfn, a_mk, b_kn, _EMPTY if pfn is None else pb, out_mn, b, code,
+                           np.float32(alpha), parts, by_rows)
             if by_rows:
                 return out_mn
+        elif pb is not None:
+            _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))
+            return out_mn
         else:
             np.matmul(a_mk, b_kn, out=out_mn)
     if code != _elementwise.LINEAR or bias is not None:

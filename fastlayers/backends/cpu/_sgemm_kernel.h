@@ -1,29 +1,23 @@
-/* Single-threaded float32 GEMM with an AVX-512 micro-kernel (fastlayers' own sgemm).
+/* fastlayers' own single-threaded float32 GEMM on a weight matrix packed once, with an
+ * AVX-512 micro-kernel.
  *
- * c (m, n) = a (m, k) @ b (k, n) [b given as (n, k) when transposed] + beta c, row major, in the
- * BLIS loop order: B blocks of FL_KC x FL_NC packed into FL_NR-column panels (L3), A blocks of
- * FL_MC x FL_KC packed into FL_MR-row panels (L2), and a 14 x 32 micro-kernel (28 zmm
- * accumulators) over each pair of panels. fl_sgemm takes the arguments of cblas_sgemm (64-bit
- * integers) so that compiled kernels can call either; calls it does not cover (column major, a
- * transposed, alpha != 1, beta other than 0 or 1, a CPU without AVX-512F) go to the fallback
- * (numpy's OpenBLAS), set once by fl_set_fallback. Packing buffers are per thread and reused.
+ * c (m, n) = a (m, k) @ b (k, n) + beta c, row major. fl_pack_all lays b out once (weights):
+ * FL_KC-row blocks of FL_NR-column panels. fl_sgemm_packed then follows the BLIS loop order:
+ * per k block, A blocks of FL_MC x FL_KC packed into FL_MR-row panels (in L2, a per-thread
+ * buffer reused by later calls) and a 14 x 32 register tile (28 zmm accumulators; 8 and 4 rows
+ * for the last row panel) over each pair of panels. OpenBLAS packs b again on every call, which
+ * cost up to a third of the time of the small products of a recurrent step or a deep
+ * convolution layer. Without the kernel (another compiler or CPU) or its buffer, a scalar loop
+ * computes the same product.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef void (*fl_cblas_sgemm_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
-                                 int64_t, const float *, int64_t, float, float *, int64_t);
-
-static fl_cblas_sgemm_t fl_fallback = 0;
-
-static void fl_set_fallback(uintptr_t address) { fl_fallback = (fl_cblas_sgemm_t)address; }
-
 #define FL_MR 14
 #define FL_NR 32
 #define FL_KC 256
 #define FL_MC 336
-#define FL_NC 2048
 
 static __thread float *fl_buf = 0;
 static __thread size_t fl_buf_floats = 0;
@@ -38,26 +32,17 @@ static float *fl_workspace(size_t floats) {
     return fl_buf;
 }
 
-/* pb[panel][p][j] = b[k0 + p, j0 + panel * NR + j], zero past column nc (b (k, n) or, when
- * trans_b, (n, k)). */
-static void fl_pack_b(const float *b, int64_t ldb, int trans_b, int64_t k0, int64_t kc,
-                      int64_t j0, int64_t nc, float *pb) {
-    for (int64_t jr = 0; jr < nc; jr += FL_NR) {
-        int64_t nr = nc - jr < FL_NR ? nc - jr : FL_NR;
+/* pb[panel][p][j] = b[k0 + p, panel * NR + j] for the rows k0:k0 + kc of b (k, n), zero past
+ * column n. */
+static void fl_pack_b(const float *b, int64_t ldb, int64_t k0, int64_t kc, int64_t n,
+                      float *pb) {
+    for (int64_t jr = 0; jr < n; jr += FL_NR) {
+        int64_t nr = n - jr < FL_NR ? n - jr : FL_NR;
         float *dst = pb + jr * kc;
-        if (!trans_b) {
-            for (int64_t p = 0; p < kc; ++p) {
-                const float *src = b + (k0 + p) * ldb + j0 + jr;
-                float *row = dst + p * FL_NR;
-                memcpy(row, src, (size_t)nr * sizeof(float));
-                if (nr < FL_NR) memset(row + nr, 0, (size_t)(FL_NR - nr) * sizeof(float));
-            }
-        } else {
-            if (nr < FL_NR) memset(dst, 0, (size_t)(kc * FL_NR) * sizeof(float));
-            for (int64_t j = 0; j < nr; ++j) {
-                const float *src = b + (j0 + jr + j) * ldb + k0;
-                for (int64_t p = 0; p < kc; ++p) dst[p * FL_NR + j] = src[p];
-            }
+        for (int64_t p = 0; p < kc; ++p) {
+            float *row = dst + p * FL_NR;
+            memcpy(row, b + (k0 + p) * ldb + jr, (size_t)nr * sizeof(float));
+            if (nr < FL_NR) memset(row + nr, 0, (size_t)(FL_NR - nr) * sizeof(float));
         }
     }
 }
@@ -82,12 +67,11 @@ static int64_t fl_packed_floats(int64_t k, int64_t n) {
     return k * ((n + FL_NR - 1) / FL_NR) * FL_NR;
 }
 
-static void fl_pack_all(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n,
-                        float *pb) {
+static void fl_pack_all(const float *b, int64_t ldb, int64_t k, int64_t n, float *pb) {
     int64_t npad = ((n + FL_NR - 1) / FL_NR) * FL_NR;
     for (int64_t pc = 0; pc < k; pc += FL_KC) {
         int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
-        fl_pack_b(b, ldb, trans_b, pc, kc, 0, n, pb + pc * npad);
+        fl_pack_b(b, ldb, pc, kc, n, pb + pc * npad);
     }
 }
 
@@ -195,7 +179,7 @@ FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t kc, const float *p
     }
 }
 
-/* fl_packed_product with the micro-kernel; -1 when the A buffer cannot be allocated. */
+/* fl_sgemm_packed with the micro-kernel; -1 when the A buffer cannot be allocated. */
 FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const float *a,
                                      int64_t lda, const float *pb, int accumulate, float *c,
                                      int64_t ldc) {
@@ -216,55 +200,10 @@ FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const floa
     return 0;
 }
 
-/* The blocked product, or -1 when the packing buffer cannot be allocated. */
-FL_TARGET static int fl_blocked(int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
-                                int64_t lda, const float *b, int64_t ldb, int accumulate,
-                                float *c, int64_t ldc) {
-    int64_t nc_max = n < FL_NC ? n : FL_NC;
-    int64_t mc_max = m < FL_MC ? m : FL_MC;
-    int64_t kc_max = k < FL_KC ? k : FL_KC;
-    size_t b_floats = (size_t)(kc_max * ((nc_max + FL_NR - 1) / FL_NR) * FL_NR);
-    size_t a_floats = (size_t)(kc_max * ((mc_max + FL_MR - 1) / FL_MR) * FL_MR);
-    float *pb = fl_workspace(b_floats + a_floats);
-    if (!pb) return -1;
-    float *pa = pb + b_floats;
-    for (int64_t jc = 0; jc < n; jc += FL_NC) {
-        int64_t nc = n - jc < FL_NC ? n - jc : FL_NC;
-        for (int64_t pc = 0; pc < k; pc += FL_KC) {
-            int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
-            int acc = accumulate || pc > 0;
-            fl_pack_b(b, ldb, trans_b, pc, kc, jc, nc, pb);
-            for (int64_t ic = 0; ic < m; ic += FL_MC) {
-                int64_t mc = m - ic < FL_MC ? m - ic : FL_MC;
-                fl_pack_a(a, lda, ic, mc, pc, kc, pa);
-                fl_block(mc, nc, kc, pa, pb, c + ic * ldc + jc, ldc, acc);
-            }
-        }
-    }
-    return 0;
-}
 #else
 #define FL_HAVE_KERNEL 0
 static int fl_supported(void) { return 0; }
 #endif
-
-static void fl_sgemm(int layout, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc) {
-#if FL_HAVE_KERNEL
-    if (layout == 101 && trans_a == 111 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
-        if (m <= 0 || n <= 0) return;
-        if (k <= 0) {
-            if (beta == 0.0f)
-                for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-            return;
-        }
-        if (fl_blocked(trans_b == 112, m, n, k, a, lda, b, ldb, beta == 1.0f, c, ldc) == 0)
-            return;
-    }
-#endif
-    fl_fallback(layout, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 /* c (m, n) = a (m, k) @ b + beta c (beta 0: overwrite, else accumulate), b (k, n) packed once
  * by fl_pack_all (weights), a with a contiguous last axis (row stride lda). */

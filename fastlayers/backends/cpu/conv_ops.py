@@ -92,7 +92,7 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     elif kh == kw == 1 and sh == sw == 1 and pt == pb == pl == pr == 0 and groups == 1:
         y = np.empty((n * h * w, cout), np.float32)                     # 1x1: one sgemm
         _gemm.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout), y,
-                     None if b is None else _f32c(b), _act_code(code), alpha)
+                     None if b is None else _f32c(b), _act_code(code), alpha, weights=True)
     elif groups == 1 and n * ho * wo >= _SPLIT_MIN_ROWS:
         y = _conv_im2col(x, wk, b, (sh, sw), (dh, dw), pt, pl, ho, wo, code, alpha)
     else:
@@ -210,7 +210,7 @@ def _conv_grouped(x, wk, strides, dilation, pt, pl, ho, wo, groups):
             _conv.im2col_nhwc(x, cols, kh, kw, strides[0], strides[1], dilation[0], dilation[1],
                               pt, pl, ho, wo, g * cin_g, r0, 0, m)
             if groups == 1:
-                _gemm.matmul(cols, wg, y[r0: r0 + m])
+                _gemm.matmul(cols, wg, y[r0: r0 + m], weights=True)
             else:
                 y[r0: r0 + m, g * cout_g: (g + 1) * cout_g] = cols @ wg
     return y

@@ -75,7 +75,7 @@ def _input_projection(x_bti, w_ig, b_g):
     b, t_len, i = x_bti.shape
     x = np.ascontiguousarray(np.swapaxes(x_bti, 0, 1), dtype=np.float32).reshape(t_len * b, i)
     xw = _workspace("xw", (t_len * b, w_ig.shape[1]))
-    matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g))
+    matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g), weights=True)
     return xw.reshape(t_len, b, -1)
 
 

@@ -1,0 +1,74 @@
+"""fastlayers' own sgemm on packed weights (``_sgemm``, ``_blas.PACKED``) against numpy: odd
+sizes around its tile (14 x 32), k block (256) and row block (336) edges, strided operands,
+overwrite and accumulate; and the products that use it (``_gemm.matmul`` on weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers.backends.cpu import _blas, _elementwise, _gemm
+
+from .conftest import assert_close
+
+pytestmark = pytest.mark.skipif(_blas.PACKED is None,
+                                reason="fastlayers' sgemm needs AVX-512F and its extension")
+
+
+def _call(a, pb, c, beta):
+    m, k = a.shape
+    _blas.PACKED(m, c.shape[1], k, a.ctypes.data, a.strides[0] // 4, pb.ctypes.data, beta,
+                 c.ctypes.data, c.strides[0] // 4)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 13, 14, 15, 29, 337, 700])
+@pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 64)])
+def test_packed_product_matches_numpy(rng, m, k, n):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    pb = _blas.pack(b)
+    assert pb.shape == (k * -(-n // 32) * 32,)
+    c = np.full((m, n), np.nan, np.float32)
+    _call(a, pb, c, 0.0)
+    assert_close(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_packed_product_accumulates_on_strided_operands(rng):
+    """a and c are column windows of wider arrays (row strides lda > k, ldc > n); beta 1 adds
+    to c and leaves the columns around the window alone."""
+    a_wide = rng.standard_normal((30, 300)).astype(np.float32)
+    b = rng.standard_normal((270, 45)).astype(np.float32)
+    c_wide = rng.standard_normal((30, 60)).astype(np.float32)
+    a, c = a_wide[:, 10:280], c_wide[:, 5:50]
+    expected = c_wide.copy()
+    expected[:, 5:50] += a.astype(np.float64) @ b
+    _call(a, _blas.pack(b), c, 1.0)
+    assert_close(c_wide, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
+    b = np.zeros((0, 5), np.float32)
+    c = np.ones((3, 5), np.float32)
+    _call(np.zeros((3, 0), np.float32), _blas.pack(b), c, 1.0)
+    np.testing.assert_array_equal(c, 1.0)
+    _call(np.zeros((3, 0), np.float32), _blas.pack(b), c, 0.0)
+    np.testing.assert_array_equal(c, 0.0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [8, 50, 1000])
+def test_matmul_on_weights_fuses_bias_and_activation(monkeypatch, rng, threads, m):
+    """The packed route of ``_gemm.matmul`` (row shares, row chunks with their epilogue), and
+    its packing cached per weight view."""
+    from fastlayers.backends.cpu import _split
+
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    a = rng.standard_normal((m, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 1100)).astype(np.float32)
+    view = w[:, 50:1050]
+    bias = rng.standard_normal(1000).astype(np.float32)
+    out = np.empty((m, 1000), np.float32)
+    _gemm.matmul(a, view, out, bias, _elementwise.RELU, weights=True)
+    assert_close(out, np.maximum(a.astype(np.float64) @ view + bias, 0), rtol=1e-5, atol=1e-4)
+    assert _gemm.packed_weights(w[:, 50:1050]) is _gemm.packed_weights(view)
+    assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
