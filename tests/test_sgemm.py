@@ -4,6 +4,10 @@ overwrite and accumulate; and the products that use it (``_gemm.matmul`` on weig
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -11,8 +15,8 @@ from fastlayers.backends.cpu import _blas, _elementwise, _gemm
 
 from .conftest import assert_close
 
-pytestmark = pytest.mark.skipif(_blas.PACKED is None,
-                                reason="fastlayers' sgemm needs AVX-512F and its extension")
+needs_packed = pytest.mark.skipif(_blas.PACKED is None,
+                                  reason="fastlayers' sgemm needs AVX-512F and its extension")
 
 
 def _call(a, pb, c, beta):
@@ -21,6 +25,7 @@ def _call(a, pb, c, beta):
                  c.ctypes.data, c.strides[0] // 4)
 
 
+@needs_packed
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 13, 14, 15, 29, 337, 700])
 @pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 64)])
 def test_packed_product_matches_numpy(rng, m, k, n):
@@ -33,6 +38,7 @@ def test_packed_product_matches_numpy(rng, m, k, n):
     assert_close(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+@needs_packed
 def test_packed_product_accumulates_on_strided_operands(rng):
     """a and c are column windows of wider arrays (row strides lda > k, ldc > n); beta 1 adds
     to c and leaves the columns around the window alone."""
@@ -46,6 +52,7 @@ def test_packed_product_accumulates_on_strided_operands(rng):
     assert_close(c_wide, expected, rtol=1e-5, atol=1e-4)
 
 
+@needs_packed
 def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
     b = np.zeros((0, 5), np.float32)
     c = np.ones((3, 5), np.float32)
@@ -55,6 +62,7 @@ def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
     np.testing.assert_array_equal(c, 0.0)
 
 
+@needs_packed
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [8, 50, 1000])
 def test_matmul_on_weights_fuses_bias_and_activation(monkeypatch, rng, threads, m):
@@ -72,3 +80,10 @@ def test_matmul_on_weights_fuses_bias_and_activation(monkeypatch, rng, threads, 
     assert_close(out, np.maximum(a.astype(np.float64) @ view + bias, 0), rtol=1e-5, atol=1e-4)
     assert _gemm.packed_weights(w[:, 50:1050]) is _gemm.packed_weights(view)
     assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
+
+
+def test_openblas_can_be_chosen_instead():
+    """FASTLAYERS_SGEMM=openblas leaves every product on numpy's OpenBLAS (A/B comparisons)."""
+    env = dict(os.environ, FASTLAYERS_SGEMM="openblas")
+    code = "from fastlayers.backends.cpu import _blas; assert _blas.PACKED is None"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)

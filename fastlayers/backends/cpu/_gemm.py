@@ -33,6 +33,9 @@ COLUMN_STEP = 16
 #: Fewest rows for the packed sgemm: its register tiles are 4, 8 or 14 rows high, and OpenBLAS
 #: was as fast on fewer rows (docs/design.md, "Own sgemm").
 PACKED_MIN_ROWS = 8
+#: Fewest multiply-adds for the packed sgemm: below, looking up the packed weights costs more
+#: than the faster kernel saves (small models ran 10-50 % slower per call).
+PACKED_MIN_MADDS = 1 << 18
 #: Output floats per chunk of the packed product (256 KiB): its bias and activation run while
 #: the chunk is in L2 (a separate pass over a 13 MB output took about 1 ms).
 PACKED_CHUNK_FLOATS = 1 << 16
@@ -44,6 +47,8 @@ def packed_weights(w_kn):
     keyed by the array it views, its offset, shape and strides), or None without it."""
     if _blas.PACKED is None or w_kn.dtype != np.float32 or w_kn.ndim != 2:
         return None
+    if w_kn.base is None:
+        return derived(w_kn, "packed-sgemm", _blas.pack)
     root = w_kn
     while isinstance(root.base, np.ndarray):
         root = root.base
@@ -111,7 +116,8 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0, w
     n = b_kn.shape[1]
     b = _EMPTY if bias is None else bias
     flops = 2 * m * n * k
-    pb = packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS and k > 0 else None
+    pb = (packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS and m * n * k >= PACKED_MIN_MADDS
+          else None)
     single = thread_count() == 1 or flops < 2 * MIN_SHARE_FLOPS
     if pb is not None and single:
         _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))

@@ -157,9 +157,8 @@ def _run(one, all_shares, make_args, units, min_units, fn):
     """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
     threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
     ``make_args(parts)`` builds fresh outputs and states; ``fn`` is ``_loop_fn()``; returns the
-    arguments run. A loop too
-    small for two shares goes straight to the serial run (no slot, no thread query). While
-    ``warm_loops`` runs, both drivers run with one share (compiling both)."""
+    arguments run. A loop too small for two shares goes straight to the serial run (no slot, no
+    thread query). While ``warm_loops`` runs, both drivers run with one share (compiling both)."""
     if _warming[0]:
         all_shares(fn, make_args(1), 1)
         args = make_args(1)
