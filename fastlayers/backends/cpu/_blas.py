@@ -10,9 +10,10 @@ numpy's ``matmul``.
 
 ``PACKED`` is fastlayers' own sgemm on weights packed once (``pack``, the Cython extension
 ``_sgemm``: an AVX-512 micro-kernel), ``packed(fn, a, pb, c, beta)``; it is None on CPUs without
-AVX-512F, without the extension, without ``SGEMM`` or with ``FASTLAYERS_SGEMM=openblas``. Small
-products on constant weights (a recurrent step) ran up to 1.8x faster on it than through
-OpenBLAS, which packs the weights again on every call (docs/design.md, "Own sgemm").
+AVX-512F, without the extension, without ``SGEMM`` or with ``FASTLAYERS_SGEMM=openblas``. Thin
+products on constant weights ran up to 1.4x faster on it than through OpenBLAS, which packs the
+weights again on every call (49x4608x512: 98 vs 72 GFLOP/s; docs/design.md, "Cython: fastlayers'
+own sgemm").
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ def packed_weights(w_kn):
 def _rows_product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
     """out = f(a @ b + bias): fastlayers' sgemm on ``pb`` (b packed) when ``pfn`` is
     ``_blas.PACKED``, in row chunks whose epilogue runs while they are in cache; else one sgemm
-    ``fn`` on b and the epilogue."""
-    out_mn[...] = a_mk @ b_kn + bias
+    ``fn`` on b and the epilogue (compiled only: the overload below)."""
+    raise NotImplementedError("_rows_product runs only inside compiled kernels")
 
 
 @overload(_rows_product, jit_options={"fastmath": FASTMATH, "nogil": True})

@@ -6,8 +6,7 @@
  * per k block, A blocks of FL_MC x FL_KC packed into FL_MR-row panels (in L2, a per-thread
  * buffer reused by later calls) and a 14 x 32 register tile (28 zmm accumulators; 8 and 4 rows
  * for the last row panel) over each pair of panels. OpenBLAS packs b again on every call, which
- * cost up to a third of the time of the small products of a recurrent step or a deep
- * convolution layer. Without the kernel (another compiler or CPU) or its buffer, a scalar loop
+ * cost about a quarter of the time of a deep convolution layer's product (49 x 4608 x 512). Without the kernel (another compiler or CPU) or its buffer, a scalar loop
  * computes the same product.
  */
 #include <stdint.h>
