@@ -36,6 +36,7 @@ def extensions():
 
     compile_args, link_args = openmp_flags()
     exts = [Extension(".".join(src.with_suffix("").parts), [str(src)],
+                      depends=[str(h) for h in sorted(src.parent.glob("_*.h"))],
                       include_dirs=[numpy.get_include()],
                       extra_compile_args=["-O3", *compile_args], extra_link_args=link_args)
             for src in sources]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import fastlayers
 from fastlayers import layers as L
 from fastlayers.backends import get_ops
-from fastlayers.backends.cpu import _split, conv_ops
+from fastlayers.backends.cpu import _blas, _gemm, _split, conv_ops
 from fastlayers.backends.reference_conv import conv_out_size
 
 from .conftest import assert_close
@@ -184,6 +184,37 @@ def test_im2col_conv_split_over_threads_matches_reference(monkeypatch, threads):
     x, k, b = arr(0, (2, 7, 9, 6)), arr(1, (5, 1, 6, 4)), arr(2, (4,))
     args = (x, k, b, (2, 1), ((2, 1), (0, 0)), (1, 2), 1, "relu")
     assert_close(CPU.conv2d(*args), REF.conv2d(*args))
+
+
+needs_implicit = pytest.mark.skipif(_blas.CONV is None,
+                                    reason="the implicit-GEMM kernel needs AVX-512F and its extension")
+
+
+@needs_implicit
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("x_shape, k_shape, strides, pads, dilation", [
+    ((2, 9, 23, 5), (3, 3, 5, 40), (2, 1), ((1, 0), (2, 1)), (2, 1)),   # wo 24: tiles 14 + 10
+    ((1, 3, 7, 16), (3, 3, 16, 70), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 3 rows: column shares
+    ((3, 5, 4, 3), (2, 2, 3, 33), (3, 3), ((0, 0), (0, 0)), (1, 1)),    # stride > kernel, wo 1
+    ((1, 12, 19, 8), (1, 3, 8, 32), (1, 4), ((0, 0), (1, 0)), (1, 1)),  # 1x3, wo 5: 8-row tile
+    ((2, 6, 17, 4), (7, 7, 4, 9), (2, 2), ((3, 3), (3, 3)), (1, 1)),    # stem-like, wo 9
+    ((1, 10, 13, 6), (3, 2, 6, 64), (1, 3), ((2, 0), (0, 1)), (3, 1)),  # wo 4: 4-row tile
+])
+def test_implicit_gemm_conv_matches_reference(monkeypatch, threads, x_shape, k_shape, strides,
+                                              pads, dilation):
+    """The implicit-GEMM route (groups 1, no width dilation, kernel larger than 1x1): by rows
+    in chunks and shares, or by column shares when there are few output rows; every tile
+    height (14, 8, 4) for the last output columns of a row."""
+    calls = []
+    real = conv_ops._conv_implicit
+    monkeypatch.setattr(conv_ops, "_conv_implicit", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(conv_ops, "_MIN_SHARE_FLOPS", 1)
+    monkeypatch.setattr(_gemm, "PACKED_CHUNK_FLOATS", 200)       # a few output rows per chunk
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    x, k, b = arr(0, x_shape), arr(1, k_shape), arr(2, k_shape[-1:])
+    args = (x, k, b, strides, pads, dilation, 1, "relu")
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+    assert calls
 
 
 def test_replaced_weights_reach_the_winograd_path():

@@ -53,6 +53,34 @@ def test_packed_product_accumulates_on_strided_operands(rng):
 
 
 @needs_packed
+@pytest.mark.parametrize("lda", [1024, 2048, 1030])
+def test_packed_product_reads_or_packs_rows_of_a(rng, lda):
+    """Rows of A whose stride is a multiple of 1024 floats are packed (read in place they
+    would share one L1 set), others read in place; the last m % 14 rows are packed either way."""
+    a_wide = rng.standard_normal((31, lda)).astype(np.float32)
+    a = a_wide[:, :1000]
+    b = rng.standard_normal((1000, 70)).astype(np.float32)
+    c = np.empty((31, 70), np.float32)
+    _call(a, _blas.pack(b), c, 0.0)
+    assert_close(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+@needs_packed
+@pytest.mark.parametrize("j0, j1", [(0, 32), (32, 100), (64, 100), (96, 100)])
+def test_packed_product_on_a_share_of_columns(rng, j0, j1):
+    """The panels of columns j0:j1 (j0 a multiple of PANEL_COLS) start at ``j0 * k``: a column
+    share of a product reads them there."""
+    from fastlayers.backends.cpu import _sgemm
+
+    assert _sgemm.PANEL_COLS == _gemm.COLUMN_STEP
+    a = rng.standard_normal((20, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 100)).astype(np.float32)
+    c = np.empty((20, j1 - j0), np.float32)
+    _call(a, _blas.pack(b)[j0 * 300:], c, 0.0)
+    assert_close(c, a.astype(np.float64) @ b[:, j0:j1], rtol=1e-5, atol=1e-4)
+
+
+@needs_packed
 def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
     b = np.zeros((0, 5), np.float32)
     c = np.ones((3, 5), np.float32)
@@ -66,11 +94,12 @@ def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [8, 50, 1000])
 def test_matmul_on_weights_fuses_bias_and_activation(monkeypatch, rng, threads, m):
-    """The packed route of ``_gemm.matmul`` (row shares, row chunks with their epilogue), and
-    its packing cached per weight view."""
+    """The packed route of ``_gemm.matmul`` (row shares, row chunks with their epilogue; column
+    shares below 64 rows), and its packing cached per weight view."""
     from fastlayers.backends.cpu import _split
 
     monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    monkeypatch.setattr(_gemm, "thread_count", lambda: threads)
     a = rng.standard_normal((m, 300)).astype(np.float32)
     w = rng.standard_normal((300, 1100)).astype(np.float32)
     view = w[:, 50:1050]

@@ -14,7 +14,9 @@ import numpy as np
 from numba import prange
 
 from .._jit import KERNELS, njit
+from ._blas import TILE_ROWS
 from ._elementwise import bias_act_rows
+from ._gemm import COLUMN_STEP, _rows_product
 
 _ZERO = np.float32(0.0)
 _U = np.uint64
@@ -91,21 +93,60 @@ def im2col_nhwc(x_nhwc, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, c0, row0, 
                         dst[c] = _ZERO
 
 
-@njit(signatures=(f"void({_X4}, {_M2}, float32[::1], {_M2}, int64, float32, " + ", ".join([_I] * 10)
-                  + f", {_M2}, int64, int64)",))
-def conv_gemm_rows(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo,
-                   cols, r_begin, r_end):
+@njit()
+def conv_gemm_rows(x_nhwc, w_kc, fn, pfn, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt,
+                   pl, ho, wo, cols, r_begin, r_end):
     """y[r] = f(im2col(x)[r] @ w + b) for output rows r in [r_begin, r_end), in chunks of
-    ``cols.shape[0]`` rows (im2col into ``cols``, sgemm, bias + activation ``code`` while hot)."""
+    ``cols.shape[0]`` rows: im2col into ``cols``, then the product and the bias + activation
+    ``code`` while hot (``_gemm._rows_product``: on ``pw``, w packed, when ``pfn`` is
+    ``_blas.PACKED``, else sgemm ``fn`` or, when None, Numba's ``np.dot``)."""
     chunk = cols.shape[0]
     for r0 in range(r_begin, r_end, chunk):
         m = min(chunk, r_end - r0)
         c = cols[:m]
         im2col_nhwc(x_nhwc, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, 0, r0, 0, m)
-        yc = y_rows[r0: r0 + m]
-        np.dot(c, w_kc, yc)
+        _rows_product(fn, pfn, c, w_kc, pw, y_rows[r0: r0 + m], b, code, alpha)
+
+
+@njit(signatures=(f"void({_X4}, {_X4}, int64, int64)",))
+def pad_nhwc(x_nhwc, xp_nhwc, pt, pl):
+    """xp[n, pt + i, pl + j] = x[n, i, j], zeros elsewhere (xp at least as large)."""
+    n_, h, w, c = x_nhwc.shape
+    hp, wp = xp_nhwc.shape[1], xp_nhwc.shape[2]
+    for n in range(n_):
+        for i in range(hp):
+            row = xp_nhwc[n, i].reshape(-1)
+            if i < pt or i >= pt + h:
+                for q in range(wp * c):
+                    row[q] = _ZERO
+                continue
+            src = x_nhwc[n, i - pt].reshape(-1)
+            head = row[:pl * c]
+            for q in range(pl * c):
+                head[q] = _ZERO
+            body = row[pl * c: (pl + w) * c]
+            for q in range(w * c):
+                body[q] = src[q]
+            tail = row[(pl + w) * c:]
+            for q in range(tail.shape[0]):
+                tail[q] = _ZERO
+
+
+@njit()
+def conv_implicit_rows(cfn, xp_nhwc, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, ho, wo,
+                       chunk, t_begin, t_end):
+    """y[t Wo + ow] = f(conv(xp, w)[n, oh, ow] + b) for output rows t = n Ho + oh in [t_begin,
+    t_end): the implicit-GEMM kernel ``cfn`` (``_blas.CONV``, w packed in ``pw``) on ``chunk``
+    output rows at a time, then their bias + activation ``code`` while hot."""
+    hp, wp, c = xp_nhwc.shape[1], xp_nhwc.shape[2], xp_nhwc.shape[3]
+    cout = y_rows.shape[1]
+    for t0 in range(t_begin, t_end, chunk):
+        t1 = min(t0 + chunk, t_end)
+        cfn(xp_nhwc.ctypes.data, hp, wp, c, kh, kw, sh, sw, dh, ho, wo, pw.ctypes.data, 0, cout,
+            y_rows.ctypes.data, cout, t0, t1)
         if code != 0 or b.shape[0] > 0:
-            bias_act_rows(yc, b, yc, code, alpha)
+            rows = y_rows[t0 * wo: t1 * wo]
+            bias_act_rows(rows, b, rows, code, alpha)
 
 
 @njit(inline=True)
@@ -449,13 +490,37 @@ def lrn_rows_par(x_rc, size, alpha, beta, k, out_rc, parts):
         lrn_rows(x_rc, size, alpha, beta, k, out_rc, rows * p // parts, rows * (p + 1) // parts)
 
 
-@njit(parallel=True, signatures=(
-    f"void({_X4}, {_M2}, float32[::1], {_M2}, int64, float32, " + ", ".join([_I] * 10)
-    + ", float32[:, :, ::1], int64)",))
-def conv_gemm_rows_par(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho,
-                       wo, cols_p, parts):
-    """``conv_gemm_rows`` over all output rows in ``parts`` shares, share p with ``cols_p[p]``."""
+@njit(parallel=True)
+def conv_gemm_rows_par(x_nhwc, w_kc, fn, pfn, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw,
+                       pt, pl, ho, wo, cols_p, parts):
+    """``conv_gemm_rows`` over all output rows in ``parts`` shares, share p with ``cols_p[p]``
+    (shares are multiples of ``_blas.TILE_ROWS`` rows, the packed sgemm's tile)."""
     rows = y_rows.shape[0]
+    tiles = (rows + TILE_ROWS - 1) // TILE_ROWS
     for p in prange(parts):
-        conv_gemm_rows(x_nhwc, w_kc, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw, pt, pl, ho,
-                       wo, cols_p[p], rows * p // parts, rows * (p + 1) // parts)
+        r0 = min(rows, TILE_ROWS * (tiles * p // parts))
+        r1 = min(rows, TILE_ROWS * (tiles * (p + 1) // parts))
+        conv_gemm_rows(x_nhwc, w_kc, fn, pfn, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, dw,
+                       pt, pl, ho, wo, cols_p[p], r0, r1)
+
+
+@njit(parallel=True)
+def conv_implicit_par(cfn, xp_nhwc, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, ho, wo, chunk,
+                      parts, by_rows):
+    """``conv_implicit_rows`` over all output rows in ``parts`` shares of rows or, when not
+    ``by_rows`` (few rows), of COLUMN_STEP-aligned output columns (the caller then runs the
+    epilogue)."""
+    rows = y_rows.shape[0] // wo
+    hp, wp, c = xp_nhwc.shape[1], xp_nhwc.shape[2], xp_nhwc.shape[3]
+    cout = y_rows.shape[1]
+    steps = (cout + COLUMN_STEP - 1) // COLUMN_STEP
+    for p in prange(parts):
+        if by_rows:
+            conv_implicit_rows(cfn, xp_nhwc, pw, b, y_rows, code, alpha, kh, kw, sh, sw, dh, ho,
+                               wo, chunk, rows * p // parts, rows * (p + 1) // parts)
+        else:
+            j0 = min(cout, COLUMN_STEP * (steps * p // parts))
+            j1 = min(cout, COLUMN_STEP * (steps * (p + 1) // parts))
+            if j1 > j0:
+                cfn(xp_nhwc.ctypes.data, hp, wp, c, kh, kw, sh, sw, dh, ho, wo, pw.ctypes.data,
+                    j0, j1, y_rows.ctypes.data, cout, 0, rows)

@@ -28,8 +28,9 @@ MIN_SHARE_FLOPS = 1 << 21
 #: Fewest rows for splitting a product by rows: with fewer, each share would pack all of b
 #: (sgemm copies its operands into panels), so the output columns are split instead.
 ROW_SPLIT_MIN = 64
-#: Column shares are multiples of this many columns (whole SIMD vectors, sgemm panels).
-COLUMN_STEP = 16
+#: Column shares are multiples of this many columns: whole SIMD vectors and sgemm panels (the
+#: packed sgemm's panels are this wide, so a share of them starts at a panel).
+COLUMN_STEP = 32
 #: Fewest rows for the packed sgemm: its register tiles are 4, 8 or 14 rows high, and OpenBLAS
 #: was as fast on fewer rows (docs/design.md, "Own sgemm").
 PACKED_MIN_ROWS = 8
@@ -60,13 +61,19 @@ def packed_weights(w_kn):
 def _rows_product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
     """out = f(a @ b + bias): fastlayers' sgemm on ``pb`` (b packed) when ``pfn`` is
     ``_blas.PACKED``, in row chunks whose epilogue runs while they are in cache; else one sgemm
-    ``fn`` on b and the epilogue (compiled only: the overload below)."""
+    ``fn`` on b (Numba's ``np.dot`` when ``fn`` is None too: contiguous operands) and the
+    epilogue (compiled only: the overload below)."""
     raise NotImplementedError("_rows_product runs only inside compiled kernels")
 
 
 @overload(_rows_product, jit_options={"fastmath": FASTMATH, "nogil": True})
 def _rows_product_impl(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
-    if isinstance(pfn, types.NoneType):
+    if isinstance(pfn, types.NoneType) and isinstance(fn, types.NoneType):
+        def product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
+            np.dot(a_mk, b_kn, out_mn)      # no CBLAS from numpy: scipy's BLAS (contiguous)
+            if code != 0 or bias.shape[0] > 0:
+                _elementwise.bias_act_rows(out_mn, bias, out_mn, code, alpha)
+    elif isinstance(pfn, types.NoneType):
         def product(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
             sgemm(fn, a_mk, b_kn, out_mn, False, 0.0)
             if code != 0 or bias.shape[0] > 0:
@@ -83,6 +90,24 @@ def _rows_product_impl(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha):
     return product
 
 
+def _columns_product(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1):
+    """out[:, c0:c1] = a @ b[:, c0:c1], c0 a multiple of COLUMN_STEP: on ``pb``
+    (b packed, whose panels of these columns start at ``c0 k``) when ``pfn`` is
+    ``_blas.PACKED``, else one sgemm ``fn`` on b (compiled only: the overload below)."""
+    raise NotImplementedError("_columns_product runs only inside compiled kernels")
+
+
+@overload(_columns_product, jit_options={"fastmath": FASTMATH, "nogil": True})
+def _columns_product_impl(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1):
+    if isinstance(pfn, types.NoneType):
+        def product(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1):
+            sgemm(fn, a_mk, b_kn[:, c0:c1], out_mn[:, c0:c1], False, 0.0)
+    else:
+        def product(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1):
+            packed(pfn, a_mk, pb[c0 * a_mk.shape[1]:], out_mn[:, c0:c1], 0.0)
+    return product
+
+
 @njit()
 def _packed_serial(pfn, a_mk, pb, out_mn, bias, code, alpha):
     """out = f(a @ b + bias) in the calling thread, b packed."""
@@ -91,9 +116,9 @@ def _packed_serial(pfn, a_mk, pb, out_mn, bias, code, alpha):
 
 @njit(parallel=True)
 def _matmul_shares(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha, parts, by_rows):
-    """out = a @ b in ``parts`` shares: row blocks (each with its bias + activation epilogue;
-    on ``pb`` when ``pfn`` is ``_blas.PACKED``) or, when not ``by_rows``, blocks of
-    COLUMN_STEP-aligned output columns (sgemm ``fn``)."""
+    """out = a @ b in ``parts`` shares: row blocks, each with its bias + activation epilogue, or,
+    when not ``by_rows``, blocks of COLUMN_STEP-aligned output columns (the caller runs the
+    epilogue); on ``pb`` (b packed) when ``pfn`` is ``_blas.PACKED``, else sgemm ``fn`` on b."""
     m, n = out_mn.shape
     steps = (n + COLUMN_STEP - 1) // COLUMN_STEP
     for p in prange(parts):
@@ -104,7 +129,7 @@ def _matmul_shares(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha, parts, by
             c0 = min(n, COLUMN_STEP * (steps * p // parts))
             c1 = min(n, COLUMN_STEP * (steps * (p + 1) // parts))
             if c1 > c0:
-                sgemm(fn, a_mk, b_kn[:, c0:c1], out_mn[:, c0:c1], False, 0.0)
+                _columns_product(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1)
 
 
 def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0, weights=False):
@@ -118,29 +143,21 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0, w
     flops = 2 * m * n * k
     pb = (packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS and m * n * k >= PACKED_MIN_MADDS
           else None)
-    single = thread_count() == 1 or flops < 2 * MIN_SHARE_FLOPS
-    if pb is not None and single:
+    if SGEMM is not None and thread_count() > 1 and flops >= 2 * MIN_SHARE_FLOPS:
+        by_rows = m >= ROW_SPLIT_MIN
+        units = m if by_rows else -(-n // COLUMN_STEP)
+        with shares(units, max(1, units * MIN_SHARE_FLOPS // flops)) as parts:
+            if parts > 1:
+                _matmul_shares(SGEMM, None if pb is None else _blas.PACKED, a_mk, b_kn,
+                               _EMPTY if pb is None else pb, out_mn, b, code, np.float32(alpha),
+                               parts, by_rows)
+                if not by_rows and (code != _elementwise.LINEAR or bias is not None):
+                    _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
+                return out_mn
+    if pb is not None:
         _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))
         return out_mn
-    if SGEMM is None or single:
-        np.matmul(a_mk, b_kn, out=out_mn)            # too small to share: no slot to take
-        if code != _elementwise.LINEAR or bias is not None:
-            _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
-        return out_mn
-    by_rows = m >= ROW_SPLIT_MIN
-    units = m if by_rows else -(-n // COLUMN_STEP)
-    with shares(units, max(1, units * MIN_SHARE_FLOPS // flops)) as parts:
-        if parts > 1:
-            pfn = None if pb is None or not by_rows else _blas.PACKED
-            _matmul_shares(SGEMM, pfn, a_mk, b_kn, _EMPTY if pfn is None else pb, out_mn, b, code,
-                           np.float32(alpha), parts, by_rows)
-            if by_rows:
-                return out_mn
-        elif pb is not None:
-            _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))
-            return out_mn
-        else:
-            np.matmul(a_mk, b_kn, out=out_mn)
+    np.matmul(a_mk, b_kn, out=out_mn)
     if code != _elementwise.LINEAR or bias is not None:
         _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
     return out_mn

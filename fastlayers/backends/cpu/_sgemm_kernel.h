@@ -1,14 +1,17 @@
 /* fastlayers' own single-threaded float32 GEMM on a weight matrix packed once, with an
  * AVX-512 micro-kernel.
  *
- * c (m, n) = a (m, k) @ b (k, n) + beta c, row major. fl_pack_all lays b out once (weights):
- * FL_KC-row blocks of FL_NR-column panels. fl_sgemm_packed then follows the BLIS loop order:
- * per k block, A blocks of FL_MC x FL_KC packed into FL_MR-row panels (in L2, a per-thread
- * buffer reused by later calls) and a 14 x 32 register tile (28 zmm accumulators; 8 and 4 rows
- * for the last row panel) over each pair of panels. OpenBLAS packs b again on every call, which
+ * c (m, n) = a (m, k) @ b (k, n) + beta c, row major. fl_pack_all lays b out once (weights)
+ * in FL_NR-column panels of all k rows. fl_sgemm_packed then runs, per FL_KC-row block of b, a
+ * 14 x 32 register tile (28 zmm accumulators) over each pair of a 14-row panel of A and a
+ * column panel; A is read in place or, where that is slow (see fl_packed_tiles) and for the
+ * last rows, packed into FL_MR-row panels (a per-thread buffer reused by later calls; 8- and
+ * 4-row tiles for the last panel). OpenBLAS packs b again on every call, which
  * cost about a quarter of the time of a deep convolution layer's product (49 x 4608 x 512). Without the kernel (another compiler or CPU) or its buffer, a scalar loop
  * computes the same product.
  */
+#ifndef FL_SGEMM_KERNEL_H
+#define FL_SGEMM_KERNEL_H
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,16 +34,16 @@ static float *fl_workspace(size_t floats) {
     return fl_buf;
 }
 
-/* pb[panel][p][j] = b[k0 + p, panel * NR + j] for the rows k0:k0 + kc of b (k, n), zero past
- * column n. */
-static void fl_pack_b(const float *b, int64_t ldb, int64_t k0, int64_t kc, int64_t n,
-                      float *pb) {
+/* pb[panel][p][j] = b[p, panel * NR + j] for all k rows of b (k, n), zero past column n:
+ * each NR-column panel holds its k rows contiguously, so the panels of columns j0:j1 (j0 a
+ * multiple of NR) are the packed matrix from pb + j0 * k on (a share of the columns). */
+static void fl_pack_all(const float *b, int64_t ldb, int64_t k, int64_t n, float *pb) {
     for (int64_t jr = 0; jr < n; jr += FL_NR) {
         int64_t nr = n - jr < FL_NR ? n - jr : FL_NR;
-        float *dst = pb + jr * kc;
-        for (int64_t p = 0; p < kc; ++p) {
+        float *dst = pb + jr * k;
+        for (int64_t p = 0; p < k; ++p) {
             float *row = dst + p * FL_NR;
-            memcpy(row, b + (k0 + p) * ldb + jr, (size_t)nr * sizeof(float));
+            memcpy(row, b + p * ldb + jr, (size_t)nr * sizeof(float));
             if (nr < FL_NR) memset(row + nr, 0, (size_t)(FL_NR - nr) * sizeof(float));
         }
     }
@@ -60,36 +63,22 @@ static void fl_pack_a(const float *a, int64_t lda, int64_t i0, int64_t mc, int64
     }
 }
 
-/* Floats of the whole of b (k, n) packed for fl_sgemm_packed: KC-row blocks of NR-column
- * panels, block pc starting at pc * (n rounded up to NR). */
+/* Floats of the whole of b (k, n) packed by fl_pack_all: k rows of n rounded up to NR. */
 static int64_t fl_packed_floats(int64_t k, int64_t n) {
     return k * ((n + FL_NR - 1) / FL_NR) * FL_NR;
-}
-
-static void fl_pack_all(const float *b, int64_t ldb, int64_t k, int64_t n, float *pb) {
-    int64_t npad = ((n + FL_NR - 1) / FL_NR) * FL_NR;
-    for (int64_t pc = 0; pc < k; pc += FL_KC) {
-        int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
-        fl_pack_b(b, ldb, pc, kc, n, pb + pc * npad);
-    }
 }
 
 /* c (m, n) (+)= a (m, k) @ b with b packed by fl_pack_all, one multiply-add at a time: where
  * the micro-kernel is not compiled or its buffer cannot be allocated. */
 static void fl_packed_scalar(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                              const float *pb, int accumulate, float *c, int64_t ldc) {
-    int64_t npad = ((n + FL_NR - 1) / FL_NR) * FL_NR;
     for (int64_t i = 0; i < m; ++i) {
         float *row = c + i * ldc;
         if (!accumulate) memset(row, 0, (size_t)n * sizeof(float));
-        for (int64_t pc = 0; pc < k; pc += FL_KC) {
-            int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
-            const float *block = pb + pc * npad;
-            for (int64_t p = 0; p < kc; ++p) {
-                float ap = a[i * lda + pc + p];
-                for (int64_t j = 0; j < n; ++j)
-                    row[j] += ap * block[(j / FL_NR) * kc * FL_NR + p * FL_NR + j % FL_NR];
-            }
+        for (int64_t p = 0; p < k; ++p) {
+            float ap = a[i * lda + p];
+            for (int64_t j = 0; j < n; ++j)
+                row[j] += ap * pb[(j / FL_NR) * k * FL_NR + p * FL_NR + j % FL_NR];
         }
     }
 }
@@ -105,11 +94,12 @@ static int fl_supported(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
 }
 
-/* c[0:mr, 0:nr] (+)= sum_p pa[p][0:mr] outer pb[p][0:nr] with a rows x 32 register tile (A
- * panels keep their FL_MR stride; rows is a constant in each caller below). */
+/* c[0:mr, 0:nr] (+)= sum_p a[i * ars + p * aps] pb[p][0:nr] over i < rows, with a rows x 32
+ * register tile. rows and the A strides are constants in each caller below: (1, FL_MR) for a
+ * packed A panel, (lda, 1) for rows of A read in place. */
 FL_TARGET static inline __attribute__((always_inline)) void
-fl_tile(const int rows, int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc,
-        int mr, int nr, int accumulate) {
+fl_tile(const int rows, int64_t kc, const float *a, int64_t ars, int64_t aps, const float *pb,
+        float *c, int64_t ldc, int mr, int nr, int accumulate) {
     __m512 c0[FL_MR], c1[FL_MR];
 #pragma GCC unroll 14
     for (int i = 0; i < rows; ++i) {
@@ -121,11 +111,11 @@ fl_tile(const int rows, int64_t kc, const float *pa, const float *pb, float *c, 
         __m512 b1 = _mm512_loadu_ps(pb + 16);
 #pragma GCC unroll 14
         for (int i = 0; i < rows; ++i) {
-            __m512 ai = _mm512_set1_ps(pa[i]);
+            __m512 ai = _mm512_set1_ps(a[i * ars]);
             c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
             c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
         }
-        pa += FL_MR;
+        a += aps;
         pb += FL_NR;
     }
     __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
@@ -148,28 +138,34 @@ fl_tile(const int rows, int64_t kc, const float *pa, const float *pb, float *c, 
 
 FL_TARGET static void fl_tile14(int64_t kc, const float *pa, const float *pb, float *c,
                                 int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(14, kc, pa, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(14, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile8(int64_t kc, const float *pa, const float *pb, float *c,
                                int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(8, kc, pa, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(8, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile4(int64_t kc, const float *pa, const float *pb, float *c,
                                int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(4, kc, pa, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(4, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
-/* c[ic:ic + mc, :n] (+)= packed A block (mc x kc) @ packed B block (kc x n, panels kc x NR):
- * the smallest tile that covers each row panel. */
-FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t kc, const float *pa,
-                               const float *pb, float *c, int64_t ldc, int accumulate) {
+/* The 14-row tile on 14 rows of A read in place (row stride lda). */
+FL_TARGET static void fl_tile14_rows(int64_t kc, const float *a, int64_t lda, const float *pb,
+                                     float *c, int64_t ldc, int nr, int accumulate) {
+    fl_tile(14, kc, a, lda, 1, pb, c, ldc, FL_MR, nr, accumulate);
+}
+
+/* c[:mc, :n] (+)= packed A block (mc x kc) @ rows pc:pc + kc of packed b (pb_k = pb + pc NR,
+ * panels k NR floats apart): the smallest tile that covers each row panel. */
+FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t k, int64_t kc, const float *pa,
+                               const float *pb_k, float *c, int64_t ldc, int accumulate) {
     for (int64_t jr = 0; jr < n; jr += FL_NR) {
         int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
         for (int64_t ir = 0; ir < mc; ir += FL_MR) {
             int mr = (int)(mc - ir < FL_MR ? mc - ir : FL_MR);
-            const float *a = pa + ir * kc, *b = pb + jr * kc;
+            const float *a = pa + ir * kc, *b = pb_k + jr * k;
             float *cc = c + ir * ldc + jr;
             if (mr > 8) fl_tile14(kc, a, b, cc, ldc, mr, nr, accumulate);
             else if (mr > 4) fl_tile8(kc, a, b, cc, ldc, mr, nr, accumulate);
@@ -178,22 +174,40 @@ FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t kc, const float *p
     }
 }
 
-/* fl_sgemm_packed with the micro-kernel; -1 when the A buffer cannot be allocated. */
+/* fl_sgemm_packed with the micro-kernel; -1 when the A buffer cannot be allocated.
+ *
+ * Whole 14-row panels of A are read in place (1.0-1.25x faster than packing them: the pack
+ * was a pass of its own, and A panels meet only few column panels in convolutions), unless
+ * lda is a multiple of 1024 floats: then the 14 rows fall into one L1 set and evict each
+ * other (0.8x), and A is packed in FL_MC-row blocks as BLIS does. The last rows (< 14) are
+ * always packed (zero-padded panel). */
 FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const float *a,
                                      int64_t lda, const float *pb, int accumulate, float *c,
                                      int64_t ldc) {
-    int64_t npad = ((n + FL_NR - 1) / FL_NR) * FL_NR;
-    int64_t mc_max = m < FL_MC ? m : FL_MC;
+    int64_t m_rows = lda % 1024 != 0 ? (m / FL_MR) * FL_MR : 0;
+    int64_t m_pack = m - m_rows;
+    int64_t mc_max = m_pack < FL_MC ? m_pack : FL_MC;
     int64_t kc_max = k < FL_KC ? k : FL_KC;
-    float *pa = fl_workspace((size_t)(kc_max * ((mc_max + FL_MR - 1) / FL_MR) * FL_MR));
-    if (!pa) return -1;
+    float *pa = 0;
+    if (m_pack > 0) {
+        pa = fl_workspace((size_t)(kc_max * ((mc_max + FL_MR - 1) / FL_MR) * FL_MR));
+        if (!pa) return -1;
+    }
     for (int64_t pc = 0; pc < k; pc += FL_KC) {
         int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
         int acc = accumulate || pc > 0;
-        for (int64_t ic = 0; ic < m; ic += FL_MC) {
+        const float *pb_k = pb + pc * FL_NR;
+        for (int64_t ir = 0; ir < m_rows; ir += FL_MR) {
+            for (int64_t jr = 0; jr < n; jr += FL_NR) {
+                int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
+                fl_tile14_rows(kc, a + ir * lda + pc, lda, pb_k + jr * k, c + ir * ldc + jr, ldc,
+                               nr, acc);
+            }
+        }
+        for (int64_t ic = m_rows; ic < m; ic += FL_MC) {
             int64_t mc = m - ic < FL_MC ? m - ic : FL_MC;
             fl_pack_a(a, lda, ic, mc, pc, kc, pa);
-            fl_block(mc, n, kc, pa, pb + pc * npad, c + ic * ldc, ldc, acc);
+            fl_block(mc, n, k, kc, pa, pb_k, c + ic * ldc, ldc, acc);
         }
     }
     return 0;
@@ -215,3 +229,4 @@ static void fl_sgemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int
 #endif
     fl_packed_scalar(m, n, k, a, lda, pb, accumulate, c, ldc);
 }
+#endif

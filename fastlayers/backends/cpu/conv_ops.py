@@ -24,7 +24,8 @@ import numpy as np
 from ..reference import ReferenceOps
 from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
 from ..derived import derived
-from . import _conv, _elementwise, _gemm, _winograd
+from .._jit import warm_call
+from . import _blas, _conv, _elementwise, _gemm, _winograd
 from ._split import run_parallel, shares
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -39,6 +40,9 @@ _MIN_SHARE_FLOPS = 1 << 21
 #: Fewest output rows for the threaded im2col path; below, the product is split over the output
 #: channels (numpy's sgemm is also faster than scipy's on such short, wide products: docs/design.md).
 _SPLIT_MIN_ROWS = 256
+#: Fewest output rows (n, oh) for sharing the implicit-GEMM convolution by rows; below, by
+#: output columns (ResNet's 7x7 layers: 7 rows).
+_IMPLICIT_MIN_ROWS = 8
 _tls = threading.local()
 #: Fewest output values per thread share of the direct kernels (depthwise, pooling): below this
 #: a thread hand-off (tens of microseconds) costs more than it saves.
@@ -93,6 +97,8 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
         y = np.empty((n * h * w, cout), np.float32)                     # 1x1: one sgemm
         _gemm.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout), y,
                      None if b is None else _f32c(b), _act_code(code), alpha, weights=True)
+    elif groups == 1 and dw == 1 and kh * kw > 1 and _blas.CONV is not None:
+        y = _conv_implicit(x, wk, b, (sh, sw), dh, pt, pl, ho, wo, code, alpha)
     elif groups == 1 and n * ho * wo >= _SPLIT_MIN_ROWS:
         y = _conv_im2col(x, wk, b, (sh, sw), (dh, dw), pt, pl, ho, wo, code, alpha)
     else:
@@ -170,27 +176,78 @@ def _winograd_weights(wk):
     return u
 
 
+def _conv_implicit(x, wk, b, strides, dh, pt, pl, ho, wo, code, alpha):
+    """Implicit-GEMM convolution (``_blas.CONV``) on the zero-padded input: by output rows
+    shared among threads, or by output columns when there are few rows."""
+    n, h, w, c = x.shape
+    kh, kw, cout = wk.shape[0], wk.shape[1], wk.shape[3]
+    sh, sw = strides
+    k = kh * kw * c
+    pw = _gemm.packed_weights(wk.reshape(k, cout))
+    hp = max(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w + pl, (wo - 1) * sw + kw)
+    size = n * hp * wp * c
+    buf = workspace(size + _blas.TILE_ROWS * sw * c)    # tiles read up to 14 columns past a row
+    buf[size:] = 0.0
+    xp = buf[:size].reshape(n, hp, wp, c)
+    _conv.pad_nhwc(x, xp, pt, pl)
+    y = np.empty((n * ho * wo, cout), np.float32)
+    bias = _EMPTY if b is None else _f32c(b)
+    act, alpha = _act_code(code), np.float32(alpha)
+    rows, flops = n * ho, 2 * n * ho * wo * k * cout
+    chunk = max(1, _gemm.PACKED_CHUNK_FLOATS // (wo * cout))
+    by_rows = rows >= _IMPLICIT_MIN_ROWS
+    units = rows if by_rows else -(-cout // _gemm.COLUMN_STEP)
+    with shares(units, max(1, units * _MIN_SHARE_FLOPS // flops)) as parts:
+        if parts == 1:
+            _conv.conv_implicit_rows(_blas.CONV, xp, pw, bias, y, act, alpha, kh, kw, sh, sw, dh,
+                                     ho, wo, chunk, 0, rows)
+            return y
+        _conv.conv_implicit_par(_blas.CONV, xp, pw, bias, y, act, alpha, kh, kw, sh, sw, dh, ho,
+                                wo, chunk, parts, by_rows)
+    if not by_rows:
+        _epilogue_rows(y, b, code, alpha)
+    return y
+
+
 def _conv_im2col(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha):
     """im2col + sgemm + epilogue in cache-sized row chunks, the rows shared among threads."""
+    k = wk.shape[0] * wk.shape[1] * wk.shape[2]
+    with shares(x.shape[0] * ho * wo, _min_rows_for(2 * k * wk.shape[3])) as parts:
+        return _im2col_shares(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha, parts)
+
+
+def _im2col_shares(x, wk, b, strides, dilation, pt, pl, ho, wo, code, alpha, parts):
+    """``_conv_im2col`` in ``parts`` shares (1: in the calling thread)."""
     n, kh, kw, cout = x.shape[0], wk.shape[0], wk.shape[1], wk.shape[3]
     k = kh * kw * wk.shape[2]
     w_kc = wk.reshape(k, cout)
     rows = n * ho * wo
     y = np.empty((rows, cout), np.float32)
-    bias = _EMPTY if b is None else _f32c(b)
-    act = _act_code(code)
-    chunk = max(8, min(rows, _COLS_CHUNK // k))
-
-    with shares(rows, _min_rows_for(2 * k * cout)) as parts:
-        m = min(chunk, -(-rows // parts))
-        cols = workspace(parts * m * k).reshape(parts, m, k)
-        args = (x, w_kc, bias, y, act, np.float32(alpha), kh, kw, strides[0], strides[1],
-                dilation[0], dilation[1], pt, pl, ho, wo)
-        if parts == 1:
-            _conv.conv_gemm_rows(*args, cols[0], 0, rows)
-        else:
-            _conv.conv_gemm_rows_par(*args, cols, parts)
+    pw = _gemm.packed_weights(w_kc)
+    tile = _blas.TILE_ROWS
+    chunk = max(tile, min(rows, _COLS_CHUNK // k) // tile * tile)
+    m = min(chunk, -(-rows // (parts * tile)) * tile)
+    cols = workspace(parts * m * k).reshape(parts, m, k)
+    args = (x, w_kc, _blas.SGEMM, None if pw is None else _blas.PACKED,
+            _EMPTY if pw is None else pw, _EMPTY if b is None else _f32c(b), y, _act_code(code),
+            np.float32(alpha), kh, kw, strides[0], strides[1], dilation[0], dilation[1], pt, pl,
+            ho, wo)
+    if parts == 1:
+        _conv.conv_gemm_rows(*args, cols[0], 0, rows)
+    else:
+        _conv.conv_gemm_rows_par(*args, cols, parts)
     return y
+
+
+@warm_call
+def warm_conv():
+    """Compile the im2col convolution's serial and parallel kernels (``warmup``) by running them
+    on a tiny input: their arguments (ctypes sgemm functions) have no signature string."""
+    x = np.ones((1, 24, 24, 2), np.float32)
+    w = np.ones((3, 3, 2, 4), np.float32)
+    for parts in (1, 2):
+        _im2col_shares(x, w, None, (2, 2), (1, 1), 1, 1, 12, 12, _elementwise.RELU, 0.0, parts)
 
 
 def _conv_grouped(x, wk, strides, dilation, pt, pl, ho, wo, groups):

@@ -1,0 +1,114 @@
+/* Implicit-GEMM convolution on weights packed by fl_pack_all (fastlayers' own sgemm's layout),
+ * NHWC, one group, no dilation along the width.
+ *
+ * Output row (n, oh), output column ow and the window row i read kw * C consecutive floats of
+ * the zero-padded input: xp[n, oh sh + i dh, ow sw:ow sw + kw, :]. So 14 consecutive output
+ * columns are 14 rows of A, sw * C floats apart, and the register tile of the sgemm runs over
+ * them in place, window row by window row: no im2col matrix is written (it cost a third of the
+ * ResNet stem's time, 1.1 of 3.3 ms) and nothing is packed per call.
+ */
+#ifndef FL_CONV_KERNEL_H
+#define FL_CONV_KERNEL_H
+#include "_sgemm_kernel.h"
+
+#if FL_HAVE_KERNEL
+/* c[0:mr, 0:nr] = sum over window rows i < kh and q < kwc of a[r ars + i ari + q] pb[(i kwc +
+ * q)][0:nr], r < rows (rows is a constant in each caller). */
+FL_TARGET static inline __attribute__((always_inline)) void
+fl_conv_tile(const int rows, const float *a, int64_t ars, int64_t ari, int64_t kh, int64_t kwc,
+             const float *pb, float *c, int64_t ldc, int mr, int nr) {
+    __m512 c0[FL_MR], c1[FL_MR];
+#pragma GCC unroll 14
+    for (int r = 0; r < rows; ++r) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < kh; ++i) {
+        const float *ai = a + i * ari;
+        for (int64_t q = 0; q < kwc; ++q) {
+            __m512 b0 = _mm512_loadu_ps(pb);
+            __m512 b1 = _mm512_loadu_ps(pb + 16);
+#pragma GCC unroll 14
+            for (int r = 0; r < rows; ++r) {
+                __m512 ar = _mm512_set1_ps(ai[r * ars + q]);
+                c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+                c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+            }
+            pb += FL_NR;
+        }
+    }
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF
+                 : nr > 16  ? (__mmask16)((1u << (nr - 16)) - 1u) : (__mmask16)0;
+#pragma GCC unroll 14
+    for (int r = 0; r < rows; ++r) {
+        if (r < mr) {
+            _mm512_mask_storeu_ps(c + r * ldc, m0, c0[r]);
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, c1[r]);
+        }
+    }
+}
+
+FL_TARGET static void fl_conv_tile14(const float *a, int64_t ars, int64_t ari, int64_t kh,
+                                     int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
+                                     int nr) {
+    fl_conv_tile(14, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+}
+
+FL_TARGET static void fl_conv_tile8(const float *a, int64_t ars, int64_t ari, int64_t kh,
+                                    int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
+                                    int nr) {
+    fl_conv_tile(8, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+}
+
+FL_TARGET static void fl_conv_tile4(const float *a, int64_t ars, int64_t ari, int64_t kh,
+                                    int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
+                                    int nr) {
+    fl_conv_tile(4, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+}
+#endif
+
+/* y[t Wo + ow, j0:j1] = sum_{i, q} xp[n, oh sh + i dh, ow sw C + q] w[i kw C + q, j0:j1] for the
+ * output rows t = n Ho + oh in [t0, t1), ow < Wo, q < kw C. xp: the padded input (N, Hp, Wp, C),
+ * C-contiguous, with at least 14 sw C readable floats past its end (tiles of 14 output columns
+ * read past the last one; those results are not stored). pb: w (kh kw C, cout) packed by
+ * fl_pack_all; j0 a multiple of FL_NR; y: rows of ldy floats. */
+static void fl_conv_packed(const float *xp, int64_t hp, int64_t wp, int64_t c, int64_t kh,
+                           int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t ho, int64_t wo,
+                           const float *pb, int64_t j0, int64_t j1, float *y, int64_t ldy,
+                           int64_t t0, int64_t t1) {
+    int64_t kwc = kw * c, k = kh * kwc, ars = sw * c, ari = dh * wp * c;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / ho, oh = t % ho;
+        const float *a = xp + ((n * hp + oh * sh) * wp) * c;
+        float *yt = y + t * wo * ldy;
+#if FL_HAVE_KERNEL
+        for (int64_t jr = j0; jr < j1; jr += FL_NR) {
+            int nr = (int)(j1 - jr < FL_NR ? j1 - jr : FL_NR);
+            const float *b = pb + jr * k;
+            for (int64_t ow = 0; ow < wo; ow += FL_MR) {
+                int mr = (int)(wo - ow < FL_MR ? wo - ow : FL_MR);
+                const float *ar = a + ow * ars;
+                float *cc = yt + ow * ldy + jr;
+                if (mr > 8) fl_conv_tile14(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
+                else if (mr > 4) fl_conv_tile8(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
+                else fl_conv_tile4(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
+            }
+        }
+#else
+        for (int64_t ow = 0; ow < wo; ++ow) {
+            float *row = yt + ow * ldy;
+            for (int64_t j = j0; j < j1; ++j) row[j] = 0.0f;
+            for (int64_t i = 0; i < kh; ++i) {
+                for (int64_t q = 0; q < kwc; ++q) {
+                    float v = a[ow * ars + i * ari + q];
+                    int64_t p = i * kwc + q;
+                    for (int64_t j = j0; j < j1; ++j)
+                        row[j] += v * pb[(j / FL_NR) * k * FL_NR + p * FL_NR + j % FL_NR];
+                }
+            }
+        }
+#endif
+    }
+}
+#endif
