@@ -7,9 +7,10 @@ C_out): 2.25x fewer multiplies than im2col + sgemm. The transforms only add, sub
 so rounding stays at the level of the direct sum (tests compare with the reference at 1e-5).
 
 ``conv3x3_f23`` works on a range of tile rows in blocks whose V and M panels fit in the L2 cache,
-calls sgemm through Numba's ``np.dot`` (BLAS, one thread: ``conv3x3_f23_par`` shares the tile
-rows among Numba's threads) and runs the bias + activation epilogue on each block's output rows
-while they are hot.
+runs the 16 products on fastlayers' sgemm with each U[e] packed once (``_products``; numpy's
+BLAS through Numba's ``np.dot`` without it), one thread each (``conv3x3_f23_par`` shares the
+tile rows among Numba's threads), and runs the bias + activation epilogue on each block's output
+rows while they are hot.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .._jit import njit
+from numba import types
+from numba.extending import overload
+
+from .._jit import FASTMATH, njit
+from ._blas import packed
 from ._elementwise import bias_act_rows
 
 _ZERO = np.float32(0.0)
@@ -127,13 +132,32 @@ def _output_tiles(m_eto, b, out_nhwc, code, alpha, patch, dump, th, tw, r0, r1, 
         bias_act_rows(out_rows[row0:row1], b, out_rows[row0:row1], code, alpha)
 
 
-@njit(signatures=("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, :, ::1], "
-                  "int64, float32, int64, int64, float32[:, :, ::1], float32[:, :, ::1], "
-                  "float32[:, ::1], int64, int64, int64)",))
-def conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_etc, m_eto, patch,
+def _products(pfn, v_etc, u_eio, pu_ep, m_eto, nt, e0, e1):
+    """M[e, :nt] = V[e, :nt] U[e] for e in [e0, e1): fastlayers' sgemm on ``pu_ep[e]`` (U[e]
+    packed) when ``pfn`` is ``_blas.PACKED``, else Numba's ``np.dot`` (compiled only: the
+    overload below)."""
+    raise NotImplementedError("_products runs only inside compiled kernels")
+
+
+@overload(_products, jit_options={"fastmath": FASTMATH, "nogil": True})
+def _products_impl(pfn, v_etc, u_eio, pu_ep, m_eto, nt, e0, e1):
+    if isinstance(pfn, types.NoneType):
+        def products(pfn, v_etc, u_eio, pu_ep, m_eto, nt, e0, e1):
+            for e in range(e0, e1):
+                np.dot(v_etc[e, :nt], u_eio[e], m_eto[e, :nt])
+    else:
+        def products(pfn, v_etc, u_eio, pu_ep, m_eto, nt, e0, e1):
+            for e in range(e0, e1):
+                packed(pfn, v_etc[e, :nt], pu_ep[e], m_eto[e, :nt], 0.0)
+    return products
+
+
+@njit()
+def conv3x3_f23(x_nhwc, u_eio, pfn, pu_ep, b, out_nhwc, code, alpha, pt, pl, v_etc, m_eto, patch,
                 block_rows, tr_begin, tr_end):
     """out = f(conv3x3(x, w) + b) for tile rows tr = n Th + ti in [tr_begin, tr_end), Th = ceil(Ho / 2):
-    V = B^T d B per tile, M[e] = V[e] U[e] (sgemm), y = A^T M A, then bias and activation ``code``.
+    V = B^T d B per tile, M[e] = V[e] U[e] (``_products``), y = A^T M A, then bias and
+    activation ``code``.
 
     ``v_etc`` / ``m_eto`` hold ``block_rows`` tile rows of V / M; ``patch`` is (16, C_in) scratch
     (its first 8 rows also hold A^T M for the output transform, so C_in >= C_out is not needed:
@@ -145,8 +169,7 @@ def conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_etc, m_eto, p
         r1 = min(r0 + block_rows, tr_end)
         nt = (r1 - r0) * tw
         _input_tiles(x_nhwc, v_etc, patch, pt, pl, th, tw, r0, r1, 0)
-        for e in range(16):
-            np.dot(v_etc[e, :nt], u_eio[e], m_eto[e, :nt])
+        _products(pfn, v_etc, u_eio, pu_ep, m_eto, nt, 0, 16)
         _output_tiles(m_eto, b, out_nhwc, code, alpha, patch, dump, th, tw, r0, r1, 0)
 
 
@@ -166,12 +189,12 @@ def input_f23_par(x_nhwc, v_etc, patch_p, pt, pl, ho, wo, parts):
         _input_tiles(x_nhwc, v_etc, patch_p[p], pt, pl, th, tw, r0, r1, r0 * tw)
 
 
-@njit(parallel=True, signatures=("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int64)",))
-def products_f23_par(v_etc, u_eio, m_eto, parts):
-    """M[e] = V[e] U[e] for e < 16, the 16 products in ``parts`` shares."""
+@njit(parallel=True)
+def products_f23_par(v_etc, u_eio, pfn, pu_ep, m_eto, parts):
+    """M[e] = V[e] U[e] for e < 16, the 16 products in ``parts`` shares (``_products``)."""
     for p in prange(parts):
-        for e in range(16 * p // parts, 16 * (p + 1) // parts):
-            np.dot(v_etc[e], u_eio[e], m_eto[e])
+        _products(pfn, v_etc, u_eio, pu_ep, m_eto, v_etc.shape[1], 16 * p // parts,
+                  16 * (p + 1) // parts)
 
 
 @njit(parallel=True, signatures=(
@@ -190,15 +213,12 @@ def output_f23_par(m_eto, b, out_nhwc, code, alpha, patch_p, parts):
                           r0 * tw)
 
 
-@njit(parallel=True, signatures=(
-    "void(float32[:, :, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, :, ::1], int64, "
-    "float32, int64, int64, float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], "
-    "int64, int64)",))
-def conv3x3_f23_par(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_petc, m_peto, patch_p,
-                    block_rows, parts):
+@njit(parallel=True)
+def conv3x3_f23_par(x_nhwc, u_eio, pfn, pu_ep, b, out_nhwc, code, alpha, pt, pl, v_petc, m_peto,
+                    patch_p, block_rows, parts):
     """``conv3x3_f23`` over all tile rows in ``parts`` shares on Numba's threads, share p with
     the workspaces ``v_petc[p]``, ``m_peto[p]``, ``patch_p[p]``."""
     rows = out_nhwc.shape[0] * ((out_nhwc.shape[1] + 1) // 2)
     for p in prange(parts):
-        conv3x3_f23(x_nhwc, u_eio, b, out_nhwc, code, alpha, pt, pl, v_petc[p], m_peto[p],
-                    patch_p[p], block_rows, rows * p // parts, rows * (p + 1) // parts)
+        conv3x3_f23(x_nhwc, u_eio, pfn, pu_ep, b, out_nhwc, code, alpha, pt, pl, v_petc[p],
+                    m_peto[p], patch_p[p], block_rows, rows * p // parts, rows * (p + 1) // parts)

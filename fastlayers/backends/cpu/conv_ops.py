@@ -133,7 +133,8 @@ def _winograd_pays(n, ho, wo, cin, cout) -> bool:
 
 def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
     n, cin, cout = x.shape[0], x.shape[3], wk.shape[3]
-    u = derived(wk, "winograd_f23", _winograd_weights)
+    u, pu = derived(wk, "winograd_f23", _winograd_weights)
+    pfn = None if pu.shape[1] == 0 else _blas.PACKED
     out = np.empty((n, ho, wo, cout), np.float32)
     th, tw = (ho + 1) // 2, (wo + 1) // 2
     block_rows = max(1, _WINOGRAD_BLOCK_TILES // tw)
@@ -152,28 +153,55 @@ def _conv3x3_winograd(x, wk, b, pt, pl, ho, wo, code, alpha):
                 m = ws[16 * tiles * cin: 16 * tiles * (cin + cout)].reshape(16, tiles, cout)
                 patch = ws[16 * tiles * (cin + cout):].reshape(parts, 16, max(cin, cout))
                 _winograd.input_f23_par(x, v, patch, pt, pl, ho, wo, parts)
-                _winograd.products_f23_par(v, u, m, parts)
+                _winograd.products_f23_par(v, u, pfn, pu, m, parts)
                 _winograd.output_f23_par(m, bias, out, act, np.float32(alpha), patch, parts)
                 return out.reshape(-1, cout)
     with shares(n * th, _min_rows_for(2 * 16 * tw * cin * cout)) as parts:
-        rows = min(block_rows, -(-n * th // parts))
-        v_size, m_size = 16 * rows * tw * cin, 16 * rows * tw * cout
-        ws = workspace(parts * (v_size + m_size + 16 * max(cin, cout)))
-        v = ws[: parts * v_size].reshape(parts, 16, rows * tw, cin)
-        m = ws[parts * v_size: parts * (v_size + m_size)].reshape(parts, 16, rows * tw, cout)
-        patch = ws[parts * (v_size + m_size):].reshape(parts, 16, max(cin, cout))
-        args = (x, u, bias, out, act, np.float32(alpha), pt, pl)
-        if parts == 1:
-            _winograd.conv3x3_f23(*args, v[0], m[0], patch[0], rows, 0, n * th)
-        else:
-            _winograd.conv3x3_f23_par(*args, v, m, patch, rows, parts)
+        _winograd_blocks(x, u, pfn, pu, bias, out, act, alpha, pt, pl, block_rows, parts)
     return out.reshape(-1, cout)
 
 
+def _winograd_blocks(x, u, pfn, pu, bias, out, act, alpha, pt, pl, block_rows, parts):
+    """``_conv3x3_winograd`` by blocks of tile rows in ``parts`` shares (1: in the calling
+    thread)."""
+    cin, cout = x.shape[3], out.shape[3]
+    rows_all, tw = out.shape[0] * ((out.shape[1] + 1) // 2), (out.shape[2] + 1) // 2
+    rows = min(block_rows, -(-rows_all // parts))
+    v_size, m_size = 16 * rows * tw * cin, 16 * rows * tw * cout
+    ws = workspace(parts * (v_size + m_size + 16 * max(cin, cout)))
+    v = ws[: parts * v_size].reshape(parts, 16, rows * tw, cin)
+    m = ws[parts * v_size: parts * (v_size + m_size)].reshape(parts, 16, rows * tw, cout)
+    patch = ws[parts * (v_size + m_size):].reshape(parts, 16, max(cin, cout))
+    args = (x, u, pfn, pu, bias, out, act, np.float32(alpha), pt, pl)
+    if parts == 1:
+        _winograd.conv3x3_f23(*args, v[0], m[0], patch[0], rows, 0, rows_all)
+    else:
+        _winograd.conv3x3_f23_par(*args, v, m, patch, rows, parts)
+
+
 def _winograd_weights(wk):
+    """(U (16, C_in, C_out), U[e] packed for ``_blas.PACKED`` (16, floats), or (16, 0) without
+    it)."""
     u = np.empty((16, wk.shape[2], wk.shape[3]), np.float32)
     _winograd.weights_f23(wk, u)
-    return u
+    if _blas.PACKED is None:
+        return u, np.zeros((16, 0), np.float32)
+    return u, np.stack([_blas.pack(u[e]) for e in range(16)])
+
+
+@warm_call
+def warm_winograd():
+    """Compile the Winograd kernels that call the sgemm (``warmup``) by running them on a tiny
+    input, serially and in two shares of tile rows and of products: their arguments (a ctypes
+    sgemm) have no signature string."""
+    x = np.ones((1, 4, 4, 2), np.float32)
+    u, pu = _winograd_weights(np.ones((3, 3, 2, 3), np.float32))
+    pfn = None if pu.shape[1] == 0 else _blas.PACKED
+    out = np.empty((1, 4, 4, 3), np.float32)
+    for parts in (1, 2):
+        _winograd_blocks(x, u, pfn, pu, _EMPTY, out, _elementwise.LINEAR, 0.0, 1, 1, 1, parts)
+    v, m = np.ones((16, 4, 2), np.float32), np.empty((16, 4, 3), np.float32)
+    _winograd.products_f23_par(v, u, pfn, pu, m, 2)
 
 
 def _conv_implicit(x, wk, b, strides, dh, pt, pl, ho, wo, code, alpha):
