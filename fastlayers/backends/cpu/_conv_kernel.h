@@ -78,24 +78,28 @@ static void fl_conv_packed(const float *xp, int64_t hp, int64_t wp, int64_t c, i
                            const float *pb, int64_t j0, int64_t j1, float *y, int64_t ldy,
                            int64_t t0, int64_t t1) {
     int64_t kwc = kw * c, k = kh * kwc, ars = sw * c, ari = dh * wp * c;
-    for (int64_t t = t0; t < t1; ++t) {
-        int64_t n = t / ho, oh = t % ho;
-        const float *a = xp + ((n * hp + oh * sh) * wp) * c;
-        float *yt = y + t * wo * ldy;
 #if FL_HAVE_KERNEL
-        for (int64_t jr = j0; jr < j1; jr += FL_NR) {
-            int nr = (int)(j1 - jr < FL_NR ? j1 - jr : FL_NR);
-            const float *b = pb + jr * k;
+    /* Column panel by panel: the panel's k x 32 weights stay in L2 while every output row of
+     * the call reads them (1.0-1.02x faster than all panels per output row). */
+    for (int64_t jr = j0; jr < j1; jr += FL_NR) {
+        int nr = (int)(j1 - jr < FL_NR ? j1 - jr : FL_NR);
+        const float *b = pb + jr * k;
+        for (int64_t t = t0; t < t1; ++t) {
+            const float *a = xp + (((t / ho) * hp + (t % ho) * sh) * wp) * c;
+            float *yt = y + t * wo * ldy + jr;
             for (int64_t ow = 0; ow < wo; ow += FL_MR) {
                 int mr = (int)(wo - ow < FL_MR ? wo - ow : FL_MR);
                 const float *ar = a + ow * ars;
-                float *cc = yt + ow * ldy + jr;
-                if (mr > 8) fl_conv_tile14(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
-                else if (mr > 4) fl_conv_tile8(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
-                else fl_conv_tile4(ar, ars, ari, kh, kwc, b, cc, ldy, mr, nr);
+                if (mr > 8) fl_conv_tile14(ar, ars, ari, kh, kwc, b, yt + ow * ldy, ldy, mr, nr);
+                else if (mr > 4) fl_conv_tile8(ar, ars, ari, kh, kwc, b, yt + ow * ldy, ldy, mr, nr);
+                else fl_conv_tile4(ar, ars, ari, kh, kwc, b, yt + ow * ldy, ldy, mr, nr);
             }
         }
+    }
 #else
+    for (int64_t t = t0; t < t1; ++t) {
+        const float *a = xp + (((t / ho) * hp + (t % ho) * sh) * wp) * c;
+        float *yt = y + t * wo * ldy;
         for (int64_t ow = 0; ow < wo; ++ow) {
             float *row = yt + ow * ldy;
             for (int64_t j = j0; j < j1; ++j) row[j] = 0.0f;
@@ -108,7 +112,7 @@ static void fl_conv_packed(const float *xp, int64_t hp, int64_t wp, int64_t c, i
                 }
             }
         }
-#endif
     }
+#endif
 }
 #endif
