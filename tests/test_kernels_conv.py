@@ -202,7 +202,8 @@ needs_implicit = pytest.mark.skipif(_blas.CONV is None,
 ])
 def test_implicit_gemm_conv_matches_reference(monkeypatch, threads, x_shape, k_shape, strides,
                                               pads, dilation):
-    """The implicit-GEMM route (groups 1, no width dilation, kernel larger than 1x1): by rows
+    """The implicit-GEMM route (groups 1, no width dilation, kernel larger than 1x1, from 256 K
+    multiply-adds; smaller ones cost more in its setup than they gain): by rows
     in chunks and shares, or by column shares when there are few output rows; every tile
     height (14, 8, 4) for the last output columns of a row."""
     calls = []
@@ -210,6 +211,7 @@ def test_implicit_gemm_conv_matches_reference(monkeypatch, threads, x_shape, k_s
     monkeypatch.setattr(conv_ops, "_conv_implicit", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(conv_ops, "_MIN_SHARE_FLOPS", 1)
     monkeypatch.setattr(_gemm, "PACKED_CHUNK_FLOATS", 200)       # a few output rows per chunk
+    monkeypatch.setattr(_gemm, "PACKED_MIN_MADDS", 0)            # small convolutions too
     monkeypatch.setattr(_split, "thread_count", lambda: threads)
     x, k, b = arr(0, x_shape), arr(1, k_shape), arr(2, k_shape[-1:])
     args = (x, k, b, strides, pads, dilation, 1, "relu")

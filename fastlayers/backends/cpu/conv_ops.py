@@ -97,7 +97,8 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
         y = np.empty((n * h * w, cout), np.float32)                     # 1x1: one sgemm
         _gemm.matmul(x.reshape(n * h * w, c), wk.reshape(c, cout), y,
                      None if b is None else _f32c(b), _act_code(code), alpha, weights=True)
-    elif groups == 1 and dw == 1 and kh * kw > 1 and _blas.CONV is not None:
+    elif (groups == 1 and dw == 1 and kh * kw > 1 and _blas.CONV is not None
+          and n * ho * wo * kh * kw * c * cout >= _gemm.PACKED_MIN_MADDS):
         y = _conv_implicit(x, wk, b, (sh, sw), dh, pt, pl, ho, wo, code, alpha)
     elif groups == 1 and n * ho * wo >= _SPLIT_MIN_ROWS:
         y = _conv_im2col(x, wk, b, (sh, sw), (dh, dw), pt, pl, ho, wo, code, alpha)
@@ -211,7 +212,7 @@ def _conv_implicit(x, wk, b, strides, dh, pt, pl, ho, wo, code, alpha):
     kh, kw, cout = wk.shape[0], wk.shape[1], wk.shape[3]
     sh, sw = strides
     k = kh * kw * c
-    pw = _gemm.packed_weights(wk.reshape(k, cout))
+    pw = derived(wk, "packed-sgemm-hwio", lambda w: _blas.pack(w.reshape(k, cout)))
     hp = max(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (wo - 1) * sw + kw)
     size = n * hp * wp * c
