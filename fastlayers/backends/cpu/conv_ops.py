@@ -1,9 +1,11 @@
 """CpuOps primitives of the convolution and pooling family (bound as CpuOps methods).
 
 - conv2d: 3x3 stride 1 with enough tiles and channels: Winograd F(2x2, 3x3) (``_winograd``);
-  1x1 / stride 1 / unpadded: one product over the NHWC rows (``_gemm.matmul``); otherwise
-  im2col + sgemm + epilogue in L2-sized row chunks (``_conv.conv_gemm_rows``), or, for grouped
-  convolutions and those with few output rows, im2col + a product split over output channels.
+  1x1 / stride 1 / unpadded: one product over the NHWC rows (``_gemm.matmul``); one group, no
+  width dilation, from 256 K multiply-adds: the implicit GEMM on the padded input
+  (``_blas.CONV``, ``_conv.conv_implicit_rows``); otherwise im2col + sgemm + epilogue in L2-sized
+  row chunks (``_conv.conv_gemm_rows``), or, for grouped convolutions and those with few output
+  rows, im2col + a product split over output channels.
 - depthwise_conv2d: a direct Numba loop vectorized over channels (3x3: all taps in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering col2im.
 - pool2d: a direct Numba loop vectorized over channels.
@@ -11,7 +13,7 @@
 - The Numba kernels are serial over a row range; ``_split.run_parallel`` / ``shares`` run large
   calls as their ``prange`` drivers over ``set_num_threads`` threads (_split.py, docs/design.md).
 
-Workspaces (the im2col and column buffers) are per thread (``threading.local``) and grow to the
+Workspaces (the im2col, column and padded-input buffers) are per thread (``threading.local``) and grow to the
 largest size seen, so repeated calls do not allocate them and concurrent calls never share one.
 """
 
