@@ -37,16 +37,7 @@ fl_conv_tile(const int rows, const float *a, int64_t ars, int64_t ari, int64_t k
             pb += FL_NR;
         }
     }
-    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF
-                 : nr > 16  ? (__mmask16)((1u << (nr - 16)) - 1u) : (__mmask16)0;
-#pragma GCC unroll 14
-    for (int r = 0; r < rows; ++r) {
-        if (r < mr) {
-            _mm512_mask_storeu_ps(c + r * ldc, m0, c0[r]);
-            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, c1[r]);
-        }
-    }
+    fl_store_tile(rows, c0, c1, c, ldc, mr, nr, 0);
 }
 
 FL_TARGET static void fl_conv_tile14(const float *a, int64_t ars, int64_t ari, int64_t kh,

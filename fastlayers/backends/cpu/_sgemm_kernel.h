@@ -94,6 +94,29 @@ static int fl_supported(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
 }
 
+/* c[0:mr, 0:nr] (+)= the accumulators (c0[i], c1[i]) of a rows x 32 register tile: masked
+ * stores of its first mr rows and nr columns (shared by the sgemm and convolution tiles). */
+FL_TARGET static inline __attribute__((always_inline)) void
+fl_store_tile(const int rows, const __m512 *c0, const __m512 *c1, float *c, int64_t ldc, int mr,
+              int nr, int accumulate) {
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF
+                 : nr > 16  ? (__mmask16)((1u << (nr - 16)) - 1u) : (__mmask16)0;
+#pragma GCC unroll 14
+    for (int i = 0; i < rows; ++i) {
+        if (i < mr) {
+            float *row = c + i * ldc;
+            __m512 v0 = c0[i], v1 = c1[i];
+            if (accumulate) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
+            }
+            _mm512_mask_storeu_ps(row, m0, v0);
+            _mm512_mask_storeu_ps(row + 16, m1, v1);
+        }
+    }
+}
+
 /* c[0:mr, 0:nr] (+)= sum_p a[i * ars + p * aps] pb[p][0:nr] over i < rows, with a rows x 32
  * register tile. rows and the A strides are constants in each caller below: (1, FL_MR) for a
  * packed A panel, (lda, 1) for rows of A read in place. */
@@ -118,22 +141,7 @@ fl_tile(const int rows, int64_t kc, const float *a, int64_t ars, int64_t aps, co
         a += aps;
         pb += FL_NR;
     }
-    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF
-                 : nr > 16  ? (__mmask16)((1u << (nr - 16)) - 1u) : (__mmask16)0;
-#pragma GCC unroll 14
-    for (int i = 0; i < rows; ++i) {
-        if (i < mr) {
-            float *row = c + i * ldc;
-            __m512 v0 = c0[i], v1 = c1[i];
-            if (accumulate) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row + 16, m1, v1);
-        }
-    }
+    fl_store_tile(rows, c0, c1, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile14(int64_t kc, const float *pa, const float *pb, float *c,
