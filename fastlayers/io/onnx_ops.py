@@ -675,8 +675,11 @@ def _recurrent_fast(kind, inputs, attrs):
     ys, hs, cs = [], [], []
 
     def kernel(m, d, kind, reorder=lambda a: a):
-        """Direction d of W or R as (input, gates * hidden), computed once per weight array."""
-        return derived(m, f"onnx-{kind}-kernel:{d}", lambda a: _f32(reorder(a[d]).T))
+        """Direction d of W or R as C-ordered (input, gates * hidden), computed once per weight
+        array (C order: the backend caches its own layouts per array and would otherwise copy
+        and repack a transposed view on every call)."""
+        return derived(m, f"onnx-{kind}-kernel:{d}",
+                       lambda a: np.ascontiguousarray(reorder(a[d]).T, dtype=np.float32))
 
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
