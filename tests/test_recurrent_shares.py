@@ -1,6 +1,6 @@
-"""The recurrent loops split over threads (units per share, a barrier per step) against
-ReferenceOps: every layer kind and option, odd unit counts, the fallback when a share cannot
-run at once, and the loops without sgemm."""
+"""The recurrent loops split over threads (units per share with a barrier per step, or rows of
+the batch per share) against ReferenceOps: every layer kind and option, odd unit counts, the
+fallback when a share cannot run at once, and the loops without sgemm."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def check(rng, name, fn, args, kw, options):
 def count_regions(monkeypatch):
     """Count the parallel regions the loops start."""
     counts = {}
-    for driver in ("lstm_all", "gru_all", "rnn_all"):
+    for driver in ("lstm_all", "gru_all", "rnn_all", "lstm_rows_all", "gru_rows_all",
+                   "rnn_rows_all", "lstm_rows_one", "gru_rows_one", "rnn_rows_one"):
         def counted(*a, _f=getattr(K, driver), _name=driver):
             counts[_name] = counts.get(_name, 0) + 1
             return _f(*a)
@@ -78,19 +79,48 @@ def count_regions(monkeypatch):
 
 @pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("product", ["own sgemm", "openblas"])
-def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, product):
+@pytest.mark.parametrize("split", ["units", "rows"])
+def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, product, split):
     """Both product routes: fastlayers' sgemm on packed weights (where the CPU has AVX-512F)
-    and numpy's CBLAS sgemm."""
+    and numpy's CBLAS sgemm; both ways to share a loop (the weight-size limit set to force
+    each)."""
     if product == "openblas":
         monkeypatch.setattr(_blas, "PACKED", None)
     elif _blas.PACKED is None:
         pytest.skip("fastlayers' sgemm needs AVX-512F and the built extension")
     monkeypatch.setattr(_split, "thread_count", lambda: 2)
     monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(R, "ROW_SHARE_MAX_BYTES", 0 if split == "units" else 1 << 30)
     for name, fn, args, kw in cases(rng):
         check(rng, name, fn, args, kw, options)
-    regions = sum(count_regions.values())
-    assert regions == (6 if _sync.barrier_safe() else 0)
+    if split == "rows":
+        assert count_regions == {"lstm_rows_all": 2, "gru_rows_all": 2, "rnn_rows_all": 2}
+    else:
+        assert sum(count_regions.values()) == (6 if _sync.barrier_safe() else 0)
+        assert all(not k.startswith(("lstm_rows", "gru_rows", "rnn_rows")) for k in count_regions)
+
+
+@pytest.mark.parametrize("batch,threads,parts", [(8, 2, 2), (12, 3, 3), (12, 2, 2), (9, 2, 1),
+                                                 (8, 4, 2), (6, 2, 1), (4, 2, 1)])
+def test_batch_shares_are_equal_and_big_enough(monkeypatch, batch, threads, parts):
+    """Shares of the batch: equal, at least MIN_SHARE_ROWS rows each (else units are shared)."""
+    monkeypatch.setattr(_split, "thread_count", lambda: threads)
+    assert R._row_parts(batch, 128 * 512) == parts
+    assert R._row_parts(batch, R.ROW_SHARE_MAX_BYTES // 4 + 1) == 1
+
+
+def test_batch_shares_run_serially_when_the_slot_is_taken(monkeypatch, count_regions, rng):
+    """Another call holds the parallel slot: the batch shares run one after the other."""
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+
+    @contextlib.contextmanager
+    def slot_taken(rows, min_rows):
+        yield 1
+
+    monkeypatch.setattr(R, "shares", slot_taken)
+    name, fn, args, kw = cases(rng)[0]
+    check(rng, name, fn, args, kw, {"mask": True, "zero_masked": True})
+    assert count_regions == {"lstm_rows_one": 1}
 
 
 def test_small_loops_stay_serial(monkeypatch, count_regions, rng):
@@ -126,6 +156,7 @@ def test_shares_that_cannot_meet_fall_back_to_serial(monkeypatch, rng):
         yield 3
 
     monkeypatch.setattr(R, "shares", three_shares)
+    monkeypatch.setattr(R, "ROW_SHARE_MAX_BYTES", 0)           # share the units
     gave_up = []
     monkeypatch.setattr(R, "aborted", lambda sync: gave_up.append(_sync.aborted(sync)) or gave_up[-1])
     name, fn, args, kw = cases(rng)[0]
@@ -147,7 +178,7 @@ def test_loops_without_sgemm_match_reference(rng):
     hbuf = np.zeros((2, 3, U), np.float32)
     hbuf[0] = h0
     y = np.empty((3, T, U), np.float32)
-    K.rnn_one(None, (xw, w_hh[None], np.zeros((1, 0), np.float32), hbuf, R._NO_MASK, False, False, K.TANH, y,
+    K.rnn_one(None, (xw, w_hh[None], np.zeros((1, 0), np.float32), hbuf, np.zeros((0, 0), np.uint8), False, False, K.TANH, y,
                np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
                np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
                np.zeros(2, np.int64)))

@@ -364,6 +364,11 @@ def rnn_share(fn, xw_tbh, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked,
 # arguments between ``fn`` and ``p``; Numba cannot cache a kernel that takes another kernel as
 # argument. ``fn`` stays outside the tuple: Numba types a tuple holding a ctypes function in
 # Python, element by element (about 60 us per call), a tuple of arrays in C.
+#
+# ``*_rows_*``: shares of the batch instead. Every batch-major argument (inputs, states, masks,
+# outputs) is laid out (parts, ...) with share p's rows in its C-contiguous [p], and per-share
+# scratch is (parts, ...); share p runs its rows through the whole sequence on all units as a
+# single unit share (no barrier). ``*_rows_one`` runs the shares one after the other.
 @njit()
 def lstm_one(fn, args):
     lstm_share(fn, *args, 0)
@@ -373,6 +378,27 @@ def lstm_one(fn, args):
 def lstm_all(fn, args, parts):
     for p in prange(parts):
         lstm_share(fn, *args, p)
+
+
+@njit()
+def _lstm_rows_share(fn, args, p):
+    (xw, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last, gates,
+     proj, tmp, bits, ub, qb, sync) = args
+    lstm_share(fn, xw[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse, zero_masked,
+               act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1], tmp[p:p + 1],
+               bits[p:p + 1], ub, qb, sync, 0)
+
+
+@njit()
+def lstm_rows_one(fn, args, parts):
+    for p in range(parts):
+        _lstm_rows_share(fn, args, p)
+
+
+@njit(parallel=True)
+def lstm_rows_all(fn, args, parts):
+    for p in prange(parts):
+        _lstm_rows_share(fn, args, p)
 
 
 @njit()
@@ -387,6 +413,27 @@ def gru_all(fn, args, parts):
 
 
 @njit()
+def _gru_rows_share(fn, args, p):
+    (xw, w, pw, wn, pwn, b_hg, hbuf, rh, mask, reverse, zero_masked, act, ract, y, last, gates,
+     cand, tmp, bits, ub, sync) = args
+    gru_share(fn, xw[p], w, pw, wn, pwn, b_hg, hbuf[p], rh[p], mask[p], reverse, zero_masked,
+              act, ract, y[p], last[p], gates[p:p + 1], cand[p:p + 1], tmp[p:p + 1],
+              bits[p:p + 1], ub, sync, 0)
+
+
+@njit()
+def gru_rows_one(fn, args, parts):
+    for p in range(parts):
+        _gru_rows_share(fn, args, p)
+
+
+@njit(parallel=True)
+def gru_rows_all(fn, args, parts):
+    for p in prange(parts):
+        _gru_rows_share(fn, args, p)
+
+
+@njit()
 def rnn_one(fn, args):
     rnn_share(fn, *args, 0)
 
@@ -395,3 +442,22 @@ def rnn_one(fn, args):
 def rnn_all(fn, args, parts):
     for p in prange(parts):
         rnn_share(fn, *args, p)
+
+
+@njit()
+def _rnn_rows_share(fn, args, p):
+    xw, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync = args
+    rnn_share(fn, xw[p], w, pw, hbuf[p], mask[p], reverse, zero_masked, act, y[p], last[p],
+              gates[p:p + 1], tmp[p:p + 1], bits[p:p + 1], ub, sync, 0)
+
+
+@njit()
+def rnn_rows_one(fn, args, parts):
+    for p in range(parts):
+        _rnn_rows_share(fn, args, p)
+
+
+@njit(parallel=True)
+def rnn_rows_all(fn, args, parts):
+    for p in prange(parts):
+        _rnn_rows_share(fn, args, p)

@@ -30,7 +30,6 @@ from ._pages import aligned_empty, weights_empty
 from ._split import shares
 from ._sync import aborted, barrier_safe
 
-_NO_MASK = np.zeros((0, 0), np.uint8)
 _EMPTY_1D = np.zeros(0, np.float32)
 _EMPTY_3D = np.zeros((0, 0, 0), np.float32)
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a barrier
@@ -38,6 +37,14 @@ _EMPTY_3D = np.zeros((0, 0, 0), np.float32)
 MIN_SHARE_MADDS = 1 << 16
 #: Shares own multiples of this many units (whole SIMD vectors).
 UNIT_STEP = 16
+#: Largest recurrent weights (bytes) for which threads share the batch rather than the units:
+#: every thread then reads all of them each step, but no barrier is needed and no state moves
+#: between cores (``_row_parts``). Measured faster at 2 threads up to 4 MiB of weights (hidden
+#: 512, beyond this machine's 1 MiB L2 per core; docs/design.md, "Recurrent loops"); past the
+#: L3 cache each thread would stream all of them from memory.
+ROW_SHARE_MAX_BYTES = 8 << 20
+#: Fewest rows per batch share: the sgemm's 4-row tile runs at its full rate from 4 rows.
+MIN_SHARE_ROWS = 4
 _local = threading.local()
 _warming = [False]
 
@@ -67,20 +74,33 @@ def _workspace(name, shape, dtype=np.float32):
     return buf[:size].reshape(shape)
 
 
-def _input_projection(x_bti, w_ig, b_g):
-    """xw (T, B, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps (shared among the
-    threads by rows), written into a per-thread workspace. Time-major, so that a step reads one
-    contiguous block: batch-major rows lie T * G floats apart, a power of two in common shapes,
-    and fell on the same cache sets (a batch-8, 128-unit LSTM step: 22 us batch-major, 19 us)."""
+def _input_projection(x_bti, w_ig, b_g, parts=1):
+    """xw (parts, T, B / parts, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps
+    (shared among the threads by rows), written into a per-thread workspace: batch share p's
+    rows in xw[p] (``_rows``), time-major, so that a step reads one contiguous block: batch-major
+    rows lie T * G floats apart, a power of two in common shapes, and fell on the same cache sets
+    (a batch-8, 128-unit LSTM step: 22 us batch-major, 19 us)."""
     b, t_len, i = x_bti.shape
-    x = np.ascontiguousarray(np.swapaxes(x_bti, 0, 1), dtype=np.float32).reshape(t_len * b, i)
+    x = np.ascontiguousarray(_rows(x_bti, parts).transpose(0, 2, 1, 3), dtype=np.float32)
+    x = x.reshape(t_len * b, i)
     xw = _workspace("xw", (t_len * b, w_ig.shape[1]))
     matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g), weights=True)
-    return xw.reshape(t_len, b, -1)
+    return xw.reshape(parts, t_len, b // parts, -1)
 
 
-def _mask_tb(mask_bt):
-    return _NO_MASK if mask_bt is None else np.ascontiguousarray(np.asarray(mask_bt, bool).T, np.uint8)
+def _rows(a_b, parts):
+    """``a_b`` (batch, ...) as (parts, batch / parts, ...): batch share p's rows in [p] (a view
+    of a C-contiguous array: outputs written through it land in ``a_b``)."""
+    return a_b.reshape(parts, a_b.shape[0] // parts, *a_b.shape[1:])
+
+
+def _mask_tb(mask_bt, parts=1):
+    """The mask as uint8 (parts, T, B / parts) (batch share p's rows in [p]), or an empty
+    (parts, 0, 0) without a mask."""
+    if mask_bt is None:
+        return np.zeros((parts, 0, 0), np.uint8)
+    return np.ascontiguousarray(_rows(np.asarray(mask_bt, bool), parts).transpose(0, 2, 1),
+                                np.uint8)
 
 
 @functools.lru_cache(maxsize=256)
@@ -153,16 +173,27 @@ def _scratch(parts, width, batch):
             _workspace("bits", (parts, width), np.int32))
 
 
-def _run(one, all_shares, make_args, units, min_units, fn):
-    """Run a loop's shares (``one``: a single share; ``all_shares``: one parallel region) on the
-    threads ``shares`` gives, again serially if a share gave up (``_sync.SPIN_LIMIT``).
-    ``make_args(parts)`` builds fresh outputs and states; ``fn`` is ``_loop_fn()``; returns the
-    arguments run. A loop too small for two shares goes straight to the serial run (no slot, no
-    thread query). While ``warm_loops`` runs, both drivers run with one share (compiling both)."""
+def _run(drivers, make_args, units, min_units, fn, row_parts):
+    """Run a loop's shares and return the arguments run. ``drivers``: (one: a single share,
+    all: unit shares in one parallel region, rows_one / rows_all: batch shares one after the
+    other / in one parallel region). ``make_args(parts, by_rows)`` builds fresh outputs and
+    states; ``fn`` is ``_loop_fn()``. With ``row_parts`` > 1 (``_row_parts``) threads share the
+    batch (serially when another call holds the parallel slot); else they share the units,
+    again serially if a share gave up (``_sync.SPIN_LIMIT``). A loop too small for two shares
+    goes straight to the serial run (no slot, no thread query). While ``warm_loops`` runs,
+    every driver runs with one share (compiling each)."""
+    one, all_shares, rows_one, rows_all = drivers
     if _warming[0]:
         all_shares(fn, make_args(1), 1)
+        rows_all(fn, make_args(1, True), 1)
+        rows_one(fn, make_args(1, True), 1)
         args = make_args(1)
         one(fn, args)
+        return args
+    if row_parts > 1:
+        args = make_args(row_parts, True)
+        with shares(row_parts, 1) as parts:
+            (rows_all if parts == row_parts else rows_one)(fn, args, row_parts)
         return args
     if min(_split.thread_count(), units // max(min_units, 1)) > 1:
         with shares(units, min_units) as parts:
@@ -177,6 +208,38 @@ def _run(one, all_shares, make_args, units, min_units, fn):
     return args
 
 
+def _row_parts(batch, weight_floats):
+    """Batch shares for a loop whose recurrent weights (every gate block, and the LSTM's
+    projection) hold ``weight_floats`` floats: the most, up to the thread count, that cut the
+    batch into equal shares of at least ``MIN_SHARE_ROWS`` rows and ``MIN_SHARE_MADDS``
+    multiply-adds per step; 1 (share the units instead) when none does or the weights exceed
+    ``ROW_SHARE_MAX_BYTES``."""
+    if weight_floats * 4 > ROW_SHARE_MAX_BYTES:
+        return 1
+    for parts in range(min(_split.thread_count(), batch // MIN_SHARE_ROWS), 1, -1):
+        if batch % parts == 0 and batch // parts * weight_floats >= MIN_SHARE_MADDS:
+            return parts
+    return 1
+
+
+class _Layout:
+    """Where the arrays of one run of a loop go: ``split`` batch shares (1: unit shares), whose
+    batch-major arrays are passed as (split, B / split, ...) views (``_rows``); ``keep`` records
+    the arrays last built, for the caller to read once the loop ran."""
+
+    def __init__(self, parts, by_rows, batch):
+        self.parts, self.split = parts, (parts if by_rows else 1)
+        self.by_rows, self.rows = by_rows, batch // (parts if by_rows else 1)
+
+    def batch(self, a):
+        """A batch-major array as the loop takes it."""
+        return _rows(a, self.split) if self.by_rows else a
+
+    def shared(self, a):
+        """An array laid out (split, ...) by ``_input_projection``/``_mask_tb``/``_states``."""
+        return a if self.by_rows else a[0]
+
+
 def _state_empty(shape, parts):
     """A new float32 state or output array, cache-line aligned when several shares write it."""
     return aligned_empty(shape) if parts > 1 else np.empty(shape, np.float32)
@@ -189,11 +252,16 @@ def _outputs(t_len, batch, size, return_sequences, y0, parts):
     return y_btp, last
 
 
-def _states(h0, batch, size, parts):
-    """The state of even and odd steps, (2, batch, size), starting from h0."""
-    hbuf = _state_empty((2, batch, size), parts)
-    hbuf[0] = h0
+def _states(h0, batch, size, lay):
+    """The state of even and odd steps, (split, 2, batch / split, size), starting from h0."""
+    hbuf = _state_empty((lay.split, 2, lay.rows, size), lay.parts)
+    hbuf[:, 0] = _rows(np.broadcast_to(h0, (batch, size)), lay.split)
     return hbuf
+
+
+def _final(hbuf, t_len):
+    """The state after step ``t_len`` in ``_states``' buffer, as a new (batch, size) array."""
+    return np.array(hbuf[:, t_len % 2].reshape(-1, hbuf.shape[-1]))
 
 
 def _cell(c0, batch, units, parts):
@@ -203,11 +271,11 @@ def _cell(c0, batch, units, parts):
     return c
 
 
-def _finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked):
+def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
     if return_sequences:
         return y_btp
-    if zero_masked and mask_tb.shape[0]:
-        last[mask_tb[0 if reverse else -1] == 0] = 0
+    if zero_masked and mask_bt is not None:
+        last[~np.asarray(mask_bt, bool)[:, 0 if reverse else -1]] = 0
     return last
 
 
@@ -219,23 +287,27 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
         return None
     apply_num_threads()
     units = w_hh.shape[0]
-    xw = _input_projection(x_bti, w_ih, b)
-    mask_tb = _mask_tb(mask_bt)
+    row_parts = _row_parts(batch, units * units)
+    xw = _input_projection(x_bti, w_ih, b, row_parts)
+    mask = _mask_tb(mask_bt, row_parts)
     fn = _loop_fn()
+    kept = {}
 
-    def make_args(parts):
-        bounds = _bounds(units, parts)
-        gates, tmp, bits = _scratch(parts, _widest(bounds), batch)
-        return (xw, _share_weights(w_hh, (0,), 1, bounds),
-                _packed_shares(w_hh, (0,), 1, bounds, fn, batch), _states(h0, batch, units, parts),
-                mask_tb, bool(reverse), bool(zero_masked), codes[0],
-                *_outputs(t_len, batch, units, return_sequences, y0, parts), gates, tmp, bits,
-                bounds, np.zeros(2, np.int64))
+    def make_args(parts, by_rows=False):
+        lay = _Layout(parts, by_rows, batch)
+        bounds = _bounds(units, parts // lay.split)
+        gates, tmp, bits = _scratch(parts, _widest(bounds), lay.rows)
+        y_btp, last = _outputs(t_len, batch, units, return_sequences, y0, parts)
+        kept.update(hbuf=_states(h0, batch, units, lay), y=y_btp, last=last)
+        return (lay.shared(xw), _share_weights(w_hh, (0,), 1, bounds),
+                _packed_shares(w_hh, (0,), 1, bounds, fn, lay.rows), lay.shared(kept["hbuf"]),
+                lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], lay.batch(y_btp),
+                lay.batch(last), gates, tmp, bits, bounds, np.zeros(2, np.int64))
 
-    args = _run(K.rnn_one, K.rnn_all, make_args, *_share_count(batch, units, units, 1), fn)
-    hbuf, y_btp, last = args[3], args[8], args[9]
-    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
-            hbuf[t_len % 2].copy())
+    _run((K.rnn_one, K.rnn_all, K.rnn_rows_one, K.rnn_rows_all), make_args,
+         *_share_count(batch, units, units, 1), fn, row_parts)
+    return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
+            _final(kept["hbuf"], t_len))
 
 
 def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
@@ -247,33 +319,39 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         return None
     apply_num_threads()
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    xw = _input_projection(x_bti, w_ig, b_g)
-    mask_tb = _mask_tb(mask_bt)
+    row_parts = _row_parts(batch, w_hg.size + (0 if w_hp is None else w_hp.size))
+    xw = _input_projection(x_bti, w_ig, b_g, row_parts)
+    mask = _mask_tb(mask_bt, row_parts)
     fn = _loop_fn()
+    kept = {}
 
-    def make_args(parts):
-        ub = _bounds(units, parts)
+    def make_args(parts, by_rows=False):
+        lay = _Layout(parts, by_rows, batch)
+        unit_parts = parts // lay.split
+        ub = _bounds(units, unit_parts)
         width = _widest(ub)
-        gates, tmp, bits = _scratch(parts, 4 * width, batch)
+        gates, tmp, bits = _scratch(parts, 4 * width, lay.rows)
         if w_hp is None:
             qb, w_proj, proj = ub, _EMPTY_3D, _EMPTY_3D
         else:
-            qb = _bounds(out_size, parts)
+            qb = _bounds(out_size, unit_parts)
             w_proj = _share_weights(w_hp, (0,), 1, qb)
-            proj = _workspace("proj", (parts, batch, _lines(w_proj.shape[2])))
-        return (xw, _share_weights(w_hg, (0, 1, 2, 3), 4, ub),
-                _packed_shares(w_hg, (0, 1, 2, 3), 4, ub, fn, batch), w_proj,
-                _packed_shares(w_hp, (0,), 1, qb, fn, batch),
-                _states(h0, batch, out_size, parts), _workspace("hfull", (batch, units)),
-                _cell(c0, batch, units, parts), mask_tb, bool(reverse), bool(zero_masked),
-                codes[0], codes[1],
-                *_outputs(t_len, batch, out_size, return_sequences, y0, parts), gates, proj, tmp, bits,
-                ub, qb, np.zeros(2, np.int64))
+            proj = _workspace("proj", (parts, lay.rows, _lines(w_proj.shape[2])))
+        y_btp, last = _outputs(t_len, batch, out_size, return_sequences, y0, parts)
+        kept.update(hbuf=_states(h0, batch, out_size, lay), c=_cell(c0, batch, units, parts),
+                    y=y_btp, last=last)
+        return (lay.shared(xw), _share_weights(w_hg, (0, 1, 2, 3), 4, ub),
+                _packed_shares(w_hg, (0, 1, 2, 3), 4, ub, fn, lay.rows), w_proj,
+                _packed_shares(w_hp, (0,), 1, qb, fn, lay.rows), lay.shared(kept["hbuf"]),
+                lay.batch(_workspace("hfull", (batch, units))), lay.batch(kept["c"]),
+                lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], codes[1],
+                lay.batch(y_btp), lay.batch(last), gates, proj, tmp, bits, ub, qb,
+                np.zeros(2, np.int64))
 
-    args = _run(K.lstm_one, K.lstm_all, make_args, *_share_count(batch, out_size, units, 4), fn)
-    hbuf, c, y_btp, last = args[5], args[7], args[13], args[14]
-    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
-            hbuf[t_len % 2].copy(), c)
+    _run((K.lstm_one, K.lstm_all, K.lstm_rows_one, K.lstm_rows_all), make_args,
+         *_share_count(batch, out_size, units, 4), fn, row_parts)
+    return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
+            _final(kept["hbuf"], t_len), kept["c"])
 
 
 def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
@@ -285,32 +363,37 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         return None
     apply_num_threads()
     units = w_hg.shape[0]
-    xw = _input_projection(x_bti, w_ig, b_ig)
-    mask_tb = _mask_tb(mask_bt)
+    row_parts = _row_parts(batch, w_hg.size)
+    xw = _input_projection(x_bti, w_ig, b_ig, row_parts)
+    mask = _mask_tb(mask_bt, row_parts)
     # the recurrent bias does not exist without reset_after
     bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
     fn = _loop_fn()
+    kept = {}
 
-    def make_args(parts):
-        bounds = _bounds(units, parts)
+    def make_args(parts, by_rows=False):
+        lay = _Layout(parts, by_rows, batch)
+        bounds = _bounds(units, parts // lay.split)
         width = _widest(bounds)
         gate_blocks = (0, 1, 2) if reset_after else (0, 1)
         w_gates = _share_weights(w_hg, gate_blocks, 3, bounds)
         w_cand = _EMPTY_3D if reset_after else _share_weights(w_hg, (2,), 3, bounds)
-        gates, tmp, bits = _scratch(parts, 3 * width, batch)
-        return (xw, w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, batch), w_cand,
-                _packed_shares(None if reset_after else w_hg, (2,), 3, bounds, fn, batch), bias,
-                _states(h0, batch, units, parts),
-                _workspace("rh", (batch, units)), mask_tb, bool(reverse), bool(zero_masked),
-                codes[0], codes[1], *_outputs(t_len, batch, units, return_sequences, y0, parts),
-                gates,
-                _workspace("cand", (parts, batch, _lines(width))), tmp, bits, bounds,
+        gates, tmp, bits = _scratch(parts, 3 * width, lay.rows)
+        y_btp, last = _outputs(t_len, batch, units, return_sequences, y0, parts)
+        kept.update(hbuf=_states(h0, batch, units, lay), y=y_btp, last=last)
+        return (lay.shared(xw), w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, lay.rows),
+                w_cand,
+                _packed_shares(None if reset_after else w_hg, (2,), 3, bounds, fn, lay.rows),
+                bias, lay.shared(kept["hbuf"]), lay.batch(_workspace("rh", (batch, units))),
+                lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], codes[1],
+                lay.batch(y_btp), lay.batch(last), gates,
+                _workspace("cand", (parts, lay.rows, _lines(width))), tmp, bits, bounds,
                 np.zeros(2, np.int64))
 
-    args = _run(K.gru_one, K.gru_all, make_args, *_share_count(batch, units, units, 3), fn)
-    hbuf, y_btp, last = args[6], args[13], args[14]
-    return (_finish(y_btp, last, mask_tb, reverse, return_sequences, zero_masked),
-            hbuf[t_len % 2].copy())
+    _run((K.gru_one, K.gru_all, K.gru_rows_one, K.gru_rows_all), make_args,
+         *_share_count(batch, units, units, 3), fn, row_parts)
+    return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
+            _final(kept["hbuf"], t_len))
 
 
 @warm_call
