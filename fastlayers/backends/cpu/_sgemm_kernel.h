@@ -159,10 +159,16 @@ FL_TARGET static void fl_tile4(int64_t kc, const float *pa, const float *pb, flo
     fl_tile(4, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
-/* The 14-row tile on 14 rows of A read in place (row stride lda). */
-FL_TARGET static void fl_tile14_rows(int64_t kc, const float *a, int64_t lda, const float *pb,
-                                     float *c, int64_t ldc, int nr, int accumulate) {
-    fl_tile(14, kc, a, lda, 1, pb, c, ldc, FL_MR, nr, accumulate);
+/* The tile of exactly `rows` (1-14) rows of A read in place (row stride lda). */
+FL_TARGET static void fl_tile_rows(int rows, int64_t kc, const float *a, int64_t lda,
+                                   const float *pb, float *c, int64_t ldc, int nr,
+                                   int accumulate) {
+#define FL_ROWS(r) case r: fl_tile(r, kc, a, lda, 1, pb, c, ldc, r, nr, accumulate); break;
+    switch (rows) {
+        FL_ROWS(14) FL_ROWS(13) FL_ROWS(12) FL_ROWS(11) FL_ROWS(10) FL_ROWS(9) FL_ROWS(8)
+        FL_ROWS(7) FL_ROWS(6) FL_ROWS(5) FL_ROWS(4) FL_ROWS(3) FL_ROWS(2) FL_ROWS(1)
+    }
+#undef FL_ROWS
 }
 
 /* c[:mc, :n] (+)= packed A block (mc x kc) @ rows pc:pc + kc of packed b (pb_k = pb + pc NR,
@@ -184,15 +190,15 @@ FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t k, int64_t kc, con
 
 /* fl_sgemm_packed with the micro-kernel; -1 when the A buffer cannot be allocated.
  *
- * Whole 14-row panels of A are read in place (1.0-1.25x faster than packing them: the pack
- * was a pass of its own, and A panels meet only few column panels in convolutions), unless
- * lda is a multiple of 1024 floats: then the 14 rows fall into one L1 set and evict each
- * other (0.8x), and A is packed in FL_MC-row blocks as BLIS does. The last rows (< 14) are
- * always packed (zero-padded panel). */
+ * A is read in place (1.0-1.25x faster than packing it: the pack was a pass of its own, and A
+ * panels meet only few column panels in convolutions): 14-row panels, then one tile of exactly
+ * the rows left, or two of 7-9 rows for the last 15-17 (tiles of 1-3 rows run at half the rate
+ * per row; a zero-padded 4-row tile had made products of 1-3 rows up to 4x slower). Unless lda is a multiple of 1024 floats: then the 14 rows fall into
+ * one L1 set and evict each other (0.8x), and A is packed in FL_MC-row blocks as BLIS does. */
 FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const float *a,
                                      int64_t lda, const float *pb, int accumulate, float *c,
                                      int64_t ldc) {
-    int64_t m_rows = lda % 1024 != 0 ? (m / FL_MR) * FL_MR : 0;
+    int64_t m_rows = lda % 1024 != 0 ? m : 0;
     int64_t m_pack = m - m_rows;
     int64_t mc_max = m_pack < FL_MC ? m_pack : FL_MC;
     int64_t kc_max = k < FL_KC ? k : FL_KC;
@@ -205,11 +211,13 @@ FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const floa
         int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
         int acc = accumulate || pc > 0;
         const float *pb_k = pb + pc * FL_NR;
-        for (int64_t ir = 0; ir < m_rows; ir += FL_MR) {
+        for (int64_t ir = 0, rows; ir < m_rows; ir += rows) {
+            int64_t left = m_rows - ir;     /* 15-17 rows: two tiles of 7-9 */
+            rows = left >= FL_MR + 4 ? FL_MR : (left > FL_MR ? left - left / 2 : left);
             for (int64_t jr = 0; jr < n; jr += FL_NR) {
                 int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
-                fl_tile14_rows(kc, a + ir * lda + pc, lda, pb_k + jr * k, c + ir * ldc + jr, ldc,
-                               nr, acc);
+                fl_tile_rows((int)rows, kc, a + ir * lda + pc, lda, pb_k + jr * k, c + ir * ldc + jr,
+                             ldc, nr, acc);
             }
         }
         for (int64_t ic = m_rows; ic < m; ic += FL_MC) {
