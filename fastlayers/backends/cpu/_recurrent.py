@@ -33,6 +33,7 @@ TANH, SIGMOID, RELU, LINEAR, HARD_SIGMOID = 0, 1, 2, 3, 4
 CODES = {"tanh": TANH, "sigmoid": SIGMOID, "relu": RELU, "linear": LINEAR,
          "hard_sigmoid": HARD_SIGMOID}
 
+_P0 = np.int64(0)
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 _TWO = np.float32(2.0)
@@ -397,24 +398,28 @@ def rnn_share(fn, xw_tbh, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked,
 # outputs) is laid out (parts, ...) with share p's rows in its C-contiguous [p], and per-share
 # scratch is (parts, ...); share p runs its rows through the whole sequence on all units as a
 # single unit share (no barrier). ``*_rows_one`` runs the shares one after the other.
+#
+# Every driver passes the share index as an int64 (a literal 0, a range or a prange index are
+# three different Numba types): one compiled share loop serves them all (three had been
+# compiled, about 20 s each with an empty cache).
 @njit()
 def lstm_one(fn, gfn, args):
-    lstm_share(fn, gfn, *args, 0)
+    lstm_share(fn, gfn, *args, _P0)
 
 
 @njit(parallel=True)
 def lstm_all(fn, gfn, args, parts):
     for p in prange(parts):
-        lstm_share(fn, gfn, *args, p)
+        lstm_share(fn, gfn, *args, np.int64(p))
 
 
 @njit()
 def _lstm_rows_share(fn, gfn, args, p):
     (xw, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last, gates,
      proj, tmp, bits, ub, qb, sync) = args
-    lstm_share(fn, gfn, xw[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse, zero_masked,
-               act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1], tmp[p:p + 1],
-               bits[p:p + 1], ub, qb, sync, 0)
+    lstm_share(fn, gfn, xw[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
+               zero_masked, act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1],
+               tmp[p:p + 1], bits[p:p + 1], ub, qb, sync, _P0)
 
 
 @njit()
@@ -431,13 +436,13 @@ def lstm_rows_all(fn, gfn, args, parts):
 
 @njit()
 def gru_one(fn, args):
-    gru_share(fn, *args, 0)
+    gru_share(fn, *args, _P0)
 
 
 @njit(parallel=True)
 def gru_all(fn, args, parts):
     for p in prange(parts):
-        gru_share(fn, *args, p)
+        gru_share(fn, *args, np.int64(p))
 
 
 @njit()
@@ -446,7 +451,7 @@ def _gru_rows_share(fn, args, p):
      cand, tmp, bits, ub, sync) = args
     gru_share(fn, xw[p], w, pw, wn, pwn, b_hg, hbuf[p], rh[p], mask[p], reverse, zero_masked,
               act, ract, y[p], last[p], gates[p:p + 1], cand[p:p + 1], tmp[p:p + 1],
-              bits[p:p + 1], ub, sync, 0)
+              bits[p:p + 1], ub, sync, _P0)
 
 
 @njit()
@@ -463,20 +468,20 @@ def gru_rows_all(fn, args, parts):
 
 @njit()
 def rnn_one(fn, args):
-    rnn_share(fn, *args, 0)
+    rnn_share(fn, *args, _P0)
 
 
 @njit(parallel=True)
 def rnn_all(fn, args, parts):
     for p in prange(parts):
-        rnn_share(fn, *args, p)
+        rnn_share(fn, *args, np.int64(p))
 
 
 @njit()
 def _rnn_rows_share(fn, args, p):
     xw, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync = args
     rnn_share(fn, xw[p], w, pw, hbuf[p], mask[p], reverse, zero_masked, act, y[p], last[p],
-              gates[p:p + 1], tmp[p:p + 1], bits[p:p + 1], ub, sync, 0)
+              gates[p:p + 1], tmp[p:p + 1], bits[p:p + 1], ub, sync, _P0)
 
 
 @njit()
