@@ -115,3 +115,27 @@ def test_attention_split_over_threads_matches_reference(monkeypatch, threads, sh
         ref_out, ref_w = REF.attention(q, k, v, 0.4, bias, causal, empty)
         np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["heads split off a projection", "transposed rows", "broadcast"])
+def test_attention_reads_strided_heads_in_place(monkeypatch, layout, rng):
+    """q, k, v as views (the heads of a fused q/k/v projection: rows 3 E floats apart) give the
+    reference's result; views the sgemm cannot read in place (a transposed matrix, rows 0
+    apart) are copied first. The output is a (B, H, Tq, Dv) view whose (B, Tq, H, Dv)
+    transpose is C-contiguous (the heads merge without a copy)."""
+    from fastlayers.backends.cpu import _gemm, _split
+
+    monkeypatch.setattr(_gemm, "MIN_SHARE_FLOPS", 1)
+    monkeypatch.setattr(_split, "thread_count", lambda: 2)
+    n, t, h, hd = 2, 7, 3, 5
+    qkv = rng.standard_normal((n, t, 3, h, hd)).astype(np.float32)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    if layout == "transposed rows":
+        q = np.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    elif layout == "broadcast":
+        k = np.broadcast_to(k[:, :, :1], k.shape)
+    out, w = CPU.attention(q, k, v, 0.4, None, True, 0)
+    ref_out, ref_w = REF.attention(q, k, v, 0.4, None, True, 0)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert out.transpose(0, 2, 1, 3).flags.c_contiguous

@@ -25,6 +25,16 @@ def _rows_of(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
 
 
+def _rows_in_place(a):
+    """``a`` as float32 whose matrices the sgemm reads in place (unit last-axis stride, rows
+    at least a row apart, every stride a non-negative whole number of floats); a C-ordered
+    copy otherwise."""
+    if a.dtype == np.float32 and a.ndim >= 2 and a.strides[-1] == 4 and \
+            a.strides[-2] >= 4 * a.shape[-1] and all(st % 4 == 0 and st >= 0 for st in a.strides):
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
 class CpuOps(ReferenceOps):
     """Compiled CPU backend."""
 
@@ -112,7 +122,10 @@ class CpuOps(ReferenceOps):
         return s
 
     def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0):
-        q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q_bhqd, k_bhkd, v_bhkv))
+        """As ReferenceOps.attention. q, k and v may be strided views (heads split off a
+        projection's columns): the products read their rows in place. The output is a
+        (B, H, Tq, Dv) view of a (B, Tq, H, Dv) array, so merging the heads back is free."""
+        q, k, v = (_rows_in_place(a) for a in (q_bhqd, k_bhkd, v_bhkv))
         b = self._attention_bias(bias, k.shape[-2])
         if (_blas.SGEMM is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or b is None
                 or not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]
@@ -125,7 +138,7 @@ class CpuOps(ReferenceOps):
             if parts == 1:
                 return super().attention(q, k, v, scale, bias, causal, empty)
             s = np.empty((nb, nh, tq, tk), np.float32)
-            out = np.empty((nb, nh, tq, dv), np.float32)
+            out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
             _attention.attention_par(_blas.SGEMM, q, k, v, np.float32(scale), b, bool(causal),
                                      int(empty), s, out, parts)
         return out, s
