@@ -1,11 +1,14 @@
 """CpuOps recurrent primitives: one input GEMM for all steps, then a compiled time loop.
 
-The loop's units are split among ``set_num_threads`` threads (``_split.shares``): each share
-owns a block of units (the matching columns of every gate block, packed side by side once per
-weight array, ``derived``) for the whole sequence and the shares meet at a barrier after each
-step (``_sync``), inside one parallel region. Each thread thus reads only its part of the
-recurrent weights per step (half of a 1 MiB LSTM kernel stays in its core's L2 cache at two
-threads). Too little work per step (small layers, small batches) runs serially.
+Where the batch divides into equal shares of at least ``MIN_SHARE_ROWS`` rows (``_row_parts``),
+each of ``set_num_threads`` threads runs its rows through the whole sequence on all units, with
+no barrier. Otherwise (batch 1, say) the loop's units are split among the threads
+(``_split.shares``): each share owns a block of units (the matching columns of every gate
+block, packed side by side once per weight array, ``derived``) for the whole sequence and the
+shares meet at a barrier after each step (``_sync``), inside one parallel region. Each thread
+thus reads only its part of the recurrent weights per step (half of a 1 MiB LSTM kernel stays
+in its core's L2 cache at two threads). Too little work per step (small layers, small batches)
+runs serially.
 
 Each function returns None when the compiled loop does not cover the call (an activation other
 than tanh, sigmoid, relu, linear, hard_sigmoid; an empty sequence), and CpuOps falls back to the
@@ -225,8 +228,8 @@ def _row_parts(batch, weight_floats):
 
 class _Layout:
     """Where the arrays of one run of a loop go: ``split`` batch shares (1: unit shares), whose
-    batch-major arrays are passed as (split, B / split, ...) views (``_rows``); ``keep`` records
-    the arrays last built, for the caller to read once the loop ran."""
+    batch-major arrays are passed as (split, B / split, ...) views (``_rows``), ``rows`` each;
+    ``parts`` shares in all (for per-share scratch)."""
 
     def __init__(self, parts, by_rows, batch):
         self.parts, self.split = parts, (parts if by_rows else 1)
