@@ -283,18 +283,23 @@ def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
     return last
 
 
+def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
+    """What every loop needs before its shares are built: the batch shares (``_row_parts``),
+    the input projection and the mask laid out for them, and the product routine."""
+    apply_num_threads()
+    row_parts = _row_parts(x_bti.shape[0], weight_floats)
+    return (row_parts, _input_projection(x_bti, w_i, b, row_parts), _mask_tb(mask_bt, row_parts),
+            _loop_fn())
+
+
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
                  return_sequences=True, zero_masked=False, y0=None):
     codes = _codes(activation)
     batch, t_len, _ = x_bti.shape
     if codes is None or t_len == 0 or batch == 0:
         return None
-    apply_num_threads()
     units = w_hh.shape[0]
-    row_parts = _row_parts(batch, units * units)
-    xw = _input_projection(x_bti, w_ih, b, row_parts)
-    mask = _mask_tb(mask_bt, row_parts)
-    fn = _loop_fn()
+    row_parts, xw, mask, fn = _prepare(x_bti, w_ih, b, mask_bt, units * units)
     kept = {}
 
     def make_args(parts, by_rows=False):
@@ -321,12 +326,9 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     batch, t_len, _ = x_bti.shape
     if codes is None or t_len == 0 or batch == 0:
         return None
-    apply_num_threads()
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    row_parts = _row_parts(batch, w_hg.size + (0 if w_hp is None else w_hp.size))
-    xw = _input_projection(x_bti, w_ig, b_g, row_parts)
-    mask = _mask_tb(mask_bt, row_parts)
-    fn = _loop_fn()
+    row_parts, xw, mask, fn = _prepare(x_bti, w_ig, b_g, mask_bt,
+                                       w_hg.size + (0 if w_hp is None else w_hp.size))
     kept = {}
 
     def make_args(parts, by_rows=False):
@@ -365,14 +367,10 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     batch, t_len, _ = x_bti.shape
     if codes is None or t_len == 0 or batch == 0:
         return None
-    apply_num_threads()
     units = w_hg.shape[0]
-    row_parts = _row_parts(batch, w_hg.size)
-    xw = _input_projection(x_bti, w_ig, b_ig, row_parts)
-    mask = _mask_tb(mask_bt, row_parts)
+    row_parts, xw, mask, fn = _prepare(x_bti, w_ig, b_ig, mask_bt, w_hg.size)
     # the recurrent bias does not exist without reset_after
     bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
-    fn = _loop_fn()
     kept = {}
 
     def make_args(parts, by_rows=False):
