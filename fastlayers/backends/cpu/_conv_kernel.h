@@ -12,50 +12,22 @@
 #include "_sgemm_kernel.h"
 
 #if FL_HAVE_KERNEL
-/* c[0:mr, 0:nr] = sum over window rows i < kh and q < kwc of a[r ars + i ari + q] pb[(i kwc +
- * q)][0:nr], r < rows (rows is a constant in each caller). */
-FL_TARGET static inline __attribute__((always_inline)) void
-fl_conv_tile(const int rows, const float *a, int64_t ars, int64_t ari, int64_t kh, int64_t kwc,
-             const float *pb, float *c, int64_t ldc, int mr, int nr) {
-    __m512 c0[FL_MR], c1[FL_MR];
-#pragma GCC unroll 14
-    for (int r = 0; r < rows; ++r) {
-        c0[r] = _mm512_setzero_ps();
-        c1[r] = _mm512_setzero_ps();
-    }
-    for (int64_t i = 0; i < kh; ++i) {
-        const float *ai = a + i * ari;
-        for (int64_t q = 0; q < kwc; ++q) {
-            __m512 b0 = _mm512_loadu_ps(pb);
-            __m512 b1 = _mm512_loadu_ps(pb + 16);
-#pragma GCC unroll 14
-            for (int r = 0; r < rows; ++r) {
-                __m512 ar = _mm512_set1_ps(ai[r * ars + q]);
-                c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
-                c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
-            }
-            pb += FL_NR;
-        }
-    }
-    fl_store_tile(rows, c0, c1, c, ldc, mr, nr, 0);
-}
-
 FL_TARGET static void fl_conv_tile14(const float *a, int64_t ars, int64_t ari, int64_t kh,
                                      int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
                                      int nr) {
-    fl_conv_tile(14, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+    fl_tile(14, kh, ari, kwc, a, ars, 1, pb, c, ldc, mr, nr, 0);
 }
 
 FL_TARGET static void fl_conv_tile8(const float *a, int64_t ars, int64_t ari, int64_t kh,
                                     int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
                                     int nr) {
-    fl_conv_tile(8, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+    fl_tile(8, kh, ari, kwc, a, ars, 1, pb, c, ldc, mr, nr, 0);
 }
 
 FL_TARGET static void fl_conv_tile4(const float *a, int64_t ars, int64_t ari, int64_t kh,
                                     int64_t kwc, const float *pb, float *c, int64_t ldc, int mr,
                                     int nr) {
-    fl_conv_tile(4, a, ars, ari, kh, kwc, pb, c, ldc, mr, nr);
+    fl_tile(4, kh, ari, kwc, a, ars, 1, pb, c, ldc, mr, nr, 0);
 }
 #endif
 

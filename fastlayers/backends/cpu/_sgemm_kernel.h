@@ -117,53 +117,59 @@ fl_store_tile(const int rows, const __m512 *c0, const __m512 *c1, float *c, int6
     }
 }
 
-/* c[0:mr, 0:nr] (+)= sum_p a[i * ars + p * aps] pb[p][0:nr] over i < rows, with a rows x 32
- * register tile. rows and the A strides are constants in each caller below: (1, FL_MR) for a
- * packed A panel, (lda, 1) for rows of A read in place. */
+/* c[0:mr, 0:nr] (+)= sum over i < kh and p < kc of a[r * ars + i * ari + p * aps]
+ * pb[i * kc + p][0:nr] for r < rows, with a rows x 32 register tile. rows, kh and the A strides
+ * are constants in each caller: the sgemm's (kh 1, aps FL_MR) for a packed A panel or (kh 1,
+ * ars lda, aps 1) for rows read in place; the implicit convolution's (aps 1) sums over its
+ * window rows, ari apart (_conv_kernel.h). */
 FL_TARGET static inline __attribute__((always_inline)) void
-fl_tile(const int rows, int64_t kc, const float *a, int64_t ars, int64_t aps, const float *pb,
-        float *c, int64_t ldc, int mr, int nr, int accumulate) {
+fl_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a, int64_t ars,
+        int64_t aps, const float *pb, float *c, int64_t ldc, int mr, int nr, int accumulate) {
     __m512 c0[FL_MR], c1[FL_MR];
 #pragma GCC unroll 14
-    for (int i = 0; i < rows; ++i) {
-        c0[i] = _mm512_setzero_ps();
-        c1[i] = _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
     }
-    for (int64_t p = 0; p < kc; ++p) {
-        __m512 b0 = _mm512_loadu_ps(pb);
-        __m512 b1 = _mm512_loadu_ps(pb + 16);
+    for (int64_t i = 0; i < kh; ++i) {
+        const float *ap = a + i * ari;
+        for (int64_t p = 0; p < kc; ++p) {
+            __m512 b0 = _mm512_loadu_ps(pb);
+            __m512 b1 = _mm512_loadu_ps(pb + 16);
 #pragma GCC unroll 14
-        for (int i = 0; i < rows; ++i) {
-            __m512 ai = _mm512_set1_ps(a[i * ars]);
-            c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+            for (int r = 0; r < rows; ++r) {
+                __m512 ar = _mm512_set1_ps(ap[r * ars]);
+                c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+                c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+            }
+            ap += aps;
+            pb += FL_NR;
         }
-        a += aps;
-        pb += FL_NR;
     }
     fl_store_tile(rows, c0, c1, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile14(int64_t kc, const float *pa, const float *pb, float *c,
                                 int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(14, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(14, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile8(int64_t kc, const float *pa, const float *pb, float *c,
                                int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(8, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(8, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
 FL_TARGET static void fl_tile4(int64_t kc, const float *pa, const float *pb, float *c,
                                int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(4, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
+    fl_tile(4, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
 }
 
 /* The tile of exactly `rows` (1-14) rows of A read in place (row stride lda). */
 FL_TARGET static void fl_tile_rows(int rows, int64_t kc, const float *a, int64_t lda,
                                    const float *pb, float *c, int64_t ldc, int nr,
                                    int accumulate) {
-#define FL_ROWS(r) case r: fl_tile(r, kc, a, lda, 1, pb, c, ldc, r, nr, accumulate); break;
+#define FL_ROWS(r) \
+    case r: fl_tile(r, 1, 0, kc, a, lda, 1, pb, c, ldc, r, nr, accumulate); break;
     switch (rows) {
         FL_ROWS(14) FL_ROWS(13) FL_ROWS(12) FL_ROWS(11) FL_ROWS(10) FL_ROWS(9) FL_ROWS(8)
         FL_ROWS(7) FL_ROWS(6) FL_ROWS(5) FL_ROWS(4) FL_ROWS(3) FL_ROWS(2) FL_ROWS(1)
