@@ -40,6 +40,7 @@ def cases(rng):
         ("gru_reset_before", "gru_sequence", (*wg, None, h0), {"reset_after": False}),
         ("rnn", "rnn_sequence", (*wr, h0), {}),
         ("rnn_relu", "rnn_sequence", (*wr, h0), {"activation": "relu"}),
+        ("rnn_no_bias", "rnn_sequence", (*wr[:2], None, h0), {}),
     ]
 
 
@@ -83,7 +84,10 @@ def count_regions(monkeypatch):
 def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, product, split):
     """Both product routes: fastlayers' sgemm on packed weights (where the CPU has AVX-512F)
     and numpy's CBLAS sgemm; both ways to share a loop (the weight-size limit set to force
-    each)."""
+    each). On the packed sgemm, batch shares project their own rows (no separate projection)."""
+    projections = []
+    monkeypatch.setattr(R, "_input_projection",
+                        lambda *a, _f=R._input_projection: projections.append(1) or _f(*a))
     if product == "openblas":
         monkeypatch.setattr(_blas, "PACKED", None)
     elif _blas.PACKED is None:
@@ -93,10 +97,11 @@ def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, 
     monkeypatch.setattr(R, "ROW_SHARE_MAX_BYTES", 0 if split == "units" else 1 << 30)
     for name, fn, args, kw in cases(rng):
         check(rng, name, fn, args, kw, options)
+    assert len(projections) == (0 if split == "rows" and product == "own sgemm" else 7)
     if split == "rows":
-        assert count_regions == {"lstm_rows_all": 2, "gru_rows_all": 2, "rnn_rows_all": 2}
+        assert count_regions == {"lstm_rows_all": 2, "gru_rows_all": 2, "rnn_rows_all": 3}
     else:
-        assert sum(count_regions.values()) == (6 if _sync.barrier_safe() else 0)
+        assert sum(count_regions.values()) == (7 if _sync.barrier_safe() else 0)
         assert all(not k.startswith(("lstm_rows", "gru_rows", "rnn_rows")) for k in count_regions)
 
 

@@ -1,7 +1,8 @@
 """Compiled time loops of the recurrent layers (SimpleRNN, LSTM, GRU) and their gate math.
 
 The primitive (``recurrent.py``) computes the input projection of all timesteps as one GEMM,
-``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates). Each loop is split into
+``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates) (batch shares on the packed
+sgemm compute their rows of it themselves: ``_project_share``). Each loop is split into
 shares of units (``*_share(..., p)``): share p owns units u0:u1 and the matching columns of
 every gate block, packed side by side in ``w_p..[p]``, and runs the whole sequence: per step
 one recurrent product (the gemv ``_gemv`` at batch 1, else fastlayers' sgemm on the share's
@@ -152,6 +153,30 @@ def _product_impl(fn, a_bk, w_kn, pw, out_bn):
                     c1 = min(n, c0 + step)
                     sgemm(fn, a_bk, w_kn[:, c0:c1], out_bn[:, c0:c1], False, 0.0)
     return product
+
+
+def _project_share(fn, x_rti, pw_ig, b_g, xw_trg):
+    """A batch share's input projection, xw[t, r] = x[r, t] @ w_ig + b_g, one product of T rows
+    per sample on the packed ``pw_ig`` (``fn`` ``_blas.PACKED``; nothing to do for an empty
+    ``pw_ig``: the caller projected already, as it does for any other ``fn``)."""
+    raise NotImplementedError("_project_share runs only inside compiled kernels")
+
+
+@overload(_project_share, jit_options={"fastmath": FASTMATH, "nogil": True})
+def _project_share_impl(fn, x_rti, pw_ig, b_g, xw_trg):
+    if _is_packed(fn):
+        def project(fn, x_rti, pw_ig, b_g, xw_trg):
+            if pw_ig.shape[0] > 0:
+                for r in range(x_rti.shape[0]):
+                    xw_tg = xw_trg[:, r]
+                    packed(fn, x_rti[r], pw_ig, xw_tg, 0.0)
+                    if b_g.shape[0] > 0:
+                        for t in range(xw_tg.shape[0]):
+                            _add_to(xw_tg[t], b_g)
+    else:
+        def project(fn, x_rti, pw_ig, b_g, xw_trg):
+            pass
+    return project
 
 
 @njit(inline=True)
@@ -416,7 +441,8 @@ def lstm_all(fn, gfn, args, parts):
 @njit()
 def _lstm_rows_share(fn, gfn, args, p):
     (xw, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last, gates,
-     proj, tmp, bits, ub, qb, sync) = args
+     proj, tmp, bits, ub, qb, sync, x, pw_i, b_i) = args
+    _project_share(fn, x[p], pw_i, b_i, xw[p])
     lstm_share(fn, gfn, xw[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
                zero_masked, act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1],
                tmp[p:p + 1], bits[p:p + 1], ub, qb, sync, _P0)
@@ -448,7 +474,8 @@ def gru_all(fn, args, parts):
 @njit()
 def _gru_rows_share(fn, args, p):
     (xw, w, pw, wn, pwn, b_hg, hbuf, rh, mask, reverse, zero_masked, act, ract, y, last, gates,
-     cand, tmp, bits, ub, sync) = args
+     cand, tmp, bits, ub, sync, x, pw_i, b_i) = args
+    _project_share(fn, x[p], pw_i, b_i, xw[p])
     gru_share(fn, xw[p], w, pw, wn, pwn, b_hg, hbuf[p], rh[p], mask[p], reverse, zero_masked,
               act, ract, y[p], last[p], gates[p:p + 1], cand[p:p + 1], tmp[p:p + 1],
               bits[p:p + 1], ub, sync, _P0)
@@ -479,7 +506,9 @@ def rnn_all(fn, args, parts):
 
 @njit()
 def _rnn_rows_share(fn, args, p):
-    xw, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync = args
+    (xw, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync, x,
+     pw_i, b_i) = args
+    _project_share(fn, x[p], pw_i, b_i, xw[p])
     rnn_share(fn, xw[p], w, pw, hbuf[p], mask[p], reverse, zero_masked, act, y[p], last[p],
               gates[p:p + 1], tmp[p:p + 1], bits[p:p + 1], ub, sync, _P0)
 

@@ -2,7 +2,7 @@
 
 Where the batch divides into equal shares of at least ``MIN_SHARE_ROWS`` rows (``_row_parts``),
 each of ``set_num_threads`` threads runs its rows through the whole sequence on all units, with
-no barrier. Otherwise (batch 1, say) the loop's units are split among the threads
+no barrier, after projecting its own rows' inputs (on the packed sgemm; ``_prepare``). Otherwise (batch 1, say) the loop's units are split among the threads
 (``_split.shares``): each share owns a block of units (the matching columns of every gate
 block, packed side by side once per weight array, ``derived``) for the whole sequence and the
 shares meet at a barrier after each step (``_sync``), inside one parallel region. Each thread
@@ -28,7 +28,7 @@ from .._jit import apply_num_threads, warm_call
 from ..derived import derived
 from . import _blas, _split
 from . import _recurrent as K
-from ._gemm import matmul
+from ._gemm import matmul, packed_weights
 from ._pages import aligned_empty, weights_empty
 from ._split import shares
 from ._sync import aborted, barrier_safe
@@ -285,11 +285,22 @@ def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
 
 def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     """What every loop needs before its shares are built: the batch shares (``_row_parts``),
-    the input projection and the mask laid out for them, and the product routine."""
+    the input projection, the mask laid out for them, the product routine, and the batch-share
+    drivers' projection arguments (x as (shares, B / shares, T, I), the packed input weights,
+    the bias). On the packed sgemm each batch share projects its own rows in its thread, into
+    the workspace returned (one parallel region, and its part of xw stays in its core's cache);
+    otherwise the projection is computed here and the packed weights are empty."""
     apply_num_threads()
-    row_parts = _row_parts(x_bti.shape[0], weight_floats)
-    return (row_parts, _input_projection(x_bti, w_i, b, row_parts), _mask_tb(mask_bt, row_parts),
-            _loop_fn())
+    batch, t_len, _ = x_bti.shape
+    row_parts, fn = _row_parts(batch, weight_floats), _loop_fn()
+    packed_w = packed_weights(_c32(w_i)) if row_parts > 1 and fn is _blas.PACKED else None
+    if packed_w is None:
+        xw = _input_projection(x_bti, w_i, b, row_parts)
+        proj = (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D, _EMPTY_1D)
+    else:
+        xw = _workspace("xw", (row_parts, t_len, batch // row_parts, w_i.shape[1]))
+        proj = (_rows(_c32(x_bti), row_parts), packed_w, _EMPTY_1D if b is None else _c32(b))
+    return row_parts, xw, _mask_tb(mask_bt, row_parts), fn, proj
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
@@ -299,7 +310,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hh.shape[0]
-    row_parts, xw, mask, fn = _prepare(x_bti, w_ih, b, mask_bt, units * units)
+    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ih, b, mask_bt, units * units)
     kept = {}
 
     def make_args(parts, by_rows=False):
@@ -311,7 +322,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
         return (lay.shared(xw), _share_weights(w_hh, (0,), 1, bounds),
                 _packed_shares(w_hh, (0,), 1, bounds, fn, lay.rows), lay.shared(kept["hbuf"]),
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], lay.batch(y_btp),
-                lay.batch(last), gates, tmp, bits, bounds, np.zeros(2, np.int64))
+                lay.batch(last), gates, tmp, bits, bounds, np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.rnn_one, K.rnn_all, K.rnn_rows_one, K.rnn_rows_all), make_args,
          *_share_count(batch, units, units, 1), (fn,), row_parts)
@@ -327,7 +338,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     if codes is None or t_len == 0 or batch == 0:
         return None
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    row_parts, xw, mask, fn = _prepare(x_bti, w_ig, b_g, mask_bt,
+    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ig, b_g, mask_bt,
                                        w_hg.size + (0 if w_hp is None else w_hp.size))
     kept = {}
 
@@ -338,11 +349,11 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         width = _widest(ub)
         gates, tmp, bits = _scratch(parts, 4 * width, lay.rows)
         if w_hp is None:
-            qb, w_proj, proj = ub, _EMPTY_3D, _EMPTY_3D
+            qb, w_proj, proj_q = ub, _EMPTY_3D, _EMPTY_3D
         else:
             qb = _bounds(out_size, unit_parts)
             w_proj = _share_weights(w_hp, (0,), 1, qb)
-            proj = _workspace("proj", (parts, lay.rows, _lines(w_proj.shape[2])))
+            proj_q = _workspace("proj", (parts, lay.rows, _lines(w_proj.shape[2])))
         y_btp, last = _outputs(t_len, batch, out_size, return_sequences, y0, parts)
         kept.update(hbuf=_states(h0, batch, out_size, lay), c=_cell(c0, batch, units, parts),
                     y=y_btp, last=last)
@@ -351,8 +362,8 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
                 _packed_shares(w_hp, (0,), 1, qb, fn, lay.rows), lay.shared(kept["hbuf"]),
                 lay.batch(_workspace("hfull", (batch, units))), lay.batch(kept["c"]),
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], codes[1],
-                lay.batch(y_btp), lay.batch(last), gates, proj, tmp, bits, ub, qb,
-                np.zeros(2, np.int64))
+                lay.batch(y_btp), lay.batch(last), gates, proj_q, tmp, bits, ub, qb,
+                np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.lstm_one, K.lstm_all, K.lstm_rows_one, K.lstm_rows_all), make_args,
          *_share_count(batch, out_size, units, 4), (fn, _blas.LSTM_GATES), row_parts)
@@ -368,7 +379,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hg.shape[0]
-    row_parts, xw, mask, fn = _prepare(x_bti, w_ig, b_ig, mask_bt, w_hg.size)
+    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ig, b_ig, mask_bt, w_hg.size)
     # the recurrent bias does not exist without reset_after
     bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
     kept = {}
@@ -390,7 +401,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], codes[1],
                 lay.batch(y_btp), lay.batch(last), gates,
                 _workspace("cand", (parts, lay.rows, _lines(width))), tmp, bits, bounds,
-                np.zeros(2, np.int64))
+                np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.gru_one, K.gru_all, K.gru_rows_one, K.gru_rows_all), make_args,
          *_share_count(batch, units, units, 3), (fn,), row_parts)
