@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ShapeError
+from .folding import fold_embeddings
 from .layers.base import Layer, as_float32, shape_str
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 
@@ -105,8 +106,11 @@ class Model(Layer):
                 raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
         self._nodes = self._topological_nodes()
         self._layers = self._keras_layer_order()
-        self._plan = [self._plan_step(node) for node in self._nodes
-                      if not isinstance(node.layer, InputLayer)]
+        run_nodes = [node for node in self._nodes if not isinstance(node.layer, InputLayer)]
+        self._plan = [self._plan_step(node) for node in run_nodes]
+        # the host backends' plan: layers folded together where that saves work (folding.py);
+        # ``_plan`` keeps one step per node for backends that run nodes themselves (cuda)
+        self._host_plan = fold_embeddings(run_nodes, self._plan, self.outputs)
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -298,7 +302,7 @@ class Model(Layer):
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):
             values[id(t)] = a
-        for fn, keys, out_keys in self._plan:
+        for fn, keys, out_keys in self._host_plan:
             out = fn([values[k] for k in keys] if type(keys) is list else values[keys])
             if len(out_keys) == 1:
                 values[out_keys[0]] = out

@@ -2,7 +2,10 @@
 
 Canonical layouts shared by every backend (loaders and layers convert once):
 
-- input ``x`` is batch-major (batch, time, input); outputs ``y`` are aligned with the input time
+- input ``x`` is batch-major (batch, time, input), or integer ids (batch, time) standing for
+  one-hot inputs, whose projection ``x_t @ w_ig`` is the row ``w_ig[ids[:, t]]`` (how a model
+  runs an Embedding folded into the recurrent layer after it: ``w_ig`` is then the table of
+  every embedding row's projection); outputs ``y`` are aligned with the input time
   axis (``y[:, t]`` is the output of the step that read ``x[:, t]``, also when ``reverse``);
 - kernels are (input, gates * units) and recurrent kernels (units or proj, gates * units), so a
   step is ``x_t @ w_ig + h @ w_hg``;
@@ -37,8 +40,8 @@ def run_sequence(x_bti, w_ig, b_g, state, step, *, mask_bt, reverse, return_sequ
 
     Returns ``(y, state)`` with y (B, T, out_size) or (B, out_size) (the last processed output).
     """
-    b, t_len, _ = x_bti.shape
-    xw = np.matmul(x_bti, w_ig)
+    b, t_len = x_bti.shape[:2]
+    xw = w_ig[x_bti] if x_bti.ndim == 2 else np.matmul(x_bti, w_ig)
     if b_g is not None:
         xw += b_g
     carried = np.zeros((b, out_size), np.float32) if y0 is None else y0.astype(np.float32)

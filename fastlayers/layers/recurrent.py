@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.derived import derived
 from ..errors import ShapeError, UnsupportedError
 from ..streaming import StreamState
 from ..symbolic import SymbolicTensor
@@ -74,16 +75,40 @@ class _RecurrentMath:
     def _add_bias(self):
         self.add_weight("bias", (self.gates * self.units,), "zeros")
 
-    def _run(self, x, states, mask, *, reverse=False, return_sequences=True, zero_masked=False,
-             y0=None):
-        """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``recurrent_reference``."""
+    def _input_bias(self):
+        """The bias added to the input projection, or None."""
+        return self.bias if self.use_bias else None
+
+    def _input_weights(self, table=None):
+        """(w_ig, b_ig) of the input projection: the kernel and its bias, or, for inputs that are
+        rows of an embedding ``table`` given by their ids, ``table @ kernel + bias`` (the
+        projection of every row; the bias then lies in it) and None. The fold is computed once
+        and kept while the table, kernel and bias stay the same array objects (as derived
+        weights are: ``backends.derived``)."""
+        kernel, bias = self.kernel, self._input_bias()
+        if table is None:
+            return kernel, bias
+        box = derived(kernel, "embedding-fold", lambda _: [None])
+        whole_bias = self.bias if self.use_bias else None      # GRU: _input_bias is a view
+        hit = box[0]
+        if hit is None or hit[0] is not table or hit[1] is not whole_bias:
+            folded = np.matmul(table, kernel, dtype=np.float32)
+            if bias is not None:
+                folded += bias
+            box[0] = hit = (table, whole_bias, folded)
+        return hit[2], None
+
+    def _run(self, x, states, mask, *, table=None, reverse=False, return_sequences=True,
+             zero_masked=False, y0=None):
+        """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``recurrent_reference``.
+        With an embedding ``table``, x holds ids (B, T) of its rows (``_input_weights``)."""
         raise NotImplementedError
 
 
 class _SimpleRNNMath(_RecurrentMath):
-    def _run(self, x, states, mask, **kw):
-        y, h = self.ops.rnn_sequence(x, self.kernel, self.recurrent_kernel,
-                                     self.bias if self.use_bias else None, states[0],
+    def _run(self, x, states, mask, *, table=None, **kw):
+        w_ih, b = self._input_weights(table)
+        y, h = self.ops.rnn_sequence(x, w_ih, self.recurrent_kernel, b, states[0],
                                      activation=self.activation, mask_bt=mask, **kw)
         return y, [h]
 
@@ -97,10 +122,10 @@ class _LSTMMath(_RecurrentMath):
         if getattr(self, "unit_forget_bias", False) and "bias_initializer" not in self._initializers:
             bias[self.units:2 * self.units] = 1.0
 
-    def _run(self, x, states, mask, **kw):
+    def _run(self, x, states, mask, *, table=None, **kw):
+        w_ig, b_g = self._input_weights(table)
         y, h, c = self.ops.lstm_sequence(
-            x, self.kernel, self.recurrent_kernel, self.bias if self.use_bias else None,
-            states[0], states[1], activation=self.activation,
+            x, w_ig, self.recurrent_kernel, b_g, states[0], states[1], activation=self.activation,
             recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
         return y, [h, c]
 
@@ -112,12 +137,16 @@ class _GRUMath(_RecurrentMath):
         shape = (2, 3 * self.units) if self.reset_after else (3 * self.units,)
         self.add_weight("bias", shape, "zeros")
 
-    def _run(self, x, states, mask, **kw):
-        b_ig = b_hg = None
-        if self.use_bias:
-            b_ig, b_hg = (self.bias[0], self.bias[1]) if self.reset_after else (self.bias, None)
+    def _input_bias(self):
+        if not self.use_bias:
+            return None
+        return self.bias[0] if self.reset_after else self.bias
+
+    def _run(self, x, states, mask, *, table=None, **kw):
+        w_ig, b_ig = self._input_weights(table)
+        b_hg = self.bias[1] if self.use_bias and self.reset_after else None
         y, h = self.ops.gru_sequence(
-            x, self.kernel, self.recurrent_kernel, b_ig, b_hg, states[0],
+            x, w_ig, self.recurrent_kernel, b_ig, b_hg, states[0],
             reset_after=self.reset_after, activation=self.activation,
             recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
         return y, [h]
@@ -236,7 +265,11 @@ class _RNNLayer(Layer):
         # [x, *initial_states, mask] and validates states and masks
         return inputs
 
-    def _numeric_call(self, inputs, args=(), kwargs=None):
+    def _numeric_call(self, inputs, args=(), kwargs=None, embedding=None):
+        """Validate and run on arrays. ``embedding``: an Embedding layer folded into this one by
+        its model (``folding.py``); the sequence input then holds the ids it would look up,
+        validated by it, and this layer projects its table's rows instead of the looked-up
+        vectors (``_input_weights``)."""
         kwargs = dict(kwargs or {})
         n_states, has_mask = kwargs.pop("n_states", 0), kwargs.pop("has_mask", False)
         where = f"layer {self.name!r} ({type(self).__name__})"
@@ -247,14 +280,25 @@ class _RNNLayer(Layer):
         if len(rest) != n_states + int(has_mask):
             raise ShapeError(f"{where}: expected {n_states} initial state(s)"
                              f"{' and a mask' if has_mask else ''}, got {len(rest)} extra input(s)")
-        x = as_float32(x, where)
-        shape = (None, *x.shape[1:])
+        table = None
+        if embedding is not None:
+            ids = embedding._prepare_inputs(x)
+            embedding._check_spec((None, *ids.shape[1:]))
+            if ids.ndim == 2:
+                x, table = ids, embedding.embeddings
+            else:   # not a (batch, time) sequence of ids: look them up (and fail as unfolded)
+                x = embedding.call(ids)
+        if table is None:
+            x = as_float32(x, where)
+        shape = (None, *x.shape[1:]) if table is None else (None, x.shape[1], table.shape[1])
         if not self.built:
             self._ensure_built(shape)
         self._check_spec(shape)
         states = self._check_states(rest[:n_states], x.shape[0], where) if n_states else None
         mask = self._check_mask(rest[n_states], x.shape[:2], where) if has_mask else None
-        return self.call(x, initial_state=states, mask=mask)
+        if table is None:
+            return self.call(x, initial_state=states, mask=mask)
+        return self._sequence(x, states, mask, table)
 
     @staticmethod
     def _check_mask(mask, bt, where):
@@ -282,11 +326,15 @@ class _RNNLayer(Layer):
         return [np.zeros((batch, s), np.float32) for s in self.state_size]
 
     def call(self, x, initial_state=None, mask=None):
+        return self._sequence(x, initial_state, mask)
+
+    def _sequence(self, x, initial_state, mask, table=None):
+        """``call``, or with an embedding ``table`` on ids x (B, T) of its rows."""
         if x.shape[1] == 0:
             raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
                              f"timesteps (input shape {shape_str(x.shape)})")
         states = initial_state if initial_state is not None else self._zero_states(x.shape[0])
-        y, new_states = self._run(x, states, mask, reverse=self.go_backwards,
+        y, new_states = self._run(x, states, mask, table=table, reverse=self.go_backwards,
                                   return_sequences=self.return_sequences,
                                   zero_masked=self.zero_output_for_mask)
         if self.return_sequences and self.go_backwards:

@@ -168,11 +168,10 @@ def _project_share_impl(fn, x_rti, pw_ig, b_g, xw_trg):
         def project(fn, x_rti, pw_ig, b_g, xw_trg):
             if pw_ig.shape[0] > 0:
                 for r in range(x_rti.shape[0]):
-                    xw_tg = xw_trg[:, r]
-                    packed(fn, x_rti[r], pw_ig, xw_tg, 0.0)
+                    packed(fn, x_rti[r], pw_ig, xw_trg[:, r], 0.0)
                     if b_g.shape[0] > 0:
-                        for t in range(xw_tg.shape[0]):
-                            _add_to(xw_tg[t], b_g)
+                        for t in range(xw_trg.shape[0]):
+                            _add_to(xw_trg[t, r], b_g)      # a C-contiguous row: vectorized
     else:
         def project(fn, x_rti, pw_ig, b_g, xw_trg):
             pass

@@ -12,7 +12,8 @@ runs serially.
 
 Each function returns None when the compiled loop does not cover the call (an activation other
 than tanh, sigmoid, relu, linear, hard_sigmoid; an empty sequence), and CpuOps falls back to the
-numpy reference. Arguments follow ``backends/recurrent_reference.py``.
+numpy reference. Arguments follow ``backends/recurrent_reference.py`` (x as float32 (B, T, I) or
+integer ids (B, T) of one-hot inputs).
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ def _input_projection(x_bti, w_ig, b_g, parts=1):
     xw = _workspace("xw", (t_len * b, w_ig.shape[1]))
     matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g), weights=True)
     return xw.reshape(parts, t_len, b // parts, -1)
+
+
+def _gathered_projection(ids_bt, w_vg, b_g, parts=1):
+    """``_input_projection`` of one-hot inputs given by their ids (B, T): xw[p, t, r] =
+    w_vg[ids[p B / parts + r, t]] + b_g, gathered straight into the workspace."""
+    b, t_len = ids_bt.shape
+    xw = _workspace("xw", (parts, t_len, b // parts, w_vg.shape[1]))
+    np.take(_c32(w_vg), _rows(ids_bt, parts).transpose(0, 2, 1), axis=0, out=xw)
+    if b_g is not None:
+        xw += _c32(b_g)
+    return xw
 
 
 def _rows(a_b, parts):
@@ -285,28 +297,31 @@ def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
 
 def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     """What every loop needs before its shares are built: the batch shares (``_row_parts``),
-    the input projection, the mask laid out for them, the product routine, and the batch-share
-    drivers' projection arguments (x as (shares, B / shares, T, I), the packed input weights,
-    the bias). On the packed sgemm each batch share projects its own rows in its thread, into
-    the workspace returned (one parallel region, and its part of xw stays in its core's cache);
-    otherwise the projection is computed here and the packed weights are empty."""
+    the input projection (rows of ``w_i`` for integer ids ``x_bti``), the mask laid out for
+    them, the product routine, and the batch-share drivers' projection arguments (x as (shares,
+    B / shares, T, I), the packed input weights, the bias). On the packed sgemm each batch
+    share projects its own rows in its thread, into the workspace returned (one parallel
+    region, and its part of xw stays in its core's cache); otherwise the projection is computed
+    here and the packed weights are empty."""
     apply_num_threads()
-    batch, t_len, _ = x_bti.shape
+    batch, t_len = x_bti.shape[:2]
     row_parts, fn = _row_parts(batch, weight_floats), _loop_fn()
-    packed_w = packed_weights(_c32(w_i)) if row_parts > 1 and fn is _blas.PACKED else None
-    if packed_w is None:
-        xw = _input_projection(x_bti, w_i, b, row_parts)
-        proj = (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D, _EMPTY_1D)
-    else:
+    mask = _mask_tb(mask_bt, row_parts)
+    if row_parts > 1 and fn is _blas.PACKED and x_bti.ndim == 3:
         xw = _workspace("xw", (row_parts, t_len, batch // row_parts, w_i.shape[1]))
-        proj = (_rows(_c32(x_bti), row_parts), packed_w, _EMPTY_1D if b is None else _c32(b))
-    return row_parts, xw, _mask_tb(mask_bt, row_parts), fn, proj
+        proj = (_rows(_c32(x_bti), row_parts), packed_weights(_c32(w_i)),
+                _EMPTY_1D if b is None else _c32(b))
+        return row_parts, xw, mask, fn, proj
+    xw = (_gathered_projection(x_bti, w_i, b, row_parts) if x_bti.ndim == 2 else
+          _input_projection(x_bti, w_i, b, row_parts))
+    return row_parts, xw, mask, fn, (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D,
+                                     _EMPTY_1D)
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
                  return_sequences=True, zero_masked=False, y0=None):
     codes = _codes(activation)
-    batch, t_len, _ = x_bti.shape
+    batch, t_len = x_bti.shape[:2]
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hh.shape[0]
@@ -334,7 +349,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
                   recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                   return_sequences=True, zero_masked=False, y0=None):
     codes = _codes(activation, recurrent_activation)
-    batch, t_len, _ = x_bti.shape
+    batch, t_len = x_bti.shape[:2]
     if codes is None or t_len == 0 or batch == 0:
         return None
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
@@ -375,7 +390,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
                  recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                  return_sequences=True, zero_masked=False, y0=None):
     codes = _codes(activation, recurrent_activation)
-    batch, t_len, _ = x_bti.shape
+    batch, t_len = x_bti.shape[:2]
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hg.shape[0]

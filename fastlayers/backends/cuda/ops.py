@@ -695,7 +695,7 @@ class CudaOps(ReferenceOps):
         """SimpleRNN over time on the device: per step the tiled h w_hh product, one gate kernel."""
         code = K.CODES.get(activation)
         dev = is_device(x_bti)
-        if code is None or 0 in x_bti.shape:
+        if code is None or 0 in x_bti.shape or x_bti.ndim == 2:   # ids: on the host
             return super().rnn_sequence(
                 to_host(x_bti), to_host(w_ih), to_host(w_hh), to_host(b), to_host(h0),
                 activation=activation, mask_bt=to_host(mask_bt), reverse=reverse,
@@ -724,7 +724,7 @@ class CudaOps(ReferenceOps):
         """LSTM over time on the device: one fused gate kernel per step after a tiled h w_hg product."""
         act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
         dev = is_device(x_bti)
-        if act is None or ract is None or 0 in x_bti.shape:
+        if act is None or ract is None or 0 in x_bti.shape or x_bti.ndim == 2:
             return super().lstm_sequence(
                 to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_g), to_host(h0),
                 to_host(c0), w_hp=to_host(w_hp), activation=activation,
@@ -761,7 +761,7 @@ class CudaOps(ReferenceOps):
         """GRU over time on the device: the h w_hg product (tiled kernel) and fused gate kernels."""
         act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
         dev = is_device(x_bti)
-        if act is None or ract is None or 0 in x_bti.shape:
+        if act is None or ract is None or 0 in x_bti.shape or x_bti.ndim == 2:
             return super().gru_sequence(
                 to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_ig), to_host(b_hg),
                 to_host(h0), reset_after=reset_after, activation=activation,
