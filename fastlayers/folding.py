@@ -13,9 +13,19 @@ run unfolded.
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Largest folded table (bytes) a model builds: a 5000-word vocabulary into a 128-unit LSTM
 #: takes 10 MiB, 30 000 words into 256 units 120 MiB (left unfolded).
 FOLD_MAX_BYTES = 32 << 20
+
+
+def fold_projection(table_ve, w_eg, b_g=None):
+    """The input projection of every embedding row: table @ w + b, (V, G) float32 C-ordered."""
+    folded = np.matmul(table_ve, w_eg, dtype=np.float32)
+    if b_g is not None:
+        folded += b_g
+    return folded
 
 
 def fold_embeddings(nodes, plan, outputs) -> list:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers.errors import ModelFileError, UnsupportedError
+from fastlayers.errors import FastlayersError, ModelFileError, UnsupportedError
 
 from .conftest import assert_close, oracle
 
@@ -356,9 +356,11 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, bidirectional):
+    """Embedding -> 2 recurrent layers: the first one reads the ids (the embedding folded into
+    its input projection), the second the first one's output."""
     ort = oracle("onnxruntime")
 
     class Classifier(torch.nn.Module):
@@ -376,11 +378,61 @@ def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, 
     export(torch, Classifier(), (torch.randint(0, 50, (2, 7)),), path, input_names=["ids"],
            dynamic_axes={"ids": {0: "batch", 1: "time"}}, opset_version=17)
     ours = fastlayers.load(path)
-    assert cell in ours.op_types
+    assert cell in ours.op_types and f"Embedding{cell}" in ours.op_types
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for batch, steps in [(1, 7), (3, 11)]:
+    for batch, steps in [(1, 7), (3, 11), (8, 5)]:
         ids = rng.integers(0, 50, (batch, steps)).astype(np.int64)
         assert_close(ours(ids), session.run(None, {"ids": ids})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("through_transpose", [False, True])
+def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through_transpose, rng):
+    """Gather(table, ids) -> [Transpose] -> RNN/GRU/LSTM with initial states, both directions,
+    negative ids: the folded node equals the same graph with the table as an input (unfolded)
+    and onnxruntime; ids out of range fail as the Gather would."""
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.io.onnx import from_proto
+
+    V, E, H, B, T, nd = 20, 5, 4, 3, 6, 2
+    ids_time_major = (layout == 0) != through_transpose
+    ids_shape = [T, B] if ids_time_major else [B, T]
+    table = rng.standard_normal((V, E)).astype(np.float32)
+    weights = {"W": rng.standard_normal((nd, gates * H, E)), "R": rng.standard_normal((nd, gates * H, H)),
+               "Bias": rng.standard_normal((nd, 2 * gates * H)),
+               "h0": rng.standard_normal((B, nd, H) if layout else (nd, B, H))}
+    if kind == "LSTM":
+        weights["c0"] = rng.standard_normal(weights["h0"].shape)
+    inits = [numpy_helper.from_array((v * 0.5).astype(np.float32), k) for k, v in weights.items()]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"])]
+    if through_transpose:
+        nodes.append(helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]))
+    states = ["h0"] + (["c0"] if kind == "LSTM" else [])
+    nodes.append(helper.make_node(kind, ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
+                                  ["y", "yh"], hidden_size=H, direction="bidirectional", layout=layout))
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")]
+    ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ids_shape)
+    table_in = helper.make_tensor_value_info("table", TensorProto.FLOAT, [V, E])
+    folded = from_proto(make_graph(nodes, [ids_in], outputs,
+                                                      inits + [numpy_helper.from_array(table, "table")]))
+    plain = from_proto(make_graph(nodes, [ids_in, table_in], outputs, inits))
+    assert f"Embedding{kind}" in folded.op_types and kind in plain.op_types
+    ids = rng.integers(-V, V, ids_shape)
+    got, want = folded(ids), plain(ids, table)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
+    if layout == 0:       # onnxruntime runs no batch-major (layout 1) recurrence
+        ort = oracle("onnxruntime")
+        session = ort.InferenceSession(make_graph(nodes, [ids_in], outputs, inits + [
+            numpy_helper.from_array(table, "table")]).SerializeToString(), providers=["CPUExecutionProvider"])
+        for g, w in zip(got, session.run(None, {"ids": ids})):
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+    with pytest.raises(FastlayersError, match="out of bounds"):
+        folded(np.full(ids_shape, V))
 
 
 @pytest.mark.parametrize("opset", [18, 23])

@@ -45,6 +45,16 @@ def derived(source, kind: str, make: Callable):
     return value
 
 
+def derived_from(sources: tuple, kind: str, make: Callable):
+    """``make(*sources)``, cached per (``sources[0]``, ``kind``) while the other sources stay the
+    same objects (the entry holds them; other objects recompute and replace it)."""
+    box = derived(sources[0], kind, lambda _: [None])
+    hit = box[0]
+    if hit is None or any(a is not b for a, b in zip(hit[0], sources[1:])):
+        box[0] = hit = (tuple(sources[1:]), make(*sources))
+    return hit[1]
+
+
 def clear_derived() -> None:
     """Forget every derived weight (needed only after writing into a used weight array in place)."""
     with _lock:

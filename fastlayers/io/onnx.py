@@ -8,7 +8,8 @@ implement, then optimises the graph once:
 2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
    BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
-   weights transposed once to the backend's layout;
+   weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
+   LSTM is folded into its input projection (``fuse_embedding_recurrent``);
 3. dead-node removal: only nodes the outputs depend on are kept;
 4. static shape inference (onnx.shape_inference) for the summary and input checks.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FastlayersError, ModelFileError, ShapeError, UnsupportedError
+from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from .onnx_ops import DTYPES, OPS
 
 MIN_OPSET = 9
@@ -268,6 +269,35 @@ def fuse_gelu(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
+    """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
+    GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output
+    nothing else reads -> ``Embedding<op>`` on the ids: its input projection becomes a gather of
+    rows of table @ W^T + bias (``fastlayers/folding.py``). The Gather stays for any other
+    reader (exporters take the batch size from its shape); unread, it is pruned."""
+    uses = _consumers(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    for node in nodes:
+        if node.op_type not in ("RNN", "GRU", "LSTM") or node.inputs[1] not in constants:
+            continue
+        x = node.inputs[0]
+        src = producer.get(x)
+        time_major = node.attrs.get("layout", 0) == 0
+        if src is not None and src.op_type == "Transpose" and uses.get(x, 0) == 1 \
+                and list(src.attrs.get("perm", ())) == [1, 0, 2]:
+            src, time_major = producer.get(src.inputs[0]), not time_major
+        if src is None or src.op_type != "Gather" or src.attrs.get("axis", 0) != 0:
+            continue
+        table = constants.get(src.inputs[0])
+        if table is None or table.dtype != np.float32 or table.ndim != 2 or \
+                src.inputs[1] in constants:
+            continue
+        node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
+        node.attrs = dict(node.attrs, _ids_time_major=time_major)
+        node.op_type = f"Embedding{node.op_type}"
+    return nodes
+
+
 def prune(nodes, outputs) -> list[Node]:
     """Keep only the nodes the graph outputs depend on."""
     needed = set(outputs)
@@ -355,13 +385,20 @@ class OnnxModel:
         cached = self._shape_cache.get(key)
         if cached is not None:
             values.update(cached)
-        for fn, ins, outs, attrs, shape_only in self._plan:
-            if shape_only and cached is not None:
-                continue
-            results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
-            for name, value in zip(outs, results):
-                if name:
-                    values[name] = value
+        try:
+            for fn, ins, outs, attrs, shape_only in self._plan:
+                if shape_only and cached is not None:
+                    continue
+                results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+                for name, value in zip(outs, results):
+                    if name:
+                        values[name] = value
+        except (IndexError, ValueError) as e:
+            if isinstance(e, FastlayersError):
+                raise
+            node = next(n for n in self._nodes if n.outputs == outs)
+            raise InputError(f"ONNX model {self.name!r}: node {node.name or node.outputs[0]!r} "
+                             f"({node.op_type}) failed on these inputs: {e}") from e
         if cached is None and self._shape_outputs:
             if len(self._shape_cache) >= 64:  # bound the memory of many distinct shapes
                 self._shape_cache.clear()
@@ -451,7 +488,8 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         nodes = fold_constants(nodes, constants, opset)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
-        nodes = prune(fuse_conv(nodes, constants, outputs), outputs)
+        nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
+        nodes = prune(nodes, outputs)
     except FastlayersError:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:

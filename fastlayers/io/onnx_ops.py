@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.derived import derived
+from ..backends.derived import derived, derived_from
 from ..backends.reference import erfc64, fold_batch_norm
 from ..errors import UnsupportedError
+from ..folding import fold_projection
 
 OPS: dict = {}
 
@@ -646,11 +647,14 @@ _DEFAULT_ACTIVATIONS = {"RNN": [["tanh"], ["relu"]], "GRU": [["sigmoid", "tanh"]
                         "LSTM": [["sigmoid", "tanh", "tanh"]]}
 
 
-def _recurrent_fast(kind, inputs, attrs):
+def _recurrent_fast(kind, inputs, attrs, table=None):
     """The ONNX recurrence on the backend's compiled time loops (one input-projection GEMM, one
     recurrent product and one fused gate pass per step), when the node uses only what they do:
     no clip, peepholes, input_forget or sequence_lens, standard activations. Else None.
-    Gate blocks are reordered once per call: ONNX LSTM i,o,f,c -> i,f,c,o; GRU z,r,h as is."""
+    Gate blocks are reordered once per weight array: ONNX LSTM i,o,f,c -> i,f,c,o; GRU z,r,h as
+    is. With an embedding ``table`` (``EmbeddingLSTM`` ...), inputs[0] holds ids (batch, time)
+    of its rows whatever the layout, and each direction gathers rows of table @ W^T + input
+    bias (computed once)."""
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
     x, w, r, b, seq_lens, h0 = inputs[0], inputs[1], inputs[2], get(3), get(4), get(5)
     c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
@@ -664,8 +668,11 @@ def _recurrent_fast(kind, inputs, attrs):
             or attrs.get("activation_alpha") or attrs.get("activation_beta"):
         return None
     layout = attrs.get("layout", 0)
-    x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
-    batch, steps, _ = x_bti.shape
+    if table is None:
+        x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
+    else:
+        x_bti = x
+    batch, steps = x_bti.shape[:2]
     if seq_lens is not None and np.any(seq_lens != steps):
         return None
     hidden = r.shape[-1]
@@ -681,6 +688,14 @@ def _recurrent_fast(kind, inputs, attrs):
         return derived(m, f"onnx-{kind}-kernel:{d}",
                        lambda a: np.ascontiguousarray(reorder(a[d]).T, dtype=np.float32))
 
+    def input_weights(d, reorder, bias):
+        """(w_ig, b_ig) of direction d: the kernel and bias, or the folded embedding table."""
+        w_in = kernel(w, d, kind.lower(), reorder)
+        if table is None:
+            return w_in, bias
+        return derived_from((w, table, b), f"onnx-{kind}-fold:{d}",
+                            lambda *_: fold_projection(table, w_in, bias)), None
+
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
         wb = b[d, :b.shape[1] // 2] if b is not None else np.zeros(w.shape[1], np.float32)
@@ -690,26 +705,29 @@ def _recurrent_fast(kind, inputs, attrs):
             order = [0, 2, 3, 1]
             blocks = lambda m: m.reshape(4, hidden, -1)[order].reshape(4 * hidden, -1)  # noqa: E731
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else _f32(c0[d])
-            y, h, c = ops.lstm_sequence(
-                x_bti, kernel(w, d, "lstm", blocks), kernel(r, d, "lstm", blocks),
-                _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)), h_init, c_init,
-                reverse=reverse)
+            w_ig, b_g = input_weights(d, blocks, _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)))
+            y, h, c = ops.lstm_sequence(x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init,
+                                        c_init, reverse=reverse)
             cs.append(c)
         elif kind == "GRU":
             lbr = bool(attrs.get("linear_before_reset", 0))
-            y, h = ops.gru_sequence(x_bti, kernel(w, d, "gru"), kernel(r, d, "gru"),
-                                    _f32(wb if lbr else wb + rb), _f32(rb) if lbr else None,
-                                    h_init, reset_after=lbr, reverse=reverse)
+            w_ig, b_ig = input_weights(d, lambda m: m, _f32(wb if lbr else wb + rb))
+            y, h = ops.gru_sequence(x_bti, w_ig, kernel(r, d, "gru"), b_ig,
+                                    _f32(rb) if lbr else None, h_init, reset_after=lbr,
+                                    reverse=reverse)
         else:
             act = names[0] if names else "tanh"
-            y, h = ops.rnn_sequence(x_bti, kernel(w, d, "rnn"), kernel(r, d, "rnn"),
-                                    _f32(wb + rb), h_init, activation=act, reverse=reverse)
+            w_ih, b_ih = input_weights(d, lambda m: m, _f32(wb + rb))
+            y, h = ops.rnn_sequence(x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init,
+                                    activation=act, reverse=reverse)
         ys.append(y)
         hs.append(h)
-    y = np.stack(ys, axis=1)            # (B, num_dir, T, H)
+    # one direction: Y as a view of the batch-major output, which a following recurrent node
+    # (Squeeze, then its swap back to batch-major) reads in place; two: stacked (B, 2, T, H)
+    y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)
     y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
     yh = np.stack(hs, axis=1 if layout else 0)
-    outs = [np.ascontiguousarray(y), yh]
+    outs = [y, yh]
     if kind == "LSTM":
         outs.append(np.stack(cs, axis=1 if layout else 0))
     return outs
@@ -722,9 +740,33 @@ def _recurrent_op(kind):
     return run
 
 
-OPS["RNN"] = _recurrent_op("RNN")
-OPS["GRU"] = _recurrent_op("GRU")
-OPS["LSTM"] = _recurrent_op("LSTM")
+def _embedding_recurrent_op(kind):
+    """``Embedding<kind>`` (``onnx.fuse_embedding_recurrent``): inputs [table, ids, W, R, ...],
+    the recurrence run on rows of the table looked up by ids (time-major ids when the attribute
+    ``_ids_time_major`` is set), folded into the input projection where the fast path runs."""
+    def run(inputs, attrs, opset):
+        table, ids, rest = inputs[0], inputs[1], inputs[2:]
+        attrs = dict(attrs)
+        time_major = attrs.pop("_ids_time_major")
+        if ids.ndim == 2 and ids.size:
+            vocab = table.shape[0]
+            if ids.min() < -vocab or ids.max() >= vocab:     # as Gather: negatives count back
+                raise IndexError(f"Gather index out of bounds for a table of {vocab} rows "
+                                 f"(indices in [{ids.min()}, {ids.max()}])")
+            ids_bt = (ids.T if time_major else ids).astype(np.int64) % vocab
+            fast = _recurrent_fast(kind, [ids_bt, *rest], attrs, table)
+            if fast is not None:
+                return fast
+        x = np.take(table, ids.astype(np.int64), axis=0)
+        if time_major != (attrs.get("layout", 0) == 0):
+            x = np.swapaxes(x, 0, 1)
+        return _recurrent_op(kind)([x, *rest], attrs, opset)
+    return run
+
+
+for _kind in ("RNN", "GRU", "LSTM"):
+    OPS[_kind] = _recurrent_op(_kind)
+    OPS[f"Embedding{_kind}"] = _embedding_recurrent_op(_kind)
 
 
 # --------------------------------------------------------------------- convolution and pooling

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.derived import derived
+from ..backends.derived import derived_from
 from ..errors import ShapeError, UnsupportedError
+from ..folding import fold_projection
 from ..streaming import StreamState
 from ..symbolic import SymbolicTensor
 from .base import InputSpec, Layer, as_float32, shape_str
@@ -88,15 +89,9 @@ class _RecurrentMath:
         kernel, bias = self.kernel, self._input_bias()
         if table is None:
             return kernel, bias
-        box = derived(kernel, "embedding-fold", lambda _: [None])
         whole_bias = self.bias if self.use_bias else None      # GRU: _input_bias is a view
-        hit = box[0]
-        if hit is None or hit[0] is not table or hit[1] is not whole_bias:
-            folded = np.matmul(table, kernel, dtype=np.float32)
-            if bias is not None:
-                folded += bias
-            box[0] = hit = (table, whole_bias, folded)
-        return hit[2], None
+        return derived_from((kernel, table, whole_bias), "embedding-fold",
+                            lambda *_: fold_projection(table, kernel, bias)), None
 
     def _run(self, x, states, mask, *, table=None, reverse=False, return_sequences=True,
              zero_masked=False, y0=None):

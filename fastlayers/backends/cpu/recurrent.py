@@ -96,8 +96,11 @@ def _gathered_projection(ids_bt, w_vg, b_g, parts=1):
     """``_input_projection`` of one-hot inputs given by their ids (B, T): xw[p, t, r] =
     w_vg[ids[p B / parts + r, t]] + b_g, gathered straight into the workspace."""
     b, t_len = ids_bt.shape
+    if ids_bt.min() < 0 or ids_bt.max() >= w_vg.shape[0]:
+        raise IndexError(f"ids in [{ids_bt.min()}, {ids_bt.max()}] for {w_vg.shape[0]} rows")
     xw = _workspace("xw", (parts, t_len, b // parts, w_vg.shape[1]))
-    np.take(_c32(w_vg), _rows(ids_bt, parts).transpose(0, 2, 1), axis=0, out=xw)
+    # mode="clip" (the ids are in range): "raise" gathers into a buffer and copies it over
+    np.take(_c32(w_vg), _rows(ids_bt, parts).transpose(0, 2, 1), axis=0, out=xw, mode="clip")
     if b_g is not None:
         xw += _c32(b_g)
     return xw
