@@ -407,23 +407,25 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
     if kind == "LSTM":
         weights["c0"] = rng.standard_normal(weights["h0"].shape)
     inits = [numpy_helper.from_array((v * 0.5).astype(np.float32), k) for k, v in weights.items()]
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"])]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]), helper.make_node("Shape", ["emb"], ["s"])]
     if through_transpose:
         nodes.append(helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]))
     states = ["h0"] + (["c0"] if kind == "LSTM" else [])
     nodes.append(helper.make_node(kind, ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
                                   ["y", "yh"], hidden_size=H, direction="bidirectional", layout=layout))
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")] + [
+        helper.make_tensor_value_info("s", TensorProto.INT64, None)]     # the Shape reads the ids
     ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ids_shape)
     table_in = helper.make_tensor_value_info("table", TensorProto.FLOAT, [V, E])
     folded = from_proto(make_graph(nodes, [ids_in], outputs,
                                                       inits + [numpy_helper.from_array(table, "table")]))
     plain = from_proto(make_graph(nodes, [ids_in, table_in], outputs, inits))
-    assert f"Embedding{kind}" in folded.op_types and kind in plain.op_types
+    assert f"Embedding{kind}" in folded.op_types and "Gather" not in folded.op_types
+    assert kind in plain.op_types
     ids = rng.integers(-V, V, ids_shape)
     got, want = folded(ids), plain(ids, table)
     for g, w in zip(got, want):
-        assert g.shape == w.shape
+        assert g.shape == w.shape and g.dtype == w.dtype
         assert_close(g, w, rtol=1e-5, atol=1e-5)
     if layout == 0:       # onnxruntime runs no batch-major (layout 1) recurrence
         ort = oracle("onnxruntime")

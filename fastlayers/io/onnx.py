@@ -277,7 +277,7 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     reader (exporters take the batch size from its shape); unread, it is pruned."""
     uses = _consumers(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
-    for node in nodes:
+    for node in list(nodes):
         if node.op_type not in ("RNN", "GRU", "LSTM") or node.inputs[1] not in constants:
             continue
         x = node.inputs[0]
@@ -295,7 +295,22 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
         node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
         node.attrs = dict(node.attrs, _ids_time_major=time_major)
         node.op_type = f"Embedding{node.op_type}"
+        shapes_of_ids(nodes, src, table.shape[1], constants)
     return nodes
+
+
+def shapes_of_ids(nodes, gather, width, constants) -> None:
+    """Shape nodes reading an embedding Gather's output (rows of ``width``) read its ids
+    instead, the row width appended by a Concat: the Gather then has no reader left."""
+    emb, ids = gather.outputs[0], gather.inputs[1]
+    for k in range(len(nodes) - 1, -1, -1):
+        shape = nodes[k]
+        if shape.op_type != "Shape" or shape.inputs != [emb] or shape.attrs:
+            continue
+        constants[f"{emb}::width"] = np.array([width], np.int64)
+        out = shape.outputs[0]
+        shape.inputs, shape.outputs = [ids], [f"{out}::ids"]
+        nodes.insert(k + 1, Node("Concat", [f"{out}::ids", f"{emb}::width"], [out], {"axis": 0}))
 
 
 def prune(nodes, outputs) -> list[Node]:
