@@ -28,8 +28,7 @@ def aligned_empty(shape, dtype=np.float32, align=LINE):
     """An uninitialized C-contiguous array whose data starts on an ``align``-byte boundary."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + align, np.uint8)
-    start = -raw.__array_interface__["data"][0] % align   # .ctypes.data costs ~2 us a call
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)   # 1.5 us; slicing: 2.7
 
 
 def weights_empty(shape, dtype=np.float32):

@@ -132,7 +132,7 @@ def _bounds(size, parts):
 
 def _widest(bounds):
     """The most units any share owns."""
-    return max(int(b) - int(a) for a, b in zip(bounds[:-1], bounds[1:]))
+    return int(np.diff(bounds).max()) if len(bounds) > 2 else int(bounds[1] - bounds[0])
 
 
 def _pack(w_kn, blocks, n_blocks, bounds):
@@ -272,9 +272,11 @@ def _outputs(t_len, batch, size, return_sequences, y0, parts):
 
 
 def _states(h0, batch, size, lay):
-    """The state of even and odd steps, (split, 2, batch / split, size), starting from h0."""
-    hbuf = _state_empty((lay.split, 2, lay.rows, size), lay.parts)
-    hbuf[:, 0] = _rows(np.broadcast_to(h0, (batch, size)), lay.split)
+    """The state of even and odd steps, (split, 2, batch / split, size), starting from h0 (a
+    per-thread workspace: ``_final`` copies the result out)."""
+    hbuf = _workspace("hbuf", (lay.split, 2, lay.rows, size))
+    hbuf[:, 0] = (h0 if h0.shape == (batch, size) else
+                  np.broadcast_to(h0, (batch, size))).reshape(lay.split, lay.rows, size)
     return hbuf
 
 
