@@ -696,28 +696,37 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
         return derived_from((w, table, b), f"onnx-{kind}-fold:{d}",
                             lambda *_: fold_projection(table, w_in, bias)), None
 
+    def biases(d, input_part):
+        """(input bias, recurrent bias) of direction d from B = [Wb, Rb], computed once per
+        array by ``input_part(wb, rb)`` (the recurrent one: Rb, for GRU's linear_before_reset
+        only); (None, None) without B."""
+        if b is None:
+            return None, None
+        return derived(b, f"onnx-{kind}-bias:{d}:{lbr}", lambda a: (
+            _f32(input_part(a[d, :a.shape[1] // 2], a[d, a.shape[1] // 2:])),
+            _f32(a[d, a.shape[1] // 2:]) if lbr else None))
+
+    lbr = kind == "GRU" and bool(attrs.get("linear_before_reset", 0))
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
-        wb = b[d, :b.shape[1] // 2] if b is not None else np.zeros(w.shape[1], np.float32)
-        rb = b[d, b.shape[1] // 2:] if b is not None else np.zeros(w.shape[1], np.float32)
         h_init = np.zeros((batch, hidden), np.float32) if h0 is None else _f32(h0[d])
         if kind == "LSTM":
             order = [0, 2, 3, 1]
             blocks = lambda m: m.reshape(4, hidden, -1)[order].reshape(4 * hidden, -1)  # noqa: E731
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else _f32(c0[d])
-            w_ig, b_g = input_weights(d, blocks, _f32((wb + rb).reshape(4, hidden)[order].reshape(-1)))
+            b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
+            w_ig, b_g = input_weights(d, blocks, b_in)
             y, h, c = ops.lstm_sequence(x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init,
                                         c_init, reverse=reverse)
             cs.append(c)
         elif kind == "GRU":
-            lbr = bool(attrs.get("linear_before_reset", 0))
-            w_ig, b_ig = input_weights(d, lambda m: m, _f32(wb if lbr else wb + rb))
-            y, h = ops.gru_sequence(x_bti, w_ig, kernel(r, d, "gru"), b_ig,
-                                    _f32(rb) if lbr else None, h_init, reset_after=lbr,
-                                    reverse=reverse)
+            b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
+            w_ig, b_ig = input_weights(d, lambda m: m, b_in)
+            y, h = ops.gru_sequence(x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init,
+                                    reset_after=lbr, reverse=reverse)
         else:
             act = names[0] if names else "tanh"
-            w_ih, b_ih = input_weights(d, lambda m: m, _f32(wb + rb))
+            w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
             y, h = ops.rnn_sequence(x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init,
                                     activation=act, reverse=reverse)
         ys.append(y)
