@@ -120,8 +120,9 @@ class _LSTMMath(_RecurrentMath):
     def _run(self, x, states, mask, *, table=None, **kw):
         w_ig, b_g = self._input_weights(table)
         y, h, c = self.ops.lstm_sequence(
-            x, w_ig, self.recurrent_kernel, b_g, states[0], states[1], activation=self.activation,
-            recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
+            x, w_ig, self.recurrent_kernel, b_g, states[0], states[1],
+            activation=self.activation, recurrent_activation=self.recurrent_activation,
+            mask_bt=mask, **kw)
         return y, [h, c]
 
 

@@ -2,12 +2,13 @@
 
 Where the batch divides into equal shares of at least ``MIN_SHARE_ROWS`` rows (``_row_parts``),
 each of ``set_num_threads`` threads runs its rows through the whole sequence on all units, with
-no barrier, after projecting its own rows' inputs (on the packed sgemm; ``_prepare``). Otherwise (batch 1, say) the loop's units are split among the threads
-(``_split.shares``): each share owns a block of units (the matching columns of every gate
-block, packed side by side once per weight array, ``derived``) for the whole sequence and the
-shares meet at a barrier after each step (``_sync``), inside one parallel region. Each thread
-thus reads only its part of the recurrent weights per step (half of a 1 MiB LSTM kernel stays
-in its core's L2 cache at two threads). Too little work per step (small layers, small batches)
+no barrier, after projecting its own rows' inputs (on the packed sgemm; ``_prepare``).
+Otherwise (batch 1, say) the loop's units are split among the threads (``_split.shares``):
+each share owns a block of units (the matching columns of every gate block, packed side by
+side once per weight array, ``derived``) for the whole sequence and the shares meet at a
+barrier after each step (``_sync``), inside one parallel region. Each thread thus reads only
+its part of the recurrent weights per step (half of a 1 MiB LSTM kernel stays in its core's L2
+cache at two threads). Too little work per step (small layers, small batches)
 runs serially.
 
 Each function returns None when the compiled loop does not cover the call (an activation other
@@ -342,7 +343,8 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
         return (lay.shared(xw), _share_weights(w_hh, (0,), 1, bounds),
                 _packed_shares(w_hh, (0,), 1, bounds, fn, lay.rows), lay.shared(kept["hbuf"]),
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], lay.batch(y_btp),
-                lay.batch(last), gates, tmp, bits, bounds, np.zeros(2, np.int64)) + (proj if by_rows else ())
+                lay.batch(last), gates, tmp, bits, bounds,
+                np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.rnn_one, K.rnn_all, K.rnn_rows_one, K.rnn_rows_all), make_args,
          *_share_count(batch, units, units, 1), (fn,), row_parts)
@@ -359,7 +361,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         return None
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
     row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ig, b_g, mask_bt,
-                                       w_hg.size + (0 if w_hp is None else w_hp.size))
+                                             w_hg.size + (0 if w_hp is None else w_hp.size))
     kept = {}
 
     def make_args(parts, by_rows=False):
