@@ -755,8 +755,7 @@ def _embedding_recurrent_op(kind):
     ``_ids_time_major`` is set), folded into the input projection where the fast path runs."""
     def run(inputs, attrs, opset):
         table, ids, rest = inputs[0], inputs[1], inputs[2:]
-        attrs = dict(attrs)
-        time_major = attrs.pop("_ids_time_major")
+        time_major = attrs["_ids_time_major"]      # the recurrences read no other extra key
         if ids.ndim == 2 and ids.size:
             vocab = table.shape[0]
             if ids.min() < -vocab or ids.max() >= vocab:     # as Gather: negatives count back
@@ -769,7 +768,7 @@ def _embedding_recurrent_op(kind):
         x = np.take(table, ids.astype(np.int64), axis=0)
         if time_major != (attrs.get("layout", 0) == 0):
             x = np.swapaxes(x, 0, 1)
-        return _recurrent_op(kind)([x, *rest], attrs, opset)
+        return OPS[kind]([x, *rest], attrs, opset)
     return run
 
 
