@@ -1,12 +1,14 @@
 """The fused attention-softmax kernel (CpuOps) against ReferenceOps: masks, causal, fully masked
-rows, NaN, odd and unit sizes, broadcast biases; plus a Hypothesis property test."""
+rows, NaN, odd and unit sizes, broadcast biases; plus a Hypothesis property test. The whole
+attention primitive on both of its CPU paths: the C pair kernel on the packed sgemm
+(``_attention_kernel.h``, ``_blas.ATTENTION``) and the OpenBLAS + Numba one."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastlayers.backends.cpu import CpuOps
+from fastlayers.backends.cpu import CpuOps, _blas
 from fastlayers.backends.reference import ReferenceOps
 
 REF, CPU = ReferenceOps(), CpuOps()
@@ -93,13 +95,24 @@ def test_attention_softmax_property(b, h, tq, tk, causal, scale, seed):
     assert np.all(got[np.broadcast_to(bias == NEG_INF, got.shape)] == 0)
 
 
-@pytest.mark.parametrize("threads", [2, 3])
+def pair_path(monkeypatch, path):
+    """Select the attention primitive's CPU path: "C" (skipped where it is not built) or
+    "openblas" (the fallback without AVX-512F)."""
+    if path == "openblas":
+        monkeypatch.setattr(_blas, "ATTENTION", None)
+    elif _blas.ATTENTION is None:
+        pytest.skip("the C attention kernel needs AVX-512F and the built extension")
+
+
+@pytest.mark.parametrize("path", ["C", "openblas"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("shape,bias_shape", CASES_BHQK)
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_split_over_threads_matches_reference(monkeypatch, threads, shape, bias_shape,
-                                                        causal, rng):
+def test_attention_split_over_threads_matches_reference(monkeypatch, path, threads, shape,
+                                                        bias_shape, causal, rng):
     from fastlayers.backends.cpu import _gemm, _split
 
+    pair_path(monkeypatch, path)
     monkeypatch.setattr(_gemm, "MIN_SHARE_FLOPS", 1)            # share even tiny calls
     monkeypatch.setattr(_split, "thread_count", lambda: threads)
     b, h, tq, tk = shape
@@ -117,14 +130,16 @@ def test_attention_split_over_threads_matches_reference(monkeypatch, threads, sh
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["C", "openblas"])
 @pytest.mark.parametrize("layout", ["heads split off a projection", "transposed rows", "broadcast"])
-def test_attention_reads_strided_heads_in_place(monkeypatch, layout, rng):
+def test_attention_reads_strided_heads_in_place(monkeypatch, path, layout, rng):
     """q, k, v as views (the heads of a fused q/k/v projection: rows 3 E floats apart) give the
     reference's result; views the sgemm cannot read in place (a transposed matrix, rows 0
     apart) are copied first. The output is a (B, H, Tq, Dv) view whose (B, Tq, H, Dv)
     transpose is C-contiguous (the heads merge without a copy)."""
     from fastlayers.backends.cpu import _gemm, _split
 
+    pair_path(monkeypatch, path)
     monkeypatch.setattr(_gemm, "MIN_SHARE_FLOPS", 1)
     monkeypatch.setattr(_split, "thread_count", lambda: 2)
     n, t, h, hd = 2, 7, 3, 5
@@ -139,3 +154,56 @@ def test_attention_reads_strided_heads_in_place(monkeypatch, layout, rng):
     np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
     assert out.transpose(0, 2, 1, 3).flags.c_contiguous
+
+
+# Head and key sizes around the C kernel's 16 x 16 transposes and 32-column panels.
+PAIR_SIZES = [(tk, d) for tk in (1, 15, 16, 17, 31, 32, 33, 48, 50, 128)
+              for d in (1, 7, 16, 17, 33, 64)]
+
+
+@pytest.mark.parametrize("tk,d", PAIR_SIZES)
+def test_c_pair_kernel_sizes_match_reference(monkeypatch, tk, d, rng):
+    """k^T packed by whole 16 x 16 blocks plus scalar edges, v by panels: every size around
+    those blocks, heads read in place from a fused projection (rows 3 H d floats apart), a
+    per-(batch, head, query) float bias with masked keys, with and without the causal cut."""
+    pair_path(monkeypatch, "C")
+    b, h, tq, dv = 2, 2, 19, 9
+    qk = rng.standard_normal((b, max(tq, tk), 2, h, d)).astype(np.float32)
+    q = qk[:, :tq, 0].transpose(0, 2, 1, 3)
+    k = qk[:, :tk, 1].transpose(0, 2, 1, 3)
+    v = rng.standard_normal((b, h, tk, dv)).astype(np.float32)
+    bias = masks((b, h, tq, tk), rng) + rng.standard_normal((b, h, tq, tk)).astype(np.float32)
+    for causal in (False, True):
+        out, w = CPU.attention(q, k, v, 0.3, bias, causal, 1)
+        ref_out, ref_w = REF.attention(q, k, v, 0.3, bias, causal, 1)
+        np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+        assert np.all(w[bias == NEG_INF] == 0)
+
+
+@pytest.mark.parametrize("path", ["C", "openblas"])
+def test_attention_nan_large_scores_and_fully_masked_rows(monkeypatch, path, rng):
+    """A NaN in q makes its query's row NaN, huge scores stay finite (max subtracted first), a
+    row with every key masked becomes the layer's choice (NaN, 0 or 1/Tk), masked weights are
+    exactly 0; the same on both paths."""
+    pair_path(monkeypatch, path)
+    b, h, tq, tk, d = 1, 2, 4, 40, 8
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    q[0, 0, 1, 3] = np.nan
+    q[0, 1, 2] *= 1e4
+    k = rng.standard_normal((b, h, tk, d)).astype(np.float32)
+    v = rng.standard_normal((b, h, tk, 5)).astype(np.float32)
+    bias = masks((1, 1, tq, tk), rng)
+    bias[0, 0, 3] = NEG_INF
+    for empty, fill in [(0, np.nan), (1, 0.0), (2, 1 / tk)]:
+        out, w = CPU.attention(q, k, v, 0.5, bias, False, empty)
+        ref_out, ref_w = REF.attention(q, k, v, 0.5, bias, False, empty)
+        assert np.isnan(w[0, 0, 1]).all() and np.isnan(out[0, 0, 1]).all()
+        assert np.isfinite(w[0, 1, 2]).all()
+        np.testing.assert_allclose(w[:, :, 3], np.full((b, h, tk), fill, np.float32))
+        np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6, equal_nan=True)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5, equal_nan=True)
+        masked = np.broadcast_to(bias == NEG_INF, w.shape).copy()
+        masked[0, 0, 1] = False                                  # the NaN query's row
+        masked[:, :, 3] = False                                  # the fully masked rows
+        assert np.all(w[masked] == 0)

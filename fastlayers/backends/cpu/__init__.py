@@ -11,7 +11,7 @@ import numpy as np
 from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
 from ..reference import ReferenceOps
 from . import _blas, _elementwise, _gemm, _rows
-from ._split import shares
+from ._split import run_parallel, shares
 from . import conv_ops
 from . import _attention
 
@@ -134,6 +134,14 @@ class CpuOps(ReferenceOps):
         nb, nh, tq, d = q.shape
         tk, dv = k.shape[2], v.shape[3]
         flops = 2 * tq * tk * (d + dv)
+        if _blas.ATTENTION is not None:
+            s = np.empty((nb, nh, tq, tk), np.float32)
+            out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
+            run_parallel(_attention.attention_pairs, _attention.attention_pairs_par,
+                         (_blas.ATTENTION, q, k, v, np.float32(scale), b, int(bool(causal)),
+                          int(empty), s, out, _blas.attention_buffer_floats(tk, d, dv)),
+                         nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops))
+            return out, s
         with shares(nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops)) as parts:
             if parts == 1:
                 return super().attention(q, k, v, scale, bias, causal, empty)

@@ -1,7 +1,9 @@
 """Attention kernels: the fused scale + mask + numerically stable softmax over the last axis of
 batched (B, H, Tq, Tk) scores, in place (``attention_softmax_bhqk``), and the whole
-softmax(scale q k^T + bias) v with the (batch, head) pairs shared among Numba's threads
-(``attention_par``: both products per pair through single-threaded sgemm).
+softmax(scale q k^T + bias) v with the (batch, head) pairs shared among Numba's threads: each
+pair in C on fastlayers' packed sgemm (``attention_pairs``/``attention_pairs_par``, calling
+``_blas.ATTENTION``), or, where that is not built (no AVX-512F), both products per pair
+through OpenBLAS and the softmax in Numba (``attention_par``).
 
 Masks arrive as one additive float32 bias (0 where attended, -inf where masked, any finite
 value for torch's float masks) broadcast over batch, head and query rows, plus an optional
@@ -94,3 +96,35 @@ def attention_par(fn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk
             sgemm(fn, q_bhqd[b, h], k_bhkd[b, h], s_bhqk[b, h], True, 0.0)
             _softmax_bh(s_bhqk, b, h, scale, bias, causal, empty, bits)
             sgemm(fn, s_bhqk[b, h], v_bhkv[b, h], out_bhqv[b, h], False, 0.0)
+
+
+@njit()
+def attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk, out_bhqv,
+                    buffer_floats, p0, p1):
+    """out[b, h] = softmax(scale q[b, h] k[b, h]^T + bias) v[b, h], the weights written to
+    s[b, h], for the pairs b H + h in p0:p1, each one call of ``afn`` (``_blas.ATTENTION``,
+    packing into a buffer of ``buffer_floats``)."""
+    nh, tq, tk = s_bhqk.shape[1], s_bhqk.shape[2], s_bhqk.shape[3]
+    pb = np.empty(buffer_floats, np.float32)
+    d, dv = q_bhqd.shape[3], v_bhkv.shape[3]
+    has_bias = bias.shape[0] > 0
+    bias_rows = tk if bias.shape[2] > 1 else 0
+    for bhi in range(p0, p1):
+        b, h = bhi // nh, bhi % nh
+        q, k, v, s, out = q_bhqd[b, h], k_bhkd[b, h], v_bhkv[b, h], s_bhqk[b, h], out_bhqv[b, h]
+        bias_at = np.uintp(0)
+        if has_bias:
+            bias_at = bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0].ctypes.data
+        afn(tq, tk, d, dv, q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
+            v.ctypes.data, v.strides[0] // 4, scale, bias_at, bias_rows, causal, empty,
+            s.ctypes.data, s.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, pb.ctypes.data)
+
+
+@njit(parallel=True)
+def attention_pairs_par(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk,
+                        out_bhqv, buffer_floats, parts):
+    """``attention_pairs`` over every pair, in ``parts`` shares on Numba's threads."""
+    pairs = s_bhqk.shape[0] * s_bhqk.shape[1]
+    for p in prange(parts):
+        attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk,
+                        out_bhqv, buffer_floats, pairs * p // parts, pairs * (p + 1) // parts)

@@ -1,8 +1,9 @@
 # cython: language_level=3
 """fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``), the
-implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``) and the LSTM gate pass
-(``_gates_kernel.h``): their addresses, for compiled kernels to call through ctypes prototypes
-(``_blas.PACKED``, ``_blas.CONV``, ``_blas.LSTM_GATES``), and the packing of weights."""
+implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``), the LSTM gate pass
+(``_gates_kernel.h``) and one (batch, head) pair of attention (``_attention_kernel.h``): their
+addresses, for compiled kernels to call through ctypes prototypes (``_blas.PACKED``,
+``_blas.CONV``, ``_blas.LSTM_GATES``, ``_blas.ATTENTION``), and the packing of weights."""
 
 import numpy as np
 
@@ -20,6 +21,16 @@ cdef extern from "_gates_kernel.h":
     int fl_gates_supported()
     void fl_lstm_gates(int64_t n, const float *g, const float *xw, int64_t xstride, float *c,
                        float *h)
+
+
+cdef extern from "_attention_kernel.h":
+    int fl_attention_supported()
+    int64_t fl_attention_buffer_floats(int64_t tk, int64_t d, int64_t dv)
+    void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,
+                           int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
+                           float scale, const float *bias, int64_t ldbias, int64_t causal,
+                           int64_t empty, float *s, int64_t lds, float *out, int64_t ldo,
+                           float *pb)
 
 
 cdef extern from "_sgemm_kernel.h":
@@ -60,6 +71,20 @@ def lstm_gates_address():
     """The address of ``fl_lstm_gates(n, g, xw, xstride, c, h)``: one row of an LSTM step
     (sigmoid gates, tanh), or 0 where this CPU lacks AVX-512F (``_gates_kernel.h``)."""
     return <uintptr_t>&fl_lstm_gates if fl_gates_supported() else 0
+
+
+def attention_address():
+    """The address of ``fl_attention_pair(tq, tk, d, dv, q, ldq, k, ldk, v, ldv, scale, bias,
+    ldbias, causal, empty, s, lds, out, ldo, pb)``: s = softmax(scale q k^T + bias) and out = s v
+    for one (batch, head) pair on the packed sgemm, ``pb`` a buffer of
+    ``attention_buffer_floats`` floats (``_attention_kernel.h``), or 0 where this CPU lacks
+    AVX-512F."""
+    return <uintptr_t>&fl_attention_pair if fl_attention_supported() else 0
+
+
+def attention_buffer_floats(int64_t tk, int64_t d, int64_t dv):
+    """Floats of the packing buffer one thread's ``fl_attention_pair`` calls need."""
+    return fl_attention_buffer_floats(tk, d, dv)
 
 
 def pack(b_kn):
