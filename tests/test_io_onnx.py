@@ -123,6 +123,9 @@ def test_torch_transformer_encoder_export_matches_onnxruntime(torch, tmp_path, r
            dynamic_axes={"x": {0: "batch"}}, opset_version=17)
     ours = fastlayers.load(path)
     assert sum(step[4] for step in ours._plan) > 10  # shape computations, cached per input shape
+    # q k^T, the two shape-derived sqrt scales, the softmax and the product by v: one node per layer
+    assert ours.op_types.count("FusedAttention") == 2
+    assert not {"Softmax", "MatMul"} & set(ours.op_types)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch in (1, 3, 1, 3, 2):  # alternating shapes: the cache is keyed by them
         x = rng.standard_normal((batch, 6, 32)).astype(np.float32)
@@ -460,10 +463,108 @@ def test_dynamo_exporter_transformer_matches_onnxruntime(torch, tmp_path, rng, o
                           opset_version=opset, dynamic_shapes=({0: torch.export.Dim("batch")},),
                           verbose=False)
     ours = fastlayers.load(path)
-    if opset >= 23:
-        assert "Attention" in ours.op_types
+    assert ("Attention" if opset >= 23 else "FusedAttention") in ours.op_types
+    assert "Softmax" not in ours.op_types
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     for batch in (1, 3):
         x = rng.standard_normal((batch, 6, 32)).astype(np.float32)
         assert_close(ours(x), session.run(None, {name: x})[0], rtol=1e-4, atol=1e-5)
+
+
+# (name, rank, k as K^T input, scale placement, mask): the spellings fuse_attention reads
+ATTENTION_GRAPHS = [
+    ("q and k^T scaled, K transposed", 4, False, "qk", False),
+    ("scores scaled", 4, False, "scores", False),
+    ("scores divided, mask", 4, False, "div", True),
+    ("K^T given, no scale", 4, True, "", False),
+    ("rank 3, q scaled, mask", 3, False, "q", True),
+    ("rank 3, K^T given, scores scaled", 3, True, "scores", False),
+]
+
+
+def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_out=False,
+                    k_batch=None):
+    """A hand-built attention graph: MatMul(Q', K'^T) [scale] [+ mask] -> Softmax -> MatMul V,
+    with the scales as constants (and the q/k form as the TorchScript exporter writes it)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    lead = (2, 3) if rank == 4 else (6,)
+    tq, tk, d, dv = 5, 7, 4, 3
+    shapes = {"q": (*lead, tq, d), "k": (*(k_batch or lead), *((d, tk) if kt_input else (tk, d))),
+              "v": (*lead, tk, dv)}
+    inits, nodes = [], []
+    root = np.float32((1 / np.sqrt(d)) ** 0.5)
+    inits.append(numpy_helper.from_array(np.array([root], np.float32), "root"))
+    inits.append(numpy_helper.from_array(np.array(np.sqrt(d), np.float32), "sqrt_d"))
+    inits.append(numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "inv_sqrt_d"))
+    q, kt = "q", "k"
+    if not kt_input:
+        nodes.append(helper.make_node("Transpose", ["k"], ["kt"],
+                                      perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
+        kt = "kt"
+    if scale in ("qk", "q"):
+        nodes.append(helper.make_node("Mul", ["q", "root"], ["qs"]))
+        q = "qs"
+    if scale == "qk":
+        nodes.append(helper.make_node("Mul", ["root", kt], ["kts"]))     # scale first: either order
+        kt = "kts"
+    nodes.append(helper.make_node("MatMul", [q, kt], ["s"]))
+    scores = "s"
+    if scale == "scores":
+        nodes.append(helper.make_node("Mul", ["s", "inv_sqrt_d"], ["ss"]))
+        scores = "ss"
+    elif scale == "div":
+        nodes.append(helper.make_node("Div", ["s", "sqrt_d"], ["ss"]))
+        scores = "ss"
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in ("q", "k", "v")]
+    feeds = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in ("q", "k", "v")}
+    if mask:
+        m = np.where(rng.random((lead[0], *[1] * (rank - 3), 1, tk)) < 0.3, -np.inf, 0)
+        m = (m + rng.standard_normal(m.shape) * 0.5).astype(np.float32)
+        m[..., :2] = 0.0                                                 # no row fully masked
+        inits.append(numpy_helper.from_array(m, "mask"))
+        nodes.append(helper.make_node("Add", ["mask", scores], ["sm_in"]))
+        scores = "sm_in"
+    nodes.append(helper.make_node("Softmax", [scores], ["w"], axis=softmax_axis))
+    nodes.append(helper.make_node("MatMul", ["w", "v"], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if scores_out:
+        outputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, None))
+    return make_graph(nodes, inputs, outputs, inits), feeds
+
+
+@pytest.mark.parametrize("name,rank,kt_input,scale,mask", ATTENTION_GRAPHS,
+                         ids=[g[0] for g in ATTENTION_GRAPHS])
+def test_attention_subgraph_fuses_and_matches_onnxruntime(rng, backend, name, rank, kt_input,
+                                                          scale, mask):
+    """Each spelling of scaled dot-product attention becomes one FusedAttention node (nothing
+    else left) with onnxruntime's result."""
+    ort = oracle("onnxruntime")
+    from fastlayers.io.onnx import from_proto
+
+    model, feeds = attention_graph(rng, rank, kt_input, scale, mask)
+    ours = from_proto(model)
+    assert ours.op_types == ["FusedAttention"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_close(ours(feeds), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["weights are an output", "softmax over another axis",
+                                  "K broadcast over the batch"])
+def test_attention_subgraph_left_or_run_as_written(rng, case):
+    """Not fused where the weights are read elsewhere or the softmax is not over the keys; fused
+    but run with the graph's own broadcasting where K's leading axes differ from Q's."""
+    ort = oracle("onnxruntime")
+    from fastlayers.io.onnx import from_proto
+
+    kw = {"weights are an output": {"scores_out": True},
+          "softmax over another axis": {"softmax_axis": 2},
+          "K broadcast over the batch": {"k_batch": (1, 3)}}[case]
+    model, feeds = attention_graph(rng, 4, False, "scores", True, **kw)
+    ours = from_proto(model)
+    assert ("FusedAttention" in ours.op_types) == (case == "K broadcast over the batch")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = ours(feeds)
+    for g, w in zip(got if isinstance(got, list) else [got], session.run(None, feeds)):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)

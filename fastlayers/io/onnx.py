@@ -269,6 +269,92 @@ def fuse_gelu(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+def _swaps_last_axes(perm) -> bool:
+    """Whether a Transpose ``perm`` swaps only the last two axes."""
+    perm = list(perm)
+    return len(perm) >= 2 and perm == list(range(len(perm) - 2)) + [len(perm) - 1, len(perm) - 2]
+
+
+def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
+    """Scaled dot-product attention as exporters spell it -> one ``FusedAttention`` node, run
+    by the backend's attention primitive (both products and the softmax per (batch, head) pair,
+    the scores kept in cache) instead of two batched MatMuls, one to three Muls and a Softmax:
+
+        MatMul(Mul(Q, sq), Mul(Transpose(K), sk)) [Mul by ss] [Add mask] -> Softmax(axis -1)
+        -> MatMul(., V)
+
+    Each Mul is optional and may be a Div by its scale; a scale is a one-element constant or a
+    value computed from shapes (the TorchScript exporter's sqrt(1 / sqrt(d)) on Q and on K^T).
+    A Transpose of the last two axes of K is read through; else K^T is taken as it is. Only
+    where each intermediate has one reader and is not a graph output."""
+    uses = _consumers(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    from_shapes: set[str] = set()
+    for n in nodes:
+        if n.op_type == "Shape" or (n.inputs and all(i in constants or i in from_shapes
+                                                     for i in n.inputs if i)):
+            from_shapes.update(n.outputs)
+    removed: set[int] = set()
+    index = {id(n): k for k, n in enumerate(nodes)}
+
+    def single(name, *op_types):
+        """The producer of ``name`` when it is one of ``op_types``, ``name`` has one reader and
+        the producer is not fused yet."""
+        node = producer.get(name)
+        if node is None or node.op_type not in op_types or uses.get(name, 0) != 1 \
+                or index[id(node)] in removed:
+            return None
+        return node
+
+    def is_scale(name):
+        value = constants.get(name)
+        return name in from_shapes if value is None else value.size == 1
+
+    def unscaled(name):
+        """(tensor, scale, divide, nodes read through) for ``name`` = Mul(tensor, scale) or
+        Div(tensor, scale), else (name, "", False, [])."""
+        node = single(name, "Mul", "Div")
+        if node is not None and len(node.inputs) == 2:
+            a, b = node.inputs
+            if is_scale(b) and not is_scale(a):
+                return a, b, node.op_type == "Div", [node]
+            if node.op_type == "Mul" and is_scale(a) and not is_scale(b):
+                return b, a, False, [node]
+        return name, "", False, []
+
+    for sm in nodes:
+        axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
+        if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed \
+                or uses.get(sm.outputs[0], 0) != 1:
+            continue
+        mm2 = next((n for n in nodes if sm.outputs[0] in n.inputs), None)
+        if mm2 is None or mm2.op_type != "MatMul" or mm2.inputs[0] != sm.outputs[0]:
+            continue
+        scores, mask, chain = sm.inputs[0], "", [sm]
+        add = single(scores, "Add")
+        if add is not None and len(add.inputs) == 2:
+            for i in (0, 1):
+                if single(unscaled(add.inputs[i])[0], "MatMul") is not None:
+                    scores, mask = add.inputs[i], add.inputs[1 - i]
+                    chain.append(add)
+                    break
+        scores, s_scores, div_scores, via = unscaled(scores)
+        mm1 = single(scores, "MatMul")
+        if mm1 is None:
+            continue
+        q, s_q, div_q, via_q = unscaled(mm1.inputs[0])
+        kt, s_k, div_k, via_k = unscaled(mm1.inputs[1])
+        transpose = producer.get(kt)
+        k_transposed = not (transpose is not None and transpose.op_type == "Transpose"
+                            and _swaps_last_axes(transpose.attrs.get("perm", ())))
+        k = kt if k_transposed else transpose.inputs[0]
+        mm2.op_type = "FusedAttention"
+        mm2.inputs = [q, k, mm2.inputs[1], s_q, s_k, s_scores, mask]
+        mm2.attrs = {"_k_transposed": k_transposed, "_divide": (div_q, div_k, div_scores)}
+        removed.update(index[id(n)] for n in chain + via + [mm1] + via_q + via_k)
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
     GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output
@@ -504,7 +590,7 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
-        nodes = prune(nodes, outputs)
+        nodes = prune(fuse_attention(nodes, constants, outputs, opset), outputs)
     except FastlayersError:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:

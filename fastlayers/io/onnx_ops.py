@@ -1063,6 +1063,43 @@ def _upsample(inputs, attrs, opset):
                                      "nearest_mode": "floor"}, None)]
 
 
+# ------------------------------------------------------------ attention (fused at load time)
+@op("FusedAttention")
+def _fused_attention(inputs, attrs, opset):
+    """fastlayers' own node for the exporters' MatMul / Softmax attention (``fuse_attention``):
+    inputs Q, K (K^T where ``_k_transposed``), V, the scales of Q, of K and of the scores and
+    an additive mask ("" where absent). One call of the backend's attention primitive where
+    Q, K and V are float32 heads (rank 3 or 4, the same leading axes) and every scale has one
+    element; else the graph's own arithmetic, broadcasting as ONNX does."""
+    q, k, v, s_q, s_k, s_scores, mask = (list(inputs) + [None] * 7)[:7]
+    k = np.swapaxes(k, -1, -2) if attrs["_k_transposed"] else k
+    scales = [(s, d) for s, d in zip((s_q, s_k, s_scores), attrs["_divide"]) if s is not None]
+    heads = (all(a.dtype == np.float32 for a in (q, k, v)) and q.ndim == k.ndim == v.ndim
+             and q.ndim in (3, 4) and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+             and k.shape[-2] == v.shape[-2] and q.shape[-1] == k.shape[-1])
+    if heads and all(s.size == 1 for s, _ in scales) and (mask is None or mask.ndim <= q.ndim):
+        scale = np.float32(1.0)
+        for s, divide in scales:
+            value = np.float32(s.reshape(-1)[0])
+            scale = scale / value if divide else scale * value
+        three_d = q.ndim == 3
+        if three_d:
+            q, k, v = q[None], k[None], v[None]
+        bias = None if mask is None else _f32(mask)
+        out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0)
+        return [out[0] if three_d else out]
+    scaled = [q, np.swapaxes(k, -1, -2)]
+    for i, (s, divide) in enumerate(zip((s_q, s_k), attrs["_divide"][:2])):
+        if s is not None:
+            scaled[i] = scaled[i] / s if divide else scaled[i] * s
+    scores = np.matmul(*scaled)
+    if s_scores is not None:
+        scores = scores / s_scores if attrs["_divide"][2] else scores * s_scores
+    if mask is not None:
+        scores = scores + mask
+    return [np.matmul(get_ops().softmax(_f32(scores), -1), v)]
+
+
 # -------------------------------------------------------------------------- attention (opset 23)
 @op("Attention")
 def _attention(inputs, attrs, opset):
