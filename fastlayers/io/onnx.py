@@ -286,7 +286,8 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
     Each Mul is optional and may be a Div by its scale; a scale is a one-element constant or a
     value computed from shapes (the TorchScript exporter's sqrt(1 / sqrt(d)) on Q and on K^T).
     A Transpose of the last two axes of K is read through; else K^T is taken as it is. Only
-    where each intermediate has one reader and is not a graph output."""
+    where each intermediate has one reader and is not a graph output. Opset 23's Attention nodes
+    are marked with whether their scores output is read (``_qk_read``)."""
     uses = _consumers(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     from_shapes: set[str] = set()
@@ -322,6 +323,10 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
                 return b, a, False, [node]
         return name, "", False, []
 
+    for node in nodes:       # the opset-23 operator: whether its scores output is read
+        if node.op_type == "Attention":
+            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and
+                              uses.get(node.outputs[3], 0) > 0)
     for sm in nodes:
         axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
         if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed \

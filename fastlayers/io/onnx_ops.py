@@ -1105,7 +1105,9 @@ def _fused_attention(inputs, attrs, opset):
 def _attention(inputs, attrs, opset):
     """ONNX Attention: softmax(scale Q K^T (+ softcap) + mask (+ causal)) V over batched heads, with
     3-D inputs split into heads, grouped-query K/V repeated, and a past K/V cache prepended.
-    A query row with no key left attends to nothing (output 0), as the spec's reference does."""
+    A query row with no key left attends to nothing (output 0), as the spec's reference does.
+    Without softcap and where nothing reads the scores output (``_qk_read`` False, set at load),
+    one call of the backend's attention primitive."""
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
     q, k, v = (_f32(a) for a in inputs[:3])
     mask, past_k, past_v = get(3), get(4), get(5)
@@ -1136,8 +1138,13 @@ def _attention(inputs, attrs, opset):
         offset = 0 if past_k is None else past_k.shape[2]
         allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
         bias = bias + np.where(allowed, np.float32(0), np.float32(-np.inf))
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
     softcap = attrs.get("softcap", 0.0) or 0.0
+    if not attrs.get("_qk_read", True) and softcap <= 0:   # one call of the backend's primitive
+        y, _ = get_ops().attention(q, k, v, float(scale), bias, False, 1)
+        if three_d:
+            y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)
+        return [y, present_k, present_v]
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
     if softcap > 0:
         scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
     capped = scores
