@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .._jit import njit
+from .._jit import njit, warm_call
+from . import _blas
 from ._blas import sgemm
 from ._elementwise import _row_max
 from ._vexp import exp_inplace
@@ -128,3 +129,20 @@ def attention_pairs_par(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty,
     for p in prange(parts):
         attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk,
                         out_bhqv, buffer_floats, pairs * p // parts, pairs * (p + 1) // parts)
+
+
+@warm_call
+def warm_attention():
+    """Compile the pair drivers (``warmup``) by running them on tiny heads split off a fused
+    projection, as attention layers pass them: their ctypes argument has no signature string."""
+    qkv = np.ones((1, 2, 3, 2, 4), np.float32)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    s = np.empty((1, 2, 2, 2), np.float32)
+    out = np.empty((1, 2, 2, 4), np.float32).transpose(0, 2, 1, 3)
+    no_bias, scale = np.zeros((0, 0, 0, 0), np.float32), np.float32(1.0)
+    if _blas.ATTENTION is not None:
+        floats = _blas.attention_buffer_floats(2, 4, 4)
+        attention_pairs(_blas.ATTENTION, q, k, v, scale, no_bias, 0, 0, s, out, floats, 0, 2)
+        attention_pairs_par(_blas.ATTENTION, q, k, v, scale, no_bias, 0, 0, s, out, floats, 2)
+    elif _blas.SGEMM is not None:
+        attention_par(_blas.SGEMM, q, k, v, scale, no_bias, False, 0, s, out, 2)
