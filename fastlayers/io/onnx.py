@@ -286,8 +286,7 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
     Each Mul is optional and may be a Div by its scale; a scale is a one-element constant or a
     value computed from shapes (the TorchScript exporter's sqrt(1 / sqrt(d)) on Q and on K^T).
     A Transpose of the last two axes of K is read through; else K^T is taken as it is. Only
-    where each intermediate has one reader and is not a graph output. Opset 23's Attention nodes
-    are marked with whether their scores output is read (``_qk_read``)."""
+    where each intermediate has one reader and is not a graph output."""
     uses = _consumers(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     from_shapes: set[str] = set()
@@ -323,10 +322,6 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
                 return b, a, False, [node]
         return name, "", False, []
 
-    for node in nodes:       # the opset-23 operator: whether its scores output is read
-        if node.op_type == "Attention":
-            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and
-                              uses.get(node.outputs[3], 0) > 0)
     for sm in nodes:
         axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
         if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed \
@@ -358,6 +353,17 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
         mm2.attrs = {"_k_transposed": k_transposed, "_divide": (div_q, div_k, div_scores)}
         removed.update(index[id(n)] for n in chain + via + [mm1] + via_q + via_k)
     return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def mark_attention_scores(nodes, outputs) -> list[Node]:
+    """Opset-23 Attention nodes get ``_qk_read``: whether anything reads their scores output
+    (without a reader the op runs as one call of the attention primitive)."""
+    uses = _consumers(nodes, outputs)
+    for node in nodes:
+        if node.op_type == "Attention":
+            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and
+                              uses.get(node.outputs[3], 0) > 0)
+    return nodes
 
 
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
@@ -595,7 +601,8 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
-        nodes = prune(fuse_attention(nodes, constants, outputs, opset), outputs)
+        nodes = fuse_attention(nodes, constants, outputs, opset)
+        nodes = prune(mark_attention_scores(nodes, outputs), outputs)
     except FastlayersError:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:

@@ -1073,6 +1073,7 @@ def _fused_attention(inputs, attrs, opset):
     element; else the graph's own arithmetic, broadcasting as ONNX does."""
     q, k, v, s_q, s_k, s_scores, mask = (list(inputs) + [None] * 7)[:7]
     k = np.swapaxes(k, -1, -2) if attrs["_k_transposed"] else k
+    divide_q, divide_k, divide_scores = attrs["_divide"]
     scales = [(s, d) for s, d in zip((s_q, s_k, s_scores), attrs["_divide"]) if s is not None]
     heads = (all(a.dtype == np.float32 for a in (q, k, v)) and q.ndim == k.ndim == v.ndim
              and q.ndim in (3, 4) and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
@@ -1088,16 +1089,17 @@ def _fused_attention(inputs, attrs, opset):
         bias = None if mask is None else _f32(mask)
         out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0)
         return [out[0] if three_d else out]
-    scaled = [q, np.swapaxes(k, -1, -2)]
-    for i, (s, divide) in enumerate(zip((s_q, s_k), attrs["_divide"][:2])):
-        if s is not None:
-            scaled[i] = scaled[i] / s if divide else scaled[i] * s
-    scores = np.matmul(*scaled)
-    if s_scores is not None:
-        scores = scores / s_scores if attrs["_divide"][2] else scores * s_scores
+    scores = _scaled(np.matmul(_scaled(q, s_q, divide_q),
+                               _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
+                     s_scores, divide_scores)
     if mask is not None:
         scores = scores + mask
     return [np.matmul(get_ops().softmax(_f32(scores), -1), v)]
+
+
+def _scaled(x, s, divide):
+    """x / s or x * s as the graph's Div or Mul (broadcasting); x where there is no scale."""
+    return x if s is None else (x / s if divide else x * s)
 
 
 # -------------------------------------------------------------------------- attention (opset 23)
