@@ -210,6 +210,33 @@ def test_transformer_encoder_layer_matches_torch(config, mask, torch, rng, backe
     assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_encoder_layer_runs_as_one_primitive_unless_it_cannot(torch, rng, monkeypatch):
+    """The plain layer calls ``ops.encoder_layer`` once; a callable activation or bias_k/bias_v
+    run block by block, and both match torch."""
+    from fastlayers.backends import get_ops
+
+    calls = []
+    ops = type(get_ops())
+    real = ops.encoder_layer
+    monkeypatch.setattr(ops, "encoder_layer", lambda self, *a: calls.append(1) or real(self, *a))
+    x = rng.standard_normal((3, 5, E)).astype(np.float32)
+
+    def act(z):                 # a callable both frameworks can run
+        return z * 0.5 - z * z * 0.01
+
+    for kwargs, bias_kv, fused in [({}, False, True), ({"activation": act}, False, False),
+                                   ({}, True, False)]:
+        ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, 16, 0.0, batch_first=True,
+                         **kwargs)
+        if bias_kv:
+            ref.self_attn, ours.self_attn = pair(torch, rng, "MultiheadAttention", E, H,
+                                                 add_bias_kv=True, batch_first=True)
+        calls.clear()
+        want = ref(t(torch, x)).detach().numpy()    # with grad: torch's own fast path drops bias_k
+        assert_close(ours(x), want, rtol=1e-4, atol=1e-5)
+        assert calls == ([1] if fused else [])
+
+
 @pytest.mark.parametrize("config", ENC_CONFIGS[:3])
 def test_transformer_decoder_layer_matches_torch(config, torch, rng, backend):
     ref, ours = pair(torch, rng, "TransformerDecoderLayer", E, H, dim_feedforward=16, dropout=0.0,

@@ -6,6 +6,9 @@ validated by the calling layer (shapes, dtypes) and neither check nor coerce bey
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import UnsupportedError
@@ -97,6 +100,22 @@ def fold_batch_norm(mean, var, gamma, beta, epsilon):
     if beta is not None:
         shift = shift + beta
     return scale.astype(np.float32), shift.astype(np.float32)
+
+
+class EncoderWeights(NamedTuple):
+    """The weights of one Transformer encoder layer (``ReferenceOps.encoder_layer``): products
+    as (in, out) arrays, biases (out,) or None, norms as (gamma or None, beta or None, eps)."""
+
+    w_qkv_io: np.ndarray        # (E, 3E): q, k, v projections side by side, heads within each
+    b_qkv: np.ndarray | None
+    w_o_io: np.ndarray          # (E, E)
+    b_o: np.ndarray | None
+    w_1_io: np.ndarray          # (E, F)
+    b_1: np.ndarray | None
+    w_2_io: np.ndarray          # (F, E)
+    b_2: np.ndarray | None
+    norm1: tuple
+    norm2: tuple
 
 
 class ReferenceOps:
@@ -271,6 +290,46 @@ class ReferenceOps:
         scores = np.matmul(q_bhqd, np.swapaxes(k_bhkd, -1, -2))
         w = self.attention_softmax(scores, scale, bias, causal, empty)
         return np.matmul(w, v_bhkv), w
+
+    def encoder_layer(self, x_nle: np.ndarray, w: EncoderWeights, num_heads: int,
+                      activation: str = "relu", norm_first: bool = False,
+                      bias: np.ndarray | None = None, empty: int = 0,
+                      need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """One Transformer encoder layer (torch's ``TransformerEncoderLayer``, batch first).
+
+        mha(z) = concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
+        [q k v] = z W_qkv + b_qkv; ff(z) = f(z W_1 + b_1) W_2 + b_2. Post-norm:
+        y = LN1(x + mha(x)), out = LN2(y + ff(y)); ``norm_first``: y = x + mha(LN1(x)),
+        out = y + ff(LN2(y)). ``bias`` and ``empty`` as in ``attention``. Returns
+        (out (N, L, E), attention weights (N, H, L, L), or None unless ``need_weights``).
+        """
+        n, length, e = x_nle.shape
+        hd = e // num_heads
+
+        def norm(z, ln):
+            return self.layer_norm(z, *ln)
+
+        def mha(z):
+            qkv = self.dense(z.reshape(n * length, e), w.w_qkv_io, w.b_qkv)
+            qkv = qkv.reshape(n, length, 3, num_heads, hd)
+            q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+            o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty)
+            o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(n * length, e)
+            return self.dense(o, w.w_o_io, w.b_o).reshape(n, length, e), s
+
+        def ff(z):
+            h = self.dense(z.reshape(n * length, e), w.w_1_io, w.b_1, activation)
+            return self.dense(h, w.w_2_io, w.b_2).reshape(n, length, e)
+
+        if norm_first:
+            a, s = mha(norm(x_nle, w.norm1))
+            y = x_nle + a
+            out = y + ff(norm(y, w.norm2))
+        else:
+            a, s = mha(x_nle)
+            y = norm(x_nle + a, w.norm1)
+            out = norm(y + ff(y), w.norm2)
+        return out, (s if need_weights else None)
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):

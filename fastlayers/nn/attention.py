@@ -126,22 +126,31 @@ class MultiheadAttention(Module):
         if q.ndim not in (2, 3) or k.ndim != q.ndim or v.ndim != q.ndim:
             raise ShapeError(f"{where}: expected query, key, value of rank 3 (or 2, unbatched), got "
                              f"shapes {q.shape}, {k.shape}, {v.shape}")
-        if not batched:
-            q, k, v = q[None], k[None], v[None]
-            if key_padding_mask is not None:
-                key_padding_mask = np.asarray(key_padding_mask)[None]
-        elif not self.batch_first:
-            q, k, v = (np.swapaxes(t, 0, 1) for t in (q, k, v))
+        (q, k, v), key_padding_mask = self.batch_first_inputs((q, k, v), key_padding_mask)
         out, w = self._attend(q, k, v, key_padding_mask, attn_mask, need_weights)
-        if batched and not self.batch_first:
-            out = np.swapaxes(out, 0, 1)
-        elif not batched:
-            out = out[0]
+        out = self.from_batch_first(out, batched)
         if not need_weights:
             return out, None
         if average_attn_weights:
             w = w.mean(axis=1, dtype=np.float32)
         return out, (w if batched else w[0])
+
+    def batch_first_inputs(self, tensors, key_padding_mask):
+        """Rank-3 (or unbatched rank-2) inputs in this module's layout as batch-first (N, L, E)
+        views, and the key padding mask with its batch axis."""
+        if tensors[0].ndim == 2:
+            if key_padding_mask is not None:
+                key_padding_mask = np.asarray(key_padding_mask)[None]
+            return tuple(t[None] for t in tensors), key_padding_mask
+        if not self.batch_first:
+            tensors = tuple(np.swapaxes(t, 0, 1) for t in tensors)
+        return tensors, key_padding_mask
+
+    def from_batch_first(self, out_nle, batched: bool):
+        """A batch-first (N, L, E) result back in this module's layout (unbatched: (L, E))."""
+        if not batched:
+            return out_nle[0]
+        return out_nle if self.batch_first else np.swapaxes(out_nle, 0, 1)
 
     def _attend(self, q_nle, k_nse, v_nse, key_padding_mask, attn_mask, need_weights):
         """Batch-first attention; returns (out (N, L, E), weights (N, H, L, S'))."""

@@ -9,9 +9,10 @@ from typing import Callable
 import numpy as np
 
 from ..backends import get_ops
+from ..backends.reference import EncoderWeights
 from ..errors import InputError, ShapeError
 from . import functional as F
-from .attention import MultiheadAttention, weight_io
+from .attention import _NAN_ROWS, MultiheadAttention, weight_io
 from .module import Module
 from .modules import GELU, Dropout, LayerNorm, Linear, ModuleList, ReLU
 
@@ -88,6 +89,16 @@ class TransformerEncoderLayer(_FeedForward, Module):
         if x.ndim not in (2, 3) or x.shape[-1] != self.self_attn.embed_dim:
             raise ShapeError(f"TransformerEncoderLayer(d_model={self.self_attn.embed_dim}): expected "
                              f"src (S, N, E), (N, S, E) or (S, E), got {x.shape}")
+        fused = self._fused_weights()
+        if fused is not None and (src_mask is not None or not is_causal):
+            sa = self.self_attn
+            (xb,), kpm = sa.batch_first_inputs((x,), src_key_padding_mask)
+            n, length = xb.shape[:2]
+            bias = sa._bias(kpm, src_mask, n, length, length, 0)
+            y, w = get_ops().encoder_layer(xb, fused, sa.num_heads, self._act_name, self.norm_first,
+                                           bias, _NAN_ROWS, return_attention_weights)
+            y = sa.from_batch_first(y, x.ndim == 3)
+            return (y, w if x.ndim == 3 else w[0]) if return_attention_weights else y
         if self.norm_first:
             a, w = self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
             x = x + a
@@ -101,6 +112,22 @@ class TransformerEncoderLayer(_FeedForward, Module):
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
         return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                               need_weights=True, average_attn_weights=False, is_causal=is_causal)
+
+    def _fused_weights(self) -> EncoderWeights | None:
+        """The weights for ``ops.encoder_layer`` (the whole layer as one primitive), or None
+        when the layer is not its plain form: a callable activation, separate q/k/v weights,
+        bias_k/bias_v, add_zero_attn, or norms replaced by other modules."""
+        sa, n1, n2 = self.self_attn, self.norm1, self.norm2
+        e = sa.embed_dim
+        if (self._act_name is None or not sa._qkv_same_embed_dim or sa.bias_k is not None
+                or sa.add_zero_attn or not isinstance(n1, LayerNorm) or not isinstance(n2, LayerNorm)
+                or n1.normalized_shape != (e,) or n2.normalized_shape != (e,)):
+            return None
+        l1, l2, op = self.linear1, self.linear2, sa.out_proj
+        return EncoderWeights(weight_io(sa, "in_proj_weight"), sa.in_proj_bias,
+                              weight_io(op, "weight"), op.bias, weight_io(l1, "weight"), l1.bias,
+                              weight_io(l2, "weight"), l2.bias, (n1.weight, n1.bias, n1.eps),
+                              (n2.weight, n2.bias, n2.eps))
 
 
 class TransformerDecoderLayer(_FeedForward, Module):
@@ -209,9 +236,11 @@ class TransformerEncoder(Module):
         """``return_attention_weights=True`` (fastlayers) also returns each layer's weights."""
         x, weights = src, []
         for layer in self.layers:
-            x, w = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
-                         is_causal=bool(is_causal), return_attention_weights=True)
-            weights.append(w)
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                      is_causal=bool(is_causal), return_attention_weights=return_attention_weights)
+            if return_attention_weights:
+                x, w = x
+                weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
         return (x, weights) if return_attention_weights else x

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
-from ..reference import ReferenceOps
+from ..reference import EncoderWeights, ReferenceOps
 from . import _blas, _elementwise, _gemm, _rows
 from ._split import run_parallel, shares
 from . import conv_ops
@@ -150,6 +150,27 @@ class CpuOps(ReferenceOps):
             _attention.attention_par(_blas.SGEMM, q, k, v, np.float32(scale), b, bool(causal),
                                      int(empty), s, out, parts)
         return out, s
+
+    def encoder_layer(self, x_nle, w: EncoderWeights, num_heads, activation="relu",
+                      norm_first=False, bias=None, empty=0, need_weights=True):
+        """As ReferenceOps.encoder_layer, in one compiled call (``_encoder``): each thread takes
+        its rows through the projections and its (batch, head) pairs through attention,
+        meeting the others twice."""
+        from . import _encoder
+        code = _elementwise.CODES.get(activation)
+        n, length, e = x_nle.shape
+        b4 = self._attention_bias(bias, length)
+        if (_blas.ATTENTION is None or _blas.SGEMM is None or code is None or b4 is None
+                or n * length == 0 or any(a.dtype != np.float32 for a in
+                                          (x_nle, w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io))):
+            return super().encoder_layer(x_nle, w, num_heads, activation, norm_first, bias, empty,
+                                         need_weights)
+        args, bufs = _encoder.layer_args(x_nle, w, num_heads, code, norm_first, b4, empty,
+                                         need_weights)
+        row_flops = 2 * e * (4 * e + 2 * w.w_1_io.shape[1]) + 4 * length * e
+        with shares(n * length, max(1, _gemm.MIN_SHARE_FLOPS // row_flops)) as parts:
+            _encoder.run(args, bufs, parts)
+        return bufs[5].reshape(n, length, e), (bufs[6] if need_weights else None)
 
     @staticmethod
     def _attention_bias(bias, tk):

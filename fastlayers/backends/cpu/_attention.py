@@ -105,20 +105,25 @@ def attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_b
     """out[b, h] = softmax(scale q[b, h] k[b, h]^T + bias) v[b, h], the weights written to
     s[b, h], for the pairs b H + h in p0:p1, each one call of ``afn`` (``_blas.ATTENTION``,
     packing into a buffer of ``buffer_floats``)."""
-    nh, tq, tk = s_bhqk.shape[1], s_bhqk.shape[2], s_bhqk.shape[3]
+    nh = s_bhqk.shape[1]
     pb = np.empty(buffer_floats, np.float32)
-    d, dv = q_bhqd.shape[3], v_bhkv.shape[3]
-    has_bias = bias.shape[0] > 0
-    bias_rows = tk if bias.shape[2] > 1 else 0
     for bhi in range(p0, p1):
         b, h = bhi // nh, bhi % nh
-        q, k, v, s, out = q_bhqd[b, h], k_bhkd[b, h], v_bhkv[b, h], s_bhqk[b, h], out_bhqv[b, h]
-        bias_at = np.uintp(0)
-        if has_bias:
-            bias_at = bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0].ctypes.data
-        afn(tq, tk, d, dv, q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
-            v.ctypes.data, v.strides[0] // 4, scale, bias_at, bias_rows, causal, empty,
-            s.ctypes.data, s.strides[0] // 4, out.ctypes.data, out.strides[0] // 4, pb.ctypes.data)
+        attention_pair(afn, q_bhqd[b, h], k_bhkd[b, h], v_bhkv[b, h], scale, bias, b, h, causal,
+                       empty, s_bhqk[b, h], out_bhqv[b, h], pb)
+
+
+@njit(inline=True)
+def attention_pair(afn, q, k, v, scale, bias, b, h, causal, empty, s, out, pb):
+    """out = softmax(scale q k^T + bias[b, h]) v and s = the weights, for the matrices of one
+    (batch, head) pair (rows read in place), as one call of ``afn`` packing into ``pb``."""
+    bias_at = np.uintp(0)
+    if bias.shape[0] > 0:
+        bias_at = bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0].ctypes.data
+    afn(q.shape[0], k.shape[0], q.shape[1], v.shape[1], q.ctypes.data, q.strides[0] // 4,
+        k.ctypes.data, k.strides[0] // 4, v.ctypes.data, v.strides[0] // 4, scale, bias_at,
+        k.shape[0] if bias.shape[2] > 1 else 0, causal, empty, s.ctypes.data, s.strides[0] // 4,
+        out.ctypes.data, out.strides[0] // 4, pb.ctypes.data)
 
 
 @njit(parallel=True)
