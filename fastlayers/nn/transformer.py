@@ -116,18 +116,29 @@ class TransformerEncoderLayer(_FeedForward, Module):
     def _fused_weights(self) -> EncoderWeights | None:
         """The weights for ``ops.encoder_layer`` (the whole layer as one primitive), or None
         when the layer is not its plain form: a callable activation, separate q/k/v weights,
-        bias_k/bias_v, add_zero_attn, or norms replaced by other modules."""
-        sa, n1, n2 = self.self_attn, self.norm1, self.norm2
+        bias_k/bias_v, add_zero_attn, or norms replaced by other modules. Built once and kept
+        while the parameter arrays stay the same objects (read through the tables directly:
+        this runs on every call)."""
+        children = self._modules
+        sa, n1, n2 = children["self_attn"], children["norm1"], children["norm2"]
         e = sa.embed_dim
-        if (self._act_name is None or not sa._qkv_same_embed_dim or sa.bias_k is not None
-                or sa.add_zero_attn or not isinstance(n1, LayerNorm) or not isinstance(n2, LayerNorm)
-                or n1.normalized_shape != (e,) or n2.normalized_shape != (e,)):
+        if (self._act_name is None or not sa._qkv_same_embed_dim or sa.add_zero_attn
+                or sa._parameters.get("bias_k") is not None or type(n1) is not LayerNorm
+                or type(n2) is not LayerNorm or n1.normalized_shape != (e,)
+                or n2.normalized_shape != (e,)):
             return None
-        l1, l2, op = self.linear1, self.linear2, sa.out_proj
-        return EncoderWeights(weight_io(sa, "in_proj_weight"), sa.in_proj_bias,
-                              weight_io(op, "weight"), op.bias, weight_io(l1, "weight"), l1.bias,
-                              weight_io(l2, "weight"), l2.bias, (n1.weight, n1.bias, n1.eps),
-                              (n2.weight, n2.bias, n2.eps))
+        op, l1, l2 = sa._modules["out_proj"], children["linear1"], children["linear2"]
+        raw = (*(m._parameters.get(k) for m, k in ((sa, "in_proj_weight"), (sa, "in_proj_bias"))),
+               *(m._parameters.get(k) for m in (op, l1, l2, n1, n2) for k in ("weight", "bias")),
+               n1.eps, n2.eps)
+        cached = self.__dict__.get("_fused_cache")
+        if cached is not None and all(a is b for a, b in zip(cached[0], raw)):
+            return cached[1]
+        fused = EncoderWeights(weight_io(sa, "in_proj_weight"), raw[1], weight_io(op, "weight"),
+                               raw[3], weight_io(l1, "weight"), raw[5], weight_io(l2, "weight"),
+                               raw[7], (raw[8], raw[9], n1.eps), (raw[10], raw[11], n2.eps))
+        object.__setattr__(self, "_fused_cache", (raw, fused))
+        return fused
 
 
 class TransformerDecoderLayer(_FeedForward, Module):

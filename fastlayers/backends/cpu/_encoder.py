@@ -23,6 +23,7 @@ from ._attention import attention_pair
 from ._gemm import PACKED_MIN_ROWS, _rows_product, packed_weights
 from ._rows import layer_norm_rows
 from ._sync import aborted, barrier, barrier_safe
+from ..derived import derived_from
 
 _LINEAR = _elementwise.LINEAR
 _ZERO = np.float32(0.0)
@@ -123,6 +124,16 @@ def _scratch(floats):
     return buf
 
 
+def _weight_args(w):
+    """(the four product weights C-ordered, packed for ``_blas.PACKED`` (empty without it),
+    the biases and norm parameters as float32 vectors, empty for None)."""
+    weights = [np.ascontiguousarray(a) for a in (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io)]
+    packed = [_EMPTY if _blas.PACKED is None else packed_weights(a) for a in weights]
+    vec = [_EMPTY if a is None else np.ascontiguousarray(a, np.float32)
+           for a in (w.b_qkv, w.b_o, w.b_1, w.b_2, *w.norm1[:2], *w.norm2[:2])]
+    return weights, packed, vec
+
+
 def layer_args(x_nle, w, heads, code, norm_first, bias4, empty, need_weights=True):
     """(the drivers' arguments up to ``bufs``, bufs) for ``CpuOps.encoder_layer``'s call:
     float32 ``x_nle`` and weights (``EncoderWeights``), activation ``code``, 4-D ``bias4``.
@@ -132,11 +143,12 @@ def layer_args(x_nle, w, heads, code, norm_first, bias4, empty, need_weights=Tru
     n, length, e = x_nle.shape
     m, f, f32 = n * length, w.w_1_io.shape[1], np.float32
     x = np.ascontiguousarray(x_nle).reshape(m, e)
-    weights = [np.ascontiguousarray(a) for a in (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io)]
+    weights, packed, vec = derived_from(
+        (w.w_qkv_io, w.b_qkv, w.w_o_io, w.b_o, w.w_1_io, w.b_1, w.w_2_io, w.b_2, *w.norm1,
+         *w.norm2), "encoder-layer", lambda *_: _weight_args(w))
     pfn = _blas.PACKED if m >= PACKED_MIN_ROWS else None
-    packed = [_EMPTY if pfn is None else packed_weights(a) for a in weights]
-    vec = [_EMPTY if a is None else np.ascontiguousarray(a, f32)
-           for a in (w.b_qkv, w.b_o, w.b_1, w.b_2, *w.norm1[:2], *w.norm2[:2])]
+    if pfn is None:
+        packed = [_EMPTY] * 4
     args = (_blas.SGEMM, pfn, _blas.ATTENTION, x, weights[0], packed[0], vec[0], weights[1],
             packed[1], vec[1], weights[2], packed[2], vec[2], weights[3], packed[3], vec[3],
             vec[4], vec[5], f32(w.norm1[2]), vec[6], vec[7], f32(w.norm2[2]), code, heads,

@@ -1,0 +1,79 @@
+"""Interleaved A/B timing of one bench_attention workload: fastlayers as shipped, fastlayers with
+the encoder layers run block by block (no ``ops.encoder_layer``), and onnxruntime on the same
+weights, in one process, round after round, sleeping 0.1 s after onnxruntime's round (its
+threads keep spinning briefly). On a noisy shared host this compares engines under the same
+load where separate benchmark runs disagree by up to 2x (docs/benchmarks.md).
+
+Run: python bench/interleaved_attention.py bert_tiny --calls 100 --rounds 20 [--threads 2]
+Prints min and median milliseconds per call over the rounds for each engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ["FASTLAYERS_BENCH_FULL"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workload", choices=["mha", "encoder_layer", "bert_tiny"])
+    parser.add_argument("--calls", type=int, default=30, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    import fastlayers
+    from fastlayers.nn import transformer
+
+    fastlayers.set_num_threads(args.threads)
+    from bench import bench_attention as ba
+    from bench.conftest import ort_session
+
+    tmodel = ba.build_torch(args.workload, np.random.default_rng(0))
+    model = ba.build_fastlayers(args.workload, tmodel)
+    session = ort_session(ba.build_onnx(args.workload, tmodel))
+    d, _, _, _, _, batch, length = ba.shapes(args.workload)
+    x = np.random.default_rng(1).standard_normal((batch, length, d)).astype(np.float32)
+    layer = transformer.TransformerEncoderLayer
+    whole = layer._fused_weights
+
+    def shipped():
+        layer._fused_weights = whole
+        return model(x)
+
+    def blocks():
+        layer._fused_weights = lambda self: None
+        return model(x)
+
+    engines = {"fastlayers": shipped, "fastlayers-blocks": blocks,
+               "onnxruntime": lambda: session.run(None, {"x": x})[0]}
+    want = engines["onnxruntime"]()
+    for name in ("fastlayers", "fastlayers-blocks"):
+        print(f"{name} max |difference| from onnxruntime: {np.abs(engines[name]() - want).max():.2e}")
+    times = {name: [] for name in engines}
+    for _ in range(args.rounds):
+        for name, fn in engines.items():
+            for _ in range(3):
+                fn()
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / args.calls * 1e3)
+            if name == "onnxruntime":
+                time.sleep(0.1)
+    for name, ms in times.items():
+        ms.sort()
+        print(f"{args.workload} {name:18s} min {ms[0]:.3f} median {ms[len(ms) // 2]:.3f} ms")
+    layer._fused_weights = whole
+
+
+if __name__ == "__main__":
+    main()
