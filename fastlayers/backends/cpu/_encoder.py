@@ -138,7 +138,7 @@ def layer_args(x_nle, w, heads, code, norm_first, bias4, empty, need_weights=Tru
     """(the drivers' arguments up to ``bufs``, bufs) for ``CpuOps.encoder_layer``'s call:
     float32 ``x_nle`` and weights (``EncoderWeights``), activation ``code``, 4-D ``bias4``.
     The intermediates (and the weights unless ``need_weights``) live in the thread's scratch
-    buffer: fresh ones for the bench's big layer (13 MB) cost it a third of its time in page
+    buffer: fresh ones for the bench's big layer (13 MB) cost it a quarter of its time in page
     faults, glibc mapping and unmapping each."""
     n, length, e = x_nle.shape
     m, f, f32 = n * length, w.w_1_io.shape[1], np.float32
