@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
 def cmd_warmup(args) -> int:
     from .backends import _jit
     from .backends import cpu  # noqa: F401  (registers the kernels)
-    from .backends.cpu import _encoder, recurrent  # noqa: F401  (imported on first use otherwise)
+    from .backends.cpu import recurrent  # noqa: F401  (imported on first use otherwise)
 
     total = sum(len(sigs) for _, sigs in _jit.KERNELS) + len(_jit.WARM_CALLS)
     progress = Progress(total, "compiling")

@@ -68,7 +68,7 @@ def test_run_wrong_shape_is_a_clear_error(tmp_path):
 def test_warmup_compiles_every_kernel():
     from fastlayers.backends import _jit
     from fastlayers.backends import cpu  # noqa: F401
-    from fastlayers.backends.cpu import _encoder, recurrent  # noqa: F401
+    from fastlayers.backends.cpu import recurrent  # noqa: F401
 
     total = sum(len(s) for _, s in _jit.KERNELS) + len(_jit.WARM_CALLS)
     assert _jit.WARM_CALLS                        # the recurrent loops compile by running

@@ -13,7 +13,7 @@ from ..reference import EncoderWeights, ReferenceOps
 from . import _blas, _elementwise, _gemm, _rows
 from ._split import run_parallel, shares
 from . import conv_ops
-from . import _attention
+from . import _attention, _encoder
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY4 = np.zeros((0, 0, 0, 0), dtype=np.float32)
@@ -156,7 +156,6 @@ class CpuOps(ReferenceOps):
         """As ReferenceOps.encoder_layer, in one compiled call (``_encoder``): each thread takes
         its rows through the projections and its (batch, head) pairs through attention,
         meeting the others twice."""
-        from . import _encoder
         code = _elementwise.CODES.get(activation)
         n, length, e = x_nle.shape
         b4 = self._attention_bias(bias, length)

@@ -18,12 +18,13 @@ import numpy as np
 from numba import prange
 
 from .._jit import njit, warm_call
+from ..derived import derived_from
+from ..reference import EncoderWeights
 from . import _blas, _elementwise
 from ._attention import attention_pair
 from ._gemm import PACKED_MIN_ROWS, _rows_product, packed_weights
 from ._rows import layer_norm_rows
 from ._sync import aborted, barrier, barrier_safe
-from ..derived import derived_from
 
 _LINEAR = _elementwise.LINEAR
 _ZERO = np.float32(0.0)
@@ -185,8 +186,6 @@ def warm_encoder():
     their ctypes arguments have no signature string."""
     if _blas.ATTENTION is None or _blas.SGEMM is None:
         return
-    from ..reference import EncoderWeights
-
     e, f = 4, 8
     w = EncoderWeights(*(np.ones(shape, np.float32) for shape in
                          ((e, 3 * e), (3 * e,), (e, e), (e,), (e, f), (f,), (f, e), (e,))),
