@@ -106,6 +106,9 @@ def test_torch_mlp_export_matches_onnxruntime(torch, tmp_path, rng, backend, ops
 
 
 def test_torch_transformer_encoder_export_matches_onnxruntime(torch, tmp_path, rng, backend):
+    """With a key-padding mask the layers run node by node (tests/test_io_onnx_encoder.py has the
+    mask-less layers, fused whole): their attention is one node each, their shape arithmetic is
+    cached per input shape."""
     ort = oracle("onnxruntime")
 
     class Encoder(torch.nn.Module):
@@ -115,21 +118,25 @@ def test_torch_transformer_encoder_export_matches_onnxruntime(torch, tmp_path, r
             self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
             self.norm = torch.nn.LayerNorm(32)
 
-        def forward(self, x):
-            return self.norm(self.enc(x))
+        def forward(self, x, mask):
+            return self.norm(self.enc(x, src_key_padding_mask=mask))
 
     path = tmp_path / "enc.onnx"
-    export(torch, Encoder(), (torch.randn(2, 6, 32),), path, input_names=["x"],
-           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    export(torch, Encoder(), (torch.randn(2, 6, 32), torch.zeros(2, 6, dtype=torch.bool)), path,
+           input_names=["x", "mask"], dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"}},
+           opset_version=17)
     ours = fastlayers.load(path)
     assert sum(step[4] for step in ours._plan) > 10  # shape computations, cached per input shape
-    # q k^T, the two shape-derived sqrt scales, the softmax and the product by v: one node per layer
+    # q k^T, the two shape-derived sqrt scales, the mask, the softmax and the product by v: one
+    # node per layer
     assert ours.op_types.count("FusedAttention") == 2
-    assert not {"Softmax", "MatMul"} & set(ours.op_types)
+    assert not {"Softmax", "MatMul", "FusedEncoderLayer"} & set(ours.op_types)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch in (1, 3, 1, 3, 2):  # alternating shapes: the cache is keyed by them
         x = rng.standard_normal((batch, 6, 32)).astype(np.float32)
-        assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        mask = rng.random((batch, 6)) < 0.3
+        mask[:, 0] = False
+        assert_close(ours(x, mask), session.run(None, {"x": x, "mask": mask})[0], rtol=1e-4, atol=1e-5)
 
 
 def make_graph(nodes, inputs, outputs, initializers=(), opset=17):
@@ -438,38 +445,6 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
             assert_close(g, w, rtol=1e-4, atol=1e-5)
     with pytest.raises(FastlayersError, match="out of bounds"):
         folded(np.full(ids_shape, V))
-
-
-@pytest.mark.parametrize("opset", [18, 23])
-def test_dynamo_exporter_transformer_matches_onnxruntime(torch, tmp_path, rng, opset):
-    """torch.onnx.export(dynamo=True): at opset 23 scaled_dot_product_attention becomes the ONNX
-    Attention operator."""
-    ort = oracle("onnxruntime")
-    oracle("onnxscript")
-
-    class Encoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-            self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-
-        def forward(self, x):
-            return self.enc(x)
-
-    path = tmp_path / f"dyn{opset}.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Encoder().eval(), (torch.randn(2, 6, 32),), str(path), dynamo=True,
-                          opset_version=opset, dynamic_shapes=({0: torch.export.Dim("batch")},),
-                          verbose=False)
-    ours = fastlayers.load(path)
-    assert ("Attention" if opset >= 23 else "FusedAttention") in ours.op_types
-    assert "Softmax" not in ours.op_types
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    for batch in (1, 3):
-        x = rng.standard_normal((batch, 6, 32)).astype(np.float32)
-        assert_close(ours(x), session.run(None, {name: x})[0], rtol=1e-4, atol=1e-5)
 
 
 # (name, rank, k as K^T input, scale placement, mask): the spellings fuse_attention reads

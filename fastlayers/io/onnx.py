@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
+from . import onnx_encoder
 from .onnx_ops import DTYPES, OPS
 
 MIN_OPSET = 9
@@ -410,6 +411,31 @@ def shapes_of_ids(nodes, gather, width, constants) -> None:
         nodes.insert(k + 1, Node("Concat", [f"{out}::ids", f"{emb}::width"], [out], {"axis": 0}))
 
 
+def fuse_encoder_layers(nodes, constants, inputs, outputs, probe) -> list[Node]:
+    """Whole Transformer encoder layers -> one ``FusedEncoderLayer`` node each
+    (``fastlayers/io/onnx_encoder.py``): matched by structure, then confirmed on the values of
+    ``probe(nodes)`` (the unfused graph run once on a probe input; None when it could not run).
+    ``inputs``: the graph's input names.
+    A layer is replaced only where nothing outside it reads its intermediate values."""
+    candidates = onnx_encoder.match(nodes, constants, outputs)
+    values = probe(nodes) if candidates else None
+    if values is None:
+        return nodes
+    for candidate in candidates:
+        attrs = onnx_encoder.confirmed(candidate, values)
+        if attrs is None:
+            continue
+        core = {id(n) for n in candidate.nodes}
+        name = candidate.attention.name or candidate.y
+        fused = Node("FusedEncoderLayer", [candidate.x], [candidate.y], dict(attrs, name=name), name)
+        trial = prune([fused if candidate.y in n.outputs else n for n in nodes
+                       if id(n) not in core or candidate.y in n.outputs], outputs)
+        known = set(constants) | set(inputs) | {o for n in trial for o in n.outputs}
+        if all(o in known for o in outputs) and all(not i or i in known for n in trial for i in n.inputs):
+            nodes = trial
+    return nodes
+
+
 def prune(nodes, outputs) -> list[Node]:
     """Keep only the nodes the graph outputs depend on."""
     needed = set(outputs)
@@ -491,7 +517,14 @@ class OnnxModel:
         return out
 
     def __call__(self, *args, **kwargs):
-        arrays = self._prepare(args, kwargs)
+        values = self._evaluate(self._prepare(args, kwargs))
+        results = [values[o] if o in values else self._constants[o] for o in self.output_names]
+        # ops may pass NCHW views of NHWC memory along (onnx_ops._nchw): callers get C order
+        results = [r if r.flags.c_contiguous else r.copy() for r in results]
+        return results[0] if len(results) == 1 else results
+
+    def _evaluate(self, arrays) -> dict:
+        """Run every node on the checked input ``arrays``; the table of values by name."""
         values = dict(zip(self.input_names, arrays))
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         cached = self._shape_cache.get(key)
@@ -515,10 +548,7 @@ class OnnxModel:
             if len(self._shape_cache) >= 64:  # bound the memory of many distinct shapes
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
-        results = [values[o] if o in values else self._constants[o] for o in self.output_names]
-        # ops may pass NCHW views of NHWC memory along (onnx_ops._nchw): callers get C order
-        results = [r if r.flags.c_contiguous else r.copy() for r in results]
-        return results[0] if len(results) == 1 else results
+        return values
 
     def predict(self, x, batch_size: int | None = None):
         """Run in batches along axis 0 of every input (all at once by default)."""
@@ -547,11 +577,29 @@ class OnnxModel:
         raise UnsupportedError("an imported ONNX model cannot be saved in the fastlayers format; keep the .onnx file")
 
 
-def _value_shape(value_info):
+def _value_shape(value_info, named=False):
+    """The dimensions of a value (None when unknown, or its name where ``named``), or None
+    without a shape."""
     t = value_info.type.tensor_type
     if not t.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") else ((d.dim_param or None) if named else None)
+            for d in t.shape.dim]
+
+
+def _prober(name, inputs, dims, outputs, constants, opset, where):
+    """``probe(nodes)`` for ``fuse_encoder_layers``: every value of the graph ``nodes`` on
+    ``onnx_encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
+    def probe(nodes):
+        arrays = onnx_encoder.probe_inputs(dims, np.random.default_rng(0))
+        if arrays is None:
+            return None
+        try:
+            model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
+            return model._evaluate(arrays)
+        except Exception:  # noqa: BLE001 - the graph may not run on the probe's sizes
+            return None
+    return probe
 
 
 def load_onnx(path) -> OnnxModel:
@@ -586,7 +634,7 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     except Exception as e:  # noqa: BLE001 - malformed tensors, missing external data
         raise ModelFileError(f"{where}: cannot read the weights ({type(e).__name__}: {e})") from e
-    inputs = []
+    inputs, dims = [], []
     for vi in graph.input:
         if vi.name in constants:
             continue
@@ -594,6 +642,7 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         if elem not in DTYPES:
             raise UnsupportedError(f"{where}: input {vi.name!r} has unsupported element type {elem}")
         inputs.append((vi.name, np.dtype(DTYPES[elem]), _value_shape(vi)))
+        dims.append((vi.name, np.dtype(DTYPES[elem]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.output]
     nodes = _read_nodes(graph, where)
     try:
@@ -603,6 +652,9 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
         nodes = fuse_attention(nodes, constants, outputs, opset)
         nodes = prune(mark_attention_scores(nodes, outputs), outputs)
+        name = graph.name or Path(where).stem
+        nodes = fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
+                                    _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -614,4 +666,4 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
             shapes[vi.name] = _value_shape(vi)
     except Exception:  # noqa: BLE001 - inference is informative only
         pass
-    return OnnxModel(graph.name or Path(where).stem, inputs, outputs, constants, nodes, opset, shapes, where)
+    return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where)

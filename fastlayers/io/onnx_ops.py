@@ -13,7 +13,7 @@ import numpy as np
 from ..backends import get_ops
 from ..backends.derived import derived, derived_from
 from ..backends.reference import erfc64, fold_batch_norm
-from ..errors import UnsupportedError
+from ..errors import ShapeError, UnsupportedError
 from ..folding import fold_projection
 
 OPS: dict = {}
@@ -1095,6 +1095,23 @@ def _fused_attention(inputs, attrs, opset):
     if mask is not None:
         scores = scores + mask
     return [np.matmul(get_ops().softmax(_f32(scores), -1), v)]
+
+
+@op("FusedEncoderLayer")
+def _fused_encoder_layer(inputs, attrs, opset):
+    """fastlayers' own node for a whole Transformer encoder layer (``fuse_encoder_layers``):
+    one call of the backend's ``encoder_layer`` on the (batch, length, embed) input, or on the
+    (length, batch, embed) one where the graph is sequence first."""
+    x = inputs[0]
+    w = attrs["weights"]
+    e = w.w_qkv_io.shape[0]
+    if x.ndim != 3 or x.shape[2] != e:
+        raise ShapeError(f"ONNX encoder layer {attrs['name']!r} (FusedEncoderLayer): expected a "
+                         f"3-D input of width {e}, got shape {x.shape}")
+    x_nle = x if attrs["batch_first"] else x.transpose(1, 0, 2)
+    y, _ = get_ops().encoder_layer(_f32(x_nle), w, attrs["num_heads"], attrs["activation"],
+                                   attrs["norm_first"], need_weights=False)
+    return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
 
 
 def _scaled(x, s, divide):
