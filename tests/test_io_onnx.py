@@ -1,6 +1,5 @@
 """ONNX import: the onnx package's backend node tests, torch exports against onnxruntime, errors."""
 
-import io
 import warnings
 
 import numpy as np
