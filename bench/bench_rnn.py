@@ -71,7 +71,12 @@ def _run_ref(model):
 
 @pytest.fixture(scope="module", params=list(WORKLOADS))
 def recurrent_engines(request):
-    kind, batch = WORKLOADS[request.param]
+    return recurrent_setup(request.param)
+
+
+def recurrent_setup(name):
+    """(name, kind, batch, x, {engine: fn}) of a ``WORKLOADS`` entry."""
+    kind, batch = WORKLOADS[name]
     rng = np.random.default_rng(0)
     x_in = Input((STEPS, INPUT))
     model = Model(x_in, getattr(L, kind)(HIDDEN)(x_in))
@@ -91,7 +96,7 @@ def recurrent_engines(request):
     fns = {"fastlayers-cpu": model, "fastlayers-reference": _run_ref(model),
            "onnxruntime": lambda x: sess.run(None, {"x": x})[0], "torch": run_torch}
     x = rng.standard_normal((batch, STEPS, INPUT)).astype(np.float32)
-    return request.param, kind, batch, x, fns
+    return name, kind, batch, x, fns
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -168,6 +173,11 @@ def _text_torch(model):
 
 @pytest.fixture(scope="module")
 def text_engines():
+    return text_setup()
+
+
+def text_setup():
+    """(ids, {engine: fn}) of the text classifier."""
     rng = np.random.default_rng(0)
     ids_in = Input((TEXT_STEPS,), dtype="int64")
     h = L.Embedding(VOCAB, EMBED)(ids_in)
