@@ -9,7 +9,10 @@ implement, then optimises the graph once:
    BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
-   LSTM is folded into its input projection (``fuse_embedding_recurrent``);
+   LSTM is folded into its input projection (``fuse_embedding_recurrent``); the exporters'
+   attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
+   encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
+   (``fuse_encoder_layers``, ``onnx_encoder.py``);
 3. dead-node removal: only nodes the outputs depend on are kept;
 4. static shape inference (onnx.shape_inference) for the summary and input checks.
 
