@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,13 +80,11 @@ def build(torch, name, full=FULL):
     return Encoder(), (1, steps, d), np.float32
 
 
-@pytest.fixture(scope="module", params=WORKLOADS, ids=[w for w, _ in WORKLOADS])
-def engines(request, tmp_path_factory):
-    torch = torch_module()
-    oracle("onnx")
-    name, _ = request.param
+def exported(torch, name, directory, full=FULL):
+    """(torch module in eval mode, input, path of its TorchScript export at opset 17 with a
+    dynamic batch axis) of a workload, with seeded weights and BatchNorm statistics."""
     torch.manual_seed(0)
-    module, shape, dtype = build(torch, name)
+    module, shape, dtype = build(torch, name, full)
     module = module.eval()
     with torch.no_grad():
         for m in module.modules():
@@ -94,11 +93,20 @@ def engines(request, tmp_path_factory):
                 m.running_var.uniform_(0.5, 1.5)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50, shape) if dtype == np.int64 else rng.standard_normal(shape).astype(np.float32)
-    path = tmp_path_factory.mktemp("onnx") / f"{name}.onnx"
+    path = Path(directory) / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (torch.from_numpy(x),), str(path), dynamo=False, input_names=["x"],
                           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    return module, x, path
+
+
+@pytest.fixture(scope="module", params=WORKLOADS, ids=[w for w, _ in WORKLOADS])
+def engines(request, tmp_path_factory):
+    torch = torch_module()
+    oracle("onnx")
+    name, _ = request.param
+    module, x, path = exported(torch, name, tmp_path_factory.mktemp("onnx"))
     import onnx
 
     ours = fastlayers.load(path)

@@ -112,26 +112,17 @@ def onnx_engines(workload):
     onnxruntime on the same file (for the Transformer also loaded without the encoder-layer
     fusion)."""
     import tempfile
-    import warnings
 
     import onnx
     import torch
 
     import fastlayers
-    from bench.bench_onnx_models import build
+    from bench.bench_onnx_models import exported
     from bench.conftest import ort_session
     from fastlayers.io import onnx as fonnx
 
     name = workload[len("onnx_"):]
-    torch.manual_seed(0)
-    module, shape, dtype = build(torch, name, full=True)
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 50, shape) if dtype == np.int64 else rng.standard_normal(shape).astype(np.float32)
-    path = Path(tempfile.mkdtemp()) / f"{name}.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.from_numpy(x),), str(path), dynamo=False,
-                          input_names=["x"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    _, x, path = exported(torch, name, tempfile.mkdtemp(), full=True)
     shipped = fastlayers.load(path)
     session = ort_session(onnx.load(str(path)))
     engines = {"fastlayers": lambda: shipped(x)}

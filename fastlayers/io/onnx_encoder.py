@@ -42,7 +42,7 @@ class _Graph:
     """Producer and reader tables of a node list."""
 
     def __init__(self, nodes, constants, outputs):
-        self.nodes, self.constants, self.outputs = nodes, constants, set(outputs)
+        self.constants, self.outputs = constants, set(outputs)
         self.producer = {o: n for n in nodes for o in n.outputs if o}
         self.readers: dict[str, list] = {}
         for n in nodes:
@@ -154,8 +154,8 @@ def _other(node, name):
 
 
 def match(nodes, constants, outputs) -> list[Candidate]:
-    """Every mask-less attention node (``_plain_attention``) whose surroundings have the shape of an encoder layer
-    (step 1 of the module docstring); the probe has not confirmed them yet."""
+    """Every mask-less attention node (``_plain_attention``) whose surroundings have the shape of
+    an encoder layer (step 1 of the module docstring); the probe has not confirmed them yet."""
     g = _Graph(nodes, constants, outputs)
     found = []
     for att in nodes:
@@ -250,21 +250,22 @@ def confirmed(candidate, values) -> dict | None:
     e = candidate.weights.w_qkv_io.shape[0]
     if x.shape[2] != e or q.shape[-1] == 0 or e % q.shape[-1]:
         return None
-    tries = [(e // q.shape[-1], batch_first) for batch_first in (True, False)]
-    if candidate.attention.attrs.get("q_num_heads"):         # opset-23 Attention on 3-D q, k, v
-        tries += [(candidate.attention.attrs["q_num_heads"], batch_first) for batch_first in (True, False)]
-    for heads, batch_first in tries:
-        if e % heads:
-            continue
-        x_nle = x if batch_first else x.transpose(1, 0, 2)
-        y, _ = ReferenceOps().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
-                                            candidate.activation, candidate.norm_first,
-                                            need_weights=False)
-        y = y if batch_first else y.transpose(1, 0, 2)
-        if y.shape == want.shape and np.allclose(y, want, rtol=1e-3,
-                                                 atol=1e-3 * max(1.0, float(np.abs(want).max()))):
-            return {"weights": candidate.weights, "num_heads": heads, "activation": candidate.activation,
-                    "norm_first": candidate.norm_first, "batch_first": batch_first}
+    heads_tried = [e // q.shape[-1]]
+    q_heads = candidate.attention.attrs.get("q_num_heads")   # opset-23 Attention on 3-D q, k, v
+    if q_heads and q_heads not in heads_tried and e % q_heads == 0:
+        heads_tried.append(q_heads)
+    for heads in heads_tried:
+        for batch_first in (True, False):
+            x_nle = x if batch_first else x.transpose(1, 0, 2)
+            y, _ = ReferenceOps().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
+                                                candidate.activation, candidate.norm_first,
+                                                need_weights=False)
+            y = y if batch_first else y.transpose(1, 0, 2)
+            if y.shape == want.shape and np.allclose(y, want, rtol=1e-3,
+                                                     atol=1e-3 * max(1.0, float(np.abs(want).max()))):
+                return {"weights": candidate.weights, "num_heads": heads,
+                        "activation": candidate.activation, "norm_first": candidate.norm_first,
+                        "batch_first": batch_first}
     return None
 
 
