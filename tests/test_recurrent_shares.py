@@ -48,8 +48,10 @@ OPTIONS = [{}, {"reverse": True, "return_sequences": False},
            {"mask": True, "zero_masked": True}, {"mask": True, "reverse": True}]
 
 
-def check(rng, name, fn, args, kw, options):
-    x = rng.standard_normal((B, T, I)).astype(np.float32)
+def check(rng, name, fn, args, kw, options, ids=False):
+    """With ``ids``, the inputs are one-hot rows of the input weights (an embedding folded into
+    the layer), read in place by the loops; the bias then comes with them."""
+    x = rng.integers(0, I, (B, T)) if ids else rng.standard_normal((B, T, I)).astype(np.float32)
     opts = dict(options)
     if opts.pop("mask", False):
         mask = rng.random((B, T)) > 0.3
@@ -78,13 +80,16 @@ def count_regions(monkeypatch):
     return counts
 
 
+@pytest.mark.parametrize("inputs", ["floats", "ids"])
 @pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("product", ["own sgemm", "openblas"])
 @pytest.mark.parametrize("split", ["units", "rows"])
-def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, product, split):
+def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, product, split,
+                                      inputs):
     """Both product routes: fastlayers' sgemm on packed weights (where the CPU has AVX-512F)
     and numpy's CBLAS sgemm; both ways to share a loop (the weight-size limit set to force
-    each). On the packed sgemm, batch shares project their own rows (no separate projection)."""
+    each); float inputs and ids of the input weights' rows. On the packed sgemm, batch shares
+    project their own rows (no separate projection); ids are never projected."""
     projections = []
     monkeypatch.setattr(R, "_input_projection",
                         lambda *a, _f=R._input_projection: projections.append(1) or _f(*a))
@@ -96,8 +101,9 @@ def test_shared_loops_match_reference(monkeypatch, count_regions, rng, options, 
     monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
     monkeypatch.setattr(R, "ROW_SHARE_MAX_BYTES", 0 if split == "units" else 1 << 30)
     for name, fn, args, kw in cases(rng):
-        check(rng, name, fn, args, kw, options)
-    assert len(projections) == (0 if split == "rows" and product == "own sgemm" else 7)
+        check(rng, name, fn, args, kw, options, ids=inputs == "ids")
+    own_rows = split == "rows" and product == "own sgemm"
+    assert len(projections) == (0 if own_rows or inputs == "ids" else 7)
     if split == "rows":
         assert count_regions == {"lstm_rows_all": 2, "gru_rows_all": 2, "rnn_rows_all": 3}
     else:
@@ -178,12 +184,12 @@ def test_loops_without_sgemm_match_reference(rng):
     x = rng.standard_normal((3, T, I)).astype(np.float32)
     w_ig, w_hh = weights(rng, I, U), weights(rng, U, U)
     h0 = rng.standard_normal((3, U)).astype(np.float32)
-    xw = np.ascontiguousarray(np.swapaxes(x, 0, 1) @ w_ig)          # (T, B, U)
+    xw = np.ascontiguousarray(np.swapaxes(x, 0, 1) @ w_ig).reshape(T * 3, U)   # row t B + b
     bounds = np.array([0, U])
     hbuf = np.zeros((2, 3, U), np.float32)
     hbuf[0] = h0
     y = np.empty((3, T, U), np.float32)
-    K.rnn_one(None, (xw, w_hh[None], np.zeros((1, 0), np.float32), hbuf, np.zeros((0, 0), np.uint8), False, False, K.TANH, y,
+    K.rnn_one(None, (xw, R._step_rows(1, T, 3)[0], w_hh[None], np.zeros((1, 0), np.float32), hbuf, np.zeros((0, 0), np.uint8), False, False, K.TANH, y,
                np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
                np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
                np.zeros(2, np.int64)))

@@ -1,8 +1,11 @@
 """Compiled time loops of the recurrent layers (SimpleRNN, LSTM, GRU) and their gate math.
 
 The primitive (``recurrent.py``) computes the input projection of all timesteps as one GEMM,
-``xw[t, b] = x[b, t] @ w_ig + b_g`` laid out (time, batch, gates) (batch shares on the packed
-sgemm compute their rows of it themselves: ``_project_share``). Each loop is split into
+``xw[t B + b] = x[b, t] @ w_ig + b_g`` (batch shares on the packed sgemm compute their rows of
+it themselves: ``_project_share``), and each loop reads step t's row of sample b as
+``xw_rg[xrow_tb[t, b]]``: xrow is t B + b there, the ids themselves where the inputs are one-hot
+rows of a table (an embedding folded into the layer: the loop reads the folded table's rows in
+place, and nothing is gathered). Each loop is split into
 shares of units (``*_share(..., p)``): share p owns units u0:u1 and the matching columns of
 every gate block, packed side by side in ``w_p..[p]``, and runs the whole sequence: per step
 one recurrent product (the gemv ``_gemv`` at batch 1, else fastlayers' sgemm on the share's
@@ -179,6 +182,19 @@ def _project_share_impl(fn, x_rti, pw_ig, b_g, xw_trg):
 
 
 @njit(inline=True)
+def _source(fn, xw_srg, xrow_ptb, x_prti, pw_ig, b_g, p):
+    """The rows batch share ``p`` reads its input projection from (the rows ``xrow_ptb[p]``
+    names per step and sample): its own ``xw_srg[p]``, into which it first projects its inputs
+    where ``pw_ig`` is not empty (``_project_share``), or a table all shares read (``xw_srg`` of
+    length 1: gathered embedding rows)."""
+    xs = xw_srg[p] if xw_srg.shape[0] > 1 else xw_srg[0]
+    if pw_ig.shape[0] > 0:
+        t_len, rows = xrow_ptb.shape[1:]
+        _project_share(fn, x_prti[p], pw_ig, b_g, xs.reshape((t_len, rows, xs.shape[1])))
+    return xs
+
+
+@njit(inline=True)
 def _add_blocks(g, src, blocks, n, width, u0):
     """g[k n + j] += src[k width + u0 + j] for k < blocks, j < n: a share's columns of each gate
     block of a full-width row (``src``) added to its packed gates (``g``)."""
@@ -263,7 +279,7 @@ def _lstm_row_impl(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
 
 
 @njit()
-def lstm_share(fn, gfn, xw_tbg, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
+def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
                act, ract, y_btp, last_bp, gates_pbg, proj_pbq, tmp_pg, bits_pg, ubounds, qbounds,
                sync, p):
     """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
@@ -274,7 +290,7 @@ def lstm_share(fn, gfn, xw_tbg, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh
     same packed for ``_blas.PACKED``, ``pwp_pq`` likewise for ``wp_pkq``); ``hbuf`` is the
     state of even and odd steps (step s reads hbuf[s % 2], writes hbuf[(s + 1) % 2]).
     """
-    t_len, batch, _ = xw_tbg.shape
+    t_len, batch = xrow_tb.shape
     units = c_bh.shape[1]
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
@@ -295,7 +311,8 @@ def lstm_share(fn, gfn, xw_tbg, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh
                 continue
             cr = c_bh[b, u0:u0 + n]
             hr = (hfull_bh[b] if has_proj else nxt[b])[u0:u0 + n]
-            _lstm_row(gfn, gates[b], xw_tbg[ts, b], n, units, u0, cr, hr, act, ract, tmp, bits)
+            _lstm_row(gfn, gates[b], xw_rg[xrow_tb[ts, b]], n, units, u0, cr, hr, act, ract, tmp,
+                      bits)
         if has_proj:
             met += 1
             if not barrier(sync, parts, met):
@@ -316,7 +333,7 @@ def lstm_share(fn, gfn, xw_tbg, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh
 
 
 @njit()
-def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
+def gru_share(fn, xw_rg, xrow_tb, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
               act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg, bits_pg, ubounds, sync, p):
     """Share ``p`` of the GRU loop, units u0:u1 = ubounds[p:p + 2]: z, r = ract(xw + h u + b_hg);
     cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or act(xw_h + (r h) w_hn);
@@ -327,7 +344,7 @@ def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, m
     r h must be complete first); ``pw_pg``/``pwn_pn`` hold them packed for ``_blas.PACKED``. An
     empty ``b_hg`` means no recurrent bias.
     """
-    t_len, batch, _ = xw_tbg.shape
+    t_len, batch = xrow_tb.shape
     units = hbuf_2bh.shape[2]
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
@@ -345,7 +362,7 @@ def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, m
             if has_mask and mask_tb[ts, b] == 0:
                 continue
             g = gates[b]
-            xr = xw_tbg[ts, b]
+            xr = xw_rg[xrow_tb[ts, b]]
             if has_bias:
                 _add_blocks(g, b_hg, 3 if reset_after else 2, n, units, u0)
             _add_blocks(g, xr, 2, n, units, u0)
@@ -370,7 +387,7 @@ def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, m
                 g = gates[b]
                 cr = cand[b, :n]
                 if not reset_after:
-                    _add_to(cr, xw_tbg[ts, b, 2 * units + u0:2 * units + u0 + n])
+                    _add_to(cr, xw_rg[xrow_tb[ts, b], 2 * units + u0:2 * units + u0 + n])
                 act_inplace(cr, act, tmp, bits)
                 hn, hc = nxt[b, u0:u0 + n], cur[b, u0:u0 + n]
                 for j in range(n):
@@ -385,11 +402,12 @@ def gru_share(fn, xw_tbg, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, m
 
 
 @njit()
-def rnn_share(fn, xw_tbh, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
+def rnn_share(fn, xw_rh, xrow_tb, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
               gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
     """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)
     (``pw_ph[p]``: ``w_pkh[p]`` packed for ``_blas.PACKED``)."""
-    t_len, batch, units = xw_tbh.shape
+    t_len, batch = xrow_tb.shape
+    units = hbuf_2bh.shape[2]
     parts = ubounds.shape[0] - 1
     u0 = ubounds[p]
     n = ubounds[p + 1] - u0
@@ -403,7 +421,7 @@ def rnn_share(fn, xw_tbh, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked,
             valid = (not has_mask) or mask_tb[ts, b] != 0
             if valid:
                 g = gates[b]
-                _add_blocks(g, xw_tbh[ts, b], 1, n, units, u0)
+                _add_blocks(g, xw_rh[xrow_tb[ts, b]], 1, n, units, u0)
                 act_inplace(g[:n], act, tmp, bits)
                 _copy_to(nxt[b, u0:u0 + n], g[:n])
             else:
@@ -439,10 +457,10 @@ def lstm_all(fn, gfn, args, parts):
 
 @njit()
 def _lstm_rows_share(fn, gfn, args, p):
-    (xw, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last, gates,
-     proj, tmp, bits, ub, qb, sync, x, pw_i, b_i) = args
-    _project_share(fn, x[p], pw_i, b_i, xw[p])
-    lstm_share(fn, gfn, xw[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
+    (xw, xrow, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last,
+     gates, proj, tmp, bits, ub, qb, sync, x, pw_i, b_i) = args
+    xs = _source(fn, xw, xrow, x, pw_i, b_i, p)
+    lstm_share(fn, gfn, xs, xrow[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
                zero_masked, act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1],
                tmp[p:p + 1], bits[p:p + 1], ub, qb, sync, _P0)
 
@@ -472,10 +490,10 @@ def gru_all(fn, args, parts):
 
 @njit()
 def _gru_rows_share(fn, args, p):
-    (xw, w, pw, wn, pwn, b_hg, hbuf, rh, mask, reverse, zero_masked, act, ract, y, last, gates,
-     cand, tmp, bits, ub, sync, x, pw_i, b_i) = args
-    _project_share(fn, x[p], pw_i, b_i, xw[p])
-    gru_share(fn, xw[p], w, pw, wn, pwn, b_hg, hbuf[p], rh[p], mask[p], reverse, zero_masked,
+    (xw, xrow, w, pw, wn, pwn, b_hg, hbuf, rh, mask, reverse, zero_masked, act, ract, y, last,
+     gates, cand, tmp, bits, ub, sync, x, pw_i, b_i) = args
+    xs = _source(fn, xw, xrow, x, pw_i, b_i, p)
+    gru_share(fn, xs, xrow[p], w, pw, wn, pwn, b_hg, hbuf[p], rh[p], mask[p], reverse, zero_masked,
               act, ract, y[p], last[p], gates[p:p + 1], cand[p:p + 1], tmp[p:p + 1],
               bits[p:p + 1], ub, sync, _P0)
 
@@ -505,10 +523,10 @@ def rnn_all(fn, args, parts):
 
 @njit()
 def _rnn_rows_share(fn, args, p):
-    (xw, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync, x,
-     pw_i, b_i) = args
-    _project_share(fn, x[p], pw_i, b_i, xw[p])
-    rnn_share(fn, xw[p], w, pw, hbuf[p], mask[p], reverse, zero_masked, act, y[p], last[p],
+    (xw, xrow, w, pw, hbuf, mask, reverse, zero_masked, act, y, last, gates, tmp, bits, ub, sync,
+     x, pw_i, b_i) = args
+    xs = _source(fn, xw, xrow, x, pw_i, b_i, p)
+    rnn_share(fn, xs, xrow[p], w, pw, hbuf[p], mask[p], reverse, zero_masked, act, y[p], last[p],
               gates[p:p + 1], tmp[p:p + 1], bits[p:p + 1], ub, sync, _P0)
 
 

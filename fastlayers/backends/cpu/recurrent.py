@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from .._jit import apply_num_threads, warm_call
-from ..derived import derived
+from ..derived import derived, derived_from
 from . import _blas, _split
 from . import _recurrent as K
 from ._gemm import matmul, packed_weights
@@ -80,31 +80,39 @@ def _workspace(name, shape, dtype=np.float32):
 
 
 def _input_projection(x_bti, w_ig, b_g, parts=1):
-    """xw (parts, T, B / parts, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps
+    """xw (parts, T * B / parts, G) = x (B, T, I) @ w_ig + b_g as one GEMM over all timesteps
     (shared among the threads by rows), written into a per-thread workspace: batch share p's
-    rows in xw[p] (``_rows``), time-major, so that a step reads one contiguous block: batch-major
-    rows lie T * G floats apart, a power of two in common shapes, and fell on the same cache sets
-    (a batch-8, 128-unit LSTM step: 22 us batch-major, 19 us)."""
+    rows in xw[p], time-major (row t B / parts + r: ``_step_rows``), so that a step reads one
+    contiguous block: batch-major rows lie T * G floats apart, a power of two in common shapes,
+    and fell on the same cache sets (a batch-8, 128-unit LSTM step: 22 us batch-major, 19 us)."""
     b, t_len, i = x_bti.shape
     x = np.ascontiguousarray(_rows(x_bti, parts).transpose(0, 2, 1, 3), dtype=np.float32)
     x = x.reshape(t_len * b, i)
     xw = _workspace("xw", (t_len * b, w_ig.shape[1]))
     matmul(x, _c32(w_ig), xw, None if b_g is None else _c32(b_g), weights=True)
-    return xw.reshape(parts, t_len, b // parts, -1)
+    return xw.reshape(parts, t_len * (b // parts), -1)
 
 
-def _gathered_projection(ids_bt, w_vg, b_g, parts=1):
-    """``_input_projection`` of one-hot inputs given by their ids (B, T): xw[p, t, r] =
-    w_vg[ids[p B / parts + r, t]] + b_g, gathered straight into the workspace."""
-    b, t_len = ids_bt.shape
+@functools.lru_cache(maxsize=64)
+def _step_rows(parts, t_len, rows):
+    """(parts, T, rows) int64, [p, t, r] = t rows + r: where ``_input_projection`` put step t of
+    batch share p's row r in xw[p] (cached per shape: never written to)."""
+    step = np.arange(t_len * rows, dtype=np.int64).reshape(1, t_len, rows)
+    return np.ascontiguousarray(np.broadcast_to(step, (parts, t_len, rows)))
+
+
+def _table_rows(ids_bt, w_vg, b_g, parts=1):
+    """The input projection of one-hot inputs given by their ids (B, T), as the loops read it in
+    place: the table (1, V, G) of w_vg + b_g (the sum computed once per weight array) and the
+    ids as (parts, T, B / parts) int64 (batch share p's in [p]). Copying the rows out for the
+    loop had cost a text classifier's first layer about a third of its time: the copy's lines
+    moved to the other core's cache in each call."""
     if ids_bt.min() < 0 or ids_bt.max() >= w_vg.shape[0]:
         raise IndexError(f"ids in [{ids_bt.min()}, {ids_bt.max()}] for {w_vg.shape[0]} rows")
-    xw = _workspace("xw", (parts, t_len, b // parts, w_vg.shape[1]))
-    # mode="clip" (the ids are in range): "raise" gathers into a buffer and copies it over
-    np.take(_c32(w_vg), _rows(ids_bt, parts).transpose(0, 2, 1), axis=0, out=xw, mode="clip")
-    if b_g is not None:
-        xw += _c32(b_g)
-    return xw
+    table = _c32(w_vg) if b_g is None else \
+        derived_from((w_vg, b_g), "recurrent-table-bias", lambda w, b: _c32(w) + _c32(b))
+    ids = np.ascontiguousarray(_rows(ids_bt, parts).transpose(0, 2, 1), dtype=np.int64)
+    return table.reshape(1, *table.shape), ids
 
 
 def _rows(a_b, parts):
@@ -303,7 +311,8 @@ def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
 
 def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     """What every loop needs before its shares are built: the batch shares (``_row_parts``),
-    the input projection (rows of ``w_i`` for integer ids ``x_bti``), the mask laid out for
+    the input projection and the rows each step reads of it (``_step_rows``; the table of
+    ``w_i`` and the ids themselves for integer ids ``x_bti``: ``_table_rows``), the mask laid out for
     them, the product routine, and the batch-share drivers' projection arguments (x as (shares,
     B / shares, T, I), the packed input weights, the bias). On the packed sgemm each batch
     share projects its own rows in its thread, into the workspace returned (one parallel
@@ -313,15 +322,16 @@ def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     batch, t_len = x_bti.shape[:2]
     row_parts, fn = _row_parts(batch, weight_floats), _loop_fn()
     mask = _mask_tb(mask_bt, row_parts)
-    if row_parts > 1 and fn is _blas.PACKED and x_bti.ndim == 3:
-        xw = _workspace("xw", (row_parts, t_len, batch // row_parts, w_i.shape[1]))
+    no_proj = (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D, _EMPTY_1D)
+    if x_bti.ndim == 2:
+        return (row_parts, *_table_rows(x_bti, w_i, b, row_parts), mask, fn, no_proj)
+    xrow = _step_rows(row_parts, t_len, batch // row_parts)
+    if row_parts > 1 and fn is _blas.PACKED:
+        xw = _workspace("xw", (row_parts, t_len * (batch // row_parts), w_i.shape[1]))
         proj = (_rows(_c32(x_bti), row_parts), packed_weights(_c32(w_i)),
                 _EMPTY_1D if b is None else _c32(b))
-        return row_parts, xw, mask, fn, proj
-    xw = (_gathered_projection(x_bti, w_i, b, row_parts) if x_bti.ndim == 2 else
-          _input_projection(x_bti, w_i, b, row_parts))
-    return row_parts, xw, mask, fn, (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D,
-                                     _EMPTY_1D)
+        return row_parts, xw, xrow, mask, fn, proj
+    return row_parts, _input_projection(x_bti, w_i, b, row_parts), xrow, mask, fn, no_proj
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
@@ -331,7 +341,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hh.shape[0]
-    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ih, b, mask_bt, units * units)
+    row_parts, xw, xrow, mask, fn, proj = _prepare(x_bti, w_ih, b, mask_bt, units * units)
     kept = {}
 
     def make_args(parts, by_rows=False):
@@ -340,7 +350,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
         gates, tmp, bits = _scratch(parts, _widest(bounds), lay.rows)
         y_btp, last = _outputs(t_len, batch, units, return_sequences, y0, parts)
         kept.update(hbuf=_states(h0, batch, units, lay), y=y_btp, last=last)
-        return (lay.shared(xw), _share_weights(w_hh, (0,), 1, bounds),
+        return (lay.shared(xw), lay.shared(xrow), _share_weights(w_hh, (0,), 1, bounds),
                 _packed_shares(w_hh, (0,), 1, bounds, fn, lay.rows), lay.shared(kept["hbuf"]),
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], lay.batch(y_btp),
                 lay.batch(last), gates, tmp, bits, bounds,
@@ -360,7 +370,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     if codes is None or t_len == 0 or batch == 0:
         return None
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ig, b_g, mask_bt,
+    row_parts, xw, xrow, mask, fn, proj = _prepare(x_bti, w_ig, b_g, mask_bt,
                                              w_hg.size + (0 if w_hp is None else w_hp.size))
     kept = {}
 
@@ -379,7 +389,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         y_btp, last = _outputs(t_len, batch, out_size, return_sequences, y0, parts)
         kept.update(hbuf=_states(h0, batch, out_size, lay), c=_cell(c0, batch, units, parts),
                     y=y_btp, last=last)
-        return (lay.shared(xw), _share_weights(w_hg, (0, 1, 2, 3), 4, ub),
+        return (lay.shared(xw), lay.shared(xrow), _share_weights(w_hg, (0, 1, 2, 3), 4, ub),
                 _packed_shares(w_hg, (0, 1, 2, 3), 4, ub, fn, lay.rows), w_proj,
                 _packed_shares(w_hp, (0,), 1, qb, fn, lay.rows), lay.shared(kept["hbuf"]),
                 lay.batch(_workspace("hfull", (batch, units))), lay.batch(kept["c"]),
@@ -401,7 +411,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     if codes is None or t_len == 0 or batch == 0:
         return None
     units = w_hg.shape[0]
-    row_parts, xw, mask, fn, proj = _prepare(x_bti, w_ig, b_ig, mask_bt, w_hg.size)
+    row_parts, xw, xrow, mask, fn, proj = _prepare(x_bti, w_ig, b_ig, mask_bt, w_hg.size)
     # the recurrent bias does not exist without reset_after
     bias = _c32(b_hg) if reset_after and b_hg is not None else _EMPTY_1D
     kept = {}
@@ -416,7 +426,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         gates, tmp, bits = _scratch(parts, 3 * width, lay.rows)
         y_btp, last = _outputs(t_len, batch, units, return_sequences, y0, parts)
         kept.update(hbuf=_states(h0, batch, units, lay), y=y_btp, last=last)
-        return (lay.shared(xw), w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, lay.rows),
+        return (lay.shared(xw), lay.shared(xrow), w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, lay.rows),
                 w_cand,
                 _packed_shares(None if reset_after else w_hg, (2,), 3, bounds, fn, lay.rows),
                 bias, lay.shared(kept["hbuf"]), lay.batch(_workspace("rh", (batch, units))),
