@@ -189,10 +189,11 @@ def test_loops_without_sgemm_match_reference(rng):
     hbuf = np.zeros((2, 3, U), np.float32)
     hbuf[0] = h0
     y = np.empty((3, T, U), np.float32)
-    K.rnn_one(None, (xw, R._step_rows(1, T, 3)[0], w_hh[None], np.zeros((1, 0), np.float32), hbuf, np.zeros((0, 0), np.uint8), False, False, K.TANH, y,
-               np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
-               np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
-               np.zeros(2, np.int64)))
+    K.rnn_one(None, (xw, R._step_rows(1, T, 3)[0], w_hh[None], np.zeros((1, 0), np.float32), hbuf,
+                     np.zeros((0, 0), np.uint8), False, False, K.TANH, y,
+                     np.zeros((3, U), np.float32), np.empty((1, 3, U), np.float32),
+                     np.empty((1, U), np.float32), np.empty((1, U), np.int32), bounds,
+                     np.zeros(2, np.int64)))
     expected, h = REF.rnn_sequence(x, w_ig, w_hh, None, h0)
     assert_close(y, expected, rtol=1e-5, atol=2e-5)
     assert_close(hbuf[T % 2], h, rtol=1e-5, atol=2e-5)

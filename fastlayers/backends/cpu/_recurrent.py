@@ -5,13 +5,13 @@ The primitive (``recurrent.py``) computes the input projection of all timesteps 
 it themselves: ``_project_share``), and each loop reads step t's row of sample b as
 ``xw_rg[xrow_tb[t, b]]``: xrow is t B + b there, the ids themselves where the inputs are one-hot
 rows of a table (an embedding folded into the layer: the loop reads the folded table's rows in
-place, and nothing is gathered). Each loop is split into
-shares of units (``*_share(..., p)``): share p owns units u0:u1 and the matching columns of
-every gate block, packed side by side in ``w_p..[p]``, and runs the whole sequence: per step
-one recurrent product (the gemv ``_gemv`` at batch 1, else fastlayers' sgemm on the share's
-weights packed once, or single-threaded sgemm calls through numpy's CBLAS: ``_blas``), one fused pass over its gates (activations, cell update, masking,
-outputs), then a barrier (``_sync``) after which every share reads the full new state. The
-state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the whole layer)
+place, and nothing is gathered). Each loop is split into shares of units (``*_share(..., p)``):
+share p owns units u0:u1 and the matching columns of every gate block, packed side by side in
+``w_p..[p]``, and runs the whole sequence: per step one recurrent product (the gemv ``_gemv``
+at batch 1, else fastlayers' sgemm on the share's weights packed once, or single-threaded sgemm
+calls through numpy's CBLAS: ``_blas``), one fused pass over its gates (activations, cell
+update, masking, outputs), then a barrier (``_sync``) after which every share reads the full
+new state. The state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the whole layer)
 serially, ``*_all`` all of them in one parallel region. No Python runs per timestep.
 
 Activation codes: 0 tanh, 1 sigmoid, 2 relu, 3 linear, 4 hard_sigmoid (relu6(x + 3) / 6).
@@ -279,9 +279,9 @@ def _lstm_row_impl(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
 
 
 @njit()
-def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh, mask_tb, reverse, zero_masked,
-               act, ract, y_btp, last_bp, gates_pbg, proj_pbq, tmp_pg, bits_pg, ubounds, qbounds,
-               sync, p):
+def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh,
+               mask_tb, reverse, zero_masked, act, ract, y_btp, last_bp, gates_pbg, proj_pbq,
+               tmp_pg, bits_pg, ubounds, qbounds, sync, p):
     """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
     c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp (outputs qbounds[p:p + 2]); the
     gate pass per row through ``_lstm_row`` (``gfn``: ``_blas.LSTM_GATES`` or None).
@@ -333,8 +333,9 @@ def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, 
 
 
 @njit()
-def gru_share(fn, xw_rg, xrow_tb, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, mask_tb, reverse, zero_masked,
-              act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg, bits_pg, ubounds, sync, p):
+def gru_share(fn, xw_rg, xrow_tb, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, rh_bh, mask_tb,
+              reverse, zero_masked, act, ract, y_bth, last_bh, gates_pbg, cand_pbn, tmp_pg,
+              bits_pg, ubounds, sync, p):
     """Share ``p`` of the GRU loop, units u0:u1 = ubounds[p:p + 2]: z, r = ract(xw + h u + b_hg);
     cand = act(xw_h + r (h u_h + b_hh)) (reset_after) or act(xw_h + (r h) w_hn);
     h = z h + (1 - z) cand.
@@ -402,8 +403,8 @@ def gru_share(fn, xw_rg, xrow_tb, w_pkg, pw_pg, wn_pkn, pwn_pn, b_hg, hbuf_2bh, 
 
 
 @njit()
-def rnn_share(fn, xw_rh, xrow_tb, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked, act, y_bth, last_bh,
-              gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
+def rnn_share(fn, xw_rh, xrow_tb, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero_masked, act,
+              y_bth, last_bh, gates_pbh, tmp_ph, bits_ph, ubounds, sync, p):
     """Share ``p`` of the SimpleRNN loop, units u0:u1 = ubounds[p:p + 2]: h = act(xw[t] + h w_hh)
     (``pw_ph[p]``: ``w_pkh[p]`` packed for ``_blas.PACKED``)."""
     t_len, batch = xrow_tb.shape

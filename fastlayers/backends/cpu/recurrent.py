@@ -312,8 +312,8 @@ def _finish(y_btp, last, mask_bt, reverse, return_sequences, zero_masked):
 def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     """What every loop needs before its shares are built: the batch shares (``_row_parts``),
     the input projection and the rows each step reads of it (``_step_rows``; the table of
-    ``w_i`` and the ids themselves for integer ids ``x_bti``: ``_table_rows``), the mask laid out for
-    them, the product routine, and the batch-share drivers' projection arguments (x as (shares,
+    ``w_i`` and the ids themselves for integer ids ``x_bti``: ``_table_rows``), the mask laid
+    out for them, the product routine, and the batch-share drivers' projection arguments (x as (shares,
     B / shares, T, I), the packed input weights, the bias). On the packed sgemm each batch
     share projects its own rows in its thread, into the workspace returned (one parallel
     region, and its part of xw stays in its core's cache); otherwise the projection is computed
@@ -371,7 +371,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         return None
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
     row_parts, xw, xrow, mask, fn, proj = _prepare(x_bti, w_ig, b_g, mask_bt,
-                                             w_hg.size + (0 if w_hp is None else w_hp.size))
+                                                   w_hg.size + (0 if w_hp is None else w_hp.size))
     kept = {}
 
     def make_args(parts, by_rows=False):
@@ -426,8 +426,8 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         gates, tmp, bits = _scratch(parts, 3 * width, lay.rows)
         y_btp, last = _outputs(t_len, batch, units, return_sequences, y0, parts)
         kept.update(hbuf=_states(h0, batch, units, lay), y=y_btp, last=last)
-        return (lay.shared(xw), lay.shared(xrow), w_gates, _packed_shares(w_hg, gate_blocks, 3, bounds, fn, lay.rows),
-                w_cand,
+        return (lay.shared(xw), lay.shared(xrow), w_gates,
+                _packed_shares(w_hg, gate_blocks, 3, bounds, fn, lay.rows), w_cand,
                 _packed_shares(None if reset_after else w_hg, (2,), 3, bounds, fn, lay.rows),
                 bias, lay.shared(kept["hbuf"]), lay.batch(_workspace("rh", (batch, units))),
                 lay.shared(mask), bool(reverse), bool(zero_masked), codes[0], codes[1],
