@@ -197,3 +197,18 @@ def test_loops_without_sgemm_match_reference(rng):
     expected, h = REF.rnn_sequence(x, w_ig, w_hh, None, h0)
     assert_close(y, expected, rtol=1e-5, atol=2e-5)
     assert_close(hbuf[T % 2], h, rtol=1e-5, atol=2e-5)
+
+
+def test_step_rows_and_ids_are_writable_int64():
+    """The loops' row index, for projected inputs and for ids, is a writable C-contiguous int64
+    array whatever the shares (Numba compiles every loop again for a read-only one), and so is a
+    table given read-only."""
+    table = np.ones((5, 8), np.float32)
+    table.flags.writeable = False
+    for parts in (1, 2):
+        rows = R._step_rows(parts, 3, 2)
+        assert rows.flags.writeable and rows.flags.c_contiguous and rows.dtype == np.int64
+        assert rows[-1].tolist() == [[0, 1], [2, 3], [4, 5]]
+        source, ids = R._table_rows(np.arange(6).reshape(2, 3) % 5, table, None, parts)
+        assert source.flags.writeable and ids.flags.writeable and ids.dtype == np.int64
+        assert ids.shape == (parts, 3, 2 // parts)

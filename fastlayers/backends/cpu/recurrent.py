@@ -96,9 +96,9 @@ def _input_projection(x_bti, w_ig, b_g, parts=1):
 @functools.lru_cache(maxsize=64)
 def _step_rows(parts, t_len, rows):
     """(parts, T, rows) int64, [p, t, r] = t rows + r: where ``_input_projection`` put step t of
-    batch share p's row r in xw[p] (cached per shape: never written to)."""
-    step = np.arange(t_len * rows, dtype=np.int64).reshape(1, t_len, rows)
-    return np.ascontiguousarray(np.broadcast_to(step, (parts, t_len, rows)))
+    batch share p's row r in xw[p] (cached per shape: never written to). A writable array, as
+    ``_table_rows``' ids are: Numba compiles every loop again for a read-only one."""
+    return np.tile(np.arange(t_len * rows, dtype=np.int64).reshape(1, t_len, rows), (parts, 1, 1))
 
 
 def _table_rows(ids_bt, w_vg, b_g, parts=1):
@@ -111,7 +111,9 @@ def _table_rows(ids_bt, w_vg, b_g, parts=1):
         raise IndexError(f"ids in [{ids_bt.min()}, {ids_bt.max()}] for {w_vg.shape[0]} rows")
     table = _c32(w_vg) if b_g is None else \
         derived_from((w_vg, b_g), "recurrent-table-bias", lambda w, b: _c32(w) + _c32(b))
-    ids = np.ascontiguousarray(_rows(ids_bt, parts).transpose(0, 2, 1), dtype=np.int64)
+    if not table.flags.writeable:       # read-only arrays are another Numba type: a writable copy
+        table = derived(table, "recurrent-table-writable", np.array)
+    ids = np.array(_rows(ids_bt, parts).transpose(0, 2, 1), dtype=np.int64, order="C")
     return table.reshape(1, *table.shape), ids
 
 
