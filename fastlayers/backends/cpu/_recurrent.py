@@ -11,8 +11,9 @@ share p owns units u0:u1 and the matching columns of every gate block, packed si
 at batch 1, else fastlayers' sgemm on the share's weights packed once, or single-threaded sgemm
 calls through numpy's CBLAS: ``_blas``), one fused pass over its gates (activations, cell
 update, masking, outputs), then a barrier (``_sync``) after which every share reads the full
-new state. The state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the whole layer)
-serially, ``*_all`` all of them in one parallel region. No Python runs per timestep.
+new state. The state alternates between hbuf[0] and hbuf[1]. ``*_one`` runs one share (the
+whole layer) serially, ``*_all`` all of them in one parallel region. No Python runs per
+timestep.
 
 Activation codes: 0 tanh, 1 sigmoid, 2 relu, 3 linear, 4 hard_sigmoid (relu6(x + 3) / 6).
 sigmoid and tanh use the vectorized ``exp_inplace``; tanh uses its odd Taylor series below
@@ -186,7 +187,7 @@ def _source(fn, xw_srg, xrow_ptb, x_prti, pw_ig, b_g, p):
     """The rows batch share ``p`` reads its input projection from (the rows ``xrow_ptb[p]``
     names per step and sample): its own ``xw_srg[p]``, into which it first projects its inputs
     where ``pw_ig`` is not empty (``_project_share``), or a table all shares read (``xw_srg`` of
-    length 1: gathered embedding rows)."""
+    length 1: a folded embedding's, read by the ids in ``xrow_ptb``)."""
     xs = xw_srg[p] if xw_srg.shape[0] > 1 else xw_srg[0]
     if pw_ig.shape[0] > 0:
         t_len, rows = xrow_ptb.shape[1:]

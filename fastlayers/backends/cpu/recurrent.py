@@ -315,25 +315,33 @@ def _prepare(x_bti, w_i, b, mask_bt, weight_floats):
     """What every loop needs before its shares are built: the batch shares (``_row_parts``),
     the input projection and the rows each step reads of it (``_step_rows``; the table of
     ``w_i`` and the ids themselves for integer ids ``x_bti``: ``_table_rows``), the mask laid
-    out for them, the product routine, and the batch-share drivers' projection arguments (x as (shares,
-    B / shares, T, I), the packed input weights, the bias). On the packed sgemm each batch
-    share projects its own rows in its thread, into the workspace returned (one parallel
+    out for them, the product routine, and the batch-share drivers' projection arguments (x as
+    (shares, B / shares, T, I), the packed input weights, the bias). On the packed sgemm each
+    batch share projects its own rows in its thread, into the workspace returned (one parallel
     region, and its part of xw stays in its core's cache); otherwise the projection is computed
-    here and the packed weights are empty."""
+    here and those arguments are empty (``_no_projection``)."""
     apply_num_threads()
     batch, t_len = x_bti.shape[:2]
     row_parts, fn = _row_parts(batch, weight_floats), _loop_fn()
     mask = _mask_tb(mask_bt, row_parts)
-    no_proj = (np.zeros((row_parts, 0, 0, 0), np.float32), _EMPTY_1D, _EMPTY_1D)
     if x_bti.ndim == 2:
-        return (row_parts, *_table_rows(x_bti, w_i, b, row_parts), mask, fn, no_proj)
+        return (row_parts, *_table_rows(x_bti, w_i, b, row_parts), mask, fn,
+                _no_projection(row_parts))
     xrow = _step_rows(row_parts, t_len, batch // row_parts)
     if row_parts > 1 and fn is _blas.PACKED:
         xw = _workspace("xw", (row_parts, t_len * (batch // row_parts), w_i.shape[1]))
         proj = (_rows(_c32(x_bti), row_parts), packed_weights(_c32(w_i)),
                 _EMPTY_1D if b is None else _c32(b))
         return row_parts, xw, xrow, mask, fn, proj
-    return row_parts, _input_projection(x_bti, w_i, b, row_parts), xrow, mask, fn, no_proj
+    return (row_parts, _input_projection(x_bti, w_i, b, row_parts), xrow, mask, fn,
+            _no_projection(row_parts))
+
+
+@functools.lru_cache(maxsize=16)
+def _no_projection(parts):
+    """The batch-share drivers' projection arguments when the shares do not project: empty
+    (parts, 0, 0, 0) inputs, packed weights and bias (cached: never written to)."""
+    return np.zeros((parts, 0, 0, 0), np.float32), _EMPTY_1D, _EMPTY_1D
 
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
