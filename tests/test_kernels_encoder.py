@@ -75,6 +75,19 @@ def test_encoder_layer_matches_reference(threads, size, norm_first, activation, 
 
 
 @pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("block_floats", [1, 20 * 40, 29 * 40])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_rows_after_attention_in_blocks(monkeypatch, threads, block_floats, norm_first, rng):
+    """The post-attention rows go through in blocks of whole 14-row tiles (at least one), each
+    block reusing its share's first hidden rows: 14 or 28 rows per block on 66 rows in 1-3
+    shares (blocks that end a share early and ones the share's end cuts short)."""
+    monkeypatch.setattr(_encoder, "HIDDEN_BLOCK_FLOATS", block_floats)
+    x = rng.standard_normal((2, 33, 24)).astype(np.float32)
+    check(weights(rng, 24, 40), x, 3, "gelu", norm_first)
+
+
+@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("empty", [0, 1, 2])
 def test_masks_and_fully_masked_sequences(threads, empty, rng):

@@ -54,15 +54,19 @@ def test_packed_product_accumulates_on_strided_operands(rng):
 
 @needs_packed
 @pytest.mark.parametrize("lda", [1024, 2048, 1030])
-def test_packed_product_reads_or_packs_rows_of_a(rng, lda):
-    """Rows of A whose stride is a multiple of 1024 floats are packed (read in place they
-    would share one L1 set), others read in place; the last m % 14 rows are packed either way."""
-    a_wide = rng.standard_normal((31, lda)).astype(np.float32)
+@pytest.mark.parametrize("m", [31, 700])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_packed_product_reads_or_copies_rows_of_a(rng, lda, m, beta):
+    """Rows of A whose stride is a multiple of 1024 floats are copied block by block (336 rows
+    by 256 columns) to rows 272 floats apart (read in place they would share one L1 set),
+    others read in place: every row block and k block, overwriting or accumulating."""
+    a_wide = rng.standard_normal((m, lda)).astype(np.float32)
     a = a_wide[:, :1000]
     b = rng.standard_normal((1000, 70)).astype(np.float32)
-    c = np.empty((31, 70), np.float32)
-    _call(a, _blas.pack(b), c, 0.0)
-    assert_close(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+    c0 = rng.standard_normal((m, 70)).astype(np.float32)
+    c = c0.copy()
+    _call(a, _blas.pack(b), c, beta)
+    assert_close(c, beta * c0 + a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
 
 
 @needs_packed

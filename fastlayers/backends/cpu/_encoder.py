@@ -21,6 +21,7 @@ from .._jit import njit, warm_call
 from ..derived import derived_from
 from ..reference import EncoderWeights
 from . import _blas, _elementwise
+from ._blas import TILE_ROWS
 from ._attention import attention_pair
 from ._gemm import PACKED_MIN_ROWS, _rows_product, packed_weights
 from ._rows import layer_norm_rows
@@ -30,6 +31,11 @@ _LINEAR = _elementwise.LINEAR
 _ZERO = np.float32(0.0)
 _EMPTY = np.zeros(0, np.float32)
 _EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
+#: Floats of the hidden rows one block of the post-attention part holds (512 KiB, half of L2):
+#: the block's rows go through the output projection, norm, feed-forward pair and last norm
+#: while its hidden rows stay in L2 (all of a share's rows at once: 2 MiB of hidden rows
+#: written to L3 and read back; 2-3 % of the d 256 layer).
+HIDDEN_BLOCK_FLOATS = 1 << 17
 
 
 @njit(inline=True)
@@ -44,12 +50,13 @@ def _add_rows(y, r):
 @njit()
 def _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, pb_1, b_1, w_2,
                    pb_2, b_2, g1, be1, eps1, g2, be2, eps2, code, heads, seqlen, bias, empty,
-                   norm_first, buffer_floats, bufs, p, parts, sync):
+                   norm_first, buffer_floats, row_block, bufs, p, parts, sync):
     """Share ``p`` of ``parts`` of one encoder layer on ``x`` (rows of N sequences of
     ``seqlen``): rows m p / parts onward through the projections, pairs N H p / parts onward
-    through attention (ReferenceOps.encoder_layer gives the math). ``bufs``: (q|k|v (m, 3e),
-    normed input, attention output, post-attention rows (m, e) each, hidden (m, f), out
-    (m, e), weights (N, H, L, L))."""
+    through attention (ReferenceOps.encoder_layer gives the math), then its rows in blocks of
+    ``row_block`` through the rest. ``bufs``: (q|k|v (m, 3e), normed input, attention output,
+    post-attention rows (m, e) each, hidden (m, f: each block reuses the share's first rows),
+    out (m, e), weights (N, H, L, L))."""
     qkv, xn, att, y, hid, out, s = bufs
     m, e = x.shape
     r0, r1 = m * p // parts, m * (p + 1) // parts
@@ -72,45 +79,47 @@ def _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, p
         attention_pair(afn, rows[:, c:c + hd], rows[:, e + c:e + c + hd],
                        rows[:, 2 * e + c:2 * e + c + hd], scale, bias, b, h, 0, empty, s[b, h],
                        att[b * seqlen:(b + 1) * seqlen, c:c + hd], pb)
-    if not barrier(sync, parts, 2) or r1 == r0:
+    if not barrier(sync, parts, 2):
         return
-    yr, hr, outr = y[r0:r1], hid[r0:r1], out[r0:r1]
-    _rows_product(fn, pfn, att[r0:r1], w_o, pb_o, yr, b_o, _LINEAR, _ZERO)
-    _add_rows(yr, x[r0:r1])
-    if norm_first:
-        layer_norm_rows(yr, g2, be2, eps2, False, xn[r0:r1])
-        _rows_product(fn, pfn, xn[r0:r1], w_1, pb_1, hr, b_1, code, _ZERO)
-    else:
-        layer_norm_rows(yr, g1, be1, eps1, False, yr)
-        _rows_product(fn, pfn, yr, w_1, pb_1, hr, b_1, code, _ZERO)
-    _rows_product(fn, pfn, hr, w_2, pb_2, outr, b_2, _LINEAR, _ZERO)
-    _add_rows(outr, yr)
-    if not norm_first:
-        layer_norm_rows(outr, g2, be2, eps2, False, outr)
+    for b0 in range(r0, r1, row_block):
+        b1 = min(b0 + row_block, r1)
+        yr, hr, outr = y[b0:b1], hid[r0:r0 + b1 - b0], out[b0:b1]
+        _rows_product(fn, pfn, att[b0:b1], w_o, pb_o, yr, b_o, _LINEAR, _ZERO)
+        _add_rows(yr, x[b0:b1])
+        if norm_first:
+            layer_norm_rows(yr, g2, be2, eps2, False, xn[b0:b1])
+            _rows_product(fn, pfn, xn[b0:b1], w_1, pb_1, hr, b_1, code, _ZERO)
+        else:
+            layer_norm_rows(yr, g1, be1, eps1, False, yr)
+            _rows_product(fn, pfn, yr, w_1, pb_1, hr, b_1, code, _ZERO)
+        _rows_product(fn, pfn, hr, w_2, pb_2, outr, b_2, _LINEAR, _ZERO)
+        _add_rows(outr, yr)
+        if not norm_first:
+            layer_norm_rows(outr, g2, be2, eps2, False, outr)
 
 
 @njit()
 def encoder_layer(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, pb_1, b_1, w_2,
                   pb_2, b_2, g1, be1, eps1, g2, be2, eps2, code, heads, seqlen, bias, empty,
-                  norm_first, buffer_floats, bufs, sync):
+                  norm_first, buffer_floats, row_block, bufs, sync):
     """One encoder layer in the calling thread, its result in ``bufs[5]`` and weights in
     ``bufs[6]``. ``fn``: ``_blas.SGEMM``; ``pfn``: ``_blas.PACKED`` (weights packed in
     ``pb_*``) or None; ``afn``: ``_blas.ATTENTION``; empty ``b_*``/``g*``/``be*``: none."""
     _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, pb_1, b_1, w_2,
                    pb_2, b_2, g1, be1, eps1, g2, be2, eps2, code, heads, seqlen, bias, empty,
-                   norm_first, buffer_floats, bufs, 0, 1, sync)
+                   norm_first, buffer_floats, row_block, bufs, 0, 1, sync)
 
 
 @njit(parallel=True)
 def encoder_layer_par(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, pb_1, b_1, w_2,
                       pb_2, b_2, g1, be1, eps1, g2, be2, eps2, code, heads, seqlen, bias, empty,
-                      norm_first, buffer_floats, bufs, parts, sync):
+                      norm_first, buffer_floats, row_block, bufs, parts, sync):
     """``encoder_layer`` in ``parts`` shares meeting twice at a barrier (``sync``: zeros(2));
     when a share gave up waiting (``_sync.aborted``) the result is incomplete."""
     for p in prange(parts):
         _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, pb_1, b_1,
                        w_2, pb_2, b_2, g1, be1, eps1, g2, be2, eps2, code, heads, seqlen, bias,
-                       empty, norm_first, buffer_floats, bufs, p, parts, sync)
+                       empty, norm_first, buffer_floats, row_block, bufs, p, parts, sync)
 
 
 _local = threading.local()
@@ -154,7 +163,8 @@ def layer_args(x_nle, w, heads, code, norm_first, bias4, empty, need_weights=Tru
             packed[1], vec[1], weights[2], packed[2], vec[2], weights[3], packed[3], vec[3],
             vec[4], vec[5], f32(w.norm1[2]), vec[6], vec[7], f32(w.norm2[2]), code, heads,
             length, bias4, int(empty), bool(norm_first),
-            _blas.attention_buffer_floats(length, e // heads, e // heads))
+            _blas.attention_buffer_floats(length, e // heads, e // heads),
+            max(1, HIDDEN_BLOCK_FLOATS // f // TILE_ROWS) * TILE_ROWS)
     shapes = [(m, 3 * e), (m, e), (m, e), (m, e), (m, f)]
     s_shape = (n, heads, length, length)
     if not need_weights:

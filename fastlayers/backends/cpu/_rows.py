@@ -14,11 +14,16 @@ from .._jit import njit
 def layer_norm_rows(x, gamma, beta, eps, rms, out):
     """out[i] = gamma (x[i] - mean) / sqrt(var + eps) + beta (rms: gamma x[i] / sqrt(mean x^2 + eps)).
 
-    Empty ``gamma``/``beta`` mean no scale/offset. Statistics accumulate in float64.
+    Empty ``gamma``/``beta`` mean no scale/offset; ``out`` may be ``x``. Statistics accumulate
+    in float64.
     """
     n, d = x.shape
     has_gamma = gamma.shape[0] == d
     has_beta = beta.shape[0] == d
+    # in place, the last pass reads and writes one array: LLVM's runtime overlap test between x
+    # and out fails when they are the same rows and sends a two-array loop to its scalar
+    # version (a 1024 x 256 norm: 160 us against 45 us)
+    same = x.ctypes.data == out.ctypes.data
     for i in range(n):
         xr = x[i]
         orow = out[i]
@@ -34,13 +39,22 @@ def layer_norm_rows(x, gamma, beta, eps, rms, out):
         var /= d
         inv = np.float32(1.0 / math.sqrt(var + eps))
         m32 = np.float32(mean)
-        for j in range(d):
-            v = (xr[j] - m32) * inv
-            if has_gamma:
-                v *= gamma[j]
-            if has_beta:
-                v += beta[j]
-            orow[j] = v
+        if same:
+            _normalize_row(orow, orow, m32, inv, gamma, beta, has_gamma, has_beta)
+        else:
+            _normalize_row(xr, orow, m32, inv, gamma, beta, has_gamma, has_beta)
+
+
+@njit(inline=True)
+def _normalize_row(xr, orow, m32, inv, gamma, beta, has_gamma, has_beta):
+    """orow = gamma (xr - m32) inv + beta (either may be absent)."""
+    for j in range(xr.shape[0]):
+        v = (xr[j] - m32) * inv
+        if has_gamma:
+            v *= gamma[j]
+        if has_beta:
+            v += beta[j]
+        orow[j] = v
 
 
 @njit(signatures=("void(float32[:, ::1], float32[::1], float32[::1], float32[:, ::1])",))

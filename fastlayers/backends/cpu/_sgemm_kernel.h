@@ -3,11 +3,11 @@
  *
  * c (m, n) = a (m, k) @ b (k, n) + beta c, row major. fl_pack_all lays b out once (weights)
  * in FL_NR-column panels of all k rows. fl_sgemm_packed then runs, per FL_KC-row block of b, a
- * 14 x 32 register tile (28 zmm accumulators) over each pair of a 14-row panel of A and a
- * column panel; A is read in place or, where that is slow (see fl_packed_tiles) and for the
- * last rows, packed into FL_MR-row panels (a per-thread buffer reused by later calls; 8- and
- * 4-row tiles for the last panel). OpenBLAS packs b again on every call, which
- * cost about a quarter of the time of a deep convolution layer's product (49 x 4608 x 512). Without the kernel (another compiler or CPU) or its buffer, a scalar loop
+ * 14 x 32 register tile (28 zmm accumulators) over 14 rows of A read in place and each column
+ * panel (rows of A whose stride makes them evict each other in L1 are first copied to a
+ * per-thread buffer reused by later calls; see fl_packed_tiles). OpenBLAS packs b again on
+ * every call, which cost about a quarter of the time of a deep convolution layer's product
+ * (49 x 4608 x 512). Without the kernel (another compiler or CPU) or its buffer, a scalar loop
  * computes the same product.
  */
 #ifndef FL_SGEMM_KERNEL_H
@@ -24,7 +24,7 @@
 static __thread float *fl_buf = 0;
 static __thread size_t fl_buf_floats = 0;
 
-/* This thread's packing buffer of at least `floats` floats (64-byte aligned), or NULL. */
+/* This thread's copy buffer of at least `floats` floats (64-byte aligned), or NULL. */
 static float *fl_workspace(size_t floats) {
     if (fl_buf_floats < floats) {
         free(fl_buf);
@@ -45,20 +45,6 @@ static void fl_pack_all(const float *b, int64_t ldb, int64_t k, int64_t n, float
             float *row = dst + p * FL_NR;
             memcpy(row, b + p * ldb + jr, (size_t)nr * sizeof(float));
             if (nr < FL_NR) memset(row + nr, 0, (size_t)(FL_NR - nr) * sizeof(float));
-        }
-    }
-}
-
-/* pa[panel][p][i] = a[i0 + panel * MR + i, k0 + p], zero past row mc. */
-static void fl_pack_a(const float *a, int64_t lda, int64_t i0, int64_t mc, int64_t k0,
-                      int64_t kc, float *pa) {
-    for (int64_t ir = 0; ir < mc; ir += FL_MR) {
-        int64_t mr = mc - ir < FL_MR ? mc - ir : FL_MR;
-        float *dst = pa + ir * kc;
-        if (mr < FL_MR) memset(dst, 0, (size_t)(kc * FL_MR) * sizeof(float));
-        for (int64_t i = 0; i < mr; ++i) {
-            const float *src = a + (i0 + ir + i) * lda + k0;
-            for (int64_t p = 0; p < kc; ++p) dst[p * FL_MR + i] = src[p];
         }
     }
 }
@@ -119,9 +105,8 @@ fl_store_tile(const int rows, const __m512 *c0, const __m512 *c1, float *c, int6
 
 /* c[0:mr, 0:nr] (+)= sum over i < kh and p < kc of a[r * ars + i * ari + p * aps]
  * pb[i * kc + p][0:nr] for r < rows, with a rows x 32 register tile. rows, kh and the A strides
- * are constants in each caller: the sgemm's (kh 1, aps FL_MR) for a packed A panel or (kh 1,
- * ars lda, aps 1) for rows read in place; the implicit convolution's (aps 1) sums over its
- * window rows, ari apart (_conv_kernel.h). */
+ * are constants in each caller: the sgemm's (kh 1, ars lda, aps 1) for rows read in place;
+ * the implicit convolution's (aps 1) sums over its window rows, ari apart (_conv_kernel.h). */
 FL_TARGET static inline __attribute__((always_inline)) void
 fl_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a, int64_t ars,
         int64_t aps, const float *pb, float *c, int64_t ldc, int mr, int nr, int accumulate) {
@@ -149,21 +134,6 @@ fl_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a, int
     fl_store_tile(rows, c0, c1, c, ldc, mr, nr, accumulate);
 }
 
-FL_TARGET static void fl_tile14(int64_t kc, const float *pa, const float *pb, float *c,
-                                int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(14, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
-}
-
-FL_TARGET static void fl_tile8(int64_t kc, const float *pa, const float *pb, float *c,
-                               int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(8, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
-}
-
-FL_TARGET static void fl_tile4(int64_t kc, const float *pa, const float *pb, float *c,
-                               int64_t ldc, int mr, int nr, int accumulate) {
-    fl_tile(4, 1, 0, kc, pa, 1, FL_MR, pb, c, ldc, mr, nr, accumulate);
-}
-
 /* The tile of exactly `rows` (1-14) rows of A read in place (row stride lda). */
 FL_TARGET static void fl_tile_rows(int rows, int64_t kc, const float *a, int64_t lda,
                                    const float *pb, float *c, int64_t ldc, int nr,
@@ -177,59 +147,55 @@ FL_TARGET static void fl_tile_rows(int rows, int64_t kc, const float *a, int64_t
 #undef FL_ROWS
 }
 
-/* c[:mc, :n] (+)= packed A block (mc x kc) @ rows pc:pc + kc of packed b (pb_k = pb + pc NR,
- * panels k NR floats apart): the smallest tile that covers each row panel. */
-FL_TARGET static void fl_block(int64_t mc, int64_t n, int64_t k, int64_t kc, const float *pa,
-                               const float *pb_k, float *c, int64_t ldc, int accumulate) {
-    for (int64_t jr = 0; jr < n; jr += FL_NR) {
-        int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
-        for (int64_t ir = 0; ir < mc; ir += FL_MR) {
-            int mr = (int)(mc - ir < FL_MR ? mc - ir : FL_MR);
-            const float *a = pa + ir * kc, *b = pb_k + jr * k;
-            float *cc = c + ir * ldc + jr;
-            if (mr > 8) fl_tile14(kc, a, b, cc, ldc, mr, nr, accumulate);
-            else if (mr > 4) fl_tile8(kc, a, b, cc, ldc, mr, nr, accumulate);
-            else fl_tile4(kc, a, b, cc, ldc, mr, nr, accumulate);
+/* c[:m, :n] (+)= a[:m, :kc] (rows lda floats apart, read in place) @ rows pc:pc + kc of packed
+ * b (pb_k = pb + pc NR, panels k NR floats apart): 14-row tiles, then one tile of exactly the
+ * rows left, or two of 7-9 rows for the last 15-17 (tiles of 1-3 rows run at half the rate per
+ * row; a zero-padded 4-row tile had made products of 1-3 rows up to 4x slower). */
+FL_TARGET static void fl_rows_tiles(int64_t m, int64_t n, int64_t k, int64_t kc, const float *a,
+                                    int64_t lda, const float *pb_k, float *c, int64_t ldc,
+                                    int accumulate) {
+    for (int64_t ir = 0, rows; ir < m; ir += rows) {
+        int64_t left = m - ir;
+        rows = left >= FL_MR + 4 ? FL_MR : (left > FL_MR ? left - left / 2 : left);
+        for (int64_t jr = 0; jr < n; jr += FL_NR) {
+            int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
+            fl_tile_rows((int)rows, kc, a + ir * lda, lda, pb_k + jr * k, c + ir * ldc + jr, ldc,
+                         nr, accumulate);
         }
     }
 }
 
-/* fl_sgemm_packed with the micro-kernel; -1 when the A buffer cannot be allocated.
+/* fl_sgemm_packed with the micro-kernel, per FL_KC-row block of b; -1 when the copy buffer
+ * cannot be allocated.
  *
- * A is read in place (1.0-1.25x faster than packing it: the pack was a pass of its own, and A
- * panels meet only few column panels in convolutions): 14-row panels, then one tile of exactly
- * the rows left, or two of 7-9 rows for the last 15-17 (tiles of 1-3 rows run at half the rate
- * per row; a zero-padded 4-row tile had made products of 1-3 rows up to 4x slower). Unless lda is a multiple of 1024 floats: then the 14 rows fall into
- * one L1 set and evict each other (0.8x), and A is packed in FL_MC-row blocks as BLIS does. */
+ * A is read in place (1.0-1.25x faster than packing it into panels: the pack was a pass of its
+ * own, and A panels meet only few column panels in convolutions). Unless lda is a multiple of
+ * 1024 floats: then the 14 rows of a tile fall into one L1 set and evict each other (0.8x), so
+ * each FL_MC x FL_KC block of A is first copied, row by row, into a buffer whose rows are
+ * FL_KC + 16 floats apart (session 13: 205 -> 228 GFLOP/s on 1024 x 1024 x 256, one thread,
+ * against a transposing pack into 14-row panels). */
 FL_TARGET static int fl_packed_tiles(int64_t m, int64_t n, int64_t k, const float *a,
                                      int64_t lda, const float *pb, int accumulate, float *c,
                                      int64_t ldc) {
-    int64_t m_rows = lda % 1024 != 0 ? m : 0;
-    int64_t m_pack = m - m_rows;
-    int64_t mc_max = m_pack < FL_MC ? m_pack : FL_MC;
-    int64_t kc_max = k < FL_KC ? k : FL_KC;
-    float *pa = 0;
-    if (m_pack > 0) {
-        pa = fl_workspace((size_t)(kc_max * ((mc_max + FL_MR - 1) / FL_MR) * FL_MR));
-        if (!pa) return -1;
+    const int64_t ldbuf = FL_KC + 16;
+    float *buf = 0;
+    if (lda % 1024 == 0) {
+        buf = fl_workspace((size_t)((m < FL_MC ? m : FL_MC) * ldbuf));
+        if (!buf) return -1;
     }
     for (int64_t pc = 0; pc < k; pc += FL_KC) {
         int64_t kc = k - pc < FL_KC ? k - pc : FL_KC;
         int acc = accumulate || pc > 0;
         const float *pb_k = pb + pc * FL_NR;
-        for (int64_t ir = 0, rows; ir < m_rows; ir += rows) {
-            int64_t left = m_rows - ir;     /* 15-17 rows: two tiles of 7-9 */
-            rows = left >= FL_MR + 4 ? FL_MR : (left > FL_MR ? left - left / 2 : left);
-            for (int64_t jr = 0; jr < n; jr += FL_NR) {
-                int nr = (int)(n - jr < FL_NR ? n - jr : FL_NR);
-                fl_tile_rows((int)rows, kc, a + ir * lda + pc, lda, pb_k + jr * k, c + ir * ldc + jr,
-                             ldc, nr, acc);
-            }
+        if (!buf) {
+            fl_rows_tiles(m, n, k, kc, a + pc, lda, pb_k, c, ldc, acc);
+            continue;
         }
-        for (int64_t ic = m_rows; ic < m; ic += FL_MC) {
+        for (int64_t ic = 0; ic < m; ic += FL_MC) {
             int64_t mc = m - ic < FL_MC ? m - ic : FL_MC;
-            fl_pack_a(a, lda, ic, mc, pc, kc, pa);
-            fl_block(mc, n, k, kc, pa, pb_k, c + ic * ldc, ldc, acc);
+            for (int64_t i = 0; i < mc; ++i)
+                memcpy(buf + i * ldbuf, a + (ic + i) * lda + pc, (size_t)kc * sizeof(float));
+            fl_rows_tiles(mc, n, k, kc, buf, ldbuf, pb_k, c + ic * ldc, ldc, acc);
         }
     }
     return 0;
