@@ -5,7 +5,7 @@
  * run on the packed sgemm (_sgemm_kernel.h): OpenBLAS, which packs its operands on every call
  * too, ran these 128 x 128 x 64 products at 72-79 GFLOP/s against 105 for the packed kernel
  * (one thread). The softmax runs one row at a time while s is in cache: scale, bias and max in
- * one pass, exp (fl_vexp, _gates_kernel.h) and sum in a second, the normalization in a third;
+ * one pass, exp (fl_vexp, _vexp_kernel.h) and sum in a second, the normalization in a third;
  * it took about half the time per element of the Numba row kernel.
  *
  * Masks: bias rows (ldbias floats apart, 0 to read one row for every query; NULL for none) are
@@ -19,10 +19,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "_gates_kernel.h"
+#include "_vexp_kernel.h"
 #include "_sgemm_kernel.h"
 
-#if FL_HAVE_KERNEL && FL_GATES
+#if FL_HAVE_KERNEL && FL_VEXP
 
 /* b (k, n) = bt^T packed as fl_pack_all packs b, for bt (n, k) with row stride ldbt:
  * pb[panel][p][j] = bt[panel * NR + j, p], zero past row n of bt; one float at a time. */
@@ -45,7 +45,7 @@ static float fl_empty_weight(int64_t empty, int64_t tk) {
 
 /* The 16 x 16 block at src (rows lds floats apart) transposed into dst (rows ldd apart):
  * unpacks of 32- and 64-bit pairs, then two rounds of 128-bit lane shuffles. */
-FL_GATES_TARGET static inline void fl_transpose16(const float *src, int64_t lds, float *dst,
+FL_VEXP_TARGET static inline void fl_transpose16(const float *src, int64_t lds, float *dst,
                                                   int64_t ldd) {
     __m512 r[16], t[16];
     for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
@@ -74,7 +74,7 @@ FL_GATES_TARGET static inline void fl_transpose16(const float *src, int64_t lds,
 
 /* fl_pack_t_scalar with the whole 16 x 16 blocks transposed in registers (the scalar pack
  * took about a tenth of the pair's time). */
-FL_GATES_TARGET static void fl_pack_t(const float *bt, int64_t ldbt, int64_t k, int64_t n,
+FL_VEXP_TARGET static void fl_pack_t(const float *bt, int64_t ldbt, int64_t k, int64_t n,
                                       float *pb) {
     int64_t n16 = n / 16 * 16, k16 = k / 16 * 16;
     if (n16 == 0 || k16 == 0) {
@@ -99,7 +99,7 @@ FL_GATES_TARGET static void fl_pack_t(const float *bt, int64_t ldbt, int64_t k, 
 
 /* row[0:n] = softmax(scale row + brow) over its first n entries (brow NULL: no bias), row[n:tk]
  * = 0; the whole row the empty weight when every entry is -inf. */
-FL_GATES_TARGET static void fl_softmax_row(float *row, int64_t tk, int64_t n, float scale,
+FL_VEXP_TARGET static void fl_softmax_row(float *row, int64_t tk, int64_t n, float scale,
                                            const float *brow, int64_t empty) {
     const __m512 vs = _mm512_set1_ps(scale);
     __m512 vmax = _mm512_set1_ps(-INFINITY);

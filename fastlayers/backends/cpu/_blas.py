@@ -74,22 +74,6 @@ def _own_packed_sgemm():
 PACKED, CONV, TILE_ROWS = _own_packed_sgemm()
 
 
-def _lstm_gates():
-    """The C gate pass of one LSTM row (``_gates_kernel.h``) as a ctypes function, or None."""
-    if PACKED is None:
-        return None
-    from . import _sgemm
-
-    address = _sgemm.lstm_gates_address()
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return ctypes.CFUNCTYPE(None, i64, ptr, ptr, i64, ptr, ptr)(address) if address else None
-
-
-#: ``fl_lstm_gates(n, g, xw, xstride, c, h)``: one row of an LSTM step with sigmoid gates and
-#: tanh (``_gates_kernel.h``), where ``PACKED`` is available; the loops' Numba pass otherwise.
-LSTM_GATES = _lstm_gates()
-
-
 def _attention_pair():
     """The C attention of one (batch, head) pair (``_attention_kernel.h``) as a ctypes
     function, or None."""

@@ -241,8 +241,11 @@ def _carry(cur_bh, nxt_bh, b, c0, c1):
 
 
 @njit(inline=True)
-def _lstm_row_numba(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
-    """One row of an LSTM step in Numba (see ``_lstm_row``)."""
+def _lstm_row(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
+    """One row of an LSTM step, units u0:u0 + n: [i f g o] = g + xw_row's blocks (``units``
+    apart); c = ract(f) c + ract(i) act(g); h = ract(o) act(c), into ``cr`` and ``hr``: one
+    vectorized pass per activation through the scratch rows (a fused pass in C was slower on
+    the project's Zen 5 host: docs/design.md)."""
     _add_blocks(g, xw_row, 4, n, units, u0)
     act_inplace(g[:2 * n], ract, tmp, bits)
     act_inplace(g[2 * n:3 * n], act, tmp, bits)
@@ -257,35 +260,13 @@ def _lstm_row_numba(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
         hr[j] *= go[j]
 
 
-def _lstm_row(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
-    """One row of an LSTM step, units u0:u0 + n: [i f g o] = g + xw_row's blocks (``units``
-    apart); c = ract(f) c + ract(i) act(g); h = ract(o) act(c), into ``cr`` and ``hr``. Through
-    ``gfn`` (``_blas.LSTM_GATES``, C) for sigmoid and tanh, else in Numba."""
-    _lstm_row_numba(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits)
-
-
-@overload(_lstm_row, jit_options={"fastmath": FASTMATH, "nogil": True})
-def _lstm_row_impl(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
-    if isinstance(gfn, types.NoneType):
-        def row(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
-            _lstm_row_numba(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits)
-    else:
-        def row(gfn, g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits):
-            if act == TANH and ract == SIGMOID:
-                gfn(n, g.ctypes.data, xw_row[u0:].ctypes.data, units, cr.ctypes.data,
-                    hr.ctypes.data)
-            else:
-                _lstm_row_numba(g, xw_row, n, units, u0, cr, hr, act, ract, tmp, bits)
-    return row
-
-
 @njit()
-def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh,
+def lstm_share(fn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, hfull_bh, c_bh,
                mask_tb, reverse, zero_masked, act, ract, y_btp, last_bp, gates_pbg, proj_pbq,
                tmp_pg, bits_pg, ubounds, qbounds, sync, p):
     """Share ``p`` of the LSTM loop, units u0:u1 = ubounds[p:p + 2]: [i f g o] = xw[t] + h w_hg;
     c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp (outputs qbounds[p:p + 2]); the
-    gate pass per row through ``_lstm_row`` (``gfn``: ``_blas.LSTM_GATES`` or None).
+    gate pass per row through ``_lstm_row``.
 
     ``w_pkg[p]`` holds the share's columns of the 4 gate blocks side by side (``pw_pg[p]`` the
     same packed for ``_blas.PACKED``, ``pwp_pq`` likewise for ``wp_pkq``); ``hbuf`` is the
@@ -312,8 +293,7 @@ def lstm_share(fn, gfn, xw_rg, xrow_tb, w_pkg, pw_pg, wp_pkq, pwp_pq, hbuf_2bp, 
                 continue
             cr = c_bh[b, u0:u0 + n]
             hr = (hfull_bh[b] if has_proj else nxt[b])[u0:u0 + n]
-            _lstm_row(gfn, gates[b], xw_rg[xrow_tb[ts, b]], n, units, u0, cr, hr, act, ract, tmp,
-                      bits)
+            _lstm_row(gates[b], xw_rg[xrow_tb[ts, b]], n, units, u0, cr, hr, act, ract, tmp, bits)
         if has_proj:
             met += 1
             if not barrier(sync, parts, met):
@@ -434,7 +414,7 @@ def rnn_share(fn, xw_rh, xrow_tb, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero
 
 
 # One share (serially) or all of them at once (one parallel region), each loop with ``args`` its
-# arguments between ``fn`` (and the LSTM's ``gfn``) and ``p``; Numba cannot cache a kernel that takes another kernel as
+# arguments between ``fn`` and ``p``; Numba cannot cache a kernel that takes another kernel as
 # argument. ``fn`` stays outside the tuple: Numba types a tuple holding a ctypes function in
 # Python, element by element (about 60 us per call), a tuple of arrays in C.
 #
@@ -447,36 +427,36 @@ def rnn_share(fn, xw_rh, xrow_tb, w_pkh, pw_ph, hbuf_2bh, mask_tb, reverse, zero
 # three different Numba types): one compiled share loop serves them all (three had been
 # compiled, about 20 s each with an empty cache).
 @njit()
-def lstm_one(fn, gfn, args):
-    lstm_share(fn, gfn, *args, _P0)
+def lstm_one(fn, args):
+    lstm_share(fn, *args, _P0)
 
 
 @njit(parallel=True)
-def lstm_all(fn, gfn, args, parts):
+def lstm_all(fn, args, parts):
     for p in prange(parts):
-        lstm_share(fn, gfn, *args, np.int64(p))
+        lstm_share(fn, *args, np.int64(p))
 
 
 @njit()
-def _lstm_rows_share(fn, gfn, args, p):
+def _lstm_rows_share(fn, args, p):
     (xw, xrow, w, pw, wp, pwp, hbuf, hfull, c, mask, reverse, zero_masked, act, ract, y, last,
      gates, proj, tmp, bits, ub, qb, sync, x, pw_i, b_i) = args
     xs = _source(fn, xw, xrow, x, pw_i, b_i, p)
-    lstm_share(fn, gfn, xs, xrow[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
+    lstm_share(fn, xs, xrow[p], w, pw, wp, pwp, hbuf[p], hfull[p], c[p], mask[p], reverse,
                zero_masked, act, ract, y[p], last[p], gates[p:p + 1], proj[p:p + 1],
                tmp[p:p + 1], bits[p:p + 1], ub, qb, sync, _P0)
 
 
 @njit()
-def lstm_rows_one(fn, gfn, args, parts):
+def lstm_rows_one(fn, args, parts):
     for p in range(parts):
-        _lstm_rows_share(fn, gfn, args, p)
+        _lstm_rows_share(fn, args, p)
 
 
 @njit(parallel=True)
-def lstm_rows_all(fn, gfn, args, parts):
+def lstm_rows_all(fn, args, parts):
     for p in prange(parts):
-        _lstm_rows_share(fn, gfn, args, p)
+        _lstm_rows_share(fn, args, p)
 
 
 @njit()

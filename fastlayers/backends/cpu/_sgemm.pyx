@@ -1,9 +1,9 @@
 # cython: language_level=3
 """fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``), the
-implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``), the LSTM gate pass
-(``_gates_kernel.h``) and one (batch, head) pair of attention (``_attention_kernel.h``): their
-addresses, for compiled kernels to call through ctypes prototypes (``_blas.PACKED``,
-``_blas.CONV``, ``_blas.LSTM_GATES``, ``_blas.ATTENTION``), and the packing of weights."""
+implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``) and one (batch, head)
+pair of attention (``_attention_kernel.h``): their addresses, for compiled kernels to call
+through ctypes prototypes (``_blas.PACKED``, ``_blas.CONV``, ``_blas.ATTENTION``), and the
+packing of weights."""
 
 import numpy as np
 
@@ -15,12 +15,6 @@ cdef extern from "_conv_kernel.h":
                         int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t ho, int64_t wo,
                         const float *pb, int64_t j0, int64_t j1, float *y, int64_t ldy,
                         int64_t t0, int64_t t1)
-
-
-cdef extern from "_gates_kernel.h":
-    int fl_gates_supported()
-    void fl_lstm_gates(int64_t n, const float *g, const float *xw, int64_t xstride, float *c,
-                       float *h)
 
 
 cdef extern from "_attention_kernel.h":
@@ -65,12 +59,6 @@ def conv_address():
     j1, y, ldy, t0, t1)``: the implicit-GEMM convolution of output rows t0:t1 and columns j0:j1
     on a zero-padded NHWC input with 14 sw c readable floats past its end (``_conv_kernel.h``)."""
     return <uintptr_t>&fl_conv_packed
-
-
-def lstm_gates_address():
-    """The address of ``fl_lstm_gates(n, g, xw, xstride, c, h)``: one row of an LSTM step
-    (sigmoid gates, tanh), or 0 where this CPU lacks AVX-512F (``_gates_kernel.h``)."""
-    return <uintptr_t>&fl_lstm_gates if fl_gates_supported() else 0
 
 
 def attention_address():

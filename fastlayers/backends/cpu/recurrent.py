@@ -202,39 +202,39 @@ def _scratch(parts, width, batch):
             _workspace("bits", (parts, width), np.int32))
 
 
-def _run(drivers, make_args, units, min_units, fns, row_parts):
+def _run(drivers, make_args, units, min_units, fn, row_parts):
     """Run a loop's shares and return the arguments run. ``drivers``: (one: a single share,
     all: unit shares in one parallel region, rows_one / rows_all: batch shares one after the
     other / in one parallel region). ``make_args(parts, by_rows)`` builds fresh outputs and
-    states; ``fns`` are the drivers' leading arguments (``_loop_fn()``, and the LSTM's gate
-    pass). With ``row_parts`` > 1 (``_row_parts``) threads share the
-    batch (serially when another call holds the parallel slot); else they share the units,
+    states; ``fn`` is the drivers' leading argument (``_loop_fn()``). With ``row_parts`` > 1
+    (``_row_parts``) threads share the batch (serially when another call holds the parallel
+    slot); else they share the units,
     again serially if a share gave up (``_sync.SPIN_LIMIT``). A loop too small for two shares
     goes straight to the serial run (no slot, no thread query). While ``warm_loops`` runs,
     every driver runs with one share (compiling each)."""
     one, all_shares, rows_one, rows_all = drivers
     if _warming[0]:
-        all_shares(*fns, make_args(1), 1)
-        rows_all(*fns, make_args(1, True), 1)
-        rows_one(*fns, make_args(1, True), 1)
+        all_shares(fn, make_args(1), 1)
+        rows_all(fn, make_args(1, True), 1)
+        rows_one(fn, make_args(1, True), 1)
         args = make_args(1)
-        one(*fns, args)
+        one(fn, args)
         return args
     if row_parts > 1:
         args = make_args(row_parts, True)
         with shares(row_parts, 1) as parts:
-            (rows_all if parts == row_parts else rows_one)(*fns, args, row_parts)
+            (rows_all if parts == row_parts else rows_one)(fn, args, row_parts)
         return args
     if min(_split.thread_count(), units // max(min_units, 1)) > 1:
         with shares(units, min_units) as parts:
             parts = min(parts, numba.get_num_threads())   # a barrier needs every share running
             if parts > 1 and barrier_safe():
                 args = make_args(parts)
-                all_shares(*fns, args, parts)
+                all_shares(fn, args, parts)
                 if not aborted(args[-1]):
                     return args
     args = make_args(1)
-    one(*fns, args)
+    one(fn, args)
     return args
 
 
@@ -367,7 +367,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
                 np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.rnn_one, K.rnn_all, K.rnn_rows_one, K.rnn_rows_all), make_args,
-         *_share_count(batch, units, units, 1), (fn,), row_parts)
+         *_share_count(batch, units, units, 1), fn, row_parts)
     return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
             _final(kept["hbuf"], t_len))
 
@@ -408,7 +408,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
                 np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.lstm_one, K.lstm_all, K.lstm_rows_one, K.lstm_rows_all), make_args,
-         *_share_count(batch, out_size, units, 4), (fn, _blas.LSTM_GATES), row_parts)
+         *_share_count(batch, out_size, units, 4), fn, row_parts)
     return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
             _final(kept["hbuf"], t_len), kept["c"])
 
@@ -446,7 +446,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
                 np.zeros(2, np.int64)) + (proj if by_rows else ())
 
     _run((K.gru_one, K.gru_all, K.gru_rows_one, K.gru_rows_all), make_args,
-         *_share_count(batch, units, units, 3), (fn,), row_parts)
+         *_share_count(batch, units, units, 3), fn, row_parts)
     return (_finish(kept["y"], kept["last"], mask_bt, reverse, return_sequences, zero_masked),
             _final(kept["hbuf"], t_len))
 
