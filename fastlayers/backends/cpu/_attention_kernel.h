@@ -139,6 +139,11 @@ static int64_t fl_attention_buffer_floats(int64_t tk, int64_t d, int64_t dv) {
     return fl_packed_floats(d, tk) + fl_packed_floats(tk, dv);
 }
 
+/* Scores per block of query rows (64 Ki floats: 256 KiB, a quarter of L2): each block's rows
+ * go through q k^T, the softmax and s v while they are in cache; whole 14-row tiles, at least
+ * one. At the issue's length (128 keys) every query row is in one block. */
+#define FL_ATTENTION_BLOCK_FLOATS 65536
+
 /* One pair (see the file comment), k^T and v packed into pb (fl_attention_buffer_floats). */
 static void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,
                               int64_t ldq, const float *k, int64_t ldk, const float *v,
@@ -146,14 +151,20 @@ static void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, con
                               int64_t causal, int64_t empty, float *s, int64_t lds, float *out,
                               int64_t ldo, float *pb) {
     float *pv = pb + fl_packed_floats(d, tk);
+    int64_t block = FL_ATTENTION_BLOCK_FLOATS / (tk > 0 ? tk : 1) / FL_MR * FL_MR;
+    if (block < FL_MR) block = FL_MR;
     fl_pack_t(k, ldk, d, tk, pb);
     fl_pack_all(v, ldv, tk, dv, pv);
-    fl_sgemm_packed(tq, tk, d, q, ldq, pb, 0.0f, s, lds);
-    for (int64_t i = 0; i < tq; ++i) {
-        int64_t n = causal && i + 1 < tk ? i + 1 : tk;
-        fl_softmax_row(s + i * lds, tk, n, scale, bias ? bias + i * ldbias : 0, empty);
+    for (int64_t i0 = 0; i0 < tq; i0 += block) {
+        int64_t rows = tq - i0 < block ? tq - i0 : block;
+        float *sb = s + i0 * lds;
+        fl_sgemm_packed(rows, tk, d, q + i0 * ldq, ldq, pb, 0.0f, sb, lds);
+        for (int64_t i = i0; i < i0 + rows; ++i) {
+            int64_t n = causal && i + 1 < tk ? i + 1 : tk;
+            fl_softmax_row(s + i * lds, tk, n, scale, bias ? bias + i * ldbias : 0, empty);
+        }
+        fl_sgemm_packed(rows, dv, tk, sb, lds, pv, 0.0f, out + i0 * ldo, ldo);
     }
-    fl_sgemm_packed(tq, dv, tk, s, lds, pv, 0.0f, out, ldo);
 }
 
 static int fl_attention_supported(void) { return fl_supported(); }
