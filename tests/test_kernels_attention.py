@@ -128,6 +128,9 @@ def test_attention_split_over_threads_matches_reference(monkeypatch, path, threa
         ref_out, ref_w = REF.attention(q, k, v, 0.4, bias, causal, empty)
         np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+        out, w = CPU.attention(q, k, v, 0.4, bias, causal, empty, need_weights=False)
+        assert w is None
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", ["C", "openblas"])
@@ -179,6 +182,30 @@ def test_c_pair_kernel_sizes_match_reference(monkeypatch, tk, d, rng):
         np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
         assert np.all(w[bias == NEG_INF] == 0)
+
+
+@pytest.mark.parametrize("tq,tk", [(30, 2400), (43, 1030), (15, 5000)])
+def test_c_pair_kernel_long_keys_run_in_query_blocks(monkeypatch, tq, tk, rng):
+    """Long keys: the pair runs its query rows in blocks of whole 14-row tiles whose scores fit
+    64 Ki floats, at least one tile (14 rows per block at 2400 and 5000 keys: a last block
+    the queries cut short at 2400 and exactly one at 5000; 56 at 1030, more than the 43
+    queries), with the causal cut and a per-query bias crossing the blocks; with the weights
+    kept and without them."""
+    pair_path(monkeypatch, "C")
+    b, h, d, dv = 1, 2, 24, 17
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k = rng.standard_normal((b, h, tk, d)).astype(np.float32)
+    v = rng.standard_normal((b, h, tk, dv)).astype(np.float32)
+    bias = masks((b, 1, tq, tk), rng)
+    for causal in (False, True):
+        out, w = CPU.attention(q, k, v, 0.2, bias, causal, 2)
+        ref_out, ref_w = REF.attention(q, k, v, 0.2, bias, causal, 2)
+        np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+        # without the weights each block's scores live in the thread's buffer, reused
+        out, w = CPU.attention(q, k, v, 0.2, bias, causal, 2, need_weights=False)
+        assert w is None
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", ["C", "openblas"])

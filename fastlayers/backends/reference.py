@@ -281,15 +281,16 @@ class ReferenceOps:
         return w.astype(np.float32, copy=False)
 
     def attention(self, q_bhqd: np.ndarray, k_bhkd: np.ndarray, v_bhkv: np.ndarray, scale: float,
-                  bias: np.ndarray | None = None, causal: bool = False,
-                  empty: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk).
+                  bias: np.ndarray | None = None, causal: bool = False, empty: int = 0,
+                  need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk),
+        the weights None without ``need_weights`` (backends then need not keep them).
 
         Leading axes of q, k, v broadcast as in ``np.matmul`` (BLAS per (b, h) slice).
         """
         scores = np.matmul(q_bhqd, np.swapaxes(k_bhkd, -1, -2))
         w = self.attention_softmax(scores, scale, bias, causal, empty)
-        return np.matmul(w, v_bhkv), w
+        return np.matmul(w, v_bhkv), (w if need_weights else None)
 
     def encoder_layer(self, x_nle: np.ndarray, w: EncoderWeights, num_heads: int,
                       activation: str = "relu", norm_first: bool = False,

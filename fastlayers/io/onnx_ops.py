@@ -1087,7 +1087,8 @@ def _fused_attention(inputs, attrs, opset):
         if three_d:
             q, k, v = q[None], k[None], v[None]
         bias = None if mask is None else _f32(mask)
-        out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0)
+        out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0,
+                                     need_weights=False)
         return [out[0] if three_d else out]
     scores = _scaled(np.matmul(_scaled(q, s_q, divide_q),
                                _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
@@ -1159,7 +1160,7 @@ def _attention(inputs, attrs, opset):
         bias = bias + np.where(allowed, np.float32(0), np.float32(-np.inf))
     softcap = attrs.get("softcap", 0.0) or 0.0
     if not attrs.get("_qk_read", True) and softcap <= 0:   # one call of the backend's primitive
-        y, _ = get_ops().attention(q, k, v, float(scale), bias, False, 1)
+        y, _ = get_ops().attention(q, k, v, float(scale), bias, False, 1, need_weights=False)
         if three_d:
             y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)
         return [y, present_k, present_v]

@@ -497,7 +497,8 @@ class MultiHeadAttention(Layer):
         # (rank-3 inputs, no scores returned, no dropout) gives uniform weights; match both
         fused = not return_attention_scores and rank == 3 and self.dropout == 0
         out, w = ops.attention(q4, k4, v4, 1.0 / math.sqrt(kd), bias, bool(use_causal_mask),
-                               _EMPTY_UNIFORM if fused else _EMPTY_ZERO)
+                               _EMPTY_UNIFORM if fused else _EMPTY_ZERO,
+                               need_weights=bool(return_attention_scores))
         # (P, H, TQ, vd) -> (B, other..., attn..., H*vd) -> output projection
         ctx = out.transpose(0, 2, 1, 3).reshape(B, *o_shape, *tq_shape, H * vd)
         if perm != tuple(range(rank)):

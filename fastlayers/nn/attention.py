@@ -195,7 +195,8 @@ class MultiheadAttention(Module):
             extra += 1
         bias = self._bias(key_padding_mask, attn_mask, N, L, S, extra)
         q_nhld, k_nhsd, v_nhsd = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        out, w = ops.attention(q_nhld, k_nhsd, v_nhsd, 1.0 / math.sqrt(hd), bias, False, _NAN_ROWS)
+        out, w = ops.attention(q_nhld, k_nhsd, v_nhsd, 1.0 / math.sqrt(hd), bias, False, _NAN_ROWS,
+                               need_weights=need_weights)
         out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(N * L, E)
         op = self.out_proj
         return ops.dense(out, weight_io(op, "weight"), op.bias).reshape(N, L, E), w

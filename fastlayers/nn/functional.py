@@ -197,6 +197,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if bias is not None:
         bias = bias.reshape(1, P, L, S) if bias.ndim > 2 else bias.reshape(1, 1, L, S)
     sc = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1)
+    out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1,
+                                 need_weights=return_weights)
     out = out.reshape(*lead, L, v.shape[-1])
     return (out, w.reshape(*lead, L, S)) if return_weights else out

@@ -121,35 +121,40 @@ class CpuOps(ReferenceOps):
         _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
         return s
 
-    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0):
+    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0,
+                  need_weights=True):
         """As ReferenceOps.attention. q, k and v may be strided views (heads split off a
         projection's columns): the products read their rows in place. The output is a
-        (B, H, Tq, Dv) view of a (B, Tq, H, Dv) array, so merging the heads back is free."""
+        (B, H, Tq, Dv) view of a (B, Tq, H, Dv) array, so merging the heads back is free.
+        Without ``need_weights`` the C pair kernel keeps one block of scores per thread and
+        no (B, H, Tq, Tk) array is made."""
         q, k, v = (_rows_in_place(a) for a in (q_bhqd, k_bhkd, v_bhkv))
         b = self._attention_bias(bias, k.shape[-2])
         if (_blas.SGEMM is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or b is None
                 or not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]
                 or q.shape[3] != k.shape[3] or 0 in q.shape or 0 in k.shape or 0 in v.shape):
-            return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty)
+            return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty,
+                                     need_weights)
         nb, nh, tq, d = q.shape
         tk, dv = k.shape[2], v.shape[3]
         flops = 2 * tq * tk * (d + dv)
         if _blas.ATTENTION is not None:
-            s = np.empty((nb, nh, tq, tk), np.float32)
+            s = np.empty((nb, nh, tq, tk) if need_weights else (0, 0, 0, 0), np.float32)
             out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
             run_parallel(_attention.attention_pairs, _attention.attention_pairs_par,
                          (_blas.ATTENTION, q, k, v, np.float32(scale), b, int(bool(causal)),
-                          int(empty), s, out, _blas.attention_buffer_floats(tk, d, dv)),
+                          int(empty), s, out,
+                          _blas.attention_buffer_floats(tq, tk, d, dv, need_weights)),
                          nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops))
-            return out, s
+            return out, (s if need_weights else None)
         with shares(nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops)) as parts:
             if parts == 1:
-                return super().attention(q, k, v, scale, bias, causal, empty)
+                return super().attention(q, k, v, scale, bias, causal, empty, need_weights)
             s = np.empty((nb, nh, tq, tk), np.float32)
             out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
             _attention.attention_par(_blas.SGEMM, q, k, v, np.float32(scale), b, bool(causal),
                                      int(empty), s, out, parts)
-        return out, s
+        return out, (s if need_weights else None)
 
     def encoder_layer(self, x_nle, w: EncoderWeights, num_heads, activation="relu",
                       norm_first=False, bias=None, empty=0, need_weights=True):

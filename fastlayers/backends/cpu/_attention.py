@@ -103,34 +103,39 @@ def attention_par(fn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk
 def attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk, out_bhqv,
                     buffer_floats, p0, p1):
     """out[b, h] = softmax(scale q[b, h] k[b, h]^T + bias) v[b, h], the weights written to
-    s[b, h], for the pairs b H + h in p0:p1, each one call of ``afn`` (``_blas.ATTENTION``,
-    packing into a buffer of ``buffer_floats``)."""
-    nh = s_bhqk.shape[1]
+    s[b, h] (an empty ``s_bhqk``: not kept), for the pairs b H + h in p0:p1, each one call of
+    ``afn`` (``_blas.ATTENTION``, packing into a buffer of ``buffer_floats``)."""
+    nh = out_bhqv.shape[1]
+    keep = s_bhqk.shape[0] > 0
     pb = np.empty(buffer_floats, np.float32)
     for bhi in range(p0, p1):
         b, h = bhi // nh, bhi % nh
+        s_at, lds = np.uintp(0), 0
+        if keep:
+            s_at, lds = np.uintp(s_bhqk[b, h].ctypes.data), s_bhqk.strides[2] // 4
         attention_pair(afn, q_bhqd[b, h], k_bhkd[b, h], v_bhkv[b, h], scale, bias, b, h, causal,
-                       empty, s_bhqk[b, h], out_bhqv[b, h], pb)
+                       empty, s_at, lds, out_bhqv[b, h], pb)
 
 
 @njit(inline=True)
-def attention_pair(afn, q, k, v, scale, bias, b, h, causal, empty, s, out, pb):
-    """out = softmax(scale q k^T + bias[b, h]) v and s = the weights, for the matrices of one
-    (batch, head) pair (rows read in place), as one call of ``afn`` packing into ``pb``."""
+def attention_pair(afn, q, k, v, scale, bias, b, h, causal, empty, s_at, lds, out, pb):
+    """out = softmax(scale q k^T + bias[b, h]) v and the weights at address ``s_at`` (rows
+    ``lds`` floats apart; 0: not kept), for the matrices of one (batch, head) pair (rows read
+    in place), as one call of ``afn`` packing into ``pb``."""
     bias_at = np.uintp(0)
     if bias.shape[0] > 0:
         bias_at = bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0].ctypes.data
     afn(q.shape[0], k.shape[0], q.shape[1], v.shape[1], q.ctypes.data, q.strides[0] // 4,
         k.ctypes.data, k.strides[0] // 4, v.ctypes.data, v.strides[0] // 4, scale, bias_at,
-        k.shape[0] if bias.shape[2] > 1 else 0, causal, empty, s.ctypes.data, s.strides[0] // 4,
-        out.ctypes.data, out.strides[0] // 4, pb.ctypes.data)
+        k.shape[0] if bias.shape[2] > 1 else 0, causal, empty, s_at, lds, out.ctypes.data,
+        out.strides[0] // 4, pb.ctypes.data)
 
 
 @njit(parallel=True)
 def attention_pairs_par(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk,
                         out_bhqv, buffer_floats, parts):
     """``attention_pairs`` over every pair, in ``parts`` shares on Numba's threads."""
-    pairs = s_bhqk.shape[0] * s_bhqk.shape[1]
+    pairs = out_bhqv.shape[0] * out_bhqv.shape[1]
     for p in prange(parts):
         attention_pairs(afn, q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, s_bhqk,
                         out_bhqv, buffer_floats, pairs * p // parts, pairs * (p + 1) // parts)
@@ -146,7 +151,7 @@ def warm_attention():
     out = np.empty((1, 2, 2, 4), np.float32).transpose(0, 2, 1, 3)
     no_bias, scale = np.zeros((0, 0, 0, 0), np.float32), np.float32(1.0)
     if _blas.ATTENTION is not None:
-        floats = _blas.attention_buffer_floats(2, 4, 4)
+        floats = _blas.attention_buffer_floats(2, 2, 4, 4)
         attention_pairs(_blas.ATTENTION, q, k, v, scale, no_bias, 0, 0, s, out, floats, 0, 2)
         attention_pairs_par(_blas.ATTENTION, q, k, v, scale, no_bias, 0, 0, s, out, floats, 2)
     elif _blas.SGEMM is not None:

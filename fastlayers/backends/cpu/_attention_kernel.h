@@ -134,34 +134,47 @@ FL_VEXP_TARGET static void fl_softmax_row(float *row, int64_t tk, int64_t n, flo
     }
 }
 
-/* Floats of the packing buffer fl_attention_pair needs: k^T (d, tk) and v (tk, dv) packed. */
-static int64_t fl_attention_buffer_floats(int64_t tk, int64_t d, int64_t dv) {
-    return fl_packed_floats(d, tk) + fl_packed_floats(tk, dv);
-}
-
 /* Scores per block of query rows (64 Ki floats: 256 KiB, a quarter of L2): each block's rows
  * go through q k^T, the softmax and s v while they are in cache; whole 14-row tiles, at least
- * one. At the issue's length (128 keys) every query row is in one block. */
-#define FL_ATTENTION_BLOCK_FLOATS 65536
+ * one, and no more than the tq rows there are. At the issue's length (128 keys) every query
+ * row is in one block. */
+static int64_t fl_attention_block_rows(int64_t tq, int64_t tk) {
+    int64_t rows = 65536 / (tk > 0 ? tk : 1) / FL_MR * FL_MR;
+    int64_t all = (tq + FL_MR - 1) / FL_MR * FL_MR;
+    rows = rows < FL_MR ? FL_MR : rows;
+    return rows < all ? rows : all;
+}
 
-/* One pair (see the file comment), k^T and v packed into pb (fl_attention_buffer_floats). */
+/* Floats of the buffer fl_attention_pair needs: k^T (d, tk) and v (tk, dv) packed, and where
+ * the weights are not kept (s NULL) one block of scores. */
+static int64_t fl_attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv,
+                                          int64_t keep_weights) {
+    return fl_packed_floats(d, tk) + fl_packed_floats(tk, dv) +
+           (keep_weights ? 0 : fl_attention_block_rows(tq, tk) * tk);
+}
+
+/* One pair (see the file comment), k^T and v packed into pb (fl_attention_buffer_floats). With
+ * s NULL the weights are not kept: each block's scores live in pb, so long keys need no
+ * (tq, tk) matrix. */
 static void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,
                               int64_t ldq, const float *k, int64_t ldk, const float *v,
                               int64_t ldv, float scale, const float *bias, int64_t ldbias,
                               int64_t causal, int64_t empty, float *s, int64_t lds, float *out,
                               int64_t ldo, float *pb) {
     float *pv = pb + fl_packed_floats(d, tk);
-    int64_t block = FL_ATTENTION_BLOCK_FLOATS / (tk > 0 ? tk : 1) / FL_MR * FL_MR;
-    if (block < FL_MR) block = FL_MR;
+    int64_t block = fl_attention_block_rows(tq, tk);
+    float *scratch = s ? 0 : pv + fl_packed_floats(tk, dv);
+    if (!s) lds = tk;
     fl_pack_t(k, ldk, d, tk, pb);
     fl_pack_all(v, ldv, tk, dv, pv);
     for (int64_t i0 = 0; i0 < tq; i0 += block) {
         int64_t rows = tq - i0 < block ? tq - i0 : block;
-        float *sb = s + i0 * lds;
+        float *sb = scratch ? scratch : s + i0 * lds;
         fl_sgemm_packed(rows, tk, d, q + i0 * ldq, ldq, pb, 0.0f, sb, lds);
         for (int64_t i = i0; i < i0 + rows; ++i) {
             int64_t n = causal && i + 1 < tk ? i + 1 : tk;
-            fl_softmax_row(s + i * lds, tk, n, scale, bias ? bias + i * ldbias : 0, empty);
+            fl_softmax_row(sb + (i - i0) * lds, tk, n, scale, bias ? bias + i * ldbias : 0,
+                           empty);
         }
         fl_sgemm_packed(rows, dv, tk, sb, lds, pv, 0.0f, out + i0 * ldo, ldo);
     }
@@ -172,8 +185,9 @@ static int fl_attention_supported(void) { return fl_supported(); }
 #else
 /* Without the AVX-512 kernels callers keep the OpenBLAS and Numba path. */
 static int fl_attention_supported(void) { return 0; }
-static int64_t fl_attention_buffer_floats(int64_t tk, int64_t d, int64_t dv) {
-    (void)tk; (void)d; (void)dv;
+static int64_t fl_attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv,
+                                          int64_t keep_weights) {
+    (void)tq; (void)tk; (void)d; (void)dv; (void)keep_weights;
     return 0;
 }
 static void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,

@@ -91,7 +91,8 @@ def _attention_pair():
 #: ``fl_attention_pair(tq, tk, d, dv, q, ldq, k, ldk, v, ldv, scale, bias, ldbias, causal,
 #: empty, s, lds, out, ldo, pb)``: s = softmax(scale q k^T + bias) and out = s v for one
 #: (batch, head) pair, both products on the packed sgemm (``pb``: a buffer of
-#: ``_sgemm.attention_buffer_floats`` floats), where ``PACKED`` is available.
+#: ``_sgemm.attention_buffer_floats`` floats; s 0: the weights are not kept), where ``PACKED``
+#: is available.
 ATTENTION = _attention_pair()
 
 
@@ -122,8 +123,9 @@ def packed(fn, a_mk, pb, c_mn, beta):
        np.float32(beta), c_mn.ctypes.data, c_mn.strides[0] // 4)
 
 
-def attention_buffer_floats(tk, d, dv):
-    """Floats of the buffer one thread's ``ATTENTION`` calls pack k^T and v into."""
+def attention_buffer_floats(tq, tk, d, dv, keep_weights=True):
+    """Floats of the buffer one thread's ``ATTENTION`` calls pack k^T and v into (and, where
+    the weights are not kept, compute each block of scores in)."""
     from . import _sgemm
 
-    return _sgemm.attention_buffer_floats(tk, d, dv)
+    return _sgemm.attention_buffer_floats(tq, tk, d, dv, keep_weights)

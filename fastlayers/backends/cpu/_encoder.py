@@ -77,7 +77,8 @@ def _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, p
         rows = qkv[b * seqlen:(b + 1) * seqlen]
         c = h * hd
         attention_pair(afn, rows[:, c:c + hd], rows[:, e + c:e + c + hd],
-                       rows[:, 2 * e + c:2 * e + c + hd], scale, bias, b, h, 0, empty, s[b, h],
+                       rows[:, 2 * e + c:2 * e + c + hd], scale, bias, b, h, 0, empty,
+                       np.uintp(s[b, h].ctypes.data), seqlen,
                        att[b * seqlen:(b + 1) * seqlen, c:c + hd], pb)
     if not barrier(sync, parts, 2):
         return
@@ -163,7 +164,7 @@ def layer_args(x_nle, w, heads, code, norm_first, bias4, empty, need_weights=Tru
             packed[1], vec[1], weights[2], packed[2], vec[2], weights[3], packed[3], vec[3],
             vec[4], vec[5], f32(w.norm1[2]), vec[6], vec[7], f32(w.norm2[2]), code, heads,
             length, bias4, int(empty), bool(norm_first),
-            _blas.attention_buffer_floats(length, e // heads, e // heads),
+            _blas.attention_buffer_floats(length, length, e // heads, e // heads),
             max(1, HIDDEN_BLOCK_FLOATS // f // TILE_ROWS) * TILE_ROWS)
     shapes = [(m, 3 * e), (m, e), (m, e), (m, e), (m, f)]
     s_shape = (n, heads, length, length)

@@ -19,7 +19,8 @@ cdef extern from "_conv_kernel.h":
 
 cdef extern from "_attention_kernel.h":
     int fl_attention_supported()
-    int64_t fl_attention_buffer_floats(int64_t tk, int64_t d, int64_t dv)
+    int64_t fl_attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv,
+                                       int64_t keep_weights)
     void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,
                            int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
                            float scale, const float *bias, int64_t ldbias, int64_t causal,
@@ -64,15 +65,16 @@ def conv_address():
 def attention_address():
     """The address of ``fl_attention_pair(tq, tk, d, dv, q, ldq, k, ldk, v, ldv, scale, bias,
     ldbias, causal, empty, s, lds, out, ldo, pb)``: s = softmax(scale q k^T + bias) and out = s v
-    for one (batch, head) pair on the packed sgemm, ``pb`` a buffer of
-    ``attention_buffer_floats`` floats (``_attention_kernel.h``), or 0 where this CPU lacks
-    AVX-512F."""
+    for one (batch, head) pair on the packed sgemm (s NULL: the weights are not kept), ``pb`` a
+    buffer of ``attention_buffer_floats`` floats (``_attention_kernel.h``), or 0 where this CPU
+    lacks AVX-512F."""
     return <uintptr_t>&fl_attention_pair if fl_attention_supported() else 0
 
 
-def attention_buffer_floats(int64_t tk, int64_t d, int64_t dv):
-    """Floats of the packing buffer one thread's ``fl_attention_pair`` calls need."""
-    return fl_attention_buffer_floats(tk, d, dv)
+def attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv, keep_weights=True):
+    """Floats of the buffer one thread's ``fl_attention_pair`` calls need (with a block of
+    scores where the weights are not kept)."""
+    return fl_attention_buffer_floats(tq, tk, d, dv, 1 if keep_weights else 0)
 
 
 def pack(b_kn):

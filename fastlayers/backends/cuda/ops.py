@@ -548,14 +548,15 @@ class CudaOps(ReferenceOps):
         return self._back(s, dev)
 
     @_serialized_in_simulator
-    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0):
+    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0,
+                  need_weights=True):
         dev = is_device(q_bhqd)
         shapes = (q_bhqd.shape, k_bhkd.shape, v_bhkv.shape)
         if not (q_bhqd.ndim == k_bhkd.ndim == v_bhkv.ndim == 4
                 and shapes[0][:2] == shapes[1][:2] == shapes[2][:2]
                 and q_bhqd.size and k_bhkd.size and v_bhkv.size):
             return super().attention(to_host(q_bhqd), to_host(k_bhkd), to_host(v_bhkv), scale,
-                                     to_host(bias), causal, empty)
+                                     to_host(bias), causal, empty, need_weights)
         nb, nh, tq, _ = shapes[0]
         tk, dv = shapes[1][2], shapes[2][3]
         dq, dk, dv_ = to_device(q_bhqd), to_device(k_bhkd), to_device(v_bhkv)
@@ -567,7 +568,7 @@ class CudaOps(ReferenceOps):
         out = self._empty((nb, nh, tq, dv))
         self._matmul_into(w.reshape(nb * nh, tq, tk), dv_.reshape(nb * nh, tk, dv),
                           out.reshape(nb * nh, tq, dv))
-        return self._back(out, dev), self._back(w, dev)
+        return self._back(out, dev), (self._back(w, dev) if need_weights else None)
 
     @_serialized_in_simulator
     def tanh_scores(self, q_pqd, k_pkd, w_d, inner=1.0, outer=1.0):
