@@ -183,3 +183,57 @@ def bench_attention(benchmark, engines, engine):
     benchmark.group = f"{name} batch {batch} T {T}"
     benchmark.extra_info.update(workload=name, batch=batch, seq_len=T, engine=engine)
     benchmark(fns[engine], x)
+
+
+# ------------------------------------------------------------------------------ long keys
+#: ``sdpa_long``: scaled_dot_product_attention on (batch 1, 2 heads, T, 64) q, k, v with T =
+#: 2048 (256 when cut): no weights kept, so fastlayers' pair kernel runs its query rows in
+#: blocks whose scores stay in cache (docs/design.md, "Long keys").
+LONG = (1, 2, 2048 if FULL else 256, 64)
+
+
+def _long_keys_onnx():
+    from onnx import TensorProto, helper
+
+    b, h, t, d = LONG
+    spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [b, h, t, d]) for n in "qkv"]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0 / np.sqrt(d)])
+    graph = helper.make_graph(nodes, "sdpa", spec, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [b, h, t, d])], [scale])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.fixture(scope="module")
+def long_keys_engines():
+    torch = torch_module()
+    sess = ort_session(_long_keys_onnx())
+
+    def run_torch(qkv):
+        with torch.inference_mode():
+            q, k, v = (torch.from_numpy(a) for a in qkv)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v).numpy()
+
+    def run_ref(qkv):
+        with fastlayers.use_ops("reference"):
+            return fnn.functional.scaled_dot_product_attention(*qkv)
+
+    return {"torch": run_torch,
+            "fastlayers-cpu": lambda qkv: fnn.functional.scaled_dot_product_attention(*qkv),
+            "fastlayers-reference": run_ref,
+            "onnxruntime": lambda qkv: sess.run(None, dict(zip("qkv", qkv)))[0]}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def bench_long_keys(benchmark, long_keys_engines, engine):
+    b, h, t, d = LONG
+    qkv = tuple(np.random.default_rng(1).standard_normal((3, b, h, t, d)).astype(np.float32))
+    check_same({e: f(qkv) for e, f in long_keys_engines.items()}, rtol=1e-4, atol=1e-5)
+    benchmark.group = f"sdpa_long batch {b} heads {h} T {t}"
+    benchmark.extra_info.update(workload="sdpa_long", batch=b, seq_len=t, engine=engine,
+                                flops=4 * b * h * t * t * d)
+    benchmark(long_keys_engines[engine], qkv)
