@@ -51,6 +51,24 @@ def test_report_takes_each_engines_best_median_over_runs(tmp_path):
     assert "3 runs; each engine's row is its lowest median" in report.render(rows, {}, meta)
 
 
+def test_report_recurrent_weight_rates_against_copy_bandwidth(tmp_path):
+    paths = []
+    for i, gbps in enumerate([30.0, 45.0]):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(fake_run(2, [
+            ({"workload": "lstm_b1", "batch": 1, "engine": "fastlayers-cpu",
+              "recurrent_weight_gbps": gbps}, 0.001),
+            ({"workload": "np.copyto 256 MiB", "engine": "numpy",
+              "gbps_read_plus_write": 20.0 + i}, 0.02)])))
+        paths.append(str(path))
+    rates = report.load_rates(paths)
+    assert rates == {("lstm_b1", 2, "fastlayers-cpu"): 45.0, ("np.copyto 256 MiB", 2, "numpy"): 21.0}
+    rows, flops, meta = report.load_runs(paths)
+    text = report.render(rows, flops, meta, None, rates)
+    assert "| lstm_b1 | 2 | fastlayers-cpu | 45.0 | 2.14 |" in text
+    assert "memory copy bandwidth at 2 thread(s): 21.0 GB/s" in text
+
+
 def test_process_metrics_measures_cold_start_and_memory(tmp_path):
     oracle("onnxruntime")
     oracle("onnx")
