@@ -1,7 +1,7 @@
 """The whole-layer encoder primitive (CpuOps.encoder_layer, ``_encoder``) against
 ReferenceOps.encoder_layer: post- and pre-norm, each fused activation, masks with a fully masked
-row, no biases or norm parameters, odd and unit sizes, rows too few for the packed sgemm, and
-1 to 3 threads meeting at the barriers."""
+row, no biases or norm parameters, odd and unit sizes, one row (OpenBLAS products, not the
+packed sgemm), and 1 to 3 threads meeting at the barriers."""
 
 import numpy as np
 import pytest
@@ -16,8 +16,9 @@ NEG_INF = np.float32(-np.inf)
 SIZES = [
     (1, 128, 128, 2, 512),     # BERT-tiny's layer
     (2, 33, 24, 3, 40),        # odd lengths, three heads
-    (2, 5, 8, 2, 12),          # 10 rows: the packed sgemm's smallest
-    (1, 7, 6, 3, 5),           # 7 rows: OpenBLAS products
+    (2, 5, 8, 2, 12),          # 10 rows
+    (1, 7, 6, 3, 5),           # 7 rows: tiles of the packed sgemm's smaller heights
+    (1, 1, 6, 3, 5),           # 1 row: OpenBLAS products
     (3, 1, 4, 1, 4),           # length 1, one head
 ]
 

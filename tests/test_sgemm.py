@@ -96,7 +96,7 @@ def test_packed_product_with_no_inner_dimension_zeroes_or_keeps(rng):
 
 @needs_packed
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m", [8, 50, 1000])
+@pytest.mark.parametrize("m", [2, 7, 8, 50, 1000])
 def test_matmul_on_weights_fuses_bias_and_activation(monkeypatch, rng, threads, m):
     """The packed route of ``_gemm.matmul`` (row shares, row chunks with their epilogue; column
     shares below 64 rows), and its packing cached per weight view."""

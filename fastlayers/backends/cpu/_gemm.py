@@ -31,9 +31,11 @@ ROW_SPLIT_MIN = 64
 #: Column shares are multiples of this many columns: whole SIMD vectors and sgemm panels (the
 #: packed sgemm's panels are this wide, so a share of them starts at a panel).
 COLUMN_STEP = 32
-#: Fewest rows for the packed sgemm: its register tiles are 4, 8 or 14 rows high, and OpenBLAS
-#: was as fast on fewer rows (docs/design.md, "Own sgemm").
-PACKED_MIN_ROWS = 8
+#: Fewest rows for the packed sgemm: one row reads the weights once either way and OpenBLAS's
+#: gemv is as fast; from 2 rows the packed tiles (exactly the rows there are) were 2.8-4.4x
+#: faster than OpenBLAS on session 13's host (4 x 256 x 1024: 14.8 against 56.5 us;
+#: docs/design.md, "Own sgemm"). The earlier host had OpenBLAS as fast below 8 rows.
+PACKED_MIN_ROWS = 2
 #: Fewest multiply-adds for the packed sgemm: below, looking up the packed weights costs more
 #: than the faster kernel saves (small models ran 10-50 % slower per call).
 PACKED_MIN_MADDS = 1 << 18
