@@ -111,7 +111,7 @@ class TransformerEncoderLayer(_FeedForward, Module):
             x = self.norm2(x + self._ff_block(x))
         return (x, w) if return_attention_weights else x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights=True):
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights):
         return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                               need_weights=need_weights, average_attn_weights=False,
                               is_causal=is_causal)
@@ -193,30 +193,30 @@ class TransformerDecoderLayer(_FeedForward, Module):
         if x.ndim not in (2, 3) or x.shape[-1] != E or mem.ndim != x.ndim or mem.shape[-1] != E:
             raise ShapeError(f"TransformerDecoderLayer(d_model={E}): expected tgt and memory of "
                              f"rank 3 (or 2) ending in {E}, got {x.shape} and {mem.shape}")
-        keep = return_attention_weights
         if self.norm_first:
             a, w_self = self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask,
-                                       tgt_is_causal, keep)
+                                       tgt_is_causal, return_attention_weights)
             x = x + a
             a, w_cross = self._mha_block(self.norm2(x), mem, memory_mask, memory_key_padding_mask,
-                                         memory_is_causal, keep)
+                                         memory_is_causal, return_attention_weights)
             x = x + a
             x = x + self._ff_block(self.norm3(x))
         else:
-            a, w_self = self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal, keep)
+            a, w_self = self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
+                                       return_attention_weights)
             x = self.norm1(x + a)
             a, w_cross = self._mha_block(x, mem, memory_mask, memory_key_padding_mask,
-                                         memory_is_causal, keep)
+                                         memory_is_causal, return_attention_weights)
             x = self.norm2(x + a)
             x = self.norm3(x + self._ff_block(x))
-        return (x, (w_self, w_cross)) if keep else x
+        return (x, (w_self, w_cross)) if return_attention_weights else x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights=True):
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights):
         return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                               is_causal=bool(is_causal), need_weights=need_weights,
                               average_attn_weights=False)
 
-    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal, need_weights=True):
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal, need_weights):
         return self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
                                    key_padding_mask=key_padding_mask, is_causal=bool(is_causal),
                                    need_weights=need_weights, average_attn_weights=False)

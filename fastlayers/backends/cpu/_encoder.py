@@ -78,7 +78,7 @@ def _encoder_share(fn, pfn, afn, x, w_qkv, pb_qkv, b_qkv, w_o, pb_o, b_o, w_1, p
         c = h * hd
         attention_pair(afn, rows[:, c:c + hd], rows[:, e + c:e + c + hd],
                        rows[:, 2 * e + c:2 * e + c + hd], scale, bias, b, h, 0, empty,
-                       np.uintp(s[b, h].ctypes.data), seqlen,
+                       np.uintp(s[b, h].ctypes.data), s.strides[2] // 4,
                        att[b * seqlen:(b + 1) * seqlen, c:c + hd], pb)
     if not barrier(sync, parts, 2):
         return
