@@ -1,47 +1,72 @@
-"""Build script: declares the Cython extensions (every ``fastlayers/**/_*.pyx``), with OpenMP
-where the compiler supports it. Metadata lives in pyproject.toml."""
+"""Build script: one compiled extension, ``fastlayers.native._core`` (metadata: pyproject.toml).
 
-import os
-import shutil
-import subprocess
+The kernel files (``fastlayers/native/*.c`` included by ``kernels.inc``) are compiled once per
+ISA, each through its ``isa_<name>.c`` with that ISA's flags only (no ``-march=native``, so a
+wheel built on one x86-64 machine runs on any other); ``dispatch.c`` picks one at import from
+CPUID. On other architectures only the portable path is built. The older Cython modules
+(``fastlayers/**/_*.pyx`` outside native/) are built beside it.
+"""
+
+import platform
 import sys
-import tempfile
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+NATIVE = Path("fastlayers", "native")
+#: Flags of every native object: -O3, math that keeps IEEE results (no reassociation; FMA
+#: contraction allowed), C11 atomics.
+COMMON = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast",
+          "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma",
+               "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "generic": [],
+}
 
 
-def openmp_flags():
-    """(-fopenmp, -fopenmp) when the C compiler accepts it, else no flags (serial kernels)."""
-    if sys.platform == "win32":
-        return ["/openmp"], []
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        return [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, "omp.c")
-        src.write_text("#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n")
-        ok = subprocess.run([cc, "-fopenmp", str(src), "-o", str(Path(tmp, "omp"))],
-                            capture_output=True).returncode == 0
-    return (["-fopenmp"], ["-fopenmp"]) if ok else ([], [])
+def native_isas():
+    machine = platform.machine().lower()
+    x86 = machine in ("x86_64", "amd64", "x64") and sys.platform != "win32"
+    return ["avx512", "avx2", "generic"] if x86 else ["generic"]
+
+
+class BuildExt(build_ext):
+    """Compiles the per-ISA kernel objects and links them into the native extension."""
+
+    def build_extension(self, ext):
+        if ext.name == "fastlayers.native._core":
+            depends = [str(p) for p in NATIVE.glob("*.[ch]")] + [str(NATIVE / "kernels.inc")]
+            objects = []
+            for isa in native_isas():
+                objects += self.compiler.compile(
+                    [str(NATIVE / f"isa_{isa}.c")], output_dir=self.build_temp,
+                    include_dirs=[str(NATIVE)], depends=depends,
+                    extra_postargs=COMMON + ISA_FLAGS[isa])
+            ext.extra_objects = objects
+            ext.depends = depends
+        super().build_extension(ext)
 
 
 def extensions():
-    sources = sorted(Path("fastlayers").rglob("_*.pyx"))
-    if not sources:
-        return []
     import numpy
     from Cython.Build import cythonize
     from setuptools import Extension
 
-    compile_args, link_args = openmp_flags()
-    exts = [Extension(".".join(src.with_suffix("").parts), [str(src)],
-                      depends=[str(h) for h in sorted(src.parent.glob("_*.h"))],
-                      include_dirs=[numpy.get_include()],
-                      extra_compile_args=["-O3", *compile_args], extra_link_args=link_args)
-            for src in sources]
-    return cythonize(exts, language_level=3, compiler_directives={
+    core = Extension("fastlayers.native._core",
+                     [str(NATIVE / "_core.pyx"), str(NATIVE / "dispatch.c"),
+                      str(NATIVE / "threadpool.c")],
+                     include_dirs=[str(NATIVE), numpy.get_include()],
+                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                     extra_compile_args=COMMON, extra_link_args=["-pthread"])
+    older = [Extension(".".join(src.with_suffix("").parts), [str(src)],
+                       depends=[str(h) for h in sorted(src.parent.glob("_*.h"))],
+                       include_dirs=[numpy.get_include()], extra_compile_args=["-O3"])
+             for src in sorted(Path("fastlayers").rglob("_*.pyx")) if src.parent != NATIVE]
+    return cythonize([core, *older], language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False})
 
 
-setup(ext_modules=extensions())
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

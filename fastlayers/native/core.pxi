@@ -1,0 +1,106 @@
+# The ISA dispatch, the thread pool and the array helpers every kernel binding uses.
+
+cdef extern from "dispatch.h":
+    const char *fl_best_isa()
+    int fl_set_isa(const char *name)
+    int fl_isa_runs(const char *name)
+    const char *fl_isa_names[]
+    ctypedef struct fl_kernels:
+        const char *isa
+    const fl_kernels *fl_k
+
+cdef extern from "threadpool.h":
+    int fl_pool_get_threads()
+    void fl_pool_set_threads(int n)
+    int fl_pool_generation()
+    int fl_pool_workers()
+
+
+class NativeError(RuntimeError):
+    """A native kernel failed (a work buffer could not be allocated)."""
+
+
+cdef inline void check(int status, str what) except *:
+    if status == -1:
+        raise MemoryError(f"{what}: a native work buffer could not be allocated")
+    if status != 0:
+        raise NativeError(f"{what}: native kernel failed with status {status}")
+
+
+cdef inline float *fptr(cnp.ndarray a, str what) except NULL:
+    """The data of ``a``: float32 with a contiguous last axis and whole-float row strides."""
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32:
+        raise TypeError(f"{what}: expected a float32 array, got {a.dtype}")
+    if a.ndim and a.shape[a.ndim - 1] > 1 and a.strides[a.ndim - 1] != 4:
+        raise ValueError(f"{what}: the last axis must be contiguous")
+    return <float *>cnp.PyArray_DATA(a)
+
+
+cdef inline float *optf(object a, str what) except? NULL:
+    """``fptr`` of an optional array (None gives NULL)."""
+    if a is None:
+        return NULL
+    return fptr(a, what)
+
+
+cdef inline int64_t ld(cnp.ndarray a):
+    """Row stride in floats of a 2-D array (its width when it has one row)."""
+    if a.ndim < 2:
+        return a.shape[0] if a.ndim else 1
+    if a.shape[0] <= 1:
+        return max(a.strides[0] // 4, a.shape[1])
+    return a.strides[0] // 4
+
+
+def isas():
+    """The ISA paths compiled in, best first (``avx512``, ``avx2``, ``generic``)."""
+    out = []
+    cdef int i = 0
+    while fl_isa_names[i] != NULL:
+        out.append(fl_isa_names[i].decode())
+        i += 1
+    return out
+
+
+def isa_runs(str name):
+    """Whether this CPU can run the ISA path ``name``."""
+    return bool(fl_isa_runs(name.encode()))
+
+
+def best_isa():
+    """The best ISA path this CPU runs."""
+    return fl_best_isa().decode()
+
+
+def isa():
+    """The ISA path the kernels run now."""
+    return fl_k.isa.decode()
+
+
+def set_isa(str name):
+    """Run the kernels on the ISA path ``name``; ValueError when this CPU cannot."""
+    if fl_set_isa(name.encode()) != 0:
+        raise ValueError(f"ISA path {name!r} is not available on this CPU; "
+                         f"available: {[n for n in isas() if isa_runs(n)]}")
+
+
+def get_num_threads():
+    """Threads a parallel kernel uses (the caller's included)."""
+    return fl_pool_get_threads()
+
+
+def set_num_threads(int n):
+    """Use ``n`` threads in the kernels (created at the next parallel call)."""
+    if n < 1:
+        raise ValueError(f"set_num_threads expects a positive integer, got {n}")
+    fl_pool_set_threads(n)
+
+
+def pool_generation():
+    """1 once this process created its workers (a forked child starts again at 0)."""
+    return fl_pool_generation()
+
+
+def pool_workers():
+    """Worker threads alive now (beside the calling thread)."""
+    return fl_pool_workers()

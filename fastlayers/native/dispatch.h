@@ -1,0 +1,30 @@
+/* Runtime ISA dispatch: one table of kernel pointers per ISA compiled in (isa_*.c), chosen at
+ * import from CPUID, or forced by name (FASTLAYERS_ISA, fastlayers.native.set_isa). The
+ * wrappers fl_<name>(...) call the chosen ISA's kernel. */
+#ifndef FL_DISPATCH_H
+#define FL_DISPATCH_H
+#include "kernels.h"
+
+typedef struct fl_kernels {
+    const char *isa;
+#define FL_MEMBER(ret, name, params, args) ret (*name) params;
+    FL_KERNELS(FL_MEMBER)
+#undef FL_MEMBER
+} fl_kernels;
+
+extern const fl_kernels *fl_k;
+
+/* Names of the ISAs compiled in, best first ("avx512", "avx2", "generic"), NULL-terminated. */
+extern const char *const fl_isa_names[];
+/* Whether this CPU can run the ISA `name` (and it was compiled in). */
+int fl_isa_runs(const char *name);
+/* Use the ISA `name`; -1 when it is unknown or this CPU cannot run it. */
+int fl_set_isa(const char *name);
+/* The best ISA this CPU runs. */
+const char *fl_best_isa(void);
+
+#define FL_WRAPPER(ret, name, params, args) \
+    static inline ret fl_##name params { return fl_k->name args; }
+FL_KERNELS(FL_WRAPPER)
+#undef FL_WRAPPER
+#endif

@@ -1,0 +1,96 @@
+/* Common definitions of the native core: the ISA a kernel file is compiled for, its vector
+ * type and the few vector helpers every kernel file uses.
+ *
+ * Kernel files (gemm.c, rows.c, ...) are compiled once per ISA by isa_avx512.c, isa_avx2.c and
+ * isa_generic.c, which define FL_ISA_AVX512 / FL_ISA_AVX2 / nothing before including them
+ * (setup.py gives each its compiler flags). FL_FN(name) names a kernel of the ISA being built
+ * (name_avx512, name_avx2, name_generic); dispatch.c gathers them into one table per ISA.
+ *
+ * Vectors are GCC/clang vector extensions of FL_VW floats: 16 for AVX-512F, 8 for AVX2+FMA and
+ * 4 for the portable path (SSE2 on x86-64, NEON on aarch64, scalar code elsewhere).
+ */
+#ifndef FL_H
+#define FL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(FL_ISA_AVX512)
+#define FL_VW 16
+#define FL_FN(name) name##_avx512
+#define FL_ISA_NAME "avx512"
+#elif defined(FL_ISA_AVX2)
+#define FL_VW 8
+#define FL_FN(name) name##_avx2
+#define FL_ISA_NAME "avx2"
+#else
+#define FL_VW 4
+#define FL_FN(name) name##_generic
+#define FL_ISA_NAME "generic"
+#endif
+
+#define FL_INLINE static inline __attribute__((always_inline))
+#define FL_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FL_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* A vector of FL_VW floats, the same of int32, and their unaligned forms for loads/stores. */
+typedef float fl_vf __attribute__((vector_size(FL_VW * 4)));
+typedef int32_t fl_vi __attribute__((vector_size(FL_VW * 4)));
+typedef float fl_vf_u __attribute__((vector_size(FL_VW * 4), aligned(4), may_alias));
+
+FL_INLINE fl_vf fl_load(const float *p) { return *(const fl_vf_u *)p; }
+FL_INLINE void fl_store(float *p, fl_vf v) { *(fl_vf_u *)p = v; }
+/* a - (+0) is a exactly (also for -0), so the compiler emits a bare broadcast */
+FL_INLINE fl_vf fl_set1(float a) { return a - (fl_vf){0}; }
+/* mask ? a : b lane by lane (mask lanes all ones or zero, as vector comparisons give). */
+FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
+    return (fl_vf)(((fl_vi)a & mask) | ((fl_vi)b & ~mask));
+}
+/* min / max lane by lane; a NaN in a is returned (a < b is false for NaN). */
+FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return fl_select(b < a, b, a); }
+FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return fl_select(b > a, b, a); }
+FL_INLINE float fl_hsum(fl_vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < FL_VW; ++i) s += v[i];
+    return s;
+}
+FL_INLINE float fl_hmax(fl_vf v) {
+    float m = v[0];
+    for (int i = 1; i < FL_VW; ++i) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* exp(x) lane by lane: 2^n e^r, n = round(x log2 e), r = x - n ln 2 (Cody-Waite), e^r from the
+ * Cephes expf polynomial; within 2e-7 relative of float64. exp(x) = 0 below -87.3 (where
+ * 2^n would leave the normal range), inf above 88.7, NaN stays NaN. */
+FL_INLINE fl_vf fl_vexp(fl_vf x) {
+    const fl_vf lo = fl_set1(-87.3365478515625f), hi = fl_set1(88.3762626647949f);
+    fl_vf xc = fl_vmax(fl_vmin(x, hi), lo);
+    fl_vf t = xc * 1.44269504088896341f;
+    const fl_vf magic = fl_set1(12582912.0f);           /* 1.5 * 2^23: rounds to nearest */
+    fl_vf n = (t + magic) - magic;
+    fl_vf r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    fl_vf p = fl_set1(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    fl_vi ni = __builtin_convertvector(n, fl_vi);
+    fl_vf scale = (fl_vf)((ni + 127) << 23);
+    fl_vf y = p * scale;
+    y = fl_select(x < lo, fl_set1(0.0f), y);
+    y = fl_select(x > fl_set1(88.72283935546875f), fl_set1(__builtin_inff()), y);
+    return fl_select(x != x, x, y);
+}
+
+/* exp(x) of one float with the same polynomial (vector tails). */
+FL_INLINE float fl_exp1(float x) {
+    fl_vf v = fl_set1(x);
+    return fl_vexp(v)[0];
+}
+#endif

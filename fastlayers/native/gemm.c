@@ -1,0 +1,263 @@
+/* Matrix products (gemm.h): c (m, n) = a (m, k) @ b (k, n) on a register tile of MR rows x
+ * two vectors of columns, per KC-row block of b. Compiled once per ISA (kernels.inc).
+ *
+ * A is read in place, rows lda floats apart (packing it was a pass of its own and A meets few
+ * column panels in convolutions); b is read from its packed form (gemm.h), packed once for
+ * weights or block by block per call into a per-thread buffer. Tiles: AVX-512 14 x 32
+ * (28 zmm accumulators), AVX2 6 x 16 (12 ymm), portable 6 x 8 (12 xmm / NEON q registers):
+ * each is a 32-column panel's 1, 2 or 4 slices. */
+
+#if FL_VW == 16
+#define GEMM_MR 14
+#else
+#define GEMM_MR 6
+#endif
+#define GEMM_TN (2 * FL_VW)          /* columns of a tile */
+#define GEMM_KC 256                  /* rows of b per block: a tile's b slice stays in L1 */
+#define GEMM_NC 256                  /* columns per block: KC x NC of b (256 KiB) stays in L2 */
+#define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
+
+static __thread float *gemm_buf = 0;
+static __thread size_t gemm_buf_floats = 0;
+
+/* This thread's work buffer of at least `floats` floats (64-byte aligned), or NULL. */
+static float *gemm_workspace(size_t floats) {
+    if (gemm_buf_floats < floats) {
+        free(gemm_buf);
+        gemm_buf = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        gemm_buf_floats = gemm_buf ? floats : 0;
+    }
+    return gemm_buf;
+}
+
+/* pb = b (k, n) packed (gemm.h); trans_b: b given as (n, k). */
+int FL_FN(pack)(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, float *pb) {
+    for (int64_t jr = 0; jr < n; jr += FL_PANEL) {
+        int64_t nr = FL_MIN(n - jr, FL_PANEL);
+        float *dst = pb + jr * k;
+        for (int64_t p = 0; p < k; ++p) {
+            float *row = dst + p * FL_PANEL;
+            if (trans_b) {
+                for (int64_t j = 0; j < nr; ++j) row[j] = b[(jr + j) * ldb + p];
+            } else {
+                memcpy(row, b + p * ldb + jr, (size_t)nr * sizeof(float));
+            }
+            if (nr < FL_PANEL) memset(row + nr, 0, (size_t)(FL_PANEL - nr) * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+/* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]:
+ * one register tile. rows is a constant in each caller (gemm_tile_rows); kh > 1 sums the
+ * window rows of an implicit convolution (ari apart), kh 1 is the plain product. */
+FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+                         int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
+                         int accumulate) {
+    fl_vf c0[GEMM_MR], c1[GEMM_MR];
+#pragma GCC unroll 14
+    for (int r = 0; r < rows; ++r) c0[r] = c1[r] = fl_set1(0.0f);
+    for (int64_t i = 0; i < kh; ++i) {
+        const float *ap = a + i * ari;
+        for (int64_t p = 0; p < kc; ++p) {
+            fl_vf b0 = fl_load(pb), b1 = fl_load(pb + FL_VW);
+#pragma GCC unroll 14
+            for (int r = 0; r < rows; ++r) {
+                fl_vf ar = fl_set1(ap[r * ars]);
+                c0[r] += ar * b0;
+                c1[r] += ar * b1;
+            }
+            ap += 1;
+            pb += FL_PANEL;
+        }
+    }
+    if (nr == GEMM_TN) {
+#pragma GCC unroll 14
+        for (int r = 0; r < rows; ++r) {
+            float *row = c + r * ldc;
+            if (accumulate) {
+                c0[r] += fl_load(row);
+                c1[r] += fl_load(row + FL_VW);
+            }
+            fl_store(row, c0[r]);
+            fl_store(row + FL_VW, c1[r]);
+        }
+        return;
+    }
+    for (int r = 0; r < rows; ++r) {
+        float t[GEMM_TN];
+        fl_store(t, c0[r]);
+        fl_store(t + FL_VW, c1[r]);
+        float *row = c + r * ldc;
+        for (int j = 0; j < nr; ++j) row[j] = accumulate ? row[j] + t[j] : t[j];
+    }
+}
+
+/* The tile of exactly `rows` (1 to GEMM_MR) rows. */
+static void gemm_tile_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+                           int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
+                           int accumulate) {
+#define GEMM_ROWS(r) \
+    case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate); break;
+    switch (rows) {
+#if GEMM_MR > 6
+        GEMM_ROWS(14) GEMM_ROWS(13) GEMM_ROWS(12) GEMM_ROWS(11) GEMM_ROWS(10) GEMM_ROWS(9)
+        GEMM_ROWS(8) GEMM_ROWS(7)
+#endif
+        GEMM_ROWS(6) GEMM_ROWS(5) GEMM_ROWS(4) GEMM_ROWS(3) GEMM_ROWS(2) GEMM_ROWS(1)
+    }
+#undef GEMM_ROWS
+}
+
+/* Rows of the next tile when `left` rows remain: whole tiles, then the rest in one tile or,
+ * for MR + 1 to MR + 3 rows, two near-equal ones (tiles of 1-3 rows run at half the rate). */
+FL_INLINE int64_t gemm_next_rows(int64_t left) {
+    return left >= GEMM_MR + 4 ? GEMM_MR : (left > GEMM_MR ? left - left / 2 : left);
+}
+
+/* c[:m, j0:j1] (+)= a[:m, :kc] (rows lda apart) @ the packed block pbk (panel j of this block
+ * at pbk + j * pstride, rows 32 floats apart), for columns j0:j1 of c (j0 a multiple of 32
+ * relative to the block). */
+static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int64_t lda,
+                       const float *pbk, int64_t pstride, float *c, int64_t ldc, int acc) {
+    for (int64_t ir = 0, rows; ir < m; ir += rows) {
+        rows = gemm_next_rows(m - ir);
+        for (int64_t j = 0; j < ncols; j += GEMM_TN) {
+            int nr = (int)FL_MIN(ncols - j, GEMM_TN);
+            const float *pbj = pbk + (j / FL_PANEL) * pstride + j % FL_PANEL;
+            gemm_tile_rows((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, c + ir * ldc + j, ldc,
+                           nr, acc);
+        }
+    }
+}
+
+int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *pb, int accumulate, float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return 0;
+    }
+    /* rows of A a multiple of 4 KiB apart fall into one L1 set: with more tile rows than the
+     * L1's ways they evict each other, so such blocks of A are copied first */
+    const int64_t ldbuf = GEMM_KC + 16;
+    float *buf = 0;
+    if (GEMM_MR > 8 && lda % 1024 == 0) {
+        buf = gemm_workspace((size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
+        if (!buf) return -1;
+    }
+    for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
+        int64_t kc = FL_MIN(k - pc, GEMM_KC);
+        int acc = accumulate || pc > 0;
+        for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
+            int64_t nc = FL_MIN(n - jc, GEMM_NC);
+            const float *pbk = pb + jc * k + pc * FL_PANEL;
+            if (!buf) {
+                gemm_block(m, nc, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc);
+                continue;
+            }
+            for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
+                int64_t mc = FL_MIN(m - ic, GEMM_MC);
+                for (int64_t i = 0; i < mc; ++i)
+                    memcpy(buf + i * ldbuf, a + (ic + i) * lda + pc, (size_t)kc * sizeof(float));
+                gemm_block(mc, nc, kc, buf, ldbuf, pbk, k * FL_PANEL, c + ic * ldc + jc, ldc,
+                           acc);
+            }
+        }
+    }
+    return 0;
+}
+
+int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                 int64_t ldb, int trans_b, int accumulate, float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0) return FL_FN(sgemm_packed)(m, n, 0, a, lda, b, accumulate, c, ldc);
+    float *pbk = gemm_workspace((size_t)GEMM_KC * GEMM_NC);
+    if (!pbk) return -1;
+    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
+        int64_t nc = FL_MIN(n - jc, GEMM_NC);
+        for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
+            int64_t kc = FL_MIN(k - pc, GEMM_KC);
+            const float *bk = trans_b ? b + jc * ldb + pc : b + pc * ldb + jc;
+            FL_FN(pack)(bk, ldb, trans_b, kc, nc, pbk);
+            gemm_block(m, nc, kc, a + pc, lda, pbk, kc * FL_PANEL, c + jc, ldc,
+                       accumulate || pc > 0);
+        }
+    }
+    return 0;
+}
+
+/* Fewest multiply-adds (x2) in one thread's share of a product. */
+#define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
+/* Fewest rows for splitting by rows; with fewer, blocks of output columns are shared. */
+#define GEMM_ROW_SPLIT_MIN 64
+/* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
+#define GEMM_CHUNK_FLOATS (1 << 16)
+
+typedef struct {
+    int64_t m, n, k, lda, ldb, ldc;
+    const float *a, *b, *pb, *bias;
+    int trans_b, code, by_rows, status;
+    float alpha;
+    float *c;
+} gemm_matmul_ctx;
+
+/* Rows [r0, r1) of c = f(a @ b + bias), in chunks whose epilogue runs while they are hot. */
+static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
+    int64_t chunk = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1) / GEMM_MR, 1) * GEMM_MR;
+    for (int64_t i = r0; i < r1; i += chunk) {
+        int64_t rows = FL_MIN(chunk, r1 - i);
+        const float *ai = x->a + i * x->lda;
+        float *ci = x->c + i * x->ldc;
+        int st = x->pb ? FL_FN(sgemm_packed)(rows, x->n, x->k, ai, x->lda, x->pb, 0, ci, x->ldc)
+                       : FL_FN(sgemm)(rows, x->n, x->k, ai, x->lda, x->b, x->ldb, x->trans_b, 0,
+                                      ci, x->ldc);
+        if (st) return st;
+        if (x->code != FL_LINEAR || x->bias)
+            rows_bias_act_range(0, rows, x->n, ci, x->ldc, x->bias, x->code, x->alpha, ci,
+                                x->ldc);
+    }
+    return 0;
+}
+
+static void gemm_matmul_task(void *p, int64_t u0, int64_t u1) {
+    gemm_matmul_ctx *x = (gemm_matmul_ctx *)p;
+    int st;
+    if (x->by_rows) {
+        st = gemm_rows_share(x, u0, u1);
+    } else {                                  /* units: 32-column panels */
+        int64_t c0 = u0 * FL_PANEL, c1 = FL_MIN(u1 * FL_PANEL, x->n);
+        st = x->pb ? FL_FN(sgemm_packed)(x->m, c1 - c0, x->k, x->a, x->lda, x->pb + c0 * x->k, 0,
+                                         x->c + c0, x->ldc)
+                   : FL_FN(sgemm)(x->m, c1 - c0, x->k, x->a, x->lda,
+                                  x->trans_b ? x->b + c0 * x->ldb : x->b + c0, x->ldb,
+                                  x->trans_b, 0, x->c + c0, x->ldc);
+        if (!st && x->code != FL_SOFTMAX && x->code != FL_LOG_SOFTMAX &&
+            (x->code != FL_LINEAR || x->bias))
+            rows_bias_act_range(0, x->m, c1 - c0, x->c + c0, x->ldc,
+                                x->bias ? x->bias + c0 : 0, x->code, x->alpha, x->c + c0,
+                                x->ldc);
+    }
+    if (st) x->status = st;
+}
+
+int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                  int64_t ldb, int trans_b, const float *pb, const float *bias, int code,
+                  float alpha, float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return 0;
+    gemm_matmul_ctx x = {m, n, k, lda, ldb, ldc, a, b, pb, bias, trans_b, code, 1, 0, alpha, c};
+    int64_t flops = 2 * m * n * FL_MAX(k, 1);
+    x.by_rows = m >= GEMM_ROW_SPLIT_MIN;
+    int64_t units = x.by_rows ? m : (n + FL_PANEL - 1) / FL_PANEL;
+    int64_t grain = FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops);
+    if (x.by_rows) grain = ((grain + GEMM_MR - 1) / GEMM_MR) * GEMM_MR;
+    if (fl_parallel_chunks(units, grain) <= 1) {
+        x.by_rows = 1;
+        return gemm_rows_share(&x, 0, m);
+    }
+    fl_parallel(units, grain, gemm_matmul_task, &x);
+    if (!x.status && !x.by_rows && (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX))
+        rows_bias_act_range(0, m, n, c, ldc, bias, code, alpha, c, ldc);
+    return x.status;
+}

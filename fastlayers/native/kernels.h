@@ -1,0 +1,10 @@
+/* The list of every ISA-dispatched kernel, subject by subject: each subject's header gives an
+ * X-macro list X(return type, name, (parameters), (argument names)); a new subject adds its
+ * list here. Every kernel returns an int or int64_t status (0: done; negative: failed). */
+#ifndef FL_KERNELS_H
+#define FL_KERNELS_H
+#include "gemm.h"
+#include "rows.h"
+
+#define FL_KERNELS(X) FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X)
+#endif

@@ -1,0 +1,248 @@
+/* Row kernels: bias + activation, softmax / log-softmax over rows, layer / RMS normalization
+ * and per-channel scale + shift (rows.h). Compiled once per ISA (kernels.inc).
+ *
+ * Elementwise activations run FL_VW floats at a time; a row's tail goes through the same
+ * vector code on a zero-padded copy, so every value takes one formula. */
+
+/* Cephes tanhf below |x| 0.625: x + x z P(z), z = x^2. */
+FL_INLINE fl_vf rows_vtanh(fl_vf x) {
+    fl_vf ax = fl_select(x < 0.0f, -x, x);
+    fl_vf z = x * x;
+    fl_vf p = fl_set1(-5.70498872745e-3f);
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    fl_vf small = x + x * z * p;
+    /* 1 - 2 / (exp(2|x|) + 1), signed */
+    fl_vf big = 1.0f - 2.0f / (fl_vexp(ax + ax) + 1.0f);
+    big = fl_select(x < 0.0f, -big, big);
+    fl_vf y = fl_select(ax < 0.625f, small, big);
+    return fl_select(x != x, x, y);
+}
+
+FL_INLINE fl_vf rows_vsigmoid(fl_vf x) { return 1.0f / (1.0f + fl_vexp(-x)); }
+
+/* erfc(z) t exp(-z^2 + P(t)) fit (Numerical Recipes, relative error < 1.2e-7), z >= 0. */
+FL_INLINE fl_vf rows_verfc(fl_vf z) {
+    fl_vf t = 1.0f / (1.0f + 0.5f * z);
+    fl_vf p = fl_set1(0.17087277f);
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    return t * fl_vexp(p - z * z);
+}
+
+/* f(x) for the elementwise activation `code` (not the softmax codes); NaN propagates. */
+FL_INLINE fl_vf rows_vact(fl_vf x, int code, float alpha) {
+    switch (code) {
+    case FL_RELU: return fl_vmax(x, fl_set1(0.0f));
+    case FL_RELU6: return fl_vmin(fl_vmax(x, fl_set1(0.0f)), fl_set1(6.0f));
+    case FL_LEAKY_RELU: return fl_select(x < 0.0f, x * alpha, x);
+    case FL_HARD_SIGMOID:
+        return fl_vmin(fl_vmax(x + 3.0f, fl_set1(0.0f)), fl_set1(6.0f)) * (1.0f / 6.0f);
+    case FL_SOFTSIGN: return x / (1.0f + fl_select(x < 0.0f, -x, x));
+    case FL_SIGMOID: return rows_vsigmoid(x);
+    case FL_SILU: return x * rows_vsigmoid(x);
+    case FL_GELU: {                                   /* x/2 erfc(-x / sqrt 2) */
+        fl_vf u = x * 0.70710678118654752f;
+        fl_vf r = rows_verfc(fl_select(u < 0.0f, -u, u));
+        return 0.5f * x * fl_select(x < 0.0f, r, 2.0f - r);
+    }
+    case FL_GELU_TANH: {                              /* x sigmoid(2 sqrt(2/pi) (x + c x^3)) */
+        fl_vf u = 1.5957691216057308f * (x + 0.044715f * x * x * x);
+        return x * rows_vsigmoid(u);
+    }
+    case FL_EXPONENTIAL: return fl_vexp(x);
+    case FL_TANH: return rows_vtanh(x);
+    default: return x;
+    }
+}
+
+/* x[0:n] = f(x[0:n]) in place for an elementwise code. */
+static void rows_act_inplace(float *x, int64_t n, int code, float alpha) {
+    int64_t j = 0;
+    for (; j + FL_VW <= n; j += FL_VW) fl_store(x + j, rows_vact(fl_load(x + j), code, alpha));
+    if (j < n) {
+        float t[FL_VW] = {0};
+        memcpy(t, x + j, (size_t)(n - j) * sizeof(float));
+        fl_store(t, rows_vact(fl_load(t), code, alpha));
+        memcpy(x + j, t, (size_t)(n - j) * sizeof(float));
+    }
+}
+
+/* x[0:n] = softmax(x) or log_softmax(x) in place. */
+static void rows_softmax_inplace(float *x, int64_t n, int log) {
+    fl_vf vm = fl_set1(-__builtin_inff());
+    int64_t j = 0;
+    for (; j + FL_VW <= n; j += FL_VW) vm = fl_vmax(fl_load(x + j), vm);
+    float m = fl_hmax(vm);
+    for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+    /* a NaN the maximum skipped still reaches every output through the sum */
+    fl_vf vs = fl_set1(0.0f);
+    float s = 0.0f;
+    j = 0;
+    if (log) {
+        for (; j + FL_VW <= n; j += FL_VW) {
+            fl_vf v = fl_load(x + j) - m;
+            fl_store(x + j, v);
+            vs += fl_vexp(v);
+        }
+        for (; j < n; ++j) {
+            x[j] -= m;
+            s += fl_exp1(x[j]);
+        }
+        s += fl_hsum(vs);
+        float ls = logf(s);
+        for (int64_t i = 0; i < n; ++i) x[i] -= ls;
+        return;
+    }
+    for (; j + FL_VW <= n; j += FL_VW) {
+        fl_vf e = fl_vexp(fl_load(x + j) - m);
+        fl_store(x + j, e);
+        vs += e;
+    }
+    for (; j < n; ++j) {
+        x[j] = fl_exp1(x[j] - m);
+        s += x[j];
+    }
+    s += fl_hsum(vs);
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+/* out[i, :] = f(x[i, :] + bias) for rows [r0, r1) of an (m, n) block. */
+static void rows_bias_act_range(int64_t r0, int64_t r1, int64_t n, const float *x, int64_t ldx,
+                                const float *bias, int code, float alpha, float *out,
+                                int64_t ldo) {
+    for (int64_t i = r0; i < r1; ++i) {
+        const float *xr = x + i * ldx;
+        float *o = out + i * ldo;
+        if (bias) {
+            for (int64_t j = 0; j < n; ++j) o[j] = xr[j] + bias[j];
+        } else if (o != xr) {
+            memmove(o, xr, (size_t)n * sizeof(float));
+        }
+        if (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX)
+            rows_softmax_inplace(o, n, code == FL_LOG_SOFTMAX);
+        else if (code != FL_LINEAR)
+            rows_act_inplace(o, n, code, alpha);
+    }
+}
+
+typedef struct {
+    int64_t n, ldx, ldo;
+    const float *x, *bias;
+    float *out;
+    int code;
+    float alpha;
+} rows_bias_act_ctx;
+
+static void rows_bias_act_task(void *p, int64_t r0, int64_t r1) {
+    rows_bias_act_ctx *c = (rows_bias_act_ctx *)p;
+    rows_bias_act_range(r0, r1, c->n, c->x, c->ldx, c->bias, c->code, c->alpha, c->out, c->ldo);
+}
+
+/* Fewest values per thread's share of a row kernel: a hand-off costs a few microseconds. */
+#define ROWS_MIN_SHARE 16384
+
+int FL_FN(bias_act)(int64_t m, int64_t n, const float *x, int64_t ldx, const float *bias,
+                    int code, float alpha, float *out, int64_t ldo) {
+    if (m <= 0 || n <= 0) return 0;
+    if (code < 0 || code >= FL_N_ACTIVATIONS) return -2;
+    rows_bias_act_ctx c = {n, ldx, ldo, x, bias, out, code, alpha};
+    int heavy = code != FL_LINEAR && code != FL_RELU && code != FL_RELU6 && code != FL_LEAKY_RELU;
+    int64_t grain = FL_MAX(1, ROWS_MIN_SHARE / (heavy ? 4 : 1) / n);
+    fl_parallel(m, grain, rows_bias_act_task, &c);
+    return 0;
+}
+
+typedef double fl_vd __attribute__((vector_size(FL_VW * 8)));
+
+/* Row i of the layer norm: statistics in float64 lanes. */
+static void rows_layer_norm_row(int64_t n, const float *xr, const float *gamma,
+                                const float *beta, float eps, int rms, float *o) {
+    double mean = 0.0;
+    int64_t j;
+    if (!rms) {
+        fl_vd acc = {0};
+        double s = 0.0;
+        for (j = 0; j + FL_VW <= n; j += FL_VW) acc += __builtin_convertvector(fl_load(xr + j), fl_vd);
+        for (; j < n; ++j) s += xr[j];
+        for (int l = 0; l < FL_VW; ++l) s += acc[l];
+        mean = s / (double)n;
+    }
+    fl_vd acc = {0};
+    double var = 0.0;
+    fl_vd vmean = (fl_vd){0} + mean;
+    for (j = 0; j + FL_VW <= n; j += FL_VW) {
+        fl_vd d = __builtin_convertvector(fl_load(xr + j), fl_vd) - vmean;
+        acc += d * d;
+    }
+    for (; j < n; ++j) {
+        double d = xr[j] - mean;
+        var += d * d;
+    }
+    for (int l = 0; l < FL_VW; ++l) var += acc[l];
+    var /= (double)n;
+    float inv = (float)(1.0 / sqrt(var + (double)eps));
+    float m32 = (float)mean;
+    for (j = 0; j < n; ++j) {
+        float v = (xr[j] - m32) * inv;
+        if (gamma) v *= gamma[j];
+        if (beta) v += beta[j];
+        o[j] = v;
+    }
+}
+
+typedef struct {
+    int64_t n;
+    const float *x, *gamma, *beta;
+    float eps;
+    int rms;
+    float *out;
+} rows_norm_ctx;
+
+static void rows_norm_task(void *p, int64_t r0, int64_t r1) {
+    rows_norm_ctx *c = (rows_norm_ctx *)p;
+    for (int64_t i = r0; i < r1; ++i)
+        rows_layer_norm_row(c->n, c->x + i * c->n, c->gamma, c->beta, c->eps, c->rms,
+                            c->out + i * c->n);
+}
+
+int FL_FN(layer_norm)(int64_t m, int64_t n, const float *x, const float *gamma,
+                      const float *beta, float eps, int rms, float *out) {
+    if (m <= 0 || n <= 0) return 0;
+    rows_norm_ctx c = {n, x, gamma, beta, eps, rms, out};
+    fl_parallel(m, FL_MAX(1, ROWS_MIN_SHARE / 4 / n), rows_norm_task, &c);
+    return 0;
+}
+
+typedef struct {
+    int64_t n;
+    const float *x, *scale, *shift;
+    float *out;
+} rows_scale_ctx;
+
+static void rows_scale_task(void *p, int64_t r0, int64_t r1) {
+    rows_scale_ctx *c = (rows_scale_ctx *)p;
+    for (int64_t i = r0; i < r1; ++i) {
+        const float *xr = c->x + i * c->n;
+        float *o = c->out + i * c->n;
+        for (int64_t j = 0; j < c->n; ++j) o[j] = xr[j] * c->scale[j] + c->shift[j];
+    }
+}
+
+int FL_FN(scale_shift)(int64_t m, int64_t n, const float *x, const float *scale,
+                       const float *shift, float *out) {
+    if (m <= 0 || n <= 0) return 0;
+    rows_scale_ctx c = {n, x, scale, shift, out};
+    fl_parallel(m, FL_MAX(1, ROWS_MIN_SHARE / n), rows_scale_task, &c);
+    return 0;
+}

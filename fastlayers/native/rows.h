@@ -1,0 +1,31 @@
+/* Row kernels (rows.c): bias + activation, softmax and log-softmax over rows, layer / RMS
+ * normalization and per-channel scale + shift, each threaded over rows. */
+#ifndef FL_ROWS_H
+#define FL_ROWS_H
+#include <stdint.h>
+
+/* Activation codes (fastlayers/native/__init__.py ACTIVATIONS lists the same names in order). */
+enum {
+    FL_LINEAR, FL_RELU, FL_RELU6, FL_LEAKY_RELU, FL_HARD_SIGMOID, FL_SOFTSIGN, FL_SIGMOID,
+    FL_SILU, FL_GELU, FL_GELU_TANH, FL_EXPONENTIAL, FL_SOFTMAX, FL_LOG_SOFTMAX, FL_TANH,
+    FL_N_ACTIVATIONS
+};
+
+/* bias_act(m, n, x, ldx, bias, code, alpha, out, ldo): out[i, j] = f(x[i, j] + bias[j]) for the
+ *   (m, n) block, rows ldx / ldo floats apart (out may be x), bias NULL for none; softmax codes
+ *   normalize each row of n;
+ * layer_norm(m, n, x, gamma, beta, eps, rms, out): out[i] = gamma (x[i] - mean) / sqrt(var +
+ *   eps) + beta (rms: gamma x[i] / sqrt(mean x^2 + eps)), C-contiguous rows, gamma / beta NULL
+ *   for none, out may be x, statistics in float64;
+ * scale_shift(m, n, x, scale, shift, out): out[i, j] = x[i, j] scale[j] + shift[j]. */
+#define FL_ROWS_KERNELS(X)                                                                    \
+    X(int, bias_act, (int64_t m, int64_t n, const float *x, int64_t ldx, const float *bias,   \
+                      int code, float alpha, float *out, int64_t ldo),                         \
+      (m, n, x, ldx, bias, code, alpha, out, ldo))                                             \
+    X(int, layer_norm, (int64_t m, int64_t n, const float *x, const float *gamma,             \
+                        const float *beta, float eps, int rms, float *out),                    \
+      (m, n, x, gamma, beta, eps, rms, out))                                                   \
+    X(int, scale_shift, (int64_t m, int64_t n, const float *x, const float *scale,            \
+                         const float *shift, float *out),                                      \
+      (m, n, x, scale, shift, out))
+#endif

@@ -1,0 +1,211 @@
+/* fastlayers' thread pool: see threadpool.h.
+ *
+ * A job is published by bumping `job_gen`; its chunks are claimed by compare-and-swap on
+ * `ticket` = (generation << 40) | next chunk, so a worker that wakes late for a finished job
+ * can never claim a chunk of the next one. A worker counts itself in `active` before claiming
+ * and out after its last chunk; the caller returns once every chunk is claimed and `active` is
+ * 0, so the job's fields stay valid while any worker reads them.
+ */
+#define _GNU_SOURCE
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FL_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define FL_PAUSE() __asm__ __volatile__("yield")
+#else
+#define FL_PAUSE() ((void)0)
+#endif
+
+/* Polls of an idle worker before it sleeps (about 50-200 us): back-to-back kernel calls find it
+ * awake, and an idle process leaves the cores alone. */
+#define FL_SPIN_POLLS 20000
+/* Polls of the caller waiting for workers before it yields its core to them. */
+#define FL_WAIT_POLLS 2000
+#define FL_MAX_THREADS 256
+#define FL_GEN_SHIFT 40
+#define FL_IDX_MASK ((UINT64_C(1) << FL_GEN_SHIFT) - 1)
+
+static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER;      /* held by the call using the pool */
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_t workers[FL_MAX_THREADS];
+static int n_workers = 0;
+static int wanted_threads = 0;                                /* 0: the CPUs this process may use */
+static int generation = 0;
+
+static _Atomic uint64_t job_gen = 0;
+static _Atomic uint64_t ticket = 0;
+static _Atomic int active = 0;
+static _Atomic int sleepers = 0;
+static _Atomic int stop_workers = 0;
+static fl_task_fn job_fn;
+static void *job_ctx;
+static int64_t job_n, job_chunk, job_chunks;
+
+static __thread int in_pool = 0;
+
+static int cpus_available(void) {
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int fl_pool_get_threads(void) {
+    int n = wanted_threads > 0 ? wanted_threads : cpus_available();
+    return n < 1 ? 1 : (n > FL_MAX_THREADS ? FL_MAX_THREADS : n);
+}
+
+void fl_pool_set_threads(int n) { wanted_threads = n < 1 ? 1 : n; }
+int fl_pool_generation(void) { return generation; }
+int fl_pool_workers(void) { return n_workers; }
+
+/* Claim and run chunks of job `gen` until none is left. */
+static void run_chunks(uint64_t gen) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&ticket, memory_order_acquire);
+        if ((t >> FL_GEN_SHIFT) != (gen & ((UINT64_C(1) << 24) - 1))) return;
+        int64_t c = (int64_t)(t & FL_IDX_MASK);
+        if (c >= job_chunks) return;
+        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int64_t begin = c * job_chunk, end = begin + job_chunk;
+        job_fn(job_ctx, begin, end < job_n ? end : job_n);
+    }
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    in_pool = 1;
+    uint64_t seen = atomic_load(&job_gen);
+    for (;;) {
+        uint64_t gen;
+        int polls = 0;
+        while ((gen = atomic_load_explicit(&job_gen, memory_order_acquire)) == seen) {
+            if (atomic_load(&stop_workers)) return 0;
+            if (++polls < FL_SPIN_POLLS) {
+                FL_PAUSE();
+                continue;
+            }
+            pthread_mutex_lock(&sleep_lock);
+            atomic_fetch_add(&sleepers, 1);
+            while (atomic_load(&job_gen) == seen && !atomic_load(&stop_workers))
+                pthread_cond_wait(&wake, &sleep_lock);
+            atomic_fetch_sub(&sleepers, 1);
+            pthread_mutex_unlock(&sleep_lock);
+            polls = 0;
+        }
+        seen = gen;
+        atomic_fetch_add_explicit(&active, 1, memory_order_acq_rel);
+        run_chunks(gen);
+        atomic_fetch_sub_explicit(&active, 1, memory_order_release);
+    }
+}
+
+/* Start or stop workers so that n - 1 run beside the caller; called holding `busy`. */
+static void resize_pool(int n) {
+    if (n_workers == n - 1) return;
+    if (n_workers > 0) {
+        atomic_store(&stop_workers, 1);
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&sleep_lock);
+        for (int i = 0; i < n_workers; ++i) pthread_join(workers[i], 0);
+        n_workers = 0;
+        atomic_store(&stop_workers, 0);
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8u << 20);
+    for (int i = 0; i < n - 1; ++i) {
+        if (pthread_create(&workers[n_workers], &attr, worker_main, 0) != 0) break;
+        ++n_workers;
+    }
+    pthread_attr_destroy(&attr);
+    if (n_workers > 0) ++generation;
+}
+
+int64_t fl_parallel_chunks(int64_t n, int64_t grain) {
+    if (grain < 1) grain = 1;
+    int threads = fl_pool_get_threads();
+    int64_t chunks = (n + grain - 1) / grain;
+    int64_t most = (int64_t)threads * 4;        /* a few chunks per thread balance the load */
+    if (threads <= 1 || in_pool) return n > 0 ? 1 : 0;
+    return chunks < most ? chunks : most;
+}
+
+void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    int64_t chunks = fl_parallel_chunks(n, grain);
+    if (chunks <= 1 || pthread_mutex_trylock(&busy) != 0) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int threads = fl_pool_get_threads();
+    resize_pool(threads);
+    if (n_workers == 0) {
+        pthread_mutex_unlock(&busy);
+        fn(ctx, 0, n);
+        return;
+    }
+    job_fn = fn;
+    job_ctx = ctx;
+    job_n = n;
+    job_chunk = (n + chunks - 1) / chunks;
+    job_chunks = (n + job_chunk - 1) / job_chunk;
+    uint64_t gen = atomic_load(&job_gen) + 1;
+    atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
+                          memory_order_release);
+    atomic_store_explicit(&job_gen, gen, memory_order_release);
+    if (atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    in_pool = 1;
+    run_chunks(gen);
+    in_pool = 0;
+    for (int polls = 0; atomic_load_explicit(&active, memory_order_acquire) != 0; ++polls) {
+        if (polls < FL_WAIT_POLLS) FL_PAUSE();
+        else sched_yield();
+    }
+    /* close the job: a worker holding a stale ticket value can no longer claim a chunk while
+     * the next call rewrites the job's fields */
+    atomic_store_explicit(&ticket, ((gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT) | FL_IDX_MASK,
+                          memory_order_release);
+    pthread_mutex_unlock(&busy);
+}
+
+/* In a forked child only the forking thread exists: forget the parent's workers (their
+ * structures are copies of threads that do not run here) and reset every lock and counter;
+ * the next parallel call creates new workers. */
+static void after_fork_child(void) {
+    pthread_mutex_init(&busy, 0);
+    pthread_mutex_init(&sleep_lock, 0);
+    pthread_cond_init(&wake, 0);
+    n_workers = 0;
+    generation = 0;
+    atomic_store(&job_gen, 0);
+    atomic_store(&ticket, 0);
+    atomic_store(&active, 0);
+    atomic_store(&sleepers, 0);
+    atomic_store(&stop_workers, 0);
+    in_pool = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void) {
+    pthread_atfork(0, 0, after_fork_child);
+}

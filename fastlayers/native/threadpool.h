@@ -1,0 +1,30 @@
+/* fastlayers' thread pool (pthreads): one call's work split into chunks that any thread takes.
+ *
+ * fl_parallel(n, grain, fn, ctx) runs fn(ctx, begin, end) over [0, n) in chunks of at least
+ * `grain` units. The calling thread takes chunks too, so a descheduled worker delays only the
+ * chunk it holds. Workers are created at the first parallel call (and again in a forked child:
+ * pthread_atfork), spin for a bounded time after a call, then sleep on a condition variable.
+ * One call uses the pool at a time: a call made while another holds it (another Python thread)
+ * or from inside a worker runs serially on its own thread, so the cores are never
+ * oversubscribed.
+ */
+#ifndef FL_THREADPOOL_H
+#define FL_THREADPOOL_H
+#include <stdint.h>
+
+typedef void (*fl_task_fn)(void *ctx, int64_t begin, int64_t end);
+
+/* Threads a parallel call may use (the caller included); at least 1. */
+int fl_pool_get_threads(void);
+/* Use n threads (n >= 1); takes effect at the next parallel call. */
+void fl_pool_set_threads(int n);
+/* fn(ctx, begin, end) over [0, n) in chunks of at least `grain` units, on the pool's threads. */
+void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
+/* Chunks fl_parallel(n, grain) would cut (1: the call runs serially on the caller). */
+int64_t fl_parallel_chunks(int64_t n, int64_t grain);
+/* Times the pool was created in this process (1 after the first parallel call; again 1 in a
+ * forked child after its first parallel call): for the fork tests. */
+int fl_pool_generation(void);
+/* Workers alive now. */
+int fl_pool_workers(void);
+#endif
