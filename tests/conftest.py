@@ -56,6 +56,21 @@ def backend(request):
         yield request.param
 
 
+@pytest.fixture(params=["best", *__import__("fastlayers.native", fromlist=["x"]).available_isas()[1:]])
+def isa(request):
+    """Run the test once per ISA path of the native core this CPU can execute (the best one,
+    then each lesser one, forced with ``set_isa``)."""
+    from fastlayers import native
+
+    best = native.isa()
+    if request.param != "best":
+        native.set_isa(request.param)
+    try:
+        yield native.isa()
+    finally:
+        native.set_isa(best)
+
+
 def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
     """float32 comparison at the project's per-op tolerance."""
     np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),

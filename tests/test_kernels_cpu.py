@@ -1,4 +1,5 @@
-"""CpuOps (Numba kernels) against ReferenceOps (numpy), primitive by primitive."""
+"""CpuOps (the native core) against ReferenceOps (numpy), primitive by primitive, on every ISA
+path this CPU runs."""
 
 import numpy as np
 import pytest
@@ -11,8 +12,8 @@ from fastlayers.backends.reference import ACTIVATIONS, fold_batch_norm
 from .conftest import assert_close
 
 REF, CPU = get_ops("reference"), get_ops("cpu")
+pytestmark = pytest.mark.usefixtures("isa")
 SHAPES_ND = [(1, 1), (1, 7), (3, 5), (2, 3, 17), (4, 64), (2, 1, 1000)]
-EMPTY = np.zeros(0, np.float32)
 
 
 def special_values(shape, rng, scale=4.0):
@@ -93,20 +94,18 @@ def test_layer_norm_matches_reference(shape, axes, rms, affine, rng):
 @pytest.mark.parametrize("affine", ["both", "gamma", "beta", "none"])
 def test_layer_norm_rows_in_place_equals_out_of_place(rms, affine, rng):
     """The row kernel writing over its input (the encoder layer's post-norm) gives the rows it
-    writes elsewhere: in place it runs a one-array loop of its own."""
-    from fastlayers.backends.cpu._rows import layer_norm_rows
+    writes elsewhere."""
+    from fastlayers.native import _core
 
     x_rd = (rng.standard_normal((37, 259)) * 3 + 5).astype(np.float32)
-    gamma = rng.standard_normal(259).astype(np.float32) if affine in ("both", "gamma") else EMPTY
-    beta = rng.standard_normal(259).astype(np.float32) if affine in ("both", "beta") else EMPTY
+    gamma = rng.standard_normal(259).astype(np.float32) if affine in ("both", "gamma") else None
+    beta = rng.standard_normal(259).astype(np.float32) if affine in ("both", "beta") else None
     out = np.empty_like(x_rd)
-    layer_norm_rows(x_rd, gamma, beta, np.float32(1e-3), rms, out)
+    _core.layer_norm(x_rd, gamma, beta, 1e-3, rms, out)
     same = x_rd.copy()
-    layer_norm_rows(same, gamma, beta, np.float32(1e-3), rms, same)
-    assert_close(same, out, rtol=1e-6, atol=1e-6)     # the loops may contract differently
-    assert_close(out, REF.layer_norm(x_rd, None if gamma is EMPTY else gamma,
-                                     None if beta is EMPTY else beta, 1e-3, (-1,), rms),
-                 rtol=1e-5, atol=2e-6)
+    _core.layer_norm(same, gamma, beta, 1e-3, rms, same)
+    np.testing.assert_array_equal(same, out)
+    assert_close(out, REF.layer_norm(x_rd, gamma, beta, 1e-3, (-1,), rms), rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("shape,axis", [((5, 8), -1), ((2, 3, 3, 4), -1), ((2, 4, 3, 3), 1)])

@@ -58,15 +58,18 @@ def use_ops(name: str):
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads in fastlayers' kernels and products.
+    """Use ``n`` threads in fastlayers' kernels (the native core's thread pool).
 
-    fastlayers shares its work among its own threads and runs the BLAS libraries (numpy's and
-    scipy's) on one thread each, set when the cpu backend first loads; numpy products of the
-    calling program then run on one thread too (``threadpoolctl`` can raise that again).
+    fastlayers shares each call's work among its own threads; a call made while another one
+    runs (another Python thread) runs on its caller's thread alone, so the cores are never
+    oversubscribed.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
     _num_threads[0] = n
+    from ..native import set_num_threads as native_threads
+
+    native_threads(n)
     import sys
 
     if "numba" in sys.modules:  # otherwise applied when the cpu backend loads

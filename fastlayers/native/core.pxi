@@ -31,7 +31,7 @@ cdef inline float *fptr(cnp.ndarray a, str what) except NULL:
     """The data of ``a``: float32 with a contiguous last axis and whole-float row strides."""
     if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32:
         raise TypeError(f"{what}: expected a float32 array, got {a.dtype}")
-    if a.ndim and a.shape[a.ndim - 1] > 1 and a.strides[a.ndim - 1] != 4:
+    if a.ndim and a.shape[a.ndim - 1] > 1 and a.strides[a.ndim - 1] != 4 and a.size:
         raise ValueError(f"{what}: the last axis must be contiguous")
     return <float *>cnp.PyArray_DATA(a)
 

@@ -169,10 +169,67 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
     return 0;
 }
 
+/* Rows of A up to which sgemm reads b as it is instead of packing it (gemv-like products: the
+ * pack would cost more than the product). */
+#define GEMM_SMALL_M 4
+
+/* c[i, :] (+)= a[i, :] @ b for m <= GEMM_SMALL_M rows: b (k, n) rows streamed once per row of
+ * A into 8 vector accumulators per column block; b (n, k) with trans_b: one dot product per
+ * output. */
+static void gemm_small(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, int trans_b, int accumulate, float *c,
+                       int64_t ldc) {
+    for (int64_t i = 0; i < m; ++i) {
+        const float *ai = a + i * lda;
+        float *ci = c + i * ldc;
+        if (trans_b) {
+            for (int64_t j = 0; j < n; ++j) {
+                const float *bj = b + j * ldb;
+                fl_vf acc0 = fl_set1(0.0f), acc1 = fl_set1(0.0f);
+                int64_t p = 0;
+                for (; p + 2 * FL_VW <= k; p += 2 * FL_VW) {
+                    acc0 += fl_load(ai + p) * fl_load(bj + p);
+                    acc1 += fl_load(ai + p + FL_VW) * fl_load(bj + p + FL_VW);
+                }
+                float s = fl_hsum(acc0 + acc1);
+                for (; p < k; ++p) s += ai[p] * bj[p];
+                ci[j] = accumulate ? ci[j] + s : s;
+            }
+            continue;
+        }
+        int64_t j = 0;
+        for (; j + 8 * FL_VW <= n; j += 8 * FL_VW) {
+            fl_vf acc[8];
+            for (int v = 0; v < 8; ++v) acc[v] = accumulate ? fl_load(ci + j + v * FL_VW) : fl_set1(0.0f);
+            for (int64_t p = 0; p < k; ++p) {
+                fl_vf ap = fl_set1(ai[p]);
+                const float *bp = b + p * ldb + j;
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; ++v) acc[v] += ap * fl_load(bp + v * FL_VW);
+            }
+            for (int v = 0; v < 8; ++v) fl_store(ci + j + v * FL_VW, acc[v]);
+        }
+        for (; j + FL_VW <= n; j += FL_VW) {
+            fl_vf acc = accumulate ? fl_load(ci + j) : fl_set1(0.0f);
+            for (int64_t p = 0; p < k; ++p) acc += fl_set1(ai[p]) * fl_load(b + p * ldb + j);
+            fl_store(ci + j, acc);
+        }
+        for (; j < n; ++j) {
+            float s = 0.0f;
+            for (int64_t p = 0; p < k; ++p) s += ai[p] * b[p * ldb + j];
+            ci[j] = accumulate ? ci[j] + s : s;
+        }
+    }
+}
+
 int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
                  int64_t ldb, int trans_b, int accumulate, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) return FL_FN(sgemm_packed)(m, n, 0, a, lda, b, accumulate, c, ldc);
+    if (m <= GEMM_SMALL_M) {
+        gemm_small(m, n, k, a, lda, b, ldb, trans_b, accumulate, c, ldc);
+        return 0;
+    }
     float *pbk = gemm_workspace((size_t)GEMM_KC * GEMM_NC);
     if (!pbk) return -1;
     for (int64_t jc = 0; jc < n; jc += GEMM_NC) {

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
+from ...native import CODES, _core
 from ..reference import EncoderWeights, ReferenceOps
-from . import _blas, _elementwise, _gemm, _rows
+from . import _blas, _elementwise, _gemm
 from ._split import run_parallel, shares
 from . import conv_ops
 from . import _attention, _encoder
@@ -23,6 +24,11 @@ def _rows_of(x: np.ndarray) -> np.ndarray:
     """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+
+
+def _vector(v):
+    """An optional per-channel vector as contiguous float32 (None stays None)."""
+    return None if v is None else np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
 
 
 def _rows_in_place(a):
@@ -45,16 +51,16 @@ class CpuOps(ReferenceOps):
         pin_blas()
 
     def activation(self, x, name, alpha=0.0):
-        code = _elementwise.CODES.get(name)
+        code = CODES.get(name)
         if code is None or x.size == 0:
             return super().activation(x, name, alpha)
         xr = _rows_of(x)
         out = np.empty_like(xr)
-        _elementwise.bias_act_rows(xr, _EMPTY, out, code, np.float32(alpha))
+        _core.bias_act(xr, None, code, alpha, out)
         return out.reshape(x.shape)
 
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
-        code = _elementwise.CODES.get(activation)
+        code = CODES.get(activation)
         x = np.asarray(x)
         if (x.ndim < 1 or x.dtype != np.float32 or w_io.dtype != np.float32 or w_io.ndim != 2
                 or x.shape[-1] != w_io.shape[0] or x.size == 0 or w_io.size == 0):
@@ -62,7 +68,7 @@ class CpuOps(ReferenceOps):
         x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
         y = np.empty((x2.shape[0], w_io.shape[1]), np.float32)
         _gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
-                     _elementwise.LINEAR if code is None else code, alpha, weights=True)
+                     CODES["linear"] if code is None else code, alpha, weights=True)
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
@@ -86,8 +92,7 @@ class CpuOps(ReferenceOps):
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
         xr = _rows_of(x)
         out = np.empty_like(xr)
-        _rows.layer_norm_rows(xr, _EMPTY if gamma is None else gamma,
-                              _EMPTY if beta is None else beta, np.float32(epsilon), rms, out)
+        _core.layer_norm(xr, _vector(gamma), _vector(beta), epsilon, rms, out)
         return out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
@@ -95,7 +100,7 @@ class CpuOps(ReferenceOps):
             return super().batch_norm(x, scale, shift, axis)
         xr = _rows_of(x)
         out = np.empty_like(xr)
-        _rows.scale_shift_rows(xr, scale, shift, out)
+        _core.scale_shift(xr, _vector(scale), _vector(shift), out)
         return out.reshape(x.shape)
 
     # convolution and pooling: NHWC kernels in _conv.py, primitives in conv_ops.py

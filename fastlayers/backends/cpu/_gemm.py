@@ -18,6 +18,7 @@ from numba import prange, types
 from numba.extending import overload
 
 from .._jit import FASTMATH, njit
+from ...native import _core
 from ..derived import derived
 from . import _blas, _elementwise
 from ._blas import SGEMM, TILE_ROWS, packed, sgemm
@@ -134,32 +135,30 @@ def _matmul_shares(fn, pfn, a_mk, b_kn, pb, out_mn, bias, code, alpha, parts, by
                 _columns_product(fn, pfn, a_mk, b_kn, pb, out_mn, c0, c1)
 
 
+def native_packed(w_kn):
+    """``w_kn`` (k, n) packed for the native sgemm (``fastlayers.native``, gemm.h's panel layout),
+    computed once per weight array (a view is keyed by the array it views, its offset, shape and
+    strides)."""
+    if w_kn.base is None:
+        return derived(w_kn, "packed-native", _core.pack)
+    root = w_kn
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    offset = w_kn.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    kind = f"packed-native:{offset}:{w_kn.shape}:{w_kn.strides}"
+    return derived(root, kind, lambda _: _core.pack(w_kn))
+
+
 def matmul(a_mk, b_kn, out_mn, bias=None, code=_elementwise.LINEAR, alpha=0.0, weights=False):
-    """out = f(a @ b + bias) for 2-D float32 arrays (``out`` C-contiguous, the others with a
-    contiguous last axis); ``code`` is an ``_elementwise`` activation code, applied with the bias
-    while the rows are hot. ``weights``: b is a weight array (or a view of one), worth packing
-    once for fastlayers' sgemm (``packed_weights``)."""
+    """out = f(a @ b + bias) for 2-D float32 arrays (``out`` with contiguous rows, the others
+    with a contiguous last axis) on the native core's threads; ``code`` is an activation code
+    (``fastlayers.native.CODES``), applied with the bias while the rows are hot. ``weights``: b
+    is a weight array (or a view of one), packed once (``native_packed``) when the product is
+    large enough for the packing to pay."""
     m, k = a_mk.shape
     n = b_kn.shape[1]
-    b = _EMPTY if bias is None else bias
-    flops = 2 * m * n * k
-    pb = (packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS and m * n * k >= PACKED_MIN_MADDS
-          else None)
-    if SGEMM is not None and thread_count() > 1 and flops >= 2 * MIN_SHARE_FLOPS:
-        by_rows = m >= ROW_SPLIT_MIN
-        units = m if by_rows else -(-n // COLUMN_STEP)
-        with shares(units, max(1, units * MIN_SHARE_FLOPS // flops)) as parts:
-            if parts > 1:
-                _matmul_shares(SGEMM, None if pb is None else _blas.PACKED, a_mk, b_kn,
-                               _EMPTY if pb is None else pb, out_mn, b, code, np.float32(alpha),
-                               parts, by_rows)
-                if not by_rows and (code != _elementwise.LINEAR or bias is not None):
-                    _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
-                return out_mn
-    if pb is not None:
-        _packed_serial(_blas.PACKED, a_mk, pb, out_mn, b, code, np.float32(alpha))
-        return out_mn
-    np.matmul(a_mk, b_kn, out=out_mn)
-    if code != _elementwise.LINEAR or bias is not None:
-        _elementwise.bias_act_rows(out_mn, b, out_mn, code, np.float32(alpha))
-    return out_mn
+    pb = (native_packed(b_kn) if weights and m >= PACKED_MIN_ROWS
+          and m * n * k >= PACKED_MIN_MADDS else None)
+    if b_kn.strides[-1] != 4 and b_kn.shape[1] > 1:
+        b_kn = np.ascontiguousarray(b_kn)
+    return _core.matmul(a_mk, b_kn, out_mn, pb, bias, code, alpha)

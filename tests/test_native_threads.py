@@ -1,0 +1,123 @@
+"""The native core's thread pool (threadpool.c): shared work gives the serial result, calls
+from several Python threads at once stay correct (one holds the pool, the others run on their
+own thread), a forked child creates its own workers, and the GIL is released during a call."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastlayers
+from fastlayers.native import CODES, _core
+
+from .conftest import assert_close
+
+
+@pytest.fixture
+def two_threads():
+    before = _core.get_num_threads()
+    fastlayers.set_num_threads(2)
+    yield
+    fastlayers.set_num_threads(before)
+
+
+def _product(seed, m=300, k=200, n=170):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    return a, b, a.astype(np.float64) @ b
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("m", [1, 63, 64, 1001])
+def test_shared_work_equals_the_serial_result(threads, m):
+    """Row shares (64 rows or more) and column shares at any thread count give exactly the
+    single-threaded result (each output is computed by one tile either way)."""
+    a, b, _ = _product(0, m=m)
+    before = _core.get_num_threads()
+    try:
+        fastlayers.set_num_threads(1)
+        serial = _core.matmul(a, b, np.empty((m, b.shape[1]), np.float32), code=CODES["relu"])
+        fastlayers.set_num_threads(threads)
+        shared = _core.matmul(a, b, np.empty((m, b.shape[1]), np.float32), code=CODES["relu"])
+    finally:
+        fastlayers.set_num_threads(before)
+    np.testing.assert_array_equal(shared, serial)
+
+
+def test_concurrent_calls_from_python_threads(two_threads):
+    """Eight Python threads call products at once, 20 times each: every result is right."""
+    cases = [_product(seed) for seed in range(8)]
+    errors = []
+
+    def work(i):
+        a, b, expected = cases[i]
+        for _ in range(20):
+            out = _core.matmul(a, b, np.empty((a.shape[0], b.shape[1]), np.float32))
+            if not np.allclose(out, expected, rtol=1e-4, atol=1e-3):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+def _child_product(queue):
+    a, b, expected = _product(3, m=2000)
+    out = _core.matmul(a, b, np.empty((2000, b.shape[1]), np.float32))
+    queue.put((bool(np.allclose(out, expected, rtol=1e-4, atol=1e-3)), _core.pool_workers(),
+               _core.pool_generation()))
+
+
+def test_forked_child_runs_on_its_own_workers(two_threads):
+    """A child forked after the parent used its pool (gunicorn --preload, multiprocessing)
+    creates workers of its own at its first parallel call and gets the right result."""
+    a, b, _ = _product(1, m=2000)
+    _core.matmul(a, b, np.empty((2000, b.shape[1]), np.float32))
+    assert _core.pool_workers() == 1
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_product, args=(queue,))
+    child.start()
+    ok, workers, generation = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert ok and workers == 1 and generation == 1
+
+
+def test_calls_release_the_gil(two_threads):
+    """A Python thread keeps running while another thread is inside a long native call."""
+    a, b, _ = _product(2, m=3000, k=512, n=512)
+    out = np.empty((3000, 512), np.float32)
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    start = time.perf_counter()
+    for _ in range(5):
+        _core.matmul(a, b, out)
+    end = time.perf_counter()
+    done.set()
+    t.join()
+    assert len([x for x in ticks if start < x < end]) >= 3
+
+
+def test_set_num_threads_rejects_bad_counts():
+    with pytest.raises(ValueError):
+        fastlayers.set_num_threads(0)
+    with pytest.raises(ValueError):
+        _core.set_num_threads(0)
