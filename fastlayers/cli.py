@@ -3,7 +3,7 @@
     fastlayers demo                      run the bundled trained models on bundled samples
     fastlayers info MODEL                print a model's summary
     fastlayers run MODEL --input X.npy [--output Y.npy] [--batch-size N]
-    fastlayers warmup                    compile every CPU kernel into Numba's cache
+    fastlayers warmup                    kept for old scripts: says that nothing needs compiling
 """
 
 from __future__ import annotations
@@ -150,16 +150,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    from .backends import _jit
-    from .backends import cpu  # noqa: F401  (registers the kernels)
-    from .backends.cpu import recurrent  # noqa: F401  (imported on first use otherwise)
+    from . import native
 
-    total = sum(len(sigs) for _, sigs in _jit.KERNELS) + len(_jit.WARM_CALLS)
-    progress = Progress(total, "compiling")
-    t0 = time.perf_counter()
-    count = _jit.warmup(progress.update)
-    print(f"compiled {count} kernel signatures in {time.perf_counter() - t0:.1f} s "
-          f"(cached for later processes)")
+    print(f"nothing to compile: fastlayers' kernels were compiled when the package was "
+          f"installed (running the {native.isa()} path on {native.get_num_threads()} threads)")
     return 0
 
 
@@ -181,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", help=".npy (one output) or .npz file for the results")
     run.add_argument("--batch-size", type=int, default=None)
     run.set_defaults(func=cmd_run)
-    warm = sub.add_parser("warmup", help="compile every CPU kernel ahead (for container images)")
+    warm = sub.add_parser("warmup", help="nothing to do: kernels are compiled at install")
     warm.set_defaults(func=cmd_warmup)
     return parser
 

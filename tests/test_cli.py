@@ -68,12 +68,7 @@ def test_run_wrong_shape_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "expected shape (None, 64), got (2, 63)" in proc.stderr
 
 
-def test_warmup_compiles_every_kernel():
-    from fastlayers.backends import _jit
-    from fastlayers.backends import cpu  # noqa: F401
-    from fastlayers.backends.cpu import recurrent  # noqa: F401
-
-    total = sum(len(s) for _, s in _jit.KERNELS) + len(_jit.WARM_CALLS)
-    assert _jit.WARM_CALLS                        # the recurrent loops compile by running
+def test_warmup_says_nothing_needs_compiling():
+    """The kernels are compiled at install: ``warmup`` stays for old scripts and says so."""
     proc = run_cli("warmup")
-    assert f"compiled {total} kernel signatures" in proc.stdout and f"{total}/{total}" in proc.stderr
+    assert "nothing to compile" in proc.stdout and proc.returncode == 0
