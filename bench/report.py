@@ -7,8 +7,8 @@
 
 Each benchmark carries ``extra_info`` workload, batch and engine (and ``flops`` per call for
 GEMM-bound rows). Rows are (workload, batch, threads); columns are the engines' medians; ratios
-are fastlayers-cpu over onnxruntime (spinning, its default) and over torch. The hand-written
-commentary in bench/notes.md is appended.
+are fastlayers-cpu over onnxruntime (spinning, its default) and over torch. Process metrics get
+a table each (fastlayers, onnxruntime, their ratio), naming the host. The hand-written commentary in bench/notes.md is appended.
 """
 
 from __future__ import annotations
@@ -104,6 +104,80 @@ def sgemm_peak(rows, flops):
     return peak
 
 
+def host_line(host: dict) -> str:
+    """``CPU (ISA path isa, n cores)`` of a process-metrics JSON's host entry."""
+    return f"{host.get('cpu', '?')} (ISA path {host.get('isa', '?')}, {host.get('cores', '?')} cores)"
+
+
+def fmt_mib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib:,.1f} MiB"
+
+
+def fmt_x(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}x"
+
+
+#: Process metric -> (title, what it is, value format), in the report's order.
+PROCESS_METRICS = {
+    "installed_mib": (
+        "Installed size", "Bytes of site-packages in a fresh venv after `pip install` minus an "
+        "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (issue "
+        "25: fastlayers no larger).", fmt_mib),
+    "first_prediction_s": (
+        "New process: import to first prediction", "Wall time of a new interpreter running "
+        "import + load + first call; onnxruntime: import + session + first run (issue 25: "
+        "fastlayers no slower).", fmt_time),
+    "peak_rss_mib": (
+        "Peak memory", "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
+        "times (issue 25: fastlayers at most 1.2x onnxruntime).", fmt_mib),
+    "first_over_steady_call": (
+        "First call against steady call", "In that process, the first call's time over the "
+        "median of the 20 calls after it (issue 25: at most 2x for fastlayers).", fmt_x),
+    "first_call_s": ("First call", "The first call's time in that process.", fmt_time),
+    "steady_call_s": ("Steady call", "The median of the 20 calls after the first one.", fmt_time),
+    "load_time_over_read_time": (
+        "Load time / file read time", "Load time of a model of Dense layers over the time to "
+        "read its file's bytes (fastlayers only).", fmt_x),
+    "load_peak_rss_over_weights": (
+        "Peak RSS growth during load / weight bytes", "The same models' peak RSS growth while "
+        "loading, over their weight bytes (fastlayers only).", fmt_x),
+}
+
+
+def render_process(process: dict) -> list[str]:
+    """A table per metric of bench/process_metrics.py's JSON: fastlayers, onnxruntime, ratio."""
+    by_metric = {}
+    for r in process["records"]:
+        by_metric.setdefault(r["metric"], []).append(r)
+    unknown = set(by_metric) - set(PROCESS_METRICS)
+    if unknown:
+        raise ValueError(f"unknown process metrics {sorted(unknown)} (a JSON from an older "
+                         "bench/process_metrics.py?)")
+    repeats = max(r["repeats"] for r in process["records"])
+    children = ("the fresh venvs' interpreters" if "installed_mib" in by_metric
+                else "the measuring interpreter (`--no-install`)")
+    lines = ["", "## New processes: installed size, first prediction, memory", "",
+             f"`bench/process_metrics.py` on {host_line(process.get('host', {}))}, "
+             f"{process.get('threads')} threads; the processes run {children}; times are medians "
+             f"over up to {repeats} processes. onnxruntime runs the demo models' torch twins "
+             "exported to ONNX, and the ONNX models' same .onnx file as fastlayers; a ratio below "
+             "1.00 means fastlayers is smaller or faster."]
+    for metric, (title, text, fmt) in PROCESS_METRICS.items():
+        records = by_metric.get(metric, [])
+        if not records:
+            continue
+        values = {(r["model"], r["engine"]): r["value"] for r in records}
+        lines += ["", f"### {title}", "", text, "",
+                  "| model | fastlayers | onnxruntime | fastlayers / onnxruntime |",
+                  "| --- | ---: | ---: | ---: |"]
+        for model in dict.fromkeys(r["model"] for r in records):
+            ours, ort = values.get((model, "fastlayers")), values.get((model, "onnxruntime"))
+            lines.append(f"| {model} | {fmt(ours)} | {fmt(ort)} | {ratio(ours, ort)} |")
+        lines += [f"- {r['engine']} installed: {', '.join(r['distributions'])}"
+                  for r in records if "distributions" in r]
+    return lines
+
+
 def render(rows, flops, meta, process=None, rates=None) -> str:
     peak = sgemm_peak(rows, flops)
     lines = ["# Benchmarks", "",
@@ -145,17 +219,7 @@ def render(rows, flops, meta, process=None, rates=None) -> str:
                      + f" | {ratio(cpu, e.get('onnxruntime'))} | {ratio(cpu, e.get('torch'))} | {gf} | {share} |")
     lines += render_rates(rates or {})
     if process:
-        lines += ["", "## Cold start and memory", "",
-                  f"Fresh processes (`bench/process_metrics.py`, {process.get('threads')} threads): cold start "
-                  "is the wall time of import + load + first call (median of the repeats); memory is the "
-                  "peak RSS of a process that loads the model and runs it 20 times.", "",
-                  "| model | metric | engine | value |", "| --- | --- | --- | ---: |"]
-        labels = {"cold_start_s": ("cold start", "s"), "peak_rss_mib": ("peak RSS", "MiB"),
-                  "load_time_over_read_time": ("load time / file read time", "x"),
-                  "load_peak_rss_over_weights": ("peak RSS growth during load / weight bytes", "x")}
-        for r in process["records"]:
-            name, unit = labels[r["metric"]]
-            lines.append(f"| {r['model']} | {name} | {r['engine']} | {r['value']:.3f} {unit} |")
+        lines += render_process(process)
     lines += ["", "![fastlayers cpu time / other engine's time](benchmarks.png)", ""]
     notes = ROOT / "bench" / "notes.md"
     if notes.exists():

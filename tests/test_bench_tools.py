@@ -26,16 +26,48 @@ def test_report_tables_ratios_gflops_and_chart(tmp_path):
     ])
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
-    proc = tmp_path / "proc.json"
-    proc.write_text(json.dumps({"threads": 2, "records": [
-        {"metric": "cold_start_s", "model": "m", "engine": "onnxruntime", "value": 0.3, "repeats": 1}]}))
     out = tmp_path / "bench.md"
-    assert report.main([str(path), "--process", str(proc), "--out", str(out)]) == 0
+    assert report.main([str(path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "measured sgemm peak at 2 thread(s): 200.0 GFLOP/s" in text
     assert "| conv | 8 | 2 | 10.00 ms | - | 20.00 ms | - | 5.00 ms | 0.50 | 2.00 | 100.0 | 50 % |" in text
-    assert "| relu | 1 | 2 | 2.0 µs |" in text and "| m | cold start | onnxruntime | 0.300 s |" in text
+    assert "| relu | 1 | 2 | 2.0 µs |" in text
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+HOST = {"cpu": "Test CPU", "isa": "avx2", "cores": 4}
+
+
+def test_report_process_metrics_table_per_metric_beside_onnxruntime(tmp_path):
+    oracle("matplotlib")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(fake_run(2, [({"workload": "relu", "batch": 1, "engine": "fastlayers-cpu"}, 2e-6)])))
+    records = [
+        {"metric": "installed_mib", "model": "core install", "engine": "fastlayers", "value": 100.0,
+         "repeats": 1, "distributions": ["fastlayers 0.1", "numpy 2"]},
+        {"metric": "installed_mib", "model": "core install", "engine": "onnxruntime", "value": 50.0,
+         "repeats": 1, "distributions": ["numpy 2", "onnxruntime 1"]},
+        {"metric": "first_prediction_s", "model": "m", "engine": "fastlayers", "value": 0.6, "repeats": 3},
+        {"metric": "first_prediction_s", "model": "m", "engine": "onnxruntime", "value": 0.3, "repeats": 3},
+        {"metric": "first_over_steady_call", "model": "m", "engine": "fastlayers", "value": 1.5, "repeats": 3},
+        {"metric": "load_time_over_read_time", "model": "big", "engine": "fastlayers", "value": 2.0, "repeats": 3},
+    ]
+    proc = tmp_path / "proc.json"
+    proc.write_text(json.dumps({"threads": 2, "host": HOST, "records": records}))
+    out = tmp_path / "bench.md"
+    assert report.main([str(path), "--process", str(proc), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "on Test CPU (ISA path avx2, 4 cores), 2 threads; the processes run the fresh venvs'" in text
+    assert "### Installed size" in text and "| core install | 100.0 MiB | 50.0 MiB | 2.00 |" in text
+    assert "- fastlayers installed: fastlayers 0.1, numpy 2" in text
+    assert "- onnxruntime installed: numpy 2, onnxruntime 1" in text
+    assert "### New process: import to first prediction" in text and "| m | 600.00 ms | 300.00 ms | 2.00 |" in text
+    assert "| m | 1.50x | - | - |" in text and "| big | 2.00x | - | - |" in text
+    assert "### Peak memory" not in text  # no records, no table
+    proc.write_text(json.dumps({"threads": 2, "host": HOST, "records": [
+        {"metric": "cold_start_s", "model": "m", "engine": "onnxruntime", "value": 0.3, "repeats": 1}]}))
+    with pytest.raises(ValueError, match="cold_start_s"):
+        report.main([str(path), "--process", str(proc), "--out", str(out)])
 
 
 def test_report_takes_each_engines_best_median_over_runs(tmp_path):
@@ -69,24 +101,29 @@ def test_report_recurrent_weight_rates_against_copy_bandwidth(tmp_path):
     assert "memory copy bandwidth at 2 thread(s): 21.0 GB/s" in text
 
 
-def test_process_metrics_measures_cold_start_and_memory(tmp_path):
+def test_process_metrics_beside_onnxruntime_in_new_processes(tmp_path):
     oracle("onnxruntime")
     oracle("onnx")
-    out = tmp_path / "pm.json"
     oracle("keras")
     oracle("torch")
-    assert process_metrics.main(["--repeats", "1", "--load-mb", "2", "--small", "--out", str(out)]) == 0
-    records = json.loads(out.read_text())["records"]
-    got = {(r["metric"], r["engine"]) for r in records}
-    assert ("cold_start_s", "fastlayers (warm cache)") in got and ("cold_start_s", "onnxruntime") in got
-    assert ("peak_rss_mib", "fastlayers") in got and ("peak_rss_mib", "onnxruntime") in got
+    out = tmp_path / "pm.json"
+    assert process_metrics.main(["--repeats", "1", "--load-mb", "2", "--small", "--no-install",
+                                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["threads"] == 2 and set(data["host"]) == {"cpu", "isa", "cores"}
+    records = data["records"]
+    models = {"digits_mlp (demo)", "digits_cnn (demo)", "digits_lstm (demo)", "digits_transformer (demo)",
+              "resnet18 1x3x32x32 (.onnx)", "lstm_classifier 8x12 (.onnx)", "transformer_encoder 1x16x32 (.onnx)"}
+    for metric in ("first_prediction_s", "first_call_s", "steady_call_s", "first_over_steady_call", "peak_rss_mib"):
+        got = {(r["model"], r["engine"]) for r in records if r["metric"] == metric}
+        assert got == {(m, e) for m in models for e in ("fastlayers", "onnxruntime")}, metric
+    assert not any(r["metric"] == "installed_mib" for r in records)  # --no-install
     assert all(r["value"] > 0 for r in records if r["metric"] != "load_peak_rss_over_weights")
     assert all(r["value"] >= 0 for r in records)
+    value = {(r["metric"], r["model"], r["engine"]): r["value"] for r in records}
+    for model in models:  # one process each: the ratio is that process's
+        for engine in ("fastlayers", "onnxruntime"):
+            ratio = value[("first_call_s", model, engine)] / value[("steady_call_s", model, engine)]
+            assert value[("first_over_steady_call", model, engine)] == pytest.approx(ratio)
     load = {r["model"] for r in records if r["metric"] == "load_time_over_read_time"}
     assert {m.split("(")[1] for m in load} == {".keras)", ".h5)", ".flm)"}
-    assert {r["model"] for r in records if r["metric"] == "cold_start_s"} == {
-        "digits_mlp (demo)", "resnet18 1x3x32x32 (.onnx)", "lstm_classifier 8x12 (.onnx)",
-        "transformer_encoder 1x16x32 (.onnx)"}
-    empty = next(r["value"] for r in records if r["engine"] == "fastlayers (empty cache)")
-    warm = next(r["value"] for r in records if r["engine"] == "fastlayers (warm cache)")
-    assert empty > warm  # compiling costs more than loading the cache
