@@ -70,6 +70,25 @@ def test_report_process_metrics_table_per_metric_beside_onnxruntime(tmp_path):
         report.main([str(path), "--process", str(proc), "--out", str(out)])
 
 
+def test_report_contention_table(tmp_path):
+    oracle("matplotlib")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(fake_run(2, [({"workload": "relu", "batch": 1, "engine": "fastlayers-cpu"}, 2e-6)])))
+    row = {"workload": "demo digits_cnn", "batch": 300, "quiet_1t_us": 1200.0, "quiet_2t_us": 700.0,
+           "busy_1t_us": 1300.0, "busy_2t_us": 1560.0, "busy_2t_over_1t": 1.2}
+    contention = tmp_path / "contention.json"
+    contention.write_text(json.dumps({"host": HOST, "rows": [
+        {**row, "engine": "fastlayers", "forked_2t_us": 710.0},
+        {**row, "engine": "onnxruntime", "busy_2t_us": 2600.0, "busy_2t_over_1t": 2.0, "forked_2t_us": None}]}))
+    out = tmp_path / "bench.md"
+    assert report.main([str(path), "--contention", str(contention), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## Calls under contention" in text and "on Test CPU (ISA path avx2, 4 cores)" in text
+    assert ("| demo digits_cnn | 300 | fastlayers | 1.20 ms | 700.0 µs | 1.30 ms | 1.56 ms | 1.20 | 710.0 µs |"
+            in text)
+    assert "| demo digits_cnn | 300 | onnxruntime | 1.20 ms | 700.0 µs | 1.30 ms | 2.60 ms | 2.00 | - |" in text
+
+
 def test_report_takes_each_engines_best_median_over_runs(tmp_path):
     paths = []
     for i, (ours, ort) in enumerate([(0.03, 0.02), (0.01, 0.04), (0.02, 0.03)]):
