@@ -91,6 +91,8 @@ def fmt_time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     us = seconds * 1e6
+    if us >= 1e6:
+        return f"{seconds:,.2f} s"
     return f"{us:,.1f} µs" if us < 1000 else f"{us / 1000:,.2f} ms"
 
 
@@ -134,10 +136,12 @@ PROCESS_METRICS = {
         "Peak memory", "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
         "times (issue 25: fastlayers at most 1.2x onnxruntime).", fmt_mib),
     "first_over_steady_call": (
-        "First call against steady call", "In that process, the first call's time over the "
-        "median of the 20 calls after it (issue 25: at most 2x for fastlayers).", fmt_x),
-    "first_call_s": ("First call", "The first call's time in that process.", fmt_time),
-    "steady_call_s": ("Steady call", "The median of the 20 calls after the first one.", fmt_time),
+        "First call against steady call", "The first call's time over the median of the 20 "
+        "calls after it, in the 21-call process above (issue 25: at most 2x for fastlayers).",
+        fmt_x),
+    "first_call_s": ("First call", "The first call's time in the 21-call process.", fmt_time),
+    "steady_call_s": ("Steady call", "The median of the 20 calls after the first one in the "
+                      "21-call process.", fmt_time),
     "load_time_over_read_time": (
         "Load time / file read time", "Load time of a model of Dense layers over the time to "
         "read its file's bytes (fastlayers only).", fmt_x),
@@ -161,8 +165,8 @@ def render_process(process: dict) -> list[str]:
                 else "the measuring interpreter (`--no-install`)")
     lines = ["", "## New processes: installed size, first prediction, memory", "",
              f"`bench/process_metrics.py` on {host_line(process.get('host', {}))}, "
-             f"{process.get('threads')} threads; the processes run {children}; times are medians "
-             f"over up to {repeats} processes. onnxruntime runs the demo models' torch twins "
+             f"{process.get('threads')} threads; the processes run {children}; each figure is "
+             f"the median over {repeats} process{'es' if repeats > 1 else ''}. onnxruntime runs the demo models' torch twins "
              "exported to ONNX, and the ONNX models' same .onnx file as fastlayers; a ratio below "
              "1.00 means fastlayers is smaller or faster."]
     for metric, (title, text, fmt) in PROCESS_METRICS.items():
@@ -170,10 +174,15 @@ def render_process(process: dict) -> list[str]:
         if not records:
             continue
         values = {(r["model"], r["engine"]): r["value"] for r in records}
-        lines += ["", f"### {title}", "", text, "",
-                  "| model | fastlayers | onnxruntime | fastlayers / onnxruntime |",
+        lines += ["", f"### {title}", "", text, ""]
+        models = dict.fromkeys(r["model"] for r in records)
+        if all(r["engine"] == "fastlayers" for r in records):
+            lines += ["| model | fastlayers |", "| --- | ---: |"]
+            lines += [f"| {model} | {fmt(values[(model, 'fastlayers')])} |" for model in models]
+            continue
+        lines += ["| model | fastlayers | onnxruntime | fastlayers / onnxruntime |",
                   "| --- | ---: | ---: | ---: |"]
-        for model in dict.fromkeys(r["model"] for r in records):
+        for model in models:
             ours, ort = values.get((model, "fastlayers")), values.get((model, "onnxruntime"))
             lines.append(f"| {model} | {fmt(ours)} | {fmt(ort)} | {ratio(ours, ort)} |")
         lines += [f"- {r['engine']} installed: {', '.join(r['distributions'])}"
