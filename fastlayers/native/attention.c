@@ -8,9 +8,10 @@
  * in the thread's buffer, so long keys make no (tq, tk) array. Pairs are shared among the
  * pool's threads; with fewer pairs than threads each pair's query rows are split too.
  *
- * The softmax row: scale, bias and max in one pass, exp and sum in a second, the normalization
- * in a third. Weights below 2^-126 flush to 0 (masked keys: exactly 0); a NaN score makes its
- * row NaN. */
+ * The softmax row: the max of scale s + bias in a pass that only reads, exp and sum in a second;
+ * kept weights are normalized in a third, otherwise each row of s v is scaled by 1 / sum (dv
+ * floats rather than tk). Weights below 2^-126 flush to 0 (masked keys: exactly 0); a NaN score
+ * makes its row NaN. */
 
 /* Scores per block of query rows: 64 Ki floats (256 KiB, a quarter of L2). */
 #define ATTN_BLOCK_FLOATS 65536
@@ -50,52 +51,95 @@ static float attn_empty_weight(int empty, int64_t tk) {
     return empty == 0 ? NAN : (empty == 1 ? 0.0f : 1.0f / (float)tk);
 }
 
-/* row[0:n] = softmax(scale row[0:n] + brow[0:n]) (brow NULL: no bias), row[n:tk] = 0; the
- * whole row the empty weight when the first n are all -inf (NaN when one is NaN). */
-static void attn_softmax_row(float *row, int64_t tk, int64_t n, float scale, const float *brow,
-                             int empty) {
-    fl_vf vm = fl_set1(-__builtin_inff());
-    int64_t j = 0;
-    if (brow) {
-        for (; j + FL_VW <= n; j += FL_VW) {
-            fl_vf x = fl_load(row + j) * scale + fl_load(brow + j);
-            fl_store(row + j, x);
-            vm = fl_vmax(x, vm);
-        }
-        for (; j < n; ++j) row[j] = row[j] * scale + brow[j];
-    } else {
-        for (; j + FL_VW <= n; j += FL_VW) {
-            fl_vf x = fl_load(row + j) * scale;
-            fl_store(row + j, x);
-            vm = fl_vmax(x, vm);
-        }
-        for (; j < n; ++j) row[j] = row[j] * scale;
+/* exp(x) for x <= 0 or NaN (shifted scores): fl_vexp's polynomial with one comparison for
+ * its range (0 below -87.34, where 2^n would leave the normal range; -inf gives 0, NaN stays
+ * NaN) in place of fl_vexp's clamps and special cases, which took half of the exp pass. */
+FL_INLINE fl_vf attn_vexp_le0(fl_vf x) {
+    const fl_vf lo = fl_set1(-87.3365478515625f);
+    fl_vi below = x < lo;
+    fl_vf xc = fl_select(below, lo, x);
+    const fl_vf magic = fl_set1(12582912.0f);           /* 1.5 * 2^23: rounds to nearest */
+    fl_vf n = (xc * 1.44269504088896341f + magic) - magic;
+    fl_vf r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    fl_vf p = fl_set1(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    fl_vf scale = (fl_vf)((__builtin_convertvector(n, fl_vi) + 127) << 23);
+    return fl_select(below, fl_set1(0.0f), p * scale);
+}
+
+/* x[j] = scale row[j] (+ brow[j]): FL_VW scores from j. */
+FL_INLINE fl_vf attn_vscore(const float *row, const float *brow, int64_t j, float scale,
+                            const int has_bias) {
+    fl_vf x = fl_load(row + j) * scale;
+    return has_bias ? x + fl_load(brow + j) : x;
+}
+
+/* attn_softmax_row with or without a bias (has_bias a constant: one copy each). */
+FL_INLINE float attn_softmax_row_as(float *row, int64_t tk, int64_t n, float scale,
+                                    const float *brow, int empty, int normalize,
+                                    const int has_bias) {
+    int64_t j = 0, nv = n / FL_VW * FL_VW;
+    /* four maxima: a chain of comparisons and selects per vector otherwise */
+    fl_vf m0 = fl_set1(-__builtin_inff()), m1 = m0, m2 = m0, m3 = m0;
+    for (; j + 4 * FL_VW <= n; j += 4 * FL_VW) {
+        m0 = fl_vmax(attn_vscore(row, brow, j, scale, has_bias), m0);
+        m1 = fl_vmax(attn_vscore(row, brow, j + FL_VW, scale, has_bias), m1);
+        m2 = fl_vmax(attn_vscore(row, brow, j + 2 * FL_VW, scale, has_bias), m2);
+        m3 = fl_vmax(attn_vscore(row, brow, j + 3 * FL_VW, scale, has_bias), m3);
     }
-    float m = fl_hmax(vm);
-    for (j = n / FL_VW * FL_VW; j < n; ++j) m = row[j] > m ? row[j] : m;
+    for (; j < nv; j += FL_VW) m0 = fl_vmax(attn_vscore(row, brow, j, scale, has_bias), m0);
+    /* a NaN the maxima skipped reaches every weight through the sum */
+    float m = fl_hmax(fl_vmax(fl_vmax(m0, m1), fl_vmax(m2, m3)));
+    for (; j < n; ++j) m = FL_MAX(row[j] * scale + (has_bias ? brow[j] : 0.0f), m);
     for (j = n; j < tk; ++j) row[j] = 0.0f;
     if (m == -__builtin_inff()) {
         float fill = attn_empty_weight(empty, tk);
-        for (j = 0; j < n; ++j)
-            if (row[j] != row[j]) fill = row[j];
+        for (j = 0; j < n; ++j) {
+            float x = row[j] * scale + (has_bias ? brow[j] : 0.0f);
+            if (x != x) fill = NAN;
+        }
         for (j = 0; j < tk; ++j) row[j] = fill;
-        return;
+        return 1.0f;
     }
-    /* a NaN the maximum skipped reaches every weight through the sum */
     fl_vf vs = fl_set1(0.0f);
-    float sum = 0.0f;
-    for (j = 0; j + FL_VW <= n; j += FL_VW) {
-        fl_vf e = fl_vexp(fl_load(row + j) - m);
+    for (j = 0; j < nv; j += FL_VW) {
+        fl_vf e = attn_vexp_le0(attn_vscore(row, brow, j, scale, has_bias) - m);
         fl_store(row + j, e);
         vs += e;
     }
+    float sum = fl_hsum(vs);
     for (; j < n; ++j) {
-        row[j] = fl_exp1(row[j] - m);
+        row[j] = attn_vexp_le0(fl_set1(row[j] * scale + (has_bias ? brow[j] : 0.0f) - m))[0];
         sum += row[j];
     }
-    fl_vf inv = fl_set1(1.0f / (sum + fl_hsum(vs)));
-    for (j = 0; j + FL_VW <= n; j += FL_VW) fl_store(row + j, fl_load(row + j) * inv);
-    for (; j < n; ++j) row[j] *= inv[0];
+    float inv = 1.0f / sum;
+    if (!normalize) return inv;
+    for (j = 0; j < nv; j += FL_VW) fl_store(row + j, fl_load(row + j) * inv);
+    for (; j < n; ++j) row[j] *= inv;
+    return 1.0f;
+}
+
+/* row[0:n] = softmax(scale row[0:n] + brow[0:n]) (brow NULL: no bias), row[n:tk] = 0; the
+ * whole row the empty weight when the first n are all -inf (NaN when one is NaN). With
+ * `normalize` 0 the row is left as exp(x - max x) and 1 / its sum returned (the caller scales
+ * the product s v instead: dv floats a row rather than tk); else, and for an empty row, 1. */
+static float attn_softmax_row(float *row, int64_t tk, int64_t n, float scale, const float *brow,
+                              int empty, int normalize) {
+    return brow ? attn_softmax_row_as(row, tk, n, scale, brow, empty, normalize, 1)
+                : attn_softmax_row_as(row, tk, n, scale, brow, empty, normalize, 0);
+}
+
+/* row[0:n] *= a. */
+static void attn_scale_row(float *row, int64_t n, float a) {
+    int64_t j = 0;
+    for (; j + FL_VW <= n; j += FL_VW) fl_store(row + j, fl_load(row + j) * a);
+    for (; j < n; ++j) row[j] *= a;
 }
 
 /* Query rows per block: whole register tiles whose scores fit ATTN_BLOCK_FLOATS, at least one
@@ -115,19 +159,24 @@ static int attn_pair(int64_t i0, int64_t i1, int64_t tk, int64_t d, int64_t dv, 
                      float *s, float *out, int64_t ldo) {
     int64_t fk = fl_packed_floats(d, tk), fv = fl_packed_floats(tk, dv);
     int64_t block = attn_block_rows(i1 - i0, tk);
-    float *pk = attn_grow(&attn_task_buf, (size_t)(fk + fv + (s ? 0 : block * tk)));
+    float *pk = attn_grow(&attn_task_buf, (size_t)(fk + fv + (s ? 0 : block * (tk + 1))));
     if (!pk) return -1;
-    float *pv = pk + fk, *scratch = s ? 0 : pv + fv;
+    /* without the weights: a block of scores and each row's 1 / sum */
+    float *pv = pk + fk, *scratch = s ? 0 : pv + fv, *inv = s ? 0 : scratch + block * tk;
     FL_FN(pack)(k, ldk, 1, d, tk, pk);
     FL_FN(pack)(v, ldv, 0, tk, dv, pv);
     for (int64_t i = i0; i < i1; i += block) {
         int64_t rows = FL_MIN(block, i1 - i);
         float *sb = s ? s + i * tk : scratch;
         if (FL_FN(sgemm_packed)(rows, tk, d, q + i * ldq, ldq, pk, 0, sb, tk)) return -1;
-        for (int64_t r = 0; r < rows; ++r)
-            attn_softmax_row(sb + r * tk, tk, causal ? FL_MIN(i + r + 1, tk) : tk, scale,
-                             bias ? bias + (i + r) * ldb : 0, empty);
+        for (int64_t r = 0; r < rows; ++r) {
+            float a = attn_softmax_row(sb + r * tk, tk, causal ? FL_MIN(i + r + 1, tk) : tk,
+                                       scale, bias ? bias + (i + r) * ldb : 0, empty, !inv);
+            if (inv) inv[r] = a;
+        }
         if (FL_FN(sgemm_packed)(rows, dv, tk, sb, tk, pv, 0, out + i * ldo, ldo)) return -1;
+        if (inv)
+            for (int64_t r = 0; r < rows; ++r) attn_scale_row(out + (i + r) * ldo, dv, inv[r]);
     }
     return 0;
 }
@@ -211,7 +260,7 @@ static void attn_softmax_task(void *p, int64_t r0, int64_t r1) {
                                           i * x->bias_st[2]
                                     : 0;
         attn_softmax_row(x->s + r * x->tk, x->tk, x->causal ? FL_MIN(i + 1, x->tk) : x->tk,
-                         x->scale, brow, x->empty);
+                         x->scale, brow, x->empty, 1);
     }
 }
 
@@ -250,15 +299,22 @@ static void attn_residual_norm(int64_t rows, int64_t n, float *c, int64_t ldc, c
     }
 }
 
+/* Rows per block when `rows` rows go through in blocks of at most `most` rows (a multiple of
+ * GEMM_MR): the fewest blocks, of near-equal whole tiles (no short last block). */
+static int64_t attn_even_block(int64_t rows, int64_t most) {
+    int64_t blocks = (rows + most - 1) / most, tiles = (rows + GEMM_MR - 1) / GEMM_MR;
+    return FL_MIN((tiles + blocks - 1) / blocks * GEMM_MR, rows);
+}
+
 /* Tiles t0:t1 (GEMM_MR rows each) of q|k|v = norm1(x) @ w_qkv + b_qkv (pre-norm) or
  * x @ w_qkv + b_qkv, in blocks whose bias pass finds them in L2. */
 static void attn_enc_qkv_task(void *p, int64_t t0, int64_t t1) {
     attn_enc_ctx *c = (attn_enc_ctx *)p;
     int64_t e = c->e, r1 = FL_MIN(t1 * GEMM_MR, c->m);
-    int64_t block = FL_MAX(ATTN_QKV_BLOCK_FLOATS / (3 * e) / GEMM_MR, 1) * GEMM_MR;
+    int64_t block = attn_even_block(
+        r1 - t0 * GEMM_MR, FL_MAX(ATTN_QKV_BLOCK_FLOATS / (3 * e) / GEMM_MR, 1) * GEMM_MR);
     float *xn = 0;
-    if (c->norm_first &&
-        !(xn = attn_grow(&attn_task_buf, (size_t)(FL_MIN(block, r1 - t0 * GEMM_MR) * e)))) {
+    if (c->norm_first && !(xn = attn_grow(&attn_task_buf, (size_t)(block * e)))) {
         c->status = -1;
         return;
     }
@@ -280,13 +336,13 @@ static void attn_enc_qkv_task(void *p, int64_t t0, int64_t t1) {
     }
 }
 
-/* Tiles t0:t1 of the rows after attention, in blocks of c->block rows through the thread's
- * buffer: y = att w_o + b_o + x; post-norm: y = norm1(y), out = norm2(y + ff(y));
+/* Tiles t0:t1 of the rows after attention, in blocks of at most c->block rows through the
+ * thread's buffer: y = att w_o + b_o + x; post-norm: y = norm1(y), out = norm2(y + ff(y));
  * pre-norm: out = y + ff(norm2(y)); ff(z) = f(z w_1 + b_1) w_2 + b_2. */
 static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
     attn_enc_ctx *c = (attn_enc_ctx *)p;
     int64_t e = c->e, f = c->f, r1 = FL_MIN(t1 * GEMM_MR, c->m);
-    int64_t block = FL_MIN(c->block, r1 - t0 * GEMM_MR);
+    int64_t block = attn_even_block(r1 - t0 * GEMM_MR, c->block);
     const float *const *pw = c->pw, *const *vec = c->vec;
     float *y = attn_grow(&attn_task_buf, (size_t)(block * (2 * e + f)));
     if (!y) {
