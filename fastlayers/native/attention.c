@@ -231,6 +231,9 @@ static int attn_run(attn_ctx *x, int64_t pairs) {
     return x->status;
 }
 
+/* out[b, h] = softmax(scale q[b, h] k[b, h]^T + bias[b, h]) v[b, h] (attention.h).
+ * q (nb, nh, tq, d), k (nb, nh, tk, d), v (nb, nh, tk, dv), out (nb, nh, tq, dv) through their
+ * (batch, head, row) strides; s (nb, nh, tq, tk) C-contiguous or NULL. */
 int FL_FN(attention)(int64_t nb, int64_t nh, int64_t tq, int64_t tk, int64_t d, int64_t dv,
                      const float *q, const int64_t *q_st, const float *k, const int64_t *k_st,
                      const float *v, const int64_t *v_st, float scale, const float *bias,
@@ -264,6 +267,8 @@ static void attn_softmax_task(void *p, int64_t r0, int64_t r1) {
     }
 }
 
+/* s[b, h, i] = softmax(scale s[b, h, i] + bias[b, h, i]) over keys (attention.h), in place.
+ * s (nb, nh, tq, tk) C-contiguous; the rows shared among the pool's threads. */
 int FL_FN(attention_softmax)(int64_t nb, int64_t nh, int64_t tq, int64_t tk, float *s,
                              float scale, const float *bias, const int64_t *bias_st,
                              int causal, int empty) {
@@ -375,6 +380,10 @@ static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
     }
 }
 
+/* out = ReferenceOps.encoder_layer(x) (attention.h) in three phases on the pool's threads: the
+ * q|k|v projection by rows, attention by (sequence, head) pairs, the rest by rows.
+ * x, out (n len, e); q|k|v (n len, 3e) and attention output (n len, e) in the calling
+ * thread's buffer; s (n, heads, len, len) or NULL. */
 int FL_FN(encoder_layer)(int64_t n, int64_t len, int64_t e, int64_t heads, int64_t f,
                          const float *x, const float *const *pw, const float *const *vec,
                          float eps1, float eps2, int code, int norm_first, const float *bias,
