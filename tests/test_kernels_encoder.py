@@ -1,12 +1,16 @@
-"""The whole-layer encoder primitive (CpuOps.encoder_layer, ``_encoder``) against
-ReferenceOps.encoder_layer: post- and pre-norm, each fused activation, masks with a fully masked
-row, no biases or norm parameters, odd and unit sizes, one row (OpenBLAS products, not the
-packed sgemm), and 1 to 3 threads meeting at the barriers."""
+"""The whole-layer encoder primitive (CpuOps.encoder_layer: one native call,
+``fastlayers/native/attention.c``) against ReferenceOps.encoder_layer on every ISA path this
+CPU runs: post- and pre-norm, each fused activation, masks with a fully masked row, no biases or
+norm parameters, odd and unit sizes, one row, rows after attention in several blocks per
+thread, transposed weight views, 1 to 3 threads, and calls from several Python threads."""
+
+import threading
 
 import numpy as np
 import pytest
 
-from fastlayers.backends.cpu import CpuOps, _blas, _encoder
+from fastlayers import native
+from fastlayers.backends.cpu import CpuOps
 from fastlayers.backends.reference import EncoderWeights, ReferenceOps
 
 REF, CPU = ReferenceOps(), CpuOps()
@@ -17,10 +21,19 @@ SIZES = [
     (1, 128, 128, 2, 512),     # BERT-tiny's layer
     (2, 33, 24, 3, 40),        # odd lengths, three heads
     (2, 5, 8, 2, 12),          # 10 rows
-    (1, 7, 6, 3, 5),           # 7 rows: tiles of the packed sgemm's smaller heights
-    (1, 1, 6, 3, 5),           # 1 row: OpenBLAS products
+    (1, 7, 6, 3, 5),           # 7 rows: register tiles of smaller heights
+    (1, 1, 6, 3, 5),           # 1 row
     (3, 1, 4, 1, 4),           # length 1, one head
 ]
+
+
+@pytest.fixture
+def threads(request):
+    """The native pool at ``request.param`` threads for the test."""
+    before = native.get_num_threads()
+    native.set_num_threads(request.param)
+    yield request.param
+    native.set_num_threads(before)
 
 
 def weights(rng, e, f, biases=True, norms=True):
@@ -52,46 +65,36 @@ def check(w, x, heads, activation="relu", norm_first=False, bias=None, empty=0):
     # six products and two norms in float32 whose sums run in another order: a model's 1e-4
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-5, equal_nan=True)
+    alone, none = CPU.encoder_layer(x, w, heads, activation, norm_first, bias, empty,
+                                    need_weights=False)
+    assert none is None
+    np.testing.assert_allclose(alone, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True)
     return got, got_w
 
 
-@pytest.fixture
-def threads(request, monkeypatch):
-    from fastlayers.backends.cpu import _gemm, _split
-
-    monkeypatch.setattr(_gemm, "MIN_SHARE_FLOPS", 1)             # share even tiny layers
-    monkeypatch.setattr(_split, "thread_count", lambda: request.param)
-    return request.param
-
-
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
-def test_encoder_layer_matches_reference(threads, size, norm_first, activation, rng):
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "tanh"])
+def test_encoder_layer_matches_reference(isa, threads, size, norm_first, activation, rng):
     n, length, e, heads, f = size
     x = rng.standard_normal((n, length, e)).astype(np.float32)
     check(weights(rng, e, f), x, heads, activation, norm_first)
 
 
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
-@pytest.mark.parametrize("block_floats", [1, 20 * 40, 29 * 40])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_rows_after_attention_in_blocks(monkeypatch, threads, block_floats, norm_first, rng):
-    """The post-attention rows go through in blocks of whole 14-row tiles (at least one), each
-    block reusing its share's first hidden rows: 14 or 28 rows per block on 66 rows in 1-3
-    shares (blocks that end a share early and ones the share's end cuts short)."""
-    monkeypatch.setattr(_encoder, "HIDDEN_BLOCK_FLOATS", block_floats)
-    x = rng.standard_normal((2, 33, 24)).astype(np.float32)
-    check(weights(rng, 24, 40), x, 3, "gelu", norm_first)
+def test_rows_after_attention_in_blocks(isa, threads, norm_first, rng):
+    """The rows after attention go through the thread's buffer in near-equal blocks of whole
+    register tiles whose hidden rows fit 512 KiB (at F = 2048 at most 56-60 rows): 600 rows
+    make several blocks in each thread's share at 1 to 3 threads."""
+    x = rng.standard_normal((2, 300, 24)).astype(np.float32)
+    check(weights(rng, 24, 2048), x, 3, "gelu", norm_first)
 
 
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("empty", [0, 1, 2])
-def test_masks_and_fully_masked_sequences(threads, empty, rng):
+def test_masks_and_fully_masked_sequences(isa, threads, empty, rng):
     n, length, e, heads, f = 3, 9, 12, 3, 20
     x = rng.standard_normal((n, length, e)).astype(np.float32)
     w = weights(rng, e, f)
@@ -101,82 +104,74 @@ def test_masks_and_fully_masked_sequences(threads, empty, rng):
         (length, length)).astype(np.float32)                      # torch's float mask + causal
     _, got_w = check(w, x, heads, "gelu", True, causal[None, None], empty)
     assert np.all(got_w[..., np.triu_indices(length, 1)[0], np.triu_indices(length, 1)[1]] == 0)
+    per_head = np.where(rng.random((n, heads, length, length)) < 0.2, NEG_INF, np.float32(0))
+    check(w, x, heads, "relu", True, per_head, empty)
+    check(w, x, heads, "relu", False, per_head[:1, :, :1], empty)  # one row per head
 
 
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("biases,norms", [(False, True), (True, False), (False, False)])
-def test_without_biases_or_norm_parameters(threads, biases, norms, rng):
+def test_without_biases_or_norm_parameters(isa, threads, biases, norms, rng):
     x = rng.standard_normal((2, 16, 8)).astype(np.float32)
     for norm_first in (False, True):
         check(weights(rng, 8, 24, biases, norms), x, 2, "relu", norm_first)
 
 
-def test_other_activations_and_missing_kernels_take_the_composed_path(monkeypatch, rng):
-    """An activation without a fused epilogue, and a build without the C attention kernel, run
-    the reference composition on the compiled primitives."""
-    x = rng.standard_normal((2, 9, 8)).astype(np.float32)
+def test_transposed_weight_views(isa, rng):
+    """Weights given as transposes of (out, in) arrays (torch's layout) are packed from the
+    view; other strided views are copied first."""
     w = weights(rng, 8, 16)
-    called = []
-    monkeypatch.setattr(_encoder, "encoder_layer", lambda *a: called.append(a))
-    monkeypatch.setattr(_encoder, "encoder_layer_par", lambda *a: called.append(a))
-    check(w, x, 2, "tanh")
-    monkeypatch.setattr(_blas, "ATTENTION", None)
-    check(w, x, 2, "relu")
-    assert not called
+    t = w._replace(**{name: np.ascontiguousarray(getattr(w, name).T).T
+                      for name in ("w_qkv_io", "w_o_io", "w_1_io", "w_2_io")})
+    x = rng.standard_normal((2, 9, 8)).astype(np.float32)
+    check(t, x, 2)
+    check(w._replace(w_1_io=np.repeat(w.w_1_io, 2, axis=1)[:, ::2]), x, 2)
 
 
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
-def test_strided_input_and_float64_weights(rng):
-    """A non-contiguous input is read as its values; non-float32 weights take the composed
-    path (which casts as dense does)."""
+def test_other_activations_and_dtypes_take_the_composed_path(monkeypatch, rng):
+    """An activation without a native code, non-float32 weights and a mask of more than four
+    axes run the reference composition on the compiled primitives; a strided input is read as
+    its values."""
     x = rng.standard_normal((9, 2, 8)).astype(np.float32).swapaxes(0, 1)
     w = weights(rng, 8, 16)
     check(w, x, 2)
+    called = []
+    monkeypatch.setattr(native._core, "encoder_layer", lambda *a: called.append(a))
+    check(w, x, 2, "elu")
     check(w._replace(w_1_io=w.w_1_io.astype(np.float64)), x, 2)
+    assert not called
 
 
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
-def test_shares_that_cannot_meet_fall_back_to_serial(monkeypatch, rng):
-    """Three shares on Numba's two threads: the waiting share gives up at the barrier, every
-    share returns and the layer runs again serially with the same result."""
-    import contextlib
-
-    import numba
-
-    from fastlayers.backends import cpu
-    from fastlayers.backends.cpu import _sync
-
-    if not _sync.barrier_safe():
-        pytest.skip("the barrier is used only with the OpenMP threading layer")
-
-    @contextlib.contextmanager
-    def three_shares(units, min_units):
-        yield 3
-
-    monkeypatch.setattr(cpu, "shares", three_shares)
-    gave_up = []
-    monkeypatch.setattr(_encoder, "aborted",
-                        lambda sync: gave_up.append(_sync.aborted(sync)) or gave_up[-1])
-    before = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
-        check(weights(rng, 8, 16), rng.standard_normal((2, 12, 8)).astype(np.float32), 2)
-    finally:
-        numba.set_num_threads(before)
-    assert gave_up == [True]
-
-
-@pytest.mark.skipif(_blas.ATTENTION is None, reason="needs AVX-512F and the built extension")
-def test_results_outlive_the_scratch_buffer(rng):
-    """Intermediates (and the weights unless asked for) live in a per-thread scratch buffer:
-    a later call, smaller or larger, leaves earlier results as they were."""
+def test_results_outlive_the_buffers(rng):
+    """Intermediates live in per-thread buffers that later calls reuse: a later call, smaller
+    or larger, leaves earlier results as they were."""
     w = weights(rng, 8, 16)
     xs = [rng.standard_normal((n, length, 8)).astype(np.float32)
           for n, length in [(2, 9), (1, 3), (3, 17)]]
-    got = [CPU.encoder_layer(x, w, 2, need_weights=False) for x in xs]
+    got = [CPU.encoder_layer(x, w, 2) for x in xs]
     for x, (out, weights_) in zip(xs, got):
-        assert weights_ is None
-        want, _ = REF.encoder_layer(x, w, 2)
+        want, want_w = REF.encoder_layer(x, w, 2)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
-    assert REF.encoder_layer(xs[0], w, 2, need_weights=False)[1] is None
+        np.testing.assert_allclose(weights_, want_w, rtol=1e-4, atol=1e-6)
+
+
+def test_calls_from_several_python_threads(rng):
+    """Layers of different sizes called from four Python threads at once (one holds the pool,
+    the others run serially, each in its own buffers) give each its own result."""
+    w = weights(rng, 16, 32)
+    xs = [rng.standard_normal((2, length, 16)).astype(np.float32) for length in (5, 40, 17, 64)]
+    want = [REF.encoder_layer(x, w, 4)[0] for x in xs]
+    errors = []
+
+    def run(i):
+        for _ in range(20):
+            got, _ = CPU.encoder_layer(xs[i], w, 4, need_weights=False)
+            if not np.allclose(got, want[i], rtol=1e-4, atol=1e-4):
+                errors.append(i)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(xs))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors

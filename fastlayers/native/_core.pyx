@@ -17,3 +17,4 @@ cnp.import_array()
 include "core.pxi"
 include "gemm.pxi"
 include "rows.pxi"
+include "attention.pxi"

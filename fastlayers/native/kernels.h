@@ -5,6 +5,7 @@
 #define FL_KERNELS_H
 #include "gemm.h"
 #include "rows.h"
+#include "attention.h"
 
-#define FL_KERNELS(X) FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X)
+#define FL_KERNELS(X) FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X)
 #endif

@@ -14,7 +14,7 @@ from ..reference import EncoderWeights, ReferenceOps
 from . import _blas, _elementwise, _gemm
 from ._split import run_parallel, shares
 from . import conv_ops
-from . import _attention, _encoder
+from ..derived import derived_from
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY4 = np.zeros((0, 0, 0, 0), dtype=np.float32)
@@ -115,85 +115,83 @@ class CpuOps(ReferenceOps):
 
     # ------------------------------------------------------------------ attention (issue 5)
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
+        """As ReferenceOps.attention_softmax, in place on C-contiguous float32 scores (the
+        native kernel, threaded over rows)."""
         s = scores_bhqk
-        if s.ndim != 4 or s.dtype != np.float32 or not s.flags.c_contiguous or s.size == 0:
+        if s.ndim != 4 or s.dtype != np.float32 or not s.flags.c_contiguous:
             s = np.ascontiguousarray(s, dtype=np.float32)
-            if s.ndim != 4 or s.size == 0:
-                return super().attention_softmax(s, scale, bias, causal, empty)
-        b = self._attention_bias(bias, s.shape[3])
-        if b is None:
+        if s.ndim != 4 or s.size == 0 or (bias is not None and np.ndim(bias) > 4):
             return super().attention_softmax(s, scale, bias, causal, empty)
-        _attention.attention_softmax_bhqk(s, np.float32(scale), b, bool(causal), int(empty))
-        return s
+        return _core.attention_softmax(s, scale, self._attention_bias(bias, s.shape[3]), causal,
+                                       empty)
 
     def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0,
                   need_weights=True):
-        """As ReferenceOps.attention. q, k and v may be strided views (heads split off a
-        projection's columns): the products read their rows in place. The output is a
-        (B, H, Tq, Dv) view of a (B, Tq, H, Dv) array, so merging the heads back is free.
-        Without ``need_weights`` the C pair kernel keeps one block of scores per thread and
-        no (B, H, Tq, Tk) array is made."""
+        """As ReferenceOps.attention, one native call: the (batch, head) pairs shared among the
+        threads, both products of a pair on the packed sgemm. q, k and v may be strided views
+        (heads split off a projection's columns): their rows are read in place. The output is
+        a (B, H, Tq, Dv) view of a (B, Tq, H, Dv) array, so merging the heads back is free.
+        Without ``need_weights`` each thread keeps one block of scores and no (B, H, Tq, Tk)
+        array is made."""
         q, k, v = (_rows_in_place(a) for a in (q_bhqd, k_bhkd, v_bhkv))
-        b = self._attention_bias(bias, k.shape[-2])
-        if (_blas.SGEMM is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or b is None
+        if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or (bias is not None and np.ndim(bias) > 4)
                 or not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]
                 or q.shape[3] != k.shape[3] or 0 in q.shape or 0 in k.shape or 0 in v.shape):
             return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty,
                                      need_weights)
-        nb, nh, tq, d = q.shape
+        nb, nh, tq, _ = q.shape
         tk, dv = k.shape[2], v.shape[3]
-        flops = 2 * tq * tk * (d + dv)
-        if _blas.ATTENTION is not None:
-            s = np.empty((nb, nh, tq, tk) if need_weights else (0, 0, 0, 0), np.float32)
-            out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
-            run_parallel(_attention.attention_pairs, _attention.attention_pairs_par,
-                         (_blas.ATTENTION, q, k, v, np.float32(scale), b, int(bool(causal)),
-                          int(empty), s, out,
-                          _blas.attention_buffer_floats(tq, tk, d, dv, need_weights)),
-                         nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops))
-            return out, (s if need_weights else None)
-        with shares(nb * nh, max(1, _gemm.MIN_SHARE_FLOPS // flops)) as parts:
-            if parts == 1:
-                return super().attention(q, k, v, scale, bias, causal, empty, need_weights)
-            s = np.empty((nb, nh, tq, tk), np.float32)
-            out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
-            _attention.attention_par(_blas.SGEMM, q, k, v, np.float32(scale), b, bool(causal),
-                                     int(empty), s, out, parts)
-        return out, (s if need_weights else None)
+        s = np.empty((nb, nh, tq, tk), np.float32) if need_weights else None
+        out = np.empty((nb, tq, nh, dv), np.float32).transpose(0, 2, 1, 3)
+        _core.attention(q, k, v, scale, self._attention_bias(bias, tk), causal, empty, s, out)
+        return out, s
 
     def encoder_layer(self, x_nle, w: EncoderWeights, num_heads, activation="relu",
                       norm_first=False, bias=None, empty=0, need_weights=True):
-        """As ReferenceOps.encoder_layer, in one compiled call (``_encoder``): each thread takes
-        its rows through the projections and its (batch, head) pairs through attention,
-        meeting the others twice."""
-        code = _elementwise.CODES.get(activation)
+        """As ReferenceOps.encoder_layer, in one native call: the q/k/v projection, attention
+        and the rows after it (output projection, residual, norms, feed-forward) each shared
+        among the threads, the products on weights packed once per weight array."""
+        code = CODES.get(activation)
         n, length, e = x_nle.shape
-        b4 = self._attention_bias(bias, length)
-        if (_blas.ATTENTION is None or _blas.SGEMM is None or code is None or b4 is None
-                or n * length == 0 or any(a.dtype != np.float32 for a in
-                                          (x_nle, w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io))):
+        f = w.w_1_io.shape[-1]
+        if (code is None or n * length == 0 or e % num_heads
+                or (bias is not None and np.ndim(bias) > 4)
+                or any(a.dtype != np.float32 for a in
+                       (x_nle, w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io))
+                or w.w_qkv_io.shape != (e, 3 * e) or w.w_o_io.shape != (e, e)
+                or w.w_1_io.shape != (e, f) or w.w_2_io.shape != (f, e)):
             return super().encoder_layer(x_nle, w, num_heads, activation, norm_first, bias, empty,
                                          need_weights)
-        args, bufs = _encoder.layer_args(x_nle, w, num_heads, code, norm_first, b4, empty,
-                                         need_weights)
-        row_flops = 2 * e * (4 * e + 2 * w.w_1_io.shape[1]) + 4 * length * e
-        with shares(n * length, max(1, _gemm.MIN_SHARE_FLOPS // row_flops)) as parts:
-            _encoder.run(args, bufs, parts)
-        return bufs[5].reshape(n, length, e), (bufs[6] if need_weights else None)
+
+        def pack(*arrays):
+            """(the four product weights packed, the biases and norm parameters as float32
+            vectors or None)."""
+            return (tuple(_core.pack(a.T, True) if a.T.flags.c_contiguous else
+                          _core.pack(np.ascontiguousarray(a)) for a in arrays[:4]),
+                    tuple(None if a is None else np.ascontiguousarray(a, np.float32).reshape(-1)
+                          for a in arrays[4:]))
+
+        packed, vectors = derived_from(
+            (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io, w.b_qkv, w.b_o, w.b_1, w.b_2,
+             *w.norm1[:2], *w.norm2[:2]), "encoder-layer", pack)
+        s = np.empty((n, num_heads, length, length), np.float32) if need_weights else None
+        out = np.empty((n * length, e), np.float32)
+        _core.encoder_layer(np.ascontiguousarray(x_nle).reshape(n * length, e), n, num_heads, f,
+                            packed, vectors, w.norm1[2], w.norm2[2], code, norm_first,
+                            self._attention_bias(bias, length), empty, s, out)
+        return out.reshape(n, length, e), s
 
     @staticmethod
     def _attention_bias(bias, tk):
-        """bias as the kernels' 4-D (B or 1, H or 1, Tq or 1, Tk) float32 array; None when it
-        has more axes."""
+        """bias (at most 4-D) as the native kernels' (B or 1, H or 1, Tq or 1, Tk) float32 array
+        with contiguous keys; None for None."""
         if bias is None:
-            return _EMPTY4
-        b = np.asarray(bias, dtype=np.float32)
-        if b.ndim > 4:
             return None
+        b = np.asarray(bias, dtype=np.float32)
         b = b.reshape((1,) * (4 - b.ndim) + b.shape)
         if b.shape[3] != tk:
             b = np.broadcast_to(b, b.shape[:3] + (tk,))
-        return np.ascontiguousarray(b)
+        return b if b.strides[3] == 4 or tk == 1 else np.ascontiguousarray(b)
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):

@@ -74,28 +74,6 @@ def _own_packed_sgemm():
 PACKED, CONV, TILE_ROWS = _own_packed_sgemm()
 
 
-def _attention_pair():
-    """The C attention of one (batch, head) pair (``_attention_kernel.h``) as a ctypes
-    function, or None."""
-    if PACKED is None:
-        return None
-    from . import _sgemm
-
-    address = _sgemm.attention_address()
-    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    proto = ctypes.CFUNCTYPE(None, *[i64] * 4, ptr, i64, ptr, i64, ptr, i64, f32, ptr, i64, i64,
-                             i64, ptr, i64, ptr, i64, ptr)
-    return proto(address) if address else None
-
-
-#: ``fl_attention_pair(tq, tk, d, dv, q, ldq, k, ldk, v, ldv, scale, bias, ldbias, causal,
-#: empty, s, lds, out, ldo, pb)``: s = softmax(scale q k^T + bias) and out = s v for one
-#: (batch, head) pair, both products on the packed sgemm (``pb``: a buffer of
-#: ``_sgemm.attention_buffer_floats`` floats; s 0: the weights are not kept), where ``PACKED``
-#: is available.
-ATTENTION = _attention_pair()
-
-
 def pack(b_kn):
     """``b_kn`` (k, n) packed for ``packed`` (a new 1-D float32 array); needs ``PACKED``."""
     from . import _sgemm
@@ -121,11 +99,3 @@ def packed(fn, a_mk, pb, c_mn, beta):
     m, k = a_mk.shape
     fn(m, c_mn.shape[1], k, a_mk.ctypes.data, a_mk.strides[0] // 4, pb.ctypes.data,
        np.float32(beta), c_mn.ctypes.data, c_mn.strides[0] // 4)
-
-
-def attention_buffer_floats(tq, tk, d, dv, keep_weights=True):
-    """Floats of the buffer one thread's ``ATTENTION`` calls pack k^T and v into (and, where
-    the weights are not kept, compute each block of scores in)."""
-    from . import _sgemm
-
-    return _sgemm.attention_buffer_floats(tq, tk, d, dv, keep_weights)

@@ -1,8 +1,7 @@
 # cython: language_level=3
-"""fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``), the
-implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``) and one (batch, head)
-pair of attention (``_attention_kernel.h``): their addresses, for compiled kernels to call
-through ctypes prototypes (``_blas.PACKED``, ``_blas.CONV``, ``_blas.ATTENTION``), and the
+"""fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``) and the
+implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``): their addresses, for
+compiled kernels to call through ctypes prototypes (``_blas.PACKED``, ``_blas.CONV``), and the
 packing of weights."""
 
 import numpy as np
@@ -15,17 +14,6 @@ cdef extern from "_conv_kernel.h":
                         int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t ho, int64_t wo,
                         const float *pb, int64_t j0, int64_t j1, float *y, int64_t ldy,
                         int64_t t0, int64_t t1)
-
-
-cdef extern from "_attention_kernel.h":
-    int fl_attention_supported()
-    int64_t fl_attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv,
-                                       int64_t keep_weights)
-    void fl_attention_pair(int64_t tq, int64_t tk, int64_t d, int64_t dv, const float *q,
-                           int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
-                           float scale, const float *bias, int64_t ldbias, int64_t causal,
-                           int64_t empty, float *s, int64_t lds, float *out, int64_t ldo,
-                           float *pb)
 
 
 cdef extern from "_sgemm_kernel.h":
@@ -60,21 +48,6 @@ def conv_address():
     j1, y, ldy, t0, t1)``: the implicit-GEMM convolution of output rows t0:t1 and columns j0:j1
     on a zero-padded NHWC input with 14 sw c readable floats past its end (``_conv_kernel.h``)."""
     return <uintptr_t>&fl_conv_packed
-
-
-def attention_address():
-    """The address of ``fl_attention_pair(tq, tk, d, dv, q, ldq, k, ldk, v, ldv, scale, bias,
-    ldbias, causal, empty, s, lds, out, ldo, pb)``: s = softmax(scale q k^T + bias) and out = s v
-    for one (batch, head) pair on the packed sgemm (s NULL: the weights are not kept), ``pb`` a
-    buffer of ``attention_buffer_floats`` floats (``_attention_kernel.h``), or 0 where this CPU
-    lacks AVX-512F."""
-    return <uintptr_t>&fl_attention_pair if fl_attention_supported() else 0
-
-
-def attention_buffer_floats(int64_t tq, int64_t tk, int64_t d, int64_t dv, keep_weights=True):
-    """Floats of the buffer one thread's ``fl_attention_pair`` calls need (with a block of
-    scores where the weights are not kept)."""
-    return fl_attention_buffer_floats(tq, tk, d, dv, 1 if keep_weights else 0)
 
 
 def pack(b_kn):
