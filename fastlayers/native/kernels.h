@@ -6,6 +6,10 @@
 #include "gemm.h"
 #include "rows.h"
 #include "attention.h"
+#include "pool.h"
+#include "conv.h"
 
-#define FL_KERNELS(X) FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X)
+#define FL_KERNELS(X)                                                                         \
+    FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
+    FL_CONV_KERNELS(X)
 #endif

@@ -103,7 +103,7 @@ class CpuOps(ReferenceOps):
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)
         return out.reshape(x.shape)
 
-    # convolution and pooling: NHWC kernels in _conv.py, primitives in conv_ops.py
+    # convolution and pooling: native kernels (native/conv.c, pool.c), primitives in conv_ops.py
     conv2d = conv_ops.conv2d
     depthwise_conv2d = conv_ops.depthwise_conv2d
     conv_transpose2d = conv_ops.conv_transpose2d

@@ -54,24 +54,22 @@ SGEMM = _numpy_cblas_sgemm()
 
 
 def _own_packed_sgemm():
-    """(``PACKED``, ``CONV``, the register tile's rows), or (None, None, 1)."""
+    """(``PACKED``, the register tile's rows), or (None, 1)."""
     if SGEMM is None or os.environ.get("FASTLAYERS_SGEMM", "").lower() == "openblas":
-        return None, None, 1
+        return None, 1
     try:
         from . import _sgemm
     except ImportError:          # the package was installed without building its extension
-        return None, None, 1
+        return None, 1
     if not _sgemm.supported():
-        return None, None, 1
+        return None, 1
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     proto = ctypes.CFUNCTYPE(None, i64, i64, i64, ptr, i64, ptr, f32, ptr, i64)
-    conv = ctypes.CFUNCTYPE(None, ptr, *[i64] * 10, ptr, i64, i64, ptr, i64, i64, i64)
-    return (proto(_sgemm.packed_address()), conv(_sgemm.conv_address()), _sgemm.TILE_ROWS)
+    return proto(_sgemm.packed_address()), _sgemm.TILE_ROWS
 
 
-#: ``CONV``: the implicit-GEMM convolution on packed weights (``_conv_kernel.h``), with
-#: ``PACKED``. ``TILE_ROWS``: products in row chunks are best cut at multiples of it.
-PACKED, CONV, TILE_ROWS = _own_packed_sgemm()
+#: ``TILE_ROWS``: products in row chunks are best cut at multiples of it.
+PACKED, TILE_ROWS = _own_packed_sgemm()
 
 
 def pack(b_kn):

@@ -1,19 +1,11 @@
 # cython: language_level=3
-"""fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``) and the
-implicit-GEMM convolution on the same packed weights (``_conv_kernel.h``): their addresses, for
-compiled kernels to call through ctypes prototypes (``_blas.PACKED``, ``_blas.CONV``), and the
+"""fastlayers' own single-threaded sgemm on weights packed once (``_sgemm_kernel.h``): its
+address, for compiled kernels to call through a ctypes prototype (``_blas.PACKED``), and the
 packing of weights."""
 
 import numpy as np
 
 from libc.stdint cimport int64_t, uintptr_t
-
-
-cdef extern from "_conv_kernel.h":
-    void fl_conv_packed(const float *xp, int64_t hp, int64_t wp, int64_t c, int64_t kh,
-                        int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t ho, int64_t wo,
-                        const float *pb, int64_t j0, int64_t j1, float *y, int64_t ldy,
-                        int64_t t0, int64_t t1)
 
 
 cdef extern from "_sgemm_kernel.h":
@@ -41,13 +33,6 @@ def packed_address():
     """The address of ``fl_sgemm_packed(m, n, k, a, lda, packed_b, beta, c, ldc)``: c (m, n) =
     a (m, k) @ b + beta c (beta 0, or anything else to accumulate), b packed by ``pack``."""
     return <uintptr_t>&fl_sgemm_packed
-
-
-def conv_address():
-    """The address of ``fl_conv_packed(xp, hp, wp, c, kh, kw, sh, sw, dh, ho, wo, packed_w, j0,
-    j1, y, ldy, t0, t1)``: the implicit-GEMM convolution of output rows t0:t1 and columns j0:j1
-    on a zero-padded NHWC input with 14 sw c readable floats past its end (``_conv_kernel.h``)."""
-    return <uintptr_t>&fl_conv_packed
 
 
 def pack(b_kn):

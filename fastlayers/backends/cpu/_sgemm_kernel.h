@@ -106,7 +106,7 @@ fl_store_tile(const int rows, const __m512 *c0, const __m512 *c1, float *c, int6
 /* c[0:mr, 0:nr] (+)= sum over i < kh and p < kc of a[r * ars + i * ari + p * aps]
  * pb[i * kc + p][0:nr] for r < rows, with a rows x 32 register tile. rows, kh and the A strides
  * are constants in each caller: the sgemm's (kh 1, ars lda, aps 1) for rows read in place;
- * the implicit convolution's (aps 1) sums over its window rows, ari apart (_conv_kernel.h). */
+ * kh > 1 sums window rows ari apart (an implicit convolution). */
 FL_TARGET static inline __attribute__((always_inline)) void
 fl_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a, int64_t ars,
         int64_t aps, const float *pb, float *c, int64_t ldc, int mr, int nr, int accumulate) {

@@ -1,0 +1,661 @@
+/* Convolutions (conv.h). Compiled once per ISA (kernels.inc), after gemm.c, rows.c and pool.c,
+ * whose static kernels it calls.
+ *
+ * conv2d runs on the packed sgemm's register tile (gemm.c), two ways:
+ * - implicit GEMM: output row (n, oh), output column ow and window row i read kw C consecutive
+ *   floats of the zero-padded input xp[n, oh sh + i dh, ow sw:ow sw + kw, :], so a tile's rows
+ *   are consecutive output columns, sw C floats apart, read in place: no im2col matrix is
+ *   written and the weights are packed once (a width dilation makes each tap its own run of
+ *   C floats: one pass per window row, accumulating). Needs one group and output rows long
+ *   enough to fill the tiles;
+ * - im2col + sgemm: blocks of output rows gathered into a per-thread (rows, kh kw C / groups)
+ *   matrix (none for a 1x1 stride-1 unpadded convolution: x is that matrix), then the packed
+ *   sgemm, group by group: grouped convolutions and short output rows.
+ * Both share the work by output rows, or, with few rows, also by blocks of output columns,
+ * and run the bias + activation on each block as soon as it is done.
+ * conv3x3_winograd: Winograd F(2x2, 3x3) (Lavin & Gray 2016): per 2x2 output tile, V = B^T d B
+ * of its 4x4 input patch, M[e] = V[e] U[e] as 16 packed sgemms over the tiles of a block,
+ * y = A^T M A with the epilogue in registers. 2.25x fewer multiplies than the direct sum; the
+ * transforms only add, subtract and halve.
+ * depthwise_conv2d: a direct loop vectorized over channels; 3x3 windows keep the nine weights
+ * of a channel vector in registers while they sweep the row (stride 1: four outputs per
+ * pass, sharing their loads).
+ * conv_transpose2d: one sgemm per group (x rows times w (ci', kh kw co)), then every output
+ * pixel gathers its taps from those columns (col2im without scattered writes) and runs the
+ * epilogue. */
+
+/* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
+#define CONV_COLS_FLOATS (INT64_C(1) << 18)
+/* A column block's packed weights (k x columns floats, 256 KiB) stay in L2 while the implicit
+ * GEMM's output rows read them. */
+#define CONV_PANEL_FLOATS (INT64_C(1) << 16)
+/* Winograd tiles per block: about this many floats of V and M (512 KiB) stay in L2. */
+#define CONV_WINO_FLOATS (INT64_C(1) << 17)
+/* Fewest output values (x window taps) in a thread's share of the direct kernels. */
+#define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)
+
+static __thread pool_buf conv_call_buf;   /* the calling thread's: padded input, V and M, cols */
+static __thread pool_buf conv_task_buf;   /* each task's: im2col block, Winograd block */
+
+/* An elementwise activation code (the epilogues apply it per vector). */
+FL_INLINE int conv_code_ok(int code) {
+    return code >= 0 && code < FL_N_ACTIVATIONS && code != FL_SOFTMAX && code != FL_LOG_SOFTMAX;
+}
+
+/* f(s + bias[0:nc]) for one vector of outputs (bias NULL: none). */
+FL_INLINE fl_vf conv_epi(fl_vf s, const float *bias, int64_t nc, int code, float alpha) {
+    if (bias) s += pool_ld(bias, nc);
+    return code == FL_LINEAR ? s : rows_vact(s, code, alpha);
+}
+
+/* ------------------------------------------------------------------------------ conv2d */
+
+typedef struct {
+    const float *x;      /* implicit: the padded input (n, h, w, c); im2col: x */
+    const float *pw, *bias;
+    float *y;
+    int64_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
+    int64_t k;           /* rows of a group's weights: kh kw c / groups */
+    int64_t rows;        /* output rows n Ho Wo */
+    int64_t row_units;   /* work units per column block: output rows (n, oh) or row tiles */
+    int64_t block_cols;  /* columns of a block (a multiple of FL_PANEL) */
+    int64_t chunk;       /* im2col: rows per block (a multiple of GEMM_MR) */
+    int identity;        /* im2col: a 1x1 stride-1 unpadded convolution (x is the matrix) */
+    int code, status;
+    float alpha;
+} conv_ctx;
+
+/* Units u = cb row_units + t: output row t = n Ho + oh, columns of block cb (implicit GEMM). */
+static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
+    const conv_ctx *p = (const conv_ctx *)arg;
+    int64_t c = p->c, k = p->k, cout = p->cout, wo = p->wo, wp = p->w;
+    int64_t ars = p->sw * c, ari = p->dh * wp * c;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t cb = u / p->row_units, t = u % p->row_units;
+        int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
+        int64_t n = t / p->ho, oh = t % p->ho;
+        const float *a = p->x + (n * p->h + oh * p->sh) * wp * c;
+        float *yt = p->y + t * wo * cout;
+        for (int64_t ow = 0, rows; ow < wo; ow += rows) {
+            rows = gemm_next_rows(wo - ow);
+            const float *ar = a + ow * ars;
+            float *yr = yt + ow * cout;
+            for (int64_t j = j0; j < j1; j += GEMM_TN) {
+                int nr = (int)FL_MIN(j1 - j, GEMM_TN);
+                const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
+                if (p->dw == 1) {
+                    gemm_tile_rows((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
+                                   nr, 0);
+                    continue;
+                }
+                for (int64_t i = 0; i < p->kh; ++i)
+                    gemm_tile_rows((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
+                                   pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0);
+            }
+        }
+        if (p->bias || p->code != FL_LINEAR)
+            rows_bias_act_range(0, wo, j1 - j0, yt + j0, cout, p->bias ? p->bias + j0 : 0,
+                                p->code, p->alpha, yt + j0, cout);
+    }
+}
+
+/* cols (m, k) = the windows of output rows r0 + [0, m) (r = (n Ho + oh) Wo + ow) over the
+ * channels of group g; zeros outside x. */
+static void conv_im2col(const conv_ctx *p, int64_t r0, int64_t m, int64_t g, float *cols) {
+    int64_t c = p->c, cg = c / p->groups, k = p->k, kw = p->kw;
+    for (int64_t r = 0; r < m; ++r) {
+        int64_t gr = r0 + r, ow = gr % p->wo, t = gr / p->wo, oh = t % p->ho, n = t / p->ho;
+        int64_t iw0 = ow * p->sw - p->pl;
+        float *dst = cols + r * k;
+        for (int64_t i = 0; i < p->kh; ++i) {
+            int64_t ih = oh * p->sh - p->pt + i * p->dh;
+            float *d = dst + i * kw * cg;
+            if (ih < 0 || ih >= p->h) {
+                memset(d, 0, (size_t)(kw * cg) * sizeof(float));
+                continue;
+            }
+            const float *xrow = p->x + (n * p->h + ih) * p->w * c + g * cg;
+            if (p->dw == 1 && cg == c && iw0 >= 0 && iw0 + kw <= p->w) {
+                memcpy(d, xrow + iw0 * c, (size_t)(kw * c) * sizeof(float));
+                continue;
+            }
+            for (int64_t j = 0; j < kw; ++j) {
+                int64_t iw = iw0 + j * p->dw;
+                if (iw < 0 || iw >= p->w) memset(d + j * cg, 0, (size_t)cg * sizeof(float));
+                else memcpy(d + j * cg, xrow + iw * c, (size_t)cg * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Units u = cb row_units + tile: GEMM_MR output rows of the tile, columns of block cb (im2col
+ * + sgemm; groups > 1 have one block). */
+static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
+    conv_ctx *p = (conv_ctx *)arg;
+    int64_t k = p->k, cout = p->cout, cg_out = cout / p->groups;
+    float *cols = 0;
+    if (!p->identity) {
+        cols = pool_grow(&conv_task_buf, (size_t)(p->chunk * k));
+        if (!cols) {
+            p->status = -1;
+            return;
+        }
+    }
+    int64_t pfg = fl_packed_floats(k, cg_out);
+    for (int64_t u = u0; u < u1;) {
+        int64_t cb = u / p->row_units, end = FL_MIN(u1, (cb + 1) * p->row_units);
+        int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
+        int64_t r_end = FL_MIN((end - cb * p->row_units) * GEMM_MR, p->rows);
+        for (int64_t r0 = (u - cb * p->row_units) * GEMM_MR; r0 < r_end; r0 += p->chunk) {
+            int64_t m = FL_MIN(p->chunk, r_end - r0);
+            float *yr = p->y + r0 * cout;
+            for (int64_t g = 0; g < p->groups; ++g) {
+                const float *a = p->x + r0 * p->c;
+                if (!p->identity) {
+                    conv_im2col(p, r0, m, g, cols);
+                    a = cols;
+                }
+                int st = p->groups == 1
+                             ? FL_FN(sgemm_packed)(m, j1 - j0, k, a, p->identity ? p->c : k,
+                                                   p->pw + j0 * k, 0, yr + j0, cout)
+                             : FL_FN(sgemm_packed)(m, cg_out, k, a, k, p->pw + g * pfg, 0,
+                                                   yr + g * cg_out, cout);
+                if (st) {
+                    p->status = st;
+                    return;
+                }
+            }
+            if (p->bias || p->code != FL_LINEAR)
+                rows_bias_act_range(0, m, j1 - j0, yr + j0, cout, p->bias ? p->bias + j0 : 0,
+                                    p->code, p->alpha, yr + j0, cout);
+        }
+        u = end;
+    }
+}
+
+/* Share of the register tile's rows that the tiles of one output row of wo columns fill. */
+static double conv_row_fill(int64_t wo) {
+    int64_t tiles = 0;
+    for (int64_t left = wo; left > 0; left -= gemm_next_rows(left)) ++tiles;
+    return (double)wo / (double)(FL_MAX(tiles, 1) * GEMM_MR);
+}
+
+/* Column blocks of `panels` 32-column panels: at most `most_panels` panels each (an L2-sized
+ * share of the weights), and enough blocks that row_units x blocks give every thread a few
+ * units. Sets p->block_cols; returns the number of blocks. */
+static int64_t conv_column_blocks(conv_ctx *p, int64_t most_panels) {
+    int64_t panels = (p->cout + FL_PANEL - 1) / FL_PANEL;
+    int64_t threads = fl_pool_get_threads();
+    int64_t blocks = (panels + most_panels - 1) / most_panels;
+    if (p->groups > 1) blocks = 1;
+    else if (p->row_units * blocks < 2 * threads)
+        blocks = FL_MIN(panels, (2 * threads + p->row_units - 1) / p->row_units);
+    int64_t per = (panels + blocks - 1) / blocks;
+    p->block_cols = per * FL_PANEL;
+    return (panels + per - 1) / per;
+}
+
+int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                  int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
+                  const float *pw, const float *bias, int code, float alpha, int method,
+                  float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || groups < 1 || c % groups || cout % groups) return -2;
+    int64_t k = kh * kw * (c / groups);
+    int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
+                   wo == w && groups == 1;
+    if (method == 0)
+        method = groups == 1 && !identity && conv_row_fill(wo) >= 0.75 ? 1 : 2;
+    if (method == 1 && groups != 1) return -2;
+    conv_ctx p = {x, pw, bias, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout,
+                  k, n * ho * wo, 0, 0, 0, identity, code, 0, alpha};
+    int64_t flops = 2 * p.rows * k * cout, units;
+    if (method == 1) {
+        int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
+        int64_t wp = FL_MAX(w + pl, (wo - 1) * sw + (kw - 1) * dw + 1);
+        if (pt || pl || hp != h || wp != w) {
+            float *xp = pool_grow(&conv_call_buf, (size_t)(n * hp * wp * c));
+            if (!xp) return -1;
+            FL_FN(pad_nhwc)(n, h, w, c, x, pt, pl, hp, wp, xp);
+            p.x = xp;
+            p.h = hp;
+            p.w = wp;
+        }
+        p.row_units = n * ho;
+        units = p.row_units * conv_column_blocks(&p, FL_MAX(1, CONV_PANEL_FLOATS / (k * FL_PANEL)));
+        fl_parallel(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_implicit_task,
+                    &p);
+        return p.status;
+    }
+    p.row_units = (p.rows + GEMM_MR - 1) / GEMM_MR;
+    int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout);
+    p.chunk = FL_MIN(FL_MAX(chunk / GEMM_MR, 1), p.row_units) * GEMM_MR;
+    units = p.row_units * conv_column_blocks(&p, INT64_MAX / 2);
+    fl_parallel(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_im2col_task, &p);
+    return p.status;
+}
+
+/* ---------------------------------------------------------------------------- Winograd */
+
+int FL_FN(winograd_pack)(int64_t cin, int64_t cout, const float *w, float *pu) {
+    /* u[e] = (G g G^T)[a, b] for g = w[:, :, i, o], G = [[1, 0, 0], [.5, .5, .5],
+     * [.5, -.5, .5], [0, 0, 1]] */
+    float *u = (float *)malloc((size_t)(16 * cin * cout) * sizeof(float));
+    if (!u) return -1;
+    for (int64_t i = 0; i < cin; ++i)
+        for (int64_t o = 0; o < cout; ++o) {
+            float g[3][3], t[4][3];
+            for (int r = 0; r < 3; ++r)
+                for (int s = 0; s < 3; ++s) g[r][s] = w[((r * 3 + s) * cin + i) * cout + o];
+            for (int s = 0; s < 3; ++s) {                    /* t = G g */
+                t[0][s] = g[0][s];
+                t[1][s] = 0.5f * (g[0][s] + g[1][s] + g[2][s]);
+                t[2][s] = 0.5f * (g[0][s] - g[1][s] + g[2][s]);
+                t[3][s] = g[2][s];
+            }
+            for (int a = 0; a < 4; ++a) {                    /* u = t G^T */
+                float *ue = u + (4 * a * cin + i) * cout + o;
+                ue[0] = t[a][0];
+                ue[cin * cout] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+                ue[2 * cin * cout] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+                ue[3 * cin * cout] = t[a][2];
+            }
+        }
+    int64_t pf = fl_packed_floats(cin, cout);
+    for (int e = 0; e < 16; ++e) FL_FN(pack)(u + e * cin * cout, cout, 0, cin, cout, pu + e * pf);
+    free(u);
+    return 0;
+}
+
+typedef struct {
+    const float *x, *pu, *bias;
+    float *y, *v, *m;    /* v (16, tiles, cin), m (16, tiles, cout): the phases' shared V, M */
+    int64_t h, w, cin, cout, pt, pl, ho, wo, th, tw, tiles, block, puf;
+    int code, status;
+    float alpha;
+} conv_wino_ctx;
+
+/* v[4 a + b] (rows es floats apart) = (B^T d B)[a, b] for channels c0 + [0, nc) of the patch
+ * d[4 a + b] = src[4 a + b], B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]. */
+FL_INLINE void conv_wino_bt(const float *const *src, int64_t c0, int64_t nc, float *v,
+                            int64_t es) {
+    fl_vf d[16];
+    for (int i = 0; i < 16; ++i) d[i] = pool_ld(src[i] + c0, nc);
+    for (int b = 0; b < 4; ++b) {                                /* B^T d, column b */
+        fl_vf d0 = d[b], d1 = d[4 + b], d2 = d[8 + b], d3 = d[12 + b];
+        d[b] = d0 - d2;
+        d[4 + b] = d1 + d2;
+        d[8 + b] = d2 - d1;
+        d[12 + b] = d1 - d3;
+    }
+    for (int a = 0; a < 4; ++a) {                                /* (B^T d) B, row a */
+        fl_vf d0 = d[4 * a], d1 = d[4 * a + 1], d2 = d[4 * a + 2], d3 = d[4 * a + 3];
+        pool_st(v + (4 * a) * es + c0, d0 - d2, nc);
+        pool_st(v + (4 * a + 1) * es + c0, d1 + d2, nc);
+        pool_st(v + (4 * a + 2) * es + c0, d2 - d1, nc);
+        pool_st(v + (4 * a + 3) * es + c0, d1 - d3, nc);
+    }
+}
+
+/* V of tiles [t0, t1): tile t's row t - t0 of v[e] = v + e es. */
+static int conv_wino_input(const conv_wino_ctx *p, int64_t t0, int64_t t1, float *v,
+                           int64_t es) {
+    int64_t cin = p->cin, per_image = p->th * p->tw;
+    const float *zero = pool_zeros((size_t)cin);
+    if (!zero) return -1;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / per_image, r = t % per_image;
+        int64_t ih0 = 2 * (r / p->tw) - p->pt, iw0 = 2 * (r % p->tw) - p->pl;
+        const float *src[16];
+        for (int a = 0; a < 4; ++a)
+            for (int b = 0; b < 4; ++b) {
+                int64_t ih = ih0 + a, iw = iw0 + b;
+                src[4 * a + b] = ih >= 0 && ih < p->h && iw >= 0 && iw < p->w
+                                     ? p->x + ((n * p->h + ih) * p->w + iw) * cin
+                                     : zero;
+            }
+        float *vt = v + (t - t0) * cin;
+        int64_t c0 = 0;
+        for (; c0 + FL_VW <= cin; c0 += FL_VW) conv_wino_bt(src, c0, FL_VW, vt, es);
+        if (c0 < cin) conv_wino_bt(src, c0, cin - c0, vt, es);
+    }
+    return 0;
+}
+
+/* out[2 a + b] (NULL: past the output's edge) = f((A^T M A)[a, b] + bias) for channels c0 +
+ * [0, nc) of m[e] = m + e es, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]. */
+FL_INLINE void conv_wino_at(const float *m, int64_t es, int64_t c0, int64_t nc,
+                            float *const *out, const conv_wino_ctx *p) {
+    fl_vf s0[4], s1[4];
+    for (int b = 0; b < 4; ++b) {                                /* A^T M, column b */
+        fl_vf m0 = pool_ld(m + b * es + c0, nc), m1 = pool_ld(m + (4 + b) * es + c0, nc);
+        fl_vf m2 = pool_ld(m + (8 + b) * es + c0, nc), m3 = pool_ld(m + (12 + b) * es + c0, nc);
+        s0[b] = m0 + m1 + m2;
+        s1[b] = m1 - m2 - m3;
+    }
+    const float *bias = p->bias ? p->bias + c0 : 0;
+    fl_vf y[4] = {s0[0] + s0[1] + s0[2], s0[1] - s0[2] - s0[3], s1[0] + s1[1] + s1[2],
+                  s1[1] - s1[2] - s1[3]};
+    for (int q = 0; q < 4; ++q)
+        if (out[q]) pool_st(out[q] + c0, conv_epi(y[q], bias, nc, p->code, p->alpha), nc);
+}
+
+/* y of tiles [t0, t1) from M: tile t's row t - t0 of m[e] = m + e es. */
+static void conv_wino_output(const conv_wino_ctx *p, int64_t t0, int64_t t1, const float *m,
+                             int64_t es) {
+    int64_t cout = p->cout, per_image = p->th * p->tw;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / per_image, r = t % per_image, oh = 2 * (r / p->tw), ow = 2 * (r % p->tw);
+        float *out[4];
+        for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b)
+                out[2 * a + b] = oh + a < p->ho && ow + b < p->wo
+                                     ? p->y + ((n * p->ho + oh + a) * p->wo + ow + b) * cout
+                                     : 0;
+        const float *mt = m + (t - t0) * cout;
+        int64_t c0 = 0;
+        for (; c0 + FL_VW <= cout; c0 += FL_VW) conv_wino_at(mt, es, c0, FL_VW, out, p);
+        if (c0 < cout) conv_wino_at(mt, es, c0, cout - c0, out, p);
+    }
+}
+
+/* M[e] = V[e] U[e] for e in [e0, e1), nt tiles. */
+static int conv_wino_products(const conv_wino_ctx *p, int64_t nt, int64_t e0, int64_t e1,
+                              const float *v, int64_t ves, float *m, int64_t mes) {
+    for (int64_t e = e0; e < e1; ++e) {
+        int st = FL_FN(sgemm_packed)(nt, p->cout, p->cin, v + e * ves, p->cin, p->pu + e * p->puf,
+                                     0, m + e * mes, p->cout);
+        if (st) return st;
+    }
+    return 0;
+}
+
+/* Blocks [b0, b1) of p->block tiles, each in three steps in this thread's buffer. */
+static void conv_wino_block_task(void *arg, int64_t b0, int64_t b1) {
+    conv_wino_ctx *p = (conv_wino_ctx *)arg;
+    float *v = pool_grow(&conv_task_buf, (size_t)(16 * p->block * (p->cin + p->cout)));
+    if (!v) {
+        p->status = -1;
+        return;
+    }
+    float *m = v + 16 * p->block * p->cin;
+    for (int64_t b = b0; b < b1; ++b) {
+        int64_t t0 = b * p->block, t1 = FL_MIN(p->tiles, t0 + p->block), nt = t1 - t0;
+        int st = conv_wino_input(p, t0, t1, v, nt * p->cin);
+        if (!st) st = conv_wino_products(p, nt, 0, 16, v, nt * p->cin, m, nt * p->cout);
+        if (st) {
+            p->status = st;
+            return;
+        }
+        conv_wino_output(p, t0, t1, m, nt * p->cout);
+    }
+}
+
+static void conv_wino_input_task(void *arg, int64_t t0, int64_t t1) {
+    conv_wino_ctx *p = (conv_wino_ctx *)arg;
+    if (conv_wino_input(p, t0, t1, p->v + t0 * p->cin, p->tiles * p->cin)) p->status = -1;
+}
+
+static void conv_wino_products_task(void *arg, int64_t e0, int64_t e1) {
+    conv_wino_ctx *p = (conv_wino_ctx *)arg;
+    int st = conv_wino_products(p, p->tiles, e0, e1, p->v, p->tiles * p->cin, p->m,
+                                p->tiles * p->cout);
+    if (st) p->status = st;
+}
+
+static void conv_wino_output_task(void *arg, int64_t t0, int64_t t1) {
+    conv_wino_ctx *p = (conv_wino_ctx *)arg;
+    conv_wino_output(p, t0, t1, p->m + t0 * p->cout, p->tiles * p->cout);
+}
+
+int FL_FN(conv3x3_winograd)(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
+                            int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,
+                            const float *pu, const float *bias, int code, float alpha,
+                            float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code)) return -2;
+    int64_t th = (ho + 1) / 2, tw = (wo + 1) / 2, tiles = n * th * tw;
+    int64_t block = FL_MAX(1, CONV_WINO_FLOATS / (16 * (cin + cout)) / GEMM_MR) * GEMM_MR;
+    conv_wino_ctx p = {x, pu, bias, y, 0, 0, h, w, cin, cout, pt, pl, ho, wo, th, tw, tiles,
+                       FL_MIN(block, tiles), fl_packed_floats(cin, cout), code, 0, alpha};
+    int64_t blocks = (tiles + p.block - 1) / p.block, threads = fl_pool_get_threads();
+    int64_t flops = 2 * 16 * tiles * cin * cout;
+    if (threads > 1 && blocks < 2 * threads && flops >= 2 * GEMM_MIN_SHARE_FLOPS) {
+        /* few blocks: the three steps shared in turn, the 16 products by e (each thread then
+         * reads only its part of U) */
+        float *buf = pool_grow(&conv_call_buf, (size_t)(16 * tiles * (cin + cout)));
+        if (!buf) return -1;
+        p.v = buf;
+        p.m = buf + 16 * tiles * cin;
+        int64_t grain = FL_MAX(1, CONV_MIN_SHARE_TAPS / (16 * (cin + cout)));
+        fl_parallel(tiles, grain, conv_wino_input_task, &p);
+        if (!p.status) fl_parallel(16, 1, conv_wino_products_task, &p);
+        if (!p.status) fl_parallel(tiles, grain, conv_wino_output_task, &p);
+        return p.status;
+    }
+    fl_parallel(blocks, FL_MAX(1, blocks * GEMM_MIN_SHARE_FLOPS / flops), conv_wino_block_task,
+                &p);
+    return p.status;
+}
+
+/* --------------------------------------------------------------------------- depthwise */
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    int64_t h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo;
+    int code, status;
+    float alpha;
+} conv_dw_ctx;
+
+/* out[c0:c0 + nc] = f(b + sum over i < kh, j in [j0, j1) of rows[i][(iw0 + j dw) c + c0:]
+ * wk[i, j, c0:]) (multiplier 1). */
+FL_INLINE void conv_dw_chunk(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                             int64_t j0, int64_t j1, int64_t c0, int64_t nc, float *out) {
+    int64_t c = p->c;
+    fl_vf acc = fl_set1(0.0f);
+    for (int64_t i = 0; i < p->kh; ++i) {
+        const float *r = rows[i] + c0, *wr = p->wk + i * p->kw * c + c0;
+        for (int64_t j = j0; j < j1; ++j)
+            acc += pool_ld(r + (iw0 + j * p->dw) * c, nc) * pool_ld(wr + j * c, nc);
+    }
+    pool_st(out + c0, conv_epi(acc, p->bias ? p->bias + c0 : 0, nc, p->code, p->alpha), nc);
+}
+
+/* One output pixel (channels [cf, c)) of a window starting at column iw0, taps j in [j0, j1). */
+static void conv_dw_pixel(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                          int64_t j0, int64_t j1, int64_t cf, float *out) {
+    int64_t c0 = cf;
+    for (; c0 + FL_VW <= p->c; c0 += FL_VW) conv_dw_chunk(p, rows, iw0, j0, j1, c0, FL_VW, out);
+    if (c0 < p->c) conv_dw_chunk(p, rows, iw0, j0, j1, c0, p->c - c0, out);
+}
+
+/* One output pixel of a depth multiplier m > 1: out[ci m + q] = f(b + sum x[ci] w[ci m + q]). */
+static void conv_dw_pixel_mult(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                               int64_t j0, int64_t j1, float *out) {
+    int64_t c = p->c, m = p->m, k = c * m;
+    memset(out, 0, (size_t)k * sizeof(float));
+    for (int64_t i = 0; i < p->kh; ++i)
+        for (int64_t j = j0; j < j1; ++j) {
+            const float *xr = rows[i] + (iw0 + j * p->dw) * c;
+            const float *wr = p->wk + (i * p->kw + j) * k;
+            for (int64_t ci = 0; ci < c; ++ci)
+                for (int64_t q = 0; q < m; ++q) out[ci * m + q] += xr[ci] * wr[ci * m + q];
+        }
+    if (p->bias || p->code != FL_LINEAR)
+        rows_bias_act_range(0, 1, k, out, k, p->bias, p->code, p->alpha, out, k);
+}
+
+/* Output columns [ow0, ow1) of a 3x3 window inside x (multiplier 1): vector by vector of
+ * channels, the nine weights in registers. */
+static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
+                           int64_t ow1, float *yrow) {
+    int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
+    const float *bias = p->bias;
+    int64_t c0 = 0;
+    for (; c0 + FL_VW <= c; c0 += FL_VW) {
+        fl_vf wv[9];
+        for (int t = 0; t < 9; ++t) wv[t] = fl_load(p->wk + t * c + c0);
+        const float *bc = bias ? bias + c0 : 0;
+        int64_t ow = ow0;
+        if (cs == c && dc == c) {                      /* stride 1: four outputs per pass */
+            for (; ow + 4 <= ow1; ow += 4) {
+                fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
+                for (int i = 0; i < 3; ++i) {
+                    const float *r = rows[i] + ow * c - left + c0;
+                    fl_vf x0 = fl_load(r), x1 = fl_load(r + c), x2 = fl_load(r + 2 * c);
+                    fl_vf x3 = fl_load(r + 3 * c), x4 = fl_load(r + 4 * c), x5 = fl_load(r + 5 * c);
+                    fl_vf wa = wv[3 * i], wb = wv[3 * i + 1], wc = wv[3 * i + 2];
+                    s0 += x0 * wa + x1 * wb + x2 * wc;
+                    s1 += x1 * wa + x2 * wb + x3 * wc;
+                    s2 += x2 * wa + x3 * wb + x4 * wc;
+                    s3 += x3 * wa + x4 * wb + x5 * wc;
+                }
+                float *o = yrow + ow * c + c0;
+                fl_store(o, conv_epi(s0, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + c, conv_epi(s1, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + 2 * c, conv_epi(s2, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + 3 * c, conv_epi(s3, bc, FL_VW, p->code, p->alpha));
+            }
+        }
+        for (; ow < ow1; ++ow) {
+            fl_vf s = fl_set1(0.0f);
+            for (int i = 0; i < 3; ++i) {
+                const float *r = rows[i] + ow * cs - left + c0;
+                s += fl_load(r) * wv[3 * i] + fl_load(r + dc) * wv[3 * i + 1] +
+                     fl_load(r + 2 * dc) * wv[3 * i + 2];
+            }
+            fl_store(yrow + ow * c + c0, conv_epi(s, bc, FL_VW, p->code, p->alpha));
+        }
+    }
+    if (c0 < c)
+        for (int64_t ow = ow0; ow < ow1; ++ow)
+            conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, c0, yrow + ow * c);
+}
+
+/* Output rows t = n Ho + oh in [t0, t1): window rows outside x read a row of zeros. */
+static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
+    conv_dw_ctx *p = (conv_dw_ctx *)arg;
+    int64_t c = p->c, k = c * p->m, wo = p->wo;
+    const float *zero = pool_zeros((size_t)(p->w * c));
+    if (!zero) {
+        p->status = -1;
+        return;
+    }
+    /* interior columns [ow_lo, ow_hi): every tap inside x */
+    int64_t num = p->w - 1 - (p->kw - 1) * p->dw + p->pl;
+    int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, wo);
+    int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, wo), ow_lo);
+    const float *rows[p->kh];
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, ih0 = (t % p->ho) * p->sh - p->pt;
+        for (int64_t i = 0; i < p->kh; ++i) {
+            int64_t ih = ih0 + i * p->dh;
+            rows[i] = ih >= 0 && ih < p->h ? p->x + (n * p->h + ih) * p->w * c : zero;
+        }
+        float *yrow = p->y + t * wo * k;
+        for (int64_t ow = 0; ow < wo; ++ow) {
+            if (ow == ow_lo && p->m == 1 && p->kh == 3 && p->kw == 3) {
+                conv_dw3x3_run(p, rows, ow_lo, ow_hi, yrow);
+                ow = ow_hi - 1;
+                continue;
+            }
+            int64_t iw0 = ow * p->sw - p->pl, j0, j1;
+            pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
+            if (p->m == 1) conv_dw_pixel(p, rows, iw0, j0, j1, 0, yrow + ow * k);
+            else conv_dw_pixel_mult(p, rows, iw0, j0, j1, yrow + ow * k);
+        }
+    }
+}
+
+int FL_FN(depthwise_conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x,
+                            int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,
+                            int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                            int64_t wo, const float *wk, const float *bias, int code,
+                            float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0 || m <= 0) return 0;
+    if (!conv_code_ok(code) || kh < 1 || kw < 1) return -2;
+    conv_dw_ctx p = {x, wk, bias, y, h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo, code, 0,
+                     alpha};
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * c * m * kh * kw)), conv_dw_task,
+                &p);
+    return p.status;
+}
+
+/* ---------------------------------------------------------------- transposed convolution */
+
+typedef struct {
+    const float *cols, *bias;
+    float *y;
+    int64_t h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g, groups, kk;
+    int code;
+    float alpha;
+} conv_t_ctx;
+
+/* o[0:n] += s[0:n] */
+FL_INLINE void conv_add(float *o, const float *s, int64_t n) {
+    int64_t j = 0;
+    for (; j + FL_VW <= n; j += FL_VW) fl_store(o + j, fl_load(o + j) + fl_load(s + j));
+    for (; j < n; ++j) o[j] += s[j];
+}
+
+/* Output rows t = n Ho + oh in [t0, t1): each pixel gathers the columns of its taps, then the
+ * row's epilogue. cols: (N H W, groups kk), group g's taps (i, j) at g kk + (i kw + j) co. */
+static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
+    const conv_t_ctx *p = (const conv_t_ctx *)arg;
+    int64_t co = p->cout_g, cout = co * p->groups, ld = p->kk * p->groups;
+    int64_t tap_i[p->kh], tap_ih[p->kh];
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, oh = t % p->ho, taps = 0;
+        for (int64_t i = 0; i < p->kh; ++i) {
+            int64_t num = oh + p->ct - i * p->dh;
+            if (num < 0 || num % p->sh || num / p->sh >= p->h) continue;
+            tap_i[taps] = i;
+            tap_ih[taps++] = num / p->sh;
+        }
+        float *yrow = p->y + t * p->wo * cout;
+        memset(yrow, 0, (size_t)(p->wo * cout) * sizeof(float));
+        for (int64_t ow = 0; ow < p->wo; ++ow) {
+            float *o = yrow + ow * cout;
+            for (int64_t j = 0; j < p->kw; ++j) {
+                int64_t num = ow + p->cl - j * p->dw;
+                if (num < 0 || num % p->sw || num / p->sw >= p->w) continue;
+                int64_t iw = num / p->sw;
+                for (int64_t q = 0; q < taps; ++q) {
+                    const float *src = p->cols + ((n * p->h + tap_ih[q]) * p->w + iw) * ld +
+                                       (tap_i[q] * p->kw + j) * co;
+                    for (int64_t g = 0; g < p->groups; ++g)
+                        conv_add(o + g * co, src + g * p->kk, co);
+                }
+            }
+        }
+        if (p->bias || p->code != FL_LINEAR)
+            rows_bias_act_range(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow,
+                                cout);
+    }
+}
+
+int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
+                            int64_t kh, int64_t kw, int64_t cout_g, int64_t groups, int64_t sh,
+                            int64_t sw, int64_t dh, int64_t dw, int64_t ct, int64_t cl,
+                            int64_t ho, int64_t wo, const float *pw, const float *bias,
+                            int code, float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout_g <= 0) return 0;
+    if (!conv_code_ok(code) || groups < 1 || cin % groups || kh < 1 || kw < 1) return -2;
+    int64_t cin_g = cin / groups, kk = kh * kw * cout_g, rows = n * h * w;
+    float *cols = pool_grow(&conv_call_buf, (size_t)(rows * kk * groups));
+    if (!cols) return -1;
+    int64_t pf = fl_packed_floats(cin_g, kk);
+    for (int64_t g = 0; g < groups; ++g) {
+        int st = FL_FN(matmul)(rows, kk, cin_g, x + g * cin_g, cin, 0, 0, 0, pw + g * pf, 0,
+                               FL_LINEAR, 0.0f, cols + g * kk, kk * groups);
+        if (st) return st;
+    }
+    conv_t_ctx p = {cols, bias, y, h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g, groups,
+                    kk, code, alpha};
+    int64_t taps = FL_MAX(1, kh * kw / (sh * sw));
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout_g * groups * taps)),
+                conv_t_task, &p);
+    return 0;
+}

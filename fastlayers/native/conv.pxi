@@ -1,0 +1,177 @@
+# Convolutions (conv.h).
+
+cdef extern from "dispatch.h" nogil:
+    int fl_conv2d(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                  int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
+                  const float *pw, const float *bias, int code, float alpha, int method,
+                  float *y)
+    int fl_winograd_pack(int64_t cin, int64_t cout, const float *w, float *pu)
+    int fl_conv3x3_winograd(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
+                            int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,
+                            const float *pu, const float *bias, int code, float alpha,
+                            float *y)
+    int fl_depthwise_conv2d(int64_t n, int64_t h, int64_t w, int64_t c, const float *x,
+                            int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,
+                            int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                            int64_t wo, const float *wk, const float *bias, int code,
+                            float alpha, float *y)
+    int fl_conv_transpose2d(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
+                            int64_t kh, int64_t kw, int64_t cout_g, int64_t groups, int64_t sh,
+                            int64_t sw, int64_t dh, int64_t dw, int64_t ct, int64_t cl,
+                            int64_t ho, int64_t wo, const float *pw, const float *bias,
+                            int code, float alpha, float *y)
+
+#: conv2d's ways: chosen by the kernel, the implicit GEMM, im2col + sgemm.
+CONV_AUTO, CONV_IMPLICIT, CONV_IM2COL = 0, 1, 2
+
+
+cdef inline int check_code(int code) except -1:
+    if code < 0 or code >= len(ACTIVATIONS) or ACTIVATIONS[code] in ("softmax", "log_softmax"):
+        raise ValueError(f"convolution epilogues take elementwise activations, got code {code}")
+    return 0
+
+
+def conv_pack(cnp.ndarray w_hwio, int64_t groups):
+    """Each group's weights of ``w_hwio`` (kh, kw, C / groups, C_out) packed for ``conv2d``:
+    group g's (kh kw C / groups, C_out / groups) at ``g * packed_floats``."""
+    cptr(w_hwio, 4, "conv_pack w")
+    cdef int64_t k = w_hwio.shape[0] * w_hwio.shape[1] * w_hwio.shape[2]
+    cdef int64_t cout = w_hwio.shape[3]
+    if groups < 1 or cout % groups:
+        raise ValueError(f"conv_pack: {cout} output channels in {groups} groups")
+    cdef int64_t co = cout // groups
+    w2 = w_hwio.reshape(k, cout)
+    if groups == 1:
+        return pack(w2)
+    return np.concatenate([pack(w2[:, g * co:(g + 1) * co]) for g in range(groups)])
+
+
+def conv2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh, int64_t kw,
+           int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+           int64_t groups, int code, float alpha, int method=CONV_AUTO):
+    """y = f(conv(x, w) + bias) on x (N, H, W, C) zero-padded by ``pt`` rows on top and ``pl``
+    columns on the left (the bottom and right padding follow from y (N, Ho, Wo, C_out)), w
+    given packed by ``conv_pack`` (kernel kh x kw, ``groups`` groups), strides ``sh``, ``sw``,
+    dilations ``dh``, ``dw``; f the elementwise activation ``code``. ``method``: CONV_AUTO,
+    CONV_IMPLICIT (one group) or CONV_IM2COL."""
+    cdef float *xp = cptr(x, 4, "conv2d x")
+    cdef float *yp = cptr(y, 4, "conv2d y")
+    cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef int64_t ho = y.shape[1], wo = y.shape[2], cout = y.shape[3]
+    if (y.shape[0] != n or min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0
+            or c % groups or cout % groups):
+        raise ValueError("conv2d: inconsistent shapes, strides or groups")
+    if pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
+        raise ValueError("conv2d: the packed weights are too small for this kernel")
+    cdef float *pp = cptr(pw, 1, "conv2d packed w")
+    cdef float *bp = vptr(bias, cout, "conv2d bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_conv2d(n, h, w, c, xp, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pp,
+                       bp, code, alpha, method, yp)
+    check(st, "conv2d")
+    return y
+
+
+def winograd_pack(cnp.ndarray w_hwio):
+    """U[e] = (G w G^T)[a, b] (e = 4 a + b) of the 3x3 kernel ``w_hwio`` (3, 3, C, C_out), each
+    packed for ``conv3x3_winograd`` (a new 1-D array of 16 blocks)."""
+    cdef float *wp = cptr(w_hwio, 4, "winograd_pack w")
+    if w_hwio.shape[0] != 3 or w_hwio.shape[1] != 3:
+        raise ValueError("winograd_pack: expected a 3x3 kernel")
+    cdef int64_t cin = w_hwio.shape[2], cout = w_hwio.shape[3]
+    out = np.empty(16 * fl_packed_floats(cin, cout), np.float32)
+    cdef float *pu = <float *>cnp.PyArray_DATA(out)
+    cdef int st
+    with nogil:
+        st = fl_winograd_pack(cin, cout, wp, pu)
+    check(st, "winograd_pack")
+    return out
+
+
+def conv3x3_winograd(cnp.ndarray x, cnp.ndarray pu, object bias, cnp.ndarray y, int64_t pt,
+                     int64_t pl, int code, float alpha):
+    """y = f(conv3x3(x, w) + bias), stride 1, one group, x (N, H, W, C) zero-padded by ``pt``
+    rows on top and ``pl`` columns on the left, y (N, Ho, Wo, C_out), w given by
+    ``winograd_pack``: Winograd F(2x2, 3x3)."""
+    cdef float *xp = cptr(x, 4, "conv3x3_winograd x")
+    cdef float *yp = cptr(y, 4, "conv3x3_winograd y")
+    cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], cin = x.shape[3]
+    cdef int64_t ho = y.shape[1], wo = y.shape[2], cout = y.shape[3]
+    if y.shape[0] != n or pt < 0 or pl < 0:
+        raise ValueError("conv3x3_winograd: inconsistent shapes")
+    if pu.size < 16 * fl_packed_floats(cin, cout):
+        raise ValueError("conv3x3_winograd: the transformed weights are too small")
+    cdef float *pp = cptr(pu, 1, "conv3x3_winograd U")
+    cdef float *bp = vptr(bias, cout, "conv3x3_winograd bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_conv3x3_winograd(n, h, w, cin, xp, pt, pl, ho, wo, cout, pp, bp, code, alpha, yp)
+    check(st, "conv3x3_winograd")
+    return y
+
+
+def depthwise_conv2d(cnp.ndarray x, cnp.ndarray w_hwcm, object bias, cnp.ndarray y,
+                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                     int code, float alpha):
+    """y[n, oh, ow, c m + q] = f(bias + sum_{i, j} x[n, oh sh - pt + i dh, ow sw - pl + j dw, c]
+    w[i, j, c, q]) (zeros outside x), x (N, H, W, C), ``w_hwcm`` (kh, kw, C, m), y (N, Ho, Wo,
+    C m)."""
+    cdef float *xp = cptr(x, 4, "depthwise_conv2d x")
+    cdef float *wp = cptr(w_hwcm, 4, "depthwise_conv2d w")
+    cdef float *yp = cptr(y, 4, "depthwise_conv2d y")
+    cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef int64_t kh = w_hwcm.shape[0], kw = w_hwcm.shape[1], m = w_hwcm.shape[3]
+    if (y.shape[0] != n or w_hwcm.shape[2] != c or y.shape[3] != c * m
+            or min(kh, kw, sh, sw, dh, dw) < 1 or pt < 0 or pl < 0):
+        raise ValueError("depthwise_conv2d: inconsistent shapes or steps")
+    cdef float *bp = vptr(bias, c * m, "depthwise_conv2d bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_depthwise_conv2d(n, h, w, c, xp, kh, kw, m, sh, sw, dh, dw, pt, pl, y.shape[1],
+                                 y.shape[2], wp, bp, code, alpha, yp)
+    check(st, "depthwise_conv2d")
+    return y
+
+
+def conv_transpose_pack(cnp.ndarray w_hwio, int64_t groups):
+    """The transposed convolution's weights ``w_hwio`` (kh, kw, C_in, C_out / groups) as each
+    group's (C_in / groups, kh kw C_out / groups) packed for ``conv_transpose2d``."""
+    cptr(w_hwio, 4, "conv_transpose_pack w")
+    cdef int64_t cin = w_hwio.shape[2]
+    if groups < 1 or cin % groups:
+        raise ValueError(f"conv_transpose_pack: {cin} input channels in {groups} groups")
+    w_ck = np.ascontiguousarray(np.moveaxis(w_hwio, 2, 0)).reshape(cin, -1)
+    cdef int64_t cg = cin // groups
+    return np.concatenate([pack(w_ck[g * cg:(g + 1) * cg]) for g in range(groups)])
+
+
+def conv_transpose2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh,
+                     int64_t kw, int64_t groups, int64_t sh, int64_t sw, int64_t dh,
+                     int64_t dw, int64_t ct, int64_t cl, int code, float alpha):
+    """y[n, oh, ow, g co + o] = f(bias + sum of x[n, ih, iw, g ci + c] w[i, j, g ci + c, o] over
+    ih sh + i dh = oh + ct, iw sw + j dw = ow + cl): x (N, H, W, C_in), y (N, Ho, Wo, C_out), w
+    (kh, kw, C_in, C_out / groups) given by ``conv_transpose_pack``."""
+    cdef float *xp = cptr(x, 4, "conv_transpose2d x")
+    cdef float *yp = cptr(y, 4, "conv_transpose2d y")
+    cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], cin = x.shape[3]
+    cdef int64_t cout = y.shape[3]
+    if (y.shape[0] != n or min(kh, kw, sh, sw, dh, dw, groups) < 1 or ct < 0 or cl < 0
+            or cin % groups or cout % groups):
+        raise ValueError("conv_transpose2d: inconsistent shapes, steps or groups")
+    cdef int64_t co = cout // groups
+    if pw.size < groups * fl_packed_floats(cin // groups, kh * kw * co):
+        raise ValueError("conv_transpose2d: the packed weights are too small for this kernel")
+    cdef float *pp = cptr(pw, 1, "conv_transpose2d packed w")
+    cdef float *bp = vptr(bias, cout, "conv_transpose2d bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_conv_transpose2d(n, h, w, cin, xp, kh, kw, co, groups, sh, sw, dh, dw, ct, cl,
+                                 y.shape[1], y.shape[2], pp, bp, code, alpha, yp)
+    check(st, "conv_transpose2d")
+    return y

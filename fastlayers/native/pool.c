@@ -1,0 +1,325 @@
+/* Pooling, resizing, local response normalization and the NHWC zero pad (pool.h). Compiled once
+ * per ISA (kernels.inc).
+ *
+ * Every kernel works on NHWC rows and runs FL_VW channels at a time (the last, partial vector
+ * through a zero-padded copy), each output pixel's window taps in a loop whose bounds are
+ * clipped to the input once per row and column, never tested per channel. The 3x3 windows of
+ * the common layers take the same code with constant bounds, so it is unrolled. Work is shared
+ * by output rows (n, oh) on the pool's threads. */
+
+/* Fewest tap-values (output values x window taps) in a thread's share: a hand-off costs a few
+ * microseconds. */
+#define POOL_MIN_SHARE (INT64_C(1) << 17)
+
+/* A buffer owned by one thread (static __thread), grown on demand, 64-byte aligned. */
+typedef struct {
+    float *p;
+    size_t n;
+} pool_buf;
+
+/* b's buffer of at least `floats` floats (contents undefined), or NULL. */
+static float *pool_grow(pool_buf *b, size_t floats) {
+    if (b->n < floats) {
+        free(b->p);
+        b->p = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        b->n = b->p ? floats : 0;
+    }
+    return b->p;
+}
+
+static __thread pool_buf pool_zero_buf;
+
+/* At least `floats` zeros owned by this thread (read only), or NULL. */
+static const float *pool_zeros(size_t floats) {
+    if (pool_zero_buf.n < floats) {
+        free(pool_zero_buf.p);
+        pool_zero_buf.p = (float *)calloc(floats, sizeof(float));
+        pool_zero_buf.n = pool_zero_buf.p ? floats : 0;
+    }
+    return pool_zero_buf.p;
+}
+
+/* v[0:nc] (nc < FL_VW: zero lanes after), and its store. */
+FL_INLINE fl_vf pool_ld(const float *p, int64_t nc) {
+    if (nc >= FL_VW) return fl_load(p);
+    float t[FL_VW] = {0};
+    memcpy(t, p, (size_t)nc * sizeof(float));
+    return fl_load(t);
+}
+
+FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
+    if (nc >= FL_VW) {
+        fl_store(p, v);
+        return;
+    }
+    float t[FL_VW];
+    fl_store(t, v);
+    memcpy(p, t, (size_t)nc * sizeof(float));
+}
+
+/* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
+FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,
+                         int64_t *first, int64_t *end) {
+    int64_t f = a >= lo ? 0 : (lo - a + d - 1) / d;
+    int64_t e = a >= hi ? 0 : (hi - a + d - 1) / d;
+    f = FL_MIN(f, k);
+    e = FL_MIN(e, k);
+    *first = f;
+    *end = FL_MAX(e, f);
+}
+
+/* max (NaN wins; -inf when empty) or sum of p[i rs + j cs + 0:nc] over i < ni, j < nj. */
+FL_INLINE fl_vf pool_window(const float *p, int64_t rs, int64_t cs, int64_t ni, int64_t nj,
+                            int is_max, int64_t nc) {
+    fl_vf acc = fl_set1(is_max ? -__builtin_inff() : 0.0f);
+    fl_vi nan = {0};
+    for (int64_t i = 0; i < ni; ++i)
+        for (int64_t j = 0; j < nj; ++j) {
+            fl_vf v = pool_ld(p + i * rs + j * cs, nc);
+            if (is_max) {
+                acc = fl_vmax(acc, v);
+                nan |= v != v;
+            } else {
+                acc += v;
+            }
+        }
+    return is_max ? fl_select(nan, fl_set1(__builtin_nanf("")), acc) : acc;
+}
+
+/* out[0:c] = the window of p (ni x nj taps, rows rs and columns cs floats apart): its max, or
+ * its sum / count. */
+FL_INLINE void pool_pixel(const float *p, int64_t rs, int64_t cs, int64_t ni, int64_t nj,
+                          int is_max, float count, int64_t c, float *out) {
+    int64_t c0 = 0;
+    for (; c0 + FL_VW <= c; c0 += FL_VW) {
+        fl_vf v = pool_window(p + c0, rs, cs, ni, nj, is_max, FL_VW);
+        fl_store(out + c0, is_max ? v : v / count);
+    }
+    if (c0 < c) {
+        fl_vf v = pool_window(p + c0, rs, cs, ni, nj, is_max, c - c0);
+        pool_st(out + c0, is_max ? v : v / count, c - c0);
+    }
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo;
+    int is_max, cip;
+} pool_ctx;
+
+/* Output rows t = n Ho + oh in [t0, t1) of pool2d. */
+static void pool_task(void *arg, int64_t t0, int64_t t1) {
+    const pool_ctx *p = (const pool_ctx *)arg;
+    int64_t c = p->c, rs = p->dh * p->w * c, cs = p->dw * c;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, oh = t % p->ho, ih0 = oh * p->sh - p->pt;
+        int64_t i0, i1, ci0, ci1;
+        pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
+        pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &ci0, &ci1);
+        const float *xn = p->x + n * p->h * p->w * c;
+        for (int64_t ow = 0; ow < p->wo; ++ow) {
+            int64_t iw0 = ow * p->sw - p->pl, j0, j1, cj0, cj1;
+            pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
+            pool_taps(iw0, p->dw, p->kw, -p->pl, p->w_end, &cj0, &cj1);
+            int64_t ni = i1 - i0, nj = j1 - j0;
+            float count = (float)(p->cip ? (ci1 - ci0) * (cj1 - cj0) : ni * nj);
+            const float *src = ni > 0 && nj > 0
+                                   ? xn + ((ih0 + i0 * p->dh) * p->w + iw0 + j0 * p->dw) * c
+                                   : xn;
+            float *out = p->y + (t * p->wo + ow) * c;
+            if (ni == 3 && nj == 3) {                 /* unrolled: the common 3x3 windows */
+                if (p->is_max) pool_pixel(src, rs, cs, 3, 3, 1, count, c, out);
+                else pool_pixel(src, rs, cs, 3, 3, 0, count, c, out);
+            } else if (p->is_max) {
+                pool_pixel(src, rs, cs, ni, nj, 1, count, c, out);
+            } else {
+                pool_pixel(src, rs, cs, ni, nj, 0, count, c, out);
+            }
+        }
+    }
+}
+
+int FL_FN(pool2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int is_max,
+                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                  int64_t pt, int64_t pl, int64_t h_end, int64_t w_end, int count_include_pad,
+                  int64_t ho, int64_t wo, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0) return 0;
+    pool_ctx p = {x, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo, is_max,
+                  count_include_pad};
+    fl_parallel(n * ho, FL_MAX(1, POOL_MIN_SHARE / (wo * c * kh * kw)), pool_task, &p);
+    return 0;
+}
+
+typedef struct {
+    const float *x;
+    const int64_t *batch, *h0, *h1, *w0, *w1;
+    float *y;
+    int64_t ph, pw, h, w, c;
+    int is_max;
+} pool_bin_ctx;
+
+/* Rows t = k P + p in [t0, t1) of bin_pool. */
+static void pool_bin_task(void *arg, int64_t t0, int64_t t1) {
+    const pool_bin_ctx *p = (const pool_bin_ctx *)arg;
+    int64_t c = p->c;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t k = t / p->ph, ha = p->h0[t], hb = p->h1[t];
+        const float *xn = p->x + p->batch[k] * p->h * p->w * c;
+        for (int64_t q = 0; q < p->pw; ++q) {
+            int64_t wa = p->w0[k * p->pw + q], wb = p->w1[k * p->pw + q];
+            float *out = p->y + (t * p->pw + q) * c;
+            if (hb <= ha || wb <= wa) {
+                memset(out, 0, (size_t)c * sizeof(float));
+                continue;
+            }
+            const float *src = xn + (ha * p->w + wa) * c;
+            float count = (float)((hb - ha) * (wb - wa));
+            if (p->is_max) pool_pixel(src, p->w * c, c, hb - ha, wb - wa, 1, count, c, out);
+            else pool_pixel(src, p->w * c, c, hb - ha, wb - wa, 0, count, c, out);
+        }
+    }
+}
+
+int FL_FN(bin_pool)(int64_t k, int64_t ph, int64_t pw, int64_t h, int64_t w, int64_t c,
+                    const float *x, const int64_t *batch, const int64_t *h0, const int64_t *h1,
+                    const int64_t *w0, const int64_t *w1, int is_max, float *y) {
+    if (k <= 0 || ph <= 0 || pw <= 0 || c <= 0) return 0;
+    pool_bin_ctx p = {x, batch, h0, h1, w0, w1, y, ph, pw, h, w, c, is_max};
+    /* bins hold about h w / (ph pw) cells each */
+    int64_t taps = FL_MAX(1, (h / ph + 1) * (w / pw + 1));
+    fl_parallel(k * ph, FL_MAX(1, POOL_MIN_SHARE / (pw * c * taps)), pool_bin_task, &p);
+    return 0;
+}
+
+typedef struct {
+    const float *x, *fy, *fx;
+    const int64_t *y0, *y1, *x0, *x1;
+    float *y;
+    int64_t h, w, c, ho, wo;
+    int bilinear;
+} pool_resize_ctx;
+
+/* Output rows t = n Ho + i in [t0, t1) of resize. */
+static void pool_resize_task(void *arg, int64_t t0, int64_t t1) {
+    const pool_resize_ctx *p = (const pool_resize_ctx *)arg;
+    int64_t c = p->c;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, i = t % p->ho;
+        const float *top = p->x + (n * p->h + p->y0[i]) * p->w * c;
+        float *out = p->y + t * p->wo * c;
+        if (!p->bilinear) {
+            for (int64_t j = 0; j < p->wo; ++j)
+                memcpy(out + j * c, top + p->x0[j] * c, (size_t)c * sizeof(float));
+            continue;
+        }
+        const float *bottom = p->x + (n * p->h + p->y1[i]) * p->w * c;
+        float wy = p->fy[i];
+        for (int64_t j = 0; j < p->wo; ++j) {
+            const float *a = top + p->x0[j] * c, *b = top + p->x1[j] * c;
+            const float *d = bottom + p->x0[j] * c, *e = bottom + p->x1[j] * c;
+            float wx = p->fx[j];
+            for (int64_t c0 = 0; c0 < c; c0 += FL_VW) {
+                int64_t nc = FL_MIN(FL_VW, c - c0);
+                fl_vf up = pool_ld(a + c0, nc) * (1.0f - wx) + pool_ld(b + c0, nc) * wx;
+                fl_vf down = pool_ld(d + c0, nc) * (1.0f - wx) + pool_ld(e + c0, nc) * wx;
+                pool_st(out + j * c + c0, up * (1.0f - wy) + down * wy, nc);
+            }
+        }
+    }
+}
+
+int FL_FN(resize)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t ho,
+                  int64_t wo, const int64_t *y0, const int64_t *y1, const float *fy,
+                  const int64_t *x0, const int64_t *x1, const float *fx, int bilinear,
+                  float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0) return 0;
+    pool_resize_ctx p = {x, fy, fx, y0, y1, x0, x1, y, h, w, c, ho, wo, bilinear};
+    fl_parallel(n * ho, FL_MAX(1, POOL_MIN_SHARE / (wo * c * (bilinear ? 4 : 1))),
+                pool_resize_task, &p);
+    return 0;
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t c, size;
+    float alpha, beta, k;
+    int status;
+} pool_lrn_ctx;
+
+static __thread pool_buf pool_lrn_buf;
+
+/* Rows [r0, r1) of lrn. */
+static void pool_lrn_task(void *arg, int64_t r0, int64_t r1) {
+    pool_lrn_ctx *p = (pool_lrn_ctx *)arg;
+    int64_t c = p->c, size = p->size, lo = size / 2;
+    float *sq = pool_grow(&pool_lrn_buf, (size_t)(c + size));
+    if (!sq) {
+        p->status = -1;
+        return;
+    }
+    float scale = p->alpha / (float)size, k = p->k, beta = p->beta;
+    memset(sq, 0, (size_t)(c + size) * sizeof(float));
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *xr = p->x + r * c;
+        float *o = p->y + r * c;
+        for (int64_t j = 0; j < c; ++j) sq[lo + j] = xr[j] * xr[j];
+        /* o = k + scale * (sum of the window's squares): sq[j:j + size] */
+        for (int64_t c0 = 0; c0 < c; c0 += FL_VW) {
+            int64_t nc = FL_MIN(FL_VW, c - c0);
+            fl_vf s = fl_set1(0.0f);
+            for (int64_t t = 0; t < size; ++t) s += pool_ld(sq + c0 + t, nc);
+            pool_st(o + c0, k + scale * s, nc);
+        }
+        if (beta == 0.75f) {
+            for (int64_t j = 0; j < c; ++j) o[j] = xr[j] / (sqrtf(o[j]) * sqrtf(sqrtf(o[j])));
+        } else if (beta == 0.5f) {
+            for (int64_t j = 0; j < c; ++j) o[j] = xr[j] / sqrtf(o[j]);
+        } else if (beta == 1.0f) {
+            for (int64_t j = 0; j < c; ++j) o[j] = xr[j] / o[j];
+        } else {
+            for (int64_t j = 0; j < c; ++j) o[j] = xr[j] / powf(o[j], beta);
+        }
+    }
+}
+
+int FL_FN(lrn)(int64_t m, int64_t c, const float *x, int64_t size, float alpha, float beta,
+               float k, float *y) {
+    if (m <= 0 || c <= 0) return 0;
+    pool_lrn_ctx p = {x, y, c, FL_MAX(size, 1), alpha, beta, k, 0};
+    fl_parallel(m, FL_MAX(1, POOL_MIN_SHARE / (c * (p.size + 8))), pool_lrn_task, &p);
+    return p.status;
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t h, w, c, pt, pl, hp, wp;
+} pool_pad_ctx;
+
+/* Rows r = n Hp + i in [r0, r1) of the padded y. */
+static void pool_pad_task(void *arg, int64_t r0, int64_t r1) {
+    const pool_pad_ctx *p = (const pool_pad_ctx *)arg;
+    int64_t c = p->c, row = p->wp * c;
+    for (int64_t r = r0; r < r1; ++r) {
+        int64_t n = r / p->hp, ih = r % p->hp - p->pt;
+        float *dst = p->y + r * row;
+        if (ih < 0 || ih >= p->h) {
+            memset(dst, 0, (size_t)row * sizeof(float));
+            continue;
+        }
+        int64_t body = FL_MIN(p->w, p->wp - p->pl) * c;
+        memset(dst, 0, (size_t)(p->pl * c) * sizeof(float));
+        memcpy(dst + p->pl * c, p->x + (n * p->h + ih) * p->w * c, (size_t)body * sizeof(float));
+        memset(dst + p->pl * c + body, 0, (size_t)(row - p->pl * c - body) * sizeof(float));
+    }
+}
+
+int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t pt,
+                    int64_t pl, int64_t hp, int64_t wp, float *y) {
+    if (n <= 0 || hp <= 0 || wp <= 0 || c <= 0) return 0;
+    pool_pad_ctx p = {x, y, h, w, c, pt, pl, hp, wp};
+    fl_parallel(n * hp, FL_MAX(1, POOL_MIN_SHARE / (wp * c)), pool_pad_task, &p);
+    return 0;
+}
