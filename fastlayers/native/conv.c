@@ -29,8 +29,18 @@
 /* A column block's packed weights (k x columns floats, 256 KiB) stay in L2 while the implicit
  * GEMM's output rows read them. */
 #define CONV_PANEL_FLOATS (INT64_C(1) << 16)
-/* Winograd tiles per block: about this many floats of V and M (512 KiB) stay in L2. */
+/* Winograd tiles per block: about this many floats of V and M (512 KiB) stay in L2, but at
+ * least CONV_WINO_MIN_TILES, so that each block's 16 products read U (16 C_in C_out floats,
+ * out of L2 for wide layers) for enough rows: 14x14x512 ran 2.3x slower in blocks of 6. */
 #define CONV_WINO_FLOATS (INT64_C(1) << 17)
+#define CONV_WINO_MIN_TILES 96
+/* Fewest output rows for im2col by row tiles on per-thread blocks; fewer share one im2col
+ * matrix whose product is split by output columns (each thread reads part of the weights). */
+#define CONV_ROW_SPLIT_MIN 256
+/* The implicit GEMM runs its tiles within an output row: it needs rows that fill at least this
+ * share of the tiles (AVX2, 6-row tiles: 28 or 56 columns 0.93, 5-8% faster than im2col;
+ * 14 columns 0.78, 1-2% slower; 7 columns 0.58, 35% slower). */
+#define CONV_IMPLICIT_FILL 0.8
 /* Fewest output values (x window taps) in a thread's share of the direct kernels. */
 #define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)
 
@@ -57,10 +67,11 @@ typedef struct {
     int64_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
     int64_t k;           /* rows of a group's weights: kh kw c / groups */
     int64_t rows;        /* output rows n Ho Wo */
-    int64_t row_units;   /* work units per column block: output rows (n, oh) or row tiles */
-    int64_t block_cols;  /* columns of a block (a multiple of FL_PANEL) */
+    int64_t row_units;   /* implicit GEMM: output rows (n, oh), the units of a column block */
+    int64_t block_cols;  /* implicit GEMM: columns of a block (a multiple of FL_PANEL) */
     int64_t chunk;       /* im2col: rows per block (a multiple of GEMM_MR) */
-    int identity;        /* im2col: a 1x1 stride-1 unpadded convolution (x is the matrix) */
+    int64_t group;       /* few rows: the group whose im2col matrix `cols` holds */
+    float *cols;
     int code, status;
     float alpha;
 } conv_ctx;
@@ -128,49 +139,56 @@ static void conv_im2col(const conv_ctx *p, int64_t r0, int64_t m, int64_t g, flo
     }
 }
 
-/* Units u = cb row_units + tile: GEMM_MR output rows of the tile, columns of block cb (im2col
- * + sgemm; groups > 1 have one block). */
+/* Row tiles [u0, u1) (GEMM_MR output rows each) of im2col + sgemm, in blocks of p->chunk rows
+ * gathered into this thread's buffer, each block's epilogue while it is in L2. */
 static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
     conv_ctx *p = (conv_ctx *)arg;
-    int64_t k = p->k, cout = p->cout, cg_out = cout / p->groups;
-    float *cols = 0;
-    if (!p->identity) {
-        cols = pool_grow(&conv_task_buf, (size_t)(p->chunk * k));
-        if (!cols) {
-            p->status = -1;
-            return;
-        }
+    int64_t k = p->k, cout = p->cout, co = cout / p->groups, pfg = fl_packed_floats(k, co);
+    float *cols = pool_grow(&conv_task_buf, (size_t)(p->chunk * k));
+    if (!cols) {
+        p->status = -1;
+        return;
     }
-    int64_t pfg = fl_packed_floats(k, cg_out);
-    for (int64_t u = u0; u < u1;) {
-        int64_t cb = u / p->row_units, end = FL_MIN(u1, (cb + 1) * p->row_units);
-        int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
-        int64_t r_end = FL_MIN((end - cb * p->row_units) * GEMM_MR, p->rows);
-        for (int64_t r0 = (u - cb * p->row_units) * GEMM_MR; r0 < r_end; r0 += p->chunk) {
-            int64_t m = FL_MIN(p->chunk, r_end - r0);
-            float *yr = p->y + r0 * cout;
-            for (int64_t g = 0; g < p->groups; ++g) {
-                const float *a = p->x + r0 * p->c;
-                if (!p->identity) {
-                    conv_im2col(p, r0, m, g, cols);
-                    a = cols;
-                }
-                int st = p->groups == 1
-                             ? FL_FN(sgemm_packed)(m, j1 - j0, k, a, p->identity ? p->c : k,
-                                                   p->pw + j0 * k, 0, yr + j0, cout)
-                             : FL_FN(sgemm_packed)(m, cg_out, k, a, k, p->pw + g * pfg, 0,
-                                                   yr + g * cg_out, cout);
-                if (st) {
-                    p->status = st;
-                    return;
-                }
+    int64_t r_end = FL_MIN(u1 * GEMM_MR, p->rows);
+    for (int64_t r0 = u0 * GEMM_MR; r0 < r_end; r0 += p->chunk) {
+        int64_t m = FL_MIN(p->chunk, r_end - r0);
+        float *yr = p->y + r0 * cout;
+        for (int64_t g = 0; g < p->groups; ++g) {
+            conv_im2col(p, r0, m, g, cols);
+            int st = FL_FN(sgemm_packed)(m, co, k, cols, k, p->pw + g * pfg, 0, yr + g * co,
+                                         cout);
+            if (st) {
+                p->status = st;
+                return;
             }
-            if (p->bias || p->code != FL_LINEAR)
-                rows_bias_act_range(0, m, j1 - j0, yr + j0, cout, p->bias ? p->bias + j0 : 0,
-                                    p->code, p->alpha, yr + j0, cout);
         }
-        u = end;
+        if (p->bias || p->code != FL_LINEAR)
+            rows_bias_act_range(0, m, cout, yr, cout, p->bias, p->code, p->alpha, yr, cout);
     }
+}
+
+/* Output rows [r0, r1) of group p->group's im2col into the shared p->cols. */
+static void conv_im2col_rows_task(void *arg, int64_t r0, int64_t r1) {
+    conv_ctx *p = (conv_ctx *)arg;
+    conv_im2col(p, r0, r1 - r0, p->group, p->cols + r0 * p->k);
+}
+
+/* im2col + sgemm on few output rows: each group's whole im2col matrix, then the threaded
+ * product (gemm.c's matmul, which shares so few rows by output columns: each thread then reads
+ * only its part of the weights) with its epilogue. */
+static int conv_im2col_whole(conv_ctx *p) {
+    int64_t k = p->k, co = p->cout / p->groups, pfg = fl_packed_floats(k, co);
+    p->cols = pool_grow(&conv_call_buf, (size_t)(p->rows * k));
+    if (!p->cols) return -1;
+    for (int64_t g = 0; g < p->groups; ++g) {
+        p->group = g;
+        fl_parallel(p->rows, FL_MAX(1, CONV_MIN_SHARE_TAPS / k), conv_im2col_rows_task, p);
+        int st = FL_FN(matmul)(p->rows, co, k, p->cols, k, 0, 0, 0, p->pw + g * pfg,
+                               p->bias ? p->bias + g * co : 0, p->code, p->alpha, p->y + g * co,
+                               p->cout);
+        if (st) return st;
+    }
+    return 0;
 }
 
 /* Share of the register tile's rows that the tiles of one output row of wo columns fill. */
@@ -187,8 +205,7 @@ static int64_t conv_column_blocks(conv_ctx *p, int64_t most_panels) {
     int64_t panels = (p->cout + FL_PANEL - 1) / FL_PANEL;
     int64_t threads = fl_pool_get_threads();
     int64_t blocks = (panels + most_panels - 1) / most_panels;
-    if (p->groups > 1) blocks = 1;
-    else if (p->row_units * blocks < 2 * threads)
+    if (p->row_units * blocks < 2 * threads)
         blocks = FL_MIN(panels, (2 * threads + p->row_units - 1) / p->row_units);
     int64_t per = (panels + blocks - 1) / blocks;
     p->block_cols = per * FL_PANEL;
@@ -206,10 +223,10 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
                    wo == w && groups == 1;
     if (method == 0)
-        method = groups == 1 && !identity && conv_row_fill(wo) >= 0.75 ? 1 : 2;
+        method = groups == 1 && !identity && conv_row_fill(wo) >= CONV_IMPLICIT_FILL ? 1 : 2;
     if (method == 1 && groups != 1) return -2;
     conv_ctx p = {x, pw, bias, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout,
-                  k, n * ho * wo, 0, 0, 0, identity, code, 0, alpha};
+                  k, n * ho * wo, 0, 0, 0, 0, 0, code, 0, alpha};
     int64_t flops = 2 * p.rows * k * cout, units;
     if (method == 1) {
         int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
@@ -228,10 +245,12 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
                     &p);
         return p.status;
     }
-    p.row_units = (p.rows + GEMM_MR - 1) / GEMM_MR;
-    int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout);
-    p.chunk = FL_MIN(FL_MAX(chunk / GEMM_MR, 1), p.row_units) * GEMM_MR;
-    units = p.row_units * conv_column_blocks(&p, INT64_MAX / 2);
+    if (identity)                                    /* x is the im2col matrix */
+        return FL_FN(matmul)(p.rows, cout, c, x, c, 0, 0, 0, pw, bias, code, alpha, y, cout);
+    if (p.rows < CONV_ROW_SPLIT_MIN) return conv_im2col_whole(&p);
+    units = (p.rows + GEMM_MR - 1) / GEMM_MR;
+    int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout) / GEMM_MR;
+    p.chunk = FL_MIN(FL_MAX(chunk, 1), units) * GEMM_MR;
     fl_parallel(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_im2col_task, &p);
     return p.status;
 }
@@ -416,12 +435,15 @@ int FL_FN(conv3x3_winograd)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
     if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
     if (!conv_code_ok(code)) return -2;
     int64_t th = (ho + 1) / 2, tw = (wo + 1) / 2, tiles = n * th * tw;
-    int64_t block = FL_MAX(1, CONV_WINO_FLOATS / (16 * (cin + cout)) / GEMM_MR) * GEMM_MR;
-    conv_wino_ctx p = {x, pu, bias, y, 0, 0, h, w, cin, cout, pt, pl, ho, wo, th, tw, tiles,
-                       FL_MIN(block, tiles), fl_packed_floats(cin, cout), code, 0, alpha};
-    int64_t blocks = (tiles + p.block - 1) / p.block, threads = fl_pool_get_threads();
     int64_t flops = 2 * 16 * tiles * cin * cout;
-    if (threads > 1 && blocks < 2 * threads && flops >= 2 * GEMM_MIN_SHARE_FLOPS) {
+    int64_t shares = FL_MIN(fl_pool_get_threads(), FL_MAX(1, flops / GEMM_MIN_SHARE_FLOPS));
+    /* blocks whose V and M stay in L2; a U out of L2 read for enough rows per block */
+    int64_t block = FL_MAX(GEMM_MR, CONV_WINO_FLOATS / (16 * (cin + cout)));
+    if (16 * cin * cout > CONV_WINO_FLOATS / 2) block = FL_MAX(block, CONV_WINO_MIN_TILES);
+    int64_t blocks = (tiles + block - 1) / block;
+    conv_wino_ctx p = {x, pu, bias, y, 0, 0, h, w, cin, cout, pt, pl, ho, wo, th, tw, tiles,
+                       0, fl_packed_floats(cin, cout), code, 0, alpha};
+    if (shares > 1 && blocks < 2 * shares) {
         /* few blocks: the three steps shared in turn, the 16 products by e (each thread then
          * reads only its part of U) */
         float *buf = pool_grow(&conv_call_buf, (size_t)(16 * tiles * (cin + cout)));
@@ -434,8 +456,11 @@ int FL_FN(conv3x3_winograd)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
         if (!p.status) fl_parallel(tiles, grain, conv_wino_output_task, &p);
         return p.status;
     }
-    fl_parallel(blocks, FL_MAX(1, blocks * GEMM_MIN_SHARE_FLOPS / flops), conv_wino_block_task,
-                &p);
+    /* shared by blocks: a multiple of the pool's chunks, so that each takes as many */
+    if (shares > 1) blocks = (blocks + 4 * shares - 1) / (4 * shares) * (4 * shares);
+    p.block = FL_MIN(tiles, ((tiles + blocks - 1) / blocks + GEMM_MR - 1) / GEMM_MR * GEMM_MR);
+    blocks = (tiles + p.block - 1) / p.block;
+    fl_parallel(blocks, shares > 1 ? 1 : blocks, conv_wino_block_task, &p);
     return p.status;
 }
 

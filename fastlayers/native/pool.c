@@ -39,12 +39,13 @@ static const float *pool_zeros(size_t floats) {
     return pool_zero_buf.p;
 }
 
-/* v[0:nc] (nc < FL_VW: zero lanes after), and its store. */
+/* v[0:nc] (nc < FL_VW: zero lanes after), and its store (a loop: cheaper than a call of
+ * memcpy for a vector's tail). */
 FL_INLINE fl_vf pool_ld(const float *p, int64_t nc) {
     if (nc >= FL_VW) return fl_load(p);
-    float t[FL_VW] = {0};
-    memcpy(t, p, (size_t)nc * sizeof(float));
-    return fl_load(t);
+    fl_vf v = fl_set1(0.0f);
+    for (int64_t i = 0; i < nc; ++i) v[i] = p[i];
+    return v;
 }
 
 FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
@@ -52,9 +53,7 @@ FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
         fl_store(p, v);
         return;
     }
-    float t[FL_VW];
-    fl_store(t, v);
-    memcpy(p, t, (size_t)nc * sizeof(float));
+    for (int64_t i = 0; i < nc; ++i) p[i] = v[i];
 }
 
 /* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
@@ -156,7 +155,7 @@ typedef struct {
     const int64_t *batch, *h0, *h1, *w0, *w1;
     float *y;
     int64_t ph, pw, h, w, c;
-    int is_max;
+    int shared, is_max;
 } pool_bin_ctx;
 
 /* Rows t = k P + p in [t0, t1) of bin_pool. */
@@ -164,10 +163,13 @@ static void pool_bin_task(void *arg, int64_t t0, int64_t t1) {
     const pool_bin_ctx *p = (const pool_bin_ctx *)arg;
     int64_t c = p->c;
     for (int64_t t = t0; t < t1; ++t) {
-        int64_t k = t / p->ph, ha = p->h0[t], hb = p->h1[t];
-        const float *xn = p->x + p->batch[k] * p->h * p->w * c;
+        int64_t k = t / p->ph, hb_at = p->shared ? t % p->ph : t;
+        int64_t ha = p->h0[hb_at], hb = p->h1[hb_at];
+        const float *xn = p->x + (p->batch ? p->batch[k] : k) * p->h * p->w * c;
+        const int64_t *w0 = p->w0 + (p->shared ? 0 : k * p->pw);
+        const int64_t *w1 = p->w1 + (p->shared ? 0 : k * p->pw);
         for (int64_t q = 0; q < p->pw; ++q) {
-            int64_t wa = p->w0[k * p->pw + q], wb = p->w1[k * p->pw + q];
+            int64_t wa = w0[q], wb = w1[q];
             float *out = p->y + (t * p->pw + q) * c;
             if (hb <= ha || wb <= wa) {
                 memset(out, 0, (size_t)c * sizeof(float));
@@ -183,9 +185,9 @@ static void pool_bin_task(void *arg, int64_t t0, int64_t t1) {
 
 int FL_FN(bin_pool)(int64_t k, int64_t ph, int64_t pw, int64_t h, int64_t w, int64_t c,
                     const float *x, const int64_t *batch, const int64_t *h0, const int64_t *h1,
-                    const int64_t *w0, const int64_t *w1, int is_max, float *y) {
+                    const int64_t *w0, const int64_t *w1, int shared, int is_max, float *y) {
     if (k <= 0 || ph <= 0 || pw <= 0 || c <= 0) return 0;
-    pool_bin_ctx p = {x, batch, h0, h1, w0, w1, y, ph, pw, h, w, c, is_max};
+    pool_bin_ctx p = {x, batch, h0, h1, w0, w1, y, ph, pw, h, w, c, shared, is_max};
     /* bins hold about h w / (ph pw) cells each */
     int64_t taps = FL_MAX(1, (h / ph + 1) * (w / pw + 1));
     fl_parallel(k * ph, FL_MAX(1, POOL_MIN_SHARE / (pw * c * taps)), pool_bin_task, &p);
@@ -199,6 +201,14 @@ typedef struct {
     int64_t h, w, c, ho, wo;
     int bilinear;
 } pool_resize_ctx;
+
+/* o = (1 - wy) ((1 - wx) a + wx b) + wy ((1 - wx) d + wx e) for channels c0 + [0, nc). */
+FL_INLINE void pool_lerp(const float *a, const float *b, const float *d, const float *e,
+                         float wx, float wy, int64_t c0, int64_t nc, float *o) {
+    fl_vf up = pool_ld(a + c0, nc) * (1.0f - wx) + pool_ld(b + c0, nc) * wx;
+    fl_vf down = pool_ld(d + c0, nc) * (1.0f - wx) + pool_ld(e + c0, nc) * wx;
+    pool_st(o + c0, up * (1.0f - wy) + down * wy, nc);
+}
 
 /* Output rows t = n Ho + i in [t0, t1) of resize. */
 static void pool_resize_task(void *arg, int64_t t0, int64_t t1) {
@@ -218,13 +228,10 @@ static void pool_resize_task(void *arg, int64_t t0, int64_t t1) {
         for (int64_t j = 0; j < p->wo; ++j) {
             const float *a = top + p->x0[j] * c, *b = top + p->x1[j] * c;
             const float *d = bottom + p->x0[j] * c, *e = bottom + p->x1[j] * c;
-            float wx = p->fx[j];
-            for (int64_t c0 = 0; c0 < c; c0 += FL_VW) {
-                int64_t nc = FL_MIN(FL_VW, c - c0);
-                fl_vf up = pool_ld(a + c0, nc) * (1.0f - wx) + pool_ld(b + c0, nc) * wx;
-                fl_vf down = pool_ld(d + c0, nc) * (1.0f - wx) + pool_ld(e + c0, nc) * wx;
-                pool_st(out + j * c + c0, up * (1.0f - wy) + down * wy, nc);
-            }
+            float *o = out + j * c, wx = p->fx[j];
+            int64_t c0 = 0;
+            for (; c0 + FL_VW <= c; c0 += FL_VW) pool_lerp(a, b, d, e, wx, wy, c0, FL_VW, o);
+            if (c0 < c) pool_lerp(a, b, d, e, wx, wy, c0, c - c0, o);
         }
     }
 }

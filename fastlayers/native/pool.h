@@ -6,10 +6,11 @@
  *   ow sw - pl + j dw, c] over i < kh, j < kw: max skips cells outside x (NaN wins; an empty
  *   window gives -inf), mean divides by the cells inside x or, with count_include_pad, inside
  *   [-pt, h_end) x [-pl, w_end) (h_end = h + bottom pad);
- * bin_pool(k, ph, pw, h, w, c, x, batch, h0, h1, w0, w1, is_max, y): y[k, p, q, c] = max or
- *   mean of x[batch[k], h0[k, p]:h1[k, p], w0[k, q]:w1[k, q], c] (an empty bin gives 0; NaN
- *   wins the max): adaptive pooling (k = image) and RoI pooling (k = region); h0, h1 (k, ph),
- *   w0, w1 (k, pw) int64;
+ * bin_pool(k, ph, pw, h, w, c, x, batch, h0, h1, w0, w1, shared, is_max, y): y[k, p, q, c] =
+ *   max or mean of x[batch[k], h0[k, p]:h1[k, p], w0[k, q]:w1[k, q], c] (an empty bin gives 0;
+ *   NaN wins the max): RoI pooling (k = region; h0, h1 (k, ph), w0, w1 (k, pw) int64) and,
+ *   with `shared` bins h0, h1 (ph,), w0, w1 (pw,) for every k and batch NULL (batch[k] = k),
+ *   adaptive pooling;
  * resize(n, h, w, c, x, ho, wo, y0, y1, fy, x0, x1, fx, bilinear, y): nearest y[n, i, j] =
  *   x[n, y0[i], x0[j]]; bilinear y = (1 - fy) top + fy bottom, top = (1 - fx) x[n, y0, x0] +
  *   fx x[n, y0, x1], bottom the same on row y1; y0, y1 (ho,), x0, x1 (wo,) int64;
@@ -30,9 +31,9 @@
        ho, wo, y))                                                                             \
     X(int, bin_pool, (int64_t k, int64_t ph, int64_t pw, int64_t h, int64_t w, int64_t c,      \
                       const float *x, const int64_t *batch, const int64_t *h0,                 \
-                      const int64_t *h1, const int64_t *w0, const int64_t *w1, int is_max,     \
-                      float *y),                                                               \
-      (k, ph, pw, h, w, c, x, batch, h0, h1, w0, w1, is_max, y))                               \
+                      const int64_t *h1, const int64_t *w0, const int64_t *w1, int shared,     \
+                      int is_max, float *y),                                                   \
+      (k, ph, pw, h, w, c, x, batch, h0, h1, w0, w1, shared, is_max, y))                       \
     X(int, resize, (int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t ho,    \
                     int64_t wo, const int64_t *y0, const int64_t *y1, const float *fy,         \
                     const int64_t *x0, const int64_t *x1, const float *fx, int bilinear,       \

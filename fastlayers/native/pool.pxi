@@ -7,7 +7,7 @@ cdef extern from "dispatch.h" nogil:
                   int64_t ho, int64_t wo, float *y)
     int fl_bin_pool(int64_t k, int64_t ph, int64_t pw, int64_t h, int64_t w, int64_t c,
                     const float *x, const int64_t *batch, const int64_t *h0, const int64_t *h1,
-                    const int64_t *w0, const int64_t *w1, int is_max, float *y)
+                    const int64_t *w0, const int64_t *w1, int shared, int is_max, float *y)
     int fl_resize(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t ho,
                   int64_t wo, const int64_t *y0, const int64_t *y1, const float *fy,
                   const int64_t *x0, const int64_t *x1, const float *fx, int bilinear, float *y)
@@ -68,35 +68,41 @@ def pool2d(cnp.ndarray x, cnp.ndarray y, bint is_max, int64_t kh, int64_t kw, in
     return y
 
 
-def bin_pool(cnp.ndarray x, cnp.ndarray batch, cnp.ndarray h0, cnp.ndarray h1, cnp.ndarray w0,
+def bin_pool(cnp.ndarray x, object batch, cnp.ndarray h0, cnp.ndarray h1, cnp.ndarray w0,
              cnp.ndarray w1, bint is_max, cnp.ndarray y):
-    """y[k, p, q, c] = max or mean of x[batch[k], h0[k, p]:h1[k, p], w0[k, q]:w1[k, q], c]
-    (an empty bin gives 0; NaN wins the max); the bins (int64, C-contiguous) must lie inside
-    x and ``batch`` index its images. x (N, H, W, C), y (K, P, Q, C)."""
+    """y[k, p, q, c] = max or mean of x[batch[k], h0[k, p]:h1[k, p], w0[k, q]:w1[k, q], c] (an
+    empty bin gives 0; NaN wins the max): x (N, H, W, C), y (K, P, Q, C), the bins int64 and
+    C-contiguous inside x. ``batch`` None: image k and the same bins h0, h1 (P,), w0, w1 (Q,)
+    for every k (adaptive pooling); else K image indices and the bins (K, P), (K, Q) of each
+    region (RoI pooling)."""
     cdef float *xp = cptr(x, 4, "bin_pool x")
     cdef float *yp = cptr(y, 4, "bin_pool y")
     cdef int64_t k = y.shape[0], ph = y.shape[1], pw = y.shape[2], c = x.shape[3]
     cdef int64_t h = x.shape[1], w = x.shape[2]
-    if y.shape[3] != c:
-        raise ValueError("bin_pool: y must have x's channels")
-    cdef int64_t *bp = iptr(batch, k, "bin_pool batch")
-    cdef int64_t *h0p = iptr(h0, k * ph, "bin_pool h0")
-    cdef int64_t *h1p = iptr(h1, k * ph, "bin_pool h1")
-    cdef int64_t *w0p = iptr(w0, k * pw, "bin_pool w0")
-    cdef int64_t *w1p = iptr(w1, k * pw, "bin_pool w1")
+    cdef bint shared = batch is None
+    if y.shape[3] != c or (shared and k != x.shape[0]):
+        raise ValueError("bin_pool: y must have x's channels (and images, without a batch)")
+    cdef int64_t *bp = NULL if shared else iptr(batch, k, "bin_pool batch")
+    cdef int64_t kb = 1 if shared else k
+    cdef int64_t *h0p = iptr(h0, kb * ph, "bin_pool h0")
+    cdef int64_t *h1p = iptr(h1, kb * ph, "bin_pool h1")
+    cdef int64_t *w0p = iptr(w0, kb * pw, "bin_pool w0")
+    cdef int64_t *w1p = iptr(w1, kb * pw, "bin_pool w1")
     cdef int64_t i
-    for i in range(k):
-        if bp[i] < 0 or bp[i] >= x.shape[0]:
-            raise IndexError(f"bin_pool: batch index {bp[i]} out of range for {x.shape[0]} images")
-    for i in range(k * ph):
+    if not shared:
+        for i in range(k):
+            if bp[i] < 0 or bp[i] >= x.shape[0]:
+                raise IndexError(f"bin_pool: batch index {bp[i]} out of range for {x.shape[0]} "
+                                 "images")
+    for i in range(kb * ph):
         if h0p[i] < 0 or h1p[i] > h:
             raise IndexError("bin_pool: a bin's rows lie outside x")
-    for i in range(k * pw):
+    for i in range(kb * pw):
         if w0p[i] < 0 or w1p[i] > w:
             raise IndexError("bin_pool: a bin's columns lie outside x")
     cdef int st
     with nogil:
-        st = fl_bin_pool(k, ph, pw, h, w, c, xp, bp, h0p, h1p, w0p, w1p, is_max, yp)
+        st = fl_bin_pool(k, ph, pw, h, w, c, xp, bp, h0p, h1p, w0p, w1p, shared, is_max, yp)
     check(st, "bin_pool")
     return y
 

@@ -22,18 +22,23 @@ the GIL.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...native import CODES, _core
 from ..derived import derived
 from ..reference import ReferenceOps
-from ..reference_conv import adaptive_bins, conv_out_size, roi_bins, source_coords
+from ..reference_conv import conv_out_size, roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
-#: Fewest Winograd tiles (2x2 outputs, all images) and channels (each way) for Winograd.
-_WINOGRAD_MIN_TILES = 36
+#: Winograd needs this many channels each way (fewer: its products are too thin), this many
+#: tiles (2x2 outputs, all images), and, for weights wider than WINOGRAD_WIDE channels squared,
+#: WINOGRAD_WIDE_TILES tiles (its U is 16/9 the size of the weights, read for few rows).
 _WINOGRAD_MIN_CHANNELS = 16
-
+_WINOGRAD_MIN_TILES = 4
+_WINOGRAD_WIDE = 256
+_WINOGRAD_WIDE_TILES = 36
 
 def _f32c(a):
     return np.ascontiguousarray(a, dtype=np.float32)
@@ -62,10 +67,15 @@ def _finish(self, y, activation, alpha):
 
 
 def _winograd_pays(n, ho, wo, cin, cout) -> bool:
-    """Winograd F(2x2, 3x3) beats the implicit GEMM from about 36 tiles and 16 channels each
-    way; few tiles leave its 16 products too thin."""
+    """Whether Winograd F(2x2, 3x3) beats ``conv2d``: from 16 channels each way and 4 tiles,
+    except for wide weights on few tiles (single-thread, AVX2 host: 56x56x16 0.17 against
+    0.22 ms, 4x4x64 8 against 14 us, 6x6x256 0.25 against 0.48 ms, 56x56x64 1.5 against
+    2.5 ms; 12 channels 2x slower, one tile 1.2x slower)."""
+    if min(cin, cout) < _WINOGRAD_MIN_CHANNELS:
+        return False
     tiles = n * ((ho + 1) // 2) * ((wo + 1) // 2)
-    return tiles >= _WINOGRAD_MIN_TILES and min(cin, cout) >= _WINOGRAD_MIN_CHANNELS
+    wide = cin * cout > _WINOGRAD_WIDE * _WINOGRAD_WIDE
+    return tiles >= (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES)
 
 
 def _packed_conv(wk, groups):
@@ -148,17 +158,22 @@ def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                         bool(count_include_pad))
 
 
+@functools.lru_cache(maxsize=256)
+def _adaptive_bins(size: int, out: int):
+    """The starts and ends of ``adaptive_bins(size, out)`` as two int64 arrays (read only)."""
+    i = np.arange(out, dtype=np.int64)
+    bins = np.stack([i * size // out, -(-(i + 1) * size // out)])
+    bins.setflags(write=False)
+    return bins[0], bins[1]
+
+
 def adaptive_pool2d(self, x_nhwc, kind, out_hw):
     n, h, w, c = x_nhwc.shape
-    if x_nhwc.size == 0:
+    if x_nhwc.size == 0 or min(out_hw) <= 0:
         return ReferenceOps.adaptive_pool2d(self, x_nhwc, kind, out_hw)
-    hb = np.array(adaptive_bins(h, out_hw[0]), np.int64).reshape(-1, 2)
-    wb = np.array(adaptive_bins(w, out_hw[1]), np.int64).reshape(-1, 2)
-    h0, h1 = (np.ascontiguousarray(np.broadcast_to(hb[:, i], (n, out_hw[0]))) for i in (0, 1))
-    w0, w1 = (np.ascontiguousarray(np.broadcast_to(wb[:, i], (n, out_hw[1]))) for i in (0, 1))
+    (h0, h1), (w0, w1) = _adaptive_bins(h, out_hw[0]), _adaptive_bins(w, out_hw[1])
     y = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
-    return _core.bin_pool(_f32c(x_nhwc), np.arange(n, dtype=np.int64), h0, h1, w0, w1,
-                          kind == "max", y)
+    return _core.bin_pool(_f32c(x_nhwc), None, h0, h1, w0, w1, kind == "max", y)
 
 
 def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
