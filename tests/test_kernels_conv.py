@@ -180,6 +180,15 @@ def test_depthwise_3x3_on_threads(isa, n_threads, channels, strides, pads, dilat
                      atol=1e-5)
 
 
+@pytest.mark.parametrize("shape, k, pad", [((1, 2, 2, 8), 3, 1), ((1, 1, 1, 9), 3, 1),
+                                            ((2, 3, 2, 5), 5, 2), ((1, 4, 3, 16), 5, 2)])
+def test_depthwise_narrower_than_its_window(isa, shape, k, pad):
+    """No output column has its whole window inside x."""
+    x, w = arr(0, shape), arr(1, (k, k, shape[-1], 1))
+    args = (x, w, None, (1, 1), ((pad, pad), (pad, pad)), (1, 1), "relu", 0.0)
+    assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
 @examples(40)
 @given(c=conv_case(), extra_h=st.integers(0, 2), extra_w=st.integers(0, 2),
        wide=st.sampled_from([1, 5]))

@@ -559,6 +559,40 @@ static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64
             conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, c0, yrow + ow * c);
 }
 
+/* Output columns [ow0, ow1) of a window inside x (multiplier 1, any kernel): vector by vector
+ * of channels, four outputs per pass (each tap's weights loaded once for the four). */
+static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
+                        int64_t ow1, float *yrow) {
+    int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
+    int64_t c0 = 0;
+    for (; c0 + FL_VW <= c; c0 += FL_VW) {
+        const float *bc = p->bias ? p->bias + c0 : 0;
+        for (int64_t ow = ow0; ow + 4 <= ow1; ow += 4) {
+            fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t i = 0; i < p->kh; ++i) {
+                const float *r = rows[i] + ow * cs - left + c0;
+                const float *wr = p->wk + i * p->kw * c + c0;
+                for (int64_t j = 0; j < p->kw; ++j) {
+                    fl_vf wv = fl_load(wr + j * c);
+                    const float *rj = r + j * dc;
+                    s0 += fl_load(rj) * wv;
+                    s1 += fl_load(rj + cs) * wv;
+                    s2 += fl_load(rj + 2 * cs) * wv;
+                    s3 += fl_load(rj + 3 * cs) * wv;
+                }
+            }
+            float *o = yrow + ow * c + c0;
+            fl_store(o, conv_epi(s0, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + c, conv_epi(s1, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + 2 * c, conv_epi(s2, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + 3 * c, conv_epi(s3, bc, FL_VW, p->code, p->alpha));
+        }
+    }
+    int64_t ow = ow0 + (ow1 - ow0) / 4 * 4;             /* the last columns, pixel by pixel */
+    for (int64_t q = ow0; q < ow1; ++q)
+        conv_dw_pixel(p, rows, q * p->sw - p->pl, 0, p->kw, q < ow ? c0 : 0, yrow + q * c);
+}
+
 /* Output rows t = n Ho + oh in [t0, t1): window rows outside x read a row of zeros. */
 static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
     conv_dw_ctx *p = (conv_dw_ctx *)arg;
@@ -581,8 +615,9 @@ static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
         }
         float *yrow = p->y + t * wo * k;
         for (int64_t ow = 0; ow < wo; ++ow) {
-            if (ow == ow_lo && p->m == 1 && p->kh == 3 && p->kw == 3) {
-                conv_dw3x3_run(p, rows, ow_lo, ow_hi, yrow);
+            if (ow == ow_lo && p->m == 1 && ow_hi > ow_lo) {
+                if (p->kh == 3 && p->kw == 3) conv_dw3x3_run(p, rows, ow_lo, ow_hi, yrow);
+                else conv_dw_run(p, rows, ow_lo, ow_hi, yrow);
                 ow = ow_hi - 1;
                 continue;
             }
