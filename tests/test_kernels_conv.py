@@ -106,7 +106,8 @@ def native_conv(x, w, b, strides, pads, dilation, groups, act, alpha, method):
 
 
 @examples(40)
-@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]), method=st.sampled_from(["implicit", "im2col"]))
+@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]),
+       method=st.sampled_from(["implicit", "im2col"]))
 def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     """Both of conv2d's ways on every case they take: the implicit GEMM (one group; window rows
     in one run, or one run per tap with a width dilation) and im2col + sgemm."""
@@ -244,7 +245,8 @@ def test_pools_split_over_threads_match_reference(isa, n_threads):
             assert_close(CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True),
                          REF.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True))
         assert_close(CPU.adaptive_pool2d(x, "avg", (5, 6)), REF.adaptive_pool2d(x, "avg", (5, 6)))
-        assert_close(CPU.upsample2d(x, (80, 77), "bilinear"), REF.upsample2d(x, (80, 77), "bilinear"))
+        assert_close(CPU.upsample2d(x, (80, 77), "bilinear"),
+                     REF.upsample2d(x, (80, 77), "bilinear"))
         assert_close(CPU.local_response_norm(x, 5), REF.local_response_norm(x, 5), rtol=2e-5)
 
 
@@ -400,7 +402,8 @@ def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
     n_threads, calls = 8, 200
     model = conv_model()
     rng = np.random.default_rng(3)
-    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
+                       for w in model.get_weights()])
     # varied batch sizes so workspaces of different shapes interleave
     inputs = [rng.standard_normal((1 + i % 3, 10, 10, 3)).astype(np.float32)
               for i in range(n_threads * calls)]

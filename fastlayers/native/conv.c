@@ -1,27 +1,29 @@
-/* Convolutions (conv.h). Compiled once per ISA (kernels.inc), after gemm.c, rows.c and pool.c,
+/* Convolutions (conv.h). Compiled once per ISA (kernels.inc), after rows.c, gemm.c and pool.c,
  * whose static kernels it calls.
  *
- * conv2d runs on the packed sgemm's register tile (gemm.c), two ways:
+ * conv2d runs on the packed sgemm's register tile (gemm.c), one of two ways:
  * - implicit GEMM: output row (n, oh), output column ow and window row i read kw C consecutive
  *   floats of the zero-padded input xp[n, oh sh + i dh, ow sw:ow sw + kw, :], so a tile's rows
  *   are consecutive output columns, sw C floats apart, read in place: no im2col matrix is
- *   written and the weights are packed once (a width dilation makes each tap its own run of
- *   C floats: one pass per window row, accumulating). Needs one group and output rows long
- *   enough to fill the tiles;
- * - im2col + sgemm: blocks of output rows gathered into a per-thread (rows, kh kw C / groups)
- *   matrix (none for a 1x1 stride-1 unpadded convolution: x is that matrix), then the packed
- *   sgemm, group by group: grouped convolutions and short output rows.
- * Both share the work by output rows, or, with few rows, also by blocks of output columns,
- * and run the bias + activation on each block as soon as it is done.
+ *   written (a width dilation makes each tap a run of C floats: one pass per window row,
+ *   accumulating). One group, output rows long enough to fill the tiles; shared by output
+ *   rows and blocks of columns whose packed weights stay in L2, each output row's epilogue
+ *   run as soon as it is done;
+ * - im2col + sgemm: grouped convolutions and short output rows. From CONV_ROW_SPLIT_MIN output
+ *   rows, blocks of rows gathered into a per-thread (rows, kh kw C / groups) matrix, the packed
+ *   sgemm group by group, then the block's epilogue; fewer rows share one matrix whose product
+ *   gemm.c's matmul splits by output columns. A 1x1 stride-1 unpadded convolution is that
+ *   product on x itself.
  * conv3x3_winograd: Winograd F(2x2, 3x3) (Lavin & Gray 2016): per 2x2 output tile, V = B^T d B
- * of its 4x4 input patch, M[e] = V[e] U[e] as 16 packed sgemms over the tiles of a block,
- * y = A^T M A with the epilogue in registers. 2.25x fewer multiplies than the direct sum; the
- * transforms only add, subtract and halve.
- * depthwise_conv2d: a direct loop vectorized over channels; 3x3 windows keep the nine weights
- * of a channel vector in registers while they sweep the row (stride 1: four outputs per
- * pass, sharing their loads).
- * conv_transpose2d: one sgemm per group (x rows times w (ci', kh kw co)), then every output
- * pixel gathers its taps from those columns (col2im without scattered writes) and runs the
+ * of its 4x4 input patch, M[e] = V[e] U[e] as 16 packed sgemms over a block of tiles, y =
+ * A^T M A with the epilogue in registers: 2.25x fewer multiplies than the direct sum; the
+ * transforms only add, subtract and halve. Shared by blocks of tiles, or, with few blocks, in
+ * three steps whose products are shared by e.
+ * depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
+ * nine weights in registers; stride 1: the passes share their loads); window rows outside x
+ * read a row of zeros.
+ * conv_transpose2d: one sgemm per group (x rows times w (ci', kh kw co)), then each output pixel
+ * gathers its taps from those columns (col2im without scattered writes) and the row runs its
  * epilogue. */
 
 /* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
@@ -38,8 +40,8 @@
  * matrix whose product is split by output columns (each thread reads part of the weights). */
 #define CONV_ROW_SPLIT_MIN 256
 /* The implicit GEMM runs its tiles within an output row: it needs rows that fill at least this
- * share of the tiles (AVX2, 6-row tiles: 28 or 56 columns 0.93, 5-8% faster than im2col;
- * 14 columns 0.78, 1-2% slower; 7 columns 0.58, 35% slower). */
+ * share of the tiles (AVX2, 6-row tiles: 28 or 56 columns fill 0.93 and ran 6-12% faster than
+ * im2col; 14 columns 0.78, even; 7 columns 0.58, 35% slower). */
 #define CONV_IMPLICIT_FILL 0.8
 /* Fewest output values (x window taps) in a thread's share of the direct kernels. */
 #define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)
@@ -212,6 +214,8 @@ static int64_t conv_column_blocks(conv_ctx *p, int64_t most_panels) {
     return (panels + per - 1) / per;
 }
 
+/* y = f(conv(x, w) + b), conv.h: x (N, H, W, C), pw each group's w (kh kw C/g, Cout/g) packed,
+ * bias (Cout,), y (N, Ho, Wo, Cout). */
 int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
                   int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
@@ -257,9 +261,9 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
 
 /* ---------------------------------------------------------------------------- Winograd */
 
+/* pu[e] = U[e] packed, U[4 a + b][i, o] = (G w[:, :, i, o] G^T)[a, b], G = [[1, 0, 0],
+ * [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]]: w (3, 3, cin, cout), pu 16 packed (cin, cout). */
 int FL_FN(winograd_pack)(int64_t cin, int64_t cout, const float *w, float *pu) {
-    /* u[e] = (G g G^T)[a, b] for g = w[:, :, i, o], G = [[1, 0, 0], [.5, .5, .5],
-     * [.5, -.5, .5], [0, 0, 1]] */
     float *u = (float *)malloc((size_t)(16 * cin * cout) * sizeof(float));
     if (!u) return -1;
     for (int64_t i = 0; i < cin; ++i)
@@ -428,6 +432,8 @@ static void conv_wino_output_task(void *arg, int64_t t0, int64_t t1) {
     conv_wino_output(p, t0, t1, p->m + t0 * p->cout, p->tiles * p->cout);
 }
 
+/* y = f(conv3x3(x, w) + b) = f(A^T [U . (B^T d B)] A + b) per 2x2 tile: x (N, H, W, cin),
+ * pu from winograd_pack, bias (cout,), y (N, Ho, Wo, cout). */
 int FL_FN(conv3x3_winograd)(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
                             int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,
                             const float *pu, const float *bias, int code, float alpha,
@@ -629,6 +635,8 @@ static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* y[.., c m + q] = f(b + sum_{i, j} x[.., c] wk[i, j, c m + q]): x (N, H, W, C), wk (kh, kw,
+ * C m), bias (C m,), y (N, Ho, Wo, C m). */
 int FL_FN(depthwise_conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x,
                             int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,
                             int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
@@ -696,6 +704,8 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* y = f(col2im(x @ w) + b): x (N, H, W, cin), pw each group's w (cin/g, kh kw cout_g) packed,
+ * bias (groups cout_g,), y (N, Ho, Wo, groups cout_g). */
 int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
                             int64_t kh, int64_t kw, int64_t cout_g, int64_t groups, int64_t sh,
                             int64_t sw, int64_t dh, int64_t dw, int64_t ct, int64_t cl,

@@ -139,6 +139,7 @@ static void pool_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* y[n, oh, ow, c] = max or mean over the window of x: x (N, H, W, C), y (N, Ho, Wo, C). */
 int FL_FN(pool2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int is_max,
                   int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                   int64_t pt, int64_t pl, int64_t h_end, int64_t w_end, int count_include_pad,
@@ -183,6 +184,7 @@ static void pool_bin_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* y[k, p, q, c] = max or mean of x over bin (p, q) of region k: x (N, H, W, C), y (K, P, Q, C). */
 int FL_FN(bin_pool)(int64_t k, int64_t ph, int64_t pw, int64_t h, int64_t w, int64_t c,
                     const float *x, const int64_t *batch, const int64_t *h0, const int64_t *h1,
                     const int64_t *w0, const int64_t *w1, int shared, int is_max, float *y) {
@@ -236,6 +238,7 @@ static void pool_resize_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* y[n, i, j] = x[n, y0[i], x0[j]] or its bilinear blend: x (N, H, W, C), y (N, Ho, Wo, C). */
 int FL_FN(resize)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t ho,
                   int64_t wo, const int64_t *y0, const int64_t *y1, const float *fy,
                   const int64_t *x0, const int64_t *x1, const float *fx, int bilinear,
@@ -291,6 +294,7 @@ static void pool_lrn_task(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
+/* y = x / (k + alpha / size sum of the window's x^2)^beta over channels: x, y (M, C). */
 int FL_FN(lrn)(int64_t m, int64_t c, const float *x, int64_t size, float alpha, float beta,
                float k, float *y) {
     if (m <= 0 || c <= 0) return 0;
@@ -323,6 +327,7 @@ static void pool_pad_task(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
+/* y[n, pt + i, pl + j] = x[n, i, j], zeros elsewhere: x (N, H, W, C), y (N, Hp, Wp, C). */
 int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t pt,
                     int64_t pl, int64_t hp, int64_t wp, float *y) {
     if (n <= 0 || hp <= 0 || wp <= 0 || c <= 0) return 0;
