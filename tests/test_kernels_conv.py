@@ -335,6 +335,10 @@ def test_kernels_reject_bad_arguments():
         _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0, _core.CONV_IMPLICIT)
     with pytest.raises(IndexError):                            # a region of a missing image
         CPU.roi_pool(x, np.array([[3, 0, 0, 2, 2]], np.float32), (2, 2))
+    rows = np.array([0, 5], np.int64)                           # row 5 of 5
+    with pytest.raises(IndexError):
+        _core.resize(x, rows, rows, None, rows * 0, rows * 0, None, False,
+                     np.empty((1, 2, 2, 4), np.float32))
 
 
 def test_replaced_weights_reach_the_winograd_path():

@@ -125,6 +125,13 @@ def resize(cnp.ndarray x, cnp.ndarray y0, cnp.ndarray y1, cnp.ndarray fy, cnp.nd
     cdef float *fxp = vptr(fx, wo, "resize fx")
     if bilinear and (fyp == NULL or fxp == NULL):
         raise ValueError("resize: bilinear needs the weights fy and fx")
+    cdef int64_t i
+    for i in range(ho):
+        if y0p[i] < 0 or y0p[i] >= h or y1p[i] < 0 or y1p[i] >= h:
+            raise IndexError("resize: a source row lies outside x")
+    for i in range(wo):
+        if x0p[i] < 0 or x0p[i] >= w or x1p[i] < 0 or x1p[i] >= w:
+            raise IndexError("resize: a source column lies outside x")
     cdef int st
     with nogil:
         st = fl_resize(n, h, w, c, xp, ho, wo, y0p, y1p, fyp, x0p, x1p, fxp, bilinear, yp)
