@@ -341,6 +341,13 @@ def test_kernels_reject_bad_arguments():
                      np.empty((1, 2, 2, 4), np.float32))
 
 
+def test_no_input_channels_give_the_bias(isa):
+    x, w, b = np.zeros((1, 4, 5, 0), np.float32), np.zeros((3, 3, 0, 6), np.float32), arr(0, (6,))
+    y = np.empty((1, 2, 3, 6), np.float32)
+    _core.conv2d(x, _core.conv_pack(w, 1), b, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1, 0.0)
+    np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(b, 0), y.shape))
+
+
 def test_replaced_weights_reach_the_winograd_path():
     layer = L.Conv2D(16, 3, padding="same")
     x = arr(0, (1, 16, 16, 16))

@@ -224,6 +224,11 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
     if (!conv_code_ok(code) || groups < 1 || c % groups || cout % groups) return -2;
     int64_t k = kh * kw * (c / groups);
+    if (k <= 0) {                                     /* no input channels: y = f(b) */
+        memset(y, 0, (size_t)(n * ho * wo * cout) * sizeof(float));
+        rows_bias_act_range(0, n * ho * wo, cout, y, cout, bias, code, alpha, y, cout);
+        return 0;
+    }
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
                    wo == w && groups == 1;
     if (method == 0)

@@ -1,13 +1,14 @@
 """CpuOps primitives of the convolution and pooling family (bound as CpuOps methods), on the
 native core (``fastlayers.native._core``: ``native/conv.c`` and ``native/pool.c``).
 
-- conv2d: 3x3 stride 1 with enough tiles and channels: Winograd F(2x2, 3x3)
+- conv2d: 3x3 stride 1 with 16 channels each way: Winograd F(2x2, 3x3)
   (``conv3x3_winograd``); otherwise ``conv2d``, which runs the implicit GEMM on the padded
   input (one group, output rows that fill the sgemm's register tiles) or im2col + the packed
   sgemm in L2-sized row blocks (grouped convolutions, short output rows; a 1x1 stride-1
   unpadded convolution is a product over the NHWC rows, without im2col). A convolution with
   one input channel per group is a depthwise one.
-- depthwise_conv2d: a direct loop vectorized over channels (3x3: the taps in registers).
+- depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
+  nine weights in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
   col2im.
 - pool2d, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
@@ -39,6 +40,7 @@ _WINOGRAD_MIN_CHANNELS = 16
 _WINOGRAD_MIN_TILES = 4
 _WINOGRAD_WIDE = 256
 _WINOGRAD_WIDE_TILES = 36
+
 
 def _f32c(a):
     return np.ascontiguousarray(a, dtype=np.float32)
