@@ -1,8 +1,8 @@
 """The native convolution and pooling kernels (``native/conv.c``, ``native/pool.c``) and the
-CpuOps primitives on them, against ReferenceOps on every ISA path this CPU runs: hypothesis
-over shapes and options (stride, dilation, asymmetric padding, groups, depth multiplier,
-ceil-mode windows), each convolution method forced, odd channel counts (vector tails), batch
-and length 1, strided inputs, several threads."""
+CpuOps primitives on them, against ReferenceOps on every ISA path this CPU runs (the ``isa``
+fixture of conftest.py): hypothesis over shapes and options (stride, dilation, asymmetric
+padding, groups, depth multiplier, ceil-mode windows), each convolution method forced, odd
+channel counts (vector tails), batch and length 1, strided inputs, several threads."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from .conftest import assert_close
 
 REF, CPU = get_ops("reference"), get_ops("cpu")
 ACTS = ["linear", "relu", "sigmoid", "gelu", "tanh", "leaky_relu"]
-ISAS = native.available_isas()
 
 
 def examples(n):
@@ -34,14 +33,6 @@ def examples(n):
     so it is not reset between examples)."""
     return settings(max_examples=n, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Run the test on the ISA path ``request.param``; the best path again afterwards."""
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(native.best_isa())
 
 
 @contextlib.contextmanager
