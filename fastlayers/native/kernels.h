@@ -8,8 +8,9 @@
 #include "attention.h"
 #include "pool.h"
 #include "conv.h"
+#include "recurrent.h"
 
 #define FL_KERNELS(X)                                                                         \
     FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
-    FL_CONV_KERNELS(X)
+    FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X)
 #endif
