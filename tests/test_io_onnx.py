@@ -343,14 +343,13 @@ def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction,
 def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch):
     """The weights of an ONNX recurrent node are reordered and packed on the first call only (a
     transposed view made every call repack them: the LSTM classifier export ran 1.6x slower)."""
-    from fastlayers.backends.cpu import _blas
+    from fastlayers.backends.cpu import recurrent
     from fastlayers.io.onnx_ops import _recurrent_fast
 
-    if _blas.PACKED is None:
-        pytest.skip("no packed sgemm on this machine")
     packs = []
-    pack = _blas.pack
-    monkeypatch.setattr(_blas, "pack", lambda w: packs.append(w.shape) or pack(w))
+    pack = recurrent._pack_shares
+    monkeypatch.setattr(recurrent, "_pack_shares",
+                        lambda w, **k: packs.append(w.shape) or pack(w, **k))
     T, B, I, H = 4, 8, 16, 32
     ins = [rng.standard_normal((T, B, I)).astype(np.float32),
            rng.standard_normal((1, gates * H, I)).astype(np.float32),

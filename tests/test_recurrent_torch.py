@@ -185,28 +185,9 @@ def test_cpu_loops_match_reference(batch, steps, units, kind, reverse, sequences
         assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
-def test_gate_activations_accuracy_and_nan():
-    """The compiled tanh/sigmoid of the gate kernels against float64 numpy; NaN propagates."""
-    import numba
-
-    from fastlayers.backends.cpu import _recurrent as K
-
-    @numba.njit
-    def apply(row, code, tmp, bits):
-        K.act_inplace(row, code, tmp, bits)
-
-    x = np.concatenate([np.linspace(-20, 20, 20001), np.geomspace(1e-30, 1, 2000),
-                        -np.geomspace(1e-30, 1, 2000), [np.inf, -np.inf, 0.0]]).astype(np.float32)
-    with np.errstate(over="ignore"):
-        refs = {K.TANH: np.tanh(x.astype(np.float64)),
-                K.SIGMOID: 1 / (1 + np.exp(-x.astype(np.float64)))}
-    for code, want in refs.items():
-        y = x.copy()
-        apply(y, code, np.empty_like(x), np.empty(x.size, np.int32))
-        assert_close(y, want, rtol=3e-7, atol=1e-45, what=f"code {code}")
-        nan = np.array([np.nan, 1.0], np.float32)
-        apply(nan, code, np.empty(2, np.float32), np.empty(2, np.int32))
-        assert np.isnan(nan[0]) and np.isfinite(nan[1])
+def test_cpu_loops_propagate_nan():
+    """NaN inputs reach every output and the state (the activations' accuracy against float64:
+    test_recurrent_shares.py)."""
     y, h = get_ops("cpu").rnn_sequence(np.full((1, 2, 1), np.nan, np.float32), np.ones((1, 1), np.float32),
                                        np.ones((1, 1), np.float32), None, np.zeros((1, 1), np.float32))
     assert np.isnan(y).all() and np.isnan(h).all()

@@ -1,4 +1,4 @@
-"""Recurrent sequences in plain numpy (the oracle of the compiled time loops in ``cpu/_recurrent.py``).
+"""Recurrent sequences in plain numpy (the oracle of the native time loops in ``native/recurrent.c``).
 
 Canonical layouts shared by every backend (loaders and layers convert once):
 

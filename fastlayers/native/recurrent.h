@@ -37,7 +37,7 @@ typedef struct fl_rnn_args {
     const int64_t *ubounds, *qbounds;             /* (parts + 1) each; qbounds: LSTM projection */
     const float *x;                  /* (B, T, I) C-contiguous, or NULL with ids */
     const int64_t *ids;              /* (B, T), or NULL */
-    const float *table;              /* (V, G) with ids: the rows' input projection, bias included */
+    const float *table;              /* (V, G) with ids: rows of the projection, bias included */
     const float *pw_ig, *b_g;        /* input weights packed per share; bias (G,) or NULL */
     const float *pw_hg, *pw_hn, *pw_hp;           /* recurrent weights packed per share */
     const float *b_hg;               /* GRU reset after: recurrent bias (G,) or NULL */
