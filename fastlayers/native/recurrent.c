@@ -11,15 +11,17 @@
  * the next product needs all of a vector: the LSTM projection's input, the GRU's r h). Work is
  * cut into units, unit u = share p's step u / phases, phase u % phases; a thread claims a unit
  * by compare-and-swap on the share's counter before running it and keeps the shares it started
- * with (their weights stay in its core's cache). A thread that waited RNN_TAKEOVER_NS at a
- * meeting takes over every late share: it runs a unit nobody claimed yet at once, and claims
- * the next unit of a share whose current unit is still running, whose owner then finds its
- * claim taken and leaves. So a descheduled thread (a busy machine) delays a call at most once,
- * the rest of the call running on the other threads, and a share that no thread started (a
- * worker still asleep, or the pool busy with another call: fl_parallel then runs the task
- * once on the caller) runs on a thread that is there. Nothing waits for a thread that is not
- * inside the call. Batch shares (row_parts > 1) run the whole sequence each, one chunk of
- * fl_parallel apiece, without meeting.
+ * with (their weights stay in its core's cache). At a meeting a thread takes over the late
+ * shares (rnn_meet): a share nobody started at once (a worker asleep or descheduled when the
+ * call began, or none: the pool busy with another call runs the task once, on the caller),
+ * a share nobody claimed the step of, or whose step still runs, after waiting as long as its
+ * own part of the step took; it runs an unclaimed unit itself, or claims the next unit of a
+ * running share, whose owner then finds its claim taken and leaves. So a descheduled thread
+ * delays a call at most once (the rest of the call runs on the threads that are there), and
+ * nothing waits for a thread that is not inside the call. (One fl_parallel call per step
+ * measured as fast on an idle machine; on a busy one it waits again each time a thread is
+ * descheduled holding a chunk.) Batch shares (row_parts > 1) run the whole sequence each,
+ * one chunk of fl_parallel apiece, without meeting.
  */
 #include <sched.h>
 #include <stdatomic.h>
@@ -33,8 +35,10 @@
 #define RNN_PAUSE() ((void)0)
 #endif
 
-/* Nanoseconds a thread waits at a meeting before taking over the late shares. */
-#define RNN_TAKEOVER_NS 30000
+/* A thread waits at a meeting as long as its own units of the step took, and at least this
+ * many nanoseconds, before it takes over a late share: running it itself then costs at most
+ * about twice what waiting for it would have. */
+#define RNN_TAKEOVER_MIN_NS 10000
 /* Nanoseconds after which a waiting thread also yields its core (to a descheduled owner). */
 #define RNN_YIELD_NS 200000
 
@@ -157,6 +161,22 @@ FL_INLINE const float *rnn_xrow(const rnn_job *j, const rnn_share *sh, int64_t t
 
 FL_INLINE int64_t rnn_xstride(const rnn_job *j, const rnn_share *sh) {
     return j->a->ids ? j->a->units : sh->n;
+}
+
+/* With ids: prefetch (into L2) the table rows that step ts reads in the share's columns, before
+ * its product: rows picked by id defeat the hardware prefetcher, and the step would stall on
+ * each (a folded 5000-word table is 10 MiB). */
+static void rnn_prefetch_rows(const rnn_job *j, const rnn_share *sh, int64_t ts) {
+    const fl_rnn_args *a = j->a;
+    if (!a->ids) return;
+    for (int64_t b = 0; b < j->rows; ++b) {
+        const float *xr = rnn_xrow(j, sh, ts, b);
+        for (int64_t k = 0; k < j->blocks; ++k) {
+            const float *blk = xr + k * a->units;
+            for (int64_t c = 0; c < sh->n; c += 16) __builtin_prefetch(blk + c, 0, 2);
+            __builtin_prefetch(blk + sh->n - 1, 0, 2);            /* a row off the lines */
+        }
+    }
 }
 
 FL_INLINE int rnn_valid(const rnn_job *j, int64_t b, int64_t ts) {
@@ -370,6 +390,7 @@ static void rnn_unit(rnn_job *j, int64_t p, int64_t u) {
     const float *cur = j->hbuf + (s & 1) * half;
     float *nxt = j->hbuf + ((s + 1) & 1) * half;
     int st = u == 0 && sh->xw ? rnn_project(j, sh) : 0;
+    if (ph == 0) rnn_prefetch_rows(j, sh, ts);
     int dflt = a->act == FL_TANH && a->ract == FL_SIGMOID;   /* constants: no switch per vector */
     switch (a->kind) {
     case FL_RNN_SIMPLE:
@@ -446,29 +467,35 @@ FL_INLINE int rnn_claim(rnn_counter *c, int64_t from) {
                                                    memory_order_acq_rel, memory_order_acquire);
 }
 
-/* Wait until every share finished unit u. own[q]: 0 not this thread's share, 1 its next unit
- * still to claim, 2 claimed already. After RNN_TAKEOVER_NS the late shares become this
- * thread's (the file's comment). */
-static void rnn_meet(rnn_job *j, uint8_t *own, int64_t *owned, int64_t u, int64_t units) {
+/* Wait until every share finished unit u; this thread's own units of it took busy_ns. own[q]:
+ * 0 not this thread's share, 1 its next unit still to claim, 2 claimed already. A share whose
+ * unit u nobody claimed becomes this thread's at once for u 0 (a thread that ran would have
+ * claimed it while this one ran its own), else after the patience (busy_ns, at least
+ * RNN_TAKEOVER_MIN_NS); so does, after the patience, a share whose unit u still runs: this
+ * thread claims its next unit. */
+static void rnn_meet(rnn_job *j, uint8_t *own, int64_t *owned, int64_t u, int64_t units,
+                     int64_t busy_ns) {
     int64_t target = (u + 1) * j->parts;
     if (atomic_load_explicit(&j->done->v, memory_order_acquire) >= target) return;
-    int64_t start = rnn_now_ns();
-    for (int64_t polls = 1; atomic_load_explicit(&j->done->v, memory_order_acquire) < target;
+    int64_t start = rnn_now_ns(), patience = FL_MAX(busy_ns, RNN_TAKEOVER_MIN_NS);
+    for (int64_t polls = 0; atomic_load_explicit(&j->done->v, memory_order_acquire) < target;
          ++polls) {
-        RNN_PAUSE();
-        if (polls % 32) continue;
+        if (polls % 32) {
+            RNN_PAUSE();
+            continue;
+        }
         int64_t waited = rnn_now_ns() - start;
-        if (waited < RNN_TAKEOVER_NS) continue;
         for (int64_t q = 0; q < j->parts; ++q) {
             if (own[q]) continue;
             int64_t claimed = atomic_load_explicit(&j->claim[q].v, memory_order_acquire);
-            if (claimed == u && rnn_claim(j->claim + q, u)) {            /* never started */
+            if (claimed == u && (u == 0 || waited >= patience) && rnn_claim(j->claim + q, u)) {
                 own[q] = 1;
                 ++*owned;
                 rnn_unit(j, q, u);
                 atomic_fetch_add_explicit(&j->done->v, 1, memory_order_acq_rel);
-            } else if (claimed == u + 1 && u + 1 < units && rnn_claim(j->claim + q, u + 1)) {
-                own[q] = 2;                                           /* running: the next */
+            } else if (claimed == u + 1 && waited >= patience && u + 1 < units &&
+                       rnn_claim(j->claim + q, u + 1)) {
+                own[q] = 2;
                 ++*owned;
             }
         }
@@ -496,7 +523,7 @@ static void rnn_shares_task(void *ctx, int64_t begin, int64_t end) {
         }
     }
     for (int64_t u = 0; u < units && owned; ++u) {
-        int64_t did = 0;
+        int64_t did = 0, start = rnn_now_ns();
         for (int64_t p = 0; p < parts; ++p) {
             if (!own[p]) continue;
             if (own[p] == 1 && !rnn_claim(j->claim + p, u)) {       /* taken over */
@@ -509,7 +536,7 @@ static void rnn_shares_task(void *ctx, int64_t begin, int64_t end) {
             ++did;
         }
         if (did) atomic_fetch_add_explicit(&j->done->v, did, memory_order_acq_rel);
-        if (owned) rnn_meet(j, own, &owned, u, units);
+        if (owned) rnn_meet(j, own, &owned, u, units, rnn_now_ns() - start);
     }
 }
 
