@@ -123,7 +123,7 @@ SPLITS = {"one thread": (1, 1), "units": (1, 2), "rows": (2, 1)}
 @pytest.mark.parametrize("options", OPTIONS, ids=["plain", "reverse-last", "mask-zero",
                                                   "mask-reverse", "mask-last-y0"])
 @pytest.mark.parametrize("split,batch", [("one thread", 1), ("one thread", 8), ("units", 1),
-                                         ("units", 8), ("rows", 8)])
+                                         ("units", 3), ("units", 8), ("rows", 8)])
 def test_loops_match_reference(isa, two_threads, monkeypatch, loops, rng, options, split, batch,
                                inputs):
     """Every loop kind and option, each way to share a loop (forced), float inputs and ids."""
@@ -229,13 +229,13 @@ def test_concurrent_calls(two_threads, monkeypatch, rng, split):
     assert len(same) == 45 and all(same)
 
 
-@pytest.mark.parametrize("batch", [1, 17, 31])
+@pytest.mark.parametrize("batch", [1, 2, 3, 17, 31])
 @pytest.mark.parametrize("activations", [("tanh", "sigmoid"), ("relu", "hard_sigmoid"),
                                          ("softsign", "sigmoid"), ("silu", "hard_sigmoid")])
 def test_lstm_gate_pass_with_other_activations(isa, rng, batch, activations):
     """The LSTM gate pass for the default and other activation pairs, with a mask, at batch
-    sizes whose step products take each register tile height of the packed sgemm (1: the
-    gemv; 17 and 31: several tiles and a remainder), 37 units (vector tails)."""
+    sizes whose step products take each kernel (1-3 rows: the loops' own; 17 and 31: the
+    packed sgemm's tiles and a remainder), 37 units (vector tails)."""
     t, i, u = 6, 5, 37
     x = rng.standard_normal((batch, t, i)).astype(np.float32)
     w = [weights(rng, *s) for s in [(i, 4 * u), (u, 4 * u), (4 * u,)]]

@@ -1,7 +1,7 @@
 /* Recurrent time loops (recurrent.h). Compiled once per ISA (kernels.inc).
  *
- * A unit share's step: one product of the state with its packed recurrent weights (a gemv at
- * one row, else the packed sgemm), then one pass over its gates in vectors of FL_VW: the input
+ * A unit share's step: one product of the state with its packed recurrent weights (a kernel
+ * of its own up to 3 rows, else the packed sgemm), then one pass over its gates in vectors of FL_VW: the input
  * projection and biases added, the activations (rows.c), the cell update, masking and the
  * outputs. The input projection x @ w_ig of all steps comes first, per share (its own gate
  * columns, into a time-major buffer), as part of the share's first step; with ids the loop
@@ -87,49 +87,72 @@ FL_INLINE void rnn_store(float *p, fl_vf v, int64_t cnt) {
 }
 
 #define RNN_PV (FL_PANEL / FL_VW)                /* vectors per packed row */
-#define RNN_KU (RNN_PV >= 8 ? 1 : 8 / RNN_PV)    /* rows per pass: 8 accumulators */
+/* Most rows of a product the small kernel takes (rnn_small): 12 accumulators at 3 rows and
+ * 4 vectors per row; the portable path's 8 vectors per row fit 16 registers at one row. */
+#define RNN_SMALL_M (RNN_PV <= 4 ? 3 : 1)
 
-/* out[0:n] = h[0:k] @ b, b (k, n) packed (gemm.h): per panel, RNN_KU rows of b at a time into
- * accumulators of their own (one row's FMA chain alone is latency-bound). */
-static void rnn_gemv(int64_t n, int64_t k, const float *h, const float *pb, float *out) {
+/* c (m, n) = a (m, k) @ b, b (k, n) packed (gemm.h), for m (1 to RNN_SMALL_M, a constant at
+ * each call) rows: per panel, ku rows of b at a time into accumulators of their own, so that
+ * m ku vectors-per-row FMA chains (8 or more) run at once (one row's chain alone is
+ * latency-bound, and the sgemm's tiles hold 2 vectors per row). */
+FL_INLINE void rnn_small(const int m, int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *pb, float *c, int64_t ldc) {
+    const int ku = m * RNN_PV >= 8 ? 1 : 8 / (m * RNN_PV);
     for (int64_t jr = 0; jr < n; jr += FL_PANEL) {
         const float *p = pb + jr * k;
-        fl_vf acc[RNN_KU][RNN_PV];
-        for (int u = 0; u < RNN_KU; ++u)
-            for (int v = 0; v < RNN_PV; ++v) acc[u][v] = fl_set1(0.0f);
+        fl_vf acc[RNN_SMALL_M][8][RNN_PV];
+#pragma GCC unroll 8
+        for (int r = 0; r < m; ++r)
+#pragma GCC unroll 8
+            for (int u = 0; u < ku; ++u)
+#pragma GCC unroll 8
+                for (int v = 0; v < RNN_PV; ++v) acc[r][u][v] = fl_set1(0.0f);
         int64_t kk = 0;
-        for (; kk + RNN_KU <= k; kk += RNN_KU, p += RNN_KU * FL_PANEL) {
+        for (; kk + ku <= k; kk += ku, p += ku * FL_PANEL) {
 #pragma GCC unroll 8
-            for (int u = 0; u < RNN_KU; ++u) {
-                fl_vf hv = fl_set1(h[kk + u]);
+            for (int u = 0; u < ku; ++u)
 #pragma GCC unroll 8
-                for (int v = 0; v < RNN_PV; ++v)
-                    acc[u][v] += hv * fl_load(p + u * FL_PANEL + v * FL_VW);
+                for (int v = 0; v < RNN_PV; ++v) {
+                    fl_vf bv = fl_load(p + u * FL_PANEL + v * FL_VW);
+#pragma GCC unroll 8
+                    for (int r = 0; r < m; ++r) acc[r][u][v] += fl_set1(a[r * lda + kk + u]) * bv;
+                }
+        }
+        for (; kk < k; ++kk, p += FL_PANEL)
+#pragma GCC unroll 8
+            for (int v = 0; v < RNN_PV; ++v) {
+                fl_vf bv = fl_load(p + v * FL_VW);
+#pragma GCC unroll 8
+                for (int r = 0; r < m; ++r) acc[r][0][v] += fl_set1(a[r * lda + kk]) * bv;
             }
+        int64_t nr = FL_MIN(n - jr, FL_PANEL);
+#pragma GCC unroll 8
+        for (int r = 0; r < m; ++r) {
+            float t[FL_PANEL];
+#pragma GCC unroll 8
+            for (int v = 0; v < RNN_PV; ++v) {
+                fl_vf s = acc[r][0][v];
+#pragma GCC unroll 8
+                for (int u = 1; u < ku; ++u) s += acc[r][u][v];
+                fl_store(t + v * FL_VW, s);
+            }
+            memcpy(c + r * ldc + jr, t, (size_t)nr * sizeof(float));
         }
-        for (; kk < k; ++kk, p += FL_PANEL) {
-            fl_vf hv = fl_set1(h[kk]);
-            for (int v = 0; v < RNN_PV; ++v) acc[0][v] += hv * fl_load(p + v * FL_VW);
-        }
-        float t[FL_PANEL];
-        for (int v = 0; v < RNN_PV; ++v) {
-            fl_vf s = acc[0][v];
-            for (int u = 1; u < RNN_KU; ++u) s += acc[u][v];
-            fl_store(t + v * FL_VW, s);
-        }
-        memcpy(out + jr, t, (size_t)FL_MIN(n - jr, FL_PANEL) * sizeof(float));
     }
 }
 
-/* c (m, n) = a (m, k) @ b, b packed: the gemv at one row, else the packed sgemm. */
+/* c (m, n) = a (m, k) @ b, b packed: rnn_small up to RNN_SMALL_M rows, else the packed sgemm. */
 static int rnn_product(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                        const float *pb, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
-    if (m == 1) {
-        rnn_gemv(n, k, a, pb, c);
-        return 0;
+    switch (m) {
+    case 1: rnn_small(1, n, k, a, lda, pb, c, ldc); return 0;
+#if RNN_SMALL_M >= 3
+    case 2: rnn_small(2, n, k, a, lda, pb, c, ldc); return 0;
+    case 3: rnn_small(3, n, k, a, lda, pb, c, ldc); return 0;
+#endif
+    default: return FL_FN(sgemm_packed)(m, n, k, a, lda, pb, 0, c, ldc);
     }
-    return FL_FN(sgemm_packed)(m, n, k, a, lda, pb, 0, c, ldc);
 }
 
 /* xw (T, rows, wx) = x[b0:b0+rows] (rows, T, I) @ the share's input weights: one product per

@@ -52,6 +52,9 @@ CODES = {name: code for name, code in native.CODES.items()
          if name not in ("softmax", "log_softmax")}
 
 
+_ALL_BLOCKS = {1: (0,), 3: (0, 1, 2), 4: (0, 1, 2, 3)}
+
+
 def _c32(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -113,6 +116,12 @@ def _bounds(size, parts):
     return bounds
 
 
+@functools.lru_cache(maxsize=1024)
+def _packed_kind(blocks, n_blocks, size, parts):
+    """The ``derived`` kind of weights packed by ``_pack_shares`` for ``_bounds(size, parts)``."""
+    return f"recurrent-packed:{blocks}:{n_blocks}:{_bounds(size, parts).tolist()}"
+
+
 def _pack_shares(w_kn, blocks, n_blocks, bounds):
     """``w_kn`` (k, n_blocks * units) for the loops (recurrent.h): share p's columns of each
     gate block in ``blocks`` side by side, packed, the shares one after the other (on huge
@@ -128,22 +137,26 @@ def _pack_shares(w_kn, blocks, n_blocks, bounds):
     return out
 
 
-def _packed(w_kn, blocks, n_blocks, bounds):
-    """``_pack_shares``, computed once per weight array (a view is keyed by the array it
-    views, its offset, shape and strides: views made anew per call find it too)."""
-    kind = f"recurrent-packed:{blocks}:{n_blocks}:{bounds.tobytes().hex()}"
-    make = functools.partial(_pack_shares, blocks=blocks, n_blocks=n_blocks, bounds=bounds)
+def _packed(w_kn, blocks, n_blocks, parts):
+    """``_pack_shares`` for ``parts`` unit shares (``_bounds``), computed once per weight array
+    (a view is keyed by the array it views, its offset, shape and strides: views made anew per
+    call find it too)."""
+    size = w_kn.shape[1] // n_blocks
+    kind = _packed_kind(blocks, n_blocks, size, parts)
+
+    def make(_):
+        return _pack_shares(w_kn, blocks=blocks, n_blocks=n_blocks, bounds=_bounds(size, parts))
+
     if w_kn.base is None:
         return derived(w_kn, kind, make)
     root = w_kn
     while isinstance(root.base, np.ndarray):
         root = root.base
     offset = w_kn.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return derived(root, f"{kind}:{offset}:{w_kn.shape}:{w_kn.strides}:{w_kn.dtype}",
-                   lambda _: make(w_kn))
+    return derived(root, f"{kind}:{offset}:{w_kn.shape}:{w_kn.strides}:{w_kn.dtype}", make)
 
 
-def _inputs(x_bti, w_ig, b_g, n_blocks, bounds):
+def _inputs(x_bti, w_ig, b_g, n_blocks, parts):
     """The loop's input arguments (x, ids, table, packed input weights, bias): float inputs
     with their weights packed per share, or ids with the table of ``w_ig + b_g`` (the sum
     computed once per weight array) read in place."""
@@ -151,12 +164,14 @@ def _inputs(x_bti, w_ig, b_g, n_blocks, bounds):
         table = _c32(w_ig) if b_g is None else \
             derived_from((w_ig, b_g), "recurrent-table-bias", lambda w, b: _c32(w) + _c32(b))
         return None, np.ascontiguousarray(x_bti, np.int64), table, None, None
-    return (_c32(x_bti), None, None, _packed(w_ig, tuple(range(n_blocks)), n_blocks, bounds),
+    return (_c32(x_bti), None, None, _packed(w_ig, _ALL_BLOCKS[n_blocks], n_blocks, parts),
             None if b_g is None else _c32(b_g))
 
 
 def _state(s0, batch, size):
     """A new float32 (batch, size) array holding ``s0`` (broadcast): a state the loop updates."""
+    if getattr(s0, "shape", None) == (batch, size):
+        return np.array(s0, np.float32)
     out = np.empty((batch, size), np.float32)
     out[...] = s0
     return out
@@ -199,11 +214,11 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     batch, t_len = x_bti.shape[:2]
     units = w_hh.shape[0]
     row_parts, parts = _shares(batch, units, units, 1, w_hh.size)
-    ub = _bounds(units, parts)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
-    _core.rnn_loop(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, ub),
-                   _packed(w_hh, (0,), 1, ub), None, None, None, ub, None, row_parts,
+    _core.rnn_loop(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
+                   _packed(w_hh, (0,), 1, parts), None, None, None, _bounds(units, parts), None,
+                   row_parts,
                    _mask(mask_bt), h, None, y, last, codes[0], codes[0], reverse, zero_masked,
                    True)
     return _finish(y, last, mask_bt, reverse, zero_masked), h
@@ -222,13 +237,12 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
     row_parts, parts = _shares(batch, out_size, units, 4,
                                w_hg.size + (0 if w_hp is None else w_hp.size))
-    ub = _bounds(units, parts)
-    qb = None if w_hp is None else _bounds(out_size, parts)
     y, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     h, c = _state(h0, batch, out_size), _state(c0, batch, units)
-    _core.rnn_loop(_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, ub),
-                   _packed(w_hg, (0, 1, 2, 3), 4, ub), None,
-                   None if w_hp is None else _packed(w_hp, (0,), 1, qb), None, ub, qb,
+    _core.rnn_loop(_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
+                   _packed(w_hg, (0, 1, 2, 3), 4, parts), None,
+                   None if w_hp is None else _packed(w_hp, (0,), 1, parts), None,
+                   _bounds(units, parts), None if w_hp is None else _bounds(out_size, parts),
                    row_parts, _mask(mask_bt), h, c, y, last, codes[0], codes[1], reverse,
                    zero_masked, True)
     return _finish(y, last, mask_bt, reverse, zero_masked), h, c
@@ -245,15 +259,15 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     batch, t_len = x_bti.shape[:2]
     units = w_hg.shape[0]
     row_parts, parts = _shares(batch, units, units, 3, w_hg.size)
-    ub = _bounds(units, parts)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
     if reset_after:
-        pw_hg, pw_hn = _packed(w_hg, (0, 1, 2), 3, ub), None
+        pw_hg, pw_hn = _packed(w_hg, (0, 1, 2), 3, parts), None
         bias_h = None if b_hg is None else _c32(b_hg)
     else:            # the recurrent bias does not exist without reset_after
-        pw_hg, pw_hn, bias_h = _packed(w_hg, (0, 1), 3, ub), _packed(w_hg, (2,), 3, ub), None
-    _core.rnn_loop(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, ub), pw_hg, pw_hn, None,
-                   bias_h, ub, None, row_parts, _mask(mask_bt), h, None, y, last, codes[0],
+        pw_hg, pw_hn = _packed(w_hg, (0, 1), 3, parts), _packed(w_hg, (2,), 3, parts)
+        bias_h = None
+    _core.rnn_loop(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg, pw_hn, None,
+                   bias_h, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y, last, codes[0],
                    codes[1], reverse, zero_masked, reset_after)
     return _finish(y, last, mask_bt, reverse, zero_masked), h
