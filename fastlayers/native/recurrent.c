@@ -1,11 +1,11 @@
 /* Recurrent time loops (recurrent.h). Compiled once per ISA (kernels.inc).
  *
  * A unit share's step: one product of the state with its packed recurrent weights (a kernel
- * of its own up to 3 rows, else the packed sgemm), then one pass over its gates in vectors of FL_VW: the input
- * projection and biases added, the activations (rows.c), the cell update, masking and the
- * outputs. The input projection x @ w_ig of all steps comes first, per share (its own gate
- * columns, into a time-major buffer), as part of the share's first step; with ids the loop
- * reads the table's rows in place instead.
+ * of its own up to 3 rows, else the packed sgemm), then one pass over its gates in vectors of
+ * FL_VW: the input projection and biases added, the activations (rows.c), the cell update,
+ * masking and the outputs. The input projection x @ w_ig of all steps comes first, per share
+ * (its own gate columns, into a time-major buffer), as part of the share's first step; with
+ * ids the loop reads the table's rows in place instead.
  *
  * Unit shares run inside one fl_parallel call and meet after every step (and mid-step where
  * the next product needs all of a vector: the LSTM projection's input, the GRU's r h). Work is

@@ -40,9 +40,10 @@ MIN_SHARE_MADDS = 1 << 16
 #: state each share writes).
 UNIT_STEP = 16
 #: Largest recurrent weights (bytes) for which threads share the batch rather than the units:
-#: every thread then reads all of them each step, but the threads never meet and no state
-#: moves between cores. Measured faster at 2 threads up to 4 MiB of weights (hidden 512,
-#: docs/design.md, "Recurrent loops"); past the L3 cache each thread would stream all of them
+#: every thread then reads all of them each step, but the threads never meet (which a busy
+#: machine punishes) and no state moves between cores. On a Zen 3 host (512 KiB L2 per core)
+#: the two splits measured within 8% of each other at 2 threads, batch 8-32, hidden 128-512
+#: (docs/design.md, "Native loops"); past the L3 cache each thread would stream all of them
 #: from memory.
 ROW_SHARE_MAX_BYTES = 8 << 20
 #: Fewest rows per batch share: the sgemm's register tiles run at their full rate from 4 rows.
@@ -50,7 +51,6 @@ MIN_SHARE_ROWS = 4
 #: Activation names the loops take (every elementwise code of the native core).
 CODES = {name: code for name, code in native.CODES.items()
          if name not in ("softmax", "log_softmax")}
-
 
 _ALL_BLOCKS = {1: (0,), 3: (0, 1, 2), 4: (0, 1, 2, 3)}
 
@@ -218,9 +218,8 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
     h = _state(h0, batch, units)
     _core.rnn_loop(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
                    _packed(w_hh, (0,), 1, parts), None, None, None, _bounds(units, parts), None,
-                   row_parts,
-                   _mask(mask_bt), h, None, y, last, codes[0], codes[0], reverse, zero_masked,
-                   True)
+                   row_parts, _mask(mask_bt), h, None, y, last, codes[0], codes[0], reverse,
+                   zero_masked, True)
     return _finish(y, last, mask_bt, reverse, zero_masked), h
 
 
@@ -268,6 +267,6 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         pw_hg, pw_hn = _packed(w_hg, (0, 1), 3, parts), _packed(w_hg, (2,), 3, parts)
         bias_h = None
     _core.rnn_loop(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg, pw_hn, None,
-                   bias_h, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y, last, codes[0],
-                   codes[1], reverse, zero_masked, reset_after)
+                   bias_h, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y,
+                   last, codes[0], codes[1], reverse, zero_masked, reset_after)
     return _finish(y, last, mask_bt, reverse, zero_masked), h
