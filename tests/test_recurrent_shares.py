@@ -144,18 +144,16 @@ def test_one_step(isa, two_threads, monkeypatch, rng, split):
 
 
 def test_default_shares(two_threads, loops, rng):
-    """The default split: batch 1 shares the units of a large layer, batch 8 the rows, a small
-    layer runs on one thread."""
-    h0 = np.zeros((1, 256), np.float32)
-    R.lstm_sequence(rng.standard_normal((1, 3, 4)).astype(np.float32), weights(rng, 4, 1024),
-                    weights(rng, 256, 1024), None, h0, h0)
-    R.lstm_sequence(rng.standard_normal((8, 3, 4)).astype(np.float32), weights(rng, 4, 1024),
-                    weights(rng, 256, 1024), None, np.zeros((8, 256), np.float32),
-                    np.zeros((8, 256), np.float32))
+    """The default split: batch 1 shares the units of a large layer, batch 8 the rows; a small
+    layer, or a single step of a large one, runs on one thread."""
+    w = weights(rng, 4, 1024), weights(rng, 256, 1024), None
+    for batch, steps in [(1, 10), (8, 3), (1, 1)]:
+        h0 = np.zeros((batch, 256), np.float32)
+        R.lstm_sequence(rng.standard_normal((batch, steps, 4)).astype(np.float32), *w, h0, h0)
     h0 = np.zeros((1, 32), np.float32)
-    R.lstm_sequence(rng.standard_normal((1, 3, 4)).astype(np.float32), weights(rng, 4, 128),
+    R.lstm_sequence(rng.standard_normal((1, 50, 4)).astype(np.float32), weights(rng, 4, 128),
                     weights(rng, 32, 128), None, h0, h0)
-    assert [run[1:] for run in loops] == [(1, 2), (2, 1), (1, 1)]
+    assert [run[1:] for run in loops] == [(1, 2), (2, 1), (1, 1), (1, 1)]
 
 
 @pytest.mark.parametrize("batch,threads,parts", [(8, 2, 2), (12, 3, 3), (12, 2, 2), (9, 2, 2),

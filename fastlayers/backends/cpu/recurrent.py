@@ -13,7 +13,8 @@ packed side by side once per weight array, ``_packed``) and the shares meet afte
 each thread thus reads only its part of the recurrent weights per step (half of a 1 MiB LSTM
 kernel stays in its core's L2 cache at two threads). A share whose thread is late is taken
 over by a thread that is there (recurrent.c), so a busy machine costs a call at most one
-wait. Too little work per step (small layers, small batches) runs on one thread.
+wait. Too little work per step (small layers, small batches) or per call (a streaming step)
+runs on one thread.
 
 Each function returns None when the native loop does not cover the call (a softmax
 activation, an empty sequence or input), and CpuOps falls back to the numpy reference.
@@ -36,6 +37,11 @@ from ._pages import weights_empty
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a meeting
 #: costs about 0.2 us; a share should compute for a few microseconds between two).
 MIN_SHARE_MADDS = 1 << 16
+#: Fewest multiply-adds of recurrent products per share and call worth a second thread: below
+#: (a step or a few of a streaming call) the hand-off to the pool, and on a busy machine the
+#: wait for a descheduled thread, cost about what the share saves (one LSTM 256 step at batch
+#: 1 split in two: 10% faster on an idle machine, 1.3x slower beside a busy-loop process).
+MIN_CALL_MADDS = 1 << 20
 #: Unit shares own multiples of this many units (whole vectors, and whole cache lines of the
 #: state each share writes).
 UNIT_STEP = 16
@@ -93,10 +99,10 @@ def _unit_parts(batch, k, units, gate_blocks, threads):
     return max(1, min(threads, units // min_units))
 
 
-def _shares(batch, k, units, gate_blocks, weight_floats):
-    """(batch shares, unit shares) of a loop (one of them 1)."""
+def _shares(batch, t_len, k, units, gate_blocks, weight_floats):
+    """(batch shares, unit shares) of a loop over ``t_len`` steps (one of them 1)."""
     threads = _threads()
-    if threads == 1:
+    if threads == 1 or t_len * batch * weight_floats < 2 * MIN_CALL_MADDS:
         return 1, 1
     row_parts = _row_parts(batch, weight_floats, threads)
     if row_parts > 1:
@@ -213,7 +219,7 @@ def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, r
         return None
     batch, t_len = x_bti.shape[:2]
     units = w_hh.shape[0]
-    row_parts, parts = _shares(batch, units, units, 1, w_hh.size)
+    row_parts, parts = _shares(batch, t_len, units, units, 1, w_hh.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
     _core.rnn_loop(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
@@ -234,7 +240,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         return None
     batch, t_len = x_bti.shape[:2]
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    row_parts, parts = _shares(batch, out_size, units, 4,
+    row_parts, parts = _shares(batch, t_len, out_size, units, 4,
                                w_hg.size + (0 if w_hp is None else w_hp.size))
     y, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     h, c = _state(h0, batch, out_size), _state(c0, batch, units)
@@ -257,7 +263,7 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
         return None
     batch, t_len = x_bti.shape[:2]
     units = w_hg.shape[0]
-    row_parts, parts = _shares(batch, units, units, 3, w_hg.size)
+    row_parts, parts = _shares(batch, t_len, units, units, 3, w_hg.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
     if reset_after:
