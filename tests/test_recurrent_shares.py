@@ -33,14 +33,15 @@ def isa(request):
 
 @pytest.fixture
 def threads():
-    """Set ``set_num_threads``' count for the test (restored after)."""
-    before = _num_threads[0]
+    """Set ``set_num_threads``' count for the test (restored after, in the pool too)."""
+    before, pool = _num_threads[0], _core.get_num_threads()
 
     def use(n):
         _num_threads[0] = n
 
     yield use
     _num_threads[0] = before
+    _core.set_num_threads(pool)
 
 
 @pytest.fixture
