@@ -1,5 +1,5 @@
 """The native recurrent loops (``native/recurrent.c`` through ``backends/cpu/recurrent.py``)
-against ReferenceOps on every ISA path this CPU runs: every loop kind and option, float inputs
+against ReferenceOps on every ISA path this CPU runs (conftest's ``isa``): every loop kind and option, float inputs
 and ids, the units split among threads (meeting every step), the batch split among threads, one
 thread; batch 1, length 1, odd unit counts (vector tails), more shares than threads (a share
 taken over by a thread that is there), a busy pool, strided inputs and weight views."""
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-import fastlayers.native as native
+import fastlayers
 from fastlayers.backends import _num_threads
 from fastlayers.backends import recurrent_reference as REF
 from fastlayers.backends.cpu import recurrent as R
@@ -23,23 +23,11 @@ from .conftest import assert_close
 T, I, U, P = 7, 5, 130, 64          # 130 units: shares of 64 and 66 (vector tails)
 
 
-@pytest.fixture(params=native.available_isas())
-def isa(request):
-    """Run the test on one ISA path, then go back to the best."""
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(native.best_isa())
-
-
 @pytest.fixture
 def threads():
-    """Set ``set_num_threads``' count for the test (restored after, in the pool too)."""
+    """``set_num_threads`` for the test (restored after, in the pool too)."""
     before, pool = _num_threads[0], _core.get_num_threads()
-
-    def use(n):
-        _num_threads[0] = n
-
-    yield use
+    yield fastlayers.set_num_threads
     _num_threads[0] = before
     _core.set_num_threads(pool)
 

@@ -30,7 +30,6 @@ import numpy as np
 
 from ... import native
 from ...native import _core
-from .. import _num_threads
 from ..derived import derived, derived_from
 from ._pages import weights_empty
 
@@ -70,14 +69,6 @@ def _codes(*names):
     return None if any(c is None for c in codes) else codes
 
 
-def _threads():
-    """Threads a loop may use: ``set_num_threads`` applied to the native pool."""
-    n = _num_threads[0]
-    if n is not None and n != _core.get_num_threads():
-        _core.set_num_threads(n)
-    return _core.get_num_threads()
-
-
 def _row_parts(batch, weight_floats, threads):
     """Batch shares for a loop whose recurrent weights (every gate block, and the LSTM's
     projection) hold ``weight_floats`` floats: the most, up to ``threads``, that give every
@@ -101,7 +92,7 @@ def _unit_parts(batch, k, units, gate_blocks, threads):
 
 def _shares(batch, t_len, k, units, gate_blocks, weight_floats):
     """(batch shares, unit shares) of a loop over ``t_len`` steps (one of them 1)."""
-    threads = _threads()
+    threads = _core.get_num_threads()
     if threads == 1 or t_len * batch * weight_floats < 2 * MIN_CALL_MADDS:
         return 1, 1
     row_parts = _row_parts(batch, weight_floats, threads)
