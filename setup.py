@@ -3,8 +3,7 @@
 The kernel files (``fastlayers/native/*.c`` included by ``kernels.inc``) are compiled once per
 ISA, each through its ``isa_<name>.c`` with that ISA's flags only (no ``-march=native``, so a
 wheel built on one x86-64 machine runs on any other); ``dispatch.c`` picks one at import from
-CPUID. On other architectures only the portable path is built. The older Cython modules
-(``fastlayers/**/_*.pyx`` outside native/) are built beside it.
+CPUID. On other architectures only the portable path is built.
 """
 
 import platform
@@ -61,11 +60,7 @@ def extensions():
                      include_dirs=[str(NATIVE), numpy.get_include()],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                      extra_compile_args=COMMON, extra_link_args=["-pthread"])
-    older = [Extension(".".join(src.with_suffix("").parts), [str(src)],
-                       depends=[str(h) for h in sorted(src.parent.glob("_*.h"))],
-                       include_dirs=[numpy.get_include()], extra_compile_args=["-O3"])
-             for src in sorted(Path("fastlayers").rglob("_*.pyx")) if src.parent != NATIVE]
-    return cythonize([core, *older], language_level=3, compiler_directives={
+    return cythonize([core], language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False})
 
 

@@ -1,8 +1,7 @@
 """This machine's sgemm throughput (numpy matmul, float32, its BLAS on the run's thread count),
 the yardstick for GEMM-bound rows: bench/report.py gives their GFLOP/s as a share of the best
-figure here. fastlayers pins BLAS to one thread (it shares products among its own threads), so
-the BLAS pool is widened to FASTLAYERS_BENCH_THREADS for this benchmark only (until session 4
-the 2-thread figure was a one-thread sgemm)."""
+figure here. fastlayers' own products do not use BLAS; numpy's pool is set to
+FASTLAYERS_BENCH_THREADS for this benchmark only."""
 
 from __future__ import annotations
 

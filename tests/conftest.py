@@ -71,6 +71,18 @@ def isa(request):
         native.set_isa(best)
 
 
+@pytest.fixture
+def threads(request):
+    """The native pool at ``request.param`` threads for the test (indirect parametrization),
+    restored afterwards."""
+    from fastlayers import native
+
+    before = native.get_num_threads()
+    native.set_num_threads(request.param)
+    yield request.param
+    native.set_num_threads(before)
+
+
 def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
     """float32 comparison at the project's per-op tolerance."""
     np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),

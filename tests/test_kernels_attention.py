@@ -18,15 +18,6 @@ REF, CPU = ReferenceOps(), CpuOps()
 NEG_INF = np.float32(-np.inf)
 
 
-@pytest.fixture
-def threads(request):
-    """The native pool at ``request.param`` threads for the test."""
-    before = native.get_num_threads()
-    native.set_num_threads(request.param)
-    yield request.param
-    native.set_num_threads(before)
-
-
 # (B, H, Tq, Tk) scores and the bias shape broadcast to them (None: no bias)
 CASES_BHQK = [
     ((2, 3, 5, 7), None),

@@ -27,15 +27,6 @@ SIZES = [
 ]
 
 
-@pytest.fixture
-def threads(request):
-    """The native pool at ``request.param`` threads for the test."""
-    before = native.get_num_threads()
-    native.set_num_threads(request.param)
-    yield request.param
-    native.set_num_threads(before)
-
-
 def weights(rng, e, f, biases=True, norms=True):
     def r(*shape):
         return (rng.standard_normal(shape) * 0.3).astype(np.float32)

@@ -44,3 +44,40 @@ def test_paths_compiled_for_this_machine():
     assert "generic" in native.available_isas()
     if os.uname().machine in ("x86_64", "AMD64"):
         assert native.isas() == ["avx512", "avx2", "generic"]
+
+
+NO_JIT = """
+import sys
+import numpy as np
+import fastlayers
+from fastlayers import layers
+rng = np.random.default_rng(0)
+inp = fastlayers.Input((12, 12, 3))
+h = layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+h = layers.DepthwiseConv2D(3)(h)
+h = layers.MaxPooling2D()(h)
+h = layers.Reshape((25, 8))(h)
+h = layers.LSTM(16, return_sequences=True)(h)
+h = layers.GRU(8, return_sequences=True)(h)
+h = layers.SimpleRNN(8, return_sequences=True)(h)
+h = layers.MultiHeadAttention(2, 4)(h, h)
+h = layers.LayerNormalization()(h)
+h = layers.Flatten()(h)
+out = layers.Dense(5, activation="softmax")(h)
+model = fastlayers.Model(inp, out)
+y = model(rng.standard_normal((2, 12, 12, 3)).astype(np.float32))
+assert y.shape == (2, 5) and np.isfinite(y).all()
+import fastlayers.nn as nn
+enc = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+assert enc(rng.standard_normal((2, 5, 16)).astype(np.float32)).shape == (2, 5, 16)
+loaded = [m for m in ("numba", "llvmlite", "scipy") if m in sys.modules]
+print("loaded:", loaded)
+assert not loaded, loaded
+"""
+
+
+def test_cpu_calls_import_no_jit():
+    """Convolution, pooling, recurrent, attention, Transformer and dense calls in a fresh
+    process load neither Numba, llvmlite nor SciPy."""
+    proc = _python(NO_JIT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -118,8 +118,8 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
     expected = ReferenceOps().activation((_expected(a, view) + bias).astype(np.float32),
                                          activation)
     assert_close(out, expected, rtol=1e-5, atol=1e-4)
-    assert _gemm.native_packed(w[:, 50:1050]) is _gemm.native_packed(view)
-    assert _gemm.native_packed(w[:, 49:1049]) is not _gemm.native_packed(view)
+    assert _gemm.packed_weights(w[:, 50:1050]) is _gemm.packed_weights(view)
+    assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
 
 
 def test_bad_operands_raise_clear_errors():

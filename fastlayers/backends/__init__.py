@@ -1,7 +1,8 @@
 """Backend selection: the active Ops object lives in a ContextVar (default ``cpu``).
 
 ``use_ops`` switches it for a block; ``set_num_threads`` sizes fastlayers' thread pool.
-Backends are imported lazily, so ``import fastlayers`` loads neither Numba nor any kernel.
+Backends are imported lazily: ``import fastlayers`` loads no kernel, and the cuda backend
+alone imports Numba (numba-cuda, the ``cuda`` extra).
 """
 
 from __future__ import annotations
@@ -70,12 +71,6 @@ def set_num_threads(n: int) -> None:
     from ..native import set_num_threads as native_threads
 
     native_threads(n)
-    import sys
-
-    if "numba" in sys.modules:  # otherwise applied when the cpu backend loads
-        from ._jit import apply_num_threads
-
-        apply_num_threads()
 
 
 def get_num_threads() -> int | None:

@@ -27,24 +27,9 @@
  * block is in L2 (256 KiB). */
 #define ATTN_QKV_BLOCK_FLOATS (1 << 16)
 
-/* A per-thread work buffer grown on demand (64-byte aligned). */
-typedef struct {
-    float *p;
-    size_t floats;
-} attn_buf;
-
 /* Each thread's buffer for one task (a pair's packed k^T / v / scores, an encoder block's
  * rows) and the calling thread's buffer of an encoder layer's q|k|v and attention rows. */
-static __thread attn_buf attn_task_buf, attn_layer_buf;
-
-static float *attn_grow(attn_buf *b, size_t floats) {
-    if (b->floats < floats) {
-        free(b->p);
-        b->p = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
-        b->floats = b->p ? floats : 0;
-    }
-    return b->p;
-}
+static __thread fl_buf attn_task_buf, attn_layer_buf;
 
 /* The weight of a row whose keys are all masked. */
 static float attn_empty_weight(int empty, int64_t tk) {
@@ -56,21 +41,9 @@ static float attn_empty_weight(int empty, int64_t tk) {
  * NaN) in place of fl_vexp's clamps and special cases, which took half of the exp pass. */
 FL_INLINE fl_vf attn_vexp_le0(fl_vf x) {
     const fl_vf lo = fl_set1(-87.3365478515625f);
-    fl_vi below = x < lo;
-    fl_vf xc = fl_select(below, lo, x);
-    const fl_vf magic = fl_set1(12582912.0f);           /* 1.5 * 2^23: rounds to nearest */
-    fl_vf n = (xc * 1.44269504088896341f + magic) - magic;
-    fl_vf r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    fl_vf p = fl_set1(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + (r + 1.0f);
-    fl_vf scale = (fl_vf)((__builtin_convertvector(n, fl_vi) + 127) << 23);
-    return fl_select(below, fl_set1(0.0f), p * scale);
+    fl_vi below = x < lo, ni;
+    fl_vf p = fl_vexp_reduced(fl_select(below, lo, x), &ni);
+    return fl_select(below, fl_set1(0.0f), p * (fl_vf)((ni + 127) << 23));
 }
 
 /* x[j] = scale row[j] (+ brow[j]): FL_VW scores from j. */
@@ -159,7 +132,7 @@ static int attn_pair(int64_t i0, int64_t i1, int64_t tk, int64_t d, int64_t dv, 
                      float *s, float *out, int64_t ldo) {
     int64_t fk = fl_packed_floats(d, tk), fv = fl_packed_floats(tk, dv);
     int64_t block = attn_block_rows(i1 - i0, tk);
-    float *pk = attn_grow(&attn_task_buf, (size_t)(fk + fv + (s ? 0 : block * (tk + 1))));
+    float *pk = fl_buf_floats(&attn_task_buf, (size_t)(fk + fv + (s ? 0 : block * (tk + 1))));
     if (!pk) return -1;
     /* without the weights: a block of scores and each row's 1 / sum */
     float *pv = pk + fk, *scratch = s ? 0 : pv + fv, *inv = s ? 0 : scratch + block * tk;
@@ -319,7 +292,7 @@ static void attn_enc_qkv_task(void *p, int64_t t0, int64_t t1) {
     int64_t block = attn_even_block(
         r1 - t0 * GEMM_MR, FL_MAX(ATTN_QKV_BLOCK_FLOATS / (3 * e) / GEMM_MR, 1) * GEMM_MR);
     float *xn = 0;
-    if (c->norm_first && !(xn = attn_grow(&attn_task_buf, (size_t)(block * e)))) {
+    if (c->norm_first && !(xn = fl_buf_floats(&attn_task_buf, (size_t)(block * e)))) {
         c->status = -1;
         return;
     }
@@ -349,7 +322,7 @@ static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
     int64_t e = c->e, f = c->f, r1 = FL_MIN(t1 * GEMM_MR, c->m);
     int64_t block = attn_even_block(r1 - t0 * GEMM_MR, c->block);
     const float *const *pw = c->pw, *const *vec = c->vec;
-    float *y = attn_grow(&attn_task_buf, (size_t)(block * (2 * e + f)));
+    float *y = fl_buf_floats(&attn_task_buf, (size_t)(block * (2 * e + f)));
     if (!y) {
         c->status = -1;
         return;
@@ -392,7 +365,7 @@ int FL_FN(encoder_layer)(int64_t n, int64_t len, int64_t e, int64_t heads, int64
     if (m <= 0 || e <= 0) return 0;
     if (heads <= 0 || hd * heads != e || f <= 0 || code < 0 || code >= FL_N_ACTIVATIONS)
         return -2;
-    float *qkv = attn_grow(&attn_layer_buf, (size_t)(4 * m * e));
+    float *qkv = fl_buf_floats(&attn_layer_buf, (size_t)(4 * m * e));
     if (!qkv) return -1;
     int64_t tiles = (m + GEMM_MR - 1) / GEMM_MR;
     attn_enc_ctx c = {m, e, f, 0, x, pw, vec, eps1, eps2, code, norm_first, 0, qkv,

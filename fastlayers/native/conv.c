@@ -46,8 +46,8 @@
 /* Fewest output values (x window taps) in a thread's share of the direct kernels. */
 #define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)
 
-static __thread pool_buf conv_call_buf;   /* the calling thread's: padded input, V and M, cols */
-static __thread pool_buf conv_task_buf;   /* each task's: im2col block, Winograd block */
+static __thread fl_buf conv_call_buf;   /* the calling thread's: padded input, V and M, cols */
+static __thread fl_buf conv_task_buf;   /* each task's: im2col block, Winograd block */
 
 /* An elementwise activation code (the epilogues apply it per vector). */
 FL_INLINE int conv_code_ok(int code) {
@@ -146,7 +146,7 @@ static void conv_im2col(const conv_ctx *p, int64_t r0, int64_t m, int64_t g, flo
 static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
     conv_ctx *p = (conv_ctx *)arg;
     int64_t k = p->k, cout = p->cout, co = cout / p->groups, pfg = fl_packed_floats(k, co);
-    float *cols = pool_grow(&conv_task_buf, (size_t)(p->chunk * k));
+    float *cols = fl_buf_floats(&conv_task_buf, (size_t)(p->chunk * k));
     if (!cols) {
         p->status = -1;
         return;
@@ -180,7 +180,7 @@ static void conv_im2col_rows_task(void *arg, int64_t r0, int64_t r1) {
  * only its part of the weights) with its epilogue. */
 static int conv_im2col_whole(conv_ctx *p) {
     int64_t k = p->k, co = p->cout / p->groups, pfg = fl_packed_floats(k, co);
-    p->cols = pool_grow(&conv_call_buf, (size_t)(p->rows * k));
+    p->cols = fl_buf_floats(&conv_call_buf, (size_t)(p->rows * k));
     if (!p->cols) return -1;
     for (int64_t g = 0; g < p->groups; ++g) {
         p->group = g;
@@ -241,7 +241,7 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
         int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
         int64_t wp = FL_MAX(w + pl, (wo - 1) * sw + (kw - 1) * dw + 1);
         if (pt || pl || hp != h || wp != w) {
-            float *xp = pool_grow(&conv_call_buf, (size_t)(n * hp * wp * c));
+            float *xp = fl_buf_floats(&conv_call_buf, (size_t)(n * hp * wp * c));
             if (!xp) return -1;
             FL_FN(pad_nhwc)(n, h, w, c, x, pt, pl, hp, wp, xp);
             p.x = xp;
@@ -402,7 +402,7 @@ static int conv_wino_products(const conv_wino_ctx *p, int64_t nt, int64_t e0, in
 /* Blocks [b0, b1) of p->block tiles, each in three steps in this thread's buffer. */
 static void conv_wino_block_task(void *arg, int64_t b0, int64_t b1) {
     conv_wino_ctx *p = (conv_wino_ctx *)arg;
-    float *v = pool_grow(&conv_task_buf, (size_t)(16 * p->block * (p->cin + p->cout)));
+    float *v = fl_buf_floats(&conv_task_buf, (size_t)(16 * p->block * (p->cin + p->cout)));
     if (!v) {
         p->status = -1;
         return;
@@ -457,7 +457,7 @@ int FL_FN(conv3x3_winograd)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
     if (shares > 1 && blocks < 2 * shares) {
         /* few blocks: the three steps shared in turn, the 16 products by e (each thread then
          * reads only its part of U) */
-        float *buf = pool_grow(&conv_call_buf, (size_t)(16 * tiles * (cin + cout)));
+        float *buf = fl_buf_floats(&conv_call_buf, (size_t)(16 * tiles * (cin + cout)));
         if (!buf) return -1;
         p.v = buf;
         p.m = buf + 16 * tiles * cin;
@@ -719,7 +719,7 @@ int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
     if (n <= 0 || ho <= 0 || wo <= 0 || cout_g <= 0) return 0;
     if (!conv_code_ok(code) || groups < 1 || cin % groups || kh < 1 || kw < 1) return -2;
     int64_t cin_g = cin / groups, kk = kh * kw * cout_g, rows = n * h * w;
-    float *cols = pool_grow(&conv_call_buf, (size_t)(rows * kk * groups));
+    float *cols = fl_buf_floats(&conv_call_buf, (size_t)(rows * kk * groups));
     if (!cols) return -1;
     int64_t pf = fl_packed_floats(cin_g, kk);
     for (int64_t g = 0; g < groups; ++g) {

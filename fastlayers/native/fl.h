@@ -35,6 +35,27 @@
 #define FL_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FL_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* A work buffer owned by one thread (declare it `static __thread`), grown on demand. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} fl_buf;
+
+/* b's buffer of at least `bytes` bytes, 64-byte aligned (contents undefined), or NULL. */
+static inline void *fl_buf_grow(fl_buf *b, size_t bytes) {
+    if (b->bytes < bytes) {
+        free(b->p);
+        b->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        b->bytes = b->p ? bytes : 0;
+    }
+    return b->p;
+}
+
+/* b's buffer of at least `floats` floats, or NULL. */
+static inline float *fl_buf_floats(fl_buf *b, size_t floats) {
+    return (float *)fl_buf_grow(b, floats * sizeof(float));
+}
+
 /* A vector of FL_VW floats, the same of int32, and their unaligned forms for loads/stores. */
 typedef float fl_vf __attribute__((vector_size(FL_VW * 4)));
 typedef int32_t fl_vi __attribute__((vector_size(FL_VW * 4)));
@@ -62,17 +83,13 @@ FL_INLINE float fl_hmax(fl_vf v) {
     return m;
 }
 
-/* exp(x) lane by lane: 2^n e^r, n = round(x log2 e), r = x - n ln 2 (Cody-Waite), e^r from the
- * Cephes expf polynomial; within 2e-7 relative of float64. 2^n is applied as two factors
- * 2^(n/2) 2^(n - n/2), so n = 128 (x up to ln FLT_MAX) stays finite. exp(x) = 0 below -87.3
- * (where 2^n would leave the normal range), inf above ln FLT_MAX, NaN stays NaN. */
-FL_INLINE fl_vf fl_vexp(fl_vf x) {
-    const fl_vf lo = fl_set1(-87.3365478515625f), hi = fl_set1(88.72283935546875f);
-    fl_vf xc = fl_vmax(fl_vmin(x, hi), lo);
-    fl_vf t = xc * 1.44269504088896341f;
+/* e^r and n with x = n ln 2 + r, n = round(x log2 e), r by Cody-Waite, e^r from the Cephes expf
+ * polynomial (within 2e-7 relative of float64), for x in [-87.34, 88.73]: the common part of
+ * fl_vexp and the attention softmax's exp of shifted scores. */
+FL_INLINE fl_vf fl_vexp_reduced(fl_vf x, fl_vi *n_out) {
     const fl_vf magic = fl_set1(12582912.0f);           /* 1.5 * 2^23: rounds to nearest */
-    fl_vf n = (t + magic) - magic;
-    fl_vf r = xc - n * 0.693359375f;
+    fl_vf n = (x * 1.44269504088896341f + magic) - magic;
+    fl_vf r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     fl_vf p = fl_set1(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
@@ -80,8 +97,17 @@ FL_INLINE fl_vf fl_vexp(fl_vf x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + (r + 1.0f);
-    fl_vi ni = __builtin_convertvector(n, fl_vi);
+    *n_out = __builtin_convertvector(n, fl_vi);
+    return p * (r * r) + (r + 1.0f);
+}
+
+/* exp(x) lane by lane (fl_vexp_reduced), 2^n applied as two factors 2^(n/2) 2^(n - n/2) so
+ * that n = 128 (x up to ln FLT_MAX) stays finite. exp(x) = 0 below -87.3 (where 2^n would
+ * leave the normal range), inf above ln FLT_MAX, NaN stays NaN. */
+FL_INLINE fl_vf fl_vexp(fl_vf x) {
+    const fl_vf lo = fl_set1(-87.3365478515625f), hi = fl_set1(88.72283935546875f);
+    fl_vi ni;
+    fl_vf p = fl_vexp_reduced(fl_vmax(fl_vmin(x, hi), lo), &ni);
     fl_vi half = ni >> 1;
     fl_vf y = p * (fl_vf)((half + 127) << 23) * (fl_vf)((ni - half + 127) << 23);
     y = fl_select(x < lo, fl_set1(0.0f), y);

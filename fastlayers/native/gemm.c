@@ -17,18 +17,7 @@
 #define GEMM_NC 256                  /* columns per block: KC x NC of b (256 KiB) stays in L2 */
 #define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
 
-static __thread float *gemm_buf = 0;
-static __thread size_t gemm_buf_floats = 0;
-
-/* This thread's work buffer of at least `floats` floats (64-byte aligned), or NULL. */
-static float *gemm_workspace(size_t floats) {
-    if (gemm_buf_floats < floats) {
-        free(gemm_buf);
-        gemm_buf = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
-        gemm_buf_floats = gemm_buf ? floats : 0;
-    }
-    return gemm_buf;
-}
+static __thread fl_buf gemm_buf;        /* A rows copied, or b packed per call */
 
 /* Four floats, for the 4 x 4 transposes of the transposing pack (every ISA has 128-bit
  * vectors: SSE, NEON, or the compiler's scalar lowering). */
@@ -189,7 +178,7 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
     const int64_t ldbuf = GEMM_KC + 16;
     float *buf = 0;
     if (GEMM_MR > 8 && lda % 1024 == 0) {
-        buf = gemm_workspace((size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
+        buf = fl_buf_floats(&gemm_buf, (size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
         if (!buf) return -1;
     }
     for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
@@ -275,7 +264,7 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
         gemm_small(m, n, k, a, lda, b, ldb, trans_b, accumulate, c, ldc);
         return 0;
     }
-    float *pbk = gemm_workspace((size_t)GEMM_KC * GEMM_NC);
+    float *pbk = fl_buf_floats(&gemm_buf, (size_t)GEMM_KC * GEMM_NC);
     if (!pbk) return -1;
     for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
         int64_t nc = FL_MIN(n - jc, GEMM_NC);

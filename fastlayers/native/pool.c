@@ -11,32 +11,14 @@
  * microseconds. */
 #define POOL_MIN_SHARE (INT64_C(1) << 17)
 
-/* A buffer owned by one thread (static __thread), grown on demand, 64-byte aligned. */
-typedef struct {
-    float *p;
-    size_t n;
-} pool_buf;
-
-/* b's buffer of at least `floats` floats (contents undefined), or NULL. */
-static float *pool_grow(pool_buf *b, size_t floats) {
-    if (b->n < floats) {
-        free(b->p);
-        b->p = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
-        b->n = b->p ? floats : 0;
-    }
-    return b->p;
-}
-
-static __thread pool_buf pool_zero_buf;
+static __thread fl_buf pool_zero_buf;
 
 /* At least `floats` zeros owned by this thread (read only), or NULL. */
 static const float *pool_zeros(size_t floats) {
-    if (pool_zero_buf.n < floats) {
-        free(pool_zero_buf.p);
-        pool_zero_buf.p = (float *)calloc(floats, sizeof(float));
-        pool_zero_buf.n = pool_zero_buf.p ? floats : 0;
-    }
-    return pool_zero_buf.p;
+    size_t had = pool_zero_buf.bytes;
+    float *z = fl_buf_floats(&pool_zero_buf, floats);
+    if (z && pool_zero_buf.bytes != had) memset(z, 0, pool_zero_buf.bytes);
+    return z;
 }
 
 /* v[0:nc] (nc < FL_VW: zero lanes after), and its store (a loop: cheaper than a call of
@@ -258,13 +240,13 @@ typedef struct {
     int status;
 } pool_lrn_ctx;
 
-static __thread pool_buf pool_lrn_buf;
+static __thread fl_buf pool_lrn_buf;
 
 /* Rows [r0, r1) of lrn. */
 static void pool_lrn_task(void *arg, int64_t r0, int64_t r1) {
     pool_lrn_ctx *p = (pool_lrn_ctx *)arg;
     int64_t c = p->c, size = p->size, lo = size / 2;
-    float *sq = pool_grow(&pool_lrn_buf, (size_t)(c + size));
+    float *sq = fl_buf_floats(&pool_lrn_buf, (size_t)(c + size));
     if (!sq) {
         p->status = -1;
         return;

@@ -563,18 +563,7 @@ static void rnn_shares_task(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-static __thread void *rnn_buf = 0;
-static __thread size_t rnn_buf_bytes = 0;
-
-/* This thread's work buffer of at least `bytes` bytes (64-byte aligned), or NULL. */
-static char *rnn_workspace(size_t bytes) {
-    if (rnn_buf_bytes < bytes) {
-        free(rnn_buf);
-        rnn_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        rnn_buf_bytes = rnn_buf ? bytes : 0;
-    }
-    return (char *)rnn_buf;
-}
+static __thread fl_buf rnn_buf;
 
 /* Bytes of n objects of `size`, rounded up to cache lines. */
 FL_INLINE size_t rnn_span(int64_t n, size_t size) { return ((size_t)n * size + 63) / 64 * 64; }
@@ -616,7 +605,7 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     }
     size_t head = rnn_span(njobs, sizeof(rnn_job)) + rnn_span(njobs * parts, sizeof(rnn_share)) +
                   rnn_span(parts + 1, sizeof(rnn_counter)) + rnn_span(blocks * units, 4);
-    char *buf = rnn_workspace(head + (size_t)njobs * (per_job + (size_t)parts * per_share_max));
+    char *buf = (char *)fl_buf_grow(&rnn_buf, head + (size_t)njobs * (per_job + (size_t)parts * per_share_max));
     if (!buf) return -1;
     rnn_job *jobs = (rnn_job *)buf;
     rnn_share *shares = (rnn_share *)(buf + rnn_span(njobs, sizeof(rnn_job)));

@@ -1,23 +1,20 @@
-"""CpuOps: ReferenceOps with the hot primitives replaced by Numba kernels (BLAS for products).
+"""CpuOps: ReferenceOps with the hot primitives replaced by the native core's kernels
+(``fastlayers.native``: C compiled at install, one path per ISA, its own thread pool).
 
-Kernels work on C-contiguous float32 rows; the methods here reshape to rows, allocate the output
-and pick the kernel. Anything not overridden falls back to the numpy reference.
+Kernels work on float32 rows with a contiguous last axis; the methods here reshape to rows,
+allocate the output and call one kernel, which releases the GIL. Anything not overridden falls
+back to the numpy reference.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._jit import apply_num_threads, pin_blas, warmup  # noqa: F401  (warmup: the CLI)
 from ...native import CODES, _core
 from ..reference import EncoderWeights, ReferenceOps
-from . import _blas, _elementwise, _gemm
-from ._split import run_parallel, shares
+from . import _gemm
 from . import conv_ops
 from ..derived import derived_from
-
-_EMPTY = np.zeros(0, dtype=np.float32)
-_EMPTY4 = np.zeros((0, 0, 0, 0), dtype=np.float32)
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
@@ -45,10 +42,6 @@ class CpuOps(ReferenceOps):
     """Compiled CPU backend."""
 
     name = "cpu"
-
-    def __init__(self):
-        apply_num_threads()
-        pin_blas()
 
     def activation(self, x, name, alpha=0.0):
         code = CODES.get(name)
