@@ -3,8 +3,9 @@ keeps one core busy, and fastlayers' 2-thread calls in a forked child.
 
 For each demo model (fastlayers/data/digits_*.flm; onnxruntime runs the torch twin's ONNX
 export, as in bench_demo.py, outputs checked equal first) and engine, the median call time is
-taken quiet and then with a busy-loop process running (``while True: pass``), interleaving the
-engines round by round. The figure the issue asks for is the busy 2-thread time over the busy
+taken quiet and then with a busy-loop process running (``while True: pass``), the 1- and
+2-thread calls of an engine interleaved round by round (one engine at a time: onnxruntime's
+spinning workers would otherwise take a core from fastlayers' threads). The figure the issue asks for is the busy 2-thread time over the busy
 1-thread time (a thread pool whose static shares wait for a descheduled thread runs many times
 slower than its 1-thread call). A forked child (``multiprocessing`` with ``fork``, as gunicorn
 ``--preload``) then times fastlayers' 2-thread calls against the parent's.
@@ -82,11 +83,16 @@ def engines(name: str, samples: np.ndarray, tmp: Path) -> dict:
 
 
 def timed_rounds(fns: dict, x, rounds: int, calls: int) -> dict:
-    """Median over rounds of each engine's median call time, engines interleaved per round."""
+    """Median over rounds of each call's median time: one engine at a time (onnxruntime's
+    spinning workers would take a core from the next engine's threads), its 1- and 2-thread
+    calls interleaved per round, with a pause between engines."""
     per = {key: [] for key in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            per[key].append(median_us(fn, x, calls))
+    for engine in dict.fromkeys(key[0] for key in fns):
+        time.sleep(0.3)
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                if key[0] == engine:
+                    per[key].append(median_us(fn, x, calls))
     return {key: statistics.median(v) for key, v in per.items()}
 
 
@@ -137,8 +143,8 @@ def measure(rounds: int, calls: int, tmp: Path) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args(argv)
     import tempfile
 

@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,6 +30,14 @@
 /* Polls of the caller waiting for workers before it yields its core to them. */
 #define FL_WAIT_POLLS 2000
 #define FL_MAX_THREADS 256
+/* A call whose caller waited longer than this, and longer than it worked itself, for a worker
+ * to finish a chunk (a worker descheduled by another process on the machine) makes the next
+ * calls run serially for a back-off time, doubled at each such call up to the maximum and reset
+ * by a call that shares its work without such a wait: beside a busy process a 2-thread call
+ * then costs about what a 1-thread call does, instead of waiting out the scheduler. */
+#define FL_STALL_NS INT64_C(200000)
+#define FL_BACKOFF_MIN_NS INT64_C(20000000)
+#define FL_BACKOFF_MAX_NS INT64_C(640000000)
 #define FL_GEN_SHIFT 40
 #define FL_IDX_MASK ((UINT64_C(1) << FL_GEN_SHIFT) - 1)
 
@@ -39,6 +48,8 @@ static pthread_t workers[FL_MAX_THREADS];
 static int n_workers = 0;
 static int wanted_threads = 0;                                /* 0: the CPUs this process may use */
 static int generation = 0;
+static int64_t serial_until_ns = 0;                           /* both read and written holding busy */
+static int64_t backoff_ns = FL_BACKOFF_MIN_NS;
 
 static _Atomic uint64_t job_gen = 0;
 static _Atomic uint64_t ticket = 0;
@@ -61,6 +72,12 @@ static int cpus_available(void) {
 #endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 int fl_pool_get_threads(void) {
@@ -154,6 +171,12 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
         fn(ctx, 0, n);
         return;
     }
+    int64_t start = now_ns();
+    if (start < serial_until_ns) {
+        pthread_mutex_unlock(&busy);
+        fn(ctx, 0, n);
+        return;
+    }
     int threads = fl_pool_get_threads();
     resize_pool(threads);
     if (n_workers == 0) {
@@ -178,9 +201,17 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     in_pool = 1;
     run_chunks(gen);
     in_pool = 0;
+    int64_t mine = now_ns();
     for (int polls = 0; atomic_load_explicit(&active, memory_order_acquire) != 0; ++polls) {
         if (polls < FL_WAIT_POLLS) FL_PAUSE();
         else sched_yield();
+    }
+    int64_t end = now_ns(), waited = end - mine;
+    if (waited > FL_STALL_NS && waited > mine - start) {
+        serial_until_ns = end + backoff_ns;
+        backoff_ns = backoff_ns * 2 < FL_BACKOFF_MAX_NS ? backoff_ns * 2 : FL_BACKOFF_MAX_NS;
+    } else {
+        backoff_ns = FL_BACKOFF_MIN_NS;
     }
     /* close the job: a worker holding a stale ticket value can no longer claim a chunk while
      * the next call rewrites the job's fields */
@@ -198,6 +229,8 @@ static void after_fork_child(void) {
     pthread_cond_init(&wake, 0);
     n_workers = 0;
     generation = 0;
+    serial_until_ns = 0;
+    backoff_ns = FL_BACKOFF_MIN_NS;
     atomic_store(&job_gen, 0);
     atomic_store(&ticket, 0);
     atomic_store(&active, 0);
