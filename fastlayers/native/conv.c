@@ -523,26 +523,25 @@ static void conv_dw_pixel_mult(const conv_dw_ctx *p, const float *const *rows, i
         rows_bias_act_range(0, 1, k, out, k, p->bias, p->code, p->alpha, out, k);
 }
 
-/* Output columns [ow0, ow1) of a 3x3 window inside x (multiplier 1): vector by vector of
- * channels, the nine weights in registers. */
+/* Output columns [ow0, ow1) of a 3x3 window inside x (multiplier 1): stride 1 four outputs per
+ * pass, all channels of those four before the next four (their rows stay in L1; looping over
+ * the columns inside each channel vector re-read the three input rows from L2 per vector). */
 static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
                            int64_t ow1, float *yrow) {
     int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
+    int64_t cv = c / FL_VW * FL_VW;
     const float *bias = p->bias;
-    int64_t c0 = 0;
-    for (; c0 + FL_VW <= c; c0 += FL_VW) {
-        fl_vf wv[9];
-        for (int t = 0; t < 9; ++t) wv[t] = fl_load(p->wk + t * c + c0);
-        const float *bc = bias ? bias + c0 : 0;
-        int64_t ow = ow0;
-        if (cs == c && dc == c) {                      /* stride 1: four outputs per pass */
-            for (; ow + 4 <= ow1; ow += 4) {
+    int64_t ow = ow0;
+    if (cs == c && dc == c) {
+        for (; ow + 4 <= ow1; ow += 4)
+            for (int64_t c0 = 0; c0 < cv; c0 += FL_VW) {
+                const float *bc = bias ? bias + c0 : 0;
                 fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
                 for (int i = 0; i < 3; ++i) {
-                    const float *r = rows[i] + ow * c - left + c0;
+                    const float *r = rows[i] + ow * c - left + c0, *wr = p->wk + 3 * i * c + c0;
                     fl_vf x0 = fl_load(r), x1 = fl_load(r + c), x2 = fl_load(r + 2 * c);
                     fl_vf x3 = fl_load(r + 3 * c), x4 = fl_load(r + 4 * c), x5 = fl_load(r + 5 * c);
-                    fl_vf wa = wv[3 * i], wb = wv[3 * i + 1], wc = wv[3 * i + 2];
+                    fl_vf wa = fl_load(wr), wb = fl_load(wr + c), wc = fl_load(wr + 2 * c);
                     s0 += x0 * wa + x1 * wb + x2 * wc;
                     s1 += x1 * wa + x2 * wb + x3 * wc;
                     s2 += x2 * wa + x3 * wb + x4 * wc;
@@ -554,20 +553,21 @@ static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64
                 fl_store(o + 2 * c, conv_epi(s2, bc, FL_VW, p->code, p->alpha));
                 fl_store(o + 3 * c, conv_epi(s3, bc, FL_VW, p->code, p->alpha));
             }
-        }
-        for (; ow < ow1; ++ow) {
+    }
+    for (; ow < ow1; ++ow)
+        for (int64_t c0 = 0; c0 < cv; c0 += FL_VW) {
             fl_vf s = fl_set1(0.0f);
             for (int i = 0; i < 3; ++i) {
-                const float *r = rows[i] + ow * cs - left + c0;
-                s += fl_load(r) * wv[3 * i] + fl_load(r + dc) * wv[3 * i + 1] +
-                     fl_load(r + 2 * dc) * wv[3 * i + 2];
+                const float *r = rows[i] + ow * cs - left + c0, *wr = p->wk + 3 * i * c + c0;
+                s += fl_load(r) * fl_load(wr) + fl_load(r + dc) * fl_load(wr + c) +
+                     fl_load(r + 2 * dc) * fl_load(wr + 2 * c);
             }
-            fl_store(yrow + ow * c + c0, conv_epi(s, bc, FL_VW, p->code, p->alpha));
+            fl_store(yrow + ow * c + c0,
+                     conv_epi(s, bias ? bias + c0 : 0, FL_VW, p->code, p->alpha));
         }
-    }
-    if (c0 < c)
-        for (int64_t ow = ow0; ow < ow1; ++ow)
-            conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, c0, yrow + ow * c);
+    if (cv < c)
+        for (ow = ow0; ow < ow1; ++ow)
+            conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, cv, yrow + ow * c);
 }
 
 /* Output columns [ow0, ow1) of a window inside x (multiplier 1, any kernel): vector by vector

@@ -65,13 +65,31 @@ FL_INLINE fl_vf fl_load(const float *p) { return *(const fl_vf_u *)p; }
 FL_INLINE void fl_store(float *p, fl_vf v) { *(fl_vf_u *)p = v; }
 /* a - (+0) is a exactly (also for -0), so the compiler emits a bare broadcast */
 FL_INLINE fl_vf fl_set1(float a) { return a - (fl_vf){0}; }
-/* mask ? a : b lane by lane (mask lanes all ones or zero, as vector comparisons give). */
+/* mask ? a : b lane by lane (mask lanes all ones or zero, as vector comparisons give), and
+ * min / max lane by lane that return a where a is NaN (b < a is false for NaN): one blend or
+ * min/max instruction where the ISA has it (the bitwise form took four). */
+#if FL_VW == 16 && defined(__AVX512F__)
+#include <immintrin.h>
+FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
+    __mmask16 k = _mm512_movepi32_mask((__m512i)mask);
+    return (fl_vf)_mm512_mask_blend_ps(k, (__m512)b, (__m512)a);
+}
+FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return (fl_vf)_mm512_min_ps((__m512)b, (__m512)a); }
+FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return (fl_vf)_mm512_max_ps((__m512)b, (__m512)a); }
+#elif FL_VW == 8 && defined(__AVX__)
+#include <immintrin.h>
+FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
+    return (fl_vf)_mm256_blendv_ps((__m256)b, (__m256)a, (__m256)mask);
+}
+FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return (fl_vf)_mm256_min_ps((__m256)b, (__m256)a); }
+FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return (fl_vf)_mm256_max_ps((__m256)b, (__m256)a); }
+#else
 FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
     return (fl_vf)(((fl_vi)a & mask) | ((fl_vi)b & ~mask));
 }
-/* min / max lane by lane; a NaN in a is returned (a < b is false for NaN). */
 FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return fl_select(b < a, b, a); }
 FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return fl_select(b > a, b, a); }
+#endif
 FL_INLINE float fl_hsum(fl_vf v) {
     float s = 0.0f;
     for (int i = 0; i < FL_VW; ++i) s += v[i];

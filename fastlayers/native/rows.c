@@ -66,14 +66,34 @@ FL_INLINE fl_vf rows_vact(fl_vf x, int code, float alpha) {
 }
 
 /* x[0:n] = f(x[0:n]) in place for an elementwise code. */
-static void rows_act_inplace(float *x, int64_t n, int code, float alpha) {
+/* x[0:n] = f(x[0:n]) for one constant code (inlined per code by rows_act_inplace). */
+FL_INLINE void rows_act_code(float *x, int64_t n, const int code, float alpha) {
     int64_t j = 0;
+    for (; j + 2 * FL_VW <= n; j += 2 * FL_VW) {
+        fl_vf a = rows_vact(fl_load(x + j), code, alpha);
+        fl_vf b = rows_vact(fl_load(x + j + FL_VW), code, alpha);
+        fl_store(x + j, a);
+        fl_store(x + j + FL_VW, b);
+    }
     for (; j + FL_VW <= n; j += FL_VW) fl_store(x + j, rows_vact(fl_load(x + j), code, alpha));
     if (j < n) {
         float t[FL_VW] = {0};
         memcpy(t, x + j, (size_t)(n - j) * sizeof(float));
         fl_store(t, rows_vact(fl_load(t), code, alpha));
         memcpy(x + j, t, (size_t)(n - j) * sizeof(float));
+    }
+}
+
+/* x[0:n] = f(x[0:n]) in place for an elementwise code: one loop per code, so the code's
+ * branch is taken once per call rather than per vector. */
+static void rows_act_inplace(float *x, int64_t n, int code, float alpha) {
+    switch (code) {
+#define ROWS_CASE(c) case c: rows_act_code(x, n, c, alpha); break;
+        ROWS_CASE(FL_RELU) ROWS_CASE(FL_RELU6) ROWS_CASE(FL_LEAKY_RELU) ROWS_CASE(FL_HARD_SIGMOID)
+        ROWS_CASE(FL_SOFTSIGN) ROWS_CASE(FL_SIGMOID) ROWS_CASE(FL_SILU) ROWS_CASE(FL_GELU)
+        ROWS_CASE(FL_GELU_TANH) ROWS_CASE(FL_EXPONENTIAL) ROWS_CASE(FL_TANH)
+#undef ROWS_CASE
+    default: break;
     }
 }
 
@@ -190,27 +210,39 @@ static void rows_layer_norm_row(int64_t n, const float *xr, const float *gamma,
         for (int l = 0; l < ROWS_VH; ++l) s += a[0][l];
         mean = s / (double)n;
     }
-    fl_vd a[4] = {{0}};
+    /* squared deviations from the mean in float32 lanes, flushed into a double every 64 vectors
+     * (a lane's float sum then holds at most 16 terms per flush at the widest vector: relative
+     * error < 1e-6), the float64 sum across flushes */
     double var = 0.0;
-    fl_vd vmean = (fl_vd){0} + mean;
-    for (j = 0; j + 2 * FL_VW <= n; j += 2 * FL_VW)
-        for (int u = 0; u < 4; ++u) {
-            fl_vd d = rows_load_vd(xr + j + u * ROWS_VH) - vmean;
-            a[u] += d * d;
+    float m32 = (float)mean;
+    j = 0;
+    while (j + FL_VW <= n) {
+        fl_vf q0 = fl_set1(0.0f), q1 = q0, q2 = q0, q3 = q0;
+        int64_t stop = FL_MIN(n, j + 64 * FL_VW);
+        for (; j + 4 * FL_VW <= stop; j += 4 * FL_VW) {
+            fl_vf d0 = fl_load(xr + j) - m32, d1 = fl_load(xr + j + FL_VW) - m32;
+            fl_vf d2 = fl_load(xr + j + 2 * FL_VW) - m32, d3 = fl_load(xr + j + 3 * FL_VW) - m32;
+            q0 += d0 * d0;
+            q1 += d1 * d1;
+            q2 += d2 * d2;
+            q3 += d3 * d3;
         }
-    for (; j + ROWS_VH <= n; j += ROWS_VH) {
-        fl_vd d = rows_load_vd(xr + j) - vmean;
-        a[0] += d * d;
+        for (; j + FL_VW <= stop; j += FL_VW) {
+            fl_vf d = fl_load(xr + j) - m32;
+            q0 += d * d;
+        }
+        var += (double)fl_hsum((q0 + q1) + (q2 + q3));
     }
     for (; j < n; ++j) {
-        double d = xr[j] - mean;
+        double d = (double)(xr[j] - m32);
         var += d * d;
     }
-    a[0] += a[1] + a[2] + a[3];
-    for (int l = 0; l < ROWS_VH; ++l) var += a[0][l];
+    /* the float mean's offset from the exact one: sum (x - m32)^2 = sum (x - mean)^2 +
+     * n (mean - m32)^2 */
+    var -= (double)n * (mean - (double)m32) * (mean - (double)m32);
+    if (var < 0.0) var = 0.0;
     var /= (double)n;
     float inv = (float)(1.0 / sqrt(var + (double)eps));
-    float m32 = (float)mean;
     for (j = 0; j + FL_VW <= n; j += FL_VW) {
         fl_vf v = (fl_load(xr + j) - m32) * inv;
         if (gamma) v *= fl_load(gamma + j);
