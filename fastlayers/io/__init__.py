@@ -35,6 +35,9 @@ def load(path):
     UnsupportedError
         The format or a layer in it is not supported (a custom torch class: export to ONNX).
     """
+    from ..backends import get_ops
+
+    get_ops()  # the active backend loads now (its kernels), not inside the model's first call
     p = Path(path)
     if p.is_dir() and (p / "config.json").is_file():  # an unzipped .keras archive
         from .keras import load_keras
