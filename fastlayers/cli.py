@@ -159,7 +159,7 @@ def cmd_warmup(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlayers", description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=None, help="threads for kernels and BLAS")
+    parser.add_argument("--threads", type=int, default=None, help="threads for fastlayers' kernels")
     parser.add_argument("--backend", default="cpu", choices=["cpu", "reference", "cuda"])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled models on bundled samples")

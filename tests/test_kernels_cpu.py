@@ -160,3 +160,19 @@ def test_gelu_reference_erf_accuracy():
     exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x])
     got = REF.activation(x.astype(np.float32), "gelu")
     np.testing.assert_allclose(got, exact, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4, 63, 1000])
+@pytest.mark.parametrize("name", ["sigmoid", "gelu", "linear", "softmax"])
+def test_bias_act_at_every_offset_between_input_and_output(offset, name, rng):
+    """Rows whose output lies just after the input modulo 4 KiB run from their end (4K
+    aliasing): the results equal the reference for any offset, row length and tail."""
+    from fastlayers.native import CODES, _core
+
+    x = (rng.standard_normal((5, 1037)) * 3).astype(np.float32)
+    bias = rng.standard_normal(1037).astype(np.float32)
+    buf = np.empty(5 * 1037 + 2048, np.float32)
+    start = ((x.ctypes.data - buf.ctypes.data) // 4 + offset) % 1024
+    out = buf[start:start + 5 * 1037].reshape(5, 1037)
+    _core.bias_act(x, bias, CODES[name], 0.0, out)
+    assert_close(out, REF.activation(x + bias, name), rtol=2e-5, atol=2e-6, what=name)

@@ -36,16 +36,6 @@ static float attn_empty_weight(int empty, int64_t tk) {
     return empty == 0 ? NAN : (empty == 1 ? 0.0f : 1.0f / (float)tk);
 }
 
-/* exp(x) for x <= 0 or NaN (shifted scores): fl_vexp's polynomial with one comparison for
- * its range (0 below -87.34, where 2^n would leave the normal range; -inf gives 0, NaN stays
- * NaN) in place of fl_vexp's clamps and special cases, which took half of the exp pass. */
-FL_INLINE fl_vf attn_vexp_le0(fl_vf x) {
-    const fl_vf lo = fl_set1(-87.3365478515625f);
-    fl_vi below = x < lo, ni;
-    fl_vf p = fl_vexp_reduced(fl_select(below, lo, x), &ni);
-    return fl_select(below, fl_set1(0.0f), p * (fl_vf)((ni + 127) << 23));
-}
-
 /* x[j] = scale row[j] (+ brow[j]): FL_VW scores from j. */
 FL_INLINE fl_vf attn_vscore(const float *row, const float *brow, int64_t j, float scale,
                             const int has_bias) {
@@ -82,13 +72,13 @@ FL_INLINE float attn_softmax_row_as(float *row, int64_t tk, int64_t n, float sca
     }
     fl_vf vs = fl_set1(0.0f);
     for (j = 0; j < nv; j += FL_VW) {
-        fl_vf e = attn_vexp_le0(attn_vscore(row, brow, j, scale, has_bias) - m);
+        fl_vf e = fl_vexp_bounded(attn_vscore(row, brow, j, scale, has_bias) - m);
         fl_store(row + j, e);
         vs += e;
     }
     float sum = fl_hsum(vs);
     for (; j < n; ++j) {
-        row[j] = attn_vexp_le0(fl_set1(row[j] * scale + (has_bias ? brow[j] : 0.0f) - m))[0];
+        row[j] = fl_vexp_bounded(fl_set1(row[j] * scale + (has_bias ? brow[j] : 0.0f) - m))[0];
         sum += row[j];
     }
     float inv = 1.0f / sum;

@@ -133,6 +133,16 @@ FL_INLINE fl_vf fl_vexp(fl_vf x) {
     return fl_select(x != x, x, y);
 }
 
+/* exp(x) lane by lane for x <= 88 or NaN (fl_vexp_reduced, one range check: 0 below -87.3,
+ * where 2^n would leave the normal range; NaN stays NaN): for arguments known not to overflow
+ * (shifted softmax scores, the erfc fit), where fl_vexp's clamps cost a third of the time. */
+FL_INLINE fl_vf fl_vexp_bounded(fl_vf x) {
+    const fl_vf lo = fl_set1(-87.3365478515625f);
+    fl_vi below = x < lo, ni;
+    fl_vf p = fl_vexp_reduced(fl_select(below, lo, x), &ni);
+    return fl_select(below, fl_set1(0.0f), p * (fl_vf)((ni + 127) << 23));
+}
+
 /* exp(x) of one float with the same polynomial (vector tails). */
 FL_INLINE float fl_exp1(float x) {
     fl_vf v = fl_set1(x);
