@@ -12,7 +12,7 @@ import numpy as np
 
 from ...native import CODES, _core
 from ..reference import EncoderWeights, ReferenceOps
-from . import _gemm
+from . import _gemm, recurrent
 from . import conv_ops
 from ..derived import derived_from
 
@@ -188,16 +188,13 @@ class CpuOps(ReferenceOps):
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
-        from . import recurrent
         out = recurrent.rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
         return super().rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw) if out is None else out
 
     def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
-        from . import recurrent
         out = recurrent.lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
         return super().lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw) if out is None else out
 
     def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
-        from . import recurrent
         out = recurrent.gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
         return super().gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw) if out is None else out
