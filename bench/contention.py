@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import fastlayers  # noqa: E402
 
 from bench.bench_demo import DATA, DEMOS, torch_twin  # noqa: E402
+from bench.process_metrics import host_info  # noqa: E402
 
 #: (model, batch): the issue's workloads (demo CNN at 300, LSTM at 64) and the other two demos.
 WORKLOADS = [("digits_cnn", 300), ("digits_lstm", 64), ("digits_mlp", 300),
@@ -150,16 +150,7 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         rows = measure(args.rounds, args.calls, Path(tmp))
-    from fastlayers import native
-
-    host = {"cpu": platform.processor() or platform.machine(), "isa": native.isa(),
-            "cores": len(__import__("os").sched_getaffinity(0))}
-    try:
-        with open("/proc/cpuinfo") as f:
-            host["cpu"] = next(line.split(":", 1)[1].strip() for line in f
-                               if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    host = host_info()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host": host, "rows": rows}, indent=1))
     return 0

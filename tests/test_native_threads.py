@@ -14,8 +14,6 @@ import pytest
 import fastlayers
 from fastlayers.native import CODES, _core
 
-from .conftest import assert_close
-
 
 @pytest.fixture
 def two_threads():

@@ -45,6 +45,20 @@ def derived(source, kind: str, make: Callable):
     return value
 
 
+def derived_view(view, kind: str, make: Callable):
+    """``make(view)`` cached like ``derived``, for an array that may be a view: keyed by the
+    array it views, its offset, shape, strides and dtype, so views made anew per call (a slice
+    of a weight) find the entry too."""
+    if not hasattr(view, "base") or view.base is None:
+        return derived(view, kind, make)
+    root = view
+    while getattr(root.base, "__array_interface__", None) is not None:
+        root = root.base
+    offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    key = f"{kind}:{offset}:{view.shape}:{view.strides}:{view.dtype}"
+    return derived(root, key, lambda _: make(view))
+
+
 def derived_from(sources: tuple, kind: str, make: Callable):
     """``make(*sources)``, cached per (``sources[0]``, ``kind``) while the other sources stay the
     same objects (the entry holds them; other objects recompute and replace it)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...native import CODES, _core
-from ..derived import derived
+from ..derived import derived_view
 
 #: Fewest rows for the packed sgemm on weights: one row reads the weights once either way, and
 #: the native small-row path reads them as they are (no packed copy to keep).
@@ -20,14 +20,7 @@ PACKED_MIN_MADDS = 1 << 18
 def packed_weights(w_kn):
     """``w_kn`` (k, n) packed for the native sgemm (gemm.h's panel layout), computed once per
     weight array (a view is keyed by the array it views, its offset, shape and strides)."""
-    if w_kn.base is None:
-        return derived(w_kn, "packed-native", _core.pack)
-    root = w_kn
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    offset = w_kn.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    kind = f"packed-native:{offset}:{w_kn.shape}:{w_kn.strides}"
-    return derived(root, kind, lambda _: _core.pack(w_kn))
+    return derived_view(w_kn, "packed-native", _core.pack)
 
 
 def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weights=False):

@@ -30,7 +30,7 @@ import numpy as np
 
 from ... import native
 from ...native import _core
-from ..derived import derived, derived_from
+from ..derived import derived_from, derived_view
 from ._pages import weights_empty
 
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a meeting
@@ -144,13 +144,7 @@ def _packed(w_kn, blocks, n_blocks, parts):
     def make(_):
         return _pack_shares(w_kn, blocks=blocks, n_blocks=n_blocks, bounds=_bounds(size, parts))
 
-    if w_kn.base is None:
-        return derived(w_kn, kind, make)
-    root = w_kn
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    offset = w_kn.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return derived(root, f"{kind}:{offset}:{w_kn.shape}:{w_kn.strides}:{w_kn.dtype}", make)
+    return derived_view(w_kn, kind, make)
 
 
 def _inputs(x_bti, w_ig, b_g, n_blocks, parts):
