@@ -5,8 +5,8 @@
   dependencies; a regular install from a copy of the source files, so the extension is
   compiled afresh rather than taken from this tree's build outputs) and one with ``pip install
   onnxruntime numpy``. Size: the venv's site-packages bytes minus the baseline's; the
-  distributions each install added are recorded with it. fastlayers' ``[onnx]`` extra is then
-  added to its venv, which loads .onnx files with it.
+  distributions each install added are recorded with it (fastlayers reads .onnx files with no
+  extra package).
 - first prediction: wall time of a new process (the venv's interpreter) running import + load +
   first call (onnxruntime: import + session + first run), median of the repeats, after one
   untimed process per engine and model (the files in the OS cache, as on a host that has run
@@ -162,7 +162,6 @@ def install(work: Path) -> tuple[dict[str, Path], list[dict]]:
                        if base_dists.get(name) != version)
         records.append({"metric": "installed_mib", "model": "core install", "engine": engine,
                         "value": (size - base_size) / 2**20, "repeats": 1, "distributions": added})
-    pip_install(pythons["fastlayers"], f"{src}[onnx]")
     return pythons, records
 
 

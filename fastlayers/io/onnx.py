@@ -1,7 +1,7 @@
 """ONNX models on fastlayers kernels: graph import, load-time optimisation, execution.
 
-``load_onnx(path)`` reads the protobuf with the ``onnx`` package (``fastlayers[onnx]``; external
-data files are read from beside the model), refuses in one error every operator it does not
+``load_onnx(path)`` reads the file with ``onnx_proto`` (no onnx package needed; external data
+files are read from beside the model), refuses in one error every operator it does not
 implement, then optimises the graph once:
 
 1. constant folding: nodes whose inputs are all known at load run once and become constants;
@@ -13,8 +13,7 @@ implement, then optimises the graph once:
    attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
    encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
    (``fuse_encoder_layers``, ``onnx_encoder.py``);
-3. dead-node removal: only nodes the outputs depend on are kept;
-4. static shape inference (onnx.shape_inference) for the summary and input checks.
+3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 Execution walks the kept nodes in order with a value table local to the call, so one model
 serves many threads; batch size and sequence length may vary from call to call.
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from . import onnx_encoder
+from . import onnx_encoder, onnx_proto
 from .onnx_ops import DTYPES, OPS
 
 MIN_OPSET = 9
@@ -47,14 +46,6 @@ def _fused_activation(follower) -> dict:
     return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
 
 
-def _onnx():
-    try:
-        import onnx
-    except ImportError as e:  # pragma: no cover - only without the extra
-        raise UnsupportedError("reading ONNX files needs the onnx package: pip install fastlayers[onnx]") from e
-    return onnx
-
-
 class Node:
     """One operator call: op type, input and output value names, parsed attributes."""
 
@@ -64,30 +55,18 @@ class Node:
         self.op_type, self.inputs, self.outputs, self.attrs, self.name = op_type, inputs, outputs, attrs, name
 
 
-def _attribute(attr):
-    from onnx import helper, numpy_helper
-
-    value = helper.get_attribute_value(attr)
-    if hasattr(value, "data_type") and hasattr(value, "dims"):  # a TensorProto
-        return numpy_helper.to_array(value)
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, list) and value and isinstance(value[0], bytes):
-        return [v.decode() for v in value]
-    return value
-
-
 def _read_nodes(graph, where) -> list[Node]:
     nodes = []
-    for n in graph.node:
-        if any(a.type in (5, 10) for a in n.attribute):  # GRAPH / GRAPHS: control flow
+    for n in graph.nodes:
+        if any(isinstance(v, onnx_proto.Graph) or (isinstance(v, list) and v and isinstance(v[0], onnx_proto.Graph))
+               for v in n.attrs.values()):
             raise UnsupportedError(f"{where}: operator {n.op_type} with subgraphs (control flow) is not supported")
-        attrs = {a.name: _attribute(a) for a in n.attribute}
+        attrs = dict(n.attrs)
         if n.op_type == "Split":
-            attrs["_num_outputs"] = len(n.output)
+            attrs["_num_outputs"] = len(n.outputs)
         if n.op_type == "LayerNormalization":      # the mean / inv-std outputs cost two passes
-            attrs["_stats"] = any(n.output[1:])
-        nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name))
+            attrs["_stats"] = any(n.outputs[1:])
+        nodes.append(Node(n.op_type, list(n.inputs), list(n.outputs), attrs, n.name))
     return nodes
 
 
@@ -189,6 +168,7 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
         if len(node.inputs) > 2 and node.inputs[2] and b is None:
             continue
         attrs = dict(node.attrs)
+        scale = None     # per output channel, from a BatchNormalization folded in
         for _ in range(2):
             out = node.outputs[0]
             nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
@@ -199,9 +179,8 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                     and not follower.attrs.get("training_mode", 0) \
                     and all(i in constants for i in follower.inputs[1:5]) and len(follower.outputs) == 1:
                 scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
-                s = scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))
-                w = (w * s.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
-                b = ((np.zeros_like(mean) if b is None else b) - mean) * s + beta
+                scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
+                b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
             elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
                 attrs.update(_fused_activation(follower))
             else:
@@ -209,10 +188,12 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             node.outputs = follower.outputs
             removed.add(nxt[0])
         key = node.name or f"conv{k}"
-        constants[f"{key}::w"] = w
         w4 = w[:, :, None, :] if w.ndim == 3 else w
-        attrs["_w_hwio"] = np.ascontiguousarray(w4.transpose(2, 3, 1, 0))
-        node.inputs = [node.inputs[0], f"{key}::w"]
+        w_hwio = w4.transpose(2, 3, 1, 0)
+        # one pass: the transpose to HWIO, with the folded scale applied on the way
+        attrs["_w_hwio"] = (np.ascontiguousarray(w_hwio) if scale is None else
+                            np.multiply(w_hwio, scale, out=np.empty(w_hwio.shape, np.float32)))
+        node.inputs = [node.inputs[0], ""]
         if b is not None:
             constants[f"{key}::b"] = np.asarray(b, np.float32)
             node.inputs.append(f"{key}::b")
@@ -490,7 +471,11 @@ class OnnxModel:
         return [n.op_type for n in self._nodes]
 
     def count_params(self) -> int:
-        return int(sum(v.size for v in self._constants.values() if v.dtype == np.float32))
+        """The float32 weights the optimised graph holds (constants and fused nodes' weights)."""
+        arrays = list(self._constants.values()) + [v for n in self._nodes for v in n.attrs.values()
+                                                    if isinstance(v, np.ndarray)]
+        unique = {id(a): a for a in arrays if a.dtype == np.float32}
+        return int(sum(a.size for a in unique.values()))
 
     def _prepare(self, args, kwargs):
         if kwargs:
@@ -565,7 +550,8 @@ class OnnxModel:
         return [np.concatenate([p[k] for p in parts]) for k in range(len(self.output_names))]
 
     def summary(self, print_fn=None) -> None:
-        """Print the optimised operator sequence with output shapes, and the weight count."""
+        """Print the optimised operator sequence with the output shapes the file records
+        (its value_info; "?" where it records none), and the weight count."""
         lines = [f'ONNX model "{self.name}" (opset {self.opset})', "=" * 90,
                  f"{'operator':28s}{'outputs':40s}shape", "=" * 90]
         for n in self._nodes:
@@ -583,11 +569,9 @@ class OnnxModel:
 def _value_shape(value_info, named=False):
     """The dimensions of a value (None when unknown, or its name where ``named``), or None
     without a shape."""
-    t = value_info.type.tensor_type
-    if not t.HasField("shape"):
+    if value_info.shape is None:
         return None
-    return [d.dim_value if d.HasField("dim_value") else ((d.dim_param or None) if named else None)
-            for d in t.shape.dim]
+    return [d if isinstance(d, int) or named else None for d in value_info.shape]
 
 
 def _prober(name, inputs, dims, outputs, constants, opset, where):
@@ -607,46 +591,36 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
 
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
-    onnx = _onnx()
-    where = str(path)
-    try:
-        proto = onnx.load(str(path))
-    except FastlayersError:
-        raise
-    except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError types
-        raise ModelFileError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from e
-    return from_proto(proto, where)
+    return from_model(onnx_proto.read_model(path), str(path))
 
 
 def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
-    """Import an in-memory ``onnx.ModelProto``."""
-    onnx = _onnx()
-    from onnx import numpy_helper
+    """Import an in-memory ``onnx.ModelProto`` (its external data, if any, must be loaded)."""
+    return from_model(onnx_proto.parse_model(bytearray(proto.SerializeToString()), where), where)
 
-    graph = proto.graph
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or not graph.node:
+
+def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
+    """Import a model read by ``onnx_proto``."""
+    graph = model.graph
+    opset = model.opsets.get("")
+    if opset is None or not graph.nodes:
         raise ModelFileError(f"{where}: not an ONNX model (no default-domain opset or no nodes)")
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
-    unsupported = sorted({n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-                          for n in graph.node if n.domain not in ("", "ai.onnx") or n.op_type not in OPS})
+    unsupported = sorted({n.op_type if n.domain == "" else f"{n.domain}::{n.op_type}"
+                          for n in graph.nodes if n.domain != "" or n.op_type not in OPS})
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
-    try:
-        constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    except Exception as e:  # noqa: BLE001 - malformed tensors, missing external data
-        raise ModelFileError(f"{where}: cannot read the weights ({type(e).__name__}: {e})") from e
+    constants = dict(graph.initializers)
     inputs, dims = [], []
-    for vi in graph.input:
+    for vi in graph.inputs:
         if vi.name in constants:
             continue
-        elem = vi.type.tensor_type.elem_type
-        if elem not in DTYPES:
-            raise UnsupportedError(f"{where}: input {vi.name!r} has unsupported element type {elem}")
-        inputs.append((vi.name, np.dtype(DTYPES[elem]), _value_shape(vi)))
-        dims.append((vi.name, np.dtype(DTYPES[elem]), _value_shape(vi, named=True)))
-    outputs = [o.name for o in graph.output]
+        if vi.elem_type not in DTYPES:
+            raise UnsupportedError(f"{where}: input {vi.name!r} has unsupported element type {vi.elem_type}")
+        inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
+        dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
+    outputs = [o.name for o in graph.outputs]
     nodes = _read_nodes(graph, where)
     try:
         nodes = fold_constants(nodes, constants, opset)
@@ -662,11 +636,7 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
         raise
     except (ValueError, IndexError, KeyError, TypeError) as e:
         raise ModelFileError(f"{where}: invalid graph ({type(e).__name__}: {e})") from e
-    shapes = {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-            shapes[vi.name] = _value_shape(vi)
-    except Exception:  # noqa: BLE001 - inference is informative only
-        pass
+    used = set(outputs).union(*(n.inputs for n in nodes))
+    constants = {k: v for k, v in constants.items() if k in used}
+    shapes = {vi.name: _value_shape(vi) for vi in graph.value_info + graph.outputs}
     return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where)

@@ -14,7 +14,7 @@ products) plus the shape arithmetic feeding the Reshapes. The match has two part
    This gives the weights and the layer's input X and output Y.
 2. meaning: the layout chains are not read op by op. Instead the unfused graph runs once at load
    on a probe input (``probe_inputs``: every dynamic dimension a distinct size from 2 up), and a
-   candidate is kept only if ``ReferenceOps.encoder_layer`` on the probe's X, batch first or
+   candidate is kept only if the backend's ``encoder_layer`` on the probe's X, batch first or
    sequence first, with E / (q's last axis) heads (or the Attention's q_num_heads), gives the
    probe's Y. A graph that splits heads
    or scales the scores otherwise fails that check and runs node by node as before.
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.reference import EncoderWeights, ReferenceOps
+from ..backends import get_ops
+from ..backends.reference import EncoderWeights
 
 #: Nodes that move or select data without computing on it: the walks pass through them.
 LAYOUT = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Gather", "Identity", "Slice", "Split",
@@ -241,8 +242,8 @@ def _feed_forward(g, y, e, norm_first):
 
 
 def confirmed(candidate, values) -> dict | None:
-    """The ``FusedEncoderLayer`` attributes when ``ReferenceOps.encoder_layer`` reproduces the
-    probe's output of ``candidate`` (step 2 of the module docstring), else None."""
+    """The ``FusedEncoderLayer`` attributes when the backend's ``encoder_layer`` (the one the
+    fused node will run; its weights are packed on the way) reproduces the probe's output of ``candidate`` (step 2 of the module docstring), else None."""
     x, want = values.get(candidate.x), values.get(candidate.y)
     q = values.get(candidate.attention.inputs[0])
     if x is None or want is None or q is None or x.ndim != 3 or x.dtype != np.float32:
@@ -257,9 +258,9 @@ def confirmed(candidate, values) -> dict | None:
     for heads in heads_tried:
         for batch_first in (True, False):
             x_nle = x if batch_first else x.transpose(1, 0, 2)
-            y, _ = ReferenceOps().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
-                                                candidate.activation, candidate.norm_first,
-                                                need_weights=False)
+            y, _ = get_ops().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
+                                           candidate.activation, candidate.norm_first,
+                                           need_weights=False)
             y = y if batch_first else y.transpose(1, 0, 2)
             if y.shape == want.shape and np.allclose(y, want, rtol=1e-3,
                                                      atol=1e-3 * max(1.0, float(np.abs(want).max()))):

@@ -847,14 +847,13 @@ def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     x4, one_d = _nhwc(x)
-    w_hwio = attrs.get("_w_hwio")
+    w_hwio = attrs.get("_w_hwio")   # FusedConv: its weights, transposed at load
     if w_hwio is None:
         w4 = w[:, :, None, :] if w.ndim == 3 else w
         w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 1, 0), dtype=np.float32)
     n = x.ndim - 2
-    kernel = list(w.shape[2:])
     strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
-    pads = _pads_2d(attrs, x.shape, [1] + kernel if one_d else kernel, strides, dilations, one_d)
+    pads = _pads_2d(attrs, x.shape, list(w_hwio.shape[:2]), strides, dilations, one_d)
     y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides), pads,
                          tuple(dilations), attrs.get("group", 1), attrs.get("activation", "linear"),
                          attrs.get("alpha", 0.0))

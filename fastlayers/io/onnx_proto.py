@@ -1,0 +1,494 @@
+"""A reader of ONNX model files: the protobuf wire format of ``onnx.proto``, for the messages
+and fields that running a model needs, with no dependency beyond numpy.
+
+Why not the ``onnx`` package: importing it takes about 80 ms, its parse copies every weight into
+a ``bytes`` object and ``numpy_helper.to_array`` copies it again, so a loaded model held three
+copies of its weights at its peak. Here the file is read once into one buffer and each
+little-endian ``raw_data`` tensor is a numpy view of it (copied only where it is not aligned to
+its element size, since the kernels read whole elements). ``onnx.proto`` is stable: fields are
+only ever added, and unknown ones are skipped, as protobuf requires.
+
+The file is data. Every length and offset is checked against the bytes that hold it before it is
+used; a tensor's dimensions must match the bytes it carries before anything is allocated; nested
+graphs may be at most ``MAX_DEPTH`` deep; external data must lie beside the model. Every defect
+raises ``ModelFileError`` naming the file and the tensor, node or field concerned.
+
+Wire format: https://protobuf.dev/programming-guides/encoding/; messages:
+https://github.com/onnx/onnx/blob/main/onnx/onnx.proto.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedError
+
+#: Subgraphs (If / Loop / Scan bodies) nested deeper than this are refused.
+MAX_DEPTH = 32
+#: Tensor ranks above this are refused.
+MAX_RANK = 32
+#: A sparse initializer's dense form may take at most this many bytes.
+MAX_SPARSE_DENSE_BYTES = 1 << 30
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+#: TensorProto.DataType -> numpy dtype (little-endian), for the types fastlayers computes with.
+TENSOR_DTYPES = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "?",
+                 10: "<f2", 11: "<f8", 12: "<u4", 13: "<u8"}
+_TYPE_NAMES = {0: "UNDEFINED", 8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
+               17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
+               21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+#: Which typed field holds a tensor's values when it has no raw_data, by data type.
+_INT32_FIELD_TYPES = {2, 3, 4, 5, 6, 9, 10}   # int32_data (float16 as its uint16 bits)
+_UINT64_FIELD_TYPES = {12, 13}                # uint64_data
+
+# AttributeProto.AttributeType
+_FLOAT, _INT, _STRING, _TENSOR, _GRAPH, _FLOATS, _INTS, _STRINGS, _TENSORS, _GRAPHS = range(1, 11)
+_SPARSE_TENSOR, _SPARSE_TENSORS = 11, 12
+
+
+class ValueInfo:
+    """A graph input or output: name, element type (TensorProto.DataType, 0 when not a tensor)
+    and shape (None when absent; each dimension an int, a symbolic name or None)."""
+
+    __slots__ = ("name", "elem_type", "shape")
+
+    def __init__(self, name, elem_type, shape):
+        self.name, self.elem_type, self.shape = name, elem_type, shape
+
+
+class NodeProto:
+    """One node as written: op type, domain, name, input and output names, and its attributes
+    (name -> value: int, float, str, list, ndarray or ``Graph``)."""
+
+    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "attrs")
+
+    def __init__(self, op_type, domain, name, inputs, outputs, attrs):
+        self.op_type, self.domain, self.name = op_type, domain, name
+        self.inputs, self.outputs, self.attrs = inputs, outputs, attrs
+
+
+class Graph:
+    """A graph: name, nodes in order, initializers (name -> ndarray), inputs, outputs and the
+    value_info the exporter recorded."""
+
+    __slots__ = ("name", "nodes", "initializers", "inputs", "outputs", "value_info")
+
+    def __init__(self):
+        self.name, self.nodes, self.initializers = "", [], {}
+        self.inputs, self.outputs, self.value_info = [], [], []
+
+
+class Model:
+    """A model file: IR version, opsets (domain -> version, "" for the default domain),
+    producer and main graph."""
+
+    __slots__ = ("ir_version", "opsets", "producer", "graph")
+
+    def __init__(self, ir_version, opsets, producer, graph):
+        self.ir_version, self.opsets, self.producer, self.graph = ir_version, opsets, producer, graph
+
+
+def read_model(path) -> Model:
+    """Read an ONNX model file (external data from beside it)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = bytearray(size)
+            if f.readinto(data) != size:
+                raise ModelFileError(f"{path}: the file changed size while it was read")
+    except OSError as e:
+        if isinstance(e, ModelFileError):
+            raise
+        raise ModelFileError(f"{path}: cannot read the file ({e})") from e
+    return parse_model(data, str(path), path.parent)
+
+
+def parse_model(data, where: str = "ONNX model", directory: Path | None = None) -> Model:
+    """Parse a serialized ModelProto (``bytes`` or ``bytearray``; weights are views of a
+    bytearray). ``directory``: where external data lies (None: external data is refused)."""
+    return _Parser(data, where, directory).model()
+
+
+class _Parser:
+    def __init__(self, data, where, directory):
+        self.buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+        self.where, self.directory = where, directory
+        self.view = np.frombuffer(self.buf, np.uint8) if len(self.buf) else np.empty(0, np.uint8)
+
+    # ------------------------------------------------------------------ wire format
+    def fail(self, what):
+        raise ModelFileError(f"{self.where}: not a valid ONNX model: {what}")
+
+    def varint(self, pos, end):
+        buf, shift, value = self.buf, 0, 0
+        while True:
+            if pos >= end:
+                self.fail("a number runs past the end of its message (truncated file?)")
+            b = buf[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value, pos
+            shift += 7
+            if shift > 63:
+                self.fail("a number is longer than 10 bytes")
+
+    def fields(self, start, end, what):
+        """(field number, wire type, value, position) of each field of the message in
+        buf[start:end]: value is an int for numbers, (start, end) for length-delimited fields."""
+        pos = start
+        while pos < end:
+            key, pos = self.varint(pos, end)
+            number, wire = key >> 3, key & 7
+            if number == 0:
+                self.fail(f"field number 0 in {what}")
+            if wire == _VARINT:
+                value, pos = self.varint(pos, end)
+            elif wire == _LEN:
+                n, pos = self.varint(pos, end)
+                if n > end - pos:
+                    self.fail(f"a field of {what} claims {n} bytes where {end - pos} remain (truncated file?)")
+                value, pos = (pos, pos + n), pos + n
+            elif wire == _I64 or wire == _I32:
+                n = 8 if wire == _I64 else 4
+                if n > end - pos:
+                    self.fail(f"a field of {what} runs past its end (truncated file?)")
+                value, pos = pos, pos + n
+            else:
+                self.fail(f"wire type {wire} (field {number} of {what}) is not one protobuf writes")
+            yield number, wire, value
+
+    def text(self, span, what):
+        try:
+            return bytes(self.buf[span[0]:span[1]]).decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"{what} is not UTF-8 text")
+
+    def signed(self, value):
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    def number(self, wire, value, what):
+        if wire != _VARINT:
+            self.fail(f"{what}: expected a number")
+        return self.signed(value)
+
+    def span(self, wire, value, what):
+        if wire != _LEN:
+            self.fail(f"{what}: expected a length-delimited field")
+        return value
+
+    def f32(self, wire, value, what):
+        if wire != _I32:
+            self.fail(f"{what}: expected a float")
+        return float(self.view[value:value + 4].view("<f4")[0])
+
+    def repeated(self, wire, value, kind, what):
+        """The values of one occurrence of a repeated number field, packed or not: ``kind`` is
+        "varint" (signed), "uvarint", "<f4" or "<f8" (fixed width)."""
+        if kind in ("varint", "uvarint"):
+            convert = self.signed if kind == "varint" else int
+            if wire == _VARINT:
+                return [convert(value)]
+            start, end = self.span(wire, value, what)
+            out, pos = [], start
+            while pos < end:
+                v, pos = self.varint(pos, end)
+                out.append(convert(v))
+            return out
+        size = np.dtype(kind).itemsize
+        if wire == (_I32 if size == 4 else _I64):
+            return self.view[value:value + size].view(kind).tolist()
+        start, end = self.span(wire, value, what)
+        if (end - start) % size:
+            self.fail(f"{what}: {end - start} bytes is not a whole number of {size}-byte values")
+        return self.view[start:end].view(kind).tolist()
+
+    # ------------------------------------------------------------------ messages
+    def model(self):
+        ir_version, opsets, producer, graph = 0, {}, "", None
+        for number, wire, value in self.fields(0, len(self.buf), "the model"):
+            if number == 1:
+                ir_version = self.number(wire, value, "ir_version")
+            elif number == 2:
+                producer = self.text(self.span(wire, value, "producer_name"), "producer_name")
+            elif number == 7:
+                if graph is not None:
+                    self.fail("the model has two graphs")
+                graph = self.graph(self.span(wire, value, "graph"), 0)
+            elif number == 8:
+                domain, version = "", 0
+                for n, w, v in self.fields(*self.span(wire, value, "opset_import"), "an opset_import"):
+                    if n == 1:
+                        domain = self.text(self.span(w, v, "opset domain"), "an opset domain")
+                    elif n == 2:
+                        version = self.number(w, v, "opset version")
+                opsets["" if domain == "ai.onnx" else domain] = version
+        if graph is None:
+            self.fail("no graph (not an ONNX model file?)")
+        return Model(ir_version, opsets, producer, graph)
+
+    def graph(self, span, depth):
+        if depth > MAX_DEPTH:
+            self.fail(f"subgraphs nested more than {MAX_DEPTH} deep")
+        g = Graph()
+        sparse = []
+        for number, wire, value in self.fields(*span, "a graph"):
+            if number == 1:
+                g.nodes.append(self.node(self.span(wire, value, "node"), depth))
+            elif number == 2:
+                g.name = self.text(self.span(wire, value, "graph name"), "the graph name")
+            elif number == 5:
+                name, array = self.tensor(self.span(wire, value, "initializer"))
+                g.initializers[name] = array
+            elif number == 15:
+                sparse.append(self.span(wire, value, "sparse_initializer"))
+            elif number in (11, 12, 13):
+                vi = self.value_info(self.span(wire, value, "value_info"))
+                (g.inputs if number == 11 else g.outputs if number == 12 else g.value_info).append(vi)
+        for s in sparse:
+            name, array = self.sparse_tensor(s)
+            g.initializers[name] = array
+        return g
+
+    def node(self, span, depth):
+        op_type, domain, name, inputs, outputs, attrs = "", "", "", [], [], {}
+        for number, wire, value in self.fields(*span, "a node"):
+            if number == 1:
+                inputs.append(self.text(self.span(wire, value, "node input"), "a node input name"))
+            elif number == 2:
+                outputs.append(self.text(self.span(wire, value, "node output"), "a node output name"))
+            elif number == 3:
+                name = self.text(self.span(wire, value, "node name"), "a node name")
+            elif number == 4:
+                op_type = self.text(self.span(wire, value, "op_type"), "an op_type")
+            elif number == 7:
+                domain = self.text(self.span(wire, value, "node domain"), "a node domain")
+            elif number == 5:
+                attr_span = self.span(wire, value, "attribute")
+                key, val = self.attribute(attr_span, depth, op_type or "a node")
+                attrs[key] = val
+        return NodeProto(op_type, "" if domain == "ai.onnx" else domain, name, inputs, outputs, attrs)
+
+    def attribute(self, span, depth, node):
+        """(name, value) of an AttributeProto; strings come as str, tensors as arrays."""
+        name, kind, found = "", 0, {}
+        floats, ints, strings, tensors, graphs = [], [], [], [], []
+        for number, wire, value in self.fields(*span, f"an attribute of {node}"):
+            what = f"attribute {name or '?'} of {node}"
+            if number == 1:
+                name = self.text(self.span(wire, value, "attribute name"), "an attribute name")
+            elif number == 20:
+                kind = self.number(wire, value, what)
+            elif number == 2:
+                found[_FLOAT] = self.f32(wire, value, what)
+            elif number == 3:
+                found[_INT] = self.number(wire, value, what)
+            elif number == 4:
+                found[_STRING] = self.span(wire, value, what)
+            elif number == 5:
+                found[_TENSOR] = self.tensor(self.span(wire, value, what))[1]
+            elif number == 6:
+                found[_GRAPH] = self.graph(self.span(wire, value, what), depth + 1)
+            elif number == 7:
+                floats += self.repeated(wire, value, "<f4", what)
+            elif number == 8:
+                ints += self.repeated(wire, value, "varint", what)
+            elif number == 9:
+                strings.append(self.span(wire, value, what))
+            elif number == 10:
+                tensors.append(self.tensor(self.span(wire, value, what))[1])
+            elif number == 11:
+                graphs.append(self.graph(self.span(wire, value, what), depth + 1))
+            elif number in (22, 23):
+                found[_SPARSE_TENSOR] = None
+        where = f"attribute {name!r} of {node}"
+        found.update({k: v for k, v in ((_FLOATS, floats), (_INTS, ints), (_STRINGS, strings),
+                                         (_TENSORS, tensors), (_GRAPHS, graphs)) if v})
+        if kind == 0 and len(found) == 1:    # old files may leave the type out
+            kind = next(iter(found))
+        if kind in (_SPARSE_TENSOR, _SPARSE_TENSORS):
+            raise UnsupportedError(f"{self.where}: {where} is a sparse tensor, which is not supported")
+        if kind in (_FLOATS, _INTS, _STRINGS, _TENSORS, _GRAPHS):
+            value = found.get(kind, [])
+        elif kind in found:
+            value = found[kind]
+        elif kind in (_FLOAT, _INT):
+            value = 0.0 if kind == _FLOAT else 0
+        elif kind == _STRING:
+            value = (0, 0)
+        else:
+            self.fail(f"{where} has type {kind} and no value of it")
+        if kind == _STRING:
+            value = self.text(value, where)
+        elif kind == _STRINGS:
+            value = [self.text(s, where) for s in value]
+        return name, value
+
+    def value_info(self, span):
+        name, elem_type, shape = "", 0, None
+        for number, wire, value in self.fields(*span, "a value_info"):
+            if number == 1:
+                name = self.text(self.span(wire, value, "value name"), "a value name")
+            elif number == 2:
+                for n, w, v in self.fields(*self.span(wire, value, "type"), f"the type of {name!r}"):
+                    if n == 1:   # tensor_type
+                        elem_type, shape = self.tensor_type(self.span(w, v, "tensor_type"), name)
+        return ValueInfo(name, elem_type, shape)
+
+    def tensor_type(self, span, name):
+        elem_type, shape = 0, None
+        for number, wire, value in self.fields(*span, f"the type of {name!r}"):
+            if number == 1:
+                elem_type = self.number(wire, value, f"the element type of {name!r}")
+            elif number == 2:
+                shape = []
+                for n, w, v in self.fields(*self.span(wire, value, "shape"), f"the shape of {name!r}"):
+                    if n == 1:
+                        shape.append(self.dimension(self.span(w, v, "dim"), name))
+                if len(shape) > MAX_RANK:
+                    self.fail(f"{name!r} has rank {len(shape)} (at most {MAX_RANK})")
+        return elem_type, shape
+
+    def dimension(self, span, name):
+        dim = None
+        for number, wire, value in self.fields(*span, f"a dimension of {name!r}"):
+            if number == 1:
+                dim = self.number(wire, value, f"a dimension of {name!r}")
+            elif number == 2 and dim is None:
+                dim = self.text(self.span(wire, value, "dim_param"), f"a dimension name of {name!r}") or None
+        return dim
+
+    # ------------------------------------------------------------------ tensors
+    def tensor(self, span):
+        """(name, ndarray) of a TensorProto."""
+        name, dims, data_type, raw, location, external = "", [], 0, None, 0, {}
+        typed: dict[int, list] = {}
+        for number, wire, value in self.fields(*span, "a tensor"):
+            if number == 1:
+                dims += self.repeated(wire, value, "varint", "tensor dims")
+            elif number == 2:
+                data_type = self.number(wire, value, "tensor data_type")
+            elif number == 8:
+                name = self.text(self.span(wire, value, "tensor name"), "a tensor name")
+            elif number == 9:
+                raw = self.span(wire, value, "raw_data")
+            elif number == 14:
+                location = self.number(wire, value, "data_location")
+            elif number == 13:
+                key, val = "", ""
+                for n, w, v in self.fields(*self.span(wire, value, "external_data"), "external_data"):
+                    if n in (1, 2):
+                        s = self.text(self.span(w, v, "external_data entry"), "an external_data entry")
+                        key, val = (s, val) if n == 1 else (key, s)
+                external[key] = val
+            elif number in (4, 5, 7, 10, 11):
+                kind = {4: "<f4", 10: "<f8", 11: "uvarint"}.get(number, "varint")
+                typed.setdefault(number, []).append((wire, value, kind))
+        what = f"tensor {name!r}"
+        if data_type not in TENSOR_DTYPES:
+            kind = _TYPE_NAMES.get(data_type, str(data_type))
+            raise UnsupportedError(f"{self.where}: {what} has element type {kind}, which is not supported")
+        dtype = np.dtype(TENSOR_DTYPES[data_type])
+        if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
+        count = 1
+        for d in dims:
+            count *= d
+        if location == 1:
+            return name, self.external(external, dims, dtype, count, what)
+        if raw is not None:
+            start, end = raw
+            if end - start != count * dtype.itemsize:
+                self.fail(f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes of "
+                          f"{dtype}, its raw_data has {end - start}")
+            array = self.view[start:end]
+            if start % dtype.itemsize or not isinstance(self.buf, bytearray):
+                array = array.copy()      # aligned (and writeable) for the kernels
+            return name, array.view(dtype).reshape(dims)
+        return name, self.typed_values(typed, data_type, dtype, dims, count, what)
+
+    def typed_values(self, typed, data_type, dtype, dims, count, what):
+        field = (4 if data_type == 1 else 10 if data_type == 11 else 7 if data_type == 7
+                 else 11 if data_type in _UINT64_FIELD_TYPES else 5)
+        values = []
+        for wire, value, kind in typed.get(field, []):
+            values += self.repeated(wire, value, kind, what)
+        if len(values) != count:
+            self.fail(f"{what}: dimensions {tuple(dims)} need {count} values, it has {len(values)}")
+        if data_type == 10:   # float16 travels as its bit pattern in int32_data
+            return np.array(values, np.uint16).view(np.float16).reshape(dims)
+        try:
+            return np.array(values, dtype).reshape(dims)
+        except OverflowError:
+            self.fail(f"{what}: a value does not fit {dtype}")
+
+    def external(self, entries, dims, dtype, count, what):
+        """The values of a tensor stored in a file beside the model."""
+        if self.directory is None:
+            self.fail(f"{what} keeps its values in an external file; load the model from its path")
+        location = entries.get("location", "")
+        target = (self.directory / location).resolve()
+        if not location or Path(location).is_absolute() or self.directory.resolve() not in target.parents:
+            self.fail(f"{what}: external data location {location!r} is not a file beside the model")
+        try:
+            offset = int(entries.get("offset", 0))
+            length = int(entries["length"]) if "length" in entries else count * dtype.itemsize
+        except ValueError:
+            self.fail(f"{what}: external data offset or length is not a number")
+        if offset < 0 or length != count * dtype.itemsize:
+            self.fail(f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes, its "
+                      f"external data has {length} at offset {offset}")
+        try:
+            with open(target, "rb") as f:
+                if os.fstat(f.fileno()).st_size < offset + length:
+                    self.fail(f"{what}: external file {location!r} ends before byte {offset + length}")
+                f.seek(offset)
+                array = np.empty(count, dtype)
+                if f.readinto(memoryview(array).cast("B")) != length:
+                    self.fail(f"{what}: external file {location!r} is shorter than it was")
+        except OSError as e:
+            if isinstance(e, ModelFileError):
+                raise
+            self.fail(f"{what}: cannot read external file {location!r} ({e})")
+        return array.reshape(dims)
+
+    def sparse_tensor(self, span):
+        """(name, dense ndarray) of a SparseTensorProto: ``values`` at ``indices`` (linear
+        [NNZ] or coordinates [NNZ, rank]) in zeros of ``dims``."""
+        values = indices = None
+        dims = []
+        for number, wire, value in self.fields(*span, "a sparse tensor"):
+            if number == 1:
+                values = self.tensor(self.span(wire, value, "sparse values"))
+            elif number == 2:
+                indices = self.tensor(self.span(wire, value, "sparse indices"))[1]
+            elif number == 3:
+                dims += self.repeated(wire, value, "varint", "sparse dims")
+        if values is None or indices is None:
+            self.fail("a sparse initializer without values or indices")
+        name, vals = values
+        what = f"sparse initializer {name!r}"
+        if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
+        count = 1
+        for d in dims:
+            count *= d
+        if count * vals.itemsize > MAX_SPARSE_DENSE_BYTES:
+            raise UnsupportedError(f"{self.where}: {what} would take {count * vals.itemsize} bytes dense "
+                                   f"(at most {MAX_SPARSE_DENSE_BYTES})")
+        vals, indices = vals.reshape(-1), indices.astype(np.int64)
+        if indices.ndim == 2 and indices.shape == (vals.size, len(dims)) and dims:
+            strides = np.cumprod([1] + dims[:0:-1])[::-1]
+            if indices.size and (indices.min() < 0 or (indices >= np.array(dims)).any()):
+                self.fail(f"{what}: an index lies outside its dimensions {dims}")
+            indices = indices @ strides
+        if indices.shape != vals.shape or (indices.size and (indices.min() < 0 or indices.max() >= count)):
+            self.fail(f"{what}: its indices do not match its {vals.size} values and dimensions {dims}")
+        dense = np.zeros(count, vals.dtype)
+        dense[indices] = vals
+        return name, dense.reshape(dims)
