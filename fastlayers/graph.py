@@ -16,6 +16,7 @@ from .errors import ShapeError
 from .folding import fold_embeddings
 from .layers.base import Layer, as_float32, shape_str
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
+from .warmup import warm_up
 
 
 class InputLayer(Layer):
@@ -310,6 +311,22 @@ class Model(Layer):
                 values.update(zip(out_keys, out))
         results = [values[id(t)] for t in self.outputs]
         return results[0] if self._single_output else results
+
+    def warm_up(self) -> bool:
+        """Run the model once on zeros of its inputs' shapes (batch 1, other free sizes
+        ``warmup.FREE_SIZE``), so that its weights are packed, its buffers allocated and
+        fastlayers' threads started before the first real call; ``fastlayers.load`` does this.
+
+        Returns
+        -------
+        bool
+            Whether it ran: False for a model not built yet, inputs over
+            ``warmup.MAX_ELEMENTS`` elements, or a model that refuses zeros of those sizes.
+        """
+        if not self.built:
+            return False
+        specs = [(t.node.layer.batch_shape, t.node.layer.dtype) for t in self.inputs]
+        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]), specs)
 
     def predict(self, x, batch_size: int | None = None, verbose: int = 0):
         """Run the model in batches of ``batch_size`` (all at once by default), like Keras."""

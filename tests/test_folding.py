@@ -129,3 +129,17 @@ def test_stacked_recurrent_model_folds_the_first_layer(rng):
     with fastlayers.use_ops("reference"):
         expected = second(first(emb(ids)))
     assert_close(model(ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_clearing_derived_weights_frees_entries_that_hold_other_sources():
+    """An entry whose value holds the last reference to another entry's source: clearing the
+    cache frees that source, whose weakref callback takes the cache's lock again (a deadlock
+    with a non-reentrant lock)."""
+    from fastlayers.backends import derived
+
+    source, holder = np.zeros(5), np.ones(7)
+    derived.derived(holder, "test-holder", lambda s: [source])
+    derived.derived(source, "test-held", lambda s: 1)
+    del source
+    derived.clear_derived()
+    assert derived.derived(holder, "test-holder", lambda s: "again") == "again"

@@ -17,7 +17,9 @@ import threading
 import weakref
 from typing import Callable
 
-_lock = threading.Lock()
+# Re-entrant: dropping an entry under the lock can free a source array whose weakref callback
+# (``_forget``) then takes the lock again on the same thread.
+_lock = threading.RLock()
 _cache: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
 
 
@@ -72,4 +74,6 @@ def derived_from(sources: tuple, kind: str, make: Callable):
 def clear_derived() -> None:
     """Forget every derived weight (needed only after writing into a used weight array in place)."""
     with _lock:
+        entries = dict(_cache)
         _cache.clear()
+    del entries  # the entries are freed (and their callbacks run) outside the lock

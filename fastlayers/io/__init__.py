@@ -13,7 +13,7 @@ _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 __all__ = ["load", "load_state_dict"]
 
 
-def load(path):
+def load(path, warm_up: bool = True):
     """Load a model file and return a ready model.
 
     Parameters
@@ -27,6 +27,11 @@ def load(path):
         file. Files holding only weights (state dicts, safetensors) are refused with a pointer to
         ``fastlayers.load_state_dict``. Or an ONNX graph (``.onnx``): returns an ``OnnxModel``
         that runs on fastlayers primitives.
+    warm_up : bool, default True
+        Run the model once on zeros of its declared input shapes before returning it
+        (``Model.warm_up``, ``OnnxModel.warm_up``; batch 1), so that the first real call finds
+        its weights packed and its threads started. torch modules declare no input shape and
+        are not warmed up.
 
     Raises
     ------
@@ -35,6 +40,13 @@ def load(path):
     UnsupportedError
         The format or a layer in it is not supported (a custom torch class: export to ONNX).
     """
+    model = _load(path)
+    if warm_up and hasattr(model, "warm_up"):
+        model.warm_up()
+    return model
+
+
+def _load(path):
     from ..backends import get_ops
 
     get_ops()  # the active backend loads now (its kernels), not inside the model's first call

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
+from ..native.layout import oihw_to_hwio
+from ..warmup import warm_up
 from . import onnx_encoder, onnx_proto
 from .onnx_ops import DTYPES, OPS
 
@@ -188,11 +190,10 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             node.outputs = follower.outputs
             removed.add(nxt[0])
         key = node.name or f"conv{k}"
-        w4 = w[:, :, None, :] if w.ndim == 3 else w
-        w_hwio = w4.transpose(2, 3, 1, 0)
-        # one pass: the transpose to HWIO, with the folded scale applied on the way
-        attrs["_w_hwio"] = (np.ascontiguousarray(w_hwio) if scale is None else
-                            np.multiply(w_hwio, scale, out=np.empty(w_hwio.shape, np.float32)))
+        w_hwio = oihw_to_hwio(np.ascontiguousarray(w[:, :, None, :] if w.ndim == 3 else w))
+        if scale is not None:
+            w_hwio *= scale
+        attrs["_w_hwio"] = w_hwio
         node.inputs = [node.inputs[0], ""]
         if b is not None:
             constants[f"{key}::b"] = np.asarray(b, np.float32)
@@ -537,6 +538,20 @@ class OnnxModel:
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         return values
+
+    def warm_up(self) -> bool:
+        """Run the graph once on zeros of its inputs' declared shapes (free dimensions: 1 where
+        they lead, ``warmup.FREE_SIZE`` elsewhere), so that its weights are packed, its buffers
+        allocated and fastlayers' threads started before the first real call;
+        ``fastlayers.load`` does this.
+
+        Returns
+        -------
+        bool
+            Whether it ran: False for inputs without a declared rank or over
+            ``warmup.MAX_ELEMENTS`` elements, or a graph that fails on zeros of those sizes.
+        """
+        return warm_up(self._evaluate, [(shape, dtype) for _, dtype, shape in self._inputs])
 
     def predict(self, x, batch_size: int | None = None):
         """Run in batches along axis 0 of every input (all at once by default)."""

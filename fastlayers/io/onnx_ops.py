@@ -15,6 +15,7 @@ from ..backends.derived import derived, derived_from
 from ..backends.reference import erfc64, fold_batch_norm
 from ..errors import ShapeError, UnsupportedError
 from ..folding import fold_projection
+from ..native.layout import channels_last
 
 OPS: dict = {}
 
@@ -787,11 +788,14 @@ for _kind in ("RNN", "GRU", "LSTM"):
 def _nhwc(x):
     """(N, C, L) or (N, C, H, W) -> NHWC (a copy unless ``x`` is a view of NHWC memory) and
     whether the input was 1-D."""
-    if x.ndim == 3:
-        return np.ascontiguousarray(x[:, :, None, :].transpose(0, 2, 3, 1), dtype=np.float32), True
-    if x.ndim != 4:
+    if x.ndim not in (3, 4):
         raise UnsupportedError(f"only 1-D and 2-D convolution and pooling are supported, got input of rank {x.ndim}")
-    return np.ascontiguousarray(x.transpose(0, 2, 3, 1), dtype=np.float32), False
+    if not x.flags.c_contiguous and x.dtype == np.float32:
+        held = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x.transpose(0, 2, 1)
+        if held.flags.c_contiguous:   # a view of channels-last memory (``_nchw``)
+            return (held[:, None] if x.ndim == 3 else held), x.ndim == 3
+    y = channels_last(np.ascontiguousarray(x, dtype=np.float32))
+    return (y[:, None] if x.ndim == 3 else y), x.ndim == 3
 
 
 def _nchw(y, one_d):

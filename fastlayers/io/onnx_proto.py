@@ -98,8 +98,8 @@ def read_model(path) -> Model:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            data = bytearray(size)
-            if f.readinto(data) != size:
+            data = np.empty(size, np.uint8)   # not zero-filled: the read writes every byte
+            if f.readinto(memoryview(data)) != size:
                 raise ModelFileError(f"{path}: the file changed size while it was read")
     except OSError as e:
         if isinstance(e, ModelFileError):
@@ -109,20 +109,22 @@ def read_model(path) -> Model:
 
 
 def parse_model(data, where: str = "ONNX model", directory: Path | None = None) -> Model:
-    """Parse a serialized ModelProto (``bytes`` or ``bytearray``; weights are views of a
-    bytearray). ``directory``: where external data lies (None: external data is refused)."""
+    """Parse a serialized ModelProto (any bytes-like object; the weights are views of it where
+    it is writeable and they are aligned, else copies). ``directory``: where external data lies
+    (None: external data is refused)."""
     return _Parser(data, where, directory).model()
 
 
 class _Parser:
     def __init__(self, data, where, directory):
-        self.buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+        self.buf = memoryview(data).cast("B")
         self.where, self.directory = where, directory
         self.view = np.frombuffer(self.buf, np.uint8) if len(self.buf) else np.empty(0, np.uint8)
+        self.address = self.view.ctypes.data
 
     # ------------------------------------------------------------------ wire format
     def fail(self, what):
-        raise ModelFileError(f"{self.where}: not a valid ONNX model: {what}")
+        raise ModelFileError(f"{self.where}: not a readable ONNX model: {what}")
 
     def varint(self, pos, end):
         buf, shift, value = self.buf, 0, 0
@@ -407,7 +409,7 @@ class _Parser:
                 self.fail(f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes of "
                           f"{dtype}, its raw_data has {end - start}")
             array = self.view[start:end]
-            if start % dtype.itemsize or not isinstance(self.buf, bytearray):
+            if (self.address + start) % dtype.itemsize or not array.flags.writeable:
                 array = array.copy()      # aligned (and writeable) for the kernels
             return name, array.view(dtype).reshape(dims)
         return name, self.typed_values(typed, data_type, dtype, dims, count, what)

@@ -17,6 +17,7 @@ cnp.import_array()
 include "core.pxi"
 include "gemm.pxi"
 include "rows.pxi"
+include "layout.pxi"
 include "attention.pxi"
 include "pool.pxi"
 include "conv.pxi"

@@ -33,6 +33,8 @@ cdef inline float *fptr(cnp.ndarray a, str what) except NULL:
         raise TypeError(f"{what}: expected a float32 array, got {a.dtype}")
     if a.ndim and a.shape[a.ndim - 1] > 1 and a.strides[a.ndim - 1] != 4 and a.size:
         raise ValueError(f"{what}: the last axis must be contiguous")
+    if not cnp.PyArray_ISALIGNED(a):
+        raise ValueError(f"{what}: the data is not aligned to whole floats")
     return <float *>cnp.PyArray_DATA(a)
 
 

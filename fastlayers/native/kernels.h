@@ -5,12 +5,13 @@
 #define FL_KERNELS_H
 #include "gemm.h"
 #include "rows.h"
+#include "layout.h"
 #include "attention.h"
 #include "pool.h"
 #include "conv.h"
 #include "recurrent.h"
 
 #define FL_KERNELS(X)                                                                         \
-    FL_ROWS_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
+    FL_ROWS_KERNELS(X) FL_LAYOUT_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
     FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X)
 #endif

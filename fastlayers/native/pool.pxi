@@ -18,10 +18,10 @@ cdef extern from "dispatch.h" nogil:
 
 
 cdef inline float *cptr(cnp.ndarray a, int ndim, str what) except NULL:
-    """The data of ``a``: a C-contiguous float32 array of ``ndim`` axes."""
+    """The data of ``a``: a C-contiguous, aligned float32 array of ``ndim`` axes."""
     if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or a.ndim != ndim or \
-            not cnp.PyArray_IS_C_CONTIGUOUS(a):
-        raise ValueError(f"{what}: expected a C-contiguous float32 array of {ndim} axes, "
+            not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a):
+        raise ValueError(f"{what}: expected a C-contiguous, aligned float32 array of {ndim} axes, "
                          f"got {a.dtype} {(<object>a).shape}")
     return <float *>cnp.PyArray_DATA(a)
 

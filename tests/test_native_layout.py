@@ -1,0 +1,67 @@
+"""The native transpose (``native/layout.c``) and its helpers (``fastlayers.native.layout``)
+against numpy on every ISA path and 1-3 threads: odd sizes around its 32 x 32 tiles, one row or
+column, strided views, and the errors of wrong shapes, strides and alignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers.native import _core
+from fastlayers.native.layout import channels_last, oihw_to_hwio
+
+pytestmark = pytest.mark.usefixtures("isa")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("b, r, c", [(1, 1, 1), (1, 1, 40), (1, 33, 1), (2, 5, 70), (3, 64, 31),
+                                     (1, 100, 97), (4, 32, 32), (1, 1000, 3)])
+def test_transpose_matches_numpy(rng, threads, b, r, c):
+    src = rng.standard_normal((b, r, c)).astype(np.float32)
+    dst = np.full((b, c, r), np.nan, np.float32)
+    assert _core.transpose(src, dst) is dst
+    np.testing.assert_array_equal(dst, src.transpose(0, 2, 1))
+
+
+def test_transpose_of_strided_views(rng):
+    """Batches and rows at any whole-float strides: the OIHW -> HWIO pattern."""
+    w = rng.standard_normal((6, 5, 9)).astype(np.float32)           # (O, I, K)
+    out = np.full((9, 5, 6), np.nan, np.float32)                     # (K, I, O)
+    _core.transpose(w.transpose(1, 0, 2), out.transpose(1, 0, 2))
+    np.testing.assert_array_equal(out, w.transpose(2, 1, 0))
+    wide = rng.standard_normal((3, 10, 20)).astype(np.float32)[:, ::2, :7]
+    dst = np.empty((3, 7, 5), np.float32)
+    _core.transpose(wide, dst)
+    np.testing.assert_array_equal(dst, wide.transpose(0, 2, 1))
+
+
+def test_transpose_errors():
+    a = np.zeros((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="expected src"):
+        _core.transpose(a, np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        _core.transpose(a.astype(np.float64), np.zeros((2, 4, 3), np.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.transpose(np.zeros((2, 3, 8), np.float32)[:, :, ::2], np.zeros((2, 4, 3), np.float32))
+    raw = np.zeros(2 * 3 * 4 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(2, 3, 4)
+    with pytest.raises(ValueError, match="aligned"):
+        _core.transpose(raw, np.zeros((2, 4, 3), np.float32))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 5), (2, 7, 6, 5), (1, 33, 1, 1), (3, 2, 4, 4, 2)])
+def test_channels_last(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = channels_last(x)
+    assert y.flags.c_contiguous
+    np.testing.assert_array_equal(y, np.moveaxis(x, 1, -1))
+    np.testing.assert_array_equal(channels_last(x.astype(np.float64)), np.moveaxis(x, 1, -1))
+
+
+@pytest.mark.parametrize("shape", [(8, 3, 3, 3), (1, 1, 1, 1), (5, 7, 1, 4), (16, 4, 5)])
+def test_oihw_to_hwio(rng, shape):
+    w = rng.standard_normal(shape).astype(np.float32)
+    want = np.moveaxis(w, (0, 1), (-1, -2))
+    got = oihw_to_hwio(w)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(oihw_to_hwio(w.astype(np.float64)), want)
