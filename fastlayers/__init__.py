@@ -6,14 +6,37 @@ compiled kernels, save and load them without TensorFlow or PyTorch.
 
 __version__ = "0.1.0"
 
-from . import errors, layers
+import importlib
+
+from . import errors
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops
-from .graph import Input, Model, Sequential
 from .io import load
-from .io import load_state_dict
 
 __all__ = [
     "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers", "load",
-    "set_num_threads", "use_ops", "__version__",
+    "load_state_dict", "set_num_threads", "use_ops", "__version__",
 ]
-__all__ += ["load_state_dict"]
+
+# Imported at first use, so that a process loading an ONNX file does not import every layer
+# (about 8 ms): name -> (modules to import in order, attribute of the last; None: the module).
+# ``layers`` comes before ``graph``: the two import each other, and that order resolves it.
+_GRAPH = ("fastlayers.layers", "fastlayers.graph")
+_LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
+         "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
+         "Sequential": (_GRAPH, "Sequential"),
+         "load_state_dict": (("fastlayers.io.torch",), "load_state_dict")}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fastlayers' has no attribute {name!r}")
+    modules, attribute = _LAZY[name]
+    for module in modules:
+        value = importlib.import_module(module)
+    value = value if attribute is None else getattr(value, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

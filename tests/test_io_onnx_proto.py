@@ -248,3 +248,20 @@ def test_not_an_onnx_file(tmp_path):
     path.write_bytes(b"\xff" * 40)
     with pytest.raises(ModelFileError, match=r"m\.onnx"):
         fastlayers.load(path)
+
+
+def test_a_process_loading_onnx_imports_neither_onnx_nor_the_layers(onnx, tmp_path):
+    """The reader needs no onnx package, and an ONNX model needs no layer module (both cost
+    start-up time)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    onnx.save_model(_conv_model(onnx), str(path))
+    code = ("import sys, numpy as np, fastlayers\n"
+            f"m = fastlayers.load({str(path)!r})\n"
+            "m(np.zeros((1, 3, 6, 6), np.float32))\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] == 'onnx'"
+            " or n.startswith(('fastlayers.layers', 'fastlayers.graph', 'fastlayers.nn'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,12 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFileError, UnsupportedError
-from .native import is_native, load_native
-from .safetensors import is_safetensors
-from .torch import is_torch_file, load_state_dict, load_torch_module
 
 _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 __all__ = ["load", "load_state_dict"]
+
+
+def __getattr__(name):
+    if name == "load_state_dict":   # imported at first use, as each reader is
+        from .torch import load_state_dict
+
+        return load_state_dict
+    raise AttributeError(f"module 'fastlayers.io' has no attribute {name!r}")
 
 
 def load(path, warm_up: bool = True):
@@ -57,10 +62,13 @@ def _load(path):
         return load_keras(p)
     if not p.is_file():
         raise ModelFileError(f"{path}: no such file")
-    if is_native(p):
-        return load_native(p)
     with open(p, "rb") as f:
         magic = f.read(8)
+    if magic[:4] == b"PK\x03\x04":   # a zip: the native format, a .keras archive or a torch file
+        from .native import is_native, load_native
+
+        if is_native(p):
+            return load_native(p)
     if p.suffix.lower() == ".keras":
         from .keras import load_keras
 
@@ -69,14 +77,17 @@ def _load(path):
         from .keras import load_keras_h5
 
         return load_keras_h5(p)
+    if p.suffix.lower() == ".onnx":
+        from .onnx import load_onnx
+
+        return load_onnx(p)
+    from .safetensors import is_safetensors
+    from .torch import is_torch_file, load_torch_module
+
     if p.suffix.lower() == ".safetensors" or is_safetensors(p):
         raise ModelFileError(f"{path}: a safetensors file holds weights only, not a model: build the "
                              "model with fastlayers.nn and load the weights with "
                              "model.load_state_dict(fastlayers.load_state_dict(path))")
     if p.suffix.lower() in _TORCH_SUFFIXES or is_torch_file(p):
         return load_torch_module(p)
-    if p.suffix.lower() == ".onnx":
-        from .onnx import load_onnx
-
-        return load_onnx(p)
     raise ModelFileError(f"{path}: not a fastlayers model file (unknown format)")

@@ -593,7 +593,7 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
     """``probe(nodes)`` for ``fuse_encoder_layers``: every value of the graph ``nodes`` on
     ``onnx_encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
     def probe(nodes):
-        arrays = onnx_encoder.probe_inputs(dims, np.random.default_rng(0))
+        arrays = onnx_encoder.probe_inputs(dims)
         if arrays is None:
             return None
         try:

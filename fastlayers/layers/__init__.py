@@ -12,7 +12,6 @@ from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 from .recurrent import (
     GRU, LSTM, Bidirectional, GRUCell, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
 )
-from ..graph import InputLayer
 from .blocks import InceptionBlock, NiNBlock
 from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from .pooling import (
@@ -52,3 +51,13 @@ __all__ += [
     "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
     "SimpleRNNCell",
 ]
+
+
+def __getattr__(name):
+    # graph.py imports this package's layers; InputLayer is looked up there at first use, so
+    # that either module may be imported first
+    if name == "InputLayer":
+        from ..graph import InputLayer
+
+        return InputLayer
+    raise AttributeError(f"module 'fastlayers.layers' has no attribute {name!r}")
