@@ -19,13 +19,19 @@ from ..derived import derived_from
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
     """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not (x.dtype == np.float32 and x.flags.c_contiguous):   # (the checks cost less than the call)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 2:
+        return x
     return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
 
 
 def _vector(v):
     """An optional per-channel vector as contiguous float32 (None stays None)."""
-    return None if v is None else np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
+    if v is None or (type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.float32
+                     and v.flags.c_contiguous):
+        return v
+    return np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
 
 
 def _rows_in_place(a):
@@ -81,12 +87,12 @@ class CpuOps(ReferenceOps):
         return self._over_axis("log_softmax", x, axis, super().log_softmax)
 
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
-        if tuple(a % x.ndim for a in axes) != (x.ndim - 1,) or x.size == 0:
+        if (axes != (-1,) and tuple(a % x.ndim for a in axes) != (x.ndim - 1,)) or x.size == 0:
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.layer_norm(xr, _vector(gamma), _vector(beta), epsilon, rms, out)
-        return out.reshape(x.shape)
+        return out if x.ndim == 2 else out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
         if axis % x.ndim != x.ndim - 1 or x.size == 0:
@@ -94,7 +100,7 @@ class CpuOps(ReferenceOps):
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)
-        return out.reshape(x.shape)
+        return out if x.ndim == 2 else out.reshape(x.shape)
 
     # convolution and pooling: native kernels (native/conv.c, pool.c), primitives in conv_ops.py
     conv2d = conv_ops.conv2d
