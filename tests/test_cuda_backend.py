@@ -121,6 +121,19 @@ if not IN_CUDA_RUN:
             fastlayers.get_ops("tpu")
 
 else:
+    def test_host_arrays_go_to_the_device_with_c_strides():
+        """numpy calls an array with odd strides on its length-1 axes contiguous; the device copy
+        must have C strides everywhere (real numba.cuda refuses to reshape it otherwise)."""
+        from fastlayers.backends.cuda._runtime import c_ordered
+
+        c = np.arange(3, dtype=np.float32).reshape(3, 1)
+        view = c[None, :, :, None]
+        assert view.flags.c_contiguous
+        got = c_ordered(view)
+        assert got.strides == (12, 4, 4, 4) and np.array_equal(got, view)
+        plain = np.zeros((2, 3), np.float32)
+        assert c_ordered(plain) is plain
+
     from fastlayers import layers as L
     from fastlayers.backends.cuda import _runtime, resident
 

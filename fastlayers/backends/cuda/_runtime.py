@@ -61,13 +61,26 @@ def device_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32 if kind == "f" else np.uint8 if kind == "b" else np.int64)
 
 
+def c_ordered(a, dtype=np.float32) -> np.ndarray:
+    """Host array ``a`` as ``dtype`` with C strides on every axis. numpy calls an array with
+    odd strides on its length-1 axes contiguous (``a[None]``, ``a[:, None]``); numba.cuda copies
+    those strides to the device, where ``reshape`` then refuses it ("operation requires
+    copying"; seen on an H100, not under the simulator)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    expected, step = [], a.itemsize
+    for n in reversed(a.shape):
+        expected.append(step)
+        step *= n
+    return a if a.strides == tuple(reversed(expected)) else a.copy()
+
+
 def to_device(a, dtype=np.float32):
     """A C-contiguous device copy of host array ``a`` (device arrays are returned as they are)."""
     from numba import cuda
 
     if is_device(a):
         return a
-    return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+    return cuda.to_device(c_ordered(a, dtype))
 
 
 def to_host(a) -> np.ndarray:

@@ -29,7 +29,7 @@ from ..reference import ReferenceOps
 from ..reference_conv import conv_out_size, resize_ratio
 from . import _kernels as K
 from ._runtime import (
-    WeightCache, device_dtype, is_device, load_cuda, simulated, to_device, to_host,
+    WeightCache, c_ordered, device_dtype, is_device, load_cuda, simulated, to_device, to_host,
 )
 
 _DUMMY = np.zeros(1, np.float32)
@@ -167,7 +167,7 @@ class CudaOps(ReferenceOps):
     def _copy_of(self, a):
         """A new device array holding host or device array ``a`` (as float32)."""
         out = self._empty(a.shape)
-        out.copy_to_device(a if is_device(a) else np.ascontiguousarray(a, np.float32))
+        out.copy_to_device(a if is_device(a) else c_ordered(a))
         return out
 
     def _matmul_into(self, a_mk, b_kn, c_mn, trans_b=False):
