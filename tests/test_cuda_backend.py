@@ -82,6 +82,14 @@ if not IN_CUDA_RUN:
         else:
             assert proc.stdout.startswith("GPU cuda")
 
+    def test_caching_allocator_block_sizes():
+        """Requests share blocks by rounded size: 512-byte steps below 1 MiB, then eighths of
+        the power of two (checked in a plain process: the module imports numba's driver)."""
+        proc = _python("from fastlayers.backends.cuda._memory import rounded\n"
+                       "print([rounded(n) for n in (1, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000)])",
+                       NUMBA_ENABLE_CUDASIM=None)
+        assert proc.stdout.strip() == "[512, 512, 1024, 1048576, 1179648, 3145728]", proc.stderr
+
     def test_cli_backend_cuda_without_gpu():
         proc = subprocess.run([sys.executable, "-m", "fastlayers.cli", "--backend", "cuda", "demo",
                                "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,

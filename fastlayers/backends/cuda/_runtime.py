@@ -9,6 +9,7 @@ simulator, on the CPU, which is how CI tests them without a GPU.
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import weakref
 
@@ -28,6 +29,8 @@ def load_cuda():
                                "pip install 'fastlayers[cuda]' (or pip install numba-cuda)")
     from numba import cuda
 
+    if not simulated() and os.environ.get("FASTLAYERS_CUDA_CACHING_ALLOCATOR", "1") != "0":
+        _install_caching_allocator()
     if not cuda.is_available():
         reason = ""
         try:
@@ -40,6 +43,19 @@ def load_cuda():
             f"{reason}. Install an NVIDIA driver, or set NUMBA_ENABLE_CUDASIM=1 before numba is "
             "imported to run the kernels in numba's (slow) CUDA simulator; use 'cpu' otherwise")
     return cuda
+
+
+def _install_caching_allocator() -> None:
+    """numba.cuda allocates through ``_memory.CachingMemoryManager`` from its first context on,
+    unless another manager is configured or a context exists already."""
+    from numba import config
+    from numba.cuda.cudadrv import driver
+
+    if config.CUDA_MEMORY_MANAGER != "default" or driver._memory_manager is not None:
+        return
+    from ._memory import CachingMemoryManager
+
+    driver.set_memory_manager(CachingMemoryManager)
 
 
 def simulated() -> bool:
