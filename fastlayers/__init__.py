@@ -24,7 +24,7 @@ _GRAPH = ("fastlayers.layers", "fastlayers.graph")
 _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
          "Sequential": (_GRAPH, "Sequential"),
-         "load_state_dict": (("fastlayers.io.torch",), "load_state_dict")}
+         "load_state_dict": (("fastlayers.io",), "load_state_dict")}
 
 
 def __getattr__(name):

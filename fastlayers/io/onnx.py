@@ -190,7 +190,7 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             node.outputs = follower.outputs
             removed.add(nxt[0])
         key = node.name or f"conv{k}"
-        w_hwio = oihw_to_hwio(np.ascontiguousarray(w[:, :, None, :] if w.ndim == 3 else w))
+        w_hwio = oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
         if scale is not None:
             w_hwio *= scale
         attrs["_w_hwio"] = w_hwio

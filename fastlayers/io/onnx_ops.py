@@ -790,11 +790,8 @@ def _nhwc(x):
     whether the input was 1-D."""
     if x.ndim not in (3, 4):
         raise UnsupportedError(f"only 1-D and 2-D convolution and pooling are supported, got input of rank {x.ndim}")
-    if not x.flags.c_contiguous and x.dtype == np.float32:
-        held = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x.transpose(0, 2, 1)
-        if held.flags.c_contiguous:   # a view of channels-last memory (``_nchw``)
-            return (held[:, None] if x.ndim == 3 else held), x.ndim == 3
-    y = channels_last(np.ascontiguousarray(x, dtype=np.float32))
+    held = _channels_last_memory(x) if x.dtype == np.float32 else None
+    y = held if held is not None else channels_last(np.ascontiguousarray(x, dtype=np.float32))
     return (y[:, None] if x.ndim == 3 else y), x.ndim == 3
 
 
@@ -803,16 +800,22 @@ def _nchw(y, one_d):
     return y[:, 0].transpose(0, 2, 1) if one_d else y.transpose(0, 3, 1, 2)
 
 
+def _channels_last_memory(x):
+    """The C-contiguous NHWC / NLC array whose NCHW / NCL view ``x`` is (``_nchw``), else None."""
+    if x.flags.c_contiguous or x.ndim not in (3, 4):
+        return None
+    held = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x.transpose(0, 2, 1)
+    return held if held.flags.c_contiguous else None
+
+
 def _stored(x):
     """(``x`` as the C-contiguous array its memory holds, the axes that view it back as ``x``):
     an NCHW / NCL view of NHWC / NLC memory (``_nchw``) gives that memory, any other
     non-contiguous ``x`` a contiguous copy (and None)."""
-    if x.flags.c_contiguous or x.ndim not in (3, 4):
+    held = _channels_last_memory(x)
+    if held is None:
         return np.ascontiguousarray(x), None
-    held = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x.transpose(0, 2, 1)
-    if held.flags.c_contiguous:
-        return held, (0, 3, 1, 2) if x.ndim == 4 else (0, 2, 1)
-    return np.ascontiguousarray(x), None
+    return held, (0, 3, 1, 2) if x.ndim == 4 else (0, 2, 1)
 
 
 def _spatial(attrs, key, n, default):
