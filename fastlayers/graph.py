@@ -42,6 +42,9 @@ class InputLayer(Layer):
 
     def check(self, x: np.ndarray) -> None:
         want = self.batch_shape
+        if x.ndim == len(want) and x.shape[1:] == want[1:]:  # the common case: only the batch size free
+            if want[0] is None or want[0] == x.shape[0]:
+                return
         if x.ndim != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
             raise ShapeError(f"input {self.name!r}: expected shape {shape_str(want)}, got {x.shape}")
 
@@ -112,6 +115,7 @@ class Model(Layer):
         # the host backends' plan: layers folded together where that saves work (folding.py);
         # ``_plan`` keeps one step per node for backends that run nodes themselves (cuda)
         self._host_plan = fold_embeddings(run_nodes, self._plan, self.outputs)
+        self._host_chain = self._chain_of(self._host_plan)
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -137,6 +141,19 @@ class Model(Layer):
             stack.append((node, True))
             stack.extend((p.node, False) for p in reversed(node.parents) if not state.get(id(p.node)))
         return order
+
+    def _chain_of(self, plan) -> list | None:
+        """The step functions of ``plan`` when each step reads the one output of the step before
+        (the first reads the model's one input, the last writes its one output): a Sequential
+        runs as ``x = fn(x)`` with no value table. None for any other graph."""
+        if len(self.inputs) != 1 or not self._single_output or not plan:
+            return None
+        key = id(self.inputs[0])
+        for _, keys, out_keys in plan:
+            if keys != key or len(out_keys) != 1:
+                return None
+            key = out_keys[0]
+        return [fn for fn, _, _ in plan] if key == id(self.outputs[0]) else None
 
     @staticmethod
     def _plan_step(node: Node):
@@ -286,6 +303,8 @@ class Model(Layer):
 
     def __call__(self, *inputs, **kwargs):
         """Run the model on numpy arrays (one per input: positional, a list or a dict by name)."""
+        if len(inputs) == 1 and not kwargs and type(inputs[0]) is np.ndarray:  # nothing symbolic
+            return self.call(self._prepare_inputs(inputs[0]))
         kwargs.pop("training", None)
         if len(inputs) == 1:
             inputs = inputs[0]
@@ -299,6 +318,10 @@ class Model(Layer):
         run_model = getattr(self.ops, "run_model", None)  # cuda: activations stay on the device
         if run_model is not None:
             return run_model(self, x)
+        if self._host_chain is not None and type(x) is not list:
+            for fn in self._host_chain:
+                x = fn(x)
+            return x
         arrays = x if isinstance(x, list) else [x]
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):

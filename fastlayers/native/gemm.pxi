@@ -49,6 +49,65 @@ def matmul(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, object pb=None, object b
     return c
 
 
+#: Fewest rows for the packed sgemm on weights: one row reads the weights once either way, and
+#: the small-row path reads them as they are (no packed copy to keep).
+PACKED_MIN_ROWS = 2
+#: Fewest multiply-adds for the packed sgemm: below, looking up the packed weights costs more
+#: than the faster kernel saves.
+PACKED_MIN_MADDS = 1 << 18
+
+
+def dense(object x, object w, object bias, int code, float alpha, object packer):
+    """y = f(x @ w + bias) over the last axis of ``x``, as a new array, on the pool's threads:
+    the whole Dense layer in one call. ``x`` C-contiguous float32 of any rank, ``w`` (k, n)
+    float32 weights with a contiguous last axis, ``bias`` (n,) contiguous float32 or None, f
+    the activation ``code``; ``packer(w)`` gives the packed weights, asked for only when the
+    product is large enough for them to pay. None when the arguments do not fit these terms
+    (the caller then takes its general path)."""
+    if type(x) is not np.ndarray or type(w) is not np.ndarray:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x, wa = <cnp.ndarray>w, ba
+    cdef int nd = xa.ndim
+    if (nd < 1 or nd > 32 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(xa)
+            or not cnp.PyArray_ISALIGNED(xa) or wa.ndim != 2
+            or cnp.PyArray_TYPE(wa) != cnp.NPY_FLOAT32 or not cnp.PyArray_ISALIGNED(wa)):
+        return None
+    cdef int64_t k = xa.shape[nd - 1], n = wa.shape[1]
+    if k != wa.shape[0] or k == 0 or n == 0 or xa.size == 0:
+        return None
+    if (n > 1 and wa.strides[1] != 4) or (k > 1 and (wa.strides[0] < 4 * n or wa.strides[0] % 4)):
+        return None
+    cdef float *biasp = NULL
+    if bias is not None:
+        if type(bias) is not np.ndarray:
+            return None
+        ba = <cnp.ndarray>bias
+        if (ba.ndim != 1 or ba.shape[0] != n or cnp.PyArray_TYPE(ba) != cnp.NPY_FLOAT32
+                or not cnp.PyArray_IS_C_CONTIGUOUS(ba) or not cnp.PyArray_ISALIGNED(ba)):
+            return None
+        biasp = <float *>cnp.PyArray_DATA(ba)
+    cdef int64_t m = xa.size // k
+    cdef float *pp = NULL
+    if m >= PACKED_MIN_ROWS and m * n * k >= PACKED_MIN_MADDS:
+        pb = packer(w)
+        pp = fptr(pb, "dense packed weights")
+    cdef cnp.npy_intp dims[32]
+    cdef int i
+    for i in range(nd - 1):
+        dims[i] = xa.shape[i]
+    dims[nd - 1] = n
+    out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+    cdef float *wp = <float *>cnp.PyArray_DATA(wa)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int64_t ldw = ld(wa)
+    cdef int st
+    with nogil:
+        st = fl_matmul(m, n, k, xp, k, wp, ldw, 0, pp, biasp, code, alpha, op, n)
+    check(st, "dense")
+    return out
+
+
 def sgemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, bint trans_b=False,
           bint accumulate=False, object pb=None):
     """c (+)= a @ b (``b`` (n, k) when ``trans_b``; on ``pb`` when given) on the calling

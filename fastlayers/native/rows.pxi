@@ -55,3 +55,86 @@ def scale_shift(cnp.ndarray x, cnp.ndarray scale, cnp.ndarray shift, cnp.ndarray
         st = fl_scale_shift(m, n, xp, sp, hp, op)
     check(st, "scale_shift")
     return out
+
+
+# The row operations of whole layers: one native call that checks, allocates and runs, for
+# the per-call cost of small models. Each returns None when its arguments are not in its terms
+# (the caller then takes its general path).
+
+cdef inline bint c_float32(object x):
+    """Whether ``x`` is an aligned C-contiguous float32 ndarray of rank >= 1 with elements."""
+    if type(x) is not np.ndarray:
+        return False
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return (a.ndim >= 1 and a.size > 0 and cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32
+            and cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISALIGNED(a))
+
+
+cdef inline bint vector_of(object v, int64_t n, float **p):
+    """Whether ``v`` is None (``*p`` NULL) or a contiguous float32 vector of ``n`` (``*p`` its data)."""
+    if v is None:
+        p[0] = NULL
+        return True
+    if not c_float32(v) or (<cnp.ndarray>v).ndim != 1 or (<cnp.ndarray>v).shape[0] != n:
+        return False
+    p[0] = <float *>cnp.PyArray_DATA(<cnp.ndarray>v)
+    return True
+
+
+def apply_activation(object x, int code, float alpha):
+    """f(x) over the last axis of C-contiguous float32 ``x`` (a new array; softmax codes
+    normalize each row), or None."""
+    if not c_float32(x):
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int64_t n = xa.shape[xa.ndim - 1], m = xa.size // n
+    out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, cnp.NPY_FLOAT32, 0)
+    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_bias_act(m, n, xp, n, NULL, code, alpha, op, n)
+    check(st, "activation")
+    return out
+
+
+def apply_layer_norm(object x, object gamma, object beta, float eps, bint rms):
+    """``layer_norm`` over the last axis of C-contiguous float32 ``x`` (a new array; gamma and
+    beta vectors of its width or None), or None."""
+    if not c_float32(x):
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int64_t n = xa.shape[xa.ndim - 1], m = xa.size // n
+    cdef float *gp = NULL
+    cdef float *bp = NULL
+    if not (vector_of(gamma, n, &gp) and vector_of(beta, n, &bp)):
+        return None
+    out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, cnp.NPY_FLOAT32, 0)
+    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_layer_norm(m, n, xp, gp, bp, eps, rms, op)
+    check(st, "layer_norm")
+    return out
+
+
+def apply_scale_shift(object x, object scale, object shift):
+    """x scale + shift per channel of the last axis of C-contiguous float32 ``x`` (a new
+    array; scale and shift vectors of its width), or None."""
+    if not c_float32(x) or scale is None or shift is None:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int64_t n = xa.shape[xa.ndim - 1], m = xa.size // n
+    cdef float *sp = NULL
+    cdef float *hp = NULL
+    if not (vector_of(scale, n, &sp) and vector_of(shift, n, &hp)):
+        return None
+    out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, cnp.NPY_FLOAT32, 0)
+    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_scale_shift(m, n, xp, sp, hp, op)
+    check(st, "scale_shift")
+    return out

@@ -53,6 +53,9 @@ class CpuOps(ReferenceOps):
         code = CODES.get(name)
         if code is None or x.size == 0:
             return super().activation(x, name, alpha)
+        y = _core.apply_activation(x, code, alpha)
+        if y is not None:
+            return y
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.bias_act(xr, None, code, alpha, out)
@@ -60,6 +63,10 @@ class CpuOps(ReferenceOps):
 
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         code = CODES.get(activation)
+        if code is not None:  # the common case in one native call (None: not in its terms)
+            y = _core.dense(x, w_io, b_o, code, alpha, _gemm.packed_weights)
+            if y is not None:
+                return y
         x = np.asarray(x)
         if (x.ndim < 1 or x.dtype != np.float32 or w_io.dtype != np.float32 or w_io.ndim != 2
                 or x.shape[-1] != w_io.shape[0] or x.size == 0 or w_io.size == 0):
@@ -89,6 +96,9 @@ class CpuOps(ReferenceOps):
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
         if (axes != (-1,) and tuple(a % x.ndim for a in axes) != (x.ndim - 1,)) or x.size == 0:
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
+        y = _core.apply_layer_norm(x, gamma, beta, epsilon, rms)
+        if y is not None:
+            return y
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.layer_norm(xr, _vector(gamma), _vector(beta), epsilon, rms, out)
@@ -97,6 +107,9 @@ class CpuOps(ReferenceOps):
     def batch_norm(self, x, scale, shift, axis=-1):
         if axis % x.ndim != x.ndim - 1 or x.size == 0:
             return super().batch_norm(x, scale, shift, axis)
+        y = _core.apply_scale_shift(x, scale, shift)
+        if y is not None:
+            return y
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)

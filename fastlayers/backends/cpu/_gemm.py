@@ -7,15 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...native import CODES, _core
+from ...native._core import PACKED_MIN_MADDS, PACKED_MIN_ROWS
 from ..derived import derived_view
-
-#: Fewest rows for the packed sgemm on weights: one row reads the weights once either way, and
-#: the native small-row path reads them as they are (no packed copy to keep).
-PACKED_MIN_ROWS = 2
-#: Fewest multiply-adds for the packed sgemm: below, looking up the packed weights costs more
-#: than the faster kernel saves.
-PACKED_MIN_MADDS = 1 << 18
-
 
 def packed_weights(w_kn):
     """``w_kn`` (k, n) packed for the native sgemm (gemm.h's panel layout), computed once per
