@@ -7,14 +7,22 @@ compiled kernels, save and load them without TensorFlow or PyTorch.
 __version__ = "0.1.0"
 
 import importlib
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
 
 from . import errors
+
+# A source tree whose extension was never built fails here, at once, not at its first call
+# (a file check: importing the extension itself waits for the first call that needs it).
+if not any(os.path.exists(os.path.join(os.path.dirname(__file__), "native", "_core" + suffix))
+           for suffix in EXTENSION_SUFFIXES):
+    raise ImportError(errors.native_core_missing(os.path.dirname(__file__)))
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops
 from .io import load
 
 __all__ = [
-    "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers", "load",
-    "load_state_dict", "set_num_threads", "use_ops", "__version__",
+    "DEMO_DIR", "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers",
+    "load", "load_state_dict", "model_from_json", "set_num_threads", "use_ops", "__version__",
 ]
 
 # Imported at first use, so that a process loading an ONNX file does not import every layer
@@ -23,8 +31,10 @@ __all__ = [
 _GRAPH = ("fastlayers.layers", "fastlayers.graph")
 _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
-         "Sequential": (_GRAPH, "Sequential"),
-         "load_state_dict": (("fastlayers.io",), "load_state_dict")}
+         "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
+         "load_state_dict": (("fastlayers.io",), "load_state_dict"),
+         # the folder of the bundled demo models (digits_*.flm) and their samples
+         "DEMO_DIR": (("fastlayers.cli",), "DATA")}
 
 
 def __getattr__(name):

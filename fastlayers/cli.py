@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from .errors import FastlayersError
 
+#: The bundled demo models and samples (``fastlayers.DEMO_DIR``).
 DATA = Path(__file__).resolve().parent / "data"
 
 #: Bundled demo models: (model file, samples file, sample shape, description), trained by
@@ -78,17 +80,22 @@ def cmd_demo(args) -> int:
     for model_file, samples_file, shape, description in DEMOS:
         if not (DATA / model_file).exists():
             continue
+        print(f"\n{model_file}: loading ...", flush=True)
+        t0 = time.perf_counter()
         model = fastlayers.load(DATA / model_file)
+        load_ms = (time.perf_counter() - t0) * 1e3
         with np.load(DATA / samples_file, allow_pickle=False) as samples:
             x, y = samples["x"].reshape(-1, *shape), samples["y"]
+        print(f"{model_file}: loaded in {load_ms:.1f} ms; running {len(x)} samples, then timing "
+              f"{args.repeats} calls at batch 1 and at batch {len(x)} ...", flush=True)
         with fastlayers.use_ops(args.backend):
             t0 = time.perf_counter()
-            probs = model(x)  # first call: compiles kernels or loads them from the cache
+            probs = model(x)
             first_ms = (time.perf_counter() - t0) * 1e3
             batch_ms = _median_ms(lambda: model(x), args.repeats)
             one_ms = _median_ms(lambda: model(x[:1]), args.repeats)
         pred = probs.argmax(axis=-1)
-        print(f"\n{model.name}: {description}")
+        print(f"{model.name}: {description}")
         print(f"  predictions (first 20): {' '.join(map(str, pred[:20]))}")
         print(f"  labels      (first 20): {' '.join(map(str, y[:20]))}")
         print(f"  accuracy on {len(y)} held-out samples: {np.mean(pred == y):.2%}")
@@ -161,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlayers", description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=None, help="threads for fastlayers' kernels")
     parser.add_argument("--backend", default="cpu", choices=["cpu", "reference", "cuda"])
+    parser.add_argument("--version", action="version", version=f"fastlayers {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled models on bundled samples")
     demo.add_argument("--repeats", type=int, default=50, help="timed runs per latency figure")

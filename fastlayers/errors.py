@@ -28,3 +28,11 @@ class ModelFileError(FastlayersError, OSError):
 class StateDictError(FastlayersError, RuntimeError):
     """A state dict whose keys do not match a module's (missing or unexpected keys), as torch's
     ``load_state_dict`` reports them."""
+
+
+def native_core_missing(package_dir: str) -> str:
+    """The message of the ImportError raised where fastlayers' compiled core was never built."""
+    return (f"fastlayers' compiled core (fastlayers.native._core) is not built in {package_dir}: "
+            "install the package with `pip install .` (or `pip install -e .` for a source "
+            "tree), which compiles it; Python started in a source checkout imports that "
+            "checkout, not the installed copy")

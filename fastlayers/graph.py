@@ -6,13 +6,14 @@ intermediate value in a dict local to the call, so one model serves many threads
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from typing import Any
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
 from .layers.base import Layer, as_float32, shape_str
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
@@ -37,6 +38,7 @@ class InputLayer(Layer):
         self.built = True
         node = Node(self, None, (), {})
         node.outputs = [SymbolicTensor(self.batch_shape, node)]
+        node.outputs[0].name = self.name  # as Keras: an input tensor is named after its InputLayer
         self._inbound_nodes.append(node)
         self.output = node.outputs[0]
 
@@ -97,6 +99,9 @@ class Model(Layer):
             self._init_graph(inputs, outputs)
 
     def _init_graph(self, inputs, outputs) -> None:
+        if isinstance(outputs, dict):
+            raise UnsupportedError(f"model {self.name!r}: outputs given as a dict are not "
+                                   "supported; give a list (the call returns them in its order)")
         self._single_input = not isinstance(inputs, (list, tuple, dict))
         self._single_output = not isinstance(outputs, (list, tuple))
         self.inputs = _flatten(inputs)
@@ -109,6 +114,7 @@ class Model(Layer):
             if not isinstance(t.node.layer, InputLayer):
                 raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
         self._nodes = self._topological_nodes()
+        _name_tensors(self._nodes)
         self._layers = self._keras_layer_order()
         run_nodes = [node for node in self._nodes if not isinstance(node.layer, InputLayer)]
         self._plan = [self._plan_step(node) for node in run_nodes]
@@ -220,7 +226,57 @@ class Model(Layer):
 
     @property
     def input_names(self) -> list[str]:
+        """Names of the model's inputs (their ``InputLayer`` names), in ``inputs`` order: the keys
+        of a dict of inputs. Keras 2 had this attribute; Keras 3 has it no more."""
         return [t.node.layer.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the layers that compute the model's outputs, in ``outputs`` order, as Keras 3's
+        functional ``Model.output_names`` (a layer with several outputs among the model's outputs
+        appears once for each). Keras 3's ``Sequential`` lacks the attribute; here it has it."""
+        return [t.node.layer.name for t in self._graph_tensors("outputs", "output names")]
+
+    @property
+    def input_shape(self):
+        """The shape of the model's input, batch axis first, as Keras's ``Model.input_shape``.
+
+        Returns
+        -------
+        tuple or list of tuple
+            ``(None, 64)`` style (None for a size free at call time, the batch size included
+            unless ``Input`` fixed it) for a model of one input; a list of such tuples, in
+            ``inputs`` order, for several.
+
+        Raises
+        ------
+        AttributeError
+            A ``Sequential`` whose input shape is not known yet (as Keras).
+        """
+        return _shape_or_shapes(self._graph_tensors("inputs", "input shape"))
+
+    @property
+    def output_shape(self):
+        """The shape of the model's output, batch axis first, as Keras's ``Model.output_shape``.
+
+        Returns
+        -------
+        tuple or list of tuple
+            One tuple for a model of one output (also when it was given as a list of one, as
+            Keras); a list of tuples, in ``outputs`` order, for several.
+
+        Raises
+        ------
+        AttributeError
+            A ``Sequential`` whose input shape is not known yet (as Keras).
+        """
+        return _shape_or_shapes(self._graph_tensors("outputs", "output shape"))
+
+    def _graph_tensors(self, which: str, what: str) -> list[SymbolicTensor]:
+        if not self.built or which not in self.__dict__:  # an unbuilt Sequential: AttributeError, as Keras
+            raise AttributeError(f"{type(self).__name__} model {self.name!r} has no defined {what} "
+                                 "yet: start it with fastlayers.Input(shape) or call it once")
+        return self.__dict__[which]
 
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
         """The layer called ``name``, or at position ``index`` of ``layers``."""
@@ -366,6 +422,28 @@ class Model(Layer):
             return np.concatenate(parts)
         return [np.concatenate([p[i] for p in parts]) for i in range(len(self.outputs))]
 
+    def predict_on_batch(self, x):
+        """Run the model on one batch, as Keras's ``Model.predict_on_batch``.
+
+        Parameters
+        ----------
+        x : array_like, or list, tuple or dict of array_like
+            The batch: one array for a model of one input; one array per input (in ``inputs``
+            order, or a dict keyed by ``input_names``) for several.
+
+        Returns
+        -------
+        numpy.ndarray or list of numpy.ndarray
+            The output for the whole batch; a list, in ``outputs`` order, for a model of
+            several outputs. A model of one output returns its array, also when that output was
+            given as a list of one (as Keras).
+        """
+        out = self.predict(x)
+        if isinstance(out, list):
+            out = [np.asarray(o) for o in out]
+            return out[0] if len(out) == 1 else out
+        return np.asarray(out)
+
     # -------------------------------------------------------------------------- description
     def to(self, device):
         """This model on ``device``: "cpu" returns the model; "cuda" (or "cuda:0") a wrapper whose
@@ -397,6 +475,98 @@ class Model(Layer):
         from .io.native import model_config
 
         return model_config(self)
+
+    def to_json(self, **kwargs) -> str:
+        """The model's architecture as a JSON string, as Keras's ``Model.to_json``; weights are
+        not included (``get_weights``). ``fastlayers.model_from_json`` rebuilds the model.
+
+        The JSON is fastlayers' native format (the architecture header ``Model.save`` writes),
+        not Keras's: Keras's ``model_from_json`` does not read it, and a Keras model's
+        ``to_json`` is not read here (save it as ``.keras`` and ``fastlayers.load`` that).
+
+        Parameters
+        ----------
+        **kwargs
+            Passed to ``json.dumps`` (``indent``, ``sort_keys``...).
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        UnsupportedError
+            The native format cannot represent the model: a ``Sequential`` whose input shape is
+            not known yet, a layer or model class of its own (a subclass, outside
+            ``fastlayers.layers``), or a layer option that is not JSON-serializable.
+        """
+        from .io.native import model_header
+
+        return model_header(self, "written as JSON", **kwargs)
+
+
+def _shape_or_shapes(tensors):
+    """Keras's ``input_shape``/``output_shape``: one tuple, or a list of them for several."""
+    shapes = [tuple(None if d is None else int(d) for d in t.shape) for t in tensors]
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def _name_tensors(nodes) -> None:
+    """Give each tensor of a graph a ``name`` (kept if it has one): an input's is its InputLayer's
+    (as Keras), any other's its layer's, with ``/call_<k>`` for the layer's k-th call (k >= 1) in
+    the graph and ``:<i>`` for its i-th output when the layer returns several."""
+    calls: dict[int, int] = {}
+    for node in nodes:
+        k = calls.get(id(node.layer), 0)
+        calls[id(node.layer)] = k + 1
+        for i, t in enumerate(node.outputs):
+            if getattr(t, "name", None) is None:
+                t.name = node.layer.name + (f"/call_{k}" if k else "") + \
+                    (f":{i}" if len(node.outputs) > 1 else "")
+
+
+def model_from_json(json_string) -> Model:
+    """Rebuild a model from ``Model.to_json`` output, as ``keras.models.model_from_json``.
+
+    The weights are initialized as a fresh build would be; copy them from the original with
+    ``model.set_weights(original.get_weights())``. The string may come from anywhere: only
+    fastlayers layer classes are built, no code is run, and anything but a well-formed
+    architecture raises a fastlayers error.
+
+    Parameters
+    ----------
+    json_string : str, bytes or bytearray
+        The JSON of ``Model.to_json`` (also the ``__fastlayers__`` header of a native model file).
+
+    Returns
+    -------
+    Model or Sequential
+
+    Raises
+    ------
+    ModelFileError
+        The string is not JSON, not fastlayers' architecture JSON (Keras's own ``to_json`` output
+        included), or a malformed or invalid architecture.
+    UnsupportedError
+        A layer class fastlayers does not know, or JSON written by a newer fastlayers.
+    TypeError
+        ``json_string`` is not a str, bytes or bytearray.
+
+    Examples
+    --------
+    >>> clone = fastlayers.model_from_json(model.to_json())
+    >>> clone.set_weights(model.get_weights())
+    """
+    from .io.native import model_from_header
+
+    if not isinstance(json_string, (str, bytes, bytearray)):
+        raise TypeError(f"model_from_json expects the JSON string of Model.to_json(), got "
+                        f"{type(json_string).__name__}")
+    try:
+        header = json.loads(json_string)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError included
+        raise ModelFileError(f"model JSON: not valid JSON ({type(e).__name__}: {e})") from e
+    return model_from_header(header, "model JSON")
 
 
 def _is_array_like_batch(x) -> bool:

@@ -3,11 +3,14 @@
 An interop test asks for its oracle through ``oracle("torch")`` or the ``keras``/``torch``
 fixtures. When the oracle is not installed the test is skipped, unless
 FASTLAYERS_REQUIRE_ORACLES=1 (set by .ci/run), where it fails: CI must never pass by skipping.
+The cuda backend's tests need numba-cuda, which the test extra leaves out: they skip without it
+and run with ``pip install -e ".[test,cuda]"`` (the README's CUDA test line, which .ci/run runs).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 import numpy as np
@@ -15,6 +18,12 @@ import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+#: Skips a cuda backend test file where numba-cuda is not installed.
+needs_numba_cuda = pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None,
+    reason="numba-cuda not installed: the cuda backend's tests run after "
+           "pip install -e \".[test,cuda]\" (README, Quick start)")
 
 
 def oracle(module: str):

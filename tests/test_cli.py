@@ -22,8 +22,17 @@ def test_demo_prints_predictions_accuracy_latency():
     for name in ("digits_mlp", "digits_cnn", "digits_transformer"):
         assert f"{name}:" in out
     assert "predictions" in out and "latency" in out
+    for name in ("digits_mlp", "digits_cnn", "digits_lstm", "digits_transformer"):  # says what it does
+        assert out.index(f"{name}.flm: loading ...") < out.index(f"{name}.flm: loaded in") \
+            < out.index(f"{name}: ")
     accuracies = [float(part.split("%")[0]) for part in out.split("held-out samples: ")[1:]]
     assert len(accuracies) >= 3 and min(accuracies) > 95.0  # the bundled models are really trained
+
+
+def test_version_prints_the_package_version():
+    import fastlayers
+
+    assert run_cli("--version").stdout.strip() == f"fastlayers {fastlayers.__version__}"
 
 
 def test_info_prints_summary():

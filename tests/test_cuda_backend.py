@@ -17,12 +17,14 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close
+from tests.conftest import assert_close, needs_numba_cuda
 from tests.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
 
 import fastlayers
 import fastlayers.nn
 from fastlayers.errors import UnsupportedError
+
+pytestmark = needs_numba_cuda
 
 
 def _python(code: str, **env_changes) -> subprocess.CompletedProcess:
@@ -305,7 +307,18 @@ else:
         x = _x(rng, 3, 3)
         assert_close(gpu(x), model(x))
         assert_close(gpu.predict(x), model.predict(x))
+        assert_close(gpu.predict_on_batch(x), model.predict_on_batch(x))
         assert fastlayers.get_ops().name == "cpu"  # the wrapper does not leak its backend
+
+    def test_the_readme_cuda_block_runs_as_written(ops, tmp_path, monkeypatch):
+        from tests.test_readme import CUDA_MARK, readme_blocks, run_block
+
+        (line, code), = [b for b in readme_blocks() if CUDA_MARK in b[1]]
+        monkeypatch.chdir(tmp_path)
+        ns = run_block(line, code)
+        with fastlayers.use_ops("reference"):
+            expected = ns["model"](ns["x"])
+        assert_close(ns["y"], expected, rtol=1e-4, atol=1e-5)
 
     def test_nn_module_to_cuda(ops, rng):
         nn = fastlayers.nn

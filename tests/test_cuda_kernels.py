@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close
+from tests.conftest import assert_close, needs_numba_cuda
 
+pytestmark = needs_numba_cuda
 ROOT = Path(__file__).resolve().parents[1]
 IN_CUDA_RUN = (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
                or os.environ.get("FASTLAYERS_CUDA_DEVICE_TESTS") == "1")

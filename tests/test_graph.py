@@ -223,3 +223,9 @@ def test_use_ops_and_threads():
     from fastlayers import native
 
     assert native.get_num_threads() == 1
+
+
+def test_dict_outputs_are_refused_clearly():
+    x = Input((3,))
+    with pytest.raises(UnsupportedError, match="outputs given as a dict"):
+        Model(x, {"a": L.Dense(2)(x), "b": L.Dense(1)(x)})

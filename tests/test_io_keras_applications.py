@@ -1,6 +1,8 @@
 """Real architectures from keras.applications (weights=None, random BN statistics), saved by Keras
 as .keras and .h5, loaded without Keras: outputs equal Keras's within 1e-4 relative."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -33,6 +35,8 @@ def test_keras_application_loads_and_matches(keras, tmp_path, name, size):
         ours = fastlayers.load(path)
         assert len(ours.get_weights()) == len(model.get_weights())
         assert_close(ours(x), expected, rtol=1e-4, atol=1e-6, what=f"{name} from .{ext}")
+        del ours  # one loaded copy at a time (the suite's peak memory); a model is a cycle
+        gc.collect()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"axis": None}, {"mean": [1.0, 2.0, 3.0], "variance": [4.0, 0.0, 9.0]},

@@ -81,3 +81,20 @@ def test_cpu_calls_import_no_jit():
     process load neither Numba, llvmlite nor SciPy."""
     proc = _python(NO_JIT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_source_tree_without_the_extension_fails_at_import(tmp_path):
+    """Python started in a checkout whose extension was never built stops at ``import
+    fastlayers`` with the way out, rather than failing (or running slower) at a later call."""
+    import shutil
+
+    import fastlayers
+
+    shutil.copytree(os.path.dirname(fastlayers.__file__), tmp_path / "fastlayers",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    proc = subprocess.run([sys.executable, "-c", "import fastlayers"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode != 0
+    assert "ImportError: fastlayers' compiled core (fastlayers.native._core) is not built in " \
+        f"{tmp_path / 'fastlayers'}" in proc.stderr and "pip install -e ." in proc.stderr

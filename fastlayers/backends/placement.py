@@ -59,17 +59,23 @@ class BackendModel:
         self.model = model
         self.backend = backend
 
-    def __call__(self, *args, **kwargs) -> Any:
+    def _run(self, method, *args, **kwargs):
         from . import use_ops
 
         with use_ops(self.backend):
-            return _host(self.model(*args, **kwargs))
+            return _host(method(*args, **kwargs))
+
+    def __call__(self, *args, **kwargs) -> Any:
+        return self._run(self.model, *args, **kwargs)
 
     def predict(self, *args, **kwargs):
-        from . import use_ops
+        return self._run(self.model.predict, *args, **kwargs)
 
-        with use_ops(self.backend):
-            return _host(self.model.predict(*args, **kwargs))
+    def predict_on_batch(self, *args, **kwargs):
+        return self._run(self.model.predict_on_batch, *args, **kwargs)
+
+    def run(self, *args, **kwargs):  # an OnnxModel's onnxruntime-style call
+        return self._run(self.model.run, *args, **kwargs)
 
     def forward(self, *args, **kwargs):
         return self(*args, **kwargs)

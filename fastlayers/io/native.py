@@ -90,16 +90,47 @@ def _json_numpy(value):
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def save_model(model, path) -> None:
-    """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
+def _check_representable(model, what: str) -> None:
+    """Refuse (UnsupportedError) a model the architecture config cannot rebuild: an unbuilt
+    Sequential, or a layer or model class outside ``fastlayers.layers`` (a subclass included)."""
+    from ..graph import Model, Sequential
+
+    if isinstance(model, Sequential) and not model.built:
+        raise UnsupportedError(f"Sequential {model.name!r} cannot be {what} before its input shape "
+                               "is known: start it with fastlayers.Input(shape) or call it once")
+    registry = _registry()
+    pending = [model]
+    while pending:
+        current = pending.pop()
+        for layer in [current, *current.layers]:
+            if registry.get(type(layer).__name__) is not type(layer):
+                raise UnsupportedError(f"model {model.name!r} cannot be {what}: layer "
+                                       f"{layer.name!r} is a {type(layer).__qualname__}, not a "
+                                       "fastlayers.layers class the format can rebuild")
+            if isinstance(layer, Model) and layer is not current:
+                pending.append(layer)
+
+
+def model_header(model, what: str = "saved", **dumps_options) -> str:
+    """The JSON header of ``model`` (format, version and ``model_config``) that a native file
+    stores and ``Model.to_json`` returns; ``what`` names the action in errors and
+    ``dumps_options`` go to ``json.dumps``. UnsupportedError where the format cannot hold it."""
     from .. import __version__
 
+    _check_representable(model, what)
+    header = {"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
+              "model": model_config(model)}
+    dumps_options.setdefault("default", _json_numpy)
     try:
-        header = json.dumps({"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
-                             "model": model_config(model)}, default=_json_numpy)
-    except TypeError as e:
-        raise UnsupportedError(f"model {model.name!r} cannot be saved: a layer option is not "
+        return json.dumps(header, **dumps_options)
+    except (TypeError, ValueError) as e:
+        raise UnsupportedError(f"model {model.name!r} cannot be {what}: a layer option is not "
                                f"serializable ({e})") from e
+
+
+def save_model(model, path) -> None:
+    """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
+    header = model_header(model)
     arrays = {HEADER_KEY: np.frombuffer(header.encode(), dtype=np.uint8)}
     for key, layer, wname in weight_items(model):
         arrays[key] = getattr(layer, wname)
@@ -178,22 +209,41 @@ def model_from_config(entry: dict, where: str = "model config"):
                  outs[0] if cfg.get("single_output") else outs, name=cfg["name"])
 
 
+def model_from_header(header, where: str):
+    """The model a native header (``model_config`` under ``format``/``version``: a ``.flm``
+    file's ``__fastlayers__`` member, ``Model.to_json``) describes, weights as built. The format
+    and version are checked and a malformed architecture is a ModelFileError naming ``where``:
+    the header is data from anywhere."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else type(header).__name__
+        hint = ""
+        if isinstance(header, dict) and "class_name" in header and "config" in header:
+            hint = ("; this looks like Keras's own to_json output, which fastlayers does not "
+                    "read: save the Keras model as .keras and open it with fastlayers.load")
+        raise ModelFileError(f"{where}: not a fastlayers architecture (format {found!r}){hint}")
+    version = header.get("version", 0)
+    if type(version) is not int:
+        raise ModelFileError(f"{where}: malformed format version {version!r}")
+    if version > VERSION:
+        raise UnsupportedError(f"{where}: written by a newer fastlayers (format version {version}, "
+                               f"this version reads {VERSION})")
+    try:
+        return model_from_config(header["model"], where)
+    except FastlayersError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, MemoryError,
+            OverflowError, RecursionError) as e:
+        raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
+
+
 def load_native(path):
     """Read a model written by ``Model.save``."""
     where = str(path)
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(bytes(data[HEADER_KEY]).decode())
-            if header.get("format") != FORMAT:
-                raise ModelFileError(f"{where}: not a fastlayers model (format {header.get('format')!r})")
-            if header.get("version", 0) > VERSION:
-                raise UnsupportedError(f"{where}: written by a newer fastlayers (file format version "
-                                       f"{header['version']}, this version reads {VERSION})")
-            try:
-                with weights_loaded_later():
-                    model = model_from_config(header["model"], where)
-            except (KeyError, IndexError, TypeError, MemoryError) as e:
-                raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
+            with weights_loaded_later():
+                model = model_from_header(header, where)
             expected = {key: (layer, wname) for key, layer, wname in weight_items(model)}
             stored = set(data.files) - {HEADER_KEY}
             missing, unexpected = sorted(set(expected) - stored), sorted(stored - set(expected))
@@ -213,7 +263,8 @@ def load_native(path):
         raise
     except FileNotFoundError as e:
         raise ModelFileError(f"{where}: no such file") from e
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
+            RecursionError) as e:
         raise ModelFileError(f"{where}: not a readable fastlayers model file "
                              f"({type(e).__name__}: {e})") from e
     return model

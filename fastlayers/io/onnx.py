@@ -22,6 +22,8 @@ serves many threads; batch size and sequence length may vary from call to call.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,12 @@ MIN_OPSET = 9
 _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
                         "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+#: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.
+ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
+    ["", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
+     "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn",
+     "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1", "float8e8m0",
+     "uint2", "int2", "float6e2m3", "float6e3m2"]) if n}
 
 
 def _fused_activation(follower) -> dict:
@@ -433,17 +441,61 @@ def prune(nodes, outputs) -> list[Node]:
 
 
 # --------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output as the model file declares it, as onnxruntime's ``NodeArg``.
+
+    Attributes
+    ----------
+    name : str
+    shape : list
+        One entry per dimension: an int where the file fixes it, the dim_param string where it
+        names it, None where it does neither; [] for a scalar or a value declared without a shape.
+    type : str or None
+        onnxruntime's type string, e.g. 'tensor(float)', 'tensor(int64)'; None where the file
+        declares no tensor type.
+    """
+
+    name: str
+    shape: list = field(hash=False)
+    type: str | None
+
+
+def _owner(array):
+    """The object that owns the memory of ``array`` (itself, or the end of its ``base`` chain)."""
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def _declared(value_info) -> tuple:
+    """(name, type string, dimensions) of a declared graph input or output, for ``NodeArg``."""
+    return (value_info.name, ORT_TYPES.get(value_info.elem_type),
+            tuple(_value_shape(value_info, named=True) or ()))
+
+
 class OnnxModel:
     """A model imported from ONNX, run on fastlayers primitives.
 
     Call it like a fastlayers model: ``model(x)``, ``model(x1, x2)``, ``model([x1, x2])`` or
     ``model({"input_name": x})``; it returns one array or a list (one per graph output).
+    Or like an ``onnxruntime.InferenceSession``: ``run``, ``get_inputs``, ``get_outputs``.
+
+    ``declared``: (inputs, outputs) as the file declares them, each a list of ``_declared``
+    tuples, and the initializers the file also lists as graph inputs (None: from ``inputs``,
+    with no output information).
     """
 
-    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where):
+    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None):
         self.name, self.opset, self._where = name, opset, where
         self._inputs = inputs            # [(name, numpy dtype, shape with None for symbolic dims)]
         self.output_names = list(outputs)
+        if declared is None:
+            types = {np.dtype(t): ORT_TYPES[k] for k, t in DTYPES.items()}
+            declared = ([(n, types[d], tuple(s or ())) for n, d, s in inputs],
+                        [(n, None, ()) for n in outputs], ())
+        self._declared_inputs, self._declared_outputs, self._initializer_inputs = declared
+        self._constant_owners = {id(_owner(c)) for c in constants.values()}
         self._constants = constants
         self._nodes = nodes
         self._shapes = shapes
@@ -478,18 +530,29 @@ class OnnxModel:
         unique = {id(a): a for a in arrays if a.dtype == np.float32}
         return int(sum(a.size for a in unique.values()))
 
-    def _prepare(self, args, kwargs):
-        if kwargs:
-            arrays = [kwargs.get(name) for name in self.input_names]
-        elif len(args) == 1 and isinstance(args[0], dict):
-            arrays = [args[0].get(name) for name in self.input_names]
+    def _prepare(self, args, kwargs, strict=False):
+        """The input arrays, checked and cast, in graph order. ``strict``: a name given that
+        is not an input is an error (else it is ignored)."""
+        feed = kwargs or (args[0] if len(args) == 1 and isinstance(args[0], dict) else None)
+        if feed is not None:
+            names = self.input_names
+            arrays = [feed.get(name) for name in names]
+            unknown = [k for k in feed if k not in names] if strict else None
+            if unknown:
+                folded = [k for k in unknown if k in self._initializer_inputs]
+                raise InputError(
+                    f"ONNX model {self.name!r}: unknown input name(s) {unknown}; its inputs are "
+                    f"{names}" + (f" ({', '.join(map(repr, folded))}: initializer(s), "
+                                  f"constants of the graph that cannot be fed)" if folded else ""))
         elif len(args) == 1 and isinstance(args[0], (list, tuple)) and len(self._inputs) > 1:
             arrays = list(args[0])
         else:
             arrays = list(args)
         if len(arrays) != len(self._inputs) or any(a is None for a in arrays):
+            missing = [n for n, a in zip(self.input_names, arrays) if a is None] if feed is not None else []
             raise ShapeError(f"ONNX model {self.name!r} expects inputs {self.input_names}, got "
-                             f"{len([a for a in arrays if a is not None])}")
+                             f"{len([a for a in arrays if a is not None])}"
+                             + (f"; missing {missing}" if missing else ""))
         out = []
         for (name, dtype, shape), a in zip(self._inputs, arrays):
             a = np.asarray(a)
@@ -506,11 +569,87 @@ class OnnxModel:
         return out
 
     def __call__(self, *args, **kwargs):
-        values = self._evaluate(self._prepare(args, kwargs))
-        results = [values[o] if o in values else self._constants[o] for o in self.output_names]
-        # ops may pass NCHW views of NHWC memory along (onnx_ops._nchw): callers get C order
-        results = [r if r.flags.c_contiguous else r.copy() for r in results]
+        results = self._results(self._evaluate(self._prepare(args, kwargs)), self.output_names)
         return results[0] if len(results) == 1 else results
+
+    def _results(self, values, names, fresh=False) -> list[np.ndarray]:
+        """The arrays of outputs ``names`` from the value table of a call, C-ordered (ops may
+        pass NCHW views of NHWC memory along, onnx_ops._nchw). ``fresh``: arrays, copied where
+        they would share memory with an input of the call or a constant of the model, as
+        onnxruntime returns."""
+        results = [values[o] if o in values else self._constants[o] for o in names]
+        if not fresh:
+            return [r if r.flags.c_contiguous else r.copy() for r in results]
+        shared = self._constant_owners.union([id(_owner(values[i])) for i, _, _ in self._inputs])
+        return [r.copy() if not r.flags.c_contiguous or id(_owner(r)) in shared else r
+                for r in map(np.asarray, results)]
+
+    def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:
+        """Run the graph once, as ``onnxruntime.InferenceSession.run``.
+
+        Parameters
+        ----------
+        output_names : list of str or None
+            The graph outputs to return, in this order; None or [] for all of them.
+        input_feed : dict
+            Input name -> array, one for each name of ``get_inputs()`` and no other; each is cast
+            to the input's declared element type and checked against its declared shape.
+        run_options : None
+            onnxruntime's ``RunOptions``; only None is accepted.
+
+        Returns
+        -------
+        list of ndarray
+            One array per name of ``output_names``.
+
+        Raises
+        ------
+        UnsupportedError
+            For ``run_options`` other than None.
+        InputError
+            For an output name the graph does not have, an input name unknown to the graph,
+            or an input missing from ``input_feed`` or of the wrong shape (``ShapeError``).
+        """
+        if run_options is not None:
+            raise UnsupportedError(f"ONNX model {self.name!r}: run options are not supported "
+                                   f"(got {type(run_options).__name__}; pass run_options=None)")
+        if isinstance(output_names, str):
+            raise InputError(f"ONNX model {self.name!r}: output_names must be a list of names or None, "
+                             f"got the string {output_names!r}")
+        names = list(output_names) if output_names else self.output_names
+        unknown = [o for o in names if o not in self.output_names]
+        if unknown:
+            raise InputError(f"ONNX model {self.name!r}: unknown output name(s) {unknown}; its outputs "
+                             f"are {self.output_names}")
+        if not isinstance(input_feed, Mapping):
+            raise InputError(f"ONNX model {self.name!r}: input_feed must be a dict of input name -> "
+                             f"array, got {type(input_feed).__name__}")
+        values = self._evaluate(self._prepare((dict(input_feed),), {}, strict=True))
+        return self._results(values, names, fresh=True)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The graph inputs to feed, as the file declares them, as
+        ``onnxruntime.InferenceSession.get_inputs``: initializers the file also lists as inputs
+        are left out (fastlayers folds them into the graph).
+
+        Returns
+        -------
+        list of NodeArg
+            In graph order; ``shape`` holds ints, dim_param strings and None.
+        """
+        return [NodeArg(name, list(shape), type_) for name, type_, shape in self._declared_inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The graph outputs, as the file declares them, as
+        ``onnxruntime.InferenceSession.get_outputs`` (which also fills in what its shape
+        inference finds where the file is silent; see ``NodeArg``).
+
+        Returns
+        -------
+        list of NodeArg
+            In the order ``run(None, feed)`` returns them.
+        """
+        return [NodeArg(name, list(shape), type_) for name, type_, shape in self._declared_outputs]
 
     def _evaluate(self, arrays) -> dict:
         """Run every node on the checked input ``arrays``; the table of values by name."""
@@ -654,4 +793,7 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
     used = set(outputs).union(*(n.inputs for n in nodes))
     constants = {k: v for k, v in constants.items() if k in used}
     shapes = {vi.name: _value_shape(vi) for vi in graph.value_info + graph.outputs}
-    return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where)
+    declared = ([_declared(vi) for vi in graph.inputs if vi.name not in graph.initializers],
+                [_declared(vi) for vi in graph.outputs],
+                frozenset(vi.name for vi in graph.inputs if vi.name in graph.initializers))
+    return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where, declared)

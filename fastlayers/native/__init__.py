@@ -12,12 +12,9 @@ import os
 try:
     from . import _core
 except ImportError as e:  # a source tree whose extension was never built
-    raise ImportError(
-        "fastlayers' compiled core (fastlayers.native._core) is not built in "
-        f"{os.path.dirname(os.path.dirname(__file__))}: install the package with "
-        "`pip install .` (or `pip install -e .` for a source tree), which compiles it; "
-        "Python started in a source checkout imports that checkout, not the installed copy"
-    ) from e
+    from ..errors import native_core_missing
+
+    raise ImportError(native_core_missing(os.path.dirname(os.path.dirname(__file__)))) from e
 
 from ._core import (ACTIVATIONS, NativeError, best_isa, get_num_threads, isa, isa_runs,  # noqa: F401
                     isas, set_isa, set_num_threads)
