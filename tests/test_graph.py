@@ -229,3 +229,22 @@ def test_dict_outputs_are_refused_clearly():
     x = Input((3,))
     with pytest.raises(UnsupportedError, match="outputs given as a dict"):
         Model(x, {"a": L.Dense(2)(x), "b": L.Dense(1)(x)})
+
+
+def test_cuda_without_numba_cuda_says_how_to_install():
+    """A machine without numba-cuda (the core install): use_ops("cuda") is an UnsupportedError
+    naming the extra, never an ImportError from inside the backend."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "sys.modules['numba'] = sys.modules['numba_cuda'] = None  # as if not installed\n"
+            "import fastlayers\n"
+            "from fastlayers.errors import UnsupportedError\n"
+            "try:\n"
+            "    fastlayers.use_ops('cuda').__enter__()\n"
+            "except UnsupportedError as e:\n"
+            "    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'fastlayers[cuda]'" in proc.stdout

@@ -8,6 +8,10 @@ is imported) runs the same kernels in numba's CUDA simulator.
 
 from __future__ import annotations
 
-from .ops import CudaOps
+from ._runtime import require_numba_cuda
+
+require_numba_cuda()  # before the kernel modules import numba
+
+from .ops import CudaOps  # noqa: E402
 
 __all__ = ["CudaOps"]

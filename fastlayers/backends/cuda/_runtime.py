@@ -18,15 +18,20 @@ import numpy as np
 from ...errors import UnsupportedError
 
 
+def require_numba_cuda() -> None:
+    """UnsupportedError, saying how to install it, where the numba-cuda package is missing."""
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise UnsupportedError("backend 'cuda' needs the numba-cuda package: "
+                               "pip install 'fastlayers[cuda]' (or pip install numba-cuda)")
+
+
 def load_cuda():
     """Import ``numba.cuda`` (the numba-cuda package) and check that a device can be used.
 
     Raises UnsupportedError when numba-cuda is not installed, or when neither a CUDA driver with a
     device nor the simulator (``NUMBA_ENABLE_CUDASIM=1``) is available.
     """
-    if importlib.util.find_spec("numba_cuda") is None:
-        raise UnsupportedError("backend 'cuda' needs the numba-cuda package: "
-                               "pip install 'fastlayers[cuda]' (or pip install numba-cuda)")
+    require_numba_cuda()
     from numba import cuda
 
     if not simulated() and os.environ.get("FASTLAYERS_CUDA_CACHING_ALLOCATOR", "1") != "0":
