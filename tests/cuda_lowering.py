@@ -27,7 +27,9 @@ i, b, f, u = T.int64, T.boolean, T.float32, T.uint8
 # one signature per kernel, or a list of them for kernels launched on several dtypes
 SIGNATURES = {
     "bmm_tiled": (f3, f3, f3, b),
+    "mm_bias_act": (f2, f2, f1, b, i, f, f2),
     "bias_act_rows": (f2, f1, b, i, f),
+    "softmax_rows": (f2, b),
     "act_rows": (f2, f2, i, f),
     "softmax_oni": (f3, b),
     "relu_flat": (f1, f1, f, f, f, b),

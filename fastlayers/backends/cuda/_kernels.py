@@ -130,6 +130,65 @@ def bmm_tiled(a_zmk, b_zkn, c_zmn, trans_b):
 
 
 @cuda.jit
+def mm_bias_act(a_mk, b_kn, bias_n, has_bias, code, alpha, c_mn):
+    """c = f(a b + bias) for 2-D operands: ``bmm_tiled``'s tiles with the bias and activation
+    ``code`` applied as each output leaves its registers (one launch for a Dense layer)."""
+    sa = cuda.shared.array((TILE, TILE), float32)
+    sb = cuda.shared.array((TILE, TILE), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    col = cuda.blockIdx.x * TILE + tx
+    row = cuda.blockIdx.y * TILE + ty
+    m = a_mk.shape[0]
+    k = a_mk.shape[1]
+    n = c_mn.shape[1]
+    acc = _ZERO
+    for k0 in range(0, k, TILE):
+        ka = k0 + tx
+        if row < m and ka < k:
+            sa[ty, tx] = a_mk[row, ka]
+        else:
+            sa[ty, tx] = _ZERO
+        kb = k0 + ty
+        if col < n and kb < k:
+            sb[ty, tx] = b_kn[kb, col]
+        else:
+            sb[ty, tx] = _ZERO
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += sa[ty, kk] * sb[kk, tx]
+        cuda.syncthreads()
+    if row < m and col < n:
+        if has_bias:
+            acc += bias_n[col]
+        c_mn[row, col] = act(acc, code, alpha)
+
+
+@cuda.jit
+def softmax_rows(y_rc, log):
+    """y[r, :] = softmax(y[r, :]) (log: log_softmax) in place, one thread per row."""
+    r = cuda.grid(1)
+    if r >= y_rc.shape[0]:
+        return
+    n = y_rc.shape[1]
+    m = _NEG_INF
+    for j in range(n):
+        v = y_rc[r, j]
+        if v > m or v != v:
+            m = v
+    total = _ZERO
+    for j in range(n):
+        total += math.exp(y_rc[r, j] - m)
+    if log:
+        lse = math.log(total)
+        for j in range(n):
+            y_rc[r, j] = y_rc[r, j] - m - lse
+    else:
+        for j in range(n):
+            y_rc[r, j] = math.exp(y_rc[r, j] - m) / total
+
+
+@cuda.jit
 def bias_act_rows(y_rc, b_c, has_bias, code, alpha):
     """y[r, c] = f(y[r, c] + b[c]) in place."""
     c, r = cuda.grid(2)

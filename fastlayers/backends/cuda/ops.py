@@ -28,8 +28,10 @@ from ...errors import UnsupportedError
 from ..reference import ReferenceOps
 from ..reference_conv import conv_out_size, resize_ratio
 from . import _kernels as K
+from ._launch import install as install_fast_launches
 from ._runtime import (
-    WeightCache, c_ordered, device_dtype, is_device, load_cuda, simulated, to_device, to_host,
+    WeightCache, c_ordered, device_dtype, device_empty, driver, is_device, load_cuda, simulated,
+    to_device, to_host,
 )
 
 _DUMMY = np.zeros(1, np.float32)
@@ -137,6 +139,8 @@ class CudaOps(ReferenceOps):
 
     def __init__(self):
         self.cuda = load_cuda()
+        if driver() is not None:  # a real GPU: launches through the driver (_launch.py)
+            install_fast_launches(K, driver())
         self.sim = simulated()
         self._launch_lock = threading.RLock() if self.sim else contextlib.nullcontext()
         self.weights = WeightCache()
@@ -150,7 +154,7 @@ class CudaOps(ReferenceOps):
 
     # ---------------------------------------------------------------------------- helpers
     def _empty(self, shape, dtype=np.float32):
-        return self.cuda.device_array(tuple(int(s) for s in shape), dtype)
+        return device_empty(shape, dtype)
 
     def _weight(self, w, derive=None):
         return self.weights.get(w, derive)
@@ -172,6 +176,12 @@ class CudaOps(ReferenceOps):
 
     def _matmul_into(self, a_mk, b_kn, c_mn, trans_b=False):
         """c = a b (b^T) with 2-D or 3-D (batched) device operands."""
+        if a_mk.ndim == b_kn.ndim == c_mn.ndim == 2 and not trans_b:  # no 3-D views to make
+            m, n = c_mn.shape
+            grid = ((n + K.TILE - 1) // K.TILE, (m + K.TILE - 1) // K.TILE)
+            K.mm_bias_act[grid, (K.TILE, K.TILE)](a_mk, b_kn, self._dummy, False, K.LINEAR,
+                                                  np.float32(0.0), c_mn)
+            return c_mn
         a3 = a_mk.reshape((1,) + a_mk.shape) if a_mk.ndim == 2 else a_mk
         b3 = b_kn.reshape((1,) + b_kn.shape) if b_kn.ndim == 2 else b_kn
         c3 = c_mn.reshape((1,) + c_mn.shape) if c_mn.ndim == 2 else c_mn
@@ -282,30 +292,29 @@ class CudaOps(ReferenceOps):
         else:
             out = self._empty((m, n))
         self._matmul_into(da, db, out, trans_b)
-        return out if is_device(a) else out.copy_to_host()
+        return out if is_device(a) else to_host(out)
 
     def _epilogue(self, y_rc, b, activation, alpha):
         """y = f(y + b) in place over device rows; unknown activations run on the host."""
         code = K.CODES.get(activation)
         rows, cols = y_rc.shape
-        if b is None and activation == "linear":
-            return y_rc
-        blocks, threads = _grid2(cols, rows, self.sim)
-        db = self._dummy if b is None else self._weight(b)
-        K.bias_act_rows[blocks, threads](y_rc, db, b is not None,
-                                         K.LINEAR if code is None else code, np.float32(alpha))
+        if b is not None or code not in (None, K.LINEAR):
+            blocks, threads = _grid2(cols, rows, self.sim)
+            db = self._dummy if b is None else self._weight(b)
+            K.bias_act_rows[blocks, threads](y_rc, db, b is not None,
+                                             K.LINEAR if code is None else code, np.float32(alpha))
         if code is not None:
             return y_rc
         if activation in ("softmax", "log_softmax"):
             g, t = _grid1(rows, self.sim)
-            K.softmax_oni[g, t](y_rc.reshape(rows, cols, 1), activation == "log_softmax")
+            K.softmax_rows[g, t](y_rc, activation == "log_softmax")
             return y_rc
-        host = ReferenceOps.activation(self, y_rc.copy_to_host(), activation, alpha)
+        host = ReferenceOps.activation(self, to_host(y_rc), activation, alpha)
         return to_device(host)
 
     @staticmethod
     def _back(out, was_device):
-        return out if was_device else out.copy_to_host()
+        return out if was_device else to_host(out)
 
     # ---------------------------------------------------------------------- elementwise
     @_serialized_in_simulator
@@ -377,11 +386,18 @@ class CudaOps(ReferenceOps):
         if x.size == 0 or w_io.shape[1] == 0 or w_io.shape[0] == 0:
             return super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha)
         dx = to_device(x)
-        rows = _rows(dx)
-        y = self._empty((rows.shape[0], w_io.shape[1]))
-        self._matmul_into(rows, self._weight(w_io), y)
-        y = self._epilogue(y, b_o, activation, alpha)
-        return self._back(y.reshape(tuple(dx.shape)[:-1] + (w_io.shape[1],)), dev)
+        rows = dx if dx.ndim == 2 else _rows(dx)
+        m, n = rows.shape[0], w_io.shape[1]
+        y = self._empty((m, n))
+        code = K.CODES.get(activation)
+        db = self._dummy if b_o is None else self._weight(b_o)
+        grid = ((n + K.TILE - 1) // K.TILE, (m + K.TILE - 1) // K.TILE)
+        K.mm_bias_act[grid, (K.TILE, K.TILE)](rows, self._weight(w_io), db, b_o is not None,
+                                              K.LINEAR if code is None else code,
+                                              np.float32(alpha), y)
+        if code is None:  # softmax over the rows, or an activation the kernels lack
+            y = self._epilogue(y, None, activation, alpha)
+        return self._back(y if dx.ndim == 2 else y.reshape(tuple(dx.shape)[:-1] + (n,)), dev)
 
     # ------------------------------------------------------------- convolution and pooling
     @_serialized_in_simulator

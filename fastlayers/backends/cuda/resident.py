@@ -36,7 +36,7 @@ from ...layers import (
     recurrent, reshaping,
 )
 from ...layers.convolutional import same_pads, window_out
-from ._runtime import device_dtype, is_device, to_device
+from ._runtime import device_dtype, is_device, to_device, to_host
 
 
 class Transfers(threading.local):
@@ -624,7 +624,7 @@ def _to_host_tree(v):
         return type(v)(_to_host_tree(a) for a in v)
     if is_device(v):
         LAST_RUN.to_host += 1
-        host = v.copy_to_host()
+        host = to_host(v)
         return host.astype(bool) if host.dtype == np.uint8 else host  # uint8 arrays are masks
     return v
 
@@ -658,10 +658,10 @@ def _raise_failed_checks():
     """Read the value-check flag once; if a kernel set it, re-run the checked nodes on the host
     so that the failing layer raises its own error."""
     LAST_RUN.flag_reads += 1
-    if not LAST_RUN.flag.copy_to_host()[0]:
+    if not to_host(LAST_RUN.flag)[0]:
         return
     for layer, args in LAST_RUN.checks:
-        host = [a.copy_to_host() for a in args] if type(args) is list else args.copy_to_host()
+        host = [to_host(a) for a in args] if type(args) is list else to_host(args)
         layer._numeric_call(host)
     raise InputError(f"a value check failed on the device in layers "
                      f"{[layer.name for layer, _ in LAST_RUN.checks]}")
