@@ -158,11 +158,12 @@ else:
     def _device_only():
         """Count the real host <-> device copies (activations in and out, weights into the cache)
         and fail on anything that would copy silently on a GPU (numpy reading a device array, a
-        host array given to a kernel) or a weight uploaded without being cached. Simulator only
-        (on a GPU it yields None)."""
+        host array given to a kernel) or a weight uploaded without being cached. On a GPU the
+        copies counted are the real ones, through the driver (``_runtime._Driver``), and every
+        launch (``_launch.FastKernel``) must get device arrays only."""
         counts = {"in": 0, "out": 0, "weights": 0}
         if not fastlayers.get_ops("cuda").sim:
-            yield None
+            yield from _gpu_transfers(counts)
             return
         from numba import cuda
         from numba.cuda.simulator import kernel as sim_kernel
@@ -225,6 +226,43 @@ else:
                 setattr(cls, name, fn)
             sim_kernel.FakeCUDAKernel.__call__, cuda.to_device = saved_launch, saved_to_device
             _runtime.WeightCache.get = saved_get
+
+    def _gpu_transfers(counts):
+        """``_device_only`` on a GPU: the driver's copies counted, host arrays at launches refused."""
+        from fastlayers.backends.cuda import _launch
+
+        driver_cls = type(_runtime.driver())
+        saved_in, saved_out = driver_cls.to_device, driver_cls.to_host
+        saved_get, saved_launch = _runtime.WeightCache.get, _launch.FastKernel.launch
+        in_cache = [False]
+
+        def to_device(self, host):
+            counts["weights" if in_cache[0] else "in"] += 1
+            return saved_in(self, host)
+
+        def to_host(self, dev):
+            counts["out"] += 1
+            return saved_out(self, dev)
+
+        def cached_get(self, a, derive=None):
+            in_cache[0] = True
+            try:
+                return saved_get(self, a, derive)
+            finally:
+                in_cache[0] = False
+
+        def launch(self, grid, block, args):
+            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), \
+                f"host array given to kernel {self.dispatcher.__name__}"
+            return saved_launch(self, grid, block, args)
+
+        driver_cls.to_device, driver_cls.to_host = to_device, to_host
+        _runtime.WeightCache.get, _launch.FastKernel.launch = cached_get, launch
+        try:
+            yield counts
+        finally:
+            driver_cls.to_device, driver_cls.to_host = saved_in, saved_out
+            _runtime.WeightCache.get, _launch.FastKernel.launch = saved_get, saved_launch
 
     def _assert_resident(model, x, flag_reads=0, atol=1e-5):
         """The model on the cuda backend equals the cpu backend, every node runs on the device and
@@ -319,6 +357,29 @@ else:
         with fastlayers.use_ops("reference"):
             expected = ns["model"](ns["x"])
         assert_close(ns["y"], expected, rtol=1e-4, atol=1e-5)
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":  # GPU sizes (the simulator is too slow)
+        @pytest.mark.parametrize("m, k, n, activation", [(2048, 1024, 4096, "gelu"),
+                                                         (1, 4096, 4096, "relu"),
+                                                         (777, 333, 1001, "softmax")])
+        def test_dense_at_realistic_sizes(ops, rng, m, k, n, activation):
+            """Grids far beyond the simulator's sizes (up to 256 x 128 blocks), and float32 accuracy
+            of the fused product against float64 over long reductions."""
+            x = _x(rng, m, k)
+            w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+            b = _x(rng, n)
+            got = ops.dense(x, w, b, activation)
+            want = fastlayers.get_ops("reference").activation(
+                (x.astype(np.float64) @ w + b).astype(np.float32), activation)
+            assert_close(got, want, rtol=2e-4, atol=2e-5)
+
+        def test_cnn_at_realistic_size_is_resident(ops, rng):
+            model = fastlayers.Sequential([
+                fastlayers.Input((64, 64, 3)), L.Conv2D(32, 3, padding="same", activation="relu"),
+                L.DepthwiseConv2D(3, padding="same"), L.MaxPooling2D(2),
+                L.Conv2D(64, 3, strides=2, padding="same", activation="relu"),
+                L.GlobalAveragePooling2D(), L.Dense(10, activation="softmax")])
+            _assert_resident(model, _x(rng, 32, 64, 64, 3), atol=1e-5)
 
     def test_nn_module_to_cuda(ops, rng):
         nn = fastlayers.nn
