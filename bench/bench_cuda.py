@@ -2,7 +2,9 @@
 
 Workloads: a wide MLP (256-512-512-10, gelu) at batch 64 and 1024; a small CNN
 (conv 3x3 32 relu, depthwise 3x3, max pool, conv 3x3 64 relu, avg pool, flatten, dense 10) on
-32x32x3 images at batch 16; batched masked attention softmax + products (B 8, H 8, T 128, d 64).
+32x32x3 images at batch 16; batched masked attention softmax + products (B 8, H 8, T 128, d 64);
+torch-style modules loaded from torch's state dicts at batch 1 and 32: a 2-layer LSTM (64 -> 256,
+50 steps) and a Transformer encoder layer (d 256, 4 heads, feed-forward 1024, 64 tokens).
 Outputs are compared before timing. Each timed call includes the one host-to-device copy of the
 input and the one device-to-host copy of the output (torch: ``.cuda()`` / ``.cpu()`` likewise).
 
@@ -140,6 +142,46 @@ def bench_cuda_model(benchmark, workload, batch, engine):
             with torch.inference_mode():
                 out = tmodel(torch.from_numpy(a).cuda()).cpu().numpy()
             return out
+
+        fns["torch-cuda"] = run_torch
+    elif engine == "torch-cuda":
+        pytest.skip("torch has no CUDA here")
+    check_same({e: f(x) for e, f in fns.items()}, rtol=1e-3, atol=1e-4)
+    benchmark.group = f"cuda {workload} batch {batch}"
+    benchmark.extra_info.update(workload=workload, batch=batch, engine=engine)
+    benchmark(fns[engine], x)
+
+
+#: torch-style modules: (fastlayers.nn module, torch module) from the same constructor
+#: arguments, fastlayers' loading torch's state dict; input shape without the batch.
+NN_WORKLOADS = {
+    "lstm_2x256": (lambda nn: nn.LSTM(64, 256, num_layers=2, batch_first=True), (50, 64)),
+    "encoder_layer_256": (lambda nn: nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True),
+                          (64, 256)),
+}
+
+
+@pytest.mark.parametrize("workload", list(NN_WORKLOADS))
+@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("engine", ["fastlayers-cuda", "torch-cuda", "fastlayers-cpu"])
+def bench_cuda_nn(benchmark, workload, batch, engine):
+    _cuda_ops_or_skip()
+    make, shape = NN_WORKLOADS[workload]
+    torch = torch_module()
+    torch.manual_seed(0)
+    tmodel = make(torch.nn).eval()
+    model = make(fastlayers.nn)
+    model.load_state_dict(tmodel.state_dict())
+    x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
+    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731 - LSTM: output
+    gpu = model.to("cuda")
+    fns = {"fastlayers-cpu": lambda a: first(model(a)), "fastlayers-cuda": lambda a: first(gpu(a))}
+    if _torch_cuda() is not None:
+        tmodel = tmodel.cuda()
+
+        def run_torch(a):
+            with torch.inference_mode():
+                return first(tmodel(torch.from_numpy(a).cuda())).cpu().numpy()
 
         fns["torch-cuda"] = run_torch
     elif engine == "torch-cuda":
