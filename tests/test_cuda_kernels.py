@@ -169,6 +169,29 @@ else:
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         assert_close(got, want)
 
+    @pytest.mark.parametrize("norm_first", [False, True])
+    @pytest.mark.parametrize("masked, need_weights", [(False, True), (True, False)])
+    def test_encoder_layer(ops, rng, norm_first, masked, need_weights):
+        """The whole encoder layer on the device, against the reference composition."""
+        from fastlayers.backends.reference import EncoderWeights
+
+        n, length, e, heads, f = 2, 5, 8, 2, 12
+        ws = [_r(rng, *shape, scale=0.3) for shape in ((e, 3 * e), (3 * e,), (e, e), (e,),
+                                                       (e, f), (f,), (f, e), (e,))]
+        norms = [(_r(rng, e) + 1, _r(rng, e), 1e-5) for _ in range(2)]
+        w = EncoderWeights(*ws, *norms)
+        x = _r(rng, n, length, e)
+        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) \
+            if masked else None
+        got, got_w = ops.encoder_layer(x, w, heads, "gelu", norm_first, bias, 0, need_weights)
+        want, want_w = REF.encoder_layer(x, w, heads, "gelu", norm_first, bias, 0, need_weights)
+        assert isinstance(got, np.ndarray)
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        if need_weights:
+            assert_close(got_w, want_w, rtol=1e-4, atol=1e-6)
+        else:
+            assert got_w is None
+
     def test_attention_on_device(ops, rng):
         q, k, v = _r(rng, 1, 2, 3, 4), _r(rng, 1, 2, 5, 4), _r(rng, 1, 2, 5, 2)
         bias = np.where(rng.random((1, 1, 1, 5)) < 0.3, -np.inf, 0).astype(np.float32)

@@ -5,10 +5,10 @@ on an H100 host (typing every argument, then marshalling each array into ctypes 
 several layers), which made the backend launch-bound: an MLP call of 7 launches spent most of
 its time there. ``FastKernel`` keeps numba's dispatcher for compiling and for the simulator,
 and launches the compiled kernel itself: the argument types of a call are keyed cheaply
-(dtype, rank and layout of each device array, type of each scalar), the kernel is compiled
-once per key through ``dispatcher.compile``, and each launch packs numba's kernel ABI (per
-array: meminfo, parent, size, itemsize, data pointer, shape, strides; scalars as their C type)
-into one parameter buffer for ``cuLaunchKernel`` on the legacy default stream, as numba does.
+(dtype, rank and layout of each device array, type of each scalar and of each element of a
+tuple of scalars), the kernel is compiled once per key through ``dispatcher.compile``, and each
+launch packs numba's kernel ABI (per array: meminfo, parent, size, itemsize, data pointer,
+shape, strides; scalars as their C type; a tuple as its elements) into one parameter buffer for ``cuLaunchKernel`` on the legacy default stream, as numba does.
 Arguments it does not know (host arrays, records) take numba's own path.
 """
 
@@ -38,6 +38,9 @@ def _key(a):
         layout = "C" if a.is_c_contiguous() else "F" if a.is_f_contiguous() else "A"
         return (a.dtype.str, a.ndim, layout)
     t = type(a)
+    if t is tuple:  # numba passes a tuple of scalars as its elements, one parameter each
+        keys = tuple(map(_key, a))
+        return None if None in keys or any(type(k) is tuple for k in keys) else ("tuple", keys)
     return t if t in (bool, int, float) or isinstance(a, np.generic) else None
 
 
@@ -71,6 +74,8 @@ class FastKernel:
                     kinds.append(_ARRAY)
                 elif str(ty) in _SCALARS:
                     kinds.append(_SCALARS[str(ty)])
+                elif isinstance(ty, types.BaseTuple) and all(str(t) in _SCALARS for t in ty):
+                    kinds.append(tuple(_SCALARS[str(t)] for t in ty))
                 else:
                     kinds = None
                     break
@@ -92,6 +97,8 @@ class FastKernel:
                            _c_intp(a.dtype.itemsize), ctypes.c_void_p(a.device_ctypes_pointer.value)]
                 values += [_c_intp(s) for s in a.shape]
                 values += [_c_intp(s) for s in a.strides]
+            elif type(kind) is tuple:
+                values += [k(v) for k, v in zip(kind, a)]
             else:
                 values.append(kind(a))
         params = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 
 import numpy as np
@@ -585,6 +586,48 @@ class CudaOps(ReferenceOps):
         self._matmul_into(w.reshape(nb * nh, tq, tk), dv_.reshape(nb * nh, tk, dv),
                           out.reshape(nb * nh, tq, dv))
         return self._back(out, dev), (self._back(w, dev) if need_weights else None)
+
+    @_serialized_in_simulator
+    def encoder_layer(self, x_nle, w, num_heads, activation="relu", norm_first=False, bias=None,
+                      empty=0, need_weights=True):
+        """``ReferenceOps.encoder_layer`` with every value on the device: the input copied in
+        once and the output out once (the reference composition would copy each product's,
+        attention's and norm's operands in and out)."""
+        dev = is_device(x_nle)
+        n, length, e = x_nle.shape
+        if x_nle.size == 0:
+            return super().encoder_layer(to_host(x_nle), w, num_heads, activation, norm_first,
+                                         bias, empty, need_weights)
+        hd = e // num_heads
+        rows = to_device(x_nle).reshape(n * length, e)
+
+        def mha(z_rows):
+            qkv = self.dense(z_rows, w.w_qkv_io, w.b_qkv)
+            q, k, v = (self.copy_view(qkv, lambda a, i=i: a.reshape(n, length, 3, num_heads, hd)
+                                      [:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
+            o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty, need_weights)
+            o_rows = self.copy_view(o, lambda a: a.transpose(0, 2, 1, 3)).reshape(n * length, e)
+            return self.dense(o_rows, w.w_o_io, w.b_o), s
+
+        def ff(z_rows):
+            return self.dense(self.dense(z_rows, w.w_1_io, w.b_1, activation), w.w_2_io, w.b_2)
+
+        def norm(z_rows, ln):
+            return self.layer_norm(z_rows, *ln)
+
+        def add(a, b):
+            return self.merge(a, b, "add")
+
+        if norm_first:
+            a, s = mha(norm(rows, w.norm1))
+            y = add(rows, a)
+            out = add(y, ff(norm(y, w.norm2)))
+        else:
+            a, s = mha(rows)
+            y = norm(add(rows, a), w.norm1)
+            out = norm(add(y, ff(y)), w.norm2)
+        weights = self._back(s, dev) if need_weights else None
+        return self._back(out.reshape(n, length, e), dev), weights
 
     @_serialized_in_simulator
     def tanh_scores(self, q_pqd, k_pkd, w_d, inner=1.0, outer=1.0):
