@@ -1,14 +1,19 @@
-"""The ``fastlayers`` command: demo, info, run and warmup.
+"""The fastlayers command: demo, info, run and warmup.
 
     fastlayers demo                      run the bundled trained models on bundled samples
     fastlayers info MODEL                print a model's summary
     fastlayers run MODEL --input X.npy [--output Y.npy] [--batch-size N]
     fastlayers warmup                    kept for old scripts: says that nothing needs compiling
+
+``--threads N`` and ``--backend NAME`` go before or after the command. Every error (a bad
+argument, an unreadable model or input, a shape the model refuses, an output that cannot be
+written) prints one line, ``fastlayers: error: ...``, on stderr and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +39,13 @@ DEMOS = [
     ("digits_transformer.flm", "digits_samples.npz", (8, 8),
      "Transformer encoder over the 8 rows: Conv1D embedding, 4-head self-attention, FFN, pooling"),
 ]
+
+#: Suffixes ``--output`` writes: one array (.npy) or an archive of one or more (.npz).
+OUTPUT_SUFFIXES = (".npy", ".npz")
+
+
+class CommandError(FastlayersError):
+    """A command-line argument the command cannot use (printed as one line, exit status 2)."""
 
 
 class Progress:
@@ -116,19 +128,55 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _check_output(path: str) -> None:
+    """Refuse, before anything runs, an --output the command could not write as named."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise CommandError(f"--output {path}: the name must end in .npy (one output) or .npz "
+                           "(any number of outputs)")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise CommandError(f"--output {path}: the directory {str(parent)!r} does not exist")
+    if Path(path).is_dir():
+        raise CommandError(f"--output {path}: is a directory")
+
+
+def _read_inputs(paths) -> list[np.ndarray]:
+    from .io.native import read_npy
+
+    inputs = []
+    for path in paths:
+        array = read_npy(path, "the input array")
+        if array.ndim == 0:
+            raise CommandError(f"{path}: a scalar; expected an array whose first axis is the batch")
+        if len(array) == 0:
+            raise CommandError(f"{path}: holds no samples (shape {array.shape})")
+        inputs.append(array)
+    return inputs
+
+
+def _output_count(model) -> int | None:
+    outputs = getattr(model, "outputs", None)
+    if isinstance(outputs, list):
+        return len(outputs)
+    get_outputs = getattr(model, "get_outputs", None)   # an OnnxModel
+    return len(get_outputs()) if callable(get_outputs) else None
+
+
 def cmd_run(args) -> int:
     import fastlayers
 
-    model = fastlayers.load(args.model)
-    inputs = []
-    for path in args.input:
-        try:
-            inputs.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as e:
-            raise fastlayers.errors.ModelFileError(f"{path}: not a readable .npy array ({e})") from e
+    if args.output:
+        _check_output(args.output)
+    inputs = _read_inputs(args.input)
     n = len(inputs[0])
     if any(len(a) != n for a in inputs):
         raise fastlayers.errors.ShapeError(f"inputs have different batch sizes: {[len(a) for a in inputs]}")
+    model = fastlayers.load(args.model)
+    count = _output_count(model)
+    if args.output and args.output.lower().endswith(".npy") and count is not None and count > 1:
+        raise CommandError(f"--output {args.output}: the model has {count} outputs; give a .npz "
+                           "name to write them all")
     batch = args.batch_size or n
     steps = max(1, -(-n // batch))
     progress = Progress(steps, "run") if steps > 1 else None
@@ -140,13 +188,16 @@ def cmd_run(args) -> int:
             outputs.append(out if isinstance(out, list) else [out])
             if progress:
                 progress.update(step + 1)
-    results = [np.concatenate([o[i] for o in outputs]) if outputs else np.zeros(0)
-               for i in range(len(outputs[0]))]
+    results = [np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))]
     if args.output:
-        if len(results) == 1 and not args.output.endswith(".npz"):
-            np.save(args.output, results[0])
-        else:
-            np.savez(args.output, **{f"output_{i}": r for i, r in enumerate(results)})
+        if len(results) > 1 and args.output.lower().endswith(".npy"):
+            raise CommandError(f"--output {args.output}: the model gave {len(results)} outputs; "
+                               "give a .npz name to write them all")
+        with open(args.output, "wb") as f:   # the name as given: np.save would append .npy
+            if args.output.lower().endswith(".npy"):
+                np.save(f, results[0], allow_pickle=False)
+            else:
+                np.savez(f, **{f"output_{i}": r for i, r in enumerate(results)})
         print(f"wrote {len(results)} output(s) of shape(s) {[r.shape for r in results]} to {args.output}",
               file=sys.stderr)
     else:
@@ -164,41 +215,104 @@ def cmd_warmup(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------- arguments
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``fastlayers: error: ...``, exit status 2)."""
+
+    def error(self, message):
+        raise CommandError(f"{message} (see {self.prog} --help)")
+
+
+def _positive_int(maximum: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        if value < 1 or (maximum is not None and value > maximum):
+            limit = f" from 1 to {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"expected a positive integer{limit}, got {text}")
+        return value
+    return parse
+
+
+def _global_options(parser, suppress: bool) -> None:
+    from .backends import MAX_THREADS
+
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--threads", type=_positive_int(MAX_THREADS), default=default,
+                        metavar="N", help="threads for fastlayers' kernels (default: the CPUs)")
+    parser.add_argument("--backend", choices=["cpu", "reference", "cuda"],
+                        default=argparse.SUPPRESS if suppress else "cpu",
+                        help="backend that runs the model (default: cpu)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastlayers", description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=None, help="threads for fastlayers' kernels")
-    parser.add_argument("--backend", default="cpu", choices=["cpu", "reference", "cuda"])
+    parser = _Parser(
+        prog="fastlayers", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="CPU inference for Keras, PyTorch, ONNX and fastlayers model files.",
+        epilog="--threads and --backend may also follow the command.\n"
+               "Errors print one line on stderr and exit with status 2.")
+    _global_options(parser, suppress=False)
     parser.add_argument("--version", action="version", version=f"fastlayers {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the bundled models on bundled samples")
-    demo.add_argument("--repeats", type=int, default=50, help="timed runs per latency figure")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        _global_options(p, suppress=True)
+        return p
+
+    demo = command("demo", "run the bundled models on bundled samples")
+    demo.add_argument("--repeats", type=_positive_int(), default=50,
+                      help="timed runs per latency figure (default: 50)")
     demo.set_defaults(func=cmd_demo)
-    info = sub.add_parser("info", help="print a model's summary")
-    info.add_argument("model")
+    info = command("info", "print a model's summary")
+    info.add_argument("model", help="a model file (.flm, .keras, .h5, .onnx, .pt, ...)")
     info.set_defaults(func=cmd_info)
-    run = sub.add_parser("run", help="run a model on .npy inputs")
-    run.add_argument("model")
-    run.add_argument("--input", action="append", required=True,
-                     help=".npy file (repeat once per model input, in order)")
-    run.add_argument("--output", help=".npy (one output) or .npz file for the results")
-    run.add_argument("--batch-size", type=int, default=None)
+    run = command("run", "run a model on .npy inputs")
+    run.add_argument("model", help="a model file (.flm, .keras, .h5, .onnx, .pt, ...)")
+    run.add_argument("--input", action="append", required=True, metavar="X.npy",
+                     help=".npy file, batch first (repeat once per model input, in order)")
+    run.add_argument("--output", metavar="Y.npy",
+                     help="where to write the results: .npy (one output) or .npz (any number); "
+                          "default: print them")
+    run.add_argument("--batch-size", type=_positive_int(), default=None, metavar="N",
+                     help="samples per call (default: all at once)")
     run.set_defaults(func=cmd_run)
-    warm = sub.add_parser("warmup", help="nothing to do: kernels are compiled at install")
+    warm = command("warmup", "nothing to do: kernels are compiled at install")
     warm.set_defaults(func=cmd_warmup)
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.threads is not None:
-        from .backends import set_num_threads
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
-        set_num_threads(args.threads)
+
+def main(argv=None) -> int:
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        if args.threads is not None:
+            from .backends import set_num_threads
+
+            set_num_threads(args.threads)
+        with np.errstate(all="ignore"):   # inf and NaN inputs give inf and NaN outputs
+            return args.func(args)
     except FastlayersError as e:
-        print(f"fastlayers: error: {e}", file=sys.stderr)
-        return 2
+        message = str(e)
+    except OSError as e:   # writing the output: a full disk, no permission
+        message = f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
+    except MemoryError:
+        message = "out of memory (try a smaller --batch-size)"
+    except KeyboardInterrupt:
+        print("fastlayers: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on request
+        if os.environ.get("FASTLAYERS_DEBUG"):
+            raise
+        message = (f"internal error ({type(e).__name__}: {e}); run with FASTLAYERS_DEBUG=1 for "
+                   "the traceback")
+    print(f"fastlayers: error: {_one_line(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

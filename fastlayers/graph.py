@@ -7,13 +7,14 @@ intermediate value in a dict local to the call, so one model serves many threads
 from __future__ import annotations
 
 import json
+import numbers
 import sys
 import threading
 from typing import Any
 
 import numpy as np
 
-from .errors import ModelFileError, ShapeError, UnsupportedError
+from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
 from .layers.base import Layer, as_float32, shape_str
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
@@ -404,23 +405,38 @@ class Model(Layer):
         """
         if not self.built:
             return False
-        specs = [(t.node.layer.batch_shape, t.node.layer.dtype) for t in self.inputs]
-        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]), specs)
+        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]),
+                       self.input_specs())
+
+    def input_specs(self) -> list[tuple]:
+        """(batch shape with None for free sizes, dtype) of each input, in ``inputs`` order."""
+        return [(t.node.layer.batch_shape, t.node.layer.dtype) for t in self.inputs]
 
     def predict(self, x, batch_size: int | None = None, verbose: int = 0):
-        """Run the model in batches of ``batch_size`` (all at once by default), like Keras."""
-        arrays = self._prepare_inputs(x if not isinstance(x, tuple) else list(x))
-        arrays = arrays if isinstance(arrays, list) else [arrays]
-        total = arrays[0].shape[0]
-        if not batch_size or total <= batch_size:
-            return self(arrays if len(arrays) > 1 else arrays[0])
-        parts = []
-        for start in range(0, total, batch_size):
-            chunk = [a[start:start + batch_size] for a in arrays]
-            parts.append(self(chunk if len(chunk) > 1 else chunk[0]))
-        if self._single_output:
-            return np.concatenate(parts)
-        return [np.concatenate([p[i] for p in parts]) for i in range(len(self.outputs))]
+        """Run the model in batches of ``batch_size`` (all at once by default), like Keras.
+
+        ``batch_size`` is None or a positive integer (else ``InputError``); inputs that are not
+        rectangular numeric arrays (ragged nested lists) raise ``ShapeError``. Floating-point
+        overflow and invalid operations (inf or NaN in the inputs or weights) give inf and NaN
+        in the outputs without numpy warnings."""
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+                batch_size, numbers.Integral) or batch_size < 1):
+            raise InputError(f"model {self.name!r}: predict expects batch_size None or a positive "
+                             f"integer, got {batch_size!r}")
+        with np.errstate(all="ignore"):
+            arrays = self._prepare_inputs(x if not isinstance(x, tuple) else list(x))
+            arrays = arrays if isinstance(arrays, list) else [arrays]
+            total = arrays[0].shape[0] if arrays[0].ndim else 0
+            if not batch_size or total <= batch_size:
+                return self(arrays if len(arrays) > 1 else arrays[0])
+            batch_size = int(batch_size)
+            parts = []
+            for start in range(0, total, batch_size):
+                chunk = [a[start:start + batch_size] for a in arrays]
+                parts.append(self(chunk if len(chunk) > 1 else chunk[0]))
+            if self._single_output:
+                return np.concatenate(parts)
+            return [np.concatenate([p[i] for p in parts]) for i in range(len(self.outputs))]
 
     def predict_on_batch(self, x):
         """Run the model on one batch, as Keras's ``Model.predict_on_batch``.
@@ -470,6 +486,13 @@ class Model(Layer):
         from .io.native import save_model
 
         save_model(self, path)
+
+    def __reduce__(self):
+        """Pickle by value: the native file's bytes, read back as ``fastlayers.load`` reads a
+        file (``fastlayers.pickling``). ``copy.deepcopy`` goes the same way."""
+        from .pickling import reduce_model
+
+        return reduce_model(self)
 
     def get_config(self) -> dict:
         from .io.native import model_config

@@ -248,3 +248,16 @@ def test_cuda_without_numba_cuda_says_how_to_install():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'fastlayers[cuda]'" in proc.stdout
+
+
+def test_ragged_and_out_of_range_inputs_to_a_call():
+    """A ragged nested list is a ShapeError from the model, and float64 values beyond float32's
+    range become inf without numpy's overflow warning."""
+    import warnings
+
+    model = Sequential([Input((2,)), L.Dense(1)])
+    with pytest.raises(ShapeError, match="rectangular"):
+        model([[1.0, 2.0], [3.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not np.isfinite(model(np.array([[1e300, 0.0]]))).all()

@@ -106,3 +106,20 @@ def test_row_entries_decline_what_they_do_not_take(rng):
     assert _core.apply_layer_norm(x, None, v.astype(np.float64), 1e-5, False) is None
     assert _core.apply_scale_shift(x, None, v) is None
     assert _core.apply_scale_shift(x, v, np.repeat(v, 2)[::2]) is None
+
+
+@pytest.mark.parametrize("view", ["transposed", "every other column"])
+def test_packed_products_on_strided_weight_views(rng, view):
+    """Weights read through a strided view (torch's Linear reads ``weight.T``) are packed from
+    that view once the product is large enough to pack."""
+    from fastlayers.backends import get_ops
+
+    m, k, n = 8, 300, 200
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    if view == "transposed":
+        w = rng.standard_normal((n, k)).astype(np.float32).T
+    else:
+        w = rng.standard_normal((k, 2 * n)).astype(np.float32)[:, ::2]
+    assert m * k * n >= _core.PACKED_MIN_MADDS and not w.flags.c_contiguous
+    assert_close(get_ops("cpu").dense(x, w, None, "relu"), REF.dense(x, w, None, "relu"),
+                 rtol=2e-5, atol=2e-5)

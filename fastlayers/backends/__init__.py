@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import numbers
+import os
 import threading
 
-from ..errors import UnsupportedError
+from ..errors import InputError, UnsupportedError
 from .reference import ReferenceOps
 
 _BACKENDS = {
@@ -58,15 +60,26 @@ def use_ops(name: str):
         _active.reset(token)
 
 
+#: Most threads the native pool runs (its fixed size, ``FL_MAX_THREADS`` in threadpool.c).
+MAX_THREADS = 256
+
+
 def set_num_threads(n: int) -> None:
     """Use ``n`` threads in fastlayers' kernels (the native core's thread pool).
 
     fastlayers shares each call's work among its own threads; a call made while another one
     runs (another Python thread) runs on its caller's thread alone, so the cores are never
     oversubscribed.
+
+    Raises
+    ------
+    InputError
+        ``n`` is not an integer from 1 to ``MAX_THREADS`` (256, the pool's size).
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
+        raise InputError(f"set_num_threads expects an integer from 1 to {MAX_THREADS} (this "
+                         f"machine has {os.cpu_count()} CPUs), got {n!r}")
+    n = int(n)
     _num_threads[0] = n
     from ..native import set_num_threads as native_threads
 

@@ -5,21 +5,32 @@ directory), legacy full-model ``.h5`` (Keras 3 and tf.keras 2.x) and weight file
 The architecture (JSON) is rebuilt with fastlayers layers through ``LAYER_BUILDERS``; weights are
 read by position in Keras's own order. Nothing in a file is executed: ``Lambda`` layers (Python
 bytecode) and custom objects are refused with ``UnsupportedError`` at load time.
+
+Files are checked before h5py or a layer sees them (``io.limits`` for the limits): the zip
+layer (flags, methods, sizes; the weights member's CRC-32 when it is read in place), the config
+(size, nesting, structure, types, the ranges of layer options, weight sizes against the bytes
+the file holds), the HDF5 objects (only hard links are followed, datasets must be numeric and
+stored in the file itself, their bytes inside it) and, before any attribute is read from a
+legacy ``.h5``, every global heap collection (see ``_check_global_heaps``).
 """
 
 from __future__ import annotations
 
 import inspect
 import io
-import json
+import mmap
+import os
 import re
+import struct
 import zipfile
+from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
 from ..layers.base import weights_loaded_later
+from . import limits
 
 #: Config keys that only matter for training or for Keras internals: ignored.
 _IGNORED = re.compile(r"^(name|trainable|dtype|build_config|registered_name|module|seed|"
@@ -31,6 +42,11 @@ _FLOAT_POLICIES = {"float32", "float16", "bfloat16", "float64", "mixed_float16",
 _MODEL_CLASSES = {"Functional", "Model", "Sequential"}
 #: Arguments every fastlayers layer takes (Keras's legacy input-shape arguments).
 _BASE_PARAMS = {"input_shape", "batch_size", "batch_input_shape", "input_dim"}
+#: Most names a ``weight_names`` or ``layer_names`` attribute may list.
+_MAX_NAMES = 1 << 20
+#: What h5py raises on a corrupt or hostile file (soft-link loops, bad addresses, bad heaps).
+_H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError, AttributeError,
+              IndexError, OverflowError, UnicodeError)
 
 
 def _h5py():
@@ -44,17 +60,21 @@ def _h5py():
 # ------------------------------------------------------------------------------ config -> layers
 def _policy_name(dtype) -> str | None:
     if isinstance(dtype, dict):
-        return dtype.get("config", {}).get("name")
+        config = dtype.get("config")
+        return config.get("name") if isinstance(config, dict) else None
     return dtype
 
 
 def _activation(value, where):
     """A Keras activation config (a name, or a serialized function) as a name."""
     if isinstance(value, dict):
-        if value.get("class_name") in ("function", "builtins.function") or value.get("module", "").startswith("keras"):
+        module = value.get("module")
+        if value.get("class_name") in ("function", "builtins.function") or (
+                isinstance(module, str) and module.startswith("keras")):
             value = value.get("config")
-        if isinstance(value, dict):
-            raise UnsupportedError(f"{where}: activation {value!r} is a custom object; not supported")
+        if isinstance(value, (dict, list)):
+            raise UnsupportedError(f"{where}: activation {limits.describe(value)} is a custom "
+                                   "object; not supported")
     return value
 
 
@@ -69,11 +89,15 @@ def _layer_classes():
     return table
 
 
-def build_layer(class_name: str, config: dict, where: str):
+def build_layer(class_name: str, config: dict, where: str, weight_elements: int | None = None):
     """A fastlayers layer for the Keras layer ``class_name`` with ``config``, or UnsupportedError
-    naming the layer and the option that fastlayers cannot honour."""
+    naming the layer and the option that fastlayers cannot honour. ``weight_elements`` bounds the
+    weight sizes the config may ask for (``limits.check_layer_config``)."""
     name = config.get("name", "?")
     here = f"{where}: layer {name!r} ({class_name})"
+    if not isinstance(name, str):
+        raise ModelFileError(f"{where}: layer of class {class_name!r}: field 'name': expected a "
+                             f"string, found {limits.describe(name)}")
     if class_name == "Lambda":
         raise UnsupportedError(f"{here}: Lambda layers carry Python code, which fastlayers never "
                                "executes from a file; rebuild the model without Lambda layers")
@@ -81,9 +105,10 @@ def build_layer(class_name: str, config: dict, where: str):
     if cls is None:
         raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported")
     policy = _policy_name(config.get("dtype"))
-    if policy is not None and policy not in _FLOAT_POLICIES and class_name != "InputLayer":
-        raise UnsupportedError(f"{here}: dtype policy {policy!r} is not supported (float policies "
-                               "are computed in float32)")
+    if policy is not None and class_name != "InputLayer" and (
+            not isinstance(policy, str) or policy not in _FLOAT_POLICIES):
+        raise UnsupportedError(f"{here}: dtype policy {limits.short_repr(policy)} is not supported "
+                               "(float policies are computed in float32)")
     if config.get("stateful"):
         raise UnsupportedError(f"{here}: option stateful=True is not supported; use the streaming API")
     if config.get("unroll"):
@@ -96,10 +121,12 @@ def build_layer(class_name: str, config: dict, where: str):
         if key not in params:
             if value is None or value is False:  # a feature left off
                 continue
-            raise UnsupportedError(f"{here}: option {key}={value!r} is not supported")
+            raise UnsupportedError(f"{here}: option {key}={limits.short_repr(value)} is not supported")
         if key == "activation":
             value = _activation(value, here)
         kwargs[key] = value
+    limits.check_layer_config(kwargs, where, f"layer {name!r} ({class_name})", class_name,
+                              weight_elements)
     if class_name == "InputLayer":
         kwargs["dtype"] = config.get("dtype") if isinstance(config.get("dtype"), str) else None
         if "batch_shape" not in kwargs and "batch_input_shape" in kwargs:
@@ -107,52 +134,181 @@ def build_layer(class_name: str, config: dict, where: str):
     try:
         return cls(**kwargs)
     except FastlayersError as e:
-        raise type(e)(f"{here}: {e}") from e
+        if isinstance(e, UnsupportedError):
+            raise type(e)(f"{here}: {e}") from e
+        raise ModelFileError(f"{here}: invalid config ({e})") from e
     except (TypeError, ValueError) as e:
         raise ModelFileError(f"{here}: invalid config ({e})") from e
+    except Exception as e:  # noqa: BLE001 - a config from a file: any failure is the file's
+        raise _build_error(here, e) from e
 
 
-def _inbound_refs(node) -> list:
+def _build_error(here: str, e: BaseException) -> FastlayersError:
+    """A layer the config cannot build or call, as ModelFileError (its own ModelFileError or
+    UnsupportedError as it is)."""
+    if isinstance(e, (ModelFileError, UnsupportedError)):
+        return e if here.split(": ")[0] in str(e) else type(e)(f"{here}: {e}")
+    if isinstance(e, MemoryError):
+        return ModelFileError(f"{here}: its weights cannot be allocated ({str(e)[:200] or 'MemoryError'})")
+    text = str(e)[:300] if isinstance(e, FastlayersError) else f"{type(e).__name__}: {str(e)[:300]}"
+    return ModelFileError(f"{here}: cannot be built from the file's config ({text})")
+
+
+# ---------------------------------------------------------------------------- config structure
+def _expect(condition: bool, where: str, field: str, expected: str, found) -> None:
+    if not condition:
+        raise ModelFileError(f"{where}: {field}: expected {expected}, found {limits.describe(found)}")
+
+
+def _is_history(ref) -> bool:
+    """A Keras tensor reference: [layer name, node index, tensor index]."""
+    return (isinstance(ref, list) and len(ref) >= 3 and isinstance(ref[0], str)
+            and all(type(v) is int and 0 <= v <= limits.MAX_CONFIG_INT for v in ref[1:3]))
+
+
+def _check_node(node, where: str, field: str) -> None:
+    if isinstance(node, dict):
+        _expect(isinstance(node.get("args", []), list), where, f"{field}.args", "a list",
+                node.get("args"))
+        _expect(isinstance(node.get("kwargs", {}), dict), where, f"{field}.kwargs", "an object",
+                node.get("kwargs"))
+        stack = [(node.get("args", []), f"{field}.args"), (node.get("kwargs", {}), f"{field}.kwargs")]
+        while stack:
+            value, path = stack.pop()
+            if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
+                config = value.get("config")
+                history = config.get("keras_history") if isinstance(config, dict) else None
+                _expect(_is_history(history), where, f"{path}.config.keras_history",
+                        "[layer name, node index, tensor index]", history)
+            elif isinstance(value, dict):
+                stack.extend((v, f"{path}.{k}") for k, v in value.items())
+            elif isinstance(value, list):
+                stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        return
+    _expect(isinstance(node, list) and node, where, field,
+            "a Keras 3 node object or a tf.keras list of [layer, node, tensor, kwargs]", node)
+    for i, entry in enumerate(node):
+        _expect(_is_history(entry) and (len(entry) == 3 or isinstance(entry[3], dict)), where,
+                f"{field}[{i}]", "[layer name, node index, tensor index, kwargs]", entry)
+
+
+def _check_io_refs(spec, where: str, field: str) -> None:
+    ok = _is_history(spec) or (isinstance(spec, list) and spec and all(_is_history(s) for s in spec))
+    _expect(ok, where, field, "[layer, node, tensor] or a list of them", spec)
+
+
+def check_config(entry, where: str, count: list | None = None, path: str = "config") -> None:
+    """The structure and types of a Keras model config (``Functional``/``Model``/``Sequential``,
+    nested models included) before anything is built: ModelFileError naming ``where`` and the
+    field otherwise; layer and node counts against ``limits.MAX_LAYERS``."""
+    count = [0] if count is None else count
+    _expect(isinstance(entry, dict) and isinstance(entry.get("class_name"), str)
+            and isinstance(entry.get("config"), dict), where, path,
+            "an object with a string 'class_name' and an object 'config'", entry)
+    class_name, cfg = entry["class_name"], entry["config"]
+    if class_name not in _MODEL_CLASSES:
+        raise UnsupportedError(f"{where}: model class {class_name!r} is not supported")
+    layers = cfg.get("layers")
+    _expect(isinstance(layers, list), where, f"{path}.config.layers", "a list of layers", layers)
+    _expect(cfg.get("name") is None or isinstance(cfg.get("name"), str), where,
+            f"{path}.config.name", "a string", cfg.get("name"))
+    for i, layer in enumerate(layers):
+        field = f"{path}.config.layers[{i}]"
+        _expect(isinstance(layer, dict) and isinstance(layer.get("class_name"), str)
+                and isinstance(layer.get("config"), dict), where, field,
+                "an object with a string 'class_name' and an object 'config'", layer)
+        limits.count_layers(count, where)
+        if layer["class_name"] in _MODEL_CLASSES:
+            check_config(layer, where, count, field)
+        name = layer.get("name", layer["config"].get("name"))
+        _expect(isinstance(name, str) or (class_name == "Sequential" and name is None), where,
+                f"{field}.name", "a string", name)
+        if class_name == "Sequential":
+            continue
+        nodes = layer.get("inbound_nodes", [])
+        _expect(isinstance(nodes, list), where, f"{field}.inbound_nodes", "a list", nodes)
+        limits.count_layers(count, where, len(nodes))
+        for j, node in enumerate(nodes):
+            _check_node(node, where, f"{field}.inbound_nodes[{j}]")
+    if class_name == "Sequential":
+        shape = cfg.get("build_input_shape")
+        _expect(shape is None or _is_shape(shape), where, f"{path}.config.build_input_shape",
+                "a list of sizes", shape)
+        return
+    for key in ("input_layers", "output_layers"):
+        _check_io_refs(cfg.get(key), where, f"{path}.config.{key}")
+
+
+def _is_shape(shape) -> bool:
+    return isinstance(shape, list) and 1 <= len(shape) <= 16 and all(
+        d is None or (type(d) is int and 0 <= d <= limits.MAX_CONFIG_INT) for d in shape)
+
+
+# ----------------------------------------------------------------------------- config -> model
+def _inbound_refs(node) -> tuple:
     """Keras 3 node {"args": [...], "kwargs": {...}} or tf.keras 2 [[name, node, tensor, kw], ...]
-    as (structure of (layer name, node index, tensor index), kwargs)."""
+    as (structure of (layer name, node index, tensor index), extra args, kwargs)."""
     if isinstance(node, dict):
         def conv(obj):
             if isinstance(obj, dict) and obj.get("class_name") == "__keras_tensor__":
-                return tuple(obj["config"]["keras_history"])
+                return tuple(obj["config"]["keras_history"][:3])
             if isinstance(obj, (list, tuple)):
                 return [conv(o) for o in obj]
             return obj
         args = [conv(a) for a in node.get("args", [])]
-        kwargs = {k: v for k, v in node.get("kwargs", {}).items() if v is not None}
+        kwargs = {k: conv(v) for k, v in node.get("kwargs", {}).items() if v is not None}
         first = args[0] if args else None
         return first, args[1:], kwargs
     refs = [tuple(entry[:3]) for entry in node]
     kwargs = node[0][3] if node and len(node[0]) > 3 and node[0][3] else {}
-    return (refs[0] if len(refs) == 1 else refs), [], kwargs
+    return (refs[0] if len(refs) == 1 else refs), [], dict(kwargs)
 
 
-def build_model(entry: dict, where: str):
-    """Rebuild a Keras ``Functional``/``Sequential`` config as a fastlayers model."""
+def _refs_in(obj, out: set) -> set:
+    """The (layer, node, tensor) references anywhere in ``obj``."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, tuple):
+            out.add(value)
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return out
+
+
+def build_model(entry: dict, where: str, weight_elements: int | None = None, _checked=False):
+    """Rebuild a Keras ``Functional``/``Sequential`` config as a fastlayers model (the config is
+    checked first: ``check_config``)."""
     from ..graph import Input, InputLayer, Model, Sequential
 
+    if not _checked:
+        limits.check_depth(entry, where, "the model config")
+        check_config(entry, where)
     class_name, cfg = entry["class_name"], entry["config"]
+    model_name = cfg.get("name")
+
+    def build(e):
+        if e["class_name"] in _MODEL_CLASSES:
+            return build_model(e, where, weight_elements, True)
+        return build_layer(e["class_name"], e["config"], where, weight_elements)
+
     if class_name == "Sequential":
-        layers = []
-        for e in cfg["layers"]:
-            if e["class_name"] in _MODEL_CLASSES:
-                layers.append(build_model(e, where))
-            else:
-                layers.append(build_layer(e["class_name"], e["config"], where))
-        if not isinstance(layers[0] if layers else None, InputLayer):
-            shape = cfg.get("build_input_shape") or layers[0]._batch_input_shape if layers else None
-            first_cfg = cfg["layers"][0]["config"] if cfg["layers"] else {}
-            shape = shape or first_cfg.get("batch_input_shape") or first_cfg.get("batch_shape")
-            if shape is None:
-                raise ModelFileError(f"{where}: Sequential {cfg.get('name')!r} has no input shape")
-            layers.insert(0, Input(batch_shape=shape).node.layer)
-        return Sequential(layers, name=cfg.get("name"))
-    if class_name not in ("Functional", "Model"):
-        raise UnsupportedError(f"{where}: model class {class_name!r} is not supported")
+        layers = [build(e) for e in cfg["layers"]]
+        try:
+            if not isinstance(layers[0] if layers else None, InputLayer):
+                shape = cfg.get("build_input_shape") or (layers[0]._batch_input_shape if layers else None)
+                first_cfg = cfg["layers"][0]["config"] if cfg["layers"] else {}
+                shape = shape or first_cfg.get("batch_input_shape") or first_cfg.get("batch_shape")
+                if shape is None:
+                    raise ModelFileError(f"{where}: Sequential {model_name!r} has no input shape")
+                _expect(_is_shape(list(shape)), where, f"Sequential {model_name!r} input shape",
+                        "a list of sizes", shape)
+                layers.insert(0, Input(batch_shape=shape).node.layer)
+            return Sequential(layers, name=model_name)
+        except Exception as e:  # noqa: BLE001 - a config from a file: any failure is the file's
+            raise _build_error(f"{where}: Sequential {model_name!r}", e) from e
     layers, entries = {}, {}
     for e in cfg["layers"]:
         if e["class_name"] == "NotEqual":
@@ -161,8 +317,9 @@ def build_model(entry: dict, where: str):
             # NotEqual used as an ordinary input leaves its consumers unresolved: a clear error.
             continue
         lname = e.get("name") or e["config"]["name"]
-        layers[lname] = build_model(e, where) if e["class_name"] in _MODEL_CLASSES \
-            else build_layer(e["class_name"], e["config"], where)
+        if lname in layers:
+            raise ModelFileError(f"{where}: model {model_name!r} has two layers named {lname!r}")
+        layers[lname] = build(e)
         entries[lname] = e
     outputs: dict[tuple, object] = {}  # (layer, node index, tensor index) -> symbolic tensor
 
@@ -170,52 +327,105 @@ def build_model(entry: dict, where: str):
         if isinstance(ref, list):
             return [resolve(r) for r in ref]
         if isinstance(ref, tuple):
-            if ref not in outputs:
-                raise KeyError(ref)
             return outputs[ref]
         return ref
 
-    pending = [(lname, i, node) for lname, e in entries.items()
-               for i, node in enumerate(e.get("inbound_nodes", []))]
-    for lname, layer in layers.items():
-        if isinstance(layer, InputLayer):
-            outputs[(lname, 0, 0)] = layer.output
-    while pending:  # replay calls whose inputs exist, until all are done
-        progressed = False
-        for item in list(pending):
-            lname, index, node = item
+    # replay the calls in dependency order (Kahn): each waits for the calls producing its inputs
+    items, waiting, missing = [], defaultdict(list), []
+    done = {(lname, 0) for lname, layer in layers.items() if isinstance(layer, InputLayer)}
+    for lname in done:
+        outputs[(lname[0], 0, 0)] = layers[lname[0]].output
+    ready = deque()
+    for lname, e in entries.items():
+        for index, node in enumerate(e.get("inbound_nodes", [])):
             first, extra, kwargs = _inbound_refs(node)
-            try:
-                args = resolve(first)
-                extra_args = [resolve(a) for a in extra]
-            except KeyError:
-                continue
             kwargs.pop("mask", None)
             kwargs.pop("training", None)
+            producers = {r[:2] for r in _refs_in([first, extra, kwargs], set())} - done
+            item = len(items)
+            items.append((lname, index, first, extra, kwargs))
+            missing.append(len(producers))
+            for p in producers:
+                waiting[p].append(item)
+            if not producers:
+                ready.append(item)
+    replayed = 0
+    while ready:
+        item = ready.popleft()
+        lname, index, first, extra, kwargs = items[item]
+        here = f"{where}: layer {lname!r} ({type(layers[lname]).__name__}) call {index}"
+        try:
+            args, extra_args = resolve(first), [resolve(a) for a in extra]
+            kwargs = {k: resolve(v) for k, v in kwargs.items()}
+        except KeyError as e:
+            raise ModelFileError(f"{here}: input {e.args[0]} is not an output of that layer "
+                                 "call") from None
+        try:
             out = layers[lname](args, *extra_args, **kwargs)
-            for t, tensor in enumerate(out if isinstance(out, list) else [out]):
-                outputs[(lname, index, t)] = tensor
-            pending.remove(item)
-            progressed = True
-        if not progressed:
-            raise ModelFileError(f"{where}: the graph of {cfg.get('name')!r} cannot be rebuilt "
-                                 f"(unresolved inputs for {[p[0] for p in pending][:5]})")
+        except Exception as e:  # noqa: BLE001 - a graph from a file: any failure is the file's
+            raise _build_error(here, e) from e
+        for t, tensor in enumerate(out if isinstance(out, list) else [out]):
+            outputs[(lname, index, t)] = tensor
+        replayed += 1
+        for waiter in waiting.pop((lname, index), ()):
+            missing[waiter] -= 1
+            if missing[waiter] == 0:
+                ready.append(waiter)
+    if replayed != len(items):
+        stuck = [items[i][0] for i in range(len(items)) if missing[i] > 0]
+        raise ModelFileError(f"{where}: the graph of {model_name!r} cannot be rebuilt "
+                             f"(unresolved inputs for {stuck[:5]})")
 
-    def refs(spec):
+    def refs(spec, key):
         """A single [name, node, tensor] (or a one-element list of them, which Keras unwraps)
         gives one tensor; several give a list."""
-        if spec and isinstance(spec[0], str):
-            return outputs[tuple(spec[:3])]
-        tensors = [outputs[tuple(s[:3])] for s in spec]
+        specs = [spec] if isinstance(spec[0], str) else spec
+        tensors = []
+        for s in specs:
+            if tuple(s[:3]) not in outputs:
+                raise ModelFileError(f"{where}: {key} of {model_name!r}: {s[:3]} is not a layer output")
+            tensors.append(outputs[tuple(s[:3])])
         return tensors[0] if len(tensors) == 1 else tensors
 
-    return Model(refs(cfg["input_layers"]), refs(cfg["output_layers"]), name=cfg.get("name"))
+    inputs, outs = refs(cfg["input_layers"], "input_layers"), refs(cfg["output_layers"], "output_layers")
+    try:
+        return Model(inputs, outs, name=model_name)
+    except Exception as e:  # noqa: BLE001
+        raise _build_error(f"{where}: model {model_name!r}", e) from e
 
 
 # ------------------------------------------------------------------------------------ weights
 def _keras_weights_of(layer) -> list:
     """(fastlayers attribute) names in Keras's variable order for ``layer``."""
     return layer.weight_names
+
+
+class _RawFile:
+    """Where the HDF5 image lives: an open binary file (a path's, or an in-memory buffer) and
+    the image's offset and size in it (non-zero offset: an uncompressed member of a .keras zip).
+    Contiguous datasets are read at their offset, inside ``size`` bytes, straight into the
+    layer's array: as fast as reading the bytes, one copy in memory."""
+
+    def __init__(self, fobj, offset: int = 0, size: int | None = None):
+        self.fobj, self.offset = fobj, offset
+        if size is None:
+            fobj.seek(0, io.SEEK_END)
+            size = fobj.tell() - offset
+        self.size = size
+
+    def read_into(self, out: np.ndarray, offset: int, where: str, what: str) -> None:
+        nbytes = out.nbytes
+        if offset < 0 or offset + nbytes > self.size:
+            raise ModelFileError(f"{where}: {what} claims bytes [{offset:,}, {offset + nbytes:,}) "
+                                 f"of a {self.size:,}-byte HDF5 image: outside the file")
+        self.fobj.seek(self.offset + offset)
+        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        done = 0
+        while done < nbytes:
+            n = self.fobj.readinto(view[done:done + limits.CHUNK_BYTES])
+            if not n:
+                raise ModelFileError(f"{where}: {what} is truncated")
+            done += n
 
 
 def _assign(layer, datasets, where, raw=None):
@@ -230,41 +440,139 @@ def _assign(layer, datasets, where, raw=None):
         if dataset.shape != current.shape:
             raise ModelFileError(f"{where}: weight {wname!r} of layer {layer.name!r} expects shape "
                                  f"{current.shape}, the file has {dataset.shape}")
-        values.append(_read_dataset(dataset, raw, where))
+        values.append(_read_dataset(dataset, raw, where, current))
     for wname, value in zip(names, values):
         setattr(layer, wname, value)
-    layer._weights_changed()
+    with np.errstate(all="ignore"):   # weights from a file may hold inf or NaN
+        layer._weights_changed()
 
 
-class _RawFile:
-    """Where the HDF5 bytes live on disk: a path and the offset of the HDF5 image in it (non-zero
-    for an uncompressed member of a .keras zip). Contiguous datasets are read with one
-    ``np.fromfile`` at their offset: as fast as reading the bytes, one copy in memory."""
-
-    def __init__(self, path, offset: int = 0):
-        self.path, self.offset = str(path), offset
-
-
-def _read_dataset(dataset, raw: _RawFile | None, where) -> np.ndarray:
-    """A dataset as a new C-contiguous float32 array (float16/bfloat16/float64 policies cast)."""
+def _check_dataset(h5py, dataset, where) -> None:
+    """A weight dataset must be numeric and hold its bytes in this file: no external raw data
+    files, no virtual datasets (mappings to other files), chunks no larger than the data."""
     if dataset.dtype.kind not in "fiu" and str(dataset.dtype) != "bfloat16":
         raise ModelFileError(f"{where}: dataset {dataset.name} has dtype {dataset.dtype}, expected floats")
+    plist = dataset.id.get_create_plist()
+    if plist.get_layout() == h5py.h5d.VIRTUAL or plist.get_external_count():
+        raise ModelFileError(f"{where}: dataset {dataset.name} keeps its data outside the file "
+                             "(external or virtual storage); refused")
+    chunks = dataset.chunks
+    if chunks is not None:
+        chunk_bytes = int(np.prod(chunks, dtype=np.float64)) * dataset.dtype.itemsize
+        if chunk_bytes > max(dataset.size * dataset.dtype.itemsize, 1 << 20):
+            raise ModelFileError(f"{where}: dataset {dataset.name} declares {chunks} chunks, "
+                                 f"larger than its shape {dataset.shape}")
+
+
+def _read_dataset(dataset, raw: _RawFile | None, where, current=None) -> np.ndarray:
+    """A dataset as a new C-contiguous float32 array (float16/bfloat16/float64 policies cast):
+    ``current`` (the layer's uninitialized array) itself when the bytes are float32."""
+    h5py = _h5py()
+    _check_dataset(h5py, dataset, where)
+    shape = dataset.shape
+    usable = (current is not None and current.dtype == np.float32 and current.flags.c_contiguous
+              and current.flags.writeable and current.base is None and current.shape == shape)
     if not dataset.size:
-        return np.zeros(dataset.shape, np.float32)
+        return np.zeros(shape, np.float32)
     offset = dataset.id.get_offset() if raw is not None and dataset.chunks is None else None
+    what = f"dataset {dataset.name}"
+    if offset is not None:
+        dtype = dataset.dtype
+        if dtype == np.float32 and usable:
+            raw.read_into(current, offset, where, what)
+            return current
+        if str(dtype) == "bfloat16":
+            offset = None   # h5py's own conversion
+        else:
+            buf = np.empty(shape, dtype)
+            raw.read_into(buf, offset, where, what)
+            with np.errstate(all="ignore"):
+                return np.array(buf, dtype=np.float32, order="C", copy=None)
     try:
-        if offset is not None:
-            flat = np.fromfile(raw.path, dtype=dataset.dtype, count=dataset.size, offset=raw.offset + offset)
-            if flat.size != dataset.size:
-                raise ModelFileError(f"{where}: dataset {dataset.name} is truncated")
-            return np.array(flat.reshape(dataset.shape), dtype=np.float32, order="C", copy=None)
         if dataset.dtype == np.float32:
-            value = np.empty(dataset.shape, np.float32)
+            value = current if usable else np.empty(shape, np.float32)
             dataset.read_direct(value)
             return value
-        return np.asarray(dataset[()], dtype=np.float32)
-    except (OSError, ValueError) as e:
-        raise ModelFileError(f"{where}: cannot read dataset {dataset.name} ({e})") from e
+        with np.errstate(all="ignore"):
+            return np.asarray(dataset[()], dtype=np.float32)
+    except _H5_ERRORS as e:
+        raise ModelFileError(f"{where}: cannot read {what} ({type(e).__name__}: {str(e)[:200]})") from e
+
+
+def _get(group, path: str, where: str, kind: str):
+    """The object at ``path`` below ``group`` (a Group or Dataset by ``kind``), following hard
+    links only (a soft link can loop, an external link opens another file): None where a
+    component is missing, ModelFileError where the path is not what the layout says."""
+    h5py = _h5py()
+    node = group
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        raise ModelFileError(f"{where}: empty object path {path!r} in {group.name}")
+    for part in parts:
+        if not isinstance(node, h5py.Group):
+            raise ModelFileError(f"{where}: {node.name} is a {type(node).__name__}, expected a group")
+        name = part.encode("utf-8", "surrogateescape")
+        links = node.id.links
+        if not links.exists(name):
+            return None
+        link_type = links.get_info(name).type
+        if link_type != h5py.h5l.TYPE_HARD:
+            kind_name = {h5py.h5l.TYPE_SOFT: "SoftLink", h5py.h5l.TYPE_EXTERNAL: "ExternalLink"}.get(
+                link_type, f"link of type {link_type}")
+            raise ModelFileError(f"{where}: {node.name}/{part} is a {kind_name}; Keras files use "
+                                 "hard links only")
+        node = node[part]
+    expected = h5py.Dataset if kind == "dataset" else h5py.Group
+    if not isinstance(node, expected):
+        raise ModelFileError(f"{where}: {node.name} is a {type(node).__name__}, expected a {kind}")
+    return node
+
+
+def _names_attr(obj, key: str, where: str) -> list[str]:
+    """A list-of-names attribute (``weight_names``, ``layer_names``) checked before it is read:
+    a string array of rank 0 or 1 (an empty numeric array counts as no names) and at most
+    ``_MAX_NAMES`` entries; each name valid UTF-8."""
+    h5py = _h5py()
+    if key not in obj.attrs:
+        return []
+    attr = h5py.h5a.open(obj.id, key.encode())
+    shape, dtype = attr.shape, attr.dtype
+    size = int(np.prod(shape)) if shape else (0 if shape is None else 1)
+    if shape is None or size == 0:
+        return []
+    if len(shape) > 1 or size > _MAX_NAMES:
+        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has shape {shape}; "
+                             "expected a list of names")
+    if dtype.kind not in "SO" or (dtype.kind == "O" and h5py.check_string_dtype(dtype) is None):
+        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has dtype {dtype}; "
+                             "expected strings")
+    value = obj.attrs[key]
+    names = []
+    for item in np.atleast_1d(value).tolist():
+        try:
+            names.append(item.decode("utf-8") if isinstance(item, bytes) else
+                         item.encode("utf-8", "surrogateescape").decode("utf-8"))
+        except UnicodeError:
+            raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} holds a name that is "
+                                 "not UTF-8") from None
+    return names
+
+
+def _text_attr(obj, key: str, where: str) -> str:
+    """A string attribute (the model config) checked before it is read: one string value."""
+    h5py = _h5py()
+    attr = h5py.h5a.open(obj.id, key.encode())
+    shape, dtype = attr.shape, attr.dtype
+    if shape is None or (shape and int(np.prod(shape)) != 1) or dtype.kind not in "SO" or (
+            dtype.kind == "O" and h5py.check_string_dtype(dtype) is None):
+        raise ModelFileError(f"{where}: attribute {key!r} has shape {shape} and dtype {dtype}; "
+                             "expected one string")
+    value = obj.attrs[key]
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0]
+    if isinstance(value, bytes):
+        return value
+    return value.encode("utf-8", "surrogateescape")
 
 
 #: Where a layer's variables live in the Keras 3 weights file, in Keras's ``get_weights`` order:
@@ -278,13 +586,26 @@ _VAR_GROUPS = {
 }
 
 
-def _read_vars(group, class_name: str = "") -> list:
-    """The datasets of a layer's variables, in Keras's order (see ``_VAR_GROUPS``)."""
+def _count_error(layer_name: str, class_name: str, expected: int, found: int, where: str):
+    return ModelFileError(f"{where}: layer {layer_name!r} ({class_name}) expects {expected} "
+                          f"weights, the file has {found}")
+
+
+def _read_vars(group, layer_name: str, class_name: str, where: str, expected: int) -> list:
+    """The datasets of a layer's variables, in Keras's order (see ``_VAR_GROUPS``); their count
+    is checked against ``expected`` before any is opened."""
+    groups = [g for g in (_get(group, path, where, "group")
+                          for path in _VAR_GROUPS.get(class_name, ("vars",))) if g is not None]
+    total = sum(len(g) for g in groups)
+    if total != expected:
+        raise _count_error(layer_name, class_name, expected, total, where)
     datasets = []
-    for path in _VAR_GROUPS.get(class_name, ("vars",)):
-        vars_ = group.get(path)
-        if vars_ is not None:
-            datasets += [vars_[str(i)] for i in range(len(vars_))]
+    for vars_ in groups:
+        for i in range(len(vars_)):
+            ds = _get(vars_, str(i), where, "dataset")
+            if ds is None:
+                raise ModelFileError(f"{where}: {vars_.name} has no dataset {str(i)!r}")
+            datasets.append(ds)
     return datasets
 
 
@@ -295,7 +616,7 @@ def _assign_keras3(model, group, where, visited, raw=None) -> None:
     from ..layers.base import snake_case
 
     used: dict[str, int] = {}
-    layers_group = group.get("layers")
+    layers_group = _get(group, "layers", where, "group")
     for layer in model.layers:
         base = snake_case(type(layer).__name__) if not isinstance(layer, Model) else (
             "sequential" if type(layer).__name__ == "Sequential" else "functional")
@@ -305,7 +626,7 @@ def _assign_keras3(model, group, where, visited, raw=None) -> None:
         if id(layer) in visited or isinstance(layer, InputLayer):
             continue
         visited.add(id(layer))
-        sub = layers_group.get(key) if layers_group is not None else None
+        sub = _get(layers_group, key, where, "group") if layers_group is not None else None
         if sub is None:
             if layer.weight_names or isinstance(layer, Model):
                 raise ModelFileError(f"{where}: no weights group 'layers/{key}' for layer {layer.name!r}")
@@ -313,7 +634,19 @@ def _assign_keras3(model, group, where, visited, raw=None) -> None:
         if isinstance(layer, Model):
             _assign_keras3(layer, sub, where, visited, raw)
         elif layer.weight_names:
-            _assign(layer, _read_vars(sub, type(layer).__name__), where, raw)
+            _assign(layer, _read_vars(sub, layer.name, type(layer).__name__, where,
+                                      len(layer.weight_names)), where, raw)
+
+
+def _datasets(group, names, where) -> list:
+    out = []
+    for n in names:
+        ds = _get(group, n, where, "dataset")
+        if ds is None:
+            raise ModelFileError(f"{where}: {group.name} has no dataset {n!r} (listed in its "
+                                 "weight_names)")
+        out.append(ds)
+    return out
 
 
 def _assign_legacy(model, group, where, visited, raw=None) -> None:
@@ -325,35 +658,127 @@ def _assign_legacy(model, group, where, visited, raw=None) -> None:
             continue
         visited.add(id(layer))
         if isinstance(layer, Model):
-            sub = group.get(layer.name)
+            sub = _get(group, layer.name, where, "group")
             if sub is None:
                 raise ModelFileError(f"{where}: no weights for nested model {layer.name!r}")
             _assign_legacy_nested(layer, sub, where, visited, raw)
             continue
         if not layer.weight_names:
             continue
-        sub = group.get(layer.name)
+        sub = _get(group, layer.name, where, "group")
         if sub is None:
             raise ModelFileError(f"{where}: no weights group for layer {layer.name!r}")
-        _assign(layer, [sub[_decode(n)] for n in sub.attrs.get("weight_names", [])], where, raw)
+        names = _names_attr(sub, "weight_names", where)
+        if len(names) != len(layer.weight_names):
+            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names),
+                               len(names), where)
+        _assign(layer, _datasets(sub, names, where), where, raw)
 
 
 def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
     """A nested model's weights in the legacy layout: paths ``<model>/<layer>/<weight>``."""
-    names = [_decode(n) for n in group.attrs.get("weight_names", [])]
+    names = _names_attr(group, "weight_names", where)
     by_layer: dict[str, list] = {}
     for n in names:
-        parts = n.split("/")
-        by_layer.setdefault(parts[-2], []).append(group[n])
+        parts = [p for p in n.split("/") if p]
+        if len(parts) < 2:
+            raise ModelFileError(f"{where}: weight name {n!r} of nested model {model.name!r} is not "
+                                 "a <layer>/<weight> path")
+        by_layer.setdefault(parts[-2], []).append(n)
     for layer in model.layers:
         if id(layer) in visited or not layer.weight_names:
             continue
         visited.add(id(layer))
-        _assign(layer, by_layer.get(layer.name, []), where, raw)
+        listed = by_layer.get(layer.name, [])
+        if len(listed) != len(layer.weight_names):
+            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names),
+                               len(listed), where)
+        _assign(layer, _datasets(group, listed, where), where, raw)
 
 
-def _decode(name) -> str:
-    return name.decode() if isinstance(name, bytes) else str(name)
+def _check_weights_fit(model, where: str, available: int) -> None:
+    """Refuse, before reading, a model whose weights need more elements than ``available`` (the
+    HDF5 image's bytes, times the compression ratio limit for chunked datasets)."""
+    from .limits import weight_elements
+
+    needed = weight_elements(model)
+    if needed > available:
+        raise ModelFileError(f"{where}: the architecture needs {needed:,} weight elements, more "
+                             f"than the {available:,} the file can hold")
+
+
+# ---------------------------------------------------------------------------------- HDF5 layer
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _check_global_heaps(buf, start: int, end: int, where: str) -> None:
+    """Walk every global heap collection (``GCOL``: variable-length strings such as the model
+    config and the ``weight_names`` lists) in ``buf[start:end]`` as HDF5 will, before HDF5 does:
+    a free-space object of size 0, or an object running past its collection, makes HDF5's
+    reader loop forever (H5HG__cache_heap_deserialize, through HDF5 2.0: a hang inside
+    ``fastlayers.load`` that no timeout in the process can stop), so such a file is refused.
+
+    The scan finds the collections by their signature anywhere in the image (HDF5 keeps no list
+    of them); a weight whose bytes happen to read ``GCOL`` followed by a plausible header and an
+    impossible object list would refuse a valid file, at odds under 2**-64 per position."""
+    length_size = _hdf5_length_size(buf, start, end, where)
+    header = 8 + length_size
+    objhdr = 8 + length_size
+    fmt = {2: "<H", 4: "<I", 8: "<Q"}[length_size]
+    at = buf.find(b"GCOL", start, end)
+    while at != -1:
+        if at + header <= end and buf[at + 4] == 1 and buf[at + 5:at + 8] == b"\x00\x00\x00":
+            (size,) = struct.unpack_from(fmt, buf, at + 8)
+            stop = at + size
+            if at + header < stop <= end:   # HDF5 refuses collections past the end of the file
+                p = at + header
+                while p < stop:
+                    if p + objhdr > stop:
+                        break   # the tail: free space HDF5 skips to the end
+                    index = struct.unpack_from("<H", buf, p)[0]
+                    (osize,) = struct.unpack_from(fmt, buf, p + 8)
+                    need = objhdr + ((osize + 7) & ~7) if index > 0 else osize
+                    if need <= 0 or need > stop - p:
+                        raise ModelFileError(
+                            f"{where}: corrupt HDF5 global heap at byte {at:,} (object {index} "
+                            f"of size {osize:,} at byte {p:,}); HDF5 would never finish reading it")
+                    p += need
+        at = buf.find(b"GCOL", at + 1, end)
+
+
+def _hdf5_length_size(buf, start: int, end: int, where: str) -> int:
+    """The superblock's 'size of lengths' (8 in every file h5py writes)."""
+    base = start
+    while base + 16 <= end and buf[base:base + 8] != _HDF5_SIGNATURE:
+        base = start + max(512, 2 * (base - start))   # a user block: 512, 1024, 2048, ...
+    if base + 16 > end:
+        raise ModelFileError(f"{where}: not a readable HDF5 file (no superblock)")
+    version = buf[base + 8]
+    size = buf[base + 14] if version in (0, 1) else buf[base + 10]
+    return size if size in (2, 4, 8) else 8
+
+
+def _scan_file(fobj, start: int, size: int, where: str) -> None:
+    """``_check_global_heaps`` over ``size`` bytes at ``start`` of an open file or buffer."""
+    if size <= 0:
+        raise ModelFileError(f"{where}: not a readable HDF5 file (empty)")
+    if isinstance(fobj, io.BytesIO):   # getvalue shares the bytes the buffer was made from
+        data = fobj.getvalue()
+        return _check_global_heaps_safe(data, start, min(start + size, len(data)), where)
+    try:
+        mapped = mmap.mmap(fobj.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        fobj.seek(start)
+        return _check_global_heaps_safe(fobj.read(size), 0, size, where)
+    with mapped:
+        _check_global_heaps_safe(mapped, start, min(start + size, len(mapped)), where)
+
+
+def _check_global_heaps_safe(buf, start, end, where) -> None:
+    try:
+        _check_global_heaps(buf, start, end, where)
+    except (struct.error, IndexError):
+        raise ModelFileError(f"{where}: corrupt HDF5 global heap (truncated)") from None
 
 
 # --------------------------------------------------------------------------------- entry points
@@ -361,37 +786,76 @@ def _open_h5(source, where):
     h5py = _h5py()
     try:
         return h5py.File(source, "r")
-    except (OSError, ValueError) as e:
-        raise ModelFileError(f"{where}: not a readable HDF5 file ({e})") from e
+    except _H5_ERRORS as e:
+        raise ModelFileError(f"{where}: not a readable HDF5 file ({type(e).__name__}: "
+                             f"{str(e)[:200]})") from e
 
 
-def load_keras(path):
-    """Load a Keras 3 ``.keras`` archive (or its unzipped directory) as a fastlayers model."""
-    path = Path(path)
-    where = str(path)
+def _weights_stage(where: str, fn, *args):
+    """``fn(*args)`` (a step that reads the HDF5 file), h5py's errors on a corrupt file (missing
+    objects, bad addresses, heaps) turned into ModelFileError naming the file."""
     try:
-        if path.is_dir():
-            entry = json.loads((path / "config.json").read_text())
-            weights = path / "model.weights.h5"
-            with _open_h5(str(weights), where) as f:
-                return _model_with_weights(entry, f, where, _RawFile(weights))
-        with zipfile.ZipFile(path) as z:
-            entry = json.loads(z.read("config.json").decode())
-            info = z.getinfo("model.weights.h5")
-            # h5py reads the metadata through the member; the weight bytes of a stored
-            # (uncompressed) member are read straight from the archive at their offset
+        return fn(*args)
+    except FastlayersError:
+        raise
+    except _H5_ERRORS as e:
+        raise ModelFileError(f"{where}: corrupt weights ({type(e).__name__}: {str(e)[:200]})") from e
+    except MemoryError as e:
+        raise ModelFileError(f"{where}: the weights cannot be allocated ({e})") from e
+
+
+def load_keras(source):
+    """Load a Keras 3 ``.keras`` archive (a path or a seekable binary file object), or its
+    unzipped directory, as a fastlayers model."""
+    where = str(source)
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+        path = Path(source)
+        config = path / "config.json"
+        weights = path / "model.weights.h5"
+        try:
+            if config.stat().st_size > limits.MAX_CONFIG_BYTES:
+                limits.parse_json(b" " * (limits.MAX_CONFIG_BYTES + 1), where, "config.json")
+            entry = limits.parse_json(config.read_bytes(), where, "config.json")
+            fobj = open(weights, "rb")
+        except FileNotFoundError as e:
+            raise ModelFileError(f"{where}: the directory has no {Path(e.filename).name}") from None
+        except OSError as e:
+            raise ModelFileError(f"{where}: cannot read the archive directory ({e})") from None
+        with fobj, _open_h5(fobj, where) as f:
+            raw = _RawFile(fobj)
+            return _model_with_weights(entry, f, where, raw, raw.size)
+    opened = limits.open_file(source, where)
+    fobj = opened or source
+    try:
+        try:
+            z = limits.open_zip(fobj, where)
+        except ModelFileError as e:
+            raise ModelFileError(str(e).replace("not a readable zip archive",
+                                                "not a readable .keras archive")) from None
+        with z:
+            info = limits.get_member(z, "config.json", where)
+            entry = limits.parse_json(limits.read_member(z, info, where, limits.MAX_CONFIG_BYTES),
+                                      where, "config.json")
+            info = limits.get_member(z, "model.weights.h5", where)
             if info.compress_type != zipfile.ZIP_STORED:
-                with z.open(info) as member, _open_h5(io.BytesIO(member.read()), where) as f:
-                    return _model_with_weights(entry, f, where, None)
-            start = _member_data_offset(path, info)
-            with open(path, "rb") as fobj:
-                member = _Region(fobj, start, info.file_size)
+                data = limits.read_member(z, info, where, info.file_size)
+                member = io.BytesIO(data)
                 with _open_h5(member, where) as f:
-                    return _model_with_weights(entry, f, where, _RawFile(path, start))
-    except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError) as e:
-        if isinstance(e, FastlayersError):
-            raise
-        raise ModelFileError(f"{where}: not a readable .keras archive ({type(e).__name__}: {e})") from e
+                    return _model_with_weights(entry, f, where, _RawFile(member), len(data))
+            # h5py reads the metadata through the member; the weight bytes of a stored
+            # (uncompressed) member are read straight from the archive at their offset, after
+            # the member's CRC-32 is checked (the bytes bypass zipfile)
+            size = limits._source_size(z)
+            start = limits.member_data_offset(fobj, info, where, size)
+            limits.check_crc(fobj, start, info.compress_size, info.CRC, where,
+                             "zip member 'model.weights.h5'")
+            member = _Region(fobj, start, info.file_size)
+            with _open_h5(member, where) as f:
+                return _model_with_weights(entry, f, where, _RawFile(fobj, start, info.file_size),
+                                           info.file_size)
+    finally:
+        if opened is not None:
+            opened.close()
 
 
 class _Region(io.RawIOBase):
@@ -427,58 +891,91 @@ class _Region(io.RawIOBase):
         return got
 
 
-def _member_data_offset(path, info) -> int:
-    """Offset of a zip member's data: after its local header (30 bytes, name and extra field)."""
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        header = f.read(30)
-    if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        raise ModelFileError(f"{path}: corrupt zip member header for {info.filename}")
-    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
-    return info.header_offset + 30 + name_len + extra_len
-
-
-def _model_with_weights(entry, h5file, where, raw):
-    try:
-        with weights_loaded_later():
-            model = build_model(entry, where)
-    except (KeyError, IndexError, TypeError) as e:
-        raise ModelFileError(f"{where}: malformed model config ({type(e).__name__}: {e})") from e
-    _assign_keras3(model, h5file, where, set(), raw)
+def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
+    """Build the model of ``entry`` (checked first) and read its weights from ``h5file`` (an
+    image of ``h5_bytes`` bytes)."""
+    check_config(entry, where)   # parse_json checked the nesting
+    with weights_loaded_later(), np.errstate(all="ignore"):
+        model = build_model(entry, where, h5_bytes, _checked=True)
+    limits.check_graph(model, where)
+    _check_weights_fit(model, where, h5_bytes * limits.MAX_COMPRESSION_RATIO)
+    _weights_stage(where, _assign_keras3, model, h5file, where, set(), raw)
     return model
 
 
-def load_keras_h5(path):
-    """Load a legacy full-model HDF5 file (Keras 3 or tf.keras 2.x ``model.save("x.h5")``)."""
-    where = str(path)
-    with _open_h5(path, where) as f:
-        if "model_config" not in f.attrs:
-            raise ModelFileError(f"{where}: HDF5 file without a model_config attribute (a weights "
-                                 "file? use model.load_weights)")
-        config = f.attrs["model_config"]
-        try:
-            entry = json.loads(config.decode() if isinstance(config, bytes) else config)
-            with weights_loaded_later():
-                model = build_model(entry, where)
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            if isinstance(e, FastlayersError):
-                raise
-            raise ModelFileError(f"{where}: malformed model_config ({type(e).__name__}: {e})") from e
-        _assign_legacy(model, f["model_weights"], where, set(), _RawFile(path))
+def load_keras_h5(source):
+    """Load a legacy full-model HDF5 file (Keras 3 or tf.keras 2.x ``model.save("x.h5")``) from a
+    path or a seekable binary file object."""
+    where = str(source)
+    with _h5_source(source, where) as (fobj, size):
+        _scan_file(fobj, 0, size, where)
+        with _open_h5(fobj, where) as f:
+            def read_config():
+                if "model_config" not in f.attrs:
+                    raise ModelFileError(f"{where}: HDF5 file without a model_config attribute (a "
+                                         "weights file? use model.load_weights)")
+                return _text_attr(f, "model_config", where)
+
+            entry = limits.parse_json(_weights_stage(where, read_config), where,
+                                      "the model_config attribute")
+            check_config(entry, where)
+            with weights_loaded_later(), np.errstate(all="ignore"):
+                model = build_model(entry, where, size, _checked=True)
+            limits.check_graph(model, where)
+            _check_weights_fit(model, where, size * limits.MAX_COMPRESSION_RATIO)
+
+            def assign():
+                group = _get(f, "model_weights", where, "group")
+                if group is None:
+                    raise ModelFileError(f"{where}: no model_weights group")
+                _assign_legacy(model, group, where, set(), _RawFile(fobj))
+
+            _weights_stage(where, assign)
     return model
+
+
+class _h5_source:
+    """An open binary file for a path (or the given file object, left open) and its size."""
+
+    def __init__(self, source, where):
+        self.source, self.where, self.opened = source, where, None
+
+    def __enter__(self):
+        fobj = self.source
+        if isinstance(self.source, (str, os.PathLike)):
+            try:
+                fobj = self.opened = open(self.source, "rb")
+            except FileNotFoundError:
+                raise ModelFileError(f"{self.where}: no such file") from None
+            except OSError as e:
+                raise ModelFileError(f"{self.where}: cannot open the file ({e.strerror or e})") from None
+        fobj.seek(0, io.SEEK_END)
+        size = fobj.tell()
+        fobj.seek(0)
+        return fobj, size
+
+    def __exit__(self, *exc):
+        if self.opened is not None:
+            self.opened.close()
 
 
 def load_weights(model, path) -> None:
     """Load Keras weights (``.weights.h5`` Keras 3 layout, or a legacy ``.h5``) into ``model``."""
     where = str(path)
-    with _open_h5(path, where) as f:
-        raw = _RawFile(path)
-        if "layers" in f or "vars" in f:
-            _assign_keras3(model, f, where, set(), raw)
-        elif "model_weights" in f:
-            _assign_legacy(model, f["model_weights"], where, set(), raw)
-        elif "layer_names" in f.attrs:
-            _assign_legacy(model, f, where, set(), raw)
-        else:
-            raise ModelFileError(f"{where}: no Keras weights found (expected a 'layers' group or "
-                                 "'layer_names' attribute)")
+    with _h5_source(path, where) as (fobj, size):
+        _scan_file(fobj, 0, size, where)
+        with _open_h5(fobj, where) as f:
+            raw = _RawFile(fobj)
+
+            def assign():
+                if "layers" in f or "vars" in f:
+                    _assign_keras3(model, f, where, set(), raw)
+                elif "model_weights" in f:
+                    _assign_legacy(model, _get(f, "model_weights", where, "group"), where, set(), raw)
+                elif "layer_names" in f.attrs:
+                    _assign_legacy(model, f, where, set(), raw)
+                else:
+                    raise ModelFileError(f"{where}: no Keras weights found (expected a 'layers' "
+                                         "group or 'layer_names' attribute)")
+
+            _weights_stage(where, assign)

@@ -2,9 +2,12 @@
 
 ``load_onnx(path)`` reads the file with ``onnx_proto`` (no onnx package needed; external data
 files are read from beside the model), refuses in one error every operator it does not
-implement, then optimises the graph once:
+implement, checks the graph (``onnx_check.check_graph``: every value defined, the nodes in an
+order that runs, each node's inputs and attributes against its operator's rules), drops the
+nodes no output depends on, then optimises the graph once:
 
-1. constant folding: nodes whose inputs are all known at load run once and become constants;
+1. constant folding: nodes whose inputs are all known at load run once and become constants,
+   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load);
 2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
    BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
@@ -16,7 +19,9 @@ implement, then optimises the graph once:
 3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 Execution walks the kept nodes in order with a value table local to the call, so one model
-serves many threads; batch size and sequence length may vary from call to call.
+serves many threads; batch size and sequence length may vary from call to call. An operator
+failing on the inputs of a call raises an ``InputError`` (or its own fastlayers error) naming
+the node; tensors whose size the graph's values set are limited (``onnx_ops.MAX_CREATED_BYTES``).
 """
 
 from __future__ import annotations
@@ -31,10 +36,15 @@ import numpy as np
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import onnx_encoder, onnx_proto
-from .onnx_ops import DTYPES, OPS
+from . import onnx_check, onnx_encoder, onnx_proto
+from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
 MIN_OPSET = 9
+#: Constant folding at load may make constants of at most max(MAX_FOLD_BYTES, twice the bytes
+#: of the file's initializers) in all; a graph asking more is refused (``ModelFileError``
+#: naming the node). The environment variable FASTLAYERS_ONNX_MAX_FOLD_BYTES, read at import,
+#: sets another MAX_FOLD_BYTES.
+MAX_FOLD_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_FOLD_BYTES", 64 << 20)
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
 _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
                         "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
@@ -66,8 +76,9 @@ class Node:
 
 
 def _read_nodes(graph, where) -> list[Node]:
+    """``Node`` objects of a graph's nodes (or of a list of ``onnx_proto.NodeProto``)."""
     nodes = []
-    for n in graph.nodes:
+    for n in getattr(graph, "nodes", graph):
         if any(isinstance(v, onnx_proto.Graph) or (isinstance(v, list) and v and isinstance(v[0], onnx_proto.Graph))
                for v in n.attrs.values()):
             raise UnsupportedError(f"{where}: operator {n.op_type} with subgraphs (control flow) is not supported")
@@ -81,17 +92,89 @@ def _read_nodes(graph, where) -> list[Node]:
 
 
 # ------------------------------------------------------------------------------ optimisation
-def fold_constants(nodes, constants, opset) -> list[Node]:
-    """Run every node whose inputs are all constants; keep the others."""
+#: Operators whose output may outgrow their inputs by broadcasting them against each other.
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
+                 "GreaterOrEqual", "And", "Or", "Xor", "Where", "Sum", "Max", "Min", "Mean", "PRelu"}
+
+
+def _predicted_bytes(node, values):
+    """The bytes of ``node``'s output on ``values`` where it may outgrow its inputs and its
+    size follows from their shapes alone (broadcasting, products, gathers, concatenations);
+    None for the others (those creating tensors from values check their own sizes,
+    ``onnx_ops.created``; the rest are no larger than their inputs)."""
+    arrays = [np.asarray(v) for v in values if v is not None]
+    if not arrays:
+        return None
+    item = max(a.itemsize for a in arrays)
+    if node.op_type in _BROADCASTING:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    elif node.op_type == "MatMul" and len(arrays) == 2 and min(arrays[0].ndim, arrays[1].ndim) >= 1:
+        a, b = arrays
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + a.shape[-2:-1] + b.shape[-1:]
+    elif node.op_type == "Gemm" and len(arrays) >= 2:    # an upper bound, whatever transA/B
+        shape = (max(arrays[0].shape, default=1), max(arrays[1].shape, default=1))
+    elif node.op_type == "Gather" and len(arrays) == 2:
+        shape = arrays[1].shape + arrays[0].shape
+    elif node.op_type == "Concat":
+        return sum(a.nbytes for a in arrays)
+    else:
+        return None
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count * item
+
+
+def fold_constants(nodes, constants, opset, budget: int | None = None,
+                   where: str = "ONNX model") -> list[Node]:
+    """Run every node whose inputs are all constants; keep the others. ``budget``: the bytes
+    the constants made may take in all (None: no limit; views of constants cost nothing); a
+    node that would go over it, or that fails, raises ``ModelFileError`` (``UnsupportedError``
+    for what fastlayers does not implement) naming ``where`` and the node."""
     kept = []
+    used, owners = 0, {id(_owner(v)) for v in constants.values()}
     for node in nodes:
-        if node.op_type not in _NONDETERMINISTIC and all(i == "" or i in constants for i in node.inputs):
-            outs = OPS[node.op_type]([constants[i] if i else None for i in node.inputs], node.attrs, opset)
-            for name, value in zip(node.outputs, outs):
-                if name:
-                    constants[name] = np.asarray(value)
-        else:
+        if node.op_type in _NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs):
             kept.append(node)
+            continue
+        values = [constants[i] if i else None for i in node.inputs]
+        left = None if budget is None else budget - used
+        label = f"node {onnx_check.short(node.name or node.outputs[0])} ({node.op_type})"
+        try:
+            predicted = _predicted_bytes(node, values) if left is not None else None
+            if predicted is not None and predicted > left:
+                raise SizeLimitError(f"its result would take {predicted} bytes")
+            token = CREATE_LIMIT.set(left)
+            try:
+                with np.errstate(all="ignore"):
+                    outs = OPS[node.op_type](values, node.attrs, opset)
+            finally:
+                CREATE_LIMIT.reset(token)
+        except SizeLimitError as e:
+            raise ModelFileError(
+                f"{where}: {label}: folding it at load ({e}) would take the graph's constants over "
+                f"{budget} bytes (max(MAX_FOLD_BYTES, 2 x its initializers); raise "
+                "FASTLAYERS_ONNX_MAX_FOLD_BYTES for a graph that needs more)") from None
+        except UnsupportedError as e:
+            raise UnsupportedError(f"{where}: {label}: {e}") from None
+        except FastlayersError as e:
+            raise ModelFileError(f"{where}: {label} cannot be computed at load: {e}") from None
+        except Exception as e:  # noqa: BLE001 - any failure of an operator on the file's constants
+            raise ModelFileError(f"{where}: {label} cannot be computed at load "
+                                 f"({type(e).__name__}: {str(e)[:300]})") from None
+        for name, value in zip(node.outputs, outs):
+            if name:
+                value = np.asarray(value)
+                owner = _owner(value)
+                if id(owner) not in owners:
+                    owners.add(id(owner))
+                    used += getattr(owner, "nbytes", value.nbytes)
+                constants[name] = value
+        if budget is not None and used > budget:
+            raise ModelFileError(
+                f"{where}: {label}: the constants folded at load take {used} bytes, over {budget} "
+                "(max(MAX_FOLD_BYTES, 2 x its initializers); raise FASTLAYERS_ONNX_MAX_FOLD_BYTES "
+                "for a graph that needs more)")
     return kept
 
 
@@ -499,6 +582,10 @@ class OnnxModel:
         self._constants = constants
         self._nodes = nodes
         self._shapes = shapes
+        #: What a pickle carries: the serialized ModelProto it was imported from (``from_bytes``),
+        #: the file to read it from again (``load_onnx``: the model keeps no second copy of its
+        #: file), or None (not self-contained: its weights lie in external data files).
+        self._source = None
         # Nodes computing only from input shapes (Shape, Size and what combines them with
         # constants) give the same values for the same input shapes: their outputs are cached
         # per input-shape key and skipped on later calls.
@@ -658,20 +745,24 @@ class OnnxModel:
         cached = self._shape_cache.get(key)
         if cached is not None:
             values.update(cached)
+        outs = None
         try:
-            for fn, ins, outs, attrs, shape_only in self._plan:
-                if shape_only and cached is not None:
-                    continue
-                results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
-                for name, value in zip(outs, results):
-                    if name:
-                        values[name] = value
-        except (IndexError, ValueError) as e:
-            if isinstance(e, FastlayersError):
-                raise
-            node = next(n for n in self._nodes if n.outputs == outs)
-            raise InputError(f"ONNX model {self.name!r}: node {node.name or node.outputs[0]!r} "
-                             f"({node.op_type}) failed on these inputs: {e}") from e
+            with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
+                for fn, ins, outs, attrs, shape_only in self._plan:
+                    if shape_only and cached is not None:
+                        continue
+                    results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+                    for name, value in zip(outs, results):
+                        if name:
+                            values[name] = value
+        except Exception as e:  # noqa: BLE001 - an operator failing on these inputs, whatever it raised
+            node = next((n for n in self._nodes if n.outputs == outs), None)
+            label = "?" if node is None else f"{onnx_check.short(node.name or node.outputs[0])} ({node.op_type})"
+            if isinstance(e, FastlayersError):   # the operator's own error, with the node named
+                raise type(e)(f"ONNX model {self.name!r}: node {label}: {e}") from None
+            text = str(e) if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {e}"
+            raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: "
+                             f"{text[:500]}") from e
         if cached is None and self._shape_outputs:
             if len(self._shape_cache) >= 64:  # bound the memory of many distinct shapes
                 self._shape_cache.clear()
@@ -687,10 +778,26 @@ class OnnxModel:
         Returns
         -------
         bool
-            Whether it ran: False for inputs without a declared rank or over
-            ``warmup.MAX_ELEMENTS`` elements, or a graph that fails on zeros of those sizes.
+            Whether it ran: False for inputs without a declared rank, over
+            ``warmup.MAX_ELEMENTS`` elements, or taking more bytes than the model's weights (and
+            1 MiB: a small file declaring large inputs is not run at load), or a graph that
+            fails on zeros of those sizes.
         """
-        return warm_up(self._evaluate, [(shape, dtype) for _, dtype, shape in self._inputs])
+        from .. import warmup
+
+        specs = [(shape, dtype) for _, dtype, shape in self._inputs]
+        total = nbytes = 0
+        for shape, dtype in specs:   # exact (a file may declare dimensions whose product overflows)
+            count = 1
+            for k, d in enumerate(shape or ()):
+                count *= (1 if k == 0 else warmup.FREE_SIZE) if d is None else d
+            total += count
+            nbytes += count * dtype.itemsize
+        weights = sum(_array_bytes(v) for v in self._constants.values()) + sum(
+            _array_bytes(v) for n in self._nodes for v in n.attrs.values())
+        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights):
+            return False
+        return warm_up(self._evaluate, specs)
 
     def predict(self, x, batch_size: int | None = None):
         """Run in batches along axis 0 of every input (all at once by default)."""
@@ -719,13 +826,29 @@ class OnnxModel:
     def save(self, path):
         raise UnsupportedError("an imported ONNX model cannot be saved in the fastlayers format; keep the .onnx file")
 
+    def __reduce__(self):
+        """Pickle by value: the ONNX bytes, imported again when unpickled (fastlayers.pickling)."""
+        from ..pickling import reduce_onnx
+
+        return reduce_onnx(self)
+
+
+def _array_bytes(value) -> int:
+    """The bytes of the arrays ``value`` is or holds (a tuple of arrays: a fused node's weights)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, tuple):
+        return sum(_array_bytes(v) for v in value)
+    return 0
+
 
 def _value_shape(value_info, named=False):
     """The dimensions of a value (None when unknown, or its name where ``named``), or None
     without a shape."""
     if value_info.shape is None:
         return None
-    return [d if isinstance(d, int) or named else None for d in value_info.shape]
+    return [d if (isinstance(d, int) and d >= 0) or (named and isinstance(d, str)) else None
+            for d in value_info.shape]
 
 
 def _prober(name, inputs, dims, outputs, constants, opset, where):
@@ -745,12 +868,37 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
 
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
-    return from_model(onnx_proto.read_model(path), str(path))
+    from ..pickling import FileSource
+
+    where = str(path)
+    data, source = FileSource.read_new(path)   # one buffer, which the weights are views of
+    try:
+        parsed = onnx_proto.parse_model(data, where)
+    except ModelFileError:   # weights in external data files beside it (or a defect: raised again)
+        parsed, source = onnx_proto.parse_model(data, where, Path(path).parent), None
+    model = from_model(parsed, where)
+    model._source = source
+    return model
 
 
 def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
     """Import an in-memory ``onnx.ModelProto`` (its external data, if any, must be loaded)."""
-    return from_model(onnx_proto.parse_model(bytearray(proto.SerializeToString()), where), where)
+    return from_bytes(bytearray(proto.SerializeToString()), where)
+
+
+def from_bytes(data, where: str = "ONNX model") -> OnnxModel:
+    """Import a serialized ModelProto (a writeable buffer, which the weights may view; external
+    data refused); the model keeps ``data``, which its pickle carries."""
+    model = from_model(onnx_proto.parse_model(data, where), where)
+    model._source = data
+    return model
+
+
+def _op_name(node) -> str:
+    """A node's operator as error messages name it (``domain::op_type`` outside the default
+    domain), cut short and escaped where a file makes it long or unprintable."""
+    name = node.op_type if node.domain == "" else f"{node.domain}::{node.op_type}"
+    return name if name.isprintable() and 0 < len(name) <= 60 else onnx_check.short(name)
 
 
 def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
@@ -761,23 +909,28 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         raise ModelFileError(f"{where}: not an ONNX model (no default-domain opset or no nodes)")
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
-    unsupported = sorted({n.op_type if n.domain == "" else f"{n.domain}::{n.op_type}"
-                          for n in graph.nodes if n.domain != "" or n.op_type not in OPS})
+    unsupported = sorted({_op_name(n) for n in graph.nodes
+                          if n.domain != "" or n.op_type not in onnx_check.OPS})
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    # the graph's structure, types and attributes, checked before anything is folded or run;
+    # the nodes in an order that runs, dead nodes dropped before folding
+    checked = onnx_check.check_graph(graph, where, opset)
     constants = dict(graph.initializers)
     inputs, dims = [], []
     for vi in graph.inputs:
         if vi.name in constants:
             continue
         if vi.elem_type not in DTYPES:
-            raise UnsupportedError(f"{where}: input {vi.name!r} has unsupported element type {vi.elem_type}")
+            raise UnsupportedError(f"{where}: input {onnx_check.short(vi.name)} has unsupported "
+                                   f"element type {vi.elem_type}")
         inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
-    nodes = _read_nodes(graph, where)
+    nodes = prune(_read_nodes(checked, where), outputs)
+    budget = max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))
     try:
-        nodes = fold_constants(nodes, constants, opset)
+        nodes = fold_constants(nodes, constants, opset, budget, where)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
@@ -788,8 +941,8 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
                                     _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise
-    except (ValueError, IndexError, KeyError, TypeError) as e:
-        raise ModelFileError(f"{where}: invalid graph ({type(e).__name__}: {e})") from e
+    except Exception as e:  # noqa: BLE001 - a graph the optimisations cannot take
+        raise ModelFileError(f"{where}: invalid graph ({type(e).__name__}: {str(e)[:300]})") from e
     used = set(outputs).union(*(n.inputs for n in nodes))
     constants = {k: v for k, v in constants.items() if k in used}
     shapes = {vi.name: _value_shape(vi) for vi in graph.value_info + graph.outputs}

@@ -281,20 +281,31 @@ def probe_inputs(graph_inputs) -> list[np.ndarray] | None:
     """One array per (name, dtype, dims) graph input, ``dims`` holding ints and dimension names
     (None: unnamed): each named dimension one size, each unnamed one its own, from 2 up and all
     different. Floats are noise (``_noise``), integers and booleans ones. None when a rank is
-    unknown."""
+    unknown, or where they would take more than ``warmup.MAX_ELEMENTS`` elements in all (the
+    dimensions a file declares are not trusted to be small)."""
+    from ..warmup import MAX_ELEMENTS
+
     sizes: dict = {}
-    arrays = []
+    arrays, total = [], 0
     for _, dtype, dims in graph_inputs:
         if dims is None:
             return None
         shape = []
         for d in dims:
             if isinstance(d, int):
+                if d < 0:
+                    return None
                 shape.append(d)
                 continue
             key = d if d else object()
             sizes.setdefault(key, len(sizes) + 2)
             shape.append(sizes[key])
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+        if total > MAX_ELEMENTS:
+            return None
         if dtype.kind == "f":
             arrays.append(_noise(shape).astype(dtype))
         else:

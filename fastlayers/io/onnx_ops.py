@@ -8,16 +8,63 @@ from an attribute to an input across opsets (axes, pads, split, min/max, ...) bo
 
 from __future__ import annotations
 
+import contextvars
+import os
+
 import numpy as np
 
 from ..backends import get_ops
 from ..backends.derived import derived, derived_from
 from ..backends.reference import erfc64, fold_batch_norm
-from ..errors import ShapeError, UnsupportedError
+from ..errors import InputError, ShapeError, UnsupportedError
 from ..folding import fold_projection
 from ..native.layout import channels_last
 
 OPS: dict = {}
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """A byte count from the environment variable ``name`` (an int, e.g. 4294967296), else
+    ``default``."""
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+#: The most bytes one tensor may take where the graph's values, not the size of the inputs,
+#: set its size: ConstantOfShape, Expand, Tile, Range, Resize, Upsample, Pad, ConvTranspose,
+#: and convolutions and pooling padded beyond their window. Over it, a call raises
+#: ``SizeLimitError`` (an ``InputError``) naming the node. The environment variable
+#: FASTLAYERS_ONNX_MAX_CREATED_BYTES, read at import, sets another value.
+MAX_CREATED_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_CREATED_BYTES", 1 << 31)
+#: The limit in force where it is not MAX_CREATED_BYTES: constant folding at load sets what
+#: is left of its budget (``onnx.fold_constants``).
+CREATE_LIMIT: contextvars.ContextVar = contextvars.ContextVar("onnx_create_limit", default=None)
+
+
+class SizeLimitError(InputError):
+    """A tensor over ``MAX_CREATED_BYTES`` (or over what constant folding has left)."""
+
+
+def created(shape, dtype, what: str):
+    """Check a tensor of ``shape`` and ``dtype`` before it is made (see MAX_CREATED_BYTES);
+    returns the shape as a tuple of ints."""
+    shape = tuple(int(d) for d in shape)
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise ShapeError(f"{what}: negative dimension in shape {shape[:8]}")
+        count *= d
+    nbytes = count * np.dtype(dtype).itemsize
+    limit = CREATE_LIMIT.get()
+    limit = MAX_CREATED_BYTES if limit is None else limit
+    if nbytes > limit:
+        raise SizeLimitError(f"{what}: a tensor of shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
+                             f"would take {nbytes} bytes, over the limit of {limit} "
+                             "(FASTLAYERS_ONNX_MAX_CREATED_BYTES)")
+    return shape
 
 # ONNX TensorProto element types -> numpy dtypes
 DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
@@ -392,11 +439,16 @@ def _concat(inputs, attrs, opset):
 def _split(inputs, attrs, opset):
     x = inputs[0]
     axis = attrs.get("axis", 0)
+    if not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"Split: axis {axis} for an input of shape {x.shape}")
+    dim = x.shape[axis]
     sizes = _axes(inputs, attrs, 1, name="split")
+    n = attrs.get("num_outputs") or attrs.get("_num_outputs", 1)
     if sizes is None:
-        n = attrs.get("num_outputs") or attrs["_num_outputs"]
-        size = -(-x.shape[axis] // n)
-        sizes = [min(size, x.shape[axis] - i * size) for i in range(n)]
+        size = -(-dim // max(n, 1))
+        sizes = [max(0, min(size, dim - i * size)) for i in range(n)]
+    if len(sizes) != n or any(v < 0 for v in sizes) or sum(sizes) != dim:
+        raise ShapeError(f"Split: sizes {sizes[:8]} for {n} outputs do not split an axis of {dim}")
     return list(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
 
 
@@ -476,24 +528,42 @@ def _constant(inputs, attrs, opset):
 def _constant_of_shape(inputs, attrs, opset):
     value = attrs.get("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
-    return [np.full(_ints(inputs[0]), value.reshape(-1)[0], dtype=value.dtype)]
+    shape = created(_ints(inputs[0]), value.dtype, "ConstantOfShape")
+    return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
 
 
 @op("Range")
 def _range(inputs, attrs, opset):
     start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
-    return [np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))]
+    dtype = np.result_type(start, limit, delta)
+    if delta == 0:
+        raise InputError("Range: delta is 0")
+    span = (float(limit) - float(start)) / float(delta)
+    if span != span:
+        raise InputError("Range: start, limit or delta is NaN")
+    created([0 if span <= 0 else int(np.ceil(span)) if span < 2 ** 62 else 2 ** 62], dtype, "Range")
+    return [np.arange(start, limit, delta, dtype=dtype)]
 
 
 @op("Expand")
 def _expand(inputs, attrs, opset):
     x, shape = inputs
-    return [x * np.ones(_ints(shape), dtype=x.dtype)]
+    target = _ints(shape)
+    if any(d < 0 for d in target):
+        raise ShapeError(f"Expand: negative dimension in shape {target[:8]}")
+    out = np.broadcast_shapes(x.shape, tuple(target))
+    created(out, x.dtype, "Expand")
+    return [np.array(np.broadcast_to(x, out))]
 
 
 @op("Tile")
 def _tile(inputs, attrs, opset):
-    return [np.tile(inputs[0], _ints(inputs[1]))]
+    x, repeats = inputs[0], _ints(inputs[1])
+    if len(repeats) != x.ndim or any(r < 0 for r in repeats):
+        raise ShapeError(f"Tile: repeats {repeats[:8]} for an input of rank {x.ndim} (one "
+                         "non-negative count per axis)")
+    created([d * r for d, r in zip(x.shape, repeats)], x.dtype, "Tile")
+    return [np.tile(x, repeats)]
 
 
 @op("Trilu")
@@ -522,6 +592,8 @@ def _pad(inputs, attrs, opset):
         value = np.asarray(inputs[2]).reshape(()) if len(inputs) > 2 and inputs[2] is not None and np.asarray(inputs[2]).size else 0
         axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(x.ndim))
     n = len(axes)
+    if len(pads) != 2 * n:
+        raise ShapeError(f"Pad: {len(pads)} pads for {n} axes (expected {2 * n})")
     width = [(0, 0)] * x.ndim
     for i, a in enumerate(axes):
         width[a % x.ndim] = (pads[i], pads[i + n])
@@ -530,6 +602,10 @@ def _pad(inputs, attrs, opset):
                       for k, (b, e) in enumerate(width))
         x = x[index]
         width = [(max(b, 0), max(e, 0)) for b, e in width]
+    created([d + b + e for d, (b, e) in zip(x.shape, width)], x.dtype, "Pad")
+    if mode in ("reflect", "wrap") and any(
+            max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x.shape, width) if b or e):
+        raise ShapeError(f"Pad: {mode} pads {width} are larger than the axes {x.shape} they mirror")
     if mode == "constant":
         return [np.pad(x, width, mode="constant", constant_values=value)]
     if mode in ("reflect", "edge", "wrap"):
@@ -743,8 +819,34 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
     return outs
 
 
+def _check_recurrent(kind, x_shape, inputs, attrs):
+    """The shapes of a recurrent node's inputs, checked before the time loops read them:
+    ``x_shape`` is X's, (time, batch, input) or with layout=1 (batch, time, input)."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    n_dir = 2 if attrs.get("direction", "forward") == "bidirectional" else 1
+    layout = attrs.get("layout", 0)
+    r = inputs[2]
+    if len(x_shape) != 3:
+        raise ShapeError(f"{kind}: X of shape {tuple(x_shape)} is not (time, batch, input)")
+    if r.ndim != 3 or r.shape[0] != n_dir or r.shape[2] == 0 or r.shape[1] != gates * r.shape[2]:
+        raise ShapeError(f"{kind}: R of shape {r.shape} is not ({n_dir}, {gates} * hidden, hidden)")
+    hidden = r.shape[2]
+    if attrs.get("hidden_size") not in (None, hidden):
+        raise ShapeError(f"{kind}: hidden_size {attrs['hidden_size']} does not match R of shape {r.shape}")
+    batch = x_shape[0] if layout else x_shape[1]
+    state = (batch, n_dir, hidden) if layout else (n_dir, batch, hidden)
+    want = {1: (n_dir, gates * hidden, x_shape[2]), 3: (n_dir, 2 * gates * hidden), 4: (batch,),
+            5: state, 6: state, 7: (n_dir, 3 * hidden)}
+    names = {1: "W", 3: "B", 4: "sequence_lens", 5: "initial_h", 6: "initial_c", 7: "P"}
+    for i in (1, 3, 4, 5) + ((6, 7) if kind == "LSTM" else ()):
+        a = inputs[i] if len(inputs) > i else None
+        if a is not None and (a.size or i == 1) and a.shape != want[i]:
+            raise ShapeError(f"{kind}: {names[i]} of shape {a.shape}, expected {want[i]}")
+
+
 def _recurrent_op(kind):
     def run(inputs, attrs, opset):
+        _check_recurrent(kind, inputs[0].shape, inputs, attrs)
         fast = _recurrent_fast(kind, inputs, attrs)
         return fast if fast is not None else _recurrent(kind, inputs, attrs)
     return run
@@ -757,6 +859,11 @@ def _embedding_recurrent_op(kind):
     def run(inputs, attrs, opset):
         table, ids, rest = inputs[0], inputs[1], inputs[2:]
         time_major = attrs["_ids_time_major"]      # the recurrences read no other extra key
+        if ids.ndim == 2:
+            x_shape = ids.shape + table.shape[1:]
+            if time_major != (attrs.get("layout", 0) == 0):
+                x_shape = (x_shape[1], x_shape[0], x_shape[2])
+            _check_recurrent(kind, x_shape, [None, *rest], attrs)
         if ids.ndim == 2 and ids.size:
             vocab = table.shape[0]
             if ids.min() < -vocab or ids.max() >= vocab:     # as Gather: negatives count back
@@ -821,6 +928,8 @@ def _stored(x):
 def _spatial(attrs, key, n, default):
     v = attrs.get(key)
     v = [default] * n if v is None or len(v) == 0 else list(v)
+    if len(v) != n:
+        raise ShapeError(f"attribute {key!r} has {len(v)} values for an input with {n} spatial axes")
     return v if n == 2 else [default if key != "kernel_shape" else 1] + v
 
 
@@ -840,6 +949,8 @@ def conv_pads(attrs, in_hw, kernel, strides, dilations):
     if auto == "VALID":
         return ((0, 0),) * n
     p = list(attrs.get("pads") or [0] * (2 * n))
+    if len(p) != 2 * n:
+        raise ShapeError(f"attribute 'pads' has {len(p)} values for an input with {n} spatial axes")
     return tuple((p[i], p[i + n]) for i in range(n))
 
 
@@ -849,6 +960,27 @@ def _pads_2d(attrs, x_shape, kernel, strides, dilations, one_d):
     return ((0, 0),) + pads if one_d else pads
 
 
+def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=False):
+    """The output (height, width) of a window op, checked: positive, and within
+    ``MAX_CREATED_BYTES`` (as float32, with ``n_c`` = batch x channels) where the padding is
+    wider than the dilated window (only then may the graph's values, not the input, make the
+    output large)."""
+    out_hw = []
+    for size, k, s, d, (a, z) in zip(in_hw, kernel, strides, dilations, pads):
+        span = size + a + z - d * (k - 1) - 1
+        if span < 0:
+            raise ShapeError(f"{what}: input of spatial size {tuple(in_hw)} (padded by {tuple(pads)}) "
+                             f"is smaller than the dilated window {tuple(kernel)} (dilations "
+                             f"{tuple(dilations)})")
+        out = (-(-span // s) if ceil else span // s) + 1
+        if ceil and (out - 1) * s >= size + a:
+            out -= 1  # the last window would start in the end padding
+        out_hw.append(out)
+    if any(max(a, z) > d * (k - 1) for k, d, (a, z) in zip(kernel, dilations, pads)):
+        created([n_c, *out_hw], np.float32, what)
+    return out_hw
+
+
 @op("Conv", "FusedConv")
 def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
@@ -856,13 +988,27 @@ def _conv(inputs, attrs, opset):
     x4, one_d = _nhwc(x)
     w_hwio = attrs.get("_w_hwio")   # FusedConv: its weights, transposed at load
     if w_hwio is None:
+        if w.ndim != x.ndim:
+            raise ShapeError(f"Conv: weight of shape {w.shape} for an input of shape {x.shape} "
+                             "(the weight's rank must be the input's)")
         w4 = w[:, :, None, :] if w.ndim == 3 else w
         w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 1, 0), dtype=np.float32)
+    elif w_hwio.ndim != 4 or (w_hwio.shape[0] != 1 and one_d):
+        raise ShapeError(f"Conv: weight for a {'1' if w_hwio.shape[0] == 1 else '2'}-D "
+                         f"convolution, input of shape {x.shape}")
+    group = attrs.get("group", 1)
+    kh, kw, cin_g, cout = w_hwio.shape
+    if group < 1 or x4.shape[3] != cin_g * group or cout % group:
+        raise ShapeError(f"Conv: input of shape {x.shape} (channels on axis 1) does not fit a weight "
+                         f"of {cout} output and {cin_g} input channels per group with group={group}")
+    if b is not None and np.shape(b) != (cout,):
+        raise ShapeError(f"Conv: bias of shape {np.shape(b)} for {cout} output channels")
     n = x.ndim - 2
     strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
-    pads = _pads_2d(attrs, x.shape, list(w_hwio.shape[:2]), strides, dilations, one_d)
+    pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
+    _padded_output("Conv", x4.shape[0] * cout, x4.shape[1:3], (kh, kw), strides, dilations, pads)
     y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides), pads,
-                         tuple(dilations), attrs.get("group", 1), attrs.get("activation", "linear"),
+                         tuple(dilations), group, attrs.get("activation", "linear"),
                          attrs.get("alpha", 0.0))
     return [_nchw(y, one_d)]
 
@@ -872,6 +1018,16 @@ def _conv_transpose(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     x4, one_d = _nhwc(x)
+    if w.ndim != x.ndim:
+        raise ShapeError(f"ConvTranspose: weight of shape {w.shape} for an input of shape {x.shape} "
+                         "(the weight's rank must be the input's)")
+    group = attrs.get("group", 1)
+    if group < 1 or w.shape[0] != x.shape[1] or w.shape[0] % group:
+        raise ShapeError(f"ConvTranspose: weight of shape {w.shape} with group={group} for an input "
+                         f"of shape {x.shape} (expected (C_in, C_out / group, k...), group dividing C_in)")
+    if b is not None and np.shape(b) != (w.shape[1] * group,):
+        raise ShapeError(f"ConvTranspose: bias of shape {np.shape(b)} for {w.shape[1] * group} "
+                         "output channels")
     w4 = w[:, :, None, :] if w.ndim == 3 else w
     w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 0, 1), dtype=np.float32)  # (kh, kw, C_in, C_out / g)
     n = x.ndim - 2
@@ -892,12 +1048,17 @@ def _conv_transpose(inputs, attrs, opset):
         pads = [(t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2) for t in totals]
     else:
         p = list(attrs.get("pads") or [0] * (2 * n))
+        if len(p) != 2 * n:
+            raise ShapeError(f"ConvTranspose: {len(p)} pads for {n} spatial axes")
         pads = [(p[i], p[i + n]) for i in range(n)]
         pads = ([(0, 0)] + pads) if one_d else pads
         shape = [f - a - z for f, (a, z) in zip(full, pads)]
+    if min(shape) <= 0:
+        raise ShapeError(f"ConvTranspose: output size {tuple(shape)} for an input of shape {x.shape}")
+    created([x4.shape[0], *shape, w_hwio.shape[3] * group], np.float32, "ConvTranspose")
     y = get_ops().conv_transpose2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides),
                                    tuple(a for a, _ in pads), tuple(shape), tuple(dilations),
-                                   attrs.get("group", 1))
+                                   group)
     return [_nchw(y, one_d)]
 
 
@@ -907,16 +1068,14 @@ def _pool(kind):
         x4, one_d = _nhwc(x)
         n = x.ndim - 2
         kernel = list(attrs["kernel_shape"])
+        if len(kernel) != n:
+            raise ShapeError(f"{kind} pooling: kernel_shape {kernel} for an input of shape {x.shape}")
         strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
         kernel = ([1] + kernel) if one_d else kernel
         pads = _pads_2d(attrs, x.shape, kernel, strides, dilations, one_d)
-        out_hw = []
-        for size, k, s, d, (a, z) in zip(x4.shape[1:3], kernel, strides, dilations, pads):
-            span = size + a + z - d * (k - 1) - 1
-            out = (-(-span // s) if attrs.get("ceil_mode", 0) else span // s) + 1
-            if attrs.get("ceil_mode", 0) and (out - 1) * s >= size + a:
-                out -= 1  # the last window would start in the end padding
-            out_hw.append(out)
+        out_hw = _padded_output(f"{'Max' if kind == 'max' else 'Average'}Pool", x4.shape[0] * x4.shape[3],
+                                x4.shape[1:3], kernel, strides, dilations, pads,
+                                bool(attrs.get("ceil_mode", 0)))
         y = get_ops().pool2d(x4, kind, tuple(kernel), tuple(strides), pads, tuple(out_hw), tuple(dilations),
                              bool(attrs.get("count_include_pad", 0)))
         return [_nchw(y, one_d)]
@@ -932,13 +1091,20 @@ def _lrn(inputs, attrs, opset):
     x = _f32(inputs[0])
     size = attrs["size"]
     alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    if x.ndim < 2:
+        raise ShapeError(f"LRN: expected an input (N, C, ...), got shape {x.shape}")
     moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
-    if size % 2:
+    c = moved.shape[-1]
+    if size >= 2 * c + 1:
+        # every window holds every channel: one sum (the kernels' work grows with the window)
+        s = np.sum(np.square(moved.astype(np.float64)), axis=-1, keepdims=True)
+        y = (moved / (bias + alpha / size * s) ** beta).astype(np.float32)
+    elif size % 2:
         y = get_ops().local_response_norm(moved, size, alpha, beta, bias)
     else:  # ONNX centres even windows one channel later than torch does
-        c = moved.shape[-1]
         sq = np.pad(np.square(moved.astype(np.float64)), [(0, 0)] * (x.ndim - 1) + [((size - 1) // 2, size // 2)])
-        s = sum(sq[..., t:t + c] for t in range(size))
+        cs = np.concatenate([np.zeros(sq.shape[:-1] + (1,)), np.cumsum(sq, axis=-1)], axis=-1)
+        s = cs[..., size:size + c] - cs[..., :c]
         y = (moved / (bias + alpha / size * s) ** beta).astype(np.float32)
     return [np.ascontiguousarray(np.moveaxis(y, -1, 1))]
 
@@ -946,6 +1112,9 @@ def _lrn(inputs, attrs, opset):
 @op("MaxRoiPool")
 def _max_roi_pool(inputs, attrs, opset):
     x, rois = inputs
+    if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5:
+        raise ShapeError(f"MaxRoiPool: expected features (N, C, H, W) and rois (K, 5), got shapes "
+                         f"{x.shape} and {rois.shape}")
     x4, _ = _nhwc(x)
     y = get_ops().roi_pool(x4, _f32(rois), tuple(attrs["pooled_shape"]), attrs.get("spatial_scale", 1.0))
     return [np.ascontiguousarray(y.transpose(0, 3, 1, 2))]
@@ -983,6 +1152,9 @@ def _resize(x, out_shape, scales, attrs, roi):
         raise UnsupportedError(f"Resize mode {mode!r} is not supported (nearest and linear are)")
     if attrs.get("antialias", 0):
         raise UnsupportedError("Resize with antialias=1 is not supported")
+    if len(out_shape) != x.ndim:
+        raise ShapeError(f"Resize: output shape {tuple(out_shape)[:8]} for an input of rank {x.ndim}")
+    created(out_shape, np.float64 if x.dtype.kind == "f" else x.dtype, "Resize")
     coord = attrs.get("coordinate_transformation_mode", "half_pixel")
     nearest = attrs.get("nearest_mode", "round_prefer_floor")
     y = x.astype(np.float64) if x.dtype.kind == "f" else x
@@ -1141,13 +1313,21 @@ def _attention(inputs, attrs, opset):
             or attrs.get("right_window_size", -1) not in (-1, None):
         raise UnsupportedError("Attention with nonpad_kv_seqlen or sliding windows is not supported")
     three_d = q.ndim == 3
+    if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ShapeError(f"Attention: Q, K and V of shapes {q.shape}, {k.shape}, {v.shape} (expected "
+                         "three 3-D or three 4-D inputs)")
     if three_d:
+        if "q_num_heads" not in attrs:
+            raise ShapeError("Attention: 3-D inputs need the attributes q_num_heads and kv_num_heads")
         qh, kvh = attrs["q_num_heads"], attrs["kv_num_heads"]
         split = lambda a, h: a.reshape(a.shape[0], a.shape[1], h, -1).transpose(0, 2, 1, 3)  # noqa: E731
         q, k, v = split(q, qh), split(k, kvh), split(v, kvh)
     if past_k is not None:
         k, v = np.concatenate([_f32(past_k), k], axis=2), np.concatenate([_f32(past_v), v], axis=2)
     present_k, present_v = k, v
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
+        raise ShapeError(f"Attention: {q.shape[1]} query heads and {k.shape[1]} / {v.shape[1]} key / "
+                         "value heads (the key heads must divide the query heads)")
     if q.shape[1] != k.shape[1]:  # grouped-query attention
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
         v = np.repeat(v, q.shape[1] // v.shape[1], axis=1)

@@ -30,6 +30,9 @@ from ..errors import ModelFileError, UnsupportedError
 MAX_DEPTH = 32
 #: Tensor ranks above this are refused.
 MAX_RANK = 32
+#: Tensor dimensions above this are refused (numpy cannot shape an array, even an empty one,
+#: whose dimensions multiply past 2**63 bytes).
+MAX_DIM = 1 << 40
 #: A sparse initializer's dense form may take at most this many bytes.
 MAX_SPARSE_DENSE_BYTES = 1 << 30
 
@@ -396,11 +399,14 @@ class _Parser:
             kind = _TYPE_NAMES.get(data_type, str(data_type))
             raise UnsupportedError(f"{self.where}: {what} has element type {kind}, which is not supported")
         dtype = np.dtype(TENSOR_DTYPES[data_type])
-        if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+        if len(dims) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in dims):
             self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
-        count = 1
+        count, nonzero = 1, dtype.itemsize
         for d in dims:
             count *= d
+            nonzero *= max(d, 1)
+        if nonzero > 1 << 62:   # even an empty one: numpy cannot shape an array so large
+            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}, beyond any array")
         if location == 1:
             return name, self.external(external, dims, dtype, count, what)
         if raw is not None:
@@ -475,7 +481,7 @@ class _Parser:
             self.fail("a sparse initializer without values or indices")
         name, vals = values
         what = f"sparse initializer {name!r}"
-        if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+        if len(dims) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in dims):
             self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
         count = 1
         for d in dims:

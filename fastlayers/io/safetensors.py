@@ -9,7 +9,6 @@ are read from their byte range here and widened exactly to float32.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections import OrderedDict
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
+from . import limits
 
 _WIDENED = {"BF16"}
 
@@ -35,24 +35,79 @@ def is_safetensors(path) -> bool:
     return 2 <= n <= size - 8 and head[8:9] == b"{"
 
 
+#: Element sizes of the safetensors dtypes.
+DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+               "C64": 8}
+
+
 def _header(path, where: str) -> tuple[dict, int]:
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ModelFileError(f"{where}: truncated safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
-            raise ModelFileError(f"{where}: implausible safetensors header length {n}")
-        raw = f.read(n)
+    """The JSON header of a safetensors file and the offset of its data, checked: the length
+    field against the file's size and ``limits.MAX_CONFIG_BYTES``, the JSON's size and nesting
+    (``limits.parse_json``), and every tensor entry (dtype, shape, byte range inside the data,
+    ranges in order without overlap)."""
+    try:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise ModelFileError(f"{where}: truncated safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ModelFileError(f"{where}: the safetensors header claims {n:,} bytes, more "
+                                     f"than the {size:,}-byte file holds")
+            if n > limits.MAX_CONFIG_BYTES:
+                raise ModelFileError(f"{where}: the safetensors header is {n:,} bytes, over the "
+                                     f"{limits.MAX_CONFIG_BYTES:,}-byte limit "
+                                     "(FASTLAYERS_MAX_CONFIG_BYTES)")
+            raw = f.read(n)
+    except OSError as e:
+        raise ModelFileError(f"{where}: cannot read the file ({e.strerror or e})") from None
     if len(raw) != n:
         raise ModelFileError(f"{where}: truncated safetensors header")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{where}: corrupt safetensors header ({e})") from e
+    header = limits.parse_json(raw, where, "the safetensors header")
     if not isinstance(header, dict):
-        raise ModelFileError(f"{where}: corrupt safetensors header")
+        raise ModelFileError(f"{where}: corrupt safetensors header: expected an object, found "
+                             f"{limits.describe(header)}")
+    _check_entries(header, where, size - 8 - n)
     return header, 8 + n
+
+
+def _check_entries(header: dict, where: str, data_size: int) -> None:
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if entry is not None and not isinstance(entry, dict):
+                raise ModelFileError(f"{where}: __metadata__: expected an object, found "
+                                     f"{limits.describe(entry)}")
+            continue
+        here = f"{where}: tensor {limits.short_repr(name)}"
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise ModelFileError(f"{here}: expected an object of dtype, shape and data_offsets, "
+                                 f"found {limits.describe(entry)}")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise ModelFileError(f"{here}: unknown dtype {limits.short_repr(dtype)}")
+        if not isinstance(shape, list) or len(shape) > 64 or any(
+                type(d) is not int or d < 0 for d in shape):
+            raise ModelFileError(f"{here}: shape: expected a list of non-negative integers, found "
+                                 f"{limits.describe(shape)}")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(v) is int for v in offsets) and 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise ModelFileError(f"{here}: data_offsets: expected [begin, end] inside the "
+                                 f"{data_size:,} data bytes, found {limits.describe(offsets)}")
+        count = 1
+        for d in shape:
+            count *= d
+        if count * DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
+            raise ModelFileError(f"{here}: {dtype} {tuple(shape)} needs {count * DTYPE_SIZES[dtype]:,} "
+                                 f"bytes, its data_offsets span {offsets[1] - offsets[0]:,}")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ModelFileError(f"{where}: tensors {limits.short_repr(n0)} and "
+                                 f"{limits.short_repr(n1)} overlap in the data")
 
 
 def _read_bf16(path, where: str, name: str, entry: dict, data_start: int) -> np.ndarray:

@@ -54,13 +54,18 @@ def snake_case(name: str) -> str:
 
 
 def as_float32(x: Any, where: str) -> np.ndarray:
-    """Cast a numeric input to float32 (bool, int, uint, float16/64); refuse other dtypes."""
-    a = np.asarray(x)
+    """Cast a numeric input to float32 (bool, int, uint, float16/64); refuse other dtypes and
+    ragged nested lists. float64 values beyond float32's range become inf, without a warning."""
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # numpy on ragged nested lists
+        raise ShapeError(f"{where}: not a rectangular numeric array ({e})") from None
     if a.dtype == np.float32:
         return a
     if a.dtype.kind not in "biuf":
         raise ShapeError(f"{where}: expected a numeric array (cast to float32), got dtype {a.dtype}")
-    return a.astype(np.float32)
+    with np.errstate(over="ignore"):
+        return a.astype(np.float32)
 
 
 class InputSpec:

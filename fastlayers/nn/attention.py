@@ -40,7 +40,10 @@ def weight_io(module: Module, name: str) -> np.ndarray:
 
 def _xavier(rng, shape):
     bound = math.sqrt(6.0 / (shape[0] + shape[1]))
-    return rng.uniform(-bound, bound, shape).astype(np.float32)
+    a = rng.random(shape, dtype=np.float32)   # float32 from the start, in place
+    a *= np.float32(2 * bound)
+    a -= np.float32(bound)
+    return a
 
 
 class MultiheadAttention(Module):

@@ -18,7 +18,11 @@ from .module import Module
 
 
 def _uniform(bound, shape):
-    return np.random.default_rng().uniform(-bound, bound, shape).astype(np.float32)
+    # float32 from the start, in place (no float64 array of the weight's size)
+    a = np.random.default_rng().random(shape, dtype=np.float32)
+    a *= np.float32(2 * bound)
+    a -= np.float32(bound)
+    return a
 
 
 class _ConvNd(Module):

@@ -61,13 +61,15 @@ def softplus(input, beta: float = 1.0, threshold: float = 20.0):
 def softmax(input, dim: int | None = None, dtype=None):
     """Softmax along ``dim``."""
     x = _f32(input, "softmax")
-    return get_ops().softmax(x, _dim(dim, x, "softmax"))
+    dim = _dim(dim, x, "softmax")
+    return x.copy() if x.size == 0 else get_ops().softmax(x, dim)   # an empty batch: empty
 
 
 def log_softmax(input, dim: int | None = None, dtype=None):
     """Log-softmax along ``dim``."""
     x = _f32(input, "log_softmax")
-    return get_ops().log_softmax(x, _dim(dim, x, "log_softmax"))
+    dim = _dim(dim, x, "log_softmax")
+    return x.copy() if x.size == 0 else get_ops().log_softmax(x, dim)
 
 
 def _dim(dim, x, what):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from typing import Any, Iterator, NamedTuple
 
@@ -192,6 +193,27 @@ class Module:
 
     def _state_changed(self) -> None:
         """Hook for modules that derive constants from their parameters."""
+
+    # ------------------------------------------------------------------------- copying
+    def __reduce__(self):
+        """Pickle by value: class names from ``fastlayers.nn``, their constructor arguments and
+        the state dict (``fastlayers.pickling``); a subclass of its own (code) is refused."""
+        from ..pickling import reduce_module
+
+        return reduce_module(self)
+
+    def __deepcopy__(self, memo):
+        # the object graph, as Python copies any object (subclasses of one's own included):
+        # only pickles go by value
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return clone
+
+    def __copy__(self):
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
 
     # ------------------------------------------------------------------------- running
     def forward(self, *args, **kwargs):

@@ -15,7 +15,12 @@ from .module import Module
 
 
 def _uniform(rng, bound, shape):
-    return rng.uniform(-bound, bound, shape).astype(np.float32)
+    # float32 from the start, in place: no float64 array of the weight's size at any moment
+    # (a module rebuilt from a file allocates no more than its weights)
+    a = rng.random(shape, dtype=np.float32)
+    a *= np.float32(2 * bound)
+    a -= np.float32(bound)
+    return a
 
 
 # --------------------------------------------------------------------------------- containers
@@ -241,7 +246,9 @@ class Flatten(Module):
     def forward(self, input):
         x = F._f32(input, "Flatten")
         start, end = self.start_dim % max(x.ndim, 1), self.end_dim % max(x.ndim, 1)
-        return x.reshape(*x.shape[:start], -1, *x.shape[end + 1:])
+        # the flattened size itself, not -1: a batch of 0 leaves -1 undetermined
+        return x.reshape(*x.shape[:start], int(np.prod(x.shape[start:end + 1], dtype=np.int64)),
+                         *x.shape[end + 1:])
 
 
 class Dropout(Module):
@@ -350,8 +357,10 @@ class Embedding(Module):
                                    "not supported")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.padding_idx = padding_idx
-        weight = np.random.default_rng().standard_normal((self.num_embeddings, self.embedding_dim))
-        self.weight = np.asarray(_weight if _weight is not None else weight, np.float32)
+        if _weight is None:   # float32 from the start (no float64 table)
+            _weight = np.random.default_rng().standard_normal(
+                (self.num_embeddings, self.embedding_dim), dtype=np.float32)
+        self.weight = np.asarray(_weight, np.float32)
 
     def forward(self, input):
         return F.embedding(input, self.weight, self.padding_idx)

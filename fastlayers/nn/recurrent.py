@@ -23,7 +23,11 @@ _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 
 def _uniform(rng, bound, shape):
-    return rng.uniform(-bound, bound, shape).astype(np.float32)
+    # float32 from the start, in place (no float64 array of the weight's size)
+    a = rng.random(shape, dtype=np.float32)
+    a *= np.float32(2 * bound)
+    a -= np.float32(bound)
+    return a
 
 
 def _c(a):

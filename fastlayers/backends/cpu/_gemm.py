@@ -13,7 +13,17 @@ from ..derived import derived_view
 def packed_weights(w_kn):
     """``w_kn`` (k, n) packed for the native sgemm (gemm.h's panel layout), computed once per
     weight array (a view is keyed by the array it views, its offset, shape and strides)."""
-    return derived_view(w_kn, "packed-native", _core.pack)
+    return derived_view(w_kn, "packed-native", _pack)
+
+
+def _pack(w_kn):
+    """``_core.pack`` of any (k, n) view: a transposed (n, k) array (torch's Linear weight read
+    as ``weight.T``) is packed from its rows, other strided views from a contiguous copy."""
+    if w_kn.shape[1] > 1 and w_kn.strides[-1] != 4:
+        if w_kn.shape[0] > 1 and w_kn.strides[0] == 4:
+            return _core.pack(w_kn.T, True)
+        w_kn = np.ascontiguousarray(w_kn)
+    return _core.pack(w_kn)
 
 
 def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weights=False):
