@@ -331,6 +331,21 @@ def run_cases(cases, loader: str = "tests.fuzz:load_and_call", *, timeout: float
 
 
 # ------------------------------------------------------------------------------------- child
+def check_cases(cases, loader: str, **options) -> dict:
+    """``run_cases`` that fails the test on any failure (each saved under
+    ``FASTLAYERS_FUZZ_SAVE`` when set); prints and returns the run's statistics."""
+    stats: dict = {}
+    failures = run_cases(cases, loader, stats=stats, **options)
+    print(f"\nfuzz {loader}: {stats}")
+    save = os.environ.get("FASTLAYERS_FUZZ_SAVE")
+    if save and failures:
+        Path(save).mkdir(parents=True, exist_ok=True)
+        for f in failures:
+            f.save(save)
+    assert not failures, format_failures(failures)
+    return stats
+
+
 def _proc_status(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:

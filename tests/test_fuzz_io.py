@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .fuzz import format_failures, make_zip, mutate_bytes, mutate_json, mutate_zip_headers, \
-    run_cases, zip_members
+from .fuzz import check_cases, make_zip, mutate_bytes, mutate_json, mutate_zip_headers, \
+    zip_members
 
 SEEDS = Path(__file__).resolve().parent / "fuzz_seeds"
 DATA = Path(__file__).resolve().parents[1] / "fastlayers" / "data"
@@ -50,16 +50,8 @@ def class_names() -> list[str]:
 
 
 def check(cases, loader="tests.fuzz:load_and_call"):
-    stats: dict = {}
     workers = int(os.environ.get("FASTLAYERS_FUZZ_WORKERS") or 1)
-    failures = run_cases(cases, loader, workers=workers, rss_slack_mb=RSS_SLACK_MB, stats=stats)
-    print(f"\nfuzz: {stats}")
-    save = os.environ.get("FASTLAYERS_FUZZ_SAVE")
-    if save and failures:
-        Path(save).mkdir(parents=True, exist_ok=True)
-        for f in failures:
-            f.save(save)
-    assert not failures, format_failures(failures)
+    check_cases(cases, loader, workers=workers, rss_slack_mb=RSS_SLACK_MB)
 
 
 # ------------------------------------------------------------------------------------- native

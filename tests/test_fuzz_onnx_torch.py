@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 
 from .conftest import oracle
-from .fuzz import format_failures, make_zip, mutate_bytes, mutate_zip_headers, run_cases, zip_members
+from .fuzz import check_cases, make_zip, mutate_bytes, mutate_zip_headers, zip_members
 
 #: Cases per kind in CI; FASTLAYERS_FUZZ_CASES overrides.
 CI_CASES = {"onnx_bytes": 300, "onnx_graph": 400, "torch_bytes": 250, "torch_records": 300}
@@ -65,16 +65,7 @@ def n_cases(kind: str) -> int:
 def check(cases, loader, monkeypatch):
     monkeypatch.setenv("FASTLAYERS_ONNX_MAX_CREATED_BYTES", CHILD_LIMIT)
     monkeypatch.setenv("FASTLAYERS_ONNX_MAX_FOLD_BYTES", CHILD_LIMIT)
-    stats: dict = {}
-    failures = run_cases(cases, loader, stats=stats)
-    print(f"\nfuzz {loader}: {stats}")
-    save = os.environ.get("FASTLAYERS_FUZZ_SAVE")
-    if save and failures:
-        Path(save).mkdir(parents=True, exist_ok=True)
-        for f in failures:
-            f.save(save)
-    assert not failures, format_failures(failures)
-    return stats
+    return check_cases(cases, loader)
 
 
 # ------------------------------------------------------------------------ loaders (children)
@@ -1092,9 +1083,7 @@ def test_torch_hangs_and_recursions_are_refused(torch, tmp_path):
     a timeout: a regression would hang)."""
     paths = _torch_hostile_files(torch, tmp_path)
     cases = [(name, p.read_bytes(), f"-{name}.pt") for name, p in paths.items()]
-    stats: dict = {}
-    failures = run_cases(cases, "tests.test_fuzz_onnx_torch:expect_refused", timeout=10, stats=stats)
-    assert not failures, format_failures(failures)
+    stats = check_cases(cases, "tests.test_fuzz_onnx_torch:expect_refused", timeout=10)
     assert stats["outcomes"] == {"error": len(cases)}
 
 
