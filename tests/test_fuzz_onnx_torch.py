@@ -44,7 +44,7 @@ from .conftest import oracle
 from .fuzz import check_cases, make_zip, mutate_bytes, mutate_zip_headers, zip_members
 
 #: Cases per kind in CI; FASTLAYERS_FUZZ_CASES overrides.
-CI_CASES = {"onnx_bytes": 300, "onnx_graph": 400, "torch_bytes": 250, "torch_records": 300}
+CI_CASES = {"onnx_bytes": 200, "onnx_graph": 300, "torch_bytes": 175, "torch_records": 200}
 SEED = int(os.environ.get("FASTLAYERS_FUZZ_SEED", "27"))
 #: The ONNX limits the fuzz children run with (bytes).
 CHILD_LIMIT = str(16 << 20)
