@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import UnsupportedError
+from .accumulate import wide_mean
 
 SELU_ALPHA = 1.6732632423543772
 SELU_SCALE = 1.0507009873554805
@@ -157,10 +158,10 @@ class ReferenceOps:
                    epsilon: float, axes: tuple[int, ...] = (-1,), rms: bool = False) -> np.ndarray:
         """y = gamma (x - mean) / sqrt(var + eps) + beta over ``axes`` (rms: y = gamma x / sqrt(mean x^2 + eps))."""
         if rms:
-            y = x / np.sqrt(np.mean(np.square(x), axis=axes, keepdims=True) + np.float32(epsilon))
+            y = x / np.sqrt(wide_mean(np.square(x), axes, keepdims=True) + np.float32(epsilon))
         else:
-            mean = np.mean(x, axis=axes, keepdims=True)
-            var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+            mean = wide_mean(x, axes, keepdims=True)
+            var = wide_mean(np.square(x - mean), axes, keepdims=True)
             y = (x - mean) / np.sqrt(var + np.float32(epsilon))
         shape = [1] * x.ndim
         for a in axes:
@@ -237,7 +238,7 @@ class ReferenceOps:
 
     def global_pool(self, x, kind, axes, keepdims=False):
         """Max or mean over ``axes``."""
-        fn = np.max if kind == "max" else np.mean
+        fn = np.max if kind == "max" else wide_mean
         return fn(x, axis=axes, keepdims=keepdims).astype(np.float32, copy=False)
 
     def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):

@@ -10,8 +10,9 @@ so the compiled kernels have an oracle to be tested against. Spatial conventions
 
 from __future__ import annotations
 
-
 import numpy as np
+
+from .accumulate import wide_mean
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -115,7 +116,7 @@ def adaptive_bins(size: int, out: int):
 def adaptive_pool2d(x_nhwc, kind, out_hw):
     """y[n, i, j, c] = max or mean of x over the adaptive bin (i, j) (see ``adaptive_bins``)."""
     n, h, w, c = x_nhwc.shape
-    reduce = np.max if kind == "max" else np.mean
+    reduce = np.max if kind == "max" else wide_mean
     y = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
     for i, (h0, h1) in enumerate(adaptive_bins(h, out_hw[0])):
         for j, (w0, w1) in enumerate(adaptive_bins(w, out_hw[1])):

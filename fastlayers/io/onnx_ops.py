@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends import get_ops
 from ..backends.derived import derived, derived_from
+from ..backends.accumulate import wide_mean, wide_sum
 from ..backends.reference import erfc64, fold_batch_norm
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..folding import fold_projection
@@ -318,8 +319,8 @@ def _layer_norm(inputs, attrs, opset):
     if not attrs.get("_stats", True):
         return [y]
     # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)
-    mean = np.mean(x, axis=axes, keepdims=True, dtype=np.float32)
-    inv_std = 1.0 / np.sqrt(np.mean(np.square(x - mean), axis=axes, keepdims=True) + np.float32(eps))
+    mean = wide_mean(_f32(x), axes, keepdims=True)
+    inv_std = 1.0 / np.sqrt(wide_mean(np.square(x - mean), axes, keepdims=True) + np.float32(eps))
     return [y, mean, inv_std.astype(np.float32)]
 
 
@@ -327,7 +328,7 @@ def _layer_norm(inputs, attrs, opset):
 def _lp_norm(inputs, attrs, opset):
     x = inputs[0]
     axis, p = attrs.get("axis", -1), attrs.get("p", 2)
-    norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
+    norm = wide_sum(np.abs(x) ** p, axis, keepdims=True) ** (1.0 / p)
     return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
 
 
@@ -345,8 +346,8 @@ def _reduce(fn, axes_input_from):
     return run
 
 
-OPS["ReduceMean"] = _reduce(np.mean, 18)
-OPS["ReduceSum"] = _reduce(np.sum, 13)
+OPS["ReduceMean"] = _reduce(wide_mean, 18)
+OPS["ReduceSum"] = _reduce(wide_sum, 13)
 OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
     x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     if x.dtype.kind in "iu" else False), 18)
@@ -354,8 +355,8 @@ OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
     x, axis=axis, keepdims=keepdims, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
     if x.dtype.kind in "iu" else True), 18)
 OPS["ReduceProd"] = _reduce(np.prod, 18)
-OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims)), 18)
-OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: np.sum(np.square(x), axis=axis, keepdims=keepdims), 18)
+OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(wide_sum(np.square(x), axis, keepdims)), 18)
+OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: wide_sum(np.square(x), axis, keepdims), 18)
 
 
 def _arg(fn):
@@ -376,16 +377,21 @@ OPS["ArgMax"] = _arg(np.argmax)
 OPS["ArgMin"] = _arg(np.argmin)
 
 
-@op("GlobalAveragePool")
-def _gap(inputs, attrs, opset):
-    x = inputs[0]
-    return [np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+def _global_pool(kind):
+    """GlobalAveragePool / GlobalMaxPool: the mean or max over the spatial axes, keeping them as
+    1s; an NCHW view of NHWC memory is pooled in that memory by the backend."""
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        held = _channels_last_memory(x) if x.dtype == np.float32 and x.ndim == 4 else None
+        if held is not None and held.size:
+            return [get_ops().global_pool(held, kind, (1, 2), keepdims=True).transpose(0, 3, 1, 2)]
+        axes = tuple(range(2, x.ndim))
+        return [wide_mean(x, axes, keepdims=True) if kind == "avg" else np.max(x, axis=axes, keepdims=True)]
+    return run
 
 
-@op("GlobalMaxPool")
-def _gmp(inputs, attrs, opset):
-    x = inputs[0]
-    return [np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+OPS["GlobalAveragePool"] = _global_pool("avg")
+OPS["GlobalMaxPool"] = _global_pool("max")
 
 
 # ---------------------------------------------------------------------------- shape, layout

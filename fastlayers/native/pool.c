@@ -49,9 +49,36 @@ FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi
     *end = FL_MAX(e, f);
 }
 
+/* Taps a window sum adds in float32 lanes before it adds them into float64: the rounding error
+ * of a mean stays near float32's own whatever the window's size (a global or 1x1 adaptive bin
+ * over a whole image added 3e-6 relative over 9,600 taps in float32 alone). */
+#define POOL_RUN 64
+
+/* sum of p[i rs + j cs + 0:nc] over i < ni, j < nj: runs of POOL_RUN taps in float32, the runs
+ * in float64. */
+static fl_vf pool_wide_sum(const float *p, int64_t rs, int64_t cs, int64_t ni, int64_t nj,
+                           int64_t nc) {
+    double total[FL_VW] = {0};
+    fl_vf run = fl_set1(0.0f);
+    int taps = 0;
+    for (int64_t i = 0; i < ni; ++i)
+        for (int64_t j = 0; j < nj; ++j) {
+            run += pool_ld(p + i * rs + j * cs, nc);
+            if (++taps == POOL_RUN) {
+                for (int l = 0; l < FL_VW; ++l) total[l] += (double)run[l];
+                run = fl_set1(0.0f);
+                taps = 0;
+            }
+        }
+    fl_vf sum;
+    for (int l = 0; l < FL_VW; ++l) sum[l] = (float)(total[l] + (double)run[l]);
+    return sum;
+}
+
 /* max (NaN wins; -inf when empty) or sum of p[i rs + j cs + 0:nc] over i < ni, j < nj. */
 FL_INLINE fl_vf pool_window(const float *p, int64_t rs, int64_t cs, int64_t ni, int64_t nj,
                             int is_max, int64_t nc) {
+    if (!is_max && ni * nj > POOL_RUN) return pool_wide_sum(p, rs, cs, ni, nj, nc);
     fl_vf acc = fl_set1(is_max ? -__builtin_inff() : 0.0f);
     fl_vi nan = {0};
     for (int64_t i = 0; i < ni; ++i)

@@ -8,6 +8,8 @@ back to the numpy reference.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...native import CODES, _core
@@ -94,8 +96,22 @@ class CpuOps(ReferenceOps):
         return self._over_axis("log_softmax", x, axis, super().log_softmax)
 
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
-        if (axes != (-1,) and tuple(a % x.ndim for a in axes) != (x.ndim - 1,)) or x.size == 0:
+        k = len(axes)
+        if axes != (-1,) and x.size:
+            # trailing axes of C-contiguous memory are rows of their product, gamma and beta
+            # flattened with them (InstanceNormalization, LayerNormalization with axis < -1)
+            width = math.prod(x.shape[x.ndim - k:])
+            if (sorted(a % x.ndim for a in axes) != list(range(x.ndim - k, x.ndim))
+                    or (k > 1 and (not x.flags.c_contiguous
+                                   or any(v is not None and v.size != width for v in (gamma, beta))))):
+                return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
+        if x.size == 0:
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
+        if k > 1:
+            y = self.layer_norm(x.reshape(x.shape[:x.ndim - k] + (-1,)),
+                                None if gamma is None else gamma.reshape(-1),
+                                None if beta is None else beta.reshape(-1), epsilon, (-1,), rms)
+            return y.reshape(x.shape)
         y = _core.apply_layer_norm(x, gamma, beta, epsilon, rms)
         if y is not None:
             return y
@@ -120,6 +136,7 @@ class CpuOps(ReferenceOps):
     depthwise_conv2d = conv_ops.depthwise_conv2d
     conv_transpose2d = conv_ops.conv_transpose2d
     pool2d = conv_ops.pool2d
+    global_pool = conv_ops.global_pool
     adaptive_pool2d = conv_ops.adaptive_pool2d
     roi_pool = conv_ops.roi_pool
     upsample2d = conv_ops.upsample2d

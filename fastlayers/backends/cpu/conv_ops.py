@@ -11,7 +11,7 @@ native core (``fastlayers.native._core``: ``native/conv.c`` and ``native/pool.c`
   nine weights in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
   col2im.
-- pool2d, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
+- pool2d, global_pool, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
   vectorized over channels.
 
 Weights are packed (or Winograd-transformed) once per weight array (``derived``). The bias
@@ -158,6 +158,14 @@ def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
     return _core.pool2d(_f32c(x_nhwc), y, kind == "max", pool[0], pool[1], strides[0],
                         strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
                         bool(count_include_pad))
+
+
+def global_pool(self, x, kind, axes, keepdims=False):
+    if x.ndim != 4 or tuple(a % 4 for a in axes) != (1, 2) or x.size == 0:
+        return ReferenceOps.global_pool(self, x, kind, axes, keepdims)
+    n, h, w, c = x.shape
+    y = pool2d(self, x, kind, (h, w), (1, 1), ((0, 0), (0, 0)), (1, 1))
+    return y if keepdims else y.reshape(n, c)
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,37 @@
+"""Sums and means of float arrays that are accurate whatever the memory layout.
+
+numpy's pairwise summation applies only along the contiguous run of the reduced axes, so a
+float32 sum over any other axes (a spatial mean of an NCHW view of NHWC memory, a multi-axis
+norm) adds sequentially and its error grows with the length: 3.3e-6 relative for a mean over
+80 x 120 positions of a (1, 80, 120, 64) NHWC array read as NCHW. Those sums are accumulated in
+float64 and rounded once (6e-8), for 1.7x the time of the float32 sum (550 against 320 us, AMD
+EPYC Zen 3, numpy 2.4, one thread); sums over the trailing axes of C-contiguous memory stay
+pairwise in float32 (1.3e-7 over 9,600 values, half the time of float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _pairwise(x: np.ndarray, axis) -> bool:
+    """Whether numpy sums ``x`` over ``axis`` pairwise: ``x`` is C-contiguous and the axes are
+    its trailing ones (or all of them)."""
+    if not x.flags.c_contiguous or axis is None:
+        return x.flags.c_contiguous
+    axes = sorted(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+    return axes == list(range(x.ndim - len(axes), x.ndim))
+
+
+def wide_sum(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
+    """sum(x) over ``axis``, float inputs accumulated pairwise or in float64, in x's dtype."""
+    if x.dtype.kind != "f" or _pairwise(x, axis):
+        return np.sum(x, axis=axis, keepdims=keepdims)
+    return np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)
+
+
+def wide_mean(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
+    """mean(x) over ``axis``, float inputs accumulated pairwise or in float64, in x's dtype."""
+    if x.dtype.kind != "f" or _pairwise(x, axis):
+        return np.mean(x, axis=axis, keepdims=keepdims)
+    return np.mean(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)
