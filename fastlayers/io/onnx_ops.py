@@ -133,8 +133,28 @@ def _unary(fn):
 for _name, _fn in {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
                    "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not,
                    "Sign": np.sign, "Round": np.round, "Sin": np.sin, "Cos": np.cos, "IsNaN": np.isnan,
-                   "Identity": lambda x: x}.items():
+                   "Identity": lambda x: x, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos,
+                   "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh,
+                   "Acosh": np.arccosh, "Atanh": np.arctanh, "BitwiseNot": np.invert}.items():
     OPS[_name] = _unary(_fn)
+for _name, _fn in {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or,
+                   "BitwiseXor": np.bitwise_xor}.items():
+    OPS[_name] = _binary(_fn)
+
+
+@op("BitShift")
+def _bit_shift(inputs, attrs, opset):
+    """x << y or x >> y (unsigned types)."""
+    x, y = inputs
+    shift = np.left_shift if attrs["direction"] == "LEFT" else np.right_shift
+    return [shift(x, y.astype(x.dtype)).astype(x.dtype)]
+
+
+@op("IsInf")
+def _is_inf(inputs, attrs, opset):
+    x = inputs[0]
+    return [(np.isposinf(x) & bool(attrs.get("detect_positive", 1)))
+            | (np.isneginf(x) & bool(attrs.get("detect_negative", 1)))]
 
 
 @op("Erf")
@@ -225,6 +245,37 @@ def _hard_sigmoid(inputs, attrs, opset):
 def _hard_swish(inputs, attrs, opset):
     x = _f32(inputs[0])
     return [x * np.clip(x / np.float32(6) + np.float32(0.5), np.float32(0), np.float32(1))]
+
+
+@op("Celu")
+def _celu(inputs, attrs, opset):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+    x, alpha = _f32(inputs[0]), np.float32(attrs.get("alpha", 1.0))
+    return [(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))).astype(np.float32)]
+
+
+@op("Mish")
+def _mish(inputs, attrs, opset):
+    """x tanh(softplus(x))."""
+    x = inputs[0]
+    return [(x * np.tanh(np.logaddexp(0, x))).astype(x.dtype)]
+
+
+@op("ThresholdedRelu")
+def _thresholded_relu(inputs, attrs, opset):
+    """x where x > alpha, else 0."""
+    x = inputs[0]
+    return [np.where(x > np.asarray(attrs.get("alpha", 1.0), x.dtype), x, 0).astype(x.dtype)]
+
+
+@op("Shrink")
+def _shrink(inputs, attrs, opset):
+    """x + bias where x < -lambd, x - bias where x > lambd, else 0."""
+    x = inputs[0]
+    lambd, bias = attrs.get("lambd", 0.5), attrs.get("bias", 0.0)
+    y = np.where(x < -lambd, x + np.asarray(bias, x.dtype),
+                 np.where(x > lambd, x - np.asarray(bias, x.dtype), 0))
+    return [y.astype(x.dtype)]
 
 
 @op("PRelu")
@@ -356,6 +407,19 @@ OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
 OPS["ReduceProd"] = _reduce(np.prod, 18)
 OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims)), 18)
 OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: np.sum(np.square(x), axis=axis, keepdims=keepdims), 18)
+OPS["ReduceL1"] = _reduce(lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims), 18)
+OPS["ReduceLogSum"] = _reduce(lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)), 18)
+
+
+def _log_sum_exp(x, axis, keepdims):
+    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the finite maximum (0 where none is)."""
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    y = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return (y if keepdims else np.squeeze(y, axis=axis)).astype(x.dtype)
+
+
+OPS["ReduceLogSumExp"] = _reduce(_log_sum_exp, 18)
 
 
 def _arg(fn):
@@ -1364,3 +1428,7 @@ def _attention(inputs, attrs, opset):
     mode = attrs.get("qk_matmul_output_mode", 0)
     qk = capped + bias if mode == 2 else (w if mode == 3 else capped)
     return [y, present_k, present_v, qk]
+
+
+# the operators of the modules by subject register in OPS as they are imported
+from . import onnx_control, onnx_indexing  # noqa: E402, F401
