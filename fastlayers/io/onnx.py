@@ -679,11 +679,22 @@ class OnnxModel:
         """The operators run per call, after optimisation, in order."""
         return [n.op_type for n in self._nodes]
 
+    def _weights(self) -> list[np.ndarray]:
+        """The arrays the optimised graph holds: constants, fused nodes' weights, and those of
+        the subgraphs of its control-flow nodes."""
+        arrays = list(self._constants.values())
+        for n in self._nodes:
+            for v in n.attrs.values():
+                if isinstance(v, np.ndarray):
+                    arrays.append(v)
+                elif isinstance(v, Body):
+                    arrays += v.model._weights()
+        return arrays
+
     def count_params(self) -> int:
-        """The float32 weights the optimised graph holds (constants and fused nodes' weights)."""
-        arrays = list(self._constants.values()) + [v for n in self._nodes for v in n.attrs.values()
-                                                    if isinstance(v, np.ndarray)]
-        unique = {id(a): a for a in arrays if a.dtype == np.float32}
+        """The float32 weights the optimised graph holds (constants and fused nodes' weights,
+        those of subgraphs included)."""
+        unique = {id(a): a for a in self._weights() if a.dtype == np.float32}
         return int(sum(a.size for a in unique.values()))
 
     def _prepare(self, args, kwargs, strict=False):

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, ShapeError, UnsupportedError
+from .onnx_indexing import einsum_terms
 from .onnx_ops import DTYPES
 from .onnx_proto import Graph, NodeProto
 
@@ -288,6 +289,13 @@ def _eye_like_check(node, attrs, ctx):
               unsupported=True)
 
 
+def _einsum_check(node, attrs, ctx):
+    try:
+        einsum_terms(attrs["equation"], len(node.inputs))
+    except ShapeError as e:
+        _fail(ctx, node, str(e))
+
+
 def _top_k_check(node, attrs, ctx):
     if ctx.opset < 10 and "k" not in attrs:
         _fail(ctx, node, "needs attribute 'k' (opset < 10)")
@@ -416,7 +424,7 @@ _add("TopK", inputs=(1, 2), outputs=2, check=_top_k_check,
      attrs={"axis": AXIS, "k": A(INT, 0), "largest": BOOL, "sorted": BOOL})
 _add("CumSum", inputs=(2, 2), attrs={"exclusive": BOOL, "reverse": BOOL})
 _add("Einsum", inputs=(1, None), optional=None, attrs={"equation": A(STRING)},
-     required=("equation",))
+     required=("equation",), check=_einsum_check)
 _add("DepthToSpace", attrs={"blocksize": POS, "mode": A(STRING, choices=("DCR", "CRD"))},
      required=("blocksize",))
 _add("SpaceToDepth", attrs={"blocksize": POS, "mode": A(STRING, choices=("DCR", "CRD"))},

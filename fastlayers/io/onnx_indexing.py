@@ -212,20 +212,30 @@ def _cum_sum(inputs, attrs, opset):
 _TERM = re.compile(r"^(?:[A-Za-z]|\.\.\.)*$")
 
 
-def _einsum_shape(equation, operands):
-    """The output shape of a valid ``equation`` on ``operands``; ShapeError for a malformed
-    equation or operands it does not fit."""
-    eq = equation.replace(" ", "")
-    lhs, arrow, rhs = eq.partition("->")
+def einsum_terms(equation: str, count: int) -> tuple[list[str], str | None]:
+    """(the input terms, the output term or None without '->') of an Einsum ``equation`` for
+    ``count`` inputs: letters, at most one '...' per term, ',' between the input terms, at
+    most one '->', each output letter once and from an input; a ShapeError for any other."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    if len(terms) != len(operands) or "->" in rhs or not all(_TERM.match(t) for t in terms + [rhs]):
-        raise ShapeError(f"Einsum: malformed equation {equation[:80]!r} for {len(operands)} inputs "
+    if len(terms) != count or "->" in rhs or not all(_TERM.match(t) and t.count("...") <= 1
+                                                     for t in terms + [rhs]):
+        raise ShapeError(f"Einsum: malformed equation {equation[:80]!r} for {count} inputs "
                          "(letters, at most one '...' per term, one ',' between terms, one '->')")
+    letters = rhs.replace("...", "")
+    if arrow and (len(set(letters)) != len(letters) or not set(letters) <= set(lhs)):
+        raise ShapeError(f"Einsum: output term {rhs!r} of {equation[:80]!r} (each letter once, "
+                         "each from an input)")
+    return terms, rhs if arrow else None
+
+
+def _einsum_shape(equation, operands):
+    """The output shape of ``equation`` on ``operands``; ShapeError for a malformed equation
+    or operands it does not fit."""
+    terms, rhs = einsum_terms(equation, len(operands))
     sizes: dict[str, int] = {}
     ellipsis: tuple = ()
     for term, x in zip(terms, operands):
-        if term.count("...") > 1:
-            raise ShapeError(f"Einsum: term {term!r} has two ellipses")
         letters = term.replace("...", "")
         rest = x.ndim - len(letters)
         if rest < 0 or (rest and "..." not in term):
@@ -238,15 +248,11 @@ def _einsum_shape(equation, operands):
         for letter, d in zip(letters, dims):
             if sizes.setdefault(letter, d) != d:
                 raise ShapeError(f"Einsum: {letter!r} is {sizes[letter]} and {d} in {equation[:80]!r}")
-    if arrow:
-        letters = rhs.replace("...", "")
-        if rhs.count("...") > 1 or len(set(letters)) != len(letters) or any(c not in sizes for c in letters):
-            raise ShapeError(f"Einsum: output term {rhs!r} of {equation[:80]!r} (each letter once, "
-                             "each from an input)")
-        dims = [sizes[c] for c in letters]
+    if rhs is not None:
+        dims = [sizes[c] for c in rhs.replace("...", "")]
         at = rhs.find("...")
         return tuple(dims[:at] + list(ellipsis) + dims[at:]) if at >= 0 else tuple(dims)
-    counts = {c: lhs.count(c) for c in sizes}
+    counts = {c: "".join(terms).count(c) for c in sizes}
     return tuple(ellipsis) + tuple(sizes[c] for c in sorted(sizes) if counts[c] == 1)
 
 
