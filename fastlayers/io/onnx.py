@@ -7,7 +7,9 @@ order that runs, each node's inputs and attributes against its operator's rules)
 nodes no output depends on, then optimises the graph once:
 
 1. constant folding: nodes whose inputs are all known at load run once and become constants,
-   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load);
+   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
+   If whose condition became a constant is replaced by the nodes of its branch
+   (``inline_constant_ifs``), folded in turn;
 2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
    BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
@@ -17,6 +19,9 @@ nodes no output depends on, then optimises the graph once:
    encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
    (``fuse_encoder_layers``, ``onnx_encoder.py``);
 3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
+
+The subgraphs of If, Loop and Scan nodes become models of their own (``onnx_control.Body``),
+folded but not fused; the outer values they read are inputs of their node (``onnx_check``).
 
 Execution walks the kept nodes in order with a value table local to the call, so one model
 serves many threads; batch size and sequence length may vary from call to call. An operator

@@ -19,7 +19,7 @@ from .onnx_ops import _env_bytes, created, op
 #: it, the call raises an ``InputError`` naming the node. A trip count computed from the
 #: inputs, or no trip count (the condition alone ends the loop), is not bounded. The
 #: environment variable FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS, read at import, sets another value.
-MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 20)
+MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16)
 
 
 class Body:
