@@ -307,3 +307,32 @@ def test_torch_dynamo_attention_mask_gather_nd(tmp_path, torch, rng):
         feed = {"ids": rng.integers(0, 40, (3, 7)).astype(np.int64),
                 "mask": (np.arange(7) < np.array(lengths)[:, None]).astype(np.int64)}
         assert_close(model(feed), _ort_run(path, feed)[0])
+
+
+def test_nested_subgraphs_read_the_outermost_graph(tmp_path, rng):
+    """A Loop whose body holds an If whose branches read the main graph's input two scopes up,
+    and the body's own iteration number one scope up."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    vi = h.make_tensor_value_info
+    then = h.make_graph([h.make_node("Add", ["v_in", "x"], ["a"])], "then", [], [vi("a", F32, None)])
+    other = h.make_graph([h.make_node("Sub", ["v_in", "x"], ["b"])], "else", [], [vi("b", F32, None)])
+    body = h.make_graph(
+        [h.make_node("Mod", ["i", "two"], ["r"]), h.make_node("Equal", ["r", "zero"], ["even"]),
+         h.make_node("If", ["even"], ["v_out"], then_branch=then, else_branch=other),
+         h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Mul", ["v_out", "x"], ["step"])],
+        "body", [vi("i", I64, []), vi("c_in", BOOL, []), vi("v_in", F32, [3])],
+        [vi("c_out", BOOL, []), vi("v_out", F32, [3]), vi("step", F32, [3])])
+    graph = h.make_graph(
+        [h.make_node("Loop", ["m", "", "v0"], ["v", "steps"], body=body)], "nested",
+        [vi("x", F32, [3]), vi("v0", F32, [3]), vi("m", I64, [])],
+        [vi("v", F32, [3]), vi("steps", F32, None)],
+        initializer=[h.make_tensor("two", I64, [], [2]), h.make_tensor("zero", I64, [], [0])])
+    path = _save(tmp_path, "nested", graph)
+    model = fastlayers.load(path)
+    for trips in (5, 0):
+        feed = {"x": rng.standard_normal(3).astype(np.float32),
+                "v0": rng.standard_normal(3).astype(np.float32), "m": np.array(trips, np.int64)}
+        for got, want in zip(model(feed), _ort_run(path, feed)):
+            assert got.shape == want.shape
+            assert_close(got, want)

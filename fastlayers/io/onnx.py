@@ -101,11 +101,12 @@ def _read_nodes(graph, where, opset=None, budget=None) -> list[Node]:
 
 def _subgraph(graph, captures, opset, where, budget) -> Body:
     """A checked subgraph as a ``Body``: a model whose inputs are the subgraph's inputs, then
-    the outer values ``captures``; constant-folded (within ``budget``), not fused."""
+    the outer values ``captures``; constant-folded (within ``budget``; Ifs on constant
+    conditions inlined), not fused."""
     constants = dict(graph.initializers)
     outputs = [vo.name for vo in graph.outputs]
     nodes = prune(_read_nodes(graph.nodes, where, opset, budget), outputs)
-    nodes = _mark_loops(_fold(nodes, constants, opset, budget, where), constants)
+    nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
     used = set(outputs).union(*(n.inputs for n in nodes))
     inputs = [(vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
     inputs += [(name, np.dtype(np.float32), None) for name in captures]
@@ -126,6 +127,17 @@ def _fold(nodes, constants, opset, budget, where) -> list[Node]:
     new = {id(_owner(v)): _owner(v) for v in constants.values() if id(_owner(v)) not in owners}
     budget[0] -= sum(getattr(o, "nbytes", 0) for o in new.values())
     return nodes
+
+
+def _fold_and_inline(nodes, constants, outputs, opset, budget, where) -> list[Node]:
+    """Constant folding (``_fold``); each If whose condition became a constant replaced by its
+    branch (``inline_constant_ifs``), which is folded in turn; then the dead nodes dropped."""
+    nodes = _fold(nodes, constants, opset, budget, where)
+    changed = True
+    while changed:
+        nodes, changed = inline_constant_ifs(nodes, constants)
+        nodes = _fold(nodes, constants, opset, budget, where) if changed else nodes
+    return prune(nodes, outputs)
 
 
 def _mark_loops(nodes, constants) -> list[Node]:
@@ -1017,12 +1029,8 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
     budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))]
     nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
     try:
-        nodes = _fold(nodes, constants, opset, budget, where)
-        changed = True
-        while changed:   # an If on a constant condition becomes its branch, folded in turn
-            nodes, changed = inline_constant_ifs(nodes, constants)
-            nodes = _fold(nodes, constants, opset, budget, where) if changed else nodes
-        nodes = _mark_loops(prune(nodes, outputs), constants)
+        nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
+                            constants)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)

@@ -18,6 +18,12 @@ node and the attribute or value concerned:
   the cross-checks of the kernels' operators (a convolution's weight rank, kernel_shape and
   group against its constant weight, a recurrent node's hidden_size against its weights).
 
+- control flow (If, Loop, Scan): each subgraph is checked as a graph of its own whose values may
+  also come from the graphs enclosing it; the names it reads from them (its captures) are
+  appended to the node's inputs (after its ``_formal`` own inputs), so that ordering and
+  pruning see them; its counts of inputs and outputs must fit the node's (``ModelFileError``
+  naming the node and the subgraph).
+
 Attributes the table does not list are dropped (fastlayers' own node attributes start with
 "_", and a file cannot set them); unknown operators were refused before (one error listing
 them all). What depends on the inputs of a call (shapes, index values) is checked when the
