@@ -59,7 +59,7 @@ def _nd_index(data_shape, indices, batch_dims, what):
         raise ShapeError(f"{what}: index tuples of length {k} for data of rank {rank} with "
                          f"{batch_dims} batch dimension(s)")
     batch = int(np.prod(data_shape[:batch_dims], dtype=np.int64))
-    flat = indices.reshape(batch, -1, k)
+    flat = indices.reshape(batch, int(np.prod(indices.shape[batch_dims:-1], dtype=np.int64)), k)
     columns = [_checked_indices(flat[..., j], data_shape[batch_dims + j], what) for j in range(k)]
     rows = np.arange(batch, dtype=np.int64)[:, None]
     return rows, columns, tuple(data_shape[batch_dims + k:])
@@ -72,7 +72,7 @@ def _gather_nd(inputs, attrs, opset):
     b = attrs.get("batch_dims", 0)
     rows, columns, tail = _nd_index(data.shape, indices, b, "GatherND")
     created(indices.shape[:-1] + tail, data.dtype, "GatherND")
-    flat = data.reshape((-1,) + data.shape[b:]) if b else data[None]
+    flat = data.reshape((rows.shape[0],) + data.shape[b:]) if b else data[None]
     return [flat[(rows, *columns)].reshape(indices.shape[:-1] + tail)]
 
 
@@ -203,7 +203,7 @@ def _cum_sum(inputs, attrs, opset):
     reverse = attrs.get("reverse", 0)
     y = np.flip(x, axis) if reverse else x
     y = np.cumsum(y, axis=axis, dtype=x.dtype)
-    if attrs.get("exclusive", 0):
+    if attrs.get("exclusive", 0) and y.shape[axis]:
         y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)),
                             np.take(y, np.arange(y.shape[axis] - 1), axis=axis)], axis=axis)
     return [np.flip(y, axis) if reverse else y]
