@@ -294,6 +294,27 @@ def _space_to_depth(inputs, attrs, opset):
     return [y.reshape(n, c * b * b, h // b, w // b)]
 
 
+@op("ReverseSequence")
+def _reverse_sequence(inputs, attrs, opset):
+    """Along time_axis, the first sequence_lens[b] elements of each batch entry b reversed,
+    the rest kept."""
+    x, lengths = inputs
+    t_axis, b_axis = attrs.get("time_axis", 0), attrs.get("batch_axis", 1)
+    if x.ndim < 2 or {t_axis, b_axis} != {0, 1}:
+        raise ShapeError(f"ReverseSequence: time_axis {t_axis} and batch_axis {b_axis} (0 and 1) "
+                         f"for an input of shape {x.shape}")
+    lengths = np.asarray(lengths).astype(np.int64).reshape(-1)
+    steps, batch = x.shape[t_axis], x.shape[b_axis]
+    if lengths.size != batch or (lengths.size and (lengths.min() < 0 or lengths.max() > steps)):
+        raise InputError(f"ReverseSequence: sequence_lens {lengths[:8].tolist()} for {batch} "
+                         f"sequences of {steps} steps")
+    t = np.arange(steps)[:, None]
+    source = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)   # (time, batch)
+    xt = x if t_axis == 0 else np.swapaxes(x, 0, 1)
+    y = xt[source, np.arange(batch)[None, :]]
+    return [y if t_axis == 0 else np.swapaxes(y, 0, 1)]
+
+
 @op("Hardmax")
 def _hardmax(inputs, attrs, opset):
     """1 at the first maximum along the axis (opsets < 13: of the input coerced to 2-D at

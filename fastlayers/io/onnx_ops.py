@@ -254,6 +254,13 @@ def _celu(inputs, attrs, opset):
     return [(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))).astype(np.float32)]
 
 
+@op("Swish")
+def _swish(inputs, attrs, opset):
+    """x sigmoid(alpha x)."""
+    x, alpha = inputs[0], attrs.get("alpha", 1.0)
+    return [(x / (1 + np.exp(-np.asarray(alpha, x.dtype) * x))).astype(x.dtype)]
+
+
 @op("Mish")
 def _mish(inputs, attrs, opset):
     """x tanh(softplus(x))."""
@@ -380,6 +387,46 @@ def _lp_norm(inputs, attrs, opset):
     axis, p = attrs.get("axis", -1), attrs.get("p", 2)
     norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
     return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
+
+
+@op("GroupNormalization")
+def _group_norm(inputs, attrs, opset):
+    """(x - mean) / sqrt(var + eps) over each group of C / G channels (and the spatial axes),
+    times scale plus bias per channel (opset 21) or per group (opset 18)."""
+    x, scale, bias = inputs
+    groups = attrs["num_groups"]
+    n, c = x.shape[:2]
+    if c % groups:
+        raise ShapeError(f"GroupNormalization: {groups} groups for {c} channels")
+    if scale.shape != (c if opset >= 21 else groups,) or bias.shape != scale.shape:
+        raise ShapeError(f"GroupNormalization: scale {scale.shape} and bias {bias.shape} for "
+                         f"{c} channels in {groups} groups")
+    grouped = _f32(x).reshape(n, groups, -1)
+    y = get_ops().layer_norm(np.ascontiguousarray(grouped), None, None, attrs.get("epsilon", 1e-5), (2,))
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if opset < 21:
+        scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+    return [(y.reshape(x.shape) * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)]
+
+
+@op("RMSNormalization")
+def _rms_norm(inputs, attrs, opset):
+    """x / sqrt(mean(x^2 over the axes from ``axis`` on) + eps) * scale."""
+    x, scale = inputs
+    axis = attrs.get("axis", -1) % max(x.ndim, 1)
+    xf = x.astype(np.float32) if x.dtype != np.float64 else x
+    ms = np.mean(np.square(xf), axis=tuple(range(axis, x.ndim)), keepdims=True)
+    return [(xf / np.sqrt(ms + np.float32(attrs.get("epsilon", 1e-5))) * scale).astype(x.dtype)]
+
+
+@op("MeanVarianceNormalization")
+def _mean_variance_norm(inputs, attrs, opset):
+    """(x - mean) / sqrt(var + 1e-9) over ``axes`` (default 0, 2, 3)."""
+    x = inputs[0]
+    axes = tuple(attrs.get("axes", (0, 2, 3)))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    return [((x - mean) / np.sqrt(var + np.asarray(1e-9, x.dtype))).astype(x.dtype)]
 
 
 # ----------------------------------------------------------------------------------- reduce
