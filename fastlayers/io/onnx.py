@@ -1027,8 +1027,8 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
     budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))]
-    nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
     try:
+        nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node

@@ -631,6 +631,9 @@ def _check_subgraphs(node, ctx, visible) -> None:
             want_in, want_out = formal, 1 + len(node.outputs)
             if len(node.outputs) < formal - 2:
                 _fail(ctx, node, f"{formal - 2} loop-carried values but {len(node.outputs)} outputs")
+            if not all(node.inputs[2:formal]):
+                _fail(ctx, node, "a loop-carried initial value has no name (only M and cond may "
+                                 "be omitted)")
         else:                           # Scan: (N states, M scanned) -> (N states, K scans)
             want_in, want_out = formal, len(node.outputs)
             m = node.attrs["num_scan_inputs"]
