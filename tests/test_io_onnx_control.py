@@ -277,7 +277,7 @@ def test_top_k_ties_follow_the_lower_index(tmp_path, rng):
 
 def test_torch_dynamo_attention_mask_gather_nd(tmp_path, torch, rng):
     """A BERT-style block with an attention mask, pooled at each sequence's last unmasked
-    token: torch's dynamo exporter writes the pooling as GatherND."""
+    token: torch's dynamo exporter writes the pooling as GatherND (and torch.cond as an If)."""
     oracle("onnxscript")
 
     class Encoder(torch.nn.Module):
@@ -293,7 +293,8 @@ def test_torch_dynamo_attention_mask_gather_nd(tmp_path, torch, rng):
             bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
             att = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + bias, -1)
             x = self.norm(x + (att @ v).transpose(1, 2).reshape(b, t, -1))
-            return x[torch.arange(b), mask.sum(1) - 1]
+            pooled = x[torch.arange(b), mask.sum(1) - 1]
+            return torch.cond(mask.sum() > 15, lambda p: p * 2.0, lambda p: torch.tanh(p), (pooled,))
 
     ids, mask = torch.randint(0, 40, (3, 7)), torch.ones(3, 7, dtype=torch.int64)
     path = tmp_path / "encoder.onnx"
@@ -302,8 +303,8 @@ def test_torch_dynamo_attention_mask_gather_nd(tmp_path, torch, rng):
         torch.onnx.export(Encoder().eval(), (ids, mask), str(path), dynamo=True, verbose=False,
                           input_names=["ids", "mask"])
     model = fastlayers.load(path)
-    assert "GatherND" in model.op_types
-    for lengths in ((7, 7, 7), (7, 3, 1)):
+    assert "GatherND" in model.op_types and "If" in model.op_types
+    for lengths in ((7, 7, 7), (7, 3, 1)):   # the then and the else branch
         feed = {"ids": rng.integers(0, 40, (3, 7)).astype(np.int64),
                 "mask": (np.arange(7) < np.array(lengths)[:, None]).astype(np.int64)}
         assert_close(model(feed), _ort_run(path, feed)[0])
