@@ -337,3 +337,21 @@ def test_nested_subgraphs_read_the_outermost_graph(tmp_path, rng):
         for got, want in zip(model(feed), _ort_run(path, feed)):
             assert got.shape == want.shape
             assert_close(got, want)
+
+
+def test_a_capture_orders_its_producer_first(tmp_path, rng):
+    """The If comes first in the file and its branch reads 't', which a later node writes: the
+    capture is an input of the If, so the graph is sorted and 't' is kept."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    vi = h.make_tensor_value_info
+    then = h.make_graph([h.make_node("Neg", ["t"], ["a"])], "then", [], [vi("a", F32, None)])
+    other = h.make_graph([h.make_node("Abs", ["t"], ["b"])], "else", [], [vi("b", F32, None)])
+    nodes = [h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+             h.make_node("Relu", ["x"], ["t"])]
+    graph = h.make_graph(nodes, "g", [vi("x", F32, [4]), vi("c", BOOL, [])], [vi("y", F32, None)])
+    model = fastlayers.load(_save(tmp_path, "order", graph))
+    assert model.op_types == ["Relu", "If"]
+    x = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(model(x, np.array(True)), -np.maximum(x, 0))
+    np.testing.assert_array_equal(model(x, np.array(False)), np.maximum(x, 0))
