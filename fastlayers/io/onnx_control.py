@@ -38,11 +38,16 @@ class Body:
         return self.model._results(values, self.model.output_names)
 
 
-def _condition(value, what: str) -> bool:
+def _one(value, what: str):
+    """The one element of a scalar or one-element tensor."""
     value = np.asarray(value)
     if value.size != 1:
         raise ShapeError(f"{what} must hold one value, holds {value.size} (shape {value.shape})")
-    return bool(value.reshape(-1)[0])
+    return value.reshape(-1)[0]
+
+
+def _condition(value, what: str) -> bool:
+    return bool(_one(value, what))
 
 
 @op("If")
@@ -50,6 +55,14 @@ def _if(inputs, attrs, opset):
     """The outputs of then_branch where the condition is true, else of else_branch."""
     body = attrs["then_branch" if _condition(inputs[0], "If condition") else "else_branch"]
     return body.run([], inputs[attrs["_formal"]:])
+
+
+def _append(steps, value, what):
+    """``value`` appended to the per-iteration outputs ``steps``, their stack checked against
+    the size limit first (``onnx_ops.created``): a long loop cannot pile up memory unchecked."""
+    value = np.asarray(value)
+    created((len(steps) + 1,) + value.shape, value.dtype, what)
+    steps.append(value)
 
 
 def _stacked(steps, axis, what, declared):
@@ -65,7 +78,6 @@ def _stacked(steps, axis, what, declared):
     axis = axis % (first.ndim + 1) if -first.ndim - 1 <= axis <= first.ndim else None
     if axis is None:
         raise ShapeError(f"{what}: scan output axis for a step of rank {first.ndim}")
-    created((len(steps),) + first.shape, first.dtype, what)
     return np.stack(steps, axis=axis)
 
 
@@ -76,7 +88,7 @@ def _loop(inputs, attrs, opset):
     formal = attrs["_formal"]
     trips, cond, carried = inputs[0], inputs[1], list(inputs[2:formal])
     captures, body = inputs[formal:], attrs["body"]
-    limit = None if trips is None else _scalar(trips, "Loop trip count M")
+    limit = None if trips is None else int(_one(trips, "Loop trip count M"))
     bounded = attrs.get("_constant_trips", True)   # run at load: bounded
     go = True if cond is None else _condition(cond, "Loop condition")
     scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
@@ -90,18 +102,11 @@ def _loop(inputs, attrs, opset):
         go = _condition(outs[0], "Loop body's condition output")
         carried = outs[1:1 + len(carried)]
         for steps, value in zip(scans, outs[1 + len(carried):]):
-            steps.append(np.asarray(value))
+            _append(steps, value, "Loop scan output")
         i += 1
     stacked = [_stacked(steps, 0, "Loop", declared)
                for steps, declared in zip(scans, body.output_types[1 + len(carried):])]
     return carried + stacked
-
-
-def _scalar(value, what: str) -> int:
-    value = np.asarray(value)
-    if value.size != 1:
-        raise ShapeError(f"{what} must hold one value, holds {value.size} (shape {value.shape})")
-    return int(value.reshape(-1)[0])
 
 
 @op("Scan")
@@ -135,7 +140,7 @@ def _scan(inputs, attrs, opset):
         outs = body.run(states + slices, captures)
         states = outs[:n]
         for per_step, value in zip(steps, outs[n:]):
-            per_step.append(np.asarray(value))
+            _append(per_step, value, "Scan output")
     stacked = []
     for per_step, axis, direction, declared in zip(steps, out_axes, out_dirs, body.output_types[n:]):
         stacked.append(_stacked(per_step[::-1] if direction else per_step, axis, "Scan", declared))
