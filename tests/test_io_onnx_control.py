@@ -201,6 +201,7 @@ def test_loop_with_a_constant_trip_count_is_bounded(tmp_path, monkeypatch):
     model = fastlayers.load(path)
     v0 = np.zeros(1, np.float32)
     assert_close(model(v0), _ort_run(path, {"v0": v0})[0])
+    assert not model.warm_up()   # a loop is not run on made-up values at load
     monkeypatch.setattr(onnx_control, "MAX_LOOP_ITERATIONS", 5)
     with pytest.raises(InputError, match=r"'counter' \(Loop\).*ran 5 iterations"):
         model(v0)

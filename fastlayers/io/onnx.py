@@ -140,6 +140,12 @@ def _fold_and_inline(nodes, constants, outputs, opset, budget, where) -> list[No
     return prune(nodes, outputs)
 
 
+def _has_loop(nodes) -> bool:
+    """Whether ``nodes`` or the subgraphs of their control-flow nodes hold a Loop."""
+    return any(n.op_type == "Loop" or any(isinstance(v, Body) and _has_loop(v.model._nodes)
+                                          for v in n.attrs.values()) for n in nodes)
+
+
 def _mark_loops(nodes, constants) -> list[Node]:
     """Loop nodes get ``_constant_trips``: whether their trip count is a constant of the file
     (such loops are bounded by ``onnx_control.MAX_LOOP_ITERATIONS``)."""
@@ -893,8 +899,7 @@ class OnnxModel:
             nbytes += count * dtype.itemsize
         weights = sum(_array_bytes(v) for v in self._constants.values()) + sum(
             _array_bytes(v) for n in self._nodes for v in n.attrs.values())
-        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or any(
-                n.op_type == "Loop" for n in self._nodes):   # its iterations follow the values
+        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or _has_loop(self._nodes):
             return False
         return warm_up(self._evaluate, specs)
 
@@ -955,7 +960,7 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
     ``onnx_encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
     def probe(nodes):
         arrays = onnx_encoder.probe_inputs(dims)
-        if arrays is None:
+        if arrays is None or _has_loop(nodes):   # a loop on made-up values may not end
             return None
         try:
             model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
