@@ -140,6 +140,13 @@ def _fold_and_inline(nodes, constants, outputs, opset, budget, where) -> list[No
     return prune(nodes, outputs)
 
 
+def _may_not_end(node) -> bool:
+    """Whether ``node`` is, or holds in a subgraph, a Loop without a trip count (which only
+    its condition ends)."""
+    return (node.op_type == "Loop" and not node.inputs[0]) or any(
+        isinstance(v, Body) and any(map(_may_not_end, v.model._nodes)) for v in node.attrs.values())
+
+
 def _has_loop(nodes) -> bool:
     """Whether ``nodes`` or the subgraphs of their control-flow nodes hold a Loop."""
     return any(n.op_type == "Loop" or any(isinstance(v, Body) and _has_loop(v.model._nodes)
@@ -226,7 +233,7 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
     used, owners = 0, {id(_owner(v)) for v in constants.values()}
     for node in nodes:
         if node.op_type in _NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs) \
-                or (node.op_type == "Loop" and not node.inputs[0]):   # unbounded: not run at load
+                or _may_not_end(node):   # not run at load
             kept.append(node)
             continue
         values = [constants[i] if i else None for i in node.inputs]
