@@ -356,3 +356,24 @@ def test_a_capture_orders_its_producer_first(tmp_path, rng):
     x = rng.standard_normal(4).astype(np.float32)
     np.testing.assert_array_equal(model(x, np.array(True)), -np.maximum(x, 0))
     np.testing.assert_array_equal(model(x, np.array(False)), np.maximum(x, 0))
+
+
+def test_a_loop_without_trip_count_is_not_run_at_load(tmp_path):
+    """Constant inputs everywhere, a condition that stays true: the If (inlined) and its Loop
+    would never end if folded; the load leaves the Loop to the calls."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Identity", ["c_in"], ["c_out"]),
+                         h.make_node("Identity", ["v_in"], ["v_out"])], "body",
+                        [vi("i", I64, []), vi("c_in", BOOL, []), vi("v_in", F32, [1])],
+                        [vi("c_out", BOOL, []), vi("v_out", F32, [1])])
+    then = h.make_graph([h.make_node("Loop", ["", "go", "v0"], ["o"], body=body)], "then", [],
+                        [vi("o", F32, None)])
+    other = h.make_graph([h.make_node("Identity", ["v0"], ["o2"])], "else", [], [vi("o2", F32, None)])
+    graph = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+                          h.make_node("Add", ["y", "x"], ["z"])], "g", [vi("x", F32, [1])],
+                         [vi("z", F32, None)],
+                         initializer=[h.make_tensor("c", BOOL, [], [True]), h.make_tensor("go", BOOL, [], [True]),
+                                      h.make_tensor("v0", F32, [1], [1.0])])
+    assert fastlayers.load(_save(tmp_path, "endless", graph)).op_types == ["Loop", "Identity", "Add"]
