@@ -7,7 +7,9 @@ order that runs, each node's inputs and attributes against its operator's rules)
 nodes no output depends on, then optimises the graph once:
 
 1. constant folding: nodes whose inputs are all known at load run once and become constants,
-   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load);
+   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
+   If whose condition became a constant is replaced by the nodes of its branch
+   (``inline_constant_ifs``), folded in turn;
 2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
    BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
@@ -17,6 +19,9 @@ nodes no output depends on, then optimises the graph once:
    encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
    (``fuse_encoder_layers``, ``onnx_encoder.py``);
 3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
+
+The subgraphs of If, Loop and Scan nodes become models of their own (``onnx_control.Body``),
+folded but not fused; the outer values they read are inputs of their node (``onnx_check``).
 
 Execution walks the kept nodes in order with a value table local to the call, so one model
 serves many threads; batch size and sequence length may vary from call to call. An operator
@@ -37,6 +42,7 @@ from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, Un
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
 from . import onnx_check, onnx_encoder, onnx_proto
+from .onnx_control import Body
 from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
 MIN_OPSET = 9
@@ -75,20 +81,112 @@ class Node:
         self.op_type, self.inputs, self.outputs, self.attrs, self.name = op_type, inputs, outputs, attrs, name
 
 
-def _read_nodes(graph, where) -> list[Node]:
-    """``Node`` objects of a graph's nodes (or of a list of ``onnx_proto.NodeProto``)."""
+def _read_nodes(graph, where, opset=None, budget=None) -> list[Node]:
+    """``Node`` objects of a graph's nodes (or of a list of ``onnx_proto.NodeProto``); the
+    subgraphs of control-flow nodes (checked by ``onnx_check``) become ``Body`` objects, their
+    constant folding taking from ``budget`` (a one-element list of bytes left; None: no limit)."""
     nodes = []
     for n in getattr(graph, "nodes", graph):
-        if any(isinstance(v, onnx_proto.Graph) or (isinstance(v, list) and v and isinstance(v[0], onnx_proto.Graph))
-               for v in n.attrs.values()):
-            raise UnsupportedError(f"{where}: operator {n.op_type} with subgraphs (control flow) is not supported")
         attrs = dict(n.attrs)
         if n.op_type == "Split":
             attrs["_num_outputs"] = len(n.outputs)
         if n.op_type == "LayerNormalization":      # the mean / inv-std outputs cost two passes
             attrs["_stats"] = any(n.outputs[1:])
+        for key in onnx_check.SUBGRAPHS.get(n.op_type, ()):
+            label = f"{where}: node {onnx_check.short(n.name or n.outputs[0])} ({n.op_type}) {key}"
+            attrs[key] = _subgraph(attrs[key], n.inputs[attrs["_formal"]:], opset, label, budget)
         nodes.append(Node(n.op_type, list(n.inputs), list(n.outputs), attrs, n.name))
     return nodes
+
+
+def _subgraph(graph, captures, opset, where, budget) -> Body:
+    """A checked subgraph as a ``Body``: a model whose inputs are the subgraph's inputs, then
+    the outer values ``captures``; constant-folded (within ``budget``; Ifs on constant
+    conditions inlined), not fused."""
+    constants = dict(graph.initializers)
+    outputs = [vo.name for vo in graph.outputs]
+    nodes = prune(_read_nodes(graph.nodes, where, opset, budget), outputs)
+    nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
+    used = set(outputs).union(*(n.inputs for n in nodes))
+    inputs = [(vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
+    inputs += [(name, np.dtype(np.float32), None) for name in captures]
+    model = OnnxModel(where, inputs, outputs, {k: v for k, v in constants.items() if k in used},
+                      nodes, opset, {}, where)
+    types = [(np.dtype(DTYPES[vo.elem_type]) if vo.elem_type in DTYPES else None, _value_shape(vo))
+             for vo in graph.outputs]
+    return Body(model, types)
+
+
+def _fold(nodes, constants, opset, budget, where) -> list[Node]:
+    """``fold_constants`` within what is left of ``budget`` (a one-element list, or None),
+    which the memory of the new constants is taken from."""
+    if budget is None:
+        return fold_constants(nodes, constants, opset, None, where)
+    owners = {id(_owner(v)) for v in constants.values()}
+    nodes = fold_constants(nodes, constants, opset, budget[0], where)
+    new = {id(_owner(v)): _owner(v) for v in constants.values() if id(_owner(v)) not in owners}
+    budget[0] -= sum(getattr(o, "nbytes", 0) for o in new.values())
+    return nodes
+
+
+def _fold_and_inline(nodes, constants, outputs, opset, budget, where) -> list[Node]:
+    """Constant folding (``_fold``); each If whose condition became a constant replaced by its
+    branch (``inline_constant_ifs``), which is folded in turn; then the dead nodes dropped."""
+    nodes = _fold(nodes, constants, opset, budget, where)
+    changed = True
+    while changed:
+        nodes, changed = inline_constant_ifs(nodes, constants)
+        nodes = _fold(nodes, constants, opset, budget, where) if changed else nodes
+    return prune(nodes, outputs)
+
+
+def _may_not_end(node) -> bool:
+    """Whether ``node`` is, or holds in a subgraph, a Loop without a trip count (which only
+    its condition ends)."""
+    return (node.op_type == "Loop" and not node.inputs[0]) or any(
+        isinstance(v, Body) and any(map(_may_not_end, v.model._nodes)) for v in node.attrs.values())
+
+
+def _has_loop(nodes) -> bool:
+    """Whether ``nodes`` or the subgraphs of their control-flow nodes hold a Loop."""
+    return any(n.op_type == "Loop" or any(isinstance(v, Body) and _has_loop(v.model._nodes)
+                                          for v in n.attrs.values()) for n in nodes)
+
+
+def _mark_loops(nodes, constants) -> list[Node]:
+    """Loop nodes get ``_constant_trips``: whether their trip count is a constant of the file
+    (such loops are bounded by ``onnx_control.MAX_LOOP_ITERATIONS``)."""
+    for node in nodes:
+        if node.op_type == "Loop":
+            node.attrs = dict(node.attrs, _constant_trips=bool(node.inputs[0]) and node.inputs[0] in constants)
+    return nodes
+
+
+def inline_constant_ifs(nodes, constants) -> tuple[list[Node], bool]:
+    """Each If whose condition is a constant -> the nodes of the branch it takes, their values
+    renamed apart (``<output>::<branch>::<name>``, the branch's constants likewise) and an
+    Identity per output; also whether any was replaced."""
+    kept, changed = [], False
+    for node in nodes:
+        cond = constants.get(node.inputs[0]) if node.op_type == "If" else None
+        if cond is None or cond.size != 1:
+            kept.append(node)
+            continue
+        key = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        branch = node.attrs[key].model
+        prefix = f"{node.outputs[0]}::{key}::"
+        local = set(branch._constants).union(*(n.outputs for n in branch._nodes))
+
+        def renamed(name):
+            return prefix + name if name in local else name
+
+        for name, value in branch._constants.items():
+            constants[prefix + name] = value
+        kept += [Node(n.op_type, [renamed(i) for i in n.inputs], [renamed(o) for o in n.outputs],
+                      n.attrs, n.name) for n in branch._nodes]
+        kept += [Node("Identity", [renamed(b)], [o], {}) for o, b in zip(node.outputs, branch.output_names) if o]
+        changed = True
+    return kept, changed
 
 
 # ------------------------------------------------------------------------------ optimisation
@@ -134,7 +232,8 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
     kept = []
     used, owners = 0, {id(_owner(v)) for v in constants.values()}
     for node in nodes:
-        if node.op_type in _NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs):
+        if node.op_type in _NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs) \
+                or _may_not_end(node):   # not run at load
             kept.append(node)
             continue
         values = [constants[i] if i else None for i in node.inputs]
@@ -610,11 +709,22 @@ class OnnxModel:
         """The operators run per call, after optimisation, in order."""
         return [n.op_type for n in self._nodes]
 
+    def _weights(self) -> list[np.ndarray]:
+        """The arrays the optimised graph holds: constants, fused nodes' weights, and those of
+        the subgraphs of its control-flow nodes."""
+        arrays = list(self._constants.values())
+        for n in self._nodes:
+            for v in n.attrs.values():
+                if isinstance(v, np.ndarray):
+                    arrays.append(v)
+                elif isinstance(v, Body):
+                    arrays += v.model._weights()
+        return arrays
+
     def count_params(self) -> int:
-        """The float32 weights the optimised graph holds (constants and fused nodes' weights)."""
-        arrays = list(self._constants.values()) + [v for n in self._nodes for v in n.attrs.values()
-                                                    if isinstance(v, np.ndarray)]
-        unique = {id(a): a for a in arrays if a.dtype == np.float32}
+        """The float32 weights the optimised graph holds (constants and fused nodes' weights,
+        those of subgraphs included)."""
+        unique = {id(a): a for a in self._weights() if a.dtype == np.float32}
         return int(sum(a.size for a in unique.values()))
 
     def _prepare(self, args, kwargs, strict=False):
@@ -781,7 +891,8 @@ class OnnxModel:
             Whether it ran: False for inputs without a declared rank, over
             ``warmup.MAX_ELEMENTS`` elements, or taking more bytes than the model's weights (and
             1 MiB: a small file declaring large inputs is not run at load), or a graph that
-            fails on zeros of those sizes.
+            fails on zeros of those sizes, or one with a Loop (how long it runs depends on
+            the values; zeros may keep it going).
         """
         from .. import warmup
 
@@ -795,7 +906,7 @@ class OnnxModel:
             nbytes += count * dtype.itemsize
         weights = sum(_array_bytes(v) for v in self._constants.values()) + sum(
             _array_bytes(v) for n in self._nodes for v in n.attrs.values())
-        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights):
+        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or _has_loop(self._nodes):
             return False
         return warm_up(self._evaluate, specs)
 
@@ -856,7 +967,7 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
     ``onnx_encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
     def probe(nodes):
         arrays = onnx_encoder.probe_inputs(dims)
-        if arrays is None:
+        if arrays is None or _has_loop(nodes):   # a loop on made-up values may not end
             return None
         try:
             model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
@@ -909,7 +1020,7 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         raise ModelFileError(f"{where}: not an ONNX model (no default-domain opset or no nodes)")
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
-    unsupported = sorted({_op_name(n) for n in graph.nodes
+    unsupported = sorted({_op_name(n) for n in onnx_check.all_nodes(graph)
                           if n.domain != "" or n.op_type not in onnx_check.OPS})
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
@@ -927,10 +1038,11 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
-    nodes = prune(_read_nodes(checked, where), outputs)
-    budget = max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))
+    budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))]
     try:
-        nodes = fold_constants(nodes, constants, opset, budget, where)
+        nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
+        nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
+                            constants)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)

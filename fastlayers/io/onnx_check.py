@@ -18,6 +18,12 @@ node and the attribute or value concerned:
   the cross-checks of the kernels' operators (a convolution's weight rank, kernel_shape and
   group against its constant weight, a recurrent node's hidden_size against its weights).
 
+- control flow (If, Loop, Scan): each subgraph is checked as a graph of its own whose values may
+  also come from the graphs enclosing it; the names it reads from them (its captures) are
+  appended to the node's inputs (after its ``_formal`` own inputs), so that ordering and
+  pruning see them; its counts of inputs and outputs must fit the node's (``ModelFileError``
+  naming the node and the subgraph).
+
 Attributes the table does not list are dropped (fastlayers' own node attributes start with
 "_", and a file cannot set them); unknown operators were refused before (one error listing
 them all). What depends on the inputs of a call (shapes, index values) is checked when the
@@ -28,16 +34,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, ShapeError, UnsupportedError
+from .onnx_indexing import einsum_terms
 from .onnx_ops import DTYPES
+from .onnx_proto import Graph, NodeProto
 
 #: The largest rank an axis or permutation attribute may address.
 MAX_RANK = 32
 #: The largest stride, dilation, kernel size, pad or pooled size an attribute may give.
 MAX_GEOMETRY = (1 << 31) - 1
 
-INT, FLOAT, STRING, INTS, FLOATS, STRINGS, TENSOR = ("int", "float", "string", "ints", "floats",
-                                                     "strings", "tensor")
+INT, FLOAT, STRING, INTS, FLOATS, STRINGS, TENSOR, GRAPH = (
+    "int", "float", "string", "ints", "floats", "strings", "tensor", "graph")
 
 
 def short(name, limit: int = 60) -> str:
@@ -281,6 +289,26 @@ def _attention_check(node, attrs, ctx):
         _fail(ctx, node, f"kv_num_heads {kv} does not divide q_num_heads {q}")
 
 
+def _eye_like_check(node, attrs, ctx):
+    if "dtype" in attrs and attrs["dtype"] not in DTYPES:
+        _fail(ctx, node, f"EyeLike of ONNX element type {attrs['dtype']} is not supported",
+              unsupported=True)
+
+
+def _einsum_check(node, attrs, ctx):
+    try:
+        einsum_terms(attrs["equation"], len(node.inputs))
+    except ShapeError as e:
+        _fail(ctx, node, str(e))
+
+
+def _top_k_check(node, attrs, ctx):
+    if ctx.opset < 10 and "k" not in attrs:
+        _fail(ctx, node, "needs attribute 'k' (opset < 10)")
+    if ctx.opset >= 10 and (len(node.inputs) < 2 or not node.inputs[1]):
+        _fail(ctx, node, "needs input 'K' (opset >= 10)")
+
+
 def _batch_norm_check(node, attrs, ctx):
     if attrs.get("training_mode"):
         _fail(ctx, node, "BatchNormalization with training_mode=1 (batch statistics) is not "
@@ -302,7 +330,8 @@ _add("CastLike", inputs=(2, 2), attrs={"saturate": BOOL})
 _add("GatherElements", inputs=(2, 2), attrs={"axis": AXIS})
 _add("Mod", inputs=(2, 2), attrs={"fmod": BOOL})
 _add("Neg Abs Sqrt Exp Log Reciprocal Floor Ceil Not Sign Round Sin Cos IsNaN Identity Erf Relu "
-     "Sigmoid Tanh Softsign HardSwish Softplus GlobalAveragePool GlobalMaxPool Size")
+     "Sigmoid Tanh Softsign HardSwish Softplus GlobalAveragePool GlobalMaxPool Size Tan Asin Acos "
+     "Atan Sinh Cosh Asinh Acosh Atanh BitwiseNot Mish NonZero")
 _add("Sum Max Min Mean", inputs=(1, None), optional=None)
 _add("Where Range", inputs=(3, 3))
 _add("Clip", inputs=(1, 3), attrs={"min": FLT, "max": FLT})
@@ -318,7 +347,8 @@ _add("InstanceNormalization", inputs=(3, 3), attrs={"epsilon": FLT})
 _add("LayerNormalization", inputs=(2, 3), outputs=3,
      attrs={"axis": AXIS, "epsilon": FLT, "stash_type": A(INT)})
 _add("LpNormalization", attrs={"axis": AXIS, "p": A(INT, choices=(1, 2))})
-_add("ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare", inputs=(1, 2),
+_add("ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare ReduceL1 "
+     "ReduceLogSum ReduceLogSumExp", inputs=(1, 2),
      attrs={"axes": AXES, "keepdims": BOOL, "noop_with_empty_axes": BOOL})
 _add("ArgMax ArgMin", attrs={"axis": AXIS, "keepdims": BOOL, "select_last_index": BOOL})
 _add("Reshape", inputs=(2, 2), attrs={"allowzero": BOOL})
@@ -381,9 +411,53 @@ _add("Attention", inputs=(3, 7), outputs=4, check=_attention_check, attrs={
     "left_window_size": A(INT), "right_window_size": A(INT)})   # the operator refuses windows
 
 
+_add("BitwiseAnd BitwiseOr BitwiseXor", inputs=(2, 2))
+_add("BitShift", inputs=(2, 2), attrs={"direction": A(STRING, choices=("LEFT", "RIGHT"))},
+     required=("direction",))
+_add("IsInf", attrs={"detect_negative": BOOL, "detect_positive": BOOL})
+_add("Celu ThresholdedRelu", attrs={"alpha": FLT})
+_add("Shrink", attrs={"bias": FLT, "lambd": FLT})
+_add("Hardmax", attrs={"axis": AXIS})
+_add("Swish", attrs={"alpha": FLT})
+_add("GroupNormalization", inputs=(3, 3), attrs={"epsilon": FLT, "num_groups": POS,
+                                                 "stash_type": A(INT)}, required=("num_groups",))
+_add("RMSNormalization", inputs=(2, 2), attrs={"axis": AXIS, "epsilon": FLT, "stash_type": A(INT)})
+_add("MeanVarianceNormalization", attrs={"axes": AXES})
+_add("ReverseSequence", inputs=(2, 2), attrs={"batch_axis": A(INT, 0, 1), "time_axis": A(INT, 0, 1)})
+_add("GatherND", inputs=(2, 2), attrs={"batch_dims": A(INT, 0, MAX_RANK)})
+_REDUCTION = A(STRING, choices=("none", "add", "mul", "max", "min"))
+_add("ScatterND", inputs=(3, 3), attrs={"reduction": _REDUCTION})
+_add("ScatterElements", inputs=(3, 3), attrs={"axis": AXIS, "reduction": _REDUCTION})
+_add("Scatter", inputs=(3, 3), attrs={"axis": AXIS})
+_add("Compress", inputs=(2, 2), attrs={"axis": AXIS})
+_add("OneHot", inputs=(3, 3), attrs={"axis": AXIS})
+_add("EyeLike", attrs={"dtype": A(INT), "k": A(INT)}, check=_eye_like_check)
+_add("TopK", inputs=(1, 2), outputs=2, check=_top_k_check,
+     attrs={"axis": AXIS, "k": A(INT, 0), "largest": BOOL, "sorted": BOOL})
+_add("CumSum", inputs=(2, 2), attrs={"exclusive": BOOL, "reverse": BOOL})
+_add("Einsum", inputs=(1, None), optional=None, attrs={"equation": A(STRING)},
+     required=("equation",), check=_einsum_check)
+_add("DepthToSpace", attrs={"blocksize": POS, "mode": A(STRING, choices=("DCR", "CRD"))},
+     required=("blocksize",))
+_add("SpaceToDepth", attrs={"blocksize": POS, "mode": A(STRING, choices=("DCR", "CRD"))},
+     required=("blocksize",))
+# control flow: the subgraphs are checked as graphs of their own (``_check_subgraphs``)
+_add("If", outputs=None, attrs={"then_branch": A(GRAPH), "else_branch": A(GRAPH)},
+     required=("then_branch", "else_branch"))
+_add("Loop", inputs=(2, None), optional=0, outputs=None, attrs={"body": A(GRAPH)},
+     required=("body",))
+_add("Scan", inputs=(1, None), optional=None, outputs=None, required=("body", "num_scan_inputs"),
+     attrs={"body": A(GRAPH), "num_scan_inputs": POS, "scan_input_axes": AXES,
+            "scan_output_axes": AXES, "scan_input_directions": A(INTS, 0, 1),
+            "scan_output_directions": A(INTS, 0, 1)})
+#: Control-flow operators -> their subgraph attributes.
+SUBGRAPHS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+
+
 # ------------------------------------------------------------------------------ the checks
 _KINDS = {INT: "an int", FLOAT: "a float", STRING: "a string", INTS: "a list of ints",
-          FLOATS: "a list of floats", STRINGS: "a list of strings", TENSOR: "a tensor"}
+          FLOATS: "a list of floats", STRINGS: "a list of strings", TENSOR: "a tensor",
+          GRAPH: "a graph"}
 
 
 def _attribute(node, key, value, rule, ctx):
@@ -399,6 +473,8 @@ def _attribute(node, key, value, rule, ctx):
         ok = type(value) is str
     elif kind == TENSOR:
         ok = isinstance(value, np.ndarray)
+    elif kind == GRAPH:
+        ok = isinstance(value, Graph)
     else:
         ok = type(value) is list and all(
             type(v) is int if kind == INTS else type(v) in (int, float) if kind == FLOATS
@@ -460,8 +536,22 @@ def check_graph(graph, where: str, opset: int) -> list:
     """The nodes of ``graph`` checked (see the module docstring), with their checked attributes
     (new ``NodeProto`` objects), in an order that runs; raises ``ModelFileError`` or
     ``UnsupportedError`` naming ``where`` and the node or value."""
-    from .onnx_proto import NodeProto
+    return _check_scope(graph, where, opset, frozenset())[0]
 
+
+def all_nodes(graph):
+    """The nodes of ``graph`` and of its subgraphs, at any depth (``onnx_proto`` bounds it)."""
+    for node in graph.nodes:
+        yield node
+        for value in node.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, Graph):
+                    yield from all_nodes(sub)
+
+
+def _check_scope(graph, where, opset, outer):
+    """(the checked nodes of ``graph`` in an order that runs, the names of ``outer`` it reads).
+    ``outer``: the names the enclosing graphs define (empty for the main graph)."""
     ctx = Context(where, opset, graph.initializers)
     defined: dict[str, str] = {}
     for name in graph.initializers:
@@ -471,6 +561,9 @@ def check_graph(graph, where: str, opset: int) -> list:
             raise ModelFileError(f"{where}: a graph input has no name")
         if defined.get(vi.name) == "a graph input":
             raise ModelFileError(f"{where}: graph input {short(vi.name)} is declared twice")
+        if outer and vi.elem_type and vi.elem_type not in DTYPES:
+            raise UnsupportedError(f"{where}: input {short(vi.name)} has unsupported element type "
+                                   f"{vi.elem_type}")
         defined[vi.name] = "a graph input"
     nodes = []
     producer: dict[str, int] = {}
@@ -487,6 +580,15 @@ def check_graph(graph, where: str, opset: int) -> list:
             producer[out] = k
         nodes.append(NodeProto(node.op_type, node.domain, node.name, list(node.inputs),
                                list(node.outputs), attrs))
+    local = set(defined) | set(producer)
+    visible = None
+    for node in nodes:
+        if node.op_type in SUBGRAPHS:
+            visible = (outer | local) if visible is None else visible
+            _check_subgraphs(node, ctx, visible)
+    reads = {i for n in nodes for i in n.inputs if i} | {vo.name for vo in graph.outputs}
+    captures = sorted(n for n in reads if n not in local and n in outer)
+    defined.update((name, "an outer-scope value") for name in captures)
     order = _sorted(nodes, producer, defined, where)
     readers = {i for n in nodes for i in n.inputs if i}
     for vo in graph.outputs:
@@ -504,7 +606,52 @@ def check_graph(graph, where: str, opset: int) -> list:
                 _fail(ctx, node, f"output {short(extra[0])} (output {node.outputs.index(extra[0]) + 1}) "
                                  f"is read, but fastlayers computes only the first {computed} "
                                  f"output(s) of {node.op_type}", unsupported=True)
-    return order
+    return order, captures
+
+
+def _check_subgraphs(node, ctx, visible) -> None:
+    """Check the subgraphs of the control-flow ``node`` (each as a graph whose outer scope is
+    ``visible``) and their counts of inputs and outputs against the node's; the node's
+    attributes get the checked subgraphs, its inputs the outer values they read (after its
+    ``_formal`` own inputs), so that ordering and pruning see them."""
+    formal, captures = len(node.inputs), []
+    for key in SUBGRAPHS[node.op_type]:
+        sub = node.attrs[key]
+        nodes, reads = _check_scope(sub, f"{ctx.where}: {_node_text(node)}: subgraph {key!r}",
+                                    ctx.opset, visible)
+        checked = Graph()
+        checked.name, checked.nodes, checked.initializers = sub.name, nodes, sub.initializers
+        checked.inputs, checked.outputs, checked.value_info = sub.inputs, sub.outputs, sub.value_info
+        node.attrs[key] = checked
+        captures += [c for c in reads if c not in captures]
+        n_in, n_out = len(sub.inputs), len(sub.outputs)
+        if node.op_type == "If":
+            want_in, want_out = 0, len(node.outputs)
+        elif node.op_type == "Loop":     # (iteration, condition, N carried) -> (condition, N, K scans)
+            want_in, want_out = formal, 1 + len(node.outputs)
+            if len(node.outputs) < formal - 2:
+                _fail(ctx, node, f"{formal - 2} loop-carried values but {len(node.outputs)} outputs")
+            if not all(node.inputs[2:formal]):
+                _fail(ctx, node, "a loop-carried initial value has no name (only M and cond may "
+                                 "be omitted)")
+        else:                           # Scan: (N states, M scanned) -> (N states, K scans)
+            want_in, want_out = formal, len(node.outputs)
+            m = node.attrs["num_scan_inputs"]
+            k = len(node.outputs) - (formal - m)
+            if m > formal or k < 0:
+                _fail(ctx, node, f"num_scan_inputs {m} for {formal} inputs and "
+                                 f"{len(node.outputs)} outputs")
+            for name, count in (("scan_input_axes", m), ("scan_input_directions", m),
+                                ("scan_output_axes", k), ("scan_output_directions", k)):
+                if name in node.attrs and len(node.attrs[name]) != count:
+                    _fail(ctx, node, f"attribute {name!r} has {len(node.attrs[name])} values for "
+                                     f"{count} scanned values")
+        if n_in != want_in or n_out != want_out:
+            _fail(ctx, node, f"subgraph {key!r} has {n_in} inputs and {n_out} outputs; the node's "
+                             f"{formal} inputs and {len(node.outputs)} outputs need {want_in} and "
+                             f"{want_out}")
+    node.inputs += captures
+    node.attrs["_formal"] = formal
 
 
 def _sorted(nodes, producer, defined, where) -> list:

@@ -134,8 +134,28 @@ def _unary(fn):
 for _name, _fn in {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
                    "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not,
                    "Sign": np.sign, "Round": np.round, "Sin": np.sin, "Cos": np.cos, "IsNaN": np.isnan,
-                   "Identity": lambda x: x}.items():
+                   "Identity": lambda x: x, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos,
+                   "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh,
+                   "Acosh": np.arccosh, "Atanh": np.arctanh, "BitwiseNot": np.invert}.items():
     OPS[_name] = _unary(_fn)
+for _name, _fn in {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or,
+                   "BitwiseXor": np.bitwise_xor}.items():
+    OPS[_name] = _binary(_fn)
+
+
+@op("BitShift")
+def _bit_shift(inputs, attrs, opset):
+    """x << y or x >> y (unsigned types)."""
+    x, y = inputs
+    shift = np.left_shift if attrs["direction"] == "LEFT" else np.right_shift
+    return [shift(x, y.astype(x.dtype)).astype(x.dtype)]
+
+
+@op("IsInf")
+def _is_inf(inputs, attrs, opset):
+    x = inputs[0]
+    return [(np.isposinf(x) & bool(attrs.get("detect_positive", 1)))
+            | (np.isneginf(x) & bool(attrs.get("detect_negative", 1)))]
 
 
 @op("Erf")
@@ -226,6 +246,44 @@ def _hard_sigmoid(inputs, attrs, opset):
 def _hard_swish(inputs, attrs, opset):
     x = _f32(inputs[0])
     return [x * np.clip(x / np.float32(6) + np.float32(0.5), np.float32(0), np.float32(1))]
+
+
+@op("Celu")
+def _celu(inputs, attrs, opset):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+    x, alpha = _f32(inputs[0]), np.float32(attrs.get("alpha", 1.0))
+    return [(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))).astype(np.float32)]
+
+
+@op("Swish")
+def _swish(inputs, attrs, opset):
+    """x sigmoid(alpha x)."""
+    x, alpha = inputs[0], attrs.get("alpha", 1.0)
+    return [(x / (1 + np.exp(-np.asarray(alpha, x.dtype) * x))).astype(x.dtype)]
+
+
+@op("Mish")
+def _mish(inputs, attrs, opset):
+    """x tanh(softplus(x))."""
+    x = inputs[0]
+    return [(x * np.tanh(np.logaddexp(0, x))).astype(x.dtype)]
+
+
+@op("ThresholdedRelu")
+def _thresholded_relu(inputs, attrs, opset):
+    """x where x > alpha, else 0."""
+    x = inputs[0]
+    return [np.where(x > np.asarray(attrs.get("alpha", 1.0), x.dtype), x, 0).astype(x.dtype)]
+
+
+@op("Shrink")
+def _shrink(inputs, attrs, opset):
+    """x + bias where x < -lambd, x - bias where x > lambd, else 0."""
+    x = inputs[0]
+    lambd, bias = attrs.get("lambd", 0.5), attrs.get("bias", 0.0)
+    y = np.where(x < -lambd, x + np.asarray(bias, x.dtype),
+                 np.where(x > lambd, x - np.asarray(bias, x.dtype), 0))
+    return [y.astype(x.dtype)]
 
 
 @op("PRelu")
@@ -332,6 +390,46 @@ def _lp_norm(inputs, attrs, opset):
     return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
 
 
+@op("GroupNormalization")
+def _group_norm(inputs, attrs, opset):
+    """(x - mean) / sqrt(var + eps) over each group of C / G channels (and the spatial axes),
+    times scale plus bias per channel (opset 21) or per group (opset 18)."""
+    x, scale, bias = inputs
+    groups = attrs["num_groups"]
+    n, c = x.shape[:2]
+    if c % groups:
+        raise ShapeError(f"GroupNormalization: {groups} groups for {c} channels")
+    if scale.shape != (c if opset >= 21 else groups,) or bias.shape != scale.shape:
+        raise ShapeError(f"GroupNormalization: scale {scale.shape} and bias {bias.shape} for "
+                         f"{c} channels in {groups} groups")
+    grouped = _f32(x).reshape(n, groups, -1)
+    y = get_ops().layer_norm(np.ascontiguousarray(grouped), None, None, attrs.get("epsilon", 1e-5), (2,))
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if opset < 21:
+        scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+    return [(y.reshape(x.shape) * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)]
+
+
+@op("RMSNormalization")
+def _rms_norm(inputs, attrs, opset):
+    """x / sqrt(mean(x^2 over the axes from ``axis`` on) + eps) * scale."""
+    x, scale = inputs
+    axis = attrs.get("axis", -1) % max(x.ndim, 1)
+    xf = x.astype(np.float32) if x.dtype != np.float64 else x
+    ms = wide_mean(np.square(xf), tuple(range(axis, x.ndim)), keepdims=True)
+    return [(xf / np.sqrt(ms + np.float32(attrs.get("epsilon", 1e-5))) * scale).astype(x.dtype)]
+
+
+@op("MeanVarianceNormalization")
+def _mean_variance_norm(inputs, attrs, opset):
+    """(x - mean) / sqrt(var + 1e-9) over ``axes`` (default 0, 2, 3)."""
+    x = inputs[0]
+    axes = tuple(attrs.get("axes", (0, 2, 3)))
+    mean = wide_mean(x, axes, keepdims=True)
+    var = wide_mean(np.square(x - mean), axes, keepdims=True)
+    return [((x - mean) / np.sqrt(var + np.asarray(1e-9, x.dtype))).astype(x.dtype)]
+
+
 # ----------------------------------------------------------------------------------- reduce
 def _reduce(fn, axes_input_from):
     def run(inputs, attrs, opset):
@@ -357,6 +455,19 @@ OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
 OPS["ReduceProd"] = _reduce(np.prod, 18)
 OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(wide_sum(np.square(x), axis, keepdims)), 18)
 OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: wide_sum(np.square(x), axis, keepdims), 18)
+OPS["ReduceL1"] = _reduce(lambda x, axis, keepdims: wide_sum(np.abs(x), axis, keepdims), 18)
+OPS["ReduceLogSum"] = _reduce(lambda x, axis, keepdims: np.log(wide_sum(x, axis, keepdims)), 18)
+
+
+def _log_sum_exp(x, axis, keepdims):
+    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the finite maximum (0 where none is)."""
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    y = np.log(wide_sum(np.exp(x - m), axis, keepdims=True)) + m
+    return (y if keepdims else np.squeeze(y, axis=axis)).astype(x.dtype)
+
+
+OPS["ReduceLogSumExp"] = _reduce(_log_sum_exp, 18)
 
 
 def _arg(fn):
@@ -1370,3 +1481,7 @@ def _attention(inputs, attrs, opset):
     mode = attrs.get("qk_matmul_output_mode", 0)
     qk = capped + bias if mode == 2 else (w if mode == 3 else capped)
     return [y, present_k, present_v, qk]
+
+
+# the operators of the modules by subject register in OPS as they are imported
+from . import onnx_control, onnx_indexing  # noqa: E402, F401

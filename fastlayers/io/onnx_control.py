@@ -1,0 +1,147 @@
+"""ONNX control flow: If, Loop and Scan, registered in ``onnx_ops.OPS``.
+
+A subgraph runs as a ``Body``: a model of its own (``onnx.OnnxModel``, built by
+``onnx._subgraph`` at load), whose inputs are the subgraph's own inputs followed by the values
+of the enclosing graphs it reads (its captures). ``onnx_check`` appends those captures to the
+control-flow node's inputs (after its ``_formal`` own inputs), so ordering, pruning, folding
+and the fusion passes see them; the operator passes them on to the body by position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError, ShapeError
+from .onnx_ops import _env_bytes, created, op
+
+#: The most iterations a Loop runs where its trip count is a constant of the file (torch's
+#: exporter writes while-loops as a constant trip count of 2**63 - 1 and a condition); over
+#: it, the call raises an ``InputError`` naming the node. A trip count computed from the
+#: inputs, or no trip count (the condition alone ends the loop), is not bounded. The
+#: environment variable FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS, read at import, sets another value.
+MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16)
+
+
+class Body:
+    """A subgraph ready to run: ``run(own, captures)`` -> its output arrays."""
+
+    __slots__ = ("model", "output_types")
+
+    def __init__(self, model, output_types):
+        self.model = model
+        #: numpy dtype and shape (None where unknown) of each output, as the file declares them
+        #: (the empty scan outputs of a Loop that runs no iteration take them)
+        self.output_types = output_types
+
+    def run(self, own, captures) -> list:
+        values = self.model._evaluate(list(own) + list(captures))
+        return self.model._results(values, self.model.output_names)
+
+
+def _one(value, what: str):
+    """The one element of a scalar or one-element tensor."""
+    value = np.asarray(value)
+    if value.size != 1:
+        raise ShapeError(f"{what} must hold one value, holds {value.size} (shape {value.shape})")
+    return value.reshape(-1)[0]
+
+
+def _condition(value, what: str) -> bool:
+    return bool(_one(value, what))
+
+
+@op("If")
+def _if(inputs, attrs, opset):
+    """The outputs of then_branch where the condition is true, else of else_branch."""
+    body = attrs["then_branch" if _condition(inputs[0], "If condition") else "else_branch"]
+    return body.run([], inputs[attrs["_formal"]:])
+
+
+def _append(steps, value, what):
+    """``value`` appended to the per-iteration outputs ``steps``, their stack checked against
+    the size limit first (``onnx_ops.created``): a long loop cannot pile up memory unchecked."""
+    value = np.asarray(value)
+    created((len(steps) + 1,) + value.shape, value.dtype, what)
+    steps.append(value)
+
+
+def _stacked(steps, axis, what, declared):
+    """The per-iteration arrays ``steps`` stacked on a new ``axis`` (``declared``: dtype and
+    shape of one step, for zero steps)."""
+    if not steps:
+        dtype, shape = declared
+        return np.zeros((0,) + tuple(d or 0 for d in (shape or ())), dtype or np.float32)
+    first = steps[0]
+    if any(s.shape != first.shape for s in steps):
+        raise ShapeError(f"{what}: the scan output changes shape across iterations "
+                         f"({first.shape}, then {next(s.shape for s in steps if s.shape != first.shape)})")
+    axis = axis % (first.ndim + 1) if -first.ndim - 1 <= axis <= first.ndim else None
+    if axis is None:
+        raise ShapeError(f"{what}: scan output axis for a step of rank {first.ndim}")
+    return np.stack(steps, axis=axis)
+
+
+@op("Loop")
+def _loop(inputs, attrs, opset):
+    """for i in range(M) while cond: cond, carried..., scans... = body(i, cond, carried...);
+    the outputs are the final carried values, then each scan output stacked over iterations."""
+    formal = attrs["_formal"]
+    trips, cond, carried = inputs[0], inputs[1], list(inputs[2:formal])
+    captures, body = inputs[formal:], attrs["body"]
+    limit = None if trips is None else int(_one(trips, "Loop trip count M"))
+    bounded = attrs.get("_constant_trips", True)   # run at load: bounded
+    go = True if cond is None else _condition(cond, "Loop condition")
+    scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
+    i = 0
+    while go and (limit is None or i < limit):
+        if bounded and i >= MAX_LOOP_ITERATIONS:
+            raise InputError(f"Loop: ran {i} iterations without stopping, the most a loop with "
+                             f"a constant trip count may (MAX_LOOP_ITERATIONS; set "
+                             "FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
+        outs = body.run([np.array(i, np.int64), np.array(go)] + carried, captures)
+        go = _condition(outs[0], "Loop body's condition output")
+        carried = outs[1:1 + len(carried)]
+        for steps, value in zip(scans, outs[1 + len(carried):]):
+            _append(steps, value, "Loop scan output")
+        i += 1
+    stacked = [_stacked(steps, 0, "Loop", declared)
+               for steps, declared in zip(scans, body.output_types[1 + len(carried):])]
+    return carried + stacked
+
+
+@op("Scan")
+def _scan(inputs, attrs, opset):
+    """For t along the scan axis of the M scanned inputs (each in its direction):
+    states..., outs... = body(states..., slices at t...); the outputs are the final states,
+    then each per-step output stacked on its scan output axis (in its direction)."""
+    formal, m = attrs["_formal"], attrs["num_scan_inputs"]
+    n = formal - m
+    states, scanned, captures = list(inputs[:n]), inputs[n:formal], inputs[formal:]
+    body = attrs["body"]
+    k = len(body.output_types) - n
+    in_axes = list(attrs.get("scan_input_axes") or [0] * m)
+    in_dirs = list(attrs.get("scan_input_directions") or [0] * m)
+    out_axes = list(attrs.get("scan_output_axes") or [0] * k)
+    out_dirs = list(attrs.get("scan_output_directions") or [0] * k)
+    lengths = set()
+    for j, x in enumerate(scanned):
+        if not -x.ndim <= in_axes[j] < x.ndim:
+            raise ShapeError(f"Scan: scan_input_axes {in_axes[j]} for scanned input {j + 1} of "
+                             f"shape {x.shape}")
+        in_axes[j] %= x.ndim
+        lengths.add(x.shape[in_axes[j]])
+    if len(lengths) != 1:
+        raise ShapeError(f"Scan: the scanned inputs have different lengths {sorted(lengths)}")
+    length = lengths.pop()
+    steps: list[list] = [[] for _ in range(k)]
+    for t in range(length):
+        slices = [np.take(x, length - 1 - t if d else t, axis=a)
+                  for x, a, d in zip(scanned, in_axes, in_dirs)]
+        outs = body.run(states + slices, captures)
+        states = outs[:n]
+        for per_step, value in zip(steps, outs[n:]):
+            _append(per_step, value, "Scan output")
+    stacked = []
+    for per_step, axis, direction, declared in zip(steps, out_axes, out_dirs, body.output_types[n:]):
+        stacked.append(_stacked(per_step[::-1] if direction else per_step, axis, "Scan", declared))
+    return states + stacked
