@@ -207,6 +207,18 @@ def test_loop_with_a_constant_trip_count_is_bounded(tmp_path, monkeypatch):
         model(v0)
 
 
+def test_loop_that_only_a_constant_condition_ends_is_bounded(tmp_path, monkeypatch):
+    """No trip count and a body passing its true condition through: the file alone makes it
+    loop forever, so it stops at MAX_LOOP_ITERATIONS instead of hanging the call."""
+    onnx = oracle("onnx")
+    from fastlayers.io import onnx_control
+
+    model = fastlayers.load(_save(tmp_path, "forever", _loop_graph(onnx.helper, None)))
+    monkeypatch.setattr(onnx_control, "MAX_LOOP_ITERATIONS", 50)
+    with pytest.raises(InputError, match=r"'counter' \(Loop\).*ran 50 iterations"):
+        model(np.zeros(1, np.float32))
+
+
 @pytest.mark.parametrize("case", ["undefined", "branch_outputs", "carried", "nested_op"])
 def test_malformed_subgraphs_are_refused(tmp_path, case):
     onnx = oracle("onnx")

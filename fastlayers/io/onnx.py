@@ -154,11 +154,12 @@ def _has_loop(nodes) -> bool:
 
 
 def _mark_loops(nodes, constants) -> list[Node]:
-    """Loop nodes get ``_constant_trips``: whether their trip count is a constant of the file
-    (such loops are bounded by ``onnx_control.MAX_LOOP_ITERATIONS``)."""
+    """Loop nodes get ``_bounded``: whether the file alone sets how long they may run (a
+    constant trip count, or none: the condition alone ends the loop), so that
+    ``onnx_control.MAX_LOOP_ITERATIONS`` bounds them."""
     for node in nodes:
         if node.op_type == "Loop":
-            node.attrs = dict(node.attrs, _constant_trips=bool(node.inputs[0]) and node.inputs[0] in constants)
+            node.attrs = dict(node.attrs, _bounded=not node.inputs[0] or node.inputs[0] in constants)
     return nodes
 
 

@@ -14,10 +14,11 @@ import numpy as np
 from ..errors import InputError, ShapeError
 from .onnx_ops import _env_bytes, created, op
 
-#: The most iterations a Loop runs where its trip count is a constant of the file (torch's
-#: exporter writes while-loops as a constant trip count of 2**63 - 1 and a condition); over
-#: it, the call raises an ``InputError`` naming the node. A trip count computed from the
-#: inputs, or no trip count (the condition alone ends the loop), is not bounded. The
+#: The most iterations a Loop runs where the file alone sets how long it may run: a constant
+#: trip count (torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
+#: condition) or none (the condition alone ends the loop; a file can make it loop forever).
+#: Over it, the call raises an ``InputError`` naming the node. A trip count computed from
+#: the inputs is the caller's, and bounds the loop itself. The
 #: environment variable FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS, read at import, sets another value.
 MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16)
 
@@ -89,14 +90,14 @@ def _loop(inputs, attrs, opset):
     trips, cond, carried = inputs[0], inputs[1], list(inputs[2:formal])
     captures, body = inputs[formal:], attrs["body"]
     limit = None if trips is None else int(_one(trips, "Loop trip count M"))
-    bounded = attrs.get("_constant_trips", True)   # run at load: bounded
+    bounded = attrs.get("_bounded", True)   # run at load: bounded
     go = True if cond is None else _condition(cond, "Loop condition")
     scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
     i = 0
     while go and (limit is None or i < limit):
         if bounded and i >= MAX_LOOP_ITERATIONS:
             raise InputError(f"Loop: ran {i} iterations without stopping, the most a loop with "
-                             f"a constant trip count may (MAX_LOOP_ITERATIONS; set "
+                             f"whose length the file sets may (MAX_LOOP_ITERATIONS; set "
                              "FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
         outs = body.run([np.array(i, np.int64), np.array(go)] + carried, captures)
         go = _condition(outs[0], "Loop body's condition output")
