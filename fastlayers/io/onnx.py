@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import onnx_check, onnx_encoder, onnx_proto
+from . import onnx_check, onnx_encoder, onnx_proto, onnx_quant
 from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
 MIN_OPSET = 9
@@ -910,9 +910,10 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
     unsupported = sorted({_op_name(n) for n in graph.nodes
-                          if n.domain != "" or n.op_type not in onnx_check.OPS})
+                          if ":" in n.op_type or onnx_check.qualified(n) not in onnx_check.OPS})
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    onnx_quant.check_domains(model, where)
     # the graph's structure, types and attributes, checked before anything is folded or run;
     # the nodes in an order that runs, dead nodes dropped before folding
     checked = onnx_check.check_graph(graph, where, opset)
@@ -928,7 +929,8 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
     nodes = prune(_read_nodes(checked, where), outputs)
-    budget = max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))
+    budget = max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values())
+                 + onnx_quant.dequantized_bytes(graph))
     try:
         nodes = fold_constants(nodes, constants, opset, budget, where)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node

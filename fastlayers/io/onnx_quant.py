@@ -1,0 +1,174 @@
+"""Quantized ONNX operators: the QDQ form, the integer operators and onnxruntime's contrib ones.
+
+Registered into ``onnx_ops.OPS`` (and their attribute rules into ``onnx_check.OPS``); contrib
+operators under ``"com.microsoft::<op_type>"`` (``onnx_check.qualified``), so that the lookup is
+by (domain, operator) and a default-domain operator is never taken for a contrib one.
+
+Semantics (https://onnx.ai/onnx/operators/ and onnxruntime's docs/ContribOperators.md):
+
+- ``QuantizeLinear``: y = saturate(round_half_even(x / scale) + zero_point), per tensor, per axis
+  or per block; ``DequantizeLinear``: y = (x - zero_point) * scale (folded at load where x is a
+  constant weight);
+- integer products are exact: u8/s8 operands less their zero points, summed in int32 (no int16
+  saturation, unlike onnxruntime's AVX2 u8 x s8 kernel, see docs/formats.md);
+- requantization as onnxruntime: y = saturate(round_half_even(float32(acc) * multiplier) +
+  y_zero_point) with multiplier = float32(a_scale * b_scale / y_scale);
+- float outputs of integer products (MatMulIntegerToFloat, DynamicQuantizeMatMul):
+  float32(acc) * float32(a_scale * b_scale) (+ bias);
+- dynamic quantization of a float tensor to uint8 as ``DynamicQuantizeLinear``: its range
+  widened to hold 0, scale = (max - min) / 255 (1 where max == min), zero point rounded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from . import onnx_check
+from .onnx_check import AXIS, BOOL, A, Op, _CONV, _conv_check
+from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, created
+
+MS = "com.microsoft"
+#: The opset versions of the non-default domains whose operators fastlayers implements.
+DOMAIN_OPSETS = {MS: 1}
+#: Integer types a quantized tensor may have, with their (min, max).
+QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max)
+                for t in (np.uint8, np.int8, np.uint16, np.int16)}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def check_domains(model, where: str) -> None:
+    """Refuse a graph whose non-default-domain nodes lack their domain's opset import, or
+    import a version other than the one implemented (``DOMAIN_OPSETS``)."""
+    for domain in sorted({n.domain for n in model.graph.nodes if n.domain}):
+        version = model.opsets.get(domain)
+        if version is None:
+            raise ModelFileError(f"{where}: nodes of domain {onnx_check.short(domain)} but no opset "
+                                 "import for that domain")
+        if version != DOMAIN_OPSETS[domain]:
+            raise UnsupportedError(f"{where}: opset {version} of domain {domain} is not supported "
+                                   f"(supported: {DOMAIN_OPSETS[domain]})")
+
+
+def dequantized_bytes(graph) -> int:
+    """The bytes the DequantizeLinear nodes of constant initializers make when folded (float32),
+    which the folding budget allows for on top of the file's own weights."""
+    return sum(4 * graph.initializers[n.inputs[0]].size for n in graph.nodes
+               if n.op_type == "DequantizeLinear" and n.domain in ("", MS) and n.inputs
+               and n.inputs[0] in graph.initializers)
+
+
+def _register(name, fn, rule, domain=""):
+    key = name if not domain else f"{domain}::{name}"
+    OPS[key] = fn
+    onnx_check.OPS[key] = rule
+
+
+# ----------------------------------------------------------------------------- parameters
+def _scale(scale, what):
+    """A scale as float32, checked to be a float tensor."""
+    scale = np.asarray(scale)
+    if scale.dtype not in _FLOATS:
+        raise InputError(f"{what}: scale of type {scale.dtype}, expected float32 or float16")
+    return scale.astype(np.float32)
+
+
+def _zero_point(zp, dtype, what, shape=None):
+    """A zero point as ``dtype`` (0 where omitted), checked: its type is ``dtype`` and its shape
+    is ``shape`` (that of the scale) where given."""
+    if zp is None:
+        return np.zeros(() if shape is None else shape, dtype)
+    zp = np.asarray(zp)
+    if zp.dtype != dtype:
+        raise InputError(f"{what}: zero point of type {zp.dtype}, expected {np.dtype(dtype)} "
+                         "(the quantized tensor's type)")
+    if shape is not None and zp.shape != tuple(shape):
+        raise ShapeError(f"{what}: zero point of shape {zp.shape} for a scale of shape {tuple(shape)}")
+    return zp
+
+
+def _broadcast_param(p, x_shape, axis, block_size, what):
+    """A scale or zero point ``p`` laid out to broadcast against a tensor of ``x_shape``: a
+    scalar (per tensor), a vector of x_shape[axis] values (per axis), or, with ``block_size``, a
+    tensor of x's rank whose ``axis`` holds ceil(x_shape[axis] / block_size) blocks."""
+    rank = len(x_shape)
+    if p.ndim == 0 or p.shape == (1,) and not block_size:
+        return p.reshape(())
+    if not -rank <= axis < rank:
+        raise ShapeError(f"{what}: axis {axis} for an input of rank {rank}")
+    axis %= rank
+    if block_size:
+        blocks = -(-x_shape[axis] // block_size)
+        want = x_shape[:axis] + (blocks,) + x_shape[axis + 1:]
+        if p.shape != want:
+            raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} with "
+                             f"block_size {block_size} on axis {axis} (expected {want})")
+        return np.repeat(p, block_size, axis=axis)[(slice(None),) * axis + (slice(0, x_shape[axis]),)]
+    if p.shape != (x_shape[axis],):
+        raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} on axis "
+                         f"{axis} (expected a scalar or ({x_shape[axis]},))")
+    return p.reshape((-1,) + (1,) * (rank - 1 - axis))
+
+
+def _saturate(y, zp):
+    """saturate(round_half_even(y) + zp) in zp's type (rounded before the zero point is added,
+    as the spec and onnxruntime)."""
+    lo, hi = QUANT_RANGES[zp.dtype]
+    return np.clip(np.rint(y) + zp.astype(np.float32), lo, hi).astype(zp.dtype)
+
+
+def quantize(x_f32, scale, zp):
+    """saturate(round_half_even(x / scale) + zero_point) in zero_point's type (float32 division,
+    as onnxruntime)."""
+    return _saturate(x_f32 / scale, zp)
+
+
+# ------------------------------------------------------------------------------- QDQ form
+def _quantize_linear(inputs, attrs, opset):
+    x = np.asarray(inputs[0])
+    what = "QuantizeLinear"
+    scale = np.asarray(inputs[1])
+    zp = inputs[2] if len(inputs) > 2 else None
+    if zp is not None:
+        dtype = np.asarray(zp).dtype
+    else:
+        to = attrs.get("output_dtype", 0)
+        if to and DTYPES.get(to) is None or to and np.dtype(DTYPES[to]) not in QUANT_RANGES:
+            raise UnsupportedError(f"{what}: output_dtype {to} is not supported (uint8, int8, "
+                                   "uint16, int16)")
+        dtype = np.dtype(DTYPES[to]) if to else np.dtype(np.uint8)
+    if dtype not in QUANT_RANGES:
+        raise UnsupportedError(f"{what}: quantized type {dtype} is not supported (uint8, int8, "
+                               "uint16, int16)")
+    if x.dtype not in _FLOATS + (np.dtype(np.int32),):
+        raise InputError(f"{what}: input of type {x.dtype}, expected float32, float16 or int32")
+    zp = _zero_point(zp, dtype, what, scale.shape)
+    axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+    s = _broadcast_param(_scale(scale, what), x.shape, axis, block, what)
+    z = _broadcast_param(zp, x.shape, axis, block, what)
+    return [quantize(x.astype(np.float32), s, z)]
+
+
+def _dequantize_linear(inputs, attrs, opset):
+    x = np.asarray(inputs[0])
+    what = "DequantizeLinear"
+    if x.dtype not in QUANT_RANGES and x.dtype != np.int32:
+        raise UnsupportedError(f"{what}: quantized type {x.dtype} is not supported (uint8, int8, "
+                               "uint16, int16, int32)")
+    scale = np.asarray(inputs[1])
+    zp = _zero_point(inputs[2] if len(inputs) > 2 else None, x.dtype, what, scale.shape)
+    axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+    s = _broadcast_param(_scale(scale, what), x.shape, axis, block, what)
+    z = _broadcast_param(zp, x.shape, axis, block, what)
+    to = attrs.get("output_dtype", 0)
+    if to not in (0, 1, 10):
+        raise UnsupportedError(f"{what}: output_dtype {to} is not supported (float32, float16)")
+    y = (x.astype(np.int32) - z.astype(np.int32)).astype(np.float32) * s
+    return [y.astype(DTYPES[to] if to else scale.dtype)]
+
+
+_QDQ = {"axis": AXIS, "block_size": A("int", 0), "saturate": BOOL, "output_dtype": A("int", 0),
+        "precision": A("int", 0)}
+for _domain in ("", MS):
+    _register("QuantizeLinear", _quantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
+    _register("DequantizeLinear", _dequantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)

@@ -1,0 +1,148 @@
+"""Quantized ONNX models: operator domains, the QDQ form, the integer and contrib operators,
+onnxruntime-quantized torch exports, and the errors of malformed quantization parameters."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fastlayers.errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
+
+from .conftest import oracle
+
+# Quantized types numpy holds; the node tests of float8, int4/uint4, int2/uint2 and float4
+# tensors are left out (numpy has no such types and fastlayers does not read them).
+QUANT_NODE_OPS = {"QuantizeLinear", "DequantizeLinear"}
+QUANT_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 10}
+
+
+def _quant_cases():
+    """The node test cases of QUANT_NODE_OPS, from their modules alone (collecting all the
+    node tests takes seconds)."""
+    import importlib
+
+    oracle("onnx")
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in QUANT_NODE_OPS:   # importing a case module records its cases
+            importlib.import_module(f"onnx.backend.test.case.node.{name.lower()}")
+    return [c for c in node._NodeTestCases
+            if {n.op_type for n in c.model.graph.node} & QUANT_NODE_OPS
+            and all(v.type.tensor_type.elem_type in QUANT_ELEM_TYPES
+                    for v in list(c.model.graph.input) + list(c.model.graph.output))]
+
+
+def test_onnx_backend_node_tests_quantized():
+    """The onnx package's node tests of the quantization operators, exact types and values
+    (uint16 inputs included, which tests/test_io_onnx.py leaves out)."""
+    from onnx import TensorProto, numpy_helper
+
+    from fastlayers.io.onnx import from_proto
+
+    cases = _quant_cases()
+    for case in cases:
+        model = from_proto(case.model, case.name)
+        for inputs, outputs in case.data_sets:
+            got = model(*inputs)
+            for g, e in zip(got if isinstance(got, list) else [got], outputs):
+                e = numpy_helper.to_array(e) if isinstance(e, TensorProto) else np.asarray(e)
+                assert g.dtype == e.dtype and g.shape == e.shape, case.name
+                if e.dtype.kind == "f":
+                    np.testing.assert_allclose(g, e, rtol=1e-6, err_msg=case.name)
+                else:
+                    np.testing.assert_array_equal(g, e, err_msg=case.name)
+    assert len(cases) >= 11
+
+
+# ------------------------------------------------------------------------------- helpers
+def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 21),)):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "q", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+def _tensor(name, elem, shape):
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _load(proto):
+    from fastlayers.io.onnx import from_proto
+
+    return from_proto(proto, "q.onnx")
+
+
+# ------------------------------------------------------------------------------- domains
+def test_domains_are_part_of_the_operator(rng):
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    x, y = _tensor("x", f, [2, 3]), _tensor("y", f, [2, 3])
+    # a default-domain op type that only exists as a contrib operator
+    proto = _model([helper.make_node("DynamicQuantizeMatMul", ["x", "x"], ["y"])], [x], [y])
+    with pytest.raises(UnsupportedError, match="DynamicQuantizeMatMul"):
+        _load(proto)
+    # a default operator's name in an unknown domain, and a contrib operator not implemented
+    for domain, op in (("my.domain", "Relu"), ("com.microsoft", "FusedMatMulActivation")):
+        proto = _model([helper.make_node(op, ["x"], ["y"], domain=domain)], [x], [y],
+                       opsets=(("", 17), (domain, 1)))
+        with pytest.raises(UnsupportedError, match=f"{domain}::{op}"):
+            _load(proto)
+    # an op type spelling a qualified name in the default domain cannot reach a contrib operator
+    proto = _model([helper.make_node("com.microsoft::DequantizeLinear", ["x", "x"], ["y"])], [x], [y])
+    with pytest.raises(UnsupportedError, match="com.microsoft::DequantizeLinear"):
+        _load(proto)
+    # a contrib node without its domain's opset import, or with another version
+    node = helper.make_node("DequantizeLinear", ["q", "s"], ["y"], domain="com.microsoft")
+    args = ([node], [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [])], [y])
+    with pytest.raises(ModelFileError, match="no opset import"):
+        _load(_model(*args))
+    with pytest.raises(UnsupportedError, match="opset 2 of domain com.microsoft"):
+        _load(_model(*args, opsets=(("", 17), ("com.microsoft", 1 + 1))))
+    q = rng.integers(-128, 128, (2, 3)).astype(np.int8)
+    got = _load(_model(*args, opsets=(("", 17), ("com.microsoft", 1))))(q, np.float32(0.5))
+    np.testing.assert_array_equal(got, q.astype(np.float32) * 0.5)
+
+
+# ------------------------------------------------------------------------------- QDQ form
+def test_dequantize_of_constant_weight_is_folded(rng):
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w_q = rng.integers(-127, 128, (4, 5)).astype(np.int8)
+    w_s = rng.uniform(0.01, 0.02, 5).astype(np.float32)
+    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_s, "w_s"),
+             numpy_helper.from_array(np.zeros(5, np.int8), "w_z")]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    proto = _model(nodes, [_tensor("x", TensorProto.FLOAT, [None, 4])],
+                   [_tensor("y", TensorProto.FLOAT, [None, 5])], inits)
+    ours = _load(proto)
+    assert ours.op_types == ["FusedDense"]
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    # onnxruntime's graph optimizations run DequantizeLinear -> MatMul as a dynamically
+    # quantized integer product (about 1e-2 away here); unoptimized it computes the spec's floats
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(proto.SerializeToString(), options).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 126.5], np.float32)
+    for elem, dtype in ((TensorProto.INT8, np.int8), (TensorProto.UINT8, np.uint8)):
+        proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+                       [_tensor("x", TensorProto.FLOAT, [8]), _tensor("s", TensorProto.FLOAT, []),
+                        _tensor("z", elem, [])], [_tensor("y", elem, [8])])
+        zp = dtype(1)
+        got = _load(proto)(x, np.float32(1.0), zp)
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        np.testing.assert_array_equal(got, np.array([0, 2, 2, 0, -2, 300, -300, 126]).clip(lo - 1, hi - 1) + 1)
