@@ -12,7 +12,8 @@ from .conftest import oracle
 
 # Quantized types numpy holds; the node tests of float8, int4/uint4, int2/uint2 and float4
 # tensors are left out (numpy has no such types and fastlayers does not read them).
-QUANT_NODE_OPS = {"QuantizeLinear", "DequantizeLinear"}
+QUANT_NODE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                  "ConvInteger", "QLinearMatMul", "QLinearConv"}
 QUANT_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 10}
 
 
@@ -53,7 +54,7 @@ def test_onnx_backend_node_tests_quantized():
                     np.testing.assert_allclose(g, e, rtol=1e-6, err_msg=case.name)
                 else:
                     np.testing.assert_array_equal(g, e, err_msg=case.name)
-    assert len(cases) >= 11
+    assert len(cases) >= 29
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -146,3 +147,93 @@ def test_quantize_rounds_half_to_even_and_saturates():
         got = _load(proto)(x, np.float32(1.0), zp)
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         np.testing.assert_array_equal(got, np.array([0, 2, 2, 0, -2, 300, -300, 126]).clip(lo - 1, hi - 1) + 1)
+
+
+# --------------------------------------------------------------------------- integer operators
+def _session(ort, proto, threads=1):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng):
+    """u8 x s8 products summed in int32 without the int16 pair saturation of onnxruntime's
+    AVX2 kernel (vpmaddubsw: 255 * 127 * 2 > 32767), against an int64 reference."""
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    for a_type, b_type in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)):
+        elem = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+        proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])],
+                       [_tensor("a", elem[a_type], [None, None]), _tensor("b", elem[b_type], [None, None]),
+                        _tensor("za", elem[a_type], []), _tensor("zb", elem[b_type], [None])],
+                       [_tensor("y", TensorProto.INT32, None)])
+        ours = _load(proto)
+        lo_a, hi_a = np.iinfo(a_type).min, np.iinfo(a_type).max
+        lo_b, hi_b = np.iinfo(b_type).min, np.iinfo(b_type).max
+        a = np.full((3, 33), hi_a, a_type)
+        a[1] = rng.integers(lo_a, hi_a + 1, 33)
+        b = np.full((33, 7), lo_b, b_type)
+        b[:, 1:] = rng.integers(lo_b, hi_b + 1, (33, 6))
+        za, zb = a_type(3), rng.integers(lo_b, hi_b + 1, 7).astype(b_type)
+        want = (a.astype(np.int64) - int(za)) @ (b.astype(np.int64) - zb.astype(np.int64))
+        np.testing.assert_array_equal(ours(a, b, za, zb), want)
+
+
+def test_contrib_matmul_operators_match_onnxruntime(rng):
+    """DynamicQuantizeMatMul and MatMulIntegerToFloat (per-column scales and zero points, bias)
+    against onnxruntime; the weights are 7-bit so that its AVX2 u8 x s8 kernel does not saturate."""
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    b = rng.integers(-64, 64, (12, 6)).astype(np.int8)
+    b_scale = rng.uniform(0.005, 0.02, 6).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    inits = [numpy_helper.from_array(v, n) for n, v in
+             (("b", b), ("bs", b_scale), ("bz", np.zeros(6, np.int8)), ("bias", bias),
+              ("b_u", (b.astype(np.int16) + 100).astype(np.uint8)), ("bz_u", np.full(6, 100, np.uint8)))]
+    ms = (("", 17), ("com.microsoft", 1))
+    dqmm = _model([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"],
+                                    domain="com.microsoft")],
+                  [_tensor("a", f, [None, 12])], [_tensor("y", f, None)], inits, ms)
+    a = rng.standard_normal((5, 12)).astype(np.float32)
+    np.testing.assert_allclose(_load(dqmm)(a), _session(ort, dqmm).run(None, {"a": a})[0], rtol=1e-5, atol=1e-6)
+    mmf = _model([helper.make_node("MatMulIntegerToFloat", ["a", "b_u", "as", "bs", "az", "bz_u", "bias"], ["y"],
+                                   domain="com.microsoft")],
+                 [_tensor("a", TensorProto.UINT8, [None, 12]), _tensor("as", f, []),
+                  _tensor("az", TensorProto.UINT8, [])], [_tensor("y", f, None)], inits, ms)
+    a_q = rng.integers(0, 256, (5, 12)).astype(np.uint8)
+    feed = {"a": a_q, "as": np.array(0.03, np.float32), "az": np.array(120, np.uint8)}
+    np.testing.assert_allclose(_load(mmf)(feed), _session(ort, mmf).run(None, feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_quantize_lstm_matches_onnxruntime(rng):
+    """Bidirectional, with biases, initial states and peepholes, per-column weight scales.
+    onnxruntime runs on one thread: on several it quantizes the hidden state of each thread's
+    share of the batch on its own, so that its result depends on its thread count."""
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f, hidden, n_in = TensorProto.FLOAT, 5, 3
+    consts = {"w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(np.int8),
+              "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(np.int8),
+              "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
+              "p": rng.standard_normal((2, 3 * hidden)).astype(np.float32),
+              "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
+              "wz": np.zeros((2, 4 * hidden), np.int8),
+              "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32), "rz": np.zeros(2, np.int8)}
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "bias", "", "h0", "c0", "p", "ws", "wz", "rs", "rz"],
+                            ["y", "yh", "yc"], domain="com.microsoft", hidden_size=hidden,
+                            direction="bidirectional")
+    proto = _model([node], [_tensor("x", f, [None, None, n_in]), _tensor("h0", f, [2, None, hidden]),
+                            _tensor("c0", f, [2, None, hidden])],
+                   [_tensor(n, f, None) for n in ("y", "yh", "yc")],
+                   [numpy_helper.from_array(v, k) for k, v in consts.items()], (("", 17), ("com.microsoft", 1)))
+    ours, theirs = _load(proto), _session(ort, proto)
+    for steps, batch in ((4, 3), (1, 1)):
+        feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+                "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
+                "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32)}
+        for g, w in zip(ours.run(None, feed), theirs.run(None, feed)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import onnx_check
-from .onnx_check import AXIS, BOOL, A, Op, _CONV, _conv_check
+from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, created
 
 MS = "com.microsoft"
@@ -82,7 +82,7 @@ def _zero_point(zp, dtype, what, shape=None):
     if zp.dtype != dtype:
         raise InputError(f"{what}: zero point of type {zp.dtype}, expected {np.dtype(dtype)} "
                          "(the quantized tensor's type)")
-    if shape is not None and zp.shape != tuple(shape):
+    if shape is not None and zp.shape != tuple(shape) and not (zp.size == 1 and np.prod(shape) == 1):
         raise ShapeError(f"{what}: zero point of shape {zp.shape} for a scale of shape {tuple(shape)}")
     return zp
 
@@ -172,3 +172,360 @@ _QDQ = {"axis": AXIS, "block_size": A("int", 0), "saturate": BOOL, "output_dtype
 for _domain in ("", MS):
     _register("QuantizeLinear", _quantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
     _register("DequantizeLinear", _dequantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
+
+
+# --------------------------------------------------------------------------- integer products
+def _quantized(x, what, name):
+    """An integer operand, checked to be uint8 or int8."""
+    x = np.asarray(x)
+    if x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise UnsupportedError(f"{what}: {name} of type {x.dtype}; uint8 and int8 are supported")
+    return x
+
+
+def _operand_zero_point(zp, x, what, name, per_row):
+    """The zero point of integer operand ``x`` laid out to broadcast against it: a scalar, or
+    one per row of A (``per_row``, shape (M,) or (..., M, 1)) or per column of B ((N,) or
+    (..., 1, N)); 0 where omitted."""
+    if zp is None:
+        return np.zeros((), x.dtype)
+    zp = np.asarray(zp)
+    if zp.dtype != x.dtype:
+        raise InputError(f"{what}: {name} zero point of type {zp.dtype}, expected {x.dtype} (the "
+                         f"type of {name})")
+    if zp.size == 1:
+        return zp.reshape(())
+    if zp.ndim == 1:
+        axis = -2 if per_row else -1
+        if x.ndim < 2 or zp.shape[0] != x.shape[axis]:
+            raise ShapeError(f"{what}: {name} zero point of shape {zp.shape} for {name} of shape "
+                             f"{x.shape} (expected a scalar or one per {'row' if per_row else 'column'})")
+        return zp.reshape(-1, 1) if per_row else zp
+    return zp
+
+
+def integer_matmul(a, a_zp, b, b_zp):
+    """(a - a_zp) @ (b - b_zp) summed exactly, as int32 (numpy matmul broadcasting; the zero
+    points broadcast against their operands)."""
+    if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
+        raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
+    # every product of two 9-bit values, summed over fewer than 2**37 terms, is exact in float64
+    a64 = a.astype(np.float64) - a_zp.astype(np.float64)
+    b64 = b.astype(np.float64) - b_zp.astype(np.float64)
+    return np.matmul(a64, b64).astype(np.int32)
+
+
+def _matmul_integer(inputs, attrs, opset):
+    what = "MatMulInteger"
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
+    a_zp = _operand_zero_point(inputs[2] if len(inputs) > 2 else None, a, what, "A", True)
+    b_zp = _operand_zero_point(inputs[3] if len(inputs) > 3 else None, b, what, "B", False)
+    return [integer_matmul(a, a_zp, b, b_zp)]
+
+
+def _per_column(p, n, what, name):
+    """A scale or zero point given per tensor or per column (of ``n``), as a scalar or (n,)."""
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    if p.shape != (n,):
+        raise ShapeError(f"{what}: {name} of shape {p.shape} for {n} columns (expected a scalar or ({n},))")
+    return p
+
+
+def requantize(acc, multiplier, y_zp):
+    """saturate(round_half_even(float32(acc) * multiplier) + y_zp), in y_zp's type."""
+    return _saturate(acc.astype(np.float32) * multiplier, y_zp)
+
+
+def _scalar(p, what, name):
+    p = np.asarray(p)
+    if p.size != 1:
+        raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar")
+    return p.reshape(())
+
+
+def _qlinear_matmul(inputs, attrs, opset):
+    what = "QLinearMatMul"
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = inputs
+    a, b = _quantized(a, what, "a"), _quantized(b, what, "b")
+    n = b.shape[-1]
+    a_zp = _operand_zero_point(_scalar(a_zp, what, "a_zero_point"), a, what, "a", True)
+    b_zp = _operand_zero_point(_per_column(b_zp, n, what, "b_zero_point"), b, what, "b", False)
+    y_zp = np.asarray(y_zp)
+    if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or y_zp.size != 1:
+        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected "
+                         "a uint8 or int8 scalar")
+    multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
+                  / _scale(_scalar(y_s, what, "y_scale"), what))
+    return [requantize(integer_matmul(a, a_zp, b, b_zp), multiplier, y_zp.reshape(()))]
+
+
+# ----------------------------------------------------------------------- integer convolutions
+def integer_conv(x, x_zp, w, w_zp, attrs, what):
+    """The int32 convolution of (x - x_zp) by (w - w_zp), NCHW / NCL, with ONNX Conv's strides,
+    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift)."""
+    if x.ndim not in (3, 4) or w.ndim != x.ndim:
+        raise ShapeError(f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
+                         "convolutions (rank 3 or 4, equal ranks) are supported")
+    one_d = x.ndim == 3
+    x4 = x[:, :, None, :] if one_d else x
+    w4 = w[:, :, None, :] if one_d else w
+    group = attrs.get("group", 1)
+    n, c, h, wd = x4.shape
+    cout, cin_g, kh, kw = w4.shape
+    if c != cin_g * group or cout % group:
+        raise ShapeError(f"{what}: input of shape {x.shape} does not fit a weight of shape {w.shape} "
+                         f"with group={group}")
+    if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(w.shape[2:]):
+        raise ShapeError(f"{what}: kernel_shape {list(attrs['kernel_shape'])} for a weight of shape {w.shape}")
+    nsp = x.ndim - 2
+    strides, dilations = _spatial(attrs, "strides", nsp, 1), _spatial(attrs, "dilations", nsp, 1)
+    pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
+    oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
+    w_zp = np.asarray(w_zp)
+    if w_zp.ndim == 1:
+        w_zp = w_zp.reshape(-1, 1, 1, 1)
+    x64 = np.pad(x4.astype(np.float64) - np.asarray(x_zp, np.float64),
+                 ((0, 0), (0, 0), pads[0], pads[1]))
+    w64 = w4.astype(np.float64) - w_zp.astype(np.float64)
+    y = np.zeros((n, oh, ow, cout), np.float64)
+    (sh, sw), (dh, dw), cout_g = strides, dilations, cout // group
+    for i in range(kh):
+        for j in range(kw):
+            window = x64[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            window = window.transpose(0, 2, 3, 1)            # (n, oh, ow, c)
+            for g in range(group):
+                y[..., g * cout_g:(g + 1) * cout_g] += (window[..., g * cin_g:(g + 1) * cin_g]
+                                                        @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
+    y = y.transpose(0, 3, 1, 2).astype(np.int32)
+    return y[:, :, 0, :] if one_d else y
+
+
+def _conv_zero_points(x, x_zp, w, w_zp, what):
+    x_zp = np.zeros((), x.dtype) if x_zp is None else np.asarray(x_zp)
+    w_zp = np.zeros((), w.dtype) if w_zp is None else np.asarray(w_zp)
+    if x_zp.dtype != x.dtype or w_zp.dtype != w.dtype:
+        raise InputError(f"{what}: zero points of types {x_zp.dtype} and {w_zp.dtype} for x of type "
+                         f"{x.dtype} and w of type {w.dtype} (each must be its tensor's type)")
+    if x_zp.size != 1:
+        raise ShapeError(f"{what}: x zero point of shape {x_zp.shape}, expected a scalar")
+    if w_zp.size != 1 and w_zp.shape != (w.shape[0],):
+        raise ShapeError(f"{what}: w zero point of shape {w_zp.shape} for {w.shape[0]} output "
+                         "channels (expected a scalar or one per output channel)")
+    return x_zp.reshape(()), (w_zp.reshape(()) if w_zp.size == 1 else w_zp)
+
+
+def _conv_integer(inputs, attrs, opset):
+    what = "ConvInteger"
+    x, w = _quantized(inputs[0], what, "x"), _quantized(inputs[1], what, "w")
+    x_zp, w_zp = _conv_zero_points(x, inputs[2] if len(inputs) > 2 else None, w,
+                                   inputs[3] if len(inputs) > 3 else None, what)
+    return [integer_conv(x, x_zp, w, w_zp, attrs, what)]
+
+
+def _qlinear_conv(inputs, attrs, opset):
+    what = "QLinearConv"
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = inputs[:8]
+    bias = inputs[8] if len(inputs) > 8 else None
+    x, w = _quantized(x, what, "x"), _quantized(w, what, "w")
+    x_zp, w_zp = _conv_zero_points(x, x_zp, w, w_zp, what)
+    cout = w.shape[0]
+    acc = integer_conv(x, x_zp, w, w_zp, attrs, what)
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.int32 or bias.shape != (cout,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"int32 of shape ({cout},)")
+        acc += bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+    y_zp = _scalar(y_zp, what, "y_zero_point")
+    if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype}; expected uint8 or int8")
+    multiplier = (_scale(_scalar(x_s, what, "x_scale"), what) * _scale(_per_column(w_s, cout, what, "w_scale"), what)
+                  / _scale(_scalar(y_s, what, "y_scale"), what))
+    return [requantize(acc, multiplier.reshape((-1,) + (1,) * (acc.ndim - 2)), y_zp)]
+
+
+# ------------------------------------------------------------------------- dynamic quantization
+def dynamic_quantize(x):
+    """(x as uint8, scale, zero point) as DynamicQuantizeLinear: the range [min(x, 0),
+    max(x, 0)] mapped onto [0, 255] (scale 1 where it is empty), the zero point rounded half to
+    even."""
+    x = np.asarray(x, np.float32)
+    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
+    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
+    zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    return _saturate(x / scale, np.asarray(zp)), scale, zp
+
+
+def _dynamic_quantize_linear(inputs, attrs, opset):
+    x = np.asarray(inputs[0])
+    if x.dtype != np.float32:
+        raise InputError(f"DynamicQuantizeLinear: input of type {x.dtype}, expected float32")
+    y, scale, zp = dynamic_quantize(x)
+    return [y, np.asarray(scale), np.asarray(zp)]
+
+
+def _float_product(acc, a_scale, b_scale, bias, n, what):
+    """float32(acc) * float32(a_scale * b_scale) (+ bias), as onnxruntime's integer-to-float
+    output (b_scale per tensor or per column of ``n``)."""
+    multiplier = _scale(a_scale, what) * _scale(_per_column(b_scale, n, what, "b_scale"), what)
+    y = acc.astype(np.float32) * multiplier
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.float32 or bias.shape != (n,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"float32 of shape ({n},)")
+        y += bias
+    return y
+
+
+def _dynamic_quantize_matmul(inputs, attrs, opset):
+    """com.microsoft DynamicQuantizeMatMul: A quantized as DynamicQuantizeLinear, then
+    MatMulIntegerToFloat."""
+    what = "DynamicQuantizeMatMul"
+    a = np.asarray(inputs[0])
+    if a.dtype != np.float32:
+        raise InputError(f"{what}: A of type {a.dtype}, expected float32")
+    b = _quantized(inputs[1], what, "B")
+    n = b.shape[-1] if b.ndim else 0
+    b_zp = inputs[3] if len(inputs) > 3 else None
+    b_zp = _operand_zero_point(None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"),
+                               b, what, "B", False)
+    a_q, a_scale, a_zp = dynamic_quantize(a)
+    acc = integer_matmul(a_q, np.asarray(a_zp), b, b_zp)
+    return [_float_product(acc, a_scale, inputs[2], inputs[4] if len(inputs) > 4 else None, n, what)]
+
+
+def _matmul_integer_to_float(inputs, attrs, opset):
+    """com.microsoft MatMulIntegerToFloat: (A - a_zp) @ (B - b_zp) * (a_scale * b_scale) + bias."""
+    what = "MatMulIntegerToFloat"
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
+    n = b.shape[-1] if b.ndim else 0
+    opt = list(inputs[4:]) + [None] * (7 - len(inputs))
+    a_zp = _operand_zero_point(None if opt[0] is None else _scalar(opt[0], what, "a_zero_point"),
+                               a, what, "A", True)
+    b_zp = _operand_zero_point(None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"),
+                               b, what, "B", False)
+    acc = integer_matmul(a, a_zp, b, b_zp)
+    return [_float_product(acc, _scalar(inputs[2], what, "a_scale"), inputs[3], opt[2], n, what)]
+
+
+def _qconv_check(weight_index):
+    """The load-time checks of Conv (spatial rank, attribute lengths, kernel_shape and group
+    against a constant weight) for a node whose weight is input ``weight_index``."""
+    def check(node, attrs, ctx):
+        weight = ctx.constants.get(node.inputs[weight_index])
+        _spatial_lengths(node, attrs, ctx, _spatial_rank(node, attrs, ctx, weight))
+        if weight is None:
+            return
+        if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(weight.shape[2:]):
+            _fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's "
+                             f"shape {weight.shape}")
+        if min(weight.shape) == 0 or weight.shape[0] % attrs.get("group", 1):
+            _fail(ctx, node, f"weight {short(node.inputs[weight_index])} of shape {weight.shape} "
+                             f"for group {attrs.get('group', 1)}")
+    return check
+
+
+_register("DynamicQuantizeLinear", _dynamic_quantize_linear, Op(outputs=3))
+_register("MatMulInteger", _matmul_integer, Op(inputs=(2, 4)))
+_register("QLinearMatMul", _qlinear_matmul, Op(inputs=(8, 8)))
+_register("ConvInteger", _conv_integer, Op(inputs=(2, 4), attrs=_CONV, check=_qconv_check(1)))
+_register("QLinearConv", _qlinear_conv, Op(inputs=(8, 9), attrs=_CONV, check=_qconv_check(3)))
+_register("DynamicQuantizeMatMul", _dynamic_quantize_matmul, Op(inputs=(3, 5)), MS)
+_register("MatMulIntegerToFloat", _matmul_integer_to_float, Op(inputs=(4, 7)), MS)
+
+
+# ------------------------------------------------------------------------------ quantized LSTM
+def _sigmoid(z):
+    return np.float32(1) / (np.float32(1) + np.exp(-z))
+
+
+def _direction_param(p, d, n_gates, what, name):
+    """Direction ``d``'s scale or zero point of a DynamicQuantizeLSTM weight: given per
+    direction (n_dir,) or per direction and column (n_dir, 4 * hidden)."""
+    p = np.asarray(p)
+    if p.ndim == 1:
+        return p[d]
+    if p.ndim == 2 and p.shape[1] == n_gates:
+        return p[d]
+    raise ShapeError(f"{what}: {name} of shape {p.shape}, expected (directions,) or (directions, {n_gates})")
+
+
+def _dynamic_quantize_lstm(inputs, attrs, opset):
+    """com.microsoft DynamicQuantizeLSTM: ONNX LSTM (gates i, o, f, c) whose weights W
+    (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden) are u8/s8 with
+    scales and zero points per direction or per column; each product quantizes its float
+    operand as DynamicQuantizeLinear (X over the whole sequence, h at each step) and is summed
+    exactly: z = float(acc_x) * (x_scale * w_scale) + float(acc_h) * (h_scale * r_scale) + Wb + Rb."""
+    what = "DynamicQuantizeLSTM"
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None  # noqa: E731
+    x = np.asarray(inputs[0])
+    w, r = _quantized(inputs[1], what, "W"), _quantized(inputs[2], what, "R")
+    if x.dtype != np.float32 or x.ndim != 3:
+        raise InputError(f"{what}: X of type {x.dtype} and shape {x.shape}; expected float32 (time, batch, input)")
+    if get(4) is not None:
+        raise UnsupportedError(f"{what}: sequence_lens is not supported")
+    names = [a.lower() for a in attrs.get("activations", [])]
+    if any(n != d for n, d in zip(names, ["sigmoid", "tanh", "tanh"] * 2)) or len(names) not in (0, 3, 6):
+        raise UnsupportedError(f"{what}: activations {attrs.get('activations')} (only the default "
+                               "Sigmoid, Tanh, Tanh are supported)")
+    direction = attrs.get("direction", "forward")
+    n_dir = 2 if direction == "bidirectional" else 1
+    steps, batch, n_in = x.shape
+    hidden = r.shape[1] if r.ndim == 3 else 0
+    n_gates = 4 * hidden
+    if w.shape != (n_dir, n_in, n_gates) or r.shape != (n_dir, hidden, n_gates) or not hidden \
+            or attrs.get("hidden_size", hidden) != hidden:
+        raise ShapeError(f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
+                         f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))")
+    want = {3: (n_dir, 2 * n_gates), 5: (n_dir, batch, hidden), 6: (n_dir, batch, hidden), 7: (n_dir, 3 * hidden)}
+    for i, name in ((3, "B"), (5, "initial_h"), (6, "initial_c"), (7, "P")):
+        if get(i) is not None and np.shape(get(i)) != want[i]:
+            raise ShapeError(f"{what}: {name} of shape {np.shape(get(i))}, expected {want[i]}")
+    clip = attrs.get("clip")
+    ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
+    h_last = np.zeros((n_dir, batch, hidden), np.float32)
+    c_last = np.zeros((n_dir, batch, hidden), np.float32)
+    x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
+    for d in range(n_dir):
+        w_zp, r_zp = (_zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
+                      for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
+        w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
+        r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
+        x_proj = _float_product(integer_matmul(x_q, np.asarray(x_zp), w[d], w_zp), x_scale, w_scale, None,
+                                n_gates, what).reshape(steps, batch, n_gates)
+        b = get(3)
+        bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
+        h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
+        c = np.zeros((batch, hidden), np.float32) if get(6) is None else get(6)[d].astype(np.float32)
+        p = np.zeros(3 * hidden, np.float32) if get(7) is None else get(7)[d].astype(np.float32)
+        reverse = direction == "reverse" or d == 1
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+            h_q, h_scale, h_zp = dynamic_quantize(h)
+            z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp), h_scale,
+                                           r_scale, None, n_gates, what) + bias
+            zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
+            if clip is not None:
+                zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
+            gi = _sigmoid(zi)
+            gf = 1 - gi if attrs.get("input_forget", 0) else _sigmoid(zf)
+            c = gf * c + gi * np.tanh(zc)
+            zo = zo + p[hidden:2 * hidden] * c
+            if clip is not None:
+                zo = np.clip(zo, -clip, clip)
+            h = (_sigmoid(zo) * np.tanh(c)).astype(np.float32)
+            ys[t, d] = h
+        h_last[d], c_last[d] = h, c
+    return [ys, h_last, c_last]
+
+
+_LSTM_ATTRS = {"activation_alpha": A("floats"), "activation_beta": A("floats"), "activations": A("strings"),
+               "clip": A("float"), "hidden_size": A("int", 1),
+               "direction": A("string", choices=("forward", "reverse", "bidirectional")),
+               "input_forget": BOOL}
+_register("DynamicQuantizeLSTM", _dynamic_quantize_lstm, Op(inputs=(12, 12), optional=3, outputs=3,
+                                                            attrs=_LSTM_ATTRS), MS)
