@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from fastlayers.errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
+from fastlayers.errors import InputError, ModelFileError, ShapeError, UnsupportedError
 
 from .conftest import oracle
 
@@ -237,3 +237,175 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng):
                 "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32)}
         for g, w in zip(ours.run(None, feed), theirs.run(None, feed)):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------- torch exports quantized by onnxruntime
+def _torch_model(torch, kind):
+    """A small torch module of ``kind`` and an example input (batch 2)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), (2, 16)
+    if kind == "cnn":
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(8 * 3 * 3, 5)), (2, 3, 8, 8)
+    if kind == "lstm":
+        return nn.LSTM(8, 16, batch_first=True), (2, 5, 8)
+
+    class Encoder(nn.Module):   # exported through a module of its own: one input, no mask
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    return Encoder(), (2, 6, 32)
+
+
+def _quantized_export(torch, tmp_path, kind, mode):
+    """The path of a torch export of ``kind`` quantized by onnxruntime.quantization (``mode``
+    "dynamic" or "static", QDQ, calibrated on a few random batches), and its input shape.
+    reduce_range=True: 7-bit weights, so that onnxruntime's AVX2 u8 x s8 kernel (int16 pair sums,
+    vpmaddubsw) does not saturate and computes the exact sums fastlayers computes."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
+
+    module, shape = _torch_model(torch, kind)
+    float_path, path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{mode}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.randn(*shape),), str(float_path), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}},
+                          opset_version=17)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(5)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)   # its advice to pre-process the model first
+    if mode == "dynamic":
+        quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
+    else:
+        quantize_static(float_path, path, Batches(), reduce_range=True)
+    return path, shape
+
+
+def _output_scale(path):
+    """The scale of the DequantizeLinear giving the graph's (first) output."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    node = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
+    assert node.op_type == "DequantizeLinear"
+    return float(numpy_helper.to_array(inits[node.input[1]]))
+
+
+@pytest.mark.parametrize("kind,mode,ops", [
+    ("mlp", "dynamic", {"MatMulInteger", "DynamicQuantizeLinear"}),
+    ("cnn", "dynamic", {"ConvInteger", "MatMulInteger"}),
+    ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
+    ("encoder", "dynamic", {"MatMulInteger"}),
+    ("mlp", "static", {"QuantizeLinear", "DequantizeLinear"}),
+    ("cnn", "static", {"QuantizeLinear", "DequantizeLinear"}),
+    ("encoder", "static", {"QuantizeLinear", "DequantizeLinear"}),
+])
+def test_onnxruntime_quantized_torch_exports_match_onnxruntime(torch, tmp_path, rng, kind, mode, ops):
+    """Dynamic quantization: integer products, float outputs, within 1e-4 relative of
+    onnxruntime. Static (QDQ) quantization: fastlayers folds the weights' dequantization and runs
+    the float operators between QuantizeLinear / DequantizeLinear pairs, where onnxruntime fuses
+    them into integer operators: the outputs agree within a few steps of the output's scale
+    (an intermediate value rounding to the neighbouring step moves the output by about one)."""
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    path, shape = _quantized_export(torch, tmp_path, kind, mode)
+    ours = fastlayers.load(path)
+    assert ops <= set(ours.op_types)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1   # see test_dynamic_quantize_lstm_matches_onnxruntime
+    theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for batch in (2, 1, 3):
+        x = rng.standard_normal((batch,) + shape[1:]).astype(np.float32)
+        got, want = ours.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0]
+        if mode == "dynamic":
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        else:
+            steps = 3 if kind == "encoder" else 1
+            np.testing.assert_allclose(got, want, rtol=0, atol=steps * _output_scale(path) * 1.001)
+
+
+def test_onnxruntime_optimized_dynamic_model_loads(torch, tmp_path, rng):
+    """onnxruntime's own optimized form of a dynamically quantized MLP (its graph optimizations
+    write com.microsoft DynamicQuantizeMatMul nodes) loads and matches it."""
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    path, shape = _quantized_export(torch, tmp_path, "mlp", "dynamic")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ours = fastlayers.load(tmp_path / "optimized.onnx")
+    assert ours.op_types.count("com.microsoft::DynamicQuantizeMatMul") == 2
+    x = rng.standard_normal((4,) + shape[1:]).astype(np.float32)
+    want = theirs.run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours(x), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_malformed_quantization_parameters_raise_naming_the_node(rng):
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f, i8, u8 = TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8
+    q = rng.integers(-128, 128, (4, 3)).astype(np.int8)
+
+    def dq(scale, zp, **attrs):
+        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "s"),
+                 numpy_helper.from_array(zp, "z")]
+        return _model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], name="dq_w", **attrs),
+                       helper.make_node("MatMul", ["x", "w"], ["y"])],
+                      [_tensor("x", f, [None, 4])], [_tensor("y", f, None)], inits)
+
+    # constants: refused at load, naming the node
+    with pytest.raises(ModelFileError, match="dq_w.*zero point of type uint8, expected int8"):
+        _load(dq(np.float32(0.1), np.uint8(0)))
+    with pytest.raises(ModelFileError, match=r"dq_w.*scale of shape \(4,\).*axis 1"):
+        _load(dq(np.ones(4, np.float32), np.zeros(4, np.int8), axis=1))
+    with pytest.raises(ModelFileError, match=r"dq_w.*zero point of shape \(2,\) for a scale of shape \(3,\)"):
+        _load(dq(np.ones(3, np.float32), np.zeros(2, np.int8), axis=1))
+    with pytest.raises(ModelFileError, match="dq_w.*scale of type int32"):
+        _load(dq(np.int32(1), np.int8(0)))
+    # inputs of a call: refused when the node runs, naming it
+    proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za"], ["y"], name="mmi")],
+                   [_tensor("a", u8, [2, 3]), _tensor("b", i8, [3, 2]), _tensor("za", i8, [])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    model = _load(proto)
+    a, b = np.zeros((2, 3), np.uint8), np.zeros((3, 2), np.int8)
+    with pytest.raises(InputError, match="mmi.*A zero point of type int8, expected uint8"):
+        model(a, b, np.int8(0))
+    proto = _model([helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi16")],
+                   [_tensor("a", TensorProto.INT16, [2, 3]), _tensor("b", i8, [3, 2])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    with pytest.raises(UnsupportedError, match="mmi16.*int16"):
+        _load(proto)(a.astype(np.int16), b)
+    proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q32")],
+                   [_tensor("x", f, [3]), _tensor("s", f, []), _tensor("z", TensorProto.INT32, [])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    with pytest.raises(UnsupportedError, match="q32.*quantized type int32"):
+        _load(proto)(np.zeros(3, np.float32), np.float32(1), np.int32(0))
+    proto = _model([helper.make_node("QLinearConv", ["x", "s", "zx", "w", "s", "zw", "s", "zy"], ["y"], name="qc")],
+                   [_tensor("x", u8, [1, 2, 4, 4]), _tensor("s", f, []), _tensor("zx", u8, []),
+                    _tensor("w", i8, [3, 2, 3, 3]), _tensor("zw", i8, [2]), _tensor("zy", u8, [])],
+                   [_tensor("y", u8, None)])
+    with pytest.raises(ShapeError, match=r"qc.*w zero point of shape \(2,\) for 3 output channels"):
+        _load(proto)(np.zeros((1, 2, 4, 4), np.uint8), np.float32(1), np.uint8(0), np.zeros((3, 2, 3, 3), np.int8),
+                     np.zeros(2, np.int8), np.uint8(0))

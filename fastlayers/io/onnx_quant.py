@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import onnx_check
 from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
-from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, created
+from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
