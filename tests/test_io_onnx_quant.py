@@ -35,7 +35,7 @@ def _quant_cases():
                     for v in list(c.model.graph.input) + list(c.model.graph.output))]
 
 
-def test_onnx_backend_node_tests_quantized():
+def test_onnx_backend_node_tests_quantized(backend):
     """The onnx package's node tests of the quantization operators, exact types and values
     (uint16 inputs included, which tests/test_io_onnx.py leaves out)."""
     from onnx import TensorProto, numpy_helper
@@ -156,7 +156,7 @@ def _session(ort, proto, threads=1):
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng):
+def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng, backend):
     """u8 x s8 products summed in int32 without the int16 pair saturation of onnxruntime's
     AVX2 kernel (vpmaddubsw: 255 * 127 * 2 > 32767), against an int64 reference."""
     oracle("onnx")
@@ -180,7 +180,7 @@ def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng):
         np.testing.assert_array_equal(ours(a, b, za, zb), want)
 
 
-def test_contrib_matmul_operators_match_onnxruntime(rng):
+def test_contrib_matmul_operators_match_onnxruntime(rng, backend):
     """DynamicQuantizeMatMul and MatMulIntegerToFloat (per-column scales and zero points, bias)
     against onnxruntime; the weights are 7-bit so that its AVX2 u8 x s8 kernel does not saturate."""
     ort = oracle("onnxruntime")
@@ -208,7 +208,7 @@ def test_contrib_matmul_operators_match_onnxruntime(rng):
     np.testing.assert_allclose(_load(mmf)(feed), _session(ort, mmf).run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_dynamic_quantize_lstm_matches_onnxruntime(rng):
+def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
     """Bidirectional, with biases, initial states and peepholes, per-column weight scales.
     onnxruntime runs on one thread: on several it quantizes the hidden state of each thread's
     share of the batch on its own, so that its result depends on its thread count."""
@@ -355,6 +355,8 @@ def test_onnxruntime_optimized_dynamic_model_loads(torch, tmp_path, rng):
     theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     ours = fastlayers.load(tmp_path / "optimized.onnx")
     assert ours.op_types.count("com.microsoft::DynamicQuantizeMatMul") == 2
+    # their constant weights packed once at load for the native integer kernel
+    assert sum("_b_packed" in attrs for _, _, _, attrs, _ in ours._plan) == 2
     x = rng.standard_normal((4,) + shape[1:]).astype(np.float32)
     want = theirs.run(None, {"x": x})[0]
     np.testing.assert_allclose(ours(x), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import onnx_check
 from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
@@ -204,15 +205,73 @@ def _operand_zero_point(zp, x, what, name, per_row):
     return zp
 
 
-def integer_matmul(a, a_zp, b, b_zp):
+def _native():
+    """The native core where the active backend runs on it; None on the numpy reference."""
+    if get_ops().name == "reference":
+        return None
+    from ..native import _core
+
+    return _core
+
+
+def _column_zero_points(b_zp, n):
+    """B's zero point (a scalar, or one per column) as n int32 values."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(b_zp, np.int32), (1, n)).reshape(n))
+
+
+def integer_matmul(a, a_zp, b, b_zp, packed=None):
     """(a - a_zp) @ (b - b_zp) summed exactly, as int32 (numpy matmul broadcasting; the zero
-    points broadcast against their operands)."""
+    points broadcast against their operands): on the native u8/s8 kernel (qgemm.c) for a 2-D
+    b, ``packed`` its packed form where the load packed it, else in float64 (exact: products of
+    two 9-bit values summed over fewer than 2**37 terms)."""
     if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
         raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
-    # every product of two 9-bit values, summed over fewer than 2**37 terms, is exact in float64
-    a64 = a.astype(np.float64) - a_zp.astype(np.float64)
-    b64 = b.astype(np.float64) - b_zp.astype(np.float64)
-    return np.matmul(a64, b64).astype(np.int32)
+    core = _native()
+    if core is None or b.ndim != 2 or a.ndim == 0:
+        a64 = a.astype(np.float64) - a_zp.astype(np.float64)
+        b64 = b.astype(np.float64) - b_zp.astype(np.float64)
+        return np.matmul(a64, b64).astype(np.int32)
+    k, n = b.shape
+    a2 = np.ascontiguousarray(a.reshape(-1, k))
+    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    if packed is None:
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+    c = np.empty((a2.shape[0], n), np.int32)
+    return core.qgemm(a2, za, packed, c).reshape(a.shape[:-1] + (n,))
+
+
+def pack_operand(b, b_zp):
+    """A 2-D B less its zero point packed for the native kernel (``integer_matmul``'s
+    ``packed``); None on the numpy reference."""
+    core = _native()
+    return None if core is None else core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
+
+
+#: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
+_PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
+             f"{MS}::DynamicQuantizeMatMul": (1, 3)}
+
+
+def pack_weights(nodes, constants) -> list:
+    """Give each integer product whose B (2-D uint8/int8) and B zero point are constants its B
+    packed for the native kernel, once (attribute ``_b_packed``), where the native core is built."""
+    try:
+        from ..native import _core
+    except ImportError:
+        return nodes
+    for node in nodes:
+        where = _PACKABLE.get(node.op_type)
+        if where is None or len(node.inputs) <= where[0]:
+            continue
+        b = constants.get(node.inputs[where[0]])
+        zp_name = node.inputs[where[1]] if len(node.inputs) > where[1] else ""
+        if b is None or b.ndim != 2 or b.dtype not in (np.uint8, np.int8) or (zp_name and zp_name not in constants):
+            continue
+        zp = constants[zp_name] if zp_name else np.zeros((), b.dtype)
+        if zp.dtype != b.dtype or zp.size not in (1, b.shape[1]):
+            continue   # the operator raises its error when it runs
+        node.attrs = dict(node.attrs, _b_packed=_core.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])))
+    return nodes
 
 
 def _matmul_integer(inputs, attrs, opset):
@@ -220,7 +279,7 @@ def _matmul_integer(inputs, attrs, opset):
     a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
     a_zp = _operand_zero_point(inputs[2] if len(inputs) > 2 else None, a, what, "A", True)
     b_zp = _operand_zero_point(inputs[3] if len(inputs) > 3 else None, b, what, "B", False)
-    return [integer_matmul(a, a_zp, b, b_zp)]
+    return [integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"))]
 
 
 def _per_column(p, n, what, name):
@@ -258,7 +317,7 @@ def _qlinear_matmul(inputs, attrs, opset):
                          "a uint8 or int8 scalar")
     multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
                   / _scale(_scalar(y_s, what, "y_scale"), what))
-    return [requantize(integer_matmul(a, a_zp, b, b_zp), multiplier, y_zp.reshape(()))]
+    return [requantize(integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed")), multiplier, y_zp.reshape(()))]
 
 
 # ----------------------------------------------------------------------- integer convolutions
@@ -284,6 +343,9 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
     pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
     oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
     w_zp = np.asarray(w_zp)
+    if _native() is not None:
+        y = _integer_conv_native(x4, x_zp, w4, w_zp, group, (oh, ow), strides, dilations, pads)
+        return y[:, :, 0, :] if one_d else y
     if w_zp.ndim == 1:
         w_zp = w_zp.reshape(-1, 1, 1, 1)
     x64 = np.pad(x4.astype(np.float64) - np.asarray(x_zp, np.float64),
@@ -300,6 +362,29 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
                                                         @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
     y = y.transpose(0, 3, 1, 2).astype(np.int32)
     return y[:, :, 0, :] if one_d else y
+
+
+def _integer_conv_native(x, x_zp, w, w_zp, group, out_hw, strides, dilations, pads):
+    """``integer_conv`` (NCHW x, OIHW w) as one integer product per group on the native kernel:
+    the windows of x padded with x_zp gathered into rows (n oh ow, c/group kh kw) less x_zp,
+    times w (c_out/group, c/group kh kw)^T less its zero point per output channel."""
+    n, c = x.shape[:2]
+    cout, cin_g, kh, kw = w.shape
+    (oh, ow), (sh, sw), (dh, dw) = out_hw, strides, dilations
+    xp = np.pad(x, ((0, 0), (0, 0), pads[0], pads[1]), constant_values=x_zp)
+    s0, s1, s2, s3 = xp.strides
+    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, c, kh, kw),
+                                              (s0, s2 * sh, s3 * sw, s1, s2 * dh, s3 * dw), writeable=False)
+    zb = np.broadcast_to(np.asarray(w_zp, np.int32), (cout,))
+    cout_g = cout // group
+    y = np.empty((n * oh * ow, cout), np.int32)
+    for g in range(group):
+        rows = windows[:, :, :, g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, cin_g * kh * kw)
+        w_g = w[g * cout_g:(g + 1) * cout_g].reshape(cout_g, -1).T
+        y[:, g * cout_g:(g + 1) * cout_g] = integer_matmul(
+            rows, np.asarray(x_zp), w_g, zb[g * cout_g:(g + 1) * cout_g],
+            pack_operand(w_g, zb[g * cout_g:(g + 1) * cout_g]))
+    return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
 def _conv_zero_points(x, x_zp, w, w_zp, what):
@@ -394,7 +479,7 @@ def _dynamic_quantize_matmul(inputs, attrs, opset):
     b_zp = _operand_zero_point(None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"),
                                b, what, "B", False)
     a_q, a_scale, a_zp = dynamic_quantize(a)
-    acc = integer_matmul(a_q, np.asarray(a_zp), b, b_zp)
+    acc = integer_matmul(a_q, np.asarray(a_zp), b, b_zp, attrs.get("_b_packed"))
     return [_float_product(acc, a_scale, inputs[2], inputs[4] if len(inputs) > 4 else None, n, what)]
 
 
@@ -408,7 +493,7 @@ def _matmul_integer_to_float(inputs, attrs, opset):
                                a, what, "A", True)
     b_zp = _operand_zero_point(None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"),
                                b, what, "B", False)
-    acc = integer_matmul(a, a_zp, b, b_zp)
+    acc = integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"))
     return [_float_product(acc, _scalar(inputs[2], what, "a_scale"), inputs[3], opt[2], n, what)]
 
 
@@ -497,6 +582,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
         r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
         x_proj = _float_product(integer_matmul(x_q, np.asarray(x_zp), w[d], w_zp), x_scale, w_scale, None,
                                 n_gates, what).reshape(steps, batch, n_gates)
+        r_packed = pack_operand(r[d], r_zp)
         b = get(3)
         bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
@@ -505,7 +591,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
         reverse = direction == "reverse" or d == 1
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
             h_q, h_scale, h_zp = dynamic_quantize(h)
-            z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp), h_scale,
+            z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale,
                                            r_scale, None, n_gates, what) + bias
             zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
             zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c

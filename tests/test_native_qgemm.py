@@ -1,0 +1,78 @@
+"""The native integer product (``fastlayers.native``, qgemm.c) against an int64 numpy reference
+on every ISA path (the AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd, the portable
+path in C; no VNNI path): every uint8/int8 pairing with zero points, the extremes where int16
+pair sums of u8 x s8 products would saturate, odd sizes around its 6 x 16 tiles and 24-row work
+units, batch 1, k = 1, odd k, strided rows, and 1-2 threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers import native
+from fastlayers.native import _core
+
+pytestmark = pytest.mark.usefixtures("isa")
+
+TYPES = [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)]
+
+
+def _values(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _qgemm(a, za, b, zb):
+    c = np.full((a.shape[0], b.shape[1]), -7, np.int32)
+    return _core.qgemm(a, za, _core.qpack(b, zb), c)
+
+
+def _expected(a, za, b, zb):
+    return (a.astype(np.int64) - za[:, None]) @ (b.astype(np.int64) - zb[None, :])
+
+
+@pytest.mark.parametrize("types", TYPES)
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 33), (5, 1, 17), (6, 2, 16), (7, 3, 15), (13, 64, 40),
+                                     (25, 33, 1), (49, 130, 47)])
+def test_product_matches_int64_reference(rng, types, m, k, n):
+    a_type, b_type = types
+    a, b = _values(rng, a_type, (m, k)), _values(rng, b_type, (k, n))
+    za, zb = _values(rng, a_type, m).astype(np.int32), _values(rng, b_type, n).astype(np.int32)
+    np.testing.assert_array_equal(_qgemm(a, za, b, zb), _expected(a, za, b, zb))
+
+
+def test_extremes_do_not_saturate():
+    """255 x 127 and 255 x -128 pairs (over int16 once two are summed) and the widest
+    zero-point shifts (255 - (-255))."""
+    for a_value, b_value, za, zb in ((255, 127, 0, 0), (255, -128, 0, 0), (0, -128, 255, 127)):
+        a = np.full((7, 37), a_value, np.uint8)
+        b = np.full((37, 19), b_value, np.int8)
+        za_v, zb_v = np.full(7, za, np.int32), np.full(19, zb, np.int32)
+        np.testing.assert_array_equal(_qgemm(a, za_v, b, zb_v), _expected(a, za_v, b, zb_v))
+
+
+def test_strided_rows_and_threads(rng):
+    a_wide = _values(rng, np.uint8, (61, 90))
+    a = a_wide[:, 5:76]                       # rows 90 bytes apart
+    b = _values(rng, np.int8, (71, 45))
+    za, zb = np.full(61, 3, np.int32), _values(rng, np.int8, 45).astype(np.int32)
+    threads = native.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            native.set_num_threads(n_threads)
+            np.testing.assert_array_equal(_qgemm(a, za, b, zb), _expected(a, za, b, zb))
+    finally:
+        native.set_num_threads(threads)
+
+
+def test_arguments_are_checked(rng):
+    a, b = _values(rng, np.uint8, (3, 4)), _values(rng, np.int8, (4, 5))
+    pb = _core.qpack(b, np.zeros(5, np.int32))
+    with pytest.raises(TypeError, match="uint8 or int8"):
+        _core.qgemm(a.astype(np.int16), np.zeros(3, np.int32), pb, np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="packed by qpack"):
+        _core.qgemm(a, np.zeros(3, np.int32), pb[:-1], np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="int32 vector of 3"):
+        _core.qgemm(a, np.zeros(2, np.int32), pb, np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="last axis must be contiguous"):
+        _core.qpack(b.T, np.zeros(4, np.int32))
