@@ -76,3 +76,32 @@ def test_arguments_are_checked(rng):
         _core.qgemm(a, np.zeros(2, np.int32), pb, np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="last axis must be contiguous"):
         _core.qpack(b.T, np.zeros(4, np.int32))
+
+
+@pytest.mark.parametrize("hidden, batch, attrs", [
+    (5, 7, {"direction": "bidirectional"}),
+    (16, 1, {"direction": "reverse", "clip": 0.5}),
+    (3, 2, {"input_forget": 1})])
+def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
+    """The native DynamicQuantizeLSTM time loop (qlstm.c) against the operator's numpy form
+    (the reference backend): odd hidden sizes (an odd k for the recurrent product), more rows
+    than a tile, peepholes, clip, input_forget, both orders."""
+    import fastlayers
+    from fastlayers.io.onnx_quant import OPS
+
+    n_dir = 2 if attrs.get("direction") == "bidirectional" else 1
+    g, n_in, steps = 4 * hidden, 3, 6
+    inputs = [rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+              _values(rng, np.int8, (n_dir, n_in, g)), _values(rng, np.uint8, (n_dir, hidden, g)),
+              rng.standard_normal((n_dir, 2 * g)).astype(np.float32), None,
+              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+              rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
+              rng.uniform(0.01, 0.05, (n_dir, g)).astype(np.float32), np.zeros((n_dir, g), np.int8),
+              rng.uniform(0.01, 0.05, n_dir).astype(np.float32), np.full(n_dir, 128, np.uint8)]
+    op = OPS["com.microsoft::DynamicQuantizeLSTM"]
+    got = op(inputs, dict(attrs, hidden_size=hidden), 1)
+    with fastlayers.use_ops("reference"):
+        want = op(inputs, dict(attrs, hidden_size=hidden), 1)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

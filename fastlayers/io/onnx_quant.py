@@ -113,15 +113,19 @@ def _broadcast_param(p, x_shape, axis, block_size, what):
 
 def _saturate(y, zp):
     """saturate(round_half_even(y) + zp) in zp's type (rounded before the zero point is added,
-    as the spec and onnxruntime)."""
+    as the spec and onnxruntime); overwrites ``y``, a float32 array of its own."""
     lo, hi = QUANT_RANGES[zp.dtype]
-    return np.clip(np.rint(y) + zp.astype(np.float32), lo, hi).astype(zp.dtype)
+    np.rint(y, out=y)
+    if zp.ndim or zp:
+        y += zp.astype(np.float32)
+    np.clip(y, lo, hi, out=y)
+    return y.astype(zp.dtype)
 
 
 def quantize(x_f32, scale, zp):
     """saturate(round_half_even(x / scale) + zero_point) in zero_point's type (float32 division,
     as onnxruntime)."""
-    return _saturate(x_f32 / scale, zp)
+    return _saturate(np.asarray(np.divide(x_f32, scale, dtype=np.float32)), zp)
 
 
 # ------------------------------------------------------------------------------- QDQ form
@@ -147,7 +151,7 @@ def _quantize_linear(inputs, attrs, opset):
     axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
     s = _broadcast_param(_scale(scale, what), x.shape, axis, block, what)
     z = _broadcast_param(zp, x.shape, axis, block, what)
-    return [quantize(x.astype(np.float32), s, z)]
+    return [quantize(x.astype(np.float32, copy=False), s, z)]
 
 
 def _dequantize_linear(inputs, attrs, opset):
@@ -164,8 +168,14 @@ def _dequantize_linear(inputs, attrs, opset):
     to = attrs.get("output_dtype", 0)
     if to not in (0, 1, 10):
         raise UnsupportedError(f"{what}: output_dtype {to} is not supported (float32, float16)")
-    y = (x.astype(np.int32) - z.astype(np.int32)).astype(np.float32) * s
-    return [y.astype(DTYPES[to] if to else scale.dtype)]
+    if x.dtype == np.int32:
+        y = (x - z.astype(np.int32)).astype(np.float32)
+    else:                                  # 8- and 16-bit differences are exact in float32
+        y = x.astype(np.float32)
+        if z.ndim or z:
+            y -= z.astype(np.float32)
+    y *= s
+    return [y.astype(DTYPES[to] if to else scale.dtype, copy=False)]
 
 
 _QDQ = {"axis": AXIS, "block_size": A("int", 0), "saturate": BOOL, "output_dtype": A("int", 0),
@@ -366,24 +376,31 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
 
 def _integer_conv_native(x, x_zp, w, w_zp, group, out_hw, strides, dilations, pads):
     """``integer_conv`` (NCHW x, OIHW w) as one integer product per group on the native kernel:
-    the windows of x padded with x_zp gathered into rows (n oh ow, c/group kh kw) less x_zp,
-    times w (c_out/group, c/group kh kw)^T less its zero point per output channel."""
+    the windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
+    less x_zp, times w laid out (kh kw c/group, c_out/group) less its zero point per output
+    channel. Returns the NCHW view of an NHWC result."""
     n, c = x.shape[:2]
     cout, cin_g, kh, kw = w.shape
     (oh, ow), (sh, sw), (dh, dw) = out_hw, strides, dilations
-    xp = np.pad(x, ((0, 0), (0, 0), pads[0], pads[1]), constant_values=x_zp)
+    x_nhwc = x.transpose(0, 2, 3, 1)
+    (top, bottom), (left, right) = pads
+    if top or bottom or left or right:     # padding reads as x_zp (np.pad took 4x as long)
+        xp = np.full((n, x.shape[2] + top + bottom, x.shape[3] + left + right, c), x_zp, x.dtype)
+        xp[:, top:top + x.shape[2], left:left + x.shape[3]] = x_nhwc
+    else:
+        xp = x_nhwc
     s0, s1, s2, s3 = xp.strides
-    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, c, kh, kw),
-                                              (s0, s2 * sh, s3 * sw, s1, s2 * dh, s3 * dw), writeable=False)
+    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
+                                              (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
     zb = np.broadcast_to(np.asarray(w_zp, np.int32), (cout,))
     cout_g = cout // group
     y = np.empty((n * oh * ow, cout), np.int32)
     for g in range(group):
-        rows = windows[:, :, :, g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, cin_g * kh * kw)
-        w_g = w[g * cout_g:(g + 1) * cout_g].reshape(cout_g, -1).T
-        y[:, g * cout_g:(g + 1) * cout_g] = integer_matmul(
-            rows, np.asarray(x_zp), w_g, zb[g * cout_g:(g + 1) * cout_g],
-            pack_operand(w_g, zb[g * cout_g:(g + 1) * cout_g]))
+        rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
+        w_g = w[g * cout_g:(g + 1) * cout_g].transpose(2, 3, 1, 0).reshape(kh * kw * cin_g, cout_g)
+        zb_g = zb[g * cout_g:(g + 1) * cout_g]
+        y[:, g * cout_g:(g + 1) * cout_g] = integer_matmul(rows, np.asarray(x_zp), w_g, zb_g,
+                                                           pack_operand(w_g, zb_g))
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
@@ -589,6 +606,13 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
         c = np.zeros((batch, hidden), np.float32) if get(6) is None else get(6)[d].astype(np.float32)
         p = np.zeros(3 * hidden, np.float32) if get(7) is None else get(7)[d].astype(np.float32)
         reverse = direction == "reverse" or d == 1
+        if r_packed is not None:    # the time loop on the native core (qlstm.c)
+            r_scale_columns = np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
+            _native().qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
+                            None if get(7) is None else p, float(clip or 0.0),
+                            bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
+            h_last[d], c_last[d] = h, c
+            continue
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
             h_q, h_scale, h_zp = dynamic_quantize(h)
             z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale,

@@ -11,8 +11,9 @@
 #include "conv.h"
 #include "recurrent.h"
 #include "qgemm.h"
+#include "qlstm.h"
 
 #define FL_KERNELS(X)                                                                         \
     FL_ROWS_KERNELS(X) FL_LAYOUT_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
-    FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X) FL_QGEMM_KERNELS(X)
+    FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X) FL_QGEMM_KERNELS(X) FL_QLSTM_KERNELS(X)
 #endif
