@@ -313,14 +313,15 @@ def _output_scale(path):
     ("cnn", "dynamic", {"ConvInteger", "MatMulInteger"}),
     ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
     ("encoder", "dynamic", {"MatMulInteger"}),
-    ("mlp", "static", {"QuantizeLinear", "DequantizeLinear"}),
-    ("cnn", "static", {"QuantizeLinear", "DequantizeLinear"}),
-    ("encoder", "static", {"QuantizeLinear", "DequantizeLinear"}),
+    ("mlp", "static", {"FusedQuantizeDequantize", "FusedDense"}),
+    ("cnn", "static", {"FusedQuantizeDequantize", "FusedConv"}),
+    ("encoder", "static", {"FusedQuantizeDequantize"}),
 ])
 def test_onnxruntime_quantized_torch_exports_match_onnxruntime(torch, tmp_path, rng, kind, mode, ops):
     """Dynamic quantization: integer products, float outputs, within 1e-4 relative of
     onnxruntime. Static (QDQ) quantization: fastlayers folds the weights' dequantization and runs
-    the float operators between QuantizeLinear / DequantizeLinear pairs, where onnxruntime fuses
+    the float operators between QuantizeLinear / DequantizeLinear pairs (each pair one
+    FusedQuantizeDequantize node), where onnxruntime fuses
     them into integer operators: the outputs agree within a few steps of the output's scale
     (an intermediate value rounding to the neighbouring step moves the output by about one)."""
     import fastlayers
@@ -411,3 +412,25 @@ def test_malformed_quantization_parameters_raise_naming_the_node(rng):
     with pytest.raises(ShapeError, match=r"qc.*w zero point of shape \(2,\) for 3 output channels"):
         _load(proto)(np.zeros((1, 2, 4, 4), np.uint8), np.float32(1), np.uint8(0), np.zeros((3, 2, 3, 3), np.int8),
                      np.zeros(2, np.int8), np.uint8(0))
+
+
+def test_quantize_dequantize_pairs_fuse_only_where_nothing_else_reads_the_integers(rng, backend):
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(-4), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    x = (rng.standard_normal((2, 3, 4, 5)) * 5).astype(np.float32)
+    q = np.clip(np.rint(x / np.float32(0.05)) - 4, -128, 127)
+    want = (q + 4).astype(np.float32) * np.float32(0.05)
+    fused = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None)], inits))
+    assert fused.op_types == ["FusedQuantizeDequantize"]
+    np.testing.assert_array_equal(fused(x), want)
+    kept = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None), _tensor("q", TensorProto.INT8, None)],
+                        inits))
+    assert kept.op_types == ["QuantizeLinear", "DequantizeLinear"]
+    y, q_out = kept(x)
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(q_out, q.astype(np.int8))

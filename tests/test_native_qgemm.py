@@ -105,3 +105,20 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
         want = op(inputs, dict(attrs, hidden_size=hidden), 1)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 100, 70001])
+def test_quantization_kernels_match_numpy(rng, count):
+    """quantize.c: clamp(round_half_even(x / scale) + zero_point) to uint8 and int8, the fused
+    quantize-dequantize and min/max, against numpy's float32 formula (exact ties and values
+    past the range included; 70001 floats run on the pool's threads)."""
+    x = (rng.standard_normal(count) * 40).astype(np.float32)
+    x[: min(count, 6)] = np.array([0.5, 1.5, -2.5, 1e6, -1e6, 3.25], np.float32)[: min(count, 6)]
+    scale = np.float32(0.25)
+    for dtype, zp in ((np.uint8, 100), (np.int8, -3)):
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        q = np.clip(np.rint(x / scale) + np.float32(zp), lo, hi)
+        np.testing.assert_array_equal(_core.quantize(x, scale, zp, dtype), q.astype(dtype))
+        np.testing.assert_array_equal(_core.fake_quantize(x, scale, zp, lo, hi),
+                                      (q - np.float32(zp)) * scale)
+    assert _core.min_max(x) == (min(x.min(), 0), max(x.max(), 0))

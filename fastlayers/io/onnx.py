@@ -937,7 +937,7 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
         nodes = fuse_attention(nodes, constants, outputs, opset)
-        nodes = onnx_quant.pack_weights(nodes, constants)
+        nodes = onnx_quant.optimize(nodes, constants, outputs)
         nodes = prune(mark_attention_scores(nodes, outputs), outputs)
         name = graph.name or Path(where).stem
         nodes = fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,

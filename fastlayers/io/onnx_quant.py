@@ -27,7 +27,7 @@ from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import onnx_check
 from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
-from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial
+from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, _stored
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
@@ -122,9 +122,20 @@ def _saturate(y, zp):
     return y.astype(zp.dtype)
 
 
+def _elementwise(x_f32, fn):
+    """fn(the C-contiguous float32 memory of x) viewed back as x (NCHW views of NHWC memory
+    stay views)."""
+    held, back = _stored(np.asarray(x_f32, np.float32))
+    y = fn(held)
+    return y if back is None else y.transpose(back)
+
+
 def quantize(x_f32, scale, zp):
     """saturate(round_half_even(x / scale) + zero_point) in zero_point's type (float32 division,
-    as onnxruntime)."""
+    as onnxruntime); per tensor 8-bit on the native core (quantize.c)."""
+    core = _native()
+    if core is not None and np.ndim(scale) == 0 and zp.ndim == 0 and zp.dtype in (np.uint8, np.int8):
+        return _elementwise(x_f32, lambda x: core.quantize(x, float(scale), float(zp), zp.dtype))
     return _saturate(np.asarray(np.divide(x_f32, scale, dtype=np.float32)), zp)
 
 
@@ -260,6 +271,64 @@ def pack_operand(b, b_zp):
 #: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
 _PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
              f"{MS}::DynamicQuantizeMatMul": (1, 3)}
+
+
+def _per_tensor_8bit(constants, scale_name, zp_name):
+    """(scale, zero point) where both are constants, per tensor, float32 and 8-bit; else None."""
+    scale = constants.get(scale_name)
+    zp = constants.get(zp_name) if zp_name else np.zeros((), np.uint8)
+    if scale is None or zp is None or scale.size != 1 or zp.size != 1 or scale.dtype != np.float32 \
+            or zp.dtype not in (np.uint8, np.int8):
+        return None
+    return scale.reshape(()), zp.reshape(())
+
+
+def fuse_quantize_dequantize(nodes, constants, outputs) -> list:
+    """QuantizeLinear -> DequantizeLinear on the same per-tensor 8-bit constants, the quantized
+    value read by nothing else -> one ``FusedQuantizeDequantize`` node (x rounded to its
+    quantization grid in one pass, quantize.c): the QDQ pairs around the activations of a
+    statically quantized file."""
+    readers: dict = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers[i] = readers.get(i, 0) + 1
+    dq_of = {n.inputs[0]: n for n in nodes if n.op_type == "DequantizeLinear" and n.inputs}
+    removed = set()
+    for node in nodes:
+        dq = dq_of.get(node.outputs[0]) if node.op_type == "QuantizeLinear" else None
+        if dq is None or readers.get(node.outputs[0]) != 1 or node.outputs[0] in outputs \
+                or node.attrs.get("block_size") or dq.attrs.get("output_dtype", 0) not in (0, 1):
+            continue
+        q_params = _per_tensor_8bit(constants, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else "")
+        dq_params = _per_tensor_8bit(constants, dq.inputs[1], dq.inputs[2] if len(dq.inputs) > 2 else "")
+        if q_params is None or dq_params is None or not all(
+                a.dtype == b.dtype and a == b for a, b in zip(q_params, dq_params)):
+            continue
+        node.op_type, node.outputs = "FusedQuantizeDequantize", list(dq.outputs)
+        node.inputs = node.inputs[:2] + [node.inputs[2] if len(node.inputs) > 2 else dq.inputs[2]]
+        node.attrs = {}
+        removed.add(id(dq))
+    return [n for n in nodes if id(n) not in removed]
+
+
+def _fused_quantize_dequantize(inputs, attrs, opset):
+    """fastlayers' own node (``fuse_quantize_dequantize``): DequantizeLinear(QuantizeLinear(x))
+    with per-tensor 8-bit parameters, (clamp(round(x / s) + z) - z) * s."""
+    x, scale, zp = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
+    core = _native()
+    if core is None or x.dtype != np.float32:
+        return _dequantize_linear([_quantize_linear(inputs, {}, opset)[0], scale, zp], {}, opset)
+    lo, hi = QUANT_RANGES[zp.dtype]
+    return [_elementwise(x, lambda m: core.fake_quantize(m, float(scale), float(zp), lo, hi))]
+
+
+OPS["FusedQuantizeDequantize"] = _fused_quantize_dequantize
+
+
+def optimize(nodes, constants, outputs) -> list:
+    """The load-time passes of quantized graphs (``onnx.from_model``): QDQ pairs fused, the
+    constant weights of integer products packed."""
+    return pack_weights(fuse_quantize_dequantize(nodes, constants, outputs), constants)
 
 
 def pack_weights(nodes, constants) -> list:
@@ -454,11 +523,15 @@ def dynamic_quantize(x):
     max(x, 0)] mapped onto [0, 255] (scale 1 where it is empty), the zero point rounded half to
     even."""
     x = np.asarray(x, np.float32)
-    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
-    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    core = _native()
+    if core is not None:
+        lo, hi = core.min_max(_stored(x)[0]) if x.size else (np.float32(0), np.float32(0))
+    else:
+        lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
+        hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
     zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
-    return _saturate(x / scale, np.asarray(zp)), scale, zp
+    return quantize(x, scale, np.asarray(zp)), scale, zp
 
 
 def _dynamic_quantize_linear(inputs, attrs, opset):

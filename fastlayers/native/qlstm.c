@@ -3,12 +3,6 @@
 
 static __thread fl_buf qlstm_buf;
 
-FL_INLINE float qlstm_sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-
-FL_INLINE float qlstm_clip(float z, float clip) {
-    return clip > 0 ? (z < -clip ? -clip : z > clip ? clip : z) : z;
-}
-
 /* hw (rows, 2 kp) = uint8 quantization of h (rows, hidden) less its zero point, as
  * DynamicQuantizeLinear (float32 arithmetic, round half to even); returns the scale. */
 static float qlstm_quantize(const float *h, int64_t count, int64_t rows, int64_t hidden,
@@ -38,10 +32,12 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     int64_t g = 4 * hidden, kp = (hidden + 1) / 2;
     size_t hw_bytes = (size_t)(batch * 2 * kp) * sizeof(int16_t);
     hw_bytes = (hw_bytes + 63) / 64 * 64;
-    char *buf = (char *)fl_buf_grow(&qlstm_buf, hw_bytes + (size_t)(batch * g) * sizeof(int32_t));
+    char *buf = (char *)fl_buf_grow(&qlstm_buf, hw_bytes + (size_t)(batch * g) * sizeof(int32_t) +
+                                                  (size_t)g * sizeof(float));
     if (!buf) return -1;
     int16_t *hw = (int16_t *)buf;
     int32_t *acc = (int32_t *)(buf + hw_bytes);
+    float *z = (float *)(acc + batch * g);      /* one row's gate inputs */
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
         float h_scale = qlstm_quantize(h, batch * hidden, batch, hidden, kp, hw);
@@ -64,26 +60,32 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
         for (int64_t r = 0; r < batch; ++r) {
             const float *xp = x_proj + (t * batch + r) * g;
             const int32_t *ar = acc + r * g;
-            float *hr = h + r * hidden, *cr = c + r * hidden;
-            for (int64_t j = 0; j < hidden; ++j) {
-                float z[4];
-                for (int q = 0; q < 4; ++q) {
-                    int64_t col = q * hidden + j;
-                    z[q] = xp[col] + (float)ar[col] * (h_scale * r_scale[col]);
-                    if (bias) z[q] += bias[col];
-                }
-                float c_prev = cr[j];
-                float zi = z[0], zo = z[1], zf = z[2], zc = z[3];
+            float *hr = h + r * hidden, *cr = c + r * hidden, *zr = z;
+            for (int64_t col = 0; col < g; ++col)
+                zr[col] = xp[col] + (float)ar[col] * (h_scale * r_scale[col]) + (bias ? bias[col] : 0.0f);
+            /* the gates FL_VW units at a time (the vector sigmoid / tanh of rows.c), the tail
+             * on zero-padded copies */
+            for (int64_t j = 0; j < hidden; j += FL_VW) {
+                int64_t cnt = FL_MIN(FL_VW, hidden - j);
+                fl_vf zi = rnn_load(zr + j, cnt), zo = rnn_load(zr + hidden + j, cnt);
+                fl_vf zf = rnn_load(zr + 2 * hidden + j, cnt), zc = rnn_load(zr + 3 * hidden + j, cnt);
+                fl_vf c_prev = rnn_load(cr + j, cnt);
                 if (peep) {
-                    zi += peep[j] * c_prev;
-                    zf += peep[2 * hidden + j] * c_prev;
+                    zi += rnn_load(peep + j, cnt) * c_prev;
+                    zf += rnn_load(peep + 2 * hidden + j, cnt) * c_prev;
                 }
-                float gi = qlstm_sigmoid(qlstm_clip(zi, clip));
-                float gf = input_forget ? 1.0f - gi : qlstm_sigmoid(qlstm_clip(zf, clip));
-                float c_new = gf * c_prev + gi * tanhf(qlstm_clip(zc, clip));
-                if (peep) zo += peep[hidden + j] * c_new;
-                cr[j] = c_new;
-                hr[j] = qlstm_sigmoid(qlstm_clip(zo, clip)) * tanhf(c_new);
+                if (clip > 0) {
+                    zi = fl_vmin(fl_vmax(zi, fl_set1(-clip)), fl_set1(clip));
+                    zf = fl_vmin(fl_vmax(zf, fl_set1(-clip)), fl_set1(clip));
+                    zc = fl_vmin(fl_vmax(zc, fl_set1(-clip)), fl_set1(clip));
+                }
+                fl_vf gi = rows_vsigmoid(zi);
+                fl_vf gf = input_forget ? 1.0f - gi : rows_vsigmoid(zf);
+                fl_vf c_new = gf * c_prev + gi * rows_vtanh(zc);
+                if (peep) zo += rnn_load(peep + hidden + j, cnt) * c_new;
+                if (clip > 0) zo = fl_vmin(fl_vmax(zo, fl_set1(-clip)), fl_set1(clip));
+                rnn_store(cr + j, c_new, cnt);
+                rnn_store(hr + j, rows_vsigmoid(zo) * rows_vtanh(c_new), cnt);
             }
         }
         if (y) memcpy(y + t * y_step, h, (size_t)(batch * hidden) * sizeof(float));
