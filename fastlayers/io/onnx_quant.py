@@ -325,10 +325,62 @@ def _fused_quantize_dequantize(inputs, attrs, opset):
 OPS["FusedQuantizeDequantize"] = _fused_quantize_dequantize
 
 
+def fuse_integer_matmul(nodes, constants, outputs) -> list:
+    """What ``quantize_dynamic`` writes for a MatMul on constant weights, MatMulInteger on a
+    DynamicQuantizeLinear's outputs -> Cast to float -> Mul by the product of the two scales
+    (-> Add of a constant bias), each value read only by the next -> one
+    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call)."""
+    readers: dict = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers.setdefault(i, []).append(node)
+    producer = {o: n for n in nodes for o in n.outputs}
+
+    def only_reader(name, op_type):
+        found = readers.get(name, [])
+        ok = len(found) == 1 and found[0].op_type == op_type and name not in outputs
+        return found[0] if ok else None
+
+    removed = set()
+    for mm in nodes:
+        if mm.op_type != "MatMulInteger" or len(mm.inputs) < 3 or mm.inputs[1] not in constants:
+            continue
+        dql = producer.get(mm.inputs[0])
+        if dql is None or dql.op_type != "DynamicQuantizeLinear" or dql.outputs[0] != mm.inputs[0] \
+                or dql.outputs[2] != mm.inputs[2]:
+            continue
+        cast = only_reader(mm.outputs[0], "Cast")
+        mul = cast and cast.attrs.get("to") == 1 and only_reader(cast.outputs[0], "Mul")
+        if not mul:
+            continue
+        scales = producer.get(mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0])
+        if scales is None or scales.op_type != "Mul" or len(readers.get(scales.outputs[0], [])) != 1 \
+                or scales.outputs[0] in outputs or dql.outputs[1] not in scales.inputs:
+            continue
+        b_scale = scales.inputs[1] if scales.inputs[0] == dql.outputs[1] else scales.inputs[0]
+        if b_scale not in constants:
+            continue
+        last, bias = mul, ""
+        add = only_reader(mul.outputs[0], "Add")
+        if add is not None:
+            other = add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0]
+            value = constants.get(other)
+            w = constants[mm.inputs[1]]
+            if value is not None and value.dtype == np.float32 and w.ndim == 2 and value.shape == (w.shape[1],):
+                last, bias = add, other
+        mm.op_type = f"{MS}::MatMulIntegerToFloat"
+        mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2],
+                     mm.inputs[3] if len(mm.inputs) > 3 else "", bias]
+        mm.outputs, mm.attrs = list(last.outputs), {}
+        removed.update(id(n) for n in (cast, mul, scales) + ((add,) if last is add else ()))
+    return [n for n in nodes if id(n) not in removed]
+
+
 def optimize(nodes, constants, outputs) -> list:
-    """The load-time passes of quantized graphs (``onnx.from_model``): QDQ pairs fused, the
-    constant weights of integer products packed."""
-    return pack_weights(fuse_quantize_dequantize(nodes, constants, outputs), constants)
+    """The load-time passes of quantized graphs (``onnx.from_model``): QDQ pairs and dynamic
+    integer matmuls fused, the constant weights of integer products packed."""
+    nodes = fuse_integer_matmul(fuse_quantize_dequantize(nodes, constants, outputs), constants, outputs)
+    return pack_weights(nodes, constants)
 
 
 def pack_weights(nodes, constants) -> list:
