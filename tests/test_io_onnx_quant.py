@@ -231,6 +231,7 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
                    [_tensor(n, f, None) for n in ("y", "yh", "yc")],
                    [numpy_helper.from_array(v, k) for k, v in consts.items()], (("", 17), ("com.microsoft", 1)))
     ours, theirs = _load(proto), _session(ort, proto)
+    assert "_packed" in ours._plan[0][3]   # W and R packed once at load for the native loop
     for steps, batch in ((4, 3), (1, 1)):
         feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
                 "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),

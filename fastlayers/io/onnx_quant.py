@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
-from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from . import onnx_check
 from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, _stored
@@ -268,6 +268,28 @@ def pack_operand(b, b_zp):
     return None if core is None else core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
 
 
+def _pack_lstm(node, constants, core) -> None:
+    """A DynamicQuantizeLSTM's constant W and R (with their zero points) packed per direction
+    (attribute ``_packed``: ((W, R) packed of each direction))."""
+    names = [node.inputs[i] if len(node.inputs) > i else "" for i in (1, 2, 9, 11)]
+    if not all(n in constants for n in names):
+        return
+    w, r, w_zp, r_zp = (constants[n] for n in names)
+    try:
+        packed = []
+        for d in range(w.shape[0] if w.ndim == 3 else 0):
+            pair = []
+            for m, zp, name in ((w, w_zp, "W_zero_point"), (r, r_zp, "R_zero_point")):
+                z = _zero_point(_direction_param(zp, d, m.shape[2], "DynamicQuantizeLSTM", name), m.dtype,
+                                "DynamicQuantizeLSTM")
+                pair.append(core.qpack(np.ascontiguousarray(m[d]), _column_zero_points(z, m.shape[2])))
+            packed.append(tuple(pair))
+    except (FastlayersError, ValueError, TypeError, IndexError):
+        return   # the operator raises its error when it runs
+    if packed and r.ndim == 3 and r.shape[0] == len(packed):
+        node.attrs = dict(node.attrs, _packed=tuple(packed))
+
+
 #: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
 _PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
              f"{MS}::DynamicQuantizeMatMul": (1, 3)}
@@ -391,6 +413,9 @@ def pack_weights(nodes, constants) -> list:
     except ImportError:
         return nodes
     for node in nodes:
+        if node.op_type == f"{MS}::DynamicQuantizeLSTM":
+            _pack_lstm(node, constants, _core)
+            continue
         where = _PACKABLE.get(node.op_type)
         if where is None or len(node.inputs) <= where[0]:
             continue
@@ -722,9 +747,10 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
                       for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
         w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
         r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
-        x_proj = _float_product(integer_matmul(x_q, np.asarray(x_zp), w[d], w_zp), x_scale, w_scale, None,
-                                n_gates, what).reshape(steps, batch, n_gates)
-        r_packed = pack_operand(r[d], r_zp)
+        w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and _native() is not None else (
+            pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
+        x_proj = _float_product(integer_matmul(x_q, np.asarray(x_zp), w[d], w_zp, w_packed), x_scale, w_scale,
+                                None, n_gates, what).reshape(steps, batch, n_gates)
         b = get(3)
         bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
