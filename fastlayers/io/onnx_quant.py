@@ -633,6 +633,31 @@ def _float_product(acc, a_scale, b_scale, bias, n, what):
     return y
 
 
+def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, what):
+    """float32((a - a_zp) @ (b - b_zp)) * float32(a_scale * b_scale) (+ bias), b_scale per tensor
+    or per column of a 2-D b: the native kernel's float epilogue where it runs, else
+    ``_float_product`` of ``integer_matmul``."""
+    core = _native()
+    if core is None or b.ndim != 2 or a.ndim == 0 or a.shape[-1] != b.shape[0]:
+        n = b.shape[-1] if b.ndim else 0
+        return _float_product(integer_matmul(a, a_zp, b, b_zp, packed), a_scale, b_scale, bias, n, what)
+    k, n = b.shape
+    multiplier = _scale(a_scale, what) * _scale(_per_column(b_scale, n, what, "b_scale"), what)
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.float32 or bias.shape != (n,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"float32 of shape ({n},)")
+    a2 = np.ascontiguousarray(a.reshape(-1, k))
+    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    if packed is None:
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+    y = np.empty((a2.shape[0], n), np.float32)
+    core.qgemm(a2, za, packed, y, np.ascontiguousarray(np.broadcast_to(multiplier, (n,))),
+               None if bias is None else np.ascontiguousarray(bias))
+    return y.reshape(a.shape[:-1] + (n,))
+
+
 def _dynamic_quantize_matmul(inputs, attrs, opset):
     """com.microsoft DynamicQuantizeMatMul: A quantized as DynamicQuantizeLinear, then
     MatMulIntegerToFloat."""
@@ -646,8 +671,8 @@ def _dynamic_quantize_matmul(inputs, attrs, opset):
     b_zp = _operand_zero_point(None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"),
                                b, what, "B", False)
     a_q, a_scale, a_zp = dynamic_quantize(a)
-    acc = integer_matmul(a_q, np.asarray(a_zp), b, b_zp, attrs.get("_b_packed"))
-    return [_float_product(acc, a_scale, inputs[2], inputs[4] if len(inputs) > 4 else None, n, what)]
+    return [integer_matmul_to_float(a_q, np.asarray(a_zp), b, b_zp, attrs.get("_b_packed"), a_scale, inputs[2],
+                                    inputs[4] if len(inputs) > 4 else None, what)]
 
 
 def _matmul_integer_to_float(inputs, attrs, opset):
@@ -660,8 +685,8 @@ def _matmul_integer_to_float(inputs, attrs, opset):
                                a, what, "A", True)
     b_zp = _operand_zero_point(None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"),
                                b, what, "B", False)
-    acc = integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"))
-    return [_float_product(acc, _scalar(inputs[2], what, "a_scale"), inputs[3], opt[2], n, what)]
+    return [integer_matmul_to_float(a, a_zp, b, b_zp, attrs.get("_b_packed"), _scalar(inputs[2], what, "a_scale"),
+                                    inputs[3], opt[2], what)]
 
 
 def _qconv_check(weight_index):
@@ -749,8 +774,8 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
         r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
         w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and _native() is not None else (
             pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
-        x_proj = _float_product(integer_matmul(x_q, np.asarray(x_zp), w[d], w_zp, w_packed), x_scale, w_scale,
-                                None, n_gates, what).reshape(steps, batch, n_gates)
+        x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale, None,
+                                         what).reshape(steps, batch, n_gates)
         b = get(3)
         bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)

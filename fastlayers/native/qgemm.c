@@ -33,9 +33,11 @@ int FL_FN(qpack)(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,
 }
 
 /* c[i, j] for i < rows, j < cols (<= 16) of the tile whose widened rows start at aw (row
- * stride 2 kp) and whose panel is bp. */
+ * stride 2 kp) and whose panel is bp: int32 sums, or float(sum) * scale[j] (+ bias[j]) where
+ * scale (the tile's columns) is not NULL. */
 FL_INLINE void qgemm_tile(const int rows, int64_t kp, const int16_t *aw, const int16_t *bp,
-                          int32_t *c, int64_t ldc, int64_t cols) {
+                          const float *scale, const float *bias, void *c, int64_t ldc,
+                          int64_t cols) {
     int32_t out[QGEMM_MR][FL_QPANEL];
 #if defined(__AVX2__)
     __m256i acc[QGEMM_MR][2];
@@ -66,13 +68,25 @@ FL_INLINE void qgemm_tile(const int rows, int64_t kp, const int16_t *aw, const i
         }
     }
 #endif
-    for (int i = 0; i < rows; ++i) memcpy(c + i * ldc, out[i], (size_t)cols * sizeof(int32_t));
+    if (!scale) {
+        for (int i = 0; i < rows; ++i)
+            memcpy((int32_t *)c + i * ldc, out[i], (size_t)cols * sizeof(int32_t));
+        return;
+    }
+    for (int i = 0; i < rows; ++i) {
+        float *ci = (float *)c + i * ldc;
+        for (int64_t j = 0; j < cols; ++j) {
+            float y = (float)out[i][j] * scale[j];
+            ci[j] = bias ? y + bias[j] : y;
+        }
+    }
 }
 
 typedef struct {
     int64_t m, n, kp, ldc, row_units;
     const int16_t *aw, *pb;
-    int32_t *c;
+    const float *scale, *bias;
+    void *c;
 } qgemm_ctx;
 
 /* Units: (block of QGEMM_ROWS_PER_UNIT rows) x (16-column panel), panel-major. */
@@ -82,23 +96,26 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
         int64_t j0 = u / x->row_units * FL_QPANEL, r0 = u % x->row_units * QGEMM_ROWS_PER_UNIT;
         int64_t r1 = FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), cols = FL_MIN(FL_QPANEL, x->n - j0);
         const int16_t *bp = x->pb + j0 * 2 * x->kp;
+        const float *scale = x->scale ? x->scale + j0 : 0, *bias = x->bias ? x->bias + j0 : 0;
         for (int64_t i = r0; i < r1; i += QGEMM_MR) {
             const int16_t *aw = x->aw + i * 2 * x->kp;
-            int32_t *c = x->c + i * x->ldc + j0;
+            void *c = x->scale ? (void *)((float *)x->c + i * x->ldc + j0)
+                               : (void *)((int32_t *)x->c + i * x->ldc + j0);
             switch (FL_MIN(QGEMM_MR, r1 - i)) {   /* constant row counts: unrolled tiles */
-            case 6: qgemm_tile(6, x->kp, aw, bp, c, x->ldc, cols); break;
-            case 5: qgemm_tile(5, x->kp, aw, bp, c, x->ldc, cols); break;
-            case 4: qgemm_tile(4, x->kp, aw, bp, c, x->ldc, cols); break;
-            case 3: qgemm_tile(3, x->kp, aw, bp, c, x->ldc, cols); break;
-            case 2: qgemm_tile(2, x->kp, aw, bp, c, x->ldc, cols); break;
-            default: qgemm_tile(1, x->kp, aw, bp, c, x->ldc, cols); break;
+            case 6: qgemm_tile(6, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
+            case 5: qgemm_tile(5, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
+            case 4: qgemm_tile(4, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
+            case 3: qgemm_tile(3, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
+            case 2: qgemm_tile(2, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
+            default: qgemm_tile(1, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
             }
         }
     }
 }
 
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
-                 const int32_t *za, const int16_t *pb, int32_t *c, int64_t ldc) {
+                 const int32_t *za, const int16_t *pb, const float *scale, const float *bias,
+                 void *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
     int64_t kp = (k + 1) / 2;
     int16_t *aw = (int16_t *)fl_buf_grow(&qgemm_buf, (size_t)FL_MAX(m * 2 * kp, 1) * sizeof(int16_t));
@@ -112,7 +129,7 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
     int64_t units = row_units * ((n + FL_QPANEL - 1) / FL_QPANEL);
     int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * FL_QPANEL * FL_MAX(k, 1);
-    qgemm_ctx x = {m, n, kp, ldc, row_units, aw, pb, c};
+    qgemm_ctx x = {m, n, kp, ldc, row_units, aw, pb, scale, bias, c};
     fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
     return 0;
 }

@@ -22,14 +22,16 @@ static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
 /* Every entry returns 0, or -1 when a work buffer could not be allocated. Arguments:
  * qpack(b, b_signed, ldb, k, n, zb, pb): pb = b (k, n, rows ldb bytes apart; int8 when
  *   b_signed, else uint8) less zb (n int32 values, one per column) packed;
- * qgemm(m, n, k, a, a_signed, lda, za, pb, c, ldc): c (m, n) = (a - za) @ b on the pool's
- *   threads, a (m, k) rows lda bytes apart (int8 when a_signed, else uint8), za m int32 values
- *   (one per row), b packed by qpack. */
+ * qgemm(m, n, k, a, a_signed, lda, za, pb, scale, bias, c, ldc): c (m, n) = (a - za) @ b on
+ *   the pool's threads, a (m, k) rows lda bytes apart (int8 when a_signed, else uint8), za m
+ *   int32 values (one per row), b packed by qpack; c int32, or, where scale (n floats) is not
+ *   NULL, float: float(acc) * scale[j] (+ bias[j] where bias is not NULL). */
 #define FL_QGEMM_KERNELS(X)                                                                   \
     X(int, qpack, (const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,            \
                    const int32_t *zb, int16_t *pb),                                           \
       (b, b_signed, ldb, k, n, zb, pb))                                                       \
     X(int, qgemm, (int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda, \
-                   const int32_t *za, const int16_t *pb, int32_t *c, int64_t ldc),            \
-      (m, n, k, a, a_signed, lda, za, pb, c, ldc))
+                   const int32_t *za, const int16_t *pb, const float *scale, const float *bias, \
+                   void *c, int64_t ldc),                                                     \
+      (m, n, k, a, a_signed, lda, za, pb, scale, bias, c, ldc))
 #endif

@@ -6,18 +6,6 @@ cdef extern from "dispatch.h" nogil:
                  float clip, int input_forget, float *h, float *c, float *y, int64_t y_step)
 
 
-cdef float *_f32_block(object a, tuple shape, str what) except? NULL:
-    """The data of a C-contiguous float32 array of ``shape`` (None gives NULL)."""
-    if a is None:
-        return NULL
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    if cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr) \
-            or (<object>arr).shape != shape:
-        raise ValueError(f"qlstm {what}: expected a C-contiguous float32 array of shape {shape}, got "
-                         f"{arr.dtype} {(<object>arr).shape}")
-    return <float *>cnp.PyArray_DATA(arr)
-
-
 def qlstm(cnp.ndarray x_proj, bint reverse, cnp.ndarray r_packed, cnp.ndarray r_scale, object bias,
           object peep, float clip, bint input_forget, cnp.ndarray h, cnp.ndarray c, object y):
     """One direction of a quantized LSTM over a sequence (qlstm.h): ``x_proj`` (steps, batch,
