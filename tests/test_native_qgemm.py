@@ -126,18 +126,18 @@ def test_quantization_kernels_match_numpy(rng, count):
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40)])
 def test_float_epilogue(rng, m, k, n):
-    """c = float(sum) * scale[j] (+ bias[j]) in the tiles' store (one rounding apart from
-    numpy's separate multiply and add where the compiler fuses them)."""
+    """c = float(sum) * scale[j] (+ bias[j]) in the tiles' store, the product rounded before the
+    bias is added, as numpy's separate operations (bit for bit)."""
     a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
     za, zb = _values(rng, np.uint8, m).astype(np.int32), np.zeros(n, np.int32)
     scale = rng.uniform(1e-4, 1e-2, n).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
-    acc = _expected(a, za, b, zb).astype(np.float32)
+    product = _expected(a, za, b, zb).astype(np.float32) * scale
     pb = _core.qpack(b, zb)
     for with_bias in (False, True):
         c = np.full((m, n), np.nan, np.float32)
         _core.qgemm(a, za, pb, c, scale, bias if with_bias else None)
-        np.testing.assert_allclose(c, acc * scale + (bias if with_bias else 0), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(c, product + bias if with_bias else product)
     with pytest.raises(ValueError, match="C-contiguous float32"):
         _core.qgemm(a, za, pb, np.empty((m, n), np.int32), scale)
     with pytest.raises(ValueError, match="a bias needs a scale"):

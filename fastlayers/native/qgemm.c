@@ -73,12 +73,13 @@ FL_INLINE void qgemm_tile(const int rows, int64_t kp, const int16_t *aw, const i
             memcpy((int32_t *)c + i * ldc, out[i], (size_t)cols * sizeof(int32_t));
         return;
     }
+    /* the product rounded before the bias is added (two loops: no fused multiply-add), as
+     * onnxruntime's output processor and numpy */
     for (int i = 0; i < rows; ++i) {
         float *ci = (float *)c + i * ldc;
-        for (int64_t j = 0; j < cols; ++j) {
-            float y = (float)out[i][j] * scale[j];
-            ci[j] = bias ? y + bias[j] : y;
-        }
+        for (int64_t j = 0; j < cols; ++j) ci[j] = (float)out[i][j] * scale[j];
+        if (bias)
+            for (int64_t j = 0; j < cols; ++j) ci[j] += bias[j];
     }
 }
 
