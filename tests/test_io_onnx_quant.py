@@ -436,3 +436,15 @@ def test_quantize_dequantize_pairs_fuse_only_where_nothing_else_reads_the_intege
     y, q_out = kept(x)
     np.testing.assert_array_equal(y, want)
     np.testing.assert_array_equal(q_out, q.astype(np.int8))
+
+
+def test_a_huge_block_size_allocates_nothing_of_its_size():
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    proto = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=1 << 40)],
+                   [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [2, 1])], [_tensor("y", f, None)])
+    q = np.arange(6, dtype=np.int8).reshape(2, 3)
+    s = np.array([[0.5], [2.0]], np.float32)
+    np.testing.assert_array_equal(_load(proto)(q, s), q * s)

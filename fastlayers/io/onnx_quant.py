@@ -104,7 +104,8 @@ def _broadcast_param(p, x_shape, axis, block_size, what):
         if p.shape != want:
             raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} with "
                              f"block_size {block_size} on axis {axis} (expected {want})")
-        return np.repeat(p, block_size, axis=axis)[(slice(None),) * axis + (slice(0, x_shape[axis]),)]
+        # block of each index along the axis (no array of blocks * block_size: the attribute may be huge)
+        return np.take(p, np.arange(x_shape[axis]) // block_size, axis=axis)
     if p.shape != (x_shape[axis],):
         raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} on axis "
                          f"{axis} (expected a scalar or ({x_shape[axis]},))")
