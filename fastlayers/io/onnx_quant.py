@@ -17,6 +17,13 @@ Semantics (https://onnx.ai/onnx/operators/ and onnxruntime's docs/ContribOperato
   float32(acc) * float32(a_scale * b_scale) (+ bias);
 - dynamic quantization of a float tensor to uint8 as ``DynamicQuantizeLinear``: its range
   widened to hold 0, scale = (max - min) / 255 (1 where max == min), zero point rounded.
+
+Integer products run on the native kernel ``native/qgemm.c`` (the numpy reference backend: in
+float64, exact), DynamicQuantizeLSTM's time loop on ``native/qlstm.c``, per-tensor 8-bit
+quantization on ``native/quantize.c``. At load (``optimize``, called by ``onnx.from_model``):
+QuantizeLinear -> DequantizeLinear pairs become one ``FusedQuantizeDequantize`` node,
+``quantize_dynamic``'s MatMulInteger -> Cast -> Mul (-> Add) chains one MatMulIntegerToFloat, and
+constant weights are packed once for the native kernel.
 """
 
 from __future__ import annotations
