@@ -1,7 +1,7 @@
 """The native integer product (``fastlayers.native``, qgemm.c) against an int64 numpy reference
 on every ISA path (the AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd, the portable
 path in C; no VNNI path): every uint8/int8 pairing with zero points, the extremes where int16
-pair sums of u8 x s8 products would saturate, odd sizes around its 6 x 16 tiles and 24-row work
+pair sums of u8 x s8 products would saturate, odd sizes around its 5 x 16 tiles and 20-row work
 units, batch 1, k = 1, odd k, strided rows, and 1-2 threads."""
 
 from __future__ import annotations

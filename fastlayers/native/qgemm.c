@@ -3,8 +3,8 @@
  * AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd (exact), the portable path in C.
  * A is widened to int16 less its zero point once per call (rows of 2 * ceil(k / 2) values). */
 
-#define QGEMM_MR 6
-#define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
+#define QGEMM_MR 5   /* 10 accumulators, the b pair, a broadcast and a product: no spill in 16 ymm */
+#define QGEMM_ROWS_PER_UNIT 20      /* rows of one unit of parallel work */
 #define QGEMM_MIN_SHARE_MACS (1 << 17)
 
 static __thread fl_buf qgemm_buf;   /* a widened (calls serial on this thread) */
@@ -103,7 +103,6 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
             void *c = x->scale ? (void *)((float *)x->c + i * x->ldc + j0)
                                : (void *)((int32_t *)x->c + i * x->ldc + j0);
             switch (FL_MIN(QGEMM_MR, r1 - i)) {   /* constant row counts: unrolled tiles */
-            case 6: qgemm_tile(6, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
             case 5: qgemm_tile(5, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
             case 4: qgemm_tile(4, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
             case 3: qgemm_tile(3, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;

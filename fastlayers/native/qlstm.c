@@ -48,7 +48,6 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
                 const int16_t *aw = hw + i * 2 * kp;
                 int32_t *ct = acc + i * g + j0;
                 switch (FL_MIN(QGEMM_MR, batch - i)) {
-                case 6: qgemm_tile(6, kp, aw, bp, 0, 0, ct, g, cols); break;
                 case 5: qgemm_tile(5, kp, aw, bp, 0, 0, ct, g, cols); break;
                 case 4: qgemm_tile(4, kp, aw, bp, 0, 0, ct, g, cols); break;
                 case 3: qgemm_tile(3, kp, aw, bp, 0, 0, ct, g, cols); break;
