@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import onnx_check, onnx_encoder, onnx_proto
+from . import onnx_check, onnx_encoder, onnx_proto, onnx_quant
 from .onnx_control import Body
 from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
@@ -1022,9 +1022,10 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
     unsupported = sorted({_op_name(n) for n in onnx_check.all_nodes(graph)
-                          if n.domain != "" or n.op_type not in onnx_check.OPS})
+                          if ":" in n.op_type or onnx_check.qualified(n) not in onnx_check.OPS})
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    onnx_quant.check_domains(model, where)
     # the graph's structure, types and attributes, checked before anything is folded or run;
     # the nodes in an order that runs, dead nodes dropped before folding
     checked = onnx_check.check_graph(graph, where, opset)
@@ -1039,7 +1040,8 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
-    budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values()))]
+    budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values())
+                  + onnx_quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
@@ -1048,6 +1050,7 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
         nodes = fuse_attention(nodes, constants, outputs, opset)
+        nodes = onnx_quant.optimize(nodes, constants, outputs)
         nodes = prune(mark_attention_scores(nodes, outputs), outputs)
         name = graph.name or Path(where).stem
         nodes = fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,

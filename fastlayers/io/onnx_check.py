@@ -97,6 +97,13 @@ class Context:
         self.where, self.opset, self.constants = where, opset, constants
 
 
+def qualified(node) -> str:
+    """The key of a node's operator in ``OPS``: its op_type in the default domain,
+    ``domain::op_type`` in another (``onnx.from_model`` refuses op types holding ":", so a
+    default-domain node cannot name a contrib operator)."""
+    return node.op_type if not node.domain else f"{node.domain}::{node.op_type}"
+
+
 def _node_text(node) -> str:
     label = node.name or (node.outputs[0] if node.outputs else "")
     return f"node {short(label)} ({node.op_type})"
@@ -508,7 +515,7 @@ def _attribute(node, key, value, rule, ctx):
 
 def check_node(node, ctx) -> dict:
     """The checked attributes of ``node`` (those its operator reads), or an error."""
-    spec = OPS[node.op_type]
+    spec = OPS[qualified(node)]
     low, high = spec.inputs
     n = len(node.inputs)
     if n < low or (high is not None and n > high):
@@ -578,7 +585,7 @@ def _check_scope(graph, where, opset, outer):
                 raise ModelFileError(f"{where}: {_node_text(node)}: output {short(out)} is already "
                                      f"written by {other} (each value has one producer)")
             producer[out] = k
-        nodes.append(NodeProto(node.op_type, node.domain, node.name, list(node.inputs),
+        nodes.append(NodeProto(qualified(node), node.domain, node.name, list(node.inputs),
                                list(node.outputs), attrs))
     local = set(defined) | set(producer)
     visible = None

@@ -1,0 +1,89 @@
+# Integer matrix products (qgemm.h).
+
+from libc.stdint cimport int16_t, int32_t
+
+cdef extern from "dispatch.h" nogil:
+    int64_t fl_qpacked_count(int64_t k, int64_t n)
+    int fl_qpack(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n, const int32_t *zb,
+                 int16_t *pb)
+    int fl_qgemm(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
+                 const int32_t *za, const int16_t *pb, const float *scale, const float *bias, void *c,
+                 int64_t ldc)
+
+
+cdef int _int8_operand(cnp.ndarray x, str what) except -1:
+    """1 for an int8 ``x``, 0 for uint8: 2-D with a contiguous last axis (any row stride)."""
+    if cnp.PyArray_TYPE(x) != cnp.NPY_INT8 and cnp.PyArray_TYPE(x) != cnp.NPY_UINT8:
+        raise TypeError(f"{what}: expected uint8 or int8, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got {x.ndim}-D")
+    if x.shape[1] > 1 and x.strides[1] != 1:
+        raise ValueError(f"{what}: the last axis must be contiguous")
+    return cnp.PyArray_TYPE(x) == cnp.NPY_INT8
+
+
+cdef int32_t *_int32_vector(cnp.ndarray v, int64_t size, str what) except NULL:
+    if cnp.PyArray_TYPE(v) != cnp.NPY_INT32 or v.ndim != 1 or v.shape[0] != size \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(v):
+        raise ValueError(f"{what}: expected a contiguous int32 vector of {size} values")
+    return <int32_t *>cnp.PyArray_DATA(v)
+
+
+cdef float *_f32_block(object a, tuple shape, str what) except? NULL:
+    """The data of a C-contiguous float32 array of ``shape`` (None gives NULL)."""
+    if a is None:
+        return NULL
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr) \
+            or (<object>arr).shape != shape:
+        raise ValueError(f"{what}: expected a C-contiguous float32 array of shape {shape}, got "
+                         f"{arr.dtype} {(<object>arr).shape}")
+    return <float *>cnp.PyArray_DATA(arr)
+
+
+def qpack(cnp.ndarray b, cnp.ndarray zb):
+    """``b`` (k, n) uint8 or int8 less ``zb`` (n,) int32 (its zero point per column), packed for
+    ``qgemm`` (a new 1-D int16 array)."""
+    cdef int b_signed = _int8_operand(b, "qpack b")
+    cdef int64_t k = b.shape[0], n = b.shape[1]
+    cdef int64_t ldb = b.strides[0] if k > 1 else n
+    cdef const int32_t *zp = _int32_vector(zb, n, "qpack zb")
+    out = np.empty(fl_qpacked_count(k, n), np.int16)
+    cdef int16_t *pb = <int16_t *>cnp.PyArray_DATA(out)
+    cdef const void *bp = cnp.PyArray_DATA(b)
+    if k > 0 and n > 0:
+        with nogil:
+            fl_qpack(bp, b_signed, ldb, k, n, zp, pb)
+    return out
+
+
+def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object scale=None,
+          object bias=None):
+    """c (m, n) = (a - za) @ (b - zb) summed exactly, on the pool's threads: ``a`` (m, k) uint8 or
+    int8 with a contiguous last axis, ``za`` (m,) int32 its zero point per row, ``pb`` b (k, n)
+    less its zero points packed by ``qpack``; ``c`` C-contiguous int32, or float32 with ``scale``
+    (n,) float32: c = float(sum) * scale (+ ``bias`` (n,) float32). Returns ``c``."""
+    cdef int a_signed = _int8_operand(a, "qgemm a")
+    cdef int64_t m = a.shape[0], k = a.shape[1]
+    cdef int want = cnp.NPY_INT32 if scale is None else cnp.NPY_FLOAT32
+    if cnp.PyArray_TYPE(c) != want or c.ndim != 2 or c.shape[0] != m or not cnp.PyArray_IS_C_CONTIGUOUS(c):
+        raise ValueError(f"qgemm: c must be a C-contiguous {'int32' if scale is None else 'float32'} "
+                         f"array of {m} rows")
+    cdef int64_t n = c.shape[1]
+    if cnp.PyArray_TYPE(pb) != cnp.NPY_INT16 or pb.ndim != 1 or pb.shape[0] != fl_qpacked_count(k, n) \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(pb):
+        raise ValueError(f"qgemm: pb is not a ({k}, {n}) operand packed by qpack")
+    if bias is not None and scale is None:
+        raise ValueError("qgemm: a bias needs a scale")
+    cdef const float *sp = _f32_block(scale, (n,), "scale")
+    cdef const float *bp = _f32_block(bias, (n,), "bias")
+    cdef const int32_t *zp = _int32_vector(za, m, "qgemm za")
+    cdef int64_t lda = a.strides[0] if m > 1 else k
+    cdef const void *ap = cnp.PyArray_DATA(a)
+    cdef const int16_t *pp = <const int16_t *>cnp.PyArray_DATA(pb)
+    cdef void *cp = cnp.PyArray_DATA(c)
+    cdef int st
+    with nogil:
+        st = fl_qgemm(m, n, k, ap, a_signed, lda, zp, pp, sp, bp, cp, n)
+    check(st, "qgemm")
+    return c

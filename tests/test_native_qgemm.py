@@ -1,0 +1,144 @@
+"""The native integer product (``fastlayers.native``, qgemm.c) against an int64 numpy reference
+on every ISA path (the AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd, the portable
+path in C; no VNNI path): every uint8/int8 pairing with zero points, the extremes where int16
+pair sums of u8 x s8 products would saturate, odd sizes around its 5 x 16 tiles and 20-row work
+units, batch 1, k = 1, odd k, strided rows, and 1-2 threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers import native
+from fastlayers.native import _core
+
+pytestmark = pytest.mark.usefixtures("isa")
+
+TYPES = [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)]
+
+
+def _values(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _qgemm(a, za, b, zb):
+    c = np.full((a.shape[0], b.shape[1]), -7, np.int32)
+    return _core.qgemm(a, za, _core.qpack(b, zb), c)
+
+
+def _expected(a, za, b, zb):
+    return (a.astype(np.int64) - za[:, None]) @ (b.astype(np.int64) - zb[None, :])
+
+
+@pytest.mark.parametrize("types", TYPES)
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 33), (5, 1, 17), (6, 2, 16), (7, 3, 15), (13, 64, 40),
+                                     (25, 33, 1), (49, 130, 47)])
+def test_product_matches_int64_reference(rng, types, m, k, n):
+    a_type, b_type = types
+    a, b = _values(rng, a_type, (m, k)), _values(rng, b_type, (k, n))
+    za, zb = _values(rng, a_type, m).astype(np.int32), _values(rng, b_type, n).astype(np.int32)
+    np.testing.assert_array_equal(_qgemm(a, za, b, zb), _expected(a, za, b, zb))
+
+
+def test_extremes_do_not_saturate():
+    """255 x 127 and 255 x -128 pairs (over int16 once two are summed) and the widest
+    zero-point shifts (255 - (-255))."""
+    for a_value, b_value, za, zb in ((255, 127, 0, 0), (255, -128, 0, 0), (0, -128, 255, 127)):
+        a = np.full((7, 37), a_value, np.uint8)
+        b = np.full((37, 19), b_value, np.int8)
+        za_v, zb_v = np.full(7, za, np.int32), np.full(19, zb, np.int32)
+        np.testing.assert_array_equal(_qgemm(a, za_v, b, zb_v), _expected(a, za_v, b, zb_v))
+
+
+def test_strided_rows_and_threads(rng):
+    a_wide = _values(rng, np.uint8, (61, 90))
+    a = a_wide[:, 5:76]                       # rows 90 bytes apart
+    b = _values(rng, np.int8, (71, 45))
+    za, zb = np.full(61, 3, np.int32), _values(rng, np.int8, 45).astype(np.int32)
+    threads = native.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            native.set_num_threads(n_threads)
+            np.testing.assert_array_equal(_qgemm(a, za, b, zb), _expected(a, za, b, zb))
+    finally:
+        native.set_num_threads(threads)
+
+
+def test_arguments_are_checked(rng):
+    a, b = _values(rng, np.uint8, (3, 4)), _values(rng, np.int8, (4, 5))
+    pb = _core.qpack(b, np.zeros(5, np.int32))
+    with pytest.raises(TypeError, match="uint8 or int8"):
+        _core.qgemm(a.astype(np.int16), np.zeros(3, np.int32), pb, np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="packed by qpack"):
+        _core.qgemm(a, np.zeros(3, np.int32), pb[:-1], np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="int32 vector of 3"):
+        _core.qgemm(a, np.zeros(2, np.int32), pb, np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="last axis must be contiguous"):
+        _core.qpack(b.T, np.zeros(4, np.int32))
+
+
+@pytest.mark.parametrize("hidden, batch, attrs", [
+    (5, 7, {"direction": "bidirectional"}),
+    (16, 1, {"direction": "reverse", "clip": 0.5}),
+    (3, 2, {"input_forget": 1})])
+def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
+    """The native DynamicQuantizeLSTM time loop (qlstm.c) against the operator's numpy form
+    (the reference backend): odd hidden sizes (an odd k for the recurrent product), more rows
+    than a tile, peepholes, clip, input_forget, both orders."""
+    import fastlayers
+    from fastlayers.io.onnx_quant import OPS
+
+    n_dir = 2 if attrs.get("direction") == "bidirectional" else 1
+    g, n_in, steps = 4 * hidden, 3, 6
+    inputs = [rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+              _values(rng, np.int8, (n_dir, n_in, g)), _values(rng, np.uint8, (n_dir, hidden, g)),
+              rng.standard_normal((n_dir, 2 * g)).astype(np.float32), None,
+              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+              rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
+              rng.uniform(0.01, 0.05, (n_dir, g)).astype(np.float32), np.zeros((n_dir, g), np.int8),
+              rng.uniform(0.01, 0.05, n_dir).astype(np.float32), np.full(n_dir, 128, np.uint8)]
+    op = OPS["com.microsoft::DynamicQuantizeLSTM"]
+    got = op(inputs, dict(attrs, hidden_size=hidden), 1)
+    with fastlayers.use_ops("reference"):
+        want = op(inputs, dict(attrs, hidden_size=hidden), 1)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 100, 70001])
+def test_quantization_kernels_match_numpy(rng, count):
+    """quantize.c: clamp(round_half_even(x / scale) + zero_point) to uint8 and int8, the fused
+    quantize-dequantize and min/max, against numpy's float32 formula (exact ties and values
+    past the range included; 70001 floats run on the pool's threads)."""
+    x = (rng.standard_normal(count) * 40).astype(np.float32)
+    x[: min(count, 6)] = np.array([0.5, 1.5, -2.5, 1e6, -1e6, 3.25], np.float32)[: min(count, 6)]
+    scale = np.float32(0.25)
+    for dtype, zp in ((np.uint8, 100), (np.int8, -3)):
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        q = np.clip(np.rint(x / scale) + np.float32(zp), lo, hi)
+        np.testing.assert_array_equal(_core.quantize(x, scale, zp, dtype), q.astype(dtype))
+        np.testing.assert_array_equal(_core.fake_quantize(x, scale, zp, lo, hi),
+                                      (q - np.float32(zp)) * scale)
+    assert _core.min_max(x) == (min(x.min(), 0), max(x.max(), 0))
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40)])
+def test_float_epilogue(rng, m, k, n):
+    """c = float(sum) * scale[j] (+ bias[j]) in the tiles' store, the product rounded before the
+    bias is added, as numpy's separate operations (bit for bit)."""
+    a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
+    za, zb = _values(rng, np.uint8, m).astype(np.int32), np.zeros(n, np.int32)
+    scale = rng.uniform(1e-4, 1e-2, n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    product = _expected(a, za, b, zb).astype(np.float32) * scale
+    pb = _core.qpack(b, zb)
+    for with_bias in (False, True):
+        c = np.full((m, n), np.nan, np.float32)
+        _core.qgemm(a, za, pb, c, scale, bias if with_bias else None)
+        np.testing.assert_array_equal(c, product + bias if with_bias else product)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        _core.qgemm(a, za, pb, np.empty((m, n), np.int32), scale)
+    with pytest.raises(ValueError, match="a bias needs a scale"):
+        _core.qgemm(a, za, pb, np.empty((m, n), np.int32), None, bias)
