@@ -273,3 +273,22 @@ def test_keras3_activations_from_keras_files(keras, tmp_path, rng):
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
             assert_close(g, e, rtol=1e-4, atol=1e-5, what=f"from .{ext}")
+
+
+def test_keras3_operation_nodes_from_keras_files(keras, tmp_path, rng):
+    """Arithmetic on symbolic tensors (Keras 3 saves operation nodes, as MobileNetV3's hard
+    sigmoid and ConvNeXt's residual sums): constants on either side, two tensors; other
+    operations are refused by name."""
+    x = keras.Input((6,))
+    h = keras.layers.Dense(6)(x)
+    y = (3.0 - h) * (1.0 / 6.0) + x / 2.0 - (h + 1.5)
+    model = keras.Model(x, y)
+    randomize(model, rng)
+    xs = rng.standard_normal((2, 6)).astype(np.float32)
+    expected = model.predict(xs, verbose=0)
+    for ext in ("keras", "h5"):
+        model.save(tmp_path / f"ops.{ext}")
+        assert_close(fastlayers.load(tmp_path / f"ops.{ext}")(xs), expected, rtol=1e-5, atol=1e-6)
+    keras.Model(x, keras.ops.exp(h)).save(tmp_path / "exp.keras")
+    with pytest.raises(UnsupportedError, match=r"operation 'exp' \(keras.src.ops.numpy.Exp\)"):
+        fastlayers.load(tmp_path / "exp.keras")

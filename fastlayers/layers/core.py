@@ -6,7 +6,7 @@ import numpy as np
 
 from ..backends.reference import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
 from ..errors import InputError, ShapeError, UnsupportedError
-from .base import InputSpec, Layer, shape_str
+from .base import InputSpec, Layer, shape_str, weights_pending
 
 _ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu",
             "gelu_approximate": "gelu_tanh"}
@@ -22,7 +22,7 @@ def activation_name(spec) -> str:
     if spec == "threshold":
         raise UnsupportedError("activation 'threshold' needs its threshold and default_value, "
                                "which a name cannot carry (Keras cannot call it by name either)")
-    name = _ALIASES.get(spec, spec) if isinstance(spec, (str, type(None))) else spec
+    name = _ALIASES.get(spec, spec)
     if not isinstance(name, str) or name not in ACTIVATIONS:
         raise UnsupportedError(f"activation {spec!r} is not supported; expected one of "
                                f"{sorted(ACTIVATIONS + ('swish', 'hard_swish', None), key=str)}")
@@ -271,6 +271,54 @@ class Dropout(Layer):
 
     def call(self, x):
         return x
+
+
+class StochasticDepth(Layer):
+    """Stochastic depth (drop path, Keras's ConvNeXt): the identity at inference
+    (``drop_path_rate`` is kept for the config)."""
+
+    config_keys = ("drop_path_rate",)
+
+    def __init__(self, drop_path_rate, **kwargs):
+        super().__init__(**kwargs)
+        self.drop_path_rate = float(drop_path_rate)
+        if not 0.0 <= self.drop_path_rate <= 1.0:
+            raise ValueError(f"StochasticDepth {self.name!r}: drop_path_rate must be in [0, 1], "
+                             f"got {drop_path_rate}")
+
+    def call(self, x):
+        return x
+
+
+class LayerScale(Layer):
+    """``y = x * gamma`` over the last axis (Keras's ConvNeXt; Touvron et al., 2021).
+
+    Parameters
+    ----------
+    init_values : float
+        Initial value of every ``gamma`` entry (kept for the config; weights replace it).
+    projection_dim : int
+        Size of the last axis. Weight: gamma (projection_dim,).
+    """
+
+    config_keys = ("init_values", "projection_dim")
+
+    def __init__(self, init_values, projection_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.init_values = float(init_values)
+        self.projection_dim = int(projection_dim)
+        if self.projection_dim <= 0:
+            raise ValueError(f"LayerScale {self.name!r}: projection_dim must be positive, got "
+                             f"{projection_dim}")
+        self.input_spec = InputSpec(min_ndim=1, axes={-1: self.projection_dim})
+
+    def build(self, input_shape):
+        gamma = self.add_weight("gamma", (self.projection_dim,), "zeros")
+        if not weights_pending():
+            gamma[...] = np.float32(self.init_values)
+
+    def call(self, x):
+        return x * self.gamma
 
 
 class SpatialDropout1D(Dropout):
