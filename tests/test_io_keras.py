@@ -281,7 +281,7 @@ def test_keras3_operation_nodes_from_keras_files(keras, tmp_path, rng):
     operations are refused by name."""
     x = keras.Input((6,))
     h = keras.layers.Dense(6)(x)
-    y = (3.0 - h) * (1.0 / 6.0) + x / 2.0 - (h + 1.5)
+    y = (3.0 - h) * (1.0 / 6.0) + x / 2 - (h + 1.5)   # an int constant too
     model = keras.Model(x, y)
     randomize(model, rng)
     xs = rng.standard_normal((2, 6)).astype(np.float32)

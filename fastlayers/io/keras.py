@@ -187,7 +187,8 @@ def build_operation(entry: dict, where: str):
     for arg in args:
         if _is_tensor(arg):
             constants.append(None)
-        elif type(arg) in (int, float) and np.isfinite(arg):
+        elif (type(arg) is float and np.isfinite(arg)) or (
+                type(arg) is int and abs(arg) <= limits.MAX_CONFIG_INT):
             constants.append(float(arg))
         else:
             raise UnsupportedError(f"{here}: operand {limits.describe(arg)} is neither a tensor "
@@ -418,7 +419,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
             raise ModelFileError(f"{here}: input {e.args[0]} is not an output of that layer "
                                  "call") from None
         if isinstance(layers[lname], BinaryOp):   # its tensor operands, as a list
-            args, extra_args = [a for a in (args, *extra_args) if not isinstance(a, float)], []
+            args, extra_args = [a for a in (args, *extra_args) if type(a) not in (int, float)], []
         try:
             out = layers[lname](args, *extra_args, **kwargs)
         except Exception as e:  # noqa: BLE001 - a graph from a file: any failure is the file's

@@ -24,11 +24,12 @@ from .pooling import (
 )
 
 __all__ = [
-    "Activation", "Add", "Average", "BatchNormalization", "BinaryOp", "Concatenate", "Cropping1D", "Cropping2D",
-    "CustomScaleLayer", "Dense", "Dropout", "ELU", "Embedding", "Flatten", "HierarchicalSoftmax",
-    "InputLayer", "InputSpec", "Layer", "LayerNormalization", "LayerScale", "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization",
-    "Permute", "RMSNormalization", "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax",
-    "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "StochasticDepth", "Subtract", "ZeroPadding1D",
+    "Activation", "Add", "Average", "BatchNormalization", "BinaryOp", "Concatenate", "Cropping1D",
+    "Cropping2D", "CustomScaleLayer", "Dense", "Dropout", "ELU", "Embedding", "Flatten",
+    "HierarchicalSoftmax", "InputLayer", "InputSpec", "Layer", "LayerNormalization", "LayerScale",
+    "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization", "Permute", "RMSNormalization",
+    "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax", "SpatialDropout1D",
+    "SpatialDropout2D", "SpatialDropout3D", "StochasticDepth", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
 __all__ += [
