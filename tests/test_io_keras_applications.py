@@ -79,13 +79,14 @@ def test_normalization_layer_matches_keras(keras, rng, kwargs):
 
 def test_application_layers_load_and_match(keras, tmp_path, rng):
     """The layers keras.applications defines itself: ConvNeXt's LayerScale and StochasticDepth
-    (the identity at inference), InceptionResNetV2's CustomScaleLayer."""
+    (the identity at inference), InceptionResNetV2's CustomScaleLayer; with an operation node,
+    through fastlayers' own format too."""
     from keras.src.applications.convnext import LayerScale, StochasticDepth
     from keras.src.applications.inception_resnet_v2 import CustomScaleLayer
 
     x = keras.Input((3, 4))
     h = StochasticDepth(0.25)(LayerScale(1e-6, 4)(x))
-    model = keras.Model(x, CustomScaleLayer(0.17)([x, h]))
+    model = keras.Model(x, CustomScaleLayer(0.17)([x, h]) * 0.5)
     model.layers[1].set_weights([rng.standard_normal(4).astype(np.float32)])
     xs = rng.standard_normal((2, 3, 4)).astype(np.float32)
     expected = model.predict(xs, verbose=0)
@@ -93,5 +94,7 @@ def test_application_layers_load_and_match(keras, tmp_path, rng):
         model.save(tmp_path / f"application_layers.{ext}")
         ours = fastlayers.load(tmp_path / f"application_layers.{ext}")
         assert_close(ours(xs), expected, what=f".{ext}")
+    ours.save(tmp_path / "application_layers.flm")
+    assert_close(fastlayers.load(tmp_path / "application_layers.flm")(xs), expected)
     fresh = L.LayerScale(0.5, 4)
     assert_close(fresh(xs), xs * np.float32(0.5))
