@@ -245,3 +245,50 @@ def test_recurrent_attention_and_conv_layers_from_keras_files(keras, tmp_path, r
     for ext in ("keras", "h5"):
         model.save(tmp_path / f"mixed.{ext}")
         assert_close(fastlayers.load(tmp_path / f"mixed.{ext}")(xs), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_keras3_activations_from_keras_files(keras, tmp_path, rng):
+    """Keras 3's newer activations by name, as ``activation=`` of Dense and Conv2D and as
+    Activation layers, from .keras and .h5. Sparsemax sees inputs with one value in its support
+    (where Keras 3.15 is right, keras-team/keras#23425)."""
+    from .test_layers_keras import KERAS3_ACTIVATIONS
+
+    K = keras.layers
+    x, image, peaked = keras.Input((8,)), keras.Input((5, 5, 2)), keras.Input((4,))
+    outputs = [K.Activation("sparsemax")(peaked)]
+    for name in KERAS3_ACTIVATIONS:
+        if name != "sparsemax":
+            outputs += [K.Dense(8, activation=name)(x), K.Activation(name)(K.Dense(6)(x))]
+    outputs += [K.Conv2D(4, 3, activation=name)(image) for name in ("hard_swish", "mish", "celu")]
+    model = keras.Model([x, image, peaked], outputs)
+    randomize(model, rng)
+    xs = [rng.standard_normal((2, 8)).astype(np.float32) * 2,
+          rng.standard_normal((2, 5, 5, 2)).astype(np.float32),
+          np.array([[0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 1.5, -2.0]], np.float32)]
+    xs[0][0, :] = [-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 20.0]   # break points before the Dense
+    expected = model.predict(xs, verbose=0)
+    for ext in ("keras", "h5"):
+        model.save(tmp_path / f"activations.{ext}")
+        got = fastlayers.load(tmp_path / f"activations.{ext}")(xs)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_close(g, e, rtol=1e-4, atol=1e-5, what=f"from .{ext}")
+
+
+def test_keras3_operation_nodes_from_keras_files(keras, tmp_path, rng):
+    """Arithmetic on symbolic tensors (Keras 3 saves operation nodes, as MobileNetV3's hard
+    sigmoid and ConvNeXt's residual sums): constants on either side, two tensors; other
+    operations are refused by name."""
+    x = keras.Input((6,))
+    h = keras.layers.Dense(6)(x)
+    y = (3.0 - h) * (1.0 / 6.0) + x / 2 - (h + 1.5)   # an int constant too
+    model = keras.Model(x, y)
+    randomize(model, rng)
+    xs = rng.standard_normal((2, 6)).astype(np.float32)
+    expected = model.predict(xs, verbose=0)
+    for ext in ("keras", "h5"):
+        model.save(tmp_path / f"ops.{ext}")
+        assert_close(fastlayers.load(tmp_path / f"ops.{ext}")(xs), expected, rtol=1e-5, atol=1e-6)
+    keras.Model(x, keras.ops.exp(h)).save(tmp_path / "exp.keras")
+    with pytest.raises(UnsupportedError, match=r"operation 'exp' \(keras.src.ops.numpy.Exp\)"):
+        fastlayers.load(tmp_path / "exp.keras")

@@ -21,6 +21,17 @@ ACTIVATIONS = [
     "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "sigmoid", "hard_sigmoid",
     "tanh", "softmax", "log_softmax", "softplus", "softsign", "swish", "silu", "exponential",
 ]
+#: Keras 3's newer activations (reference numpy path on every CPU backend).
+KERAS3_ACTIVATIONS = [
+    "celu", "glu", "hard_silu", "hard_swish", "hard_tanh", "hard_shrink", "soft_shrink",
+    "tanh_shrink", "log_sigmoid", "mish", "sparse_plus", "sparse_sigmoid", "squareplus",
+    "sparsemax",
+]
+#: Each function's kinks and the values either side (±0.5 shrink thresholds, ±1 sparse_plus,
+#: sparse_sigmoid and hard_tanh, ±3 hard_silu), zeros, and saturating values.
+BREAK_POINTS = np.array([
+    -60.0, -20.0, -3.001, -3.0, -2.999, -1.001, -1.0, -0.999, -0.501, -0.5, -0.499, -1e-7, -0.0,
+    0.0, 1e-7, 0.499, 0.5, 0.501, 0.999, 1.0, 1.001, 2.999, 3.0, 3.001, 20.0, 60.0], np.float32)
 CENTER_SCALE = [(True, True), (False, True), (True, False), (False, False)]
 
 
@@ -118,6 +129,59 @@ def test_activation_special_values(keras, backend):
     for name in ACTIVATIONS:
         expected = to_numpy(keras, keras.layers.Activation(name)(x))
         assert_close(fl.Activation(name)(x), expected, what=name)
+
+
+@pytest.mark.parametrize("name", [n for n in KERAS3_ACTIVATIONS if n != "sparsemax"])
+def test_keras3_activation_around_break_points(keras, backend, rng, name):
+    """As an Activation layer on the break points (rows of 2 and 26 values: glu halves the last
+    axis) and as Dense's ``activation=``. Sparsemax: test_sparsemax_is_the_simplex_projection."""
+    compare_layer(keras, rng, "Activation", {"activation": name}, BREAK_POINTS.reshape(13, 2))
+    compare_layer(keras, rng, "Activation", {"activation": name}, BREAK_POINTS.reshape(1, 26))
+    compare_layer(keras, rng, "Activation", {"activation": name}, randn(rng, (2, 3, 8), 2.0))
+    x = randn(rng, (4, 5))
+    k_layer = keras.layers.Dense(6, activation=name)
+    k_layer(x)
+    randomize_weights(k_layer, rng)
+    f_layer = fl.Dense(6, activation=name)
+    f_layer(x)
+    f_layer.set_weights(k_layer.get_weights())
+    assert_close(f_layer(x), to_numpy(keras, k_layer(x)), what=f"Dense {name}")
+
+
+def test_sparsemax_is_the_simplex_projection(keras, backend, rng):
+    """y = max(x - tau, 0) summing to 1 along the last axis (Martins & Astudillo, 2016): checked
+    by its definition, and against Keras where Keras is right (one value in the support; its
+    threshold is wrong for larger supports, keras-team/keras#23425)."""
+    for x in (BREAK_POINTS.reshape(13, 2), BREAK_POINTS.reshape(2, 13), randn(rng, (3, 2, 8), 0.3)):
+        y = fl.Activation("sparsemax")(x)
+        assert np.all(y >= 0)
+        assert_close(y.sum(axis=-1), np.ones(x.shape[:-1]), rtol=1e-6, atol=1e-6)
+        tau = np.where(y > 0, x - y, np.nan)   # the same tau over the support, at most x elsewhere
+        assert_close(np.nanmax(tau, -1), np.nanmin(tau, -1), atol=2e-6)
+        assert np.all((y > 0) | (x <= np.nanmin(tau, -1, keepdims=True) + 1e-6))
+    one_hot = np.array([[0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 1.5, -2.0]], np.float32)
+    assert_close(fl.Activation("sparsemax")(one_hot),
+                 to_numpy(keras, keras.activations.sparsemax(one_hot)))
+    x = randn(rng, (4, 5))
+    k_layer = keras.layers.Dense(6, activation="sparsemax")
+    k_layer(x)
+    f_layer = fl.Dense(6, activation="sparsemax")
+    f_layer(x)
+    f_layer.set_weights(k_layer.get_weights())
+    linear = fl.Dense(6)
+    linear(x)
+    linear.set_weights(k_layer.get_weights())
+    assert_close(f_layer(x), fl.Activation("sparsemax")(linear(x)))
+
+
+def test_activation_threshold_and_odd_glu_are_refused(rng):
+    from fastlayers.errors import ShapeError, UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="threshold"):
+        fl.Activation("threshold")
+    with pytest.raises(ShapeError, match="glu.*even size.*\\(2, 5\\)"):
+        fl.Activation("glu")(randn(rng, (2, 5)))
+    assert fl.Activation("glu").compute_output_shape((None, 3, 8)) == (None, 3, 4)
 
 
 # --------------------------------------------------------------- parametrized activation layers

@@ -76,6 +76,16 @@ def test_layer_matches_keras(keras, rng, backend, name, extra, options):
     assert_outputs(actual, expected)
 
 
+@pytest.mark.parametrize("name,extra", [("SimpleRNN", {"activation": "elu"}),
+                                        ("GRU", {"activation": "celu"})])
+def test_parametrized_activation_takes_keras_default(keras, rng, backend, name, extra):
+    """An activation with a parameter (elu's and celu's alpha = 1) inside a recurrent cell."""
+    x = rng.standard_normal((B, T, I)).astype(np.float32) * 3
+    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra,
+                                                         "return_sequences": True}, x)
+    assert_outputs(actual, expected)
+
+
 def lengths_mask(lengths, steps, left=False):
     m = np.arange(steps)[None, :] < np.asarray(lengths)[:, None]
     return m[:, ::-1].copy() if left else m

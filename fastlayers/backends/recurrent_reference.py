@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _activation
+from .reference import DEFAULT_ALPHA, _activation
 
 
 def _act(x, name):
     with np.errstate(over="ignore", invalid="ignore"):
-        return _activation(x, name, 0.0)
+        return _activation(x, name, DEFAULT_ALPHA.get(name, 0.0))
 
 
 def _order(steps: int, reverse: bool):

@@ -143,6 +143,61 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise _build_error(here, e) from e
 
 
+#: Keras 3 operation nodes (``module`` keras.src.ops.*: ``x + 3.0``, ``a + b`` on symbolic
+#: tensors) that fastlayers rebuilds, as ``layers.BinaryOp`` ops.
+_OPERATIONS = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply", "Divide": "divide",
+               "TrueDivide": "divide"}
+
+
+def _is_operation(entry) -> bool:
+    """A Keras 3 operation node: its module (``.keras``), or in a legacy ``.h5`` (no modules)
+    an operation's class name with a config of only its name (layers also record trainable
+    and dtype)."""
+    module = entry.get("module")
+    if module is None:
+        return entry["class_name"] in _OPERATIONS and set(entry["config"]) <= {"name"}
+    return isinstance(module, str) and module.startswith("keras.src.ops.")
+
+
+def _is_tensor(arg) -> bool:
+    return isinstance(arg, dict) and arg.get("class_name") == "__keras_tensor__"
+
+
+def build_operation(entry: dict, where: str):
+    """A Keras 3 operation node (one call of ``op(a, b)``, each operand a tensor or a number) as
+    a ``layers.BinaryOp``; UnsupportedError for other operations or operands."""
+    from ..layers import BinaryOp
+
+    class_name = entry["class_name"]
+    name = entry.get("name") or entry["config"].get("name")
+    here = f"{where}: operation {name!r} ({entry.get('module')}.{class_name})"
+    op = _OPERATIONS.get(class_name)
+    if op is None:
+        raise UnsupportedError(f"{here}: this Keras operation is not supported (supported: "
+                               f"{', '.join(sorted(_OPERATIONS))} between tensors and numbers)")
+    nodes = entry.get("inbound_nodes", [])
+    if len(nodes) != 1 or not isinstance(nodes[0], dict):
+        raise ModelFileError(f"{here}: expected one Keras 3 call node, found "
+                             f"{limits.describe(nodes)}")
+    args, kwargs = nodes[0].get("args", []), nodes[0].get("kwargs", {})
+    if len(args) != 2 or kwargs:
+        raise UnsupportedError(f"{here}: expected two operands and no keyword arguments, found "
+                               f"{len(args)} operand(s) and {sorted(kwargs)}")
+    constants = []
+    for arg in args:
+        if _is_tensor(arg):
+            constants.append(None)
+        elif (type(arg) is float and np.isfinite(arg)) or (
+                type(arg) is int and abs(arg) <= limits.MAX_CONFIG_INT):
+            constants.append(float(arg))
+        else:
+            raise UnsupportedError(f"{here}: operand {limits.describe(arg)} is neither a tensor "
+                                   "nor a finite number")
+    if None not in constants:
+        raise ModelFileError(f"{here}: no tensor operand")
+    return BinaryOp(op, constants, name=name)
+
+
 def _build_error(here: str, e: BaseException) -> FastlayersError:
     """A layer the config cannot build or call, as ModelFileError (its own ModelFileError or
     UnsupportedError as it is)."""
@@ -282,6 +337,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
     """Rebuild a Keras ``Functional``/``Sequential`` config as a fastlayers model (the config is
     checked first: ``check_config``)."""
     from ..graph import Input, InputLayer, Model, Sequential
+    from ..layers import BinaryOp
 
     if not _checked:
         limits.check_depth(entry, where, "the model config")
@@ -292,6 +348,8 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
     def build(e):
         if e["class_name"] in _MODEL_CLASSES:
             return build_model(e, where, weight_elements, True)
+        if _is_operation(e):
+            return build_operation(e, where)
         return build_layer(e["class_name"], e["config"], where, weight_elements)
 
     if class_name == "Sequential":
@@ -360,6 +418,8 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
         except KeyError as e:
             raise ModelFileError(f"{here}: input {e.args[0]} is not an output of that layer "
                                  "call") from None
+        if isinstance(layers[lname], BinaryOp):   # its tensor operands, as a list
+            args, extra_args = [a for a in (args, *extra_args) if type(a) not in (int, float)], []
         try:
             out = layers[lname](args, *extra_args, **kwargs)
         except Exception as e:  # noqa: BLE001 - a graph from a file: any failure is the file's

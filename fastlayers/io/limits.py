@@ -60,7 +60,7 @@ CHUNK_BYTES = 8 << 20
 #: it cannot exceed the number of weight elements the file holds.
 WEIGHT_SIZED = re.compile(r"^(units|filters(_\w+)?|mlp_filters|num_classes|input_dim|output_dim|"
                           r"num_heads|key_dim|value_dim|depth_multiplier|hidden_units|"
-                          r"output_units|proj_size|hidden_size)$")
+                          r"output_units|proj_size|hidden_size|projection_dim)$")
 
 #: Config keys (at any depth) whose values configure training or Keras internals, which the
 #: readers ignore: not range-checked (Keras stores object ids and seeds there).

@@ -2,11 +2,14 @@
 
 from .base import InputSpec, Layer
 from .core import (
-    ELU, Activation, Dense, Dropout, Embedding, Flatten, LeakyReLU, Permute, ReLU, RepeatVector,
-    Rescaling, Reshape, Softmax, SpatialDropout1D, SpatialDropout2D, SpatialDropout3D,
+    ELU, Activation, Dense, Dropout, Embedding, Flatten, LayerScale, LeakyReLU, Permute, ReLU,
+    RepeatVector, Rescaling, Reshape, Softmax, SpatialDropout1D, SpatialDropout2D, SpatialDropout3D,
+    StochasticDepth,
 )
 from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tree
-from .merging import Add, Average, Concatenate, Maximum, Minimum, Multiply, Subtract
+from .merging import (
+    Add, Average, BinaryOp, Concatenate, CustomScaleLayer, Maximum, Minimum, Multiply, Subtract,
+)
 from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 from .recurrent import (
@@ -21,11 +24,12 @@ from .pooling import (
 )
 
 __all__ = [
-    "Activation", "Add", "Average", "BatchNormalization", "Concatenate", "Cropping1D", "Cropping2D",
-    "Dense", "Dropout", "ELU", "Embedding", "Flatten", "HierarchicalSoftmax", "InputLayer",
-    "InputSpec", "Layer", "LayerNormalization", "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization",
-    "Permute", "RMSNormalization", "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax",
-    "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Subtract", "ZeroPadding1D",
+    "Activation", "Add", "Average", "BatchNormalization", "BinaryOp", "Concatenate", "Cropping1D",
+    "Cropping2D", "CustomScaleLayer", "Dense", "Dropout", "ELU", "Embedding", "Flatten",
+    "HierarchicalSoftmax", "InputLayer", "InputSpec", "Layer", "LayerNormalization", "LayerScale",
+    "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization", "Permute", "RMSNormalization",
+    "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax", "SpatialDropout1D",
+    "SpatialDropout2D", "SpatialDropout3D", "StochasticDepth", "Subtract", "ZeroPadding1D",
     "ZeroPadding2D", "balanced_tree", "huffman_tree",
 ]
 __all__ += [

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.reference import ACTIVATIONS
+from ..backends.reference import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
 from ..errors import InputError, ShapeError, UnsupportedError
-from .base import InputSpec, Layer, shape_str
+from .base import InputSpec, Layer, shape_str, weights_pending
 
-_ALIASES = {None: "linear", "swish": "silu", "gelu_approximate": "gelu_tanh"}
-#: Default parameter of parametrized activations given by name (Keras 3's function defaults).
-_DEFAULT_ALPHA = {"leaky_relu": 0.2, "elu": 1.0}
+_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu",
+            "gelu_approximate": "gelu_tanh"}
 
 
 def activation_name(spec) -> str:
     """Normalize an activation given by name (or None) to one of ``ACTIVATIONS``.
 
-    ``swish`` is ``silu``; ``gelu`` is the exact (erf) form and ``gelu_tanh`` the tanh approximation.
+    ``swish`` is ``silu``, ``hard_swish`` is ``hard_silu``; ``gelu`` is the exact (erf) form and
+    ``gelu_tanh`` the tanh approximation. Keras's ``threshold`` is refused: its two parameters
+    have no defaults, so Keras cannot call it by name either.
     """
+    if spec == "threshold":
+        raise UnsupportedError("activation 'threshold' needs its threshold and default_value, "
+                               "which a name cannot carry (Keras cannot call it by name either)")
     name = _ALIASES.get(spec, spec)
     if not isinstance(name, str) or name not in ACTIVATIONS:
         raise UnsupportedError(f"activation {spec!r} is not supported; expected one of "
-                               f"{sorted(ACTIVATIONS + ('swish', None), key=str)}")
+                               f"{sorted(ACTIVATIONS + ('swish', 'hard_swish', None), key=str)}")
     return name
 
 
@@ -75,7 +79,11 @@ class Activation(Layer):
 
     Names: linear, relu, relu6, leaky_relu (slope 0.2), elu (alpha 1), selu, gelu (exact),
     gelu_tanh (tanh approximation), sigmoid, hard_sigmoid (relu6(x + 3) / 6), tanh, softmax and
-    log_softmax (last axis), softplus, softsign, swish / silu, exponential.
+    log_softmax (last axis), softplus, softsign, swish / silu, exponential; Keras 3's celu
+    (alpha 1), glu (halves of the last axis: the output has half its size), hard_silu /
+    hard_swish (x relu6(x + 3) / 6), hard_tanh, hard_shrink and soft_shrink (threshold 0.5),
+    tanh_shrink, log_sigmoid, mish, sparse_plus, sparse_sigmoid, squareplus (b = 4) and
+    sparsemax (last axis).
     """
 
     config_keys = ("activation",)
@@ -84,6 +92,11 @@ class Activation(Layer):
         super().__init__(**kwargs)
         self.activation = activation_name(activation)
         self._alpha = _DEFAULT_ALPHA.get(self.activation, 0.0)
+
+    def compute_output_shape(self, input_shape):
+        if self.activation == "glu" and input_shape and input_shape[-1] is not None:
+            return (*input_shape[:-1], input_shape[-1] // 2)
+        return tuple(input_shape)
 
     def call(self, x):
         return self.ops.activation(x, self.activation, self._alpha)
@@ -258,6 +271,54 @@ class Dropout(Layer):
 
     def call(self, x):
         return x
+
+
+class StochasticDepth(Layer):
+    """Stochastic depth (drop path, Keras's ConvNeXt): the identity at inference
+    (``drop_path_rate`` is kept for the config)."""
+
+    config_keys = ("drop_path_rate",)
+
+    def __init__(self, drop_path_rate, **kwargs):
+        super().__init__(**kwargs)
+        self.drop_path_rate = float(drop_path_rate)
+        if not 0.0 <= self.drop_path_rate <= 1.0:
+            raise ValueError(f"StochasticDepth {self.name!r}: drop_path_rate must be in [0, 1], "
+                             f"got {drop_path_rate}")
+
+    def call(self, x):
+        return x
+
+
+class LayerScale(Layer):
+    """``y = x * gamma`` over the last axis (Keras's ConvNeXt; Touvron et al., 2021).
+
+    Parameters
+    ----------
+    init_values : float
+        Initial value of every ``gamma`` entry (kept for the config; weights replace it).
+    projection_dim : int
+        Size of the last axis. Weight: gamma (projection_dim,).
+    """
+
+    config_keys = ("init_values", "projection_dim")
+
+    def __init__(self, init_values, projection_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.init_values = float(init_values)
+        self.projection_dim = int(projection_dim)
+        if self.projection_dim <= 0:
+            raise ValueError(f"LayerScale {self.name!r}: projection_dim must be positive, got "
+                             f"{projection_dim}")
+        self.input_spec = InputSpec(min_ndim=1, axes={-1: self.projection_dim})
+
+    def build(self, input_shape):
+        gamma = self.add_weight("gamma", (self.projection_dim,), "zeros")
+        if not weights_pending():
+            gamma[...] = np.float32(self.init_values)
+
+    def call(self, x):
+        return x * self.gamma
 
 
 class SpatialDropout1D(Dropout):

@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedError
 from .base import Layer, shape_str
 
 
@@ -117,3 +117,65 @@ class Concatenate(Layer):
 
     def call(self, xs):
         return np.concatenate(xs, axis=self.axis)
+
+
+class CustomScaleLayer(_Merge):
+    """``y = x0 + x1 * scale``: the residual sum of Keras's InceptionResNetV2 (two inputs)."""
+
+    _arity = 2
+    config_keys = ("scale",)
+
+    def __init__(self, scale, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = float(scale)
+
+    def call(self, xs):
+        return (xs[0] + xs[1] * np.float32(self.scale)).astype(np.float32, copy=False)
+
+
+_BINARY_OPS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
+
+
+class BinaryOp(Layer):
+    """``y = a (op) b``, op one of add, subtract, multiply, divide, each operand a tensor input
+    or a constant: a Keras 3 operation node (``x + 3.0``, ``x * (1 / 6)``, ``a + b`` on
+    symbolic tensors; ``keras.ops.add`` ...).
+
+    Parameters
+    ----------
+    op : str
+        ``"add"``, ``"subtract"``, ``"multiply"`` or ``"divide"``.
+    constants : pair of (float or None)
+        The operands in order: a number for a constant, None for the next tensor input (at
+        least one). The layer takes the list of its tensor inputs.
+    """
+
+    multi_input = True
+    config_keys = ("op", "constants")
+
+    def __init__(self, op, constants=(None, None), **kwargs):
+        super().__init__(**kwargs)
+        if op not in _BINARY_OPS:
+            raise UnsupportedError(f"BinaryOp {self.name!r}: op {op!r} is not one of "
+                                   f"{sorted(_BINARY_OPS)}")
+        constants = list(constants)
+        if len(constants) != 2 or None not in constants:
+            raise ValueError(f"BinaryOp {self.name!r}: constants must be two entries, None for "
+                             f"each tensor operand (at least one), got {constants}")
+        self.op = op
+        self.constants = [None if c is None else float(c) for c in constants]
+        self._tensors = self.constants.count(None)
+
+    def _check_spec(self, input_shape):
+        where = f"BinaryOp {self.name!r}"
+        if not isinstance(input_shape, list) or len(input_shape) != self._tensors:
+            raise ShapeError(f"{where}: expected a list of {self._tensors} tensor input(s)")
+        _broadcast_shape(input_shape, where)
+
+    def compute_output_shape(self, input_shape):
+        return _broadcast_shape(input_shape, f"BinaryOp {self.name!r}")
+
+    def call(self, xs):
+        tensors = iter(xs)
+        a, b = (next(tensors) if c is None else np.float32(c) for c in self.constants)
+        return np.asarray(_BINARY_OPS[self.op](a, b), np.float32)

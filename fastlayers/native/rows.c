@@ -47,6 +47,8 @@ FL_INLINE fl_vf rows_vact(fl_vf x, int code, float alpha) {
     case FL_LEAKY_RELU: return fl_select(x < 0.0f, x * alpha, x);
     case FL_HARD_SIGMOID:
         return fl_vmin(fl_vmax(x + 3.0f, fl_set1(0.0f)), fl_set1(6.0f)) * (1.0f / 6.0f);
+    case FL_HARD_SILU:                                /* x relu6(x + 3) / 6 */
+        return x * (fl_vmin(fl_vmax(x + 3.0f, fl_set1(0.0f)), fl_set1(6.0f)) * (1.0f / 6.0f));
     case FL_SOFTSIGN: return x / (1.0f + fl_select(x < 0.0f, -x, x));
     case FL_SIGMOID: return rows_vsigmoid(x);
     case FL_SILU: return x * rows_vsigmoid(x);
@@ -104,6 +106,7 @@ static void rows_act_row(const float *x, const float *b, float *o, int64_t n, in
         ROWS_CASE(FL_LINEAR) ROWS_CASE(FL_RELU) ROWS_CASE(FL_RELU6) ROWS_CASE(FL_LEAKY_RELU)
         ROWS_CASE(FL_HARD_SIGMOID) ROWS_CASE(FL_SOFTSIGN) ROWS_CASE(FL_SIGMOID) ROWS_CASE(FL_SILU)
         ROWS_CASE(FL_GELU) ROWS_CASE(FL_GELU_TANH) ROWS_CASE(FL_EXPONENTIAL) ROWS_CASE(FL_TANH)
+        ROWS_CASE(FL_HARD_SILU)
 #undef ROWS_CASE
     default: break;
     }

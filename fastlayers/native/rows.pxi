@@ -10,7 +10,8 @@ cdef extern from "dispatch.h" nogil:
 
 #: Activation names in the order of their codes (rows.h).
 ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu", "hard_sigmoid", "softsign", "sigmoid",
-               "silu", "gelu", "gelu_tanh", "exponential", "softmax", "log_softmax", "tanh")
+               "silu", "gelu", "gelu_tanh", "exponential", "softmax", "log_softmax", "tanh",
+               "hard_silu")
 
 
 def bias_act(cnp.ndarray x, object bias, int code, float alpha, cnp.ndarray out):
