@@ -313,6 +313,21 @@ else:
         assert resident.LAST_RUN.host_layers == [model.layers[1].name]
         assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (2, 2)
 
+    def test_application_layers_run_on_the_device(ops, rng):
+        """ConvNeXt's LayerScale and StochasticDepth, InceptionResNetV2's CustomScaleLayer and
+        Keras 3's operation nodes (BinaryOp): on the device, except a division (host)."""
+        x = fastlayers.Input((5, 6))
+        h = L.StochasticDepth(0.1)(L.LayerScale(0.5, 6)(x))
+        h = L.CustomScaleLayer(0.2)([x, h])
+        h = L.BinaryOp("multiply", (None, None))([L.BinaryOp("add", (None, 3.0))([h]), h])
+        y = L.BinaryOp("divide", (None, 6.0), name="sixth")([L.BinaryOp("subtract", (1.0, None))([h])])
+        model = fastlayers.Model(x, y)
+        model.layers[1].set_weights([_x(rng, 6)])
+        xs = _x(rng, 2, 5, 6)
+        want = model(xs)
+        assert_close(model.to("cuda")(xs), want, rtol=1e-5, atol=1e-6)
+        assert resident.LAST_RUN.host_layers == ["sixth"]
+
     def test_every_graph_layer_type_has_a_device_handler():
         """Every layer class of fastlayers.layers that a graph can hold runs on the device (cells
         refuse symbolic inputs; Layer and InputLayer are not computations)."""

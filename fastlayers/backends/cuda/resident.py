@@ -158,9 +158,15 @@ def _repeat_vector(ops, layer, x):
     return ops.copy_view(x, lambda v: np.broadcast_to(v[:, None, :], (n, layer.n, features)))
 
 
-@_handles(core.Dropout, core.SpatialDropout1D, core.SpatialDropout2D, core.SpatialDropout3D)
+@_handles(core.Dropout, core.SpatialDropout1D, core.SpatialDropout2D, core.SpatialDropout3D,
+          core.StochasticDepth)
 def _identity(ops, layer, x):
     return x
+
+
+@_handles(core.LayerScale)
+def _layer_scale(ops, layer, x):
+    return ops.merge(x, layer.gamma, "multiply")
 
 
 @_handles(core.Rescaling)
@@ -210,6 +216,20 @@ def _merge(ops, layer, xs):
         last = i == len(xs)  # Average: (a_0 + ... + a_{n-2}) / n + a_{n-1} / n
         out = ops.merge(out, a, op, scale if last else 1.0, scale if last else 1.0)
     return out
+
+
+@_handles(merging.CustomScaleLayer, inputs="list")
+def _custom_scale(ops, layer, xs):
+    return ops.merge(xs[0], xs[1], "add", 1.0, layer.scale)
+
+
+@_handles(merging.BinaryOp, inputs="list")
+def _binary_op(ops, layer, xs):
+    if layer.op == "divide":       # no device division: the layer's own code on the host
+        return None
+    tensors = iter(xs)
+    a, b = (next(tensors) if c is None else np.full((), c, np.float32) for c in layer.constants)
+    return ops.merge(a, b, layer.op)
 
 
 @_handles(merging.Concatenate, inputs="list")
