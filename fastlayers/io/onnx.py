@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import onnx_check, onnx_encoder, onnx_proto
+from . import onnx_check, onnx_encoder, onnx_proto, onnx_rewrite
 from .onnx_control import Body
 from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
@@ -63,11 +63,30 @@ ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
      "uint2", "int2", "float6e2m3", "float6e3m2"]) if n}
 
 
-def _fused_activation(follower) -> dict:
+def _fused_activation(follower, constants) -> dict | None:
     """The activation attributes a dense or convolution node takes from a following activation
-    node (Gelu with approximate="tanh" is the tanh form)."""
-    name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
-    if follower.op_type == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
+    node (Gelu with approximate="tanh" is the tanh form; Clip to [0, 6] or [0, inf) is relu6 or
+    relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid; Swish with alpha 1, which
+    ``onnx_rewrite.fuse_silu`` makes of x * Sigmoid(x), is silu); None where it has none."""
+    op = follower.op_type
+    if op == "Clip":
+        bounds = [follower.attrs.get("min"), follower.attrs.get("max")]
+        for k, name in enumerate(follower.inputs[1:3]):
+            bounds[k] = _scalar(constants, name) if name else bounds[k]
+            if name and bounds[k] is None:
+                return None
+        name = {(0.0, 6.0): "relu6", (0.0, None): "relu", (0.0, np.inf): "relu"}.get(tuple(bounds))
+        return None if name is None else {"activation": name, "alpha": 0.0}
+    if op == "HardSigmoid":
+        ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
+            and np.float32(follower.attrs.get("beta", 0.5)) == np.float32(0.5)
+        return {"activation": "hard_sigmoid", "alpha": 0.0} if ok else None
+    if op == "Swish":
+        return {"activation": "silu", "alpha": 0.0} if follower.attrs.get("alpha", 1.0) == 1.0 else None
+    if op not in _FUSABLE_ACTIVATIONS:
+        return None
+    name, alpha_attr = _FUSABLE_ACTIVATIONS[op]
+    if op == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
         name = "gelu_tanh"
     return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
 
@@ -338,8 +357,8 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                     break
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
-            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in node.attrs:
-                node.attrs = _fused_activation(follower)
+            elif "activation" not in node.attrs and _fused_activation(follower, constants):
+                node.attrs = _fused_activation(follower, constants)
             else:
                 break
             node.outputs = follower.outputs
@@ -374,8 +393,8 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                 scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
                 scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
                 b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
-            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
-                attrs.update(_fused_activation(follower))
+            elif "activation" not in attrs and _fused_activation(follower, constants):
+                attrs.update(_fused_activation(follower, constants))
             else:
                 break
             node.outputs = follower.outputs
@@ -1044,6 +1063,9 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
+        nodes = prune(onnx_rewrite.drop_noops(nodes, constants, outputs, {i: t for i, t, _ in inputs}), outputs)
+        nodes = onnx_rewrite.fuse_layer_norm(onnx_rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
+        nodes = onnx_rewrite.fold_affine(onnx_rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)

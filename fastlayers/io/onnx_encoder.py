@@ -91,7 +91,7 @@ class _Graph:
 
     def norm(self, node, e):
         """(gamma, beta, eps) of a LayerNormalization over the last axis of width ``e``, else None."""
-        if node is None or node.op_type != "LayerNormalization" or node.attrs.get("_stats") \
+        if node is None or node.op_type != "LayerNormalization" or node.attrs.get("_stats") or node.attrs.get("_rms") \
                 or node.attrs.get("axis", -1) not in (-1, 2):
             return None
         gamma = self.constants.get(node.inputs[1])

@@ -259,6 +259,8 @@ def _celu(inputs, attrs, opset):
 def _swish(inputs, attrs, opset):
     """x sigmoid(alpha x)."""
     x, alpha = inputs[0], attrs.get("alpha", 1.0)
+    if alpha == 1.0 and x.dtype == np.float32:
+        return [get_ops().activation(x, "silu")]
     return [(x / (1 + np.exp(-np.asarray(alpha, x.dtype) * x))).astype(x.dtype)]
 
 
@@ -373,7 +375,7 @@ def _layer_norm(inputs, attrs, opset):
     axis = attrs.get("axis", -1) % x.ndim
     axes = tuple(range(axis, x.ndim))
     eps = attrs.get("epsilon", 1e-5)
-    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes)
+    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes, rms=attrs.get("_rms", False))
     if not attrs.get("_stats", True):
         return [y]
     # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)

@@ -1,0 +1,235 @@
+"""ONNX load-time rewrites (``fastlayers/io/onnx_rewrite.py``, activations in ``onnx.fuse_dense``
+/ ``fuse_conv``): each pattern gone from the optimised graph, results as onnxruntime's."""
+
+import numpy as np
+import pytest
+
+import fastlayers
+
+from .conftest import assert_close, oracle
+from .test_io_onnx import export, make_graph
+
+
+def _session(path):
+    ort = oracle("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _matches_ort(ours, path, feeds, rtol=1e-5, atol=1e-5):
+    got = ours(feeds)
+    got = got if isinstance(got, list) else [got]
+    want = _session(path).run(None, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert_close(g, w, rtol=rtol, atol=atol)
+
+
+def test_noop_nodes_dropped_outputs_keep_their_names(tmp_path, rng):
+    """Identity, Dropout, a Cast to the input's type, an identity Transpose, Add 0, Mul / Div by 1,
+    Unsqueeze -> Squeeze and a Flatten -> Reshape chain leave Relu, one Reshape and Tanh; the
+    graph output made by an Identity keeps its name."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"zero": np.array(0, np.float32), "one": np.array(1, np.float32),
+              "ax": np.array([1], np.int64), "shape": np.array([-1, 4, 3], np.int64)}
+    nodes = [helper.make_node("Identity", ["x"], ["a"]),
+             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("Dropout", ["b"], ["c"]),
+             helper.make_node("Transpose", ["c"], ["d"], perm=[0, 1, 2]),
+             helper.make_node("Add", ["d", "zero"], ["e"]),
+             helper.make_node("Mul", ["one", "e"], ["f"]),
+             helper.make_node("Div", ["f", "one"], ["g"]),
+             helper.make_node("Relu", ["g"], ["h"]),
+             helper.make_node("Unsqueeze", ["h", "ax"], ["i"]),
+             helper.make_node("Squeeze", ["i", "ax"], ["j"]),
+             helper.make_node("Flatten", ["j"], ["k"], axis=1),
+             helper.make_node("Reshape", ["k", "shape"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["t"]),
+             helper.make_node("Identity", ["t"], ["y"]),
+             helper.make_node("Identity", ["t"], ["y2"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                        helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    onnx.save(model, tmp_path / "noop.onnx")
+    ours = fastlayers.load(tmp_path / "noop.onnx")
+    # Tanh makes y; y2, another output, is an Identity of it
+    assert ours.op_types == ["Relu", "Reshape", "Tanh", "Identity"]
+    assert [o.name for o in ours.get_outputs()] == ["y", "y2"]
+    _matches_ort(ours, tmp_path / "noop.onnx", {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_noops_kept_where_they_change_something(tmp_path, rng):
+    """A Cast to another type, Add of a vector 0 (it may broadcast), a Dropout whose mask is read,
+    and an Identity of a graph input that is the output stay."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.DOUBLE),
+             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["b", "zeros"], ["c"]),
+             helper.make_node("Dropout", ["c"], ["y", "mask"]),
+             helper.make_node("Identity", ["x"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                       [helper.make_tensor_value_info(n, t, None) for n, t in
+                        (("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("z", TensorProto.FLOAT))],
+                       [numpy_helper.from_array(np.zeros((2, 1, 3), np.float32), "zeros")])
+    onnx.save(model, tmp_path / "kept.onnx")
+    ours = fastlayers.load(tmp_path / "kept.onnx")
+    assert ours.op_types == ["Cast", "Cast", "Add", "Dropout", "Identity"]
+    _matches_ort(ours, tmp_path / "kept.onnx", {"x": rng.standard_normal((2, 3)).astype(np.float32)})
+
+
+class _ConvStack:
+    """Conv -> * per-channel scale -> + per-channel shift -> activation, three times, then a
+    dense head with a per-column scale and shift and SiLU (x * sigmoid(x))."""
+
+    @staticmethod
+    def build(torch):
+        class Stack(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convs = torch.nn.ModuleList([torch.nn.Conv2d(3, 6, 3, padding=1),
+                                                  torch.nn.Conv2d(6, 6, 3, padding=1, bias=False),
+                                                  torch.nn.Conv2d(6, 4, 1)])
+                self.acts = torch.nn.ModuleList([torch.nn.ReLU6(), torch.nn.Hardsigmoid(), torch.nn.SiLU()])
+                self.scale = torch.nn.Parameter(torch.rand(3, 1, 6, 1, 1) + 0.5)
+                self.shift = torch.nn.Parameter(torch.randn(3, 6, 1, 1))
+                self.fc = torch.nn.Linear(4 * 5 * 5, 7)
+                self.col_scale, self.col_shift = torch.nn.Parameter(torch.rand(7) + 0.5), torch.nn.Parameter(torch.randn(7))
+
+            def forward(self, x):
+                for k, (conv, act) in enumerate(zip(self.convs, self.acts)):
+                    c = conv.out_channels
+                    x = act(conv(x) * self.scale[k, :, :c] + self.shift[k, :c])
+                h = self.fc(x.flatten(1)) * self.col_scale + self.col_shift
+                return h * torch.sigmoid(h)
+
+        return Stack()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opset):
+    """Per-channel Mul / Add after a Conv and per-column ones after a Linear fold into the
+    weights and bias; ReLU6 (Clip 0..6), Hardsigmoid (alpha 1/6) and SiLU become the fused
+    nodes' activations: three FusedConv and one FusedDense are left (and the Flatten)."""
+    torch.manual_seed(0)
+    path = tmp_path / "stack.onnx"
+    export(torch, _ConvStack.build(torch), (torch.randn(2, 3, 5, 5),), path, input_names=["x"],
+           output_names=["y"], dynamic_axes={"x": {0: "n"}}, opset_version=opset)
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv"] * 3 + ["Flatten", "FusedDense"]
+    assert [n.attrs.get("activation") for n in ours._nodes] == ["relu6", "hard_sigmoid", "silu", None, "silu"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 3, 5, 5)).astype(np.float32)}, rtol=1e-4)
+
+
+def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
+    """Clip to [0, 3], HardSigmoid with ONNX's default alpha 0.2 and HardSwish have no fused
+    epilogue: they stay after the fused nodes; a Conv output that another node also reads keeps
+    its Mul."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Clip", ["xw", "lo", "hi"], ["a"]),
+             helper.make_node("MatMul", ["x", "w"], ["xw2"]),
+             helper.make_node("HardSigmoid", ["xw2"], ["b"]),
+             helper.make_node("MatMul", ["x", "w"], ["xw3"]),
+             helper.make_node("HardSwish", ["xw3"], ["c"]),
+             helper.make_node("Conv", ["img", "k"], ["conv"]),
+             helper.make_node("Mul", ["conv", "s"], ["d"]),
+             helper.make_node("Relu", ["conv"], ["e"])]
+    consts = {"w": w, "k": k, "lo": np.array(0, np.float32), "hi": np.array(3, np.float32),
+              "s": np.array([2, 3], np.float32).reshape(2, 1, 1)}
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 2, 2])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcde"],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "unfused.onnx")
+    ours = fastlayers.load(tmp_path / "unfused.onnx")
+    assert ours.op_types == ["FusedDense", "Clip", "FusedDense", "HardSigmoid", "FusedDense", "HardSwish",
+                             "FusedConv", "Mul", "Relu"]
+    _matches_ort(ours, tmp_path / "unfused.onnx",
+                 {"x": rng.standard_normal((2, 6)).astype(np.float32) * 3,
+                  "img": rng.standard_normal((1, 3, 2, 2)).astype(np.float32)})
+
+
+def test_layer_norm_and_rms_norm_decompositions_fuse(torch, tmp_path, rng, backend):
+    """torch's opset-13 LayerNorm (ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul /
+    Add), one without affine parameters, and RMSNorm as x * rsqrt(mean(x^2) + eps) * w and as
+    x / sqrt(mean(x x) + eps) each become one LayerNormalization node."""
+    torch.manual_seed(0)
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.plain = torch.nn.LayerNorm(8), torch.nn.LayerNorm(8, elementwise_affine=False)
+            self.w = torch.nn.Parameter(torch.randn(8))
+            with torch.no_grad():
+                self.ln.weight.normal_(), self.ln.bias.normal_()
+
+        def forward(self, x):
+            rsqrt = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+            return self.ln(x), self.plain(x), rsqrt, x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+
+    path = tmp_path / "norms.onnx"
+    export(torch, Norms(), (torch.randn(2, 3, 8),), path, input_names=["x"], opset_version=13,
+           dynamic_axes={"x": {0: "n", 1: "t"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["LayerNormalization"] * 4
+    assert sorted(n.attrs["_rms"] for n in ours._nodes) == [False, False, True, True]
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 5, 8)).astype(np.float32)})
+
+
+def test_layer_norm_intermediate_read_elsewhere_not_fused(tmp_path, rng):
+    """A decomposed LayerNorm whose centred value is also a graph output stays as it is."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["y"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "d")],
+                       [numpy_helper.from_array(np.array(1e-5, np.float32), "eps")], opset=13)
+    onnx.save(model, tmp_path / "ln.onnx")
+    ours = fastlayers.load(tmp_path / "ln.onnx")
+    assert "LayerNormalization" not in ours.op_types and "Div" in ours.op_types
+    _matches_ort(ours, tmp_path / "ln.onnx", {"x": rng.standard_normal((2, 4)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
+    """unsqueeze -> Conv2d with a (k, 1) or (1, k) kernel -> squeeze (a 1-D convolution written
+    as 2-D) -> one 1-D FusedConv with the ReLU after it."""
+    torch.manual_seed(0)
+
+    class Conv1dAs2d(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tall = torch.nn.Conv2d(4, 6, (3, 1), padding=(1, 0), stride=(2, 1))
+            self.wide = torch.nn.Conv2d(6, 5, (1, 3), padding=(0, 2), dilation=(1, 2))
+
+        def forward(self, x_ncl):
+            h = torch.relu(self.tall(x_ncl.unsqueeze(-1)).squeeze(-1))
+            return torch.relu(self.wide(h.unsqueeze(2)).squeeze(2))
+
+    path = tmp_path / "conv1d.onnx"
+    export(torch, Conv1dAs2d(), (torch.randn(2, 4, 9),), path, input_names=["x"], opset_version=opset,
+           dynamic_axes={"x": {0: "n", 2: "len"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv", "FusedConv"]
+    assert all(n.attrs["_w_hwio"].shape[0] == 1 and n.attrs["activation"] == "relu" for n in ours._nodes)
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
