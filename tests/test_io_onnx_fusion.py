@@ -84,6 +84,24 @@ def test_noops_kept_where_they_change_something(tmp_path, rng):
     _matches_ort(ours, tmp_path / "kept.onnx", {"x": rng.standard_normal((2, 3)).astype(np.float32)})
 
 
+def test_output_renamed_for_every_reader(tmp_path, rng):
+    """Relu's output is read through one Identity by Neg and is, through another, the output y:
+    Relu then makes y, and Neg reads y."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
+             helper.make_node("Identity", ["a"], ["y"]), helper.make_node("Neg", ["b"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")])
+    onnx.save(model, tmp_path / "rename.onnx")
+    ours = fastlayers.load(tmp_path / "rename.onnx")
+    assert ours.op_types == ["Relu", "Neg"]
+    assert [(n.inputs, n.outputs) for n in ours._nodes] == [(["x"], ["y"]), (["y"], ["z"])]
+    _matches_ort(ours, tmp_path / "rename.onnx", {"x": rng.standard_normal(3).astype(np.float32)})
+
+
 class _ConvStack:
     """Conv -> * per-channel scale -> + per-channel shift -> activation, three times, then a
     dense head with a per-column scale and shift and SiLU (x * sigmoid(x))."""
@@ -100,7 +118,8 @@ class _ConvStack:
                 self.scale = torch.nn.Parameter(torch.rand(3, 1, 6, 1, 1) + 0.5)
                 self.shift = torch.nn.Parameter(torch.randn(3, 6, 1, 1))
                 self.fc = torch.nn.Linear(4 * 5 * 5, 7)
-                self.col_scale, self.col_shift = torch.nn.Parameter(torch.rand(7) + 0.5), torch.nn.Parameter(torch.randn(7))
+                self.col_scale = torch.nn.Parameter(torch.rand(7) + 0.5)
+                self.col_shift = torch.nn.Parameter(torch.randn(7))
 
             def forward(self, x):
                 for k, (conv, act) in enumerate(zip(self.convs, self.acts)):
@@ -233,3 +252,17 @@ def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
     assert ours.op_types == ["FusedConv", "FusedConv"]
     assert all(n.attrs["_w_hwio"].shape[0] == 1 and n.attrs["activation"] == "relu" for n in ours._nodes)
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
+
+
+def test_opset14_encoder_layer_becomes_one_node(torch, tmp_path, rng):
+    """Before opset 17 torch writes LayerNorm as ReduceMean / Sub / Pow ...: once those are one
+    LayerNormalization node each, the whole encoder layer matches ``fuse_encoder_layers``."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    layer = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    path = tmp_path / "enc.onnx"
+    export(torch, layer, (torch.randn(1, 5, 16),), path, input_names=["x"], opset_version=14,
+           dynamic_axes={"x": {0: "n"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedEncoderLayer"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((2, 5, 16)).astype(np.float32)}, rtol=1e-4)

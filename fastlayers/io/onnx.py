@@ -10,15 +10,24 @@ nodes no output depends on, then optimises the graph once:
    within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
    If whose condition became a constant is replaced by the nodes of its branch
    (``inline_constant_ifs``), folded in turn;
-2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
-   BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
+2. rewrites (``onnx_rewrite.py``): no-op nodes dropped (Identity, inference Dropout, Cast to
+   the same type, identity Transpose, Add 0 / Mul or Div by 1, Unsqueeze -> Squeeze; Reshape
+   chains read by one Reshape), graph outputs keeping their names; per-channel Mul / Add after
+   a Conv or a dense MatMul / Gemm folded into its weights and bias (``fold_affine``);
+   x * Sigmoid(x) -> Swish (``fuse_silu``); LayerNorm and RMSNorm decomposed over the last axis
+   -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Conv with a kernel of
+   1 on the added axis -> Squeeze -> one 1-D Conv (``conv_1d``);
+3. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
+   BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
+   LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
+   backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
    LSTM is folded into its input projection (``fuse_embedding_recurrent``); the exporters'
    attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
    encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
    (``fuse_encoder_layers``, ``onnx_encoder.py``);
-3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
+4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``onnx_control.Body``),
 folded but not fused; the outer values they read are inputs of their node (``onnx_check``).

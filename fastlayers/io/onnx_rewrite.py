@@ -110,7 +110,8 @@ def _collapse_reshapes(nodes, constants, readers):
             src = producer.get(node.inputs[0])
             axes = _axes(node, constants)
             if src is not None and src.op_type == "Unsqueeze" and axes \
-                    and _only_reader(readers, src.outputs[0]) is node and sorted(_axes(src, constants) or []) == sorted(axes):
+                    and _only_reader(readers, src.outputs[0]) is node \
+                    and sorted(_axes(src, constants) or []) == sorted(axes):
                 node.op_type, node.inputs, node.attrs = "Identity", [src.inputs[0]], {}
             continue
         if node.op_type != "Reshape" or node.inputs[1] not in constants:
@@ -138,8 +139,13 @@ def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
     alias: dict[str, str] = {}
     dropped: set[int] = set()
     graph_outputs = set(outputs)
+    def resolved(name):
+        while name in alias:   # (keys are never graph outputs, values never earlier keys: no cycle)
+            name = alias[name]
+        return name
+
     for node in nodes:
-        node.inputs = [alias.get(i, i) for i in node.inputs]
+        node.inputs = [resolved(i) for i in node.inputs]
         x = _passes_through(node, constants, dtypes, readers)
         if x is None:
             continue
@@ -185,7 +191,8 @@ def fold_affine(nodes, constants, outputs) -> list:
     readers = _readers(nodes, outputs)
     dropped: set[int] = set()
     for node in nodes:
-        w = constants.get(node.inputs[1]) if node.op_type in ("Conv", "MatMul", "Gemm") and len(node.inputs) > 1 else None
+        dense_or_conv = node.op_type in ("Conv", "MatMul", "Gemm") and len(node.inputs) > 1
+        w = constants.get(node.inputs[1]) if dense_or_conv else None
         if w is None or w.dtype != np.float32 or id(node) in dropped:
             continue
         if node.op_type == "Conv":
@@ -380,7 +387,8 @@ def conv_1d(nodes, constants, outputs) -> list:
             continue
         axis = axes[0] % 4
         squeeze = _only_reader(readers, conv.outputs[0])
-        if squeeze is None or squeeze.op_type != "Squeeze" or [a % 4 for a in _axes(squeeze, constants) or []] != [axis]:
+        if squeeze is None or squeeze.op_type != "Squeeze" \
+                or [a % 4 for a in _axes(squeeze, constants) or []] != [axis]:
             continue
         drop, keep = axis - 2, 3 - axis   # spatial index dropped and kept
         attrs = dict(conv.attrs)
