@@ -232,7 +232,8 @@ def test_layer_norm_intermediate_read_elsewhere_not_fused(tmp_path, rng):
 @pytest.mark.parametrize("opset", [13, 17])
 def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
     """unsqueeze -> Conv2d with a (k, 1) or (1, k) kernel -> squeeze (a 1-D convolution written
-    as 2-D) -> one 1-D FusedConv with the ReLU after it."""
+    as 2-D) -> one 1-D FusedConv with the ReLU after it; also a stack of such convolutions with
+    a BatchNorm, a per-channel shift and a residual Add between one unsqueeze and squeeze."""
     torch.manual_seed(0)
 
     class Conv1dAs2d(torch.nn.Module):
@@ -240,17 +241,22 @@ def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
             super().__init__()
             self.tall = torch.nn.Conv2d(4, 6, (3, 1), padding=(1, 0), stride=(2, 1))
             self.wide = torch.nn.Conv2d(6, 5, (1, 3), padding=(0, 2), dilation=(1, 2))
+            self.stack = torch.nn.ModuleList(torch.nn.Conv2d(5, 5, (3, 1), padding=(1, 0)) for _ in range(2))
+            self.bn, self.shift = torch.nn.BatchNorm2d(5).eval(), torch.nn.Parameter(torch.randn(5, 1, 1))
 
         def forward(self, x_ncl):
             h = torch.relu(self.tall(x_ncl.unsqueeze(-1)).squeeze(-1))
-            return torch.relu(self.wide(h.unsqueeze(2)).squeeze(2))
+            h = torch.relu(self.wide(h.unsqueeze(2)).squeeze(2)).unsqueeze(-1)
+            g = torch.relu(self.bn(self.stack[0](h)) + self.shift)
+            return (torch.sigmoid(self.stack[1](g)) + h).squeeze(-1)
 
     path = tmp_path / "conv1d.onnx"
     export(torch, Conv1dAs2d(), (torch.randn(2, 4, 9),), path, input_names=["x"], opset_version=opset,
            dynamic_axes={"x": {0: "n", 2: "len"}})
     ours = fastlayers.load(path)
-    assert ours.op_types == ["FusedConv", "FusedConv"]
-    assert all(n.attrs["_w_hwio"].shape[0] == 1 and n.attrs["activation"] == "relu" for n in ours._nodes)
+    assert ours.op_types == ["FusedConv"] * 4 + ["Add"]
+    assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[:4])
+    assert [n.attrs["activation"] for n in ours._nodes[:4]] == ["relu", "relu", "relu", "sigmoid"]
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
 
 

@@ -214,7 +214,7 @@ def fold_affine(nodes, constants, outputs) -> list:
             continue
         bias_node = None     # a MatMul's Add of a bias, kept
         scale = np.ones(channels, np.float32)
-        end = node
+        end, before = node, node.outputs
         while True:
             follower = _only_reader(readers, end.outputs[0])
             if follower is None or follower.op_type not in ("Mul", "Div", "Add", "Sub") or len(follower.inputs) != 2:
@@ -237,8 +237,8 @@ def fold_affine(nodes, constants, outputs) -> list:
                 b = (np.zeros(channels, np.float32) if b is None else b) + (vec if follower.op_type == "Add" else -vec)
             end.outputs = follower.outputs
             dropped.add(id(follower))
-        if end is node and bias_node is None and (scale == 1).all():
-            continue
+        if end is node and bias_node is None and node.outputs == before:
+            continue   # nothing folded
         key = f"{node.outputs[0]}::affine"
         if not (scale == 1).all():
             if node.op_type == "Conv":
@@ -370,39 +370,111 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
 
 
 # ----------------------------------------------------------------------- 1-D convolutions
-def conv_1d(nodes, constants, outputs) -> list:
-    """Unsqueeze(x, [a]) -> 2-D Conv whose kernel is 1 and padding 0 on axis a -> Squeeze([a])
-    (a 1-D convolution exported as 2-D, a = 2 or 3) -> one 1-D Conv on x, which runs on the
-    whole length at once instead of as a tall image one pixel wide."""
-    readers = _readers(nodes, outputs)
-    producer = {o: n for n in nodes for o in n.outputs}
-    dropped: set[int] = set()
-    for conv in nodes:
-        w = constants.get(conv.inputs[1]) if conv.op_type == "Conv" else None
-        unsq = producer.get(conv.inputs[0]) if w is not None and w.ndim == 4 else None
-        if unsq is None or unsq.op_type != "Unsqueeze" or _only_reader(readers, unsq.outputs[0]) is not conv:
+#: Operators that work on each element alone (any rank) and pass a width-1 axis through.
+_ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish", "Elu",
+                "Selu", "Gelu", "Softplus", "Softsign", "Swish", "Neg", "Abs", "Exp", "Erf", "Identity"}
+
+
+def _conv_1d_weights(conv, axis, constants):
+    """(1-D weights, attributes) of a 2-D Conv with constant weights whose kernel is 1 and
+    padding 0 on ``axis`` (2 or 3), else None."""
+    w = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+    pads = list(conv.attrs.get("pads") or [0, 0, 0, 0])
+    drop, keep = axis - 2, 3 - axis   # spatial index dropped and kept
+    if w is None or w.ndim != 4 or w.shape[axis] != 1 or len(pads) != 4 or pads[drop] or pads[drop + 2]:
+        return None   # (any auto_pad pads a length of 1 with a kernel of 1 by nothing)
+    attrs = dict(conv.attrs)
+    for key in ("strides", "dilations", "kernel_shape"):
+        if attrs.get(key):
+            attrs[key] = [list(attrs[key])[keep]]
+    if "pads" in attrs:
+        attrs["pads"] = [pads[keep], pads[keep + 2]]
+    return np.ascontiguousarray(w[:, :, 0, :] if axis == 2 else w[:, :, :, 0]), attrs
+
+
+def _without_axis(value, axis):
+    """A constant broadcast against a rank-4 value whose ``axis`` is 1, for the rank-3 value
+    without that axis; None where it would add or widen that axis."""
+    if value is None or value.ndim > 4:
+        return None
+    shaped = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    return np.squeeze(shaped, axis) if shaped.shape[axis] == 1 else None
+
+
+def _width_one_region(nodes, start, axis, outputs, constants):
+    """The nodes after the Unsqueeze ``nodes[start]`` (adding ``axis``) that read what it makes,
+    up to the Squeezes of that axis, when each reads only values of the region or constants and
+    is a Conv with a kernel of 1 on it, an elementwise node, a BatchNormalization or an Add /
+    Sub / Mul / Div; else None. (The nodes are in an order that runs.)"""
+    region, squeezes, values = [], [], {nodes[start].outputs[0]}
+    for node in nodes[start + 1:]:
+        data = [i for i in node.inputs if i and i not in constants]
+        if not any(i in values for i in data):
             continue
-        axes = _axes(unsq, constants)
+        if node.op_type == "Squeeze":
+            if [a % 4 for a in _axes(node, constants) or []] != [axis]:
+                return None
+            squeezes.append(node)
+            continue
+        if not all(i in values for i in data) or (
+                node.op_type == "Conv" and (_conv_1d_weights(node, axis, constants) is None or data != node.inputs[:1])) \
+                or (node.op_type == "BatchNormalization" and (len(node.outputs) > 1 or data != node.inputs[:1])) \
+                or (node.op_type in ("Add", "Sub", "Mul", "Div") and any(
+                    _without_axis(constants.get(i), axis) is None for i in node.inputs if i in constants)) \
+                or node.op_type not in _ELEMENTWISE | {"Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div"}:
+            return None
+        region.append(node)
+        values.add(node.outputs[0])
+    return None if values & set(outputs) else (region, squeezes)
+
+
+def conv_1d(nodes, constants, outputs) -> list:
+    """Unsqueeze(x, [a]) -> 2-D Convs whose kernel is 1 and padding 0 on axis a (a 1-D
+    convolution exported as 2-D, a = 2 or 3), with activations, BatchNormalizations and
+    arithmetic between them -> Squeeze([a]): the same nodes on the rank-3 values, the Convs 1-D
+    (run on the whole length at once instead of as a tall image one pixel wide); constant
+    operands lose axis a."""
+    alias: dict[str, str] = {}
+    dropped: set[int] = set()
+    for start, unsq in enumerate(nodes):
+        axes = _axes(unsq, constants) if unsq.op_type == "Unsqueeze" else None
         if axes is None or len(axes) != 1 or axes[0] % 4 not in (2, 3):
             continue
         axis = axes[0] % 4
-        squeeze = _only_reader(readers, conv.outputs[0])
-        if squeeze is None or squeeze.op_type != "Squeeze" \
-                or [a % 4 for a in _axes(squeeze, constants) or []] != [axis]:
+        found = _width_one_region(nodes, start, axis, outputs, constants)
+        if found is None or not any(n.op_type == "Conv" for n in found[0]):
             continue
-        drop, keep = axis - 2, 3 - axis   # spatial index dropped and kept
-        attrs = dict(conv.attrs)
-        pads = list(attrs.get("pads") or [0, 0, 0, 0])
-        if w.shape[axis] != 1 or len(pads) != 4 or pads[drop] or pads[drop + 2]:
-            continue   # (any auto_pad pads a length of 1 with a kernel of 1 by nothing)
-        for key in ("strides", "dilations", "kernel_shape"):
-            if attrs.get(key):
-                attrs[key] = [list(attrs[key])[keep]]
-        if "pads" in attrs:
-            attrs["pads"] = [pads[keep], pads[keep + 2]]
-        w_name = f"{conv.outputs[0]}::1d"
-        constants[w_name] = np.ascontiguousarray(w[:, :, 0, :] if axis == 2 else w[:, :, :, 0])
-        conv.inputs = [unsq.inputs[0], w_name, *conv.inputs[2:]]
-        conv.attrs, conv.outputs = attrs, squeeze.outputs
-        dropped.update((id(unsq), id(squeeze)))
+        region, squeezes = found
+        for node in region:
+            if node.op_type == "Conv":
+                w, node.attrs = _conv_1d_weights(node, axis, constants)
+                constants[f"{node.outputs[0]}::1d"] = w
+                node.inputs = [node.inputs[0], f"{node.outputs[0]}::1d", *node.inputs[2:]]
+            elif node.op_type in ("Add", "Sub", "Mul", "Div"):
+                for k, name in enumerate(node.inputs):
+                    if name in constants:
+                        constants[f"{name}::{node.outputs[0]}::1d"] = _without_axis(constants[name], axis)
+                        node.inputs[k] = f"{name}::{node.outputs[0]}::1d"
+        alias[unsq.outputs[0]] = unsq.inputs[0]
+        dropped.add(id(unsq))
+        makers = {n.outputs[0]: n for n in region}
+        for squeeze in squeezes:
+            x, y = squeeze.inputs[0], squeeze.outputs[0]
+            if y in outputs and x in makers and x not in alias:   # the maker of x names it y
+                makers[x].outputs = [y]
+                alias[x] = y
+                dropped.add(id(squeeze))
+            elif y in outputs:
+                squeeze.op_type, squeeze.inputs, squeeze.attrs = "Identity", [x], {}
+            else:
+                alias[squeeze.outputs[0]] = squeeze.inputs[0]
+                dropped.add(id(squeeze))
+
+    def resolved(name):
+        while name in alias:   # a Squeeze right after the Unsqueeze: two steps
+            name = alias[name]
+        return name
+
+    for node in nodes:
+        node.inputs = [resolved(i) for i in node.inputs]
     return [n for n in nodes if id(n) not in dropped]
