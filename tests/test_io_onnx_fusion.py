@@ -272,3 +272,29 @@ def test_opset14_encoder_layer_becomes_one_node(torch, tmp_path, rng):
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedEncoderLayer"]
     _matches_ort(ours, path, {"x": rng.standard_normal((2, 5, 16)).astype(np.float32)}, rtol=1e-4)
+
+
+def test_dense_affine_forms(tmp_path, rng):
+    """A MatMul on 3-D input followed by Div by a per-column vector, then Add (constant first)
+    and Sub of vectors, and a Gemm (transB, with a bias) followed by Mul by a scalar each fold
+    into one FusedDense; Sub with the constant first (c - x) stays."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"w": rng.standard_normal((6, 4)), "d": rng.uniform(0.5, 2, 4), "t": rng.standard_normal(4),
+              "u": rng.standard_normal(4), "wt": rng.standard_normal((5, 6)), "gb": rng.standard_normal(5),
+              "s": np.array(1.5), "c": rng.standard_normal(5)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a1"]), helper.make_node("Div", ["a1", "d"], ["a2"]),
+             helper.make_node("Add", ["t", "a2"], ["a3"]), helper.make_node("Sub", ["a3", "u"], ["y"]),
+             helper.make_node("Gemm", ["x2", "wt", "gb"], ["g1"], transB=1),
+             helper.make_node("Mul", ["g1", "s"], ["g2"]), helper.make_node("Sub", ["c", "g2"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+                       [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "dense.onnx")
+    ours = fastlayers.load(tmp_path / "dense.onnx")
+    assert ours.op_types == ["FusedDense", "FusedDense", "Sub"]
+    _matches_ort(ours, tmp_path / "dense.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32),
+                                                 "x2": rng.standard_normal((2, 6)).astype(np.float32)})

@@ -416,9 +416,10 @@ def _width_one_region(nodes, start, axis, outputs, constants):
                 return None
             squeezes.append(node)
             continue
-        if not all(i in values for i in data) or (
-                node.op_type == "Conv" and (_conv_1d_weights(node, axis, constants) is None or data != node.inputs[:1])) \
-                or (node.op_type == "BatchNormalization" and (len(node.outputs) > 1 or data != node.inputs[:1])) \
+        one_input = data == node.inputs[:1]
+        if not all(i in values for i in data) \
+                or (node.op_type == "Conv" and (_conv_1d_weights(node, axis, constants) is None or not one_input)) \
+                or (node.op_type == "BatchNormalization" and (len(node.outputs) > 1 or not one_input)) \
                 or (node.op_type in ("Add", "Sub", "Mul", "Div") and any(
                     _without_axis(constants.get(i), axis) is None for i in node.inputs if i in constants)) \
                 or node.op_type not in _ELEMENTWISE | {"Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div"}:
