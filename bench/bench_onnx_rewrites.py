@@ -6,7 +6,9 @@ in one process (``bench/interleaved.py``).
 Workloads: conv_stack (an OCR-like Conv -> per-channel scale and shift -> ReLU6 / Hardsigmoid /
 SiLU stack on a 1x3x32x128 image), mlp_silu (Linear + SiLU x3, batch 8, width 256),
 encoder_ln (2 TransformerEncoderLayers, d 64, T 32, LayerNorm decomposed before opset 17),
-conv1d (Conv2d with (5, 1) kernels between unsqueeze / squeeze on 1x64x256 sequences),
+conv1d (three Conv2d with (5, 1) kernels + ReLU, each between an unsqueeze and a squeeze, as
+tf2onnx writes Conv1D, on 1x64x256), conv1d_region (the same convolutions between one unsqueeze
+and one squeeze),
 noops (an MLP of width 64 with Identity, Dropout, flatten / view chains, x * 1 and x + 0).
 
 Run: python bench/bench_onnx_rewrites.py conv_stack --calls 50 --rounds 10 [--threads 2]
@@ -52,16 +54,24 @@ def build(torch, workload):
     if workload == "encoder_ln":
         layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
         return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), torch.randn(1, 32, 64)
-    if workload == "conv1d":
+    if workload in ("conv1d", "conv1d_region"):
         class Conv1dAs2d(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.convs = nn.ModuleList(nn.Conv2d(64, 64, (5, 1), padding=(2, 0)) for _ in range(3))
 
             def forward(self, x):
+                if workload == "conv1d_region":
+                    return self.region(x)
                 for conv in self.convs:
                     x = torch.relu(conv(x.unsqueeze(-1)).squeeze(-1))
                 return x
+
+            def region(self, x):
+                x = x.unsqueeze(-1)
+                for conv in self.convs:
+                    x = torch.relu(conv(x))
+                return x.squeeze(-1)
         return Conv1dAs2d(), torch.randn(1, 64, 256)
     if workload == "noops":
         class Noops(nn.Module):
@@ -101,7 +111,8 @@ def load_without_rewrites(path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["conv_stack", "mlp_silu", "encoder_ln", "conv1d", "noops"])
+    parser.add_argument("workload", choices=["conv_stack", "mlp_silu", "encoder_ln", "conv1d", "conv1d_region",
+                                             "noops"])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
