@@ -148,8 +148,8 @@ def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opse
 
 def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
     """Clip to [0, 3], HardSigmoid with ONNX's default alpha 0.2 and HardSwish have no fused
-    epilogue: they stay after the fused nodes; a Conv output that another node also reads keeps
-    its Mul."""
+    epilogue: they stay after the fused nodes; a Conv output that other nodes also read keeps
+    its Mul, and its x * Sigmoid(x) is one Swish node on the convolution's NHWC memory."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -164,17 +164,19 @@ def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
              helper.make_node("HardSwish", ["xw3"], ["c"]),
              helper.make_node("Conv", ["img", "k"], ["conv"]),
              helper.make_node("Mul", ["conv", "s"], ["d"]),
-             helper.make_node("Relu", ["conv"], ["e"])]
+             helper.make_node("Relu", ["conv"], ["e"]),
+             helper.make_node("Sigmoid", ["conv"], ["sig"]),
+             helper.make_node("Mul", ["sig", "conv"], ["f"])]
     consts = {"w": w, "k": k, "lo": np.array(0, np.float32), "hi": np.array(3, np.float32),
               "s": np.array([2, 3], np.float32).reshape(2, 1, 1)}
     model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
                                helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 2, 2])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcde"],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcdef"],
                        [numpy_helper.from_array(v, n) for n, v in consts.items()])
     onnx.save(model, tmp_path / "unfused.onnx")
     ours = fastlayers.load(tmp_path / "unfused.onnx")
     assert ours.op_types == ["FusedDense", "Clip", "FusedDense", "HardSigmoid", "FusedDense", "HardSwish",
-                             "FusedConv", "Mul", "Relu"]
+                             "FusedConv", "Mul", "Relu", "Swish"]
     _matches_ort(ours, tmp_path / "unfused.onnx",
                  {"x": rng.standard_normal((2, 6)).astype(np.float32) * 3,
                   "img": rng.standard_normal((1, 3, 2, 2)).astype(np.float32)})
@@ -207,11 +209,15 @@ def test_layer_norm_and_rms_norm_decompositions_fuse(torch, tmp_path, rng, backe
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 5, 8)).astype(np.float32)})
 
 
-def test_layer_norm_intermediate_read_elsewhere_not_fused(tmp_path, rng):
-    """A decomposed LayerNorm whose centred value is also a graph output stays as it is."""
+@pytest.mark.parametrize("case", ["centred value read", "float64"])
+def test_layer_norm_decompositions_left_alone(tmp_path, rng, case):
+    """A decomposed LayerNorm whose centred value is also a graph output, or on float64 values
+    (the fused node computes float32), stays as it is."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+
+    elem, dtype = (TensorProto.DOUBLE, np.float64) if case == "float64" else (TensorProto.FLOAT, np.float32)
 
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
              helper.make_node("Sub", ["x", "m"], ["d"]),
@@ -220,13 +226,16 @@ def test_layer_norm_intermediate_read_elsewhere_not_fused(tmp_path, rng):
              helper.make_node("Add", ["v", "eps"], ["ve"]),
              helper.make_node("Sqrt", ["ve"], ["s"]),
              helper.make_node("Div", ["d", "s"], ["y"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "d")],
-                       [numpy_helper.from_array(np.array(1e-5, np.float32), "eps")], opset=13)
+    outputs = ("y", "d") if case == "centred value read" else ("y",)
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", elem, [2, 4])],
+                       [helper.make_tensor_value_info(n, elem, None) for n in outputs],
+                       [numpy_helper.from_array(np.array(1e-5, dtype), "eps")], opset=13)
     onnx.save(model, tmp_path / "ln.onnx")
     ours = fastlayers.load(tmp_path / "ln.onnx")
     assert "LayerNormalization" not in ours.op_types and "Div" in ours.op_types
-    _matches_ort(ours, tmp_path / "ln.onnx", {"x": rng.standard_normal((2, 4)).astype(np.float32)})
+    got = ours(rng.standard_normal((2, 4)).astype(dtype))
+    assert (got[0] if isinstance(got, list) else got).dtype == dtype
+    _matches_ort(ours, tmp_path / "ln.onnx", {"x": rng.standard_normal((2, 4)).astype(dtype)})
 
 
 @pytest.mark.parametrize("opset", [13, 17])

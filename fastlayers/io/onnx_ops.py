@@ -216,6 +216,7 @@ OPS["Sigmoid"] = _activation("sigmoid")
 OPS["Tanh"] = _activation("tanh")
 OPS["Softsign"] = _activation("softsign")
 OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
+_silu = _activation("silu")   # Swish with alpha 1
 
 
 @op("Elu")
@@ -260,7 +261,7 @@ def _swish(inputs, attrs, opset):
     """x sigmoid(alpha x)."""
     x, alpha = inputs[0], attrs.get("alpha", 1.0)
     if alpha == 1.0 and x.dtype == np.float32:
-        return [get_ops().activation(x, "silu")]
+        return _silu(inputs, attrs, opset)
     return [(x / (1 + np.exp(-np.asarray(alpha, x.dtype) * x))).astype(x.dtype)]
 
 

@@ -329,10 +329,11 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
         add = _only_reader(readers, var.outputs[0])
         if add is None or add.op_type != "Add":
             continue
-        eps = _scalar_of(constants, add.inputs[1] if add.inputs[0] == var.outputs[0] else add.inputs[0])
+        eps_name = add.inputs[1] if add.inputs[0] == var.outputs[0] else add.inputs[0]
+        eps = _scalar_of(constants, eps_name)
         sqrt = _only_reader(readers, add.outputs[0])
-        if eps is None or sqrt is None or sqrt.op_type != "Sqrt":
-            continue
+        if eps is None or constants[eps_name].dtype != np.float32 or sqrt is None or sqrt.op_type != "Sqrt":
+            continue   # (eps has x's type: the node computes float32)
         last = _only_reader(readers, sqrt.outputs[0])
         chain = [square, var, add, sqrt]
         if last is not None and last.op_type in ("Reciprocal", "Div") and rms \
