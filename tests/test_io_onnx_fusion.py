@@ -307,3 +307,33 @@ def test_dense_affine_forms(tmp_path, rng):
     assert ours.op_types == ["FusedDense", "FusedDense", "Sub"]
     _matches_ort(ours, tmp_path / "dense.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32),
                                                  "x2": rng.standard_normal((2, 6)).astype(np.float32)})
+
+
+def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
+    """tf2onnx's Conv1D: Unsqueeze([1]) -> Transpose([0, 3, 1, 2]) -> Conv (1, k) -> Relu ->
+    Transpose([0, 2, 3, 1]) -> Squeeze([1]), twice: one transpose in, two 1-D FusedConvs, one
+    transpose out (the two between the layers cancel)."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"ax": np.array([1], np.int64), "k1": rng.standard_normal((6, 4, 1, 3)).astype(np.float32),
+              "b1": rng.standard_normal(6).astype(np.float32),
+              "k2": rng.standard_normal((5, 6, 1, 3)).astype(np.float32)}
+    nodes = []
+    for i, (x, k) in enumerate((("x", "k1"), ("h1", "k2")), 1):
+        nodes += [helper.make_node("Unsqueeze", [x, "ax"], [f"u{i}"]),
+                  helper.make_node("Transpose", [f"u{i}"], [f"t{i}"], perm=[0, 3, 1, 2]),
+                  helper.make_node("Conv", [f"t{i}", k] + (["b1"] if i == 1 else []), [f"c{i}"],
+                                   pads=[0, 1, 0, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+                  helper.make_node("Transpose", [f"r{i}"], [f"o{i}"], perm=[0, 2, 3, 1]),
+                  helper.make_node("Squeeze", [f"o{i}", "ax"], ["y" if i == 2 else f"h{i}"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "w", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+    onnx.save(model, tmp_path / "tf_conv1d.onnx")
+    ours = fastlayers.load(tmp_path / "tf_conv1d.onnx")
+    assert ours.op_types == ["Transpose", "FusedConv", "FusedConv", "Transpose"]
+    assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[1:3])
+    _matches_ort(ours, tmp_path / "tf_conv1d.onnx", {"x": rng.standard_normal((2, 7, 4)).astype(np.float32)})

@@ -430,6 +430,41 @@ def _width_one_region(nodes, start, axis, outputs, constants):
     return None if values & set(outputs) else (region, squeezes)
 
 
+def _channels_first_1d(nodes, constants, outputs, alias, dropped) -> None:
+    """tf2onnx's Conv1D on (N, W, C) values, Unsqueeze([1]) -> Transpose([0, 3, 1, 2]) -> Conv
+    -> Transpose([0, 2, 3, 1]) -> Squeeze([1]), respelled Transpose([0, 2, 1]) -> Unsqueeze([2])
+    -> Conv -> Squeeze([2]) -> Transpose([0, 2, 1]) (the same values), so that ``conv_1d``
+    finds the Unsqueeze and Squeeze beside the Conv; two Transposes([0, 2, 1]) in a row then
+    cancel (into ``alias`` and ``dropped``)."""
+    readers = _readers(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    for node in nodes:
+        perm = list(node.attrs.get("perm", ())) if node.op_type == "Transpose" else None
+        if perm == [0, 3, 1, 2]:
+            unsq = producer.get(node.inputs[0])
+            if unsq is not None and unsq.op_type == "Unsqueeze" and _only_reader(readers, unsq.outputs[0]) is node \
+                    and [a % 4 for a in _axes(unsq, constants) or []] == [1]:
+                unsq.op_type, unsq.inputs, unsq.attrs = "Transpose", unsq.inputs[:1], {"perm": [0, 2, 1]}
+                node.op_type, node.attrs = "Unsqueeze", {"axes": [2]}
+        elif perm == [0, 2, 3, 1]:
+            squeeze = _only_reader(readers, node.outputs[0])
+            if squeeze is not None and squeeze.op_type == "Squeeze" \
+                    and [a % 4 for a in _axes(squeeze, constants) or []] == [1]:
+                squeeze.op_type, squeeze.inputs, squeeze.attrs = "Transpose", squeeze.inputs[:1], {"perm": [0, 2, 1]}
+                node.op_type, node.attrs = "Squeeze", {"axes": [2]}
+    for node in nodes:
+        first = producer.get(node.inputs[0]) if node.op_type == "Transpose" else None
+        if first is not None and first.op_type == "Transpose" and id(first) not in dropped \
+                and _only_reader(readers, first.outputs[0]) is node \
+                and list(first.attrs.get("perm", ())) == list(node.attrs.get("perm", ())) == [0, 2, 1]:
+            dropped.add(id(first))
+            if node.outputs[0] in outputs:
+                node.op_type, node.inputs, node.attrs = "Identity", first.inputs[:1], {}
+            else:
+                alias[node.outputs[0]] = first.inputs[0]
+                dropped.add(id(node))
+
+
 def conv_1d(nodes, constants, outputs) -> list:
     """Unsqueeze(x, [a]) -> 2-D Convs whose kernel is 1 and padding 0 on axis a (a 1-D
     convolution exported as 2-D, a = 2 or 3), with activations, BatchNormalizations and
@@ -438,6 +473,7 @@ def conv_1d(nodes, constants, outputs) -> list:
     operands lose axis a."""
     alias: dict[str, str] = {}
     dropped: set[int] = set()
+    _channels_first_1d(nodes, constants, outputs, alias, dropped)
     for start, unsq in enumerate(nodes):
         axes = _axes(unsq, constants) if unsq.op_type == "Unsqueeze" else None
         if axes is None or len(axes) != 1 or axes[0] % 4 not in (2, 3):
