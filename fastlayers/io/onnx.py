@@ -15,8 +15,8 @@ nodes no output depends on, then optimises the graph once:
    chains read by one Reshape), graph outputs keeping their names; per-channel Mul / Add after
    a Conv or a dense MatMul / Gemm folded into its weights and bias (``fold_affine``);
    x * Sigmoid(x) -> Swish (``fuse_silu``); LayerNorm and RMSNorm decomposed over the last axis
-   -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Conv with a kernel of
-   1 on the added axis -> Squeeze -> one 1-D Conv (``conv_1d``);
+   -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Convs with a kernel
+   of 1 on the added axis -> Squeeze: 1-D Convs (``conv_1d``, tf2onnx's transposed form too);
 3. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
    BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
    LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the

@@ -10,8 +10,9 @@ constant folding and before the dense / convolution fusions:
 - ``fuse_silu``: x * Sigmoid(x) -> one Swish node (x sigmoid(x), the backend's ``silu``);
 - ``fuse_layer_norm``: LayerNorm and RMSNorm over the last axis as exporters decompose them ->
   one LayerNormalization / RMSNormalization node;
-- ``conv_1d``: Unsqueeze -> 2-D Conv with a kernel of 1 on the added axis -> Squeeze of it
-  (a 1-D convolution exported as 2-D) -> one 1-D Conv.
+- ``conv_1d``: Unsqueeze -> 2-D Convs with a kernel of 1 on the added axis (and elementwise
+  nodes, BatchNormalizations, arithmetic) -> Squeezes of it (1-D convolutions exported as 2-D,
+  tf2onnx's with Transposes around them) -> the same nodes on the rank-3 values, Convs 1-D.
 
 Each pass takes the node list (``onnx.Node`` objects, changed in place), the constants and the
 graph output names, and returns the nodes kept; a value is rewritten only where nothing else
