@@ -1,22 +1,23 @@
-"""Load-time rewrites of an ONNX graph into fewer nodes, run by ``onnx.from_model`` after
-constant folding and before the dense / convolution fusions:
+"""Load-time rewrites of an ONNX graph into fewer nodes, run by ``onnx.from_model`` in this
+order after constant folding and before the dense / convolution fusions:
 
 - ``drop_noops``: Identity, inference Dropout, Cast to the type its input has, Transpose by the
   identity permutation, Add / Sub of a scalar 0, Mul / Div by a scalar 1, Squeeze of the axes
   an Unsqueeze just added; a Reshape to a constant shape reads the input of a Reshape, Flatten,
-  Squeeze or Unsqueeze before it (one Reshape for the chain). Graph outputs keep their names;
-- ``fold_affine``: Mul / Div / Add / Sub by a per-output-channel constant after a Conv or a
-  dense MatMul / Gemm folded into its weights and bias;
+  Squeeze or Unsqueeze before it (one Reshape for the chain; the nodes it skips are left for
+  ``onnx.prune``). Graph outputs keep their names;
 - ``fuse_silu``: x * Sigmoid(x) -> one Swish node (x sigmoid(x), the backend's ``silu``);
 - ``fuse_layer_norm``: LayerNorm and RMSNorm over the last axis as exporters decompose them ->
-  one LayerNormalization / RMSNormalization node;
+  one LayerNormalization node (with ``_rms`` for RMSNorm);
 - ``conv_1d``: Unsqueeze -> 2-D Convs with a kernel of 1 on the added axis (and elementwise
   nodes, BatchNormalizations, arithmetic) -> Squeezes of it (1-D convolutions exported as 2-D,
-  tf2onnx's with Transposes around them) -> the same nodes on the rank-3 values, Convs 1-D.
+  tf2onnx's with Transposes around them) -> the same nodes on the rank-3 values, Convs 1-D;
+- ``fold_affine``: Mul / Div / Add / Sub by a per-output-channel constant after a Conv or a
+  dense MatMul / Gemm folded into its weights and bias.
 
-Each pass takes the node list (``onnx.Node`` objects, changed in place), the constants and the
-graph output names, and returns the nodes kept; a value is rewritten only where nothing else
-reads it.
+Each pass takes the node list (``onnx.Node`` objects, changed in place), the constants (new
+ones added under new names; the file's are never changed) and the graph output names, and
+returns the nodes kept; a value is rewritten only where nothing else reads it.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def fold_affine(nodes, constants, outputs) -> list:
             continue
         bias_node = None     # a MatMul's Add of a bias, kept
         scale = np.ones(channels, np.float32)
-        end, before = node, node.outputs
+        end, folded_before = node, len(dropped)
         while True:
             follower = _only_reader(readers, end.outputs[0])
             if follower is None or follower.op_type not in ("Mul", "Div", "Add", "Sub") or len(follower.inputs) != 2:
@@ -238,7 +239,7 @@ def fold_affine(nodes, constants, outputs) -> list:
                 b = (np.zeros(channels, np.float32) if b is None else b) + (vec if follower.op_type == "Add" else -vec)
             end.outputs = follower.outputs
             dropped.add(id(follower))
-        if end is node and bias_node is None and node.outputs == before:
+        if len(dropped) == folded_before:
             continue   # nothing folded
         key = f"{node.outputs[0]}::affine"
         if not (scale == 1).all():
