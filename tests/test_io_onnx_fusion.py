@@ -337,3 +337,20 @@ def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
     assert ours.op_types == ["Transpose", "FusedConv", "FusedConv", "Transpose"]
     assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[1:3])
     _matches_ort(ours, tmp_path / "tf_conv1d.onnx", {"x": rng.standard_normal((2, 7, 4)).astype(np.float32)})
+
+
+def test_layer_norm_scale_of_another_width_is_refused(tmp_path, rng, backend):
+    """A LayerNormalization (the node that decompositions are fused into) whose scale does not
+    match the normalized width raises InputError naming the node: the native kernel, which reads
+    the scale as a row of that width, is not called."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("LayerNormalization", ["x", "s"], ["y"], axis=-1)]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(np.ones(5, np.float32), "s")])
+    onnx.save(model, tmp_path / "ln5.onnx")
+    with pytest.raises(fastlayers.errors.InputError, match="LayerNormalization"):
+        fastlayers.load(tmp_path / "ln5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))

@@ -105,7 +105,8 @@ class CpuOps(ReferenceOps):
                     or (k > 1 and (not x.flags.c_contiguous
                                    or any(v is not None and v.size != width for v in (gamma, beta))))):
                 return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
-        if x.size == 0:
+        if x.size == 0 or (k == 1 and any(v is not None and v.size != x.shape[-1] for v in (gamma, beta))):
+            # (the native kernel reads gamma and beta as rows of the normalized width)
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
         if k > 1:
             y = self.layer_norm(x.reshape(x.shape[:x.ndim - k] + (-1,)),
