@@ -339,18 +339,20 @@ def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
     _matches_ort(ours, tmp_path / "tf_conv1d.onnx", {"x": rng.standard_normal((2, 7, 4)).astype(np.float32)})
 
 
-def test_layer_norm_scale_of_another_width_is_refused(tmp_path, rng, backend):
-    """A LayerNormalization (the node that decompositions are fused into) whose scale does not
-    match the normalized width raises InputError naming the node: the native kernel, which reads
-    the scale as a row of that width, is not called."""
+@pytest.mark.parametrize("op", ["LayerNormalization", "BatchNormalization"])
+def test_norm_parameters_of_another_width_are_refused(tmp_path, rng, backend, op):
+    """A LayerNormalization (the node that decompositions are fused into) or a BatchNormalization
+    on (N, C) values whose parameters do not match the normalized width raises InputError naming
+    the node: the native kernels, which read them as rows of that width, are not called."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("LayerNormalization", ["x", "s"], ["y"], axis=-1)]
+    params = ["s"] if op == "LayerNormalization" else ["s", "s", "s", "s"]
+    nodes = [helper.make_node(op, ["x"] + params, ["y"])]
     model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                        [numpy_helper.from_array(np.ones(5, np.float32), "s")])
-    onnx.save(model, tmp_path / "ln5.onnx")
-    with pytest.raises(fastlayers.errors.InputError, match="LayerNormalization"):
-        fastlayers.load(tmp_path / "ln5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))
+    onnx.save(model, tmp_path / "norm5.onnx")
+    with pytest.raises(fastlayers.errors.InputError, match=op):
+        fastlayers.load(tmp_path / "norm5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))

@@ -122,7 +122,8 @@ class CpuOps(ReferenceOps):
         return out if x.ndim == 2 else out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
-        if axis % x.ndim != x.ndim - 1 or x.size == 0:
+        if axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] \
+                or np.size(shift) != x.shape[-1]:   # (the native kernel reads rows of that width)
             return super().batch_norm(x, scale, shift, axis)
         y = _core.apply_scale_shift(x, scale, shift)
         if y is not None:
