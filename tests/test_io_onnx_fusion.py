@@ -64,7 +64,8 @@ def test_noop_nodes_dropped_outputs_keep_their_names(tmp_path, rng):
 
 def test_noops_kept_where_they_change_something(tmp_path, rng):
     """A Cast to another type, Add of a vector 0 (it may broadcast), a Dropout whose mask is read,
-    and an Identity of a graph input that is the output stay."""
+    an Identity of a graph input that is the output, and a Cast to double after a Relu on
+    doubles (which computes float32 here) stay."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -73,15 +74,20 @@ def test_noops_kept_where_they_change_something(tmp_path, rng):
              helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
              helper.make_node("Add", ["b", "zeros"], ["c"]),
              helper.make_node("Dropout", ["c"], ["y", "mask"]),
-             helper.make_node("Identity", ["x"], ["z"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+             helper.make_node("Identity", ["x"], ["z"]),
+             helper.make_node("Relu", ["xd"], ["r"]), helper.make_node("Cast", ["r"], ["w"], to=TensorProto.DOUBLE)]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("xd", TensorProto.DOUBLE, [2])],
                        [helper.make_tensor_value_info(n, t, None) for n, t in
-                        (("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("z", TensorProto.FLOAT))],
+                        (("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("z", TensorProto.FLOAT),
+                         ("w", TensorProto.DOUBLE))],
                        [numpy_helper.from_array(np.zeros((2, 1, 3), np.float32), "zeros")])
     onnx.save(model, tmp_path / "kept.onnx")
     ours = fastlayers.load(tmp_path / "kept.onnx")
-    assert ours.op_types == ["Cast", "Cast", "Add", "Dropout", "Identity"]
-    _matches_ort(ours, tmp_path / "kept.onnx", {"x": rng.standard_normal((2, 3)).astype(np.float32)})
+    assert ours.op_types == ["Cast", "Cast", "Add", "Dropout", "Identity", "Relu", "Cast"]
+    feeds = {"x": rng.standard_normal((2, 3)).astype(np.float32), "xd": rng.standard_normal(2)}
+    assert ours(feeds)[-1].dtype == np.float64
+    _matches_ort(ours, tmp_path / "kept.onnx", feeds)
 
 
 def test_output_renamed_for_every_reader(tmp_path, rng):

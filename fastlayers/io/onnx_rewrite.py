@@ -58,23 +58,27 @@ def _axes(node, constants, slot=1):
     return None
 
 
-#: Operators whose first output has the element type of their first input.
-_KEEPS_TYPE = {"Identity", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "Neg", "Abs", "Exp", "Log",
-               "Sqrt", "Erf", "Add", "Sub", "Mul", "Div", "Pow", "MatMul", "Gemm", "Conv", "Softmax",
-               "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Slice",
-               "ReduceMean", "ReduceSum", "LayerNormalization", "BatchNormalization", "Dropout"}
+#: Operators whose output has their first input's element type, whatever it is, as run here.
+_MOVES_VALUES = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat",
+                 "Slice", "Dropout"}
+#: Operators whose output is float32 where their first input is (others, e.g. Pow by an integer
+#: exponent or the float64 reductions, may widen it, and some compute float32 from float64).
+_KEEPS_FLOAT32 = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "Neg", "Abs", "Add", "Sub", "Mul",
+                  "Div", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "BatchNormalization"}
 
 
 def _dtypes(nodes, constants, input_dtypes) -> dict:
-    """The element types known at load: graph inputs, constants, Cast outputs, and the outputs
-    of ``_KEEPS_TYPE`` operators on a value of known type."""
+    """The element types known at load, as the nodes compute them: graph inputs, constants,
+    Cast outputs, and the outputs of ``_MOVES_VALUES`` and ``_KEEPS_FLOAT32`` nodes on them."""
     known = dict(input_dtypes)
     known.update((name, value.dtype) for name, value in constants.items())
     for node in nodes:
+        first = known.get(node.inputs[0]) if node.inputs else None
         if node.op_type == "Cast" and node.attrs.get("to") in DTYPES:
             known[node.outputs[0]] = np.dtype(DTYPES[node.attrs["to"]])
-        elif node.op_type in _KEEPS_TYPE and node.inputs and node.inputs[0] in known:
-            known[node.outputs[0]] = known[node.inputs[0]]
+        elif first is not None and (node.op_type in _MOVES_VALUES
+                                    or (node.op_type in _KEEPS_FLOAT32 and first == np.float32)):
+            known[node.outputs[0]] = first
     return known
 
 
@@ -89,8 +93,8 @@ def _passes_through(node, constants, dtypes, readers):
         training = len(ins) > 2 and ins[2] and (ins[2] not in constants or bool(constants[ins[2]].any()))
         return None if mask_read or training else ins[0]
     if op == "Cast":
-        to = DTYPES.get(node.attrs.get("to"))
-        return ins[0] if to is not None and dtypes.get(ins[0]) == np.dtype(to) else None
+        to, known = DTYPES.get(node.attrs.get("to")), dtypes.get(ins[0])
+        return ins[0] if to is not None and known is not None and known == np.dtype(to) else None
     if op == "Transpose":
         perm = node.attrs.get("perm")
         return ins[0] if perm is not None and list(perm) == list(range(len(perm))) else None
