@@ -99,10 +99,12 @@ def _passes_through(node, constants, dtypes, readers):
         perm = node.attrs.get("perm")
         return ins[0] if perm is not None and list(perm) == list(range(len(perm))) else None
     if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+        # (both operands have one type, T; a float64 constant would widen what float ops here
+        # compute as float32 from float64 values)
         neutral = 0 if op in ("Add", "Sub") else 1
-        if _scalar_of(constants, ins[1]) == neutral:   # (both operands have one type, T)
+        if _scalar_of(constants, ins[1]) == neutral and constants[ins[1]].dtype != np.float64:
             return ins[0]
-        if op in ("Add", "Mul") and _scalar_of(constants, ins[0]) == neutral:
+        if op in ("Add", "Mul") and _scalar_of(constants, ins[0]) == neutral and constants[ins[0]].dtype != np.float64:
             return ins[1]
     return None
 
