@@ -12,6 +12,7 @@ and one squeeze),
 noops (an MLP of width 64 with Identity, Dropout, flatten / view chains, x * 1 and x + 0).
 
 Run: python bench/bench_onnx_rewrites.py conv_stack --calls 50 --rounds 10 [--threads 2]
+[--without-onnxruntime]
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--without-onnxruntime", action="store_true",
+                        help="time fastlayers alone (onnxruntime's spinning threads disturb small workloads)")
     args = parser.parse_args()
 
     import onnxruntime as ort
@@ -140,8 +143,10 @@ def main() -> None:
     want = session.run(None, {"x": x})[0]
     for name, model in (("rewritten", after), ("not rewritten", before)):
         print(f"{name} max |difference| from onnxruntime: {np.abs(model(x) - want).max():.2e}")
-    interleave({"fastlayers": lambda: after(x), "fastlayers-before": lambda: before(x),
-                "onnxruntime": lambda: session.run(None, {"x": x})}, args.calls, args.rounds, args.workload)
+    engines = {"fastlayers": lambda: after(x), "fastlayers-before": lambda: before(x)}
+    if not args.without_onnxruntime:
+        engines["onnxruntime"] = lambda: session.run(None, {"x": x})
+    interleave(engines, args.calls, args.rounds, args.workload)
 
 
 if __name__ == "__main__":
