@@ -362,3 +362,37 @@ def test_norm_parameters_of_another_width_are_refused(tmp_path, rng, backend, op
     onnx.save(model, tmp_path / "norm5.onnx")
     with pytest.raises(fastlayers.errors.InputError, match=op):
         fastlayers.load(tmp_path / "norm5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
+    """tf2onnx's Keras LayerNormalization (tf.nn.moments + tf.nn.batch_normalization): inv =
+    Reciprocal(Sqrt(var + eps)) [* gamma]; x * inv + (beta - mean * inv), or x * inv - mean *
+    inv without an offset -> one LayerNormalization node."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"eps": np.array(1e-3, np.float32), "gamma": rng.standard_normal(6).astype(np.float32),
+              "beta": rng.standard_normal(6).astype(np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Reciprocal", ["s"], ["r"])]
+    inv = "r"
+    if affine:
+        nodes.append(helper.make_node("Mul", ["r", "gamma"], ["inv"]))
+        inv = "inv"
+    nodes += [helper.make_node("Mul", ["x", inv], ["xi"]), helper.make_node("Mul", [inv, "m"], ["mi"])]
+    if affine:
+        nodes += [helper.make_node("Sub", ["beta", "mi"], ["o"]), helper.make_node("Add", ["xi", "o"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Sub", ["xi", "mi"], ["y"]))
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+    onnx.save(model, tmp_path / "tf_ln.onnx")
+    ours = fastlayers.load(tmp_path / "tf_ln.onnx")
+    assert ours.op_types == ["LayerNormalization"]
+    _matches_ort(ours, tmp_path / "tf_ln.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)})

@@ -311,11 +311,60 @@ def _vector_operand(node, value, constants):
     return other if vec is not None and vec.ndim == 1 and vec.size > 1 and vec.dtype == np.float32 else None
 
 
+def _mul_operands(node, value):
+    """The other operand of a Mul reading ``value``, else None."""
+    if node is None or node.op_type != "Mul" or value not in node.inputs:
+        return None
+    return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+
+
+def _moments_form(sub, mean, square, sqrt, readers, constants):
+    """tf2onnx's tf.nn.moments + tf.nn.batch_normalization on the last axis after the variance:
+    inv = Reciprocal(sqrt) [* gamma]; x * inv + (beta - mean * inv), or x * inv - mean * inv.
+    (last node, scale, bias, the nodes before it) or None."""
+    x, d = sub.inputs[0], sub.outputs[0]
+    inverse = _only_reader(readers, sqrt.outputs[0])
+    if inverse is None or not (inverse.op_type == "Reciprocal" or (
+            inverse.op_type == "Div" and _scalar_of(constants, inverse.inputs[0]) == 1)):
+        return None
+    chain, inv, scale = [inverse], inverse.outputs[0], ""
+    gamma = _only_reader(readers, inv)
+    if gamma is not None and _mul_operands(gamma, inv) is not None and _vector_operand(gamma, inv, constants):
+        chain.append(gamma)
+        inv, scale = gamma.outputs[0], _vector_operand(gamma, inv, constants)
+    users = [u for u in readers.get(inv, []) if u is not None]
+    if len(users) != 2 or len(readers.get(inv, [])) != 2:
+        return None
+    xi = next((u for u in users if _mul_operands(u, inv) == x), None)
+    mi = next((u for u in users if _mul_operands(u, inv) == mean.outputs[0] and u is not xi), None)
+    if xi is None or mi is None or sorted(map(id, readers.get(mean.outputs[0], []))) != sorted(map(id, [sub, mi])) \
+            or sorted(map(id, readers.get(d, []))) != sorted(map(id, [square] * square.inputs.count(d))):
+        return None
+    after = _only_reader(readers, mi.outputs[0])
+    bias = ""
+    if after is not None and after.op_type == "Sub" and after.inputs == [xi.outputs[0], mi.outputs[0]]:
+        last = after                                     # x * inv - mean * inv
+    elif after is not None and after.op_type == "Sub" and after.inputs[1] == mi.outputs[0] \
+            and _vector_operand(after, mi.outputs[0], constants) == after.inputs[0]:
+        last = _only_reader(readers, after.outputs[0])   # x * inv + (beta - mean * inv)
+        if last is None or last.op_type != "Add" or sorted(last.inputs) != sorted([xi.outputs[0], after.outputs[0]]):
+            return None
+        chain.append(after)
+        bias = after.inputs[0]
+    else:
+        return None
+    if _only_reader(readers, xi.outputs[0]) is not last:
+        return None
+    return last, scale, bias, chain + [xi, mi, sub, mean]
+
+
 def fuse_layer_norm(nodes, constants, outputs) -> list:
     """Normalization over the last axis as exporters decompose it -> one LayerNormalization
     node (run by the backend's layer-norm kernel):
 
         d = x - ReduceMean(x); d / Sqrt(ReduceMean(d^2) + eps) [* gamma] [+ beta]   (LayerNorm)
+        inv = Reciprocal(Sqrt(ReduceMean(d^2) + eps)) [* gamma];
+            x * inv + (beta - ReduceMean(x) * inv), or x * inv - ReduceMean(x) * inv  (tf2onnx)
         x / Sqrt(ReduceMean(x^2) + eps), x * Reciprocal(..), x * (1 / ..) [* gamma]   (RMSNorm)
 
     (d^2 as Pow(d, 2) or Mul(d, d); gamma and beta constant vectors; RMSNorm becomes a
@@ -342,8 +391,17 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
         sqrt = _only_reader(readers, add.outputs[0])
         if eps is None or constants[eps_name].dtype != np.float32 or sqrt is None or sqrt.op_type != "Sqrt":
             continue   # (eps has x's type: the node computes float32)
-        last = _only_reader(readers, sqrt.outputs[0])
         chain = [square, var, add, sqrt]
+        moments = _moments_form(sub, mean, square, sqrt, readers, constants) \
+            if sub is not None and _last_axis_mean(mean, constants) and mean.inputs[0] == sub.inputs[0] else None
+        if moments is not None:
+            last, scale, bias, before = moments
+            if not (scale and bias and constants[scale].shape != constants[bias].shape):
+                last.op_type, last.inputs = "LayerNormalization", [sub.inputs[0], scale, bias]
+                last.attrs = {"axis": -1, "epsilon": float(eps), "_stats": False, "_rms": False}
+                dropped.update(map(id, chain + before))
+            continue
+        last = _only_reader(readers, sqrt.outputs[0])
         if last is not None and last.op_type in ("Reciprocal", "Div") and rms \
                 and (last.op_type == "Reciprocal" or _scalar_of(constants, last.inputs[0]) == 1):
             inverse, last = last, _only_reader(readers, last.outputs[0])   # x * (1 / s)
