@@ -10,15 +10,24 @@ nodes no output depends on, then optimises the graph once:
    within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
    If whose condition became a constant is replaced by the nodes of its branch
    (``inline_constant_ifs``), folded in turn;
-2. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
-   BLAS + fused-epilogue primitive, absorbing a following activation; Conv with constant weights
+2. rewrites (``onnx_rewrite.py``): no-op nodes dropped (Identity, inference Dropout, Cast to
+   the same type, identity Transpose, Add 0 / Mul or Div by 1, Unsqueeze -> Squeeze; Reshape
+   chains read by one Reshape), graph outputs keeping their names; per-channel Mul / Add after
+   a Conv or a dense MatMul / Gemm folded into its weights and bias (``fold_affine``);
+   x * Sigmoid(x) -> Swish (``fuse_silu``); LayerNorm and RMSNorm decomposed over the last axis
+   -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Convs with a kernel
+   of 1 on the added axis -> Squeeze: 1-D Convs (``conv_1d``, tf2onnx's transposed form too);
+3. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
+   BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
+   LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
+   backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
    LSTM is folded into its input projection (``fuse_embedding_recurrent``); the exporters'
    attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
    encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
    (``fuse_encoder_layers``, ``onnx_encoder.py``);
-3. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
+4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``onnx_control.Body``),
 folded but not fused; the outer values they read are inputs of their node (``onnx_check``).
@@ -41,7 +50,7 @@ import numpy as np
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import onnx_check, onnx_encoder, onnx_proto, onnx_quant
+from . import onnx_check, onnx_encoder, onnx_proto, onnx_quant, onnx_rewrite
 from .onnx_control import Body
 from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
 
@@ -63,11 +72,30 @@ ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
      "uint2", "int2", "float6e2m3", "float6e3m2"]) if n}
 
 
-def _fused_activation(follower) -> dict:
+def _fused_activation(follower, constants) -> dict | None:
     """The activation attributes a dense or convolution node takes from a following activation
-    node (Gelu with approximate="tanh" is the tanh form)."""
-    name, alpha_attr = _FUSABLE_ACTIVATIONS[follower.op_type]
-    if follower.op_type == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
+    node (Gelu with approximate="tanh" is the tanh form; Clip to [0, 6] or [0, inf) is relu6 or
+    relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid; Swish with alpha 1, which
+    ``onnx_rewrite.fuse_silu`` makes of x * Sigmoid(x), is silu); None where it has none."""
+    op = follower.op_type
+    if op == "Clip":
+        bounds = [follower.attrs.get("min"), follower.attrs.get("max")]
+        for k, name in enumerate(follower.inputs[1:3]):
+            bounds[k] = _scalar(constants, name) if name else bounds[k]
+            if name and bounds[k] is None:
+                return None
+        name = {(0.0, 6.0): "relu6", (0.0, None): "relu", (0.0, np.inf): "relu"}.get(tuple(bounds))
+        return None if name is None else {"activation": name, "alpha": 0.0}
+    if op == "HardSigmoid":
+        ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
+            and np.float32(follower.attrs.get("beta", 0.5)) == np.float32(0.5)
+        return {"activation": "hard_sigmoid", "alpha": 0.0} if ok else None
+    if op == "Swish":
+        return {"activation": "silu", "alpha": 0.0} if follower.attrs.get("alpha", 1.0) == 1.0 else None
+    if op not in _FUSABLE_ACTIVATIONS:
+        return None
+    name, alpha_attr = _FUSABLE_ACTIVATIONS[op]
+    if op == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
         name = "gelu_tanh"
     return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
 
@@ -338,8 +366,8 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                     break
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
-            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in node.attrs:
-                node.attrs = _fused_activation(follower)
+            elif "activation" not in node.attrs and _fused_activation(follower, constants):
+                node.attrs = _fused_activation(follower, constants)
             else:
                 break
             node.outputs = follower.outputs
@@ -374,8 +402,8 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                 scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
                 scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
                 b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
-            elif follower.op_type in _FUSABLE_ACTIVATIONS and "activation" not in attrs:
-                attrs.update(_fused_activation(follower))
+            elif "activation" not in attrs and _fused_activation(follower, constants):
+                attrs.update(_fused_activation(follower, constants))
             else:
                 break
             node.outputs = follower.outputs
@@ -1046,6 +1074,9 @@ def from_model(model: onnx_proto.Model, where: str) -> OnnxModel:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
+        nodes = prune(onnx_rewrite.drop_noops(nodes, constants, outputs, {i: t for i, t, _ in inputs}), outputs)
+        nodes = onnx_rewrite.fuse_layer_norm(onnx_rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
+        nodes = onnx_rewrite.fold_affine(onnx_rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
         nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)

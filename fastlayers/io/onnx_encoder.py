@@ -19,8 +19,9 @@ products) plus the shape arithmetic feeding the Reshapes. The match has two part
    probe's Y. A graph that splits heads
    or scales the scores otherwise fails that check and runs node by node as before.
 
-Masked attention (a mask input on the attention node) and LayerNormalization spelled as
-ReduceMean / Sub / Pow (opsets before 17) are not matched.
+Masked attention (a mask input on the attention node) is not matched. LayerNormalization
+spelled as ReduceMean / Sub / Pow (opsets before 17) is one node by then
+(``onnx_rewrite.fuse_layer_norm``), so such layers match too.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class _Graph:
 
     def norm(self, node, e):
         """(gamma, beta, eps) of a LayerNormalization over the last axis of width ``e``, else None."""
-        if node is None or node.op_type != "LayerNormalization" or node.attrs.get("_stats") \
+        if node is None or node.op_type != "LayerNormalization" or node.attrs.get("_stats") or node.attrs.get("_rms") \
                 or node.attrs.get("axis", -1) not in (-1, 2):
             return None
         gamma = self.constants.get(node.inputs[1])

@@ -216,6 +216,7 @@ OPS["Sigmoid"] = _activation("sigmoid")
 OPS["Tanh"] = _activation("tanh")
 OPS["Softsign"] = _activation("softsign")
 OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
+_silu = _activation("silu")   # Swish with alpha 1
 
 
 @op("Elu")
@@ -259,6 +260,8 @@ def _celu(inputs, attrs, opset):
 def _swish(inputs, attrs, opset):
     """x sigmoid(alpha x)."""
     x, alpha = inputs[0], attrs.get("alpha", 1.0)
+    if alpha == 1.0 and x.dtype == np.float32:
+        return _silu(inputs, attrs, opset)
     return [(x / (1 + np.exp(-np.asarray(alpha, x.dtype) * x))).astype(x.dtype)]
 
 
@@ -373,7 +376,7 @@ def _layer_norm(inputs, attrs, opset):
     axis = attrs.get("axis", -1) % x.ndim
     axes = tuple(range(axis, x.ndim))
     eps = attrs.get("epsilon", 1e-5)
-    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes)
+    y = get_ops().layer_norm(_f32(x), scale, bias, eps, axes, rms=attrs.get("_rms", False))
     if not attrs.get("_stats", True):
         return [y]
     # optional outputs 1 and 2: the mean and the inverse standard deviation (kept dims)

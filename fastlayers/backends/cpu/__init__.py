@@ -96,16 +96,15 @@ class CpuOps(ReferenceOps):
         return self._over_axis("log_softmax", x, axis, super().log_softmax)
 
     def layer_norm(self, x, gamma, beta, epsilon, axes=(-1,), rms=False):
+        # the native kernel normalizes rows: the trailing axes (C-contiguous when several:
+        # InstanceNormalization, LayerNormalization with axis < -1), gamma and beta read as
+        # rows of their width
         k = len(axes)
-        if axes != (-1,) and x.size:
-            # trailing axes of C-contiguous memory are rows of their product, gamma and beta
-            # flattened with them (InstanceNormalization, LayerNormalization with axis < -1)
-            width = math.prod(x.shape[x.ndim - k:])
-            if (sorted(a % x.ndim for a in axes) != list(range(x.ndim - k, x.ndim))
-                    or (k > 1 and (not x.flags.c_contiguous
-                                   or any(v is not None and v.size != width for v in (gamma, beta))))):
-                return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
-        if x.size == 0:
+        width = math.prod(x.shape[x.ndim - k:])
+        if (x.size == 0 or x.ndim == 0
+                or sorted(a % x.ndim for a in axes) != list(range(x.ndim - k, x.ndim))
+                or (k > 1 and not x.flags.c_contiguous)
+                or any(v is not None and v.size != width for v in (gamma, beta))):
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
         if k > 1:
             y = self.layer_norm(x.reshape(x.shape[:x.ndim - k] + (-1,)),
@@ -121,7 +120,8 @@ class CpuOps(ReferenceOps):
         return out if x.ndim == 2 else out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
-        if axis % x.ndim != x.ndim - 1 or x.size == 0:
+        if axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] \
+                or np.size(shift) != x.shape[-1]:   # (the native kernel reads rows of that width)
             return super().batch_norm(x, scale, shift, axis)
         y = _core.apply_scale_shift(x, scale, shift)
         if y is not None:
