@@ -1,7 +1,7 @@
 """Fuzzing the ONNX and PyTorch readers, and each class of hostile file of issue #27.
 
 Seed files are built here (torch.onnx.export(dynamo=False) of small models and onnx.helper
-graphs; torch.save of small state dicts and nn.Sequential, zip and legacy) and mutated
+graphs, one of them with If, Loop and Scan subgraphs, indexing and quantized operators; torch.save of small state dicts and nn.Sequential, zip and legacy) and mutated
 deterministically (seeded by case index):
 
 - ONNX, byte level (``tests.fuzz.mutate_bytes``) and graph level (``mutate_onnx_graph``:
@@ -262,7 +262,58 @@ def _helper_graphs() -> list[tuple[str, bytes]]:
     lh = helper.make_tensor_value_info("lhs", TensorProto.FLOAT, None)
     older = helper.make_model(helper.make_graph(old_nodes, "older", [a], [y, lh], old_inits),
                               opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
-    return [("shapes", shapes.SerializeToString()), ("older", older.SerializeToString())]
+    return [("shapes", shapes.SerializeToString()), ("older", older.SerializeToString()),
+            ("control", _control_graph(helper, init, rng).SerializeToString())]
+
+
+def _control_graph(helper, init, rng):
+    """If, Loop and Scan with subgraphs reading outer values, the indexing operators, and a
+    quantized product (QDQ and integer forms), on a (n, 4) input."""
+    from onnx import TensorProto
+
+    f32, i64, flag = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    vi = helper.make_tensor_value_info
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [], [vi("t", f32, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", f32, None)])
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+         helper.make_node("Less", ["i", "three"], ["go"]),
+         helper.make_node("Identity", ["acc_out"], ["step"])], "body",
+        [vi("i", i64, []), vi("c", flag, []), vi("acc_in", f32, None)],
+        [vi("go", flag, []), vi("acc_out", f32, None), vi("step", f32, None)])
+    scan_body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "row"], ["s_out"]), helper.make_node("Relu", ["s_out"], ["r"])],
+        "scan", [vi("s_in", f32, [4]), vi("row", f32, [4])], [vi("s_out", f32, [4]), vi("r", f32, [4])])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero_f"], ["positive"]),
+        helper.make_node("If", ["positive"], ["chosen"], then_branch=then, else_branch=other),
+        helper.make_node("Loop", ["trips", "yes", "chosen"], ["acc", "steps"], body=body),
+        helper.make_node("Scan", ["state0", "acc"], ["state", "rows"], body=scan_body, num_scan_inputs=1),
+        helper.make_node("TopK", ["rows", "k"], ["top", "top_i"], axis=1),
+        helper.make_node("GatherND", ["steps", "nd_idx"], ["picked"]),
+        helper.make_node("CumSum", ["top", "one_axis"], ["cum"], exclusive=1),
+        helper.make_node("Einsum", ["cum", "proj"], ["ein"], equation="nk,kj->nj"),
+        helper.make_node("QuantizeLinear", ["ein", "q_scale", "q_zero"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "q_scale", "q_zero"], ["dq"]),
+        helper.make_node("DynamicQuantizeLinear", ["dq"], ["a_q", "a_scale", "a_zero"]),
+        helper.make_node("MatMulInteger", ["a_q", "w_q", "a_zero", "w_zero"], ["acc_i"]),
+        helper.make_node("Cast", ["acc_i"], ["y"], to=f32),
+        helper.make_node("OneHot", ["top_i", "depth", "on_off"], ["z"], axis=-1),
+    ]
+    inits = [init("two", np.array(2.0, np.float32)), init("zero_f", np.array(0.0, np.float32)),
+             init("three", np.array(3, np.int64)), init("trips", np.array(5, np.int64)),
+             init("yes", np.array(True)), init("state0", np.zeros(4, np.float32)),
+             init("k", np.array([2], np.int64)), init("nd_idx", np.array([[0, 0], [1, 0]], np.int64)),
+             init("one_axis", np.array(1, np.int64)),
+             init("proj", rng.standard_normal((2, 3)).astype(np.float32)),
+             init("q_scale", np.array(0.05, np.float32)), init("q_zero", np.array(0, np.int8)),
+             init("w_q", rng.integers(-100, 100, (3, 2)).astype(np.int8)),
+             init("w_zero", np.array(0, np.int8)), init("depth", np.array(3, np.int64)),
+             init("on_off", np.array([0.0, 1.0], np.float32))]
+    graph = helper.make_graph(nodes, "control", [vi("x", f32, ["n", 4])],
+                              [vi("y", f32, None), vi("z", f32, None), vi("picked", f32, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
 @pytest.fixture(scope="module")
