@@ -61,21 +61,20 @@ WORKLOADS = [
 ]
 
 
-class _Recurrent:
+def recurrent_module(torch, kind, bidirectional):
     """torch LSTM/GRU over x (batch, time, input) returning h_n (directions, batch, hidden)."""
 
-    def __new__(cls, torch, kind, bidirectional):
-        class Last(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.rnn = getattr(torch.nn, kind)(bench_rnn.INPUT, bench_rnn.HIDDEN, batch_first=True,
-                                                   bidirectional=bidirectional)
+    class LastState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(torch.nn, kind)(bench_rnn.INPUT, bench_rnn.HIDDEN, batch_first=True,
+                                               bidirectional=bidirectional)
 
-            def forward(self, x):
-                h = self.rnn(x)[1]
-                return h[0] if kind == "LSTM" else h
+        def forward(self, x):
+            h = self.rnn(x)[1]
+            return h[0] if kind == "LSTM" else h
 
-        return Last()
+    return LastState()
 
 
 def build(name, rng):
@@ -102,7 +101,7 @@ def build(name, rng):
         shape = (int(batch), d_in)
     elif base.endswith(("lstm", "gru")):
         kind = "LSTM" if base.endswith("lstm") else "GRU"
-        module = _Recurrent(torch, kind, base.startswith("bi"))
+        module = recurrent_module(torch, kind, base.startswith("bi"))
         shape = (int(batch), bench_rnn.STEPS, bench_rnn.INPUT)
     else:  # bench_attention
         module = bench_attention.build_torch(name, rng)
