@@ -57,8 +57,9 @@ def main() -> None:
 
 def interleave(engines, calls, rounds, label) -> None:
     """Time each engine (a no-argument callable) for ``calls`` calls per round, round after
-    round, sleeping 0.1 s after onnxruntime's; print each engine's min and median ms per call
-    and the median of its per-round ratio to onnxruntime."""
+    round, sleeping 0.1 s after onnxruntime's and OpenVINO's (their threads spin on); print each
+    engine's min and median ms per call and the median of its per-round ratio to onnxruntime;
+    return {engine: [ms per call of each round]}."""
     times = {name: [] for name in engines}
     for _ in range(rounds):
         for name, fn in engines.items():
@@ -68,13 +69,14 @@ def interleave(engines, calls, rounds, label) -> None:
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e3)
-            if name == "onnxruntime":
+            if name in ("onnxruntime", "openvino"):
                 time.sleep(0.1)
     base = times.get("onnxruntime")
     for name, ms in times.items():
         paired = "" if base is None or name == "onnxruntime" else \
             f", x onnxruntime per round: median {np.median(np.divide(ms, base)):.2f}"
         print(f"{label} {name:18s} min {min(ms):.3f} median {np.median(ms):.3f} ms{paired}")
+    return times
 
 
 def nn_engines(workload):
