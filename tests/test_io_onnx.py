@@ -335,6 +335,37 @@ def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend)
         assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_nhwc_results_returned_as_nchw_copies(torch, tmp_path, rng):
+    """Graph outputs that are NCHW / NCL views of NHWC memory (a depthwise convolution, a
+    pooling, a 1-D convolution) come back C-contiguous and equal to onnxruntime's, through
+    ``__call__`` and ``run``, as new arrays on each call."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class Net(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw, self.c1 = tnn.Conv2d(8, 8, 3, padding=1, groups=8), tnn.Conv1d(8, 5, 3)
+
+        def forward(self, x):
+            h = self.dw(x)
+            return h, tnn.functional.max_pool2d(h, 3, 2, 1), self.c1(h.flatten(2))
+
+    path = tmp_path / "nchw_out.onnx"
+    export(torch, Net().eval(), (torch.randn(2, 8, 6, 5),), path, input_names=["x"], opset_version=17)
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+    want = session.run(None, {"x": x})
+    first = ours.run(None, {"x": x})
+    for got in (ours(x), first, ours.run(None, {"x": x})):
+        for g, w in zip(got, want):
+            assert g.flags.c_contiguous and g.flags.owndata
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+    again = ours.run(None, {"x": x})
+    assert not any(np.shares_memory(a, b) for a, b in zip(first, again))
+
+
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])
