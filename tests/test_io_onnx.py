@@ -335,6 +335,54 @@ def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend)
         assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_nhwc_results_returned_as_nchw_copies(torch, tmp_path, rng):
+    """Graph outputs that are NCHW / NCL views of NHWC memory (a depthwise convolution, a
+    pooling, a 1-D convolution) come back C-contiguous and equal to onnxruntime's, through
+    ``__call__`` and ``run``, as new arrays on each call."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class Net(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw, self.c1 = tnn.Conv2d(8, 8, 3, padding=1, groups=8), tnn.Conv1d(8, 5, 3)
+
+        def forward(self, x):
+            h = self.dw(x)
+            return h, tnn.functional.max_pool2d(h, 3, 2, 1), self.c1(h.flatten(2))
+
+    path = tmp_path / "nchw_out.onnx"
+    export(torch, Net().eval(), (torch.randn(2, 8, 6, 5),), path, input_names=["x"], opset_version=17)
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+    want = session.run(None, {"x": x})
+    first = ours.run(None, {"x": x})
+    for got in (ours(x), first, ours.run(None, {"x": x})):
+        for g, w in zip(got, want):
+            assert g.flags.c_contiguous and g.flags.owndata
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+    again = ours.run(None, {"x": x})
+    assert not any(np.shares_memory(a, b) for a, b in zip(first, again))
+
+
+def test_window_geometry_kept_per_input_shape(torch, tmp_path, rng):
+    """Conv and pooling nodes keep the geometry they derive per input shape: calls on shapes
+    that alternate (batch, height, width, 1-D lengths) each give onnxruntime's result."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+    net = tnn.Sequential(tnn.Conv2d(3, 4, 3, stride=2, padding=1), tnn.MaxPool2d(2, 2, ceil_mode=True),
+                         tnn.AvgPool2d(3, 1, padding=1), tnn.Flatten(2), tnn.Conv1d(4, 2, 3, padding=2))
+    path = tmp_path / "shapes.onnx"
+    export(torch, net, (torch.randn(1, 3, 9, 7),), path, input_names=["x"], opset_version=17,
+           dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for shape in [(1, 3, 9, 7), (2, 3, 5, 11), (1, 3, 9, 7), (2, 3, 5, 11), (1, 3, 4, 4)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastlayers.native import _core
-from fastlayers.native.layout import channels_last, oihw_to_hwio
+from fastlayers.native.layout import channels_first, channels_last, oihw_to_hwio
 
 pytestmark = pytest.mark.usefixtures("isa")
 
@@ -55,6 +55,16 @@ def test_channels_last(rng, shape):
     assert y.flags.c_contiguous
     np.testing.assert_array_equal(y, np.moveaxis(x, 1, -1))
     np.testing.assert_array_equal(channels_last(x.astype(np.float64)), np.moveaxis(x, 1, -1))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 5, 3), (2, 6, 5, 7), (1, 1, 1, 33), (3, 2, 4, 2, 4)])
+def test_channels_first(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = channels_first(x)
+    assert y.flags.c_contiguous
+    np.testing.assert_array_equal(y, np.moveaxis(x, -1, 1))
+    np.testing.assert_array_equal(channels_first(x.astype(np.float64)), np.moveaxis(x, -1, 1))
+    np.testing.assert_array_equal(channels_first(channels_last(np.moveaxis(x, -1, 1))), np.moveaxis(x, -1, 1))
 
 
 @pytest.mark.parametrize("shape", [(8, 3, 3, 3), (1, 1, 1, 1), (5, 7, 1, 4), (16, 4, 5)])

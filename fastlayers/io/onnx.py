@@ -52,7 +52,7 @@ from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
 from . import onnx_check, onnx_encoder, onnx_proto, onnx_quant, onnx_rewrite
 from .onnx_control import Body
-from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, _env_bytes
+from .onnx_ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, WINDOW_OPS, _env_bytes, contiguous
 
 MIN_OPSET = 9
 #: Constant folding at load may make constants of at most max(MAX_FOLD_BYTES, twice the bytes
@@ -724,7 +724,8 @@ class OnnxModel:
                     and all(not i or i in constants or i in shape_only for i in n.inputs)):
                 shape_only.update(o for o in n.outputs if o)
         self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
-                                         for i in n.inputs], n.outputs, n.attrs,
+                                         for i in n.inputs], n.outputs,
+                       {**n.attrs, "_windows": {}} if n.op_type in WINDOW_OPS else n.attrs,
                        any(o in shape_only for o in n.outputs)) for n in nodes]
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
         self._shape_cache: dict = {}
@@ -805,9 +806,9 @@ class OnnxModel:
         onnxruntime returns."""
         results = [values[o] if o in values else self._constants[o] for o in names]
         if not fresh:
-            return [r if r.flags.c_contiguous else r.copy() for r in results]
+            return [contiguous(r) for r in results]
         shared = self._constant_owners.union([id(_owner(values[i])) for i, _, _ in self._inputs])
-        return [r.copy() if not r.flags.c_contiguous or id(_owner(r)) in shared else r
+        return [r.copy() if r.flags.c_contiguous and id(_owner(r)) in shared else contiguous(r)
                 for r in map(np.asarray, results)]
 
     def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ from ..backends.accumulate import wide_mean, wide_sum
 from ..backends.reference import erfc64, fold_batch_norm
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..folding import fold_projection
-from ..native.layout import channels_last
+from ..native.layout import channels_first, channels_last
 
 OPS: dict = {}
 
@@ -1035,6 +1035,16 @@ def _channels_last_memory(x):
     return held if held.flags.c_contiguous else None
 
 
+def contiguous(x):
+    """``x`` C-contiguous: itself, or a copy; an NCHW / NCL view of NHWC / NLC memory
+    (``_nchw``) is moved back by the native threaded transpose (numpy's strided copy runs at
+    about a fifth of its speed)."""
+    if x.flags.c_contiguous:
+        return x
+    held = _channels_last_memory(x)
+    return x.copy() if held is None else channels_first(held)
+
+
 def _stored(x):
     """(``x`` as the C-contiguous array its memory holds, the axes that view it back as ``x``):
     an NCHW / NCL view of NHWC / NLC memory (``_nchw``) gives that memory, any other
@@ -1080,9 +1090,8 @@ def _pads_2d(attrs, x_shape, kernel, strides, dilations, one_d):
     return ((0, 0),) + pads if one_d else pads
 
 
-def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=False):
-    """The output (height, width) of a window op, checked: positive, and within
-    ``MAX_CREATED_BYTES`` (as float32, with ``n_c`` = batch x channels) where the padding is
+def _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil=False):
+    """The output (height, width) of a window op, checked positive, and whether the padding is
     wider than the dilated window (only then may the graph's values, not the input, make the
     output large)."""
     out_hw = []
@@ -1096,9 +1105,42 @@ def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=Fals
         if ceil and (out - 1) * s >= size + a:
             out -= 1  # the last window would start in the end padding
         out_hw.append(out)
-    if any(max(a, z) > d * (k - 1) for k, d, (a, z) in zip(kernel, dilations, pads)):
+    return out_hw, any(max(a, z) > d * (k - 1) for k, d, (a, z) in zip(kernel, dilations, pads))
+
+
+def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=False):
+    """The output (height, width) of a window op (``_output_hw``), within ``MAX_CREATED_BYTES``
+    (as float32, with ``n_c`` = batch x channels) where the padding is wider than the window."""
+    out_hw, wide = _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil)
+    if wide:
         created([n_c, *out_hw], np.float32, what)
     return out_hw
+
+
+# Operators whose attributes the model gives a "_windows" cache (OnnxModel: per node, a dict
+# input shape and kernel -> ``_window``'s geometry) so that a call on a shape seen before skips
+# the arithmetic; the size limit, which depends on the context, is checked on every call.
+WINDOW_OPS = ("Conv", "FusedConv", "MaxPool", "AveragePool")
+
+
+def _window(what, attrs, x_shape, kernel, one_d, ceil=False):
+    """(strides, pads, dilations, out_hw, wide) of a 2-D window op (``kernel``: (kh, kw); 1-D
+    ops as 2-D with height 1) over an NCHW / NCL input of ``x_shape``; see ``_output_hw``."""
+    cache = attrs.get("_windows")
+    hit = None if cache is None else cache.get((x_shape, kernel))
+    if hit is not None:
+        return hit
+    n = len(x_shape) - 2
+    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
+    pads = _pads_2d(attrs, x_shape, kernel, strides, dilations, one_d)
+    in_hw = (1, x_shape[2]) if one_d else x_shape[2:]
+    out_hw, wide = _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil)
+    geometry = (tuple(strides), pads, tuple(dilations), tuple(out_hw), wide)
+    if cache is not None:
+        if len(cache) >= 64:   # bound the memory of many distinct shapes
+            cache.clear()
+        cache[x_shape, kernel] = geometry
+    return geometry
 
 
 @op("Conv", "FusedConv")
@@ -1123,12 +1165,11 @@ def _conv(inputs, attrs, opset):
                          f"of {cout} output and {cin_g} input channels per group with group={group}")
     if b is not None and np.shape(b) != (cout,):
         raise ShapeError(f"Conv: bias of shape {np.shape(b)} for {cout} output channels")
-    n = x.ndim - 2
-    strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
-    pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
-    _padded_output("Conv", x4.shape[0] * cout, x4.shape[1:3], (kh, kw), strides, dilations, pads)
-    y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides), pads,
-                         tuple(dilations), group, attrs.get("activation", "linear"),
+    strides, pads, dilations, out_hw, wide = _window("Conv", attrs, x.shape, (kh, kw), one_d)
+    if wide:
+        created([x4.shape[0] * cout, *out_hw], np.float32, "Conv")
+    y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), strides, pads, dilations,
+                         group, attrs.get("activation", "linear"),
                          attrs.get("alpha", 0.0))
     return [_nchw(y, one_d)]
 
@@ -1186,17 +1227,16 @@ def _pool(kind):
     def run(inputs, attrs, opset):
         x = inputs[0]
         x4, one_d = _nhwc(x)
-        n = x.ndim - 2
-        kernel = list(attrs["kernel_shape"])
-        if len(kernel) != n:
-            raise ShapeError(f"{kind} pooling: kernel_shape {kernel} for an input of shape {x.shape}")
-        strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
-        kernel = ([1] + kernel) if one_d else kernel
-        pads = _pads_2d(attrs, x.shape, kernel, strides, dilations, one_d)
-        out_hw = _padded_output(f"{'Max' if kind == 'max' else 'Average'}Pool", x4.shape[0] * x4.shape[3],
-                                x4.shape[1:3], kernel, strides, dilations, pads,
-                                bool(attrs.get("ceil_mode", 0)))
-        y = get_ops().pool2d(x4, kind, tuple(kernel), tuple(strides), pads, tuple(out_hw), tuple(dilations),
+        kernel = tuple(attrs["kernel_shape"])
+        if len(kernel) != x.ndim - 2:
+            raise ShapeError(f"{kind} pooling: kernel_shape {list(kernel)} for an input of shape {x.shape}")
+        what = f"{'Max' if kind == 'max' else 'Average'}Pool"
+        kernel = (1, *kernel) if one_d else kernel
+        strides, pads, dilations, out_hw, wide = _window(what, attrs, x.shape, kernel, one_d,
+                                                         bool(attrs.get("ceil_mode", 0)))
+        if wide:
+            created([x4.shape[0] * x4.shape[3], *out_hw], np.float32, what)
+        y = get_ops().pool2d(x4, kind, kernel, strides, pads, out_hw, dilations,
                              bool(attrs.get("count_include_pad", 0)))
         return [_nchw(y, one_d)]
     return run

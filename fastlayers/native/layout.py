@@ -23,6 +23,16 @@ def channels_last(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def channels_first(x: np.ndarray) -> np.ndarray:
+    """(N, *S, C) -> a new C-contiguous (N, C, *S): NLC -> NCL, NHWC -> NCHW."""
+    if not _native(x) or x.ndim < 3:
+        return np.ascontiguousarray(np.moveaxis(x, -1, 1))
+    n, c = x.shape[0], x.shape[-1]
+    out = np.empty((n, c, *x.shape[1:-1]), np.float32)
+    _core.transpose(x.reshape(n, -1, c), out.reshape(n, c, -1))
+    return out
+
+
 def oihw_to_hwio(w: np.ndarray) -> np.ndarray:
     """Convolution weights (C_out, C_in, *K) -> a new C-contiguous (*K, C_in, C_out)."""
     if not _native(w) or w.ndim < 3:
