@@ -1,4 +1,4 @@
-"""fastlayers with and without the ONNX load-time rewrites (``fastlayers/io/onnx_rewrite.py`` and
+"""fastlayers with and without the ONNX load-time rewrites (``fastlayers/onnx/rewrite.py`` and
 the Clip / HardSigmoid / Swish activations fused into dense and convolution nodes), and
 onnxruntime, on small TorchScript exports (opset 14) of the patterns they target, interleaved
 in one process (``bench/interleaved.py``).
@@ -93,8 +93,8 @@ def build(torch, workload):
 def load_without_rewrites(path):
     """``fastlayers.load`` with the rewrites switched off (the graph as before them)."""
     import fastlayers
-    from fastlayers.io import onnx as fonnx
-    from fastlayers.io import onnx_rewrite
+    from fastlayers.onnx import model as fonnx
+    from fastlayers.onnx import rewrite as onnx_rewrite
 
     saved = {name: getattr(onnx_rewrite, name) for name in PASSES}
     activation = fonnx._fused_activation

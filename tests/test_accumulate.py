@@ -8,7 +8,7 @@ import pytest
 from fastlayers.backends.accumulate import wide_mean, wide_sum
 from fastlayers.backends.cpu import CpuOps
 from fastlayers.backends.reference import ReferenceOps
-from fastlayers.io.onnx_ops import OPS
+from fastlayers.onnx.ops import OPS
 
 CPU, REF = CpuOps(), ReferenceOps()
 # float32 rounding of the exact result is 6e-8 relative; a float32 sequential sum over the

@@ -458,7 +458,7 @@ ATTR_NAMES = ["axis", "axes", "perm", "strides", "pads", "dilations", "kernel_sh
 
 
 def _onnx_ops_names():
-    from fastlayers.io.onnx_check import OPS
+    from fastlayers.onnx.check import OPS
 
     return sorted(OPS) + ["FusedConv", "FusedDense", "FusedEncoderLayer", "EmbeddingLSTM", "If",
                           "Loop", "relu", "", "Conv\x00", "é" * 10]
@@ -957,10 +957,10 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
     there (else a file's value would be dropped silently), bar fastlayers' own fused nodes'."""
     import re
 
-    from fastlayers.io import onnx_check, onnx_ops
+    from fastlayers.onnx import check as onnx_check, ops as onnx_ops
 
     source = "".join(Path(onnx_ops.__file__).with_name(name).read_text()
-                     for name in ("onnx_ops.py", "onnx_indexing.py", "onnx_control.py"))
+                     for name in ("ops.py", "indexing.py", "control.py"))
     read = set(re.findall(r'attrs(?:\.get\(|\[)"([A-Za-z_][A-Za-z0-9_]*)"', source))
     listed = set().union(*(set(op.attrs) for op in onnx_check.OPS.values()))
     fused_only = {"activation", "batch_first", "norm_first", "num_heads", "weights",
@@ -1026,7 +1026,7 @@ def test_onnx_call_time_sizes_are_limited(tmp_path, monkeypatch):
 
     import fastlayers
     from fastlayers.errors import InputError
-    from fastlayers.io import onnx_ops
+    from fastlayers.onnx import ops as onnx_ops
 
     reps = numpy_helper.from_array(np.array([1, 1, 2 ** 20, 2 ** 20], np.int64), "r")
     model = fastlayers.load(_save(tmp_path, "tile", _graph([helper.make_node("Tile", ["x", "r"], ["y"])],

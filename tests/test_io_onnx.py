@@ -44,7 +44,7 @@ def _node_cases():
     oracle("onnx")
     from onnx.backend.test.case import node
 
-    from fastlayers.io.onnx import MIN_OPSET, OPS
+    from fastlayers.onnx.model import MIN_OPSET, OPS
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -388,7 +388,7 @@ def test_window_geometry_kept_per_input_shape(torch, tmp_path, rng):
 @pytest.mark.parametrize("layout", [0, 1])
 def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction, layout, rng, backend):
     """The compiled time loops (gate blocks reordered) give the spec's recurrence."""
-    from fastlayers.io.onnx_ops import _recurrent, _recurrent_fast
+    from fastlayers.onnx.ops import _recurrent, _recurrent_fast
 
     nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 4, 6
     extras = [{}] + ([{"linear_before_reset": 1}] if kind == "GRU" else []) + \
@@ -413,7 +413,7 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
     """The weights of an ONNX recurrent node are reordered and packed on the first call only (a
     transposed view made every call repack them: the LSTM classifier export ran 1.6x slower)."""
     from fastlayers.backends.cpu import recurrent
-    from fastlayers.io.onnx_ops import _recurrent_fast
+    from fastlayers.onnx.ops import _recurrent_fast
 
     packs = []
     pack = recurrent._pack_shares

@@ -195,7 +195,7 @@ def _loop_graph(h, trips, body_inputs=None, body_outputs=None, cond_out="c_in"):
 
 def test_loop_with_a_constant_trip_count_is_bounded(tmp_path, monkeypatch):
     onnx = oracle("onnx")
-    from fastlayers.io import onnx_control
+    from fastlayers.onnx import control as onnx_control
 
     path = _save(tmp_path, "count", _loop_graph(onnx.helper, 7))
     model = fastlayers.load(path)
@@ -211,7 +211,7 @@ def test_loop_that_only_a_constant_condition_ends_is_bounded(tmp_path, monkeypat
     """No trip count and a body passing its true condition through: the file alone makes it
     loop forever, so it stops at MAX_LOOP_ITERATIONS instead of hanging the call."""
     onnx = oracle("onnx")
-    from fastlayers.io import onnx_control
+    from fastlayers.onnx import control as onnx_control
 
     model = fastlayers.load(_save(tmp_path, "forever", _loop_graph(onnx.helper, None)))
     monkeypatch.setattr(onnx_control, "MAX_LOOP_ITERATIONS", 50)

@@ -1,5 +1,5 @@
 """ONNX import: whole Transformer encoder layers as one FusedEncoderLayer node
-(fastlayers/io/onnx_encoder.py), against onnxruntime on the same files; the cases left unfused."""
+(fastlayers/onnx/encoder.py), against onnxruntime on the same files; the cases left unfused."""
 
 import warnings
 
@@ -184,7 +184,7 @@ def test_input_of_unknown_rank_leaves_the_layers_as_written(torch, tmp_path, rng
 
 
 def test_probe_inputs_give_each_dimension_name_one_size():
-    from fastlayers.io.onnx_encoder import probe_inputs
+    from fastlayers.onnx.encoder import probe_inputs
 
     arrays = probe_inputs([("x", np.dtype(np.float32), ["batch", "seq", 8]),
                            ("ids", np.dtype(np.int64), ["batch", None, None]),
@@ -199,7 +199,7 @@ def test_fused_node_names_itself_on_a_wrong_input(torch, tmp_path):
     path = export(torch, encoder(torch, batch_first=True, layers=1), tmp_path / "one.onnx")
     ours = fastlayers.load(path)
     node = ours._nodes[0]
-    from fastlayers.io.onnx_ops import OPS
+    from fastlayers.onnx.ops import OPS
 
     with pytest.raises(ShapeError, match=f"{node.name}.*width {D}.*got shape \\(2, 3, 5\\)"):
         OPS["FusedEncoderLayer"]([np.zeros((2, 3, 5), np.float32)], node.attrs, 17)

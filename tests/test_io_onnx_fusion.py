@@ -1,4 +1,4 @@
-"""ONNX load-time rewrites (``fastlayers/io/onnx_rewrite.py``, activations in ``onnx.fuse_dense``
+"""ONNX load-time rewrites (``fastlayers/onnx/rewrite.py``, activations in ``onnx.model.fuse_dense``
 / ``fuse_conv``): each pattern gone from the optimised graph, results as onnxruntime's."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The ONNX file reader (fastlayers/io/onnx_proto.py) against the onnx package's own parser, and
+"""The ONNX file reader (fastlayers/onnx/proto.py) against the onnx package's own parser, and
 its answers to damaged and hostile files."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import fastlayers
 from fastlayers.errors import FastlayersError, ModelFileError, UnsupportedError
-from fastlayers.io import onnx_proto
+from fastlayers.onnx import proto as onnx_proto
 from fastlayers.io.onnx import from_proto
 
 from .conftest import oracle

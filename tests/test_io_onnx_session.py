@@ -8,7 +8,7 @@ import pytest
 
 import fastlayers
 from fastlayers.errors import InputError, ShapeError, UnsupportedError
-from fastlayers.io.onnx import ORT_TYPES, NodeArg
+from fastlayers.onnx.model import ORT_TYPES, NodeArg
 
 from .conftest import assert_close, oracle
 from .test_io_onnx import export, make_graph
@@ -122,7 +122,7 @@ def test_shape_edge_cases_match_onnxruntime(tmp_path):
     assert_same_run(ours.run(None, feed), theirs.run(None, feed))
 
 
-@pytest.mark.parametrize("elem_type", sorted(fastlayers.io.onnx.DTYPES))
+@pytest.mark.parametrize("elem_type", sorted(fastlayers.onnx.ops.DTYPES))
 def test_every_input_type_matches_onnxruntime(tmp_path, elem_type):
     oracle("onnx")
     import onnx
@@ -134,7 +134,7 @@ def test_every_input_type_matches_onnxruntime(tmp_path, elem_type):
     ours, theirs = fastlayers.load(tmp_path / "id.onnx"), session(tmp_path / "id.onnx")
     assert described(ours.get_inputs()) == described(theirs.get_inputs())
     assert described(ours.get_outputs()) == described(theirs.get_outputs())
-    feed = {"x": np.arange(4).astype(fastlayers.io.onnx.DTYPES[elem_type])}
+    feed = {"x": np.arange(4).astype(fastlayers.onnx.ops.DTYPES[elem_type])}
     got = ours.run(None, feed)
     assert_same_run(got, theirs.run(None, feed))
     assert got[0] is not feed["x"]  # a fresh array, as onnxruntime returns

@@ -87,7 +87,7 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
     (the reference backend): odd hidden sizes (an odd k for the recurrent product), more rows
     than a tile, peepholes, clip, input_forget, both orders."""
     import fastlayers
-    from fastlayers.io.onnx_quant import OPS
+    from fastlayers.onnx.quant import OPS
 
     n_dir = 2 if attrs.get("direction") == "bidirectional" else 1
     g, n_in, steps = 4 * hidden, 3, 6

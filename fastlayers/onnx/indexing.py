@@ -1,10 +1,10 @@
 """ONNX indexing, scatter, selection and rearrangement operators on numpy, registered in
-``onnx_ops.OPS`` (same calling convention: ``OPS[op_type](inputs, attrs, opset)``).
+``ops.OPS`` (same calling convention: ``OPS[op_type](inputs, attrs, opset)``).
 
 Index values come from the data of a call: each operator checks them against the axis they
 address (negative values count from the end where the operator allows it) and raises an
 ``InputError`` for one out of range; the interpreter names the node. Outputs whose size the
-values (not the shapes of the inputs) set are checked with ``onnx_ops.created`` first.
+values (not the shapes of the inputs) set are checked with ``ops.created`` first.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .onnx_ops import DTYPES, created, op
+from .ops import DTYPES, created, op
 
 
 def _scalar_int(value, what: str) -> int:

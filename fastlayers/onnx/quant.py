@@ -1,7 +1,7 @@
 """Quantized ONNX operators: the QDQ form, the integer operators and onnxruntime's contrib ones.
 
-Registered into ``onnx_ops.OPS`` (and their attribute rules into ``onnx_check.OPS``); contrib
-operators under ``"com.microsoft::<op_type>"`` (``onnx_check.qualified``), so that the lookup is
+Registered into ``ops.OPS`` (and their attribute rules into ``check.OPS``); contrib
+operators under ``"com.microsoft::<op_type>"`` (``check.qualified``), so that the lookup is
 by (domain, operator) and a default-domain operator is never taken for a contrib one.
 
 Semantics (https://onnx.ai/onnx/operators/ and onnxruntime's docs/ContribOperators.md):
@@ -32,9 +32,9 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from . import onnx_check
-from .onnx_check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
-from .onnx_ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, _stored
+from . import check
+from .check import _CONV, AXIS, BOOL, A, Op, _fail, _spatial_lengths, _spatial_rank, short
+from .ops import DTYPES, OPS, _pads_2d, _padded_output, _spatial, _stored
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
@@ -51,7 +51,7 @@ def check_domains(model, where: str) -> None:
     for domain in sorted({n.domain for n in model.graph.nodes if n.domain}):
         version = model.opsets.get(domain)
         if version is None:
-            raise ModelFileError(f"{where}: nodes of domain {onnx_check.short(domain)} but no opset "
+            raise ModelFileError(f"{where}: nodes of domain {check.short(domain)} but no opset "
                                  "import for that domain")
         if version != DOMAIN_OPSETS[domain]:
             raise UnsupportedError(f"{where}: opset {version} of domain {domain} is not supported "
@@ -69,7 +69,7 @@ def dequantized_bytes(graph) -> int:
 def _register(name, fn, rule, domain=""):
     key = name if not domain else f"{domain}::{name}"
     OPS[key] = fn
-    onnx_check.OPS[key] = rule
+    check.OPS[key] = rule
 
 
 # ----------------------------------------------------------------------------- parameters

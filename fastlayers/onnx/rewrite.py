@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_ops import DTYPES
+from .ops import DTYPES
 
 
 def _readers(nodes, outputs) -> dict[str, list]:

@@ -1,8 +1,8 @@
-"""ONNX control flow: If, Loop and Scan, registered in ``onnx_ops.OPS``.
+"""ONNX control flow: If, Loop and Scan, registered in ``ops.OPS``.
 
 A subgraph runs as a ``Body``: a model of its own (``onnx.OnnxModel``, built by
 ``onnx._subgraph`` at load), whose inputs are the subgraph's own inputs followed by the values
-of the enclosing graphs it reads (its captures). ``onnx_check`` appends those captures to the
+of the enclosing graphs it reads (its captures). ``check`` appends those captures to the
 control-flow node's inputs (after its ``_formal`` own inputs), so ordering, pruning, folding
 and the fusion passes see them; the operator passes them on to the body by position.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .onnx_ops import _env_bytes, created, op
+from .ops import _env_bytes, created, op
 
 #: The most iterations a Loop runs where the file alone sets how long it may run: a constant
 #: trip count (torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
@@ -60,7 +60,7 @@ def _if(inputs, attrs, opset):
 
 def _append(steps, value, what):
     """``value`` appended to the per-iteration outputs ``steps``, their stack checked against
-    the size limit first (``onnx_ops.created``): a long loop cannot pile up memory unchecked."""
+    the size limit first (``ops.created``): a long loop cannot pile up memory unchecked."""
     value = np.asarray(value)
     created((len(steps) + 1,) + value.shape, value.dtype, what)
     steps.append(value)

@@ -1527,4 +1527,4 @@ def _attention(inputs, attrs, opset):
 
 
 # the operators of the modules by subject register in OPS as they are imported
-from . import onnx_control, onnx_indexing  # noqa: E402, F401
+from . import control, indexing  # noqa: E402, F401

@@ -21,7 +21,7 @@ products) plus the shape arithmetic feeding the Reshapes. The match has two part
 
 Masked attention (a mask input on the attention node) is not matched. LayerNormalization
 spelled as ReduceMean / Sub / Pow (opsets before 17) is one node by then
-(``onnx_rewrite.fuse_layer_norm``), so such layers match too.
+(``rewrite.fuse_layer_norm``), so such layers match too.
 """
 
 from __future__ import annotations

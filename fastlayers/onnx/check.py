@@ -1,7 +1,7 @@
 """Validation of an ONNX graph at load, before anything is folded, allocated or run.
 
 ``check_graph(graph, where, opset)`` is called by ``onnx.from_model`` on the graph
-``onnx_proto`` read, and returns its nodes in an order that runs (each node after the nodes
+``proto`` read, and returns its nodes in an order that runs (each node after the nodes
 whose outputs it reads), their attributes checked and cleaned. It refuses, naming the file, the
 node and the attribute or value concerned:
 
@@ -35,9 +35,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from .onnx_indexing import einsum_terms
-from .onnx_ops import DTYPES
-from .onnx_proto import Graph, NodeProto
+from .indexing import einsum_terms
+from .ops import DTYPES
+from .proto import Graph, NodeProto
 
 #: The largest rank an axis or permutation attribute may address.
 MAX_RANK = 32
@@ -547,7 +547,7 @@ def check_graph(graph, where: str, opset: int) -> list:
 
 
 def all_nodes(graph):
-    """The nodes of ``graph`` and of its subgraphs, at any depth (``onnx_proto`` bounds it)."""
+    """The nodes of ``graph`` and of its subgraphs, at any depth (``proto`` bounds it)."""
     for node in graph.nodes:
         yield node
         for value in node.attrs.values():
