@@ -77,9 +77,11 @@ def test_layer_matches_keras(keras, rng, backend, name, extra, options):
 
 
 @pytest.mark.parametrize("name,extra", [("SimpleRNN", {"activation": "elu"}),
-                                        ("GRU", {"activation": "celu"})])
+                                        ("GRU", {"activation": "celu"}),
+                                        ("LSTM", {"activation": "leaky_relu"})])
 def test_parametrized_activation_takes_keras_default(keras, rng, backend, name, extra):
-    """An activation with a parameter (elu's and celu's alpha = 1) inside a recurrent cell."""
+    """An activation with a parameter (elu's and celu's alpha = 1, leaky_relu's slope 0.2)
+    inside a recurrent cell."""
     x = rng.standard_normal((B, T, I)).astype(np.float32) * 3
     expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra,
                                                          "return_sequences": True}, x)

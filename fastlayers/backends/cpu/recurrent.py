@@ -53,9 +53,10 @@ UNIT_STEP = 16
 ROW_SHARE_MAX_BYTES = 8 << 20
 #: Fewest rows per batch share: the sgemm's register tiles run at their full rate from 4 rows.
 MIN_SHARE_ROWS = 4
-#: Activation names the loops take (every elementwise code of the native core).
+#: Activation names the loops take: every elementwise code of the native core but leaky_relu,
+#: whose slope (Keras's default 0.2) the loops do not carry; it runs on the reference loop.
 CODES = {name: code for name, code in native.CODES.items()
-         if name not in ("softmax", "log_softmax")}
+         if name not in ("softmax", "log_softmax", "leaky_relu")}
 
 _ALL_BLOCKS = {1: (0,), 3: (0, 1, 2), 4: (0, 1, 2, 3)}
 
