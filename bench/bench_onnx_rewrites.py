@@ -93,7 +93,7 @@ def build(torch, workload):
 def load_without_rewrites(path):
     """``fastlayers.load`` with the rewrites switched off (the graph as before them)."""
     import fastlayers
-    from fastlayers.onnx import model as fonnx
+    from fastlayers.onnx import fusion as fonnx
     from fastlayers.onnx import rewrite as onnx_rewrite
 
     saved = {name: getattr(onnx_rewrite, name) for name in PASSES}

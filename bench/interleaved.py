@@ -121,7 +121,7 @@ def onnx_engines(workload):
     import fastlayers
     from bench.bench_onnx_models import exported
     from bench.conftest import ort_session
-    from fastlayers.onnx import model as fonnx
+    from fastlayers.onnx import fusion as fonnx
 
     name = workload[len("onnx_"):]
     _, x, path = exported(torch, name, tempfile.mkdtemp(), full=True)

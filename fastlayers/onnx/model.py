@@ -6,8 +6,8 @@ refuses in one error every operator it does not implement, checks the graph
 inputs and attributes against its operator's rules), drops the nodes no output depends on,
 then optimises the graph once:
 
-1. constant folding: nodes whose inputs are all known at load run once and become constants,
-   within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
+1. constant folding (``fold.py``): nodes whose inputs are all known at load run once and
+   become constants, within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
    If whose condition became a constant is replaced by the nodes of its branch
    (``inline_constant_ifs``), folded in turn;
 2. rewrites (``rewrite.py``): no-op nodes dropped (Identity, inference Dropout, Cast to
@@ -17,8 +17,8 @@ then optimises the graph once:
    x * Sigmoid(x) -> Swish (``fuse_silu``); LayerNorm and RMSNorm decomposed over the last axis
    -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Convs with a kernel
    of 1 on the added axis -> Squeeze: 1-D Convs (``conv_1d``, tf2onnx's transposed form too);
-3. fusion: MatMul (+ Add) and Gemm with constant weights become one dense node on the backend's
-   BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
+3. fusion (``fusion.py``): MatMul (+ Add) and Gemm with constant weights become one dense node
+   on the backend's BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
    LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
    backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
@@ -48,11 +48,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from ..native.layout import oihw_to_hwio
 from ..warmup import warm_up
-from . import check, encoder, proto, quant, rewrite
+from . import check, encoder, fusion, proto, quant, rewrite
 from .control import Body
-from .ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, WINDOW_OPS, _env_bytes, contiguous
+from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
+from .nodes import Node, owner, prune
+from .ops import DTYPES, OPS, WINDOW_OPS, _env_bytes, contiguous
 
 MIN_OPSET = 9
 #: Constant folding at load may make constants of at most max(MAX_FOLD_BYTES, twice the bytes
@@ -60,53 +61,12 @@ MIN_OPSET = 9
 #: naming the node). The environment variable FASTLAYERS_ONNX_MAX_FOLD_BYTES, read at import,
 #: sets another MAX_FOLD_BYTES.
 MAX_FOLD_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_FOLD_BYTES", 64 << 20)
-#: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
-_FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("sigmoid", None), "Tanh": ("tanh", None),
-                        "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.
 ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
     ["", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
      "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn",
      "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1", "float8e8m0",
      "uint2", "int2", "float6e2m3", "float6e3m2"]) if n}
-
-
-def _fused_activation(follower, constants) -> dict | None:
-    """The activation attributes a dense or convolution node takes from a following activation
-    node (Gelu with approximate="tanh" is the tanh form; Clip to [0, 6] or [0, inf) is relu6 or
-    relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid; Swish with alpha 1, which
-    ``rewrite.fuse_silu`` makes of x * Sigmoid(x), is silu); None where it has none."""
-    op = follower.op_type
-    if op == "Clip":
-        bounds = [follower.attrs.get("min"), follower.attrs.get("max")]
-        for k, name in enumerate(follower.inputs[1:3]):
-            bounds[k] = _scalar(constants, name) if name else bounds[k]
-            if name and bounds[k] is None:
-                return None
-        name = {(0.0, 6.0): "relu6", (0.0, None): "relu", (0.0, np.inf): "relu"}.get(tuple(bounds))
-        return None if name is None else {"activation": name, "alpha": 0.0}
-    if op == "HardSigmoid":
-        ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
-            and np.float32(follower.attrs.get("beta", 0.5)) == np.float32(0.5)
-        return {"activation": "hard_sigmoid", "alpha": 0.0} if ok else None
-    if op == "Swish":
-        return {"activation": "silu", "alpha": 0.0} if follower.attrs.get("alpha", 1.0) == 1.0 else None
-    if op not in _FUSABLE_ACTIVATIONS:
-        return None
-    name, alpha_attr = _FUSABLE_ACTIVATIONS[op]
-    if op == "Gelu" and follower.attrs.get("approximate", "none") in ("tanh", b"tanh"):
-        name = "gelu_tanh"
-    return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
-
-
-class Node:
-    """One operator call: op type, input and output value names, parsed attributes."""
-
-    __slots__ = ("op_type", "inputs", "outputs", "attrs", "name")
-
-    def __init__(self, op_type, inputs, outputs, attrs, name=""):
-        self.op_type, self.inputs, self.outputs, self.attrs, self.name = op_type, inputs, outputs, attrs, name
 
 
 def _read_nodes(graph, where, opset=None, budget=None) -> list[Node]:
@@ -134,7 +94,7 @@ def _subgraph(graph, captures, opset, where, budget) -> Body:
     constants = dict(graph.initializers)
     outputs = [vo.name for vo in graph.outputs]
     nodes = prune(_read_nodes(graph.nodes, where, opset, budget), outputs)
-    nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
+    nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
     used = set(outputs).union(*(n.inputs for n in nodes))
     inputs = [(vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
     inputs += [(name, np.dtype(np.float32), None) for name in captures]
@@ -145,513 +105,6 @@ def _subgraph(graph, captures, opset, where, budget) -> Body:
     return Body(model, types)
 
 
-def _fold(nodes, constants, opset, budget, where) -> list[Node]:
-    """``fold_constants`` within what is left of ``budget`` (a one-element list, or None),
-    which the memory of the new constants is taken from."""
-    if budget is None:
-        return fold_constants(nodes, constants, opset, None, where)
-    owners = {id(_owner(v)) for v in constants.values()}
-    nodes = fold_constants(nodes, constants, opset, budget[0], where)
-    new = {id(_owner(v)): _owner(v) for v in constants.values() if id(_owner(v)) not in owners}
-    budget[0] -= sum(getattr(o, "nbytes", 0) for o in new.values())
-    return nodes
-
-
-def _fold_and_inline(nodes, constants, outputs, opset, budget, where) -> list[Node]:
-    """Constant folding (``_fold``); each If whose condition became a constant replaced by its
-    branch (``inline_constant_ifs``), which is folded in turn; then the dead nodes dropped."""
-    nodes = _fold(nodes, constants, opset, budget, where)
-    changed = True
-    while changed:
-        nodes, changed = inline_constant_ifs(nodes, constants)
-        nodes = _fold(nodes, constants, opset, budget, where) if changed else nodes
-    return prune(nodes, outputs)
-
-
-def _may_not_end(node) -> bool:
-    """Whether ``node`` is, or holds in a subgraph, a Loop without a trip count (which only
-    its condition ends)."""
-    return (node.op_type == "Loop" and not node.inputs[0]) or any(
-        isinstance(v, Body) and any(map(_may_not_end, v.model._nodes)) for v in node.attrs.values())
-
-
-def _has_loop(nodes) -> bool:
-    """Whether ``nodes`` or the subgraphs of their control-flow nodes hold a Loop."""
-    return any(n.op_type == "Loop" or any(isinstance(v, Body) and _has_loop(v.model._nodes)
-                                          for v in n.attrs.values()) for n in nodes)
-
-
-def _mark_loops(nodes, constants) -> list[Node]:
-    """Loop nodes get ``_bounded``: whether the file alone sets how long they may run (a
-    constant trip count, or none: the condition alone ends the loop), so that
-    ``control.MAX_LOOP_ITERATIONS`` bounds them."""
-    for node in nodes:
-        if node.op_type == "Loop":
-            node.attrs = dict(node.attrs, _bounded=not node.inputs[0] or node.inputs[0] in constants)
-    return nodes
-
-
-def inline_constant_ifs(nodes, constants) -> tuple[list[Node], bool]:
-    """Each If whose condition is a constant -> the nodes of the branch it takes, their values
-    renamed apart (``<output>::<branch>::<name>``, the branch's constants likewise) and an
-    Identity per output; also whether any was replaced."""
-    kept, changed = [], False
-    for node in nodes:
-        cond = constants.get(node.inputs[0]) if node.op_type == "If" else None
-        if cond is None or cond.size != 1:
-            kept.append(node)
-            continue
-        key = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
-        branch = node.attrs[key].model
-        prefix = f"{node.outputs[0]}::{key}::"
-        local = set(branch._constants).union(*(n.outputs for n in branch._nodes))
-
-        def renamed(name):
-            return prefix + name if name in local else name
-
-        for name, value in branch._constants.items():
-            constants[prefix + name] = value
-        kept += [Node(n.op_type, [renamed(i) for i in n.inputs], [renamed(o) for o in n.outputs],
-                      n.attrs, n.name) for n in branch._nodes]
-        kept += [Node("Identity", [renamed(b)], [o], {}) for o, b in zip(node.outputs, branch.output_names) if o]
-        changed = True
-    return kept, changed
-
-
-# ------------------------------------------------------------------------------ optimisation
-#: Operators whose output may outgrow their inputs by broadcasting them against each other.
-_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
-                 "GreaterOrEqual", "And", "Or", "Xor", "Where", "Sum", "Max", "Min", "Mean", "PRelu"}
-
-
-def _predicted_bytes(node, values):
-    """The bytes of ``node``'s output on ``values`` where it may outgrow its inputs and its
-    size follows from their shapes alone (broadcasting, products, gathers, concatenations);
-    None for the others (those creating tensors from values check their own sizes,
-    ``ops.created``; the rest are no larger than their inputs)."""
-    arrays = [np.asarray(v) for v in values if v is not None]
-    if not arrays:
-        return None
-    item = max(a.itemsize for a in arrays)
-    if node.op_type in _BROADCASTING:
-        shape = np.broadcast_shapes(*(a.shape for a in arrays))
-    elif node.op_type == "MatMul" and len(arrays) == 2 and min(arrays[0].ndim, arrays[1].ndim) >= 1:
-        a, b = arrays
-        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + a.shape[-2:-1] + b.shape[-1:]
-    elif node.op_type == "Gemm" and len(arrays) >= 2:    # an upper bound, whatever transA/B
-        shape = (max(arrays[0].shape, default=1), max(arrays[1].shape, default=1))
-    elif node.op_type == "Gather" and len(arrays) == 2:
-        shape = arrays[1].shape + arrays[0].shape
-    elif node.op_type == "Concat":
-        return sum(a.nbytes for a in arrays)
-    else:
-        return None
-    count = 1
-    for d in shape:
-        count *= int(d)
-    return count * item
-
-
-def fold_constants(nodes, constants, opset, budget: int | None = None,
-                   where: str = "ONNX model") -> list[Node]:
-    """Run every node whose inputs are all constants; keep the others. ``budget``: the bytes
-    the constants made may take in all (None: no limit; views of constants cost nothing); a
-    node that would go over it, or that fails, raises ``ModelFileError`` (``UnsupportedError``
-    for what fastlayers does not implement) naming ``where`` and the node."""
-    kept = []
-    used, owners = 0, {id(_owner(v)) for v in constants.values()}
-    for node in nodes:
-        if node.op_type in _NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs) \
-                or _may_not_end(node):   # not run at load
-            kept.append(node)
-            continue
-        values = [constants[i] if i else None for i in node.inputs]
-        left = None if budget is None else budget - used
-        label = f"node {check.short(node.name or node.outputs[0])} ({node.op_type})"
-        try:
-            predicted = _predicted_bytes(node, values) if left is not None else None
-            if predicted is not None and predicted > left:
-                raise SizeLimitError(f"its result would take {predicted} bytes")
-            token = CREATE_LIMIT.set(left)
-            try:
-                with np.errstate(all="ignore"):
-                    outs = OPS[node.op_type](values, node.attrs, opset)
-            finally:
-                CREATE_LIMIT.reset(token)
-        except SizeLimitError as e:
-            raise ModelFileError(
-                f"{where}: {label}: folding it at load ({e}) would take the graph's constants over "
-                f"{budget} bytes (max(MAX_FOLD_BYTES, 2 x its initializers); raise "
-                "FASTLAYERS_ONNX_MAX_FOLD_BYTES for a graph that needs more)") from None
-        except UnsupportedError as e:
-            raise UnsupportedError(f"{where}: {label}: {e}") from None
-        except FastlayersError as e:
-            raise ModelFileError(f"{where}: {label} cannot be computed at load: {e}") from None
-        except Exception as e:  # noqa: BLE001 - any failure of an operator on the file's constants
-            raise ModelFileError(f"{where}: {label} cannot be computed at load "
-                                 f"({type(e).__name__}: {str(e)[:300]})") from None
-        for name, value in zip(node.outputs, outs):
-            if name:
-                value = np.asarray(value)
-                owner = _owner(value)
-                if id(owner) not in owners:
-                    owners.add(id(owner))
-                    used += getattr(owner, "nbytes", value.nbytes)
-                constants[name] = value
-        if budget is not None and used > budget:
-            raise ModelFileError(
-                f"{where}: {label}: the constants folded at load take {used} bytes, over {budget} "
-                "(max(MAX_FOLD_BYTES, 2 x its initializers); raise FASTLAYERS_ONNX_MAX_FOLD_BYTES "
-                "for a graph that needs more)")
-    return kept
-
-
-def _consumers(nodes, outputs) -> dict[str, int]:
-    count: dict[str, int] = {name: 1 for name in outputs}
-    for node in nodes:
-        for i in node.inputs:
-            count[i] = count.get(i, 0) + 1
-    return count
-
-
-def _bias_vector(value, units):
-    """A constant added on the last axis of a dense output, as a (units,) vector, else None."""
-    if value is None or value.dtype != np.float32:
-        return None
-    if value.shape in ((units,), (1, units)):
-        return np.ascontiguousarray(value.reshape(units))
-    return None
-
-
-def fuse_dense(nodes, constants, outputs) -> list[Node]:
-    """MatMul/Gemm with constant 2-D weights (+ Add of a bias) (+ an activation) -> FusedDense."""
-    producers = {o: k for k, n in enumerate(nodes) for o in n.outputs}
-    uses = _consumers(nodes, outputs)
-    removed: set[int] = set()
-    for k, node in enumerate(nodes):
-        if k in removed:
-            continue
-        w = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
-        if node.op_type == "MatMul" and w is not None and w.ndim == 2 and w.dtype == np.float32:
-            node.op_type, node.inputs, node.attrs = "FusedDense", [node.inputs[0], node.inputs[1]], {}
-        elif (node.op_type == "Gemm" and w is not None and w.dtype == np.float32 and not node.attrs.get("transA", 0)
-              and node.attrs.get("alpha", 1.0) == 1.0 and node.attrs.get("beta", 1.0) == 1.0):
-            c = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-            bias = _bias_vector(c, w.shape[0] if node.attrs.get("transB", 0) else w.shape[1]) if c is not None else None
-            if c is not None and bias is None:
-                continue
-            w_name = node.inputs[1]
-            if node.attrs.get("transB", 0):
-                w_name = f"{node.inputs[1]}::T"
-                constants[w_name] = np.ascontiguousarray(w.T)
-            ins = [node.inputs[0], w_name]
-            if bias is not None:
-                constants[f"{node.name or k}::bias"] = bias
-                ins.append(f"{node.name or k}::bias")
-            node.op_type, node.inputs, node.attrs = "FusedDense", ins, {}
-        else:
-            continue
-        # absorb a following Add of a bias, then an activation, when this node is their only input
-        for _ in range(2):
-            out = node.outputs[0]
-            nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
-            if uses.get(out, 0) != 1 or len(nxt) != 1:
-                break
-            j = nxt[0]
-            follower = nodes[j]
-            if follower.op_type == "Add" and len(node.inputs) == 2:
-                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
-                bias = _bias_vector(constants.get(other), constants[node.inputs[1]].shape[1])
-                if bias is None:
-                    break
-                constants[f"{other}::vec"] = bias
-                node.inputs.append(f"{other}::vec")
-            elif "activation" not in node.attrs and _fused_activation(follower, constants):
-                node.attrs = _fused_activation(follower, constants)
-            else:
-                break
-            node.outputs = follower.outputs
-            removed.add(j)
-    del producers
-    return [n for k, n in enumerate(nodes) if k not in removed]
-
-
-def fuse_conv(nodes, constants, outputs) -> list[Node]:
-    """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) -> FusedConv,
-    its weights pre-transposed to the backend's HWIO layout once."""
-    uses = _consumers(nodes, outputs)
-    removed: set[int] = set()
-    for k, node in enumerate(nodes):
-        w = constants.get(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
-        if w is None or w.dtype != np.float32 or w.ndim not in (3, 4):
-            continue
-        b = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-        if len(node.inputs) > 2 and node.inputs[2] and b is None:
-            continue
-        attrs = dict(node.attrs)
-        scale = None     # per output channel, from a BatchNormalization folded in
-        for _ in range(2):
-            out = node.outputs[0]
-            nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
-            if uses.get(out, 0) != 1 or len(nxt) != 1:
-                break
-            follower = nodes[nxt[0]]
-            if follower.op_type == "BatchNormalization" and "activation" not in attrs \
-                    and not follower.attrs.get("training_mode", 0) \
-                    and all(i in constants for i in follower.inputs[1:5]) and len(follower.outputs) == 1:
-                scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
-                scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
-                b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
-            elif "activation" not in attrs and _fused_activation(follower, constants):
-                attrs.update(_fused_activation(follower, constants))
-            else:
-                break
-            node.outputs = follower.outputs
-            removed.add(nxt[0])
-        key = node.name or f"conv{k}"
-        w_hwio = oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
-        if scale is not None:
-            w_hwio *= scale
-        attrs["_w_hwio"] = w_hwio
-        node.inputs = [node.inputs[0], ""]
-        if b is not None:
-            constants[f"{key}::b"] = np.asarray(b, np.float32)
-            node.inputs.append(f"{key}::b")
-        node.op_type, node.attrs = "FusedConv", attrs
-    return [n for k, n in enumerate(nodes) if k not in removed]
-
-
-def _scalar(constants, name):
-    """The value of a one-element float constant, else None."""
-    value = constants.get(name)
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 and value.dtype.kind == "f" else None
-
-
-def fuse_gelu(nodes, constants, outputs) -> list[Node]:
-    """The exact GELU as exporters spell it, x * 0.5 * (1 + Erf(x / sqrt 2)) (Div by sqrt 2 or Mul
-    by 1/sqrt 2; the 0.5 before or after; operands in either order) -> one Gelu node, which runs
-    on the backend's fused kernel instead of five elementwise passes and a float64 Erf."""
-    uses = _consumers(nodes, outputs)
-    consumer = {}
-    for k, n in enumerate(nodes):
-        for i in n.inputs:
-            consumer.setdefault(i, []).append(k)
-
-    def only_user(name):
-        users = consumer.get(name, [])
-        return nodes[users[0]] if uses.get(name, 0) == 1 and len(users) == 1 else None
-
-    def other(node, name):
-        return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
-
-    removed: set[int] = set()
-    index = {id(n): k for k, n in enumerate(nodes)}
-    for erf in [n for n in nodes if n.op_type == "Erf"]:
-        pre = next((n for n in nodes if erf.inputs[0] in n.outputs), None)
-        if pre is None or pre.op_type not in ("Div", "Mul") or uses.get(pre.outputs[0], 0) != 1:
-            continue
-        c = _scalar(constants, pre.inputs[1])
-        x = pre.inputs[0]
-        if c is None or not np.isclose(c if pre.op_type == "Div" else 1.0 / c, np.sqrt(2.0), rtol=1e-4):
-            continue
-        add = only_user(erf.outputs[0])
-        if add is None or add.op_type != "Add" or _scalar(constants, other(add, erf.outputs[0])) != 1.0:
-            continue
-        muls, current = [], add
-        for _ in range(2):  # the two multiplications, by x and by 0.5, in either order
-            nxt = only_user(current.outputs[0])
-            if nxt is None or nxt.op_type != "Mul":
-                break
-            muls.append((nxt, other(nxt, current.outputs[0])))
-            current = nxt
-        operands = [operand for _, operand in muls]
-        if len(muls) != 2 or x not in operands or _scalar(constants, operands[1 - operands.index(x)]) != 0.5:
-            continue
-        chain = [pre, erf, add] + [m for m, _ in muls]
-        last = chain[-1]
-        last.op_type, last.inputs, last.attrs = "Gelu", [x], {}
-        removed.update(index[id(n)] for n in chain[:-1])
-    return [n for k, n in enumerate(nodes) if k not in removed]
-
-
-def _swaps_last_axes(perm) -> bool:
-    """Whether a Transpose ``perm`` swaps only the last two axes."""
-    perm = list(perm)
-    return len(perm) >= 2 and perm == list(range(len(perm) - 2)) + [len(perm) - 1, len(perm) - 2]
-
-
-def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
-    """Scaled dot-product attention as exporters spell it -> one ``FusedAttention`` node, run
-    by the backend's attention primitive (both products and the softmax per (batch, head) pair,
-    the scores kept in cache) instead of two batched MatMuls, one to three Muls and a Softmax:
-
-        MatMul(Mul(Q, sq), Mul(Transpose(K), sk)) [Mul by ss] [Add mask] -> Softmax(axis -1)
-        -> MatMul(., V)
-
-    Each Mul is optional and may be a Div by its scale; a scale is a one-element constant or a
-    value computed from shapes (the TorchScript exporter's sqrt(1 / sqrt(d)) on Q and on K^T).
-    A Transpose of the last two axes of K is read through; else K^T is taken as it is. Only
-    where each intermediate has one reader and is not a graph output."""
-    uses = _consumers(nodes, outputs)
-    producer = {o: n for n in nodes for o in n.outputs}
-    from_shapes: set[str] = set()
-    for n in nodes:
-        if n.op_type == "Shape" or (n.inputs and all(i in constants or i in from_shapes
-                                                     for i in n.inputs if i)):
-            from_shapes.update(n.outputs)
-    removed: set[int] = set()
-    index = {id(n): k for k, n in enumerate(nodes)}
-
-    def single(name, *op_types):
-        """The producer of ``name`` when it is one of ``op_types``, ``name`` has one reader and
-        the producer is not fused yet."""
-        node = producer.get(name)
-        if node is None or node.op_type not in op_types or uses.get(name, 0) != 1 \
-                or index[id(node)] in removed:
-            return None
-        return node
-
-    def is_scale(name):
-        value = constants.get(name)
-        return name in from_shapes if value is None else value.size == 1
-
-    def unscaled(name):
-        """(tensor, scale, divide, nodes read through) for ``name`` = Mul(tensor, scale) or
-        Div(tensor, scale), else (name, "", False, [])."""
-        node = single(name, "Mul", "Div")
-        if node is not None and len(node.inputs) == 2:
-            a, b = node.inputs
-            if is_scale(b) and not is_scale(a):
-                return a, b, node.op_type == "Div", [node]
-            if node.op_type == "Mul" and is_scale(a) and not is_scale(b):
-                return b, a, False, [node]
-        return name, "", False, []
-
-    for sm in nodes:
-        axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
-        if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed \
-                or uses.get(sm.outputs[0], 0) != 1:
-            continue
-        mm2 = next((n for n in nodes if sm.outputs[0] in n.inputs), None)
-        if mm2 is None or mm2.op_type != "MatMul" or mm2.inputs[0] != sm.outputs[0]:
-            continue
-        scores, mask, chain = sm.inputs[0], "", [sm]
-        add = single(scores, "Add")
-        if add is not None and len(add.inputs) == 2:
-            for i in (0, 1):
-                if single(unscaled(add.inputs[i])[0], "MatMul") is not None:
-                    scores, mask = add.inputs[i], add.inputs[1 - i]
-                    chain.append(add)
-                    break
-        scores, s_scores, div_scores, via = unscaled(scores)
-        mm1 = single(scores, "MatMul")
-        if mm1 is None:
-            continue
-        q, s_q, div_q, via_q = unscaled(mm1.inputs[0])
-        kt, s_k, div_k, via_k = unscaled(mm1.inputs[1])
-        transpose = producer.get(kt)
-        k_transposed = not (transpose is not None and transpose.op_type == "Transpose"
-                            and _swaps_last_axes(transpose.attrs.get("perm", ())))
-        k = kt if k_transposed else transpose.inputs[0]
-        mm2.op_type = "FusedAttention"
-        mm2.inputs = [q, k, mm2.inputs[1], s_q, s_k, s_scores, mask]
-        mm2.attrs = {"_k_transposed": k_transposed, "_divide": (div_q, div_k, div_scores)}
-        removed.update(index[id(n)] for n in chain + via + [mm1] + via_q + via_k)
-    return [n for k, n in enumerate(nodes) if k not in removed]
-
-
-def mark_attention_scores(nodes, outputs) -> list[Node]:
-    """Opset-23 Attention nodes get ``_qk_read``: whether anything reads their scores output
-    (without a reader the op runs as one call of the attention primitive)."""
-    uses = _consumers(nodes, outputs)
-    for node in nodes:
-        if node.op_type == "Attention":
-            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and
-                              uses.get(node.outputs[3], 0) > 0)
-    return nodes
-
-
-def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
-    """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
-    GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output
-    nothing else reads -> ``Embedding<op>`` on the ids: its input projection becomes a gather of
-    rows of table @ W^T + bias (``fastlayers/folding.py``). The Gather stays for any other
-    reader (exporters take the batch size from its shape); unread, it is pruned."""
-    uses = _consumers(nodes, outputs)
-    producer = {o: n for n in nodes for o in n.outputs}
-    for node in list(nodes):
-        if node.op_type not in ("RNN", "GRU", "LSTM") or node.inputs[1] not in constants:
-            continue
-        x = node.inputs[0]
-        src = producer.get(x)
-        time_major = node.attrs.get("layout", 0) == 0
-        if src is not None and src.op_type == "Transpose" and uses.get(x, 0) == 1 \
-                and list(src.attrs.get("perm", ())) == [1, 0, 2]:
-            src, time_major = producer.get(src.inputs[0]), not time_major
-        if src is None or src.op_type != "Gather" or src.attrs.get("axis", 0) != 0:
-            continue
-        table = constants.get(src.inputs[0])
-        if table is None or table.dtype != np.float32 or table.ndim != 2 or \
-                src.inputs[1] in constants:
-            continue
-        node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
-        node.attrs = dict(node.attrs, _ids_time_major=time_major)
-        node.op_type = f"Embedding{node.op_type}"
-        shapes_of_ids(nodes, src, table.shape[1], constants)
-    return nodes
-
-
-def shapes_of_ids(nodes, gather, width, constants) -> None:
-    """Shape nodes reading an embedding Gather's output (rows of ``width``) read its ids
-    instead, the row width appended by a Concat: the Gather then has no reader left."""
-    emb, ids = gather.outputs[0], gather.inputs[1]
-    for k in range(len(nodes) - 1, -1, -1):
-        shape = nodes[k]
-        if shape.op_type != "Shape" or shape.inputs != [emb] or shape.attrs:
-            continue
-        constants[f"{emb}::width"] = np.array([width], np.int64)
-        out = shape.outputs[0]
-        shape.inputs, shape.outputs = [ids], [f"{out}::ids"]
-        nodes.insert(k + 1, Node("Concat", [f"{out}::ids", f"{emb}::width"], [out], {"axis": 0}))
-
-
-def fuse_encoder_layers(nodes, constants, inputs, outputs, probe) -> list[Node]:
-    """Whole Transformer encoder layers -> one ``FusedEncoderLayer`` node each
-    (``fastlayers/io/encoder.py``): matched by structure, then confirmed on the values of
-    ``probe(nodes)`` (the unfused graph run once on a probe input; None when it could not run).
-    ``inputs``: the graph's input names.
-    A layer is replaced only where nothing outside it reads its intermediate values."""
-    candidates = encoder.match(nodes, constants, outputs)
-    values = probe(nodes) if candidates else None
-    if values is None:
-        return nodes
-    for candidate in candidates:
-        attrs = encoder.confirmed(candidate, values)
-        if attrs is None:
-            continue
-        core = {id(n) for n in candidate.nodes}
-        name = candidate.attention.name or candidate.y
-        fused = Node("FusedEncoderLayer", [candidate.x], [candidate.y], dict(attrs, name=name), name)
-        trial = prune([fused if candidate.y in n.outputs else n for n in nodes
-                       if id(n) not in core or candidate.y in n.outputs], outputs)
-        known = set(constants) | set(inputs) | {o for n in trial for o in n.outputs}
-        if all(o in known for o in outputs) and all(not i or i in known for n in trial for i in n.inputs):
-            nodes = trial
-    return nodes
-
-
-def prune(nodes, outputs) -> list[Node]:
-    """Keep only the nodes the graph outputs depend on."""
-    needed = set(outputs)
-    kept = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.outputs):
-            kept.append(node)
-            needed.update(i for i in node.inputs if i)
-    return kept[::-1]
-
-
-# --------------------------------------------------------------------------------- the model
 @dataclass(frozen=True)
 class NodeArg:
     """A graph input or output as the model file declares it, as onnxruntime's ``NodeArg``.
@@ -670,13 +123,6 @@ class NodeArg:
     name: str
     shape: list = field(hash=False)
     type: str | None
-
-
-def _owner(array):
-    """The object that owns the memory of ``array`` (itself, or the end of its ``base`` chain)."""
-    while isinstance(array, np.ndarray) and array.base is not None:
-        array = array.base
-    return array
 
 
 def _declared(value_info) -> tuple:
@@ -706,7 +152,7 @@ class OnnxModel:
             declared = ([(n, types[d], tuple(s or ())) for n, d, s in inputs],
                         [(n, None, ()) for n in outputs], ())
         self._declared_inputs, self._declared_outputs, self._initializer_inputs = declared
-        self._constant_owners = {id(_owner(c)) for c in constants.values()}
+        self._constant_owners = {id(owner(c)) for c in constants.values()}
         self._constants = constants
         self._nodes = nodes
         self._shapes = shapes
@@ -720,7 +166,7 @@ class OnnxModel:
         shape_only: set[str] = set()
         for n in nodes:
             if n.op_type in ("Shape", "Size") or (
-                    n.op_type not in _NONDETERMINISTIC
+                    n.op_type not in NONDETERMINISTIC
                     and all(not i or i in constants or i in shape_only for i in n.inputs)):
                 shape_only.update(o for o in n.outputs if o)
         self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
@@ -807,8 +253,8 @@ class OnnxModel:
         results = [values[o] if o in values else self._constants[o] for o in names]
         if not fresh:
             return [contiguous(r) for r in results]
-        shared = self._constant_owners.union([id(_owner(values[i])) for i, _, _ in self._inputs])
-        return [r.copy() if r.flags.c_contiguous and id(_owner(r)) in shared else contiguous(r)
+        shared = self._constant_owners.union([id(owner(values[i])) for i, _, _ in self._inputs])
+        return [r.copy() if r.flags.c_contiguous and id(owner(r)) in shared else contiguous(r)
                 for r in map(np.asarray, results)]
 
     def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:
@@ -936,7 +382,7 @@ class OnnxModel:
             nbytes += count * dtype.itemsize
         weights = sum(_array_bytes(v) for v in self._constants.values()) + sum(
             _array_bytes(v) for n in self._nodes for v in n.attrs.values())
-        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or _has_loop(self._nodes):
+        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or has_loop(self._nodes):
             return False
         return warm_up(self._evaluate, specs)
 
@@ -997,7 +443,7 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
     ``encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
     def probe(nodes):
         arrays = encoder.probe_inputs(dims)
-        if arrays is None or _has_loop(nodes):   # a loop on made-up values may not end
+        if arrays is None or has_loop(nodes):   # a loop on made-up values may not end
             return None
         try:
             model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
@@ -1045,19 +491,19 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
                   + quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
-        nodes = _mark_loops(_fold_and_inline(nodes, constants, outputs, opset, budget, where),
+        nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
         nodes = prune(rewrite.drop_noops(nodes, constants, outputs, {i: t for i, t, _ in inputs}), outputs)
         nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
         nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
         # GELU chains first, so that the Gelu node they become is absorbed by a dense node
-        nodes = fuse_dense(fuse_gelu(nodes, constants, outputs), constants, outputs)
-        nodes = fuse_embedding_recurrent(fuse_conv(nodes, constants, outputs), constants, outputs)
-        nodes = fuse_attention(nodes, constants, outputs, opset)
+        nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
+        nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
+        nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
         nodes = quant.optimize(nodes, constants, outputs)
-        nodes = prune(mark_attention_scores(nodes, outputs), outputs)
+        nodes = prune(fusion.mark_attention_scores(nodes, outputs), outputs)
         name = graph.name or Path(where).stem
-        nodes = fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
+        nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
                                     _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise

@@ -41,7 +41,7 @@ def _env_bytes(name: str, default: int) -> int:
 #: FASTLAYERS_ONNX_MAX_CREATED_BYTES, read at import, sets another value.
 MAX_CREATED_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_CREATED_BYTES", 1 << 31)
 #: The limit in force where it is not MAX_CREATED_BYTES: constant folding at load sets what
-#: is left of its budget (``onnx.fold_constants``).
+#: is left of its budget (``fold.fold_constants``).
 CREATE_LIMIT: contextvars.ContextVar = contextvars.ContextVar("onnx_create_limit", default=None)
 
 

@@ -15,7 +15,7 @@ order after constant folding and before the dense / convolution fusions:
 - ``fold_affine``: Mul / Div / Add / Sub by a per-output-channel constant after a Conv or a
   dense MatMul / Gemm folded into its weights and bias.
 
-Each pass takes the node list (``onnx.Node`` objects, changed in place), the constants (new
+Each pass takes the node list (``nodes.Node`` objects, changed in place), the constants (new
 ones added under new names; the file's are never changed) and the graph output names, and
 returns the nodes kept; a value is rewritten only where nothing else reads it.
 """
@@ -24,17 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .nodes import readers_of
 from .ops import DTYPES
-
-
-def _readers(nodes, outputs) -> dict[str, list]:
-    """Value name -> the nodes reading it (once per input slot); graph outputs read by None."""
-    readers: dict[str, list] = {name: [None] for name in outputs}
-    for node in nodes:
-        for name in node.inputs:
-            if name:
-                readers.setdefault(name, []).append(node)
-    return readers
 
 
 def _only_reader(readers, name):
@@ -140,7 +131,7 @@ def _collapse_reshapes(nodes, constants, readers):
 def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
     """Nodes that return an input unchanged removed, their readers reading that input (see the
     module docstring); ``input_dtypes``: graph input name -> numpy dtype."""
-    readers = _readers(nodes, outputs)
+    readers = readers_of(nodes, outputs)
     _collapse_reshapes(nodes, constants, readers)
     dtypes = _dtypes(nodes, constants, input_dtypes)
     producer = {o: n for n in nodes for o in n.outputs}
@@ -196,7 +187,7 @@ def fold_affine(nodes, constants, outputs) -> list:
     bias) or a MatMul / Gemm with constant 2-D weights -> its weights and bias changed instead:
     y = (x * w + b) * s + t = x * (w s) + (b s + t). A MatMul without a bias keeps its next Add
     (which ``fuse_dense`` then takes) with the bias scaled."""
-    readers = _readers(nodes, outputs)
+    readers = readers_of(nodes, outputs)
     dropped: set[int] = set()
     for node in nodes:
         dense_or_conv = node.op_type in ("Conv", "MatMul", "Gemm") and len(node.inputs) > 1
@@ -272,7 +263,7 @@ def fuse_silu(nodes, constants, outputs) -> list:
     """Mul(x, Sigmoid(x)) (operands in either order; the Sigmoid read by nothing else) -> one
     Swish node (alpha 1: x sigmoid(x), the backend's ``silu``), which a dense or convolution node
     before it takes as its activation."""
-    readers = _readers(nodes, outputs)
+    readers = readers_of(nodes, outputs)
     dropped: set[int] = set()
     for sig in nodes:
         if sig.op_type != "Sigmoid":
@@ -369,7 +360,7 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
 
     (d^2 as Pow(d, 2) or Mul(d, d); gamma and beta constant vectors; RMSNorm becomes a
     LayerNormalization node with ``_rms``)."""
-    readers = _readers(nodes, outputs)
+    readers = readers_of(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     dropped: set[int] = set()
     for var in nodes:
@@ -502,7 +493,7 @@ def _channels_first_1d(nodes, constants, outputs, alias, dropped) -> None:
     -> Conv -> Squeeze([2]) -> Transpose([0, 2, 1]) (the same values), so that ``conv_1d``
     finds the Unsqueeze and Squeeze beside the Conv; two Transposes([0, 2, 1]) in a row then
     cancel (into ``alias`` and ``dropped``)."""
-    readers = _readers(nodes, outputs)
+    readers = readers_of(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     for node in nodes:
         perm = list(node.attrs.get("perm", ())) if node.op_type == "Transpose" else None
