@@ -87,7 +87,7 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
     (the reference backend): odd hidden sizes (an odd k for the recurrent product), more rows
     than a tile, peepholes, clip, input_forget, both orders."""
     import fastlayers
-    from fastlayers.onnx.quant import OPS
+    from fastlayers.onnx.qlstm import _dynamic_quantize_lstm
 
     n_dir = 2 if attrs.get("direction") == "bidirectional" else 1
     g, n_in, steps = 4 * hidden, 3, 6
@@ -99,7 +99,7 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
               rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
               rng.uniform(0.01, 0.05, (n_dir, g)).astype(np.float32), np.zeros((n_dir, g), np.int8),
               rng.uniform(0.01, 0.05, n_dir).astype(np.float32), np.full(n_dir, 128, np.uint8)]
-    op = OPS["com.microsoft::DynamicQuantizeLSTM"]
+    op = _dynamic_quantize_lstm
     got = op(inputs, dict(attrs, hidden_size=hidden), 1)
     with fastlayers.use_ops("reference"):
         want = op(inputs, dict(attrs, hidden_size=hidden), 1)

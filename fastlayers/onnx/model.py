@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..warmup import warm_up
-from . import check, encoder, fusion, proto, quant, rewrite
+from . import check, encoder, fusion, proto, qfusion, quant, rewrite
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
@@ -500,7 +500,7 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
         nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
         nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
-        nodes = quant.optimize(nodes, constants, outputs)
+        nodes = qfusion.optimize(nodes, constants, outputs)
         nodes = prune(fusion.mark_attention_scores(nodes, outputs), outputs)
         name = graph.name or Path(where).stem
         nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,

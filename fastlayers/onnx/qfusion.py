@@ -1,0 +1,153 @@
+"""Load-time passes of quantized graphs (``optimize``, called by ``model.from_model``):
+QuantizeLinear -> DequantizeLinear pairs on per-tensor 8-bit constants become one
+``FusedQuantizeDequantize`` node, ``quantize_dynamic``'s MatMulInteger -> Cast -> Mul (-> Add)
+chains one MatMulIntegerToFloat, and the constant weights of integer products are packed once
+for the native kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import OPS
+from .qlinear import _column_zero_points
+from .qlstm import _pack_lstm
+from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _native, _quantize_linear
+
+#: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
+_PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
+             f"{MS}::DynamicQuantizeMatMul": (1, 3)}
+
+
+def _per_tensor_8bit(constants, scale_name, zp_name):
+    """(scale, zero point) where both are constants, per tensor, float32 and 8-bit; else None."""
+    scale = constants.get(scale_name)
+    zp = constants.get(zp_name) if zp_name else np.zeros((), np.uint8)
+    if scale is None or zp is None or scale.size != 1 or zp.size != 1 or scale.dtype != np.float32 \
+            or zp.dtype not in (np.uint8, np.int8):
+        return None
+    return scale.reshape(()), zp.reshape(())
+
+
+def fuse_quantize_dequantize(nodes, constants, outputs) -> list:
+    """QuantizeLinear -> DequantizeLinear on the same per-tensor 8-bit constants, the quantized
+    value read by nothing else -> one ``FusedQuantizeDequantize`` node (x rounded to its
+    quantization grid in one pass, quantize.c): the QDQ pairs around the activations of a
+    statically quantized file."""
+    readers: dict = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers[i] = readers.get(i, 0) + 1
+    dq_of = {n.inputs[0]: n for n in nodes if n.op_type == "DequantizeLinear" and n.inputs}
+    removed = set()
+    for node in nodes:
+        dq = dq_of.get(node.outputs[0]) if node.op_type == "QuantizeLinear" else None
+        if dq is None or readers.get(node.outputs[0]) != 1 or node.outputs[0] in outputs \
+                or node.attrs.get("block_size") or dq.attrs.get("output_dtype", 0) not in (0, 1):
+            continue
+        q_params = _per_tensor_8bit(constants, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else "")
+        dq_params = _per_tensor_8bit(constants, dq.inputs[1], dq.inputs[2] if len(dq.inputs) > 2 else "")
+        if q_params is None or dq_params is None or not all(
+                a.dtype == b.dtype and a == b for a, b in zip(q_params, dq_params)):
+            continue
+        node.op_type, node.outputs = "FusedQuantizeDequantize", list(dq.outputs)
+        node.inputs = node.inputs[:2] + [node.inputs[2] if len(node.inputs) > 2 else dq.inputs[2]]
+        node.attrs = {}
+        removed.add(id(dq))
+    return [n for n in nodes if id(n) not in removed]
+
+
+def _fused_quantize_dequantize(inputs, attrs, opset):
+    """fastlayers' own node (``fuse_quantize_dequantize``): DequantizeLinear(QuantizeLinear(x))
+    with per-tensor 8-bit parameters, (clamp(round(x / s) + z) - z) * s."""
+    x, scale, zp = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
+    core = _native()
+    if core is None or x.dtype != np.float32:
+        return _dequantize_linear([_quantize_linear(inputs, {}, opset)[0], scale, zp], {}, opset)
+    lo, hi = QUANT_RANGES[zp.dtype]
+    return [_elementwise(x, lambda m: core.fake_quantize(m, float(scale), float(zp), lo, hi))]
+
+
+OPS["FusedQuantizeDequantize"] = _fused_quantize_dequantize
+
+
+def fuse_integer_matmul(nodes, constants, outputs) -> list:
+    """What ``quantize_dynamic`` writes for a MatMul on constant weights, MatMulInteger on a
+    DynamicQuantizeLinear's outputs -> Cast to float -> Mul by the product of the two scales
+    (-> Add of a constant bias), each value read only by the next -> one
+    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call)."""
+    readers: dict = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers.setdefault(i, []).append(node)
+    producer = {o: n for n in nodes for o in n.outputs}
+
+    def only_reader(name, op_type):
+        found = readers.get(name, [])
+        ok = len(found) == 1 and found[0].op_type == op_type and name not in outputs
+        return found[0] if ok else None
+
+    removed = set()
+    for mm in nodes:
+        if mm.op_type != "MatMulInteger" or len(mm.inputs) < 3 or mm.inputs[1] not in constants:
+            continue
+        dql = producer.get(mm.inputs[0])
+        if dql is None or dql.op_type != "DynamicQuantizeLinear" or dql.outputs[0] != mm.inputs[0] \
+                or dql.outputs[2] != mm.inputs[2]:
+            continue
+        cast = only_reader(mm.outputs[0], "Cast")
+        mul = cast and cast.attrs.get("to") == 1 and only_reader(cast.outputs[0], "Mul")
+        if not mul:
+            continue
+        scales = producer.get(mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0])
+        if scales is None or scales.op_type != "Mul" or len(readers.get(scales.outputs[0], [])) != 1 \
+                or scales.outputs[0] in outputs or dql.outputs[1] not in scales.inputs:
+            continue
+        b_scale = scales.inputs[1] if scales.inputs[0] == dql.outputs[1] else scales.inputs[0]
+        if b_scale not in constants:
+            continue
+        last, bias = mul, ""
+        add = only_reader(mul.outputs[0], "Add")
+        if add is not None:
+            other = add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0]
+            value = constants.get(other)
+            w = constants[mm.inputs[1]]
+            if value is not None and value.dtype == np.float32 and w.ndim == 2 and value.shape == (w.shape[1],):
+                last, bias = add, other
+        mm.op_type = f"{MS}::MatMulIntegerToFloat"
+        mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2],
+                     mm.inputs[3] if len(mm.inputs) > 3 else "", bias]
+        mm.outputs, mm.attrs = list(last.outputs), {}
+        removed.update(id(n) for n in (cast, mul, scales) + ((add,) if last is add else ()))
+    return [n for n in nodes if id(n) not in removed]
+
+
+def optimize(nodes, constants, outputs) -> list:
+    """The load-time passes of quantized graphs (``onnx.from_model``): QDQ pairs and dynamic
+    integer matmuls fused, the constant weights of integer products packed."""
+    nodes = fuse_integer_matmul(fuse_quantize_dequantize(nodes, constants, outputs), constants, outputs)
+    return pack_weights(nodes, constants)
+
+
+def pack_weights(nodes, constants) -> list:
+    """Give each integer product whose B (2-D uint8/int8) and B zero point are constants its B
+    packed for the native kernel, once (attribute ``_b_packed``), where the native core is built."""
+    try:
+        from ..native import _core
+    except ImportError:
+        return nodes
+    for node in nodes:
+        if node.op_type == f"{MS}::DynamicQuantizeLSTM":
+            _pack_lstm(node, constants, _core)
+            continue
+        where = _PACKABLE.get(node.op_type)
+        if where is None or len(node.inputs) <= where[0]:
+            continue
+        b = constants.get(node.inputs[where[0]])
+        zp_name = node.inputs[where[1]] if len(node.inputs) > where[1] else ""
+        if b is None or b.ndim != 2 or b.dtype not in (np.uint8, np.int8) or (zp_name and zp_name not in constants):
+            continue
+        zp = constants[zp_name] if zp_name else np.zeros((), b.dtype)
+        if zp.dtype != b.dtype or zp.size not in (1, b.shape[1]):
+            continue   # the operator raises its error when it runs
+        node.attrs = dict(node.attrs, _b_packed=_core.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])))
+    return nodes

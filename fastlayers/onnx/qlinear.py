@@ -1,0 +1,342 @@
+"""Integer products of quantized ONNX graphs: MatMulInteger, QLinearMatMul, ConvInteger,
+QLinearConv and the contrib DynamicQuantizeMatMul and MatMulIntegerToFloat (semantics in
+``quant.py``'s docstring). Sums are exact int32, on the native u8/s8 kernel (``native/qgemm.c``)
+where the backend runs on it, else in float64 (exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError, ShapeError, UnsupportedError
+from .check import _CONV, Op, _fail, _spatial_lengths, _spatial_rank, short
+from .ops import _padded_output, _pads_2d, _spatial
+from .quant import MS, _native, _register, _saturate, _scale, dynamic_quantize
+
+def _quantized(x, what, name):
+    """An integer operand, checked to be uint8 or int8."""
+    x = np.asarray(x)
+    if x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise UnsupportedError(f"{what}: {name} of type {x.dtype}; uint8 and int8 are supported")
+    return x
+
+
+def _operand_zero_point(zp, x, what, name, per_row):
+    """The zero point of integer operand ``x`` laid out to broadcast against it: a scalar, or
+    one per row of A (``per_row``, shape (M,) or (..., M, 1)) or per column of B ((N,) or
+    (..., 1, N)); 0 where omitted."""
+    if zp is None:
+        return np.zeros((), x.dtype)
+    zp = np.asarray(zp)
+    if zp.dtype != x.dtype:
+        raise InputError(f"{what}: {name} zero point of type {zp.dtype}, expected {x.dtype} (the "
+                         f"type of {name})")
+    if zp.size == 1:
+        return zp.reshape(())
+    if zp.ndim == 1:
+        axis = -2 if per_row else -1
+        if x.ndim < 2 or zp.shape[0] != x.shape[axis]:
+            raise ShapeError(f"{what}: {name} zero point of shape {zp.shape} for {name} of shape "
+                             f"{x.shape} (expected a scalar or one per {'row' if per_row else 'column'})")
+        return zp.reshape(-1, 1) if per_row else zp
+    return zp
+
+
+def _column_zero_points(b_zp, n):
+    """B's zero point (a scalar, or one per column) as n int32 values."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(b_zp, np.int32), (1, n)).reshape(n))
+
+
+def integer_matmul(a, a_zp, b, b_zp, packed=None):
+    """(a - a_zp) @ (b - b_zp) summed exactly, as int32 (numpy matmul broadcasting; the zero
+    points broadcast against their operands): on the native u8/s8 kernel (qgemm.c) for a 2-D
+    b, ``packed`` its packed form where the load packed it, else in float64 (exact: products of
+    two 9-bit values summed over fewer than 2**37 terms)."""
+    if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
+        raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
+    core = _native()
+    if core is None or b.ndim != 2 or a.ndim == 0:
+        a64 = a.astype(np.float64) - a_zp.astype(np.float64)
+        b64 = b.astype(np.float64) - b_zp.astype(np.float64)
+        return np.matmul(a64, b64).astype(np.int32)
+    k, n = b.shape
+    a2 = np.ascontiguousarray(a.reshape(-1, k))
+    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    if packed is None:
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+    c = np.empty((a2.shape[0], n), np.int32)
+    return core.qgemm(a2, za, packed, c).reshape(a.shape[:-1] + (n,))
+
+
+def pack_operand(b, b_zp):
+    """A 2-D B less its zero point packed for the native kernel (``integer_matmul``'s
+    ``packed``); None on the numpy reference."""
+    core = _native()
+    return None if core is None else core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
+
+
+def _matmul_integer(inputs, attrs, opset):
+    what = "MatMulInteger"
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
+    a_zp = _operand_zero_point(inputs[2] if len(inputs) > 2 else None, a, what, "A", True)
+    b_zp = _operand_zero_point(inputs[3] if len(inputs) > 3 else None, b, what, "B", False)
+    return [integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"))]
+
+
+def _per_column(p, n, what, name):
+    """A scale or zero point given per tensor or per column (of ``n``), as a scalar or (n,)."""
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    if p.shape != (n,):
+        raise ShapeError(f"{what}: {name} of shape {p.shape} for {n} columns (expected a scalar or ({n},))")
+    return p
+
+
+def requantize(acc, multiplier, y_zp):
+    """saturate(round_half_even(float32(acc) * multiplier) + y_zp), in y_zp's type."""
+    return _saturate(acc.astype(np.float32) * multiplier, y_zp)
+
+
+def _scalar(p, what, name):
+    p = np.asarray(p)
+    if p.size != 1:
+        raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar")
+    return p.reshape(())
+
+
+def _qlinear_matmul(inputs, attrs, opset):
+    what = "QLinearMatMul"
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = inputs
+    a, b = _quantized(a, what, "a"), _quantized(b, what, "b")
+    n = b.shape[-1]
+    a_zp = _operand_zero_point(_scalar(a_zp, what, "a_zero_point"), a, what, "a", True)
+    b_zp = _operand_zero_point(_per_column(b_zp, n, what, "b_zero_point"), b, what, "b", False)
+    y_zp = np.asarray(y_zp)
+    if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or y_zp.size != 1:
+        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected "
+                         "a uint8 or int8 scalar")
+    multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
+                  / _scale(_scalar(y_s, what, "y_scale"), what))
+    return [requantize(integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed")), multiplier, y_zp.reshape(()))]
+
+
+def integer_conv(x, x_zp, w, w_zp, attrs, what):
+    """The int32 convolution of (x - x_zp) by (w - w_zp), NCHW / NCL, with ONNX Conv's strides,
+    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift)."""
+    if x.ndim not in (3, 4) or w.ndim != x.ndim:
+        raise ShapeError(f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
+                         "convolutions (rank 3 or 4, equal ranks) are supported")
+    one_d = x.ndim == 3
+    x4 = x[:, :, None, :] if one_d else x
+    w4 = w[:, :, None, :] if one_d else w
+    group = attrs.get("group", 1)
+    n, c, h, wd = x4.shape
+    cout, cin_g, kh, kw = w4.shape
+    if c != cin_g * group or cout % group:
+        raise ShapeError(f"{what}: input of shape {x.shape} does not fit a weight of shape {w.shape} "
+                         f"with group={group}")
+    if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(w.shape[2:]):
+        raise ShapeError(f"{what}: kernel_shape {list(attrs['kernel_shape'])} for a weight of shape {w.shape}")
+    nsp = x.ndim - 2
+    strides, dilations = _spatial(attrs, "strides", nsp, 1), _spatial(attrs, "dilations", nsp, 1)
+    pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
+    oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
+    w_zp = np.asarray(w_zp)
+    if _native() is not None:
+        y = _integer_conv_native(x4, x_zp, w4, w_zp, group, (oh, ow), strides, dilations, pads)
+        return y[:, :, 0, :] if one_d else y
+    if w_zp.ndim == 1:
+        w_zp = w_zp.reshape(-1, 1, 1, 1)
+    x64 = np.pad(x4.astype(np.float64) - np.asarray(x_zp, np.float64),
+                 ((0, 0), (0, 0), pads[0], pads[1]))
+    w64 = w4.astype(np.float64) - w_zp.astype(np.float64)
+    y = np.zeros((n, oh, ow, cout), np.float64)
+    (sh, sw), (dh, dw), cout_g = strides, dilations, cout // group
+    for i in range(kh):
+        for j in range(kw):
+            window = x64[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            window = window.transpose(0, 2, 3, 1)            # (n, oh, ow, c)
+            for g in range(group):
+                y[..., g * cout_g:(g + 1) * cout_g] += (window[..., g * cin_g:(g + 1) * cin_g]
+                                                        @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
+    y = y.transpose(0, 3, 1, 2).astype(np.int32)
+    return y[:, :, 0, :] if one_d else y
+
+
+def _integer_conv_native(x, x_zp, w, w_zp, group, out_hw, strides, dilations, pads):
+    """``integer_conv`` (NCHW x, OIHW w) as one integer product per group on the native kernel:
+    the windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
+    less x_zp, times w laid out (kh kw c/group, c_out/group) less its zero point per output
+    channel. Returns the NCHW view of an NHWC result."""
+    n, c = x.shape[:2]
+    cout, cin_g, kh, kw = w.shape
+    (oh, ow), (sh, sw), (dh, dw) = out_hw, strides, dilations
+    x_nhwc = x.transpose(0, 2, 3, 1)
+    (top, bottom), (left, right) = pads
+    if top or bottom or left or right:     # padding reads as x_zp (np.pad took 4x as long)
+        xp = np.full((n, x.shape[2] + top + bottom, x.shape[3] + left + right, c), x_zp, x.dtype)
+        xp[:, top:top + x.shape[2], left:left + x.shape[3]] = x_nhwc
+    else:
+        xp = x_nhwc
+    s0, s1, s2, s3 = xp.strides
+    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
+                                              (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
+    zb = np.broadcast_to(np.asarray(w_zp, np.int32), (cout,))
+    cout_g = cout // group
+    y = np.empty((n * oh * ow, cout), np.int32)
+    for g in range(group):
+        rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
+        w_g = w[g * cout_g:(g + 1) * cout_g].transpose(2, 3, 1, 0).reshape(kh * kw * cin_g, cout_g)
+        zb_g = zb[g * cout_g:(g + 1) * cout_g]
+        y[:, g * cout_g:(g + 1) * cout_g] = integer_matmul(rows, np.asarray(x_zp), w_g, zb_g,
+                                                           pack_operand(w_g, zb_g))
+    return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
+
+
+def _conv_zero_points(x, x_zp, w, w_zp, what):
+    x_zp = np.zeros((), x.dtype) if x_zp is None else np.asarray(x_zp)
+    w_zp = np.zeros((), w.dtype) if w_zp is None else np.asarray(w_zp)
+    if x_zp.dtype != x.dtype or w_zp.dtype != w.dtype:
+        raise InputError(f"{what}: zero points of types {x_zp.dtype} and {w_zp.dtype} for x of type "
+                         f"{x.dtype} and w of type {w.dtype} (each must be its tensor's type)")
+    if x_zp.size != 1:
+        raise ShapeError(f"{what}: x zero point of shape {x_zp.shape}, expected a scalar")
+    if w_zp.size != 1 and w_zp.shape != (w.shape[0],):
+        raise ShapeError(f"{what}: w zero point of shape {w_zp.shape} for {w.shape[0]} output "
+                         "channels (expected a scalar or one per output channel)")
+    return x_zp.reshape(()), (w_zp.reshape(()) if w_zp.size == 1 else w_zp)
+
+
+def _conv_integer(inputs, attrs, opset):
+    what = "ConvInteger"
+    x, w = _quantized(inputs[0], what, "x"), _quantized(inputs[1], what, "w")
+    x_zp, w_zp = _conv_zero_points(x, inputs[2] if len(inputs) > 2 else None, w,
+                                   inputs[3] if len(inputs) > 3 else None, what)
+    return [integer_conv(x, x_zp, w, w_zp, attrs, what)]
+
+
+def _qlinear_conv(inputs, attrs, opset):
+    what = "QLinearConv"
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = inputs[:8]
+    bias = inputs[8] if len(inputs) > 8 else None
+    x, w = _quantized(x, what, "x"), _quantized(w, what, "w")
+    x_zp, w_zp = _conv_zero_points(x, x_zp, w, w_zp, what)
+    cout = w.shape[0]
+    acc = integer_conv(x, x_zp, w, w_zp, attrs, what)
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.int32 or bias.shape != (cout,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"int32 of shape ({cout},)")
+        acc += bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+    y_zp = _scalar(y_zp, what, "y_zero_point")
+    if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype}; expected uint8 or int8")
+    multiplier = (_scale(_scalar(x_s, what, "x_scale"), what) * _scale(_per_column(w_s, cout, what, "w_scale"), what)
+                  / _scale(_scalar(y_s, what, "y_scale"), what))
+    return [requantize(acc, multiplier.reshape((-1,) + (1,) * (acc.ndim - 2)), y_zp)]
+
+
+def _float_product(acc, a_scale, b_scale, bias, n, what):
+    """float32(acc) * float32(a_scale * b_scale) (+ bias), as onnxruntime's integer-to-float
+    output (b_scale per tensor or per column of ``n``)."""
+    multiplier = _scale(a_scale, what) * _scale(_per_column(b_scale, n, what, "b_scale"), what)
+    y = acc.astype(np.float32) * multiplier
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.float32 or bias.shape != (n,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"float32 of shape ({n},)")
+        y += bias
+    return y
+
+
+def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, what):
+    """float32((a - a_zp) @ (b - b_zp)) * float32(a_scale * b_scale) (+ bias), b_scale per tensor
+    or per column of a 2-D b: the native kernel's float epilogue where it runs, else
+    ``_float_product`` of ``integer_matmul``."""
+    core = _native()
+    if core is None or b.ndim != 2 or a.ndim == 0 or a.shape[-1] != b.shape[0]:
+        n = b.shape[-1] if b.ndim else 0
+        return _float_product(integer_matmul(a, a_zp, b, b_zp, packed), a_scale, b_scale, bias, n, what)
+    k, n = b.shape
+    multiplier = _scale(a_scale, what) * _scale(_per_column(b_scale, n, what, "b_scale"), what)
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != np.float32 or bias.shape != (n,):
+            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
+                             f"float32 of shape ({n},)")
+    a2 = np.ascontiguousarray(a.reshape(-1, k))
+    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    if packed is None:
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+    y = np.empty((a2.shape[0], n), np.float32)
+    core.qgemm(a2, za, packed, y, np.ascontiguousarray(np.broadcast_to(multiplier, (n,))),
+               None if bias is None else np.ascontiguousarray(bias))
+    return y.reshape(a.shape[:-1] + (n,))
+
+
+def _dynamic_quantize_matmul(inputs, attrs, opset):
+    """com.microsoft DynamicQuantizeMatMul: A quantized as DynamicQuantizeLinear, then
+    MatMulIntegerToFloat."""
+    what = "DynamicQuantizeMatMul"
+    a = np.asarray(inputs[0])
+    if a.dtype != np.float32:
+        raise InputError(f"{what}: A of type {a.dtype}, expected float32")
+    b = _quantized(inputs[1], what, "B")
+    n = b.shape[-1] if b.ndim else 0
+    b_zp = inputs[3] if len(inputs) > 3 else None
+    b_zp = _operand_zero_point(None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"),
+                               b, what, "B", False)
+    a_q, a_scale, a_zp = dynamic_quantize(a)
+    return [integer_matmul_to_float(a_q, np.asarray(a_zp), b, b_zp, attrs.get("_b_packed"), a_scale, inputs[2],
+                                    inputs[4] if len(inputs) > 4 else None, what)]
+
+
+def _matmul_integer_to_float(inputs, attrs, opset):
+    """com.microsoft MatMulIntegerToFloat: (A - a_zp) @ (B - b_zp) * (a_scale * b_scale) + bias."""
+    what = "MatMulIntegerToFloat"
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
+    n = b.shape[-1] if b.ndim else 0
+    opt = list(inputs[4:]) + [None] * (7 - len(inputs))
+    a_zp = _operand_zero_point(None if opt[0] is None else _scalar(opt[0], what, "a_zero_point"),
+                               a, what, "A", True)
+    b_zp = _operand_zero_point(None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"),
+                               b, what, "B", False)
+    return [integer_matmul_to_float(a, a_zp, b, b_zp, attrs.get("_b_packed"), _scalar(inputs[2], what, "a_scale"),
+                                    inputs[3], opt[2], what)]
+
+
+def _qconv_check(weight_index):
+    """The load-time checks of Conv (spatial rank, attribute lengths, kernel_shape and group
+    against a constant weight) for a node whose weight is input ``weight_index``."""
+    def check(node, attrs, ctx):
+        weight = ctx.constants.get(node.inputs[weight_index])
+        _spatial_lengths(node, attrs, ctx, _spatial_rank(node, attrs, ctx, weight))
+        if weight is None:
+            return
+        if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(weight.shape[2:]):
+            _fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's "
+                             f"shape {weight.shape}")
+        if min(weight.shape) == 0 or weight.shape[0] % attrs.get("group", 1):
+            _fail(ctx, node, f"weight {short(node.inputs[weight_index])} of shape {weight.shape} "
+                             f"for group {attrs.get('group', 1)}")
+    return check
+
+
+_register("MatMulInteger", _matmul_integer, Op(inputs=(2, 4)))
+
+
+_register("QLinearMatMul", _qlinear_matmul, Op(inputs=(8, 8)))
+
+
+_register("ConvInteger", _conv_integer, Op(inputs=(2, 4), attrs=_CONV, check=_qconv_check(1)))
+
+
+_register("QLinearConv", _qlinear_conv, Op(inputs=(8, 9), attrs=_CONV, check=_qconv_check(3)))
+
+
+_register("DynamicQuantizeMatMul", _dynamic_quantize_matmul, Op(inputs=(3, 5)), MS)
+
+
+_register("MatMulIntegerToFloat", _matmul_integer_to_float, Op(inputs=(4, 7)), MS)

@@ -1,0 +1,137 @@
+"""The contrib DynamicQuantizeLSTM: an LSTM whose input and recurrent weights are 8-bit, its
+input and hidden state quantized per step as DynamicQuantizeLinear; the time loop runs on the
+native core (``native/qlstm.c``), else in numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
+from .check import BOOL, A, Op
+from .qlinear import (_column_zero_points, _float_product, _quantized, integer_matmul,
+                      integer_matmul_to_float, pack_operand)
+from .quant import MS, _native, _register, _scale, _zero_point, dynamic_quantize
+
+def _sigmoid(z):
+    return np.float32(1) / (np.float32(1) + np.exp(-z))
+
+
+def _direction_param(p, d, n_gates, what, name):
+    """Direction ``d``'s scale or zero point of a DynamicQuantizeLSTM weight: given per
+    direction (n_dir,) or per direction and column (n_dir, 4 * hidden)."""
+    p = np.asarray(p)
+    if p.ndim == 1:
+        return p[d]
+    if p.ndim == 2 and p.shape[1] == n_gates:
+        return p[d]
+    raise ShapeError(f"{what}: {name} of shape {p.shape}, expected (directions,) or (directions, {n_gates})")
+
+
+def _pack_lstm(node, constants, core) -> None:
+    """A DynamicQuantizeLSTM's constant W and R (with their zero points) packed per direction
+    (attribute ``_packed``: ((W, R) packed of each direction))."""
+    names = [node.inputs[i] if len(node.inputs) > i else "" for i in (1, 2, 9, 11)]
+    if not all(n in constants for n in names):
+        return
+    w, r, w_zp, r_zp = (constants[n] for n in names)
+    try:
+        packed = []
+        for d in range(w.shape[0] if w.ndim == 3 else 0):
+            pair = []
+            for m, zp, name in ((w, w_zp, "W_zero_point"), (r, r_zp, "R_zero_point")):
+                z = _zero_point(_direction_param(zp, d, m.shape[2], "DynamicQuantizeLSTM", name), m.dtype,
+                                "DynamicQuantizeLSTM")
+                pair.append(core.qpack(np.ascontiguousarray(m[d]), _column_zero_points(z, m.shape[2])))
+            packed.append(tuple(pair))
+    except (FastlayersError, ValueError, TypeError, IndexError):
+        return   # the operator raises its error when it runs
+    if packed and r.ndim == 3 and r.shape[0] == len(packed):
+        node.attrs = dict(node.attrs, _packed=tuple(packed))
+
+
+def _dynamic_quantize_lstm(inputs, attrs, opset):
+    """com.microsoft DynamicQuantizeLSTM: ONNX LSTM (gates i, o, f, c) whose weights W
+    (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden) are u8/s8 with
+    scales and zero points per direction or per column; each product quantizes its float
+    operand as DynamicQuantizeLinear (X over the whole sequence, h at each step) and is summed
+    exactly: z = float(acc_x) * (x_scale * w_scale) + float(acc_h) * (h_scale * r_scale) + Wb + Rb."""
+    what = "DynamicQuantizeLSTM"
+    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None  # noqa: E731
+    x = np.asarray(inputs[0])
+    w, r = _quantized(inputs[1], what, "W"), _quantized(inputs[2], what, "R")
+    if x.dtype != np.float32 or x.ndim != 3:
+        raise InputError(f"{what}: X of type {x.dtype} and shape {x.shape}; expected float32 (time, batch, input)")
+    if get(4) is not None:
+        raise UnsupportedError(f"{what}: sequence_lens is not supported")
+    names = [a.lower() for a in attrs.get("activations", [])]
+    if any(n != d for n, d in zip(names, ["sigmoid", "tanh", "tanh"] * 2)) or len(names) not in (0, 3, 6):
+        raise UnsupportedError(f"{what}: activations {attrs.get('activations')} (only the default "
+                               "Sigmoid, Tanh, Tanh are supported)")
+    direction = attrs.get("direction", "forward")
+    n_dir = 2 if direction == "bidirectional" else 1
+    steps, batch, n_in = x.shape
+    hidden = r.shape[1] if r.ndim == 3 else 0
+    n_gates = 4 * hidden
+    if w.shape != (n_dir, n_in, n_gates) or r.shape != (n_dir, hidden, n_gates) or not hidden \
+            or attrs.get("hidden_size", hidden) != hidden:
+        raise ShapeError(f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
+                         f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))")
+    want = {3: (n_dir, 2 * n_gates), 5: (n_dir, batch, hidden), 6: (n_dir, batch, hidden), 7: (n_dir, 3 * hidden)}
+    for i, name in ((3, "B"), (5, "initial_h"), (6, "initial_c"), (7, "P")):
+        if get(i) is not None and np.shape(get(i)) != want[i]:
+            raise ShapeError(f"{what}: {name} of shape {np.shape(get(i))}, expected {want[i]}")
+    clip = attrs.get("clip")
+    ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
+    h_last = np.zeros((n_dir, batch, hidden), np.float32)
+    c_last = np.zeros((n_dir, batch, hidden), np.float32)
+    x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
+    for d in range(n_dir):
+        w_zp, r_zp = (_zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
+                      for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
+        w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
+        r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
+        w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and _native() is not None else (
+            pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
+        x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale, None,
+                                         what).reshape(steps, batch, n_gates)
+        b = get(3)
+        bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
+        h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
+        c = np.zeros((batch, hidden), np.float32) if get(6) is None else get(6)[d].astype(np.float32)
+        p = np.zeros(3 * hidden, np.float32) if get(7) is None else get(7)[d].astype(np.float32)
+        reverse = direction == "reverse" or d == 1
+        if r_packed is not None:    # the time loop on the native core (qlstm.c)
+            r_scale_columns = np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
+            _native().qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
+                            None if get(7) is None else p, float(clip or 0.0),
+                            bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
+            h_last[d], c_last[d] = h, c
+            continue
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+            h_q, h_scale, h_zp = dynamic_quantize(h)
+            z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale,
+                                           r_scale, None, n_gates, what) + bias
+            zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
+            if clip is not None:
+                zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
+            gi = _sigmoid(zi)
+            gf = 1 - gi if attrs.get("input_forget", 0) else _sigmoid(zf)
+            c = gf * c + gi * np.tanh(zc)
+            zo = zo + p[hidden:2 * hidden] * c
+            if clip is not None:
+                zo = np.clip(zo, -clip, clip)
+            h = (_sigmoid(zo) * np.tanh(c)).astype(np.float32)
+            ys[t, d] = h
+        h_last[d], c_last[d] = h, c
+    return [ys, h_last, c_last]
+
+
+_LSTM_ATTRS = {"activation_alpha": A("floats"), "activation_beta": A("floats"), "activations": A("strings"),
+               "clip": A("float"), "hidden_size": A("int", 1),
+               "direction": A("string", choices=("forward", "reverse", "bidirectional")),
+               "input_forget": BOOL}
+
+
+_register("DynamicQuantizeLSTM", _dynamic_quantize_lstm, Op(inputs=(12, 12), optional=3, outputs=3,
+                                                            attrs=_LSTM_ATTRS), MS)
