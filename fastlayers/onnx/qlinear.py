@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.derived import derived
 from ..errors import InputError, ShapeError, UnsupportedError
 from .check import _CONV, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
@@ -58,11 +59,15 @@ def integer_matmul(a, a_zp, b, b_zp, packed=None):
         a64 = a.astype(np.float64) - a_zp.astype(np.float64)
         b64 = b.astype(np.float64) - b_zp.astype(np.float64)
         return np.matmul(a64, b64).astype(np.int32)
-    k, n = b.shape
-    a2 = np.ascontiguousarray(a.reshape(-1, k))
-    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
     if packed is None:
-        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
+    return _qgemm(core, a, a_zp, packed, b.shape[1])
+
+
+def _qgemm(core, a, a_zp, packed, n):
+    """(a - a_zp) @ B on the native kernel, B (k, ``n``) less its zero points ``packed``."""
+    a2 = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
+    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
     c = np.empty((a2.shape[0], n), np.int32)
     return core.qgemm(a2, za, packed, c).reshape(a.shape[:-1] + (n,))
 
@@ -143,7 +148,8 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
     oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
     w_zp = np.asarray(w_zp)
     if _native() is not None:
-        y = _integer_conv_native(x4, x_zp, w4, w_zp, group, (oh, ow), strides, dilations, pads)
+        packed = _packed_conv_weights(w, w4, w_zp, group)
+        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads)
         return y[:, :, 0, :] if one_d else y
     if w_zp.ndim == 1:
         w_zp = w_zp.reshape(-1, 1, 1, 1)
@@ -163,13 +169,31 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
     return y[:, :, 0, :] if one_d else y
 
 
-def _integer_conv_native(x, x_zp, w, w_zp, group, out_hw, strides, dilations, pads):
-    """``integer_conv`` (NCHW x, OIHW w) as one integer product per group on the native kernel:
-    the windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
-    less x_zp, times w laid out (kh kw c/group, c_out/group) less its zero point per output
-    channel. Returns the NCHW view of an NHWC result."""
+def _packed_conv_weights(w, w_oihw, w_zp, group):
+    """Each group's weight laid out (kh kw c/group, c_out/group), less its zero point per output
+    channel, packed for the native kernel; computed once per weight array ``w`` (``w_oihw`` is
+    ``w``, or its 2-D view of a 1-D weight) and zero-point values."""
+    cout, cin_g, kh, kw = w_oihw.shape
+    zb = np.ascontiguousarray(np.broadcast_to(np.asarray(w_zp, np.int32), (cout,)))
+    cout_g = cout // group
+
+    def pack(_):
+        return [pack_operand(w_oihw[g * cout_g:(g + 1) * cout_g].transpose(2, 3, 1, 0)
+                             .reshape(kh * kw * cin_g, cout_g), zb[g * cout_g:(g + 1) * cout_g])
+                for g in range(group)]
+
+    return derived(w, f"qconv:{group}:{zb.tobytes().hex()}", pack)
+
+
+def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads):
+    """``integer_conv`` (NCHW x) as one integer product per group on the native kernel: the
+    windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
+    less x_zp, times each group's ``packed`` weight (``_packed_conv_weights``). Returns the NCHW
+    view of an NHWC result."""
+    core = _native()
     n, c = x.shape[:2]
-    cout, cin_g, kh, kw = w.shape
+    cout, kh, kw = w_shape
+    cin_g = c // group
     (oh, ow), (sh, sw), (dh, dw) = out_hw, strides, dilations
     x_nhwc = x.transpose(0, 2, 3, 1)
     (top, bottom), (left, right) = pads
@@ -181,15 +205,11 @@ def _integer_conv_native(x, x_zp, w, w_zp, group, out_hw, strides, dilations, pa
     s0, s1, s2, s3 = xp.strides
     windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
                                               (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
-    zb = np.broadcast_to(np.asarray(w_zp, np.int32), (cout,))
     cout_g = cout // group
     y = np.empty((n * oh * ow, cout), np.int32)
     for g in range(group):
         rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
-        w_g = w[g * cout_g:(g + 1) * cout_g].transpose(2, 3, 1, 0).reshape(kh * kw * cin_g, cout_g)
-        zb_g = zb[g * cout_g:(g + 1) * cout_g]
-        y[:, g * cout_g:(g + 1) * cout_g] = integer_matmul(rows, np.asarray(x_zp), w_g, zb_g,
-                                                           pack_operand(w_g, zb_g))
+        y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
