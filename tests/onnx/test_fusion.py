@@ -1,0 +1,398 @@
+"""ONNX load-time rewrites (``fastlayers/onnx/rewrite.py``, activations in ``onnx.model.fuse_dense``
+/ ``fuse_conv``): each pattern gone from the optimised graph, results as onnxruntime's."""
+
+import numpy as np
+import pytest
+
+import fastlayers
+
+from ..conftest import assert_close, oracle
+from .test_import import export, make_graph
+
+
+def _session(path):
+    ort = oracle("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _matches_ort(ours, path, feeds, rtol=1e-5, atol=1e-5):
+    got = ours(feeds)
+    got = got if isinstance(got, list) else [got]
+    want = _session(path).run(None, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert_close(g, w, rtol=rtol, atol=atol)
+
+
+def test_noop_nodes_dropped_outputs_keep_their_names(tmp_path, rng):
+    """Identity, Dropout, a Cast to the input's type, an identity Transpose, Add 0, Mul / Div by 1,
+    Unsqueeze -> Squeeze and a Flatten -> Reshape chain leave Relu, one Reshape and Tanh; the
+    graph output made by an Identity keeps its name."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"zero": np.array(0, np.float32), "one": np.array(1, np.float32),
+              "ax": np.array([1], np.int64), "shape": np.array([-1, 4, 3], np.int64)}
+    nodes = [helper.make_node("Identity", ["x"], ["a"]),
+             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("Dropout", ["b"], ["c"]),
+             helper.make_node("Transpose", ["c"], ["d"], perm=[0, 1, 2]),
+             helper.make_node("Add", ["d", "zero"], ["e"]),
+             helper.make_node("Mul", ["one", "e"], ["f"]),
+             helper.make_node("Div", ["f", "one"], ["g"]),
+             helper.make_node("Relu", ["g"], ["h"]),
+             helper.make_node("Unsqueeze", ["h", "ax"], ["i"]),
+             helper.make_node("Squeeze", ["i", "ax"], ["j"]),
+             helper.make_node("Flatten", ["j"], ["k"], axis=1),
+             helper.make_node("Reshape", ["k", "shape"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["t"]),
+             helper.make_node("Identity", ["t"], ["y"]),
+             helper.make_node("Identity", ["t"], ["y2"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                        helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    onnx.save(model, tmp_path / "noop.onnx")
+    ours = fastlayers.load(tmp_path / "noop.onnx")
+    # Tanh makes y; y2, another output, is an Identity of it
+    assert ours.op_types == ["Relu", "Reshape", "Tanh", "Identity"]
+    assert [o.name for o in ours.get_outputs()] == ["y", "y2"]
+    _matches_ort(ours, tmp_path / "noop.onnx", {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_noops_kept_where_they_change_something(tmp_path, rng):
+    """A Cast to another type, Add of a vector 0 (it may broadcast), a Dropout whose mask is read,
+    an Identity of a graph input that is the output, and a Cast to double after a Relu on
+    doubles (which computes float32 here) stay."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.DOUBLE),
+             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["b", "zeros"], ["c"]),
+             helper.make_node("Dropout", ["c"], ["y", "mask"]),
+             helper.make_node("Identity", ["x"], ["z"]),
+             helper.make_node("Relu", ["xd"], ["r"]), helper.make_node("Cast", ["r"], ["w"], to=TensorProto.DOUBLE)]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("xd", TensorProto.DOUBLE, [2])],
+                       [helper.make_tensor_value_info(n, t, None) for n, t in
+                        (("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("z", TensorProto.FLOAT),
+                         ("w", TensorProto.DOUBLE))],
+                       [numpy_helper.from_array(np.zeros((2, 1, 3), np.float32), "zeros")])
+    onnx.save(model, tmp_path / "kept.onnx")
+    ours = fastlayers.load(tmp_path / "kept.onnx")
+    assert ours.op_types == ["Cast", "Cast", "Add", "Dropout", "Identity", "Relu", "Cast"]
+    feeds = {"x": rng.standard_normal((2, 3)).astype(np.float32), "xd": rng.standard_normal(2)}
+    assert ours(feeds)[-1].dtype == np.float64
+    _matches_ort(ours, tmp_path / "kept.onnx", feeds)
+
+
+def test_output_renamed_for_every_reader(tmp_path, rng):
+    """Relu's output is read through one Identity by Neg and is, through another, the output y:
+    Relu then makes y, and Neg reads y."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
+             helper.make_node("Identity", ["a"], ["y"]), helper.make_node("Neg", ["b"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")])
+    onnx.save(model, tmp_path / "rename.onnx")
+    ours = fastlayers.load(tmp_path / "rename.onnx")
+    assert ours.op_types == ["Relu", "Neg"]
+    assert [(n.inputs, n.outputs) for n in ours._nodes] == [(["x"], ["y"]), (["y"], ["z"])]
+    _matches_ort(ours, tmp_path / "rename.onnx", {"x": rng.standard_normal(3).astype(np.float32)})
+
+
+class _ConvStack:
+    """Conv -> * per-channel scale -> + per-channel shift -> activation, three times, then a
+    dense head with a per-column scale and shift and SiLU (x * sigmoid(x))."""
+
+    @staticmethod
+    def build(torch):
+        class Stack(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convs = torch.nn.ModuleList([torch.nn.Conv2d(3, 6, 3, padding=1),
+                                                  torch.nn.Conv2d(6, 6, 3, padding=1, bias=False),
+                                                  torch.nn.Conv2d(6, 4, 1)])
+                self.acts = torch.nn.ModuleList([torch.nn.ReLU6(), torch.nn.Hardsigmoid(), torch.nn.SiLU()])
+                self.scale = torch.nn.Parameter(torch.rand(3, 1, 6, 1, 1) + 0.5)
+                self.shift = torch.nn.Parameter(torch.randn(3, 6, 1, 1))
+                self.fc = torch.nn.Linear(4 * 5 * 5, 7)
+                self.col_scale = torch.nn.Parameter(torch.rand(7) + 0.5)
+                self.col_shift = torch.nn.Parameter(torch.randn(7))
+
+            def forward(self, x):
+                for k, (conv, act) in enumerate(zip(self.convs, self.acts)):
+                    c = conv.out_channels
+                    x = act(conv(x) * self.scale[k, :, :c] + self.shift[k, :c])
+                h = self.fc(x.flatten(1)) * self.col_scale + self.col_shift
+                return h * torch.sigmoid(h)
+
+        return Stack()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opset):
+    """Per-channel Mul / Add after a Conv and per-column ones after a Linear fold into the
+    weights and bias; ReLU6 (Clip 0..6), Hardsigmoid (alpha 1/6) and SiLU become the fused
+    nodes' activations: three FusedConv and one FusedDense are left (and the Flatten)."""
+    torch.manual_seed(0)
+    path = tmp_path / "stack.onnx"
+    export(torch, _ConvStack.build(torch), (torch.randn(2, 3, 5, 5),), path, input_names=["x"],
+           output_names=["y"], dynamic_axes={"x": {0: "n"}}, opset_version=opset)
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv"] * 3 + ["Flatten", "FusedDense"]
+    assert [n.attrs.get("activation") for n in ours._nodes] == ["relu6", "hard_sigmoid", "silu", None, "silu"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 3, 5, 5)).astype(np.float32)}, rtol=1e-4)
+
+
+def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
+    """Clip to [0, 3], HardSigmoid with ONNX's default alpha 0.2 and HardSwish have no fused
+    epilogue: they stay after the fused nodes; a Conv output that other nodes also read keeps
+    its Mul, and its x * Sigmoid(x) is one Swish node on the convolution's NHWC memory."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Clip", ["xw", "lo", "hi"], ["a"]),
+             helper.make_node("MatMul", ["x", "w"], ["xw2"]),
+             helper.make_node("HardSigmoid", ["xw2"], ["b"]),
+             helper.make_node("MatMul", ["x", "w"], ["xw3"]),
+             helper.make_node("HardSwish", ["xw3"], ["c"]),
+             helper.make_node("Conv", ["img", "k"], ["conv"]),
+             helper.make_node("Mul", ["conv", "s"], ["d"]),
+             helper.make_node("Relu", ["conv"], ["e"]),
+             helper.make_node("Sigmoid", ["conv"], ["sig"]),
+             helper.make_node("Mul", ["sig", "conv"], ["f"])]
+    consts = {"w": w, "k": k, "lo": np.array(0, np.float32), "hi": np.array(3, np.float32),
+              "s": np.array([2, 3], np.float32).reshape(2, 1, 1)}
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 2, 2])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcdef"],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "unfused.onnx")
+    ours = fastlayers.load(tmp_path / "unfused.onnx")
+    assert ours.op_types == ["FusedDense", "Clip", "FusedDense", "HardSigmoid", "FusedDense", "HardSwish",
+                             "FusedConv", "Mul", "Relu", "Swish"]
+    _matches_ort(ours, tmp_path / "unfused.onnx",
+                 {"x": rng.standard_normal((2, 6)).astype(np.float32) * 3,
+                  "img": rng.standard_normal((1, 3, 2, 2)).astype(np.float32)})
+
+
+def test_layer_norm_and_rms_norm_decompositions_fuse(torch, tmp_path, rng, backend):
+    """torch's opset-13 LayerNorm (ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul /
+    Add), one without affine parameters, and RMSNorm as x * rsqrt(mean(x^2) + eps) * w and as
+    x / sqrt(mean(x x) + eps) each become one LayerNormalization node."""
+    torch.manual_seed(0)
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.plain = torch.nn.LayerNorm(8), torch.nn.LayerNorm(8, elementwise_affine=False)
+            self.w = torch.nn.Parameter(torch.randn(8))
+            with torch.no_grad():
+                self.ln.weight.normal_(), self.ln.bias.normal_()
+
+        def forward(self, x):
+            rsqrt = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+            return self.ln(x), self.plain(x), rsqrt, x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+
+    path = tmp_path / "norms.onnx"
+    export(torch, Norms(), (torch.randn(2, 3, 8),), path, input_names=["x"], opset_version=13,
+           dynamic_axes={"x": {0: "n", 1: "t"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["LayerNormalization"] * 4
+    assert sorted(n.attrs["_rms"] for n in ours._nodes) == [False, False, True, True]
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 5, 8)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("case", ["centred value read", "float64"])
+def test_layer_norm_decompositions_left_alone(tmp_path, rng, case):
+    """A decomposed LayerNorm whose centred value is also a graph output, or on float64 values
+    (the fused node computes float32), stays as it is."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem, dtype = (TensorProto.DOUBLE, np.float64) if case == "float64" else (TensorProto.FLOAT, np.float32)
+
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["y"])]
+    outputs = ("y", "d") if case == "centred value read" else ("y",)
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", elem, [2, 4])],
+                       [helper.make_tensor_value_info(n, elem, None) for n in outputs],
+                       [numpy_helper.from_array(np.array(1e-5, dtype), "eps")], opset=13)
+    onnx.save(model, tmp_path / "ln.onnx")
+    ours = fastlayers.load(tmp_path / "ln.onnx")
+    assert "LayerNormalization" not in ours.op_types and "Div" in ours.op_types
+    got = ours(rng.standard_normal((2, 4)).astype(dtype))
+    assert (got[0] if isinstance(got, list) else got).dtype == dtype
+    _matches_ort(ours, tmp_path / "ln.onnx", {"x": rng.standard_normal((2, 4)).astype(dtype)})
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
+    """unsqueeze -> Conv2d with a (k, 1) or (1, k) kernel -> squeeze (a 1-D convolution written
+    as 2-D) -> one 1-D FusedConv with the ReLU after it; also a stack of such convolutions with
+    a BatchNorm, a per-channel shift and a residual Add between one unsqueeze and squeeze."""
+    torch.manual_seed(0)
+
+    class Conv1dAs2d(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tall = torch.nn.Conv2d(4, 6, (3, 1), padding=(1, 0), stride=(2, 1))
+            self.wide = torch.nn.Conv2d(6, 5, (1, 3), padding=(0, 2), dilation=(1, 2))
+            self.stack = torch.nn.ModuleList(torch.nn.Conv2d(5, 5, (3, 1), padding=(1, 0)) for _ in range(2))
+            self.bn, self.shift = torch.nn.BatchNorm2d(5).eval(), torch.nn.Parameter(torch.randn(5, 1, 1))
+
+        def forward(self, x_ncl):
+            h = torch.relu(self.tall(x_ncl.unsqueeze(-1)).squeeze(-1))
+            h = torch.relu(self.wide(h.unsqueeze(2)).squeeze(2)).unsqueeze(-1)
+            g = torch.relu(self.bn(self.stack[0](h)) + self.shift)
+            return (torch.sigmoid(self.stack[1](g)) + h).squeeze(-1)
+
+    path = tmp_path / "conv1d.onnx"
+    export(torch, Conv1dAs2d(), (torch.randn(2, 4, 9),), path, input_names=["x"], opset_version=opset,
+           dynamic_axes={"x": {0: "n", 2: "len"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv"] * 4 + ["Add"]
+    assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[:4])
+    assert [n.attrs["activation"] for n in ours._nodes[:4]] == ["relu", "relu", "relu", "sigmoid"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
+
+
+def test_opset14_encoder_layer_becomes_one_node(torch, tmp_path, rng):
+    """Before opset 17 torch writes LayerNorm as ReduceMean / Sub / Pow ...: once those are one
+    LayerNormalization node each, the whole encoder layer matches ``fuse_encoder_layers``."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    layer = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    path = tmp_path / "enc.onnx"
+    export(torch, layer, (torch.randn(1, 5, 16),), path, input_names=["x"], opset_version=14,
+           dynamic_axes={"x": {0: "n"}})
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedEncoderLayer"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((2, 5, 16)).astype(np.float32)}, rtol=1e-4)
+
+
+def test_dense_affine_forms(tmp_path, rng):
+    """A MatMul on 3-D input followed by Div by a per-column vector, then Add (constant first)
+    and Sub of vectors, and a Gemm (transB, with a bias) followed by Mul by a scalar each fold
+    into one FusedDense; Sub with the constant first (c - x) stays."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"w": rng.standard_normal((6, 4)), "d": rng.uniform(0.5, 2, 4), "t": rng.standard_normal(4),
+              "u": rng.standard_normal(4), "wt": rng.standard_normal((5, 6)), "gb": rng.standard_normal(5),
+              "s": np.array(1.5), "c": rng.standard_normal(5)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a1"]), helper.make_node("Div", ["a1", "d"], ["a2"]),
+             helper.make_node("Add", ["t", "a2"], ["a3"]), helper.make_node("Sub", ["a3", "u"], ["y"]),
+             helper.make_node("Gemm", ["x2", "wt", "gb"], ["g1"], transB=1),
+             helper.make_node("Mul", ["g1", "s"], ["g2"]), helper.make_node("Sub", ["c", "g2"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+                       [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "dense.onnx")
+    ours = fastlayers.load(tmp_path / "dense.onnx")
+    assert ours.op_types == ["FusedDense", "FusedDense", "Sub"]
+    _matches_ort(ours, tmp_path / "dense.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32),
+                                                 "x2": rng.standard_normal((2, 6)).astype(np.float32)})
+
+
+def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
+    """tf2onnx's Conv1D: Unsqueeze([1]) -> Transpose([0, 3, 1, 2]) -> Conv (1, k) -> Relu ->
+    Transpose([0, 2, 3, 1]) -> Squeeze([1]), twice: one transpose in, two 1-D FusedConvs, one
+    transpose out (the two between the layers cancel)."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"ax": np.array([1], np.int64), "k1": rng.standard_normal((6, 4, 1, 3)).astype(np.float32),
+              "b1": rng.standard_normal(6).astype(np.float32),
+              "k2": rng.standard_normal((5, 6, 1, 3)).astype(np.float32)}
+    nodes = []
+    for i, (x, k) in enumerate((("x", "k1"), ("h1", "k2")), 1):
+        nodes += [helper.make_node("Unsqueeze", [x, "ax"], [f"u{i}"]),
+                  helper.make_node("Transpose", [f"u{i}"], [f"t{i}"], perm=[0, 3, 1, 2]),
+                  helper.make_node("Conv", [f"t{i}", k] + (["b1"] if i == 1 else []), [f"c{i}"],
+                                   pads=[0, 1, 0, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+                  helper.make_node("Transpose", [f"r{i}"], [f"o{i}"], perm=[0, 2, 3, 1]),
+                  helper.make_node("Squeeze", [f"o{i}", "ax"], ["y" if i == 2 else f"h{i}"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "w", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+    onnx.save(model, tmp_path / "tf_conv1d.onnx")
+    ours = fastlayers.load(tmp_path / "tf_conv1d.onnx")
+    assert ours.op_types == ["Transpose", "FusedConv", "FusedConv", "Transpose"]
+    assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[1:3])
+    _matches_ort(ours, tmp_path / "tf_conv1d.onnx", {"x": rng.standard_normal((2, 7, 4)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "BatchNormalization"])
+def test_norm_parameters_of_another_width_are_refused(tmp_path, rng, backend, op):
+    """A LayerNormalization (the node that decompositions are fused into) or a BatchNormalization
+    on (N, C) values whose parameters do not match the normalized width raises InputError naming
+    the node: the native kernels, which read them as rows of that width, are not called."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    params = ["s"] if op == "LayerNormalization" else ["s", "s", "s", "s"]
+    nodes = [helper.make_node(op, ["x"] + params, ["y"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(np.ones(5, np.float32), "s")])
+    onnx.save(model, tmp_path / "norm5.onnx")
+    with pytest.raises(fastlayers.errors.InputError, match=op):
+        fastlayers.load(tmp_path / "norm5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
+    """tf2onnx's Keras LayerNormalization (tf.nn.moments + tf.nn.batch_normalization): inv =
+    Reciprocal(Sqrt(var + eps)) [* gamma]; x * inv + (beta - mean * inv), or x * inv - mean *
+    inv without an offset -> one LayerNormalization node."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"eps": np.array(1e-3, np.float32), "gamma": rng.standard_normal(6).astype(np.float32),
+              "beta": rng.standard_normal(6).astype(np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Reciprocal", ["s"], ["r"])]
+    inv = "r"
+    if affine:
+        nodes.append(helper.make_node("Mul", ["r", "gamma"], ["inv"]))
+        inv = "inv"
+    nodes += [helper.make_node("Mul", ["x", inv], ["xi"]), helper.make_node("Mul", [inv, "m"], ["mi"])]
+    if affine:
+        nodes += [helper.make_node("Sub", ["beta", "mi"], ["o"]), helper.make_node("Add", ["xi", "o"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Sub", ["xi", "mi"], ["y"]))
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+    onnx.save(model, tmp_path / "tf_ln.onnx")
+    ours = fastlayers.load(tmp_path / "tf_ln.onnx")
+    assert ours.op_types == ["LayerNormalization"]
+    _matches_ort(ours, tmp_path / "tf_ln.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)})

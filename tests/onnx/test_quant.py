@@ -1,0 +1,450 @@
+"""Quantized ONNX models: operator domains, the QDQ form, the integer and contrib operators,
+onnxruntime-quantized torch exports, and the errors of malformed quantization parameters."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fastlayers.errors import InputError, ModelFileError, ShapeError, UnsupportedError
+
+from ..conftest import oracle
+
+# Quantized types numpy holds; the node tests of float8, int4/uint4, int2/uint2 and float4
+# tensors are left out (numpy has no such types and fastlayers does not read them).
+QUANT_NODE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                  "ConvInteger", "QLinearMatMul", "QLinearConv"}
+QUANT_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 10}
+
+
+def _quant_cases():
+    """The node test cases of QUANT_NODE_OPS, from their modules alone (collecting all the
+    node tests takes seconds)."""
+    import importlib
+
+    oracle("onnx")
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in QUANT_NODE_OPS:   # importing a case module records its cases
+            importlib.import_module(f"onnx.backend.test.case.node.{name.lower()}")
+    return [c for c in node._NodeTestCases
+            if {n.op_type for n in c.model.graph.node} & QUANT_NODE_OPS
+            and all(v.type.tensor_type.elem_type in QUANT_ELEM_TYPES
+                    for v in list(c.model.graph.input) + list(c.model.graph.output))]
+
+
+def test_onnx_backend_node_tests_quantized(backend):
+    """The onnx package's node tests of the quantization operators, exact types and values
+    (uint16 inputs included, which tests/onnx/test_import.py leaves out)."""
+    from onnx import TensorProto, numpy_helper
+
+    from fastlayers.io.onnx import from_proto
+
+    cases = _quant_cases()
+    for case in cases:
+        model = from_proto(case.model, case.name)
+        for inputs, outputs in case.data_sets:
+            got = model(*inputs)
+            for g, e in zip(got if isinstance(got, list) else [got], outputs):
+                e = numpy_helper.to_array(e) if isinstance(e, TensorProto) else np.asarray(e)
+                assert g.dtype == e.dtype and g.shape == e.shape, case.name
+                if e.dtype.kind == "f":
+                    np.testing.assert_allclose(g, e, rtol=1e-6, err_msg=case.name)
+                else:
+                    np.testing.assert_array_equal(g, e, err_msg=case.name)
+    assert len(cases) >= 29
+
+
+# ------------------------------------------------------------------------------- helpers
+def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 21),)):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "q", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+def _tensor(name, elem, shape):
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _load(proto):
+    from fastlayers.io.onnx import from_proto
+
+    return from_proto(proto, "q.onnx")
+
+
+# ------------------------------------------------------------------------------- domains
+def test_domains_are_part_of_the_operator(rng):
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    x, y = _tensor("x", f, [2, 3]), _tensor("y", f, [2, 3])
+    # a default-domain op type that only exists as a contrib operator
+    proto = _model([helper.make_node("DynamicQuantizeMatMul", ["x", "x"], ["y"])], [x], [y])
+    with pytest.raises(UnsupportedError, match="DynamicQuantizeMatMul"):
+        _load(proto)
+    # a default operator's name in an unknown domain, and a contrib operator not implemented
+    for domain, op in (("my.domain", "Relu"), ("com.microsoft", "FusedMatMulActivation")):
+        proto = _model([helper.make_node(op, ["x"], ["y"], domain=domain)], [x], [y],
+                       opsets=(("", 17), (domain, 1)))
+        with pytest.raises(UnsupportedError, match=f"{domain}::{op}"):
+            _load(proto)
+    # an op type spelling a qualified name in the default domain cannot reach a contrib operator
+    proto = _model([helper.make_node("com.microsoft::DequantizeLinear", ["x", "x"], ["y"])], [x], [y])
+    with pytest.raises(UnsupportedError, match="com.microsoft::DequantizeLinear"):
+        _load(proto)
+    # a contrib node without its domain's opset import, or with another version
+    node = helper.make_node("DequantizeLinear", ["q", "s"], ["y"], domain="com.microsoft")
+    args = ([node], [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [])], [y])
+    with pytest.raises(ModelFileError, match="no opset import"):
+        _load(_model(*args))
+    with pytest.raises(UnsupportedError, match="opset 2 of domain com.microsoft"):
+        _load(_model(*args, opsets=(("", 17), ("com.microsoft", 1 + 1))))
+    q = rng.integers(-128, 128, (2, 3)).astype(np.int8)
+    got = _load(_model(*args, opsets=(("", 17), ("com.microsoft", 1))))(q, np.float32(0.5))
+    np.testing.assert_array_equal(got, q.astype(np.float32) * 0.5)
+
+
+# ------------------------------------------------------------------------------- QDQ form
+def test_dequantize_of_constant_weight_is_folded(rng):
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w_q = rng.integers(-127, 128, (4, 5)).astype(np.int8)
+    w_s = rng.uniform(0.01, 0.02, 5).astype(np.float32)
+    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_s, "w_s"),
+             numpy_helper.from_array(np.zeros(5, np.int8), "w_z")]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    proto = _model(nodes, [_tensor("x", TensorProto.FLOAT, [None, 4])],
+                   [_tensor("y", TensorProto.FLOAT, [None, 5])], inits)
+    ours = _load(proto)
+    assert ours.op_types == ["FusedDense"]
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    # onnxruntime's graph optimizations run DequantizeLinear -> MatMul as a dynamically
+    # quantized integer product (about 1e-2 away here); unoptimized it computes the spec's floats
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(proto.SerializeToString(), options).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 126.5], np.float32)
+    for elem, dtype in ((TensorProto.INT8, np.int8), (TensorProto.UINT8, np.uint8)):
+        proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+                       [_tensor("x", TensorProto.FLOAT, [8]), _tensor("s", TensorProto.FLOAT, []),
+                        _tensor("z", elem, [])], [_tensor("y", elem, [8])])
+        zp = dtype(1)
+        got = _load(proto)(x, np.float32(1.0), zp)
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        np.testing.assert_array_equal(got, np.array([0, 2, 2, 0, -2, 300, -300, 126]).clip(lo - 1, hi - 1) + 1)
+
+
+# --------------------------------------------------------------------------- integer operators
+def _session(ort, proto, threads=1):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng, backend):
+    """u8 x s8 products summed in int32 without the int16 pair saturation of onnxruntime's
+    AVX2 kernel (vpmaddubsw: 255 * 127 * 2 > 32767), against an int64 reference."""
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    for a_type, b_type in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)):
+        elem = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+        proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])],
+                       [_tensor("a", elem[a_type], [None, None]), _tensor("b", elem[b_type], [None, None]),
+                        _tensor("za", elem[a_type], []), _tensor("zb", elem[b_type], [None])],
+                       [_tensor("y", TensorProto.INT32, None)])
+        ours = _load(proto)
+        lo_a, hi_a = np.iinfo(a_type).min, np.iinfo(a_type).max
+        lo_b, hi_b = np.iinfo(b_type).min, np.iinfo(b_type).max
+        a = np.full((3, 33), hi_a, a_type)
+        a[1] = rng.integers(lo_a, hi_a + 1, 33)
+        b = np.full((33, 7), lo_b, b_type)
+        b[:, 1:] = rng.integers(lo_b, hi_b + 1, (33, 6))
+        za, zb = a_type(3), rng.integers(lo_b, hi_b + 1, 7).astype(b_type)
+        want = (a.astype(np.int64) - int(za)) @ (b.astype(np.int64) - zb.astype(np.int64))
+        np.testing.assert_array_equal(ours(a, b, za, zb), want)
+
+
+def test_contrib_matmul_operators_match_onnxruntime(rng, backend):
+    """DynamicQuantizeMatMul and MatMulIntegerToFloat (per-column scales and zero points, bias)
+    against onnxruntime; the weights are 7-bit so that its AVX2 u8 x s8 kernel does not saturate."""
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    b = rng.integers(-64, 64, (12, 6)).astype(np.int8)
+    b_scale = rng.uniform(0.005, 0.02, 6).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    inits = [numpy_helper.from_array(v, n) for n, v in
+             (("b", b), ("bs", b_scale), ("bz", np.zeros(6, np.int8)), ("bias", bias),
+              ("b_u", (b.astype(np.int16) + 100).astype(np.uint8)), ("bz_u", np.full(6, 100, np.uint8)))]
+    ms = (("", 17), ("com.microsoft", 1))
+    dqmm = _model([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"],
+                                    domain="com.microsoft")],
+                  [_tensor("a", f, [None, 12])], [_tensor("y", f, None)], inits, ms)
+    a = rng.standard_normal((5, 12)).astype(np.float32)
+    np.testing.assert_allclose(_load(dqmm)(a), _session(ort, dqmm).run(None, {"a": a})[0], rtol=1e-5, atol=1e-6)
+    mmf = _model([helper.make_node("MatMulIntegerToFloat", ["a", "b_u", "as", "bs", "az", "bz_u", "bias"], ["y"],
+                                   domain="com.microsoft")],
+                 [_tensor("a", TensorProto.UINT8, [None, 12]), _tensor("as", f, []),
+                  _tensor("az", TensorProto.UINT8, [])], [_tensor("y", f, None)], inits, ms)
+    a_q = rng.integers(0, 256, (5, 12)).astype(np.uint8)
+    feed = {"a": a_q, "as": np.array(0.03, np.float32), "az": np.array(120, np.uint8)}
+    np.testing.assert_allclose(_load(mmf)(feed), _session(ort, mmf).run(None, feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
+    """Bidirectional, with biases, initial states and peepholes, per-column weight scales.
+    onnxruntime runs on one thread: on several it quantizes the hidden state of each thread's
+    share of the batch on its own, so that its result depends on its thread count."""
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f, hidden, n_in = TensorProto.FLOAT, 5, 3
+    consts = {"w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(np.int8),
+              "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(np.int8),
+              "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
+              "p": rng.standard_normal((2, 3 * hidden)).astype(np.float32),
+              "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
+              "wz": np.zeros((2, 4 * hidden), np.int8),
+              "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32), "rz": np.zeros(2, np.int8)}
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "bias", "", "h0", "c0", "p", "ws", "wz", "rs", "rz"],
+                            ["y", "yh", "yc"], domain="com.microsoft", hidden_size=hidden,
+                            direction="bidirectional")
+    proto = _model([node], [_tensor("x", f, [None, None, n_in]), _tensor("h0", f, [2, None, hidden]),
+                            _tensor("c0", f, [2, None, hidden])],
+                   [_tensor(n, f, None) for n in ("y", "yh", "yc")],
+                   [numpy_helper.from_array(v, k) for k, v in consts.items()], (("", 17), ("com.microsoft", 1)))
+    ours, theirs = _load(proto), _session(ort, proto)
+    assert "_packed" in ours._plan[0][3]   # W and R packed once at load for the native loop
+    for steps, batch in ((4, 3), (1, 1)):
+        feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+                "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
+                "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32)}
+        for g, w in zip(ours.run(None, feed), theirs.run(None, feed)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------- torch exports quantized by onnxruntime
+def _torch_model(torch, kind):
+    """A small torch module of ``kind`` and an example input (batch 2)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), (2, 16)
+    if kind == "cnn":
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(8 * 3 * 3, 5)), (2, 3, 8, 8)
+    if kind == "lstm":
+        return nn.LSTM(8, 16, batch_first=True), (2, 5, 8)
+
+    class Encoder(nn.Module):   # exported through a module of its own: one input, no mask
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    return Encoder(), (2, 6, 32)
+
+
+def _quantized_export(torch, tmp_path, kind, mode):
+    """The path of a torch export of ``kind`` quantized by onnxruntime.quantization (``mode``
+    "dynamic" or "static", QDQ, calibrated on a few random batches), and its input shape.
+    reduce_range=True: 7-bit weights, so that onnxruntime's AVX2 u8 x s8 kernel (int16 pair sums,
+    vpmaddubsw) does not saturate and computes the exact sums fastlayers computes."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
+
+    module, shape = _torch_model(torch, kind)
+    float_path, path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{mode}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.randn(*shape),), str(float_path), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}},
+                          opset_version=17)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(5)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)   # its advice to pre-process the model first
+    if mode == "dynamic":
+        quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
+    else:
+        quantize_static(float_path, path, Batches(), reduce_range=True)
+    return path, shape
+
+
+def _output_scale(path):
+    """The scale of the DequantizeLinear giving the graph's (first) output."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    node = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
+    assert node.op_type == "DequantizeLinear"
+    return float(numpy_helper.to_array(inits[node.input[1]]))
+
+
+@pytest.mark.parametrize("kind,mode,ops", [
+    # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat
+    ("mlp", "dynamic", {"com.microsoft::MatMulIntegerToFloat", "DynamicQuantizeLinear"}),
+    ("cnn", "dynamic", {"ConvInteger", "com.microsoft::MatMulIntegerToFloat"}),
+    ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
+    ("encoder", "dynamic", {"com.microsoft::MatMulIntegerToFloat"}),
+    ("mlp", "static", {"FusedQuantizeDequantize", "FusedDense"}),
+    ("cnn", "static", {"FusedQuantizeDequantize", "FusedConv"}),
+    ("encoder", "static", {"FusedQuantizeDequantize"}),
+])
+def test_onnxruntime_quantized_torch_exports_match_onnxruntime(torch, tmp_path, rng, kind, mode, ops):
+    """Dynamic quantization: integer products, float outputs, within 1e-4 relative of
+    onnxruntime. Static (QDQ) quantization: fastlayers folds the weights' dequantization and runs
+    the float operators between QuantizeLinear / DequantizeLinear pairs (each pair one
+    FusedQuantizeDequantize node), where onnxruntime fuses
+    them into integer operators: the outputs agree within a few steps of the output's scale
+    (an intermediate value rounding to the neighbouring step moves the output by about one)."""
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    path, shape = _quantized_export(torch, tmp_path, kind, mode)
+    ours = fastlayers.load(path)
+    assert ops <= set(ours.op_types)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1   # see test_dynamic_quantize_lstm_matches_onnxruntime
+    theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for batch in (2, 1, 3):
+        x = rng.standard_normal((batch,) + shape[1:]).astype(np.float32)
+        got, want = ours.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0]
+        if mode == "dynamic":
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        else:
+            steps = 3 if kind == "encoder" else 1
+            np.testing.assert_allclose(got, want, rtol=0, atol=steps * _output_scale(path) * 1.001)
+
+
+def test_onnxruntime_optimized_dynamic_model_loads(torch, tmp_path, rng):
+    """onnxruntime's own optimized form of a dynamically quantized MLP (its graph optimizations
+    write com.microsoft DynamicQuantizeMatMul nodes) loads and matches it."""
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    path, shape = _quantized_export(torch, tmp_path, "mlp", "dynamic")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ours = fastlayers.load(tmp_path / "optimized.onnx")
+    assert ours.op_types.count("com.microsoft::DynamicQuantizeMatMul") == 2
+    # their constant weights packed once at load for the native integer kernel
+    assert sum("_b_packed" in attrs for _, _, _, attrs, _ in ours._plan) == 2
+    x = rng.standard_normal((4,) + shape[1:]).astype(np.float32)
+    want = theirs.run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours(x), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_malformed_quantization_parameters_raise_naming_the_node(rng):
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f, i8, u8 = TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8
+    q = rng.integers(-128, 128, (4, 3)).astype(np.int8)
+
+    def dq(scale, zp, **attrs):
+        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "s"),
+                 numpy_helper.from_array(zp, "z")]
+        return _model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], name="dq_w", **attrs),
+                       helper.make_node("MatMul", ["x", "w"], ["y"])],
+                      [_tensor("x", f, [None, 4])], [_tensor("y", f, None)], inits)
+
+    # constants: refused at load, naming the node
+    with pytest.raises(ModelFileError, match="dq_w.*zero point of type uint8, expected int8"):
+        _load(dq(np.float32(0.1), np.uint8(0)))
+    with pytest.raises(ModelFileError, match=r"dq_w.*scale of shape \(4,\).*axis 1"):
+        _load(dq(np.ones(4, np.float32), np.zeros(4, np.int8), axis=1))
+    with pytest.raises(ModelFileError, match=r"dq_w.*zero point of shape \(2,\) for a scale of shape \(3,\)"):
+        _load(dq(np.ones(3, np.float32), np.zeros(2, np.int8), axis=1))
+    with pytest.raises(ModelFileError, match="dq_w.*scale of type int32"):
+        _load(dq(np.int32(1), np.int8(0)))
+    # inputs of a call: refused when the node runs, naming it
+    proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za"], ["y"], name="mmi")],
+                   [_tensor("a", u8, [2, 3]), _tensor("b", i8, [3, 2]), _tensor("za", i8, [])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    model = _load(proto)
+    a, b = np.zeros((2, 3), np.uint8), np.zeros((3, 2), np.int8)
+    with pytest.raises(InputError, match="mmi.*A zero point of type int8, expected uint8"):
+        model(a, b, np.int8(0))
+    proto = _model([helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi16")],
+                   [_tensor("a", TensorProto.INT16, [2, 3]), _tensor("b", i8, [3, 2])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    with pytest.raises(UnsupportedError, match="mmi16.*int16"):
+        _load(proto)(a.astype(np.int16), b)
+    proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q32")],
+                   [_tensor("x", f, [3]), _tensor("s", f, []), _tensor("z", TensorProto.INT32, [])],
+                   [_tensor("y", TensorProto.INT32, None)])
+    with pytest.raises(UnsupportedError, match="q32.*quantized type int32"):
+        _load(proto)(np.zeros(3, np.float32), np.float32(1), np.int32(0))
+    proto = _model([helper.make_node("QLinearConv", ["x", "s", "zx", "w", "s", "zw", "s", "zy"], ["y"], name="qc")],
+                   [_tensor("x", u8, [1, 2, 4, 4]), _tensor("s", f, []), _tensor("zx", u8, []),
+                    _tensor("w", i8, [3, 2, 3, 3]), _tensor("zw", i8, [2]), _tensor("zy", u8, [])],
+                   [_tensor("y", u8, None)])
+    with pytest.raises(ShapeError, match=r"qc.*w zero point of shape \(2,\) for 3 output channels"):
+        _load(proto)(np.zeros((1, 2, 4, 4), np.uint8), np.float32(1), np.uint8(0), np.zeros((3, 2, 3, 3), np.int8),
+                     np.zeros(2, np.int8), np.uint8(0))
+
+
+def test_quantize_dequantize_pairs_fuse_only_where_nothing_else_reads_the_integers(rng, backend):
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(-4), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    x = (rng.standard_normal((2, 3, 4, 5)) * 5).astype(np.float32)
+    q = np.clip(np.rint(x / np.float32(0.05)) - 4, -128, 127)
+    want = (q + 4).astype(np.float32) * np.float32(0.05)
+    fused = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None)], inits))
+    assert fused.op_types == ["FusedQuantizeDequantize"]
+    np.testing.assert_array_equal(fused(x), want)
+    kept = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None), _tensor("q", TensorProto.INT8, None)],
+                        inits))
+    assert kept.op_types == ["QuantizeLinear", "DequantizeLinear"]
+    y, q_out = kept(x)
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(q_out, q.astype(np.int8))
+
+
+def test_a_huge_block_size_allocates_nothing_of_its_size():
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    proto = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=1 << 40)],
+                   [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [2, 1])], [_tensor("y", f, None)])
+    q = np.arange(6, dtype=np.int8).reshape(2, 3)
+    s = np.array([[0.5], [2.0]], np.float32)
+    np.testing.assert_array_equal(_load(proto)(q, s), q * s)

@@ -1,0 +1,493 @@
+"""The native convolution and pooling kernels (``native/conv.c``, ``native/pool.c``) and the
+CpuOps primitives on them, against ReferenceOps on every ISA path this CPU runs (the ``isa``
+fixture of conftest.py): hypothesis over shapes and options (stride, dilation, asymmetric
+padding, groups, depth multiplier, ceil-mode windows), each convolution method forced, odd
+channel counts (vector tails), batch and length 1, strided inputs, several threads."""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastlayers
+from fastlayers import layers as L
+from fastlayers import native
+from fastlayers.backends import get_ops
+from fastlayers.backends.cpu import conv_ops
+from fastlayers.backends.reference_conv import conv_out_size
+from fastlayers.native import _core
+
+from ..conftest import assert_close
+
+REF, CPU = get_ops("reference"), get_ops("cpu")
+ACTS = ["linear", "relu", "sigmoid", "gelu", "tanh", "leaky_relu"]
+
+
+def examples(n):
+    """Hypothesis settings for ``n`` examples run on the ISA fixture's path (set once per test,
+    so it is not reset between examples)."""
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextlib.contextmanager
+def threads(n):
+    """The native kernels on ``n`` threads in the block."""
+    before = native.get_num_threads()
+    native.set_num_threads(n)
+    try:
+        yield
+    finally:
+        native.set_num_threads(before)
+
+
+def arr(seed, shape, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+@st.composite
+def conv_case(draw):
+    groups = draw(st.integers(1, 3))
+    cin_g, cout_g = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    pads = tuple((draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(2))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - sum(pads[0])), 12))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - sum(pads[1])), 12))
+    n = draw(st.integers(1, 3))
+    return dict(n=n, h=h, w=w, groups=groups, cin_g=cin_g, cout_g=cout_g, k=(kh, kw), s=(sh, sw),
+                d=(dh, dw), pads=pads, act=draw(st.sampled_from(ACTS)), bias=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**16)))
+
+
+def conv_args(c, wide=1):
+    """(x, w, b, strides, pads, dilation, groups, activation, alpha) of a drawn case; ``wide``
+    multiplies the channels (vector tails and whole vectors)."""
+    cin, cout = c["groups"] * c["cin_g"] * wide, c["groups"] * c["cout_g"] * wide
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], cin))
+    fan_in = c["k"][0] * c["k"][1] * cin // c["groups"]
+    w = arr(c["seed"] + 1, (*c["k"], cin // c["groups"], cout), fan_in ** -0.5)
+    b = arr(c["seed"] + 2, (cout,)) if c["bias"] else None
+    return (x, w, b, c["s"], c["pads"], c["d"], c["groups"], c["act"], 0.1)
+
+
+@examples(60)
+@given(c=conv_case(), wide=st.sampled_from([1, 5]))
+def test_conv2d_cpu_matches_reference(isa, c, wide):
+    args = conv_args(c, wide)
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+def native_conv(x, w, b, strides, pads, dilation, groups, act, alpha, method):
+    """``_core.conv2d`` by ``method`` (the reference's activation applied when not native)."""
+    n, h, wd, _ = x.shape
+    kh, kw, _, cout = w.shape
+    ho = conv_out_size(h, kh, strides[0], sum(pads[0]), dilation[0])
+    wo = conv_out_size(wd, kw, strides[1], sum(pads[1]), dilation[1])
+    y = np.empty((n, ho, wo, cout), np.float32)
+    _core.conv2d(x, _core.conv_pack(w, groups), b, y, kh, kw, *strides, *dilation, pads[0][0],
+                 pads[1][0], groups, native.CODES[act], alpha, method)
+    return y
+
+
+@examples(40)
+@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]),
+       method=st.sampled_from(["implicit", "im2col"]))
+def test_conv2d_each_method_matches_reference(isa, c, wide, method):
+    """Both of conv2d's ways on every case they take: the implicit GEMM (one group; window rows
+    in one run, or one run per tap with a width dilation) and im2col + sgemm."""
+    if method == "implicit":
+        c = dict(c, groups=1)
+    args = conv_args(c, wide)
+    if conv_out_size(c["h"], c["k"][0], c["s"][0], sum(c["pads"][0]), c["d"][0]) <= 0 or \
+            conv_out_size(c["w"], c["k"][1], c["s"][1], sum(c["pads"][1]), c["d"][1]) <= 0:
+        return
+    code = _core.CONV_IMPLICIT if method == "implicit" else _core.CONV_IM2COL
+    assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("method", ["implicit", "im2col"])
+@pytest.mark.parametrize("x_shape, k_shape, strides, pads, dilation", [
+    ((2, 9, 23, 5), (3, 3, 5, 40), (2, 1), ((1, 0), (2, 1)), (2, 1)),   # tiles and a tail
+    ((1, 3, 7, 16), (3, 3, 16, 70), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 3 rows: column blocks
+    ((3, 5, 4, 3), (2, 2, 3, 33), (3, 3), ((0, 0), (0, 0)), (1, 1)),    # stride > kernel, wo 1
+    ((1, 12, 19, 8), (1, 3, 8, 32), (1, 4), ((0, 0), (1, 0)), (1, 1)),  # 1x3, wo 5
+    ((2, 6, 17, 4), (7, 7, 4, 9), (2, 2), ((3, 3), (3, 3)), (1, 1)),    # stem-like
+    ((1, 10, 13, 6), (3, 2, 6, 64), (1, 3), ((2, 0), (0, 1)), (3, 1)),  # wo 4
+    ((1, 14, 30, 24), (3, 3, 24, 48), (1, 1), ((2, 2), (2, 2)), (2, 2)),  # dilated both ways
+    ((2, 28, 28, 64), (3, 3, 64, 96), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # shares over threads
+    ((1, 16, 16, 40), (1, 1, 40, 72), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 stride 2
+    ((1, 16, 16, 40), (1, 1, 40, 72), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1: x is the matrix
+])
+def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, strides, pads,
+                                   dilation):
+    x, b = arr(0, x_shape), arr(2, k_shape[-1:])
+    k = arr(1, k_shape, np.prod(k_shape[:3]) ** -0.5)
+    args = (x, k, b, strides, pads, dilation, 1, "relu", 0.0)
+    code = _core.CONV_IMPLICIT if method == "implicit" else _core.CONV_IM2COL
+    with threads(n_threads):
+        got = native_conv(*args, code)
+    assert_close(got, REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_grouped_conv_on_threads(isa, n_threads):
+    x, k, b = arr(0, (2, 20, 21, 24)), arr(1, (3, 3, 6, 36), 54 ** -0.5), arr(2, (36,))
+    args = (x, k, b, (1, 2), ((1, 1), (0, 2)), (1, 1), 4, "silu", 0.0)
+    with threads(n_threads):
+        assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@examples(40)
+@given(c=conv_case(), m=st.integers(1, 3), wide=st.sampled_from([1, 6]))
+def test_depthwise_cpu_matches_reference(isa, c, m, wide):
+    ch = c["groups"] * c["cin_g"] * wide
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], ch))
+    w = arr(c["seed"] + 1, (*c["k"], ch, m))
+    b = arr(c["seed"] + 2, (ch * m,)) if c["bias"] else None
+    args = (x, w, b, c["s"], c["pads"], c["d"], c["act"], 0.1)
+    assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("channels", [1, 7, 16, 37])
+@pytest.mark.parametrize("strides, pads, dilation", [
+    ((1, 1), ((1, 1), (1, 1)), (1, 1)),     # the 3x3 path, four outputs per pass
+    ((2, 2), ((1, 1), (0, 1)), (1, 1)),
+    ((1, 1), ((2, 2), (2, 2)), (2, 2)),
+    ((1, 2), ((0, 0), (3, 3)), (1, 3)),
+])
+def test_depthwise_3x3_on_threads(isa, n_threads, channels, strides, pads, dilation):
+    x, w, b = arr(0, (2, 19, 23, channels)), arr(1, (3, 3, channels, 1)), arr(2, (channels,))
+    args = (x, w, b, strides, pads, dilation, "relu6", 0.0)
+    with threads(n_threads):
+        assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5,
+                     atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, k, pad", [((1, 2, 2, 8), 3, 1), ((1, 1, 1, 9), 3, 1),
+                                            ((2, 3, 2, 5), 5, 2), ((1, 4, 3, 16), 5, 2)])
+def test_depthwise_narrower_than_its_window(isa, shape, k, pad):
+    """No output column has its whole window inside x."""
+    x, w = arr(0, shape), arr(1, (k, k, shape[-1], 1))
+    args = (x, w, None, (1, 1), ((pad, pad), (pad, pad)), (1, 1), "relu", 0.0)
+    assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@examples(40)
+@given(c=conv_case(), extra_h=st.integers(0, 2), extra_w=st.integers(0, 2),
+       wide=st.sampled_from([1, 5]))
+def test_conv_transpose2d_cpu_matches_reference(isa, c, extra_h, extra_w, wide):
+    cin, cout_g = c["groups"] * c["cin_g"] * wide, c["cout_g"] * wide
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], cin))
+    w = arr(c["seed"] + 1, (*c["k"], cin, cout_g), (c["k"][0] * c["k"][1] * cin) ** -0.5)
+    b = arr(c["seed"] + 2, (c["groups"] * cout_g,)) if c["bias"] else None
+    (kh, kw), (sh, sw), (dh, dw) = c["k"], c["s"], c["d"]
+    crop = (c["pads"][0][0], c["pads"][1][0])
+    out = ((c["h"] - 1) * sh + dh * (kh - 1) + 1 - crop[0] + extra_h,
+           (c["w"] - 1) * sw + dw * (kw - 1) + 1 - crop[1] + extra_w)
+    if min(out) <= 0:
+        return
+    args = (x, w, b, c["s"], crop, out, c["d"], c["groups"], c["act"], 0.1)
+    assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_conv_transpose2d_on_threads(isa, n_threads):
+    x, w, b = arr(0, (2, 14, 15, 32)), arr(1, (4, 4, 32, 24), 0.1), arr(2, (48,))
+    args = (x, w, b, (2, 2), (1, 1), (28, 30), (1, 1), 2, "relu", 0.0)
+    with threads(n_threads):
+        assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5,
+                     atol=1e-5)
+
+
+@examples(60)
+@given(c=conv_case(), kind=st.sampled_from(["max", "avg"]), count_include_pad=st.booleans(),
+       ceil_extra=st.integers(0, 1), wide=st.sampled_from([1, 5]))
+def test_pool2d_cpu_matches_reference(isa, c, kind, count_include_pad, ceil_extra, wide):
+    x = arr(c["seed"], (c["n"], c["h"], c["w"], c["cin_g"] * wide))
+    (kh, kw), (sh, sw) = c["k"], c["s"]
+    pads = tuple((min(p[0], k // 2), min(p[1], k // 2)) for p, k in zip(c["pads"], c["k"]))
+    d = c["d"] if kind == "max" else (1, 1)
+    ho = conv_out_size(c["h"], kh, sh, sum(pads[0]), d[0])
+    wo = conv_out_size(c["w"], kw, sw, sum(pads[1]), d[1])
+    if min(ho, wo) <= 0:
+        return
+    # ceil mode: one more window while it starts inside the input or the leading padding
+    if ceil_extra and ho * sh < c["h"] + pads[0][0]:
+        ho += 1
+    args = (x, kind, c["k"], c["s"], pads, (ho, wo), d, count_include_pad)
+    assert_close(CPU.pool2d(*args), REF.pool2d(*args), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_pools_split_over_threads_match_reference(isa, n_threads):
+    x = arr(0, (2, 41, 39, 21))
+    pads = ((1, 1), (0, 2))
+    with threads(n_threads):
+        for kind in ("max", "avg"):
+            assert_close(CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True),
+                         REF.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True))
+        assert_close(CPU.adaptive_pool2d(x, "avg", (5, 6)), REF.adaptive_pool2d(x, "avg", (5, 6)))
+        assert_close(CPU.upsample2d(x, (80, 77), "bilinear"),
+                     REF.upsample2d(x, (80, 77), "bilinear"))
+        assert_close(CPU.local_response_norm(x, 5), REF.local_response_norm(x, 5), rtol=2e-5)
+
+
+WINOGRAD_CASES = [   # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no padding, batch > 1
+    (1, 5, 7, 3, 4, ((1, 1), (1, 1))),
+    (2, 6, 5, 8, 3, ((0, 1), (1, 0))),
+    (1, 1, 1, 2, 2, ((1, 1), (1, 1))),
+    (3, 4, 4, 5, 6, ((0, 0), (0, 0))),
+    (2, 9, 3, 17, 9, ((2, 0), (0, 2))),
+    (1, 12, 11, 16, 20, ((1, 1), (1, 1))),
+    (2, 30, 30, 16, 16, ((1, 1), (1, 1))),      # two blocks of tiles
+    (1, 64, 64, 16, 16, ((1, 1), (1, 1))),      # four blocks: shared by blocks
+    (1, 16, 16, 48, 48, ((1, 1), (1, 1))),      # one block: the three steps shared in turn
+]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+def test_winograd_conv_matches_reference(isa, case, n_threads):
+    n, h, w, cin, cout, pads = case
+    x, k, b = arr(n, (n, h, w, cin)), arr(h, (3, 3, cin, cout), (9 * cin) ** -0.5), arr(w, (cout,))
+    ho, wo = h + sum(pads[0]) - 2, w + sum(pads[1]) - 2
+    pu = _core.winograd_pack(k)
+    for bias, act in ((b, "relu"), (None, "linear"), (b, "tanh")):
+        y = np.empty((n, ho, wo, cout), np.float32)
+        with threads(n_threads):
+            _core.conv3x3_winograd(x, pu, bias, y, pads[0][0], pads[1][0], native.CODES[act], 0.0)
+        assert_close(y, REF.conv2d(x, k, bias, (1, 1), pads, (1, 1), 1, act), rtol=1e-5,
+                     atol=1e-5)
+
+
+def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
+    calls = []
+    real = _core.conv3x3_winograd
+    monkeypatch.setattr(conv_ops._core, "conv3x3_winograd",
+                        lambda *a: calls.append(1) or real(*a), raising=False)
+    x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
+    y = conv_ops.conv2d(CPU, x, k, None, (1, 1), ((1, 1), (1, 1)))
+    assert calls
+    assert_close(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    conv_ops.conv2d(CPU, x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: conv2d
+    assert not calls
+
+
+@pytest.mark.parametrize("activation", ["softmax", "log_softmax", "selu"])
+def test_activations_outside_the_epilogue(activation):
+    """Softmax over the channels runs after the kernel; an activation without a native code
+    through the reference."""
+    x, k, b = arr(0, (1, 9, 9, 16)), arr(1, (3, 3, 16, 20)), arr(2, (20,))
+    for strides in ((1, 1), (2, 2)):                                 # Winograd and conv2d
+        args = (x, k, b, strides, ((1, 1), (1, 1)), (1, 1), 1, activation)
+        assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+    dw = arr(3, (3, 3, 16, 1))
+    assert_close(CPU.depthwise_conv2d(x, dw, None, activation=activation),
+                 REF.depthwise_conv2d(x, dw, None, activation=activation), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_and_fortran_ordered_operands():
+    x = arr(0, (2, 12, 22, 10))[:, :, ::2]
+    k = np.asfortranarray(arr(1, (3, 3, 10, 12)))
+    args = (x, k, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
+    assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+    assert_close(CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)),
+                 REF.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)))
+
+
+def test_pad_nhwc_matches_numpy(isa):
+    x = arr(0, (2, 5, 7, 9))
+    y = _core.pad_nhwc(x, 2, 1, np.full((2, 9, 11, 9), np.nan, np.float32))
+    np.testing.assert_array_equal(y, np.pad(x, ((0, 0), (2, 2), (1, 3), (0, 0))))
+    cut = _core.pad_nhwc(x, 1, 3, np.empty((2, 4, 8, 9), np.float32))     # cut to y
+    np.testing.assert_array_equal(cut, np.pad(x, ((0, 0), (1, 0), (3, 0), (0, 0)))[:, :4, :8])
+
+
+def test_kernels_reject_bad_arguments():
+    x, y = arr(0, (1, 5, 5, 4)), np.empty((1, 3, 3, 8), np.float32)
+    pw = _core.conv_pack(arr(1, (3, 3, 2, 8)), 2)
+    with pytest.raises(ValueError):                            # softmax is not an epilogue
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, native.CODES["softmax"], 0.0)
+    with pytest.raises(ValueError):                            # a float64 input
+        _core.conv2d(x.astype(np.float64), pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0)
+    with pytest.raises(ValueError):                            # packed weights too small
+        _core.conv2d(x, pw[:10], None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0)
+    with pytest.raises(native.NativeError):                    # the implicit GEMM: one group
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0, _core.CONV_IMPLICIT)
+    with pytest.raises(IndexError):                            # a region of a missing image
+        CPU.roi_pool(x, np.array([[3, 0, 0, 2, 2]], np.float32), (2, 2))
+    rows = np.array([0, 5], np.int64)                           # row 5 of 5
+    with pytest.raises(IndexError):
+        _core.resize(x, rows, rows, None, rows * 0, rows * 0, None, False,
+                     np.empty((1, 2, 2, 4), np.float32))
+
+
+def test_no_input_channels_give_the_bias(isa):
+    x, w, b = np.zeros((1, 4, 5, 0), np.float32), np.zeros((3, 3, 0, 6), np.float32), arr(0, (6,))
+    y = np.empty((1, 2, 3, 6), np.float32)
+    _core.conv2d(x, _core.conv_pack(w, 1), b, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1, 0.0)
+    np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(b, 0), y.shape))
+
+
+def test_replaced_weights_reach_the_winograd_path():
+    layer = L.Conv2D(16, 3, padding="same")
+    x = arr(0, (1, 16, 16, 16))
+    y0 = layer(x)
+    new = [arr(3, layer.kernel.shape), arr(4, layer.bias.shape)]
+    layer.set_weights(new)
+    with fastlayers.use_ops("reference"):
+        expected = layer(x)
+    assert not np.allclose(y0, expected)
+    assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_outputs_do_not_alias_the_workspace():
+    x, w = arr(0, (1, 6, 6, 3)), arr(1, (3, 3, 3, 4))
+    first = CPU.conv2d(x, w, None, pads=((1, 1), (1, 1)))
+    kept = first.copy()
+    CPU.conv2d(arr(5, (1, 6, 6, 3)), w, None, pads=((1, 1), (1, 1)))
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_nan_propagates_through_conv_and_pool(isa):
+    x = arr(0, (1, 5, 5, 2))
+    x[0, 2, 2, 0] = np.nan
+    y = CPU.conv2d(x, arr(1, (3, 3, 2, 2)), None, pads=((1, 1), (1, 1)))
+    assert np.isnan(y[0, 1:4, 1:4]).all() and not np.isnan(y[0, 0, 0]).any()
+    p = CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (4, 4))
+    assert np.isnan(p[0, 1:3, 1:3, 0]).all() and not np.isnan(p[..., 1]).any()
+    d = CPU.depthwise_conv2d(x, arr(2, (3, 3, 2, 1)), None, pads=((1, 1), (1, 1)))
+    assert np.isnan(d[0, 1:4, 1:4, 0]).all() and not np.isnan(d[..., 1]).any()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_max_pool_3x3_nan_at_every_tap_wins(isa, stride):
+    """A NaN at any of the nine taps, in any channel (whole vectors and the tail), next to
+    +-inf, gives NaN exactly where the reference does."""
+    c = 19
+    for tap in range(9):
+        x = arr(tap, (1, 7, 7, c))
+        x[0, 2 + tap // 3, 2 + tap % 3, tap] = np.nan
+        x[0, 3, 3, c - 1] = np.nan
+        x[0, 2, 3, 4], x[0, 4, 2, 4] = np.inf, -np.inf
+        args = ("max", (3, 3), (stride, stride), ((1, 1), (1, 1)),
+                (conv_out_size(7, 3, stride, 2), ) * 2)
+        got, want = CPU.pool2d(x, *args), REF.pool2d(x, *args)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+def conv_model():
+    inp = fastlayers.Input((10, 10, 3))
+    h = L.Conv2D(8, 3, strides=2, padding="same", activation="relu")(inp)
+    h = L.DepthwiseConv2D(3, padding="same", activation="relu6")(h)
+    h = L.Conv2D(8, 1)(h)
+    h = L.MaxPooling2D(3, strides=1, padding="same")(h)
+    h = L.Conv2DTranspose(4, 3, strides=2, padding="same")(h)
+    h = L.AveragePooling2D(2)(h)
+    return fastlayers.Model(inp, L.Dense(3, activation="softmax")(L.GlobalAveragePooling2D()(h)))
+
+
+@pytest.mark.parametrize("ops", ["cpu", "reference"])
+def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
+    n_threads, calls = 8, 200
+    model = conv_model()
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
+                       for w in model.get_weights()])
+    # varied batch sizes so workspaces of different shapes interleave
+    inputs = [rng.standard_normal((1 + i % 3, 10, 10, 3)).astype(np.float32)
+              for i in range(n_threads * calls)]
+    with threads(2), fastlayers.use_ops(ops):
+        serial = [model(x) for x in inputs]
+
+    def worker(t):
+        with fastlayers.use_ops(ops):
+            return [model(inputs[t * calls + i]) for i in range(calls)]
+
+    with threads(2), ThreadPoolExecutor(n_threads) as pool:
+        results = [y for chunk in pool.map(worker, range(n_threads)) for y in chunk]
+    assert all(np.all(np.isfinite(y)) for y in serial)
+    for got, want in zip(results, serial):
+        np.testing.assert_array_equal(got, want)
+
+
+@examples(40)
+@given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), c=st.integers(1, 19),
+       oh=st.integers(1, 6), ow=st.integers(1, 6), kind=st.sampled_from(["max", "avg"]),
+       seed=st.integers(0, 2**16))
+def test_adaptive_pool_cpu_matches_reference(isa, n, h, w, c, oh, ow, kind, seed):
+    x = arr(seed, (n, h, w, c))
+    assert_close(CPU.adaptive_pool2d(x, kind, (oh, ow)), REF.adaptive_pool2d(x, kind, (oh, ow)),
+                 rtol=1e-5, atol=1e-6)
+
+
+@examples(40)
+@given(k=st.integers(1, 6), ph=st.integers(1, 4), pw=st.integers(1, 4),
+       scale=st.sampled_from([1.0, 0.5, 0.25]), c=st.sampled_from([3, 17]),
+       seed=st.integers(0, 2**16))
+def test_roi_pool_cpu_matches_reference(isa, k, ph, pw, scale, c, seed):
+    rng = np.random.default_rng(seed)
+    x = arr(seed, (2, 7, 9, c))
+    corners = rng.uniform(-5, 40, (k, 4)).astype(np.float32)
+    rois = np.concatenate([rng.integers(0, 2, (k, 1)).astype(np.float32), corners], axis=1)
+    np.testing.assert_array_equal(CPU.roi_pool(x, rois, (ph, pw), scale),
+                                  REF.roi_pool(x, rois, (ph, pw), scale))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_split_kernels_work_in_a_forked_child():
+    import multiprocessing
+
+    x = arr(0, (2, 40, 40, 16))
+    with threads(2):
+        parent = _child_pool(x)                                         # starts the pool
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            child = pool.apply_async(_child_pool, (x,)).get(timeout=60)
+    np.testing.assert_array_equal(child, parent)
+
+
+def _child_pool(x):
+    native.set_num_threads(2)
+    return CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (39, 39))
+
+
+@examples(40)
+@given(n=st.integers(1, 2), h=st.integers(1, 6), w=st.integers(1, 6), c=st.integers(1, 19),
+       oh=st.integers(1, 13), ow=st.integers(1, 13), mode=st.sampled_from(["nearest", "bilinear"]),
+       align=st.booleans(), seed=st.integers(0, 2**16))
+def test_upsample_cpu_matches_reference(isa, n, h, w, c, oh, ow, mode, align, seed):
+    x = arr(seed, (n, h, w, c))
+    align = align and mode == "bilinear"
+    assert_close(CPU.upsample2d(x, (oh, ow), mode, align), REF.upsample2d(x, (oh, ow), mode, align),
+                 rtol=1e-5, atol=1e-6)
+
+
+@examples(40)
+@given(c=st.integers(1, 21), size=st.integers(1, 7), alpha=st.sampled_from([1e-4, 0.1, 2.0]),
+       beta=st.sampled_from([0.5, 0.75, 1.0, 0.6]), k=st.sampled_from([1.0, 2.0]),
+       seed=st.integers(0, 2**16))
+def test_lrn_cpu_matches_reference(isa, c, size, alpha, beta, k, seed):
+    x = arr(seed, (2, 3, c), scale=3.0)
+    assert_close(CPU.local_response_norm(x, size, alpha, beta, k),
+                 REF.local_response_norm(x, size, alpha, beta, k), rtol=2e-5, atol=1e-6)
+
+
+def test_lrn_and_resize_propagate_nan():
+    x = arr(0, (1, 2, 2, 5))
+    x[0, 0, 0, 2] = np.nan
+    y = CPU.local_response_norm(x, 3)
+    assert np.isnan(y[0, 0, 0, 1:4]).all() and not np.isnan(y[0, 0, 0, [0, 4]]).any()
+    assert np.isnan(CPU.upsample2d(x, (4, 4), "bilinear")[0, :2, :2, 2]).all()

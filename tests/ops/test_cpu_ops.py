@@ -1,0 +1,181 @@
+"""CpuOps (the native core) against ReferenceOps (numpy), primitive by primitive, on every ISA
+path this CPU runs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastlayers.backends import get_ops
+from fastlayers.backends.reference import ACTIVATIONS as ALL_ACTIVATIONS, fold_batch_norm
+from fastlayers.native import CODES
+
+from ..conftest import assert_close
+
+REF, CPU = get_ops("reference"), get_ops("cpu")
+pytestmark = pytest.mark.usefixtures("isa")
+#: The activations the native core implements (the others run the reference itself).
+ACTIVATIONS = [name for name in ALL_ACTIVATIONS if name in CODES]
+SHAPES_ND = [(1, 1), (1, 7), (3, 5), (2, 3, 17), (4, 64), (2, 1, 1000)]
+
+
+def special_values(shape, rng, scale=4.0):
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    flat = x.reshape(-1)
+    specials = np.array([0.0, -0.0, 1e-7, -1e-7, 30.0, -30.0, 100.0, -100.0, 89.0, -89.0], np.float32)
+    flat[: min(flat.size, specials.size)] = specials[: flat.size]
+    return x
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("shape", SHAPES_ND)
+def test_activation_matches_reference(name, shape, rng):
+    x = special_values(shape, rng)
+    alpha = 0.2 if name == "leaky_relu" else 1.0
+    assert_close(CPU.activation(x, name, alpha), REF.activation(x, name, alpha), rtol=2e-5,
+                 atol=1e-6, what=name)
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activation_propagates_nan_and_inf(name):
+    x = np.array([[np.nan, np.inf, -np.inf, 0.5]], np.float32)
+    alpha = 0.2 if name == "leaky_relu" else 1.0
+    ref, cpu = REF.activation(x, name, alpha), CPU.activation(x, name, alpha)
+    np.testing.assert_array_equal(np.isnan(cpu), np.isnan(ref), err_msg=name)
+    finite = ~np.isnan(ref)
+    assert_close(cpu[finite], ref[finite], what=name)
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid", "softmax"])
+def test_activation_empty_and_noncontiguous(name):
+    assert CPU.activation(np.zeros((0, 4), np.float32), name).shape == (0, 4)
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    assert_close(CPU.activation(x, name), REF.activation(x, name))
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_dense_matches_reference(activation, use_bias, rng):
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((7, 9)).astype(np.float32)
+    b = rng.standard_normal(9).astype(np.float32) if use_bias else None
+    alpha = 0.2 if activation == "leaky_relu" else 1.0
+    assert_close(CPU.dense(x, w, b, activation, alpha), REF.dense(x, w, b, activation, alpha),
+                 rtol=2e-5, atol=2e-6, what=activation)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, (1, 2)])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_matches_reference(op, axis, rng):
+    x = special_values((3, 4, 33), rng, scale=10.0)
+    assert_close(getattr(CPU, op)(x, axis), getattr(REF, op)(x, axis), rtol=1e-5, atol=2e-6)
+
+
+def test_softmax_rows_sum_to_one_and_handle_masked_rows(rng):
+    x = (rng.standard_normal((5, 1001)) * 50).astype(np.float32)
+    x[1] = -np.inf
+    x[1, 3] = 0.0  # one live element among -inf
+    y = CPU.softmax(x)
+    assert_close(y.sum(axis=-1), np.ones(5), rtol=1e-5)
+    assert y[1, 3] == 1.0 and np.all(np.delete(y[1], 3) == 0)
+
+
+@pytest.mark.parametrize("shape,axes", [((4, 16), (-1,)), ((2, 3, 5), (-1,)), ((2, 3, 5), (1, 2)),
+                                        ((1, 1), (-1,)), ((3, 257), (-1,))])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_matches_reference(shape, axes, rms, affine, rng):
+    x = (rng.standard_normal(shape) * 3 + 5).astype(np.float32)
+    norm_shape = tuple(shape[a] for a in axes)
+    gamma = rng.standard_normal(norm_shape).astype(np.float32) if affine else None
+    beta = rng.standard_normal(norm_shape).astype(np.float32) if affine else None
+    assert_close(CPU.layer_norm(x, gamma, beta, 1e-3, axes, rms),
+                 REF.layer_norm(x, gamma, beta, 1e-3, axes, rms), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("affine", ["both", "gamma", "beta", "none"])
+def test_layer_norm_rows_in_place_equals_out_of_place(rms, affine, rng):
+    """The row kernel writing over its input (the encoder layer's post-norm) gives the rows it
+    writes elsewhere."""
+    from fastlayers.native import _core
+
+    x_rd = (rng.standard_normal((37, 259)) * 3 + 5).astype(np.float32)
+    gamma = rng.standard_normal(259).astype(np.float32) if affine in ("both", "gamma") else None
+    beta = rng.standard_normal(259).astype(np.float32) if affine in ("both", "beta") else None
+    out = np.empty_like(x_rd)
+    _core.layer_norm(x_rd, gamma, beta, 1e-3, rms, out)
+    same = x_rd.copy()
+    _core.layer_norm(same, gamma, beta, 1e-3, rms, same)
+    np.testing.assert_array_equal(same, out)
+    assert_close(out, REF.layer_norm(x_rd, gamma, beta, 1e-3, (-1,), rms), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("shape,axis", [((5, 8), -1), ((2, 3, 3, 4), -1), ((2, 4, 3, 3), 1)])
+def test_batch_norm_matches_reference(shape, axis, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    c = shape[axis]
+    mean, gamma, beta = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
+    var = rng.uniform(0.1, 2, c).astype(np.float32)
+    for g, b in [(gamma, beta), (None, None)]:
+        scale, shift = fold_batch_norm(mean, var, g, b, 1e-3)
+        expected = (x - mean.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))) \
+            / np.sqrt(var.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) + 1e-3)
+        if g is not None:
+            expected = expected * g.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) \
+                + b.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))
+        assert_close(REF.batch_norm(x, scale, shift, axis), expected, rtol=1e-5, atol=1e-5)
+        assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis),
+                     rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(1, 70), scale=st.sampled_from([0.1, 1.0, 30.0]),
+       name=st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "sigmoid", "softmax",
+                             "log_softmax", "exponential", "hard_sigmoid", "softsign"]))
+def test_activation_property_any_shape(rows, cols, scale, name):
+    x = (np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)) * scale).astype(np.float32)
+    assert_close(CPU.activation(x, name), REF.activation(x, name), rtol=2e-5, atol=1e-6, what=name)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 5), d_in=st.integers(1, 40), d_out=st.integers(1, 40))
+def test_dense_property_any_shape(batch, d_in, d_out):
+    rng = np.random.default_rng(batch * 10000 + d_in * 100 + d_out)
+    x = rng.standard_normal((batch, d_in)).astype(np.float32)
+    w = rng.standard_normal((d_in, d_out)).astype(np.float32)
+    b = rng.standard_normal(d_out).astype(np.float32)
+    assert_close(CPU.dense(x, w, b, "relu"), REF.dense(x, w, b, "relu"), rtol=1e-5, atol=1e-5)
+
+
+def test_exp_kernel_accuracy_over_float32_range():
+    x = np.linspace(-87.0, 88.0, 200001, dtype=np.float32)
+    exact = np.exp(x.astype(np.float64))
+    got = CPU.activation(x[None, :], "exponential")[0]
+    np.testing.assert_allclose(got, exact, rtol=5e-7)
+    assert CPU.activation(np.array([[-200.0, 200.0]], np.float32), "exponential").tolist() == [[0.0, np.inf]]
+
+
+def test_gelu_reference_erf_accuracy():
+    import math
+
+    x = np.linspace(-8, 8, 2001)
+    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x])
+    got = REF.activation(x.astype(np.float32), "gelu")
+    np.testing.assert_allclose(got, exact, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4, 63, 1000])
+@pytest.mark.parametrize("name", ["sigmoid", "gelu", "linear", "softmax"])
+def test_bias_act_at_every_offset_between_input_and_output(offset, name, rng):
+    """Rows whose output lies just after the input modulo 4 KiB run from their end (4K
+    aliasing): the results equal the reference for any offset, row length and tail."""
+    from fastlayers.native import CODES, _core
+
+    x = (rng.standard_normal((5, 1037)) * 3).astype(np.float32)
+    bias = rng.standard_normal(1037).astype(np.float32)
+    buf = np.empty(5 * 1037 + 2048, np.float32)
+    start = ((x.ctypes.data - buf.ctypes.data) // 4 + offset) % 1024
+    out = buf[start:start + 5 * 1037].reshape(5, 1037)
+    _core.bias_act(x, bias, CODES[name], 0.0, out)
+    assert_close(out, REF.activation(x + bias, name), rtol=2e-5, atol=2e-6, what=name)

@@ -1,0 +1,130 @@
+"""The native sgemm (``fastlayers.native``, gemm.c) against numpy on every ISA path: odd sizes
+around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8), k blocks (256) and column
+blocks (256), the small-row path, strided operands, overwrite and accumulate, packed and
+per-call packing, transposed b; and ``_gemm.matmul`` with its fused epilogue on 1-3 threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastlayers
+from fastlayers.backends.cpu import _gemm
+from fastlayers.native import CODES, _core
+
+from ..conftest import assert_close
+
+pytestmark = pytest.mark.usefixtures("isa")
+
+
+def _expected(a, b, c0=None):
+    out = a.astype(np.float64) @ b.astype(np.float64)
+    return out if c0 is None else out + c0
+
+
+@pytest.mark.parametrize("m", [*range(1, 18), 29, 31, 337])
+@pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300)])
+@pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
+def test_product_matches_numpy(rng, m, k, n, route):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    if route == "packed":
+        pb = _core.pack(b)
+        assert pb.shape == (k * -(-n // 32) * 32,)
+        _core.sgemm(a, b, c, pb=pb)
+    elif route == "per-call":
+        _core.sgemm(a, b, c)
+    else:
+        _core.sgemm(a, np.ascontiguousarray(b.T), c, trans_b=True)
+    assert_close(c, _expected(a, b), rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
+@pytest.mark.parametrize("m", [2, 30])
+def test_product_accumulates_on_strided_operands(rng, route, m):
+    """a, b and c are column windows of wider arrays (row strides larger than their widths);
+    accumulate adds to c and leaves the columns around the window alone."""
+    a_wide = rng.standard_normal((m, 300)).astype(np.float32)
+    b_wide = rng.standard_normal((270, 60)).astype(np.float32)
+    c_wide = rng.standard_normal((m, 60)).astype(np.float32)
+    a, b, c = a_wide[:, 10:280], b_wide[:, 3:48], c_wide[:, 5:50]
+    expected = c_wide.astype(np.float64).copy()
+    expected[:, 5:50] += _expected(a, b)
+    if route == "packed":
+        _core.sgemm(a, b, c, accumulate=True, pb=_core.pack(b))
+    elif route == "per-call":
+        _core.sgemm(a, b, c, accumulate=True)
+    else:
+        bt_wide = np.ascontiguousarray(b_wide.T)            # (60, 270)
+        _core.sgemm(a, bt_wide[3:48], c, trans_b=True, accumulate=True)
+    assert_close(c_wide, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("lda", [1024, 2048, 1030])
+@pytest.mark.parametrize("m", [31, 700])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_packed_product_reads_or_copies_rows_of_a(rng, lda, m, accumulate):
+    """Rows of A a multiple of 1024 floats apart are copied block by block where the tile has
+    more rows than L1 ways (AVX-512), else read in place: every row block and k block."""
+    a = rng.standard_normal((m, lda)).astype(np.float32)[:, :1000]
+    b = rng.standard_normal((1000, 70)).astype(np.float32)
+    c0 = rng.standard_normal((m, 70)).astype(np.float32)
+    c = c0.copy()
+    _core.sgemm(a, b, c, accumulate=accumulate, pb=_core.pack(b))
+    assert_close(c, _expected(a, b, c0 if accumulate else None), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("j0, j1", [(0, 32), (32, 100), (64, 100), (96, 100)])
+def test_packed_product_on_a_share_of_columns(rng, j0, j1):
+    """The panels of columns j0:j1 (j0 a multiple of 32) start at ``j0 * k``."""
+    a = rng.standard_normal((20, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 100)).astype(np.float32)
+    c = np.empty((20, j1 - j0), np.float32)
+    _core.sgemm(a, b[:, j0:j1], c, pb=_core.pack(b)[j0 * 300:])
+    assert_close(c, _expected(a, b[:, j0:j1]), rtol=1e-5, atol=1e-4)
+
+
+def test_product_with_no_inner_dimension_zeroes_or_keeps():
+    b = np.zeros((0, 5), np.float32)
+    c = np.ones((3, 5), np.float32)
+    for pb in (None, _core.pack(b)):
+        _core.sgemm(np.zeros((3, 0), np.float32), b, c, accumulate=True, pb=pb)
+        np.testing.assert_array_equal(c, 1.0)
+        _core.sgemm(np.zeros((3, 0), np.float32), b, c, pb=pb)
+        np.testing.assert_array_equal(c, 0.0)
+        c[:] = 1.0
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 50, 1000])
+@pytest.mark.parametrize("activation", ["relu", "softmax", "gelu"])
+def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation):
+    """``_gemm.matmul``: row shares (64 rows or more) or column shares, row chunks with their
+    epilogue, softmax over whole rows after column shares; the packing cached per weight view."""
+    from fastlayers.backends.reference import ReferenceOps
+
+    before = fastlayers.get_num_threads()
+    fastlayers.set_num_threads(threads)
+    try:
+        a = rng.standard_normal((m, 300)).astype(np.float32)
+        w = rng.standard_normal((300, 1100)).astype(np.float32)
+        view = w[:, 50:1050]
+        bias = rng.standard_normal(1000).astype(np.float32)
+        out = np.empty((m, 1000), np.float32)
+        _gemm.matmul(a, view, out, bias, CODES[activation], weights=True)
+    finally:
+        fastlayers.set_num_threads(before or _core.get_num_threads())
+    expected = ReferenceOps().activation((_expected(a, view) + bias).astype(np.float32),
+                                         activation)
+    assert_close(out, expected, rtol=1e-5, atol=1e-4)
+    assert _gemm.packed_weights(w[:, 50:1050]) is _gemm.packed_weights(view)
+    assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
+
+
+def test_bad_operands_raise_clear_errors():
+    with pytest.raises(TypeError, match="float32"):
+        _core.sgemm(np.zeros((2, 2)), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.sgemm(np.zeros((2, 4), np.float32)[:, ::2], np.zeros((2, 2), np.float32),
+                    np.zeros((2, 2), np.float32))
