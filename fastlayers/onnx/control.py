@@ -35,8 +35,10 @@ class Body:
         self.output_types = output_types
 
     def run(self, own, captures) -> list:
+        """The body's outputs on its own inputs ``own`` and the outer values ``captures``, as
+        its nodes left them (no copies: they are the next iteration's inputs or are stacked)."""
         values = self.model._evaluate(list(own) + list(captures))
-        return self.model._results(values, self.model.output_names)
+        return [values[o] if o in values else self.model._constants[o] for o in self.model.output_names]
 
 
 def _one(value, what: str):

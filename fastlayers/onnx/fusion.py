@@ -96,8 +96,8 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                     break
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
-            elif "activation" not in node.attrs and _fused_activation(follower, constants):
-                node.attrs = _fused_activation(follower, constants)
+            elif "activation" not in node.attrs and (fused := _fused_activation(follower, constants)):
+                node.attrs = fused
             else:
                 break
             node.outputs = follower.outputs
@@ -132,8 +132,8 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                 scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
                 scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
                 b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
-            elif "activation" not in attrs and _fused_activation(follower, constants):
-                attrs.update(_fused_activation(follower, constants))
+            elif "activation" not in attrs and (fused := _fused_activation(follower, constants)):
+                attrs.update(fused)
             else:
                 break
             node.outputs = follower.outputs
