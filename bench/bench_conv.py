@@ -8,7 +8,7 @@ dense 1000; batch norm folded into the convolutions' biases, as inference graphs
 
 Every engine gets the same weights and input (fastlayers NHWC, onnxruntime and torch NCHW, each
 in its native layout) and the outputs are compared before timing. ``extra_info["flops"]`` holds
-2 x the multiply-adds of the convolution workloads, so bench/report.py gives their GFLOP/s as a
+2 x the multiply-adds of the convolution workloads, so bench/tools/report.py gives their GFLOP/s as a
 share of this machine's sgemm (bench/bench_sgemm.py).
 
 Shapes: the full shapes when FASTLAYERS_BENCH_FULL=1; otherwise small ones, so CI's
