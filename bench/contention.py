@@ -36,7 +36,7 @@ import fastlayers  # noqa: E402
 from bench.bench_demo import DATA, DEMOS, torch_twin  # noqa: E402
 from bench.tools.process_metrics import host_info  # noqa: E402
 
-#: (model, batch): the issue's workloads (demo CNN at 300, LSTM at 64) and the other two demos.
+#: (model, batch): the reference workloads (demo CNN at 300, LSTM at 64) and the other two demos.
 WORKLOADS = [("digits_cnn", 300), ("digits_lstm", 64), ("digits_mlp", 300),
              ("digits_transformer", 64)]
 

@@ -11,7 +11,8 @@ Each benchmark carries ``extra_info`` workload, batch and engine (and ``flops`` 
 GEMM-bound rows). Rows are (workload, batch, threads); columns are the engines' medians; ratios
 are fastlayers-cpu over onnxruntime (spinning, its default) and over torch. Process metrics get
 a table each (fastlayers, onnxruntime, their ratio) and the contention runs one table, each
-naming its host. The hand-written commentary in bench/notes.md is appended.
+naming its host. The output is one host's section of docs/benchmarks.md: paste it under that
+host's heading (the default ``--out`` is bench/results/report.md).
 """
 
 from __future__ import annotations
@@ -126,18 +127,18 @@ def fmt_x(value: float | None) -> str:
 PROCESS_METRICS = {
     "installed_mib": (
         "Installed size", "Bytes of site-packages in a fresh venv after `pip install` minus an "
-        "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (issue "
-        "25: fastlayers no larger).", fmt_mib),
+        "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (target: "
+        "fastlayers no larger).", fmt_mib),
     "first_prediction_s": (
         "New process: import to first prediction", "Wall time of a new interpreter running "
-        "import + load + first call; onnxruntime: import + session + first run (issue 25: "
+        "import + load + first call; onnxruntime: import + session + first run (target: "
         "fastlayers no slower).", fmt_time),
     "peak_rss_mib": (
         "Peak memory", "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
-        "times (issue 25: fastlayers at most 1.2x onnxruntime).", fmt_mib),
+        "times (target: fastlayers at most 1.2x onnxruntime).", fmt_mib),
     "first_over_steady_call": (
         "First call against steady call", "The first call's time over the median of the 20 "
-        "calls after it, in the 21-call process above (issue 25: at most 2x for fastlayers).",
+        "calls after it, in the 21-call process above (target: at most 2x for fastlayers).",
         fmt_x),
     "first_call_s": ("First call", "The first call's time in the 21-call process.", fmt_time),
     "steady_call_s": ("Steady call", "The median of the 20 calls after the first one in the "
@@ -200,7 +201,7 @@ def render_contention(contention: dict) -> list[str]:
              f"`bench/contention.py` on {host_line(contention['host'])}: median call time with the "
              "machine quiet and beside a busy-loop process (`while True: pass`), at 1 and 2 "
              "threads; busy 2t / 1t is the busy 2-thread time over the busy 1-thread time "
-             "(issue 25: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
+             "(target: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
              "child forked after the parent ran them (machine quiet; compare with quiet 2t).", "",
              "| workload | batch | engine | quiet 1t | quiet 2t | busy 1t | busy 2t | busy 2t / 1t "
              "| forked child 2t |",
@@ -257,9 +258,6 @@ def render(rows, flops, meta, process=None, rates=None, contention=None) -> str:
     if contention:
         lines += render_contention(contention)
     lines += ["", "![fastlayers cpu time / other engine's time](benchmarks.png)", ""]
-    notes = ROOT / "bench" / "notes.md"
-    if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
     return "\n".join(lines)
 
 
@@ -293,12 +291,13 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", help="pytest-benchmark JSON files")
     parser.add_argument("--process", help="JSON written by bench/tools/process_metrics.py")
     parser.add_argument("--contention", help="JSON written by bench/contention.py")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "report.md"))
     args = parser.parse_args(argv)
     rows, flops, meta = load_runs(args.runs)
     process = json.loads(Path(args.process).read_text()) if args.process else None
     contention = json.loads(Path(args.contention).read_text()) if args.contention else None
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rows, flops, meta, process, load_rates(args.runs), contention))
     chart(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
