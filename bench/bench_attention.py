@@ -1,6 +1,6 @@
 """Attention and Transformer layers: fastlayers (cpu, reference) vs onnxruntime vs torch.
 
-Workloads (issue 5), float32, batch first, ``FASTLAYERS_BENCH_THREADS`` (2) threads:
+Workloads, float32, batch first, ``FASTLAYERS_BENCH_THREADS`` (2) threads:
 
 - ``mha``: MultiheadAttention d=256, 4 heads, T=128, batch 8 (self-attention, no weights out);
 - ``encoder_layer``: TransformerEncoderLayer d=256, ff=1024, relu, post-norm, same input;

@@ -1,6 +1,6 @@
 """Convolution and pooling: fastlayers (cpu, reference) vs onnxruntime vs torch, float32.
 
-Workloads (the issue's): Conv2D 3x3 64->64 on 56x56 at batch 1 and 8; depthwise 3x3 on 128
+Workloads: Conv2D 3x3 64->64 on 56x56 at batch 1 and 8; depthwise 3x3 on 128
 channels 56x56; max pool 3x3 stride 2 (padding 1) on 64x112x112; a ResNet-18-like stack
 (7x7/2 stem, 3x3/2 max pool, 4 stages of 2 basic blocks, 64-512 channels, global average pool,
 dense 1000; batch norm folded into the convolutions' biases, as inference graphs have it) at
@@ -8,7 +8,7 @@ dense 1000; batch norm folded into the convolutions' biases, as inference graphs
 
 Every engine gets the same weights and input (fastlayers NHWC, onnxruntime and torch NCHW, each
 in its native layout) and the outputs are compared before timing. ``extra_info["flops"]`` holds
-2 x the multiply-adds of the convolution workloads, so bench/report.py gives their GFLOP/s as a
+2 x the multiply-adds of the convolution workloads, so bench/tools/report.py gives their GFLOP/s as a
 share of this machine's sgemm (bench/bench_sgemm.py).
 
 Shapes: the full shapes when FASTLAYERS_BENCH_FULL=1; otherwise small ones, so CI's

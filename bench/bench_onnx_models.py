@@ -1,5 +1,5 @@
 """Whole ONNX models: fastlayers' ONNX import against onnxruntime on the same .onnx file, and
-torch on the module it was exported from (issue: ONNX models on fastlayers kernels).
+torch on the module it was exported from.
 
 Models (torch.onnx.export, TorchScript exporter, opset 17):
 - resnet18: a ResNet-18-like CNN (4 stages of 2 basic blocks, BN folded at load), 224x224 in full;

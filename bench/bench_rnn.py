@@ -1,6 +1,6 @@
 """Recurrent layers: fastlayers (cpu, reference) vs onnxruntime vs torch, float32, same inputs.
 
-Workloads (issue 4): LSTM hidden 256, input 128, T = 100 at batch 1 and 32; GRU the same at
+Workloads: LSTM hidden 256, input 128, T = 100 at batch 1 and 32; GRU the same at
 batch 1; a 2-layer LSTM text classifier (Embedding 5000x128, LSTM 128, LSTM 128, Dense 5
 softmax) at T = 64, batch 8. By default the sequences are short (T = 10 and 16) so CI stays
 cheap; set FASTLAYERS_BENCH_FULL=1 for the sizes above. Every engine returns the last hidden

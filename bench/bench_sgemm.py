@@ -1,5 +1,5 @@
 """This machine's sgemm throughput (numpy matmul, float32, its BLAS on the run's thread count),
-the yardstick for GEMM-bound rows: bench/report.py gives their GFLOP/s as a share of the best
+the yardstick for GEMM-bound rows: bench/tools/report.py gives their GFLOP/s as a share of the best
 figure here. fastlayers' own products do not use BLAS; numpy's pool is set to
 FASTLAYERS_BENCH_THREADS for this benchmark only."""
 

@@ -7,15 +7,27 @@ for time), so they stay correct.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import oracle
+os.environ.setdefault("KERAS_BACKEND", "torch")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 THREADS = int(os.environ.get("FASTLAYERS_BENCH_THREADS", "2"))
+
+
+def oracle(module: str):
+    """Import another engine or a tool, or skip (fail under FASTLAYERS_REQUIRE_ORACLES=1, as CI sets)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get("FASTLAYERS_REQUIRE_ORACLES") == "1":
+            pytest.fail(f"{module!r} is required (FASTLAYERS_REQUIRE_ORACLES=1) but missing: {e}")
+        pytest.skip(f"{module!r} not installed")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,7 +77,7 @@ def pytest_configure(config):
 
 
 def pytest_benchmark_update_json(config, benchmarks, output_json):
-    """Record library versions and the thread count in the JSON that bench/report.py reads."""
+    """Record library versions and the thread count in the JSON that bench/tools/report.py reads."""
     import importlib
     import importlib.metadata as md
 

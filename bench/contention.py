@@ -5,12 +5,12 @@ For each demo model (fastlayers/data/digits_*.flm; onnxruntime runs the torch tw
 export, as in bench_demo.py, outputs checked equal first) and engine, the median call time is
 taken quiet and then with a busy-loop process running (``while True: pass``), the 1- and
 2-thread calls of an engine interleaved round by round (one engine at a time: onnxruntime's
-spinning workers would otherwise take a core from fastlayers' threads). The figure the issue asks for is the busy 2-thread time over the busy
+spinning workers would otherwise take a core from fastlayers' threads). The figure that matters is the busy 2-thread time over the busy
 1-thread time (a thread pool whose static shares wait for a descheduled thread runs many times
 slower than its 1-thread call). A forked child (``multiprocessing`` with ``fork``, as gunicorn
 ``--preload``) then times fastlayers' 2-thread calls against the parent's.
 
-Run: ``python -m bench.contention --out bench/results/contention.json``; ``bench/report.py
+Run: ``python -m bench.contention --out bench/results/contention.json``; ``bench/tools/report.py
 --contention`` renders it into docs/benchmarks.md.
 """
 
@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 import fastlayers  # noqa: E402
 
 from bench.bench_demo import DATA, DEMOS, torch_twin  # noqa: E402
-from bench.process_metrics import host_info  # noqa: E402
+from bench.tools.process_metrics import host_info  # noqa: E402
 
-#: (model, batch): the issue's workloads (demo CNN at 300, LSTM at 64) and the other two demos.
+#: (model, batch): the reference workloads (demo CNN at 300, LSTM at 64) and the other two demos.
 WORKLOADS = [("digits_cnn", 300), ("digits_lstm", 64), ("digits_mlp", 300),
              ("digits_transformer", 64)]
 

@@ -1,12 +1,11 @@
-"""bench/report.py and bench/process_metrics.py produce what docs/benchmarks.md is made of."""
+"""bench/tools/report.py and bench/tools/process_metrics.py produce what docs/benchmarks.md is made of."""
 
 import json
 
 import pytest
 
-from bench import process_metrics, report
-
-from .conftest import oracle
+from bench.conftest import oracle
+from bench.tools import process_metrics, report
 
 
 def fake_run(threads, rows):

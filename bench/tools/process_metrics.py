@@ -22,9 +22,9 @@
   the load time against the time to read the file's bytes, and the peak RSS growth during the
   load against the weight bytes (each in a fresh process of this interpreter).
 
-Run: ``python bench/process_metrics.py --out bench/results/process_metrics.json [--repeats 5]``
+Run: ``python -m bench.tools.process_metrics --out bench/results/process_metrics.json [--repeats 5]``
 (the venvs need PyPI; ``--no-install`` skips them and the installed size, and runs the children
-with this interpreter); ``python bench/report.py ... --process bench/results/process_metrics.json``
+with this interpreter); ``python -m bench.tools.report ... --process bench/results/process_metrics.json``
 folds the result into docs/benchmarks.md.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ENGINES = ("fastlayers", "onnxruntime")
@@ -300,7 +300,7 @@ def measure_load_cost(work: Path, megabytes: float, repeats: int) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "bench" / "process_metrics.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "process_metrics.json"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--load-mb", type=float, default=100.0, help="weights of the load-cost model")
@@ -318,6 +318,7 @@ def main(argv=None) -> int:
         records += measure(pythons, cwd, work, args.repeats, args.threads, full=not args.small)
     with tempfile.TemporaryDirectory() as tmp:
         records += measure_load_cost(Path(tmp), args.load_mb, args.repeats)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"threads": args.threads, "host": host_info(),
                                           "records": records}, indent=1))
     for r in records:

@@ -2,16 +2,17 @@
 
     python -m pytest bench --benchmark-enable --benchmark-json=bench/run-2t.json
     FASTLAYERS_BENCH_THREADS=1 python -m pytest bench --benchmark-enable --benchmark-json=bench/run-1t.json
-    python bench/process_metrics.py --out bench/process_metrics.json
+    python -m bench.tools.process_metrics --out bench/process_metrics.json
     python -m bench.contention --out bench/contention.json
-    python bench/report.py bench/run-2t.json bench/run-1t.json --process bench/process_metrics.json \
+    python -m bench.tools.report bench/run-2t.json bench/run-1t.json --process bench/process_metrics.json \
         --contention bench/contention.json
 
 Each benchmark carries ``extra_info`` workload, batch and engine (and ``flops`` per call for
 GEMM-bound rows). Rows are (workload, batch, threads); columns are the engines' medians; ratios
 are fastlayers-cpu over onnxruntime (spinning, its default) and over torch. Process metrics get
 a table each (fastlayers, onnxruntime, their ratio) and the contention runs one table, each
-naming its host. The hand-written commentary in bench/notes.md is appended.
+naming its host. The output is one host's section of docs/benchmarks.md: paste it under that
+host's heading (the default ``--out`` is bench/results/report.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ["fastlayers-cpu", "fastlayers-reference", "onnxruntime", "onnxruntime-nospin", "torch"]
 
 
@@ -126,18 +127,18 @@ def fmt_x(value: float | None) -> str:
 PROCESS_METRICS = {
     "installed_mib": (
         "Installed size", "Bytes of site-packages in a fresh venv after `pip install` minus an "
-        "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (issue "
-        "25: fastlayers no larger).", fmt_mib),
+        "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (target: "
+        "fastlayers no larger).", fmt_mib),
     "first_prediction_s": (
         "New process: import to first prediction", "Wall time of a new interpreter running "
-        "import + load + first call; onnxruntime: import + session + first run (issue 25: "
+        "import + load + first call; onnxruntime: import + session + first run (target: "
         "fastlayers no slower).", fmt_time),
     "peak_rss_mib": (
         "Peak memory", "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
-        "times (issue 25: fastlayers at most 1.2x onnxruntime).", fmt_mib),
+        "times (target: fastlayers at most 1.2x onnxruntime).", fmt_mib),
     "first_over_steady_call": (
         "First call against steady call", "The first call's time over the median of the 20 "
-        "calls after it, in the 21-call process above (issue 25: at most 2x for fastlayers).",
+        "calls after it, in the 21-call process above (target: at most 2x for fastlayers).",
         fmt_x),
     "first_call_s": ("First call", "The first call's time in the 21-call process.", fmt_time),
     "steady_call_s": ("Steady call", "The median of the 20 calls after the first one in the "
@@ -152,19 +153,19 @@ PROCESS_METRICS = {
 
 
 def render_process(process: dict) -> list[str]:
-    """A table per metric of bench/process_metrics.py's JSON: fastlayers, onnxruntime, ratio."""
+    """A table per metric of bench/tools/process_metrics.py's JSON: fastlayers, onnxruntime, ratio."""
     by_metric = {}
     for r in process["records"]:
         by_metric.setdefault(r["metric"], []).append(r)
     unknown = set(by_metric) - set(PROCESS_METRICS)
     if unknown:
         raise ValueError(f"unknown process metrics {sorted(unknown)} (a JSON from an older "
-                         "bench/process_metrics.py?)")
+                         "bench/tools/process_metrics.py?)")
     repeats = max(r["repeats"] for r in process["records"])
     children = ("the fresh venvs' interpreters" if "installed_mib" in by_metric
                 else "the measuring interpreter (`--no-install`)")
     lines = ["", "## New processes: installed size, first prediction, memory", "",
-             f"`bench/process_metrics.py` on {host_line(process.get('host', {}))}, "
+             f"`bench/tools/process_metrics.py` on {host_line(process.get('host', {}))}, "
              f"{process.get('threads')} threads; the processes run {children}; each figure is "
              f"the median over {repeats} process{'es' if repeats > 1 else ''}. onnxruntime runs the demo models' torch twins "
              "exported to ONNX, and the ONNX models' same .onnx file as fastlayers; a ratio below "
@@ -200,7 +201,7 @@ def render_contention(contention: dict) -> list[str]:
              f"`bench/contention.py` on {host_line(contention['host'])}: median call time with the "
              "machine quiet and beside a busy-loop process (`while True: pass`), at 1 and 2 "
              "threads; busy 2t / 1t is the busy 2-thread time over the busy 1-thread time "
-             "(issue 25: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
+             "(target: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
              "child forked after the parent ran them (machine quiet; compare with quiet 2t).", "",
              "| workload | batch | engine | quiet 1t | quiet 2t | busy 1t | busy 2t | busy 2t / 1t "
              "| forked child 2t |",
@@ -215,7 +216,7 @@ def render_contention(contention: dict) -> list[str]:
 def render(rows, flops, meta, process=None, rates=None, contention=None) -> str:
     peak = sgemm_peak(rows, flops)
     lines = ["# Benchmarks", "",
-             "Generated by `bench/report.py` from pytest-benchmark runs (medians; lower is better; a "
+             "Generated by `python -m bench.tools.report` from pytest-benchmark runs (medians; lower is better; a "
              "ratio below 1.00 means fastlayers is faster). Every engine gets the same inputs and "
              "weights and the same thread count, and outputs are checked equal before timing.", ""]
     lines += ["## Runs", ""]
@@ -257,9 +258,6 @@ def render(rows, flops, meta, process=None, rates=None, contention=None) -> str:
     if contention:
         lines += render_contention(contention)
     lines += ["", "![fastlayers cpu time / other engine's time](benchmarks.png)", ""]
-    notes = ROOT / "bench" / "notes.md"
-    if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
     return "\n".join(lines)
 
 
@@ -291,14 +289,15 @@ def chart(rows, path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="pytest-benchmark JSON files")
-    parser.add_argument("--process", help="JSON written by bench/process_metrics.py")
+    parser.add_argument("--process", help="JSON written by bench/tools/process_metrics.py")
     parser.add_argument("--contention", help="JSON written by bench/contention.py")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "report.md"))
     args = parser.parse_args(argv)
     rows, flops, meta = load_runs(args.runs)
     process = json.loads(Path(args.process).read_text()) if args.process else None
     contention = json.loads(Path(args.contention).read_text()) if args.contention else None
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rows, flops, meta, process, load_rates(args.runs), contention))
     chart(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -1,0 +1,1 @@
+"""Tooling around the benchmarks: the report that renders docs/benchmarks.md, process metrics."""
