@@ -28,13 +28,14 @@ from __future__ import annotations
 import inspect
 import io
 import json
-import os
 import zipfile
 from collections import OrderedDict
 
 import numpy as np
 
 from .errors import FastlayersError, ModelFileError, ShapeError, StateDictError, UnsupportedError
+from .services import provides
+from .version import __version__
 
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -85,6 +86,7 @@ def _header(archive, key: str, fmt: str, version: int, what: str) -> dict:
 MODEL_WHAT = "pickled fastlayers model"
 
 
+@provides("reduce_model")
 def reduce_model(model) -> tuple:
     """``Model.__reduce__``: ``(_model_from_bytes, (native file bytes,))``.
 
@@ -115,58 +117,7 @@ ONNX_FORMAT, ONNX_VERSION, ONNX_KEY = "fastlayers-onnx-pickle", 1, "__fastlayers
 ONNX_WHAT = "pickled ONNX model"
 
 
-class FileSource:
-    """A model file to read again when the model is pickled, so that a loaded model keeps no
-    second copy of its file in memory (the ONNX optimiser replaces every initializer of common
-    exports: the file's buffer is otherwise freed after the import).
-
-    The file must be the one read (same device, inode, size and modification time), else
-    pickling raises ``ModelFileError``: the pickle carries exactly what was imported.
-    """
-
-    __slots__ = ("path", "identity")
-
-    def __init__(self, path, stat: os.stat_result):
-        self.path, self.identity = os.path.abspath(path), self._identity(stat)
-
-    @staticmethod
-    def _identity(stat: os.stat_result) -> tuple:
-        return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-    @staticmethod
-    def _read(f, stat: os.stat_result) -> np.ndarray:
-        data = np.empty(stat.st_size, np.uint8)   # not zero-filled: the read writes every byte
-        if f.readinto(memoryview(data)) != stat.st_size:
-            raise OSError("the file changed size while it was read")
-        return data
-
-    @classmethod
-    def read_new(cls, path) -> tuple[np.ndarray, FileSource]:
-        """The bytes of the file at ``path`` in one fresh buffer, and its ``FileSource``."""
-        try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                return cls._read(f, stat), cls(path, stat)
-        except OSError as e:
-            raise ModelFileError(f"{path}: cannot read the file ({e})") from e
-
-    def read(self) -> np.ndarray:
-        """The file's bytes, read again; ModelFileError where it is gone or changed since."""
-        try:
-            with open(self.path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                if self._identity(stat) != self.identity:
-                    raise ModelFileError(f"{self.path}: the file changed since the model was read "
-                                         "from it, and a pickle carries the file's bytes: load it "
-                                         "again, then pickle")
-                return self._read(f, stat)
-        except OSError as e:
-            if isinstance(e, ModelFileError):
-                raise
-            raise ModelFileError(f"{self.path}: cannot read the file again, and a pickle carries "
-                                 f"the file's bytes ({e})") from e
-
-
+@provides("reduce_onnx")
 def reduce_onnx(model) -> tuple:
     """``OnnxModel.__reduce__``: ``(_onnx_from_bytes, (archive of the ONNX file's bytes,))``.
 
@@ -177,6 +128,8 @@ def reduce_onnx(model) -> tuple:
     ModelFileError
         The model was loaded from a file that is gone or changed since.
     """
+    from .io.onnx import FileSource
+
     source = model._source
     if source is None:
         raise UnsupportedError(
@@ -335,6 +288,7 @@ def _module_tree(m, path: str, registry: dict) -> dict:
     return {"class_name": name, "config": config, "modules": modules}
 
 
+@provides("reduce_module")
 def reduce_module(module) -> tuple:
     """``nn.Module.__reduce__``: ``(_module_from_bytes, (archive of the tree and state dict,))``.
 
@@ -344,7 +298,6 @@ def reduce_module(module) -> tuple:
         A module in the tree is not a ``fastlayers.nn`` class (a subclass of its own: code),
         or keeps an argument that is not plain data (a callable activation).
     """
-    from . import __version__
 
     tree = _module_tree(module, "", _nn_registry())
     header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION,

@@ -19,7 +19,8 @@ import fastlayers.nn as nn
 from fastlayers import layers as L
 from fastlayers.backends import derived
 from fastlayers.errors import ModelFileError, UnsupportedError
-from fastlayers.pickling import FileSource, _nn_registry
+from fastlayers.io.onnx import FileSource
+from fastlayers.pickling import _nn_registry
 
 from .conftest import oracle
 

@@ -49,8 +49,11 @@ import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native.layout import oihw_to_hwio
+from ..services import service
 from ..warmup import warm_up
-from . import check, encoder, proto, quant, rewrite
+# control, indexing and quant add their operators to ops.OPS when imported: this module, which
+# runs OPS, imports them all
+from . import check, encoder, indexing, proto, quant, rewrite  # noqa: F401 - indexing registers
 from .control import Body
 from .ops import CREATE_LIMIT, DTYPES, OPS, SizeLimitError, WINDOW_OPS, _env_bytes, contiguous
 
@@ -969,9 +972,7 @@ class OnnxModel:
 
     def __reduce__(self):
         """Pickle by value: the ONNX bytes, imported again when unpickled (fastlayers.pickling)."""
-        from ..pickling import reduce_onnx
-
-        return reduce_onnx(self)
+        return service("reduce_onnx")(self)
 
 
 def _array_bytes(value) -> int:

@@ -14,13 +14,15 @@ import os
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.derived import derived, derived_from
+from ..backends.derived import derived, derived_from, fold_projection
 from ..backends.accumulate import wide_mean, wide_sum
-from ..backends.reference import erfc64, fold_batch_norm
+from ..backends.activations import erfc64
+from ..backends.reference import fold_batch_norm
 from ..errors import InputError, ShapeError, UnsupportedError
-from ..folding import fold_projection
 from ..native.layout import channels_first, channels_last
 
+#: ONNX operator name -> implementation; control.py, indexing.py and quant.py add theirs when
+#: imported (onnx/model.py imports them)
 OPS: dict = {}
 
 
@@ -1525,6 +1527,3 @@ def _attention(inputs, attrs, opset):
     qk = capped + bias if mode == 2 else (w if mode == 3 else capped)
     return [y, present_k, present_v, qk]
 
-
-# the operators of the modules by subject register in OPS as they are imported
-from . import control, indexing  # noqa: E402, F401
