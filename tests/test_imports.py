@@ -8,6 +8,7 @@ that is one, and ``importlib.import_module("fastlayers...")`` with a constant na
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,39 @@ def _is_import_module(node: ast.AST) -> bool:
         isinstance(node.args[0].value, str)
 
 
+#: Where an import statement may start (at any indentation) or ``import_module`` is called: only
+#: these statements are parsed, which keeps the test well under a second; a file where one of
+#: them does not parse on its own is parsed whole.
+_IMPORT_START = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import[ \t]+\w)|import_module\(",
+                           re.M)
+
+
+def _import_nodes(text: str, path: Path):
+    """The import statements and ``import_module`` calls of a source file, as ast nodes with
+    their line numbers in the file."""
+    nodes = []
+    for match in _IMPORT_START.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        snippet = text[start:end if end >= 0 else len(text)].strip()
+        if snippet.endswith(("(", ",", "\\")):   # a parenthesised or continued name list
+            close = text.find(")", match.end())
+            snippet = text[start:close + 1].strip()
+        try:
+            tree = ast.parse(snippet.rstrip("\\").rstrip())
+        except SyntaxError:
+            tree = None
+        if tree is None or not tree.body:
+            return [node for node in ast.walk(ast.parse(text, str(path)))
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node)]
+        line = text.count("\n", 0, start) + 1
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node):
+                node.lineno = line
+                nodes.append(node)
+    return nodes
+
+
 def _graph() -> tuple[dict, dict]:
     """Module -> {imported module: first line}, and the modules."""
     modules = _modules()
@@ -115,11 +149,10 @@ def _graph() -> tuple[dict, dict]:
         out = edges.setdefault(module, {})
         if path.suffix == ".pyx":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node):
-                for target in _targets(module, node, modules):
-                    if target != module:
-                        out.setdefault(target, node.lineno)
+        for node in _import_nodes(path.read_text(), path):
+            for target in _targets(module, node, modules):
+                if target != module:
+                    out.setdefault(target, node.lineno)
     return edges, modules
 
 
