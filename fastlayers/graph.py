@@ -16,7 +16,8 @@ import numpy as np
 
 from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
-from .layers.base import Layer, as_float32, shape_str
+from .arrays import as_float32, shape_str
+from .layers.base import Layer
 from .layers.input_layer import InputLayer
 from .placement import on_device
 from .services import service

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .layers.base import shape_str
+from .arrays import shape_str
 from .layers.input_layer import InputLayer
 
 
