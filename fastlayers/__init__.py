@@ -30,8 +30,7 @@ __all__ = [
 
 # Imported at first use, so that a process loading an ONNX file does not import every layer
 # (about 8 ms): name -> (modules to import in order, attribute of the last; None: the module).
-# ``layers`` comes before ``graph``: the two import each other, and that order resolves it.
-_GRAPH = ("fastlayers.layers", "fastlayers.graph")
+_GRAPH = ("fastlayers.graph",)
 _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
          "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
