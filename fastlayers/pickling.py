@@ -180,14 +180,6 @@ _CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
 _IGNORED_ARGS = {"self", "device", "dtype", "inplace"}
 
 
-def _nn_registry() -> dict:
-    """Class name -> class, for every module class ``fastlayers.nn`` exports."""
-    from . import nn
-
-    return {name: cls for name in nn.__all__ if isinstance(cls := getattr(nn, name), type)
-            and issubclass(cls, nn.Module) and cls is not nn.Module}
-
-
 def _mha_args(m) -> dict:
     return {"bias": m.in_proj_bias is not None, "add_bias_kv": m.bias_k is not None}
 
@@ -298,8 +290,9 @@ def reduce_module(module) -> tuple:
         A module in the tree is not a ``fastlayers.nn`` class (a subclass of its own: code),
         or keeps an argument that is not plain data (a callable activation).
     """
+    from .nn.registry import MODULE_CLASSES
 
-    tree = _module_tree(module, "", _nn_registry())
+    tree = _module_tree(module, "", MODULE_CLASSES)
     header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION,
                          "fastlayers_version": __version__, "module": tree})
     arrays = {NN_KEY: np.frombuffer(header.encode(), np.uint8), **module.state_dict()}
@@ -343,11 +336,13 @@ def _build_module(node, path: str, registry: dict):
 def _module_from_bytes(data: bytes):
     """Rebuild a pickled ``fastlayers.nn`` module tree: each module from its class in
     ``fastlayers.nn`` and its arguments, then the weights, strictly (every key, every shape)."""
+    from .nn.registry import MODULE_CLASSES
+
     _checked_payload(data, NN_WHAT)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             header = _header(archive, NN_KEY, NN_FORMAT, NN_VERSION, NN_WHAT)
-            module = _build_module(header.get("module"), "", _nn_registry())
+            module = _build_module(header.get("module"), "", MODULE_CLASSES)
             state = {key: archive[key] for key in archive.files if key != NN_KEY}
         module.load_state_dict(state, strict=True)
     except FastlayersError as e:
