@@ -4,13 +4,12 @@ Build models with Keras-style layers (``fastlayers.layers``), run them on numpy 
 compiled kernels, save and load them without TensorFlow or PyTorch.
 """
 
-__version__ = "0.1.0"
-
 import importlib
 import os
 from importlib.machinery import EXTENSION_SUFFIXES
 
 from . import errors
+from .version import __version__
 
 # A source tree whose extension was never built fails here, at once, not at its first call
 # (a file check: importing the extension itself waits for the first call that needs it).
@@ -19,6 +18,10 @@ if not any(os.path.exists(os.path.join(os.path.dirname(__file__), "native", "_co
     raise ImportError(errors.native_core_missing(os.path.dirname(__file__)))
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops
 from .io import load
+# io.native, io.keras and pickling fill the slots of services.py that Model, nn.Module and
+# OnnxModel call (save, load_weights, pickling): imported here, so every slot is filled.
+from . import pickling as _pickling  # noqa: E402, F401
+from .io import keras as _keras_io, native as _native_io  # noqa: E402, F401
 
 __all__ = [
     "DEMO_DIR", "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers",
@@ -27,8 +30,7 @@ __all__ = [
 
 # Imported at first use, so that a process loading an ONNX file does not import every layer
 # (about 8 ms): name -> (modules to import in order, attribute of the last; None: the module).
-# ``layers`` comes before ``graph``: the two import each other, and that order resolves it.
-_GRAPH = ("fastlayers.layers", "fastlayers.graph")
+_GRAPH = ("fastlayers.graph",)
 _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
          "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),

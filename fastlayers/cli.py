@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import FastlayersError
+from .backends import use_ops
+from .errors import FastlayersError, ShapeError
+from .io import load
+from .version import __version__
 
 #: The bundled demo models and samples (``fastlayers.DEMO_DIR``).
 DATA = Path(__file__).resolve().parent / "data"
@@ -85,22 +87,20 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def cmd_demo(args) -> int:
-    import fastlayers
-
-    print(f"fastlayers {fastlayers.__version__} demo (backend {args.backend}, "
+    print(f"fastlayers {__version__} demo (backend {args.backend}, "
           f"{args.threads or 'default'} threads)")
     for model_file, samples_file, shape, description in DEMOS:
         if not (DATA / model_file).exists():
             continue
         print(f"\n{model_file}: loading ...", flush=True)
         t0 = time.perf_counter()
-        model = fastlayers.load(DATA / model_file)
+        model = load(DATA / model_file)
         load_ms = (time.perf_counter() - t0) * 1e3
         with np.load(DATA / samples_file, allow_pickle=False) as samples:
             x, y = samples["x"].reshape(-1, *shape), samples["y"]
         print(f"{model_file}: loaded in {load_ms:.1f} ms; running {len(x)} samples, then timing "
               f"{args.repeats} calls at batch 1 and at batch {len(x)} ...", flush=True)
-        with fastlayers.use_ops(args.backend):
+        with use_ops(args.backend):
             t0 = time.perf_counter()
             probs = model(x)
             first_ms = (time.perf_counter() - t0) * 1e3
@@ -117,9 +117,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_info(args) -> int:
-    import fastlayers
-
-    model = fastlayers.load(args.model)
+    model = load(args.model)
     if hasattr(model, "summary"):
         model.summary()
     else:  # a fastlayers.nn module (from a PyTorch file): torch's repr and the parameter count
@@ -164,15 +162,13 @@ def _output_count(model) -> int | None:
 
 
 def cmd_run(args) -> int:
-    import fastlayers
-
     if args.output:
         _check_output(args.output)
     inputs = _read_inputs(args.input)
     n = len(inputs[0])
     if any(len(a) != n for a in inputs):
-        raise fastlayers.errors.ShapeError(f"inputs have different batch sizes: {[len(a) for a in inputs]}")
-    model = fastlayers.load(args.model)
+        raise ShapeError(f"inputs have different batch sizes: {[len(a) for a in inputs]}")
+    model = load(args.model)
     count = _output_count(model)
     if args.output and args.output.lower().endswith(".npy") and count is not None and count > 1:
         raise CommandError(f"--output {args.output}: the model has {count} outputs; give a .npz "
@@ -181,7 +177,7 @@ def cmd_run(args) -> int:
     steps = max(1, -(-n // batch))
     progress = Progress(steps, "run") if steps > 1 else None
     outputs: list[list[np.ndarray]] = []
-    with fastlayers.use_ops(args.backend):
+    with use_ops(args.backend):
         for step in range(steps):
             chunk = [a[step * batch:(step + 1) * batch] for a in inputs]
             out = model(chunk if len(chunk) > 1 else chunk[0])

@@ -13,25 +13,9 @@ run unfolded.
 
 from __future__ import annotations
 
-import numpy as np
-
-from .native import CODES, _core
-
 #: Largest folded table (bytes) a model builds: a 5000-word vocabulary into a 128-unit LSTM
 #: takes 10 MiB, 30 000 words into 256 units 120 MiB (left unfolded).
 FOLD_MAX_BYTES = 32 << 20
-
-
-def fold_projection(table_ve, w_eg, b_g=None):
-    """The input projection of every embedding row: table @ w + b, (V, G) float32 C-ordered,
-    on the native sgemm and fastlayers' threads (a 5000 x 128 table into 512 gates: 8.6 ms
-    against numpy's matmul 9.7 ms, AMD EPYC Zen 3, AVX2, 2 threads; numpy's BLAS threads are
-    not started)."""
-    table = np.ascontiguousarray(table_ve, dtype=np.float32)
-    w = np.ascontiguousarray(w_eg, dtype=np.float32)
-    bias = None if b_g is None else np.ascontiguousarray(b_g, dtype=np.float32).reshape(-1)
-    folded = np.empty((table.shape[0], w.shape[1]), np.float32)
-    return _core.matmul(table, w, folded, None, bias, CODES["linear"], 0.0)
 
 
 def fold_embeddings(nodes, plan, outputs) -> list:

@@ -16,40 +16,14 @@ import numpy as np
 
 from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
-from .layers.base import Layer, as_float32, shape_str
+from .arrays import as_float32, shape_str
+from .layers.base import Layer
+from .layers.input_layer import InputLayer
+from .placement import on_device
+from .services import service
+from .summary import model_summary
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .warmup import warm_up
-
-
-class InputLayer(Layer):
-    """The source of a graph's input; ``Input`` makes one and returns its tensor."""
-
-    config_keys = ("batch_shape", "dtype")
-
-    def __init__(self, shape=None, batch_size=None, name=None, batch_shape=None, dtype=None, **kwargs):
-        super().__init__(name=name, **kwargs)
-        #: Integer inputs (token ids) keep their dtype; everything else is cast to float32.
-        self.keep_dtype = dtype is not None and np.dtype(dtype).kind in "iu"
-        self.dtype = "float32" if dtype is None else np.dtype(dtype).name
-        if batch_shape is None:
-            if shape is None:
-                raise ShapeError(f"InputLayer {self.name!r}: give shape (without batch) or batch_shape")
-            batch_shape = (batch_size, *tuple(shape))
-        self.batch_shape = tuple(None if d is None else int(d) for d in batch_shape)
-        self.built = True
-        node = Node(self, None, (), {})
-        node.outputs = [SymbolicTensor(self.batch_shape, node)]
-        node.outputs[0].name = self.name  # as Keras: an input tensor is named after its InputLayer
-        self._inbound_nodes.append(node)
-        self.output = node.outputs[0]
-
-    def check(self, x: np.ndarray) -> None:
-        want = self.batch_shape
-        if x.ndim == len(want) and x.shape[1:] == want[1:]:  # the common case: only the batch size free
-            if want[0] is None or want[0] == x.shape[0]:
-                return
-        if x.ndim != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
-            raise ShapeError(f"input {self.name!r}: expected shape {shape_str(want)}, got {x.shape}")
 
 
 def Input(shape=None, batch_size=None, name=None, dtype=None, batch_shape=None, **kwargs) -> SymbolicTensor:
@@ -464,40 +438,29 @@ class Model(Layer):
     def to(self, device):
         """This model on ``device``: "cpu" returns the model; "cuda" (or "cuda:0") a wrapper whose
         calls run under ``use_ops("cuda")`` and return host numpy arrays."""
-        from .backends.placement import on_device
-
         return on_device(self, device)
 
     def summary(self, print_fn=None, line_length: int = 98) -> None:
         """Print each layer with its output shape, parameter count and inputs, then totals."""
-        from .summary import model_summary
-
-        (print_fn or (lambda s: print(s, file=sys.stdout)))(model_summary(self, line_length))
+        text = model_summary(self, not isinstance(self, Sequential), line_length)
+        (print_fn or (lambda s: print(s, file=sys.stdout)))(text)
 
     def load_weights(self, path) -> None:
         """Load weights saved by Keras (``.weights.h5``, or a legacy ``.h5`` model/weights file)
         into this model, which must have the saved model's architecture."""
-        from .io.keras import load_weights
-
-        load_weights(self, path)
+        service("load_weights")(self, path)
 
     def save(self, path) -> None:
         """Write architecture and weights to one file (fastlayers native format, no pickle)."""
-        from .io.native import save_model
-
-        save_model(self, path)
+        service("save_model")(self, path)
 
     def __reduce__(self):
         """Pickle by value: the native file's bytes, read back as ``fastlayers.load`` reads a
         file (``fastlayers.pickling``). ``copy.deepcopy`` goes the same way."""
-        from .pickling import reduce_model
-
-        return reduce_model(self)
+        return service("reduce_model")(self)
 
     def get_config(self) -> dict:
-        from .io.native import model_config
-
-        return model_config(self)
+        return service("model_config")(self)
 
     def to_json(self, **kwargs) -> str:
         """The model's architecture as a JSON string, as Keras's ``Model.to_json``; weights are
@@ -523,9 +486,7 @@ class Model(Layer):
             not known yet, a layer or model class of its own (a subclass, outside
             ``fastlayers.layers``), or a layer option that is not JSON-serializable.
         """
-        from .io.native import model_header
-
-        return model_header(self, "written as JSON", **kwargs)
+        return service("model_header")(self, "written as JSON", **kwargs)
 
 
 def _shape_or_shapes(tensors):
@@ -580,8 +541,6 @@ def model_from_json(json_string) -> Model:
     >>> clone = fastlayers.model_from_json(model.to_json())
     >>> clone.set_weights(model.get_weights())
     """
-    from .io.native import model_from_header
-
     if not isinstance(json_string, (str, bytes, bytearray)):
         raise TypeError(f"model_from_json expects the JSON string of Model.to_json(), got "
                         f"{type(json_string).__name__}")
@@ -589,7 +548,7 @@ def model_from_json(json_string) -> Model:
         header = json.loads(json_string)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError included
         raise ModelFileError(f"model JSON: not valid JSON ({type(e).__name__}: {e})") from e
-    return model_from_header(header, "model JSON")
+    return service("model_from_header")(header, "model JSON")
 
 
 def _is_array_like_batch(x) -> bool:

@@ -28,13 +28,14 @@ from __future__ import annotations
 import inspect
 import io
 import json
-import os
 import zipfile
 from collections import OrderedDict
 
 import numpy as np
 
 from .errors import FastlayersError, ModelFileError, ShapeError, StateDictError, UnsupportedError
+from .services import provides
+from .version import __version__
 
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -85,6 +86,7 @@ def _header(archive, key: str, fmt: str, version: int, what: str) -> dict:
 MODEL_WHAT = "pickled fastlayers model"
 
 
+@provides("reduce_model")
 def reduce_model(model) -> tuple:
     """``Model.__reduce__``: ``(_model_from_bytes, (native file bytes,))``.
 
@@ -115,58 +117,7 @@ ONNX_FORMAT, ONNX_VERSION, ONNX_KEY = "fastlayers-onnx-pickle", 1, "__fastlayers
 ONNX_WHAT = "pickled ONNX model"
 
 
-class FileSource:
-    """A model file to read again when the model is pickled, so that a loaded model keeps no
-    second copy of its file in memory (the ONNX optimiser replaces every initializer of common
-    exports: the file's buffer is otherwise freed after the import).
-
-    The file must be the one read (same device, inode, size and modification time), else
-    pickling raises ``ModelFileError``: the pickle carries exactly what was imported.
-    """
-
-    __slots__ = ("path", "identity")
-
-    def __init__(self, path, stat: os.stat_result):
-        self.path, self.identity = os.path.abspath(path), self._identity(stat)
-
-    @staticmethod
-    def _identity(stat: os.stat_result) -> tuple:
-        return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-    @staticmethod
-    def _read(f, stat: os.stat_result) -> np.ndarray:
-        data = np.empty(stat.st_size, np.uint8)   # not zero-filled: the read writes every byte
-        if f.readinto(memoryview(data)) != stat.st_size:
-            raise OSError("the file changed size while it was read")
-        return data
-
-    @classmethod
-    def read_new(cls, path) -> tuple[np.ndarray, FileSource]:
-        """The bytes of the file at ``path`` in one fresh buffer, and its ``FileSource``."""
-        try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                return cls._read(f, stat), cls(path, stat)
-        except OSError as e:
-            raise ModelFileError(f"{path}: cannot read the file ({e})") from e
-
-    def read(self) -> np.ndarray:
-        """The file's bytes, read again; ModelFileError where it is gone or changed since."""
-        try:
-            with open(self.path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                if self._identity(stat) != self.identity:
-                    raise ModelFileError(f"{self.path}: the file changed since the model was read "
-                                         "from it, and a pickle carries the file's bytes: load it "
-                                         "again, then pickle")
-                return self._read(f, stat)
-        except OSError as e:
-            if isinstance(e, ModelFileError):
-                raise
-            raise ModelFileError(f"{self.path}: cannot read the file again, and a pickle carries "
-                                 f"the file's bytes ({e})") from e
-
-
+@provides("reduce_onnx")
 def reduce_onnx(model) -> tuple:
     """``OnnxModel.__reduce__``: ``(_onnx_from_bytes, (archive of the ONNX file's bytes,))``.
 
@@ -177,6 +128,8 @@ def reduce_onnx(model) -> tuple:
     ModelFileError
         The model was loaded from a file that is gone or changed since.
     """
+    from .io.onnx import FileSource
+
     source = model._source
     if source is None:
         raise UnsupportedError(
@@ -225,14 +178,6 @@ NN_WHAT = "pickled fastlayers.nn module"
 _CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
 #: Constructor arguments never stored (device placement, torch's in-place flags).
 _IGNORED_ARGS = {"self", "device", "dtype", "inplace"}
-
-
-def _nn_registry() -> dict:
-    """Class name -> class, for every module class ``fastlayers.nn`` exports."""
-    from . import nn
-
-    return {name: cls for name in nn.__all__ if isinstance(cls := getattr(nn, name), type)
-            and issubclass(cls, nn.Module) and cls is not nn.Module}
 
 
 def _mha_args(m) -> dict:
@@ -335,6 +280,7 @@ def _module_tree(m, path: str, registry: dict) -> dict:
     return {"class_name": name, "config": config, "modules": modules}
 
 
+@provides("reduce_module")
 def reduce_module(module) -> tuple:
     """``nn.Module.__reduce__``: ``(_module_from_bytes, (archive of the tree and state dict,))``.
 
@@ -344,9 +290,9 @@ def reduce_module(module) -> tuple:
         A module in the tree is not a ``fastlayers.nn`` class (a subclass of its own: code),
         or keeps an argument that is not plain data (a callable activation).
     """
-    from . import __version__
+    from .nn.registry import MODULE_CLASSES
 
-    tree = _module_tree(module, "", _nn_registry())
+    tree = _module_tree(module, "", MODULE_CLASSES)
     header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION,
                          "fastlayers_version": __version__, "module": tree})
     arrays = {NN_KEY: np.frombuffer(header.encode(), np.uint8), **module.state_dict()}
@@ -390,11 +336,13 @@ def _build_module(node, path: str, registry: dict):
 def _module_from_bytes(data: bytes):
     """Rebuild a pickled ``fastlayers.nn`` module tree: each module from its class in
     ``fastlayers.nn`` and its arguments, then the weights, strictly (every key, every shape)."""
+    from .nn.registry import MODULE_CLASSES
+
     _checked_payload(data, NN_WHAT)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             header = _header(archive, NN_KEY, NN_FORMAT, NN_VERSION, NN_WHAT)
-            module = _build_module(header.get("module"), "", _nn_registry())
+            module = _build_module(header.get("module"), "", MODULE_CLASSES)
             state = {key: archive[key] for key in archive.files if key != NN_KEY}
         module.load_state_dict(state, strict=True)
     except FastlayersError as e:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from .layers.base import shape_str
+from .arrays import shape_str
+from .layers.input_layer import InputLayer
 
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) < width else text[: width - 2] + "…"
 
 
-def model_summary(model, line_length: int = 98) -> str:
-    """The table ``Model.summary`` prints."""
-    from .graph import InputLayer, Sequential
-
-    functional = not isinstance(model, Sequential)
+def model_summary(model, functional: bool, line_length: int = 98) -> str:
+    """The table ``Model.summary`` prints; ``functional``: a functional model, not a Sequential
+    (which shows no InputLayer and no connections)."""
     cols = [0.33, 0.55, 0.67, 1.0] if functional else [0.45, 0.85, 1.0]
     stops = [int(line_length * c) for c in cols]
     header = ["Layer (type)", "Output Shape", "Param #", "Connected to"][: len(stops)]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-
-def shape_str(shape) -> str:
-    """``(None, 4)`` style text of a shape with unknown sizes."""
-    inner = ", ".join("None" if d is None else str(d) for d in shape)
-    return f"({inner},)" if len(shape) == 1 else f"({inner})"
+from .arrays import shape_str
 
 
 class SymbolicTensor:

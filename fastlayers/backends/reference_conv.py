@@ -5,21 +5,18 @@ so the compiled kernels have an oracle to be tested against. Spatial conventions
 
 - ``pads`` is ``((top, bottom), (left, right))``: explicit, possibly asymmetric, zero padding.
 - A 1-D op is the 2-D op on ``H = 1`` (kernel height 1, no vertical padding).
-- Output size of a window op: ``(H + top + bottom - dilation (k - 1) - 1) // stride + 1``.
+- Output size of a window op: ``(H + top + bottom - dilation (k - 1) - 1) // stride + 1``
+  (``geometry.window_out``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..geometry import transposed_out, window_out
 from .accumulate import wide_mean
 
 _NEG_INF = np.float32(-np.inf)
-
-
-def conv_out_size(size: int, k: int, stride: int, pad_total: int, dilation: int = 1) -> int:
-    """Output length of a window op over ``size`` with ``pad_total`` padding."""
-    return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
 
 
 def _window(xp, i, j, strides, dilation, out_hw):
@@ -33,8 +30,8 @@ def conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups):
     n, h, w, c = x_nhwc.shape
     kh, kw, cin_g, cout = w_hwio.shape
     (pt, pb), (pl, pr) = pads
-    ho = conv_out_size(h, kh, strides[0], pt + pb, dilation[0])
-    wo = conv_out_size(w, kw, strides[1], pl + pr, dilation[1])
+    ho = window_out(h, kh, strides[0], dilation[0], (pt, pb))
+    wo = window_out(w, kw, strides[1], dilation[1], (pl, pr))
     xp = np.pad(x_nhwc, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
     cout_g = cout // groups
     y = np.zeros((n, ho, wo, groups, cout_g), np.float32)
@@ -57,8 +54,8 @@ def conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups):
     (sh, sw), (dh, dw) = strides, dilation
     (ct, cl), (ho, wo) = crop, out_hw
     cin_g = cin // groups
-    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, ct + ho)
-    full_w = max((w - 1) * sw + dw * (kw - 1) + 1, cl + wo)
+    full_h = max(transposed_out(h, kh, sh, dh), ct + ho)
+    full_w = max(transposed_out(w, kw, sw, dw), cl + wo)
     full = np.zeros((n, full_h, full_w, groups, cout_g), np.float32)
     xg = x_nhwc.reshape(n, h, w, groups, cin_g)
     for i in range(kh):
@@ -79,8 +76,8 @@ def pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_inc
     n, h, w, c = x_nhwc.shape
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = pool, strides, dilation, out_hw
     (pt, pb), (pl, pr) = pads
-    need_h = max((ho - 1) * sh + dh * (kh - 1) + 1, pt + h + pb)
-    need_w = max((wo - 1) * sw + dw * (kw - 1) + 1, pl + w + pr)
+    need_h = max(transposed_out(ho, kh, sh, dh), pt + h + pb)   # the cells ho windows span
+    need_w = max(transposed_out(wo, kw, sw, dw), pl + w + pr)
     if kind == "max":
         xp = np.full((n, need_h, need_w, c), _NEG_INF, np.float32)
         xp[:, pt: pt + h, pl: pl + w] = x_nhwc

@@ -2,7 +2,7 @@
 directory), legacy full-model ``.h5`` (Keras 3 and tf.keras 2.x) and weight files
 (``.weights.h5``, legacy ``.h5`` weights). Needs h5py (``pip install fastlayers[keras]``).
 
-The architecture (JSON) is rebuilt with fastlayers layers through ``LAYER_BUILDERS``; weights are
+The architecture (JSON) is rebuilt with fastlayers layers through ``build_layer`` and its table ``KERAS_OPTIONS``; weights are
 read by position in Keras's own order. Nothing in a file is executed: ``Lambda`` layers (Python
 bytecode) and custom objects are refused with ``UnsupportedError`` at load time.
 
@@ -16,7 +16,6 @@ legacy ``.h5``, every global heap collection (see ``_check_global_heaps``).
 
 from __future__ import annotations
 
-import inspect
 import io
 import mmap
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
-from ..layers.base import weights_loaded_later
+from ..services import provides
 from . import limits
 
 #: Config keys that only matter for training or for Keras internals: ignored.
@@ -78,15 +77,99 @@ def _activation(value, where):
     return value
 
 
-def _layer_classes():
-    from .. import layers
-    from ..graph import InputLayer
-
-    table = {name: getattr(layers, name) for name in layers.__all__
-             if isinstance(getattr(layers, name), type) and issubclass(getattr(layers, name), layers.Layer)}
-    table.pop("Layer", None)
-    table["InputLayer"] = InputLayer
-    return table
+#: Keras class name -> the options (config keys) its fastlayers layer takes, besides the name and
+#: the input-shape keys of every layer (``_BASE_PARAMS``); the class is ``LAYER_CLASSES[name]``.
+#: Other keys fail by name (``build_layer``), unless they are off (None, False) or ignored.
+KERAS_OPTIONS: dict[str, tuple[str, ...]] = {
+    "Activation": ("activation",),
+    "Add": (),
+    "AdditiveAttention": ("use_scale", "dropout"),
+    "Attention": ("use_scale", "score_mode", "dropout"),
+    "Average": (),
+    "AveragePooling1D": ("pool_size", "strides", "padding", "data_format"),
+    "AveragePooling2D": ("pool_size", "strides", "padding", "data_format"),
+    "BatchNormalization": ("axis", "momentum", "epsilon", "center", "scale", "synchronized",
+                           "renorm"),
+    "Bidirectional": ("layer", "merge_mode", "backward_layer", "weights"),
+    "BinaryOp": ("op", "constants"),
+    "Concatenate": ("axis",),
+    "Conv1D": ("filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate",
+               "groups", "activation", "use_bias"),
+    "Conv2D": ("filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate",
+               "groups", "activation", "use_bias"),
+    "Conv2DTranspose": ("filters", "kernel_size", "strides", "padding", "output_padding",
+                        "data_format", "dilation_rate", "activation", "use_bias"),
+    "Cropping1D": ("cropping",),
+    "Cropping2D": ("cropping", "data_format"),
+    "CustomScaleLayer": ("scale",),
+    "Dense": ("units", "activation", "use_bias"),
+    "DepthwiseConv2D": ("kernel_size", "strides", "padding", "depth_multiplier", "data_format",
+                        "dilation_rate", "activation", "use_bias"),
+    "Dropout": ("rate",),
+    "ELU": ("alpha",),
+    "Embedding": ("output_dim", "mask_zero", "input_length"),
+    "Flatten": ("data_format",),
+    "GRU": ("units", "activation", "recurrent_activation", "use_bias", "return_sequences",
+            "return_state", "go_backwards", "stateful", "reset_after", "zero_output_for_mask",
+            "dropout", "recurrent_dropout", "unroll", "use_cudnn"),
+    "GRUCell": ("units", "activation", "recurrent_activation", "use_bias", "reset_after",
+                "dropout", "recurrent_dropout"),
+    "GlobalAveragePooling1D": ("data_format", "keepdims"),
+    "GlobalAveragePooling2D": ("data_format", "keepdims"),
+    "GlobalMaxPooling1D": ("data_format", "keepdims"),
+    "GlobalMaxPooling2D": ("data_format", "keepdims"),
+    "HardAttention": ("use_scale",),
+    "HierarchicalSoftmax": ("num_classes", "tree", "use_bias"),
+    "InceptionBlock": ("filters_1x1", "filters_3x3_reduce", "filters_3x3", "filters_5x5_reduce",
+                       "filters_5x5", "filters_pool_proj", "activation", "data_format"),
+    "InputLayer": ("shape", "batch_shape"),
+    "LSTM": ("units", "activation", "recurrent_activation", "use_bias", "unit_forget_bias",
+             "return_sequences", "return_state", "go_backwards", "stateful",
+             "zero_output_for_mask", "dropout", "recurrent_dropout", "unroll", "use_cudnn"),
+    "LSTMCell": ("units", "activation", "recurrent_activation", "use_bias", "unit_forget_bias",
+                 "dropout", "recurrent_dropout"),
+    "LayerNormalization": ("axis", "epsilon", "center", "scale", "rms_scaling"),
+    "LayerScale": ("init_values", "projection_dim"),
+    "LeakyReLU": ("negative_slope",),
+    "LocalResponseNormalization": ("depth_radius", "bias", "alpha", "beta", "data_format"),
+    "MaxPooling1D": ("pool_size", "strides", "padding", "data_format"),
+    "MaxPooling2D": ("pool_size", "strides", "padding", "data_format"),
+    "Maximum": (),
+    "Minimum": (),
+    "MultiHeadAttention": ("num_heads", "key_dim", "value_dim", "dropout", "use_bias",
+                           "output_shape", "attention_axes", "flash_attention", "sliding_window",
+                           "use_gate"),
+    "Multiply": (),
+    "NiNBlock": ("filters", "kernel_size", "strides", "padding", "mlp_filters", "activation",
+                 "global_pool", "data_format"),
+    "Normalization": ("axis", "mean", "variance", "invert"),
+    "PaddingMask": (),
+    "Permute": ("dims",),
+    "PositionalEncoding": ("max_length", "base", "scale_input"),
+    "PositionwiseFeedForward": ("hidden_units", "output_units", "activation", "use_bias"),
+    "RMSNormalization": ("axis", "epsilon"),
+    "ReLU": ("max_value", "negative_slope", "threshold"),
+    "RepeatVector": ("n",),
+    "Rescaling": ("scale", "offset"),
+    "Reshape": ("target_shape",),
+    "RoIPooling2D": ("pool_size", "spatial_scale", "data_format"),
+    "SelfAttention": ("num_heads", "key_dim", "use_causal_mask", "return_attention_scores"),
+    "SeparableConv2D": ("filters", "kernel_size", "strides", "padding", "data_format",
+                        "dilation_rate", "depth_multiplier", "activation", "use_bias"),
+    "SimpleRNN": ("units", "activation", "use_bias", "return_sequences", "return_state",
+                  "go_backwards", "stateful", "zero_output_for_mask", "dropout",
+                  "recurrent_dropout", "unroll"),
+    "SimpleRNNCell": ("units", "activation", "use_bias", "dropout", "recurrent_dropout"),
+    "Softmax": ("axis",),
+    "SpatialDropout1D": ("rate",),
+    "SpatialDropout2D": ("rate", "data_format"),
+    "SpatialDropout3D": ("rate", "data_format"),
+    "StochasticDepth": ("drop_path_rate",),
+    "Subtract": (),
+    "UpSampling2D": ("size", "data_format", "interpolation", "align_corners"),
+    "ZeroPadding1D": ("padding", "data_format"),
+    "ZeroPadding2D": ("padding", "data_format"),
+}
 
 
 def build_layer(class_name: str, config: dict, where: str, weight_elements: int | None = None):
@@ -101,7 +184,9 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
     if class_name == "Lambda":
         raise UnsupportedError(f"{here}: Lambda layers carry Python code, which fastlayers never "
                                "executes from a file; rebuild the model without Lambda layers")
-    cls = _layer_classes().get(class_name)
+    from ..layers.registry import LAYER_CLASSES
+
+    cls = LAYER_CLASSES.get(class_name) if class_name in KERAS_OPTIONS else None
     if cls is None:
         raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported")
     policy = _policy_name(config.get("dtype"))
@@ -113,7 +198,7 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise UnsupportedError(f"{here}: option stateful=True is not supported; use the streaming API")
     if config.get("unroll"):
         raise UnsupportedError(f"{here}: option unroll=True is not supported")
-    params = set(inspect.signature(cls.__init__).parameters) | _BASE_PARAMS
+    params = set(KERAS_OPTIONS[class_name]) | _BASE_PARAMS | {"name"}
     kwargs = {"name": name}
     for key, value in config.items():
         if key == "dtype" or (_IGNORED.search(key) and key not in params):
@@ -131,6 +216,13 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         kwargs["dtype"] = config.get("dtype") if isinstance(config.get("dtype"), str) else None
         if "batch_shape" not in kwargs and "batch_input_shape" in kwargs:
             kwargs["batch_shape"] = kwargs.pop("batch_input_shape")
+    if class_name == "Bidirectional":   # the wrapped layers are Keras configs: built here
+        for key in ("layer", "backward_layer"):
+            sub = kwargs.get(key)
+            if isinstance(sub, dict) and isinstance(sub.get("class_name"), str) and \
+                    isinstance(sub.get("config"), dict):
+                kwargs[key] = build_layer(sub["class_name"], dict(sub["config"]), here,
+                                          weight_elements)
     try:
         return cls(**kwargs)
     except FastlayersError as e:
@@ -954,6 +1046,8 @@ class _Region(io.RawIOBase):
 def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
     """Build the model of ``entry`` (checked first) and read its weights from ``h5file`` (an
     image of ``h5_bytes`` bytes)."""
+    from ..layers.base import weights_loaded_later  # the layers are imported at the first load
+
     check_config(entry, where)   # parse_json checked the nesting
     with weights_loaded_later(), np.errstate(all="ignore"):
         model = build_model(entry, where, h5_bytes, _checked=True)
@@ -966,6 +1060,8 @@ def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
 def load_keras_h5(source):
     """Load a legacy full-model HDF5 file (Keras 3 or tf.keras 2.x ``model.save("x.h5")``) from a
     path or a seekable binary file object."""
+    from ..layers.base import weights_loaded_later  # the layers are imported at the first load
+
     where = str(source)
     with _h5_source(source, where) as (fobj, size):
         _scan_file(fobj, 0, size, where)
@@ -1019,6 +1115,7 @@ class _h5_source:
             self.opened.close()
 
 
+@provides("load_weights")
 def load_weights(model, path) -> None:
     """Load Keras weights (``.weights.h5`` Keras 3 layout, or a legacy ``.h5``) into ``model``."""
     where = str(path)

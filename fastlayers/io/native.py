@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
-from ..layers.base import weights_loaded_later
+from ..services import provides
+from ..version import __version__
 from . import limits
 
 FORMAT = "fastlayers-model"
@@ -30,14 +31,11 @@ HEADER_KEY = "__fastlayers__"
 
 
 def _registry() -> dict:
-    from .. import layers
-    from ..graph import InputLayer, Model, Sequential
+    """Class name -> class of what a native file may hold: the layers, and nested models."""
+    from ..graph import Model, Sequential
+    from ..layers.registry import LAYER_CLASSES
 
-    table = {name: getattr(layers, name) for name in layers.__all__
-             if isinstance(getattr(layers, name), type) and issubclass(getattr(layers, name), layers.Layer)}
-    table.update(InputLayer=InputLayer, Model=Model, Sequential=Sequential)
-    table.pop("Layer")
-    return table
+    return {**LAYER_CLASSES, "Model": Model, "Sequential": Sequential}
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -49,6 +47,7 @@ def _layer_entry(layer) -> dict:
     return {"class_name": type(layer).__name__, "config": layer.get_config()}
 
 
+@provides("model_config")
 def model_config(model) -> dict:
     """The JSON-compatible architecture of ``model`` (nested models included)."""
     from ..graph import Sequential
@@ -117,11 +116,11 @@ def _check_representable(model, what: str) -> None:
                 pending.append(layer)
 
 
+@provides("model_header")
 def model_header(model, what: str = "saved", **dumps_options) -> str:
     """The JSON header of ``model`` (format, version and ``model_config``) that a native file
     stores and ``Model.to_json`` returns; ``what`` names the action in errors and
     ``dumps_options`` go to ``json.dumps``. UnsupportedError where the format cannot hold it."""
-    from .. import __version__
 
     _check_representable(model, what)
     header = {"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
@@ -143,6 +142,7 @@ def write_model(model, f, what: str = "saved") -> None:
     np.savez(f, **arrays)
 
 
+@provides("save_model")
 def save_model(model, path) -> None:
     """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
     path = Path(path)
@@ -343,6 +343,8 @@ def load_native(source):
 
 
 def _read_model(z, where: str):
+    from ..layers.base import weights_loaded_later  # the layers are imported at the first load
+
     header = _read_header(z, where)
     members = {}
     for info in z.infolist():
@@ -530,6 +532,7 @@ def model_from_config(entry: dict, where: str = "model config"):
         raise _build_error(where, f"model {cfg.get('name')!r}", e) from e
 
 
+@provides("model_from_header")
 def model_from_header(header, where: str, weight_elements: int | None = None):
     """The model a native header (``model_config`` under ``format``/``version``: a ``.flm``
     file's ``__fastlayers__`` member, ``Model.to_json``) describes, weights as built. The format

@@ -7,17 +7,70 @@ by ``fastlayers.onnx.model.from_model``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import ModelFileError
 from ..onnx.proto import parse_model
 from ..onnx.model import OnnxModel, from_model
 
 
+class FileSource:
+    """A model file to read again when the model is pickled, so that a loaded model keeps no
+    second copy of its file in memory (the ONNX optimiser replaces every initializer of common
+    exports: the file's buffer is otherwise freed after the import).
+
+    The file must be the one read (same device, inode, size and modification time), else
+    pickling raises ``ModelFileError``: the pickle carries exactly what was imported.
+    """
+
+    __slots__ = ("path", "identity")
+
+    def __init__(self, path, stat: os.stat_result):
+        self.path, self.identity = os.path.abspath(path), self._identity(stat)
+
+    @staticmethod
+    def _identity(stat: os.stat_result) -> tuple:
+        return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+    @staticmethod
+    def _read(f, stat: os.stat_result) -> np.ndarray:
+        data = np.empty(stat.st_size, np.uint8)   # not zero-filled: the read writes every byte
+        if f.readinto(memoryview(data)) != stat.st_size:
+            raise OSError("the file changed size while it was read")
+        return data
+
+    @classmethod
+    def read_new(cls, path) -> tuple[np.ndarray, FileSource]:
+        """The bytes of the file at ``path`` in one fresh buffer, and its ``FileSource``."""
+        try:
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                return cls._read(f, stat), cls(path, stat)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot read the file ({e})") from e
+
+    def read(self) -> np.ndarray:
+        """The file's bytes, read again; ModelFileError where it is gone or changed since."""
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if self._identity(stat) != self.identity:
+                    raise ModelFileError(f"{self.path}: the file changed since the model was read "
+                                         "from it, and a pickle carries the file's bytes: load it "
+                                         "again, then pickle")
+                return self._read(f, stat)
+        except OSError as e:
+            if isinstance(e, ModelFileError):
+                raise
+            raise ModelFileError(f"{self.path}: cannot read the file again, and a pickle carries "
+                                 f"the file's bytes ({e})") from e
+
+
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
-    from ..pickling import FileSource
-
     where = str(path)
     data, source = FileSource.read_new(path)   # one buffer, which the weights are views of
     try:

@@ -1,6 +1,7 @@
 """Keras-style layers (channels_last by default), with Keras's names, arguments and defaults."""
 
 from .base import InputSpec, Layer
+from .input_layer import InputLayer
 from .core import (
     ELU, Activation, Dense, Dropout, Embedding, Flatten, LayerScale, LeakyReLU, Permute, ReLU,
     RepeatVector, Rescaling, Reshape, Softmax, SpatialDropout1D, SpatialDropout2D, SpatialDropout3D,
@@ -56,12 +57,3 @@ __all__ += [
     "SimpleRNNCell",
 ]
 
-
-def __getattr__(name):
-    # graph.py imports this package's layers; InputLayer is looked up there at first use, so
-    # that either module may be imported first
-    if name == "InputLayer":
-        from ..graph import InputLayer
-
-        return InputLayer
-    raise AttributeError(f"module 'fastlayers.layers' has no attribute {name!r}")

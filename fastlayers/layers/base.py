@@ -14,7 +14,8 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import ShapeError, UnsupportedError
-from ..symbolic import call_symbolic, is_symbolic, shape_str
+from ..arrays import as_float32, shape_str
+from ..symbolic import call_symbolic, is_symbolic
 
 # Keras constructor arguments that only matter for training: accepted and ignored.
 _TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"
@@ -51,21 +52,6 @@ def snake_case(name: str) -> str:
     """``BatchNormalization`` -> ``batch_normalization``; ``Conv2D`` -> ``conv2d``."""
     s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
     return re.sub(r"([a-z])([A-Z])", r"\1_\2", s).lower()
-
-
-def as_float32(x: Any, where: str) -> np.ndarray:
-    """Cast a numeric input to float32 (bool, int, uint, float16/64); refuse other dtypes and
-    ragged nested lists. float64 values beyond float32's range become inf, without a warning."""
-    try:
-        a = np.asarray(x)
-    except (ValueError, TypeError) as e:  # numpy on ragged nested lists
-        raise ShapeError(f"{where}: not a rectangular numeric array ({e})") from None
-    if a.dtype == np.float32:
-        return a
-    if a.dtype.kind not in "biuf":
-        raise ShapeError(f"{where}: expected a numeric array (cast to float32), got dtype {a.dtype}")
-    with np.errstate(over="ignore"):
-        return a.astype(np.float32)
 
 
 class InputSpec:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
+from ..geometry import same_pads, window_out
 from .base import InputSpec, shape_str, unique_name
 from .convolutional import (
-    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple, same_pads,
-    window_out,
+    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple,
 )
 from .core import _DEFAULT_ALPHA, activation_name
 

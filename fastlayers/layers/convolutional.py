@@ -15,6 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
+from ..geometry import (
+    causal_pads, dilated_size, padded_span, same_pads, transposed_out, window_out,
+)
 from .base import InputSpec, Layer, shape_str
 from .core import _DEFAULT_ALPHA, activation_name
 
@@ -53,13 +56,6 @@ def normalize_padding(padding, rank: int, what: str, allow_causal: bool = False)
     return pairs
 
 
-def same_pads(size: int, k: int, s: int, d: int = 1) -> tuple[int, int]:
-    """Keras/TensorFlow 'same' padding of one axis: the odd unit goes after."""
-    out = -(-size // s)
-    total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-    return total // 2, total - total // 2
-
-
 def axis_pads(padding, size, k, s, d, axis):
     """(before, after) padding of spatial ``axis`` for a window op."""
     if padding == "valid":
@@ -67,15 +63,8 @@ def axis_pads(padding, size, k, s, d, axis):
     if padding == "same":
         return same_pads(size, k, s, d)
     if padding == "causal":
-        return d * (k - 1), 0
+        return causal_pads(k, d)
     return padding[axis]
-
-
-def window_out(size, k, s, d, pads):
-    """Output length of a window op, None when the input length is unknown."""
-    if size is None:
-        return None
-    return (size + pads[0] + pads[1] - d * (k - 1) - 1) // s + 1
 
 
 def check_data_format(data_format, what):
@@ -200,7 +189,7 @@ class _Conv(SpatialLayer):
         kh, kw = self._hw(self.kernel_size)
         dh, dw = self._hw(self.dilation_rate)
         for n, k, d, (a, b) in ((x_nhwc.shape[1], kh, dh, pads[0]), (x_nhwc.shape[2], kw, dw, pads[1])):
-            if n + a + b < d * (k - 1) + 1:
+            if padded_span(n, k, d, (a, b)) < 0:
                 raise ShapeError(f"{self._where()}: input of spatial size {tuple(x_nhwc.shape[1:3])} "
                                  f"is smaller than the (dilated) kernel {self.kernel_size} after padding")
 
@@ -371,7 +360,7 @@ def transpose_pads(size, k, s, d, padding, output_padding):
     rule, shared by every backend); the transposed convolution's full output is then cropped
     by ``k_eff - 1 - left``.
     """
-    k_eff = (k - 1) * d + 1
+    k_eff = dilated_size(k, d)
     if padding == "valid":
         op = max(k_eff, s) - k_eff if output_padding is None else output_padding
         left, right = k_eff - 1, k_eff - 1 + op
@@ -382,7 +371,7 @@ def transpose_pads(size, k, s, d, padding, output_padding):
     else:  # explicit (before, after) cropping, torch-style: out = (n-1) s - a - b + k_eff + op
         a, b = padding
         op = output_padding or 0
-        return a, (size - 1) * s - a - b + k_eff + op
+        return a, transposed_out(size, k, s, d, (a, b), op)
     return k_eff - 1 - left, (size - 1) * s + 1 + left + right - k_eff + 1
 
 

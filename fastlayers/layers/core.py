@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.reference import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
+from ..backends.activations import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
 from ..errors import InputError, ShapeError, UnsupportedError
 from .base import InputSpec, Layer, shape_str, weights_pending
 

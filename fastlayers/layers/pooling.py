@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError, UnsupportedError
+from ..geometry import window_out
 from .base import InputSpec
 from .convolutional import (
-    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple, window_out,
+    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple,
 )
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.derived import derived_from
+from ..backends.derived import derived_from, fold_projection
 from ..errors import ShapeError, UnsupportedError
-from ..folding import fold_projection
 from ..streaming import StreamState
 from ..symbolic import SymbolicTensor
 from .base import InputSpec, Layer, as_float32, shape_str
@@ -610,16 +609,6 @@ class GRUCell(_GRUMath, _Cell):
 _MERGE_MODES = ("concat", "sum", "mul", "ave", None)
 
 
-def _from_keras_config(layer):
-    """A wrapped layer given as a Keras config ({"class_name", "config"}, as in a Keras file)
-    is built through the Keras reader's table; layers pass through."""
-    if isinstance(layer, dict) and "class_name" in layer and "config" in layer:
-        from ..io.keras import build_layer
-
-        return build_layer(layer["class_name"], dict(layer["config"]), "Bidirectional")
-    return layer
-
-
 class Bidirectional(Layer):
     """Run a recurrent layer forwards and a copy backwards, and merge their outputs (Keras).
 
@@ -646,7 +635,6 @@ class Bidirectional(Layer):
     config_keys = ("merge_mode",)
 
     def __init__(self, layer, merge_mode="concat", backward_layer=None, weights=None, **kwargs):
-        layer, backward_layer = _from_keras_config(layer), _from_keras_config(backward_layer)
         if not isinstance(layer, _RNNLayer):
             raise UnsupportedError(f"Bidirectional wraps SimpleRNN, LSTM or GRU, got "
                                    f"{type(layer).__name__}")
@@ -731,14 +719,11 @@ class Bidirectional(Layer):
 
     @classmethod
     def from_config(cls, config):
-        from ..io.native import _layer_from_entry, _registry
-
         config = dict(config)
-        registry = _registry()
-        layer = _layer_from_entry(config.pop("layer"), registry, "Bidirectional config")
+        layer = _wrapped_from_config(config.pop("layer", None))
         backward = config.pop("backward_layer", None)
         if backward is not None:
-            backward = _layer_from_entry(backward, registry, "Bidirectional config")
+            backward = _wrapped_from_config(backward)
         return cls(layer, backward_layer=backward, **config)
 
     # ----------------------------------------------------------------------------- calling
@@ -820,3 +805,17 @@ class Bidirectional(Layer):
         else:
             y = [out_f, out_b]
         return y + states if (self.return_state or self.merge_mode is None) else y[0]
+
+
+#: The layers Bidirectional wraps, by the class names of its config (``get_config``).
+_WRAPPABLE = {"SimpleRNN": SimpleRNN, "LSTM": LSTM, "GRU": GRU}
+
+
+def _wrapped_from_config(entry):
+    """The wrapped layer of a Bidirectional config: ``{"class_name", "config"}`` rebuilt."""
+    cls = _WRAPPABLE.get(entry.get("class_name")) if isinstance(entry, dict) else None
+    if cls is None or not isinstance(entry.get("config"), dict):
+        found = entry.get("class_name") if isinstance(entry, dict) else type(entry).__name__
+        raise UnsupportedError(f"Bidirectional config: the wrapped layer must be a SimpleRNN, LSTM "
+                               f"or GRU entry {{'class_name': ..., 'config': {{...}}}}, found {found!r}")
+    return cls.from_config(dict(entry["config"]))

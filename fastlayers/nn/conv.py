@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..errors import InputError, UnsupportedError
+from ..geometry import transposed_out
 from . import functional_conv as FC
 from .module import Module
 
@@ -130,7 +131,7 @@ class ConvTranspose2d(_ConvNd):
             op = []
             for n, s, p, d, k, w in zip(x.shape[-2:], self.stride, self.padding, self.dilation,
                                         self.kernel_size, want):
-                smallest = (n - 1) * s - 2 * p + d * (k - 1) + 1
+                smallest = transposed_out(n, k, s, d, (p, p))
                 if not smallest <= w < smallest + max(s, d):
                     raise InputError(f"ConvTranspose2d: requested output size {want} is not in the "
                                      f"reachable range starting at {smallest}")

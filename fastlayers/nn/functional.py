@@ -6,7 +6,7 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import InputError, ShapeError
-from ..layers.base import as_float32
+from ..arrays import as_float32
 
 
 def _f32(x, what: str) -> np.ndarray:

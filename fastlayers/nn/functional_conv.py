@@ -14,7 +14,8 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import InputError, ShapeError, UnsupportedError
-from ..layers.base import as_float32
+from ..geometry import padded_span, same_pads_stride1, transposed_out, window_out
+from ..arrays import as_float32
 
 
 def _tuple(v, n, what):
@@ -63,11 +64,7 @@ def conv_pads(padding, rank, kernel, stride, dilation, what):
             if any(s != 1 for s in stride):
                 raise InputError(f"{what}: padding='same' is not supported for strided "
                                  "convolutions (as in torch)")
-            pairs = []
-            for k, d in zip(kernel, dilation):
-                total = d * (k - 1)
-                pairs.append((total // 2, total - total // 2))
-            return tuple(pairs)
+            return tuple(same_pads_stride1(k, d) for k, d in zip(kernel, dilation))
         raise InputError(f"{what}: invalid padding string {padding!r}, expected 'valid' or 'same'")
     p = _tuple(padding, rank, f"{what} padding")
     if any(v < 0 for v in p):
@@ -94,7 +91,7 @@ def _conv(rank, input, weight, bias, stride, padding, dilation, groups, what):
     dilation = _tuple(dilation, rank, f"{what} dilation")
     pads = conv_pads(padding, rank, kernel, stride, dilation, what)
     for n, k, d, (a, b) in zip(x.shape[2:], kernel, dilation, pads):
-        if n + a + b < d * (k - 1) + 1:
+        if padded_span(n, k, d, (a, b)) < 0:
             raise ShapeError(f"{what}: input of spatial size {tuple(x.shape[2:])} (padded by "
                              f"{pads}) is smaller than the dilated kernel {tuple(kernel)}")
     w_hwio = np.moveaxis(weight, (0, 1), (-1, -2))         # (..., C_in/g, C_out)
@@ -134,7 +131,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if any(o >= s and o >= d for o, s, d in zip(op, stride, dilation)):
         raise InputError(f"{what}: output_padding {op} must be smaller than either stride {stride} "
                          f"or dilation {dilation}")
-    out_hw = tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1
+    out_hw = tuple(transposed_out(n, k, s, d, (p, p), o)
                    for n, s, p, d, k, o in zip(x.shape[2:], stride, pad, dilation, kernel, op))
     if min(out_hw) <= 0:
         raise ShapeError(f"{what}: padding {pad} leaves an empty output for input {tuple(x.shape)}")
@@ -151,14 +148,10 @@ def pool_geometry(sizes, kernel, stride, padding, dilation, ceil_mode, what):
     for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation):
         if p > k // 2:
             raise InputError(f"{what}: padding {padding} must be at most half the kernel {kernel}")
-        span = n + 2 * p - d * (k - 1) - 1
-        if span < 0:
+        if padded_span(n, k, d, (p, p)) < 0:
             raise ShapeError(f"{what}: input of spatial size {tuple(sizes)} is smaller than the "
                              f"kernel {kernel} (padding {padding})")
-        o = (-(-span // s) if ceil_mode else span // s) + 1
-        if ceil_mode and (o - 1) * s >= n + p:
-            o -= 1
-        out.append(o)
+        out.append(window_out(n, k, s, d, (p, p), ceil_mode))
     return tuple(out)
 
 

@@ -9,6 +9,8 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from ..errors import ShapeError, StateDictError
+from ..placement import on_device
+from ..services import service
 
 
 class IncompatibleKeys(NamedTuple):
@@ -198,9 +200,7 @@ class Module:
     def __reduce__(self):
         """Pickle by value: class names from ``fastlayers.nn``, their constructor arguments and
         the state dict (``fastlayers.pickling``); a subclass of its own (code) is refused."""
-        from ..pickling import reduce_module
-
-        return reduce_module(self)
+        return service("reduce_module")(self)
 
     def __deepcopy__(self, memo):
         # the object graph, as Python copies any object (subclasses of one's own included):
@@ -237,8 +237,6 @@ class Module:
         ``.to("cuda")`` (or ``"cuda:0"``, ``torch.device("cuda")``, ``device="cuda"``) returns a
         wrapper whose calls run under ``use_ops("cuda")`` and return host numpy arrays.
         """
-        from ..backends.placement import on_device
-
         device = kwargs.get("device", args[0] if args else None)
         return on_device(self, device, strict=False)
 

@@ -48,8 +48,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
+from ..services import service
 from ..warmup import warm_up
-from . import check, encoder, fusion, proto, qfusion, quant, rewrite
+# control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
+# their operators to ops.OPS when imported: this module, which runs OPS, imports them all
+from . import check, encoder, fusion, indexing, proto, qfusion, quant, rewrite  # noqa: F401 - indexing registers
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
@@ -415,9 +418,7 @@ class OnnxModel:
 
     def __reduce__(self):
         """Pickle by value: the ONNX bytes, imported again when unpickled (fastlayers.pickling)."""
-        from ..pickling import reduce_onnx
-
-        return reduce_onnx(self)
+        return service("reduce_onnx")(self)
 
 
 def _array_bytes(value) -> int:

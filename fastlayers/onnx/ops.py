@@ -14,13 +14,16 @@ import os
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.derived import derived, derived_from
+from ..backends.derived import derived, derived_from, fold_projection
 from ..backends.accumulate import wide_mean, wide_sum
-from ..backends.reference import erfc64, fold_batch_norm
+from ..backends.activations import erfc64
+from ..backends.reference import fold_batch_norm
 from ..errors import InputError, ShapeError, UnsupportedError
-from ..folding import fold_projection
+from ..geometry import dilated_size, padded_span, same_pads, transposed_out, window_out
 from ..native.layout import channels_first, channels_last
 
+#: ONNX operator name -> implementation; control.py, indexing.py and quant.py add theirs when
+#: imported (onnx/model.py imports them)
 OPS: dict = {}
 
 
@@ -1069,13 +1072,8 @@ def conv_pads(attrs, in_hw, kernel, strides, dilations):
     auto = attrs.get("auto_pad", "NOTSET")
     n = len(in_hw)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for size, k, s, d in zip(in_hw, kernel, strides, dilations):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + d * (k - 1) + 1 - size)
-            small, big = total // 2, total - total // 2
-            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
-        return tuple(pads)
+        return tuple(same_pads(size, k, s, d, lower=auto == "SAME_LOWER")
+                     for size, k, s, d in zip(in_hw, kernel, strides, dilations))
     if auto == "VALID":
         return ((0, 0),) * n
     p = list(attrs.get("pads") or [0] * (2 * n))
@@ -1096,16 +1094,12 @@ def _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil=False):
     output large)."""
     out_hw = []
     for size, k, s, d, (a, z) in zip(in_hw, kernel, strides, dilations, pads):
-        span = size + a + z - d * (k - 1) - 1
-        if span < 0:
+        if padded_span(size, k, d, (a, z)) < 0:
             raise ShapeError(f"{what}: input of spatial size {tuple(in_hw)} (padded by {tuple(pads)}) "
                              f"is smaller than the dilated window {tuple(kernel)} (dilations "
                              f"{tuple(dilations)})")
-        out = (-(-span // s) if ceil else span // s) + 1
-        if ceil and (out - 1) * s >= size + a:
-            out -= 1  # the last window would start in the end padding
-        out_hw.append(out)
-    return out_hw, any(max(a, z) > d * (k - 1) for k, d, (a, z) in zip(kernel, dilations, pads))
+        out_hw.append(window_out(size, k, s, d, (a, z), ceil))
+    return out_hw, any(max(a, z) >= dilated_size(k, d) for k, d, (a, z) in zip(kernel, dilations, pads))
 
 
 def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=False):
@@ -1196,7 +1190,8 @@ def _conv_transpose(inputs, attrs, opset):
     out_pad = _spatial(attrs, "output_padding", n, 0)
     kernel = list(w4.shape[2:])
     in_hw = list(x4.shape[1:3])
-    full = [s * (i - 1) + op_ + (k - 1) * d + 1 for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
+    full = [transposed_out(i, k, s, d, (0, 0), op_)
+            for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
     shape = attrs.get("output_shape")
     auto = attrs.get("auto_pad", "NOTSET")
     if shape:
@@ -1525,6 +1520,3 @@ def _attention(inputs, attrs, opset):
     qk = capped + bias if mode == 2 else (w if mode == 3 else capped)
     return [y, present_k, present_v, qk]
 
-
-# the operators of the modules by subject register in OPS as they are imported
-from . import control, indexing  # noqa: E402, F401

@@ -19,7 +19,8 @@ import fastlayers.nn as nn
 from fastlayers import layers as L
 from fastlayers.backends import derived
 from fastlayers.errors import ModelFileError, UnsupportedError
-from fastlayers.pickling import FileSource, _nn_registry
+from fastlayers.io.onnx import FileSource
+from fastlayers.nn.registry import MODULE_CLASSES
 
 from ..conftest import oracle
 
@@ -196,7 +197,7 @@ def module_view(m) -> dict:
 
 
 def test_every_nn_class_has_an_example():
-    assert set(NN_EXAMPLES) == set(_nn_registry())
+    assert set(NN_EXAMPLES) == set(MODULE_CLASSES)
 
 
 @pytest.mark.parametrize("name", sorted(NN_EXAMPLES))

@@ -19,7 +19,7 @@ from fastlayers import layers as L
 from fastlayers import native
 from fastlayers.backends import get_ops
 from fastlayers.backends.cpu import conv_ops
-from fastlayers.backends.reference_conv import conv_out_size
+from fastlayers.geometry import window_out
 from fastlayers.native import _core
 
 from ..conftest import assert_close
@@ -88,8 +88,8 @@ def native_conv(x, w, b, strides, pads, dilation, groups, act, alpha, method):
     """``_core.conv2d`` by ``method`` (the reference's activation applied when not native)."""
     n, h, wd, _ = x.shape
     kh, kw, _, cout = w.shape
-    ho = conv_out_size(h, kh, strides[0], sum(pads[0]), dilation[0])
-    wo = conv_out_size(wd, kw, strides[1], sum(pads[1]), dilation[1])
+    ho = window_out(h, kh, strides[0], dilation[0], pads[0])
+    wo = window_out(wd, kw, strides[1], dilation[1], pads[1])
     y = np.empty((n, ho, wo, cout), np.float32)
     _core.conv2d(x, _core.conv_pack(w, groups), b, y, kh, kw, *strides, *dilation, pads[0][0],
                  pads[1][0], groups, native.CODES[act], alpha, method)
@@ -105,8 +105,8 @@ def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     if method == "implicit":
         c = dict(c, groups=1)
     args = conv_args(c, wide)
-    if conv_out_size(c["h"], c["k"][0], c["s"][0], sum(c["pads"][0]), c["d"][0]) <= 0 or \
-            conv_out_size(c["w"], c["k"][1], c["s"][1], sum(c["pads"][1]), c["d"][1]) <= 0:
+    if window_out(c["h"], c["k"][0], c["s"][0], c["d"][0], c["pads"][0]) <= 0 or \
+            window_out(c["w"], c["k"][1], c["s"][1], c["d"][1], c["pads"][1]) <= 0:
         return
     code = _core.CONV_IMPLICIT if method == "implicit" else _core.CONV_IM2COL
     assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
@@ -216,8 +216,8 @@ def test_pool2d_cpu_matches_reference(isa, c, kind, count_include_pad, ceil_extr
     (kh, kw), (sh, sw) = c["k"], c["s"]
     pads = tuple((min(p[0], k // 2), min(p[1], k // 2)) for p, k in zip(c["pads"], c["k"]))
     d = c["d"] if kind == "max" else (1, 1)
-    ho = conv_out_size(c["h"], kh, sh, sum(pads[0]), d[0])
-    wo = conv_out_size(c["w"], kw, sw, sum(pads[1]), d[1])
+    ho = window_out(c["h"], kh, sh, d[0], pads[0])
+    wo = window_out(c["w"], kw, sw, d[1], pads[1])
     if min(ho, wo) <= 0:
         return
     # ceil mode: one more window while it starts inside the input or the leading padding
@@ -381,7 +381,7 @@ def test_max_pool_3x3_nan_at_every_tap_wins(isa, stride):
         x[0, 3, 3, c - 1] = np.nan
         x[0, 2, 3, 4], x[0, 4, 2, 4] = np.inf, -np.inf
         args = ("max", (3, 3), (stride, stride), ((1, 1), (1, 1)),
-                (conv_out_size(7, 3, stride, 2), ) * 2)
+                (window_out(7, 3, stride, 1, (1, 1)), ) * 2)
         got, want = CPU.pool2d(x, *args), REF.pool2d(x, *args)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         assert np.isnan(want).any()

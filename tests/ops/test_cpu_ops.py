@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastlayers.backends import get_ops
-from fastlayers.backends.reference import ACTIVATIONS as ALL_ACTIVATIONS, fold_batch_norm
+from fastlayers.backends.activations import ACTIVATIONS as ALL_ACTIVATIONS
+from fastlayers.backends.reference import fold_batch_norm
 from fastlayers.native import CODES
 
 from ..conftest import assert_close

@@ -30,7 +30,8 @@ import numpy as np
 from ...native import CODES, _core
 from ..derived import derived
 from ..reference import ReferenceOps
-from ..reference_conv import conv_out_size, roi_bins, source_coords
+from ...geometry import window_out
+from ..reference_conv import roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
 #: Winograd needs this many channels each way (fewer: its products are too thin), this many
@@ -91,8 +92,8 @@ def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilat
     kh, kw, cin_g, cout = w_hwio.shape
     (sh, sw), (dh, dw) = strides, dilation
     (pt, pb), (pl, pr) = pads
-    ho = conv_out_size(h, kh, sh, pt + pb, dh)
-    wo = conv_out_size(w, kw, sw, pl + pr, dw)
+    ho = window_out(h, kh, sh, dh, (pt, pb))
+    wo = window_out(w, kw, sw, dw, (pl, pr))
     if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
         return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
                                    activation, alpha)
@@ -119,8 +120,8 @@ def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 
     kh, kw, _, m = w_hwcm.shape
     (sh, sw), (dh, dw) = strides, dilation
     (pt, pb), (pl, pr) = pads
-    ho = conv_out_size(h, kh, sh, pt + pb, dh)
-    wo = conv_out_size(w, kw, sw, pl + pr, dw)
+    ho = window_out(h, kh, sh, dh, (pt, pb))
+    wo = window_out(w, kw, sw, dw, (pl, pr))
     if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or m == 0 or min(pt, pl) < 0:
         return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
                                              activation, alpha)

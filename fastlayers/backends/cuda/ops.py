@@ -27,7 +27,8 @@ import numpy as np
 
 from ...errors import UnsupportedError
 from ..reference import ReferenceOps
-from ..reference_conv import conv_out_size, resize_ratio
+from ...geometry import window_out
+from ..reference_conv import resize_ratio
 from . import _kernels as K
 from ._launch import install as install_fast_launches
 from ._runtime import (
@@ -408,8 +409,8 @@ class CudaOps(ReferenceOps):
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = conv_out_size(h, kh, sh, pt + pb, dh)
-        wo = conv_out_size(w, kw, sw, pl + pr, dw)
+        ho = window_out(h, kh, sh, dh, (pt, pb))
+        wo = window_out(w, kw, sw, dw, (pl, pr))
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0:
             return super().conv2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides, pads,
@@ -441,8 +442,8 @@ class CudaOps(ReferenceOps):
         kh, kw, _, m = w_hwcm.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = conv_out_size(h, kh, sh, pt + pb, dh)
-        wo = conv_out_size(w, kw, sw, pl + pr, dw)
+        ho = window_out(h, kh, sh, dh, (pt, pb))
+        wo = window_out(w, kw, sw, dw, (pl, pr))
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or c * m == 0:
             return super().depthwise_conv2d(to_host(x_nhwc), to_host(w_hwcm), to_host(b), strides,

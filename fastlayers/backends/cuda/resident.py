@@ -35,7 +35,7 @@ from ...layers import (
     attention, blocks, convolutional, core, hierarchical_softmax, merging, normalization, pooling,
     recurrent, reshaping,
 )
-from ...layers.convolutional import same_pads, window_out
+from ...geometry import same_pads, window_out
 from ._runtime import device_dtype, is_device, to_device, to_host
 
 

@@ -1,10 +1,12 @@
-"""``model.to(device)``: a model bound to a backend (imports no backend until it is called)."""
+"""``model.to(device)`` for graph models and nn modules: a model bound to a backend (imports no
+device backend until it is called)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnsupportedError
+from .backends import get_ops, use_ops
+from .errors import UnsupportedError
 
 
 def device_backend(device, strict: bool = True) -> str | None:
@@ -34,7 +36,6 @@ def on_device(model, device, strict: bool = True):
     backend = device_backend(device, strict)
     if backend is None:
         return model
-    from . import get_ops
 
     get_ops(backend)  # fail now (no GPU, no numba-cuda), not at the first call
     return BackendModel(model, backend)
@@ -60,8 +61,6 @@ class BackendModel:
         self.backend = backend
 
     def _run(self, method, *args, **kwargs):
-        from . import use_ops
-
         with use_ops(self.backend):
             return _host(method(*args, **kwargs))
 
