@@ -668,7 +668,7 @@ class PositionwiseFeedForward(Layer):
         return (*input_shape[:-1], self.output_units or input_shape[-1])
 
     def call(self, x):
-        if x.shape[-1] != self.kernel1.shape[0]:
+        if tuple(x.shape)[-1] != self.kernel1.shape[0]:
             raise ShapeError(f"{_where(self)}: expected last axis {self.kernel1.shape[0]}, got {x.shape}")
         h = self.ops.dense(x, self.kernel1, self.bias1 if self.use_bias else None, self.activation,
                            _DEFAULT_ALPHA.get(self.activation, 0.0))
