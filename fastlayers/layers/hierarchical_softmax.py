@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 
+from ..backends.derived import derived
 from ..errors import ShapeError
 from .base import InputSpec, Layer
 
@@ -149,7 +150,11 @@ class HierarchicalSoftmax(Layer):
         return self.ops.indices(classes, self.num_classes, where, "classes")
 
     def _bias(self):
-        return self.bias if self.use_bias else np.zeros(self.num_inner, np.float32)
+        if self.use_bias:
+            return self.bias
+        # one zero array per kernel, so a device backend caches one copy
+        return derived(self.kernel, "hsoftmax-zero-bias",
+                       lambda k: np.zeros(self.num_inner, np.float32))
 
     def log_probs(self, x) -> np.ndarray:
         """log p(c | x) for every class: (batch, num_classes)."""
