@@ -29,7 +29,7 @@ import threading
 import numpy as np
 
 from ...errors import InputError, UnsupportedError
-from ..reference import ReferenceOps
+from ..reference import DEFAULT_ALPHA, ReferenceOps
 from ..reference_conv import conv_out_size, resize_ratio
 from . import _kernels as K
 from ._launch import install as install_fast_launches
@@ -83,6 +83,13 @@ def _rows(a):
 def _flat(a):
     """Contiguous device array ``a`` viewed as 1-D (a 0-d array as one element)."""
     return a.reshape(max(int(np.prod(a.shape)), 1))
+
+
+def _gate_code(activation: str):
+    """The kernel code of a recurrent gate activation, or None (the reference runs the layer):
+    the gate kernels apply activations without a parameter, so those with one (leaky_relu,
+    elu, whose Keras default alpha the reference applies) have no code here."""
+    return None if activation in DEFAULT_ALPHA else K.CODES.get(activation)
 
 
 def _grid1(n: int, sim: bool):
@@ -881,7 +888,7 @@ class CudaOps(ReferenceOps):
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None,
                      reverse=False, return_sequences=True, zero_masked=False, y0=None):
         """SimpleRNN over time on the device: per step the tiled h w_hh product, one gate kernel."""
-        code = K.CODES.get(activation)
+        code = _gate_code(activation)
         dev = is_device(x_bti)
         if code is None or 0 in x_bti.shape:
             return self._host_path(is_device(x_bti), super().rnn_sequence(
@@ -910,7 +917,7 @@ class CudaOps(ReferenceOps):
                       recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                       return_sequences=True, zero_masked=False, y0=None):
         """LSTM over time on the device: one fused gate kernel per step after a tiled h w_hg product."""
-        act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
+        act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
         if act is None or ract is None or 0 in x_bti.shape:
             return self._host_path(is_device(x_bti), super().lstm_sequence(
@@ -947,7 +954,7 @@ class CudaOps(ReferenceOps):
                      activation="tanh", recurrent_activation="sigmoid", mask_bt=None,
                      reverse=False, return_sequences=True, zero_masked=False, y0=None):
         """GRU over time on the device: the h w_hg product (tiled kernel) and fused gate kernels."""
-        act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
+        act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
         if act is None or ract is None or 0 in x_bti.shape:
             return self._host_path(is_device(x_bti), super().gru_sequence(
