@@ -92,10 +92,9 @@ class Model(Layer):
         _name_tensors(self._nodes)
         self._layers = self._keras_layer_order()
         run_nodes = [node for node in self._nodes if not isinstance(node.layer, InputLayer)]
-        self._plan = [self._plan_step(node) for node in run_nodes]
-        # the host backends' plan: layers folded together where that saves work (folding.py);
-        # ``_plan`` keeps one step per node for backends that run nodes themselves (cuda)
-        self._host_plan = fold_embeddings(run_nodes, self._plan, self.outputs)
+        plan = [self._plan_step(node) for node in run_nodes]
+        # the run plan of every backend: layers folded together where that saves work (folding.py)
+        self._host_plan = fold_embeddings(run_nodes, plan, self.outputs)
         self._host_chain = self._chain_of(self._host_plan)
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
@@ -323,8 +322,10 @@ class Model(Layer):
             raise ShapeError(f"model {self.name!r} expects {n} input(s) {self.input_names}, got {len(arrays)}")
         out = []
         for t, a in zip(self.inputs, arrays):
-            a = as_float32(a, f"model {self.name!r} input {t.node.layer.name!r}") \
-                if not getattr(t.node.layer, "keep_dtype", False) else np.asarray(a)
+            if getattr(t.node.layer, "keep_dtype", False):
+                a = a if self.ops.is_device_array(a) else np.asarray(a)
+            else:
+                a = self._float_input(a, f"model {self.name!r} input {t.node.layer.name!r}")
             t.node.layer.check(a)
             out.append(a)
         if len({a.shape[0] for a in out}) > 1:
@@ -346,9 +347,21 @@ class Model(Layer):
         return super().__call__(inputs, **kwargs)
 
     def call(self, x):
-        run_model = getattr(self.ops, "run_model", None)  # cuda: activations stay on the device
-        if run_model is not None:
-            return run_model(self, x)
+        """Run the plan on prepared inputs. On a device backend (``ops.device``) the inputs
+        are moved to the device here and the outputs back to the host at the end; every layer
+        in between computes on device arrays. A model nested in another one finds its inputs
+        on the device already and leaves its outputs there."""
+        ops = self.ops
+        if ops.device is None:
+            return self._run_plan(x)
+        entry = not any(map(ops.is_device_array, x if type(x) is list else [x]))
+        if not entry:
+            return self._run_plan(x)
+        return ops.to_host(self._run_plan(ops.to_device(x)))
+
+    def _run_plan(self, x):
+        """The outputs of the plan's steps from the model's inputs ``x`` (one array, or a list
+        with one per input)."""
         if self._host_chain is not None and type(x) is not list:
             for fn in self._host_chain:
                 x = fn(x)

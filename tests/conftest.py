@@ -56,9 +56,16 @@ def rng():
     return np.random.default_rng(1234)
 
 
-@pytest.fixture(params=["reference", "cpu"])
+#: The cuda backend under numba-cuda's simulator joins the ``backend`` fixture when the run asks
+#: for the simulator (NUMBA_ENABLE_CUDASIM=1, set before numba is imported) and numba-cuda is
+#: installed: README's CUDA test line selects those cases with ``-k cuda``.
+CUDA_SIMULATOR = (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+                  and importlib.util.find_spec("numba_cuda") is not None)
+
+
+@pytest.fixture(params=["reference", "cpu", *(["cuda"] if CUDA_SIMULATOR else [])])
 def backend(request):
-    """Run the test once per CPU backend."""
+    """Run the test once per backend: reference, cpu, and cuda under the CUDA simulator."""
     import fastlayers
 
     with fastlayers.use_ops(request.param):

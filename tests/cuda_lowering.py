@@ -57,6 +57,8 @@ SIGNATURES = {
     "fill_flat": (f1, f),
     "nonzero_u8": [(l1, i, u1), (f1, f, u1)],
     "keep_bias_strided": [(f1, i, t6, f, f1, t6), (l1, i, t6, i, f1, t6), (u1, i, t6, u, f1, t6)],
+    "keep_f32": [(f1, f, f1), (l1, i, f1), (u1, u, f1)],
+    "check_range": (l1, i, f1),
     "whole_floats_to_int64": (f1, l1, f1),
     "gather_rows": (l1, f2, f2, f1),
     "hsoftmax_rows": (f2, l2, f2, f2),

@@ -145,7 +145,8 @@ else:
         assert c_ordered(plain) is plain
 
     from fastlayers import layers as L
-    from fastlayers.backends.cuda import _runtime, resident
+    from fastlayers.backends.cuda import _runtime
+    from fastlayers.backends.cuda.ops import TRANSFERS
 
     @pytest.fixture(scope="module")
     def ops():
@@ -267,18 +268,19 @@ else:
     def _assert_resident(model, x, flag_reads=0, atol=1e-5):
         """The model on the cuda backend equals the cpu backend, every node runs on the device and
         the only activation copies are one per input in and one per output out (plus
-        ``flag_reads`` reads of the value-check flag); weights go into the cache once."""
+        ``flag_reads`` reads of a value check, one per checking layer); no primitive falls back
+        to the host; weights go into the cache once."""
         want = model(x)
+        TRANSFERS.reset()
         with fastlayers.use_ops("cuda"), _device_only() as counts:
             got = model(x)
         for g, w in zip(got if isinstance(got, list) else [got],
                         want if isinstance(want, list) else [want]):
             assert isinstance(g, np.ndarray) and g.shape == w.shape and g.dtype == w.dtype
             assert_close(g, w, rtol=1e-4, atol=atol)
-        run = resident.LAST_RUN
         n_in, n_out = len(model.inputs), len(model.outputs)
-        assert run.host_layers == []
-        assert (run.to_device, run.to_host, run.flag_reads) == (n_in, n_out, flag_reads)
+        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.flag_reads,
+                TRANSFERS.host_fallbacks) == (n_in, n_out, flag_reads, 0)
         if counts is not None:
             assert (counts["in"], counts["out"]) == (n_in, n_out + flag_reads)
 
@@ -298,20 +300,18 @@ else:
         _assert_resident(_cnn(), _x(rng, 2, 5, 5, 2))
 
     class _Scaled(L.Dense):
-        """A user subclass: it may override call, so it has no device handler."""
+        """A user subclass overriding call with ops primitives."""
+
+        two = np.full((), 2.0, np.float32)
 
         def call(self, x):
-            return super().call(x) * np.float32(2)
+            return self.ops.merge(super().call(x), self.two, "multiply")
 
-    def test_layers_without_a_handler_round_trip_and_are_reported(ops, rng):
+    def test_a_layer_subclass_calling_ops_runs_on_the_device(ops, rng):
         model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), _Scaled(3),
                                        L.Dense(2, activation="tanh")])
         x = _x(rng, 2, 4)
-        want = model(x)
-        got = model.to("cuda")(x)
-        assert_close(got, want, rtol=1e-4, atol=1e-5)
-        assert resident.LAST_RUN.host_layers == [model.layers[1].name]
-        assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (2, 2)
+        _assert_resident(model, x)
 
     def test_application_layers_run_on_the_device(ops, rng):
         """ConvNeXt's LayerScale and StochasticDepth, InceptionResNetV2's CustomScaleLayer and
@@ -325,20 +325,9 @@ else:
         model.layers[1].set_weights([_x(rng, 6)])
         xs = _x(rng, 2, 5, 6)
         want = model(xs)
+        TRANSFERS.reset()
         assert_close(model.to("cuda")(xs), want, rtol=1e-5, atol=1e-6)
-        assert resident.LAST_RUN.host_layers == ["sixth"]
-
-    def test_every_graph_layer_type_has_a_device_handler():
-        """Every layer class of fastlayers.layers that a graph can hold runs on the device (cells
-        refuse symbolic inputs; Layer and InputLayer are not computations)."""
-        import fastlayers.layers as layers_module
-
-        not_in_graphs = {"Layer", "InputLayer", "SimpleRNNCell", "LSTMCell", "GRUCell"}
-        types = {t for t in vars(layers_module).values() if isinstance(t, type)
-                 and issubclass(t, L.Layer) and t.__name__ not in not_in_graphs}
-        assert len(types) > 60
-        missing = sorted(t.__name__ for t in types if t not in resident._HANDLERS)
-        assert missing == []
+        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.host_fallbacks) == (1, 1, 0)
 
     def test_functional_model_two_inputs_two_outputs(ops, rng):
         a, b = fastlayers.Input((3,), name="a"), fastlayers.Input((2,), name="b")
@@ -588,7 +577,7 @@ else:
         model = fastlayers.Model([feats_in, rois_in, classes_in], [pooled, p])
         rois = np.array([[0, 0, 0, 8, 9], [1, 1.4, 2.5, 9, 9]], np.float32)  # (K, 5), K = batch
         _assert_resident(model, [_x(rng, 2, 6, 5, 2), rois, np.array([0, 2], np.int32)],
-                         flag_reads=1)
+                         flag_reads=2)  # one per checking layer: the rois, the classes
 
     def test_value_checks_raise_the_layers_own_errors(ops, rng):
         """Indices are checked in the kernels; a bad one raises what the cpu backend raises."""
@@ -624,12 +613,12 @@ else:
         bn.set_weights([_x(rng, 3), _x(rng, 3), _x(rng, 3), np.abs(_x(rng, 3)) + 0.5])
         x = _x(rng, 2, 4, 4, 3)
         want = model(x)
+        TRANSFERS.reset()
         with fastlayers.use_ops("cuda"):
             got = model(x)
         for g, w in zip(got, want):
             assert_close(g, w, rtol=1e-4, atol=1e-5)
-        assert resident.LAST_RUN.host_layers == []
-        assert (resident.LAST_RUN.to_device, resident.LAST_RUN.to_host) == (1, 2)
+        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.host_fallbacks) == (1, 2, 0)
 
 
     @pytest.mark.parametrize("padding", ["causal", "same", "valid"])
@@ -644,7 +633,8 @@ else:
         ])
         x = _x(rng, 2, 7, 2)
         want = model(x)
+        TRANSFERS.reset()
         with fastlayers.use_ops("cuda"):
             got = model(x)
         assert_close(got, want, rtol=1e-4, atol=1e-5)
-        assert resident.LAST_RUN.host_layers == []
+        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.host_fallbacks) == (1, 1, 0)

@@ -361,14 +361,13 @@ else:
                              REF.global_pool(x, kind, axes, True))
 
     def test_masks(ops, rng):
-        from fastlayers.layers.attention import _keep_bias
-
         ids = np.array([[1, 0, 3], [0, 0, 2]], np.int64)
         assert np.array_equal(ops.nonzero_mask(ids), (ids != 0).astype(np.uint8))
         m = rng.random((2, 1, 3)).astype(np.float32)
-        want = np.broadcast_to(_keep_bias(m), (2, 4, 3))
-        np.testing.assert_array_equal(ops.mask_bias(m, (2, 4, 3)), want)
-        np.testing.assert_array_equal(ops.mask_bias(ids, (2, 3)), _keep_bias(ids != 0))
+        np.testing.assert_array_equal(ops.mask_bias(m, (2, 4, 3)), REF.mask_bias(m, (2, 4, 3)))
+        np.testing.assert_array_equal(ops.mask_bias(ids, (2, 3)), REF.mask_bias(ids != 0, (2, 3)))
+        np.testing.assert_array_equal(ops.mask_keep(m), REF.mask_keep(m))
+        np.testing.assert_array_equal(ops.mask_keep(ids != 0), REF.mask_keep(ids != 0))
 
     def test_embedding_gather_and_index_check(ops, rng):
         from numba import cuda

@@ -35,11 +35,6 @@ LEVELS = [
     ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling")),
 ]
 
-#: Files left out of the check. backends/cuda/resident.py (it imports graph and layers) is being
-#: deleted: the CUDA backend becomes a set of primitives that knows no layer class.
-EXCLUDED = {"backends/cuda/resident.py"}
-
-
 def _name(path: Path) -> str:
     parts = ("fastlayers",) + path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -49,8 +44,6 @@ def _modules() -> dict[str, Path]:
     """Module name -> source: the Python modules, and the compiled extension (its .pyx)."""
     modules = {}
     for path in sorted([*ROOT.rglob("*.py"), *ROOT.rglob("*.pyx")]):
-        if path.relative_to(ROOT).as_posix() in EXCLUDED:
-            continue
         parts = ("fastlayers",) + path.relative_to(ROOT).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -70,9 +63,6 @@ def _level(module: str) -> int:
     return best
 
 
-_EXCLUDED_MODULES = {_name(ROOT / path) for path in EXCLUDED}
-
-
 def _targets(module: str, node: ast.AST, modules: dict) -> list[str]:
     """The fastlayers modules ``node`` imports, as module names."""
     is_package = modules[module].name == "__init__.py"
@@ -90,8 +80,7 @@ def _targets(module: str, node: ast.AST, modules: dict) -> list[str]:
         names = [node.args[0].value]
     out = []
     for name in names:
-        if name != "fastlayers" and not name.startswith("fastlayers.") or \
-                name in _EXCLUDED_MODULES:
+        if name != "fastlayers" and not name.startswith("fastlayers."):
             continue
         while name not in modules and "." in name:
             name = name.rpartition(".")[0]

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import InputError, ShapeError
 from .accumulate import wide_mean
 from .activations import _activation, _log_softmax, _softmax
 
@@ -23,6 +24,10 @@ def fold_batch_norm(mean, var, gamma, beta, epsilon):
     if beta is not None:
         shift = shift + beta
     return scale.astype(np.float32), shift.astype(np.float32)
+
+
+_MERGES = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+           "maximum": np.maximum, "minimum": np.minimum}
 
 
 class EncoderWeights(NamedTuple):
@@ -45,6 +50,145 @@ class ReferenceOps:
     """Numpy implementation of every primitive; subclasses override the hot ones."""
 
     name = "reference"
+    #: Where activations live between layers: None for host numpy arrays (this class and
+    #: CpuOps); a device backend names its device and overrides the data-movement primitives.
+    device = None
+
+    # ------------------------------------------------------------ data movement and layout
+    def is_device_array(self, a) -> bool:
+        """Whether ``a`` is an array of this backend's device (never, on the host)."""
+        return False
+
+    def to_device(self, x):
+        """``x`` (a host array, or a list of them) where this backend computes: the identity
+        here; a device backend copies floats in as float32, integer ids as int64."""
+        return x
+
+    def to_host(self, y):
+        """``y`` (an array, or a list of them) as host numpy arrays: the identity here."""
+        return y
+
+    def as_float32(self, x: np.ndarray) -> np.ndarray:
+        """x cast to float32 (ids, masks) as layers cast their inputs."""
+        return x if x.dtype == np.float32 else x.astype(np.float32)
+
+    def contiguous(self, x: np.ndarray) -> np.ndarray:
+        """x as a C-contiguous array (x itself when it is one)."""
+        return np.ascontiguousarray(x)
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new array of zeros (initial recurrent states)."""
+        return np.zeros(shape, dtype)
+
+    def transpose(self, x: np.ndarray, axes) -> np.ndarray:
+        """y = x with its axes permuted (``np.transpose``), C-contiguous."""
+        return np.ascontiguousarray(np.transpose(x, axes))
+
+    def take(self, x: np.ndarray, index: tuple) -> np.ndarray:
+        """y = x[index] for basic indexing (slices with any step, integers), C-contiguous."""
+        return np.ascontiguousarray(x[index])
+
+    def broadcast_to(self, x: np.ndarray, shape) -> np.ndarray:
+        """x repeated to ``shape`` by numpy's broadcasting rules, as a new array."""
+        return np.ascontiguousarray(np.broadcast_to(x, tuple(shape)))
+
+    def pad(self, x: np.ndarray, pads) -> np.ndarray:
+        """x padded with zeros: ``pads`` holds one (before, after) pair per axis."""
+        return np.pad(x, pads)
+
+    def concatenate(self, xs, axis: int = -1) -> np.ndarray:
+        """The arrays ``xs`` (same rank, other axes equal) joined along ``axis``."""
+        return np.concatenate(xs, axis=axis)
+
+    def merge(self, a, b, op: str, alpha: float = 1.0, beta: float = 1.0) -> np.ndarray:
+        """y = (alpha a) op (beta b) elementwise with numpy broadcasting; op in "add",
+        "subtract", "multiply", "divide", "maximum", "minimum" (NaN wins), "div_std"
+        (a / max(sqrt(b), 1e-7)) and "mul_std" (a max(sqrt(b), 1e-7))."""
+        if alpha != 1.0:
+            a = a * np.float32(alpha)
+        if beta != 1.0:
+            b = b * np.float32(beta)
+        if op in ("div_std", "mul_std"):
+            std = np.maximum(np.sqrt(b), np.float32(1e-7))
+            y = a / std if op == "div_std" else a * std
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y = _MERGES[op](a, b)
+        return np.asarray(y, np.float32)
+
+    def relu(self, x: np.ndarray, threshold: float = 0.0, negative_slope: float = 0.0,
+             max_value: float | None = None) -> np.ndarray:
+        """Keras's ReLU: y = x where x > threshold, else negative_slope (x - threshold); then at
+        most ``max_value``."""
+        t = np.float32(threshold)
+        y = np.where(x > t, x, np.float32(negative_slope) * (x - t))
+        if max_value is not None:
+            y = np.minimum(y, np.float32(max_value))
+        return y.astype(np.float32, copy=False)
+
+    def nonzero_mask(self, x: np.ndarray) -> np.ndarray:
+        """m = (x != 0) as a bool mask (ids to padding masks, numeric masks to bool)."""
+        x = np.asarray(x)
+        return x if x.dtype == np.bool_ else x != 0
+
+    def mask_bias(self, mask: np.ndarray, shape) -> np.ndarray:
+        """An attention mask (True, or > 0.5 for numbers, means attend) as an additive bias of
+        ``shape``: 0 where attended, -inf elsewhere (the mask broadcast by numpy's rules)."""
+        keep = mask if mask.dtype == np.bool_ else mask > 0.5
+        bias = np.where(keep, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        return np.ascontiguousarray(np.broadcast_to(bias, tuple(shape)))
+
+    def indices(self, ids, size: int, where: str, what: str = "indices") -> np.ndarray:
+        """``ids`` checked as indices into ``size`` rows, as an integer array: integer dtypes (or
+        floats holding whole numbers, as Keras casts them) with every value in [0, size).
+
+        Raises
+        ------
+        InputError
+            Non-integer floats, or a value outside [0, size), naming ``where``.
+        ShapeError
+            Neither a numeric nor a bool array.
+        """
+        ids = np.asarray(ids)
+        if ids.dtype.kind == "f":
+            if not np.all(np.isfinite(ids)) or np.any(ids != np.round(ids)):
+                raise InputError(f"{where}: expected integer {what}, got non-integer floats")
+        elif ids.dtype.kind not in "iub":
+            raise ShapeError(f"{where}: expected integer {what}, got dtype {ids.dtype}")
+        ids = ids.astype(np.intp, copy=False)
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            raise InputError(f"{where}: {what} must be in [0, {size}), got values in "
+                             f"[{ids.min()}, {ids.max()}]")
+        return ids
+
+    def mask_keep(self, mask: np.ndarray) -> np.ndarray:
+        """A Keras mask (True, or > 0.5 for numbers, means keep) as float32 1 or 0."""
+        keep = mask if mask.dtype == np.bool_ else mask > 0.5
+        return keep.astype(np.float32)
+
+    def split_heads(self, x_ptc: np.ndarray, heads: int) -> np.ndarray:
+        """x (P, T, H*D) as (P, H, T, D): a strided view here (``attention`` reads views in
+        place); a device backend makes it contiguous."""
+        p, t, c = x_ptc.shape
+        return x_ptc.reshape(p, t, heads, c // heads).transpose(0, 2, 1, 3)
+
+    def merge_heads(self, o_phtd: np.ndarray) -> np.ndarray:
+        """o (P, H, T, D) as (P, T, H*D), C-contiguous (free when ``o`` is the (P, T, H, D)
+        array that ``attention`` returns a view of)."""
+        p, h, t, d = o_phtd.shape
+        return np.ascontiguousarray(o_phtd.transpose(0, 2, 1, 3)).reshape(p, t, h * d)
+
+    def check_rois(self, rois: np.ndarray, batch: int, where: str) -> np.ndarray:
+        """``rois`` (K, 5) whose first column, the batch index, holds whole numbers in
+        [0, batch); raises ``InputError`` naming ``where`` otherwise."""
+        index = rois[:, 0]
+        if rois.shape[0] and (index.min() < 0 or index.max() >= batch
+                              or np.any(index != np.floor(index))):
+            raise InputError(f"{where}: roi batch indices must be integers in [0, {batch}), got "
+                             f"{np.unique(index)[:8]}")
+        return rois
+
+    # ------------------------------------------------------------------------ arithmetic
 
     def activation(self, x: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
         """y = f(x) elementwise (softmax and log_softmax over the last axis)."""
@@ -179,6 +323,35 @@ class ReferenceOps:
         return rc.local_response_norm(x, size, alpha, beta, k)
 
     # ------------------------------------------------------------------ attention (issue 5)
+    def matmul(self, a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
+        """c = a b (a b^T with ``trans_b``) over the last two axes, leading axes batched."""
+        return np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
+
+    def tanh_scores(self, q_pqd: np.ndarray, k_pkd: np.ndarray, w_d: np.ndarray | None,
+                    inner: float = 1.0, outer: float = 1.0) -> np.ndarray:
+        """s[p, i, j] = outer sum_d w[d] tanh(inner (q[p, i, d] + k[p, j, d])) (w None: ones):
+        additive (Bahdanau) and "concat" attention scores, (P, Tq, Tk)."""
+        pre = q_pqd[:, :, None, :] + k_pkd[:, None, :, :]
+        if inner != 1.0:
+            pre = np.float32(inner) * pre
+        t = np.tanh(pre)
+        if w_d is not None:
+            t = t * w_d
+        s = np.sum(t, axis=-1, dtype=np.float32)
+        return s if outer == 1.0 else (np.float32(outer) * s).astype(np.float32)
+
+    def hard_attention(self, s_pqk: np.ndarray, causal: bool = False) -> np.ndarray:
+        """w = one-hot of the first argmax over the last axis of scores (P, Tq, Tk) (keys after
+        the query excluded if ``causal``; NaN wins, as np.argmax); a row whose every key
+        scores -inf (all masked) gives zeros."""
+        tq, tk = s_pqk.shape[-2:]
+        if causal:
+            s_pqk = np.where(np.tril(np.ones((tq, tk), bool)), s_pqk, np.float32(-np.inf))
+        w = np.zeros(s_pqk.shape, np.float32)
+        np.put_along_axis(w, np.argmax(s_pqk, axis=-1)[..., None], np.float32(1), axis=-1)
+        live = np.any((s_pqk > -np.inf) | np.isnan(s_pqk), axis=-1)
+        return w * live[..., None]
+
     def attention_softmax(self, scores_bhqk: np.ndarray, scale: float, bias: np.ndarray | None,
                           causal: bool = False, empty: int = 0) -> np.ndarray:
         """w = softmax(scale s + bias (+ -inf above the diagonal if causal)) over the last axis.

@@ -23,15 +23,11 @@ from .base import Layer, shape_str
 from .core import _DEFAULT_ALPHA, activation_name
 
 _EMPTY_ZERO, _EMPTY_UNIFORM = 1, 2  # what a fully masked query row becomes (see the module doc)
-_NEG_INF = np.float32(-np.inf)
-_F0 = np.float32(0.0)
 
 
-def _keep_bias(keep) -> np.ndarray:
-    """A Keras mask (True / > 0.5 = attend) as an additive bias: 0 or -inf."""
-    keep = np.asarray(keep)
-    keep = keep if keep.dtype == np.bool_ else keep > 0.5
-    return np.where(keep, _F0, _NEG_INF).astype(np.float32)
+def _mask_array(ops, mask):
+    """A mask given to a call as an array of the backend (device arrays stay where they are)."""
+    return mask if ops.is_device_array(mask) else np.asarray(mask)
 
 
 def _where(layer) -> str:
@@ -86,39 +82,68 @@ class _BaseDenseAttention(Layer):
         raise NotImplementedError
 
     def call(self, inputs, mask=None, return_attention_scores=False, use_causal_mask=False):
-        q, v, k = self._arrays(inputs)
-        scores = self._scores(q, k)                          # (..., Tq, Tk)
-        lead, tq, tk = scores.shape[:-2], scores.shape[-2], scores.shape[-1]
-        q_mask = v_mask = None
-        if mask is not None:
-            q_mask, v_mask = (list(mask) + [None, None])[:2]
-        bias = None
-        if v_mask is not None:
-            vm = np.asarray(v_mask)
-            if vm.shape != v.shape[:-1]:
-                raise ShapeError(f"{_where(self)}: value mask must have shape {v.shape[:-1]}, got "
-                                 f"{vm.shape}")
-            bias = _keep_bias(vm)[..., None, :]              # (..., 1, Tk)
-        p = int(np.prod(lead)) if lead else 1
-        s4 = np.ascontiguousarray(scores).reshape(p, 1, tq, tk)
-        b4 = None if bias is None else np.broadcast_to(bias, (*lead, 1, tk)).reshape(p, 1, 1, tk)
-        w = self.ops.attention_softmax(s4, 1.0, b4, bool(use_causal_mask), _EMPTY_UNIFORM)
-        w = w.reshape(*lead, tq, tk)
-        out = np.matmul(w, v)
+        q3, v3, k3, lead = self._arrays(inputs)              # (P, T, dim), P = prod(lead)
+        p, tq, tk = q3.shape[0], q3.shape[1], k3.shape[1]
+        q_mask, v_mask = self._masks(mask)
+        w = self.ops.attention_softmax(self._scores(q3, k3).reshape(p, 1, tq, tk), 1.0,
+                                       self._value_bias(v_mask, inputs, lead, p),
+                                       bool(use_causal_mask), _EMPTY_UNIFORM).reshape(p, tq, tk)
+        return self._outputs(w, v3, lead, q_mask, return_attention_scores)
+
+    @staticmethod
+    def _masks(mask):
+        """(query mask, value mask), each None when not given."""
+        if mask is None:
+            return None, None
+        return tuple((list(mask) + [None, None])[:2])
+
+    def _value_bias(self, v_mask, inputs, lead, p):
+        """The value mask as an additive bias (P, 1, 1, Tk): 0 attend, -inf masked."""
+        if v_mask is None:
+            return None
+        v_shape = tuple(inputs[1].shape)
+        vm = _mask_array(self.ops, v_mask)
+        if tuple(vm.shape) != v_shape[:-1]:
+            raise ShapeError(f"{_where(self)}: value mask must have shape {v_shape[:-1]}, got "
+                             f"{tuple(vm.shape)}")
+        tk = v_shape[-2]
+        bias = self.ops.mask_bias(vm.reshape(*v_shape[:-2], 1, tk), (*lead, 1, tk))
+        return bias.reshape(p, 1, 1, tk)
+
+    def _outputs(self, w_pqk, v3, lead, q_mask, return_attention_scores):
+        """out = w v with masked queries zeroed (Keras multiplies by the query mask), and the
+        weights, both with the leading axes restored."""
+        ops = self.ops
+        p, tq, tk = w_pqk.shape
+        out = ops.matmul(w_pqk, v3).reshape(*lead, tq, v3.shape[2])
         if q_mask is not None:
-            qm = np.asarray(q_mask)
-            qm = qm if qm.dtype == np.bool_ else qm > 0.5
-            out = np.where(qm[..., None], out, _F0).astype(np.float32)
-        return [out, w] if return_attention_scores else out
+            keep = ops.mask_keep(_mask_array(ops, q_mask))
+            out = ops.merge(out, keep.reshape(*keep.shape, 1), "multiply")
+        return [out, w_pqk.reshape(*lead, tq, tk)] if return_attention_scores else out
 
     def _arrays(self, inputs):
+        """query, value and key as (P, T, dim) arrays over their broadcast leading axes
+        ``lead`` (P = prod(lead)), and ``lead``."""
         q, v = inputs[0], inputs[1]
         k = inputs[2] if len(inputs) > 2 else v
-        self._shapes([a.shape for a in (q, v, k)])
-        if q.shape[-1] != k.shape[-1] and self._needs_same_dim:
+        q_shape, v_shape, k_shape = (tuple(a.shape) for a in (q, v, k))
+        self._shapes([q_shape, v_shape, k_shape])
+        if q_shape[-1] != k_shape[-1] and self._needs_same_dim:
             raise ShapeError(f"{_where(self)}: query and key must share the last axis, got "
-                             f"{q.shape} and {k.shape}")
-        return q, v, k
+                             f"{q_shape} and {k_shape}")
+        try:
+            lead = np.broadcast_shapes(q_shape[:-2], v_shape[:-2], k_shape[:-2])
+        except ValueError:
+            raise ShapeError(f"{_where(self)}: the leading axes of query {q_shape}, value "
+                             f"{v_shape} and key {k_shape} do not broadcast") from None
+        p = int(np.prod(lead)) if lead else 1
+
+        def batched(a, shape):
+            if shape[:-2] != lead:
+                a = self.ops.broadcast_to(a, (*lead, *shape[-2:]))
+            return a.reshape(p, shape[-2], shape[-1])
+
+        return batched(q, q_shape), batched(v, v_shape), batched(k, k_shape), lead
 
     _needs_same_dim = True
 
@@ -162,14 +187,13 @@ class Attention(_BaseDenseAttention):
         if self.score_mode == "concat":
             self.add_weight("concat_score_weight", (), "ones")
 
-    def _scores(self, q, k):
+    def _scores(self, q_pqd, k_pkd):
         if self.score_mode == "dot":
-            s = np.matmul(q, np.swapaxes(k, -1, -2))
-            return s * self.scale if self.use_scale else s
-        pre = q[..., :, None, :] + k[..., None, :, :]        # (..., Tq, Tk, dim)
-        if self.use_scale:
-            pre = self.scale * pre
-        return (self.concat_score_weight * np.sum(np.tanh(pre), axis=-1)).astype(np.float32)
+            s = self.ops.matmul(q_pqd, k_pkd, trans_b=True)
+            return self.ops.merge(s, self.scale, "multiply") if self.use_scale else s
+        return self.ops.tanh_scores(q_pqd, k_pkd, None,
+                                    float(self.scale) if self.use_scale else 1.0,
+                                    float(self.concat_score_weight))
 
 
 class AdditiveAttention(_BaseDenseAttention):
@@ -199,11 +223,8 @@ class AdditiveAttention(_BaseDenseAttention):
         if self.use_scale:
             self.add_weight("scale", (k[-1],), "glorot_uniform")
 
-    def _scores(self, q, k):
-        t = np.tanh(q[..., :, None, :] + k[..., None, :, :])  # (..., Tq, Tk, dim)
-        if self.use_scale:
-            t = t * self.scale
-        return np.sum(t, axis=-1, dtype=np.float32)
+    def _scores(self, q_pqd, k_pkd):
+        return self.ops.tanh_scores(q_pqd, k_pkd, self.scale if self.use_scale else None)
 
 
 class HardAttention(Attention):
@@ -234,30 +255,15 @@ class HardAttention(Attention):
         return {"name": self.name, "use_scale": self.use_scale}
 
     def call(self, inputs, mask=None, return_attention_scores=False, use_causal_mask=False):
-        q, v, k = self._arrays(inputs)
-        s = self._scores(q, k)                               # (..., Tq, Tk)
-        tq, tk = s.shape[-2:]
-        allowed = np.ones(s.shape, bool)
-        q_mask = None
-        if mask is not None:
-            q_mask, v_mask = (list(mask) + [None, None])[:2]
-            if v_mask is not None:
-                vm = np.asarray(v_mask)
-                allowed &= (vm if vm.dtype == np.bool_ else vm > 0.5)[..., None, :]
-        if use_causal_mask:
-            allowed &= np.tril(np.ones((tq, tk), bool))
-        s = np.where(allowed, s, _NEG_INF)
-        idx = np.argmax(s, axis=-1)                          # (..., Tq)
-        any_allowed = allowed.any(axis=-1)
-        w = np.zeros(s.shape, np.float32)
-        np.put_along_axis(w, idx[..., None], np.float32(1), axis=-1)
-        w *= any_allowed[..., None]
-        out = np.matmul(w, v)
-        if q_mask is not None:
-            qm = np.asarray(q_mask)
-            out = np.where((qm if qm.dtype == np.bool_ else qm > 0.5)[..., None], out, _F0)
-        out = out.astype(np.float32, copy=False)
-        return [out, w] if return_attention_scores else out
+        q3, v3, k3, lead = self._arrays(inputs)              # (P, T, dim), P = prod(lead)
+        p, tk = q3.shape[0], k3.shape[1]
+        q_mask, v_mask = self._masks(mask)
+        s = self._scores(q3, k3)                             # (P, Tq, Tk)
+        bias = self._value_bias(v_mask, inputs, lead, p)
+        if bias is not None:                                 # masked keys score -inf
+            s = self.ops.merge(s, bias.reshape(p, 1, tk), "add")
+        w = self.ops.hard_attention(s, bool(use_causal_mask))
+        return self._outputs(w, v3, lead, q_mask, return_attention_scores)
 
 
 # ---------------------------------------------------------------------------- multi-head
@@ -455,42 +461,49 @@ class MultiHeadAttention(Layer):
     def call(self, inputs, packed=("query", "value"), return_attention_scores=False,
              use_causal_mask=False):
         q, v, k, mask = self._unpack(inputs, packed)
-        axes, others = self._shape_info(q.shape, v.shape, k.shape)
+        q_shape, k_shape = tuple(q.shape), tuple(k.shape)
+        axes, others = self._shape_info(q_shape, tuple(v.shape), k_shape)
         ops = self.ops
         H, kd, vd = self.num_heads, self.key_dim, self.value_dim
-        rank = q.ndim
+        rank = len(q_shape)
+
         # projections: one GEMM each, (..., dim) @ (dim, H*kd)
         def project(x, kernel, bias, d):  # one 2-D GEMM, not numpy's loop over stacked ones
-            y = ops.dense(x.reshape(-1, x.shape[-1]), kernel.reshape(x.shape[-1], H * d),
-                          bias.reshape(-1) if self.use_bias else None)
-            return y.reshape(*x.shape[:-1], H * d)
+            shape = tuple(x.shape)
+            rows = int(np.prod(shape[:-1]))
+            y = ops.dense(x.reshape(rows, shape[-1]), kernel.reshape(shape[-1], H * d),
+                          bias.reshape(H * d) if self.use_bias else None)
+            return y.reshape(*shape[:-1], H * d)
 
         qp = project(q, self.query_kernel, self.query_bias if self.use_bias else None, kd)
         kp = project(k, self.key_kernel, self.key_bias if self.use_bias else None, kd)
         vp = project(v, self.value_kernel, self.value_bias if self.use_bias else None, vd)
         # (B, other..., attn..., H*d) -> (B*other, H, prod(attn), d)
         perm = (0, *others, *axes, rank - 1)
-        B = q.shape[0]
-        o_shape = tuple(q.shape[a] for a in others)
-        tq_shape = tuple(q.shape[a] for a in axes)
-        tk_shape = tuple(k.shape[a] for a in axes)
+        B = q_shape[0]
+        o_shape = tuple(q_shape[a] for a in others)
+        tq_shape = tuple(q_shape[a] for a in axes)
+        tk_shape = tuple(k_shape[a] for a in axes)
         P, TQ, TK = B * int(np.prod(o_shape, dtype=np.int64)), int(np.prod(tq_shape)), int(np.prod(tk_shape))
+        moved = perm != tuple(range(rank))
 
         def heads(x, t, d):
-            x = x.transpose(perm) if perm != tuple(range(rank)) else x
-            return x.reshape(P, t, H, d).transpose(0, 2, 1, 3)
+            x = ops.transpose(x, perm) if moved else x
+            return ops.split_heads(x.reshape(P, t, H * d), H)
 
         q4, k4, v4 = heads(qp, TQ, kd), heads(kp, TK, kd), heads(vp, TK, vd)
         bias = None
         if mask is not None:
-            m = np.asarray(mask)
+            m = _mask_array(ops, mask)
             want = (B, *o_shape, *tq_shape, *tk_shape)
             try:
-                m = np.broadcast_to(m, want)
+                if np.broadcast_shapes(tuple(m.shape), want) != want:
+                    raise ValueError
             except ValueError:
-                raise ShapeError(f"{_where(self)}: attention_mask of shape {m.shape} does not "
-                                 f"broadcast to {want} (batch, other axes, query axes, key axes)") from None
-            bias = _keep_bias(m).reshape(P, 1, TQ, TK)
+                raise ShapeError(f"{_where(self)}: attention_mask of shape {tuple(m.shape)} does "
+                                 f"not broadcast to {want} (batch, other axes, query axes, key "
+                                 "axes)") from None
+            bias = ops.mask_bias(m, want).reshape(P, 1, TQ, TK)
         if use_causal_mask and len(axes) != 1:
             raise UnsupportedError(f"{_where(self)}: use_causal_mask needs exactly one attention axis")
         # a fully masked query: Keras's explicit-scores path zeroes its weights; its fused path
@@ -500,13 +513,15 @@ class MultiHeadAttention(Layer):
                                _EMPTY_UNIFORM if fused else _EMPTY_ZERO,
                                need_weights=bool(return_attention_scores))
         # (P, H, TQ, vd) -> (B, other..., attn..., H*vd) -> output projection
-        ctx = out.transpose(0, 2, 1, 3).reshape(B, *o_shape, *tq_shape, H * vd)
-        if perm != tuple(range(rank)):
-            ctx = ctx.transpose(np.argsort(perm))
-        tail = self._out_tail(q.shape)
-        y = ops.dense(np.ascontiguousarray(ctx).reshape(-1, H * vd), self.output_kernel.reshape(H * vd, -1),
-                      self.output_bias.reshape(-1) if self.use_bias else None)
-        y = y.reshape(*q.shape[:-1], *tail)
+        ctx = ops.merge_heads(out).reshape(B, *o_shape, *tq_shape, H * vd)
+        if moved:
+            ctx = ops.transpose(ctx, tuple(int(a) for a in np.argsort(perm)))
+        tail = self._out_tail(q_shape)
+        width = int(np.prod(tail))
+        y = ops.dense(ctx.reshape(int(np.prod(q_shape[:-1])), H * vd),
+                      self.output_kernel.reshape(H * vd, width),
+                      self.output_bias.reshape(width) if self.use_bias else None)
+        y = y.reshape(*q_shape[:-1], *tail)
         if not return_attention_scores:
             return y
         scores = w.reshape(B, *o_shape, H, *tq_shape, *tk_shape)
@@ -599,12 +614,12 @@ class PositionalEncoding(Layer):
         return tuple(input_shape)
 
     def call(self, x):
-        if x.ndim != 3 or x.shape[-1] != self.table.shape[1] or x.shape[1] > self.max_length:
+        shape = tuple(x.shape)
+        if len(shape) != 3 or shape[-1] != self.table.shape[1] or shape[1] > self.max_length:
             raise ShapeError(f"{_where(self)}: expected (batch, T <= {self.max_length}, "
-                             f"{self.table.shape[1]}), got {x.shape}")
-        if self.scale_input:
-            x = x * self._sqrt_d
-        return x + self.table[: x.shape[1]]
+                             f"{self.table.shape[1]}), got {shape}")
+        return self.ops.merge(x, self.table[:shape[1]], "add",
+                              self._sqrt_d if self.scale_input else 1.0)
 
 
 class PositionwiseFeedForward(Layer):
@@ -653,7 +668,7 @@ class PositionwiseFeedForward(Layer):
         return (*input_shape[:-1], self.output_units or input_shape[-1])
 
     def call(self, x):
-        if x.shape[-1] != self.kernel1.shape[0]:
+        if tuple(x.shape)[-1] != self.kernel1.shape[0]:
             raise ShapeError(f"{_where(self)}: expected last axis {self.kernel1.shape[0]}, got {x.shape}")
         h = self.ops.dense(x, self.kernel1, self.bias1 if self.use_bias else None, self.activation,
                            _DEFAULT_ALPHA.get(self.activation, 0.0))

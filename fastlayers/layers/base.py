@@ -253,8 +253,16 @@ class Layer:
         if self.multi_input:
             if not isinstance(inputs, (list, tuple)):
                 raise ShapeError(f"{where}: expected a list of inputs, got {type(inputs).__name__}")
-            return [as_float32(x, f"{where} input {i}") for i, x in enumerate(inputs)]
-        return as_float32(inputs, where)
+            return [self._float_input(x, f"{where} input {i}") for i, x in enumerate(inputs)]
+        return self._float_input(inputs, where)
+
+    def _float_input(self, x, where: str):
+        """An input as float32: host values through ``as_float32`` (which refuses non-numeric
+        and ragged ones), arrays of a device backend cast there."""
+        ops = self.ops
+        if ops.device is not None and ops.is_device_array(x):
+            return ops.as_float32(x)
+        return as_float32(x, where)
 
     @staticmethod
     def _shape_of(x):

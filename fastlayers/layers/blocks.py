@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.derived import derived_from
 from ..errors import InputError, ShapeError
 from ..geometry import same_pads, window_out
 from .base import InputSpec, shape_str, unique_name
@@ -89,19 +90,21 @@ class InceptionBlock(SpatialLayer):
         n, h, w, _ = x.shape
         f1, f3r, f5r = self.filters_1x1, self.filters_3x3_reduce, self.filters_5x5_reduce
         # the three 1x1 convolutions of x as one GEMM
-        k = np.concatenate([self.b1_kernel, self.b2_reduce_kernel, self.b3_reduce_kernel], axis=-1)
-        b = np.concatenate([self.b1_bias, self.b2_reduce_bias, self.b3_reduce_bias])
+        k = derived_from((self.b1_kernel, self.b2_reduce_kernel, self.b3_reduce_kernel),
+                         "inception-1x1", lambda *ks: np.concatenate(ks, axis=-1))
+        b = derived_from((self.b1_bias, self.b2_reduce_bias, self.b3_reduce_bias),
+                         "inception-1x1", lambda *bs: np.concatenate(bs))
         y = ops.conv2d(x, k, b, activation=act, alpha=alpha)
-        b1 = y[..., :f1]
-        r3 = np.ascontiguousarray(y[..., f1: f1 + f3r])
-        r5 = np.ascontiguousarray(y[..., f1 + f3r:])
+        b1 = ops.take(y, (..., slice(0, f1)))
+        r3 = ops.take(y, (..., slice(f1, f1 + f3r)))
+        r5 = ops.take(y, (..., slice(f1 + f3r, None)))
         b2 = ops.conv2d(r3, self.b2_kernel, self.b2_bias, pads=(same_pads(h, 3, 1), same_pads(w, 3, 1)),
                         activation=act, alpha=alpha)
         b3 = ops.conv2d(r5, self.b3_kernel, self.b3_bias, pads=(same_pads(h, 5, 1), same_pads(w, 5, 1)),
                         activation=act, alpha=alpha)
         pooled = ops.pool2d(x, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (h, w))
         b4 = ops.conv2d(pooled, self.b4_kernel, self.b4_bias, activation=act, alpha=alpha)
-        return self._from_nhwc(np.concatenate([b1, b2, b3, b4], axis=-1))
+        return self._from_nhwc(ops.concatenate([b1, b2, b3, b4], -1))
 
 
 class NiNBlock(SpatialLayer):

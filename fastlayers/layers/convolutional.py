@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.derived import derived
 from ..errors import InputError, ShapeError
 from ..geometry import (
     causal_pads, dilated_size, padded_span, same_pads, transposed_out, window_out,
@@ -90,17 +91,20 @@ class SpatialLayer(Layer):
         return tuple(input_shape[2:]) if self.data_format == "channels_first" else tuple(input_shape[1:-1])
 
     def _to_nhwc(self, x):
+        """x (N, H, W, C) from channels_last or channels_first input; 1-D inputs at height 1."""
+        shape = tuple(x.shape)
         if self.data_format == "channels_first":
-            x = np.moveaxis(x, 1, -1)
-        if self.rank == 1:
-            x = x[:, None]
-        return np.ascontiguousarray(x)
+            x = self.ops.transpose(x, (0, *range(2, len(shape)), 1))
+            shape = (shape[0], *shape[2:], shape[1])
+        return x.reshape(shape[0], 1, *shape[1:]) if self.rank == 1 else x
 
     def _from_nhwc(self, y):
+        """y (N, H, W, C) in the layer's data format (1-D: the height axis dropped)."""
+        n, h, w, c = y.shape
         if self.rank == 1:
-            y = y[:, 0]
+            y = y.reshape(n, w, c)
         if self.data_format == "channels_first":
-            y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
+            y = self.ops.transpose(y, (0, y.ndim - 1, *range(1, y.ndim - 1)))
         return y
 
     def _out_shape(self, input_shape, spatial, channels):
@@ -458,7 +462,8 @@ class Conv2DTranspose(SpatialLayer):
         if min(outs) <= 0:
             raise ShapeError(f"{self._where()}: padding {self.padding} leaves an empty output for "
                              f"input size {tuple(x.shape[1:3])}")
-        w_hwio = np.ascontiguousarray(self.kernel.transpose(0, 1, 3, 2))
+        w_hwio = derived(self.kernel, "hwoi->hwio",
+                         lambda k: np.ascontiguousarray(k.transpose(0, 1, 3, 2)))
         y = self.ops.conv_transpose2d(x, w_hwio, self.bias if self.use_bias else None, self.strides,
                                       tuple(crops), tuple(outs), self.dilation_rate, 1,
                                       self.activation, self._alpha)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.activations import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
-from ..errors import InputError, ShapeError, UnsupportedError
+from ..errors import ShapeError, UnsupportedError
 from .base import InputSpec, Layer, shape_str, weights_pending
 
 _ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu",
@@ -122,11 +122,7 @@ class ReLU(Layer):
                 return self.ops.activation(x, "relu")
             if self.max_value == 6.0:
                 return self.ops.activation(x, "relu6")
-        t = np.float32(self.threshold)
-        y = np.where(x > t, x, np.float32(self.negative_slope) * (x - t))
-        if self.max_value is not None:
-            y = np.minimum(y, np.float32(self.max_value))
-        return y.astype(np.float32, copy=False)
+        return self.ops.relu(x, self.threshold, self.negative_slope, self.max_value)
 
 
 class LeakyReLU(Layer):
@@ -182,9 +178,10 @@ class Flatten(Layer):
         return (input_shape[0], None if any(d is None for d in rest) else int(np.prod(rest)))
 
     def call(self, x):
-        if self.data_format == "channels_first" and x.ndim > 2:
-            x = np.moveaxis(x, 1, -1)
-        return np.ascontiguousarray(x).reshape(x.shape[0], -1)
+        shape = tuple(x.shape)
+        if self.data_format == "channels_first" and len(shape) > 2:
+            x = self.ops.transpose(x, (0, *range(2, len(shape)), 1))
+        return x.reshape(shape[0], int(np.prod(shape[1:])))
 
 
 class Reshape(Layer):
@@ -218,7 +215,8 @@ class Reshape(Layer):
         return (input_shape[0], *self._resolve(input_shape[1:]))
 
     def call(self, x):
-        return x.reshape(x.shape[0], *self._resolve(x.shape[1:]))
+        shape = tuple(x.shape)
+        return x.reshape(shape[0], *self._resolve(shape[1:]))
 
 
 class Permute(Layer):
@@ -238,7 +236,7 @@ class Permute(Layer):
         return (input_shape[0], *(input_shape[d] for d in self.dims))
 
     def call(self, x):
-        return np.ascontiguousarray(np.transpose(x, (0, *self.dims)))
+        return self.ops.transpose(x, (0, *self.dims))
 
 
 class RepeatVector(Layer):
@@ -255,7 +253,8 @@ class RepeatVector(Layer):
         return (input_shape[0], self.n, input_shape[1])
 
     def call(self, x):
-        return np.repeat(x[:, None, :], self.n, axis=1)
+        n, features = x.shape
+        return self.ops.broadcast_to(x.reshape(n, 1, features), (n, self.n, features))
 
 
 class Dropout(Layer):
@@ -318,7 +317,7 @@ class LayerScale(Layer):
             gamma[...] = np.float32(self.init_values)
 
     def call(self, x):
-        return x * self.gamma
+        return self.ops.merge(x, self.gamma, "multiply")
 
 
 class SpatialDropout1D(Dropout):
@@ -361,7 +360,7 @@ class Rescaling(Layer):
         self._offset = np.asarray(offset, np.float32)
 
     def call(self, x):
-        return x * self._scale + self._offset
+        return self.ops.merge(self.ops.merge(x, self._scale, "multiply"), self._offset, "add")
 
 
 class Embedding(Layer):
@@ -390,22 +389,11 @@ class Embedding(Layer):
         return (*input_shape, self.output_dim)
 
     def _prepare_inputs(self, inputs):
-        ids = np.asarray(inputs)
-        where = f"Embedding {self.name!r}"
-        if ids.dtype.kind == "f":
-            if not np.all(np.isfinite(ids)) or np.any(ids != np.round(ids)):
-                raise InputError(f"{where}: expected integer indices, got non-integer floats")
-        elif ids.dtype.kind not in "iub":
-            raise ShapeError(f"{where}: expected integer indices, got dtype {ids.dtype}")
-        ids = ids.astype(np.intp, copy=False)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
-            raise InputError(f"{where}: indices must be in [0, {self.input_dim}), got values in "
-                             f"[{ids.min()}, {ids.max()}]")
-        return ids
+        return self.ops.indices(inputs, self.input_dim, f"Embedding {self.name!r}")
 
     def compute_mask(self, ids):
         """Boolean mask of the non-padding positions (``ids != 0``), or None without mask_zero."""
-        return None if not self.mask_zero else np.asarray(ids) != 0
+        return None if not self.mask_zero else self.ops.nonzero_mask(ids)
 
     def call(self, ids):
         return self.ops.embedding(ids, self.embeddings)

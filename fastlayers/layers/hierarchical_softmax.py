@@ -7,8 +7,9 @@ import itertools
 
 import numpy as np
 
-from ..errors import InputError, ShapeError
-from .base import InputSpec, Layer, as_float32
+from ..backends.derived import derived
+from ..errors import ShapeError
+from .base import InputSpec, Layer
 
 
 def balanced_tree(num_classes: int):
@@ -136,25 +137,24 @@ class HierarchicalSoftmax(Layer):
     def _prepare_inputs(self, inputs):
         where = f"HierarchicalSoftmax {self.name!r}"
         if isinstance(inputs, (list, tuple)) and len(inputs) == 2 and np.ndim(inputs[0]) == 2:
-            x = as_float32(inputs[0], where)
+            x = self._float_input(inputs[0], where)
             return [x, self._classes(inputs[1], x.shape[0])]
-        return as_float32(inputs, where)
+        return self._float_input(inputs, where)
 
     def _classes(self, classes, batch):
         where = f"HierarchicalSoftmax {self.name!r}"
-        c = np.asarray(classes)
-        if c.dtype.kind == "f" and np.all(c == np.round(c)):
-            c = c.astype(np.intp)
-        if c.dtype.kind not in "iu" or c.shape != (batch,):
+        shape = tuple(np.shape(classes))
+        if shape != (batch,):
             raise ShapeError(f"{where}: classes must be integers of shape ({batch},), got "
-                             f"dtype {c.dtype} shape {c.shape}")
-        if c.size and (c.min() < 0 or c.max() >= self.num_classes):
-            raise InputError(f"{where}: classes must be in [0, {self.num_classes}), got values in "
-                             f"[{c.min()}, {c.max()}]")
-        return c.astype(np.intp, copy=False)
+                             f"shape {shape}")
+        return self.ops.indices(classes, self.num_classes, where, "classes")
 
     def _bias(self):
-        return self.bias if self.use_bias else np.zeros(self.num_inner, np.float32)
+        if self.use_bias:
+            return self.bias
+        # one zero array per kernel, so a device backend caches one copy
+        return derived(self.kernel, "hsoftmax-zero-bias",
+                       lambda k: np.zeros(self.num_inner, np.float32))
 
     def log_probs(self, x) -> np.ndarray:
         """log p(c | x) for every class: (batch, num_classes)."""
@@ -174,10 +174,12 @@ class HierarchicalSoftmax(Layer):
     def call(self, inputs):
         if isinstance(inputs, list):
             x, c = inputs
-            return np.exp(self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(),
-                                                            self._nodes, self._signs, c))
-        return np.exp(self.ops.hsoftmax_log_probs(inputs, self.kernel, self._bias(),
-                                                  self._nodes, self._signs))
+            log_p = self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(), self._nodes,
+                                                      self._signs, c)
+        else:
+            log_p = self.ops.hsoftmax_log_probs(inputs, self.kernel, self._bias(), self._nodes,
+                                                self._signs)
+        return self.ops.activation(log_p, "exponential")
 
 
 def _as_lists(tree):

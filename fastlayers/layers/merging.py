@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
@@ -39,45 +37,53 @@ class _Merge(Layer):
         return _broadcast_shape(input_shape, f"{type(self).__name__} {self.name!r}")
 
     def call(self, xs):
-        return functools.reduce(self._merge, xs)
+        out = xs[0]
+        for x in xs[1:]:
+            out = self.ops.merge(out, x, self._merge)
+        return out
 
 
 class Add(_Merge):
     """Sum of the inputs (broadcasting as numpy)."""
 
-    _merge = staticmethod(np.add)
+    _merge = "add"
 
 
 class Subtract(_Merge):
     """First input minus the second (exactly two inputs)."""
 
     _arity = 2
-    _merge = staticmethod(np.subtract)
+    _merge = "subtract"
 
 
 class Multiply(_Merge):
     """Product of the inputs."""
 
-    _merge = staticmethod(np.multiply)
+    _merge = "multiply"
 
 
 class Maximum(_Merge):
     """Elementwise maximum of the inputs (NaN propagates)."""
 
-    _merge = staticmethod(np.maximum)
+    _merge = "maximum"
 
 
 class Minimum(_Merge):
     """Elementwise minimum of the inputs (NaN propagates)."""
 
-    _merge = staticmethod(np.minimum)
+    _merge = "minimum"
 
 
 class Average(_Merge):
     """Mean of the inputs."""
 
     def call(self, xs):
-        return functools.reduce(np.add, xs) * np.float32(1.0 / len(xs))
+        # (x_0 + ... + x_{n-2}) / n + x_{n-1} / n
+        out, scale = xs[0], 1.0 / len(xs)
+        for i, x in enumerate(xs[1:], 2):
+            last = i == len(xs)
+            out = self.ops.merge(out, x, "add", scale if last else 1.0, scale if last else 1.0)
+        return out
 
 
 class Concatenate(Layer):
@@ -116,7 +122,7 @@ class Concatenate(Layer):
         return tuple(out)
 
     def call(self, xs):
-        return np.concatenate(xs, axis=self.axis)
+        return self.ops.concatenate(xs, self.axis)
 
 
 class CustomScaleLayer(_Merge):
@@ -130,10 +136,10 @@ class CustomScaleLayer(_Merge):
         self.scale = float(scale)
 
     def call(self, xs):
-        return (xs[0] + xs[1] * np.float32(self.scale)).astype(np.float32, copy=False)
+        return self.ops.merge(xs[0], xs[1], "add", 1.0, self.scale)
 
 
-_BINARY_OPS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
+_BINARY_OPS = ("add", "subtract", "multiply", "divide")
 
 
 class BinaryOp(Layer):
@@ -165,6 +171,9 @@ class BinaryOp(Layer):
         self.op = op
         self.constants = [None if c is None else float(c) for c in constants]
         self._tensors = self.constants.count(None)
+        #: the constant operands as 0-d weights (a device backend caches them)
+        self._operands = [None if c is None else np.full((), c, np.float32)
+                          for c in self.constants]
 
     def _check_spec(self, input_shape):
         where = f"BinaryOp {self.name!r}"
@@ -177,5 +186,5 @@ class BinaryOp(Layer):
 
     def call(self, xs):
         tensors = iter(xs)
-        a, b = (next(tensors) if c is None else np.float32(c) for c in self.constants)
-        return np.asarray(_BINARY_OPS[self.op](a, b), np.float32)
+        a, b = (next(tensors) if c is None else c for c in self._operands)
+        return self.ops.merge(a, b, self.op)

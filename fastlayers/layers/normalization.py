@@ -134,7 +134,6 @@ class Normalization(Layer):
     """
 
     config_keys = ("axis", "mean", "variance", "invert")
-    _EPSILON = np.float32(1e-7)
 
     def __init__(self, axis=-1, mean=None, variance=None, invert=False, **kwargs):
         super().__init__(**kwargs)
@@ -170,8 +169,11 @@ class Normalization(Layer):
         mean = self.mean_value if self.mean_value is not None else self.mean
         var = self.variance_value if self.variance_value is not None else self.variance
         shape = self._broadcast  # kept axes' sizes, 1 elsewhere (scalar statistics broadcast)
-        mean = np.broadcast_to(mean, shape) if mean.ndim == 0 else mean.reshape(shape)
-        var = np.broadcast_to(var, shape) if var.ndim == 0 else var.reshape(shape)
-        std = np.maximum(np.sqrt(var), self._EPSILON)
-        y = mean + x * std if self.invert else (x - mean) / std
-        return y.astype(np.float32, copy=False)
+        if mean.ndim:
+            mean = mean.reshape(shape)
+        if var.ndim:
+            var = var.reshape(shape)
+        ops = self.ops   # std = max(sqrt(var), 1e-7)
+        if self.invert:
+            return ops.merge(ops.merge(x, var, "mul_std"), mean, "add")
+        return ops.merge(ops.merge(x, mean, "subtract"), var, "div_std")

@@ -4,8 +4,6 @@ RoI max pooling (Fast R-CNN / torchvision.ops.roi_pool semantics, no Keras count
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..geometry import window_out
 from .base import InputSpec
@@ -242,10 +240,7 @@ class RoIPooling2D(SpatialLayer):
     def call(self, inputs):
         feats, rois = inputs
         x = self._to_nhwc(feats)
-        if rois.shape[0] and (rois[:, 0].min() < 0 or rois[:, 0].max() >= x.shape[0]
-                              or np.any(rois[:, 0] != np.floor(rois[:, 0]))):
-            raise InputError(f"{self._where()}: roi batch indices must be integers in "
-                             f"[0, {x.shape[0]}), got {np.unique(rois[:, 0])[:8]}")
+        rois = self.ops.check_rois(rois, x.shape[0], self._where())
         return self._from_nhwc(self.ops.roi_pool(x, rois, self.pool_size, self.spatial_scale))
 
 
@@ -276,7 +271,10 @@ class LocalResponseNormalization(SpatialLayer):
 
     def call(self, x):
         size = 2 * self.depth_radius + 1
+        rank = len(x.shape)
         if self.data_format == "channels_first":
-            x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+            x = self.ops.transpose(x, (0, *range(2, rank), 1))
         y = self.ops.local_response_norm(x, size, self.alpha * size, self.beta, self.bias)
-        return np.ascontiguousarray(np.moveaxis(y, -1, 1)) if self.data_format == "channels_first" else y
+        if self.data_format == "channels_first":
+            y = self.ops.transpose(y, (0, rank - 1, *range(1, rank - 1)))
+        return y

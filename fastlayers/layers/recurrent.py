@@ -30,6 +30,8 @@ from .base import InputSpec, Layer, as_float32, shape_str
 from .core import Activation, Dense, Dropout, Embedding, activation_name
 from .normalization import BatchNormalization, LayerNormalization
 
+#: The index that reverses the time axis of (batch, time, ...) outputs.
+_REVERSED_TIME = (slice(None), slice(None, None, -1))
 _IGNORED = ("dropout", "recurrent_dropout", "unroll", "use_cudnn", "time_major")
 
 
@@ -158,10 +160,10 @@ class PaddingMask(Layer):
     """
 
     def _prepare_inputs(self, inputs):
-        return np.asarray(inputs)
+        return inputs if self.ops.is_device_array(inputs) else np.asarray(inputs)
 
     def call(self, ids):
-        return np.asarray(ids) != 0
+        return self.ops.nonzero_mask(ids)
 
 
 #: Layers that pass a mask through unchanged (Keras ``supports_masking``), for ``implicit_mask``.
@@ -284,24 +286,24 @@ class _RNNLayer(Layer):
             else:   # not a (batch, time) sequence of ids: look them up (and fail as unfolded)
                 x = embedding.call(ids)
         if table is None:
-            x = as_float32(x, where)
+            x = self._float_input(x, where)
         shape = (None, *x.shape[1:]) if table is None else (None, x.shape[1], table.shape[1])
         if not self.built:
             self._ensure_built(shape)
         self._check_spec(shape)
         states = self._check_states(rest[:n_states], x.shape[0], where) if n_states else None
-        mask = self._check_mask(rest[n_states], x.shape[:2], where) if has_mask else None
+        mask = self._check_mask(rest[n_states], tuple(x.shape[:2]), where) if has_mask else None
         if table is None:
             return self.call(x, initial_state=states, mask=mask)
         return self._sequence(x, states, mask, table)
 
-    @staticmethod
-    def _check_mask(mask, bt, where):
-        mask = np.asarray(mask)
-        if mask.shape != tuple(bt):
+    def _check_mask(self, mask, bt, where):
+        if not self.ops.is_device_array(mask):
+            mask = np.asarray(mask)
+        if tuple(mask.shape) != tuple(bt):
             raise ShapeError(f"{where}: expected a mask of shape (batch, time) = {tuple(bt)}, "
-                             f"got {mask.shape}")
-        return mask.astype(bool, copy=False) if mask.dtype == bool else mask != 0
+                             f"got {tuple(mask.shape)}")
+        return self.ops.nonzero_mask(mask)
 
     def _check_states(self, states, batch, where):
         if len(states) != len(self.state_size):
@@ -309,16 +311,16 @@ class _RNNLayer(Layer):
                              f"({', '.join(self.state_names)}), got {len(states)}")
         out = []
         for name, size, s in zip(self.state_names, self.state_size, states):
-            s = as_float32(s, f"{where} initial state {name!r}")
-            if s.shape != (batch, size):
+            s = self._float_input(s, f"{where} initial state {name!r}")
+            if tuple(s.shape) != (batch, size):
                 raise ShapeError(f"{where}: initial state {name!r} expects shape ({batch}, {size}), "
-                                 f"got {s.shape}")
-            out.append(np.ascontiguousarray(s))
+                                 f"got {tuple(s.shape)}")
+            out.append(self.ops.contiguous(s))
         return out
 
     # ------------------------------------------------------------------------------ compute
     def _zero_states(self, batch):
-        return [np.zeros((batch, s), np.float32) for s in self.state_size]
+        return [self.ops.zeros((batch, s)) for s in self.state_size]
 
     def call(self, x, initial_state=None, mask=None):
         return self._sequence(x, initial_state, mask)
@@ -333,7 +335,7 @@ class _RNNLayer(Layer):
                                   return_sequences=self.return_sequences,
                                   zero_masked=self.zero_output_for_mask)
         if self.return_sequences and self.go_backwards:
-            y = np.ascontiguousarray(y[:, ::-1])  # Keras returns outputs in processing order
+            y = self.ops.take(y, _REVERSED_TIME)  # Keras returns outputs in processing order
         return [y, *new_states] if self.return_state else y
 
     # ---------------------------------------------------------------------------- streaming
@@ -551,7 +553,8 @@ class _Cell(Layer):
         where = f"layer {self.name!r} ({type(self).__name__})"
         states = list(states) if isinstance(states, (list, tuple)) else [states]
         states = _RNNLayer._check_states(self, states, x.shape[0], where)
-        y, new_states = self._run(x[:, None, :], states, None, return_sequences=False)
+        n, features = x.shape
+        y, new_states = self._run(x.reshape(n, 1, features), states, None, return_sequences=False)
         return y, new_states
 
 
@@ -778,7 +781,7 @@ class Bidirectional(Layer):
     def _check_states(self, states, batch, where):
         return _RNNLayer._check_states(self, states, batch, where)
 
-    _check_mask = staticmethod(_RNNLayer._check_mask)
+    _check_mask = _RNNLayer._check_mask
 
     def call(self, x, initial_state=None, mask=None):
         nf = len(self.forward_layer.state_size)
@@ -793,15 +796,15 @@ class Bidirectional(Layer):
             out_b, states_b = out_b[0], out_b[1:]
             states = states_f + states_b
         if self.return_sequences:
-            out_b = np.ascontiguousarray(out_b[:, ::-1])
+            out_b = self.ops.take(out_b, _REVERSED_TIME)
         if self.merge_mode == "concat":
-            y = [np.concatenate([out_f, out_b], axis=-1)]
+            y = [self.ops.concatenate([out_f, out_b], -1)]
         elif self.merge_mode == "sum":
-            y = [out_f + out_b]
+            y = [self.ops.merge(out_f, out_b, "add")]
         elif self.merge_mode == "ave":
-            y = [(out_f + out_b) * np.float32(0.5)]
+            y = [self.ops.merge(out_f, out_b, "add", 0.5, 0.5)]
         elif self.merge_mode == "mul":
-            y = [out_f * out_b]
+            y = [self.ops.merge(out_f, out_b, "multiply")]
         else:
             y = [out_f, out_b]
         return y + states if (self.return_state or self.merge_mode is None) else y[0]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 
-import numpy as np
-
 from ..errors import ShapeError
 from .base import InputSpec, Layer, shape_str
 
@@ -63,7 +61,7 @@ class _ZeroPadding(_Spatial):
         pad = [(0, 0)] * x.ndim
         for axis, p in zip(self._spatial_axes(), self._amount):
             pad[axis] = p
-        return np.pad(x, pad)
+        return self.ops.pad(x, pad)
 
 
 class _Cropping(_Spatial):
@@ -80,11 +78,12 @@ class _Cropping(_Spatial):
         return tuple(out)
 
     def call(self, x):
-        self.compute_output_shape(x.shape)
-        index = [slice(None)] * x.ndim
+        shape = tuple(x.shape)
+        self.compute_output_shape(shape)
+        index = [slice(None)] * len(shape)
         for axis, (a, b) in zip(self._spatial_axes(), self._amount):
-            index[axis] = slice(a, x.shape[axis] - b)
-        return np.ascontiguousarray(x[tuple(index)])
+            index[axis] = slice(a, shape[axis] - b)
+        return self.ops.take(x, tuple(index))
 
 
 class ZeroPadding1D(_ZeroPadding):

@@ -28,6 +28,7 @@ _THREE = np.float32(3.0)
 _SIX = np.float32(6.0)
 _NEG_INF = np.float32(-np.inf)
 _NAN = np.float32(np.nan)
+_POS_INF = np.float32(np.inf)
 _INV_SQRT2 = np.float32(1.0 / np.sqrt(2.0))
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 _GELU_C = np.float32(0.044715)
@@ -541,7 +542,7 @@ def tanh_scores(q_pqd, k_pkd, w_d, has_w, inner, outer, s_pqk):
 @cuda.jit
 def hard_attention_rows(s_pqk, causal, w_pqk):
     """w[p, q] = one-hot of the first argmax over k of s[p, q, k] (k <= q if causal; NaN wins, as
-    np.argmax), one thread per row."""
+    np.argmax); zeros where every key scores -inf. One thread per row."""
     r = cuda.grid(1)
     tq = s_pqk.shape[1]
     tk = s_pqk.shape[2]
@@ -549,7 +550,7 @@ def hard_attention_rows(s_pqk, causal, w_pqk):
         return
     p = r // tq
     q = r % tq
-    best = 0
+    best = -1
     m = _NEG_INF
     for k in range(tk):
         v = _NEG_INF if (causal and k > q) else s_pqk[p, q, k]
@@ -713,9 +714,9 @@ def global_pool_nhwc(x_nlc, y_nc, is_max):
 
 
 # ------------------------------------------------------------------- strided copies and binary ops
-#: Binary op codes of ``binary_strided``: a + b, a - b, a b, max, min (NaN wins), and the two
-#: halves of Keras's Normalization: a / max(sqrt(b), 1e-7) and a max(sqrt(b), 1e-7).
-OP_ADD, OP_SUB, OP_MUL, OP_MAX, OP_MIN, OP_DIV_STD, OP_MUL_STD = range(7)
+#: Binary op codes of ``binary_strided``: a + b, a - b, a b, max, min (NaN wins), the two
+#: halves of Keras's Normalization: a / max(sqrt(b), 1e-7) and a max(sqrt(b), 1e-7), and a / b.
+OP_ADD, OP_SUB, OP_MUL, OP_MAX, OP_MIN, OP_DIV_STD, OP_MUL_STD, OP_DIV = range(8)
 _STD_FLOOR = np.float32(1e-7)
 
 
@@ -751,7 +752,7 @@ def _std(v):
 @cuda.jit
 def binary_strided(a, a_off, a_str, b, b_off, b_str, out, shape, op, alpha, beta):
     """out[i] = (alpha a[a_off + i . a_str]) op (beta b[b_off + i . b_str]) for every 6-D index i
-    (out C-ordered and flat; stride 0 broadcasts): op in OP_ADD .. OP_MUL_STD."""
+    (out C-ordered and flat; stride 0 broadcasts): op in OP_ADD .. OP_DIV."""
     i = cuda.grid(1)
     if i >= out.shape[0]:
         return
@@ -769,8 +770,12 @@ def binary_strided(a, a_off, a_str, b, b_off, b_str, out, shape, op, alpha, beta
         v = x if (x < y or x != x) else y
     elif op == OP_DIV_STD:
         v = x / _std(y)
-    else:
+    elif op == OP_MUL_STD:
         v = x * _std(y)
+    elif y == y and y != _ZERO:
+        v = x / y
+    else:   # IEEE division by 0 or NaN (numba's float division raises on 0)
+        v = _NAN if (y != y or x != x or x == _ZERO) else (_POS_INF if x > _ZERO else _NEG_INF)
     out[i] = v
 
 
@@ -780,6 +785,22 @@ def fill_flat(out, value):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = value
+
+
+@cuda.jit
+def keep_f32(x, thr, y):
+    """y[i] = 1 where x[i] > thr (a Keras mask: True, or > 0.5 for floats) else 0, as float32."""
+    i = cuda.grid(1)
+    if i < y.shape[0]:
+        y[i] = _ONE if x[i] > thr else _ZERO
+
+
+@cuda.jit
+def check_range(ids, size, bad):
+    """bad[0] = 1 where an index ids[i] lies outside [0, size)."""
+    i = cuda.grid(1)
+    if i < ids.shape[0] and (ids[i] < 0 or ids[i] >= size):
+        bad[0] = _ONE
 
 
 @cuda.jit

@@ -1,19 +1,22 @@
-"""CudaOps: ReferenceOps with the hot primitives run as numba.cuda kernels on the device.
+"""CudaOps: ReferenceOps with the primitives run as numba.cuda kernels on the device.
 
 Residency rules (docs/design.md, "CUDA backend"):
 
-- Every overridden primitive accepts host numpy arrays or numba device arrays. Given a device
-  array as its main input it returns device arrays (nothing is copied back), so a chain of
-  primitive calls keeps its activations on the device; given host arrays it copies the input in
-  once and the result out once.
+- A model moves its inputs in at entry (``to_device``: floats as float32, integer ids as
+  int64, bool masks as uint8) and its outputs out at exit (``to_host``); in between, every
+  layer's own ``call`` runs on device arrays through these primitives.
+- Every primitive accepts host numpy arrays or numba device arrays. Given a device array as its
+  main input it returns device arrays (nothing is copied back); given host arrays (a layer
+  called directly) it copies the input in once and the result out once.
+- A primitive without a kernel for its arguments (an activation with no device code, zero-size
+  inputs...) runs the numpy reference on host copies and moves its result back to the device
+  (``Transfers.host_fallbacks`` counts these).
 - Weights (kernels, biases, recurrent kernels, tables) go through a ``WeightCache``: copied to
   the device on first use and reused by every later call while the host array is alive and
   unchanged. A host array given next to a device activation is a weight (cached).
-- Device-array utilities (``zeros``, ``copy_view``, ``transpose``, ``pad``, ``nonzero_mask``,
-  ``mask_bias``...) give ``resident.py`` the data movement of reshaping, masking and recurrent
-  layers without leaving the device.
-- Primitives not overridden here (adaptive pooling...) are the numpy reference: they take and
-  return host arrays.
+- Value checks (indices in range, RoI batch indices) run on the device and set a flag that the
+  checking primitive reads once per call (``Transfers.flag_reads``); a set flag re-runs the
+  reference check on host copies, which raises the layer's error.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import threading
 
 import numpy as np
 
-from ...errors import UnsupportedError
-from ..reference import ReferenceOps
+from ...errors import InputError, UnsupportedError
 from ...geometry import window_out
+from ..activations import DEFAULT_ALPHA
+from ..reference import ReferenceOps
 from ..reference_conv import resize_ratio
 from . import _kernels as K
 from ._launch import install as install_fast_launches
@@ -52,7 +56,24 @@ def _grid2(cols: int, rows: int, sim: bool):
 
 
 _BINARY_OPS = {"add": K.OP_ADD, "subtract": K.OP_SUB, "multiply": K.OP_MUL, "maximum": K.OP_MAX,
-               "minimum": K.OP_MIN, "div_std": K.OP_DIV_STD, "mul_std": K.OP_MUL_STD}
+               "minimum": K.OP_MIN, "div_std": K.OP_DIV_STD, "mul_std": K.OP_MUL_STD,
+               "divide": K.OP_DIV}
+
+
+class Transfers(threading.local):
+    """Per-thread counts of activation copies between host and device: model inputs moved in
+    (``to_device``), model outputs moved out (``to_host``), primitive calls that ran on the host
+    from device inputs (``host_fallbacks``) and reads of a value-check flag (``flag_reads``)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.to_device = self.to_host = self.host_fallbacks = self.flag_reads = 0
+
+
+#: This thread's copies since its last ``TRANSFERS.reset()`` (also ``CudaOps.transfers``).
+TRANSFERS = Transfers()
 
 
 def _rows(a):
@@ -64,6 +85,13 @@ def _rows(a):
 def _flat(a):
     """Contiguous device array ``a`` viewed as 1-D (a 0-d array as one element)."""
     return a.reshape(max(int(np.prod(a.shape)), 1))
+
+
+def _gate_code(activation: str):
+    """The kernel code of a recurrent gate activation, or None (the reference runs the layer):
+    the gate kernels apply activations without a parameter, so those with one (leaky_relu,
+    elu, whose Keras default alpha the reference applies) have no code here."""
+    return None if activation in DEFAULT_ALPHA else K.CODES.get(activation)
 
 
 def _grid1(n: int, sim: bool):
@@ -138,6 +166,8 @@ class CudaOps(ReferenceOps):
     """
 
     name = "cuda"
+    device = "cuda"
+    transfers = TRANSFERS
 
     def __init__(self):
         self.cuda = load_cuda()
@@ -208,6 +238,46 @@ class CudaOps(ReferenceOps):
         g, t = _grid1(n, self.sim)
         K.copy_strided[g, t](_flat(src), s_off, s6, _flat(dst), d_off, d6, shape6)
 
+    # ------------------------------------------------------------------- data movement
+    def is_device_array(self, a) -> bool:
+        return is_device(a)
+
+    def to_device(self, x):
+        """Host arrays (or lists of them) copied to the device: floats as float32, integer ids
+        as int64, bool masks as uint8; device arrays and anything else pass through."""
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.to_device(a) for a in x)
+        if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":
+            TRANSFERS.to_device += 1
+            return to_device(x, device_dtype(x.dtype))
+        return x
+
+    def to_host(self, y):
+        """Device arrays (or lists of them) copied to host numpy arrays; uint8 arrays, the
+        device form of masks, come back as bool."""
+        if isinstance(y, (list, tuple)):
+            return type(y)(self.to_host(a) for a in y)
+        if not is_device(y):
+            return y
+        TRANSFERS.to_host += 1
+        host = to_host(y)
+        return host.astype(bool) if host.dtype == np.uint8 else host
+
+    def _host_path(self, dev, result):
+        """The result of a reference (host) fallback: moved to the device when the call's input
+        was there, so that activations stay device arrays."""
+        if not dev or result is None:
+            return result
+        if isinstance(result, (list, tuple)):
+            return type(result)(self._host_path(dev, r) for r in result)
+        TRANSFERS.host_fallbacks += 1
+        result = np.asarray(result)
+        return to_device(result, device_dtype(result.dtype))
+
+    def contiguous(self, x):
+        """Device arrays are always C-contiguous here; host arrays are made so."""
+        return x if is_device(x) else np.ascontiguousarray(x)
+
     # ------------------------------------------------------------ device-array utilities
     @_serialized_in_simulator
     def zeros(self, shape, dtype=np.float32):
@@ -241,6 +311,65 @@ class CudaOps(ReferenceOps):
         """``np.transpose(x, axes)`` as a new C-contiguous array."""
         axes = tuple(int(a) for a in axes)
         return self.copy_view(x, lambda v: v.transpose(axes))
+
+    def take(self, x, index):
+        """``x[index]`` (basic indexing) as a new C-contiguous array."""
+        index = tuple(index)
+        return self.copy_view(x, lambda v: v[index])
+
+    def broadcast_to(self, x, shape):
+        """``np.broadcast_to(x, shape)`` as a new C-contiguous array."""
+        shape = tuple(int(n) for n in shape)
+        return self.copy_view(x, lambda v: np.broadcast_to(v, shape))
+
+    def split_heads(self, x_ptc, heads):
+        """x (P, T, H*D) as a new (P, H, T, D) array."""
+        p, t, c = x_ptc.shape
+        return self.transpose(x_ptc.reshape(p, t, heads, c // heads), (0, 2, 1, 3))
+
+    def merge_heads(self, o_phtd):
+        """o (P, H, T, D) as a new (P, T, H*D) array."""
+        p, h, t, d = o_phtd.shape
+        return self.transpose(o_phtd, (0, 2, 1, 3)).reshape(p, t, h * d)
+
+    @_serialized_in_simulator
+    def mask_keep(self, mask):
+        """A Keras mask (True, or > 0.5 for numbers) as float32 1 or 0."""
+        dev = is_device(mask)
+        dm = to_device(mask, device_dtype(mask.dtype))
+        out = self._empty(dm.shape)
+        n = int(np.prod(dm.shape))
+        if n:
+            g, t = _grid1(n, self.sim)
+            K.keep_f32[g, t](_flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0),
+                             _flat(out))
+        return self._back(out, dev)
+
+    @_serialized_in_simulator
+    def indices(self, ids, size, where, what="indices"):
+        """As ReferenceOps.indices; device ids are checked on the device (whole numbers, in
+        range) into a flag read once here, and come back as int64 device ids."""
+        if not is_device(ids):
+            return super().indices(ids, size, where, what)
+        flag = self.zeros((1,))
+        shape = tuple(ids.shape)
+        di = self._indices(ids, flag)
+        if di.shape[0]:
+            g, t = _grid1(di.shape[0], self.sim)
+            K.check_range[g, t](di, np.int64(size), flag)
+        TRANSFERS.flag_reads += 1
+        if to_host(flag)[0]:
+            super().indices(to_host(ids), size, where, what)  # raises the layer's error
+            raise InputError(f"{where}: {what} outside [0, {size}) or not whole numbers")
+        return di.reshape(shape)
+
+    def check_rois(self, rois, batch, where):
+        """As ReferenceOps.check_rois; device rois (K, 5) are read back for the check."""
+        if not is_device(rois):
+            return super().check_rois(rois, batch, where)
+        TRANSFERS.flag_reads += 1
+        super().check_rois(to_host(rois), batch, where)
+        return rois
 
     @_serialized_in_simulator
     def pad(self, x, pads):
@@ -324,7 +453,7 @@ class CudaOps(ReferenceOps):
         dev = is_device(x)
         if (name not in K.CODES and name not in ("softmax", "log_softmax")) or x.size == 0 \
                 or x.ndim == 0:
-            return super().activation(to_host(x), name, alpha)
+            return self._host_path(is_device(x), super().activation(to_host(x), name, alpha))
         if name not in K.CODES:
             return self._softmax(x, (x.ndim - 1,), name == "log_softmax")
         dx = to_device(x)
@@ -372,13 +501,13 @@ class CudaOps(ReferenceOps):
     @_serialized_in_simulator
     def softmax(self, x, axis=-1):
         if x.ndim == 0 or x.size == 0:
-            return super().softmax(to_host(x), axis)
+            return self._host_path(is_device(x), super().softmax(to_host(x), axis))
         return self._softmax(x, axis if isinstance(axis, tuple) else (axis,), False)
 
     @_serialized_in_simulator
     def log_softmax(self, x, axis=-1):
         if x.ndim == 0 or x.size == 0:
-            return super().log_softmax(to_host(x), axis)
+            return self._host_path(is_device(x), super().log_softmax(to_host(x), axis))
         return self._softmax(x, axis if isinstance(axis, tuple) else (axis,), True)
 
     # ---------------------------------------------------------------------------- dense
@@ -386,7 +515,7 @@ class CudaOps(ReferenceOps):
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         dev = is_device(x)
         if x.size == 0 or w_io.shape[1] == 0 or w_io.shape[0] == 0:
-            return super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha)
+            return self._host_path(is_device(x), super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha))
         dx = to_device(x)
         rows = dx if dx.ndim == 2 else _rows(dx)
         m, n = rows.shape[0], w_io.shape[1]
@@ -413,8 +542,8 @@ class CudaOps(ReferenceOps):
         wo = window_out(w, kw, sw, dw, (pl, pr))
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0:
-            return super().conv2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides, pads,
-                                  dilation, groups, activation, alpha)
+            return self._host_path(is_device(x_nhwc), super().conv2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides, pads,
+                                  dilation, groups, activation, alpha))
         dw_ = self._weight(w_hwio)
         return self._conv(x_nhwc, dw_, b, (sh, sw), (dh, dw), (pt, pl), groups, (ho, wo),
                           activation, alpha, dev)
@@ -446,8 +575,8 @@ class CudaOps(ReferenceOps):
         wo = window_out(w, kw, sw, dw, (pl, pr))
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or c * m == 0:
-            return super().depthwise_conv2d(to_host(x_nhwc), to_host(w_hwcm), to_host(b), strides,
-                                            pads, dilation, activation, alpha)
+            return self._host_path(is_device(x_nhwc), super().depthwise_conv2d(to_host(x_nhwc), to_host(w_hwcm), to_host(b), strides,
+                                            pads, dilation, activation, alpha))
         # cache the layer's own (kh, kw, C, M) array; the (kh, kw, 1, C M) view is made on the device
         dwk = self._weight(w_hwcm).reshape(kh, kw, 1, c * m)
         return self._conv(x_nhwc, dwk, b, (sh, sw), (dh, dw), (pt, pl), c, (ho, wo), activation,
@@ -459,8 +588,8 @@ class CudaOps(ReferenceOps):
         n, h, w, c = x_nhwc.shape
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or out_hw[0] <= 0 or out_hw[1] <= 0:
-            return super().pool2d(to_host(x_nhwc), kind, pool, strides, pads, out_hw, dilation,
-                                  count_include_pad)
+            return self._host_path(is_device(x_nhwc), super().pool2d(to_host(x_nhwc), kind, pool, strides, pads, out_hw, dilation,
+                                  count_include_pad))
         (pt, pb), (pl, pr) = pads
         dx = to_device(x_nhwc)
         y = self._empty((n, out_hw[0], out_hw[1], c))
@@ -477,8 +606,8 @@ class CudaOps(ReferenceOps):
         dev = is_device(x_nhwc)
         cout = w_hwio.shape[3] * groups
         if x_nhwc.size == 0 or min(out_hw) <= 0 or cout == 0:
-            return super().conv_transpose2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides,
-                                            crop, out_hw, dilation, groups, activation, alpha)
+            return self._host_path(is_device(x_nhwc), super().conv_transpose2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides,
+                                            crop, out_hw, dilation, groups, activation, alpha))
         dx = to_device(x_nhwc)
         n = dx.shape[0]
         y = self._empty((n, out_hw[0], out_hw[1], cout))
@@ -497,7 +626,7 @@ class CudaOps(ReferenceOps):
     def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or min(out_hw) <= 0 or mode not in ("nearest", "bilinear"):
-            return super().upsample2d(to_host(x_nhwc), out_hw, mode, align_corners, scales)
+            return self._host_path(is_device(x_nhwc), super().upsample2d(to_host(x_nhwc), out_hw, mode, align_corners, scales))
         dx = to_device(x_nhwc)
         n, h, w, c = dx.shape
         y = self._empty((n, out_hw[0], out_hw[1], c))
@@ -512,7 +641,7 @@ class CudaOps(ReferenceOps):
     def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
         dev = is_device(x)
         if x.size == 0 or x.ndim == 0:
-            return super().local_response_norm(to_host(x), size, alpha, beta, k)
+            return self._host_path(is_device(x), super().local_response_norm(to_host(x), size, alpha, beta, k))
         dx = to_device(x)
         rows = _rows(dx)
         out = self._empty(rows.shape)
@@ -528,7 +657,7 @@ class CudaOps(ReferenceOps):
         sets bad[0] = 1 (the layer checks the indices before calling a host primitive)."""
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or rois.shape[0] == 0:
-            return super().roi_pool(to_host(x_nhwc), to_host(rois), output_size, spatial_scale)
+            return self._host_path(is_device(x_nhwc), super().roi_pool(to_host(x_nhwc), to_host(rois), output_size, spatial_scale))
         dx = to_device(x_nhwc)
         dr = to_device(rois)
         k, c = dr.shape[0], dx.shape[3]
@@ -544,8 +673,8 @@ class CudaOps(ReferenceOps):
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
         dev = is_device(scores_bhqk)
         if scores_bhqk.ndim != 4 or scores_bhqk.size == 0 or (bias is not None and bias.ndim > 4):
-            return super().attention_softmax(to_host(scores_bhqk), scale, to_host(bias), causal,
-                                             empty)
+            return self._host_path(is_device(scores_bhqk), super().attention_softmax(to_host(scores_bhqk), scale, to_host(bias), causal,
+                                             empty))
         s = to_device(scores_bhqk)
         tk = s.shape[3]
         if bias is None:
@@ -573,8 +702,8 @@ class CudaOps(ReferenceOps):
         if not (q_bhqd.ndim == k_bhkd.ndim == v_bhkv.ndim == 4
                 and shapes[0][:2] == shapes[1][:2] == shapes[2][:2]
                 and q_bhqd.size and k_bhkd.size and v_bhkv.size):
-            return super().attention(to_host(q_bhqd), to_host(k_bhkd), to_host(v_bhkv), scale,
-                                     to_host(bias), causal, empty, need_weights)
+            return self._host_path(is_device(q_bhqd), super().attention(to_host(q_bhqd), to_host(k_bhkd), to_host(v_bhkv), scale,
+                                     to_host(bias), causal, empty, need_weights))
         nb, nh, tq, _ = shapes[0]
         tk, dv = shapes[1][2], shapes[2][3]
         dq, dk, dv_ = to_device(q_bhqd), to_device(k_bhkd), to_device(v_bhkv)
@@ -597,8 +726,8 @@ class CudaOps(ReferenceOps):
         dev = is_device(x_nle)
         n, length, e = x_nle.shape
         if x_nle.size == 0:
-            return super().encoder_layer(to_host(x_nle), w, num_heads, activation, norm_first,
-                                         bias, empty, need_weights)
+            return self._host_path(is_device(x_nle), super().encoder_layer(to_host(x_nle), w, num_heads, activation, norm_first,
+                                         bias, empty, need_weights))
         hd = e // num_heads
         rows = to_device(x_nle).reshape(n * length, e)
 
@@ -692,7 +821,7 @@ class CudaOps(ReferenceOps):
     def hsoftmax_log_probs(self, x, w_in, b_n, path_nodes, path_signs):
         dev = is_device(x)
         if x.shape[0] == 0:
-            return super().hsoftmax_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs)
+            return self._host_path(is_device(x), super().hsoftmax_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs))
         z = self.dense(to_device(x), w_in, b_n)
         out = self._empty((z.shape[0], path_nodes.shape[0]))
         blocks, threads = _grid2(path_nodes.shape[0], z.shape[0], self.sim)
@@ -705,8 +834,8 @@ class CudaOps(ReferenceOps):
         given a one-element device array ``bad``, sets bad[0] = 1."""
         dev = is_device(x)
         if x.shape[0] == 0:
-            return super().hsoftmax_class_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs,
-                                                    to_host(classes))
+            return self._host_path(is_device(x), super().hsoftmax_class_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs,
+                                                    to_host(classes)))
         flag = self.zeros((1,)) if bad is None else bad
         z = self.dense(to_device(x), w_in, b_n)
         dc = self._indices(classes, flag)
@@ -718,7 +847,14 @@ class CudaOps(ReferenceOps):
 
     # ------------------------------------------------------------------------ recurrent
     def _input_projection(self, x_bti, w_ig, b_g):
-        """xw = x w_ig + b over every time step at once, (B, T, G) on the device."""
+        """xw = x w_ig + b over every time step at once, (B, T, G) on the device; ids x (B, T)
+        select rows of w_ig instead (an Embedding folded into the layer)."""
+        if x_bti.ndim == 2:
+            ids = x_bti if is_device(x_bti) else to_device(np.asarray(x_bti), np.int64)
+            nb, t_len = ids.shape
+            xw = self.embedding(ids, w_ig)
+            self._epilogue(xw.reshape(nb * t_len, w_ig.shape[1]), b_g, "linear", 0.0)
+            return xw
         dx = to_device(x_bti)
         nb, t_len, _ = dx.shape
         g = w_ig.shape[1]
@@ -754,13 +890,13 @@ class CudaOps(ReferenceOps):
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None,
                      reverse=False, return_sequences=True, zero_masked=False, y0=None):
         """SimpleRNN over time on the device: per step the tiled h w_hh product, one gate kernel."""
-        code = K.CODES.get(activation)
+        code = _gate_code(activation)
         dev = is_device(x_bti)
-        if code is None or 0 in x_bti.shape or x_bti.ndim == 2:   # ids: on the host
-            return super().rnn_sequence(
+        if code is None or 0 in x_bti.shape:
+            return self._host_path(is_device(x_bti), super().rnn_sequence(
                 to_host(x_bti), to_host(w_ih), to_host(w_hh), to_host(b), to_host(h0),
                 activation=activation, mask_bt=to_host(mask_bt), reverse=reverse,
-                return_sequences=return_sequences, zero_masked=zero_masked, y0=to_host(y0))
+                return_sequences=return_sequences, zero_masked=zero_masked, y0=to_host(y0)))
         nb, units = x_bti.shape[0], w_hh.shape[0]
         xw = self._input_projection(x_bti, w_ih, b)
         dw_hh = self._weight(w_hh)
@@ -783,15 +919,15 @@ class CudaOps(ReferenceOps):
                       recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                       return_sequences=True, zero_masked=False, y0=None):
         """LSTM over time on the device: one fused gate kernel per step after a tiled h w_hg product."""
-        act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
+        act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
-        if act is None or ract is None or 0 in x_bti.shape or x_bti.ndim == 2:
-            return super().lstm_sequence(
+        if act is None or ract is None or 0 in x_bti.shape:
+            return self._host_path(is_device(x_bti), super().lstm_sequence(
                 to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_g), to_host(h0),
                 to_host(c0), w_hp=to_host(w_hp), activation=activation,
                 recurrent_activation=recurrent_activation, mask_bt=to_host(mask_bt),
                 reverse=reverse, return_sequences=return_sequences, zero_masked=zero_masked,
-                y0=to_host(y0))
+                y0=to_host(y0)))
         nb = x_bti.shape[0]
         units = w_hg.shape[1] // 4
         out_size = w_hg.shape[0]
@@ -820,15 +956,15 @@ class CudaOps(ReferenceOps):
                      activation="tanh", recurrent_activation="sigmoid", mask_bt=None,
                      reverse=False, return_sequences=True, zero_masked=False, y0=None):
         """GRU over time on the device: the h w_hg product (tiled kernel) and fused gate kernels."""
-        act, ract = K.CODES.get(activation), K.CODES.get(recurrent_activation)
+        act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
-        if act is None or ract is None or 0 in x_bti.shape or x_bti.ndim == 2:
-            return super().gru_sequence(
+        if act is None or ract is None or 0 in x_bti.shape:
+            return self._host_path(is_device(x_bti), super().gru_sequence(
                 to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_ig), to_host(b_hg),
                 to_host(h0), reset_after=reset_after, activation=activation,
                 recurrent_activation=recurrent_activation, mask_bt=to_host(mask_bt),
                 reverse=reverse, return_sequences=return_sequences, zero_masked=zero_masked,
-                y0=to_host(y0))
+                y0=to_host(y0)))
         nb = x_bti.shape[0]
         units = w_hg.shape[0]
         xw = self._input_projection(x_bti, w_ig, b_ig)
@@ -869,7 +1005,7 @@ class CudaOps(ReferenceOps):
     def batch_norm(self, x, scale, shift, axis=-1):
         dev = is_device(x)
         if x.size == 0 or x.ndim == 0:
-            return super().batch_norm(to_host(x), to_host(scale), to_host(shift), axis)
+            return self._host_path(is_device(x), super().batch_norm(to_host(x), to_host(scale), to_host(shift), axis))
         dx = to_device(x)
         shape = tuple(dx.shape)
         axis %= len(shape)
@@ -885,8 +1021,8 @@ class CudaOps(ReferenceOps):
         the trailing axes; gamma and beta have the normalized axes' shape)."""
         dev = is_device(x)
         if x.size == 0 or x.ndim == 0:
-            return super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes,
-                                      rms)
+            return self._host_path(is_device(x), super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes,
+                                      rms))
         dx = to_device(x)
         nd = dx.ndim
         axes = sorted({int(a) % nd for a in axes})
@@ -915,7 +1051,7 @@ class CudaOps(ReferenceOps):
         axes_n = sorted({a % nd for a in axes}) if nd else []
         if x.size == 0 or not axes_n or axes_n[0] == 0 or \
                 axes_n != list(range(axes_n[0], axes_n[-1] + 1)):
-            return super().global_pool(to_host(x), kind, axes, keepdims)
+            return self._host_path(is_device(x), super().global_pool(to_host(x), kind, axes, keepdims))
         shape = tuple(x.shape)
         dx = to_device(x)
         outer, inner = int(np.prod(shape[:axes_n[0]])), int(np.prod(shape[axes_n[-1] + 1:]))
@@ -960,12 +1096,3 @@ class CudaOps(ReferenceOps):
             self._copy(to_device(a), None, out, lambda v, place=place: v[place])
             start += shape[axis]
         return self._back(out, dev)
-
-    # ------------------------------------------------------------------------ residency
-    @_serialized_in_simulator
-    def run_model(self, model, x):
-        """``model.call(x)`` (a graph Model) with activations kept on the device between layers;
-        see ``resident.py`` for the layer types that run there and ``resident.LAST_RUN``."""
-        from .resident import run_model
-
-        return run_model(self, model, x)
