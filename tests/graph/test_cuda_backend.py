@@ -1,6 +1,6 @@
 """The cuda backend as a whole: selection, lazy import, errors, device residency, model.to("cuda").
 
-Like tests/test_cuda_kernels.py, the device tests run in a subprocess under the CUDA simulator
+Like tests/ops/test_cuda_kernels.py, the device tests run in a subprocess under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1`` must be set before numba.cuda is imported); the tests that need no
 device (lazy import, the error without a driver, device-name parsing) run in the main process or
 in their own plain subprocess.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_close, needs_numba_cuda
-from tests.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
+from tests.ops.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
 
 import fastlayers
 import fastlayers.nn
@@ -41,7 +41,7 @@ def _python(code: str, **env_changes) -> subprocess.CompletedProcess:
 if not IN_CUDA_RUN:
 
     def test_cuda_backend_under_simulator():
-        run_under_simulator("tests/test_cuda_backend.py")
+        run_under_simulator("tests/graph/test_cuda_backend.py")
 
     def test_import_and_cpu_backends_never_import_numba_cuda():
         proc = _python(
@@ -103,10 +103,10 @@ if not IN_CUDA_RUN:
             assert proc.returncode != 0 and "Traceback" not in proc.stderr
 
     def test_kernels_lower_for_the_real_cuda_target():
-        """Typing and lowering for the GPU target, float32 only (tests/cuda_lowering.py)."""
+        """Typing and lowering for the GPU target, float32 only (tests/ops/cuda_lowering.py)."""
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
         env["PYTHONPATH"] = str(ROOT)
-        proc = subprocess.run([sys.executable, "tests/cuda_lowering.py"], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "tests/ops/cuda_lowering.py"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         assert "failures: []" in proc.stdout
