@@ -87,7 +87,7 @@ if not IN_CUDA_RUN:
     def test_caching_allocator_block_sizes():
         """Requests share blocks by rounded size: 512-byte steps below 1 MiB, then eighths of
         the power of two (checked in a plain process: the module imports numba's driver)."""
-        proc = _python("from fastlayers.backends.cuda._memory import rounded\n"
+        proc = _python("from fastlayers.backends.cuda.memory import rounded\n"
                        "print([rounded(n) for n in (1, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000)])",
                        NUMBA_ENABLE_CUDASIM=None)
         assert proc.stdout.strip() == "[512, 512, 1024, 1048576, 1179648, 3145728]", proc.stderr
@@ -134,7 +134,7 @@ else:
     def test_host_arrays_go_to_the_device_with_c_strides():
         """numpy calls an array with odd strides on its length-1 axes contiguous; the device copy
         must have C strides everywhere (real numba.cuda refuses to reshape it otherwise)."""
-        from fastlayers.backends.cuda._runtime import c_ordered
+        from fastlayers.backends.cuda.runtime import c_ordered
 
         c = np.arange(3, dtype=np.float32).reshape(3, 1)
         view = c[None, :, :, None]
@@ -145,7 +145,7 @@ else:
         assert c_ordered(plain) is plain
 
     from fastlayers import layers as L
-    from fastlayers.backends.cuda import _runtime
+    from fastlayers.backends.cuda import runtime as _runtime
     from fastlayers.backends.cuda.ops import TRANSFERS
 
     @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ else:
 
     def _gpu_transfers(counts):
         """``_device_only`` on a GPU: the driver's copies counted, host arrays at launches refused."""
-        from fastlayers.backends.cuda import _launch
+        from fastlayers.backends.cuda import launch as _launch
 
         driver_cls = type(_runtime.driver())
         saved_in, saved_out = driver_cls.to_device, driver_cls.to_host

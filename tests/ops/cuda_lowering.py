@@ -17,7 +17,7 @@ import numba.cuda.dispatcher as dispatcher
 # device functions (``act``) ask the current device for its compute capability while typing
 dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 
-from fastlayers.backends.cuda import _kernels as K  # noqa: E402
+from fastlayers.backends.cuda import kernels as K  # noqa: E402
 
 f1, f2, f3, f4 = (T.Array(T.float32, n, "C") for n in (1, 2, 3, 4))
 l1, l2 = (T.Array(T.int64, n, "C") for n in (1, 2))

@@ -18,7 +18,7 @@ import fastlayers
 from fastlayers import layers as L
 from fastlayers import native
 from fastlayers.backends import get_ops
-from fastlayers.backends.cpu import conv_ops
+from fastlayers.backends.cpu import conv as conv_ops
 from fastlayers.geometry import window_out
 from fastlayers.native import _core
 
@@ -275,11 +275,11 @@ def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
     monkeypatch.setattr(conv_ops._core, "conv3x3_winograd",
                         lambda *a: calls.append(1) or real(*a), raising=False)
     x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
-    y = conv_ops.conv2d(CPU, x, k, None, (1, 1), ((1, 1), (1, 1)))
+    y = CPU.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1)))
     assert calls
     assert_close(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))), rtol=1e-5, atol=1e-5)
     calls.clear()
-    conv_ops.conv2d(CPU, x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: conv2d
+    CPU.conv2d(x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: conv2d
     assert not calls
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers.backends.cpu import _gemm
+from fastlayers.backends.cpu import gemm as _gemm
 from fastlayers.native import CODES, _core
 
 from ..conftest import assert_close

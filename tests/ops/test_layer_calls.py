@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastlayers.backends.cpu import _gemm
+from fastlayers.backends.cpu import gemm as _gemm
 from fastlayers.backends.reference import ReferenceOps
 from fastlayers.native import CODES, _core
 

@@ -14,7 +14,7 @@ import pytest
 
 import fastlayers
 from fastlayers.backends import _num_threads
-from fastlayers.backends import recurrent_reference as REF
+from fastlayers.backends.reference import recurrent as REF
 from fastlayers.backends.cpu import recurrent as R
 from fastlayers.native import _core
 

@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from ...native import CODES, _core
-from ..reference import EncoderWeights, ReferenceOps
-from . import _gemm, recurrent
-from . import conv_ops
+from ..reference import EncoderWeights
+from . import gemm, recurrent
+from .conv import ConvOps
 from ..derived import derived_from
 
 
@@ -46,8 +46,9 @@ def _rows_in_place(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-class CpuOps(ReferenceOps):
-    """Compiled CPU backend."""
+class CpuOps(ConvOps):
+    """Compiled CPU backend: the methods below, the convolution and pooling family of
+    ``conv.ConvOps`` (native/conv.c, pool.c), and ReferenceOps for what neither overrides."""
 
     name = "cpu"
 
@@ -66,7 +67,7 @@ class CpuOps(ReferenceOps):
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         code = CODES.get(activation)
         if code is not None:  # the common case in one native call (None: not in its terms)
-            y = _core.dense(x, w_io, b_o, code, alpha, _gemm.packed_weights)
+            y = _core.dense(x, w_io, b_o, code, alpha, gemm.packed_weights)
             if y is not None:
                 return y
         x = np.asarray(x)
@@ -75,7 +76,7 @@ class CpuOps(ReferenceOps):
             return super().dense(x, w_io, b_o, activation, alpha)
         x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
         y = np.empty((x2.shape[0], w_io.shape[1]), np.float32)
-        _gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
+        gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
                      CODES["linear"] if code is None else code, alpha, weights=True)
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
@@ -131,16 +132,6 @@ class CpuOps(ReferenceOps):
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)
         return out if x.ndim == 2 else out.reshape(x.shape)
 
-    # convolution and pooling: native kernels (native/conv.c, pool.c), primitives in conv_ops.py
-    conv2d = conv_ops.conv2d
-    depthwise_conv2d = conv_ops.depthwise_conv2d
-    conv_transpose2d = conv_ops.conv_transpose2d
-    pool2d = conv_ops.pool2d
-    global_pool = conv_ops.global_pool
-    adaptive_pool2d = conv_ops.adaptive_pool2d
-    roi_pool = conv_ops.roi_pool
-    upsample2d = conv_ops.upsample2d
-    local_response_norm = conv_ops.local_response_norm
 
     # ------------------------------------------------------------------ attention (issue 5)
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):

@@ -18,7 +18,7 @@ runs on one thread.
 
 Each function returns None when the native loop does not cover the call (a softmax
 activation, an empty sequence or input), and CpuOps falls back to the numpy reference.
-Arguments follow ``backends/recurrent_reference.py`` (x as float32 (B, T, I) or integer ids
+Arguments follow ``backends/reference/recurrent.py`` (x as float32 (B, T, I) or integer ids
 (B, T) of one-hot inputs).
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 from ... import native
 from ...native import _core
 from ..derived import derived_from, derived_view
-from ._pages import weights_empty
+from .memory import weights_empty
 
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a meeting
 #: costs about 0.2 us; a share should compute for a few microseconds between two).

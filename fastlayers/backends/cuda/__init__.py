@@ -8,7 +8,7 @@ is imported) runs the same kernels in numba's CUDA simulator.
 
 from __future__ import annotations
 
-from ._runtime import require_numba_cuda
+from .runtime import require_numba_cuda
 
 require_numba_cuda()  # before the kernel modules import numba
 

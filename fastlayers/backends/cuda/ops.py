@@ -32,10 +32,10 @@ from ...errors import InputError, UnsupportedError
 from ...geometry import window_out
 from ..activations import DEFAULT_ALPHA
 from ..reference import ReferenceOps
-from ..reference_conv import resize_ratio
-from . import _kernels as K
-from ._launch import install as install_fast_launches
-from ._runtime import (
+from ..reference.conv import resize_ratio
+from . import kernels as K
+from .launch import install as install_fast_launches
+from .runtime import (
     WeightCache, c_ordered, device_dtype, device_empty, driver, is_device, load_cuda, simulated,
     to_device, to_host,
 )

@@ -58,7 +58,7 @@ def _install_caching_allocator() -> None:
 
     if config.CUDA_MEMORY_MANAGER != "default" or driver._memory_manager is not None:
         return
-    from ._memory import CachingMemoryManager
+    from .memory import CachingMemoryManager
 
     driver.set_memory_manager(CachingMemoryManager)
 

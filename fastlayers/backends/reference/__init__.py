@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError, ShapeError
-from .accumulate import wide_mean
-from .activations import _activation, _log_softmax, _softmax
+from ...errors import InputError, ShapeError
+from ..accumulate import wide_mean
+from ..activations import _activation, _log_softmax, _softmax
 
 def fold_batch_norm(mean, var, gamma, beta, epsilon):
     """Inference batch norm as one affine map: scale = gamma / sqrt(var + eps), shift = beta - mean scale."""
@@ -273,7 +273,7 @@ class ReferenceOps:
     def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
                groups=1, activation="linear", alpha=0.0):
         """y = f(conv(x, w) + b); w (kh, kw, C_in / groups, C_out); pads ((top, bottom), (left, right))."""
-        from . import reference_conv as rc
+        from . import conv as rc
         y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
@@ -287,19 +287,19 @@ class ReferenceOps:
     def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1),
                          groups=1, activation="linear", alpha=0.0):
         """Transposed convolution; w (kh, kw, C_in, C_out / groups); output cropped at ``crop`` to ``out_hw``."""
-        from . import reference_conv as rc
+        from . import conv as rc
         y = rc.conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
     def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                count_include_pad=False):
         """Max or average pooling over windows (see ``reference_conv.pool2d``)."""
-        from . import reference_conv as rc
+        from . import conv as rc
         return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
 
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):
         """Max or average over torch's adaptive bins."""
-        from . import reference_conv as rc
+        from . import conv as rc
         return rc.adaptive_pool2d(x_nhwc, kind, out_hw)
 
     def global_pool(self, x, kind, axes, keepdims=False):
@@ -309,17 +309,17 @@ class ReferenceOps:
 
     def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
         """torchvision's RoI max pooling; rois (K, 5) ``(batch, x1, y1, x2, y2)`` -> (K, ph, pw, C)."""
-        from . import reference_conv as rc
+        from . import conv as rc
         return rc.roi_pool(x_nhwc, rois, output_size, spatial_scale)
 
     def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
         """Nearest or bilinear resize of H, W (torch's coordinate rules)."""
-        from . import reference_conv as rc
+        from . import conv as rc
         return rc.upsample2d(x_nhwc, out_hw, mode, align_corners, scales)
 
     def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
         """y = x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels (last axis))^beta."""
-        from . import reference_conv as rc
+        from . import conv as rc
         return rc.local_response_norm(x, size, alpha, beta, k)
 
     # ------------------------------------------------------------------ attention (issue 5)
@@ -431,17 +431,17 @@ class ReferenceOps:
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
         """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``recurrent_reference``)."""
-        from .recurrent_reference import rnn_sequence
+        from .recurrent import rnn_sequence
         return rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
 
     def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
         """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``recurrent_reference``)."""
-        from .recurrent_reference import lstm_sequence
+        from .recurrent import lstm_sequence
         return lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
 
     def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
         """GRU over time, gate blocks z, r, h; returns (y, h) (``recurrent_reference``)."""
-        from .recurrent_reference import gru_sequence
+        from .recurrent import gru_sequence
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
 

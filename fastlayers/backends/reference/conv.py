@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..geometry import transposed_out, window_out
-from .accumulate import wide_mean
+from ...geometry import transposed_out, window_out
+from ..accumulate import wide_mean
 
 _NEG_INF = np.float32(-np.inf)
 

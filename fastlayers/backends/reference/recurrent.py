@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activations import DEFAULT_ALPHA, _activation
+from ..activations import DEFAULT_ALPHA, _activation
 
 
 def _act(x, name):

@@ -1,0 +1,216 @@
+"""The convolution and pooling primitives of the cpu backend (``ConvOps``, a base class of
+CpuOps), on the native core (``fastlayers.native._core``: ``native/conv.c`` and
+``native/pool.c``).
+
+- conv2d: 3x3 stride 1 with 16 channels each way: Winograd F(2x2, 3x3)
+  (``conv3x3_winograd``); otherwise ``conv2d``, which runs the implicit GEMM on the padded
+  input (one group, output rows that fill the sgemm's register tiles) or im2col + the packed
+  sgemm in L2-sized row blocks (grouped convolutions, short output rows; a 1x1 stride-1
+  unpadded convolution is a product over the NHWC rows, without im2col). A convolution with
+  one input channel per group is a depthwise one.
+- depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
+  nine weights in registers).
+- conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
+  col2im.
+- pool2d, global_pool, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
+  vectorized over channels.
+
+Weights are packed (or Winograd-transformed) once per weight array (``derived``). The bias
+and the elementwise activations run in the kernels while the output rows are in cache;
+softmax over the channels runs as one pass after, and an activation without a native code
+through the reference. The kernels share their work among fastlayers' threads and release
+the GIL.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...native import CODES, _core
+from ..derived import derived
+from ..reference import ReferenceOps
+from ...geometry import window_out
+from ..reference.conv import roi_bins, source_coords
+
+_SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
+#: Winograd needs this many channels each way (fewer: its products are too thin), this many
+#: tiles (2x2 outputs, all images), and, for weights wider than WINOGRAD_WIDE channels squared,
+#: WINOGRAD_WIDE_TILES tiles (its U is 16/9 the size of the weights, read for few rows).
+_WINOGRAD_MIN_CHANNELS = 16
+_WINOGRAD_MIN_TILES = 4
+_WINOGRAD_WIDE = 256
+_WINOGRAD_WIDE_TILES = 36
+
+
+def _f32c(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _bias(b):
+    return None if b is None else _f32c(b)
+
+
+def _kernel_code(activation):
+    """The kernels' epilogue code of ``activation``: its code when elementwise, else linear."""
+    code = CODES.get(activation)
+    return 0 if code is None or code in _SOFTMAX_CODES else code
+
+
+def _finish(self, y, activation, alpha):
+    """y after a kernel whose epilogue ran ``_kernel_code(activation)``: softmax over the
+    channels in one native pass (in place), activations without a code by the reference."""
+    code = CODES.get(activation)
+    if code is None:
+        return ReferenceOps.activation(self, y, activation, alpha)
+    if code in _SOFTMAX_CODES:
+        rows = y.reshape(-1, y.shape[-1])
+        _core.bias_act(rows, None, code, alpha, rows)
+    return y
+
+
+def _winograd_pays(n, ho, wo, cin, cout) -> bool:
+    """Whether Winograd F(2x2, 3x3) beats ``conv2d``: from 16 channels each way and 4 tiles,
+    except for wide weights on few tiles (single-thread, AVX2 host: 56x56x16 0.17 against
+    0.22 ms, 4x4x64 8 against 14 us, 6x6x256 0.25 against 0.48 ms, 56x56x64 1.5 against
+    2.5 ms; 12 channels 2x slower, one tile 1.2x slower)."""
+    if min(cin, cout) < _WINOGRAD_MIN_CHANNELS:
+        return False
+    tiles = n * ((ho + 1) // 2) * ((wo + 1) // 2)
+    wide = cin * cout > _WINOGRAD_WIDE * _WINOGRAD_WIDE
+    return tiles >= (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES)
+
+
+def _packed_conv(wk, groups):
+    """Each group's weights of ``wk`` packed for ``_core.conv2d`` (once per weight array)."""
+    return derived(wk, f"native-conv:{groups}", lambda w: _core.conv_pack(w, groups))
+
+
+@functools.lru_cache(maxsize=256)
+def _adaptive_bins(size: int, out: int):
+    """The starts and ends of ``adaptive_bins(size, out)`` as two int64 arrays (read only)."""
+    i = np.arange(out, dtype=np.int64)
+    bins = np.stack([i * size // out, -(-(i + 1) * size // out)])
+    bins.setflags(write=False)
+    return bins[0], bins[1]
+
+
+class ConvOps(ReferenceOps):
+    """The convolution and pooling primitives of ``CpuOps`` (a base class of it)."""
+
+    def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
+               groups=1, activation="linear", alpha=0.0):
+        n, h, w, c = x_nhwc.shape
+        kh, kw, cin_g, cout = w_hwio.shape
+        (sh, sw), (dh, dw) = strides, dilation
+        (pt, pb), (pl, pr) = pads
+        ho = window_out(h, kh, sh, dh, (pt, pb))
+        wo = window_out(w, kw, sw, dw, (pl, pr))
+        if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
+            return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
+                                       activation, alpha)
+        if groups > 1 and cin_g == 1 and groups == c:
+            # one input channel per group: a depthwise convolution (multiplier cout / c)
+            return self.depthwise_conv2d(x_nhwc, w_hwio.reshape(kh, kw, c, cout // c), b, strides,
+                                         pads, dilation, activation, alpha)
+        x, wk = _f32c(x_nhwc), _f32c(w_hwio)
+        y = np.empty((n, ho, wo, cout), np.float32)
+        code = _kernel_code(activation)
+        if (kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1
+                and _winograd_pays(n, ho, wo, c, cout)):
+            pu = derived(wk, "native-winograd", _core.winograd_pack)
+            _core.conv3x3_winograd(x, pu, _bias(b), y, pt, pl, code, alpha)
+        else:
+            _core.conv2d(x, _packed_conv(wk, groups), _bias(b), y, kh, kw, sh, sw, dh, dw, pt, pl,
+                         groups, code, alpha)
+        return _finish(self, y, activation, alpha)
+
+    def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                         dilation=(1, 1), activation="linear", alpha=0.0):
+        n, h, w, c = x_nhwc.shape
+        kh, kw, _, m = w_hwcm.shape
+        (sh, sw), (dh, dw) = strides, dilation
+        (pt, pb), (pl, pr) = pads
+        ho = window_out(h, kh, sh, dh, (pt, pb))
+        wo = window_out(w, kw, sw, dw, (pl, pr))
+        if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or m == 0 or min(pt, pl) < 0:
+            return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
+                                                 activation, alpha)
+        y = np.empty((n, ho, wo, c * m), np.float32)
+        _core.depthwise_conv2d(_f32c(x_nhwc), _f32c(w_hwcm), _bias(b), y, sh, sw, dh, dw, pt, pl,
+                               _kernel_code(activation), alpha)
+        return _finish(self, y, activation, alpha)
+
+    def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1), groups=1,
+                         activation="linear", alpha=0.0):
+        n, h, w, cin = x_nhwc.shape
+        kh, kw, _, cout_g = w_hwio.shape
+        (sh, sw), (dh, dw), (ct, cl), (ho, wo) = strides, dilation, crop, out_hw
+        if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout_g == 0 or min(ct, cl) < 0:
+            return ReferenceOps.conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw,
+                                                 dilation, groups, activation, alpha)
+        wk = _f32c(w_hwio)
+        pw = derived(wk, f"native-conv-transpose:{groups}",
+                     lambda a: _core.conv_transpose_pack(a, groups))
+        y = np.empty((n, ho, wo, groups * cout_g), np.float32)
+        _core.conv_transpose2d(_f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct,
+                               cl, _kernel_code(activation), alpha)
+        return _finish(self, y, activation, alpha)
+
+    def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+               count_include_pad=False):
+        n, h, w, c = x_nhwc.shape
+        (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
+        if x_nhwc.size == 0 or ho <= 0 or wo <= 0:
+            return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation,
+                                       count_include_pad)
+        y = np.empty((n, ho, wo, c), np.float32)
+        return _core.pool2d(_f32c(x_nhwc), y, kind == "max", pool[0], pool[1], strides[0],
+                            strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
+                            bool(count_include_pad))
+
+    def global_pool(self, x, kind, axes, keepdims=False):
+        if x.ndim != 4 or tuple(a % 4 for a in axes) != (1, 2) or x.size == 0:
+            return ReferenceOps.global_pool(self, x, kind, axes, keepdims)
+        n, h, w, c = x.shape
+        y = self.pool2d(x, kind, (h, w), (1, 1), ((0, 0), (0, 0)), (1, 1))
+        return y if keepdims else y.reshape(n, c)
+
+    def adaptive_pool2d(self, x_nhwc, kind, out_hw):
+        n, h, w, c = x_nhwc.shape
+        if x_nhwc.size == 0 or min(out_hw) <= 0:
+            return ReferenceOps.adaptive_pool2d(self, x_nhwc, kind, out_hw)
+        (h0, h1), (w0, w1) = _adaptive_bins(h, out_hw[0]), _adaptive_bins(w, out_hw[1])
+        y = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+        return _core.bin_pool(_f32c(x_nhwc), None, h0, h1, w0, w1, kind == "max", y)
+
+    def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
+        n, h, w, c = x_nhwc.shape
+        if x_nhwc.size == 0 or len(rois) == 0:
+            return ReferenceOps.roi_pool(self, x_nhwc, rois, output_size, spatial_scale)
+        batch, h0, h1, w0, w1 = roi_bins(rois, output_size, spatial_scale, h, w)
+        y = np.empty((batch.shape[0], output_size[0], output_size[1], c), np.float32)
+        return _core.bin_pool(_f32c(x_nhwc), batch, h0, h1, w0, w1, True, y)
+
+    def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+        n, h, w, c = x_nhwc.shape
+        if x_nhwc.size == 0 or min(out_hw) <= 0:
+            return ReferenceOps.upsample2d(self, x_nhwc, out_hw, mode, align_corners, scales)
+        sy = source_coords(out_hw[0], h, mode, align_corners, scales[0])
+        sx = source_coords(out_hw[1], w, mode, align_corners, scales[1])
+        y = np.empty((n, out_hw[0], out_hw[1], c), np.float32)
+        if mode == "nearest":
+            y0, x0 = sy.astype(np.int64), sx.astype(np.int64)
+            return _core.resize(_f32c(x_nhwc), y0, y0, None, x0, x0, None, False, y)
+        y0 = np.minimum(np.floor(sy).astype(np.int64), h - 1)
+        x0 = np.minimum(np.floor(sx).astype(np.int64), w - 1)
+        y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+        fy, fx = (sy - y0).astype(np.float32), (sx - x0).astype(np.float32)
+        return _core.resize(_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, True, y)
+
+    def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+        if x.size == 0 or x.ndim == 0:
+            return ReferenceOps.local_response_norm(self, x, size, alpha, beta, k)
+        xr = _f32c(x).reshape(-1, x.shape[-1])
+        return _core.lrn(xr, int(size), alpha, beta, k, np.empty_like(xr)).reshape(x.shape)
