@@ -289,6 +289,26 @@ class ReferenceOps:
         from . import reference_conv as rc
         return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
 
+    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+                    count_include_pad=False):
+        """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo)."""
+        from . import reference_conv as rc
+        y = rc.pool2d(x_nchw.transpose(0, 2, 3, 1), kind, pool, strides, pads, out_hw, dilation,
+                      count_include_pad)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+    def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                              dilation=(1, 1), activation="linear", alpha=0.0):
+        """y[n, c M + m] = f(sum_{i, j} xpad[n, c, s oh + d i, s ow + d j] w[c M + m, i, j] +
+        b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo)."""
+        from . import reference_conv as rc
+        cm, kh, kw = w_ohw.shape
+        y = rc.conv2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1), dtype=np.float32),
+                      np.ascontiguousarray(w_ohw.transpose(1, 2, 0)).reshape(kh, kw, 1, cm),
+                      strides, pads, dilation, x_nchw.shape[1])
+        y = self._conv_epilogue(y, b, activation, alpha)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):
         """Max or average over torch's adaptive bins."""
         from . import reference_conv as rc

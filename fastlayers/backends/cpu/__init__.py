@@ -136,6 +136,8 @@ class CpuOps(ReferenceOps):
     depthwise_conv2d = conv_ops.depthwise_conv2d
     conv_transpose2d = conv_ops.conv_transpose2d
     pool2d = conv_ops.pool2d
+    pool2d_nchw = conv_ops.pool2d_nchw
+    depthwise_conv2d_nchw = conv_ops.depthwise_conv2d_nchw
     global_pool = conv_ops.global_pool
     adaptive_pool2d = conv_ops.adaptive_pool2d
     roi_pool = conv_ops.roi_pool
