@@ -746,13 +746,13 @@ FL_INLINE void conv_plane_vecs(const float *b, const int64_t *off, const float *
                                int nv, float bias, int code, float alpha, float *out,
                                int64_t last) {
     fl_vf acc[4];
-    for (int u = 0; u < nv; ++u) acc[u] = fl_set1(bias);
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] = fl_set1(bias);
     for (int64_t t = 0; t < nt; ++t) {
         const float *p = b + off[t];
         fl_vf wv = fl_set1(wt[t]);
-        for (int u = 0; u < nv; ++u) acc[u] += fl_load(p + u * FL_VW) * wv;
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] += fl_load(p + u * FL_VW) * wv;
     }
-    for (int u = 0; u < nv; ++u)
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u)
         pool_st(out + u * FL_VW, code == FL_LINEAR ? acc[u] : rows_vact(acc[u], code, alpha),
                 u == nv - 1 ? last : FL_VW);
 }

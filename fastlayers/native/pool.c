@@ -378,24 +378,88 @@ static pool_plane_plan pool_plane_plan_of(int64_t planes, int64_t kh, int64_t kw
     return q;
 }
 
+/* The even and the odd lanes of the 2 FL_VW floats a, b (a first): stride-2 columns, one
+ * shuffle each. */
+#if FL_VW == 16
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif FL_VW == 8
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define POOL_EVENS 0, 2, 4, 6
+#define POOL_ODDS 1, 3, 5, 7
+#endif
+#if defined(__clang__)
+#define POOL_SHUF(a, b, idx) __builtin_shufflevector(a, b, idx)
+#else
+#define POOL_SHUF(a, b, idx) __builtin_shuffle(a, b, (fl_vi){idx})
+#endif
+
+/* Stride 2: d0[k] = s[2 k - pl], d1[k] = s[2 k + 1 - pl] for k < len (fill outside [0, w)),
+ * both phases from the same loads. */
+static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len, float fill,
+                              float *d0, float *d1) {
+    int64_t k = 0;
+    for (; k < len && 2 * k - pl < 0; ++k) {            /* the left padding */
+        d0[k] = fill;
+        d1[k] = 2 * k + 1 - pl == 0 && w > 0 ? s[0] : fill;
+    }
+    for (; k + FL_VW <= len && 2 * k - pl + 2 * FL_VW <= w; k += FL_VW) {
+        fl_vf a = fl_load(s + 2 * k - pl), b = fl_load(s + 2 * k - pl + FL_VW);
+        fl_store(d0 + k, POOL_SHUF(a, b, POOL_EVENS));
+        fl_store(d1 + k, POOL_SHUF(a, b, POOL_ODDS));
+    }
+    for (; k < len && 2 * k - pl < w; ++k) {            /* the row's last columns */
+        int64_t iw = 2 * k - pl;
+        d0[k] = s[iw];
+        d1[k] = iw + 1 < w ? s[iw + 1] : fill;
+    }
+    fl_vf f = fl_set1(fill);                            /* the right padding and slack */
+    for (; k + FL_VW <= len; k += FL_VW) {
+        fl_store(d0 + k, f);
+        fl_store(d1 + k, f);
+    }
+    for (; k < len; ++k) d0[k] = d1[k] = fill;
+}
+
+/* d[0:n] = fill */
+static void pool_plane_fill(float *d, int64_t n, float fill) {
+    int64_t k = 0;
+    for (; k + FL_VW <= n; k += FL_VW) fl_store(d + k, fl_set1(fill));
+    for (; k < n; ++k) d[k] = fill;
+}
+
 /* buf[(r sw + q) len + k] = x[r0 + r, k sw + q - pl] for r < nr, q < sw, k < len (fill where
  * that lies outside the plane x (H, W)). */
 static void pool_plane_gather(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
                               int64_t pl, int64_t sw, int64_t len, float fill, float *buf) {
-    for (int64_t r = 0; r < nr; ++r) {
-        int64_t ih = r0 + r;
-        for (int64_t q = 0; q < sw; ++q) {
+    if (sw == 2) {
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t ih = r0 + r;
+            float *d = buf + 2 * r * len;
+            if (ih >= 0 && ih < h) {
+                pool_plane_split2(x + ih * w, w, pl, len, fill, d, d + len);
+                continue;
+            }
+            pool_plane_fill(d, 2 * len, fill);
+        }
+        return;
+    }
+    for (int64_t q = 0; q < sw; ++q) {
+        /* k sw + q - pl in [0, w): k in [lo, hi) (divisions once per phase, not per row) */
+        int64_t lo = pl - q <= 0 ? 0 : (pl - q + sw - 1) / sw;
+        int64_t hi = w + pl - q <= 0 ? 0 : (w + pl - q + sw - 1) / sw;
+        lo = FL_MIN(lo, len);
+        hi = FL_MAX(FL_MIN(hi, len), lo);
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t ih = r0 + r;
             float *d = buf + (r * sw + q) * len;
             if (ih < 0 || ih >= h) {
-                for (int64_t k = 0; k < len; ++k) d[k] = fill;
+                pool_plane_fill(d, len, fill);
                 continue;
             }
             const float *s = x + ih * w;
-            /* k sw + q - pl in [0, w) */
-            int64_t lo = pl - q <= 0 ? 0 : (pl - q + sw - 1) / sw;
-            int64_t hi = w + pl - q <= 0 ? 0 : (w + pl - q + sw - 1) / sw;
-            lo = FL_MIN(lo, len);
-            hi = FL_MAX(FL_MIN(hi, len), lo);
             int64_t k = 0;
             for (; k < lo; ++k) d[k] = fill;
             if (sw == 1) {
@@ -424,13 +488,13 @@ FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, i
                                int nv, const float *div, float *out, int64_t last) {
     fl_vf acc[4];
     fl_vi nan[4];
-    for (int u = 0; u < nv; ++u) {
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         acc[u] = fl_set1(is_max ? -__builtin_inff() : 0.0f);
         nan[u] = (fl_vi){0};
     }
     for (int64_t t = 0; t < nt; ++t) {
         const float *p = b + off[t];
-        for (int u = 0; u < nv; ++u) {
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
             fl_vf v = fl_load(p + u * FL_VW);
             if (is_max) {
                 acc[u] = fl_vmax(acc[u], v);
@@ -440,7 +504,7 @@ FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, i
             }
         }
     }
-    for (int u = 0; u < nv; ++u) {
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         fl_vf r = is_max ? fl_select(nan[u], fl_set1(__builtin_nanf("")), acc[u])
                          : acc[u] / fl_load(div + u * FL_VW);
         pool_st(out + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
