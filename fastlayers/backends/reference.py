@@ -291,22 +291,23 @@ class ReferenceOps:
 
     def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                     count_include_pad=False):
-        """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo)."""
-        from . import reference_conv as rc
-        y = rc.pool2d(x_nchw.transpose(0, 2, 3, 1), kind, pool, strides, pads, out_hw, dilation,
-                      count_include_pad)
+        """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo): this backend's ``pool2d``
+        between two transposes (a backend with an NCHW kernel overrides it)."""
+        y = self.pool2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), kind, pool, strides,
+                        pads, out_hw, dilation, count_include_pad)
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
     def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
                               dilation=(1, 1), activation="linear", alpha=0.0):
         """y[n, c M + m] = f(sum_{i, j} xpad[n, c, s oh + d i, s ow + d j] w[c M + m, i, j] +
-        b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo)."""
-        from . import reference_conv as rc
+        b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo); this
+        backend's ``depthwise_conv2d`` between two transposes (a backend with an NCHW kernel
+        overrides it)."""
         cm, kh, kw = w_ohw.shape
-        y = rc.conv2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1), dtype=np.float32),
-                      np.ascontiguousarray(w_ohw.transpose(1, 2, 0)).reshape(kh, kw, 1, cm),
-                      strides, pads, dilation, x_nchw.shape[1])
-        y = self._conv_epilogue(y, b, activation, alpha)
+        c = x_nchw.shape[1]
+        w_hwcm = np.ascontiguousarray(w_ohw.reshape(c, cm // c, kh, kw).transpose(2, 3, 0, 1))
+        y = self.depthwise_conv2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwcm, b,
+                                  strides, pads, dilation, activation, alpha)
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):
