@@ -1,5 +1,5 @@
 """Activation functions in numpy (float32 in, float32 out; erf-based GELU in float64): the
-math that ReferenceOps and the reference time loops (``recurrent_reference``) share."""
+math that ReferenceOps and the reference time loops (``reference.recurrent``) share."""
 
 from __future__ import annotations
 

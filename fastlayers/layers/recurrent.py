@@ -96,7 +96,7 @@ class _RecurrentMath:
 
     def _run(self, x, states, mask, *, table=None, reverse=False, return_sequences=True,
              zero_masked=False, y0=None):
-        """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``recurrent_reference``.
+        """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``reference.recurrent``.
         With an embedding ``table``, x holds ids (B, T) of its rows (``_input_weights``)."""
         raise NotImplementedError
 

@@ -734,3 +734,97 @@ int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
                 conv_t_task, &p);
     return 0;
 }
+
+/* ------------------------------------------------------------------- depthwise, NCHW planes */
+/* Output plane (n, co) reads input plane (n, co / m) through pool.c's phase-split buffer
+ * (pool_plane_gather, zero fill): each tap of FL_VW output columns is one vector load times the
+ * tap's weight, four vectors per pass, then bias and activation in registers. */
+
+/* out[0:nv FL_VW] (the last vector cut to `last` lanes) = f(bias + sum over taps t < nt of
+ * b[off[t] + 0:nv FL_VW] wt[t]). */
+FL_INLINE void conv_plane_vecs(const float *b, const int64_t *off, const float *wt, int64_t nt,
+                               int nv, float bias, int code, float alpha, float *out,
+                               int64_t last) {
+    fl_vf acc[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] = fl_set1(bias);
+    for (int64_t t = 0; t < nt; ++t) {
+        const float *p = b + off[t];
+        fl_vf wv = fl_set1(wt[t]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] += fl_load(p + u * FL_VW) * wv;
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u)
+        pool_st(out + u * FL_VW, code == FL_LINEAR ? acc[u] : rows_vact(acc[u], code, alpha),
+                u == nv - 1 ? last : FL_VW);
+}
+
+/* One output row out[0:wo] whose windows start at b (buffer row of window row 0). */
+FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *wt, int64_t nt,
+                              int64_t wo, float bias, int code, float alpha, float *out) {
+    int64_t ow = 0;
+    for (; ow + 4 * FL_VW <= wo; ow += 4 * FL_VW)
+        conv_plane_vecs(b + ow, off, wt, nt, 4, bias, code, alpha, out + ow, FL_VW);
+    for (; ow < wo; ow += FL_VW)
+        conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow,
+                        FL_MIN(FL_VW, wo - ow));
+}
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    const int64_t *off;
+    pool_plane_plan q;
+    int64_t c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo;
+    int code, status;
+    float alpha;
+} conv_plane_ctx;
+
+/* Units u = (n C m + co) blocks + block in [u0, u1) of depthwise_conv2d_nchw. */
+static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
+    conv_plane_ctx *p = (conv_plane_ctx *)arg;
+    int64_t nt = p->kh * p->kw, cm = p->c * p->m;
+    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)p->q.floats);
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
+        int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
+        int64_t n = plane / cm, co = plane % cm;
+        int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
+        pool_plane_gather(p->x + (n * p->c + co / p->m) * p->h * p->w, p->h, p->w,
+                          oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
+        const float *wt = p->wk + co * nt;
+        float bias = p->bias ? p->bias[co] : 0.0f;
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+            const float *b = buf + (oh - oh0) * p->sh * p->sw * p->q.len;
+            float *out = p->y + (plane * p->ho + oh) * p->wo;
+            if (nt == 9) conv_plane_row(b, p->off, wt, 9, p->wo, bias, p->code, p->alpha, out);
+            else conv_plane_row(b, p->off, wt, nt, p->wo, bias, p->code, p->alpha, out);
+        }
+    }
+}
+
+/* y[n, c m + q] = f(b + sum_{i, j} x[n, c] window wk[c m + q, i, j]): x (N, C, H, W), wk
+ * (C m, kh, kw), bias (C m,), y (N, C m, Ho, Wo). */
+int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
+                                 int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                                 int64_t wo, const float *wk, const float *bias, int code,
+                                 float alpha, float *y) {
+    if (n <= 0 || c <= 0 || m <= 0 || ho <= 0 || wo <= 0) return 0;
+    if (!conv_code_ok(code) || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
+        pt < 0 || pl < 0)
+        return -2;
+    pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
+    int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
+    if (!off) return -1;
+    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
+    conv_plane_ctx p = {x, wk, bias, y, off, q, c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo,
+                        code, 0, alpha};
+    int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);
+    fl_parallel(n * c * m * q.blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / per_unit), conv_plane_task,
+                &p);
+    free(off);
+    return p.status;
+}

@@ -20,7 +20,11 @@
  *   bias, code, alpha, y): y[n, oh, ow, g co + o] = f(b + sum of x[n, ih, iw, g ci' + ci]
  *   w[i, j, g ci' + ci, o] over ih sh + i dh = oh + ct, iw sw + j dw = ow + cl) (w (kh, kw, cin,
  *   co), co = cout_g); pw: each group's w as (ci', kh kw co) packed, group g at pw +
- *   g fl_packed_floats(ci', kh kw co). */
+ *   g fl_packed_floats(ci', kh kw co);
+ * depthwise_conv2d_nchw(n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code,
+ *   alpha, y): y[n, ci m + q, oh, ow] = f(b + sum_{i, j} x[n, ci, oh sh - pt + i dh, ow sw - pl +
+ *   j dw] wk[ci m + q, i, j]) on NCHW planes: x (N, C, H, W), wk (C m, kh, kw), y (N, C m, Ho,
+ *   Wo). */
 #ifndef FL_CONV_H
 #define FL_CONV_H
 #include <stdint.h>
@@ -52,5 +56,11 @@
                               int64_t cl, int64_t ho, int64_t wo, const float *pw,             \
                               const float *bias, int code, float alpha, float *y),             \
       (n, h, w, cin, x, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo, pw, bias, code, \
-       alpha, y))
+       alpha, y))                                                                              \
+    X(int, depthwise_conv2d_nchw, (int64_t n, int64_t c, int64_t h, int64_t w, const float *x, \
+                                   int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,  \
+                                   int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, \
+                                   int64_t wo, const float *wk, const float *bias, int code,   \
+                                   float alpha, float *y),                                     \
+      (n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y))
 #endif

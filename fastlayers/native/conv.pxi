@@ -21,6 +21,11 @@ cdef extern from "dispatch.h" nogil:
                             int64_t sw, int64_t dh, int64_t dw, int64_t ct, int64_t cl,
                             int64_t ho, int64_t wo, const float *pw, const float *bias,
                             int code, float alpha, float *y)
+    int fl_depthwise_conv2d_nchw(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
+                                 int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                                 int64_t wo, const float *wk, const float *bias, int code,
+                                 float alpha, float *y)
 
 #: conv2d's ways: chosen by the kernel, the implicit GEMM, im2col + sgemm.
 CONV_AUTO, CONV_IMPLICIT, CONV_IM2COL = 0, 1, 2
@@ -135,6 +140,30 @@ def depthwise_conv2d(cnp.ndarray x, cnp.ndarray w_hwcm, object bias, cnp.ndarray
         st = fl_depthwise_conv2d(n, h, w, c, xp, kh, kw, m, sh, sw, dh, dw, pt, pl, y.shape[1],
                                  y.shape[2], wp, bp, code, alpha, yp)
     check(st, "depthwise_conv2d")
+    return y
+
+
+def depthwise_conv2d_nchw(cnp.ndarray x, cnp.ndarray w_ohw, object bias, cnp.ndarray y,
+                          int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                          int code, float alpha):
+    """y[n, c m + q, oh, ow] = f(bias + sum_{i, j} x[n, c, oh sh - pt + i dh, ow sw - pl + j dw]
+    w[c m + q, i, j]) (zeros outside x), x (N, C, H, W), ``w_ohw`` (C m, kh, kw), y (N, C m, Ho,
+    Wo)."""
+    cdef float *xp = cptr(x, 4, "depthwise_conv2d_nchw x")
+    cdef float *wp = cptr(w_ohw, 3, "depthwise_conv2d_nchw w")
+    cdef float *yp = cptr(y, 4, "depthwise_conv2d_nchw y")
+    cdef int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3]
+    cdef int64_t cm = w_ohw.shape[0], kh = w_ohw.shape[1], kw = w_ohw.shape[2]
+    if (c == 0 or cm % c or y.shape[0] != n or y.shape[1] != cm
+            or min(kh, kw, sh, sw, dh, dw) < 1 or pt < 0 or pl < 0):
+        raise ValueError("depthwise_conv2d_nchw: inconsistent shapes or steps")
+    cdef float *bp = vptr(bias, cm, "depthwise_conv2d_nchw bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_depthwise_conv2d_nchw(n, c, h, w, xp, cm // c, kh, kw, sh, sw, dh, dw, pt, pl,
+                                      y.shape[2], y.shape[3], wp, bp, code, alpha, yp)
+    check(st, "depthwise_conv2d_nchw")
     return y
 
 

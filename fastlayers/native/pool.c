@@ -344,3 +344,281 @@ int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, 
     fl_parallel(n * hp, FL_MAX(1, POOL_MIN_SHARE / (wp * c)), pool_pad_task, &p);
     return 0;
 }
+
+/* ------------------------------------------------------------------------ NCHW planes */
+/* The NCHW kernels (pool2d_nchw here, depthwise_conv2d_nchw in conv.c) run on planes (H, W):
+ * a unit of work is a block of output rows of one plane. Its input rows are first copied into
+ * a per-thread buffer, padded with the window's fill (-inf for max, 0 for sums) and split into
+ * sw column phases, so that each tap of FL_VW consecutive output columns is one contiguous
+ * vector load at any stride: padded column ow sw + j dw is phase (j dw) % sw, index
+ * ow + (j dw) / sw. Outputs run FL_VW columns at a time, four vectors per pass (four
+ * independent chains of max or add). */
+
+static __thread fl_buf pool_plane_buf;
+
+/* A unit's geometry: output rows per block `rb`, blocks per plane, phase row length `len`
+ * (floats, with a vector of slack), floats of a unit's buffer. */
+typedef struct {
+    int64_t rb, blocks, len, floats;
+} pool_plane_plan;
+
+static pool_plane_plan pool_plane_plan_of(int64_t planes, int64_t kh, int64_t kw, int64_t sh,
+                                          int64_t sw, int64_t dh, int64_t dw, int64_t ho,
+                                          int64_t wo) {
+    pool_plane_plan q;
+    int64_t need_w = (wo - 1) * sw + (kw - 1) * dw + 1;
+    q.len = (need_w + sw - 1) / sw + FL_VW;
+    /* a unit's buffer within 64K floats (L2), and enough units for every thread */
+    int64_t rb = FL_MAX(1, ((INT64_C(1) << 16) / (q.len * sw) - (kh - 1) * dh) / sh);
+    int64_t want = 4 * (int64_t)fl_pool_get_threads();
+    if (planes < want) rb = FL_MIN(rb, FL_MAX(1, ho * planes / want));
+    q.rb = FL_MIN(rb, ho);
+    q.blocks = (ho + q.rb - 1) / q.rb;
+    q.floats = ((q.rb - 1) * sh + (kh - 1) * dh + 1) * sw * q.len;
+    return q;
+}
+
+/* The even and the odd lanes of the 2 FL_VW floats a, b (a first): stride-2 columns, one
+ * shuffle each. */
+#if FL_VW == 16
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif FL_VW == 8
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define POOL_EVENS 0, 2, 4, 6
+#define POOL_ODDS 1, 3, 5, 7
+#endif
+#if defined(__clang__)
+#define POOL_SHUF(a, b, idx) __builtin_shufflevector(a, b, idx)
+#else
+#define POOL_SHUF(a, b, idx) __builtin_shuffle(a, b, (fl_vi){idx})
+#endif
+
+/* Stride 2: d0[k] = s[2 k - pl], d1[k] = s[2 k + 1 - pl] for k < len (fill outside [0, w)),
+ * both phases from the same loads. */
+static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len, float fill,
+                              float *d0, float *d1) {
+    int64_t k = 0;
+    for (; k < len && 2 * k - pl < 0; ++k) {            /* the left padding */
+        d0[k] = fill;
+        d1[k] = 2 * k + 1 - pl == 0 && w > 0 ? s[0] : fill;
+    }
+    for (; k + FL_VW <= len && 2 * k - pl + 2 * FL_VW <= w; k += FL_VW) {
+        fl_vf a = fl_load(s + 2 * k - pl), b = fl_load(s + 2 * k - pl + FL_VW);
+        fl_store(d0 + k, POOL_SHUF(a, b, POOL_EVENS));
+        fl_store(d1 + k, POOL_SHUF(a, b, POOL_ODDS));
+    }
+    for (; k < len && 2 * k - pl < w; ++k) {            /* the row's last columns */
+        int64_t iw = 2 * k - pl;
+        d0[k] = s[iw];
+        d1[k] = iw + 1 < w ? s[iw + 1] : fill;
+    }
+    fl_vf f = fl_set1(fill);                            /* the right padding and slack */
+    for (; k + FL_VW <= len; k += FL_VW) {
+        fl_store(d0 + k, f);
+        fl_store(d1 + k, f);
+    }
+    for (; k < len; ++k) d0[k] = d1[k] = fill;
+}
+
+/* d[0:n] = fill */
+static void pool_plane_fill(float *d, int64_t n, float fill) {
+    int64_t k = 0;
+    for (; k + FL_VW <= n; k += FL_VW) fl_store(d + k, fl_set1(fill));
+    for (; k < n; ++k) d[k] = fill;
+}
+
+/* buf[(r sw + q) len + k] = x[r0 + r, k sw + q - pl] for r < nr, q < sw, k < len (fill where
+ * that lies outside the plane x (H, W)). */
+static void pool_plane_gather(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
+                              int64_t pl, int64_t sw, int64_t len, float fill, float *buf) {
+    if (sw == 2) {
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t ih = r0 + r;
+            float *d = buf + 2 * r * len;
+            if (ih >= 0 && ih < h) {
+                pool_plane_split2(x + ih * w, w, pl, len, fill, d, d + len);
+                continue;
+            }
+            pool_plane_fill(d, 2 * len, fill);
+        }
+        return;
+    }
+    for (int64_t q = 0; q < sw; ++q) {
+        /* k sw + q - pl in [0, w): k in [lo, hi) (divisions once per phase, not per row) */
+        int64_t lo = pl - q <= 0 ? 0 : (pl - q + sw - 1) / sw;
+        int64_t hi = w + pl - q <= 0 ? 0 : (w + pl - q + sw - 1) / sw;
+        lo = FL_MIN(lo, len);
+        hi = FL_MAX(FL_MIN(hi, len), lo);
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t ih = r0 + r;
+            float *d = buf + (r * sw + q) * len;
+            if (ih < 0 || ih >= h) {
+                pool_plane_fill(d, len, fill);
+                continue;
+            }
+            const float *s = x + ih * w;
+            int64_t k = 0;
+            for (; k < lo; ++k) d[k] = fill;
+            if (sw == 1) {
+                memcpy(d + lo, s + lo - pl, (size_t)(hi - lo) * sizeof(float));
+                k = hi;
+            } else {
+                for (; k < hi; ++k) d[k] = s[k * sw + q - pl];
+            }
+            for (; k < len; ++k) d[k] = fill;
+        }
+    }
+}
+
+/* off[i kw + j] = (i dh sw + (j dw) % sw) len + (j dw) / sw: tap (i, j)'s offset in a unit's
+ * buffer from its output column's window. */
+static void pool_plane_offsets(int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t sw,
+                               int64_t len, int64_t *off) {
+    for (int64_t i = 0; i < kh; ++i)
+        for (int64_t j = 0; j < kw; ++j)
+            off[i * kw + j] = (i * dh * sw + (j * dw) % sw) * len + (j * dw) / sw;
+}
+
+/* out[0:nv FL_VW] (the last vector cut to `last` lanes) = max over taps t < nt of b[off[t] +
+ * 0:nv FL_VW] (NaN wins), or their sum divided by div[0:nv FL_VW]. */
+FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, int is_max,
+                               int nv, const float *div, float *out, int64_t last) {
+    fl_vf acc[4];
+    fl_vi nan[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        acc[u] = fl_set1(is_max ? -__builtin_inff() : 0.0f);
+        nan[u] = (fl_vi){0};
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+        const float *p = b + off[t];
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+            fl_vf v = fl_load(p + u * FL_VW);
+            if (is_max) {
+                acc[u] = fl_vmax(acc[u], v);
+                nan[u] |= v != v;
+            } else {
+                acc[u] += v;
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        fl_vf r = is_max ? fl_select(nan[u], fl_set1(__builtin_nanf("")), acc[u])
+                         : acc[u] / fl_load(div + u * FL_VW);
+        pool_st(out + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
+    }
+}
+
+/* The same sum in runs of POOL_RUN taps in float32 added in float64 (windows over POOL_RUN
+ * taps), one vector. */
+static void pool_plane_wide(const float *b, const int64_t *off, int64_t nt, const float *div,
+                            float *out, int64_t last) {
+    double total[FL_VW] = {0};
+    fl_vf run = fl_set1(0.0f);
+    for (int64_t t = 0; t < nt; ++t) {
+        run += fl_load(b + off[t]);
+        if ((t + 1) % POOL_RUN == 0 || t + 1 == nt) {
+            for (int l = 0; l < FL_VW; ++l) total[l] += (double)run[l];
+            run = fl_set1(0.0f);
+        }
+    }
+    fl_vf sum;
+    for (int l = 0; l < FL_VW; ++l) sum[l] = (float)total[l];
+    pool_st(out, sum / fl_load(div), last);
+}
+
+/* One output row out[0:wo] whose windows start at b (buffer row of window row 0). */
+FL_INLINE void pool_plane_row(const float *b, const int64_t *off, int64_t nt, int is_max,
+                              int64_t wo, const float *div, float *out) {
+    int64_t ow = 0;
+    if (!is_max && nt > POOL_RUN) {
+        for (; ow < wo; ow += FL_VW)
+            pool_plane_wide(b + ow, off, nt, div + ow, out + ow, FL_MIN(FL_VW, wo - ow));
+        return;
+    }
+    for (; ow + 4 * FL_VW <= wo; ow += 4 * FL_VW)
+        pool_plane_vecs(b + ow, off, nt, is_max, 4, div ? div + ow : 0, out + ow, FL_VW);
+    for (; ow < wo; ow += FL_VW)
+        pool_plane_vecs(b + ow, off, nt, is_max, 1, div ? div + ow : 0, out + ow,
+                        FL_MIN(FL_VW, wo - ow));
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    const int64_t *off;
+    const float *cols;   /* mean: cells counted per output column (wo + FL_VW floats) */
+    pool_plane_plan q;
+    int64_t h, w, kh, kw, sh, sw, dh, pt, pl, h_end, ho, wo;
+    int is_max, cip, status;
+} pool_plane_ctx;
+
+/* Units u = plane * blocks + block in [u0, u1) of pool2d_nchw. */
+static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
+    pool_plane_ctx *p = (pool_plane_ctx *)arg;
+    int64_t wo = p->wo, nt = p->kh * p->kw, len = p->q.len, sw = p->sw;
+    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(p->q.floats + (p->is_max ? 0 : wo + FL_VW)));
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    float *div = p->is_max ? 0 : buf + p->q.floats;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
+        int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
+        int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
+        pool_plane_gather(p->x + plane * p->h * p->w, p->h, p->w, oh0 * p->sh - p->pt, nr,
+                          p->pl, sw, len, p->is_max ? -__builtin_inff() : 0.0f, buf);
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+            if (!p->is_max) {
+                int64_t ih0 = oh * p->sh - p->pt, i0, i1;
+                if (p->cip) pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &i0, &i1);
+                else pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
+                fl_vf rows = fl_set1((float)(i1 - i0));
+                for (int64_t ow = 0; ow < wo; ow += FL_VW)
+                    fl_store(div + ow, rows * fl_load(p->cols + ow));
+            }
+            const float *b = buf + (oh - oh0) * p->sh * sw * len;
+            float *out = p->y + (plane * p->ho + oh) * wo;
+            if (p->is_max && nt == 9) pool_plane_row(b, p->off, 9, 1, wo, div, out);
+            else if (p->is_max) pool_plane_row(b, p->off, nt, 1, wo, div, out);
+            else if (nt == 9) pool_plane_row(b, p->off, 9, 0, wo, div, out);
+            else pool_plane_row(b, p->off, nt, 0, wo, div, out);
+        }
+    }
+}
+
+/* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
+int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
+                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                       int64_t pt, int64_t pl, int64_t h_end, int64_t w_end,
+                       int count_include_pad, int64_t ho, int64_t wo, float *y) {
+    if (n <= 0 || c <= 0 || ho <= 0 || wo <= 0) return 0;
+    if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0) return -2;
+    pool_plane_plan q = pool_plane_plan_of(n * c, kh, kw, sh, sw, dh, dw, ho, wo);
+    int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
+    float *cols = is_max ? 0 : (float *)malloc((size_t)(wo + FL_VW) * sizeof(float));
+    if (!off || (!is_max && !cols)) {
+        free(off);
+        free(cols);
+        return -1;
+    }
+    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
+    if (cols) {
+        for (int64_t ow = 0; ow < wo + FL_VW; ++ow) {
+            int64_t iw0 = FL_MIN(ow, wo - 1) * sw - pl, j0, j1;
+            if (count_include_pad) pool_taps(iw0, dw, kw, -pl, w_end, &j0, &j1);
+            else pool_taps(iw0, dw, kw, 0, w, &j0, &j1);
+            cols[ow] = (float)(j1 - j0);
+        }
+    }
+    pool_plane_ctx p = {x, y, off, cols, q, h, w, kh, kw, sh, sw, dh, pt, pl, h_end, ho, wo,
+                        is_max, count_include_pad, 0};
+    int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);
+    fl_parallel(n * c * q.blocks, FL_MAX(1, POOL_MIN_SHARE / per_unit), pool_plane_task, &p);
+    free(off);
+    free(cols);
+    return p.status;
+}

@@ -17,7 +17,9 @@
  * lrn(m, c, x, size, alpha, beta, k, y): y[r, c] = x[r, c] / (k + alpha / size sum of
  *   x[r, c']^2 over c' in [c - size / 2, c + (size - 1) / 2])^beta over rows (m, c);
  * pad_nhwc(n, h, w, c, x, pt, pl, hp, wp, y): y (n, hp, wp, c) = x at [pt:pt + h, pl:pl + w],
- *   zeros elsewhere. */
+ *   zeros elsewhere;
+ * pool2d_nchw(n, c, h, w, x, ...): pool2d on NCHW planes, x (N, C, H, W), y (N, C, Ho, Wo), the
+ *   same parameters and semantics, threaded over blocks of output rows of each plane. */
 #ifndef FL_POOL_H
 #define FL_POOL_H
 #include <stdint.h>
@@ -44,5 +46,12 @@
       (m, c, x, size, alpha, beta, k, y))                                                      \
     X(int, pad_nhwc, (int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t pt,  \
                       int64_t pl, int64_t hp, int64_t wp, float *y),                           \
-      (n, h, w, c, x, pt, pl, hp, wp, y))
+      (n, h, w, c, x, pt, pl, hp, wp, y))                                                      \
+    X(int, pool2d_nchw, (int64_t n, int64_t c, int64_t h, int64_t w, const float *x,           \
+                         int is_max, int64_t kh, int64_t kw, int64_t sh, int64_t sw,           \
+                         int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t h_end,        \
+                         int64_t w_end, int count_include_pad, int64_t ho, int64_t wo,         \
+                         float *y),                                                            \
+      (n, c, h, w, x, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, count_include_pad, \
+       ho, wo, y))
 #endif

@@ -15,6 +15,10 @@ cdef extern from "dispatch.h" nogil:
                float k, float *y)
     int fl_pad_nhwc(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t pt,
                     int64_t pl, int64_t hp, int64_t wp, float *y)
+    int fl_pool2d_nchw(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
+                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                       int64_t pt, int64_t pl, int64_t h_end, int64_t w_end,
+                       int count_include_pad, int64_t ho, int64_t wo, float *y)
 
 
 cdef inline float *cptr(cnp.ndarray a, int ndim, str what) except NULL:
@@ -65,6 +69,25 @@ def pool2d(cnp.ndarray x, cnp.ndarray y, bint is_max, int64_t kh, int64_t kw, in
         st = fl_pool2d(n, h, w, c, xp, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end,
                        count_include_pad, ho, wo, yp)
     check(st, "pool2d")
+    return y
+
+
+def pool2d_nchw(cnp.ndarray x, cnp.ndarray y, bint is_max, int64_t kh, int64_t kw, int64_t sh,
+                int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t h_end,
+                int64_t w_end, bint count_include_pad):
+    """``pool2d`` on NCHW planes: y[n, c, oh, ow] = max or mean of x[n, c, oh sh - pt + i dh,
+    ow sw - pl + j dw] over i < kh, j < kw, x (N, C, H, W), y (N, C, Ho, Wo)."""
+    cdef float *xp = cptr(x, 4, "pool2d_nchw x")
+    cdef float *yp = cptr(y, 4, "pool2d_nchw y")
+    cdef int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3]
+    cdef int64_t ho = y.shape[2], wo = y.shape[3]
+    if y.shape[0] != n or y.shape[1] != c or min(kh, kw, sh, sw, dh, dw) < 1 or pt < 0 or pl < 0:
+        raise ValueError("pool2d_nchw: y must be (N, C, Ho, Wo) of x, window and steps positive")
+    cdef int st
+    with nogil:
+        st = fl_pool2d_nchw(n, c, h, w, xp, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end,
+                            count_include_pad, ho, wo, yp)
+    check(st, "pool2d_nchw")
     return y
 
 

@@ -2,7 +2,7 @@
  * gate after or before the recurrent product) over a whole sequence in one call, with masks,
  * reverse order, initial states and the outputs of every step or of the last one.
  *
- * Layouts (recurrent_reference.py): x (B, T, I) or ids (B, T) of rows of a table (V, G) (an
+ * Layouts (backends/reference/recurrent.py): x (B, T, I) or ids (B, T) of rows of a table (V, G) (an
  * embedding folded into the layer, read in place); gate blocks of G = blocks * U columns
  * (LSTM i f g o, GRU z r h); recurrent weights (O, G), O = U, or P with an LSTM projection
  * w_hp (U, P).

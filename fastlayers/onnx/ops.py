@@ -1025,6 +1025,16 @@ def _nhwc(x):
     return (y[:, None] if x.ndim == 3 else y), x.ndim == 3
 
 
+def _planes(x):
+    """``x`` (N, C, L) or (N, C, H, W) as C-contiguous float32 NCHW planes (N, C, H, W) when it
+    is not a view of NHWC memory (``_nchw``), else None: an NCHW activation runs the NCHW
+    kernels, where the layout round trip to NHWC and back cost more than the pooling or
+    depthwise convolution it served (docs/design.md)."""
+    if x.ndim not in (3, 4) or x.dtype != np.float32 or not x.flags.c_contiguous:
+        return None
+    return x[:, :, None, :] if x.ndim == 3 else x
+
+
 def _nchw(y, one_d):
     """The NCHW (or NCL) view of an NHWC result (no copy)."""
     return y[:, 0].transpose(0, 2, 1) if one_d else y.transpose(0, 3, 1, 2)
@@ -1141,8 +1151,11 @@ def _window(what, attrs, x_shape, kernel, one_d, ceil=False):
 def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
-    x4, one_d = _nhwc(x)
+    if x.ndim not in (3, 4):
+        _nhwc(x)   # raises: only 1-D and 2-D
+    one_d = x.ndim == 3
     w_hwio = attrs.get("_w_hwio")   # FusedConv: its weights, transposed at load
+    w4 = None
     if w_hwio is None:
         if w.ndim != x.ndim:
             raise ShapeError(f"Conv: weight of shape {w.shape} for an input of shape {x.shape} "
@@ -1154,14 +1167,26 @@ def _conv(inputs, attrs, opset):
                          f"convolution, input of shape {x.shape}")
     group = attrs.get("group", 1)
     kh, kw, cin_g, cout = w_hwio.shape
-    if group < 1 or x4.shape[3] != cin_g * group or cout % group:
+    if group < 1 or x.shape[1] != cin_g * group or cout % group:
         raise ShapeError(f"Conv: input of shape {x.shape} (channels on axis 1) does not fit a weight "
                          f"of {cout} output and {cin_g} input channels per group with group={group}")
     if b is not None and np.shape(b) != (cout,):
         raise ShapeError(f"Conv: bias of shape {np.shape(b)} for {cout} output channels")
     strides, pads, dilations, out_hw, wide = _window("Conv", attrs, x.shape, (kh, kw), one_d)
     if wide:
-        created([x4.shape[0] * cout, *out_hw], np.float32, "Conv")
+        created([x.shape[0] * cout, *out_hw], np.float32, "Conv")
+    planes = _planes(x) if cin_g == 1 and group > 1 else None
+    if planes is not None:
+        # depthwise on NCHW planes: w (C m, kh, kw)
+        w_ohw = (np.ascontiguousarray(w4[:, 0], dtype=np.float32) if w4 is not None else
+                 derived(w_hwio, "onnx-depthwise-ohw",
+                         lambda a: np.ascontiguousarray(a[:, :, 0].transpose(2, 0, 1))))
+        y = get_ops().depthwise_conv2d_nchw(planes, w_ohw, None if b is None else _f32(b),
+                                            strides, pads, dilations,
+                                            attrs.get("activation", "linear"),
+                                            attrs.get("alpha", 0.0))
+        return [y[:, :, 0] if one_d else y]
+    x4, _ = _nhwc(x)
     y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), strides, pads, dilations,
                          group, attrs.get("activation", "linear"),
                          attrs.get("alpha", 0.0))
@@ -1221,7 +1246,8 @@ def _conv_transpose(inputs, attrs, opset):
 def _pool(kind):
     def run(inputs, attrs, opset):
         x = inputs[0]
-        x4, one_d = _nhwc(x)
+        planes = _planes(x)
+        x4, one_d = _nhwc(x) if planes is None else (planes, x.ndim == 3)
         kernel = tuple(attrs["kernel_shape"])
         if len(kernel) != x.ndim - 2:
             raise ShapeError(f"{kind} pooling: kernel_shape {list(kernel)} for an input of shape {x.shape}")
@@ -1230,7 +1256,11 @@ def _pool(kind):
         strides, pads, dilations, out_hw, wide = _window(what, attrs, x.shape, kernel, one_d,
                                                          bool(attrs.get("ceil_mode", 0)))
         if wide:
-            created([x4.shape[0] * x4.shape[3], *out_hw], np.float32, what)
+            created([x.shape[0] * x.shape[1], *out_hw], np.float32, what)
+        if planes is not None:
+            y = get_ops().pool2d_nchw(planes, kind, kernel, strides, pads, out_hw, dilations,
+                                      bool(attrs.get("count_include_pad", 0)))
+            return [y[:, :, 0] if one_d else y]
         y = get_ops().pool2d(x4, kind, kernel, strides, pads, out_hw, dilations,
                              bool(attrs.get("count_include_pad", 0)))
         return [_nchw(y, one_d)]

@@ -299,6 +299,40 @@ def test_torch_cnn_export_fuses_and_matches_onnxruntime(torch, tmp_path, rng, ba
         assert_close(ours(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+def test_nchw_pooling_and_depthwise_on_graph_inputs_match_onnxruntime(torch, tmp_path, rng, backend):
+    """Pooling and depthwise convolutions of NCHW graph inputs (2-D and 1-D) run on the NCHW
+    kernels: ceil mode, padding counted or not, strides 1 and 2, a channel multiplier, a fused
+    activation."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class Planes(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = tnn.Conv2d(4, 8, 3, stride=2, padding=1, groups=4)
+            self.dw1 = tnn.Conv2d(4, 4, (3, 5), padding=(1, 2), groups=4)
+            self.dw1d = tnn.Conv1d(4, 4, 3, padding=1, groups=4)
+
+        def forward(self, x, s):
+            f = tnn.functional
+            return (f.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+                    f.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True),
+                    f.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+                    torch.relu(self.dw(x)), self.dw1(x),
+                    f.max_pool1d(s, 3, 2), f.avg_pool1d(s, 2, 2), self.dw1d(s))
+
+    path = tmp_path / "planes.onnx"
+    export(torch, Planes().eval(), (torch.randn(1, 4, 13, 21), torch.randn(1, 4, 19)), path,
+           input_names=["x", "s"], opset_version=17)
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 4, 13, 21)).astype(np.float32)
+    s = rng.standard_normal((1, 4, 19)).astype(np.float32)
+    got = ours(x, s)
+    for a, b in zip(got, session.run(None, {"x": x, "s": s})):
+        assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend):
     """Convolution and pooling outputs travel as NCHW views of NHWC memory: every kind of op
     that may receive one (residual Add, Relu, Concat and Slice on channels, a per-channel Mul,

@@ -12,6 +12,9 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv.c`` and
   nine weights in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
   col2im.
+- pool2d_nchw, depthwise_conv2d_nchw: the same on NCHW planes (no layout round trip), each
+  block of output rows vectorized along W on a padded copy of its input rows split into
+  stride phases.
 - pool2d, global_pool, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
   vectorized over channels.
 
@@ -169,6 +172,36 @@ class ConvOps(ReferenceOps):
         return _core.pool2d(_f32c(x_nhwc), y, kind == "max", pool[0], pool[1], strides[0],
                             strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
                             bool(count_include_pad))
+
+    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+                    count_include_pad=False):
+        n, c, h, w = x_nchw.shape
+        (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
+        if x_nchw.size == 0 or ho <= 0 or wo <= 0 or min(pt, pl) < 0:
+            return ReferenceOps.pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw,
+                                            dilation, count_include_pad)
+        y = np.empty((n, c, ho, wo), np.float32)
+        return _core.pool2d_nchw(_f32c(x_nchw), y, kind == "max", pool[0], pool[1], strides[0],
+                                 strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
+                                 bool(count_include_pad))
+
+    def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                              dilation=(1, 1), activation="linear", alpha=0.0):
+        n, c, h, w = x_nchw.shape
+        cm, kh, kw = w_ohw.shape
+        (sh, sw), (dh, dw) = strides, dilation
+        (pt, pb), (pl, pr) = pads
+        ho = window_out(h, kh, sh, dh, (pt, pb))
+        wo = window_out(w, kw, sw, dw, (pl, pr))
+        code = CODES.get(activation)
+        if (x_nchw.size == 0 or ho <= 0 or wo <= 0 or cm == 0 or min(pt, pl) < 0 or code is None
+                or code in _SOFTMAX_CODES):   # softmax over channels: the reference's NHWC epilogue
+            return ReferenceOps.depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides, pads,
+                                                      dilation, activation, alpha)
+        y = np.empty((n, cm, ho, wo), np.float32)
+        _core.depthwise_conv2d_nchw(_f32c(x_nchw), _f32c(w_ohw), _bias(b), y, sh, sw, dh, dw, pt,
+                                    pl, code, alpha)
+        return y
 
     def global_pool(self, x, kind, axes, keepdims=False):
         if x.ndim != 4 or tuple(a % 4 for a in axes) != (1, 2) or x.size == 0:

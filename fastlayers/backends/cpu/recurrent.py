@@ -198,7 +198,7 @@ def _covered(x_bti, codes):
 
 def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
                  return_sequences=True, zero_masked=False, y0=None):
-    """SimpleRNN over a sequence; see ``recurrent_reference.rnn_sequence``. Returns (y, h), or
+    """SimpleRNN over a sequence; see ``reference.recurrent.rnn_sequence``. Returns (y, h), or
     None where the native loop does not cover the call."""
     codes = _codes(activation)
     if not _covered(x_bti, codes):
@@ -219,7 +219,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
                   recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                   return_sequences=True, zero_masked=False, y0=None):
     """LSTM (with the projection ``w_hp`` when given) over a sequence; see
-    ``recurrent_reference.lstm_sequence``. Returns (y, h, c), or None where the native loop
+    ``reference.recurrent.lstm_sequence``. Returns (y, h, c), or None where the native loop
     does not cover the call."""
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):
@@ -242,7 +242,7 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
 def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
                  recurrent_activation="sigmoid", mask_bt=None, reverse=False,
                  return_sequences=True, zero_masked=False, y0=None):
-    """GRU over a sequence; see ``recurrent_reference.gru_sequence``. Returns (y, h), or None
+    """GRU over a sequence; see ``reference.recurrent.gru_sequence``. Returns (y, h), or None
     where the native loop does not cover the call."""
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):

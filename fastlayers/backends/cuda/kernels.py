@@ -384,7 +384,7 @@ def _source(dst, ratio, bilinear, align_corners):
 @cuda.jit
 def upsample2d_nhwc(x_nhwc, y_nhwc, bilinear, align_corners, ratio_h, ratio_w):
     """y[n, oh, ow, c] = x at source (oh ratio_h, ow ratio_w): nearest (floor) or bilinear between
-    the 4 neighbours (half-pixel centres unless align_corners), as ``reference_conv.upsample2d``."""
+    the 4 neighbours (half-pixel centres unless align_corners), as ``reference.conv.upsample2d``."""
     c, r = cuda.grid(2)
     h = x_nhwc.shape[1]
     w = x_nhwc.shape[2]
@@ -436,7 +436,7 @@ def _round_half_away(v):
 def roi_pool_nhwc(x_nhwc, rois_k5, spatial_scale, y_kpqc, bad):
     """y[k, i, j, c] = max of x[batch_k, bin (i, j) of region k, c] (torchvision roi_pool: corners
     scaled and rounded half away from zero, bins [floor(i bh), ceil((i + 1) bh)) clipped, an empty
-    bin 0, float32 as ``reference_conv.roi_bins``); a batch index that is not a whole number in
+    bin 0, float32 as ``reference.conv.roi_bins``); a batch index that is not a whole number in
     [0, N) gives 0 and sets bad[0] = 1."""
     c, r = cuda.grid(2)
     h = x_nhwc.shape[1]

@@ -652,7 +652,7 @@ class CudaOps(ReferenceOps):
 
     @_serialized_in_simulator
     def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0, bad=None):
-        """torchvision's RoI max pooling (see ``reference_conv.roi_pool``). A roi whose batch index
+        """torchvision's RoI max pooling (see ``reference.conv.roi_pool``). A roi whose batch index
         is not a whole number in [0, N) gives zeros and, given a one-element device array ``bad``,
         sets bad[0] = 1 (the layer checks the indices before calling a host primitive)."""
         dev = is_device(x_nhwc)

@@ -263,7 +263,7 @@ class ReferenceOps:
         return np.sum(_log_sigmoid(z * signs) * (signs != 0), axis=-1)
 
     # --------------------------------------------------------------- convolution and pooling
-    # NHWC activations, HWIO kernels; the numpy code is in reference_conv.py.
+    # NHWC activations, HWIO kernels; the numpy code is in reference/conv.py.
     def _conv_epilogue(self, y, b, activation, alpha):
         """y = f(y + b) over the last (channel) axis."""
         if b is not None:
@@ -293,9 +293,30 @@ class ReferenceOps:
 
     def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                count_include_pad=False):
-        """Max or average pooling over windows (see ``reference_conv.pool2d``)."""
+        """Max or average pooling over windows (see ``reference.conv.pool2d``)."""
         from . import conv as rc
         return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
+
+    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
+                    count_include_pad=False):
+        """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo): this backend's ``pool2d``
+        between two transposes (a backend with an NCHW kernel overrides it)."""
+        y = self.pool2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), kind, pool, strides,
+                        pads, out_hw, dilation, count_include_pad)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+    def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                              dilation=(1, 1), activation="linear", alpha=0.0):
+        """y[n, c M + m] = f(sum_{i, j} xpad[n, c, s oh + d i, s ow + d j] w[c M + m, i, j] +
+        b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo); this
+        backend's ``depthwise_conv2d`` between two transposes (a backend with an NCHW kernel
+        overrides it)."""
+        cm, kh, kw = w_ohw.shape
+        c = x_nchw.shape[1]
+        w_hwcm = np.ascontiguousarray(w_ohw.reshape(c, cm // c, kh, kw).transpose(2, 3, 0, 1))
+        y = self.depthwise_conv2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwcm, b,
+                                  strides, pads, dilation, activation, alpha)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):
         """Max or average over torch's adaptive bins."""
@@ -430,17 +451,17 @@ class ReferenceOps:
 
     # ------------------------------------------------------------------------- recurrent
     def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
-        """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``recurrent_reference``)."""
+        """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import rnn_sequence
         return rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
 
     def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
-        """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``recurrent_reference``)."""
+        """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``reference.recurrent``)."""
         from .recurrent import lstm_sequence
         return lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
 
     def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
-        """GRU over time, gate blocks z, r, h; returns (y, h) (``recurrent_reference``)."""
+        """GRU over time, gate blocks z, r, h; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import gru_sequence
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 

@@ -1,0 +1,88 @@
+"""The NCHW pooling and depthwise convolution kernels (``pool2d_nchw`` in native/pool.c,
+``depthwise_conv2d_nchw`` in native/conv.c) through the CPU backend's primitives, against
+ReferenceOps on every ISA path: odd planes, widths around the vector width, 1x1 planes, batch 1,
+strides 1-3, pads, ceil-mode outputs, dilations, windows over 64 taps, NaN, the activation
+epilogue and a channel multiplier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers.backends.cpu import CpuOps
+from fastlayers.backends.reference import ReferenceOps
+from fastlayers.native import _core
+
+from ..conftest import assert_close
+
+pytestmark = pytest.mark.usefixtures("isa")
+
+REF, CPU = ReferenceOps(), CpuOps()
+
+
+def _out(size, k, s, d, a, z, ceil):
+    """Output size of a window (ONNX's rule: a ceil-mode window may not start in the end pad)."""
+    span = size + a + z - d * (k - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    return out - 1 if ceil and (out - 1) * s >= size + a else out
+
+
+# (N, C, H, W), window, strides, dilations, ((top, bottom), (left, right)), ceil mode
+CASES = [
+    ((1, 3, 9, 13), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
+    ((2, 2, 17, 37), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), True),
+    ((1, 4, 8, 8), (3, 3), (2, 2), (1, 1), ((0, 0), (0, 0)), True),
+    ((1, 1, 1, 1), (1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), False),
+    ((1, 2, 1, 1), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
+    ((1, 5, 11, 30), (2, 5), (3, 2), (2, 1), ((0, 1), (2, 2)), True),
+    ((3, 2, 7, 33), (1, 4), (1, 3), (1, 2), ((0, 0), (1, 3)), False),
+]
+
+
+@pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES)
+@pytest.mark.parametrize("kind, cip", [("max", False), ("avg", False), ("avg", True)])
+def test_pool2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, kind, cip):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = tuple(_out(shape[2 + a], k[a], s[a], d[a], *pads[a], ceil) for a in range(2))
+    want = REF.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
+    got = CPU.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
+    assert got.shape == want.shape == (*shape[:2], *out)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
+    """NaN wins the max; a mean over 81 taps adds float32 runs in float64 (the design's
+    accumulation rule), within float32 rounding of the float64 mean on data far from 0."""
+    x = rng.standard_normal((2, 3, 20, 21)).astype(np.float32)
+    x[0, 1, 4, 5] = np.nan
+    y = CPU.pool2d_nchw(x, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (10, 11))
+    assert_close(y, REF.pool2d_nchw(x, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (10, 11)))
+    assert np.isnan(y[0, 1, 2, 2:4]).all() and np.isnan(y).sum() == 2   # the two windows over it
+    far = (1000 + rng.standard_normal((1, 2, 18, 18))).astype(np.float32)
+    mean = CPU.pool2d_nchw(far, "avg", (9, 9), (9, 9), ((0, 0), (0, 0)), (2, 2))
+    exact = far.astype(np.float64).reshape(1, 2, 2, 9, 2, 9).mean(axis=(3, 5))
+    np.testing.assert_allclose(mean, exact, rtol=2e-7)
+
+
+@pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES[:6])
+@pytest.mark.parametrize("m, activation", [(1, "linear"), (1, "relu6"), (2, "silu")])
+def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, m,
+                                                 activation):
+    x = rng.standard_normal(shape).astype(np.float32)
+    w_ohw = rng.standard_normal((shape[1] * m, *k)).astype(np.float32)
+    b = rng.standard_normal(shape[1] * m).astype(np.float32)
+    want = REF.depthwise_conv2d_nchw(x, w_ohw, b, s, pads, d, activation)
+    got = CPU.depthwise_conv2d_nchw(x, w_ohw, b, s, pads, d, activation)
+    assert got.shape == want.shape
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_nchw_kernel_errors():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="pool2d_nchw"):
+        _core.pool2d_nchw(x, np.zeros((1, 3, 2, 2), np.float32), True, 3, 3, 1, 1, 1, 1, 0, 0,
+                          4, 4, False)
+    with pytest.raises(ValueError, match="depthwise_conv2d_nchw"):
+        _core.depthwise_conv2d_nchw(x, np.zeros((3, 3, 3), np.float32), None,
+                                    np.zeros((1, 3, 2, 2), np.float32), 1, 1, 1, 1, 0, 0, 0, 0.0)
