@@ -171,7 +171,7 @@ class CudaOps(ReferenceOps):
 
     def __init__(self):
         self.cuda = load_cuda()
-        if driver() is not None:  # a real GPU: launches through the driver (_launch.py)
+        if driver() is not None:  # a real GPU: launches through the driver (launch.py)
             install_fast_launches(K, driver())
         self.sim = simulated()
         self._launch_lock = threading.RLock() if self.sim else contextlib.nullcontext()

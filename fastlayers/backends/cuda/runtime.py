@@ -51,7 +51,7 @@ def load_cuda():
 
 
 def _install_caching_allocator() -> None:
-    """numba.cuda allocates through ``_memory.CachingMemoryManager`` from its first context on,
+    """numba.cuda allocates through ``memory.CachingMemoryManager`` from its first context on,
     unless another manager is configured or a context exists already."""
     from numba import config
     from numba.cuda.cudadrv import driver
@@ -142,7 +142,7 @@ class _Driver:
         return out
 
     def launch(self, function, grid, block, params_address):
-        """cuLaunchKernel of ``function`` on the legacy default stream (``_launch.FastKernel``)."""
+        """cuLaunchKernel of ``function`` on the legacy default stream (``launch.FastKernel``)."""
         self._context()
         self._check(self._drv.cuLaunchKernel(function, *grid, *block, 0, 0, params_address, 0),
                     "kernel launch")
