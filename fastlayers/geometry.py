@@ -34,6 +34,13 @@ def window_out(size: int | None, k: int, s: int = 1, d: int = 1, pads: tuple[int
     return out
 
 
+def window_out_2d(hw: tuple[int, int], khw: tuple[int, int], strides=(1, 1), dilation=(1, 1),
+                  pads=((0, 0), (0, 0))) -> tuple[int, int]:
+    """``window_out`` along both axes of a 2-D window: (rows, columns) of window positions."""
+    return (window_out(hw[0], khw[0], strides[0], dilation[0], tuple(pads[0])),
+            window_out(hw[1], khw[1], strides[1], dilation[1], tuple(pads[1])))
+
+
 def transposed_out(size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
                    output_padding: int = 0) -> int:
     """Length of a transposed window op (the gradient of ``window_out``): (size - 1) s - before -

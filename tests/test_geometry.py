@@ -11,6 +11,7 @@ import pytest
 
 from fastlayers.geometry import (
     causal_pads, padded_span, same_pads, same_pads_stride1, transposed_out, window_out,
+    window_out_2d,
 )
 
 #: Odd and even lengths, one shorter than most kernels.
@@ -27,6 +28,15 @@ def test_window_out_matches_torch_conv(torch):
             continue
         y = torch.nn.functional.conv1d(torch.zeros(1, 1, n), w[..., :k], stride=s, padding=p, dilation=d)
         assert window_out(n, k, s, d, (p, p)) == y.shape[-1], (n, k, s, d, p)
+
+
+def test_window_out_2d_matches_torch_conv2d(torch):
+    """Rows and columns with different kernel, stride, dilation and asymmetric pads."""
+    for (h, w), (kh, kw), st, dl, pads in [((7, 8), (3, 2), (2, 1), (1, 2), ((1, 0), (0, 2))),
+                                           ((5, 4), (1, 3), (1, 3), (2, 1), ((0, 0), (1, 1)))]:
+        x = torch.nn.functional.pad(torch.zeros(1, 1, h, w), (*pads[1], *pads[0]))
+        y = torch.nn.functional.conv2d(x, torch.zeros(1, 1, kh, kw), stride=st, dilation=dl)
+        assert window_out_2d((h, w), (kh, kw), st, dl, pads) == tuple(y.shape[-2:])
 
 
 @pytest.mark.parametrize("ceil", [False, True])

@@ -34,7 +34,7 @@ import numpy as np
 from ...native import CODES, _core
 from ..derived import derived
 from ..reference import ReferenceOps
-from ...geometry import window_out
+from ...geometry import window_out_2d
 from ..reference.conv import roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
@@ -108,8 +108,7 @@ class ConvOps(ReferenceOps):
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = window_out(h, kh, sh, dh, (pt, pb))
-        wo = window_out(w, kw, sw, dw, (pl, pr))
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
             return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
                                        activation, alpha)
@@ -135,8 +134,7 @@ class ConvOps(ReferenceOps):
         kh, kw, _, m = w_hwcm.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = window_out(h, kh, sh, dh, (pt, pb))
-        wo = window_out(w, kw, sw, dw, (pl, pr))
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or m == 0 or min(pt, pl) < 0:
             return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
                                                  activation, alpha)
@@ -191,8 +189,7 @@ class ConvOps(ReferenceOps):
         cm, kh, kw = w_ohw.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = window_out(h, kh, sh, dh, (pt, pb))
-        wo = window_out(w, kw, sw, dw, (pl, pr))
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         code = CODES.get(activation)
         if (x_nchw.size == 0 or ho <= 0 or wo <= 0 or cm == 0 or min(pt, pl) < 0 or code is None
                 or code in _SOFTMAX_CODES):   # softmax over channels: the reference's NHWC epilogue

@@ -29,7 +29,7 @@ import threading
 import numpy as np
 
 from ...errors import InputError, UnsupportedError
-from ...geometry import window_out
+from ...geometry import window_out_2d
 from ..activations import DEFAULT_ALPHA
 from ..reference import ReferenceOps
 from ..reference.conv import resize_ratio
@@ -538,8 +538,7 @@ class CudaOps(ReferenceOps):
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = window_out(h, kh, sh, dh, (pt, pb))
-        wo = window_out(w, kw, sw, dw, (pl, pr))
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0:
             return self._host_path(is_device(x_nhwc), super().conv2d(to_host(x_nhwc), to_host(w_hwio), to_host(b), strides, pads,
@@ -571,8 +570,7 @@ class CudaOps(ReferenceOps):
         kh, kw, _, m = w_hwcm.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
-        ho = window_out(h, kh, sh, dh, (pt, pb))
-        wo = window_out(w, kw, sw, dw, (pl, pr))
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         dev = is_device(x_nhwc)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or c * m == 0:
             return self._host_path(is_device(x_nhwc), super().depthwise_conv2d(to_host(x_nhwc), to_host(w_hwcm), to_host(b), strides,
