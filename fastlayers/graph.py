@@ -17,6 +17,7 @@ import numpy as np
 from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
 from .arrays import as_float32, shape_str
+from .backends.derived import derived_generation
 from .layers.base import Layer
 from .layers.input_layer import InputLayer
 from .placement import on_device
@@ -40,6 +41,29 @@ def Input(shape=None, batch_size=None, name=None, dtype=None, batch_shape=None, 
     """
     return InputLayer(shape=shape, batch_size=batch_size, name=name, dtype=dtype,
                       batch_shape=batch_shape, **kwargs).output
+
+
+#: Input layouts a model keeps bound steps for (``Model._run_bound``).
+_MAX_BOUND = 8
+
+
+def _layout_key(x):
+    """(shape, strides, dtype) of the array ``x``, or a tuple of those for a list of arrays;
+    None for anything else (such inputs run unbound)."""
+    if type(x) is np.ndarray:
+        return x.shape, x.strides, x.dtype.char
+    if type(x) is list and all(type(a) is np.ndarray for a in x):
+        return tuple((a.shape, a.strides, a.dtype.char) for a in x)
+    return None
+
+
+def _bound_step(fn, ops, args):
+    """The function ``Layer.bind`` gives for the plan step ``fn`` when it is a layer's own
+    ``call`` (a node validated when the graph was built, see ``Model._plan_step``), else ``fn``."""
+    layer = getattr(fn, "__self__", None)
+    if not isinstance(layer, Layer) or getattr(fn, "__func__", None) is not type(layer).call:
+        return fn
+    return layer.bind(ops, args) or fn
 
 
 def _flatten(x) -> list:
@@ -96,6 +120,7 @@ class Model(Layer):
         # the run plan of every backend: layers folded together where that saves work (folding.py)
         self._host_plan = fold_embeddings(run_nodes, plan, self.outputs)
         self._host_chain = self._chain_of(self._host_plan)
+        self._bound: dict = {}
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -350,28 +375,63 @@ class Model(Layer):
         """Run the plan on prepared inputs. On a device backend (``ops.device``) the inputs
         are moved to the device here and the outputs back to the host at the end; every layer
         in between computes on device arrays. A model nested in another one finds its inputs
-        on the device already and leaves its outputs there."""
+        on the device already and leaves its outputs there. On the host the plan runs with
+        its layers bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
-            return self._run_plan(x)
+            return self._run_bound(x, ops)
         entry = not any(map(ops.is_device_array, x if type(x) is list else [x]))
         if not entry:
             return self._run_plan(x)
         return ops.to_host(self._run_plan(ops.to_device(x)))
 
-    def _run_plan(self, x):
+    def _run_bound(self, x, ops):
+        """The plan's outputs, each layer run by the function ``Layer.bind`` gave it for inputs
+        laid out as ``x`` (shapes, strides, dtypes) on ``ops``: bound on the first call with a
+        layout, reused while ``ops`` and the derived weights (``clear_derived``) stay the
+        same. Up to ``_MAX_BOUND`` layouts are kept."""
+        key = _layout_key(x)
+        generation = derived_generation()
+        hit = self._bound.get(key)
+        if hit is not None and hit[0] is ops and hit[1] == generation:
+            return self._run_plan(x, hit[2], hit[3])
+        chain = None if self._host_chain is None else []
+        plan = [] if chain is None else None
+        out = self._run_plan(x, chain, plan, bind=ops)
+        if key is not None:
+            if len(self._bound) >= _MAX_BOUND:
+                self._bound.clear()
+            self._bound[key] = (ops, generation, chain, plan)
+        return out
+
+    def _run_plan(self, x, chain=None, plan=None, bind=None):
         """The outputs of the plan's steps from the model's inputs ``x`` (one array, or a list
-        with one per input)."""
+        with one per input). ``chain`` / ``plan``: step functions to run instead of the model's
+        (``_host_chain`` / ``_host_plan``); ``bind``: an ops on which each layer step is bound
+        (``Layer.bind``) before it runs, the steps run being appended to the empty list given
+        as ``chain`` (for a chain) or ``plan``."""
+        record = chain if bind is not None else None
         if self._host_chain is not None and type(x) is not list:
+            if record is None:
+                for fn in chain or self._host_chain:
+                    x = fn(x)
+                return x
             for fn in self._host_chain:
+                fn = _bound_step(fn, bind, x)
+                record.append(fn)
                 x = fn(x)
             return x
+        record = plan if bind is not None else None
         arrays = x if isinstance(x, list) else [x]
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):
             values[id(t)] = a
-        for fn, keys, out_keys in self._host_plan:
-            out = fn([values[k] for k in keys] if type(keys) is list else values[keys])
+        for fn, keys, out_keys in (plan if record is None and plan else self._host_plan):
+            args = [values[k] for k in keys] if type(keys) is list else values[keys]
+            if record is not None:
+                fn = _bound_step(fn, bind, args)
+                record.append((fn, keys, out_keys))
+            out = fn(args)
             if len(out_keys) == 1:
                 values[out_keys[0]] = out
             else:

@@ -25,6 +25,9 @@ from ..native import CODES, _core
 # (``_forget``) then takes the lock again on the same thread.
 _lock = threading.RLock()
 _cache: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+#: Counts ``clear_derived()`` calls: what holds derived arrays beyond one call (a model's bound
+#: steps) compares it with the count it saw and rebinds when it changed.
+_generation = [0]
 
 
 def _forget(key, ref, _lock=_lock, _cache=_cache) -> None:
@@ -80,7 +83,13 @@ def clear_derived() -> None:
     with _lock:
         entries = dict(_cache)
         _cache.clear()
+        _generation[0] += 1
     del entries  # the entries are freed (and their callbacks run) outside the lock
+
+
+def derived_generation() -> int:
+    """How many times ``clear_derived()`` ran (bound steps made before a change are stale)."""
+    return _generation[0]
 
 
 def fold_projection(table_ve, w_eg, b_g=None):

@@ -136,7 +136,7 @@ class _BaseDenseAttention(Layer):
         except ValueError:
             raise ShapeError(f"{_where(self)}: the leading axes of query {q_shape}, value "
                              f"{v_shape} and key {k_shape} do not broadcast") from None
-        p = int(np.prod(lead)) if lead else 1
+        p = math.prod(lead) if lead else 1
 
         def batched(a, shape):
             if shape[:-2] != lead:
@@ -470,7 +470,7 @@ class MultiHeadAttention(Layer):
         # projections: one GEMM each, (..., dim) @ (dim, H*kd)
         def project(x, kernel, bias, d):  # one 2-D GEMM, not numpy's loop over stacked ones
             shape = tuple(x.shape)
-            rows = int(np.prod(shape[:-1]))
+            rows = math.prod(shape[:-1])
             y = ops.dense(x.reshape(rows, shape[-1]), kernel.reshape(shape[-1], H * d),
                           bias.reshape(H * d) if self.use_bias else None)
             return y.reshape(*shape[:-1], H * d)
@@ -484,7 +484,7 @@ class MultiHeadAttention(Layer):
         o_shape = tuple(q_shape[a] for a in others)
         tq_shape = tuple(q_shape[a] for a in axes)
         tk_shape = tuple(k_shape[a] for a in axes)
-        P, TQ, TK = B * int(np.prod(o_shape, dtype=np.int64)), int(np.prod(tq_shape)), int(np.prod(tk_shape))
+        P, TQ, TK = B * math.prod(o_shape), math.prod(tq_shape), math.prod(tk_shape)
         moved = perm != tuple(range(rank))
 
         def heads(x, t, d):
@@ -517,8 +517,8 @@ class MultiHeadAttention(Layer):
         if moved:
             ctx = ops.transpose(ctx, tuple(int(a) for a in np.argsort(perm)))
         tail = self._out_tail(q_shape)
-        width = int(np.prod(tail))
-        y = ops.dense(ctx.reshape(int(np.prod(q_shape[:-1])), H * vd),
+        width = math.prod(tail)
+        y = ops.dense(ctx.reshape(math.prod(q_shape[:-1]), H * vd),
                       self.output_kernel.reshape(H * vd, width),
                       self.output_bias.reshape(width) if self.use_bias else None)
         y = y.reshape(*q_shape[:-1], *tail)

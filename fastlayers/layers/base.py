@@ -273,5 +273,29 @@ class Layer:
     def call(self, x, *args, **kwargs):
         raise NotImplementedError
 
+    def bind(self, ops, x):
+        """A function computing ``call`` on ``ops`` for any input laid out as ``x`` (the same
+        shapes, strides and dtypes), with the work that depends on the layout alone (padding,
+        output sizes, packed weights, argument checks) done here once; None for a layer with
+        nothing to save. Models bind their layers on the first call with a new input layout
+        and run the bound functions after (``Model.call``). The function must check nothing
+        about its input, as it is only given inputs laid out as ``x``; it must give the same
+        values as ``call``, and fall back to ``call`` once a weight it captured is replaced
+        (``_while_same``)."""
+        return None
+
+    def _while_same(self, run, names):
+        """``run`` while the attributes ``names`` hold the objects they hold now; ``call`` after
+        any of them is replaced (``set_weights``, assignment)."""
+        held = tuple((name, getattr(self, name)) for name in names)
+        call = self.call
+
+        def step(x):
+            for name, value in held:
+                if getattr(self, name) is not value:
+                    return call(x)
+            return run(x)
+        return step
+
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"

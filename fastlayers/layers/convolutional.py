@@ -189,6 +189,27 @@ class _Conv(SpatialLayer):
                             pads, self._hw(self.dilation_rate), self.groups, self.activation, self._alpha)
         return self._from_nhwc(y)
 
+    def bind(self, ops, x):
+        # channels_last: the input is the kernel's NHWC (1-D: at height 1) with no copy
+        if self.data_format == "channels_first" or type(x) is not np.ndarray:
+            return None
+        x4 = self._to_nhwc(x)
+        pads = self._pads_hw(x4.shape[1:3] if self.rank == 2 else x4.shape[2:3], self.kernel_size,
+                             self.strides, self.dilation_rate)
+        self._check_output(x4, pads)
+        kernel = self.kernel if self.rank == 2 else self.kernel[None]
+        run = ops.conv2d_plan(x4.shape, kernel, self.bias if self.use_bias else None,
+                              self._hw(self.strides), pads, self._hw(self.dilation_rate),
+                              self.groups, self.activation, self._alpha)
+        if self.rank == 1:
+            shape_4d = x4.shape
+            conv = run
+
+            def run(x):
+                y = conv(x.reshape(shape_4d))
+                return y.reshape(y.shape[0], y.shape[2], y.shape[3])
+        return self._while_same(run, ("kernel", "bias") if self.use_bias else ("kernel",))
+
     def _check_output(self, x_nhwc, pads):
         kh, kw = self._hw(self.kernel_size)
         dh, dw = self._hw(self.dilation_rate)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..backends.activations import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
@@ -175,13 +177,13 @@ class Flatten(Layer):
 
     def compute_output_shape(self, input_shape):
         rest = input_shape[1:]
-        return (input_shape[0], None if any(d is None for d in rest) else int(np.prod(rest)))
+        return (input_shape[0], None if any(d is None for d in rest) else math.prod(rest))
 
     def call(self, x):
         shape = tuple(x.shape)
         if self.data_format == "channels_first" and len(shape) > 2:
             x = self.ops.transpose(x, (0, *range(2, len(shape)), 1))
-        return x.reshape(shape[0], int(np.prod(shape[1:])))
+        return x.reshape(shape[0], math.prod(shape[1:]))
 
 
 class Reshape(Layer):
@@ -196,15 +198,15 @@ class Reshape(Layer):
             raise ValueError(f"Reshape {self.name!r}: at most one -1 in target_shape {self.target_shape}")
 
     def _resolve(self, sample_shape):
-        size = int(np.prod(sample_shape))
-        known = int(np.prod([d for d in self.target_shape if d != -1]))
+        size = math.prod(sample_shape)
+        known = math.prod([d for d in self.target_shape if d != -1])
         target = self.target_shape
         if -1 in target:
             if known == 0 or size % known:
                 raise ShapeError(f"Reshape {self.name!r}: cannot reshape samples of shape "
                                  f"{tuple(sample_shape)} to {target}")
             target = tuple(size // known if d == -1 else d for d in target)
-        if int(np.prod(target)) != size:
+        if math.prod(target) != size:
             raise ShapeError(f"Reshape {self.name!r}: cannot reshape samples of shape "
                              f"{tuple(sample_shape)} ({size} values) to {self.target_shape}")
         return target
@@ -361,6 +363,18 @@ class Rescaling(Layer):
 
     def call(self, x):
         return self.ops.merge(self.ops.merge(x, self._scale, "multiply"), self._offset, "add")
+
+    def bind(self, ops, x):
+        # scalars or per-channel vectors: one scale-and-shift pass over the last axis
+        if type(x) is not np.ndarray or x.ndim == 0 or x.dtype != np.float32:
+            return None
+        width = x.shape[-1]
+        if any(v.size != 1 and v.shape != (width,) for v in (self._scale, self._offset)):
+            return None
+        scale, shift = (np.broadcast_to(v.reshape(-1), (width,)).copy()
+                        for v in (self._scale, self._offset))
+        batch_norm = ops.batch_norm
+        return self._while_same(lambda x: batch_norm(x, scale, shift, -1), ("_scale", "_offset"))
 
 
 class Embedding(Layer):

@@ -4,6 +4,8 @@ RoI max pooling (Fast R-CNN / torchvision.ops.roi_pool semantics, no Keras count
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..geometry import window_out
 from .base import InputSpec
@@ -36,16 +38,29 @@ class _Pool(SpatialLayer):
 
     def call(self, x):
         x = self._to_nhwc(x)
-        ones = (1,) * self.rank
-        pads = self._pads_hw(x.shape[1:3] if self.rank == 2 else x.shape[2:3], self.pool_size,
-                             self.strides, ones)
-        pool, strides = self._hw(self.pool_size), self._hw(self.strides)
-        out_hw = tuple(window_out(n, k, s, 1, p) for n, k, s, p in zip(x.shape[1:3], pool, strides, pads))
-        if min(out_hw) <= 0:
-            raise ShapeError(f"{self._where()}: input of spatial size {tuple(x.shape[1:3])} is "
-                             f"smaller than the pool {self.pool_size}")
-        y = self.ops.pool2d(x, self.kind, pool, strides, pads, out_hw, (1, 1), False)
+        y = self.ops.pool2d(x, self.kind, *self._window(x.shape), (1, 1), False)
         return self._from_nhwc(y)
+
+    def bind(self, ops, x):
+        if type(x) is not np.ndarray:
+            return None
+        window, kind, pool2d = self._window(self._to_nhwc(x).shape), self.kind, ops.pool2d
+        if self.data_format != "channels_first" and self.rank == 2:   # NHWC already
+            return lambda x: pool2d(x, kind, *window, (1, 1), False)
+        return lambda x: self._from_nhwc(pool2d(self._to_nhwc(x), kind, *window, (1, 1), False))
+
+    def _window(self, shape_nhwc):
+        """(pool, strides, pads, out_hw) as (h, w) pairs for an NHWC input of ``shape_nhwc``."""
+        ones = (1,) * self.rank
+        sizes = shape_nhwc[1:3]
+        pads = self._pads_hw(sizes if self.rank == 2 else sizes[1:], self.pool_size, self.strides,
+                             ones)
+        pool, strides = self._hw(self.pool_size), self._hw(self.strides)
+        out_hw = tuple(window_out(n, k, s, 1, p) for n, k, s, p in zip(sizes, pool, strides, pads))
+        if min(out_hw) <= 0:
+            raise ShapeError(f"{self._where()}: input of spatial size {tuple(sizes)} is "
+                             f"smaller than the pool {self.pool_size}")
+        return pool, strides, pads, out_hw
 
 
 class MaxPooling1D(_Pool):
@@ -128,6 +143,10 @@ class _GlobalPool(SpatialLayer):
 
     def call(self, x):
         return self.ops.global_pool(x, self.kind, self._axes(), self.keepdims)
+
+    def bind(self, ops, x):
+        axes, kind, keepdims, global_pool = self._axes(), self.kind, self.keepdims, ops.global_pool
+        return lambda x: global_pool(x, kind, axes, keepdims)
 
 
 class GlobalMaxPooling1D(_GlobalPool):

@@ -139,3 +139,29 @@ def apply_scale_shift(object x, object scale, object shift):
         st = fl_scale_shift(m, n, xp, sp, hp, op)
     check(st, "scale_shift")
     return out
+
+
+def apply_add(object a, object b):
+    """a + b for C-contiguous float32 ``a`` and ``b`` of the same shape, or ``b`` a vector of
+    the width of a's last axis (added to each row): a new array, or None."""
+    if not (c_float32(a) and c_float32(b)):
+        return None
+    cdef cnp.ndarray aa = <cnp.ndarray>a
+    cdef cnp.ndarray ba = <cnp.ndarray>b
+    cdef int64_t n, m
+    if cnp.PyArray_SAMESHAPE(aa, ba):
+        m, n = 1, aa.size
+    elif ba.ndim == 1 and ba.shape[0] == aa.shape[aa.ndim - 1]:
+        n = ba.shape[0]
+        m = aa.size // n
+    else:
+        return None
+    out = cnp.PyArray_EMPTY(aa.ndim, aa.shape, cnp.NPY_FLOAT32, 0)
+    cdef float *ap = <float *>cnp.PyArray_DATA(aa)
+    cdef float *bp = <float *>cnp.PyArray_DATA(ba)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_bias_act(m, n, ap, n, bp, 0, 0.0, op, n)
+    check(st, "add")
+    return out

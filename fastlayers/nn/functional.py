@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..backends import get_ops
@@ -192,7 +194,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             raise ShapeError(f"nn.functional.scaled_dot_product_attention: attn_mask of shape "
                              f"{np.shape(attn_mask)} does not broadcast to {(*lead, L, S)}") from None
     # run as (B, H, L, E): the leading axes flattened into one "head" axis of a batch of 1
-    P = int(np.prod(lead)) if lead else 1
+    P = math.prod(lead) if lead else 1
     q4 = np.broadcast_to(q, (*lead, L, q.shape[-1])).reshape(1, P, L, q.shape[-1])
     k4 = np.broadcast_to(k, (*lead, S, k.shape[-1])).reshape(1, P, S, k.shape[-1])
     v4 = np.broadcast_to(v, (*lead, S, v.shape[-1])).reshape(1, P, S, v.shape[-1])

@@ -247,7 +247,7 @@ class Flatten(Module):
         x = F._f32(input, "Flatten")
         start, end = self.start_dim % max(x.ndim, 1), self.end_dim % max(x.ndim, 1)
         # the flattened size itself, not -1: a batch of 0 leaves -1 undetermined
-        return x.reshape(*x.shape[:start], int(np.prod(x.shape[start:end + 1], dtype=np.int64)),
+        return x.reshape(*x.shape[:start], math.prod(x.shape[start:end + 1]),
                          *x.shape[end + 1:])
 
 

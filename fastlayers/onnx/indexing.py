@@ -9,6 +9,8 @@ values (not the shapes of the inputs) set are checked with ``ops.created`` first
 
 from __future__ import annotations
 
+import math
+
 import re
 
 import numpy as np
@@ -58,8 +60,8 @@ def _nd_index(data_shape, indices, batch_dims, what):
     if k < 1 or k > rank - batch_dims:
         raise ShapeError(f"{what}: index tuples of length {k} for data of rank {rank} with "
                          f"{batch_dims} batch dimension(s)")
-    batch = int(np.prod(data_shape[:batch_dims], dtype=np.int64))
-    flat = indices.reshape(batch, int(np.prod(indices.shape[batch_dims:-1], dtype=np.int64)), k)
+    batch = math.prod(data_shape[:batch_dims])
+    flat = indices.reshape(batch, math.prod(indices.shape[batch_dims:-1]), k)
     columns = [_checked_indices(flat[..., j], data_shape[batch_dims + j], what) for j in range(k)]
     rows = np.arange(batch, dtype=np.int64)[:, None]
     return rows, columns, tuple(data_shape[batch_dims + k:])
@@ -99,7 +101,7 @@ def _scatter_nd(inputs, attrs, opset):
         raise ShapeError(f"ScatterND: updates of shape {updates.shape} for indices of shape "
                          f"{indices.shape} into data of shape {data.shape} (expected {want})")
     out = np.array(data, copy=True)
-    m = int(np.prod(indices.shape[:-1], dtype=np.int64))
+    m = math.prod(indices.shape[:-1])
     where = tuple(c.reshape(-1) for c in columns)
     return [_scatter(out, where, updates.reshape((m,) + tail).astype(out.dtype, copy=False),
                      attrs.get("reduction", "none"))]
@@ -327,6 +329,6 @@ def _hardmax(inputs, attrs, opset):
         np.put_along_axis(y, idx, 1, axis=axis)
         return [y]
     axis = _axis(attrs.get("axis", 1), x.ndim, "Hardmax")
-    flat = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+    flat = x.reshape(math.prod(x.shape[:axis]), -1)
     return [_hardmax([flat], {"axis": -1}, 13)[0].reshape(x.shape)]
 

@@ -231,6 +231,10 @@ class OnnxModel:
                              + (f"; missing {missing}" if missing else ""))
         out = []
         for (name, dtype, shape), a in zip(self._inputs, arrays):
+            if (type(a) is np.ndarray and a.dtype == dtype and shape is not None
+                    and a.ndim == len(shape) and all(d is None or d == s for d, s in zip(shape, a.shape))):
+                out.append(a)            # the common case: the declared type and shape
+                continue
             a = np.asarray(a)
             if a.dtype.kind not in "biuf":
                 raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected a numeric array, "
@@ -330,10 +334,12 @@ class OnnxModel:
     def _evaluate(self, arrays) -> dict:
         """Run every node on the checked input ``arrays``; the table of values by name."""
         values = dict(zip(self.input_names, arrays))
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
-        cached = self._shape_cache.get(key)
-        if cached is not None:
-            values.update(cached)
+        key = cached = None
+        if self._shape_outputs:
+            key = tuple((a.shape, a.dtype.str) for a in arrays)
+            cached = self._shape_cache.get(key)
+            if cached is not None:
+                values.update(cached)
         outs = None
         try:
             with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime

@@ -8,6 +8,8 @@ from an attribute to an input across opsets (axes, pads, split, min/max, ...) bo
 
 from __future__ import annotations
 
+import math
+
 import contextvars
 import os
 
@@ -313,7 +315,7 @@ def _softmax_like(kind):
             axis = attrs.get("axis", -1)
             return [getattr(ops, kind)(x, axis)]
         axis = attrs.get("axis", 1) % max(x.ndim, 1)  # opsets < 13: coerce to 2-D at axis
-        flat = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+        flat = x.reshape(math.prod(x.shape[:axis]), -1)
         return [getattr(ops, kind)(flat, -1).reshape(x.shape)]
     return run
 
@@ -525,7 +527,7 @@ def _flatten(inputs, attrs, opset):
     x = inputs[0]
     axis = attrs.get("axis", 1)
     axis = axis + x.ndim if axis < 0 else axis
-    return [x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64)))]
+    return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
 @op("Transpose")

@@ -491,3 +491,15 @@ def test_lrn_and_resize_propagate_nan():
     y = CPU.local_response_norm(x, 3)
     assert np.isnan(y[0, 0, 0, 1:4]).all() and not np.isnan(y[0, 0, 0, [0, 4]]).any()
     assert np.isnan(CPU.upsample2d(x, (4, 4), "bilinear")[0, :2, :2, 2]).all()
+
+
+@pytest.mark.parametrize("x_shape, pads", [((0, 5, 5, 2), ((1, 1), (1, 1))),      # no images
+                                           ((1, 2, 2, 2), ((0, 0), (0, 0)))])     # no output rows
+def test_conv2d_outside_the_kernels_terms_runs_the_reference(x_shape, pads, rng):
+    """Shapes the native kernel does not take run the reference, directly and through a plan."""
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((3, 3, 2, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    want = REF.conv2d(x, w, b, (1, 1), pads)
+    np.testing.assert_array_equal(CPU.conv2d(x, w, b, (1, 1), pads), want)
+    np.testing.assert_array_equal(CPU.conv2d_plan(x.shape, w, b, (1, 1), pads)(x), want)

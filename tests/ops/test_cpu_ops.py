@@ -180,3 +180,49 @@ def test_bias_act_at_every_offset_between_input_and_output(offset, name, rng):
     out = buf[start:start + 5 * 1037].reshape(5, 1037)
     _core.bias_act(x, bias, CODES[name], 0.0, out)
     assert_close(out, REF.activation(x + bias, name), rtol=2e-5, atol=2e-6, what=name)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((1, 1), (1, 1)), ((3, 17), (3, 17)), ((2, 5, 9), (9,)),
+                                              ((4, 1, 33), (4, 1, 33)), ((2, 3), (1, 3)),
+                                              ((2, 3, 4), (3, 1))])
+def test_merge_add_matches_reference(a_shape, b_shape, rng):
+    """Same shapes and a per-channel row run natively, other broadcasts by numpy."""
+    a = special_values(a_shape, rng)
+    b = special_values(b_shape, rng)
+    y = CPU.merge(a, b, "add")
+    assert y.shape == np.broadcast_shapes(a_shape, b_shape) and y.dtype == np.float32
+    np.testing.assert_array_equal(y, REF.merge(a, b, "add"))
+    np.testing.assert_array_equal(CPU.merge(a[..., ::-1], b[..., ::-1], "add"),
+                                  REF.merge(a[..., ::-1], b[..., ::-1], "add"))   # strided
+
+
+def test_merge_add_of_infinities_gives_nan_without_warning():
+    import warnings
+    a = np.array([[np.inf, -np.inf, np.nan, 1.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = CPU.merge(a, -a, "add")
+    np.testing.assert_array_equal(np.isnan(y), [[True, True, True, False]])
+
+
+@pytest.mark.parametrize("shape, axes", [((2, 7, 5), (1,)), ((1, 1, 3), (-2,)), ((2, 3, 4, 6), (1, 2)),
+                                         ((2, 2, 3, 4, 5), (1, 2, 3)), ((3, 4, 5), (2,))])
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_global_pool_matches_reference(shape, axes, kind, keepdims, rng):
+    """Every axis between batch and channels pools natively; other axes fall back."""
+    x = special_values(shape, rng)
+    y = CPU.global_pool(x, kind, axes, keepdims)
+    assert_close(y, REF.global_pool(x, kind, axes, keepdims), rtol=1e-5, atol=1e-6, what=kind)
+    assert y.dtype == np.float32
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 4, 33)])
+@pytest.mark.parametrize("axes", [(-1,), (None,)])
+def test_layer_norm_last_axis_matches_reference(shape, axes, rng):
+    x = special_values(shape, rng, scale=1.0)
+    axes = (x.ndim - 1,) if axes == (None,) else axes
+    gamma, beta = rng.standard_normal(shape[-1]).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
+    for g, b in ((gamma, beta), (None, None), (gamma[::-1], beta)):
+        assert_close(CPU.layer_norm(x, g, b, 1e-3, axes), REF.layer_norm(x, g, b, 1e-3, axes),
+                     rtol=1e-5, atol=1e-5, what=str(shape))

@@ -81,6 +81,13 @@ class CpuOps(ConvOps):
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
+    def merge(self, a, b, op, alpha=1.0, beta=1.0):
+        if op == "add" and alpha == 1.0 and beta == 1.0:   # same shapes or a bias row: one pass
+            y = _core.apply_add(a, b)
+            if y is not None:
+                return y
+        return super().merge(a, b, op, alpha, beta)
+
     def _over_axis(self, name, x, axis, fallback):
         """A row activation over ``axis``: moved last, run as rows, moved back."""
         if x.size == 0 or x.ndim == 0 or isinstance(axis, tuple):
@@ -100,6 +107,10 @@ class CpuOps(ConvOps):
         # the native kernel normalizes rows: the trailing axes (C-contiguous when several:
         # InstanceNormalization, LayerNormalization with axis < -1), gamma and beta read as
         # rows of their width
+        if len(axes) == 1 and (axes[0] == -1 or axes[0] == x.ndim - 1):   # one native call, or None
+            y = _core.apply_layer_norm(x, gamma, beta, epsilon, rms)
+            if y is not None:
+                return y
         k = len(axes)
         width = math.prod(x.shape[x.ndim - k:])
         if (x.size == 0 or x.ndim == 0
@@ -112,21 +123,19 @@ class CpuOps(ConvOps):
                                 None if gamma is None else gamma.reshape(-1),
                                 None if beta is None else beta.reshape(-1), epsilon, (-1,), rms)
             return y.reshape(x.shape)
-        y = _core.apply_layer_norm(x, gamma, beta, epsilon, rms)
-        if y is not None:
-            return y
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.layer_norm(xr, _vector(gamma), _vector(beta), epsilon, rms, out)
         return out if x.ndim == 2 else out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
+        if axis == -1 or axis == x.ndim - 1:   # the common case in one native call, else None
+            y = _core.apply_scale_shift(x, scale, shift)
+            if y is not None:
+                return y
         if axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] \
                 or np.size(shift) != x.shape[-1]:   # (the native kernel reads rows of that width)
             return super().batch_norm(x, scale, shift, axis)
-        y = _core.apply_scale_shift(x, scale, shift)
-        if y is not None:
-            return y
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)

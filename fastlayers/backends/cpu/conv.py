@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from ...native import CODES, _core
-from ..derived import derived
+from ..derived import derived, derived_view
 from ..reference import ReferenceOps
 from ...geometry import window_out_2d
 from ..reference.conv import roi_bins, source_coords
@@ -87,7 +87,7 @@ def _winograd_pays(n, ho, wo, cin, cout) -> bool:
 
 def _packed_conv(wk, groups):
     """Each group's weights of ``wk`` packed for ``_core.conv2d`` (once per weight array)."""
-    return derived(wk, f"native-conv:{groups}", lambda w: _core.conv_pack(w, groups))
+    return derived_view(wk, f"native-conv:{groups}", lambda w: _core.conv_pack(w, groups))
 
 
 @functools.lru_cache(maxsize=256)
@@ -104,29 +104,43 @@ class ConvOps(ReferenceOps):
 
     def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
                groups=1, activation="linear", alpha=0.0):
-        n, h, w, c = x_nhwc.shape
+        return self.conv2d_plan(x_nhwc.shape, w_hwio, b, strides, pads, dilation, groups,
+                                activation, alpha)(x_nhwc)
+
+    def conv2d_plan(self, x_shape, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                    dilation=(1, 1), groups=1, activation="linear", alpha=0.0):
+        n, h, w, c = x_shape
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
-        if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
-            return ReferenceOps.conv2d(self, x_nhwc, w_hwio, b, strides, pads, dilation, groups,
-                                       activation, alpha)
+        if n * h * w * c == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
+            return lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation,
+                                                 groups, activation, alpha)
         if groups > 1 and cin_g == 1 and groups == c:
             # one input channel per group: a depthwise convolution (multiplier cout / c)
-            return self.depthwise_conv2d(x_nhwc, w_hwio.reshape(kh, kw, c, cout // c), b, strides,
-                                         pads, dilation, activation, alpha)
-        x, wk = _f32c(x_nhwc), _f32c(w_hwio)
-        y = np.empty((n, ho, wo, cout), np.float32)
-        code = _kernel_code(activation)
+            w_hwcm = w_hwio.reshape(kh, kw, c, cout // c)
+            return lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation,
+                                                   activation, alpha)
+        wk, bias, code, out = _f32c(w_hwio), _bias(b), _kernel_code(activation), (n, ho, wo, cout)
+        finish = code != CODES.get(activation)   # softmax or no native code: a pass after
         if (kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1
                 and _winograd_pays(n, ho, wo, c, cout)):
-            pu = derived(wk, "native-winograd", _core.winograd_pack)
-            _core.conv3x3_winograd(x, pu, _bias(b), y, pt, pl, code, alpha)
+            pu = derived_view(wk, "native-winograd", _core.winograd_pack)
+
+            def run(x):
+                y = np.empty(out, np.float32)
+                _core.conv3x3_winograd(_f32c(x), pu, bias, y, pt, pl, code, alpha)
+                return _finish(self, y, activation, alpha) if finish else y
         else:
-            _core.conv2d(x, _packed_conv(wk, groups), _bias(b), y, kh, kw, sh, sw, dh, dw, pt, pl,
-                         groups, code, alpha)
-        return _finish(self, y, activation, alpha)
+            pw = _packed_conv(wk, groups)
+
+            def run(x):
+                y = np.empty(out, np.float32)
+                _core.conv2d(_f32c(x), pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code,
+                             alpha)
+                return _finish(self, y, activation, alpha) if finish else y
+        return run
 
     def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
                          dilation=(1, 1), activation="linear", alpha=0.0):
@@ -201,11 +215,15 @@ class ConvOps(ReferenceOps):
         return y
 
     def global_pool(self, x, kind, axes, keepdims=False):
-        if x.ndim != 4 or tuple(a % 4 for a in axes) != (1, 2) or x.size == 0:
+        # every axis between the batch and the channels: one (1, steps) window over NHWC rows
+        if (x.ndim < 3 or x.size == 0
+                or tuple(sorted(a % x.ndim for a in axes)) != tuple(range(1, x.ndim - 1))):
             return ReferenceOps.global_pool(self, x, kind, axes, keepdims)
-        n, h, w, c = x.shape
-        y = self.pool2d(x, kind, (h, w), (1, 1), ((0, 0), (0, 0)), (1, 1))
-        return y if keepdims else y.reshape(n, c)
+        n, c = x.shape[0], x.shape[-1]
+        steps = x.size // (n * c)
+        y = self.pool2d(x.reshape(n, 1, steps, c), kind, (1, steps), (1, 1), ((0, 0), (0, 0)),
+                        (1, 1))
+        return y.reshape((n, *(1,) * (x.ndim - 2), c)) if keepdims else y.reshape(n, c)
 
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):
         n, h, w, c = x_nhwc.shape

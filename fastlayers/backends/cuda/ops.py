@@ -79,12 +79,12 @@ TRANSFERS = Transfers()
 def _rows(a):
     """Device array ``a`` viewed as (rows, last axis)."""
     shape = tuple(a.shape)
-    return a.reshape(int(np.prod(shape[:-1])), shape[-1])
+    return a.reshape(math.prod(shape[:-1]), shape[-1])
 
 
 def _flat(a):
     """Contiguous device array ``a`` viewed as 1-D (a 0-d array as one element)."""
-    return a.reshape(max(int(np.prod(a.shape)), 1))
+    return a.reshape(max(math.prod(a.shape), 1))
 
 
 def _gate_code(activation: str):
@@ -231,7 +231,7 @@ class CudaOps(ReferenceOps):
         if shape != d_shape:
             raise ValueError(f"cuda copy: source view {shape} and destination view {d_shape} "
                              "differ")
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         if n == 0:
             return
         shape6, s6, d6 = _collapse6(shape, s_str, d_str)
@@ -283,7 +283,7 @@ class CudaOps(ReferenceOps):
     def zeros(self, shape, dtype=np.float32):
         """A new device array of zeros (filled on the device, nothing copied in)."""
         out = self._empty(shape, dtype)
-        n = int(np.prod(out.shape))
+        n = math.prod(out.shape)
         if n:
             g, t = _grid1(n, self.sim)
             K.fill_flat[g, t](_flat(out), np.dtype(dtype).type(0))
@@ -338,7 +338,7 @@ class CudaOps(ReferenceOps):
         dev = is_device(mask)
         dm = to_device(mask, device_dtype(mask.dtype))
         out = self._empty(dm.shape)
-        n = int(np.prod(dm.shape))
+        n = math.prod(dm.shape)
         if n:
             g, t = _grid1(n, self.sim)
             K.keep_f32[g, t](_flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0),
@@ -388,7 +388,7 @@ class CudaOps(ReferenceOps):
         dev = is_device(x)
         dx = to_device(x, device_dtype(x.dtype))
         out = self._empty(dx.shape, np.uint8)
-        n = int(np.prod(dx.shape))
+        n = math.prod(dx.shape)
         if n:
             g, t = _grid1(n, self.sim)
             K.nonzero_u8[g, t](_flat(dx), dx.dtype.type(0), _flat(out))
@@ -402,7 +402,7 @@ class CudaOps(ReferenceOps):
         dm = to_device(mask, device_dtype(mask.dtype))
         thr = dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0)
         out = self._empty(shape)
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         if n:
             shape_b, m_str, m_off = _layout(dm.shape, lambda v: np.broadcast_to(v, tuple(shape)))
             shape6, m6 = _collapse6(shape_b, m_str)
@@ -470,7 +470,7 @@ class CudaOps(ReferenceOps):
         dev = is_device(x)
         dx = to_device(x)
         out = self._empty(dx.shape)
-        n = int(np.prod(dx.shape))
+        n = math.prod(dx.shape)
         if n:
             g, t = _grid1(n, self.sim)
             K.relu_flat[g, t](_flat(dx), _flat(out), np.float32(threshold),
@@ -492,10 +492,10 @@ class CudaOps(ReferenceOps):
             y = self._softmax(moved, range(len(rest), nd), log)
             return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
         shape = tuple(dx.shape)
-        outer, inner = int(np.prod(shape[:axes[0]])), int(np.prod(shape[axes[-1] + 1:]))
+        outer, inner = math.prod(shape[:axes[0]]), math.prod(shape[axes[-1] + 1:])
         y = self._copy_of(dx)
         g, t = _grid1(outer * inner, self.sim)
-        K.softmax_oni[g, t](y.reshape(outer, int(np.prod(shape)) // (outer * inner), inner), log)
+        K.softmax_oni[g, t](y.reshape(outer, math.prod(shape) // (outer * inner), inner), log)
         return self._back(y, dev)
 
     @_serialized_in_simulator
@@ -789,7 +789,7 @@ class CudaOps(ReferenceOps):
     def _indices(self, ids, bad):
         """``ids`` as a flat int64 device array; device floats are checked to be whole numbers
         (else index -1 and bad[0] = 1); host ids were checked by the layer."""
-        n = int(np.prod(ids.shape))
+        n = math.prod(ids.shape)
         if not is_device(ids):
             return to_device(np.asarray(ids).astype(np.int64).reshape(n), np.int64)
         if ids.dtype == np.int64:
@@ -1007,7 +1007,7 @@ class CudaOps(ReferenceOps):
         dx = to_device(x)
         shape = tuple(dx.shape)
         axis %= len(shape)
-        x3 = dx.reshape(int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])))
+        x3 = dx.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
         out = self._empty(x3.shape)
         blocks, threads = _grid2(x3.shape[2], x3.shape[0] * x3.shape[1], self.sim)
         K.scale_shift_oci[blocks, threads](x3, self._weight(scale), self._weight(shift), out)
@@ -1030,8 +1030,8 @@ class CudaOps(ReferenceOps):
                                 range(len(rest), nd), rms)
             return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
         shape = tuple(dx.shape)
-        n = int(np.prod(shape[nd - len(axes):]))
-        rows = dx.reshape(int(np.prod(shape)) // n, n)
+        n = math.prod(shape[nd - len(axes):])
+        rows = dx.reshape(math.prod(shape) // n, n)
         out = self._empty(rows.shape)
         g, t = _grid1(rows.shape[0], self.sim)
         K.layer_norm_rows[g, t](
@@ -1052,8 +1052,8 @@ class CudaOps(ReferenceOps):
             return self._host_path(is_device(x), super().global_pool(to_host(x), kind, axes, keepdims))
         shape = tuple(x.shape)
         dx = to_device(x)
-        outer, inner = int(np.prod(shape[:axes_n[0]])), int(np.prod(shape[axes_n[-1] + 1:]))
-        x3 = dx.reshape(outer, int(np.prod(shape)) // (outer * inner), inner)
+        outer, inner = math.prod(shape[:axes_n[0]]), math.prod(shape[axes_n[-1] + 1:])
+        x3 = dx.reshape(outer, math.prod(shape) // (outer * inner), inner)
         y = self._empty((outer, inner))
         blocks, threads = _grid2(inner, outer, self.sim)
         K.global_pool_nhwc[blocks, threads](x3, y, kind == "max")
@@ -1070,7 +1070,7 @@ class CudaOps(ReferenceOps):
         da, db = self._operand(a, dev), self._operand(b, dev)
         shape = np.broadcast_shapes(tuple(da.shape), tuple(db.shape))
         out = self._empty(shape)
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         if n:
             _, a_str, a_off = _layout(da.shape, lambda v: np.broadcast_to(v, shape))
             _, b_str, b_off = _layout(db.shape, lambda v: np.broadcast_to(v, shape))

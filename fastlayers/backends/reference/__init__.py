@@ -277,6 +277,14 @@ class ReferenceOps:
         y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
+    def conv2d_plan(self, x_shape, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)),
+                    dilation=(1, 1), groups=1, activation="linear", alpha=0.0):
+        """A function ``x -> conv2d(x, w_hwio, b, ...)`` for inputs of shape ``x_shape``, the
+        work that depends on the shape and the weights alone done once (backends with compiled
+        kernels bind the kernel's arguments; the reference just calls ``conv2d``)."""
+        return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation,
+                                     alpha)
+
     def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
                          dilation=(1, 1), activation="linear", alpha=0.0):
         """y[..., c M + m] = f(sum_{i, j} xpad[.., s oh + d i, s ow + d j, c] w[i, j, c, m] + b[c M + m])."""
