@@ -9,6 +9,9 @@ cdef extern from "dispatch.h":
         const char *isa
     const fl_kernels *fl_k
 
+cdef extern from "heap.h":
+    int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold)
+
 cdef extern from "threadpool.h":
     int fl_pool_get_threads()
     void fl_pool_set_threads(int n)
@@ -106,3 +109,10 @@ def pool_generation():
 def pool_workers():
     """Worker threads alive now (beside the calling thread)."""
     return fl_pool_workers()
+
+
+def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):
+    """Have the C library serve blocks under ``mmap_threshold`` bytes from its heap and keep up
+    to ``trim_threshold`` free bytes mapped (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD,
+    process-wide); whether it applied (False on other C libraries, or values out of range)."""
+    return bool(fl_heap_retain(mmap_threshold, trim_threshold))

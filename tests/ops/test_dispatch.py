@@ -98,3 +98,34 @@ def test_a_source_tree_without_the_extension_fails_at_import(tmp_path):
     assert proc.returncode != 0
     assert "ImportError: fastlayers' compiled core (fastlayers.native._core) is not built in " \
         f"{tmp_path / 'fastlayers'}" in proc.stderr and "pip install -e ." in proc.stderr
+
+
+_FAULTS = """
+import resource, numpy as np, fastlayers.native as n
+def run():
+    for mib in (1, 3, 6, 12, 20, 6, 3):
+        a = np.ones(mib << 18, np.float32); b = np.ones(mib << 18, np.float32); del a, b
+run()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    run()
+print(n.HEAP_RETAINED, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's heap settings")
+def test_the_heap_keeps_freed_memory_mapped():
+    """Outputs allocated anew each call reuse mapped pages (4 rounds touch about 50000 pages)."""
+    proc = _python(_FAULTS)
+    assert proc.returncode == 0, proc.stderr
+    retained, faults = proc.stdout.split()
+    assert retained == "True" and int(faults) < 2000
+    proc = _python(_FAULTS, FASTLAYERS_HEAP="system")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "False"
+    assert native.heap_retain(-1, 0) is False and native.heap_retain(1 << 40, 0) is False
+
+
+def test_an_unknown_heap_setting_is_a_clear_error():
+    proc = _python("import fastlayers.native", FASTLAYERS_HEAP="arena")
+    assert proc.returncode != 0 and "FASTLAYERS_HEAP='arena'" in proc.stderr
