@@ -786,21 +786,25 @@ static void conv_tp_finish(const conv_tp_ctx *p, const float *r, float bias, flo
     int64_t wo = p->wo, sw = p->sw, tl = p->tlen;
     fl_vf b = fl_set1(bias);
     int lin = p->code == FL_LINEAR;
-    if (sw == 1 || sw == 2) {
-        for (int64_t ow = 0, t = 0; ow < wo; t += FL_VW) {
-            fl_vf a = fl_load(r + t) + b, v[2] = {a, a};
-            if (sw == 2) {
-                fl_vf c = fl_load(r + tl + t) + b;
-                v[0] = POOL_SHUF(a, c, CONV_ZIP_LO);
-                v[1] = POOL_SHUF(a, c, CONV_ZIP_HI);
-            }
-            for (int64_t u = 0; u < sw && ow < wo; ++u, ow += FL_VW)
-                pool_st(out + ow, lin ? v[u] : rows_vact(v[u], p->code, p->alpha), wo - ow);
+    if (sw == 1) {               /* (the phase rows are tlen floats, a multiple of FL_VW) */
+        for (int64_t ow = 0; ow < wo; ow += FL_VW) {
+            fl_vf a = fl_load(r + ow) + b;
+            pool_st(out + ow, lin ? a : rows_vact(a, p->code, p->alpha), wo - ow);
         }
         return;
     }
-    for (int64_t q = 0; q < sw; ++q)
-        for (int64_t t = 0; sw * t + q < wo; ++t) out[sw * t + q] = r[q * tl + t] + bias;
+    if (sw == 2) {               /* the two phases zipped */
+        for (int64_t t = 0, ow = 0; ow < wo; t += FL_VW, ow += 2 * FL_VW) {
+            fl_vf a = fl_load(r + t) + b, c = fl_load(r + tl + t) + b;
+            fl_vf lo = POOL_SHUF(a, c, CONV_ZIP_LO), hi = POOL_SHUF(a, c, CONV_ZIP_HI);
+            pool_st(out + ow, lin ? lo : rows_vact(lo, p->code, p->alpha), wo - ow);
+            if (ow + FL_VW < wo)
+                pool_st(out + ow + FL_VW, lin ? hi : rows_vact(hi, p->code, p->alpha),
+                        wo - ow - FL_VW);
+        }
+        return;
+    }
+    for (int64_t ow = 0; ow < wo; ++ow) out[ow] = r[ow % sw * tl + ow / sw] + bias;
     if (!lin)
         for (int64_t ow = 0; ow < wo; ow += FL_VW)
             pool_st(out + ow, rows_vact(pool_ld(out + ow, wo - ow), p->code, p->alpha), wo - ow);
