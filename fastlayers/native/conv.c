@@ -24,7 +24,9 @@
  * read a row of zeros.
  * conv_transpose2d: one sgemm per group (x rows times w (ci', kh kw co)), then each output pixel
  * gathers its taps from those columns (col2im without scattered writes) and the row runs its
- * epilogue. */
+ * epilogue. conv_transpose2d_nchw: the sgemm w^T (co kh kw, ci') @ x (ci', rows W) on NCHW
+ * planes in chunks of input rows, each product row added into output rows kept split in
+ * column phases, each row interleaved into y with its epilogue once its taps are in. */
 
 /* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
 #define CONV_COLS_FLOATS (INT64_C(1) << 18)
@@ -733,6 +735,189 @@ int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
     fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout_g * groups * taps)),
                 conv_t_task, &p);
     return 0;
+}
+
+/* ------------------------------------------------------- transposed convolution, NCHW planes */
+/* A unit is (image n, group g, block of output channels, band of output rows). Per chunk of
+ * input rows: cols (co kh kw, rows W) = wt (co kh kw, ci') @ x[n, g ci':, rows] (the sgemm
+ * on the NCHW planes as they are, no layout change), then each cols row (co, i, j) of input
+ * row ih adds to output row oh = ih sh - ct + i dh held split in its sw column phases
+ * (ow = sw t + q), where tap j lands on consecutive t: every add is a contiguous vector add.
+ * An output row whose input rows are all done is interleaved into y with bias and
+ * activation; the rows in between live in a ring (per channel, the rows one chunk reaches,
+ * at most the band's). */
+
+/* Input rows per chunk: about this many sgemm columns (one packed block of b, gemm.c). */
+#define CONV_TP_COLUMNS 256
+/* A block's cols (co kh kw x chunk columns, 128 KiB) stay in L2 beside its ring rows. */
+#define CONV_TP_COLS_FLOATS (INT64_C(1) << 15)
+
+#if FL_VW == 16
+#define CONV_ZIP_LO 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define CONV_ZIP_HI 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+#elif FL_VW == 8
+#define CONV_ZIP_LO 0, 8, 1, 9, 2, 10, 3, 11
+#define CONV_ZIP_HI 4, 12, 5, 13, 6, 14, 7, 15
+#else
+#define CONV_ZIP_LO 0, 4, 1, 5
+#define CONV_ZIP_HI 2, 6, 3, 7
+#endif
+
+typedef struct {
+    const float *x, *wt, *bias;
+    float *y;
+    int64_t cin, h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g, groups;
+    int64_t co_blk, co_blocks;  /* output channels per block, blocks per group */
+    int64_t bands, band_rows;   /* bands of output rows per (n, g, block), rows per band */
+    int64_t chunk;              /* input rows per sgemm */
+    int64_t ring, tlen;         /* ring rows per channel; floats per column phase of a row */
+    int code, status;
+    float alpha;
+} conv_tp_ctx;
+
+/* floor(a / b) for b > 0 */
+FL_INLINE int64_t conv_floor_div(int64_t a, int64_t b) {
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* out[0:wo] = f(bias + the row whose sw phases (tlen floats apart) are r: out[sw t + q] =
+ * r[q tlen + t]). */
+static void conv_tp_finish(const conv_tp_ctx *p, const float *r, float bias, float *out) {
+    int64_t wo = p->wo, sw = p->sw, tl = p->tlen;
+    fl_vf b = fl_set1(bias);
+    int lin = p->code == FL_LINEAR;
+    if (sw == 1) {               /* (the phase rows are tlen floats, a multiple of FL_VW) */
+        for (int64_t ow = 0; ow < wo; ow += FL_VW) {
+            fl_vf a = fl_load(r + ow) + b;
+            pool_st(out + ow, lin ? a : rows_vact(a, p->code, p->alpha), wo - ow);
+        }
+        return;
+    }
+    if (sw == 2) {               /* the two phases zipped */
+        for (int64_t t = 0, ow = 0; ow < wo; t += FL_VW, ow += 2 * FL_VW) {
+            fl_vf a = fl_load(r + t) + b, c = fl_load(r + tl + t) + b;
+            fl_vf lo = POOL_SHUF(a, c, CONV_ZIP_LO), hi = POOL_SHUF(a, c, CONV_ZIP_HI);
+            pool_st(out + ow, lin ? lo : rows_vact(lo, p->code, p->alpha), wo - ow);
+            if (ow + FL_VW < wo)
+                pool_st(out + ow + FL_VW, lin ? hi : rows_vact(hi, p->code, p->alpha),
+                        wo - ow - FL_VW);
+        }
+        return;
+    }
+    for (int64_t ow = 0; ow < wo; ++ow) out[ow] = r[ow % sw * tl + ow / sw] + bias;
+    if (!lin)
+        for (int64_t ow = 0; ow < wo; ow += FL_VW)
+            pool_st(out + ow, rows_vact(pool_ld(out + ow, wo - ow), p->code, p->alpha), wo - ow);
+}
+
+/* Ring slot of output row oh zeroed in each of the nco channels. */
+FL_INLINE void conv_tp_zero(float *ring, int64_t nco, int64_t L, int64_t row, int64_t oh) {
+    for (int64_t co = 0; co < nco; ++co)
+        memset(ring + (co * L + oh % L) * row, 0, (size_t)row * sizeof(float));
+}
+
+/* Units u = ((n groups + g) co_blocks + cb) bands + band in [u0, u1). */
+static void conv_tp_task(void *arg, int64_t u0, int64_t u1) {
+    conv_tp_ctx *p = (conv_tp_ctx *)arg;
+    int64_t kh = p->kh, kw = p->kw, kk = kh * kw, w = p->w, sw = p->sw, tl = p->tlen;
+    int64_t cin_g = p->cin / p->groups, row = sw * tl, L = p->ring;
+    int64_t m_most = FL_MIN(p->co_blk, p->cout_g) * kk;
+    float *cols = fl_buf_floats(&conv_task_buf,
+                                (size_t)(m_most * p->chunk * w + m_most / kk * L * row));
+    if (!cols) {
+        p->status = -1;
+        return;
+    }
+    float *ring = cols + m_most * p->chunk * w;
+    /* tap j: phase q, first phase column f (t = iw + f), input columns [lo, hi) */
+    int64_t tq[kw], tf[kw], tlo[kw], thi[kw];
+    for (int64_t j = 0; j < kw; ++j) {
+        int64_t e = j * p->dw - p->cl, q = e - conv_floor_div(e, sw) * sw;
+        int64_t len = (p->wo - q + sw - 1) / sw;    /* columns of phase q */
+        tq[j] = q;
+        tf[j] = (e - q) / sw;
+        tlo[j] = FL_MAX(0, -tf[j]);
+        thi[j] = FL_MAX(tlo[j], FL_MIN(w, len - tf[j]));
+    }
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t band = u % p->bands, t = u / p->bands;
+        int64_t cb = t % p->co_blocks, ng = t / p->co_blocks, g = ng % p->groups;
+        int64_t n = ng / p->groups;
+        int64_t co0 = cb * p->co_blk, nco = FL_MIN(p->co_blk, p->cout_g - co0), m = nco * kk;
+        int64_t oh0 = band * p->band_rows, oh1 = FL_MIN(p->ho, oh0 + p->band_rows);
+        if (oh0 >= oh1) continue;
+        int64_t ch0 = g * p->cout_g + co0;              /* first output channel */
+        const float *xg = p->x + (n * p->cin + g * cin_g) * p->h * w;
+        const float *a = p->wt + ch0 * kk * cin_g;
+        float *yb = p->y + (n * p->cout_g * p->groups + ch0) * p->ho * p->wo;
+        /* input rows with a tap in [oh0, oh1) */
+        int64_t ih0 = FL_MAX(0, -conv_floor_div(-(oh0 + p->ct - (kh - 1) * p->dh), p->sh));
+        int64_t ih1 = FL_MIN(p->h, conv_floor_div(oh1 - 1 + p->ct, p->sh) + 1);
+        int64_t zeroed = oh0, done = oh0;               /* ring rows [done, zeroed) are live */
+        for (int64_t r0 = ih0; r0 < ih1 || done < oh1; r0 += p->chunk) {
+            int64_t r1 = FL_MIN(r0 + p->chunk, ih1);
+            /* rows this chunk adds to: [done, top) (fewer than L); rows under fin are done */
+            int64_t top = r0 < ih1 ? FL_MIN(oh1, (r1 - 1) * p->sh - p->ct + (kh - 1) * p->dh + 1)
+                                   : zeroed;
+            int64_t fin = r1 >= ih1 ? oh1 : FL_MIN(oh1, r1 * p->sh - p->ct);
+            for (; zeroed < top; ++zeroed) conv_tp_zero(ring, nco, L, row, zeroed);
+            if (r0 < ih1) {
+                int64_t nc = (r1 - r0) * w;
+                int st = FL_FN(sgemm)(m, nc, cin_g, a, cin_g, xg + r0 * w, p->h * w, 0, 0, cols,
+                                      nc);
+                if (st) {
+                    p->status = st;
+                    return;
+                }
+                for (int64_t co = 0; co < nco; ++co)
+                    for (int64_t i = 0; i < kh; ++i)
+                        for (int64_t ih = r0; ih < r1; ++ih) {
+                            int64_t oh = ih * p->sh - p->ct + i * p->dh;
+                            if (oh < oh0 || oh >= oh1) continue;
+                            float *o = ring + (co * L + oh % L) * row;
+                            const float *c = cols + ((co * kh + i) * kw) * nc + (ih - r0) * w;
+                            for (int64_t j = 0; j < kw; ++j, c += nc)
+                                conv_add(o + tq[j] * tl + tf[j] + tlo[j], c + tlo[j],
+                                         thi[j] - tlo[j]);
+                        }
+            }
+            for (; done < fin; ++done) {
+                if (done >= zeroed)                     /* no taps: nothing live in the ring */
+                    conv_tp_zero(ring, nco, L, row, zeroed++);
+                for (int64_t co = 0; co < nco; ++co)
+                    conv_tp_finish(p, ring + (co * L + done % L) * row,
+                                   p->bias ? p->bias[ch0 + co] : 0.0f,
+                                   yb + (co * p->ho + done) * p->wo);
+            }
+        }
+    }
+}
+
+/* y = f(col2im(w^T @ x) + b) on NCHW planes: x (N, cin, H, W), wt each group's w as
+ * (cout_g kh kw, cin / groups), bias (groups cout_g,), y (N, groups cout_g, Ho, Wo). */
+int FL_FN(conv_transpose2d_nchw)(int64_t n, int64_t cin, int64_t h, int64_t w, const float *x,
+                                 int64_t kh, int64_t kw, int64_t cout_g, int64_t groups,
+                                 int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ct,
+                                 int64_t cl, int64_t ho, int64_t wo, const float *wt,
+                                 const float *bias, int code, float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout_g <= 0) return 0;
+    if (!conv_code_ok(code) || groups < 1 || cin % groups || kh < 1 || kw < 1 || sh < 1 ||
+        sw < 1 || dh < 1 || dw < 1 || ct < 0 || cl < 0 || h < 1 || w < 1)
+        return -2;
+    int64_t kk = kh * kw, chunk = FL_MAX(1, FL_MIN(h, CONV_TP_COLUMNS / w));
+    int64_t co_blk = FL_MAX(1, FL_MIN(cout_g, CONV_TP_COLS_FLOATS / (kk * chunk * w)));
+    int64_t co_blocks = (cout_g + co_blk - 1) / co_blk, base = n * groups * co_blocks;
+    int64_t threads = fl_pool_get_threads(), bands = 1;
+    if (threads > 1 && base % threads && base < 4 * threads)
+        bands = FL_MAX(1, FL_MIN((4 * threads + base - 1) / base, ho / (2 * sh)));
+    int64_t band_rows = (ho + bands - 1) / bands;
+    conv_tp_ctx p = {x, wt, bias, y, cin, h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g,
+                     groups, co_blk, co_blocks, bands, band_rows, chunk,
+                     FL_MIN(band_rows, chunk * sh + (kh - 1) * dh + 1),
+                     ((wo + sw - 1) / sw + FL_VW - 1) / FL_VW * FL_VW, code, 0, alpha};
+    int64_t flops = FL_MAX(1, 2 * co_blk * kk * (cin / groups) * h * w / bands);   /* a unit's */
+    fl_parallel(base * bands, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), conv_tp_task, &p);
+    return p.status;
 }
 
 /* ------------------------------------------------------------------- depthwise, NCHW planes */

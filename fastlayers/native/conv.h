@@ -21,6 +21,10 @@
  *   w[i, j, g ci' + ci, o] over ih sh + i dh = oh + ct, iw sw + j dw = ow + cl) (w (kh, kw, cin,
  *   co), co = cout_g); pw: each group's w as (ci', kh kw co) packed, group g at pw +
  *   g fl_packed_floats(ci', kh kw co);
+ * conv_transpose2d_nchw(n, cin, h, w, x, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo,
+ *   wt, bias, code, alpha, y): conv_transpose2d on NCHW planes: x (N, cin, H, W), y (N, groups
+ *   cout_g, Ho, Wo); wt: each group's w as (cout_g kh kw, cin / groups) (row (o, i, j), column
+ *   ci: w[i, j, g ci' + ci, o]), group g at wt + g cout_g kh kw ci';
  * depthwise_conv2d_nchw(n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code,
  *   alpha, y): y[n, ci m + q, oh, ow] = f(b + sum_{i, j} x[n, ci, oh sh - pt + i dh, ow sw - pl +
  *   j dw] wk[ci m + q, i, j]) on NCHW planes: x (N, C, H, W), wk (C m, kh, kw), y (N, C m, Ho,
@@ -56,6 +60,14 @@
                               int64_t cl, int64_t ho, int64_t wo, const float *pw,             \
                               const float *bias, int code, float alpha, float *y),             \
       (n, h, w, cin, x, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo, pw, bias, code, \
+       alpha, y))                                                                              \
+    X(int, conv_transpose2d_nchw, (int64_t n, int64_t cin, int64_t h, int64_t w,             \
+                                   const float *x, int64_t kh, int64_t kw, int64_t cout_g,     \
+                                   int64_t groups, int64_t sh, int64_t sw, int64_t dh,         \
+                                   int64_t dw, int64_t ct, int64_t cl, int64_t ho, int64_t wo, \
+                                   const float *wt, const float *bias, int code, float alpha,  \
+                                   float *y),                                                  \
+      (n, cin, h, w, x, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo, wt, bias, code, \
        alpha, y))                                                                              \
     X(int, depthwise_conv2d_nchw, (int64_t n, int64_t c, int64_t h, int64_t w, const float *x, \
                                    int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,  \

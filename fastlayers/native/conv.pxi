@@ -21,6 +21,11 @@ cdef extern from "dispatch.h" nogil:
                             int64_t sw, int64_t dh, int64_t dw, int64_t ct, int64_t cl,
                             int64_t ho, int64_t wo, const float *pw, const float *bias,
                             int code, float alpha, float *y)
+    int fl_conv_transpose2d_nchw(int64_t n, int64_t cin, int64_t h, int64_t w, const float *x,
+                                 int64_t kh, int64_t kw, int64_t cout_g, int64_t groups,
+                                 int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ct,
+                                 int64_t cl, int64_t ho, int64_t wo, const float *wt,
+                                 const float *bias, int code, float alpha, float *y)
     int fl_depthwise_conv2d_nchw(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
                                  int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                                  int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
@@ -203,4 +208,33 @@ def conv_transpose2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, 
         st = fl_conv_transpose2d(n, h, w, cin, xp, kh, kw, co, groups, sh, sw, dh, dw, ct, cl,
                                  y.shape[1], y.shape[2], pp, bp, code, alpha, yp)
     check(st, "conv_transpose2d")
+    return y
+
+
+def conv_transpose2d_nchw(cnp.ndarray x, cnp.ndarray wt, object bias, cnp.ndarray y, int64_t kh,
+                          int64_t kw, int64_t groups, int64_t sh, int64_t sw, int64_t dh,
+                          int64_t dw, int64_t ct, int64_t cl, int code, float alpha):
+    """y[n, g co + o, oh, ow] = f(bias + sum of x[n, g ci + c, ih, iw] w[g ci + c, o, i, j] over
+    ih sh + i dh = oh + ct, iw sw + j dw = ow + cl) on NCHW planes: x (N, C_in, H, W), y (N,
+    C_out, Ho, Wo), ``wt`` (groups, C_out / groups kh kw, C_in / groups): each group's
+    (C_in / groups, C_out / groups, kh, kw) weights transposed (row (o, i, j), column c)."""
+    cdef float *xp = cptr(x, 4, "conv_transpose2d_nchw x")
+    cdef float *yp = cptr(y, 4, "conv_transpose2d_nchw y")
+    cdef float *wp = cptr(wt, 3, "conv_transpose2d_nchw wt")
+    cdef int64_t n = x.shape[0], cin = x.shape[1], cout = y.shape[1]
+    if (y.shape[0] != n or min(kh, kw, sh, sw, dh, dw, groups) < 1 or ct < 0 or cl < 0
+            or cin % groups or cout % groups):
+        raise ValueError("conv_transpose2d_nchw: inconsistent shapes, steps or groups")
+    cdef int64_t co = cout // groups
+    if wt.shape[0] != groups or wt.shape[1] != co * kh * kw or wt.shape[2] != cin // groups:
+        raise ValueError(f"conv_transpose2d_nchw: wt of shape {(<object>wt).shape} for {groups} groups of "
+                         f"{cin // groups} -> {co} channels, kernel {kh}x{kw}")
+    cdef float *bp = vptr(bias, cout, "conv_transpose2d_nchw bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_conv_transpose2d_nchw(n, cin, x.shape[2], x.shape[3], xp, kh, kw, co, groups,
+                                      sh, sw, dh, dw, ct, cl, y.shape[2], y.shape[3], wp, bp,
+                                      code, alpha, yp)
+    check(st, "conv_transpose2d_nchw")
     return y

@@ -1199,7 +1199,9 @@ def _conv(inputs, attrs, opset):
 def _conv_transpose(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
-    x4, one_d = _nhwc(x)
+    if x.ndim not in (3, 4):
+        _nhwc(x)   # raises: only 1-D and 2-D
+    one_d = x.ndim == 3
     if w.ndim != x.ndim:
         raise ShapeError(f"ConvTranspose: weight of shape {w.shape} for an input of shape {x.shape} "
                          "(the weight's rank must be the input's)")
@@ -1210,13 +1212,15 @@ def _conv_transpose(inputs, attrs, opset):
     if b is not None and np.shape(b) != (w.shape[1] * group,):
         raise ShapeError(f"ConvTranspose: bias of shape {np.shape(b)} for {w.shape[1] * group} "
                          "output channels")
-    w4 = w[:, :, None, :] if w.ndim == 3 else w
-    w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 0, 1), dtype=np.float32)  # (kh, kw, C_in, C_out / g)
+    # (C_in, C_out / g, kh, kw); 1-D: one copy per weight (a view would keep the weight alive
+    # in the cache), the array its own derived forms are kept for
+    w4 = (derived(w, "onnx-conv-transpose-4d", lambda a: np.array(a[:, :, None, :], copy=True))
+          if w.ndim == 3 else w)
     n = x.ndim - 2
     strides, dilations = _spatial(attrs, "strides", n, 1), _spatial(attrs, "dilations", n, 1)
     out_pad = _spatial(attrs, "output_padding", n, 0)
     kernel = list(w4.shape[2:])
-    in_hw = list(x4.shape[1:3])
+    in_hw = [1, x.shape[2]] if one_d else list(x.shape[2:])
     full = [transposed_out(i, k, s, d, (0, 0), op_)
             for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
     shape = attrs.get("output_shape")
@@ -1238,10 +1242,20 @@ def _conv_transpose(inputs, attrs, opset):
         shape = [f - a - z for f, (a, z) in zip(full, pads)]
     if min(shape) <= 0:
         raise ShapeError(f"ConvTranspose: output size {tuple(shape)} for an input of shape {x.shape}")
-    created([x4.shape[0], *shape, w_hwio.shape[3] * group], np.float32, "ConvTranspose")
-    y = get_ops().conv_transpose2d(x4, w_hwio, None if b is None else _f32(b), tuple(strides),
-                                   tuple(a for a, _ in pads), tuple(shape), tuple(dilations),
-                                   group)
+    created([x.shape[0], *shape, w4.shape[1] * group], np.float32, "ConvTranspose")
+    bias = None if b is None else _f32(b)
+    crop = tuple(a for a, _ in pads)
+    planes = _planes(x)
+    if planes is not None:
+        # NCHW planes in and out: no layout round trip
+        y = get_ops().conv_transpose2d_nchw(planes, w4, bias, tuple(strides), crop, tuple(shape),
+                                            tuple(dilations), group)
+        return [y[:, :, 0] if one_d else y]
+    x4, _ = _nhwc(x)
+    w_hwio = derived(w4, "onnx-conv-transpose-hwio",
+                     lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C"))
+    y = get_ops().conv_transpose2d(x4, w_hwio, bias, tuple(strides), crop, tuple(shape),
+                                   tuple(dilations), group)
     return [_nchw(y, one_d)]
 
 

@@ -333,6 +333,48 @@ def test_nchw_pooling_and_depthwise_on_graph_inputs_match_onnxruntime(torch, tmp
         assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_conv_transpose_exports_match_onnxruntime_and_torch(torch, tmp_path, rng, backend):
+    """ConvTranspose on NCHW graph inputs (the NCHW kernel: strides 1-3, dilation,
+    output_padding, pads, groups, 1-D, a 1x1 input) and on a convolution's NHWC output (the
+    NHWC kernel), batch 1 and 3, against onnxruntime and torch."""
+    ort = oracle("onnxruntime")
+    tnn = torch.nn
+
+    class Up(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s2 = tnn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1)
+            self.s1 = tnn.ConvTranspose2d(6, 5, (2, 3), padding=(0, 1), dilation=(2, 1))
+            self.s3 = tnn.ConvTranspose2d(6, 4, 3, stride=(3, 2), padding=(2, 0), groups=2,
+                                          output_padding=(2, 1), bias=False)
+            self.conv = tnn.Conv2d(6, 6, 3, padding=1)
+            self.after = tnn.ConvTranspose2d(6, 3, 4, stride=2, padding=1)
+            self.one_d = tnn.ConvTranspose1d(3, 2, 3, stride=2, padding=1, output_padding=1)
+            self.tiny = tnn.ConvTranspose2d(6, 2, 3, stride=2)
+
+        def forward(self, x, s, p):
+            return (self.s2(x), self.s1(x), torch.relu(self.s3(x)),
+                    self.after(torch.relu(self.conv(x))), self.one_d(s), self.tiny(p))
+
+    path, module = tmp_path / "up.onnx", Up().eval()
+    export(torch, module, (torch.randn(1, 6, 7, 9), torch.randn(1, 3, 11), torch.randn(1, 6, 1, 1)),
+           path, input_names=["x", "s", "p"],
+           dynamic_axes={"x": {0: "n"}, "s": {0: "n"}, "p": {0: "n"}}, opset_version=17)
+    ours = fastlayers.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        feeds = {"x": rng.standard_normal((batch, 6, 7, 9)).astype(np.float32),
+                 "s": rng.standard_normal((batch, 3, 11)).astype(np.float32),
+                 "p": rng.standard_normal((batch, 6, 1, 1)).astype(np.float32)}
+        got = ours(feeds["x"], feeds["s"], feeds["p"])
+        with torch.no_grad():
+            by_torch = module(*(torch.from_numpy(feeds[k]) for k in ("x", "s", "p")))
+        for g, w, t in zip(got, session.run(None, feeds), by_torch):
+            assert g.shape == w.shape
+            assert_close(g, w, rtol=1e-5, atol=1e-5)
+            assert_close(g, t.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend):
     """Convolution and pooling outputs travel as NCHW views of NHWC memory: every kind of op
     that may receive one (residual Add, Relu, Concat and Slice on channels, a per-channel Mul,

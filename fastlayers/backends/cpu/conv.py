@@ -11,7 +11,10 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv.c`` and
 - depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
   nine weights in registers).
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
-  col2im.
+  col2im. conv_transpose2d_nchw: on NCHW planes, per chunk of input rows the sgemm w^T (C_out/g
+  kh kw, C_in/g) @ x (C_in/g, rows W) in place, its rows added into output rows split in
+  column phases (contiguous vector adds), each row interleaved into y with its epilogue once
+  its taps are in.
 - pool2d_nchw, depthwise_conv2d_nchw: the same on NCHW planes (no layout round trip), each
   block of output rows vectorized along W on a padded copy of its input rows split into
   stride phases.
@@ -172,6 +175,25 @@ class ConvOps(ReferenceOps):
         _core.conv_transpose2d(_f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct,
                                cl, _kernel_code(activation), alpha)
         return _finish(self, y, activation, alpha)
+
+    def conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation=(1, 1),
+                              groups=1, activation="linear", alpha=0.0):
+        n, cin, h, w = x_nchw.shape
+        _, cout_g, kh, kw = w_iohw.shape
+        (sh, sw), (dh, dw), (ct, cl), (ho, wo) = strides, dilation, crop, out_hw
+        code = CODES.get(activation)
+        if (x_nchw.size == 0 or ho <= 0 or wo <= 0 or cout_g == 0 or min(ct, cl) < 0
+                or code is None or code in _SOFTMAX_CODES):
+            return ReferenceOps.conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop,
+                                                      out_hw, dilation, groups, activation, alpha)
+        # each group's w as (C_out / groups kh kw, C_in / groups): the sgemm's A, read in place
+        # (a copy: a view would keep w_iohw alive in the cache)
+        wt = derived(w_iohw, f"native-conv-transpose-nchw:{groups}", lambda a: np.array(
+            a.reshape(groups, cin // groups, -1).transpose(0, 2, 1), np.float32, order="C"))
+        y = np.empty((n, groups * cout_g, ho, wo), np.float32)
+        _core.conv_transpose2d_nchw(_f32c(x_nchw), wt, _bias(b), y, kh, kw, groups, sh, sw, dh, dw,
+                                    ct, cl, code, alpha)
+        return y
 
     def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                count_include_pad=False):

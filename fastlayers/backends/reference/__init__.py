@@ -299,6 +299,17 @@ class ReferenceOps:
         y = rc.conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
+    def conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation=(1, 1),
+                              groups=1, activation="linear", alpha=0.0):
+        """``conv_transpose2d`` on NCHW: x (N, C_in, H, W), ``w_iohw`` (C_in, C_out / groups,
+        kh, kw) (ONNX's and torch's layout), y (N, C_out, Ho, Wo); this backend's
+        ``conv_transpose2d`` between two transposes (a backend with an NCHW kernel overrides
+        it)."""
+        w_hwio = np.ascontiguousarray(np.asarray(w_iohw, np.float32).transpose(2, 3, 0, 1))
+        y = self.conv_transpose2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwio, b,
+                                  strides, crop, out_hw, dilation, groups, activation, alpha)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
     def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
                count_include_pad=False):
         """Max or average pooling over windows (see ``reference.conv.pool2d``)."""
