@@ -112,10 +112,11 @@ SPLITS = {"one thread": (1, 1), "units": (1, 2), "rows": (2, 1)}
 @pytest.mark.parametrize("options", OPTIONS, ids=["plain", "reverse-last", "mask-zero",
                                                   "mask-reverse", "mask-last-y0"])
 @pytest.mark.parametrize("split,batch", [("one thread", 1), ("one thread", 8), ("units", 1),
-                                         ("units", 3), ("units", 8), ("rows", 8)])
+                                         ("units", 3), ("units", 8), ("rows", 8), ("rows", 17)])
 def test_loops_match_reference(isa, two_threads, monkeypatch, loops, rng, options, split, batch,
                                inputs):
-    """Every loop kind and option, each way to share a loop (forced), float inputs and ids."""
+    """Every loop kind and option, each way to share a loop (forced), float inputs and ids; 8
+    rows and more per batch share project float inputs step by step (recurrent.c step_x)."""
     monkeypatch.setattr(R, "_shares", lambda *a: SPLITS[split])
     for name, fn, args, kw in cases(rng, batch):
         check(rng, fn, args, kw, options, batch, ids=inputs == "ids")
