@@ -716,3 +716,25 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     for (int64_t r = 0; r < njobs && !st; ++r) st = atomic_load(&jobs[r].status);
     return st;
 }
+
+typedef struct {
+    const fl_rnn_args *a;
+    int *status;
+} rnn_loops_ctx;
+
+/* Loops [l0, l1) of rnn_loops, one after the other on this thread (a loop's shares, if any,
+ * run here too: the pool is this call's). */
+static void rnn_loops_task(void *ctx, int64_t l0, int64_t l1) {
+    rnn_loops_ctx *c = (rnn_loops_ctx *)ctx;
+    for (int64_t l = l0; l < l1; ++l) c->status[l] = FL_FN(rnn_loop)(c->a + l);
+}
+
+int FL_FN(rnn_loops)(const fl_rnn_args *a, int64_t n) {
+    int status[FL_RNN_MAX_LOOPS];
+    if (n < 1 || n > FL_RNN_MAX_LOOPS) return -2;
+    rnn_loops_ctx c = {a, status};
+    fl_parallel(n, 1, rnn_loops_task, &c);
+    for (int64_t l = 0; l < n; ++l)
+        if (status[l]) return status[l];
+    return 0;
+}
