@@ -6,7 +6,8 @@
  * masking and the outputs. The input projection x @ w_ig of all steps comes first, per share
  * (its own gate columns, into a time-major buffer), as part of the share's first step; with
  * ids the loop reads the table's rows in place instead; a SimpleRNN or LSTM with
- * RNN_STEP_X_ROWS rows or more projects step by step, into the gates (step_x).
+ * RNN_STEP_X_ROWS rows or more and a large projection projects step by step, into the gates
+ * (step_x).
  *
  * Unit shares run inside one fl_parallel call and meet after every step (and mid-step where
  * the next product needs all of a vector: the LSTM projection's input, the GRU's r h). Work is
@@ -40,13 +41,17 @@
  * many nanoseconds, before it takes over a late share: running it itself then costs at most
  * about twice what waiting for it would have. */
 #define RNN_TAKEOVER_MIN_NS 10000
-/* Fewest rows (per batch share) for which a SimpleRNN or LSTM projects its inputs step by step,
- * into the step's gates before the recurrent product adds to them (step_x), rather than for
- * every step first: the projection of all steps, (T, rows, G) floats, falls out of the L2
- * cache at such batches (13 MiB at 32 rows, G 1024, T 100), and the gate pass waited on it
- * (LSTM 256 at batch 32: 12% of the call); fewer rows run the products below the sgemm's
- * full rate, and the weights streamed per step cost more than the buffer. */
+/* A SimpleRNN or LSTM projects its inputs step by step, into the step's gates before the
+ * recurrent product adds to them (step_x), rather than for every step first, with this many
+ * rows per batch share or more and a projection of all steps, (T, rows, G) floats, of more
+ * than RNN_STEP_X_BYTES: such a buffer falls out of the L2 cache and the gate pass waited on
+ * it (13 MiB for an LSTM 256 at batch 32, T 100: 12% of the call). Fewer rows run the
+ * per-step products below the sgemm's rate; with a smaller buffer the one large product of
+ * the projection is the faster (AMD EPYC Zen 3, one thread, LSTM T 100 input 128: hidden 256
+ * at batch 8 10.3 -> 9.8 ms, batch 16 19.9 -> 17.2; hidden 128 at batch 8, T 64, a 1 MiB
+ * buffer: 1.95 -> 2.1). */
 #define RNN_STEP_X_ROWS 8
+#define RNN_STEP_X_BYTES (2 << 20)
 /* Nanoseconds after which a waiting thread also yields its core (to a descheduled owner). */
 #define RNN_YIELD_NS 200000
 
@@ -612,7 +617,9 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     int64_t phases = proj || gru_before ? 2 : 1;
     int64_t ldh = rnn_lines(a->out), ldu = rnn_lines(units), njobs = row_parts;
     int64_t max_rows = (a->batch + row_parts - 1) / row_parts;
-    int step_x = kind != FL_RNN_GRU && a->x && a->batch / row_parts >= RNN_STEP_X_ROWS;
+    int step_x = kind != FL_RNN_GRU && a->x && a->batch / row_parts >= RNN_STEP_X_ROWS &&
+                 (double)t_len * (double)max_rows * (double)(blocks * units) * 4.0 >
+                     (double)RNN_STEP_X_BYTES;
 
     /* one buffer: jobs, shares, counters, zeros, then per job its states and per share its
      * scratch, each on cache lines of its own */
