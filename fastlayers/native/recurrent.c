@@ -5,7 +5,9 @@
  * FL_VW: the input projection and biases added, the activations (rows.c), the cell update,
  * masking and the outputs. The input projection x @ w_ig of all steps comes first, per share
  * (its own gate columns, into a time-major buffer), as part of the share's first step; with
- * ids the loop reads the table's rows in place instead.
+ * ids the loop reads the table's rows in place instead; a SimpleRNN or LSTM with
+ * RNN_STEP_X_ROWS rows or more and a large projection projects step by step, into the gates
+ * (step_x).
  *
  * Unit shares run inside one fl_parallel call and meet after every step (and mid-step where
  * the next product needs all of a vector: the LSTM projection's input, the GRU's r h). Work is
@@ -39,6 +41,17 @@
  * many nanoseconds, before it takes over a late share: running it itself then costs at most
  * about twice what waiting for it would have. */
 #define RNN_TAKEOVER_MIN_NS 10000
+/* A SimpleRNN or LSTM projects its inputs step by step, into the step's gates before the
+ * recurrent product adds to them (step_x), rather than for every step first, with this many
+ * rows per batch share or more and a projection of all steps, (T, rows, G) floats, of more
+ * than RNN_STEP_X_BYTES: such a buffer falls out of the L2 cache and the gate pass waited on
+ * it (13 MiB for an LSTM 256 at batch 32, T 100: 12% of the call). Fewer rows run the
+ * per-step products below the sgemm's rate; with a smaller buffer the one large product of
+ * the projection is the faster (AMD EPYC Zen 3, one thread, LSTM T 100 input 128: hidden 256
+ * at batch 8 10.3 -> 9.8 ms, batch 16 19.9 -> 17.2; hidden 128 at batch 8, T 64, a 1 MiB
+ * buffer: 1.95 -> 2.1). */
+#define RNN_STEP_X_ROWS 8
+#define RNN_STEP_X_BYTES (2 << 20)
 /* Nanoseconds after which a waiting thread also yields its core (to a descheduled owner). */
 #define RNN_YIELD_NS 200000
 
@@ -61,6 +74,8 @@ typedef struct {
     float *hbuf;                           /* (2, rows, ldh): the state of even / odd steps */
     float *c, *hfull, *rh, *last;          /* (rows, ldu) x 3, (rows, ldh) */
     const float *bx, *bh;                  /* input and GRU recurrent biases (zeros if none) */
+    const float *zeros;                    /* (blocks * units) zeros */
+    int step_x;                            /* input projection per step, into the gates */
     rnn_share *sh;
     rnn_counter *claim, *done;             /* per share: units claimed; units done */
     _Atomic int status;
@@ -177,13 +192,27 @@ static int rnn_project(const rnn_job *j, const rnn_share *sh) {
 /* Step ts's input projection of row b in the share's columns (blocks rnn_xstride apart). */
 FL_INLINE const float *rnn_xrow(const rnn_job *j, const rnn_share *sh, int64_t ts, int64_t b) {
     const fl_rnn_args *a = j->a;
+    if (j->step_x) return j->zeros;                 /* in the gates already */
     if (a->ids)
         return a->table + a->ids[(j->b0 + b) * a->steps + ts] * j->blocks * a->units + sh->u0;
     return sh->xw + (ts * j->rows + b) * sh->wx;
 }
 
 FL_INLINE int64_t rnn_xstride(const rnn_job *j, const rnn_share *sh) {
-    return j->a->ids ? j->a->units : sh->n;
+    return j->step_x ? 0 : j->a->ids ? j->a->units : sh->n;
+}
+
+/* The share's gates (cols columns) of step ts: cur (rows, ldh) @ its recurrent weights, plus,
+ * with step_x, x[:, ts] @ its input weights (a product of the same rows, read in place). */
+static int rnn_gate_product(const rnn_job *j, const rnn_share *sh, int64_t ts, int64_t cols,
+                            const float *cur) {
+    const fl_rnn_args *a = j->a;
+    if (!j->step_x)
+        return rnn_product(j->rows, cols, a->out, cur, j->ldh, sh->pw_hg, sh->gates, sh->gw);
+    int st = FL_FN(sgemm_packed)(j->rows, cols, a->inputs, a->x + (j->b0 * a->steps + ts) *
+                                 a->inputs, a->steps * a->inputs, sh->pw_ig, 0, sh->gates, sh->gw);
+    return st ? st : FL_FN(sgemm_packed)(j->rows, cols, a->out, cur, j->ldh, sh->pw_hg, 1,
+                                         sh->gates, sh->gw);
 }
 
 /* With ids: prefetch (into L2) the table rows that step ts reads in the share's columns, before
@@ -309,7 +338,7 @@ FL_INLINE void rnn_gru_cand_row(int64_t n, const float *z_, const float *cp, con
 FL_INLINE int rnn_simple_unit(const rnn_job *j, const rnn_share *sh, int64_t ts,
                               const float *cur, float *nxt, int act) {
     int64_t n = sh->n, u0 = sh->u0;
-    int st = rnn_product(j->rows, n, j->a->out, cur, j->ldh, sh->pw_hg, sh->gates, sh->gw);
+    int st = rnn_gate_product(j, sh, ts, n, cur);
     for (int64_t b = 0; b < j->rows; ++b) {
         if (!rnn_valid(j, b, ts)) {
             rnn_carry(j, b, ts, cur, nxt, u0, n);
@@ -344,7 +373,7 @@ FL_INLINE int rnn_lstm_unit(const rnn_job *j, const rnn_share *sh, int64_t ts, i
         return st;
     }
     int proj = a->pw_hp != 0;
-    st = rnn_product(j->rows, 4 * n, a->out, cur, j->ldh, sh->pw_hg, sh->gates, sh->gw);
+    st = rnn_gate_product(j, sh, ts, 4 * n, cur);
     for (int64_t b = 0; b < j->rows; ++b) {
         if (!rnn_valid(j, b, ts)) {
             if (!proj) rnn_carry(j, b, ts, cur, nxt, u0, n);
@@ -588,6 +617,9 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     int64_t phases = proj || gru_before ? 2 : 1;
     int64_t ldh = rnn_lines(a->out), ldu = rnn_lines(units), njobs = row_parts;
     int64_t max_rows = (a->batch + row_parts - 1) / row_parts;
+    int step_x = kind != FL_RNN_GRU && a->x && a->batch / row_parts >= RNN_STEP_X_ROWS &&
+                 (double)t_len * (double)max_rows * (double)(blocks * units) * 4.0 >
+                     (double)RNN_STEP_X_BYTES;
 
     /* one buffer: jobs, shares, counters, zeros, then per job its states and per share its
      * scratch, each on cache lines of its own */
@@ -600,7 +632,7 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
         int64_t nq = proj ? a->qbounds[p + 1] - a->qbounds[p] : 0;
         size_t bytes = rnn_span(max_rows * rnn_lines(rec_blocks * n + FL_VW), 4) +
                        rnn_span(max_rows * rnn_lines(FL_MAX(n, nq) + FL_VW), 4) +
-                       (a->x ? rnn_span(t_len * max_rows * blocks * n, 4) : 0);
+                       (a->x && !step_x ? rnn_span(t_len * max_rows * blocks * n, 4) : 0);
         per_share_max = FL_MAX(per_share_max, bytes);
     }
     size_t head = rnn_span(njobs, sizeof(rnn_job)) + rnn_span(njobs * parts, sizeof(rnn_share)) +
@@ -628,6 +660,8 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
         j->ldu = ldu;
         j->bx = a->b_g ? a->b_g : zeros;
         j->bh = a->b_hg ? a->b_hg : zeros;
+        j->zeros = zeros;
+        j->step_x = step_x;
         j->hbuf = (float *)next;
         j->last = j->hbuf + 2 * rows * ldh;
         char *more = next + rnn_span(3 * max_rows * ldh, 4);
@@ -665,7 +699,7 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
             sh->wx = blocks * n;
             sh->gates = (float *)next;
             sh->aux = (float *)(next + rnn_span(max_rows * sh->gw, 4));
-            sh->xw = a->x ? (float *)((char *)sh->aux + rnn_span(max_rows * sh->aw, 4)) : 0;
+            sh->xw = a->x && !step_x ? (float *)((char *)sh->aux + rnn_span(max_rows * sh->aw, 4)) : 0;
             next += per_share_max;
         }
     }
@@ -688,4 +722,26 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     int st = 0;
     for (int64_t r = 0; r < njobs && !st; ++r) st = atomic_load(&jobs[r].status);
     return st;
+}
+
+typedef struct {
+    const fl_rnn_args *a;
+    int *status;
+} rnn_loops_ctx;
+
+/* Loops [l0, l1) of rnn_loops, one after the other on this thread (a loop's shares, if any,
+ * run here too: the pool is this call's). */
+static void rnn_loops_task(void *ctx, int64_t l0, int64_t l1) {
+    rnn_loops_ctx *c = (rnn_loops_ctx *)ctx;
+    for (int64_t l = l0; l < l1; ++l) c->status[l] = FL_FN(rnn_loop)(c->a + l);
+}
+
+int FL_FN(rnn_loops)(const fl_rnn_args *a, int64_t n) {
+    int status[FL_RNN_MAX_LOOPS];
+    if (n < 1 || n > FL_RNN_MAX_LOOPS) return -2;
+    rnn_loops_ctx c = {a, status};
+    fl_parallel(n, 1, rnn_loops_task, &c);
+    for (int64_t l = 0; l < n; ++l)
+        if (status[l]) return status[l];
+    return 0;
 }

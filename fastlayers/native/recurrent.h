@@ -26,6 +26,8 @@ enum { FL_RNN_SIMPLE, FL_RNN_LSTM, FL_RNN_GRU };
 
 /* Most unit shares of one loop. */
 #define FL_RNN_MAX_PARTS 256
+/* Most loops of one rnn_loops call. */
+#define FL_RNN_MAX_LOOPS 8
 
 typedef struct fl_rnn_args {
     int kind;                        /* FL_RNN_* */
@@ -54,6 +56,10 @@ static inline int64_t fl_rnn_share_floats(int64_t k, int64_t cols) {
 }
 
 /* rnn_loop(a): the loop described by `a` (0; -1: a work buffer could not be allocated; -2:
- * bad arguments). */
-#define FL_RECURRENT_KERNELS(X) X(int, rnn_loop, (const fl_rnn_args *a), (a))
+ * bad arguments). rnn_loops(a, n): the n independent loops a[0:n] (the directions of a
+ * bidirectional layer), at once on the pool's threads, one thread each (each loop's own
+ * shares run on that thread); the first failing loop's status. */
+#define FL_RECURRENT_KERNELS(X)                                                               \
+    X(int, rnn_loop, (const fl_rnn_args *a), (a))                                             \
+    X(int, rnn_loops, (const fl_rnn_args *a, int64_t n), (a, n))
 #endif

@@ -22,14 +22,18 @@ cdef extern from "recurrent.h":
         float *last
     int64_t fl_rnn_share_floats(int64_t k, int64_t cols)
     int FL_RNN_MAX_PARTS
+    enum: FL_RNN_MAX_LOOPS
 
 cdef extern from "dispatch.h" nogil:
     int fl_rnn_loop(const fl_rnn_args *a)
+    int fl_rnn_loops(const fl_rnn_args *a, int64_t n)
 
 #: Loop kinds of ``rnn_loop``.
 RNN_SIMPLE, RNN_LSTM, RNN_GRU = 0, 1, 2
 #: Most unit shares of one loop.
 RNN_MAX_PARTS = FL_RNN_MAX_PARTS
+#: Most loops of one ``rnn_loops`` call.
+RNN_MAX_LOOPS = FL_RNN_MAX_LOOPS
 
 
 _DTYPE_NAMES = {cnp.NPY_FLOAT32: "float32", cnp.NPY_INT64: "int64", cnp.NPY_UINT8: "uint8"}
@@ -84,6 +88,43 @@ def rnn_loop(int kind, object x, object ids, object table, object pw_ig, object 
     (B, O) the carried output (in: y0 or zeros); ``y`` (B, T, O) every step's output, or None.
     Every array C-contiguous. Activation codes ``act``/``ract`` (rows.h)."""
     cdef fl_rnn_args a
+    _rnn_args(&a, (kind, x, ids, table, pw_ig, b_g, pw_hg, pw_hn, pw_hp, b_hg, ubounds, qbounds,
+                   row_parts, mask, h, c, y, last, act, ract, reverse, zero_masked, reset_after))
+    cdef int st
+    with nogil:
+        st = fl_rnn_loop(&a)
+    _rnn_status(st)
+
+
+def rnn_loops(list calls):
+    """Run independent loops at once (recurrent.h ``rnn_loops``), one thread each: ``calls``
+    holds each loop's arguments as ``rnn_loop`` takes them (a tuple), at most
+    ``RNN_MAX_LOOPS``; no two may write the same arrays."""
+    cdef fl_rnn_args a[FL_RNN_MAX_LOOPS]
+    cdef int64_t n = len(calls), i
+    if n < 1 or n > FL_RNN_MAX_LOOPS:
+        raise ValueError(f"rnn_loops: {n} loops, expected 1 to {FL_RNN_MAX_LOOPS}")
+    for i in range(n):
+        _rnn_args(&a[i], calls[i])
+    cdef int st
+    with nogil:
+        st = fl_rnn_loops(a, n)
+    _rnn_status(st)
+
+
+cdef void _rnn_status(int st) except *:
+    if st == -2:
+        raise ValueError("rnn_loop: inconsistent shares, shapes or row_parts")
+    check(st, "rnn_loop")
+
+
+cdef void _rnn_args(fl_rnn_args *a, tuple call) except *:
+    """``a`` from ``rnn_loop``'s arguments, checked."""
+    cdef int kind, act, ract
+    cdef int64_t row_parts
+    cdef bint reverse, zero_masked, reset_after
+    (kind, x, ids, table, pw_ig, b_g, pw_hg, pw_hn, pw_hp, b_hg, ubounds, qbounds, row_parts,
+     mask, h, c, y, last, act, ract, reverse, zero_masked, reset_after) = call
     cdef int64_t parts, b, t, blocks = 4 if kind == RNN_LSTM else (3 if kind == RNN_GRU else 1)
     cdef int64_t nrows, g, bad
     cdef const int64_t *ip
@@ -161,9 +202,3 @@ def rnn_loop(int kind, object x, object ids, object table, object pw_ig, object 
         if y.shape[0] != a.batch or y.shape[1] != a.steps or y.shape[2] != a.out:
             raise ValueError(f"rnn_loop: y has shape {y.shape}")
         a.y = <float *>cnp.PyArray_DATA(y)
-    cdef int st
-    with nogil:
-        st = fl_rnn_loop(&a)
-    if st == -2:
-        raise ValueError("rnn_loop: inconsistent shares, shapes or row_parts")
-    check(st, "rnn_loop")

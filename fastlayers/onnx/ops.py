@@ -909,6 +909,7 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
             _f32(a[d, a.shape[1] // 2:]) if lbr else None))
 
     lbr = kind == "GRU" and bool(attrs.get("linear_before_reset", 0))
+    calls = []                     # (ops method, args, kwargs) per direction
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
         h_init = np.zeros((batch, hidden), np.float32) if h0 is None else _f32(h0[d])
@@ -918,21 +919,23 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else _f32(c0[d])
             b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
             w_ig, b_g = input_weights(d, blocks, b_in)
-            y, h, c = ops.lstm_sequence(x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init,
-                                        c_init, reverse=reverse)
-            cs.append(c)
+            calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g,
+                                            h_init, c_init), {"reverse": reverse}))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
             w_ig, b_ig = input_weights(d, lambda m: m, b_in)
-            y, h = ops.gru_sequence(x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init,
-                                    reset_after=lbr, reverse=reverse)
+            calls.append(("gru_sequence", (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
+                          {"reset_after": lbr, "reverse": reverse}))
         else:
             act = names[0] if names else "tanh"
             w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
-            y, h = ops.rnn_sequence(x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init,
-                                    activation=act, reverse=reverse)
+            calls.append(("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init),
+                          {"activation": act, "reverse": reverse}))
+    # the directions at once where the backend can (one thread each)
+    for y, h, *c in ops.recurrent_sequences(calls):
         ys.append(y)
         hs.append(h)
+        cs.extend(c)
     # one direction: Y as a view of the batch-major output, which a following recurrent node
     # (Squeeze, then its swap back to batch-major) reads in place; two: stacked (B, 2, T, H)
     y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)

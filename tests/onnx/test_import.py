@@ -509,6 +509,44 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads, rng, monkeypatch):
+    """A bidirectional node's two directions run at once, one thread each (``rnn_loops``),
+    and give onnxruntime's Y, Y_h (and Y_c): batch 1 and 9, 19 units (vector tails), initial
+    states, one step and several."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.backends.cpu import recurrent
+    from fastlayers.native import _core
+
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(recurrent, "MIN_CALL_MADDS", 0)
+    runs = []
+    monkeypatch.setattr(_core, "rnn_loops",
+                        lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
+    I, H = 5, 19
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
+             for n, s in [("W", (2, gates * H, I)), ("R", (2, gates * H, H)), ("B", (2, 2 * gates * H))]]
+    states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
+    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+    node = helper.make_node(kind, ["x", "W", "R", "B", "", *states], outs, hidden_size=H,
+                            direction="bidirectional",
+                            **({"linear_before_reset": 1} if kind == "GRU" else {}))
+    graph = helper.make_graph(
+        [node], "bi", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["x", *states]],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    ours = fastlayers.load(model.SerializeToString())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for steps, batch in [(6, 1), (1, 9), (6, 9)]:
+        feeds = {"x": rng.standard_normal((steps, batch, I)).astype(np.float32)}
+        feeds.update({n: rng.standard_normal((2, batch, H)).astype(np.float32) for n in states})
+        for got, want in zip(ours(*feeds.values()), session.run(None, feeds)):
+            assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert runs == [2, 2, 2]
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, bidirectional):

@@ -123,6 +123,22 @@ def test_loops_match_reference(isa, two_threads, monkeypatch, loops, rng, option
 
 
 @pytest.mark.parametrize("split", ["one thread", "units", "rows"])
+def test_inputs_projected_step_by_step(isa, two_threads, monkeypatch, rng, split):
+    """Batch shares of 8 rows and more whose projection of every step would exceed 2 MiB
+    project each step's float inputs into its gates (recurrent.c step_x): 17 rows (shares of
+    8 and 9), LSTMs over 128 steps and a SimpleRNN over 480, with a mask, in reverse order."""
+    monkeypatch.setattr(R, "_shares", lambda *a: SPLITS[split])
+    for name, fn, args, kw in cases(rng, 17):
+        if name not in ("lstm", "lstm_proj", "rnn"):
+            continue
+        # recurrent weights scaled down: over 100+ steps the default ones amplify the rounding
+        # of either side's sums past the tolerance
+        args = (args[0], args[1] * np.float32(0.2), *args[2:])
+        check(rng, fn, args, kw, {"mask": True, "reverse": True}, 17,
+              steps=480 if name == "rnn" else 128)
+
+
+@pytest.mark.parametrize("split", ["one thread", "units", "rows"])
 def test_one_step(isa, two_threads, monkeypatch, rng, split):
     """Sequences of length 1 (a streaming step), batch 1 and 8."""
     monkeypatch.setattr(R, "_shares", lambda *a: SPLITS[split])
@@ -287,3 +303,40 @@ def test_activations_accuracy_and_nan(isa):
         y, h = R.rnn_sequence(x.reshape(1, -1, 1), one, zero, None, h0, activation=name)
         assert np.isnan(y[0, -1, 0]) and np.isnan(h[0, 0])
         assert_close(y.reshape(-1)[:-1], want[:-1], rtol=3e-7, atol=1e-45, what=name)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 9])
+def test_sequences_at_once(isa, two_threads, monkeypatch, rng, batch):
+    """Independent calls (a bidirectional layer's directions) run at once, one thread each
+    (``rnn_loops``), give the reference's results: every loop kind, both directions, masks,
+    batch 1 to 9, 130 units (vector tails)."""
+    monkeypatch.setattr(R, "MIN_CALL_MADDS", 0)
+    runs = []
+    monkeypatch.setattr(_core, "rnn_loops",
+                        lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
+    for name, fn, args, kw in cases(rng, batch):
+        x = rng.standard_normal((batch, T, I)).astype(np.float32)
+        mask = rng.random((batch, T)) > 0.3
+        calls = [(fn, (x, *args), dict(kw)),
+                 (fn, (x, *args), dict(kw, reverse=True, mask_bt=mask, zero_masked=True))]
+        got = R.sequences(calls)
+        assert got is not None
+        for (_, a, k), results in zip(calls, got):
+            for actual, expected in zip(results, getattr(REF, fn)(*a, **k)):
+                assert_close(actual, expected, rtol=1e-5, atol=5e-5 * max(1.0, float(np.abs(expected).max())))
+    assert runs == [2] * len(cases(rng, batch))
+
+
+def test_sequences_one_by_one(threads, rng):
+    """Calls that run one by one (None): one thread, too little work, or an activation the
+    loops do not cover."""
+    name, fn, args, kw = cases(rng, 2)[0]
+    x = rng.standard_normal((2, T, I)).astype(np.float32)
+    calls = [(fn, (x, *args), kw), (fn, (x, *args), dict(kw, reverse=True))]
+    threads(1)
+    assert R.sequences(calls) is None
+    threads(2)
+    assert R.sequences(calls) is None                        # 2 x 7 steps of 130 units
+    name, fn, args, kw = cases(rng, 2)[6]
+    big = (fn, (rng.standard_normal((2, 1000, I)).astype(np.float32), *args), kw)
+    assert R.sequences([big, (fn, big[1], dict(kw, activation="softmax"))]) is None

@@ -234,3 +234,7 @@ class CpuOps(ConvOps):
     def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
         out = recurrent.gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
         return super().gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw) if out is None else out
+
+    def recurrent_sequences(self, calls):
+        out = recurrent.sequences(calls)
+        return super().recurrent_sequences(calls) if out is None else out

@@ -2,8 +2,9 @@
 
 One call runs a whole sequence: each share first projects its inputs for every step (one
 product on the packed sgemm; with integer ids the loop reads the rows of the folded table in
-place), then steps with one recurrent product and one fused gate pass per step. No Python runs
-per timestep.
+place; a SimpleRNN or LSTM share of 8 rows or more, whose projection of every step would
+leave the cache, projects each step's inputs into its gates instead), then steps with one recurrent product and one fused gate pass per step. No Python
+runs per timestep.
 
 Threads. Where the batch splits into shares of at least ``MIN_SHARE_ROWS`` rows
 (``_row_parts``), each of ``set_num_threads`` threads runs its rows through the whole sequence
@@ -25,6 +26,7 @@ Arguments follow ``backends/reference/recurrent.py`` (x as float32 (B, T, I) or 
 from __future__ import annotations
 
 import functools
+import typing
 
 import numpy as np
 
@@ -196,60 +198,65 @@ def _covered(x_bti, codes):
         (x_bti.ndim == 2 or x_bti.shape[2] > 0)
 
 
-def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
-                 return_sequences=True, zero_masked=False, y0=None):
-    """SimpleRNN over a sequence; see ``reference.recurrent.rnn_sequence``. Returns (y, h), or
-    None where the native loop does not cover the call."""
+class _Loop(typing.NamedTuple):
+    """One call of the native loop: ``rnn_loop``'s arguments, the function that gives the
+    call's result once the loop ran, its batch and steps, and the floats of its recurrent
+    weights."""
+    args: tuple
+    finish: typing.Callable
+    batch: int
+    steps: int
+    weight_floats: int
+
+
+def _rnn_loop(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
+              return_sequences=True, zero_masked=False, y0=None, shares=None):
     codes = _codes(activation)
     if not _covered(x_bti, codes):
         return None
     batch, t_len = x_bti.shape[:2]
     units = w_hh.shape[0]
-    row_parts, parts = _shares(batch, t_len, units, units, 1, w_hh.size)
+    row_parts, parts = shares or _shares(batch, t_len, units, units, 1, w_hh.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
-    _core.rnn_loop(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
-                   _packed(w_hh, (0,), 1, parts), None, None, None, _bounds(units, parts), None,
-                   row_parts, _mask(mask_bt), h, None, y, last, codes[0], codes[0], reverse,
-                   zero_masked, True)
-    return _finish(y, last, mask_bt, reverse, zero_masked), h
+    args = (_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts), _packed(w_hh, (0,), 1, parts),
+            None, None, None, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y,
+            last, codes[0], codes[0], reverse, zero_masked, True)
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
+                 batch, t_len, w_hh.size)
 
 
-def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
-                  recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-                  return_sequences=True, zero_masked=False, y0=None):
-    """LSTM (with the projection ``w_hp`` when given) over a sequence; see
-    ``reference.recurrent.lstm_sequence``. Returns (y, h, c), or None where the native loop
-    does not cover the call."""
+def _lstm_loop(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
+               recurrent_activation="sigmoid", mask_bt=None, reverse=False,
+               return_sequences=True, zero_masked=False, y0=None, shares=None):
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):
         return None
     batch, t_len = x_bti.shape[:2]
     out_size, units = w_hg.shape[0], w_hg.shape[1] // 4
-    row_parts, parts = _shares(batch, t_len, out_size, units, 4,
-                               w_hg.size + (0 if w_hp is None else w_hp.size))
+    weight_floats = w_hg.size + (0 if w_hp is None else w_hp.size)
+    row_parts, parts = shares or _shares(batch, t_len, out_size, units, 4, weight_floats)
     y, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     h, c = _state(h0, batch, out_size), _state(c0, batch, units)
-    _core.rnn_loop(_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
-                   _packed(w_hg, (0, 1, 2, 3), 4, parts), None,
-                   None if w_hp is None else _packed(w_hp, (0,), 1, parts), None,
-                   _bounds(units, parts), None if w_hp is None else _bounds(out_size, parts),
-                   row_parts, _mask(mask_bt), h, c, y, last, codes[0], codes[1], reverse,
-                   zero_masked, True)
-    return _finish(y, last, mask_bt, reverse, zero_masked), h, c
+    args = (_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
+            _packed(w_hg, (0, 1, 2, 3), 4, parts), None,
+            None if w_hp is None else _packed(w_hp, (0,), 1, parts), None,
+            _bounds(units, parts), None if w_hp is None else _bounds(out_size, parts),
+            row_parts, _mask(mask_bt), h, c, y, last, codes[0], codes[1], reverse,
+            zero_masked, True)
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h, c),
+                 batch, t_len, weight_floats)
 
 
-def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
-                 recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-                 return_sequences=True, zero_masked=False, y0=None):
-    """GRU over a sequence; see ``reference.recurrent.gru_sequence``. Returns (y, h), or None
-    where the native loop does not cover the call."""
+def _gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
+              recurrent_activation="sigmoid", mask_bt=None, reverse=False,
+              return_sequences=True, zero_masked=False, y0=None, shares=None):
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):
         return None
     batch, t_len = x_bti.shape[:2]
     units = w_hg.shape[0]
-    row_parts, parts = _shares(batch, t_len, units, units, 3, w_hg.size)
+    row_parts, parts = shares or _shares(batch, t_len, units, units, 3, w_hg.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
     if reset_after:
@@ -258,7 +265,59 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
     else:            # the recurrent bias does not exist without reset_after
         pw_hg, pw_hn = _packed(w_hg, (0, 1), 3, parts), _packed(w_hg, (2,), 3, parts)
         bias_h = None
-    _core.rnn_loop(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg, pw_hn, None,
-                   bias_h, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y,
-                   last, codes[0], codes[1], reverse, zero_masked, reset_after)
-    return _finish(y, last, mask_bt, reverse, zero_masked), h
+    args = (_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg, pw_hn, None, bias_h,
+            _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y, last, codes[0],
+            codes[1], reverse, zero_masked, reset_after)
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
+                 batch, t_len, w_hg.size)
+
+
+def _run(loop):
+    if loop is None:
+        return None
+    _core.rnn_loop(*loop.args)
+    return loop.finish()
+
+
+def rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw):
+    """SimpleRNN over a sequence; see ``reference.recurrent.rnn_sequence``. Returns (y, h), or
+    None where the native loop does not cover the call."""
+    return _run(_rnn_loop(x_bti, w_ih, w_hh, b, h0, **kw))
+
+
+def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
+    """LSTM (with the projection ``w_hp`` when given) over a sequence; see
+    ``reference.recurrent.lstm_sequence``. Returns (y, h, c), or None where the native loop
+    does not cover the call."""
+    return _run(_lstm_loop(x_bti, w_ig, w_hg, b_g, h0, c0, **kw))
+
+
+def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
+    """GRU over a sequence; see ``reference.recurrent.gru_sequence``. Returns (y, h), or None
+    where the native loop does not cover the call."""
+    return _run(_gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw))
+
+
+_LOOPS = {"rnn_sequence": _rnn_loop, "lstm_sequence": _lstm_loop, "gru_sequence": _gru_loop}
+
+
+def sequences(calls):
+    """Independent sequence calls (the directions of a bidirectional layer), ``calls`` a list
+    of (function name, args, kwargs) of this module's ``*_sequence`` functions: at once, one
+    thread each (``rnn_loops``), where the pool has at least two threads and each call enough
+    work (``MIN_CALL_MADDS``), and either a thread per call or calls that would not split
+    their batch anyway: two directions at batch 1 on their own threads, rather than one after
+    the other with their units split (meeting every step). Returns the results, or None for
+    calls to make one by one."""
+    threads = _core.get_num_threads()
+    if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS:
+        return None
+    loops = []
+    for name, args, kw in calls:
+        loop = _LOOPS[name](*args, **kw, shares=(1, 1))
+        if loop is None or loop.steps * loop.batch * loop.weight_floats < MIN_CALL_MADDS or \
+                (len(calls) < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1):
+            return None
+        loops.append(loop)
+    _core.rnn_loops([loop.args for loop in loops])
+    return [loop.finish() for loop in loops]

@@ -484,6 +484,12 @@ class ReferenceOps:
         from .recurrent import gru_sequence
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
+    def recurrent_sequences(self, calls):
+        """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
+        list of (method name, args, kwargs) of ``rnn_sequence``/``lstm_sequence``/
+        ``gru_sequence``; their results in order (here one after the other)."""
+        return [getattr(self, name)(*args, **kw) for name, args, kw in calls]
+
 
 def _log_sigmoid(z):
     """log sigmoid(z) = -softplus(-z), stable for large |z|."""
