@@ -165,12 +165,148 @@ static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int
     }
 }
 
+/* Rows of A up to which products take the thin path (gemm_thin): tiles of up to GEMM_THIN_ROWS
+ * rows over whole panels (narrower tiles straddling panels ran 1.2-1.5x slower), b read as it
+ * is (no per-call packing) or packed; above, the packed tiles of gemm_tile. */
+#define GEMM_THIN_M 8
+/* Most rows of a thin tile (GEMM_THIN_VECS vectors of columns each): 12 accumulators of 16
+ * vector registers, 24 of 32 (AVX-512); 4 rows of 3 vectors were no faster at 4 rows and
+ * slower at 5 to 8. */
+#if FL_VW == 16
+#define GEMM_THIN_ROWS 6
+#else
+#define GEMM_THIN_ROWS 3
+#endif
+/* Vectors of columns of a thin tile, of a one-row tile: 8 independent accumulation chains or
+ * more keep both FMA pipes busy (a chain waits 4 cycles for its last multiply-add). */
+#define GEMM_THIN_VECS 4
+#define GEMM_THIN_VECS1 8
+
+/* p[0:FL_VW] where mask is set, 0 elsewhere, reading only the lanes of the mask. */
+FL_INLINE fl_vf gemm_load_masked(const float *p, fl_vi mask) {
+#if FL_VW == 16 && defined(__AVX512F__)
+    return (fl_vf)_mm512_maskz_loadu_ps(_mm512_movepi32_mask((__m512i)mask), p);
+#elif FL_VW == 8 && defined(__AVX2__)
+    return (fl_vf)_mm256_maskload_ps(p, (__m256i)mask);
+#else
+    fl_vf v = fl_set1(0.0f);
+    for (int i = 0; i < FL_VW; ++i)
+        if (mask[i]) v[i] = p[i];
+    return v;
+#endif
+}
+
+/* c[0:rows, 0:nr] (+)= a[0:rows, 0:k] @ b[0:k, 0:nr] on vecs vectors of columns (the last one
+ * read under a mask of its nr - (vecs - 1) FL_VW first lanes when `masked`): column j of row p
+ * of b at b + p ldb + (j / 32) pstride + j % 32 (b as it is: ldb its row stride, pstride 32;
+ * packed: ldb 32, pstride 32 k). Each output is one chain of multiply-adds from 0 over
+ * p = 0 .. k-1, added to c at the end: the same sums whatever the tile's shape. */
+FL_INLINE void gemm_thin_tile(const int rows, const int vecs, const int masked, int64_t k,
+                              const float *a, int64_t lda, const float *b, int64_t ldb,
+                              int64_t pstride, float *c, int64_t ldc, int nr, int accumulate) {
+    fl_vf acc[GEMM_THIN_ROWS][GEMM_THIN_VECS1];
+    const float *bv[GEMM_THIN_VECS1];
+    fl_vi mask = fl_set1(0.0f) < fl_set1(0.0f);
+    if (masked) {
+        fl_vi lane;
+        for (int i = 0; i < FL_VW; ++i) lane[i] = i;
+        mask = lane < nr - (vecs - 1) * FL_VW;
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < vecs; ++v) bv[v] = b + (v * FL_VW / FL_PANEL) * pstride + v * FL_VW % FL_PANEL;
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < vecs; ++v) acc[r][v] = fl_set1(0.0f);
+    for (int64_t p = 0; p < k; ++p) {
+        fl_vf bp[GEMM_THIN_VECS1];
+        int64_t off = p * ldb;
+#pragma GCC unroll 8
+        for (int v = 0; v < vecs; ++v)
+            bp[v] = masked && v == vecs - 1 ? gemm_load_masked(bv[v] + off, mask)
+                                            : fl_load(bv[v] + off);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; ++r) {
+            fl_vf ar = fl_set1(a[r * lda + p]);
+#pragma GCC unroll 8
+            for (int v = 0; v < vecs; ++v) acc[r][v] += ar * bp[v];
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; ++r) {
+        float *row = c + r * ldc;
+#pragma GCC unroll 8
+        for (int v = 0; v < vecs - masked; ++v) {
+            fl_vf s = accumulate ? fl_load(row + v * FL_VW) + acc[r][v] : acc[r][v];
+            fl_store(row + v * FL_VW, s);
+        }
+        if (masked) {
+            float t[FL_VW];
+            fl_store(t, acc[r][vecs - 1]);
+            float *tail = row + (vecs - 1) * FL_VW;
+            for (int j = 0; j < nr - (vecs - 1) * FL_VW; ++j)
+                tail[j] = accumulate ? tail[j] + t[j] : t[j];
+        }
+    }
+}
+
+/* The thin tile of `rows` rows over nr columns: whole vectors, the last one masked when nr is
+ * not a multiple of FL_VW (nr at most GEMM_THIN_VECS1 vectors for one row, GEMM_THIN_VECS for
+ * more). */
+static void gemm_thin_rows(int rows, int nr, int64_t k, const float *a, int64_t lda,
+                           const float *b, int64_t ldb, int64_t pstride, float *c, int64_t ldc,
+                           int accumulate) {
+    int vecs = (nr + FL_VW - 1) / FL_VW, masked = nr % FL_VW != 0;
+#define GEMM_THIN(r, v)                                                                         \
+    case (r) * 32 + (v) * 2:                                                                   \
+        gemm_thin_tile(r, v, 0, k, a, lda, b, ldb, pstride, c, ldc, nr, accumulate);           \
+        break;                                                                                 \
+    case (r) * 32 + (v) * 2 + 1:                                                               \
+        gemm_thin_tile(r, v, 1, k, a, lda, b, ldb, pstride, c, ldc, nr, accumulate);           \
+        break;
+#define GEMM_THIN_4(r) GEMM_THIN(r, 1) GEMM_THIN(r, 2) GEMM_THIN(r, 3) GEMM_THIN(r, 4)
+    switch (rows * 32 + vecs * 2 + masked) {
+        GEMM_THIN_4(1) GEMM_THIN(1, 5) GEMM_THIN(1, 6) GEMM_THIN(1, 7) GEMM_THIN(1, 8)
+        GEMM_THIN_4(2) GEMM_THIN_4(3)
+#if GEMM_THIN_ROWS > 3
+        GEMM_THIN_4(4) GEMM_THIN_4(5) GEMM_THIN_4(6)
+#endif
+    }
+#undef GEMM_THIN_4
+#undef GEMM_THIN
+}
+
+/* c (m, n) (+)= a (m, k) @ b for m <= GEMM_THIN_M, b addressed as in gemm_thin_tile: column
+ * tiles of GEMM_THIN_VECS1 vectors for one row, GEMM_THIN_VECS for more, each over row tiles
+ * of near-equal sizes up to GEMM_THIN_ROWS (the tile's slice of b is read once per row tile,
+ * from L1 or L2 after the first). */
+static void gemm_thin(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, int64_t pstride, int accumulate, float *c,
+                      int64_t ldc) {
+    int64_t tiles = (m + GEMM_THIN_ROWS - 1) / GEMM_THIN_ROWS;
+    int64_t cols = (m == 1 ? GEMM_THIN_VECS1 : GEMM_THIN_VECS) * FL_VW;
+    for (int64_t j = 0; j < n; j += cols) {
+        int nr = (int)FL_MIN(n - j, cols);
+        const float *bj = b + (j / FL_PANEL) * pstride + j % FL_PANEL;
+        for (int64_t t = 0, i = 0; t < tiles; ++t) {
+            int rows = (int)((m - i + tiles - t - 1) / (tiles - t));
+            gemm_thin_rows(rows, nr, k, a + i * lda, lda, bj, ldb, pstride, c + i * ldc + j, ldc,
+                           accumulate);
+            i += rows;
+        }
+    }
+}
+
 int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                         const float *pb, int accumulate, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) {
         if (!accumulate)
             for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return 0;
+    }
+    if (m <= GEMM_THIN_M) {
+        gemm_thin(m, n, k, a, lda, pb, FL_PANEL, FL_PANEL * k, accumulate, c, ldc);
         return 0;
     }
     /* rows of A a multiple of 4 KiB apart fall into one L1 set: with more tile rows than the
@@ -203,54 +339,25 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
     return 0;
 }
 
-/* Rows of A up to which sgemm reads b as it is instead of packing it (gemv-like products: the
- * pack would cost more than the product). */
+/* Rows of A up to which sgemm reads a transposed b as it is instead of packing it. */
 #define GEMM_SMALL_M 4
 
-/* c[i, :] (+)= a[i, :] @ b for m <= GEMM_SMALL_M rows: b (k, n) rows streamed once per row of
- * A into 8 vector accumulators per column block; b (n, k) with trans_b: one dot product per
- * output. */
-static void gemm_small(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                       const float *b, int64_t ldb, int trans_b, int accumulate, float *c,
-                       int64_t ldc) {
+/* c[i, j] (+)= dot(a[i, :], b[j, :]) for b given as (n, k) and m <= GEMM_SMALL_M rows. */
+static void gemm_small_t(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, int accumulate, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) {
         const float *ai = a + i * lda;
         float *ci = c + i * ldc;
-        if (trans_b) {
-            for (int64_t j = 0; j < n; ++j) {
-                const float *bj = b + j * ldb;
-                fl_vf acc0 = fl_set1(0.0f), acc1 = fl_set1(0.0f);
-                int64_t p = 0;
-                for (; p + 2 * FL_VW <= k; p += 2 * FL_VW) {
-                    acc0 += fl_load(ai + p) * fl_load(bj + p);
-                    acc1 += fl_load(ai + p + FL_VW) * fl_load(bj + p + FL_VW);
-                }
-                float s = fl_hsum(acc0 + acc1);
-                for (; p < k; ++p) s += ai[p] * bj[p];
-                ci[j] = accumulate ? ci[j] + s : s;
+        for (int64_t j = 0; j < n; ++j) {
+            const float *bj = b + j * ldb;
+            fl_vf acc0 = fl_set1(0.0f), acc1 = fl_set1(0.0f);
+            int64_t p = 0;
+            for (; p + 2 * FL_VW <= k; p += 2 * FL_VW) {
+                acc0 += fl_load(ai + p) * fl_load(bj + p);
+                acc1 += fl_load(ai + p + FL_VW) * fl_load(bj + p + FL_VW);
             }
-            continue;
-        }
-        int64_t j = 0;
-        for (; j + 8 * FL_VW <= n; j += 8 * FL_VW) {
-            fl_vf acc[8];
-            for (int v = 0; v < 8; ++v) acc[v] = accumulate ? fl_load(ci + j + v * FL_VW) : fl_set1(0.0f);
-            for (int64_t p = 0; p < k; ++p) {
-                fl_vf ap = fl_set1(ai[p]);
-                const float *bp = b + p * ldb + j;
-#pragma GCC unroll 8
-                for (int v = 0; v < 8; ++v) acc[v] += ap * fl_load(bp + v * FL_VW);
-            }
-            for (int v = 0; v < 8; ++v) fl_store(ci + j + v * FL_VW, acc[v]);
-        }
-        for (; j + FL_VW <= n; j += FL_VW) {
-            fl_vf acc = accumulate ? fl_load(ci + j) : fl_set1(0.0f);
-            for (int64_t p = 0; p < k; ++p) acc += fl_set1(ai[p]) * fl_load(b + p * ldb + j);
-            fl_store(ci + j, acc);
-        }
-        for (; j < n; ++j) {
-            float s = 0.0f;
-            for (int64_t p = 0; p < k; ++p) s += ai[p] * b[p * ldb + j];
+            float s = fl_hsum(acc0 + acc1);
+            for (; p < k; ++p) s += ai[p] * bj[p];
             ci[j] = accumulate ? ci[j] + s : s;
         }
     }
@@ -260,8 +367,12 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
                  int64_t ldb, int trans_b, int accumulate, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) return FL_FN(sgemm_packed)(m, n, 0, a, lda, b, accumulate, c, ldc);
-    if (m <= GEMM_SMALL_M) {
-        gemm_small(m, n, k, a, lda, b, ldb, trans_b, accumulate, c, ldc);
+    if (m <= GEMM_THIN_M && !trans_b) {
+        gemm_thin(m, n, k, a, lda, b, ldb, FL_PANEL, accumulate, c, ldc);
+        return 0;
+    }
+    if (m <= GEMM_SMALL_M && trans_b) {
+        gemm_small_t(m, n, k, a, lda, b, ldb, accumulate, c, ldc);
         return 0;
     }
     float *pbk = fl_buf_floats(&gemm_buf, (size_t)GEMM_KC * GEMM_NC);
@@ -283,6 +394,11 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
 #define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
 /* Fewest rows for splitting by rows; with fewer, blocks of output columns are shared. */
 #define GEMM_ROW_SPLIT_MIN 64
+/* Fewest multiply-adds (x2) in one thread's share of a thin product (m <= GEMM_THIN_M), the
+ * stream of b counted as GEMM_THIN_B_ROWS more rows (a row of A costs about a quarter of
+ * reading b): about 1.5 us, several times what handing a share to a spinning worker costs. */
+#define GEMM_MIN_THIN_SHARE_FLOPS (INT64_C(1) << 17)
+#define GEMM_THIN_B_ROWS 4
 /* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
 #define GEMM_CHUNK_FLOATS (1 << 16)
 
@@ -343,6 +459,14 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
     int64_t units = x.by_rows ? m : (n + FL_PANEL - 1) / FL_PANEL;
     int64_t grain = FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops);
     if (x.by_rows) grain = ((grain + GEMM_MR - 1) / GEMM_MR) * GEMM_MR;
+    if (m <= GEMM_THIN_M) {
+        /* column shares of whole thin tiles, one per thread, each worth its hand-off */
+        int64_t tile = FL_MAX(1, (m == 1 ? GEMM_THIN_VECS1 : GEMM_THIN_VECS) * FL_VW / FL_PANEL);
+        int64_t work = 2 * n * FL_MAX(k, 1) * (m + GEMM_THIN_B_ROWS);
+        int64_t threads = fl_pool_get_threads();
+        grain = FL_MAX(units * GEMM_MIN_THIN_SHARE_FLOPS / work, (units + threads - 1) / threads);
+        grain = (grain + tile - 1) / tile * tile;
+    }
     if (fl_parallel_chunks(units, grain) <= 1) {
         x.by_rows = 1;
         return gemm_rows_share(&x, 0, m);

@@ -1,7 +1,8 @@
 """The native sgemm (``fastlayers.native``, gemm.c) against numpy on every ISA path: odd sizes
 around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8), k blocks (256) and column
-blocks (256), the small-row path, strided operands, overwrite and accumulate, packed and
-per-call packing, transposed b; and ``_gemm.matmul`` with its fused epilogue on 1-3 threads."""
+blocks (256), the thin path of 1 to 8 rows (b in place or packed), the small-row path on a
+transposed b, strided operands, overwrite and accumulate, packed and per-call packing; and
+``_gemm.matmul`` and ``_core.dense`` with their fused epilogue on 1-3 threads."""
 
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ def test_packed_product_on_a_share_of_columns(rng, j0, j1):
     assert_close(c, _expected(a, b[:, j0:j1]), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", range(1, 10))
+@pytest.mark.parametrize("route", ["packed", "in place"])
+def test_thin_product_matches_numpy_at_every_tail(rng, m, route):
+    """1 to 8 rows take the thin tiles (up to 3 rows, 6 on AVX-512, over one or more panels;
+    9 rows the packed tiles): widths around the vector and tile tails, k = 1, b a column
+    window of a wider array, overwrite and accumulate."""
+    for k in (1, 3, 40):
+        for n in (1, 3, 8, 13, 31, 33, 65, 97, 130):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            b = rng.standard_normal((k, n + 7)).astype(np.float32)[:, 2:2 + n]
+            c0 = rng.standard_normal((m, n)).astype(np.float32)
+            for accumulate in (False, True):
+                c = c0.copy()
+                _core.sgemm(a, b, c, accumulate=accumulate,
+                            pb=_core.pack(b) if route == "packed" else None)
+                assert_close(c, _expected(a, b, c0 if accumulate else None), rtol=1e-5,
+                             atol=1e-5 * np.sqrt(k), what=f"k={k} n={n} acc={accumulate}")
+
+
 def test_product_with_no_inner_dimension_zeroes_or_keeps():
     b = np.zeros((0, 5), np.float32)
     c = np.ones((3, 5), np.float32)
@@ -128,3 +148,39 @@ def test_bad_operands_raise_clear_errors():
     with pytest.raises(ValueError, match="contiguous"):
         _core.sgemm(np.zeros((2, 4), np.float32)[:, ::2], np.zeros((2, 2), np.float32),
                     np.zeros((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("k, n", [(128, 231), (128, 261)])
+@pytest.mark.parametrize("weights", ["contiguous", "column window", "transposed view"])
+@pytest.mark.parametrize("activation", sorted(CODES))
+def test_dense_on_few_rows_is_the_same_on_1_and_2_threads(rng, k, n, weights, activation):
+    """``_core.dense`` and ``_gemm.matmul`` on 1 to 9 rows (thin tiles, shared by columns
+    between threads; weights read in place (128 x 231) or packed (128 x 261), a transposed view
+    (torch's Linear weight.T) always packed): the reference's result, and on 2 threads exactly
+    the 1-thread result."""
+    from fastlayers.backends.reference import ReferenceOps
+
+    wide = (rng.standard_normal((k, n + 9)) * 0.1).astype(np.float32)
+    w = {"contiguous": np.ascontiguousarray(wide[:, :n]), "column window": wide[:, 4:4 + n],
+         "transposed view": np.ascontiguousarray(wide[:, :n].T).T}[weights]
+    bias = rng.standard_normal(n).astype(np.float32)
+    alpha = 0.2 if activation == "leaky_relu" else 0.0
+    before = fastlayers.get_num_threads()
+    try:
+        for m in range(1, 10):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            results = []
+            for threads in (1, 2):
+                fastlayers.set_num_threads(threads)
+                results.append(_core.dense(x, w, bias, CODES[activation], alpha,
+                                           _gemm.packed_weights))
+                out = np.empty((m, n), np.float32)
+                _gemm.matmul(x, w, out, bias, CODES[activation], alpha, weights=True)
+                results.append(out)
+            assert results[0] is not None
+            for y in results[1:]:
+                np.testing.assert_array_equal(y, results[0], err_msg=f"m={m}")
+            expected = ReferenceOps().dense(x, w, bias, activation, alpha)
+            assert_close(results[0], expected, rtol=2e-5, atol=2e-5, what=f"m={m}")
+    finally:
+        fastlayers.set_num_threads(before or _core.get_num_threads())

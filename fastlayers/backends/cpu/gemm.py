@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...native import CODES, _core
-from ...native._core import PACKED_MIN_MADDS, PACKED_MIN_ROWS
+from ...native._core import PACKED_MIN_MADDS, PACKED_ROWS_FLOOR
 from ..derived import derived_view
 
 def packed_weights(w_kn):
@@ -31,11 +31,12 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weigh
     with a contiguous last axis) on the native core's threads; ``code`` is an activation code
     (``fastlayers.native.CODES``), applied with the bias while the rows are hot. ``weights``: b
     is a weight array (or a view of one), packed once (``packed_weights``) when the product is
-    large enough for the packing to pay."""
+    large enough for the packing to pay or its columns are strided (never copied per call)."""
     m, k = a_mk.shape
     n = b_kn.shape[1]
-    pb = (packed_weights(b_kn) if weights and m >= PACKED_MIN_ROWS
-          and m * n * k >= PACKED_MIN_MADDS else None)
-    if b_kn.strides[-1] != 4 and n > 1:
+    strided = b_kn.strides[-1] != 4 and n > 1
+    pb = (packed_weights(b_kn) if weights and (
+        strided or max(m, PACKED_ROWS_FLOOR) * n * k >= PACKED_MIN_MADDS) else None)
+    if strided and pb is None:
         b_kn = np.ascontiguousarray(b_kn)
     return _core.matmul(a_mk, b_kn, out_mn, pb, bias, code, alpha)
