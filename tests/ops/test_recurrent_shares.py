@@ -323,7 +323,8 @@ def test_sequences_at_once(isa, two_threads, monkeypatch, rng, batch):
         assert got is not None
         for (_, a, k), results in zip(calls, got):
             for actual, expected in zip(results, getattr(REF, fn)(*a, **k)):
-                assert_close(actual, expected, rtol=1e-5, atol=5e-5 * max(1.0, float(np.abs(expected).max())))
+                assert_close(actual, expected, rtol=1e-5,
+                             atol=5e-5 * max(1.0, float(np.abs(expected).max())))
     assert runs == [2] * len(cases(rng, batch))
 
 

@@ -3,8 +3,8 @@
 One call runs a whole sequence: each share first projects its inputs for every step (one
 product on the packed sgemm; with integer ids the loop reads the rows of the folded table in
 place; a SimpleRNN or LSTM share of 8 rows or more, whose projection of every step would
-leave the cache, projects each step's inputs into its gates instead), then steps with one recurrent product and one fused gate pass per step. No Python
-runs per timestep.
+leave the cache, projects each step's inputs into its gates instead), then steps with one
+recurrent product and one fused gate pass per step. No Python runs per timestep.
 
 Threads. Where the batch splits into shares of at least ``MIN_SHARE_ROWS`` rows
 (``_row_parts``), each of ``set_num_threads`` threads runs its rows through the whole sequence
