@@ -1,6 +1,6 @@
 """Interleaved A/B timing of one benchmark workload: fastlayers and onnxruntime (and, for the
 Transformer encoder layers, fastlayers without its whole-layer primitive) on the same weights,
-in one process, round after round, sleeping 0.1 s after onnxruntime's round (its threads keep
+in one process, round after round, sleeping 0.1 s after each round (the other engines' threads keep
 spinning briefly). On a noisy shared host this compares engines under the same load where
 separate benchmark runs disagree by up to 2x (docs/benchmarks.md).
 
@@ -57,8 +57,9 @@ def main() -> None:
 
 def interleave(engines, calls, rounds, label) -> None:
     """Time each engine (a no-argument callable) for ``calls`` calls per round, round after
-    round, sleeping 0.1 s after onnxruntime's and OpenVINO's (their threads spin on); print each
-    engine's min and median ms per call and the median of its per-round ratio to onnxruntime;
+    round, sleeping 0.1 s after each engine's round (onnxruntime's, OpenVINO's and tract's threads
+    spin on after a call) so that no round starts beside another engine's spinning threads; print
+    each engine's min and median ms per call and the median of its per-round ratio to onnxruntime;
     return {engine: [ms per call of each round]}."""
     times = {name: [] for name in engines}
     for _ in range(rounds):
@@ -69,8 +70,7 @@ def interleave(engines, calls, rounds, label) -> None:
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e3)
-            if name in ("onnxruntime", "openvino"):
-                time.sleep(0.1)
+            time.sleep(0.1)   # the threads of onnxruntime, OpenVINO (TBB) and tract spin on
     base = times.get("onnxruntime")
     for name, ms in times.items():
         paired = "" if base is None or name == "onnxruntime" else \
