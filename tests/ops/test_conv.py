@@ -125,6 +125,9 @@ def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     ((2, 28, 28, 64), (3, 3, 64, 96), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # shares over threads
     ((1, 16, 16, 40), (1, 1, 40, 72), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 stride 2
     ((1, 16, 16, 40), (1, 1, 40, 72), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1: x is the matrix
+    ((1, 4, 4, 130), (3, 3, 130, 67), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 16 rows, k 1170
+    ((3, 5, 5, 96), (3, 3, 96, 40), (2, 2), ((1, 1), (1, 1)), (1, 1)),    # 27 rows, batch 3
+    ((3, 9, 9, 3), (7, 7, 3, 20), (2, 2), ((3, 3), (3, 3)), (1, 1)),      # 3-channel stem
 ])
 def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, strides, pads,
                                    dilation):
