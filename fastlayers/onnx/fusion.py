@@ -44,6 +44,19 @@ def _fused_activation(follower, constants) -> dict | None:
     return {"activation": name, "alpha": follower.attrs.get(alpha_attr, 0.01) if alpha_attr else 0.0}
 
 
+def _fused_softmax(follower, two_d) -> dict | None:
+    """The activation attributes a dense node takes from a following Softmax or LogSoftmax over
+    its last axis: axis -1, or for a 2-D output (a Gemm's) axis 1 or the default (1 before
+    opset 13, -1 after: the same axis); None otherwise."""
+    if follower.op_type not in ("Softmax", "LogSoftmax"):
+        return None
+    axis = follower.attrs.get("axis")
+    if axis == -1 or (two_d and axis in (None, 1)):
+        return {"activation": "softmax" if follower.op_type == "Softmax" else "log_softmax",
+                "alpha": 0.0}
+    return None
+
+
 def _bias_vector(value, units):
     """A constant added on the last axis of a dense output, as a (units,) vector, else None."""
     if value is None or value.dtype != np.float32:
@@ -54,7 +67,8 @@ def _bias_vector(value, units):
 
 
 def fuse_dense(nodes, constants, outputs) -> list[Node]:
-    """MatMul/Gemm with constant 2-D weights (+ Add of a bias) (+ an activation) -> FusedDense."""
+    """MatMul/Gemm with constant 2-D weights (+ Add of a bias) (+ an activation, or a softmax
+    over the last axis) -> FusedDense."""
     producers = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     uses = consumers(nodes, outputs)
     removed: set[int] = set()
@@ -62,6 +76,7 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
         if k in removed:
             continue
         w = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        two_d = node.op_type == "Gemm"
         if node.op_type == "MatMul" and w is not None and w.ndim == 2 and w.dtype == np.float32:
             node.op_type, node.inputs, node.attrs = "FusedDense", [node.inputs[0], node.inputs[1]], {}
         elif (node.op_type == "Gemm" and w is not None and w.dtype == np.float32 and not node.attrs.get("transA", 0)
@@ -96,7 +111,8 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                     break
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
-            elif "activation" not in node.attrs and (fused := _fused_activation(follower, constants)):
+            elif "activation" not in node.attrs and (fused := _fused_activation(follower, constants)
+                                                      or _fused_softmax(follower, two_d)):
                 node.attrs = fused
             else:
                 break
@@ -304,7 +320,8 @@ def mark_attention_scores(nodes, outputs) -> list[Node]:
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
     GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output
-    nothing else reads -> ``Embedding<op>`` on the ids: its input projection becomes a gather of
+    nothing else reads (but Shape nodes, which then read the Gather's shape permuted) ->
+    ``Embedding<op>`` on the ids: its input projection becomes a gather of
     rows of table @ W^T + bias (``fastlayers/folding.py``). The Gather stays for any other
     reader (exporters take the batch size from its shape); unread, it is pruned."""
     uses = consumers(nodes, outputs)
@@ -315,8 +332,13 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
         x = node.inputs[0]
         src = producer.get(x)
         time_major = node.attrs.get("layout", 0) == 0
-        if src is not None and src.op_type == "Transpose" and uses.get(x, 0) == 1 \
+        shapes = []    # Shape nodes reading the Transpose (torch's exporter: the batch size)
+        if src is not None and src.op_type == "Transpose" \
                 and list(src.attrs.get("perm", ())) == [1, 0, 2]:
+            shapes = [n for n in nodes if x in n.inputs and n is not node]
+            if uses.get(x, 0) != len(shapes) + 1 or any(
+                    n.op_type != "Shape" or n.attrs or n.inputs != [x] for n in shapes):
+                continue
             src, time_major = producer.get(src.inputs[0]), not time_major
         if src is None or src.op_type != "Gather" or src.attrs.get("axis", 0) != 0:
             continue
@@ -324,6 +346,12 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
         if table is None or table.dtype != np.float32 or table.ndim != 2 or \
                 src.inputs[1] in constants:
             continue
+        for shape in shapes:   # Shape(Transpose(e)) = Shape(e) permuted
+            out, k = shape.outputs[0], nodes.index(shape)
+            constants[f"{x}::perm"] = np.array([1, 0, 2], np.int64)
+            shape.inputs, shape.outputs = [src.outputs[0]], [f"{out}::unpermuted"]
+            nodes.insert(k + 1, Node("Gather", [f"{out}::unpermuted", f"{x}::perm"], [out],
+                                     {"axis": 0}))
         node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
         node.attrs = dict(node.attrs, _ids_time_major=time_major)
         node.op_type = f"Embedding{node.op_type}"

@@ -396,3 +396,39 @@ def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
     ours = fastlayers.load(tmp_path / "tf_ln.onnx")
     assert ours.op_types == ["LayerNormalization"]
     _matches_ort(ours, tmp_path / "tf_ln.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
+    """Gemm -> Softmax (axis 1, -1 or the default) and MatMul -> LogSoftmax(axis -1) become one
+    FusedDense each; a 3-D MatMul's Softmax over axis 1, and one whose output is also read
+    elsewhere, stay."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"w": rng.standard_normal((6, 4)), "wt": rng.standard_normal((5, 6)),
+              "gb": rng.standard_normal(5)}
+    nodes = [helper.make_node("Gemm", ["x2", "wt", "gb"], ["g"], transB=1),
+             helper.make_node("Softmax", ["g"], ["y1"]),
+             helper.make_node("Gemm", ["x2", "wt"], ["h"], transB=1),
+             helper.make_node("Softmax", ["h"], ["y2"], axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["a"]),
+             helper.make_node("LogSoftmax", ["a"], ["y3"], axis=-1),
+             helper.make_node("MatMul", ["x", "w"], ["b"]),
+             helper.make_node("Softmax", ["b"], ["y4"], axis=1),
+             helper.make_node("Gemm", ["x2", "wt"], ["c"], transB=1),
+             helper.make_node("Softmax", ["c"], ["y5"], axis=-1),
+             helper.make_node("Relu", ["c"], ["y6"])]
+    outs = ("y1", "y2", "y3", "y4", "y5", "y6")
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+                       [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()],
+                       opset=opset)
+    onnx.save(model, tmp_path / "softmax.onnx")
+    ours = fastlayers.load(tmp_path / "softmax.onnx")
+    assert ours.op_types == ["FusedDense"] * 4 + ["Softmax", "FusedDense", "Softmax", "Relu"]
+    _matches_ort(ours, tmp_path / "softmax.onnx",
+                 {"x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 4,
+                  "x2": rng.standard_normal((2, 6)).astype(np.float32) * 4})

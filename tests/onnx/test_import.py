@@ -580,8 +580,8 @@ def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, 
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("through_transpose", [False, True])
 def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through_transpose, rng):
-    """Gather(table, ids) -> [Transpose] -> RNN/GRU/LSTM with initial states, both directions,
-    negative ids: the folded node equals the same graph with the table as an input (unfolded)
+    """Gather(table, ids) -> [Transpose, whose shape is read too] -> RNN/GRU/LSTM with initial
+    states, both directions, negative ids: the folded node equals the same graph with the table as an input (unfolded)
     and onnxruntime; ids out of range fail as the Gather would."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
@@ -599,19 +599,22 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
         weights["c0"] = rng.standard_normal(weights["h0"].shape)
     inits = [numpy_helper.from_array((v * 0.5).astype(np.float32), k) for k, v in weights.items()]
     nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]), helper.make_node("Shape", ["emb"], ["s"])]
-    if through_transpose:
-        nodes.append(helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]))
+    if through_transpose:   # (torch's exporter reads the batch size off the transposed values)
+        nodes += [helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]),
+                  helper.make_node("Shape", ["x"], ["sx"])]
     states = ["h0"] + (["c0"] if kind == "LSTM" else [])
     nodes.append(helper.make_node(kind, ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
                                   ["y", "yh"], hidden_size=H, direction="bidirectional", layout=layout))
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")] + [
-        helper.make_tensor_value_info("s", TensorProto.INT64, None)]     # the Shape reads the ids
+        helper.make_tensor_value_info("s", TensorProto.INT64, None)] + [  # the Shapes read the ids
+        helper.make_tensor_value_info("sx", TensorProto.INT64, None)] * through_transpose
     ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ids_shape)
     table_in = helper.make_tensor_value_info("table", TensorProto.FLOAT, [V, E])
     folded = from_proto(make_graph(nodes, [ids_in], outputs,
                                                       inits + [numpy_helper.from_array(table, "table")]))
     plain = from_proto(make_graph(nodes, [ids_in, table_in], outputs, inits))
-    assert f"Embedding{kind}" in folded.op_types and "Gather" not in folded.op_types
+    assert f"Embedding{kind}" in folded.op_types and "Transpose" not in folded.op_types
+    assert not [n for n in folded._nodes if n.op_type == "Gather" and n.inputs[0] == "table"]
     assert kind in plain.op_types
     ids = rng.integers(-V, V, ids_shape)
     got, want = folded(ids), plain(ids, table)
