@@ -395,42 +395,34 @@ class Model(Layer):
         hit = self._bound.get(key)
         if hit is not None and hit[0] is ops and hit[1] == generation:
             return self._run_plan(x, hit[2], hit[3])
-        chain = None if self._host_chain is None else []
-        plan = [] if chain is None else None
-        out = self._run_plan(x, chain, plan, bind=ops)
+        plan = []
+        out = self._run_plan(x, bind=(ops, plan))
         if key is not None:
             if len(self._bound) >= _MAX_BOUND:
                 self._bound.clear()
+            chain = None if self._host_chain is None else [fn for fn, _, _ in plan]
             self._bound[key] = (ops, generation, chain, plan)
         return out
 
     def _run_plan(self, x, chain=None, plan=None, bind=None):
         """The outputs of the plan's steps from the model's inputs ``x`` (one array, or a list
-        with one per input). ``chain`` / ``plan``: step functions to run instead of the model's
-        (``_host_chain`` / ``_host_plan``); ``bind``: an ops on which each layer step is bound
-        (``Layer.bind``) before it runs, the steps run being appended to the empty list given
-        as ``chain`` (for a chain) or ``plan``."""
-        record = chain if bind is not None else None
-        if self._host_chain is not None and type(x) is not list:
-            if record is None:
-                for fn in chain or self._host_chain:
-                    x = fn(x)
-                return x
-            for fn in self._host_chain:
-                fn = _bound_step(fn, bind, x)
-                record.append(fn)
+        with one per input). ``chain`` / ``plan``: the steps to run in place of the model's
+        (``_host_chain`` / ``_host_plan``); ``bind``: (ops, a list): each layer step is bound
+        on ops (``Layer.bind``) before it runs and the steps run are appended to the list."""
+        chain = self._host_chain if chain is None else chain
+        if chain is not None and bind is None and type(x) is not list:
+            for fn in chain:
                 x = fn(x)
             return x
-        record = plan if bind is not None else None
         arrays = x if isinstance(x, list) else [x]
         values: dict[int, Any] = {}
         for t, a in zip(self.inputs, arrays):
             values[id(t)] = a
-        for fn, keys, out_keys in (plan if record is None and plan else self._host_plan):
+        for fn, keys, out_keys in plan or self._host_plan:
             args = [values[k] for k in keys] if type(keys) is list else values[keys]
-            if record is not None:
-                fn = _bound_step(fn, bind, args)
-                record.append((fn, keys, out_keys))
+            if bind is not None:
+                fn = _bound_step(fn, bind[0], args)
+                bind[1].append((fn, keys, out_keys))
             out = fn(args)
             if len(out_keys) == 1:
                 values[out_keys[0]] = out
