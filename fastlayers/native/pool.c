@@ -555,36 +555,112 @@ typedef struct {
     int is_max, cip, status;
 } pool_plane_ctx;
 
-/* Units u = plane * blocks + block in [u0, u1) of pool2d_nchw. */
-static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
-    pool_plane_ctx *p = (pool_plane_ctx *)arg;
-    int64_t wo = p->wo, nt = p->kh * p->kw, len = p->q.len, sw = p->sw;
-    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(p->q.floats + (p->is_max ? 0 : wo + FL_VW)));
+/* row[0:w] = max over the window rows i < kh, r0 + i dh in [0, h), of x[r0 + i dh, 0:w]
+ * (NaN wins; -inf where no window row lies in the plane x (H, W)). */
+static void pool_plane_vmax(const float *x, int64_t h, int64_t w, int64_t r0, int64_t kh,
+                            int64_t dh, float *row) {
+    int64_t i0, i1;
+    pool_taps(r0, dh, kh, 0, h, &i0, &i1);
+    if (i0 == i1) {
+        pool_plane_fill(row, w, -__builtin_inff());
+        return;
+    }
+    const float *s = x + (r0 + i0 * dh) * w;
+    int64_t n = i1 - i0, step = dh * w, k = 0;
+    for (; k + 4 * FL_VW <= w; k += 4 * FL_VW) {      /* four independent chains */
+        fl_vf acc[4];
+        fl_vi nan[4];
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
+            acc[u] = fl_load(s + k + u * FL_VW);
+            nan[u] = acc[u] != acc[u];
+        }
+        for (int64_t i = 1; i < n; ++i) {
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
+                fl_vf v = fl_load(s + i * step + k + u * FL_VW);
+                acc[u] = fl_vmax(acc[u], v);
+                nan[u] |= v != v;
+            }
+        }
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u)
+            fl_store(row + k + u * FL_VW, fl_select(nan[u], fl_set1(__builtin_nanf("")), acc[u]));
+    }
+    for (; k + FL_VW <= w; k += FL_VW) {
+        fl_vf acc = fl_load(s + k);
+        fl_vi nan = acc != acc;
+        for (int64_t i = 1; i < n; ++i) {
+            fl_vf v = fl_load(s + i * step + k);
+            acc = fl_vmax(acc, v);
+            nan |= v != v;
+        }
+        fl_store(row + k, fl_select(nan, fl_set1(__builtin_nanf("")), acc));
+    }
+    for (; k < w; ++k) {
+        float m = s[k];
+        for (int64_t i = 1; i < n; ++i) {
+            float v = s[i * step + k];
+            if (m == m && (v != v || v > m)) m = v;
+        }
+        row[k] = m;
+    }
+}
+
+/* Max pooling is separable: per output row, the max over its window rows of every input column
+ * (pool_plane_vmax, straight from the plane), that one row split into column phases, then the
+ * max over the kw taps of the phases. kh + kw taps per output instead of kh kw, and one row
+ * split per output row instead of every window row's. p->off holds the kw horizontal offsets. */
+static void pool_plane_max_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
+    int64_t w = p->w, len = p->q.len, sw = p->sw, kw = p->kw;
+    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(sw * len + w + FL_VW));
     if (!buf) {
         p->status = -1;
         return;
     }
-    float *div = p->is_max ? 0 : buf + p->q.floats;
+    float *row = buf + sw * len;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
+        int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
+        const float *x = p->x + plane * p->h * w;
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+            pool_plane_vmax(x, p->h, w, oh * p->sh - p->pt, p->kh, p->dh, row);
+            pool_plane_gather(row, 1, w, 0, 1, p->pl, sw, len, -__builtin_inff(), buf);
+            float *out = p->y + (plane * p->ho + oh) * p->wo;
+            if (kw == 3) pool_plane_row(buf, p->off, 3, 1, p->wo, 0, out);
+            else pool_plane_row(buf, p->off, kw, 1, p->wo, 0, out);
+        }
+    }
+}
+
+/* Units u = plane * blocks + block in [u0, u1) of pool2d_nchw (averages; maxima:
+ * pool_plane_max_task). */
+static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
+    pool_plane_ctx *p = (pool_plane_ctx *)arg;
+    if (p->is_max) {
+        pool_plane_max_task(p, u0, u1);
+        return;
+    }
+    int64_t wo = p->wo, nt = p->kh * p->kw, len = p->q.len, sw = p->sw;
+    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(p->q.floats + wo + FL_VW));
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    float *div = buf + p->q.floats;
     for (int64_t u = u0; u < u1; ++u) {
         int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
         int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
         int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
         pool_plane_gather(p->x + plane * p->h * p->w, p->h, p->w, oh0 * p->sh - p->pt, nr,
-                          p->pl, sw, len, p->is_max ? -__builtin_inff() : 0.0f, buf);
+                          p->pl, sw, len, 0.0f, buf);
         for (int64_t oh = oh0; oh < oh1; ++oh) {
-            if (!p->is_max) {
-                int64_t ih0 = oh * p->sh - p->pt, i0, i1;
-                if (p->cip) pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &i0, &i1);
-                else pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
-                fl_vf rows = fl_set1((float)(i1 - i0));
-                for (int64_t ow = 0; ow < wo; ow += FL_VW)
-                    fl_store(div + ow, rows * fl_load(p->cols + ow));
-            }
+            int64_t ih0 = oh * p->sh - p->pt, i0, i1;
+            if (p->cip) pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &i0, &i1);
+            else pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
+            fl_vf rows = fl_set1((float)(i1 - i0));
+            for (int64_t ow = 0; ow < wo; ow += FL_VW)
+                fl_store(div + ow, rows * fl_load(p->cols + ow));
             const float *b = buf + (oh - oh0) * p->sh * sw * len;
             float *out = p->y + (plane * p->ho + oh) * wo;
-            if (p->is_max && nt == 9) pool_plane_row(b, p->off, 9, 1, wo, div, out);
-            else if (p->is_max) pool_plane_row(b, p->off, nt, 1, wo, div, out);
-            else if (nt == 9) pool_plane_row(b, p->off, 9, 0, wo, div, out);
+            if (nt == 9) pool_plane_row(b, p->off, 9, 0, wo, div, out);
             else pool_plane_row(b, p->off, nt, 0, wo, div, out);
         }
     }
@@ -605,7 +681,7 @@ int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *
         free(cols);
         return -1;
     }
-    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
+    pool_plane_offsets(is_max ? 1 : kh, kw, dh, dw, sw, q.len, off);
     if (cols) {
         for (int64_t ow = 0; ow < wo + FL_VW; ++ow) {
             int64_t iw0 = FL_MIN(ow, wo - 1) * sw - pl, j0, j1;

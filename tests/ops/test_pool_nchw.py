@@ -36,6 +36,7 @@ CASES = [
     ((1, 2, 1, 1), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
     ((1, 5, 11, 30), (2, 5), (3, 2), (2, 1), ((0, 1), (2, 2)), True),
     ((3, 2, 7, 33), (1, 4), (1, 3), (1, 2), ((0, 0), (1, 3)), False),
+    ((1, 2, 9, 75), (3, 3), (2, 1), (2, 1), ((2, 1), (1, 1)), True),   # rows of 4 vectors + a tail
 ]
 
 
@@ -63,6 +64,11 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     mean = CPU.pool2d_nchw(far, "avg", (9, 9), (9, 9), ((0, 0), (0, 0)), (2, 2))
     exact = far.astype(np.float64).reshape(1, 2, 2, 9, 2, 9).mean(axis=(3, 5))
     np.testing.assert_allclose(mean, exact, rtol=2e-7)
+    wide = rng.standard_normal((1, 2, 7, 71)).astype(np.float32)   # NaN in the 4-vector runs and the tail
+    wide[0, 0, 3, [5, 40, 69]] = np.nan
+    got = CPU.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71))
+    assert_close(got, REF.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71)))
+    assert np.isnan(got).sum() == 3 * 9
 
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES[:6])
