@@ -926,31 +926,49 @@ int FL_FN(conv_transpose2d_nchw)(int64_t n, int64_t cin, int64_t h, int64_t w, c
  * tap's weight, four vectors per pass, then bias and activation in registers. */
 
 /* out[0:nv FL_VW] (the last vector cut to `last` lanes) = f(bias + sum over taps t < nt of
- * b[off[t] + 0:nv FL_VW] wt[t]). */
+ * b[off[t] + 0:nv FL_VW] wt[t]). Even and odd taps add into separate sums: 2 nv independent
+ * FMA chains (one chain of nt FMAs per vector left the FMA units idle on their latency). */
 FL_INLINE void conv_plane_vecs(const float *b, const int64_t *off, const float *wt, int64_t nt,
                                int nv, float bias, int code, float alpha, float *out,
                                int64_t last) {
-    fl_vf acc[4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] = fl_set1(bias);
-    for (int64_t t = 0; t < nt; ++t) {
-        const float *p = b + off[t];
-        fl_vf wv = fl_set1(wt[t]);
-        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] += fl_load(p + u * FL_VW) * wv;
+    fl_vf acc[4], odd[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        acc[u] = fl_set1(bias);
+        odd[u] = fl_set1(0.0f);
     }
-    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u)
-        pool_st(out + u * FL_VW, code == FL_LINEAR ? acc[u] : rows_vact(acc[u], code, alpha),
+    int64_t t = 0;
+    for (; t + 1 < nt; t += 2) {
+        const float *p0 = b + off[t], *p1 = b + off[t + 1];
+        fl_vf w0 = fl_set1(wt[t]), w1 = fl_set1(wt[t + 1]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+            acc[u] += fl_load(p0 + u * FL_VW) * w0;
+            odd[u] += fl_load(p1 + u * FL_VW) * w1;
+        }
+    }
+    if (t < nt) {
+        const float *p0 = b + off[t];
+        fl_vf w0 = fl_set1(wt[t]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] += fl_load(p0 + u * FL_VW) * w0;
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        fl_vf r = acc[u] + odd[u];
+        pool_st(out + u * FL_VW, code == FL_LINEAR ? r : rows_vact(r, code, alpha),
                 u == nv - 1 ? last : FL_VW);
+    }
 }
 
-/* One output row out[0:wo] whose windows start at b (buffer row of window row 0). */
+/* One output row out[0:wo] whose windows start at b (buffer row of window row 0): four vectors
+ * per pass, the last 1-4 vectors in one pass. */
 FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *wt, int64_t nt,
                               int64_t wo, float bias, int code, float alpha, float *out) {
     int64_t ow = 0;
-    for (; ow + 4 * FL_VW <= wo; ow += 4 * FL_VW)
+    for (; wo - ow > 4 * FL_VW; ow += 4 * FL_VW)
         conv_plane_vecs(b + ow, off, wt, nt, 4, bias, code, alpha, out + ow, FL_VW);
-    for (; ow < wo; ow += FL_VW)
-        conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow,
-                        FL_MIN(FL_VW, wo - ow));
+    int64_t rest = wo - ow, nv = (rest + FL_VW - 1) / FL_VW, last = rest - (nv - 1) * FL_VW;
+    if (nv == 4) conv_plane_vecs(b + ow, off, wt, nt, 4, bias, code, alpha, out + ow, last);
+    else if (nv == 3) conv_plane_vecs(b + ow, off, wt, nt, 3, bias, code, alpha, out + ow, last);
+    else if (nv == 2) conv_plane_vecs(b + ow, off, wt, nt, 2, bias, code, alpha, out + ow, last);
+    else conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow, last);
 }
 
 typedef struct {
