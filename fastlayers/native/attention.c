@@ -306,12 +306,25 @@ static void attn_enc_qkv_task(void *p, int64_t t0, int64_t t1) {
 
 /* Tiles t0:t1 of the rows after attention, in blocks of at most c->block rows through the
  * thread's buffer: y = att w_o + b_o + x; post-norm: y = norm1(y), out = norm2(y + ff(y));
- * pre-norm: out = y + ff(norm2(y)); ff(z) = f(z w_1 + b_1) w_2 + b_2. */
+ * pre-norm: out = y + ff(norm2(y)); ff(z) = f(z w_1 + b_1) w_2 + b_2. With f = 0 (the
+ * attention block alone) out = att w_o + b_o, straight into out. */
 static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
     attn_enc_ctx *c = (attn_enc_ctx *)p;
     int64_t e = c->e, f = c->f, r1 = FL_MIN(t1 * GEMM_MR, c->m);
     int64_t block = attn_even_block(r1 - t0 * GEMM_MR, c->block);
     const float *const *pw = c->pw, *const *vec = c->vec;
+    if (f == 0) {   /* attention block only: out = att w_o + b_o */
+        for (int64_t i = t0 * GEMM_MR; i < r1; i += block) {
+            int64_t rows = FL_MIN(block, r1 - i);
+            float *out = c->out + i * e;
+            if (FL_FN(sgemm_packed)(rows, e, e, c->att + i * e, e, pw[1], 0, out, e)) {
+                c->status = -1;
+                return;
+            }
+            if (vec[1]) rows_bias_act_range(0, rows, e, out, e, vec[1], FL_LINEAR, 0.0f, out, e);
+        }
+        return;
+    }
     float *y = fl_buf_floats(&attn_task_buf, (size_t)(block * (2 * e + f)));
     if (!y) {
         c->status = -1;
@@ -343,8 +356,9 @@ static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
     }
 }
 
-/* out = ReferenceOps.encoder_layer(x) (attention.h) in three phases on the pool's threads: the
- * q|k|v projection by rows, attention by (sequence, head) pairs, the rest by rows.
+/* out = ReferenceOps.encoder_layer(x) (attention.h), or with f = 0 ReferenceOps.self_attention,
+ * in three phases on the pool's threads: the q|k|v projection by rows, attention by
+ * (sequence, head) pairs, the rest by rows.
  * x, out (n len, e); q|k|v (n len, 3e) and attention output (n len, e) in the calling
  * thread's buffer; s (n, heads, len, len) or NULL. */
 int FL_FN(encoder_layer)(int64_t n, int64_t len, int64_t e, int64_t heads, int64_t f,
@@ -353,14 +367,15 @@ int FL_FN(encoder_layer)(int64_t n, int64_t len, int64_t e, int64_t heads, int64
                          const int64_t *bias_st, int empty, float *s, float *out) {
     int64_t m = n * len, hd = e / FL_MAX(heads, 1);
     if (m <= 0 || e <= 0) return 0;
-    if (heads <= 0 || hd * heads != e || f <= 0 || code < 0 || code >= FL_N_ACTIVATIONS)
+    if (heads <= 0 || hd * heads != e || f < 0 || (f == 0 && norm_first) || code < 0 ||
+        code >= FL_N_ACTIVATIONS)
         return -2;
     float *qkv = fl_buf_floats(&attn_layer_buf, (size_t)(4 * m * e));
     if (!qkv) return -1;
     int64_t tiles = (m + GEMM_MR - 1) / GEMM_MR;
     attn_enc_ctx c = {m, e, f, 0, x, pw, vec, eps1, eps2, code, norm_first, 0, qkv,
                       qkv + 3 * m * e, out};
-    c.block = FL_MAX(ATTN_HIDDEN_BLOCK_FLOATS / f / GEMM_MR, 1) * GEMM_MR;
+    c.block = FL_MAX(ATTN_HIDDEN_BLOCK_FLOATS / (f ? f : e) / GEMM_MR, 1) * GEMM_MR;
     int64_t tile_flops = 2 * GEMM_MR * 3 * e * e;
     fl_parallel(tiles, FL_MAX(1, ATTN_MIN_SHARE_FLOPS / tile_flops), attn_enc_qkv_task, &c);
     if (c.status) return c.status;

@@ -18,7 +18,9 @@
  *   empty, s, out): ReferenceOps.encoder_layer on x (n len, e) C-contiguous into out (n len, e):
  *   pw[0:4] the packed (gemm.h) w_qkv (e, 3e), w_o (e, e), w_1 (e, f), w_2 (f, e);
  *   vec[0:8] b_qkv, b_o, b_1, b_2, gamma1, beta1, gamma2, beta2 (each NULL for none); the
- *   feed-forward activation `code` (rows.h); s (n, heads, len, len) or NULL as above. */
+ *   feed-forward activation `code` (rows.h); s (n, heads, len, len) or NULL as above.
+ *   f = 0 (norm_first 0): the attention block alone, ReferenceOps.self_attention: out =
+ *   att w_o + b_o, no residual, norms or feed-forward; pw[2:4] and vec[2:8] are not read. */
 #ifndef FL_ATTENTION_H
 #define FL_ATTENTION_H
 #include <stdint.h>

@@ -113,7 +113,9 @@ def encoder_layer(cnp.ndarray x, int64_t n, int64_t heads, int64_t f, tuple pack
     (n L, E) into ``out`` (n L, E): ``packed`` the packed (``pack``) w_qkv (E, 3E), w_o (E, E),
     w_1 (E, f), w_2 (f, E); ``vectors`` b_qkv, b_o, b_1, b_2, gamma1, beta1, gamma2, beta2
     (float32, None for none); the feed-forward activation ``code``; ``bias``, ``empty`` as in
-    ``attention``; the weights written to ``s`` (n, heads, L, L), or None. Returns ``out``."""
+    ``attention``; the weights written to ``s`` (n, heads, L, L), or None. Returns ``out``.
+    With ``f`` 0 the attention block alone (ReferenceOps.self_attention): ``packed`` and
+    ``vectors`` need only their first two entries."""
     cdef int64_t m = x.shape[0], e = x.shape[1]
     if n <= 0 or m % n or x.ndim != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(x) or out.ndim != 2 \
             or not cnp.PyArray_IS_C_CONTIGUOUS(out) or out.shape[0] != m or out.shape[1] != e:
@@ -129,12 +131,19 @@ def encoder_layer(cnp.ndarray x, int64_t n, int64_t heads, int64_t f, tuple pack
     cdef int64_t sizes[8]
     sizes[:] = [3 * e, e, f, e, e, e, e, e]
     cdef cnp.ndarray a
-    for i in range(4):
+    if f < 0 or (f == 0 and norm_first) or len(packed) < (2 if f == 0 else 4) \
+            or len(vectors) < (2 if f == 0 else 8):
+        raise ValueError("encoder_layer: f < 0, or too few packed weights or vectors for f")
+    for i in range(8):
+        vec[i] = NULL
+        if i < 4:
+            pw[i] = NULL
+    for i in range(2 if f == 0 else 4):
         a = packed[i]
         pw[i] = fptr(a, "encoder_layer weights")
         if a.size < fl_packed_floats(kn[i][0], kn[i][1]):
             raise ValueError("encoder_layer: a packed weight is smaller than its shape needs")
-    for i in range(8):
+    for i in range(2 if f == 0 else 8):
         vec[i] = optf(vectors[i], "encoder_layer vectors")
         if vec[i] != NULL and (<cnp.ndarray>vectors[i]).size != sizes[i]:
             raise ValueError("encoder_layer: a bias or norm vector has the wrong size")

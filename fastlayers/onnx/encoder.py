@@ -1,6 +1,7 @@
 """Whole Transformer encoder layers in imported ONNX graphs -> one ``FusedEncoderLayer`` node on
-the backend's ``encoder_layer`` primitive (``fastlayers/io/onnx.py`` runs this after the dense
-and attention fusions).
+the backend's ``encoder_layer`` primitive, self-attention blocks alone -> one
+``FusedSelfAttention`` node on its ``self_attention`` (``fastlayers/io/onnx.py`` runs this after
+the dense and attention fusions).
 
 The exporters write a ``TransformerEncoderLayer`` as some 30 data nodes (the packed q/k/v product,
 a chain of Reshape / Unsqueeze / Transpose / Squeeze / Gather splitting it into heads, the fused
@@ -18,6 +19,11 @@ products) plus the shape arithmetic feeding the Reshapes. The match has two part
    sequence first, with E / (q's last axis) heads (or the Attention's q_num_heads), gives the
    probe's Y. A graph that splits heads
    or scales the scores otherwise fails that check and runs node by node as before.
+
+Where the surroundings are not an encoder layer's, the self-attention block alone (the q/k/v
+products, attention and the (E, E) out-projection, ending where the out-projection's output
+leaves its layout nodes: torch's ``MultiheadAttention`` on x, x, x) is the candidate, confirmed
+the same way on the backend's ``self_attention``, and becomes one ``FusedSelfAttention`` node.
 
 Masked attention (a mask input on the attention node) is not matched. LayerNormalization
 spelled as ReduceMean / Sub / Pow (opsets before 17) is one node by then
@@ -112,6 +118,16 @@ class Candidate:
         self.norm_first, self.attention, self.nodes = norm_first, attention, nodes
 
 
+class Block:
+    """A matched self-attention block (q/k/v projection, attention, output projection, no
+    encoder layer around it): input value, weights (w_qkv_io, b_qkv, w_o_io, b_o), the nodes
+    it replaces, and ``ends``: (output value, layout nodes passed to it) for each value from
+    the output projection on through its layout nodes, the farthest first."""
+
+    def __init__(self, x, weights, attention, nodes, ends):
+        self.x, self.weights, self.attention, self.nodes, self.ends = x, weights, attention, nodes, ends
+
+
 def _qkv(g, att):
     """(z, w_qkv_io, b_qkv, nodes): the packed or separate q/k/v products behind ``att``."""
     sources = [g.source(att.inputs[i]) for i in range(3)]
@@ -155,9 +171,12 @@ def _other(node, name):
     return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
 
 
-def match(nodes, constants, outputs) -> list[Candidate]:
-    """Every mask-less attention node (``_plain_attention``) whose surroundings have the shape of
-    an encoder layer (step 1 of the module docstring); the probe has not confirmed them yet."""
+def match(nodes, constants, outputs) -> list[list]:
+    """For every mask-less attention node (``_plain_attention``) with a q/k/v projection before
+    it and an (E, E) output projection after it, the ways to fuse it, best first: the encoder
+    layer around it (a ``Candidate``) where its surroundings have that shape, then the
+    self-attention ``Block`` alone (step 1 of the module docstring); the probe has not
+    confirmed them yet."""
     g = _Graph(nodes, constants, outputs)
     found = []
     for att in nodes:
@@ -173,36 +192,49 @@ def match(nodes, constants, outputs) -> list[Candidate]:
         w_o = g.dense(out_proj, e, e)
         if w_o is None:
             continue
-        add1, passed_o = g.follow(out_proj.outputs[0])
-        if add1 is None or add1.op_type != "Add":
-            continue
-        residual = _other(add1, passed_o[-1].outputs[0] if passed_o else out_proj.outputs[0])
-        core += z_passed + passed_att + [att, out_proj] + passed_o + [add1]
-        ln_z = g.producer.get(z)
-        if residual == z:                    # post-norm: LN1(x + mha(x)), LN2(y + ff(y))
-            norm_first, x = False, z
-            ln1 = g.reader(add1.outputs[0])
-            norm1 = g.norm(ln1, e)
-            if norm1 is None:
-                continue
-            y = ln1.outputs[0]
-            core.append(ln1)
-        elif ln_z is not None and residual == ln_z.inputs[0]:  # pre-norm: y = x + mha(LN1(x))
-            norm_first, x = True, residual
-            norm1 = g.norm(ln_z, e)
-            if norm1 is None:
-                continue
-            y = add1.outputs[0]
-            core.append(ln_z)
-        else:
-            continue
-        ff = _feed_forward(g, y, e, norm_first)
-        if ff is None:
-            continue
-        (w_1, b_1, activation), (w_2, b_2), norm2, out, ff_nodes = ff
-        weights = EncoderWeights(w_qkv, b_qkv, w_o[0], w_o[1], w_1, b_1, w_2, b_2, norm1, norm2)
-        found.append(Candidate(x, out, weights, activation, norm_first, att, core + ff_nodes))
+        core += z_passed + passed_att + [att, out_proj]
+        after, passed_o = g.follow(out_proj.outputs[0])
+        ends = [(n.outputs[0], passed_o[:k + 1]) for k, n in enumerate(passed_o)][::-1]
+        block = Block(z, (w_qkv, b_qkv, w_o[0], w_o[1]), att, core,
+                      ends + [(out_proj.outputs[0], [])])
+        layer = _layer(g, z, e, after, passed_o, out_proj, core, (w_qkv, b_qkv, w_o), att)
+        found.append([block] if layer is None else [layer, block])
     return found
+
+
+def _layer(g, z, e, add1, passed_o, out_proj, core, projections, att) -> Candidate | None:
+    """The encoder layer whose attention block reads ``z`` and ends in ``out_proj`` (``add1``
+    the first non-layout node after it, ``passed_o`` the layout nodes before that; ``core``
+    the block's nodes), else None."""
+    if add1 is None or add1.op_type != "Add":
+        return None
+    w_qkv, b_qkv, w_o = projections
+    residual = _other(add1, passed_o[-1].outputs[0] if passed_o else out_proj.outputs[0])
+    core = core + passed_o + [add1]
+    ln_z = g.producer.get(z)
+    if residual == z:                    # post-norm: LN1(x + mha(x)), LN2(y + ff(y))
+        norm_first, x = False, z
+        ln1 = g.reader(add1.outputs[0])
+        norm1 = g.norm(ln1, e)
+        if norm1 is None:
+            return None
+        y = ln1.outputs[0]
+        core.append(ln1)
+    elif ln_z is not None and residual == ln_z.inputs[0]:  # pre-norm: y = x + mha(LN1(x))
+        norm_first, x = True, residual
+        norm1 = g.norm(ln_z, e)
+        if norm1 is None:
+            return None
+        y = add1.outputs[0]
+        core.append(ln_z)
+    else:
+        return None
+    ff = _feed_forward(g, y, e, norm_first)
+    if ff is None:
+        return None
+    (w_1, b_1, activation), (w_2, b_2), norm2, out, ff_nodes = ff
+    weights = EncoderWeights(w_qkv, b_qkv, w_o[0], w_o[1], w_1, b_1, w_2, b_2, norm1, norm2)
+    return Candidate(x, out, weights, activation, norm_first, att, core + ff_nodes)
 
 
 def _feed_forward(g, y, e, norm_first):
@@ -252,23 +284,58 @@ def confirmed(candidate, values) -> dict | None:
     e = candidate.weights.w_qkv_io.shape[0]
     if x.shape[2] != e or q.shape[-1] == 0 or e % q.shape[-1]:
         return None
-    heads_tried = [e // q.shape[-1]]
-    q_heads = candidate.attention.attrs.get("q_num_heads")   # opset-23 Attention on 3-D q, k, v
-    if q_heads and q_heads not in heads_tried and e % q_heads == 0:
-        heads_tried.append(q_heads)
-    for heads in heads_tried:
+    for heads in _heads(candidate.attention, e, q):
         for batch_first in (True, False):
             x_nle = x if batch_first else x.transpose(1, 0, 2)
             y, _ = get_ops().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
                                            candidate.activation, candidate.norm_first,
                                            need_weights=False)
             y = y if batch_first else y.transpose(1, 0, 2)
-            if y.shape == want.shape and np.allclose(y, want, rtol=1e-3,
-                                                     atol=1e-3 * max(1.0, float(np.abs(want).max()))):
+            if _same(y, want):
                 return {"weights": candidate.weights, "num_heads": heads,
                         "activation": candidate.activation, "norm_first": candidate.norm_first,
                         "batch_first": batch_first}
     return None
+
+
+def confirmed_block(block, values) -> tuple | None:
+    """(output value, layout nodes passed to it, ``FusedSelfAttention`` attributes) of the
+    farthest end of ``block`` whose probe value the backend's ``self_attention`` on the probe's
+    X reproduces, batch first or sequence first, with E / (q's last axis) heads (or the
+    Attention's q_num_heads); else None."""
+    x, q = values.get(block.x), values.get(block.attention.inputs[0])
+    w_qkv, b_qkv, w_o, b_o = block.weights
+    e = w_qkv.shape[0]
+    if x is None or q is None or x.ndim != 3 or x.dtype != np.float32 or x.shape[2] != e \
+            or q.shape[-1] == 0 or e % q.shape[-1]:
+        return None
+    for heads in _heads(block.attention, e, q):
+        for batch_first in (True, False):
+            x_nle = x if batch_first else x.transpose(1, 0, 2)
+            y, _ = get_ops().self_attention(np.ascontiguousarray(x_nle), w_qkv, b_qkv, w_o, b_o,
+                                            heads, need_weights=False)
+            y = y if batch_first else y.transpose(1, 0, 2)
+            for end, passed in block.ends:
+                if _same(y, values.get(end)):
+                    return end, passed, {"weights": block.weights, "num_heads": heads,
+                                         "batch_first": batch_first}
+    return None
+
+
+def _heads(attention, e, q) -> list[int]:
+    """The head counts a fused node may have: E / (q's last axis), and an opset-23 Attention's
+    q_num_heads."""
+    heads_tried = [e // q.shape[-1]]
+    q_heads = attention.attrs.get("q_num_heads")   # opset-23 Attention on 3-D q, k, v
+    if q_heads and q_heads not in heads_tried and e % q_heads == 0:
+        heads_tried.append(q_heads)
+    return heads_tried
+
+
+def _same(y, want) -> bool:
+    """Whether ``y`` is ``want`` to float32 rounding of a fused computation."""
+    return want is not None and y.shape == want.shape and np.allclose(
+        y, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max())))
 
 
 def _noise(shape) -> np.ndarray:

@@ -374,25 +374,42 @@ def shapes_of_ids(nodes, gather, width, constants) -> None:
 
 
 def fuse_encoder_layers(nodes, constants, inputs, outputs, probe) -> list[Node]:
-    """Whole Transformer encoder layers -> one ``FusedEncoderLayer`` node each
-    (``fastlayers/io/encoder.py``): matched by structure, then confirmed on the values of
+    """Whole Transformer encoder layers -> one ``FusedEncoderLayer`` node each, and
+    self-attention blocks outside such layers (q/k/v projection, attention, output projection:
+    torch's ``MultiheadAttention``) -> one ``FusedSelfAttention`` node each
+    (``fastlayers/onnx/encoder.py``): matched by structure, then confirmed on the values of
     ``probe(nodes)`` (the unfused graph run once on a probe input; None when it could not run).
     ``inputs``: the graph's input names.
-    A layer is replaced only where nothing outside it reads its intermediate values."""
-    candidates = encoder.match(nodes, constants, outputs)
-    values = probe(nodes) if candidates else None
+    A layer or block is replaced only where nothing outside it reads its intermediate values."""
+    found = encoder.match(nodes, constants, outputs)
+    values = probe(nodes) if found else None
     if values is None:
         return nodes
-    for candidate in candidates:
-        attrs = encoder.confirmed(candidate, values)
-        if attrs is None:
-            continue
-        core = {id(n) for n in candidate.nodes}
-        name = candidate.attention.name or candidate.y
-        fused = Node("FusedEncoderLayer", [candidate.x], [candidate.y], dict(attrs, name=name), name)
-        trial = prune([fused if candidate.y in n.outputs else n for n in nodes
-                       if id(n) not in core or candidate.y in n.outputs], outputs)
-        known = set(constants) | set(inputs) | {o for n in trial for o in n.outputs}
-        if all(o in known for o in outputs) and all(not i or i in known for n in trial for i in n.inputs):
-            nodes = trial
+    for alternatives in found:
+        for candidate in alternatives:
+            if isinstance(candidate, encoder.Candidate):
+                op_type, y, core = "FusedEncoderLayer", candidate.y, candidate.nodes
+                attrs = encoder.confirmed(candidate, values)
+                if attrs is None:
+                    continue
+            else:
+                end = encoder.confirmed_block(candidate, values)
+                if end is None:
+                    continue
+                y, passed, attrs = end
+                op_type, core = "FusedSelfAttention", candidate.nodes + passed
+            trial = _replaced(nodes, {id(n) for n in core}, candidate, op_type, y, attrs, outputs)
+            known = set(constants) | set(inputs) | {o for n in trial for o in n.outputs}
+            if all(o in known for o in outputs) and all(not i or i in known for n in trial for i in n.inputs):
+                nodes = trial
+                break
     return nodes
+
+
+def _replaced(nodes, core, candidate, op_type, y, attrs, outputs) -> list[Node]:
+    """``nodes`` with those in ``core`` (ids) replaced by one ``op_type`` node from the
+    candidate's input to ``y``."""
+    name = candidate.attention.name or y
+    fused = Node(op_type, [candidate.x], [y], dict(attrs, name=name), name)
+    return prune([fused if y in n.outputs else n for n in nodes if id(n) not in core or y in n.outputs],
+                 outputs)

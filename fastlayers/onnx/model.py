@@ -25,8 +25,9 @@ then optimises the graph once:
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
    LSTM is folded into its input projection (``fuse_embedding_recurrent``); the exporters'
    attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
-   encoder layer one ``FusedEncoderLayer`` node, confirmed on a probe run of the graph at load
-   (``fuse_encoder_layers``, ``encoder.py``);
+   encoder layer one ``FusedEncoderLayer`` node, each mask-less self-attention block outside
+   one (torch's ``MultiheadAttention``: projections and attention) one ``FusedSelfAttention``
+   node, confirmed on a probe run of the graph at load (``fuse_encoder_layers``, ``encoder.py``);
 4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``control.Body``),

@@ -1497,6 +1497,24 @@ def _fused_encoder_layer(inputs, attrs, opset):
     return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
 
 
+@op("FusedSelfAttention")
+def _fused_self_attention(inputs, attrs, opset):
+    """fastlayers' own node for a self-attention block outside an encoder layer (torch's
+    ``MultiheadAttention`` on x, x, x; ``fuse_encoder_layers``): one call of the backend's
+    ``self_attention`` on the (batch, length, embed) input, or on the (length, batch, embed)
+    one where the graph is sequence first."""
+    x = inputs[0]
+    w_qkv, b_qkv, w_o, b_o = attrs["weights"]
+    e = w_qkv.shape[0]
+    if x.ndim != 3 or x.shape[2] != e:
+        raise ShapeError(f"ONNX attention block {attrs['name']!r} (FusedSelfAttention): expected a "
+                         f"3-D input of width {e}, got shape {x.shape}")
+    x_nle = x if attrs["batch_first"] else x.transpose(1, 0, 2)
+    y, _ = get_ops().self_attention(_f32(x_nle), w_qkv, b_qkv, w_o, b_o, attrs["num_heads"],
+                                    need_weights=False)
+    return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
+
+
 def _scaled(x, s, divide):
     """x / s or x * s as the graph's Div or Mul (broadcasting); x where there is no scale."""
     return x if s is None else (x / s if divide else x * s)

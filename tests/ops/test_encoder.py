@@ -121,16 +121,16 @@ def test_transposed_weight_views(isa, rng):
 
 def test_other_activations_and_dtypes_take_the_composed_path(monkeypatch, rng):
     """An activation without a native code, non-float32 weights and a mask of more than four
-    axes run the reference composition on the compiled primitives; a strided input is read as
-    its values."""
+    axes run the reference composition on the compiled primitives (the attention block still
+    one native call, f = 0); a strided input is read as its values."""
     x = rng.standard_normal((9, 2, 8)).astype(np.float32).swapaxes(0, 1)
     w = weights(rng, 8, 16)
     check(w, x, 2)
-    called = []
-    monkeypatch.setattr(native._core, "encoder_layer", lambda *a: called.append(a))
+    called, kernel = [], native._core.encoder_layer
+    monkeypatch.setattr(native._core, "encoder_layer", lambda *a: called.append(a[3]) or kernel(*a))
     check(w, x, 2, "elu")
     check(w._replace(w_1_io=w.w_1_io.astype(np.float64)), x, 2)
-    assert not called
+    assert called and set(called) == {0}
 
 
 def test_results_outlive_the_buffers(rng):
@@ -166,3 +166,24 @@ def test_calls_from_several_python_threads(rng):
     for t in workers:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("size", [SIZES[1], SIZES[3], SIZES[5], (2, 20, 15, 3, 0)])
+@pytest.mark.parametrize("biases", [True, False])
+def test_self_attention_block_matches_reference(isa, threads, size, biases, rng):
+    """CpuOps.self_attention (the encoder kernel without its feed-forward half, f = 0) against
+    ReferenceOps.self_attention: odd sizes and head widths (5), one row, with and without
+    biases, the weights kept or not, and a key-padding mask with a fully masked sequence."""
+    n, length, e, heads, _ = size
+    w = weights(rng, e, 4, biases)
+    block = (w.w_qkv_io, w.b_qkv, w.w_o_io, w.b_o, heads)
+    x = rng.standard_normal((n, length, e)).astype(np.float32)
+    for bias, empty in [(None, 0), (padding_bias(rng, n, length), 1)]:
+        want, want_w = REF.self_attention(x, *block, bias, empty)
+        got, got_w = CPU.self_attention(x, *block, bias, empty)
+        alone, none = CPU.self_attention(x, *block, bias, empty, need_weights=False)
+        assert none is None
+        for out in (got, alone):
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-6)

@@ -36,6 +36,15 @@ def _vector(v):
     return np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
 
 
+def _packed_products(weights, *arrays):
+    """(the first ``weights`` arrays, product weights (in, out), packed for the sgemm; the
+    others, biases and norm parameters, as float32 vectors or None)."""
+    return (tuple(_core.pack(a.T, True) if a.T.flags.c_contiguous else
+                  _core.pack(np.ascontiguousarray(a)) for a in arrays[:weights]),
+            tuple(None if a is None else np.ascontiguousarray(a, np.float32).reshape(-1)
+                  for a in arrays[weights:]))
+
+
 def _rows_in_place(a):
     """``a`` as float32 whose matrices the sgemm reads in place (unit last-axis stride, rows
     at least a row apart, every stride a non-negative whole number of floats); a C-ordered
@@ -175,6 +184,28 @@ class CpuOps(ConvOps):
         _core.attention(q, k, v, scale, self._attention_bias(bias, tk), causal, empty, s, out)
         return out, s
 
+    def self_attention(self, x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias=None,
+                       empty=0, need_weights=True):
+        """As ReferenceOps.self_attention, in one native call (``encoder_layer``'s kernel
+        without the feed-forward half): the q/k/v projection by rows, attention by
+        (batch, head) pairs and the output projection by rows, each shared among the threads,
+        the two products on weights packed once per weight array; q, k and v are read as
+        strided heads of the projection, no head is copied out."""
+        n, length, e = x_nle.shape
+        if (n * length == 0 or e % num_heads or (bias is not None and np.ndim(bias) > 4)
+                or any(a.dtype != np.float32 for a in (x_nle, w_qkv_io, w_o_io))
+                or w_qkv_io.shape != (e, 3 * e) or w_o_io.shape != (e, e)):
+            return super().self_attention(x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias,
+                                          empty, need_weights)
+        packed, vectors = derived_from((w_qkv_io, w_o_io, b_qkv, b_o), "self-attention",
+                                       lambda *a: _packed_products(2, *a))
+        s = np.empty((n, num_heads, length, length), np.float32) if need_weights else None
+        out = np.empty((n * length, e), np.float32)
+        _core.encoder_layer(np.ascontiguousarray(x_nle).reshape(n * length, e), n, num_heads, 0,
+                            packed, vectors, 0.0, 0.0, CODES["linear"], False,
+                            self._attention_bias(bias, length), empty, s, out)
+        return out.reshape(n, length, e), s
+
     def encoder_layer(self, x_nle, w: EncoderWeights, num_heads, activation="relu",
                       norm_first=False, bias=None, empty=0, need_weights=True):
         """As ReferenceOps.encoder_layer, in one native call: the q/k/v projection, attention
@@ -192,17 +223,10 @@ class CpuOps(ConvOps):
             return super().encoder_layer(x_nle, w, num_heads, activation, norm_first, bias, empty,
                                          need_weights)
 
-        def pack(*arrays):
-            """(the four product weights packed, the biases and norm parameters as float32
-            vectors or None)."""
-            return (tuple(_core.pack(a.T, True) if a.T.flags.c_contiguous else
-                          _core.pack(np.ascontiguousarray(a)) for a in arrays[:4]),
-                    tuple(None if a is None else np.ascontiguousarray(a, np.float32).reshape(-1)
-                          for a in arrays[4:]))
-
         packed, vectors = derived_from(
             (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io, w.b_qkv, w.b_o, w.b_1, w.b_2,
-             *w.norm1[:2], *w.norm2[:2]), "encoder-layer", pack)
+             *w.norm1[:2], *w.norm2[:2]), "encoder-layer",
+            lambda *a: _packed_products(4, *a))
         s = np.empty((n, num_heads, length, length), np.float32) if need_weights else None
         out = np.empty((n * length, e), np.float32)
         _core.encoder_layer(np.ascontiguousarray(x_nle).reshape(n * length, e), n, num_heads, f,

@@ -428,6 +428,24 @@ class ReferenceOps:
         w = self.attention_softmax(scores, scale, bias, causal, empty)
         return np.matmul(w, v_bhkv), (w if need_weights else None)
 
+    def self_attention(self, x_nle: np.ndarray, w_qkv_io: np.ndarray, b_qkv: np.ndarray | None,
+                       w_o_io: np.ndarray, b_o: np.ndarray | None, num_heads: int,
+                       bias: np.ndarray | None = None, empty: int = 0,
+                       need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """Multi-head self-attention (torch's ``MultiheadAttention`` on x, x, x, batch first):
+        concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
+        [q k v] = x W_qkv + b_qkv. ``bias`` and ``empty`` as in ``attention``. Returns
+        (out (N, L, E), attention weights (N, H, L, L), or None unless ``need_weights``).
+        """
+        n, length, e = x_nle.shape
+        hd = e // num_heads
+        qkv = self.dense(x_nle.reshape(n * length, e), w_qkv_io, b_qkv)
+        qkv = qkv.reshape(n, length, 3, num_heads, hd)
+        q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+        o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty, need_weights)
+        o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(n * length, e)
+        return self.dense(o, w_o_io, b_o).reshape(n, length, e), s
+
     def encoder_layer(self, x_nle: np.ndarray, w: EncoderWeights, num_heads: int,
                       activation: str = "relu", norm_first: bool = False,
                       bias: np.ndarray | None = None, empty: int = 0,
@@ -441,18 +459,13 @@ class ReferenceOps:
         (out (N, L, E), attention weights (N, H, L, L), or None unless ``need_weights``).
         """
         n, length, e = x_nle.shape
-        hd = e // num_heads
 
         def norm(z, ln):
             return self.layer_norm(z, *ln)
 
         def mha(z):
-            qkv = self.dense(z.reshape(n * length, e), w.w_qkv_io, w.b_qkv)
-            qkv = qkv.reshape(n, length, 3, num_heads, hd)
-            q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
-            o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty)
-            o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(n * length, e)
-            return self.dense(o, w.w_o_io, w.b_o).reshape(n, length, e), s
+            return self.self_attention(z, w.w_qkv_io, w.b_qkv, w.w_o_io, w.b_o, num_heads, bias,
+                                       empty)
 
         def ff(z):
             h = self.dense(z.reshape(n * length, e), w.w_1_io, w.b_1, activation)
