@@ -115,6 +115,10 @@ class Layer:
     config_keys: tuple[str, ...] = ()
     #: Whether call takes a list of inputs (merge layers).
     multi_input = False
+    #: For a layer overriding ``_prepare_inputs``: whether its plain call (one float input of
+    #: a shape checked when the graph was built, no call arguments) is ``call`` on the input
+    #: as it is (``Model._plan_step``).
+    plain_call_validated = False
 
     def __init__(self, name: str | None = None, dtype: Any = None, input_shape=None,
                  batch_size=None, batch_input_shape=None, input_dim=None, **kwargs):

@@ -299,6 +299,41 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
 
 
 _LOOPS = {"rnn_sequence": _rnn_loop, "lstm_sequence": _lstm_loop, "gru_sequence": _gru_loop}
+#: Where a ``_Loop``'s arguments hold the arrays each call reads or writes anew: the input
+#: (``_X_ARG``), then the mask, the states h and c, every step's output and the carried output.
+_X_ARG, _CALL_ARGS = 1, slice(13, 18)
+
+
+def sequence_plan(name, x_bti, args, kw):
+    """A function ``x -> name(x, *args, **kw)`` (``rnn_sequence``, ``lstm_sequence`` or
+    ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's arguments that depend
+    on the layout and the weights alone (packed weights, shares, activation codes) made once,
+    the states and outputs made anew each call. None where the native loop does not cover the
+    call, for integer ids, a mask or a carried output ``y0``. The shares are those of the
+    thread count at binding; under another one the function makes the call unbound."""
+    if x_bti.ndim != 3 or kw.get("mask_bt") is not None or kw.get("y0") is not None:
+        return None
+    threads = _core.get_num_threads()
+    loop = _LOOPS[name](x_bti, *args, **kw)
+    if loop is None:
+        return None
+    head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1:_CALL_ARGS.start], \
+        loop.args[_CALL_ARGS.stop:]
+    _, h_init, c_init, y_init, last_init = loop.args[_CALL_ARGS]   # held, never written
+    y_shape = None if y_init is None else y_init.shape
+    float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
+    unbound = _LOOPS[name]
+
+    def run(x):
+        if _core.get_num_threads() != threads:
+            return _run(unbound(x, *args, **kw))
+        h, last = h_init.copy(), last_init.copy()
+        c = None if c_init is None else c_init.copy()
+        y = None if y_shape is None else np.empty(y_shape, np.float32)
+        _core.rnn_loop(*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail)
+        out = last if y is None else y
+        return (out, h) if c is None else (out, h, c)
+    return run
 
 
 def sequences(calls):
