@@ -290,13 +290,15 @@ class Layer:
 
     def _while_same(self, run, names):
         """``run`` while the attributes ``names`` hold the objects they hold now; ``call`` after
-        any of them is replaced (``set_weights``, assignment)."""
-        held = tuple((name, getattr(self, name)) for name in names)
+        any of them is replaced (``set_weights``, assignment). A name is this layer's
+        attribute, or (object, name) for another object's (a wrapped layer's weight)."""
+        owned = [(self, n) if isinstance(n, str) else n for n in names]
+        held = tuple((owner, name, getattr(owner, name)) for owner, name in owned)
         call = self.call
 
         def step(x):
-            for name, value in held:
-                if getattr(self, name) is not value:
+            for owner, name, value in held:
+                if getattr(owner, name) is not value:
                     return call(x)
             return run(x)
         return step

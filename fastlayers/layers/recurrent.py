@@ -330,12 +330,15 @@ class _RNNLayer(Layer):
 
     def _sequence(self, x, initial_state, mask, table=None):
         """``call``, or with an embedding ``table`` on ids x (B, T) of its rows."""
-        if x.shape[1] == 0:
-            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
-                             f"timesteps (input shape {shape_str(x.shape)})")
+        self._check_steps(x)
         states = initial_state if initial_state is not None else self._zero_states(x.shape[0])
         y, new_states = self._run(x, states, mask, table=table, **self._direction())
         return self._layer_outputs(self.ops, y, new_states)
+
+    def _check_steps(self, x):
+        if x.shape[1] == 0:
+            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
+                             f"timesteps (input shape {shape_str(x.shape)})")
 
     def _direction(self):
         """The sequence call's keyword arguments set by the layer's configuration."""
@@ -810,27 +813,53 @@ class Bidirectional(Layer):
     _check_mask = _RNNLayer._check_mask
 
     def call(self, x, initial_state=None, mask=None):
+        # the two directions in one backend call: at once where the backend can
         nf = len(self.forward_layer.state_size)
-        init_f = init_b = None
-        if initial_state is not None:
-            init_f, init_b = initial_state[:nf], initial_state[nf:]
-        out_f = self.forward_layer.call(x, initial_state=init_f, mask=mask)
-        out_b = self.backward_layer.call(x, initial_state=init_b, mask=mask)
+        subs = (self.forward_layer, self.backward_layer)
+        inits = (None, None) if initial_state is None else (initial_state[:nf], initial_state[nf:])
+        calls = []
+        for sub, init in zip(subs, inits):
+            sub._check_steps(x)
+            name, args, kw = sub._sequence_call(
+                sub._zero_states(x.shape[0]) if init is None else init, mask, **sub._direction())
+            calls.append((name, (x, *args), kw))
+        return self._merge(self.ops, self.ops.recurrent_sequences(calls))
+
+    def bind(self, ops, x):
+        # the plain call on float sequences with timesteps, as _RNNLayer.bind
+        if type(x) is not np.ndarray or x.ndim != 3 or x.shape[1] == 0:
+            return None
+        calls = [sub._sequence_call([ops.zeros((x.shape[0], size)) for size in sub.state_size],
+                                    None, **sub._direction())
+                 for sub in (self.forward_layer, self.backward_layer)]
+        run, merge = ops.sequences_plan(x, calls), self._merge
+
+        def step(x):
+            return merge(ops, run(x))
+        subs = (self.forward_layer, self.backward_layer)
+        return self._while_same(step, ("forward_layer", "backward_layer", *(
+            (sub, name) for sub in subs for name in sub.weight_names)))
+
+    def _merge(self, ops, results):
+        """The layer's outputs from the results (y, *states) of its two directions' sequence
+        calls."""
+        out_f, out_b = (sub._layer_outputs(ops, y, states) for sub, (y, *states) in
+                        zip((self.forward_layer, self.backward_layer), results))
         states = []
         if self.return_state:
             out_f, states_f = out_f[0], out_f[1:]
             out_b, states_b = out_b[0], out_b[1:]
             states = states_f + states_b
         if self.return_sequences:
-            out_b = self.ops.take(out_b, _REVERSED_TIME)
+            out_b = ops.take(out_b, _REVERSED_TIME)
         if self.merge_mode == "concat":
-            y = [self.ops.concatenate([out_f, out_b], -1)]
+            y = [ops.concatenate([out_f, out_b], -1)]
         elif self.merge_mode == "sum":
-            y = [self.ops.merge(out_f, out_b, "add")]
+            y = [ops.merge(out_f, out_b, "add")]
         elif self.merge_mode == "ave":
-            y = [self.ops.merge(out_f, out_b, "add", 0.5, 0.5)]
+            y = [ops.merge(out_f, out_b, "add", 0.5, 0.5)]
         elif self.merge_mode == "mul":
-            y = [self.ops.merge(out_f, out_b, "multiply")]
+            y = [ops.merge(out_f, out_b, "multiply")]
         else:
             y = [out_f, out_b]
         return y + states if (self.return_state or self.merge_mode is None) else y[0]

@@ -239,6 +239,10 @@ class CpuOps(ConvOps):
         run = recurrent.sequence_plan(name, x_bti, args, kw)
         return super().sequence_plan(name, x_bti, args, kw) if run is None else run
 
+    def sequences_plan(self, x_bti, calls):
+        run = recurrent.sequences_plan(x_bti, calls)
+        return super().sequences_plan(x_bti, calls) if run is None else run
+
     def recurrent_sequences(self, calls):
         out = recurrent.sequences(calls)
         return super().recurrent_sequences(calls) if out is None else out

@@ -492,6 +492,13 @@ class ReferenceOps:
         method = getattr(self, name)
         return lambda x: method(x, *args, **kw)
 
+    def sequences_plan(self, x_bti, calls):
+        """A function ``x -> recurrent_sequences([(name, (x, *args), kw) ...])`` for the
+        ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti`` (here each
+        call bound by ``sequence_plan``, one after the other)."""
+        runs = [self.sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
+        return lambda x: [run(x) for run in runs]
+
     def recurrent_sequences(self, calls):
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
         list of (method name, args, kwargs) of ``rnn_sequence``/``lstm_sequence``/
