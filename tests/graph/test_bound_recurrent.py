@@ -6,6 +6,8 @@ threads, for odd batch sizes and strided inputs; they follow replaced weights,
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -163,3 +165,27 @@ def test_calls_with_states_or_masks_stay_unbound(rng):
     y = model(arrays)
     np.testing.assert_allclose(y, lstm(arrays[0], initial_state=arrays[1:]), rtol=1e-6)
     assert lstm.call not in _bound_functions(model, arrays)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_python_threads_share_a_bound_model(rng, threads):
+    model = fastlayers.Sequential([
+        fastlayers.Input((T, I)), fl.Bidirectional(fl.LSTM(U, return_sequences=True)),
+        fl.GRU(U, return_sequences=True), fl.SimpleRNN(3)])
+    inputs = [rng.standard_normal((b, T, I)).astype(np.float32) for b in (1, 2, 3, 5)]
+    want = [model._run_plan(x) for x in inputs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(model(inputs[i]), want[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
