@@ -166,11 +166,17 @@ class Model(Layer):
 
         A node whose inputs are float32 arrays of shapes fully known when the graph was built
         was validated then: it runs ``layer.call`` directly (the model validates its inputs once).
+        So does the plain call (one input, no call arguments) of a layer whose
+        ``plain_call_validated`` says such a call checks nothing more than that (recurrent
+        layers, which take initial states and masks as extra inputs), on a float tensor.
         Other nodes (unknown sizes, layers converting their inputs) go through full validation.
         """
         layer, extra, kwargs = node.layer, node.extra_args, node.kwargs
-        static = type(layer)._prepare_inputs is Layer._prepare_inputs and \
-            all(d is not None for t in node.parents for d in t.shape[1:])
+        floats = type(layer)._prepare_inputs is Layer._prepare_inputs or (
+            layer.plain_call_validated and not extra and not kwargs and
+            isinstance(node.args, SymbolicTensor) and
+            not getattr(node.args.node.layer, "keep_dtype", False))
+        static = floats and all(d is not None for t in node.parents for d in t.shape[1:])
         if static and not extra and not kwargs:
             fn = layer.call
         elif static:

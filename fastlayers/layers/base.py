@@ -115,6 +115,10 @@ class Layer:
     config_keys: tuple[str, ...] = ()
     #: Whether call takes a list of inputs (merge layers).
     multi_input = False
+    #: For a layer overriding ``_prepare_inputs``: whether its plain call (one float input of
+    #: a shape checked when the graph was built, no call arguments) is ``call`` on the input
+    #: as it is (``Model._plan_step``).
+    plain_call_validated = False
 
     def __init__(self, name: str | None = None, dtype: Any = None, input_shape=None,
                  batch_size=None, batch_input_shape=None, input_dim=None, **kwargs):
@@ -286,13 +290,15 @@ class Layer:
 
     def _while_same(self, run, names):
         """``run`` while the attributes ``names`` hold the objects they hold now; ``call`` after
-        any of them is replaced (``set_weights``, assignment)."""
-        held = tuple((name, getattr(self, name)) for name in names)
+        any of them is replaced (``set_weights``, assignment). A name is this layer's
+        attribute, or (object, name) for another object's (a wrapped layer's weight)."""
+        owned = [(self, n) if isinstance(n, str) else n for n in names]
+        held = tuple((owner, name, getattr(owner, name)) for owner, name in owned)
         call = self.call
 
         def step(x):
-            for name, value in held:
-                if getattr(self, name) is not value:
+            for owner, name, value in held:
+                if getattr(owner, name) is not value:
                     return call(x)
             return run(x)
         return step

@@ -94,19 +94,25 @@ class _RecurrentMath:
         return derived_from((kernel, table, whole_bias), "embedding-fold",
                             lambda *_: fold_projection(table, kernel, bias)), None
 
-    def _run(self, x, states, mask, *, table=None, reverse=False, return_sequences=True,
-             zero_masked=False, y0=None):
+    def _run(self, x, states, mask, *, table=None, **kw):
         """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``reference.recurrent``.
         With an embedding ``table``, x holds ids (B, T) of its rows (``_input_weights``)."""
+        name, args, kw = self._sequence_call(states, mask, table, **kw)
+        y, *new_states = getattr(self.ops, name)(x, *args, **kw)
+        return y, new_states
+
+    def _sequence_call(self, states, mask, table=None, *, reverse=False, return_sequences=True,
+                       zero_masked=False, y0=None):
+        """(backend method name, its arguments after the input, its keyword arguments) of
+        the sequence call ``_run`` makes: ``ops.<name>(x, *args, **kw)`` gives (y, *states)."""
         raise NotImplementedError
 
 
 class _SimpleRNNMath(_RecurrentMath):
-    def _run(self, x, states, mask, *, table=None, **kw):
+    def _sequence_call(self, states, mask, table=None, **kw):
         w_ih, b = self._input_weights(table)
-        y, h = self.ops.rnn_sequence(x, w_ih, self.recurrent_kernel, b, states[0],
-                                     activation=self.activation, mask_bt=mask, **kw)
-        return y, [h]
+        return "rnn_sequence", (w_ih, self.recurrent_kernel, b, states[0]), \
+            dict(activation=self.activation, mask_bt=mask, **kw)
 
 
 class _LSTMMath(_RecurrentMath):
@@ -118,13 +124,11 @@ class _LSTMMath(_RecurrentMath):
         if getattr(self, "unit_forget_bias", False) and "bias_initializer" not in self._initializers:
             bias[self.units:2 * self.units] = 1.0
 
-    def _run(self, x, states, mask, *, table=None, **kw):
+    def _sequence_call(self, states, mask, table=None, **kw):
         w_ig, b_g = self._input_weights(table)
-        y, h, c = self.ops.lstm_sequence(
-            x, w_ig, self.recurrent_kernel, b_g, states[0], states[1],
-            activation=self.activation, recurrent_activation=self.recurrent_activation,
-            mask_bt=mask, **kw)
-        return y, [h, c]
+        return "lstm_sequence", (w_ig, self.recurrent_kernel, b_g, states[0], states[1]), \
+            dict(activation=self.activation, recurrent_activation=self.recurrent_activation,
+                 mask_bt=mask, **kw)
 
 
 class _GRUMath(_RecurrentMath):
@@ -139,14 +143,12 @@ class _GRUMath(_RecurrentMath):
             return None
         return self.bias[0] if self.reset_after else self.bias
 
-    def _run(self, x, states, mask, *, table=None, **kw):
+    def _sequence_call(self, states, mask, table=None, **kw):
         w_ig, b_ig = self._input_weights(table)
         b_hg = self.bias[1] if self.use_bias and self.reset_after else None
-        y, h = self.ops.gru_sequence(
-            x, w_ig, self.recurrent_kernel, b_ig, b_hg, states[0],
-            reset_after=self.reset_after, activation=self.activation,
-            recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
-        return y, [h]
+        return "gru_sequence", (w_ig, self.recurrent_kernel, b_ig, b_hg, states[0]), \
+            dict(reset_after=self.reset_after, activation=self.activation,
+                 recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
 
 
 # ------------------------------------------------------------------------------ implicit masks
@@ -200,6 +202,7 @@ class _RNNLayer(Layer):
 
     _common_keys = ("units", "activation", "use_bias", "return_sequences", "return_state",
                     "go_backwards", "zero_output_for_mask")
+    plain_call_validated = True
 
     def _init_layer(self, return_sequences, return_state, go_backwards, stateful,
                     zero_output_for_mask):
@@ -327,16 +330,41 @@ class _RNNLayer(Layer):
 
     def _sequence(self, x, initial_state, mask, table=None):
         """``call``, or with an embedding ``table`` on ids x (B, T) of its rows."""
+        self._check_steps(x)
+        states = initial_state if initial_state is not None else self._zero_states(x.shape[0])
+        y, new_states = self._run(x, states, mask, table=table, **self._direction())
+        return self._layer_outputs(self.ops, y, new_states)
+
+    def _check_steps(self, x):
         if x.shape[1] == 0:
             raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
                              f"timesteps (input shape {shape_str(x.shape)})")
-        states = initial_state if initial_state is not None else self._zero_states(x.shape[0])
-        y, new_states = self._run(x, states, mask, table=table, reverse=self.go_backwards,
-                                  return_sequences=self.return_sequences,
-                                  zero_masked=self.zero_output_for_mask)
+
+    def _direction(self):
+        """The sequence call's keyword arguments set by the layer's configuration."""
+        return dict(reverse=self.go_backwards, return_sequences=self.return_sequences,
+                    zero_masked=self.zero_output_for_mask)
+
+    def _layer_outputs(self, ops, y, new_states):
+        """The layer's outputs from the sequence call's output y and final states."""
         if self.return_sequences and self.go_backwards:
-            y = self.ops.take(y, _REVERSED_TIME)  # Keras returns outputs in processing order
+            y = ops.take(y, _REVERSED_TIME)  # Keras returns outputs in processing order
         return [y, *new_states] if self.return_state else y
+
+    def bind(self, ops, x):
+        # the plain call (no initial state, no mask: those run through _numeric_call) on
+        # float sequences with timesteps; the empty sequence raises in call
+        if type(x) is not np.ndarray or x.ndim != 3 or x.shape[1] == 0:
+            return None
+        states = [ops.zeros((x.shape[0], size)) for size in self.state_size]
+        name, args, kw = self._sequence_call(states, None, **self._direction())
+        run = ops.sequence_plan(name, x, args, kw)
+        outputs = self._layer_outputs
+
+        def step(x):
+            y, *new_states = run(x)
+            return outputs(ops, y, new_states)
+        return self._while_same(step, tuple(self._weight_names))
 
     # ---------------------------------------------------------------------------- streaming
     def get_stream_state(self, batch_size: int = 1, initial_state=None) -> StreamState:
@@ -636,6 +664,7 @@ class Bidirectional(Layer):
     """
 
     config_keys = ("merge_mode",)
+    plain_call_validated = True
 
     def __init__(self, layer, merge_mode="concat", backward_layer=None, weights=None, **kwargs):
         if not isinstance(layer, _RNNLayer):
@@ -784,27 +813,53 @@ class Bidirectional(Layer):
     _check_mask = _RNNLayer._check_mask
 
     def call(self, x, initial_state=None, mask=None):
+        # the two directions in one backend call: at once where the backend can
         nf = len(self.forward_layer.state_size)
-        init_f = init_b = None
-        if initial_state is not None:
-            init_f, init_b = initial_state[:nf], initial_state[nf:]
-        out_f = self.forward_layer.call(x, initial_state=init_f, mask=mask)
-        out_b = self.backward_layer.call(x, initial_state=init_b, mask=mask)
+        subs = (self.forward_layer, self.backward_layer)
+        inits = (None, None) if initial_state is None else (initial_state[:nf], initial_state[nf:])
+        calls = []
+        for sub, init in zip(subs, inits):
+            sub._check_steps(x)
+            name, args, kw = sub._sequence_call(
+                sub._zero_states(x.shape[0]) if init is None else init, mask, **sub._direction())
+            calls.append((name, (x, *args), kw))
+        return self._merge(self.ops, self.ops.recurrent_sequences(calls))
+
+    def bind(self, ops, x):
+        # the plain call on float sequences with timesteps, as _RNNLayer.bind
+        if type(x) is not np.ndarray or x.ndim != 3 or x.shape[1] == 0:
+            return None
+        calls = [sub._sequence_call([ops.zeros((x.shape[0], size)) for size in sub.state_size],
+                                    None, **sub._direction())
+                 for sub in (self.forward_layer, self.backward_layer)]
+        run, merge = ops.sequences_plan(x, calls), self._merge
+
+        def step(x):
+            return merge(ops, run(x))
+        subs = (self.forward_layer, self.backward_layer)
+        return self._while_same(step, ("forward_layer", "backward_layer", *(
+            (sub, name) for sub in subs for name in sub.weight_names)))
+
+    def _merge(self, ops, results):
+        """The layer's outputs from the results (y, *states) of its two directions' sequence
+        calls."""
+        out_f, out_b = (sub._layer_outputs(ops, y, states) for sub, (y, *states) in
+                        zip((self.forward_layer, self.backward_layer), results))
         states = []
         if self.return_state:
             out_f, states_f = out_f[0], out_f[1:]
             out_b, states_b = out_b[0], out_b[1:]
             states = states_f + states_b
         if self.return_sequences:
-            out_b = self.ops.take(out_b, _REVERSED_TIME)
+            out_b = ops.take(out_b, _REVERSED_TIME)
         if self.merge_mode == "concat":
-            y = [self.ops.concatenate([out_f, out_b], -1)]
+            y = [ops.concatenate([out_f, out_b], -1)]
         elif self.merge_mode == "sum":
-            y = [self.ops.merge(out_f, out_b, "add")]
+            y = [ops.merge(out_f, out_b, "add")]
         elif self.merge_mode == "ave":
-            y = [self.ops.merge(out_f, out_b, "add", 0.5, 0.5)]
+            y = [ops.merge(out_f, out_b, "add", 0.5, 0.5)]
         elif self.merge_mode == "mul":
-            y = [self.ops.merge(out_f, out_b, "multiply")]
+            y = [ops.merge(out_f, out_b, "multiply")]
         else:
             y = [out_f, out_b]
         return y + states if (self.return_state or self.merge_mode is None) else y[0]

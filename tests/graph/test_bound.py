@@ -37,7 +37,8 @@ def _models():
     h = layers.Add()([layers.Conv1D(5, 1)(inp1), h])
     h = layers.MaxPooling1D(2)(layers.Rescaling([1.0, 2.0, 0.5, -1.0, 3.0])(h))
     yield "conv1d_dag", fastlayers.Model(inp1, layers.GlobalAveragePooling1D()(h)), (11, 4)
-    for name, shape in (("digits_cnn", (8, 8, 1)), ("digits_transformer", (8, 8))):
+    for name, shape in (("digits_cnn", (8, 8, 1)), ("digits_transformer", (8, 8)),
+                        ("digits_lstm", (8, 8))):
         yield name, fastlayers.load(DATA / f"{name}.flm"), shape
 
 

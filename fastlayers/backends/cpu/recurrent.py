@@ -299,6 +299,9 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
 
 
 _LOOPS = {"rnn_sequence": _rnn_loop, "lstm_sequence": _lstm_loop, "gru_sequence": _gru_loop}
+#: Where a ``_Loop``'s arguments hold the arrays each call reads or writes anew: the input
+#: (``_X_ARG``), then the mask, the states h and c, every step's output and the carried output.
+_X_ARG, _CALL_ARGS = 1, slice(13, 18)
 
 
 def sequences(calls):
@@ -315,9 +318,86 @@ def sequences(calls):
     loops = []
     for name, args, kw in calls:
         loop = _LOOPS[name](*args, **kw, shares=(1, 1))
-        if loop is None or loop.steps * loop.batch * loop.weight_floats < MIN_CALL_MADDS or \
-                (len(calls) < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1):
+        if not _own_thread(loop, len(calls), threads):
             return None
         loops.append(loop)
     _core.rnn_loops([loop.args for loop in loops])
     return [loop.finish() for loop in loops]
+
+
+def _own_thread(loop, n_calls, threads):
+    """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own."""
+    return loop is not None and loop.steps * loop.batch * loop.weight_floats >= MIN_CALL_MADDS \
+        and not (n_calls < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1)
+
+
+def _bindable(x_bti, kw):
+    """Whether a call on float inputs laid out as ``x_bti`` with keywords ``kw`` binds."""
+    return x_bti.ndim == 3 and kw.get("mask_bt") is None and kw.get("y0") is None
+
+
+def _filler(loop, x_bti):
+    """A function ``x -> (args, result)``: ``loop``'s arguments for the input x laid out as
+    ``x_bti``, with states and outputs made anew, and the call's result once it ran."""
+    head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1:_CALL_ARGS.start], \
+        loop.args[_CALL_ARGS.stop:]
+    _, h_init, c_init, y_init, last_init = loop.args[_CALL_ARGS]   # held, never written
+    y_shape = None if y_init is None else y_init.shape
+    float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
+
+    def fill(x):
+        h, last = h_init.copy(), last_init.copy()
+        c = None if c_init is None else c_init.copy()
+        y = None if y_shape is None else np.empty(y_shape, np.float32)
+        out = last if y is None else y
+        return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), \
+            ((out, h) if c is None else (out, h, c))
+    return fill
+
+
+def sequence_plan(name, x_bti, args, kw):
+    """A function ``x -> name(x, *args, **kw)`` (``rnn_sequence``, ``lstm_sequence`` or
+    ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's arguments that depend
+    on the layout and the weights alone (packed weights, shares, activation codes) made once,
+    the states and outputs made anew each call. None where the native loop does not cover the
+    call, for integer ids, a mask or a carried output ``y0``. The shares are those of the
+    thread count at binding; under another one the function makes the call unbound."""
+    if not _bindable(x_bti, kw):
+        return None
+    threads = _core.get_num_threads()
+    loop = _LOOPS[name](x_bti, *args, **kw)
+    if loop is None:
+        return None
+    fill = _filler(loop, x_bti)
+
+    def run(x):
+        if _core.get_num_threads() != threads:
+            return _run(_LOOPS[name](x, *args, **kw))
+        loop_args, result = fill(x)
+        _core.rnn_loop(*loop_args)
+        return result
+    return run
+
+
+def sequences_plan(x_bti, calls):
+    """A function ``x -> sequences([(name, (x, *args), kw) for name, args, kw in calls])``
+    for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s, where ``sequences``
+    runs the calls at once; None where it does not (or a call is not bound: see
+    ``sequence_plan``). Under another thread count the function calls ``sequences``."""
+    threads = _core.get_num_threads()
+    if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or \
+            not all(_bindable(x_bti, kw) for _, _, kw in calls):
+        return None
+    loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
+    if not all(_own_thread(loop, len(calls), threads) for loop in loops):
+        return None
+    fills = [_filler(loop, x_bti) for loop in loops]
+
+    def run(x):
+        if _core.get_num_threads() != threads:
+            unbound = [(name, (x, *args), kw) for name, args, kw in calls]
+            return sequences(unbound) or [_run(_LOOPS[name](*a, **k)) for name, a, k in unbound]
+        filled = [fill(x) for fill in fills]
+        _core.rnn_loops([loop_args for loop_args, _ in filled])
+        return [result for _, result in filled]
+    return run

@@ -497,6 +497,21 @@ class ReferenceOps:
         from .recurrent import gru_sequence
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
+    def sequence_plan(self, name, x_bti, args, kw):
+        """A function ``x -> self.<name>(x, *args, **kw)`` (``name`` one of ``rnn_sequence``,
+        ``lstm_sequence``, ``gru_sequence``) for inputs laid out as ``x_bti``, the work that
+        depends on the layout and the weights alone done once (backends with compiled loops
+        bind the loop's arguments; the reference just calls)."""
+        method = getattr(self, name)
+        return lambda x: method(x, *args, **kw)
+
+    def sequences_plan(self, x_bti, calls):
+        """A function ``x -> recurrent_sequences([(name, (x, *args), kw) ...])`` for the
+        ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti`` (here each
+        call bound by ``sequence_plan``, one after the other)."""
+        runs = [self.sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
+        return lambda x: [run(x) for run in runs]
+
     def recurrent_sequences(self, calls):
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
         list of (method name, args, kwargs) of ``rnn_sequence``/``lstm_sequence``/
