@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -103,3 +104,23 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
     """float32 comparison at the project's per-op tolerance."""
     np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
                                rtol=rtol, atol=atol, err_msg=what)
+
+
+def in_threads(work, count):
+    """Run ``work(i)`` for i < ``count``, each in its own Python thread, all at once; the first
+    exception a thread raised is raised again here."""
+    errors = []
+
+    def guarded(i):
+        try:
+            work(i)
+        except Exception as e:  # noqa: BLE001 - raised again below
+            errors.append(e)
+
+    workers = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]

@@ -4,7 +4,6 @@ layers' ``call`` gives, follow replaced weights and ``clear_derived``, and stay 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 import fastlayers
 from fastlayers import graph, layers
 from fastlayers.backends import derived, use_ops
+
+from ..conftest import in_threads
 
 DATA = Path(fastlayers.__file__).parent / "data"
 
@@ -108,18 +109,9 @@ def test_threads_with_different_layouts_share_a_model(rng):
     name, model, shape = MODELS[4]
     inputs = [rng.standard_normal((b, *shape)).astype(np.float32) for b in (1, 2, 3, 4)]
     want = [model._run_plan(x) for x in inputs]
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(30):
-                np.testing.assert_array_equal(model(inputs[i]), want[i])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(30):
+            np.testing.assert_array_equal(model(inputs[i]), want[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(work, 4)

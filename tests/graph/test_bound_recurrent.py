@@ -6,7 +6,6 @@ threads, for odd batch sizes and strided inputs; they follow replaced weights,
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ from fastlayers import layers as fl
 from fastlayers.backends import derived, use_ops
 from fastlayers.backends.cpu import recurrent as cpu_recurrent
 from fastlayers.native import _core
+
+from ..conftest import in_threads
 
 T, I, U = 6, 4, 5
 
@@ -174,18 +175,9 @@ def test_python_threads_share_a_bound_model(rng, threads):
         fl.GRU(U, return_sequences=True), fl.SimpleRNN(3)])
     inputs = [rng.standard_normal((b, T, I)).astype(np.float32) for b in (1, 2, 3, 5)]
     want = [model._run_plan(x) for x in inputs]
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(20):
-                np.testing.assert_array_equal(model(inputs[i]), want[i])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(20):
+            np.testing.assert_array_equal(model(inputs[i]), want[i])
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert not errors
+    in_threads(work, len(inputs))

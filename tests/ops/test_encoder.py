@@ -4,7 +4,6 @@ CPU runs: post- and pre-norm, each fused activation, masks with a fully masked r
 norm parameters, odd and unit sizes, one row, rows after attention in several blocks per
 thread, transposed weight views, 1 to 3 threads, and calls from several Python threads."""
 
-import threading
 
 import numpy as np
 import pytest
@@ -12,6 +11,8 @@ import pytest
 from fastlayers import native
 from fastlayers.backends.cpu import CpuOps
 from fastlayers.backends.reference import EncoderWeights, ReferenceOps
+
+from ..conftest import assert_close, in_threads
 
 REF, CPU = ReferenceOps(), CpuOps()
 NEG_INF = np.float32(-np.inf)
@@ -152,20 +153,13 @@ def test_calls_from_several_python_threads(rng):
     w = weights(rng, 16, 32)
     xs = [rng.standard_normal((2, length, 16)).astype(np.float32) for length in (5, 40, 17, 64)]
     want = [REF.encoder_layer(x, w, 4)[0] for x in xs]
-    errors = []
 
     def run(i):
         for _ in range(20):
             got, _ = CPU.encoder_layer(xs[i], w, 4, need_weights=False)
-            if not np.allclose(got, want[i], rtol=1e-4, atol=1e-4):
-                errors.append(i)
+            assert_close(got, want[i], rtol=1e-4, atol=1e-4)
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(xs))]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    assert not errors
+    in_threads(run, len(xs))
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
