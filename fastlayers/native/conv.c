@@ -45,6 +45,10 @@
  * share of the tiles (AVX2, 6-row tiles: 28 or 56 columns fill 0.93 and ran 6-12% faster than
  * im2col; 14 columns 0.78, even; 7 columns 0.58, 35% slower). */
 #define CONV_IMPLICIT_FILL 0.8
+/* ... or window rows of at most this many floats (kw C): im2col's short copies cost more than
+ * the empty tile rows (1 thread, AVX2: 3x3 on 8x8x1 -> 16 at batch 8 15.1 -> 6.9 us, 14x14x8 ->
+ * 16 10.0 -> 6.5 us, 7x7x16 -> 32 7.1 -> 6.5 us; 7x7x32 -> 32, kw C = 96: im2col 5% ahead). */
+#define CONV_IMPLICIT_RUN 64
 /* Fewest output values (x window taps) in a thread's share of the direct kernels. */
 #define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)
 
@@ -234,7 +238,10 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
                    wo == w && groups == 1;
     if (method == 0)
-        method = groups == 1 && !identity && conv_row_fill(wo) >= CONV_IMPLICIT_FILL ? 1 : 2;
+        method = groups == 1 && !identity &&
+                         (conv_row_fill(wo) >= CONV_IMPLICIT_FILL || kw * c <= CONV_IMPLICIT_RUN)
+                     ? 1
+                     : 2;
     if (method == 1 && groups != 1) return -2;
     conv_ctx p = {x, pw, bias, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout,
                   k, n * ho * wo, 0, 0, 0, 0, 0, code, 0, alpha};
