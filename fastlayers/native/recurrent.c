@@ -259,13 +259,52 @@ static void rnn_carry(const rnn_job *j, int64_t b, int64_t ts, const float *cur,
     rnn_emit(j, b, ts, 0, nxt + b * j->ldh + c0, c0, n);
 }
 
+/* The gate passes' tanh: the rational fit of Eigen and MLAS, x p(x^2) / q(x^2) on x clamped to
+ * [-9, 9] (relative error below 4e-7; NaN stays NaN): one division and 12 multiply-adds where
+ * rows_vtanh takes an exp, a division and a polynomial. With rnn_vsigmoid the LSTM gate pass
+ * (2 tanh and 3 sigmoids per unit) went from 12.6% to 8.3% of an LSTM 256 call at batch 32,
+ * T 100 (perf; 35.2 -> 33.1 ms, AMD EPYC Zen 3, one thread). */
+FL_INLINE fl_vf rnn_vtanh(fl_vf x) {
+    fl_vf v = fl_vmin(fl_vmax(x, fl_set1(-9.0f)), fl_set1(9.0f)), z = v * v;
+    fl_vf p = fl_set1(-2.76076847742355e-16f);
+    p = p * z + 2.00018790482477e-13f;
+    p = p * z - 8.60467152213735e-11f;
+    p = p * z + 5.12229709037114e-08f;
+    p = p * z + 1.48572235717979e-05f;
+    p = p * z + 6.37261928875436e-04f;
+    p = p * z + 4.89352455891786e-03f;
+    fl_vf q = fl_set1(1.19825839466702e-06f);
+    q = q * z + 1.18534705686654e-04f;
+    q = q * z + 2.26843463243900e-03f;
+    q = q * z + 4.89352518554385e-03f;
+    return v * p / q;
+}
+
+/* The gate passes' sigmoid, 1 / (1 + exp(-x)) with exp's argument clamped to [-87.3, ln
+ * FLT_MAX] (fl_vexp_reduced scaled by 2^n in one factor: n = 128, only at the top, gives inf's
+ * bits and the sigmoid 0; no range checks, the clamps keep NaN). */
+FL_INLINE fl_vf rnn_vsigmoid(fl_vf x) {
+    fl_vi n;
+    fl_vf p = fl_vexp_reduced(fl_vmin(fl_vmax(-x, fl_set1(-87.3365478515625f)),
+                                      fl_set1(88.72283935546875f)), &n);
+    return 1.0f / (1.0f + p * (fl_vf)((n + 127) << 23));
+}
+
+/* f(x) for the loops' activation `code` (a constant at each call): rnn_vtanh, rnn_vsigmoid,
+ * else rows_vact. */
+FL_INLINE fl_vf rnn_vact(fl_vf x, int code) {
+    if (code == FL_TANH) return rnn_vtanh(x);
+    if (code == FL_SIGMOID) return rnn_vsigmoid(x);
+    return rows_vact(x, code, 0.0f);
+}
+
 /* SimpleRNN, h = act(xw + b + h w_hh): gates g (n), input xr, bias bx. */
 FL_INLINE void rnn_simple_row(int64_t n, const float *g, const float *xr, const float *bx,
                               float *h, int act) {
     for (int64_t j = 0; j < n; j += FL_VW) {
         int64_t m = FL_MIN(FL_VW, n - j);
         fl_vf v = fl_load(g + j) + rnn_load(xr + j, m) + rnn_load(bx + j, m);
-        rnn_store(h + j, rows_vact(v, act, 0.0f), m);
+        rnn_store(h + j, rnn_vact(v, act), m);
     }
 }
 
@@ -282,10 +321,10 @@ FL_INLINE void rnn_lstm_row(int64_t n, int64_t units, const float *g, const floa
                    rnn_load(bx + 2 * units + j, m);
         fl_vf o = fl_load(g + 3 * n + j) + rnn_load(xr + 3 * xs + j, m) +
                   rnn_load(bx + 3 * units + j, m);
-        fl_vf cn = rows_vact(f, ract, 0.0f) * rnn_load(c + j, m) +
-                   rows_vact(i, ract, 0.0f) * rows_vact(gg, act, 0.0f);
+        fl_vf cn = rnn_vact(f, ract) * rnn_load(c + j, m) +
+                   rnn_vact(i, ract) * rnn_vact(gg, act);
         rnn_store(c + j, cn, m);
-        rnn_store(h + j, rows_vact(o, ract, 0.0f) * rows_vact(cn, act, 0.0f), m);
+        rnn_store(h + j, rnn_vact(o, ract) * rnn_vact(cn, act), m);
     }
 }
 
@@ -301,9 +340,9 @@ FL_INLINE void rnn_gru_after_row(int64_t n, int64_t units, const float *g, const
         fl_vf r = fl_load(g + n + j) + rnn_load(xr + xs + j, m) + rnn_load(bx + units + j, m) +
                   rnn_load(bh + units + j, m);
         fl_vf hh = fl_load(g + 2 * n + j) + rnn_load(bh + 2 * units + j, m);
-        z = rows_vact(z, ract, 0.0f);
-        fl_vf cand = rows_vact(rnn_load(xr + 2 * xs + j, m) + rnn_load(bx + 2 * units + j, m) +
-                                   rows_vact(r, ract, 0.0f) * hh, act, 0.0f);
+        z = rnn_vact(z, ract);
+        fl_vf cand = rnn_vact(rnn_load(xr + 2 * xs + j, m) + rnn_load(bx + 2 * units + j, m) +
+                                  rnn_vact(r, ract) * hh, act);
         rnn_store(h + j, z * rnn_load(hc + j, m) + (1.0f - z) * cand, m);
     }
 }
@@ -317,8 +356,8 @@ FL_INLINE void rnn_gru_gates_row(int64_t n, int64_t units, float *g, const float
         int64_t m = FL_MIN(FL_VW, n - j);
         fl_vf z = fl_load(g + j) + rnn_load(xr + j, m) + rnn_load(bx + j, m);
         fl_vf r = fl_load(g + n + j) + rnn_load(xr + xs + j, m) + rnn_load(bx + units + j, m);
-        rnn_store(g + j, rows_vact(z, ract, 0.0f), m);
-        rnn_store(rh + j, rows_vact(r, ract, 0.0f) * rnn_load(hc + j, m), m);
+        rnn_store(g + j, rnn_vact(z, ract), m);
+        rnn_store(rh + j, rnn_vact(r, ract) * rnn_load(hc + j, m), m);
     }
 }
 
@@ -328,8 +367,7 @@ FL_INLINE void rnn_gru_cand_row(int64_t n, const float *z_, const float *cp, con
     for (int64_t j = 0; j < n; j += FL_VW) {
         int64_t m = FL_MIN(FL_VW, n - j);
         fl_vf z = fl_load(z_ + j);
-        fl_vf cand = rows_vact(fl_load(cp + j) + rnn_load(xh + j, m) + rnn_load(bxh + j, m), act,
-                               0.0f);
+        fl_vf cand = rnn_vact(fl_load(cp + j) + rnn_load(xh + j, m) + rnn_load(bxh + j, m), act);
         rnn_store(h + j, z * rnn_load(hc + j, m) + (1.0f - z) * cand, m);
     }
 }

@@ -317,6 +317,17 @@ def mark_attention_scores(nodes, outputs) -> list[Node]:
     return nodes
 
 
+def mark_recurrent_sequences(nodes, outputs) -> list[Node]:
+    """RNN, GRU and LSTM nodes (and their ``Embedding<op>`` forms) get ``_y_read``: whether
+    anything reads their Y output (without a reader the time loops write no output per step)."""
+    uses = consumers(nodes, outputs)
+    for node in nodes:
+        if node.op_type in ("RNN", "GRU", "LSTM", "EmbeddingRNN", "EmbeddingGRU", "EmbeddingLSTM"):
+            node.attrs = dict(node.attrs, _y_read=bool(node.outputs) and
+                              uses.get(node.outputs[0], 0) > 0)
+    return nodes
+
+
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
     GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output

@@ -553,7 +553,8 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
         nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
         nodes = qfusion.optimize(nodes, constants, outputs)
-        nodes = prune(fusion.mark_attention_scores(nodes, outputs), outputs)
+        nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),
+                      outputs)
         name = graph.name or Path(where).stem
         nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
                                     _prober(name, inputs, dims, outputs, constants, opset, where))

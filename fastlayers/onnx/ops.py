@@ -856,7 +856,8 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
     Gate blocks are reordered once per weight array: ONNX LSTM i,o,f,c -> i,f,c,o; GRU z,r,h as
     is. With an embedding ``table`` (``EmbeddingLSTM`` ...), inputs[0] holds ids (batch, time)
     of its rows whatever the layout, and each direction gathers rows of table @ W^T + input
-    bias (computed once)."""
+    bias (computed once). Where nothing reads Y (``_y_read`` False, set at load) the loops
+    write no output per step and Y is None."""
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
     x, w, r, b, seq_lens, h0 = inputs[0], inputs[1], inputs[2], get(3), get(4), get(5)
     c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
@@ -909,9 +910,11 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
             _f32(a[d, a.shape[1] // 2:]) if lbr else None))
 
     lbr = kind == "GRU" and bool(attrs.get("linear_before_reset", 0))
+    y_read = attrs.get("_y_read", True)
     calls = []                     # (ops method, args, kwargs) per direction
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
+        options = {"reverse": reverse, "return_sequences": y_read}
         h_init = np.zeros((batch, hidden), np.float32) if h0 is None else _f32(h0[d])
         if kind == "LSTM":
             order = [0, 2, 3, 1]
@@ -920,17 +923,17 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
             b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
             w_ig, b_g = input_weights(d, blocks, b_in)
             calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g,
-                                            h_init, c_init), {"reverse": reverse}))
+                                            h_init, c_init), options))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
             w_ig, b_ig = input_weights(d, lambda m: m, b_in)
             calls.append(("gru_sequence", (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
-                          {"reset_after": lbr, "reverse": reverse}))
+                          {"reset_after": lbr, **options}))
         else:
             act = names[0] if names else "tanh"
             w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
             calls.append(("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init),
-                          {"activation": act, "reverse": reverse}))
+                          {"activation": act, **options}))
     # the directions at once where the backend can (one thread each)
     for y, h, *c in ops.recurrent_sequences(calls):
         ys.append(y)
@@ -938,8 +941,11 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
         cs.extend(c)
     # one direction: Y as a view of the batch-major output, which a following recurrent node
     # (Squeeze, then its swap back to batch-major) reads in place; two: stacked (B, 2, T, H)
-    y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)
-    y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
+    if not y_read:
+        y = None
+    else:
+        y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)
+        y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
     yh = np.stack(hs, axis=1 if layout else 0)
     outs = [y, yh]
     if kind == "LSTM":
@@ -986,7 +992,7 @@ def _embedding_recurrent_op(kind):
     ``_ids_time_major`` is set), folded into the input projection where the fast path runs."""
     def run(inputs, attrs, opset):
         table, ids, rest = inputs[0], inputs[1], inputs[2:]
-        time_major = attrs["_ids_time_major"]      # the recurrences read no other extra key
+        time_major = attrs["_ids_time_major"]   # the recurrences read no other extra key but _y_read
         if ids.ndim == 2:
             x_shape = ids.shape + table.shape[1:]
             if time_major != (attrs.get("layout", 0) == 0):

@@ -547,6 +547,57 @@ def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads
     assert runs == [2, 2, 2]
 
 
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3)])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_recurrent_node_matches_onnxruntime(kind, gates, threads, rng, monkeypatch):
+    """One direction (forward and reverse) gives onnxruntime's Y, Y_h (and Y_c) at 1 and 2
+    threads, the loops split however small the work (2 threads: units at batch 1, rows at batch
+    9): 35 units (vector tails), initial states, one step and several, sequence_lens of every
+    step (the compiled loops) and shorter ones (the reference recurrence); with Y a graph
+    output and without (then nothing reads Y: the loops write no output per step)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.backends.cpu import recurrent
+
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(recurrent, "MIN_CALL_MADDS", 0)
+    monkeypatch.setattr(recurrent, "MIN_SHARE_MADDS", 0)
+    splits = set()
+    monkeypatch.setattr(recurrent, "_shares",
+                        lambda *a, _f=recurrent._shares: splits.add(_f(*a)) or _f(*a))
+    written = set()
+    monkeypatch.setattr(recurrent, "_outputs",
+                        lambda *a, _f=recurrent._outputs: written.add(a[3]) or _f(*a))
+    I, H = 5, 35
+    states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
+    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+    for direction, y_out in (("forward", True), ("reverse", True), ("forward", False)):
+        inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+                 for n, s in [("W", (1, gates * H, I)), ("R", (1, gates * H, H)),
+                              ("B", (1, 2 * gates * H))]]
+        node = helper.make_node(kind, ["x", "W", "R", "B", "lens", *states], outs, hidden_size=H,
+                                direction=direction)
+        graph = helper.make_graph(
+            [node], "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                            helper.make_tensor_value_info("lens", TensorProto.INT32, None),
+                            *[helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in states]],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs[1 - y_out:]],
+            inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        ours = fastlayers.load(model.SerializeToString())
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for steps, batch, short in [(1, 1, False), (7, 1, False), (6, 9, False), (6, 9, True)]:
+            lens = np.full(batch, steps, np.int32)
+            if short:
+                lens[::2] = rng.integers(1, steps, lens[::2].size)
+            feeds = {"x": rng.standard_normal((steps, batch, I)).astype(np.float32), "lens": lens}
+            feeds.update({n: rng.standard_normal((1, batch, H)).astype(np.float32) for n in states})
+            for got, want in zip(ours.run(None, feeds), session.run(None, feeds), strict=True):
+                assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert splits == ({(1, 1)} if threads == 1 else {(1, 2), (2, 1)})
+    assert written == {True, False}
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, bidirectional):
