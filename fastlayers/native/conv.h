@@ -8,11 +8,12 @@
  *   co = cout / groups); pw: each group's w (kh kw ci', co) packed (gemm.h), group g at
  *   pw + g fl_packed_floats(kh kw ci', co); method 0 picks, 1 the implicit GEMM (groups 1),
  *   2 im2col + sgemm;
- * winograd_pack(cin, cout, w, pu): pu[e] = U[e] (cin, cout) packed, e = 4 a + b < 16, U[e] =
- *   (G w G^T)[a, b] of the 3x3 kernel w (3, 3, cin, cout), pu[e] at pu + e fl_packed_floats(
- *   cin, cout);
- * conv3x3_winograd(n, h, w, cin, x, pt, pl, ho, wo, cout, pu, bias, code, alpha, y): conv2d of
- *   the 3x3 kernel whose U is pu, stride 1, no dilation, one group: Winograd F(2x2, 3x3);
+ * winograd_pack(tile, cin, cout, w, pu): Winograd F(tile x tile, 3x3), tile 2 or 4, na = tile
+ *   + 2: pu[e] = U[e] (cin, cout) packed, e = na a + b < na^2, U[e] = (G w G^T)[a, b] of the
+ *   3x3 kernel w (3, 3, cin, cout), pu[e] at pu + e fl_packed_floats(cin, cout);
+ * conv3x3_winograd(tile, n, h, w, cin, x, pt, pl, ho, wo, cout, pu, bias, code, alpha, y):
+ *   conv2d of the 3x3 kernel whose U (same tile) is pu, stride 1, no dilation, one group:
+ *   Winograd F(tile x tile, 3x3);
  * depthwise_conv2d(n, h, w, c, x, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code,
  *   alpha, y): y[n, oh, ow, ci m + q] = f(b + sum_{i, j} x[n, oh sh - pt + i dh, ow sw - pl +
  *   j dw, ci] wk[i, j, ci m + q]) (wk (kh, kw, c m));
@@ -41,13 +42,13 @@
                     float *y),                                                                 \
       (n, h, w, c, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pw, bias, code,    \
        alpha, method, y))                                                                      \
-    X(int, winograd_pack, (int64_t cin, int64_t cout, const float *w, float *pu),              \
-      (cin, cout, w, pu))                                                                      \
-    X(int, conv3x3_winograd, (int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,    \
-                              int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,    \
-                              const float *pu, const float *bias, int code, float alpha,       \
-                              float *y),                                                       \
-      (n, h, w, cin, x, pt, pl, ho, wo, cout, pu, bias, code, alpha, y))                       \
+    X(int, winograd_pack, (int tile, int64_t cin, int64_t cout, const float *w, float *pu),    \
+      (tile, cin, cout, w, pu))                                                                \
+    X(int, conv3x3_winograd, (int tile, int64_t n, int64_t h, int64_t w, int64_t cin,          \
+                              const float *x, int64_t pt, int64_t pl, int64_t ho, int64_t wo,  \
+                              int64_t cout, const float *pu, const float *bias, int code,      \
+                              float alpha, float *y),                                          \
+      (tile, n, h, w, cin, x, pt, pl, ho, wo, cout, pu, bias, code, alpha, y))                 \
     X(int, depthwise_conv2d, (int64_t n, int64_t h, int64_t w, int64_t c, const float *x,      \
                               int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,       \
                               int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,      \

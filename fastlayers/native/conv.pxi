@@ -6,11 +6,11 @@ cdef extern from "dispatch.h" nogil:
                   int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
                   const float *pw, const float *bias, int code, float alpha, int method,
                   float *y)
-    int fl_winograd_pack(int64_t cin, int64_t cout, const float *w, float *pu)
-    int fl_conv3x3_winograd(int64_t n, int64_t h, int64_t w, int64_t cin, const float *x,
-                            int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,
-                            const float *pu, const float *bias, int code, float alpha,
-                            float *y)
+    int fl_winograd_pack(int tile, int64_t cin, int64_t cout, const float *w, float *pu)
+    int fl_conv3x3_winograd(int tile, int64_t n, int64_t h, int64_t w, int64_t cin,
+                            const float *x, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                            int64_t cout, const float *pu, const float *bias, int code,
+                            float alpha, float *y)
     int fl_depthwise_conv2d(int64_t n, int64_t h, int64_t w, int64_t c, const float *x,
                             int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,
                             int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
@@ -85,41 +85,47 @@ def conv2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh
     return y
 
 
-def winograd_pack(cnp.ndarray w_hwio):
-    """U[e] = (G w G^T)[a, b] (e = 4 a + b) of the 3x3 kernel ``w_hwio`` (3, 3, C, C_out), each
-    packed for ``conv3x3_winograd`` (a new 1-D array of 16 blocks)."""
+def winograd_pack(cnp.ndarray w_hwio, int tile=2):
+    """U[e] = (G w G^T)[a, b] (e = (tile + 2) a + b) of the 3x3 kernel ``w_hwio`` (3, 3, C,
+    C_out) for Winograd F(tile x tile, 3x3), ``tile`` 2 or 4, each packed for
+    ``conv3x3_winograd`` (a new 1-D array of (tile + 2)^2 blocks)."""
     cdef float *wp = cptr(w_hwio, 4, "winograd_pack w")
     if w_hwio.shape[0] != 3 or w_hwio.shape[1] != 3:
         raise ValueError("winograd_pack: expected a 3x3 kernel")
+    if tile != 2 and tile != 4:
+        raise ValueError(f"winograd_pack: tile must be 2 or 4, got {tile}")
     cdef int64_t cin = w_hwio.shape[2], cout = w_hwio.shape[3]
-    out = np.empty(16 * fl_packed_floats(cin, cout), np.float32)
+    out = np.empty((tile + 2) ** 2 * fl_packed_floats(cin, cout), np.float32)
     cdef float *pu = <float *>cnp.PyArray_DATA(out)
     cdef int st
     with nogil:
-        st = fl_winograd_pack(cin, cout, wp, pu)
+        st = fl_winograd_pack(tile, cin, cout, wp, pu)
     check(st, "winograd_pack")
     return out
 
 
 def conv3x3_winograd(cnp.ndarray x, cnp.ndarray pu, object bias, cnp.ndarray y, int64_t pt,
-                     int64_t pl, int code, float alpha):
+                     int64_t pl, int code, float alpha, int tile=2):
     """y = f(conv3x3(x, w) + bias), stride 1, one group, x (N, H, W, C) zero-padded by ``pt``
     rows on top and ``pl`` columns on the left, y (N, Ho, Wo, C_out), w given by
-    ``winograd_pack``: Winograd F(2x2, 3x3)."""
+    ``winograd_pack`` of the same ``tile``: Winograd F(tile x tile, 3x3)."""
     cdef float *xp = cptr(x, 4, "conv3x3_winograd x")
     cdef float *yp = cptr(y, 4, "conv3x3_winograd y")
     cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], cin = x.shape[3]
     cdef int64_t ho = y.shape[1], wo = y.shape[2], cout = y.shape[3]
     if y.shape[0] != n or pt < 0 or pl < 0:
         raise ValueError("conv3x3_winograd: inconsistent shapes")
-    if pu.size < 16 * fl_packed_floats(cin, cout):
+    if tile != 2 and tile != 4:
+        raise ValueError(f"conv3x3_winograd: tile must be 2 or 4, got {tile}")
+    if pu.size < (tile + 2) ** 2 * fl_packed_floats(cin, cout):
         raise ValueError("conv3x3_winograd: the transformed weights are too small")
     cdef float *pp = cptr(pu, 1, "conv3x3_winograd U")
     cdef float *bp = vptr(bias, cout, "conv3x3_winograd bias")
     check_code(code)
     cdef int st
     with nogil:
-        st = fl_conv3x3_winograd(n, h, w, cin, xp, pt, pl, ho, wo, cout, pp, bp, code, alpha, yp)
+        st = fl_conv3x3_winograd(tile, n, h, w, cin, xp, pt, pl, ho, wo, cout, pp, bp, code,
+                                 alpha, yp)
     check(st, "conv3x3_winograd")
     return y
 

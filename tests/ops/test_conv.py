@@ -254,22 +254,48 @@ WINOGRAD_CASES = [   # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no
     (2, 30, 30, 16, 16, ((1, 1), (1, 1))),      # two blocks of tiles
     (1, 64, 64, 16, 16, ((1, 1), (1, 1))),      # four blocks: shared by blocks
     (1, 16, 16, 48, 48, ((1, 1), (1, 1))),      # one block: the three steps shared in turn
+    (1, 95, 93, 16, 16, ((1, 1), (1, 1))),      # F(4x4) too shared by blocks, odd tile tails
 ]
 
 
+@pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("case", WINOGRAD_CASES)
-def test_winograd_conv_matches_reference(isa, case, n_threads):
+def test_winograd_conv_matches_reference(isa, case, n_threads, tile):
     n, h, w, cin, cout, pads = case
     x, k, b = arr(n, (n, h, w, cin)), arr(h, (3, 3, cin, cout), (9 * cin) ** -0.5), arr(w, (cout,))
     ho, wo = h + sum(pads[0]) - 2, w + sum(pads[1]) - 2
-    pu = _core.winograd_pack(k)
+    pu = _core.winograd_pack(k, tile)
     for bias, act in ((b, "relu"), (None, "linear"), (b, "tanh")):
         y = np.empty((n, ho, wo, cout), np.float32)
         with threads(n_threads):
-            _core.conv3x3_winograd(x, pu, bias, y, pads[0][0], pads[1][0], native.CODES[act], 0.0)
+            _core.conv3x3_winograd(x, pu, bias, y, pads[0][0], pads[1][0], native.CODES[act], 0.0,
+                                   tile)
         assert_close(y, REF.conv2d(x, k, bias, (1, 1), pads, (1, 1), 1, act), rtol=1e-5,
                      atol=1e-5)
+
+
+@pytest.mark.parametrize("c", [64, 128])
+def test_winograd_4x4_error_on_resnet_channels(isa, c):
+    """F(4x4, 3x3) against the float64 convolution at ResNet widths: within 1e-5 of the output's
+    largest magnitude (F(2x2) within 1e-6)."""
+    x, k = arr(c, (2, 9, 10, c)), arr(1, (3, 3, c, c), (9 * c) ** -0.5)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = sum(xp[:, i:i + 9, j:j + 10] @ k[i, j].astype(np.float64)
+              for i in range(3) for j in range(3))
+    for tile, bound in ((2, 1e-6), (4, 1e-5)):
+        y = np.empty(ref.shape, np.float32)
+        _core.conv3x3_winograd(x, _core.winograd_pack(k, tile), None, y, 1, 1, 0, 0.0, tile)
+        assert np.abs(y - ref).max() <= bound * np.abs(ref).max()
+
+
+def test_winograd_tile_must_be_2_or_4():
+    k = arr(0, (3, 3, 4, 4))
+    with pytest.raises(ValueError, match="tile must be 2 or 4"):
+        _core.winograd_pack(k, 3)
+    with pytest.raises(ValueError, match="tile must be 2 or 4"):
+        _core.conv3x3_winograd(arr(1, (1, 6, 6, 4)), _core.winograd_pack(k, 4), None,
+                               np.empty((1, 4, 4, 4), np.float32), 0, 0, 0, 0.0, 8)
 
 
 def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
