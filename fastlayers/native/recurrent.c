@@ -18,12 +18,15 @@
  * call began, or none: the pool busy with another call runs the task once, on the caller),
  * a share nobody claimed the step of, or whose step still runs, after waiting as long as its
  * own part of the step took; it runs an unclaimed unit itself, or claims the next unit of a
- * running share, whose owner then finds its claim taken and leaves. So a descheduled thread
- * delays a call at most once (the rest of the call runs on the threads that are there), and
- * nothing waits for a thread that is not inside the call. (One fl_parallel call per step
- * measured as fast on an idle machine; on a busy one it waits again each time a thread is
- * descheduled holding a chunk.) Batch shares (row_parts > 1) run the whole sequence each,
- * one chunk of fl_parallel apiece, without meeting.
+ * running share, whose owner then finds its claim taken. An owner back soon after (within
+ * RNN_HANDBACK_NS: a vCPU the host held up, an interrupt) asks for its share and gets it back
+ * at the holder's next step; one back later (a time slice lost to another process, which would
+ * recur) leaves. So a short absence costs a step or two, a long one delays a call once (the
+ * rest of the call runs on the threads that are there), and nothing waits for a thread that
+ * is not inside the call. (One fl_parallel call per step measured as fast on an idle machine;
+ * on a busy one it waits again each time a thread is descheduled holding a chunk.) Batch
+ * shares (row_parts > 1) run the whole sequence each, one chunk of fl_parallel apiece, without
+ * meeting.
  */
 #include <sched.h>
 #include <stdatomic.h>
@@ -54,10 +57,22 @@
 #define RNN_STEP_X_BYTES (2 << 20)
 /* Nanoseconds after which a waiting thread also yields its core (to a descheduled owner). */
 #define RNN_YIELD_NS 200000
+/* A thread back within this many nanoseconds of the take-over of its share asks for it back
+ * (rnn_shares_task): a short absence (a vCPU held up by the host, an interrupt) costs a step or
+ * two, not the rest of the call at one thread; an absence of a scheduler time slice (another
+ * process busy on the core) would recur, and the share stays with the thread that took it. */
+#define RNN_HANDBACK_NS 200000
 
 typedef struct {
     _Alignas(64) _Atomic int64_t v;
 } rnn_counter;
+
+/* A share's hand-back (rnn_shares_task): when another thread last took it over, and whether
+ * the thread it was taken from is back and asks for it. */
+typedef struct {
+    _Alignas(64) _Atomic int64_t taken_ns;
+    _Atomic int want;
+} rnn_back;
 
 typedef struct {
     int64_t u0, n, q0, nq;                 /* units u0:u0+n, projection outputs q0:q0+nq */
@@ -78,6 +93,7 @@ typedef struct {
     int step_x;                            /* input projection per step, into the gates */
     rnn_share *sh;
     rnn_counter *claim, *done;             /* per share: units claimed; units done */
+    rnn_back *back;                        /* per share */
     _Atomic int status;
 } rnn_job;
 
@@ -558,13 +574,14 @@ FL_INLINE int rnn_claim(rnn_counter *c, int64_t from) {
 }
 
 /* Wait until every share finished unit u; this thread's own units of it took busy_ns. own[q]:
- * 0 not this thread's share, 1 its next unit still to claim, 2 claimed already. A share whose
- * unit u nobody claimed becomes this thread's at once for u 0 (a thread that ran would have
- * claimed it while this one ran its own), else after the patience (busy_ns, at least
- * RNN_TAKEOVER_MIN_NS); so does, after the patience, a share whose unit u still runs: this
- * thread claims its next unit. */
+ * 0 not this thread's share, 1 its next unit still to claim, 2 claimed already. With `take`
+ * (the thread owns a share), a share whose unit u nobody claimed becomes this thread's at once
+ * for u 0 (a thread that ran would have claimed it while this one ran its own), else after the
+ * patience (busy_ns, at least RNN_TAKEOVER_MIN_NS); so does, after the patience, a share whose
+ * unit u still runs: this thread claims its next unit. A share taken over is stamped with the
+ * time, for its former owner's hand-back. */
 static void rnn_meet(rnn_job *j, uint8_t *own, int64_t *owned, int64_t u, int64_t units,
-                     int64_t busy_ns) {
+                     int64_t busy_ns, int take) {
     int64_t target = (u + 1) * j->parts;
     if (atomic_load_explicit(&j->done->v, memory_order_acquire) >= target) return;
     int64_t start = rnn_now_ns(), patience = FL_MAX(busy_ns, RNN_TAKEOVER_MIN_NS);
@@ -575,18 +592,20 @@ static void rnn_meet(rnn_job *j, uint8_t *own, int64_t *owned, int64_t u, int64_
             continue;
         }
         int64_t waited = rnn_now_ns() - start;
-        for (int64_t q = 0; q < j->parts; ++q) {
+        for (int64_t q = 0; q < j->parts && take; ++q) {
             if (own[q]) continue;
             int64_t claimed = atomic_load_explicit(&j->claim[q].v, memory_order_acquire);
-            if (claimed == u && (u == 0 || waited >= patience) && rnn_claim(j->claim + q, u)) {
-                own[q] = 1;
-                ++*owned;
+            int run = claimed == u && (u == 0 || waited >= patience) && rnn_claim(j->claim + q, u);
+            if (!run && !(claimed == u + 1 && waited >= patience && u + 1 < units &&
+                          rnn_claim(j->claim + q, u + 1)))
+                continue;
+            own[q] = run ? 1 : 2;
+            ++*owned;
+            atomic_store_explicit(&j->back[q].want, 0, memory_order_relaxed);
+            atomic_store_explicit(&j->back[q].taken_ns, rnn_now_ns(), memory_order_release);
+            if (run) {
                 rnn_unit(j, q, u);
                 atomic_fetch_add_explicit(&j->done->v, 1, memory_order_acq_rel);
-            } else if (claimed == u + 1 && waited >= patience && u + 1 < units &&
-                       rnn_claim(j->claim + q, u + 1)) {
-                own[q] = 2;
-                ++*owned;
             }
         }
         if (waited > RNN_YIELD_NS) sched_yield();
@@ -596,37 +615,80 @@ static void rnn_meet(rnn_job *j, uint8_t *own, int64_t *owned, int64_t u, int64_
 static __thread const rnn_job *rnn_caller_job = 0;
 
 /* A thread's part of the unit shares: [begin, end) is the pool's chunk; the whole range means
- * this thread runs alone (the pool was busy or has one thread) and takes every share. */
+ * this thread runs alone (the pool was busy or has one thread) and takes every share. The
+ * shares it starts with are its home shares (home[p]). One taken over from it (rnn_meet) comes
+ * back when it returns within RNN_HANDBACK_NS of the take-over: it asks (want), the thread
+ * holding the share lets it go at its next step, and it claims the share's next unit itself;
+ * a thread back later leaves the share where it is (it was away long: the machine is busy). A
+ * worker that found every share taken at the start asks for its first share the same way. */
 static void rnn_shares_task(void *ctx, int64_t begin, int64_t end) {
     rnn_job *j = (rnn_job *)ctx;
-    int64_t parts = j->parts, units = j->a->steps * j->phases, owned = 0;
-    uint8_t own[FL_RNN_MAX_PARTS];
+    int64_t parts = j->parts, units = j->a->steps * j->phases, owned = 0, lost = 0, u0 = 0;
+    int64_t last_busy = 0;
+    uint8_t own[FL_RNN_MAX_PARTS], home[FL_RNN_MAX_PARTS];
     memset(own, 0, (size_t)parts);
+    memset(home, 0, (size_t)parts);
     int alone = end - begin >= parts;
     int64_t first = rnn_caller_job == j ? 0 : FL_MAX(begin, 1) % parts;
     for (int64_t i = 0; i < parts; ++i) {
         int64_t p = (first + i) % parts;
         if (rnn_claim(j->claim + p, 0)) {
             own[p] = 2;
+            home[p] = 1;
             ++owned;
             if (!alone) break;
         }
     }
-    for (int64_t u = 0; u < units && owned; ++u) {
+    if (!owned) {               /* late: join at the step under way, asking for the first share */
+        home[first] = 1;
+        lost = 1;
+        u0 = atomic_load_explicit(&j->done->v, memory_order_acquire) / parts;
+    }
+    for (int64_t u = u0; u < units && (owned || lost); ++u) {
         int64_t did = 0, start = rnn_now_ns();
         for (int64_t p = 0; p < parts; ++p) {
-            if (!own[p]) continue;
-            if (own[p] == 1 && !rnn_claim(j->claim + p, u)) {       /* taken over */
-                own[p] = 0;
+            if (own[p] == 1 && !home[p] &&
+                atomic_load_explicit(&j->back[p].want, memory_order_acquire)) {
+                own[p] = 0;                                         /* handed back */
                 --owned;
                 continue;
             }
-            own[p] = 1;
+            if (own[p] == 2 || (own[p] == 1 && rnn_claim(j->claim + p, u))) {
+                own[p] = 1;
+            } else if (own[p] == 1 || home[p]) {
+                if (own[p] == 1) {                                  /* taken over */
+                    own[p] = 0;
+                    --owned;
+                    lost += home[p];
+                }
+                if (!home[p]) continue;
+                if (rnn_claim(j->claim + p, u)) {                   /* back home */
+                    own[p] = 1;
+                    ++owned;
+                    --lost;
+                    atomic_store_explicit(&j->back[p].want, 0, memory_order_relaxed);
+                } else {
+                    int64_t taken = atomic_load_explicit(&j->back[p].taken_ns,
+                                                         memory_order_acquire);
+                    if (rnn_now_ns() - taken <= RNN_HANDBACK_NS) {
+                        atomic_store_explicit(&j->back[p].want, 1, memory_order_release);
+                    } else {                                        /* away too long */
+                        home[p] = 0;
+                        --lost;
+                    }
+                    continue;
+                }
+            } else {
+                continue;
+            }
             rnn_unit(j, p, u);
             ++did;
         }
-        if (did) atomic_fetch_add_explicit(&j->done->v, did, memory_order_acq_rel);
-        if (owned) rnn_meet(j, own, &owned, u, units, rnn_now_ns() - start);
+        if (did) {
+            atomic_fetch_add_explicit(&j->done->v, did, memory_order_acq_rel);
+            last_busy = rnn_now_ns() - start;
+        }
+        if (owned || lost) rnn_meet(j, own, &owned, u, units, last_busy, owned > 0);
     }
 }
 
@@ -674,14 +736,16 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
         per_share_max = FL_MAX(per_share_max, bytes);
     }
     size_t head = rnn_span(njobs, sizeof(rnn_job)) + rnn_span(njobs * parts, sizeof(rnn_share)) +
-                  rnn_span(parts + 1, sizeof(rnn_counter)) + rnn_span(blocks * units, 4);
+                  rnn_span(parts + 1, sizeof(rnn_counter)) + rnn_span(parts, sizeof(rnn_back)) +
+                  rnn_span(blocks * units, 4);
     char *buf = (char *)fl_buf_grow(&rnn_buf, head + (size_t)njobs * (per_job + (size_t)parts * per_share_max));
     if (!buf) return -1;
     rnn_job *jobs = (rnn_job *)buf;
     rnn_share *shares = (rnn_share *)(buf + rnn_span(njobs, sizeof(rnn_job)));
     rnn_counter *counters = (rnn_counter *)((char *)shares + rnn_span(njobs * parts,
                                                                       sizeof(rnn_share)));
-    float *zeros = (float *)((char *)counters + rnn_span(parts + 1, sizeof(rnn_counter)));
+    rnn_back *back = (rnn_back *)((char *)counters + rnn_span(parts + 1, sizeof(rnn_counter)));
+    float *zeros = (float *)((char *)back + rnn_span(parts, sizeof(rnn_back)));
     memset(zeros, 0, (size_t)(blocks * units) * sizeof(float));
     char *next = (char *)zeros + rnn_span(blocks * units, 4);
 
@@ -715,6 +779,7 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
         j->sh = shares + r * parts;
         j->claim = counters;
         j->done = counters + parts;
+        j->back = back;
         atomic_init(&j->status, 0);
         int64_t off_ig = 0, off_hg = 0, off_hn = 0, off_hp = 0;
         for (int64_t p = 0; p < parts; ++p) {
@@ -751,6 +816,10 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
             rnn_job_serial(j);
         } else {
             for (int64_t p = 0; p <= parts; ++p) atomic_init(&counters[p].v, 0);
+            for (int64_t p = 0; p < parts; ++p) {
+                atomic_init(&back[p].taken_ns, 0);
+                atomic_init(&back[p].want, 0);
+            }
             rnn_caller_job = j;
             fl_parallel(parts, 1, rnn_shares_task, j);
             rnn_caller_job = 0;

@@ -2,10 +2,13 @@
 against ReferenceOps on every ISA path this CPU runs (conftest's ``isa``): every loop kind and option, float inputs
 and ids, the units split among threads (meeting every step), the batch split among threads, one
 thread; batch 1, length 1, odd unit counts (vector tails), more shares than threads (a share
-taken over by a thread that is there), a busy pool, strided inputs and weight views."""
+taken over by a thread that is there), a busy pool, a busy machine, strided inputs and weight
+views."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -206,6 +209,29 @@ def test_shares_on_one_thread(threads, monkeypatch, rng):
     monkeypatch.setattr(R, "_shares", lambda *a: (2, 1))
     for name, fn, args, kw in cases(rng, 8):
         check(rng, fn, args, kw, {"reverse": True}, 8)
+
+
+@pytest.mark.parametrize("shares", [2, 3])
+def test_beside_a_busy_process(two_threads, monkeypatch, rng, shares):
+    """Unit shares while another process spins on a core: a worker descheduled mid-call has its
+    share taken over and, when back soon, handed back (native/recurrent.c); every call gives,
+    bit for bit, what a call on the quiet machine gave, and none waits out the scheduler."""
+    monkeypatch.setattr(R, "_shares", lambda *a: (1, shares))
+    name, fn, args, kw = cases(rng, 1, units=256)[0]
+    x = rng.standard_normal((1, 60, I)).astype(np.float32)
+    quiet = R.lstm_sequence(x, *args, **kw)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        start, same = time.perf_counter(), []
+        for _ in range(150):
+            got = R.lstm_sequence(x, *args, **kw)
+            same.extend(np.array_equal(g, e) for g, e in zip(got, quiet))
+        elapsed = time.perf_counter() - start
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(same) == 150 * len(quiet) and all(same)
+    assert elapsed < 10
 
 
 @pytest.mark.parametrize("split", ["units", "rows"])
