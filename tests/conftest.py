@@ -106,6 +106,17 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
                                rtol=rtol, atol=atol, err_msg=what)
 
 
+def assert_close_to_scale(actual, expected, rel=1e-5, what=""):
+    """float32 comparison at the per-op tolerance taken against the output's scale: every
+    element within ``rel`` of the largest expected magnitude (for kernels that reorder sums
+    through transforms, such as Winograd F(4x4, 3x3), whose error follows the operands' scale,
+    not each output's)."""
+    expected = np.asarray(expected, np.float64)
+    scale = float(np.abs(expected).max()) if expected.size else 0.0
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=0,
+                               atol=rel * max(scale, 1e-30), err_msg=what)
+
+
 def in_threads(work, count):
     """Run ``work(i)`` for i < ``count``, each in its own Python thread, all at once; the first
     exception a thread raised is raised again here."""

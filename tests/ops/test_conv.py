@@ -22,7 +22,7 @@ from fastlayers.backends.cpu import conv as conv_ops
 from fastlayers.geometry import window_out
 from fastlayers.native import _core
 
-from ..conftest import assert_close
+from ..conftest import assert_close, assert_close_to_scale
 
 REF, CPU = get_ops("reference"), get_ops("cpu")
 ACTS = ["linear", "relu", "sigmoid", "gelu", "tanh", "leaky_relu"]
@@ -302,14 +302,23 @@ def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
     calls = []
     real = _core.conv3x3_winograd
     monkeypatch.setattr(conv_ops._core, "conv3x3_winograd",
-                        lambda *a: calls.append(1) or real(*a), raising=False)
+                        lambda *a: calls.append(a) or real(*a), raising=False)
     x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
     y = CPU.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1)))
-    assert calls
-    assert_close(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))), rtol=1e-5, atol=1e-5)
+    assert calls and calls[0][-1] == 4                       # 16x16 planes: F(4x4, 3x3)
+    assert_close_to_scale(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))))
     calls.clear()
     CPU.conv2d(x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: conv2d
     assert not calls
+
+
+@pytest.mark.parametrize("n,hw,cin,cout,tile", [
+    (1, 56, 64, 64, 4), (1, 28, 128, 128, 4), (8, 28, 16, 32, 4),
+    (1, 14, 64, 64, 2),                  # 4x4 tiles padded 14 -> 16: F(2x2)
+    (1, 28, 128, 256, 2),                # more than 128 channels: F(2x2), for its precision
+    (1, 7, 512, 512, 0), (1, 56, 8, 64, 0), (1, 2, 32, 32, 0)])
+def test_winograd_tile_rule(n, hw, cin, cout, tile):
+    assert conv_ops._winograd_tile(n, hw, hw, cin, cout) == tile
 
 
 @pytest.mark.parametrize("activation", ["softmax", "log_softmax", "selu"])
@@ -377,7 +386,7 @@ def test_replaced_weights_reach_the_winograd_path():
     with fastlayers.use_ops("reference"):
         expected = layer(x)
     assert not np.allclose(y0, expected)
-    assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    assert_close_to_scale(layer(x), expected)
 
 
 def test_outputs_do_not_alias_the_workspace():

@@ -2,8 +2,8 @@
 CpuOps), on the native core (``fastlayers.native._core``: ``native/conv.c`` and
 ``native/pool.c``).
 
-- conv2d: 3x3 stride 1 with 16 channels each way: Winograd F(2x2, 3x3)
-  (``conv3x3_winograd``); otherwise ``conv2d``, which runs the implicit GEMM on the padded
+- conv2d: 3x3 stride 1 with 16 channels each way: Winograd (``conv3x3_winograd``), F(4x4, 3x3)
+  up to 128 channels on planes of many 4x4 tiles, else F(2x2, 3x3); otherwise ``conv2d``, which runs the implicit GEMM on the padded
   input (one group, output rows that fill the sgemm's register tiles) or im2col + the packed
   sgemm in L2-sized row blocks (grouped convolutions, short output rows; a 1x1 stride-1
   unpadded convolution is a product over the NHWC rows, without im2col). A convolution with
@@ -48,6 +48,11 @@ _WINOGRAD_MIN_CHANNELS = 16
 _WINOGRAD_MIN_TILES = 4
 _WINOGRAD_WIDE = 256
 _WINOGRAD_WIDE_TILES = 36
+#: F(4x4, 3x3) up to this many channels each way (its error against the exact convolution,
+#: about 3e-6 of the output's largest magnitude there, grows with the channels: 4.7e-6 at 256),
+#: where its 36 products per 4x4 tile come to at most this fraction of F(2x2)'s 16 per 2x2 tile.
+_WINOGRAD4_MAX_CHANNELS = 128
+_WINOGRAD4_WORK = 0.6
 
 
 def _f32c(a):
@@ -76,16 +81,26 @@ def _finish(self, y, activation, alpha):
     return y
 
 
-def _winograd_pays(n, ho, wo, cin, cout) -> bool:
-    """Whether Winograd F(2x2, 3x3) beats ``conv2d``: from 16 channels each way and 4 tiles,
-    except for wide weights on few tiles (single-thread, AVX2 host: 56x56x16 0.17 against
-    0.22 ms, 4x4x64 8 against 14 us, 6x6x256 0.25 against 0.48 ms, 56x56x64 1.5 against
-    2.5 ms; 12 channels 2x slower, one tile 1.2x slower)."""
+def _winograd_tile(n, ho, wo, cin, cout) -> int:
+    """The Winograd tile of a 3x3 stride-1 convolution: 0 (``conv2d`` is faster), 2 or 4.
+
+    F(2x2, 3x3) beats ``conv2d`` from 16 channels each way and 4 tiles, except for wide weights
+    on few tiles (single-thread, AVX2 host: 56x56x16 0.17 against 0.22 ms, 4x4x64 8 against
+    14 us, 6x6x256 0.25 against 0.48 ms, 56x56x64 1.5 against 2.5 ms; 12 channels 2x slower,
+    one tile 1.2x slower). F(4x4, 3x3) beats F(2x2) on planes whose 4x4 tiles leave little
+    padding (56x56x64 0.95 against 1.37 ms, 28x28x128 0.77 against 1.25; 14x14x256 about
+    even), and is taken up to ``_WINOGRAD4_MAX_CHANNELS`` channels for its precision."""
     if min(cin, cout) < _WINOGRAD_MIN_CHANNELS:
-        return False
-    tiles = n * ((ho + 1) // 2) * ((wo + 1) // 2)
+        return 0
+    tiles2 = n * ((ho + 1) // 2) * ((wo + 1) // 2)
     wide = cin * cout > _WINOGRAD_WIDE * _WINOGRAD_WIDE
-    return tiles >= (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES)
+    if tiles2 < (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES):
+        return 0
+    tiles4 = n * ((ho + 3) // 4) * ((wo + 3) // 4)
+    if (max(cin, cout) <= _WINOGRAD4_MAX_CHANNELS
+            and 36 * tiles4 <= _WINOGRAD4_WORK * 16 * tiles2):
+        return 4
+    return 2
 
 
 def _packed_conv(wk, groups):
@@ -127,13 +142,15 @@ class ConvOps(ReferenceOps):
                                                    activation, alpha)
         wk, bias, code, out = _f32c(w_hwio), _bias(b), _kernel_code(activation), (n, ho, wo, cout)
         finish = code != CODES.get(activation)   # softmax or no native code: a pass after
-        if (kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1
-                and _winograd_pays(n, ho, wo, c, cout)):
-            pu = derived_view(wk, "native-winograd", _core.winograd_pack)
+        tile = (_winograd_tile(n, ho, wo, c, cout)
+                if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0)
+        if tile:
+            pu = derived_view(wk, f"native-winograd:{tile}",
+                              functools.partial(_core.winograd_pack, tile=tile))
 
             def run(x):
                 y = np.empty(out, np.float32)
-                _core.conv3x3_winograd(_f32c(x), pu, bias, y, pt, pl, code, alpha)
+                _core.conv3x3_winograd(_f32c(x), pu, bias, y, pt, pl, code, alpha, tile)
                 return _finish(self, y, activation, alpha) if finish else y
         else:
             pw = _packed_conv(wk, groups)
