@@ -191,6 +191,27 @@ else:
         else:
             assert got_w is None
 
+    @pytest.mark.parametrize("masked, need_weights, biased", [(False, True, True),
+                                                              (True, False, False)])
+    def test_self_attention(ops, rng, masked, need_weights, biased):
+        """Multi-head self-attention (the fused ONNX ``FusedSelfAttention`` node's op) on the
+        device, against the reference composition."""
+        n, length, e, heads = 2, 5, 8, 2
+        w_qkv, w_o = _r(rng, e, 3 * e, scale=0.3), _r(rng, e, e, scale=0.3)
+        b_qkv, b_o = (_r(rng, 3 * e), _r(rng, e)) if biased else (None, None)
+        x = _r(rng, n, length, e)
+        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) \
+            if masked else None
+        got, got_w = ops.self_attention(x, w_qkv, b_qkv, w_o, b_o, heads, bias, 0, need_weights)
+        want, want_w = REF.self_attention(x, w_qkv, b_qkv, w_o, b_o, heads, bias, 0,
+                                          need_weights)
+        assert isinstance(got, np.ndarray) and got.shape == (n, length, e)
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        if need_weights:
+            assert_close(got_w, want_w, rtol=1e-4, atol=1e-6)
+        else:
+            assert got_w is None
+
     def test_attention_on_device(ops, rng):
         q, k, v = _r(rng, 1, 2, 3, 4), _r(rng, 1, 2, 5, 4), _r(rng, 1, 2, 5, 2)
         bias = np.where(rng.random((1, 1, 1, 5)) < 0.3, -np.inf, 0).astype(np.float32)
