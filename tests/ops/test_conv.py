@@ -321,6 +321,35 @@ def test_winograd_tile_rule(n, hw, cin, cout, tile):
     assert conv_ops._winograd_tile(n, hw, hw, cin, cout) == tile
 
 
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_nan_and_inf_stay_in_their_tiles(isa, tile):
+    """A NaN or an inf input makes NaN every output whose tile's input patch holds it (the
+    transforms add and subtract across the patch): a superset of the exact convolution's
+    non-finite outputs, confined to those tiles; every other output is unchanged."""
+    x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16), 1 / 12)
+    clean = np.empty((1, 16, 16, 16), np.float32)
+    pu = _core.winograd_pack(k, tile)
+    _core.conv3x3_winograd(x, pu, None, clean, 1, 1, 0, 0.0, tile)
+    for bad in (np.nan, np.inf):
+        for ih, iw in ((5, 6), (0, 0), (15, 9)):
+            xb = x.copy()
+            xb[0, ih, iw, 3] = bad
+            y = np.empty_like(clean)
+            _core.conv3x3_winograd(xb, pu, None, y, 1, 1, 0, 0.0, tile)
+            exact = REF.conv2d(xb, k, None, (1, 1), ((1, 1), (1, 1)))
+            hit = ~np.isfinite(y)
+            assert hit[~np.isfinite(exact)].all()
+            # tiles whose (tile + 2)-wide patch, in padded coordinates, holds (ih + 1, iw + 1)
+            rows = [t for t in range(0, 16, tile) if t <= ih + 1 < t + tile + 2]
+            cols = [t for t in range(0, 16, tile) if t <= iw + 1 < t + tile + 2]
+            inside = np.zeros((16, 16), bool)
+            for r in rows:
+                for c in cols:
+                    inside[r:r + tile, c:c + tile] = True
+            assert not hit[0][~inside].any()
+            np.testing.assert_array_equal(y[0][~inside], clean[0][~inside])
+
+
 @pytest.mark.parametrize("activation", ["softmax", "log_softmax", "selu"])
 def test_activations_outside_the_epilogue(activation):
     """Softmax over the channels runs after the kernel; an activation without a native code
