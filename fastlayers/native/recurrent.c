@@ -675,6 +675,7 @@ static void rnn_shares_task(void *ctx, int64_t begin, int64_t end) {
                     } else {                                        /* away too long */
                         home[p] = 0;
                         --lost;
+                        atomic_store_explicit(&j->back[p].want, 0, memory_order_relaxed);
                     }
                     continue;
                 }
