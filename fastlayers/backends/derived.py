@@ -68,14 +68,30 @@ def derived_view(view, kind: str, make: Callable):
     return derived(root, key, lambda _: make(view))
 
 
+#: Entries ``derived_from`` keeps per first source: one per set of other sources, so that
+#: consumers sharing their first array (layers whose identical initializers an exporter stored
+#: once, e.g. the clones of ``nn.TransformerEncoder``) each keep theirs instead of recomputing
+#: on every call.
+DERIVED_FROM_ENTRIES = 16
+
+
 def derived_from(sources: tuple, kind: str, make: Callable):
-    """``make(*sources)``, cached per (``sources[0]``, ``kind``) while the other sources stay the
-    same objects (the entry holds them; other objects recompute and replace it)."""
-    box = derived(sources[0], kind, lambda _: [None])
-    hit = box[0]
-    if hit is None or any(a is not b for a, b in zip(hit[0], sources[1:])):
-        box[0] = hit = (tuple(sources[1:]), make(*sources))
-    return hit[1]
+    """``make(*sources)``, cached per (``sources[0]``, ``kind``) and the other sources' objects.
+
+    Each set of other sources has its entry (the entry holds them, so their ids are not reused
+    while it lives), up to ``DERIVED_FROM_ENTRIES`` per first source, the oldest dropped first:
+    other sources replaced by new objects compute a new entry."""
+    box = derived(sources[0], kind, lambda _: {})
+    key = tuple(map(id, sources[1:]))
+    hit = box.get(key)
+    if hit is not None:
+        return hit[1]
+    value = make(*sources)
+    with _lock:
+        box[key] = (tuple(sources[1:]), value)
+        while len(box) > DERIVED_FROM_ENTRIES:
+            del box[next(iter(box))]
+    return value
 
 
 def clear_derived() -> None:

@@ -143,3 +143,27 @@ def test_clearing_derived_weights_frees_entries_that_hold_other_sources():
     del source
     derived.clear_derived()
     assert derived.derived(holder, "test-holder", lambda s: "again") == "again"
+
+
+def test_derived_from_keeps_an_entry_per_set_of_other_sources():
+    """Consumers that share their first source (an exporter's deduplicated initializer) but not
+    the others each keep their entry: alternating calls compute each once; new other sources
+    compute anew; at most DERIVED_FROM_ENTRIES entries per first source."""
+    from fastlayers.backends import derived
+
+    shared, made = np.zeros(4), []
+    others = [np.full(3, float(i)) for i in range(derived.DERIVED_FROM_ENTRIES + 1)]
+
+    def make(first, other):
+        made.append(float(other[0]))
+        return float(other[0])
+
+    for _ in range(3):
+        for other in others[:2]:
+            assert derived.derived_from((shared, other), "test-shared", make) == other[0]
+    assert made == [0.0, 1.0]
+    for other in others:
+        derived.derived_from((shared, other), "test-shared", make)
+    assert made == [0.0, 1.0] + [float(i) for i in range(2, len(others))]
+    box = derived.derived(shared, "test-shared", lambda _: None)
+    assert len(box) == derived.DERIVED_FROM_ENTRIES and id(others[0]) not in {k[0] for k in box}

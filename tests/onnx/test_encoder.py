@@ -77,6 +77,29 @@ def test_torchscript_export_runs_each_layer_as_one_node(torch, tmp_path, rng, ba
     check_against_onnxruntime(ours, path, rng, batch_first)
 
 
+def test_cloned_layers_pack_their_weights_once(torch, tmp_path, rng, monkeypatch):
+    """``nn.TransformerEncoder`` clones its layer: without training the layers' weights are
+    equal, and the exporter stores each such initializer once, so the two fused nodes share
+    some weight arrays and not others. Each node's packed weights are still made once, not
+    again on every call (they were, when the cache kept one entry per shared array)."""
+    from fastlayers.backends import cpu
+
+    module = encoder(torch, batch_first=True)
+    for layer in module.enc.layers[1:]:
+        layer.load_state_dict(module.enc.layers[0].state_dict())
+    path = export(torch, module, tmp_path / "clones.onnx")
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedEncoderLayer"] * 2
+    packs, real = [], cpu._packed_products
+    monkeypatch.setattr(cpu, "_packed_products", lambda *a: packs.append(1) or real(*a))
+    x = rng.standard_normal((2, 6, D)).astype(np.float32)
+    first = ours(x)
+    for _ in range(3):
+        np.testing.assert_array_equal(ours(x), first)
+    assert len(packs) <= 2
+    check_against_onnxruntime(ours, path, rng)
+
+
 def test_length_one_layers_run_as_one_node(torch, tmp_path, rng, backend):
     path = export(torch, encoder(torch, batch_first=True), tmp_path / "one.onnx", steps=1)
     ours = fastlayers.load(path)
