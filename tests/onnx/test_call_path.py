@@ -92,3 +92,49 @@ def test_input_check_fast_path_accepts_and_refuses_as_the_full_check(tmp_path, r
             model(np.zeros(shape, np.float32))
     with pytest.raises(ShapeError, match=r"expects inputs \['x'\], got 2"):
         model(x, x)
+
+
+def test_warm_calls_pack_no_weights(tmp_path, rng, monkeypatch):
+    """Weights are packed once (backends/derived.py): after the first calls, a graph of every
+    packing convolution route (Winograd F(4x4), strided im2col, transposed, depthwise) and a
+    Gemm calls no packing function of the native core, and gives the same result."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.native import _core
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),               # F(4x4)
+        helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("ConvTranspose", ["c2", "w3"], ["c3"], strides=[2, 2], pads=[1, 1, 1, 1],
+                         output_padding=[1, 1]),
+        helper.make_node("Conv", ["c3", "w4"], ["c4"], pads=[1, 1, 1, 1], group=8),     # depthwise
+        helper.make_node("Flatten", ["c4"], ["f"]),
+        helper.make_node("Gemm", ["f", "w5", "b5"], ["y"]),
+    ]
+    inits = [weight("w1", 16, 16, 3, 3), weight("w2", 16, 16, 3, 3), weight("b2", 16),
+             weight("w3", 16, 8, 3, 3), weight("w4", 8, 1, 3, 3), weight("w5", 8 * 28 * 28, 10),
+             weight("b5", 10)]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(model, tmp_path / "convs.onnx")
+    ours = fastlayers.load(tmp_path / "convs.onnx")
+    x = rng.standard_normal((1, 16, 28, 28)).astype(np.float32)
+    first = ours(x)
+    ours(x)
+    packs = []
+    for name in [n for n in dir(_core) if "pack" in n and callable(getattr(_core, n))]:
+        real = getattr(_core, name)
+        monkeypatch.setattr(_core, name, lambda *a, _real=real, _name=name, **k:
+                            packs.append(_name) or _real(*a, **k))
+    for _ in range(3):
+        np.testing.assert_array_equal(ours(x), first)
+    assert packs == []
+    fresh = fastlayers.load(tmp_path / "convs.onnx")        # its own weights: packed at first
+    np.testing.assert_array_equal(fresh(x), first)
+    assert {"winograd_pack", "conv_pack", "pack"} <= set(packs)
+    assert_close(first, _ort(tmp_path / "convs.onnx", x), rtol=1e-4, atol=1e-4)
