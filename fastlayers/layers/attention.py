@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from ..backends.derived import derived, derived_from
 from ..errors import ShapeError, UnsupportedError
 from ..symbolic import SymbolicTensor, is_symbolic
 from .base import Layer, shape_str
@@ -458,6 +459,21 @@ class MultiHeadAttention(Layer):
                   *(k[a] for a in axes))
         return [out, scores]
 
+    def _self_attention(self, x):
+        """The layer on x as query, key and value (rank 3, no mask, heads of width E / H, an
+        output of width E): one ``ops.self_attention`` call, on the q, k and v kernels side by
+        side (made once per set of weight arrays)."""
+        e = tuple(x.shape)[-1]                  # device arrays' shapes may not index from the end
+        w_qkv = derived_from((self.query_kernel, self.key_kernel, self.value_kernel), "mha-qkv",
+                             lambda *w: np.concatenate([a.reshape(e, e) for a in w], axis=1))
+        b_qkv = derived_from((self.query_bias, self.key_bias, self.value_bias), "mha-qkv",
+                             lambda *b: np.concatenate([a.reshape(e) for a in b])) \
+            if self.use_bias else None
+        w_o = derived(self.output_kernel, "mha-out", lambda w: w.reshape(e, e))
+        return self.ops.self_attention(x, w_qkv, b_qkv, w_o,
+                                       self.output_bias if self.use_bias else None,
+                                       self.num_heads, need_weights=False)[0]
+
     def call(self, inputs, packed=("query", "value"), return_attention_scores=False,
              use_causal_mask=False):
         q, v, k, mask = self._unpack(inputs, packed)
@@ -466,6 +482,10 @@ class MultiHeadAttention(Layer):
         ops = self.ops
         H, kd, vd = self.num_heads, self.key_dim, self.value_dim
         rank = len(q_shape)
+        if (q is v and k is v and mask is None and not use_causal_mask
+                and not return_attention_scores and rank == 3 and axes == (1,)
+                and kd == vd and H * kd == q_shape[-1] and self._out_tail(q_shape) == (H * kd,)):
+            return self._self_attention(q)
 
         # projections: one GEMM each, (..., dim) @ (dim, H*kd)
         def project(x, kernel, bias, d):  # one 2-D GEMM, not numpy's loop over stacked ones

@@ -105,6 +105,34 @@ def test_multi_head_attention_matches_keras(kwargs, qs, vs, mask, keras, rng, ba
                  rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, backend,
+                                                  monkeypatch):
+    """One array as query, key and value, heads of width dim / num_heads, no mask or scores:
+    one ``ops.self_attention`` call on the q/k/v kernels side by side, equal to Keras; with a
+    mask, causal, or scores the general path runs."""
+    x = rng.standard_normal((batch, 6, 8)).astype(np.float32)
+    ref = keras.layers.MultiHeadAttention(2, 4, use_bias=use_bias)
+    ref(x, x)
+    random_weights(ref, rng)
+    ours = fl.MultiHeadAttention(2, 4, use_bias=use_bias)
+    ours(x, x)
+    ours.set_weights(ref.get_weights())
+    fused, real = [], fl.MultiHeadAttention._self_attention
+    monkeypatch.setattr(fl.MultiHeadAttention, "_self_attention",
+                        lambda self, q: fused.append(1) or real(self, q))
+    for _ in range(2):
+        assert_close(ours(x, x), kn(keras, ref(x, x)), rtol=1e-4, atol=1e-5)
+    assert len(fused) == 2
+    causal = ours(x, x, use_causal_mask=True)
+    assert len(fused) == 2
+    assert_close(causal, kn(keras, ref(x, x, use_causal_mask=True)), rtol=1e-4, atol=1e-5)
+    ours.set_weights([w * 0.5 for w in ref.get_weights()])       # new weights reach the op
+    ref.set_weights([w * 0.5 for w in ref.get_weights()])
+    assert_close(ours(x, x), kn(keras, ref(x, x)), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("axes", [None, (2,), (1,), (1, 2)])
 def test_multi_head_attention_axes_match_keras(axes, keras, rng, backend):
     x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)

@@ -716,6 +716,35 @@ class CudaOps(ReferenceOps):
         return self._back(out, dev), (self._back(w, dev) if need_weights else None)
 
     @_serialized_in_simulator
+    def _self_attention_rows(self, rows, n, length, w_qkv_io, b_qkv, w_o_io, b_o, num_heads,
+                             bias, empty, need_weights):
+        """Multi-head self-attention of the device rows (n length, E): (output rows on the
+        device, attention weights or None)."""
+        e = rows.shape[1]
+        hd = e // num_heads
+        qkv = self.dense(rows, w_qkv_io, b_qkv)
+        q, k, v = (self.copy_view(qkv, lambda a, i=i: a.reshape(n, length, 3, num_heads, hd)
+                                  [:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
+        o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty, need_weights)
+        o_rows = self.copy_view(o, lambda a: a.transpose(0, 2, 1, 3)).reshape(n * length, e)
+        return self.dense(o_rows, w_o_io, b_o), s
+
+    def self_attention(self, x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias=None,
+                       empty=0, need_weights=True):
+        """``ReferenceOps.self_attention`` with every value on the device: the input copied in
+        once and the output out once."""
+        dev = is_device(x_nle)
+        n, length, e = x_nle.shape
+        if x_nle.size == 0:
+            return self._host_path(dev, super().self_attention(
+                to_host(x_nle), w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias, empty,
+                need_weights))
+        out, s = self._self_attention_rows(to_device(x_nle).reshape(n * length, e), n, length,
+                                           w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias, empty,
+                                           need_weights)
+        weights = self._back(s, dev) if need_weights else None
+        return self._back(out.reshape(n, length, e), dev), weights
+
     def encoder_layer(self, x_nle, w, num_heads, activation="relu", norm_first=False, bias=None,
                       empty=0, need_weights=True):
         """``ReferenceOps.encoder_layer`` with every value on the device: the input copied in
@@ -726,16 +755,11 @@ class CudaOps(ReferenceOps):
         if x_nle.size == 0:
             return self._host_path(is_device(x_nle), super().encoder_layer(to_host(x_nle), w, num_heads, activation, norm_first,
                                          bias, empty, need_weights))
-        hd = e // num_heads
         rows = to_device(x_nle).reshape(n * length, e)
 
         def mha(z_rows):
-            qkv = self.dense(z_rows, w.w_qkv_io, w.b_qkv)
-            q, k, v = (self.copy_view(qkv, lambda a, i=i: a.reshape(n, length, 3, num_heads, hd)
-                                      [:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
-            o, s = self.attention(q, k, v, 1.0 / math.sqrt(hd), bias, False, empty, need_weights)
-            o_rows = self.copy_view(o, lambda a: a.transpose(0, 2, 1, 3)).reshape(n * length, e)
-            return self.dense(o_rows, w.w_o_io, w.b_o), s
+            return self._self_attention_rows(z_rows, n, length, w.w_qkv_io, w.b_qkv, w.w_o_io,
+                                             w.b_o, num_heads, bias, empty, need_weights)
 
         def ff(z_rows):
             return self.dense(self.dense(z_rows, w.w_1_io, w.b_1, activation), w.w_2_io, w.b_2)
