@@ -105,6 +105,18 @@ def test_multi_head_attention_matches_keras(kwargs, qs, vs, mask, keras, rng, ba
                  rtol=1e-4, atol=1e-5)
 
 
+def _self_attention_pair(keras, rng, x, *args, **kwargs):
+    """Keras's MultiHeadAttention(*args, **kwargs) built on (x, x) with random weights, and
+    fastlayers' with the same weights."""
+    ref = keras.layers.MultiHeadAttention(*args, **kwargs)
+    ref(x, x)
+    random_weights(ref, rng)
+    ours = fl.MultiHeadAttention(*args, **kwargs)
+    ours(x, x)
+    ours.set_weights(ref.get_weights())
+    return ref, ours
+
+
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, backend,
@@ -113,12 +125,7 @@ def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, b
     one ``ops.self_attention`` call on the q/k/v kernels side by side, equal to Keras; with a
     mask, causal, or scores the general path runs."""
     x = rng.standard_normal((batch, 6, 8)).astype(np.float32)
-    ref = keras.layers.MultiHeadAttention(2, 4, use_bias=use_bias)
-    ref(x, x)
-    random_weights(ref, rng)
-    ours = fl.MultiHeadAttention(2, 4, use_bias=use_bias)
-    ours(x, x)
-    ours.set_weights(ref.get_weights())
+    ref, ours = _self_attention_pair(keras, rng, x, 2, 4, use_bias=use_bias)
     fused, real = [], fl.MultiHeadAttention._self_attention
     monkeypatch.setattr(fl.MultiHeadAttention, "_self_attention",
                         lambda self, q: fused.append(1) or real(self, q))
@@ -136,12 +143,7 @@ def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, b
 @pytest.mark.parametrize("axes", [None, (2,), (1,), (1, 2)])
 def test_multi_head_attention_axes_match_keras(axes, keras, rng, backend):
     x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
-    ref = keras.layers.MultiHeadAttention(2, 3, attention_axes=axes)
-    ref(x, x)
-    random_weights(ref, rng)
-    ours = fl.MultiHeadAttention(2, 3, attention_axes=axes)
-    ours(x, x)
-    ours.set_weights(ref.get_weights())
+    ref, ours = _self_attention_pair(keras, rng, x, 2, 3, attention_axes=axes)
     o, s = ref(x, x, return_attention_scores=True)
     o2, s2 = ours(x, x, return_attention_scores=True)
     assert s2.shape == tuple(s.shape)
