@@ -715,7 +715,6 @@ class CudaOps(ReferenceOps):
                           out.reshape(nb * nh, tq, dv))
         return self._back(out, dev), (self._back(w, dev) if need_weights else None)
 
-    @_serialized_in_simulator
     def _self_attention_rows(self, rows, n, length, w_qkv_io, b_qkv, w_o_io, b_o, num_heads,
                              bias, empty, need_weights):
         """Multi-head self-attention of the device rows (n length, E): (output rows on the
@@ -729,6 +728,7 @@ class CudaOps(ReferenceOps):
         o_rows = self.copy_view(o, lambda a: a.transpose(0, 2, 1, 3)).reshape(n * length, e)
         return self.dense(o_rows, w_o_io, b_o), s
 
+    @_serialized_in_simulator
     def self_attention(self, x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias=None,
                        empty=0, need_weights=True):
         """``ReferenceOps.self_attention`` with every value on the device: the input copied in
@@ -745,6 +745,7 @@ class CudaOps(ReferenceOps):
         weights = self._back(s, dev) if need_weights else None
         return self._back(out.reshape(n, length, e), dev), weights
 
+    @_serialized_in_simulator
     def encoder_layer(self, x_nle, w, num_heads, activation="relu", norm_first=False, bias=None,
                       empty=0, need_weights=True):
         """``ReferenceOps.encoder_layer`` with every value on the device: the input copied in
