@@ -70,9 +70,10 @@ def derived_view(view, kind: str, make: Callable):
 
 #: Entries ``derived_from`` keeps per first source: one per set of other sources, so that
 #: consumers sharing their first array (layers whose identical initializers an exporter stored
-#: once, e.g. the clones of ``nn.TransformerEncoder``) each keep theirs instead of recomputing
-#: on every call.
-DERIVED_FROM_ENTRIES = 16
+#: once, e.g. the untrained clones of a deep ``nn.TransformerEncoder``) each keep theirs
+#: instead of recomputing on every call; the bound caps what stale entries (other sources
+#: replaced while the first stays) can hold.
+DERIVED_FROM_ENTRIES = 64
 
 
 def derived_from(sources: tuple, kind: str, make: Callable):
