@@ -117,6 +117,16 @@ def assert_close_to_scale(actual, expected, rel=1e-5, what=""):
                                atol=rel * max(scale, 1e-30), err_msg=what)
 
 
+def randomized(torch, module_class, scale=0.3):
+    """``module_class()`` in eval mode with every parameter drawn from N(0, scale^2) (seed 0)."""
+    torch.manual_seed(0)
+    module = module_class().eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, scale)
+    return module
+
+
 def in_threads(work, count):
     """Run ``work(i)`` for i < ``count``, each in its own Python thread, all at once; the first
     exception a thread raised is raised again here."""

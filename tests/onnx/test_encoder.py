@@ -9,7 +9,7 @@ import pytest
 import fastlayers
 from fastlayers.errors import ShapeError
 
-from ..conftest import assert_close, oracle
+from ..conftest import assert_close, oracle, randomized
 
 D, HEADS, FF = 32, 4, 48
 
@@ -25,12 +25,7 @@ def encoder(torch, masked=False, layers=2, **options):
         def forward(self, x, mask=None):
             return self.enc(x, src_key_padding_mask=mask) if masked else self.enc(x)
 
-    torch.manual_seed(0)
-    module = Encoder().eval()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0.0, 0.3)
-    return module
+    return randomized(torch, Encoder)
 
 
 def export(torch, module, path, batch_first=True, masked=False, steps=6):

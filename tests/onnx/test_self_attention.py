@@ -11,7 +11,7 @@ import pytest
 import fastlayers
 from fastlayers.errors import ShapeError
 
-from ..conftest import assert_close, oracle
+from ..conftest import assert_close, oracle, randomized
 
 E, HEADS, STEPS = 15, 3, 5      # heads of width 5
 
@@ -26,12 +26,7 @@ def attention(torch, call, batch_first=True, bias=True):
         def forward(self, *inputs):
             return call(self.mha, *inputs)
 
-    torch.manual_seed(0)
-    module = Module().eval()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0.0, 0.3)
-    return module
+    return randomized(torch, Module)
 
 
 def self_attention(mha, x):
