@@ -11,6 +11,8 @@ cdef extern from "dispatch.h":
 
 cdef extern from "heap.h":
     int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold)
+    int64_t fl_thread_buf_bytes()
+    int64_t fl_thread_buf_released()
 
 cdef extern from "threadpool.h":
     int fl_pool_get_threads()
@@ -116,3 +118,13 @@ def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):
     to ``trim_threshold`` free bytes mapped (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD,
     process-wide); whether it applied (False on other C libraries, or values out of range)."""
     return bool(fl_heap_retain(mmap_threshold, trim_threshold))
+
+
+def thread_buffer_bytes():
+    """Bytes the calling thread's kernel work buffers hold now (freed when the thread exits)."""
+    return fl_thread_buf_bytes()
+
+
+def threads_released():
+    """Threads whose kernel work buffers were freed at their exit since the process started."""
+    return fl_thread_buf_released()

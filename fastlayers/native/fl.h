@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
+
 #if defined(FL_ISA_AVX512)
 #define FL_VW 16
 #define FL_FN(name) name##_avx512
@@ -35,11 +37,9 @@
 #define FL_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FL_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-/* A work buffer owned by one thread (declare it `static __thread`), grown on demand. */
-typedef struct {
-    void *p;
-    size_t bytes;
-} fl_buf;
+/* A work buffer owned by one thread (declare it `static __thread`), grown on demand; the
+ * memory is freed when its thread exits (heap.h). */
+typedef fl_thread_buf fl_buf;
 
 /* b's buffer of at least `bytes` bytes, 64-byte aligned (contents undefined), or NULL. */
 static inline void *fl_buf_grow(fl_buf *b, size_t bytes) {
@@ -47,6 +47,7 @@ static inline void *fl_buf_grow(fl_buf *b, size_t bytes) {
         free(b->p);
         b->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
         b->bytes = b->p ? bytes : 0;
+        if (b->p && !b->tracked) fl_thread_buf_track(b);
     }
     return b->p;
 }
