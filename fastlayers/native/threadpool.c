@@ -164,30 +164,44 @@ int64_t fl_parallel_chunks(int64_t n, int64_t grain) {
     return chunks < most ? chunks : most;
 }
 
+/* The chunks of a call run one after another on the caller: the same (begin, end) ranges as
+ * the workers would take, since a task's arithmetic may depend on its range (a kernel's rows
+ * in blocks, a product's thin or packed path): a call that runs serially because the pool is
+ * busy or backing off gives the same bits as one that shares its chunks. */
+static void run_serially(int64_t n, int64_t chunk, fl_task_fn fn, void *ctx) {
+    for (int64_t begin = 0; begin < n; begin += chunk)
+        fn(ctx, begin, begin + chunk < n ? begin + chunk : n);
+}
+
 void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     if (n <= 0) return;
     int64_t chunks = fl_parallel_chunks(n, grain);
-    if (chunks <= 1 || pthread_mutex_trylock(&busy) != 0) {
+    if (chunks <= 1) {
         fn(ctx, 0, n);
+        return;
+    }
+    int64_t chunk = (n + chunks - 1) / chunks;
+    if (pthread_mutex_trylock(&busy) != 0) {
+        run_serially(n, chunk, fn, ctx);
         return;
     }
     int64_t start = now_ns();
     if (start < serial_until_ns) {
         pthread_mutex_unlock(&busy);
-        fn(ctx, 0, n);
+        run_serially(n, chunk, fn, ctx);
         return;
     }
     int threads = fl_pool_get_threads();
     resize_pool(threads);
     if (n_workers == 0) {
         pthread_mutex_unlock(&busy);
-        fn(ctx, 0, n);
+        run_serially(n, chunk, fn, ctx);
         return;
     }
     job_fn = fn;
     job_ctx = ctx;
     job_n = n;
-    job_chunk = (n + chunks - 1) / chunks;
+    job_chunk = chunk;
     job_chunks = (n + job_chunk - 1) / job_chunk;
     uint64_t gen = atomic_load(&job_gen) + 1;
     atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,

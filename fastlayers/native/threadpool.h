@@ -6,7 +6,8 @@
  * pthread_atfork), spin for a bounded time after a call, then sleep on a condition variable.
  * One call uses the pool at a time: a call made while another holds it (another Python thread)
  * or from inside a worker runs serially on its own thread, so the cores are never
- * oversubscribed. A call that had to wait for a descheduled worker (another process busy on the
+ * oversubscribed; a serial call takes the same chunks one after another, so its result has the
+ * same bits as a shared one. A call that had to wait for a descheduled worker (another process busy on the
  * machine) makes the next calls run serially for a back-off time (threadpool.c).
  */
 #ifndef FL_THREADPOOL_H

@@ -119,3 +119,54 @@ def test_set_num_threads_rejects_bad_counts():
         fastlayers.set_num_threads(0)
     with pytest.raises(ValueError):
         _core.set_num_threads(0)
+
+
+def test_a_call_beside_a_busy_pool_gives_the_same_bits(two_threads):
+    """A call made while another thread holds the pool runs its chunks serially, in the same
+    ranges: self-attention, whose row blocks follow its chunks, gives the shared call's bits."""
+    rng = np.random.default_rng(4)
+    ops = fastlayers.get_ops("cpu")
+    x = rng.standard_normal((4, 64, 256)).astype(np.float32)
+    w_qkv = rng.uniform(-0.1, 0.1, (256, 768)).astype(np.float32)
+    w_o = rng.uniform(-0.1, 0.1, (256, 256)).astype(np.float32)
+    args = (x, w_qkv, np.zeros(768, np.float32), w_o, np.zeros(256, np.float32), 8)
+    kwargs = {"need_weights": False}
+    want = ops.self_attention(*args, **kwargs)[0]
+    a, b, _ = _product(5, m=3000, k=512, n=512)
+    stop = threading.Event()
+
+    def hold_the_pool():
+        while not stop.is_set():
+            _core.matmul(a, b, np.empty((3000, 512), np.float32))
+
+    holder = threading.Thread(target=hold_the_pool)
+    holder.start()
+    try:
+        results = [ops.self_attention(*args, **kwargs)[0] for _ in range(40)]
+    finally:
+        stop.set()
+        holder.join()
+    assert sum(not np.array_equal(r, want) for r in results) == 0
+
+
+def test_thread_buffers_are_freed_when_the_thread_exits():
+    """Kernel work buffers of a thread that ends go back to the C library (a thread-per-request
+    server would otherwise keep every dead thread's buffers)."""
+    x = np.random.default_rng(6).standard_normal((1, 32, 32, 16)).astype(np.float32)
+    ops = fastlayers.get_ops("cpu")
+    w = np.ones((3, 3, 16, 16), np.float32)
+    held = []
+
+    def call():
+        ops.conv2d(x, w, None, (1, 1), ((1, 1), (1, 1)))
+        held.append(_core.thread_buffer_bytes())
+
+    before = _core.threads_released()
+    t = threading.Thread(target=call)
+    t.start()
+    t.join()
+    deadline = time.monotonic() + 2
+    while _core.threads_released() == before and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert held[0] > 0
+    assert _core.threads_released() == before + 1
