@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
-from .arrays import as_float32, shape_str
+from .arrays import as_array, as_float32, checked, plain, shape_str
 from .backends.derived import derived_generation
 from .layers.base import Layer
 from .layers.input_layer import InputLayer
@@ -337,7 +337,7 @@ class Model(Layer):
 
     def _prepare_inputs(self, inputs):
         n = len(self.inputs)
-        if n == 1 and type(inputs) is np.ndarray and inputs.dtype == np.float32:
+        if n == 1 and type(inputs) is np.ndarray and inputs.dtype == np.float32 and plain(inputs):
             self.inputs[0].node.layer.check(inputs)
             return inputs
         if isinstance(inputs, dict):
@@ -354,7 +354,8 @@ class Model(Layer):
         out = []
         for t, a in zip(self.inputs, arrays):
             if getattr(t.node.layer, "keep_dtype", False):
-                a = a if self.ops.is_device_array(a) else np.asarray(a)
+                where = f"model {self.name!r} input {t.node.layer.name!r}"
+                a = a if self.ops.is_device_array(a) else checked(as_array(a, where), where)
             else:
                 a = self._float_input(a, f"model {self.name!r} input {t.node.layer.name!r}")
             t.node.layer.check(a)

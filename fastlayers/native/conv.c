@@ -332,7 +332,16 @@ typedef struct {
     int tile, na, ne;    /* outputs per tile side, its input patch's side tile + 2, na^2 */
     int code, status;
     float alpha;
+    int nonfinite;       /* set when a stored output (before f) is NaN or inf */
 } conv_wino_ctx;
+
+/* Whether lanes [0, nc) of y, before the epilogue, hold a NaN or an inf (y - y is NaN there). */
+FL_INLINE int conv_wino_nonfinite(fl_vf y, int64_t nc) {
+    fl_vi bad = (y - y) != (y - y);
+    for (int64_t i = 0; i < nc; ++i)
+        if (bad[i]) return 1;
+    return 0;
+}
 
 /* v[4 a + b] (rows es floats apart) = (B^T d B)[a, b] for channels c0 + [0, nc) of the patch
  * d[4 a + b] = src[4 a + b], B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]. */
@@ -417,7 +426,7 @@ static int conv_wino_input(const conv_wino_ctx *p, int64_t t0, int64_t t1, float
 /* out[2 a + b] (NULL: past the output's edge) = f((A^T M A)[a, b] + bias) for channels c0 +
  * [0, nc) of m[e] = m + e es, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]. */
 FL_INLINE void conv_wino_at(const float *m, int64_t es, int64_t c0, int64_t nc,
-                            float *const *out, const conv_wino_ctx *p) {
+                            float *const *out, conv_wino_ctx *p) {
     fl_vf s0[4], s1[4];
     for (int b = 0; b < 4; ++b) {                                /* A^T M, column b */
         fl_vf m0 = pool_ld(m + b * es + c0, nc), m1 = pool_ld(m + (4 + b) * es + c0, nc);
@@ -428,8 +437,13 @@ FL_INLINE void conv_wino_at(const float *m, int64_t es, int64_t c0, int64_t nc,
     const float *bias = p->bias ? p->bias + c0 : 0;
     fl_vf y[4] = {s0[0] + s0[1] + s0[2], s0[1] - s0[2] - s0[3], s1[0] + s1[1] + s1[2],
                   s1[1] - s1[2] - s1[3]};
+    fl_vf seen = fl_set1(0.0f);
     for (int q = 0; q < 4; ++q)
-        if (out[q]) pool_st(out[q] + c0, conv_epi(y[q], bias, nc, p->code, p->alpha), nc);
+        if (out[q]) {
+            seen += y[q] - y[q];
+            pool_st(out[q] + c0, conv_epi(y[q], bias, nc, p->code, p->alpha), nc);
+        }
+    if (conv_wino_nonfinite(seen, nc)) p->nonfinite = 1;
 }
 
 /* y[0:4] = A^T m[0:6] of F(4x4, 3x3) (m at stride ms, y at stride ys), A^T = [[1, 1, 1, 1, 1,
@@ -445,18 +459,23 @@ FL_INLINE void conv_wino4_at1(const fl_vf *m, int ms, fl_vf *y, int ys) {
 /* out[4 a + b] (NULL: past the output's edge) = f((A^T M A)[a, b] + bias) of F(4x4, 3x3) for
  * channels c0 + [0, nc) of m[e] = m + e es. */
 FL_INLINE void conv_wino4_at(const float *m, int64_t es, int64_t c0, int64_t nc,
-                             float *const *out, const conv_wino_ctx *p) {
+                             float *const *out, conv_wino_ctx *p) {
     fl_vf d[36], t[24], y[16];
     for (int i = 0; i < 36; ++i) d[i] = pool_ld(m + i * es + c0, nc);
     for (int b = 0; b < 6; ++b) conv_wino4_at1(d + b, 6, t + b, 6);   /* A^T M, column b */
     for (int a = 0; a < 4; ++a) conv_wino4_at1(t + 6 * a, 1, y + 4 * a, 1);   /* (A^T M) A */
     const float *bias = p->bias ? p->bias + c0 : 0;
+    fl_vf seen = fl_set1(0.0f);
     for (int q = 0; q < 16; ++q)
-        if (out[q]) pool_st(out[q] + c0, conv_epi(y[q], bias, nc, p->code, p->alpha), nc);
+        if (out[q]) {
+            seen += y[q] - y[q];
+            pool_st(out[q] + c0, conv_epi(y[q], bias, nc, p->code, p->alpha), nc);
+        }
+    if (conv_wino_nonfinite(seen, nc)) p->nonfinite = 1;
 }
 
 /* y of tiles [t0, t1) from M: tile t's row t - t0 of m[e] = m + e es. */
-static void conv_wino_output(const conv_wino_ctx *p, int64_t t0, int64_t t1, const float *m,
+static void conv_wino_output(conv_wino_ctx *p, int64_t t0, int64_t t1, const float *m,
                              int64_t es) {
     int64_t cout = p->cout, per_image = p->th * p->tw;
     int tile = p->tile;
@@ -531,7 +550,11 @@ static void conv_wino_output_task(void *arg, int64_t t0, int64_t t1) {
 }
 
 /* y = f(conv3x3(x, w) + b) = f(A^T [U . (B^T d B)] A + b) per tile x tile outputs (2 or 4):
- * x (N, H, W, cin), pu from winograd_pack of the same tile, bias (cout,), y (N, Ho, Wo, cout). */
+ * x (N, H, W, cin), pu from winograd_pack of the same tile, bias (cout,), y (N, Ho, Wo, cout).
+ * Returns 1 when an output before f is NaN or inf: the transforms add and subtract across a
+ * tile's patch, so a non-finite input reaches every output of its tiles and values near
+ * float32's limit can overflow where the direct sum does not (the caller then convolves
+ * directly). */
 int FL_FN(conv3x3_winograd)(int tile, int64_t n, int64_t h, int64_t w, int64_t cin,
                             const float *x, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
                             int64_t cout, const float *pu, const float *bias, int code,
@@ -560,14 +583,14 @@ int FL_FN(conv3x3_winograd)(int tile, int64_t n, int64_t h, int64_t w, int64_t c
         fl_parallel(tiles, grain, conv_wino_input_task, &p);
         if (!p.status) fl_parallel(ne, 1, conv_wino_products_task, &p);
         if (!p.status) fl_parallel(tiles, grain, conv_wino_output_task, &p);
-        return p.status;
+        return p.status ? p.status : p.nonfinite;
     }
     /* shared by blocks: a multiple of the pool's chunks, so that each takes as many */
     if (shares > 1) blocks = (blocks + 4 * shares - 1) / (4 * shares) * (4 * shares);
     p.block = FL_MIN(tiles, ((tiles + blocks - 1) / blocks + GEMM_MR - 1) / GEMM_MR * GEMM_MR);
     blocks = (tiles + p.block - 1) / p.block;
     fl_parallel(blocks, shares > 1 ? 1 : blocks, conv_wino_block_task, &p);
-    return p.status;
+    return p.status ? p.status : p.nonfinite;
 }
 
 /* --------------------------------------------------------------------------- depthwise */

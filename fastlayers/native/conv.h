@@ -13,7 +13,8 @@
  *   3x3 kernel w (3, 3, cin, cout), pu[e] at pu + e fl_packed_floats(cin, cout);
  * conv3x3_winograd(tile, n, h, w, cin, x, pt, pl, ho, wo, cout, pu, bias, code, alpha, y):
  *   conv2d of the 3x3 kernel whose U (same tile) is pu, stride 1, no dilation, one group:
- *   Winograd F(tile x tile, 3x3);
+ *   Winograd F(tile x tile, 3x3); returns 1 (y written) when an output before the activation
+ *   is NaN or inf, for the caller to convolve directly;
  * depthwise_conv2d(n, h, w, c, x, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code,
  *   alpha, y): y[n, oh, ow, ci m + q] = f(b + sum_{i, j} x[n, oh sh - pt + i dh, ow sw - pl +
  *   j dw, ci] wk[i, j, ci m + q]) (wk (kh, kw, c m));

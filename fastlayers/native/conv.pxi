@@ -108,7 +108,9 @@ def conv3x3_winograd(cnp.ndarray x, cnp.ndarray pu, object bias, cnp.ndarray y, 
                      int64_t pl, int code, float alpha, int tile=2):
     """y = f(conv3x3(x, w) + bias), stride 1, one group, x (N, H, W, C) zero-padded by ``pt``
     rows on top and ``pl`` columns on the left, y (N, Ho, Wo, C_out), w given by
-    ``winograd_pack`` of the same ``tile``: Winograd F(tile x tile, 3x3)."""
+    ``winograd_pack`` of the same ``tile``: Winograd F(tile x tile, 3x3). Returns whether every
+    output before f is finite (False: a NaN or inf input, or an overflow in the transforms;
+    convolve directly for the exact result)."""
     cdef float *xp = cptr(x, 4, "conv3x3_winograd x")
     cdef float *yp = cptr(y, 4, "conv3x3_winograd y")
     cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], cin = x.shape[3]
@@ -126,8 +128,10 @@ def conv3x3_winograd(cnp.ndarray x, cnp.ndarray pu, object bias, cnp.ndarray y, 
     with nogil:
         st = fl_conv3x3_winograd(tile, n, h, w, cin, xp, pt, pl, ho, wo, cout, pp, bp, code,
                                  alpha, yp)
+    if st == 1:
+        return False
     check(st, "conv3x3_winograd")
-    return y
+    return True
 
 
 def depthwise_conv2d(cnp.ndarray x, cnp.ndarray w_hwcm, object bias, cnp.ndarray y,

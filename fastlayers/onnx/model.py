@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arrays import as_array, checked, plain
 from ..backends import get_ops
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native import CODES as DENSE_CODES
@@ -218,7 +219,7 @@ class OnnxModel:
         if not kwargs and len(args) == len(self._input_checks):   # arrays of the declared types and shapes
             for a, (dtype, (free, tail, rank)) in zip(args, self._input_checks):
                 if not (type(a) is np.ndarray and a.dtype == dtype and a.ndim == rank
-                        and a.shape[free:] == tail):
+                        and a.shape[free:] == tail and plain(a)):
                     break
             else:
                 return args
@@ -244,15 +245,15 @@ class OnnxModel:
                              + (f"; missing {missing}" if missing else ""))
         out = []
         for (name, dtype, shape), a in zip(self._inputs, arrays):
-            if (type(a) is np.ndarray and a.dtype == dtype and shape is not None
+            if (type(a) is np.ndarray and a.dtype == dtype and shape is not None and plain(a)
                     and a.ndim == len(shape) and all(d is None or d == s for d, s in zip(shape, a.shape))):
                 out.append(a)            # the common case: the declared type and shape
                 continue
-            a = np.asarray(a)
+            where = f"ONNX model {self.name!r} input {name!r}"
+            a = as_array(a, where)
             if a.dtype.kind not in "biuf":
-                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected a numeric array, "
-                                 f"got dtype {a.dtype}")
-            a = a.astype(dtype, copy=False)
+                raise ShapeError(f"{where}: expected a numeric array, got dtype {a.dtype}")
+            a = checked(a, where, itemsize=np.dtype(dtype).itemsize).astype(dtype, copy=False)
             if shape is not None and (a.ndim != len(shape) or any(
                     d is not None and d != s for d, s in zip(shape, a.shape))):
                 want = ", ".join("?" if d is None else str(d) for d in shape)

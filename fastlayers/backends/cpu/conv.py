@@ -144,21 +144,26 @@ class ConvOps(ReferenceOps):
         finish = code != CODES.get(activation)   # softmax or no native code: a pass after
         tile = (_winograd_tile(n, ho, wo, c, cout)
                 if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0)
+
+        def direct(x, y, pw):
+            _core.conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
+
         if tile:
             pu = derived_view(wk, f"native-winograd:{tile}",
                               functools.partial(_core.winograd_pack, tile=tile))
 
             def run(x):
-                y = np.empty(out, np.float32)
-                _core.conv3x3_winograd(_f32c(x), pu, bias, y, pt, pl, code, alpha, tile)
+                x, y = _f32c(x), np.empty(out, np.float32)
+                if not _core.conv3x3_winograd(x, pu, bias, y, pt, pl, code, alpha, tile):
+                    # a NaN / inf input or an overflow in the transforms: the exact sums
+                    direct(x, y, _packed_conv(wk, groups))
                 return _finish(self, y, activation, alpha) if finish else y
         else:
             pw = _packed_conv(wk, groups)
 
             def run(x):
                 y = np.empty(out, np.float32)
-                _core.conv2d(_f32c(x), pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code,
-                             alpha)
+                direct(_f32c(x), y, pw)
                 return _finish(self, y, activation, alpha) if finish else y
         return run
 
