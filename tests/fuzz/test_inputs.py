@@ -23,6 +23,7 @@ from fastlayers.arrays import MAX_INPUT_BYTES
 from fastlayers.errors import InputError, ShapeError
 
 from ..conftest import oracle
+from ..services.graphs import conv_relu
 
 
 def _randomize(model, seed=0, scale=0.3):
@@ -30,22 +31,6 @@ def _randomize(model, seed=0, scale=0.3):
     model.set_weights([rng.uniform(-scale, scale, w.shape).astype(np.float32)
                        for w in model.get_weights()])
     return model
-
-
-def _onnx_conv_path(tmp_path):
-    """Conv 16 -> 16 3x3 (pads 1) + Relu, NCHW, the batch a free dimension."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    rng = np.random.default_rng(3)
-    w = numpy_helper.from_array(rng.uniform(-0.05, 0.05, (16, 16, 3, 3)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, ["N", 16, 16, 16])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, ["N", 16, 16, 16])], [w])
-    path = tmp_path / "conv.onnx"
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 def _models(tmp_path):
@@ -62,7 +47,7 @@ def _models(tmp_path):
     rng = np.random.default_rng(5)
     module.load_state_dict({k: rng.uniform(-0.05, 0.05, v.shape).astype(np.float32)
                             for k, v in module.state_dict().items()})
-    onnx_model = fastlayers.load(_onnx_conv_path(tmp_path))
+    onnx_model = fastlayers.load(conv_relu(tmp_path / "conv.onnx", channels=16, hw=16, seed=3))
     return {"dense": (dense, (32,)), "conv": (conv, (16, 16, 16)),
             "attention": (attention, (12, 32)), "native file": (native_file, (32,)),
             "torch-style module": (module, (16, 16, 16)),
@@ -128,7 +113,7 @@ def test_convolution_near_float32_limit_matches_the_exact_sums(isa, tile_shape):
 
 def test_onnx_convolution_near_float32_limit_matches_onnxruntime(models, tmp_path):
     ort = oracle("onnxruntime")
-    path = _onnx_conv_path(tmp_path)
+    path = conv_relu(tmp_path / "conv.onnx", channels=16, hw=16, seed=3)
     x = _near_limit((2, 16, 16, 16))
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = models["onnx"][0](x)

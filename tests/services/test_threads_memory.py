@@ -12,28 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .graphs import conv_relu
+
 ROOT = Path(__file__).resolve().parents[2]
 CALLS = 300
 #: RSS growth allowed over CALLS thread-per-call requests (the kernels' buffers of one call are
 #: 3-4 MiB on the largest of these models, so a per-thread leak shows as hundreds of MiB)
 GROWTH_MIB = 16
-
-
-def _float_graph(path):
-    """Conv 64 -> 64 3x3 + Relu on (1, 64, 56, 56), then a 64 x 64 MatMul over the last axis."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    rng = np.random.default_rng(1)
-    w = numpy_helper.from_array(rng.uniform(-0.05, 0.05, (64, 64, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.uniform(-0.1, 0.1, 64).astype(np.float32), "b")
-    m = numpy_helper.from_array(rng.uniform(-0.1, 0.1, (56, 56)).astype(np.float32), "m")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("MatMul", ["r", "m"], ["y"])]
-    graph = helper.make_graph(nodes, "conv_relu_matmul",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b, m])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
 def _int8_graph(tmp_path):
@@ -61,8 +46,7 @@ def _int8_graph(tmp_path):
 def test_thread_per_call_memory_is_flat_and_results_bit_identical(tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    onnx_path = tmp_path / "conv.onnx"
-    _float_graph(onnx_path)
+    onnx_path = conv_relu(tmp_path / "conv.onnx", batch=1, matmul=True)
     int8_path = _int8_graph(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-m", "tests.services.thread_calls", str(CALLS),
