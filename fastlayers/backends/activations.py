@@ -17,7 +17,7 @@ ACTIVATIONS = (
     "hard_sigmoid", "tanh", "softmax", "log_softmax", "softplus", "softsign", "silu",
     "exponential", "celu", "glu", "hard_silu", "hard_tanh", "hard_shrink", "soft_shrink",
     "tanh_shrink", "log_sigmoid", "mish", "sparse_plus", "sparse_sigmoid", "squareplus",
-    "sparsemax",
+    "sparsemax", "onnx_sigmoid", "onnx_silu",
 )
 #: ``alpha`` of the parametrized activations when given by name (Keras 3's function defaults:
 #: the slope, the ELU/CELU scale, the shrink threshold, squareplus's ``b``).
@@ -39,6 +39,33 @@ def erfc64(x: np.ndarray) -> np.ndarray:
 def _sigmoid(x):
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+#: P and Q of ``onnx_sigmoid`` (Eigen's logistic, as onnxruntime's MLAS evaluates it),
+#: highest power of v^2 first.
+_ONNX_SIGMOID_P = np.float32([4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+                              8.51377133304701e-03, 2.48287947061529e-01])
+_ONNX_SIGMOID_Q = np.float32([6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+                              1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01])
+
+
+def _onnx_sigmoid(x):
+    """sigmoid as onnxruntime computes the ONNX Sigmoid: v = clamp(x, -18, 18), 0.5 + v P(v^2) /
+    Q(v^2) by Horner's rule with fused multiply-adds (each a * b + c in float64, where a float32
+    product is exact, then rounded to float32), clamped to [0, 1]; NaN stays NaN."""
+    v = np.clip(x, np.float32(-18), np.float32(18)).astype(np.float64)
+    v2 = (v * v).astype(np.float32).astype(np.float64)
+
+    def horner(coeffs):
+        acc = np.full_like(v2, coeffs[0])
+        for c in coeffs[1:]:
+            acc = (acc * v2 + np.float64(c)).astype(np.float32).astype(np.float64)
+        return acc
+
+    p = (horner(_ONNX_SIGMOID_P) * v).astype(np.float32)
+    q = horner(_ONNX_SIGMOID_Q).astype(np.float32)
+    y = np.clip(p / q + np.float32(0.5), np.float32(0), np.float32(1))
+    return y.astype(np.float32, copy=False)
 
 
 def _activation(x, name, alpha):
@@ -63,6 +90,11 @@ def _activation(x, name, alpha):
         return (0.5 * x64 * (1.0 + np.tanh(inner))).astype(np.float32)
     if name == "sigmoid":
         return _sigmoid(x)
+    if name == "onnx_sigmoid":
+        return _onnx_sigmoid(x)
+    if name == "onnx_silu":
+        with np.errstate(invalid="ignore"):   # -inf * 0 is NaN, as in onnxruntime
+            return x * _onnx_sigmoid(x)
     if name == "hard_sigmoid":
         return np.minimum(np.maximum(x + np.float32(3), np.float32(0)), np.float32(6)) / np.float32(6)
     if name == "tanh":

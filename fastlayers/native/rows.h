@@ -8,7 +8,7 @@
 enum {
     FL_LINEAR, FL_RELU, FL_RELU6, FL_LEAKY_RELU, FL_HARD_SIGMOID, FL_SOFTSIGN, FL_SIGMOID,
     FL_SILU, FL_GELU, FL_GELU_TANH, FL_EXPONENTIAL, FL_SOFTMAX, FL_LOG_SOFTMAX, FL_TANH,
-    FL_HARD_SILU, FL_N_ACTIVATIONS
+    FL_HARD_SILU, FL_ONNX_SIGMOID, FL_ONNX_SILU, FL_N_ACTIVATIONS
 };
 
 /* bias_act(m, n, x, ldx, bias, code, alpha, out, ldo): out[i, j] = f(x[i, j] + bias[j]) for the

@@ -217,11 +217,13 @@ def _activation(name, alpha_attr=None, default=0.0):
 
 
 OPS["Relu"] = _activation("relu")
-OPS["Sigmoid"] = _activation("sigmoid")
+# Sigmoid and Swish in onnxruntime's arithmetic (``onnx_sigmoid``): a quantized graph's
+# DynamicQuantizeLinear after them then rounds as onnxruntime's does
+OPS["Sigmoid"] = _activation("onnx_sigmoid")
 OPS["Tanh"] = _activation("tanh")
 OPS["Softsign"] = _activation("softsign")
 OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
-_silu = _activation("silu")   # Swish with alpha 1
+_silu = _activation("onnx_silu")   # Swish with alpha 1
 
 
 @op("Elu")

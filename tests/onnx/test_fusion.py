@@ -148,7 +148,7 @@ def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opse
            output_names=["y"], dynamic_axes={"x": {0: "n"}}, opset_version=opset)
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedConv"] * 3 + ["Flatten", "FusedDense"]
-    assert [n.attrs.get("activation") for n in ours._nodes] == ["relu6", "hard_sigmoid", "silu", None, "silu"]
+    assert [n.attrs.get("activation") for n in ours._nodes] == ["relu6", "hard_sigmoid", "onnx_silu", None, "onnx_silu"]
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 3, 5, 5)).astype(np.float32)}, rtol=1e-4)
 
 
@@ -271,7 +271,7 @@ def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedConv"] * 4 + ["Add"]
     assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[:4])
-    assert [n.attrs["activation"] for n in ours._nodes[:4]] == ["relu", "relu", "relu", "sigmoid"]
+    assert [n.attrs["activation"] for n in ours._nodes[:4]] == ["relu", "relu", "relu", "onnx_sigmoid"]
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from fastlayers.backends import get_ops
 from fastlayers.backends.activations import ACTIVATIONS as ALL_ACTIVATIONS
 from fastlayers.backends.reference import fold_batch_norm
+from fastlayers import native
 from fastlayers.native import CODES
 
 from ..conftest import assert_close
@@ -33,8 +34,11 @@ def special_values(shape, rng, scale=4.0):
 def test_activation_matches_reference(name, shape, rng):
     x = special_values(shape, rng)
     alpha = 0.2 if name == "leaky_relu" else 1.0
+    # onnx_silu on the portable path: its sigmoid's multiply-adds round twice (no FMA), up to
+    # about 1e-7 apart, times |x| (100 here)
+    atol = 2e-5 if name == "onnx_silu" and native.isa() == "generic" else 1e-6
     assert_close(CPU.activation(x, name, alpha), REF.activation(x, name, alpha), rtol=2e-5,
-                 atol=1e-6, what=name)
+                 atol=atol, what=name)
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
