@@ -17,7 +17,7 @@ ACTIVATIONS = (
     "hard_sigmoid", "tanh", "softmax", "log_softmax", "softplus", "softsign", "silu",
     "exponential", "celu", "glu", "hard_silu", "hard_tanh", "hard_shrink", "soft_shrink",
     "tanh_shrink", "log_sigmoid", "mish", "sparse_plus", "sparse_sigmoid", "squareplus",
-    "sparsemax", "onnx_sigmoid", "onnx_silu",
+    "sparsemax", "onnx_sigmoid", "onnx_silu", "onnx_tanh",
 )
 #: ``alpha`` of the parametrized activations when given by name (Keras 3's function defaults:
 #: the slope, the ELU/CELU scale, the shrink threshold, squareplus's ``b``).
@@ -49,11 +49,18 @@ _ONNX_SIGMOID_Q = np.float32([6.10247389755681e-13, 5.76102136993427e-09, 6.2910
                               1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01])
 
 
-def _onnx_sigmoid(x):
-    """sigmoid as onnxruntime computes the ONNX Sigmoid: v = clamp(x, -18, 18), 0.5 + v P(v^2) /
-    Q(v^2) by Horner's rule with fused multiply-adds (each a * b + c in float64, where a float32
-    product is exact, then rounded to float32), clamped to [0, 1]; NaN stays NaN."""
-    v = np.clip(x, np.float32(-18), np.float32(18)).astype(np.float64)
+#: P and Q of ``onnx_tanh`` (Eigen's tanh, as MLAS evaluates it), highest power of v^2 first.
+_ONNX_TANH_P = np.float32([-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+                           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+                           4.89352455891786e-03])
+_ONNX_TANH_Q = np.float32([1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+                           4.89352518554385e-03])
+
+
+def _rational(x, bound, p_coeffs, q_coeffs):
+    """v P(v^2) / Q(v^2) for v = clamp(x, -bound, bound), each Horner step a fused multiply-add
+    (a * b + c in float64, where a float32 product is exact, rounded to float32); NaN stays NaN."""
+    v = np.clip(x, np.float32(-bound), np.float32(bound)).astype(np.float64)
     v2 = (v * v).astype(np.float32).astype(np.float64)
 
     def horner(coeffs):
@@ -62,9 +69,22 @@ def _onnx_sigmoid(x):
             acc = (acc * v2 + np.float64(c)).astype(np.float32).astype(np.float64)
         return acc
 
-    p = (horner(_ONNX_SIGMOID_P) * v).astype(np.float32)
-    q = horner(_ONNX_SIGMOID_Q).astype(np.float32)
-    y = np.clip(p / q + np.float32(0.5), np.float32(0), np.float32(1))
+    return (horner(p_coeffs) * v).astype(np.float32) / horner(q_coeffs).astype(np.float32)
+
+
+def onnx_tanh(x):
+    """tanh as onnxruntime computes the ONNX Tanh and its recurrent gates (MLAS, after Eigen):
+    clamp to [-9, 9], then ``_rational``."""
+    return _rational(x, 9, _ONNX_TANH_P, _ONNX_TANH_Q).astype(np.float32, copy=False)
+
+
+def onnx_sigmoid(x):
+    """sigmoid as onnxruntime computes the ONNX Sigmoid: v = clamp(x, -18, 18), 0.5 + v P(v^2) /
+    Q(v^2) by Horner's rule with fused multiply-adds (each a * b + c in float64, where a float32
+    product is exact, then rounded to float32), clamped to [0, 1]; NaN stays NaN."""
+    with np.errstate(invalid="ignore"):
+        r = _rational(x, 18, _ONNX_SIGMOID_P, _ONNX_SIGMOID_Q)
+    y = np.clip(r + np.float32(0.5), np.float32(0), np.float32(1))
     return y.astype(np.float32, copy=False)
 
 
@@ -91,10 +111,12 @@ def _activation(x, name, alpha):
     if name == "sigmoid":
         return _sigmoid(x)
     if name == "onnx_sigmoid":
-        return _onnx_sigmoid(x)
+        return onnx_sigmoid(x)
+    if name == "onnx_tanh":
+        return onnx_tanh(x)
     if name == "onnx_silu":
         with np.errstate(invalid="ignore"):   # -inf * 0 is NaN, as in onnxruntime
-            return x * _onnx_sigmoid(x)
+            return x * onnx_sigmoid(x)
     if name == "hard_sigmoid":
         return np.minimum(np.maximum(x + np.float32(3), np.float32(0)), np.float32(6)) / np.float32(6)
     if name == "tanh":

@@ -61,6 +61,7 @@ static inline float *fl_buf_floats(fl_buf *b, size_t floats) {
 typedef float fl_vf __attribute__((vector_size(FL_VW * 4)));
 typedef int32_t fl_vi __attribute__((vector_size(FL_VW * 4)));
 typedef float fl_vf_u __attribute__((vector_size(FL_VW * 4), aligned(4), may_alias));
+typedef int32_t fl_vi_u __attribute__((vector_size(FL_VW * 4), aligned(4), may_alias));
 
 FL_INLINE fl_vf fl_load(const float *p) { return *(const fl_vf_u *)p; }
 FL_INLINE void fl_store(float *p, fl_vf v) { *(fl_vf_u *)p = v; }
@@ -91,6 +92,21 @@ FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
 FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return fl_select(b < a, b, a); }
 FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return fl_select(b > a, b, a); }
 #endif
+/* v itself, hidden from the optimizer: a product passed through it is rounded before the sum
+ * that uses it (no fused multiply-add), for code that must round as another engine's scalar
+ * loops do (qlstm.c, onnxruntime's LSTM gates). */
+FL_INLINE fl_vf fl_rounded(fl_vf v) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+v"(v));
+#elif defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#else
+    volatile fl_vf t = v;
+    v = t;
+#endif
+    return v;
+}
+
 FL_INLINE float fl_hsum(fl_vf v) {
     float s = 0.0f;
     for (int i = 0; i < FL_VW; ++i) s += v[i];

@@ -60,31 +60,47 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
             const float *xp = x_proj + (t * batch + r) * g;
             const int32_t *ar = acc + r * g;
             float *hr = h + r * hidden, *cr = c + r * hidden, *zr = z;
-            for (int64_t col = 0; col < g; ++col)
-                zr[col] = xp[col] + (float)ar[col] * (h_scale * r_scale[col]) + (bias ? bias[col] : 0.0f);
-            /* the gates FL_VW units at a time (the vector sigmoid / tanh of rows.c), the tail
-             * on zero-padded copies */
+            /* z = x W + float(acc) (h_scale r_scale), the product rounded before the sum */
+            int64_t col = 0;
+            for (; col + FL_VW <= g; col += FL_VW) {
+                fl_vf s = fl_set1(h_scale) * fl_load(r_scale + col);
+                fl_vf prod = fl_rounded(__builtin_convertvector(*(const fl_vi_u *)(ar + col), fl_vf) * s);
+                fl_store(zr + col, fl_load(xp + col) + prod);
+            }
+            for (; col < g; ++col) {
+                volatile float prod = (float)ar[col] * (h_scale * r_scale[col]);
+                zr[col] = xp[col] + prod;
+            }
+            /* the gates FL_VW units at a time, the tail on zero-padded copies, in onnxruntime's
+             * order and arithmetic: z (+ P c) + b, its sigmoid and tanh (rows.c), products
+             * rounded before their sums */
             for (int64_t j = 0; j < hidden; j += FL_VW) {
                 int64_t cnt = FL_MIN(FL_VW, hidden - j);
                 fl_vf zi = rnn_load(zr + j, cnt), zo = rnn_load(zr + hidden + j, cnt);
                 fl_vf zf = rnn_load(zr + 2 * hidden + j, cnt), zc = rnn_load(zr + 3 * hidden + j, cnt);
                 fl_vf c_prev = rnn_load(cr + j, cnt);
                 if (peep) {
-                    zi += rnn_load(peep + j, cnt) * c_prev;
-                    zf += rnn_load(peep + 2 * hidden + j, cnt) * c_prev;
+                    zi += fl_rounded(rnn_load(peep + j, cnt) * c_prev);
+                    zf += fl_rounded(rnn_load(peep + 2 * hidden + j, cnt) * c_prev);
+                }
+                if (bias) {
+                    zi += rnn_load(bias + j, cnt);
+                    zf += rnn_load(bias + 2 * hidden + j, cnt);
+                    zc += rnn_load(bias + 3 * hidden + j, cnt);
                 }
                 if (clip > 0) {
                     zi = fl_vmin(fl_vmax(zi, fl_set1(-clip)), fl_set1(clip));
                     zf = fl_vmin(fl_vmax(zf, fl_set1(-clip)), fl_set1(clip));
                     zc = fl_vmin(fl_vmax(zc, fl_set1(-clip)), fl_set1(clip));
                 }
-                fl_vf gi = rows_vsigmoid(zi);
-                fl_vf gf = input_forget ? 1.0f - gi : rows_vsigmoid(zf);
-                fl_vf c_new = gf * c_prev + gi * rows_vtanh(zc);
-                if (peep) zo += rnn_load(peep + hidden + j, cnt) * c_new;
+                fl_vf gi = rows_vsigmoid_onnx(zi);
+                fl_vf gf = input_forget ? 1.0f - gi : rows_vsigmoid_onnx(zf);
+                fl_vf c_new = fl_rounded(c_prev * gf) + fl_rounded(gi * rows_vtanh_onnx(zc));
+                if (peep) zo += fl_rounded(rnn_load(peep + hidden + j, cnt) * c_new);
+                if (bias) zo += rnn_load(bias + hidden + j, cnt);
                 if (clip > 0) zo = fl_vmin(fl_vmax(zo, fl_set1(-clip)), fl_set1(clip));
                 rnn_store(cr + j, c_new, cnt);
-                rnn_store(hr + j, rows_vsigmoid(zo) * rows_vtanh(c_new), cnt);
+                rnn_store(hr + j, rows_vtanh_onnx(c_new) * rows_vsigmoid_onnx(zo), cnt);
             }
         }
         if (y) memcpy(y + t * y_step, h, (size_t)(batch * hidden) * sizeof(float));

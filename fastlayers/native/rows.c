@@ -23,13 +23,30 @@ FL_INLINE fl_vf rows_vtanh(fl_vf x) {
 
 FL_INLINE fl_vf rows_vsigmoid(fl_vf x) { return 1.0f / (1.0f + fl_vexp(-x)); }
 
-/* sigmoid(x) as onnxruntime computes the ONNX Sigmoid (MLAS, after Eigen): v = clamp(x, -18,
- * 18), 0.5 + v P(v^2) / Q(v^2) with P of degree 4 and Q of degree 5 in v^2, by Horner's rule
- * with fused multiply-adds (the compiler contracts a * b + c on the FMA paths, as MLAS's FMA3
- * kernel does), clamped to [0, 1]: the same bits on the AVX2 and AVX-512 paths. Up to 1.4e-7
- * from sigmoid(x) in absolute terms (so less precise than rows_vsigmoid where sigmoid(x) is
- * small), and sigmoid(-18) below -18; a quantized graph's DynamicQuantizeLinear after it then rounds as
+/* tanh(x) and sigmoid(x) as onnxruntime computes the ONNX Tanh and Sigmoid and its recurrent
+ * gates (MLAS, after Eigen): v = clamp(x, -9, 9), v P(v^2) / Q(v^2) (P of degree 6, Q of degree 3
+ * in v^2); and v = clamp(x, -18, 18), 0.5 + v P(v^2) / Q(v^2) (degrees 4 and 5) clamped to [0,
+ * 1]. Horner's rule with fused multiply-adds (the compiler contracts a * b + c on the FMA paths,
+ * as MLAS's FMA3 kernels do): the same bits on the AVX2 and AVX-512 paths. Up to 1.4e-7 from
+ * sigmoid(x) in absolute terms (less precise than rows_vsigmoid where sigmoid(x) is small), and
+ * sigmoid(-18) below -18; a quantized graph's DynamicQuantizeLinear after them then rounds as
  * onnxruntime's does. NaN stays NaN. */
+FL_INLINE fl_vf rows_vtanh_onnx(fl_vf x) {
+    fl_vf v = fl_vmin(fl_vmax(x, fl_set1(-9.0f)), fl_set1(9.0f));
+    fl_vf v2 = v * v;
+    fl_vf p = v2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = p * v2 + -8.60467152213735e-11f;
+    p = p * v2 + 5.12229709037114e-08f;
+    p = p * v2 + 1.48572235717979e-05f;
+    p = p * v2 + 6.37261928875436e-04f;
+    p = p * v2 + 4.89352455891786e-03f;
+    p = p * v;
+    fl_vf q = v2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = q * v2 + 2.26843463243900e-03f;
+    q = q * v2 + 4.89352518554385e-03f;
+    return p / q;
+}
+
 FL_INLINE fl_vf rows_vsigmoid_onnx(fl_vf x) {
     fl_vf v = fl_vmin(fl_vmax(x, fl_set1(-18.0f)), fl_set1(18.0f));
     fl_vf v2 = v * v;
@@ -77,6 +94,7 @@ FL_INLINE fl_vf rows_vact(fl_vf x, int code, float alpha) {
     case FL_SILU: return x * rows_vsigmoid(x);
     case FL_ONNX_SIGMOID: return rows_vsigmoid_onnx(x);
     case FL_ONNX_SILU: return x * rows_vsigmoid_onnx(x);
+    case FL_ONNX_TANH: return rows_vtanh_onnx(x);
     case FL_GELU: {                                   /* x/2 erfc(-x / sqrt 2) */
         fl_vf u = x * 0.70710678118654752f;
         fl_vf r = rows_verfc(fl_select(u < 0.0f, -u, u));
@@ -132,6 +150,7 @@ static void rows_act_row(const float *x, const float *b, float *o, int64_t n, in
         ROWS_CASE(FL_HARD_SIGMOID) ROWS_CASE(FL_SOFTSIGN) ROWS_CASE(FL_SIGMOID) ROWS_CASE(FL_SILU)
         ROWS_CASE(FL_GELU) ROWS_CASE(FL_GELU_TANH) ROWS_CASE(FL_EXPONENTIAL) ROWS_CASE(FL_TANH)
         ROWS_CASE(FL_HARD_SILU) ROWS_CASE(FL_ONNX_SIGMOID) ROWS_CASE(FL_ONNX_SILU)
+        ROWS_CASE(FL_ONNX_TANH)
 #undef ROWS_CASE
     default: break;
     }

@@ -11,7 +11,7 @@ cdef extern from "dispatch.h" nogil:
 #: Activation names in the order of their codes (rows.h).
 ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu", "hard_sigmoid", "softsign", "sigmoid",
                "silu", "gelu", "gelu_tanh", "exponential", "softmax", "log_softmax", "tanh",
-               "hard_silu", "onnx_sigmoid", "onnx_silu")
+               "hard_silu", "onnx_sigmoid", "onnx_silu", "onnx_tanh")
 
 
 def bias_act(cnp.ndarray x, object bias, int code, float alpha, cnp.ndarray out):

@@ -41,7 +41,7 @@ from ..backends.reference import EncoderWeights
 LAYOUT = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Gather", "Identity", "Slice", "Split",
           "Flatten"}
 #: Activations of the first feed-forward product that ``encoder_layer`` takes by name.
-_ACTIVATIONS = {"linear", "relu", "gelu", "gelu_tanh", "sigmoid", "silu", "onnx_sigmoid", "onnx_silu"}
+_ACTIVATIONS = {"linear", "relu", "gelu", "gelu_tanh", "sigmoid", "silu", "onnx_sigmoid", "onnx_silu", "onnx_tanh"}
 #: Readers that see only a value's shape: they do not make it a data path of its own.
 _SHAPE_READERS = {"Shape", "Size"}
 

@@ -12,7 +12,7 @@ from . import encoder
 from .nodes import Node, consumers, prune
 
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
-_FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("onnx_sigmoid", None), "Tanh": ("tanh", None),
+_FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("onnx_sigmoid", None), "Tanh": ("onnx_tanh", None),
                         "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
 
 
@@ -20,8 +20,8 @@ def _fused_activation(follower, constants) -> dict | None:
     """The activation attributes a dense or convolution node takes from a following activation
     node (Gelu with approximate="tanh" is the tanh form; Clip to [0, 6] or [0, inf) is relu6 or
     relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid; Swish with alpha 1, which
-    ``rewrite.fuse_silu`` makes of x * Sigmoid(x), is onnx_silu; Sigmoid is onnx_sigmoid, in
-    onnxruntime's arithmetic); None where it has none."""
+    ``rewrite.fuse_silu`` makes of x * Sigmoid(x), is onnx_silu; Sigmoid and Tanh are onnx_sigmoid and
+    onnx_tanh, in onnxruntime's arithmetic); None where it has none."""
     op = follower.op_type
     if op == "Clip":
         bounds = [follower.attrs.get("min"), follower.attrs.get("max")]

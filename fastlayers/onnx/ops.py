@@ -217,10 +217,10 @@ def _activation(name, alpha_attr=None, default=0.0):
 
 
 OPS["Relu"] = _activation("relu")
-# Sigmoid and Swish in onnxruntime's arithmetic (``onnx_sigmoid``): a quantized graph's
+# Sigmoid, Swish and Tanh in onnxruntime's arithmetic (``onnx_sigmoid``, ``onnx_tanh``): a quantized graph's
 # DynamicQuantizeLinear after them then rounds as onnxruntime's does
 OPS["Sigmoid"] = _activation("onnx_sigmoid")
-OPS["Tanh"] = _activation("tanh")
+OPS["Tanh"] = _activation("onnx_tanh")
 OPS["Softsign"] = _activation("softsign")
 OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
 _silu = _activation("onnx_silu")   # Swish with alpha 1

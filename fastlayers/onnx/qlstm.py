@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.activations import onnx_sigmoid, onnx_tanh
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import BOOL, A, Op
 from .qlinear import (_column_zero_points, _float_product, _quantized, integer_matmul,
                       integer_matmul_to_float, pack_operand)
 from .quant import MS, _native, _register, _scale, _zero_point, dynamic_quantize
 
-def _sigmoid(z):
-    return np.float32(1) / (np.float32(1) + np.exp(-z))
 
 
 def _direction_param(p, d, n_gates, what, name):
@@ -109,19 +108,25 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             continue
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
             h_q, h_scale, h_zp = dynamic_quantize(h)
+            # onnxruntime's order: (x W + h R) (+ P c) + b
             z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale,
-                                           r_scale, None, n_gates, what) + bias
+                                           r_scale, None, n_gates, what)
             zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
-            zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
+            bi, bo, bf, bc = (bias[k * hidden:(k + 1) * hidden] for k in range(4))
+            if get(7) is not None:
+                zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
+            zi, zf, zc = zi + bi, zf + bf, zc + bc
             if clip is not None:
                 zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
-            gi = _sigmoid(zi)
-            gf = 1 - gi if attrs.get("input_forget", 0) else _sigmoid(zf)
-            c = gf * c + gi * np.tanh(zc)
-            zo = zo + p[hidden:2 * hidden] * c
+            gi = onnx_sigmoid(zi)
+            gf = 1 - gi if attrs.get("input_forget", 0) else onnx_sigmoid(zf)
+            c = gf * c + gi * onnx_tanh(zc)
+            if get(7) is not None:
+                zo = zo + p[hidden:2 * hidden] * c
+            zo = zo + bo
             if clip is not None:
                 zo = np.clip(zo, -clip, clip)
-            h = (_sigmoid(zo) * np.tanh(c)).astype(np.float32)
+            h = (onnx_sigmoid(zo) * onnx_tanh(c)).astype(np.float32)
             ys[t, d] = h
         h_last[d], c_last[d] = h, c
     return [ys, h_last, c_last]

@@ -33,6 +33,7 @@ def _graph(nodes):
 CASES = {
     "Sigmoid": [helper.make_node("Sigmoid", ["x"], ["y"])],
     "x * Sigmoid(x)": [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+    "Tanh": [helper.make_node("Tanh", ["x"], ["y"])],
 }
 
 
@@ -52,13 +53,13 @@ def test_matches_onnxruntime_bit_for_bit(case):
 
 
 def test_reference_and_native_paths_agree(isa):
-    """The numpy oracle of onnx_sigmoid / onnx_silu against the native kernels on every ISA path:
+    """The numpy oracle of onnx_sigmoid / onnx_silu / onnx_tanh against the native kernels on every ISA path:
     the same bits where the path has fused multiply-adds, within a few ulp on the portable one."""
     from fastlayers import native
 
     x = _inputs()
     cpu = fastlayers.get_ops("cpu")
-    for name in ("onnx_sigmoid", "onnx_silu"):
+    for name in ("onnx_sigmoid", "onnx_silu", "onnx_tanh"):
         want = _activation(x, name, 0.0)
         got = cpu.activation(x, name)
         if native.isa() == "generic":
