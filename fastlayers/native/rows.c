@@ -239,6 +239,34 @@ int FL_FN(bias_act)(int64_t m, int64_t n, const float *x, int64_t ldx, const flo
     return 0;
 }
 
+typedef struct {
+    const float *a, *b;
+    float *out;
+    int code;
+    float alpha;
+} rows_add_act_ctx;
+
+/* Blocks [k0, k1) of ROWS_MIN_SHARE floats of out = f(a + b). */
+static void rows_add_act_task(void *p, int64_t k0, int64_t k1) {
+    rows_add_act_ctx *c = (rows_add_act_ctx *)p;
+    int64_t begin = k0 * ROWS_MIN_SHARE, end = k1 * ROWS_MIN_SHARE;
+    rows_act_row(c->a + begin, c->b + begin, c->out + begin, end - begin, c->code, c->alpha);
+}
+
+/* out = f(a + b), elementwise (a residual add and its activation in one pass). */
+int FL_FN(add_act)(int64_t n, const float *a, const float *b, int code, float alpha,
+                   float *out) {
+    if (n <= 0) return 0;
+    if (code < 0 || code >= FL_N_ACTIVATIONS || code == FL_SOFTMAX || code == FL_LOG_SOFTMAX)
+        return -2;
+    rows_add_act_ctx c = {a, b, out, code, alpha};
+    int64_t blocks = n / ROWS_MIN_SHARE;
+    fl_parallel(blocks, 1, rows_add_act_task, &c);
+    int64_t done = blocks * ROWS_MIN_SHARE;
+    if (done < n) rows_act_row(a + done, b + done, out + done, n - done, code, alpha);
+    return 0;
+}
+
 /* FL_VW / 2 floats (unaligned) and the doubles they widen to: float64 statistics in vectors of
  * the register width (a vector of FL_VW doubles, twice that width, was kept on the stack by GCC
  * on AVX2: 1 ms per 1024 x 256 norm). */

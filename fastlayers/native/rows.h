@@ -17,7 +17,9 @@ enum {
  * layer_norm(m, n, x, gamma, beta, eps, rms, out): out[i] = gamma (x[i] - mean) / sqrt(var +
  *   eps) + beta (rms: gamma x[i] / sqrt(mean x^2 + eps)), C-contiguous rows, gamma / beta NULL
  *   for none, out may be x, statistics in float64;
- * scale_shift(m, n, x, scale, shift, out): out[i, j] = x[i, j] scale[j] + shift[j]. */
+ * scale_shift(m, n, x, scale, shift, out): out[i, j] = x[i, j] scale[j] + shift[j];
+ * add_act(n, a, b, code, alpha, out): out[k] = f(a[k] + b[k]) for k < n, an elementwise code
+ *   (not the softmax codes), out may be a or b. */
 #define FL_ROWS_KERNELS(X)                                                                    \
     X(int, bias_act, (int64_t m, int64_t n, const float *x, int64_t ldx, const float *bias,   \
                       int code, float alpha, float *out, int64_t ldo),                         \
@@ -27,5 +29,8 @@ enum {
       (m, n, x, gamma, beta, eps, rms, out))                                                   \
     X(int, scale_shift, (int64_t m, int64_t n, const float *x, const float *scale,            \
                          const float *shift, float *out),                                      \
-      (m, n, x, scale, shift, out))
+      (m, n, x, scale, shift, out))                                                            \
+    X(int, add_act, (int64_t n, const float *a, const float *b, int code, float alpha,        \
+                     float *out),                                                              \
+      (n, a, b, code, alpha, out))
 #endif

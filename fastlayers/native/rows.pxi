@@ -7,6 +7,7 @@ cdef extern from "dispatch.h" nogil:
                       const float *beta, float eps, int rms, float *out)
     int fl_scale_shift(int64_t m, int64_t n, const float *x, const float *scale,
                        const float *shift, float *out)
+    int fl_add_act(int64_t n, const float *a, const float *b, int code, float alpha, float *out)
 
 #: Activation names in the order of their codes (rows.h).
 ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu", "hard_sigmoid", "softsign", "sigmoid",
@@ -164,4 +165,23 @@ def apply_add(object a, object b):
     with nogil:
         st = fl_bias_act(m, n, ap, n, bp, 0, 0.0, op, n)
     check(st, "add")
+    return out
+
+
+def add_act(object a, object b, int code, float alpha):
+    """f(a + b) for C-contiguous float32 ``a`` and ``b`` of one shape, f an elementwise
+    activation ``code`` (a new array), or None for other operands."""
+    if not c_float32(a) or not c_float32(b) or (<cnp.ndarray>a).ndim != (<cnp.ndarray>b).ndim \
+            or (<object>a).shape != (<object>b).shape:
+        return None
+    cdef cnp.ndarray aa = <cnp.ndarray>a, ba = <cnp.ndarray>b
+    out = cnp.PyArray_EMPTY(aa.ndim, aa.shape, cnp.NPY_FLOAT32, 0)
+    cdef const float *ap = <float *>cnp.PyArray_DATA(aa)
+    cdef const float *bp = <float *>cnp.PyArray_DATA(ba)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int64_t n = aa.size
+    cdef int st
+    with nogil:
+        st = fl_add_act(n, ap, bp, code, alpha, op)
+    check(st, "add_act")
     return out

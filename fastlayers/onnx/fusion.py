@@ -168,6 +168,31 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+def fuse_add_activation(nodes, constants, outputs) -> list[Node]:
+    """Add of two computed values (a residual connection) whose only reader is an activation the
+    backends' epilogues know (Relu, Sigmoid, ...) -> one FusedAdd node: f(a + b) in one pass,
+    without the sum as an array of its own."""
+    uses = consumers(nodes, outputs)
+    readers = {}
+    for j, n in enumerate(nodes):
+        for i in n.inputs:
+            readers.setdefault(i, []).append(j)
+    removed: set[int] = set()
+    for node in nodes:
+        if node.op_type != "Add" or len(node.inputs) != 2 or any(i in constants for i in node.inputs):
+            continue
+        out = node.outputs[0]
+        nxt = readers.get(out, [])
+        if uses.get(out, 0) != 1 or len(nxt) != 1:
+            continue
+        fused = _fused_activation(nodes[nxt[0]], constants)
+        if fused is None:
+            continue
+        node.op_type, node.attrs, node.outputs = "FusedAdd", fused, nodes[nxt[0]].outputs
+        removed.add(nxt[0])
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
 def _scalar(constants, name):
     """The value of a one-element float constant, else None."""
     value = constants.get(name)

@@ -559,6 +559,7 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         name = graph.name or Path(where).stem
         nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
                                     _prober(name, inputs, dims, outputs, constants, opset, where))
+        nodes = fusion.fuse_add_activation(nodes, constants, outputs)
     except FastlayersError:
         raise
     except Exception as e:  # noqa: BLE001 - a graph the optimisations cannot take

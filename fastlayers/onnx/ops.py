@@ -116,6 +116,22 @@ for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow":
     OPS[_name] = _binary(_fn)
 
 
+@op("FusedAdd")
+def _fused_add(inputs, attrs, opset):
+    """f(a + b) (``fusion.fuse_add_activation``): one native pass where both operands are float32
+    of one shape held in the same layout (NHWC memory behind NCHW views included), else numpy's
+    broadcasting sum and the activation."""
+    a, b = inputs
+    name, alpha = attrs["activation"], attrs.get("alpha", 0.0)
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == np.float32 \
+            and a.shape == b.shape:
+        (xa, back_a), (xb, back_b) = _stored(a), _stored(b)
+        if back_a == back_b:
+            y = get_ops().add_act(xa, xb, name, alpha)
+            return [y if back_a is None else y.transpose(back_a)]
+    return [get_ops().activation(np.add(a, b), name, alpha)]
+
+
 @op("Div")
 def _div(inputs, attrs, opset):
     a, b = inputs

@@ -432,3 +432,55 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
     _matches_ort(ours, tmp_path / "softmax.onnx",
                  {"x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 4,
                   "x2": rng.standard_normal((2, 6)).astype(np.float32) * 4})
+
+
+def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
+    """Add of two convolutions' outputs (NHWC memory behind NCHW views) followed by Relu, one
+    followed by Sigmoid and one with a broadcast operand (numpy's sum inside the node) run as
+    FusedAdd nodes; an Add that another node reads too stays as it is. Every output equals
+    onnxruntime's."""
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    k1, k2 = (rng.standard_normal((4, 3, 3, 3)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["img", "k1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["img", "k2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "c2"], ["s1"]),
+             helper.make_node("Relu", ["s1"], ["a"]),
+             helper.make_node("Add", ["a", "img4"], ["s2"]),
+             helper.make_node("Sigmoid", ["s2"], ["b"]),
+             helper.make_node("Add", ["b", "row"], ["s3"]),        # broadcast
+             helper.make_node("Relu", ["s3"], ["c"]),
+             helper.make_node("Add", ["c", "c"], ["s4"]),          # also an output: stays
+             helper.make_node("Relu", ["s4"], ["d"])]
+    consts = {"k1": k1, "k2": k2}
+    model = make_graph(nodes, [helper.make_tensor_value_info("img", TensorProto.FLOAT, [2, 3, 5, 7]),
+                               helper.make_tensor_value_info("img4", TensorProto.FLOAT, [2, 4, 5, 7]),
+                               helper.make_tensor_value_info("row", TensorProto.FLOAT, [7])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("b", "d", "s4")],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    path = tmp_path / "residual.onnx"
+    path.write_bytes(model.SerializeToString())
+    ours = fastlayers.load(path)
+    assert ours.op_types.count("FusedAdd") == 3 and ours.op_types.count("Add") == 1
+    assert [n.attrs["activation"] for n in ours._nodes if n.op_type == "FusedAdd"] == ["relu", "onnx_sigmoid", "relu"]
+    feed = {"img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
+            "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
+            "row": rng.standard_normal(7).astype(np.float32)}
+    _matches_ort(ours, path, feed, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["relu", "onnx_sigmoid", "leaky_relu", "linear"])
+@pytest.mark.parametrize("n", [1, 7, 16385, 40000])
+def test_add_act_matches_the_reference(isa, name, n, rng):
+    """The native add_act (f(a + b) in blocks shared by the pool, the tail on the caller) against
+    numpy, on every ISA path, at sizes around its block of 16384 floats."""
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    from fastlayers import native
+
+    got = fastlayers.get_ops("cpu").add_act(a, b, name, 0.1)
+    want = fastlayers.get_ops("reference").add_act(a, b, name, 0.1)
+    if name.startswith("onnx_") and native.isa() == "generic":   # no fused multiply-add there
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
+    else:
+        np.testing.assert_array_equal(got, want)

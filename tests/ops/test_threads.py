@@ -169,4 +169,5 @@ def test_thread_buffers_are_freed_when_the_thread_exits():
     while _core.threads_released() == before and time.monotonic() < deadline:
         time.sleep(0.001)
     assert held[0] > 0
-    assert _core.threads_released() == before + 1
+    # at least this thread (threads of earlier tests may end meanwhile too)
+    assert _core.threads_released() >= before + 1

@@ -73,6 +73,11 @@ class CpuOps(ConvOps):
         _core.bias_act(xr, None, code, alpha, out)
         return out.reshape(x.shape)
 
+    def add_act(self, a, b, name, alpha=0.0):
+        code = CODES.get(name)
+        y = None if code is None or name in ("softmax", "log_softmax") else _core.add_act(a, b, code, alpha)
+        return super().add_act(a, b, name, alpha) if y is None else y
+
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         code = CODES.get(activation)
         if code is not None:  # the common case in one native call (None: not in its terms)

@@ -190,6 +190,11 @@ class ReferenceOps:
 
     # ------------------------------------------------------------------------ arithmetic
 
+    def add_act(self, a: np.ndarray, b: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+        """f(a + b) for float32 ``a`` and ``b`` of one shape: a residual add and the activation
+        after it (``activation``'s names but the softmax ones)."""
+        return self.activation(np.add(a, b), name, alpha)
+
     def activation(self, x: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
         """y = f(x) elementwise (softmax and log_softmax over the last axis)."""
         with np.errstate(over="ignore", invalid="ignore"):
