@@ -28,6 +28,9 @@ then optimises the graph once:
    encoder layer one ``FusedEncoderLayer`` node, each mask-less self-attention block outside
    one (torch's ``MultiheadAttention``: projections and attention) one ``FusedSelfAttention``
    node, confirmed on a probe run of the graph at load (``fuse_encoder_layers``, ``encoder.py``);
+   last, an Add of two computed values read only by such an activation (a residual connection
+   and its Relu) becomes one ``FusedAdd`` node, one pass over both operands
+   (``fuse_add_activation``);
 4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``control.Body``),
