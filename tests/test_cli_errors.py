@@ -1,4 +1,4 @@
-"""The fastlayers command as a new user meets it (issue #27): every error is one line on stderr
+"""The fastlayers command as a new user meets it: every error is one line on stderr
 with exit status 2, global options go before or after the command, --output keeps the name
 given, --batch-size is validated, and the help has no raw markup."""
 

@@ -1,5 +1,5 @@
 """The checks every model reader runs on a file before it allocates or executes anything
-(issue #27): limits on JSON configs and zip members, the zip layer, and the ranges of layer
+limits on JSON configs and zip members, the zip layer, and the ranges of layer
 configs. A file that fails them raises ``ModelFileError`` (or ``UnsupportedError`` for a
 feature fastlayers does not read) naming the file and the member, layer or field.
 

@@ -1,4 +1,4 @@
-"""Fuzzing fastlayers' model readers in a child process (issue #27): the runner and the mutators.
+"""Fuzzing fastlayers' model readers in a child process: the runner and the mutators.
 
 A reader given a hostile file must answer with a fastlayers error (``FastlayersError``), never a
 foreign exception, a hang, a crash or an unbounded allocation. ``run_cases`` checks exactly

@@ -1,4 +1,4 @@
-"""Fuzzing the native, Keras (.keras, .h5) and safetensors readers (issue #27).
+"""Fuzzing the native, Keras (.keras, .h5) and safetensors readers.
 
 Each format's valid seed files are mutated at the byte level (anywhere in the file, in the zip
 records, inside zip members re-zipped with valid checksums) and at the structure level (configs

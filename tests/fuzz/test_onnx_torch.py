@@ -1,4 +1,4 @@
-"""Fuzzing the ONNX and PyTorch readers, and each class of hostile file of issue #27.
+"""Fuzzing the ONNX and PyTorch readers, and each class of hostile file the readers must refuse.
 
 Seed files are built here (torch.onnx.export(dynamo=False) of small models and onnx.helper
 graphs, one of them with If, Loop and Scan subgraphs, indexing and quantized operators; torch.save of small state dicts and nn.Sequential, zip and legacy) and mutated

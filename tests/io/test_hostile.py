@@ -1,4 +1,4 @@
-"""Malformed and hostile inputs (issue #27): one regression test per class of failure found by
+"""Malformed and hostile inputs: one regression test per class of failure found by
 flipping bits, inflating size fields and editing configs and graphs in valid files. Each must
 end in a ModelFileError or UnsupportedError naming the file (or, for calls, a fastlayers
 error), quickly and without a large allocation.
