@@ -129,7 +129,7 @@ def _fused_add(inputs, attrs, opset):
         if back_a == back_b:
             y = get_ops().add_act(xa, xb, name, alpha)
             return [y if back_a is None else y.transpose(back_a)]
-    return [get_ops().activation(np.add(a, b), name, alpha)]
+    return [get_ops().activation(_f32(np.add(a, b)), name, alpha)]   # as the activation op casts
 
 
 @op("Div")
