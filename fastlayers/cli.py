@@ -139,12 +139,16 @@ def _check_output(path: str) -> None:
         raise CommandError(f"--output {path}: is a directory")
 
 
-def _read_inputs(paths) -> list[np.ndarray]:
+def _read_inputs(paths, batched: bool = True) -> list[np.ndarray]:
+    """The .npy arrays at ``paths``; ``batched``: each must have a non-empty first axis."""
     from .io.native import read_npy
 
     inputs = []
     for path in paths:
         array = read_npy(path, "the input array")
+        if not batched:
+            inputs.append(array)
+            continue
         if array.ndim == 0:
             raise CommandError(f"{path}: a scalar; expected an array whose first axis is the batch")
         if len(array) == 0:
@@ -200,6 +204,43 @@ def cmd_run(args) -> int:
         for i, r in enumerate(results):
             print(f"output {i}: shape {r.shape}")
             print(np.array2string(r[:5], precision=5, suppress_small=True))
+    return 0
+
+
+def _profile_inputs(model, paths) -> list[np.ndarray]:
+    """The arrays ``fastlayers profile`` runs the model on: the .npy files given, else zeros of
+    each input's declared shape (free dimensions as a warm-up sizes them)."""
+    if paths:
+        return _read_inputs(paths, batched=False)
+    from .onnx.model import ORT_TYPES
+    from .onnx.ops import DTYPES
+    from .warmup import zeros_like_inputs
+
+    dtypes = {ORT_TYPES[k]: t for k, t in DTYPES.items()}
+    arrays = zeros_like_inputs([([d if isinstance(d, int) and d > 0 else None for d in arg.shape],
+                                 dtypes.get(arg.type, np.float32)) for arg in model.get_inputs()])
+    if arrays is None:
+        raise CommandError(f"{model.name}: its declared inputs are too large to make up; give "
+                           "them with --input")
+    return arrays
+
+
+def cmd_profile(args) -> int:
+    model = load(args.model)
+    if not hasattr(model, "profile"):
+        raise CommandError(f"{args.model}: profiling runs on ONNX models; this file loads as "
+                           f"{type(model).__name__}")
+    inputs = _profile_inputs(model, args.input)
+    with use_ops(args.backend):
+        try:
+            profile = model.profile(*inputs, repeats=args.repeats)
+        except FastlayersError as e:
+            if args.input:
+                raise
+            shapes = ", ".join(str(a.shape) for a in inputs)
+            raise type(e)(f"{e} (on zeros of shapes {shapes}, made up from the declared "
+                          "inputs: give real ones with --input)") from None
+    print(profile.table(top=args.top))
     return 0
 
 
@@ -275,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=_positive_int(), default=None, metavar="N",
                      help="samples per call (default: all at once)")
     run.set_defaults(func=cmd_run)
+    prof = command("profile", "time an ONNX model step by step (operator, kernel, layout, shapes)")
+    prof.add_argument("model", help="an .onnx file")
+    prof.add_argument("--input", action="append", metavar="X.npy",
+                      help=".npy file per model input, in order (default: zeros of the declared "
+                           "shapes, free dimensions 1)")
+    prof.add_argument("--repeats", type=_positive_int(), default=20,
+                      help="timed calls; each step's time is its median (default: 20)")
+    prof.add_argument("--top", type=_positive_int(), default=None, metavar="N",
+                      help="show the N slowest steps (default: all)")
+    prof.set_defaults(func=cmd_profile)
     warm = command("warmup", "nothing to do: kernels are compiled at install")
     warm.set_defaults(func=cmd_warmup)
     return parser

@@ -89,3 +89,48 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int | None:
     """The count set by ``set_num_threads``, or None when the libraries' defaults are in force."""
     return _num_threads[0]
+
+
+class _Recording:
+    """The active Ops object seen through a log: each method called is appended to ``log`` as
+    ``"<backend>.<method>"``; everything else (``name``, attributes) reads through unchanged."""
+
+    def __init__(self, ops: ReferenceOps, log: list):
+        self._ops, self._log = ops, log
+
+    def __getattr__(self, attr):
+        value = getattr(self._ops, attr)
+        if not callable(value) or attr.startswith("__"):
+            return value
+        label = f"{self._ops.name}.{attr}"
+        log = self._log
+
+        def call(*args, **kwargs):
+            log.append(label)
+            return value(*args, **kwargs)
+        return call
+
+
+@contextlib.contextmanager
+def recording_calls(log: list):
+    """Run the block on the active backend, appending to ``log`` the name of every backend
+    method called in it (``"cpu.conv2d"``), in this thread's context; profiles use it to tell a
+    step run by a backend kernel from one run in numpy.
+
+    Examples
+    --------
+    >>> log = []
+    >>> with recording_calls(log):
+    ...     y = model(x)
+    """
+    ops = get_ops()
+    key = f"{ops.name}+recording-{id(log)}"
+    with _instances_lock:
+        _instances[key] = _Recording(ops, log)
+    token = _active.set(key)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+        with _instances_lock:
+            _instances.pop(key, None)

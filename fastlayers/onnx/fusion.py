@@ -19,7 +19,7 @@ _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("onnx_sigmoid", None
 def _fused_activation(follower, constants) -> dict | None:
     """The activation attributes a dense or convolution node takes from a following activation
     node (Gelu with approximate="tanh" is the tanh form; Clip to [0, 6] or [0, inf) is relu6 or
-    relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid; Swish with alpha 1, which
+    relu; HardSigmoid with alpha 1/6 and beta 1/2 is hard_sigmoid and HardSwish hard_silu; Swish with alpha 1, which
     ``rewrite.fuse_silu`` makes of x * Sigmoid(x), is onnx_silu; Sigmoid and Tanh are onnx_sigmoid and
     onnx_tanh, in onnxruntime's arithmetic); None where it has none."""
     op = follower.op_type
@@ -35,6 +35,8 @@ def _fused_activation(follower, constants) -> dict | None:
         ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
             and np.float32(follower.attrs.get("beta", 0.5)) == np.float32(0.5)
         return {"activation": "hard_sigmoid", "alpha": 0.0} if ok else None
+    if op == "HardSwish":   # x max(0, min(1, x / 6 + 1/2)) = x relu6(x + 3) / 6
+        return {"activation": "hard_silu", "alpha": 0.0}
     if op == "Swish":
         return {"activation": "onnx_silu", "alpha": 0.0} if follower.attrs.get("alpha", 1.0) == 1.0 else None
     if op not in _FUSABLE_ACTIVATIONS:

@@ -45,6 +45,7 @@ the node; tensors whose size the graph's values set are limited (``ops.MAX_CREAT
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,14 +106,50 @@ def _subgraph(graph, captures, opset, where, budget) -> Body:
     outputs = [vo.name for vo in graph.outputs]
     nodes = prune(_read_nodes(graph.nodes, where, opset, budget), outputs)
     nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
-    used = set(outputs).union(*(n.inputs for n in nodes))
+    nodes = bind_constant_captures(nodes, constants, opset, budget)
     inputs = [(vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
     inputs += [(name, np.dtype(np.float32), None) for name in captures]
-    model = OnnxModel(where, inputs, outputs, {k: v for k, v in constants.items() if k in used},
-                      nodes, opset, {}, where)
     types = [(np.dtype(DTYPES[vo.elem_type]) if vo.elem_type in DTYPES else None, _value_shape(vo))
              for vo in graph.outputs]
-    return Body(model, types)
+    return Body(_body_model(where, inputs, outputs, constants, nodes, opset), types)
+
+
+def _body_model(where, inputs, outputs, constants, nodes, opset) -> OnnxModel:
+    """A subgraph's model, keeping the constants its nodes and outputs read."""
+    used = set(outputs).union(*(n.inputs for n in nodes))
+    return OnnxModel(where, inputs, outputs, {k: v for k, v in constants.items() if k in used},
+                     nodes, opset, {}, where)
+
+
+def bind_constant_captures(nodes, constants, opset, budget) -> list[Node]:
+    """Control-flow nodes whose subgraphs read outer values that are ``constants`` (weights,
+    shapes folded at load) get subgraphs holding those values as constants of their own and
+    folded again, so that what a branch computes from weights alone (silero VAD's LSTM gate
+    slices) is computed once at load, not on every call; the node no longer passes them."""
+    for node in nodes:
+        bodies = [k for k, v in node.attrs.items() if isinstance(v, Body)]
+        if not bodies:
+            continue
+        formal = node.attrs["_formal"]
+        captures = node.inputs[formal:]
+        bound = {c: constants[c] for c in captures if c in constants}
+        if not bound:
+            continue
+        attrs = dict(node.attrs)
+        for key in bodies:
+            body, model = attrs[key], attrs[key].model
+            own = model._inputs[:len(model._inputs) - len(captures)]
+            local = {**bound, **model._constants}   # a subgraph's own initializer shadows an outer value
+            label = model._where
+            inner = mark_loops(fold_and_inline(model._nodes, local, model.output_names, opset, budget,
+                                               label), local)
+            inner = bind_constant_captures(inner, local, opset, budget)
+            inputs = own + [i for i in model._inputs[len(own):] if i[0] not in bound]
+            attrs[key] = Body(_body_model(label, inputs, model.output_names, local, inner, opset),
+                              body.output_types)
+        node.attrs = attrs
+        node.inputs = node.inputs[:formal] + [c for c in captures if c not in bound]
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -348,15 +385,18 @@ class OnnxModel:
         """
         return [NodeArg(name, list(shape), type_) for name, type_, shape in self._declared_outputs]
 
-    def _evaluate(self, arrays) -> dict:
-        """Run every node on the checked input ``arrays``; the table of values by name."""
+    def _evaluate(self, arrays, clock=None, log=None) -> dict:
+        """Run every node on the checked input ``arrays``; the table of values by name.
+        ``clock``, ``log``: see ``_run_nodes``."""
         if self._quiet and get_ops().name == "cpu":
-            return self._run_nodes(arrays)
+            return self._run_nodes(arrays, clock, log)
         with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
-            return self._run_nodes(arrays)
+            return self._run_nodes(arrays, clock, log)
 
-    def _run_nodes(self, arrays) -> dict:
-        """``_evaluate``'s walk over the plan, in whatever numpy error state the caller set."""
+    def _run_nodes(self, arrays, clock=None, log=None) -> dict:
+        """``_evaluate``'s walk over the plan, in whatever numpy error state the caller set.
+        ``clock``: a list to append ``(step, seconds, backend calls)`` to per step run, the calls
+        being the entries the step added to ``log`` (a ``recording_calls`` list, or None)."""
         values = dict(zip(self._input_names, arrays))
         key = cached = None
         if self._shape_outputs:
@@ -366,10 +406,14 @@ class OnnxModel:
                 values.update(cached)
         outs = None
         try:
-            for fn, ins, outs, attrs, shape_only in self._plan:
+            for step, (fn, ins, outs, attrs, shape_only) in enumerate(self._plan):
                 if shape_only and cached is not None:
                     continue
+                if clock is not None:
+                    mark, t0 = len(log) if log is not None else 0, time.perf_counter()
                 results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+                if clock is not None:
+                    clock.append((step, time.perf_counter() - t0, log[mark:] if log is not None else ()))
                 for name, value in zip(outs, results):
                     if name:
                         values[name] = value
@@ -386,6 +430,40 @@ class OnnxModel:
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         return values
+
+    def profile(self, *args, repeats: int = 20, **kwargs):
+        """Time one call on these inputs step by step, as onnxruntime's profiling does.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The inputs, as for calling the model.
+        repeats : int
+            Timed calls, after one untimed call (which also records each step's kernel); each
+            step's time is its median over them.
+
+        Returns
+        -------
+        fastlayers.onnx.profile.Profile
+            Per step of the optimised graph: operator, what it fused, kernel (the backend
+            methods it called, or ``numpy``), output layout, input and output shapes,
+            milliseconds and share of the call. ``print(profile)`` shows them slowest first;
+            ``profile.by_op()`` sums them per operator.
+
+        Examples
+        --------
+        >>> p = model.profile(x)
+        >>> print(p.table(top=10))
+        """
+        from ..native import get_num_threads
+        from .profile import profile_plan
+
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise InputError(f"profile: repeats must be a positive integer, got {repeats!r}")
+        arrays = self._prepare(args, kwargs)
+        return profile_plan(self.name, self._plan, self._nodes,
+                            lambda a, clock, log: self._evaluate(a, clock, log),
+                            arrays, repeats, get_num_threads())
 
     def warm_up(self) -> bool:
         """Run the graph once on zeros of its inputs' declared shapes (free dimensions: 1 where
@@ -549,6 +627,7 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
+        nodes = bind_constant_captures(nodes, constants, opset, budget)
         nodes = prune(rewrite.drop_noops(nodes, constants, outputs, {i: t for i, t, _ in inputs}), outputs)
         nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
         nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)

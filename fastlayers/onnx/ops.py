@@ -260,16 +260,19 @@ def _softplus(inputs, attrs, opset):
     return [get_ops().activation(_f32(inputs[0]), "softplus")]
 
 
+_hard_sigmoid_sixth = _activation("hard_sigmoid")   # relu6(x + 3) / 6
+
+
 @op("HardSigmoid")
 def _hard_sigmoid(inputs, attrs, opset):
     alpha, beta = np.float32(attrs.get("alpha", 0.2)), np.float32(attrs.get("beta", 0.5))
+    if alpha == np.float32(1 / 6) and beta == np.float32(0.5):   # torch's Hardsigmoid: native
+        return _hard_sigmoid_sixth(inputs, attrs, opset)
     return [np.clip(alpha * _f32(inputs[0]) + beta, np.float32(0), np.float32(1))]
 
 
-@op("HardSwish")
-def _hard_swish(inputs, attrs, opset):
-    x = _f32(inputs[0])
-    return [x * np.clip(x / np.float32(6) + np.float32(0.5), np.float32(0), np.float32(1))]
+# x max(0, min(1, x / 6 + 1/2)) as x relu6(x + 3) / 6, natively (within an ulp of the quotient)
+OPS["HardSwish"] = _activation("hard_silu")
 
 
 @op("Celu")

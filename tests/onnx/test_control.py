@@ -389,3 +389,39 @@ def test_a_loop_without_trip_count_is_not_run_at_load(tmp_path):
                          initializer=[h.make_tensor("c", BOOL, [], [True]), h.make_tensor("go", BOOL, [], [True]),
                                       h.make_tensor("v0", F32, [1], [1.0])])
     assert fastlayers.load(_save(tmp_path, "endless", graph)).op_types == ["Loop", "Add"]  # the If's Identity dropped
+
+
+def test_branches_compute_from_outer_weights_once_at_load(tmp_path, rng):
+    """Branches (one nested in another) that transpose and slice a weight of the outer graph,
+    as silero VAD's LSTM branch reorders its gates: the weight becomes a constant of each
+    subgraph and what they compute from it alone is folded at load, so a call runs only the
+    products; the If nodes no longer read the weight."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    vi = h.make_tensor_value_info
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    inner_then = h.make_graph([h.make_node("Slice", ["wt", "lo", "hi", "ax"], ["ws"]),
+                               h.make_node("MatMul", ["x", "ws"], ["p"])],
+                              "inner_then", [], [vi("p", F32, None)],
+                              initializer=[h.make_tensor("lo", I64, [1], [1]), h.make_tensor("hi", I64, [1], [4]),
+                                           h.make_tensor("ax", I64, [1], [1])])
+    inner_else = h.make_graph([h.make_node("Neg", ["x"], ["q"])], "inner_else", [], [vi("q", F32, None)])
+    then = h.make_graph([h.make_node("Transpose", ["w"], ["wt"]),
+                         h.make_node("If", ["c2"], ["r"], then_branch=inner_then, else_branch=inner_else)],
+                        "then", [], [vi("r", F32, None)])
+    other = h.make_graph([h.make_node("Abs", ["x"], ["s"])], "else", [], [vi("s", F32, None)])
+    graph = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                         [vi("x", F32, [2, 4]), vi("c", BOOL, []), vi("c2", BOOL, [])],
+                         [vi("y", F32, None)], initializer=[h.make_tensor("w", F32, w.shape, w.ravel())])
+    path = _save(tmp_path, "weights", graph)
+    model = fastlayers.load(path)
+    (outer,) = [n for n in model._nodes if n.op_type == "If"]
+    assert "w" not in outer.inputs
+    then_nodes = outer.attrs["then_branch"].model._nodes
+    assert [n.op_type for n in then_nodes] == ["If"]             # the Transpose folded at load
+    (inner,) = then_nodes
+    assert [n.op_type for n in inner.attrs["then_branch"].model._nodes] == ["MatMul"]   # and the Slice
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    for c, c2 in ((True, True), (True, False), (False, True)):
+        feed = {"x": x, "c": np.array(c), "c2": np.array(c2)}
+        assert_close(model(feed), _ort_run(path, feed)[0])

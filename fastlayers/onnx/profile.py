@@ -1,0 +1,145 @@
+"""Per-step timings of an imported ONNX model: where a call's time goes, step by step of the
+optimised node list (``OnnxModel.profile``, ``fastlayers profile``), in the spirit of
+onnxruntime's ``enable_profiling`` and OpenVINO's ``benchmark_app -pc``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends import recording_calls
+
+#: Attributes of a fused node that name what it absorbed, shown in the ``fused`` column.
+_FUSED_ATTRS = ("activation", "residual", "kind")
+
+
+@dataclass
+class Step:
+    """One step of the plan: what it runs and how long it took (median over the timed calls).
+
+    ``kernel`` names the backend methods the step called (``"cpu.conv2d"``), or ``"numpy"`` for
+    a step computed in numpy alone (a fallback for the native backend), or ``"cached"`` for a
+    shape computation served from the per-shape cache.
+    """
+
+    index: int
+    op_type: str
+    name: str
+    fused: str
+    input_shapes: list
+    output_shapes: list
+    layout: str
+    kernel: str
+    ms: float
+    share: float = 0.0
+
+
+@dataclass
+class Profile:
+    """The steps of one model call, with the whole call's median time.
+
+    ``str(profile)`` is a table of the steps, slowest first when ``sort`` is True;
+    ``by_op()`` sums them per operator.
+    """
+
+    model: str
+    threads: int
+    repeats: int
+    total_ms: float
+    steps: list = field(default_factory=list)
+
+    def by_op(self) -> list[tuple[str, int, float, float]]:
+        """(op type, steps, milliseconds, share of the call) per operator, slowest first."""
+        table: dict[str, list] = {}
+        for s in self.steps:
+            row = table.setdefault(s.op_type, [0, 0.0])
+            row[0] += 1
+            row[1] += s.ms
+        return sorted(((op, n, ms, ms / self.total_ms if self.total_ms else 0.0)
+                       for op, (n, ms) in table.items()), key=lambda r: -r[2])
+
+    def table(self, top: int | None = None, sort: bool = True) -> str:
+        """The steps as aligned text: time, share, operator, fused part, kernel, layout, shapes."""
+        steps = sorted(self.steps, key=lambda s: -s.ms) if sort else list(self.steps)
+        steps = steps[:top] if top else steps
+        lines = [f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}, "
+                 f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps",
+                 f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} "
+                 f"{'layout':<7} shapes"]
+        for s in steps:
+            shapes = f"{_shapes(s.input_shapes)} -> {_shapes(s.output_shapes)}"
+            lines.append(f"{s.index:>4} {s.ms:>9.4f} {s.share:>6.1%}  {s.op_type[:22]:<22} "
+                         f"{s.fused[:14]:<14} {s.kernel[:26]:<26} {s.layout:<7} {shapes}")
+        lines.append("by operator: " + ", ".join(f"{op} x{n} {ms:.3f} ms ({share:.0%})"
+                                               for op, n, ms, share in self.by_op()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _shapes(shapes) -> str:
+    return ", ".join("x".join(map(str, s)) if s is not None else "-" for s in shapes) or "-"
+
+
+def _shape(value):
+    return tuple(value.shape) if isinstance(value, np.ndarray) else None
+
+
+def layout_of(value) -> str:
+    """How a 4-D (3-D) value's memory is laid out: "nchw" (C-contiguous), "nhwc" (a
+    channels-first view of channels-last memory, as the convolutions pass along), or "-"."""
+    if not isinstance(value, np.ndarray) or value.ndim not in (3, 4):
+        return "-"
+    if value.flags.c_contiguous:
+        return "nchw" if value.ndim == 4 else "ncw"
+    if value.strides[1] == value.itemsize:
+        return "nhwc" if value.ndim == 4 else "nwc"
+    return "strided"
+
+
+def fused_detail(attrs) -> str:
+    """What a fused node took in, from its attributes (its activation, a residual add)."""
+    parts = [str(attrs[k]) for k in _FUSED_ATTRS if isinstance(attrs.get(k), (str, bool)) and attrs.get(k)]
+    return "+".join(p if p != "True" else "residual" for p in parts)
+
+
+def profile_plan(model, plan, nodes, run, arrays, repeats: int, threads: int) -> Profile:
+    """Time ``run`` (``run(arrays, clock)`` evaluates the plan, appending ``(step, seconds,
+    outputs)`` to ``clock`` per step) ``repeats`` times after one untimed call that records each
+    step's kernel; the median per step and per call."""
+    calls: list = []
+    with recording_calls(calls):
+        first: list = []
+        values = run(arrays, first, calls)
+    kernels: dict[int, str] = {}
+    for step, _, names in first:
+        kernels[step] = ", ".join(dict.fromkeys(names)) or "numpy"
+    per_step: dict[int, list] = {}
+    totals = []
+    outputs: dict[int, list] = {}
+    for _ in range(repeats):
+        clock: list = []
+        t0 = time.perf_counter()
+        run(arrays, clock, None)
+        totals.append(time.perf_counter() - t0)
+        for step, seconds, outs in clock:
+            per_step.setdefault(step, []).append(seconds)
+            outputs[step] = outs
+    total_ms = float(np.median(totals) * 1e3)
+    steps = []
+    for k, (node, (_, ins, outs, attrs, _)) in enumerate(zip(nodes, plan)):
+        times = per_step.get(k)
+        ms = float(np.median(times) * 1e3) if times else 0.0
+        in_shapes = [_shape(values.get(i) if isinstance(i, str) else i) for i in ins]
+        out_values = [values.get(o) for o in outs if o]
+        steps.append(Step(k, node.op_type, node.name or (node.outputs[0] if node.outputs else ""),
+                          fused_detail(attrs) if node.op_type.startswith("Fused") else "",
+                          in_shapes, [_shape(v) for v in out_values],
+                          layout_of(out_values[0]) if out_values else "-",
+                          kernels.get(k, "cached") if times else "cached", ms))
+    for s in steps:
+        s.share = s.ms / total_ms if total_ms else 0.0
+    return Profile(model, threads, repeats, total_ms, steps)
