@@ -218,7 +218,8 @@ class OnnxModel:
                 shape_only.update(o for o in n.outputs if o)
         self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
                                          for i in n.inputs], n.outputs,
-                       {**n.attrs, "_windows": {}} if n.op_type in WINDOW_OPS else n.attrs,
+                       {**n.attrs, "_windows": {}, **({"_plans": {}} if n.op_type == "FusedConv" else {})}
+                       if n.op_type in WINDOW_OPS else n.attrs,
                        any(o in shape_only for o in n.outputs)) for n in nodes]
         self._quiet = all(_quiet(n) for n in nodes)
         self._input_checks = [(dtype, _fixed_tail(shape)) for _, dtype, shape in inputs]

@@ -90,7 +90,9 @@ def _f32(x):
 
 
 def _ints(x):
-    return [int(v) for v in np.asarray(x).reshape(-1)]
+    """The values of an integer tensor (or a sequence) as a list of Python ints."""
+    x = np.asarray(x)
+    return x.reshape(-1).tolist() if x.dtype.kind in "iu" else [int(v) for v in x.reshape(-1)]
 
 
 def _axes(inputs, attrs, index, name="axes"):
@@ -571,9 +573,11 @@ def _unsqueeze(inputs, attrs, opset):
     x = inputs[0]
     axes = _axes(inputs, attrs, 1)
     rank = x.ndim + len(axes)
-    for a in sorted(a % rank for a in axes):
-        x = np.expand_dims(x, a)
-    return [x]
+    new = {a % rank for a in axes}
+    if len(new) != len(axes) or any(not -rank <= a < rank for a in axes):
+        raise ShapeError(f"Unsqueeze: axes {axes} for an output of rank {rank}")
+    dims = iter(x.shape)
+    return [x.reshape([1 if k in new else next(dims) for k in range(rank)])]
 
 
 @op("Concat")
@@ -753,10 +757,31 @@ def _pad(inputs, attrs, opset):
             max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x.shape, width) if b or e):
         raise ShapeError(f"Pad: {mode} pads {width} are larger than the axes {x.shape} they mirror")
     if mode == "constant":
-        return [np.pad(x, width, mode="constant", constant_values=value)]
+        out = np.full([d + b + e for d, (b, e) in zip(x.shape, width)], value, x.dtype)
+        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
+        return [out]
     if mode in ("reflect", "edge", "wrap"):
-        return [np.pad(x, width, mode=mode)]
+        for axis, (b, e) in enumerate(width):
+            if b or e:
+                x = np.concatenate([_pad_part(x, axis, b, mode, True), x,
+                                    _pad_part(x, axis, e, mode, False)], axis=axis)
+        return [x]
     raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+
+
+def _pad_part(x, axis, n, mode, before):
+    """The ``n`` values Pad puts before (after) ``x`` along ``axis`` in ``mode``: mirrored
+    without the edge (reflect), the edge repeated (edge), or the other end's (wrap)."""
+    d = x.shape[axis]
+    if mode == "reflect":
+        part = slice(n, 0, -1) if before else slice(d - 2, d - 2 - n if n < d - 1 else None, -1)
+    elif mode == "wrap":
+        part = slice(d - n, d) if before else slice(0, n)
+    else:
+        part = [0] * n if before else [d - 1] * n
+    index = [slice(None)] * x.ndim
+    index[axis] = part
+    return x[tuple(index)]
 
 
 # ------------------------------------------------------------------------- recurrent (RNN/GRU/LSTM)
@@ -1179,10 +1204,30 @@ def _window(what, attrs, x_shape, kernel, one_d, ceil=False):
     return geometry
 
 
+def _to_nhwc(x, one_d):
+    """``_nhwc`` for an input already checked: its NHWC memory where it is a view of it, the
+    same memory reshaped where it has one channel or one position, else a native transpose."""
+    if x.dtype == np.float32:
+        held = _channels_last_memory(x)
+        if held is not None:
+            return held[:, None] if one_d else held
+        if x.flags.c_contiguous and (x.shape[1] == 1 or x[0, 0].size == 1):
+            return x.reshape((x.shape[0], 1) + x.shape[2:] + x.shape[1:2]) if one_d else \
+                x.reshape(x.shape[:1] + x.shape[2:] + x.shape[1:2])
+    y = channels_last(np.ascontiguousarray(x, dtype=np.float32))
+    return y[:, None] if one_d else y
+
+
 @op("Conv", "FusedConv")
 def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
+    plans, ops = attrs.get("_plans"), get_ops()
+    if plans is not None:   # FusedConv: its NHWC plan for this input's shape, layout and backend
+        key = (x.shape, x.strides, x.dtype.char, id(ops), id(b))
+        run = plans.get(key)
+        if run is not None:
+            return [run(x)]
     if x.ndim not in (3, 4):
         _nhwc(x)   # raises: only 1-D and 2-D
     one_d = x.ndim == 3
@@ -1218,11 +1263,14 @@ def _conv(inputs, attrs, opset):
                                             attrs.get("activation", "linear"),
                                             attrs.get("alpha", 0.0))
         return [y[:, :, 0] if one_d else y]
-    x4, _ = _nhwc(x)
-    y = get_ops().conv2d(x4, w_hwio, None if b is None else _f32(b), strides, pads, dilations,
-                         group, attrs.get("activation", "linear"),
-                         attrs.get("alpha", 0.0))
-    return [_nchw(y, one_d)]
+    x4 = _to_nhwc(x, one_d)
+    plan = ops.conv2d_plan(x4.shape, w_hwio, None if b is None else _f32(b), strides, pads,
+                           dilations, group, attrs.get("activation", "linear"), attrs.get("alpha", 0.0))
+    if plans is not None:
+        if len(plans) >= 64:   # bound the memory of many distinct shapes
+            plans.clear()
+        plans[key] = lambda x: _nchw(plan(_to_nhwc(x, one_d)), one_d)
+    return [_nchw(plan(x4), one_d)]
 
 
 @op("ConvTranspose")

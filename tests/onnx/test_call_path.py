@@ -138,3 +138,33 @@ def test_warm_calls_pack_no_weights(tmp_path, rng, monkeypatch):
     np.testing.assert_array_equal(fresh(x), first)
     assert {"winograd_pack", "conv_pack", "pack"} <= set(packs)
     assert_close(first, _ort(tmp_path / "convs.onnx", x), rtol=1e-4, atol=1e-4)
+
+
+def test_convolution_plans_follow_each_input_shape_layout_and_backend(tmp_path, rng):
+    """A FusedConv keeps one plan per input shape, memory layout and backend: a 1-D chain
+    (one channel, one position, an NHWC view from the previous convolution) called on changing
+    lengths, then on the reference backend, matches onnxruntime every time."""
+    ort = oracle("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = rng.standard_normal((4, 1, 3)).astype(np.float32)
+    w2 = rng.standard_normal((3, 4, 1)).astype(np.float32)
+    b2 = rng.standard_normal(3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
+             helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, None])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                        numpy_helper.from_array(b2, "b2")])
+    onnx.save(model, tmp_path / "conv1d.onnx")
+    ours = fastlayers.load(tmp_path / "conv1d.onnx")
+    assert ours.op_types == ["FusedConv", "FusedConv"]
+    session = ort.InferenceSession(str(tmp_path / "conv1d.onnx"), providers=["CPUExecutionProvider"])
+    for backend in ("cpu", "cpu", "reference"):
+        for shape in ((2, 1, 7), (1, 1, 1), (2, 1, 7), (3, 1, 2)):
+            x = rng.standard_normal(shape).astype(np.float32)
+            with fastlayers.use_ops(backend):
+                got = ours(x)
+            assert_close(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)

@@ -38,7 +38,7 @@ def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
     profile = model.profile(x, repeats=3)
     assert [s.op_type for s in profile.steps] == model.op_types == ["FusedConv", "Resize", "ReduceMean"]
     conv, resize, mean = profile.steps
-    assert conv.fused == "hard_silu" and conv.kernel == "cpu.conv2d" and conv.layout == "nhwc"
+    assert conv.fused == "hard_silu" and conv.kernel.startswith("cpu.conv2d") and conv.layout == "nhwc"
     assert conv.input_shapes[0] == (1, 3, 8, 8) and conv.output_shapes == [(1, 4, 8, 8)]
     assert resize.kernel == "numpy" and resize.output_shapes == [(1, 4, 16, 16)]
     assert mean.output_shapes == [(1, 4)] and mean.layout == "-"
@@ -48,7 +48,8 @@ def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
     assert {op for op, *_ in by_op} == {"FusedConv", "Resize", "ReduceMean"}
     assert by_op == sorted(by_op, key=lambda r: -r[2])
     text = profile.table(top=2)
-    assert text.count("\n") == 4 and "cpu.conv2d" in text.splitlines()[2] + text.splitlines()[3]
+    slowest = max(profile.steps, key=lambda s: s.ms)
+    assert text.count("\n") == 4 and slowest.op_type in text.splitlines()[2]
     assert "by operator: " in text and str(profile) == profile.table()
     np.testing.assert_array_equal(model(x), model(x))   # profiling left the model as it was
 
