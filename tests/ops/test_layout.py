@@ -1,6 +1,8 @@
 """The native transpose (``native/layout.c``) and its helpers (``fastlayers.native.layout``)
-against numpy on every ISA path and 1-3 threads: odd sizes around its 32 x 32 tiles, one row or
-column, strided views, and the errors of wrong shapes, strides and alignment."""
+against numpy on every ISA path and 1-3 threads: odd sizes around its tiles (rows read in place
+where they lie within 128 floats of each other, else copied whole into a 4,096-float tile of at
+most 128 columns), one row or column, strided views, and the errors of wrong shapes, strides and
+alignment."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.usefixtures("isa")
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("b, r, c", [(1, 1, 1), (1, 1, 40), (1, 33, 1), (2, 5, 70), (3, 64, 31),
-                                     (1, 100, 97), (4, 32, 32), (1, 1000, 3)])
+                                     (1, 100, 97), (4, 32, 32), (1, 1000, 3), (1, 3, 129),
+                                     (2, 40, 300), (1, 70, 1029), (1, 1, 4097), (2, 33, 257)])
 def test_transpose_matches_numpy(rng, threads, b, r, c):
     src = rng.standard_normal((b, r, c)).astype(np.float32)
     dst = np.full((b, c, r), np.nan, np.float32)
@@ -33,6 +36,10 @@ def test_transpose_of_strided_views(rng):
     dst = np.empty((3, 7, 5), np.float32)
     _core.transpose(wide, dst)
     np.testing.assert_array_equal(dst, wide.transpose(0, 2, 1))
+    far = rng.standard_normal((2, 40, 700)).astype(np.float32)[:, ::3, 5:300]   # rows 2,100 floats apart
+    dst = np.empty((2, 295, 14), np.float32)
+    _core.transpose(far, dst)
+    np.testing.assert_array_equal(dst, far.transpose(0, 2, 1))
 
 
 def test_transpose_errors():
