@@ -111,7 +111,49 @@ def _binary(fn):
     return run
 
 
-for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": np.power,
+#: Elements below which numpy's elementwise arithmetic costs less than a native call's checks.
+NATIVE_ELEMENTWISE_MIN = 4096
+
+
+def _native_add_mul(a, b, multiply: bool):
+    """a + b (a b) in one native pass, threaded, or None where numpy is to compute it: a
+    float32 per-channel vector ((1, C, 1, 1) or (C, 1, 1)) and an NCHW view of NHWC memory, the
+    result in that memory (a squeeze-and-excite Mul between convolutions keeps their layout;
+    numpy broadcasts the vector over strided memory at half the speed or less). numpy's own
+    sum of two operands of one memory order runs at memory speed already."""
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
+            or b.dtype != np.float32:
+        return None
+    if b.size > a.size:
+        a, b = b, a
+    if a.size < NATIVE_ELEMENTWISE_MIN:
+        return None
+    ops = get_ops()
+    if a.ndim == 4 and b.shape in ((1, a.shape[1], 1, 1), (a.shape[1], 1, 1)):
+        held = _channels_last_memory(a)
+        if held is None:
+            return None
+        v = np.ascontiguousarray(b.reshape(-1))
+        y = ops.batch_norm(held, v, np.zeros_like(v)) if multiply else ops.merge(held, v, "add")
+        return y.transpose(0, 3, 1, 2)
+    return None
+
+
+@op("Add")
+def _add(inputs, attrs, opset):
+    a, b = inputs
+    y = _native_add_mul(a, b, False)
+    return [np.add(a, b) if y is None else y]
+
+
+@op("Mul")
+def _mul(inputs, attrs, opset):
+    a, b = inputs
+    y = _native_add_mul(a, b, True)
+    return [np.multiply(a, b) if y is None else y]
+
+
+for _name, _fn in {"Sub": np.subtract, "Pow": np.power,
                    "Equal": np.equal, "Less": np.less, "Greater": np.greater,
                    "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
                    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}.items():
@@ -582,7 +624,18 @@ def _unsqueeze(inputs, attrs, opset):
 
 @op("Concat")
 def _concat(inputs, attrs, opset):
-    return [np.concatenate([x for x in inputs if x is not None], axis=attrs["axis"])]
+    parts = [x for x in inputs if x is not None]
+    axis = attrs["axis"]
+    if len(parts) > 1 and all(x.ndim == 4 and x.dtype == np.float32 for x in parts) \
+            and any(_channels_last_memory(x) is not None for x in parts):
+        # convolution outputs (NCHW views of NHWC memory): the result in NHWC memory too, so
+        # that the next convolution moves nothing
+        shape = list(parts[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in parts)
+        out = np.empty((shape[0], shape[2], shape[3], shape[1]), np.float32).transpose(0, 3, 1, 2)
+        np.concatenate(parts, axis=axis, out=out)
+        return [out]
+    return [np.concatenate(parts, axis=axis)]
 
 
 @op("Split")
@@ -1400,27 +1453,30 @@ def _max_roi_pool(inputs, attrs, opset):
 
 
 def _source_coords(out_size, in_size, scale, mode, roi=(0.0, 1.0)):
-    """The input coordinate of each output index for a coordinate_transformation_mode."""
-    i = np.arange(out_size, dtype=np.float64)
+    """The input coordinate of each output index for a coordinate_transformation_mode, in
+    float32 arithmetic and with the integer output length, as onnxruntime computes them (a
+    float64 coordinate such as 3 / 0.6 = 4.9999... floors to another row than its 5.0)."""
+    f = np.float32
+    i = np.arange(out_size, dtype=f)
+    scale, length, original = f(scale), f(out_size), f(in_size)
     if mode == "half_pixel":
-        return (i + 0.5) / scale - 0.5
+        return (i + f(0.5)) / scale - f(0.5)
     if mode == "pytorch_half_pixel":
-        return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
-    if mode == "align_corners":  # the spec's output length is in_size * scale, unrounded
-        length = in_size * scale
-        return i * (in_size - 1) / (length - 1) if length != 1 else np.zeros(out_size)
+        return (i + f(0.5)) / scale - f(0.5) if out_size > 1 else np.zeros(out_size, f)
+    if mode == "align_corners":
+        return i * (original - f(1)) / (length - f(1)) if out_size > 1 else np.zeros(out_size, f)
     if mode == "asymmetric":
         return i / scale
     if mode == "half_pixel_symmetric":
-        adj = out_size / (scale * in_size)
-        center = in_size / 2
-        offset = center * (1 - adj)
-        return offset + (i + 0.5) / scale - 0.5
+        adjustment = length / (scale * original)
+        offset = original / f(2) * (f(1) - adjustment)
+        # onnxruntime adds the half pixels in double precision here
+        return (np.float64(offset) + (i.astype(np.float64) + 0.5) / np.float64(scale) - 0.5).astype(f)
     if mode == "tf_crop_and_resize":
-        start, end = roi
+        start, end = f(roi[0]), f(roi[1])
         if out_size > 1:
-            return start * (in_size - 1) + i * (end - start) * (in_size - 1) / (out_size - 1)
-        return np.full(out_size, 0.5 * (start + end) * (in_size - 1))
+            return start * (original - f(1)) + i * (end - start) * (original - f(1)) / (length - f(1))
+        return np.full(out_size, f(0.5) * (start + end) * (original - f(1)), f)
     raise UnsupportedError(f"Resize coordinate_transformation_mode {mode!r} is not supported")
 
 
@@ -1436,6 +1492,9 @@ def _resize(x, out_shape, scales, attrs, roi):
     created(out_shape, np.float64 if x.dtype.kind == "f" else x.dtype, "Resize")
     coord = attrs.get("coordinate_transformation_mode", "half_pixel")
     nearest = attrs.get("nearest_mode", "round_prefer_floor")
+    changed = [a for a, (i, o) in enumerate(zip(x.shape, out_shape)) if i != o or scales[a] != 1.0]
+    if x.dtype == np.float32 and x.ndim == 4 and coord != "tf_crop_and_resize" and set(changed) <= {2, 3}:
+        return _resize_spatial(x, out_shape, scales, mode, coord, nearest)
     y = x.astype(np.float64) if x.dtype.kind == "f" else x
     for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
         if size_in == size_out and scales[axis] == 1.0 and coord != "tf_crop_and_resize":
@@ -1443,27 +1502,60 @@ def _resize(x, out_shape, scales, attrs, roi):
         src = _source_coords(size_out, size_in, scales[axis], coord,
                              (roi[axis], roi[axis + x.ndim]) if roi is not None else (0.0, 1.0))
         if mode == "nearest":
-            if nearest == "round_prefer_floor":
-                idx = np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
-            elif nearest == "round_prefer_ceil":
-                idx = np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
-            elif nearest == "floor":
-                idx = np.floor(src)
-            else:
-                idx = np.ceil(src)
+            idx = _nearest(src, nearest)
             outside = (idx < 0) | (idx > size_in - 1)
             y = np.take(y, np.clip(idx, 0, size_in - 1).astype(np.int64), axis=axis)
         else:
             outside = (src < 0) | (src > size_in - 1)
-            src_c = np.clip(src, 0, size_in - 1)
-            lo = np.floor(src_c).astype(np.int64)
-            hi = np.minimum(lo + 1, size_in - 1)
-            frac = (src_c - lo).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            lo, hi, frac = _linear_taps(src, size_in)
+            frac = frac.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
             y = np.take(y, lo, axis=axis) * (1 - frac) + np.take(y, hi, axis=axis) * frac
         if coord == "tf_crop_and_resize" and np.any(outside):
             mask = outside.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
             y = np.where(mask, attrs.get("extrapolation_value", 0.0), y)
     return y.astype(x.dtype, copy=False)
+
+
+def _nearest(src, nearest_mode):
+    """The input index (float, unclipped) nearest each source coordinate, ties as the mode says."""
+    if nearest_mode == "round_prefer_floor":
+        return np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
+    if nearest_mode == "round_prefer_ceil":
+        return np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
+    return np.floor(src) if nearest_mode == "floor" else np.ceil(src)
+
+
+def _linear_taps(src, size_in):
+    """(lower index, upper index, weight of the upper) of each source coordinate, clamped to
+    the input."""
+    src_c = np.clip(src, 0, size_in - 1)
+    lo = np.floor(src_c).astype(np.int64)
+    return lo, np.minimum(lo + 1, size_in - 1), src_c - lo
+
+
+def _resize_spatial(x, out_shape, scales, mode, coord, nearest):
+    """A float32 NCHW resize of H and W only, on channels-last memory: rows, then runs of C
+    values are gathered (linear: blended in float32), and the result is an NCHW view of NHWC
+    memory as the convolutions return, so the next convolution moves nothing."""
+    held = _channels_last_memory(x)
+    y = held if held is not None else x.transpose(0, 2, 3, 1)
+    for axis in (1, 2):   # H, W of the NHWC array
+        size_in, size_out = y.shape[axis], out_shape[axis + 1]
+        if size_in == size_out and scales[axis + 1] == 1.0:
+            continue
+        src = _source_coords(size_out, size_in, scales[axis + 1], coord)
+        index = [slice(None)] * 4
+        if mode == "nearest":
+            index[axis] = np.clip(_nearest(src, nearest), 0, size_in - 1).astype(np.intp)
+            y = y[tuple(index)]
+            continue
+        lo, hi, frac = _linear_taps(src, size_in)
+        index[axis] = lo
+        low = y[tuple(index)]
+        index[axis] = hi
+        weight = frac.astype(np.float32).reshape((-1, 1, 1) if axis == 1 else (-1, 1))
+        y = low * (np.float32(1) - weight) + y[tuple(index)] * weight
+    return np.ascontiguousarray(y).transpose(0, 3, 1, 2)
 
 
 @op("Resize")
