@@ -38,7 +38,7 @@ class Step:
 
 @dataclass
 class Profile:
-    """The steps of one model call, with the whole call's median time.
+    """The steps of one call of the model named ``model``, with the whole call's median time.
 
     ``str(profile)`` is a table of the steps, slowest first when ``sort`` is True;
     ``by_op()`` sums them per operator.
@@ -106,10 +106,11 @@ def fused_detail(attrs) -> str:
     return "+".join(p if p != "True" else "residual" for p in parts)
 
 
-def profile_plan(model, plan, nodes, run, arrays, repeats: int, threads: int) -> Profile:
-    """Time ``run`` (``run(arrays, clock)`` evaluates the plan, appending ``(step, seconds,
-    outputs)`` to ``clock`` per step) ``repeats`` times after one untimed call that records each
-    step's kernel; the median per step and per call."""
+def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> Profile:
+    """The profile of the model ``name`` whose ``plan`` runs ``nodes``. ``run(arrays, clock,
+    log)`` evaluates the plan and returns its value table, appending ``(step, seconds, backend
+    calls)`` to ``clock`` per step; it runs once untimed with ``log`` recording the backend
+    calls (each step's kernel), then ``repeats`` times; the median per step and per call."""
     calls: list = []
     with recording_calls(calls):
         first: list = []
@@ -142,4 +143,4 @@ def profile_plan(model, plan, nodes, run, arrays, repeats: int, threads: int) ->
                           kernels.get(k, "cached") if times else "cached", ms))
     for s in steps:
         s.share = s.ms / total_ms if total_ms else 0.0
-    return Profile(model, threads, repeats, total_ms, steps)
+    return Profile(name, threads, repeats, total_ms, steps)
