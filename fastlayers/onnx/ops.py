@@ -1130,9 +1130,7 @@ def _nhwc(x):
     whether the input was 1-D."""
     if x.ndim not in (3, 4):
         raise UnsupportedError(f"only 1-D and 2-D convolution and pooling are supported, got input of rank {x.ndim}")
-    held = _channels_last_memory(x) if x.dtype == np.float32 else None
-    y = held if held is not None else channels_last(np.ascontiguousarray(x, dtype=np.float32))
-    return (y[:, None] if x.ndim == 3 else y), x.ndim == 3
+    return _to_nhwc(x, x.ndim == 3), x.ndim == 3
 
 
 def _planes(x):
@@ -1258,8 +1256,9 @@ def _window(what, attrs, x_shape, kernel, one_d, ceil=False):
 
 
 def _to_nhwc(x, one_d):
-    """``_nhwc`` for an input already checked: its NHWC memory where it is a view of it, the
-    same memory reshaped where it has one channel or one position, else a native transpose."""
+    """``_nhwc`` for an input of checked rank: its NHWC memory where it is a view of it, the
+    same memory reshaped where it has one channel or one position, else a native transpose;
+    1-D inputs get height 1."""
     if x.dtype == np.float32:
         held = _channels_last_memory(x)
         if held is not None:

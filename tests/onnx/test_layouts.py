@@ -8,6 +8,7 @@ import pytest
 import fastlayers
 
 from ..conftest import assert_close, oracle
+from .test_import import make_graph
 
 
 def _graph(tmp_path, rng, resize_mode):
@@ -27,13 +28,11 @@ def _graph(tmp_path, rng, resize_mode):
              h.make_node("Mul", ["scale", "shifted"], ["scaled"]),
              h.make_node("Resize", ["scaled", "", "scales"], ["up"], mode=resize_mode),
              h.make_node("Conv", ["up", "w3"], ["y"], pads=[1, 1, 1, 1])]
-    graph = h.make_graph(nodes, "layouts", [h.make_tensor_value_info("x", 1, [2, 4, 9, 7])],
-                         [h.make_tensor_value_info(n, 1, None) for n in ("y", "cat", "scaled", "up")],
-                         initializer=[t("w1", [5, 4, 3, 3]), t("w2", [3, 4, 1, 1]), t("w3", [6, 8, 3, 3]),
-                                      t("shift", [1, 8, 1, 1]), t("scale", [8, 1, 1]),
-                                      h.make_tensor("scales", 1, [4], [1, 1, 2, 1.5])])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [2, 4, 9, 7])],
+                       [h.make_tensor_value_info(n, 1, None) for n in ("y", "cat", "scaled", "up")],
+                       [t("w1", [5, 4, 3, 3]), t("w2", [3, 4, 1, 1]), t("w3", [6, 8, 3, 3]),
+                        t("shift", [1, 8, 1, 1]), t("scale", [8, 1, 1]),
+                        h.make_tensor("scales", 1, [4], [1, 1, 2, 1.5])])
     path = tmp_path / "layouts.onnx"
     onnx.save(model, str(path))
     return path

@@ -10,6 +10,7 @@ import fastlayers
 from fastlayers.errors import InputError
 
 from ..conftest import oracle
+from .test_import import make_graph
 
 
 def _graph(tmp_path, rng):
@@ -21,12 +22,9 @@ def _graph(tmp_path, rng):
              h.make_node("HardSwish", ["c"], ["a"], name="act"),
              h.make_node("Resize", ["a", "", "scales"], ["r"], mode="nearest", name="up"),
              h.make_node("ReduceMean", ["r"], ["y"], axes=[2, 3], keepdims=0, name="mean")]
-    graph = h.make_graph(nodes, "small", [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
-                         [h.make_tensor_value_info("y", 1, None)],
-                         initializer=[h.make_tensor("w", 1, w.shape, w.ravel()),
-                                      h.make_tensor("scales", 1, [4], [1, 1, 2, 2])])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
+                       [h.make_tensor_value_info("y", 1, None)],
+                       [h.make_tensor("w", 1, w.shape, w.ravel()), h.make_tensor("scales", 1, [4], [1, 1, 2, 2])])
     path = tmp_path / "small.onnx"
     onnx.save(model, str(path))
     return path

@@ -7,6 +7,7 @@ import pytest
 import fastlayers
 
 from ..conftest import assert_close, oracle
+from .test_import import make_graph
 
 COORDS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"]
 MODES = [("nearest", n) for n in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")] + [("linear", None)]
@@ -27,10 +28,8 @@ def _graph(tmp_path, rng, mode, nearest, coord, scales, sizes, after_conv):
     nodes = ([h.make_node("Conv", ["x", "w"], ["c"])] if after_conv else []) + [
         h.make_node("Resize", [x_name, "", "scales"] if scales is not None else [x_name, "", "", "sizes"],
                     ["y"], **attrs)]
-    graph = h.make_graph(nodes, "resize", [h.make_tensor_value_info("x", 1, [2, 5, 7, 6])],
-                         [h.make_tensor_value_info("y", 1, None)], initializer=inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
-    model.ir_version = 8
+    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [2, 5, 7, 6])],
+                       [h.make_tensor_value_info("y", 1, None)], inits, opset=18)
     path = tmp_path / "resize.onnx"
     onnx.save(model, str(path))
     return path
