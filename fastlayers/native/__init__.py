@@ -2,7 +2,9 @@
 
 The kernels run on the best ISA path this CPU has (AVX-512F, AVX2+FMA or portable C), chosen
 at import; ``FASTLAYERS_ISA=avx512|avx2|generic`` forces one (an error when this CPU cannot
-run it) and ``set_isa`` switches at run time (the tests run every path this way).
+run it) and ``set_isa`` switches at run time (the tests run every path this way). On the
+avx512 path the 8-bit integer products run AVX-512 VNNI where the CPU has it (``vnni``;
+``set_vnni(False)`` runs them as on a CPU without).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ except ImportError as e:  # a source tree whose extension was never built
     raise ImportError(native_core_missing(os.path.dirname(os.path.dirname(__file__)))) from e
 
 from ._core import (ACTIVATIONS, NativeError, best_isa, get_num_threads, heap_retain,  # noqa: F401
-                    isa, isa_runs, isas, set_isa, set_num_threads)
+                    isa, isa_runs, isas, set_isa, set_num_threads, set_vnni, vnni, vnni_runs)
 
 #: Activation name -> code of the native kernels.
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}

@@ -4,6 +4,9 @@ cdef extern from "dispatch.h":
     const char *fl_best_isa()
     int fl_set_isa(const char *name)
     int fl_isa_runs(const char *name)
+    int fl_vnni
+    int fl_vnni_runs()
+    int fl_set_vnni(int on)
     const char *fl_isa_names[]
     ctypedef struct fl_kernels:
         const char *isa
@@ -89,6 +92,24 @@ def set_isa(str name):
     if fl_set_isa(name.encode()) != 0:
         raise ValueError(f"ISA path {name!r} is not available on this CPU; "
                          f"available: {[n for n in isas() if isa_runs(n)]}")
+
+
+def vnni():
+    """Whether the integer products run AVX-512 VNNI instructions now (the avx512 path on a CPU
+    that has them, unless turned off with ``set_vnni(False)``)."""
+    return bool(fl_vnni)
+
+
+def vnni_runs():
+    """Whether the ISA path in use can run AVX-512 VNNI integer products on this CPU."""
+    return bool(fl_vnni_runs())
+
+
+def set_vnni(bint on):
+    """Run the integer products with AVX-512 VNNI (``True``) or without; ValueError when the
+    ISA path in use or the CPU has none. ``set_isa`` resets it to what the path can run."""
+    if fl_set_vnni(on) != 0:
+        raise ValueError(f"AVX-512 VNNI products are not available on the {isa()!r} path of this CPU")
 
 
 def get_num_threads():

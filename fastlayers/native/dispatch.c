@@ -47,9 +47,26 @@ const char *fl_best_isa(void) {
 }
 
 const fl_kernels *fl_k = &fl_kernels_generic;
+int fl_vnni = 0;
+
+int fl_vnni_runs(void) {
+#if FL_X86
+    __builtin_cpu_init();
+    return fl_k == &fl_kernels_avx512 && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+int fl_set_vnni(int on) {
+    if (on && !fl_vnni_runs()) return -1;
+    fl_vnni = on != 0;
+    return 0;
+}
 
 int fl_set_isa(const char *name) {
     if (!fl_isa_runs(name)) return -1;
     fl_k = table_of(name);
+    fl_vnni = fl_vnni_runs();
     return 0;
 }

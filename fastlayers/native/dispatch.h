@@ -23,6 +23,13 @@ int fl_set_isa(const char *name);
 /* The best ISA this CPU runs. */
 const char *fl_best_isa(void);
 
+/* 1 where the avx512 path's integer products run AVX-512 VNNI's vpdpbusd (qgemm.c): set with
+ * the path when the CPU has it; fl_set_vnni(0) turns it off (the tests run both forms), and
+ * fl_set_vnni(1) returns -1 when the path or the CPU has none. */
+extern int fl_vnni;
+int fl_vnni_runs(void);
+int fl_set_vnni(int on);
+
 #define FL_WRAPPER(ret, name, params, args) \
     static inline ret fl_##name params { return fl_k->name args; }
 FL_KERNELS(FL_WRAPPER)

@@ -1,13 +1,38 @@
-/* Integer matrix products (qgemm.h): c = (a - za) @ (b - zb) exactly in int32, on tiles of
- * QGEMM_MR rows x one 16-column panel of packed b. Compiled once per ISA (kernels.inc): the
- * AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd (exact), the portable path in C.
- * A is widened to int16 less its zero point once per call (rows of 2 * ceil(k / 2) values). */
+/* Integer matrix products (qgemm.h): c = (a - za) @ (b - zb) exactly in int32, on tiles of up
+ * to QGEMM_MR rows x QGEMM_NP 16-column panels of packed b. Compiled once per ISA
+ * (kernels.inc): on the AVX-512 path, vpdpbusd (u8 x s8 quads) where the CPU has VNNI
+ * (fl_vnni, dispatch.h), else as AVX2; the AVX2 path widens to int16 and multiplies pairs with
+ * vpmaddwd; the portable path in C. A is prepared once per call: rows of 4 ceil(k / 4) values
+ * a_u (uint8 for vpdpbusd, else int16), their sums and zero points. */
 
-#define QGEMM_MR 5   /* 10 accumulators, the b pair, a broadcast and a product: no spill in 16 ymm */
-#define QGEMM_ROWS_PER_UNIT 20      /* rows of one unit of parallel work */
+#define QGEMM_NP 4                  /* panels of one tile and of one unit of parallel work */
+#define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
 #define QGEMM_MIN_SHARE_MACS (1 << 17)
+#define QGEMM_MR_MAX 6
 
-static __thread fl_buf qgemm_buf;   /* a widened (calls serial on this thread) */
+static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) */
+
+/* The operand a prepared for the tiles. */
+typedef struct {
+    const void *rows;   /* row i at rows + i * 4 kq values: uint8 where vnni, else int16 */
+    const int32_t *ra;  /* sum_k a_u[i, k] */
+    const int32_t *za;  /* A[i]: the zero point of a_u */
+    int64_t kq;         /* quads of k */
+    int vnni;
+} qgemm_a;
+
+/* Rows a tile takes on this path. */
+FL_INLINE int qgemm_mr(int vnni) {
+#if defined(FL_ISA_AVX512)
+    return vnni ? 6 : 3;
+#elif defined(FL_ISA_AVX2)
+    (void)vnni;
+    return 3;
+#else
+    (void)vnni;
+    return 4;
+#endif
+}
 
 /* The 8-bit value at p[i] (int8 when is_signed, else uint8) as int32. */
 FL_INLINE int32_t qgemm_at(const void *p, int is_signed, int64_t i) {
@@ -15,121 +40,257 @@ FL_INLINE int32_t qgemm_at(const void *p, int is_signed, int64_t i) {
 }
 
 int FL_FN(qpack)(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,
-                 const int32_t *zb, int16_t *pb) {
-    int64_t kp = (k + 1) / 2;
-    for (int64_t j0 = 0; j0 < n; j0 += FL_QPANEL) {
-        int16_t *panel = pb + j0 * 2 * kp;
-        for (int64_t p = 0; p < kp; ++p)
-            for (int64_t j = 0; j < FL_QPANEL; ++j)
-                for (int t = 0; t < 2; ++t) {
-                    int64_t row = 2 * p + t, col = j0 + j;
-                    panel[(p * FL_QPANEL + j) * 2 + t] =
-                        row < k && col < n
-                            ? (int16_t)(qgemm_at((const uint8_t *)b + row * ldb, b_signed, col) - zb[col])
-                            : 0;
-                }
+                 const int32_t *zb, int8_t *pb) {
+    int64_t kq = (k + 3) / 4, width = fl_qpacked_width(n);
+    int32_t *bz = (int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
+    memset(pb, 0, (size_t)fl_qpacked_count(k, n));
+    int32_t shift = b_signed ? 0 : 128;
+    for (int64_t col = 0; col < n; ++col) {
+        int8_t *panel = pb + col / FL_QPANEL * FL_QPANEL * 4 * kq;
+        int64_t j = col % FL_QPANEL, sum = 0;
+        for (int64_t row = 0; row < k; ++row) {
+            int32_t v = qgemm_at((const uint8_t *)b + row * ldb, b_signed, col) - shift;
+            panel[(row / 4 * FL_QPANEL + j) * 4 + row % 4] = (int8_t)v;
+            sum += v;
+        }
+        bz[col] = zb[col] - shift;
+        /* cb = sum_k b_s - k B, modulo 2^32 like every sum of the product */
+        cb[col] = (int32_t)(uint32_t)((uint64_t)sum - (uint64_t)k * (uint64_t)(int64_t)bz[col]);
     }
     return 0;
 }
 
-/* c[i, j] for i < rows, j < cols (<= 16) of the tile whose widened rows start at aw (row
- * stride 2 kp) and whose panel is bp: int32 sums, or float(sum) * scale[j] (+ bias[j]) where
- * scale (the tile's columns) is not NULL. */
-FL_INLINE void qgemm_tile(const int rows, int64_t kp, const int16_t *aw, const int16_t *bp,
-                          const float *scale, const float *bias, void *c, int64_t ldc,
-                          int64_t cols) {
-    int32_t out[QGEMM_MR][FL_QPANEL];
-#if defined(__AVX2__)
-    __m256i acc[QGEMM_MR][2];
-    for (int i = 0; i < rows; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int64_t p = 0; p < kp; ++p) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)(bp + p * 2 * FL_QPANEL));
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + p * 2 * FL_QPANEL + 16));
-        for (int i = 0; i < rows; ++i) {
-            int32_t pair;
-            memcpy(&pair, aw + i * 2 * kp + 2 * p, sizeof pair);
-            __m256i av = _mm256_set1_epi32(pair);
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(av, b0));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(av, b1));
+/* ---------------------------------------------------------------------------- tile sums */
+#if defined(FL_ISA_AVX512)
+/* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x P panels, vpdpbusd. */
+__attribute__((target("avx512vnni"), always_inline)) static inline void
+qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t kq, const int8_t *bp,
+                   int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    __m512i acc[QGEMM_MR_MAX][QGEMM_NP];
+    for (int i = 0; i < R; ++i)
+        for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < kq; ++q) {
+        __m512i bv[QGEMM_NP];
+        for (int p = 0; p < P; ++p) bv[p] = _mm512_loadu_si512((const void *)(bp + p * pstride + q * 64));
+        for (int i = 0; i < R; ++i) {
+            int32_t quad;
+            memcpy(&quad, au + i * 4 * kq + 4 * q, sizeof quad);
+            __m512i av = _mm512_set1_epi32(quad);
+            for (int p = 0; p < P; ++p) acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], av, bv[p]);
         }
     }
-    for (int i = 0; i < rows; ++i) {
-        _mm256_storeu_si256((__m256i *)out[i], acc[i][0]);
-        _mm256_storeu_si256((__m256i *)(out[i] + 8), acc[i][1]);
+    for (int i = 0; i < R; ++i)
+        for (int p = 0; p < P; ++p) _mm512_storeu_si512((void *)(out[i] + p * FL_QPANEL), acc[i][p]);
+}
+
+#define QGEMM_VNNI_P(R)                                                                      \
+    switch (np) {                                                                             \
+    case 4: qgemm_sums_vnni_rp(R, 4, au, kq, bp, pstride, out); return;                      \
+    case 3: qgemm_sums_vnni_rp(R, 3, au, kq, bp, pstride, out); return;                      \
+    case 2: qgemm_sums_vnni_rp(R, 2, au, kq, bp, pstride, out); return;                      \
+    default: qgemm_sums_vnni_rp(R, 1, au, kq, bp, pstride, out); return;                     \
+    }
+
+__attribute__((target("avx512vnni"))) static void
+qgemm_sums_vnni(int rows, int np, const uint8_t *au, int64_t kq, const int8_t *bp, int64_t pstride,
+                int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    switch (rows) {   /* constant shapes: unrolled tiles */
+    case 6: QGEMM_VNNI_P(6)
+    case 5: QGEMM_VNNI_P(5)
+    case 4: QGEMM_VNNI_P(4)
+    case 3: QGEMM_VNNI_P(3)
+    case 2: QGEMM_VNNI_P(2)
+    default: QGEMM_VNNI_P(1)
+    }
+}
+#undef QGEMM_VNNI_P
+#endif
+
+#if defined(__AVX2__)
+/* The same sums on int16 rows aw, one panel: b's quads widened to int16 (4 columns x 4 values
+ * per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each column's two pair sums. */
+FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t kq, const int8_t *bp,
+                                 int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
+    __m256i acc[3][4];
+    for (int i = 0; i < R; ++i)
+        for (int t = 0; t < 4; ++t) acc[i][t] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < kq; ++q) {
+        __m256i av[3];
+        for (int i = 0; i < R; ++i) {
+            int64_t quad;
+            memcpy(&quad, aw + i * 4 * kq + 4 * q, sizeof quad);
+            av[i] = _mm256_set1_epi64x(quad);
+        }
+        for (int t = 0; t < 4; ++t) {
+            __m256i bt = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bp + q * 64 + 16 * t)));
+            for (int i = 0; i < R; ++i) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(av[i], bt));
+        }
+    }
+    for (int i = 0; i < R; ++i)
+        for (int t = 0; t < 4; ++t) {
+            int32_t pairs[8];
+            _mm256_storeu_si256((__m256i *)pairs, acc[i][t]);
+            for (int j = 0; j < 4; ++j)
+                out[i][p * FL_QPANEL + 4 * t + j] = (int32_t)((uint32_t)pairs[2 * j] + (uint32_t)pairs[2 * j + 1]);
+        }
+}
+#endif
+
+/* out (rows x 16 np) = the sums of a's rows i0 .. i0 + rows and np panels from bp. */
+static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp, int np,
+                       int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    int64_t kq = a->kq, pstride = kq * 4 * FL_QPANEL;
+#if defined(FL_ISA_AVX512)
+    if (a->vnni) {
+        qgemm_sums_vnni(rows, np, (const uint8_t *)a->rows + i0 * 4 * kq, kq, bp, pstride, out);
+        return;
+    }
+#endif
+    const int16_t *aw = (const int16_t *)a->rows + i0 * 4 * kq;
+#if defined(__AVX2__)
+    for (int p = 0; p < np; ++p) {
+        const int8_t *panel = bp + p * pstride;
+        switch (rows) {
+        case 3: qgemm_sums_avx2_r(3, aw, kq, panel, out, p); break;
+        case 2: qgemm_sums_avx2_r(2, aw, kq, panel, out, p); break;
+        default: qgemm_sums_avx2_r(1, aw, kq, panel, out, p); break;
+        }
     }
 #else
     for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < FL_QPANEL; ++j) out[i][j] = 0;
-    for (int64_t p = 0; p < kp; ++p) {
-        const int16_t *bq = bp + p * 2 * FL_QPANEL;
-        for (int i = 0; i < rows; ++i) {
-            int32_t a0 = aw[i * 2 * kp + 2 * p], a1 = aw[i * 2 * kp + 2 * p + 1];
-            for (int j = 0; j < FL_QPANEL; ++j) out[i][j] += a0 * bq[2 * j] + a1 * bq[2 * j + 1];
+        for (int j = 0; j < np * FL_QPANEL; ++j) out[i][j] = 0;
+    for (int p = 0; p < np; ++p)
+        for (int64_t q = 0; q < kq; ++q) {
+            const int8_t *bq = bp + p * pstride + q * 64;
+            for (int i = 0; i < rows; ++i) {
+                const int16_t *ai = aw + i * 4 * kq + 4 * q;
+                int32_t *oi = out[i] + p * FL_QPANEL;
+                for (int j = 0; j < FL_QPANEL; ++j)
+                    oi[j] += ai[0] * bq[4 * j] + ai[1] * bq[4 * j + 1] + ai[2] * bq[4 * j + 2] +
+                             ai[3] * bq[4 * j + 3];
+            }
         }
-    }
 #endif
-    if (!scale) {
-        for (int i = 0; i < rows; ++i)
-            memcpy((int32_t *)c + i * ldc, out[i], (size_t)cols * sizeof(int32_t));
-        return;
-    }
-    /* the product rounded before the bias is added (two loops: no fused multiply-add), as
-     * onnxruntime's output processor and numpy */
+}
+
+/* c[i0 + i, j0 + j] for i < rows, j < cols (<= 16 QGEMM_NP): the sums less the zero-point
+ * corrections, int32, or float(acc) * scale[j] (+ bias[j]) where scale (the columns from j0)
+ * is not NULL. */
+static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *bz, const int32_t *cb,
+                        int64_t cols, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL],
+                        const float *scale, const float *bias, void *c, int64_t ldc) {
     for (int i = 0; i < rows; ++i) {
+        uint32_t ra = (uint32_t)a->ra[i0 + i], za = (uint32_t)a->za[i0 + i];
+        int32_t *oi = out[i];
+        for (int64_t j = 0; j < cols; ++j)
+            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
+        if (!scale) {
+            memcpy((int32_t *)c + i * ldc, oi, (size_t)cols * sizeof(int32_t));
+            continue;
+        }
+        /* the product rounded before the bias is added (two loops: no fused multiply-add), as
+         * onnxruntime's output processor and numpy */
         float *ci = (float *)c + i * ldc;
-        for (int64_t j = 0; j < cols; ++j) ci[j] = (float)out[i][j] * scale[j];
+        for (int64_t j = 0; j < cols; ++j) ci[j] = (float)oi[j] * scale[j];
         if (bias)
             for (int64_t j = 0; j < cols; ++j) ci[j] += bias[j];
     }
 }
 
-typedef struct {
-    int64_t m, n, kp, ldc, row_units;
-    const int16_t *aw, *pb;
-    const float *scale, *bias;
-    void *c;
-} qgemm_ctx;
-
-/* Units: (block of QGEMM_ROWS_PER_UNIT rows) x (16-column panel), panel-major. */
-static void qgemm_task(void *p, int64_t u0, int64_t u1) {
-    qgemm_ctx *x = (qgemm_ctx *)p;
-    for (int64_t u = u0; u < u1; ++u) {
-        int64_t j0 = u / x->row_units * FL_QPANEL, r0 = u % x->row_units * QGEMM_ROWS_PER_UNIT;
-        int64_t r1 = FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), cols = FL_MIN(FL_QPANEL, x->n - j0);
-        const int16_t *bp = x->pb + j0 * 2 * x->kp;
-        const float *scale = x->scale ? x->scale + j0 : 0, *bias = x->bias ? x->bias + j0 : 0;
-        for (int64_t i = r0; i < r1; i += QGEMM_MR) {
-            const int16_t *aw = x->aw + i * 2 * x->kp;
-            void *c = x->scale ? (void *)((float *)x->c + i * x->ldc + j0)
-                               : (void *)((int32_t *)x->c + i * x->ldc + j0);
-            switch (FL_MIN(QGEMM_MR, r1 - i)) {   /* constant row counts: unrolled tiles */
-            case 5: qgemm_tile(5, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
-            case 4: qgemm_tile(4, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
-            case 3: qgemm_tile(3, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
-            case 2: qgemm_tile(2, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
-            default: qgemm_tile(1, x->kp, aw, bp, scale, bias, c, x->ldc, cols); break;
-            }
+/* c[r0:r1, panels p0:p1] of the product, tile by tile (c's rows ldc elements apart, c
+ * pointing at row 0 column 0). */
+static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n, int64_t r0, int64_t r1,
+                        int64_t p0, int64_t p1, const float *scale, const float *bias, void *c, int64_t ldc) {
+    int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL];
+    int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL;
+    const int32_t *bz = (const int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
+    int mr = qgemm_mr(a->vnni);
+    for (int64_t p = p0; p < p1; p += QGEMM_NP) {
+        int np = (int)FL_MIN(QGEMM_NP, p1 - p);
+        int64_t j0 = p * FL_QPANEL, cols = FL_MIN(np * FL_QPANEL, n - j0);
+        for (int64_t i = r0; i < r1; i += mr) {
+            int rows = (int)FL_MIN(mr, r1 - i);
+            qgemm_sums(a, i, rows, pb + p * pstride, np, out);
+            void *ct = scale ? (void *)((float *)c + i * ldc + j0) : (void *)((int32_t *)c + i * ldc + j0);
+            qgemm_store(a, i, rows, bz + j0, cb + j0, cols, out, scale ? scale + j0 : 0,
+                        bias ? bias + j0 : 0, ct, ldc);
         }
     }
 }
 
+/* The prepared rows' value (a_u) at index idx: uint8 where vnni, else int16. */
+FL_INLINE void qgemm_put(void *rows, int vnni, int64_t idx, int32_t v) {
+    if (vnni) ((uint8_t *)rows)[idx] = (uint8_t)v;
+    else ((int16_t *)rows)[idx] = (int16_t)v;
+}
+
+/* Bytes of the prepared rows of m rows of k values (64-byte multiple). */
+FL_INLINE size_t qgemm_rows_bytes(int64_t m, int64_t k, int vnni) {
+    size_t bytes = (size_t)(m * (k + 3) / 4 * 4) * (vnni ? 1 : 2);
+    return (bytes + 63) / 64 * 64;
+}
+
+/* Whether this path's tiles run vpdpbusd now. */
+FL_INLINE int qgemm_vnni(void) {
+#if defined(FL_ISA_AVX512)
+    return fl_vnni;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const qgemm_a *a;
+    const int8_t *pb;
+    int64_t k, n, m, ldc, row_units;
+    const float *scale, *bias;
+    void *c;
+} qgemm_ctx;
+
+/* Units: (block of QGEMM_ROWS_PER_UNIT rows) x (QGEMM_NP panels), panel-major. */
+static void qgemm_task(void *p, int64_t u0, int64_t u1) {
+    qgemm_ctx *x = (qgemm_ctx *)p;
+    int64_t panels = (x->n + FL_QPANEL - 1) / FL_QPANEL;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t p0 = u / x->row_units * QGEMM_NP, r0 = u % x->row_units * QGEMM_ROWS_PER_UNIT;
+        qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), p0,
+                    FL_MIN(p0 + QGEMM_NP, panels), x->scale, x->bias, x->c, x->ldc);
+    }
+}
+
+/* The product of prepared a (m rows) and packed b on the pool's threads. */
+static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
+                      const float *scale, const float *bias, void *c, int64_t ldc) {
+    int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
+    int64_t units = row_units * ((n + QGEMM_NP * FL_QPANEL - 1) / (QGEMM_NP * FL_QPANEL));
+    int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * QGEMM_NP * FL_QPANEL * FL_MAX(k, 1);
+    qgemm_ctx x = {a, pb, k, n, m, ldc, row_units, scale, bias, c};
+    fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
+}
+
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
-                 const int32_t *za, const int16_t *pb, const float *scale, const float *bias,
+                 const int32_t *za, const int8_t *pb, const float *scale, const float *bias,
                  void *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 0;
-    int64_t kp = (k + 1) / 2;
-    int16_t *aw = (int16_t *)fl_buf_grow(&qgemm_buf, (size_t)FL_MAX(m * 2 * kp, 1) * sizeof(int16_t));
-    if (!aw) return -1;
+    int vnni = qgemm_vnni();
+    int64_t kq = (k + 3) / 4;
+    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni);
+    char *buf = (char *)fl_buf_grow(&qgemm_buf, rows_bytes + (size_t)(2 * m) * sizeof(int32_t));
+    if (!buf) return -1;
+    int32_t *ra = (int32_t *)(buf + rows_bytes), *za_u = ra + m;
+    int32_t shift = a_signed ? 128 : 0;
     for (int64_t i = 0; i < m; ++i) {
         const uint8_t *row = (const uint8_t *)a + i * lda;
-        int16_t *dst = aw + i * 2 * kp;
-        for (int64_t p = 0; p < k; ++p) dst[p] = (int16_t)(qgemm_at(row, a_signed, p) - za[i]);
-        if (k % 2) dst[k] = 0;
+        int32_t sum = 0;
+        for (int64_t p = 0; p < 4 * kq; ++p) {
+            int32_t v = p < k ? qgemm_at(row, a_signed, p) + shift : 0;
+            qgemm_put(buf, vnni, i * 4 * kq + p, v);
+            sum += v;
+        }
+        ra[i] = sum;
+        za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
     }
-    int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
-    int64_t units = row_units * ((n + FL_QPANEL - 1) / FL_QPANEL);
-    int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * FL_QPANEL * FL_MAX(k, 1);
-    qgemm_ctx x = {m, n, kp, ldc, row_units, aw, pb, scale, bias, c};
-    fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
+    qgemm_a prepared = {buf, ra, za_u, kq, vnni};
+    qgemm_run(&prepared, m, n, k, pb, scale, bias, c, ldc);
     return 0;
 }

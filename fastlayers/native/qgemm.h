@@ -1,11 +1,20 @@
 /* Integer matrix products (qgemm.c): c (m, n) int32 = (a - za) @ (b - zb) for 8-bit a and b
- * (each uint8 or int8), summed exactly: both operands are widened to int16 less their zero
- * points (|value| <= 255) and multiplied in int16 pairs summed to int32 (AVX2 vpmaddwd: two
- * products of at most 255 * 255 cannot saturate, unlike the u8 x s8 pairs of vpmaddubsw).
+ * (each uint8 or int8), summed exactly in int32 as
  *
- * Packed b (every ISA the same): b - zb (k, n) as ceil(n / 16) panels of 16 columns, each
- * panel ceil(k / 2) row pairs of 16 columns x 2 int16 (b[2p, j], b[2p + 1, j]), zero past row
- * k and column n; the panel of columns j0:j0+16 starts at pb + j0 * 2 * ceil(k / 2).
+ *     c[i, j] = sum_k a_u[i, k] b_s[k, j] - ra[i] B[j] - A[i] cb[j]
+ *
+ * with a_u = a as uint8 (int8 a plus 128), A = za (plus 128 for int8 a), ra[i] = sum_k a_u[i, k],
+ * b_s = b as int8 (uint8 b less 128), B = zb (less 128 for uint8 b) and
+ * cb[j] = sum_k b_s[k, j] - k B[j]: the products u8 x s8 are those of AVX-512 VNNI's vpdpbusd
+ * (its four products summed into int32 without saturation); the AVX2 path widens both to
+ * int16 and multiplies pairs with vpmaddwd (exact: no u8 x s8 pair saturates int16, unlike
+ * vpmaddubsw), the portable path in C. The corrections wrap modulo 2^32 like the sums, so the
+ * result is exact wherever the true sum fits int32.
+ *
+ * Packed b (every ISA the same, one byte array): ceil(n / 16) panels of 16 columns, each
+ * ceil(k / 4) quads of 16 columns x 4 int8 (b_s[4q .. 4q + 3, j]), zero past row k and column
+ * n (the panel of columns j0:j0+16 starts at byte j0 * 4 ceil(k / 4)); then B and cb, int32,
+ * one per column of the padded width.
  */
 #ifndef FL_QGEMM_H
 #define FL_QGEMM_H
@@ -13,9 +22,15 @@
 
 #define FL_QPANEL 16
 
-/* int16 values of b (k, n) packed (at least 1). */
+/* Columns of the packed width: n rounded up to whole panels. */
+static inline int64_t fl_qpacked_width(int64_t n) { return (n + FL_QPANEL - 1) / FL_QPANEL * FL_QPANEL; }
+
+/* Bytes of the packed quads of b (k, n): the offset of B, then cb. */
+static inline int64_t fl_qpacked_quads(int64_t k, int64_t n) { return (k + 3) / 4 * 4 * fl_qpacked_width(n); }
+
+/* Bytes of b (k, n) packed (at least 1). */
 static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
-    int64_t c = (k + 1) / 2 * 2 * ((n + FL_QPANEL - 1) / FL_QPANEL) * FL_QPANEL;
+    int64_t c = fl_qpacked_quads(k, n) + 2 * 4 * fl_qpacked_width(n);
     return c > 0 ? c : 1;
 }
 
@@ -28,10 +43,10 @@ static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
  *   NULL, float: float(acc) * scale[j] (+ bias[j] where bias is not NULL). */
 #define FL_QGEMM_KERNELS(X)                                                                   \
     X(int, qpack, (const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,            \
-                   const int32_t *zb, int16_t *pb),                                           \
+                   const int32_t *zb, int8_t *pb),                                            \
       (b, b_signed, ldb, k, n, zb, pb))                                                       \
     X(int, qgemm, (int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda, \
-                   const int32_t *za, const int16_t *pb, const float *scale, const float *bias, \
+                   const int32_t *za, const int8_t *pb, const float *scale, const float *bias, \
                    void *c, int64_t ldc),                                                     \
       (m, n, k, a, a_signed, lda, za, pb, scale, bias, c, ldc))
 #endif

@@ -1,13 +1,13 @@
 # Integer matrix products (qgemm.h).
 
-from libc.stdint cimport int16_t, int32_t
+from libc.stdint cimport int8_t, int32_t, uintptr_t
 
 cdef extern from "dispatch.h" nogil:
     int64_t fl_qpacked_count(int64_t k, int64_t n)
     int fl_qpack(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n, const int32_t *zb,
-                 int16_t *pb)
+                 int8_t *pb)
     int fl_qgemm(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
-                 const int32_t *za, const int16_t *pb, const float *scale, const float *bias, void *c,
+                 const int32_t *za, const int8_t *pb, const float *scale, const float *bias, void *c,
                  int64_t ldc)
 
 
@@ -41,15 +41,24 @@ cdef float *_f32_block(object a, tuple shape, str what) except? NULL:
     return <float *>cnp.PyArray_DATA(arr)
 
 
+cdef int _check_packed(cnp.ndarray pb, int64_t k, int64_t n, str what) except -1:
+    """ValueError unless ``pb`` is a (k, n) operand packed by ``qpack``: int8, C-contiguous, of
+    the packed size, its data 4-byte aligned (it ends with int32 columns)."""
+    if cnp.PyArray_TYPE(pb) != cnp.NPY_INT8 or pb.ndim != 1 or pb.shape[0] != fl_qpacked_count(k, n) \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(pb) or <uintptr_t>cnp.PyArray_DATA(pb) % 4:
+        raise ValueError(f"{what} is not a ({k}, {n}) operand packed by qpack")
+    return 0
+
+
 def qpack(cnp.ndarray b, cnp.ndarray zb):
     """``b`` (k, n) uint8 or int8 less ``zb`` (n,) int32 (its zero point per column), packed for
-    ``qgemm`` (a new 1-D int16 array)."""
+    ``qgemm`` (a new 1-D int8 array, see qgemm.h)."""
     cdef int b_signed = _int8_operand(b, "qpack b")
     cdef int64_t k = b.shape[0], n = b.shape[1]
     cdef int64_t ldb = b.strides[0] if k > 1 else n
     cdef const int32_t *zp = _int32_vector(zb, n, "qpack zb")
-    out = np.empty(fl_qpacked_count(k, n), np.int16)
-    cdef int16_t *pb = <int16_t *>cnp.PyArray_DATA(out)
+    out = np.empty(fl_qpacked_count(k, n), np.int8)
+    cdef int8_t *pb = <int8_t *>cnp.PyArray_DATA(out)
     cdef const void *bp = cnp.PyArray_DATA(b)
     if k > 0 and n > 0:
         with nogil:
@@ -70,9 +79,7 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
         raise ValueError(f"qgemm: c must be a C-contiguous {'int32' if scale is None else 'float32'} "
                          f"array of {m} rows")
     cdef int64_t n = c.shape[1]
-    if cnp.PyArray_TYPE(pb) != cnp.NPY_INT16 or pb.ndim != 1 or pb.shape[0] != fl_qpacked_count(k, n) \
-            or not cnp.PyArray_IS_C_CONTIGUOUS(pb):
-        raise ValueError(f"qgemm: pb is not a ({k}, {n}) operand packed by qpack")
+    _check_packed(pb, k, n, "qgemm: pb")
     if bias is not None and scale is None:
         raise ValueError("qgemm: a bias needs a scale")
     cdef const float *sp = _f32_block(scale, (n,), "scale")
@@ -80,7 +87,7 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
     cdef const int32_t *zp = _int32_vector(za, m, "qgemm za")
     cdef int64_t lda = a.strides[0] if m > 1 else k
     cdef const void *ap = cnp.PyArray_DATA(a)
-    cdef const int16_t *pp = <const int16_t *>cnp.PyArray_DATA(pb)
+    cdef const int8_t *pp = <const int8_t *>cnp.PyArray_DATA(pb)
     cdef void *cp = cnp.PyArray_DATA(c)
     cdef int st
     with nogil:

@@ -1,61 +1,58 @@
-/* The quantized LSTM time loop (qlstm.h), on qgemm.c's tiles, on the calling thread (one
- * step's product is small; the steps are sequential). Compiled once per ISA (kernels.inc). */
+/* The quantized LSTM time loop (qlstm.h): each step's recurrent product on qgemm.c's tiles
+ * (on the pool's threads where it is large enough), the gates on the calling thread. Compiled
+ * once per ISA (kernels.inc). */
 
 static __thread fl_buf qlstm_buf;
 
-/* hw (rows, 2 kp) = uint8 quantization of h (rows, hidden) less its zero point, as
- * DynamicQuantizeLinear (float32 arithmetic, round half to even); returns the scale. */
-static float qlstm_quantize(const float *h, int64_t count, int64_t rows, int64_t hidden,
-                            int64_t kp, int16_t *hw) {
+/* a's rows (batch, hidden) = the uint8 quantization a_u of h (batch, hidden), as
+ * DynamicQuantizeLinear over the whole batch (float32 arithmetic, round half to even), their
+ * sums and zero point (qgemm.c's prepared operand); returns the scale. */
+static float qlstm_quantize(const float *h, int64_t batch, int64_t hidden, void *rows, int vnni,
+                            int32_t *ra, int32_t *za) {
     float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = 0; i < batch * hidden; ++i) {
         lo = h[i] < lo ? h[i] : lo;
         hi = h[i] > hi ? h[i] : hi;
     }
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = nearbyintf(FL_MIN(FL_MAX(0.0f - lo / scale, 0.0f), 255.0f));
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < hidden; ++j) {
-            float q = nearbyintf(h[r * hidden + j] / scale) + zp;
-            q = q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q;
-            hw[r * 2 * kp + j] = (int16_t)(q - zp);
+    int64_t width = (hidden + 3) / 4 * 4;
+    for (int64_t r = 0; r < batch; ++r) {
+        int32_t sum = 0;
+        for (int64_t j = 0; j < width; ++j) {
+            int32_t v = 0;
+            if (j < hidden) {
+                float q = nearbyintf(h[r * hidden + j] / scale) + zp;
+                v = (int32_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+            }
+            qgemm_put(rows, vnni, r * width + j, v);
+            sum += v;
         }
-        if (hidden % 2) hw[r * 2 * kp + hidden] = 0;
+        ra[r] = sum;
+        za[r] = (int32_t)zp;
     }
     return scale;
 }
 
 int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_proj, int reverse,
-                 const int16_t *r_packed, const float *r_scale, const float *bias,
+                 const int8_t *r_packed, const float *r_scale, const float *bias,
                  const float *peep, float clip, int input_forget, float *h, float *c, float *y,
                  int64_t y_step) {
-    int64_t g = 4 * hidden, kp = (hidden + 1) / 2;
-    size_t hw_bytes = (size_t)(batch * 2 * kp) * sizeof(int16_t);
-    hw_bytes = (hw_bytes + 63) / 64 * 64;
-    char *buf = (char *)fl_buf_grow(&qlstm_buf, hw_bytes + (size_t)(batch * g) * sizeof(int32_t) +
+    int64_t g = 4 * hidden;
+    int vnni = qgemm_vnni();
+    size_t rows_bytes = qgemm_rows_bytes(batch, hidden, vnni);
+    char *buf = (char *)fl_buf_grow(&qlstm_buf, rows_bytes + (size_t)(2 * batch) * sizeof(int32_t) +
+                                                  (size_t)(batch * g) * sizeof(int32_t) +
                                                   (size_t)g * sizeof(float));
     if (!buf) return -1;
-    int16_t *hw = (int16_t *)buf;
-    int32_t *acc = (int32_t *)(buf + hw_bytes);
+    int32_t *ra = (int32_t *)(buf + rows_bytes), *za = ra + batch;
+    int32_t *acc = za + batch;
     float *z = (float *)(acc + batch * g);      /* one row's gate inputs */
+    qgemm_a prepared = {buf, ra, za, (hidden + 3) / 4, vnni};
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
-        float h_scale = qlstm_quantize(h, batch * hidden, batch, hidden, kp, hw);
-        for (int64_t j0 = 0; j0 < g; j0 += FL_QPANEL) {
-            const int16_t *bp = r_packed + j0 * 2 * kp;
-            int64_t cols = FL_MIN(FL_QPANEL, g - j0);
-            for (int64_t i = 0; i < batch; i += QGEMM_MR) {
-                const int16_t *aw = hw + i * 2 * kp;
-                int32_t *ct = acc + i * g + j0;
-                switch (FL_MIN(QGEMM_MR, batch - i)) {
-                case 5: qgemm_tile(5, kp, aw, bp, 0, 0, ct, g, cols); break;
-                case 4: qgemm_tile(4, kp, aw, bp, 0, 0, ct, g, cols); break;
-                case 3: qgemm_tile(3, kp, aw, bp, 0, 0, ct, g, cols); break;
-                case 2: qgemm_tile(2, kp, aw, bp, 0, 0, ct, g, cols); break;
-                default: qgemm_tile(1, kp, aw, bp, 0, 0, ct, g, cols); break;
-                }
-            }
-        }
+        float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, ra, za);
+        qgemm_run(&prepared, batch, g, hidden, r_packed, 0, 0, acc, g);
         for (int64_t r = 0; r < batch; ++r) {
             const float *xp = x_proj + (t * batch + r) * g;
             const int32_t *ar = acc + r * g;

@@ -19,7 +19,7 @@
 
 #define FL_QLSTM_KERNELS(X)                                                                   \
     X(int, qlstm, (int64_t steps, int64_t batch, int64_t hidden, const float *x_proj,         \
-                   int reverse, const int16_t *r_packed, const float *r_scale,                \
+                   int reverse, const int8_t *r_packed, const float *r_scale,                \
                    const float *bias, const float *peep, float clip, int input_forget,        \
                    float *h, float *c, float *y, int64_t y_step),                             \
       (steps, batch, hidden, x_proj, reverse, r_packed, r_scale, bias, peep, clip,            \

@@ -2,7 +2,7 @@
 
 cdef extern from "dispatch.h" nogil:
     int fl_qlstm(int64_t steps, int64_t batch, int64_t hidden, const float *x_proj, int reverse,
-                 const int16_t *r_packed, const float *r_scale, const float *bias, const float *peep,
+                 const int8_t *r_packed, const float *r_scale, const float *bias, const float *peep,
                  float clip, int input_forget, float *h, float *c, float *y, int64_t y_step)
 
 
@@ -22,10 +22,8 @@ def qlstm(cnp.ndarray x_proj, bint reverse, cnp.ndarray r_packed, cnp.ndarray r_
     cdef const float *sp = _f32_block(r_scale, (4 * hidden,), "r_scale")
     cdef const float *bp = _f32_block(bias, (4 * hidden,), "bias")
     cdef const float *pp = _f32_block(peep, (3 * hidden,), "peep")
-    if cnp.PyArray_TYPE(r_packed) != cnp.NPY_INT16 or not cnp.PyArray_IS_C_CONTIGUOUS(r_packed) \
-            or r_packed.size != fl_qpacked_count(hidden, 4 * hidden):
-        raise ValueError(f"qlstm: r_packed is not a ({hidden}, {4 * hidden}) operand packed by qpack")
-    cdef const int16_t *rp = <const int16_t *>cnp.PyArray_DATA(r_packed)
+    _check_packed(r_packed, hidden, 4 * hidden, "qlstm: r_packed")
+    cdef const int8_t *rp = <const int8_t *>cnp.PyArray_DATA(r_packed)
     cdef float *yp = NULL
     cdef int64_t y_step = 0
     cdef cnp.ndarray ya

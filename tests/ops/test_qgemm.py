@@ -1,8 +1,9 @@
 """The native integer product (``fastlayers.native``, qgemm.c) against an int64 numpy reference
-on every ISA path (the AVX2 and AVX-512 paths multiply int16 pairs with vpmaddwd, the portable
-path in C; no VNNI path): every uint8/int8 pairing with zero points, the extremes where int16
-pair sums of u8 x s8 products would saturate, odd sizes around its 5 x 16 tiles and 20-row work
-units, batch 1, k = 1, odd k, strided rows, and 1-2 threads."""
+on every ISA path, the avx512 path with and without AVX-512 VNNI (vpdpbusd on u8 x s8 quads;
+the AVX2 form widens to int16 pairs for vpmaddwd; the portable path in C): every uint8/int8
+pairing with zero points, the extremes where int16 pair sums of u8 x s8 products would
+saturate, odd sizes around its tiles (up to 6 rows x 4 panels of 16 columns) and 24-row work
+units, batch 1, k = 1, k not a multiple of 4, strided rows, and 1-2 threads."""
 
 from __future__ import annotations
 
@@ -12,7 +13,19 @@ import pytest
 from fastlayers import native
 from fastlayers.native import _core
 
-pytestmark = pytest.mark.usefixtures("isa")
+pytestmark = pytest.mark.usefixtures("isa", "int8_dot")
+
+
+@pytest.fixture(params=["vnni", "no-vnni"])
+def int8_dot(request, isa):
+    """The integer products with AVX-512 VNNI (skipped where the ISA path or the CPU has none)
+    and without, restored afterwards."""
+    if request.param == "vnni" and not native.vnni_runs():
+        pytest.skip(f"no AVX-512 VNNI on the {isa} path of this CPU")
+    before = native.vnni()
+    native.set_vnni(request.param == "vnni")
+    yield request.param
+    native.set_vnni(before)
 
 TYPES = [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)]
 
@@ -33,7 +46,7 @@ def _expected(a, za, b, zb):
 
 @pytest.mark.parametrize("types", TYPES)
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 33), (5, 1, 17), (6, 2, 16), (7, 3, 15), (13, 64, 40),
-                                     (25, 33, 1), (49, 130, 47)])
+                                     (25, 33, 1), (49, 130, 47), (1, 1021, 65), (8, 300, 130)])
 def test_product_matches_int64_reference(rng, types, m, k, n):
     a_type, b_type = types
     a, b = _values(rng, a_type, (m, k)), _values(rng, b_type, (k, n))
@@ -49,6 +62,16 @@ def test_extremes_do_not_saturate():
         b = np.full((37, 19), b_value, np.int8)
         za_v, zb_v = np.full(7, za, np.int32), np.full(19, zb, np.int32)
         np.testing.assert_array_equal(_qgemm(a, za_v, b, zb_v), _expected(a, za_v, b, zb_v))
+    # int8 a (shifted by 128 for vpdpbusd) and uint8 b (shifted by -128) at their extremes,
+    # k = 4000: sums near 2^27 with corrections of the same size
+    for a_type, b_type in ((np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)):
+        for a_value, b_value in ((np.iinfo(a_type).min, np.iinfo(b_type).max),
+                                 (np.iinfo(a_type).max, np.iinfo(b_type).min)):
+            a = np.full((3, 4000), a_value, a_type)
+            b = np.full((4000, 18), b_value, b_type)
+            za_v = np.full(3, np.iinfo(a_type).max, np.int32)
+            zb_v = np.full(18, np.iinfo(b_type).max, np.int32)
+            np.testing.assert_array_equal(_qgemm(a, za_v, b, zb_v), _expected(a, za_v, b, zb_v))
 
 
 def test_strided_rows_and_threads(rng):
@@ -72,6 +95,8 @@ def test_arguments_are_checked(rng):
         _core.qgemm(a.astype(np.int16), np.zeros(3, np.int32), pb, np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="packed by qpack"):
         _core.qgemm(a, np.zeros(3, np.int32), pb[:-1], np.empty((3, 5), np.int32))
+    with pytest.raises(ValueError, match="packed by qpack"):    # not 4-byte aligned
+        _core.qgemm(a, np.zeros(3, np.int32), np.concatenate([pb[:1], pb])[1:], np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="int32 vector of 3"):
         _core.qgemm(a, np.zeros(2, np.int32), pb, np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="last axis must be contiguous"):
