@@ -22,17 +22,18 @@ FL_INLINE fl_vf quantize_v(fl_vf x, float scale, float zero_point, float lo, flo
     return fl_vmin(fl_vmax(q, fl_set1(lo)), fl_set1(hi));
 }
 
+/* FL_VW bytes: the quantized values' low bytes. */
+typedef int8_t quantize_bytes __attribute__((vector_size(FL_VW)));
+
 typedef struct {
     const float *x;
     float scale, zero_point, lo, hi;
     void *q;
     float *y;
-    int q_signed;
 } quantize_ctx;
 
 static void quantize_task(void *p, int64_t i0, int64_t i1) {
     quantize_ctx *c = (quantize_ctx *)p;
-    float t[FL_VW];
     for (int64_t i = i0; i < i1; i += FL_VW) {
         int64_t cnt = FL_MIN(FL_VW, i1 - i);
         fl_vf q = quantize_v(rnn_load(c->x + i, cnt), c->scale, c->zero_point, c->lo, c->hi);
@@ -40,11 +41,10 @@ static void quantize_task(void *p, int64_t i0, int64_t i1) {
             rnn_store(c->y + i, (q - c->zero_point) * c->scale, cnt);
             continue;
         }
-        fl_store(t, q);
-        for (int64_t k = 0; k < cnt; ++k) {
-            if (c->q_signed) ((int8_t *)c->q)[i + k] = (int8_t)t[k];
-            else ((uint8_t *)c->q)[i + k] = (uint8_t)t[k];
-        }
+        /* q holds whole numbers within the 8-bit range: converted exactly, then each lane's
+         * low byte (the uint8 or int8 value) */
+        quantize_bytes bytes = __builtin_convertvector(__builtin_convertvector(q, fl_vi), quantize_bytes);
+        memcpy((int8_t *)c->q + i, &bytes, (size_t)cnt);
     }
 }
 
@@ -56,22 +56,24 @@ static void quantize_run(int64_t count, quantize_ctx *c) {
 
 int FL_FN(quantize)(int64_t count, const float *x, float scale, float zero_point, float lo,
                     float hi, void *q, int q_signed) {
-    quantize_ctx c = {x, scale, zero_point, lo, hi, q, 0, q_signed};
+    (void)q_signed;   /* the low byte of the value: the same for uint8 and int8 */
+    quantize_ctx c = {x, scale, zero_point, lo, hi, q, 0};
     quantize_run(count, &c);
     return 0;
 }
 
 int FL_FN(fake_quantize)(int64_t count, const float *x, float scale, float zero_point, float lo,
                          float hi, float *y) {
-    quantize_ctx c = {x, scale, zero_point, lo, hi, 0, y, 0};
+    quantize_ctx c = {x, scale, zero_point, lo, hi, 0, y};
     quantize_run(count, &c);
     return 0;
 }
 
-int FL_FN(min_max)(int64_t count, const float *x, float *out) {
+/* [min(x, 0), max(x, 0)] of x[i0:i1] into out[0], out[1]. */
+static void min_max_range(const float *x, int64_t i0, int64_t i1, float *out) {
     fl_vf lo = fl_set1(0.0f), hi = fl_set1(0.0f);
-    int64_t i = 0;
-    for (; i + FL_VW <= count; i += FL_VW) {
+    int64_t i = i0;
+    for (; i + FL_VW <= i1; i += FL_VW) {
         fl_vf v = fl_load(x + i);
         lo = fl_select(v < lo, v, lo);
         hi = fl_select(v > hi, v, hi);
@@ -83,11 +85,41 @@ int FL_FN(min_max)(int64_t count, const float *x, float *out) {
         l = tl[k] < l ? tl[k] : l;
         h = th[k] > h ? th[k] : h;
     }
-    for (; i < count; ++i) {
+    for (; i < i1; ++i) {
         l = x[i] < l ? x[i] : l;
         h = x[i] > h ? x[i] : h;
     }
     out[0] = l;
     out[1] = h;
+}
+
+typedef struct {
+    const float *x;
+    int64_t count;
+    float *blocks;      /* (min, max) of each QUANTIZE_GRAIN floats */
+} min_max_ctx;
+
+static void min_max_task(void *p, int64_t b0, int64_t b1) {
+    min_max_ctx *c = (min_max_ctx *)p;
+    for (int64_t b = b0; b < b1; ++b)
+        min_max_range(c->x, b * QUANTIZE_GRAIN, FL_MIN((b + 1) * QUANTIZE_GRAIN, c->count), c->blocks + 2 * b);
+}
+
+static __thread fl_buf min_max_buf;
+
+int FL_FN(min_max)(int64_t count, const float *x, float *out) {
+    int64_t blocks = (count + QUANTIZE_GRAIN - 1) / QUANTIZE_GRAIN;
+    float *per_block = blocks > 1 ? fl_buf_floats(&min_max_buf, (size_t)(2 * blocks)) : 0;
+    if (!per_block) {
+        min_max_range(x, 0, count, out);
+        return 0;
+    }
+    min_max_ctx c = {x, count, per_block};
+    fl_parallel(blocks, 1, min_max_task, &c);
+    out[0] = out[1] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {   /* min and max are exact: any order gives them */
+        out[0] = per_block[2 * b] < out[0] ? per_block[2 * b] : out[0];
+        out[1] = per_block[2 * b + 1] > out[1] ? per_block[2 * b + 1] : out[1];
+    }
     return 0;
 }

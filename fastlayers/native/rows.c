@@ -267,6 +267,32 @@ int FL_FN(add_act)(int64_t n, const float *a, const float *b, int code, float al
     return 0;
 }
 
+typedef struct {
+    const float *a, *b;
+    float *out;
+    int64_t nj, n;
+    int code;
+    float alpha;
+} rows_outer_ctx;
+
+/* Output rows [r0, r1) of f(a[i] + b[j]), row r = i nj + j. */
+static void rows_outer_task(void *p, int64_t r0, int64_t r1) {
+    rows_outer_ctx *c = (rows_outer_ctx *)p;
+    for (int64_t r = r0; r < r1; ++r)
+        rows_act_row(c->a + r / c->nj * c->n, c->b + r % c->nj * c->n, c->out + r * c->n, c->n, c->code,
+                     c->alpha);
+}
+
+int FL_FN(outer_add_act)(int64_t ni, int64_t nj, int64_t n, const float *a, const float *b, int code,
+                         float alpha, float *out) {
+    if (ni <= 0 || nj <= 0 || n <= 0) return 0;
+    if (code < 0 || code >= FL_N_ACTIVATIONS || code == FL_SOFTMAX || code == FL_LOG_SOFTMAX)
+        return -2;
+    rows_outer_ctx c = {a, b, out, nj, n, code, alpha};
+    fl_parallel(ni * nj, FL_MAX(1, ROWS_MIN_SHARE / n), rows_outer_task, &c);
+    return 0;
+}
+
 /* FL_VW / 2 floats (unaligned) and the doubles they widen to: float64 statistics in vectors of
  * the register width (a vector of FL_VW doubles, twice that width, was kept on the stack by GCC
  * on AVX2: 1 ms per 1024 x 256 norm). */

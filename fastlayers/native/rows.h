@@ -19,7 +19,10 @@ enum {
  *   for none, out may be x, statistics in float64;
  * scale_shift(m, n, x, scale, shift, out): out[i, j] = x[i, j] scale[j] + shift[j];
  * add_act(n, a, b, code, alpha, out): out[k] = f(a[k] + b[k]) for k < n, an elementwise code
- *   (not the softmax codes), out may be a or b. */
+ *   (not the softmax codes), out may be a or b;
+ * outer_add_act(ni, nj, n, a, b, code, alpha, out): out[i, j, k] = f(a[i, k] + b[j, k]), a (ni,
+ *   n), b (nj, n) and out (ni, nj, n) C-contiguous, the same codes (the broadcast sum of
+ *   additive attention, tanh(q_i + k_j), in one pass). */
 #define FL_ROWS_KERNELS(X)                                                                    \
     X(int, bias_act, (int64_t m, int64_t n, const float *x, int64_t ldx, const float *bias,   \
                       int code, float alpha, float *out, int64_t ldo),                         \
@@ -32,5 +35,8 @@ enum {
       (m, n, x, scale, shift, out))                                                            \
     X(int, add_act, (int64_t n, const float *a, const float *b, int code, float alpha,        \
                      float *out),                                                              \
-      (n, a, b, code, alpha, out))
+      (n, a, b, code, alpha, out))                                                             \
+    X(int, outer_add_act, (int64_t ni, int64_t nj, int64_t n, const float *a, const float *b, \
+                           int code, float alpha, float *out),                                 \
+      (ni, nj, n, a, b, code, alpha, out))
 #endif

@@ -8,6 +8,8 @@ cdef extern from "dispatch.h" nogil:
     int fl_scale_shift(int64_t m, int64_t n, const float *x, const float *scale,
                        const float *shift, float *out)
     int fl_add_act(int64_t n, const float *a, const float *b, int code, float alpha, float *out)
+    int fl_outer_add_act(int64_t ni, int64_t nj, int64_t n, const float *a, const float *b, int code,
+                         float alpha, float *out)
 
 #: Activation names in the order of their codes (rows.h).
 ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu", "hard_sigmoid", "softsign", "sigmoid",
@@ -165,6 +167,25 @@ def apply_add(object a, object b):
     with nogil:
         st = fl_bias_act(m, n, ap, n, bp, 0, 0.0, op, n)
     check(st, "add")
+    return out
+
+
+def outer_add_act(object a, object b, int code, float alpha):
+    """f(a[i] + b[j]) (ni, nj, n) for C-contiguous float32 ``a`` (ni, n) and ``b`` (nj, n), f an
+    elementwise activation ``code`` (a new array), or None for other operands."""
+    if not c_float32(a) or not c_float32(b) or (<cnp.ndarray>a).ndim != 2 or (<cnp.ndarray>b).ndim != 2 \
+            or (<object>a).shape[1] != (<object>b).shape[1]:
+        return None
+    cdef cnp.ndarray aa = <cnp.ndarray>a, ba = <cnp.ndarray>b
+    cdef int64_t ni = aa.shape[0], nj = ba.shape[0], n = aa.shape[1]
+    out = np.empty((ni, nj, n), np.float32)
+    cdef const float *ap = <float *>cnp.PyArray_DATA(aa)
+    cdef const float *bp = <float *>cnp.PyArray_DATA(ba)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_outer_add_act(ni, nj, n, ap, bp, code, alpha, op)
+    check(st, "outer_add_act")
     return out
 
 

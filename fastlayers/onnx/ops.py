@@ -173,7 +173,32 @@ def _fused_add(inputs, attrs, opset):
         if back_a == back_b:
             y = get_ops().add_act(xa, xb, name, alpha)
             return [y if back_a is None else y.transpose(back_a)]
+    outer = _outer_operands(a, b)
+    if outer is not None:
+        a_ic, b_jc, shape = outer
+        return [get_ops().outer_add_act(a_ic, b_jc, name, alpha).reshape(shape)]
     return [get_ops().activation(_f32(np.add(a, b)), name, alpha)]   # as the activation op casts
+
+
+def _outer_operands(a, b):
+    """(a as (I, C), b as (J, C), the sum's shape) where float32 a + b is an outer sum of rows:
+    one operand varies only over the leading axes and the other only over the next ones, both
+    over the whole last axis (additive attention's q (.., I, 1, C) + k (.., 1, J, C)); operands
+    swapped where b leads (the sum is the same bits). None for other operands."""
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
+            or b.dtype != np.float32 or a.ndim != b.ndim or a.ndim < 2 or a.shape[-1] != b.shape[-1]:
+        return None
+    for lead, rest in ((a, b), (b, a)):
+        sl, sr = lead.shape[:-1], rest.shape[:-1]
+        split = len(sl)
+        while split and sl[split - 1] == 1:
+            split -= 1
+        if all(d == 1 for d in sr[:split]) and split < len(sl) and lead.size > lead.shape[-1] \
+                and rest.size > rest.shape[-1]:
+            shape = sl[:split] + sr[split:] + lead.shape[-1:]
+            return (np.ascontiguousarray(lead).reshape(-1, lead.shape[-1]),
+                    np.ascontiguousarray(rest).reshape(-1, rest.shape[-1]), shape)
+    return None
 
 
 @op("Div")

@@ -484,3 +484,47 @@ def test_add_act_matches_the_reference(isa, name, n, rng):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["onnx_tanh", "relu", "linear"])
+@pytest.mark.parametrize("ni, nj, n", [(1, 1, 1), (3, 5, 7), (9, 2, 17), (40, 33, 512)])
+def test_outer_add_act_matches_the_reference(isa, name, ni, nj, n, rng):
+    """The native outer_add_act (f(a[i] + b[j]) row by row, rows shared by the pool) against
+    numpy's broadcast sum, on every ISA path, around the vector width and the pool's share."""
+    from fastlayers import native
+
+    a, b = rng.standard_normal((ni, n)).astype(np.float32), rng.standard_normal((nj, n)).astype(np.float32)
+    got = fastlayers.get_ops("cpu").outer_add_act(a, b, name)
+    want = fastlayers.get_ops("reference").outer_add_act(a, b, name)
+    assert got.shape == (ni, nj, n)
+    if name.startswith("onnx_") and native.isa() == "generic":   # no fused multiply-add there
+        np.testing.assert_allclose(got, want, rtol=0, atol=5e-7)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("q_shape, k_shape, outer", [
+    ((1, 6, 1, 8), (1, 1, 5, 8), True), ((1, 1, 5, 8), (1, 6, 1, 8), True), ((6, 1, 8), (1, 5, 8), True),
+    ((2, 6, 1, 8), (1, 1, 5, 8), True), ((2, 6, 1, 8), (2, 1, 5, 8), False), ((1, 6, 1, 8), (1, 6, 5, 8), False)])
+def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k_shape, outer):
+    """Tanh(q + k) with q and k broadcast against each other (additive attention's scores, as
+    text2tashkeel's taggers export it) is one FusedAdd whose sum is formed row by row, never as
+    numpy's broadcast array, with either operand first; a batch axis both operands span, or an
+    operand of the sum's whole shape, takes numpy's sum. Outputs equal onnxruntime's."""
+    oracle("onnx")
+    from onnx import TensorProto, helper
+
+    from fastlayers.onnx.ops import _outer_operands
+
+    nodes = [helper.make_node("Add", ["q", "k"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape)),
+                               helper.make_tensor_value_info("k", TensorProto.FLOAT, list(k_shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [])
+    path = tmp_path / "additive.onnx"
+    path.write_bytes(model.SerializeToString())
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedAdd"]
+    feed = {"q": rng.standard_normal(q_shape).astype(np.float32),
+            "k": rng.standard_normal(k_shape).astype(np.float32)}
+    assert (_outer_operands(feed["q"], feed["k"]) is not None) == outer
+    _matches_ort(ours, path, feed, rtol=1e-6, atol=1e-6)

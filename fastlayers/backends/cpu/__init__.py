@@ -78,6 +78,12 @@ class CpuOps(ConvOps):
         y = None if code is None or name in ("softmax", "log_softmax") else _core.add_act(a, b, code, alpha)
         return super().add_act(a, b, name, alpha) if y is None else y
 
+    def outer_add_act(self, a_ic, b_jc, name, alpha=0.0):
+        code = CODES.get(name)
+        y = None if code is None or name in ("softmax", "log_softmax") else _core.outer_add_act(
+            a_ic, b_jc, code, alpha)
+        return super().outer_add_act(a_ic, b_jc, name, alpha) if y is None else y
+
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         code = CODES.get(activation)
         if code is not None:  # the common case in one native call (None: not in its terms)

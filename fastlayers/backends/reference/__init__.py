@@ -195,6 +195,11 @@ class ReferenceOps:
         after it (``activation``'s names but the softmax ones)."""
         return self.activation(np.add(a, b), name, alpha)
 
+    def outer_add_act(self, a_ic: np.ndarray, b_jc: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+        """y[i, j, c] = f(a[i, c] + b[j, c]) for float32 ``a`` (I, C) and ``b`` (J, C): the
+        broadcast sum of additive attention and its activation (``add_act``'s names)."""
+        return self.activation(np.add(a_ic[:, None, :], b_jc[None, :, :]), name, alpha)
+
     def activation(self, x: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
         """y = f(x) elementwise (softmax and log_softmax over the last axis)."""
         with np.errstate(over="ignore", invalid="ignore"):
