@@ -14,7 +14,9 @@ static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) 
 
 /* The operand a prepared for the tiles. */
 typedef struct {
-    const void *rows;   /* row i at rows + i * 4 kq values: uint8 where vnni, else int16 */
+    const void *rows;   /* row i at rows + i * lda values (4 kq of them read): uint8 where vnni,
+                         * else int16 */
+    int64_t lda;
     const int32_t *ra;  /* sum_k a_u[i, k] */
     const int32_t *za;  /* A[i]: the zero point of a_u */
     int64_t kq;         /* quads of k */
@@ -64,7 +66,7 @@ int FL_FN(qpack)(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,
 #if defined(FL_ISA_AVX512)
 /* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x P panels, vpdpbusd. */
 __attribute__((target("avx512vnni"), always_inline)) static inline void
-qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t kq, const int8_t *bp,
+qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp,
                    int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
     __m512i acc[QGEMM_MR_MAX][QGEMM_NP];
     for (int i = 0; i < R; ++i)
@@ -74,7 +76,7 @@ qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t kq, cons
         for (int p = 0; p < P; ++p) bv[p] = _mm512_loadu_si512((const void *)(bp + p * pstride + q * 64));
         for (int i = 0; i < R; ++i) {
             int32_t quad;
-            memcpy(&quad, au + i * 4 * kq + 4 * q, sizeof quad);
+            memcpy(&quad, au + i * lda + 4 * q, sizeof quad);
             __m512i av = _mm512_set1_epi32(quad);
             for (int p = 0; p < P; ++p) acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], av, bv[p]);
         }
@@ -85,14 +87,14 @@ qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t kq, cons
 
 #define QGEMM_VNNI_P(R)                                                                      \
     switch (np) {                                                                             \
-    case 4: qgemm_sums_vnni_rp(R, 4, au, kq, bp, pstride, out); return;                      \
-    case 3: qgemm_sums_vnni_rp(R, 3, au, kq, bp, pstride, out); return;                      \
-    case 2: qgemm_sums_vnni_rp(R, 2, au, kq, bp, pstride, out); return;                      \
-    default: qgemm_sums_vnni_rp(R, 1, au, kq, bp, pstride, out); return;                     \
+    case 4: qgemm_sums_vnni_rp(R, 4, au, lda, kq, bp, pstride, out); return;                      \
+    case 3: qgemm_sums_vnni_rp(R, 3, au, lda, kq, bp, pstride, out); return;                      \
+    case 2: qgemm_sums_vnni_rp(R, 2, au, lda, kq, bp, pstride, out); return;                      \
+    default: qgemm_sums_vnni_rp(R, 1, au, lda, kq, bp, pstride, out); return;                     \
     }
 
 __attribute__((target("avx512vnni"))) static void
-qgemm_sums_vnni(int rows, int np, const uint8_t *au, int64_t kq, const int8_t *bp, int64_t pstride,
+qgemm_sums_vnni(int rows, int np, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp, int64_t pstride,
                 int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
     switch (rows) {   /* constant shapes: unrolled tiles */
     case 6: QGEMM_VNNI_P(6)
@@ -109,7 +111,7 @@ qgemm_sums_vnni(int rows, int np, const uint8_t *au, int64_t kq, const int8_t *b
 #if defined(__AVX2__)
 /* The same sums on int16 rows aw, one panel: b's quads widened to int16 (4 columns x 4 values
  * per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each column's two pair sums. */
-FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t kq, const int8_t *bp,
+FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
                                  int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
     __m256i acc[3][4];
     for (int i = 0; i < R; ++i)
@@ -118,7 +120,7 @@ FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t kq, con
         __m256i av[3];
         for (int i = 0; i < R; ++i) {
             int64_t quad;
-            memcpy(&quad, aw + i * 4 * kq + 4 * q, sizeof quad);
+            memcpy(&quad, aw + i * lda + 4 * q, sizeof quad);
             av[i] = _mm256_set1_epi64x(quad);
         }
         for (int t = 0; t < 4; ++t) {
@@ -142,18 +144,19 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
     int64_t kq = a->kq, pstride = kq * 4 * FL_QPANEL;
 #if defined(FL_ISA_AVX512)
     if (a->vnni) {
-        qgemm_sums_vnni(rows, np, (const uint8_t *)a->rows + i0 * 4 * kq, kq, bp, pstride, out);
+        qgemm_sums_vnni(rows, np, (const uint8_t *)a->rows + i0 * a->lda, a->lda, kq, bp, pstride, out);
         return;
     }
 #endif
-    const int16_t *aw = (const int16_t *)a->rows + i0 * 4 * kq;
+    const int16_t *aw = (const int16_t *)a->rows + i0 * a->lda;
+    int64_t lda = a->lda;
 #if defined(__AVX2__)
     for (int p = 0; p < np; ++p) {
         const int8_t *panel = bp + p * pstride;
         switch (rows) {
-        case 3: qgemm_sums_avx2_r(3, aw, kq, panel, out, p); break;
-        case 2: qgemm_sums_avx2_r(2, aw, kq, panel, out, p); break;
-        default: qgemm_sums_avx2_r(1, aw, kq, panel, out, p); break;
+        case 3: qgemm_sums_avx2_r(3, aw, lda, kq, panel, out, p); break;
+        case 2: qgemm_sums_avx2_r(2, aw, lda, kq, panel, out, p); break;
+        default: qgemm_sums_avx2_r(1, aw, lda, kq, panel, out, p); break;
         }
     }
 #else
@@ -163,7 +166,7 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
         for (int64_t q = 0; q < kq; ++q) {
             const int8_t *bq = bp + p * pstride + q * 64;
             for (int i = 0; i < rows; ++i) {
-                const int16_t *ai = aw + i * 4 * kq + 4 * q;
+                const int16_t *ai = aw + i * lda + 4 * q;
                 int32_t *oi = out[i] + p * FL_QPANEL;
                 for (int j = 0; j < FL_QPANEL; ++j)
                     oi[j] += ai[0] * bq[4 * j] + ai[1] * bq[4 * j + 1] + ai[2] * bq[4 * j + 2] +
@@ -274,7 +277,8 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     if (m <= 0 || n <= 0) return 0;
     int vnni = qgemm_vnni();
     int64_t kq = (k + 3) / 4;
-    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni);
+    int in_place = vnni && !a_signed && k % 4 == 0;   /* uint8 rows as vpdpbusd reads them */
+    size_t rows_bytes = in_place ? 0 : qgemm_rows_bytes(m, k, vnni);
     char *buf = (char *)fl_buf_grow(&qgemm_buf, rows_bytes + (size_t)(2 * m) * sizeof(int32_t));
     if (!buf) return -1;
     int32_t *ra = (int32_t *)(buf + rows_bytes), *za_u = ra + m;
@@ -282,15 +286,19 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     for (int64_t i = 0; i < m; ++i) {
         const uint8_t *row = (const uint8_t *)a + i * lda;
         int32_t sum = 0;
-        for (int64_t p = 0; p < 4 * kq; ++p) {
-            int32_t v = p < k ? qgemm_at(row, a_signed, p) + shift : 0;
-            qgemm_put(buf, vnni, i * 4 * kq + p, v);
-            sum += v;
+        if (in_place) {
+            for (int64_t p = 0; p < k; ++p) sum += row[p];
+        } else {
+            for (int64_t p = 0; p < 4 * kq; ++p) {
+                int32_t v = p < k ? qgemm_at(row, a_signed, p) + shift : 0;
+                qgemm_put(buf, vnni, i * 4 * kq + p, v);
+                sum += v;
+            }
         }
         ra[i] = sum;
         za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
     }
-    qgemm_a prepared = {buf, ra, za_u, kq, vnni};
+    qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : 4 * kq, ra, za_u, kq, vnni};
     qgemm_run(&prepared, m, n, k, pb, scale, bias, c, ldc);
     return 0;
 }

@@ -48,7 +48,7 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     int32_t *ra = (int32_t *)(buf + rows_bytes), *za = ra + batch;
     int32_t *acc = za + batch;
     float *z = (float *)(acc + batch * g);      /* one row's gate inputs */
-    qgemm_a prepared = {buf, ra, za, (hidden + 3) / 4, vnni};
+    qgemm_a prepared = {buf, (hidden + 3) / 4 * 4, ra, za, (hidden + 3) / 4, vnni};
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
         float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, ra, za);

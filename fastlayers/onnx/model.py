@@ -152,6 +152,50 @@ def bind_constant_captures(nodes, constants, opset, budget) -> list[Node]:
     return nodes
 
 
+def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list[Node]:
+    """The load-time rewrites and fusions of a graph's folded ``nodes`` (the module docstring's
+    steps 2-4), the subgraphs of its control-flow nodes first (``optimize_bodies``).
+    ``constants`` gains what the passes fold; ``input_dtypes``: graph input name -> numpy dtype
+    where known; ``probe``: ``fuse_encoder_layers``'s probe run (None: no encoder fusion)."""
+    nodes = optimize_bodies(nodes, opset)
+    nodes = prune(rewrite.drop_noops(nodes, constants, outputs, input_dtypes), outputs)
+    nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
+    nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
+    # GELU chains first, so that the Gelu node they become is absorbed by a dense node
+    nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
+    nodes = qfusion.optimize(nodes, constants, outputs)
+    nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),
+                  outputs)
+    if probe is not None:
+        nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i in input_dtypes], outputs, probe)
+    return fusion.fuse_add_activation(nodes, constants, outputs)
+
+
+def optimize_bodies(nodes, opset) -> list[Node]:
+    """Control-flow nodes get their subgraphs optimized as a graph is (``optimize``, without
+    the encoder fusion's probe run), once their outer constants are bound
+    (``bind_constant_captures``): a model that is one If on its sample rate (silero VAD) runs
+    fused convolutions and recurrent cells in its branch. The types of a body's own inputs are
+    those it declares; its captures' are unknown."""
+    for node in nodes:
+        bodies = [k for k, v in node.attrs.items() if isinstance(v, Body)]
+        if not bodies:
+            continue
+        attrs = dict(node.attrs)
+        for key in bodies:
+            body, model = attrs[key], attrs[key].model
+            n_own = len(model._inputs) - (len(node.inputs) - node.attrs["_formal"])
+            own_types = {name: dtype for name, dtype, _ in model._inputs[:n_own]}
+            constants = dict(model._constants)
+            inner = optimize(list(model._nodes), constants, model.output_names, own_types, opset)
+            attrs[key] = Body(_body_model(model._where, model._inputs, model.output_names, constants, inner,
+                                          opset), body.output_types)
+        node.attrs = attrs
+    return nodes
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """A graph input or output as the model file declares it, as onnxruntime's ``NodeArg``.
@@ -629,20 +673,9 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
         nodes = bind_constant_captures(nodes, constants, opset, budget)
-        nodes = prune(rewrite.drop_noops(nodes, constants, outputs, {i: t for i, t, _ in inputs}), outputs)
-        nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
-        nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
-        # GELU chains first, so that the Gelu node they become is absorbed by a dense node
-        nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
-        nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
-        nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
-        nodes = qfusion.optimize(nodes, constants, outputs)
-        nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),
-                      outputs)
         name = graph.name or Path(where).stem
-        nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i, _, _ in inputs], outputs,
-                                    _prober(name, inputs, dims, outputs, constants, opset, where))
-        nodes = fusion.fuse_add_activation(nodes, constants, outputs)
+        nodes = optimize(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset,
+                         _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise
     except Exception as e:  # noqa: BLE001 - a graph the optimisations cannot take

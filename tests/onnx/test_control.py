@@ -420,8 +420,59 @@ def test_branches_compute_from_outer_weights_once_at_load(tmp_path, rng):
     then_nodes = outer.attrs["then_branch"].model._nodes
     assert [n.op_type for n in then_nodes] == ["If"]             # the Transpose folded at load
     (inner,) = then_nodes
-    assert [n.op_type for n in inner.attrs["then_branch"].model._nodes] == ["MatMul"]   # and the Slice
+    # the Slice folded too, and the MatMul on a constant weight optimized as in a graph
+    assert [n.op_type for n in inner.attrs["then_branch"].model._nodes] == ["FusedDense"]
     x = rng.standard_normal((2, 4)).astype(np.float32)
     for c, c2 in ((True, True), (True, False), (False, True)):
         feed = {"x": x, "c": np.array(c), "c2": np.array(c2)}
         assert_close(model(feed), _ort_run(path, feed)[0])
+
+
+def test_branch_bodies_are_optimized_as_graphs(tmp_path, rng):
+    """A model that is one If (silero VAD's on its sample rate): its branches' Conv -> Relu and
+    MatMul + Add -> Sigmoid on outer weights run fused, as they would in the graph itself, a
+    Loop body's too; a Cast in a branch of a value whose type the branch cannot know stays.
+    Outputs equal onnxruntime's on both branches."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    vi = h.make_tensor_value_info
+    k = rng.standard_normal((4, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    then = h.make_graph([h.make_node("Conv", ["x", "k"], ["cv"], pads=[1, 1]),
+                         h.make_node("Relu", ["cv"], ["r"]),
+                         h.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+                         h.make_node("MatMul", ["t", "w"], ["m"]),
+                         h.make_node("Add", ["m", "b"], ["a"]),
+                         h.make_node("Sigmoid", ["a"], ["s"]),
+                         h.make_node("Cast", ["n"], ["nf"], to=F32),
+                         h.make_node("Mul", ["s", "nf"], ["y_then"])],
+                        "then", [], [vi("y_then", F32, None)])
+    body = h.make_graph([h.make_node("Conv", ["xc", "k"], ["bc"], pads=[1, 1]),
+                         h.make_node("Relu", ["bc"], ["br"]),
+                         h.make_node("Identity", ["cond_in"], ["cond_out"]),
+                         h.make_node("Identity", ["xc"], ["xc_out"])],
+                        "body", [vi("i", I64, []), vi("cond_in", BOOL, []), vi("xc", F32, None)],
+                        [vi("cond_out", BOOL, []), vi("xc_out", F32, None), vi("br", F32, None)])
+    other = h.make_graph([h.make_node("Loop", ["trips", "", "x"], ["xl", "ys"], body=body),
+                          h.make_node("ReduceSum", ["ys"], ["y_else"], keepdims=0)],
+                         "else", [], [vi("y_else", F32, None)],
+                         initializer=[h.make_tensor("trips", I64, [], [2])])
+    graph = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                         [vi("x", F32, [2, 3, 4]), vi("c", BOOL, []), vi("n", I64, [])],
+                         [vi("y", F32, None)],
+                         initializer=[h.make_tensor("k", F32, (4, 3, 3), k.ravel()),
+                                      h.make_tensor("w", F32, w.shape, w.ravel()),
+                                      h.make_tensor("b", F32, b.shape, b.ravel())])
+    path = _save(tmp_path, "fused_branches", graph)
+    model = fastlayers.load(path)
+    (node,) = [n for n in model._nodes if n.op_type == "If"]
+    then_ops = [n.op_type for n in node.attrs["then_branch"].model._nodes]
+    assert "Relu" not in then_ops and "Sigmoid" not in then_ops and "Cast" in then_ops
+    assert then_ops.count("FusedConv") == 1 and then_ops.count("FusedDense") == 1
+    (loop,) = [n for n in node.attrs["else_branch"].model._nodes if n.op_type == "Loop"]
+    assert [n.op_type for n in loop.attrs["body"].model._nodes if n.op_type != "Identity"] == ["FusedConv"]
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c), "n": np.array(3, np.int64)}
+        assert_close(model(feed), _ort_run(path, feed)[0], rtol=1e-5, atol=1e-5)
