@@ -23,7 +23,9 @@ then optimises the graph once:
    backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
-   LSTM is folded into its input projection (``fuse_embedding_recurrent``); the exporters'
+   LSTM is folded into its input projection (``fuse_embedding_recurrent``); one LSTM step
+   written out node by node (torch's ``LSTMCell``) becomes one ``FusedLSTMCell`` node
+   (``cells.py``); the exporters'
    attention becomes one attention node (``fuse_attention``), and each mask-less Transformer
    encoder layer one ``FusedEncoderLayer`` node, each mask-less self-attention block outside
    one (torch's ``MultiheadAttention``: projections and attention) one ``FusedSelfAttention``
@@ -34,7 +36,8 @@ then optimises the graph once:
 4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``control.Body``),
-folded but not fused; the outer values they read are inputs of their node (``check``).
+folded, and optimized as graphs once the outer constants they read are bound to them
+(``optimize_bodies``); the outer values they read are inputs of their node (``check``).
 
 Execution walks the kept nodes in order with a value table local to the call, so one model
 serves many threads; batch size and sequence length may vary from call to call. An operator
@@ -60,7 +63,7 @@ from ..services import service
 from ..warmup import warm_up
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import check, encoder, fusion, indexing, proto, qfusion, quant, rewrite  # noqa: F401 - indexing registers
+from . import cells, check, encoder, fusion, indexing, proto, qfusion, quant, rewrite  # noqa: F401 - indexing registers
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
@@ -164,6 +167,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
     nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
+    nodes = cells.fuse_lstm_cell(nodes, constants, outputs)
     nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
     nodes = qfusion.optimize(nodes, constants, outputs)
     nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),

@@ -528,3 +528,50 @@ def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k
             "k": rng.standard_normal(k_shape).astype(np.float32)}
     assert (_outer_operands(feed["q"], feed["k"]) is not None) == outer
     _matches_ort(ours, path, feed, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, opset):
+    """torch's LSTMCell, exported node by node (two products, Split, three Sigmoids, Tanh and
+    the cell arithmetic), runs as one FusedLSTMCell node per step: here two cells in a chain,
+    the second reading the first's h and c, both states returned; batch 1 and 3 (dynamic),
+    outputs as onnxruntime's."""
+    from .test_import import export
+
+    class Cells(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.LSTMCell(5, 7), torch.nn.LSTMCell(7, 7)
+
+        def forward(self, x, h, c):
+            h1, c1 = self.a(x, (h, c))
+            h2, c2 = self.b(h1, (h1, c1))
+            return h2, c2
+
+    path = tmp_path / "cells.onnx"
+    args = (torch.randn(2, 5), torch.randn(2, 7), torch.randn(2, 7))
+    export(torch, Cells(), args, path, input_names=["x", "h", "c"], output_names=["h2", "c2"],
+           dynamic_axes={n: {0: "batch"} for n in ("x", "h", "c", "h2", "c2")}, opset_version=opset)
+    ours = fastlayers.load(path)
+    assert ours.op_types.count("FusedLSTMCell") == 2
+    assert not {"Sigmoid", "Tanh", "Split", "Mul"} & set(ours.op_types)
+    for batch in (1, 3):
+        feed = {"x": rng.standard_normal((batch, 5)).astype(np.float32),
+                "h": rng.standard_normal((batch, 7)).astype(np.float32),
+                "c": rng.standard_normal((batch, 7)).astype(np.float32)}
+        _matches_ort(ours, path, feed, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_cell_node_on_other_shapes_matches_the_step(rng):
+    """A FusedLSTMCell node whose values carry a leading axis (shapes the recurrent kernel does
+    not take) computes the same step with numpy's broadcasting arithmetic."""
+    from fastlayers.onnx.cells import _fused_lstm_cell
+
+    x, h, c = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(3))
+    w_x, w_h = (rng.standard_normal((4, 16)).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(16).astype(np.float32)
+    want = _fused_lstm_cell([x, h, c, w_x, w_h, b], {}, 17)
+    got = _fused_lstm_cell([x[None], h[None], c[None], w_x, w_h, b], {}, 17)
+    for g, w in zip(got, want):
+        assert g.shape == (1,) + w.shape
+        assert_close(g[0], w, rtol=1e-5, atol=1e-6)
