@@ -173,7 +173,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),
                   outputs)
     if probe is not None:
-        nodes = fusion.fuse_encoder_layers(nodes, constants, [i for i in input_dtypes], outputs, probe)
+        nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
     return fusion.fuse_add_activation(nodes, constants, outputs)
 
 
