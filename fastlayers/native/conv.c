@@ -97,7 +97,7 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
         const float *a = p->x + (n * p->h + oh * p->sh) * wp * c;
         float *yt = p->y + t * wo * cout;
         for (int64_t ow = 0, rows; ow < wo; ow += rows) {
-            rows = gemm_next_rows(wo - ow);
+            rows = gemm_next_rows_over(wo - ow, j1 - j0);
             const float *ar = a + ow * ars;
             float *yr = yt + ow * cout;
             for (int64_t j = j0; j < j1; j += GEMM_TN) {
@@ -200,11 +200,13 @@ static int conv_im2col_whole(conv_ctx *p) {
     return 0;
 }
 
-/* Share of the register tile's rows that the tiles of one output row of wo columns fill. */
-static double conv_row_fill(int64_t wo) {
+/* Share of the register tile's rows that the tiles of one output row of wo columns fill
+ * (narrow tiles for cout <= FL_VW). */
+static double conv_row_fill(int64_t wo, int64_t cout) {
     int64_t tiles = 0;
-    for (int64_t left = wo; left > 0; left -= gemm_next_rows(left)) ++tiles;
-    return (double)wo / (double)(FL_MAX(tiles, 1) * GEMM_MR);
+    for (int64_t left = wo; left > 0; left -= gemm_next_rows_over(left, cout)) ++tiles;
+    return (double)wo /
+           (double)(FL_MAX(tiles, 1) * (cout <= FL_VW ? GEMM_NARROW_MR : GEMM_MR));
 }
 
 /* Column blocks of `panels` 32-column panels: at most `most_panels` panels each (an L2-sized
@@ -240,7 +242,7 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
                    wo == w && groups == 1;
     if (method == 0)
         method = groups == 1 && !identity &&
-                         (conv_row_fill(wo) >= CONV_IMPLICIT_FILL || kw * c <= CONV_IMPLICIT_RUN)
+                         (conv_row_fill(wo, cout) >= CONV_IMPLICIT_FILL || kw * c <= CONV_IMPLICIT_RUN)
                      ? 1
                      : 2;
     if (method == 1 && groups != 1) return -2;

@@ -131,10 +131,81 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
     }
 }
 
-/* The tile of exactly `rows` (1 to GEMM_MR) rows. */
+/* Most rows of a narrow tile: twice the wide tile's, so that its accumulators (one vector per
+ * row) fill the registers as the wide tile's two do. */
+#define GEMM_NARROW_MR (2 * GEMM_MR)
+
+/* c[0:rows, 0:nr] (+)= the same sums as gemm_tile for nr <= W columns (one vector of W floats
+ * per row of the tile): outputs narrower than a vector pair (convolutions with 8 or 16 output
+ * channels), where the wide tile spent half or more of its multiply-adds on zero columns.
+ * Each output is the same chain of multiply-adds as in gemm_tile (the same sums). */
+#define GEMM_NARROW_TILE(name, W)                                                             \
+    FL_INLINE void name(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,   \
+                        int64_t ars, const float *pb, float *c, int64_t ldc, int nr,           \
+                        int accumulate) {                                                      \
+        typedef float vt __attribute__((vector_size(W * 4)));                                  \
+        typedef float vt_u __attribute__((vector_size(W * 4), aligned(4), may_alias));         \
+        vt acc[GEMM_NARROW_MR];                                                                \
+        _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) acc[r] = (vt){0};              \
+        for (int64_t i = 0; i < kh; ++i) {                                                     \
+            const float *ap = a + i * ari, *pp = pb + i * kc * FL_PANEL;                       \
+            for (int64_t p = 0; p < kc; ++p) {                                                 \
+                vt b = *(const vt_u *)(pp + p * FL_PANEL);                                     \
+                _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) acc[r] +=              \
+                    ap[r * ars + p] * b;                                                       \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) {                              \
+            float *row = c + r * ldc;                                                          \
+            if (nr == W) {                                                                     \
+                *(vt_u *)row = accumulate ? (vt)(*(const vt_u *)row) + acc[r] : acc[r];        \
+            } else {                                                                           \
+                for (int j = 0; j < nr; ++j) row[j] = accumulate ? row[j] + acc[r][j]          \
+                                                                 : acc[r][j];                  \
+            }                                                                                  \
+        }                                                                                      \
+    }
+GEMM_NARROW_TILE(gemm_tile_narrow, FL_VW)
+#if FL_VW == 16
+GEMM_NARROW_TILE(gemm_tile_half, 8)   /* up to 8 columns: AVX-512VL's 256-bit registers */
+#endif
+#undef GEMM_NARROW_TILE
+
+/* The narrow tile of exactly `rows` (1 to GEMM_NARROW_MR) rows over nr <= FL_VW columns. */
+static void gemm_tile_narrow_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+                                  int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
+                                  int accumulate) {
+#if FL_VW == 16
+#define GEMM_ROWS(r)                                                                           \
+    case r:                                                                                    \
+        if (nr <= 8) gemm_tile_half(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);       \
+        else gemm_tile_narrow(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);             \
+        break;
+#else
+#define GEMM_ROWS(r) \
+    case r: gemm_tile_narrow(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate); break;
+#endif
+    switch (rows) {
+#if GEMM_MR > 6
+        GEMM_ROWS(28) GEMM_ROWS(27) GEMM_ROWS(26) GEMM_ROWS(25) GEMM_ROWS(24) GEMM_ROWS(23)
+        GEMM_ROWS(22) GEMM_ROWS(21) GEMM_ROWS(20) GEMM_ROWS(19) GEMM_ROWS(18) GEMM_ROWS(17)
+        GEMM_ROWS(16) GEMM_ROWS(15) GEMM_ROWS(14) GEMM_ROWS(13)
+#endif
+        GEMM_ROWS(12) GEMM_ROWS(11) GEMM_ROWS(10) GEMM_ROWS(9) GEMM_ROWS(8) GEMM_ROWS(7)
+        GEMM_ROWS(6) GEMM_ROWS(5) GEMM_ROWS(4) GEMM_ROWS(3) GEMM_ROWS(2) GEMM_ROWS(1)
+    }
+#undef GEMM_ROWS
+}
+
+/* The tile of exactly `rows` rows over nr columns: the wide tile (rows <= GEMM_MR), or for
+ * nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR). */
 static void gemm_tile_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                            int accumulate) {
+    if (nr <= FL_VW) {
+        gemm_tile_narrow_rows(rows, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);
+        return;
+    }
 #define GEMM_ROWS(r) \
     case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate); break;
     switch (rows) {
@@ -147,11 +218,16 @@ static void gemm_tile_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const 
 #undef GEMM_ROWS
 }
 
-/* Rows of the next tile when `left` rows remain: whole tiles, then the rest in one tile or,
- * for MR + 1 to MR + 3 rows, two near-equal ones (tiles of 1-3 rows run at half the rate). */
-FL_INLINE int64_t gemm_next_rows(int64_t left) {
-    return left >= GEMM_MR + 4 ? GEMM_MR : (left > GEMM_MR ? left - left / 2 : left);
+/* Rows of the next tile over ncols columns when `left` rows remain: whole tiles (narrow ones
+ * for ncols <= FL_VW), then the rest in one tile or, for MR + 1 to MR + 3 rows, two near-equal
+ * ones (tiles of 1-3 rows run at half the rate). */
+FL_INLINE int64_t gemm_next_rows_over(int64_t left, int64_t ncols) {
+    int64_t mr = ncols <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
+    return left >= mr + 4 ? mr : (left > mr ? left - left / 2 : left);
 }
+
+/* The same over columns of wide tiles. */
+FL_INLINE int64_t gemm_next_rows(int64_t left) { return gemm_next_rows_over(left, GEMM_TN); }
 
 /* c[:m, j0:j1] (+)= a[:m, :kc] (rows lda apart) @ the packed block pbk (panel j of this block
  * at pbk + j * pstride, rows 32 floats apart), for columns j0:j1 of c (j0 a multiple of 32
@@ -159,7 +235,7 @@ FL_INLINE int64_t gemm_next_rows(int64_t left) {
 static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int64_t lda,
                        const float *pbk, int64_t pstride, float *c, int64_t ldc, int acc) {
     for (int64_t ir = 0, rows; ir < m; ir += rows) {
-        rows = gemm_next_rows(m - ir);
+        rows = gemm_next_rows_over(m - ir, ncols);
         for (int64_t j = 0; j < ncols; j += GEMM_TN) {
             int nr = (int)FL_MIN(ncols - j, GEMM_TN);
             const float *pbj = pbk + (j / FL_PANEL) * pstride + j % FL_PANEL;
@@ -310,7 +386,7 @@ static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t pc, int64_t 
                            const float *a, int64_t lda, const float *pb, float *c, int64_t ldc,
                            int acc) {
     int64_t tiles = 0;
-    for (int64_t left = m; left > 0; left -= gemm_next_rows(left)) ++tiles;
+    for (int64_t left = m; left > 0; left -= gemm_next_rows_over(left, n)) ++tiles;
     int64_t share = (kc + tiles - 1) / tiles, kn = FL_MIN(k - pc - kc, kc);
     for (int64_t j = 0; j < n; j += GEMM_TN) {
         int nr = (int)FL_MIN(n - j, GEMM_TN);
@@ -321,7 +397,7 @@ static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t pc, int64_t 
                                          jn % FL_PANEL
                                    : pb + (pc + kc) * FL_PANEL;
         for (int64_t ir = 0, rows, t = 0; ir < m; ir += rows, ++t) {
-            rows = gemm_next_rows(m - ir);
+            rows = gemm_next_rows_over(m - ir, n);
             for (int64_t p = t * share; p < FL_MIN(rows_n, (t + 1) * share); ++p)
                 __builtin_prefetch(next + p * FL_PANEL, 0, 3);
             gemm_tile_rows((int)rows, 1, 0, kc, a + ir * lda + pc, lda, pbj, c + ir * ldc + j,

@@ -1,5 +1,6 @@
 """The native sgemm (``fastlayers.native``, gemm.c) against numpy on every ISA path: odd sizes
-around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8), k blocks (256, or up to 96
+around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8; for at most one vector of
+columns 28 x 16 or 8, 12 x 8, 12 x 4), k blocks (256, or up to 96
 for at most 64 rows of A) and column blocks (256), the thin path of 1 to 8 rows (b in place or
 packed), the small-row path on a transposed b, strided operands, overwrite and accumulate,
 packed and per-call packing; and ``_gemm.matmul`` and ``_core.dense`` with their fused epilogue
@@ -25,7 +26,8 @@ def _expected(a, b, c0=None):
 
 
 @pytest.mark.parametrize("m", [*range(1, 18), 29, 31, 64, 65, 337])
-@pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300)])
+@pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300),
+                                  (40, 8), (300, 16), (33, 12), (20, 3)])
 @pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
 def test_product_matches_numpy(rng, m, k, n, route):
     a = rng.standard_normal((m, k)).astype(np.float32)
