@@ -56,7 +56,8 @@ def extensions():
 
     core = Extension("fastlayers.native._core",
                      [str(NATIVE / "_core.pyx"), str(NATIVE / "dispatch.c"),
-                      str(NATIVE / "threadpool.c"), str(NATIVE / "heap.c")],
+                      str(NATIVE / "threadpool.c"), str(NATIVE / "heap.c"),
+                      str(NATIVE / "arena.c")],
                      include_dirs=[str(NATIVE), numpy.get_include()],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                      extra_compile_args=COMMON, extra_link_args=["-pthread"])

@@ -386,7 +386,11 @@ class Model(Layer):
         its layers bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
-            return self._run_bound(x, ops)
+            token = ops.enter_call()
+            try:
+                return self._run_bound(x, ops)
+            finally:
+                ops.exit_call(token)
         entry = not any(map(ops.is_device_array, x if type(x) is list else [x]))
         if not entry:
             return self._run_plan(x)

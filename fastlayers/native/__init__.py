@@ -18,8 +18,9 @@ except ImportError as e:  # a source tree whose extension was never built
 
     raise ImportError(native_core_missing(os.path.dirname(os.path.dirname(__file__)))) from e
 
-from ._core import (ACTIVATIONS, NativeError, best_isa, get_num_threads, heap_retain,  # noqa: F401
-                    isa, isa_runs, isas, set_isa, set_num_threads, set_vnni, vnni, vnni_runs)
+from ._core import (ACTIVATIONS, NativeError, arena_limit, arena_release, arena_stats,  # noqa: F401
+                    best_isa, get_num_threads, heap_retain, isa, isa_runs, isas, set_isa,
+                    set_num_threads, set_vnni, vnni, vnni_runs)
 
 #: Activation name -> code of the native kernels.
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
@@ -49,3 +50,19 @@ _heap = os.environ.get("FASTLAYERS_HEAP", "").strip().lower()
 if _heap not in ("", "retain", "system"):
     raise ImportError(f"FASTLAYERS_HEAP={_heap!r}: expected 'retain' (the default) or 'system'")
 HEAP_RETAINED = _heap != "system" and heap_retain(*HEAP_RETAIN)
+#: Whether a model's call allocates its arrays from the native block cache (``arena_enter``,
+#: arena.h): large blocks kept mapped between calls whatever else in the process trims the C
+#: library's heap. ``FASTLAYERS_HEAP=system`` turns it off with the heap settings.
+ARENA = _heap != "system"
+
+
+def arena_enter():
+    """Have numpy allocate from the native block cache in the calling thread's context until
+    ``arena_exit`` (a no-op with ``FASTLAYERS_HEAP=system``); returns what to pass to it."""
+    return _core.arena_enter() if ARENA else None
+
+
+def arena_exit(previous) -> None:
+    """End what ``arena_enter`` began (``previous``: its result)."""
+    if previous is not None:
+        _core.arena_exit(previous)

@@ -17,6 +17,20 @@ cdef extern from "heap.h":
     int64_t fl_thread_buf_bytes()
     int64_t fl_thread_buf_released()
 
+cdef extern from "arena.h":
+    void fl_arena_set_limit(int64_t bytes)
+    int64_t fl_arena_limit()
+    int64_t fl_arena_release()
+    void fl_arena_stats(int64_t stats[5])
+
+cdef extern from "arena_numpy.h":
+    void *fl_arena_handler_address()
+
+cdef extern from "numpy/arrayobject.h":
+    object PyDataMem_SetHandler(object handler)
+
+from cpython.pycapsule cimport PyCapsule_New
+
 cdef extern from "threadpool.h":
     int fl_pool_get_threads()
     void fl_pool_set_threads(int n)
@@ -139,6 +153,46 @@ def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):
     to ``trim_threshold`` free bytes mapped (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD,
     process-wide); whether it applied (False on other C libraries, or values out of range)."""
     return bool(fl_heap_retain(mmap_threshold, trim_threshold))
+
+
+#: numpy's allocator handler on the native block cache (arena.h).
+_ARENA_HANDLER = PyCapsule_New(fl_arena_handler_address(), "mem_handler", NULL)
+
+
+def arena_enter():
+    """Have numpy allocate from the native block cache in the calling context (thread or task)
+    until ``arena_exit``; returns the handler to pass to it. Arrays keep the allocator that
+    made them, so those handed out are freed back into the cache whenever they are dropped."""
+    return PyDataMem_SetHandler(_ARENA_HANDLER)
+
+
+def arena_exit(previous):
+    """Restore the numpy allocator handler ``arena_enter`` returned."""
+    PyDataMem_SetHandler(previous)
+
+
+def arena_limit(limit=None):
+    """The most bytes of free blocks the block cache keeps; with ``limit`` (bytes, >= 0), set
+    it first (cached blocks over the new limit are unmapped, oldest first)."""
+    if limit is not None:
+        if int(limit) < 0:
+            raise ValueError(f"arena_limit expects a byte count >= 0, got {limit}")
+        fl_arena_set_limit(int(limit))
+    return fl_arena_limit()
+
+
+def arena_release():
+    """Unmap every free block the block cache keeps; returns the bytes released."""
+    return fl_arena_release()
+
+
+def arena_stats():
+    """The block cache's counters: a dict of ``cached_bytes``, ``cached_blocks``, ``hits``,
+    ``misses`` (blocks mapped anew) and ``in_use_bytes`` (cached-size blocks held by arrays)."""
+    cdef int64_t s[5]
+    fl_arena_stats(s)
+    return {"cached_bytes": s[0], "cached_blocks": s[1], "hits": s[2], "misses": s[3],
+            "in_use_bytes": s[4]}
 
 
 def thread_buffer_bytes():

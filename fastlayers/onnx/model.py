@@ -437,10 +437,15 @@ class OnnxModel:
     def _evaluate(self, arrays, clock=None, log=None) -> dict:
         """Run every node on the checked input ``arrays``; the table of values by name.
         ``clock``, ``log``: see ``_run_nodes``."""
-        if self._quiet and get_ops().name == "cpu":
-            return self._run_nodes(arrays, clock, log)
-        with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
-            return self._run_nodes(arrays, clock, log)
+        ops = get_ops()
+        token = ops.enter_call()
+        try:
+            if self._quiet and ops.name == "cpu":
+                return self._run_nodes(arrays, clock, log)
+            with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
+                return self._run_nodes(arrays, clock, log)
+        finally:
+            ops.exit_call(token)
 
     def _run_nodes(self, arrays, clock=None, log=None) -> dict:
         """``_evaluate``'s walk over the plan, in whatever numpy error state the caller set.

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ...native import CODES, _core
+from ...native import CODES, _core, arena_enter, arena_exit
 from ..reference import EncoderWeights
 from . import gemm, recurrent
 from .conv import ConvOps
@@ -60,6 +60,15 @@ class CpuOps(ConvOps):
     ``conv.ConvOps`` (native/conv.c, pool.c), and ReferenceOps for what neither overrides."""
 
     name = "cpu"
+
+    def enter_call(self):
+        """Begin a model's call: numpy allocates its arrays from the native block cache
+        (``fastlayers.native.arena_enter``), so large intermediates reuse mapped pages from one
+        call to the next."""
+        return arena_enter()
+
+    def exit_call(self, token) -> None:
+        arena_exit(token)
 
     def activation(self, x, name, alpha=0.0):
         code = CODES.get(name)

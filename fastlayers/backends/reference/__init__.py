@@ -54,6 +54,15 @@ class ReferenceOps:
     #: CpuOps); a device backend names its device and overrides the data-movement primitives.
     device = None
 
+    # ------------------------------------------------------------ a model's call
+    def enter_call(self):
+        """Begin a model's call in this thread: how its host arrays are allocated (numpy's own
+        allocator here). Returns the token to pass to ``exit_call`` when the call ends."""
+        return None
+
+    def exit_call(self, token) -> None:
+        """End what ``enter_call`` began."""
+
     # ------------------------------------------------------------ data movement and layout
     def is_device_array(self, a) -> bool:
         """Whether ``a`` is an array of this backend's device (never, on the host)."""
