@@ -50,14 +50,14 @@ _heap = os.environ.get("FASTLAYERS_HEAP", "").strip().lower()
 if _heap not in ("", "retain", "system"):
     raise ImportError(f"FASTLAYERS_HEAP={_heap!r}: expected 'retain' (the default) or 'system'")
 HEAP_RETAINED = _heap != "system" and heap_retain(*HEAP_RETAIN)
-#: Whether a model's call allocates its arrays from the native block cache (``arena_enter``,
+#: Whether a model's call allocates its arrays from the native block arena (``arena_enter``,
 #: arena.h): large blocks kept mapped between calls whatever else in the process trims the C
 #: library's heap. ``FASTLAYERS_HEAP=system`` turns it off with the heap settings.
 ARENA = _heap != "system"
 
 
 def arena_enter():
-    """Have numpy allocate from the native block cache in the calling thread's context until
+    """Have numpy allocate from the native block arena in the calling thread's context until
     ``arena_exit`` (a no-op with ``FASTLAYERS_HEAP=system``); returns what to pass to it."""
     return _core.arena_enter() if ARENA else None
 

@@ -1,4 +1,4 @@
-/* numpy's allocator handler (NEP 49) on the block cache of arena.h, for _core.pyx. */
+/* numpy's allocator handler (NEP 49) on the block arena of arena.h, for _core.pyx. */
 #ifndef FL_ARENA_NUMPY_H
 #define FL_ARENA_NUMPY_H
 #include <numpy/ndarraytypes.h>

@@ -21,7 +21,7 @@ cdef extern from "arena.h":
     void fl_arena_set_limit(int64_t bytes)
     int64_t fl_arena_limit()
     int64_t fl_arena_release()
-    void fl_arena_stats(int64_t stats[5])
+    void fl_arena_stats(int64_t stats[6])
 
 cdef extern from "arena_numpy.h":
     void *fl_arena_handler_address()
@@ -155,14 +155,14 @@ def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):
     return bool(fl_heap_retain(mmap_threshold, trim_threshold))
 
 
-#: numpy's allocator handler on the native block cache (arena.h).
+#: numpy's allocator handler on the native block arena (arena.h).
 _ARENA_HANDLER = PyCapsule_New(fl_arena_handler_address(), "mem_handler", NULL)
 
 
 def arena_enter():
-    """Have numpy allocate from the native block cache in the calling context (thread or task)
+    """Have numpy allocate from the native block arena in the calling context (thread or task)
     until ``arena_exit``; returns the handler to pass to it. Arrays keep the allocator that
-    made them, so those handed out are freed back into the cache whenever they are dropped."""
+    made them, so those handed out are freed back into the arena whenever they are dropped."""
     return PyDataMem_SetHandler(_ARENA_HANDLER)
 
 
@@ -172,8 +172,8 @@ def arena_exit(previous):
 
 
 def arena_limit(limit=None):
-    """The most bytes of free blocks the block cache keeps; with ``limit`` (bytes, >= 0), set
-    it first (cached blocks over the new limit are unmapped, oldest first)."""
+    """The most free bytes the block arena keeps mapped; with ``limit`` (bytes, >= 0), set it
+    first (regions whose blocks are all free are unmapped down to the new limit)."""
     if limit is not None:
         if int(limit) < 0:
             raise ValueError(f"arena_limit expects a byte count >= 0, got {limit}")
@@ -182,17 +182,19 @@ def arena_limit(limit=None):
 
 
 def arena_release():
-    """Unmap every free block the block cache keeps; returns the bytes released."""
+    """Unmap every region of the block arena whose blocks are all free; returns the bytes
+    released."""
     return fl_arena_release()
 
 
 def arena_stats():
-    """The block cache's counters: a dict of ``cached_bytes``, ``cached_blocks``, ``hits``,
-    ``misses`` (blocks mapped anew) and ``in_use_bytes`` (cached-size blocks held by arrays)."""
-    cdef int64_t s[5]
+    """The block arena's counters: a dict of ``free_bytes`` and ``free_blocks`` (mapped, kept
+    for later), ``hits`` and ``misses`` (allocations served from mapped regions / that mapped
+    a new one), ``in_use_bytes`` (held by arrays) and ``mapped_bytes``."""
+    cdef int64_t s[6]
     fl_arena_stats(s)
-    return {"cached_bytes": s[0], "cached_blocks": s[1], "hits": s[2], "misses": s[3],
-            "in_use_bytes": s[4]}
+    return {"free_bytes": s[0], "free_blocks": s[1], "hits": s[2], "misses": s[3],
+            "in_use_bytes": s[4], "mapped_bytes": s[5]}
 
 
 def thread_buffer_bytes():

@@ -226,6 +226,27 @@ def _declared(value_info) -> tuple:
             tuple(_value_shape(value_info, named=True) or ()))
 
 
+def _dead_after(nodes, kept) -> list[tuple]:
+    """Per node, the values no later node reads (its inputs read for the last time, its outputs
+    nobody reads), but for those in ``kept`` (graph inputs and outputs, cached shapes): a call drops them from its value table there, so
+    that their memory is freed (back to the block arena, warm for the next node's output) as
+    soon as the graph is done with them, not at the end of the call."""
+    last: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for i in n.inputs:
+            if i:
+                last[i] = k
+    dead: list[list] = [[] for _ in nodes]
+    for k, n in enumerate(nodes):
+        for o in n.outputs:
+            if o and o not in last and o not in kept:
+                dead[k].append(o)
+    for name, k in last.items():
+        if name not in kept:
+            dead[k].append(name)
+    return [tuple(d) for d in dead]
+
+
 class OnnxModel:
     """A model imported from ONNX, run on fastlayers primitives.
 
@@ -274,6 +295,8 @@ class OnnxModel:
         self._input_names = tuple(name for name, _, _ in inputs)
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
         self._shape_cache: dict = {}
+        self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs,
+                                         *(name for name, _, _ in inputs)})
 
     @property
     def input_names(self) -> list[str]:
@@ -434,23 +457,26 @@ class OnnxModel:
         """
         return [NodeArg(name, list(shape), type_) for name, type_, shape in self._declared_outputs]
 
-    def _evaluate(self, arrays, clock=None, log=None) -> dict:
-        """Run every node on the checked input ``arrays``; the table of values by name.
-        ``clock``, ``log``: see ``_run_nodes``."""
+    def _evaluate(self, arrays, clock=None, log=None, every_value=False) -> dict:
+        """Run every node on the checked input ``arrays``; the table of values by name: the
+        graph's inputs and outputs, or with ``every_value`` (or a ``log``) every value the
+        call computed. ``clock``, ``log``: see ``_run_nodes``."""
         ops = get_ops()
         token = ops.enter_call()
         try:
             if self._quiet and ops.name == "cpu":
-                return self._run_nodes(arrays, clock, log)
+                return self._run_nodes(arrays, clock, log, every_value)
             with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
-                return self._run_nodes(arrays, clock, log)
+                return self._run_nodes(arrays, clock, log, every_value)
         finally:
             ops.exit_call(token)
 
-    def _run_nodes(self, arrays, clock=None, log=None) -> dict:
+    def _run_nodes(self, arrays, clock=None, log=None, every_value=False) -> dict:
         """``_evaluate``'s walk over the plan, in whatever numpy error state the caller set.
         ``clock``: a list to append ``(step, seconds, backend calls)`` to per step run, the calls
-        being the entries the step added to ``log`` (a ``recording_calls`` list, or None)."""
+        being the entries the step added to ``log`` (a ``recording_calls`` list, or None).
+        Values are dropped after their last reader (``_dead_after``) unless ``every_value`` or
+        ``log`` asks for all of them."""
         values = dict(zip(self._input_names, arrays))
         key = cached = None
         if self._shape_outputs:
@@ -458,7 +484,7 @@ class OnnxModel:
             cached = self._shape_cache.get(key)
             if cached is not None:
                 values.update(cached)
-        outs = None
+        outs, dead = None, (None if every_value or log is not None else self._dead)
         try:
             for step, (fn, ins, outs, attrs, shape_only) in enumerate(self._plan):
                 if shape_only and cached is not None:
@@ -471,6 +497,9 @@ class OnnxModel:
                 for name, value in zip(outs, results):
                     if name:
                         values[name] = value
+                if dead and dead[step]:
+                    for name in dead[step]:
+                        values.pop(name, None)
         except Exception as e:  # noqa: BLE001 - an operator failing on these inputs, whatever it raised
             node = next((n for n in self._nodes if n.outputs == outs), None)
             label = "?" if node is None else f"{check.short(node.name or node.outputs[0])} ({node.op_type})"
@@ -635,7 +664,7 @@ def _prober(name, inputs, dims, outputs, constants, opset, where):
             return None
         try:
             model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
-            return model._evaluate(arrays)
+            return model._evaluate(arrays, every_value=True)
         except Exception:  # noqa: BLE001 - the graph may not run on the probe's sizes
             return None
     return probe

@@ -44,7 +44,7 @@ def test_nhwc_memory_flows_through_concat_channel_arithmetic_and_resize(tmp_path
     path = _graph(tmp_path, rng, resize_mode)
     model = fastlayers.load(path)
     x = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
-    values = model._evaluate([x])
+    values = model._evaluate([x], every_value=True)
     if backend == "cpu":   # each step hands the next one NHWC memory
         for name in ("cat", "excited", "shifted", "scaled", "up"):
             held = values[name].transpose(0, 2, 3, 1)

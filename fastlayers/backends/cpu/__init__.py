@@ -62,7 +62,7 @@ class CpuOps(ConvOps):
     name = "cpu"
 
     def enter_call(self):
-        """Begin a model's call: numpy allocates its arrays from the native block cache
+        """Begin a model's call: numpy allocates its arrays from the native block arena
         (``fastlayers.native.arena_enter``), so large intermediates reuse mapped pages from one
         call to the next."""
         return arena_enter()
