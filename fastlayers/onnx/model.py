@@ -67,7 +67,7 @@ from . import cells, check, encoder, fusion, indexing, proto, qfusion, quant, re
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
-from .ops import DTYPES, OPS, WINDOW_OPS, _env_bytes, contiguous
+from .ops import DTYPES, NODE_CACHES, OPS, _env_bytes, contiguous
 
 MIN_OPSET = 9
 #: Constant folding at load may make constants of at most max(MAX_FOLD_BYTES, twice the bytes
@@ -287,8 +287,8 @@ class OnnxModel:
                 shape_only.update(o for o in n.outputs if o)
         self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
                                          for i in n.inputs], n.outputs,
-                       {**n.attrs, "_windows": {}, **({"_plans": {}} if n.op_type == "FusedConv" else {})}
-                       if n.op_type in WINDOW_OPS else n.attrs,
+                       {**n.attrs, **{k: {} for k in NODE_CACHES[n.op_type]}}
+                       if n.op_type in NODE_CACHES else n.attrs,
                        any(o in shape_only for o in n.outputs)) for n in nodes]
         self._quiet = all(_quiet(n) for n in nodes)
         self._input_checks = [(dtype, _fixed_tail(shape)) for _, dtype, shape in inputs]

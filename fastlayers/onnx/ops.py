@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.derived import derived, derived_from, fold_projection
+from ..backends.derived import derived, derived_from, derived_generation, fold_projection
 from ..backends.accumulate import wide_mean, wide_sum
 from ..backends.activations import erfc64
 from ..backends.reference import fold_batch_norm
@@ -982,6 +982,17 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
     of its rows whatever the layout, and each direction gathers rows of table @ W^T + input
     bias (computed once). Where nothing reads Y (``_y_read`` False, set at load) the loops
     write no output per step and Y is None."""
+    planned = _recurrent_calls(kind, inputs, attrs, table)
+    if planned is None:
+        return None
+    calls, _, _ = planned
+    return _recurrent_outputs(kind, get_ops().recurrent_sequences(calls), attrs)
+
+
+def _recurrent_calls(kind, inputs, attrs, table=None):
+    """``_recurrent_fast``'s backend calls, one (method name, args, kwargs) per direction, the
+    input as the calls read it (batch, time, input) and the initial states per direction; None
+    where the compiled loops do not cover the node."""
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
     x, w, r, b, seq_lens, h0 = inputs[0], inputs[1], inputs[2], get(3), get(4), get(5)
     c0, p = (get(6), get(7)) if kind == "LSTM" else (None, None)
@@ -1003,10 +1014,8 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
     if seq_lens is not None and np.any(seq_lens != steps):
         return None
     hidden = r.shape[-1]
-    states = lambda s: None if s is None else (s if not layout else np.swapaxes(s, 0, 1))  # noqa: E731
-    h0, c0 = states(h0), states(c0)
-    ops = get_ops()
-    ys, hs, cs = [], [], []
+    if layout:
+        h0, c0 = (None if s is None else np.swapaxes(s, 0, 1) for s in (h0, c0))
 
     def kernel(m, d, kind, reorder=lambda a: a):
         """Direction d of W or R as C-ordered (input, gates * hidden), computed once per weight
@@ -1035,7 +1044,7 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
 
     lbr = kind == "GRU" and bool(attrs.get("linear_before_reset", 0))
     y_read = attrs.get("_y_read", True)
-    calls = []                     # (ops method, args, kwargs) per direction
+    calls, states = [], []         # (ops method, args, kwargs) and initial states per direction
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
         options = {"reverse": reverse, "return_sequences": y_read}
@@ -1048,18 +1057,29 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
             w_ig, b_g = input_weights(d, blocks, b_in)
             calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g,
                                             h_init, c_init), options))
+            states.append((h_init, c_init))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
             w_ig, b_ig = input_weights(d, lambda m: m, b_in)
             calls.append(("gru_sequence", (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
                           {"reset_after": lbr, **options}))
+            states.append((h_init,))
         else:
             act = names[0] if names else "tanh"
             w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
             calls.append(("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init),
                           {"activation": act, **options}))
-    # the directions at once where the backend can (one thread each)
-    for y, h, *c in ops.recurrent_sequences(calls):
+            states.append((h_init,))
+    return calls, x_bti, states
+
+
+def _recurrent_outputs(kind, results, attrs):
+    """The node's outputs (Y or None, Y_h, Y_c for LSTM) from the backend calls' results, one
+    (y, h[, c]) per direction."""
+    layout, y_read = attrs.get("layout", 0), attrs.get("_y_read", True)
+    n_dir = len(results)
+    ys, hs, cs = [], [], []
+    for y, h, *c in results:
         ys.append(y)
         hs.append(h)
         cs.extend(c)
@@ -1070,10 +1090,13 @@ def _recurrent_fast(kind, inputs, attrs, table=None):
     else:
         y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)
         y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
-    yh = np.stack(hs, axis=1 if layout else 0)
-    outs = [y, yh]
+    axis = 1 if layout else 0
+    if n_dir == 1:   # a view with the direction axis (np.stack costs several microseconds)
+        index = (slice(None), None) if layout else (None,)
+        return [y, hs[0][index], cs[0][index]] if kind == "LSTM" else [y, hs[0][index]]
+    outs = [y, np.stack(hs, axis=axis)]
     if kind == "LSTM":
-        outs.append(np.stack(cs, axis=1 if layout else 0))
+        outs.append(np.stack(cs, axis=axis))
     return outs
 
 
@@ -1102,9 +1125,73 @@ def _check_recurrent(kind, x_shape, inputs, attrs):
             raise ShapeError(f"{kind}: {names[i]} of shape {a.shape}, expected {want[i]}")
 
 
+#: Most bound calls a recurrent node keeps (one per input shape and weights).
+_MAX_BOUND_RECURRENT = 8
+
+
+def _bound_key(kind, inputs, ops):
+    """What a bound recurrent call depends on: X's shape and type, the weights' identities
+    (W, R, B, P: the plan's constants), the states' shapes, the backend and the derived
+    weights' generation; None where the node does not bind (sequence_lens given)."""
+    if len(inputs) > 4 and inputs[4] is not None and inputs[4].size:
+        return None
+    x, padded = inputs[0], (*inputs, None, None, None, None, None)
+    return (x.shape, x.dtype.str, id(inputs[1]), id(inputs[2]), id(padded[3]), id(padded[7]),
+            None if padded[5] is None else padded[5].shape,
+            None if padded[6] is None else padded[6].shape, ops.name, derived_generation())
+
+
+def _bind_recurrent(kind, inputs, attrs, ops):
+    """A function ``inputs -> outputs`` for calls like this one (``_bound_key``): the backend's
+    sequence plans (``ops.sequence_plan``, ``sequences_plan`` for two directions), bound once
+    on the weights, run with each call's input and initial states. None where the compiled
+    loops do not cover the node."""
+    planned = _recurrent_calls(kind, inputs, attrs)
+    if planned is None:
+        return None
+    calls, x_bti, _ = planned
+    bound = [(name, args[1:], kw) for name, args, kw in calls]
+    if len(bound) == 1:
+        name, args, kw = bound[0]
+        plan = ops.sequence_plan(name, x_bti, args, kw)
+        run_all = lambda x, states: [plan(x, states[0])]  # noqa: E731
+    else:
+        run_all = ops.sequences_plan(x_bti, bound)
+    layout, n_dir = attrs.get("layout", 0), len(calls)
+    gates = 2 if kind == "LSTM" else 1
+
+    def run(inputs):
+        x = inputs[0]
+        x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
+        given = [inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size
+                 else None for i in (5, 6)[:gates]]
+        given = [s if s is None or not layout else np.swapaxes(s, 0, 1) for s in given]
+        shape = (x_bti.shape[0], inputs[2].shape[-1])
+        states = [tuple(np.zeros(shape, np.float32) if s is None else _f32(s[d]) for s in given)
+                  for d in range(n_dir)]
+        return _recurrent_outputs(kind, run_all(x_bti, states), attrs)
+    return run
+
+
 def _recurrent_op(kind):
     def run(inputs, attrs, opset):
+        cache = attrs.get("_bound")   # per plan (OnnxModel): bound calls by _bound_key
+        if cache is not None:
+            ops = get_ops()
+            key = _bound_key(kind, inputs, ops)
+            hit = cache.get(key) if key is not None else None
+            if hit is not None:
+                return hit[0](inputs)
         _check_recurrent(kind, inputs[0].shape, inputs, attrs)
+        if cache is not None and key is not None:
+            bound = _bind_recurrent(kind, inputs, attrs, ops)
+            if bound is not None:
+                if len(cache) >= _MAX_BOUND_RECURRENT:
+                    cache.clear()
+                # the key holds the weights' ids: the entry holds the arrays, so that no
+                # other array takes their ids while it lives
+                cache[key] = (bound, tuple(inputs[i] for i in (1, 2, 3, 7) if len(inputs) > i))
+                return bound(inputs)
         fast = _recurrent_fast(kind, inputs, attrs)
         return fast if fast is not None else _recurrent(kind, inputs, attrs)
     return run
@@ -1254,10 +1341,14 @@ def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=Fals
     return out_hw
 
 
-# Operators whose attributes the model gives a "_windows" cache (OnnxModel: per node, a dict
-# input shape and kernel -> ``_window``'s geometry) so that a call on a shape seen before skips
-# the arithmetic; the size limit, which depends on the context, is checked on every call.
-WINDOW_OPS = ("Conv", "FusedConv", "MaxPool", "AveragePool")
+#: Per operator, the caches a model gives each of its nodes (OnnxModel: empty dicts added to a
+#: copy of the node's attributes, one per plan): "_windows", input shape and kernel ->
+#: ``_window``'s geometry, so that a call on a shape seen before skips the arithmetic (the size
+#: limit, which depends on the context, is checked on every call); "_plans", a convolution's
+#: bound kernel per input shape; "_bound", a recurrence's bound calls (``_bound_key``).
+NODE_CACHES = {"Conv": ("_windows",), "FusedConv": ("_windows", "_plans"),
+               "MaxPool": ("_windows",), "AveragePool": ("_windows",),
+               "LSTM": ("_bound",), "GRU": ("_bound",), "RNN": ("_bound",)}
 
 
 def _window(what, attrs, x_shape, kernel, one_d, ceil=False):

@@ -550,6 +550,62 @@ def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads
     assert runs == [2, 2, 2]
 
 
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, layout, direction,
+                                                                  threads, rng):
+    """Silero VAD's way: one step per call, the states fed back. The node binds its loops once
+    per input shape (``_bound``) and each call runs them on its own input and states: every
+    call gives onnxruntime's outputs; a new batch size binds again; no initial state (zeros).
+    onnxruntime has no batch-major layout: layout 1 is checked against its layout-0 node on
+    the transposed values."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ort = oracle("onnxruntime")
+    n_dir, I, H = 2 if direction == "bidirectional" else 1, 6, 21
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+             for n, s in [("W", (n_dir, gates * H, I)), ("R", (n_dir, gates * H, H)),
+                          ("B", (n_dir, 2 * gates * H))]]
+    states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
+    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+
+    def model(with_states, node_layout):
+        ins = ["x", "W", "R", "B", "", *states] if with_states else ["x", "W", "R", "B"]
+        node = helper.make_node(kind, ins, outs, hidden_size=H, direction=direction,
+                                layout=node_layout)
+        graph = helper.make_graph(
+            [node], "stream", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                               for n in ["x", *states][:len(ins) - 3]],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                 ir_version=9).SerializeToString()
+
+    def oracle_run(session, feeds):
+        """onnxruntime's outputs on ``feeds`` laid out as ``layout``."""
+        if not layout:
+            return session.run(None, feeds)
+        swapped = {n: np.swapaxes(a, 0, 1) for n, a in feeds.items()}
+        y, *rest = session.run(None, swapped)
+        return [y.transpose(2, 0, 1, 3)] + [np.swapaxes(a, 0, 1) for a in rest]
+
+    for with_states in (True, False):
+        ours = fastlayers.load(model(with_states, layout))
+        session = ort.InferenceSession(model(with_states, 0), providers=["CPUExecutionProvider"])
+        for batch in (2, 3):
+            state_shape = (batch, n_dir, H) if layout else (n_dir, batch, H)
+            carried = {n: rng.standard_normal(state_shape).astype(np.float32) for n in states}
+            for _ in range(4):
+                x = rng.standard_normal((batch, 1, I) if layout else (1, batch, I))
+                feeds = {"x": x.astype(np.float32), **(carried if with_states else {})}
+                got = ours.run(None, feeds)
+                for g, w in zip(got, oracle_run(session, feeds)):
+                    assert_close(g, w, rtol=1e-4, atol=1e-5)
+                carried = dict(zip(states, got[1:]))
+        assert len(ours._plan[0][3]["_bound"]) == 2      # one binding per batch size
+
+
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3)])
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_recurrent_node_matches_onnxruntime(kind, gates, threads, rng, monkeypatch):

@@ -337,17 +337,22 @@ def _bindable(x_bti, kw):
 
 
 def _filler(loop, x_bti):
-    """A function ``x -> (args, result)``: ``loop``'s arguments for the input x laid out as
-    ``x_bti``, with states and outputs made anew, and the call's result once it ran."""
+    """A function ``(x, states) -> (args, result)``: ``loop``'s arguments for the input x laid
+    out as ``x_bti``, with states (the bound ones, or ``states``: (h0,) or (h0, c0)) and
+    outputs made anew, and the call's result once it ran."""
     head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1:_CALL_ARGS.start], \
         loop.args[_CALL_ARGS.stop:]
     _, h_init, c_init, y_init, last_init = loop.args[_CALL_ARGS]   # held, never written
     y_shape = None if y_init is None else y_init.shape
     float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
 
-    def fill(x):
-        h, last = h_init.copy(), last_init.copy()
-        c = None if c_init is None else c_init.copy()
+    def fill(x, states=None):
+        if states is None:
+            h, c = h_init.copy(), None if c_init is None else c_init.copy()
+        else:
+            h = _state(states[0], *h_init.shape)
+            c = None if c_init is None else _state(states[1], *c_init.shape)
+        last = last_init.copy()
         y = None if y_shape is None else np.empty(y_shape, np.float32)
         out = last if y is None else y
         return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), \
@@ -355,13 +360,21 @@ def _filler(loop, x_bti):
     return fill
 
 
+def _with_states(args, states):
+    """A sequence call's arguments after the input with its initial states (its last one or
+    two) replaced by ``states`` (None: as they are)."""
+    return args if states is None else (*args[:len(args) - len(states)], *states)
+
+
 def sequence_plan(name, x_bti, args, kw):
-    """A function ``x -> name(x, *args, **kw)`` (``rnn_sequence``, ``lstm_sequence`` or
-    ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's arguments that depend
-    on the layout and the weights alone (packed weights, shares, activation codes) made once,
-    the states and outputs made anew each call. None where the native loop does not cover the
-    call, for integer ids, a mask or a carried output ``y0``. The shares are those of the
-    thread count at binding; under another one the function makes the call unbound."""
+    """A function ``(x, states=None) -> name(x, *args, **kw)`` (``rnn_sequence``,
+    ``lstm_sequence`` or ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's
+    arguments that depend on the layout and the weights alone (packed weights, shares,
+    activation codes) made once, the states and outputs made anew each call (from the bound
+    initial states, or from ``states``, the call's (h0,) or (h0, c0) of the same shapes). None
+    where the native loop does not cover the call, for integer ids, a mask or a carried output
+    ``y0``. The shares are those of the thread count at binding; under another one the
+    function makes the call unbound."""
     if not _bindable(x_bti, kw):
         return None
     threads = _core.get_num_threads()
@@ -370,20 +383,21 @@ def sequence_plan(name, x_bti, args, kw):
         return None
     fill = _filler(loop, x_bti)
 
-    def run(x):
+    def run(x, states=None):
         if _core.get_num_threads() != threads:
-            return _run(_LOOPS[name](x, *args, **kw))
-        loop_args, result = fill(x)
+            return _run(_LOOPS[name](x, *_with_states(args, states), **kw))
+        loop_args, result = fill(x, states)
         _core.rnn_loop(*loop_args)
         return result
     return run
 
 
 def sequences_plan(x_bti, calls):
-    """A function ``x -> sequences([(name, (x, *args), kw) for name, args, kw in calls])``
-    for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s, where ``sequences``
-    runs the calls at once; None where it does not (or a call is not bound: see
-    ``sequence_plan``). Under another thread count the function calls ``sequences``."""
+    """A function ``(x, states=None) -> sequences([(name, (x, *args), kw) for name, args, kw
+    in calls])`` for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s (with
+    ``states`` one tuple of initial states per call), where ``sequences`` runs the calls at
+    once; None where it does not (or a call is not bound: see ``sequence_plan``). Under another
+    thread count the function calls ``sequences``."""
     threads = _core.get_num_threads()
     if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or \
             not all(_bindable(x_bti, kw) for _, _, kw in calls):
@@ -393,11 +407,13 @@ def sequences_plan(x_bti, calls):
         return None
     fills = [_filler(loop, x_bti) for loop in loops]
 
-    def run(x):
+    def run(x, states=None):
+        per_call = states or [None] * len(calls)
         if _core.get_num_threads() != threads:
-            unbound = [(name, (x, *args), kw) for name, args, kw in calls]
+            unbound = [(name, (x, *_with_states(args, st)), kw)
+                       for (name, args, kw), st in zip(calls, per_call)]
             return sequences(unbound) or [_run(_LOOPS[name](*a, **k)) for name, a, k in unbound]
-        filled = [fill(x) for fill in fills]
+        filled = [fill(x, st) for fill, st in zip(fills, per_call)]
         _core.rnn_loops([loop_args for loop_args, _ in filled])
         return [result for _, result in filled]
     return run

@@ -517,19 +517,28 @@ class ReferenceOps:
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
     def sequence_plan(self, name, x_bti, args, kw):
-        """A function ``x -> self.<name>(x, *args, **kw)`` (``name`` one of ``rnn_sequence``,
-        ``lstm_sequence``, ``gru_sequence``) for inputs laid out as ``x_bti``, the work that
-        depends on the layout and the weights alone done once (backends with compiled loops
-        bind the loop's arguments; the reference just calls)."""
+        """A function ``(x, states=None) -> self.<name>(x, *args, **kw)`` (``name`` one of
+        ``rnn_sequence``, ``lstm_sequence``, ``gru_sequence``) for inputs laid out as
+        ``x_bti``, the work that depends on the layout and the weights alone done once
+        (backends with compiled loops bind the loop's arguments; the reference just calls).
+        ``states``: the call's initial states ((h0,) or (h0, c0), the last arguments of
+        ``args``) in place of those bound."""
         method = getattr(self, name)
-        return lambda x: method(x, *args, **kw)
+
+        def run(x, states=None):
+            if states is None:
+                return method(x, *args, **kw)
+            return method(x, *args[:len(args) - len(states)], *states, **kw)
+        return run
 
     def sequences_plan(self, x_bti, calls):
-        """A function ``x -> recurrent_sequences([(name, (x, *args), kw) ...])`` for the
-        ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti`` (here each
-        call bound by ``sequence_plan``, one after the other)."""
+        """A function ``(x, states=None) -> recurrent_sequences([(name, (x, *args), kw) ...])``
+        for the ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti``
+        (here each call bound by ``sequence_plan``, one after the other); ``states``: one tuple
+        of initial states per call, as ``sequence_plan``'s."""
         runs = [self.sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
-        return lambda x: [run(x) for run in runs]
+        return lambda x, states=None: [run(x, None if states is None else st)
+                                       for run, st in zip(runs, states or [None] * len(runs))]
 
     def recurrent_sequences(self, calls):
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
