@@ -67,6 +67,7 @@ from . import cells, check, encoder, fusion, indexing, proto, qfusion, quant, re
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
+from .compiled import compile_plan
 from .ops import DTYPES, NODE_CACHES, OPS, _env_bytes, contiguous
 
 MIN_OPSET = 9
@@ -295,6 +296,8 @@ class OnnxModel:
         self._input_names = tuple(name for name, _, _ in inputs)
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
         self._shape_cache: dict = {}
+        self._compiled = None            # compiled.compile_plan's function, built at the first call
+        self._compiled_shapes: dict = {}
         self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs,
                                          *(name for name, _, _ in inputs)})
 
@@ -476,7 +479,16 @@ class OnnxModel:
         ``clock``: a list to append ``(step, seconds, backend calls)`` to per step run, the calls
         being the entries the step added to ``log`` (a ``recording_calls`` list, or None).
         Values are dropped after their last reader (``_dead_after``) unless ``every_value`` or
-        ``log`` asks for all of them."""
+        ``log`` asks for all of them. A plain call runs the plan compiled into one function
+        (``compiled.compile_plan``)."""
+        if clock is None and log is None and not every_value:
+            run = self._compiled
+            if run is None:
+                run = self._compiled = compile_plan(
+                    self._plan, self._input_names, self.output_names, self._shape_outputs,
+                    self._dead, self.opset, self._step_failed) or False
+            if run:
+                return run(arrays, self._compiled_shapes)
         values = dict(zip(self._input_names, arrays))
         key = cached = None
         if self._shape_outputs:
@@ -501,18 +513,23 @@ class OnnxModel:
                     for name in dead[step]:
                         values.pop(name, None)
         except Exception as e:  # noqa: BLE001 - an operator failing on these inputs, whatever it raised
-            node = next((n for n in self._nodes if n.outputs == outs), None)
-            label = "?" if node is None else f"{check.short(node.name or node.outputs[0])} ({node.op_type})"
-            if isinstance(e, FastlayersError):   # the operator's own error, with the node named
-                raise type(e)(f"ONNX model {self.name!r}: node {label}: {e}") from None
-            text = str(e) if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {e}"
-            raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: "
-                             f"{text[:500]}") from e
+            self._step_failed(next((k for k, n in enumerate(self._nodes) if n.outputs == outs), -1), e)
         if cached is None and self._shape_outputs:
             if len(self._shape_cache) >= 64:  # bound the memory of many distinct shapes
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         return values
+
+    def _step_failed(self, step, e):
+        """Raise the error of plan step ``step`` (-1: unknown) having raised ``e``: the
+        operator's own error with the node named, or an ``InputError`` naming it."""
+        node = self._nodes[step] if 0 <= step < len(self._nodes) else None
+        label = "?" if node is None else f"{check.short(node.name or node.outputs[0])} ({node.op_type})"
+        if isinstance(e, FastlayersError):   # the operator's own error, with the node named
+            raise type(e)(f"ONNX model {self.name!r}: node {label}: {e}") from None
+        text = str(e) if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {e}"
+        raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: "
+                         f"{text[:500]}") from e
 
     def profile(self, *args, repeats: int = 20, **kwargs):
         """Time one call on these inputs step by step, as onnxruntime's profiling does.
