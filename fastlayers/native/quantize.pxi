@@ -47,6 +47,37 @@ def fake_quantize(cnp.ndarray x, float scale, float zero_point, float lo, float 
     return out
 
 
+cdef extern from "math.h" nogil:
+    float nearbyintf(float v)
+
+
+def dynamic_quantize(cnp.ndarray x):
+    """DynamicQuantizeLinear of a C-contiguous float32 array, as onnxruntime computes it:
+    (x as uint8 of x's shape, scale, zero point), the range [min(x, 0), max(x, 0)] mapped onto
+    [0, 255]: scale = (max - min) / 255 (1 where the range is empty) and zero point
+    round_half_even(clamp(0 - min / scale, 0, 255)) (0 for a NaN range), in float32."""
+    cdef const float *xp = _f32_contiguous(x, "dynamic_quantize")
+    cdef float mm[2]
+    cdef float scale, v
+    cdef int64_t count = x.size
+    out = np.empty((<object>x).shape, np.uint8)
+    cdef void *op = cnp.PyArray_DATA(<cnp.ndarray>out)
+    with nogil:
+        mm[0] = 0
+        mm[1] = 0
+        if count:
+            fl_min_max(count, xp, mm)
+        scale = <float>1.0 if mm[1] == mm[0] else (mm[1] - mm[0]) / <float>255.0
+        v = <float>0.0 - mm[0] / scale
+        if not v >= 0:
+            v = 0
+        elif v > 255:
+            v = 255
+        v = nearbyintf(v)
+        fl_quantize(count, xp, scale, v, 0, 255, op, 0)
+    return out, np.float32(scale), np.uint8(<int>v)
+
+
 def min_max(cnp.ndarray x):
     """(min(x, 0), max(x, 0)) of a C-contiguous float32 array, as float32 scalars."""
     cdef const float *xp = _f32_contiguous(x, "min_max")

@@ -287,12 +287,15 @@ def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, wh
             raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
                              f"float32 of shape ({n},)")
     a2 = np.ascontiguousarray(a.reshape(-1, k))
-    za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    a_zp = np.asarray(a_zp)
+    za = np.full(a2.shape[0], int(a_zp), np.int32) if a_zp.ndim == 0 else \
+        np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), a.shape[:-1] + (1,)).reshape(-1))
     if packed is None:
         packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
     y = np.empty((a2.shape[0], n), np.float32)
-    core.qgemm(a2, za, packed, y, np.ascontiguousarray(np.broadcast_to(multiplier, (n,))),
-               None if bias is None else np.ascontiguousarray(bias))
+    columns = np.full(n, multiplier, np.float32) if multiplier.ndim == 0 else \
+        np.ascontiguousarray(np.broadcast_to(multiplier, (n,)))
+    core.qgemm(a2, za, packed, y, columns, None if bias is None else np.ascontiguousarray(bias))
     return y.reshape(a.shape[:-1] + (n,))
 
 

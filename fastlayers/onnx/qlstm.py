@@ -46,6 +46,38 @@ def _pack_lstm(node, constants, core) -> None:
         return   # the operator raises its error when it runs
     if packed and r.ndim == 3 and r.shape[0] == len(packed):
         node.attrs = dict(node.attrs, _packed=tuple(packed))
+        params = _direction_params(node, constants, w, r)
+        if params is not None:
+            node.attrs["_params"] = params
+
+
+def _direction_params(node, constants, w, r):
+    """Per direction, what a call derives from the constant B, scales and zero points: (W zero
+    point, R zero point, W scale, R scale per column, B's input and recurrent halves summed);
+    None where one of them is computed by the graph or does not check."""
+    what = "DynamicQuantizeLSTM"
+    names = [node.inputs[i] if len(node.inputs) > i else "" for i in (3, 8, 9, 10, 11)]
+    if not all(n in constants for n in names[1:]) or names[0] and names[0] not in constants:
+        return None
+    b, w_scale, w_zp, r_scale, r_zp = (constants.get(n) if n else None for n in names)
+    n_gates = r.shape[2]
+    try:
+        params = []
+        for d in range(w.shape[0]):
+            if b is not None and np.size(b):
+                bias = (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
+            else:
+                bias = np.zeros(n_gates, np.float32)
+            params.append((
+                _zero_point(_direction_param(w_zp, d, n_gates, what, "W_zero_point"), w.dtype, what),
+                _zero_point(_direction_param(r_zp, d, n_gates, what, "R_zero_point"), r.dtype, what),
+                _direction_param(w_scale, d, n_gates, what, "W_scale"),
+                np.ascontiguousarray(np.broadcast_to(
+                    _scale(_direction_param(r_scale, d, n_gates, what, "R_scale"), what), (n_gates,))),
+                bias))
+    except (FastlayersError, ValueError, TypeError, IndexError):
+        return None   # the operator raises its error when it runs
+    return tuple(params)
 
 
 def _dynamic_quantize_lstm(inputs, attrs, opset):
@@ -75,32 +107,39 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             or attrs.get("hidden_size", hidden) != hidden:
         raise ShapeError(f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
                          f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))")
-    want = {3: (n_dir, 2 * n_gates), 5: (n_dir, batch, hidden), 6: (n_dir, batch, hidden), 7: (n_dir, 3 * hidden)}
-    for i, name in ((3, "B"), (5, "initial_h"), (6, "initial_c"), (7, "P")):
-        if get(i) is not None and np.shape(get(i)) != want[i]:
-            raise ShapeError(f"{what}: {name} of shape {np.shape(get(i))}, expected {want[i]}")
+    for i, name, want in ((3, "B", (n_dir, 2 * n_gates)), (5, "initial_h", (n_dir, batch, hidden)),
+                          (6, "initial_c", (n_dir, batch, hidden)), (7, "P", (n_dir, 3 * hidden))):
+        given = get(i)
+        if given is not None and np.shape(given) != want:
+            raise ShapeError(f"{what}: {name} of shape {np.shape(given)}, expected {want}")
     clip = attrs.get("clip")
     ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
     h_last = np.zeros((n_dir, batch, hidden), np.float32)
     c_last = np.zeros((n_dir, batch, hidden), np.float32)
     x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
+    params = attrs.get("_params")    # derived from the constants at load (_direction_params)
     for d in range(n_dir):
-        w_zp, r_zp = (_zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
-                      for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
-        w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
-        r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
+        if params is not None:
+            w_zp, r_zp, w_scale, r_scale, bias = params[d]
+        else:
+            w_zp, r_zp = (_zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
+                          for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
+            w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
+            r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
+            b = get(3)
+            bias = np.zeros(n_gates, np.float32) if b is None else \
+                (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and _native() is not None else (
             pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
         x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale, None,
                                          what).reshape(steps, batch, n_gates)
-        b = get(3)
-        bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
         c = np.zeros((batch, hidden), np.float32) if get(6) is None else get(6)[d].astype(np.float32)
         p = np.zeros(3 * hidden, np.float32) if get(7) is None else get(7)[d].astype(np.float32)
         reverse = direction == "reverse" or d == 1
         if r_packed is not None:    # the time loop on the native core (qlstm.c)
-            r_scale_columns = np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
+            r_scale_columns = r_scale if params is not None else \
+                np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
             _native().qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
                             None if get(7) is None else p, float(clip or 0.0),
                             bool(attrs.get("input_forget", 0)), h, c, ys[:, d])

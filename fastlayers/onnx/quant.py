@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
+from ..native import _core
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import check
 from .check import AXIS, BOOL, A, Op
@@ -205,11 +206,7 @@ for _domain in ("", MS):
 
 def _native():
     """The native core where the active backend runs on it; None on the numpy reference."""
-    if get_ops().name == "reference":
-        return None
-    from ..native import _core
-
-    return _core
+    return None if get_ops().name == "reference" else _core
 
 
 # ------------------------------------------------------------------------- dynamic quantization
@@ -219,13 +216,17 @@ def dynamic_quantize(x):
     even."""
     x = np.asarray(x, np.float32)
     core = _native()
-    if core is not None:
-        lo, hi = core.min_max(_stored(x)[0]) if x.size else (np.float32(0), np.float32(0))
-    else:
-        lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
-        hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    if core is not None:              # the same arithmetic in one native call
+        held, back = _stored(x)
+        q, scale, zp = core.dynamic_quantize(held)
+        return (q if back is None else q.transpose(back)), scale, zp
+    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
+    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
-    zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    # round half to even (Python's round) of the float32 -lo / scale clipped to [0, 255]
+    # (0 for a NaN range)
+    v = float(np.float32(0) - lo / scale)
+    zp = np.uint8(round(min(max(v, 0.0), 255.0)) if v == v else 0)
     return quantize(x, scale, np.asarray(zp)), scale, zp
 
 
