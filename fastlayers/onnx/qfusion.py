@@ -1,7 +1,8 @@
 """Load-time passes of quantized graphs (``optimize``, called by ``model.from_model``):
 QuantizeLinear -> DequantizeLinear pairs on per-tensor 8-bit constants become one
 ``FusedQuantizeDequantize`` node, ``quantize_dynamic``'s MatMulInteger -> Cast -> Mul (-> Add)
-chains one MatMulIntegerToFloat, and the constant weights of integer products are packed once
+chains one MatMulIntegerToFloat (with their DynamicQuantizeLinear, one DynamicQuantizeMatMul),
+and the constant weights of integer products are packed once
 for the native kernel."""
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
     """What ``quantize_dynamic`` writes for a MatMul on constant weights, MatMulInteger on a
     DynamicQuantizeLinear's outputs -> Cast to float -> Mul by the product of the two scales
     (-> Add of a constant bias), each value read only by the next -> one
-    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call)."""
+    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call), or,
+    where nothing else reads the DynamicQuantizeLinear's outputs, one
+    ``com.microsoft::DynamicQuantizeMatMul`` node that quantizes its float input itself."""
     readers: dict = {}
     for node in nodes:
         for i in node.inputs:
@@ -113,12 +116,25 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
             w = constants[mm.inputs[1]]
             if value is not None and value.dtype == np.float32 and w.ndim == 2 and value.shape == (w.shape[1],):
                 last, bias = add, other
-        mm.op_type = f"{MS}::MatMulIntegerToFloat"
-        mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2],
-                     mm.inputs[3] if len(mm.inputs) > 3 else "", bias]
+        b_zp = mm.inputs[3] if len(mm.inputs) > 3 else ""
+        if _sole_reader(readers, dql.outputs[0], mm) and _sole_reader(readers, dql.outputs[1], scales) \
+                and _sole_reader(readers, dql.outputs[2], mm) and not set(dql.outputs) & set(outputs):
+            # its DynamicQuantizeLinear read by nothing else: one DynamicQuantizeMatMul
+            mm.op_type = f"{MS}::DynamicQuantizeMatMul"
+            mm.inputs = [dql.inputs[0], mm.inputs[1], b_scale, b_zp, bias]
+            removed.add(id(dql))
+        else:
+            mm.op_type = f"{MS}::MatMulIntegerToFloat"
+            mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2], b_zp, bias]
         mm.outputs, mm.attrs = list(last.outputs), {}
         removed.update(id(n) for n in (cast, mul, scales) + ((add,) if last is add else ()))
     return [n for n in nodes if id(n) not in removed]
+
+
+def _sole_reader(readers, name, node) -> bool:
+    """Whether ``node`` is the only node reading the value ``name``."""
+    found = readers.get(name, [])
+    return len(found) == 1 and found[0] is node
 
 
 def optimize(nodes, constants, outputs) -> list:

@@ -53,8 +53,8 @@ def _pack_lstm(node, constants, core) -> None:
 
 def _direction_params(node, constants, w, r):
     """Per direction, what a call derives from the constant B, scales and zero points: (W zero
-    point, R zero point, W scale, R scale per column, B's input and recurrent halves summed);
-    None where one of them is computed by the graph or does not check."""
+    point, R zero point, W and R scales per column as float32, B's input and recurrent halves
+    summed); None where one of them is computed by the graph or does not check."""
     what = "DynamicQuantizeLSTM"
     names = [node.inputs[i] if len(node.inputs) > i else "" for i in (3, 8, 9, 10, 11)]
     if not all(n in constants for n in names[1:]) or names[0] and names[0] not in constants:
@@ -71,7 +71,8 @@ def _direction_params(node, constants, w, r):
             params.append((
                 _zero_point(_direction_param(w_zp, d, n_gates, what, "W_zero_point"), w.dtype, what),
                 _zero_point(_direction_param(r_zp, d, n_gates, what, "R_zero_point"), r.dtype, what),
-                _direction_param(w_scale, d, n_gates, what, "W_scale"),
+                np.ascontiguousarray(np.broadcast_to(
+                    _scale(_direction_param(w_scale, d, n_gates, what, "W_scale"), what), (n_gates,))),
                 np.ascontiguousarray(np.broadcast_to(
                     _scale(_direction_param(r_scale, d, n_gates, what, "R_scale"), what), (n_gates,))),
                 bias))
@@ -118,6 +119,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     c_last = np.zeros((n_dir, batch, hidden), np.float32)
     x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
     params = attrs.get("_params")    # derived from the constants at load (_direction_params)
+    core = _native()
     for d in range(n_dir):
         if params is not None:
             w_zp, r_zp, w_scale, r_scale, bias = params[d]
@@ -129,20 +131,28 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             b = get(3)
             bias = np.zeros(n_gates, np.float32) if b is None else \
                 (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
-        w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and _native() is not None else (
+        w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and core is not None else (
             pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
-        x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale, None,
-                                         what).reshape(steps, batch, n_gates)
-        h = np.zeros((batch, hidden), np.float32) if get(5) is None else get(5)[d].astype(np.float32)
-        c = np.zeros((batch, hidden), np.float32) if get(6) is None else get(6)[d].astype(np.float32)
-        p = np.zeros(3 * hidden, np.float32) if get(7) is None else get(7)[d].astype(np.float32)
+        if params is not None and w_packed is not None:
+            # integer_matmul_to_float's native product on the derived per-column scales
+            x_proj = np.empty((steps * batch, n_gates), np.float32)
+            core.qgemm(x_q, np.full(steps * batch, int(x_zp), np.int32), w_packed, x_proj,
+                       w_scale * x_scale, None)
+            x_proj = x_proj.reshape(steps, batch, n_gates)
+        else:
+            x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale,
+                                             None, what).reshape(steps, batch, n_gates)
+        h0, c0, p = get(5), get(6), get(7)
+        h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].astype(np.float32)
+        c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].astype(np.float32)
+        p = np.zeros(3 * hidden, np.float32) if p is None else p[d].astype(np.float32)
         reverse = direction == "reverse" or d == 1
         if r_packed is not None:    # the time loop on the native core (qlstm.c)
             r_scale_columns = r_scale if params is not None else \
                 np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
-            _native().qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
-                            None if get(7) is None else p, float(clip or 0.0),
-                            bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
+            core.qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
+                       None if get(7) is None else p, float(clip or 0.0),
+                       bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
             h_last[d], c_last[d] = h, c
             continue
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):

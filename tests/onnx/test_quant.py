@@ -310,12 +310,48 @@ def _output_scale(path):
     return float(numpy_helper.to_array(inits[node.input[1]]))
 
 
+def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng):
+    """quantize_dynamic's chain (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul by the
+    scales' product -> Add) on one quantized input read by two products: each chain becomes a
+    MatMulIntegerToFloat reading the shared DynamicQuantizeLinear (a DynamicQuantizeMatMul
+    only where nothing else reads it), bit for bit onnxruntime's result."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])]
+    inits = []
+    for k in (1, 2):
+        w = rng.integers(0, 256, (12, 7 + k)).astype(np.uint8)
+        inits += [numpy_helper.from_array(w, f"w{k}"),
+                  numpy_helper.from_array(np.array(128 - k, np.uint8), f"wz{k}"),
+                  numpy_helper.from_array(np.array(0.01 * k, np.float32), f"ws{k}"),
+                  numpy_helper.from_array(rng.standard_normal(7 + k).astype(np.float32), f"b{k}")]
+        nodes += [helper.make_node("MatMulInteger", ["q", f"w{k}", "z", f"wz{k}"], [f"i{k}"]),
+                  helper.make_node("Cast", [f"i{k}"], [f"f{k}"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["s", f"ws{k}"], [f"m{k}"]),
+                  helper.make_node("Mul", [f"f{k}", f"m{k}"], [f"p{k}"]),
+                  helper.make_node("Add", [f"p{k}", f"b{k}"], [f"y{k}"])]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 12])],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (1, 2)],
+                              inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    ours = fastlayers.load(data)
+    assert ours.op_types.count("com.microsoft::MatMulIntegerToFloat") == 2
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    for got, want in zip(ours.run(None, {"x": x}),
+                         ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("kind,mode,ops", [
-    # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat
-    ("mlp", "dynamic", {"com.microsoft::MatMulIntegerToFloat", "DynamicQuantizeLinear"}),
-    ("cnn", "dynamic", {"ConvInteger", "com.microsoft::MatMulIntegerToFloat"}),
+    # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat,
+    # with their DynamicQuantizeLinear as one DynamicQuantizeMatMul
+    ("mlp", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
+    ("cnn", "dynamic", {"ConvInteger", "com.microsoft::DynamicQuantizeMatMul"}),
     ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
-    ("encoder", "dynamic", {"com.microsoft::MatMulIntegerToFloat"}),
+    ("encoder", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
     ("mlp", "static", {"FusedQuantizeDequantize", "FusedDense"}),
     ("cnn", "static", {"FusedQuantizeDequantize", "FusedConv"}),
     ("encoder", "static", {"FusedQuantizeDequantize"}),
