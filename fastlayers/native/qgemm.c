@@ -64,6 +64,15 @@ int FL_FN(qpack)(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,
 
 /* ---------------------------------------------------------------------------- tile sums */
 #if defined(FL_ISA_AVX512)
+/* acc += the quad products of a (uint8) and b (int8): vpdpbusd in place. The intrinsic returns
+ * a new value, and GCC then copied each accumulator to another register and back around every
+ * instruction (and spilled the 6 x 4 tile's to the stack): twice the instructions. */
+__attribute__((target("avx512vnni"), always_inline)) static inline __m512i
+qgemm_dpbusd(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
 /* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x P panels, vpdpbusd. */
 __attribute__((target("avx512vnni"), always_inline)) static inline void
 qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp,
@@ -78,7 +87,7 @@ qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t lda, int
             int32_t quad;
             memcpy(&quad, au + i * lda + 4 * q, sizeof quad);
             __m512i av = _mm512_set1_epi32(quad);
-            for (int p = 0; p < P; ++p) acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], av, bv[p]);
+            for (int p = 0; p < P; ++p) acc[i][p] = qgemm_dpbusd(acc[i][p], av, bv[p]);
         }
     }
     for (int i = 0; i < R; ++i)
@@ -245,29 +254,43 @@ FL_INLINE int qgemm_vnni(void) {
 typedef struct {
     const qgemm_a *a;
     const int8_t *pb;
-    int64_t k, n, m, ldc, row_units;
+    int64_t k, n, m, ldc, row_units, groups;
     const float *scale, *bias;
     void *c;
 } qgemm_ctx;
 
-/* Units: (block of QGEMM_ROWS_PER_UNIT rows) x (QGEMM_NP panels), panel-major. */
+/* Units: blocks of row_units x QGEMM_ROWS_PER_UNIT rows (their prepared rows stay in L2), and
+ * in each block (QGEMM_NP panels) x (QGEMM_ROWS_PER_UNIT rows), panel-major (a tile's slice of
+ * b stays in cache while the block's rows pass over it); units past the last row are empty. */
 static void qgemm_task(void *p, int64_t u0, int64_t u1) {
     qgemm_ctx *x = (qgemm_ctx *)p;
-    int64_t panels = (x->n + FL_QPANEL - 1) / FL_QPANEL;
+    int64_t panels = (x->n + FL_QPANEL - 1) / FL_QPANEL, block_units = x->row_units * x->groups;
     for (int64_t u = u0; u < u1; ++u) {
-        int64_t p0 = u / x->row_units * QGEMM_NP, r0 = u % x->row_units * QGEMM_ROWS_PER_UNIT;
+        int64_t b = u / block_units, w = u % block_units;
+        int64_t p0 = w / x->row_units * QGEMM_NP;
+        int64_t r0 = (b * x->row_units + w % x->row_units) * QGEMM_ROWS_PER_UNIT;
+        if (r0 >= x->m) continue;
         qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), p0,
                     FL_MIN(p0 + QGEMM_NP, panels), x->scale, x->bias, x->c, x->ldc);
     }
 }
 
+/* Bytes of prepared rows of a per block of units (qgemm_task): half of a 1 MiB L2 cache,
+ * the rest for b's slices and the output rows. */
+#define QGEMM_BLOCK_BYTES (INT64_C(1) << 19)
+
 /* The product of prepared a (m rows) and packed b on the pool's threads. */
 static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
                       const float *scale, const float *bias, void *c, int64_t ldc) {
     int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
-    int64_t units = row_units * ((n + QGEMM_NP * FL_QPANEL - 1) / (QGEMM_NP * FL_QPANEL));
+    int64_t row_bytes = 4 * a->kq * (a->vnni ? 1 : 2);
+    int64_t most = FL_MAX(1, QGEMM_BLOCK_BYTES / (row_bytes * QGEMM_ROWS_PER_UNIT));
+    int64_t blocks = (row_units + most - 1) / most;
+    int64_t block_rows = (row_units + blocks - 1) / blocks;       /* near-equal blocks */
+    int64_t groups = (n + QGEMM_NP * FL_QPANEL - 1) / (QGEMM_NP * FL_QPANEL);
+    int64_t units = blocks * block_rows * groups;
     int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * QGEMM_NP * FL_QPANEL * FL_MAX(k, 1);
-    qgemm_ctx x = {a, pb, k, n, m, ldc, row_units, scale, bias, c};
+    qgemm_ctx x = {a, pb, k, n, m, ldc, block_rows, groups, scale, bias, c};
     fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
 }
 
