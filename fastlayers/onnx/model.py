@@ -67,6 +67,7 @@ from . import cells, check, encoder, fusion, indexing, proto, qfusion, quant, re
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
+from .bound import bind
 from .compiled import compile_plan
 from .ops import DTYPES, NODE_CACHES, OPS, _env_bytes, contiguous
 
@@ -484,8 +485,10 @@ class OnnxModel:
         if clock is None and log is None and not every_value:
             run = self._compiled
             if run is None:
+                plan = [(bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
+                        for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)]
                 run = self._compiled = compile_plan(
-                    self._plan, self._input_names, self.output_names, self._shape_outputs,
+                    plan, self._input_names, self.output_names, self._shape_outputs,
                     self._dead, self.opset, self._step_failed) or False
             if run:
                 return run(arrays, self._compiled_shapes)

@@ -691,10 +691,15 @@ def _slice(inputs, attrs, opset):
         starts, ends = _ints(inputs[1]), _ints(inputs[2])
         axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
         steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
-    index = [slice(None)] * x.ndim
+    return [x[slice_index(x.shape, starts, ends, axes, steps)]]
+
+
+def slice_index(shape, starts, ends, axes, steps) -> tuple:
+    """The numpy index of Slice on an input of ``shape``."""
+    index = [slice(None)] * len(shape)
     for s, e, a, st in zip(starts, ends, axes, steps):
-        index[a % x.ndim] = slice(s, None if (st < 0 and e < -x.shape[a]) else e, st)
-    return [x[tuple(index)]]
+        index[a % len(shape)] = slice(s, None if (st < 0 and e < -shape[a]) else e, st)
+    return tuple(index)
 
 
 @op("Gather")

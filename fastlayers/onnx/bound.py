@@ -1,0 +1,86 @@
+"""Operators bound at load on their constant inputs, for the compiled plan (``compiled.py``).
+
+Shape operators whose axes, starts or ends are constants (Unsqueeze, Squeeze, Slice: the glue
+of streaming models such as Silero VAD) parse those inputs on every call in their general form
+(``ops.py``), a few microseconds each on tensors of a few hundred values. ``bind(op_type,
+inputs, attrs, opset)`` returns a function with the operator's signature that parses them once
+and keeps the result per input shape, or None where the general form is needed (an input
+computed by the graph). The first call with a shape runs the general form, which checks it
+and raises what it raises; later calls with that shape reuse its geometry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import OPS, _ints, slice_index
+
+#: Most input shapes a bound node keeps.
+MAX_SHAPES = 64
+
+
+def _constant(inputs, i):
+    """Input ``i`` where it is a constant array of the plan (not a value's name), else None."""
+    return inputs[i] if len(inputs) > i and isinstance(inputs[i], np.ndarray) else None
+
+
+def _reshaper(general):
+    """A function with ``general``'s signature whose output is a reshape of its input: the
+    output shape kept per input shape after ``general`` computed (and checked) it."""
+    shapes: dict = {}
+
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        shape = shapes.get(x.shape)
+        if shape is None:
+            out = general(inputs, attrs, opset)
+            if len(shapes) >= MAX_SHAPES:
+                shapes.clear()
+            shapes[x.shape] = out[0].shape
+            return out
+        return [x.reshape(shape)]
+    return run
+
+
+def _bind_axes_reshape(op_type):
+    def bind(inputs, attrs, opset):
+        if opset >= 13 and _constant(inputs, 1) is None and not (op_type == "Squeeze" and len(inputs) < 2):
+            return None
+        return _reshaper(OPS[op_type])
+    return bind
+
+
+def _bind_slice(inputs, attrs, opset):
+    if opset < 10:
+        return None
+    params = [_constant(inputs, i) for i in (1, 2, 3, 4)]
+    if params[0] is None or params[1] is None or any(
+            len(inputs) > i and inputs[i] is not None and params[i - 1] is None for i in (3, 4)):
+        return None
+    starts, ends = _ints(params[0]), _ints(params[1])
+    axes = _ints(params[2]) if params[2] is not None else list(range(len(starts)))
+    steps = _ints(params[3]) if params[3] is not None else [1] * len(starts)
+    general = OPS["Slice"]
+    indexes: dict = {}
+
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        index = indexes.get(x.shape)
+        if index is None:
+            out = general(inputs, attrs, opset)        # checks the node on this shape
+            if len(indexes) >= MAX_SHAPES:
+                indexes.clear()
+            indexes[x.shape] = slice_index(x.shape, starts, ends, axes, steps)
+            return out
+        return [x[index]]
+    return run
+
+
+BINDERS = {"Unsqueeze": _bind_axes_reshape("Unsqueeze"), "Squeeze": _bind_axes_reshape("Squeeze"),
+           "Slice": _bind_slice}
+
+
+def bind(op_type, inputs, attrs, opset):
+    """The node's function bound on its constant inputs, or None (see the module docstring)."""
+    binder = BINDERS.get(op_type)
+    return None if binder is None else binder(inputs, attrs, opset)

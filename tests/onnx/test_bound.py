@@ -1,0 +1,80 @@
+"""Shape operators bound at load on their constant inputs (``fastlayers.onnx.bound``): the same
+outputs as onnxruntime call after call as input shapes change and repeat, the general form's
+errors on a shape that does not fit, and the general form where an input is computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastlayers
+from fastlayers.errors import FastlayersError
+from fastlayers.onnx import bound
+
+from ..conftest import assert_close, oracle
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def _model(opset):
+    """x -> Unsqueeze(axes) -> Slice(constant starts/ends/axes/steps) -> Squeeze(axes) -> y,
+    and Squeeze with no axes -> z; axes as inputs from opset 13, attributes before."""
+    inits = [numpy_helper.from_array(np.array([1, -1], np.int64), "starts"),
+             numpy_helper.from_array(np.array([100, -5], np.int64), "ends"),
+             numpy_helper.from_array(np.array([0, 3], np.int64), "axes"),
+             numpy_helper.from_array(np.array([1, -2], np.int64), "steps")]
+    if opset >= 13:
+        inits += [numpy_helper.from_array(np.array([1, 3], np.int64), "un_axes"),
+                  numpy_helper.from_array(np.array([1], np.int64), "sq_axes")]
+        un = helper.make_node("Unsqueeze", ["x", "un_axes"], ["u"])
+        sq = helper.make_node("Squeeze", ["s", "sq_axes"], ["y"])
+    else:
+        un = helper.make_node("Unsqueeze", ["x"], ["u"], axes=[1, 3])
+        sq = helper.make_node("Squeeze", ["s"], ["y"], axes=[1])
+    nodes = [un, helper.make_node("Slice", ["u", "starts", "ends", "axes", "steps"], ["s"]), sq,
+             helper.make_node("Squeeze", ["u"], ["z"])]
+    graph = helper.make_graph(nodes, "bound", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_bound_shape_ops_match_onnxruntime(rng, opset):
+    ort = oracle("onnxruntime")
+    data = _model(opset)
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for shape in [(4, 9), (4, 9), (3, 12), (4, 9), (2, 20)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for got, want in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            assert got.shape == want.shape
+            assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_shape_the_node_refuses_raises_the_general_error(rng):
+    ours = fastlayers.load(_model(17))
+    ours.run(None, {"x": rng.standard_normal((4, 9)).astype(np.float32)})
+    with pytest.raises(FastlayersError, match="Unsqueeze"):   # axis 3 of a rank-2 output
+        ours.run(None, {"x": np.float32(1.0).reshape(())})
+
+
+def test_computed_parameters_keep_the_general_form():
+    axes = np.array([0], np.int64)
+    assert bound.bind("Unsqueeze", ["x", axes], {}, 17) is not None
+    assert bound.bind("Unsqueeze", ["x", "axes"], {}, 17) is None
+    assert bound.bind("Slice", ["x", axes, "ends"], {}, 17) is None
+    assert bound.bind("Slice", ["x", axes, axes, "axes"], {}, 17) is None
+    assert bound.bind("Slice", ["x", axes, axes], {}, 9) is None
+    assert bound.bind("Relu", ["x"], {}, 17) is None
+
+
+def test_bound_nodes_keep_a_bounded_number_of_shapes(rng, monkeypatch):
+    monkeypatch.setattr(bound, "MAX_SHAPES", 2)
+    run = bound.bind("Unsqueeze", ["x", np.array([0], np.int64)], {}, 17)
+    for n in range(1, 6):
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        for _ in range(2):
+            assert run([x, np.array([0], np.int64)], {}, 17)[0].shape == (1, n, 3)
