@@ -230,9 +230,10 @@ def _declared(value_info) -> tuple:
 
 def _dead_after(nodes, kept) -> list[tuple]:
     """Per node, the values no later node reads (its inputs read for the last time, its outputs
-    nobody reads), but for those in ``kept`` (graph inputs and outputs, cached shapes): a call drops them from its value table there, so
-    that their memory is freed (back to the block arena, warm for the next node's output) as
-    soon as the graph is done with them, not at the end of the call."""
+    nobody reads), but for those in ``kept`` (graph inputs and outputs, cached shapes): a call
+    drops them from its value table there, so that their memory is freed (back to the block
+    arena, warm for the next node's output) as soon as the graph is done with them, not at the
+    end of the call."""
     last: dict[str, int] = {}
     for k, n in enumerate(nodes):
         for i in n.inputs:

@@ -1190,13 +1190,14 @@ def _recurrent_op(kind):
         _check_recurrent(kind, inputs[0].shape, inputs, attrs)
         if cache is not None and key is not None:
             bound = _bind_recurrent(kind, inputs, attrs, ops)
-            if bound is not None:
-                if len(cache) >= _MAX_BOUND_RECURRENT:
-                    cache.clear()
-                # the key holds the weights' ids: the entry holds the arrays, so that no
-                # other array takes their ids while it lives
-                cache[key] = (bound, tuple(inputs[i] for i in (1, 2, 3, 7) if len(inputs) > i))
-                return bound(inputs)
+            if bound is None:        # the compiled loops do not cover the node
+                return _recurrent(kind, inputs, attrs)
+            if len(cache) >= _MAX_BOUND_RECURRENT:
+                cache.clear()
+            # the key holds the weights' ids: the entry holds the arrays, so that no other
+            # array takes their ids while it lives
+            cache[key] = (bound, tuple(inputs[i] for i in (1, 2, 3, 7) if len(inputs) > i))
+            return bound(inputs)
         fast = _recurrent_fast(kind, inputs, attrs)
         return fast if fast is not None else _recurrent(kind, inputs, attrs)
     return run

@@ -279,22 +279,30 @@ def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, wh
     if core is None or b.ndim != 2 or a.ndim == 0 or a.shape[-1] != b.shape[0]:
         n = b.shape[-1] if b.ndim else 0
         return _float_product(integer_matmul(a, a_zp, b, b_zp, packed), a_scale, b_scale, bias, n, what)
-    k, n = b.shape
+    n = b.shape[1]
     multiplier = _scale(a_scale, what) * _scale(_per_column(b_scale, n, what, "b_scale"), what)
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.float32 or bias.shape != (n,):
             raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
                              f"float32 of shape ({n},)")
+    if packed is None:
+        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
+    columns = np.full(n, multiplier, np.float32) if multiplier.ndim == 0 else \
+        np.ascontiguousarray(np.broadcast_to(multiplier, (n,)))
+    return native_product_to_float(core, a, a_zp, packed, n, columns, bias)
+
+
+def native_product_to_float(core, a, a_zp, packed, n, columns, bias):
+    """float32((a - a_zp) @ B) * columns (+ bias) on the native kernel: ``packed`` B (n
+    columns, ``core.qpack``), ``columns`` the float32 multiplier of each column, ``a_zp`` a
+    scalar or one zero point per row of ``a``."""
+    k = a.shape[-1]
     a2 = np.ascontiguousarray(a.reshape(-1, k))
     a_zp = np.asarray(a_zp)
     za = np.full(a2.shape[0], int(a_zp), np.int32) if a_zp.ndim == 0 else \
         np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), a.shape[:-1] + (1,)).reshape(-1))
-    if packed is None:
-        packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
     y = np.empty((a2.shape[0], n), np.float32)
-    columns = np.full(n, multiplier, np.float32) if multiplier.ndim == 0 else \
-        np.ascontiguousarray(np.broadcast_to(multiplier, (n,)))
     core.qgemm(a2, za, packed, y, columns, None if bias is None else np.ascontiguousarray(bias))
     return y.reshape(a.shape[:-1] + (n,))
 

@@ -10,7 +10,7 @@ from ..backends.activations import onnx_sigmoid, onnx_tanh
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import BOOL, A, Op
 from .qlinear import (_column_zero_points, _float_product, _quantized, integer_matmul,
-                      integer_matmul_to_float, pack_operand)
+                      integer_matmul_to_float, native_product_to_float, pack_operand)
 from .quant import MS, _native, _register, _scale, _zero_point, dynamic_quantize
 
 
@@ -133,25 +133,21 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
                 (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
         w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and core is not None else (
             pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
-        if params is not None and w_packed is not None:
-            # integer_matmul_to_float's native product on the derived per-column scales
-            x_proj = np.empty((steps * batch, n_gates), np.float32)
-            core.qgemm(x_q, np.full(steps * batch, int(x_zp), np.int32), w_packed, x_proj,
-                       w_scale * x_scale, None)
-            x_proj = x_proj.reshape(steps, batch, n_gates)
+        if params is not None and w_packed is not None:   # the scales per column, derived
+            x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
         else:
             x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale,
-                                             None, what).reshape(steps, batch, n_gates)
+                                             None, what)
+        x_proj = x_proj.reshape(steps, batch, n_gates)
         h0, c0, p = get(5), get(6), get(7)
         h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].astype(np.float32)
         c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].astype(np.float32)
-        p = np.zeros(3 * hidden, np.float32) if p is None else p[d].astype(np.float32)
+        p = None if p is None else p[d].astype(np.float32)
         reverse = direction == "reverse" or d == 1
         if r_packed is not None:    # the time loop on the native core (qlstm.c)
             r_scale_columns = r_scale if params is not None else \
                 np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
-            core.qlstm(x_proj, reverse, r_packed, r_scale_columns, bias,
-                       None if get(7) is None else p, float(clip or 0.0),
+            core.qlstm(x_proj, reverse, r_packed, r_scale_columns, bias, p, float(clip or 0.0),
                        bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
             h_last[d], c_last[d] = h, c
             continue
@@ -162,7 +158,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
                                            r_scale, None, n_gates, what)
             zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
             bi, bo, bf, bc = (bias[k * hidden:(k + 1) * hidden] for k in range(4))
-            if get(7) is not None:
+            if p is not None:
                 zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
             zi, zf, zc = zi + bi, zf + bf, zc + bc
             if clip is not None:
@@ -170,7 +166,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             gi = onnx_sigmoid(zi)
             gf = 1 - gi if attrs.get("input_forget", 0) else onnx_sigmoid(zf)
             c = gf * c + gi * onnx_tanh(zc)
-            if get(7) is not None:
+            if p is not None:
                 zo = zo + p[hidden:2 * hidden] * c
             zo = zo + bo
             if clip is not None:

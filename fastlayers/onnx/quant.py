@@ -223,10 +223,7 @@ def dynamic_quantize(x):
     lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
     hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
-    # round half to even (Python's round) of the float32 -lo / scale clipped to [0, 255]
-    # (0 for a NaN range)
-    v = float(np.float32(0) - lo / scale)
-    zp = np.uint8(round(min(max(v, 0.0), 255.0)) if v == v else 0)
+    zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
     return quantize(x, scale, np.asarray(zp)), scale, zp
 
 
