@@ -292,7 +292,8 @@ def main(argv=None) -> None:
         rows += measure_model(entry, path, args.threads, args.calls, args.rounds)
     print(markdown(rows))
     if args.json:
-        args.json.write_text(json.dumps({"host": host, "rows": rows}, indent=1))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"host": host, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 
+#: Float types whose mean is computed as sum / count below this count (counts exact in the type).
+_EXACT_COUNT = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
+
+
 def _pairwise(x: np.ndarray, axis) -> bool:
     """Whether numpy sums ``x`` over ``axis`` pairwise: ``x`` is C-contiguous and the axes are
     its trailing ones (or all of them)."""
@@ -33,5 +37,13 @@ def wide_sum(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
 def wide_mean(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
     """mean(x) over ``axis``, float inputs accumulated pairwise or in float64, in x's dtype."""
     if x.dtype.kind != "f" or _pairwise(x, axis):
+        if x.dtype in _EXACT_COUNT and x.size:
+            # np.mean's result without its Python layers: the sum divided by the count, one
+            # correctly rounded quotient either way (float32 sums are divided in float64 by
+            # np.mean, and a quotient rounded to 53 bits then to 24 is the quotient rounded to 24)
+            total = np.add.reduce(x, axis=axis, keepdims=keepdims)
+            count = x.size // max(np.size(total), 1)
+            if count < _EXACT_COUNT[x.dtype]:
+                return np.divide(total, count, dtype=x.dtype)
         return np.mean(x, axis=axis, keepdims=keepdims)
     return np.mean(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)

@@ -1,5 +1,10 @@
 # Row kernels (rows.h).
 
+cdef extern from "rows.h" nogil:
+    enum:
+        FL_SOFTMAX
+        FL_LOG_SOFTMAX
+
 cdef extern from "dispatch.h" nogil:
     int fl_bias_act(int64_t m, int64_t n, const float *x, int64_t ldx, const float *bias,
                     int code, float alpha, float *out, int64_t ldo)
@@ -85,19 +90,35 @@ cdef inline bint vector_of(object v, int64_t n, float **p):
     return True
 
 
+# Values per row of apply_activation's elementwise pass (16 KiB: enough rows to share).
+cdef enum:
+    ACT_ROW = 4096
+
+
 def apply_activation(object x, int code, float alpha):
     """f(x) over the last axis of C-contiguous float32 ``x`` (a new array; softmax codes
-    normalize each row), or None."""
+    normalize each row), or None. An elementwise code runs over the memory as rows of
+    ``ACT_ROW`` values (and one shorter row), whatever the last axis: a narrow last axis
+    would cost a row's setup per few values."""
     if not c_float32(x):
         return None
     cdef cnp.ndarray xa = <cnp.ndarray>x
-    cdef int64_t n = xa.shape[xa.ndim - 1], m = xa.size // n
+    cdef int64_t size = cnp.PyArray_SIZE(xa), n = xa.shape[xa.ndim - 1], m = size // n, done = 0
     out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, cnp.NPY_FLOAT32, 0)
     cdef float *xp = <float *>cnp.PyArray_DATA(xa)
     cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
-    cdef int st
+    cdef int st = 0
     with nogil:
-        st = fl_bias_act(m, n, xp, n, NULL, code, alpha, op, n)
+        if code == FL_SOFTMAX or code == FL_LOG_SOFTMAX:
+            st = fl_bias_act(m, n, xp, n, NULL, code, alpha, op, n)
+        else:
+            n = min(size, <int64_t>ACT_ROW)
+            m = size // n
+            st = fl_bias_act(m, n, xp, n, NULL, code, alpha, op, n)
+            done = m * n
+            if st == 0 and done < size:
+                st = fl_bias_act(1, size - done, xp + done, size - done, NULL, code, alpha,
+                                 op + done, size - done)
     check(st, "activation")
     return out
 

@@ -1,8 +1,9 @@
 """Operators bound at load on their constant inputs, for the compiled plan (``compiled.py``).
 
-Shape operators whose axes, starts or ends are constants (Unsqueeze, Squeeze, Slice: the glue
-of streaming models such as Silero VAD) parse those inputs on every call in their general form
-(``ops.py``), a few microseconds each on tensors of a few hundred values. ``bind(op_type,
+Operators whose axes, starts, ends or pads are constants (Unsqueeze, Squeeze, Slice, Pad and
+the Reduce* family: the glue of streaming models such as Silero VAD) parse those inputs on
+every call in their general form (``ops.py``), a few microseconds each on tensors of a few
+hundred values. ``bind(op_type,
 inputs, attrs, opset)`` returns a function with the operator's signature that parses them once
 and keeps the result per input shape, or None where the general form is needed (an input
 computed by the graph). The first call with a shape runs the general form, which checks it
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import OPS, _ints, slice_index
+from .ops import OPS, _ints, pad_plan, reduce_axes, slice_index
 
 #: Most input shapes a bound node keeps.
 MAX_SHAPES = 64
@@ -76,8 +77,52 @@ def _bind_slice(inputs, attrs, opset):
     return run
 
 
+def _per_shape(general, make):
+    """A function with ``general``'s signature that runs ``make(inputs)(x)``, made at the
+    first call with x's shape and dtype (after ``general`` ran and checked that call)."""
+    plans: dict = {}
+
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        key = (x.shape, x.dtype.char)
+        plan = plans.get(key)
+        if plan is None:
+            out = general(inputs, attrs, opset)        # checks the node on this shape
+            if len(plans) >= MAX_SHAPES:
+                plans.clear()
+            plans[key] = make(inputs)
+            return out
+        return [plan(x)]
+    return run
+
+
+def _bind_pad(inputs, attrs, opset):
+    if opset >= 11 and any(len(inputs) > i and inputs[i] is not None and _constant(inputs, i) is None
+                           for i in (1, 2, 3)):
+        return None
+    return _per_shape(OPS["Pad"], lambda ins: pad_plan(ins[0].shape, ins[0].dtype, ins, attrs, opset))
+
+
+def _bind_reduce(op_type):
+    def bind(inputs, attrs, opset):
+        fn, axes_input_from = OPS[op_type].reducer
+        if opset >= axes_input_from and len(inputs) > 1 and inputs[1] is not None \
+                and _constant(inputs, 1) is None:
+            return None
+        keep = bool(attrs.get("keepdims", 1))
+
+        def make(ins):
+            axes = reduce_axes(ins, attrs, opset, axes_input_from, ins[0].ndim)
+            return (lambda x: x) if axes is None else (lambda x: fn(x, axis=axes, keepdims=keep))
+        return _per_shape(OPS[op_type], make)
+    return bind
+
+
 BINDERS = {"Unsqueeze": _bind_axes_reshape("Unsqueeze"), "Squeeze": _bind_axes_reshape("Squeeze"),
-           "Slice": _bind_slice}
+           "Slice": _bind_slice, "Pad": _bind_pad,
+           **{name: _bind_reduce(name) for name in (
+               "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+               "ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")}}
 
 
 def bind(op_type, inputs, attrs, opset):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
+from ..backends.derived import derived_generation
 from .nodes import Node, readers_of
 from .ops import OPS, _f32
 
@@ -108,16 +109,42 @@ def fuse_lstm_cell(nodes, constants, outputs) -> list[Node]:
     return [n for n in nodes if id(n) not in removed]
 
 
+#: Most bound steps a FusedLSTMCell node keeps (one per input shape and backend).
+MAX_BOUND_CELLS = 8
+
+
+def _bound_step(x, h, c, w_x, w_h, b, cache):
+    """The backend's one-step LSTM bound on the weights (``ops.sequence_plan``) for inputs
+    shaped as ``x``, from the node's ``_bound`` cache (made at the first call of a shape):
+    a function ``(x_bt1i, (h, c)) -> (y, h', c')``."""
+    ops = get_ops()
+    key = (x.shape, id(w_x), id(w_h), id(b), ops.name, derived_generation())
+    hit = cache.get(key)
+    if hit is None:
+        plan = ops.sequence_plan("lstm_sequence", x[:, None, :], (w_x, w_h, b, h, c),
+                                 {"return_sequences": False})
+        if len(cache) >= MAX_BOUND_CELLS:
+            cache.clear()
+        # the entry holds the weights, so that no other array takes their ids while it lives
+        hit = cache[key] = (plan, (w_x, w_h, b))
+    return hit[0]
+
+
 def _fused_lstm_cell(inputs, attrs, opset):
     """fastlayers' own node (``fuse_lstm_cell``): one LSTM step on the backend's recurrent
-    kernel (batch-major 2-D x, h and c), numpy's broadcasting arithmetic for other shapes."""
+    kernel (batch-major 2-D x, h and c), bound once per input shape where the node has a
+    ``_bound`` cache (``ops.NODE_CACHES``); numpy's broadcasting arithmetic for other shapes."""
     x, h, c, w_x, w_h, b = inputs
     x, h, c = _f32(x), _f32(h), _f32(c)
     units = w_h.shape[0]
     if x.ndim == 2 and h.shape == c.shape == (x.shape[0], units):
-        _, h_new, c_new = get_ops().lstm_sequence(np.ascontiguousarray(x)[:, None, :], w_x, w_h, b,
-                                                  np.ascontiguousarray(h), np.ascontiguousarray(c),
-                                                  return_sequences=False)
+        x_bti = np.ascontiguousarray(x)[:, None, :]
+        cache = attrs.get("_bound")
+        if cache is not None:
+            _, h_new, c_new = _bound_step(x, h, c, w_x, w_h, b, cache)(x_bti, (h, c))
+        else:
+            _, h_new, c_new = get_ops().lstm_sequence(x_bti, w_x, w_h, b, np.ascontiguousarray(h),
+                                                      np.ascontiguousarray(c), return_sequences=False)
         return [h_new, c_new]
     z = (x @ w_x + h @ w_h + b).astype(np.float32)
     ops = get_ops()

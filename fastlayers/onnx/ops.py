@@ -63,14 +63,19 @@ def created(shape, dtype, what: str):
         if d < 0:
             raise ShapeError(f"{what}: negative dimension in shape {shape[:8]}")
         count *= d
-    nbytes = count * np.dtype(dtype).itemsize
+    check_created(shape, count * np.dtype(dtype).itemsize, what)
+    return shape
+
+
+def check_created(shape, nbytes: int, what: str):
+    """``created``'s limit check for a tensor of ``shape`` taking ``nbytes``: what a node bound
+    on a shape (``bound.py``) checks on every call, the limit depending on the context."""
     limit = CREATE_LIMIT.get()
     limit = MAX_CREATED_BYTES if limit is None else limit
     if nbytes > limit:
         raise SizeLimitError(f"{what}: a tensor of shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
                              f"would take {nbytes} bytes, over the limit of {limit} "
                              "(FASTLAYERS_ONNX_MAX_CREATED_BYTES)")
-    return shape
 
 # ONNX TensorProto element types -> numpy dtypes
 DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
@@ -529,16 +534,24 @@ def _mean_variance_norm(inputs, attrs, opset):
 
 
 # ----------------------------------------------------------------------------------- reduce
+def reduce_axes(inputs, attrs, opset, axes_input_from, ndim):
+    """The axes a Reduce* node reduces on an input of rank ``ndim`` (a tuple: its attribute
+    before opset ``axes_input_from``, its second input from then on, all axes where empty), or
+    None where it passes its input through (no axes and ``noop_with_empty_axes``)."""
+    axes = _axes(inputs, attrs, 1) if opset >= axes_input_from else _axes([], attrs, 1)
+    if not axes:
+        return None if attrs.get("noop_with_empty_axes", 0) else tuple(range(ndim))
+    return tuple(axes)
+
+
 def _reduce(fn, axes_input_from):
+    """A Reduce* operator computing ``fn(x, axis, keepdims)``; ``run.reducer`` keeps ``(fn,
+    axes_input_from)`` for the form bound on constant axes (``bound.py``)."""
     def run(inputs, attrs, opset):
         x = inputs[0]
-        axes = _axes(inputs, attrs, 1) if opset >= axes_input_from else _axes([], attrs, 1)
-        keep = bool(attrs.get("keepdims", 1))
-        if not axes:
-            if attrs.get("noop_with_empty_axes", 0):
-                return [x]
-            axes = list(range(x.ndim))
-        return [fn(x, axis=tuple(axes), keepdims=keep)]
+        axes = reduce_axes(inputs, attrs, opset, axes_input_from, x.ndim)
+        return [x if axes is None else fn(x, axis=axes, keepdims=bool(attrs.get("keepdims", 1)))]
+    run.reducer = (fn, axes_input_from)
     return run
 
 
@@ -815,56 +828,77 @@ def _dropout(inputs, attrs, opset):
 @op("Pad")
 def _pad(inputs, attrs, opset):
     x = inputs[0]
+    return [pad_plan(x.shape, x.dtype, inputs, attrs, opset)(x)]
+
+
+def pad_plan(x_shape, dtype, inputs, attrs, opset):
+    """A function ``x -> Pad's output`` for inputs of ``x_shape`` and ``dtype``, the node's pads
+    read and checked here: negative pads crop; constant mode fills, the other modes gather
+    each padded axis through one index array (reflect: mirrored without the edge, edge: the
+    edge repeated, wrap: the other end's). Each call checks the output against the size limit
+    (``check_created``)."""
     mode = attrs.get("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
+    ndim = len(x_shape)
     if opset < 11:
         pads, value = list(attrs["pads"]), attrs.get("value", 0.0)
-        axes = list(range(x.ndim))
+        axes = list(range(ndim))
     else:
         pads = _ints(inputs[1])
         value = np.asarray(inputs[2]).reshape(()) if len(inputs) > 2 and inputs[2] is not None and np.asarray(inputs[2]).size else 0
-        axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(x.ndim))
+        axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(ndim))
     n = len(axes)
     if len(pads) != 2 * n:
         raise ShapeError(f"Pad: {len(pads)} pads for {n} axes (expected {2 * n})")
-    width = [(0, 0)] * x.ndim
+    width = [(0, 0)] * ndim
     for i, a in enumerate(axes):
-        width[a % x.ndim] = (pads[i], pads[i + n])
+        width[a % ndim] = (pads[i], pads[i + n])
+    crop = None
     if any(p < 0 for pair in width for p in pair):  # negative pads crop
-        index = tuple(slice(-b if b < 0 else 0, x.shape[k] + e if e < 0 else None)
-                      for k, (b, e) in enumerate(width))
-        x = x[index]
+        crop = tuple(slice(-b if b < 0 else 0, x_shape[k] + e if e < 0 else None)
+                     for k, (b, e) in enumerate(width))
+        x_shape = tuple(len(range(*c.indices(d))) for c, d in zip(crop, x_shape))
         width = [(max(b, 0), max(e, 0)) for b, e in width]
-    created([d + b + e for d, (b, e) in zip(x.shape, width)], x.dtype, "Pad")
+    out_shape = created([d + b + e for d, (b, e) in zip(x_shape, width)], dtype, "Pad")
+    nbytes = int(np.prod(out_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if mode in ("reflect", "wrap") and any(
-            max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x.shape, width) if b or e):
-        raise ShapeError(f"Pad: {mode} pads {width} are larger than the axes {x.shape} they mirror")
+            max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x_shape, width) if b or e):
+        raise ShapeError(f"Pad: {mode} pads {width} are larger than the axes {x_shape} they mirror")
     if mode == "constant":
-        out = np.full([d + b + e for d, (b, e) in zip(x.shape, width)], value, x.dtype)
-        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
-        return [out]
-    if mode in ("reflect", "edge", "wrap"):
-        for axis, (b, e) in enumerate(width):
-            if b or e:
-                x = np.concatenate([_pad_part(x, axis, b, mode, True), x,
-                                    _pad_part(x, axis, e, mode, False)], axis=axis)
-        return [x]
-    raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+        inner = tuple(slice(b, b + d) for d, (b, _) in zip(x_shape, width))
+
+        def run(x):
+            check_created(out_shape, nbytes, "Pad")
+            out = np.full(out_shape, value, x.dtype)
+            out[inner] = x if crop is None else x[crop]
+            return out
+        return run
+    if mode not in ("reflect", "edge", "wrap"):
+        raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+    takes = [(axis, _pad_index(d, b, e, mode)) for axis, (d, (b, e)) in enumerate(zip(x_shape, width))
+             if b or e]
+
+    def run(x):
+        check_created(out_shape, nbytes, "Pad")
+        if crop is not None:
+            x = x[crop]
+        for axis, index in takes:
+            x = np.take(x, index, axis=axis)
+        return x
+    return run
 
 
-def _pad_part(x, axis, n, mode, before):
-    """The ``n`` values Pad puts before (after) ``x`` along ``axis`` in ``mode``: mirrored
-    without the edge (reflect), the edge repeated (edge), or the other end's (wrap)."""
-    d = x.shape[axis]
+def _pad_index(d, before, after, mode):
+    """The positions along an axis of length ``d`` that Pad's output reads in ``mode``, with
+    ``before`` and ``after`` values added: mirrored without the edge (reflect), the edge
+    repeated (edge), or the other end's (wrap)."""
     if mode == "reflect":
-        part = slice(n, 0, -1) if before else slice(d - 2, d - 2 - n if n < d - 1 else None, -1)
+        head, tail = np.arange(before, 0, -1), np.arange(d - 2, d - 2 - after, -1)
     elif mode == "wrap":
-        part = slice(d - n, d) if before else slice(0, n)
+        head, tail = np.arange(d - before, d), np.arange(after)
     else:
-        part = [0] * n if before else [d - 1] * n
-    index = [slice(None)] * x.ndim
-    index[axis] = part
-    return x[tuple(index)]
+        head, tail = np.zeros(before, np.intp), np.full(after, d - 1)
+    return np.concatenate([head, np.arange(d), tail]).astype(np.intp)
 
 
 # ------------------------------------------------------------------------- recurrent (RNN/GRU/LSTM)
@@ -1351,10 +1385,12 @@ def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=Fals
 #: copy of the node's attributes, one per plan): "_windows", input shape and kernel ->
 #: ``_window``'s geometry, so that a call on a shape seen before skips the arithmetic (the size
 #: limit, which depends on the context, is checked on every call); "_plans", a convolution's
-#: bound kernel per input shape; "_bound", a recurrence's bound calls (``_bound_key``).
+#: bound kernel per input shape; "_bound", a recurrence's bound calls (``_bound_key``, and
+#: ``cells._bound_step`` for a fused LSTM step).
 NODE_CACHES = {"Conv": ("_windows",), "FusedConv": ("_windows", "_plans"),
                "MaxPool": ("_windows",), "AveragePool": ("_windows",),
-               "LSTM": ("_bound",), "GRU": ("_bound",), "RNN": ("_bound",)}
+               "LSTM": ("_bound",), "GRU": ("_bound",), "RNN": ("_bound",),
+               "FusedLSTMCell": ("_bound",)}
 
 
 def _window(what, attrs, x_shape, kernel, one_d, ceil=False):

@@ -78,3 +78,60 @@ def test_bound_nodes_keep_a_bounded_number_of_shapes(rng, monkeypatch):
         x = rng.standard_normal((n, 3)).astype(np.float32)
         for _ in range(2):
             assert run([x, np.array([0], np.int64)], {}, 17)[0].shape == (1, n, 3)
+
+
+def _pad_reduce_model(mode, pads, reduce_op, axes, keepdims, noop=0):
+    """x -> Pad(mode, constant pads, value 1.5) -> p, and x -> <reduce_op>(constant axes) -> r
+    (opset 18: pads and axes as inputs)."""
+    inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "value")]
+    ins = ["x"]
+    if axes is not None:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        ins.append("axes")
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"], mode=mode),
+             helper.make_node(reduce_op, ins, ["r"], keepdims=keepdims, noop_with_empty_axes=noop)]
+    graph = helper.make_graph(nodes, "bound", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "pr"],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads", [[0, 2, 0, 3], [1, 2, 1, 0], [0, -1, 1, 2]])
+@pytest.mark.parametrize("reduce_op, axes, keepdims, noop", [
+    ("ReduceMean", [1], 1, 0), ("ReduceMean", [-1, 0], 0, 0), ("ReduceMean", None, 1, 0),
+    ("ReduceSum", [1], 0, 0), ("ReduceMax", [0], 1, 0), ("ReduceL2", [1], 1, 0),
+    ("ReduceSum", None, 1, 1)])
+def test_bound_pad_and_reductions_match_onnxruntime(rng, mode, pads, reduce_op, axes, keepdims, noop):
+    ort = oracle("onnxruntime")
+    data = _pad_reduce_model(mode, pads, reduce_op, axes, keepdims, noop)
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for shape in [(4, 9), (4, 9), (3, 12), (4, 9), (2, 5)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for got, want in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            assert got.shape == want.shape
+            assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bound_pad_checks_the_size_limit_on_every_call(monkeypatch):
+    from fastlayers.onnx import ops
+    ours = fastlayers.load(_pad_reduce_model("reflect", [0, 2, 0, 3], "ReduceMean", [1], 1))
+    x = np.ones((4, 9), np.float32)
+    ours.run(None, {"x": x})
+    ours.run(None, {"x": x})                                   # the bound plan
+    monkeypatch.setattr(ops, "MAX_CREATED_BYTES", 64)
+    with pytest.raises(FastlayersError, match="Pad"):
+        ours.run(None, {"x": x})
+
+
+def test_bound_pad_and_reductions_on_computed_parameters_keep_the_general_form():
+    pads, axes = np.array([0, 1, 0, 1], np.int64), np.array([1], np.int64)
+    assert bound.bind("Pad", ["x", pads], {}, 18) is not None
+    assert bound.bind("Pad", ["x", "pads"], {}, 18) is None
+    assert bound.bind("Pad", ["x", pads, "value"], {}, 18) is None
+    assert bound.bind("ReduceMean", ["x", axes], {}, 18) is not None
+    assert bound.bind("ReduceMean", ["x", "axes"], {}, 18) is None
+    assert bound.bind("ReduceMean", ["x"], {"axes": [1]}, 13) is not None

@@ -555,11 +555,13 @@ def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, 
     ours = fastlayers.load(path)
     assert ours.op_types.count("FusedLSTMCell") == 2
     assert not {"Sigmoid", "Tanh", "Split", "Mul"} & set(ours.op_types)
-    for batch in (1, 3):
+    for batch in (1, 3, 1, 3):    # the step is bound per batch: later calls reuse it, new states
         feed = {"x": rng.standard_normal((batch, 5)).astype(np.float32),
                 "h": rng.standard_normal((batch, 7)).astype(np.float32),
                 "c": rng.standard_normal((batch, 7)).astype(np.float32)}
+        held = {k: v.copy() for k, v in feed.items()}
         _matches_ort(ours, path, feed, rtol=1e-5, atol=1e-6)
+        assert all(np.array_equal(feed[k], held[k]) for k in feed)   # states read, not written
 
 
 def test_lstm_cell_node_on_other_shapes_matches_the_step(rng):

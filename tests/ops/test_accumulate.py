@@ -161,3 +161,15 @@ def test_exported_squeeze_excite_and_moment_layer_norm_as_accurate_as_onnxruntim
     ours = fastlayers.load(path)(x)
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert _rel(ours, exact) <= max(1.5 * _rel(theirs, exact), 1e-6), (_rel(ours, exact), _rel(theirs, exact))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shape, axes", [((1, 1), (1,)), ((3, 50, 7), (2,)), ((3, 50, 7), (1, 2)),
+                                         ((1000,), None), ((4, 5), (0, 1)), ((0, 3), (1,))])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_wide_mean_of_contiguous_axes_is_numpys_mean_bit_for_bit(rng, dtype, shape, axes, keepdims):
+    # the sum-over-count form of a trailing-axes mean gives numpy's own result
+    x = (rng.standard_normal(shape) * 100).astype(dtype)
+    got, want = wide_mean(x, axes, keepdims=keepdims), np.mean(x, axis=axes, keepdims=keepdims)
+    assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype
+    assert np.array_equal(got, want, equal_nan=True)

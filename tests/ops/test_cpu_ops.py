@@ -230,3 +230,16 @@ def test_layer_norm_last_axis_matches_reference(shape, axes, rng):
     for g, b in ((gamma, beta), (None, None), (gamma[::-1], beta)):
         assert_close(CPU.layer_norm(x, g, b, 1e-3, axes), REF.layer_norm(x, g, b, 1e-3, axes),
                      rtol=1e-5, atol=1e-5, what=str(shape))
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("shape", [(1, 128, 1), (3, 5, 1), (2, 4097), (2, 3000, 3), (7,)])
+def test_activation_is_the_same_whatever_the_last_axis(name, shape, rng):
+    # elementwise codes run over the memory in rows of their own width: each value's result
+    # is that of the same value in a row of the last axis' width
+    x = special_values(shape, rng)
+    rows = x.reshape(-1, shape[-1])
+    want = np.empty_like(rows)
+    native._core.bias_act(rows, None, CODES[name], 0.2, want)
+    got = CPU.activation(x, name, 0.2)
+    assert got.shape == x.shape and np.array_equal(got.reshape(rows.shape), want, equal_nan=True)
