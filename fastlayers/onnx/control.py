@@ -36,8 +36,11 @@ class Body:
 
     def run(self, own, captures) -> list:
         """The body's outputs on its own inputs ``own`` and the outer values ``captures``, as
-        its nodes left them (no copies: they are the next iteration's inputs or are stacked)."""
-        values = self.model._evaluate(list(own) + list(captures))
+        its nodes left them (no copies: they are the next iteration's inputs or are stacked).
+        The body runs inside its enclosing graph's call (``OnnxModel._evaluate``), which has
+        entered the backend's call and numpy's error state (a control-flow node is never
+        quiet): its own nodes run straight away."""
+        values = self.model._run_nodes(list(own) + list(captures))
         return [values[o] if o in values else self.model._constants[o] for o in self.model.output_names]
 
 

@@ -333,14 +333,14 @@ class OnnxModel:
     def _prepare(self, args, kwargs, strict=False):
         """The input arrays, checked and cast, in graph order. ``strict``: a name given that
         is not an input is an error (else it is ignored)."""
-        if not kwargs and len(args) == len(self._input_checks):   # arrays of the declared types and shapes
-            for a, (dtype, (free, tail, rank)) in zip(args, self._input_checks):
-                if not (type(a) is np.ndarray and a.dtype == dtype and a.ndim == rank
-                        and a.shape[free:] == tail and plain(a)):
-                    break
-            else:
-                return args
         feed = kwargs or (args[0] if len(args) == 1 and isinstance(args[0], dict) else None)
+        if feed is None:
+            if len(args) == len(self._input_checks) and self._fit(args):
+                return args
+        elif len(feed) == len(self._input_names):   # every input named once, no other name
+            arrays = [feed.get(name) for name in self._input_names]
+            if self._fit(arrays):
+                return arrays
         if feed is not None:
             names = self.input_names
             arrays = [feed.get(name) for name in names]
@@ -378,6 +378,17 @@ class OnnxModel:
                                  f"got {a.shape}")
             out.append(a)
         return out
+
+    def _fit(self, arrays) -> bool:
+        """Whether ``arrays`` (in graph order) are arrays of the declared types and shapes, to
+        be used as they are (``_prepare``'s common case)."""
+        for a, (dtype, (free, tail, rank, exact)) in zip(arrays, self._input_checks):
+            if not (type(a) is np.ndarray and a.dtype == dtype and a.ndim == rank and plain(a)):
+                return False
+            if not (a.shape[free:] == tail if exact else
+                    all(d is None or d == n for d, n in zip(tail, a.shape[free:]))):
+                return False
+        return True
 
     def __call__(self, *args, **kwargs):
         results = self._results(self._evaluate(self._prepare(args, kwargs)), self.output_names)
@@ -427,15 +438,19 @@ class OnnxModel:
         if isinstance(output_names, str):
             raise InputError(f"ONNX model {self.name!r}: output_names must be a list of names or None, "
                              f"got the string {output_names!r}")
-        names = list(output_names) if output_names else self.output_names
-        unknown = [o for o in names if o not in self.output_names]
-        if unknown:
-            raise InputError(f"ONNX model {self.name!r}: unknown output name(s) {unknown}; its outputs "
-                             f"are {self.output_names}")
-        if not isinstance(input_feed, Mapping):
-            raise InputError(f"ONNX model {self.name!r}: input_feed must be a dict of input name -> "
-                             f"array, got {type(input_feed).__name__}")
-        values = self._evaluate(self._prepare((dict(input_feed),), {}, strict=True))
+        names = self.output_names
+        if output_names:
+            names = list(output_names)
+            unknown = [o for o in names if o not in self.output_names]
+            if unknown:
+                raise InputError(f"ONNX model {self.name!r}: unknown output name(s) {unknown}; its "
+                                 f"outputs are {self.output_names}")
+        if type(input_feed) is not dict:
+            if not isinstance(input_feed, Mapping):
+                raise InputError(f"ONNX model {self.name!r}: input_feed must be a dict of input "
+                                 f"name -> array, got {type(input_feed).__name__}")
+            input_feed = dict(input_feed)
+        values = self._evaluate(self._prepare((input_feed,), {}, strict=True))
         return self._results(values, names, fresh=True)
 
     def get_inputs(self) -> list[NodeArg]:
@@ -646,16 +661,17 @@ def _quiet(node) -> bool:
 
 
 def _fixed_tail(shape):
-    """(k, dims, rank) for a declared input ``shape`` whose free dimensions (None) all lead:
-    an array fits when its rank is ``rank`` and ``shape[k:] == dims``; (0, None, -1) (never
-    fits, checked dim by dim) for an unknown shape or a free dimension after a fixed one."""
+    """(k, dims, rank, exact) for a declared input ``shape``: an array fits when its rank is
+    ``rank`` and ``shape[k:]`` matches ``dims`` (k: the leading free dimensions), equal to it
+    where ``exact``, else dimension by dimension where ``dims`` has a free one (None);
+    (0, None, -1, True) (never fits) for an unknown shape."""
     if shape is None:
-        return 0, None, -1
+        return 0, None, -1, True
     free = 0
     while free < len(shape) and shape[free] is None:
         free += 1
     tail = tuple(shape[free:])
-    return (free, tail, len(shape)) if None not in tail else (0, None, -1)
+    return free, tail, len(shape), None not in tail
 
 
 def _array_bytes(value) -> int:
