@@ -1,7 +1,7 @@
 """Operators bound at load on their constant inputs, for the compiled plan (``compiled.py``).
 
-Operators whose axes, starts, ends or pads are constants (Unsqueeze, Squeeze, Slice, Pad and
-the Reduce* family: the glue of streaming models such as Silero VAD) parse those inputs on
+Operators whose axes, starts, ends, pads or indices are constants (Unsqueeze, Squeeze, Slice,
+Pad, Gather and the Reduce* family: the glue of streaming models such as Silero VAD) parse those inputs on
 every call in their general form (``ops.py``), a few microseconds each on tensors of a few
 hundred values. ``bind(op_type,
 inputs, attrs, opset)`` returns a function with the operator's signature that parses them once
@@ -118,8 +118,31 @@ def _bind_reduce(op_type):
     return bind
 
 
+def _bind_gather(inputs, attrs, opset):
+    idx = _constant(inputs, 1)
+    if idx is None or idx.dtype.kind not in "iu":
+        return None
+    general, index64 = OPS["Gather"], idx.astype(np.int64)
+
+    def make(ins):
+        x = ins[0]
+        if x.ndim == 0:
+            return lambda x: general([x, idx], attrs, opset)[0]
+        axis = attrs.get("axis", 0) % x.ndim
+        pos = np.where(index64 < 0, index64 + x.shape[axis], index64)
+        lead = (slice(None),) * axis
+        if idx.ndim == 0:                                  # one index: a view
+            at = lead + (int(pos),)
+        elif idx.ndim == 1 and idx.size and bool(np.all(np.diff(pos) == 1)):   # a run: a view
+            at = lead + (slice(int(pos[0]), int(pos[-1]) + 1),)
+        else:
+            return lambda x: np.take(x, index64, axis=axis)
+        return lambda x: x[at]
+    return _per_shape(general, make)
+
+
 BINDERS = {"Unsqueeze": _bind_axes_reshape("Unsqueeze"), "Squeeze": _bind_axes_reshape("Squeeze"),
-           "Slice": _bind_slice, "Pad": _bind_pad,
+           "Slice": _bind_slice, "Pad": _bind_pad, "Gather": _bind_gather,
            **{name: _bind_reduce(name) for name in (
                "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
                "ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")}}

@@ -26,13 +26,17 @@ MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16)
 class Body:
     """A subgraph ready to run: ``run(own, captures)`` -> its output arrays."""
 
-    __slots__ = ("model", "output_types")
+    __slots__ = ("model", "output_types", "forwarded")
 
     def __init__(self, model, output_types):
         self.model = model
         #: numpy dtype and shape (None where unknown) of each output, as the file declares them
         #: (the empty scan outputs of a Loop that runs no iteration take them)
         self.output_types = output_types
+        #: where the body only passes values on (Identity nodes: a TorchScript export's
+        #: branches that keep a value as it is), the position of each output among its inputs
+        #: (own, then captures); else None
+        self.forwarded = _forwarded(model)
 
     def run(self, own, captures) -> list:
         """The body's outputs on its own inputs ``own`` and the outer values ``captures``, as
@@ -40,8 +44,24 @@ class Body:
         The body runs inside its enclosing graph's call (``OnnxModel._evaluate``), which has
         entered the backend's call and numpy's error state (a control-flow node is never
         quiet): its own nodes run straight away."""
+        if self.forwarded is not None:
+            arrays = [*own, *captures]
+            return [arrays[i] for i in self.forwarded]
         values = self.model._run_nodes(list(own) + list(captures))
         return [values[o] if o in values else self.model._constants[o] for o in self.model.output_names]
+
+
+def _forwarded(model):
+    """The position among ``model``'s inputs of each of its outputs, where its nodes are all
+    Identity nodes (each output an input, through any number of them); else None."""
+    source = {name: i for i, name in enumerate(model.input_names)}
+    for node in model._nodes:
+        if node.op_type != "Identity" or node.inputs[0] not in source:
+            return None
+        source[node.outputs[0]] = source[node.inputs[0]]
+    if any(name not in source for name in model.output_names):
+        return None
+    return [source[name] for name in model.output_names]
 
 
 def _one(value, what: str):
@@ -59,7 +79,9 @@ def _condition(value, what: str) -> bool:
 @op("If")
 def _if(inputs, attrs, opset):
     """The outputs of then_branch where the condition is true, else of else_branch."""
-    body = attrs["then_branch" if _condition(inputs[0], "If condition") else "else_branch"]
+    cond = inputs[0]
+    flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else _condition(cond, "If condition")
+    body = attrs["then_branch" if flag else "else_branch"]
     return body.run([], inputs[attrs["_formal"]:])
 
 

@@ -135,3 +135,27 @@ def test_bound_pad_and_reductions_on_computed_parameters_keep_the_general_form()
     assert bound.bind("ReduceMean", ["x", axes], {}, 18) is not None
     assert bound.bind("ReduceMean", ["x", "axes"], {}, 18) is None
     assert bound.bind("ReduceMean", ["x"], {"axes": [1]}, 13) is not None
+
+
+@pytest.mark.parametrize("index", [np.array(1), np.array(-1), np.array([1]), np.array([0, 1, 2]),
+                                   np.array([-2, -1]), np.array([2, 0]), np.array([[0], [1]]),
+                                   np.array([1], np.int32)])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_bound_gather_matches_onnxruntime(rng, index, axis):
+    ort = oracle("onnxruntime")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(index, "i")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8).SerializeToString()
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for shape in [(3, 4), (3, 4), (4, 3, 5), (3, 4)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        got, want = ours.run(None, {"x": x})[0], session.run(None, {"x": x})[0]
+        assert got.shape == want.shape
+        assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(FastlayersError, match="Gather"):       # out of bounds on a new shape
+        ours.run(None, {"x": np.ones((0, 1) if axis == 0 else (1, 0), np.float32)})

@@ -476,3 +476,31 @@ def test_branch_bodies_are_optimized_as_graphs(tmp_path, rng):
     for c in (True, False):
         feed = {"x": x, "c": np.array(c), "n": np.array(3, np.int64)}
         assert_close(model(feed), _ort_run(path, feed)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_if_with_pass_through_branches(tmp_path, rng):
+    """Branches that only pass outer values on (Identity chains, as TorchScript exports keep a
+    value as it is) return those values; a branch that computes runs its nodes. The condition
+    comes from the input, so the If stays."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    then = h.make_graph([h.make_node("Identity", ["t"], ["a"]), h.make_node("Identity", ["a"], ["o"]),
+                         h.make_node("Identity", ["x"], ["p"])],
+                        "then", [], [h.make_tensor_value_info(n, F32, None) for n in "op"])
+    other = h.make_graph([h.make_node("Neg", ["t"], ["o2"]), h.make_node("Identity", ["t"], ["p2"])],
+                         "else", [], [h.make_tensor_value_info(n, F32, None) for n in ("o2", "p2")])
+    nodes = [h.make_node("Relu", ["x"], ["t"]),
+             h.make_node("If", ["c"], ["y", "w"], then_branch=then, else_branch=other),
+             h.make_node("Add", ["y", "w"], ["z"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F32, [2, 3]),
+                                      h.make_tensor_value_info("c", BOOL, [])],
+                         [h.make_tensor_value_info("z", F32, [2, 3])])
+    path = _save(tmp_path, "pass_if", graph)
+    model = fastlayers.load(path)
+    assert "If" in model.op_types
+    body = next(n.attrs for n in model._nodes if n.op_type == "If")
+    assert body["then_branch"].forwarded is not None and body["else_branch"].forwarded is None
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False, True):
+        feed = {"x": x, "c": np.array(c)}
+        assert_close(model(feed), _ort_run(path, feed)[0], rtol=0, atol=0)
