@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .ops import OPS, _ints, pad_plan, reduce_axes, slice_index
+from .qlinear import bind_dynamic_quantize_matmul
+from .quant import MS
 
 #: Most input shapes a bound node keeps.
 MAX_SHAPES = 64
@@ -143,6 +145,7 @@ def _bind_gather(inputs, attrs, opset):
 
 BINDERS = {"Unsqueeze": _bind_axes_reshape("Unsqueeze"), "Squeeze": _bind_axes_reshape("Squeeze"),
            "Slice": _bind_slice, "Pad": _bind_pad, "Gather": _bind_gather,
+           f"{MS}::DynamicQuantizeMatMul": bind_dynamic_quantize_matmul,
            **{name: _bind_reduce(name) for name in (
                "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
                "ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")}}

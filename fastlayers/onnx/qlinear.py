@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.derived import derived
-from ..errors import InputError, ShapeError, UnsupportedError
+from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import _CONV, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
 from .quant import MS, _native, _register, _saturate, _scale, dynamic_quantize
@@ -305,6 +305,41 @@ def native_product_to_float(core, a, a_zp, packed, n, columns, bias):
     y = np.empty((a2.shape[0], n), np.float32)
     core.qgemm(a2, za, packed, y, columns, None if bias is None else np.ascontiguousarray(bias))
     return y.reshape(a.shape[:-1] + (n,))
+
+
+def bind_dynamic_quantize_matmul(inputs, attrs, opset):
+    """DynamicQuantizeMatMul bound on its constant B (packed at load: ``_b_packed``), B scale,
+    zero point and bias, for the compiled plan (``bound.py``): B's scales as one float32 per
+    column and the bias checked once; each input shape checked by the general form at its
+    first call, later calls quantize A and run the native product. None where one of them is
+    computed by the graph or the native core does not run."""
+    packed, b = attrs.get("_b_packed"), inputs[1] if len(inputs) > 1 else None
+    constant = all(v is None or isinstance(v, np.ndarray) for v in inputs[1:])
+    if packed is None or not constant or not isinstance(b, np.ndarray) or b.ndim != 2 \
+            or len(inputs) < 3 or inputs[2] is None:
+        return None
+    general, n = _dynamic_quantize_matmul, b.shape[1]
+    try:
+        b_scale = _scale(_per_column(inputs[2], n, "DynamicQuantizeMatMul", "b_scale"), "DynamicQuantizeMatMul")
+    except FastlayersError:
+        return None                  # the general form raises it
+    b_columns = np.ascontiguousarray(np.broadcast_to(b_scale, (n,)))
+    bias = inputs[4] if len(inputs) > 4 else None
+    checked: set = set()
+
+    def run(inputs, attrs, opset):
+        a = inputs[0]
+        core = _native()
+        if core is None or type(a) is not np.ndarray or (a.shape, a.dtype.str) not in checked:
+            out = general(inputs, attrs, opset)
+            if core is not None and type(a) is np.ndarray:
+                if len(checked) >= 64:
+                    checked.clear()
+                checked.add((a.shape, a.dtype.str))
+            return out
+        a_q, a_scale, a_zp = dynamic_quantize(a)
+        return [native_product_to_float(core, a_q, a_zp, packed, n, b_columns * a_scale, bias)]
+    return run
 
 
 def _dynamic_quantize_matmul(inputs, attrs, opset):

@@ -49,6 +49,7 @@ def _pack_lstm(node, constants, core) -> None:
         params = _direction_params(node, constants, w, r)
         if params is not None:
             node.attrs["_params"] = params
+            node.attrs["_checked"] = set()    # input shapes checked (_dynamic_quantize_lstm)
 
 
 def _direction_params(node, constants, w, r):
@@ -81,26 +82,30 @@ def _direction_params(node, constants, w, r):
     return tuple(params)
 
 
-def _dynamic_quantize_lstm(inputs, attrs, opset):
-    """com.microsoft DynamicQuantizeLSTM: ONNX LSTM (gates i, o, f, c) whose weights W
-    (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden) are u8/s8 with
-    scales and zero points per direction or per column; each product quantizes its float
-    operand as DynamicQuantizeLinear (X over the whole sequence, h at each step) and is summed
-    exactly: z = float(acc_x) * (x_scale * w_scale) + float(acc_h) * (h_scale * r_scale) + Wb + Rb."""
+#: Most input shapes whose checks a DynamicQuantizeLSTM node remembers.
+MAX_CHECKED = 64
+
+
+def _optional(inputs):
+    """B, sequence_lens, initial_h, initial_c and P of a DynamicQuantizeLSTM call (None where
+    absent or empty)."""
+    return [inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None
+            for i in range(3, 8)]
+
+
+def _check_lstm(x, inputs, attrs, optional):
+    """A DynamicQuantizeLSTM call's inputs checked: (W, R, direction count, hidden size)."""
     what = "DynamicQuantizeLSTM"
-    get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None  # noqa: E731
-    x = np.asarray(inputs[0])
     w, r = _quantized(inputs[1], what, "W"), _quantized(inputs[2], what, "R")
     if x.dtype != np.float32 or x.ndim != 3:
         raise InputError(f"{what}: X of type {x.dtype} and shape {x.shape}; expected float32 (time, batch, input)")
-    if get(4) is not None:
+    if optional[1] is not None:
         raise UnsupportedError(f"{what}: sequence_lens is not supported")
     names = [a.lower() for a in attrs.get("activations", [])]
     if any(n != d for n, d in zip(names, ["sigmoid", "tanh", "tanh"] * 2)) or len(names) not in (0, 3, 6):
         raise UnsupportedError(f"{what}: activations {attrs.get('activations')} (only the default "
                                "Sigmoid, Tanh, Tanh are supported)")
-    direction = attrs.get("direction", "forward")
-    n_dir = 2 if direction == "bidirectional" else 1
+    n_dir = 2 if attrs.get("direction", "forward") == "bidirectional" else 1
     steps, batch, n_in = x.shape
     hidden = r.shape[1] if r.ndim == 3 else 0
     n_gates = 4 * hidden
@@ -108,18 +113,74 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             or attrs.get("hidden_size", hidden) != hidden:
         raise ShapeError(f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
                          f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))")
-    for i, name, want in ((3, "B", (n_dir, 2 * n_gates)), (5, "initial_h", (n_dir, batch, hidden)),
-                          (6, "initial_c", (n_dir, batch, hidden)), (7, "P", (n_dir, 3 * hidden))):
-        given = get(i)
+    for given, name, want in zip(optional[:1] + optional[2:], ("B", "initial_h", "initial_c", "P"),
+                                 ((n_dir, 2 * n_gates), (n_dir, batch, hidden), (n_dir, batch, hidden),
+                                  (n_dir, 3 * hidden))):
         if given is not None and np.shape(given) != want:
             raise ShapeError(f"{what}: {name} of shape {np.shape(given)}, expected {want}")
+    return w, r, n_dir, hidden
+
+
+def _native_lstm(x, optional, attrs, params, packed, core):
+    """DynamicQuantizeLSTM on checked inputs whose constants were derived (``params``) and
+    packed (``packed``) at load: per direction, the input product for every step at once, then
+    the time loop of ``native/qlstm.c``."""
+    steps, batch, n_in = x.shape
+    n_dir, n_gates = len(params), params[0][4].shape[0]
+    hidden = n_gates // 4
+    _, _, h0, c0, p = optional
+    ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
+    h_last = np.empty((n_dir, batch, hidden), np.float32)
+    c_last = np.empty((n_dir, batch, hidden), np.float32)
+    x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
+    reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
+    input_forget = bool(attrs.get("input_forget", 0))
+    for d in range(n_dir):
+        w_zp, r_zp, w_scale, r_scale, bias = params[d]
+        w_packed, r_packed = packed[d]
+        x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
+        h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].astype(np.float32)
+        c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].astype(np.float32)
+        core.qlstm(x_proj.reshape(steps, batch, n_gates), reverse or d == 1, r_packed, r_scale, bias,
+                   None if p is None else p[d].astype(np.float32), clip, input_forget, h, c, ys[:, d])
+        h_last[d], c_last[d] = h, c
+    return [ys, h_last, c_last]
+
+
+def _dynamic_quantize_lstm(inputs, attrs, opset):
+    """com.microsoft DynamicQuantizeLSTM: ONNX LSTM (gates i, o, f, c) whose weights W
+    (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden) are u8/s8 with
+    scales and zero points per direction or per column; each product quantizes its float
+    operand as DynamicQuantizeLinear (X over the whole sequence, h at each step) and is summed
+    exactly: z = float(acc_x) * (x_scale * w_scale) + float(acc_h) * (h_scale * r_scale) + Wb + Rb.
+    A node whose constants were derived and packed at load (``_pack_lstm``) checks each input
+    shape once (its ``_checked`` set) and runs ``_native_lstm`` on the native core."""
+    what = "DynamicQuantizeLSTM"
+    x = np.asarray(inputs[0])
+    optional = _optional(inputs)
+    params, packed, checked = attrs.get("_params"), attrs.get("_packed"), attrs.get("_checked")
+    core = _native()
+    fast = params is not None and packed is not None and core is not None
+    if fast and checked is not None:
+        key = (x.shape, x.dtype.str, *(None if v is None else v.shape for v in optional))
+        if key not in checked:
+            _check_lstm(x, inputs, attrs, optional)
+            if len(checked) >= MAX_CHECKED:
+                checked.clear()
+            checked.add(key)
+        return _native_lstm(x, optional, attrs, params, packed, core)
+    w, r, n_dir, hidden = _check_lstm(x, inputs, attrs, optional)
+    if fast:
+        return _native_lstm(x, optional, attrs, params, packed, core)
+    get = lambda i: optional[i - 3]  # noqa: E731
+    direction = attrs.get("direction", "forward")
+    steps, batch, n_in = x.shape
+    n_gates = 4 * hidden
     clip = attrs.get("clip")
     ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
     h_last = np.zeros((n_dir, batch, hidden), np.float32)
     c_last = np.zeros((n_dir, batch, hidden), np.float32)
     x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
-    params = attrs.get("_params")    # derived from the constants at load (_direction_params)
-    core = _native()
     for d in range(n_dir):
         if params is not None:
             w_zp, r_zp, w_scale, r_scale, bias = params[d]

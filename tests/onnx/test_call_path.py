@@ -87,9 +87,12 @@ def test_input_check_fast_path_accepts_and_refuses_as_the_full_check(tmp_path, r
     x = rng.standard_normal(good).astype(np.float32)
     for given in (x, x.astype(np.float64), x.tolist(), x[..., ::-1].copy()[..., ::-1]):
         assert_close(model(given), np.maximum(x, 0))
+        assert_close(model.run(None, {"x": given})[0], np.maximum(x, 0))
     for shape in bad:
         with pytest.raises(ShapeError, match=r"input 'x': expected shape"):
             model(np.zeros(shape, np.float32))
+        with pytest.raises(ShapeError, match=r"input 'x': expected shape"):
+            model.run(None, {"x": np.zeros(shape, np.float32)})
     with pytest.raises(ShapeError, match=r"expects inputs \['x'\], got 2"):
         model(x, x)
 
@@ -168,3 +171,19 @@ def test_convolution_plans_follow_each_input_shape_layout_and_backend(tmp_path, 
             with fastlayers.use_ops(backend):
                 got = ours(x)
             assert_close(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_broadcast_shape_follows_numpy():
+    import itertools
+
+    from fastlayers.onnx.ops import broadcast_shape
+
+    shapes = [(), (1,), (3,), (0,), (2, 1), (1, 3), (2, 3), (4, 1, 3), (1, 0), (5,)]
+    for a, b in itertools.product(shapes, repeat=2):
+        try:
+            want = np.broadcast_shapes(a, b)
+        except ValueError:
+            with pytest.raises(ShapeError, match="do not broadcast"):
+                broadcast_shape(a, b, "Expand")
+            continue
+        assert broadcast_shape(a, b, "Expand") == want

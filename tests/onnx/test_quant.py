@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from fastlayers.errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from fastlayers.errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 
 from ..conftest import oracle
 
@@ -197,8 +197,12 @@ def test_contrib_matmul_operators_match_onnxruntime(rng, backend):
     dqmm = _model([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"],
                                     domain="com.microsoft")],
                   [_tensor("a", f, [None, 12])], [_tensor("y", f, None)], inits, ms)
-    a = rng.standard_normal((5, 12)).astype(np.float32)
-    np.testing.assert_allclose(_load(dqmm)(a), _session(ort, dqmm).run(None, {"a": a})[0], rtol=1e-5, atol=1e-6)
+    ours, theirs = _load(dqmm), _session(ort, dqmm)
+    for rows in (5, 5, 2, 5):        # the compiled plan's bound node: each shape checked once
+        a = rng.standard_normal((rows, 12)).astype(np.float32)
+        np.testing.assert_allclose(ours(a), theirs.run(None, {"a": a})[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(FastlayersError, match="DynamicQuantizeMatMul|expected shape"):
+        ours(rng.standard_normal((5, 11)).astype(np.float32))
     mmf = _model([helper.make_node("MatMulIntegerToFloat", ["a", "b_u", "as", "bs", "az", "bz_u", "bias"], ["y"],
                                    domain="com.microsoft")],
                  [_tensor("a", TensorProto.UINT8, [None, 12]), _tensor("as", f, []),
@@ -233,12 +237,14 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
                    [numpy_helper.from_array(v, k) for k, v in consts.items()], (("", 17), ("com.microsoft", 1)))
     ours, theirs = _load(proto), _session(ort, proto)
     assert "_packed" in ours._plan[0][3]   # W and R packed once at load for the native loop
-    for steps, batch in ((4, 3), (1, 1)):
+    for steps, batch in ((4, 3), (1, 1), (4, 3), (1, 1)):   # shapes checked once, then run straight
         feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
                 "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
                 "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32)}
         for g, w in zip(ours.run(None, feed), theirs.run(None, feed)):
             np.testing.assert_array_equal(g, w)   # onnxruntime's arithmetic, bit for bit
+    with pytest.raises(FastlayersError, match="initial_h"):   # a new shape is checked
+        ours.run(None, dict(feed, h0=np.zeros((2, 2, hidden), np.float32)))
 
 
 # ------------------------------------------------------------- torch exports quantized by onnxruntime
