@@ -103,8 +103,11 @@ def apply_activation(object x, int code, float alpha):
     if not c_float32(x):
         return None
     cdef cnp.ndarray xa = <cnp.ndarray>x
-    cdef int64_t size = cnp.PyArray_SIZE(xa), n = xa.shape[xa.ndim - 1], m = size // n, done = 0
+    cdef int64_t size = cnp.PyArray_SIZE(xa), n = xa.shape[xa.ndim - 1] if xa.ndim else 1
+    cdef int64_t m = size // n if n else 0, done = 0
     out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, cnp.NPY_FLOAT32, 0)
+    if size == 0:
+        return out
     cdef float *xp = <float *>cnp.PyArray_DATA(xa)
     cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef int st = 0
