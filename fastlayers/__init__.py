@@ -1,31 +1,40 @@
 """fastlayers: CPU-first inference for the classic deep-learning layers.
 
-Build models with Keras-style layers (``fastlayers.layers``), run them on numpy arrays through
-compiled kernels, save and load them without TensorFlow or PyTorch.
+Load models exported from Keras, PyTorch and ONNX (``fastlayers.load``), or build them with
+Keras-style layers (``fastlayers.layers``) and torch-style modules (``fastlayers.nn``), and run
+them on numpy arrays through compiled kernels, without TensorFlow, PyTorch or onnxruntime.
 """
-
-import importlib
-import os
-from importlib.machinery import EXTENSION_SUFFIXES
 
 from . import errors
 from .version import __version__
 
-# A source tree whose extension was never built fails here, at once, not at its first call
-# (a file check: importing the extension itself waits for the first call that needs it).
-if not any(os.path.exists(os.path.join(os.path.dirname(__file__), "native", "_core" + suffix))
-           for suffix in EXTENSION_SUFFIXES):
-    raise ImportError(errors.native_core_missing(os.path.dirname(__file__)))
-from .backends import get_num_threads, get_ops, set_num_threads, use_ops
-from .io import load
+
+def _check_built() -> None:
+    """A source tree whose extension was never built fails here, at once, not at its first call
+    (a file check: importing the extension itself waits for the first call that needs it)."""
+    import os
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    here = os.path.dirname(__file__)
+    if not any(os.path.exists(os.path.join(here, "native", "_core" + suffix))
+               for suffix in EXTENSION_SUFFIXES):
+        raise ImportError(errors.native_core_missing(here))
+
+
+_check_built()
+from .backends import get_num_threads, get_ops, set_num_threads, use_ops, using_threads  # noqa: E402
+from .io import load  # noqa: E402
+from .settings import LoadOptions  # noqa: E402
 # io.native, io.keras and pickling fill the slots of services.py that Model, nn.Module and
 # OnnxModel call (save, load_weights, pickling): imported here, so every slot is filled.
 from . import pickling as _pickling  # noqa: E402, F401
 from .io import keras as _keras_io, native as _native_io  # noqa: E402, F401
 
+#: The public API: what ``dir(fastlayers)`` lists.
 __all__ = [
-    "DEMO_DIR", "Input", "Model", "Sequential", "errors", "get_num_threads", "get_ops", "layers",
-    "load", "load_state_dict", "model_from_json", "set_num_threads", "use_ops", "__version__",
+    "DEMO_DIR", "Input", "LoadOptions", "Model", "OnnxModel", "Sequential", "errors",
+    "get_num_threads", "get_ops", "layers", "load", "load_state_dict", "model_from_json", "nn",
+    "set_num_threads", "settings", "use_ops", "using_threads", "__version__",
 ]
 
 # Imported at first use, so that a process loading an ONNX file does not import every layer
@@ -35,11 +44,15 @@ _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
          "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
          "load_state_dict": (("fastlayers.io",), "load_state_dict"),
+         "OnnxModel": (("fastlayers.onnx",), "OnnxModel"),
+         "settings": (("fastlayers.settings",), None),
          # the folder of the bundled demo models (digits_*.flm) and their samples
          "DEMO_DIR": (("fastlayers.cli",), "DATA")}
 
 
 def __getattr__(name):
+    import importlib
+
     if name not in _LAZY:
         raise AttributeError(f"module 'fastlayers' has no attribute {name!r}")
     modules, attribute = _LAZY[name]
@@ -51,4 +64,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(__all__)

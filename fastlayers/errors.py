@@ -25,6 +25,11 @@ class ModelFileError(FastlayersError, OSError):
     """A model or weight file that is missing, corrupt, truncated or refused as unsafe."""
 
 
+class SettingError(FastlayersError, ValueError):
+    """A setting fastlayers cannot use: an environment variable's value, or a field of
+    ``LoadOptions``; the message names the variable or field."""
+
+
 class StateDictError(FastlayersError, RuntimeError):
     """A state dict whose keys do not match a module's (missing or unexpected keys), as torch's
     ``load_state_dict`` reports them."""

@@ -17,6 +17,7 @@ import numpy as np
 from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .folding import fold_embeddings
 from .arrays import as_array, as_float32, checked, plain, shape_str
+from .backends import using_threads
 from .backends.derived import derived_generation
 from .layers.base import Layer
 from .layers.input_layer import InputLayer
@@ -91,6 +92,10 @@ class Model(Layer):
     >>> model(np.zeros((2, 64))).shape
     (2, 10)
     """
+
+    #: Threads each call of this model uses (None: the process's count,
+    #: ``fastlayers.set_num_threads``); ``fastlayers.LoadOptions(threads=...)`` sets it at load.
+    num_threads: int | None = None
 
     def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
@@ -366,7 +371,14 @@ class Model(Layer):
         return out if n > 1 else out[0]
 
     def __call__(self, *inputs, **kwargs):
-        """Run the model on numpy arrays (one per input: positional, a list or a dict by name)."""
+        """Run the model on numpy arrays (one per input: positional, a list or a dict by name),
+        on ``num_threads`` threads where set."""
+        if self.num_threads is not None:
+            with using_threads(self.num_threads):
+                return self._call_model(inputs, kwargs)
+        return self._call_model(inputs, kwargs)
+
+    def _call_model(self, inputs, kwargs):
         if len(inputs) == 1 and not kwargs and type(inputs[0]) is np.ndarray:  # nothing symbolic
             return self.call(self._prepare_inputs(inputs[0]))
         kwargs.pop("training", None)

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent / "fastlayers"
 #: ``__init__`` alone.
 LEVELS = [
     # imported from anywhere: exceptions, window and padding arithmetic, array helpers, the
-    # version, the slots through which io/ and pickling serve the model classes
+    # version, the slots through which io/ and pickling serve the model classes, settings
     ("ground", ("fastlayers.errors", "fastlayers.geometry", "fastlayers.arrays",
-                "fastlayers.version", "fastlayers.services")),
+                "fastlayers.version", "fastlayers.services", "fastlayers.settings")),
     ("native", ("fastlayers.native",)),
     ("backends", ("fastlayers.backends",)),
     # what layers and modules use without being layers: graph records, stream state, warm-up runs

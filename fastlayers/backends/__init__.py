@@ -64,6 +64,14 @@ def use_ops(name: str):
 MAX_THREADS = 256
 
 
+def _thread_count(n, what: str) -> int:
+    """``n`` as an int from 1 to MAX_THREADS, else InputError naming ``what``."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
+        raise InputError(f"{what} expects an integer from 1 to {MAX_THREADS} (this "
+                         f"machine has {os.cpu_count()} CPUs), got {n!r}")
+    return int(n)
+
+
 def set_num_threads(n: int) -> None:
     """Use ``n`` threads in fastlayers' kernels (the native core's thread pool).
 
@@ -76,14 +84,41 @@ def set_num_threads(n: int) -> None:
     InputError
         ``n`` is not an integer from 1 to ``MAX_THREADS`` (256, the pool's size).
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
-        raise InputError(f"set_num_threads expects an integer from 1 to {MAX_THREADS} (this "
-                         f"machine has {os.cpu_count()} CPUs), got {n!r}")
-    n = int(n)
+    n = _thread_count(n, "set_num_threads")
     _num_threads[0] = n
     from ..native import set_num_threads as native_threads
 
     native_threads(n)
+
+
+@contextlib.contextmanager
+def using_threads(n: int | None):
+    """Run the block's kernels on ``n`` threads, in the calling Python thread only.
+
+    Other Python threads keep the process's count (``set_num_threads``); a model loaded with
+    ``LoadOptions(threads=n)`` runs each call this way. ``None`` leaves the count as it is.
+
+    Raises
+    ------
+    InputError
+        ``n`` is not None or an integer from 1 to ``MAX_THREADS``.
+
+    Examples
+    --------
+    >>> with fastlayers.using_threads(1):
+    ...     y = model(x)
+    """
+    if n is None:
+        yield
+        return
+    n = _thread_count(n, "using_threads")
+    from ..native import set_call_threads
+
+    previous = set_call_threads(n)
+    try:
+        yield
+    finally:
+        set_call_threads(previous)
 
 
 def get_num_threads() -> int | None:

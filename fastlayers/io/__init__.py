@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import FastlayersError, ModelFileError
+from ..settings import LoadOptions
 
 _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -31,7 +33,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastlayers.io' has no attribute {name!r}")
 
 
-def load(path, warm_up: bool = True):
+def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
     """Load a model file and return a ready model.
 
     Parameters
@@ -49,12 +51,17 @@ def load(path, warm_up: bool = True):
         ``bytearray``, ``memoryview``) or an open binary file (read from its current position to
         its end) are read as a file would be; a torch pickle given that way is written to a
         temporary file first.
-    warm_up : bool, default True
+    warm_up : bool, optional
         Run the model once on zeros of its declared input shapes before returning it
         (``Model.warm_up``, ``OnnxModel.warm_up``; batch 1), so that the first real call finds
-        its weights packed and its threads started. torch modules declare no input shape and
-        are not warmed up, and neither is a model whose largest activation at batch 1 exceeds both
-        ``WARM_UP_ACTIVATIONS`` (65,536) elements and its weights' element count.
+        its weights packed and its threads started; by default ``options.warm_up`` (True).
+        torch modules declare no input shape and are not warmed up, and neither is a model
+        whose largest activation at batch 1 exceeds both ``WARM_UP_ACTIVATIONS`` (65,536)
+        elements and its weights' element count.
+    options : fastlayers.LoadOptions, optional
+        The limits the file is read within, whether to warm the model up, and the threads its
+        calls use (``model.num_threads``); an ONNX model also keeps the limits its calls check.
+        By default the process's (``fastlayers.settings``: environment variables).
 
     Raises
     ------
@@ -63,11 +70,22 @@ def load(path, warm_up: bool = True):
         not a model.
     UnsupportedError
         The format or a layer in it is not supported (a custom torch class: export to ONNX).
+    SettingError
+        ``options`` is not a ``LoadOptions``.
+
+    Examples
+    --------
+    >>> model = fastlayers.load("model.onnx", options=fastlayers.LoadOptions(threads=1))
+    >>> (y,) = model.run(None, {"input": x})
     """
-    model = _load(path)
-    if warm_up and hasattr(model, "warm_up") and _worth_warming(model):
-        with np.errstate(all="ignore"):   # weights from a file may overflow on zeros
-            _warm_up(model, path)
+    with settings.applied(options) as options:
+        model = _load(path)
+        if options.threads is not None:
+            model.num_threads = options.threads
+        if options.warm_up if warm_up is None else warm_up:
+            if hasattr(model, "warm_up") and _worth_warming(model):
+                with np.errstate(all="ignore"):   # weights from a file may overflow on zeros
+                    _warm_up(model, path)
     return model
 
 

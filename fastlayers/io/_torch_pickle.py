@@ -37,30 +37,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import settings
 from ..errors import ModelFileError
 
 
-def _env_int(name: str, default: int) -> int:
-    """A positive int from the environment variable ``name``, else ``default``."""
-    try:
-        value = int(os.environ.get(name, ""))
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-#: A pickle may build objects of at most this many nodes in all, counting each object once per
-#: place it is used (a tuple that holds another tuple twice counts it twice): memo references
-#: let a few bytes describe a structure whose hash, comparison or repr would take forever.
-#: FASTLAYERS_TORCH_MAX_PICKLE_NODES (read at import) sets another value.
-MAX_PICKLE_NODES = _env_int("FASTLAYERS_TORCH_MAX_PICKLE_NODES", 10_000_000)
-#: Objects may nest at most this deep in a pickle (FASTLAYERS_TORCH_MAX_PICKLE_DEPTH).
-MAX_PICKLE_DEPTH = _env_int("FASTLAYERS_TORCH_MAX_PICKLE_DEPTH", 1000)
-#: A module tree may hold at most this many modules, a module shared by several parents counted
-#: once per parent (FASTLAYERS_TORCH_MAX_MODULES), and nest at most MAX_MODULE_DEPTH deep
-#: (FASTLAYERS_TORCH_MAX_MODULE_DEPTH).
-MAX_MODULES = _env_int("FASTLAYERS_TORCH_MAX_MODULES", 10_000)
-MAX_MODULE_DEPTH = _env_int("FASTLAYERS_TORCH_MAX_MODULE_DEPTH", 100)
 #: A tensor's rank may be at most this.
 MAX_TENSOR_RANK = 64
 
@@ -272,10 +252,12 @@ def check_module_tree(root) -> int:
     """Check a module record tree before anything walks it recursively: each module's
     ``_parameters`` and ``_buffers`` dicts of name -> tensor (or None), ``_modules`` a dict of
     name -> module (or None), ``_non_persistent_buffers_set`` a set of names; no module its own
-    ancestor; at most ``MAX_MODULES`` modules (a module reached along several paths counts once
-    per path) and ``MAX_MODULE_DEPTH`` levels; the tensors of the tree, counted once per path
+    ancestor; at most ``torch_max_modules`` modules (a module reached along several paths counts
+    once per path) and ``torch_max_module_depth`` levels (``settings.current()``); the tensors of the tree, counted once per path
     (as a state dict lists them), at most twice their distinct bytes + ``COPY_SLACK_BYTES``.
     Returns the module count; raises ``ModelFileError`` naming the module path and the field."""
+    options = settings.current()
+    max_modules, max_depth = options.torch_max_modules, options.torch_max_module_depth
     count = expanded = 0
     distinct: dict = {}
     on_path: set = set()
@@ -287,12 +269,12 @@ def check_module_tree(root) -> int:
             continue
         where = f"module {brepr(path) if path else '<root>'}"
         count += 1
-        if count > MAX_MODULES:
-            raise ModelFileError(f"{where}: the module tree holds more than {MAX_MODULES} modules "
+        if count > max_modules:
+            raise ModelFileError(f"{where}: the module tree holds more than {max_modules} modules "
                                  "(modules shared by several parents count once per parent; the "
                                  "environment variable FASTLAYERS_TORCH_MAX_MODULES raises the limit)")
-        if depth > MAX_MODULE_DEPTH:
-            raise ModelFileError(f"{where}: modules nested more than {MAX_MODULE_DEPTH} deep (the "
+        if depth > max_depth:
+            raise ModelFileError(f"{where}: modules nested more than {max_depth} deep (the "
                                  "environment variable FASTLAYERS_TORCH_MAX_MODULE_DEPTH raises the limit)")
         state = rec.state
         if not isinstance(state, dict):
@@ -583,12 +565,14 @@ def scan_pickle(data, pos: int, source: str, max_nodes: int | None = None,
     """Check the pickle starting at ``data[pos]`` (bytes or an mmap) before it is unpickled:
     every opcode known and whole, every length inside the data, memo indices no larger than the
     position they are stored at (the unpickler's memo is an array that long), and the objects it
-    builds within ``MAX_PICKLE_NODES`` nodes counted as their expansion (each use of a shared
-    object counts its whole size again) and ``MAX_PICKLE_DEPTH`` levels of nesting. This is what
+    builds within ``torch_max_pickle_nodes`` nodes counted as their expansion (each use of a
+    shared object counts its whole size again) and ``torch_max_pickle_depth`` levels of nesting
+    (``settings.current()``, unless given). This is what
     makes hashing, comparing and printing what the unpickler builds bounded work. Returns the
     position after the pickle's STOP; raises ``ModelFileError`` naming ``source``."""
-    max_nodes = MAX_PICKLE_NODES if max_nodes is None else max_nodes
-    max_depth = MAX_PICKLE_DEPTH if max_depth is None else max_depth
+    options = settings.current()
+    max_nodes = options.torch_max_pickle_nodes if max_nodes is None else max_nodes
+    max_depth = options.torch_max_pickle_depth if max_depth is None else max_depth
     action, fixed, width, lines, popped, pushed = _ACTION, _FIXED, _WIDTH, _LINES, _POPPED, _PUSHED
     end = len(data)
     stack: list = []        # one cell [size, depth] per object (the same cell for shared ones)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
 from ..services import provides
 from . import limits
@@ -347,7 +348,7 @@ def _check_io_refs(spec, where: str, field: str) -> None:
 def check_config(entry, where: str, count: list | None = None, path: str = "config") -> None:
     """The structure and types of a Keras model config (``Functional``/``Model``/``Sequential``,
     nested models included) before anything is built: ModelFileError naming ``where`` and the
-    field otherwise; layer and node counts against ``limits.MAX_LAYERS``."""
+    field otherwise; layer and node counts against ``max_layers`` (``settings.current()``)."""
     count = [0] if count is None else count
     _expect(isinstance(entry, dict) and isinstance(entry.get("class_name"), str)
             and isinstance(entry.get("config"), dict), where, path,
@@ -965,8 +966,9 @@ def load_keras(source):
         config = path / "config.json"
         weights = path / "model.weights.h5"
         try:
-            if config.stat().st_size > limits.MAX_CONFIG_BYTES:
-                limits.parse_json(b" " * (limits.MAX_CONFIG_BYTES + 1), where, "config.json")
+            limit = settings.current().max_config_bytes
+            if config.stat().st_size > limit:
+                limits.parse_json(b" " * (limit + 1), where, "config.json")
             entry = limits.parse_json(config.read_bytes(), where, "config.json")
             fobj = open(weights, "rb")
         except FileNotFoundError as e:
@@ -986,7 +988,8 @@ def load_keras(source):
                                                 "not a readable .keras archive")) from None
         with z:
             info = limits.get_member(z, "config.json", where)
-            entry = limits.parse_json(limits.read_member(z, info, where, limits.MAX_CONFIG_BYTES),
+            limit = settings.current().max_config_bytes
+            entry = limits.parse_json(limits.read_member(z, info, where, limit),
                                       where, "config.json")
             info = limits.get_member(z, "model.weights.h5", where)
             if info.compress_type != zipfile.ZIP_STORED:
@@ -1052,7 +1055,7 @@ def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
     with weights_loaded_later(), np.errstate(all="ignore"):
         model = build_model(entry, where, h5_bytes, _checked=True)
     limits.check_graph(model, where)
-    _check_weights_fit(model, where, h5_bytes * limits.MAX_COMPRESSION_RATIO)
+    _check_weights_fit(model, where, h5_bytes * settings.current().max_compression_ratio)
     _weights_stage(where, _assign_keras3, model, h5file, where, set(), raw)
     return model
 
@@ -1078,7 +1081,7 @@ def load_keras_h5(source):
             with weights_loaded_later(), np.errstate(all="ignore"):
                 model = build_model(entry, where, size, _checked=True)
             limits.check_graph(model, where)
-            _check_weights_fit(model, where, size * limits.MAX_COMPRESSION_RATIO)
+            _check_weights_fit(model, where, size * settings.current().max_compression_ratio)
 
             def assign():
                 group = _get(f, "model_weights", where, "group")

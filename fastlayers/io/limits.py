@@ -3,10 +3,10 @@ limits on JSON configs and zip members, the zip layer, and the ranges of layer
 configs. A file that fails them raises ``ModelFileError`` (or ``UnsupportedError`` for a
 feature fastlayers does not read) naming the file and the member, layer or field.
 
-Limits are module constants read at each check, so a program can raise one
-(``fastlayers.io.limits.MAX_CONFIG_BYTES = 1 << 30``), or set the environment variable named
-beside it before fastlayers is imported (a model with more layers or a larger config than the
-defaults allow, for example).
+Limits are fields of ``fastlayers.LoadOptions`` read at each check from the options in force
+(``settings.current()``): ``fastlayers.load(path, options=LoadOptions(max_layers=...))`` raises
+one for one load, and the environment variable named in each error sets the process default
+(``fastlayers.settings.SETTINGS``).
 """
 
 from __future__ import annotations
@@ -20,36 +20,10 @@ import struct
 import zipfile
 import zlib
 
+from .. import settings
 from ..errors import ModelFileError, UnsupportedError
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return default
-    try:
-        parsed = int(value.replace("_", ""), 0)
-    except ValueError:
-        raise UnsupportedError(f"environment variable {name}={value!r} is not an integer") from None
-    if parsed < 1:
-        raise UnsupportedError(f"environment variable {name}={value!r} must be positive")
-    return parsed
-
-
-#: Largest JSON text read from a file (a ``.keras`` config.json, an ``.h5`` model_config, the
-#: native header, a safetensors header), in bytes, checked before it is read or decompressed.
-MAX_CONFIG_BYTES = _env_int("FASTLAYERS_MAX_CONFIG_BYTES", 32 << 20)
-#: Deepest nesting of lists and objects accepted in that JSON (Keras configs: about 10, plus
-#: about 6 per nested model).
-MAX_JSON_DEPTH = _env_int("FASTLAYERS_MAX_JSON_DEPTH", 200)
-#: Most layers (nested models' included) and layer calls one model config may describe.
-MAX_LAYERS = _env_int("FASTLAYERS_MAX_LAYERS", 100_000)
-#: Largest ratio of a compressed zip member's declared size to its compressed size (deflate
-#: reaches about 1000 on zeros; float weights compress to about 0.9).
-MAX_COMPRESSION_RATIO = _env_int("FASTLAYERS_MAX_COMPRESSION_RATIO", 200)
-#: Largest position table a PositionalEncoding layer may ask for (max_length), which is
-#: computed when the layer is built and held by no weight in the file.
-MAX_POSITIONS = _env_int("FASTLAYERS_MAX_POSITIONS", 1 << 20)
 #: Largest absolute value of an integer in a layer config (sizes, strides, dilations, axes,
 #: counts): beyond it a value is no real model's and overflows C integers. Not configurable.
 MAX_CONFIG_INT = 2 ** 31 - 1
@@ -84,11 +58,12 @@ def parse_json(data, where: str, what: str):
     """``data`` (bytes or str) parsed as JSON after the size check, with the depth check.
 
     ModelFileError naming ``where`` (the file) and ``what`` (the member or attribute) for text
-    over ``MAX_CONFIG_BYTES``, bytes that are not UTF-8, malformed JSON, nesting deeper than
-    ``MAX_JSON_DEPTH`` and integers too long to convert."""
-    if len(data) > MAX_CONFIG_BYTES:
+    over ``max_config_bytes``, bytes that are not UTF-8, malformed JSON, nesting deeper than
+    ``max_json_depth`` (``settings.current()``) and integers too long to convert."""
+    limit = settings.current().max_config_bytes
+    if len(data) > limit:
         raise ModelFileError(f"{where}: {what} is {len(data):,} bytes, over the "
-                             f"{MAX_CONFIG_BYTES:,}-byte limit for a config (raise it with "
+                             f"{limit:,}-byte limit for a config (raise it with "
                              "FASTLAYERS_MAX_CONFIG_BYTES if the file is trusted)")
     try:
         text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) \
@@ -96,7 +71,7 @@ def parse_json(data, where: str, what: str):
         value = json.loads(text)
     except RecursionError:
         raise ModelFileError(f"{where}: {what} is nested too deeply to parse (limit "
-                             f"{MAX_JSON_DEPTH} levels)") from None
+                             f"{settings.current().max_json_depth} levels)") from None
     except (UnicodeError, ValueError) as e:  # JSONDecodeError, int digits over the limit
         raise ModelFileError(f"{where}: {what} is not valid JSON ({type(e).__name__}: "
                              f"{str(e)[:200]})") from None
@@ -105,12 +80,13 @@ def parse_json(data, where: str, what: str):
 
 
 def check_depth(value, where: str, what: str) -> None:
-    """ModelFileError where ``value`` nests lists and dicts deeper than ``MAX_JSON_DEPTH``."""
+    """ModelFileError where ``value`` nests lists and dicts deeper than ``max_json_depth``."""
+    limit = settings.current().max_json_depth
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ModelFileError(f"{where}: {what} is nested deeper than the {MAX_JSON_DEPTH}-level "
+        if depth > limit:
+            raise ModelFileError(f"{where}: {what} is nested deeper than the {limit}-level "
                                  "limit (FASTLAYERS_MAX_JSON_DEPTH)")
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
@@ -134,7 +110,7 @@ def check_layer_config(config: dict, where: str, here: str, class_name: str,
     """The ranges of a layer config's values, before the layer is constructed: every integer
     within +-MAX_CONFIG_INT, weight sizes (``WEIGHT_SIZED`` keys) non-negative and at most the
     weight elements the file can hold (``weight_elements``; None: unknown), and a
-    PositionalEncoding's ``max_length`` at most ``MAX_POSITIONS``. ``here`` names the layer."""
+    PositionalEncoding's ``max_length`` at most ``max_positions``. ``here`` names the layer."""
     stack = [(key, value) for key, value in config.items()]
     while stack:
         key, value = stack.pop()
@@ -170,18 +146,20 @@ def check_layer_config(config: dict, where: str, here: str, class_name: str,
                                  "distinct axes")
     if class_name == "PositionalEncoding":
         length = config.get("max_length", 2048)
-        if isinstance(length, int) and not isinstance(length, bool) and length > MAX_POSITIONS:
+        limit = settings.current().max_positions
+        if isinstance(length, int) and not isinstance(length, bool) and length > limit:
             raise ModelFileError(f"{where}: {here}: field 'max_length' is {length:,}, over the "
-                                 f"{MAX_POSITIONS:,}-position limit for the table built at load "
+                                 f"{limit:,}-position limit for the table built at load "
                                  "(FASTLAYERS_MAX_POSITIONS)")
 
 
 def count_layers(total: list, where: str, n: int = 1) -> None:
     """Add ``n`` to the running count ``total[0]`` of layers and calls; ModelFileError past
-    ``MAX_LAYERS``."""
+    ``max_layers``."""
     total[0] += n
-    if total[0] > MAX_LAYERS:
-        raise ModelFileError(f"{where}: the model config describes more than {MAX_LAYERS:,} layers "
+    limit = settings.current().max_layers
+    if total[0] > limit:
+        raise ModelFileError(f"{where}: the model config describes more than {limit:,} layers "
                              "and calls (FASTLAYERS_MAX_LAYERS)")
 
 
@@ -222,7 +200,7 @@ def _source_size(z: zipfile.ZipFile) -> int:
 
 def check_member(info: zipfile.ZipInfo, where: str, archive_size: int) -> None:
     """A member's flags, method and sizes: not encrypted, stored or deflated, inside the
-    archive, and (deflated) within ``MAX_COMPRESSION_RATIO``."""
+    archive, and (deflated) within ``max_compression_ratio``."""
     name = info.filename
     if info.flag_bits & 0x41:
         raise ModelFileError(f"{where}: zip member {name!r} is encrypted (flags "
@@ -241,11 +219,12 @@ def check_member(info: zipfile.ZipInfo, where: str, archive_size: int) -> None:
     if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
         raise ModelFileError(f"{where}: stored zip member {name!r} has size {info.file_size:,} "
                              f"but {info.compress_size:,} bytes of data")
+    ratio = settings.current().max_compression_ratio
     if info.compress_type == zipfile.ZIP_DEFLATED and \
-            info.file_size > MAX_COMPRESSION_RATIO * info.compress_size + (1 << 16):
+            info.file_size > ratio * info.compress_size + (1 << 16):
         raise ModelFileError(f"{where}: zip member {name!r} claims {info.file_size:,} bytes from "
                              f"{info.compress_size:,} compressed, over the "
-                             f"{MAX_COMPRESSION_RATIO}x ratio limit (FASTLAYERS_MAX_COMPRESSION_RATIO)")
+                             f"{ratio}x ratio limit (FASTLAYERS_MAX_COMPRESSION_RATIO)")
 
 
 @contextlib.contextmanager

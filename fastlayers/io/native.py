@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
 from ..services import provides
 from ..version import __version__
@@ -250,9 +251,9 @@ def _read_header(z, where: str):
         if descr not in _HEADER_DTYPES or len(shape) != 1:
             raise ModelFileError(f"{where}: {what} must be a 1-D uint8 array, found "
                                  f"{descr} {shape}")
-        if shape[0] > limits.MAX_CONFIG_BYTES:
+        if shape[0] > settings.current().max_config_bytes:
             raise ModelFileError(f"{where}: {what} is {shape[0]:,} bytes, over the "
-                                 f"{limits.MAX_CONFIG_BYTES:,}-byte limit "
+                                 f"{settings.current().max_config_bytes:,}-byte limit "
                                  "(FASTLAYERS_MAX_CONFIG_BYTES)")
         raw = bytearray(shape[0])
         limits.read_member_into(member, raw, where, what)

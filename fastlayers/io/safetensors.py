@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import ModelFileError, UnsupportedError
 from . import limits
 
@@ -43,8 +44,8 @@ DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2
 
 def _header(path, where: str) -> tuple[dict, int]:
     """The JSON header of a safetensors file and the offset of its data, checked: the length
-    field against the file's size and ``limits.MAX_CONFIG_BYTES``, the JSON's size and nesting
-    (``limits.parse_json``), and every tensor entry (dtype, shape, byte range inside the data,
+    field against the file's size and ``max_config_bytes`` (``settings.current()``), the JSON's
+    size and nesting (``limits.parse_json``), and every tensor entry (dtype, shape, byte range inside the data,
     ranges in order without overlap)."""
     try:
         size = Path(path).stat().st_size
@@ -56,9 +57,10 @@ def _header(path, where: str) -> tuple[dict, int]:
             if n > size - 8:
                 raise ModelFileError(f"{where}: the safetensors header claims {n:,} bytes, more "
                                      f"than the {size:,}-byte file holds")
-            if n > limits.MAX_CONFIG_BYTES:
+            limit = settings.current().max_config_bytes
+            if n > limit:
                 raise ModelFileError(f"{where}: the safetensors header is {n:,} bytes, over the "
-                                     f"{limits.MAX_CONFIG_BYTES:,}-byte limit "
+                                     f"{limit:,}-byte limit "
                                      "(FASTLAYERS_MAX_CONFIG_BYTES)")
             raw = f.read(n)
     except OSError as e:

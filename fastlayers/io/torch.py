@@ -30,27 +30,32 @@ from typing import Callable
 
 import numpy as np
 
+from .. import settings
 from ..errors import (
     FastlayersError, InputError, ModelFileError, ShapeError, StateDictError, UnsupportedError,
 )
 from ._torch_pickle import (
     RestrictedUnpickler, StorageType, TorchFunctionRef, TorchModuleRecord, UnknownGlobal,
-    _env_int, brepr, check_module_tree, is_module_like,
+    brepr, check_module_tree, is_module_like,
 )
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-#: A sharded checkpoint's index (``*.index.json``) may take at most this many bytes
-#: (FASTLAYERS_TORCH_MAX_INDEX_BYTES) and name at most MAX_SHARDS shards
-#: (FASTLAYERS_TORCH_MAX_SHARDS); its shards are torch or safetensors files, never other indexes.
-MAX_INDEX_BYTES = _env_int("FASTLAYERS_TORCH_MAX_INDEX_BYTES", 256 << 20)
-MAX_SHARDS = _env_int("FASTLAYERS_TORCH_MAX_SHARDS", 100_000)
+#: A sharded checkpoint's index (``*.index.json``) may take at most ``torch_max_index_bytes``
+#: and name at most ``torch_max_shards`` shards (``settings.current()``); its shards are torch or
+#: safetensors files, never other indexes.
 #: Modules rebuilt from a pickle: strides, dilations, pooling windows, adaptive and resize output
-#: sizes at most MAX_GEOMETRY (FASTLAYERS_TORCH_MAX_GEOMETRY), resize scale factors at most
+#: sizes at most ``torch_max_geometry`` (``_geometry()``), resize scale factors at most
 #: MAX_SCALE; a convolution's padding at most its dilated kernel (dilation x kernel_size), a
 #: transposed convolution's stride too. Every size that a module's tensors have must be
 #: theirs (``_VALIDATORS``), so that a module allocates no more than the file holds.
-MAX_GEOMETRY = _env_int("FASTLAYERS_TORCH_MAX_GEOMETRY", 4096)
 MAX_SCALE = 64.0
+
+
+def _geometry() -> int:
+    """The largest size a pickled module's geometry may hold (``torch_max_geometry``)."""
+    return settings.current().torch_max_geometry
+
+
 _ONNX_HINT = ("export the model to ONNX (torch.onnx.export) and load that, or port the class to "
               "fastlayers.nn (change the imports) and load its weights with "
               "fastlayers.load_state_dict")
@@ -282,7 +287,8 @@ def _as_state_dict(obj, where: str) -> "OrderedDict[str, np.ndarray]":
     return out
 
 
-def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarray]":
+def load_state_dict(path, key: str | None = None,
+                    options: settings.LoadOptions | None = None) -> "OrderedDict[str, np.ndarray]":
     """Read the tensors of a PyTorch or safetensors file as numpy arrays, without torch.
 
     Parameters
@@ -295,6 +301,9 @@ def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarra
     key : str, optional
         For checkpoints that nest the state dict, e.g. ``{"model": state_dict, "epoch": 3}``:
         the entry to return.
+    options : fastlayers.LoadOptions, optional
+        The limits the file is read within (its ``max_*`` and ``torch_*`` fields); by default
+        the process's (``fastlayers.settings``).
 
     Returns
     -------
@@ -315,6 +324,11 @@ def load_state_dict(path, key: str | None = None) -> "OrderedDict[str, np.ndarra
     -----
     Each array has the tensor's shape (size), C-contiguous.
     """
+    with settings.applied(options):
+        return _load_state_dict(path, key)
+
+
+def _load_state_dict(path, key):
     p = Path(path)
     where = str(path)
     if not p.is_file():
@@ -345,9 +359,9 @@ def _load_sharded(p: Path, where: str) -> "OrderedDict[str, np.ndarray]":
     import json
 
     try:
-        size = p.stat().st_size
-        if size > MAX_INDEX_BYTES:
-            raise ValueError(f"{size} bytes, over the limit of {MAX_INDEX_BYTES} "
+        size, limit = p.stat().st_size, settings.current().torch_max_index_bytes
+        if size > limit:
+            raise ValueError(f"{size} bytes, over the limit of {limit} "
                              "(FASTLAYERS_TORCH_MAX_INDEX_BYTES)")
         index = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(index, dict):
@@ -361,8 +375,9 @@ def _load_sharded(p: Path, where: str) -> "OrderedDict[str, np.ndarray]":
         raise ModelFileError(f"{where}: not a sharded checkpoint index ({type(e).__name__}: "
                              f"{str(e)[:200]})") from None
     names = list(dict.fromkeys(weight_map.values()))
-    if len(names) > MAX_SHARDS:
-        raise ModelFileError(f"{where}: names {len(names)} shards, over the limit of {MAX_SHARDS} "
+    limit = settings.current().torch_max_shards
+    if len(names) > limit:
+        raise ModelFileError(f"{where}: names {len(names)} shards, over the limit of {limit} "
                              "(FASTLAYERS_TORCH_MAX_SHARDS)")
     for shard in names:
         if Path(shard).name != shard or shard.startswith("."):
@@ -646,7 +661,7 @@ _MISSING = object()
 
 class _Check:
     """The checks of one module record before its module is built: each attribute's type and
-    range (``MAX_GEOMETRY`` ...), and the shapes of its own parameters and buffers against the
+    range (``torch_max_geometry`` ...), and the shapes of its own parameters and buffers against the
     sizes its attributes declare (``tensors``), so that the module allocates what the file
     holds, no more. Errors are ``ModelFileError`` naming the module path and the attribute."""
 
@@ -794,15 +809,15 @@ def _conv(rank, transposed):
         if cin % groups or cout % groups:
             c.fail(f"groups={groups} does not divide in_channels={cin} and out_channels={cout}")
         kernel = c.ints("kernel_size", rank, 1, 1 << 31)
-        stride = c.ints("stride", rank, 1, MAX_GEOMETRY, default=1)
-        dilation = c.ints("dilation", rank, 1, MAX_GEOMETRY, default=1)
+        stride = c.ints("stride", rank, 1, _geometry(), default=1)
+        dilation = c.ints("dilation", rank, 1, _geometry(), default=1)
         extent = [d * k for d, k in zip(dilation, kernel)]
         padding = c.value("padding", 0)
         if not (isinstance(padding, str) and padding in ("same", "valid") and not transposed):
-            padding = c.ints("padding", rank, 0, MAX_GEOMETRY, default=0)
+            padding = c.ints("padding", rank, 0, _geometry(), default=0)
             if any(p > e for p, e in zip(padding, extent)):
                 c.fail(f"padding {padding} is wider than the dilated kernel {tuple(extent)}")
-        out_pad = c.ints("output_padding", rank, 0, MAX_GEOMETRY, default=0)
+        out_pad = c.ints("output_padding", rank, 0, _geometry(), default=0)
         if transposed:
             if any(s > e for s, e in zip(stride, extent)):
                 c.fail(f"stride {stride} is longer than the dilated kernel {tuple(extent)}")
@@ -817,13 +832,13 @@ def _conv(rank, transposed):
 
 def _pool(rank, kind):
     def check(c: _Check):
-        kernel = c.ints("kernel_size", rank, 1, MAX_GEOMETRY)
-        c.ints("stride", rank, 1, MAX_GEOMETRY, default=None, none=True)
-        padding = c.ints("padding", rank, 0, MAX_GEOMETRY, default=0)
+        kernel = c.ints("kernel_size", rank, 1, _geometry())
+        c.ints("stride", rank, 1, _geometry(), default=None, none=True)
+        padding = c.ints("padding", rank, 0, _geometry(), default=0)
         if any(p > k // 2 for p, k in zip(padding, kernel)):
             c.fail(f"padding {padding} is more than half the kernel {kernel}")
         if kind == "max":
-            c.ints("dilation", rank, 1, MAX_GEOMETRY, default=1)
+            c.ints("dilation", rank, 1, _geometry(), default=1)
             c.flag("return_indices")
         else:
             c.flag("count_include_pad", True)
@@ -835,7 +850,7 @@ def _pool(rank, kind):
 
 def _adaptive(rank):
     def check(c: _Check):
-        c.ints("output_size", rank, 1, MAX_GEOMETRY, none_items=rank == 2)
+        c.ints("output_size", rank, 1, _geometry(), none_items=rank == 2)
         c.flag("return_indices")
         c.tensors({})
     return check
@@ -844,7 +859,7 @@ def _adaptive(rank):
 def _upsample(c: _Check):
     size, scale = c.value("size", None), c.value("scale_factor", None)
     if size is not None:
-        c.ints("size", 2, 1, MAX_GEOMETRY)
+        c.ints("size", 2, 1, _geometry())
     if scale is not None:
         items = scale if isinstance(scale, (tuple, list)) else (scale,)
         if not 1 <= len(items) <= 2 or not all(

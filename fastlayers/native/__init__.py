@@ -18,9 +18,11 @@ except ImportError as e:  # a source tree whose extension was never built
 
     raise ImportError(native_core_missing(os.path.dirname(os.path.dirname(__file__)))) from e
 
+from ..errors import SettingError
+from ..settings import env_choice
 from ._core import (ACTIVATIONS, NativeError, arena_limit, arena_release, arena_stats,  # noqa: F401
-                    best_isa, get_num_threads, heap_retain, isa, isa_runs, isas, set_isa,
-                    set_num_threads, set_vnni, vnni, vnni_runs)
+                    best_isa, get_num_threads, heap_retain, isa, isa_runs, isas, set_call_threads,
+                    set_isa, set_num_threads, set_vnni, vnni, vnni_runs)
 
 #: Activation name -> code of the native kernels.
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
@@ -31,12 +33,12 @@ def available_isas() -> list[str]:
     return [name for name in isas() if isa_runs(name)]
 
 
-_forced = os.environ.get("FASTLAYERS_ISA", "").strip().lower()
+_forced = env_choice("FASTLAYERS_ISA", isas(), "")
 if _forced:
     try:
         set_isa(_forced)
     except ValueError as e:
-        raise ImportError(f"FASTLAYERS_ISA={_forced!r}: {e}") from None
+        raise SettingError(f"environment variable FASTLAYERS_ISA={_forced!r}: {e}") from None
 else:
     set_isa(best_isa())
 
@@ -46,9 +48,7 @@ else:
 #: MultiHeadAttention layer: 16-20 ms a call without, 10 ms with, onnxruntime 11-12 ms; AMD
 #: EPYC Zen 3 VM, 1 thread). ``FASTLAYERS_HEAP=system`` leaves the C library's defaults.
 HEAP_RETAIN = (32 << 20, 64 << 20)
-_heap = os.environ.get("FASTLAYERS_HEAP", "").strip().lower()
-if _heap not in ("", "retain", "system"):
-    raise ImportError(f"FASTLAYERS_HEAP={_heap!r}: expected 'retain' (the default) or 'system'")
+_heap = env_choice("FASTLAYERS_HEAP", ("retain", "system"), "retain")
 HEAP_RETAINED = _heap != "system" and heap_retain(*HEAP_RETAIN)
 #: Whether a model's call allocates its arrays from the native block arena (``arena_enter``,
 #: arena.h): large blocks kept mapped between calls whatever else in the process trims the C

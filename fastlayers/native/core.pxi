@@ -34,6 +34,7 @@ from cpython.pycapsule cimport PyCapsule_New
 cdef extern from "threadpool.h":
     int fl_pool_get_threads()
     void fl_pool_set_threads(int n)
+    int fl_pool_set_call_threads(int n)
     int fl_pool_generation()
     int fl_pool_workers()
 
@@ -136,6 +137,14 @@ def set_num_threads(int n):
     if n < 1:
         raise ValueError(f"set_num_threads expects a positive integer, got {n}")
     fl_pool_set_threads(n)
+
+
+def set_call_threads(int n):
+    """Use ``n`` threads in the calling thread's kernels (0: the process's count, as set by
+    ``set_num_threads``); returns the previous value, to restore."""
+    if n < 0:
+        raise ValueError(f"set_call_threads expects a count >= 0, got {n}")
+    return fl_pool_set_call_threads(n)
 
 
 def pool_generation():

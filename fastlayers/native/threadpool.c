@@ -47,6 +47,7 @@ static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static pthread_t workers[FL_MAX_THREADS];
 static int n_workers = 0;
 static int wanted_threads = 0;                                /* 0: the CPUs this process may use */
+static int widest_call = 0;            /* most threads a call asked for since fl_pool_set_threads */
 static int generation = 0;
 static int64_t serial_until_ns = 0;                           /* both read and written holding busy */
 static int64_t backoff_ns = FL_BACKOFF_MIN_NS;
@@ -56,11 +57,13 @@ static _Atomic uint64_t ticket = 0;
 static _Atomic int active = 0;
 static _Atomic int sleepers = 0;
 static _Atomic int stop_workers = 0;
+static _Atomic int job_slots = 0;                             /* workers the job may still take */
 static fl_task_fn job_fn;
 static void *job_ctx;
 static int64_t job_n, job_chunk, job_chunks;
 
 static __thread int in_pool = 0;
+static __thread int call_threads = 0;                         /* 0: the process-wide count */
 
 static int cpus_available(void) {
 #ifdef __linux__
@@ -80,12 +83,24 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-int fl_pool_get_threads(void) {
-    int n = wanted_threads > 0 ? wanted_threads : cpus_available();
-    return n < 1 ? 1 : (n > FL_MAX_THREADS ? FL_MAX_THREADS : n);
+static int clamp_threads(int n) { return n < 1 ? 1 : (n > FL_MAX_THREADS ? FL_MAX_THREADS : n); }
+
+static int process_threads(void) {
+    return clamp_threads(wanted_threads > 0 ? wanted_threads : cpus_available());
 }
 
-void fl_pool_set_threads(int n) { wanted_threads = n < 1 ? 1 : n; }
+int fl_pool_get_threads(void) { return call_threads > 0 ? clamp_threads(call_threads) : process_threads(); }
+
+void fl_pool_set_threads(int n) {
+    wanted_threads = n < 1 ? 1 : n;
+    widest_call = 0;
+}
+
+int fl_pool_set_call_threads(int n) {
+    int previous = call_threads;
+    call_threads = n < 0 ? 0 : n;
+    return previous;
+}
 int fl_pool_generation(void) { return generation; }
 int fl_pool_workers(void) { return n_workers; }
 
@@ -126,6 +141,8 @@ static void *worker_main(void *arg) {
             polls = 0;
         }
         seen = gen;
+        /* a job asking for fewer threads than the pool holds leaves the other workers idle */
+        if (atomic_fetch_sub_explicit(&job_slots, 1, memory_order_acq_rel) <= 0) continue;
         atomic_fetch_add_explicit(&active, 1, memory_order_acq_rel);
         run_chunks(gen);
         atomic_fetch_sub_explicit(&active, 1, memory_order_release);
@@ -191,8 +208,12 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
         run_serially(n, chunk, fn, ctx);
         return;
     }
+    /* the pool holds the most threads any call asked for (a model's own count beside the
+     * process's), so that calls asking for different counts do not recreate it each time */
     int threads = fl_pool_get_threads();
-    resize_pool(threads);
+    if (threads > widest_call) widest_call = threads;
+    int size = process_threads();
+    resize_pool(widest_call > size ? widest_call : size);
     if (n_workers == 0) {
         pthread_mutex_unlock(&busy);
         run_serially(n, chunk, fn, ctx);
@@ -203,6 +224,7 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     job_n = n;
     job_chunk = chunk;
     job_chunks = (n + job_chunk - 1) / job_chunk;
+    atomic_store_explicit(&job_slots, threads - 1, memory_order_release);
     uint64_t gen = atomic_load(&job_gen) + 1;
     atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
                           memory_order_release);
@@ -250,6 +272,8 @@ static void after_fork_child(void) {
     atomic_store(&active, 0);
     atomic_store(&sleepers, 0);
     atomic_store(&stop_workers, 0);
+    atomic_store(&job_slots, 0);
+    widest_call = 0;
     in_pool = 0;
 }
 

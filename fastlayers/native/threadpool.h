@@ -16,10 +16,16 @@
 
 typedef void (*fl_task_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* Threads a parallel call may use (the caller included); at least 1. */
+/* Threads a parallel call of the calling thread may use (the caller included); at least 1:
+ * the calling thread's own count where one is set (fl_pool_set_call_threads), else the
+ * process's. */
 int fl_pool_get_threads(void);
-/* Use n threads (n >= 1); takes effect at the next parallel call. */
+/* Use n threads (n >= 1) in the process; takes effect at the next parallel call. */
 void fl_pool_set_threads(int n);
+/* Use n threads in the calling thread's parallel calls (0: the process's count), whatever the
+ * process's count; returns the previous value. The pool holds the most threads any call asked
+ * for since the last fl_pool_set_threads, and a job asking for fewer leaves the others idle. */
+int fl_pool_set_call_threads(int n);
 /* fn(ctx, begin, end) over [0, n) in chunks of at least `grain` units, on the pool's threads. */
 void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
 /* Chunks fl_parallel(n, grain) would cut (1: the call runs serially on the caller). */

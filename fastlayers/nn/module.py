@@ -8,6 +8,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
+from ..backends import using_threads
 from ..errors import ShapeError, StateDictError
 from ..placement import on_device
 from ..services import service
@@ -38,6 +39,10 @@ class Module:
     Subclass it and write ``forward`` as in torch; calling the module calls ``forward``.
     Modules are always in inference mode: ``train()``/``eval()`` are accepted and change nothing.
     """
+
+    #: Threads each call of this module uses (None: the process's count,
+    #: ``fastlayers.set_num_threads``); ``fastlayers.LoadOptions(threads=...)`` sets it at load.
+    num_threads: int | None = None
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -220,6 +225,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
+        if self.num_threads is not None:
+            with using_threads(self.num_threads):
+                return self.forward(*args, **kwargs)
         return self.forward(*args, **kwargs)
 
     def eval(self) -> Module:

@@ -12,15 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .ops import _env_bytes, created, op
+from .. import settings
+from .ops import created, op
 
-#: The most iterations a Loop runs where the file alone sets how long it may run: a constant
-#: trip count (torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
-#: condition) or none (the condition alone ends the loop; a file can make it loop forever).
-#: Over it, the call raises an ``InputError`` naming the node. A trip count computed from
-#: the inputs is the caller's, and bounds the loop itself. The
-#: environment variable FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS, read at import, sets another value.
-MAX_LOOP_ITERATIONS = _env_bytes("FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16)
+# The most iterations a Loop runs where the file alone sets how long it may run (a constant
+# trip count: torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
+# condition; or none: the condition alone ends the loop, and a file can make it loop forever)
+# is ``onnx_max_loop_iterations`` of the options in force (``settings.current()``). Over it,
+# the call raises an ``InputError`` naming the node. A trip count computed from the inputs is
+# the caller's, and bounds the loop itself.
 
 
 class Body:
@@ -121,11 +121,12 @@ def _loop(inputs, attrs, opset):
     go = True if cond is None else _condition(cond, "Loop condition")
     scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
     i = 0
+    most = settings.current().onnx_max_loop_iterations
     while go and (limit is None or i < limit):
-        if bounded and i >= MAX_LOOP_ITERATIONS:
-            raise InputError(f"Loop: ran {i} iterations without stopping, the most a loop with "
-                             f"whose length the file sets may (MAX_LOOP_ITERATIONS; set "
-                             "FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
+        if bounded and i >= most:
+            raise InputError(f"Loop: ran {i} iterations without stopping, the most a loop "
+                             f"whose length the file sets may (LoadOptions.onnx_max_loop_"
+                             "iterations; FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
         outs = body.run([np.array(i, np.int64), np.array(go)] + carried, captures)
         go = _condition(outs[0], "Loop body's condition output")
         carried = outs[1:1 + len(carried)]

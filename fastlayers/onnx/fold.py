@@ -1,6 +1,6 @@
 """Constant folding at load: nodes whose inputs are all constants run once and become
 constants, within a byte budget; an If whose condition became a constant is replaced by its
-branch. Loops a file alone bounds are marked for ``control.MAX_LOOP_ITERATIONS``."""
+branch. Loops a file alone bounds are marked for ``onnx_max_loop_iterations``."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
         except SizeLimitError as e:
             raise ModelFileError(
                 f"{where}: {label}: folding it at load ({e}) would take the graph's constants over "
-                f"{budget} bytes (max(MAX_FOLD_BYTES, 2 x its initializers); raise "
+                f"{budget} bytes (max(onnx_max_fold_bytes, 2 x its initializers); raise "
                 "FASTLAYERS_ONNX_MAX_FOLD_BYTES for a graph that needs more)") from None
         except UnsupportedError as e:
             raise UnsupportedError(f"{where}: {label}: {e}") from None
@@ -98,7 +98,7 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
         if budget is not None and used > budget:
             raise ModelFileError(
                 f"{where}: {label}: the constants folded at load take {used} bytes, over {budget} "
-                "(max(MAX_FOLD_BYTES, 2 x its initializers); raise FASTLAYERS_ONNX_MAX_FOLD_BYTES "
+                "(max(onnx_max_fold_bytes, 2 x its initializers); raise FASTLAYERS_ONNX_MAX_FOLD_BYTES "
                 "for a graph that needs more)")
     return kept
 
@@ -142,7 +142,7 @@ def has_loop(nodes) -> bool:
 def mark_loops(nodes, constants) -> list[Node]:
     """Loop nodes get ``_bounded``: whether the file alone sets how long they may run (a
     constant trip count, or none: the condition alone ends the loop), so that
-    ``control.MAX_LOOP_ITERATIONS`` bounds them."""
+    ``onnx_max_loop_iterations`` bounds them."""
     for node in nodes:
         if node.op_type == "Loop":
             node.attrs = dict(node.attrs, _bounded=not node.inputs[0] or node.inputs[0] in constants)

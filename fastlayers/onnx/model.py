@@ -7,7 +7,7 @@ inputs and attributes against its operator's rules), drops the nodes no output d
 then optimises the graph once:
 
 1. constant folding (``fold.py``): nodes whose inputs are all known at load run once and
-   become constants, within a budget (``MAX_FOLD_BYTES``: a small file cannot make large constants at load); an
+   become constants, within a budget (``onnx_max_fold_bytes``: a small file cannot make large constants at load); an
    If whose condition became a constant is replaced by the nodes of its branch
    (``inline_constant_ifs``), folded in turn;
 2. rewrites (``rewrite.py``): no-op nodes dropped (Identity, inference Dropout, Cast to
@@ -42,7 +42,7 @@ folded, and optimized as graphs once the outer constants they read are bound to 
 Execution walks the kept nodes in order with a value table local to the call, so one model
 serves many threads; batch size and sequence length may vary from call to call. An operator
 failing on the inputs of a call raises an ``InputError`` (or its own fastlayers error) naming
-the node; tensors whose size the graph's values set are limited (``ops.MAX_CREATED_BYTES``).
+the node; tensors whose size the graph's values set are limited (``onnx_max_created_bytes``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ from pathlib import Path
 import numpy as np
 
 from ..arrays import as_array, checked, plain
-from ..backends import get_ops
+from ..backends import get_ops, using_threads
+from .. import settings
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native import CODES as DENSE_CODES
 from ..services import service
@@ -69,14 +70,9 @@ from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
 from .bound import bind
 from .compiled import compile_plan
-from .ops import DTYPES, NODE_CACHES, OPS, _env_bytes, contiguous
+from .ops import DTYPES, NODE_CACHES, OPS, contiguous
 
 MIN_OPSET = 9
-#: Constant folding at load may make constants of at most max(MAX_FOLD_BYTES, twice the bytes
-#: of the file's initializers) in all; a graph asking more is refused (``ModelFileError``
-#: naming the node). The environment variable FASTLAYERS_ONNX_MAX_FOLD_BYTES, read at import,
-#: sets another MAX_FOLD_BYTES.
-MAX_FOLD_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_FOLD_BYTES", 64 << 20)
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.
 ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
     ["", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
@@ -262,6 +258,11 @@ class OnnxModel:
     with no output information).
     """
 
+    #: Threads each call of this model uses (None: the process's count,
+    #: ``fastlayers.set_num_threads``), as onnxruntime's ``intra_op_num_threads``;
+    #: ``fastlayers.LoadOptions(threads=...)`` sets it at load.
+    num_threads: int | None = None
+
     def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None):
         self.name, self.opset, self._where = name, opset, where
         self._inputs = inputs            # [(name, numpy dtype, shape with None for symbolic dims)]
@@ -275,6 +276,10 @@ class OnnxModel:
         self._constants = constants
         self._nodes = nodes
         self._shapes = shapes
+        # the limits its calls check (onnx_max_created_bytes, onnx_max_loop_iterations): those
+        # in force when it was loaded, where they are not the process's defaults
+        options = settings.current()
+        self._options = None if options is settings.DEFAULT else options
         #: What a pickle carries: the serialized ModelProto it was imported from (``from_bytes``),
         #: the file to read it from again (``load_onnx``: the model keeps no second copy of its
         #: file), or None (not self-contained: its weights lie in external data files).
@@ -481,6 +486,13 @@ class OnnxModel:
         """Run every node on the checked input ``arrays``; the table of values by name: the
         graph's inputs and outputs, or with ``every_value`` (or a ``log``) every value the
         call computed. ``clock``, ``log``: see ``_run_nodes``."""
+        if self.num_threads is not None or self._options is not None:
+            with settings.applied(self._options), using_threads(self.num_threads):
+                return self._evaluate_here(arrays, clock, log, every_value)
+        return self._evaluate_here(arrays, clock, log, every_value)
+
+    def _evaluate_here(self, arrays, clock=None, log=None, every_value=False) -> dict:
+        """``_evaluate`` in the options and threads in force."""
         ops = get_ops()
         token = ops.enter_call()
         try:
@@ -741,8 +753,12 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
         inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
-    budget = [max(MAX_FOLD_BYTES, 2 * sum(v.nbytes for v in graph.initializers.values())
-                  + quant.dequantized_bytes(graph))]
+    # constant folding makes constants of at most max(onnx_max_fold_bytes, twice the bytes of
+    # the file's initializers) in all; a graph asking more is refused (ModelFileError naming
+    # the node)
+    initializer_bytes = sum(v.nbytes for v in graph.initializers.values())
+    budget = [max(settings.current().onnx_max_fold_bytes,
+                  2 * initializer_bytes + quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
         nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 import contextvars
-import os
 
 import numpy as np
 
+from .. import settings
 from ..backends import get_ops
 from ..backends.derived import derived, derived_from, derived_generation, fold_projection
 from ..backends.accumulate import wide_mean, wide_sum
@@ -29,33 +29,22 @@ from ..native.layout import channels_first, channels_last
 OPS: dict = {}
 
 
-def _env_bytes(name: str, default: int) -> int:
-    """A byte count from the environment variable ``name`` (an int, e.g. 4294967296), else
-    ``default``."""
-    try:
-        value = int(os.environ.get(name, ""))
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
 #: The most bytes one tensor may take where the graph's values, not the size of the inputs,
 #: set its size: ConstantOfShape, Expand, Tile, Range, Resize, Upsample, Pad, ConvTranspose,
-#: and convolutions and pooling padded beyond their window. Over it, a call raises
-#: ``SizeLimitError`` (an ``InputError``) naming the node. The environment variable
-#: FASTLAYERS_ONNX_MAX_CREATED_BYTES, read at import, sets another value.
-MAX_CREATED_BYTES = _env_bytes("FASTLAYERS_ONNX_MAX_CREATED_BYTES", 1 << 31)
-#: The limit in force where it is not MAX_CREATED_BYTES: constant folding at load sets what
+#: and convolutions and pooling padded beyond their window, is ``onnx_max_created_bytes`` of
+#: the options in force (``settings.current()``: the model's, else the process's). Over it, a
+#: call raises ``SizeLimitError`` (an ``InputError``) naming the node.
+#: The limit in force where it is not ``onnx_max_created_bytes``: constant folding at load sets what
 #: is left of its budget (``fold.fold_constants``).
 CREATE_LIMIT: contextvars.ContextVar = contextvars.ContextVar("onnx_create_limit", default=None)
 
 
 class SizeLimitError(InputError):
-    """A tensor over ``MAX_CREATED_BYTES`` (or over what constant folding has left)."""
+    """A tensor over ``onnx_max_created_bytes`` (or over what constant folding has left)."""
 
 
 def created(shape, dtype, what: str):
-    """Check a tensor of ``shape`` and ``dtype`` before it is made (see MAX_CREATED_BYTES);
+    """Check a tensor of ``shape`` and ``dtype`` before it is made (``onnx_max_created_bytes``);
     returns the shape as a tuple of ints."""
     shape = tuple(int(d) for d in shape)
     count = 1
@@ -71,7 +60,7 @@ def check_created(shape, nbytes: int, what: str):
     """``created``'s limit check for a tensor of ``shape`` taking ``nbytes``: what a node bound
     on a shape (``bound.py``) checks on every call, the limit depending on the context."""
     limit = CREATE_LIMIT.get()
-    limit = MAX_CREATED_BYTES if limit is None else limit
+    limit = settings.current().onnx_max_created_bytes if limit is None else limit
     if nbytes > limit:
         raise SizeLimitError(f"{what}: a tensor of shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
                              f"would take {nbytes} bytes, over the limit of {limit} "
@@ -1387,7 +1376,7 @@ def _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil=False):
 
 
 def _padded_output(what, n_c, in_hw, kernel, strides, dilations, pads, ceil=False):
-    """The output (height, width) of a window op (``_output_hw``), within ``MAX_CREATED_BYTES``
+    """The output (height, width) of a window op (``_output_hw``), within ``onnx_max_created_bytes``
     (as float32, with ``n_c`` = batch x channels) where the padding is wider than the window."""
     out_hw, wide = _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil)
     if wide:

@@ -1018,29 +1018,29 @@ def test_onnx_dead_constant_of_shape_is_pruned_before_folding(tmp_path, rng):
     assert model.op_types == ["Relu"]
 
 
-def test_onnx_call_time_sizes_are_limited(tmp_path, monkeypatch):
+def test_onnx_call_time_sizes_are_limited(tmp_path):
     """Tensors whose size the graph's values set are checked before they are made; the limit
-    is MAX_CREATED_BYTES (FASTLAYERS_ONNX_MAX_CREATED_BYTES)."""
+    is LoadOptions.onnx_max_created_bytes (FASTLAYERS_ONNX_MAX_CREATED_BYTES)."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     import fastlayers
     from fastlayers.errors import InputError
-    from fastlayers.onnx import ops as onnx_ops
 
     reps = numpy_helper.from_array(np.array([1, 1, 2 ** 20, 2 ** 20], np.int64), "r")
     model = fastlayers.load(_save(tmp_path, "tile", _graph([helper.make_node("Tile", ["x", "r"], ["y"])],
                                                            inits=[reps])))
     with pytest.raises(InputError, match=r"node 'y' \(Tile\).*over the limit of 2147483648"):
         model(np.zeros((1, 3, 8, 8), np.float32))
-    monkeypatch.setattr(onnx_ops, "MAX_CREATED_BYTES", 1 << 10)
     pad = helper.make_node("Conv", ["x", "w"], ["y"], pads=[300, 300, 300, 300])
-    model = fastlayers.load(_save(tmp_path, "pad", _graph([pad], inits=[_weight()])))
+    model = fastlayers.load(_save(tmp_path, "pad", _graph([pad], inits=[_weight()])),
+                            options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10))
     with pytest.raises(InputError, match="over the limit of 1024"):
         model(np.zeros((1, 3, 8, 8), np.float32))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
     lrn = fastlayers.load(_save(tmp_path, "lrn", _graph([helper.make_node("LRN", ["x"], ["y"], size=10 ** 9)],
-                                                        inputs=[x])))
+                                                        inputs=[x])),
+                          options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10))
     assert lrn(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3, 8, 8)   # no window walked
 
 

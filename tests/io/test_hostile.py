@@ -27,7 +27,6 @@ import pytest
 import fastlayers
 from fastlayers import layers as L
 from fastlayers.errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from fastlayers.io import limits
 
 from ..fuzz.harness import make_zip, zip_members
 
@@ -495,9 +494,9 @@ def test_onnx_sniffed_without_its_suffix(tmp_path):
 
 # ------------------------------------------------------------------------------------ limits
 def test_limits_have_environment_overrides():
-    code = ("import fastlayers.io.limits as l; "
-            "print(l.MAX_CONFIG_BYTES, l.MAX_JSON_DEPTH, l.MAX_LAYERS, l.MAX_COMPRESSION_RATIO, "
-            "l.MAX_POSITIONS)")
+    code = ("import fastlayers; o = fastlayers.LoadOptions(); "
+            "print(o.max_config_bytes, o.max_json_depth, o.max_layers, o.max_compression_ratio, "
+            "o.max_positions)")
     env = dict(os.environ, FASTLAYERS_MAX_CONFIG_BYTES="1_000", FASTLAYERS_MAX_JSON_DEPTH="7",
                FASTLAYERS_MAX_LAYERS="0x10", FASTLAYERS_MAX_COMPRESSION_RATIO="3",
                FASTLAYERS_MAX_POSITIONS="99")
@@ -506,17 +505,16 @@ def test_limits_have_environment_overrides():
     assert out == ["1000", "7", "16", "3", "99"]
 
 
-def test_config_limits_apply_and_can_be_raised(tmp_path, monkeypatch):
-    monkeypatch.setattr(limits, "MAX_CONFIG_BYTES", 100)
-    refused(SEEDS / "mlp.keras", ModelFileError, "FASTLAYERS_MAX_CONFIG_BYTES")
-    monkeypatch.setattr(limits, "MAX_CONFIG_BYTES", 1 << 20)
-    monkeypatch.setattr(limits, "MAX_LAYERS", 3)
-    refused(MLP, ModelFileError, "FASTLAYERS_MAX_LAYERS")
-    monkeypatch.setattr(limits, "MAX_LAYERS", 100)
-    monkeypatch.setattr(limits, "MAX_JSON_DEPTH", 4)
-    refused(SEEDS / "mlp.h5", ModelFileError, "FASTLAYERS_MAX_JSON_DEPTH")
-    monkeypatch.setattr(limits, "MAX_JSON_DEPTH", 200)
-    fastlayers.load(SEEDS / "mlp.h5")
+def test_config_limits_apply_and_can_be_raised(tmp_path):
+    def refused_with(path, variable, **fields):
+        with pytest.raises(ModelFileError, match=variable):
+            fastlayers.load(path, options=fastlayers.LoadOptions(**fields))
+
+    refused_with(SEEDS / "mlp.keras", "FASTLAYERS_MAX_CONFIG_BYTES", max_config_bytes=100)
+    refused_with(MLP, "FASTLAYERS_MAX_LAYERS", max_layers=3)
+    refused_with(SEEDS / "mlp.h5", "FASTLAYERS_MAX_JSON_DEPTH", max_json_depth=4)
+    fastlayers.load(SEEDS / "mlp.h5", options=fastlayers.LoadOptions(max_layers=100))
+    fastlayers.load(SEEDS / "mlp.h5")   # the process's limits are untouched
 
 
 def test_positional_encoding_table_bounded(tmp_path):

@@ -116,15 +116,14 @@ def test_bound_pad_and_reductions_match_onnxruntime(rng, mode, pads, reduce_op, 
                          [(4, 9), (4, 9), (3, 12), (4, 9), (2, 5)], rng, 1e-6)
 
 
-def test_bound_pad_checks_the_size_limit_on_every_call(monkeypatch):
-    from fastlayers.onnx import ops
+def test_bound_pad_checks_the_size_limit_on_every_call():
     ours = fastlayers.load(_pad_reduce_model("reflect", [0, 2, 0, 3], "ReduceMean", [1], 1))
     x = np.ones((4, 9), np.float32)
     ours.run(None, {"x": x})
     ours.run(None, {"x": x})                                   # the bound plan
-    monkeypatch.setattr(ops, "MAX_CREATED_BYTES", 64)
-    with pytest.raises(FastlayersError, match="Pad"):
-        ours.run(None, {"x": x})
+    with fastlayers.settings.applied(fastlayers.LoadOptions(onnx_max_created_bytes=64)):
+        with pytest.raises(FastlayersError, match="Pad"):
+            ours.run(None, {"x": x})
 
 
 def test_bound_pad_and_reductions_on_computed_parameters_keep_the_general_form():

@@ -193,28 +193,27 @@ def _loop_graph(h, trips, body_inputs=None, body_outputs=None, cond_out="c_in"):
                         [h.make_tensor_value_info("v", F32, [1])], initializer=inits)
 
 
-def test_loop_with_a_constant_trip_count_is_bounded(tmp_path, monkeypatch):
+def test_loop_with_a_constant_trip_count_is_bounded(tmp_path):
     onnx = oracle("onnx")
-    from fastlayers.onnx import control as onnx_control
 
     path = _save(tmp_path, "count", _loop_graph(onnx.helper, 7))
     model = fastlayers.load(path)
     v0 = np.zeros(1, np.float32)
     assert_close(model(v0), _ort_run(path, {"v0": v0})[0])
     assert not model.warm_up()   # a loop is not run on made-up values at load
-    monkeypatch.setattr(onnx_control, "MAX_LOOP_ITERATIONS", 5)
+    limited = fastlayers.load(path, options=fastlayers.LoadOptions(onnx_max_loop_iterations=5))
     with pytest.raises(InputError, match=r"'counter' \(Loop\).*ran 5 iterations"):
-        model(v0)
+        limited(v0)
+    assert_close(model(v0), _ort_run(path, {"v0": v0})[0])   # its own limit, not the other's
 
 
-def test_loop_that_only_a_constant_condition_ends_is_bounded(tmp_path, monkeypatch):
+def test_loop_that_only_a_constant_condition_ends_is_bounded(tmp_path):
     """No trip count and a body passing its true condition through: the file alone makes it
     loop forever, so it stops at MAX_LOOP_ITERATIONS instead of hanging the call."""
     onnx = oracle("onnx")
-    from fastlayers.onnx import control as onnx_control
 
-    model = fastlayers.load(_save(tmp_path, "forever", _loop_graph(onnx.helper, None)))
-    monkeypatch.setattr(onnx_control, "MAX_LOOP_ITERATIONS", 50)
+    model = fastlayers.load(_save(tmp_path, "forever", _loop_graph(onnx.helper, None)),
+                            options=fastlayers.LoadOptions(onnx_max_loop_iterations=50))
     with pytest.raises(InputError, match=r"'counter' \(Loop\).*ran 50 iterations"):
         model(np.zeros(1, np.float32))
 

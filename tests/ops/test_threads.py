@@ -121,6 +121,43 @@ def test_set_num_threads_rejects_bad_counts():
         _core.set_num_threads(0)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_thread_s_own_count_gives_the_same_bits_as_the_process_count(threads):
+    """``using_threads(n)`` runs the calling thread's kernels on n threads whatever the
+    process's count (the pool grows to the widest call and a job asking fewer leaves the other
+    workers idle): the result equals a call at set_num_threads(n), and the count is the
+    process's again after the block and in other Python threads during it."""
+    a, b, _ = _product(1, m=517)
+    before = _core.get_num_threads()
+    try:
+        fastlayers.set_num_threads(threads)
+        expected = _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))
+        fastlayers.set_num_threads(4)
+        _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))     # a pool of 4
+        fastlayers.set_num_threads(1)
+        seen = []
+        with fastlayers.using_threads(threads):
+            assert _core.get_num_threads() == threads
+            other = threading.Thread(target=lambda: seen.append(_core.get_num_threads()))
+            other.start()
+            other.join()
+            out = _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))
+        assert seen == [1] and _core.get_num_threads() == 1
+        np.testing.assert_array_equal(out, expected)
+        assert _core.pool_workers() == max(threads - 1, 0) or threads == 1
+    finally:
+        fastlayers.set_num_threads(before)
+
+
+def test_using_threads_checks_its_count():
+    for bad in (0, -1, 257, 1.5, True, "2"):
+        with pytest.raises(fastlayers.errors.InputError, match="using_threads"):
+            with fastlayers.using_threads(bad):
+                pass
+    with fastlayers.using_threads(None):
+        assert _core.get_num_threads() >= 1
+
+
 def test_a_call_beside_a_busy_pool_gives_the_same_bits(two_threads):
     """A call made while another thread holds the pool runs its chunks serially, in the same
     ranges: self-attention, whose row blocks follow its chunks, gives the shared call's bits."""

@@ -9,13 +9,13 @@ simulator, on the CPU, which is how CI tests them without a GPU.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import weakref
 
 import numpy as np
 
 from ...errors import UnsupportedError
+from ...settings import env_choice
 
 
 def require_numba_cuda() -> None:
@@ -34,7 +34,7 @@ def load_cuda():
     require_numba_cuda()
     from numba import cuda
 
-    if not simulated() and os.environ.get("FASTLAYERS_CUDA_CACHING_ALLOCATOR", "1") != "0":
+    if not simulated() and env_choice("FASTLAYERS_CUDA_CACHING_ALLOCATOR", ("0", "1"), "1") == "1":
         _install_caching_allocator()
     if not cuda.is_available():
         reason = ""
