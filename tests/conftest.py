@@ -24,7 +24,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 needs_numba_cuda = pytest.mark.skipif(
     importlib.util.find_spec("numba_cuda") is None,
     reason="numba-cuda not installed: the cuda backend's tests run after "
-           "pip install -e \".[test,cuda]\" (README, Quick start)")
+           "pip install -e \".[test,cuda]\" (README, Development)")
 
 
 def oracle(module: str):

@@ -162,8 +162,10 @@ class Attention(_BaseDenseAttention):
     dropout : float
         Ignored (inference).
 
-    Call arguments: ``inputs`` [query, value] or [query, value, key]; ``mask`` [query_mask,
-    value_mask] (numeric calls; True = keep), ``return_attention_scores``, ``use_causal_mask``.
+    Call
+    ----
+    ``inputs`` [query, value] or [query, value, key]; ``mask`` [query_mask, value_mask]
+    (numeric calls; True = keep), ``return_attention_scores``, ``use_causal_mask``.
 
     Shape
     -----
@@ -237,9 +239,11 @@ class HardAttention(Attention):
     use_scale : bool, default False
         Learned scalar on the scores (only matters for its sign).
 
-    Call arguments as ``Attention``: masked keys are never chosen; a query with every key masked
-    takes value 0. ``return_attention_scores=True`` returns the one-hot weights (and the chosen
-    index is their argmax).
+    Call
+    ----
+    As ``Attention``: masked keys are never chosen; a query with every key masked takes value 0.
+    ``return_attention_scores=True`` returns the one-hot weights (and the chosen index is their
+    argmax).
 
     Shape
     -----
@@ -290,10 +294,11 @@ class MultiHeadAttention(Layer):
     attention_axes : int or tuple, optional
         Axes attention is computed over (default: every axis between batch and features).
 
-    Call arguments: ``query``, ``value``, ``key`` (default ``value``), ``attention_mask``
-    (batch, Tq..., Tk...) with True / > 0.5 meaning *attend*, ``value_mask``/``key_mask``
-    (batch, Tk) (numeric rank-3 calls; ``query_mask`` is refused: Keras ignores it),
-    ``return_attention_scores``,
+    Call
+    ----
+    ``query``, ``value``, ``key`` (default ``value``), ``attention_mask`` (batch, Tq..., Tk...)
+    with True / > 0.5 meaning *attend*, ``value_mask``/``key_mask`` (batch, Tk) (numeric rank-3
+    calls; ``query_mask`` is refused: Keras ignores it), ``return_attention_scores``,
     ``use_causal_mask`` (one attention axis). A query with every key masked gets what Keras
     gives: zero weights with ``return_attention_scores`` (or inputs of rank > 3), else uniform.
     In a functional model the call is recorded with its tensors packed in a list
@@ -553,12 +558,15 @@ class SelfAttention(MultiHeadAttention):
 
     Parameters
     ----------
-    num_heads, key_dim, value_dim, use_bias, output_shape, attention_axes
-        As ``MultiHeadAttention``, with the same weights.
+    num_heads, key_dim : int
+        As ``MultiHeadAttention``.
     use_causal_mask : bool, default False
         Each position attends to itself and earlier positions only.
     return_attention_scores : bool, default False
         Output [output, scores] instead of output.
+    **kwargs
+        ``value_dim``, ``use_bias``, ``output_shape``, ``attention_axes`` and the other keyword
+        arguments of ``MultiHeadAttention``, with the same weights.
 
     Shape
     -----

@@ -123,7 +123,9 @@ class NiNBlock(SpatialLayer):
     global_pool : bool, default True
         End with global average pooling (the NiN classifier head); False keeps the feature map.
 
-    Weights, in order: ``conv_kernel`` (kh, kw, C, filters), ``conv_bias``, then ``mlp{i}_kernel``
+    Weights
+    -------
+    In order: ``conv_kernel`` (kh, kw, C, filters), ``conv_bias``, then ``mlp{i}_kernel``
     (1, 1, c_in, mlp_filters[i]) and ``mlp{i}_bias`` for each 1x1 convolution.
 
     Shape

@@ -451,9 +451,10 @@ class SimpleRNN(_SimpleRNNMath, _RNNLayer):
     zero_output_for_mask : bool, default False
         Masked steps output zeros instead of repeating the previous output.
 
-    Call arguments: ``initial_state`` (list [h]), ``mask`` (batch, time) bool.
-    dropout, recurrent_dropout, unroll (and use_cudnn for LSTM/GRU) are accepted and ignored
-    (inference).
+    Call
+    ----
+    ``initial_state`` (list [h]), ``mask`` (batch, time) bool. dropout, recurrent_dropout,
+    unroll (and use_cudnn for LSTM/GRU) are accepted and ignored (inference).
 
     Shape
     -----
@@ -490,7 +491,9 @@ class LSTM(_LSTMMath, _RNNLayer):
     return_sequences, return_state, go_backwards, zero_output_for_mask : bool
         As ``SimpleRNN``.
 
-    Call arguments: ``initial_state`` (list [h, c]), ``mask`` (batch, time) bool.
+    Call
+    ----
+    ``initial_state`` (list [h, c]), ``mask`` (batch, time) bool.
 
     Shape
     -----
@@ -652,8 +655,13 @@ class Bidirectional(Layer):
     backward_layer : layer, optional
         The backward layer (default: a clone of ``layer`` with ``go_backwards`` flipped).
 
-    Call arguments: ``initial_state`` (forward states then backward states), ``mask``.
-    Weights: the forward layer's, then the backward layer's, named ``forward_<weight>`` and
+    Call
+    ----
+    ``initial_state`` (forward states then backward states), ``mask``.
+
+    Weights
+    -------
+    The forward layer's, then the backward layer's, named ``forward_<weight>`` and
     ``backward_<weight>``.
 
     Shape

@@ -352,12 +352,12 @@ else:
         assert_close(gpu.predict_on_batch(x), model.predict_on_batch(x))
         assert fastlayers.get_ops().name == "cpu"  # the wrapper does not leak its backend
 
-    def test_the_readme_cuda_block_runs_as_written(ops, tmp_path, monkeypatch):
-        from tests.test_readme import CUDA_MARK, readme_blocks, run_block
+    def test_the_cuda_guide_block_runs_as_written(ops, tmp_path, monkeypatch):
+        from tests.test_readme import cuda_blocks, run_block
 
-        (line, code), = [b for b in readme_blocks() if CUDA_MARK in b[1]]
+        block, = cuda_blocks()          # docs/guide/cuda.md's example
         monkeypatch.chdir(tmp_path)
-        ns = run_block(line, code)
+        ns = run_block(block)
         with fastlayers.use_ops("reference"):
             expected = ns["model"](ns["x"])
         assert_close(ns["y"], expected, rtol=1e-4, atol=1e-5)
