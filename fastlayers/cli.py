@@ -273,15 +273,14 @@ def cmd_bench(args) -> int:
         [args.threads] if args.threads is not None else [native.get_num_threads()]
     inputs = _read_inputs(args.input, batched=False) if args.input else None
     model = load(args.model)
-    log = None
-    if sys.stderr.isatty():
-        def log(line):
-            print(f"bench: {line}", file=sys.stderr, flush=True)
+    def log(line):   # progress on a terminal only: stderr is the error line otherwise
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
     with use_ops(args.backend):
         report = run_benchmark(model, path=args.model, threads=threads,
                                batch_sizes=args.batch_size, shapes=shapes, inputs=inputs,
                                seconds=args.seconds, against=args.against, rtol=args.rtol,
-                               log=log)
+                               log=log if sys.stderr.isatty() else None)
     print(report.table())
     if args.json:
         report.write_json(args.json)
