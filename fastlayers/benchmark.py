@@ -81,8 +81,14 @@ class InputSpec:
     dtype: np.dtype
 
     def describe(self) -> str:
-        """``x float32 [N, 3, 224, 224]``: name, dtype and declared shape (free dimensions by
-        their name, or ``?``)."""
+        """The input in words.
+
+        Returns
+        -------
+        str
+            Name, dtype and declared shape, free dimensions by their name or ``?``:
+            ``x float32 [N, 3, 224, 224]``.
+        """
         if self.shape is None:
             dims = "shape not declared"
         else:
@@ -96,7 +102,18 @@ def _fixed(d) -> bool:
 
 
 def is_onnx(model) -> bool:
-    """Whether ``model`` is an imported ONNX model (``fastlayers.onnx.model.OnnxModel``)."""
+    """Whether ``model`` is an imported ONNX model.
+
+    Parameters
+    ----------
+    model
+        Any object.
+
+    Returns
+    -------
+    bool
+        True for a ``fastlayers.onnx.model.OnnxModel``.
+    """
     from .onnx.model import OnnxModel
 
     return isinstance(model, OnnxModel)
@@ -175,8 +192,19 @@ def _check_names(specs, names, what: str) -> None:
 
 
 def batchable(specs: Sequence[InputSpec]) -> bool:
-    """Whether the model leaves the leading dimension of each of its (non-scalar) inputs free,
-    so that it runs at any batch size (inputs without a declared shape count as free)."""
+    """Whether a model runs at any batch size.
+
+    Parameters
+    ----------
+    specs : sequence of InputSpec
+        The model's inputs (``input_specs``).
+
+    Returns
+    -------
+    bool
+        True where the leading dimension of each non-scalar input is free (inputs without a
+        declared shape count as free) and there is at least one such input.
+    """
     ranked = [s for s in specs if s.shape is None or len(s.shape) > 0]
     return bool(ranked) and all(s.shape is None or not _fixed(s.shape[0]) for s in ranked)
 
@@ -236,8 +264,24 @@ def resolve_shape(spec: InputSpec, batch: int | None = None, shape: Sequence[int
 
 
 def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.ndarray:
-    """Random values of ``shape`` and ``dtype``: floats standard normal, integers from 0 to
-    ``INT_HIGH`` - 1, booleans fair coins."""
+    """Random values of one input.
+
+    Parameters
+    ----------
+    shape : sequence of int
+    dtype : numpy dtype
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    ndarray
+        Floats standard normal, integers from 0 to ``INT_HIGH`` - 1, booleans fair coins.
+
+    Raises
+    ------
+    UnsupportedError
+        A dtype of another kind (strings, complex).
+    """
     dtype = np.dtype(dtype)
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
@@ -286,7 +330,18 @@ def make_inputs(specs: Sequence[InputSpec], batch: int | None = 1,
 
 
 def items_of(arrays: Sequence[np.ndarray]) -> int:
-    """The batch of one call: the leading size of the first input that has one (1 for scalars)."""
+    """The items of one call.
+
+    Parameters
+    ----------
+    arrays : sequence of ndarray
+        A call's inputs.
+
+    Returns
+    -------
+    int
+        The leading size of the first input that has one (1 where all are scalars).
+    """
     for a in arrays:
         if np.ndim(a) > 0:
             return int(np.shape(a)[0])
@@ -294,10 +349,23 @@ def items_of(arrays: Sequence[np.ndarray]) -> int:
 
 
 def runner(model, arrays: Sequence[np.ndarray]) -> Callable[[], list]:
-    """A no-argument callable that runs ``model`` on ``arrays`` and returns its outputs as a
-    list: ``model.run(None, feed)`` for an ONNX model (as onnxruntime is called), else the
-    model's call (one array, a list for a Keras-style model of several inputs, positional
-    arguments for a ``fastlayers.nn`` module)."""
+    """One inference of ``model`` on ``arrays``, as a callable.
+
+    Parameters
+    ----------
+    model
+        What ``fastlayers.load`` returned.
+    arrays : sequence of ndarray
+        The inputs, in the model's order.
+
+    Returns
+    -------
+    callable
+        Without arguments, returning the outputs as a list: ``model.run(None, feed)`` for an
+        ONNX model (as onnxruntime is called), else the model's call (one array, a list for a
+        Keras-style model of several inputs, positional arguments for a ``fastlayers.nn``
+        module).
+    """
     arrays = list(arrays)
     if is_onnx(model):
         feed = dict(zip([s.name for s in model.get_inputs()], arrays))
@@ -503,7 +571,19 @@ class Latency:
 
     @classmethod
     def from_times(cls, engine: str, threads: int, batch: int, seconds) -> "Latency":
-        """The figures of the per-call ``seconds`` of one engine."""
+        """The figures of one engine's timed calls.
+
+        Parameters
+        ----------
+        engine : str
+        threads, batch : int
+        seconds : array_like
+            The seconds of each timed call.
+
+        Returns
+        -------
+        Latency
+        """
         ms = np.asarray(seconds, np.float64) * 1e3
         p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
         mean = float(ms.mean())
@@ -511,14 +591,26 @@ class Latency:
                    batch / (mean / 1e3) if mean > 0 else float("inf"))
 
     def as_dict(self) -> dict:
-        """The figures as a plain dict (``BenchReport.as_dict``'s ``results`` entries)."""
+        """The figures as a plain dict.
+
+        Returns
+        -------
+        dict
+            One entry per attribute (``BenchReport.as_dict``'s ``results`` entries).
+        """
         return dict(self.__dict__)
 
 
 # ------------------------------------------------------------------------------------ host
 def cpu_name() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform.processor()`` says,
-    else None."""
+    """The CPU's model name.
+
+    Returns
+    -------
+    str or None
+        The ``model name`` (or ``Hardware``, ``cpu model``, ...) field of /proc/cpuinfo where
+        there is one, else ``platform.processor()``, else None.
+    """
     try:
         with open("/proc/cpuinfo") as f:
             fields = {}
@@ -556,7 +648,18 @@ def host_info() -> dict:
 
 
 def versions(against: str | None = None) -> dict:
-    """fastlayers', numpy's and Python's versions, and the compared engine's."""
+    """The versions behind the figures.
+
+    Parameters
+    ----------
+    against : str, optional
+        The engine compared with (``"onnxruntime"``), whose version is added.
+
+    Returns
+    -------
+    dict
+        ``fastlayers``, ``numpy``, ``python`` and, with ``against``, ``onnxruntime``.
+    """
     out = {"fastlayers": __version__, "numpy": np.__version__,
            "python": platform.python_version()}
     if against == ONNXRUNTIME:
@@ -615,8 +718,14 @@ class BenchReport:
     versions: dict = field(default_factory=dict)
 
     def table(self) -> str:
-        """The report as text: the model, the host, one row per engine and configuration, the
-        output check and the notes."""
+        """The report as text.
+
+        Returns
+        -------
+        str
+            The model and its inputs, the host, the method, one row per engine and
+            configuration, the output check and the notes.
+        """
         h = self.host
         cpu = h.get("cpu") or "unknown CPU"
         engines = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k != "python")
@@ -684,7 +793,13 @@ class BenchReport:
         }
 
     def write_json(self, path) -> None:
-        """Write ``as_dict()`` to ``path`` as JSON."""
+        """Write ``as_dict()`` as JSON.
+
+        Parameters
+        ----------
+        path : str or Path
+            The file to write (its directory must exist).
+        """
         Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
 
 

@@ -87,7 +87,17 @@ class ModelCache:
         self._models: dict = {}
 
     def get(self, path):
-        """The model of the file ``path``, loaded at its first request."""
+        """The model of a file, loaded at its first request.
+
+        Parameters
+        ----------
+        path : str or Path
+
+        Returns
+        -------
+        model
+            What ``fastlayers.load`` returns for the file.
+        """
         from .io import load
 
         path = Path(path).resolve()
@@ -302,7 +312,14 @@ class SpeedCheck:
 
 
 def warm(fn) -> None:
-    """Call ``fn`` for ``WARMUP_S`` seconds, at least ``WARMUP_CALLS`` times."""
+    """Warm a model's call before it is timed.
+
+    Parameters
+    ----------
+    fn : callable
+        One inference, without arguments; called for ``WARMUP_S`` seconds, at least
+        ``WARMUP_CALLS`` times.
+    """
     import time
 
     end, calls = time.perf_counter() + WARMUP_S, 0
@@ -313,7 +330,12 @@ def warm(fn) -> None:
 
 @pytest.fixture(scope="session")
 def fastlayers_models() -> ModelCache:
-    """The models ``fastlayers_bench`` loaded, one per file for the test session."""
+    """The models ``fastlayers_bench`` loaded, one per file for the test session.
+
+    Returns
+    -------
+    ModelCache
+    """
     return ModelCache()
 
 
@@ -324,6 +346,10 @@ def fastlayers_bench(request, fastlayers_models):
     Call the value once per test: ``fastlayers_bench(path, batch=1, threads=1, max_ms=...,
     max_ratio=...)`` (``SpeedCheck.__call__``). Skips the test where pytest-benchmark is not
     installed or its plugin is turned off.
+
+    Returns
+    -------
+    SpeedCheck
     """
     if not request.config.pluginmanager.hasplugin("benchmark"):
         pytest.skip("fastlayers_bench needs pytest-benchmark (pip install pytest-benchmark), "
