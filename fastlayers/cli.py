@@ -1,8 +1,11 @@
-"""The fastlayers command: demo, info, run and warmup.
+"""The fastlayers command: demo, info, run, profile, bench and warmup.
 
     fastlayers demo                      run the bundled trained models on bundled samples
     fastlayers info MODEL                print a model's summary
     fastlayers run MODEL --input X.npy [--output Y.npy] [--batch-size N]
+    fastlayers profile MODEL.onnx [--input X.npy ...]   time an ONNX model step by step
+    fastlayers bench MODEL [--batch-size N ...] [--threads N ...] [--against onnxruntime]
+                                         latency percentiles and throughput (fastlayers.benchmark)
     fastlayers warmup                    kept for old scripts: says that nothing needs compiling
 
 ``--threads N`` and ``--backend NAME`` go before or after the command. Every error (a bad
@@ -244,6 +247,47 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _check_json(path: str) -> None:
+    """Refuse, before anything is timed, a --json the command could not write."""
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise CommandError(f"--json {path}: the directory {str(parent)!r} does not exist")
+    if Path(path).is_dir():
+        raise CommandError(f"--json {path}: is a directory")
+
+
+def cmd_bench(args) -> int:
+    from . import native
+    from .benchmark import run_benchmark
+
+    if args.json:
+        _check_json(args.json)
+    if args.input and args.shape:
+        raise CommandError("--shape and --input: give the inputs' shapes or their values, not both")
+    shapes = dict(args.shape or [])
+    if len(shapes) != len(args.shape or []):
+        names = [name for name, _ in args.shape]
+        raise CommandError(f"--shape: input {next(n for n in names if names.count(n) > 1)!r} "
+                           "given twice")
+    threads = args.threads if isinstance(args.threads, list) else \
+        [args.threads] if args.threads is not None else [native.get_num_threads()]
+    inputs = _read_inputs(args.input, batched=False) if args.input else None
+    model = load(args.model)
+    def log(line):   # progress on a terminal only: stderr is the error line otherwise
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    with use_ops(args.backend):
+        report = run_benchmark(model, path=args.model, threads=threads,
+                               batch_sizes=args.batch_size, shapes=shapes, inputs=inputs,
+                               seconds=args.seconds, against=args.against, rtol=args.rtol,
+                               log=log if sys.stderr.isatty() else None)
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote the figures to {args.json}", file=sys.stderr)
+    return 0
+
+
 def cmd_warmup(args) -> int:
     from . import native
 
@@ -273,12 +317,37 @@ def _positive_int(maximum: int | None = None):
     return parse
 
 
-def _global_options(parser, suppress: bool) -> None:
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    from .benchmark import parse_shape
+
+    try:
+        return parse_shape(text)
+    except FastlayersError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _global_options(parser, suppress: bool, thread_counts: bool = False) -> None:
     from .backends import MAX_THREADS
 
     default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--threads", type=_positive_int(MAX_THREADS), default=default,
-                        metavar="N", help="threads for fastlayers' kernels (default: the CPUs)")
+    if thread_counts:   # bench: one or more counts, each timed
+        parser.add_argument("--threads", type=_positive_int(MAX_THREADS), nargs="+",
+                            default=default, metavar="N",
+                            help="thread counts to time at, each in turn (default: the count in "
+                                 "force, the CPUs unless set)")
+    else:
+        parser.add_argument("--threads", type=_positive_int(MAX_THREADS), default=default,
+                            metavar="N", help="threads for fastlayers' kernels (default: the CPUs)")
     parser.add_argument("--backend", choices=["cpu", "reference", "cuda"],
                         default=argparse.SUPPRESS if suppress else "cpu",
                         help="backend that runs the model (default: cpu)")
@@ -294,9 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastlayers {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name, help_text):
+    def command(name, help_text, thread_counts=False):
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-        _global_options(p, suppress=True)
+        _global_options(p, suppress=True, thread_counts=thread_counts)
         return p
 
     demo = command("demo", "run the bundled models on bundled samples")
@@ -326,6 +395,33 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--top", type=_positive_int(), default=None, metavar="N",
                       help="show the N slowest steps (default: all)")
     prof.set_defaults(func=cmd_profile)
+    from .benchmark import DEFAULT_SECONDS, ONNXRUNTIME, RTOL
+
+    bench = command("bench", "time a model: latency percentiles and throughput per batch size "
+                             "and thread count, optionally beside onnxruntime", thread_counts=True)
+    bench.add_argument("model", help="a model file (.onnx, .flm, .keras, .h5, .pt, ...)")
+    bench.add_argument("--batch-size", type=_positive_int(), nargs="+", default=None, metavar="N",
+                       help="batch sizes to time, where the model leaves the batch free "
+                            "(default: 1; a model that fixes it: that batch only)")
+    bench.add_argument("--seconds", type=_positive_float, default=DEFAULT_SECONDS, metavar="S",
+                       help=f"timed seconds per engine and configuration, after a warm-up of a "
+                            f"quarter of it, at most 0.5 s (default: {DEFAULT_SECONDS:g})")
+    bench.add_argument("--shape", type=_shape_arg, action="append", metavar="NAME=D1,D2,...",
+                       help="an input's full shape where the model leaves dimensions free "
+                            "(repeat per input; the batch sizes replace a free leading dimension)")
+    bench.add_argument("--input", action="append", metavar="X.npy",
+                       help=".npy file per model input, in order, instead of random values "
+                            "(--batch-size then takes their first rows)")
+    bench.add_argument("--against", choices=[ONNXRUNTIME], default=None,
+                       help="also time onnxruntime on the same ONNX file, the engines taking "
+                            "turns call by call on the same thread count, after checking that "
+                            "their outputs agree")
+    bench.add_argument("--rtol", type=_positive_float, default=RTOL,
+                       help=f"relative tolerance of the output check (default: {RTOL:g}; the "
+                            "absolute one is rtol x each output's largest value)")
+    bench.add_argument("--json", metavar="PATH",
+                       help="also write the figures, the host and the versions as JSON")
+    bench.set_defaults(func=cmd_bench)
     warm = command("warmup", "nothing to do: kernels are compiled at install")
     warm.set_defaults(func=cmd_warmup)
     return parser
@@ -338,7 +434,7 @@ def _one_line(text: str) -> str:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if args.threads is not None:
+        if isinstance(args.threads, int):   # bench takes a list of counts and sets each
             from .backends import set_num_threads
 
             set_num_threads(args.threads)

@@ -35,6 +35,11 @@ class StateDictError(FastlayersError, RuntimeError):
     ``load_state_dict`` reports them."""
 
 
+class MismatchError(FastlayersError, AssertionError):
+    """Two engines' outputs on the same inputs differ beyond the tolerance (``fastlayers bench
+    --against onnxruntime`` and the pytest plugin refuse to time them)."""
+
+
 def native_core_missing(package_dir: str) -> str:
     """The message of the ImportError raised where fastlayers' compiled core was never built."""
     return (f"fastlayers' compiled core (fastlayers.native._core) is not built in {package_dir}: "

@@ -32,7 +32,8 @@ LEVELS = [
     ("model services", ("fastlayers.folding", "fastlayers.summary", "fastlayers.placement")),
     ("models", ("fastlayers.graph", "fastlayers.nn", "fastlayers.onnx")),
     ("io", ("fastlayers.io",)),
-    ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling")),
+    ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling",
+             "fastlayers.benchmark", "fastlayers.pytest_plugin")),
 ]
 
 def _name(path: Path) -> str:

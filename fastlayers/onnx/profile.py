@@ -76,6 +76,31 @@ class Profile:
                                                for op, n, ms, share in self.by_op()))
         return "\n".join(lines)
 
+    def as_dict(self) -> dict:
+        """The profile as plain data (JSON-ready): the call's figures, each step in plan order
+        (shapes as lists, None for a value that is not an array) and the sums per operator.
+
+        Returns
+        -------
+        dict
+            ``model``, ``threads``, ``repeats``, ``total_ms``; ``steps``: one dict per step with
+            ``index``, ``op_type``, ``name``, ``fused``, ``kernel``, ``layout``,
+            ``input_shapes``, ``output_shapes``, ``ms``, ``share``; ``by_op``: one dict per
+            operator with ``op_type``, ``steps``, ``ms``, ``share``, slowest first.
+        """
+        def shapes(values):
+            return [list(v) if v is not None else None for v in values]
+
+        return {"model": self.model, "threads": self.threads, "repeats": self.repeats,
+                "total_ms": self.total_ms,
+                "steps": [{"index": s.index, "op_type": s.op_type, "name": s.name, "fused": s.fused,
+                           "kernel": s.kernel, "layout": s.layout,
+                           "input_shapes": shapes(s.input_shapes),
+                           "output_shapes": shapes(s.output_shapes), "ms": s.ms, "share": s.share}
+                          for s in self.steps],
+                "by_op": [{"op_type": op, "steps": n, "ms": ms, "share": share}
+                          for op, n, ms, share in self.by_op()]}
+
     def __str__(self) -> str:
         return self.table()
 
