@@ -40,7 +40,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .backends import pinned_threads
+from .backends import using_threads
 from .errors import InputError, MismatchError, ShapeError, UnsupportedError
 from .version import __version__
 
@@ -930,7 +930,7 @@ def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
     output_names = [o.name for o in model.get_outputs()] if is_onnx(model) else None
     counts = list(threads) if threads else [None]
     for t in counts:
-        with pinned_threads(t):
+        with using_threads(t):
             used = native.get_num_threads()
             session = onnxruntime_session(path, used) if against else None
             for batch in batches:

@@ -217,7 +217,7 @@ class SpeedCheck:
             Bad arguments (a limit that is not a positive number, inputs that do not match
             the model's, ``max_ratio`` without the model's file).
         """
-        from .backends import pinned_threads
+        from .backends import using_threads
         from .benchmark import (ONNXRUNTIME, RTOL, Latency, compare_outputs, input_specs,
                                 is_onnx, items_of, onnxruntime_session, runner, time_calls)
         from .errors import InputError, MismatchError
@@ -242,7 +242,7 @@ class SpeedCheck:
         arrays = _inputs(model, specs, inputs, batch, shapes, seed)
         rtol = RTOL if rtol is None else rtol
         info = benchmark.extra_info
-        with pinned_threads(threads):
+        with using_threads(threads):
             used = get_num_threads()
             fn = runner(model, arrays)
             outputs = fn()

@@ -264,21 +264,3 @@ def test_make_inputs_types_and_seed():
     assert all(np.array_equal(x, y) for x, y in zip(a, benchmark.make_inputs(specs, batch=3)))
     assert benchmark.batchable(specs)
     assert not benchmark.batchable([benchmark.InputSpec("x", (1, 7), np.dtype(np.float32))])
-
-
-def test_pinned_threads_restores_the_setting(monkeypatch):
-    from fastlayers import backends
-
-    monkeypatch.setattr(backends, "_num_threads", [None])   # set_num_threads never called
-    n = native.get_num_threads()
-    with backends.pinned_threads(1):
-        assert native.get_num_threads() == 1 and backends.get_num_threads() == 1
-    assert native.get_num_threads() == n and backends.get_num_threads() is None
-    backends.set_num_threads(2)
-    with pytest.raises(RuntimeError):
-        with backends.pinned_threads(1):
-            raise RuntimeError("a failure inside")
-    assert native.get_num_threads() == 2 and backends.get_num_threads() == 2
-    with backends.pinned_threads(None):
-        assert backends.get_num_threads() == 2
-    native.set_num_threads(n)

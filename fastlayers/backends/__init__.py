@@ -126,43 +126,6 @@ def get_num_threads() -> int | None:
     return _num_threads[0]
 
 
-@contextlib.contextmanager
-def pinned_threads(n: int | None):
-    """Run the block with ``n`` threads in fastlayers' kernels, then restore the count in force
-    before it (the libraries' default included, where ``set_num_threads`` was never called).
-
-    Parameters
-    ----------
-    n : int or None
-        Threads, from 1 to ``MAX_THREADS``; None leaves the count as it is.
-
-    Raises
-    ------
-    InputError
-        ``n`` is not None nor an integer from 1 to ``MAX_THREADS``.
-
-    Examples
-    --------
-    >>> with pinned_threads(1):
-    ...     y = model(x)
-    """
-    from ..native import get_num_threads as native_threads, set_num_threads as set_native
-
-    if n is None:
-        yield
-        return
-    before, native_before = _num_threads[0], native_threads()
-    set_num_threads(n)
-    try:
-        yield
-    finally:
-        if before is not None:
-            set_num_threads(before)
-        else:
-            set_native(native_before)
-            _num_threads[0] = None
-
-
 class _Recording:
     """The active Ops object seen through a log: each method called is appended to ``log`` as
     ``"<backend>.<method>"``; everything else (``name``, attributes) reads through unchanged."""
