@@ -13,41 +13,14 @@ import pytest
 
 from fastlayers import benchmark, native
 from fastlayers.backends import get_num_threads
-from fastlayers.cli import DATA, main
+from fastlayers.cli import DATA
 from fastlayers.errors import MismatchError
 
 from .conftest import oracle
+from .test_cli_errors import cli, one_line_error  # noqa: F401 - the fixture and check shared
 from .tiny_onnx import dense_model
 
 SECONDS = "0.02"
-
-
-@pytest.fixture
-def cli(capsys):
-    """Run ``main(argv)`` in this process; returns (status, stdout, stderr). The thread count a
-    command sets is restored."""
-    threads = native.get_num_threads()
-
-    def run(*argv):
-        try:
-            status = main(list(argv))
-        except SystemExit as e:   # --help
-            status = e.code
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    yield run
-    native.set_num_threads(threads)
-
-
-def one_line_error(result, *fragments):
-    status, out, err = result
-    assert status == 2, (status, out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fastlayers: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def rows(out, engine="fastlayers"):
