@@ -123,6 +123,11 @@ SETTINGS = (
     Setting("warm_up", None, True,
             "Run the model once on zeros of its declared input shapes before load returns it, "
             "so that the first real call finds its weights packed and its threads started."),
+    Setting("optimize", None, True,
+            "Rewrite an ONNX graph at load into fused steps (convolutions with their "
+            "activations, dense layers, normalizations, attention, recurrent cells). False runs "
+            "the operators as the file writes them, after constant folding: slower, for "
+            "checking a fusion against the plain operators."),
     Setting("threads", None, None,
             "Threads each call of the model uses (None: the process's count, "
             "fastlayers.set_num_threads), as onnxruntime's intra_op_num_threads."),
@@ -177,6 +182,9 @@ class LoadOptions:
         loop trip counts set by the file.
     warm_up : bool
         Run the model once on zeros before ``load`` returns it.
+    optimize : bool
+        Fuse an ONNX graph's operators at load (True); False runs them as the file writes
+        them, to check a fusion against the plain operators.
     threads : int or None
         Threads each call of the model uses; None: the process's count.
 
@@ -207,14 +215,16 @@ class LoadOptions:
     onnx_max_created_bytes: int = _field("onnx_max_created_bytes")
     onnx_max_loop_iterations: int = _field("onnx_max_loop_iterations")
     warm_up: bool = _field("warm_up")
+    optimize: bool = _field("optimize")
     threads: int | None = _field("threads")
 
     def __post_init__(self):
         for s in SETTINGS:
             value = getattr(self, s.name)
-            if s.name == "warm_up":
+            if s.name in ("warm_up", "optimize"):
                 if not isinstance(value, bool):
-                    raise SettingError(f"LoadOptions.warm_up must be True or False, got {value!r}")
+                    raise SettingError(f"LoadOptions.{s.name} must be True or False, got "
+                                       f"{value!r}")
             elif s.name == "threads":
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                           or not 1 <= value <= 256):

@@ -56,7 +56,8 @@ def test_environment_values_set_the_defaults_of_every_field():
 
 @pytest.mark.parametrize("field, value", [
     ("max_layers", 0), ("max_layers", -1), ("max_layers", 1.5), ("max_layers", True),
-    ("onnx_max_created_bytes", "big"), ("warm_up", 1), ("threads", 0), ("threads", 300),
+    ("onnx_max_created_bytes", "big"), ("warm_up", 1), ("optimize", None), ("threads", 0),
+    ("threads", 300),
 ])
 def test_load_options_check_their_fields(field, value):
     with pytest.raises(SettingError, match=f"LoadOptions.{field}"):
@@ -143,6 +144,33 @@ def test_warm_up_is_an_option(tmp_path):
     warm = fastlayers.load(path)
     assert cold._compiled is None and warm._compiled is not None
     assert fastlayers.load(path, warm_up=False)._compiled is None   # the keyword still works
+
+
+def test_an_unoptimized_graph_runs_the_file_s_operators_and_agrees(tmp_path):
+    """``optimize=False`` keeps the file's operators (no fused steps) and gives what the
+    optimized plan and onnxruntime give."""
+    onnx, ort = oracle("onnx"), oracle("onnxruntime")
+    h, rng = onnx.helper, np.random.default_rng(0)
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w", (8, 3, 3, 3)), ("b", (8,)), ("d", (8, 5)))]
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["r"]), h.make_node("GlobalAveragePool", ["r"], ["g"]),
+             h.make_node("Flatten", ["g"], ["f"]), h.make_node("MatMul", ["f", "d"], ["m"]),
+             h.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 9, 9])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])
+    path = tmp_path / "net.onnx"
+    onnx.save(h.make_model(h.make_graph(nodes, "net", [x], [y], weights),
+                           opset_imports=[h.make_opsetid("", 17)]), path)
+    plain = fastlayers.load(path, options=fastlayers.LoadOptions(optimize=False))
+    fused = fastlayers.load(path)
+    assert plain.op_types == ["Conv", "Relu", "GlobalAveragePool", "Flatten", "MatMul", "Softmax"]
+    assert len(fused.op_types) < len(plain.op_types)
+    data = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": data})[0]
+    np.testing.assert_allclose(plain(data), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused(data), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_state_dict_limits_are_options(tmp_path):

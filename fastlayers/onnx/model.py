@@ -765,8 +765,9 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
                             constants)
         nodes = bind_constant_captures(nodes, constants, opset, budget)
         name = graph.name or Path(where).stem
-        nodes = optimize(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset,
-                         _prober(name, inputs, dims, outputs, constants, opset, where))
+        if settings.current().optimize:
+            nodes = optimize(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset,
+                             _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise
     except Exception as e:  # noqa: BLE001 - a graph the optimisations cannot take
