@@ -94,13 +94,13 @@ predict = lambda x: session.run(None, {{name: x}})
 
 
 def host_info() -> dict:
-    """CPU model (/proc/cpuinfo), the native core's ISA path and the cores this process may use."""
-    from fastlayers import native
+    """CPU model (/proc/cpuinfo), the native core's ISA path and the cores this process may use
+    (``fastlayers.benchmark.host_info``, in the keys the benchmarks' tables use)."""
+    from fastlayers.benchmark import host_info as fastlayers_host
 
-    with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                   platform.machine())
-    return {"cpu": cpu, "isa": native.isa(), "cores": len(os.sched_getaffinity(0))}
+    info = fastlayers_host()
+    return {"cpu": info["cpu"] or platform.machine(), "isa": info["isa"],
+            "cores": info["usable_cpus"]}
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> tuple[float, str]:
