@@ -47,29 +47,64 @@ def _column_zero_points(b_zp, n):
     return np.ascontiguousarray(np.broadcast_to(np.asarray(b_zp, np.int32), (1, n)).reshape(n))
 
 
-def integer_matmul(a, a_zp, b, b_zp, packed=None):
+def integer_matmul(a, a_zp, b, b_zp, packed=None, requant=None):
     """(a - a_zp) @ (b - b_zp) summed exactly, as int32 (numpy matmul broadcasting; the zero
     points broadcast against their operands): on the native u8/s8 kernel (qgemm.c) for a 2-D
     b, ``packed`` its packed form where the load packed it, else in float64 (exact: products of
-    two 9-bit values summed over fewer than 2**37 terms)."""
+    two 9-bit values summed over fewer than 2**37 terms). With ``requant`` (``Requant``), the
+    sums requantized to 8 bits as ``requantize`` (in the native kernel's store where it runs)."""
     if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
         raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
     core = _native()
     if core is None or b.ndim != 2 or a.ndim == 0:
         a64 = a.astype(np.float64) - a_zp.astype(np.float64)
         b64 = b.astype(np.float64) - b_zp.astype(np.float64)
-        return np.matmul(a64, b64).astype(np.int32)
+        acc = np.matmul(a64, b64).astype(np.int32)
+        return acc if requant is None else requant.apply(acc, axis=-1)
     if packed is None:
         packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
-    return _qgemm(core, a, a_zp, packed, b.shape[1])
+    return _qgemm(core, a, a_zp, packed, b.shape[1], requant)
 
 
-def _qgemm(core, a, a_zp, packed, n):
-    """(a - a_zp) @ B on the native kernel, B (k, ``n``) less its zero points ``packed``."""
+class Requant:
+    """onnxruntime's requantization of int32 sums (MlasRequantizeOutput):
+    saturate(rint(float32(acc + bias) * multiplier) + y_zp) in y_zp's type (uint8 or int8),
+    ``multiplier`` float32 and ``bias`` int32 (or None) one per output channel or scalars."""
+
+    __slots__ = ("multiplier", "bias", "y_zp")
+
+    def __init__(self, multiplier, bias, y_zp):
+        self.multiplier, self.bias, self.y_zp = np.asarray(multiplier, np.float32), bias, y_zp
+
+    def columns(self, n):
+        """(multiplier, bias) as contiguous vectors of ``n`` values, for the native kernel."""
+        m = np.ascontiguousarray(np.broadcast_to(self.multiplier.reshape(-1), (n,)), np.float32)
+        b = None if self.bias is None else np.ascontiguousarray(np.broadcast_to(self.bias.reshape(-1), (n,)),
+                                                                np.int32)
+        return m, b
+
+    def apply(self, acc, axis):
+        """The requantized int32 ``acc`` whose channels lie on ``axis`` (numpy)."""
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        if self.bias is not None:
+            acc = acc + self.bias.reshape(shape)
+        return requantize(acc, self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier,
+                          self.y_zp)
+
+
+def _qgemm(core, a, a_zp, packed, n, requant=None, out=None):
+    """(a - a_zp) @ B on the native kernel, B (k, ``n``) less its zero points ``packed``: int32,
+    or requantized (``Requant``) into ``out`` (rows of ``n`` values, any row stride) or a new
+    array."""
     a2 = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
     za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
-    c = np.empty((a2.shape[0], n), np.int32)
-    return core.qgemm(a2, za, packed, c).reshape(a.shape[:-1] + (n,))
+    if requant is None:
+        return core.qgemm(a2, za, packed, np.empty((a2.shape[0], n), np.int32)).reshape(a.shape[:-1] + (n,))
+    c = np.empty((a2.shape[0], n), requant.y_zp.dtype) if out is None else out
+    multiplier, bias = requant.columns(n)
+    core.qgemm(a2, za, packed, c, multiplier, None, bias, int(requant.y_zp))
+    return c.reshape(a.shape[:-1] + (n,)) if out is None else c
 
 
 def pack_operand(b, b_zp):
@@ -122,12 +157,13 @@ def _qlinear_matmul(inputs, attrs, opset):
                          "a uint8 or int8 scalar")
     multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
                   / _scale(_scalar(y_s, what, "y_scale"), what))
-    return [requantize(integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed")), multiplier, y_zp.reshape(()))]
+    return [integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"), Requant(multiplier, None, y_zp.reshape(())))]
 
 
-def integer_conv(x, x_zp, w, w_zp, attrs, what):
+def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     """The int32 convolution of (x - x_zp) by (w - w_zp), NCHW / NCL, with ONNX Conv's strides,
-    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift)."""
+    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift); with
+    ``requant`` (``Requant``, one value per output channel), requantized to 8 bits."""
     if x.ndim not in (3, 4) or w.ndim != x.ndim:
         raise ShapeError(f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
                          "convolutions (rank 3 or 4, equal ranks) are supported")
@@ -149,7 +185,8 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
     w_zp = np.asarray(w_zp)
     if _native() is not None:
         packed = _packed_conv_weights(w, w4, w_zp, group)
-        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads)
+        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads,
+                                 requant)
         return y[:, :, 0, :] if one_d else y
     if w_zp.ndim == 1:
         w_zp = w_zp.reshape(-1, 1, 1, 1)
@@ -166,6 +203,7 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
                 y[..., g * cout_g:(g + 1) * cout_g] += (window[..., g * cin_g:(g + 1) * cin_g]
                                                         @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
     y = y.transpose(0, 3, 1, 2).astype(np.int32)
+    y = y if requant is None else requant.apply(y, axis=1)
     return y[:, :, 0, :] if one_d else y
 
 
@@ -185,7 +223,7 @@ def _packed_conv_weights(w, w_oihw, w_zp, group):
     return derived(w, f"qconv:{group}:{zb.tobytes().hex()}", pack)
 
 
-def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads):
+def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads, requant=None):
     """``integer_conv`` (NCHW x) as one integer product per group on the native kernel: the
     windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
     less x_zp, times each group's ``packed`` weight (``_packed_conv_weights``). Returns the NCHW
@@ -206,10 +244,15 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
     windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
                                               (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
     cout_g = cout // group
-    y = np.empty((n * oh * ow, cout), np.int32)
+    y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.y_zp.dtype)
     for g in range(group):
         rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
-        y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
+        if requant is None:
+            y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
+        else:   # each group's columns requantized in the kernel's store, straight into y
+            part = Requant(*(None if v is None else v.reshape(-1)[g * cout_g:(g + 1) * cout_g] if np.ndim(v)
+                             else v for v in (requant.multiplier, requant.bias)), requant.y_zp)
+            _qgemm(core, rows, x_zp, packed[g], cout_g, part, y[:, g * cout_g:(g + 1) * cout_g])
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
@@ -242,19 +285,17 @@ def _qlinear_conv(inputs, attrs, opset):
     x, w = _quantized(x, what, "x"), _quantized(w, what, "w")
     x_zp, w_zp = _conv_zero_points(x, x_zp, w, w_zp, what)
     cout = w.shape[0]
-    acc = integer_conv(x, x_zp, w, w_zp, attrs, what)
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.int32 or bias.shape != (cout,):
             raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
                              f"int32 of shape ({cout},)")
-        acc += bias.reshape((-1,) + (1,) * (acc.ndim - 2))
     y_zp = _scalar(y_zp, what, "y_zero_point")
     if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise InputError(f"{what}: y_zero_point of type {y_zp.dtype}; expected uint8 or int8")
     multiplier = (_scale(_scalar(x_s, what, "x_scale"), what) * _scale(_per_column(w_s, cout, what, "w_scale"), what)
                   / _scale(_scalar(y_s, what, "y_scale"), what))
-    return [requantize(acc, multiplier.reshape((-1,) + (1,) * (acc.ndim - 2)), y_zp)]
+    return [integer_conv(x, x_zp, w, w_zp, attrs, what, Requant(multiplier, bias, y_zp))]
 
 
 def _float_product(acc, a_scale, b_scale, bias, n, what):
