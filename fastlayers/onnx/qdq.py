@@ -12,7 +12,7 @@ folding, so that fastlayers computes what onnxruntime computes, in integers:
 - DQ(a), DQ(b) -> MatMul -> Q                              -> QLinearMatMul
 - DQ(a), DQ(b), DQ(int32 c) -> Gemm (beta 1) [-> Q]        -> com.microsoft QGemm
 - DQ(a), DQ(b) -> Add / Mul -> Q                           -> com.microsoft QLinearAdd / QLinearMul
-- DQ(x) -> AveragePool / GlobalAveragePool / LeakyRelu / Sigmoid -> Q
+- DQ(x) -> AveragePool / GlobalAveragePool / LeakyRelu / Sigmoid / Softmax -> Q
                                                            -> com.microsoft QLinear<op>
 - DQ(x_i)... -> Concat -> Q                                -> com.microsoft QLinearConcat
 
@@ -28,9 +28,8 @@ and Gemm's bias int32. fastlayers also asks that the scales and zero points be c
 the shapes the integer operators take (per tensor; per output channel for weights), and leaves
 any other unit in float.
 
-The units whose integer operator fastlayers does not have (Softmax, Where, Resize, the data
-movement operators onnxruntime runs on integers) stay as written: for the data movement
-operators (Reshape, Transpose, MaxPool with a positive scale, ...) that gives the same values.
+The units whose integer operator fastlayers does not have (Where, Resize, MaxPool) stay as
+written: for MaxPool that gives the same values.
 ``LoadOptions(optimize=False)`` leaves every unit as written.
 """
 
@@ -50,7 +49,7 @@ _MAX = {_U8: 255, _S8: 127}
 
 #: Unary operators -> their com.microsoft integer form (onnxruntime's ``UnaryOpQDQRules``).
 UNARY = {"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
-         "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid"}
+         "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
 #: Binary operators -> their com.microsoft integer form (``BinaryOpQDQRules``).
 BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
 
@@ -58,8 +57,8 @@ BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
 class _Graph:
     """What the rules ask of the graph around a node: producers, readers, constants, types."""
 
-    def __init__(self, nodes, constants, outputs, input_dtypes):
-        self.constants, self.outputs, self.input_dtypes = constants, set(outputs), input_dtypes
+    def __init__(self, nodes, constants, outputs, input_dtypes, opset):
+        self.constants, self.outputs, self.input_dtypes, self.opset = constants, set(outputs), input_dtypes, opset
         self.readers = readers_of(nodes, outputs)
         self.producer = {o: n for n in nodes for o in n.outputs if o}
 
@@ -322,7 +321,10 @@ def _unary(g, node):
     if dt not in _MIN or g.output_type(unit.q) != dt or not _per_tensor(g, unit.dqs[0]):
         return None
     inputs = _operand(g, unit.dqs[0]) + _result(g, unit.q)
-    return unit, Node(f"{MS}::{UNARY[node.op_type]}", inputs, list(unit.q.outputs), dict(node.attrs), node.name)
+    attrs = dict(node.attrs)
+    if node.op_type == "Softmax":   # the version it replaces: below 13 over the flattened trailing axes
+        attrs["opset"] = 13 if g.opset >= 13 else 11
+    return unit, Node(f"{MS}::{UNARY[node.op_type]}", inputs, list(unit.q.outputs), attrs, node.name)
 
 
 def _binary(g, node):
@@ -378,13 +380,13 @@ RULES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, "Concat": _concat,
          **{op: _unary for op in UNARY}, **{op: _binary for op in BINARY}, **{op: _drop for op in DROPPED}}
 
 
-def fuse_node_units(nodes, constants, outputs, input_dtypes) -> list[Node]:
+def fuse_node_units(nodes, constants, outputs, input_dtypes, opset) -> list[Node]:
     """Each QDQ node unit that onnxruntime turns into an integer operator, and whose integer
     operator fastlayers implements, replaced by that operator (the module docstring).
     ``constants``: the graph's initializers (zero points made for DQs without one are added);
-    ``input_dtypes``: graph input name -> numpy dtype. DQs left without readers are pruned
-    by the caller."""
-    g = _Graph(nodes, constants, outputs, input_dtypes)
+    ``input_dtypes``: graph input name -> numpy dtype; ``opset``: the default domain's. DQs
+    left without readers are pruned by the caller."""
+    g = _Graph(nodes, constants, outputs, input_dtypes, opset)
     replaced, removed = {}, set()
     for node in nodes:
         rule = RULES.get(node.op_type)

@@ -209,3 +209,39 @@ def test_units_left_in_float_give_the_same_values(rng, op, attrs):
     ours, got, want = _both(g.model([y]), rng, g.shape)
     assert ours.op_types == ["FusedQuantizeDequantize", op, "FusedQuantizeDequantize"]
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("opset,axis,shape", [(17, -1, (3, 4, 50)), (17, 1, (3, 4, 50)), (11, 1, (3, 4, 5)),
+                                              (11, 2, (2, 3, 7)), (13, 0, (6, 9))])
+@pytest.mark.parametrize("zp,y_zp", [(np.uint8(131), np.uint8(0)), (np.int8(-7), np.int8(-128)),
+                                     (np.int8(3), np.int8(-100))])
+def test_softmax_unit_runs_as_qlinear_softmax_bit_for_bit(rng, backend, opset, axis, shape, zp, y_zp):
+    """onnxruntime's QLinearSoftmax: table lookups of float32 exponentials, a float32 sum left to
+    right, y = rint(e * floor(1 / y_scale) / sum) + y_zp capped at the type's maximum: the same
+    integers."""
+    g = Graph(rng, shape)
+    x = g.qdq("x", 0.07, zp)
+    y = g.dq(g.q(g.node("Softmax", [x], axis=axis), 1 / 256, y_zp), 1 / 256, y_zp)
+    ours, got, want = _both(g.model([y], opset=opset), rng, g.shape)
+    assert "com.microsoft::QLinearSoftmax" in ours.op_types
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_qlinear_softmax_errors_name_the_node(rng):
+    from fastlayers.errors import InputError, ModelFileError
+
+    def model(attrs, y_zp=np.uint8(0)):
+        g = Graph(rng, (2, 5))
+        x = g.q("x", 0.1, np.uint8(128))
+        g.nodes.append(helper.make_node("QLinearSoftmax", [x, g.const(np.float32(0.1)), g.const(np.uint8(128)),
+                                                            g.const(np.float32(1 / 256)), g.const(y_zp)],
+                                        ["y"], domain="com.microsoft", name="sm", **attrs))
+        graph = helper.make_graph(g.nodes, "qs", [helper.make_tensor_value_info("x", F, [2, 5])],
+                                  [helper.make_tensor_value_info("y", U8, None)], g.inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                       helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+    with pytest.raises(ModelFileError, match="'sm'.*opset"):
+        fastlayers.load(model({"axis": -1}))
+    with pytest.raises(InputError, match="QLinearSoftmax: y_zero_point of type int8"):
+        fastlayers.load(model({"axis": -1, "opset": 13}, np.int8(0)))(np.zeros((2, 5), np.float32))
