@@ -1,10 +1,15 @@
-"""onnxruntime's QOperator contrib operator QGemm against onnxruntime on one thread, bit for
-bit on each backend: integer and float outputs equal. The u8 x s8 products take 7-bit B values:
-onnxruntime's AVX2 u8 x s8 kernel (vpmaddubsw, on CPUs without VNNI) saturates int16 pair sums
-where fastlayers sums exactly."""
+"""onnxruntime's QOperator contrib operators QGemm, QLinearGlobalAveragePool and
+QLinearAveragePool against onnxruntime on one thread, bit for bit on each backend: integer
+outputs and QGemm's float outputs equal. The u8 x s8 products take 7-bit B values: onnxruntime's
+AVX2 u8 x s8 kernel (vpmaddubsw, on CPUs without VNNI) saturates int16 pair sums where
+fastlayers sums exactly."""
+
+import warnings
 
 import numpy as np
 import pytest
+
+from fastlayers.errors import InputError, ModelFileError, ShapeError, UnsupportedError
 
 from ..conftest import oracle
 
@@ -139,3 +144,221 @@ def test_qgemm_rounds_saturates_and_wraps_as_onnxruntime(rng, backend):
     data, feed = _one_node("QGemm", [a, one, np.uint8(0), b, half, np.int8(0), c], np.float32)
     got = _matches(data, feed)
     assert (got < 0).any()          # the int32 sum wrapped, as onnxruntime's
+
+
+# ------------------------------------------------------------------------ QLinearGlobalAveragePool
+@pytest.mark.parametrize("spatial", [(1,), (7,), (9, 7), (1, 1), (3, 5, 2), (17, 33)])
+def test_qlinear_global_average_pool_matches_onnxruntime(rng, backend, spatial):
+    """u8 and s8, channels first and last, batch 1 and 3, 1 to 3 spatial axes of odd sizes,
+    random zero points; a y_scale small enough to saturate."""
+    for dtype in (np.uint8, np.int8):
+        for last in (0, 1):
+            for batch, channels in ((1, 5), (3, 17)):
+                shape = (batch,) + spatial + (channels,) if last else (batch, channels) + spatial
+                x = _values(rng, dtype, shape)
+                size = int(np.prod(spatial))
+                for y_scale in (np.float32(0.07), np.float32(0.05 / (200 * size))):
+                    inputs = [x, np.float32(0.05), _values(rng, dtype, ()), y_scale, _values(rng, dtype, ())]
+                    data, feed = _one_node("QLinearGlobalAveragePool", inputs, dtype, channels_last=last)
+                    _matches(data, feed)
+
+
+def test_qlinear_global_average_pool_refuses_what_onnxruntime_refuses(rng):
+    """MLAS computes x_scale / (y_scale * size) only within [2**-32, 256): outside, onnxruntime
+    and fastlayers both refuse (InputError naming the node)."""
+    import fastlayers
+
+    x = _values(rng, np.uint8, (1, 3, 4, 4))
+    for x_scale in (np.float32(256 * 16), np.float32(1e-12)):
+        data, feed = _one_node("QLinearGlobalAveragePool", [x, x_scale, np.uint8(1), np.float32(1), np.uint8(2)],
+                               np.uint8)
+        with pytest.raises(Exception, match="out of computation range"):
+            _session(data).run(None, feed)
+        with pytest.raises(InputError, match=r"n_QLinearGlobalAveragePool.*\[2\*\*-32, 256\)"):
+            fastlayers.load(data).run(None, feed)
+
+
+# ------------------------------------------------------------------------------ QLinearAveragePool
+POOL_CASES = [
+    # spatial size, attributes
+    ((9,), dict(kernel_shape=[3])),
+    ((9,), dict(kernel_shape=[2], strides=[2], pads=[1, 1], count_include_pad=1)),
+    ((8,), dict(kernel_shape=[3], strides=[2], pads=[1, 0], ceil_mode=1)),
+    ((7, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((7, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ((7, 9), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[0, 1, 2, 0], ceil_mode=1)),
+    ((7, 9), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[0, 1, 2, 0], ceil_mode=1, count_include_pad=1)),
+    # ceil_mode: the last window would start past the input, onnxruntime drops it
+    ((6, 8), dict(kernel_shape=[2, 3], strides=[3, 3], ceil_mode=1, count_include_pad=1)),
+    ((7, 5), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
+    ((7, 5), dict(kernel_shape=[4, 2], auto_pad="SAME_LOWER", count_include_pad=1)),
+    ((7, 5), dict(kernel_shape=[3, 2], strides=[1, 2], auto_pad="VALID", ceil_mode=1)),
+    # strides wider than the window: onnxruntime's SAME padding is negative (windows shift)
+    ((4, 9), dict(kernel_shape=[1, 2], strides=[4, 5], auto_pad="SAME_LOWER")),
+    ((4, 9), dict(kernel_shape=[1, 2], strides=[4, 5], auto_pad="SAME_UPPER")),
+    # the window is the whole image: onnxruntime's integer global average
+    ((7, 9), dict(kernel_shape=[7, 9])),
+    ((5,), dict(kernel_shape=[5], strides=[2], auto_pad="VALID")),
+    ((3, 5, 4), dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 2, 1])),
+]
+
+
+@pytest.mark.parametrize("spatial,attrs", POOL_CASES, ids=lambda v: str(v))
+def test_qlinear_average_pool_matches_onnxruntime(rng, backend, spatial, attrs):
+    """kernel, strides, pads, auto_pad, ceil_mode, count_include_pad; 1-D, 2-D (and a 3-D)
+    odd sizes; u8 and s8, channels first and last, batch 1 and 3; a y_scale that saturates."""
+    for dtype in (np.uint8, np.int8):
+        for last in (0, 1):
+            for batch, channels in ((1, 3), (3, 2)):
+                shape = (batch,) + spatial + (channels,) if last else (batch, channels) + spatial
+                x = _values(rng, dtype, shape)
+                for y_scale in (np.float32(0.03), np.float32(0.002)):
+                    inputs = [x, np.float32(0.05), _values(rng, dtype, ()), y_scale, _values(rng, dtype, ())]
+                    data, feed = _one_node("QLinearAveragePool", inputs, dtype, channels_last=last, **attrs)
+                    _matches(data, feed)
+    # omitted zero points are 0 (onnxruntime's kernel; its type inference refuses the file)
+    import fastlayers
+
+    x = _values(rng, np.uint8, (1, 2) + spatial)
+    zeros, zeros_feed = _one_node("QLinearAveragePool", [x, np.float32(0.05), np.uint8(0), np.float32(0.03), np.uint8(0)],
+                         np.uint8, **attrs)
+    omitted, feed = _one_node("QLinearAveragePool", [x, np.float32(0.05), None, np.float32(0.03)], np.uint8, **attrs)
+    _assert_equal(fastlayers.load(omitted).run(None, feed)[0], _session(zeros).run(None, zeros_feed)[0])
+
+
+def test_qlinear_average_pool_rounds_and_converts_as_onnxruntime(backend):
+    """onnxruntime's quantize_value: nearbyintf(y / y_scale + y_zero_point), the zero point
+    added before rounding (200 + 0.50000095 is 200.5 in float32, which rounds to 200, where
+    rounding first gives 201), and a value beyond int32 converted to INT32_MIN, then clamped:
+    a huge positive average gives the type's minimum."""
+    x = np.array([[[[11, 12, 13, 14]]]], np.uint8)              # x - 10: 1, 2, 3, 4
+    y_scale = np.float32(1) / np.float32(0.5 + 2.0 ** -20)
+    data, feed = _one_node("QLinearAveragePool", [x, np.float32(1), np.uint8(10), y_scale, np.uint8(200)],
+                           np.uint8, kernel_shape=[1, 1])
+    assert _matches(data, feed)[0, 0, 0, 0] == 200
+    for dtype in (np.uint8, np.int8):
+        data, feed = _one_node("QLinearAveragePool", [x.astype(dtype), np.float32(1e6), dtype(0), np.float32(1e-6),
+                                                      dtype(0)], dtype, kernel_shape=[1, 2])
+        assert (_matches(data, feed) == np.iinfo(dtype).min).all()
+    for x_scale, y_scale in ((np.float32(np.nan), np.float32(1)), (np.float32(1), np.float32(0))):
+        data, feed = _one_node("QLinearAveragePool", [x, x_scale, np.uint8(10), y_scale, np.uint8(7)],
+                               np.uint8, kernel_shape=[1, 2], pads=[0, 1, 0, 0])
+        _matches(data, feed)
+
+
+# ---------------------------------------------------------------------- torch, quantized by onnxruntime
+def test_onnxruntime_optimized_static_model_runs_its_qoperators(torch, tmp_path, rng):
+    """A torch model (Conv, AvgPool2d, AdaptiveAvgPool2d(1), Linear) exported to ONNX, quantized
+    statically by onnxruntime (QDQ, 7-bit weights) and optimized by onnxruntime, which writes
+    QLinearAveragePool, QLinearGlobalAveragePool and QGemm: fastlayers loads that file and
+    gives onnxruntime's outputs on it, bit for bit."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+            self.gap = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.gap(self.pool(torch.relu(self.conv(x)))), 1))
+
+    shape = (2, 3, 9, 9)
+    float_path, q_path, opt_path = tmp_path / "f.onnx", tmp_path / "q.onnx", tmp_path / "opt.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(*shape),), str(float_path), dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            r = np.random.default_rng(5)
+            self.batches = iter([{"x": r.standard_normal(shape).astype(np.float32)} for _ in range(3)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(float_path, q_path, Batches(), reduce_range=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.optimized_model_filepath = str(opt_path)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    ort.InferenceSession(str(q_path), options, providers=["CPUExecutionProvider"])
+    written = {(n.domain, n.op_type) for n in onnx.load(str(opt_path)).graph.node}
+    assert {(MS, "QGemm"), (MS, "QLinearAveragePool"), (MS, "QLinearGlobalAveragePool")} <= written
+    ours = fastlayers.load(opt_path)
+    assert {f"{MS}::QGemm", f"{MS}::QLinearAveragePool", f"{MS}::QLinearGlobalAveragePool"} <= set(ours.op_types)
+    theirs = _session(opt_path.read_bytes())
+    for batch in (1, 2, 3):
+        x = rng.standard_normal((batch,) + shape[1:]).astype(np.float32)
+        _assert_equal(ours.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0])
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_malformed_qoperators_raise_naming_the_node_and_what_was_expected(rng):
+    import fastlayers
+
+    u8, s8 = np.uint8, np.int8
+    a, b, one = _values(rng, u8, (4, 3)), _values(rng, s8, (3, 5), seven_bit=True), np.float32(0.1)
+
+    def gemm(*inputs, out=np.float32, **attrs):
+        data, feed = _one_node("QGemm", list(inputs), out, **attrs)
+        return lambda: fastlayers.load(data).run(None, feed)
+
+    with pytest.raises(ModelFileError, match=r"n_QGemm.*has 5 inputs, expected 6 to 9"):
+        gemm(a, one, u8(0), b, one)()
+    with pytest.raises(ShapeError, match=r"n_QGemm.*a_scale of shape \(2,\), expected a scalar"):
+        gemm(a, np.ones(2, np.float32), u8(0), b, one, s8(0))()
+    with pytest.raises(InputError, match=r"n_QGemm.*a_zero_point of type int8, expected uint8"):
+        gemm(a, one, s8(0), b, one, s8(0))()
+    with pytest.raises(InputError, match=r"n_QGemm.*b_zero_point of type uint8, expected int8"):
+        gemm(a, one, u8(0), b, one, u8(0))()
+    with pytest.raises(ShapeError, match=r"n_QGemm.*b_scale of shape \(5,\) and b_zero_point of shape \(\)"):
+        gemm(a, one, u8(0), b, np.ones(5, np.float32), s8(0))()
+    with pytest.raises(ShapeError, match=r"n_QGemm.*has K=3 but B of shape \(4, 5\).*has K=4"):
+        gemm(a, one, u8(0), _values(rng, s8, (4, 5)), one, s8(0))()
+    with pytest.raises(ShapeError, match=r"n_QGemm.*C of shape \(4,\) for an output of shape \(4, 5\); expected"):
+        gemm(a, one, u8(0), b, one, s8(0), np.zeros(4, np.int32))()
+    with pytest.raises(InputError, match=r"n_QGemm.*C of type float32, expected int32"):
+        gemm(a, one, u8(0), b, one, s8(0), np.zeros(5, np.float32))()
+    with pytest.raises(UnsupportedError, match=r"n_QGemm.*y_zero_point of type int8 for A of type uint8"):
+        gemm(a, one, u8(0), b, one, s8(0), None, one, s8(0), out=s8)()
+    with pytest.raises(ShapeError, match=r"n_QGemm.*rank 2"):
+        gemm(a[None], one, u8(0), b, one, s8(0))()
+
+    x = _values(rng, u8, (1, 2, 5, 5))
+
+    def pool(op, *inputs, **attrs):
+        data, feed = _one_node(op, list(inputs), u8, **attrs)
+        return lambda: fastlayers.load(data).run(None, feed)
+
+    with pytest.raises(ModelFileError, match=r"n_QLinearGlobalAveragePool.*has 4 inputs, expected 5"):
+        pool("QLinearGlobalAveragePool", x, one, u8(0), one)()
+    with pytest.raises(ShapeError, match=r"n_QLinearGlobalAveragePool.*x_scale of shape \(1, 1\), expected a scalar"):
+        pool("QLinearGlobalAveragePool", x, np.ones((1, 1), np.float32), u8(0), one, u8(0))()
+    with pytest.raises(InputError, match=r"n_QLinearAveragePool.*y_zero_point of type int8, expected uint8"):
+        pool("QLinearAveragePool", x, one, u8(0), one, s8(0), kernel_shape=[2, 2])()
+    with pytest.raises(InputError, match=r"n_QLinearAveragePool.*x_scale of type float16, expected float32"):
+        pool("QLinearAveragePool", x, np.float16(1), u8(0), one, u8(0), kernel_shape=[2, 2])()
+    with pytest.raises(ModelFileError, match=r"n_QLinearAveragePool.*pads \[2, 0, 0, 0\] for kernel_shape \[2, 2\]"):
+        pool("QLinearAveragePool", x, one, u8(0), one, u8(0), kernel_shape=[2, 2], pads=[2, 0, 0, 0])()
+    with pytest.raises(ModelFileError, match=r"n_QLinearAveragePool.*'dilations'"):
+        pool("QLinearAveragePool", x, one, u8(0), one, u8(0), kernel_shape=[2, 2], dilations=[1, 1])()
+    with pytest.raises(ModelFileError, match=r"n_QLinearAveragePool.*required attribute 'kernel_shape'"):
+        pool("QLinearAveragePool", x, one, u8(0), one, u8(0))()
+    with pytest.raises(ShapeError, match=r"n_QLinearAveragePool.*X of shape \(1, 2, 5, 5\) for a kernel_shape of 1"):
+        pool("QLinearAveragePool", x, one, u8(0), one, u8(0), kernel_shape=[2])()
+    with pytest.raises(UnsupportedError, match=r"n_QLinearAveragePool.*kernel_shape of 4 axes"):
+        pool("QLinearAveragePool", x, one, u8(0), one, u8(0), kernel_shape=[1, 1, 1, 1])()
