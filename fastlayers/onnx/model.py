@@ -64,7 +64,8 @@ from ..services import service
 from ..warmup import warm_up
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qsoftmax, quant, rewrite  # noqa: F401 - indexing registers
+from . import (cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qpool, qsoftmax,  # noqa: F401 - indexing registers
+               quant, rewrite)
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune

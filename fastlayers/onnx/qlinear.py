@@ -1,7 +1,14 @@
 """Integer products of quantized ONNX graphs: MatMulInteger, QLinearMatMul, ConvInteger,
-QLinearConv and the contrib DynamicQuantizeMatMul and MatMulIntegerToFloat (semantics in
+QLinearConv and the contrib DynamicQuantizeMatMul, MatMulIntegerToFloat and QGemm (semantics in
 ``quant.py``'s docstring). Sums are exact int32, on the native u8/s8 kernel (``native/qgemm.c``)
-where the backend runs on it, else in float64 (exact)."""
+where the backend runs on it, else in float64 (exact).
+
+QGemm follows onnxruntime's ``contrib::QGemm::Compute`` (quant_gemm.cc): the int32 sum of
+(A - a_zp) (B - b_zp) is added to C (int32, in the output buffer MLAS accumulates into, so it
+wraps as int32 does); each column's float32 multiplier is ``ComputeOutputScale``'s
+(alpha * a_scale * b_scale[j]) / y_scale, left to right in float32 (no y_scale: no division);
+with y_zero_point the output is ``MlasRequantizeOutput``'s (``requantize_output``), without it
+float32(acc) * multiplier (``MLAS_QGEMM_SCALE_BIAS_OUTPUT_PROCESSOR``, ZeroMode, no bias)."""
 
 from __future__ import annotations
 
@@ -9,9 +16,10 @@ import numpy as np
 
 from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
-from .check import _CONV, Op, _fail, _spatial_lengths, _spatial_rank, short
+from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
-from .quant import MS, _native, _register, _saturate, _scale, dynamic_quantize
+from .quant import MS, QUANT_RANGES, _native, _register, _saturate, _scale, dynamic_quantize
+
 
 def _quantized(x, what, name):
     """An integer operand, checked to be uint8 or int8."""
@@ -135,6 +143,37 @@ def _per_column(p, n, what, name):
 def requantize(acc, multiplier, y_zp):
     """saturate(round_half_even(float32(acc) * multiplier) + y_zp), in y_zp's type."""
     return _saturate(acc.astype(np.float32) * multiplier, y_zp)
+
+
+def requantize_output(acc, multiplier, y_zp):
+    """onnxruntime's ``MlasRequantizeOutput``: float32(acc) * multiplier (float32, per tensor or
+    broadcasting per column), clamped to [min - y_zp, max - y_zp] of y_zp's type (NaN to the low
+    end, as MAXPS returns its second operand), rounded half to even, plus y_zp. Equals
+    ``requantize`` but for NaN products."""
+    lo, hi = QUANT_RANGES[y_zp.dtype]
+    z = int(y_zp)
+    y = np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)
+    np.fmax(y, np.float32(lo - z), out=y)
+    np.fmin(y, np.float32(hi - z), out=y)
+    np.rint(y, out=y)
+    if z:
+        y += np.float32(z)
+    return y.astype(y_zp.dtype)
+
+
+def one_value(p, what, name, dtype=None):
+    """A scale or zero point onnxruntime requires to be a scalar or a 1-D tensor of one value
+    (``IsScalarOr1ElementVector``), as a 0-d array; checked to be float32 (``dtype`` None) or of
+    ``dtype`` (a zero point: its tensor's type)."""
+    p = np.asarray(p)
+    want = np.dtype(np.float32) if dtype is None else np.dtype(dtype)
+    if p.dtype != want:
+        kind = "scale" if dtype is None else "zero point"
+        extra = "" if dtype is None else " (the type of its tensor)"
+        raise InputError(f"{what}: {name} of type {p.dtype}, expected {want}{extra} for a {kind}")
+    if not (p.ndim == 0 or p.shape == (1,)):
+        raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar or a 1-D tensor of one value")
+    return p.reshape(())
 
 
 def _scalar(p, what, name):
@@ -414,6 +453,92 @@ def _matmul_integer_to_float(inputs, attrs, opset):
                                     inputs[3], opt[2], what)]
 
 
+def _qgemm_columns(b_scale, b_zp, b, n, what):
+    """QGemm's B scale and zero point: each a scalar, a 1-D tensor of one value or of ``n``
+    (one per column), both of the same shape (``QGemm::CheckInputs``); as float32 and B's type,
+    0-d or (n,)."""
+    b_scale, b_zp = np.asarray(b_scale), np.asarray(b_zp)
+    if b_scale.dtype != np.float32:
+        raise InputError(f"{what}: b_scale of type {b_scale.dtype}, expected float32")
+    if b_zp.dtype != b.dtype:
+        raise InputError(f"{what}: b_zero_point of type {b_zp.dtype}, expected {b.dtype} (the type of B)")
+    for p, name in ((b_scale, "b_scale"), (b_zp, "b_zero_point")):
+        if not (p.ndim == 0 or p.shape in ((1,), (n,))):
+            raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar, (1,) or ({n},) "
+                             f"(one per column of the {n} columns of the output)")
+    if b_scale.shape != b_zp.shape:
+        raise ShapeError(f"{what}: b_scale of shape {b_scale.shape} and b_zero_point of shape "
+                         f"{b_zp.shape}; onnxruntime requires both of the same shape")
+    if b_scale.size == 1:
+        return b_scale.reshape(()), b_zp.reshape(())
+    return b_scale, b_zp
+
+
+def _qgemm_bias(c, m, n, what):
+    """QGemm's C, checked: int32, of a shape onnxruntime broadcasts to (M, N) (one value, (N,),
+    (1, N), (M, 1) or (M, N); ``GemmHelper::IsValidBroadcast``)."""
+    c = np.asarray(c)
+    if c.dtype != np.int32:
+        raise InputError(f"{what}: C of type {c.dtype}, expected int32")
+    ok = c.ndim <= 2 and (c.size == 1 or c.shape in ((n,), (1, n), (m, 1), (m, n)))
+    if not ok:
+        raise ShapeError(f"{what}: C of shape {c.shape} for an output of shape ({m}, {n}); expected one "
+                         f"value, ({n},), (1, {n}), ({m}, 1) or ({m}, {n})")
+    return c
+
+
+def _qgemm_op(inputs, attrs, opset):
+    """com.microsoft QGemm: alpha * (A - a_zp) @ (B - b_zp) (A, B transposed by transA / transB)
+    plus an int32 C, requantized to y_scale / y_zero_point or, without y_zero_point, float32
+    (see the module docstring for onnxruntime's exact arithmetic)."""
+    what = "QGemm"
+    opt = list(inputs[6:]) + [None] * (9 - len(inputs))
+    c, y_scale, y_zp = opt[:3]
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[3], what, "B")
+    if a.dtype == np.int8 and b.dtype != np.int8:
+        raise UnsupportedError(f"{what}: A of type int8 with B of type {b.dtype}; int8 A takes int8 B "
+                               "(onnxruntime has no such kernel)")
+    if a.ndim != 2 or b.ndim != 2:
+        raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape}; both must have rank 2")
+    trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    (k, m), (n, k_b) = (a.shape if trans_a else a.shape[::-1]), (b.shape if trans_b else b.shape[::-1])
+    if k != k_b:
+        raise ShapeError(f"{what}: A of shape {a.shape} (transA={int(trans_a)}) has K={k} but B of shape "
+                         f"{b.shape} (transB={int(trans_b)}) has K={k_b}")
+    if k == 0:
+        raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape} have K=0 (onnxruntime's "
+                         "result is undefined there)")
+    a_scale = one_value(inputs[1], what, "a_scale")
+    a_zp = one_value(inputs[2], what, "a_zero_point", a.dtype)
+    b_scale, b_zp = _qgemm_columns(inputs[4], inputs[5], b, n, what)
+    if c is not None:
+        c = _qgemm_bias(c, m, n, what)
+    if y_zp is not None:
+        y_zp = np.asarray(y_zp)
+        if y_zp.dtype != a.dtype:
+            raise UnsupportedError(f"{what}: y_zero_point of type {y_zp.dtype} for A of type {a.dtype}; "
+                                   "the output has A's type (onnxruntime's kernels)")
+        y_zp = one_value(y_zp, what, "y_zero_point", a.dtype)
+    # ComputeOutputScale: (alpha * a_scale * b_scale[j]) / y_scale, left to right in float32
+    multiplier = np.float32(attrs.get("alpha", 1.0)) * a_scale * b_scale
+    if y_scale is not None:
+        multiplier = multiplier / one_value(y_scale, what, "y_scale")
+    if m == 0 or n == 0:
+        return [np.zeros((m, n), np.float32 if y_zp is None else y_zp.dtype)]
+    a_m, b_m = (a.T if trans_a else a), (b.T if trans_b else b)
+    core, packed = _native(), None
+    if core is not None:     # B less its zero points packed once per B array and zero points
+        zb = _column_zero_points(b_zp, n)
+        packed = derived(b, f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",
+                         lambda w: core.qpack(np.ascontiguousarray(w.T if trans_b else w), zb))
+    acc = integer_matmul(a_m, a_zp, b_m, b_zp, packed)
+    if c is not None:
+        acc = acc + c                      # int32, wrapping as MLAS's accumulation into C
+    if y_zp is None:
+        return [np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)]
+    return [requantize_output(acc, multiplier, y_zp)]
+
+
 def _qconv_check(weight_index):
     """The load-time checks of Conv (spatial rank, attribute lengths, kernel_shape and group
     against a constant weight) for a node whose weight is input ``weight_index``."""
@@ -447,3 +572,6 @@ _register("DynamicQuantizeMatMul", _dynamic_quantize_matmul, Op(inputs=(3, 5)), 
 
 
 _register("MatMulIntegerToFloat", _matmul_integer_to_float, Op(inputs=(4, 7)), MS)
+
+
+_register("QGemm", _qgemm_op, Op(inputs=(6, 9), attrs={"transA": BOOL, "transB": BOOL, "alpha": FLT}), MS)
