@@ -186,35 +186,57 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
 }
 
 /* c[i0 + i, j0 + j] for i < rows, j < cols (<= 16 QGEMM_NP): the sums less the zero-point
- * corrections, int32, or float(acc) * scale[j] (+ bias[j]) where scale (the columns from j0)
- * is not NULL. */
+ * corrections, stored as ``o`` says (fl_qout; its vectors start at column j0; c points at
+ * row i0 column j0). */
 static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *bz, const int32_t *cb,
                         int64_t cols, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL],
-                        const float *scale, const float *bias, void *c, int64_t ldc) {
+                        const fl_qout *o, int64_t j0, void *c, int64_t ldc) {
     for (int i = 0; i < rows; ++i) {
         uint32_t ra = (uint32_t)a->ra[i0 + i], za = (uint32_t)a->za[i0 + i];
         int32_t *oi = out[i];
         for (int64_t j = 0; j < cols; ++j)
             oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
-        if (!scale) {
+        if (o->kind == FL_QOUT_INT32) {
             memcpy((int32_t *)c + i * ldc, oi, (size_t)cols * sizeof(int32_t));
             continue;
         }
-        /* the product rounded before the bias is added (two loops: no fused multiply-add), as
-         * onnxruntime's output processor and numpy */
-        float *ci = (float *)c + i * ldc;
-        for (int64_t j = 0; j < cols; ++j) ci[j] = (float)oi[j] * scale[j];
-        if (bias)
-            for (int64_t j = 0; j < cols; ++j) ci[j] += bias[j];
+        const float *scale = o->scale + j0;
+        if (o->kind == FL_QOUT_FLOAT) {
+            /* the product rounded before the bias is added (two loops: no fused multiply-add),
+             * as onnxruntime's output processor and numpy */
+            float *ci = (float *)c + i * ldc;
+            for (int64_t j = 0; j < cols; ++j) ci[j] = (float)oi[j] * scale[j];
+            if (o->bias)
+                for (int64_t j = 0; j < cols; ++j) ci[j] += o->bias[j0 + j];
+            continue;
+        }
+        /* requantized: rint(float(acc + ibias) * scale) + zero point, saturated (the bounds
+         * are integers, so clamping the rounded float equals clamping the integer) */
+        if (o->ibias)
+            for (int64_t j = 0; j < cols; ++j)
+                oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
+        float zp = (float)o->zero_point;
+        float lo = o->kind == FL_QOUT_UINT8 ? 0.0f : -128.0f, hi = o->kind == FL_QOUT_UINT8 ? 255.0f : 127.0f;
+        int8_t *ci = (int8_t *)c + i * ldc;
+        for (int64_t j = 0; j < cols; ++j) {
+            float v = rintf((float)oi[j] * scale[j]) + zp;
+            v = v < lo ? lo : (v > hi ? hi : v);
+            ci[j] = (int8_t)(int32_t)v;
+        }
     }
+}
+
+/* Bytes of one stored element of c. */
+FL_INLINE int64_t qgemm_out_bytes(const fl_qout *o) {
+    return o->kind == FL_QOUT_UINT8 || o->kind == FL_QOUT_INT8 ? 1 : 4;
 }
 
 /* c[r0:r1, panels p0:p1] of the product, tile by tile (c's rows ldc elements apart, c
  * pointing at row 0 column 0). */
 static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n, int64_t r0, int64_t r1,
-                        int64_t p0, int64_t p1, const float *scale, const float *bias, void *c, int64_t ldc) {
+                        int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc) {
     int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL];
-    int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL;
+    int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL, esize = qgemm_out_bytes(o);
     const int32_t *bz = (const int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
     int mr = qgemm_mr(a->vnni);
     for (int64_t p = p0; p < p1; p += QGEMM_NP) {
@@ -223,9 +245,7 @@ static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n
         for (int64_t i = r0; i < r1; i += mr) {
             int rows = (int)FL_MIN(mr, r1 - i);
             qgemm_sums(a, i, rows, pb + p * pstride, np, out);
-            void *ct = scale ? (void *)((float *)c + i * ldc + j0) : (void *)((int32_t *)c + i * ldc + j0);
-            qgemm_store(a, i, rows, bz + j0, cb + j0, cols, out, scale ? scale + j0 : 0,
-                        bias ? bias + j0 : 0, ct, ldc);
+            qgemm_store(a, i, rows, bz + j0, cb + j0, cols, out, o, j0, (char *)c + (i * ldc + j0) * esize, ldc);
         }
     }
 }
@@ -255,7 +275,7 @@ typedef struct {
     const qgemm_a *a;
     const int8_t *pb;
     int64_t k, n, m, ldc, row_units, groups;
-    const float *scale, *bias;
+    const fl_qout *o;
     void *c;
 } qgemm_ctx;
 
@@ -271,7 +291,7 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
         int64_t r0 = (b * x->row_units + w % x->row_units) * QGEMM_ROWS_PER_UNIT;
         if (r0 >= x->m) continue;
         qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), p0,
-                    FL_MIN(p0 + QGEMM_NP, panels), x->scale, x->bias, x->c, x->ldc);
+                    FL_MIN(p0 + QGEMM_NP, panels), x->o, x->c, x->ldc);
     }
 }
 
@@ -281,7 +301,7 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
 
 /* The product of prepared a (m rows) and packed b on the pool's threads. */
 static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
-                      const float *scale, const float *bias, void *c, int64_t ldc) {
+                      const fl_qout *o, void *c, int64_t ldc) {
     int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
     int64_t row_bytes = 4 * a->kq * (a->vnni ? 1 : 2);
     int64_t most = FL_MAX(1, QGEMM_BLOCK_BYTES / (row_bytes * QGEMM_ROWS_PER_UNIT));
@@ -290,13 +310,13 @@ static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const i
     int64_t groups = (n + QGEMM_NP * FL_QPANEL - 1) / (QGEMM_NP * FL_QPANEL);
     int64_t units = blocks * block_rows * groups;
     int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * QGEMM_NP * FL_QPANEL * FL_MAX(k, 1);
-    qgemm_ctx x = {a, pb, k, n, m, ldc, block_rows, groups, scale, bias, c};
+    qgemm_ctx x = {a, pb, k, n, m, ldc, block_rows, groups, o, c};
     fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
 }
 
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
-                 const int32_t *za, const int8_t *pb, const float *scale, const float *bias,
-                 void *c, int64_t ldc) {
+                 const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
+    static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
     if (m <= 0 || n <= 0) return 0;
     int vnni = qgemm_vnni();
     int64_t kq = (k + 3) / 4;
@@ -311,6 +331,11 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
         int32_t sum = 0;
         if (in_place) {
             for (int64_t p = 0; p < k; ++p) sum += row[p];
+        } else if (vnni && !a_signed) {      /* uint8 rows copied as they are, zeros after k */
+            uint8_t *dst = (uint8_t *)buf + i * 4 * kq;
+            memcpy(dst, row, (size_t)k);
+            memset(dst + k, 0, (size_t)(4 * kq - k));
+            for (int64_t p = 0; p < k; ++p) sum += row[p];
         } else {
             for (int64_t p = 0; p < 4 * kq; ++p) {
                 int32_t v = p < k ? qgemm_at(row, a_signed, p) + shift : 0;
@@ -322,6 +347,6 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
         za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
     }
     qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : 4 * kq, ra, za_u, kq, vnni};
-    qgemm_run(&prepared, m, n, k, pb, scale, bias, c, ldc);
+    qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }

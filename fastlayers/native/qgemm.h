@@ -34,19 +34,35 @@ static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
     return c > 0 ? c : 1;
 }
 
+/* What an integer product stores for its exact int32 sums acc (kind):
+ * FL_QOUT_INT32: acc;
+ * FL_QOUT_FLOAT: float(acc) * scale[j] (+ bias[j] where bias is not NULL), the product rounded
+ *   before the bias is added;
+ * FL_QOUT_UINT8 / FL_QOUT_INT8: saturate(rint(float(acc + ibias[j]) * scale[j]) + zero_point),
+ *   ibias (int32, added with wrap-around) where not NULL: onnxruntime's requantization
+ *   (MlasRequantizeOutput) of QLinearConv / QLinearMatMul / QGemm.
+ * scale, bias and ibias hold n values (one per column of c). */
+enum { FL_QOUT_INT32 = 0, FL_QOUT_FLOAT = 1, FL_QOUT_UINT8 = 2, FL_QOUT_INT8 = 3 };
+typedef struct {
+    int kind;
+    const float *scale, *bias;
+    const int32_t *ibias;
+    int32_t zero_point;
+} fl_qout;
+
 /* Every entry returns 0, or -1 when a work buffer could not be allocated. Arguments:
  * qpack(b, b_signed, ldb, k, n, zb, pb): pb = b (k, n, rows ldb bytes apart; int8 when
  *   b_signed, else uint8) less zb (n int32 values, one per column) packed;
- * qgemm(m, n, k, a, a_signed, lda, za, pb, scale, bias, c, ldc): c (m, n) = (a - za) @ b on
- *   the pool's threads, a (m, k) rows lda bytes apart (int8 when a_signed, else uint8), za m
- *   int32 values (one per row), b packed by qpack; c int32, or, where scale (n floats) is not
- *   NULL, float: float(acc) * scale[j] (+ bias[j] where bias is not NULL). */
+ * qgemm(m, n, k, a, a_signed, lda, za, pb, out, c, ldc): c (m, n) = (a - za) @ b on the
+ *   pool's threads, a (m, k) rows lda bytes apart (int8 when a_signed, else uint8), za m int32
+ *   values (one per row), b packed by qpack, stored as ``out`` says (fl_qout; NULL: int32),
+ *   c's rows ldc elements apart. */
 #define FL_QGEMM_KERNELS(X)                                                                   \
     X(int, qpack, (const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,            \
                    const int32_t *zb, int8_t *pb),                                            \
       (b, b_signed, ldb, k, n, zb, pb))                                                       \
     X(int, qgemm, (int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda, \
-                   const int32_t *za, const int8_t *pb, const float *scale, const float *bias, \
-                   void *c, int64_t ldc),                                                     \
-      (m, n, k, a, a_signed, lda, za, pb, scale, bias, c, ldc))
+                   const int32_t *za, const int8_t *pb, const fl_qout *out, void *c,          \
+                   int64_t ldc),                                                              \
+      (m, n, k, a, a_signed, lda, za, pb, out, c, ldc))
 #endif

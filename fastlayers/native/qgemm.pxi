@@ -6,9 +6,14 @@ cdef extern from "dispatch.h" nogil:
     int64_t fl_qpacked_count(int64_t k, int64_t n)
     int fl_qpack(const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n, const int32_t *zb,
                  int8_t *pb)
+    ctypedef struct fl_qout:
+        int kind
+        const float *scale
+        const float *bias
+        const int32_t *ibias
+        int32_t zero_point
     int fl_qgemm(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
-                 const int32_t *za, const int8_t *pb, const float *scale, const float *bias, void *c,
-                 int64_t ldc)
+                 const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc)
 
 
 cdef int _int8_operand(cnp.ndarray x, str what) except -1:
@@ -67,23 +72,40 @@ def qpack(cnp.ndarray b, cnp.ndarray zb):
 
 
 def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object scale=None,
-          object bias=None):
+          object bias=None, object ibias=None, int zero_point=0):
     """c (m, n) = (a - za) @ (b - zb) summed exactly, on the pool's threads: ``a`` (m, k) uint8 or
     int8 with a contiguous last axis, ``za`` (m,) int32 its zero point per row, ``pb`` b (k, n)
-    less its zero points packed by ``qpack``; ``c`` C-contiguous int32, or float32 with ``scale``
-    (n,) float32: c = float(sum) * scale (+ ``bias`` (n,) float32). Returns ``c``."""
+    less its zero points packed by ``qpack``; ``c`` 2-D with contiguous rows (any row stride):
+    int32 (the sums); float32 with ``scale`` (n,) float32: float(sum) * scale (+ ``bias`` (n,)
+    float32); uint8 or int8 with ``scale``: saturate(rint(float(sum + ``ibias``) * scale) +
+    ``zero_point``), ``ibias`` (n,) int32 or None (onnxruntime's requantization). Returns ``c``."""
     cdef int a_signed = _int8_operand(a, "qgemm a")
     cdef int64_t m = a.shape[0], k = a.shape[1]
-    cdef int want = cnp.NPY_INT32 if scale is None else cnp.NPY_FLOAT32
-    if cnp.PyArray_TYPE(c) != want or c.ndim != 2 or c.shape[0] != m or not cnp.PyArray_IS_C_CONTIGUOUS(c):
-        raise ValueError(f"qgemm: c must be a C-contiguous {'int32' if scale is None else 'float32'} "
-                         f"array of {m} rows")
+    cdef int ctype = cnp.PyArray_TYPE(c)
+    cdef fl_qout out
+    out.kind = 0 if ctype == cnp.NPY_INT32 else 1 if ctype == cnp.NPY_FLOAT32 else \
+        2 if ctype == cnp.NPY_UINT8 else 3 if ctype == cnp.NPY_INT8 else -1
+    if out.kind < 0 or (out.kind == 0) != (scale is None):
+        raise ValueError(f"qgemm: c must be int32 without a scale, float32, uint8 or int8 with one "
+                         f"(got {c.dtype}, scale {'given' if scale is not None else 'None'})")
+    cdef int64_t esize = c.itemsize
+    if c.ndim != 2 or c.shape[0] != m or (c.shape[1] > 1 and c.strides[1] != esize) \
+            or (m > 1 and (c.strides[0] % esize or c.strides[0] < c.shape[1] * esize)) \
+            or not cnp.PyArray_ISWRITEABLE(c):
+        raise ValueError(f"qgemm: c must be a writeable {c.dtype} array of {m} rows with contiguous rows")
     cdef int64_t n = c.shape[1]
+    cdef int64_t ldc = c.strides[0] // esize if m > 1 else n
     _check_packed(pb, k, n, "qgemm: pb")
-    if bias is not None and scale is None:
-        raise ValueError("qgemm: a bias needs a scale")
-    cdef const float *sp = _f32_block(scale, (n,), "scale")
-    cdef const float *bp = _f32_block(bias, (n,), "bias")
+    if bias is not None and out.kind != 1:
+        raise ValueError("qgemm: a bias needs a scale and a float32 c")
+    if ibias is not None and out.kind < 2:
+        raise ValueError("qgemm: an int32 bias needs a uint8 or int8 c")
+    if out.kind >= 2 and not (-128 <= zero_point <= 255):
+        raise ValueError(f"qgemm: zero point {zero_point} out of the 8-bit range")
+    out.scale = _f32_block(scale, (n,), "scale")
+    out.bias = _f32_block(bias, (n,), "bias")
+    out.ibias = NULL if ibias is None else _int32_vector(ibias, n, "qgemm ibias")
+    out.zero_point = zero_point
     cdef const int32_t *zp = _int32_vector(za, m, "qgemm za")
     cdef int64_t lda = a.strides[0] if m > 1 else k
     cdef const void *ap = cnp.PyArray_DATA(a)
@@ -91,6 +113,6 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
     cdef void *cp = cnp.PyArray_DATA(c)
     cdef int st
     with nogil:
-        st = fl_qgemm(m, n, k, ap, a_signed, lda, zp, pp, sp, bp, cp, n)
+        st = fl_qgemm(m, n, k, ap, a_signed, lda, zp, pp, &out, cp, ldc)
     check(st, "qgemm")
     return c

@@ -52,7 +52,8 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
         float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, ra, za);
-        qgemm_run(&prepared, batch, g, hidden, r_packed, 0, 0, acc, g);
+        static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
+        qgemm_run(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
         for (int64_t r = 0; r < batch; ++r) {
             const float *xp = x_proj + (t * batch + r) * g;
             const int32_t *ar = acc + r * g;

@@ -64,7 +64,8 @@ from ..services import service
 from ..warmup import warm_up
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import cells, check, encoder, fusion, indexing, proto, qfusion, qpointwise, quant, rewrite  # noqa: F401 - indexing registers
+from . import (cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qpointwise,  # noqa: F401 - indexing registers
+               qpool, qsoftmax, quant, rewrite)
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
@@ -761,6 +762,9 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
                   2 * initializer_bytes + quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
+        if settings.current().optimize:   # before folding: the DQs of constant weights are part of their units
+            nodes = prune(qdq.fuse_node_units(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset),
+                          outputs)
         nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),
                             constants)
         nodes = bind_constant_captures(nodes, constants, opset, budget)

@@ -1,7 +1,14 @@
 """Integer products of quantized ONNX graphs: MatMulInteger, QLinearMatMul, ConvInteger,
-QLinearConv and the contrib DynamicQuantizeMatMul and MatMulIntegerToFloat (semantics in
+QLinearConv and the contrib DynamicQuantizeMatMul, MatMulIntegerToFloat and QGemm (semantics in
 ``quant.py``'s docstring). Sums are exact int32, on the native u8/s8 kernel (``native/qgemm.c``)
-where the backend runs on it, else in float64 (exact)."""
+where the backend runs on it, else in float64 (exact).
+
+QGemm follows onnxruntime's ``contrib::QGemm::Compute`` (quant_gemm.cc): the int32 sum of
+(A - a_zp) (B - b_zp) is added to C (int32, in the output buffer MLAS accumulates into, so it
+wraps as int32 does); each column's float32 multiplier is ``ComputeOutputScale``'s
+(alpha * a_scale * b_scale[j]) / y_scale, left to right in float32 (no y_scale: no division);
+with y_zero_point the output is ``MlasRequantizeOutput``'s (``requantize_output``), without it
+float32(acc) * multiplier (``MLAS_QGEMM_SCALE_BIAS_OUTPUT_PROCESSOR``, ZeroMode, no bias)."""
 
 from __future__ import annotations
 
@@ -9,9 +16,10 @@ import numpy as np
 
 from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
-from .check import _CONV, Op, _fail, _spatial_lengths, _spatial_rank, short
+from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
-from .quant import MS, _native, _register, _saturate, _scale, dynamic_quantize
+from .quant import MS, QUANT_RANGES, _native, _register, _saturate, _scale, dynamic_quantize
+
 
 def _quantized(x, what, name):
     """An integer operand, checked to be uint8 or int8."""
@@ -47,29 +55,64 @@ def _column_zero_points(b_zp, n):
     return np.ascontiguousarray(np.broadcast_to(np.asarray(b_zp, np.int32), (1, n)).reshape(n))
 
 
-def integer_matmul(a, a_zp, b, b_zp, packed=None):
+def integer_matmul(a, a_zp, b, b_zp, packed=None, requant=None):
     """(a - a_zp) @ (b - b_zp) summed exactly, as int32 (numpy matmul broadcasting; the zero
     points broadcast against their operands): on the native u8/s8 kernel (qgemm.c) for a 2-D
     b, ``packed`` its packed form where the load packed it, else in float64 (exact: products of
-    two 9-bit values summed over fewer than 2**37 terms)."""
+    two 9-bit values summed over fewer than 2**37 terms). With ``requant`` (``Requant``), the
+    sums requantized to 8 bits as ``requantize`` (in the native kernel's store where it runs)."""
     if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
         raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
     core = _native()
     if core is None or b.ndim != 2 or a.ndim == 0:
         a64 = a.astype(np.float64) - a_zp.astype(np.float64)
         b64 = b.astype(np.float64) - b_zp.astype(np.float64)
-        return np.matmul(a64, b64).astype(np.int32)
+        acc = np.matmul(a64, b64).astype(np.int32)
+        return acc if requant is None else requant.apply(acc, axis=-1)
     if packed is None:
         packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
-    return _qgemm(core, a, a_zp, packed, b.shape[1])
+    return _qgemm(core, a, a_zp, packed, b.shape[1], requant)
 
 
-def _qgemm(core, a, a_zp, packed, n):
-    """(a - a_zp) @ B on the native kernel, B (k, ``n``) less its zero points ``packed``."""
+class Requant:
+    """onnxruntime's requantization of int32 sums (MlasRequantizeOutput):
+    saturate(rint(float32(acc + bias) * multiplier) + y_zp) in y_zp's type (uint8 or int8),
+    ``multiplier`` float32 and ``bias`` int32 (or None) one per output channel or scalars."""
+
+    __slots__ = ("multiplier", "bias", "y_zp")
+
+    def __init__(self, multiplier, bias, y_zp):
+        self.multiplier, self.bias, self.y_zp = np.asarray(multiplier, np.float32), bias, y_zp
+
+    def columns(self, n):
+        """(multiplier, bias) as contiguous vectors of ``n`` values, for the native kernel."""
+        m = np.ascontiguousarray(np.broadcast_to(self.multiplier.reshape(-1), (n,)), np.float32)
+        b = None if self.bias is None else np.ascontiguousarray(np.broadcast_to(self.bias.reshape(-1), (n,)),
+                                                                np.int32)
+        return m, b
+
+    def apply(self, acc, axis):
+        """The requantized int32 ``acc`` whose channels lie on ``axis`` (numpy)."""
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        if self.bias is not None:
+            acc = acc + self.bias.reshape(shape)
+        return requantize(acc, self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier,
+                          self.y_zp)
+
+
+def _qgemm(core, a, a_zp, packed, n, requant=None, out=None):
+    """(a - a_zp) @ B on the native kernel, B (k, ``n``) less its zero points ``packed``: int32,
+    or requantized (``Requant``) into ``out`` (rows of ``n`` values, any row stride) or a new
+    array."""
     a2 = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
     za = np.ascontiguousarray(np.broadcast_to(np.asarray(a_zp, np.int32), a.shape[:-1] + (1,)).reshape(-1))
-    c = np.empty((a2.shape[0], n), np.int32)
-    return core.qgemm(a2, za, packed, c).reshape(a.shape[:-1] + (n,))
+    if requant is None:
+        return core.qgemm(a2, za, packed, np.empty((a2.shape[0], n), np.int32)).reshape(a.shape[:-1] + (n,))
+    c = np.empty((a2.shape[0], n), requant.y_zp.dtype) if out is None else out
+    multiplier, bias = requant.columns(n)
+    core.qgemm(a2, za, packed, c, multiplier, None, bias, int(requant.y_zp))
+    return c.reshape(a.shape[:-1] + (n,)) if out is None else c
 
 
 def pack_operand(b, b_zp):
@@ -102,6 +145,37 @@ def requantize(acc, multiplier, y_zp):
     return _saturate(acc.astype(np.float32) * multiplier, y_zp)
 
 
+def requantize_output(acc, multiplier, y_zp):
+    """onnxruntime's ``MlasRequantizeOutput``: float32(acc) * multiplier (float32, per tensor or
+    broadcasting per column), clamped to [min - y_zp, max - y_zp] of y_zp's type (NaN to the low
+    end, as MAXPS returns its second operand), rounded half to even, plus y_zp. Equals
+    ``requantize`` but for NaN products."""
+    lo, hi = QUANT_RANGES[y_zp.dtype]
+    z = int(y_zp)
+    y = np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)
+    np.fmax(y, np.float32(lo - z), out=y)
+    np.fmin(y, np.float32(hi - z), out=y)
+    np.rint(y, out=y)
+    if z:
+        y += np.float32(z)
+    return y.astype(y_zp.dtype)
+
+
+def one_value(p, what, name, dtype=None):
+    """A scale or zero point onnxruntime requires to be a scalar or a 1-D tensor of one value
+    (``IsScalarOr1ElementVector``), as a 0-d array; checked to be float32 (``dtype`` None) or of
+    ``dtype`` (a zero point: its tensor's type)."""
+    p = np.asarray(p)
+    want = np.dtype(np.float32) if dtype is None else np.dtype(dtype)
+    if p.dtype != want:
+        kind = "scale" if dtype is None else "zero point"
+        extra = "" if dtype is None else " (the type of its tensor)"
+        raise InputError(f"{what}: {name} of type {p.dtype}, expected {want}{extra} for a {kind}")
+    if not (p.ndim == 0 or p.shape == (1,)):
+        raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar or a 1-D tensor of one value")
+    return p.reshape(())
+
+
 def _scalar(p, what, name):
     p = np.asarray(p)
     if p.size != 1:
@@ -122,12 +196,13 @@ def _qlinear_matmul(inputs, attrs, opset):
                          "a uint8 or int8 scalar")
     multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
                   / _scale(_scalar(y_s, what, "y_scale"), what))
-    return [requantize(integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed")), multiplier, y_zp.reshape(()))]
+    return [integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"), Requant(multiplier, None, y_zp.reshape(())))]
 
 
-def integer_conv(x, x_zp, w, w_zp, attrs, what):
+def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     """The int32 convolution of (x - x_zp) by (w - w_zp), NCHW / NCL, with ONNX Conv's strides,
-    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift)."""
+    dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift); with
+    ``requant`` (``Requant``, one value per output channel), requantized to 8 bits."""
     if x.ndim not in (3, 4) or w.ndim != x.ndim:
         raise ShapeError(f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
                          "convolutions (rank 3 or 4, equal ranks) are supported")
@@ -149,7 +224,8 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
     w_zp = np.asarray(w_zp)
     if _native() is not None:
         packed = _packed_conv_weights(w, w4, w_zp, group)
-        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads)
+        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads,
+                                 requant)
         return y[:, :, 0, :] if one_d else y
     if w_zp.ndim == 1:
         w_zp = w_zp.reshape(-1, 1, 1, 1)
@@ -166,6 +242,7 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what):
                 y[..., g * cout_g:(g + 1) * cout_g] += (window[..., g * cin_g:(g + 1) * cin_g]
                                                         @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
     y = y.transpose(0, 3, 1, 2).astype(np.int32)
+    y = y if requant is None else requant.apply(y, axis=1)
     return y[:, :, 0, :] if one_d else y
 
 
@@ -185,7 +262,7 @@ def _packed_conv_weights(w, w_oihw, w_zp, group):
     return derived(w, f"qconv:{group}:{zb.tobytes().hex()}", pack)
 
 
-def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads):
+def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads, requant=None):
     """``integer_conv`` (NCHW x) as one integer product per group on the native kernel: the
     windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
     less x_zp, times each group's ``packed`` weight (``_packed_conv_weights``). Returns the NCHW
@@ -206,10 +283,15 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
     windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
                                               (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
     cout_g = cout // group
-    y = np.empty((n * oh * ow, cout), np.int32)
+    y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.y_zp.dtype)
     for g in range(group):
         rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
-        y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
+        if requant is None:
+            y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
+        else:   # each group's columns requantized in the kernel's store, straight into y
+            part = Requant(*(None if v is None else v.reshape(-1)[g * cout_g:(g + 1) * cout_g] if np.ndim(v)
+                             else v for v in (requant.multiplier, requant.bias)), requant.y_zp)
+            _qgemm(core, rows, x_zp, packed[g], cout_g, part, y[:, g * cout_g:(g + 1) * cout_g])
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
@@ -242,19 +324,17 @@ def _qlinear_conv(inputs, attrs, opset):
     x, w = _quantized(x, what, "x"), _quantized(w, what, "w")
     x_zp, w_zp = _conv_zero_points(x, x_zp, w, w_zp, what)
     cout = w.shape[0]
-    acc = integer_conv(x, x_zp, w, w_zp, attrs, what)
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.int32 or bias.shape != (cout,):
             raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
                              f"int32 of shape ({cout},)")
-        acc += bias.reshape((-1,) + (1,) * (acc.ndim - 2))
     y_zp = _scalar(y_zp, what, "y_zero_point")
     if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise InputError(f"{what}: y_zero_point of type {y_zp.dtype}; expected uint8 or int8")
     multiplier = (_scale(_scalar(x_s, what, "x_scale"), what) * _scale(_per_column(w_s, cout, what, "w_scale"), what)
                   / _scale(_scalar(y_s, what, "y_scale"), what))
-    return [requantize(acc, multiplier.reshape((-1,) + (1,) * (acc.ndim - 2)), y_zp)]
+    return [integer_conv(x, x_zp, w, w_zp, attrs, what, Requant(multiplier, bias, y_zp))]
 
 
 def _float_product(acc, a_scale, b_scale, bias, n, what):
@@ -373,6 +453,92 @@ def _matmul_integer_to_float(inputs, attrs, opset):
                                     inputs[3], opt[2], what)]
 
 
+def _qgemm_columns(b_scale, b_zp, b, n, what):
+    """QGemm's B scale and zero point: each a scalar, a 1-D tensor of one value or of ``n``
+    (one per column), both of the same shape (``QGemm::CheckInputs``); as float32 and B's type,
+    0-d or (n,)."""
+    b_scale, b_zp = np.asarray(b_scale), np.asarray(b_zp)
+    if b_scale.dtype != np.float32:
+        raise InputError(f"{what}: b_scale of type {b_scale.dtype}, expected float32")
+    if b_zp.dtype != b.dtype:
+        raise InputError(f"{what}: b_zero_point of type {b_zp.dtype}, expected {b.dtype} (the type of B)")
+    for p, name in ((b_scale, "b_scale"), (b_zp, "b_zero_point")):
+        if not (p.ndim == 0 or p.shape in ((1,), (n,))):
+            raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar, (1,) or ({n},) "
+                             f"(one per column of the {n} columns of the output)")
+    if b_scale.shape != b_zp.shape:
+        raise ShapeError(f"{what}: b_scale of shape {b_scale.shape} and b_zero_point of shape "
+                         f"{b_zp.shape}; onnxruntime requires both of the same shape")
+    if b_scale.size == 1:
+        return b_scale.reshape(()), b_zp.reshape(())
+    return b_scale, b_zp
+
+
+def _qgemm_bias(c, m, n, what):
+    """QGemm's C, checked: int32, of a shape onnxruntime broadcasts to (M, N) (one value, (N,),
+    (1, N), (M, 1) or (M, N); ``GemmHelper::IsValidBroadcast``)."""
+    c = np.asarray(c)
+    if c.dtype != np.int32:
+        raise InputError(f"{what}: C of type {c.dtype}, expected int32")
+    ok = c.ndim <= 2 and (c.size == 1 or c.shape in ((n,), (1, n), (m, 1), (m, n)))
+    if not ok:
+        raise ShapeError(f"{what}: C of shape {c.shape} for an output of shape ({m}, {n}); expected one "
+                         f"value, ({n},), (1, {n}), ({m}, 1) or ({m}, {n})")
+    return c
+
+
+def _qgemm_op(inputs, attrs, opset):
+    """com.microsoft QGemm: alpha * (A - a_zp) @ (B - b_zp) (A, B transposed by transA / transB)
+    plus an int32 C, requantized to y_scale / y_zero_point or, without y_zero_point, float32
+    (see the module docstring for onnxruntime's exact arithmetic)."""
+    what = "QGemm"
+    opt = list(inputs[6:]) + [None] * (9 - len(inputs))
+    c, y_scale, y_zp = opt[:3]
+    a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[3], what, "B")
+    if a.dtype == np.int8 and b.dtype != np.int8:
+        raise UnsupportedError(f"{what}: A of type int8 with B of type {b.dtype}; int8 A takes int8 B "
+                               "(onnxruntime has no such kernel)")
+    if a.ndim != 2 or b.ndim != 2:
+        raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape}; both must have rank 2")
+    trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    (k, m), (n, k_b) = (a.shape if trans_a else a.shape[::-1]), (b.shape if trans_b else b.shape[::-1])
+    if k != k_b:
+        raise ShapeError(f"{what}: A of shape {a.shape} (transA={int(trans_a)}) has K={k} but B of shape "
+                         f"{b.shape} (transB={int(trans_b)}) has K={k_b}")
+    if k == 0:
+        raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape} have K=0 (onnxruntime's "
+                         "result is undefined there)")
+    a_scale = one_value(inputs[1], what, "a_scale")
+    a_zp = one_value(inputs[2], what, "a_zero_point", a.dtype)
+    b_scale, b_zp = _qgemm_columns(inputs[4], inputs[5], b, n, what)
+    if c is not None:
+        c = _qgemm_bias(c, m, n, what)
+    if y_zp is not None:
+        y_zp = np.asarray(y_zp)
+        if y_zp.dtype != a.dtype:
+            raise UnsupportedError(f"{what}: y_zero_point of type {y_zp.dtype} for A of type {a.dtype}; "
+                                   "the output has A's type (onnxruntime's kernels)")
+        y_zp = one_value(y_zp, what, "y_zero_point", a.dtype)
+    # ComputeOutputScale: (alpha * a_scale * b_scale[j]) / y_scale, left to right in float32
+    multiplier = np.float32(attrs.get("alpha", 1.0)) * a_scale * b_scale
+    if y_scale is not None:
+        multiplier = multiplier / one_value(y_scale, what, "y_scale")
+    if m == 0 or n == 0:
+        return [np.zeros((m, n), np.float32 if y_zp is None else y_zp.dtype)]
+    a_m, b_m = (a.T if trans_a else a), (b.T if trans_b else b)
+    core, packed = _native(), None
+    if core is not None:     # B less its zero points packed once per B array and zero points
+        zb = _column_zero_points(b_zp, n)
+        packed = derived(b, f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",
+                         lambda w: core.qpack(np.ascontiguousarray(w.T if trans_b else w), zb))
+    acc = integer_matmul(a_m, a_zp, b_m, b_zp, packed)
+    if c is not None:
+        acc = acc + c                      # int32, wrapping as MLAS's accumulation into C
+    if y_zp is None:
+        return [np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)]
+    return [requantize_output(acc, multiplier, y_zp)]
+
+
 def _qconv_check(weight_index):
     """The load-time checks of Conv (spatial rank, attribute lengths, kernel_shape and group
     against a constant weight) for a node whose weight is input ``weight_index``."""
@@ -406,3 +572,6 @@ _register("DynamicQuantizeMatMul", _dynamic_quantize_matmul, Op(inputs=(3, 5)), 
 
 
 _register("MatMulIntegerToFloat", _matmul_integer_to_float, Op(inputs=(4, 7)), MS)
+
+
+_register("QGemm", _qgemm_op, Op(inputs=(6, 9), attrs={"transA": BOOL, "transB": BOOL, "alpha": FLT}), MS)

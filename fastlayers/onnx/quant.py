@@ -1,6 +1,7 @@
 """Quantized ONNX graphs: the QDQ form (QuantizeLinear, DequantizeLinear), DynamicQuantizeLinear
 and the quantization parameters the other quantized operators share. The integer products are
-in ``qlinear.py``, DynamicQuantizeLSTM in ``qlstm.py``, the load-time passes in ``qfusion.py``.
+in ``qlinear.py``, the quantized average pools in ``qpool.py``, DynamicQuantizeLSTM in
+``qlstm.py``, the load-time passes in ``qfusion.py``.
 
 Registered into ``ops.OPS`` (and their attribute rules into ``check.OPS``); contrib
 operators under ``"com.microsoft::<op_type>"`` (``check.qualified``), so that the lookup is

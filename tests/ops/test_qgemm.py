@@ -165,7 +165,35 @@ def test_float_epilogue(rng, m, k, n):
         c = np.full((m, n), np.nan, np.float32)
         _core.qgemm(a, za, pb, c, scale, bias if with_bias else None)
         np.testing.assert_array_equal(c, product + bias if with_bias else product)
-    with pytest.raises(ValueError, match="C-contiguous float32"):
+    with pytest.raises(ValueError, match="int32 without a scale"):
         _core.qgemm(a, za, pb, np.empty((m, n), np.int32), scale)
     with pytest.raises(ValueError, match="a bias needs a scale"):
         _core.qgemm(a, za, pb, np.empty((m, n), np.int32), None, bias)
+
+
+@pytest.mark.parametrize("out", [np.uint8, np.int8])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40), (25, 27, 70)])
+def test_requantizing_epilogue(rng, out, m, k, n):
+    """8-bit c = saturate(rint(float(sum + ibias[j]) * scale[j]) + zero point) in the tiles'
+    store, bit for bit numpy's form (onnxruntime's requantization): both saturation ends, ties
+    rounded to even, the int32 bias with and without, into a column slice of a wider c."""
+    a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
+    za, zb = _values(rng, np.uint8, m).astype(np.int32), _values(rng, np.int8, n).astype(np.int32)
+    scale = rng.uniform(1e-5, 4e-3, n).astype(np.float32)
+    scale[0] = 0.5                                    # exact halves: ties to even
+    ibias = rng.integers(-30000, 30000, n).astype(np.int32)
+    zp = 3 if out == np.uint8 else -5
+    pb = _core.qpack(b, zb)
+    acc = _expected(a, za, b, zb).astype(np.int32)
+    for bias in (None, ibias):
+        summed = acc if bias is None else acc + bias
+        want = np.clip(np.rint(summed.astype(np.float32) * scale) + np.float32(zp),
+                       np.iinfo(out).min, np.iinfo(out).max).astype(out)
+        wide = np.full((m, n + 9), 77, out)
+        got = _core.qgemm(a, za, pb, wide[:, 4:4 + n], scale, None, bias, zp)
+        np.testing.assert_array_equal(got, want)
+        assert (wide[:, :4] == 77).all() and (wide[:, 4 + n:] == 77).all()
+    with pytest.raises(ValueError, match="an int32 bias needs a uint8 or int8 c"):
+        _core.qgemm(a, za, pb, np.empty((m, n), np.float32), scale, None, ibias)
+    with pytest.raises(ValueError, match="zero point 300"):
+        _core.qgemm(a, za, pb, np.empty((m, n), out), scale, None, None, 300)
