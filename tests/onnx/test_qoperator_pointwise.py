@@ -1,8 +1,9 @@
 """The pointwise QOperator contrib operators (com.microsoft QLinearAdd, QLinearMul,
 QLinearSigmoid, QLinearLeakyRelu, QLinearConcat) against onnxruntime at one thread: integer
 outputs equal, over every pair of 8-bit values, every broadcasting order, saturation, the
-whole input domain of the lookup-table operators, an onnxruntime-optimized quantized torch
-model, and the errors of malformed nodes."""
+whole input domain of the lookup-table operators, a quantized torch model (onnxruntime's
+optimized form of it, and its QDQ file, whose node units fastlayers turns into these operators),
+and the errors of malformed nodes."""
 
 import warnings
 
@@ -327,19 +328,16 @@ def test_concat_copies_or_requantizes_each_input(rng, backend, dtype, axis):
 
 
 # ---------------------------------------------------------------------- onnxruntime's own files
-def test_onnxruntime_optimized_quantized_torch_model(torch, tmp_path, rng, backend):
-    """A torch model of Sigmoid, LeakyRelu, Add, Mul and Concat, quantized by
-    ``quantize_static`` (QDQ, uint8), whose onnxruntime-optimized form (ORT_ENABLE_EXTENDED)
-    runs them as QLinearSigmoid, QLinearLeakyRelu, QLinearAdd, QLinearMul and QLinearConcat:
-    fastlayers loads that file and computes onnxruntime's outputs bit for bit."""
+TARGETS = {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat"}
+
+
+def _quantized_pointwise_model(torch, tmp_path, activation_type):
+    """A torch model of Sigmoid, LeakyRelu, Add, Mul and Concat exported (opset 17) and
+    quantized by ``quantize_static`` (QDQ, activations of ``activation_type``): (its path, the
+    shape of its two inputs)."""
     import logging
 
-    import onnx
-
-    import fastlayers
-
-    ort = oracle("onnxruntime")
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     class Pointwise(torch.nn.Module):
         def forward(self, x, y):
@@ -350,7 +348,7 @@ def test_onnxruntime_optimized_quantized_torch_model(torch, tmp_path, rng, backe
             return torch.cat([d, a, b], dim=1)
 
     shape = (2, 3, 8)
-    float_path, path, optimized = tmp_path / "f.onnx", tmp_path / "q.onnx", tmp_path / "opt.onnx"
+    float_path, path = tmp_path / "f.onnx", tmp_path / "q.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(Pointwise().eval(), (torch.randn(*shape), torch.randn(*shape)), str(float_path),
@@ -367,23 +365,60 @@ def test_onnxruntime_optimized_quantized_torch_model(torch, tmp_path, rng, backe
             return next(self.batches, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(float_path, path, Batches(), activation_type=QuantType.QUInt8)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(optimized)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    targets = {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat"}
-    written = {n.op_type for n in onnx.load(str(optimized)).graph.node if n.domain == MS}
-    assert targets <= written
-    ours = fastlayers.load(optimized)
-    assert {f"{MS}::{op}" for op in targets} <= set(ours.op_types)
+    quantize_static(float_path, path, Batches(), activation_type=activation_type)
+    return path, shape
+
+
+def _same_as_onnxruntime(ort, ours, path, shape, rng):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    theirs = ort.InferenceSession(str(optimized), options, providers=["CPUExecutionProvider"])
+    theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     for batch in (1, 2, 7, 300):
         feeds = {"x": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32),
                  "y": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32)}
         np.testing.assert_array_equal(ours.run(None, feeds)[0], theirs.run(None, feeds)[0])
+
+
+def test_onnxruntime_optimized_quantized_torch_model(torch, tmp_path, rng, backend):
+    """The model quantized with uint8 activations, in onnxruntime's optimized form
+    (ORT_ENABLE_EXTENDED), which runs its operators as QLinearSigmoid, QLinearLeakyRelu,
+    QLinearAdd, QLinearMul and QLinearConcat: fastlayers loads that file and computes
+    onnxruntime's outputs bit for bit."""
+    import onnx
+
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    from onnxruntime.quantization import QuantType
+
+    path, shape = _quantized_pointwise_model(torch, tmp_path, QuantType.QUInt8)
+    optimized = tmp_path / "opt.onnx"
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(optimized)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    written = {n.op_type for n in onnx.load(str(optimized)).graph.node if n.domain == MS}
+    assert TARGETS <= written
+    ours = fastlayers.load(optimized)
+    assert {f"{MS}::{op}" for op in TARGETS} <= set(ours.op_types)
+    _same_as_onnxruntime(ort, ours, optimized, shape, rng)
+
+
+@pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
+def test_quantize_static_files_run_their_units_as_these_operators(torch, tmp_path, rng, backend, activations):
+    """The QDQ file itself: fastlayers turns its Sigmoid, LeakyRelu, Add, Mul and Concat units
+    into the same operators at load, as onnxruntime does when it runs the file (int8 activations
+    as uint8 where its QDQS8ToU8Transformer makes them so), and computes its outputs bit for
+    bit."""
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    from onnxruntime.quantization import QuantType
+
+    path, shape = _quantized_pointwise_model(torch, tmp_path, getattr(QuantType, activations))
+    ours = fastlayers.load(path)
+    assert {f"{MS}::{op}" for op in TARGETS} <= set(ours.op_types)
+    _same_as_onnxruntime(ort, ours, path, shape, rng)
 
 
 # ------------------------------------------------------------------------------------ errors
