@@ -129,6 +129,15 @@ class _Graph:
         return _U8 if params[2] == _S8 and self.as_uint8(q) else params[2]
 
 
+def _same_raw_type(g, dqs, q) -> bool:
+    """Whether the DQs' integers and the Q's are of one type as the file writes them: an
+    operator on the integers themselves (pointwise, concatenation, data movement) gives its
+    output its input's type, so a unit that onnxruntime would see as uint8 only after its
+    QDQS8ToU8 conversion of one side runs as written."""
+    params = g.q_params(q)
+    return params is not None and all(g.dtype_of(dq.inputs[0]) == params[2] for dq in dqs)
+
+
 def _same(a, b) -> bool:
     return a is not None and b is not None and a[2] == b[2] and a[0] == b[0] and a[1] == b[1]
 
@@ -318,7 +327,8 @@ def _unary(g, node):
     if unit is None or len(unit.dqs) != 1 or node.inputs[0] != unit.dqs[0].outputs[0]:
         return None
     dt = g.activation_type(unit.dqs[0])
-    if dt not in _MIN or g.output_type(unit.q) != dt or not _per_tensor(g, unit.dqs[0]):
+    if dt not in _MIN or g.output_type(unit.q) != dt or not _per_tensor(g, unit.dqs[0]) \
+            or not _same_raw_type(g, unit.dqs, unit.q):
         return None
     inputs = _operand(g, unit.dqs[0]) + _result(g, unit.q)
     attrs = dict(node.attrs)
@@ -334,7 +344,7 @@ def _binary(g, node):
     a_dq, b_dq = (g.made_by(name, _DQ) for name in node.inputs)
     dt = g.activation_type(a_dq)
     if dt not in _MIN or g.activation_type(b_dq) != dt or g.output_type(unit.q) != dt \
-            or not (_per_tensor(g, a_dq) and _per_tensor(g, b_dq)):
+            or not (_per_tensor(g, a_dq) and _per_tensor(g, b_dq)) or not _same_raw_type(g, (a_dq, b_dq), unit.q):
         return None
     inputs = _operand(g, a_dq) + _operand(g, b_dq) + _result(g, unit.q)
     return unit, Node(f"{MS}::{BINARY[node.op_type]}", inputs, list(unit.q.outputs), {}, node.name)
@@ -346,7 +356,8 @@ def _concat(g, node):
         return None
     dqs = [g.made_by(name, _DQ) for name in node.inputs]
     dt = g.output_type(unit.q)
-    if dt not in _MIN or any(g.activation_type(dq) != dt or not _per_tensor(g, dq) for dq in dqs):
+    if dt not in _MIN or any(g.activation_type(dq) != dt or not _per_tensor(g, dq) for dq in dqs) \
+            or not _same_raw_type(g, dqs, unit.q):
         return None
     inputs = _result(g, unit.q) + [name for dq in dqs for name in _operand(g, dq)]
     return unit, Node(f"{MS}::QLinearConcat", inputs, list(unit.q.outputs), {"axis": node.attrs.get("axis")},
@@ -363,7 +374,7 @@ def _drop(g, node):
     params = g.q_params(unit.q)
     dt = g.activation_type(unit.dqs[0])
     if dt not in _MIN or g.output_type(unit.q) != dt or not _same(g.q_params(unit.dqs[0]), params) \
-            or not params[0] > 0:
+            or not params[0] > 0 or not _same_raw_type(g, unit.dqs, unit.q):
         return None
     return unit, Node(node.op_type, [unit.dqs[0].inputs[0]] + node.inputs[1:], list(unit.q.outputs),
                       dict(node.attrs), node.name)

@@ -245,3 +245,14 @@ def test_qlinear_softmax_errors_name_the_node(rng):
         fastlayers.load(model({"axis": -1}))
     with pytest.raises(InputError, match="QLinearSoftmax: y_zero_point of type int8"):
         fastlayers.load(model({"axis": -1, "opset": 13}, np.int8(0)))(np.zeros((2, 5), np.float32))
+
+
+def test_units_with_uint8_input_and_int8_output_run_as_written(rng):
+    """A LeakyRelu between a uint8 DQ and an int8 Q (as onnxruntime's optimized files hold
+    after converting one side only): no integer operator takes two types, the unit stays float."""
+    g = Graph(rng, (2, 3, 7, 9))
+    x = g.qdq("x", 0.02, np.uint8(128))
+    y = g.dq(g.q(g.node("LeakyRelu", [x], alpha=0.1), 0.02, np.int8(0)), 0.02, np.int8(0))
+    ours, got, want = _both(g.model([y]), rng, g.shape)
+    assert "LeakyRelu" in ours.op_types
+    np.testing.assert_allclose(got[0], want[0], atol=0.02 * 1.001, rtol=0)
