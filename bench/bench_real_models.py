@@ -293,7 +293,7 @@ def main(argv=None) -> None:
     print(markdown(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"host": host, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"host": host, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
