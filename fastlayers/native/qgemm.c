@@ -210,8 +210,9 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
                 for (int64_t j = 0; j < cols; ++j) ci[j] += o->bias[j0 + j];
             continue;
         }
-        /* requantized: rint(float(acc + ibias) * scale) + zero point, saturated (the bounds
-         * are integers, so clamping the rounded float equals clamping the integer) */
+        /* requantized as MlasRequantizeOutput: float(acc + ibias) * scale clamped to
+         * [lo - zero point, hi - zero point] (NaN to the low end: fmaxf returns the number),
+         * rounded half to even, plus the zero point */
         if (o->ibias)
             for (int64_t j = 0; j < cols; ++j)
                 oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
@@ -219,9 +220,8 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
         float lo = o->kind == FL_QOUT_UINT8 ? 0.0f : -128.0f, hi = o->kind == FL_QOUT_UINT8 ? 255.0f : 127.0f;
         int8_t *ci = (int8_t *)c + i * ldc;
         for (int64_t j = 0; j < cols; ++j) {
-            float v = rintf((float)oi[j] * scale[j]) + zp;
-            v = v < lo ? lo : (v > hi ? hi : v);
-            ci[j] = (int8_t)(int32_t)v;
+            float v = fminf(fmaxf((float)oi[j] * scale[j], lo - zp), hi - zp);
+            ci[j] = (int8_t)(int32_t)(rintf(v) + zp);
         }
     }
 }

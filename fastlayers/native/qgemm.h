@@ -38,9 +38,10 @@ static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
  * FL_QOUT_INT32: acc;
  * FL_QOUT_FLOAT: float(acc) * scale[j] (+ bias[j] where bias is not NULL), the product rounded
  *   before the bias is added;
- * FL_QOUT_UINT8 / FL_QOUT_INT8: saturate(rint(float(acc + ibias[j]) * scale[j]) + zero_point),
- *   ibias (int32, added with wrap-around) where not NULL: onnxruntime's requantization
- *   (MlasRequantizeOutput) of QLinearConv / QLinearMatMul / QGemm.
+ * FL_QOUT_UINT8 / FL_QOUT_INT8: rint(clamp(float(acc + ibias[j]) * scale[j], min - zero_point,
+ *   max - zero_point)) + zero_point (NaN to the low end), ibias (int32, added with wrap-around)
+ *   where not NULL: onnxruntime's requantization (MlasRequantizeOutput) of QLinearConv /
+ *   QLinearMatMul.
  * scale, bias and ibias hold n values (one per column of c). */
 enum { FL_QOUT_INT32 = 0, FL_QOUT_FLOAT = 1, FL_QOUT_UINT8 = 2, FL_QOUT_INT8 = 3 };
 typedef struct {

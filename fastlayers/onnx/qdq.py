@@ -206,7 +206,8 @@ def _clip_made_redundant(g, clip, q) -> bool:
 
 
 def _per_tensor(g, dq) -> bool:
-    return g.q_params(dq) is not None and g.q_params(dq)[2] in _MIN
+    params = g.q_params(dq)
+    return params is not None and params[2] in _MIN
 
 
 def _weights(g, dq, axis, channels) -> bool:

@@ -7,7 +7,7 @@ QGemm follows onnxruntime's ``contrib::QGemm::Compute`` (quant_gemm.cc): the int
 (A - a_zp) (B - b_zp) is added to C (int32, in the output buffer MLAS accumulates into, so it
 wraps as int32 does); each column's float32 multiplier is ``ComputeOutputScale``'s
 (alpha * a_scale * b_scale[j]) / y_scale, left to right in float32 (no y_scale: no division);
-with y_zero_point the output is ``MlasRequantizeOutput``'s (``requantize_output``), without it
+with y_zero_point the output is ``MlasRequantizeOutput``'s (``requantize``), without it
 float32(acc) * multiplier (``MLAS_QGEMM_SCALE_BIAS_OUTPUT_PROCESSOR``, ZeroMode, no bias)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
-from .quant import MS, QUANT_RANGES, _native, _register, _saturate, _scale, dynamic_quantize
+from .quant import MS, QUANT_RANGES, _native, _register, _scale, dynamic_quantize
 
 
 def _quantized(x, what, name):
@@ -91,6 +91,12 @@ class Requant:
                                                                 np.int32)
         return m, b
 
+    def part(self, j0, j1):
+        """The requantization of columns j0:j1 (a group of a grouped convolution)."""
+        def cut(v):
+            return v if v is None or not np.ndim(v) else v.reshape(-1)[j0:j1]
+        return Requant(cut(self.multiplier), cut(self.bias), self.y_zp)
+
     def apply(self, acc, axis):
         """The requantized int32 ``acc`` whose channels lie on ``axis`` (numpy)."""
         shape = [1] * acc.ndim
@@ -141,15 +147,10 @@ def _per_column(p, n, what, name):
 
 
 def requantize(acc, multiplier, y_zp):
-    """saturate(round_half_even(float32(acc) * multiplier) + y_zp), in y_zp's type."""
-    return _saturate(acc.astype(np.float32) * multiplier, y_zp)
-
-
-def requantize_output(acc, multiplier, y_zp):
     """onnxruntime's ``MlasRequantizeOutput``: float32(acc) * multiplier (float32, per tensor or
-    broadcasting per column), clamped to [min - y_zp, max - y_zp] of y_zp's type (NaN to the low
-    end, as MAXPS returns its second operand), rounded half to even, plus y_zp. Equals
-    ``requantize`` but for NaN products."""
+    broadcasting), clamped to [min - y_zp, max - y_zp] of y_zp's type (NaN to the low end, as
+    MAXPS returns its second operand), rounded half to even, plus y_zp; the native kernel's
+    8-bit store computes the same (qgemm.c)."""
     lo, hi = QUANT_RANGES[y_zp.dtype]
     z = int(y_zp)
     y = np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)
@@ -289,9 +290,8 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
         if requant is None:
             y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
         else:   # each group's columns requantized in the kernel's store, straight into y
-            part = Requant(*(None if v is None else v.reshape(-1)[g * cout_g:(g + 1) * cout_g] if np.ndim(v)
-                             else v for v in (requant.multiplier, requant.bias)), requant.y_zp)
-            _qgemm(core, rows, x_zp, packed[g], cout_g, part, y[:, g * cout_g:(g + 1) * cout_g])
+            _qgemm(core, rows, x_zp, packed[g], cout_g, requant.part(g * cout_g, (g + 1) * cout_g),
+                   y[:, g * cout_g:(g + 1) * cout_g])
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
@@ -536,7 +536,7 @@ def _qgemm_op(inputs, attrs, opset):
         acc = acc + c                      # int32, wrapping as MLAS's accumulation into C
     if y_zp is None:
         return [np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)]
-    return [requantize_output(acc, multiplier, y_zp)]
+    return [requantize(acc, multiplier, y_zp)]
 
 
 def _qconv_check(weight_index):

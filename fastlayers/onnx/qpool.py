@@ -4,7 +4,7 @@ operators QLinearGlobalAveragePool and QLinearAveragePool (uint8 or int8, NC... 
 
 QLinearGlobalAveragePool (``ComputeQLinearGlobalAvgPool`` -> ``MlasQLinearGlobalAveragePoolNchw``
 / ``...Nhwc``, qlgavgpool.cpp): per channel the int32 sum of the image less x_zero_point * size
-(int32 arithmetic, wrapping), requantized by ``MlasRequantizeOutput`` (``requantize_output``)
+(int32 arithmetic, wrapping), requantized by ``MlasRequantizeOutput`` (``qlinear.requantize``)
 with the float32 multiplier x_scale / (y_scale * float32(size)). Like MLAS
 (``CheckQLinearGlobalAveragePoolScaleAndSize``) it refuses an image of 2**24 values or more and a
 multiplier outside [2**-32, 256).
@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputError, ShapeError
 from ..geometry import same_pads, window_out
 from .check import AUTO_PAD, BOOL, NONNEG, POSS, Op, _fail, _spatial_lengths
-from .qlinear import _quantized, one_value, requantize_output
+from .qlinear import _quantized, one_value, requantize
 from .quant import MS, QUANT_RANGES, _register
 
 #: The largest image MLAS's global average pool takes (``CheckQLinearGlobalAveragePoolScaleAndSize``).
@@ -66,7 +66,7 @@ def _global_average(x, axes, x_scale, x_zp, y_scale, y_zp, what):
                          "computes it only within [2**-32, 256) (its parameters out of computation range)")
     sums = x.sum(axis=axes, keepdims=True, dtype=np.int64)
     acc = (sums - int(x_zp) * size).astype(np.int32)       # the int32 sums of MLAS, wrapping alike
-    return requantize_output(acc, scale, y_zp)
+    return requantize(acc, scale, y_zp)
 
 
 def _global_average_pool(inputs, attrs, opset):

@@ -176,18 +176,23 @@ def test_float_epilogue(rng, m, k, n):
 def test_requantizing_epilogue(rng, out, m, k, n):
     """8-bit c = saturate(rint(float(sum + ibias[j]) * scale[j]) + zero point) in the tiles'
     store, bit for bit numpy's form (onnxruntime's requantization): both saturation ends, ties
-    rounded to even, the int32 bias with and without, into a column slice of a wider c."""
+    rounded to even, NaN and infinite multipliers, the int32 bias with and without, into a
+    column slice of a wider c."""
     a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
     za, zb = _values(rng, np.uint8, m).astype(np.int32), _values(rng, np.int8, n).astype(np.int32)
     scale = rng.uniform(1e-5, 4e-3, n).astype(np.float32)
     scale[0] = 0.5                                    # exact halves: ties to even
+    if n > 2:
+        scale[1:3] = np.nan, np.inf                   # NaN to the low end, as onnxruntime's clamp
     ibias = rng.integers(-30000, 30000, n).astype(np.int32)
     zp = 3 if out == np.uint8 else -5
     pb = _core.qpack(b, zb)
     acc = _expected(a, za, b, zb).astype(np.int32)
     for bias in (None, ibias):
         summed = acc if bias is None else acc + bias
-        want = np.clip(np.rint(summed.astype(np.float32) * scale) + np.float32(zp),
+        with np.errstate(invalid="ignore"):
+            product = summed.astype(np.float32) * scale
+        want = np.clip(np.rint(np.fmax(product, np.iinfo(out).min - zp)) + np.float32(zp),
                        np.iinfo(out).min, np.iinfo(out).max).astype(out)
         wide = np.full((m, n + 9), 77, out)
         got = _core.qgemm(a, za, pb, wide[:, 4:4 + n], scale, None, bias, zp)
