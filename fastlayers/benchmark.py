@@ -635,14 +635,14 @@ def host_info() -> dict:
         ``cpu`` (model name, or None), ``machine`` (``platform.machine()``), ``system``,
         ``cpu_count`` (``os.cpu_count()``), ``usable_cpus`` (the CPUs this process may run on),
         ``isa`` (the ISA path of fastlayers' kernels, ``fastlayers.native.isa()``) and, on the
-        AVX-512 path, ``vnni`` (whether the 8-bit products use AVX-512 VNNI).
+        AVX-512 and AVX2 paths, ``vnni`` (whether the 8-bit products use VNNI's vpdpbusd).
     """
     from . import native
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = {"cpu": cpu_name(), "machine": platform.machine(), "system": platform.system(),
             "cpu_count": os.cpu_count(), "usable_cpus": usable, "isa": native.isa()}
-    if info["isa"] == "avx512":
+    if info["isa"] in ("avx512", "avx2"):
         info["vnni"] = bool(native.vnni())
     return info
 

@@ -2,9 +2,10 @@
 
 The kernels run on the best ISA path this CPU has (AVX-512F, AVX2+FMA or portable C), chosen
 at import; ``FASTLAYERS_ISA=avx512|avx2|generic`` forces one (an error when this CPU cannot
-run it) and ``set_isa`` switches at run time (the tests run every path this way). On the
-avx512 path the 8-bit integer products run AVX-512 VNNI where the CPU has it (``vnni``;
-``set_vnni(False)`` runs them as on a CPU without).
+run it) and ``set_isa`` switches at run time (the tests run every path this way). The 8-bit
+integer products run VNNI's vpdpbusd where the path and CPU have it: AVX-512 VNNI on the avx512
+path, AVX-VNNI (or AVX-512 VNNI with VL) on the avx2 path (``vnni``; ``set_vnni(False)`` runs
+them as on a CPU without).
 """
 
 from __future__ import annotations

@@ -110,21 +110,22 @@ def set_isa(str name):
 
 
 def vnni():
-    """Whether the integer products run AVX-512 VNNI instructions now (the avx512 path on a CPU
-    that has them, unless turned off with ``set_vnni(False)``)."""
+    """Whether the 8-bit integer products run VNNI's vpdpbusd now: on the avx512 path where the
+    CPU has AVX-512 VNNI, on the avx2 path where it has AVX-VNNI (or AVX-512 VNNI with VL),
+    unless turned off with ``set_vnni(False)``."""
     return bool(fl_vnni)
 
 
 def vnni_runs():
-    """Whether the ISA path in use can run AVX-512 VNNI integer products on this CPU."""
+    """Whether the ISA path in use can run VNNI integer products on this CPU (see ``vnni``)."""
     return bool(fl_vnni_runs())
 
 
 def set_vnni(bint on):
-    """Run the integer products with AVX-512 VNNI (``True``) or without; ValueError when the
+    """Run the integer products with VNNI (``True``) or without; ValueError when the
     ISA path in use or the CPU has none. ``set_isa`` resets it to what the path can run."""
     if fl_set_vnni(on) != 0:
-        raise ValueError(f"AVX-512 VNNI products are not available on the {isa()!r} path of this CPU")
+        raise ValueError(f"VNNI products are not available on the {isa()!r} path of this CPU")
 
 
 def get_num_threads():

@@ -47,12 +47,16 @@ const char *fl_best_isa(void) {
 }
 
 const fl_kernels *fl_k = &fl_kernels_generic;
-int fl_vnni = 0;
+int fl_vnni = 0, fl_vnni_vex = 0;
 
 int fl_vnni_runs(void) {
 #if FL_X86
     __builtin_cpu_init();
-    return fl_k == &fl_kernels_avx512 && __builtin_cpu_supports("avx512vnni");
+    int evex = __builtin_cpu_supports("avx512vnni");
+    if (fl_k == &fl_kernels_avx512) return evex;
+    if (fl_k == &fl_kernels_avx2)
+        return __builtin_cpu_supports("avxvnni") || (evex && __builtin_cpu_supports("avx512vl"));
+    return 0;
 #else
     return 0;
 #endif
@@ -68,5 +72,8 @@ int fl_set_isa(const char *name) {
     if (!fl_isa_runs(name)) return -1;
     fl_k = table_of(name);
     fl_vnni = fl_vnni_runs();
+#if FL_X86
+    fl_vnni_vex = __builtin_cpu_supports("avxvnni");
+#endif
     return 0;
 }

@@ -23,10 +23,12 @@ int fl_set_isa(const char *name);
 /* The best ISA this CPU runs. */
 const char *fl_best_isa(void);
 
-/* 1 where the avx512 path's integer products run AVX-512 VNNI's vpdpbusd (qgemm.c): set with
- * the path when the CPU has it; fl_set_vnni(0) turns it off (the tests run both forms), and
- * fl_set_vnni(1) returns -1 when the path or the CPU has none. */
-extern int fl_vnni;
+/* 1 where the integer products run VNNI's vpdpbusd (qgemm.c): on the avx512 path with
+ * AVX-512 VNNI (zmm), on the avx2 path with AVX-VNNI or AVX512-VL VNNI (ymm). Set with the path
+ * when the CPU has it; fl_set_vnni(0) turns it off (the tests run both forms), and
+ * fl_set_vnni(1) returns -1 when the path or the CPU has none. fl_vnni_vex: the avx2 path's
+ * vpdpbusd takes AVX-VNNI's VEX encoding (the CPU has AVX-VNNI), else the EVEX one. */
+extern int fl_vnni, fl_vnni_vex;
 int fl_vnni_runs(void);
 int fl_set_vnni(int on);
 

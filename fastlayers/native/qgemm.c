@@ -1,8 +1,9 @@
 /* Integer matrix products (qgemm.h): c = (a - za) @ (b - zb) exactly in int32, on tiles of up
  * to QGEMM_MR rows x QGEMM_NP 16-column panels of packed b. Compiled once per ISA
- * (kernels.inc): on the AVX-512 path, vpdpbusd (u8 x s8 quads) where the CPU has VNNI
- * (fl_vnni, dispatch.h), else as AVX2; the AVX2 path widens to int16 and multiplies pairs with
- * vpmaddwd; the portable path in C. A is prepared once per call: rows of 4 ceil(k / 4) values
+ * (kernels.inc): where the path runs VNNI (fl_vnni, dispatch.h) vpdpbusd multiplies u8 x s8
+ * quads, on zmm registers on the AVX-512 path and on ymm on the AVX2 path (AVX-VNNI's VEX
+ * encoding, or AVX512-VL VNNI's EVEX one on a CPU with AVX-512 VNNI only); without VNNI the
+ * AVX2 and AVX-512 paths widen to int16 and multiply pairs with vpmaddwd; the portable path in C. A is prepared once per call: rows of 4 ceil(k / 4) values
  * a_u (uint8 for vpdpbusd, else int16), their sums and zero points. */
 
 #define QGEMM_NP 4                  /* panels of one tile and of one unit of parallel work */
@@ -25,11 +26,8 @@ typedef struct {
 
 /* Rows a tile takes on this path. */
 FL_INLINE int qgemm_mr(int vnni) {
-#if defined(FL_ISA_AVX512)
+#if defined(FL_ISA_AVX512) || defined(FL_ISA_AVX2)
     return vnni ? 6 : 3;
-#elif defined(FL_ISA_AVX2)
-    (void)vnni;
-    return 3;
 #else
     (void)vnni;
     return 4;
@@ -117,6 +115,62 @@ qgemm_sums_vnni(int rows, int np, const uint8_t *au, int64_t lda, int64_t kq, co
 #undef QGEMM_VNNI_P
 #endif
 
+#if defined(FL_ISA_AVX2)
+/* acc += the quad products of a (uint8) and b (int8) on ymm registers: vpdpbusd, VEX-encoded
+ * (AVX-VNNI) where vex, else EVEX (AVX512-VL + VNNI); the same instruction and result, one
+ * encoding per CPU family. Inline assembly, so the file keeps its AVX2 compiler flags. */
+__attribute__((always_inline)) static inline __m256i qgemm_dpbusd_ymm(__m256i acc, __m256i a, __m256i b,
+                                                                      const int vex) {
+    if (vex) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    else __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+
+/* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x panel p, vpdpbusd on
+ * the panel's two ymm halves. */
+__attribute__((always_inline)) static inline void
+qgemm_sums_vnni256_r(const int R, const int vex, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp,
+                     int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
+    __m256i acc[QGEMM_MR_MAX][2];
+    for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < kq; ++q) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)(bp + q * 64));
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + q * 64 + 32));
+        for (int i = 0; i < R; ++i) {
+            int32_t quad;
+            memcpy(&quad, au + i * lda + 4 * q, sizeof quad);
+            __m256i av = _mm256_set1_epi32(quad);
+            acc[i][0] = qgemm_dpbusd_ymm(acc[i][0], av, b0, vex);
+            acc[i][1] = qgemm_dpbusd_ymm(acc[i][1], av, b1, vex);
+        }
+    }
+    for (int i = 0; i < R; ++i) {
+        _mm256_storeu_si256((__m256i *)(out[i] + p * FL_QPANEL), acc[i][0]);
+        _mm256_storeu_si256((__m256i *)(out[i] + p * FL_QPANEL + 8), acc[i][1]);
+    }
+}
+
+#define QGEMM_VNNI256_R(VEX)                                                                \
+    switch (rows) {                                                                         \
+    case 6: qgemm_sums_vnni256_r(6, VEX, au, lda, kq, panel, out, p); break;                \
+    case 5: qgemm_sums_vnni256_r(5, VEX, au, lda, kq, panel, out, p); break;                \
+    case 4: qgemm_sums_vnni256_r(4, VEX, au, lda, kq, panel, out, p); break;                \
+    case 3: qgemm_sums_vnni256_r(3, VEX, au, lda, kq, panel, out, p); break;                \
+    case 2: qgemm_sums_vnni256_r(2, VEX, au, lda, kq, panel, out, p); break;                \
+    default: qgemm_sums_vnni256_r(1, VEX, au, lda, kq, panel, out, p); break;               \
+    }
+
+static void qgemm_sums_vnni256(int rows, int np, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp,
+                               int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    for (int p = 0; p < np; ++p) {
+        const int8_t *panel = bp + p * pstride;
+        if (fl_vnni_vex) QGEMM_VNNI256_R(1)
+        else QGEMM_VNNI256_R(0)
+    }
+}
+#undef QGEMM_VNNI256_R
+#endif
+
 #if defined(__AVX2__)
 /* The same sums on int16 rows aw, one panel: b's quads widened to int16 (4 columns x 4 values
  * per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each column's two pair sums. */
@@ -154,6 +208,11 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
 #if defined(FL_ISA_AVX512)
     if (a->vnni) {
         qgemm_sums_vnni(rows, np, (const uint8_t *)a->rows + i0 * a->lda, a->lda, kq, bp, pstride, out);
+        return;
+    }
+#elif defined(FL_ISA_AVX2)
+    if (a->vnni) {
+        qgemm_sums_vnni256(rows, np, (const uint8_t *)a->rows + i0 * a->lda, a->lda, kq, bp, pstride, out);
         return;
     }
 #endif
@@ -264,7 +323,7 @@ FL_INLINE size_t qgemm_rows_bytes(int64_t m, int64_t k, int vnni) {
 
 /* Whether this path's tiles run vpdpbusd now. */
 FL_INLINE int qgemm_vnni(void) {
-#if defined(FL_ISA_AVX512)
+#if defined(FL_ISA_AVX512) || defined(FL_ISA_AVX2)
     return fl_vnni;
 #else
     return 0;

@@ -1,6 +1,8 @@
 """The native integer product (``fastlayers.native``, qgemm.c) against an int64 numpy reference
-on every ISA path, the avx512 path with and without AVX-512 VNNI (vpdpbusd on u8 x s8 quads;
-the AVX2 form widens to int16 pairs for vpmaddwd; the portable path in C): every uint8/int8
+on every ISA path, the avx512 and avx2 paths with and without VNNI (vpdpbusd on u8 x s8 quads,
+zmm on the avx512 path, ymm on the avx2 path: AVX-VNNI, or AVX-512 VNNI's EVEX encoding where
+the CPU has no AVX-VNNI; without VNNI both widen to int16 pairs for vpmaddwd; the portable path
+in C): every uint8/int8
 pairing with zero points, the extremes where int16 pair sums of u8 x s8 products would
 saturate, odd sizes around its tiles (up to 6 rows x 4 panels of 16 columns) and 24-row work
 units, batch 1, k = 1, k not a multiple of 4, strided rows, and 1-2 threads."""
@@ -18,10 +20,10 @@ pytestmark = pytest.mark.usefixtures("isa", "int8_dot")
 
 @pytest.fixture(params=["vnni", "no-vnni"])
 def int8_dot(request, isa):
-    """The integer products with AVX-512 VNNI (skipped where the ISA path or the CPU has none)
-    and without, restored afterwards."""
+    """The integer products with VNNI (skipped where the ISA path or the CPU has none) and
+    without, restored afterwards."""
     if request.param == "vnni" and not native.vnni_runs():
-        pytest.skip(f"no AVX-512 VNNI on the {isa} path of this CPU")
+        pytest.skip(f"no VNNI on the {isa} path of this CPU")
     before = native.vnni()
     native.set_vnni(request.param == "vnni")
     yield request.param
