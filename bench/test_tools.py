@@ -149,3 +149,13 @@ def test_process_metrics_beside_onnxruntime_in_new_processes(tmp_path):
             assert value[("first_over_steady_call", model, engine)] == pytest.approx(ratio)
     load = {r["model"] for r in records if r["metric"] == "load_time_over_read_time"}
     assert {m.split("(")[1] for m in load} == {".keras)", ".h5)", ".flm)"}
+
+
+def test_int8_benchmark_picks_quantized_operators():
+    from bench.bench_onnx_int8 import quantized_operator
+
+    quantized = ["MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "DynamicQuantizeLSTM",
+                 "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QGemm", "QAttention"]
+    plain = ["MatMul", "Conv", "LSTM", "Gemm", "Add", "If", "Cast"]
+    assert [quantized_operator(op) for op in quantized] == [True] * len(quantized)
+    assert [quantized_operator(op) for op in plain] == [False] * len(plain)
