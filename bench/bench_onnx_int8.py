@@ -161,7 +161,7 @@ def bench_onnx_int8(benchmark, engines, engine):
 def quantized_operator(op_type: str) -> bool:
     """Whether an ONNX operator type is one of the quantized ones (integer products,
     (Dynamic)QuantizeLinear, DequantizeLinear, DynamicQuantize*, QLinear*, QGemm, QAttention)."""
-    return ("Integer" in op_type or "Quantize" in op_type or op_type.startswith("QLinear")
+    return ("Integer" in op_type or "quantize" in op_type.lower() or op_type.startswith("QLinear")
             or op_type in ("QGemm", "QAttention"))
 
 
