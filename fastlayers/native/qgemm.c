@@ -276,10 +276,12 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
             for (int64_t j = 0; j < cols; ++j)
                 oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
         float zp = (float)o->zero_point;
-        float lo = o->kind == FL_QOUT_UINT8 ? 0.0f : -128.0f, hi = o->kind == FL_QOUT_UINT8 ? 255.0f : 127.0f;
+        float lo = (o->kind == FL_QOUT_UINT8 ? 0.0f : -128.0f) - zp, hi = (o->kind == FL_QOUT_UINT8 ? 255.0f : 127.0f) - zp;
         int8_t *ci = (int8_t *)c + i * ldc;
-        for (int64_t j = 0; j < cols; ++j) {
-            float v = fminf(fmaxf((float)oi[j] * scale[j], lo - zp), hi - zp);
+        for (int64_t j = 0; j < cols; ++j) {   /* comparisons, not fmaxf/fminf: they vectorize */
+            float v = (float)oi[j] * scale[j];
+            v = v > lo ? v : lo;               /* NaN compares false: the low end */
+            v = v < hi ? v : hi;
             ci[j] = (int8_t)(int32_t)(rintf(v) + zp);
         }
     }
@@ -373,6 +375,45 @@ static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const i
     fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
 }
 
+/* The prepared rows' buffer for m rows of k values and their sums and zero points (ra, za_u
+ * after the rows); NULL when it cannot be allocated. */
+static char *qgemm_prepared_buffer(int64_t m, size_t rows_bytes, int32_t **ra, int32_t **za_u) {
+    char *buf = (char *)fl_buf_grow(&qgemm_buf, rows_bytes + (size_t)(2 * m) * sizeof(int32_t));
+    if (buf) {
+        *ra = (int32_t *)(buf + rows_bytes);
+        *za_u = *ra + m;
+    }
+    return buf;
+}
+
+/* Puts count values of src (8-bit, int8 when is_signed, else uint8; stride elements apart) as
+ * a_u (plus shift) at index idx of the prepared rows; returns their sum. */
+FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t *src, int64_t stride,
+                                int is_signed, int32_t shift, int64_t count) {
+    int32_t sum = 0;
+    if (vnni && !is_signed) {   /* uint8 copied as it is (a loop: the runs are short) */
+        uint8_t *dst = (uint8_t *)rows + idx;
+        if (stride == 1)
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = src[p];
+        else
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = src[p * stride];
+        return sum;
+    }
+    for (int64_t p = 0; p < count; ++p) {
+        int32_t v = qgemm_at(src, is_signed, p * stride) + shift;
+        qgemm_put(rows, vnni, idx + p, v);
+        sum += v;
+    }
+    return sum;
+}
+
+/* Puts count copies of v at index idx of the prepared rows. */
+FL_INLINE void qgemm_put_fill(void *rows, int vnni, int64_t idx, int32_t v, int64_t count) {
+    if (vnni) memset((uint8_t *)rows + idx, v, (size_t)count);
+    else
+        for (int64_t p = 0; p < count; ++p) ((int16_t *)rows)[idx + p] = (int16_t)v;
+}
+
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
                  const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
@@ -381,31 +422,196 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     int64_t kq = (k + 3) / 4;
     int in_place = vnni && !a_signed && k % 4 == 0;   /* uint8 rows as vpdpbusd reads them */
     size_t rows_bytes = in_place ? 0 : qgemm_rows_bytes(m, k, vnni);
-    char *buf = (char *)fl_buf_grow(&qgemm_buf, rows_bytes + (size_t)(2 * m) * sizeof(int32_t));
+    int32_t *ra, *za_u;
+    char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
     if (!buf) return -1;
-    int32_t *ra = (int32_t *)(buf + rows_bytes), *za_u = ra + m;
     int32_t shift = a_signed ? 128 : 0;
     for (int64_t i = 0; i < m; ++i) {
         const uint8_t *row = (const uint8_t *)a + i * lda;
-        int32_t sum = 0;
         if (in_place) {
+            int32_t sum = 0;
             for (int64_t p = 0; p < k; ++p) sum += row[p];
-        } else if (vnni && !a_signed) {      /* uint8 rows copied as they are, zeros after k */
-            uint8_t *dst = (uint8_t *)buf + i * 4 * kq;
-            memcpy(dst, row, (size_t)k);
-            memset(dst + k, 0, (size_t)(4 * kq - k));
-            for (int64_t p = 0; p < k; ++p) sum += row[p];
-        } else {
-            for (int64_t p = 0; p < 4 * kq; ++p) {
-                int32_t v = p < k ? qgemm_at(row, a_signed, p) + shift : 0;
-                qgemm_put(buf, vnni, i * 4 * kq + p, v);
-                sum += v;
-            }
+            ra[i] = sum;
+        } else {      /* zeros after k */
+            ra[i] = qgemm_put_run(buf, vnni, i * 4 * kq, row, 1, a_signed, shift, k);
+            qgemm_put_fill(buf, vnni, i * 4 * kq + k, 0, 4 * kq - k);
         }
-        ra[i] = sum;
         za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
     }
     qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : 4 * kq, ra, za_u, kq, vnni};
+    qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
+    return 0;
+}
+
+/* ------------------------------------------------------------------- integer convolution */
+#define QCONV_PREP_ROWS 32                 /* rows of one unit of the gather */
+#define QCONV_MIN_SHARE_BYTES (1 << 15)    /* gathered bytes below which it stays on one thread */
+
+typedef struct {
+    const fl_qconv_geom *g;
+    const uint8_t *x;
+    int x_signed, vnni;
+    int32_t shift, pad_u;        /* the shift to a_u, x's zero point as a_u (padding reads as it) */
+    int rows_run;                /* a kernel row's taps are kw cin consecutive values of x */
+    const uint8_t *x_end;        /* x's last value + 1 where its strides are positive, else NULL */
+    int64_t kq;
+    void *rows;
+    int32_t *ra;
+} qconv_prep;
+
+/* Rows r0:r1 of the gather: row (b, oy, ox) holds the window's taps (ki, kj), each the group's
+ * cin channels of x[b, oy sh - top + ki dh, ox sw - left + kj dw] (the zero point outside x). */
+/* dst[0:count] = src[0:count] ^ flip (flip 0x80: int8 to a_u), 16 bytes at a time while dst
+ * (its row) and src have room; bytes past count up to the room may be written (the row's
+ * later runs and its zero tail overwrite them). */
+FL_INLINE void qconv_copy(uint8_t *dst, const uint8_t *src, int64_t count, uint8_t flip, const uint8_t *dst_end,
+                          const uint8_t *src_end) {
+    int64_t p = 0;
+    for (; p < count && dst + p + 16 <= dst_end && src + p + 16 <= src_end; p += 16) {
+        uint8_t t[16];
+        memcpy(t, src + p, 16);
+        for (int j = 0; j < 16; ++j) t[j] ^= flip;
+        memcpy(dst + p, t, 16);
+    }
+    for (; p < count; ++p) dst[p] = src[p] ^ flip;
+}
+
+#if defined(__SSE2__) && defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+/* sum_j r[j] over a prepared uint8 row of width values (psadbw where x86-64 has it). */
+FL_INLINE uint32_t qconv_row_sum(const uint8_t *r, int64_t width) {
+    uint64_t s = 0;
+    int64_t j = 0;
+#if defined(__AVX2__)
+    __m256i acc = _mm256_setzero_si256();
+    for (; j + 32 <= width; j += 32)
+        acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(r + j)), _mm256_setzero_si256()));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, acc);
+    s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+#if defined(__SSE2__) && defined(__x86_64__)
+    for (; j + 8 <= width; j += 8)
+        s += (uint64_t)_mm_cvtsi128_si64(_mm_sad_epu8(_mm_loadl_epi64((const __m128i *)(r + j)), _mm_setzero_si128()));
+#endif
+    for (; j < width; ++j) s += r[j];
+    return (uint32_t)s;
+}
+
+/* One tap run of the gather: count values of x from src, stride apart, at index idx of row i
+ * (whose values start at row); adds their a_u sum to *sum on the int16 path (on the uint8
+ * path the row is summed once whole). */
+FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint8_t *src, int64_t stride,
+                         int64_t count, int32_t *sum) {
+    if (!q->vnni) {
+        *sum += qgemm_put_run(q->rows, 0, idx, src, stride, q->x_signed, q->shift, count);
+        return;
+    }
+    uint8_t *dst = (uint8_t *)q->rows + idx, flip = q->x_signed ? 0x80 : 0;
+    if (stride == 1) qconv_copy(dst, src, count, flip, (uint8_t *)row + 4 * q->kq, q->x_end);
+    else
+        for (int64_t p = 0; p < count; ++p) dst[p] = src[p * stride] ^ flip;
+}
+
+/* Rows u0 QCONV_PREP_ROWS .. u1 QCONV_PREP_ROWS of the gather: row (b, oy, ox) holds the
+ * window's taps (ki, kj), each the group's cin channels of
+ * x[b, oy sh - top + ki dh, ox sw - left + kj dw] (the zero point outside x). */
+static void qconv_gather(void *p, int64_t u0, int64_t u1) {
+    const qconv_prep *q = (const qconv_prep *)p;
+    const fl_qconv_geom *g = q->g;
+    int64_t m = g->n * g->oh * g->ow, width = 4 * q->kq, k = g->kh * g->kw * g->cin;
+    int64_t i = u0 * QCONV_PREP_ROWS, end = FL_MIN(u1 * QCONV_PREP_ROWS, m);
+    int64_t b = i / (g->oh * g->ow), oy = i / g->ow % g->oh, ox = i % g->ow;
+    for (; i < end; ++i) {
+        int64_t idx = i * width;
+        int32_t sum = 0;
+        void *row = (char *)q->rows + idx * (q->vnni ? 1 : 2);
+        const uint8_t *image = q->x + b * g->xs[0] + g->c0 * g->xs[3];
+        for (int64_t ki = 0; ki < g->kh; ++ki) {
+            int64_t y = oy * g->sh - g->top + ki * g->dh, x0 = ox * g->sw - g->left;
+            if (q->rows_run && y >= 0 && y < g->h && x0 >= 0 && x0 + g->kw <= g->w) {
+                /* the kernel row's taps lie side by side in x: one run */
+                qconv_put(q, row, idx, image + y * g->xs[1] + x0 * g->xs[2], 1, g->kw * g->cin, &sum);
+                idx += g->kw * g->cin;
+                continue;
+            }
+            for (int64_t kj = 0; kj < g->kw; ++kj, idx += g->cin) {
+                int64_t xw = x0 + kj * g->dw;
+                if (y < 0 || y >= g->h || xw < 0 || xw >= g->w) {
+                    qgemm_put_fill(q->rows, q->vnni, idx, q->pad_u, g->cin);
+                    sum += q->pad_u * (int32_t)g->cin;
+                    continue;
+                }
+                qconv_put(q, row, idx, image + y * g->xs[1] + xw * g->xs[2], g->xs[3], g->cin, &sum);
+            }
+        }
+        qgemm_put_fill(q->rows, q->vnni, i * width + k, 0, width - k);
+        if (q->vnni) sum = (int32_t)qconv_row_sum((const uint8_t *)row, width);   /* zeros after k */
+        q->ra[i] = sum;
+        if (++ox == g->ow) {   /* the next output pixel */
+            ox = 0;
+            if (++oy == g->oh) oy = 0, ++b;
+        }
+    }
+}
+
+static __thread fl_buf qconv_buf;   /* x channels last (calls serial on this thread) */
+
+typedef struct {
+    const fl_qconv_geom *g;
+    const uint8_t *x;
+    uint8_t *dst;
+} qconv_nhwc;
+
+/* Pixels u0:u1 (n h w of them) of the group's channels of x copied channels last. */
+static void qconv_to_nhwc(void *p, int64_t u0, int64_t u1) {
+    const qconv_nhwc *t = (const qconv_nhwc *)p;
+    const fl_qconv_geom *g = t->g;
+    for (int64_t u = u0; u < u1; ++u) {
+        const uint8_t *src = t->x + u / (g->h * g->w) * g->xs[0] + u / g->w % g->h * g->xs[1] +
+                             u % g->w * g->xs[2] + g->c0 * g->xs[3];
+        uint8_t *dst = t->dst + u * g->cin;
+        for (int64_t ch = 0; ch < g->cin; ++ch) dst[ch] = src[ch * g->xs[3]];
+    }
+}
+
+int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_zp, int64_t n,
+                 const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
+    static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
+    int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->cin;
+    if (m <= 0 || n <= 0) return 0;
+    int vnni = qgemm_vnni();
+    int64_t kq = (k + 3) / 4;
+    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni);
+    int32_t *ra, *za_u;
+    char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
+    if (!buf) return -1;
+    int32_t shift = x_signed ? 128 : 0, zp_u = (int32_t)((uint32_t)x_zp + (uint32_t)shift);
+    for (int64_t i = 0; i < m; ++i) za_u[i] = zp_u;
+    fl_qconv_geom nhwc = *g;
+    if (g->xs[3] != 1 && g->kh * g->kw > 1) {
+        /* channels apart (an NCHW array): each value is read by several windows, so x is
+         * copied channels last first and the windows gather runs of it */
+        uint8_t *xc = (uint8_t *)fl_buf_grow(&qconv_buf, (size_t)(g->n * g->h * g->w * g->cin));
+        if (!xc) return -1;
+        qconv_nhwc t = {g, (const uint8_t *)x, xc};
+        fl_parallel(g->n * g->h * g->w, FL_MAX(1, QCONV_MIN_SHARE_BYTES / g->cin), qconv_to_nhwc, &t);
+        nhwc.xs[3] = 1, nhwc.xs[2] = g->cin, nhwc.xs[1] = g->w * g->cin, nhwc.xs[0] = g->h * g->w * g->cin;
+        nhwc.c0 = 0;
+        x = xc;
+    }
+    int rows_run = nhwc.xs[3] == 1 && nhwc.xs[2] == nhwc.cin && (nhwc.dw == 1 || nhwc.kw == 1);
+    const uint8_t *x_end = (const uint8_t *)x + 1;
+    for (int d = 0; d < 4; ++d) {
+        int64_t extent = d == 0 ? nhwc.n : d == 1 ? nhwc.h : d == 2 ? nhwc.w : nhwc.c0 + nhwc.cin;
+        if (nhwc.xs[d] < 0) x_end = 0;
+        if (x_end) x_end += (extent - 1) * nhwc.xs[d];
+    }
+    qconv_prep q = {&nhwc, (const uint8_t *)x, x_signed, vnni, shift, zp_u, rows_run, x_end, kq, buf, ra};
+    int64_t units = (m + QCONV_PREP_ROWS - 1) / QCONV_PREP_ROWS;
+    fl_parallel(units, FL_MAX(1, QCONV_MIN_SHARE_BYTES / (QCONV_PREP_ROWS * 4 * kq)), qconv_gather, &q);
+    qgemm_a prepared = {buf, 4 * kq, ra, za_u, kq, vnni};
     qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }

@@ -51,13 +51,27 @@ typedef struct {
     int32_t zero_point;
 } fl_qout;
 
+/* The windows of an integer convolution (qconv) over x (n, h, w, c) indexed channels last
+ * with element strides xs (any layout: NHWC, or an NCHW array's NHWC view): the group's cin
+ * channels from c0, a kh x kw kernel at strides (sh, sw) and dilations (dh, dw), top / left
+ * padding (reads as x's zero point), output oh x ow. */
+typedef struct {
+    int64_t n, h, w, xs[4];
+    int64_t c0, cin;
+    int64_t kh, kw, sh, sw, dh, dw, top, left, oh, ow;
+} fl_qconv_geom;
+
 /* Every entry returns 0, or -1 when a work buffer could not be allocated. Arguments:
  * qpack(b, b_signed, ldb, k, n, zb, pb): pb = b (k, n, rows ldb bytes apart; int8 when
  *   b_signed, else uint8) less zb (n int32 values, one per column) packed;
  * qgemm(m, n, k, a, a_signed, lda, za, pb, out, c, ldc): c (m, n) = (a - za) @ b on the
  *   pool's threads, a (m, k) rows lda bytes apart (int8 when a_signed, else uint8), za m int32
  *   values (one per row), b packed by qpack, stored as ``out`` says (fl_qout; NULL: int32),
- *   c's rows ldc elements apart. */
+ *   c's rows ldc elements apart;
+ * qconv(g, x, x_signed, x_zp, n, pb, out, c, ldc): the convolution as that product, a's row
+ *   (b, oy, ox) the window of output pixel (oy, ox) of image b (fl_qconv_geom; taps (ki, kj)
+ *   in order, cin channels each), za x_zp for every row, b (kh kw cin, n) packed by qpack,
+ *   c (n_img oh ow, n) stored as ``out`` says. */
 #define FL_QGEMM_KERNELS(X)                                                                   \
     X(int, qpack, (const void *b, int b_signed, int64_t ldb, int64_t k, int64_t n,            \
                    const int32_t *zb, int8_t *pb),                                            \
@@ -65,5 +79,8 @@ typedef struct {
     X(int, qgemm, (int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda, \
                    const int32_t *za, const int8_t *pb, const fl_qout *out, void *c,          \
                    int64_t ldc),                                                              \
-      (m, n, k, a, a_signed, lda, za, pb, out, c, ldc))
+      (m, n, k, a, a_signed, lda, za, pb, out, c, ldc))                                      \
+    X(int, qconv, (const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_zp, int64_t n, \
+                   const int8_t *pb, const fl_qout *out, void *c, int64_t ldc),                \
+      (g, x, x_signed, x_zp, n, pb, out, c, ldc))
 #endif

@@ -14,6 +14,12 @@ cdef extern from "dispatch.h" nogil:
         int32_t zero_point
     int fl_qgemm(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
                  const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc)
+    ctypedef struct fl_qconv_geom:
+        int64_t n, h, w
+        int64_t xs[4]
+        int64_t c0, cin, kh, kw, sh, sw, dh, dw, top, left, oh, ow
+    int fl_qconv(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_zp, int64_t n,
+                 const int8_t *pb, const fl_qout *out, void *c, int64_t ldc)
 
 
 cdef int _int8_operand(cnp.ndarray x, str what) except -1:
@@ -71,6 +77,35 @@ def qpack(cnp.ndarray b, cnp.ndarray zb):
     return out
 
 
+cdef int64_t _qout_of(cnp.ndarray c, int64_t m, object scale, object bias, object ibias, int zero_point,
+                      fl_qout *out, str what) except -1:
+    """Fills ``out`` with what an integer product of m rows stores into ``c`` (see ``qgemm``);
+    returns c's row stride in elements."""
+    cdef int ctype = cnp.PyArray_TYPE(c)
+    out.kind = 0 if ctype == cnp.NPY_INT32 else 1 if ctype == cnp.NPY_FLOAT32 else \
+        2 if ctype == cnp.NPY_UINT8 else 3 if ctype == cnp.NPY_INT8 else -1
+    if out.kind < 0 or (out.kind == 0) != (scale is None):
+        raise ValueError(f"{what}: c must be int32 without a scale, float32, uint8 or int8 with one "
+                         f"(got {c.dtype}, scale {'given' if scale is not None else 'None'})")
+    cdef int64_t esize = c.itemsize
+    if c.ndim != 2 or c.shape[0] != m or (c.shape[1] > 1 and c.strides[1] != esize) \
+            or (m > 1 and (c.strides[0] % esize or c.strides[0] < c.shape[1] * esize)) \
+            or not cnp.PyArray_ISWRITEABLE(c):
+        raise ValueError(f"{what}: c must be a writeable {c.dtype} array of {m} rows with contiguous rows")
+    cdef int64_t n = c.shape[1]
+    if bias is not None and out.kind != 1:
+        raise ValueError(f"{what}: a bias needs a scale and a float32 c")
+    if ibias is not None and out.kind < 2:
+        raise ValueError(f"{what}: an int32 bias needs a uint8 or int8 c")
+    if out.kind >= 2 and not (-128 <= zero_point <= 255):
+        raise ValueError(f"{what}: zero point {zero_point} out of the 8-bit range")
+    out.scale = _f32_block(scale, (n,), "scale")
+    out.bias = _f32_block(bias, (n,), "bias")
+    out.ibias = NULL if ibias is None else _int32_vector(ibias, n, f"{what} ibias")
+    out.zero_point = zero_point
+    return c.strides[0] // esize if m > 1 else n
+
+
 def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object scale=None,
           object bias=None, object ibias=None, int zero_point=0):
     """c (m, n) = (a - za) @ (b - zb) summed exactly, on the pool's threads: ``a`` (m, k) uint8 or
@@ -81,31 +116,10 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
     ``zero_point``), ``ibias`` (n,) int32 or None (onnxruntime's requantization). Returns ``c``."""
     cdef int a_signed = _int8_operand(a, "qgemm a")
     cdef int64_t m = a.shape[0], k = a.shape[1]
-    cdef int ctype = cnp.PyArray_TYPE(c)
     cdef fl_qout out
-    out.kind = 0 if ctype == cnp.NPY_INT32 else 1 if ctype == cnp.NPY_FLOAT32 else \
-        2 if ctype == cnp.NPY_UINT8 else 3 if ctype == cnp.NPY_INT8 else -1
-    if out.kind < 0 or (out.kind == 0) != (scale is None):
-        raise ValueError(f"qgemm: c must be int32 without a scale, float32, uint8 or int8 with one "
-                         f"(got {c.dtype}, scale {'given' if scale is not None else 'None'})")
-    cdef int64_t esize = c.itemsize
-    if c.ndim != 2 or c.shape[0] != m or (c.shape[1] > 1 and c.strides[1] != esize) \
-            or (m > 1 and (c.strides[0] % esize or c.strides[0] < c.shape[1] * esize)) \
-            or not cnp.PyArray_ISWRITEABLE(c):
-        raise ValueError(f"qgemm: c must be a writeable {c.dtype} array of {m} rows with contiguous rows")
+    cdef int64_t ldc = _qout_of(c, m, scale, bias, ibias, zero_point, &out, "qgemm")
     cdef int64_t n = c.shape[1]
-    cdef int64_t ldc = c.strides[0] // esize if m > 1 else n
     _check_packed(pb, k, n, "qgemm: pb")
-    if bias is not None and out.kind != 1:
-        raise ValueError("qgemm: a bias needs a scale and a float32 c")
-    if ibias is not None and out.kind < 2:
-        raise ValueError("qgemm: an int32 bias needs a uint8 or int8 c")
-    if out.kind >= 2 and not (-128 <= zero_point <= 255):
-        raise ValueError(f"qgemm: zero point {zero_point} out of the 8-bit range")
-    out.scale = _f32_block(scale, (n,), "scale")
-    out.bias = _f32_block(bias, (n,), "bias")
-    out.ibias = NULL if ibias is None else _int32_vector(ibias, n, "qgemm ibias")
-    out.zero_point = zero_point
     cdef const int32_t *zp = _int32_vector(za, m, "qgemm za")
     cdef int64_t lda = a.strides[0] if m > 1 else k
     cdef const void *ap = cnp.PyArray_DATA(a)
@@ -115,4 +129,52 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
     with nogil:
         st = fl_qgemm(m, n, k, ap, a_signed, lda, zp, pp, &out, cp, ldc)
     check(st, "qgemm")
+    return c
+
+
+def qconv(cnp.ndarray x, int x_zp, cnp.ndarray pb, cnp.ndarray c, tuple kernel, tuple strides,
+          tuple dilations, tuple pads, tuple out_hw, int c0=0, object cin=None, object scale=None,
+          object bias=None, object ibias=None, int zero_point=0):
+    """The integer convolution of (x - x_zp) by b (kh kw cin, n) less its zero points, packed by
+    ``qpack``, on the pool's threads, the windows gathered straight into the product's rows:
+    ``x`` (n_img, h, w, channels) uint8 or int8 indexed channels last, any strides (an NCHW
+    array's ``transpose(0, 2, 3, 1)``); the group's ``cin`` channels from ``c0`` (default all);
+    ``kernel`` (kh, kw), ``strides``, ``dilations``, ``pads`` (top, left) (any window position
+    outside x, padding, reads as ``x_zp``) and ``out_hw`` (oh, ow); ``c`` (n_img oh ow, n) and the other arguments as for
+    ``qgemm``. Returns ``c``."""
+    if cnp.PyArray_TYPE(x) != cnp.NPY_INT8 and cnp.PyArray_TYPE(x) != cnp.NPY_UINT8:
+        raise TypeError(f"qconv x: expected uint8 or int8, got {x.dtype}")
+    if x.ndim != 4:
+        raise ValueError(f"qconv x: expected a 4-D array (n, h, w, c), got {x.ndim}-D")
+    cdef int x_signed = cnp.PyArray_TYPE(x) == cnp.NPY_INT8
+    if not (-128 <= x_zp <= 255):
+        raise ValueError(f"qconv: x zero point {x_zp} out of the 8-bit range")
+    cdef fl_qconv_geom g
+    g.n, g.h, g.w = x.shape[0], x.shape[1], x.shape[2]
+    for i in range(4):
+        g.xs[i] = x.strides[i]
+    g.c0 = c0
+    g.cin = x.shape[3] - c0 if cin is None else cin
+    if g.c0 < 0 or g.cin < 1 or g.c0 + g.cin > x.shape[3]:
+        raise ValueError(f"qconv: channels {c0}:{c0}+{cin} of {x.shape[3]}")
+    g.kh, g.kw = kernel
+    g.sh, g.sw = strides
+    g.dh, g.dw = dilations
+    g.top, g.left = pads
+    g.oh, g.ow = out_hw
+    if min(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) < 1 or min(g.oh, g.ow) < 0:
+        raise ValueError(f"qconv: kernel {kernel}, strides {strides} and dilations {dilations} must be "
+                         f"positive and the output {out_hw} non-negative")
+    cdef int64_t m = g.n * g.oh * g.ow, k = g.kh * g.kw * g.cin
+    cdef fl_qout out
+    cdef int64_t ldc = _qout_of(c, m, scale, bias, ibias, zero_point, &out, "qconv")
+    cdef int64_t n = c.shape[1]
+    _check_packed(pb, k, n, "qconv: pb")
+    cdef const void *xp = cnp.PyArray_DATA(x)
+    cdef const int8_t *pp = <const int8_t *>cnp.PyArray_DATA(pb)
+    cdef void *cp = cnp.PyArray_DATA(c)
+    cdef int st
+    with nogil:
+        st = fl_qconv(&g, xp, x_signed, x_zp, n, pp, &out, cp, ldc)
+    check(st, "qconv")
     return c

@@ -264,34 +264,28 @@ def _packed_conv_weights(w, w_oihw, w_zp, group):
 
 
 def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilations, pads, requant=None):
-    """``integer_conv`` (NCHW x) as one integer product per group on the native kernel: the
-    windows of x (channels last, padded with x_zp) gathered into rows (n oh ow, kh kw c/group)
-    less x_zp, times each group's ``packed`` weight (``_packed_conv_weights``). Returns the NCHW
-    view of an NHWC result."""
+    """``integer_conv`` (NCHW x) as one native integer product per group: the kernel gathers
+    the windows of x (read channels last through its NHWC view, positions outside x reading
+    as x_zp) into rows (n oh ow, kh kw c/group) and multiplies them by each group's ``packed``
+    weight (``_packed_conv_weights``), requantizing in its store. Returns the NCHW view of an
+    NHWC result."""
     core = _native()
     n, c = x.shape[:2]
     cout, kh, kw = w_shape
-    cin_g = c // group
-    (oh, ow), (sh, sw), (dh, dw) = out_hw, strides, dilations
+    cin_g, cout_g = c // group, cout // group
+    oh, ow = out_hw
     x_nhwc = x.transpose(0, 2, 3, 1)
-    (top, bottom), (left, right) = pads
-    if top or bottom or left or right:     # padding reads as x_zp (np.pad took 4x as long)
-        xp = np.full((n, x.shape[2] + top + bottom, x.shape[3] + left + right, c), x_zp, x.dtype)
-        xp[:, top:top + x.shape[2], left:left + x.shape[3]] = x_nhwc
-    else:
-        xp = x_nhwc
-    s0, s1, s2, s3 = xp.strides
-    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
-                                              (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
-    cout_g = cout // group
+    top_left = (pads[0][0], pads[1][0])
     y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.y_zp.dtype)
     for g in range(group):
-        rows = windows[..., g * cin_g:(g + 1) * cin_g].reshape(n * oh * ow, kh * kw * cin_g)
+        y_g = y[:, g * cout_g:(g + 1) * cout_g]
         if requant is None:
-            y[:, g * cout_g:(g + 1) * cout_g] = _qgemm(core, rows, x_zp, packed[g], cout_g)
+            core.qconv(x_nhwc, int(x_zp), packed[g], y_g, (kh, kw), tuple(strides), tuple(dilations), top_left,
+                       (oh, ow), g * cin_g, cin_g)
         else:   # each group's columns requantized in the kernel's store, straight into y
-            _qgemm(core, rows, x_zp, packed[g], cout_g, requant.part(g * cout_g, (g + 1) * cout_g),
-                   y[:, g * cout_g:(g + 1) * cout_g])
+            multiplier, bias = requant.part(g * cout_g, (g + 1) * cout_g).columns(cout_g)
+            core.qconv(x_nhwc, int(x_zp), packed[g], y_g, (kh, kw), tuple(strides), tuple(dilations), top_left,
+                       (oh, ow), g * cin_g, cin_g, multiplier, None, bias, int(requant.y_zp))
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 

@@ -204,3 +204,91 @@ def test_requantizing_epilogue(rng, out, m, k, n):
         _core.qgemm(a, za, pb, np.empty((m, n), np.float32), scale, None, ibias)
     with pytest.raises(ValueError, match="zero point 300"):
         _core.qgemm(a, za, pb, np.empty((m, n), out), scale, None, None, 300)
+
+
+def _conv_reference(x_nhwc, x_zp, w_hwio, kernel, strides, dilations, pads, out_hw):
+    """int64 windows of x (n, h, w, c) less x_zp by w (kh, kw, c, n_out), positions outside x
+    reading as x_zp (so 0 after the shift), pads (top, left) any sign."""
+    (kh, kw), (sh, sw), (dh, dw), (top, left), (oh, ow) = kernel, strides, dilations, pads, out_hw
+    n, h, w, _ = x_nhwc.shape
+    xs = x_nhwc.astype(np.int64) - x_zp
+    y = np.zeros((n, oh, ow, w_hwio.shape[-1]), np.int64)
+    for ki in range(kh):
+        for kj in range(kw):
+            rows = oy_rows = np.arange(oh) * sh - top + ki * dh
+            cols = np.arange(ow) * sw - left + kj * dw
+            inside = (rows[:, None] >= 0) & (rows[:, None] < h) & (cols[None, :] >= 0) & (cols[None, :] < w)
+            taps = xs[:, np.clip(oy_rows, 0, h - 1)][:, :, np.clip(cols, 0, w - 1)] * inside[None, :, :, None]
+            y += taps @ w_hwio[ki, kj].astype(np.int64)
+    return y.reshape(n * oh * ow, -1)
+
+
+@pytest.mark.parametrize("x_type", [np.uint8, np.int8])
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", [
+    # (n, h, w, c), (kh, kw), strides, dilations, (top, left), (bottom, right), (c0, cin), n_out
+    ((8, 9, 11, 3), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (0, 3), 32),
+    ((1, 13, 7, 5), (3, 2), (2, 1), (1, 2), (0, 2), (1, 0), (0, 5), 17),
+    ((2, 6, 6, 8), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0), (0, 8), 5),
+    ((1, 1, 1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), (0, 1), 1),
+    ((3, 10, 12, 12), (5, 5), (2, 3), (1, 1), (2, 2), (2, 2), (4, 4), 7),     # a group's channels
+    ((2, 8, 8, 16), (3, 3), (1, 1), (2, 2), (-1, 1), (0, 1), (0, 16), 40),    # negative top pad
+    ((1, 40, 3, 2), (7, 1), (1, 1), (1, 1), (3, 0), (3, 0), (0, 2), 9),       # k = 14, 40 + rows
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_convolution_gathers_windows_like_numpy(rng, x_type, layout, case, threads):
+    """``qconv`` (windows gathered straight into the product's rows) equals the int64
+    reference: NHWC and the NHWC view of NCHW x, padding and out-of-range windows as the zero
+    point, a group's channel slice, strides, dilations, k not a multiple of 4, 1-2 threads,
+    int32 sums and the requantizing store."""
+    shape, kernel, strides, dilations, (top, left), (bottom, right), (c0, cin), n_out = case
+    n, h, w, c = shape
+    x_nhwc = _values(rng, x_type, shape)
+    if layout == "nchw":   # channels 1 apart no more: the NHWC view of an NCHW array
+        x_nhwc = np.ascontiguousarray(x_nhwc.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
+    x_zp = int(_values(rng, x_type, ()))
+    w_hwio = _values(rng, np.int8, kernel + (cin, n_out))
+    zb = _values(rng, np.int8, n_out).astype(np.int32)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    pb = _core.qpack(np.ascontiguousarray(w_hwio.reshape(-1, n_out)), zb)
+    want = _conv_reference(x_nhwc[..., c0:c0 + cin], x_zp, w_hwio.astype(np.int64) - zb, kernel, strides,
+                           dilations, (top, left), (oh, ow))
+    before = native.get_num_threads()
+    native.set_num_threads(threads)
+    try:
+        got = _core.qconv(x_nhwc, x_zp, pb, np.full((n * oh * ow, n_out), -7, np.int32), kernel, strides, dilations,
+                          (top, left), (oh, ow), c0, cin)
+        np.testing.assert_array_equal(got, want)
+        scale = rng.uniform(1e-4, 3e-3, n_out).astype(np.float32)
+        bias = rng.integers(-5000, 5000, n_out).astype(np.int32)
+        wide = np.full((n * oh * ow, n_out + 3), 77, np.uint8)
+        got8 = _core.qconv(x_nhwc, x_zp, pb, wide[:, 1:1 + n_out], kernel, strides, dilations, (top, left),
+                           (oh, ow), c0, cin, scale, None, bias, 128)
+        product = (want + bias).astype(np.int32).astype(np.float32) * scale
+        np.testing.assert_array_equal(got8, np.clip(np.rint(product) + 128, 0, 255).astype(np.uint8))
+        assert (wide[:, 0] == 77).all() and (wide[:, 1 + n_out:] == 77).all()
+    finally:
+        native.set_num_threads(before)
+
+
+def test_convolution_arguments_are_checked(rng):
+    x = _values(rng, np.uint8, (1, 5, 5, 4))
+    pb = _core.qpack(_values(rng, np.int8, (36, 3)), np.zeros(3, np.int32))
+    c = np.empty((25, 3), np.int32)
+    geometry = ((3, 3), (1, 1), (1, 1), (1, 1), (5, 5))
+    with pytest.raises(TypeError, match="uint8 or int8"):
+        _core.qconv(x.astype(np.int16), 0, pb, c, *geometry)
+    with pytest.raises(ValueError, match="4-D"):
+        _core.qconv(x[0], 0, pb, c, *geometry)
+    with pytest.raises(ValueError, match="channels 3:3\\+2 of 4"):
+        _core.qconv(x, 0, pb, c, *geometry, 3, 2)
+    with pytest.raises(ValueError, match="must be positive"):
+        _core.qconv(x, 0, pb, c, (3, 3), (0, 1), (1, 1), (1, 1), (5, 5))
+    with pytest.raises(ValueError, match="not a \\(27, 3\\) operand"):
+        _core.qconv(x, 0, pb, c, *geometry, 0, 3)
+    with pytest.raises(ValueError, match="of 25 rows"):
+        _core.qconv(x, 0, pb, np.empty((24, 3), np.int32), *geometry)
+    with pytest.raises(ValueError, match="zero point 256"):
+        _core.qconv(x, 256, pb, c, *geometry)
