@@ -525,6 +525,10 @@ def _qgemm_op(inputs, attrs, opset):
         zb = _column_zero_points(b_zp, n)
         packed = derived(b, f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",
                          lambda w: core.qpack(np.ascontiguousarray(w.T if trans_b else w), zb))
+    per_column_c = c is None or c.size == 1 or c.shape in ((n,), (1, n))
+    if y_zp is not None and per_column_c:   # C added and requantized in the product's store
+        c_cols = None if c is None else np.broadcast_to(c.reshape(-1), (n,))
+        return [integer_matmul(a_m, a_zp, b_m, b_zp, packed, Requant(multiplier, c_cols, y_zp))]
     acc = integer_matmul(a_m, a_zp, b_m, b_zp, packed)
     if c is not None:
         acc = acc + c                      # int32, wrapping as MLAS's accumulation into C
