@@ -44,7 +44,8 @@ static void quantize_task(void *p, int64_t i0, int64_t i1) {
         /* q holds whole numbers within the 8-bit range: converted exactly, then each lane's
          * low byte (the uint8 or int8 value) */
         quantize_bytes bytes = __builtin_convertvector(__builtin_convertvector(q, fl_vi), quantize_bytes);
-        memcpy((int8_t *)c->q + i, &bytes, (size_t)cnt);
+        if (cnt == FL_VW) memcpy((int8_t *)c->q + i, &bytes, sizeof bytes);   /* one store, not a call */
+        else memcpy((int8_t *)c->q + i, &bytes, (size_t)cnt);
     }
 }
 
@@ -75,8 +76,8 @@ static void min_max_range(const float *x, int64_t i0, int64_t i1, float *out) {
     int64_t i = i0;
     for (; i + FL_VW <= i1; i += FL_VW) {
         fl_vf v = fl_load(x + i);
-        lo = fl_select(v < lo, v, lo);
-        hi = fl_select(v > hi, v, hi);
+        lo = fl_vmin(lo, v);   /* v < lo ? v : lo (a NaN v is passed over), one instruction */
+        hi = fl_vmax(hi, v);
     }
     float l = 0.0f, h = 0.0f, tl[FL_VW], th[FL_VW];
     fl_store(tl, lo);

@@ -151,6 +151,11 @@ def test_quantization_kernels_match_numpy(rng, count):
         np.testing.assert_array_equal(_core.fake_quantize(x, scale, zp, lo, hi),
                                       (q - np.float32(zp)) * scale)
     assert _core.min_max(x) == (min(x.min(), 0), max(x.max(), 0))
+    if count > 1:   # a NaN is passed over, in the vector body and in the tail
+        for at in (0, count - 1):
+            y = x.copy()
+            y[at] = np.nan
+            assert _core.min_max(y) == (min(np.nanmin(y), 0), max(np.nanmax(y), 0))
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40)])
