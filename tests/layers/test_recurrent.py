@@ -239,7 +239,7 @@ def test_stream_chunks_equal_full_sequence(rng, backend, name):
              layer.stream(x[:, 4], state, mask=mask[:, 4])[:, None],
              layer.stream(x[:, 5:], state, mask=mask[:, 5:])]
     assert state.steps == 11
-    assert_close(np.concatenate(parts, axis=1), full, rtol=1e-6, atol=1e-7)
+    assert_close(np.concatenate(parts, axis=1), full, rtol=1e-6, atol=1e-6)   # float32 chunk sums
     # copy forks a stream; reset starts over; states are per client
     fork = state.copy()
     more = rng.standard_normal((2, 3, I)).astype(np.float32)
