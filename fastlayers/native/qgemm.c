@@ -3,8 +3,10 @@
  * (kernels.inc): where the path runs VNNI (fl_vnni, dispatch.h) vpdpbusd multiplies u8 x s8
  * quads, on zmm registers on the AVX-512 path and on ymm on the AVX2 path (AVX-VNNI's VEX
  * encoding, or AVX512-VL VNNI's EVEX one on a CPU with AVX-512 VNNI only); without VNNI the
- * AVX2 and AVX-512 paths widen to int16 and multiply pairs with vpmaddwd; the portable path in C. A is prepared once per call: rows of 4 ceil(k / 4) values
- * a_u (uint8 for vpdpbusd, else int16), their sums and zero points. */
+ * AVX2 and AVX-512 paths widen to int16 and multiply pairs with vpmaddwd; the portable path in
+ * C. A is prepared once per call: rows of 4 ceil(k / 4) values a_u (uint8 for vpdpbusd, else
+ * int16), their sums and zero points; a convolution gathers its windows into those rows
+ * (qconv). */
 
 #define QGEMM_NP 4                  /* panels of one tile and of one unit of parallel work */
 #define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
@@ -486,14 +488,16 @@ FL_INLINE uint32_t qconv_row_sum(const uint8_t *r, int64_t width) {
 #if defined(__AVX2__)
     __m256i acc = _mm256_setzero_si256();
     for (; j + 32 <= width; j += 32)
-        acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(r + j)), _mm256_setzero_si256()));
+        acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(r + j)),
+                                                     _mm256_setzero_si256()));
     uint64_t lanes[4];
     _mm256_storeu_si256((__m256i *)lanes, acc);
     s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
 #endif
 #if defined(__SSE2__) && defined(__x86_64__)
     for (; j + 8 <= width; j += 8)
-        s += (uint64_t)_mm_cvtsi128_si64(_mm_sad_epu8(_mm_loadl_epi64((const __m128i *)(r + j)), _mm_setzero_si128()));
+        s += (uint64_t)_mm_cvtsi128_si64(
+            _mm_sad_epu8(_mm_loadl_epi64((const __m128i *)(r + j)), _mm_setzero_si128()));
 #endif
     for (; j < width; ++j) s += r[j];
     return (uint32_t)s;
