@@ -252,12 +252,11 @@ def test_onnxruntime_optimized_static_model_runs_its_qoperators(torch, tmp_path,
     statically by onnxruntime (QDQ, 7-bit weights) and optimized by onnxruntime, which writes
     QLinearAveragePool, QLinearGlobalAveragePool and QGemm: fastlayers loads that file and
     gives onnxruntime's outputs on it, bit for bit."""
-    import logging
-
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     import fastlayers
+
+    from .quantizing import quantize_static_on
 
     ort = oracle("onnxruntime")
     nn = torch.nn
@@ -281,16 +280,9 @@ def test_onnxruntime_optimized_static_model_runs_its_qoperators(torch, tmp_path,
         torch.onnx.export(Net().eval(), (torch.randn(*shape),), str(float_path), dynamo=False, input_names=["x"],
                           output_names=["y"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
 
-    class Batches(CalibrationDataReader):
-        def __init__(self):
-            r = np.random.default_rng(5)
-            self.batches = iter([{"x": r.standard_normal(shape).astype(np.float32)} for _ in range(3)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(float_path, q_path, Batches(), reduce_range=True)
+    r = np.random.default_rng(5)
+    quantize_static_on(float_path, q_path, [{"x": r.standard_normal(shape).astype(np.float32)} for _ in range(3)],
+                       reduce_range=True)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.optimized_model_filepath = str(opt_path)

@@ -335,9 +335,7 @@ def _quantized_pointwise_model(torch, tmp_path, activation_type):
     """A torch model of Sigmoid, LeakyRelu, Add, Mul and Concat exported (opset 17) and
     quantized by ``quantize_static`` (QDQ, activations of ``activation_type``): (its path, the
     shape of its two inputs)."""
-    import logging
-
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    from .quantizing import quantize_static_on
 
     class Pointwise(torch.nn.Module):
         def forward(self, x, y):
@@ -355,17 +353,10 @@ def _quantized_pointwise_model(torch, tmp_path, activation_type):
                           dynamo=False, input_names=["x", "y"], output_names=["z"], opset_version=17,
                           dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
 
-    class Batches(CalibrationDataReader):
-        def __init__(self):
-            r = np.random.default_rng(5)
-            self.batches = iter([{"x": 2 * r.standard_normal(shape).astype(F32),
-                                  "y": r.standard_normal(shape).astype(F32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(float_path, path, Batches(), activation_type=activation_type)
+    r = np.random.default_rng(5)
+    quantize_static_on(float_path, path, [{"x": 2 * r.standard_normal(shape).astype(F32),
+                                           "y": r.standard_normal(shape).astype(F32)} for _ in range(4)],
+                       activation_type=activation_type)
     return path, shape
 
 

@@ -276,7 +276,9 @@ def _quantized_export(torch, tmp_path, kind, mode):
     "dynamic" or "static", QDQ, calibrated on a few random batches), and its input shape.
     reduce_range=True: 7-bit weights, so that onnxruntime's AVX2 u8 x s8 kernel (int16 pair sums,
     vpmaddubsw) does not saturate and computes the exact sums fastlayers computes."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from .quantizing import quantize_static_on
 
     module, shape = _torch_model(torch, kind)
     float_path, path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{mode}.onnx"
@@ -286,21 +288,15 @@ def _quantized_export(torch, tmp_path, kind, mode):
                           input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}},
                           opset_version=17)
 
-    class Batches(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(5)
-            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    import logging
-
-    logging.getLogger().setLevel(logging.ERROR)   # its advice to pre-process the model first
     if mode == "dynamic":
+        import logging
+
+        logging.getLogger().setLevel(logging.ERROR)   # its advice to pre-process the model first
         quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
     else:
-        quantize_static(float_path, path, Batches(), reduce_range=True)
+        rng = np.random.default_rng(5)
+        quantize_static_on(float_path, path, [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)],
+                           reduce_range=True)
     return path, shape
 
 
