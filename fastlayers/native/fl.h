@@ -152,7 +152,7 @@ FL_INLINE fl_vf fl_vexp(fl_vf x) {
 
 /* exp(x) lane by lane for x <= 88 or NaN (fl_vexp_reduced, one range check: 0 below -87.3,
  * where 2^n would leave the normal range; NaN stays NaN): for arguments known not to overflow
- * (shifted softmax scores, the erfc fit), where fl_vexp's clamps cost a third of the time. */
+ * (shifted softmax scores), where fl_vexp's clamps cost a third of the time. */
 FL_INLINE fl_vf fl_vexp_bounded(fl_vf x) {
     const fl_vf lo = fl_set1(-87.3365478515625f);
     fl_vi below = x < lo, ni;
