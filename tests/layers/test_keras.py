@@ -71,7 +71,11 @@ def compare_layer(keras, rng, name, kwargs, x, *, call_kwargs=None):
     actual = f_layer(x)
     assert isinstance(actual, np.ndarray) and actual.dtype == np.float32
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert_close(actual, expected, what=f"{name}({kwargs})")
+    # the exact gelu is x/2 (1 + erf(x / sqrt 2)) in both engines: where erf is near -1 each
+    # is off by a few float32 steps of 1 times |x|/2 (torch up to 1.1e-6 from float64 on
+    # [-8, 8], fastlayers' rational erf up to 8.5e-7), so their difference may pass 1e-6
+    atol = 2e-6 if kwargs.get("activation") == "gelu" else 1e-6
+    assert_close(actual, expected, atol=atol, what=f"{name}({kwargs})")
     return actual
 
 
