@@ -914,7 +914,7 @@ static void conv_tp_finish(const conv_tp_ctx *p, const float *r, float bias, flo
     if (sw == 2) {               /* the two phases zipped */
         for (int64_t t = 0, ow = 0; ow < wo; t += FL_VW, ow += 2 * FL_VW) {
             fl_vf a = fl_load(r + t) + b, c = fl_load(r + tl + t) + b;
-            fl_vf lo = POOL_SHUF(a, c, CONV_ZIP_LO), hi = POOL_SHUF(a, c, CONV_ZIP_HI);
+            fl_vf lo = FL_SHUF(a, c, CONV_ZIP_LO), hi = FL_SHUF(a, c, CONV_ZIP_HI);
             pool_st(out + ow, lin ? lo : rows_vact(lo, p->code, p->alpha), wo - ow);
             if (ow + FL_VW < wo)
                 pool_st(out + ow + FL_VW, lin ? hi : rows_vact(hi, p->code, p->alpha),

@@ -92,6 +92,13 @@ FL_INLINE fl_vf fl_select(fl_vi mask, fl_vf a, fl_vf b) {
 FL_INLINE fl_vf fl_vmin(fl_vf a, fl_vf b) { return fl_select(b < a, b, a); }
 FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return fl_select(b > a, b, a); }
 #endif
+/* Lanes of a and b picked by constant indices (0 .. FL_VW - 1 from a, FL_VW .. from b): one
+ * permute instruction where the ISA has a two-source one. */
+#if defined(__clang__)
+#define FL_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define FL_SHUF(a, b, ...) __builtin_shuffle(a, b, (fl_vi){__VA_ARGS__})
+#endif
 /* v itself, hidden from the optimizer: a product passed through it is rounded before the sum
  * that uses it (no fused multiply-add), for code that must round as another engine's scalar
  * loops do (qlstm.c, onnxruntime's LSTM gates). */

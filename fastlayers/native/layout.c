@@ -1,12 +1,57 @@
 /* Layout kernels (layout.h). Included by kernels.inc once per ISA. */
 
-/* A tile of source rows (LAYOUT_TILE floats, 16 KiB, at most LAYOUT_TILE_C of each row) is read
- * whole into L1, then written out transposed: narrow rows (NHWC -> NCHW, few channels) give
- * tiles of many rows, and so long runs of output. */
-#define LAYOUT_TILE 4096
+/* Tiles of at most LAYOUT_TILE floats (64 KiB, at most LAYOUT_TILE_C of each source row),
+ * moved in blocks of FL_VW x FL_VW floats transposed in registers; a tile's ragged edge moves
+ * float by float. */
+#define LAYOUT_TILE 16384
 #define LAYOUT_TILE_C 128
 /* Floats a thread's share moves at least (below it the pool's hand-off costs more). */
 #define LAYOUT_MIN_SHARE (1 << 15)
+
+/* Stage S of the register transpose: rows i and i + S (i & S == 0) trade the lanes j whose bit S
+ * differs from the row's, so that after the stages for every bit, lane j of row i holds what was
+ * lane i of row j. LO / HI: the two-source permutes giving the new rows i and i + S. */
+#if FL_VW == 16
+#define LAYOUT_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define LAYOUT_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#define LAYOUT_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define LAYOUT_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define LAYOUT_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define LAYOUT_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define LAYOUT_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define LAYOUT_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4); LAYOUT_STAGE(r, 8, LAYOUT_LO8, LAYOUT_HI8);
+#elif FL_VW == 8
+#define LAYOUT_LO1 0, 8, 2, 10, 4, 12, 6, 14
+#define LAYOUT_HI1 1, 9, 3, 11, 5, 13, 7, 15
+#define LAYOUT_LO2 0, 1, 8, 9, 4, 5, 12, 13
+#define LAYOUT_HI2 2, 3, 10, 11, 6, 7, 14, 15
+#define LAYOUT_LO4 0, 1, 2, 3, 8, 9, 10, 11
+#define LAYOUT_HI4 4, 5, 6, 7, 12, 13, 14, 15
+#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4);
+#else
+#define LAYOUT_LO1 0, 4, 2, 6
+#define LAYOUT_HI1 1, 5, 3, 7
+#define LAYOUT_LO2 0, 1, 4, 5
+#define LAYOUT_HI2 2, 3, 6, 7
+#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2);
+#endif
+#define LAYOUT_STAGE(r, S, LO, HI)                                                            \
+    for (int i = 0; i < FL_VW; ++i)                                                          \
+        if (!(i & (S))) {                                                                    \
+            fl_vf a = r[i], b = r[i + (S)];                                                  \
+            r[i] = FL_SHUF(a, b, LO);                                                        \
+            r[i + (S)] = FL_SHUF(a, b, HI);                                                  \
+        }
+
+/* d[j dld + i] = s[i sld + j] for i, j < FL_VW: FL_VW loads, log2(FL_VW) stages of FL_VW
+ * permutes, FL_VW stores. */
+FL_INLINE void layout_block(const float *s, int64_t sld, float *d, int64_t dld) {
+    fl_vf r[FL_VW];
+    for (int i = 0; i < FL_VW; ++i) r[i] = fl_load(s + i * sld);
+    LAYOUT_STAGES(r)
+    for (int i = 0; i < FL_VW; ++i) fl_store(d + i * dld, r[i]);
+}
 
 typedef struct {
     int64_t rows, cols, src_batch, src_row, dst_batch, dst_row, tile_r, tile_c, row_tiles, col_tiles;
@@ -17,32 +62,21 @@ typedef struct {
 /* Tiles [t0, t1) of the (batch, row tile, column tile) grid: dst[b, j, i] = src[b, i, j]. */
 static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
     const layout_transpose_ctx *c = (const layout_transpose_ctx *)p;
-    int64_t per_batch = c->row_tiles * c->col_tiles;
+    int64_t per_batch = c->row_tiles * c->col_tiles, sr = c->src_row, dr = c->dst_row;
     for (int64_t t = t0; t < t1; ++t) {
         int64_t b = t / per_batch, rt = (t % per_batch) / c->col_tiles, ct = t % c->col_tiles;
         int64_t r0 = rt * c->tile_r, c0 = ct * c->tile_c;
         int64_t r1 = FL_MIN(c->rows, r0 + c->tile_r), c1 = FL_MIN(c->cols, c0 + c->tile_c);
-        const float *s = c->src + b * c->src_batch;
-        float *d = c->dst + b * c->dst_batch;
-        /* the tile's source rows are read whole into L1 first: read column by column, rows a
-         * multiple of 4 KiB apart (an NCHW plane of 64 x 64 and up) all fall in one cache set */
-        int64_t width = c1 - c0;
-        if (c->src_row <= LAYOUT_TILE_C) {   /* the tile's rows lie together: read it in place */
-            for (int64_t j = c0; j < c1; ++j) {
-                float *restrict dj = d + j * c->dst_row;
-                const float *restrict sj = s + j;
-                for (int64_t i = r0; i < r1; ++i) dj[i] = sj[i * c->src_row];
-            }
-            continue;
+        const float *restrict s = c->src + b * c->src_batch;
+        float *restrict d = c->dst + b * c->dst_batch;
+        int64_t i = r0, cv = c0 + (c1 - c0) / FL_VW * FL_VW;
+        for (; i + FL_VW <= r1; i += FL_VW) {
+            for (int64_t j = c0; j < cv; j += FL_VW) layout_block(s + i * sr + j, sr, d + j * dr + i, dr);
+            for (int64_t j = cv; j < c1; ++j)
+                for (int64_t k = i; k < i + FL_VW; ++k) d[j * dr + k] = s[k * sr + j];
         }
-        float tile[LAYOUT_TILE];
-        for (int64_t i = r0; i < r1; ++i)
-            memcpy(tile + (i - r0) * width, s + i * c->src_row + c0, (size_t)width * sizeof(float));
-        for (int64_t j = 0; j < width; ++j) {
-            float *restrict dj = d + (c0 + j) * c->dst_row + r0;
-            const float *restrict tj = tile + j;
-            for (int64_t i = 0; i < r1 - r0; ++i) dj[i] = tj[i * width];
-        }
+        for (int64_t j = c0; j < c1; ++j)
+            for (int64_t k = i; k < r1; ++k) d[j * dr + k] = s[k * sr + j];
     }
 }
 

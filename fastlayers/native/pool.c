@@ -390,11 +390,6 @@ static pool_plane_plan pool_plane_plan_of(int64_t planes, int64_t kh, int64_t kw
 #define POOL_EVENS 0, 2, 4, 6
 #define POOL_ODDS 1, 3, 5, 7
 #endif
-#if defined(__clang__)
-#define POOL_SHUF(a, b, idx) __builtin_shufflevector(a, b, idx)
-#else
-#define POOL_SHUF(a, b, idx) __builtin_shuffle(a, b, (fl_vi){idx})
-#endif
 
 /* Stride 2: d0[k] = s[2 k - pl], d1[k] = s[2 k + 1 - pl] for k < len (fill outside [0, w)),
  * both phases from the same loads. */
@@ -407,8 +402,8 @@ static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len
     }
     for (; k + FL_VW <= len && 2 * k - pl + 2 * FL_VW <= w; k += FL_VW) {
         fl_vf a = fl_load(s + 2 * k - pl), b = fl_load(s + 2 * k - pl + FL_VW);
-        fl_store(d0 + k, POOL_SHUF(a, b, POOL_EVENS));
-        fl_store(d1 + k, POOL_SHUF(a, b, POOL_ODDS));
+        fl_store(d0 + k, FL_SHUF(a, b, POOL_EVENS));
+        fl_store(d1 + k, FL_SHUF(a, b, POOL_ODDS));
     }
     for (; k < len && 2 * k - pl < w; ++k) {            /* the row's last columns */
         int64_t iw = 2 * k - pl;
