@@ -93,3 +93,50 @@ int FL_FN(transpose)(int64_t batch, int64_t rows, int64_t cols, const float *src
                 layout_transpose_task, &c);
     return 0;
 }
+
+/* ------------------------------------------------------------------------- concatenation */
+
+typedef struct {
+    int64_t parts, dst_row;
+    const char *const *src;
+    const int64_t *width;
+    char *dst;
+} layout_concat_ctx;
+
+/* d[0:n] = s[0:n] (bytes): whole vectors, then the rest byte by byte. */
+FL_INLINE void layout_copy_bytes(char *restrict d, const char *restrict s, int64_t n) {
+    int64_t j = 0;
+    for (; j + 2 * FL_VW * 4 <= n; j += 2 * FL_VW * 4) {
+        fl_vf a = fl_load((const float *)(s + j)), b = fl_load((const float *)(s + j + FL_VW * 4));
+        fl_store((float *)(d + j), a);
+        fl_store((float *)(d + j + FL_VW * 4), b);
+    }
+    for (; j + FL_VW * 4 <= n; j += FL_VW * 4) fl_store((float *)(d + j), fl_load((const float *)(s + j)));
+    for (; j < n; ++j) d[j] = s[j];
+}
+
+/* Rows [r0, r1): dst[r] = part 0's row r, part 1's row r, ... */
+static void layout_concat_task(void *p, int64_t r0, int64_t r1) {
+    const layout_concat_ctx *c = (const layout_concat_ctx *)p;
+    for (int64_t r = r0; r < r1; ++r) {
+        char *d = c->dst + r * c->dst_row;
+        for (int64_t k = 0; k < c->parts; ++k) {
+            layout_copy_bytes(d, c->src[k] + r * c->width[k], c->width[k]);
+            d += c->width[k];
+        }
+    }
+}
+
+int FL_FN(concat_rows)(int64_t rows, int64_t parts, const char *const *src, const int64_t *width,
+                       char *dst, int64_t dst_row) {
+    if (rows <= 0 || parts <= 0) return 0;
+    int64_t total = 0;
+    for (int64_t k = 0; k < parts; ++k) {
+        if (width[k] < 0) return -2;
+        total += width[k];
+    }
+    if (total > dst_row) return -2;
+    layout_concat_ctx c = {parts, dst_row, src, width, dst};
+    fl_parallel(rows, FL_MAX(1, LAYOUT_MIN_SHARE * 4 / FL_MAX(total, 1)), layout_concat_task, &c);
+    return 0;
+}

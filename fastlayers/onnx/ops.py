@@ -653,16 +653,20 @@ def _unsqueeze(inputs, attrs, opset):
 def _concat(inputs, attrs, opset):
     parts = [x for x in inputs if x is not None]
     axis = attrs["axis"]
-    if len(parts) > 1 and all(x.ndim == 4 and x.dtype == np.float32 for x in parts) \
-            and any(_channels_last_memory(x) is not None for x in parts):
-        # convolution outputs (NCHW views of NHWC memory): the result in NHWC memory too, so
-        # that the next convolution moves nothing
-        shape = list(parts[0].shape)
-        shape[axis] = sum(x.shape[axis] for x in parts)
-        out = np.empty((shape[0], shape[2], shape[3], shape[1]), np.float32).transpose(0, 3, 1, 2)
-        np.concatenate(parts, axis=axis, out=out)
-        return [out]
-    return [np.concatenate(parts, axis=axis)]
+    if len(parts) > 1 and all(x.ndim == 4 and x.dtype == np.float32 for x in parts):
+        held = [_channels_last_memory(x) for x in parts]
+        if all(h is not None for h in held):
+            # convolution outputs (NCHW views of NHWC memory): joined in that memory (channels
+            # are its rows' last axis), so that the next convolution moves nothing
+            nhwc_axis = (0, 3, 1, 2)[axis % 4] if -4 <= axis < 4 else axis
+            return [get_ops().concatenate(held, nhwc_axis).transpose(0, 3, 1, 2)]
+        if any(h is not None for h in held):
+            shape = list(parts[0].shape)
+            shape[axis] = sum(x.shape[axis] for x in parts)
+            out = np.empty((shape[0], shape[2], shape[3], shape[1]), np.float32).transpose(0, 3, 1, 2)
+            np.concatenate(parts, axis=axis, out=out)
+            return [out]
+    return [get_ops().concatenate(parts, axis)]
 
 
 @op("Split")

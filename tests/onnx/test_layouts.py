@@ -52,3 +52,29 @@ def test_nhwc_memory_flows_through_concat_channel_arithmetic_and_resize(tmp_path
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, expected in zip(model(x), want):
         assert_close(got, expected, rtol=1e-4, atol=1e-4)   # per model; the last output sums 72 products
+
+
+@pytest.mark.parametrize("axis", [1, 2, 3, -1, -3])
+@pytest.mark.parametrize("mixed", [False, True], ids=["both-nhwc", "one-nchw"])
+def test_concat_of_nhwc_memory_on_any_axis(tmp_path, rng, backend, axis, mixed):
+    """Concat of convolution outputs (NCHW views of NHWC memory) on the channel or a spatial
+    axis, and of one such view with a plain NCHW input, against onnxruntime."""
+    ort, onnx = oracle("onnxruntime"), oracle("onnx")
+    h = onnx.helper
+    w = h.make_tensor("w", 1, [5, 3, 1, 1], rng.standard_normal(15).astype(np.float32))
+    nodes = [h.make_node("Conv", ["x", "w"], ["a"]), h.make_node("Relu", ["a"], ["r"]),
+             h.make_node("Conv", ["x", "w"], ["b"], pads=[0, 0, 0, 0]),
+             h.make_node("Concat", ["a", "x5" if mixed else "b"], ["y"], axis=axis)]
+    inputs = [h.make_tensor_value_info("x", 1, [2, 3, 6, 7])]
+    if mixed:
+        inputs.append(h.make_tensor_value_info("x5", 1, [2, 5, 6, 7]))
+    model = make_graph(nodes, inputs, [h.make_tensor_value_info("y", 1, None)], [w])
+    path = tmp_path / "concat.onnx"
+    onnx.save(model, str(path))
+    feed = {"x": rng.standard_normal((2, 3, 6, 7)).astype(np.float32)}
+    if mixed:
+        feed["x5"] = rng.standard_normal((2, 5, 6, 7)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = fastlayers.load(path).run(None, feed)[0]
+    assert got.shape == want.shape
+    assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -243,3 +243,24 @@ def test_activation_is_the_same_whatever_the_last_axis(name, shape, rng):
     native._core.bias_act(rows, None, CODES[name], 0.2, want)
     got = CPU.activation(x, name, 0.2)
     assert got.shape == x.shape and np.array_equal(got.reshape(rows.shape), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("shapes, axis", [([(2, 3, 4), (2, 5, 4)], 1), ([(2, 3, 4), (2, 3, 1)], -1),
+                                          ([(1, 2), (3, 2), (0, 2)], 0), ([(4,), (5,)], 0),
+                                          ([(2, 0, 3), (2, 2, 3)], 1)])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
+def test_concatenate_matches_numpy(rng, shapes, axis, dtype):
+    xs = [(rng.standard_normal(s) * 10).astype(dtype) for s in shapes]
+    got = CPU.concatenate(xs, axis)
+    np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
+    assert got.dtype == np.dtype(dtype) and got.flags.c_contiguous
+
+
+def test_concatenate_falls_back_for_views_and_mixed_dtypes(rng):
+    a = rng.standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(CPU.concatenate([a[:, ::2], a[:, 1::2]], 1),
+                                  np.concatenate([a[:, ::2], a[:, 1::2]], 1))
+    np.testing.assert_array_equal(CPU.concatenate([a, a.astype(np.float64)], 0),
+                                  np.concatenate([a, a.astype(np.float64)], 0))
+    with pytest.raises(ValueError):
+        CPU.concatenate([a, a[:3, :5]], 0)

@@ -1,8 +1,8 @@
-"""The native transpose (``native/layout.c``) and its helpers (``fastlayers.native.layout``)
-against numpy on every ISA path and 1-3 threads: odd sizes around its tiles (rows read in place
-where they lie within 128 floats of each other, else copied whole into a 4,096-float tile of at
-most 128 columns), one row or column, strided views, and the errors of wrong shapes, strides and
-alignment."""
+"""The native transpose and row concatenation (``native/layout.c``) and the transpose's helpers
+(``fastlayers.native.layout``) against numpy on every ISA path and 1-3 threads: odd sizes around
+the transpose's tiles (16,384 floats, at most 128 columns) and its register blocks (FL_VW x FL_VW
+floats: 16, 8 or 4), one row or column, strided views; concatenations of any dtype, widths
+around the vector copies, empty parts; and the errors of wrong shapes, strides and alignment."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ pytestmark = pytest.mark.usefixtures("isa")
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("b, r, c", [(1, 1, 1), (1, 1, 40), (1, 33, 1), (2, 5, 70), (3, 64, 31),
                                      (1, 100, 97), (4, 32, 32), (1, 1000, 3), (1, 3, 129),
-                                     (2, 40, 300), (1, 70, 1029), (1, 1, 4097), (2, 33, 257)])
+                                     (2, 40, 300), (1, 70, 1029), (1, 1, 4097), (2, 33, 257),
+                                     (1, 16, 16), (1, 17, 15), (2, 8, 24), (1, 129, 130),
+                                     (1, 300, 64), (1, 64, 300), (3, 47, 33)])
 def test_transpose_matches_numpy(rng, threads, b, r, c):
     src = rng.standard_normal((b, r, c)).astype(np.float32)
     dst = np.full((b, c, r), np.nan, np.float32)
@@ -82,3 +84,31 @@ def test_oihw_to_hwio(rng, shape):
     assert got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(oihw_to_hwio(w.astype(np.float64)), want)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("rows, widths", [(1, (1, 1)), (5, (16, 16)), (33, (3, 17, 64)),
+                                          (1000, (16, 16)), (7, (0, 5, 0)), (2, (129, 1, 70)),
+                                          (40000, (8, 24))])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "bool"])
+def test_concat_rows_matches_numpy(rng, threads, rows, widths, dtype):
+    parts = [(rng.standard_normal((rows, w)) * 100).astype(dtype) for w in widths]
+    out = np.zeros((rows, sum(widths)), dtype)
+    assert _core.concat_rows(parts, out) is out
+    np.testing.assert_array_equal(out, np.concatenate(parts, axis=1))
+
+
+def test_concat_rows_errors():
+    a = np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match="parts"):
+        _core.concat_rows([], np.zeros((3, 0), np.float32))
+    with pytest.raises(ValueError, match="part 1"):
+        _core.concat_rows([a, a.astype(np.float64)], np.zeros((3, 8), np.float32))
+    with pytest.raises(ValueError, match="part 1"):
+        _core.concat_rows([a, np.zeros((2, 4), np.float32)], np.zeros((3, 8), np.float32))
+    with pytest.raises(ValueError, match="part 0"):
+        _core.concat_rows([np.zeros((3, 8), np.float32)[:, ::2]], np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="values per row"):
+        _core.concat_rows([a, a], np.zeros((3, 9), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous 2-D"):
+        _core.concat_rows([a], np.zeros((3, 4, 1), np.float32))

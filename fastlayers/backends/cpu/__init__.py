@@ -110,6 +110,25 @@ class CpuOps(ConvOps):
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
+    def concatenate(self, xs, axis=-1):
+        xs = list(xs)
+        first = xs[0] if xs else None
+        if not (1 < len(xs) <= _core.MAX_CONCAT_PARTS and all(
+                type(x) is np.ndarray and x.flags.c_contiguous and x.dtype == first.dtype
+                and x.ndim == first.ndim for x in xs) and first.ndim and not first.dtype.hasobject):
+            return super().concatenate(xs, axis)
+        k = axis + first.ndim if axis < 0 else axis
+        if not 0 <= k < first.ndim or any(x.shape[:k] != first.shape[:k] or
+                                          x.shape[k + 1:] != first.shape[k + 1:] for x in xs):
+            return super().concatenate(xs, axis)   # numpy's error
+        shape = list(first.shape)
+        shape[k] = sum(x.shape[k] for x in xs)
+        out = np.empty(shape, first.dtype)
+        rows = math.prod(shape[:k])
+        if out.size:
+            _core.concat_rows([x.reshape(rows, -1) for x in xs], out.reshape(rows, -1))
+        return out
+
     def merge(self, a, b, op, alpha=1.0, beta=1.0):
         if op == "add" and alpha == 1.0 and beta == 1.0:   # same shapes or a bias row: one pass
             y = _core.apply_add(a, b)
