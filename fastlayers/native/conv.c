@@ -782,8 +782,9 @@ typedef struct {
     const float *cols, *bias;
     float *y;
     int64_t h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g, groups, kk;
-    int code;
+    int code, tiled;   /* tiled: kernel = stride, no crop or dilation, one group */
     float alpha;
+    int status;
 } conv_t_ctx;
 
 /* o[0:n] += s[0:n] */
@@ -793,12 +794,37 @@ FL_INLINE void conv_add(float *o, const float *s, int64_t n) {
     for (; j < n; ++j) o[j] += s[j];
 }
 
+/* Each task's bias repeated over an output row (few channels: the row's epilogue runs as one
+ * row of Wo cout values rather than Wo rows of cout). */
+static __thread fl_buf conv_t_bias_buf;
+/* Fewest output channels whose pixels take the epilogue one by one. */
+#define CONV_T_WIDE_PIXEL 64
+
+/* yrow = f(yrow + bias) for one output row of wo pixels of cout channels; tiled: the bias
+ * repeated for every pixel (or NULL where there is no bias), for rows of few channels. */
+static void conv_t_epilogue(const conv_t_ctx *p, float *yrow, int64_t cout, const float *tiled) {
+    if (!p->bias && p->code == FL_LINEAR) return;
+    if (cout >= CONV_T_WIDE_PIXEL)
+        rows_bias_act_range(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow, cout);
+    else
+        rows_bias_act_range(0, 1, p->wo * cout, yrow, 0, tiled, p->code, p->alpha, yrow, 0);
+}
+
 /* Output rows t = n Ho + oh in [t0, t1): each pixel gathers the columns of its taps, then the
  * row's epilogue. cols: (N H W, groups kk), group g's taps (i, j) at g kk + (i kw + j) co. */
 static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
-    const conv_t_ctx *p = (const conv_t_ctx *)arg;
+    conv_t_ctx *p = (conv_t_ctx *)arg;
     int64_t co = p->cout_g, cout = co * p->groups, ld = p->kk * p->groups;
     int64_t tap_i[p->kh], tap_ih[p->kh];
+    float *tiled = 0;
+    if (p->bias && cout < CONV_T_WIDE_PIXEL) {
+        tiled = fl_buf_floats(&conv_t_bias_buf, (size_t)(p->wo * cout));
+        if (!tiled) {
+            p->status = -1;
+            return;
+        }
+        for (int64_t ow = 0; ow < p->wo; ++ow) memcpy(tiled + ow * cout, p->bias, (size_t)cout * sizeof(float));
+    }
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, taps = 0;
         for (int64_t i = 0; i < p->kh; ++i) {
@@ -808,6 +834,21 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
             tap_ih[taps++] = num / p->sh;
         }
         float *yrow = p->y + t * p->wo * cout;
+        if (p->tiled) {
+            /* each output pixel has one tap: the row is input row oh / sh's columns of tap row
+             * i = oh % sh, kw co floats per input pixel, laid side by side */
+            int64_t run = p->kw * co;
+            const float *src = p->cols + (n * p->h + oh / p->sh) * p->w * ld + oh % p->sh * run;
+            for (int64_t iw = 0; iw < p->w; ++iw) {
+                const float *s = src + iw * ld;
+                float *o = yrow + iw * run;
+                int64_t j = 0;
+                for (; j + FL_VW <= run; j += FL_VW) fl_store(o + j, fl_load(s + j));
+                for (; j < run; ++j) o[j] = s[j];
+            }
+            conv_t_epilogue(p, yrow, cout, tiled);
+            continue;
+        }
         memset(yrow, 0, (size_t)(p->wo * cout) * sizeof(float));
         for (int64_t ow = 0; ow < p->wo; ++ow) {
             float *o = yrow + ow * cout;
@@ -823,9 +864,7 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
                 }
             }
         }
-        if (p->bias || p->code != FL_LINEAR)
-            rows_bias_act_range(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow,
-                                cout);
+        conv_t_epilogue(p, yrow, cout, tiled);
     }
 }
 
@@ -847,12 +886,14 @@ int FL_FN(conv_transpose2d)(int64_t n, int64_t h, int64_t w, int64_t cin, const 
                                FL_LINEAR, 0.0f, cols + g * kk, kk * groups);
         if (st) return st;
     }
+    int tiled = kh == sh && kw == sw && (kh == 1 || dh == 1) && (kw == 1 || dw == 1) && ct == 0 &&
+                cl == 0 && ho == h * sh && wo == w * sw && groups == 1;
     conv_t_ctx p = {cols, bias, y, h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g, groups,
-                    kk, code, alpha};
+                    kk, code, tiled, alpha, 0};
     int64_t taps = FL_MAX(1, kh * kw / (sh * sw));
     fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout_g * groups * taps)),
                 conv_t_task, &p);
-    return 0;
+    return p.status;
 }
 
 /* ------------------------------------------------------- transposed convolution, NCHW planes */

@@ -170,6 +170,32 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
+    """ConvTranspose (+ an activation) -> the activation as its ``_activation`` and ``_alpha``
+    attributes, run in the kernel's epilogue (a bias Add after it ``rewrite.fold_affine`` has
+    already taken in)."""
+    uses = consumers(nodes, outputs)
+    readers = {}
+    for j, n in enumerate(nodes):
+        for i in n.inputs:
+            readers.setdefault(i, []).append(j)
+    removed: set[int] = set()
+    for node in nodes:
+        if node.op_type != "ConvTranspose" or "_activation" in node.attrs:
+            continue
+        out = node.outputs[0]
+        nxt = readers.get(out, [])
+        if uses.get(out, 0) != 1 or len(nxt) != 1:
+            continue
+        fused = _fused_activation(nodes[nxt[0]], constants)
+        if fused is None:
+            continue
+        node.attrs = {**node.attrs, "_activation": fused["activation"], "_alpha": fused["alpha"]}
+        node.outputs = nodes[nxt[0]].outputs
+        removed.add(nxt[0])
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
 def fuse_add_activation(nodes, constants, outputs) -> list[Node]:
     """Add of two computed values (a residual connection) whose only reader is an activation the
     backends' epilogues know (Relu, Sigmoid, ...) -> one FusedAdd node: f(a + b) in one pass,

@@ -166,6 +166,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
     nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_conv_transpose(nodes, constants, outputs)
     nodes = cells.fuse_lstm_cell(nodes, constants, outputs)
     nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
     nodes = qfusion.optimize(nodes, constants, outputs)

@@ -1540,17 +1540,18 @@ def _conv_transpose(inputs, attrs, opset):
     created([x.shape[0], *shape, w4.shape[1] * group], np.float32, "ConvTranspose")
     bias = None if b is None else _f32(b)
     crop = tuple(a for a, _ in pads)
+    act, alpha = attrs.get("_activation", "linear"), attrs.get("_alpha", 0.0)   # fuse_conv_transpose
     planes = _planes(x)
     if planes is not None:
         # NCHW planes in and out: no layout round trip
         y = get_ops().conv_transpose2d_nchw(planes, w4, bias, tuple(strides), crop, tuple(shape),
-                                            tuple(dilations), group)
+                                            tuple(dilations), group, act, alpha)
         return [y[:, :, 0] if one_d else y]
     x4, _ = _nhwc(x)
     w_hwio = derived(w4, "onnx-conv-transpose-hwio",
                      lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C"))
     y = get_ops().conv_transpose2d(x4, w_hwio, bias, tuple(strides), crop, tuple(shape),
-                                   tuple(dilations), group)
+                                   tuple(dilations), group, act, alpha)
     return [_nchw(y, one_d)]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..backends import recording_calls
 
 #: Attributes of a fused node that name what it absorbed, shown in the ``fused`` column.
-_FUSED_ATTRS = ("activation", "residual", "kind")
+_FUSED_ATTRS = ("activation", "_activation", "residual", "kind")
 
 
 @dataclass
@@ -162,7 +162,7 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> 
         in_shapes = [_shape(values.get(i) if isinstance(i, str) else i) for i in ins]
         out_values = [values.get(o) for o in outs if o]
         steps.append(Step(k, node.op_type, node.name or (node.outputs[0] if node.outputs else ""),
-                          fused_detail(attrs) if node.op_type.startswith("Fused") else "",
+                          fused_detail(attrs) if node.op_type.startswith("Fused") or node.op_type == "ConvTranspose" else "",
                           in_shapes, [_shape(v) for v in out_values],
                           layout_of(out_values[0]) if out_values else "-",
                           kernels.get(k, "cached") if times else "cached", ms))

@@ -183,14 +183,15 @@ def _per_channel(value, channels, rank, axis):
 
 
 def fold_affine(nodes, constants, outputs) -> list:
-    """Mul / Div / Add / Sub by a per-output-channel constant after a Conv (constant weights and
-    bias) or a MatMul / Gemm with constant 2-D weights -> its weights and bias changed instead:
+    """Mul / Div / Add / Sub by a per-output-channel constant after a Conv or ConvTranspose
+    (constant weights and bias; a grouped ConvTranspose takes Add / Sub only) or a MatMul / Gemm
+    with constant 2-D weights -> its weights and bias changed instead:
     y = (x * w + b) * s + t = x * (w s) + (b s + t). A MatMul without a bias keeps its next Add
     (which ``fuse_dense`` then takes) with the bias scaled."""
     readers = readers_of(nodes, outputs)
     dropped: set[int] = set()
     for node in nodes:
-        dense_or_conv = node.op_type in ("Conv", "MatMul", "Gemm") and len(node.inputs) > 1
+        dense_or_conv = node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and len(node.inputs) > 1
         w = constants.get(node.inputs[1]) if dense_or_conv else None
         if w is None or w.dtype != np.float32 or id(node) in dropped:
             continue
@@ -198,6 +199,10 @@ def fold_affine(nodes, constants, outputs) -> list:
             if w.ndim not in (3, 4):
                 continue
             channels, rank, axis = w.shape[0], w.ndim, 1
+        elif node.op_type == "ConvTranspose":
+            if w.ndim not in (3, 4):
+                continue
+            channels, rank, axis = w.shape[1] * node.attrs.get("group", 1), w.ndim, 1
         elif node.op_type == "MatMul" and w.ndim == 2:
             channels, rank, axis = w.shape[1], None, -1
         elif node.op_type == "Gemm" and w.ndim == 2 and not node.attrs.get("transA", 0) \
@@ -224,6 +229,9 @@ def fold_affine(nodes, constants, outputs) -> list:
             vec = _per_channel(constants.get(follower.inputs[1 if first else 0]), channels, rank, axis)
             if vec is None or (follower.op_type == "Div" and not vec.all()):
                 break
+            if follower.op_type in ("Mul", "Div") and node.op_type == "ConvTranspose" \
+                    and node.attrs.get("group", 1) != 1:
+                break
             if follower.op_type in ("Mul", "Div"):
                 vec = vec if follower.op_type == "Mul" else (np.float32(1) / vec).astype(np.float32)
                 scale, b = scale * vec, None if b is None else b * vec
@@ -242,6 +250,8 @@ def fold_affine(nodes, constants, outputs) -> list:
         if not (scale == 1).all():
             if node.op_type == "Conv":
                 w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            elif node.op_type == "ConvTranspose":   # (C_in, C_out, k...), one group
+                w = w * scale.reshape((1, -1) + (1,) * (w.ndim - 2))
             elif node.op_type == "Gemm" and node.attrs.get("transB", 0):
                 w = w * scale[:, None]
             else:

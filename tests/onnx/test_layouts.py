@@ -78,3 +78,51 @@ def test_concat_of_nhwc_memory_on_any_axis(tmp_path, rng, backend, axis, mixed):
     got = fastlayers.load(path).run(None, feed)[0]
     assert got.shape == want.shape
     assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel, strides, group, follow", [
+    ((2, 2), (2, 2), 1, ["Add", "Relu"]), ((2, 2), (2, 2), 1, ["Mul", "Add", "Sigmoid"]),
+    ((3, 3), (2, 2), 1, ["Add", "LeakyRelu"]), ((2, 2), (2, 2), 2, ["Add", "Relu"]),
+    ((2, 2), (2, 2), 2, ["Mul", "Relu"])])
+@pytest.mark.parametrize("planes", [False, True], ids=["nhwc", "nchw"])
+def test_conv_transpose_takes_a_channel_affine_and_an_activation(tmp_path, rng, backend, kernel,
+                                                                  strides, group, follow, planes):
+    """ConvTranspose + per-channel Mul / Add + activation (PP-OCR's upsampling heads) against
+    onnxruntime, after a convolution (NHWC memory) or on the graph's NCHW input; a grouped one
+    takes the Add into its bias but keeps its Mul."""
+    ort, onnx = oracle("onnxruntime"), oracle("onnx")
+    h = onnx.helper
+    c_in, c_out = 4, 6
+
+    def t(name, shape):
+        return h.make_tensor(name, 1, shape, rng.standard_normal(int(np.prod(shape))).astype(np.float32))
+
+    inits = [t("wc", [c_in, 3, 1, 1]), t("wt", [c_in, c_out // group, *kernel]),
+             t("bias", [1, c_out, 1, 1]), t("scale", [c_out, 1, 1])]
+    nodes = [] if planes else [h.make_node("Conv", ["x", "wc"], ["xc"])]
+    value = "x" if planes else "xc"
+    nodes.append(h.make_node("ConvTranspose", [value, "wt"], ["ct"], strides=list(strides), group=group))
+    value = "ct"
+    for k, op in enumerate(follow):
+        extra = {"LeakyRelu": {"alpha": 0.1}}.get(op, {})
+        operands = [value, {"Add": "bias", "Mul": "scale"}[op]] if op in ("Add", "Mul") else [value]
+        nodes.append(h.make_node(op, operands, [f"f{k}"], **extra))
+        value = f"f{k}"
+    nodes[-1].output[0] = "y"
+    shape = [2, c_in, 5, 7] if planes else [2, 3, 5, 7]
+    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, shape)],
+                       [h.make_tensor_value_info("y", 1, None)], inits)
+    path = tmp_path / "ct.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    loaded = fastlayers.load(path)
+    got = loaded.run(None, {"x": x})[0]
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    steps = loaded.profile({"x": x}, repeats=1).steps
+    transposed = [s for s in steps if s.op_type == "ConvTranspose"]
+    act = {"Relu": "relu", "Sigmoid": "onnx_sigmoid", "LeakyRelu": "leaky_relu"}[follow[-1]]
+    kept_mul = group != 1 and "Mul" in follow   # then the activation reads the Mul
+    assert len(transposed) == 1 and transposed[0].fused == ("" if kept_mul else act)
+    kept = {s.op_type for s in steps}
+    assert ("Mul" in kept) == kept_mul and "Add" not in kept

@@ -208,6 +208,23 @@ def test_conv_transpose2d_cpu_matches_reference(isa, c, extra_h, extra_w, wide):
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("shape, k, cout, act, extra", [
+    ((1, 5, 7, 16), (2, 2), 1, "sigmoid", (0, 0)), ((2, 3, 4, 3), (2, 3), 5, "relu", (0, 0)),
+    ((1, 4, 9, 8), (3, 3), 16, "linear", (0, 0)), ((1, 1, 1, 2), (2, 2), 17, "gelu", (0, 0)),
+    ((1, 3, 5, 4), (2, 2), 3, "relu", (1, 0)), ((1, 6, 6, 8), (1, 1), 9, "linear", (0, 0))])
+def test_conv_transpose2d_kernel_equal_to_stride(isa, n_threads, shape, k, cout, act, extra):
+    """Kernel = stride, no crop, one group: every output pixel has one tap, copied in place
+    (an output_padding row or column keeps the general path)."""
+    x, w, b = arr(3, shape), arr(4, (*k, shape[-1], cout), 0.3), arr(5, (cout,))
+    out = (shape[1] * k[0] + extra[0], shape[2] * k[1] + extra[1])
+    for bias in (b, None):
+        args = (x, w, bias, k, (0, 0), out, (1, 1), 1, act, 0.0)
+        with threads(n_threads):
+            assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5,
+                         atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
 def test_conv_transpose2d_on_threads(isa, n_threads):
     x, w, b = arr(0, (2, 14, 15, 32)), arr(1, (4, 4, 32, 24), 0.1), arr(2, (48,))
     args = (x, w, b, (2, 2), (1, 1), (28, 30), (1, 1), 2, "relu", 0.0)
