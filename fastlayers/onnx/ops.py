@@ -544,7 +544,20 @@ def _reduce(fn, axes_input_from):
     return run
 
 
-OPS["ReduceMean"] = _reduce(wide_mean, 18)
+def _mean(x, axis, keepdims):
+    """ReduceMean: over H and W of NHWC memory (an NCHW view, as convolutions return: the
+    squeeze-and-excite means of PP-OCR's backbones) the backend's global average pool, which
+    reads the memory as it lies; else ``wide_mean``."""
+    if x.dtype == np.float32 and x.ndim == 4 and axis is not None \
+            and sorted(a % 4 for a in np.atleast_1d(axis)) == [2, 3]:
+        held = _channels_last_memory(x)
+        if held is not None and held.size:
+            y = get_ops().global_pool(held, "avg", (1, 2), keepdims=True).transpose(0, 3, 1, 2)
+            return y if keepdims else y.reshape(y.shape[:2])
+    return wide_mean(x, axis=axis, keepdims=keepdims)
+
+
+OPS["ReduceMean"] = _reduce(_mean, 18)
 OPS["ReduceSum"] = _reduce(wide_sum, 13)
 OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
     x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
@@ -1699,28 +1712,27 @@ def _linear_taps(src, size_in):
 
 
 def _resize_spatial(x, out_shape, scales, mode, coord, nearest):
-    """A float32 NCHW resize of H and W only, on channels-last memory: rows, then runs of C
-    values are gathered (linear: blended in float32), and the result is an NCHW view of NHWC
-    memory as the convolutions return, so the next convolution moves nothing."""
+    """A float32 NCHW resize of H and W only, on channels-last memory: each output pixel's
+    source rows and columns found once per axis, the pixels gathered (linear: blended in
+    float32) by the backend's ``resize2d_taps``; the result is an NCHW view of NHWC memory as
+    the convolutions return, so the next convolution moves nothing."""
     held = _channels_last_memory(x)
     y = held if held is not None else x.transpose(0, 2, 3, 1)
+    taps = []
     for axis in (1, 2):   # H, W of the NHWC array
         size_in, size_out = y.shape[axis], out_shape[axis + 1]
         if size_in == size_out and scales[axis + 1] == 1.0:
+            same = np.arange(size_in, dtype=np.int64)
+            taps.append((same, same, np.zeros(size_in, np.float32)))
             continue
         src = _source_coords(size_out, size_in, scales[axis + 1], coord)
-        index = [slice(None)] * 4
         if mode == "nearest":
-            index[axis] = np.clip(_nearest(src, nearest), 0, size_in - 1).astype(np.intp)
-            y = y[tuple(index)]
+            index = np.clip(_nearest(src, nearest), 0, size_in - 1).astype(np.int64)
+            taps.append((index, index, np.zeros(size_out, np.float32)))
             continue
         lo, hi, frac = _linear_taps(src, size_in)
-        index[axis] = lo
-        low = y[tuple(index)]
-        index[axis] = hi
-        weight = frac.astype(np.float32).reshape((-1, 1, 1) if axis == 1 else (-1, 1))
-        y = low * (np.float32(1) - weight) + y[tuple(index)] * weight
-    return np.ascontiguousarray(y).transpose(0, 3, 1, 2)
+        taps.append((lo, hi, frac.astype(np.float32)))
+    return get_ops().resize2d_taps(y, taps[0], taps[1], mode != "nearest").transpose(0, 3, 1, 2)
 
 
 @op("Resize")

@@ -14,14 +14,16 @@ from .test_import import make_graph
 
 
 def _graph(tmp_path, rng):
-    """Conv -> HardSwish (fused into the convolution) -> Resize (numpy) -> ReduceMean."""
+    """Conv -> HardSwish (fused into the convolution) -> Resize -> ReduceMean (both native on
+    the NHWC memory) -> Cos (numpy)."""
     onnx = oracle("onnx")
     h = onnx.helper
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              h.make_node("HardSwish", ["c"], ["a"], name="act"),
              h.make_node("Resize", ["a", "", "scales"], ["r"], mode="nearest", name="up"),
-             h.make_node("ReduceMean", ["r"], ["y"], axes=[2, 3], keepdims=0, name="mean")]
+             h.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=0, name="mean"),
+             h.make_node("Cos", ["m"], ["y"], name="cos")]
     model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
                        [h.make_tensor_value_info("y", 1, None)],
                        [h.make_tensor("w", 1, w.shape, w.ravel()), h.make_tensor("scales", 1, [4], [1, 1, 2, 2])])
@@ -34,16 +36,18 @@ def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
     model = fastlayers.load(_graph(tmp_path, rng))
     x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
     profile = model.profile(x, repeats=3)
-    assert [s.op_type for s in profile.steps] == model.op_types == ["FusedConv", "Resize", "ReduceMean"]
-    conv, resize, mean = profile.steps
+    assert [s.op_type for s in profile.steps] == model.op_types == ["FusedConv", "Resize", "ReduceMean", "Cos"]
+    conv, resize, mean, cos = profile.steps
     assert conv.fused == "hard_silu" and conv.kernel.startswith("cpu.conv2d") and conv.layout == "nhwc"
     assert conv.input_shapes[0] == (1, 3, 8, 8) and conv.output_shapes == [(1, 4, 8, 8)]
-    assert resize.kernel == "numpy" and resize.output_shapes == [(1, 4, 16, 16)]
+    assert resize.kernel == "cpu.resize2d_taps" and resize.output_shapes == [(1, 4, 16, 16)]
+    assert resize.layout == "nhwc" and mean.kernel == "cpu.global_pool"
     assert mean.output_shapes == [(1, 4)] and mean.layout == "-"
+    assert cos.kernel == "numpy"   # a fallback step is named as one
     assert all(s.ms > 0 for s in profile.steps) and profile.total_ms > 0
     assert sum(s.share for s in profile.steps) <= 1.05
     by_op = profile.by_op()
-    assert {op for op, *_ in by_op} == {"FusedConv", "Resize", "ReduceMean"}
+    assert {op for op, *_ in by_op} == {"FusedConv", "Resize", "ReduceMean", "Cos"}
     assert by_op == sorted(by_op, key=lambda r: -r[2])
     text = profile.table(top=2)
     slowest = max(profile.steps, key=lambda s: s.ms)
@@ -76,7 +80,7 @@ def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
 
     made_up = cli("--repeats", "2")
     assert made_up.returncode == 0, made_up.stderr
-    assert "3 steps" in made_up.stdout and "FusedConv" in made_up.stdout and "1 thread" in made_up.stdout
+    assert "4 steps" in made_up.stdout and "FusedConv" in made_up.stdout and "1 thread" in made_up.stdout
     np.save(tmp_path / "x.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
     given = cli("--input", str(tmp_path / "x.npy"), "--top", "1")
     assert given.returncode == 0, given.stderr

@@ -285,6 +285,15 @@ class ConvOps(ReferenceOps):
         y = np.empty((batch.shape[0], output_size[0], output_size[1], c), np.float32)
         return _core.bin_pool(_f32c(x_nhwc), batch, h0, h1, w0, w1, True, y)
 
+    def resize2d_taps(self, x_nhwc, rows, cols, bilinear):
+        (y0, y1, fy), (x0, x1, fx) = rows, cols
+        if x_nhwc.size == 0 or x_nhwc.dtype != np.float32 or len(y0) == 0 or len(x0) == 0:
+            return ReferenceOps.resize2d_taps(self, x_nhwc, rows, cols, bilinear)
+        y = np.empty((x_nhwc.shape[0], len(y0), len(x0), x_nhwc.shape[3]), np.float32)
+        if not bilinear:
+            return _core.resize(_f32c(x_nhwc), y0, y0, None, x0, x0, None, False, y)
+        return _core.resize(_f32c(x_nhwc), y0, y1, fy, x0, x1, fx, True, y)
+
     def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
         n, h, w, c = x_nhwc.shape
         if x_nhwc.size == 0 or min(out_hw) <= 0:

@@ -371,6 +371,22 @@ class ReferenceOps:
         from . import conv as rc
         return rc.roi_pool(x_nhwc, rois, output_size, spatial_scale)
 
+    def resize2d_taps(self, x_nhwc, rows, cols, bilinear):
+        """x (N, H, W, C) resized at given source taps: ``rows`` = (y0, y1, fy) for the Ho output
+        rows and ``cols`` = (x0, x1, fx) for the Wo output columns (int64 indices inside x,
+        float32 weights of the second tap). Nearest: y[n, i, j] = x[n, y0[i], x0[j]]; bilinear:
+        y = (1 - fy) ((1 - fx) x[y0, x0] + fx x[y0, x1]) + fy ((1 - fx) x[y1, x0] + fx x[y1, x1])
+        in float32. y (N, Ho, Wo, C), C-contiguous."""
+        (y0, y1, fy), (x0, x1, fx) = rows, cols
+        if not bilinear:
+            return np.ascontiguousarray(x_nhwc[:, y0][:, :, x0])
+        one = np.float32(1)
+        wx, wy = fx.reshape(1, 1, -1, 1), fy.reshape(1, -1, 1, 1)
+        top, bottom = x_nhwc[:, y0], x_nhwc[:, y1]
+        up = top[:, :, x0] * (one - wx) + top[:, :, x1] * wx
+        down = bottom[:, :, x0] * (one - wx) + bottom[:, :, x1] * wx
+        return np.ascontiguousarray(up * (one - wy) + down * wy, np.float32)
+
     def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
         """Nearest or bilinear resize of H, W (torch's coordinate rules)."""
         from . import conv as rc
