@@ -18,6 +18,10 @@ from . import gemm, recurrent
 from .conv import ConvOps
 from ..derived import derived_from
 
+#: Fewest values a concatenation joins natively (below, numpy's copy is cheaper than the
+#: checks that a native call needs).
+_NATIVE_CONCAT_MIN = 1 << 14
+
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
     """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
@@ -113,7 +117,9 @@ class CpuOps(ConvOps):
     def concatenate(self, xs, axis=-1):
         xs = list(xs)
         first = xs[0] if xs else None
-        if not (1 < len(xs) <= _core.MAX_CONCAT_PARTS and all(
+        # numpy's own copy for small results: the checks here cost more than it does
+        if sum(getattr(x, "size", 0) for x in xs) < _NATIVE_CONCAT_MIN or not (
+                1 < len(xs) <= _core.MAX_CONCAT_PARTS and all(
                 type(x) is np.ndarray and x.flags.c_contiguous and x.dtype == first.dtype
                 and x.ndim == first.ndim for x in xs) and first.ndim and not first.dtype.hasobject):
             return super().concatenate(xs, axis)
