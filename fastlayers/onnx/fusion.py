@@ -1,5 +1,6 @@
 """Fusions at load: MatMul/Gemm (+ bias) (+ activation) -> one dense node, Conv (+ BN) (+
-activation) -> one convolution node with its weights laid out once, GELU chains -> Gelu, the
+activation) -> one convolution node with its weights laid out once, ConvTranspose (+
+activation) and Add (+ activation) -> one node each, GELU chains -> Gelu, the
 exporters' attention -> one attention node, an embedding Gather into an RNN's input
 projection, and whole Transformer encoder layers (``encoder.py``) -> one node each."""
 
@@ -170,10 +171,11 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
-def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
-    """ConvTranspose (+ an activation) -> the activation as its ``_activation`` and ``_alpha``
-    attributes, run in the kernel's epilogue (a bias Add after it ``rewrite.fold_affine`` has
-    already taken in)."""
+def _absorb_activations(nodes, constants, outputs, wants, absorb) -> list[Node]:
+    """Each node ``wants(node)`` accepts whose output is read only by an activation the
+    backends' epilogues know (``_fused_activation``): ``absorb(node, fused)`` takes the
+    activation's attributes in, the node takes the activation's outputs and the activation
+    node goes."""
     uses = consumers(nodes, outputs)
     readers = {}
     for j, n in enumerate(nodes):
@@ -181,7 +183,7 @@ def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
             readers.setdefault(i, []).append(j)
     removed: set[int] = set()
     for node in nodes:
-        if node.op_type != "ConvTranspose" or "_activation" in node.attrs:
+        if not wants(node):
             continue
         out = node.outputs[0]
         nxt = readers.get(out, [])
@@ -190,35 +192,35 @@ def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
         fused = _fused_activation(nodes[nxt[0]], constants)
         if fused is None:
             continue
-        node.attrs = {**node.attrs, "_activation": fused["activation"], "_alpha": fused["alpha"]}
+        absorb(node, fused)
         node.outputs = nodes[nxt[0]].outputs
         removed.add(nxt[0])
     return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
+    """ConvTranspose (+ an activation) -> the activation as its ``_activation`` and ``_alpha``
+    attributes, run in the kernel's epilogue (a bias Add after it ``rewrite.fold_affine`` has
+    already taken in)."""
+    def absorb(node, fused):
+        node.attrs = {**node.attrs, "_activation": fused["activation"], "_alpha": fused["alpha"]}
+
+    return _absorb_activations(
+        nodes, constants, outputs,
+        lambda n: n.op_type == "ConvTranspose" and "_activation" not in n.attrs, absorb)
 
 
 def fuse_add_activation(nodes, constants, outputs) -> list[Node]:
     """Add of two computed values (a residual connection) whose only reader is an activation the
     backends' epilogues know (Relu, Sigmoid, ...) -> one FusedAdd node: f(a + b) in one pass,
     without the sum as an array of its own."""
-    uses = consumers(nodes, outputs)
-    readers = {}
-    for j, n in enumerate(nodes):
-        for i in n.inputs:
-            readers.setdefault(i, []).append(j)
-    removed: set[int] = set()
-    for node in nodes:
-        if node.op_type != "Add" or len(node.inputs) != 2 or any(i in constants for i in node.inputs):
-            continue
-        out = node.outputs[0]
-        nxt = readers.get(out, [])
-        if uses.get(out, 0) != 1 or len(nxt) != 1:
-            continue
-        fused = _fused_activation(nodes[nxt[0]], constants)
-        if fused is None:
-            continue
-        node.op_type, node.attrs, node.outputs = "FusedAdd", fused, nodes[nxt[0]].outputs
-        removed.add(nxt[0])
-    return [n for k, n in enumerate(nodes) if k not in removed]
+    def absorb(node, fused):
+        node.op_type, node.attrs = "FusedAdd", fused
+
+    return _absorb_activations(
+        nodes, constants, outputs,
+        lambda n: n.op_type == "Add" and len(n.inputs) == 2 and not any(i in constants for i in n.inputs),
+        absorb)
 
 
 def _scalar(constants, name):
