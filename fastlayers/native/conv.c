@@ -800,14 +800,15 @@ static __thread fl_buf conv_t_bias_buf;
 /* Fewest output channels whose pixels take the epilogue one by one. */
 #define CONV_T_WIDE_PIXEL 64
 
-/* yrow = f(yrow + bias) for one output row of wo pixels of cout channels; tiled: the bias
+/* yrow = f(yrow + bias) for one output row of wo pixels of cout channels; bias_row: the bias
  * repeated for every pixel (or NULL where there is no bias), for rows of few channels. */
-static void conv_t_epilogue(const conv_t_ctx *p, float *yrow, int64_t cout, const float *tiled) {
+static void conv_t_epilogue(const conv_t_ctx *p, float *yrow, int64_t cout,
+                            const float *bias_row) {
     if (!p->bias && p->code == FL_LINEAR) return;
     if (cout >= CONV_T_WIDE_PIXEL)
         rows_bias_act_range(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow, cout);
     else
-        rows_bias_act_range(0, 1, p->wo * cout, yrow, 0, tiled, p->code, p->alpha, yrow, 0);
+        rows_bias_act_range(0, 1, p->wo * cout, yrow, 0, bias_row, p->code, p->alpha, yrow, 0);
 }
 
 /* Output rows t = n Ho + oh in [t0, t1): each pixel gathers the columns of its taps, then the
@@ -816,14 +817,15 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
     conv_t_ctx *p = (conv_t_ctx *)arg;
     int64_t co = p->cout_g, cout = co * p->groups, ld = p->kk * p->groups;
     int64_t tap_i[p->kh], tap_ih[p->kh];
-    float *tiled = 0;
+    float *bias_row = 0;
     if (p->bias && cout < CONV_T_WIDE_PIXEL) {
-        tiled = fl_buf_floats(&conv_t_bias_buf, (size_t)(p->wo * cout));
-        if (!tiled) {
+        bias_row = fl_buf_floats(&conv_t_bias_buf, (size_t)(p->wo * cout));
+        if (!bias_row) {
             p->status = -1;
             return;
         }
-        for (int64_t ow = 0; ow < p->wo; ++ow) memcpy(tiled + ow * cout, p->bias, (size_t)cout * sizeof(float));
+        for (int64_t ow = 0; ow < p->wo; ++ow)
+            memcpy(bias_row + ow * cout, p->bias, (size_t)cout * sizeof(float));
     }
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, taps = 0;
@@ -846,7 +848,7 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
                 for (; j + FL_VW <= run; j += FL_VW) fl_store(o + j, fl_load(s + j));
                 for (; j < run; ++j) o[j] = s[j];
             }
-            conv_t_epilogue(p, yrow, cout, tiled);
+            conv_t_epilogue(p, yrow, cout, bias_row);
             continue;
         }
         memset(yrow, 0, (size_t)(p->wo * cout) * sizeof(float));
@@ -864,7 +866,7 @@ static void conv_t_task(void *arg, int64_t t0, int64_t t1) {
                 }
             }
         }
-        conv_t_epilogue(p, yrow, cout, tiled);
+        conv_t_epilogue(p, yrow, cout, bias_row);
     }
 }
 

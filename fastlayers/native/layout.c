@@ -20,7 +20,11 @@
 #define LAYOUT_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
 #define LAYOUT_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
 #define LAYOUT_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4); LAYOUT_STAGE(r, 8, LAYOUT_LO8, LAYOUT_HI8);
+#define LAYOUT_STAGES(r) \
+    LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); \
+    LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); \
+    LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4); \
+    LAYOUT_STAGE(r, 8, LAYOUT_LO8, LAYOUT_HI8);
 #elif FL_VW == 8
 #define LAYOUT_LO1 0, 8, 2, 10, 4, 12, 6, 14
 #define LAYOUT_HI1 1, 9, 3, 11, 5, 13, 7, 15
@@ -28,13 +32,18 @@
 #define LAYOUT_HI2 2, 3, 10, 11, 6, 7, 14, 15
 #define LAYOUT_LO4 0, 1, 2, 3, 8, 9, 10, 11
 #define LAYOUT_HI4 4, 5, 6, 7, 12, 13, 14, 15
-#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4);
+#define LAYOUT_STAGES(r) \
+    LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); \
+    LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2); \
+    LAYOUT_STAGE(r, 4, LAYOUT_LO4, LAYOUT_HI4);
 #else
 #define LAYOUT_LO1 0, 4, 2, 6
 #define LAYOUT_HI1 1, 5, 3, 7
 #define LAYOUT_LO2 0, 1, 4, 5
 #define LAYOUT_HI2 2, 3, 6, 7
-#define LAYOUT_STAGES(r) LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2);
+#define LAYOUT_STAGES(r) \
+    LAYOUT_STAGE(r, 1, LAYOUT_LO1, LAYOUT_HI1); \
+    LAYOUT_STAGE(r, 2, LAYOUT_LO2, LAYOUT_HI2);
 #endif
 #define LAYOUT_STAGE(r, S, LO, HI)                                                            \
     for (int i = 0; i < FL_VW; ++i)                                                          \
@@ -71,7 +80,8 @@ static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
         float *restrict d = c->dst + b * c->dst_batch;
         int64_t i = r0, cv = c0 + (c1 - c0) / FL_VW * FL_VW;
         for (; i + FL_VW <= r1; i += FL_VW) {
-            for (int64_t j = c0; j < cv; j += FL_VW) layout_block(s + i * sr + j, sr, d + j * dr + i, dr);
+            for (int64_t j = c0; j < cv; j += FL_VW)
+                layout_block(s + i * sr + j, sr, d + j * dr + i, dr);
             for (int64_t j = cv; j < c1; ++j)
                 for (int64_t k = i; k < i + FL_VW; ++k) d[j * dr + k] = s[k * sr + j];
         }
@@ -111,7 +121,8 @@ FL_INLINE void layout_copy_bytes(char *restrict d, const char *restrict s, int64
         fl_store((float *)(d + j), a);
         fl_store((float *)(d + j + FL_VW * 4), b);
     }
-    for (; j + FL_VW * 4 <= n; j += FL_VW * 4) fl_store((float *)(d + j), fl_load((const float *)(s + j)));
+    for (; j + FL_VW * 4 <= n; j += FL_VW * 4)
+        fl_store((float *)(d + j), fl_load((const float *)(s + j)));
     for (; j < n; ++j) d[j] = s[j];
 }
 

@@ -23,6 +23,25 @@ from ..derived import derived_from
 _NATIVE_CONCAT_MIN = 1 << 14
 
 
+def _native_concat_axis(xs, axis):
+    """The axis (from 0) along which ``concat_rows`` joins ``xs``, or None where numpy does:
+    fewer than _NATIVE_CONCAT_MIN values (numpy's copy is cheaper than these checks), one part or
+    more than the kernel takes, parts that are not C-contiguous arrays of one dtype and rank,
+    object arrays, and what numpy refuses (it raises the error)."""
+    if not 1 < len(xs) <= _core.MAX_CONCAT_PARTS or any(type(x) is not np.ndarray for x in xs):
+        return None
+    first = xs[0]
+    if sum(x.size for x in xs) < _NATIVE_CONCAT_MIN or not first.ndim or first.dtype.hasobject:
+        return None
+    if any(x.dtype != first.dtype or x.ndim != first.ndim or not x.flags.c_contiguous for x in xs):
+        return None
+    k = axis + first.ndim if axis < 0 else axis
+    if not 0 <= k < first.ndim or any(x.shape[:k] != first.shape[:k] or
+                                      x.shape[k + 1:] != first.shape[k + 1:] for x in xs):
+        return None
+    return k
+
+
 def _rows_of(x: np.ndarray) -> np.ndarray:
     """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
     if not (x.dtype == np.float32 and x.flags.c_contiguous):   # (the checks cost less than the call)
@@ -116,17 +135,10 @@ class CpuOps(ConvOps):
 
     def concatenate(self, xs, axis=-1):
         xs = list(xs)
-        first = xs[0] if xs else None
-        # numpy's own copy for small results: the checks here cost more than it does
-        if sum(getattr(x, "size", 0) for x in xs) < _NATIVE_CONCAT_MIN or not (
-                1 < len(xs) <= _core.MAX_CONCAT_PARTS and all(
-                type(x) is np.ndarray and x.flags.c_contiguous and x.dtype == first.dtype
-                and x.ndim == first.ndim for x in xs) and first.ndim and not first.dtype.hasobject):
+        k = _native_concat_axis(xs, axis)
+        if k is None:
             return super().concatenate(xs, axis)
-        k = axis + first.ndim if axis < 0 else axis
-        if not 0 <= k < first.ndim or any(x.shape[:k] != first.shape[:k] or
-                                          x.shape[k + 1:] != first.shape[k + 1:] for x in xs):
-            return super().concatenate(xs, axis)   # numpy's error
+        first = xs[0]
         shape = list(first.shape)
         shape[k] = sum(x.shape[k] for x in xs)
         out = np.empty(shape, first.dtype)
