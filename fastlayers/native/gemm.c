@@ -592,3 +592,43 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
         rows_bias_act_range(0, m, n, c, ldc, bias, code, alpha, c, ldc);
     return x.status;
 }
+
+typedef struct {
+    int64_t m, n, k, sa, lda, sb, ldb, sc, ldc;
+    const float *a, *b;
+    int trans_b, status;
+    float *c;
+} gemm_batch_ctx;
+
+/* Products [i0, i1) of the batch, each whole on this thread. */
+static void gemm_batch_task(void *p, int64_t i0, int64_t i1) {
+    gemm_batch_ctx *x = (gemm_batch_ctx *)p;
+    for (int64_t i = i0; i < i1; ++i) {
+        int st = FL_FN(sgemm)(x->m, x->n, x->k, x->a + i * x->sa, x->lda, x->b + i * x->sb,
+                              x->ldb, x->trans_b, 0, x->c + i * x->sc, x->ldc);
+        if (st) x->status = st;
+    }
+}
+
+/* c[i] = a[i] @ b[i] (b[i]^T with trans_b) for i < batch: one product per thread at a time
+ * where the batch splits evenly over the threads or is several times their count, else each
+ * product on every thread in turn. */
+int FL_FN(matmul_batch)(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
+                        int64_t sa, int64_t lda, const float *b, int64_t sb, int64_t ldb,
+                        int trans_b, float *c, int64_t sc, int64_t ldc) {
+    if (batch <= 0 || m <= 0 || n <= 0) return 0;
+    int64_t threads = fl_pool_get_threads();
+    int64_t flops = 2 * m * n * FL_MAX(k, 1);
+    if (batch > 1 && (batch % threads == 0 || batch >= 4 * threads ||
+                      flops < GEMM_MIN_SHARE_FLOPS)) {
+        gemm_batch_ctx x = {m, n, k, sa, lda, sb, ldb, sc, ldc, a, b, trans_b, 0, c};
+        fl_parallel(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
+        return x.status;
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+        int st = FL_FN(matmul)(m, n, k, a + i * sa, lda, b + i * sb, ldb, trans_b, 0, 0,
+                               FL_LINEAR, 0.0f, c + i * sc, ldc);
+        if (st) return st;
+    }
+    return 0;
+}

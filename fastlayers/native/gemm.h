@@ -26,7 +26,10 @@ static inline int64_t fl_packed_floats(int64_t k, int64_t n) {
  *   with trans_b) as it is, packed block by block into a per-thread buffer;
  * matmul(m, n, k, a, lda, b, ldb, trans_b, pb, bias, code, alpha, c, ldc): c = f(a @ b + bias)
  *   on the pool's threads, on pb when it is not NULL (b then unused), bias NULL or n floats,
- *   f the activation `code` (rows.h) with its alpha. */
+ *   f the activation `code` (rows.h) with its alpha;
+ * matmul_batch(batch, m, n, k, a, sa, lda, b, sb, ldb, trans_b, c, sc, ldc): c[i] = a[i] @ b[i]
+ *   for i < batch on the pool's threads, operand i at a + i sa, b + i sb, c + i sc (a stride 0
+ *   shares an operand across the batch). */
 #define FL_GEMM_KERNELS(X)                                                                    \
     X(int, pack, (const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, float *pb),  \
       (b, ldb, trans_b, k, n, pb))                                                             \
@@ -40,5 +43,9 @@ static inline int64_t fl_packed_floats(int64_t k, int64_t n) {
     X(int, matmul, (int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,             \
                     const float *b, int64_t ldb, int trans_b, const float *pb,                 \
                     const float *bias, int code, float alpha, float *c, int64_t ldc),          \
-      (m, n, k, a, lda, b, ldb, trans_b, pb, bias, code, alpha, c, ldc))
+      (m, n, k, a, lda, b, ldb, trans_b, pb, bias, code, alpha, c, ldc))                      \
+    X(int, matmul_batch, (int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,      \
+                          int64_t sa, int64_t lda, const float *b, int64_t sb, int64_t ldb,    \
+                          int trans_b, float *c, int64_t sc, int64_t ldc),                     \
+      (batch, m, n, k, a, sa, lda, b, sb, ldb, trans_b, c, sc, ldc))
 #endif

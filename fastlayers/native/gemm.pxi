@@ -10,6 +10,9 @@ cdef extern from "dispatch.h" nogil:
     int fl_matmul(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
                   int64_t ldb, int trans_b, const float *pb, const float *bias, int code,
                   float alpha, float *c, int64_t ldc)
+    int fl_matmul_batch(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
+                        int64_t sa, int64_t lda, const float *b, int64_t sb, int64_t ldb,
+                        int trans_b, float *c, int64_t sc, int64_t ldc)
 
 #: Columns of a packed panel (gemm.h).
 PANEL = 32
@@ -46,6 +49,52 @@ def matmul(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, object pb=None, object b
     with nogil:
         st = fl_matmul(m, n, k, ap, lda, bp, ldb, trans_b, pp, biasp, code, alpha, cp, ldc)
     check(st, "matmul")
+    return c
+
+
+cdef int64_t _batch_stride(cnp.ndarray x, int64_t batch, str what) except -1:
+    """x's stride in floats over its first axis (0 where a batch of one is shared)."""
+    if x.shape[0] == 1 and batch > 1:
+        return 0
+    if x.strides[0] % 4:
+        raise ValueError(f"{what}: the batch stride is not a whole number of floats")
+    return x.strides[0] // 4
+
+
+cdef int64_t _row_stride(cnp.ndarray x) except -1:
+    """x's row stride in floats over its second axis (its width where it has one row)."""
+    if x.shape[1] <= 1:
+        return max(x.strides[1] // 4, x.shape[2])
+    if x.strides[1] % 4:
+        raise ValueError("matmul_batch: a row stride is not a whole number of floats")
+    return x.strides[1] // 4
+
+
+def matmul_batch(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, bint trans_b=False):
+    """c[i] = a[i] @ b[i] (b[i]^T when ``trans_b``) on the pool's threads: ``a`` (B or 1, m, k),
+    ``b`` (B or 1, k, n) ((B or 1, n, k) when ``trans_b``), ``c`` (B, m, n), float32, each with
+    a contiguous last axis (any batch and row strides; an operand of batch 1 is shared).
+    Returns ``c``."""
+    if a.ndim != 3 or b.ndim != 3 or c.ndim != 3:
+        raise ValueError(f"matmul_batch: expected 3-D operands, got {a.ndim}, {b.ndim} and {c.ndim} axes")
+    cdef int64_t batch = c.shape[0], m = c.shape[1], n = c.shape[2], k = a.shape[2]
+    cdef int64_t bk = b.shape[2] if trans_b else b.shape[1]
+    cdef int64_t bn = b.shape[1] if trans_b else b.shape[2]
+    if a.shape[0] not in (1, batch) or b.shape[0] not in (1, batch) or a.shape[1] != m \
+            or bk != k or bn != n:
+        raise ValueError(f"matmul_batch: a {(<object>a).shape} and b {(<object>b).shape}"
+                         f"{' (transposed)' if trans_b else ''} do not give c {(<object>c).shape}")
+    cdef float *ap = fptr(a, "matmul_batch a")
+    cdef float *bp = fptr(b, "matmul_batch b")
+    cdef float *cp = fptr(c, "matmul_batch c")
+    cdef int64_t sa = _batch_stride(a, batch, "matmul_batch a")
+    cdef int64_t sb = _batch_stride(b, batch, "matmul_batch b")
+    cdef int64_t sc = _batch_stride(c, batch, "matmul_batch c")
+    cdef int64_t lda = _row_stride(a), ldb = _row_stride(b), ldc = _row_stride(c)
+    cdef int st
+    with nogil:
+        st = fl_matmul_batch(batch, m, n, k, ap, sa, lda, bp, sb, ldb, trans_b, cp, sc, ldc)
+    check(st, "matmul_batch")
     return c
 
 

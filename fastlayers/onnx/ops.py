@@ -411,7 +411,7 @@ OPS["LogSoftmax"] = _softmax_like("log_softmax")
 # --------------------------------------------------------------------------- linear algebra
 @op("MatMul")
 def _matmul(inputs, attrs, opset):
-    return [np.matmul(inputs[0], inputs[1])]
+    return [get_ops().matmul(inputs[0], inputs[1])]
 
 
 @op("Gemm")
@@ -420,10 +420,8 @@ def _gemm(inputs, attrs, opset):
     c = inputs[2] if len(inputs) > 2 else None
     if attrs.get("transA", 0):
         a = a.T
-    if attrs.get("transB", 0):
-        b = b.T
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
-    y = np.matmul(a, b)
+    y = get_ops().matmul(a, b, trans_b=bool(attrs.get("transB", 0)))
     if alpha != 1.0:
         y *= np.float32(alpha)
     if c is not None:
@@ -1816,12 +1814,12 @@ def _fused_attention(inputs, attrs, opset):
         out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0,
                                      need_weights=False)
         return [out[0] if three_d else out]
-    scores = _scaled(np.matmul(_scaled(q, s_q, divide_q),
-                               _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
+    scores = _scaled(get_ops().matmul(_scaled(q, s_q, divide_q),
+                                      _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
                      s_scores, divide_scores)
     if mask is not None:
         scores = scores + mask
-    return [np.matmul(get_ops().softmax(_f32(scores), -1), v)]
+    return [get_ops().matmul(get_ops().softmax(_f32(scores), -1), v)]
 
 
 @op("FusedEncoderLayer")
@@ -1916,13 +1914,13 @@ def _attention(inputs, attrs, opset):
         if three_d:
             y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)
         return [y, present_k, present_v]
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(scale)
+    scores = get_ops().matmul(q, k, trans_b=True) * np.float32(scale)
     if softcap > 0:
         scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
     capped = scores
     scores = scores + bias
     w = get_ops().attention_softmax(np.ascontiguousarray(scores, dtype=np.float32), 1.0, None, False, 1)
-    y = np.matmul(w, v)
+    y = get_ops().matmul(w, v)
     if three_d:
         y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)
     # the optional 4th output, as the spec's reference computes it: the (soft-capped) scores,

@@ -187,3 +187,90 @@ def test_dense_on_few_rows_is_the_same_on_1_and_2_threads(rng, k, n, weights, ac
             assert_close(results[0], expected, rtol=2e-5, atol=2e-5, what=f"m={m}")
     finally:
         fastlayers.set_num_threads(before or _core.get_num_threads())
+
+
+def _batched_expected(a, b, trans_b=False):
+    b64 = np.swapaxes(b, -1, -2) if trans_b else b
+    return np.matmul(a.astype(np.float64), b64.astype(np.float64))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("a_shape, b_shape, trans_b", [
+    ((1, 1, 1), (1, 1, 1), False),                  # one product of one value
+    ((3, 1, 5), (3, 5, 7), False),                   # one row each (the thin path)
+    ((2, 17, 33), (2, 33, 65), False),               # batch of the thread count
+    ((5, 17, 33), (5, 65, 33), True),                # an odd batch, b transposed
+    ((9, 7, 19), (1, 19, 3), False),                 # a shared b, several times the threads
+    ((1, 31, 300), (4, 300, 40), False),             # a shared a
+    ((3, 130, 257), (3, 257, 100), False),           # products large enough to split
+])
+def test_matmul_batch_matches_numpy(rng, threads, a_shape, b_shape, trans_b):
+    """``_core.matmul_batch`` against float64 numpy: batches split over the threads or each
+    product over every thread, shared operands (batch 1), transposed b, one row and one value."""
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    batch, m = max(a_shape[0], b_shape[0]), a_shape[1]
+    n = b_shape[1] if trans_b else b_shape[2]
+    c = np.full((batch, m, n), np.nan, np.float32)
+    before = fastlayers.get_num_threads()
+    try:
+        fastlayers.set_num_threads(threads)
+        assert _core.matmul_batch(a, b, c, trans_b) is c
+    finally:
+        fastlayers.set_num_threads(before or _core.get_num_threads())
+    assert_close(c, _batched_expected(np.broadcast_to(a, (batch,) + a_shape[1:]), b, trans_b),
+                 rtol=2e-5, atol=2e-5)
+
+
+def test_matmul_batch_reads_strided_operands(rng):
+    """Operands with batch and row strides (windows of wider arrays) and an output window."""
+    wide_a = rng.standard_normal((4, 9, 40)).astype(np.float32)
+    wide_b = rng.standard_normal((4, 30, 21)).astype(np.float32)
+    out = np.full((4, 9, 50), np.nan, np.float32)
+    a, b, c = wide_a[:, 1:8, 3:33], wide_b[:, :30, 2:19], out[:, 1:8, 5:22]
+    _core.matmul_batch(a, b, c)
+    assert_close(c, _batched_expected(a, b), rtol=2e-5, atol=2e-5)
+    assert np.isnan(out[:, 0]).all() and np.isnan(out[:, :, :5]).all()
+
+
+def test_matmul_batch_rejects_mismatched_operands():
+    f = np.float32
+    with pytest.raises(ValueError, match="3-D"):
+        _core.matmul_batch(np.zeros((2, 3), f), np.zeros((1, 3, 2), f), np.zeros((1, 2, 2), f))
+    with pytest.raises(ValueError, match="do not give c"):
+        _core.matmul_batch(np.zeros((2, 3, 4), f), np.zeros((2, 5, 2), f), np.zeros((2, 3, 2), f))
+    with pytest.raises(ValueError, match="do not give c"):
+        _core.matmul_batch(np.zeros((3, 3, 4), f), np.zeros((2, 4, 2), f), np.zeros((3, 3, 2), f))
+    with pytest.raises(TypeError, match="float32"):
+        _core.matmul_batch(np.zeros((1, 3, 4)), np.zeros((1, 4, 2), f), np.zeros((1, 3, 2), f))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, trans_b", [
+    ((5,), (5, 3), False), ((4, 5), (5,), False),    # 1-D operands: numpy
+    ((3, 5), (5, 7), False), ((2, 3, 5), (5, 7), False), ((2, 3, 5), (2, 5, 7), False),
+    ((1, 3, 5), (4, 5, 7), False), ((2, 4, 3, 5), (2, 4, 7, 5), True),
+    ((2, 1, 3, 5), (1, 4, 5, 7), False),             # broadcast in part: numpy
+    ((3, 5), (2, 7, 5), True), ((6, 1, 8), (6, 8, 1), False),
+])
+def test_cpu_matmul_broadcasts_as_numpy(rng, a_shape, b_shape, trans_b):
+    """``CpuOps.matmul``: numpy's shapes and values on every broadcast of the leading axes."""
+    from fastlayers.backends.cpu import CpuOps
+
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    y = CpuOps().matmul(a, b, trans_b)
+    expected = _batched_expected(a, b, trans_b) if len(b_shape) > 1 else a.astype(np.float64) @ b
+    assert y.dtype == np.float32 and y.shape == expected.shape
+    assert_close(y, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_cpu_matmul_reads_transposed_views_in_place(rng):
+    """A transposed view of b (k^T of attention) and of a give numpy's product."""
+    from fastlayers.backends.cpu import CpuOps
+
+    q = rng.standard_normal((2, 3, 6, 40)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 9, 40)).astype(np.float32)
+    assert_close(CpuOps().matmul(q, np.swapaxes(k, -1, -2)), _batched_expected(q, np.swapaxes(k, -1, -2)),
+                 rtol=2e-5, atol=2e-5)
+    assert_close(CpuOps().matmul(np.swapaxes(k, -1, -2), k), _batched_expected(np.swapaxes(k, -1, -2), k),
+                 rtol=2e-5, atol=2e-5)

@@ -133,6 +133,10 @@ class CpuOps(ConvOps):
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
+    def matmul(self, a, b, trans_b=False):
+        y = gemm.batched_matmul(a, b, trans_b)
+        return super().matmul(a, b, trans_b) if y is None else y
+
     def concatenate(self, xs, axis=-1):
         xs = list(xs)
         k = _native_concat_axis(xs, axis)

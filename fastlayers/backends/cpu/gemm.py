@@ -4,6 +4,8 @@ with the bias + activation epilogue fused (``matmul``)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...native import CODES, _core
@@ -40,3 +42,54 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weigh
     if strided and pb is None:
         b_kn = np.ascontiguousarray(b_kn)
     return _core.matmul(a_mk, b_kn, out_mn, pb, bias, code, alpha)
+
+
+def _last_axis_contiguous(x):
+    return x.shape[-1] <= 1 or x.strides[-1] == 4
+
+
+def _as_batch(x, lead, batch):
+    """``x`` (..., r, c) as (batch or 1, r, c) for ``_core.matmul_batch``: its leading axes
+    either all of ``lead`` (merged into one, a copy where their strides do not allow it) or of
+    one element (shared); None where they broadcast only in part (numpy then does it)."""
+    size = math.prod(x.shape[:-2])
+    if size == batch and (1,) * (len(lead) - x.ndim + 2) + x.shape[:-2] == lead:
+        return x.reshape((batch,) + x.shape[-2:])
+    if size == 1:
+        return x.reshape((1,) + x.shape[-2:])
+    return None
+
+
+def batched_matmul(a, b, trans_b=False):
+    """a @ b (b^T over its last two axes with ``trans_b``) for float32 arrays of at least 2 axes,
+    leading axes broadcast as ``np.matmul`` does, on the pool's threads (``_core.matmul_batch``);
+    None where numpy does it: other dtypes, fewer axes, empty operands, mismatched inner
+    sizes (numpy raises the error) and leading axes that broadcast only in part."""
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
+            or b.dtype != np.float32 or a.ndim < 2 or b.ndim < 2 or not a.size or not b.size:
+        return None
+    if not _last_axis_contiguous(b) and b.strides[-2] == 4:
+        b, trans_b = np.swapaxes(b, -1, -2), not trans_b  # a transposed view read as what it views
+    m, k = a.shape[-2:]
+    kb, n = b.shape[-2:][::-1] if trans_b else b.shape[-2:]
+    if kb != k:
+        return None
+    try:
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return None
+    batch = math.prod(lead)
+    if math.prod(b.shape[:-2]) == 1 and a.ndim > 2:
+        rows = a.reshape(1, -1, k)                       # a shared b: every row in one product
+        a3, b3, c3 = rows, b.reshape((1,) + b.shape[-2:]), np.empty((1, rows.shape[1], n), np.float32)
+    else:
+        a3, b3 = _as_batch(a, lead, batch), _as_batch(b, lead, batch)
+        if a3 is None or b3 is None:
+            return None
+        c3 = np.empty((batch, m, n), np.float32)
+    if not _last_axis_contiguous(a3):
+        a3 = np.ascontiguousarray(a3)
+    if not _last_axis_contiguous(b3):
+        b3 = np.ascontiguousarray(b3)
+    _core.matmul_batch(a3, b3, c3, trans_b)
+    return c3.reshape(lead + (m, n))
