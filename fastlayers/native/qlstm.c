@@ -105,3 +105,35 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     }
     return 0;
 }
+
+/* Multiply-adds of one step's recurrent product (batch x hidden x 4 hidden) from which the
+ * runs go one after another, each step's product shared among the threads: below, a step's
+ * product is a few microseconds and handing it off at every step costs more than one run per
+ * thread. */
+#define QLSTM_SHARED_STEP_MACS (INT64_C(1) << 22)
+
+typedef struct {
+    const fl_qlstm_run *runs;
+    int status;
+} qlstm_runs_ctx;
+
+static void qlstm_runs_task(void *p, int64_t r0, int64_t r1) {
+    qlstm_runs_ctx *x = (qlstm_runs_ctx *)p;
+    for (int64_t i = r0; i < r1; ++i) {
+        const fl_qlstm_run *r = x->runs + i;
+        int st = FL_FN(qlstm)(r->steps, r->batch, r->hidden, r->x_proj, r->reverse, r->r_packed,
+                              r->r_scale, r->bias, r->peep, r->clip, r->input_forget, r->h, r->c,
+                              r->y, r->y_step);
+        if (st) x->status = st;
+    }
+}
+
+int FL_FN(qlstm_runs)(int64_t n, const fl_qlstm_run *runs) {
+    qlstm_runs_ctx x = {runs, 0};
+    int64_t macs = 0;
+    for (int64_t i = 0; i < n; ++i)
+        macs = FL_MAX(macs, runs[i].batch * runs[i].hidden * 4 * runs[i].hidden);
+    if (n > 1 && macs < QLSTM_SHARED_STEP_MACS) fl_parallel(n, 1, qlstm_runs_task, &x);
+    else qlstm_runs_task(&x, 0, n);
+    return x.status;
+}

@@ -12,16 +12,31 @@
  *   when reverse). Per step: z = x_proj[t] + float(acc) * (h_scale * r_scale) + bias,
  *   i = sigmoid(z_i + p_i c), f = sigmoid(z_f + p_f c) (1 - i with input_forget),
  *   c = f c + i tanh(z_c), h = sigmoid(z_o + p_o c) tanh(c). Returns 0, or -1 when a work
- *   buffer could not be allocated. */
+ *   buffer could not be allocated.
+ * qlstm_runs(n, runs): n independent qlstm runs (a bidirectional layer's two directions), one
+ *   per thread at a time where each step's product is too small to share among the threads,
+ *   else one after another; the same bits either way. */
 #ifndef FL_QLSTM_H
 #define FL_QLSTM_H
 #include <stdint.h>
-
+/* The arguments of one qlstm run (one direction), for qlstm_runs. */
+typedef struct {
+    int64_t steps, batch, hidden;
+    const float *x_proj;
+    int reverse;
+    const int8_t *r_packed;
+    const float *r_scale, *bias, *peep;
+    float clip;
+    int input_forget;
+    float *h, *c, *y;
+    int64_t y_step;
+} fl_qlstm_run;
 #define FL_QLSTM_KERNELS(X)                                                                   \
     X(int, qlstm, (int64_t steps, int64_t batch, int64_t hidden, const float *x_proj,         \
                    int reverse, const int8_t *r_packed, const float *r_scale,                \
                    const float *bias, const float *peep, float clip, int input_forget,        \
                    float *h, float *c, float *y, int64_t y_step),                             \
       (steps, batch, hidden, x_proj, reverse, r_packed, r_scale, bias, peep, clip,            \
-       input_forget, h, c, y, y_step))
+       input_forget, h, c, y, y_step))                                                        \
+    X(int, qlstm_runs, (int64_t n, const fl_qlstm_run *runs), (n, runs))
 #endif

@@ -4,6 +4,53 @@ cdef extern from "dispatch.h" nogil:
     int fl_qlstm(int64_t steps, int64_t batch, int64_t hidden, const float *x_proj, int reverse,
                  const int8_t *r_packed, const float *r_scale, const float *bias, const float *peep,
                  float clip, int input_forget, float *h, float *c, float *y, int64_t y_step)
+    ctypedef struct fl_qlstm_run:
+        int64_t steps, batch, hidden
+        const float *x_proj
+        int reverse
+        const int8_t *r_packed
+        const float *r_scale
+        const float *bias
+        const float *peep
+        float clip
+        int input_forget
+        float *h
+        float *c
+        float *y
+        int64_t y_step
+    int fl_qlstm_runs(int64_t n, const fl_qlstm_run *runs)
+
+#: Most runs one ``qlstm_runs`` call takes.
+MAX_QLSTM_RUNS = 8
+
+
+cdef int _qlstm_run(fl_qlstm_run *r, cnp.ndarray x_proj, bint reverse, cnp.ndarray r_packed,
+                    cnp.ndarray r_scale, object bias, object peep, float clip, bint input_forget,
+                    cnp.ndarray h, cnp.ndarray c, object y) except -1:
+    """r = the checked arguments of one qlstm run (``qlstm``'s)."""
+    if x_proj.ndim != 3 or h.ndim != 2:
+        raise ValueError("qlstm: x_proj must be (steps, batch, 4 hidden) and h (batch, hidden)")
+    cdef int64_t steps = x_proj.shape[0], batch = x_proj.shape[1], hidden = h.shape[1]
+    r.steps, r.batch, r.hidden, r.reverse, r.clip, r.input_forget = steps, batch, hidden, reverse, clip, input_forget
+    r.x_proj = _f32_block(x_proj, (steps, batch, 4 * hidden), "x_proj")
+    r.h = _f32_block(h, (batch, hidden), "h")
+    r.c = _f32_block(c, (batch, hidden), "c")
+    r.r_scale = _f32_block(r_scale, (4 * hidden,), "r_scale")
+    r.bias = _f32_block(bias, (4 * hidden,), "bias")
+    r.peep = _f32_block(peep, (3 * hidden,), "peep")
+    _check_packed(r_packed, hidden, 4 * hidden, "qlstm: r_packed")
+    r.r_packed = <const int8_t *>cnp.PyArray_DATA(r_packed)
+    r.y, r.y_step = NULL, 0
+    cdef cnp.ndarray ya
+    if y is not None:
+        ya = <cnp.ndarray>y
+        if cnp.PyArray_TYPE(ya) != cnp.NPY_FLOAT32 or ya.ndim < 3 or ya.shape[0] != steps \
+                or (<object>ya).shape[ya.ndim - 2:] != (batch, hidden) \
+                or ya.strides[ya.ndim - 1] != 4 or ya.strides[ya.ndim - 2] != 4 * hidden or ya.strides[0] % 4:
+            raise ValueError(f"qlstm: y must be float32 (steps, ..., {batch}, {hidden}) with contiguous rows")
+        r.y = <float *>cnp.PyArray_DATA(ya)
+        r.y_step = ya.strides[0] // 4
+    return 0
 
 
 def qlstm(cnp.ndarray x_proj, bint reverse, cnp.ndarray r_packed, cnp.ndarray r_scale, object bias,
@@ -13,29 +60,28 @@ def qlstm(cnp.ndarray x_proj, bint reverse, cnp.ndarray r_packed, cnp.ndarray r_
     or None, ``peep`` (3 hidden,) or None, ``clip`` > 0 or 0, ``h`` and ``c`` (batch, hidden)
     updated in place, ``y`` None or a float32 array (steps, ..., batch, hidden) whose last two
     axes are contiguous and that receives each step's h."""
-    if x_proj.ndim != 3 or h.ndim != 2:
-        raise ValueError("qlstm: x_proj must be (steps, batch, 4 hidden) and h (batch, hidden)")
-    cdef int64_t steps = x_proj.shape[0], batch = x_proj.shape[1], hidden = h.shape[1]
-    cdef const float *xp = _f32_block(x_proj, (steps, batch, 4 * hidden), "x_proj")
-    cdef float *hp = _f32_block(h, (batch, hidden), "h")
-    cdef float *cp = _f32_block(c, (batch, hidden), "c")
-    cdef const float *sp = _f32_block(r_scale, (4 * hidden,), "r_scale")
-    cdef const float *bp = _f32_block(bias, (4 * hidden,), "bias")
-    cdef const float *pp = _f32_block(peep, (3 * hidden,), "peep")
-    _check_packed(r_packed, hidden, 4 * hidden, "qlstm: r_packed")
-    cdef const int8_t *rp = <const int8_t *>cnp.PyArray_DATA(r_packed)
-    cdef float *yp = NULL
-    cdef int64_t y_step = 0
-    cdef cnp.ndarray ya
-    if y is not None:
-        ya = <cnp.ndarray>y
-        if cnp.PyArray_TYPE(ya) != cnp.NPY_FLOAT32 or ya.ndim < 3 or ya.shape[0] != steps \
-                or (<object>ya).shape[ya.ndim - 2:] != (batch, hidden) \
-                or ya.strides[ya.ndim - 1] != 4 or ya.strides[ya.ndim - 2] != 4 * hidden or ya.strides[0] % 4:
-            raise ValueError(f"qlstm: y must be float32 (steps, ..., {batch}, {hidden}) with contiguous rows")
-        yp = <float *>cnp.PyArray_DATA(ya)
-        y_step = ya.strides[0] // 4
+    cdef fl_qlstm_run r
+    _qlstm_run(&r, x_proj, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y)
     cdef int st
     with nogil:
-        st = fl_qlstm(steps, batch, hidden, xp, reverse, rp, sp, bp, pp, clip, input_forget, hp, cp, yp, y_step)
+        st = fl_qlstm_runs(1, &r)
     check(st, "qlstm")
+
+
+def qlstm_runs(list runs):
+    """Independent ``qlstm`` runs (a bidirectional layer's directions), each a tuple of
+    ``qlstm``'s arguments, on the pool's threads (one run per thread where a step's product is
+    small, qlstm.h); at most MAX_QLSTM_RUNS. Their arrays must not overlap."""
+    cdef fl_qlstm_run rs[8]
+    cdef int64_t n = len(runs), i
+    if n > MAX_QLSTM_RUNS:
+        raise ValueError(f"qlstm_runs: {n} runs, at most {MAX_QLSTM_RUNS}")
+    for i in range(n):
+        if len(runs[i]) != 11:
+            raise ValueError(f"qlstm_runs: run {i} has {len(runs[i])} arguments, expected qlstm's 11")
+        a = runs[i]
+        _qlstm_run(&rs[i], a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10])
+    cdef int st
+    with nogil:
+        st = fl_qlstm_runs(n, rs)
+    check(st, "qlstm_runs")

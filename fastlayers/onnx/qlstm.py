@@ -124,7 +124,8 @@ def _check_lstm(x, inputs, attrs, optional):
 def _native_lstm(x, optional, attrs, params, packed, core):
     """DynamicQuantizeLSTM on checked inputs whose constants were derived (``params``) and
     packed (``packed``) at load: per direction, the input product for every step at once, then
-    the time loop of ``native/qlstm.c``."""
+    the time loops of ``native/qlstm.c``, the directions of a bidirectional layer side by side
+    on the pool's threads."""
     steps, batch, n_in = x.shape
     n_dir, n_gates = len(params), params[0][4].shape[0]
     hidden = n_gates // 4
@@ -135,15 +136,17 @@ def _native_lstm(x, optional, attrs, params, packed, core):
     x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
     reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
     input_forget = bool(attrs.get("input_forget", 0))
+    runs = []
     for d in range(n_dir):
         w_zp, r_zp, w_scale, r_scale, bias = params[d]
         w_packed, r_packed = packed[d]
         x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
-        h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].astype(np.float32)
-        c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].astype(np.float32)
-        core.qlstm(x_proj.reshape(steps, batch, n_gates), reverse or d == 1, r_packed, r_scale, bias,
-                   None if p is None else p[d].astype(np.float32), clip, input_forget, h, c, ys[:, d])
-        h_last[d], c_last[d] = h, c
+        h_last[d] = 0.0 if h0 is None else h0[d]     # the states, updated in place by the runs
+        c_last[d] = 0.0 if c0 is None else c0[d]
+        runs.append((x_proj.reshape(steps, batch, n_gates), reverse or d == 1, r_packed, r_scale, bias,
+                     None if p is None else p[d].astype(np.float32), clip, input_forget, h_last[d],
+                     c_last[d], ys[:, d]))
+    core.qlstm_runs(runs)
     return [ys, h_last, c_last]
 
 

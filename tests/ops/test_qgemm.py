@@ -136,6 +136,49 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("hidden, batch", [(5, 1), (37, 3), (256, 2), (600, 16)])
+def test_quantized_lstm_runs_side_by_side_give_each_runs_bits(rng, hidden, batch):
+    """``qlstm_runs``: two directions on 1 and 2 threads (side by side where a step's product is
+    small, the largest here one after another) give exactly what separate ``qlstm`` calls give;
+    more runs than it takes and runs of the wrong arity are refused."""
+    import fastlayers
+
+    g, steps = 4 * hidden, 3
+    args = []
+    for d in range(2):
+        r = _values(rng, np.int8, (hidden, g))
+        args.append((rng.standard_normal((steps, batch, g)).astype(np.float32), d == 1,
+                     _core.qpack(r, np.zeros(g, np.int32)), rng.uniform(0.01, 0.05, g).astype(np.float32),
+                     rng.standard_normal(g).astype(np.float32), None, 0.0, False,
+                     rng.standard_normal((batch, hidden)).astype(np.float32),
+                     rng.standard_normal((batch, hidden)).astype(np.float32)))
+
+    def run(together, threads):
+        states = [(a[8].copy(), a[9].copy(), np.full((steps, batch, hidden), np.nan, np.float32)) for a in args]
+        runs = [a[:8] + s for a, s in zip(args, states)]
+        before = fastlayers.get_num_threads()
+        try:
+            fastlayers.set_num_threads(threads)
+            if together:
+                _core.qlstm_runs(runs)
+            else:
+                for one in runs:
+                    _core.qlstm(*one)
+        finally:
+            fastlayers.set_num_threads(before or _core.get_num_threads())
+        return [v for s in states for v in s]
+
+    want = run(False, 1)
+    assert not np.isnan(want[2]).any()
+    for threads in (1, 2):
+        for got, expected in zip(run(True, threads), want):
+            np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match="at most 8"):
+        _core.qlstm_runs([args[0][:8] + (np.zeros((batch, hidden), np.float32),) * 2 + (None,)] * 9)
+    with pytest.raises(ValueError, match="expected qlstm's 11"):
+        _core.qlstm_runs([args[0][:8]])
+
+
 @pytest.mark.parametrize("count", [1, 7, 8, 100, 70001])
 def test_quantization_kernels_match_numpy(rng, count):
     """quantize.c: clamp(round_half_even(x / scale) + zero_point) to uint8 and int8, the fused
