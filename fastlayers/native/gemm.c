@@ -377,31 +377,38 @@ static void gemm_thin(int64_t m, int64_t n, int64_t k, const float *a, int64_t l
     }
 }
 
-/* c[:m, :n] (+)= a[:m, pc:pc + kc] @ rows pc:pc + kc of pb (b (k, n) packed) for few rows m:
- * each tile column's slice of b (kc x GEMM_TN) stays in L1 while every row tile passes over
- * it, so b is read once from memory, and the next slice is prefetched a share per row tile
- * (a 49 x 4608 @ 4608 x 512 product, weights out of L2, one Zen 3 thread: 3.1 against 4.2 ms
- * with a busy neighbour; the row tiles over L2-sized blocks of b read each slice from L3). */
-static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t pc, int64_t kc,
-                           const float *a, int64_t lda, const float *pb, float *c, int64_t ldc,
-                           int acc) {
+/* c[:m, :n] (+)= a[:m, :k] @ pb (b (k, n) packed) for few rows m, b in blocks of kc rows: tile
+ * column by tile column and, in each, block by block, so that b is read once and in the order
+ * it is stored (a panel's rows one after another), each slice (kc x GEMM_TN) staying in L1
+ * while every row tile passes over it; the next slice is prefetched a share per row tile.
+ * Blocks of rows outermost, the order this replaces, read each panel in slices a panel apart,
+ * which kept the weights' stream from memory from overlapping the arithmetic. */
+static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const float *a,
+                           int64_t lda, const float *pb, float *c, int64_t ldc, int accumulate) {
     int64_t tiles = 0;
     for (int64_t left = m; left > 0; left -= gemm_next_rows_over(left, n)) ++tiles;
-    int64_t share = (kc + tiles - 1) / tiles, kn = FL_MIN(k - pc - kc, kc);
     for (int64_t j = 0; j < n; j += GEMM_TN) {
         int nr = (int)FL_MIN(n - j, GEMM_TN);
-        const float *pbj = pb + (j / FL_PANEL) * FL_PANEL * k + pc * FL_PANEL + j % FL_PANEL;
-        /* the next slice: the next tile column, or the first of the next block of rows */
-        int64_t jn = j + GEMM_TN, rows_n = jn < n ? kc : kn;
-        const float *next = jn < n ? pb + (jn / FL_PANEL) * FL_PANEL * k + pc * FL_PANEL +
-                                         jn % FL_PANEL
-                                   : pb + (pc + kc) * FL_PANEL;
-        for (int64_t ir = 0, rows, t = 0; ir < m; ir += rows, ++t) {
-            rows = gemm_next_rows_over(m - ir, n);
-            for (int64_t p = t * share; p < FL_MIN(rows_n, (t + 1) * share); ++p)
-                __builtin_prefetch(next + p * FL_PANEL, 0, 3);
-            gemm_tile_rows((int)rows, 1, 0, kc, a + ir * lda + pc, lda, pbj, c + ir * ldc + j,
-                           ldc, nr, acc);
+        const float *pbj = pb + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
+        for (int64_t pc = 0; pc < k; pc += kc) {
+            int64_t kb = FL_MIN(k - pc, kc), jn = j + GEMM_TN, rows_n = 0;
+            const float *next = pbj;
+            if (pc + kb < k) {                 /* this tile column's next block of rows */
+                next = pbj + (pc + kb) * FL_PANEL;
+                rows_n = FL_MIN(k - pc - kb, kc);
+            } else if (jn < n) {               /* the next tile column's first block */
+                next = pb + (jn / FL_PANEL) * FL_PANEL * k + jn % FL_PANEL;
+                rows_n = FL_MIN(k, kc);
+            }
+            int64_t share = (rows_n + tiles - 1) / tiles;
+            for (int64_t ir = 0, rows, t = 0; ir < m; ir += rows, ++t) {
+                rows = gemm_next_rows_over(m - ir, n);
+                for (int64_t p = t * share; p < FL_MIN(rows_n, (t + 1) * share); ++p)
+                    for (int line = 0; line < GEMM_TN; line += 16)  /* 16 floats a line */
+                        __builtin_prefetch(next + p * FL_PANEL + line, 0, 3);
+                gemm_tile_rows((int)rows, 1, 0, kb, a + ir * lda + pc, lda, pbj + pc * FL_PANEL,
+                               c + ir * ldc + j, ldc, nr, accumulate || pc > 0);
+            }
         }
     }
 }
@@ -427,10 +434,8 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         if (!buf) return -1;
     }
     if (!buf && m <= GEMM_FEW_ROWS) {               /* blocks of near-equal rows of b */
-        int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC, kc = (k + blocks - 1) / blocks;
-        for (int64_t pc = 0; pc < k; pc += kc)
-            gemm_block_few(m, n, k, pc, FL_MIN(k - pc, kc), a, lda, pb, c, ldc,
-                           accumulate || pc > 0);
+        int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;
+        gemm_block_few(m, n, k, (k + blocks - 1) / blocks, a, lda, pb, c, ldc, accumulate);
         return 0;
     }
     for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
