@@ -72,7 +72,8 @@ def _one(value, what: str):
     return value.reshape(-1)[0]
 
 
-def _condition(value, what: str) -> bool:
+def condition(value, what: str) -> bool:
+    """The truth of a one-element condition (an If's, a Loop's)."""
     return bool(_one(value, what))
 
 
@@ -80,7 +81,7 @@ def _condition(value, what: str) -> bool:
 def _if(inputs, attrs, opset):
     """The outputs of then_branch where the condition is true, else of else_branch."""
     cond = inputs[0]
-    flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else _condition(cond, "If condition")
+    flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else condition(cond, "If condition")
     body = attrs["then_branch" if flag else "else_branch"]
     return body.run([], inputs[attrs["_formal"]:])
 
@@ -118,7 +119,7 @@ def _loop(inputs, attrs, opset):
     captures, body = inputs[formal:], attrs["body"]
     limit = None if trips is None else int(_one(trips, "Loop trip count M"))
     bounded = attrs.get("_bounded", True)   # run at load: bounded
-    go = True if cond is None else _condition(cond, "Loop condition")
+    go = True if cond is None else condition(cond, "Loop condition")
     scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
     i = 0
     most = settings.current().onnx_max_loop_iterations
@@ -128,7 +129,7 @@ def _loop(inputs, attrs, opset):
                              f"whose length the file sets may (LoadOptions.onnx_max_loop_"
                              "iterations; FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
         outs = body.run([np.array(i, np.int64), np.array(go)] + carried, captures)
-        go = _condition(outs[0], "Loop body's condition output")
+        go = condition(outs[0], "Loop body's condition output")
         carried = outs[1:1 + len(carried)]
         for steps, value in zip(scans, outs[1 + len(carried):]):
             _append(steps, value, "Loop scan output")

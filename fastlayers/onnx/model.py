@@ -70,7 +70,7 @@ from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
 from .bound import bind
-from .compiled import compile_plan
+from .compiled import Parts, compile_plan
 from .ops import DTYPES, NODE_CACHES, OPS, contiguous
 
 MIN_OPSET = 9
@@ -515,11 +515,8 @@ class OnnxModel:
         if clock is None and log is None and not every_value:
             run = self._compiled
             if run is None:
-                plan = [(bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
-                        for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)]
-                run = self._compiled = compile_plan(
-                    plan, self._input_names, self.output_names, self._shape_outputs,
-                    self._dead, self.opset, self._step_failed) or False
+                run = self._compiled = compile_plan(self._parts(), self._step_failed,
+                                                    self.opset) or False
             if run:
                 return run(arrays, self._compiled_shapes)
         values = dict(zip(self._input_names, arrays))
@@ -552,6 +549,18 @@ class OnnxModel:
                 self._shape_cache.clear()
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         return values
+
+    def _parts(self) -> Parts:
+        """The plan as ``compile_plan`` reads it: each step bound on its constant inputs
+        (``bound.bind``), each If's branches with their own parts, to be compiled in."""
+        plan = [(bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
+                for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)]
+        branches = {k: (attrs["then_branch"].model._parts(), attrs["else_branch"].model._parts())
+                    for k, (n, (_, _, _, attrs, _)) in enumerate(zip(self._nodes, self._plan))
+                    if n.op_type == "If" and isinstance(attrs.get("then_branch"), Body)
+                    and isinstance(attrs.get("else_branch"), Body)}
+        return Parts(plan, self._input_names, self.output_names, self._constants,
+                     self._shape_outputs, self._dead, self._step_failed, branches)
 
     def _step_failed(self, step, e):
         """Raise the error of plan step ``step`` (-1: unknown) having raised ``e``: the

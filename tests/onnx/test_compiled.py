@@ -108,3 +108,86 @@ def test_the_shape_cache_is_bounded(rng, monkeypatch):
     for batch in range(1, 6):
         ours.run(None, {"x": rng.standard_normal((batch, 6)).astype(np.float32)})
         assert len(ours._compiled_shapes) <= 2
+
+
+def _if_model(names=("x", "c", "w", "t", "s", "y", "q", "r", "o", "p")):
+    """An If on an input whose then-branch reads the input's shape (a shape-only chain), holds
+    a nested If on a value the call computes, and returns a constant of its own; its
+    else-branch passes an outer value on and negates another."""
+    x, c, w, t, s, y, q, r, o, p = names
+    h = helper
+    rng = np.random.default_rng(1)
+    inner_then = h.make_graph([h.make_node("Neg", [t], ["inner_o"])], "inner_then", [],
+                              [h.make_tensor_value_info("inner_o", TensorProto.FLOAT, None)])
+    inner_else = h.make_graph([h.make_node("MatMul", [t, w], ["inner_e"])], "inner_else", [],
+                              [h.make_tensor_value_info("inner_e", TensorProto.FLOAT, None)])
+    then = h.make_graph(
+        [h.make_node("Shape", [x], [s]),
+         h.make_node("Gather", [s, "zero"], ["rows"], axis=0),
+         h.make_node("Cast", ["rows"], ["rows_f"], to=TensorProto.FLOAT),
+         h.make_node("Mul", [t, "rows_f"], [q]),
+         h.make_node("ReduceSum", [q], ["total"], keepdims=0),
+         h.make_node("Greater", ["total", "zero_f"], ["positive"]),
+         h.make_node("If", ["positive"], [r], then_branch=inner_then, else_branch=inner_else)],
+        "then", [], [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (r, "own_const")],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "zero_f"),
+         numpy_helper.from_array(np.full((1, 3), 7.0, np.float32), "own_const")])
+    other = h.make_graph([h.make_node("Neg", [t], [o]), h.make_node("Identity", [x], [p])], "else", [],
+                         [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (o, p)])
+    nodes = [h.make_node("Tanh", [x], [t]),
+             h.make_node("If", [c], [y, "second"], then_branch=then, else_branch=other),
+             h.make_node("Add", [y, "second"], ["z"])]
+    graph = h.make_graph(nodes, "branches", [h.make_tensor_value_info(x, TensorProto.FLOAT, [None, 3]),
+                                             h.make_tensor_value_info(c, TensorProto.BOOL, [])],
+                         [h.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                         [numpy_helper.from_array(rng.standard_normal((3, 3)).astype(np.float32), w)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("names", [None, ("x", "c'] + [", "w\nimport os", 't"""', "s\\", "y)", "q{}",
+                                          "r%s", "o' : 1, '", "p = 3")])
+def test_if_branches_compiled_in_match_onnxruntime(rng, names, monkeypatch):
+    """Both branches, the nested If's too, in the compiled function (no call runs a branch
+    as a model of its own): each call takes the arm its condition picks, at several shapes
+    (each branch's shape-only values cached per input shapes), with the interpreter's and
+    onnxruntime's values; value names stay data."""
+    from fastlayers.onnx import control
+
+    ort = oracle("onnxruntime")
+    data = _if_model(*(() if names is None else (names,)))
+    ours = fastlayers.load(data)
+    interpreted = control.Body.run
+    monkeypatch.setattr(control.Body, "run", lambda *a: pytest.fail("a branch ran as a model"))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x_name, c_name = ("x", "c") if names is None else names[:2]
+    for batch, flag, sign in ((2, True, 1), (2, True, -1), (5, False, 1), (2, False, -1),
+                              (5, True, -1), (5, True, 1), (1, True, 1)):
+        x = (sign * np.abs(rng.standard_normal((batch, 3)))).astype(np.float32)
+        feed = {x_name: x, c_name: np.array(flag)}
+        got = ours.run(None, feed)
+        assert_close(got[0], session.run(None, feed)[0], rtol=1e-5, atol=1e-6)
+        with monkeypatch.context() as m:
+            m.setattr(control.Body, "run", interpreted)
+            every = ours._evaluate([x, np.array(flag)], every_value=True)   # the interpreter
+        np.testing.assert_array_equal(got[0], every["z"])
+    assert callable(ours._compiled)
+
+
+def test_a_failing_step_in_a_branch_names_it_and_the_if(rng):
+    ours = fastlayers.load(_if_model())
+
+    def boom(inputs, attrs, opset):
+        raise ValueError("boom")
+
+    branch = next(n.attrs for n in ours._nodes if n.op_type == "If")["then_branch"].model
+    k = branch.op_types.index("Mul")
+    fn, ins, outs, attrs, shape_only = branch._plan[k]
+    branch._plan[k] = (boom, ins, outs, attrs, shape_only)
+    ours._compiled = None
+    x = rng.standard_normal((3, 3)).astype(np.float32)
+    assert_close(ours.run(None, {"x": x, "c": np.array(False)})[0], x - np.tanh(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match=r"node 'y' \(If\).*node 'q' \(Mul\) failed on these inputs: boom"):
+        ours.run(None, {"x": x, "c": np.array(True)})
+    assert callable(ours._compiled)
