@@ -5,7 +5,9 @@ at import; ``FASTLAYERS_ISA=avx512|avx2|generic`` forces one (an error when this
 run it) and ``set_isa`` switches at run time (the tests run every path this way). The 8-bit
 integer products run VNNI's vpdpbusd where the path and CPU have it: AVX-512 VNNI on the avx512
 path, AVX-VNNI (or AVX-512 VNNI with VL) on the avx2 path (``vnni``; ``set_vnni(False)`` runs
-them as on a CPU without).
+them as on a CPU without); products of 8 rows or more run on AMX tiles (tdpbusd) where the
+CPU has AMX-INT8 and Linux lets the process use it (``amx``; ``set_amx(False)`` runs them on
+VNNI).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ except ImportError as e:  # a source tree whose extension was never built
 
 from ..errors import SettingError
 from ..settings import env_choice
-from ._core import (ACTIVATIONS, NativeError, arena_limit, arena_release, arena_stats,  # noqa: F401
-                    best_isa, get_num_threads, heap_retain, isa, isa_runs, isas, set_call_threads,
-                    set_isa, set_num_threads, set_vnni, vnni, vnni_runs)
+from ._core import (ACTIVATIONS, NativeError, amx, amx_runs, arena_limit,  # noqa: F401
+                    arena_release, arena_stats, best_isa, get_num_threads, heap_retain, isa,
+                    isa_runs, isas, set_call_threads, set_amx, set_isa, set_num_threads,
+                    set_vnni, vnni, vnni_runs)
 
 #: Activation name -> code of the native kernels.
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}

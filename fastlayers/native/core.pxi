@@ -7,6 +7,9 @@ cdef extern from "dispatch.h":
     int fl_vnni
     int fl_vnni_runs()
     int fl_set_vnni(int on)
+    int fl_amx
+    int fl_amx_runs()
+    int fl_set_amx(int on)
     const char *fl_isa_names[]
     ctypedef struct fl_kernels:
         const char *isa
@@ -126,6 +129,26 @@ def set_vnni(bint on):
     ISA path in use or the CPU has none. ``set_isa`` resets it to what the path can run."""
     if fl_set_vnni(on) != 0:
         raise ValueError(f"VNNI products are not available on the {isa()!r} path of this CPU")
+
+
+def amx():
+    """Whether 8-bit integer products of 8 rows or more run on AMX tiles now: on the avx512
+    path of a CPU with AMX-INT8 whose kernel lets the process use it, with VNNI on, unless
+    turned off with ``set_amx(False)``."""
+    return bool(fl_amx and fl_vnni)
+
+
+def amx_runs():
+    """Whether the ISA path in use can run integer products on AMX tiles on this CPU."""
+    return bool(fl_amx_runs())
+
+
+def set_amx(bint on):
+    """Run the integer products of enough rows on AMX tiles (``True``) or not; ValueError
+    where the ISA path in use, the CPU or the kernel has none. ``set_isa`` resets it to what
+    the path can run."""
+    if fl_set_amx(on) != 0:
+        raise ValueError(f"AMX products are not available on the {isa()!r} path of this CPU")
 
 
 def get_num_threads():

@@ -2,6 +2,10 @@
 #include "dispatch.h"
 
 #include <string.h>
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define FL_X86 1
@@ -68,10 +72,48 @@ int fl_set_vnni(int on) {
     return 0;
 }
 
+int fl_amx = 0;
+
+/* Whether Linux lets this process use AMX's tile data (asked for once: the permission is
+ * the process's, for all its threads). */
+static int amx_permitted(void) {
+#if FL_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+    static int permitted = -1;
+    if (permitted < 0) {
+        unsigned long bits = 0;
+        const long get_perm = 0x1022, req_perm = 0x1023, xtiledata = 18;  /* asm/prctl.h */
+        if (syscall(SYS_arch_prctl, get_perm, &bits) == 0 && (bits & (1UL << xtiledata)))
+            permitted = 1;
+        else
+            permitted = syscall(SYS_arch_prctl, req_perm, xtiledata) == 0;
+    }
+    return permitted;
+#else
+    return 0;
+#endif
+}
+
+int fl_amx_runs(void) {
+#if FL_X86
+    if (fl_k != &fl_kernels_avx512 || !fl_vnni_runs()) return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+int fl_set_amx(int on) {
+    if (on && !fl_amx_runs()) return -1;
+    fl_amx = on != 0;
+    return 0;
+}
+
 int fl_set_isa(const char *name) {
     if (!fl_isa_runs(name)) return -1;
     fl_k = table_of(name);
     fl_vnni = fl_vnni_runs();
+    fl_amx = fl_amx_runs();
 #if FL_X86
     fl_vnni_vex = __builtin_cpu_supports("avxvnni");
 #endif

@@ -32,6 +32,14 @@ extern int fl_vnni, fl_vnni_vex;
 int fl_vnni_runs(void);
 int fl_set_vnni(int on);
 
+/* 1 where the integer products of enough rows run on AMX tiles (tdpbusd, qgemm.c): on the
+ * avx512 path of a CPU with AMX-INT8 whose kernel lets the process use it (Linux asks once,
+ * arch_prctl). Set with the path; fl_set_amx(0) turns it off (the tests run both forms), and
+ * fl_set_amx(1) returns -1 where it cannot run. Products prepared without VNNI never use it. */
+extern int fl_amx;
+int fl_amx_runs(void);
+int fl_set_amx(int on);
+
 #define FL_WRAPPER(ret, name, params, args) \
     static inline ret fl_##name params { return fl_k->name args; }
 FL_KERNELS(FL_WRAPPER)

@@ -12,6 +12,8 @@
 #define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
 #define QGEMM_MIN_SHARE_MACS (1 << 17)
 #define QGEMM_MR_MAX 6
+#define QGEMM_AMX_MIN_ROWS 8       /* rows from which a product takes AMX tiles */
+#define QGEMM_AMX_ROWS_PER_UNIT 32  /* rows of one unit of parallel work on AMX tiles */
 
 static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) */
 
@@ -24,6 +26,8 @@ typedef struct {
     const int32_t *za;  /* A[i]: the zero point of a_u */
     int64_t kq;         /* quads of k */
     int vnni;
+    int amx;            /* the tiles are AMX's (qgemm_amx): the rows are 64-byte multiples long,
+                         * zero past k, and a multiple of 16 of them are readable */
 } qgemm_a;
 
 /* Rows a tile takes on this path. */
@@ -294,10 +298,133 @@ FL_INLINE int64_t qgemm_out_bytes(const fl_qout *o) {
     return o->kind == FL_QOUT_UINT8 || o->kind == FL_QOUT_INT8 ? 1 : 4;
 }
 
+#if defined(FL_ISA_AVX512)
+/* ------------------------------------------------------------------------------- AMX tiles */
+/* The tile configuration: palette 1, tiles 0-7 each 16 rows of 64 bytes (C: 16 x 16 int32;
+ * A: 16 rows of 64 u8; B: 16 quads of 16 columns x 4 s8, a panel's layout). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} qgemm_tile_config;
+
+__attribute__((target("amx-tile"))) static void qgemm_amx_begin(void) {
+    qgemm_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    /* ldtilecfg with the whole configuration as its operand: _tile_loadconfig names 8 bytes
+     * of it, and GCC then drops the stores of the rest */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+__attribute__((target("amx-tile"))) static void qgemm_amx_end(void) { _tile_release(); }
+
+/* out (2 x 16 rows, 32 columns from col) = a's rows i0 .. i0 + 32 (16 where one) times the
+ * panels at bp and bp + pstride: tdpbusd sums u8 x s8 quads of 16 rows x 64 values (A) and
+ * 16 quads x 16 columns (B, a panel's next 16 quads) into 16 x 16 int32 (C); a's rows are
+ * zero past k, so the tail's quads past the panel's end add nothing (they are read from a
+ * zeroed copy: the last panel's end is the buffer's). */
+__attribute__((target("amx-tile,amx-int8"))) static void
+qgemm_amx_pair(const qgemm_a *a, int64_t i0, int two_rows, const int8_t *bp, int64_t pstride, int two_panels,
+               int32_t out[2 * 16][QGEMM_NP * FL_QPANEL], int col) {
+    const uint8_t *a0 = (const uint8_t *)a->rows + i0 * a->lda, *a1 = a0 + 16 * a->lda;
+    int64_t kq = a->kq, full = kq / 16, tail = kq % 16;
+    const int8_t *b1 = bp + (two_panels ? pstride : 0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t <= full; ++t) {
+        const int8_t *t0 = bp + t * 16 * 64, *t1 = b1 + t * 16 * 64;
+        int8_t z0[16 * 64], z1[16 * 64];
+        if (t == full) {              /* the tail: tail quads, the rest zero */
+            if (!tail) break;
+            memset(z0, 0, sizeof z0);
+            memcpy(z0, t0, (size_t)tail * 64);
+            t0 = z0;
+            if (two_panels) {
+                memset(z1, 0, sizeof z1);
+                memcpy(z1, t1, (size_t)tail * 64);
+                t1 = z1;
+            }
+        }
+        _tile_loadd(4, a0 + t * 64, a->lda);
+        _tile_loadd(6, t0, 64);
+        _tile_dpbusd(0, 4, 6);
+        if (two_panels) {
+            _tile_loadd(7, t1, 64);
+            _tile_dpbusd(1, 4, 7);
+        }
+        if (two_rows) {
+            _tile_loadd(5, a1 + t * 64, a->lda);
+            _tile_dpbusd(2, 5, 6);
+            if (two_panels) _tile_dpbusd(3, 5, 7);
+        }
+    }
+    const int64_t stride = QGEMM_NP * FL_QPANEL * sizeof(int32_t);
+    _tile_stored(0, &out[0][col], stride);
+    if (two_panels) _tile_stored(1, &out[0][col + 16], stride);
+    if (two_rows) {
+        _tile_stored(2, &out[16][col], stride);
+        if (two_panels) _tile_stored(3, &out[16][col + 16], stride);
+    }
+}
+
+/* qgemm_block on AMX tiles: rows r0:r1 (at most 32, r0 a multiple of 16) by panels p0:p1. */
+static void qgemm_block_amx(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n, int64_t r0, int64_t r1,
+                            int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc) {
+    int32_t out[2 * 16][QGEMM_NP * FL_QPANEL];
+    int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL, esize = qgemm_out_bytes(o);
+    const int32_t *bz = (const int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
+    for (int64_t i = r0; i < r1; i += 32) {
+        int rows = (int)FL_MIN(32, r1 - i);
+        for (int64_t p = p0; p < p1; p += QGEMM_NP) {
+            int np = (int)FL_MIN(QGEMM_NP, p1 - p);
+            int64_t j0 = p * FL_QPANEL, cols = FL_MIN(np * FL_QPANEL, n - j0);
+            for (int q = 0; q < np; q += 2)
+                qgemm_amx_pair(a, i, rows > 16, pb + (p + q) * pstride, pstride, q + 1 < np, out,
+                               q * FL_QPANEL);
+            for (int r = 0; r < rows; r += QGEMM_MR_MAX)
+                qgemm_store(a, i + r, (int)FL_MIN(QGEMM_MR_MAX, rows - r), bz + j0, cb + j0, cols,
+                            (int32_t(*)[QGEMM_NP * FL_QPANEL])out[r], o, j0,
+                            (char *)c + ((i + r) * ldc + j0) * esize, ldc);
+        }
+    }
+}
+#endif
+
+/* Whether a product of m rows (prepared for vpdpbusd where vnni) takes AMX tiles: on the
+ * avx512 path where fl_amx (dispatch.h) and from QGEMM_AMX_MIN_ROWS rows. */
+FL_INLINE int qgemm_amx(int64_t m, int vnni) {
+#if defined(FL_ISA_AVX512)
+    return vnni && fl_amx && m >= QGEMM_AMX_MIN_ROWS;
+#else
+    (void)m, (void)vnni;
+    return 0;
+#endif
+}
+
+/* Values in one prepared row of k values: whole quads, whole 64-byte tile rows on AMX. */
+FL_INLINE int64_t qgemm_row_width(int64_t k, int amx) {
+    return amx ? (k + 63) / 64 * 64 : (k + 3) / 4 * 4;
+}
+
+/* Prepared rows for m rows: on AMX a multiple of the tiles' 16 (the rows past m zero). */
+FL_INLINE int64_t qgemm_row_count(int64_t m, int amx) {
+    return amx ? (m + 15) / 16 * 16 : m;
+}
+
 /* c[r0:r1, panels p0:p1] of the product, tile by tile (c's rows ldc elements apart, c
  * pointing at row 0 column 0). */
 static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n, int64_t r0, int64_t r1,
                         int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc) {
+#if defined(FL_ISA_AVX512)
+    if (a->amx) {
+        qgemm_block_amx(a, pb, k, n, r0, r1, p0, p1, o, c, ldc);
+        return;
+    }
+#endif
     int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL];
     int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL, esize = qgemm_out_bytes(o);
     const int32_t *bz = (const int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
@@ -320,8 +447,8 @@ FL_INLINE void qgemm_put(void *rows, int vnni, int64_t idx, int32_t v) {
 }
 
 /* Bytes of the prepared rows of m rows of k values (64-byte multiple). */
-FL_INLINE size_t qgemm_rows_bytes(int64_t m, int64_t k, int vnni) {
-    size_t bytes = (size_t)(m * (k + 3) / 4 * 4) * (vnni ? 1 : 2);
+FL_INLINE size_t qgemm_rows_bytes(int64_t m, int64_t k, int vnni, int amx) {
+    size_t bytes = (size_t)(qgemm_row_count(m, amx) * qgemm_row_width(k, amx)) * (vnni ? 1 : 2);
     return (bytes + 63) / 64 * 64;
 }
 
@@ -337,7 +464,7 @@ FL_INLINE int qgemm_vnni(void) {
 typedef struct {
     const qgemm_a *a;
     const int8_t *pb;
-    int64_t k, n, m, ldc, row_units, groups;
+    int64_t k, n, m, ldc, row_units, groups, unit_rows;
     const fl_qout *o;
     void *c;
 } qgemm_ctx;
@@ -348,14 +475,20 @@ typedef struct {
 static void qgemm_task(void *p, int64_t u0, int64_t u1) {
     qgemm_ctx *x = (qgemm_ctx *)p;
     int64_t panels = (x->n + FL_QPANEL - 1) / FL_QPANEL, block_units = x->row_units * x->groups;
+#if defined(FL_ISA_AVX512)
+    if (x->a->amx) qgemm_amx_begin();     /* this thread's tiles, released after its units */
+#endif
     for (int64_t u = u0; u < u1; ++u) {
         int64_t b = u / block_units, w = u % block_units;
         int64_t p0 = w / x->row_units * QGEMM_NP;
-        int64_t r0 = (b * x->row_units + w % x->row_units) * QGEMM_ROWS_PER_UNIT;
+        int64_t r0 = (b * x->row_units + w % x->row_units) * x->unit_rows;
         if (r0 >= x->m) continue;
-        qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + QGEMM_ROWS_PER_UNIT, x->m), p0,
+        qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + x->unit_rows, x->m), p0,
                     FL_MIN(p0 + QGEMM_NP, panels), x->o, x->c, x->ldc);
     }
+#if defined(FL_ISA_AVX512)
+    if (x->a->amx) qgemm_amx_end();
+#endif
 }
 
 /* Bytes of prepared rows of a per block of units (qgemm_task): half of a 1 MiB L2 cache,
@@ -365,15 +498,16 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
 /* The product of prepared a (m rows) and packed b on the pool's threads. */
 static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
                       const fl_qout *o, void *c, int64_t ldc) {
-    int64_t row_units = (m + QGEMM_ROWS_PER_UNIT - 1) / QGEMM_ROWS_PER_UNIT;
+    int64_t unit_rows = a->amx ? QGEMM_AMX_ROWS_PER_UNIT : QGEMM_ROWS_PER_UNIT;
+    int64_t row_units = (m + unit_rows - 1) / unit_rows;
     int64_t row_bytes = 4 * a->kq * (a->vnni ? 1 : 2);
-    int64_t most = FL_MAX(1, QGEMM_BLOCK_BYTES / (row_bytes * QGEMM_ROWS_PER_UNIT));
+    int64_t most = FL_MAX(1, QGEMM_BLOCK_BYTES / (row_bytes * unit_rows));
     int64_t blocks = (row_units + most - 1) / most;
     int64_t block_rows = (row_units + blocks - 1) / blocks;       /* near-equal blocks */
     int64_t groups = (n + QGEMM_NP * FL_QPANEL - 1) / (QGEMM_NP * FL_QPANEL);
     int64_t units = blocks * block_rows * groups;
-    int64_t unit_macs = FL_MIN(m, QGEMM_ROWS_PER_UNIT) * QGEMM_NP * FL_QPANEL * FL_MAX(k, 1);
-    qgemm_ctx x = {a, pb, k, n, m, ldc, block_rows, groups, o, c};
+    int64_t unit_macs = FL_MIN(m, unit_rows) * QGEMM_NP * FL_QPANEL * FL_MAX(k, 1);
+    qgemm_ctx x = {a, pb, k, n, m, ldc, block_rows, groups, unit_rows, o, c};
     fl_parallel(units, FL_MAX(1, QGEMM_MIN_SHARE_MACS / unit_macs), qgemm_task, &x);
 }
 
@@ -420,10 +554,11 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
                  const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
     if (m <= 0 || n <= 0) return 0;
-    int vnni = qgemm_vnni();
-    int64_t kq = (k + 3) / 4;
-    int in_place = vnni && !a_signed && k % 4 == 0;   /* uint8 rows as vpdpbusd reads them */
-    size_t rows_bytes = in_place ? 0 : qgemm_rows_bytes(m, k, vnni);
+    int vnni = qgemm_vnni(), amx = qgemm_amx(m, vnni);
+    int64_t kq = (k + 3) / 4, width = qgemm_row_width(k, amx);
+    /* uint8 rows as vpdpbusd (AMX: whole tiles of them) reads them */
+    int in_place = vnni && !a_signed && k == width && m == qgemm_row_count(m, amx);
+    size_t rows_bytes = in_place ? 0 : qgemm_rows_bytes(m, k, vnni, amx);
     int32_t *ra, *za_u;
     char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
     if (!buf) return -1;
@@ -435,12 +570,14 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
             for (int64_t p = 0; p < k; ++p) sum += row[p];
             ra[i] = sum;
         } else {      /* zeros after k */
-            ra[i] = qgemm_put_run(buf, vnni, i * 4 * kq, row, 1, a_signed, shift, k);
-            qgemm_put_fill(buf, vnni, i * 4 * kq + k, 0, 4 * kq - k);
+            ra[i] = qgemm_put_run(buf, vnni, i * width, row, 1, a_signed, shift, k);
+            qgemm_put_fill(buf, vnni, i * width + k, 0, width - k);
         }
         za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
     }
-    qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : 4 * kq, ra, za_u, kq, vnni};
+    if (!in_place)    /* AMX's rows past m, read by the last tile */
+        qgemm_put_fill(buf, vnni, m * width, 0, (qgemm_row_count(m, amx) - m) * width);
+    qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : width, ra, za_u, kq, vnni, amx};
     qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }
@@ -587,7 +724,7 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
     if (m <= 0 || n <= 0) return 0;
     int vnni = qgemm_vnni();
     int64_t kq = (k + 3) / 4;
-    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni);
+    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni, 0);
     int32_t *ra, *za_u;
     char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
     if (!buf) return -1;
@@ -615,7 +752,7 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
     qconv_prep q = {&nhwc, (const uint8_t *)x, x_signed, vnni, shift, zp_u, rows_run, x_end, kq, buf, ra};
     int64_t units = (m + QCONV_PREP_ROWS - 1) / QCONV_PREP_ROWS;
     fl_parallel(units, FL_MAX(1, QCONV_MIN_SHARE_BYTES / (QCONV_PREP_ROWS * 4 * kq)), qconv_gather, &q);
-    qgemm_a prepared = {buf, 4 * kq, ra, za_u, kq, vnni};
+    qgemm_a prepared = {buf, 4 * kq, ra, za_u, kq, vnni, 0};
     qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }

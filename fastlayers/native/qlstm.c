@@ -8,7 +8,7 @@ static __thread fl_buf qlstm_buf;
  * DynamicQuantizeLinear over the whole batch (float32 arithmetic, round half to even), their
  * sums and zero point (qgemm.c's prepared operand); returns the scale. */
 static float qlstm_quantize(const float *h, int64_t batch, int64_t hidden, void *rows, int vnni,
-                            int32_t *ra, int32_t *za) {
+                            int amx, int32_t *ra, int32_t *za) {
     float lo = 0.0f, hi = 0.0f;
     for (int64_t i = 0; i < batch * hidden; ++i) {
         lo = h[i] < lo ? h[i] : lo;
@@ -16,7 +16,7 @@ static float qlstm_quantize(const float *h, int64_t batch, int64_t hidden, void 
     }
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = nearbyintf(FL_MIN(FL_MAX(0.0f - lo / scale, 0.0f), 255.0f));
-    int64_t width = (hidden + 3) / 4 * 4;
+    int64_t width = qgemm_row_width(hidden, amx);
     for (int64_t r = 0; r < batch; ++r) {
         int32_t sum = 0;
         for (int64_t j = 0; j < width; ++j) {
@@ -39,8 +39,8 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
                  const float *peep, float clip, int input_forget, float *h, float *c, float *y,
                  int64_t y_step) {
     int64_t g = 4 * hidden;
-    int vnni = qgemm_vnni();
-    size_t rows_bytes = qgemm_rows_bytes(batch, hidden, vnni);
+    int vnni = qgemm_vnni(), amx = qgemm_amx(batch, vnni);
+    size_t rows_bytes = qgemm_rows_bytes(batch, hidden, vnni, amx);
     char *buf = (char *)fl_buf_grow(&qlstm_buf, rows_bytes + (size_t)(2 * batch) * sizeof(int32_t) +
                                                   (size_t)(batch * g) * sizeof(int32_t) +
                                                   (size_t)g * sizeof(float));
@@ -48,10 +48,12 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     int32_t *ra = (int32_t *)(buf + rows_bytes), *za = ra + batch;
     int32_t *acc = za + batch;
     float *z = (float *)(acc + batch * g);      /* one row's gate inputs */
-    qgemm_a prepared = {buf, (hidden + 3) / 4 * 4, ra, za, (hidden + 3) / 4, vnni};
+    qgemm_a prepared = {buf, qgemm_row_width(hidden, amx), ra, za, (hidden + 3) / 4, vnni, amx};
+    /* AMX's rows past the batch, read by the last tile */
+    qgemm_put_fill(buf, vnni, batch * prepared.lda, 0, (qgemm_row_count(batch, amx) - batch) * prepared.lda);
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
-        float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, ra, za);
+        float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za);
         static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
         qgemm_run(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
         for (int64_t r = 0; r < batch; ++r) {

@@ -5,7 +5,8 @@ the CPU has no AVX-VNNI; without VNNI both widen to int16 pairs for vpmaddwd; th
 in C): every uint8/int8
 pairing with zero points, the extremes where int16 pair sums of u8 x s8 products would
 saturate, odd sizes around its tiles (up to 6 rows x 4 panels of 16 columns) and 24-row work
-units, batch 1, k = 1, k not a multiple of 4, strided rows, and 1-2 threads."""
+units, and around AMX's (16 x 64 values of a, 16 quads x 16 columns of b, 32-row units, from
+8 rows), batch 1, k = 1, k not a multiple of 4, strided rows, and 1-2 threads."""
 
 from __future__ import annotations
 
@@ -18,16 +19,23 @@ from fastlayers.native import _core
 pytestmark = pytest.mark.usefixtures("isa", "int8_dot")
 
 
-@pytest.fixture(params=["vnni", "no-vnni"])
+@pytest.fixture(params=["amx", "vnni", "no-vnni"])
 def int8_dot(request, isa):
-    """The integer products with VNNI (skipped where the ISA path or the CPU has none) and
+    """The integer products on AMX tiles from 8 rows (skipped where the ISA path, the CPU or
+    the kernel has none), with VNNI (skipped where the ISA path or the CPU has none) and
     without, restored afterwards."""
+    if request.param == "amx" and not native.amx_runs():
+        pytest.skip(f"no AMX on the {isa} path of this CPU")
     if request.param == "vnni" and not native.vnni_runs():
         pytest.skip(f"no VNNI on the {isa} path of this CPU")
-    before = native.vnni()
-    native.set_vnni(request.param == "vnni")
+    vnni_before, amx_before = native.vnni(), native.amx_runs() and native.amx()
+    native.set_vnni(request.param != "no-vnni")
+    if native.amx_runs():
+        native.set_amx(request.param == "amx")
     yield request.param
-    native.set_vnni(before)
+    native.set_vnni(vnni_before)
+    if native.amx_runs():
+        native.set_amx(amx_before)
 
 TYPES = [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)]
 
@@ -48,7 +56,9 @@ def _expected(a, za, b, zb):
 
 @pytest.mark.parametrize("types", TYPES)
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 33), (5, 1, 17), (6, 2, 16), (7, 3, 15), (13, 64, 40),
-                                     (25, 33, 1), (49, 130, 47), (1, 1021, 65), (8, 300, 130)])
+                                     (25, 33, 1), (49, 130, 47), (1, 1021, 65), (8, 300, 130),
+                                     (16, 64, 16), (17, 128, 33), (32, 65, 64), (33, 200, 97),
+                                     (11, 768, 80)])
 def test_product_matches_int64_reference(rng, types, m, k, n):
     a_type, b_type = types
     a, b = _values(rng, a_type, (m, k)), _values(rng, b_type, (k, n))
@@ -136,7 +146,7 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("hidden, batch", [(5, 1), (37, 3), (256, 2), (600, 16)])
+@pytest.mark.parametrize("hidden, batch", [(5, 1), (37, 3), (256, 2), (600, 16), (70, 11)])
 def test_quantized_lstm_runs_side_by_side_give_each_runs_bits(rng, hidden, batch):
     """``qlstm_runs``: two directions on 1 and 2 threads (side by side where a step's product is
     small, the largest here one after another) give exactly what separate ``qlstm`` calls give;
