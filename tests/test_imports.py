@@ -210,3 +210,17 @@ def test_every_module_has_a_level(graph):
     _, modules = graph
     for module in modules:
         _level(module)
+
+
+def test_no_module_defines_a_top_level_name_twice():
+    """A second ``def`` or ``class`` of a name replaces the first one silently; which one the
+    module's code calls then depends on file order."""
+    twice = []
+    for path in sorted(ROOT.rglob("*.py")):
+        seen: set[str] = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name in seen:
+                    twice.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
+                seen.add(node.name)
+    assert not twice, twice

@@ -931,7 +931,7 @@ def _attention(c: _Check) -> int:
     return e
 
 
-def _transformer_layer(decoder):
+def _check_transformer_layer(decoder):
     def check(c: _Check):
         e = _attention(c.child("self_attn"))
         if decoder and _attention(c.child("multihead_attn")) != e:
@@ -948,7 +948,7 @@ def _transformer_layer(decoder):
     return check
 
 
-def _transformer_stack(c: _Check):
+def _check_transformer_stack(c: _Check):
     layers = c.child("layers")
     items = list(layers.r.children.values())
     if not items:
@@ -970,9 +970,9 @@ _VALIDATORS: dict[str, Callable] = {
     "AdaptiveMaxPool1d": _adaptive(1), "AdaptiveMaxPool2d": _adaptive(2), "Upsample": _upsample,
     "RNN": _recurrent, "LSTM": _recurrent, "GRU": _recurrent, "RNNCell": _cell,
     "LSTMCell": _cell, "GRUCell": _cell, "MultiheadAttention": _attention,
-    "TransformerEncoderLayer": _transformer_layer(False),
-    "TransformerDecoderLayer": _transformer_layer(True),
-    "TransformerEncoder": _transformer_stack, "TransformerDecoder": _transformer_stack,
+    "TransformerEncoderLayer": _check_transformer_layer(False),
+    "TransformerDecoderLayer": _check_transformer_layer(True),
+    "TransformerEncoder": _check_transformer_stack, "TransformerDecoder": _check_transformer_stack,
     "LeakyReLU": lambda c: (c.float("negative_slope", default=0.01), c.tensors({})),
     "ELU": lambda c: (c.float("alpha", default=1.0), c.tensors({})),
     "GELU": lambda c: (c.choice("approximate", ("none", "tanh"), "none"), c.tensors({})),

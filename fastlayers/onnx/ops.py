@@ -542,7 +542,7 @@ def _reduce(fn, axes_input_from):
     return run
 
 
-def _mean(x, axis, keepdims):
+def _reduce_mean(x, axis, keepdims):
     """ReduceMean: over H and W of NHWC memory (an NCHW view, as convolutions return: the
     squeeze-and-excite means of PP-OCR's backbones) the backend's global average pool, which
     reads the memory as it lies; else ``wide_mean``."""
@@ -555,7 +555,7 @@ def _mean(x, axis, keepdims):
     return wide_mean(x, axis=axis, keepdims=keepdims)
 
 
-OPS["ReduceMean"] = _reduce(_mean, 18)
+OPS["ReduceMean"] = _reduce(_reduce_mean, 18)
 OPS["ReduceSum"] = _reduce(wide_sum, 13)
 OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
     x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
