@@ -7,10 +7,9 @@ the Python around the kernels is most of a call, and CPython specializes a funct
 only after it has run several times (the demo MLP's second call took 2.5x its steady time, its
 ninth about 1.1x).
 
-Measured (``bench/tools/process_metrics.py``, AMD EPYC Zen 3, AVX2, 2 cores, 2 threads): without it, the
-first call of ONNX ResNet-18 took 3.4x a steady call (weight packing and Winograd transforms),
-an ONNX LSTM classifier 3.8x (the embedding folded into the input projection) and the demo
-models 2.1-4.1x.
+Without it, a first call packs weights, transforms Winograd kernels and folds embeddings, and
+takes several times a steady call (figures: docs/design.md, "Figures behind the code's
+constants").
 """
 
 from __future__ import annotations

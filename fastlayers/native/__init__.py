@@ -48,9 +48,8 @@ else:
 
 #: The C library heap's settings at import (``heap_retain``, glibc only): blocks under 32 MiB
 #: from its heap, up to 64 MiB of freed memory kept mapped, so that the outputs each call
-#: allocates reuse mapped pages instead of faulting fresh ones in (an ONNX export of a
-#: MultiHeadAttention layer: 16-20 ms a call without, 10 ms with, onnxruntime 11-12 ms; AMD
-#: EPYC Zen 3 VM, 1 thread). ``FASTLAYERS_HEAP=system`` leaves the C library's defaults.
+#: allocates reuse mapped pages instead of faulting fresh ones in (docs/design.md, "Figures
+#: behind the code's constants"). ``FASTLAYERS_HEAP=system`` leaves the C library's defaults.
 HEAP_RETAIN = (32 << 20, 64 << 20)
 _heap = env_choice("FASTLAYERS_HEAP", ("retain", "system"), "retain")
 HEAP_RETAINED = _heap != "system" and heap_retain(*HEAP_RETAIN)

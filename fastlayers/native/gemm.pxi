@@ -100,9 +100,8 @@ def matmul_batch(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, bint trans_b=False
 
 #: Fewest multiply-adds for the packed sgemm on weights, a product of fewer rows counted as
 #: PACKED_ROWS_FLOOR rows: the packed weights are one stream where weights read in place are k
-#: rows apart, which pays from about 128 KiB of weights at any row count (1 row of 256 x 512:
-#: 6.7 us packed, 9.2 in place, AMD EPYC Zen 3, AVX2); below, looking up the packed weights
-#: costs more than the faster reads save.
+#: rows apart, which pays from about 128 KiB of weights at any row count (docs/design.md,
+#: "GEMM"); below, looking up the packed weights costs more than the faster reads save.
 PACKED_MIN_MADDS = 1 << 18
 PACKED_ROWS_FLOOR = 8
 

@@ -48,11 +48,9 @@
  * recurrent product adds to them (step_x), rather than for every step first, with this many
  * rows per batch share or more and a projection of all steps, (T, rows, G) floats, of more
  * than RNN_STEP_X_BYTES: such a buffer falls out of the L2 cache and the gate pass waited on
- * it (13 MiB for an LSTM 256 at batch 32, T 100: 12% of the call). Fewer rows run the
- * per-step products below the sgemm's rate; with a smaller buffer the one large product of
- * the projection is the faster (AMD EPYC Zen 3, one thread, LSTM T 100 input 128: hidden 256
- * at batch 8 10.3 -> 9.8 ms, batch 16 19.9 -> 17.2; hidden 128 at batch 8, T 64, a 1 MiB
- * buffer: 1.95 -> 2.1). */
+ * it. Fewer rows run the per-step products below the sgemm's rate; with a smaller buffer the
+ * one large product of the projection is the faster (docs/design.md, "Figures behind the
+ * code's constants"). */
 #define RNN_STEP_X_ROWS 8
 #define RNN_STEP_X_BYTES (2 << 20)
 /* Nanoseconds after which a waiting thread also yields its core (to a descheduled owner). */
@@ -278,8 +276,8 @@ static void rnn_carry(const rnn_job *j, int64_t b, int64_t ts, const float *cur,
 /* The gate passes' tanh: the rational fit of Eigen and MLAS, x p(x^2) / q(x^2) on x clamped to
  * [-9, 9] (relative error below 4e-7; NaN stays NaN): one division and 12 multiply-adds where
  * rows_vtanh takes an exp, a division and a polynomial. With rnn_vsigmoid the LSTM gate pass
- * (2 tanh and 3 sigmoids per unit) went from 12.6% to 8.3% of an LSTM 256 call at batch 32,
- * T 100 (perf; 35.2 -> 33.1 ms, AMD EPYC Zen 3, one thread). */
+ * (2 tanh and 3 sigmoids per unit) takes a third less time than with rows_vtanh
+ * (docs/design.md, "Figures behind the code's constants"). */
 FL_INLINE fl_vf rnn_vtanh(fl_vf x) {
     fl_vf v = fl_vmin(fl_vmax(x, fl_set1(-9.0f)), fl_set1(9.0f)), z = v * v;
     fl_vf p = fl_set1(-2.76076847742355e-16f);

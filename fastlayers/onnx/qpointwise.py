@@ -5,7 +5,7 @@ points of the tensor's type, each a scalar or a one-value vector; a zero point o
 except QLinearConcat's, which are required).
 
 Each follows onnxruntime's CPU kernel bit for bit on x86-64 with AVX2 (onnxruntime 1.32 at one
-thread, checked on an AVX-512 Zen 4, whose MLAS dispatch runs the same kernels for these
+thread, checked on an AVX-512 host too, whose MLAS dispatch runs the same kernels for these
 operators), on every backend. fma(x, r, c) is a fused multiply-add rounded once to float32;
 cvt is ``_mm256_cvtps_epi32`` (round half to even; NaN and values beyond int32 give INT32_MIN)
 followed by the saturating packs to the 8-bit type:

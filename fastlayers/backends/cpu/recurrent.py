@@ -48,10 +48,9 @@ MIN_CALL_MADDS = 1 << 20
 UNIT_STEP = 16
 #: Largest recurrent weights (bytes) for which threads share the batch rather than the units:
 #: every thread then reads all of them each step, but the threads never meet (which a busy
-#: machine punishes) and no state moves between cores. On a Zen 3 host (512 KiB L2 per core)
-#: the two splits measured within 8% of each other at 2 threads, batch 8-32, hidden 128-512
-#: (docs/design.md, "Native loops"); past the L3 cache each thread would stream all of them
-#: from memory.
+#: machine punishes) and no state moves between cores; the two splits measure alike where the
+#: weights fit the caches (docs/design.md, "CPU time loops"); past the L3 cache each thread
+#: would stream all of them from memory.
 ROW_SHARE_MAX_BYTES = 8 << 20
 #: Fewest rows per batch share: the sgemm's register tiles run at their full rate from 4 rows.
 MIN_SHARE_ROWS = 4
