@@ -85,11 +85,9 @@ def _winograd_tile(n, ho, wo, cin, cout) -> int:
     """The Winograd tile of a 3x3 stride-1 convolution: 0 (``conv2d`` is faster), 2 or 4.
 
     F(2x2, 3x3) beats ``conv2d`` from 16 channels each way and 4 tiles, except for wide weights
-    on few tiles (single-thread, AVX2 host: 56x56x16 0.17 against 0.22 ms, 4x4x64 8 against
-    14 us, 6x6x256 0.25 against 0.48 ms, 56x56x64 1.5 against 2.5 ms; 12 channels 2x slower,
-    one tile 1.2x slower). F(4x4, 3x3) beats F(2x2) on planes whose 4x4 tiles leave little
-    padding (56x56x64 0.95 against 1.37 ms, 28x28x128 0.77 against 1.25; 14x14x256 about
-    even), and is taken up to ``_WINOGRAD4_MAX_CHANNELS`` channels for its precision."""
+    on few tiles; F(4x4, 3x3) beats F(2x2) on planes whose 4x4 tiles leave little padding, and
+    is taken up to ``_WINOGRAD4_MAX_CHANNELS`` channels for its precision (docs/design.md,
+    "Figures behind the code's constants")."""
     if min(cin, cout) < _WINOGRAD_MIN_CHANNELS:
         return 0
     tiles2 = n * ((ho + 1) // 2) * ((wo + 1) // 2)

@@ -3,9 +3,9 @@ weights on transparent huge pages.
 
 A share of a recurrent kernel (512 KiB of a 1 MiB LSTM kernel at two threads) is read from its
 core's L2 cache every step. With 4 KiB pages its physical pages fall on the cache's sets at
-random and some sets overflow: the bench's two-thread LSTM (hidden 256, T 100, batch 1) took
-0.95 to 2.1 ms (median of 200 calls) from one process to the next; on 2 MiB pages (contiguous
-physical memory) 0.92 to 1.1 ms in six processes (docs/design.md, "Units split among threads").
+random and some sets overflow, and the step's time varied about 2x from one process to the
+next; on 2 MiB pages (contiguous physical memory) it holds steady (docs/design.md, "Units split
+among threads").
 Linux backs an ``madvise(MADV_HUGEPAGE)`` region with huge pages when
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``; elsewhere the
 advice is a no-op and the array is an ordinary aligned one.

@@ -1,8 +1,8 @@
 """Kernel launches straight through the CUDA driver, with numba-cuda compiling the kernels.
 
-``kernel[grid, block](*args)`` through numba's dispatcher costs 20-30 us of Python per launch
-on an H100 host (typing every argument, then marshalling each array into ctypes through
-several layers), which made the backend launch-bound: an MLP call of 7 launches spent most of
+``kernel[grid, block](*args)`` through numba's dispatcher costs tens of microseconds of Python
+per launch (typing every argument, then marshalling each array into ctypes through several
+layers; docs/design.md, "CUDA backend"), which made the backend launch-bound: an MLP call of 7 launches spent most of
 its time there. ``FastKernel`` keeps numba's dispatcher for compiling and for the simulator,
 and launches the compiled kernel itself: the argument types of a call are keyed cheaply
 (dtype, rank and layout of each device array, type of each scalar and of each element of a

@@ -97,10 +97,9 @@ def c_ordered(a, dtype=np.float32) -> np.ndarray:
 
 class _Driver:
     """Allocation and C-contiguous host <-> device copies straight through the CUDA driver
-    (cuda-bindings, which numba-cuda runs on) and the context's memory manager. numba's own
-    ``to_device`` / ``copy_to_host`` / ``device_array`` cost 111 / 48 / 18 us for a 64x512
-    float32 array on an H100 (Python around the driver call); these 22 / 22 / 5 us, the copies
-    themselves included. Copies are synchronous on the legacy default stream, which orders them
+    (cuda-bindings, which numba-cuda runs on) and the context's memory manager: numba's own
+    ``to_device`` / ``copy_to_host`` / ``device_array`` spend several times as long in Python
+    around the driver call (docs/design.md, "CUDA backend"). Copies are synchronous on the legacy default stream, which orders them
     with the kernels numba launches there. None under the simulator (``driver()``)."""
 
     def __init__(self):
