@@ -43,12 +43,10 @@
  * matrix whose product is split by output columns (each thread reads part of the weights). */
 #define CONV_ROW_SPLIT_MIN 256
 /* The implicit GEMM runs its tiles within an output row: it needs rows that fill at least this
- * share of the tiles (AVX2, 6-row tiles: 28 or 56 columns fill 0.93 and ran 6-12% faster than
- * im2col; 14 columns 0.78, even; 7 columns 0.58, 35% slower). */
+ * share of the tiles (docs/design.md, "Figures behind the code's constants"). */
 #define CONV_IMPLICIT_FILL 0.8
 /* ... or window rows of at most this many floats (kw C): im2col's short copies cost more than
- * the empty tile rows (1 thread, AVX2: 3x3 on 8x8x1 -> 16 at batch 8 15.1 -> 6.9 us, 14x14x8 ->
- * 16 10.0 -> 6.5 us, 7x7x16 -> 32 7.1 -> 6.5 us; 7x7x32 -> 32, kw C = 96: im2col 5% ahead). */
+ * the empty tile rows (same section). */
 #define CONV_IMPLICIT_RUN 64
 /* Fewest output values (x window taps) in a thread's share of the direct kernels. */
 #define CONV_MIN_SHARE_TAPS (INT64_C(1) << 17)

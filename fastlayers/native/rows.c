@@ -296,7 +296,7 @@ int FL_FN(outer_add_act)(int64_t ni, int64_t nj, int64_t n, const float *a, cons
 
 /* FL_VW / 2 floats (unaligned) and the doubles they widen to: float64 statistics in vectors of
  * the register width (a vector of FL_VW doubles, twice that width, was kept on the stack by GCC
- * on AVX2: 1 ms per 1024 x 256 norm). */
+ * on AVX2). */
 typedef float rows_vh __attribute__((vector_size(FL_VW * 2), aligned(4), may_alias));
 typedef double fl_vd __attribute__((vector_size(FL_VW * 4)));
 #define ROWS_VH (FL_VW / 2)
