@@ -323,11 +323,12 @@ __attribute__((target("amx-tile"))) static void qgemm_amx_end(void) { _tile_rele
 /* out (2 x 16 rows, 32 columns from col) = a's rows i0 .. i0 + 32 (16 where one) times the
  * panels at bp and bp + pstride: tdpbusd sums u8 x s8 quads of 16 rows x 64 values (A) and
  * 16 quads x 16 columns (B, a panel's next 16 quads) into 16 x 16 int32 (C); a's rows are
- * zero past k, so the tail's quads past the panel's end add nothing (they are read from a
- * zeroed copy: the last panel's end is the buffer's). */
+ * zero past k, so the tail's quads past a panel's end add nothing: they are the next panel's,
+ * read in place, except where they would pass b_end (the packed buffer's end), from a zeroed
+ * copy. */
 __attribute__((target("amx-tile,amx-int8"))) static void
 qgemm_amx_pair(const qgemm_a *a, int64_t i0, int two_rows, const int8_t *bp, int64_t pstride, int two_panels,
-               int32_t out[2 * 16][QGEMM_NP * FL_QPANEL], int col) {
+               const int8_t *b_end, int32_t out[2 * 16][QGEMM_NP * FL_QPANEL], int col) {
     const uint8_t *a0 = (const uint8_t *)a->rows + i0 * a->lda, *a1 = a0 + 16 * a->lda;
     int64_t kq = a->kq, full = kq / 16, tail = kq % 16;
     const int8_t *b1 = bp + (two_panels ? pstride : 0);
@@ -338,12 +339,14 @@ qgemm_amx_pair(const qgemm_a *a, int64_t i0, int two_rows, const int8_t *bp, int
     for (int64_t t = 0; t <= full; ++t) {
         const int8_t *t0 = bp + t * 16 * 64, *t1 = b1 + t * 16 * 64;
         int8_t z0[16 * 64], z1[16 * 64];
-        if (t == full) {              /* the tail: tail quads, the rest zero */
+        if (t == full) {              /* the tail: tail quads, then what a's zeros cancel */
             if (!tail) break;
-            memset(z0, 0, sizeof z0);
-            memcpy(z0, t0, (size_t)tail * 64);
-            t0 = z0;
-            if (two_panels) {
+            if (t0 + 16 * 64 > b_end) {
+                memset(z0, 0, sizeof z0);
+                memcpy(z0, t0, (size_t)tail * 64);
+                t0 = z0;
+            }
+            if (two_panels && t1 + 16 * 64 > b_end) {
                 memset(z1, 0, sizeof z1);
                 memcpy(z1, t1, (size_t)tail * 64);
                 t1 = z1;
@@ -377,14 +380,15 @@ static void qgemm_block_amx(const qgemm_a *a, const int8_t *pb, int64_t k, int64
     int32_t out[2 * 16][QGEMM_NP * FL_QPANEL];
     int64_t width = fl_qpacked_width(n), pstride = a->kq * 4 * FL_QPANEL, esize = qgemm_out_bytes(o);
     const int32_t *bz = (const int32_t *)(pb + fl_qpacked_quads(k, n)), *cb = bz + width;
+    const int8_t *b_end = (const int8_t *)(cb + width);
     for (int64_t i = r0; i < r1; i += 32) {
         int rows = (int)FL_MIN(32, r1 - i);
         for (int64_t p = p0; p < p1; p += QGEMM_NP) {
             int np = (int)FL_MIN(QGEMM_NP, p1 - p);
             int64_t j0 = p * FL_QPANEL, cols = FL_MIN(np * FL_QPANEL, n - j0);
             for (int q = 0; q < np; q += 2)
-                qgemm_amx_pair(a, i, rows > 16, pb + (p + q) * pstride, pstride, q + 1 < np, out,
-                               q * FL_QPANEL);
+                qgemm_amx_pair(a, i, rows > 16, pb + (p + q) * pstride, pstride, q + 1 < np, b_end,
+                               out, q * FL_QPANEL);
             for (int r = 0; r < rows; r += QGEMM_MR_MAX)
                 qgemm_store(a, i + r, (int)FL_MIN(QGEMM_MR_MAX, rows - r), bz + j0, cb + j0, cols,
                             (int32_t(*)[QGEMM_NP * FL_QPANEL])out[r], o, j0,

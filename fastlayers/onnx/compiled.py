@@ -14,9 +14,9 @@ An ``If`` node's two branches are compiled into the same function, as the two ar
 Python ``if`` on its condition (``branches``): a branch costs its own steps, not a call through
 the subgraph's model (``control.Body.run``) with its argument lists and table of results, which
 a streaming model nesting seven small Ifs per call (Silero VAD) paid on every call. A branch's
-steps that compute from shapes run on every call it takes (the cache is the outer graph's, per
-its own input shapes); a step failing in a branch is named by the branch's model, then the If
-by the outer one, as when the branch runs on its own.
+steps that compute from shapes are cached like the graph's, per the call's input shapes, in a
+dict of the arm's own (an arm need not run for every shape); a step failing in a branch is
+named by the branch's model, then the If by the outer one, as when the branch runs on its own.
 
 Only fastlayers' own templates become code: value names from the file appear as ``repr``
 string literals (the keys of the returned table), never as identifiers or expressions.
