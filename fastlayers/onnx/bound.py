@@ -105,6 +105,10 @@ def _bind_pad(inputs, attrs, opset):
     return _per_shape(OPS["Pad"], lambda ins: pad_plan(ins[0].shape, ins[0].dtype, ins, attrs, opset))
 
 
+#: Reductions whose result over one value is that value.
+_SINGLE_IS_ITSELF = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}
+
+
 def _bind_reduce(op_type):
     def bind(inputs, attrs, opset):
         fn, axes_input_from = OPS[op_type].reducer
@@ -114,8 +118,16 @@ def _bind_reduce(op_type):
         keep = bool(attrs.get("keepdims", 1))
 
         def make(ins):
-            axes = reduce_axes(ins, attrs, opset, axes_input_from, ins[0].ndim)
-            return (lambda x: x) if axes is None else (lambda x: fn(x, axis=axes, keepdims=keep))
+            x = ins[0]
+            axes = reduce_axes(ins, attrs, opset, axes_input_from, x.ndim)
+            if axes is None:
+                return lambda x: x
+            if op_type in _SINGLE_IS_ITSELF and all(x.shape[a] == 1 for a in axes):
+                # over axes of length 1 these reductions are their input, reshaped
+                shape = x.shape if keep else tuple(d for k, d in enumerate(x.shape)
+                                                   if k not in {a % x.ndim for a in axes})
+                return lambda x: x.reshape(shape)
+            return lambda x: fn(x, axis=axes, keepdims=keep)
         return _per_shape(OPS[op_type], make)
     return bind
 

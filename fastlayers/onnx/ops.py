@@ -1446,6 +1446,23 @@ def _to_nhwc(x, one_d):
     return y[:, None] if one_d else y
 
 
+def _laid_out_as(x, one_d, run_nhwc):
+    """``run_nhwc`` (NHWC in, NHWC out) as a function of inputs of x's shape, strides and dtype
+    (NCHW / NCL in, the NCHW / NCL view of the result out): ``_to_nhwc``'s case for that layout
+    chosen once, leaving a view (or a reshape) per call."""
+    if x.dtype == np.float32:
+        if _channels_last_memory(x) is not None:
+            if one_d:
+                return lambda x: run_nhwc(x.transpose(0, 2, 1)[:, None])[:, 0].transpose(0, 2, 1)
+            return lambda x: run_nhwc(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        if x.flags.c_contiguous and (x.shape[1] == 1 or x[0, 0].size == 1):
+            shape = _to_nhwc(x, one_d).shape
+            if one_d:
+                return lambda x: run_nhwc(x.reshape(shape))[:, 0].transpose(0, 2, 1)
+            return lambda x: run_nhwc(x.reshape(shape)).transpose(0, 3, 1, 2)
+    return lambda x: _nchw(run_nhwc(_to_nhwc(x, one_d)), one_d)
+
+
 @op("Conv", "FusedConv")
 def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
@@ -1497,7 +1514,7 @@ def _conv(inputs, attrs, opset):
     if plans is not None:
         if len(plans) >= 64:   # bound the memory of many distinct shapes
             plans.clear()
-        plans[key] = lambda x: _nchw(plan(_to_nhwc(x, one_d)), one_d)
+        plans[key] = _laid_out_as(x, one_d, plan)
     return [_nchw(plan(x4), one_d)]
 
 

@@ -116,6 +116,17 @@ def test_bound_pad_and_reductions_match_onnxruntime(rng, mode, pads, reduce_op, 
                          [(4, 9), (4, 9), (3, 12), (4, 9), (2, 5)], rng, 1e-6)
 
 
+@pytest.mark.parametrize("reduce_op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+                                       "ReduceL2", "ReduceSumSquare"])
+@pytest.mark.parametrize("axes, keepdims", [([1], 0), ([1], 1), ([-1, 0], 0), ([0, 1], 1)])
+def test_bound_reductions_over_axes_of_length_one_match_onnxruntime(rng, reduce_op, axes, keepdims):
+    # (1, 1) reduces to itself for the first five (a reshape), to a value computed for the others
+    ours = _matches_onnxruntime(_pad_reduce_model("constant", [0, 0, 0, 0], reduce_op, axes, keepdims),
+                                [(1, 1), (1, 1), (3, 1), (3, 1), (1, 4), (1, 1)], rng, 1e-6)
+    got = ours.run(None, {"x": np.full((1, 1), np.nan, np.float32)})[1]
+    assert np.isnan(got).all()
+
+
 def test_bound_pad_checks_the_size_limit_on_every_call():
     ours = fastlayers.load(_pad_reduce_model("reflect", [0, 2, 0, 3], "ReduceMean", [1], 1))
     x = np.ones((4, 9), np.float32)

@@ -157,11 +157,13 @@ class ConvOps(ReferenceOps):
                     direct(x, y, _packed_conv(wk, groups))
                 return _finish(self, y, activation, alpha) if finish else y
         else:
-            pw = _packed_conv(wk, groups)
+            pw, conv2d = _packed_conv(wk, groups), _core.conv2d
 
             def run(x):
                 y = np.empty(out, np.float32)
-                direct(_f32c(x), y, pw)
+                if not (x.dtype == np.float32 and x.flags.c_contiguous):
+                    x = _f32c(x)
+                conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
                 return _finish(self, y, activation, alpha) if finish else y
         return run
 
