@@ -1216,6 +1216,8 @@ def _bind_recurrent(kind, inputs, attrs, ops):
         run_all = ops.sequences_plan(x_bti, bound)
     layout, n_dir = attrs.get("layout", 0), len(calls)
     gates = 2 if kind == "LSTM" else 1
+    if n_dir == 1 and not attrs.get("_y_read", True):
+        return _one_direction_states_only(kind, plan, layout, gates)
 
     def run(inputs):
         x = inputs[0]
@@ -1227,6 +1229,29 @@ def _bind_recurrent(kind, inputs, attrs, ops):
         states = [tuple(np.zeros(shape, np.float32) if s is None else _f32(s[d]) for s in given)
                   for d in range(n_dir)]
         return _recurrent_outputs(kind, run_all(x_bti, states), attrs)
+    return run
+
+
+def _one_direction_states_only(kind, plan, layout, gates):
+    """``_bind_recurrent``'s function for one direction whose Y nothing reads (a streaming
+    model's step: its outputs are the final states): the same steps as the general one, with
+    nothing per call but the input's batch-major view, the states given (``plan`` copies
+    them: the loop updates its states) and the outputs' direction axis."""
+    index = (slice(None), None) if layout else (None,)
+
+    def run(inputs):
+        x = inputs[0] if layout else inputs[0].swapaxes(0, 1)
+        if not (x.dtype == np.float32 and x.flags.c_contiguous):
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        states = []
+        for i in (5, 6)[:gates]:
+            s = inputs[i] if len(inputs) > i else None
+            if s is None or not s.size:
+                states.append(np.zeros((x.shape[0], inputs[2].shape[-1]), np.float32))
+            else:
+                states.append(s[:, 0] if layout else s[0])
+        _, *finals = plan(x, states)
+        return [None, *(f[index] for f in finals)]
     return run
 
 

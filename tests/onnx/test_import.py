@@ -552,13 +552,15 @@ def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads
 
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("layout", [0, 1])
-@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("read_y", [True, False])
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, layout, direction,
-                                                                  threads, rng):
+                                                                  read_y, threads, rng):
     """Silero VAD's way: one step per call, the states fed back. The node binds its loops once
     per input shape (``_bound``) and each call runs them on its own input and states: every
-    call gives onnxruntime's outputs; a new batch size binds again; no initial state (zeros).
+    call gives onnxruntime's outputs; a new batch size binds again; no initial state (zeros);
+    Y a graph output or not (then only the final states are outputs, as in Silero VAD).
     onnxruntime has no batch-major layout: layout 1 is checked against its layout-0 node on
     the transposed values."""
     from onnx import TensorProto, helper, numpy_helper
@@ -570,15 +572,16 @@ def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, l
                           ("B", (n_dir, 2 * gates * H))]]
     states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
     outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+    graph_outs = outs if read_y else outs[1:]
 
     def model(with_states, node_layout):
         ins = ["x", "W", "R", "B", "", *states] if with_states else ["x", "W", "R", "B"]
-        node = helper.make_node(kind, ins, outs, hidden_size=H, direction=direction,
-                                layout=node_layout)
+        node = helper.make_node(kind, ins, outs if read_y else ["", *outs[1:]], hidden_size=H,
+                                direction=direction, layout=node_layout)
         graph = helper.make_graph(
             [node], "stream", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                                for n in ["x", *states][:len(ins) - 3]],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs], inits)
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in graph_outs], inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                                  ir_version=9).SerializeToString()
 
@@ -587,6 +590,8 @@ def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, l
         if not layout:
             return session.run(None, feeds)
         swapped = {n: np.swapaxes(a, 0, 1) for n, a in feeds.items()}
+        if not read_y:
+            return [np.swapaxes(a, 0, 1) for a in session.run(None, swapped)]
         y, *rest = session.run(None, swapped)
         return [y.transpose(2, 0, 1, 3)] + [np.swapaxes(a, 0, 1) for a in rest]
 
@@ -600,10 +605,15 @@ def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, l
                 x = rng.standard_normal((batch, 1, I) if layout else (1, batch, I))
                 feeds = {"x": x.astype(np.float32), **(carried if with_states else {})}
                 got = ours.run(None, feeds)
-                for g, w in zip(got, oracle_run(session, feeds)):
+                want = oracle_run(session, feeds)
+                assert len(got) == len(want) == len(graph_outs)
+                for g, w in zip(got, want):
                     assert_close(g, w, rtol=1e-4, atol=1e-5)
-                carried = dict(zip(states, got[1:]))
-        assert len(ours._plan[0][3]["_bound"]) == 2      # one binding per batch size
+                carried = dict(zip(states, got[1:] if read_y else got))
+        bound = ours._plan[0][3]["_bound"]
+        assert len(bound) == 2      # one binding per batch size
+        if not read_y and direction != "bidirectional":   # the states-only form
+            assert all("_one_direction_states_only" in run.__qualname__ for run, _ in bound.values())
 
 
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3)])
