@@ -159,7 +159,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     steps 2-4), the subgraphs of its control-flow nodes first (``optimize_bodies``).
     ``constants`` gains what the passes fold; ``input_dtypes``: graph input name -> numpy dtype
     where known; ``probe``: ``fuse_encoder_layers``'s probe run (None: no encoder fusion)."""
-    nodes = optimize_bodies(nodes, opset)
+    nodes = optimize_bodies(nodes, opset, rewrite.known_dtypes(nodes, constants, input_dtypes))
     nodes = prune(rewrite.drop_noops(nodes, constants, outputs, input_dtypes), outputs)
     nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
     nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
@@ -177,12 +177,14 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     return fusion.fuse_add_activation(nodes, constants, outputs)
 
 
-def optimize_bodies(nodes, opset) -> list[Node]:
+def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:
     """Control-flow nodes get their subgraphs optimized as a graph is (``optimize``, without
     the encoder fusion's probe run), once their outer constants are bound
     (``bind_constant_captures``): a model that is one If on its sample rate (silero VAD) runs
     fused convolutions and recurrent cells in its branch. The types of a body's own inputs are
-    those it declares; its captures' are unknown."""
+    those it declares; its captures' those the outer graph knows (``outer_dtypes``: name ->
+    dtype, ``rewrite.known_dtypes``), so that a Cast in a branch to the type its captured
+    input has is dropped."""
     for node in nodes:
         bodies = [k for k, v in node.attrs.items() if isinstance(v, Body)]
         if not bodies:
@@ -192,6 +194,8 @@ def optimize_bodies(nodes, opset) -> list[Node]:
             body, model = attrs[key], attrs[key].model
             n_own = len(model._inputs) - (len(node.inputs) - node.attrs["_formal"])
             own_types = {name: dtype for name, dtype, _ in model._inputs[:n_own]}
+            own_types.update((name, outer_dtypes[name]) for name, _, _ in model._inputs[n_own:]
+                             if name in outer_dtypes)
             constants = dict(model._constants)
             inner = optimize(list(model._nodes), constants, model.output_names, own_types, opset)
             attrs[key] = Body(_body_model(model._where, model._inputs, model.output_names, constants, inner,

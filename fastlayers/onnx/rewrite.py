@@ -51,14 +51,19 @@ def _axes(node, constants, slot=1):
 
 #: Operators whose output has their first input's element type, whatever it is, as run here.
 _MOVES_VALUES = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat",
-                 "Slice", "Dropout"}
+                 "Slice", "Dropout", "Pad", "Expand", "Tile", "Gather"}
+#: Recurrent operators, whose outputs (Y, Y_h, Y_c) are float32 where X is.
+_RECURRENT = {"RNN", "GRU", "LSTM"}
+#: Operators whose output is bool whatever their inputs.
+_GIVES_BOOL = {"Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+               "IsNaN", "IsInf"}
 #: Operators whose output is float32 where their first input is (others, e.g. Pow by an integer
 #: exponent or the float64 reductions, may widen it, and some compute float32 from float64).
 _KEEPS_FLOAT32 = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "Neg", "Abs", "Add", "Sub", "Mul",
-                  "Div", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "BatchNormalization"}
+                  "Div", "Sqrt", "Exp", "Log", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "BatchNormalization"}
 
 
-def _dtypes(nodes, constants, input_dtypes) -> dict:
+def known_dtypes(nodes, constants, input_dtypes) -> dict:
     """The element types known at load, as the nodes compute them: graph inputs, constants,
     Cast outputs, and the outputs of ``_MOVES_VALUES`` and ``_KEEPS_FLOAT32`` nodes on them."""
     known = dict(input_dtypes)
@@ -67,9 +72,13 @@ def _dtypes(nodes, constants, input_dtypes) -> dict:
         first = known.get(node.inputs[0]) if node.inputs else None
         if node.op_type == "Cast" and node.attrs.get("to") in DTYPES:
             known[node.outputs[0]] = np.dtype(DTYPES[node.attrs["to"]])
+        elif node.op_type in _GIVES_BOOL:
+            known[node.outputs[0]] = np.dtype(bool)
         elif first is not None and (node.op_type in _MOVES_VALUES
                                     or (node.op_type in _KEEPS_FLOAT32 and first == np.float32)):
             known[node.outputs[0]] = first
+        elif first == np.float32 and node.op_type in _RECURRENT:
+            known.update((o, first) for o in node.outputs if o)
     return known
 
 
@@ -133,7 +142,7 @@ def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
     module docstring); ``input_dtypes``: graph input name -> numpy dtype."""
     readers = readers_of(nodes, outputs)
     _collapse_reshapes(nodes, constants, readers)
-    dtypes = _dtypes(nodes, constants, input_dtypes)
+    dtypes = known_dtypes(nodes, constants, input_dtypes)
     producer = {o: n for n in nodes for o in n.outputs}
     alias: dict[str, str] = {}
     dropped: set[int] = set()

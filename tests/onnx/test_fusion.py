@@ -62,6 +62,55 @@ def test_noop_nodes_dropped_outputs_keep_their_names(tmp_path, rng):
     _matches_ort(ours, tmp_path / "noop.onnx", {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
 
 
+def test_casts_to_the_type_a_value_has_dropped_in_branches_too(tmp_path, rng):
+    """A Cast to float32 after Pad, Abs, Sqrt and an LSTM's final state, a Cast to bool after
+    a comparison, and Casts in an If's branches to the float32 type of the outer value they
+    read are dropped; the Cast of bool to float32 stays. Results as onnxruntime's."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    f32 = TensorProto.FLOAT
+
+    def branch(name, op):
+        return helper.make_graph([helper.make_node("Cast", ["y"], [f"{name}_c"], to=f32),
+                                  helper.make_node(op, [f"{name}_c"], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", f32, None)])
+
+    h = 3
+    consts = {"pads": np.array([0, 1, 0, 1], np.int64), "one": np.array(1, np.float32),
+              "W": rng.standard_normal((1, 4 * h, 7)).astype(np.float32),
+              "R": rng.standard_normal((1, 4 * h, h)).astype(np.float32)}
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+             helper.make_node("Cast", ["p"], ["pc"], to=f32),
+             helper.make_node("Abs", ["pc"], ["a"]),
+             helper.make_node("Sqrt", ["a"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sc"], to=f32),
+             helper.make_node("Less", ["sc", "one"], ["lt"]),
+             helper.make_node("Cast", ["lt"], ["ltc"], to=TensorProto.BOOL),
+             helper.make_node("Not", ["ltc"], ["n"]),
+             helper.make_node("Cast", ["n"], ["nf"], to=f32),
+             helper.make_node("Add", ["sc", "nf"], ["t"]),
+             helper.make_node("Unsqueeze", ["t", "zero"], ["seq"]),
+             helper.make_node("LSTM", ["seq", "W", "R"], ["", "yh"], hidden_size=h),
+             helper.make_node("Cast", ["yh"], ["y"], to=f32),
+             helper.make_node("If", ["cond"], ["out"], then_branch=branch("then", "Neg"),
+                              else_branch=branch("else", "Abs"))]
+    consts["zero"] = np.array([0], np.int64)
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", f32, [2, 5]),
+                               helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                       [helper.make_tensor_value_info("out", f32, None)],
+                       [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    onnx.save(model, tmp_path / "casts.onnx")
+    ours = fastlayers.load(tmp_path / "casts.onnx")
+    assert ours.op_types.count("Cast") == 1
+    branches = next(n.attrs for n in ours._nodes if n.op_type == "If")
+    assert [branches[k].model.op_types for k in ("then_branch", "else_branch")] == [["Neg"], ["Abs"]]
+    for cond in (True, False):
+        _matches_ort(ours, tmp_path / "casts.onnx",
+                     {"x": rng.standard_normal((2, 5)).astype(np.float32), "cond": np.array(cond)})
+
+
 def test_noops_kept_where_they_change_something(tmp_path, rng):
     """A Cast to another type, Add of a vector 0 (it may broadcast), a Dropout whose mask is read,
     an Identity of a graph input that is the output, and a Cast to double after a Relu on
