@@ -40,10 +40,9 @@ if __name__ == "__main__":  # the runner: thread count read by bench.conftest at
     if "--threads" in sys.argv:
         os.environ["FASTLAYERS_BENCH_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 
-import fastlayers  # noqa: E402
-
-from bench import bench_attention, bench_conv, bench_mlp, bench_onnx_models, bench_rnn  # noqa: E402
-from bench.conftest import THREADS, check_same, oracle, ort_session, torch_module  # noqa: E402
+import fastlayers
+from bench import bench_attention, bench_conv, bench_mlp, bench_onnx_models, bench_rnn
+from bench.conftest import THREADS, check_same, oracle, ort_session, torch_module
 
 FULL = os.environ.get("FASTLAYERS_BENCH_FULL") == "1"
 ENGINES = ["fastlayers", "onnxruntime", "openvino", "tract"]

@@ -34,7 +34,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.conftest import check_same, oracle, ort_session, torch_module  # noqa: E402
+from bench.conftest import check_same, oracle, ort_session, torch_module
 
 FULL = os.environ.get("FASTLAYERS_BENCH_FULL") == "1"
 WORKLOADS = ["mlp-dynamic", "cnn-dynamic", "cnn-static", "lstm-dynamic", "encoder-dynamic"]

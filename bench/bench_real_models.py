@@ -39,7 +39,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import real_models  # noqa: E402
+from bench import real_models
 
 #: Outputs agree when within rtol 1e-3 and atol 1e-4 x the output's max |value| (or the
 #: manifest entry's absolute floor, where larger).
@@ -181,9 +181,9 @@ def measure_model(entry, path: Path, threads: list[int], calls: int | None, roun
 
 def host_line() -> str:
     """CPU model, ISA flags, usable cores and the engines' versions."""
-    import fastlayers
     import onnxruntime
 
+    import fastlayers
     from bench.tools.process_metrics import host_info
 
     info = host_info()
@@ -244,7 +244,6 @@ def test_real_models_cached():
     """Each model whose package is cached loads in fastlayers and matches onnxruntime (one call),
     and the manifest names every .onnx file of each cached package."""
     pytest.importorskip("onnxruntime")
-    import fastlayers
 
     cached = [(m, real_models.model_path(m)) for m in real_models.MODELS
               if real_models.archive(m.package) is not None]

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import fastlayers  # noqa: E402
-
 from bench.bench_demo import DATA, DEMOS, torch_twin  # noqa: E402
 from bench.tools.process_metrics import host_info  # noqa: E402
 

@@ -22,6 +22,7 @@ def _check_built() -> None:
 
 
 _check_built()
+# isort: off
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops, using_threads  # noqa: E402
 from .io import load  # noqa: E402
 from .settings import LoadOptions  # noqa: E402
@@ -29,6 +30,7 @@ from .settings import LoadOptions  # noqa: E402
 # OnnxModel call (save, load_weights, pickling): imported here, so every slot is filled.
 from . import pickling as _pickling  # noqa: E402, F401
 from .io import keras as _keras_io, native as _native_io  # noqa: E402, F401
+# isort: on
 
 #: The public API: what ``dir(fastlayers)`` lists.
 __all__ = [

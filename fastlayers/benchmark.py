@@ -34,9 +34,9 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -570,7 +570,7 @@ class Latency:
     max_abs_diff: float | None = None
 
     @classmethod
-    def from_times(cls, engine: str, threads: int, batch: int, seconds) -> "Latency":
+    def from_times(cls, engine: str, threads: int, batch: int, seconds) -> Latency:
         """The figures of one engine's timed calls.
 
         Parameters

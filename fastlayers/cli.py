@@ -449,7 +449,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("fastlayers: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on request
+    except Exception as e:  # a bug: one line, the traceback on request
         if os.environ.get("FASTLAYERS_DEBUG", "0").strip() not in ("", "0"):
             raise
         message = (f"internal error ({type(e).__name__}: {e}); run with FASTLAYERS_DEBUG=1 for "

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
-from .folding import fold_embeddings
 from .arrays import as_array, as_float32, checked, plain, shape_str
 from .backends import using_threads
 from .backends.derived import derived_generation
+from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from .folding import fold_embeddings
 from .layers.base import Layer
 from .layers.input_layer import InputLayer
 from .placement import on_device

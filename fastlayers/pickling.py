@@ -185,7 +185,8 @@ def _mha_args(m) -> dict:
 
 
 def _transformer_layer_args(m) -> dict:
-    from .nn import Module, functional as F
+    from .nn import Module
+    from .nn import functional as F
 
     if isinstance(m.activation, Module):
         activation = m.activation

@@ -218,8 +218,18 @@ class SpeedCheck:
             the model's, ``max_ratio`` without the model's file).
         """
         from .backends import using_threads
-        from .benchmark import (ONNXRUNTIME, RTOL, Latency, compare_outputs, input_specs,
-                                is_onnx, items_of, onnxruntime_session, runner, time_calls)
+        from .benchmark import (
+            ONNXRUNTIME,
+            RTOL,
+            Latency,
+            compare_outputs,
+            input_specs,
+            is_onnx,
+            items_of,
+            onnxruntime_session,
+            runner,
+            time_calls,
+        )
         from .errors import InputError, MismatchError
         from .native import get_num_threads, isa
 

@@ -10,7 +10,7 @@ all slots are filled once ``fastlayers`` is imported.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 #: Slot name -> the module that fills it.
 PROVIDERS = {

@@ -23,9 +23,10 @@ class SymbolicTensor:
 
 
 class Node:
-    """One call of ``layer`` on ``args`` (a symbolic tensor or a list of them)."""
+    """One call of ``layer`` (a ``layers.base.Layer``, not imported here: layers import this
+    module) on ``args`` (a symbolic tensor or a list of them)."""
 
-    def __init__(self, layer: Layer, args, extra_args: tuple, kwargs: dict):
+    def __init__(self, layer, args, extra_args: tuple, kwargs: dict):
         self.layer, self.args, self.extra_args, self.kwargs = layer, args, extra_args, kwargs
         self.outputs: list[SymbolicTensor] = []
 
@@ -42,7 +43,7 @@ def is_symbolic(x) -> bool:
     return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, SymbolicTensor) for t in x)
 
 
-def call_symbolic(layer: Layer, inputs, args, kwargs):
+def call_symbolic(layer, inputs, args, kwargs):
     """Record a call of ``layer`` in the graph; return its symbolic output(s)."""
     if isinstance(inputs, tuple):
         inputs = list(inputs)

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from fastlayers.geometry import (
-    causal_pads, padded_span, same_pads, same_pads_stride1, transposed_out, window_out,
+    causal_pads,
+    padded_span,
+    same_pads,
+    same_pads_stride1,
+    transposed_out,
+    window_out,
     window_out_2d,
 )
 

@@ -171,10 +171,10 @@ def models(work: Path, full: bool) -> list[tuple[str, Path, Path, Path]]:
     whole models of bench_onnx_models (the same .onnx file for both engines)."""
     import warnings
 
-    import fastlayers
     import onnxruntime as ort
     import torch
 
+    import fastlayers
     from bench.bench_demo import DATA, DEMOS, torch_twin
     from bench.bench_onnx_models import WORKLOADS, exported
 

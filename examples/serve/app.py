@@ -13,13 +13,12 @@ kernel threads at its first call. Formats and settings: ``service.py``.
 
 from __future__ import annotations
 
+import service
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-import service
 
 engine = service.engine_from_env()
 

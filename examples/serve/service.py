@@ -121,7 +121,7 @@ def handle(engine: Engine, body: bytes, content_type: str) -> tuple[int, bytes, 
         outputs = engine.predict(inputs)
     except (FastlayersError, ValueError, TypeError, KeyError) as e:
         return 400, _error(str(e)), JSON
-    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors on bad inputs, for one
+    except Exception as e:  # onnxruntime's own errors on bad inputs, for one
         if type(e).__module__.startswith("onnxruntime"):
             return 400, _error(str(e)), JSON
         raise

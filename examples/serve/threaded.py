@@ -27,13 +27,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):  # http.server's name
         if self.path != "/health":
             return self._send(404, b'{"error": "not found"}', service.JSON)
         self._send(200, json.dumps({"model": engine.path, "engine": engine.engine,
                                     "inputs": engine.input_names}).encode(), service.JSON)
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         if self.path != "/predict":
             return self._send(404, b'{"error": "not found"}', service.JSON)
         try:
@@ -46,7 +46,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         self._send(*service.handle(engine, body, self.headers.get("Content-Type", service.JSON)))
 
-    def log_message(self, format, *args):  # noqa: A002 - quiet under load
+    def log_message(self, format, *args):  # quiet under load
         pass
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 #: Float types whose mean is computed as sum / count below this count (counts exact in the type).
 _EXACT_COUNT = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 

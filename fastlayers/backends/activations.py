@@ -7,7 +7,6 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 
-
 SELU_ALPHA = 1.6732632423543772
 SELU_SCALE = 1.0507009873554805
 

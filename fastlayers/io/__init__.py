@@ -106,7 +106,7 @@ def _warm_up(model, source) -> None:
             return model(arrays if len(arrays) > 1 else arrays[0])
         except FastlayersError:
             raise
-        except Exception as e:  # noqa: BLE001 - recorded, then raised below
+        except Exception as e:  # recorded, then raised below
             failures.append(e)
             raise
 

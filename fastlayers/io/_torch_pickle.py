@@ -33,13 +33,13 @@ import pickle
 import pickletools
 import reprlib
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .. import settings
 from ..errors import ModelFileError
-
 
 #: A tensor's rank may be at most this.
 MAX_TENSOR_RANK = 64
@@ -213,7 +213,7 @@ class TorchModuleRecord(_Record):
         return self._table("_buffers")
 
     @property
-    def children(self) -> "OrderedDict[str, Any]":
+    def children(self) -> OrderedDict[str, Any]:
         return OrderedDict((k, v) for k, v in self._table("_modules").items() if v is not None)
 
     def has_param(self, name: str) -> bool:
@@ -222,7 +222,7 @@ class TorchModuleRecord(_Record):
     def child(self, name: str):
         return self.children[name]
 
-    def state_dict(self, prefix: str = "") -> "OrderedDict[str, np.ndarray]":
+    def state_dict(self, prefix: str = "") -> OrderedDict[str, np.ndarray]:
         """The module's state dict as torch computes it: parameters, persistent buffers, children
         (the tree checked first: ``check_module_tree``)."""
         if not self.__dict__.get("_checked"):

@@ -232,7 +232,7 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise ModelFileError(f"{here}: invalid config ({e})") from e
     except (TypeError, ValueError) as e:
         raise ModelFileError(f"{here}: invalid config ({e})") from e
-    except Exception as e:  # noqa: BLE001 - a config from a file: any failure is the file's
+    except Exception as e:  # a config from a file: any failure is the file's
         raise _build_error(here, e) from e
 
 
@@ -458,7 +458,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
                         "a list of sizes", shape)
                 layers.insert(0, Input(batch_shape=shape).node.layer)
             return Sequential(layers, name=model_name)
-        except Exception as e:  # noqa: BLE001 - a config from a file: any failure is the file's
+        except Exception as e:  # a config from a file: any failure is the file's
             raise _build_error(f"{where}: Sequential {model_name!r}", e) from e
     layers, entries = {}, {}
     for e in cfg["layers"]:
@@ -515,7 +515,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
             args, extra_args = [a for a in (args, *extra_args) if type(a) not in (int, float)], []
         try:
             out = layers[lname](args, *extra_args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - a graph from a file: any failure is the file's
+        except Exception as e:  # a graph from a file: any failure is the file's
             raise _build_error(here, e) from e
         for t, tensor in enumerate(out if isinstance(out, list) else [out]):
             outputs[(lname, index, t)] = tensor
@@ -543,7 +543,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
     inputs, outs = refs(cfg["input_layers"], "input_layers"), refs(cfg["output_layers"], "output_layers")
     try:
         return Model(inputs, outs, name=model_name)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise _build_error(f"{where}: model {model_name!r}", e) from e
 
 

@@ -23,7 +23,6 @@ import zlib
 from .. import settings
 from ..errors import ModelFileError, UnsupportedError
 
-
 #: Largest absolute value of an integer in a layer config (sizes, strides, dilations, axes,
 #: counts): beyond it a value is no real model's and overflows C integers. Not configurable.
 MAX_CONFIG_INT = 2 ** 31 - 1

@@ -474,7 +474,7 @@ def _layer_from_entry(entry, registry, where):
         raise ModelFileError(f"{where}: {here} has an invalid config: {e}") from e
     except (TypeError, ValueError) as e:
         raise ModelFileError(f"{where}: {here} has an invalid config: {e}") from e
-    except Exception as e:  # noqa: BLE001 - a config from a file: any failure is the file's
+    except Exception as e:  # a config from a file: any failure is the file's
         raise _build_error(where, here, e) from e
 
 
@@ -490,7 +490,7 @@ def model_from_config(entry: dict, where: str = "model config"):
         try:
             first = InputLayer(batch_shape=cfg["batch_shape"], name=cfg.get("input_name"))
             return Sequential([first, *layers], name=cfg.get("name"))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise _build_error(where, f"Sequential {cfg.get('name')!r}", e) from e
     layers = {}
     for e in cfg["layers"]:
@@ -521,7 +521,7 @@ def model_from_config(entry: dict, where: str = "model config"):
         args = resolve(node.get("args"), f"{field} args")
         try:
             out = layer(args, *node.get("extra_args", []), **node.get("kwargs", {}))
-        except Exception as e:  # noqa: BLE001 - a graph from a file: any failure is the file's
+        except Exception as e:  # a graph from a file: any failure is the file's
             raise _build_error(where, f"{field} (layer {layer.name!r}, {type(layer).__name__})", e) from e
         outputs.append(out if isinstance(out, list) else [out])
     inputs = [resolve(r, f"model {cfg.get('name')!r} inputs") for r in cfg["inputs"]]
@@ -529,7 +529,7 @@ def model_from_config(entry: dict, where: str = "model config"):
     try:
         return Model(inputs[0] if cfg.get("single_input") else inputs,
                      outs[0] if cfg.get("single_output") else outs, name=cfg.get("name"))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise _build_error(where, f"model {cfg.get('name')!r}", e) from e
 
 
@@ -560,7 +560,7 @@ def model_from_header(header, where: str, weight_elements: int | None = None):
         model = model_from_config(header["model"], where)
     except FastlayersError:
         raise
-    except Exception as e:  # noqa: BLE001 - a backstop: the checks above should leave none
+    except Exception as e:  # a backstop: the checks above should leave none
         raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
     limits.check_graph(model, where)
     return model

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError
-from ..onnx.proto import parse_model
 from ..onnx.model import OnnxModel, from_model
+from ..onnx.proto import parse_model
 
 
 class FileSource:

@@ -130,7 +130,7 @@ def _read_bf16(path, where: str, name: str, entry: dict, data_start: int) -> np.
     return bits.view(np.float32).reshape(shape)
 
 
-def load_safetensors(path) -> "OrderedDict[str, np.ndarray]":
+def load_safetensors(path) -> OrderedDict[str, np.ndarray]:
     """The tensors of a ``.safetensors`` file as numpy arrays, in the file's order.
 
     Raises ``UnsupportedError`` without the ``safetensors`` package and ``ModelFileError`` for a

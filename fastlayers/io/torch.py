@@ -25,18 +25,29 @@ import struct
 import zipfile
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .. import settings
 from ..errors import (
-    FastlayersError, InputError, ModelFileError, ShapeError, StateDictError, UnsupportedError,
+    FastlayersError,
+    InputError,
+    ModelFileError,
+    ShapeError,
+    StateDictError,
+    UnsupportedError,
 )
 from ._torch_pickle import (
-    RestrictedUnpickler, StorageType, TorchFunctionRef, TorchModuleRecord, UnknownGlobal,
-    brepr, check_module_tree, is_module_like,
+    RestrictedUnpickler,
+    StorageType,
+    TorchFunctionRef,
+    TorchModuleRecord,
+    UnknownGlobal,
+    brepr,
+    check_module_tree,
+    is_module_like,
 )
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -261,7 +272,7 @@ def _read_exact(f, n: int, where: str) -> bytes:
 
 
 # ------------------------------------------------------------------------------ state dicts
-def _as_state_dict(obj, where: str) -> "OrderedDict[str, np.ndarray]":
+def _as_state_dict(obj, where: str) -> OrderedDict[str, np.ndarray]:
     if is_module_like(obj):
         if isinstance(obj, UnknownGlobal):
             raise UnsupportedError(f"{where}: holds an instance of {obj.global_name}")
@@ -288,7 +299,7 @@ def _as_state_dict(obj, where: str) -> "OrderedDict[str, np.ndarray]":
 
 
 def load_state_dict(path, key: str | None = None,
-                    options: settings.LoadOptions | None = None) -> "OrderedDict[str, np.ndarray]":
+                    options: settings.LoadOptions | None = None) -> OrderedDict[str, np.ndarray]:
     """Read the tensors of a PyTorch or safetensors file as numpy arrays, without torch.
 
     Parameters
@@ -353,7 +364,7 @@ def _load_state_dict(path, key):
     return _as_state_dict(obj, where)
 
 
-def _load_sharded(p: Path, where: str) -> "OrderedDict[str, np.ndarray]":
+def _load_sharded(p: Path, where: str) -> OrderedDict[str, np.ndarray]:
     """A Hugging Face sharded checkpoint: ``{"weight_map": {tensor name: shard file}}`` beside
     its shards (``pytorch_model.bin.index.json``, ``model.safetensors.index.json``)."""
     import json
@@ -421,7 +432,7 @@ def has_param(name: str) -> Callable:
     return lambda r: r.has_param(name)
 
 
-class from_attrs:  # noqa: N801 - used like a function in the table
+class from_attrs:  # used like a function in the table
     """A builder calling ``fastlayers.nn.<cls_name>(**kwargs(record))``.
 
     Each name in ``names`` is a constructor keyword equal to the torch attribute of that name;
@@ -467,7 +478,7 @@ def _plain(r: TorchModuleRecord, name: str, value):
     return value
 
 
-def _children(r: TorchModuleRecord) -> "OrderedDict":
+def _children(r: TorchModuleRecord) -> OrderedDict:
     return OrderedDict((name, rebuild_module(child, f"{r._path}.{name}" if r._path else name))
                        for name, child in r.children.items())
 
@@ -749,7 +760,7 @@ class _Check:
         if extra:
             self.fail(f"tensor(s) {brepr(extra[:5])} are not those of a {r.class_name}")
 
-    def child(self, name) -> "_Check":
+    def child(self, name) -> _Check:
         c = self.r.children.get(name)
         if not isinstance(c, TorchModuleRecord):
             self.fail(f"child module {name!r} is missing")

@@ -1,28 +1,66 @@
 """Keras-style layers (channels_last by default), with Keras's names, arguments and defaults."""
 
 from .base import InputSpec, Layer
-from .input_layer import InputLayer
+from .blocks import InceptionBlock, NiNBlock
+from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from .core import (
-    ELU, Activation, Dense, Dropout, Embedding, Flatten, LayerScale, LeakyReLU, Permute, ReLU,
-    RepeatVector, Rescaling, Reshape, Softmax, SpatialDropout1D, SpatialDropout2D, SpatialDropout3D,
+    ELU,
+    Activation,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    LayerScale,
+    LeakyReLU,
+    Permute,
+    ReLU,
+    RepeatVector,
+    Rescaling,
+    Reshape,
+    Softmax,
+    SpatialDropout1D,
+    SpatialDropout2D,
+    SpatialDropout3D,
     StochasticDepth,
 )
 from .hierarchical_softmax import HierarchicalSoftmax, balanced_tree, huffman_tree
+from .input_layer import InputLayer
 from .merging import (
-    Add, Average, BinaryOp, Concatenate, CustomScaleLayer, Maximum, Minimum, Multiply, Subtract,
+    Add,
+    Average,
+    BinaryOp,
+    Concatenate,
+    CustomScaleLayer,
+    Maximum,
+    Minimum,
+    Multiply,
+    Subtract,
 )
 from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
-from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
-from .recurrent import (
-    GRU, LSTM, Bidirectional, GRUCell, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
-)
-from .blocks import InceptionBlock, NiNBlock
-from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from .pooling import (
-    AveragePooling1D, AveragePooling2D, GlobalAveragePooling1D, GlobalAveragePooling2D,
-    GlobalMaxPooling1D, GlobalMaxPooling2D, LocalResponseNormalization, MaxPooling1D, MaxPooling2D,
-    RoIPooling2D, UpSampling2D,
+    AveragePooling1D,
+    AveragePooling2D,
+    GlobalAveragePooling1D,
+    GlobalAveragePooling2D,
+    GlobalMaxPooling1D,
+    GlobalMaxPooling2D,
+    LocalResponseNormalization,
+    MaxPooling1D,
+    MaxPooling2D,
+    RoIPooling2D,
+    UpSampling2D,
 )
+from .recurrent import (
+    GRU,
+    LSTM,
+    Bidirectional,
+    GRUCell,
+    LSTMCell,
+    PaddingMask,
+    SimpleRNN,
+    SimpleRNNCell,
+)
+from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 
 __all__ = [
     "Activation", "Add", "Average", "BatchNormalization", "BinaryOp", "Concatenate", "Cropping1D",
@@ -42,8 +80,13 @@ __all__ += [
 
 # attention (issue 5)
 from .attention import (  # noqa: E402
-    AdditiveAttention, Attention, HardAttention, MultiHeadAttention, PositionalEncoding,
-    PositionwiseFeedForward, SelfAttention,
+    AdditiveAttention,
+    Attention,
+    HardAttention,
+    MultiHeadAttention,
+    PositionalEncoding,
+    PositionwiseFeedForward,
+    SelfAttention,
 )
 
 __all__ += [

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import as_float32, shape_str
 from ..backends import get_ops
 from ..errors import ShapeError, UnsupportedError
-from ..arrays import as_float32, shape_str
 from ..symbolic import call_symbolic, is_symbolic
 
 # Keras constructor arguments that only matter for training: accepted and ignored.

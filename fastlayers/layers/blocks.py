@@ -11,7 +11,11 @@ from ..errors import InputError, ShapeError
 from ..geometry import same_pads, window_out
 from .base import InputSpec, shape_str, unique_name
 from .convolutional import (
-    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple,
+    SpatialLayer,
+    axis_pads,
+    check_data_format,
+    normalize_padding,
+    normalize_tuple,
 )
 from .core import _DEFAULT_ALPHA, activation_name
 
@@ -88,7 +92,7 @@ class InceptionBlock(SpatialLayer):
         ops, act, alpha = self.ops, self.activation, self._alpha
         x = self._to_nhwc(x)
         n, h, w, _ = x.shape
-        f1, f3r, f5r = self.filters_1x1, self.filters_3x3_reduce, self.filters_5x5_reduce
+        f1, f3r = self.filters_1x1, self.filters_3x3_reduce
         # the three 1x1 convolutions of x as one GEMM
         k = derived_from((self.b1_kernel, self.b2_reduce_kernel, self.b3_reduce_kernel),
                          "inception-1x1", lambda *ks: np.concatenate(ks, axis=-1))

@@ -17,7 +17,12 @@ import numpy as np
 from ..backends.derived import derived
 from ..errors import InputError, ShapeError
 from ..geometry import (
-    causal_pads, dilated_size, padded_span, same_pads, transposed_out, window_out,
+    causal_pads,
+    dilated_size,
+    padded_span,
+    same_pads,
+    transposed_out,
+    window_out,
 )
 from .base import InputSpec, Layer, shape_str
 from .core import _DEFAULT_ALPHA, activation_name

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ..backends.activations import ACTIVATIONS, DEFAULT_ALPHA as _DEFAULT_ALPHA
+from ..backends.activations import ACTIVATIONS
+from ..backends.activations import DEFAULT_ALPHA as _DEFAULT_ALPHA
 from ..errors import ShapeError, UnsupportedError
 from .base import InputSpec, Layer, shape_str, weights_pending
 

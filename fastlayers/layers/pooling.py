@@ -10,7 +10,11 @@ from ..errors import InputError, ShapeError, UnsupportedError
 from ..geometry import window_out
 from .base import InputSpec
 from .convolutional import (
-    SpatialLayer, axis_pads, check_data_format, normalize_padding, normalize_tuple,
+    SpatialLayer,
+    axis_pads,
+    check_data_format,
+    normalize_padding,
+    normalize_tuple,
 )
 
 

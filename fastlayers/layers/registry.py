@@ -4,30 +4,72 @@
 from __future__ import annotations
 
 from .attention import (
-    AdditiveAttention, Attention, HardAttention, MultiHeadAttention, PositionalEncoding,
-    PositionwiseFeedForward, SelfAttention,
+    AdditiveAttention,
+    Attention,
+    HardAttention,
+    MultiHeadAttention,
+    PositionalEncoding,
+    PositionwiseFeedForward,
+    SelfAttention,
 )
 from .blocks import InceptionBlock, NiNBlock
 from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from .core import (
-    Activation, Dense, Dropout, ELU, Embedding, Flatten, LayerScale, LeakyReLU, Permute, ReLU,
-    RepeatVector, Rescaling, Reshape, Softmax, SpatialDropout1D, SpatialDropout2D,
-    SpatialDropout3D, StochasticDepth,
+    ELU,
+    Activation,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    LayerScale,
+    LeakyReLU,
+    Permute,
+    ReLU,
+    RepeatVector,
+    Rescaling,
+    Reshape,
+    Softmax,
+    SpatialDropout1D,
+    SpatialDropout2D,
+    SpatialDropout3D,
+    StochasticDepth,
 )
 from .hierarchical_softmax import HierarchicalSoftmax
 from .input_layer import InputLayer
 from .merging import (
-    Add, Average, BinaryOp, Concatenate, CustomScaleLayer, Maximum, Minimum, Multiply,
+    Add,
+    Average,
+    BinaryOp,
+    Concatenate,
+    CustomScaleLayer,
+    Maximum,
+    Minimum,
+    Multiply,
     Subtract,
 )
 from .normalization import BatchNormalization, LayerNormalization, Normalization, RMSNormalization
 from .pooling import (
-    AveragePooling1D, AveragePooling2D, GlobalAveragePooling1D, GlobalAveragePooling2D,
-    GlobalMaxPooling1D, GlobalMaxPooling2D, LocalResponseNormalization, MaxPooling1D,
-    MaxPooling2D, RoIPooling2D, UpSampling2D,
+    AveragePooling1D,
+    AveragePooling2D,
+    GlobalAveragePooling1D,
+    GlobalAveragePooling2D,
+    GlobalMaxPooling1D,
+    GlobalMaxPooling2D,
+    LocalResponseNormalization,
+    MaxPooling1D,
+    MaxPooling2D,
+    RoIPooling2D,
+    UpSampling2D,
 )
 from .recurrent import (
-    Bidirectional, GRU, GRUCell, LSTM, LSTMCell, PaddingMask, SimpleRNN, SimpleRNNCell,
+    GRU,
+    LSTM,
+    Bidirectional,
+    GRUCell,
+    LSTMCell,
+    PaddingMask,
+    SimpleRNN,
+    SimpleRNNCell,
 )
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 

@@ -23,10 +23,28 @@ except ImportError as e:  # a source tree whose extension was never built
 
 from ..errors import SettingError
 from ..settings import env_choice
-from ._core import (ACTIVATIONS, NativeError, amx, amx_runs, arena_limit,  # noqa: F401
-                    arena_release, arena_stats, best_isa, get_num_threads, heap_retain, isa,
-                    isa_runs, isas, set_call_threads, set_amx, set_isa, set_num_threads,
-                    set_vnni, vnni, vnni_runs)
+from ._core import (  # noqa: F401
+    ACTIVATIONS,
+    NativeError,
+    amx,
+    amx_runs,
+    arena_limit,
+    arena_release,
+    arena_stats,
+    best_isa,
+    get_num_threads,
+    heap_retain,
+    isa,
+    isa_runs,
+    isas,
+    set_amx,
+    set_call_threads,
+    set_isa,
+    set_num_threads,
+    set_vnni,
+    vnni,
+    vnni_runs,
+)
 
 #: Activation name -> code of the native kernels.
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}

@@ -6,17 +6,53 @@ on fastlayers kernels over numpy arrays. Porting a model means changing the impo
 """
 
 from . import functional
-from .module import IncompatibleKeys, Module
-from .modules import (
-    ELU, GELU, SELU, BatchNorm1d, BatchNorm2d, Dropout, Dropout1d, Dropout2d, Embedding, Flatten,
-    Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
-    ReLU6, Sequential, Sigmoid, SiLU, Softmax, Softplus, Softsign, Tanh,
-)
 from .conv import (
-    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d,
-    Conv1d, Conv2d, ConvTranspose2d, LocalResponseNorm, MaxPool1d, MaxPool2d, RoIPool, Upsample,
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    Conv1d,
+    Conv2d,
+    ConvTranspose2d,
+    LocalResponseNorm,
+    MaxPool1d,
+    MaxPool2d,
+    RoIPool,
+    Upsample,
 )
 from .functional_conv import roi_pool
+from .module import IncompatibleKeys, Module
+from .modules import (
+    ELU,
+    GELU,
+    SELU,
+    BatchNorm1d,
+    BatchNorm2d,
+    Dropout,
+    Dropout1d,
+    Dropout2d,
+    Embedding,
+    Flatten,
+    Hardsigmoid,
+    Identity,
+    LayerNorm,
+    LeakyReLU,
+    Linear,
+    LogSoftmax,
+    ModuleDict,
+    ModuleList,
+    ReLU,
+    ReLU6,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Softsign,
+    Tanh,
+)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
@@ -34,8 +70,12 @@ __all__ += [
 # attention and transformers (issue 5)
 from .attention import MultiheadAttention  # noqa: E402
 from .transformer import (  # noqa: E402
-    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
-    generate_square_subsequent_mask, greedy_decode,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    generate_square_subsequent_mask,
+    greedy_decode,
 )
 
 __all__ += [

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
+from ..arrays import as_float32
 from ..backends import get_ops
 from ..errors import InputError, ShapeError
-from ..arrays import as_float32
 
 
 def _f32(x, what: str) -> np.ndarray:
@@ -130,9 +130,20 @@ def dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False
 
 # convolution, pooling, resizing (functional_conv.py)
 from .functional_conv import (  # noqa: E402,F401
-    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d, adaptive_max_pool2d, avg_pool1d,
-    avg_pool2d, conv1d, conv2d, conv_transpose2d, interpolate, local_response_norm, max_pool1d,
-    max_pool2d, roi_pool,
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    conv_transpose2d,
+    interpolate,
+    local_response_norm,
+    max_pool1d,
+    max_pool2d,
+    roi_pool,
 )
 
 

@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 
+from ..arrays import as_float32
 from ..backends import get_ops
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..geometry import padded_span, same_pads_stride1, transposed_out, window_out
-from ..arrays import as_float32
 
 
 def _tuple(v, n, what):

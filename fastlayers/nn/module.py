@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 

@@ -5,18 +5,56 @@ from __future__ import annotations
 
 from .attention import MultiheadAttention
 from .conv import (
-    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d,
-    AvgPool2d, Conv1d, Conv2d, ConvTranspose2d, LocalResponseNorm, MaxPool1d, MaxPool2d,
-    RoIPool, Upsample,
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    Conv1d,
+    Conv2d,
+    ConvTranspose2d,
+    LocalResponseNorm,
+    MaxPool1d,
+    MaxPool2d,
+    RoIPool,
+    Upsample,
 )
 from .modules import (
-    BatchNorm1d, BatchNorm2d, Dropout, Dropout1d, Dropout2d, ELU, Embedding, Flatten, GELU,
-    Hardsigmoid, Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList,
-    ReLU, ReLU6, SELU, Sequential, SiLU, Sigmoid, Softmax, Softplus, Softsign, Tanh,
+    ELU,
+    GELU,
+    SELU,
+    BatchNorm1d,
+    BatchNorm2d,
+    Dropout,
+    Dropout1d,
+    Dropout2d,
+    Embedding,
+    Flatten,
+    Hardsigmoid,
+    Identity,
+    LayerNorm,
+    LeakyReLU,
+    Linear,
+    LogSoftmax,
+    ModuleDict,
+    ModuleList,
+    ReLU,
+    ReLU6,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Softsign,
+    Tanh,
 )
-from .recurrent import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .transformer import (
-    TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
 )
 
 #: Class name -> module class (torch's names).

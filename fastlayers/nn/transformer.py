@@ -4,7 +4,7 @@ state_dict keys, and a greedy decoding helper for encoder-decoder models."""
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError, ShapeError
 from .. import settings
+from ..errors import InputError, ShapeError
 from .ops import created, op
 
 # The most iterations a Loop runs where the file alone sets how long it may run (a constant

@@ -10,7 +10,6 @@ values (not the shapes of the inputs) set are checked with ``ops.created`` first
 from __future__ import annotations
 
 import math
-
 import re
 
 import numpy as np

@@ -55,22 +55,22 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
-from .. import settings
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native import CODES as DENSE_CODES
 from ..services import service
 from ..warmup import warm_up
+
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import (cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qpointwise,  # noqa: F401 - indexing registers
-               qpool, qsoftmax, quant, rewrite)
+from . import cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qpointwise, qpool, qsoftmax, quant, rewrite  # noqa: F401 - indexing registers
+from .bound import bind
+from .compiled import Parts, compile_plan
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
 from .nodes import Node, owner, prune
-from .bound import bind
-from .compiled import Parts, compile_plan
 from .ops import DTYPES, NODE_CACHES, OPS, contiguous
 
 MIN_OPSET = 9
@@ -109,7 +109,8 @@ def _subgraph(graph, captures, opset, where, budget) -> Body:
     nodes = prune(_read_nodes(graph.nodes, where, opset, budget), outputs)
     nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
     nodes = bind_constant_captures(nodes, constants, opset, budget)
-    inputs = [(vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
+    inputs: list[tuple[str, np.dtype, None]] = [
+        (vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
     inputs += [(name, np.dtype(np.float32), None) for name in captures]
     types = [(np.dtype(DTYPES[vo.elem_type]) if vo.elem_type in DTYPES else None, _value_shape(vo))
              for vo in graph.outputs]
@@ -788,7 +789,7 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
                              _prober(name, inputs, dims, outputs, constants, opset, where))
     except FastlayersError:
         raise
-    except Exception as e:  # noqa: BLE001 - a graph the optimisations cannot take
+    except Exception as e:  # a graph the optimisations cannot take
         raise ModelFileError(f"{where}: invalid graph ({type(e).__name__}: {str(e)[:300]})") from e
     used = set(outputs).union(*(n.inputs for n in nodes))
     constants = {k: v for k, v in constants.items() if k in used}

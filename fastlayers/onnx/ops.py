@@ -8,17 +8,16 @@ from an attribute to an input across opsets (axes, pads, split, min/max, ...) bo
 
 from __future__ import annotations
 
-import math
-
 import contextvars
+import math
 
 import numpy as np
 
 from .. import settings
 from ..backends import get_ops
-from ..backends.derived import derived, derived_from, derived_generation, fold_projection
 from ..backends.accumulate import wide_mean, wide_sum
 from ..backends.activations import erfc64
+from ..backends.derived import derived, derived_from, derived_generation, fold_projection
 from ..backends.reference import fold_batch_norm
 from ..errors import InputError, ShapeError, UnsupportedError
 from ..geometry import dilated_size, padded_span, same_pads, transposed_out, window_out

@@ -9,10 +9,16 @@ import numpy as np
 from ..backends.activations import onnx_sigmoid, onnx_tanh
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import BOOL, A, Op
-from .qlinear import (_column_zero_points, _float_product, _quantized, integer_matmul,
-                      integer_matmul_to_float, native_product_to_float, pack_operand)
+from .qlinear import (
+    _column_zero_points,
+    _float_product,
+    _quantized,
+    integer_matmul,
+    integer_matmul_to_float,
+    native_product_to_float,
+    pack_operand,
+)
 from .quant import MS, _native, _register, _scale, _zero_point, dynamic_quantize
-
 
 
 def _direction_param(p, d, n_gates, what, name):

@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
-from ..native import _core
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from ..native import _core
 from . import check
 from .check import AXIS, BOOL, A, Op
 from .ops import DTYPES, OPS, _stored

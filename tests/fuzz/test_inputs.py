@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import Input, Model
+from fastlayers import Input, Model, nn
 from fastlayers import layers as L
-from fastlayers import nn
 from fastlayers.arrays import MAX_INPUT_BYTES
 from fastlayers.errors import InputError, ShapeError
 

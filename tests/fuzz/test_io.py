@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .harness import check_cases, make_zip, mutate_bytes, mutate_json, mutate_zip_headers, \
-    zip_members
+from .harness import check_cases, make_zip, mutate_bytes, mutate_json, mutate_zip_headers, zip_members
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
 DATA = Path(__file__).resolve().parents[2] / "fastlayers" / "data"

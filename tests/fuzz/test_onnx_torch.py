@@ -957,7 +957,8 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
     there (else a file's value would be dropped silently), bar fastlayers' own fused nodes'."""
     import re
 
-    from fastlayers.onnx import check as onnx_check, ops as onnx_ops
+    from fastlayers.onnx import check as onnx_check
+    from fastlayers.onnx import ops as onnx_ops
 
     source = "".join(Path(onnx_ops.__file__).with_name(name).read_text()
                      for name in ("ops.py", "indexing.py", "control.py"))

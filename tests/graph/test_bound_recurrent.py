@@ -6,7 +6,6 @@ threads, for odd batch sizes and strided inputs; they follow replaced weights,
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -17,12 +17,11 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close, needs_numba_cuda
-from tests.ops.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
-
 import fastlayers
 import fastlayers.nn
 from fastlayers.errors import UnsupportedError
+from tests.conftest import assert_close, needs_numba_cuda
+from tests.ops.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
 
 pytestmark = needs_numba_cuda
 

@@ -138,7 +138,7 @@ def test_clearing_derived_weights_frees_entries_that_hold_other_sources():
     from fastlayers.backends import derived
 
     source, holder = np.zeros(5), np.ones(7)
-    derived.derived(holder, "test-holder", lambda s: [source])
+    derived.derived(holder, "test-holder", lambda s: [source])  # noqa: F821 - deleted below, on purpose
     derived.derived(source, "test-held", lambda s: 1)
     del source
     derived.clear_derived()

@@ -6,8 +6,8 @@ import pytest
 
 import fastlayers
 from fastlayers.errors import FastlayersError, ModelFileError, UnsupportedError
-from fastlayers.onnx import proto as onnx_proto
 from fastlayers.io.onnx import from_proto
+from fastlayers.onnx import proto as onnx_proto
 
 from ..conftest import oracle
 
@@ -66,7 +66,7 @@ def test_tensors_match_numpy_helper(onnx, raw, shape):
 
 
 def test_attributes_match_onnx_helper(onnx):
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     t = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "t")
     attrs = {"f": 0.25, "i": -7, "s": "text", "t": t, "fs": [1.5, -2.0], "is": [3, -1, 2**40],

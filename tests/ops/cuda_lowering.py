@@ -10,9 +10,9 @@ numba.cuda without the simulator, and it stands in a compute capability for the 
 import sys
 import types
 
+import numba.cuda.dispatcher as dispatcher
 from numba.core import types as T
 from numba.cuda import compiler
-import numba.cuda.dispatcher as dispatcher
 
 # device functions (``act``) ask the current device for its compute capability while typing
 dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))

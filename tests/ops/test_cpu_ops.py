@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastlayers import native
 from fastlayers.backends import get_ops
 from fastlayers.backends.activations import ACTIVATIONS as ALL_ACTIVATIONS
 from fastlayers.backends.reference import fold_batch_norm
-from fastlayers import native
 from fastlayers.native import CODES
 
 from ..conftest import assert_close

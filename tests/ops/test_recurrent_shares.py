@@ -17,8 +17,8 @@ import pytest
 
 import fastlayers
 from fastlayers.backends import _num_threads
-from fastlayers.backends.reference import recurrent as REF
 from fastlayers.backends.cpu import recurrent as R
+from fastlayers.backends.reference import recurrent as REF
 from fastlayers.native import _core
 
 from ..conftest import assert_close

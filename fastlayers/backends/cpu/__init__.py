@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from ...native import CODES, _core, arena_enter, arena_exit
+from ..derived import derived_from
 from ..reference import EncoderWeights
 from . import gemm, recurrent
 from .conv import ConvOps
-from ..derived import derived_from
 
 #: Fewest values a concatenation joins natively (below, numpy's copy is cheaper than the
 #: checks that a native call needs).

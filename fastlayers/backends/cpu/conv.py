@@ -34,10 +34,10 @@ import functools
 
 import numpy as np
 
+from ...geometry import window_out_2d
 from ...native import CODES, _core
 from ..derived import derived, derived_view
 from ..reference import ReferenceOps
-from ...geometry import window_out_2d
 from ..reference.conv import roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])

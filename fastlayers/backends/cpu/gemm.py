@@ -12,6 +12,7 @@ from ...native import CODES, _core
 from ...native._core import PACKED_MIN_MADDS, PACKED_ROWS_FLOOR
 from ..derived import derived_view
 
+
 def packed_weights(w_kn):
     """``w_kn`` (k, n) packed for the native sgemm (gemm.h's panel layout), computed once per
     weight array (a view is keyed by the array it views, its offset, shape and strides)."""

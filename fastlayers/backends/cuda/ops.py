@@ -36,8 +36,16 @@ from ..reference.conv import resize_ratio
 from . import kernels as K
 from .launch import install as install_fast_launches
 from .runtime import (
-    WeightCache, c_ordered, device_dtype, device_empty, driver, is_device, load_cuda, simulated,
-    to_device, to_host,
+    WeightCache,
+    c_ordered,
+    device_dtype,
+    device_empty,
+    driver,
+    is_device,
+    load_cuda,
+    simulated,
+    to_device,
+    to_host,
 )
 
 _DUMMY = np.zeros(1, np.float32)

@@ -15,6 +15,7 @@ from ...errors import InputError, ShapeError
 from ..accumulate import wide_mean
 from ..activations import _activation, _log_softmax, _softmax
 
+
 def fold_batch_norm(mean, var, gamma, beta, epsilon):
     """Inference batch norm as one affine map: scale = gamma / sqrt(var + eps), shift = beta - mean scale."""
     scale = np.float32(1) / np.sqrt(var + np.float32(epsilon))
