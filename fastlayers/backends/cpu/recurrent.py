@@ -197,11 +197,45 @@ def _covered(x_bti, codes):
         (x_bti.ndim == 2 or x_bti.shape[2] > 0)
 
 
+class _LoopArgs(typing.NamedTuple):
+    """``_core.rnn_loop``'s arguments, named as its parameters (``native/recurrent.pxi``)."""
+    kind: int
+    x: object
+    ids: object
+    table: object
+    pw_ig: object
+    b_g: object
+    pw_hg: object
+    pw_hn: object
+    pw_hp: object
+    b_hg: object
+    ubounds: object
+    qbounds: object
+    row_parts: int
+    mask: object
+    h: object
+    c: object
+    y: object
+    last: object
+    act: int
+    ract: int
+    reverse: bool
+    zero_masked: bool
+    reset_after: bool
+
+
+#: Where the arguments hold the arrays each call reads or writes anew: the input x, and the
+#: run from the mask to the carried output (mask, the states h and c, every step's output y,
+#: the carried output last), which a bound loop (``_filler``) makes per call.
+_X_ARG = _LoopArgs._fields.index("x")
+_CALL_ARGS = slice(_LoopArgs._fields.index("mask"), _LoopArgs._fields.index("last") + 1)
+
+
 class _Loop(typing.NamedTuple):
     """One call of the native loop: ``rnn_loop``'s arguments, the function that gives the
     call's result once the loop ran, its batch and steps, and the floats of its recurrent
     weights."""
-    args: tuple
+    args: _LoopArgs
     finish: typing.Callable
     batch: int
     steps: int
@@ -218,9 +252,11 @@ def _rnn_loop(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reve
     row_parts, parts = shares or _shares(batch, t_len, units, units, 1, w_hh.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
-    args = (_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts), _packed(w_hh, (0,), 1, parts),
-            None, None, None, _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y,
-            last, codes[0], codes[0], reverse, zero_masked, True)
+    args = _LoopArgs(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
+                     pw_hg=_packed(w_hh, (0,), 1, parts), pw_hn=None, pw_hp=None, b_hg=None,
+                     ubounds=_bounds(units, parts), qbounds=None, row_parts=row_parts,
+                     mask=_mask(mask_bt), h=h, c=None, y=y, last=last, act=codes[0],
+                     ract=codes[0], reverse=reverse, zero_masked=zero_masked, reset_after=True)
     return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
                  batch, t_len, w_hh.size)
 
@@ -237,12 +273,14 @@ def _lstm_loop(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
     row_parts, parts = shares or _shares(batch, t_len, out_size, units, 4, weight_floats)
     y, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     h, c = _state(h0, batch, out_size), _state(c0, batch, units)
-    args = (_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
-            _packed(w_hg, (0, 1, 2, 3), 4, parts), None,
-            None if w_hp is None else _packed(w_hp, (0,), 1, parts), None,
-            _bounds(units, parts), None if w_hp is None else _bounds(out_size, parts),
-            row_parts, _mask(mask_bt), h, c, y, last, codes[0], codes[1], reverse,
-            zero_masked, True)
+    args = _LoopArgs(_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
+                     pw_hg=_packed(w_hg, (0, 1, 2, 3), 4, parts), pw_hn=None,
+                     pw_hp=None if w_hp is None else _packed(w_hp, (0,), 1, parts), b_hg=None,
+                     ubounds=_bounds(units, parts),
+                     qbounds=None if w_hp is None else _bounds(out_size, parts),
+                     row_parts=row_parts, mask=_mask(mask_bt), h=h, c=c, y=y, last=last,
+                     act=codes[0], ract=codes[1], reverse=reverse, zero_masked=zero_masked,
+                     reset_after=True)
     return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h, c),
                  batch, t_len, weight_floats)
 
@@ -264,9 +302,11 @@ def _gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation
     else:            # the recurrent bias does not exist without reset_after
         pw_hg, pw_hn = _packed(w_hg, (0, 1), 3, parts), _packed(w_hg, (2,), 3, parts)
         bias_h = None
-    args = (_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg, pw_hn, None, bias_h,
-            _bounds(units, parts), None, row_parts, _mask(mask_bt), h, None, y, last, codes[0],
-            codes[1], reverse, zero_masked, reset_after)
+    args = _LoopArgs(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg=pw_hg,
+                     pw_hn=pw_hn, pw_hp=None, b_hg=bias_h, ubounds=_bounds(units, parts),
+                     qbounds=None, row_parts=row_parts, mask=_mask(mask_bt), h=h, c=None, y=y,
+                     last=last, act=codes[0], ract=codes[1], reverse=reverse,
+                     zero_masked=zero_masked, reset_after=reset_after)
     return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
                  batch, t_len, w_hg.size)
 
@@ -298,9 +338,6 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
 
 
 _LOOPS = {"rnn_sequence": _rnn_loop, "lstm_sequence": _lstm_loop, "gru_sequence": _gru_loop}
-#: Where a ``_Loop``'s arguments hold the arrays each call reads or writes anew: the input
-#: (``_X_ARG``), then the mask, the states h and c, every step's output and the carried output.
-_X_ARG, _CALL_ARGS = 1, slice(13, 18)
 
 
 def sequences(calls):
@@ -320,7 +357,7 @@ def sequences(calls):
         if not _own_thread(loop, len(calls), threads):
             return None
         loops.append(loop)
-    _core.rnn_loops([loop.args for loop in loops])
+    _core.rnn_loops([tuple(loop.args) for loop in loops])
     return [loop.finish() for loop in loops]
 
 
@@ -341,7 +378,8 @@ def _filler(loop, x_bti):
     outputs made anew, and the call's result once it ran."""
     head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1:_CALL_ARGS.start], \
         loop.args[_CALL_ARGS.stop:]
-    _, h_init, c_init, y_init, last_init = loop.args[_CALL_ARGS]   # held, never written
+    held = loop.args       # its states and outputs are held, never written
+    h_init, c_init, y_init, last_init = held.h, held.c, held.y, held.last
     y_shape = None if y_init is None else y_init.shape
     float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
 
