@@ -65,7 +65,21 @@ from ..warmup import warm_up
 
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import cells, check, encoder, fusion, indexing, proto, qdq, qfusion, qpointwise, qpool, qsoftmax, quant, rewrite  # noqa: F401 - indexing registers
+from . import (  # noqa: F401 - indexing registers
+    cells,
+    check,
+    encoder,
+    fusion,
+    indexing,
+    proto,
+    qdq,
+    qfusion,
+    qpointwise,
+    qpool,
+    qsoftmax,
+    quant,
+    rewrite,
+)
 from .bound import bind
 from .compiled import Parts, compile_plan
 from .control import Body

@@ -60,7 +60,8 @@ _GIVES_BOOL = {"Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Great
 #: Operators whose output is float32 where their first input is (others, e.g. Pow by an integer
 #: exponent or the float64 reductions, may widen it, and some compute float32 from float64).
 _KEEPS_FLOAT32 = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "Neg", "Abs", "Add", "Sub", "Mul",
-                  "Div", "Sqrt", "Exp", "Log", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "BatchNormalization"}
+                  "Div", "Sqrt", "Exp", "Log", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization",
+                  "BatchNormalization"}
 
 
 def known_dtypes(nodes, constants, input_dtypes) -> dict:
