@@ -377,10 +377,24 @@ static void gemm_thin(int64_t m, int64_t n, int64_t k, const float *a, int64_t l
     }
 }
 
+/* The block of b that gemm_block_few reads after the one of rows pc.. of tile column j: moves
+ * (j, pc) onto it and gives its start, or 0 past the last block. */
+FL_INLINE const float *gemm_few_after(const float *pb, int64_t n, int64_t k, int64_t kc,
+                                      int64_t *j, int64_t *pc) {
+    *pc += kc;
+    if (*pc >= k) {
+        *pc = 0;
+        *j += GEMM_TN;
+        if (*j >= n) return 0;
+    }
+    return pb + (*j / FL_PANEL) * FL_PANEL * k + *j % FL_PANEL + *pc * FL_PANEL;
+}
+
 /* c[:m, :n] (+)= a[:m, :k] @ pb (b (k, n) packed) for few rows m, b in blocks of kc rows: tile
  * column by tile column and, in each, block by block, so that b is read once and in the order
  * it is stored (a panel's rows one after another), each slice (kc x GEMM_TN) staying in L1
- * while every row tile passes over it; the next slice is prefetched a share per row tile.
+ * while every row tile passes over it; the next slice is prefetched into L1 and the one after
+ * into L2, a share per row tile.
  * Blocks of rows outermost, the order this replaces, read each panel in slices a panel apart,
  * which kept the weights' stream from memory from overlapping the arithmetic. */
 static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const float *a,
@@ -391,21 +405,21 @@ static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const fl
         int nr = (int)FL_MIN(n - j, GEMM_TN);
         const float *pbj = pb + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
         for (int64_t pc = 0; pc < k; pc += kc) {
-            int64_t kb = FL_MIN(k - pc, kc), jn = j + GEMM_TN, rows_n = 0;
-            const float *next = pbj;
-            if (pc + kb < k) {                 /* this tile column's next block of rows */
-                next = pbj + (pc + kb) * FL_PANEL;
-                rows_n = FL_MIN(k - pc - kb, kc);
-            } else if (jn < n) {               /* the next tile column's first block */
-                next = pb + (jn / FL_PANEL) * FL_PANEL * k + jn % FL_PANEL;
-                rows_n = FL_MIN(k, kc);
-            }
-            int64_t share = (rows_n + tiles - 1) / tiles;
+            int64_t kb = FL_MIN(k - pc, kc), jn = j, pn = pc;
+            /* the next block into L1 and the one after into L2, a share per row tile */
+            const float *next = gemm_few_after(pb, n, k, kc, &jn, &pn);
+            int64_t rows_n = next ? FL_MIN(k - pn, kc) : 0;
+            const float *far = next ? gemm_few_after(pb, n, k, kc, &jn, &pn) : 0;
+            int64_t rows_f = far ? FL_MIN(k - pn, kc) : 0;
+            int64_t share = (rows_n + tiles - 1) / tiles, share_f = (rows_f + tiles - 1) / tiles;
             for (int64_t ir = 0, rows, t = 0; ir < m; ir += rows, ++t) {
                 rows = gemm_next_rows_over(m - ir, n);
                 for (int64_t p = t * share; p < FL_MIN(rows_n, (t + 1) * share); ++p)
                     for (int line = 0; line < GEMM_TN; line += 16)  /* 16 floats a line */
                         __builtin_prefetch(next + p * FL_PANEL + line, 0, 3);
+                for (int64_t p = t * share_f; p < FL_MIN(rows_f, (t + 1) * share_f); ++p)
+                    for (int line = 0; line < GEMM_TN; line += 16)
+                        __builtin_prefetch(far + p * FL_PANEL + line, 0, 2);
                 gemm_tile_rows((int)rows, 1, 0, kb, a + ir * lda + pc, lda, pbj + pc * FL_PANEL,
                                c + ir * ldc + j, ldc, nr, accumulate || pc > 0);
             }
@@ -426,17 +440,27 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         return 0;
     }
     /* rows of A a multiple of 4 KiB apart fall into one L1 set: with more tile rows than the
-     * L1's ways they evict each other, so such blocks of A are copied first */
-    const int64_t ldbuf = GEMM_KC + 16;
-    float *buf = 0;
-    if (GEMM_MR > 8 && lda % 1024 == 0) {
-        buf = fl_buf_floats(&gemm_buf, (size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
-        if (!buf) return -1;
-    }
-    if (!buf && m <= GEMM_FEW_ROWS) {               /* blocks of near-equal rows of b */
+     * L1's ways they evict each other, so such rows of A are copied first (all of them for few
+     * rows, block by block for more) */
+    int aliased = GEMM_MR > 8 && lda % 1024 == 0;
+    if (m <= GEMM_FEW_ROWS) {                       /* blocks of near-equal rows of b */
         int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;
+        if (aliased) {
+            float *copy = fl_buf_floats(&gemm_buf, (size_t)(m * (k + 16)));
+            if (!copy) return -1;
+            for (int64_t i = 0; i < m; ++i)
+                memcpy(copy + i * (k + 16), a + i * lda, (size_t)k * sizeof(float));
+            a = copy;
+            lda = k + 16;
+        }
         gemm_block_few(m, n, k, (k + blocks - 1) / blocks, a, lda, pb, c, ldc, accumulate);
         return 0;
+    }
+    const int64_t ldbuf = GEMM_KC + 16;
+    float *buf = 0;
+    if (aliased) {
+        buf = fl_buf_floats(&gemm_buf, (size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
+        if (!buf) return -1;
     }
     for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
         int64_t kc = FL_MIN(k - pc, GEMM_KC);
@@ -522,6 +546,11 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
 #define GEMM_THIN_B_ROWS 4
 /* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
 #define GEMM_CHUNK_FLOATS (1 << 16)
+/* Floats of b beyond which it no longer stays in L2 between chunks: each chunk of rows then
+ * streams all of b from memory again, so chunks get at least GEMM_REREAD_ROWS rows (b read
+ * once per that many rows of multiply-adds; a late epilogue costs far less than that). */
+#define GEMM_B_CACHED_FLOATS (1 << 17)
+#define GEMM_REREAD_ROWS 256
 
 typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
@@ -533,7 +562,11 @@ typedef struct {
 
 /* Rows [r0, r1) of c = f(a @ b + bias), in chunks whose epilogue runs while they are hot. */
 static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
-    int64_t chunk = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1) / GEMM_MR, 1) * GEMM_MR;
+    int64_t most = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1), GEMM_MR);
+    if (x->k * x->n > GEMM_B_CACHED_FLOATS) most = FL_MAX(most, GEMM_REREAD_ROWS);
+    /* near-equal chunks of whole tiles: no short last chunk on the thin path */
+    int64_t chunks = (r1 - r0 + most - 1) / most;
+    int64_t chunk = ((r1 - r0 + chunks - 1) / chunks + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
     for (int64_t i = r0; i < r1; i += chunk) {
         int64_t rows = FL_MIN(chunk, r1 - i);
         const float *ai = x->a + i * x->lda;
@@ -576,7 +609,8 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
     if (m <= 0 || n <= 0) return 0;
     gemm_matmul_ctx x = {m, n, k, lda, ldb, ldc, a, b, pb, bias, trans_b, code, 1, 0, alpha, c};
     int64_t flops = 2 * m * n * FL_MAX(k, 1);
-    x.by_rows = m >= GEMM_ROW_SPLIT_MIN;
+    /* a share of rows reads all of b, a share of columns all of a */
+    x.by_rows = m >= FL_MAX(GEMM_ROW_SPLIT_MIN, n);
     int64_t units = x.by_rows ? m : (n + FL_PANEL - 1) / FL_PANEL;
     int64_t grain = FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops);
     if (x.by_rows) grain = ((grain + GEMM_MR - 1) / GEMM_MR) * GEMM_MR;

@@ -120,11 +120,12 @@ def test_product_with_no_inner_dimension_zeroes_or_keeps():
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("m", [1, 2, 7, 8, 50, 1000])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 50, 100, 1000, 1100])
 @pytest.mark.parametrize("activation", ["relu", "softmax", "gelu"])
 def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation):
-    """``_gemm.matmul``: row shares (64 rows or more) or column shares, row chunks with their
-    epilogue, softmax over whole rows after column shares; the packing cached per weight view."""
+    """``_gemm.matmul``: row shares (at least 64 rows and as many as columns) or column shares,
+    row chunks with their epilogue (near-equal, at least 256 rows as these weights outgrow L2),
+    softmax over whole rows after column shares; the packing cached per weight view."""
     from fastlayers.backends.reference import ReferenceOps
 
     before = fastlayers.get_num_threads()
