@@ -10,7 +10,7 @@ import numpy as np
 
 from ..native.layout import oihw_to_hwio
 from . import encoder
-from .nodes import Node, consumers, prune
+from .nodes import Node, consumers, prune, readers_of
 
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
 _FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("onnx_sigmoid", None), "Tanh": ("onnx_tanh", None),
@@ -274,6 +274,117 @@ def fuse_gelu(nodes, constants, outputs) -> list[Node]:
         last.op_type, last.inputs, last.attrs = "Gelu", [x], {}
         removed.update(index[id(n)] for n in chain[:-1])
     return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+#: Arithmetic a tanh GELU is spelled with: ONNX op -> numpy function.
+_ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
+#: Most arithmetic nodes on either side of the Tanh in one tanh GELU.
+_GELU_TANH_NODES = 8
+
+
+def _gelu_tanh(x):
+    """x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the reference the spelled forms must match."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
+    """The tanh GELU as exporters spell it, x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in
+    any arrangement of Add/Sub/Mul/Div/Pow by scalars and by x around one Tanh (torch's Pow(x,
+    3), jax2tf's x * (c x) * x, the 0.5 and the x in either order) -> one Gelu node with
+    approximate="tanh", which a dense or convolution node before it takes as its activation.
+    The arithmetic before the Tanh must read only x, one-element constants (with no more axes
+    than x is known to have) and its own values, the arithmetic after it such constants and x
+    once, no value but the last read elsewhere; the chain is then run on sample points and
+    kept only where it matches the formula."""
+    readers = readers_of(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    order = {id(n): k for k, n in enumerate(nodes)}
+
+    def scalar(name):
+        value = constants.get(name)
+        return value if value is not None and value.size == 1 and value.dtype.kind == "f" else None
+
+    def arithmetic(node):
+        return node is not None and node.op_type in _ARITHMETIC and len(node.inputs) == 2
+
+    def rank_at_least(name, depth=4):
+        """A lower bound on the rank of ``name``: a convolution's is at least 3, broadcast
+        arithmetic has at least its operands' ranks (constants' known, others' bounded the
+        same way)."""
+        node = producer.get(name)
+        if node is not None and node.op_type == "Conv":
+            return 3
+        if depth == 0 or not arithmetic(node):
+            return 0
+        return max(constants[i].ndim if i in constants else rank_at_least(i, depth - 1) for i in node.inputs)
+
+    def before(value, x, region):
+        """Add to ``region`` the arithmetic computing ``value`` from x and scalars; False where
+        something else feeds it or one of its values is read outside."""
+        if value == x or scalar(value) is not None:
+            return True
+        node = producer.get(value)
+        if not arithmetic(node) or len(region) >= 2 * _GELU_TANH_NODES:
+            return False
+        if id(node) not in region:
+            region[id(node)] = node
+            if not all(before(i, x, region) for i in node.inputs):
+                return False
+        return True
+
+    def matches(region, x, last):
+        sample = np.linspace(-5.0, 5.0, 41)
+        env = {x: sample}
+        for node in sorted(region.values(), key=lambda n: order[id(n)]):
+            args = [env[i] if i in env else scalar(i).astype(np.float64).reshape(()) for i in node.inputs]
+            env[node.outputs[0]] = np.tanh(args[0]) if node.op_type == "Tanh" else _ARITHMETIC[node.op_type](*args)
+        return np.allclose(env[last.outputs[0]], _gelu_tanh(sample), rtol=1e-5, atol=1e-6)
+
+    removed: set[int] = set()
+    for tanh in [n for n in nodes if n.op_type == "Tanh"]:
+        # after the Tanh: arithmetic by constants and one Mul by a value, x or what x makes
+        # by arithmetic with constants (torch's x * 0.5)
+        after, factor, current = [], None, tanh
+        while len(after) < _GELU_TANH_NODES:
+            users = readers.get(current.outputs[0], [])
+            nxt = users[0] if len(users) == 1 else None
+            if not arithmetic(nxt) or nxt.inputs[0] == nxt.inputs[1]:
+                break
+            other = nxt.inputs[1] if nxt.inputs[0] == current.outputs[0] else nxt.inputs[0]
+            if scalar(other) is None:
+                if factor is not None or nxt.op_type != "Mul":
+                    break
+                factor = other
+            after.append(nxt)
+            current = nxt
+        candidates, value = [], factor
+        while value is not None and len(candidates) < 4:
+            candidates.append(value)
+            node = producer.get(value)
+            operands = [i for i in node.inputs if scalar(i) is None] if arithmetic(node) else []
+            value = operands[0] if len(operands) == 1 else None
+        for x in candidates:
+            region: dict[int, Node] = {id(tanh): tanh}
+            if not (before(tanh.inputs[0], x, region) and before(factor, x, region)):
+                continue
+            # a one-element constant of more axes than x would add axes to the result
+            chain = list(region.values()) + after
+            if max((constants[i].ndim for n in chain for i in n.inputs if i in constants),
+                   default=0) > rank_at_least(x):
+                continue
+            inside = set(region) | {id(n) for n in after}
+            if any(r is None or id(r) not in inside for n in region.values() for o in n.outputs
+                   for r in readers.get(o, [])):
+                continue
+            for end in range(len(after), 0, -1):
+                last = after[end - 1]
+                if factor in {i for n in after[:end] for i in n.inputs} \
+                        and matches({**region, **{id(n): n for n in after[:end]}}, x, last):
+                    removed.update(set(region) | {id(n) for n in after[:end - 1]})
+                    last.op_type, last.inputs, last.attrs = "Gelu", [x], {"approximate": "tanh"}
+                    break
+            break
+    return [n for n in nodes if id(n) not in removed]
 
 
 def _swaps_last_axes(perm) -> bool:

@@ -179,7 +179,8 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
     nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
-    nodes = fusion.fuse_dense(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_gelu_tanh(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_dense(nodes, constants, outputs)
     nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_conv_transpose(nodes, constants, outputs)
     nodes = cells.fuse_lstm_cell(nodes, constants, outputs)

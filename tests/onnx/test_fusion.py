@@ -626,3 +626,99 @@ def test_lstm_cell_node_on_other_shapes_matches_the_step(rng):
     for g, w in zip(got, want):
         assert g.shape == (1,) + w.shape
         assert_close(g[0], w, rtol=1e-5, atol=1e-6)
+
+
+def _gelu_tanh_nodes(spelling, x, y):
+    """The tanh GELU of ``x`` into ``y`` as an exporter spells it, with the constant names it
+    reads (c3 0.044715, c2 sqrt(2/pi), one 1, half 0.5, three 3)."""
+    from onnx import helper
+
+    def n(op, a, b, out):
+        return helper.make_node(op, [a, b], [out])
+    if spelling == "jax2tf":    # x (0.5 (1 + tanh(c2 (x + x (x (c3 x))))))
+        return [n("Mul", "c3", x, "t1"), n("Mul", x, "t1", "t2"), n("Mul", x, "t2", "t3"),
+                n("Add", x, "t3", "t4"), n("Mul", "c2", "t4", "t5"), helper.make_node("Tanh", ["t5"], ["t6"]),
+                n("Add", "one", "t6", "t7"), n("Mul", "half", "t7", "t8"), n("Mul", x, "t8", y)]
+    if spelling == "torch":     # (0.5 x) (1 + tanh(c2 (x + c3 x^3)))
+        return [n("Pow", x, "three", "t1"), n("Mul", "t1", "c3", "t2"), n("Add", x, "t2", "t3"),
+                n("Mul", "t3", "c2", "t4"), helper.make_node("Tanh", ["t4"], ["t5"]),
+                n("Add", "t5", "one", "t6"), n("Mul", x, "half", "t7"), n("Mul", "t7", "t6", y)]
+    # ((x (1 + tanh(...))) / 2): the x before the halving, a division
+    return [n("Mul", x, x, "t1"), n("Mul", "t1", x, "t2"), n("Mul", "t2", "c3", "t3"), n("Add", "t3", x, "t4"),
+            n("Div", "t4", "inv_c2", "t5"), helper.make_node("Tanh", ["t5"], ["t6"]),
+            n("Add", "one", "t6", "t7"), n("Mul", "t7", x, "t8"), n("Div", "t8", "two", y)]
+
+
+@pytest.mark.parametrize("spelling", ["jax2tf", "torch", "divided"])
+def test_tanh_gelu_spellings_become_one_activation(tmp_path, rng, spelling):
+    """The tanh GELU spelled out in arithmetic around one Tanh (jax2tf's x * (c x) * x, torch's
+    Pow(x, 3), the 0.5 before or after the x, divisions) after a dense MatMul + Add and after a
+    Conv: one Gelu each, absorbed by the dense and convolution nodes; a one-element constant of
+    rank 3 (jax2tf's) is taken where x is known to have at least that rank (a bias of rank 4
+    added to it)."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"w": rng.standard_normal((6, 5)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32),
+              "k": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+              "kb": rng.standard_normal((1, 4, 1, 1)).astype(np.float32),
+              "c3": np.array(0.044715, np.float32), "c2": np.array(np.sqrt(2 / np.pi), np.float32),
+              "inv_c2": np.array(1 / np.sqrt(2 / np.pi), np.float32), "one": np.array(1, np.float32),
+              "one3": np.ones((1, 1, 1), np.float32), "half": np.array(0.5, np.float32), "three": np.array(3, np.float32), "two": np.array(2, np.float32)}
+    dense = _gelu_tanh_nodes(spelling, "h", "y")
+    conv = _gelu_tanh_nodes(spelling, "cb", "z")
+    for node in conv:   # the second chain's own value names
+        node.input[:] = ["one3" if i == "one" else i if i in consts or i == "cb" else "c_" + i for i in node.input]
+        node.output[:] = [o if o == "z" else "c_" + o for o in node.output]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]), *dense,
+             helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "kb"], ["cb"]), *conv]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "gelu_tanh.onnx")
+    ours = fastlayers.load(tmp_path / "gelu_tanh.onnx")
+    assert ours.op_types == ["FusedDense", "FusedConv"]
+    assert all(n.attrs["activation"] == "gelu_tanh" for n in ours._nodes)
+    _matches_ort(ours, tmp_path / "gelu_tanh.onnx",
+                 {"x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 2,
+                  "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("case", ["other constant", "value read elsewhere", "adds axes"])
+def test_tanh_gelu_lookalikes_left_alone(tmp_path, rng, case):
+    """Not a tanh GELU, or not one that can become a node of x's shape: a coefficient off
+    (0.05 for 0.044715), an inner value also a graph output, a rank-3 constant on a rank-2
+    input (the chain's result has three axes). Each keeps its Tanh and matches onnxruntime."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"c3": np.array(0.05 if case == "other constant" else 0.044715, np.float32),
+              "c2": np.array(np.sqrt(2 / np.pi), np.float32), "half": np.array(0.5, np.float32),
+              "one": np.ones((1, 1, 1) if case == "adds axes" else (), np.float32)}
+    nodes = _gelu_tanh_nodes("jax2tf", "x", "y")
+    outputs = ["y", "t4"] if case == "value read elsewhere" else ["y"]
+    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    onnx.save(model, tmp_path / "lookalike.onnx")
+    ours = fastlayers.load(tmp_path / "lookalike.onnx")
+    assert "Tanh" in ours.op_types and "Gelu" not in ours.op_types
+    _matches_ort(ours, tmp_path / "lookalike.onnx", {"x": rng.standard_normal((3, 4)).astype(np.float32) * 2})
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_torch_tanh_gelu_export_is_the_dense_activation(torch, tmp_path, rng, opset):
+    """torch's GELU(approximate="tanh") exported below opset 20 (nine arithmetic nodes around a
+    Tanh) is the dense node's gelu_tanh, as torch computes it."""
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(8, 4))
+    x = rng.standard_normal((3, 6)).astype(np.float32) * 2
+    export(torch, module, (torch.from_numpy(x),), tmp_path / "gelu_tanh.onnx", opset_version=opset)
+    ours = fastlayers.load(tmp_path / "gelu_tanh.onnx")
+    assert ours.op_types == ["FusedDense", "FusedDense"]
+    assert ours._nodes[0].attrs["activation"] == "gelu_tanh"
+    with torch.no_grad():
+        assert_close(ours(x), module(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
