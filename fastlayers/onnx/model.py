@@ -17,7 +17,8 @@ then optimises the graph once:
    x * Sigmoid(x) -> Swish (``fuse_silu``); LayerNorm and RMSNorm decomposed over the last axis
    -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Convs with a kernel
    of 1 on the added axis -> Squeeze: 1-D Convs (``conv_1d``, tf2onnx's transposed form too);
-3. fusion (``fusion.py``): MatMul (+ Add) and Gemm with constant weights become one dense node
+3. fusion (``fusion.py``): the exact and the tanh GELU spelled in arithmetic become one Gelu
+   node (``fuse_gelu``, ``fuse_gelu_tanh``); MatMul (+ Add) and Gemm with constant weights become one dense node
    on the backend's BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
    LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
    backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
