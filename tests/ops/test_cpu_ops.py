@@ -58,6 +58,22 @@ def test_activation_empty_and_noncontiguous(name):
     assert_close(CPU.activation(x, name), REF.activation(x, name))
 
 
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("perm", [(1, 0), (0, 2, 1), (2, 0, 1), (0, 2, 3, 1)])
+def test_activation_on_permuted_memory_keeps_its_layout(name, perm, rng):
+    """A transposed or channels-last view of dense memory: elementwise codes run on the memory
+    as it lies and give an array of the same strides; softmax (over the last axis as viewed)
+    reads a copy. Either way the reference's values."""
+    shape = {2: (5, 37), 3: (2, 33, 7), 4: (1, 3, 4, 19)}[len(perm)]
+    x = special_values(shape, rng).transpose(perm)
+    alpha = 0.2 if name == "leaky_relu" else 1.0
+    y = CPU.activation(x, name, alpha)
+    atol = 2e-5 if name == "onnx_silu" and native.isa() == "generic" else 1e-6
+    assert_close(y, REF.activation(np.ascontiguousarray(x), name, alpha), rtol=2e-5, atol=atol, what=name)
+    if name not in ("softmax", "log_softmax"):
+        assert y.strides == x.strides
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_dense_matches_reference(activation, use_bias, rng):

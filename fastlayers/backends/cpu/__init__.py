@@ -51,6 +51,17 @@ def _rows_of(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
 
 
+def _dense_memory(x: np.ndarray):
+    """(x's axes reordered by decreasing stride, C-contiguous float32; the axis order that
+    undoes it) where x is a permuted view of dense memory (a transposed or channels-last
+    array), else None."""
+    if x.dtype != np.float32 or x.ndim < 2:
+        return None
+    order = sorted(range(x.ndim), key=lambda a: -x.strides[a])
+    x_mem = x.transpose(order)
+    return (x_mem, np.argsort(order)) if x_mem.flags.c_contiguous else None
+
+
 def _vector(v):
     """An optional per-channel vector as contiguous float32 (None stays None)."""
     if v is None or (type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.float32
@@ -100,6 +111,10 @@ class CpuOps(ConvOps):
         y = _core.apply_activation(x, code, alpha)
         if y is not None:
             return y
+        dense = _dense_memory(x) if name not in ("softmax", "log_softmax") else None
+        if dense is not None:   # elementwise on the memory as it lies: the result has x's strides
+            x_mem, back = dense
+            return _core.apply_activation(x_mem, code, alpha).transpose(back)
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.bias_act(xr, None, code, alpha, out)
