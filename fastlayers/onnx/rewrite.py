@@ -6,7 +6,8 @@ order after constant folding and before the dense / convolution fusions:
   an Unsqueeze just added; a Reshape to a constant shape reads the input of a Reshape, Flatten,
   Squeeze or Unsqueeze before it (one Reshape for the chain; the nodes it skips are left for
   ``onnx.prune``). Graph outputs keep their names;
-- ``fuse_silu``: x * Sigmoid(x) -> one Swish node (x sigmoid(x), the backend's ``silu``);
+- ``fuse_silu``: x * Sigmoid(x) -> one Swish node (x sigmoid(x), the backend's ``silu``), x *
+  HardSigmoid(x) with alpha 1/6 and beta 1/2 -> one HardSwish node;
 - ``fuse_layer_norm``: LayerNorm and RMSNorm over the last axis as exporters decompose them ->
   one LayerNormalization node (with ``_rms`` for RMSNorm);
 - ``conv_1d``: Unsqueeze -> 2-D Convs with a kernel of 1 on the added axis (and elementwise
@@ -279,21 +280,32 @@ def fold_affine(nodes, constants, outputs) -> list:
 
 
 # ------------------------------------------------------------------------------ activations
+def _is_hard_swish_gate(node) -> bool:
+    """Whether ``node`` is HardSigmoid with alpha 1/6 and beta 1/2 (in float32), the gate of
+    HardSwish: x max(0, min(1, x / 6 + 1/2))."""
+    return node.op_type == "HardSigmoid" and np.float32(node.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
+        and np.float32(node.attrs.get("beta", 0.5)) == np.float32(0.5)
+
+
 def fuse_silu(nodes, constants, outputs) -> list:
-    """Mul(x, Sigmoid(x)) (operands in either order; the Sigmoid read by nothing else) -> one
-    Swish node (alpha 1: x sigmoid(x), the backend's ``silu``), which a dense or convolution node
-    before it takes as its activation."""
+    """Mul(x, Sigmoid(x)) -> one Swish node (alpha 1: x sigmoid(x), the backend's ``silu``) and
+    Mul(x, HardSigmoid(x) with alpha 1/6, beta 1/2) -> one HardSwish node (PaddlePaddle's
+    exports), operands in either order, the gate read by nothing else; a dense or convolution
+    node before it takes it as its activation."""
     readers = readers_of(nodes, outputs)
     dropped: set[int] = set()
-    for sig in nodes:
-        if sig.op_type != "Sigmoid":
+    for gate in nodes:
+        if gate.op_type != "Sigmoid" and not _is_hard_swish_gate(gate):
             continue
-        mul = _only_reader(readers, sig.outputs[0])
-        x = sig.inputs[0]
-        if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([x, sig.outputs[0]]):
+        mul = _only_reader(readers, gate.outputs[0])
+        x = gate.inputs[0]
+        if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([x, gate.outputs[0]]):
             continue
-        mul.op_type, mul.inputs, mul.attrs = "Swish", [x], {"alpha": 1.0}
-        dropped.add(id(sig))
+        if gate.op_type == "Sigmoid":
+            mul.op_type, mul.inputs, mul.attrs = "Swish", [x], {"alpha": 1.0}
+        else:
+            mul.op_type, mul.inputs, mul.attrs = "HardSwish", [x], {}
+        dropped.add(id(gate))
     return [n for n in nodes if id(n) not in dropped]
 
 

@@ -722,3 +722,28 @@ def test_torch_tanh_gelu_export_is_the_dense_activation(torch, tmp_path, rng, op
     assert ours._nodes[0].attrs["activation"] == "gelu_tanh"
     with torch.no_grad():
         assert_close(ours(x), module(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_paddle_hard_swish_spelling_is_the_convolution_activation(tmp_path, rng):
+    """x * HardSigmoid(x) with alpha 1/6 and beta 1/2 (PaddlePaddle's HardSwish, the Conv's
+    output read twice) is one HardSwish the Conv takes as its activation; with ONNX's default
+    alpha 0.2 it is another function and stays two nodes. Both as onnxruntime computes them."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    k = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["g", "c"], ["y"]),
+             helper.make_node("Conv", ["img", "k"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSigmoid", ["c2"], ["g2"]),
+             helper.make_node("Mul", ["c2", "g2"], ["z"])]
+    model = make_graph(nodes, [helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 6, 5])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+                       [numpy_helper.from_array(k, "k")])
+    onnx.save(model, tmp_path / "hard_swish.onnx")
+    ours = fastlayers.load(tmp_path / "hard_swish.onnx")
+    assert ours.op_types == ["FusedConv", "FusedConv", "HardSigmoid", "Mul"]
+    assert ours._nodes[0].attrs["activation"] == "hard_silu"
+    _matches_ort(ours, tmp_path / "hard_swish.onnx", {"img": rng.standard_normal((1, 3, 6, 5)).astype(np.float32) * 4})
