@@ -1,4 +1,4 @@
-"""The fastlayers command: demo, info, run, profile, bench and warmup.
+"""The fastlayers command: demo, info, run, profile and bench.
 
     fastlayers demo                      run the bundled trained models on bundled samples
     fastlayers info MODEL                print a model's summary
@@ -6,7 +6,6 @@
     fastlayers profile MODEL.onnx [--input X.npy ...]   time an ONNX model step by step
     fastlayers bench MODEL [--batch-size N ...] [--threads N ...] [--against onnxruntime]
                                          latency percentiles and throughput (fastlayers.benchmark)
-    fastlayers warmup                    kept for old scripts: says that nothing needs compiling
 
 ``--threads N`` and ``--backend NAME`` go before or after the command. Every error (a bad
 argument, an unreadable model or input, a shape the model refuses, an output that cannot be
@@ -288,14 +287,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_warmup(args) -> int:
-    from . import native
-
-    print(f"nothing to compile: fastlayers' kernels were compiled when the package was "
-          f"installed (running the {native.isa()} path on {native.get_num_threads()} threads)")
-    return 0
-
-
 # ---------------------------------------------------------------------------------- arguments
 class _Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (``fastlayers: error: ...``, exit status 2)."""
@@ -422,8 +413,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH",
                        help="also write the figures, the host and the versions as JSON")
     bench.set_defaults(func=cmd_bench)
-    warm = command("warmup", "nothing to do: kernels are compiled at install")
-    warm.set_defaults(func=cmd_warmup)
     return parser
 
 

@@ -77,7 +77,3 @@ def test_run_wrong_shape_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "expected shape (None, 64), got (2, 63)" in proc.stderr
 
 
-def test_warmup_says_nothing_needs_compiling():
-    """The kernels are compiled at install: ``warmup`` stays for old scripts and says so."""
-    proc = run_cli("warmup")
-    assert "nothing to compile" in proc.stdout and proc.returncode == 0

@@ -209,7 +209,7 @@ def _load_bytes(data: bytes, where: str):
     source = _Named(data, where)
     kind = _sniff(data[:64], source, where, len(data))
     suffix = Path(where).suffix.lower() if not where.startswith("<") else ""
-    if kind in ("torch", "torch-suffix") or (kind is None and suffix in _TORCH_SUFFIXES):
+    if kind == "torch" or (kind is None and suffix in _TORCH_SUFFIXES):
         with tempfile.TemporaryDirectory(prefix="fastlayers-") as tmp:
             path = Path(tmp) / f"model{suffix or '.pt'}"
             path.write_bytes(data)
