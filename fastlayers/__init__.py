@@ -39,8 +39,9 @@ __all__ = [
     "set_num_threads", "settings", "use_ops", "using_threads", "__version__",
 ]
 
-# Imported at first use, so that a process loading an ONNX file does not import every layer
-# (about 8 ms): name -> (modules to import in order, attribute of the last; None: the module).
+# Imported at first use, so that a process loading an ONNX file does not pay for importing every
+# layer (docs/design.md, "Figures behind the code's constants"): name -> (modules to import in
+# order, attribute of the last; None: the module).
 _GRAPH = ("fastlayers.graph",)
 _LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),

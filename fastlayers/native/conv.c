@@ -36,7 +36,7 @@
 #define CONV_PANEL_FLOATS (INT64_C(1) << 16)
 /* Winograd tiles per block: about this many floats of V and M (512 KiB) stay in L2, but at
  * least CONV_WINO_MIN_TILES, so that each block's 16 products read U (16 C_in C_out floats,
- * out of L2 for wide layers) for enough rows: 14x14x512 ran 2.3x slower in blocks of 6. */
+ * out of L2 for wide layers) for enough rows (small blocks re-read U from memory). */
 #define CONV_WINO_FLOATS (INT64_C(1) << 17)
 #define CONV_WINO_MIN_TILES 96
 /* Fewest output rows for im2col by row tiles on per-thread blocks; fewer share one im2col

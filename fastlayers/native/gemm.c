@@ -246,7 +246,7 @@ static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int
 }
 
 /* Rows of A up to which products take the thin path (gemm_thin): tiles of up to GEMM_THIN_ROWS
- * rows over whole panels (narrower tiles straddling panels ran 1.2-1.5x slower), b read as it
+ * rows over whole panels (narrower tiles straddling panels ran slower), b read as it
  * is (no per-call packing) or packed; above, the packed tiles of gemm_tile. */
 #define GEMM_THIN_M 8
 /* Most rows of a thin tile (GEMM_THIN_VECS vectors of columns each): 12 accumulators of 16
@@ -541,7 +541,7 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
 #define GEMM_ROW_SPLIT_MIN 64
 /* Fewest multiply-adds (x2) in one thread's share of a thin product (m <= GEMM_THIN_M), the
  * stream of b counted as GEMM_THIN_B_ROWS more rows (a row of A costs about a quarter of
- * reading b): about 1.5 us, several times what handing a share to a spinning worker costs. */
+ * reading b): several times what handing a share to a spinning worker costs. */
 #define GEMM_MIN_THIN_SHARE_FLOPS (INT64_C(1) << 17)
 #define GEMM_THIN_B_ROWS 4
 /* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */

@@ -2,8 +2,8 @@
  *
  * Every operator allocates its output anew. glibc serves blocks over its mmap threshold (128 KiB
  * until a larger block is freed) with one mmap each and trims its heap's free top beyond twice
- * that, so the next call gets fresh pages and takes a page fault per 4 KiB on first touch: in a
- * VM about 1 ms per MiB, as long as the copy itself for a reshape of 1 MiB. Raising both
+ * that, so the next call gets fresh pages and takes a page fault per 4 KiB on first touch (in a
+ * VM as long as the copy itself for a reshape). Raising both
  * thresholds keeps those pages mapped and reused (what an arena allocator does).
  *
  * The kernels' per-thread work buffers (padded inputs, im2col and Winograd blocks, packed

@@ -24,7 +24,8 @@
 #define FL_PAUSE() ((void)0)
 #endif
 
-/* Polls of an idle worker before it sleeps (about 50-200 us): back-to-back kernel calls find it
+/* Polls of an idle worker before it sleeps (a fraction of a millisecond): back-to-back kernel
+ * calls find it
  * awake, and an idle process leaves the cores alone. */
 #define FL_SPIN_POLLS 20000
 /* Polls of the caller waiting for workers before it yields its core to them. */

@@ -693,7 +693,7 @@ class OnnxModel:
 
 #: Operators that only move data or whose float arithmetic runs in the cpu backend's native
 #: kernels: a graph of these alone runs without numpy's error state set around it (entering
-#: ``np.errstate`` costs about 1.7 µs, a sixth of a small MLP's call).
+#: ``np.errstate`` costs a noticeable share of a small MLP's call).
 QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
                        "Identity"})
 

@@ -28,7 +28,7 @@ def aligned_empty(shape, dtype=np.float32, align=LINE):
     """An uninitialized C-contiguous array whose data starts on an ``align``-byte boundary."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + align, np.uint8)
-    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)   # 1.5 us; slicing: 2.7
+    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)   # cheaper than slicing raw
 
 
 def weights_empty(shape, dtype=np.float32):

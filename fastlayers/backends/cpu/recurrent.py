@@ -35,13 +35,13 @@ from ...native import _core
 from ..derived import derived_from, derived_view
 from .memory import weights_empty
 
-#: Fewest multiply-adds of the recurrent product per share and step worth a thread (a meeting
-#: costs about 0.2 us; a share should compute for a few microseconds between two).
+#: Fewest multiply-adds of the recurrent product per share and step worth a thread (a share
+#: should compute for several times what a meeting of the threads costs).
 MIN_SHARE_MADDS = 1 << 16
 #: Fewest multiply-adds of recurrent products per share and call worth a second thread: below
 #: (a step or a few of a streaming call) the hand-off to the pool, and on a busy machine the
-#: wait for a descheduled thread, cost about what the share saves (one LSTM 256 step at batch
-#: 1 split in two: 10% faster on an idle machine, 1.3x slower beside a busy-loop process).
+#: wait for a descheduled thread, cost about what the share saves (docs/design.md,
+#: "Figures behind the code's constants").
 MIN_CALL_MADDS = 1 << 20
 #: Unit shares own multiples of this many units (whole vectors, and whole cache lines of the
 #: state each share writes).
