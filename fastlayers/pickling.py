@@ -291,7 +291,7 @@ def reduce_module(module) -> tuple:
         A module in the tree is not a ``fastlayers.nn`` class (a subclass of its own: code),
         or keeps an argument that is not plain data (a callable activation).
     """
-    from .nn.registry import MODULE_CLASSES
+    from .nn import MODULE_CLASSES
 
     tree = _module_tree(module, "", MODULE_CLASSES)
     header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION,
@@ -337,7 +337,7 @@ def _build_module(node, path: str, registry: dict):
 def _module_from_bytes(data: bytes):
     """Rebuild a pickled ``fastlayers.nn`` module tree: each module from its class in
     ``fastlayers.nn`` and its arguments, then the weights, strictly (every key, every shape)."""
-    from .nn.registry import MODULE_CLASSES
+    from .nn import MODULE_CLASSES
 
     _checked_payload(data, NN_WHAT)
     try:

@@ -6,7 +6,7 @@ import inspect
 
 import fastlayers.layers as layers
 from fastlayers.io.keras import KERAS_OPTIONS
-from fastlayers.layers.registry import LAYER_CLASSES
+from fastlayers.layers import LAYER_CLASSES
 
 
 def test_registry_holds_every_public_layer_class():

@@ -185,7 +185,7 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
     if class_name == "Lambda":
         raise UnsupportedError(f"{here}: Lambda layers carry Python code, which fastlayers never "
                                "executes from a file; rebuild the model without Lambda layers")
-    from ..layers.registry import LAYER_CLASSES
+    from ..layers import LAYER_CLASSES
 
     cls = LAYER_CLASSES.get(class_name) if class_name in KERAS_OPTIONS else None
     if cls is None:

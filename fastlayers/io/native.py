@@ -34,7 +34,7 @@ HEADER_KEY = "__fastlayers__"
 def _registry() -> dict:
     """Class name -> class of what a native file may hold: the layers, and nested models."""
     from ..graph import Model, Sequential
-    from ..layers.registry import LAYER_CLASSES
+    from ..layers import LAYER_CLASSES
 
     return {**LAYER_CLASSES, "Model": Model, "Sequential": Sequential}
 

@@ -67,7 +67,7 @@ __all__ += [
     "MaxPool2d", "RoIPool", "Upsample", "roi_pool",
 ]
 
-# attention and transformers (issue 5)
+# attention and transformers
 from .attention import MultiheadAttention  # noqa: E402
 from .transformer import (  # noqa: E402
     TransformerDecoder,
@@ -83,3 +83,10 @@ __all__ += [
     "TransformerEncoderLayer", "generate_square_subsequent_mask", "greedy_decode",
 ]
 __all__ += ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]
+
+#: Class name -> module class (torch's names), every concrete module class exported here: the
+#: table that ``pickling`` rebuilds modules from. A new module class is exported here.
+MODULE_CLASSES: dict[str, type] = {
+    cls.__name__: cls for cls in (globals()[name] for name in sorted(__all__))
+    if isinstance(cls, type) and issubclass(cls, Module) and cls is not Module
+}

@@ -20,7 +20,7 @@ from fastlayers import layers as L
 from fastlayers.backends import derived
 from fastlayers.errors import ModelFileError, UnsupportedError
 from fastlayers.io.onnx import FileSource
-from fastlayers.nn.registry import MODULE_CLASSES
+from fastlayers.nn import MODULE_CLASSES
 
 from ..conftest import oracle
 
