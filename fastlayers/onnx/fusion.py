@@ -300,10 +300,6 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
     producer = {o: n for n in nodes for o in n.outputs}
     order = {id(n): k for k, n in enumerate(nodes)}
 
-    def scalar(name):
-        value = constants.get(name)
-        return value if value is not None and value.size == 1 and value.dtype.kind == "f" else None
-
     def arithmetic(node):
         return node is not None and node.op_type in _ARITHMETIC and len(node.inputs) == 2
 
@@ -321,7 +317,7 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
     def before(value, x, region):
         """Add to ``region`` the arithmetic computing ``value`` from x and scalars; False where
         something else feeds it or one of its values is read outside."""
-        if value == x or scalar(value) is not None:
+        if value == x or _scalar(constants, value) is not None:
             return True
         node = producer.get(value)
         if not arithmetic(node) or len(region) >= 2 * _GELU_TANH_NODES:
@@ -336,7 +332,7 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
         sample = np.linspace(-5.0, 5.0, 41)
         env = {x: sample}
         for node in sorted(region.values(), key=lambda n: order[id(n)]):
-            args = [env[i] if i in env else scalar(i).astype(np.float64).reshape(()) for i in node.inputs]
+            args = [env[i] if i in env else _scalar(constants, i) for i in node.inputs]
             env[node.outputs[0]] = np.tanh(args[0]) if node.op_type == "Tanh" else _ARITHMETIC[node.op_type](*args)
         return np.allclose(env[last.outputs[0]], _gelu_tanh(sample), rtol=1e-5, atol=1e-6)
 
@@ -351,7 +347,7 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
             if not arithmetic(nxt) or nxt.inputs[0] == nxt.inputs[1]:
                 break
             other = nxt.inputs[1] if nxt.inputs[0] == current.outputs[0] else nxt.inputs[0]
-            if scalar(other) is None:
+            if _scalar(constants, other) is None:
                 if factor is not None or nxt.op_type != "Mul":
                     break
                 factor = other
@@ -361,7 +357,7 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
         while value is not None and len(candidates) < 4:
             candidates.append(value)
             node = producer.get(value)
-            operands = [i for i in node.inputs if scalar(i) is None] if arithmetic(node) else []
+            operands = [i for i in node.inputs if _scalar(constants, i) is None] if arithmetic(node) else []
             value = operands[0] if len(operands) == 1 else None
         for x in candidates:
             region: dict[int, Node] = {id(tanh): tanh}
