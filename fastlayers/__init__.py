@@ -26,10 +26,6 @@ _check_built()
 from .backends import get_num_threads, get_ops, set_num_threads, use_ops, using_threads  # noqa: E402
 from .io import load  # noqa: E402
 from .settings import LoadOptions  # noqa: E402
-# io.native, io.keras and pickling fill the slots of services.py that Model, nn.Module and
-# OnnxModel call (save, load_weights, pickling): imported here, so every slot is filled.
-from . import pickling as _pickling  # noqa: E402, F401
-from .io import keras as _keras_io, native as _native_io  # noqa: E402, F401
 # isort: on
 
 #: The public API: what ``dir(fastlayers)`` lists.

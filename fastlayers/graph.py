@@ -22,7 +22,6 @@ from .folding import fold_embeddings
 from .layers.base import Layer
 from .layers.input_layer import InputLayer
 from .placement import on_device
-from .services import service
 from .summary import model_summary
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .warmup import warm_up
@@ -536,19 +535,27 @@ class Model(Layer):
     def load_weights(self, path) -> None:
         """Load weights saved by Keras (``.weights.h5``, or a legacy ``.h5`` model/weights file)
         into this model, which must have the saved model's architecture."""
-        service("load_weights")(self, path)
+        from .io.keras import load_weights  # deferred: io/ sits above the model classes
+
+        load_weights(self, path)
 
     def save(self, path) -> None:
         """Write architecture and weights to one file (fastlayers native format, no pickle)."""
-        service("save_model")(self, path)
+        from .io.native import save_model  # deferred: io/ sits above the model classes
+
+        save_model(self, path)
 
     def __reduce__(self):
         """Pickle by value: the native file's bytes, read back as ``fastlayers.load`` reads a
         file (``fastlayers.pickling``). ``copy.deepcopy`` goes the same way."""
-        return service("reduce_model")(self)
+        from .pickling import reduce_model  # deferred: pickling sits above the model classes
+
+        return reduce_model(self)
 
     def get_config(self) -> dict:
-        return service("model_config")(self)
+        from .io.native import model_config  # deferred: io/ sits above the model classes
+
+        return model_config(self)
 
     def to_json(self, **kwargs) -> str:
         """The model's architecture as a JSON string, as Keras's ``Model.to_json``; weights are
@@ -574,7 +581,9 @@ class Model(Layer):
             not known yet, a layer or model class of its own (a subclass, outside
             ``fastlayers.layers``), or a layer option that is not JSON-serializable.
         """
-        return service("model_header")(self, "written as JSON", **kwargs)
+        from .io.native import model_header  # deferred: io/ sits above the model classes
+
+        return model_header(self, "written as JSON", **kwargs)
 
 
 def _shape_or_shapes(tensors):
@@ -636,7 +645,9 @@ def model_from_json(json_string) -> Model:
         header = json.loads(json_string)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError included
         raise ModelFileError(f"model JSON: not valid JSON ({type(e).__name__}: {e})") from e
-    return service("model_from_header")(header, "model JSON")
+    from .io.native import model_from_header  # deferred: io/ sits above the model classes
+
+    return model_from_header(header, "model JSON")
 
 
 def _is_array_like_batch(x) -> bool:

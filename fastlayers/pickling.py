@@ -34,7 +34,6 @@ from collections import OrderedDict
 import numpy as np
 
 from .errors import FastlayersError, ModelFileError, ShapeError, StateDictError, UnsupportedError
-from .services import provides
 from .version import __version__
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -86,7 +85,6 @@ def _header(archive, key: str, fmt: str, version: int, what: str) -> dict:
 MODEL_WHAT = "pickled fastlayers model"
 
 
-@provides("reduce_model")
 def reduce_model(model) -> tuple:
     """``Model.__reduce__``: ``(_model_from_bytes, (native file bytes,))``.
 
@@ -117,7 +115,6 @@ ONNX_FORMAT, ONNX_VERSION, ONNX_KEY = "fastlayers-onnx-pickle", 1, "__fastlayers
 ONNX_WHAT = "pickled ONNX model"
 
 
-@provides("reduce_onnx")
 def reduce_onnx(model) -> tuple:
     """``OnnxModel.__reduce__``: ``(_onnx_from_bytes, (archive of the ONNX file's bytes,))``.
 
@@ -281,7 +278,6 @@ def _module_tree(m, path: str, registry: dict) -> dict:
     return {"class_name": name, "config": config, "modules": modules}
 
 
-@provides("reduce_module")
 def reduce_module(module) -> tuple:
     """``nn.Module.__reduce__``: ``(_module_from_bytes, (archive of the tree and state dict,))``.
 

@@ -3,6 +3,9 @@
 Every ``import`` in every module is read with ``ast``, at module level and inside functions alike,
 relative or absolute; ``from X import name`` counts as an import of the submodule ``X.name`` where
 that is one, and ``importlib.import_module("fastlayers...")`` with a constant name counts too.
+The one exception is ``DEFERRED_UPWARD``: an import inside a function body of a model class's
+module that reaches the readers and writers above it (``Model.save`` -> ``io/native.py``); it
+runs after every module has loaded, so it is left out of the cycle check too.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent / "fastlayers"
 #: ``__init__`` alone.
 LEVELS = [
     # imported from anywhere: exceptions, window and padding arithmetic, array helpers, the
-    # version, the slots through which io/ and pickling serve the model classes, settings
+    # version, settings
     ("ground", ("fastlayers.errors", "fastlayers.geometry", "fastlayers.arrays",
-                "fastlayers.version", "fastlayers.services", "fastlayers.settings")),
+                "fastlayers.version", "fastlayers.settings")),
     ("native", ("fastlayers.native",)),
     ("backends", ("fastlayers.backends",)),
     # what layers and modules use without being layers: graph records, stream state, warm-up runs
@@ -35,6 +38,11 @@ LEVELS = [
     ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling",
              "fastlayers.benchmark", "fastlayers.pytest_plugin")),
 ]
+
+#: Importer level -> the modules it may import upward inside a function body (deferred): the model
+#: classes' ``save``, ``load_weights``, ``get_config``, ``to_json`` and ``__reduce__`` call the
+#: readers, writers and pickling that sit above them.
+DEFERRED_UPWARD = {"models": ("fastlayers.io", "fastlayers.pickling")}
 
 def _name(path: Path) -> str:
     parts = ("fastlayers",) + path.relative_to(ROOT).with_suffix("").parts
@@ -131,18 +139,41 @@ def _import_nodes(text: str, path: Path):
     return nodes
 
 
+def _function_import_lines(path: Path) -> set[int]:
+    """The lines of the import statements inside a function body of ``path``."""
+    lines = set()
+    for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines.update(node.lineno for node in ast.walk(fn)
+                         if isinstance(node, (ast.Import, ast.ImportFrom)))
+    return lines
+
+
+def _deferred_allowed(module: str, target: str) -> bool:
+    allowed = DEFERRED_UPWARD.get(LEVELS[_level(module)][0], ())
+    return any(target == name or target.startswith(name + ".") for name in allowed)
+
+
 def _graph() -> tuple[dict, dict]:
-    """Module -> {imported module: first line}, and the modules."""
+    """Module -> {imported module: first line} for the imports that run at load time, and the
+    modules; the deferred upward imports ``DEFERRED_UPWARD`` allows are left out."""
     modules = _modules()
     edges = {}
     for module, path in modules.items():
         out = edges.setdefault(module, {})
         if path.suffix == ".pyx":
             continue
+        in_functions = None
         for node in _import_nodes(path.read_text(), path):
             for target in _targets(module, node, modules):
-                if target != module:
-                    out.setdefault(target, node.lineno)
+                if target == module:
+                    continue
+                if _level(target) > _level(module) and _deferred_allowed(module, target):
+                    if in_functions is None:
+                        in_functions = _function_import_lines(path)
+                    if node.lineno in in_functions:
+                        continue
+                out.setdefault(target, node.lineno)
     return edges, modules
 
 
@@ -224,3 +255,26 @@ def test_no_module_defines_a_top_level_name_twice():
                     twice.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
                 seen.add(node.name)
     assert not twice, twice
+
+
+def test_deferred_imports_name_what_exists():
+    """An import inside a function body fails only when it runs: each deferred ``from X import
+    name`` of a model class's module must name something X has."""
+    import importlib
+
+    modules = _modules()
+    missing = []
+    for module, path in modules.items():
+        if path.suffix != ".py" or LEVELS[_level(module)][0] not in DEFERRED_UPWARD:
+            continue
+        lines = _function_import_lines(path)
+        for node in _import_nodes(path.read_text(), path):
+            if not isinstance(node, ast.ImportFrom) or node.lineno not in lines:
+                continue
+            for target in _targets(module, node, modules):
+                if not _deferred_allowed(module, target):
+                    continue
+                imported = importlib.import_module(target)
+                missing += [f"{module} (line {node.lineno}): {target}.{a.name}"
+                            for a in node.names if not hasattr(imported, a.name)]
+    assert not missing, missing

@@ -29,7 +29,6 @@ import numpy as np
 
 from .. import settings
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
-from ..services import provides
 from . import limits
 
 #: Config keys that only matter for training or for Keras internals: ignored.
@@ -1118,7 +1117,6 @@ class _h5_source:
             self.opened.close()
 
 
-@provides("load_weights")
 def load_weights(model, path) -> None:
     """Load Keras weights (``.weights.h5`` Keras 3 layout, or a legacy ``.h5``) into ``model``."""
     where = str(path)

@@ -22,7 +22,6 @@ import numpy as np
 
 from .. import settings
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
-from ..services import provides
 from ..version import __version__
 from . import limits
 
@@ -48,7 +47,6 @@ def _layer_entry(layer) -> dict:
     return {"class_name": type(layer).__name__, "config": layer.get_config()}
 
 
-@provides("model_config")
 def model_config(model) -> dict:
     """The JSON-compatible architecture of ``model`` (nested models included)."""
     from ..graph import Sequential
@@ -117,7 +115,6 @@ def _check_representable(model, what: str) -> None:
                 pending.append(layer)
 
 
-@provides("model_header")
 def model_header(model, what: str = "saved", **dumps_options) -> str:
     """The JSON header of ``model`` (format, version and ``model_config``) that a native file
     stores and ``Model.to_json`` returns; ``what`` names the action in errors and
@@ -143,7 +140,6 @@ def write_model(model, f, what: str = "saved") -> None:
     np.savez(f, **arrays)
 
 
-@provides("save_model")
 def save_model(model, path) -> None:
     """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
     path = Path(path)
@@ -533,7 +529,6 @@ def model_from_config(entry: dict, where: str = "model config"):
         raise _build_error(where, f"model {cfg.get('name')!r}", e) from e
 
 
-@provides("model_from_header")
 def model_from_header(header, where: str, weight_elements: int | None = None):
     """The model a native header (``model_config`` under ``format``/``version``: a ``.flm``
     file's ``__fastlayers__`` member, ``Model.to_json``) describes, weights as built. The format

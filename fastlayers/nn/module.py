@@ -12,7 +12,6 @@ import numpy as np
 from ..backends import using_threads
 from ..errors import ShapeError, StateDictError
 from ..placement import on_device
-from ..services import service
 
 
 class IncompatibleKeys(NamedTuple):
@@ -206,7 +205,9 @@ class Module:
     def __reduce__(self):
         """Pickle by value: class names from ``fastlayers.nn``, their constructor arguments and
         the state dict (``fastlayers.pickling``); a subclass of its own (code) is refused."""
-        return service("reduce_module")(self)
+        from ..pickling import reduce_module  # deferred: pickling sits above the model classes
+
+        return reduce_module(self)
 
     def __deepcopy__(self, memo):
         # the object graph, as Python copies any object (subclasses of one's own included):

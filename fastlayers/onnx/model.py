@@ -61,7 +61,6 @@ from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native import CODES as DENSE_CODES
-from ..services import service
 from ..warmup import warm_up
 
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
@@ -688,7 +687,9 @@ class OnnxModel:
 
     def __reduce__(self):
         """Pickle by value: the ONNX bytes, imported again when unpickled (fastlayers.pickling)."""
-        return service("reduce_onnx")(self)
+        from ..pickling import reduce_onnx  # deferred: pickling sits above the model classes
+
+        return reduce_onnx(self)
 
 
 #: Operators that only move data or whose float arithmetic runs in the cpu backend's native
