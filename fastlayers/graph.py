@@ -10,7 +10,7 @@ import json
 import numbers
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -70,6 +70,20 @@ def _flatten(x) -> list:
     if isinstance(x, dict):
         return list(x.values())
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+
+class GraphSpec(NamedTuple):
+    """A built model's graph, as the native writer (``io/native.py``) and ``summary`` read it."""
+
+    #: The graph's nodes in the order a call runs them, the InputLayer nodes among them.
+    nodes: tuple[Node, ...]
+    #: Built on one input tensor, not a list: a call takes one array.
+    single_input: bool
+    #: Built with one output tensor, not a list: a call returns one array.
+    single_output: bool
+    #: A ``Sequential``'s InputLayer (None for a functional model).
+    input_layer: InputLayer | None = None
 
 
 class Model(Layer):
@@ -232,6 +246,12 @@ class Model(Layer):
     def layers(self) -> list[Layer]:
         """Layers in Keras's order (InputLayer included, as in Keras functional models)."""
         return list(self._layers)
+
+    @property
+    def graph_spec(self) -> GraphSpec:
+        """The built graph (nodes in run order, whether it takes and returns one array), read-only:
+        what the native format writes and ``summary`` prints."""
+        return GraphSpec(tuple(self._nodes), self._single_input, self._single_output)
 
     @property
     def input_names(self) -> list[str]:
@@ -729,6 +749,13 @@ class Sequential(Model):
     def layers(self) -> list[Layer]:
         """The stacked layers (without the InputLayer, as in Keras)."""
         return list(self._stack)
+
+    @property
+    def graph_spec(self) -> GraphSpec:
+        """The built graph with the InputLayer the stack starts from (see ``Model.graph_spec``);
+        a ``Sequential`` whose input shape is not known yet has none (ValueError)."""
+        self._require_built("its graph (saving, to_json, summary)")
+        return super().graph_spec._replace(input_layer=self._input_layer)
 
     def _require_built(self, what: str) -> None:
         if not self.built:

@@ -127,7 +127,7 @@ def reduce_onnx(model) -> tuple:
     """
     from .io.onnx import FileSource
 
-    source = model._source
+    source = model.source
     if source is None:
         raise UnsupportedError(
             f"ONNX model {model.name!r} cannot be pickled by value: its file keeps weights in "
@@ -135,7 +135,7 @@ def reduce_onnx(model) -> tuple:
             "(onnx.save_model(proto, path, save_as_external_data=False), under 2 GB) and load that")
     if isinstance(source, FileSource):
         source = source.read()
-    header = json.dumps({"format": ONNX_FORMAT, "version": ONNX_VERSION, "where": model._where})
+    header = json.dumps({"format": ONNX_FORMAT, "version": ONNX_VERSION, "where": model.where})
     arrays = {ONNX_KEY: np.frombuffer(header.encode(), np.uint8),
               "model": np.frombuffer(source, np.uint8)}
     return _onnx_from_bytes, (_npz_bytes(arrays),)

@@ -26,7 +26,7 @@ def model_summary(model, functional: bool, line_length: int = 98) -> str:
 
     lines = [f'Model: "{model.name}"', "=" * line_length, row(header), "=" * line_length]
     seen = set()
-    for node in model._nodes:
+    for node in model.graph_spec.nodes:
         layer = node.layer
         if isinstance(layer, InputLayer) and not functional:
             continue

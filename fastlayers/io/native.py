@@ -51,13 +51,13 @@ def model_config(model) -> dict:
     """The JSON-compatible architecture of ``model`` (nested models included)."""
     from ..graph import Sequential
 
+    spec = model.graph_spec
     if isinstance(model, Sequential):
-        model._require_built("saving")
         return {"class_name": "Sequential", "config": {
-            "name": model.name, "batch_shape": list(model._input_layer.batch_shape),
-            "input_name": model._input_layer.name,
+            "name": model.name, "batch_shape": list(spec.input_layer.batch_shape),
+            "input_name": spec.input_layer.name,
             "layers": [_layer_entry(layer) for layer in model.layers]}}
-    node_ids = {id(node): i for i, node in enumerate(model._nodes)}
+    node_ids = {id(node): i for i, node in enumerate(spec.nodes)}
 
     def ref(args):
         if args is None:
@@ -67,12 +67,12 @@ def model_config(model) -> dict:
         return [node_ids[id(args.node)], args.index]
 
     nodes = [{"layer": node.layer.name, "args": ref(node.args), "extra_args": list(node.extra_args),
-              "kwargs": node.kwargs} for node in model._nodes]
+              "kwargs": node.kwargs} for node in spec.nodes]
     return {"class_name": "Model", "config": {
         "name": model.name, "layers": [_layer_entry(layer) for layer in model.layers],
         "nodes": nodes, "inputs": [ref(t) for t in model.inputs],
         "outputs": [ref(t) for t in model.outputs],
-        "single_input": model._single_input, "single_output": model._single_output}}
+        "single_input": spec.single_input, "single_output": spec.single_output}}
 
 
 def weight_items(model, prefix: str = ""):

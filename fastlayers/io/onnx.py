@@ -77,9 +77,7 @@ def load_onnx(path) -> OnnxModel:
         parsed = parse_model(data, where)
     except ModelFileError:   # weights in external data files beside it (or a defect: raised again)
         parsed, source = parse_model(data, where, Path(path).parent), None
-    model = from_model(parsed, where)
-    model._source = source
-    return model
+    return from_model(parsed, where, source)
 
 
 def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
@@ -90,6 +88,4 @@ def from_proto(proto, where: str = "ONNX model") -> OnnxModel:
 def from_bytes(data, where: str = "ONNX model") -> OnnxModel:
     """Import a serialized ModelProto (a writeable buffer, which the weights may view; external
     data refused); the model keeps ``data``, which its pickle carries."""
-    model = from_model(parse_model(data, where), where)
-    model._source = data
-    return model
+    return from_model(parse_model(data, where), where, data)

@@ -285,7 +285,8 @@ class OnnxModel:
     #: ``fastlayers.LoadOptions(threads=...)`` sets it at load.
     num_threads: int | None = None
 
-    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None):
+    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None,
+                 source=None):
         self.name, self.opset, self._where = name, opset, where
         self._inputs = inputs            # [(name, numpy dtype, shape with None for symbolic dims)]
         self.output_names = list(outputs)
@@ -302,10 +303,7 @@ class OnnxModel:
         # in force when it was loaded, where they are not the process's defaults
         options = settings.current()
         self._options = None if options is settings.DEFAULT else options
-        #: What a pickle carries: the serialized ModelProto it was imported from (``from_bytes``),
-        #: the file to read it from again (``load_onnx``: the model keeps no second copy of its
-        #: file), or None (not self-contained: its weights lie in external data files).
-        self._source = None
+        self._source = source
         # Nodes computing only from input shapes (Shape, Size and what combines them with
         # constants) give the same values for the same input shapes: their outputs are cached
         # per input-shape key and skipped on later calls.
@@ -333,6 +331,20 @@ class OnnxModel:
     @property
     def input_names(self) -> list[str]:
         return list(self._input_names)
+
+    @property
+    def where(self) -> str:
+        """Where the model was imported from, as error messages name it: the file's path, or a
+        description (``"ONNX model"``) for bytes and in-memory protos."""
+        return self._where
+
+    @property
+    def source(self):
+        """What a pickle of the model carries: the serialized ModelProto it was imported from
+        (``io.onnx.from_bytes``: a buffer), a ``FileSource`` to read its file again (``io.onnx.load_onnx``:
+        the model keeps no second copy of its file), or None (not self-contained: its weights lie
+        in external data files)."""
+        return self._source
 
     @property
     def op_types(self) -> list[str]:
@@ -759,8 +771,9 @@ def _op_name(node) -> str:
     return name if name.isprintable() and 0 < len(name) <= 60 else check.short(name)
 
 
-def from_model(model: proto.Model, where: str) -> OnnxModel:
-    """Import a model read by ``proto``."""
+def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
+    """Import a model read by ``proto``; ``source`` is what its pickles carry
+    (``OnnxModel.source``)."""
     graph = model.graph
     opset = model.opsets.get("")
     if opset is None or not graph.nodes:
@@ -814,4 +827,4 @@ def from_model(model: proto.Model, where: str) -> OnnxModel:
     declared = ([_declared(vi) for vi in graph.inputs if vi.name not in graph.initializers],
                 [_declared(vi) for vi in graph.outputs],
                 frozenset(vi.name for vi in graph.inputs if vi.name in graph.initializers))
-    return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where, declared)
+    return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where, declared, source)

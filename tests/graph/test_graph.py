@@ -109,6 +109,21 @@ def test_summary_lists_layers_shapes_and_params(capsys):
         assert piece in text, piece
 
 
+def test_graph_spec_lists_the_nodes_a_call_runs():
+    a, b = Input((4,), name="a"), Input((4,), name="b")
+    dense = L.Dense(3, name="d")
+    model = Model([a, b], dense(L.Add(name="add")([a, b])))
+    spec = model.graph_spec
+    assert [n.layer.name for n in spec.nodes] == ["a", "b", "add", "d"]
+    assert (spec.single_input, spec.single_output, spec.input_layer) == (False, True, None)
+    seq = Sequential([Input((4,), name="x"), L.Dense(2, name="d")])
+    spec = seq.graph_spec
+    assert spec.input_layer.name == "x" and [n.layer.name for n in spec.nodes] == ["x", "d"]
+    assert spec.single_input and spec.single_output
+    with pytest.raises(ValueError, match="is not built"):
+        Sequential([L.Dense(2)]).graph_spec
+
+
 def test_get_layer_by_name_and_index():
     model = Sequential([Input((2,)), L.Dense(3, name="first"), L.Dense(1, name="second")])
     assert model.get_layer("second") is model.get_layer(index=1)

@@ -352,8 +352,10 @@ def test_onnx_models_pickle_the_file_without_keeping_it(tmp_path, rng):
     data = pickle.dumps(model)
     assert globals_named(data) == ["fastlayers.pickling._onnx_from_bytes"]
     assert path.stat().st_size < len(data) < path.stat().st_size + 2_000
-    assert isinstance(model._source, FileSource)       # no copy of the file kept: read again
+    assert isinstance(model.source, FileSource)        # no copy of the file kept: read again
+    assert model.where == str(path)
     clone = pickle.loads(data)
+    assert not isinstance(clone.source, FileSource) and clone.where == str(path)   # its bytes
     assert (clone.name, clone.op_types, clone.input_names) == (model.name, model.op_types,
                                                               model.input_names)
     np.testing.assert_array_equal(clone(x), model(x))
@@ -370,5 +372,6 @@ def test_onnx_models_with_external_data_are_refused(tmp_path):
     onnx.save_model(proto, str(tmp_path / "ext.onnx"), save_as_external_data=True,
                     location="ext.data", size_threshold=0)
     model = fastlayers.load(tmp_path / "ext.onnx")
+    assert model.source is None
     with pytest.raises(UnsupportedError, match="external data files"):
         pickle.dumps(model)
