@@ -126,6 +126,14 @@ def get_num_threads() -> int | None:
     return _num_threads[0]
 
 
+def threads_in_use() -> int:
+    """The threads a native call started now in this thread uses: the count of
+    ``using_threads``, else of ``set_num_threads``, else the pool's default."""
+    from ..native import get_num_threads as native_threads
+
+    return native_threads()
+
+
 class _Recording:
     """The active Ops object seen through a log: each method called is appended to ``log`` as
     ``"<backend>.<method>"``; everything else (``name``, attributes) reads through unchanged."""

@@ -60,7 +60,6 @@ from .. import settings
 from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from ..native import CODES as DENSE_CODES
 from ..warmup import warm_up
 
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
@@ -318,7 +317,7 @@ class OnnxModel:
                        {**n.attrs, **{k: {} for k in NODE_CACHES[n.op_type]}}
                        if n.op_type in NODE_CACHES else n.attrs,
                        any(o in shape_only for o in n.outputs)) for n in nodes]
-        self._quiet = all(_quiet(n) for n in nodes)
+        self._quiet = _quiet_activations(nodes)
         self._input_checks = [(dtype, _fixed_tail(shape)) for _, dtype, shape in inputs]
         self._input_names = tuple(name for name, _, _ in inputs)
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
@@ -530,7 +529,7 @@ class OnnxModel:
         ops = get_ops()
         token = ops.enter_call()
         try:
-            if self._quiet and ops.name == "cpu":
+            if self._quiet is not None and self._quiet <= ops.quiet_activations:
                 return self._run_nodes(arrays, clock, log, every_value)
             with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
                 return self._run_nodes(arrays, clock, log, every_value)
@@ -629,7 +628,7 @@ class OnnxModel:
         >>> p = model.profile(x)
         >>> print(p.table(top=10))
         """
-        from ..native import get_num_threads
+        from ..backends import threads_in_use
         from .profile import profile_plan
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -637,7 +636,7 @@ class OnnxModel:
         arrays = self._prepare(args, kwargs)
         return profile_plan(self.name, self._plan, self._nodes,
                             lambda a, clock, log: self._evaluate(a, clock, log),
-                            arrays, repeats, get_num_threads())
+                            arrays, repeats, threads_in_use())
 
     def warm_up(self) -> bool:
         """Run the graph once on zeros of its inputs' declared shapes (free dimensions: 1 where
@@ -711,10 +710,13 @@ QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze
                        "Identity"})
 
 
-def _quiet(node) -> bool:
-    """Whether ``node`` is one of ``QUIET_OPS`` (a FusedDense: with a native activation)."""
-    return node.op_type in QUIET_OPS and (
-        node.op_type != "FusedDense" or node.attrs.get("activation", "linear") in DENSE_CODES)
+def _quiet_activations(nodes) -> frozenset | None:
+    """The activations of the FusedDense nodes where every node is one of ``QUIET_OPS``: the
+    graph then runs without ``np.errstate`` on a backend whose dense kernel applies them quietly
+    (``Ops.quiet_activations``); None where some node may raise numpy's warnings."""
+    if not all(n.op_type in QUIET_OPS for n in nodes):
+        return None
+    return frozenset(n.attrs.get("activation", "linear") for n in nodes if n.op_type == "FusedDense")
 
 
 def _fixed_tail(shape):

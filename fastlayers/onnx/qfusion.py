@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.integer import INTEGER_KERNELS
 from .ops import OPS
 from .qlinear import _column_zero_points
 from .qlstm import _pack_lstm
-from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _native, _quantize_linear
+from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _quantize_linear, integer_kernels
 
 #: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
 _PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
@@ -61,7 +62,7 @@ def _fused_quantize_dequantize(inputs, attrs, opset):
     """fastlayers' own node (``fuse_quantize_dequantize``): DequantizeLinear(QuantizeLinear(x))
     with per-tensor 8-bit parameters, (clamp(round(x / s) + z) - z) * s."""
     x, scale, zp = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
-    core = _native()
+    core = integer_kernels()
     if core is None or x.dtype != np.float32:
         return _dequantize_linear([_quantize_linear(inputs, {}, opset)[0], scale, zp], {}, opset)
     lo, hi = QUANT_RANGES[zp.dtype]
@@ -146,14 +147,11 @@ def optimize(nodes, constants, outputs) -> list:
 
 def pack_weights(nodes, constants) -> list:
     """Give each integer product whose B (2-D uint8/int8) and B zero point are constants its B
-    packed for the native kernel, once (attribute ``_b_packed``), where the native core is built."""
-    try:
-        from ..native import _core
-    except ImportError:
-        return nodes
+    packed for the native kernel, once (attribute ``_b_packed``), whichever backend is active
+    at load: a backend with integer kernels then finds it packed."""
     for node in nodes:
         if node.op_type == f"{MS}::DynamicQuantizeLSTM":
-            _pack_lstm(node, constants, _core)
+            _pack_lstm(node, constants, INTEGER_KERNELS)
             continue
         where = _PACKABLE.get(node.op_type)
         if where is None or len(node.inputs) <= where[0]:
@@ -165,5 +163,5 @@ def pack_weights(nodes, constants) -> list:
         zp = constants[zp_name] if zp_name else np.zeros((), b.dtype)
         if zp.dtype != b.dtype or zp.size not in (1, b.shape[1]):
             continue   # the operator raises its error when it runs
-        node.attrs = dict(node.attrs, _b_packed=_core.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])))
+        node.attrs = dict(node.attrs, _b_packed=INTEGER_KERNELS.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])))
     return nodes

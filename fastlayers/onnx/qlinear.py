@@ -18,7 +18,7 @@ from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
 from .ops import _padded_output, _pads_2d, _spatial
-from .quant import MS, QUANT_RANGES, _native, _register, _scale, dynamic_quantize
+from .quant import MS, QUANT_RANGES, _register, _scale, dynamic_quantize, integer_kernels
 
 
 def _quantized(x, what, name):
@@ -63,7 +63,7 @@ def integer_matmul(a, a_zp, b, b_zp, packed=None, requant=None):
     sums requantized to 8 bits as ``requantize`` (in the native kernel's store where it runs)."""
     if a.shape[-1:] != b.shape[-2:-1] if b.ndim >= 2 else a.shape[-1:] != b.shape:
         raise ShapeError(f"integer matmul of shapes {a.shape} and {b.shape}: inner sizes differ")
-    core = _native()
+    core = integer_kernels()
     if core is None or b.ndim != 2 or a.ndim == 0:
         a64 = a.astype(np.float64) - a_zp.astype(np.float64)
         b64 = b.astype(np.float64) - b_zp.astype(np.float64)
@@ -124,7 +124,7 @@ def _qgemm(core, a, a_zp, packed, n, requant=None, out=None):
 def pack_operand(b, b_zp):
     """A 2-D B less its zero point packed for the native kernel (``integer_matmul``'s
     ``packed``); None on the numpy reference."""
-    core = _native()
+    core = integer_kernels()
     return None if core is None else core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, b.shape[1]))
 
 
@@ -223,7 +223,7 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
     oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
     w_zp = np.asarray(w_zp)
-    if _native() is not None:
+    if integer_kernels() is not None:
         packed = _packed_conv_weights(w, w4, w_zp, group)
         y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads,
                                  requant)
@@ -269,7 +269,7 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
     as x_zp) into rows (n oh ow, kh kw c/group) and multiplies them by each group's ``packed``
     weight (``_packed_conv_weights``), requantizing in its store. Returns the NCHW view of an
     NHWC result."""
-    core = _native()
+    core = integer_kernels()
     n, c = x.shape[:2]
     cout, kh, kw = w_shape
     cin_g, cout_g = c // group, cout // group
@@ -349,7 +349,7 @@ def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, wh
     """float32((a - a_zp) @ (b - b_zp)) * float32(a_scale * b_scale) (+ bias), b_scale per tensor
     or per column of a 2-D b: the native kernel's float epilogue where it runs, else
     ``_float_product`` of ``integer_matmul``."""
-    core = _native()
+    core = integer_kernels()
     if core is None or b.ndim != 2 or a.ndim == 0 or a.shape[-1] != b.shape[0]:
         n = b.shape[-1] if b.ndim else 0
         return _float_product(integer_matmul(a, a_zp, b, b_zp, packed), a_scale, b_scale, bias, n, what)
@@ -403,7 +403,7 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
 
     def run(inputs, attrs, opset):
         a = inputs[0]
-        core = _native()
+        core = integer_kernels()
         if core is None or type(a) is not np.ndarray or (a.shape, a.dtype.str) not in checked:
             out = general(inputs, attrs, opset)
             if core is not None and type(a) is np.ndarray:
@@ -520,7 +520,7 @@ def _qgemm_op(inputs, attrs, opset):
     if m == 0 or n == 0:
         return [np.zeros((m, n), np.float32 if y_zp is None else y_zp.dtype)]
     a_m, b_m = (a.T if trans_a else a), (b.T if trans_b else b)
-    core, packed = _native(), None
+    core, packed = integer_kernels(), None
     if core is not None:     # B less its zero points packed once per B array and zero points
         zb = _column_zero_points(b_zp, n)
         packed = derived(b, f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",

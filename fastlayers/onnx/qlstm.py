@@ -18,7 +18,7 @@ from .qlinear import (
     native_product_to_float,
     pack_operand,
 )
-from .quant import MS, _native, _register, _scale, _zero_point, dynamic_quantize
+from .quant import MS, _register, _scale, _zero_point, dynamic_quantize, integer_kernels
 
 
 def _direction_param(p, d, n_gates, what, name):
@@ -168,7 +168,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     x = np.asarray(inputs[0])
     optional = _optional(inputs)
     params, packed, checked = attrs.get("_params"), attrs.get("_packed"), attrs.get("_checked")
-    core = _native()
+    core = integer_kernels()
     fast = params is not None and packed is not None and core is not None
     if fast and checked is not None:
         key = (x.shape, x.dtype.str, *(None if v is None else v.shape for v in optional))

@@ -32,7 +32,6 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
-from ..native import _core
 from . import check
 from .check import AXIS, BOOL, A, Op
 from .ops import DTYPES, OPS, _stored
@@ -142,7 +141,7 @@ def _elementwise(x_f32, fn):
 def quantize(x_f32, scale, zp):
     """saturate(round_half_even(x / scale) + zero_point) in zero_point's type (float32 division,
     as onnxruntime); per tensor 8-bit on the native core (quantize.c)."""
-    core = _native()
+    core = integer_kernels()
     if core is not None and np.ndim(scale) == 0 and zp.ndim == 0 and zp.dtype in (np.uint8, np.int8):
         return _elementwise(x_f32, lambda x: core.quantize(x, float(scale), float(zp), zp.dtype))
     return _saturate(np.asarray(np.divide(x_f32, scale, dtype=np.float32)), zp)
@@ -205,9 +204,10 @@ for _domain in ("", MS):
     _register("DequantizeLinear", _dequantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
 
 
-def _native():
-    """The native core where the active backend runs on it; None on the numpy reference."""
-    return None if get_ops().name == "reference" else _core
+def integer_kernels():
+    """The active backend's integer kernels (``Ops.integer``: ``backends.integer``), or None
+    where it has none: integer products then run in numpy."""
+    return get_ops().integer
 
 
 # ------------------------------------------------------------------------- dynamic quantization
@@ -216,7 +216,7 @@ def dynamic_quantize(x):
     max(x, 0)] mapped onto [0, 255] (scale 1 where it is empty), the zero point rounded half to
     even."""
     x = np.asarray(x, np.float32)
-    core = _native()
+    core = integer_kernels()
     if core is not None:              # the same arithmetic in one native call
         held, back = _stored(x)
         q, scale, zp = core.dynamic_quantize(held)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...native import CODES, _core, arena_enter, arena_exit
 from ..derived import derived_from
+from ..integer import INTEGER_KERNELS
 from ..reference import EncoderWeights
 from . import gemm, recurrent
 from .conv import ConvOps
@@ -94,6 +95,8 @@ class CpuOps(ConvOps):
     ``conv.ConvOps`` (native/conv.c, pool.c), and ReferenceOps for what neither overrides."""
 
     name = "cpu"
+    integer = INTEGER_KERNELS
+    quiet_activations = frozenset(CODES)
 
     def enter_call(self):
         """Begin a model's call: numpy allocates its arrays from the native block arena

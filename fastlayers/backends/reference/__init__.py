@@ -54,6 +54,12 @@ class ReferenceOps:
     #: Where activations live between layers: None for host numpy arrays (this class and
     #: CpuOps); a device backend names its device and overrides the data-movement primitives.
     device = None
+    #: The packed integer kernels quantized graphs run on (``backends.integer.IntegerKernels``),
+    #: or None: their integer products then run in numpy.
+    integer = None
+    #: Activations the dense kernel applies without numpy's floating-point error state (native
+    #: code, which raises no warnings): a graph of such steps alone needs no ``np.errstate``.
+    quiet_activations: frozenset = frozenset()
 
     # ------------------------------------------------------------ a model's call
     def enter_call(self):
