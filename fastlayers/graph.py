@@ -24,7 +24,7 @@ from .layers.input_layer import InputLayer
 from .placement import on_device
 from .summary import model_summary
 from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
-from .warmup import warm_up
+from .warmup import FREE_SIZE, in_proportion, warm_up
 
 
 def Input(shape=None, batch_size=None, name=None, dtype=None, batch_shape=None, **kwargs) -> SymbolicTensor:
@@ -481,10 +481,12 @@ class Model(Layer):
         Returns
         -------
         bool
-            Whether it ran: False for a model not built yet, inputs over
-            ``warmup.MAX_ELEMENTS`` elements, or a model that refuses zeros of those sizes.
+            Whether it ran: False for a model not built yet, one whose largest activation at
+            those sizes is out of proportion to its weights (``warmup.in_proportion``: over
+            ``warmup.PROPORTION_FLOOR`` elements and over its weights' count, or over
+            ``warmup.MAX_ELEMENTS``), or a model that refuses zeros of those sizes.
         """
-        if not self.built:
+        if not self.built or not warm_up_in_proportion(self):
             return False
         return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]),
                        self.input_specs())
@@ -770,3 +772,53 @@ class Sequential(Model):
         self._require_built("set_weights()")
         super().set_weights(weights)
 
+
+# ------------------------------------------------------------------------------ graph measures
+def all_graph_nodes(model: Model):
+    """Every node of ``model``'s graph, nested models' included (each model once); none for a
+    ``Sequential`` not built yet."""
+    pending, seen = [model], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for node in getattr(current, "_nodes", ()):
+            yield node
+            if isinstance(node.layer, Model):
+                pending.append(node.layer)
+
+
+def activation_elements(model: Model, free_size: int = FREE_SIZE) -> int:
+    """The most elements any tensor of ``model``'s graph (nested models' included) holds for one
+    sample, free sizes counted as ``free_size`` (the batch as 1): what a call at batch 1 needs
+    per activation."""
+    largest = 0
+    for node in all_graph_nodes(model):
+        for out in node.outputs:
+            size = 1
+            for k, d in enumerate(out.shape):
+                size *= (1 if k == 0 else free_size) if d is None else max(int(d), 0)
+            largest = max(largest, size)
+    return largest
+
+
+def weight_elements(model: Model) -> int:
+    """The elements of all of ``model``'s weights (nested models' included, shared layers once)."""
+    seen, pending, total = set(), list(model.layers), 0
+    while pending:
+        layer = pending.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, Model):
+            pending.extend(layer.layers)
+        else:
+            total += sum(int(w.size) for w in layer.weights)
+    return total
+
+
+def warm_up_in_proportion(model: Model) -> bool:
+    """``warmup.in_proportion`` for a layer graph: its largest activation at batch 1 against its
+    weights' count."""
+    return in_proportion(activation_elements(model), weight_elements(model))

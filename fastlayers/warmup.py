@@ -2,6 +2,13 @@
 its weights packed (``backends/derived.py``), its buffers allocated and fastlayers' threads
 started, and costs about what later calls cost.
 
+One rule decides whether a model is warmed up, for every kind of model (``in_proportion``): its
+inputs can be made (``MAX_ELEMENTS``), and the largest tensor known before the run (a layer
+graph's largest activation, an ONNX graph's inputs) holds at most ``PROPORTION_FLOOR`` elements or
+at most as many as the model's weights, so that the run's work stays in proportion to the file (a
+file of a few KB declaring a sequence of 10**6 steps through attention would otherwise run for
+hours inside ``load``).
+
 A run that takes under ``REPEAT_BELOW_S`` is repeated, up to ``MAX_RUNS`` runs: for small models
 the Python around the kernels is most of a call, and CPython specializes a function's bytecode
 only after it has run several times (the demo MLP's second call took 2.5x its steady time, its
@@ -23,9 +30,18 @@ import numpy as np
 MAX_ELEMENTS = 1 << 22
 #: The size given to a free dimension other than the leading (batch) one.
 FREE_SIZE = 8
+#: A warm-up runs where its largest known tensor holds at most this many elements, or at most as
+#: many as the model's weights (``in_proportion``).
+PROPORTION_FLOOR = 1 << 16
 #: A run faster than this (seconds) is repeated, up to MAX_RUNS runs in all.
 REPEAT_BELOW_S = 1e-3
 MAX_RUNS = 8
+
+
+def in_proportion(tensor_elements: int, weight_elements: int) -> bool:
+    """Whether a warm-up whose largest known tensor holds ``tensor_elements`` elements runs, for
+    a model of ``weight_elements`` weight elements: the module's one rule."""
+    return tensor_elements <= MAX_ELEMENTS and tensor_elements <= max(PROPORTION_FLOOR, weight_elements)
 
 
 def zeros_like_inputs(specs: Sequence[tuple]) -> list[np.ndarray] | None:

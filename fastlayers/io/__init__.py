@@ -56,8 +56,9 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
         (``Model.warm_up``, ``OnnxModel.warm_up``; batch 1), so that the first real call finds
         its weights packed and its threads started; by default ``options.warm_up`` (True).
         torch modules declare no input shape and are not warmed up, and neither is a model
-        whose largest activation at batch 1 exceeds both ``WARM_UP_ACTIVATIONS`` (65,536)
-        elements and its weights' element count.
+        whose warm-up is out of proportion to its weights (``fastlayers.warmup.in_proportion``:
+        its largest activation at batch 1, for ONNX its inputs, over both 65,536 elements and
+        its weights' element count).
     options : fastlayers.LoadOptions, optional
         The limits the file is read within, whether to warm the model up, and the threads its
         calls use (``model.num_threads``); an ONNX model also keeps the limits its calls check.
@@ -83,7 +84,7 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
         if options.threads is not None:
             model.num_threads = options.threads
         if options.warm_up if warm_up is None else warm_up:
-            if hasattr(model, "warm_up") and _worth_warming(model):
+            if hasattr(model, "warm_up"):
                 with np.errstate(all="ignore"):   # weights from a file may overflow on zeros
                     _warm_up(model, path)
     return model
@@ -98,6 +99,10 @@ def _warm_up(model, source) -> None:
 
     if not _is_graph_model(model) or not model.built:
         model.warm_up()
+        return
+    from ..graph import warm_up_in_proportion
+
+    if not warm_up_in_proportion(model):
         return
     failures = []
 
@@ -118,29 +123,12 @@ def _warm_up(model, source) -> None:
                              f"({type(e).__name__}: {str(e)[:200]})") from e
 
 
-#: A loaded model is warmed up only when its largest activation at batch 1 holds at most this
-#: many elements or at most as many as its weights: the work of a warm-up then stays in
-#: proportion to the file (a file of a few KB declaring a sequence of 10**6 steps through
-#: attention would otherwise run for hours inside ``load``). Larger models load without it.
-WARM_UP_ACTIVATIONS = 1 << 16
-
-
 def _is_graph_model(model) -> bool:
     """Whether ``model`` is a fastlayers ``Model`` (without importing the graph module, which
     an ONNX or torch load never needs: no Model exists unless it was imported)."""
     graph = sys.modules.get("fastlayers.graph")
     return graph is not None and isinstance(model, graph.Model)
 
-
-def _worth_warming(model) -> bool:
-    """Whether a warm-up run stays in proportion to the model (``WARM_UP_ACTIVATIONS``); a run
-    larger than that is the caller's to start, not the loader's."""
-    from ..warmup import FREE_SIZE
-    from .limits import activation_elements, weight_elements
-
-    if not _is_graph_model(model):
-        return True
-    return activation_elements(model, FREE_SIZE) <= max(WARM_UP_ACTIVATIONS, weight_elements(model))
 
 
 class _Named(io.BytesIO):

@@ -851,7 +851,7 @@ def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
 def _check_weights_fit(model, where: str, available: int) -> None:
     """Refuse, before reading, a model whose weights need more elements than ``available`` (the
     HDF5 image's bytes, times the compression ratio limit for chunked datasets)."""
-    from .limits import weight_elements
+    from ..graph import weight_elements
 
     needed = weight_elements(model)
     if needed > available:

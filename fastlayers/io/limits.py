@@ -325,64 +325,16 @@ def check_crc(fobj, start: int, size: int, expected: int, where: str, what: str)
 
 
 # ---------------------------------------------------------------------------------- activations
-def _graph_nodes(model):
-    """Every node of ``model``'s graph, nested models' included (each model once)."""
-    from ..graph import Model
-
-    pending, seen = [model], set()
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        for node in getattr(current, "_nodes", ()):
-            yield node
-            if isinstance(node.layer, Model):
-                pending.append(node.layer)
-
-
-def activation_elements(model, free_size: int = 8) -> int:
-    """The most elements any tensor of ``model``'s graph (nested models' included) holds for one
-    sample, free sizes counted as ``free_size`` (the batch as 1): what a call at batch 1 needs
-    per activation."""
-    largest = 0
-    for node in _graph_nodes(model):
-        for out in node.outputs:
-            size = 1
-            for k, d in enumerate(out.shape):
-                size *= (1 if k == 0 else free_size) if d is None else max(int(d), 0)
-            largest = max(largest, size)
-    return largest
-
-
 def check_graph(model, where: str) -> None:
     """Every tensor of ``model``'s graph (nested models' included) has sizes that are None or
     from 0 to ``MAX_CONFIG_INT``: a config that passed its layers' checks but gives a negative or
     absurd size (padding of 2**31 on each side, an Input of shape (-5,)) is refused at load,
     not at the first call. ModelFileError naming the layer and the shape."""
-    for node in _graph_nodes(model):
+    from ..graph import all_graph_nodes  # here: an ONNX or torch load never imports the graph
+
+    for node in all_graph_nodes(model):
         for out in node.outputs:
             if any(d is not None and not 0 <= d <= MAX_CONFIG_INT for d in out.shape):
                 raise ModelFileError(f"{where}: layer {node.layer.name!r} "
                                      f"({type(node.layer).__name__}) gives an output of shape "
                                      f"{tuple(out.shape)}: sizes must be from 0 to {MAX_CONFIG_INT}")
-
-
-def weight_elements(model) -> int:
-    """The elements of all of ``model``'s weights."""
-    return int(sum(w.size for layer in _all_layers(model) for w in layer.weights))
-
-
-def _all_layers(model):
-    from ..graph import Model
-
-    seen, pending = set(), list(model.layers)
-    while pending:
-        layer = pending.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if isinstance(layer, Model):
-            pending.extend(layer.layers)
-        else:
-            yield layer

@@ -60,7 +60,7 @@ from .. import settings
 from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from ..warmup import warm_up
+from ..warmup import FREE_SIZE, in_proportion, warm_up
 
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all
@@ -647,25 +647,23 @@ class OnnxModel:
         Returns
         -------
         bool
-            Whether it ran: False for inputs without a declared rank, over
-            ``warmup.MAX_ELEMENTS`` elements, or taking more bytes than the model's weights (and
-            1 MiB: a small file declaring large inputs is not run at load), or a graph that
-            fails on zeros of those sizes, or one with a Loop (how long it runs depends on
-            the values; zeros may keep it going).
+            Whether it ran: False for inputs without a declared rank, inputs out of proportion
+            to the model's weights (``warmup.in_proportion``: over ``warmup.PROPORTION_FLOOR``
+            elements and over the weights' count, or over ``warmup.MAX_ELEMENTS``: a small file
+            declaring large inputs is not run at load), a graph that fails on zeros of those
+            sizes, or one with a Loop (how long it runs depends on the values; zeros may keep
+            it going).
         """
-        from .. import warmup
-
         specs = [(shape, dtype) for _, dtype, shape in self._inputs]
-        total = nbytes = 0
-        for shape, dtype in specs:   # exact (a file may declare dimensions whose product overflows)
+        total = 0
+        for shape, _ in specs:   # exact (a file may declare dimensions whose product overflows)
             count = 1
             for k, d in enumerate(shape or ()):
-                count *= (1 if k == 0 else warmup.FREE_SIZE) if d is None else d
+                count *= (1 if k == 0 else FREE_SIZE) if d is None else d
             total += count
-            nbytes += count * dtype.itemsize
-        weights = sum(_array_bytes(v) for v in self._constants.values()) + sum(
-            _array_bytes(v) for n in self._nodes for v in n.attrs.values())
-        if total > warmup.MAX_ELEMENTS or nbytes > max(1 << 20, weights) or has_loop(self._nodes):
+        weights = sum(_array_elements(v) for v in self._constants.values()) + sum(
+            _array_elements(v) for n in self._nodes for v in n.attrs.values())
+        if not in_proportion(total, weights) or has_loop(self._nodes):
             return False
         return warm_up(self._evaluate, specs)
 
@@ -733,12 +731,13 @@ def _fixed_tail(shape):
     return free, tail, len(shape), None not in tail
 
 
-def _array_bytes(value) -> int:
-    """The bytes of the arrays ``value`` is or holds (a tuple of arrays: a fused node's weights)."""
+def _array_elements(value) -> int:
+    """The elements of the arrays ``value`` is or holds (a tuple of arrays: a fused node's
+    weights)."""
     if isinstance(value, np.ndarray):
-        return value.nbytes
+        return value.size
     if isinstance(value, tuple):
-        return sum(_array_bytes(v) for v in value)
+        return sum(_array_elements(v) for v in value)
     return 0
 
 

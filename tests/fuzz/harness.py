@@ -147,7 +147,7 @@ def _random_inputs(model, limit: int = 1 << 16):
             arrays.append(rng.integers(0, 3, shape).astype(layer.dtype))
         else:
             arrays.append(rng.standard_normal(shape).astype(np.float32))
-    from fastlayers.io.limits import activation_elements
+    from fastlayers.graph import activation_elements
 
     if activation_elements(model, free_size=2) > limit:   # nested models' tensors included
         return None

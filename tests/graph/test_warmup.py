@@ -69,3 +69,25 @@ def test_zeros_like_inputs():
                                                     ((2,), np.int64)]
     assert not any(a.any() for a in arrays)
     assert warmup.zeros_like_inputs([(None, np.float32)]) is None
+
+
+def test_one_rule_decides_every_warm_up(tmp_path):
+    """``warmup.in_proportion``: the largest tensor known before the run (a layer graph's
+    largest activation, an ONNX graph's inputs) within PROPORTION_FLOOR elements or within the
+    weights' count, and never over MAX_ELEMENTS; a layer graph and an ONNX graph of the same
+    sizes get the same answer, at load and from ``warm_up()``."""
+    from ..tiny_onnx import dense_model
+
+    floor = warmup.PROPORTION_FLOOR
+    assert warmup.in_proportion(floor, 0) and not warmup.in_proportion(floor + 1, 0)
+    assert warmup.in_proportion(4 * floor, 4 * floor)
+    assert not warmup.in_proportion(warmup.MAX_ELEMENTS + 1, 10 * warmup.MAX_ELEMENTS)
+    # a layer graph: 16 inputs repeated into a (rows, 16) activation, 136 weights
+    for rows, expected in [(floor // 16, True), (floor // 16 + 1, False)]:
+        m = fastlayers.Sequential([fastlayers.Input((16,)), layers.RepeatVector(rows),
+                                   layers.Dense(8)])
+        assert m.warm_up() is expected
+    # an ONNX graph with the same 136 weights: its declared inputs are what is known
+    for rows, expected in [(floor // 16, True), (floor // 16 + 1, False)]:
+        path = dense_model(tmp_path / f"d{rows}.onnx", [1, rows, 16])
+        assert fastlayers.load(path, warm_up=False).warm_up() is expected
