@@ -117,7 +117,7 @@ def assert_close_to_scale(actual, expected, rel=1e-5, what=""):
                                atol=rel * max(scale, 1e-30), err_msg=what)
 
 
-def randomized(torch, module_class, scale=0.3):
+def random_torch_module(torch, module_class, scale=0.3):
     """``module_class()`` in eval mode with every parameter drawn from N(0, scale^2) (seed 0)."""
     torch.manual_seed(0)
     module = module_class().eval()
@@ -125,6 +125,20 @@ def randomized(torch, module_class, scale=0.3):
         for p in module.parameters():
             p.normal_(0.0, scale)
     return module
+
+
+def set_random_weights(model, rng, scale=0.3):
+    """``model`` (a fastlayers Model) with every weight drawn from N(0, scale^2), a
+    BatchNormalization's made positive (|w| + 0.5: a variance must be); returns ``model``."""
+    from fastlayers.layers import BatchNormalization
+
+    for layer in model.layers:
+        weights = [rng.standard_normal(w.shape).astype(np.float32) * scale for w in layer.get_weights()]
+        if isinstance(layer, BatchNormalization):
+            weights = [np.abs(w) + 0.5 for w in weights]
+        if weights:
+            layer.set_weights(weights)
+    return model
 
 
 def in_threads(work, count):

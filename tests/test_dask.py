@@ -24,7 +24,7 @@ import fastlayers.dask as fd  # noqa: E402
 from fastlayers import layers as L  # noqa: E402
 from fastlayers.errors import InputError  # noqa: E402
 
-from .conftest import oracle  # noqa: E402
+from .conftest import oracle, set_random_weights  # noqa: E402
 
 #: Rows per chunk: recurrent layers take another (per-step product) path for batches of 1-4 rows,
 #: whose last bits may differ from the same rows in a bigger batch; from 5 rows up, every row
@@ -52,21 +52,16 @@ def one_thread():
     fastlayers.set_num_threads(before)
 
 
-def randomized(model, rng):
-    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) * 0.3
-                       for w in model.get_weights()])
-    return model
-
 
 def cnn(rng):
     x = fastlayers.Input((12, 12, 3))
     h = L.Conv2D(8, 3, padding="same", activation="relu")(x)
     h = L.Conv2D(8, 3, activation="relu")(L.MaxPooling2D()(h))
-    return randomized(fastlayers.Model(x, L.Dense(5, activation="softmax")(L.Flatten()(h))), rng)
+    return set_random_weights(fastlayers.Model(x, L.Dense(5, activation="softmax")(L.Flatten()(h))), rng)
 
 
 def lstm(rng):
-    return randomized(fastlayers.Sequential([fastlayers.Input((9, 4)),
+    return set_random_weights(fastlayers.Sequential([fastlayers.Input((9, 4)),
                                              L.LSTM(16, return_sequences=True), L.LSTM(8),
                                              L.Dense(3)]), rng)
 
@@ -163,7 +158,7 @@ def test_onnx_model_of_two_inputs_and_outputs(client, one_thread, rng, tmp_path)
 
 def test_predict_partitions_of_a_dataframe(client, one_thread, rng):
     pd = pytest.importorskip("pandas")
-    model = randomized(fastlayers.Sequential([fastlayers.Input((3,)), L.Dense(8, activation="relu"),
+    model = set_random_weights(fastlayers.Sequential([fastlayers.Input((3,)), L.Dense(8, activation="relu"),
                                               L.Dense(2)]), rng)
     frame = pd.DataFrame(rng.standard_normal((120, 4)), columns=["a", "b", "c", "d"])
     ddf = dd.from_pandas(frame, npartitions=4)

@@ -78,7 +78,7 @@ __all__ += [
     "MaxPooling2D", "NiNBlock", "RoIPooling2D", "SeparableConv2D", "UpSampling2D",
 ]
 
-# attention (issue 5)
+# attention
 from .attention import (  # noqa: E402
     AdditiveAttention,
     Attention,
@@ -94,7 +94,7 @@ __all__ += [
     "PositionwiseFeedForward", "SelfAttention",
 ]
 
-# recurrent (issue 4)
+# recurrent
 __all__ += [
     "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
     "SimpleRNNCell",

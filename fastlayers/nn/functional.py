@@ -147,7 +147,7 @@ from .functional_conv import (  # noqa: E402,F401
 )
 
 
-# ------------------------------------------------------------------------- attention (issue 5)
+# ------------------------------------------------------------------------- attention
 def _attn_bias(mask, what: str, true_means_attend: bool) -> np.ndarray | None:
     """A torch attention mask as an additive float32 bias: bool -> 0 / -inf, float -> itself."""
     if mask is None:

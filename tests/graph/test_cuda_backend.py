@@ -20,8 +20,9 @@ import pytest
 import fastlayers
 import fastlayers.nn
 from fastlayers.errors import UnsupportedError
-from tests.conftest import assert_close, needs_numba_cuda
 from tests.ops.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
+
+from ..conftest import assert_close, needs_numba_cuda
 
 pytestmark = needs_numba_cuda
 

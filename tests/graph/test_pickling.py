@@ -22,19 +22,10 @@ from fastlayers.errors import ModelFileError, UnsupportedError
 from fastlayers.io.onnx import FileSource
 from fastlayers.nn import MODULE_CLASSES
 
-from ..conftest import oracle
+from ..conftest import oracle, set_random_weights
 
 PROTOCOLS = range(3, pickle.HIGHEST_PROTOCOL + 1)   # below 3, bytes pickle through a codecs global
 
-
-def randomized(model, rng):
-    for layer in model.layers:
-        weights = [rng.standard_normal(w.shape).astype(np.float32) * 0.3 for w in layer.get_weights()]
-        if isinstance(layer, L.BatchNormalization):   # a positive variance
-            weights = [np.abs(w) + 0.5 for w in weights]
-        if weights:
-            layer.set_weights(weights)
-    return model
 
 
 def outputs(y) -> list:
@@ -46,8 +37,8 @@ def cnn_and_lstm(rng):
     h = L.Conv2D(6, 3, padding="same", activation="relu")(x)          # Winograd 3x3
     h = L.BatchNormalization()(L.MaxPooling2D()(h))
     h = L.GlobalAveragePooling2D()(L.Conv2D(8, 1)(h))                  # packed 1x1
-    cnn = randomized(fastlayers.Model(x, [L.Dense(4, activation="softmax")(h), L.Dense(1)(h)]), rng)
-    lstm = randomized(fastlayers.Sequential([
+    cnn = set_random_weights(fastlayers.Model(x, [L.Dense(4, activation="softmax")(h), L.Dense(1)(h)]), rng)
+    lstm = set_random_weights(fastlayers.Sequential([
         fastlayers.Input((None,), dtype="int32"), L.Embedding(30, 8, mask_zero=True),
         L.LSTM(12, return_sequences=True), L.GRU(6), L.Dense(3)]), rng)
     return {cnn: rng.standard_normal((5, 10, 10, 3)).astype(np.float32),

@@ -9,7 +9,7 @@ import pytest
 import fastlayers
 from fastlayers.errors import ShapeError
 
-from ..conftest import assert_close, oracle, randomized
+from ..conftest import assert_close, oracle, random_torch_module
 
 D, HEADS, FF = 32, 4, 48
 
@@ -25,7 +25,7 @@ def encoder(torch, masked=False, layers=2, **options):
         def forward(self, x, mask=None):
             return self.enc(x, src_key_padding_mask=mask) if masked else self.enc(x)
 
-    return randomized(torch, Encoder)
+    return random_torch_module(torch, Encoder)
 
 
 def export(torch, module, path, batch_first=True, masked=False, steps=6):

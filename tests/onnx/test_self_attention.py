@@ -11,7 +11,7 @@ import pytest
 import fastlayers
 from fastlayers.errors import ShapeError
 
-from ..conftest import assert_close, oracle, randomized
+from ..conftest import assert_close, oracle, random_torch_module
 
 E, HEADS, STEPS = 15, 3, 5      # heads of width 5
 
@@ -26,7 +26,7 @@ def attention(torch, call, batch_first=True, bias=True):
         def forward(self, *inputs):
             return call(self.mha, *inputs)
 
-    return randomized(torch, Module)
+    return random_torch_module(torch, Module)
 
 
 def self_attention(mha, x):

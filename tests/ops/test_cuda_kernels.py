@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close, needs_numba_cuda
+from ..conftest import assert_close, needs_numba_cuda
 
 pytestmark = needs_numba_cuda
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,6 +23,8 @@ from fastlayers import Input, Model
 from fastlayers import layers as L
 from fastlayers.native import _core
 
+from ..conftest import set_random_weights
+
 WARM_THREADS = 8
 
 
@@ -33,10 +35,6 @@ def rss_mib() -> float:
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
 
-
-def _randomized(model, rng):
-    model.set_weights([rng.uniform(-0.3, 0.3, w.shape).astype(np.float32) for w in model.get_weights()])
-    return model
 
 
 def keras_models(rng):
@@ -56,7 +54,7 @@ def keras_models(rng):
     for kind, model in [("dense", dense), ("conv", conv), ("lstm", lstm), ("attention", attention)]:
         xi = rng.standard_normal(shapes[kind]).astype(np.float32)
         model(xi)  # built
-        yield kind, _randomized(model, rng), xi
+        yield kind, set_random_weights(model, rng), xi
 
 
 def onnx_model(kind, path, rng):

@@ -230,7 +230,7 @@ class CpuOps(ConvOps):
         return out if x.ndim == 2 else out.reshape(x.shape)
 
 
-    # ------------------------------------------------------------------ attention (issue 5)
+    # ------------------------------------------------------------------ attention
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
         """As ReferenceOps.attention_softmax, in place on C-contiguous float32 scores (the
         native kernel, threaded over rows)."""

@@ -404,7 +404,7 @@ class ReferenceOps:
         from . import conv as rc
         return rc.local_response_norm(x, size, alpha, beta, k)
 
-    # ------------------------------------------------------------------ attention (issue 5)
+    # ------------------------------------------------------------------ attention
     def matmul(self, a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
         """c = a b (a b^T with ``trans_b``) over the last two axes, leading axes batched."""
         return np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
