@@ -16,7 +16,7 @@ def to_onnx(model, input_name: str = "x"):
     """An ONNX ModelProto (opset 20, IR 10) computing ``model`` (a single-input chain of layers)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from fastlayers.graph import InputLayer
+    from fastlayers.model.graph import InputLayer
 
     nodes, inits = [], []
     current = input_name

@@ -38,8 +38,8 @@ __all__ = [
 # Imported at first use, so that a process loading an ONNX file does not pay for importing every
 # layer (docs/design.md, "Figures behind the code's constants"): name -> (modules to import in
 # order, attribute of the last; None: the module).
-_GRAPH = ("fastlayers.graph",)
-_LAZY = {"layers": (("fastlayers.layers",), None), "graph": (_GRAPH, None),
+_GRAPH = ("fastlayers.model.graph",)
+_LAZY = {"layers": (("fastlayers.layers",), None),
          "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
          "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
          "load_state_dict": (("fastlayers.io",), "load_state_dict"),

@@ -214,9 +214,9 @@ def _profile_inputs(model, paths) -> list[np.ndarray]:
     each input's declared shape (free dimensions as a warm-up sizes them)."""
     if paths:
         return _read_inputs(paths, batched=False)
+    from .model.warmup import zeros_like_inputs
     from .onnx.model import ORT_TYPES
     from .onnx.ops import DTYPES
-    from .warmup import zeros_like_inputs
 
     dtypes = {ORT_TYPES[k]: t for k, t in DTYPES.items()}
     arrays = zeros_like_inputs([([d if isinstance(d, int) and d > 0 else None for d in arg.shape],

@@ -29,11 +29,12 @@ LEVELS = [
     ("native", ("fastlayers.native",)),
     ("backends", ("fastlayers.backends",)),
     # what layers and modules use without being layers: graph records, stream state, warm-up runs
-    ("layer support", ("fastlayers.symbolic", "fastlayers.streaming", "fastlayers.warmup")),
+    ("layer support", ("fastlayers.layers.symbolic", "fastlayers.layers.streaming", "fastlayers.model.warmup")),
     ("layers", ("fastlayers.layers",)),
-    # services over layers that the model classes call: plan rewrites, summaries, model.to
-    ("model services", ("fastlayers.folding", "fastlayers.summary", "fastlayers.placement")),
-    ("models", ("fastlayers.graph", "fastlayers.nn", "fastlayers.onnx")),
+    # services over layers that the model classes call (model/: plan rewrites, summaries,
+    # model.to); model/graph.py itself is a model class
+    ("model services", ("fastlayers.model",)),
+    ("models", ("fastlayers.model.graph", "fastlayers.nn", "fastlayers.onnx")),
     ("io", ("fastlayers.io",)),
     ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling",
              "fastlayers.benchmark", "fastlayers.pytest_plugin")),

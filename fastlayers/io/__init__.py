@@ -56,7 +56,7 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
         (``Model.warm_up``, ``OnnxModel.warm_up``; batch 1), so that the first real call finds
         its weights packed and its threads started; by default ``options.warm_up`` (True).
         torch modules declare no input shape and are not warmed up, and neither is a model
-        whose warm-up is out of proportion to its weights (``fastlayers.warmup.in_proportion``:
+        whose warm-up is out of proportion to its weights (``fastlayers.model.warmup.in_proportion``:
         its largest activation at batch 1, for ONNX its inputs, over both 65,536 elements and
         its weights' element count).
     options : fastlayers.LoadOptions, optional
@@ -95,12 +95,12 @@ def _warm_up(model, source) -> None:
     error (a config its layers accepted but cannot run: numpy refusing to broadcast a Rescaling
     scale of the wrong length) is the file's: ModelFileError naming it. A fastlayers error
     (zeros the model refuses) only skips the warm-up, as before."""
-    from ..warmup import warm_up
+    from ..model.warmup import warm_up
 
     if not _is_graph_model(model) or not model.built:
         model.warm_up()
         return
-    from ..graph import warm_up_in_proportion
+    from ..model.graph import warm_up_in_proportion
 
     if not warm_up_in_proportion(model):
         return
@@ -126,7 +126,7 @@ def _warm_up(model, source) -> None:
 def _is_graph_model(model) -> bool:
     """Whether ``model`` is a fastlayers ``Model`` (without importing the graph module, which
     an ONNX or torch load never needs: no Model exists unless it was imported)."""
-    graph = sys.modules.get("fastlayers.graph")
+    graph = sys.modules.get("fastlayers.model.graph")
     return graph is not None and isinstance(model, graph.Model)
 
 

@@ -428,8 +428,8 @@ def _refs_in(obj, out: set) -> set:
 def build_model(entry: dict, where: str, weight_elements: int | None = None, _checked=False):
     """Rebuild a Keras ``Functional``/``Sequential`` config as a fastlayers model (the config is
     checked first: ``check_config``)."""
-    from ..graph import Input, InputLayer, Model, Sequential
     from ..layers import BinaryOp
+    from ..model.graph import Input, InputLayer, Model, Sequential
 
     if not _checked:
         limits.check_depth(entry, where, "the model config")
@@ -764,8 +764,8 @@ def _read_vars(group, layer_name: str, class_name: str, where: str, expected: in
 def _assign_keras3(model, group, where, visited, raw=None) -> None:
     """Weights of the Keras 3 layout: ``layers/<snake_case class>[_n]/vars/<i>``, nested models
     under their own ``layers`` group (keras.src.saving.saving_lib container naming)."""
-    from ..graph import InputLayer, Model
     from ..layers.base import snake_case
+    from ..model.graph import InputLayer, Model
 
     used: dict[str, int] = {}
     layers_group = _get(group, "layers", where, "group")
@@ -803,7 +803,7 @@ def _datasets(group, names, where) -> list:
 
 def _assign_legacy(model, group, where, visited, raw=None) -> None:
     """Weights of the legacy HDF5 layout: ``<layer name>`` groups with a ``weight_names`` attribute."""
-    from ..graph import Model
+    from ..model.graph import Model
 
     for layer in model.layers:
         if id(layer) in visited:
@@ -851,7 +851,7 @@ def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
 def _check_weights_fit(model, where: str, available: int) -> None:
     """Refuse, before reading, a model whose weights need more elements than ``available`` (the
     HDF5 image's bytes, times the compression ratio limit for chunked datasets)."""
-    from ..graph import weight_elements
+    from ..model.graph import weight_elements
 
     needed = weight_elements(model)
     if needed > available:

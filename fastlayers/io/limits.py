@@ -330,7 +330,7 @@ def check_graph(model, where: str) -> None:
     from 0 to ``MAX_CONFIG_INT``: a config that passed its layers' checks but gives a negative or
     absurd size (padding of 2**31 on each side, an Input of shape (-5,)) is refused at load,
     not at the first call. ModelFileError naming the layer and the shape."""
-    from ..graph import all_graph_nodes  # here: an ONNX or torch load never imports the graph
+    from ..model.graph import all_graph_nodes  # here: an ONNX or torch load never imports the graph
 
     for node in all_graph_nodes(model):
         for out in node.outputs:

@@ -32,15 +32,15 @@ HEADER_KEY = "__fastlayers__"
 
 def _registry() -> dict:
     """Class name -> class of what a native file may hold: the layers, and nested models."""
-    from ..graph import Model, Sequential
     from ..layers import LAYER_CLASSES
+    from ..model.graph import Model, Sequential
 
     return {**LAYER_CLASSES, "Model": Model, "Sequential": Sequential}
 
 
 # ------------------------------------------------------------------------------------ writing
 def _layer_entry(layer) -> dict:
-    from ..graph import Model
+    from ..model.graph import Model
 
     if isinstance(layer, Model):
         return model_config(layer)
@@ -49,7 +49,7 @@ def _layer_entry(layer) -> dict:
 
 def model_config(model) -> dict:
     """The JSON-compatible architecture of ``model`` (nested models included)."""
-    from ..graph import Sequential
+    from ..model.graph import Sequential
 
     spec = model.graph_spec
     if isinstance(model, Sequential):
@@ -77,7 +77,7 @@ def model_config(model) -> dict:
 
 def weight_items(model, prefix: str = ""):
     """(key, layer, weight name) for every weight of ``model``, nested models flattened by path."""
-    from ..graph import Model
+    from ..model.graph import Model
 
     for layer in model.layers:
         if isinstance(layer, Model):
@@ -97,7 +97,7 @@ def _json_numpy(value):
 def _check_representable(model, what: str) -> None:
     """Refuse (UnsupportedError) a model the architecture config cannot rebuild: an unbuilt
     Sequential, or a layer or model class outside ``fastlayers.layers`` (a subclass included)."""
-    from ..graph import Model, Sequential
+    from ..model.graph import Model, Sequential
 
     if isinstance(model, Sequential) and not model.built:
         raise UnsupportedError(f"Sequential {model.name!r} cannot be {what} before its input shape "
@@ -477,7 +477,7 @@ def _layer_from_entry(entry, registry, where):
 def model_from_config(entry: dict, where: str = "model config"):
     """Rebuild a model (weights initialized, not loaded) from ``model_config`` output, which
     ``check_architecture`` has checked."""
-    from ..graph import InputLayer, Model, Sequential
+    from ..model.graph import InputLayer, Model, Sequential
 
     registry = _registry()
     cfg = entry["config"]

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..backends.derived import derived, derived_from
 from ..errors import ShapeError, UnsupportedError
-from ..symbolic import SymbolicTensor, is_symbolic
 from .base import Layer, shape_str
 from .core import _DEFAULT_ALPHA, activation_name
+from .symbolic import SymbolicTensor, is_symbolic
 
 _EMPTY_ZERO, _EMPTY_UNIFORM = 1, 2  # what a fully masked query row becomes (see the module doc)
 

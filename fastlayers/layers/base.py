@@ -15,7 +15,7 @@ import numpy as np
 from ..arrays import as_float32, shape_str
 from ..backends import get_ops
 from ..errors import ShapeError, UnsupportedError
-from ..symbolic import call_symbolic, is_symbolic
+from .symbolic import call_symbolic, is_symbolic
 
 # Keras constructor arguments that only matter for training: accepted and ignored.
 _TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"

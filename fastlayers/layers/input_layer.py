@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..symbolic import Node, SymbolicTensor
 from .base import Layer, shape_str
+from .symbolic import Node, SymbolicTensor
 
 
 class InputLayer(Layer):

@@ -24,11 +24,11 @@ import numpy as np
 
 from ..backends.derived import derived_from, fold_projection
 from ..errors import ShapeError, UnsupportedError
-from ..streaming import StreamState
-from ..symbolic import SymbolicTensor
 from .base import InputSpec, Layer, as_float32, shape_str
 from .core import Activation, Dense, Dropout, Embedding, activation_name
 from .normalization import BatchNormalization, LayerNormalization
+from .streaming import StreamState
+from .symbolic import SymbolicTensor
 
 #: The index that reverses the time axis of (batch, time, ...) outputs.
 _REVERSED_TIME = (slice(None), slice(None, None, -1))

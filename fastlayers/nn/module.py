@@ -11,7 +11,7 @@ import numpy as np
 
 from ..backends import using_threads
 from ..errors import ShapeError, StateDictError
-from ..placement import on_device
+from ..model.placement import on_device
 
 
 class IncompatibleKeys(NamedTuple):

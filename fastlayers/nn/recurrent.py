@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import ShapeError, UnsupportedError
-from ..streaming import StreamState
+from ..layers.streaming import StreamState
 from .module import Module
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}

@@ -351,7 +351,7 @@ def probe_inputs(graph_inputs) -> list[np.ndarray] | None:
     different. Floats are noise (``_noise``), integers and booleans ones. None when a rank is
     unknown, or where they would take more than ``warmup.MAX_ELEMENTS`` elements in all (the
     dimensions a file declares are not trusted to be small)."""
-    from ..warmup import MAX_ELEMENTS
+    from ..model.warmup import MAX_ELEMENTS
 
     sizes: dict = {}
     arrays, total = [], 0

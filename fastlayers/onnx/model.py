@@ -60,7 +60,7 @@ from .. import settings
 from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
-from ..warmup import FREE_SIZE, in_proportion, warm_up
+from ..model.warmup import FREE_SIZE, in_proportion, warm_up
 
 # control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
 # their operators to ops.OPS when imported: this module, which runs OPS, imports them all

@@ -125,7 +125,7 @@ def load_and_call(path):
 def _random_inputs(model, limit: int = 1 << 16):
     """Random inputs for ``model`` (a fastlayers Model), or None when the model is not one or a
     call could need more than ``limit`` elements per tensor (fuzzed sizes)."""
-    from fastlayers.graph import Model
+    from fastlayers.model.graph import Model
 
     if not isinstance(model, Model) or not model.built:
         return None
@@ -147,7 +147,7 @@ def _random_inputs(model, limit: int = 1 << 16):
             arrays.append(rng.integers(0, 3, shape).astype(layer.dtype))
         else:
             arrays.append(rng.standard_normal(shape).astype(np.float32))
-    from fastlayers.graph import activation_elements
+    from fastlayers.model.graph import activation_elements
 
     if activation_elements(model, free_size=2) > limit:   # nested models' tensors included
         return None

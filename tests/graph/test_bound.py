@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import graph, layers
+from fastlayers import layers
 from fastlayers.backends import derived, use_ops
+from fastlayers.model import graph
 
 from ..conftest import in_threads
 

@@ -72,7 +72,7 @@ def _assert_equal(actual, expected):
 
 def _bound_functions(model, x):
     """The functions the model runs for inputs laid out as ``x``."""
-    return [fn for fn, _, _ in model._bound[fastlayers.graph._layout_key(x)][3]]
+    return [fn for fn, _, _ in model._bound[fastlayers.model.graph._layout_key(x)][3]]
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

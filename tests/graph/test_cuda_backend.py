@@ -112,7 +112,7 @@ if not IN_CUDA_RUN:
         assert "failures: []" in proc.stdout
 
     def test_device_names():
-        from fastlayers.placement import device_backend
+        from fastlayers.model.placement import device_backend
 
         assert device_backend("cpu") is None
         assert device_backend("cuda") == device_backend("cuda:0") == "cuda"

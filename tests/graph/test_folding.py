@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import Input, Model, folding
+from fastlayers import Input, Model
 from fastlayers import layers as L
 from fastlayers.backends.derived import clear_derived
 from fastlayers.errors import InputError, ShapeError
+from fastlayers.model import folding
 
 from ..conftest import assert_close
 

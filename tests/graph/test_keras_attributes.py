@@ -285,4 +285,4 @@ def test_model_from_json_mutated_architectures_raise_only_fastlayers_errors():
 
 def test_model_from_json_is_exported():
     assert "model_from_json" in fastlayers.__all__ and "model_from_json" in dir(fastlayers)
-    assert fastlayers.model_from_json is fastlayers.graph.model_from_json
+    assert fastlayers.model_from_json is fastlayers.model.graph.model_from_json

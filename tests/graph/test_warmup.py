@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import layers, warmup
+from fastlayers import layers
 from fastlayers.backends import derived
+from fastlayers.model import warmup
 
 from ..conftest import oracle
 

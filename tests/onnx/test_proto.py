@@ -262,6 +262,6 @@ def test_a_process_loading_onnx_imports_neither_onnx_nor_the_layers(onnx, tmp_pa
             f"m = fastlayers.load({str(path)!r})\n"
             "m(np.zeros((1, 3, 6, 6), np.float32))\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'onnx'"
-            " or n.startswith(('fastlayers.layers', 'fastlayers.graph', 'fastlayers.nn'))))")
+            " or n.startswith(('fastlayers.layers', 'fastlayers.model.graph', 'fastlayers.nn'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -14,16 +14,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .arrays import as_array, as_float32, checked, plain, shape_str
-from .backends import using_threads
-from .backends.derived import derived_generation
-from .errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from ..arrays import as_array, as_float32, checked, plain, shape_str
+from ..backends import using_threads
+from ..backends.derived import derived_generation
+from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
+from ..layers.base import Layer
+from ..layers.input_layer import InputLayer
+from ..layers.symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .folding import fold_embeddings
-from .layers.base import Layer
-from .layers.input_layer import InputLayer
 from .placement import on_device
 from .summary import model_summary
-from .symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .warmup import FREE_SIZE, in_proportion, warm_up
 
 
@@ -557,25 +557,25 @@ class Model(Layer):
     def load_weights(self, path) -> None:
         """Load weights saved by Keras (``.weights.h5``, or a legacy ``.h5`` model/weights file)
         into this model, which must have the saved model's architecture."""
-        from .io.keras import load_weights  # deferred: io/ sits above the model classes
+        from ..io.keras import load_weights  # deferred: io/ sits above the model classes
 
         load_weights(self, path)
 
     def save(self, path) -> None:
         """Write architecture and weights to one file (fastlayers native format, no pickle)."""
-        from .io.native import save_model  # deferred: io/ sits above the model classes
+        from ..io.native import save_model  # deferred: io/ sits above the model classes
 
         save_model(self, path)
 
     def __reduce__(self):
         """Pickle by value: the native file's bytes, read back as ``fastlayers.load`` reads a
         file (``fastlayers.pickling``). ``copy.deepcopy`` goes the same way."""
-        from .pickling import reduce_model  # deferred: pickling sits above the model classes
+        from ..pickling import reduce_model  # deferred: pickling sits above the model classes
 
         return reduce_model(self)
 
     def get_config(self) -> dict:
-        from .io.native import model_config  # deferred: io/ sits above the model classes
+        from ..io.native import model_config  # deferred: io/ sits above the model classes
 
         return model_config(self)
 
@@ -603,7 +603,7 @@ class Model(Layer):
             not known yet, a layer or model class of its own (a subclass, outside
             ``fastlayers.layers``), or a layer option that is not JSON-serializable.
         """
-        from .io.native import model_header  # deferred: io/ sits above the model classes
+        from ..io.native import model_header  # deferred: io/ sits above the model classes
 
         return model_header(self, "written as JSON", **kwargs)
 
@@ -667,7 +667,7 @@ def model_from_json(json_string) -> Model:
         header = json.loads(json_string)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError included
         raise ModelFileError(f"model JSON: not valid JSON ({type(e).__name__}: {e})") from e
-    from .io.native import model_from_header  # deferred: io/ sits above the model classes
+    from ..io.native import model_from_header  # deferred: io/ sits above the model classes
 
     return model_from_header(header, "model JSON")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .arrays import shape_str
+from ..arrays import shape_str
 
 
 class SymbolicTensor:

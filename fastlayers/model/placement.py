@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends import get_ops, use_ops
-from .errors import UnsupportedError
+from ..backends import get_ops, use_ops
+from ..errors import UnsupportedError
 
 
 def device_backend(device, strict: bool = True) -> str | None:

@@ -21,9 +21,9 @@ FOLD_MAX_BYTES = 32 << 20
 def fold_embeddings(nodes, plan, outputs) -> list:
     """``plan`` (one step per node of ``nodes``, as ``Model._plan_step`` makes them) with every
     foldable Embedding -> recurrent layer pair folded; ``outputs`` are the model's outputs."""
-    from .layers.core import Embedding
-    from .layers.recurrent import _RNNLayer
-    from .symbolic import SymbolicTensor
+    from ..layers.core import Embedding
+    from ..layers.recurrent import _RNNLayer
+    from ..layers.symbolic import SymbolicTensor
 
     readers: dict[int, list] = {}
     for j, node in enumerate(nodes):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .arrays import shape_str
-from .layers.input_layer import InputLayer
+from ..arrays import shape_str
+from ..layers.input_layer import InputLayer
 
 
 def _fit(text: str, width: int) -> str:
