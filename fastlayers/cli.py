@@ -215,7 +215,7 @@ def _profile_inputs(model, paths) -> list[np.ndarray]:
     if paths:
         return _read_inputs(paths, batched=False)
     from .onnx.model import ORT_TYPES
-    from .onnx.ops import DTYPES
+    from .onnx.tensors import DTYPES
     from .warmup import zeros_like_inputs
 
     dtypes = {ORT_TYPES[k]: t for k, t in DTYPES.items()}

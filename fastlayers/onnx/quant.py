@@ -35,7 +35,9 @@ from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from ..native import _core
 from . import check
 from .check import AXIS, BOOL, A, Op
-from .ops import DTYPES, OPS, _stored
+from .layout import stored as _stored
+from .qtable import OPS
+from .tensors import DTYPES
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
