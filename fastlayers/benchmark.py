@@ -140,7 +140,7 @@ def input_specs(model) -> list[InputSpec]:
     """
     if is_onnx(model):
         from .onnx.model import ORT_TYPES
-        from .onnx.ops import DTYPES
+        from .onnx.tensors import DTYPES
 
         dtypes = {ORT_TYPES[k]: np.dtype(t) for k, t in DTYPES.items()}
         specs = []

@@ -216,7 +216,7 @@ def _profile_inputs(model, paths) -> list[np.ndarray]:
         return _read_inputs(paths, batched=False)
     from .model.warmup import zeros_like_inputs
     from .onnx.model import ORT_TYPES
-    from .onnx.ops import DTYPES
+    from .onnx.tensors import DTYPES
 
     dtypes = {ORT_TYPES[k]: t for k, t in DTYPES.items()}
     arrays = zeros_like_inputs([([d if isinstance(d, int) and d > 0 else None for d in arg.shape],

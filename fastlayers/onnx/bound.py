@@ -2,7 +2,7 @@
 
 Operators whose axes, starts, ends, pads or indices are constants (Unsqueeze, Squeeze, Slice,
 Pad, Gather and the Reduce* family: the glue of streaming models such as Silero VAD) parse those inputs on
-every call in their general form (``ops.py``), a few microseconds each on tensors of a few
+every call in their general form (``ops``), a few microseconds each on tensors of a few
 hundred values. ``bind(op_type,
 inputs, attrs, opset)`` returns a function with the operator's signature that parses them once
 and keeps the result per input shape, or None where the general form is needed (an input
@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import OPS, _ints, pad_plan, reduce_axes, slice_index
+from .ops import OPS
+from .ops.reduce import reduce_axes
+from .ops.shape import pad_plan, slice_index
 from .qlinear import bind_dynamic_quantize_matmul
 from .quant import MS
+from .tensors import ints
 
 #: Most input shapes a bound node keeps.
 MAX_SHAPES = 64
@@ -60,9 +63,9 @@ def _bind_slice(inputs, attrs, opset):
     if params[0] is None or params[1] is None or any(
             len(inputs) > i and inputs[i] is not None and params[i - 1] is None for i in (3, 4)):
         return None
-    starts, ends = _ints(params[0]), _ints(params[1])
-    axes = _ints(params[2]) if params[2] is not None else list(range(len(starts)))
-    steps = _ints(params[3]) if params[3] is not None else [1] * len(starts)
+    starts, ends = ints(params[0]), ints(params[1])
+    axes = ints(params[2]) if params[2] is not None else list(range(len(starts)))
+    steps = ints(params[3]) if params[3] is not None else [1] * len(starts)
     general = OPS["Slice"]
     indexes: dict = {}
 

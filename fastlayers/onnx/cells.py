@@ -16,7 +16,7 @@ import numpy as np
 from ..backends import get_ops
 from ..backends.derived import derived_generation
 from .nodes import Node, readers_of
-from .ops import OPS, _f32
+from .tensors import f32
 
 
 def _dense_parts(node, constants):
@@ -135,7 +135,7 @@ def _fused_lstm_cell(inputs, attrs, opset):
     kernel (batch-major 2-D x, h and c), bound once per input shape where the node has a
     ``_bound`` cache (``ops.NODE_CACHES``); numpy's broadcasting arithmetic for other shapes."""
     x, h, c, w_x, w_h, b = inputs
-    x, h, c = _f32(x), _f32(h), _f32(c)
+    x, h, c = f32(x), f32(h), f32(c)
     units = w_h.shape[0]
     if x.ndim == 2 and h.shape == c.shape == (x.shape[0], units):
         x_bti = np.ascontiguousarray(x)[:, None, :]
@@ -155,4 +155,5 @@ def _fused_lstm_cell(inputs, attrs, opset):
     return [h_new.astype(np.float32), c_new.astype(np.float32)]
 
 
-OPS["FusedLSTMCell"] = _fused_lstm_cell
+#: This family's operator (``ops.OPS`` assembles the families).
+OPS = {"FusedLSTMCell": _fused_lstm_cell}

@@ -36,8 +36,8 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from .indexing import einsum_terms
-from .ops import DTYPES
 from .proto import Graph, NodeProto
+from .tensors import DTYPES
 
 #: The largest rank an axis or permutation attribute may address.
 MAX_RANK = 32

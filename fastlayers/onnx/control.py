@@ -1,4 +1,4 @@
-"""ONNX control flow: If, Loop and Scan, registered in ``ops.OPS``.
+"""ONNX control flow: If, Loop and Scan, a family of operators of ``ops.OPS``.
 
 A subgraph runs as a ``Body``: a model of its own (``onnx.OnnxModel``, built by
 ``onnx._subgraph`` at load), whose inputs are the subgraph's own inputs followed by the values
@@ -13,7 +13,11 @@ import numpy as np
 
 from .. import settings
 from ..errors import InputError, ShapeError
-from .ops import created, op
+from .tensors import created, registrar
+
+#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
+OPS: dict = {}
+op = registrar(OPS)
 
 # The most iterations a Loop runs where the file alone sets how long it may run (a constant
 # trip count: torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
@@ -88,7 +92,7 @@ def _if(inputs, attrs, opset):
 
 def _append(steps, value, what):
     """``value`` appended to the per-iteration outputs ``steps``, their stack checked against
-    the size limit first (``ops.created``): a long loop cannot pile up memory unchecked."""
+    the size limit first (``tensors.created``): a long loop cannot pile up memory unchecked."""
     value = np.asarray(value)
     created((len(steps) + 1,) + value.shape, value.dtype, what)
     steps.append(value)

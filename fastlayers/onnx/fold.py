@@ -10,7 +10,8 @@ from ..errors import FastlayersError, ModelFileError, UnsupportedError
 from . import check
 from .control import Body
 from .nodes import Node, owner, prune
-from .ops import CREATE_LIMIT, OPS, SizeLimitError
+from .ops import OPS
+from .tensors import CREATE_LIMIT, SizeLimitError
 
 #: Operators never run at load: their outputs differ from run to run.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
@@ -25,7 +26,7 @@ def _predicted_bytes(node, values):
     """The bytes of ``node``'s output on ``values`` where it may outgrow its inputs and its
     size follows from their shapes alone (broadcasting, products, gathers, concatenations);
     None for the others (those creating tensors from values check their own sizes,
-    ``ops.created``; the rest are no larger than their inputs)."""
+    ``tensors.created``; the rest are no larger than their inputs)."""
     arrays = [np.asarray(v) for v in values if v is not None]
     if not arrays:
         return None

@@ -1,10 +1,10 @@
-"""ONNX indexing, scatter, selection and rearrangement operators on numpy, registered in
-``ops.OPS`` (same calling convention: ``OPS[op_type](inputs, attrs, opset)``).
+"""ONNX indexing, scatter, selection and rearrangement operators on numpy, a family of operators
+of ``ops.OPS`` (same calling convention: ``OPS[op_type](inputs, attrs, opset)``).
 
 Index values come from the data of a call: each operator checks them against the axis they
 address (negative values count from the end where the operator allows it) and raises an
 ``InputError`` for one out of range; the interpreter names the node. Outputs whose size the
-values (not the shapes of the inputs) set are checked with ``ops.created`` first.
+values (not the shapes of the inputs) set are checked with ``tensors.created`` first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ import re
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .ops import DTYPES, created, op
+from .tensors import DTYPES, created, registrar
+
+#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
+OPS: dict = {}
+op = registrar(OPS)
 
 
 def _scalar_int(value, what: str) -> int:

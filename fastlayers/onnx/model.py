@@ -61,21 +61,14 @@ from ..arrays import as_array, checked, plain
 from ..backends import get_ops, using_threads
 from ..errors import FastlayersError, InputError, ModelFileError, ShapeError, UnsupportedError
 from ..model.warmup import FREE_SIZE, in_proportion, warm_up
-
-# control, indexing and the quantized operators (qfusion imports quant, qlinear and qlstm) add
-# their operators to ops.OPS when imported: this module, which runs OPS, imports them all
-from . import (  # noqa: F401 - indexing registers
+from . import (
     cells,
     check,
     encoder,
     fusion,
-    indexing,
     proto,
     qdq,
     qfusion,
-    qpointwise,
-    qpool,
-    qsoftmax,
     quant,
     rewrite,
 )
@@ -83,8 +76,10 @@ from .bound import bind
 from .compiled import Parts, compile_plan
 from .control import Body
 from .fold import NONDETERMINISTIC, fold_and_inline, has_loop, mark_loops
+from .layout import contiguous
 from .nodes import Node, owner, prune
-from .ops import DTYPES, NODE_CACHES, OPS, contiguous
+from .ops import NODE_CACHES, OPS
+from .tensors import DTYPES
 
 MIN_OPSET = 9
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.

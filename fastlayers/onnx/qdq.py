@@ -38,8 +38,9 @@ from __future__ import annotations
 import numpy as np
 
 from .nodes import Node, readers_of
-from .ops import DTYPES, OPS
+from .ops import OPS
 from .quant import MS
+from .tensors import DTYPES
 
 _DQ = ("DequantizeLinear", f"{MS}::DequantizeLinear")
 _Q = ("QuantizeLinear", f"{MS}::QuantizeLinear")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.integer import INTEGER_KERNELS
-from .ops import OPS
 from .qlinear import _column_zero_points
 from .qlstm import _pack_lstm
 from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _quantize_linear, integer_kernels
@@ -69,7 +68,8 @@ def _fused_quantize_dequantize(inputs, attrs, opset):
     return [_elementwise(x, lambda m: core.fake_quantize(m, float(scale), float(zp), lo, hi))]
 
 
-OPS["FusedQuantizeDequantize"] = _fused_quantize_dequantize
+#: This family's operator (``ops.OPS`` assembles the families).
+OPS = {"FusedQuantizeDequantize": _fused_quantize_dequantize}
 
 
 def fuse_integer_matmul(nodes, constants, outputs) -> list:

@@ -17,8 +17,8 @@ import numpy as np
 from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
-from .ops import _padded_output, _pads_2d, _spatial
 from .quant import MS, QUANT_RANGES, _register, _scale, dynamic_quantize, integer_kernels
+from .windows import padded_output, pads_2d, spatial
 
 
 def _quantized(x, what, name):
@@ -219,9 +219,9 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(w.shape[2:]):
         raise ShapeError(f"{what}: kernel_shape {list(attrs['kernel_shape'])} for a weight of shape {w.shape}")
     nsp = x.ndim - 2
-    strides, dilations = _spatial(attrs, "strides", nsp, 1), _spatial(attrs, "dilations", nsp, 1)
-    pads = _pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
-    oh, ow = _padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
+    strides, dilations = spatial(attrs, "strides", nsp, 1), spatial(attrs, "dilations", nsp, 1)
+    pads = pads_2d(attrs, x.shape, [kh, kw], strides, dilations, one_d)
+    oh, ow = padded_output(what, n * cout, (h, wd), (kh, kw), strides, dilations, pads)
     w_zp = np.asarray(w_zp)
     if integer_kernels() is not None:
         packed = _packed_conv_weights(w, w4, w_zp, group)

@@ -34,7 +34,9 @@ from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from . import check
 from .check import AXIS, BOOL, A, Op
-from .ops import DTYPES, OPS, _stored
+from .layout import stored as _stored
+from .qtable import OPS
+from .tensors import DTYPES
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .nodes import readers_of
-from .ops import DTYPES
+from .tensors import DTYPES
 
 
 def _only_reader(readers, name):

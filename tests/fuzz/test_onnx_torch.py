@@ -960,8 +960,10 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
     from fastlayers.onnx import check as onnx_check
     from fastlayers.onnx import ops as onnx_ops
 
-    source = "".join(Path(onnx_ops.__file__).with_name(name).read_text()
-                     for name in ("ops.py", "indexing.py", "control.py"))
+    onnx_dir = Path(onnx_check.__file__).parent
+    paths = [*sorted(Path(onnx_ops.__file__).parent.glob("*.py"))] + [
+        onnx_dir / name for name in ("tensors.py", "layout.py", "windows.py", "indexing.py", "control.py")]
+    source = "".join(path.read_text() for path in paths)
     read = set(re.findall(r'attrs(?:\.get\(|\[)"([A-Za-z_][A-Za-z0-9_]*)"', source))
     listed = set().union(*(set(op.attrs) for op in onnx_check.OPS.values()))
     fused_only = {"activation", "batch_first", "norm_first", "num_heads", "weights",

@@ -176,7 +176,7 @@ def test_convolution_plans_follow_each_input_shape_layout_and_backend(tmp_path, 
 def test_broadcast_shape_follows_numpy():
     import itertools
 
-    from fastlayers.onnx.ops import broadcast_shape
+    from fastlayers.onnx.ops.shape import broadcast_shape
 
     shapes = [(), (1,), (3,), (0,), (2, 1), (1, 3), (2, 3), (4, 1, 3), (1, 0), (5,)]
     for a, b in itertools.product(shapes, repeat=2):

@@ -563,7 +563,7 @@ def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k
     oracle("onnx")
     from onnx import TensorProto, helper
 
-    from fastlayers.onnx.ops import _outer_operands
+    from fastlayers.onnx.ops.elementwise import outer_operands
 
     nodes = [helper.make_node("Add", ["q", "k"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])]
     model = make_graph(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape)),
@@ -575,7 +575,7 @@ def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k
     assert ours.op_types == ["FusedAdd"]
     feed = {"q": rng.standard_normal(q_shape).astype(np.float32),
             "k": rng.standard_normal(k_shape).astype(np.float32)}
-    assert (_outer_operands(feed["q"], feed["k"]) is not None) == outer
+    assert (outer_operands(feed["q"], feed["k"]) is not None) == outer
     _matches_ort(ours, path, feed, rtol=1e-6, atol=1e-6)
 
 

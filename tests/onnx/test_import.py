@@ -467,7 +467,7 @@ def test_window_geometry_kept_per_input_shape(torch, tmp_path, rng):
 @pytest.mark.parametrize("layout", [0, 1])
 def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction, layout, rng, backend):
     """The compiled time loops (gate blocks reordered) give the spec's recurrence."""
-    from fastlayers.onnx.ops import _recurrent, _recurrent_fast
+    from fastlayers.onnx.ops.recurrent import recurrent_fast, recurrent_reference
 
     nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 4, 6
     extras = [{}] + ([{"linear_before_reset": 1}] if kind == "GRU" else []) + \
@@ -481,9 +481,9 @@ def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction,
         if kind == "LSTM":
             ins.append(rng.standard_normal(ins[-1].shape).astype(np.float32))
         attrs = {"direction": direction, "layout": layout, "hidden_size": H, **extra}
-        fast = _recurrent_fast(kind, ins, attrs)
+        fast = recurrent_fast(kind, ins, attrs)
         assert fast is not None
-        for got, want in zip(fast, _recurrent(kind, ins, attrs)):
+        for got, want in zip(fast, recurrent_reference(kind, ins, attrs)):
             assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -492,7 +492,7 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
     """The weights of an ONNX recurrent node are reordered and packed on the first call only (a
     transposed view made every call repack them: the LSTM classifier export ran 1.6x slower)."""
     from fastlayers.backends.cpu import recurrent
-    from fastlayers.onnx.ops import _recurrent_fast
+    from fastlayers.onnx.ops.recurrent import recurrent_fast
 
     packs = []
     pack = recurrent._pack_shares
@@ -503,10 +503,10 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
            rng.standard_normal((1, gates * H, I)).astype(np.float32),
            rng.standard_normal((1, gates * H, H)).astype(np.float32)]
     attrs = {"hidden_size": H}
-    first = _recurrent_fast(kind, ins, attrs)
+    first = recurrent_fast(kind, ins, attrs)
     assert packs
     packs.clear()
-    second = _recurrent_fast(kind, ins, attrs)
+    second = recurrent_fast(kind, ins, attrs)
     assert packs == []
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)

@@ -122,7 +122,7 @@ def test_shape_edge_cases_match_onnxruntime(tmp_path):
     assert_same_run(ours.run(None, feed), theirs.run(None, feed))
 
 
-@pytest.mark.parametrize("elem_type", sorted(fastlayers.onnx.ops.DTYPES))
+@pytest.mark.parametrize("elem_type", sorted(fastlayers.onnx.tensors.DTYPES))
 def test_every_input_type_matches_onnxruntime(tmp_path, elem_type):
     oracle("onnx")
     import onnx
@@ -134,7 +134,7 @@ def test_every_input_type_matches_onnxruntime(tmp_path, elem_type):
     ours, theirs = fastlayers.load(tmp_path / "id.onnx"), session(tmp_path / "id.onnx")
     assert described(ours.get_inputs()) == described(theirs.get_inputs())
     assert described(ours.get_outputs()) == described(theirs.get_outputs())
-    feed = {"x": np.arange(4).astype(fastlayers.onnx.ops.DTYPES[elem_type])}
+    feed = {"x": np.arange(4).astype(fastlayers.onnx.tensors.DTYPES[elem_type])}
     got = ours.run(None, feed)
     assert_same_run(got, theirs.run(None, feed))
     assert got[0] is not feed["x"]  # a fresh array, as onnxruntime returns
