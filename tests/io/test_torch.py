@@ -545,7 +545,7 @@ def zip_with_pickle(path, data: bytes, prefix="archive"):
 
 
 def legacy_with_pickle(path, data: bytes):
-    from fastlayers.io.torch import LEGACY_MAGIC
+    from fastlayers.io.torch.archive import LEGACY_MAGIC
 
     head = b"".join(pickle.dumps(v, protocol=2) for v in (
         LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True}))
@@ -591,9 +591,9 @@ def test_hostile_pickles_are_refused(torch, tmp_path, reader):
 def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
     """BUILD with slot state would setattr on whatever the pickle names: refused for admitted
     functions and record classes, so one file cannot change how the next one is read."""
-    from fastlayers.io._torch_pickle import _rebuild_tensor_v2
+    from fastlayers.io.torch.tensors import rebuild_tensor_v2
 
-    defaults = _rebuild_tensor_v2.__defaults__
+    defaults = rebuild_tensor_v2.__defaults__
     for i, target in enumerate([b"torch._utils\n_rebuild_tensor_v2", b"collections\nOrderedDict",
                                 b"torch\nFloatStorage", b"torch.nn.modules.linear\nLinear"]):
         data = b"c" + target + b"\n(N(S'__defaults__'\n(I1\nI2\nI3\ntdtb."
@@ -601,7 +601,7 @@ def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
         for reader in (fastlayers.load_state_dict, fastlayers.load):
             with pytest.raises(ModelFileError, match=f"build{i}.pt"):
                 reader(path)
-    assert _rebuild_tensor_v2.__defaults__ == defaults
+    assert rebuild_tensor_v2.__defaults__ == defaults
     sd = {"w": torch.randn(2)}
     assert_same_arrays(fastlayers.load_state_dict(save(torch, sd, tmp_path / "ok.pt")), sd, torch)
 

@@ -1,47 +1,28 @@
-"""PyTorch files without torch: state dicts (``load_state_dict``) and whole ``nn.Sequential``
-pickles (``load_torch_module``, used by ``fastlayers.load``).
-
-Formats read (layouts in docs/formats.md):
-
-- ``torch.save`` zip archives (the default since torch 1.6): ``<prefix>/data.pkl`` (the pickle),
-  ``<prefix>/data/<key>`` (one raw little-endian storage per key), ``<prefix>/byteorder``;
-  any record prefix. ``pytorch_model.bin`` files are the same archives (or legacy pickles).
-- legacy pickles (``_use_new_zipfile_serialization=False``): five concatenated pickles/blobs:
-  magic number, protocol version, sys info, the object, the storage keys, then per storage an
-  int64 element count and the raw elements.
-- ``.safetensors`` files go through ``fastlayers.io.safetensors``.
-
-Pickles are read by ``_torch_pickle.RestrictedUnpickler``: nothing from the file is imported or
-run, and torch is never imported.
+"""Whole pickled ``torch.nn`` modules (``torch.save(model)``) rebuilt as ``fastlayers.nn``
+(``load_torch_module``, used by ``fastlayers.load``): a table from torch class name to builder,
+the checks of each record's attributes, and the strict weight load afterwards.
 """
 
 from __future__ import annotations
 
 import contextvars
-import io
 import math
-import os
-import struct
-import zipfile
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-from .. import settings
-from ..errors import (
+from ... import settings
+from ...errors import (
     FastlayersError,
-    InputError,
     ModelFileError,
     ShapeError,
     StateDictError,
     UnsupportedError,
 )
-from ._torch_pickle import (
-    RestrictedUnpickler,
-    StorageType,
+from .archive import read_torch_pickle
+from .records import (
+    ONNX_HINT,
     TorchFunctionRef,
     TorchModuleRecord,
     UnknownGlobal,
@@ -50,10 +31,6 @@ from ._torch_pickle import (
     is_module_like,
 )
 
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-#: A sharded checkpoint's index (``*.index.json``) may take at most ``torch_max_index_bytes``
-#: and name at most ``torch_max_shards`` shards (``settings.current()``); its shards are torch or
-#: safetensors files, never other indexes.
 #: Modules rebuilt from a pickle: strides, dilations, pooling windows, adaptive and resize output
 #: sizes at most ``torch_max_geometry`` (``_geometry()``), resize scale factors at most
 #: MAX_SCALE; a convolution's padding at most its dilated kernel (dilation x kernel_size), a
@@ -67,350 +44,6 @@ def _geometry() -> int:
     return settings.current().torch_max_geometry
 
 
-_ONNX_HINT = ("export the model to ONNX (torch.onnx.export) and load that, or port the class to "
-              "fastlayers.nn (change the imports) and load its weights with "
-              "fastlayers.load_state_dict")
-
-
-# ------------------------------------------------------------------------------------ reading
-def is_torch_file(path) -> bool:
-    """Whether ``path`` looks like a torch.save file (zip with a data.pkl, or legacy pickle)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-        if head[:2] == b"PK":
-            with zipfile.ZipFile(path) as zf:
-                return any(n == "data.pkl" or n.endswith("/data.pkl") for n in zf.namelist())
-        return head[:2] == b"\x80\x02" and head[2:3] == b"\x8a"  # protocol 2 + LONG1 magic
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return False
-
-
-def read_torch_pickle(path, unknown_globals: str = "refuse"):
-    """The object a torch.save file holds, with tensors as numpy arrays and modules as
-    ``TorchModuleRecord`` trees. Raises ``ModelFileError`` for anything unreadable or refused."""
-    where = str(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise ModelFileError(f"{where}: cannot read ({e})") from e
-    try:
-        if head[:2] == b"PK":
-            return _read_zip(path, where, unknown_globals)
-        return _read_legacy(path, where, unknown_globals)
-    except FastlayersError as e:
-        msg = str(e)
-        raise type(e)(msg if msg.startswith(where) else f"{where}: {msg}") from None
-    except MemoryError as e:
-        raise ModelFileError(f"{where}: corrupt file (implausible sizes)") from e
-    except RecursionError as e:
-        raise ModelFileError(f"{where}: pickle nests too deeply") from e
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
-        raise ModelFileError(f"{where}: truncated or corrupt file ({type(e).__name__}: {e})") from e
-    except Exception as e:  # the pickle machine's own errors on malformed input
-        raise ModelFileError(f"{where}: corrupt pickle ({type(e).__name__}: {e})") from e
-
-
-def _read_zip(path, where: str, unknown_globals: str):
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-        pkls = sorted((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")),
-                      key=lambda n: (n.count("/"), n))
-        if not pkls:
-            raise ModelFileError(f"{where}: a zip archive without data.pkl is not a torch.save file")
-        prefix = pkls[0][: -len("data.pkl")]
-        if f"{prefix}constants.pkl" in names or any(n.startswith(f"{prefix}code/") for n in names):
-            raise UnsupportedError(f"{where}: a TorchScript archive (torch.jit.save) holds code, which "
-                                   f"fastlayers does not run; {_ONNX_HINT}")
-        byteorder = "little"
-        if f"{prefix}byteorder" in names:
-            byteorder = zf.read(f"{prefix}byteorder").decode("ascii", "replace").strip()
-            if byteorder not in ("little", "big"):
-                raise ModelFileError(f"{where}: unknown byteorder {byteorder!r}")
-
-        def load_storage(storage_type: type[StorageType], key: str, numel: int) -> np.ndarray:
-            name = f"{prefix}data/{key}"
-            try:
-                info = zf.getinfo(name)
-            except KeyError:
-                raise ModelFileError(f"{where}: storage {name!r} is missing from the archive") from None
-            dtype = storage_type.np_dtype
-            nbytes = numel * dtype.itemsize
-            if info.file_size < nbytes:
-                raise ModelFileError(f"{where}: storage {name!r} holds {info.file_size} bytes, the "
-                                     f"pickle expects {numel} x {dtype.itemsize}")
-            return _typed(_read_entry(zf, info, where)[:nbytes], dtype, byteorder)
-
-        _check_entry_size(zf, zf.getinfo(pkls[0]), where)
-        data = zf.read(pkls[0])
-        return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals).load()
-
-
-def _archive_size(zf: zipfile.ZipFile):
-    """The bytes of the file behind ``zf`` (None where it has no file descriptor)."""
-    size = getattr(zf, "_fastlayers_size", False)
-    if size is False:
-        try:
-            size = os.fstat(zf.fp.fileno()).st_size
-        except (AttributeError, OSError, ValueError):
-            size = None
-        zf._fastlayers_size = size
-    return size
-
-
-def _check_entry_size(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> None:
-    """Refuse a zip entry whose size its compressed bytes in this archive cannot hold."""
-    archive = _archive_size(zf)
-    stored = info.compress_type == zipfile.ZIP_STORED
-    if (archive is not None and info.compress_size > archive) or (
-            stored and info.file_size != info.compress_size) or (
-            not stored and info.file_size > 1032 * info.compress_size + 64):
-        raise ModelFileError(f"{where}: zip entry {brepr(info.filename)} claims {info.file_size} bytes "
-                             f"({info.compress_size} compressed) in an archive of {archive} bytes")
-
-
-def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> np.ndarray:
-    """A zip entry's bytes in a fresh numpy buffer, CRC checked.
-
-    torch stores entries uncompressed: those are read straight from the file into the buffer,
-    skipping ``ZipFile.open``'s intermediate bytes (see docs/design.md for the measurement);
-    compressed entries (a re-packed archive) go through ``ZipFile.open``. The size an entry
-    claims is checked against the archive before anything is allocated: a stored entry holds its
-    bytes in the archive, a deflated one at most 1032 bytes per compressed byte (deflate's limit).
-    """
-    _check_entry_size(zf, info, where)
-    buf = np.empty(info.file_size, np.uint8)
-    if info.compress_type == zipfile.ZIP_STORED:
-        f = zf.fp
-        f.seek(info.header_offset)
-        header = f.read(30)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise ModelFileError(f"{where}: corrupt zip entry {info.filename!r} (bad local header)")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        got = f.readinto(buf)
-        if got != info.file_size:
-            raise ModelFileError(f"{where}: zip entry {info.filename!r} is truncated")
-        if zlib.crc32(buf) != info.CRC:
-            raise ModelFileError(f"{where}: zip entry {info.filename!r} is corrupt (CRC mismatch)")
-        return buf
-    with zf.open(info) as fh:
-        got = fh.readinto(buf)
-        fh.read(1)  # reach EOF so the CRC is checked
-    if got != info.file_size:
-        raise ModelFileError(f"{where}: zip entry {info.filename!r} is truncated")
-    return buf
-
-
-def _typed(raw: np.ndarray, dtype: np.dtype, byteorder: str) -> np.ndarray:
-    if byteorder == "big" and dtype.itemsize > 1:
-        return raw.view(dtype.newbyteorder(">")).astype(dtype)
-    return raw.view(dtype)
-
-
-def _read_legacy(path, where: str, unknown_globals: str):
-    with open(path, "rb") as f:
-        def plain():
-            return RestrictedUnpickler(f, where).load()
-
-        magic = plain()
-        if magic != LEGACY_MAGIC:
-            raise ModelFileError(f"{where}: not a PyTorch file (no zip archive, no legacy magic "
-                                 "number); tar archives from torch < 0.4 are not supported")
-        plain()  # protocol version
-        sys_info = plain()
-        little = not (isinstance(sys_info, dict) and sys_info.get("little_endian") is False)
-        # The storages' bytes follow the object's pickle, and their element sizes are only known
-        # from it: a first pass unpickles against zero-stride stand-in storages (no memory) to
-        # learn each key's type and size, then the data is read and the object unpickled again.
-        start = f.tell()
-        file_size = os.fstat(f.fileno()).st_size
-        layout: dict[str, tuple[type[StorageType], int]] = {}
-
-        def probe_storage(storage_type, key, numel):
-            if numel * storage_type.np_dtype.itemsize > file_size:
-                raise ModelFileError(f"{where}: storage {brepr(key)} claims {numel} elements, more "
-                                     f"than the file's {file_size} bytes hold")
-            layout[key] = (storage_type, numel)
-            return np.lib.stride_tricks.as_strided(np.zeros(1, storage_type.np_dtype),
-                                                   shape=(numel,), strides=(0,), writeable=False)
-
-        RestrictedUnpickler(f, where, probe_storage, unknown_globals).load()
-        keys = plain()
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            raise ModelFileError(f"{where}: malformed storage key list")
-        arrays: dict[str, np.ndarray] = {}
-        for key in keys:
-            if key not in layout:
-                raise ModelFileError(f"{where}: storage {key!r} is listed but never used")
-            storage_type, numel = layout[key]
-            count = np.frombuffer(_read_exact(f, 8, where), "<i8" if little else ">i8")[0]
-            if count != numel:
-                raise ModelFileError(f"{where}: storage {key!r} holds {count} elements, the pickle "
-                                     f"expects {numel}")
-            raw = np.empty(numel * storage_type.np_dtype.itemsize, np.uint8)
-            if f.readinto(raw) != raw.size:
-                raise ModelFileError(f"{where}: truncated file (storage {key!r} ends early)")
-            arrays[key] = _typed(raw, storage_type.np_dtype, "little" if little else "big")
-        missing = sorted(set(layout) - set(arrays))
-        if missing:
-            raise ModelFileError(f"{where}: storage(s) {missing} have no data")
-
-        def load_storage(storage_type, key, numel):
-            return arrays[key]
-
-        f.seek(start)
-        return RestrictedUnpickler(f, where, load_storage, unknown_globals).load()
-
-
-def _read_exact(f, n: int, where: str) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise ModelFileError(f"{where}: truncated file (storage data ends early)")
-    return data
-
-
-# ------------------------------------------------------------------------------ state dicts
-def _as_state_dict(obj, where: str) -> OrderedDict[str, np.ndarray]:
-    if is_module_like(obj):
-        if isinstance(obj, UnknownGlobal):
-            raise UnsupportedError(f"{where}: holds an instance of {obj.global_name}")
-        try:
-            obj = obj.state_dict()
-        except ModelFileError as e:
-            raise ModelFileError(f"{where}: {e}") from None
-    if not isinstance(obj, dict):
-        raise ModelFileError(f"{where}: holds a {type(obj).__name__}, not a state dict")
-    out: OrderedDict = OrderedDict()
-    bad = []
-    for k, v in obj.items():
-        if isinstance(k, str) and isinstance(v, np.ndarray):
-            out[k] = v
-        else:
-            bad.append(k)
-    if bad:
-        nested = [k for k in bad if isinstance(obj[k], dict)
-                  and any(isinstance(v, np.ndarray) for v in obj[k].values())]
-        hint = (f"; the tensors are under the key(s) {brepr(nested)}: pass key={brepr(nested[0])}"
-                if nested else "")
-        raise ModelFileError(f"{where}: not a state dict: entries {brepr(bad[:5])} are not tensors{hint}")
-    return out
-
-
-def load_state_dict(path, key: str | None = None,
-                    options: settings.LoadOptions | None = None) -> OrderedDict[str, np.ndarray]:
-    """Read the tensors of a PyTorch or safetensors file as numpy arrays, without torch.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        A ``torch.save`` file (zip archive or legacy pickle, e.g. ``model.pt``,
-        ``pytorch_model.bin``) holding a state dict or a whole ``torch.nn`` module, a
-        ``.safetensors`` file (needs the ``safetensors`` package: ``fastlayers[safetensors]``), or
-        a sharded checkpoint's ``*.index.json`` (its shards are read from the same folder).
-    key : str, optional
-        For checkpoints that nest the state dict, e.g. ``{"model": state_dict, "epoch": 3}``:
-        the entry to return.
-    options : fastlayers.LoadOptions, optional
-        The limits the file is read within (its ``max_*`` and ``torch_*`` fields); by default
-        the process's (``fastlayers.settings``).
-
-    Returns
-    -------
-    OrderedDict[str, numpy.ndarray]
-        Keys as torch names them. dtypes are kept (float32, float16, float64, int64, bool, ...),
-        except bfloat16, widened exactly to float32. A whole pickled module gives its
-        ``state_dict()``. Contiguous views of one storage share memory, as in torch.
-
-    Raises
-    ------
-    ModelFileError
-        Missing, truncated or corrupt file; a pickle that references any global outside the
-        admitted table (docs/formats.md), which is refused before anything runs.
-    UnsupportedError
-        TorchScript archives; safetensors without the package.
-
-    Shape
-    -----
-    Each array has the tensor's shape (size), C-contiguous.
-    """
-    with settings.applied(options):
-        return _load_state_dict(path, key)
-
-
-def _load_state_dict(path, key):
-    p = Path(path)
-    where = str(path)
-    if not p.is_file():
-        raise ModelFileError(f"{where}: no such file")
-    from .safetensors import is_safetensors, load_safetensors
-
-    if p.name.lower().endswith(".index.json"):
-        if key is not None:
-            raise InputError(f"{where}: a sharded checkpoint index is flat; key={key!r} does not apply")
-        return _load_sharded(p, where)
-    if p.suffix.lower() == ".safetensors" or is_safetensors(p):
-        sd = load_safetensors(p)
-        if key is not None:
-            raise InputError(f"{where}: a safetensors file is flat; key={key!r} does not apply")
-        return sd
-    obj = read_torch_pickle(p)
-    if key is not None:
-        if not isinstance(obj, dict) or key not in obj:
-            raise ModelFileError(f"{where}: has no entry {brepr(key)}"
-                                 + (f" (entries: {brepr(list(obj)[:10])})" if isinstance(obj, dict) else ""))
-        obj = obj[key]
-    return _as_state_dict(obj, where)
-
-
-def _load_sharded(p: Path, where: str) -> OrderedDict[str, np.ndarray]:
-    """A Hugging Face sharded checkpoint: ``{"weight_map": {tensor name: shard file}}`` beside
-    its shards (``pytorch_model.bin.index.json``, ``model.safetensors.index.json``)."""
-    import json
-
-    try:
-        size, limit = p.stat().st_size, settings.current().torch_max_index_bytes
-        if size > limit:
-            raise ValueError(f"{size} bytes, over the limit of {limit} "
-                             "(FASTLAYERS_TORCH_MAX_INDEX_BYTES)")
-        index = json.loads(p.read_text(encoding="utf-8"))
-        if not isinstance(index, dict):
-            raise TypeError(f"the index is a JSON {type(index).__name__}, not an object")
-        weight_map = index["weight_map"]
-        if not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise TypeError("weight_map must map tensor names to shard file names")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError,
-            MemoryError) as e:
-        raise ModelFileError(f"{where}: not a sharded checkpoint index ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
-    names = list(dict.fromkeys(weight_map.values()))
-    limit = settings.current().torch_max_shards
-    if len(names) > limit:
-        raise ModelFileError(f"{where}: names {len(names)} shards, over the limit of {limit} "
-                             "(FASTLAYERS_TORCH_MAX_SHARDS)")
-    for shard in names:
-        if Path(shard).name != shard or shard.startswith("."):
-            raise ModelFileError(f"{where}: shard {brepr(shard)} must be a file name beside the index")
-        if shard.lower().endswith(".json"):
-            raise ModelFileError(f"{where}: shard {brepr(shard)} is an index (a .json file): shards are "
-                                 "torch or safetensors files, and an index never names another")
-    shards: dict[str, OrderedDict] = {}
-    for shard in names:
-        try:
-            shards[shard] = load_state_dict(p.parent / shard)
-        except FastlayersError as e:
-            raise type(e)(f"{where}: shard {brepr(shard)}: {e}") from None
-    out: OrderedDict = OrderedDict()
-    for name, shard in weight_map.items():
-        if name not in shards[shard]:
-            raise ModelFileError(f"{where}: tensor {brepr(name)} is not in its shard {brepr(shard)}")
-        out[name] = shards[shard][name]
-    return out
-
-
-# ------------------------------------------------------------------------ whole modules
 #: torch.nn class name -> builder(record) -> an unloaded fastlayers.nn module.
 #: A builder only passes constructor arguments, read from the pickled attributes
 #: (``record["in_features"]``, ``record.get("eps", 1e-5)``, ``record.has_param("bias")``);
@@ -452,7 +85,7 @@ class from_attrs:  # used like a function in the table
         return kwargs
 
     def __call__(self, r: TorchModuleRecord):
-        from .. import nn
+        from ... import nn
 
         cls = getattr(nn, self.cls_name, None)
         if cls is None:
@@ -484,13 +117,13 @@ def _children(r: TorchModuleRecord) -> OrderedDict:
 
 
 def _sequential(r):
-    from .. import nn
+    from ... import nn
 
     return nn.Sequential(_children(r))
 
 
 def _module_list(r):
-    from .. import nn
+    from ... import nn
 
     m = nn.ModuleList()
     for name, child in _children(r).items():
@@ -499,7 +132,7 @@ def _module_list(r):
 
 
 def _module_dict(r):
-    from .. import nn
+    from ... import nn
 
     return nn.ModuleDict(_children(r))
 
@@ -600,7 +233,7 @@ def _transformer_stack(cls_name: str, layer_keyword: str) -> Callable:
     """TransformerEncoder/Decoder: the first layer rebuilt as the template, cloned num_layers times
     by the constructor (the loaded state dict then sets every clone's weights), optional norm."""
     def build(r: TorchModuleRecord):
-        from .. import nn
+        from ... import nn
 
         layers = r.child("layers")
         first = rebuild_module(layers.children["0"], f"{r._path}.layers.0" if r._path else "layers.0")
@@ -628,13 +261,13 @@ def rebuild_module(record, path: str = ""):
         raise UnsupportedError(
             f"module {path or '<root>'} is an instance of {record.global_name}, not a standard "
             f"torch.nn class; fastlayers rebuilds only torch.nn classes from a pickle without "
-            f"running its code: {_ONNX_HINT}")
+            f"running its code: {ONNX_HINT}")
     if not isinstance(record, TorchModuleRecord):
         raise ModelFileError(f"module {path or '<root>'} is a {type(record).__name__}, not a module")
     builder = TORCH_MODULE_BUILDERS.get(record.class_name)
     if builder is None or not record.torch_class.startswith("torch.nn.modules."):
         raise UnsupportedError(f"module {path or '<root>'}: {record.torch_class} is not supported by "
-                               f"fastlayers.load yet; {_ONNX_HINT}")
+                               f"fastlayers.load yet; {ONNX_HINT}")
     memo = _REBUILT.get()
     if memo is not None and id(record) in memo:   # a module shared by several parents, as torch
         return memo[id(record)][1]
@@ -1061,7 +694,3 @@ def _reject_unknown_attrs(record, path):
             _reject_unknown(value, f"module {path or '<root>'} attribute {name!r}")
         for name, child in record.children.items():
             _reject_unknown_attrs(child, f"{path}.{name}" if path else name)
-
-
-__all__ = ["TORCH_MODULE_BUILDERS", "from_attrs", "has_param", "is_torch_file", "load_state_dict",
-           "load_torch_module", "read_torch_pickle", "register_torch_module"]
