@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import fastlayers
 import fastlayers.nn as nn
 from fastlayers.errors import ModelFileError, ShapeError, StateDictError, UnsupportedError
-from fastlayers.io.torch import TORCH_MODULE_BUILDERS, from_attrs, register_torch_module
+from fastlayers.io.torch import TORCH_MODULE_CREATORS, from_attrs, register_torch_module
 
 from ..conftest import assert_close
 
@@ -377,7 +377,7 @@ def test_custom_and_unsupported_classes(torch, tmp_path):
 
 
 def test_builder_table_is_one_entry_per_class(torch, tmp_path, rng):
-    assert "Linear" in TORCH_MODULE_BUILDERS
+    assert "Linear" in TORCH_MODULE_CREATORS
     model = torch.nn.Sequential(torch.nn.Hardswish())
     path = save(torch, model, tmp_path / "hs.pt")
     with pytest.raises(UnsupportedError, match="Hardswish"):
@@ -398,10 +398,10 @@ def test_builder_table_is_one_entry_per_class(torch, tmp_path, rng):
         with pytest.raises(ModelFileError, match="does not match the pickled weights"):
             fastlayers.load(path)
     finally:
-        del TORCH_MODULE_BUILDERS["Hardswish"]
+        del TORCH_MODULE_CREATORS["Hardswish"]
 
 
-# The families other parts of fastlayers.nn add (their table entries are in fastlayers.io.torch):
+# The families other parts of fastlayers.nn add (their creators are in fastlayers.io.torch.creators):
 # these run once fastlayers.nn has the class, and are skipped before.
 def _family_cases(torch):
     tnn = torch.nn
@@ -499,7 +499,7 @@ def test_family_entries_rebuild_torch_itself(name, torch, tmp_path, rng):
     ref = make().eval()
     randomize(ref, torch)
     record = read_torch_pickle(save(torch, ref, tmp_path / f"{name}.pt"), unknown_globals="record")
-    kwargs = TORCH_MODULE_BUILDERS[name].kwargs(record)
+    kwargs = TORCH_MODULE_CREATORS[name].build.kwargs(record)
     again = getattr(torch.nn, name)(**kwargs).eval()
     assert list(again.state_dict()) == list(ref.state_dict())
     again.load_state_dict({k: torch.from_numpy(v) for k, v in record.state_dict().items()})

@@ -121,6 +121,31 @@ class TorchModuleRecord(Record):
     def get(self, name: str, default=None):
         return self.state.get(name, default)
 
+    @property
+    def path(self) -> str:
+        """Where the module sits in the tree being rebuilt (``"0.fc"``; ``""`` for the root)."""
+        return self.__dict__.get("_path", "")
+
+    def set_path(self, path: str) -> None:
+        """Note where the module sits in the tree being rebuilt (``rebuild_module``)."""
+        object.__setattr__(self, "_path", path)
+
+    def argument(self, name: str):
+        """The attribute ``name`` when it is what a constructor argument may be: None, a bool,
+        number or short string, or a tuple or list of at most 8 of those; else
+        ``ModelFileError`` naming the module and the attribute."""
+        value = self[name]
+        scalar = (type(None), bool, int, float, str)
+        ok = isinstance(value, scalar) or (isinstance(value, (tuple, list)) and len(value) <= 8
+                                            and all(isinstance(v, scalar) for v in value))
+        if ok and isinstance(value, str) and len(value) > 64:
+            ok = False
+        if not ok:
+            path = self.path
+            raise ModelFileError(f"module {brepr(path) if path else '<root>'} ({self.torch_class}): "
+                                 f"attribute {brepr(name)} is {brepr(value)}, not a constructor argument")
+        return value
+
     def _table(self, name: str) -> dict:
         t = self.state.get(name)
         return t if isinstance(t, dict) else {}
