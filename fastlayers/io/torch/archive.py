@@ -18,6 +18,7 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Collection
 
 import numpy as np
 
@@ -42,9 +43,10 @@ def is_torch_file(path) -> bool:
         return False
 
 
-def read_torch_pickle(path, unknown_globals: str = "refuse"):
+def read_torch_pickle(path, unknown_globals: str = "refuse", module_classes: Collection[str] = ()):
     """The object a torch.save file holds, with tensors as numpy arrays and modules as
-    ``TorchModuleRecord`` trees. Raises ``ModelFileError`` for anything unreadable or refused."""
+    ``TorchModuleRecord`` trees (``unknown_globals`` and ``module_classes``: those of
+    ``RestrictedUnpickler``). Raises ``ModelFileError`` for anything unreadable or refused."""
     where = str(path)
     try:
         with open(path, "rb") as f:
@@ -53,8 +55,8 @@ def read_torch_pickle(path, unknown_globals: str = "refuse"):
         raise ModelFileError(f"{where}: cannot read ({e})") from e
     try:
         if head[:2] == b"PK":
-            return _read_zip(path, where, unknown_globals)
-        return _read_legacy(path, where, unknown_globals)
+            return _read_zip(path, where, unknown_globals, module_classes)
+        return _read_legacy(path, where, unknown_globals, module_classes)
     except FastlayersError as e:
         msg = str(e)
         raise type(e)(msg if msg.startswith(where) else f"{where}: {msg}") from None
@@ -68,7 +70,7 @@ def read_torch_pickle(path, unknown_globals: str = "refuse"):
         raise ModelFileError(f"{where}: corrupt pickle ({type(e).__name__}: {e})") from e
 
 
-def _read_zip(path, where: str, unknown_globals: str):
+def _read_zip(path, where: str, unknown_globals: str, module_classes: Collection[str]):
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
         pkls = sorted((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")),
@@ -100,7 +102,8 @@ def _read_zip(path, where: str, unknown_globals: str):
 
         _check_entry_size(zf, zf.getinfo(pkls[0]), where)
         data = zf.read(pkls[0])
-        return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals).load()
+        return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals,
+                                   module_classes).load()
 
 
 def _archive_size(zf: zipfile.ZipFile):
@@ -165,7 +168,7 @@ def _typed(raw: np.ndarray, dtype: np.dtype, byteorder: str) -> np.ndarray:
     return raw.view(dtype)
 
 
-def _read_legacy(path, where: str, unknown_globals: str):
+def _read_legacy(path, where: str, unknown_globals: str, module_classes: Collection[str]):
     with open(path, "rb") as f:
         def plain():
             return RestrictedUnpickler(f, where).load()
@@ -192,7 +195,7 @@ def _read_legacy(path, where: str, unknown_globals: str):
             return np.lib.stride_tricks.as_strided(np.zeros(1, storage_type.np_dtype),
                                                    shape=(numel,), strides=(0,), writeable=False)
 
-        RestrictedUnpickler(f, where, probe_storage, unknown_globals).load()
+        RestrictedUnpickler(f, where, probe_storage, unknown_globals, module_classes).load()
         keys = plain()
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise ModelFileError(f"{where}: malformed storage key list")
@@ -217,7 +220,7 @@ def _read_legacy(path, where: str, unknown_globals: str):
             return arrays[key]
 
         f.seek(start)
-        return RestrictedUnpickler(f, where, load_storage, unknown_globals).load()
+        return RestrictedUnpickler(f, where, load_storage, unknown_globals, module_classes).load()
 
 
 def _read_exact(f, n: int, where: str) -> bytes:

@@ -10,13 +10,14 @@ from ...errors import ModelFileError, ShapeError, StateDictError, UnsupportedErr
 from . import creators  # noqa: F401 - fills TORCH_MODULE_CREATORS with the torch.nn classes
 from .archive import read_torch_pickle
 from .records import TorchModuleRecord, UnknownGlobal, check_module_tree, is_module_like
-from .registry import rebuild_tree
+from .registry import custom_module_classes, rebuild_tree
 
 
 def load_torch_module(path):
     """Rebuild a whole pickled ``torch.nn`` module (``torch.save(model)``) as fastlayers.nn.
 
-    Only standard torch.nn classes in ``TORCH_MODULE_CREATORS`` are rebuilt, from their class
+    Only the classes in ``TORCH_MODULE_CREATORS`` are rebuilt (the standard torch.nn classes
+    fastlayers knows, and those registered with ``register_torch_module``), from their class
     references and pickled attributes; no code from the file runs and torch is not imported.
 
     Raises
@@ -24,10 +25,10 @@ def load_torch_module(path):
     ModelFileError
         Unreadable, corrupt or refused file, or a file holding a state dict (weights only).
     UnsupportedError
-        A custom class or a torch.nn class fastlayers does not rebuild (suggests ONNX export).
+        A class no creator is registered for (suggests registering one, or ONNX export).
     """
     where = str(path)
-    obj = read_torch_pickle(path, unknown_globals="record")
+    obj = read_torch_pickle(path, unknown_globals="record", module_classes=custom_module_classes())
     if not is_module_like(obj):
         _reject_unknown(obj, where)
         if isinstance(obj, dict) and any(is_module_like(v) for v in obj.values()):

@@ -1,6 +1,6 @@
 """The table of torch module creators and the rebuild of a module record tree through it.
 
-One creator per torch.nn class (``TORCH_MODULE_CREATORS``, filled by ``creators.py`` and
+One creator per torch module class (``TORCH_MODULE_CREATORS``, filled by ``creators.py`` and
 ``register_torch_module``): its ``check`` validates the pickled record, then its ``build``
 returns the ``fastlayers.nn`` module. The weights are loaded afterwards, strictly, from the
 record tree's state dict (``modules.py``), so a builder that makes the wrong structure fails
@@ -10,15 +10,16 @@ with the missing or unexpected keys.
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...errors import FastlayersError, ModelFileError, UnsupportedError
+from ...errors import FastlayersError, InputError, ModelFileError, UnsupportedError
 from .checks import RecordCheck
-from .records import ONNX_HINT, TorchModuleRecord, UnknownGlobal
+from .records import ONNX_HINT, TorchModuleRecord, UnknownGlobal, brepr
 
 
 @dataclass(frozen=True)
@@ -42,16 +43,107 @@ class TorchModuleCreator:
         return self.build(record)
 
 
-#: torch.nn class name -> its creator. Adding a class is one entry, e.g. ``"Conv2d":
-#: TorchModuleCreator(from_attrs("Conv2d", "in_channels", ..., bias=has_param("bias")),
-#: checks.conv(2, False))`` (``creators.py``); see ``register_torch_module``.
+#: Torch module class -> its creator: a torch.nn class by its name (``"Linear"``), a custom class
+#: by its module and name as pickled (``"mypackage.blocks.Scale"``). Adding a torch.nn class is
+#: one entry, e.g. ``"Conv2d": TorchModuleCreator(from_attrs("Conv2d", "in_channels", ...,
+#: bias=has_param("bias")), checks.conv(2, False))`` (``creators.py``); users add theirs with
+#: ``register_torch_module``.
 TORCH_MODULE_CREATORS: dict[str, TorchModuleCreator] = {}
 
 
 def register_torch_module(torch_name: str, builder: Callable, check: Callable | None = None) -> None:
-    """Map the torch.nn class ``torch_name`` (e.g. ``"Conv2d"``) to ``builder(record)``, after
-    ``check(RecordCheck(record, path))`` where one is given."""
+    """Register how ``fastlayers.load`` rebuilds a torch module class from a pickled module.
+
+    ``fastlayers.load`` reads a ``torch.save(model)`` file without running its code: each module
+    in it is a record of its class name and pickled attributes, rebuilt as a ``fastlayers.nn``
+    module by the creator registered for its class, then the weights are loaded strictly from
+    the file's state dict. fastlayers registers the standard torch.nn classes it rebuilds;
+    register a custom ``nn.Module`` subclass (or another torch.nn class) with the
+    ``fastlayers.nn`` module that computes the same: a custom class is refused until it is
+    registered. A later registration of the same name replaces the earlier one.
+
+    Parameters
+    ----------
+    torch_name : str
+        A torch.nn class name (``"Hardswish"``), or a custom class's module and name as the
+        pickle names it (``"mypackage.blocks.Scale"``; ``"__main__.Scale"`` for a class defined
+        in the script that saved the model): the name fastlayers' error for an unregistered
+        class gives.
+    builder : callable
+        ``builder(record)`` returns the ``fastlayers.nn.Module``, its weights not loaded yet.
+        ``record`` holds the pickled instance: ``record["features"]`` (an attribute set in the
+        torch module's ``__init__``; a missing one raises ``KeyError``), ``record.get(name,
+        default)``, ``record.argument(name)`` (the attribute, refused unless it is None, a
+        bool, number, short string or a short tuple of those), ``record.has_param(name)``,
+        ``record.children`` (the child records; ``fastlayers.io.torch.registry.rebuild_module``
+        rebuilds one). The module's state dict must have the torch module's keys and shapes.
+    check : callable, optional
+        ``check(c)``, called before ``builder`` with a ``fastlayers.io.torch.RecordCheck``:
+        reads attributes with their types and ranges (``c.int("features", 1)``) and the
+        record's own tensors (``c.tensors({"scale": (n,)})``), and raises ``ModelFileError``
+        naming the module and the attribute for a file that does not fit. Without one the
+        builder gets the record unchecked.
+
+    Raises
+    ------
+    InputError
+        ``torch_name`` is not a class name or a dotted module path and class name (a torch.nn
+        class given with its module path included), or ``builder`` or ``check`` is not a
+        function of one argument.
+
+    Examples
+    --------
+    A custom torch module and its fastlayers twin:
+
+    >>> import numpy as np
+    >>> import fastlayers
+    >>> import fastlayers.nn as nn
+    >>> class Scale(nn.Module):          # torch: self.weight = torch.nn.Parameter(torch.ones(features))
+    ...     def __init__(self, features):
+    ...         super().__init__()
+    ...         self.features = features
+    ...         self.weight = np.ones(features, np.float32)
+    ...
+    ...     def forward(self, x):
+    ...         return x * self.weight
+    >>> fastlayers.register_torch_module(
+    ...     "mypackage.blocks.Scale", lambda record: Scale(record["features"]),
+    ...     check=lambda c: c.tensors({"weight": (c.int("features", 1),)}))
+
+    ``fastlayers.load("model.pt")`` then rebuilds a saved ``torch.nn.Sequential`` holding
+    ``mypackage.blocks.Scale`` modules, with their weights.
+    """
+    parts = torch_name.split(".") if isinstance(torch_name, str) else [""]
+    if not all(part.isidentifier() for part in parts):
+        raise InputError(f"register_torch_module: {brepr(torch_name)} is neither a torch.nn class name "
+                         "('Hardswish') nor a custom class's module and name ('mypackage.blocks.Scale')")
+    if parts[0] == "torch":
+        raise InputError(f"register_torch_module: {torch_name} is a torch class: register it by its "
+                         f"class name, {parts[-1]!r}")
+    _takes_one_argument(torch_name, "builder", builder)
+    if check is not None:
+        _takes_one_argument(torch_name, "check", check)
     TORCH_MODULE_CREATORS[torch_name] = TorchModuleCreator(builder, check)
+
+
+def _takes_one_argument(torch_name: str, role: str, function) -> None:
+    """Refuse a builder or check that cannot be called with one argument, naming the class."""
+    if not callable(function):
+        raise InputError(f"register_torch_module({torch_name!r}): the {role} {brepr(function)} is "
+                         "not callable")
+    try:
+        inspect.signature(function).bind(None)
+    except TypeError:
+        raise InputError(f"register_torch_module({torch_name!r}): the {role} {brepr(function)} does "
+                         "not take one argument") from None
+    except ValueError:   # no signature to read (some builtins): the call will tell
+        pass
+
+
+def custom_module_classes() -> frozenset[str]:
+    """The custom classes a creator is registered for (``"module.Class"``): the unpickler makes
+    module records of them."""
+    return frozenset(name for name in TORCH_MODULE_CREATORS if "." in name)
 
 
 #: Modules rebuilt so far in this load, by record (a record several parents share is rebuilt
@@ -74,20 +166,30 @@ def rebuild_module(record, path: str = ""):
     if isinstance(record, UnknownGlobal):
         raise UnsupportedError(
             f"module {path or '<root>'} is an instance of {record.global_name}, not a standard "
-            f"torch.nn class; fastlayers rebuilds only torch.nn classes from a pickle without "
-            f"running its code: {ONNX_HINT}")
+            f"torch.nn class; fastlayers rebuilds a custom class from a pickle, without running "
+            f"its code, once a creator is registered for it (fastlayers.register_torch_module("
+            f"{record.global_name!r}, builder)); or {ONNX_HINT}")
     if not isinstance(record, TorchModuleRecord):
         raise ModelFileError(f"module {path or '<root>'} is a {type(record).__name__}, not a module")
-    creator = TORCH_MODULE_CREATORS.get(record.class_name)
-    if creator is None or not record.torch_class.startswith("torch.nn.modules."):
+    torch_nn = record.torch_class.startswith("torch.nn.modules.")
+    name = record.class_name if torch_nn else record.torch_class
+    creator = TORCH_MODULE_CREATORS.get(name)
+    if creator is None:
         raise UnsupportedError(f"module {path or '<root>'}: {record.torch_class} is not supported by "
-                               f"fastlayers.load yet; {ONNX_HINT}")
+                               f"fastlayers.load yet (fastlayers.register_torch_module({name!r}, "
+                               f"builder) adds it); {ONNX_HINT}")
     memo = _REBUILT.get()
     if memo is not None and id(record) in memo:   # a module shared by several parents, as torch
         return memo[id(record)][1]
     record.set_path(path)
     try:
-        module = _without_initial_weights(creator.create(record, path))
+        module = creator.create(record, path)
+        from ... import nn
+
+        if not isinstance(module, nn.Module):
+            raise InputError(f"module {path or '<root>'}: the builder registered for {name!r} returned "
+                             f"a {type(module).__name__}, not a fastlayers.nn.Module")
+        module = _without_initial_weights(module)
         if memo is not None:
             memo[id(record)] = (record, module)
         return module

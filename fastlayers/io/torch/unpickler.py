@@ -20,7 +20,9 @@ through ``NEWOBJ`` (inert ``__new__``) and fill them through ``BUILD`` (our ``__
 which stores the state as data). Any other global raises ``ModelFileError`` naming it, or, when
 reading a whole module (``unknown_globals="record"``), becomes an ``UnknownGlobal`` record
 class that is refused when called and reported afterwards (a custom ``nn.Module`` subclass is an
-``UnsupportedError``). No code from a file ever runs.
+``UnsupportedError``), except the custom module classes a creator is registered for
+(``module_classes``), which become inert ``TorchModuleRecord`` classes too. No code from a file
+ever runs.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import mmap
 import os
 import pickle
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ...errors import ModelFileError
 from .records import (
@@ -119,15 +121,17 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     ``load_storage(storage_type, key, location, numel)`` returns the storage's 1-D numpy array
     of ``storage_type.np_dtype``; ``unknown_globals`` is ``"refuse"`` (ModelFileError at once)
-    or ``"record"`` (inert ``UnknownGlobal`` classes, refused when called).
+    or ``"record"`` (inert ``UnknownGlobal`` classes, refused when called). With ``"record"``,
+    the globals named in ``module_classes`` (``"module.Class"``) are module records.
     """
 
     def __init__(self, file, source: str, load_storage: Callable | None = None,
-                 unknown_globals: str = "refuse"):
+                 unknown_globals: str = "refuse", module_classes: Collection[str] = ()):
         super().__init__(file)
         self.source = source
         self.load_storage = load_storage
         self.unknown_globals = unknown_globals
+        self.module_classes = frozenset(module_classes)
         self._file = file
         self._storages: dict[str, Storage] = {}
         self._classes: dict[tuple[str, str], type] = {}
@@ -184,6 +188,8 @@ class RestrictedUnpickler(pickle.Unpickler):
                 and not name.startswith("_")):
             return record_class(TorchFunctionRef, module, name, function_name=name)
         if self.unknown_globals == "record" and _is_identifier_path(module, name):
+            if f"{module}.{name}" in self.module_classes:   # a custom class a creator is registered for
+                return record_class(TorchModuleRecord, module, name, torch_class=f"{module}.{name}")
             return record_class(UnknownGlobal, module, name)
         raise ModelFileError(f"{self.source}: refused global {module}.{name}: a state-dict pickle may "
                              "only reference tensor rebuild functions, storage types, dtypes, "
