@@ -72,8 +72,8 @@ def register_torch_module(torch_name: str, builder: Callable, check: Callable | 
     builder : callable
         ``builder(record)`` returns the ``fastlayers.nn.Module``, its weights not loaded yet.
         ``record`` holds the pickled instance: ``record["features"]`` (an attribute set in the
-        torch module's ``__init__``; a missing one raises ``KeyError``), ``record.get(name,
-        default)``, ``record.argument(name)`` (the attribute, refused unless it is None, a
+        torch module's ``__init__``; a missing one fails the load with a ``ModelFileError``
+        naming the module), ``record.get(name, default)``, ``record.argument(name)`` (the attribute, refused unless it is None, a
         bool, number, short string or a short tuple of those), ``record.has_param(name)``,
         ``record.children`` (the child records; ``fastlayers.io.torch.registry.rebuild_module``
         rebuilds one). The module's state dict must have the torch module's keys and shapes.
@@ -93,15 +93,16 @@ def register_torch_module(torch_name: str, builder: Callable, check: Callable | 
 
     Examples
     --------
-    A custom torch module and its fastlayers twin:
+    A custom torch module, ``mypackage.blocks.Scale`` (its ``__init__(self, features)`` sets
+    ``self.features = features`` and ``self.weight = torch.nn.Parameter(torch.ones(features))``;
+    its ``forward`` returns ``x * self.weight``), and the same computation in fastlayers.nn:
 
     >>> import numpy as np
     >>> import fastlayers
     >>> import fastlayers.nn as nn
-    >>> class Scale(nn.Module):          # torch: self.weight = torch.nn.Parameter(torch.ones(features))
+    >>> class Scale(nn.Module):
     ...     def __init__(self, features):
     ...         super().__init__()
-    ...         self.features = features
     ...         self.weight = np.ones(features, np.float32)
     ...
     ...     def forward(self, x):
@@ -111,7 +112,7 @@ def register_torch_module(torch_name: str, builder: Callable, check: Callable | 
     ...     check=lambda c: c.tensors({"weight": (c.int("features", 1),)}))
 
     ``fastlayers.load("model.pt")`` then rebuilds a saved ``torch.nn.Sequential`` holding
-    ``mypackage.blocks.Scale`` modules, with their weights.
+    ``Scale`` modules, with their weights.
     """
     parts = torch_name.split(".") if isinstance(torch_name, str) else [""]
     if not all(part.isidentifier() for part in parts):
