@@ -130,9 +130,34 @@ def _make_state_dict(path: Path) -> None:
     torch.save(net.state_dict(), str(path))
 
 
+def _make_custom_module(path: Path) -> None:
+    """docs/guide/pytorch.md's model with a custom class, ``torch.nn.Sequential(Linear(8, 4),
+    mypackage.blocks.Scale(4))``: the class is picklable by that name while the file is saved."""
+    from .conftest import oracle
+
+    torch = oracle("torch")
+
+    class Scale(torch.nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.features = features
+            self.weight = torch.nn.Parameter(torch.ones(features))
+
+    Scale.__module__, Scale.__qualname__ = "mypackage.blocks", "Scale"
+    package, blocks = type(sys)("mypackage"), type(sys)("mypackage.blocks")
+    package.blocks, blocks.Scale = blocks, Scale
+    sys.modules.update({"mypackage": package, "mypackage.blocks": blocks})
+    try:
+        torch.manual_seed(0)
+        torch.save(torch.nn.Sequential(torch.nn.Linear(8, 4), Scale(4)), str(path))
+    finally:
+        del sys.modules["mypackage"], sys.modules["mypackage.blocks"]
+
+
 #: File name a block opens -> the function that makes it.
 FILES = {"model.onnx": _make_onnx, "model.keras": _make_keras, "model.h5": _make_keras,
-         "model.weights.h5": _make_keras_weights, "weights.pt": _make_state_dict}
+         "model.weights.h5": _make_keras_weights, "weights.pt": _make_state_dict,
+         "custom_model.pt": _make_custom_module}
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import fastlayers
 import fastlayers.nn as nn
 from fastlayers.errors import ModelFileError, ShapeError, StateDictError, UnsupportedError
-from fastlayers.io.torch import TORCH_MODULE_BUILDERS, from_attrs, register_torch_module
+from fastlayers.io.torch import TORCH_MODULE_CREATORS, from_attrs, register_torch_module
 
 from ..conftest import assert_close
 
@@ -377,7 +377,7 @@ def test_custom_and_unsupported_classes(torch, tmp_path):
 
 
 def test_builder_table_is_one_entry_per_class(torch, tmp_path, rng):
-    assert "Linear" in TORCH_MODULE_BUILDERS
+    assert "Linear" in TORCH_MODULE_CREATORS
     model = torch.nn.Sequential(torch.nn.Hardswish())
     path = save(torch, model, tmp_path / "hs.pt")
     with pytest.raises(UnsupportedError, match="Hardswish"):
@@ -398,10 +398,123 @@ def test_builder_table_is_one_entry_per_class(torch, tmp_path, rng):
         with pytest.raises(ModelFileError, match="does not match the pickled weights"):
             fastlayers.load(path)
     finally:
-        del TORCH_MODULE_BUILDERS["Hardswish"]
+        del TORCH_MODULE_CREATORS["Hardswish"]
 
 
-# The families other parts of fastlayers.nn add (their table entries are in fastlayers.io.torch):
+class ScaleShift(nn.Module):
+    """The fastlayers twin of the custom torch module of ``custom_torch_class``."""
+
+    def __init__(self, features, power):
+        super().__init__()
+        self.power = power
+        self.scale = np.ones(features, np.float32)
+        self.register_buffer("shift", np.zeros(features, np.float32))
+
+    def forward(self, x):
+        return np.tanh(x * self.scale + self.shift) ** self.power
+
+
+def build_scale_shift(record):
+    return ScaleShift(record["features"], record["power"])
+
+
+def check_scale_shift(c):
+    n = c.int("features", 1)
+    c.int("power", 1, 3)
+    c.tensors({"scale": (n,), "shift": (n,)})
+
+
+@pytest.fixture
+def custom_torch_class(torch):
+    """A custom torch module class, picklable by reference as ``tests_custom.ScaleShift`` (a
+    module that cannot be imported from the file, as a user's package would not be)."""
+    class TorchScaleShift(torch.nn.Module):
+        def __init__(self, features, power):
+            super().__init__()
+            self.features, self.power = features, power
+            self.scale = torch.nn.Parameter(torch.ones(features))
+            self.register_buffer("shift", torch.zeros(features))
+
+        def forward(self, x):
+            return torch.tanh(x * self.scale + self.shift) ** self.power
+
+    TorchScaleShift.__module__ = "tests_custom"
+    TorchScaleShift.__qualname__ = TorchScaleShift.__name__ = "ScaleShift"
+    sys.modules["tests_custom"] = type(sys)("tests_custom")
+    sys.modules["tests_custom"].ScaleShift = TorchScaleShift
+    yield TorchScaleShift
+    del sys.modules["tests_custom"]
+    TORCH_MODULE_CREATORS.pop("tests_custom.ScaleShift", None)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_custom_class_loads_after_its_creator_is_registered(torch, tmp_path, rng, custom_torch_class, fmt):
+    tnn = torch.nn
+    ref = tnn.Sequential(tnn.Linear(6, 5), custom_torch_class(5, power=2), tnn.Linear(5, 3)).eval()
+    randomize(ref, torch)
+    path = save(torch, ref, tmp_path / "model.pt", fmt)
+    sd_path = save(torch, ref.state_dict(), tmp_path / "sd.pt", fmt)
+    with pytest.raises(UnsupportedError, match=r"module 1 .*tests_custom\.ScaleShift.*"
+                                               r"register_torch_module\('tests_custom\.ScaleShift'"):
+        fastlayers.load(path)
+
+    fastlayers.register_torch_module("tests_custom.ScaleShift", build_scale_shift, check=check_scale_shift)
+    ours = fastlayers.load(path)
+    assert isinstance(ours[1], ScaleShift)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    with torch.no_grad():
+        want = ref(torch.from_numpy(x)).numpy()
+    assert_close(ours(x), want, rtol=1e-5, atol=1e-6)
+    # the state dict saved beside it loads into the same fastlayers modules
+    again = nn.Sequential(nn.Linear(6, 5), ScaleShift(5, 2), nn.Linear(5, 3))
+    again.load_state_dict(fastlayers.load_state_dict(sd_path))
+    assert_close(again(x), want, rtol=1e-5, atol=1e-6)
+    # a custom class as the root module, and the creator's check refusing a record that does
+    # not fit (its attribute declares 4 features, its tensors hold 5)
+    root = custom_torch_class(5, power=3)
+    randomize(root, torch)
+    with torch.no_grad():
+        want = root(torch.from_numpy(x[:, :5])).numpy()
+    assert_close(fastlayers.load(save(torch, root, tmp_path / "root.pt", fmt))(x[:, :5]), want,
+                 rtol=1e-5, atol=1e-6)
+    root.features = 4
+    with pytest.raises(ModelFileError, match=r"root.*tests_custom\.ScaleShift.*'scale' has shape \(5,\)"):
+        fastlayers.load(save(torch, root, tmp_path / "bad.pt", fmt))
+    # registering a name admits that class as an inert record only when a module is loaded: a
+    # state dict file still refuses it
+    with pytest.raises(ModelFileError, match="refused global tests_custom.ScaleShift"):
+        fastlayers.load_state_dict(path)
+
+
+def test_bad_registrations_are_refused_naming_the_class(torch, tmp_path, custom_torch_class):
+    from fastlayers.errors import InputError
+
+    register = fastlayers.register_torch_module
+    assert register is fastlayers.io.register_torch_module is fastlayers.io.torch.register_torch_module
+    with pytest.raises(InputError, match=r"'tests_custom.ScaleShift'.*builder 'ScaleShift' is not callable"):
+        register("tests_custom.ScaleShift", "ScaleShift")
+    with pytest.raises(InputError, match=r"'tests_custom.ScaleShift'.*builder .* does not take one argument"):
+        register("tests_custom.ScaleShift", lambda: ScaleShift(5, 2))
+    with pytest.raises(InputError, match=r"'tests_custom.ScaleShift'.*check 3 is not callable"):
+        register("tests_custom.ScaleShift", build_scale_shift, check=3)
+    with pytest.raises(InputError, match=r"'tests_custom.ScaleShift'.*check .* does not take one argument"):
+        register("tests_custom.ScaleShift", build_scale_shift, check=lambda c, extra: None)
+    with pytest.raises(InputError, match="'tests custom.Scale Shift' is neither a torch.nn class name"):
+        register("tests custom.Scale Shift", build_scale_shift)
+    with pytest.raises(InputError, match="torch.nn.modules.linear.Bilinear is a torch class: register "
+                                         "it by its class name, 'Bilinear'"):
+        register("torch.nn.modules.linear.Bilinear", build_scale_shift)
+    assert "tests_custom.ScaleShift" not in TORCH_MODULE_CREATORS
+    # a builder that returns something other than a fastlayers.nn module, found when it runs
+    register("tests_custom.ScaleShift", lambda record: np.zeros(3))
+    model = torch.nn.Sequential(custom_torch_class(5, power=1))
+    with pytest.raises(InputError, match=r"module 0: the builder registered for 'tests_custom.ScaleShift' "
+                                         r"returned a ndarray, not a fastlayers.nn.Module"):
+        fastlayers.load(save(torch, model, tmp_path / "model.pt"))
+
+
+# The families other parts of fastlayers.nn add (their creators are in fastlayers.io.torch.creators):
 # these run once fastlayers.nn has the class, and are skipped before.
 def _family_cases(torch):
     tnn = torch.nn
@@ -499,7 +612,7 @@ def test_family_entries_rebuild_torch_itself(name, torch, tmp_path, rng):
     ref = make().eval()
     randomize(ref, torch)
     record = read_torch_pickle(save(torch, ref, tmp_path / f"{name}.pt"), unknown_globals="record")
-    kwargs = TORCH_MODULE_BUILDERS[name].kwargs(record)
+    kwargs = TORCH_MODULE_CREATORS[name].build.kwargs(record)
     again = getattr(torch.nn, name)(**kwargs).eval()
     assert list(again.state_dict()) == list(ref.state_dict())
     again.load_state_dict({k: torch.from_numpy(v) for k, v in record.state_dict().items()})
@@ -545,7 +658,7 @@ def zip_with_pickle(path, data: bytes, prefix="archive"):
 
 
 def legacy_with_pickle(path, data: bytes):
-    from fastlayers.io.torch import LEGACY_MAGIC
+    from fastlayers.io.torch.archive import LEGACY_MAGIC
 
     head = b"".join(pickle.dumps(v, protocol=2) for v in (
         LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True}))
@@ -591,9 +704,9 @@ def test_hostile_pickles_are_refused(torch, tmp_path, reader):
 def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
     """BUILD with slot state would setattr on whatever the pickle names: refused for admitted
     functions and record classes, so one file cannot change how the next one is read."""
-    from fastlayers.io._torch_pickle import _rebuild_tensor_v2
+    from fastlayers.io.torch.tensors import rebuild_tensor_v2
 
-    defaults = _rebuild_tensor_v2.__defaults__
+    defaults = rebuild_tensor_v2.__defaults__
     for i, target in enumerate([b"torch._utils\n_rebuild_tensor_v2", b"collections\nOrderedDict",
                                 b"torch\nFloatStorage", b"torch.nn.modules.linear\nLinear"]):
         data = b"c" + target + b"\n(N(S'__defaults__'\n(I1\nI2\nI3\ntdtb."
@@ -601,7 +714,7 @@ def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
         for reader in (fastlayers.load_state_dict, fastlayers.load):
             with pytest.raises(ModelFileError, match=f"build{i}.pt"):
                 reader(path)
-    assert _rebuild_tensor_v2.__defaults__ == defaults
+    assert rebuild_tensor_v2.__defaults__ == defaults
     sd = {"w": torch.randn(2)}
     assert_same_arrays(fastlayers.load_state_dict(save(torch, sd, tmp_path / "ok.pt")), sd, torch)
 
