@@ -279,3 +279,12 @@ def test_deferred_imports_name_what_exists():
                 missing += [f"{module} (line {node.lineno}): {target}.{a.name}"
                             for a in node.names if not hasattr(imported, a.name)]
     assert not missing, missing
+
+
+def test_onnx_reaches_kernels_through_the_ops_interface(graph):
+    """``onnx/`` never imports ``native/``: its kernels (layout moves, the integer products) are
+    the active backend's (``get_ops()``), so that the numpy reference runs every graph too."""
+    edges, _ = graph
+    direct = [f"{m} (line {line}) imports {t}" for m in sorted(edges) if m.startswith("fastlayers.onnx")
+              for t, line in sorted(edges[m].items()) if t.startswith("fastlayers.native")]
+    assert not direct, "\n".join(direct)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..native.layout import oihw_to_hwio
+from ..backends import get_ops
 from . import encoder
 from .nodes import Node, consumers, prune, readers_of
 
@@ -159,7 +159,7 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             node.outputs = follower.outputs
             removed.add(nxt[0])
         key = node.name or f"conv{k}"
-        w_hwio = oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
+        w_hwio = get_ops().oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
         if scale is not None:
             w_hwio *= scale
         attrs["_w_hwio"] = w_hwio

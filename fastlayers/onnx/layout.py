@@ -12,8 +12,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import get_ops
 from ..errors import UnsupportedError
-from ..native.layout import channels_first, channels_last
+
+
+def channels_last(x):
+    """(N, C, *S) -> a new C-contiguous (N, *S, C), on the active backend (``Ops.channels_last``:
+    the cpu backend's native tiled transpose)."""
+    return get_ops().channels_last(x)
+
+
+def channels_first(x):
+    """(N, *S, C) -> a new C-contiguous (N, C, *S), on the active backend (``Ops.channels_first``)."""
+    return get_ops().channels_first(x)
 
 
 def nhwc(x):

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ...native import CODES, _core, arena_enter, arena_exit
+from ...native import CODES, _core, arena_enter, arena_exit, layout
 from ..derived import derived_from
 from ..integer import INTEGER_KERNELS
 from ..reference import EncoderWeights
@@ -106,6 +106,15 @@ class CpuOps(ConvOps):
 
     def exit_call(self, token) -> None:
         arena_exit(token)
+
+    def channels_last(self, x):
+        return layout.channels_last(x)
+
+    def channels_first(self, x):
+        return layout.channels_first(x)
+
+    def oihw_to_hwio(self, w):
+        return layout.oihw_to_hwio(w)
 
     def activation(self, x, name, alpha=0.0):
         code = CODES.get(name)

@@ -100,6 +100,18 @@ class ReferenceOps:
         """y = x with its axes permuted (``np.transpose``), C-contiguous."""
         return np.ascontiguousarray(np.transpose(x, axes))
 
+    def channels_last(self, x: np.ndarray) -> np.ndarray:
+        """(N, C, *S) -> a new C-contiguous (N, *S, C): NCL -> NLC, NCHW -> NHWC."""
+        return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+    def channels_first(self, x: np.ndarray) -> np.ndarray:
+        """(N, *S, C) -> a new C-contiguous (N, C, *S): NLC -> NCL, NHWC -> NCHW."""
+        return np.ascontiguousarray(np.moveaxis(x, -1, 1))
+
+    def oihw_to_hwio(self, w: np.ndarray) -> np.ndarray:
+        """Convolution weights (C_out, C_in, *K) -> a new C-contiguous (*K, C_in, C_out)."""
+        return np.ascontiguousarray(np.moveaxis(w, (0, 1), (-1, -2)))
+
     def take(self, x: np.ndarray, index: tuple) -> np.ndarray:
         """y = x[index] for basic indexing (slices with any step, integers), C-contiguous."""
         return np.ascontiguousarray(x[index])
