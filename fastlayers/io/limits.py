@@ -175,7 +175,7 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
         raise ModelFileError(f"{where}: not a readable zip archive ({type(e).__name__}: "
                              f"{str(e)[:200]})") from None
     try:
-        size = _source_size(z)
+        size = source_size(z)
         names = set()
         for info in z.infolist():
             check_member(info, where, size)
@@ -188,7 +188,8 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
     return z
 
 
-def _source_size(z: zipfile.ZipFile) -> int:
+def source_size(z: zipfile.ZipFile) -> int:
+    """The size in bytes of the archive file that ``z`` reads."""
     fp = z.fp
     here = fp.tell()
     fp.seek(0, io.SEEK_END)
