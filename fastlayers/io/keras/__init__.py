@@ -2,9 +2,10 @@
 directory), legacy full-model ``.h5`` (Keras 3 and tf.keras 2.x) and weight files
 (``.weights.h5``, legacy ``.h5`` weights). Needs h5py (``pip install fastlayers[keras]``).
 
-The architecture (JSON) is rebuilt with fastlayers layers through ``build_layer`` and its table ``KERAS_OPTIONS``; weights are
-read by position in Keras's own order. Nothing in a file is executed: ``Lambda`` layers (Python
-bytecode) and custom objects are refused with ``UnsupportedError`` at load time.
+The architecture (JSON) is rebuilt with fastlayers layers, each made by the creator of its Keras
+class (one table, ``keras_layers``); weights are read by position in Keras's own order.
+Nothing in a file is executed: ``Lambda`` layers (Python bytecode) and custom classes are
+refused with ``UnsupportedError`` at load time.
 
 Files are checked before h5py or a layer sees them (``io.limits`` for the limits): the zip
 layer (flags, methods, sizes; the weights member's CRC-32 when it is read in place), the config
@@ -18,16 +19,17 @@ The modules, by subject:
 - ``files``: the entry points (``load_keras``, ``load_keras_h5``, ``load_weights``), opening
   and checking the file;
 - ``config``: the structure and types of a model config (``check_config``);
-- ``creators``: a layer config -> a fastlayers layer (``build_layer``);
+- ``creators``: the creator of each Keras class, and a layer config -> a fastlayers layer
+  (``build_layer``);
 - ``models``: a model config -> a fastlayers model (``build_model``), operation nodes included;
 - ``weights``: the HDF5 weights, read into the built layers;
 - ``heaps``: the walk of the HDF5 global heaps before h5py reads an attribute.
 """
 
 from .config import check_config
-from .creators import KERAS_OPTIONS, build_layer
+from .creators import KerasLayer, build_layer, keras_layers
 from .files import load_keras, load_keras_h5, load_weights
 from .models import build_model, build_operation
 
-__all__ = ["KERAS_OPTIONS", "build_layer", "build_model", "build_operation", "check_config",
-           "load_keras", "load_keras_h5", "load_weights"]
+__all__ = ["KerasLayer", "build_layer", "build_model", "build_operation", "check_config",
+           "keras_layers", "load_keras", "load_keras_h5", "load_weights"]

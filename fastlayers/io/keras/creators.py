@@ -1,14 +1,26 @@
-"""Keras layer configs -> fastlayers layers: ``build_layer`` and the options of each Keras
-class (``KERAS_OPTIONS``); an option fastlayers cannot honour fails by name."""
+"""Keras layer configs -> fastlayers layers: one creator per Keras class, in one table
+(``keras_layers``), and ``build_layer``, which reads a config through its class's creator.
+
+A creator (``KerasLayer``) names the fastlayers class, the config keys it reads (by default the
+class constructor's arguments, so nothing restates a signature) and the class's own steps: a
+check of the raw config, an adaptation of the keyword arguments, whether the config's dtype is a
+float policy, and where the class's variables lie in a Keras 3 weights file. Everything else
+(ignored training keys, options left off, activations, dtype policies, the limits of
+``io.limits``) is the same for every class, here in ``build_layer``.
+"""
 
 from __future__ import annotations
 
+import inspect
 import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ...errors import FastlayersError, ModelFileError, UnsupportedError
 from .. import limits
 
-#: Config keys that only matter for training or for Keras internals: ignored.
 #: Config keys that only matter for training or for Keras internals: ignored.
 _IGNORED = re.compile(r"^(name|trainable|dtype|build_config|registered_name|module|seed|"
                       r"activity_regularizer|noise_shape|autocast|quantization_config|"
@@ -41,128 +53,198 @@ def _activation(value, where):
     return value
 
 
-#: Keras class name -> the options (config keys) its fastlayers layer takes, besides the name and
-#: the input-shape keys of every layer (``_BASE_PARAMS``); the class is ``LAYER_CLASSES[name]``.
-#: Other keys fail by name (``build_layer``), unless they are off (None, False) or ignored.
-KERAS_OPTIONS: dict[str, tuple[str, ...]] = {
-    "Activation": ("activation",),
-    "Add": (),
-    "AdditiveAttention": ("use_scale", "dropout"),
-    "Attention": ("use_scale", "score_mode", "dropout"),
-    "Average": (),
-    "AveragePooling1D": ("pool_size", "strides", "padding", "data_format"),
-    "AveragePooling2D": ("pool_size", "strides", "padding", "data_format"),
-    "BatchNormalization": ("axis", "momentum", "epsilon", "center", "scale", "synchronized",
-                           "renorm"),
-    "Bidirectional": ("layer", "merge_mode", "backward_layer", "weights"),
-    "BinaryOp": ("op", "constants"),
-    "Concatenate": ("axis",),
-    "Conv1D": ("filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate",
-               "groups", "activation", "use_bias"),
-    "Conv2D": ("filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate",
-               "groups", "activation", "use_bias"),
-    "Conv2DTranspose": ("filters", "kernel_size", "strides", "padding", "output_padding",
-                        "data_format", "dilation_rate", "activation", "use_bias"),
-    "Cropping1D": ("cropping",),
-    "Cropping2D": ("cropping", "data_format"),
-    "CustomScaleLayer": ("scale",),
-    "Dense": ("units", "activation", "use_bias"),
-    "DepthwiseConv2D": ("kernel_size", "strides", "padding", "depth_multiplier", "data_format",
-                        "dilation_rate", "activation", "use_bias"),
-    "Dropout": ("rate",),
-    "ELU": ("alpha",),
-    "Embedding": ("output_dim", "mask_zero", "input_length"),
-    "Flatten": ("data_format",),
-    "GRU": ("units", "activation", "recurrent_activation", "use_bias", "return_sequences",
-            "return_state", "go_backwards", "stateful", "reset_after", "zero_output_for_mask",
-            "dropout", "recurrent_dropout", "unroll", "use_cudnn"),
-    "GRUCell": ("units", "activation", "recurrent_activation", "use_bias", "reset_after",
-                "dropout", "recurrent_dropout"),
-    "GlobalAveragePooling1D": ("data_format", "keepdims"),
-    "GlobalAveragePooling2D": ("data_format", "keepdims"),
-    "GlobalMaxPooling1D": ("data_format", "keepdims"),
-    "GlobalMaxPooling2D": ("data_format", "keepdims"),
-    "HardAttention": ("use_scale",),
-    "HierarchicalSoftmax": ("num_classes", "tree", "use_bias"),
-    "InceptionBlock": ("filters_1x1", "filters_3x3_reduce", "filters_3x3", "filters_5x5_reduce",
-                       "filters_5x5", "filters_pool_proj", "activation", "data_format"),
-    "InputLayer": ("shape", "batch_shape"),
-    "LSTM": ("units", "activation", "recurrent_activation", "use_bias", "unit_forget_bias",
-             "return_sequences", "return_state", "go_backwards", "stateful",
-             "zero_output_for_mask", "dropout", "recurrent_dropout", "unroll", "use_cudnn"),
-    "LSTMCell": ("units", "activation", "recurrent_activation", "use_bias", "unit_forget_bias",
-                 "dropout", "recurrent_dropout"),
-    "LayerNormalization": ("axis", "epsilon", "center", "scale", "rms_scaling"),
-    "LayerScale": ("init_values", "projection_dim"),
-    "LeakyReLU": ("negative_slope",),
-    "LocalResponseNormalization": ("depth_radius", "bias", "alpha", "beta", "data_format"),
-    "MaxPooling1D": ("pool_size", "strides", "padding", "data_format"),
-    "MaxPooling2D": ("pool_size", "strides", "padding", "data_format"),
-    "Maximum": (),
-    "Minimum": (),
-    "MultiHeadAttention": ("num_heads", "key_dim", "value_dim", "dropout", "use_bias",
-                           "output_shape", "attention_axes", "flash_attention", "sliding_window",
-                           "use_gate"),
-    "Multiply": (),
-    "NiNBlock": ("filters", "kernel_size", "strides", "padding", "mlp_filters", "activation",
-                 "global_pool", "data_format"),
-    "Normalization": ("axis", "mean", "variance", "invert"),
-    "PaddingMask": (),
-    "Permute": ("dims",),
-    "PositionalEncoding": ("max_length", "base", "scale_input"),
-    "PositionwiseFeedForward": ("hidden_units", "output_units", "activation", "use_bias"),
-    "RMSNormalization": ("axis", "epsilon"),
-    "ReLU": ("max_value", "negative_slope", "threshold"),
-    "RepeatVector": ("n",),
-    "Rescaling": ("scale", "offset"),
-    "Reshape": ("target_shape",),
-    "RoIPooling2D": ("pool_size", "spatial_scale", "data_format"),
-    "SelfAttention": ("num_heads", "key_dim", "use_causal_mask", "return_attention_scores"),
-    "SeparableConv2D": ("filters", "kernel_size", "strides", "padding", "data_format",
-                        "dilation_rate", "depth_multiplier", "activation", "use_bias"),
-    "SimpleRNN": ("units", "activation", "use_bias", "return_sequences", "return_state",
-                  "go_backwards", "stateful", "zero_output_for_mask", "dropout",
-                  "recurrent_dropout", "unroll"),
-    "SimpleRNNCell": ("units", "activation", "use_bias", "dropout", "recurrent_dropout"),
-    "Softmax": ("axis",),
-    "SpatialDropout1D": ("rate",),
-    "SpatialDropout2D": ("rate", "data_format"),
-    "SpatialDropout3D": ("rate", "data_format"),
-    "StochasticDepth": ("drop_path_rate",),
-    "Subtract": (),
-    "UpSampling2D": ("size", "data_format", "interpolation", "align_corners"),
-    "ZeroPadding1D": ("padding", "data_format"),
-    "ZeroPadding2D": ("padding", "data_format"),
+#: ``adapt(kwargs, config, build)`` of a creator: the keyword arguments read from the config ->
+#: those the constructor takes. ``config`` is the layer's whole config; ``build(class_name,
+#: config)`` builds a layer config held inside it (a wrapper's wrapped layer).
+Adapt = Callable[[dict, dict, Callable[[str, dict], Any]], dict]
+#: ``check(config, here)`` of a creator: raises UnsupportedError naming ``here`` for a config the
+#: class cannot honour, before its options are read.
+Check = Callable[[dict, str], None]
+
+
+@dataclass(frozen=True)
+class KerasLayer:
+    """The creator of one Keras class: how its config becomes a fastlayers layer.
+
+    ``layer_class`` is built with the config keys in ``options`` (besides ``name`` and the
+    input-shape keys of every layer); ``check`` and ``adapt`` are the class's own steps (see
+    ``Check`` and ``Adapt``); ``float_policy``: the config's ``dtype`` is a dtype policy
+    (computed in float32), not the data type of the layer (``InputLayer``); ``weight_groups``:
+    where the layer's variables lie in a Keras 3 weights file, in Keras's order, below the
+    layer's group (layers with sublayers keep theirs in child groups named after the attribute).
+    """
+
+    layer_class: type
+    options: frozenset[str]
+    check: Check | None = None
+    adapt: Adapt | None = None
+    float_policy: bool = True
+    weight_groups: tuple[str, ...] = ("vars",)
+
+
+def constructor_options(layer_class: type) -> frozenset[str]:
+    """The named arguments of ``layer_class``'s constructor, but ``dtype`` (a dtype policy in a
+    Keras config, checked by ``build_layer``): the config keys its creator reads by default."""
+    params = inspect.signature(layer_class.__init__).parameters.values()
+    return frozenset(p.name for p in params if p.name not in ("self", "dtype")
+                     and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def _no_stateful_unroll(config: dict, here: str) -> None:
+    """A recurrent layer's ``stateful`` (the streaming API keeps state instead) and ``unroll``."""
+    if config.get("stateful"):
+        raise UnsupportedError(f"{here}: option stateful=True is not supported; use the streaming API")
+    if config.get("unroll"):
+        raise UnsupportedError(f"{here}: option unroll=True is not supported")
+
+
+def _input_layer(kwargs: dict, config: dict, build) -> dict:
+    """InputLayer: the config's dtype is the input's data type; a legacy ``batch_input_shape``
+    is its ``batch_shape``."""
+    kwargs["dtype"] = config.get("dtype") if isinstance(config.get("dtype"), str) else None
+    if "batch_shape" not in kwargs and "batch_input_shape" in kwargs:
+        kwargs["batch_shape"] = kwargs.pop("batch_input_shape")
+    return kwargs
+
+
+def _wrapped_layers(kwargs: dict, config: dict, build) -> dict:
+    """Bidirectional: the wrapped layers are Keras layer configs, built here."""
+    for key in ("layer", "backward_layer"):
+        sub = kwargs.get(key)
+        if isinstance(sub, dict) and isinstance(sub.get("class_name"), str) and \
+                isinstance(sub.get("config"), dict):
+            kwargs[key] = build(sub["class_name"], dict(sub["config"]))
+    return kwargs
+
+
+_RECURRENT = {"check": _no_stateful_unroll, "weight_groups": ("vars", "cell/vars")}
+
+#: The Keras classes fastlayers reads -> the class's own parts of its creator (``KerasLayer``'s
+#: fields; none for most). Each builds the fastlayers layer class of its name
+#: (``fastlayers.layers.LAYER_CLASSES``) from the config keys its constructor takes
+#: (``constructor_options``). A new Keras layer is one line here.
+_BUILTIN: dict[str, dict[str, Any]] = {
+    "Activation": {},
+    "Add": {},
+    "AdditiveAttention": {},
+    "Attention": {},
+    "Average": {},
+    "AveragePooling1D": {},
+    "AveragePooling2D": {},
+    "BatchNormalization": {},
+    "Bidirectional": {"adapt": _wrapped_layers,
+                      "weight_groups": ("vars", "forward_layer/vars", "forward_layer/cell/vars",
+                                        "backward_layer/vars", "backward_layer/cell/vars")},
+    "BinaryOp": {},
+    "Concatenate": {},
+    "Conv1D": {},
+    "Conv2D": {},
+    "Conv2DTranspose": {},
+    "Cropping1D": {},
+    "Cropping2D": {},
+    "CustomScaleLayer": {},
+    "Dense": {},
+    "DepthwiseConv2D": {},
+    "Dropout": {},
+    "ELU": {},
+    "Embedding": {},
+    "Flatten": {},
+    "GRU": _RECURRENT,
+    "GRUCell": {},
+    "GlobalAveragePooling1D": {},
+    "GlobalAveragePooling2D": {},
+    "GlobalMaxPooling1D": {},
+    "GlobalMaxPooling2D": {},
+    "HardAttention": {},
+    "HierarchicalSoftmax": {},
+    "InceptionBlock": {},
+    "InputLayer": {"adapt": _input_layer, "float_policy": False},
+    "LSTM": _RECURRENT,
+    "LSTMCell": {},
+    "LayerNormalization": {},
+    "LayerScale": {},
+    "LeakyReLU": {},
+    "LocalResponseNormalization": {},
+    "MaxPooling1D": {},
+    "MaxPooling2D": {},
+    "Maximum": {},
+    "Minimum": {},
+    "MultiHeadAttention": {"weight_groups": ("vars", "query_dense/vars", "key_dense/vars",
+                                             "value_dense/vars", "output_dense/vars")},
+    "Multiply": {},
+    "NiNBlock": {},
+    "Normalization": {},
+    "PaddingMask": {},
+    "Permute": {},
+    "PositionalEncoding": {},
+    "PositionwiseFeedForward": {},
+    "RMSNormalization": {},
+    "ReLU": {},
+    "RepeatVector": {},
+    "Rescaling": {},
+    "Reshape": {},
+    "RoIPooling2D": {},
+    "SelfAttention": {},
+    "SeparableConv2D": {},
+    "SimpleRNN": _RECURRENT,
+    "SimpleRNNCell": {},
+    "Softmax": {},
+    "SpatialDropout1D": {},
+    "SpatialDropout2D": {},
+    "SpatialDropout3D": {},
+    "StochasticDepth": {},
+    "Subtract": {},
+    "UpSampling2D": {},
+    "ZeroPadding1D": {},
+    "ZeroPadding2D": {},
 }
+#: Keras classes whose config carries Python code (bytecode), which fastlayers never runs from a
+#: file: refused.
+CODE_CLASSES = frozenset({"Lambda"})
+
+_table: dict[str, KerasLayer] = {}
+_table_lock = threading.Lock()
+
+
+def keras_layers() -> dict[str, KerasLayer]:
+    """Keras class name -> its creator: the built-in ones (made at the first call, which
+    imports ``fastlayers.layers``)."""
+    if not _table:
+        with _table_lock:
+            if not _table:
+                from ...layers import LAYER_CLASSES
+
+                classes = {name: LAYER_CLASSES[name] for name in _BUILTIN}
+                _table.update({name: KerasLayer(cls, constructor_options(cls), **_BUILTIN[name])
+                               for name, cls in classes.items()})
+    return _table
 
 
 def build_layer(class_name: str, config: dict, where: str, weight_elements: int | None = None):
-    """A fastlayers layer for the Keras layer ``class_name`` with ``config``, or UnsupportedError
-    naming the layer and the option that fastlayers cannot honour. ``weight_elements`` bounds the
-    weight sizes the config may ask for (``limits.check_layer_config``)."""
+    """A fastlayers layer for the Keras layer ``class_name`` with ``config``, made by its
+    creator (``keras_layers``), or UnsupportedError naming the layer and the option that
+    fastlayers cannot honour. ``weight_elements`` bounds the weight sizes the config may ask for
+    (``limits.check_layer_config``)."""
     name = config.get("name", "?")
     here = f"{where}: layer {name!r} ({class_name})"
     if not isinstance(name, str):
         raise ModelFileError(f"{where}: layer of class {class_name!r}: field 'name': expected a "
                              f"string, found {limits.describe(name)}")
-    if class_name == "Lambda":
-        raise UnsupportedError(f"{here}: Lambda layers carry Python code, which fastlayers never "
-                               "executes from a file; rebuild the model without Lambda layers")
-    from ...layers import LAYER_CLASSES
-
-    cls = LAYER_CLASSES.get(class_name) if class_name in KERAS_OPTIONS else None
-    if cls is None:
+    if class_name in CODE_CLASSES:
+        raise UnsupportedError(f"{here}: {class_name} layers carry Python code, which fastlayers "
+                               f"never executes from a file; rebuild the model without {class_name} "
+                               "layers")
+    creator = keras_layers().get(class_name)
+    if creator is None:
         raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported")
     policy = _policy_name(config.get("dtype"))
-    if policy is not None and class_name != "InputLayer" and (
+    if policy is not None and creator.float_policy and (
             not isinstance(policy, str) or policy not in _FLOAT_POLICIES):
         raise UnsupportedError(f"{here}: dtype policy {limits.short_repr(policy)} is not supported "
                                "(float policies are computed in float32)")
-    if config.get("stateful"):
-        raise UnsupportedError(f"{here}: option stateful=True is not supported; use the streaming API")
-    if config.get("unroll"):
-        raise UnsupportedError(f"{here}: option unroll=True is not supported")
-    params = set(KERAS_OPTIONS[class_name]) | _BASE_PARAMS | {"name"}
+    if creator.check is not None:
+        creator.check(config, here)
+    params = creator.options | _BASE_PARAMS | {"name"}
     kwargs = {"name": name}
     for key, value in config.items():
         if key == "dtype" or (_IGNORED.search(key) and key not in params):
@@ -174,21 +256,13 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         if key == "activation":
             value = _activation(value, here)
         kwargs[key] = value
-    limits.check_layer_config(kwargs, where, f"layer {name!r} ({class_name})", class_name,
-                              weight_elements)
-    if class_name == "InputLayer":
-        kwargs["dtype"] = config.get("dtype") if isinstance(config.get("dtype"), str) else None
-        if "batch_shape" not in kwargs and "batch_input_shape" in kwargs:
-            kwargs["batch_shape"] = kwargs.pop("batch_input_shape")
-    if class_name == "Bidirectional":   # the wrapped layers are Keras configs: built here
-        for key in ("layer", "backward_layer"):
-            sub = kwargs.get(key)
-            if isinstance(sub, dict) and isinstance(sub.get("class_name"), str) and \
-                    isinstance(sub.get("config"), dict):
-                kwargs[key] = build_layer(sub["class_name"], dict(sub["config"]), here,
-                                          weight_elements)
+    limits.check_layer_config(kwargs, where, f"layer {name!r} ({class_name})", weight_elements)
+    if creator.adapt is not None:
+        kwargs = creator.adapt(kwargs, config,
+                               lambda sub_class, sub_config: build_layer(sub_class, sub_config, here,
+                                                                         weight_elements))
     try:
-        return cls(**kwargs)
+        return creator.layer_class(**kwargs)
     except FastlayersError as e:
         if isinstance(e, UnsupportedError):
             raise type(e)(f"{here}: {e}") from e

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import ModelFileError, UnsupportedError
 from .. import limits
+from .creators import keras_layers
 
 #: Most names a ``weight_names`` or ``layer_names`` attribute may list.
 _MAX_NAMES = 1 << 20
@@ -206,27 +207,18 @@ def text_attr(obj, key: str, where: str) -> str:
     return value.encode("utf-8", "surrogateescape")
 
 
-#: Where a layer's variables live in the Keras 3 weights file, in Keras's ``get_weights`` order:
-#: layers with sublayers save them in child groups named after the attribute.
-_VAR_GROUPS = {
-    "SimpleRNN": ("vars", "cell/vars"), "LSTM": ("vars", "cell/vars"), "GRU": ("vars", "cell/vars"),
-    "Bidirectional": ("vars", "forward_layer/vars", "forward_layer/cell/vars",
-                      "backward_layer/vars", "backward_layer/cell/vars"),
-    "MultiHeadAttention": ("vars", "query_dense/vars", "key_dense/vars", "value_dense/vars",
-                           "output_dense/vars"),
-}
-
-
 def _count_error(layer_name: str, class_name: str, expected: int, found: int, where: str):
     return ModelFileError(f"{where}: layer {layer_name!r} ({class_name}) expects {expected} "
                           f"weights, the file has {found}")
 
 
 def _read_vars(group, layer_name: str, class_name: str, where: str, expected: int) -> list:
-    """The datasets of a layer's variables, in Keras's order (see ``_VAR_GROUPS``); their count
-    is checked against ``expected`` before any is opened."""
-    groups = [g for g in (get_object(group, path, where, "group")
-                          for path in _VAR_GROUPS.get(class_name, ("vars",))) if g is not None]
+    """The datasets of a layer's variables, in Keras's order (its creator's ``weight_groups``);
+    their count is checked against ``expected`` before any is opened."""
+    creator = keras_layers().get(class_name)
+    paths = creator.weight_groups if creator is not None else ("vars",)
+    groups = [g for g in (get_object(group, path, where, "group") for path in paths)
+              if g is not None]
     total = sum(len(g) for g in groups)
     if total != expected:
         raise _count_error(layer_name, class_name, expected, total, where)
