@@ -30,13 +30,15 @@ from .settings import LoadOptions  # noqa: E402
 # OnnxModel call (save, load_weights, pickling): imported here, so every slot is filled.
 from . import pickling as _pickling  # noqa: E402, F401
 from .io import keras as _keras_io, native as _native_io  # noqa: E402, F401
+from .io.keras import register_keras_layer  # noqa: E402
 # isort: on
 
 #: The public API: what ``dir(fastlayers)`` lists.
 __all__ = [
     "DEMO_DIR", "Input", "LoadOptions", "Model", "OnnxModel", "Sequential", "errors",
     "get_num_threads", "get_ops", "layers", "load", "load_state_dict", "model_from_json", "nn",
-    "set_num_threads", "settings", "use_ops", "using_threads", "__version__",
+    "register_keras_layer", "set_num_threads", "settings", "use_ops", "using_threads",
+    "__version__",
 ]
 
 # Imported at first use, so that a process loading an ONNX file does not pay for importing every

@@ -3,9 +3,10 @@ directory), legacy full-model ``.h5`` (Keras 3 and tf.keras 2.x) and weight file
 (``.weights.h5``, legacy ``.h5`` weights). Needs h5py (``pip install fastlayers[keras]``).
 
 The architecture (JSON) is rebuilt with fastlayers layers, each made by the creator of its Keras
-class (one table, ``keras_layers``); weights are read by position in Keras's own order.
-Nothing in a file is executed: ``Lambda`` layers (Python bytecode) and custom classes are
-refused with ``UnsupportedError`` at load time.
+class (one table, ``keras_layers``; users add their own with ``register_keras_layer``); weights
+are read by position in Keras's own order. Nothing in a file is executed: ``Lambda`` layers
+(Python bytecode) and unregistered custom classes are refused with ``UnsupportedError`` at load
+time.
 
 Files are checked before h5py or a layer sees them (``io.limits`` for the limits): the zip
 layer (flags, methods, sizes; the weights member's CRC-32 when it is read in place), the config
@@ -27,9 +28,9 @@ The modules, by subject:
 """
 
 from .config import check_config
-from .creators import KerasLayer, build_layer, keras_layers
+from .creators import KerasLayer, build_layer, keras_layers, register_keras_layer
 from .files import load_keras, load_keras_h5, load_weights
 from .models import build_model, build_operation
 
 __all__ = ["KerasLayer", "build_layer", "build_model", "build_operation", "check_config",
-           "keras_layers", "load_keras", "load_keras_h5", "load_weights"]
+           "keras_layers", "load_keras", "load_keras_h5", "load_weights", "register_keras_layer"]

@@ -6,7 +6,8 @@ class constructor's arguments, so nothing restates a signature) and the class's 
 check of the raw config, an adaptation of the keyword arguments, whether the config's dtype is a
 float policy, and where the class's variables lie in a Keras 3 weights file. Everything else
 (ignored training keys, options left off, activations, dtype policies, the limits of
-``io.limits``) is the same for every class, here in ``build_layer``.
+``io.limits``) is the same for every class, here in ``build_layer``. Users add their own classes
+with ``register_keras_layer``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import FastlayersError, ModelFileError, UnsupportedError
+from ...errors import FastlayersError, InputError, ModelFileError, UnsupportedError
 from .. import limits
 
 #: Config keys that only matter for training or for Keras internals: ignored.
@@ -199,7 +200,7 @@ _BUILTIN: dict[str, dict[str, Any]] = {
     "ZeroPadding2D": {},
 }
 #: Keras classes whose config carries Python code (bytecode), which fastlayers never runs from a
-#: file: refused.
+#: file: refused, and no class can be registered for them.
 CODE_CLASSES = frozenset({"Lambda"})
 
 _table: dict[str, KerasLayer] = {}
@@ -208,7 +209,8 @@ _table_lock = threading.Lock()
 
 def keras_layers() -> dict[str, KerasLayer]:
     """Keras class name -> its creator: the built-in ones (made at the first call, which
-    imports ``fastlayers.layers``)."""
+    imports ``fastlayers.layers``) and those of ``register_keras_layer``. Read-only: register
+    to change it."""
     if not _table:
         with _table_lock:
             if not _table:
@@ -218,6 +220,110 @@ def keras_layers() -> dict[str, KerasLayer]:
                 _table.update({name: KerasLayer(cls, constructor_options(cls), **_BUILTIN[name])
                                for name, cls in classes.items()})
     return _table
+
+
+def keras_class_of(layer) -> str:
+    """The Keras class a layer stands for: the one ``build_layer`` recorded for a registered
+    class of another name, else the layer's class name."""
+    return getattr(layer, "keras_class_name", type(layer).__name__)
+
+
+def register_keras_layer(keras_class: str, layer_class: type, *,
+                         options: Iterable[str] | None = None, adapt: Adapt | None = None,
+                         weight_groups: Iterable[str] = ("vars",)) -> None:
+    """Read the Keras layer class ``keras_class`` (a custom layer, or a built-in one read
+    differently) from Keras files as the fastlayers layer class ``layer_class``.
+
+    Registered before ``fastlayers.load``, it is used by every later load in the process: the
+    layer's config keys (its ``get_config``) are passed to ``layer_class``'s constructor, and its
+    weights are assigned in the order of ``layer_class``'s ``add_weight`` calls, which must be
+    the Keras layer's variable order. Config keys that only matter for training (initializers,
+    regularizers, ``trainable``, ...) are dropped as for every layer, and any other key that is
+    not an option raises ``UnsupportedError`` naming it at load, unless it is ``None`` or
+    ``False`` (a feature left off).
+
+    Parameters
+    ----------
+    keras_class : str
+        The ``class_name`` of the layer in the Keras config: the Python class name of a layer
+        registered with ``keras.saving.register_keras_serializable`` (``"MyScale"``; a legacy
+        ``.h5``, which names it ``"package>MyScale"``, finds it too). Registering a built-in
+        name replaces its creator.
+    layer_class : type
+        A subclass of ``fastlayers.layers.Layer``.
+    options : iterable of str, optional
+        The config keys read, each an argument of the constructor (unless ``adapt`` renames
+        it); by default all of the constructor's named arguments but ``dtype``.
+    adapt : callable, optional
+        ``adapt(kwargs, config, build) -> kwargs``: turns the keyword arguments read from the
+        config (``options`` and ``name``) into those of the constructor (renamed or converted
+        values). ``config`` is the layer's whole config, ``build(class_name, config)`` builds a
+        layer config found inside it (the layer a wrapper wraps).
+    weight_groups : iterable of str, default ("vars",)
+        Where the layer's variables lie in a Keras 3 weights file (``.keras``, ``.weights.h5``),
+        in order, below the layer's group: ``("vars", "inner/vars")`` for a layer keeping a
+        sublayer in its attribute ``inner``.
+
+    Raises
+    ------
+    InputError
+        ``keras_class`` is not a class name, or names a model class or a class carrying code
+        (``Lambda``); ``layer_class`` is not a fastlayers layer class; an option is not a
+        string, or (without ``adapt``) not an argument of its constructor; ``adapt`` is not
+        callable; a weight group is not a path.
+        The message names the Keras class.
+
+    Examples
+    --------
+    A Keras layer ``MyScale(factor)`` computing ``x * factor * w`` with one weight ``w``:
+
+    >>> class Scale(fastlayers.layers.Layer):
+    ...     def __init__(self, factor=1.0, **kwargs):
+    ...         super().__init__(**kwargs)
+    ...         self.factor = float(factor)
+    ...     def build(self, input_shape):
+    ...         self.add_weight("w", (input_shape[-1],), "ones")
+    ...     def call(self, x):
+    ...         return self.ops.merge(x, self.w, "multiply", beta=self.factor)
+    >>> fastlayers.io.register_keras_layer("MyScale", Scale)
+    >>> model = fastlayers.load("model_with_my_scale.keras")
+    """
+    where = f"register_keras_layer({keras_class!r})"
+    if not isinstance(keras_class, str) or not keras_class.isidentifier():
+        raise InputError(f"{where}: the Keras class must be a class name (a Python identifier)")
+    from ...layers.base import Layer
+    from .config import MODEL_CLASSES
+
+    if keras_class in MODEL_CLASSES:
+        raise InputError(f"{where}: {keras_class} is a model class, which the loader reads itself")
+    if keras_class in CODE_CLASSES:
+        raise InputError(f"{where}: {keras_class} layers carry Python code, which fastlayers never "
+                         "executes from a file; no class can be registered for them")
+    if not (isinstance(layer_class, type) and issubclass(layer_class, Layer)) or layer_class is Layer:
+        raise InputError(f"{where}: expected a subclass of fastlayers.layers.Layer, got "
+                         f"{limits.short_repr(layer_class)}")
+    if adapt is not None and not callable(adapt):
+        raise InputError(f"{where}: adapt must be callable, got {limits.short_repr(adapt)}")
+    arguments = constructor_options(layer_class)
+    if options is None:
+        read = arguments
+    else:
+        read = frozenset([options] if isinstance(options, str) else options)
+        if not all(isinstance(o, str) for o in read):
+            raise InputError(f"{where}: options must be config keys (strings), got "
+                             f"{limits.short_repr(options)}")
+        unknown = sorted(read - arguments - _BASE_PARAMS - {"name"})
+        if unknown and adapt is None:   # with adapt, the keys read may be renamed
+            raise InputError(f"{where}: options {unknown} are not arguments of "
+                             f"{layer_class.__name__}'s constructor ({sorted(arguments)})")
+    groups = (weight_groups,) if isinstance(weight_groups, str) else tuple(weight_groups)
+    if not groups or not all(isinstance(g, str) and g.strip("/") for g in groups):
+        raise InputError(f"{where}: weight_groups must be group paths such as 'vars', got "
+                         f"{limits.short_repr(weight_groups)}")
+    entry = KerasLayer(layer_class, read, adapt=adapt, weight_groups=groups)
+    table = keras_layers()
+    with _table_lock:
+        table[keras_class] = entry
 
 
 def build_layer(class_name: str, config: dict, where: str, weight_elements: int | None = None):
@@ -234,9 +340,14 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise UnsupportedError(f"{here}: {class_name} layers carry Python code, which fastlayers "
                                f"never executes from a file; rebuild the model without {class_name} "
                                "layers")
-    creator = keras_layers().get(class_name)
+    table = keras_layers()
+    # a legacy .h5 names a registered custom class by its registered name, "package>Class"
+    keras_class = class_name if class_name in table else class_name.rpartition(">")[2]
+    creator = table.get(keras_class)
     if creator is None:
-        raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported")
+        raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported (a custom "
+                               "layer: register a fastlayers class for it with "
+                               "fastlayers.io.register_keras_layer)")
     policy = _policy_name(config.get("dtype"))
     if policy is not None and creator.float_policy and (
             not isinstance(policy, str) or policy not in _FLOAT_POLICIES):
@@ -262,7 +373,7 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
                                lambda sub_class, sub_config: build_layer(sub_class, sub_config, here,
                                                                          weight_elements))
     try:
-        return creator.layer_class(**kwargs)
+        layer = creator.layer_class(**kwargs)
     except FastlayersError as e:
         if isinstance(e, UnsupportedError):
             raise type(e)(f"{here}: {e}") from e
@@ -271,6 +382,9 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise ModelFileError(f"{here}: invalid config ({e})") from e
     except Exception as e:  # a config from a file: any failure is the file's
         raise build_error(here, e) from e
+    if type(layer).__name__ != keras_class:   # its weights lie under the Keras class's name
+        layer.keras_class_name = keras_class
+    return layer
 
 
 def build_error(here: str, e: BaseException) -> FastlayersError:

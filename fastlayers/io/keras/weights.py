@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import ModelFileError, UnsupportedError
 from .. import limits
-from .creators import keras_layers
+from .creators import keras_class_of, keras_layers
 
 #: Most names a ``weight_names`` or ``layer_names`` attribute may list.
 _MAX_NAMES = 1 << 20
@@ -241,7 +241,7 @@ def assign_keras3(model, group, where, visited, raw=None) -> None:
     used: dict[str, int] = {}
     layers_group = get_object(group, "layers", where, "group")
     for layer in model.layers:
-        base = snake_case(type(layer).__name__) if not isinstance(layer, Model) else (
+        base = snake_case(keras_class_of(layer)) if not isinstance(layer, Model) else (
             "sequential" if type(layer).__name__ == "Sequential" else "functional")
         n = used.get(base)
         used[base] = 0 if n is None else n + 1
@@ -257,7 +257,7 @@ def assign_keras3(model, group, where, visited, raw=None) -> None:
         if isinstance(layer, Model):
             assign_keras3(layer, sub, where, visited, raw)
         elif layer.weight_names:
-            _assign(layer, _read_vars(sub, layer.name, type(layer).__name__, where,
+            _assign(layer, _read_vars(sub, layer.name, keras_class_of(layer), where,
                                       len(layer.weight_names)), where, raw)
 
 
