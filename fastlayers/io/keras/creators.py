@@ -216,9 +216,9 @@ def keras_layers() -> dict[str, KerasLayer]:
             if not _table:
                 from ...layers import LAYER_CLASSES
 
-                classes = {name: LAYER_CLASSES[name] for name in _BUILTIN}
-                _table.update({name: KerasLayer(cls, constructor_options(cls), **_BUILTIN[name])
-                               for name, cls in classes.items()})
+                _table.update({name: KerasLayer(LAYER_CLASSES[name],
+                                                constructor_options(LAYER_CLASSES[name]), **parts)
+                               for name, parts in _BUILTIN.items()})
     return _table
 
 
