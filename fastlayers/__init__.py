@@ -32,7 +32,8 @@ from .settings import LoadOptions  # noqa: E402
 __all__ = [
     "DEMO_DIR", "Input", "LoadOptions", "Model", "OnnxModel", "Sequential", "errors",
     "get_num_threads", "get_ops", "layers", "load", "load_state_dict", "model_from_json", "nn",
-    "register_torch_module", "set_num_threads", "settings", "use_ops", "using_threads", "__version__",
+    "register_keras_layer", "register_torch_module", "set_num_threads", "settings", "use_ops",
+    "using_threads", "__version__",
 ]
 
 # Imported at first use, so that a process loading an ONNX file does not pay for importing every
@@ -44,6 +45,7 @@ _LAZY = {"layers": (("fastlayers.layers",), None),
          "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
          "load_state_dict": (("fastlayers.io",), "load_state_dict"),
          "register_torch_module": (("fastlayers.io",), "register_torch_module"),
+         "register_keras_layer": (("fastlayers.io",), "register_keras_layer"),
          "OnnxModel": (("fastlayers.onnx",), "OnnxModel"),
          "settings": (("fastlayers.settings",), None),
          # the folder of the bundled demo models (digits_*.flm) and their samples

@@ -22,7 +22,7 @@ from ..settings import LoadOptions
 
 _TORCH_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl"}
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-__all__ = ["load", "load_state_dict", "register_torch_module"]
+__all__ = ["load", "load_state_dict", "register_keras_layer", "register_torch_module"]
 
 
 def __getattr__(name):
@@ -34,6 +34,10 @@ def __getattr__(name):
         from .torch import register_torch_module
 
         return register_torch_module
+    if name == "register_keras_layer":
+        from .keras import register_keras_layer
+
+        return register_keras_layer
     raise AttributeError(f"module 'fastlayers.io' has no attribute {name!r}")
 
 

@@ -34,6 +34,9 @@ CHUNK_BYTES = 8 << 20
 WEIGHT_SIZED = re.compile(r"^(units|filters(_\w+)?|mlp_filters|num_classes|input_dim|output_dim|"
                           r"num_heads|key_dim|value_dim|depth_multiplier|hidden_units|"
                           r"output_units|proj_size|hidden_size|projection_dim)$")
+#: Config keys whose value is the length of a table a layer computes at load (PositionalEncoding's
+#: positions), which no weight in the file bounds: at most ``max_positions``.
+POSITION_SIZED = ("max_length",)
 
 #: Config keys (at any depth) whose values configure training or Keras internals, which the
 #: readers ignore: not range-checked (Keras stores object ids and seeds there).
@@ -104,12 +107,11 @@ def describe(value, limit: int = 80) -> str:
     return f"{type(value).__name__} {short_repr(value, limit)}"
 
 
-def check_layer_config(config: dict, where: str, here: str, class_name: str,
-                       weight_elements: int | None) -> None:
+def check_layer_config(config: dict, where: str, here: str, weight_elements: int | None) -> None:
     """The ranges of a layer config's values, before the layer is constructed: every integer
     within +-MAX_CONFIG_INT, weight sizes (``WEIGHT_SIZED`` keys) non-negative and at most the
-    weight elements the file can hold (``weight_elements``; None: unknown), and a
-    PositionalEncoding's ``max_length`` at most ``max_positions``. ``here`` names the layer."""
+    weight elements the file can hold (``weight_elements``; None: unknown), and table lengths
+    (``POSITION_SIZED`` keys) at most ``max_positions``. ``here`` names the layer."""
     stack = [(key, value) for key, value in config.items()]
     while stack:
         key, value = stack.pop()
@@ -143,11 +145,11 @@ def check_layer_config(config: dict, where: str, here: str, class_name: str,
         if isinstance(axes, list) and len({repr(a) for a in axes}) != len(axes):
             raise ModelFileError(f"{where}: {here}: field {key!r} is {short_repr(axes)}; expected "
                                  "distinct axes")
-    if class_name == "PositionalEncoding":
-        length = config.get("max_length", 2048)
+    for key in POSITION_SIZED:
+        length = config.get(key)
         limit = settings.current().max_positions
         if isinstance(length, int) and not isinstance(length, bool) and length > limit:
-            raise ModelFileError(f"{where}: {here}: field 'max_length' is {length:,}, over the "
+            raise ModelFileError(f"{where}: {here}: field {key!r} is {length:,}, over the "
                                  f"{limit:,}-position limit for the table built at load "
                                  "(FASTLAYERS_MAX_POSITIONS)")
 
@@ -175,7 +177,7 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
         raise ModelFileError(f"{where}: not a readable zip archive ({type(e).__name__}: "
                              f"{str(e)[:200]})") from None
     try:
-        size = _source_size(z)
+        size = source_size(z)
         names = set()
         for info in z.infolist():
             check_member(info, where, size)
@@ -188,7 +190,8 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
     return z
 
 
-def _source_size(z: zipfile.ZipFile) -> int:
+def source_size(z: zipfile.ZipFile) -> int:
+    """The size in bytes of the archive file that ``z`` reads."""
     fp = z.fp
     here = fp.tell()
     fp.seek(0, io.SEEK_END)

@@ -400,7 +400,7 @@ def check_architecture(entry, where: str, weight_elements: int | None = None,
         name = cfg.get("name")
         _expect(name is None or isinstance(name, str), where, f"{_path}.config.name", "a string", name)
         limits.count_layers(count, where)
-        limits.check_layer_config(cfg, where, f"layer {name!r} ({cls})", cls, weight_elements)
+        limits.check_layer_config(cfg, where, f"layer {name!r} ({cls})", weight_elements)
         return
     here = f"{_path}.config"
     _expect(cfg.get("name") is None or isinstance(cfg.get("name"), str), where, f"{here}.name",

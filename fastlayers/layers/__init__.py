@@ -101,7 +101,7 @@ __all__ += [
 ]
 
 #: Class name -> layer class, every concrete layer class exported above: the one table that the
-#: loaders (``io/keras.py``, ``io/native.py``) read (the names of Keras and of the native
+#: loaders (``io/keras/``, ``io/native.py``) read (the names of Keras and of the native
 #: format's "class_name"). A new layer class is exported here, beside the others of its module.
 LAYER_CLASSES: dict[str, type] = {
     cls.__name__: cls for cls in (globals()[name] for name in sorted(__all__))
