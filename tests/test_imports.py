@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent / "fastlayers"
 #: ``__init__`` alone.
 LEVELS = [
     # imported from anywhere: exceptions, window and padding arithmetic, array helpers, the
-    # version, settings
+    # version, settings, the readers' limits
     ("ground", ("fastlayers.errors", "fastlayers.geometry", "fastlayers.arrays",
-                "fastlayers.version", "fastlayers.settings")),
+                "fastlayers.version", "fastlayers.settings", "fastlayers.limits")),
     ("native", ("fastlayers.native",)),
     ("backends", ("fastlayers.backends",)),
     # what layers and modules use without being layers: graph records, stream state, warm-up runs

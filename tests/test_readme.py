@@ -189,8 +189,7 @@ def _needs(code: str) -> None:
 @pytest.mark.parametrize("block", [b for b in all_blocks() if CUDA_MARK not in b[2]],
                          ids=lambda b: f"{b[0]}:{b[1]}")
 def test_block_runs_as_written(block, tmp_path, monkeypatch, doc_files):
-    from fastlayers import native
-    from fastlayers.io import limits
+    from fastlayers import limits, native
 
     _needs(block[2])
     for name in FILES:

@@ -1,6 +1,6 @@
 """Model file readers: ``load`` picks one by the file's content (then its suffix).
 
-Every reader checks a file before it allocates or runs anything from it (``io.limits``: sizes,
+Every reader checks a file before it allocates or runs anything from it (``fastlayers.limits``: sizes,
 nesting, zip members, config ranges) and answers a malformed or hostile file with a
 ``ModelFileError`` or ``UnsupportedError`` naming it.
 """
@@ -75,7 +75,7 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
     Raises
     ------
     ModelFileError
-        The file is missing, truncated, corrupt, over a limit of ``fastlayers.io.limits``, or
+        The file is missing, truncated, corrupt, over a limit of ``fastlayers.limits``, or
         not a model.
     UnsupportedError
         The format or a layer in it is not supported (a custom torch class: export to ONNX).
@@ -224,7 +224,7 @@ def _sniff(head: bytes, f, where: str, size: int) -> str | None:
     """The format of a file from its first bytes (``head``) and, for zips, its member names:
     "native", "keras", "torch", "zip" (another zip), "hdf5", "safetensors", "onnx", or None."""
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        from .limits import open_zip
+        from ..limits import open_zip
 
         f.seek(0)
         with open_zip(f, where) as z:

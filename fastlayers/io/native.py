@@ -4,7 +4,7 @@ architecture, as uint8 bytes) and one array per weight, keyed ``<layer path>/<we
 Reading needs numpy only and never numpy's pickle or header evaluator: each ``.npy`` header is
 parsed as a literal and checked against its member's size, only float32 weights (uint8 for the
 header) are read, no code from the file is ever executed, and layer classes are looked up in a
-fixed registry. The checks and limits shared with the other readers are in ``io.limits``.
+fixed registry. The checks and limits shared with the other readers are in ``fastlayers.limits``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import settings
+from .. import limits, settings
 from ..errors import FastlayersError, ModelFileError, UnsupportedError
 from ..version import __version__
-from . import limits
 
 FORMAT = "fastlayers-model"
 VERSION = 1
@@ -326,7 +325,7 @@ def load_native(source):
 
     Every member is checked before it is used (zip flags, method and sizes; .npy headers
     parsed without numpy's evaluator; sizes against the member's real size; the architecture
-    against ``fastlayers.io.limits``), the weights are read through zipfile, which verifies each
+    against ``fastlayers.limits``), the weights are read through zipfile, which verifies each
     member's CRC-32, straight into the arrays the layers built, and nothing from the file is
     executed. ModelFileError or UnsupportedError naming ``source`` otherwise."""
     where = str(source)
@@ -557,5 +556,7 @@ def model_from_header(header, where: str, weight_elements: int | None = None):
         raise
     except Exception as e:  # a backstop: the checks above should leave none
         raise ModelFileError(f"{where}: malformed architecture ({type(e).__name__}: {e})") from e
-    limits.check_graph(model, where)
+    from ..model.graph import all_graph_nodes
+
+    limits.check_graph(all_graph_nodes(model), where)
     return model

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import settings
+from .. import limits, settings
 from ..errors import ModelFileError, UnsupportedError
-from . import limits
 
 _WIDENED = {"BF16"}
 

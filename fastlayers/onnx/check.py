@@ -14,7 +14,7 @@ node and the attribute or value concerned:
   MaxPool's Indices, BatchNormalization's training statistics), and each attribute the
   operator reads: its type (int, float, string, ints, floats, strings, tensor), its range
   (strides, dilations, kernel sizes and groups >= 1, pads >= 0, flags 0 or 1, axes and
-  permutations within ``MAX_RANK``, names from the operator's list), required attributes, and
+  permutations within ``limits.ONNX_MAX_RANK``, names from the operator's list), required attributes, and
   the cross-checks of the kernels' operators (a convolution's weight rank, kernel_shape and
   group against its constant weight, a recurrent node's hidden_size against its weights).
 
@@ -34,15 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import limits
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from .indexing import einsum_terms
 from .proto import Graph, NodeProto
 from .tensors import DTYPES
-
-#: The largest rank an axis or permutation attribute may address.
-MAX_RANK = 32
-#: The largest stride, dilation, kernel size, pad or pooled size an attribute may give.
-MAX_GEOMETRY = (1 << 31) - 1
 
 INT, FLOAT, STRING, INTS, FLOATS, STRINGS, TENSOR, GRAPH = (
     "int", "float", "string", "ints", "floats", "strings", "tensor", "graph")
@@ -79,12 +75,12 @@ class Op:
 
 
 BOOL = A(INT, 0, 1)
-AXIS = A(INT, -2 * MAX_RANK, 2 * MAX_RANK)
-AXES = A(INTS, -2 * MAX_RANK, 2 * MAX_RANK)
+AXIS = A(INT, -2 * limits.ONNX_MAX_RANK, 2 * limits.ONNX_MAX_RANK)
+AXES = A(INTS, -2 * limits.ONNX_MAX_RANK, 2 * limits.ONNX_MAX_RANK)
 FLT = A(FLOAT)
-POS = A(INT, 1, MAX_GEOMETRY)
-POSS = A(INTS, 1, MAX_GEOMETRY)
-NONNEG = A(INTS, 0, MAX_GEOMETRY)
+POS = A(INT, 1, limits.ONNX_MAX_GEOMETRY)
+POSS = A(INTS, 1, limits.ONNX_MAX_GEOMETRY)
+NONNEG = A(INTS, 0, limits.ONNX_MAX_GEOMETRY)
 AUTO_PAD = A(STRING, choices=("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
 
 
@@ -360,7 +356,7 @@ _add("ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSqua
 _add("ArgMax ArgMin", attrs={"axis": AXIS, "keepdims": BOOL, "select_last_index": BOOL})
 _add("Reshape", inputs=(2, 2), attrs={"allowzero": BOOL})
 _add("Flatten", attrs={"axis": AXIS})
-_add("Transpose", attrs={"perm": A(INTS, 0, MAX_RANK - 1)}, check=_transpose_check)
+_add("Transpose", attrs={"perm": A(INTS, 0, limits.ONNX_MAX_RANK - 1)}, check=_transpose_check)
 _add("Squeeze", inputs=(1, 2), attrs={"axes": AXES})
 _add("Unsqueeze", inputs=(1, 2), attrs={"axes": AXES}, check=_axes_input_or_attribute("axes"))
 _add("Concat", inputs=(1, None), optional=None, attrs={"axis": AXIS}, required=("axis",))
@@ -400,7 +396,7 @@ _add("MaxPool", attrs=dict(_POOL, storage_order=BOOL), required=("kernel_shape",
 _add("AveragePool", attrs=dict(_POOL, count_include_pad=BOOL), required=("kernel_shape",),
      check=_pool_check)
 _add("LRN", attrs={"size": POS, "alpha": FLT, "beta": FLT, "bias": FLT}, required=("size",))
-_add("MaxRoiPool", inputs=(2, 2), attrs={"pooled_shape": A(INTS, 1, MAX_GEOMETRY, length=2),
+_add("MaxRoiPool", inputs=(2, 2), attrs={"pooled_shape": A(INTS, 1, limits.ONNX_MAX_GEOMETRY, length=2),
                                          "spatial_scale": FLT}, required=("pooled_shape",))
 _add("Resize", inputs=(1, 4), check=_resize_check, attrs={
     "antialias": BOOL, "axes": AXES, "cubic_coeff_a": FLT, "exclude_outside": BOOL,
@@ -431,7 +427,7 @@ _add("GroupNormalization", inputs=(3, 3), attrs={"epsilon": FLT, "num_groups": P
 _add("RMSNormalization", inputs=(2, 2), attrs={"axis": AXIS, "epsilon": FLT, "stash_type": A(INT)})
 _add("MeanVarianceNormalization", attrs={"axes": AXES})
 _add("ReverseSequence", inputs=(2, 2), attrs={"batch_axis": A(INT, 0, 1), "time_axis": A(INT, 0, 1)})
-_add("GatherND", inputs=(2, 2), attrs={"batch_dims": A(INT, 0, MAX_RANK)})
+_add("GatherND", inputs=(2, 2), attrs={"batch_dims": A(INT, 0, limits.ONNX_MAX_RANK)})
 _REDUCTION = A(STRING, choices=("none", "add", "mul", "max", "min"))
 _add("ScatterND", inputs=(3, 3), attrs={"reduction": _REDUCTION})
 _add("ScatterElements", inputs=(3, 3), attrs={"axis": AXIS, "reduction": _REDUCTION})

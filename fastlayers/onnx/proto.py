@@ -10,7 +10,7 @@ only ever added, and unknown ones are skipped, as protobuf requires.
 
 The file is data. Every length and offset is checked against the bytes that hold it before it is
 used; a tensor's dimensions must match the bytes it carries before anything is allocated; nested
-graphs may be at most ``MAX_DEPTH`` deep; external data must lie beside the model. Every defect
+graphs may be at most ``limits.ONNX_MAX_NESTING`` deep; external data must lie beside the model. Every defect
 raises ``ModelFileError`` naming the file and the tensor, node or field concerned.
 
 Wire format: https://protobuf.dev/programming-guides/encoding/; messages:
@@ -24,17 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import limits
 from ..errors import ModelFileError, UnsupportedError
-
-#: Subgraphs (If / Loop / Scan bodies) nested deeper than this are refused.
-MAX_DEPTH = 32
-#: Tensor ranks above this are refused.
-MAX_RANK = 32
-#: Tensor dimensions above this are refused (numpy cannot shape an array, even an empty one,
-#: whose dimensions multiply past 2**63 bytes).
-MAX_DIM = 1 << 40
-#: A sparse initializer's dense form may take at most this many bytes.
-MAX_SPARSE_DENSE_BYTES = 1 << 30
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
@@ -238,8 +229,8 @@ class _Parser:
         return Model(ir_version, opsets, producer, graph)
 
     def graph(self, span, depth):
-        if depth > MAX_DEPTH:
-            self.fail(f"subgraphs nested more than {MAX_DEPTH} deep")
+        if depth > limits.ONNX_MAX_NESTING:
+            self.fail(f"subgraphs nested more than {limits.ONNX_MAX_NESTING} deep")
         g = Graph()
         sparse = []
         for number, wire, value in self.fields(*span, "a graph"):
@@ -355,8 +346,8 @@ class _Parser:
                 for n, w, v in self.fields(*self.span(wire, value, "shape"), f"the shape of {name!r}"):
                     if n == 1:
                         shape.append(self.dimension(self.span(w, v, "dim"), name))
-                if len(shape) > MAX_RANK:
-                    self.fail(f"{name!r} has rank {len(shape)} (at most {MAX_RANK})")
+                if len(shape) > limits.ONNX_MAX_RANK:
+                    self.fail(f"{name!r} has rank {len(shape)} (at most {limits.ONNX_MAX_RANK})")
         return elem_type, shape
 
     def dimension(self, span, name):
@@ -399,14 +390,14 @@ class _Parser:
             kind = _TYPE_NAMES.get(data_type, str(data_type))
             raise UnsupportedError(f"{self.where}: {what} has element type {kind}, which is not supported")
         dtype = np.dtype(TENSOR_DTYPES[data_type])
-        if len(dims) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in dims):
-            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
+        if len(dims) > limits.ONNX_MAX_RANK or any(d < 0 or d > limits.ONNX_MAX_DIM for d in dims):
+            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}")
         count, nonzero = 1, dtype.itemsize
         for d in dims:
             count *= d
             nonzero *= max(d, 1)
         if nonzero > 1 << 62:   # even an empty one: numpy cannot shape an array so large
-            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}, beyond any array")
+            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}, beyond any array")
         if location == 1:
             return name, self.external(external, dims, dtype, count, what)
         if raw is not None:
@@ -481,14 +472,14 @@ class _Parser:
             self.fail("a sparse initializer without values or indices")
         name, vals = values
         what = f"sparse initializer {name!r}"
-        if len(dims) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in dims):
-            self.fail(f"{what} has dimensions {dims[:MAX_RANK + 1]}")
+        if len(dims) > limits.ONNX_MAX_RANK or any(d < 0 or d > limits.ONNX_MAX_DIM for d in dims):
+            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}")
         count = 1
         for d in dims:
             count *= d
-        if count * vals.itemsize > MAX_SPARSE_DENSE_BYTES:
+        if count * vals.itemsize > limits.ONNX_MAX_SPARSE_DENSE_BYTES:
             raise UnsupportedError(f"{self.where}: {what} would take {count * vals.itemsize} bytes dense "
-                                   f"(at most {MAX_SPARSE_DENSE_BYTES})")
+                                   f"(at most {limits.ONNX_MAX_SPARSE_DENSE_BYTES})")
         vals, indices = vals.reshape(-1), indices.astype(np.int64)
         if indices.ndim == 2 and indices.shape == (vals.size, len(dims)) and dims:
             strides = np.cumprod([1] + dims[:0:-1])[::-1]

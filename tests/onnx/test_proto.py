@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import fastlayers
+from fastlayers import limits
 from fastlayers.errors import FastlayersError, ModelFileError, UnsupportedError
 from fastlayers.io.onnx import from_proto
 from fastlayers.onnx import proto as onnx_proto
@@ -211,10 +212,10 @@ def _field(number, payload: bytes) -> bytes:
 
 
 def test_deeply_nested_subgraphs_are_refused():
-    """If nodes nested deeper than MAX_DEPTH (the wire bytes written here: protobuf itself
+    """If nodes nested deeper than limits.ONNX_MAX_NESTING (the wire bytes written here: protobuf itself
     refuses to build them)."""
     graph = _field(1, _field(4, b"Identity"))
-    for _ in range(onnx_proto.MAX_DEPTH + 2):
+    for _ in range(limits.ONNX_MAX_NESTING + 2):
         attr = _field(1, b"then_branch") + b"\xa0\x01\x05" + _field(6, graph)   # type (20) = GRAPH
         graph = _field(1, _field(4, b"If") + _field(5, attr))
     data = _field(7, graph) + _field(8, b"\x10\x11")   # the graph, opset_import version 17

@@ -8,7 +8,7 @@ are read by position in Keras's own order. Nothing in a file is executed: ``Lamb
 (Python bytecode) and unregistered custom classes are refused with ``UnsupportedError`` at load
 time.
 
-Files are checked before h5py or a layer sees them (``io.limits`` for the limits): the zip
+Files are checked before h5py or a layer sees them (``fastlayers.limits`` for the limits): the zip
 layer (flags, methods, sizes; the weights member's CRC-32 when it is read in place), the config
 (size, nesting, structure, types, the ranges of layer options, weight sizes against the bytes
 the file holds), the HDF5 objects (only hard links are followed, datasets must be numeric and

@@ -3,8 +3,8 @@ nested models included), checked before anything is built."""
 
 from __future__ import annotations
 
+from ... import limits
 from ...errors import ModelFileError, UnsupportedError
-from .. import limits
 
 #: The model classes a config may hold (nested models included).
 MODEL_CLASSES = {"Functional", "Model", "Sequential"}

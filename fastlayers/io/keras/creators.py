@@ -6,7 +6,7 @@ class constructor's arguments, so nothing restates a signature) and the class's 
 check of the raw config, an adaptation of the keyword arguments, whether the config's dtype is a
 float policy, and where the class's variables lie in a Keras 3 weights file. Everything else
 (ignored training keys, options left off, activations, dtype policies, the limits of
-``io.limits``) is the same for every class, here in ``build_layer``. Users add their own classes
+``fastlayers.limits``) is the same for every class, here in ``build_layer``. Users add their own classes
 with ``register_keras_layer``.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ... import limits
 from ...errors import FastlayersError, InputError, ModelFileError, UnsupportedError
-from .. import limits
 
 #: Config keys that only matter for training or for Keras internals: ignored.
 _IGNORED = re.compile(r"^(name|trainable|dtype|build_config|registered_name|module|seed|"

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import settings
+from ... import limits, settings
 from ...errors import FastlayersError, ModelFileError
-from .. import limits
 from .config import check_config
 from .heaps import scan_file
 from .models import build_model
@@ -149,7 +148,9 @@ def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
     check_config(entry, where)   # parse_json checked the nesting
     with weights_loaded_later(), np.errstate(all="ignore"):
         model = build_model(entry, where, h5_bytes, _checked=True)
-    limits.check_graph(model, where)
+    from ...model.graph import all_graph_nodes
+
+    limits.check_graph(all_graph_nodes(model), where)
     check_weights_fit(model, where, h5_bytes * settings.current().max_compression_ratio)
     _weights_stage(where, assign_keras3, model, h5file, where, set(), raw)
     return model
@@ -175,7 +176,9 @@ def load_keras_h5(source):
             check_config(entry, where)
             with weights_loaded_later(), np.errstate(all="ignore"):
                 model = build_model(entry, where, size, _checked=True)
-            limits.check_graph(model, where)
+            from ...model.graph import all_graph_nodes
+
+            limits.check_graph(all_graph_nodes(model), where)
             check_weights_fit(model, where, size * settings.current().max_compression_ratio)
 
             def assign():

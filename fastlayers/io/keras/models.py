@@ -8,8 +8,8 @@ from collections import defaultdict, deque
 
 import numpy as np
 
+from ... import limits
 from ...errors import ModelFileError, UnsupportedError
-from .. import limits
 from .config import MODEL_CLASSES, check_config, expect, is_shape
 from .creators import build_error, build_layer
 

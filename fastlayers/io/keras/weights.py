@@ -8,12 +8,10 @@ import io
 
 import numpy as np
 
+from ... import limits
 from ...errors import ModelFileError, UnsupportedError
-from .. import limits
 from .creators import keras_class_of, keras_layers
 
-#: Most names a ``weight_names`` or ``layer_names`` attribute may list.
-_MAX_NAMES = 1 << 20
 #: What h5py raises on a corrupt or hostile file (soft-link loops, bad addresses, bad heaps).
 H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError, AttributeError,
              IndexError, OverflowError, UnicodeError)
@@ -163,7 +161,7 @@ def get_object(group, path: str, where: str, kind: str):
 def _names_attr(obj, key: str, where: str) -> list[str]:
     """A list-of-names attribute (``weight_names``, ``layer_names``) checked before it is read:
     a string array of rank 0 or 1 (an empty numeric array counts as no names) and at most
-    ``_MAX_NAMES`` entries; each name valid UTF-8."""
+    ``limits.KERAS_MAX_NAMES`` entries; each name valid UTF-8."""
     h5py = import_h5py()
     if key not in obj.attrs:
         return []
@@ -172,7 +170,7 @@ def _names_attr(obj, key: str, where: str) -> list[str]:
     size = int(np.prod(shape)) if shape else (0 if shape is None else 1)
     if shape is None or size == 0:
         return []
-    if len(shape) > 1 or size > _MAX_NAMES:
+    if len(shape) > 1 or size > limits.KERAS_MAX_NAMES:
         raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has shape {shape}; "
                              "expected a list of names")
     if dtype.kind not in "SO" or (dtype.kind == "O" and h5py.check_string_dtype(dtype) is None):

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import math
 
-from ... import settings
+from ... import limits, settings
 from ...errors import ModelFileError
 from .records import TorchModuleRecord, brepr
 
-#: Modules rebuilt from a pickle: strides, dilations, pooling windows, adaptive and resize output
-#: sizes at most ``torch_max_geometry`` (``_geometry()``), resize scale factors at most
-#: MAX_SCALE; a convolution's padding at most its dilated kernel (dilation x kernel_size), a
-#: transposed convolution's stride too. Every size that a module's tensors have must be
-#: theirs (each class's check), so that a module allocates no more than the file holds.
-MAX_SCALE = 64.0
+# Modules rebuilt from a pickle: strides, dilations, pooling windows, adaptive and resize output
+# sizes at most ``torch_max_geometry`` (``_geometry()``), resize scale factors at most
+# ``limits.TORCH_MAX_SCALE``; a convolution's padding at most its dilated kernel (dilation x
+# kernel_size), a transposed convolution's stride too. Every size that a module's tensors have
+# must be theirs (each class's check), so that a module allocates no more than the file holds.
 
 
 def _geometry() -> int:
@@ -244,9 +243,9 @@ def upsample(c: RecordCheck):
     if scale is not None:
         items = scale if isinstance(scale, (tuple, list)) else (scale,)
         if not 1 <= len(items) <= 2 or not all(
-                isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= MAX_SCALE
+                isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= limits.TORCH_MAX_SCALE
                 for f in items):
-            c.fail(f"attribute 'scale_factor' is {brepr(scale)}; expected factors in (0, {MAX_SCALE}]")
+            c.fail(f"attribute 'scale_factor' is {brepr(scale)}; expected factors in (0, {limits.TORCH_MAX_SCALE}]")
     c.value("mode", "nearest")
     c.flag("align_corners", none=True, default=None)
     c.flag("recompute_scale_factor", none=True, default=None)

@@ -9,11 +9,10 @@ import contextvars
 
 import numpy as np
 
+from ... import limits
 from ...errors import ModelFileError
 from .records import COPY_SLACK_BYTES, StorageType, brepr
 
-#: A tensor's rank may be at most this.
-MAX_TENSOR_RANK = 64
 #: The bytes the strided tensors of the file being read may still copy (a one-element list the
 #: unpickler sets for the length of its ``load``; None: no budget).
 COPY_BUDGET: contextvars.ContextVar = contextvars.ContextVar("torch_copy_budget", default=None)
@@ -109,8 +108,8 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
         raise ModelFileError(f"tensor storage must come from the file's storages, got "
                              f"{type(storage).__name__}")
     size, stride = _ints(size, "size"), _ints(stride, "stride")
-    if len(size) > MAX_TENSOR_RANK:
-        raise ModelFileError(f"tensor of rank {len(size)} (at most {MAX_TENSOR_RANK})")
+    if len(size) > limits.TORCH_MAX_TENSOR_RANK:
+        raise ModelFileError(f"tensor of rank {len(size)} (at most {limits.TORCH_MAX_TENSOR_RANK})")
     if not isinstance(offset, int) or offset < 0:
         raise ModelFileError(f"tensor storage offset must be a non-negative int, got {brepr(offset)}")
     if len(size) != len(stride) or any(s < 0 for s in size) or any(s < 0 for s in stride):

@@ -1,12 +1,15 @@
-"""The checks every model reader runs on a file before it allocates or executes anything
-limits on JSON configs and zip members, the zip layer, and the ranges of layer
-configs. A file that fails them raises ``ModelFileError`` (or ``UnsupportedError`` for a
+"""The limits every model reader holds a file to, and the checks that apply them, in one module:
+the fixed limits of each format (ranks, dimensions, nesting, geometry) and the checks run on a
+file before anything is allocated or executed (JSON configs, zip members, the ranges of layer
+configs). A file that fails them raises ``ModelFileError`` (or ``UnsupportedError`` for a
 feature fastlayers does not read) naming the file and the member, layer or field.
 
-Limits are fields of ``fastlayers.LoadOptions`` read at each check from the options in force
-(``settings.current()``): ``fastlayers.load(path, options=LoadOptions(max_layers=...))`` raises
-one for one load, and the environment variable named in each error sets the process default
-(``fastlayers.settings.SETTINGS``).
+The limits a user may move are fields of ``fastlayers.LoadOptions`` read at each check from the
+options in force (``settings.current()``): ``fastlayers.load(path, options=LoadOptions(
+max_layers=...))`` raises one for one load, and the environment variable named in each error
+sets the process default (``fastlayers.settings.SETTINGS``). The fixed ones are the constants
+below: no real model comes near them, and beyond them a value overflows C integers or numpy's
+shapes.
 """
 
 from __future__ import annotations
@@ -20,14 +23,33 @@ import struct
 import zipfile
 import zlib
 
-from .. import settings
-from ..errors import ModelFileError, UnsupportedError
+from . import settings
+from .errors import ModelFileError, UnsupportedError
 
 #: Largest absolute value of an integer in a layer config (sizes, strides, dilations, axes,
 #: counts): beyond it a value is no real model's and overflows C integers. Not configurable.
 MAX_CONFIG_INT = 2 ** 31 - 1
 #: Size of the chunks in which members are checksummed and copied.
 CHUNK_BYTES = 8 << 20
+
+# ----------------------------------------------------------------------------- fixed limits
+#: ONNX: subgraphs (If / Loop / Scan bodies) nested deeper than this are refused.
+ONNX_MAX_NESTING = 32
+#: ONNX: tensor ranks above this, and axes or permutations addressing more, are refused.
+ONNX_MAX_RANK = 32
+#: ONNX: tensor dimensions above this are refused (numpy cannot shape an array, even an empty
+#: one, whose dimensions multiply past 2**63 bytes).
+ONNX_MAX_DIM = 1 << 40
+#: ONNX: a sparse initializer's dense form may take at most this many bytes.
+ONNX_MAX_SPARSE_DENSE_BYTES = 1 << 30
+#: ONNX: the largest stride, dilation, kernel size, pad or pooled size an attribute may give.
+ONNX_MAX_GEOMETRY = (1 << 31) - 1
+#: torch: a tensor's rank may be at most this.
+TORCH_MAX_TENSOR_RANK = 64
+#: torch: the largest scale factor of a resize module (``io/torch/checks.py``).
+TORCH_MAX_SCALE = 64.0
+#: Keras: the most names a ``weight_names`` or ``layer_names`` HDF5 attribute may list.
+KERAS_MAX_NAMES = 1 << 20
 
 #: Config keys whose value is a size that sizes a weight (kernel, bias, embedding table):
 #: it cannot exceed the number of weight elements the file holds.
@@ -328,14 +350,13 @@ def check_crc(fobj, start: int, size: int, expected: int, where: str, what: str)
 
 
 # ---------------------------------------------------------------------------------- activations
-def check_graph(model, where: str) -> None:
-    """Every tensor of ``model``'s graph (nested models' included) has sizes that are None or
-    from 0 to ``MAX_CONFIG_INT``: a config that passed its layers' checks but gives a negative or
-    absurd size (padding of 2**31 on each side, an Input of shape (-5,)) is refused at load,
-    not at the first call. ModelFileError naming the layer and the shape."""
-    from ..model.graph import all_graph_nodes  # here: an ONNX or torch load never imports the graph
-
-    for node in all_graph_nodes(model):
+def check_graph(nodes, where: str) -> None:
+    """Every tensor of a model's graph (its ``model.graph.all_graph_nodes``, nested models'
+    included) has sizes that are None or from 0 to ``MAX_CONFIG_INT``: a config that passed its
+    layers' checks but gives a negative or absurd size (padding of 2**31 on each side, an Input
+    of shape (-5,)) is refused at load, not at the first call. ModelFileError naming the layer
+    and the shape."""
+    for node in nodes:
         for out in node.outputs:
             if any(d is not None and not 0 <= d <= MAX_CONFIG_INT for d in out.shape):
                 raise ModelFileError(f"{where}: layer {node.layer.name!r} "
