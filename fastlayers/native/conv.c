@@ -1,5 +1,5 @@
-/* Convolutions (conv.h). Compiled once per ISA (kernels.inc), after rows.c, gemm.c and pool.c,
- * whose static kernels it calls.
+/* Convolutions (conv.h), on gemm.c's packed sgemm and tile, rows.c's epilogue and pool.c's
+ * vector helpers and plane buffer. Compiled once per ISA (kernels.inc).
  *
  * conv2d runs on the packed sgemm's register tile (gemm.c), one of two ways:
  * - implicit GEMM: output row (n, oh), output column ow and window row i read kw C consecutive
@@ -28,6 +28,12 @@
  * epilogue. conv_transpose2d_nchw: the sgemm w^T (co kh kw, ci') @ x (ci', rows W) on NCHW
  * planes in chunks of input rows, each product row added into output rows kept split in
  * column phases, each row interleaved into y with its epilogue once its taps are in. */
+
+#include "conv.h"
+#include "gemm_internal.h"
+#include "pool_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
 
 /* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
 #define CONV_COLS_FLOATS (INT64_C(1) << 18)
@@ -102,18 +108,20 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
                 int nr = (int)FL_MIN(j1 - j, GEMM_TN);
                 const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
                 if (p->dw == 1) {
-                    gemm_tile_rows((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
-                                   nr, 0);
+                    FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j,
+                                          cout, nr, 0);
                     continue;
                 }
                 for (int64_t i = 0; i < p->kh; ++i)
-                    gemm_tile_rows((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
-                                   pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0);
+                    FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
+                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr,
+                                          i > 0);
             }
         }
         if (p->bias || p->code != FL_LINEAR)
-            rows_bias_act_range(0, wo, j1 - j0, yt + j0, cout, p->bias ? p->bias + j0 : 0,
-                                p->code, p->alpha, yt + j0, cout);
+            FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
+                                       p->bias ? p->bias + j0 : 0, p->code, p->alpha, yt + j0,
+                                       cout);
     }
 }
 
@@ -170,7 +178,8 @@ static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
             }
         }
         if (p->bias || p->code != FL_LINEAR)
-            rows_bias_act_range(0, m, cout, yr, cout, p->bias, p->code, p->alpha, yr, cout);
+            FL_FN(rows_bias_act_range)(0, m, cout, yr, cout, p->bias, p->code, p->alpha, yr,
+                                       cout);
     }
 }
 
@@ -233,7 +242,8 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     int64_t k = kh * kw * (c / groups);
     if (k <= 0) {                                     /* no input channels: y = f(b) */
         memset(y, 0, (size_t)(n * ho * wo * cout) * sizeof(float));
-        rows_bias_act_range(0, n * ho * wo, cout, y, cout, bias, code, alpha, y, cout);
+        FL_FN(rows_bias_act_range)(0, n * ho * wo, cout, y, cout, bias, code, alpha, y,
+                                   cout);
         return 0;
     }
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
@@ -397,7 +407,7 @@ static int conv_wino_input(const conv_wino_ctx *p, int64_t t0, int64_t t1, float
                            int64_t es) {
     int64_t cin = p->cin, per_image = p->th * p->tw;
     int na = p->na;
-    const float *zero = pool_zeros((size_t)cin);
+    const float *zero = FL_FN(pool_zeros)((size_t)cin);
     if (!zero) return -1;
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / per_image, r = t % per_image;
@@ -638,7 +648,7 @@ static void conv_dw_pixel_mult(const conv_dw_ctx *p, const float *const *rows, i
                 for (int64_t q = 0; q < m; ++q) out[ci * m + q] += xr[ci] * wr[ci * m + q];
         }
     if (p->bias || p->code != FL_LINEAR)
-        rows_bias_act_range(0, 1, k, out, k, p->bias, p->code, p->alpha, out, k);
+        FL_FN(rows_bias_act_range)(0, 1, k, out, k, p->bias, p->code, p->alpha, out, k);
 }
 
 /* Output columns [ow0, ow1) of a 3x3 window inside x (multiplier 1): stride 1 four outputs per
@@ -726,7 +736,7 @@ static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, int64_t 
 static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
     conv_dw_ctx *p = (conv_dw_ctx *)arg;
     int64_t c = p->c, k = c * p->m, wo = p->wo;
-    const float *zero = pool_zeros((size_t)(p->w * c));
+    const float *zero = FL_FN(pool_zeros)((size_t)(p->w * c));
     if (!zero) {
         p->status = -1;
         return;
@@ -804,9 +814,11 @@ static void conv_t_epilogue(const conv_t_ctx *p, float *yrow, int64_t cout,
                             const float *bias_row) {
     if (!p->bias && p->code == FL_LINEAR) return;
     if (cout >= CONV_T_WIDE_PIXEL)
-        rows_bias_act_range(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow, cout);
+        FL_FN(rows_bias_act_range)(0, p->wo, cout, yrow, cout, p->bias, p->code, p->alpha, yrow,
+                                   cout);
     else
-        rows_bias_act_range(0, 1, p->wo * cout, yrow, 0, bias_row, p->code, p->alpha, yrow, 0);
+        FL_FN(rows_bias_act_range)(0, 1, p->wo * cout, yrow, 0, bias_row, p->code, p->alpha,
+                                   yrow, 0);
 }
 
 /* Output rows t = n Ho + oh in [t0, t1): each pixel gathers the columns of its taps, then the
@@ -1144,7 +1156,7 @@ typedef struct {
 static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
     conv_plane_ctx *p = (conv_plane_ctx *)arg;
     int64_t nt = p->kh * p->kw, cm = p->c * p->m;
-    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)p->q.floats);
+    float *buf = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)p->q.floats);
     if (!buf) {
         p->status = -1;
         return;
@@ -1154,8 +1166,8 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
         int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
         int64_t n = plane / cm, co = plane % cm;
         int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
-        pool_plane_gather(p->x + (n * p->c + co / p->m) * p->h * p->w, p->h, p->w,
-                          oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
+        FL_FN(pool_plane_gather)(p->x + (n * p->c + co / p->m) * p->h * p->w, p->h, p->w,
+                                 oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
         const float *wt = p->wk + co * nt;
         float bias = p->bias ? p->bias[co] : 0.0f;
         for (int64_t oh = oh0; oh < oh1; ++oh) {
