@@ -320,7 +320,7 @@ int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, 
 }
 
 /* ------------------------------------------------------------------------ NCHW planes */
-/* The NCHW kernels (pool2d_nchw here, depthwise_conv2d_nchw in conv.c) run on
+/* The NCHW kernels (pool2d_nchw here, depthwise_conv2d_nchw in conv_depthwise.c) run on
  * planes (H, W): a unit of work is a block of output rows of one plane. Its input rows are
  * first copied into a per-thread buffer, padded with the window's fill (-inf for max, 0 for
  * sums) and split into sw column phases, so that each tap of FL_VW consecutive output columns
