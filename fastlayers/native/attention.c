@@ -1,6 +1,6 @@
 /* Attention (attention.h): s = softmax(scale q k^T + bias), out = s v per (batch, head) pair,
- * and the Transformer encoder layer built on it. Compiled once per ISA (kernels.inc), after
- * rows.c and gemm.c, whose statics it calls.
+ * and the Transformer encoder layer built on it, on gemm.c's packed sgemm and rows.c's
+ * epilogue and layer-norm row. Compiled once per ISA (kernels.inc).
  *
  * A pair packs k^T and v into its thread's buffer (gemm.h layout) and runs both products on
  * the packed sgemm, query rows in blocks whose scores fit 256 KiB: each block goes through
@@ -12,6 +12,11 @@
  * kept weights are normalized in a third, otherwise each row of s v is scaled by 1 / sum (dv
  * floats rather than tk). Weights below 2^-126 flush to 0 (masked keys: exactly 0); a NaN score
  * makes its row NaN. */
+
+#include "attention.h"
+#include "gemm_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
 
 /* Scores per block of query rows: 64 Ki floats (256 KiB, a quarter of L2). */
 #define ATTN_BLOCK_FLOATS 65536
@@ -263,7 +268,7 @@ static void attn_residual_norm(int64_t rows, int64_t n, float *c, int64_t ldc, c
             for (int64_t j = 0; j < n; ++j) ci[j] += bias[j] + ri[j];
         else
             for (int64_t j = 0; j < n; ++j) ci[j] += ri[j];
-        if (norm) rows_layer_norm_row(n, ci, gamma, beta, eps, 0, ci);
+        if (norm) FL_FN(rows_layer_norm_row)(n, ci, gamma, beta, eps, 0, ci);
     }
 }
 
@@ -292,15 +297,17 @@ static void attn_enc_qkv_task(void *p, int64_t t0, int64_t t1) {
         float *y = c->qkv + i * 3 * e;
         if (xn) {
             for (int64_t r = 0; r < rows; ++r)
-                rows_layer_norm_row(e, src + r * e, c->vec[4], c->vec[5], c->eps1, 0, xn + r * e);
+                FL_FN(rows_layer_norm_row)(e, src + r * e, c->vec[4], c->vec[5], c->eps1, 0,
+                                           xn + r * e);
             src = xn;
         }
         if (FL_FN(sgemm_packed)(rows, 3 * e, e, src, e, c->pw[0], 0, y, 3 * e)) {
             c->status = -1;
             return;
         }
-        if (c->vec[0]) rows_bias_act_range(0, rows, 3 * e, y, 3 * e, c->vec[0], FL_LINEAR, 0.0f,
-                                           y, 3 * e);
+        if (c->vec[0])
+            FL_FN(rows_bias_act_range)(0, rows, 3 * e, y, 3 * e, c->vec[0], FL_LINEAR, 0.0f, y,
+                                       3 * e);
     }
 }
 
@@ -321,7 +328,8 @@ static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
                 c->status = -1;
                 return;
             }
-            if (vec[1]) rows_bias_act_range(0, rows, e, out, e, vec[1], FL_LINEAR, 0.0f, out, e);
+            if (vec[1])
+                FL_FN(rows_bias_act_range)(0, rows, e, out, e, vec[1], FL_LINEAR, 0.0f, out, e);
         }
         return;
     }
@@ -340,12 +348,12 @@ static void attn_enc_rows_task(void *p, int64_t t0, int64_t t1) {
         const float *src = y;
         if (c->norm_first) {
             for (int64_t r = 0; r < rows; ++r)
-                rows_layer_norm_row(e, y + r * e, vec[6], vec[7], c->eps2, 0, yn + r * e);
+                FL_FN(rows_layer_norm_row)(e, y + r * e, vec[6], vec[7], c->eps2, 0, yn + r * e);
             src = yn;
         }
         st |= FL_FN(sgemm_packed)(rows, f, e, src, e, pw[2], 0, hid, f);
         if (vec[2] || c->code != FL_LINEAR)
-            rows_bias_act_range(0, rows, f, hid, f, vec[2], c->code, 0.0f, hid, f);
+            FL_FN(rows_bias_act_range)(0, rows, f, hid, f, vec[2], c->code, 0.0f, hid, f);
         st |= FL_FN(sgemm_packed)(rows, e, f, hid, f, pw[3], 0, out, e);
         attn_residual_norm(rows, e, out, e, vec[3], y, e, !c->norm_first, vec[6], vec[7],
                            c->eps2);

@@ -1,4 +1,4 @@
-/* Convolutions (conv.c), NHWC activations (N, H, W, C) and HWIO kernels, C-contiguous; the bias
+/* Convolutions (conv_*.c), NHWC activations (N, H, W, C) and HWIO kernels, C-contiguous; the bias
  * + activation epilogue runs on each block of output rows while it is in cache. Activation
  * codes: rows.h, the elementwise ones only (softmax over channels is a pass of its own).
  *

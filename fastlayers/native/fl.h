@@ -6,6 +6,11 @@
  * (setup.py gives each its compiler flags). FL_FN(name) names a kernel of the ISA being built
  * (name_avx512, name_avx2, name_generic); dispatch.c gathers them into one table per ISA.
  *
+ * Each kernel file includes the headers it uses and compiles on its own. What it uses of
+ * another kernel file is in that file's internal header (<subject>_internal.h): small helpers
+ * as inline functions, larger functions and shared per-thread buffers declared there under
+ * their ISA's name, FL_FN(name), and defined once in the file.
+ *
  * Vectors are GCC/clang vector extensions of FL_VW floats: 16 for AVX-512F, 8 for AVX2+FMA and
  * 4 for the portable path (SSE2 on x86-64, NEON on aarch64, scalar code elsewhere).
  */
@@ -34,6 +39,10 @@
 #endif
 
 #define FL_INLINE static inline __attribute__((always_inline))
+/* Declares this ISA's kernel of one entry X(ret, name, params, args) of a subject's X-macro
+ * list (kernels.h), for kernel files calling another subject's kernels directly:
+ * FL_GEMM_KERNELS(FL_DECLARE) declares FL_FN(pack), FL_FN(sgemm_packed), ... */
+#define FL_DECLARE(ret, name, params, args) ret FL_FN(name) params;
 #define FL_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FL_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -9,12 +9,10 @@
  * (28 zmm accumulators), AVX2 6 x 16 (12 ymm), portable 6 x 8 (12 xmm / NEON q registers):
  * each is a 32-column panel's 1, 2 or 4 slices. */
 
-#if FL_VW == 16
-#define GEMM_MR 14
-#else
-#define GEMM_MR 6
-#endif
-#define GEMM_TN (2 * FL_VW)          /* columns of a tile */
+#include "gemm_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
+
 #define GEMM_KC 256                  /* rows of b per block: a tile's b slice stays in L1 */
 #define GEMM_NC 256                  /* columns per block: KC x NC of b (256 KiB) stays in L2 */
 #define GEMM_FEW_ROWS 64             /* up to this many rows: gemm_block_few */
@@ -131,10 +129,6 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
     }
 }
 
-/* Most rows of a narrow tile: twice the wide tile's, so that its accumulators (one vector per
- * row) fill the registers as the wide tile's two do. */
-#define GEMM_NARROW_MR (2 * GEMM_MR)
-
 /* c[0:rows, 0:nr] (+)= the same sums as gemm_tile for nr <= W columns (one vector of W floats
  * per row of the tile): outputs narrower than a vector pair (convolutions with 8 or 16 output
  * channels), where the wide tile spent half or more of its multiply-adds on zero columns.
@@ -199,7 +193,7 @@ static void gemm_tile_narrow_rows(int rows, int64_t kh, int64_t ari, int64_t kc,
 
 /* The tile of exactly `rows` rows over nr columns: the wide tile (rows <= GEMM_MR), or for
  * nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR). */
-static void gemm_tile_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                            int accumulate) {
     if (nr <= FL_VW) {
@@ -218,14 +212,6 @@ static void gemm_tile_rows(int rows, int64_t kh, int64_t ari, int64_t kc, const 
 #undef GEMM_ROWS
 }
 
-/* Rows of the next tile over ncols columns when `left` rows remain: whole tiles (narrow ones
- * for ncols <= FL_VW), then the rest in one tile or, for MR + 1 to MR + 3 rows, two near-equal
- * ones (tiles of 1-3 rows run at half the rate). */
-FL_INLINE int64_t gemm_next_rows_over(int64_t left, int64_t ncols) {
-    int64_t mr = ncols <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
-    return left >= mr + 4 ? mr : (left > mr ? left - left / 2 : left);
-}
-
 /* The same over columns of wide tiles. */
 FL_INLINE int64_t gemm_next_rows(int64_t left) { return gemm_next_rows_over(left, GEMM_TN); }
 
@@ -239,8 +225,8 @@ static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int
         for (int64_t j = 0; j < ncols; j += GEMM_TN) {
             int nr = (int)FL_MIN(ncols - j, GEMM_TN);
             const float *pbj = pbk + (j / FL_PANEL) * pstride + j % FL_PANEL;
-            gemm_tile_rows((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, c + ir * ldc + j, ldc,
-                           nr, acc);
+            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, c + ir * ldc + j,
+                                  ldc, nr, acc);
         }
     }
 }
@@ -420,8 +406,9 @@ static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const fl
                 for (int64_t p = t * share_f; p < FL_MIN(rows_f, (t + 1) * share_f); ++p)
                     for (int line = 0; line < GEMM_TN; line += 16)
                         __builtin_prefetch(far + p * FL_PANEL + line, 0, 2);
-                gemm_tile_rows((int)rows, 1, 0, kb, a + ir * lda + pc, lda, pbj + pc * FL_PANEL,
-                               c + ir * ldc + j, ldc, nr, accumulate || pc > 0);
+                FL_FN(gemm_tile_rows)((int)rows, 1, 0, kb, a + ir * lda + pc, lda,
+                                      pbj + pc * FL_PANEL, c + ir * ldc + j, ldc, nr,
+                                      accumulate || pc > 0);
             }
         }
     }
@@ -535,8 +522,6 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
     return 0;
 }
 
-/* Fewest multiply-adds (x2) in one thread's share of a product. */
-#define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
 /* Fewest rows for splitting by rows; with fewer, blocks of output columns are shared. */
 #define GEMM_ROW_SPLIT_MIN 64
 /* Fewest multiply-adds (x2) in one thread's share of a thin product (m <= GEMM_THIN_M), the
@@ -544,8 +529,6 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
  * reading b): several times what handing a share to a spinning worker costs. */
 #define GEMM_MIN_THIN_SHARE_FLOPS (INT64_C(1) << 17)
 #define GEMM_THIN_B_ROWS 4
-/* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
-#define GEMM_CHUNK_FLOATS (1 << 16)
 /* Floats of b beyond which it no longer stays in L2 between chunks: each chunk of rows then
  * streams all of b from memory again, so chunks get at least GEMM_REREAD_ROWS rows (b read
  * once per that many rows of multiply-adds; a late epilogue costs far less than that). */
@@ -576,8 +559,8 @@ static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
                                       ci, x->ldc);
         if (st) return st;
         if (x->code != FL_LINEAR || x->bias)
-            rows_bias_act_range(0, rows, x->n, ci, x->ldc, x->bias, x->code, x->alpha, ci,
-                                x->ldc);
+            FL_FN(rows_bias_act_range)(0, rows, x->n, ci, x->ldc, x->bias, x->code, x->alpha,
+                                       ci, x->ldc);
     }
     return 0;
 }
@@ -596,9 +579,9 @@ static void gemm_matmul_task(void *p, int64_t u0, int64_t u1) {
                                   x->trans_b, 0, x->c + c0, x->ldc);
         if (!st && x->code != FL_SOFTMAX && x->code != FL_LOG_SOFTMAX &&
             (x->code != FL_LINEAR || x->bias))
-            rows_bias_act_range(0, x->m, c1 - c0, x->c + c0, x->ldc,
-                                x->bias ? x->bias + c0 : 0, x->code, x->alpha, x->c + c0,
-                                x->ldc);
+            FL_FN(rows_bias_act_range)(0, x->m, c1 - c0, x->c + c0, x->ldc,
+                                       x->bias ? x->bias + c0 : 0, x->code, x->alpha,
+                                       x->c + c0, x->ldc);
     }
     if (st) x->status = st;
 }
@@ -628,7 +611,7 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
     }
     fl_parallel(units, grain, gemm_matmul_task, &x);
     if (!x.status && !x.by_rows && (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX))
-        rows_bias_act_range(0, m, n, c, ldc, bias, code, alpha, c, ldc);
+        FL_FN(rows_bias_act_range)(0, m, n, c, ldc, bias, code, alpha, c, ldc);
     return x.status;
 }
 

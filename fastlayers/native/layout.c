@@ -1,5 +1,9 @@
 /* Layout kernels (layout.h). Included by kernels.inc once per ISA. */
 
+#include "fl.h"
+#include "layout.h"
+#include "threadpool.h"
+
 /* Tiles of at most LAYOUT_TILE floats (64 KiB, at most LAYOUT_TILE_C of each source row),
  * moved in blocks of FL_VW x FL_VW floats transposed in registers; a tile's ragged edge moves
  * float by float. */

@@ -7,46 +7,20 @@
  * the common layers take the same code with constant bounds, so it is unrolled. Work is shared
  * by output rows (n, oh) on the pool's threads. */
 
+#include "pool_internal.h"
+
 /* Fewest tap-values (output values x window taps) in a thread's share: a hand-off costs a few
  * microseconds. */
 #define POOL_MIN_SHARE (INT64_C(1) << 17)
 
+/* pool_zeros' buffer (pool_internal.h): zeros, grown on demand. */
 static __thread fl_buf pool_zero_buf;
 
-/* At least `floats` zeros owned by this thread (read only), or NULL. */
-static const float *pool_zeros(size_t floats) {
+const float *FL_FN(pool_zeros)(size_t floats) {
     size_t had = pool_zero_buf.bytes;
     float *z = fl_buf_floats(&pool_zero_buf, floats);
     if (z && pool_zero_buf.bytes != had) memset(z, 0, pool_zero_buf.bytes);
     return z;
-}
-
-/* v[0:nc] (nc < FL_VW: zero lanes after), and its store (a loop: cheaper than a call of
- * memcpy for a vector's tail). */
-FL_INLINE fl_vf pool_ld(const float *p, int64_t nc) {
-    if (nc >= FL_VW) return fl_load(p);
-    fl_vf v = fl_set1(0.0f);
-    for (int64_t i = 0; i < nc; ++i) v[i] = p[i];
-    return v;
-}
-
-FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
-    if (nc >= FL_VW) {
-        fl_store(p, v);
-        return;
-    }
-    for (int64_t i = 0; i < nc; ++i) p[i] = v[i];
-}
-
-/* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
-FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,
-                         int64_t *first, int64_t *end) {
-    int64_t f = a >= lo ? 0 : (lo - a + d - 1) / d;
-    int64_t e = a >= hi ? 0 : (hi - a + d - 1) / d;
-    f = FL_MIN(f, k);
-    e = FL_MIN(e, k);
-    *first = f;
-    *end = FL_MAX(e, f);
 }
 
 /* Taps a window sum adds in float32 lanes before it adds them into float64: the rounding error
@@ -346,37 +320,16 @@ int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, 
 }
 
 /* ------------------------------------------------------------------------ NCHW planes */
-/* The NCHW kernels (pool2d_nchw here, depthwise_conv2d_nchw in conv.c) run on planes (H, W):
- * a unit of work is a block of output rows of one plane. Its input rows are first copied into
- * a per-thread buffer, padded with the window's fill (-inf for max, 0 for sums) and split into
- * sw column phases, so that each tap of FL_VW consecutive output columns is one contiguous
- * vector load at any stride: padded column ow sw + j dw is phase (j dw) % sw, index
- * ow + (j dw) / sw. Outputs run FL_VW columns at a time, four vectors per pass (four
- * independent chains of max or add). */
+/* The NCHW kernels (pool2d_nchw here, depthwise_conv2d_nchw in conv_depthwise.c) run on
+ * planes (H, W): a unit of work is a block of output rows of one plane. Its input rows are
+ * first copied into a per-thread buffer, padded with the window's fill (-inf for max, 0 for
+ * sums) and split into sw column phases, so that each tap of FL_VW consecutive output columns
+ * is one contiguous vector load at any stride: padded column ow sw + j dw is phase (j dw) %
+ * sw, index ow + (j dw) / sw. Outputs run FL_VW columns at a time, four vectors per pass
+ * (four independent chains of max or add). */
 
-static __thread fl_buf pool_plane_buf;
-
-/* A unit's geometry: output rows per block `rb`, blocks per plane, phase row length `len`
- * (floats, with a vector of slack), floats of a unit's buffer. */
-typedef struct {
-    int64_t rb, blocks, len, floats;
-} pool_plane_plan;
-
-static pool_plane_plan pool_plane_plan_of(int64_t planes, int64_t kh, int64_t kw, int64_t sh,
-                                          int64_t sw, int64_t dh, int64_t dw, int64_t ho,
-                                          int64_t wo) {
-    pool_plane_plan q;
-    int64_t need_w = (wo - 1) * sw + (kw - 1) * dw + 1;
-    q.len = (need_w + sw - 1) / sw + FL_VW;
-    /* a unit's buffer within 64K floats (L2), and enough units for every thread */
-    int64_t rb = FL_MAX(1, ((INT64_C(1) << 16) / (q.len * sw) - (kh - 1) * dh) / sh);
-    int64_t want = 4 * (int64_t)fl_pool_get_threads();
-    if (planes < want) rb = FL_MIN(rb, FL_MAX(1, ho * planes / want));
-    q.rb = FL_MIN(rb, ho);
-    q.blocks = (ho + q.rb - 1) / q.rb;
-    q.floats = ((q.rb - 1) * sh + (kh - 1) * dh + 1) * sw * q.len;
-    return q;
-}
+/* Their per-thread buffer (pool_internal.h). */
+__thread fl_buf FL_FN(pool_plane_buf);
 
 /* The even and the odd lanes of the 2 FL_VW floats a, b (a first): stride-2 columns, one
  * shuffle each. */
@@ -425,9 +378,8 @@ static void pool_plane_fill(float *d, int64_t n, float fill) {
     for (; k < n; ++k) d[k] = fill;
 }
 
-/* buf[(r sw + q) len + k] = x[r0 + r, k sw + q - pl] for r < nr, q < sw, k < len (fill where
- * that lies outside the plane x (H, W)). */
-static void pool_plane_gather(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
+/* A unit's input rows into its buffer, split in sw column phases (pool_internal.h). */
+void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
                               int64_t pl, int64_t sw, int64_t len, float fill, float *buf) {
     if (sw == 2) {
         for (int64_t r = 0; r < nr; ++r) {
@@ -466,15 +418,6 @@ static void pool_plane_gather(const float *x, int64_t h, int64_t w, int64_t r0, 
             for (; k < len; ++k) d[k] = fill;
         }
     }
-}
-
-/* off[i kw + j] = (i dh sw + (j dw) % sw) len + (j dw) / sw: tap (i, j)'s offset in a unit's
- * buffer from its output column's window. */
-static void pool_plane_offsets(int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t sw,
-                               int64_t len, int64_t *off) {
-    for (int64_t i = 0; i < kh; ++i)
-        for (int64_t j = 0; j < kw; ++j)
-            off[i * kw + j] = (i * dh * sw + (j * dw) % sw) * len + (j * dw) / sw;
 }
 
 /* out[0:nv FL_VW] (the last vector cut to `last` lanes) = max over taps t < nt of b[off[t] +
@@ -605,7 +548,7 @@ static void pool_plane_vmax(const float *x, int64_t h, int64_t w, int64_t r0, in
  * split per output row instead of every window row's. p->off holds the kw horizontal offsets. */
 static void pool_plane_max_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
     int64_t w = p->w, len = p->q.len, sw = p->sw, kw = p->kw;
-    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(sw * len + w + FL_VW));
+    float *buf = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)(sw * len + w + FL_VW));
     if (!buf) {
         p->status = -1;
         return;
@@ -617,7 +560,7 @@ static void pool_plane_max_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
         const float *x = p->x + plane * p->h * w;
         for (int64_t oh = oh0; oh < oh1; ++oh) {
             pool_plane_vmax(x, p->h, w, oh * p->sh - p->pt, p->kh, p->dh, row);
-            pool_plane_gather(row, 1, w, 0, 1, p->pl, sw, len, -__builtin_inff(), buf);
+            FL_FN(pool_plane_gather)(row, 1, w, 0, 1, p->pl, sw, len, -__builtin_inff(), buf);
             float *out = p->y + (plane * p->ho + oh) * p->wo;
             if (kw == 3) pool_plane_row(buf, p->off, 3, 1, p->wo, 0, out);
             else pool_plane_row(buf, p->off, kw, 1, p->wo, 0, out);
@@ -634,7 +577,7 @@ static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
         return;
     }
     int64_t wo = p->wo, nt = p->kh * p->kw, len = p->q.len, sw = p->sw;
-    float *buf = fl_buf_floats(&pool_plane_buf, (size_t)(p->q.floats + wo + FL_VW));
+    float *buf = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)(p->q.floats + wo + FL_VW));
     if (!buf) {
         p->status = -1;
         return;
@@ -644,8 +587,8 @@ static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
         int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
         int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
         int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
-        pool_plane_gather(p->x + plane * p->h * p->w, p->h, p->w, oh0 * p->sh - p->pt, nr,
-                          p->pl, sw, len, 0.0f, buf);
+        FL_FN(pool_plane_gather)(p->x + plane * p->h * p->w, p->h, p->w, oh0 * p->sh - p->pt,
+                                 nr, p->pl, sw, len, 0.0f, buf);
         for (int64_t oh = oh0; oh < oh1; ++oh) {
             int64_t ih0 = oh * p->sh - p->pt, i0, i1;
             if (p->cip) pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &i0, &i1);

@@ -8,27 +8,16 @@
  * int16), their sums and zero points; a convolution gathers its windows into those rows
  * (qconv). */
 
+#include "qgemm_internal.h"
+#include "threadpool.h"
+
 #define QGEMM_NP 4                  /* panels of one tile and of one unit of parallel work */
 #define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
 #define QGEMM_MIN_SHARE_MACS (1 << 17)
 #define QGEMM_MR_MAX 6
-#define QGEMM_AMX_MIN_ROWS 8       /* rows from which a product takes AMX tiles */
 #define QGEMM_AMX_ROWS_PER_UNIT 32  /* rows of one unit of parallel work on AMX tiles */
 
 static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) */
-
-/* The operand a prepared for the tiles. */
-typedef struct {
-    const void *rows;   /* row i at rows + i * lda values (4 kq of them read): uint8 where vnni,
-                         * else int16 */
-    int64_t lda;
-    const int32_t *ra;  /* sum_k a_u[i, k] */
-    const int32_t *za;  /* A[i]: the zero point of a_u */
-    int64_t kq;         /* quads of k */
-    int vnni;
-    int amx;            /* the tiles are AMX's (qgemm_amx): the rows are 64-byte multiples long,
-                         * zero past k, and a multiple of 16 of them are readable */
-} qgemm_a;
 
 /* Rows a tile takes on this path. */
 FL_INLINE int qgemm_mr(int vnni) {
@@ -398,27 +387,6 @@ static void qgemm_block_amx(const qgemm_a *a, const int8_t *pb, int64_t k, int64
 }
 #endif
 
-/* Whether a product of m rows (prepared for vpdpbusd where vnni) takes AMX tiles: on the
- * avx512 path where fl_amx (dispatch.h) and from QGEMM_AMX_MIN_ROWS rows. */
-FL_INLINE int qgemm_amx(int64_t m, int vnni) {
-#if defined(FL_ISA_AVX512)
-    return vnni && fl_amx && m >= QGEMM_AMX_MIN_ROWS;
-#else
-    (void)m, (void)vnni;
-    return 0;
-#endif
-}
-
-/* Values in one prepared row of k values: whole quads, whole 64-byte tile rows on AMX. */
-FL_INLINE int64_t qgemm_row_width(int64_t k, int amx) {
-    return amx ? (k + 63) / 64 * 64 : (k + 3) / 4 * 4;
-}
-
-/* Prepared rows for m rows: on AMX a multiple of the tiles' 16 (the rows past m zero). */
-FL_INLINE int64_t qgemm_row_count(int64_t m, int amx) {
-    return amx ? (m + 15) / 16 * 16 : m;
-}
-
 /* c[r0:r1, panels p0:p1] of the product, tile by tile (c's rows ldc elements apart, c
  * pointing at row 0 column 0). */
 static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n, int64_t r0, int64_t r1,
@@ -442,27 +410,6 @@ static void qgemm_block(const qgemm_a *a, const int8_t *pb, int64_t k, int64_t n
             qgemm_store(a, i, rows, bz + j0, cb + j0, cols, out, o, j0, (char *)c + (i * ldc + j0) * esize, ldc);
         }
     }
-}
-
-/* The prepared rows' value (a_u) at index idx: uint8 where vnni, else int16. */
-FL_INLINE void qgemm_put(void *rows, int vnni, int64_t idx, int32_t v) {
-    if (vnni) ((uint8_t *)rows)[idx] = (uint8_t)v;
-    else ((int16_t *)rows)[idx] = (int16_t)v;
-}
-
-/* Bytes of the prepared rows of m rows of k values (64-byte multiple). */
-FL_INLINE size_t qgemm_rows_bytes(int64_t m, int64_t k, int vnni, int amx) {
-    size_t bytes = (size_t)(qgemm_row_count(m, amx) * qgemm_row_width(k, amx)) * (vnni ? 1 : 2);
-    return (bytes + 63) / 64 * 64;
-}
-
-/* Whether this path's tiles run vpdpbusd now. */
-FL_INLINE int qgemm_vnni(void) {
-#if defined(FL_ISA_AVX512) || defined(FL_ISA_AVX2)
-    return fl_vnni;
-#else
-    return 0;
-#endif
 }
 
 typedef struct {
@@ -499,8 +446,8 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
  * the rest for b's slices and the output rows. */
 #define QGEMM_BLOCK_BYTES (INT64_C(1) << 19)
 
-/* The product of prepared a (m rows) and packed b on the pool's threads. */
-static void qgemm_run(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
+/* The product of prepared a and packed b on the pool's threads (qgemm_internal.h). */
+void FL_FN(qgemm_run)(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
                       const fl_qout *o, void *c, int64_t ldc) {
     int64_t unit_rows = a->amx ? QGEMM_AMX_ROWS_PER_UNIT : QGEMM_ROWS_PER_UNIT;
     int64_t row_units = (m + unit_rows - 1) / unit_rows;
@@ -547,13 +494,6 @@ FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t
     return sum;
 }
 
-/* Puts count copies of v at index idx of the prepared rows. */
-FL_INLINE void qgemm_put_fill(void *rows, int vnni, int64_t idx, int32_t v, int64_t count) {
-    if (vnni) memset((uint8_t *)rows + idx, v, (size_t)count);
-    else
-        for (int64_t p = 0; p < count; ++p) ((int16_t *)rows)[idx + p] = (int16_t)v;
-}
-
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
                  const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
@@ -582,7 +522,7 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     if (!in_place)    /* AMX's rows past m, read by the last tile */
         qgemm_put_fill(buf, vnni, m * width, 0, (qgemm_row_count(m, amx) - m) * width);
     qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : width, ra, za_u, kq, vnni, amx};
-    qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
+    FL_FN(qgemm_run)(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }
 
@@ -757,6 +697,6 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
     int64_t units = (m + QCONV_PREP_ROWS - 1) / QCONV_PREP_ROWS;
     fl_parallel(units, FL_MAX(1, QCONV_MIN_SHARE_BYTES / (QCONV_PREP_ROWS * 4 * kq)), qconv_gather, &q);
     qgemm_a prepared = {buf, 4 * kq, ra, za_u, kq, vnni, 0};
-    qgemm_run(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
+    FL_FN(qgemm_run)(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }

@@ -2,6 +2,12 @@
  * (on the pool's threads where it is large enough), the gates on the calling thread. Compiled
  * once per ISA (kernels.inc). */
 
+#include "qgemm_internal.h"
+#include "qlstm.h"
+#include "recurrent_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
+
 static __thread fl_buf qlstm_buf;
 
 /* a's rows (batch, hidden) = the uint8 quantization a_u of h (batch, hidden), as
@@ -55,7 +61,7 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
         int64_t t = reverse ? steps - 1 - s : s;
         float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za);
         static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
-        qgemm_run(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
+        FL_FN(qgemm_run)(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
         for (int64_t r = 0; r < batch; ++r) {
             const float *xp = x_proj + (t * batch + r) * g;
             const int32_t *ar = acc + r * g;

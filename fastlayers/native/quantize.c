@@ -2,6 +2,11 @@
  * rounding (to nearest even, as nearbyintf) are IEEE float32 operations, so every path gives
  * the numpy formula's values. Compiled once per ISA (kernels.inc). */
 
+#include "fl.h"
+#include "quantize.h"
+#include "recurrent_internal.h"
+#include "threadpool.h"
+
 #define QUANTIZE_GRAIN 65536
 
 FL_INLINE fl_vf quantize_round(fl_vf v) {

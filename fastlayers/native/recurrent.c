@@ -28,6 +28,11 @@
  * shares (row_parts > 1) run the whole sequence each, one chunk of fl_parallel apiece, without
  * meeting.
  */
+#include "gemm_internal.h"
+#include "recurrent_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
+
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -96,24 +101,6 @@ typedef struct {
 } rnn_job;
 
 FL_INLINE int64_t rnn_lines(int64_t n) { return (n + 15) & ~(int64_t)15; }
-
-/* cnt (<= FL_VW) floats at p as a vector (zeros after). */
-FL_INLINE fl_vf rnn_load(const float *p, int64_t cnt) {
-    if (cnt >= FL_VW) return fl_load(p);
-    float t[FL_VW] = {0};
-    memcpy(t, p, (size_t)cnt * sizeof(float));
-    return fl_load(t);
-}
-
-FL_INLINE void rnn_store(float *p, fl_vf v, int64_t cnt) {
-    if (cnt >= FL_VW) {
-        fl_store(p, v);
-        return;
-    }
-    float t[FL_VW];
-    fl_store(t, v);
-    memcpy(p, t, (size_t)cnt * sizeof(float));
-}
 
 #define RNN_PV (FL_PANEL / FL_VW)                /* vectors per packed row */
 /* Most rows of a product the small kernel takes (rnn_small): 12 accumulators at 3 rows and

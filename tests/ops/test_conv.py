@@ -1,4 +1,4 @@
-"""The native convolution and pooling kernels (``native/conv.c``, ``native/pool.c``) and the
+"""The native convolution and pooling kernels (``native/conv_*.c``, ``native/pool.c``) and the
 CpuOps primitives on them, against ReferenceOps on every ISA path this CPU runs (the ``isa``
 fixture of conftest.py): hypothesis over shapes and options (stride, dilation, asymmetric
 padding, groups, depth multiplier, ceil-mode windows), each convolution method forced, odd

@@ -1,9 +1,9 @@
-"""The NCHW transposed convolution (``conv_transpose2d_nchw`` in native/conv.c) through the CPU
-backend's primitive, against ReferenceOps on every ISA path: strides 1-3 and strides wider
-than the window (output rows without taps), dilations, crops, outputs longer than the full
-transposed size (output_padding), groups, batch 1 and 3, odd planes, 1x1 inputs and kernels,
-rows wider than a chunk of the sgemm, output channels in several blocks, the activation
-epilogue, one and two threads (bands of output rows)."""
+"""The NCHW transposed convolution (``conv_transpose2d_nchw`` in native/conv_transpose.c)
+through the CPU backend's primitive, against ReferenceOps on every ISA path: strides 1-3 and
+strides wider than the window (output rows without taps), dilations, crops, outputs longer
+than the full transposed size (output_padding), groups, batch 1 and 3, odd planes, 1x1 inputs
+and kernels, rows wider than a chunk of the sgemm, output channels in several blocks, the
+activation epilogue, one and two threads (bands of output rows)."""
 
 from __future__ import annotations
 

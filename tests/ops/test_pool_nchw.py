@@ -1,5 +1,5 @@
 """The NCHW pooling and depthwise convolution kernels (``pool2d_nchw`` in native/pool.c,
-``depthwise_conv2d_nchw`` in native/conv.c) through the CPU backend's primitives, against
+``depthwise_conv2d_nchw`` in native/conv_depthwise.c) through the CPU backend's primitives, against
 ReferenceOps on every ISA path: odd planes, widths around the vector width, 1x1 planes, batch 1,
 strides 1-3, pads, ceil-mode outputs, dilations, windows over 64 taps, NaN, the activation
 epilogue and a channel multiplier."""

@@ -92,7 +92,7 @@ def _rows_in_place(a):
 
 class CpuOps(ConvOps):
     """Compiled CPU backend: the methods below, the convolution and pooling family of
-    ``conv.ConvOps`` (native/conv.c, pool.c), and ReferenceOps for what neither overrides."""
+    ``conv.ConvOps`` (native/conv_*.c, pool.c), and ReferenceOps for what neither overrides."""
 
     name = "cpu"
     integer = INTEGER_KERNELS

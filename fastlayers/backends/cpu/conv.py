@@ -1,5 +1,5 @@
 """The convolution and pooling primitives of the cpu backend (``ConvOps``, a base class of
-CpuOps), on the native core (``fastlayers.native._core``: ``native/conv.c`` and
+CpuOps), on the native core (``fastlayers.native._core``: ``native/conv_*.c`` and
 ``native/pool.c``).
 
 - conv2d: 3x3 stride 1 with 16 channels each way: Winograd (``conv3x3_winograd``), F(4x4, 3x3)

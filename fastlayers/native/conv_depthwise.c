@@ -1,0 +1,302 @@
+/* depthwise_conv2d and depthwise_conv2d_nchw (conv.h): a direct loop vectorized over channels,
+ * four outputs per pass (3x3: the nine weights in registers; stride 1: the passes share their
+ * loads); window rows outside x read a row of zeros. On NCHW planes, through pool.c's
+ * phase-split buffer (below). Compiled once per ISA (kernels.inc). */
+
+#include "conv_internal.h"
+#include "pool_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
+
+/* --------------------------------------------------------------------------- depthwise */
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    int64_t h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo;
+    int code, status;
+    float alpha;
+} conv_dw_ctx;
+
+/* out[c0:c0 + nc] = f(b + sum over i < kh, j in [j0, j1) of rows[i][(iw0 + j dw) c + c0:]
+ * wk[i, j, c0:]) (multiplier 1). */
+FL_INLINE void conv_dw_chunk(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                             int64_t j0, int64_t j1, int64_t c0, int64_t nc, float *out) {
+    int64_t c = p->c;
+    fl_vf acc = fl_set1(0.0f);
+    for (int64_t i = 0; i < p->kh; ++i) {
+        const float *r = rows[i] + c0, *wr = p->wk + i * p->kw * c + c0;
+        for (int64_t j = j0; j < j1; ++j)
+            acc += pool_ld(r + (iw0 + j * p->dw) * c, nc) * pool_ld(wr + j * c, nc);
+    }
+    pool_st(out + c0, conv_epi(acc, p->bias ? p->bias + c0 : 0, nc, p->code, p->alpha), nc);
+}
+
+/* One output pixel (channels [cf, c)) of a window starting at column iw0, taps j in [j0, j1). */
+static void conv_dw_pixel(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                          int64_t j0, int64_t j1, int64_t cf, float *out) {
+    int64_t c0 = cf;
+    for (; c0 + FL_VW <= p->c; c0 += FL_VW) conv_dw_chunk(p, rows, iw0, j0, j1, c0, FL_VW, out);
+    if (c0 < p->c) conv_dw_chunk(p, rows, iw0, j0, j1, c0, p->c - c0, out);
+}
+
+/* One output pixel of a depth multiplier m > 1: out[ci m + q] = f(b + sum x[ci] w[ci m + q]). */
+static void conv_dw_pixel_mult(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
+                               int64_t j0, int64_t j1, float *out) {
+    int64_t c = p->c, m = p->m, k = c * m;
+    memset(out, 0, (size_t)k * sizeof(float));
+    for (int64_t i = 0; i < p->kh; ++i)
+        for (int64_t j = j0; j < j1; ++j) {
+            const float *xr = rows[i] + (iw0 + j * p->dw) * c;
+            const float *wr = p->wk + (i * p->kw + j) * k;
+            for (int64_t ci = 0; ci < c; ++ci)
+                for (int64_t q = 0; q < m; ++q) out[ci * m + q] += xr[ci] * wr[ci * m + q];
+        }
+    if (p->bias || p->code != FL_LINEAR)
+        FL_FN(rows_bias_act_range)(0, 1, k, out, k, p->bias, p->code, p->alpha, out, k);
+}
+
+/* Output columns [ow0, ow1) of a 3x3 window inside x (multiplier 1): stride 1 four outputs per
+ * pass, all channels of those four before the next four (their rows stay in L1; looping over
+ * the columns inside each channel vector re-read the three input rows from L2 per vector). */
+static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
+                           int64_t ow1, float *yrow) {
+    int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
+    int64_t cv = c / FL_VW * FL_VW;
+    const float *bias = p->bias;
+    int64_t ow = ow0;
+    if (cs == c && dc == c) {
+        for (; ow + 4 <= ow1; ow += 4)
+            for (int64_t c0 = 0; c0 < cv; c0 += FL_VW) {
+                const float *bc = bias ? bias + c0 : 0;
+                fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
+                for (int i = 0; i < 3; ++i) {
+                    const float *r = rows[i] + ow * c - left + c0, *wr = p->wk + 3 * i * c + c0;
+                    fl_vf x0 = fl_load(r), x1 = fl_load(r + c), x2 = fl_load(r + 2 * c);
+                    fl_vf x3 = fl_load(r + 3 * c), x4 = fl_load(r + 4 * c), x5 = fl_load(r + 5 * c);
+                    fl_vf wa = fl_load(wr), wb = fl_load(wr + c), wc = fl_load(wr + 2 * c);
+                    s0 += x0 * wa + x1 * wb + x2 * wc;
+                    s1 += x1 * wa + x2 * wb + x3 * wc;
+                    s2 += x2 * wa + x3 * wb + x4 * wc;
+                    s3 += x3 * wa + x4 * wb + x5 * wc;
+                }
+                float *o = yrow + ow * c + c0;
+                fl_store(o, conv_epi(s0, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + c, conv_epi(s1, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + 2 * c, conv_epi(s2, bc, FL_VW, p->code, p->alpha));
+                fl_store(o + 3 * c, conv_epi(s3, bc, FL_VW, p->code, p->alpha));
+            }
+    }
+    for (; ow < ow1; ++ow)
+        for (int64_t c0 = 0; c0 < cv; c0 += FL_VW) {
+            fl_vf s = fl_set1(0.0f);
+            for (int i = 0; i < 3; ++i) {
+                const float *r = rows[i] + ow * cs - left + c0, *wr = p->wk + 3 * i * c + c0;
+                s += fl_load(r) * fl_load(wr) + fl_load(r + dc) * fl_load(wr + c) +
+                     fl_load(r + 2 * dc) * fl_load(wr + 2 * c);
+            }
+            fl_store(yrow + ow * c + c0,
+                     conv_epi(s, bias ? bias + c0 : 0, FL_VW, p->code, p->alpha));
+        }
+    if (cv < c)
+        for (ow = ow0; ow < ow1; ++ow)
+            conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, cv, yrow + ow * c);
+}
+
+/* Output columns [ow0, ow1) of a window inside x (multiplier 1, any kernel): vector by vector
+ * of channels, four outputs per pass (each tap's weights loaded once for the four). */
+static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
+                        int64_t ow1, float *yrow) {
+    int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
+    int64_t c0 = 0;
+    for (; c0 + FL_VW <= c; c0 += FL_VW) {
+        const float *bc = p->bias ? p->bias + c0 : 0;
+        for (int64_t ow = ow0; ow + 4 <= ow1; ow += 4) {
+            fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t i = 0; i < p->kh; ++i) {
+                const float *r = rows[i] + ow * cs - left + c0;
+                const float *wr = p->wk + i * p->kw * c + c0;
+                for (int64_t j = 0; j < p->kw; ++j) {
+                    fl_vf wv = fl_load(wr + j * c);
+                    const float *rj = r + j * dc;
+                    s0 += fl_load(rj) * wv;
+                    s1 += fl_load(rj + cs) * wv;
+                    s2 += fl_load(rj + 2 * cs) * wv;
+                    s3 += fl_load(rj + 3 * cs) * wv;
+                }
+            }
+            float *o = yrow + ow * c + c0;
+            fl_store(o, conv_epi(s0, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + c, conv_epi(s1, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + 2 * c, conv_epi(s2, bc, FL_VW, p->code, p->alpha));
+            fl_store(o + 3 * c, conv_epi(s3, bc, FL_VW, p->code, p->alpha));
+        }
+    }
+    int64_t ow = ow0 + (ow1 - ow0) / 4 * 4;             /* the last columns, pixel by pixel */
+    for (int64_t q = ow0; q < ow1; ++q)
+        conv_dw_pixel(p, rows, q * p->sw - p->pl, 0, p->kw, q < ow ? c0 : 0, yrow + q * c);
+}
+
+/* Output rows t = n Ho + oh in [t0, t1): window rows outside x read a row of zeros. */
+static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
+    conv_dw_ctx *p = (conv_dw_ctx *)arg;
+    int64_t c = p->c, k = c * p->m, wo = p->wo;
+    const float *zero = FL_FN(pool_zeros)((size_t)(p->w * c));
+    if (!zero) {
+        p->status = -1;
+        return;
+    }
+    /* interior columns [ow_lo, ow_hi): every tap inside x */
+    int64_t num = p->w - 1 - (p->kw - 1) * p->dw + p->pl;
+    int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, wo);
+    int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, wo), ow_lo);
+    const float *rows[p->kh];
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, ih0 = (t % p->ho) * p->sh - p->pt;
+        for (int64_t i = 0; i < p->kh; ++i) {
+            int64_t ih = ih0 + i * p->dh;
+            rows[i] = ih >= 0 && ih < p->h ? p->x + (n * p->h + ih) * p->w * c : zero;
+        }
+        float *yrow = p->y + t * wo * k;
+        for (int64_t ow = 0; ow < wo; ++ow) {
+            if (ow == ow_lo && p->m == 1 && ow_hi > ow_lo) {
+                if (p->kh == 3 && p->kw == 3) conv_dw3x3_run(p, rows, ow_lo, ow_hi, yrow);
+                else conv_dw_run(p, rows, ow_lo, ow_hi, yrow);
+                ow = ow_hi - 1;
+                continue;
+            }
+            int64_t iw0 = ow * p->sw - p->pl, j0, j1;
+            pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
+            if (p->m == 1) conv_dw_pixel(p, rows, iw0, j0, j1, 0, yrow + ow * k);
+            else conv_dw_pixel_mult(p, rows, iw0, j0, j1, yrow + ow * k);
+        }
+    }
+}
+
+/* y[.., c m + q] = f(b + sum_{i, j} x[.., c] wk[i, j, c m + q]): x (N, H, W, C), wk (kh, kw,
+ * C m), bias (C m,), y (N, Ho, Wo, C m). */
+int FL_FN(depthwise_conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x,
+                            int64_t kh, int64_t kw, int64_t m, int64_t sh, int64_t sw,
+                            int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                            int64_t wo, const float *wk, const float *bias, int code,
+                            float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0 || m <= 0) return 0;
+    if (!conv_code_ok(code) || kh < 1 || kw < 1) return -2;
+    conv_dw_ctx p = {x, wk, bias, y, h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo, code, 0,
+                     alpha};
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * c * m * kh * kw)), conv_dw_task,
+                &p);
+    return p.status;
+}
+
+/* ------------------------------------------------------------------- depthwise, NCHW planes */
+/* Output plane (n, co) reads input plane (n, co / m) through pool.c's phase-split buffer
+ * (pool_plane_gather, zero fill): each tap of FL_VW output columns is one vector load times the
+ * tap's weight, four vectors per pass, then bias and activation in registers. */
+
+/* out[0:nv FL_VW] (the last vector cut to `last` lanes) = f(bias + sum over taps t < nt of
+ * b[off[t] + 0:nv FL_VW] wt[t]). Even and odd taps add into separate sums: 2 nv independent
+ * FMA chains (one chain of nt FMAs per vector left the FMA units idle on their latency). */
+FL_INLINE void conv_plane_vecs(const float *b, const int64_t *off, const float *wt, int64_t nt,
+                               int nv, float bias, int code, float alpha, float *out,
+                               int64_t last) {
+    fl_vf acc[4], odd[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        acc[u] = fl_set1(bias);
+        odd[u] = fl_set1(0.0f);
+    }
+    int64_t t = 0;
+    for (; t + 1 < nt; t += 2) {
+        const float *p0 = b + off[t], *p1 = b + off[t + 1];
+        fl_vf w0 = fl_set1(wt[t]), w1 = fl_set1(wt[t + 1]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+            acc[u] += fl_load(p0 + u * FL_VW) * w0;
+            odd[u] += fl_load(p1 + u * FL_VW) * w1;
+        }
+    }
+    if (t < nt) {
+        const float *p0 = b + off[t];
+        fl_vf w0 = fl_set1(wt[t]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) acc[u] += fl_load(p0 + u * FL_VW) * w0;
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        fl_vf r = acc[u] + odd[u];
+        pool_st(out + u * FL_VW, code == FL_LINEAR ? r : rows_vact(r, code, alpha),
+                u == nv - 1 ? last : FL_VW);
+    }
+}
+
+/* One output row out[0:wo] whose windows start at b (buffer row of window row 0): four vectors
+ * per pass, the last 1-4 vectors in one pass. */
+FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *wt, int64_t nt,
+                              int64_t wo, float bias, int code, float alpha, float *out) {
+    int64_t ow = 0;
+    for (; wo - ow > 4 * FL_VW; ow += 4 * FL_VW)
+        conv_plane_vecs(b + ow, off, wt, nt, 4, bias, code, alpha, out + ow, FL_VW);
+    int64_t rest = wo - ow, nv = (rest + FL_VW - 1) / FL_VW, last = rest - (nv - 1) * FL_VW;
+    if (nv == 4) conv_plane_vecs(b + ow, off, wt, nt, 4, bias, code, alpha, out + ow, last);
+    else if (nv == 3) conv_plane_vecs(b + ow, off, wt, nt, 3, bias, code, alpha, out + ow, last);
+    else if (nv == 2) conv_plane_vecs(b + ow, off, wt, nt, 2, bias, code, alpha, out + ow, last);
+    else conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow, last);
+}
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    const int64_t *off;
+    pool_plane_plan q;
+    int64_t c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo;
+    int code, status;
+    float alpha;
+} conv_plane_ctx;
+
+/* Units u = (n C m + co) blocks + block in [u0, u1) of depthwise_conv2d_nchw. */
+static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
+    conv_plane_ctx *p = (conv_plane_ctx *)arg;
+    int64_t nt = p->kh * p->kw, cm = p->c * p->m;
+    float *buf = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)p->q.floats);
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
+        int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
+        int64_t n = plane / cm, co = plane % cm;
+        int64_t nr = (oh1 - 1 - oh0) * p->sh + (p->kh - 1) * p->dh + 1;
+        FL_FN(pool_plane_gather)(p->x + (n * p->c + co / p->m) * p->h * p->w, p->h, p->w,
+                                 oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
+        const float *wt = p->wk + co * nt;
+        float bias = p->bias ? p->bias[co] : 0.0f;
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+            const float *b = buf + (oh - oh0) * p->sh * p->sw * p->q.len;
+            float *out = p->y + (plane * p->ho + oh) * p->wo;
+            if (nt == 9) conv_plane_row(b, p->off, wt, 9, p->wo, bias, p->code, p->alpha, out);
+            else conv_plane_row(b, p->off, wt, nt, p->wo, bias, p->code, p->alpha, out);
+        }
+    }
+}
+
+/* y[n, c m + q] = f(b + sum_{i, j} x[n, c] window wk[c m + q, i, j]): x (N, C, H, W), wk
+ * (C m, kh, kw), bias (C m,), y (N, C m, Ho, Wo). */
+int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
+                                 int64_t m, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                                 int64_t wo, const float *wk, const float *bias, int code,
+                                 float alpha, float *y) {
+    if (n <= 0 || c <= 0 || m <= 0 || ho <= 0 || wo <= 0) return 0;
+    if (!conv_code_ok(code) || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
+        pt < 0 || pl < 0)
+        return -2;
+    pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
+    int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
+    if (!off) return -1;
+    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
+    conv_plane_ctx p = {x, wk, bias, y, off, q, c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo,
+                        code, 0, alpha};
+    int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);
+    fl_parallel(n * c * m * q.blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / per_unit), conv_plane_task,
+                &p);
+    free(off);
+    return p.status;
+}

@@ -1,0 +1,248 @@
+/* conv2d (conv.h) on gemm.c's packed sgemm and its register tile, one of two ways:
+ * - implicit GEMM: output row (n, oh), output column ow and window row i read kw C consecutive
+ *   floats of the zero-padded input xp[n, oh sh + i dh, ow sw:ow sw + kw, :], so a tile's rows
+ *   are consecutive output columns, sw C floats apart, read in place: no im2col matrix is
+ *   written (a width dilation makes each tap a run of C floats: one pass per window row,
+ *   accumulating). One group, output rows long enough to fill the tiles; shared by output
+ *   rows and blocks of columns whose packed weights stay in L2, each output row's epilogue
+ *   run as soon as it is done;
+ * - im2col + sgemm: grouped convolutions and short output rows. From CONV_ROW_SPLIT_MIN output
+ *   rows, blocks of rows gathered into a per-thread (rows, kh kw C / groups) matrix, the packed
+ *   sgemm group by group, then the block's epilogue; fewer rows share one matrix whose product
+ *   gemm.c's matmul splits by output columns. A 1x1 stride-1 unpadded convolution is that
+ *   product on x itself.
+ * Compiled once per ISA (kernels.inc). */
+
+#include "conv_internal.h"
+#include "gemm_internal.h"
+#include "pool_internal.h"
+#include "rows_internal.h"
+#include "threadpool.h"
+
+/* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
+#define CONV_COLS_FLOATS (INT64_C(1) << 18)
+/* A column block's packed weights (k x columns floats, 256 KiB) stay in L2 while the implicit
+ * GEMM's output rows read them. */
+#define CONV_PANEL_FLOATS (INT64_C(1) << 16)
+/* Fewest output rows for im2col by row tiles on per-thread blocks; fewer share one im2col
+ * matrix whose product is split by output columns (each thread reads part of the weights). */
+#define CONV_ROW_SPLIT_MIN 256
+/* The implicit GEMM runs its tiles within an output row: it needs rows that fill at least this
+ * share of the tiles (docs/design.md, "Figures behind the code's constants"). */
+#define CONV_IMPLICIT_FILL 0.8
+/* ... or window rows of at most this many floats (kw C): im2col's short copies cost more than
+ * the empty tile rows (same section). */
+#define CONV_IMPLICIT_RUN 64
+
+/* ------------------------------------------------------------------------------ conv2d */
+
+typedef struct {
+    const float *x;      /* implicit: the padded input (n, h, w, c); im2col: x */
+    const float *pw, *bias;
+    float *y;
+    int64_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
+    int64_t k;           /* rows of a group's weights: kh kw c / groups */
+    int64_t rows;        /* output rows n Ho Wo */
+    int64_t row_units;   /* implicit GEMM: output rows (n, oh), the units of a column block */
+    int64_t block_cols;  /* implicit GEMM: columns of a block (a multiple of FL_PANEL) */
+    int64_t chunk;       /* im2col: rows per block (a multiple of GEMM_MR) */
+    int64_t group;       /* few rows: the group whose im2col matrix `cols` holds */
+    float *cols;
+    int code, status;
+    float alpha;
+} conv_ctx;
+
+/* Units u = cb row_units + t: output row t = n Ho + oh, columns of block cb (implicit GEMM). */
+static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
+    const conv_ctx *p = (const conv_ctx *)arg;
+    int64_t c = p->c, k = p->k, cout = p->cout, wo = p->wo, wp = p->w;
+    int64_t ars = p->sw * c, ari = p->dh * wp * c;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t cb = u / p->row_units, t = u % p->row_units;
+        int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
+        int64_t n = t / p->ho, oh = t % p->ho;
+        const float *a = p->x + (n * p->h + oh * p->sh) * wp * c;
+        float *yt = p->y + t * wo * cout;
+        for (int64_t ow = 0, rows; ow < wo; ow += rows) {
+            rows = gemm_next_rows_over(wo - ow, j1 - j0);
+            const float *ar = a + ow * ars;
+            float *yr = yt + ow * cout;
+            for (int64_t j = j0; j < j1; j += GEMM_TN) {
+                int nr = (int)FL_MIN(j1 - j, GEMM_TN);
+                const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
+                if (p->dw == 1) {
+                    FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j,
+                                          cout, nr, 0);
+                    continue;
+                }
+                for (int64_t i = 0; i < p->kh; ++i)
+                    FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
+                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr,
+                                          i > 0);
+            }
+        }
+        if (p->bias || p->code != FL_LINEAR)
+            FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
+                                       p->bias ? p->bias + j0 : 0, p->code, p->alpha, yt + j0,
+                                       cout);
+    }
+}
+
+/* cols (m, k) = the windows of output rows r0 + [0, m) (r = (n Ho + oh) Wo + ow) over the
+ * channels of group g; zeros outside x. */
+static void conv_im2col(const conv_ctx *p, int64_t r0, int64_t m, int64_t g, float *cols) {
+    int64_t c = p->c, cg = c / p->groups, k = p->k, kw = p->kw;
+    for (int64_t r = 0; r < m; ++r) {
+        int64_t gr = r0 + r, ow = gr % p->wo, t = gr / p->wo, oh = t % p->ho, n = t / p->ho;
+        int64_t iw0 = ow * p->sw - p->pl;
+        float *dst = cols + r * k;
+        for (int64_t i = 0; i < p->kh; ++i) {
+            int64_t ih = oh * p->sh - p->pt + i * p->dh;
+            float *d = dst + i * kw * cg;
+            if (ih < 0 || ih >= p->h) {
+                memset(d, 0, (size_t)(kw * cg) * sizeof(float));
+                continue;
+            }
+            const float *xrow = p->x + (n * p->h + ih) * p->w * c + g * cg;
+            if (p->dw == 1 && cg == c && iw0 >= 0 && iw0 + kw <= p->w) {
+                memcpy(d, xrow + iw0 * c, (size_t)(kw * c) * sizeof(float));
+                continue;
+            }
+            for (int64_t j = 0; j < kw; ++j) {
+                int64_t iw = iw0 + j * p->dw;
+                if (iw < 0 || iw >= p->w) memset(d + j * cg, 0, (size_t)cg * sizeof(float));
+                else memcpy(d + j * cg, xrow + iw * c, (size_t)cg * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Row tiles [u0, u1) (GEMM_MR output rows each) of im2col + sgemm, in blocks of p->chunk rows
+ * gathered into this thread's buffer, each block's epilogue while it is in L2. */
+static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
+    conv_ctx *p = (conv_ctx *)arg;
+    int64_t k = p->k, cout = p->cout, co = cout / p->groups, pfg = fl_packed_floats(k, co);
+    float *cols = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(p->chunk * k));
+    if (!cols) {
+        p->status = -1;
+        return;
+    }
+    int64_t r_end = FL_MIN(u1 * GEMM_MR, p->rows);
+    for (int64_t r0 = u0 * GEMM_MR; r0 < r_end; r0 += p->chunk) {
+        int64_t m = FL_MIN(p->chunk, r_end - r0);
+        float *yr = p->y + r0 * cout;
+        for (int64_t g = 0; g < p->groups; ++g) {
+            conv_im2col(p, r0, m, g, cols);
+            int st = FL_FN(sgemm_packed)(m, co, k, cols, k, p->pw + g * pfg, 0, yr + g * co,
+                                         cout);
+            if (st) {
+                p->status = st;
+                return;
+            }
+        }
+        if (p->bias || p->code != FL_LINEAR)
+            FL_FN(rows_bias_act_range)(0, m, cout, yr, cout, p->bias, p->code, p->alpha, yr,
+                                       cout);
+    }
+}
+
+/* Output rows [r0, r1) of group p->group's im2col into the shared p->cols. */
+static void conv_im2col_rows_task(void *arg, int64_t r0, int64_t r1) {
+    conv_ctx *p = (conv_ctx *)arg;
+    conv_im2col(p, r0, r1 - r0, p->group, p->cols + r0 * p->k);
+}
+
+/* im2col + sgemm on few output rows: each group's whole im2col matrix, then the threaded
+ * product (gemm.c's matmul, which shares so few rows by output columns: each thread then reads
+ * only its part of the weights) with its epilogue. */
+static int conv_im2col_whole(conv_ctx *p) {
+    int64_t k = p->k, co = p->cout / p->groups, pfg = fl_packed_floats(k, co);
+    p->cols = fl_buf_floats(&FL_FN(conv_call_buf), (size_t)(p->rows * k));
+    if (!p->cols) return -1;
+    for (int64_t g = 0; g < p->groups; ++g) {
+        p->group = g;
+        fl_parallel(p->rows, FL_MAX(1, CONV_MIN_SHARE_TAPS / k), conv_im2col_rows_task, p);
+        int st = FL_FN(matmul)(p->rows, co, k, p->cols, k, 0, 0, 0, p->pw + g * pfg,
+                               p->bias ? p->bias + g * co : 0, p->code, p->alpha, p->y + g * co,
+                               p->cout);
+        if (st) return st;
+    }
+    return 0;
+}
+
+/* Share of the register tile's rows that the tiles of one output row of wo columns fill
+ * (narrow tiles for cout <= FL_VW). */
+static double conv_row_fill(int64_t wo, int64_t cout) {
+    int64_t tiles = 0;
+    for (int64_t left = wo; left > 0; left -= gemm_next_rows_over(left, cout)) ++tiles;
+    return (double)wo /
+           (double)(FL_MAX(tiles, 1) * (cout <= FL_VW ? GEMM_NARROW_MR : GEMM_MR));
+}
+
+/* Column blocks of `panels` 32-column panels: at most `most_panels` panels each (an L2-sized
+ * share of the weights), and enough blocks that row_units x blocks give every thread a few
+ * units. Sets p->block_cols; returns the number of blocks. */
+static int64_t conv_column_blocks(conv_ctx *p, int64_t most_panels) {
+    int64_t panels = (p->cout + FL_PANEL - 1) / FL_PANEL;
+    int64_t threads = fl_pool_get_threads();
+    int64_t blocks = (panels + most_panels - 1) / most_panels;
+    if (p->row_units * blocks < 2 * threads)
+        blocks = FL_MIN(panels, (2 * threads + p->row_units - 1) / p->row_units);
+    int64_t per = (panels + blocks - 1) / blocks;
+    p->block_cols = per * FL_PANEL;
+    return (panels + per - 1) / per;
+}
+
+/* y = f(conv(x, w) + b), conv.h: x (N, H, W, C), pw each group's w (kh kw C/g, Cout/g) packed,
+ * bias (Cout,), y (N, Ho, Wo, Cout). */
+int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                  int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
+                  const float *pw, const float *bias, int code, float alpha, int method,
+                  float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || groups < 1 || c % groups || cout % groups) return -2;
+    int64_t k = kh * kw * (c / groups);
+    if (k <= 0) {                                     /* no input channels: y = f(b) */
+        memset(y, 0, (size_t)(n * ho * wo * cout) * sizeof(float));
+        FL_FN(rows_bias_act_range)(0, n * ho * wo, cout, y, cout, bias, code, alpha, y,
+                                   cout);
+        return 0;
+    }
+    int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
+                   wo == w && groups == 1;
+    if (method == 0)
+        method = groups == 1 && !identity &&
+                         (conv_row_fill(wo, cout) >= CONV_IMPLICIT_FILL || kw * c <= CONV_IMPLICIT_RUN)
+                     ? 1
+                     : 2;
+    if (method == 1 && groups != 1) return -2;
+    conv_ctx p = {x, pw, bias, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout,
+                  k, n * ho * wo, 0, 0, 0, 0, 0, code, 0, alpha};
+    int64_t flops = 2 * p.rows * k * cout, units;
+    if (method == 1) {
+        int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
+        int64_t wp = FL_MAX(w + pl, (wo - 1) * sw + (kw - 1) * dw + 1);
+        if (pt || pl || hp != h || wp != w) {
+            float *xp = fl_buf_floats(&FL_FN(conv_call_buf), (size_t)(n * hp * wp * c));
+            if (!xp) return -1;
+            FL_FN(pad_nhwc)(n, h, w, c, x, pt, pl, hp, wp, xp);
+            p.x = xp;
+            p.h = hp;
+            p.w = wp;
+        }
+        p.row_units = n * ho;
+        units = p.row_units * conv_column_blocks(&p, FL_MAX(1, CONV_PANEL_FLOATS / (k * FL_PANEL)));
+        fl_parallel(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_implicit_task,
+                    &p);
+        return p.status;
+    }
+    if (identity)                                    /* x is the im2col matrix */
+        return FL_FN(matmul)(p.rows, cout, c, x, c, 0, 0, 0, pw, bias, code, alpha, y, cout);
+    if (p.rows < CONV_ROW_SPLIT_MIN) return conv_im2col_whole(&p);
+    units = (p.rows + GEMM_MR - 1) / GEMM_MR;
+    int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout) / GEMM_MR;
+    p.chunk = FL_MIN(FL_MAX(chunk, 1), units) * GEMM_MR;
+    fl_parallel(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_im2col_task, &p);
+    return p.status;
+}

@@ -1,0 +1,43 @@
+/* What gemm.c shares with the other kernel files of its ISA (convolutions and attention run on
+ * its register tile): the tile's shape, the threading constants, the tile itself (defined
+ * once in gemm.c) and this ISA's gemm kernels. */
+#ifndef FL_GEMM_INTERNAL_H
+#define FL_GEMM_INTERNAL_H
+#include "fl.h"
+#include "gemm.h"
+
+/* Rows of the register tile (wide tiles: two vectors of columns). */
+#if FL_VW == 16
+#define GEMM_MR 14
+#else
+#define GEMM_MR 6
+#endif
+#define GEMM_TN (2 * FL_VW)          /* columns of a tile */
+
+/* Most rows of a narrow tile: twice the wide tile's, so that its accumulators (one vector per
+ * row) fill the registers as the wide tile's two do. */
+#define GEMM_NARROW_MR (2 * GEMM_MR)
+
+/* Fewest multiply-adds (x2) in one thread's share of a product. */
+#define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
+/* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
+#define GEMM_CHUNK_FLOATS (1 << 16)
+
+/* Rows of the next tile over ncols columns when `left` rows remain: whole tiles (narrow ones
+ * for ncols <= FL_VW), then the rest in one tile or, for MR + 1 to MR + 3 rows, two near-equal
+ * ones (tiles of 1-3 rows run at half the rate). */
+FL_INLINE int64_t gemm_next_rows_over(int64_t left, int64_t ncols) {
+    int64_t mr = ncols <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
+    return left >= mr + 4 ? mr : (left > mr ? left - left / 2 : left);
+}
+
+/* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]
+ * (pb packed, gemm.h): the tile of exactly `rows` rows over nr <= GEMM_TN columns, the wide
+ * tile (rows <= GEMM_MR) or for nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR); kh > 1
+ * sums the window rows of an implicit convolution (ari apart), kh 1 is the plain product. */
+void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+                           int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
+                           int accumulate);
+
+FL_GEMM_KERNELS(FL_DECLARE)
+#endif

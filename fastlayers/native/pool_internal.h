@@ -1,0 +1,81 @@
+/* What pool.c shares with the other kernel files of its ISA (the convolutions): vector loads
+ * and stores of a partial vector, window taps, a thread's row of zeros, and the phase-split
+ * buffer of the NCHW plane kernels (pool.c's "NCHW planes"). */
+#ifndef FL_POOL_INTERNAL_H
+#define FL_POOL_INTERNAL_H
+#include "fl.h"
+#include "pool.h"
+#include "threadpool.h"
+
+/* v[0:nc] (nc < FL_VW: zero lanes after), and its store (a loop: cheaper than a call of
+ * memcpy for a vector's tail). */
+FL_INLINE fl_vf pool_ld(const float *p, int64_t nc) {
+    if (nc >= FL_VW) return fl_load(p);
+    fl_vf v = fl_set1(0.0f);
+    for (int64_t i = 0; i < nc; ++i) v[i] = p[i];
+    return v;
+}
+
+FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
+    if (nc >= FL_VW) {
+        fl_store(p, v);
+        return;
+    }
+    for (int64_t i = 0; i < nc; ++i) p[i] = v[i];
+}
+
+/* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
+FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,
+                         int64_t *first, int64_t *end) {
+    int64_t f = a >= lo ? 0 : (lo - a + d - 1) / d;
+    int64_t e = a >= hi ? 0 : (hi - a + d - 1) / d;
+    f = FL_MIN(f, k);
+    e = FL_MIN(e, k);
+    *first = f;
+    *end = FL_MAX(e, f);
+}
+
+/* At least `floats` zeros owned by this thread (read only), or NULL. */
+const float *FL_FN(pool_zeros)(size_t floats);
+
+/* The NCHW plane kernels' per-thread buffer: a unit's input rows split in column phases. */
+extern __thread fl_buf FL_FN(pool_plane_buf);
+
+/* A unit's geometry: output rows per block `rb`, blocks per plane, phase row length `len`
+ * (floats, with a vector of slack), floats of a unit's buffer. */
+typedef struct {
+    int64_t rb, blocks, len, floats;
+} pool_plane_plan;
+
+static inline pool_plane_plan pool_plane_plan_of(int64_t planes, int64_t kh, int64_t kw,
+                                                 int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                                                 int64_t ho, int64_t wo) {
+    pool_plane_plan q;
+    int64_t need_w = (wo - 1) * sw + (kw - 1) * dw + 1;
+    q.len = (need_w + sw - 1) / sw + FL_VW;
+    /* a unit's buffer within 64K floats (L2), and enough units for every thread */
+    int64_t rb = FL_MAX(1, ((INT64_C(1) << 16) / (q.len * sw) - (kh - 1) * dh) / sh);
+    int64_t want = 4 * (int64_t)fl_pool_get_threads();
+    if (planes < want) rb = FL_MIN(rb, FL_MAX(1, ho * planes / want));
+    q.rb = FL_MIN(rb, ho);
+    q.blocks = (ho + q.rb - 1) / q.rb;
+    q.floats = ((q.rb - 1) * sh + (kh - 1) * dh + 1) * sw * q.len;
+    return q;
+}
+
+/* buf[(r sw + q) len + k] = x[r0 + r, k sw + q - pl] for r < nr, q < sw, k < len (fill where
+ * that lies outside the plane x (H, W)). */
+void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
+                              int64_t pl, int64_t sw, int64_t len, float fill, float *buf);
+
+/* off[i kw + j] = (i dh sw + (j dw) % sw) len + (j dw) / sw: tap (i, j)'s offset in a unit's
+ * buffer from its output column's window. */
+static inline void pool_plane_offsets(int64_t kh, int64_t kw, int64_t dh, int64_t dw,
+                                      int64_t sw, int64_t len, int64_t *off) {
+    for (int64_t i = 0; i < kh; ++i)
+        for (int64_t j = 0; j < kw; ++j)
+            off[i * kw + j] = (i * dh * sw + (j * dw) % sw) * len + (j * dw) / sw;
+}
+
+FL_POOL_KERNELS(FL_DECLARE)
+#endif
