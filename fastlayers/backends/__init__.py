@@ -66,7 +66,7 @@ MAX_THREADS = 256
 
 def _thread_count(n, what: str) -> int:
     """``n`` as an int from 1 to MAX_THREADS, else InputError naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= int(n) <= MAX_THREADS:
         raise InputError(f"{what} expects an integer from 1 to {MAX_THREADS} (this "
                          f"machine has {os.cpu_count()} CPUs), got {n!r}")
     return int(n)
