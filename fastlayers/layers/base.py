@@ -14,6 +14,7 @@ import numpy as np
 
 from ..arrays import as_float32, shape_str
 from ..backends import get_ops
+from ..backends.types import Ops
 from ..errors import ShapeError, UnsupportedError
 from ..symbolic import call_symbolic, is_symbolic
 
@@ -233,7 +234,7 @@ class Layer:
 
     # ------------------------------------------------------------------------------ calling
     @property
-    def ops(self):
+    def ops(self) -> Ops:
         """The active backend (``fastlayers.use_ops``)."""
         return get_ops()
 

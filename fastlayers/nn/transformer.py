@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.reference import EncoderWeights
+from ..backends.types import EncoderWeights
 from ..errors import InputError, ShapeError
 from . import functional as F
 from .attention import _NAN_ROWS, MultiheadAttention, weight_io
