@@ -199,7 +199,8 @@ def cmd_run(args) -> int:
             if args.output.lower().endswith(".npy"):
                 np.save(f, results[0], allow_pickle=False)
             else:
-                np.savez(f, **{f"output_{i}": r for i, r in enumerate(results)})
+                # mypy fears a key named allow_pickle among the arrays; the keys are output_<i>
+                np.savez(f, **{f"output_{i}": r for i, r in enumerate(results)})  # type: ignore[arg-type]
         print(f"wrote {len(results)} output(s) of shape(s) {[r.shape for r in results]} to {args.output}",
               file=sys.stderr)
     else:

@@ -9,6 +9,8 @@ window must still start inside the input or the before padding.
 
 from __future__ import annotations
 
+from typing import overload
+
 
 def dilated_size(k: int, d: int = 1) -> int:
     """Cells a window of ``k`` taps at dilation ``d`` spans: (k - 1) d + 1."""
@@ -21,6 +23,12 @@ def padded_span(size: int, k: int, d: int, pads: tuple[int, int]) -> int:
     return size + pads[0] + pads[1] - dilated_size(k, d)
 
 
+@overload
+def window_out(size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
+               ceil: bool = False) -> int: ...
+@overload
+def window_out(size: None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
+               ceil: bool = False) -> None: ...
 def window_out(size: int | None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
                ceil: bool = False) -> int | None:
     """Window positions along an axis of ``size`` cells (None when ``size`` is unknown); <= 0

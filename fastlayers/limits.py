@@ -213,8 +213,9 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
 
 
 def source_size(z: zipfile.ZipFile) -> int:
-    """The size in bytes of the archive file that ``z`` reads."""
+    """The size in bytes of the archive file that ``z`` reads (open: its file is set)."""
     fp = z.fp
+    assert fp is not None, "an open ZipFile reads a file"
     here = fp.tell()
     fp.seek(0, io.SEEK_END)
     size = fp.tell()

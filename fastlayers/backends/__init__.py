@@ -15,20 +15,20 @@ import os
 import threading
 
 from ..errors import InputError, UnsupportedError
-from .reference import ReferenceOps
+from .types import Ops
 
 _BACKENDS = {
     "reference": ("fastlayers.backends.reference", "ReferenceOps"),
     "cpu": ("fastlayers.backends.cpu", "CpuOps"),
     "cuda": ("fastlayers.backends.cuda", "CudaOps"),  # imports numba.cuda only when first used
 }
-_instances: dict[str, ReferenceOps] = {}
+_instances: dict[str, Ops] = {}
 _instances_lock = threading.Lock()
 _active: contextvars.ContextVar[str] = contextvars.ContextVar("fastlayers_ops", default="cpu")
 _num_threads: list[int | None] = [None]
 
 
-def get_ops(name: str | None = None) -> ReferenceOps:
+def get_ops(name: str | None = None) -> Ops:
     """Return the Ops instance of backend ``name`` (default: the active one)."""
     name = _active.get() if name is None else name
     ops = _instances.get(name)
@@ -66,7 +66,7 @@ MAX_THREADS = 256
 
 def _thread_count(n, what: str) -> int:
     """``n`` as an int from 1 to MAX_THREADS, else InputError naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= int(n) <= MAX_THREADS:
         raise InputError(f"{what} expects an integer from 1 to {MAX_THREADS} (this "
                          f"machine has {os.cpu_count()} CPUs), got {n!r}")
     return int(n)
@@ -138,7 +138,7 @@ class _Recording:
     """The active Ops object seen through a log: each method called is appended to ``log`` as
     ``"<backend>.<method>"``; everything else (``name``, attributes) reads through unchanged."""
 
-    def __init__(self, ops: ReferenceOps, log: list):
+    def __init__(self, ops: Ops, log: list):
         self._ops, self._log = ops, log
 
     def __getattr__(self, attr):

@@ -136,7 +136,8 @@ def write_model(model, f, what: str = "saved") -> None:
     arrays = {HEADER_KEY: np.frombuffer(model_header(model, what).encode(), dtype=np.uint8)}
     for key, layer, wname in weight_items(model):
         arrays[key] = getattr(layer, wname)
-    np.savez(f, **arrays)
+    # mypy fears a key named allow_pickle among the arrays; every key holds a "/" or is HEADER_KEY
+    np.savez(f, **arrays)  # type: ignore[arg-type]
 
 
 def save_model(model, path) -> None:
@@ -431,7 +432,7 @@ def check_architecture(entry, where: str, weight_elements: int | None = None,
                 node.get("kwargs"))
     for key in ("inputs", "outputs"):
         refs = cfg.get(key)
-        _expect(isinstance(refs, list) and refs and all(_is_ref(r) for r in refs), where,
+        _expect(isinstance(refs, list) and bool(refs) and all(_is_ref(r) for r in refs), where,
                 f"{here}.{key}", "a non-empty list of [node, output] pairs", refs)
     for key in ("single_input", "single_output"):
         _expect(isinstance(cfg.get(key, False), bool), where, f"{here}.{key}", "a boolean",
@@ -487,12 +488,12 @@ def model_from_config(entry: dict, where: str = "model config"):
             return Sequential([first, *layers], name=cfg.get("name"))
         except Exception as e:
             raise _build_error(where, f"Sequential {cfg.get('name')!r}", e) from e
-    layers = {}
-    for e in cfg["layers"]:
-        layer = _layer_from_entry(e, registry, where)
-        if layer.name in layers:
+    by_name = {}
+    for layer_entry in cfg["layers"]:
+        layer = _layer_from_entry(layer_entry, registry, where)
+        if layer.name in by_name:
             raise ModelFileError(f"{where}: model {cfg.get('name')!r} has two layers named {layer.name!r}")
-        layers[layer.name] = layer
+        by_name[layer.name] = layer
     outputs: list[list] = []
 
     def resolve(ref, field):
@@ -507,7 +508,7 @@ def model_from_config(entry: dict, where: str = "model config"):
 
     for i, node in enumerate(cfg["nodes"]):
         field = f"model {cfg.get('name')!r} node {i}"
-        layer = layers.get(node["layer"])
+        layer = by_name.get(node["layer"])
         if layer is None:
             raise ModelFileError(f"{where}: {field} calls unknown layer {node['layer']!r}")
         if isinstance(layer, InputLayer):

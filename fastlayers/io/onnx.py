@@ -38,7 +38,8 @@ class FileSource:
     @staticmethod
     def _read(f, stat: os.stat_result) -> np.ndarray:
         data = np.empty(stat.st_size, np.uint8)   # not zero-filled: the read writes every byte
-        if f.readinto(memoryview(data)) != stat.st_size:
+        # numpy's stubs give ndarray __buffer__ only from Python 3.12; it has the buffer protocol
+        if f.readinto(memoryview(data)) != stat.st_size:  # type: ignore[arg-type]
             raise OSError("the file changed size while it was read")
         return data
 
@@ -72,6 +73,7 @@ class FileSource:
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
     where = str(path)
+    source: FileSource | None
     data, source = FileSource.read_new(path)   # one buffer, which the weights are views of
     try:
         parsed = parse_model(data, where)

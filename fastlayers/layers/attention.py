@@ -14,6 +14,7 @@ as Keras's Softmax layer zeroes masked positions, and uniform weights otherwise,
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -174,7 +175,7 @@ class Attention(_BaseDenseAttention):
     with score_mode="concat".
     """
 
-    config_keys = ("use_scale", "score_mode", "dropout")
+    config_keys: ClassVar[tuple[str, ...]] = ("use_scale", "score_mode", "dropout")
 
     def __init__(self, use_scale: bool = False, score_mode: str = "dot", dropout: float = 0.0,
                  **kwargs):
@@ -313,8 +314,8 @@ class MultiHeadAttention(Layer):
     """
 
     multi_input = True
-    config_keys = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
-                   "attention_axes")
+    config_keys: ClassVar[tuple[str, ...]] = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias",
+                                              "output_shape", "attention_axes")
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,
                  dropout: float = 0.0, use_bias: bool = True, output_shape=None,
@@ -367,7 +368,7 @@ class MultiHeadAttention(Layer):
             q, v, k, _ = self._unpack([tuple(np.shape(t) if not isinstance(t, SymbolicTensor)
                                              else t.shape) for t in query], packed)
             self._ensure_built([(None, *s[1:]) for s in (q, v, k)])
-        kwargs = {"packed": list(packed)}
+        kwargs: dict[str, Any] = {"packed": list(packed)}
         if return_attention_scores:
             kwargs["return_attention_scores"] = True
         if use_causal_mask:

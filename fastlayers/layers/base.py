@@ -8,12 +8,13 @@ import itertools
 import re
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..arrays import as_float32, shape_str
 from ..backends import get_ops
+from ..backends.types import Ops
 from ..errors import ShapeError, UnsupportedError
 from .symbolic import call_symbolic, is_symbolic
 
@@ -112,7 +113,7 @@ class Layer:
     """
 
     #: Names of constructor arguments stored as attributes of the same name (for get_config).
-    config_keys: tuple[str, ...] = ()
+    config_keys: ClassVar[tuple[str, ...]] = ()
     #: Whether call takes a list of inputs (merge layers).
     multi_input = False
     #: For a layer overriding ``_prepare_inputs``: whether its plain call (one float input of
@@ -197,7 +198,7 @@ class Layer:
     # ------------------------------------------------------------------------------ config
     def get_config(self) -> dict:
         """Constructor arguments (JSON-compatible) that rebuild this layer."""
-        config = {"name": self.name}
+        config: dict[str, Any] = {"name": self.name}
         for key in self.config_keys:
             value = getattr(self, key)
             config[key] = list(value) if isinstance(value, tuple) else value
@@ -233,7 +234,7 @@ class Layer:
 
     # ------------------------------------------------------------------------------ calling
     @property
-    def ops(self):
+    def ops(self) -> Ops:
         """The active backend (``fastlayers.use_ops``)."""
         return get_ops()
 

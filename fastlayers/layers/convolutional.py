@@ -12,6 +12,8 @@ stride > 1 or even kernels), ``"causal"`` (Conv1D: ``d (k - 1)`` zeros before), 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from ..backends.derived import derived
@@ -288,8 +290,8 @@ class DepthwiseConv2D(SpatialLayer):
     Weights: kernel (kh, kw, channels, depth_multiplier), bias (channels * depth_multiplier,).
     """
 
-    config_keys = ("kernel_size", "strides", "padding", "depth_multiplier", "data_format",
-                   "dilation_rate", "activation", "use_bias")
+    config_keys: ClassVar[tuple[str, ...]] = ("kernel_size", "strides", "padding", "depth_multiplier",
+                                              "data_format", "dilation_rate", "activation", "use_bias")
 
     def __init__(self, kernel_size, strides=(1, 1), padding="valid", depth_multiplier=1,
                  data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True, **kwargs):

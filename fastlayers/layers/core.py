@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -263,7 +264,7 @@ class RepeatVector(Layer):
 class Dropout(Layer):
     """Dropout: the identity at inference (``rate`` is kept for the config)."""
 
-    config_keys = ("rate",)
+    config_keys: ClassVar[tuple[str, ...]] = ("rate",)
 
     def __init__(self, rate, **kwargs):
         super().__init__(**kwargs)

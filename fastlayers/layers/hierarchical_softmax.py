@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ def huffman_tree(class_counts) -> list:
     if len(counts) < 2:
         raise ValueError("huffman_tree needs at least 2 classes")
     tie = itertools.count()
-    heap = [(c, next(tie), i) for i, c in enumerate(counts)]
+    heap: list[tuple[float, int, Any]] = [(c, next(tie), i) for i, c in enumerate(counts)]  # (count, tie, subtree)
     heapq.heapify(heap)
     while len(heap) > 1:
         c1, _, a = heapq.heappop(heap)
@@ -99,6 +100,9 @@ class HierarchicalSoftmax(Layer):
     """
 
     config_keys = ("num_classes", "tree", "use_bias")
+    # the weights ``build`` adds
+    kernel: np.ndarray      # (features, inner nodes)
+    bias: np.ndarray        # (inner nodes,), with use_bias
 
     def __init__(self, num_classes: int, tree=None, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from ..backends.reference import fold_batch_norm
@@ -73,7 +75,7 @@ class LayerNormalization(Layer):
     ``rms_scaling=True`` is refused; use ``RMSNormalization``.
     """
 
-    config_keys = ("axis", "epsilon", "center", "scale")
+    config_keys: ClassVar[tuple[str, ...]] = ("axis", "epsilon", "center", "scale")
     _rms = False
 
     def __init__(self, axis=-1, epsilon=1e-3, center=True, scale=True, rms_scaling=False, **kwargs):

@@ -20,6 +20,8 @@ for each chunk of timesteps; the outputs equal one call on the whole sequence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..backends.derived import derived_from, fold_projection
@@ -117,7 +119,7 @@ class _SimpleRNNMath(_RecurrentMath):
 
 class _LSTMMath(_RecurrentMath):
     gates = 4
-    state_names = ("h", "c")
+    state_names: tuple[str, ...] = ("h", "c")
 
     def _add_bias(self):
         bias = self.add_weight("bias", (4 * self.units,), "zeros")
@@ -177,18 +179,18 @@ def implicit_mask(tensor: SymbolicTensor):
     (through Dropout, Dense, Activation and normalization layers) or from a recurrent layer that
     returned sequences under a mask."""
     while True:
-        known = getattr(tensor, "_fl_mask", None)
+        known = tensor.keras_mask
         if known is not None:
             return known
         layer = tensor.node.layer
         if isinstance(layer, Embedding) and layer.mask_zero and \
                 isinstance(tensor.node.args, SymbolicTensor) and len(tensor.node.args.shape) == 2:
             ids = tensor.node.args
-            mask = getattr(ids, "_fl_padding_mask", None)
+            mask = ids.padding_mask
             if mask is None:  # one PaddingMask per ids tensor, shared by its consumers
                 mask = PaddingMask(name=f"{layer.name}_mask")(ids)
-                ids._fl_padding_mask = mask
-            tensor._fl_mask = mask
+                ids.padding_mask = mask
+            tensor.keras_mask = mask
             return mask
         if isinstance(layer, _MASK_PASSING) and isinstance(tensor.node.args, SymbolicTensor):
             tensor = tensor.node.args
@@ -203,6 +205,11 @@ class _RNNLayer(Layer):
     _common_keys = ("units", "activation", "use_bias", "return_sequences", "return_state",
                     "go_backwards", "zero_output_for_mask")
     plain_call_validated = True
+    # given by the cell type's math (``_RecurrentMath``), the other base of every concrete layer
+    units: int
+    gates: int
+    state_names: tuple[str, ...]
+    _run: Callable[..., tuple[np.ndarray, list[np.ndarray]]]
 
     def _init_layer(self, return_sequences, return_state, go_backwards, stateful,
                     zero_output_for_mask):
@@ -238,9 +245,9 @@ class _RNNLayer(Layer):
             out = Layer.__call__(self, items, n_states=len(states), has_mask=mask is not None)
         if mask is not None and isinstance(mask, SymbolicTensor) and self.return_sequences:
             first = out[0] if isinstance(out, list) else out
-            first._fl_mask = mask  # Keras propagates the mask of returned sequences
+            first.keras_mask = mask  # Keras propagates the mask of returned sequences
             if isinstance(out, list) and getattr(self, "merge_mode", "") is None:
-                out[1]._fl_mask = mask
+                out[1].keras_mask = mask
         return out
 
     def _ensure_built(self, input_shape):

@@ -13,6 +13,12 @@ class SymbolicTensor:
         self.node = node
         self.index = index
         self.dtype = "float32"
+        #: The Keras mask this tensor carries (an Embedding(mask_zero=True) output's, or the
+        #: one a recurrent layer returning sequences passes on), once known; see
+        #: ``layers.recurrent.implicit_mask``.
+        self.keras_mask: SymbolicTensor | None = None
+        #: For ids: the mask ``ids != 0`` made from them, one for all their consumers.
+        self.padding_mask: SymbolicTensor | None = None
 
     @property
     def ndim(self):

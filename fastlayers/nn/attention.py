@@ -74,6 +74,15 @@ class MultiheadAttention(Module):
     (N, H, L, S) with ``average_attn_weights=False``.
     """
 
+    # the parameters that some arguments leave out (None)
+    in_proj_weight: np.ndarray | None
+    q_proj_weight: np.ndarray | None
+    k_proj_weight: np.ndarray | None
+    v_proj_weight: np.ndarray | None
+    in_proj_bias: np.ndarray | None
+    bias_k: np.ndarray | None
+    bias_v: np.ndarray | None
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None):

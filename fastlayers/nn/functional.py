@@ -215,4 +215,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1,
                                  need_weights=return_weights)
     out = out.reshape(*lead, L, v.shape[-1])
-    return (out, w.reshape(*lead, L, S)) if return_weights else out
+    if not return_weights:
+        return out
+    return out, (None if w is None else w.reshape(*lead, L, S))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.reference import EncoderWeights
+from ..backends.types import EncoderWeights
 from ..errors import InputError, ShapeError
 from . import functional as F
 from .attention import _NAN_ROWS, MultiheadAttention, weight_io
@@ -90,7 +90,8 @@ class TransformerEncoderLayer(_FeedForward, Module):
             raise ShapeError(f"TransformerEncoderLayer(d_model={self.self_attn.embed_dim}): expected "
                              f"src (S, N, E), (N, S, E) or (S, E), got {x.shape}")
         fused = self._fused_weights()
-        if fused is not None and (src_mask is not None or not is_causal):
+        # a fused layer has an activation name (_fused_weights); tested again for the type checker
+        if fused is not None and self._act_name is not None and (src_mask is not None or not is_causal):
             sa = self.self_attn
             (xb,), kpm = sa.batch_first_inputs((x,), src_key_padding_mask)
             n, length = xb.shape[:2]
@@ -98,7 +99,9 @@ class TransformerEncoderLayer(_FeedForward, Module):
             y, w = get_ops().encoder_layer(xb, fused, sa.num_heads, self._act_name, self.norm_first,
                                            bias, _NAN_ROWS, return_attention_weights)
             y = sa.from_batch_first(y, x.ndim == 3)
-            return (y, w if x.ndim == 3 else w[0]) if return_attention_weights else y
+            if not return_attention_weights:
+                return y
+            return y, (w if w is None or x.ndim == 3 else w[0])
         if self.norm_first:
             a, w = self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal,
                                   return_attention_weights)

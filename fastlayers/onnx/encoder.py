@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
-from ..backends.reference import EncoderWeights
+from ..backends.types import EncoderWeights
 
 #: Nodes that move or select data without computing on it: the walks pass through them.
 LAYOUT = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Gather", "Identity", "Slice", "Split",

@@ -172,7 +172,7 @@ else:
     @pytest.mark.parametrize("masked, need_weights", [(False, True), (True, False)])
     def test_encoder_layer(ops, rng, norm_first, masked, need_weights):
         """The whole encoder layer on the device, against the reference composition."""
-        from fastlayers.backends.reference import EncoderWeights
+        from fastlayers.backends.types import EncoderWeights
 
         n, length, e, heads, f = 2, 5, 8, 2, 12
         ws = [_r(rng, *shape, scale=0.3) for shape in ((e, 3 * e), (3 * e,), (e, e), (e,),

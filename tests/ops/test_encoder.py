@@ -10,7 +10,8 @@ import pytest
 
 from fastlayers import native
 from fastlayers.backends.cpu import CpuOps
-from fastlayers.backends.reference import EncoderWeights, ReferenceOps
+from fastlayers.backends.reference import ReferenceOps
+from fastlayers.backends.types import EncoderWeights
 
 from ..conftest import assert_close, in_threads
 

@@ -15,7 +15,7 @@ import numpy as np
 from ...native import CODES, _core, arena_enter, arena_exit, layout
 from ..derived import derived_from
 from ..integer import INTEGER_KERNELS
-from ..reference import EncoderWeights
+from ..types import EncoderWeights
 from . import gemm, recurrent
 from .conv import ConvOps
 

@@ -1,19 +1,43 @@
 """ReferenceOps: every primitive in plain numpy; the readable oracle and the fallback of all backends.
 
 Primitives take float32 arrays and return new float32 arrays. They assume their arguments were
-validated by the calling layer (shapes, dtypes) and neither check nor coerce beyond that.
+validated by the calling layer (shapes, dtypes) and neither check nor coerce beyond that. The
+signatures use the array aliases of ``backends.types``, whose ``Ops`` protocol lists this
+class's public members: the interface every backend offers.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...errors import InputError, ShapeError
 from ..accumulate import wide_mean
 from ..activations import _activation, _log_softmax, _softmax
+from ..types import (
+    ArrayXd,
+    BoolsXd,
+    EncoderWeights,
+    Floats1d,
+    Floats2d,
+    Floats3d,
+    Floats4d,
+    FloatsXd,
+    Ints1d,
+    Ints2d,
+    IntsXd,
+    Pads2d,
+    Pair,
+    SequenceCall,
+    Taps,
+)
+
+if TYPE_CHECKING:
+    from ..integer import IntegerKernels
 
 
 def fold_batch_norm(mean, var, gamma, beta, epsilon):
@@ -31,104 +55,88 @@ _MERGES = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "div
            "maximum": np.maximum, "minimum": np.minimum}
 
 
-class EncoderWeights(NamedTuple):
-    """The weights of one Transformer encoder layer (``ReferenceOps.encoder_layer``): products
-    as (in, out) arrays, biases (out,) or None, norms as (gamma or None, beta or None, eps)."""
-
-    w_qkv_io: np.ndarray        # (E, 3E): q, k, v projections side by side, heads within each
-    b_qkv: np.ndarray | None
-    w_o_io: np.ndarray          # (E, E)
-    b_o: np.ndarray | None
-    w_1_io: np.ndarray          # (E, F)
-    b_1: np.ndarray | None
-    w_2_io: np.ndarray          # (F, E)
-    b_2: np.ndarray | None
-    norm1: tuple
-    norm2: tuple
-
-
 class ReferenceOps:
     """Numpy implementation of every primitive; subclasses override the hot ones."""
 
     name = "reference"
     #: Where activations live between layers: None for host numpy arrays (this class and
     #: CpuOps); a device backend names its device and overrides the data-movement primitives.
-    device = None
+    device: str | None = None
     #: The packed integer kernels quantized graphs run on (``backends.integer.IntegerKernels``),
     #: or None: their integer products then run in numpy.
-    integer = None
+    integer: IntegerKernels | None = None
     #: Activations the dense kernel applies without numpy's floating-point error state (native
     #: code, which raises no warnings): a graph of such steps alone needs no ``np.errstate``.
-    quiet_activations: frozenset = frozenset()
+    quiet_activations: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------ a model's call
-    def enter_call(self):
+    def enter_call(self) -> Any:
         """Begin a model's call in this thread: how its host arrays are allocated (numpy's own
         allocator here). Returns the token to pass to ``exit_call`` when the call ends."""
         return None
 
-    def exit_call(self, token) -> None:
+    def exit_call(self, token: Any) -> None:
         """End what ``enter_call`` began."""
 
     # ------------------------------------------------------------ data movement and layout
-    def is_device_array(self, a) -> bool:
+    def is_device_array(self, a: object) -> bool:
         """Whether ``a`` is an array of this backend's device (never, on the host)."""
         return False
 
-    def to_device(self, x):
+    def to_device(self, x: Any) -> Any:
         """``x`` (a host array, or a list of them) where this backend computes: the identity
         here; a device backend copies floats in as float32, integer ids as int64."""
         return x
 
-    def to_host(self, y):
+    def to_host(self, y: Any) -> Any:
         """``y`` (an array, or a list of them) as host numpy arrays: the identity here."""
         return y
 
-    def as_float32(self, x: np.ndarray) -> np.ndarray:
+    def as_float32(self, x: ArrayXd) -> FloatsXd:
         """x cast to float32 (ids, masks) as layers cast their inputs."""
         return x if x.dtype == np.float32 else x.astype(np.float32)
 
-    def contiguous(self, x: np.ndarray) -> np.ndarray:
+    def contiguous(self, x: ArrayXd) -> ArrayXd:
         """x as a C-contiguous array (x itself when it is one)."""
         return np.ascontiguousarray(x)
 
-    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+    def zeros(self, shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32) -> ArrayXd:
         """A new array of zeros (initial recurrent states)."""
         return np.zeros(shape, dtype)
 
-    def transpose(self, x: np.ndarray, axes) -> np.ndarray:
+    def transpose(self, x: ArrayXd, axes: Sequence[int]) -> ArrayXd:
         """y = x with its axes permuted (``np.transpose``), C-contiguous."""
         return np.ascontiguousarray(np.transpose(x, axes))
 
-    def channels_last(self, x: np.ndarray) -> np.ndarray:
+    def channels_last(self, x: FloatsXd) -> FloatsXd:
         """(N, C, *S) -> a new C-contiguous (N, *S, C): NCL -> NLC, NCHW -> NHWC."""
         return np.ascontiguousarray(np.moveaxis(x, 1, -1))
 
-    def channels_first(self, x: np.ndarray) -> np.ndarray:
+    def channels_first(self, x: FloatsXd) -> FloatsXd:
         """(N, *S, C) -> a new C-contiguous (N, C, *S): NLC -> NCL, NHWC -> NCHW."""
         return np.ascontiguousarray(np.moveaxis(x, -1, 1))
 
-    def oihw_to_hwio(self, w: np.ndarray) -> np.ndarray:
+    def oihw_to_hwio(self, w: FloatsXd) -> FloatsXd:
         """Convolution weights (C_out, C_in, *K) -> a new C-contiguous (*K, C_in, C_out)."""
         return np.ascontiguousarray(np.moveaxis(w, (0, 1), (-1, -2)))
 
-    def take(self, x: np.ndarray, index: tuple) -> np.ndarray:
+    def take(self, x: ArrayXd, index: tuple[Any, ...]) -> ArrayXd:
         """y = x[index] for basic indexing (slices with any step, integers), C-contiguous."""
         return np.ascontiguousarray(x[index])
 
-    def broadcast_to(self, x: np.ndarray, shape) -> np.ndarray:
+    def broadcast_to(self, x: ArrayXd, shape: Sequence[int]) -> ArrayXd:
         """x repeated to ``shape`` by numpy's broadcasting rules, as a new array."""
         return np.ascontiguousarray(np.broadcast_to(x, tuple(shape)))
 
-    def pad(self, x: np.ndarray, pads) -> np.ndarray:
+    def pad(self, x: ArrayXd, pads: Sequence[Sequence[int]]) -> ArrayXd:
         """x padded with zeros: ``pads`` holds one (before, after) pair per axis."""
         return np.pad(x, pads)
 
-    def concatenate(self, xs, axis: int = -1) -> np.ndarray:
+    def concatenate(self, xs: Sequence[ArrayXd], axis: int = -1) -> ArrayXd:
         """The arrays ``xs`` (same rank, other axes equal) joined along ``axis``."""
         return np.concatenate(xs, axis=axis)
 
-    def merge(self, a, b, op: str, alpha: float = 1.0, beta: float = 1.0) -> np.ndarray:
+    def merge(self, a: FloatsXd, b: FloatsXd, op: str, alpha: float = 1.0, beta: float = 1.0) -> FloatsXd:
         """y = (alpha a) op (beta b) elementwise with numpy broadcasting; op in "add",
         "subtract", "multiply", "divide", "maximum", "minimum" (NaN wins), "div_std"
         (a / max(sqrt(b), 1e-7)) and "mul_std" (a max(sqrt(b), 1e-7))."""
@@ -144,8 +152,8 @@ class ReferenceOps:
                 y = _MERGES[op](a, b)
         return np.asarray(y, np.float32)
 
-    def relu(self, x: np.ndarray, threshold: float = 0.0, negative_slope: float = 0.0,
-             max_value: float | None = None) -> np.ndarray:
+    def relu(self, x: FloatsXd, threshold: float = 0.0, negative_slope: float = 0.0,
+             max_value: float | None = None) -> FloatsXd:
         """Keras's ReLU: y = x where x > threshold, else negative_slope (x - threshold); then at
         most ``max_value``."""
         t = np.float32(threshold)
@@ -154,19 +162,19 @@ class ReferenceOps:
             y = np.minimum(y, np.float32(max_value))
         return y.astype(np.float32, copy=False)
 
-    def nonzero_mask(self, x: np.ndarray) -> np.ndarray:
+    def nonzero_mask(self, x: ArrayXd) -> BoolsXd:
         """m = (x != 0) as a bool mask (ids to padding masks, numeric masks to bool)."""
         x = np.asarray(x)
         return x if x.dtype == np.bool_ else x != 0
 
-    def mask_bias(self, mask: np.ndarray, shape) -> np.ndarray:
+    def mask_bias(self, mask: ArrayXd, shape: Sequence[int]) -> FloatsXd:
         """An attention mask (True, or > 0.5 for numbers, means attend) as an additive bias of
         ``shape``: 0 where attended, -inf elsewhere (the mask broadcast by numpy's rules)."""
         keep = mask if mask.dtype == np.bool_ else mask > 0.5
         bias = np.where(keep, np.float32(0), np.float32(-np.inf)).astype(np.float32)
         return np.ascontiguousarray(np.broadcast_to(bias, tuple(shape)))
 
-    def indices(self, ids, size: int, where: str, what: str = "indices") -> np.ndarray:
+    def indices(self, ids: npt.ArrayLike, size: int, where: str, what: str = "indices") -> IntsXd:
         """``ids`` checked as indices into ``size`` rows, as an integer array: integer dtypes (or
         floats holding whole numbers, as Keras casts them) with every value in [0, size).
 
@@ -189,24 +197,24 @@ class ReferenceOps:
                              f"[{ids.min()}, {ids.max()}]")
         return ids
 
-    def mask_keep(self, mask: np.ndarray) -> np.ndarray:
+    def mask_keep(self, mask: ArrayXd) -> FloatsXd:
         """A Keras mask (True, or > 0.5 for numbers, means keep) as float32 1 or 0."""
         keep = mask if mask.dtype == np.bool_ else mask > 0.5
         return keep.astype(np.float32)
 
-    def split_heads(self, x_ptc: np.ndarray, heads: int) -> np.ndarray:
+    def split_heads(self, x_ptc: Floats3d, heads: int) -> Floats4d:
         """x (P, T, H*D) as (P, H, T, D): a strided view here (``attention`` reads views in
         place); a device backend makes it contiguous."""
         p, t, c = x_ptc.shape
         return x_ptc.reshape(p, t, heads, c // heads).transpose(0, 2, 1, 3)
 
-    def merge_heads(self, o_phtd: np.ndarray) -> np.ndarray:
+    def merge_heads(self, o_phtd: Floats4d) -> Floats3d:
         """o (P, H, T, D) as (P, T, H*D), C-contiguous (free when ``o`` is the (P, T, H, D)
         array that ``attention`` returns a view of)."""
         p, h, t, d = o_phtd.shape
         return np.ascontiguousarray(o_phtd.transpose(0, 2, 1, 3)).reshape(p, t, h * d)
 
-    def check_rois(self, rois: np.ndarray, batch: int, where: str) -> np.ndarray:
+    def check_rois(self, rois: Floats2d, batch: int, where: str) -> Floats2d:
         """``rois`` (K, 5) whose first column, the batch index, holds whole numbers in
         [0, batch); raises ``InputError`` naming ``where`` otherwise."""
         index = rois[:, 0]
@@ -218,48 +226,47 @@ class ReferenceOps:
 
     # ------------------------------------------------------------------------ arithmetic
 
-    def add_act(self, a: np.ndarray, b: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+    def add_act(self, a: FloatsXd, b: FloatsXd, name: str, alpha: float = 0.0) -> FloatsXd:
         """f(a + b) for float32 ``a`` and ``b`` of one shape: a residual add and the activation
         after it (``activation``'s names but the softmax ones)."""
         return self.activation(np.add(a, b), name, alpha)
 
-    def outer_add_act(self, a_ic: np.ndarray, b_jc: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+    def outer_add_act(self, a_ic: Floats2d, b_jc: Floats2d, name: str, alpha: float = 0.0) -> Floats3d:
         """y[i, j, c] = f(a[i, c] + b[j, c]) for float32 ``a`` (I, C) and ``b`` (J, C): the
         broadcast sum of additive attention and its activation (``add_act``'s names)."""
         return self.activation(np.add(a_ic[:, None, :], b_jc[None, :, :]), name, alpha)
 
-    def activation(self, x: np.ndarray, name: str, alpha: float = 0.0) -> np.ndarray:
+    def activation(self, x: FloatsXd, name: str, alpha: float = 0.0) -> FloatsXd:
         """y = f(x) elementwise (softmax and log_softmax over the last axis)."""
         with np.errstate(over="ignore", invalid="ignore"):
             return _activation(x, name, alpha)
 
-    def dense(self, x: np.ndarray, w_io: np.ndarray, b_o: np.ndarray | None,
-              activation: str = "linear", alpha: float = 0.0) -> np.ndarray:
+    def dense(self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = "linear",
+              alpha: float = 0.0) -> FloatsXd:
         """y[..., o] = f(sum_i x[..., i] w[i, o] + b[o])."""
         y = np.matmul(x, w_io)
         if b_o is not None:
             y += b_o
         return y if activation == "linear" else self.activation(y, activation, alpha)
 
-    def softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
+    def softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = -1) -> FloatsXd:
         """y = exp(x - max x) / sum exp(x - max x) along ``axis``."""
         with np.errstate(invalid="ignore"):
             return _softmax(x, axis)
 
-    def log_softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
+    def log_softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = -1) -> FloatsXd:
         """y = x - max x - log sum exp(x - max x) along ``axis``."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return _log_softmax(x, axis)
 
-    def batch_norm(self, x: np.ndarray, scale: np.ndarray, shift: np.ndarray,
-                   axis: int = -1) -> np.ndarray:
+    def batch_norm(self, x: FloatsXd, scale: Floats1d, shift: Floats1d, axis: int = -1) -> FloatsXd:
         """y = x scale + shift, indexed along ``axis`` (see ``fold_batch_norm``)."""
         shape = [1] * x.ndim
         shape[axis] = x.shape[axis]
         return x * scale.reshape(shape) + shift.reshape(shape)
 
-    def layer_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
-                   epsilon: float, axes: tuple[int, ...] = (-1,), rms: bool = False) -> np.ndarray:
+    def layer_norm(self, x: FloatsXd, gamma: FloatsXd | None, beta: FloatsXd | None,
+                   epsilon: float, axes: tuple[int, ...] = (-1,), rms: bool = False) -> FloatsXd:
         """y = gamma (x - mean) / sqrt(var + eps) + beta over ``axes`` (rms: y = gamma x / sqrt(mean x^2 + eps))."""
         if rms:
             y = x / np.sqrt(wide_mean(np.square(x), axes, keepdims=True) + np.float32(epsilon))
@@ -276,12 +283,12 @@ class ReferenceOps:
             y = y + beta.reshape(shape)
         return y.astype(np.float32, copy=False)
 
-    def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    def embedding(self, ids: IntsXd, table: Floats2d) -> FloatsXd:
         """y[..., :] = table[ids[...], :]."""
         return table[ids]
 
-    def hsoftmax_log_probs(self, x: np.ndarray, w_in: np.ndarray, b_n: np.ndarray,
-                           path_nodes: np.ndarray, path_signs: np.ndarray) -> np.ndarray:
+    def hsoftmax_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d,
+                           path_signs: Floats2d) -> Floats2d:
         """log p[b, c] = sum_d log sigmoid(sign[c, d] (x[b] . w[:, node[c, d]] + b[node[c, d]])).
 
         ``path_nodes``/``path_signs`` are (C, depth); padded steps have sign 0 and contribute 0.
@@ -290,9 +297,9 @@ class ReferenceOps:
         zs = z[:, path_nodes] * path_signs                   # (B, C, depth)
         return np.sum(_log_sigmoid(zs) * (path_signs != 0), axis=-1)
 
-    def hsoftmax_class_log_probs(self, x: np.ndarray, w_in: np.ndarray, b_n: np.ndarray,
-                                 path_nodes: np.ndarray, path_signs: np.ndarray,
-                                 classes: np.ndarray) -> np.ndarray:
+    def hsoftmax_class_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d,
+                                 path_nodes: Ints2d, path_signs: Floats2d,
+                                 classes: Ints1d) -> Floats1d:
         """log p[b] = sum_d log sigmoid(sign[y_b, d] (x[b] . w[:, node[y_b, d]] + b[node[y_b, d]]))."""
         nodes = path_nodes[classes]                          # (B, depth)
         signs = path_signs[classes]
@@ -308,37 +315,45 @@ class ReferenceOps:
             y += b
         return y if activation == "linear" else self.activation(y, activation, alpha)
 
-    def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
-               groups=1, activation="linear", alpha=0.0):
+    def conv2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None, strides: Pair = (1, 1),
+               pads: Pads2d = ((0, 0), (0, 0)), dilation: Pair = (1, 1), groups: int = 1,
+               activation: str = "linear", alpha: float = 0.0) -> Floats4d:
         """y = f(conv(x, w) + b); w (kh, kw, C_in / groups, C_out); pads ((top, bottom), (left, right))."""
         from . import conv as rc
         y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
-    def conv2d_plan(self, x_shape, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                    dilation=(1, 1), groups=1, activation="linear", alpha=0.0):
+    def conv2d_plan(self, x_shape: Sequence[int], w_hwio: Floats4d, b: Floats1d | None,
+                    strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
+                    groups: int = 1, activation: str = "linear",
+                    alpha: float = 0.0) -> Callable[[Floats4d], Floats4d]:
         """A function ``x -> conv2d(x, w_hwio, b, ...)`` for inputs of shape ``x_shape``, the
         work that depends on the shape and the weights alone done once (backends with compiled
         kernels bind the kernel's arguments; the reference just calls ``conv2d``)."""
         return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation,
                                      alpha)
 
-    def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                         dilation=(1, 1), activation="linear", alpha=0.0):
+    def depthwise_conv2d(self, x_nhwc: Floats4d, w_hwcm: Floats4d, b: Floats1d | None,
+                         strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)),
+                         dilation: Pair = (1, 1), activation: str = "linear",
+                         alpha: float = 0.0) -> Floats4d:
         """y[..., c M + m] = f(sum_{i, j} xpad[.., s oh + d i, s ow + d j, c] w[i, j, c, m] + b[c M + m])."""
         kh, kw, c, m = w_hwcm.shape
         return self.conv2d(x_nhwc, w_hwcm.reshape(kh, kw, 1, c * m), b, strides, pads, dilation,
                            c, activation, alpha)
 
-    def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1),
-                         groups=1, activation="linear", alpha=0.0):
+    def conv_transpose2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None,
+                         strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = (1, 1),
+                         groups: int = 1, activation: str = "linear", alpha: float = 0.0) -> Floats4d:
         """Transposed convolution; w (kh, kw, C_in, C_out / groups); output cropped at ``crop`` to ``out_hw``."""
         from . import conv as rc
         y = rc.conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
-    def conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation=(1, 1),
-                              groups=1, activation="linear", alpha=0.0):
+    def conv_transpose2d_nchw(self, x_nchw: Floats4d, w_iohw: Floats4d, b: Floats1d | None,
+                              strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = (1, 1),
+                              groups: int = 1, activation: str = "linear",
+                              alpha: float = 0.0) -> Floats4d:
         """``conv_transpose2d`` on NCHW: x (N, C_in, H, W), ``w_iohw`` (C_in, C_out / groups,
         kh, kw) (ONNX's and torch's layout), y (N, C_out, Ho, Wo); this backend's
         ``conv_transpose2d`` between two transposes (a backend with an NCHW kernel overrides
@@ -348,22 +363,25 @@ class ReferenceOps:
                                   strides, crop, out_hw, dilation, groups, activation, alpha)
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
-    def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
-               count_include_pad=False):
+    def pool2d(self, x_nhwc: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
+               out_hw: Pair, dilation: Pair = (1, 1), count_include_pad: bool = False) -> Floats4d:
         """Max or average pooling over windows (see ``reference.conv.pool2d``)."""
         from . import conv as rc
         return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
 
-    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
-                    count_include_pad=False):
+    def pool2d_nchw(self, x_nchw: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
+                    out_hw: Pair, dilation: Pair = (1, 1),
+                    count_include_pad: bool = False) -> Floats4d:
         """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo): this backend's ``pool2d``
         between two transposes (a backend with an NCHW kernel overrides it)."""
         y = self.pool2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), kind, pool, strides,
                         pads, out_hw, dilation, count_include_pad)
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
-    def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                              dilation=(1, 1), activation="linear", alpha=0.0):
+    def depthwise_conv2d_nchw(self, x_nchw: Floats4d, w_ohw: Floats3d, b: Floats1d | None,
+                              strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)),
+                              dilation: Pair = (1, 1), activation: str = "linear",
+                              alpha: float = 0.0) -> Floats4d:
         """y[n, c M + m] = f(sum_{i, j} xpad[n, c, s oh + d i, s ow + d j] w[c M + m, i, j] +
         b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo); this
         backend's ``depthwise_conv2d`` between two transposes (a backend with an NCHW kernel
@@ -375,22 +393,24 @@ class ReferenceOps:
                                   strides, pads, dilation, activation, alpha)
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
-    def adaptive_pool2d(self, x_nhwc, kind, out_hw):
+    def adaptive_pool2d(self, x_nhwc: Floats4d, kind: str, out_hw: Pair) -> Floats4d:
         """Max or average over torch's adaptive bins."""
         from . import conv as rc
         return rc.adaptive_pool2d(x_nhwc, kind, out_hw)
 
-    def global_pool(self, x, kind, axes, keepdims=False):
+    def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...],
+                    keepdims: bool = False) -> FloatsXd:
         """Max or mean over ``axes``."""
         fn = np.max if kind == "max" else wide_mean
         return fn(x, axis=axes, keepdims=keepdims).astype(np.float32, copy=False)
 
-    def roi_pool(self, x_nhwc, rois, output_size, spatial_scale=1.0):
+    def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair,
+                 spatial_scale: float = 1.0) -> Floats4d:
         """torchvision's RoI max pooling; rois (K, 5) ``(batch, x1, y1, x2, y2)`` -> (K, ph, pw, C)."""
         from . import conv as rc
         return rc.roi_pool(x_nhwc, rois, output_size, spatial_scale)
 
-    def resize2d_taps(self, x_nhwc, rows, cols, bilinear):
+    def resize2d_taps(self, x_nhwc: Floats4d, rows: Taps, cols: Taps, bilinear: bool) -> Floats4d:
         """x (N, H, W, C) resized at given source taps: ``rows`` = (y0, y1, fy) for the Ho output
         rows and ``cols`` = (x0, x1, fx) for the Wo output columns (int64 indices inside x,
         float32 weights of the second tap). Nearest: y[n, i, j] = x[n, y0[i], x0[j]]; bilinear:
@@ -406,23 +426,26 @@ class ReferenceOps:
         down = bottom[:, :, x0] * (one - wx) + bottom[:, :, x1] * wx
         return np.ascontiguousarray(up * (one - wy) + down * wy, np.float32)
 
-    def upsample2d(self, x_nhwc, out_hw, mode="nearest", align_corners=False, scales=(None, None)):
+    def upsample2d(self, x_nhwc: Floats4d, out_hw: Pair, mode: str = "nearest",
+                   align_corners: bool = False,
+                   scales: Sequence[float | None] = (None, None)) -> Floats4d:
         """Nearest or bilinear resize of H, W (torch's coordinate rules)."""
         from . import conv as rc
         return rc.upsample2d(x_nhwc, out_hw, mode, align_corners, scales)
 
-    def local_response_norm(self, x, size, alpha=1e-4, beta=0.75, k=1.0):
+    def local_response_norm(self, x: FloatsXd, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                            k: float = 1.0) -> FloatsXd:
         """y = x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels (last axis))^beta."""
         from . import conv as rc
         return rc.local_response_norm(x, size, alpha, beta, k)
 
     # ------------------------------------------------------------------ attention
-    def matmul(self, a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
+    def matmul(self, a: FloatsXd, b: FloatsXd, trans_b: bool = False) -> FloatsXd:
         """c = a b (a b^T with ``trans_b``) over the last two axes, leading axes batched."""
         return np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
 
-    def tanh_scores(self, q_pqd: np.ndarray, k_pkd: np.ndarray, w_d: np.ndarray | None,
-                    inner: float = 1.0, outer: float = 1.0) -> np.ndarray:
+    def tanh_scores(self, q_pqd: Floats3d, k_pkd: Floats3d, w_d: Floats1d | None,
+                    inner: float = 1.0, outer: float = 1.0) -> Floats3d:
         """s[p, i, j] = outer sum_d w[d] tanh(inner (q[p, i, d] + k[p, j, d])) (w None: ones):
         additive (Bahdanau) and "concat" attention scores, (P, Tq, Tk)."""
         pre = q_pqd[:, :, None, :] + k_pkd[:, None, :, :]
@@ -431,10 +454,10 @@ class ReferenceOps:
         t = np.tanh(pre)
         if w_d is not None:
             t = t * w_d
-        s = np.sum(t, axis=-1, dtype=np.float32)
+        s = t.sum(axis=-1, dtype=np.float32)
         return s if outer == 1.0 else (np.float32(outer) * s).astype(np.float32)
 
-    def hard_attention(self, s_pqk: np.ndarray, causal: bool = False) -> np.ndarray:
+    def hard_attention(self, s_pqk: Floats3d, causal: bool = False) -> Floats3d:
         """w = one-hot of the first argmax over the last axis of scores (P, Tq, Tk) (keys after
         the query excluded if ``causal``; NaN wins, as np.argmax); a row whose every key
         scores -inf (all masked) gives zeros."""
@@ -446,8 +469,8 @@ class ReferenceOps:
         live = np.any((s_pqk > -np.inf) | np.isnan(s_pqk), axis=-1)
         return w * live[..., None]
 
-    def attention_softmax(self, scores_bhqk: np.ndarray, scale: float, bias: np.ndarray | None,
-                          causal: bool = False, empty: int = 0) -> np.ndarray:
+    def attention_softmax(self, scores_bhqk: Floats4d, scale: float, bias: FloatsXd | None,
+                          causal: bool = False, empty: int = 0) -> Floats4d:
         """w = softmax(scale s + bias (+ -inf above the diagonal if causal)) over the last axis.
 
         ``scores_bhqk`` is (B, H, Tq, Tk) and may be overwritten (backends work in place);
@@ -470,9 +493,9 @@ class ReferenceOps:
             w = np.where(empty_rows, fill, w)
         return w.astype(np.float32, copy=False)
 
-    def attention(self, q_bhqd: np.ndarray, k_bhkd: np.ndarray, v_bhkv: np.ndarray, scale: float,
-                  bias: np.ndarray | None = None, causal: bool = False, empty: int = 0,
-                  need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    def attention(self, q_bhqd: Floats4d, k_bhkd: Floats4d, v_bhkv: Floats4d, scale: float,
+                  bias: FloatsXd | None = None, causal: bool = False, empty: int = 0,
+                  need_weights: bool = True) -> tuple[Floats4d, Floats4d | None]:
         """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk),
         the weights None without ``need_weights`` (backends then need not keep them).
 
@@ -482,10 +505,10 @@ class ReferenceOps:
         w = self.attention_softmax(scores, scale, bias, causal, empty)
         return np.matmul(w, v_bhkv), (w if need_weights else None)
 
-    def self_attention(self, x_nle: np.ndarray, w_qkv_io: np.ndarray, b_qkv: np.ndarray | None,
-                       w_o_io: np.ndarray, b_o: np.ndarray | None, num_heads: int,
-                       bias: np.ndarray | None = None, empty: int = 0,
-                       need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    def self_attention(self, x_nle: Floats3d, w_qkv_io: Floats2d, b_qkv: Floats1d | None,
+                       w_o_io: Floats2d, b_o: Floats1d | None, num_heads: int,
+                       bias: FloatsXd | None = None, empty: int = 0,
+                       need_weights: bool = True) -> tuple[Floats3d, Floats4d | None]:
         """Multi-head self-attention (torch's ``MultiheadAttention`` on x, x, x, batch first):
         concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
         [q k v] = x W_qkv + b_qkv. ``bias`` and ``empty`` as in ``attention``. Returns
@@ -500,10 +523,10 @@ class ReferenceOps:
         o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(n * length, e)
         return self.dense(o, w_o_io, b_o).reshape(n, length, e), s
 
-    def encoder_layer(self, x_nle: np.ndarray, w: EncoderWeights, num_heads: int,
+    def encoder_layer(self, x_nle: Floats3d, w: EncoderWeights, num_heads: int,
                       activation: str = "relu", norm_first: bool = False,
-                      bias: np.ndarray | None = None, empty: int = 0,
-                      need_weights: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+                      bias: FloatsXd | None = None, empty: int = 0,
+                      need_weights: bool = True) -> tuple[Floats3d, Floats4d | None]:
         """One Transformer encoder layer (torch's ``TransformerEncoderLayer``, batch first).
 
         mha(z) = concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
@@ -536,22 +559,26 @@ class ReferenceOps:
         return out, (s if need_weights else None)
 
     # ------------------------------------------------------------------------- recurrent
-    def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, **kw):
+    def rnn_sequence(self, x_bti: ArrayXd, w_ih: Floats2d, w_hh: Floats2d, b: Floats1d | None,
+                     h0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d]:
         """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import rnn_sequence
         return rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
 
-    def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, **kw):
+    def lstm_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_g: Floats1d | None,
+                      h0: Floats2d, c0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d, Floats2d]:
         """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``reference.recurrent``)."""
         from .recurrent import lstm_sequence
         return lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
 
-    def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
+    def gru_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_ig: Floats1d | None,
+                     b_hg: FloatsXd | None, h0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d]:
         """GRU over time, gate blocks z, r, h; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import gru_sequence
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
-    def sequence_plan(self, name, x_bti, args, kw):
+    def sequence_plan(self, name: str, x_bti: ArrayXd, args: Sequence[Any],
+                      kw: dict[str, Any]) -> Callable[..., tuple[FloatsXd, ...]]:
         """A function ``(x, states=None) -> self.<name>(x, *args, **kw)`` (``name`` one of
         ``rnn_sequence``, ``lstm_sequence``, ``gru_sequence``) for inputs laid out as
         ``x_bti``, the work that depends on the layout and the weights alone done once
@@ -566,7 +593,8 @@ class ReferenceOps:
             return method(x, *args[:len(args) - len(states)], *states, **kw)
         return run
 
-    def sequences_plan(self, x_bti, calls):
+    def sequences_plan(self, x_bti: ArrayXd,
+                       calls: Sequence[SequenceCall]) -> Callable[..., list[tuple[FloatsXd, ...]]]:
         """A function ``(x, states=None) -> recurrent_sequences([(name, (x, *args), kw) ...])``
         for the ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti``
         (here each call bound by ``sequence_plan``, one after the other); ``states``: one tuple
@@ -575,7 +603,7 @@ class ReferenceOps:
         return lambda x, states=None: [run(x, None if states is None else st)
                                        for run, st in zip(runs, states or [None] * len(runs))]
 
-    def recurrent_sequences(self, calls):
+    def recurrent_sequences(self, calls: Sequence[SequenceCall]) -> list[tuple[FloatsXd, ...]]:
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
         list of (method name, args, kwargs) of ``rnn_sequence``/``lstm_sequence``/
         ``gru_sequence``; their results in order (here one after the other)."""
