@@ -19,14 +19,19 @@ def _graph(tmp_path, rng):
     onnx = oracle("onnx")
     h = onnx.helper
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             h.make_node("HardSwish", ["c"], ["a"], name="act"),
-             h.make_node("Resize", ["a", "", "scales"], ["r"], mode="nearest", name="up"),
-             h.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=0, name="mean"),
-             h.make_node("Cos", ["m"], ["y"], name="cos")]
-    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
-                       [h.make_tensor_value_info("y", 1, None)],
-                       [h.make_tensor("w", 1, w.shape, w.ravel()), h.make_tensor("scales", 1, [4], [1, 1, 2, 2])])
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        h.make_node("HardSwish", ["c"], ["a"], name="act"),
+        h.make_node("Resize", ["a", "", "scales"], ["r"], mode="nearest", name="up"),
+        h.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=0, name="mean"),
+        h.make_node("Cos", ["m"], ["y"], name="cos"),
+    ]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
+        [h.make_tensor_value_info("y", 1, None)],
+        [h.make_tensor("w", 1, w.shape, w.ravel()), h.make_tensor("scales", 1, [4], [1, 1, 2, 2])],
+    )
     path = tmp_path / "small.onnx"
     onnx.save(model, str(path))
     return path
@@ -38,12 +43,12 @@ def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
     profile = model.profile(x, repeats=3)
     assert [s.op_type for s in profile.steps] == model.op_types == ["FusedConv", "Resize", "ReduceMean", "Cos"]
     conv, resize, mean, cos = profile.steps
-    assert conv.fused == "hard_silu" and conv.kernel.startswith("cpu.conv2d") and conv.layout == "nhwc"
+    assert conv.fused == "hard_silu" and "cpu.conv2d" in conv.kernel and conv.layout == "nhwc"
     assert conv.input_shapes[0] == (1, 3, 8, 8) and conv.output_shapes == [(1, 4, 8, 8)]
     assert resize.kernel == "cpu.resize2d_taps" and resize.output_shapes == [(1, 4, 16, 16)]
     assert resize.layout == "nhwc" and mean.kernel == "cpu.global_pool"
     assert mean.output_shapes == [(1, 4)] and mean.layout == "-"
-    assert cos.kernel == "numpy"   # a fallback step is named as one
+    assert cos.kernel == "numpy"  # a fallback step is named as one
     assert all(s.ms > 0 for s in profile.steps) and profile.total_ms > 0
     assert sum(s.share for s in profile.steps) <= 1.05
     by_op = profile.by_op()
@@ -53,7 +58,7 @@ def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
     slowest = max(profile.steps, key=lambda s: s.ms)
     assert text.count("\n") == 4 and slowest.op_type in text.splitlines()[2]
     assert "by operator: " in text and str(profile) == profile.table()
-    np.testing.assert_array_equal(model(x), model(x))   # profiling left the model as it was
+    np.testing.assert_array_equal(model(x), model(x))  # profiling left the model as it was
 
 
 def test_profile_on_the_reference_backend_names_its_methods(tmp_path, rng):
@@ -75,8 +80,12 @@ def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
     path = _graph(tmp_path, rng)
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "fastlayers.cli", "--threads", "1", "profile",
-                               str(path), *args], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "fastlayers.cli", "--threads", "1", "profile", str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     made_up = cli("--repeats", "2")
     assert made_up.returncode == 0, made_up.stderr
@@ -84,7 +93,7 @@ def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
     np.save(tmp_path / "x.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
     given = cli("--input", str(tmp_path / "x.npy"), "--top", "1")
     assert given.returncode == 0, given.stderr
-    assert len(given.stdout.strip().splitlines()) == 4   # title, header, one step, per operator
+    assert len(given.stdout.strip().splitlines()) == 4  # title, header, one step, per operator
     np.save(tmp_path / "bad.npy", np.zeros((1, 2, 8, 8), np.float32))
     bad = cli("--input", str(tmp_path / "bad.npy"))
     assert bad.returncode == 2 and "expected shape" in bad.stderr
