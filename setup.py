@@ -16,11 +16,18 @@ from setuptools.command.build_ext import build_ext
 NATIVE = Path("fastlayers", "native")
 #: Flags of every native object: -O3, math that keeps IEEE results (no reassociation; FMA
 #: contraction allowed), C11 atomics.
-COMMON = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast",
-          "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+COMMON = [
+    "-O3",
+    "-std=gnu11",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffp-contract=fast",
+    "-fvisibility=hidden",
+    "-Wall",
+    "-Wno-unused-function",
+]
 ISA_FLAGS = {
-    "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma",
-               "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "generic": [],
 }
@@ -41,9 +48,12 @@ class BuildExt(build_ext):
             objects = []
             for isa in native_isas():
                 objects += self.compiler.compile(
-                    [str(NATIVE / f"isa_{isa}.c")], output_dir=self.build_temp,
-                    include_dirs=[str(NATIVE)], depends=depends,
-                    extra_postargs=COMMON + ISA_FLAGS[isa])
+                    [str(NATIVE / f"isa_{isa}.c")],
+                    output_dir=self.build_temp,
+                    include_dirs=[str(NATIVE)],
+                    depends=depends,
+                    extra_postargs=COMMON + ISA_FLAGS[isa],
+                )
             ext.extra_objects = objects
             ext.depends = depends
         super().build_extension(ext)
@@ -54,15 +64,25 @@ def extensions():
     from Cython.Build import cythonize
     from setuptools import Extension
 
-    core = Extension("fastlayers.native._core",
-                     [str(NATIVE / "_core.pyx"), str(NATIVE / "dispatch.c"),
-                      str(NATIVE / "threadpool.c"), str(NATIVE / "heap.c"),
-                      str(NATIVE / "arena.c")],
-                     include_dirs=[str(NATIVE), numpy.get_include()],
-                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                     extra_compile_args=COMMON, extra_link_args=["-pthread"])
-    return cythonize([core], language_level=3, compiler_directives={
-        "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False})
+    core = Extension(
+        "fastlayers.native._core",
+        [
+            str(NATIVE / "_core.pyx"),
+            str(NATIVE / "dispatch.c"),
+            str(NATIVE / "threadpool.c"),
+            str(NATIVE / "heap.c"),
+            str(NATIVE / "arena.c"),
+        ],
+        include_dirs=[str(NATIVE), numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=COMMON,
+        extra_link_args=["-pthread"],
+    )
+    return cythonize(
+        [core],
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False},
+    )
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

@@ -15,7 +15,7 @@ def lstm_onnx_weights(kernel_ig, recurrent_hg, bias_g):
     units = recurrent_hg.shape[0]
 
     def reorder(m):  # columns i f g o -> i o f g
-        i, f, g, o = (m[..., k * units:(k + 1) * units] for k in range(4))
+        i, f, g, o = (m[..., k * units : (k + 1) * units] for k in range(4))
         return np.concatenate([i, o, f, g], axis=-1)
 
     w = reorder(kernel_ig).T[None]
@@ -44,12 +44,14 @@ def recurrent_model(op, weights, input_size, hidden):
     inits = [numpy_helper.from_array(a, n) for a, n in zip(weights, names)]
     extra = {"linear_before_reset": 1} if op == "GRU" else {}
     transpose = helper.make_node("Transpose", ["x"], ["x_tbi"], perm=[1, 0, 2])
-    node = helper.make_node(op, ["x_tbi", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden,
-                            **extra)
+    node = helper.make_node(op, ["x_tbi", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden, **extra)
     squeeze = helper.make_node("Squeeze", ["Y_h", "axis0"], ["h"])
     inits.append(numpy_helper.from_array(np.array([0], np.int64), "axis0"))
     graph = helper.make_graph(
-        [transpose, node, squeeze], op.lower(),
+        [transpose, node, squeeze],
+        op.lower(),
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, input_size])],
-        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)], inits)
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)

@@ -48,8 +48,11 @@ def build_torch(name, rng):
         m = torch.nn.MultiheadAttention(d, h, batch_first=True)
     else:
         layer = torch.nn.TransformerEncoderLayer(d, h, ff, 0.0, act, batch_first=True)
-        m = layer if n == 1 and name == "encoder_layer" else \
-            torch.nn.TransformerEncoder(layer, n, enable_nested_tensor=False)
+        m = (
+            layer
+            if n == 1 and name == "encoder_layer"
+            else torch.nn.TransformerEncoder(layer, n, enable_nested_tensor=False)
+        )
     m.eval()
     with torch.no_grad():
         for p in m.state_dict().values():
@@ -100,7 +103,7 @@ class _Graph:
         hd = d // h
         qkv = self.linear(x, sd[prefix + "in_proj_weight"], sd[prefix + "in_proj_bias"])
         qkv = self.op("Reshape", qkv, self.const([0, 0, 3, h, hd], np.int64))
-        qkv = self.op("Transpose", qkv, perm=[2, 0, 3, 1, 4])          # (3, B, H, T, hd)
+        qkv = self.op("Transpose", qkv, perm=[2, 0, 3, 1, 4])  # (3, B, H, T, hd)
         q, k, v = (self.op("Gather", qkv, self.const(i, np.int64), axis=0) for i in range(3))
         scores = self.op("MatMul", q, self.op("Transpose", k, perm=[0, 1, 3, 2]))
         scores = self.op("Mul", scores, self.const(1.0 / np.sqrt(hd)))
@@ -110,12 +113,17 @@ class _Graph:
         return self.linear(ctx, sd[prefix + "out_proj.weight"], sd[prefix + "out_proj.bias"])
 
     def layer_norm(self, x, sd, prefix):
-        return self.op("LayerNormalization", x, self.const(sd[prefix + "weight"]),
-                       self.const(sd[prefix + "bias"]), axis=-1, epsilon=1e-5)
+        return self.op(
+            "LayerNormalization",
+            x,
+            self.const(sd[prefix + "weight"]),
+            self.const(sd[prefix + "bias"]),
+            axis=-1,
+            epsilon=1e-5,
+        )
 
     def encoder_layer(self, x, sd, prefix, d, h, act):
-        y = self.layer_norm(self.op("Add", x, self.mha(x, sd, prefix + "self_attn.", d, h)), sd,
-                            prefix + "norm1.")
+        y = self.layer_norm(self.op("Add", x, self.mha(x, sd, prefix + "self_attn.", d, h)), sd, prefix + "norm1.")
         f = self.linear(y, sd[prefix + "linear1.weight"], sd[prefix + "linear1.bias"])
         f = self.op("Relu" if act == "relu" else "Gelu", f)
         f = self.linear(f, sd[prefix + "linear2.weight"], sd[prefix + "linear2.bias"])
@@ -127,8 +135,12 @@ class _Graph:
         helper = self.helper
         self.nodes[-1].output[0] = "y"
         graph = helper.make_graph(
-            self.nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], self.inits)
+            self.nodes,
+            "attention",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            self.inits,
+        )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
 
 
@@ -197,14 +209,17 @@ def _long_keys_onnx():
 
     b, h, t, d = LONG
     spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [b, h, t, d]) for n in "qkv"]
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]),
-             helper.make_node("Mul", ["s", "scale"], ["ss"]),
-             helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
     scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0 / np.sqrt(d)])
-    graph = helper.make_graph(nodes, "sdpa", spec, [helper.make_tensor_value_info(
-        "y", TensorProto.FLOAT, [b, h, t, d])], [scale])
+    graph = helper.make_graph(
+        nodes, "sdpa", spec, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, t, d])], [scale]
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
@@ -222,10 +237,12 @@ def long_keys_engines():
         with fastlayers.use_ops("reference"):
             return fnn.functional.scaled_dot_product_attention(*qkv)
 
-    return {"torch": run_torch,
-            "fastlayers-cpu": lambda qkv: fnn.functional.scaled_dot_product_attention(*qkv),
-            "fastlayers-reference": run_ref,
-            "onnxruntime": lambda qkv: sess.run(None, dict(zip("qkv", qkv)))[0]}
+    return {
+        "torch": run_torch,
+        "fastlayers-cpu": lambda qkv: fnn.functional.scaled_dot_product_attention(*qkv),
+        "fastlayers-reference": run_ref,
+        "onnxruntime": lambda qkv: sess.run(None, dict(zip("qkv", qkv)))[0],
+    }
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -234,6 +251,5 @@ def bench_long_keys(benchmark, long_keys_engines, engine):
     qkv = tuple(np.random.default_rng(1).standard_normal((3, b, h, t, d)).astype(np.float32))
     check_same({e: f(qkv) for e, f in long_keys_engines.items()}, rtol=1e-4, atol=1e-5)
     benchmark.group = f"sdpa_long batch {b} heads {h} T {t}"
-    benchmark.extra_info.update(workload="sdpa_long", batch=b, seq_len=t, engine=engine,
-                                flops=4 * b * h * t * t * d)
+    benchmark.extra_info.update(workload="sdpa_long", batch=b, seq_len=t, engine=engine, flops=4 * b * h * t * t * d)
     benchmark(long_keys_engines[engine], qkv)

@@ -49,22 +49,28 @@ def he(rng, shape, fan_in):
 # ---------------------------------------------------------------------------- graph spec
 def conv_spec(rng, name, cin, cout, k, stride, pad, groups=1):
     """One convolution: torch-layout weight (cout, cin/g, k, k), bias, stride, symmetric pad."""
-    return dict(name=name, w=he(rng, (cout, cin // groups, k, k), cin // groups * k * k),
-                b=(rng.standard_normal(cout) * 0.1).astype(np.float32), stride=stride, pad=pad,
-                groups=groups)
+    return dict(
+        name=name,
+        w=he(rng, (cout, cin // groups, k, k), cin // groups * k * k),
+        b=(rng.standard_normal(cout) * 0.1).astype(np.float32),
+        stride=stride,
+        pad=pad,
+        groups=groups,
+    )
 
 
 def resnet_spec(rng, width):
     stem = conv_spec(rng, "stem", 3, width, 7, 2, 3)
     blocks, cin = [], width
     for stage in range(4):
-        cout = width * 2 ** stage
+        cout = width * 2**stage
         for i in range(2):
             stride = 2 if stage > 0 and i == 0 else 1
-            block = dict(c1=conv_spec(rng, f"s{stage}b{i}c1", cin, cout, 3, stride, 1),
-                         c2=conv_spec(rng, f"s{stage}b{i}c2", cout, cout, 3, 1, 1),
-                         proj=conv_spec(rng, f"s{stage}b{i}p", cin, cout, 1, stride, 0)
-                         if stride != 1 or cin != cout else None)
+            block = dict(
+                c1=conv_spec(rng, f"s{stage}b{i}c1", cin, cout, 3, stride, 1),
+                c2=conv_spec(rng, f"s{stage}b{i}c2", cout, cout, 3, 1, 1),
+                proj=conv_spec(rng, f"s{stage}b{i}p", cin, cout, 1, stride, 0) if stride != 1 or cin != cout else None,
+            )
             blocks.append(block)
             cin = cout
     fc_w = he(rng, (1000, cin), cin)
@@ -92,9 +98,15 @@ def resnet_flops(spec, hw):
 
 # ------------------------------------------------------------------------ fastlayers
 def fl_conv(c, activation=None, name=None):
-    layer = L.Conv2D(c["w"].shape[0], c["w"].shape[2], strides=c["stride"],
-                     padding=((c["pad"], c["pad"]), (c["pad"], c["pad"])), groups=c["groups"],
-                     activation=activation, name=name or c["name"])
+    layer = L.Conv2D(
+        c["w"].shape[0],
+        c["w"].shape[2],
+        strides=c["stride"],
+        padding=((c["pad"], c["pad"]), (c["pad"], c["pad"])),
+        groups=c["groups"],
+        activation=activation,
+        name=name or c["name"],
+    )
     return layer
 
 
@@ -132,8 +144,13 @@ def build_fastlayers_resnet(spec, hw):
 def onnx_model(nodes, inits, in_shape, out_name):
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
-                              [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
@@ -142,9 +159,17 @@ def onnx_conv(nodes, inits, x, c, out):
 
     inits += [numpy_helper.from_array(c["w"], c["name"] + "_w"), numpy_helper.from_array(c["b"], c["name"] + "_b")]
     k, p = c["w"].shape[2], c["pad"]
-    nodes.append(helper.make_node("Conv", [x, c["name"] + "_w", c["name"] + "_b"], [out],
-                                  kernel_shape=[k, k], strides=[c["stride"]] * 2, pads=[p] * 4,
-                                  group=c["groups"]))
+    nodes.append(
+        helper.make_node(
+            "Conv",
+            [x, c["name"] + "_w", c["name"] + "_b"],
+            [out],
+            kernel_shape=[k, k],
+            strides=[c["stride"]] * 2,
+            pads=[p] * 4,
+            group=c["groups"],
+        )
+    )
     return out
 
 
@@ -155,8 +180,9 @@ def build_onnx_resnet(spec, hw):
     nodes, inits = [], []
     h = onnx_conv(nodes, inits, "x", spec["stem"], "stem")
     nodes.append(helper.make_node("Relu", [h], ["stem_r"]))
-    nodes.append(helper.make_node("MaxPool", ["stem_r"], ["pool"], kernel_shape=[3, 3], strides=[2, 2],
-                                  pads=[1, 1, 1, 1]))
+    nodes.append(
+        helper.make_node("MaxPool", ["stem_r"], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    )
     h = "pool"
     for i, blk in enumerate(spec["blocks"]):
         y = onnx_conv(nodes, inits, h, blk["c1"], f"b{i}c1")
@@ -175,8 +201,9 @@ def build_onnx_resnet(spec, hw):
 
 # -------------------------------------------------------------------------------- torch
 def torch_conv(torch, c):
-    m = torch.nn.Conv2d(c["w"].shape[1] * c["groups"], c["w"].shape[0], c["w"].shape[2], c["stride"],
-                        c["pad"], groups=c["groups"])
+    m = torch.nn.Conv2d(
+        c["w"].shape[1] * c["groups"], c["w"].shape[0], c["w"].shape[2], c["stride"], c["pad"], groups=c["groups"]
+    )
     with torch.no_grad():
         m.weight.copy_(torch.from_numpy(c["w"]))
         m.bias.copy_(torch.from_numpy(c["b"]))
@@ -201,9 +228,15 @@ def build_torch_resnet(spec):
     with torch.no_grad():
         fc.weight.copy_(torch.from_numpy(spec["fc_w"]))
         fc.bias.copy_(torch.from_numpy(spec["fc_b"]))
-    return nn.Sequential(torch_conv(torch, spec["stem"]), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
-                         *[Block(b) for b in spec["blocks"]], nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         fc).eval()
+    return nn.Sequential(
+        torch_conv(torch, spec["stem"]),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        *[Block(b) for b in spec["blocks"]],
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        fc,
+    ).eval()
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -234,8 +267,7 @@ def single_op(kind, rng, batch):
         flops = 2 * batch * hw * hw * c * 9
     else:  # maxpool3x3s2
         model = Model(inp, L.MaxPooling2D(3, 2, padding=((1, 1), (1, 1)))(inp))
-        nodes.append(helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
-                                      pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
         tmod = torch.nn.MaxPool2d(3, 2, 1)
         flops = 0
     return model, onnx_model(nodes, inits, [batch, c, hw, hw], "y"), tmod, (batch, c, hw, hw), flops

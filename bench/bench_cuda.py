@@ -52,8 +52,7 @@ def _torch_cuda():
 
 
 def _randomize(model, rng):
-    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
     return model
 
 
@@ -76,16 +75,21 @@ def torch_mlp(model, torch):
 
 
 def build_cnn(rng):
-    return _randomize(fastlayers.Sequential([
-        Input((32, 32, 3)),
-        L.Conv2D(32, 3, padding="same", activation="relu"),
-        L.DepthwiseConv2D(3, padding="same"),
-        L.MaxPooling2D(2),
-        L.Conv2D(64, 3, padding="same", activation="relu"),
-        L.AveragePooling2D(2),
-        L.Flatten(),
-        L.Dense(10),
-    ]), rng)
+    return _randomize(
+        fastlayers.Sequential(
+            [
+                Input((32, 32, 3)),
+                L.Conv2D(32, 3, padding="same", activation="relu"),
+                L.DepthwiseConv2D(3, padding="same"),
+                L.MaxPooling2D(2),
+                L.Conv2D(64, 3, padding="same", activation="relu"),
+                L.AveragePooling2D(2),
+                L.Flatten(),
+                L.Dense(10),
+            ]
+        ),
+        rng,
+    )
 
 
 def torch_cnn(model, torch):
@@ -156,8 +160,7 @@ def bench_cuda_model(benchmark, workload, batch, engine):
 #: arguments, fastlayers' loading torch's state dict; input shape without the batch.
 NN_WORKLOADS = {
     "lstm_2x256": (lambda nn: nn.LSTM(64, 256, num_layers=2, batch_first=True), (50, 64)),
-    "encoder_layer_256": (lambda nn: nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True),
-                          (64, 256)),
+    "encoder_layer_256": (lambda nn: nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True), (64, 256)),
 }
 
 
@@ -200,8 +203,10 @@ def bench_cuda_attention(benchmark, engine):
     q, k, v = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(3))
     mask = np.where(rng.random((b, 1, 1, t)) < 0.1, -np.inf, 0).astype(np.float32)
     cpu = fastlayers.get_ops("cpu")
-    fns = {"fastlayers-cuda": lambda: ops.attention(q, k, v, d ** -0.5, mask)[0],
-           "fastlayers-cpu": lambda: cpu.attention(q, k, v, d ** -0.5, mask)[0]}
+    fns = {
+        "fastlayers-cuda": lambda: ops.attention(q, k, v, d**-0.5, mask)[0],
+        "fastlayers-cpu": lambda: cpu.attention(q, k, v, d**-0.5, mask)[0],
+    }
     torch = _torch_cuda()
     if torch is not None:
         tq, tk, tv, tm = (torch.from_numpy(a) for a in (q, k, v, mask))
@@ -209,7 +214,8 @@ def bench_cuda_attention(benchmark, engine):
         def run_torch():
             with torch.inference_mode():
                 out = torch.nn.functional.scaled_dot_product_attention(
-                    tq.cuda(), tk.cuda(), tv.cuda(), attn_mask=tm.cuda())
+                    tq.cuda(), tk.cuda(), tv.cuda(), attn_mask=tm.cuda()
+                )
             return out.cpu().numpy()
 
         fns["torch-cuda"] = run_torch

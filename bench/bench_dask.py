@@ -32,8 +32,7 @@ def build_cnn(rng):
     h = L.MaxPooling2D()(L.Conv2D(64, 3, padding="same", activation="relu")(h))
     h = L.GlobalAveragePooling2D()(L.Conv2D(64, 3, activation="relu")(h))
     model = Model(x, L.Dense(10, activation="softmax")(h))
-    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
     return model
 
 
@@ -46,13 +45,13 @@ def engines():
     rng = np.random.default_rng(0)
     model = build_cnn(rng)
     x = rng.standard_normal((BATCH, 32, 32, 3)).astype(np.float32)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         dx = client.persist(da.from_array(x, chunks=(CHUNK, 32, 32, 3)))
         distributed.wait(dx)
-        fns = {"fastlayers-cpu": lambda: model(x),
-               "dask-2x1": lambda: fd.predict(model, dx).compute()}
+        fns = {"fastlayers-cpu": lambda: model(x), "dask-2x1": lambda: fd.predict(model, dx).compute()}
         outputs = {name: fn() for name, fn in fns.items()}
         np.testing.assert_array_equal(outputs["dask-2x1"], outputs["fastlayers-cpu"])
         yield fns
@@ -61,6 +60,7 @@ def engines():
 @pytest.mark.parametrize("engine", ENGINES)
 def bench_dask_cnn(benchmark, engines, engine):
     benchmark.group = f"dask cnn batch {BATCH}"
-    benchmark.extra_info.update(workload="dask cnn", batch=BATCH, engine=engine, chunk=CHUNK,
-                                threads=fastlayers.get_num_threads())
+    benchmark.extra_info.update(
+        workload="dask cnn", batch=BATCH, engine=engine, chunk=CHUNK, threads=fastlayers.get_num_threads()
+    )
     benchmark(engines[engine])

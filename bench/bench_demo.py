@@ -108,8 +108,15 @@ def engines(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("demo") / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(twin, (torch.from_numpy(samples[:2]),), str(path), dynamo=False,
-                          input_names=["x"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            twin,
+            (torch.from_numpy(samples[:2]),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
     sess, nospin = ort_session(onnx.load(str(path))), ort_session(onnx.load(str(path)), spinning=False)
 
     def run_torch(x):
@@ -120,14 +127,23 @@ def engines(request, tmp_path_factory):
         with fastlayers.use_ops("reference"):
             return model(x)
 
-    return name, samples, {"fastlayers-cpu": model, "fastlayers-reference": run_ref,
-                           "onnxruntime": lambda x: sess.run(None, {"x": x})[0],
-                           "onnxruntime-nospin": lambda x: nospin.run(None, {"x": x})[0], "torch": run_torch}
+    return (
+        name,
+        samples,
+        {
+            "fastlayers-cpu": model,
+            "fastlayers-reference": run_ref,
+            "onnxruntime": lambda x: sess.run(None, {"x": x})[0],
+            "onnxruntime-nospin": lambda x: nospin.run(None, {"x": x})[0],
+            "torch": run_torch,
+        },
+    )
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("engine", ["fastlayers-cpu", "fastlayers-reference", "onnxruntime",
-                                    "onnxruntime-nospin", "torch"])
+@pytest.mark.parametrize(
+    "engine", ["fastlayers-cpu", "fastlayers-reference", "onnxruntime", "onnxruntime-nospin", "torch"]
+)
 def bench_demo(benchmark, engines, engine, batch):
     name, samples, fns = engines
     x = samples[:batch]

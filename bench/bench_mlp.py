@@ -42,8 +42,7 @@ def build_torch(model, spec):
         with torch.no_grad():
             lin.weight.copy_(torch.from_numpy(weights[2 * i].T.copy()))
             lin.bias.copy_(torch.from_numpy(weights[2 * i + 1]))
-        mods += [lin, {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(),
-                       "softmax": torch.nn.Softmax(-1)}[act]]
+        mods += [lin, {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(), "softmax": torch.nn.Softmax(-1)}[act]]
     return torch.nn.Sequential(*mods).eval()
 
 
@@ -66,13 +65,17 @@ def engines(request):
         with fastlayers.use_ops("reference"):
             return model(x)
 
-    return request.param, d_in, {
-        "fastlayers-cpu": model,
-        "fastlayers-reference": run_ref,
-        "onnxruntime": lambda x: sess.run(None, {"x": x})[0],
-        "onnxruntime-nospin": lambda x: sess_nospin.run(None, {"x": x})[0],
-        "torch": run_torch,
-    }
+    return (
+        request.param,
+        d_in,
+        {
+            "fastlayers-cpu": model,
+            "fastlayers-reference": run_ref,
+            "onnxruntime": lambda x: sess.run(None, {"x": x})[0],
+            "onnxruntime-nospin": lambda x: sess_nospin.run(None, {"x": x})[0],
+            "torch": run_torch,
+        },
+    )
 
 
 @pytest.mark.parametrize("batch", [1, 8])

@@ -48,15 +48,34 @@ FULL = os.environ.get("FASTLAYERS_BENCH_FULL") == "1"
 ENGINES = ["fastlayers", "onnxruntime", "openvino", "tract"]
 # (workload, exporter): "ts" is the TorchScript exporter, "dynamo" torch.export's
 WORKLOADS = [
-    ("conv3x3_b1", "ts"), ("conv3x3_b8", "ts"), ("depthwise3x3_b1", "ts"),
-    ("maxpool3x3s2_b1", "ts"), ("convtranspose3x3s2_b1", "ts"), ("resnet18_conv_b1", "ts"),
-    ("digits_mlp_b1", "ts"), ("digits_mlp_b8", "ts"), ("wide_mlp_b1", "ts"), ("wide_mlp_b8", "ts"),
-    ("lstm_b1", "ts"), ("lstm_b32", "ts"), ("bilstm_b1", "ts"), ("bilstm_b32", "ts"),
-    ("gru_b1", "ts"), ("gru_b32", "ts"), ("bigru_b1", "ts"), ("bigru_b32", "ts"),
-    ("mha", "ts"), ("mha", "dynamo"), ("encoder_layer", "ts"), ("encoder_layer", "dynamo"),
-    ("bert_tiny", "ts"), ("bert_tiny", "dynamo"),
-    ("onnx_resnet18", "ts"), ("onnx_lstm_classifier", "ts"),
-    ("onnx_transformer_encoder", "ts"), ("onnx_transformer_encoder", "dynamo"),
+    ("conv3x3_b1", "ts"),
+    ("conv3x3_b8", "ts"),
+    ("depthwise3x3_b1", "ts"),
+    ("maxpool3x3s2_b1", "ts"),
+    ("convtranspose3x3s2_b1", "ts"),
+    ("resnet18_conv_b1", "ts"),
+    ("digits_mlp_b1", "ts"),
+    ("digits_mlp_b8", "ts"),
+    ("wide_mlp_b1", "ts"),
+    ("wide_mlp_b8", "ts"),
+    ("lstm_b1", "ts"),
+    ("lstm_b32", "ts"),
+    ("bilstm_b1", "ts"),
+    ("bilstm_b32", "ts"),
+    ("gru_b1", "ts"),
+    ("gru_b32", "ts"),
+    ("bigru_b1", "ts"),
+    ("bigru_b32", "ts"),
+    ("mha", "ts"),
+    ("mha", "dynamo"),
+    ("encoder_layer", "ts"),
+    ("encoder_layer", "dynamo"),
+    ("bert_tiny", "ts"),
+    ("bert_tiny", "dynamo"),
+    ("onnx_resnet18", "ts"),
+    ("onnx_lstm_classifier", "ts"),
+    ("onnx_transformer_encoder", "ts"),
+    ("onnx_transformer_encoder", "dynamo"),
 ]
 
 
@@ -66,8 +85,9 @@ def recurrent_module(torch, kind, bidirectional):
     class LastState(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.rnn = getattr(torch.nn, kind)(bench_rnn.INPUT, bench_rnn.HIDDEN, batch_first=True,
-                                               bidirectional=bidirectional)
+            self.rnn = getattr(torch.nn, kind)(
+                bench_rnn.INPUT, bench_rnn.HIDDEN, batch_first=True, bidirectional=bidirectional
+            )
 
         def forward(self, x):
             h = self.rnn(x)[1]
@@ -81,7 +101,7 @@ def build(name, rng):
     torch = torch_module()
     torch.manual_seed(0)
     if name.startswith("onnx_"):
-        module, x, _ = bench_onnx_models.exported(torch, name[len("onnx_"):], tempfile.mkdtemp(), FULL)
+        module, x, _ = bench_onnx_models.exported(torch, name[len("onnx_") :], tempfile.mkdtemp(), FULL)
         return module, x
     base, _, batch = name.rpartition("_b")
     if base in ("conv3x3", "depthwise3x3", "maxpool3x3s2"):
@@ -127,24 +147,34 @@ def export(module, x, path, exporter):
     with warnings.catch_warnings():  # not under no_grad: torch's Transformer fast path won't export
         warnings.simplefilter("ignore")
         if exporter == "ts":
-            torch.onnx.export(module, (torch.from_numpy(x),), str(path), dynamo=False,
-                              input_names=["x"], opset_version=17)
+            torch.onnx.export(
+                module, (torch.from_numpy(x),), str(path), dynamo=False, input_names=["x"], opset_version=17
+            )
         else:
-            torch.onnx.export(module, (torch.from_numpy(x),), str(path), dynamo=True,
-                              input_names=["x"], opset_version=18, verbose=False)
+            torch.onnx.export(
+                module,
+                (torch.from_numpy(x),),
+                str(path),
+                dynamo=True,
+                input_names=["x"],
+                opset_version=18,
+                verbose=False,
+            )
     return path
 
 
 def _openvino(path, x):
     import openvino as ov
 
-    compiled = ov.Core().compile_model(str(path), "CPU", {
-        "INFERENCE_NUM_THREADS": THREADS, "INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.Core().compile_model(
+        str(path), "CPU", {"INFERENCE_NUM_THREADS": THREADS, "INFERENCE_PRECISION_HINT": "f32"}
+    )
     request = compiled.create_infer_request()
 
     def run(a):
         request.infer({0: a})
         return request.get_output_tensor(0).data.copy()
+
     return run
 
 
@@ -165,8 +195,12 @@ def _onnxruntime(path, x):
     return lambda a: session.run(None, {"x": a})[0]
 
 
-_MAKERS = {"fastlayers": lambda path, x: fastlayers.load(path), "onnxruntime": _onnxruntime,
-           "openvino": _openvino, "tract": _tract}
+_MAKERS = {
+    "fastlayers": lambda path, x: fastlayers.load(path),
+    "onnxruntime": _onnxruntime,
+    "openvino": _openvino,
+    "tract": _tract,
+}
 _PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "tract": "tract"}
 
 
@@ -213,8 +247,7 @@ def bench_onnx_export(benchmark, engines, engine):
     if not callable(fns[engine]):
         pytest.skip(fns[engine])
     benchmark.group = f"onnx export {name} ({exporter})"
-    benchmark.extra_info.update(workload=f"onnx export {name} {exporter}", batch=x.shape[0],
-                                engine=engine)
+    benchmark.extra_info.update(workload=f"onnx export {name} {exporter}", batch=x.shape[0], engine=engine)
     benchmark(fns[engine], x)
 
 
@@ -228,8 +261,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--round-seconds", type=float, default=0.05,
-                        help="about how long each engine's round runs")
+    parser.add_argument("--round-seconds", type=float, default=0.05, help="about how long each engine's round runs")
     parser.add_argument("-k", default="", help="only workloads whose name contains this")
     args = parser.parse_args()
     fastlayers.set_num_threads(args.threads)
@@ -241,8 +273,9 @@ def main() -> None:
         x, fns = setup(name, exporter, directory)
         failed = {fn for fn in fns.values() if not callable(fn)}
         for reason in sorted(failed):
-            reasons.append(f"{name} ({exporter}) " + ", ".join(
-                e for e, f in fns.items() if f == reason) + f": {reason}")
+            reasons.append(
+                f"{name} ({exporter}) " + ", ".join(e for e, f in fns.items() if f == reason) + f": {reason}"
+            )
         runnable = {e: (lambda f=f: f(x)) for e, f in fns.items() if callable(f)}
         if "fastlayers" not in runnable:
             continue

@@ -45,13 +45,20 @@ def build(torch, kind, full=FULL):
     nn = torch.nn
     if kind == "mlp":
         width, batch = (512, 32) if full else (64, 4)
-        return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                             nn.Linear(width, 10)), (batch, 256)
+        return nn.Sequential(
+            nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+        ), (batch, 256)
     if kind == "cnn":
         c, hw, batch = (32, 32, 8) if full else (8, 16, 2)
         side = (hw - 2) // 2
-        return nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.ReLU(), nn.Conv2d(c, 2 * c, 3, stride=2), nn.ReLU(),
-                             nn.Flatten(), nn.Linear(2 * c * side * side, 10)), (batch, 3, hw, hw)
+        return nn.Sequential(
+            nn.Conv2d(3, c, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(c, 2 * c, 3, stride=2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(2 * c * side * side, 10),
+        ), (batch, 3, hw, hw)
     if kind == "lstm":
         hidden, steps = (128, 32) if full else (32, 8)
 
@@ -90,8 +97,15 @@ def quantized(torch, workload, directory, full=FULL):
     float_path, path = Path(directory) / f"{kind}.onnx", Path(directory) / f"{workload}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.from_numpy(x),), str(float_path), dynamo=False,
-                          input_names=["x"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            module.eval(),
+            (torch.from_numpy(x),),
+            str(float_path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
 
     class Batches(CalibrationDataReader):
         def __init__(self):
@@ -161,8 +175,12 @@ def bench_onnx_int8(benchmark, engines, engine):
 def quantized_operator(op_type: str) -> bool:
     """Whether an ONNX operator type is one of the quantized ones (integer products,
     (Dynamic)QuantizeLinear, DequantizeLinear, DynamicQuantize*, QLinear*, QGemm, QAttention)."""
-    return ("Integer" in op_type or "quantize" in op_type.lower() or op_type.startswith("QLinear")
-            or op_type in ("QGemm", "QAttention"))
+    return (
+        "Integer" in op_type
+        or "quantize" in op_type.lower()
+        or op_type.startswith("QLinear")
+        or op_type in ("QGemm", "QAttention")
+    )
 
 
 def real_int8_models() -> list:
@@ -195,13 +213,20 @@ def main() -> None:
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=None,
-                        help="thread counts (default: 2 for the workloads, 1 2 with --real)")
-    parser.add_argument("--calls", type=int, default=None, help="calls per round (default 50; "
-                        "with --real about 0.2 s per engine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        help="thread counts (default: 2 for the workloads, 1 2 with --real)",
+    )
+    parser.add_argument(
+        "--calls", type=int, default=None, help="calls per round (default 50; with --real about 0.2 s per engine)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 15, 5 with --real)")
-    parser.add_argument("--real", action="store_true",
-                        help="the real int8 files of the real-models benchmark instead of the workloads")
+    parser.add_argument(
+        "--real", action="store_true", help="the real int8 files of the real-models benchmark instead of the workloads"
+    )
     parser.add_argument("--json", metavar="OUT", help="with --real: write the rows here")
     parser.add_argument("workloads", nargs="*", default=WORKLOADS)
     args = parser.parse_args()
@@ -210,10 +235,17 @@ def main() -> None:
 
         models = real_int8_models()
         if not models:
-            raise SystemExit(f"no real int8 model cached in {real_models.cache_dir()} "
-                             "(python bench/bench_real_models.py --fetch)")
-        argv = ["--only", *(m.id for m in models), "--threads", *map(str, args.threads or [1, 2]),
-                "--rounds", str(args.rounds or 5)]
+            raise SystemExit(
+                f"no real int8 model cached in {real_models.cache_dir()} (python bench/bench_real_models.py --fetch)"
+            )
+        argv = [
+            "--only",
+            *(m.id for m in models),
+            "--threads",
+            *map(str, args.threads or [1, 2]),
+            "--rounds",
+            str(args.rounds or 5),
+        ]
         argv += ["--calls", str(args.calls)] if args.calls else []
         bench_real_models.main(argv + (["--json", args.json] if args.json else []))
         return
@@ -225,13 +257,14 @@ def main() -> None:
         raise SystemExit("the workloads run at one thread count per process; give one --threads")
     threads = args.threads[0] if args.threads else 2
     args.calls, args.rounds = args.calls or 50, args.rounds or 15
-    bench.conftest.THREADS = threads   # onnxruntime's and torch's thread count
+    bench.conftest.THREADS = threads  # onnxruntime's and torch's thread count
     fastlayers.set_num_threads(threads)
     for workload in args.workloads:
         x, fns, step = engines_of(workload, tempfile.mkdtemp(), full=True)
         check(x, fns, step)
-        interleave({e: (lambda f=f: f(x)) for e, f in fns.items()}, args.calls, args.rounds,
-                   f"{workload} ({threads} threads)")
+        interleave(
+            {e: (lambda f=f: f(x)) for e, f in fns.items()}, args.calls, args.rounds, f"{workload} ({threads} threads)"
+        )
 
 
 if __name__ == "__main__":

@@ -36,15 +36,17 @@ def build(torch, name, full=FULL):
                 super().__init__()
                 self.c1, self.b1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False), tnn.BatchNorm2d(cout)
                 self.c2, self.b2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False), tnn.BatchNorm2d(cout)
-                self.down = None if stride == 1 and cin == cout else tnn.Sequential(
-                    tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
+                self.down = (
+                    None
+                    if stride == 1 and cin == cout
+                    else tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
+                )
 
             def forward(self, x):
                 y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
                 return torch.relu(y + (x if self.down is None else self.down(x)))
 
-        layers = [tnn.Conv2d(3, width, 7, 2, 3, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(),
-                  tnn.MaxPool2d(3, 2, 1)]
+        layers = [tnn.Conv2d(3, width, 7, 2, 3, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(), tnn.MaxPool2d(3, 2, 1)]
         cin = width
         for stage, mult in enumerate((1, 2, 4, 8)):
             for block in range(2):
@@ -96,8 +98,15 @@ def exported(torch, name, directory, full=FULL):
     path = Path(directory) / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.from_numpy(x),), str(path), dynamo=False, input_names=["x"],
-                          dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            module,
+            (torch.from_numpy(x),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
     return module, x, path
 
 
@@ -120,17 +129,22 @@ def engines(request, tmp_path_factory):
         with fastlayers.use_ops("reference"):
             return ours(a)
 
-    return name, x, {
-        "fastlayers-cpu": ours,
-        "fastlayers-reference": run_ref,
-        "onnxruntime": lambda a: sess.run(None, {"x": a})[0],
-        "onnxruntime-nospin": lambda a: sess_nospin.run(None, {"x": a})[0],
-        "torch": run_torch,
-    }
+    return (
+        name,
+        x,
+        {
+            "fastlayers-cpu": ours,
+            "fastlayers-reference": run_ref,
+            "onnxruntime": lambda a: sess.run(None, {"x": a})[0],
+            "onnxruntime-nospin": lambda a: sess_nospin.run(None, {"x": a})[0],
+            "torch": run_torch,
+        },
+    )
 
 
-@pytest.mark.parametrize("engine", ["fastlayers-cpu", "fastlayers-reference", "onnxruntime",
-                                    "onnxruntime-nospin", "torch"])
+@pytest.mark.parametrize(
+    "engine", ["fastlayers-cpu", "fastlayers-reference", "onnxruntime", "onnxruntime-nospin", "torch"]
+)
 def bench_onnx_model(benchmark, engines, engine):
     name, x, fns = engines
     check_same({e: f(x) for e, f in fns.items()}, rtol=1e-4, atol=1e-4)

@@ -35,6 +35,7 @@ def build(torch, workload):
     nn = torch.nn
     torch.manual_seed(0)
     if workload == "conv_stack":
+
         class ConvStack(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -48,14 +49,17 @@ def build(torch, workload):
                 for conv, s, t, act in zip(self.convs, self.scales, self.shifts, self.acts):
                     x = act(conv(x) * s + t)
                 return x
+
         return ConvStack(), torch.randn(1, 3, 32, 128)
     if workload == "mlp_silu":
-        return nn.Sequential(nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU(),
-                             nn.Linear(256, 256), nn.SiLU()), torch.randn(8, 256)
+        return nn.Sequential(
+            nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU()
+        ), torch.randn(8, 256)
     if workload == "encoder_ln":
         layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
         return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), torch.randn(1, 32, 64)
     if workload in ("conv1d", "conv1d_region"):
+
         class Conv1dAs2d(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -73,8 +77,10 @@ def build(torch, workload):
                 for conv in self.convs:
                     x = torch.relu(conv(x))
                 return x.squeeze(-1)
+
         return Conv1dAs2d(), torch.randn(1, 64, 256)
     if workload == "noops":
+
         class Noops(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -86,6 +92,7 @@ def build(torch, workload):
                     x = self.drop(torch.relu(fc(self.same(x))))
                     x = x.flatten(1).view(-1, 8, 8).reshape(-1, 64) * 1.0 + 0.0
                 return x
+
         return Noops(), torch.randn(4, 64)
     raise ValueError(workload)
 
@@ -101,7 +108,8 @@ def load_without_rewrites(path):
     for name in PASSES:
         setattr(onnx_rewrite, name, lambda nodes, *_: nodes)
     fonnx._fused_activation = lambda node, constants: (
-        activation(node, constants) if node.op_type in fonnx._FUSABLE_ACTIVATIONS else None)
+        activation(node, constants) if node.op_type in fonnx._FUSABLE_ACTIVATIONS else None
+    )
     try:
         return fastlayers.load(path)
     finally:
@@ -112,13 +120,17 @@ def load_without_rewrites(path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["conv_stack", "mlp_silu", "encoder_ln", "conv1d", "conv1d_region",
-                                             "noops"])
+    parser.add_argument(
+        "workload", choices=["conv_stack", "mlp_silu", "encoder_ln", "conv1d", "conv1d_region", "noops"]
+    )
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--without-onnxruntime", action="store_true",
-                        help="time fastlayers alone (onnxruntime's spinning threads disturb small workloads)")
+    parser.add_argument(
+        "--without-onnxruntime",
+        action="store_true",
+        help="time fastlayers alone (onnxruntime's spinning threads disturb small workloads)",
+    )
     args = parser.parse_args()
 
     import onnxruntime as ort
@@ -132,8 +144,7 @@ def main() -> None:
     path = Path(tempfile.mkdtemp()) / f"{args.workload}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (example,), str(path), dynamo=False, opset_version=14,
-                          input_names=["x"])
+        torch.onnx.export(module.eval(), (example,), str(path), dynamo=False, opset_version=14, input_names=["x"])
     after, before = fastlayers.load(path), load_without_rewrites(path)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads

@@ -47,8 +47,7 @@ def make_call(engine: str, path: str, threads: int):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning",
-                                  "0" if engine.endswith("nospin") else "1")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if engine.endswith("nospin") else "1")
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
     return lambda x: sess.run(None, {name: x})[0]
@@ -94,10 +93,24 @@ def run(calls: int, seconds: float, engines=ENGINES, threads=(1, 2)) -> list[dic
         path = str(conv_export(Path(tmp) / "conv.onnx"))
         for t in threads:
             for engine in engines:
-                out = subprocess.run([sys.executable, "-m", "bench.bench_pauses", "--child", engine,
-                                      path, str(t), str(calls), str(seconds)], cwd=ROOT,
-                                     capture_output=True, text=True, timeout=900,
-                                     env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.bench_pauses",
+                        "--child",
+                        engine,
+                        path,
+                        str(t),
+                        str(calls),
+                        str(seconds),
+                    ],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                )
                 if out.returncode:
                     raise RuntimeError(f"{engine} at {t} threads: {out.stderr[-2000:]}")
                 rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -134,14 +147,14 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"host": host_info(), "rows": rows}, indent=1))
     print(f"\n{host_info()}; median (p90) ms of a call after each pause; CPU at 20 Hz\n")
-    print("| engine | threads | " + " | ".join(f"{p} ms" for p in PAUSES_MS)
-          + " | 20 Hz: CPU s/s | between calls |")
+    print("| engine | threads | " + " | ".join(f"{p} ms" for p in PAUSES_MS) + " | 20 Hz: CPU s/s | between calls |")
     print("|---|---:|" + "---:|" * len(PAUSES_MS) + "---:|---:|")
     for r in rows:
-        cells = " | ".join(f"{r[f'pause_{p}_median_ms']:.2f} ({r[f'pause_{p}_p90_ms']:.2f})"
-                           for p in PAUSES_MS)
-        print(f"| {r['engine']} | {r['threads']} | {cells} | {r['served_20hz_cpu_per_s']:.2f} | "
-              f"{r['served_20hz_idle_cpu_per_s']:.2f} |")
+        cells = " | ".join(f"{r[f'pause_{p}_median_ms']:.2f} ({r[f'pause_{p}_p90_ms']:.2f})" for p in PAUSES_MS)
+        print(
+            f"| {r['engine']} | {r['threads']} | {cells} | {r['served_20hz_cpu_per_s']:.2f} | "
+            f"{r['served_20hz_idle_cpu_per_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -13,11 +13,14 @@ from .conftest import check_same, torch_module
 SHAPE = (64, 1024)
 ACTS = ["relu", "leaky_relu", "sigmoid", "silu", "gelu", "gelu_tanh", "tanh", "softmax", "log_softmax"]
 TORCH_ACTS = {
-    "relu": lambda t, x: t.relu(x), "leaky_relu": lambda t, x: t.nn.functional.leaky_relu(x, 0.2),
-    "sigmoid": lambda t, x: t.sigmoid(x), "silu": lambda t, x: t.nn.functional.silu(x),
+    "relu": lambda t, x: t.relu(x),
+    "leaky_relu": lambda t, x: t.nn.functional.leaky_relu(x, 0.2),
+    "sigmoid": lambda t, x: t.sigmoid(x),
+    "silu": lambda t, x: t.nn.functional.silu(x),
     "gelu": lambda t, x: t.nn.functional.gelu(x),
     "gelu_tanh": lambda t, x: t.nn.functional.gelu(x, approximate="tanh"),
-    "tanh": lambda t, x: t.tanh(x), "softmax": lambda t, x: t.softmax(x, -1),
+    "tanh": lambda t, x: t.tanh(x),
+    "softmax": lambda t, x: t.softmax(x, -1),
     "log_softmax": lambda t, x: t.log_softmax(x, -1),
 }
 
@@ -61,13 +64,17 @@ def bench_normalization(benchmark, x, op, engine):
     tx, tg, tb, tm, tv = (torch.from_numpy(a) for a in (x, g, b, mean, var))
     scale, shift = fold_batch_norm(mean, var, g, b, 1e-3)
     if op == "layer_norm":
-        fns = {"fastlayers-cpu": lambda: get_ops("cpu").layer_norm(x, g, b, 1e-3),
-               "fastlayers-reference": lambda: get_ops("reference").layer_norm(x, g, b, 1e-3),
-               "torch": lambda: torch.nn.functional.layer_norm(tx, (SHAPE[1],), tg, tb, 1e-3).numpy()}
+        fns = {
+            "fastlayers-cpu": lambda: get_ops("cpu").layer_norm(x, g, b, 1e-3),
+            "fastlayers-reference": lambda: get_ops("reference").layer_norm(x, g, b, 1e-3),
+            "torch": lambda: torch.nn.functional.layer_norm(tx, (SHAPE[1],), tg, tb, 1e-3).numpy(),
+        }
     else:
-        fns = {"fastlayers-cpu": lambda: get_ops("cpu").batch_norm(x, scale, shift),
-               "fastlayers-reference": lambda: get_ops("reference").batch_norm(x, scale, shift),
-               "torch": lambda: torch.nn.functional.batch_norm(tx, tm, tv, tg, tb, False, 0.0, 1e-3).numpy()}
+        fns = {
+            "fastlayers-cpu": lambda: get_ops("cpu").batch_norm(x, scale, shift),
+            "fastlayers-reference": lambda: get_ops("reference").batch_norm(x, scale, shift),
+            "torch": lambda: torch.nn.functional.batch_norm(tx, tm, tv, tg, tb, False, 0.0, 1e-3).numpy(),
+        }
     check_same({k: f() for k, f in fns.items()}, rtol=1e-5, atol=1e-5)
     benchmark.group = f"{op} {SHAPE}"
     benchmark.extra_info.update(workload=op, batch=SHAPE[0], engine=engine)

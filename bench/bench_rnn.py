@@ -35,8 +35,7 @@ WORKLOADS = {"lstm_b1": ("LSTM", 1), "lstm_b32": ("LSTM", 32), "gru_b1": ("GRU",
 
 
 def _random_weights(model, rng):
-    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
 
 
 def _torch_gru_rows(m):
@@ -66,6 +65,7 @@ def _run_ref(model):
     def run(x):
         with fastlayers.use_ops("reference"):
             return model(x)
+
     return run
 
 
@@ -82,8 +82,9 @@ def recurrent_setup(name):
     model = Model(x_in, getattr(L, kind)(HIDDEN)(x_in))
     _random_weights(model, rng)
     kernel, recurrent, bias = model.get_weights()
-    weights = lstm_onnx_weights(kernel, recurrent, bias) if kind == "LSTM" else \
-        gru_onnx_weights(kernel, recurrent, bias)
+    weights = (
+        lstm_onnx_weights(kernel, recurrent, bias) if kind == "LSTM" else gru_onnx_weights(kernel, recurrent, bias)
+    )
     sess = ort_session(recurrent_model(kind, weights, INPUT, HIDDEN))
     torch = torch_module()
     tmod = _torch_recurrent(kind, kernel, recurrent, bias)
@@ -93,8 +94,12 @@ def recurrent_setup(name):
             h = tmod(torch.from_numpy(x))[1]
             return (h[0] if kind == "LSTM" else h)[0].numpy()
 
-    fns = {"fastlayers-cpu": model, "fastlayers-reference": _run_ref(model),
-           "onnxruntime": lambda x: sess.run(None, {"x": x})[0], "torch": run_torch}
+    fns = {
+        "fastlayers-cpu": model,
+        "fastlayers-reference": _run_ref(model),
+        "onnxruntime": lambda x: sess.run(None, {"x": x})[0],
+        "torch": run_torch,
+    }
     x = rng.standard_normal((batch, STEPS, INPUT)).astype(np.float32)
     return name, kind, batch, x, fns
 
@@ -104,14 +109,12 @@ def bench_recurrent(benchmark, recurrent_engines, engine):
     name, kind, batch, x, fns = recurrent_engines
     check_same({e: f(x) for e, f in fns.items()})
     benchmark.group = f"{name} T={STEPS}"
-    benchmark.extra_info.update(workload=name, batch=batch, engine=engine, steps=STEPS,
-                                hidden=HIDDEN, input=INPUT)
+    benchmark.extra_info.update(workload=name, batch=batch, engine=engine, steps=STEPS, hidden=HIDDEN, input=INPUT)
     benchmark(fns[engine], x)
     if batch == 1 and benchmark.stats is not None:
         gates = 4 if kind == "LSTM" else 3
         step_bytes = HIDDEN * gates * HIDDEN * 4
-        benchmark.extra_info["recurrent_weight_gbps"] = \
-            step_bytes * STEPS / benchmark.stats.stats.min / 1e9
+        benchmark.extra_info["recurrent_weight_gbps"] = step_bytes * STEPS / benchmark.stats.stats.min / 1e9
 
 
 # ---------------------------------------------------------------------------- text classifier
@@ -120,10 +123,13 @@ def _text_onnx(model):
     from onnx import TensorProto, helper, numpy_helper
 
     emb, k1, r1, b1, k2, r2, b2, wd, bd = model.get_weights()
-    inits = [numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(wd, "wd"),
-             numpy_helper.from_array(bd, "bd"),
-             numpy_helper.from_array(np.array([1], np.int64), "ax1"),
-             numpy_helper.from_array(np.array([0], np.int64), "ax0")]
+    inits = [
+        numpy_helper.from_array(emb, "emb"),
+        numpy_helper.from_array(wd, "wd"),
+        numpy_helper.from_array(bd, "bd"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+        numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+    ]
     for i, (k, r, b) in enumerate([(k1, r1, b1), (k2, r2, b2)]):
         for arr, n in zip(lstm_onnx_weights(k, r, b), "WRB"):
             inits.append(numpy_helper.from_array(arr, f"{n}{i}"))
@@ -137,9 +143,13 @@ def _text_onnx(model):
         helper.make_node("Gemm", ["h1s", "wd", "bd"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    graph = helper.make_graph(nodes, "text_lstm",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "text_lstm",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
 
 
@@ -194,8 +204,12 @@ def text_setup():
             return tmodel(torch.from_numpy(ids)).numpy()
 
     ids = rng.integers(1, VOCAB, (TEXT_BATCH, TEXT_STEPS)).astype(np.int64)
-    return ids, {"fastlayers-cpu": model, "fastlayers-reference": _run_ref(model),
-                 "onnxruntime": lambda i: sess.run(None, {"ids": i})[0], "torch": run_torch}
+    return ids, {
+        "fastlayers-cpu": model,
+        "fastlayers-reference": _run_ref(model),
+        "onnxruntime": lambda i: sess.run(None, {"ids": i})[0],
+        "torch": run_torch,
+    }
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -203,8 +217,7 @@ def bench_text_classifier(benchmark, text_engines, engine):
     ids, fns = text_engines
     check_same({e: f(ids) for e, f in fns.items()})
     benchmark.group = f"text_lstm2 T={TEXT_STEPS} batch {TEXT_BATCH}"
-    benchmark.extra_info.update(workload="text_lstm2", batch=TEXT_BATCH, engine=engine,
-                                steps=TEXT_STEPS)
+    benchmark.extra_info.update(workload="text_lstm2", batch=TEXT_BATCH, engine=engine, steps=TEXT_STEPS)
     benchmark(fns[engine], ids)
 
 

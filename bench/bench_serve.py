@@ -51,11 +51,17 @@ def conv_export(path: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper, save
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.uniform(-0.04, 0.04, (64, 64, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.uniform(-0.04, 0.04, 64).astype(np.float32), "b")]
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
-                              "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])], inits)
+    inits = [
+        numpy_helper.from_array(rng.uniform(-0.04, 0.04, (64, 64, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.uniform(-0.04, 0.04, 64).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])],
+        inits,
+    )
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -92,11 +98,24 @@ def start_server(server: str, engine: str, model: Path, threads: int):
     if server == "thread-per-request":
         argv = [sys.executable, str(SERVE / "threaded.py"), "--port", str(port)]
     else:
-        argv = [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(SERVE), "--host",
-                "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app:app",
+            "--app-dir",
+            str(SERVE),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
     env = dict(os.environ, SERVE_MODEL=str(model), SERVE_ENGINE=engine, SERVE_THREADS=str(threads))
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -132,8 +151,15 @@ def expected_outputs(engine: str, model: Path, inputs: list[np.ndarray], threads
     return [direct.predict(x)[0] for x in inputs]
 
 
-def load(port: int, bodies: list[bytes], want: list[np.ndarray], seconds: float, clients: int,
-         max_requests: int, new_connection: bool) -> dict:
+def load(
+    port: int,
+    bodies: list[bytes],
+    want: list[np.ndarray],
+    seconds: float,
+    clients: int,
+    max_requests: int,
+    new_connection: bool,
+) -> dict:
     """``clients`` threads send requests back to back for ``seconds`` (at most ``max_requests``
     in all): latencies, errors and mismatches."""
     latencies, errors, mismatches = [], [0], [0]
@@ -178,13 +204,18 @@ def load(port: int, bodies: list[bytes], want: list[np.ndarray], seconds: float,
         t.join()
     wall = time.perf_counter() - start
     ms = sorted(x * 1e3 for x in latencies) or [float("nan")]
-    return {"requests": len(latencies), "requests_per_s": len(latencies) / wall,
-            "p50_ms": statistics.median(ms), "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-            "max_ms": ms[-1], "errors": errors[0], "mismatches": mismatches[0]}
+    return {
+        "requests": len(latencies),
+        "requests_per_s": len(latencies) / wall,
+        "p50_ms": statistics.median(ms),
+        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+        "max_ms": ms[-1],
+        "errors": errors[0],
+        "mismatches": mismatches[0],
+    }
 
 
-def run(seconds: float, clients: int, threads: int, max_requests: int, engines=ENGINES,
-        servers=SERVERS) -> list[dict]:
+def run(seconds: float, clients: int, threads: int, max_requests: int, engines=ENGINES, servers=SERVERS) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = conv_export(Path(tmp) / "conv.onnx")
@@ -196,25 +227,29 @@ def run(seconds: float, clients: int, threads: int, max_requests: int, engines=E
             for server in servers:
                 proc, port = start_server(server, engine, model, threads)
                 try:
-                    load(port, bodies[:1], want[:1], 0.0, 1, 1, True)   # one warm-up request
+                    load(port, bodies[:1], want[:1], 0.0, 1, 1, True)  # one warm-up request
                     samples, done = [_rss_mib(proc.pid)], threading.Event()
 
-                    def watch():   # the server's RSS 20 times over the run
+                    def watch():  # the server's RSS 20 times over the run
                         while not done.wait(seconds / 20):
                             samples.append(_rss_mib(proc.pid))
 
                     watcher = threading.Thread(target=watch)
                     watcher.start()
                     try:
-                        row = load(port, bodies, want, seconds, clients, max_requests,
-                                   server == "thread-per-request")
+                        row = load(port, bodies, want, seconds, clients, max_requests, server == "thread-per-request")
                     finally:
                         done.set()
                         watcher.join()
                     samples.append(_rss_mib(proc.pid))
-                    row.update(engine=engine, server=server, rss_start_mib=samples[0],
-                               rss_quarter_mib=samples[len(samples) // 4],
-                               rss_end_mib=samples[-1], rss_max_mib=max(samples))
+                    row.update(
+                        engine=engine,
+                        server=server,
+                        rss_start_mib=samples[0],
+                        rss_quarter_mib=samples[len(samples) // 4],
+                        rss_end_mib=samples[-1],
+                        rss_max_mib=max(samples),
+                    )
                 finally:
                     stop_server(proc)
                 rows.append(row)
@@ -251,21 +286,32 @@ def main() -> None:
     from bench.tools.process_metrics import host_info
 
     rows = run(args.seconds, args.clients, args.threads, args.max_requests)
-    result = {"host": host_info(), "seconds": args.seconds, "clients": args.clients,
-              "threads": args.threads, "rows": rows}
+    result = {
+        "host": host_info(),
+        "seconds": args.seconds,
+        "clients": args.clients,
+        "threads": args.threads,
+        "rows": rows,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
-    print(f"\n{result['host']}, {args.clients} client threads, {args.threads} threads per call, "
-          f"{args.seconds:g} s per row\n")
-    print("| engine | server | requests | requests/s | p50 ms | p99 ms | max ms "
-          "| RSS MiB: start, 1/4, end (max) | errors | mismatches |")
+    print(
+        f"\n{result['host']}, {args.clients} client threads, {args.threads} threads per call, "
+        f"{args.seconds:g} s per row\n"
+    )
+    print(
+        "| engine | server | requests | requests/s | p50 ms | p99 ms | max ms "
+        "| RSS MiB: start, 1/4, end (max) | errors | mismatches |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
-        print(f"| {r['engine']} | {r['server']} | {r['requests']} | {r['requests_per_s']:.0f} | "
-              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {r['rss_start_mib']:.0f}, "
-              f"{r['rss_quarter_mib']:.0f}, {r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | "
-              f"{r['errors']} | {r['mismatches']} |")
+        print(
+            f"| {r['engine']} | {r['server']} | {r['requests']} | {r['requests_per_s']:.0f} | "
+            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {r['rss_start_mib']:.0f}, "
+            f"{r['rss_quarter_mib']:.0f}, {r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | "
+            f"{r['errors']} | {r['mismatches']} |"
+        )
 
 
 if __name__ == "__main__":

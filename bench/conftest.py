@@ -71,8 +71,7 @@ _PAUSE = [0.0]
 
 
 def pytest_configure(config):
-    timed = not (config.getoption("benchmark_disable", False)
-                 and not config.getoption("benchmark_enable", False))
+    timed = not (config.getoption("benchmark_disable", False) and not config.getoption("benchmark_enable", False))
     _PAUSE[0] = 0.2 if timed else 0.0
 
 

@@ -36,8 +36,7 @@ from bench.bench_demo import DATA, DEMOS, torch_twin  # noqa: E402
 from bench.tools.process_metrics import host_info  # noqa: E402
 
 #: (model, batch): the reference workloads (demo CNN at 300, LSTM at 64) and the other two demos.
-WORKLOADS = [("digits_cnn", 300), ("digits_lstm", 64), ("digits_mlp", 300),
-             ("digits_transformer", 64)]
+WORKLOADS = [("digits_cnn", 300), ("digits_lstm", 64), ("digits_mlp", 300), ("digits_transformer", 64)]
 
 
 def median_us(fn, x, calls: int) -> float:
@@ -58,9 +57,15 @@ def engines(name: str, samples: np.ndarray, tmp: Path) -> dict:
     path = tmp / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(torch_twin(torch, name, model), (torch.from_numpy(samples[:2]),),
-                          str(path), dynamo=False, input_names=["x"],
-                          dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            torch_twin(torch, name, model),
+            (torch.from_numpy(samples[:2]),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
     out = {}
     for threads in (1, 2):
         opts = ort.SessionOptions()
@@ -128,13 +133,19 @@ def measure(rounds: int, calls: int, tmp: Path) -> list[dict]:
         forked = queue.get(timeout=300)
         child.join()
         for engine in ("fastlayers", "onnxruntime"):
-            rows.append({
-                "workload": f"demo {name}", "batch": batch, "engine": engine,
-                "quiet_1t_us": quiet[(engine, 1)], "quiet_2t_us": quiet[(engine, 2)],
-                "busy_1t_us": busy[(engine, 1)], "busy_2t_us": busy[(engine, 2)],
-                "busy_2t_over_1t": busy[(engine, 2)] / busy[(engine, 1)],
-                "forked_2t_us": forked if engine == "fastlayers" else None,
-            })
+            rows.append(
+                {
+                    "workload": f"demo {name}",
+                    "batch": batch,
+                    "engine": engine,
+                    "quiet_1t_us": quiet[(engine, 1)],
+                    "quiet_2t_us": quiet[(engine, 2)],
+                    "busy_1t_us": busy[(engine, 1)],
+                    "busy_2t_us": busy[(engine, 2)],
+                    "busy_2t_over_1t": busy[(engine, 2)] / busy[(engine, 1)],
+                    "forked_2t_us": forked if engine == "fastlayers" else None,
+                }
+            )
         print(json.dumps(rows[-2:], indent=1), flush=True)
     return rows
 

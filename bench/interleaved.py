@@ -32,9 +32,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["mha", "encoder_layer", "bert_tiny", "onnx_resnet18",
-                                             "onnx_lstm_classifier", "onnx_transformer_encoder",
-                                             "lstm_b1", "lstm_b32", "gru_b1", "text"])
+    parser.add_argument(
+        "workload",
+        choices=[
+            "mha",
+            "encoder_layer",
+            "bert_tiny",
+            "onnx_resnet18",
+            "onnx_lstm_classifier",
+            "onnx_transformer_encoder",
+            "lstm_b1",
+            "lstm_b32",
+            "gru_b1",
+            "text",
+        ],
+    )
     parser.add_argument("--calls", type=int, default=30, help="calls per round")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
@@ -44,8 +56,13 @@ def main() -> None:
     import fastlayers
 
     fastlayers.set_num_threads(args.threads)
-    setup = (onnx_engines if args.workload.startswith("onnx_") else
-             rnn_engines if args.workload in ("lstm_b1", "lstm_b32", "gru_b1", "text") else nn_engines)
+    setup = (
+        onnx_engines
+        if args.workload.startswith("onnx_")
+        else rnn_engines
+        if args.workload in ("lstm_b1", "lstm_b32", "gru_b1", "text")
+        else nn_engines
+    )
     engines, restore = setup(args.workload)
     want = engines["onnxruntime"]()
     for name in engines:
@@ -70,11 +87,14 @@ def interleave(engines, calls, rounds, label) -> None:
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e3)
-            time.sleep(0.1)   # the threads of onnxruntime, OpenVINO (TBB) and tract spin on
+            time.sleep(0.1)  # the threads of onnxruntime, OpenVINO (TBB) and tract spin on
     base = times.get("onnxruntime")
     for name, ms in times.items():
-        paired = "" if base is None or name == "onnxruntime" else \
-            f", x onnxruntime per round: median {np.median(np.divide(ms, base)):.2f}"
+        paired = (
+            ""
+            if base is None or name == "onnxruntime"
+            else f", x onnxruntime per round: median {np.median(np.divide(ms, base)):.2f}"
+        )
         print(f"{label} {name:18s} min {min(ms):.3f} median {np.median(ms):.3f} ms{paired}")
     return times
 
@@ -105,8 +125,11 @@ def nn_engines(workload):
     def restore():
         layer._fused_weights = whole
 
-    return {"fastlayers": shipped, "fastlayers-blocks": blocks,
-            "onnxruntime": lambda: session.run(None, {"x": x})[0]}, restore
+    return {
+        "fastlayers": shipped,
+        "fastlayers-blocks": blocks,
+        "onnxruntime": lambda: session.run(None, {"x": x})[0],
+    }, restore
 
 
 def onnx_engines(workload):
@@ -123,7 +146,7 @@ def onnx_engines(workload):
     from bench.conftest import ort_session
     from fastlayers.onnx import fusion as fonnx
 
-    name = workload[len("onnx_"):]
+    name = workload[len("onnx_") :]
     _, x, path = exported(torch, name, tempfile.mkdtemp(), full=True)
     shipped = fastlayers.load(path)
     session = ort_session(onnx.load(str(path)))
@@ -147,8 +170,7 @@ def rnn_engines(workload):
         x, fns = bench_rnn.text_setup()
     else:
         _, _, _, x, fns = bench_rnn.recurrent_setup(workload)
-    return {"fastlayers": lambda: fns["fastlayers-cpu"](x),
-            "onnxruntime": lambda: fns["onnxruntime"](x)}, lambda: None
+    return {"fastlayers": lambda: fns["fastlayers-cpu"](x), "onnxruntime": lambda: fns["onnxruntime"](x)}, lambda: None
 
 
 if __name__ == "__main__":

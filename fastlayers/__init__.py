@@ -16,8 +16,7 @@ def _check_built() -> None:
     from importlib.machinery import EXTENSION_SUFFIXES
 
     here = os.path.dirname(__file__)
-    if not any(os.path.exists(os.path.join(here, "native", "_core" + suffix))
-               for suffix in EXTENSION_SUFFIXES):
+    if not any(os.path.exists(os.path.join(here, "native", "_core" + suffix)) for suffix in EXTENSION_SUFFIXES):
         raise ImportError(errors.native_core_missing(here))
 
 
@@ -30,26 +29,48 @@ from .settings import LoadOptions  # noqa: E402
 
 #: The public API: what ``dir(fastlayers)`` lists.
 __all__ = [
-    "DEMO_DIR", "Input", "LoadOptions", "Model", "OnnxModel", "Sequential", "errors",
-    "get_num_threads", "get_ops", "layers", "load", "load_state_dict", "model_from_json", "nn",
-    "register_keras_layer", "register_torch_module", "set_num_threads", "settings", "use_ops",
-    "using_threads", "__version__",
+    "DEMO_DIR",
+    "Input",
+    "LoadOptions",
+    "Model",
+    "OnnxModel",
+    "Sequential",
+    "errors",
+    "get_num_threads",
+    "get_ops",
+    "layers",
+    "load",
+    "load_state_dict",
+    "model_from_json",
+    "nn",
+    "register_keras_layer",
+    "register_torch_module",
+    "set_num_threads",
+    "settings",
+    "use_ops",
+    "using_threads",
+    "__version__",
 ]
 
 # Imported at first use, so that a process loading an ONNX file does not pay for importing every
 # layer (docs/design.md, "Figures behind the code's constants"): name -> (modules to import in
 # order, attribute of the last; None: the module).
 _GRAPH = ("fastlayers.model.graph",)
-_LAZY = {"layers": (("fastlayers.layers",), None),
-         "nn": (("fastlayers.nn",), None), "Input": (_GRAPH, "Input"), "Model": (_GRAPH, "Model"),
-         "Sequential": (_GRAPH, "Sequential"), "model_from_json": (_GRAPH, "model_from_json"),
-         "load_state_dict": (("fastlayers.io",), "load_state_dict"),
-         "register_torch_module": (("fastlayers.io",), "register_torch_module"),
-         "register_keras_layer": (("fastlayers.io",), "register_keras_layer"),
-         "OnnxModel": (("fastlayers.onnx",), "OnnxModel"),
-         "settings": (("fastlayers.settings",), None),
-         # the folder of the bundled demo models (digits_*.flm) and their samples
-         "DEMO_DIR": (("fastlayers.cli",), "DATA")}
+_LAZY = {
+    "layers": (("fastlayers.layers",), None),
+    "nn": (("fastlayers.nn",), None),
+    "Input": (_GRAPH, "Input"),
+    "Model": (_GRAPH, "Model"),
+    "Sequential": (_GRAPH, "Sequential"),
+    "model_from_json": (_GRAPH, "model_from_json"),
+    "load_state_dict": (("fastlayers.io",), "load_state_dict"),
+    "register_torch_module": (("fastlayers.io",), "register_torch_module"),
+    "register_keras_layer": (("fastlayers.io",), "register_keras_layer"),
+    "OnnxModel": (("fastlayers.onnx",), "OnnxModel"),
+    "settings": (("fastlayers.settings",), None),
+    # the folder of the bundled demo models (digits_*.flm) and their samples
+    "DEMO_DIR": (("fastlayers.cli",), "DATA"),
+}
 
 
 def __getattr__(name):

@@ -36,9 +36,11 @@ def checked(a: np.ndarray, where: str, itemsize: int | None = None) -> np.ndarra
     else itself."""
     nbytes = a.size * (itemsize or a.itemsize)
     if nbytes > MAX_INPUT_BYTES:
-        raise InputError(f"{where}: an array of shape {a.shape} describes {nbytes / 2**30:.1f} "
-                         f"GiB, more than this machine's memory ({MAX_INPUT_BYTES / 2**30:.1f} "
-                         "GiB); a broadcast (zero-stride) view of that size cannot be computed on")
+        raise InputError(
+            f"{where}: an array of shape {a.shape} describes {nbytes / 2**30:.1f} "
+            f"GiB, more than this machine's memory ({MAX_INPUT_BYTES / 2**30:.1f} "
+            "GiB); a broadcast (zero-stride) view of that size cannot be computed on"
+        )
     return a if a.flags.aligned else a.copy()
 
 
@@ -61,7 +63,7 @@ def as_float32(x: Any, where: str) -> np.ndarray:
         return a if plain(a) else checked(a, where)
     if a.dtype.kind not in "biuf":
         raise ShapeError(f"{where}: expected a numeric array (cast to float32), got dtype {a.dtype}")
-    checked(a, where, itemsize=4)   # the size only: astype makes an aligned copy
+    checked(a, where, itemsize=4)  # the size only: astype makes an aligned copy
     with np.errstate(over="ignore"):
         return a.astype(np.float32)
 

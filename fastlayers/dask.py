@@ -26,9 +26,10 @@ import numpy as np
 try:
     import dask
     import dask.array as da
-except ImportError as e:   # pragma: no cover - the extra is missing
-    raise ImportError("fastlayers.dask needs dask: pip install 'fastlayers[dask]' (dask[array,"
-                      "dataframe] and distributed)") from e
+except ImportError as e:  # pragma: no cover - the extra is missing
+    raise ImportError(
+        "fastlayers.dask needs dask: pip install 'fastlayers[dask]' (dask[array,dataframe] and distributed)"
+    ) from e
 
 from .backends import get_num_threads, set_num_threads
 from .errors import InputError, ShapeError
@@ -47,7 +48,7 @@ def _use_worker_threads() -> None:
         from distributed import get_worker
 
         worker = get_worker()
-    except (ImportError, ValueError):   # not in a task of a distributed worker
+    except (ImportError, ValueError):  # not in a task of a distributed worker
         return
     if worker.nanny is not None:
         set_num_threads(worker.state.nthreads)
@@ -65,9 +66,11 @@ def _predict_block(model, expected, *blocks) -> tuple:
     for k, (o, (shape, dtype)) in enumerate(zip(outs, expected)):
         if not isinstance(o, np.ndarray) or o.shape != (rows, *shape) or o.dtype != dtype:
             found = (o.shape, o.dtype) if isinstance(o, np.ndarray) else type(o).__name__
-            raise ShapeError(f"fastlayers.dask: output {k} of a block of {rows} rows is {found}, "
-                             f"expected {((rows, *shape), np.dtype(dtype))} (axis 0 must be the "
-                             "batch axis, and the other sizes those of a 1-row batch)")
+            raise ShapeError(
+                f"fastlayers.dask: output {k} of a block of {rows} rows is {found}, "
+                f"expected {((rows, *shape), np.dtype(dtype))} (axis 0 must be the "
+                "batch axis, and the other sizes those of a 1-row batch)"
+            )
     return tuple(outs)
 
 
@@ -81,8 +84,10 @@ def _predict_frame(partition, model, columns, names, expected):
     arrays = [partition[list(cols)].to_numpy() for cols in columns]
     outs = _predict_block(model, expected, *arrays)
     features = [o.reshape(len(partition), math.prod(o.shape[1:])) for o in outs]
-    frame = pd.DataFrame({i: column for i, column in enumerate(
-        block[:, j] for block in features for j in range(block.shape[1]))}, index=partition.index)
+    frame = pd.DataFrame(
+        {i: column for i, column in enumerate(block[:, j] for block in features for j in range(block.shape[1]))},
+        index=partition.index,
+    )
     frame.columns = names
     return frame
 
@@ -108,8 +113,10 @@ def _probe(model, samples: list[np.ndarray]) -> tuple[bool, list[np.ndarray]]:
     for k, o in enumerate(outs):
         if not isinstance(o, np.ndarray) or o.ndim == 0 or o.shape[0] != 1:
             found = o.shape if isinstance(o, np.ndarray) else type(o).__name__
-            raise ShapeError(f"fastlayers.dask: output {k} of the model on a 1-row batch is "
-                             f"{found}; predict needs arrays with the batch axis first")
+            raise ShapeError(
+                f"fastlayers.dask: output {k} of the model on a 1-row batch is "
+                f"{found}; predict needs arrays with the batch axis first"
+            )
     return several, outs
 
 
@@ -159,11 +166,16 @@ def predict(model, x):
         raise InputError("fastlayers.dask.predict: no input given")
     batch = arrays[0].chunks[0]
     for k, a in enumerate(arrays):
-        if a.ndim == 0 or not (a.chunks[0] == batch or a.shape[0] == arrays[0].shape[0]) \
-                or any(np.isnan(d) for d in a.shape[1:]):
-            raise InputError(f"fastlayers.dask.predict: input {k} has shape {a.shape}; every input "
-                             f"needs the batch axis first, of size {arrays[0].shape[0]}, and known "
-                             "sizes on the other axes")
+        if (
+            a.ndim == 0
+            or not (a.chunks[0] == batch or a.shape[0] == arrays[0].shape[0])
+            or any(np.isnan(d) for d in a.shape[1:])
+        ):
+            raise InputError(
+                f"fastlayers.dask.predict: input {k} has shape {a.shape}; every input "
+                f"needs the batch axis first, of size {arrays[0].shape[0]}, and known "
+                "sizes on the other axes"
+            )
         spec = {axis: -1 for axis in range(1, a.ndim) if len(a.chunks[axis]) > 1}
         if a.chunks[0] != batch:
             spec[0] = batch
@@ -174,16 +186,34 @@ def predict(model, x):
     for k, a in enumerate(arrays):
         pairs += [a, ("b", *(f"in{k}.{axis}" for axis in range(1, a.ndim)))]
     token = uuid.uuid4().hex
-    blocks = da.blockwise(_predict_block, "b", _shipped(model), None, expected, None, *pairs,
-                          concatenate=True, name=f"fastlayers-predict-{token}",
-                          meta=np.empty((0,), object))
+    blocks = da.blockwise(
+        _predict_block,
+        "b",
+        _shipped(model),
+        None,
+        expected,
+        None,
+        *pairs,
+        concatenate=True,
+        name=f"fastlayers-predict-{token}",
+        meta=np.empty((0,), object),
+    )
     results = []
     for k, o in enumerate(outs):
         axes = tuple(f"out{k}.{axis}" for axis in range(1, o.ndim))
-        results.append(da.blockwise(_output, ("b", *axes), blocks, "b", k, None,
-                                    new_axes=dict(zip(axes, o.shape[1:])),
-                                    name=f"fastlayers-output-{k}-{token}",
-                                    meta=np.empty((0,) * o.ndim, o.dtype)))
+        results.append(
+            da.blockwise(
+                _output,
+                ("b", *axes),
+                blocks,
+                "b",
+                k,
+                None,
+                new_axes=dict(zip(axes, o.shape[1:])),
+                name=f"fastlayers-output-{k}-{token}",
+                meta=np.empty((0,) * o.ndim, o.dtype),
+            )
+        )
     return results if several else results[0]
 
 
@@ -225,23 +255,30 @@ def predict_partitions(model, df, columns=None, output_columns=None):
     import pandas as pd
 
     meta = df._meta
-    groups = [list(meta.columns)] if columns is None else (
-        [list(c) for c in columns] if columns and isinstance(columns[0], (list, tuple))
-        else [list(columns)])
+    groups = (
+        [list(meta.columns)]
+        if columns is None
+        else ([list(c) for c in columns] if columns and isinstance(columns[0], (list, tuple)) else [list(columns)])
+    )
     unknown = [c for cols in groups for c in cols if c not in meta.columns]
     if unknown:
-        raise InputError(f"fastlayers.dask.predict_partitions: unknown columns {unknown}; the "
-                         f"dataframe has {list(meta.columns)}")
+        raise InputError(
+            f"fastlayers.dask.predict_partitions: unknown columns {unknown}; the dataframe has {list(meta.columns)}"
+        )
     samples = [np.zeros((1, len(cols)), np.result_type(*meta[cols].dtypes)) for cols in groups]
     _, outs = _probe(model, samples)
     expected = _expected(outs)
     widths = [int(np.prod(o.shape[1:])) for o in outs]
     names = list(range(sum(widths))) if output_columns is None else list(output_columns)
     if len(names) != sum(widths):
-        raise InputError(f"fastlayers.dask.predict_partitions: {len(names)} output_columns for "
-                         f"{sum(widths)} output features {[o.shape[1:] for o in outs]}")
+        raise InputError(
+            f"fastlayers.dask.predict_partitions: {len(names)} output_columns for "
+            f"{sum(widths)} output features {[o.shape[1:] for o in outs]}"
+        )
     dtypes = [o.dtype for o, width in zip(outs, widths) for _ in range(width)]
-    frame_meta = pd.DataFrame({name: np.empty(0, dtype) for name, dtype in zip(names, dtypes)},
-                              index=meta.index[:0], columns=names)
-    return df.map_partitions(_predict_frame, _shipped(model), [tuple(g) for g in groups], names,
-                             expected, meta=frame_meta)
+    frame_meta = pd.DataFrame(
+        {name: np.empty(0, dtype) for name, dtype in zip(names, dtypes)}, index=meta.index[:0], columns=names
+    )
+    return df.map_partitions(
+        _predict_frame, _shipped(model), [tuple(g) for g in groups], names, expected, meta=frame_meta
+    )

@@ -42,7 +42,9 @@ class MismatchError(FastlayersError, AssertionError):
 
 def native_core_missing(package_dir: str) -> str:
     """The message of the ImportError raised where fastlayers' compiled core was never built."""
-    return (f"fastlayers' compiled core (fastlayers.native._core) is not built in {package_dir}: "
-            "install the package with `pip install .` (or `pip install -e .` for a source "
-            "tree), which compiles it; Python started in a source checkout imports that "
-            "checkout, not the installed copy")
+    return (
+        f"fastlayers' compiled core (fastlayers.native._core) is not built in {package_dir}: "
+        "install the package with `pip install .` (or `pip install -e .` for a source "
+        "tree), which compiles it; Python started in a source checkout imports that "
+        "checkout, not the installed copy"
+    )

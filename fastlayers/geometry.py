@@ -24,13 +24,16 @@ def padded_span(size: int, k: int, d: int, pads: tuple[int, int]) -> int:
 
 
 @overload
-def window_out(size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
-               ceil: bool = False) -> int: ...
+def window_out(
+    size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0), ceil: bool = False
+) -> int: ...
 @overload
-def window_out(size: None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
-               ceil: bool = False) -> None: ...
-def window_out(size: int | None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
-               ceil: bool = False) -> int | None:
+def window_out(
+    size: None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0), ceil: bool = False
+) -> None: ...
+def window_out(
+    size: int | None, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0), ceil: bool = False
+) -> int | None:
     """Window positions along an axis of ``size`` cells (None when ``size`` is unknown); <= 0
     (floor) when the window does not fit, which callers check (``padded_span``)."""
     if size is None:
@@ -38,19 +41,23 @@ def window_out(size: int | None, k: int, s: int = 1, d: int = 1, pads: tuple[int
     span = padded_span(size, k, d, pads)
     out = (-(-span // s) if ceil else span // s) + 1
     if ceil and (out - 1) * s >= size + pads[0]:
-        out -= 1   # the last window would start in the after padding
+        out -= 1  # the last window would start in the after padding
     return out
 
 
-def window_out_2d(hw: tuple[int, int], khw: tuple[int, int], strides=(1, 1), dilation=(1, 1),
-                  pads=((0, 0), (0, 0))) -> tuple[int, int]:
+def window_out_2d(
+    hw: tuple[int, int], khw: tuple[int, int], strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0))
+) -> tuple[int, int]:
     """``window_out`` along both axes of a 2-D window: (rows, columns) of window positions."""
-    return (window_out(hw[0], khw[0], strides[0], dilation[0], tuple(pads[0])),
-            window_out(hw[1], khw[1], strides[1], dilation[1], tuple(pads[1])))
+    return (
+        window_out(hw[0], khw[0], strides[0], dilation[0], tuple(pads[0])),
+        window_out(hw[1], khw[1], strides[1], dilation[1], tuple(pads[1])),
+    )
 
 
-def transposed_out(size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0),
-                   output_padding: int = 0) -> int:
+def transposed_out(
+    size: int, k: int, s: int = 1, d: int = 1, pads: tuple[int, int] = (0, 0), output_padding: int = 0
+) -> int:
     """Length of a transposed window op (the gradient of ``window_out``): (size - 1) s - before -
     after + (k - 1) d + 1 + output_padding."""
     return (size - 1) * s - pads[0] - pads[1] + dilated_size(k, d) + output_padding

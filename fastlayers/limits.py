@@ -28,7 +28,7 @@ from .errors import ModelFileError, UnsupportedError
 
 #: Largest absolute value of an integer in a layer config (sizes, strides, dilations, axes,
 #: counts): beyond it a value is no real model's and overflows C integers. Not configurable.
-MAX_CONFIG_INT = 2 ** 31 - 1
+MAX_CONFIG_INT = 2**31 - 1
 #: Size of the chunks in which members are checksummed and copied.
 CHUNK_BYTES = 8 << 20
 
@@ -53,17 +53,21 @@ KERAS_MAX_NAMES = 1 << 20
 
 #: Config keys whose value is a size that sizes a weight (kernel, bias, embedding table):
 #: it cannot exceed the number of weight elements the file holds.
-WEIGHT_SIZED = re.compile(r"^(units|filters(_\w+)?|mlp_filters|num_classes|input_dim|output_dim|"
-                          r"num_heads|key_dim|value_dim|depth_multiplier|hidden_units|"
-                          r"output_units|proj_size|hidden_size|projection_dim)$")
+WEIGHT_SIZED = re.compile(
+    r"^(units|filters(_\w+)?|mlp_filters|num_classes|input_dim|output_dim|"
+    r"num_heads|key_dim|value_dim|depth_multiplier|hidden_units|"
+    r"output_units|proj_size|hidden_size|projection_dim)$"
+)
 #: Config keys whose value is the length of a table a layer computes at load (PositionalEncoding's
 #: positions), which no weight in the file bounds: at most ``max_positions``.
 POSITION_SIZED = ("max_length",)
 
 #: Config keys (at any depth) whose values configure training or Keras internals, which the
 #: readers ignore: not range-checked (Keras stores object ids and seeds there).
-UNCHECKED = re.compile(r"^(\w+_(initializer|regularizer|constraint)|seed|shared_object_id|"
-                       r"build_config|compile_config|dtype|module|registered_name)$")
+UNCHECKED = re.compile(
+    r"^(\w+_(initializer|regularizer|constraint)|seed|shared_object_id|"
+    r"build_config|compile_config|dtype|module|registered_name)$"
+)
 
 #: Config keys holding an input shape: sizes (null or non-negative integers).
 SHAPE_KEYS = ("batch_shape", "batch_input_shape", "input_shape")
@@ -72,9 +76,22 @@ SHAPE_KEYS = ("batch_shape", "batch_input_shape", "input_shape")
 DISTINCT_AXES = ("axis", "axes", "attention_axes", "dims")
 
 #: What a corrupt zip makes zipfile (and the decompressors behind it) raise.
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError,
-              UnicodeDecodeError, NotImplementedError, RuntimeError, zlib.error, struct.error,
-              OverflowError, KeyError, IndexError, TypeError)
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    UnicodeDecodeError,
+    NotImplementedError,
+    RuntimeError,
+    zlib.error,
+    struct.error,
+    OverflowError,
+    KeyError,
+    IndexError,
+    TypeError,
+)
 
 
 # ----------------------------------------------------------------------------------------- JSON
@@ -86,19 +103,20 @@ def parse_json(data, where: str, what: str):
     ``max_json_depth`` (``settings.current()``) and integers too long to convert."""
     limit = settings.current().max_config_bytes
     if len(data) > limit:
-        raise ModelFileError(f"{where}: {what} is {len(data):,} bytes, over the "
-                             f"{limit:,}-byte limit for a config (raise it with "
-                             "FASTLAYERS_MAX_CONFIG_BYTES if the file is trusted)")
+        raise ModelFileError(
+            f"{where}: {what} is {len(data):,} bytes, over the "
+            f"{limit:,}-byte limit for a config (raise it with "
+            "FASTLAYERS_MAX_CONFIG_BYTES if the file is trusted)"
+        )
     try:
-        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) \
-            else str(data)
+        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else str(data)
         value = json.loads(text)
     except RecursionError:
-        raise ModelFileError(f"{where}: {what} is nested too deeply to parse (limit "
-                             f"{settings.current().max_json_depth} levels)") from None
+        raise ModelFileError(
+            f"{where}: {what} is nested too deeply to parse (limit {settings.current().max_json_depth} levels)"
+        ) from None
     except (UnicodeError, ValueError) as e:  # JSONDecodeError, int digits over the limit
-        raise ModelFileError(f"{where}: {what} is not valid JSON ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+        raise ModelFileError(f"{where}: {what} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     check_depth(value, where, what)
     return value
 
@@ -110,8 +128,9 @@ def check_depth(value, where: str, what: str) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > limit:
-            raise ModelFileError(f"{where}: {what} is nested deeper than the {limit}-level "
-                                 "limit (FASTLAYERS_MAX_JSON_DEPTH)")
+            raise ModelFileError(
+                f"{where}: {what} is nested deeper than the {limit}-level limit (FASTLAYERS_MAX_JSON_DEPTH)"
+            )
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
         elif isinstance(node, list):
@@ -141,39 +160,47 @@ def check_layer_config(config: dict, where: str, here: str, weight_elements: int
             continue
         if isinstance(value, int):
             if abs(value) > MAX_CONFIG_INT:
-                raise ModelFileError(f"{where}: {here}: field {key!r} is {value}, outside the "
-                                     f"range of a layer option (|value| <= {MAX_CONFIG_INT})")
-            last = key.rsplit(".", 1)[-1].split("[")[0]   # "layer.config.units", "mlp_filters[1]"
+                raise ModelFileError(
+                    f"{where}: {here}: field {key!r} is {value}, outside the "
+                    f"range of a layer option (|value| <= {MAX_CONFIG_INT})"
+                )
+            last = key.rsplit(".", 1)[-1].split("[")[0]  # "layer.config.units", "mlp_filters[1]"
             if WEIGHT_SIZED.match(last):
                 if value < 0:
-                    raise ModelFileError(f"{where}: {here}: field {key!r} is {value}; expected a "
-                                         "non-negative size")
+                    raise ModelFileError(f"{where}: {here}: field {key!r} is {value}; expected a non-negative size")
                 if weight_elements is not None and value > max(weight_elements, 1):
                     raise ModelFileError(
                         f"{where}: {here}: field {key!r} is {value:,}, more than the "
-                        f"{weight_elements:,} weight elements the file can hold")
+                        f"{weight_elements:,} weight elements the file can hold"
+                    )
         elif isinstance(value, dict):
             stack.extend((f"{key}.{k}", v) for k, v in value.items())
         elif isinstance(value, list):
             stack.extend((f"{key}[{i}]", v) for i, v in enumerate(value))
     for key in SHAPE_KEYS:
         shape = config.get(key)
-        if shape is not None and not (isinstance(shape, (list, tuple)) and len(shape) <= 32 and all(
-                d is None or (type(d) is int and 0 <= d <= MAX_CONFIG_INT) for d in shape)):
-            raise ModelFileError(f"{where}: {here}: field {key!r} is {short_repr(shape)}; expected a "
-                                 "list of sizes (null or non-negative integers)")
+        if shape is not None and not (
+            isinstance(shape, (list, tuple))
+            and len(shape) <= 32
+            and all(d is None or (type(d) is int and 0 <= d <= MAX_CONFIG_INT) for d in shape)
+        ):
+            raise ModelFileError(
+                f"{where}: {here}: field {key!r} is {short_repr(shape)}; expected a "
+                "list of sizes (null or non-negative integers)"
+            )
     for key in DISTINCT_AXES:
         axes = config.get(key)
         if isinstance(axes, list) and len({repr(a) for a in axes}) != len(axes):
-            raise ModelFileError(f"{where}: {here}: field {key!r} is {short_repr(axes)}; expected "
-                                 "distinct axes")
+            raise ModelFileError(f"{where}: {here}: field {key!r} is {short_repr(axes)}; expected distinct axes")
     for key in POSITION_SIZED:
         length = config.get(key)
         limit = settings.current().max_positions
         if isinstance(length, int) and not isinstance(length, bool) and length > limit:
-            raise ModelFileError(f"{where}: {here}: field {key!r} is {length:,}, over the "
-                                 f"{limit:,}-position limit for the table built at load "
-                                 "(FASTLAYERS_MAX_POSITIONS)")
+            raise ModelFileError(
+                f"{where}: {here}: field {key!r} is {length:,}, over the "
+                f"{limit:,}-position limit for the table built at load "
+                "(FASTLAYERS_MAX_POSITIONS)"
+            )
 
 
 def count_layers(total: list, where: str, n: int = 1) -> None:
@@ -182,8 +209,9 @@ def count_layers(total: list, where: str, n: int = 1) -> None:
     total[0] += n
     limit = settings.current().max_layers
     if total[0] > limit:
-        raise ModelFileError(f"{where}: the model config describes more than {limit:,} layers "
-                             "and calls (FASTLAYERS_MAX_LAYERS)")
+        raise ModelFileError(
+            f"{where}: the model config describes more than {limit:,} layers and calls (FASTLAYERS_MAX_LAYERS)"
+        )
 
 
 # ------------------------------------------------------------------------------------------ zip
@@ -196,8 +224,7 @@ def open_zip(source, where: str) -> zipfile.ZipFile:
     try:
         z = zipfile.ZipFile(source)
     except ZIP_ERRORS as e:
-        raise ModelFileError(f"{where}: not a readable zip archive ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+        raise ModelFileError(f"{where}: not a readable zip archive ({type(e).__name__}: {str(e)[:200]})") from None
     try:
         size = source_size(z)
         names = set()
@@ -228,28 +255,34 @@ def check_member(info: zipfile.ZipInfo, where: str, archive_size: int) -> None:
     archive, and (deflated) within ``max_compression_ratio``."""
     name = info.filename
     if info.flag_bits & 0x41:
-        raise ModelFileError(f"{where}: zip member {name!r} is encrypted (flags "
-                             f"{info.flag_bits:#x}); model files are never encrypted")
+        raise ModelFileError(
+            f"{where}: zip member {name!r} is encrypted (flags {info.flag_bits:#x}); model files are never encrypted"
+        )
     if info.compress_type in _METHODS:
-        raise UnsupportedError(f"{where}: zip member {name!r} is compressed with "
-                               f"{_METHODS[info.compress_type]}; fastlayers reads stored and "
-                               "deflated members")
+        raise UnsupportedError(
+            f"{where}: zip member {name!r} is compressed with "
+            f"{_METHODS[info.compress_type]}; fastlayers reads stored and "
+            "deflated members"
+        )
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise ModelFileError(f"{where}: zip member {name!r} has an unknown compression method "
-                             f"{info.compress_type}")
+        raise ModelFileError(f"{where}: zip member {name!r} has an unknown compression method {info.compress_type}")
     if info.header_offset + 30 + info.compress_size > archive_size:
-        raise ModelFileError(f"{where}: zip member {name!r} claims {info.compress_size:,} bytes "
-                             f"at offset {info.header_offset:,}, past the end of the "
-                             f"{archive_size:,}-byte archive")
+        raise ModelFileError(
+            f"{where}: zip member {name!r} claims {info.compress_size:,} bytes "
+            f"at offset {info.header_offset:,}, past the end of the "
+            f"{archive_size:,}-byte archive"
+        )
     if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
-        raise ModelFileError(f"{where}: stored zip member {name!r} has size {info.file_size:,} "
-                             f"but {info.compress_size:,} bytes of data")
+        raise ModelFileError(
+            f"{where}: stored zip member {name!r} has size {info.file_size:,} but {info.compress_size:,} bytes of data"
+        )
     ratio = settings.current().max_compression_ratio
-    if info.compress_type == zipfile.ZIP_DEFLATED and \
-            info.file_size > ratio * info.compress_size + (1 << 16):
-        raise ModelFileError(f"{where}: zip member {name!r} claims {info.file_size:,} bytes from "
-                             f"{info.compress_size:,} compressed, over the "
-                             f"{ratio}x ratio limit (FASTLAYERS_MAX_COMPRESSION_RATIO)")
+    if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > ratio * info.compress_size + (1 << 16):
+        raise ModelFileError(
+            f"{where}: zip member {name!r} claims {info.file_size:,} bytes from "
+            f"{info.compress_size:,} compressed, over the "
+            f"{ratio}x ratio limit (FASTLAYERS_MAX_COMPRESSION_RATIO)"
+        )
 
 
 @contextlib.contextmanager
@@ -261,8 +294,7 @@ def zip_errors(where: str, what: str):
     except ModelFileError:
         raise
     except ZIP_ERRORS as e:
-        raise ModelFileError(f"{where}: cannot read {what} ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+        raise ModelFileError(f"{where}: cannot read {what} ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def open_file(source, where: str):
@@ -285,19 +317,18 @@ def get_member(z: zipfile.ZipFile, name: str, where: str) -> zipfile.ZipInfo:
         raise ModelFileError(f"{where}: the archive has no {name!r} member") from None
 
 
-def read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, limit: int,
-                what: str | None = None) -> bytes:
+def read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, limit: int, what: str | None = None) -> bytes:
     """A member's bytes, CRC-checked, refused (before anything is decompressed) when it declares
     more than ``limit`` bytes; reads at most ``limit`` bytes whatever the header says."""
     what = what or f"zip member {info.filename!r}"
     if info.file_size > limit:
-        raise ModelFileError(f"{where}: {what} is {info.file_size:,} bytes, over the {limit:,}-byte "
-                             "limit (FASTLAYERS_MAX_CONFIG_BYTES)")
+        raise ModelFileError(
+            f"{where}: {what} is {info.file_size:,} bytes, over the {limit:,}-byte limit (FASTLAYERS_MAX_CONFIG_BYTES)"
+        )
     with zip_errors(where, what), z.open(info) as member:
         data = member.read(limit + 1)
         if len(data) != info.file_size:
-            raise ModelFileError(f"{where}: {what} holds {len(data):,} bytes, its header says "
-                                 f"{info.file_size:,}")
+            raise ModelFileError(f"{where}: {what} holds {len(data):,} bytes, its header says {info.file_size:,}")
         if member.read(1):
             raise ModelFileError(f"{where}: {what} is longer than its header says")
     return data
@@ -310,7 +341,7 @@ def read_member_into(member, out, where: str, what: str) -> None:
     with zip_errors(where, what):
         done = 0
         while done < len(view):
-            n = member.readinto(view[done:done + CHUNK_BYTES])
+            n = member.readinto(view[done : done + CHUNK_BYTES])
             if not n:
                 raise ModelFileError(f"{where}: {what} is truncated ({done:,} of {len(view):,} bytes)")
             done += n
@@ -340,14 +371,16 @@ def check_crc(fobj, start: int, size: int, expected: int, where: str, what: str)
     buf = bytearray(min(CHUNK_BYTES, max(size, 1)))
     view = memoryview(buf)
     while left:
-        n = fobj.readinto(view[:min(left, len(buf))])
+        n = fobj.readinto(view[: min(left, len(buf))])
         if not n:
             raise ModelFileError(f"{where}: {what} is truncated")
         crc = zlib.crc32(view[:n], crc)
         left -= n
     if crc != expected:
-        raise ModelFileError(f"{where}: {what} fails its CRC-32 check (stored {expected:#010x}, "
-                             f"computed {crc:#010x}): the file is corrupt")
+        raise ModelFileError(
+            f"{where}: {what} fails its CRC-32 check (stored {expected:#010x}, "
+            f"computed {crc:#010x}): the file is corrupt"
+        )
 
 
 # ---------------------------------------------------------------------------------- activations
@@ -360,6 +393,8 @@ def check_graph(nodes, where: str) -> None:
     for node in nodes:
         for out in node.outputs:
             if any(d is not None and not 0 <= d <= MAX_CONFIG_INT for d in out.shape):
-                raise ModelFileError(f"{where}: layer {node.layer.name!r} "
-                                     f"({type(node.layer).__name__}) gives an output of shape "
-                                     f"{tuple(out.shape)}: sizes must be from 0 to {MAX_CONFIG_INT}")
+                raise ModelFileError(
+                    f"{where}: layer {node.layer.name!r} "
+                    f"({type(node.layer).__name__}) gives an output of shape "
+                    f"{tuple(out.shape)}: sizes must be from 0 to {MAX_CONFIG_INT}"
+                )

@@ -76,8 +76,9 @@ def _header(archive, key: str, fmt: str, version: int, what: str) -> dict:
     if type(found) is not int:
         raise ModelFileError(f"{what}: malformed format version {found!r}")
     if found > version:
-        raise UnsupportedError(f"{what}: written by a newer fastlayers (format version {found}, "
-                               f"this version reads {version})")
+        raise UnsupportedError(
+            f"{what}: written by a newer fastlayers (format version {found}, this version reads {version})"
+        )
     return header
 
 
@@ -132,12 +133,12 @@ def reduce_onnx(model) -> tuple:
         raise UnsupportedError(
             f"ONNX model {model.name!r} cannot be pickled by value: its file keeps weights in "
             "external data files, which the pickle would not carry; save it as one file "
-            "(onnx.save_model(proto, path, save_as_external_data=False), under 2 GB) and load that")
+            "(onnx.save_model(proto, path, save_as_external_data=False), under 2 GB) and load that"
+        )
     if isinstance(source, FileSource):
         source = source.read()
     header = json.dumps({"format": ONNX_FORMAT, "version": ONNX_VERSION, "where": model.where})
-    arrays = {ONNX_KEY: np.frombuffer(header.encode(), np.uint8),
-              "model": np.frombuffer(source, np.uint8)}
+    arrays = {ONNX_KEY: np.frombuffer(header.encode(), np.uint8), "model": np.frombuffer(source, np.uint8)}
     return _onnx_from_bytes, (_npz_bytes(arrays),)
 
 
@@ -153,18 +154,16 @@ def _onnx_from_bytes(data: bytes):
             where = header.get("where")
             if not isinstance(where, str) or set(archive.files) != {ONNX_KEY, "model"}:
                 raise ModelFileError(f"{ONNX_WHAT}: malformed payload")
-            source = archive["model"]   # a fresh, aligned, writeable buffer the weights may view
+            source = archive["model"]  # a fresh, aligned, writeable buffer the weights may view
         if source.dtype != np.uint8 or source.ndim != 1:
-            raise ModelFileError(f"{ONNX_WHAT}: malformed payload (model bytes {source.dtype} "
-                                 f"{source.shape})")
-        return from_bytes(source, where)   # the original's name and messages
+            raise ModelFileError(f"{ONNX_WHAT}: malformed payload (model bytes {source.dtype} {source.shape})")
+        return from_bytes(source, where)  # the original's name and messages
     except ModelFileError as e:
         msg = str(e)
         raise ModelFileError(msg if msg.startswith(ONNX_WHAT) else f"{ONNX_WHAT}: {msg}") from e
     except FastlayersError:
         raise
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
-            RecursionError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, RecursionError) as e:
         raise ModelFileError(f"{ONNX_WHAT}: unreadable payload ({type(e).__name__}: {e})") from e
 
 
@@ -190,18 +189,27 @@ def _transformer_layer_args(m) -> dict:
     elif m._act_name in ("relu", "gelu") and m.activation in (F.relu, F.gelu):
         activation = m._act_name
     else:
-        raise UnsupportedError(f"activation {m.activation!r} is code (a callable of its own); "
-                               "only 'relu', 'gelu' or an nn.ReLU/nn.GELU module pickle by value")
-    return {"d_model": m.self_attn.embed_dim, "nhead": m.self_attn.num_heads,
-            "dim_feedforward": m.linear1.out_features, "dropout": m.dropout.p,
-            "activation": activation, "layer_norm_eps": m.norm1.eps,
-            "batch_first": m.self_attn.batch_first, "norm_first": m.norm_first,
-            "bias": m.linear1.bias is not None}
+        raise UnsupportedError(
+            f"activation {m.activation!r} is code (a callable of its own); "
+            "only 'relu', 'gelu' or an nn.ReLU/nn.GELU module pickle by value"
+        )
+    return {
+        "d_model": m.self_attn.embed_dim,
+        "nhead": m.self_attn.num_heads,
+        "dim_feedforward": m.linear1.out_features,
+        "dropout": m.dropout.p,
+        "activation": activation,
+        "layer_norm_eps": m.norm1.eps,
+        "batch_first": m.self_attn.batch_first,
+        "norm_first": m.norm_first,
+        "bias": m.linear1.bias is not None,
+    }
 
 
 def _stack_args(layer_keyword: str):
     def args(m) -> dict:
         return {layer_keyword: m.layers[0], "num_layers": len(m.layers)}
+
     return args
 
 
@@ -244,8 +252,10 @@ def _plain(value, where: str):
         return value.item()
     if isinstance(value, (tuple, list)):
         return [_plain(v, where) for v in value]
-    raise UnsupportedError(f"{where} is a {type(value).__name__}, which pickling by value cannot "
-                           "hold (plain numbers, strings and tuples only)")
+    raise UnsupportedError(
+        f"{where} is a {type(value).__name__}, which pickling by value cannot "
+        "hold (plain numbers, strings and tuples only)"
+    )
 
 
 def _module_tree(m, path: str, registry: dict) -> dict:
@@ -260,21 +270,20 @@ def _module_tree(m, path: str, registry: dict) -> dict:
             f"{where} is a {type(m).__module__}.{type(m).__qualname__}, not a fastlayers.nn class: "
             "its code cannot be pickled by value (a pickled model is data). Pickle its "
             "state_dict() instead (numpy arrays) and rebuild it with its class and "
-            "load_state_dict, or export the model to ONNX")
+            "load_state_dict, or export the model to ONNX"
+        )
 
     def child(key, module):
         return _module_tree(module, f"{path}.{key}" if path else key, registry)
 
     if name in _CONTAINERS:
-        return {"class_name": name, "config": {},
-                "modules": {k: child(k, v) for k, v in m.named_children()}}
+        return {"class_name": name, "config": {}, "modules": {k: child(k, v) for k, v in m.named_children()}}
     try:
         args = _constructor_args(m)
     except UnsupportedError as e:
         raise UnsupportedError(f"{where} ({name}): {e}") from None
     modules = {k: child(k, v) for k, v in args.items() if isinstance(v, Module)}
-    config = {k: _plain(v, f"{where} ({name}) argument {k!r}") for k, v in args.items()
-              if k not in modules}
+    config = {k: _plain(v, f"{where} ({name}) argument {k!r}") for k, v in args.items() if k not in modules}
     return {"class_name": name, "config": config, "modules": modules}
 
 
@@ -290,8 +299,7 @@ def reduce_module(module) -> tuple:
     from .nn import MODULE_CLASSES
 
     tree = _module_tree(module, "", MODULE_CLASSES)
-    header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION,
-                         "fastlayers_version": __version__, "module": tree})
+    header = json.dumps({"format": NN_FORMAT, "version": NN_VERSION, "fastlayers_version": __version__, "module": tree})
     arrays = {NN_KEY: np.frombuffer(header.encode(), np.uint8), **module.state_dict()}
     return _module_from_bytes, (_npz_bytes(arrays),)
 
@@ -303,8 +311,12 @@ def _tuples(value):
 
 def _build_module(node, path: str, registry: dict):
     where = f"module {path or '<root>'}"
-    if not isinstance(node, dict) or not isinstance(node.get("class_name"), str) \
-            or not isinstance(node.get("config"), dict) or not isinstance(node.get("modules"), dict):
+    if (
+        not isinstance(node, dict)
+        or not isinstance(node.get("class_name"), str)
+        or not isinstance(node.get("config"), dict)
+        or not isinstance(node.get("modules"), dict)
+    ):
         raise ModelFileError(f"{NN_WHAT}: {where}: malformed entry {str(node)[:200]}")
     name = node["class_name"]
     cls = registry.get(name)
@@ -312,7 +324,8 @@ def _build_module(node, path: str, registry: dict):
         raise UnsupportedError(f"{NN_WHAT}: {where} has unknown class {name!r}")
     modules = OrderedDict(
         (k, None if v is None else _build_module(v, f"{path}.{k}" if path else k, registry))
-        for k, v in node["modules"].items())
+        for k, v in node["modules"].items()
+    )
     if name == "Sequential":
         return cls(modules)
     if name in _CONTAINERS:
@@ -326,8 +339,7 @@ def _build_module(node, path: str, registry: dict):
     except FastlayersError as e:
         raise ModelFileError(f"{NN_WHAT}: {where} ({name}): invalid arguments: {e}") from e
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, MemoryError) as e:
-        raise ModelFileError(f"{NN_WHAT}: {where} ({name}): invalid arguments "
-                             f"({type(e).__name__}: {e})") from e
+        raise ModelFileError(f"{NN_WHAT}: {where} ({name}): invalid arguments ({type(e).__name__}: {e})") from e
 
 
 def _module_from_bytes(data: bytes):
@@ -346,7 +358,6 @@ def _module_from_bytes(data: bytes):
         if isinstance(e, (StateDictError, ShapeError)):
             raise ModelFileError(f"{NN_WHAT}: the weights do not match the modules: {e}") from e
         raise
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
-            RecursionError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, RecursionError) as e:
         raise ModelFileError(f"{NN_WHAT}: unreadable payload ({type(e).__name__}: {e})") from e
     return module

@@ -105,7 +105,7 @@ class ModelCache:
             st = os.stat(path)
             key = (str(path), st.st_mtime_ns, st.st_size)
         except OSError:
-            key = (str(path), None, None)   # load() names the missing file
+            key = (str(path), None, None)  # load() names the missing file
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = load(path)
@@ -119,8 +119,7 @@ def _fail(message: str):
 def _check_limit(name: str, value) -> None:
     from .errors import InputError
 
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not value > 0):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
         raise InputError(f"fastlayers_bench: {name} must be a positive number or None, got {value!r}")
 
 
@@ -138,14 +137,15 @@ def _inputs(model, specs, inputs, batch, shapes, seed):
         missing = [n for n in names if n not in inputs]
         unknown = [n for n in inputs if n not in names]
         if missing or unknown:
-            raise InputError(f"fastlayers_bench: inputs= names {sorted(inputs)}; the model's "
-                            f"inputs are {names}")
+            raise InputError(f"fastlayers_bench: inputs= names {sorted(inputs)}; the model's inputs are {names}")
         inputs = [inputs[n] for n in names]
     elif not isinstance(inputs, (list, tuple)):
         inputs = [inputs]
     if len(inputs) != len(specs):
-        raise InputError(f"fastlayers_bench: the model takes {len(specs)} input(s) "
-                        f"{[s.name for s in specs]}; inputs= gives {len(inputs)}")
+        raise InputError(
+            f"fastlayers_bench: the model takes {len(specs)} input(s) "
+            f"{[s.name for s in specs]}; inputs= gives {len(inputs)}"
+        )
     return [np.asarray(a).astype(s.dtype, copy=False) for a, s in zip(inputs, specs)]
 
 
@@ -164,11 +164,24 @@ class SpeedCheck:
     def __init__(self, benchmark, models: ModelCache):
         self.benchmark, self.models = benchmark, models
 
-    def __call__(self, model, *, inputs=None, batch: int = 1, shapes=None, threads: int | None = 1,
-                 max_ms: float | None = None, max_ratio: float | None = None,
-                 rounds: int | None = None, ratio_seconds: float = 1.0, profile: bool = True,
-                 profile_repeats: int = 10, rtol: float | None = None, atol: float | None = None,
-                 seed: int = 0) -> SpeedResult:
+    def __call__(
+        self,
+        model,
+        *,
+        inputs=None,
+        batch: int = 1,
+        shapes=None,
+        threads: int | None = 1,
+        max_ms: float | None = None,
+        max_ratio: float | None = None,
+        rounds: int | None = None,
+        ratio_seconds: float = 1.0,
+        profile: bool = True,
+        profile_repeats: int = 10,
+        rtol: float | None = None,
+        atol: float | None = None,
+        seed: int = 0,
+    ) -> SpeedResult:
         """Load (once per session), warm, time and check a model.
 
         Parameters
@@ -242,11 +255,15 @@ class SpeedCheck:
         else:
             path = None
             if max_ratio is not None:
-                raise InputError("fastlayers_bench: max_ratio compares with onnxruntime on the "
-                                "model's file: pass the file's path, not a loaded model")
+                raise InputError(
+                    "fastlayers_bench: max_ratio compares with onnxruntime on the "
+                    "model's file: pass the file's path, not a loaded model"
+                )
         if max_ratio is not None and not is_onnx(model):
-            raise InputError(f"fastlayers_bench: max_ratio compares ONNX models with onnxruntime; "
-                            f"{path} loads as {type(model).__name__}")
+            raise InputError(
+                f"fastlayers_bench: max_ratio compares ONNX models with onnxruntime; "
+                f"{path} loads as {type(model).__name__}"
+            )
         name = str(path) if path is not None else getattr(model, "name", type(model).__name__)
         specs = input_specs(model)
         arrays = _inputs(model, specs, inputs, batch, shapes, seed)
@@ -257,17 +274,26 @@ class SpeedCheck:
             fn = runner(model, arrays)
             outputs = fn()
             result = SpeedResult(name, used, items_of(arrays), outputs, extra_info=info)
-            info.update({"model": name, "threads": used, "batch": result.batch,
-                         "inputs": {s.name: list(a.shape) for s, a in zip(specs, arrays)},
-                         "isa": isa(), "max_ms": max_ms, "max_ratio": max_ratio})
+            info.update(
+                {
+                    "model": name,
+                    "threads": used,
+                    "batch": result.batch,
+                    "inputs": {s.name: list(a.shape) for s, a in zip(specs, arrays)},
+                    "isa": isa(),
+                    "max_ms": max_ms,
+                    "max_ratio": max_ratio,
+                }
+            )
             session = feed = None
             if max_ratio is not None:
                 session = onnxruntime_session(path, used)
                 feed = dict(zip([s.name for s in specs], arrays))
                 names = [o.name for o in model.get_outputs()]
                 try:
-                    result.max_abs_diff = compare_outputs(session.run(None, feed), outputs, names,
-                                                          rtol, atol, f"{name}, threads {used}")
+                    result.max_abs_diff = compare_outputs(
+                        session.run(None, feed), outputs, names, rtol, atol, f"{name}, threads {used}"
+                    )
                     mismatch = None
                 except MismatchError as e:
                     mismatch = str(e)
@@ -275,14 +301,16 @@ class SpeedCheck:
                     _fail(mismatch)
                 info[ONNXRUNTIME] = {"max_abs_diff": result.max_abs_diff}
             if benchmark.disabled:
-                benchmark(fn)    # runs once: the correctness run of a suite without timing
-                budgets = [f"{k}={v}" for k, v in (("max_ms", max_ms), ("max_ratio", max_ratio))
-                           if v is not None]
+                benchmark(fn)  # runs once: the correctness run of a suite without timing
+                budgets = [f"{k}={v}" for k, v in (("max_ms", max_ms), ("max_ratio", max_ratio)) if v is not None]
                 info["budget"] = "not checked: benchmarks disabled"
-                warnings.warn(FastlayersBenchWarning(
-                    f"fastlayers_bench: benchmarks are disabled (--benchmark-disable): {name} ran "
-                    f"once, not timed" + (f"; {', '.join(budgets)} not checked" if budgets else "")),
-                    stacklevel=2)
+                warnings.warn(
+                    FastlayersBenchWarning(
+                        f"fastlayers_bench: benchmarks are disabled (--benchmark-disable): {name} ran "
+                        f"once, not timed" + (f"; {', '.join(budgets)} not checked" if budgets else "")
+                    ),
+                    stacklevel=2,
+                )
                 return result
             warm(fn)
             if rounds is not None:
@@ -295,27 +323,32 @@ class SpeedCheck:
                 result.profile = model.profile(*arrays, repeats=profile_repeats).as_dict()
                 info["profile"] = result.profile
             if session is not None:
-                times = time_calls({"fastlayers": fn,
-                                    ONNXRUNTIME: lambda: session.run(None, feed)}, ratio_seconds)
+                times = time_calls({"fastlayers": fn, ONNXRUNTIME: lambda: session.run(None, feed)}, ratio_seconds)
                 ours = Latency.from_times("fastlayers", used, result.batch, times["fastlayers"])
                 theirs = Latency.from_times(ONNXRUNTIME, used, result.batch, times[ONNXRUNTIME])
                 result.fastlayers_p50_ms, result.onnxruntime_p50_ms = ours.p50_ms, theirs.p50_ms
                 result.ratio = ours.p50_ms / theirs.p50_ms
-                info[ONNXRUNTIME].update(fastlayers_p50_ms=ours.p50_ms,
-                                         onnxruntime_p50_ms=theirs.p50_ms, ratio=result.ratio,
-                                         calls=ours.calls)
+                info[ONNXRUNTIME].update(
+                    fastlayers_p50_ms=ours.p50_ms,
+                    onnxruntime_p50_ms=theirs.p50_ms,
+                    ratio=result.ratio,
+                    calls=ours.calls,
+                )
         result.checked = True
         failures = []
         if max_ms is not None and result.median_ms > max_ms:
-            failures.append(f"{name}: median {result.median_ms:.4g} ms per call exceeds "
-                            f"max_ms={max_ms:g} (threads {used}, batch {result.batch})")
+            failures.append(
+                f"{name}: median {result.median_ms:.4g} ms per call exceeds "
+                f"max_ms={max_ms:g} (threads {used}, batch {result.batch})"
+            )
         if max_ratio is not None and result.ratio > max_ratio:
-            failures.append(f"{name}: {result.ratio:.3g}x onnxruntime exceeds max_ratio="
-                            f"{max_ratio:g} (p50 {result.fastlayers_p50_ms:.4g} ms against "
-                            f"{result.onnxruntime_p50_ms:.4g} ms, interleaved, threads {used}, "
-                            f"batch {result.batch})")
-        info["budget"] = "failed" if failures else "passed" if (
-            max_ms is not None or max_ratio is not None) else "none"
+            failures.append(
+                f"{name}: {result.ratio:.3g}x onnxruntime exceeds max_ratio="
+                f"{max_ratio:g} (p50 {result.fastlayers_p50_ms:.4g} ms against "
+                f"{result.onnxruntime_p50_ms:.4g} ms, interleaved, threads {used}, "
+                f"batch {result.batch})"
+            )
+        info["budget"] = "failed" if failures else "passed" if (max_ms is not None or max_ratio is not None) else "none"
         if failures:
             _fail("; ".join(failures))
         return result
@@ -362,6 +395,5 @@ def fastlayers_bench(request, fastlayers_models):
     SpeedCheck
     """
     if not request.config.pluginmanager.hasplugin("benchmark"):
-        pytest.skip("fastlayers_bench needs pytest-benchmark (pip install pytest-benchmark), "
-                    "with its plugin enabled")
+        pytest.skip("fastlayers_bench needs pytest-benchmark (pip install pytest-benchmark), with its plugin enabled")
     return SpeedCheck(request.getfixturevalue("benchmark"), fastlayers_models)

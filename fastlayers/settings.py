@@ -68,8 +68,9 @@ def env_choice(name: str, choices, default: str) -> str:
     if not value:
         return default
     if value not in choices:
-        raise SettingError(f"environment variable {name}={value!r}: expected one of "
-                           f"{', '.join(repr(c) for c in choices)}")
+        raise SettingError(
+            f"environment variable {name}={value!r}: expected one of {', '.join(repr(c) for c in choices)}"
+        )
     return value
 
 
@@ -77,71 +78,136 @@ def env_choice(name: str, choices, default: str) -> str:
 #: settings page is generated from the same facts: tests/test_settings.py checks it lists each).
 SETTINGS = (
     # readers of every format
-    Setting("max_config_bytes", "FASTLAYERS_MAX_CONFIG_BYTES", 32 << 20,
-            "Largest JSON text read from a file (a .keras config.json, an .h5 model_config, the "
-            "native header, a safetensors header), in bytes, checked before it is read or "
-            "decompressed."),
-    Setting("max_json_depth", "FASTLAYERS_MAX_JSON_DEPTH", 200,
-            "Deepest nesting of lists and objects accepted in that JSON."),
-    Setting("max_layers", "FASTLAYERS_MAX_LAYERS", 100_000,
-            "Most layers (nested models' included) and layer calls one model config may "
-            "describe."),
-    Setting("max_compression_ratio", "FASTLAYERS_MAX_COMPRESSION_RATIO", 200,
-            "Largest ratio of a compressed zip member's declared size to its compressed size."),
-    Setting("max_positions", "FASTLAYERS_MAX_POSITIONS", 1 << 20,
-            "Largest position table a PositionalEncoding layer may ask for (computed at load, "
-            "held by no weight in the file)."),
+    Setting(
+        "max_config_bytes",
+        "FASTLAYERS_MAX_CONFIG_BYTES",
+        32 << 20,
+        "Largest JSON text read from a file (a .keras config.json, an .h5 model_config, the "
+        "native header, a safetensors header), in bytes, checked before it is read or "
+        "decompressed.",
+    ),
+    Setting(
+        "max_json_depth",
+        "FASTLAYERS_MAX_JSON_DEPTH",
+        200,
+        "Deepest nesting of lists and objects accepted in that JSON.",
+    ),
+    Setting(
+        "max_layers",
+        "FASTLAYERS_MAX_LAYERS",
+        100_000,
+        "Most layers (nested models' included) and layer calls one model config may describe.",
+    ),
+    Setting(
+        "max_compression_ratio",
+        "FASTLAYERS_MAX_COMPRESSION_RATIO",
+        200,
+        "Largest ratio of a compressed zip member's declared size to its compressed size.",
+    ),
+    Setting(
+        "max_positions",
+        "FASTLAYERS_MAX_POSITIONS",
+        1 << 20,
+        "Largest position table a PositionalEncoding layer may ask for (computed at load, "
+        "held by no weight in the file).",
+    ),
     # torch files
-    Setting("torch_max_pickle_nodes", "FASTLAYERS_TORCH_MAX_PICKLE_NODES", 10_000_000,
-            "Most objects a torch pickle may build, each counted once per place it is used."),
-    Setting("torch_max_pickle_depth", "FASTLAYERS_TORCH_MAX_PICKLE_DEPTH", 1000,
-            "Deepest nesting of objects in a torch pickle."),
-    Setting("torch_max_modules", "FASTLAYERS_TORCH_MAX_MODULES", 10_000,
-            "Most modules in a pickled torch module tree (a shared module counted once per "
-            "parent)."),
-    Setting("torch_max_module_depth", "FASTLAYERS_TORCH_MAX_MODULE_DEPTH", 100,
-            "Deepest nesting of modules in a pickled torch module tree."),
-    Setting("torch_max_index_bytes", "FASTLAYERS_TORCH_MAX_INDEX_BYTES", 256 << 20,
-            "Largest sharded-checkpoint index (model.safetensors.index.json), in bytes."),
-    Setting("torch_max_shards", "FASTLAYERS_TORCH_MAX_SHARDS", 100_000,
-            "Most shards one sharded-checkpoint index may name."),
-    Setting("torch_max_geometry", "FASTLAYERS_TORCH_MAX_GEOMETRY", 4096,
-            "Largest stride, dilation, pooling window, adaptive or resize output size of a "
-            "pickled torch module."),
+    Setting(
+        "torch_max_pickle_nodes",
+        "FASTLAYERS_TORCH_MAX_PICKLE_NODES",
+        10_000_000,
+        "Most objects a torch pickle may build, each counted once per place it is used.",
+    ),
+    Setting(
+        "torch_max_pickle_depth",
+        "FASTLAYERS_TORCH_MAX_PICKLE_DEPTH",
+        1000,
+        "Deepest nesting of objects in a torch pickle.",
+    ),
+    Setting(
+        "torch_max_modules",
+        "FASTLAYERS_TORCH_MAX_MODULES",
+        10_000,
+        "Most modules in a pickled torch module tree (a shared module counted once per parent).",
+    ),
+    Setting(
+        "torch_max_module_depth",
+        "FASTLAYERS_TORCH_MAX_MODULE_DEPTH",
+        100,
+        "Deepest nesting of modules in a pickled torch module tree.",
+    ),
+    Setting(
+        "torch_max_index_bytes",
+        "FASTLAYERS_TORCH_MAX_INDEX_BYTES",
+        256 << 20,
+        "Largest sharded-checkpoint index (model.safetensors.index.json), in bytes.",
+    ),
+    Setting(
+        "torch_max_shards", "FASTLAYERS_TORCH_MAX_SHARDS", 100_000, "Most shards one sharded-checkpoint index may name."
+    ),
+    Setting(
+        "torch_max_geometry",
+        "FASTLAYERS_TORCH_MAX_GEOMETRY",
+        4096,
+        "Largest stride, dilation, pooling window, adaptive or resize output size of a pickled torch module.",
+    ),
     # ONNX graphs
-    Setting("onnx_max_fold_bytes", "FASTLAYERS_ONNX_MAX_FOLD_BYTES", 64 << 20,
-            "Constant folding at load may make constants of at most max(this, twice the bytes of "
-            "the graph's initializers)."),
-    Setting("onnx_max_created_bytes", "FASTLAYERS_ONNX_MAX_CREATED_BYTES", 1 << 31,
-            "Most bytes one tensor may take where the graph's values, not the size of the "
-            "inputs, set its size (ConstantOfShape, Expand, Tile, Range, Resize, Pad, ...), at "
-            "load and at each call."),
-    Setting("onnx_max_loop_iterations", "FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS", 1 << 16,
-            "Most iterations of a Loop whose trip count the file sets (a loop bounded by the "
-            "inputs runs as long as they say)."),
+    Setting(
+        "onnx_max_fold_bytes",
+        "FASTLAYERS_ONNX_MAX_FOLD_BYTES",
+        64 << 20,
+        "Constant folding at load may make constants of at most max(this, twice the bytes of "
+        "the graph's initializers).",
+    ),
+    Setting(
+        "onnx_max_created_bytes",
+        "FASTLAYERS_ONNX_MAX_CREATED_BYTES",
+        1 << 31,
+        "Most bytes one tensor may take where the graph's values, not the size of the "
+        "inputs, set its size (ConstantOfShape, Expand, Tile, Range, Resize, Pad, ...), at "
+        "load and at each call.",
+    ),
+    Setting(
+        "onnx_max_loop_iterations",
+        "FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS",
+        1 << 16,
+        "Most iterations of a Loop whose trip count the file sets (a loop bounded by the "
+        "inputs runs as long as they say).",
+    ),
     # load-time choices and run settings
-    Setting("warm_up", None, True,
-            "Run the model once on zeros of its declared input shapes before load returns it, "
-            "so that the first real call finds its weights packed and its threads started."),
-    Setting("optimize", None, True,
-            "Rewrite an ONNX graph at load into fused steps (convolutions with their "
-            "activations, dense layers, normalizations, attention, recurrent cells). False runs "
-            "the operators as the file writes them, after constant folding: slower, for "
-            "checking a fusion against the plain operators."),
-    Setting("threads", None, None,
-            "Threads each call of the model uses (None: the process's count, "
-            "fastlayers.set_num_threads), as onnxruntime's intra_op_num_threads."),
+    Setting(
+        "warm_up",
+        None,
+        True,
+        "Run the model once on zeros of its declared input shapes before load returns it, "
+        "so that the first real call finds its weights packed and its threads started.",
+    ),
+    Setting(
+        "optimize",
+        None,
+        True,
+        "Rewrite an ONNX graph at load into fused steps (convolutions with their "
+        "activations, dense layers, normalizations, attention, recurrent cells). False runs "
+        "the operators as the file writes them, after constant folding: slower, for "
+        "checking a fusion against the plain operators.",
+    ),
+    Setting(
+        "threads",
+        None,
+        None,
+        "Threads each call of the model uses (None: the process's count, "
+        "fastlayers.set_num_threads), as onnxruntime's intra_op_num_threads.",
+    ),
 )
 
 #: Environment variables that configure the process rather than a model (read at import):
 #: name -> meaning.
 ENVIRONMENT = {
-    "FASTLAYERS_ISA": "Kernel path: 'avx512', 'avx2' or 'generic' (default: the best this CPU "
-                      "runs).",
+    "FASTLAYERS_ISA": "Kernel path: 'avx512', 'avx2' or 'generic' (default: the best this CPU runs).",
     "FASTLAYERS_HEAP": "'retain' (default): keep freed blocks mapped between calls (glibc "
-                       "mallopt and the native arena); 'system': the C library's defaults.",
+    "mallopt and the native arena); 'system': the C library's defaults.",
     "FASTLAYERS_CUDA_CACHING_ALLOCATOR": "'1' (default): numba-cuda allocations through a "
-                                         "caching pool; '0': numba's own allocator.",
+    "caching pool; '0': numba's own allocator.",
     "FASTLAYERS_DEBUG": "'1': the command line prints a traceback with its one-line error.",
 }
 
@@ -223,16 +289,14 @@ class LoadOptions:
             value = getattr(self, s.name)
             if s.name in ("warm_up", "optimize"):
                 if not isinstance(value, bool):
-                    raise SettingError(f"LoadOptions.{s.name} must be True or False, got "
-                                       f"{value!r}")
+                    raise SettingError(f"LoadOptions.{s.name} must be True or False, got {value!r}")
             elif s.name == "threads":
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                          or not 1 <= value <= 256):
-                    raise SettingError("LoadOptions.threads must be None or an integer from 1 "
-                                       f"to 256, got {value!r}")
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256
+                ):
+                    raise SettingError(f"LoadOptions.threads must be None or an integer from 1 to 256, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SettingError(f"LoadOptions.{s.name} must be a positive integer, got "
-                                   f"{value!r}")
+                raise SettingError(f"LoadOptions.{s.name} must be a positive integer, got {value!r}")
 
     def replace(self, **changes) -> LoadOptions:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""

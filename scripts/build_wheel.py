@@ -95,14 +95,14 @@ def elf_sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:
     """name -> (type, offset, size, link) of a 64-bit little-endian ELF file's sections."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise CheckError("the extension is not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     raw = [struct.unpack_from("<IIQQQQII", data, shoff + i * shentsize) for i in range(shnum)]
     names_off = raw[shstrndx][4]
 
     def name(off):
         end = data.index(b"\0", names_off + off)
-        return data[names_off + off:end].decode()
+        return data[names_off + off : end].decode()
 
     return {name(s[0]): (s[1], s[4], s[5], s[6]) for s in raw}
 
@@ -122,7 +122,7 @@ def elf_dynamic(data: bytes) -> dict[str, list[str]]:
             break
         if tag in tags:
             start = strtab[1] + val
-            out[tags[tag]].append(data[start:data.index(b"\0", start)].decode())
+            out[tags[tag]].append(data[start : data.index(b"\0", start)].decode())
     return out
 
 
@@ -132,15 +132,15 @@ def producers(data: bytes) -> list[str]:
     if ".debug_str" not in sections:
         return []
     _, off, size, _ = sections[".debug_str"]
-    return sorted({s.decode(errors="replace") for s in data[off:off + size].split(b"\0")
-                   if s.startswith(b"GNU C")})
+    return sorted({s.decode(errors="replace") for s in data[off : off + size].split(b"\0") if s.startswith(b"GNU C")})
 
 
 # ------------------------------------------------------------------------------------ checks
 def tree_files(patterns, folder: str) -> set[str]:
     base = ROOT / folder
-    return {f"{folder}/{p.name}" for p in base.iterdir()
-            if p.is_file() and any(fnmatch(p.name, pat) for pat in patterns)}
+    return {
+        f"{folder}/{p.name}" for p in base.iterdir() if p.is_file() and any(fnmatch(p.name, pat) for pat in patterns)
+    }
 
 
 def data_patterns() -> list[str]:
@@ -153,18 +153,29 @@ def data_patterns() -> list[str]:
 
 
 def bundled_data() -> set[str]:
-    return {f"fastlayers/{p.relative_to(ROOT / 'fastlayers').as_posix()}"
-            for pat in data_patterns() for p in (ROOT / "fastlayers").glob(pat)}
+    return {
+        f"fastlayers/{p.relative_to(ROOT / 'fastlayers').as_posix()}"
+        for pat in data_patterns()
+        for p in (ROOT / "fastlayers").glob(pat)
+    }
 
 
 def check_sdist(sdist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    need = (tree_files(NATIVE_SOURCES, "fastlayers/native") - GENERATED) | bundled_data() | {
-        "setup.py", "pyproject.toml", "MANIFEST.in", "README.md"}
-    for must in ("fastlayers/native/kernels.inc", "fastlayers/native/_core.pyx",
-                 "fastlayers/native/isa_avx512.c", "fastlayers/native/isa_avx2.c",
-                 "fastlayers/native/isa_generic.c", "fastlayers/native/dispatch.h"):
+    need = (
+        (tree_files(NATIVE_SOURCES, "fastlayers/native") - GENERATED)
+        | bundled_data()
+        | {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md"}
+    )
+    for must in (
+        "fastlayers/native/kernels.inc",
+        "fastlayers/native/_core.pyx",
+        "fastlayers/native/isa_avx512.c",
+        "fastlayers/native/isa_avx2.c",
+        "fastlayers/native/isa_generic.c",
+        "fastlayers/native/dispatch.h",
+    ):
         if must not in need:
             raise CheckError(f"{must} is missing from the source tree")
     missing = sorted(need - names)
@@ -173,13 +184,11 @@ def check_sdist(sdist: Path) -> None:
     shipped = sorted(n for n in names if n.endswith(".so") or n in GENERATED)
     if shipped:
         raise CheckError(f"{sdist.name} carries build outputs: {shipped}")
-    say(f"sdist: {len(names)} entries, every native source ({len(need)} files checked), "
-        "no build output")
+    say(f"sdist: {len(names)} entries, every native source ({len(need)} files checked), no build output")
 
 
 def check_flags(log: str, so: bytes) -> None:
-    commands = [line for line in log.splitlines()
-                if re.search(r"(^|[\s/])(\S+-)?(gcc|cc|clang)\s.*\s-c\s", line)]
+    commands = [line for line in log.splitlines() if re.search(r"(^|[\s/])(\S+-)?(gcc|cc|clang)\s.*\s-c\s", line)]
     sources = {Path(src).name for c in commands for src in re.findall(r"\s-c\s+(\S+)", c)}
     isa_files = {"isa_avx512.c", "isa_avx2.c", "isa_generic.c"}
     if not isa_files <= sources:
@@ -189,20 +198,29 @@ def check_flags(log: str, so: bytes) -> None:
         raise CheckError(f"compiled with a native CPU flag: {native[0]}")
     prods = producers(so)
     if not prods:
-        raise CheckError("the extension has no GCC producer strings (built without -g, or by "
-                         "a compiler other than GCC): its compiler options cannot be checked")
-    bad = [p for p in prods if re.search(r"-m(arch|tune|cpu)=native", p)
-           or any(m != "x86-64" for m in re.findall(r"-march=(\S+)", p))]
+        raise CheckError(
+            "the extension has no GCC producer strings (built without -g, or by "
+            "a compiler other than GCC): its compiler options cannot be checked"
+        )
+    bad = [
+        p
+        for p in prods
+        if re.search(r"-m(arch|tune|cpu)=native", p) or any(m != "x86-64" for m in re.findall(r"-march=(\S+)", p))
+    ]
     if bad:
         raise CheckError(f"an object was compiled for a specific CPU: {bad[0]}")
-    kinds = {"avx512": any("-mavx512f" in p for p in prods),
-             "avx2": any("-mavx2" in p and "-mavx512f" not in p for p in prods),
-             "generic": any("-mavx" not in p for p in prods)}
+    kinds = {
+        "avx512": any("-mavx512f" in p for p in prods),
+        "avx2": any("-mavx2" in p and "-mavx512f" not in p for p in prods),
+        "generic": any("-mavx" not in p for p in prods),
+    }
     if not all(kinds.values()):
         raise CheckError(f"objects of some ISA paths are missing: {kinds}")
-    say(f"compiler flags: {len(sources)} C files compiled, no native CPU flag in the log; "
+    say(
+        f"compiler flags: {len(sources)} C files compiled, no native CPU flag in the log; "
         f"{len(prods)} distinct object option sets, all -march=x86-64, with avx512, avx2 and "
-        "baseline objects")
+        "baseline objects"
+    )
 
 
 def check_wheel(wheel: Path, auditwheel_show: str) -> None:
@@ -218,14 +236,14 @@ def check_wheel(wheel: Path, auditwheel_show: str) -> None:
     expect_tag = f"{m.group(1)}-{m.group(1)}-manylinux_2_{m.group(2)}_x86_64"
     if tags != [expect_tag]:
         raise CheckError(f"{info}: tags {tags}, expected [{expect_tag!r}]")
-    if len(sos) != 1 or not re.fullmatch(r"fastlayers/native/_core\.cpython-3\d+-x86_64-linux-gnu\.so",
-                                         sos[0]):
+    if len(sos) != 1 or not re.fullmatch(r"fastlayers/native/_core\.cpython-3\d+-x86_64-linux-gnu\.so", sos[0]):
         raise CheckError(f"expected one fastlayers/native/_core*.so, found {sos}")
     missing = sorted(bundled_data() - names)
     if missing:
         raise CheckError(f"{wheel.name} lacks bundled data: {missing}")
-    sources = sorted(n for n in names if n.startswith("fastlayers/native/")
-                     and any(fnmatch(n, "*/" + p) for p in NATIVE_SOURCES))
+    sources = sorted(
+        n for n in names if n.startswith("fastlayers/native/") and any(fnmatch(n, "*/" + p) for p in NATIVE_SOURCES)
+    )
     if sources:
         raise CheckError(f"{wheel.name} carries native sources: {sources}")
     grafted = sorted(n for n in names if ".libs/" in n)
@@ -239,9 +257,11 @@ def check_wheel(wheel: Path, auditwheel_show: str) -> None:
         raise CheckError(f"{sos[0]} keeps a library path: {dyn['RPATH'] + dyn['RUNPATH']}")
     if "are required by the wheel" in auditwheel_show:
         raise CheckError(f"auditwheel show reports external libraries:\n{auditwheel_show}")
-    say(f"wheel: tag {expect_tag}; {sos[0]} ({len(so) / 2**20:.1f} MiB) needs "
+    say(
+        f"wheel: tag {expect_tag}; {sos[0]} ({len(so) / 2**20:.1f} MiB) needs "
         f"{sorted(dyn['NEEDED'])}, no RPATH/RUNPATH; {len(bundled_data())} data files; "
-        "no native sources, nothing grafted")
+        "no native sources, nothing grafted"
+    )
 
 
 # ------------------------------------------------------------------------------------ steps
@@ -267,9 +287,11 @@ def fix_extension(raw: Path, out: Path, bin_dir: Path, keep_debug: bool) -> None
             for item in zin.infolist():
                 payload = new.get(item.filename, None)
                 if item.filename.endswith(".dist-info/RECORD"):
-                    lines = [record_line(n, new[n]) if n in new else line
-                             for line in zin.read(item).decode().splitlines()
-                             for n in [line.split(",", 1)[0]]]
+                    lines = [
+                        record_line(n, new[n]) if n in new else line
+                        for line in zin.read(item).decode().splitlines()
+                        for n in [line.split(",", 1)[0]]
+                    ]
                     payload = ("\n".join(lines) + "\n").encode()
                 zout.writestr(item, zin.read(item) if payload is None else payload)
 
@@ -277,10 +299,8 @@ def fix_extension(raw: Path, out: Path, bin_dir: Path, keep_debug: bool) -> None
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "dist"), help="output folder (default: dist)")
-    ap.add_argument("--tools", help="venv folder for the build tools, kept and reused "
-                    "(default: a temporary one)")
-    ap.add_argument("--keep-debug", action="store_true",
-                    help="keep the extension's debug information in the wheel")
+    ap.add_argument("--tools", help="venv folder for the build tools, kept and reused (default: a temporary one)")
+    ap.add_argument("--keep-debug", action="store_true", help="keep the extension's debug information in the wheel")
     args = ap.parse_args(argv)
     if not sys.platform.startswith("linux"):
         ap.error("manylinux wheels are built on Linux")
@@ -300,8 +320,9 @@ def main(argv=None) -> int:
         say("sdist, then the wheel from the sdist (python -m build; the compile takes minutes)")
         log = out / "fastlayers-build.log"
         with open(log, "w") as f:
-            code = subprocess.run([bin_dir / "python", "-m", "build", "--outdir", raw, ROOT],
-                                  env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(
+                [bin_dir / "python", "-m", "build", "--outdir", raw, ROOT], env=env, stdout=f, stderr=subprocess.STDOUT
+            ).returncode
         text = log.read_text()
         if code:
             print("\n".join(text.splitlines()[-80:]))
@@ -320,8 +341,7 @@ def main(argv=None) -> int:
         fix_extension(wheel, fixed, bin_dir, args.keep_debug)
         run([bin_dir / "auditwheel", "repair", "--wheel-dir", work / "repaired", fixed], env=env)
         repaired = next((work / "repaired").glob("fastlayers-*.whl"))
-        show = run([bin_dir / "auditwheel", "show", repaired], env=env, capture_output=True,
-                   text=True).stdout
+        show = run([bin_dir / "auditwheel", "show", repaired], env=env, capture_output=True, text=True).stdout
         print(show.strip())
         check_wheel(repaired, show)
         shutil.copy2(sdist, out / sdist.name)

@@ -97,8 +97,10 @@ def train(keras, model, x_train, y_train, x_test, y_test, epochs, lr):
         ours = fastlayers.load(f"{tmp}/m.keras")
     probs = ours(x_test)
     np.testing.assert_allclose(probs, keras_probs, rtol=1e-4, atol=1e-5)
-    print(f"{model.name}: keras accuracy {np.mean(keras_probs.argmax(1) == y_test):.4f}, "
-          f"fastlayers accuracy {np.mean(probs.argmax(1) == y_test):.4f}")
+    print(
+        f"{model.name}: keras accuracy {np.mean(keras_probs.argmax(1) == y_test):.4f}, "
+        f"fastlayers accuracy {np.mean(probs.argmax(1) == y_test):.4f}"
+    )
     ours.save(DATA / f"{model.name}.flm")
 
 
@@ -111,8 +113,7 @@ def main():
     x_train, y_train, x_test, y_test = digits_split()
     DATA.mkdir(exist_ok=True)
     model = build_mlp(keras)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(x_train.astype("float32"), y_train, epochs=60, batch_size=64, verbose=0)
     keras_probs = model.predict(x_test.astype("float32"), verbose=0)
     print(f"keras test accuracy: {np.mean(keras_probs.argmax(1) == y_test):.4f}")

@@ -24,7 +24,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 needs_numba_cuda = pytest.mark.skipif(
     importlib.util.find_spec("numba_cuda") is None,
     reason="numba-cuda not installed: the cuda backend's tests run after "
-           "pip install -e \".[test,cuda]\" (README, Development)")
+    'pip install -e ".[test,cuda]" (README, Development)',
+)
 
 
 def oracle(module: str):
@@ -60,8 +61,7 @@ def rng():
 #: The cuda backend under numba-cuda's simulator joins the ``backend`` fixture when the run asks
 #: for the simulator (NUMBA_ENABLE_CUDASIM=1, set before numba is imported) and numba-cuda is
 #: installed: README's CUDA test line selects those cases with ``-k cuda``.
-CUDA_SIMULATOR = (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-                  and importlib.util.find_spec("numba_cuda") is not None)
+CUDA_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and importlib.util.find_spec("numba_cuda") is not None
 
 
 @pytest.fixture(params=["reference", "cpu", *(["cuda"] if CUDA_SIMULATOR else [])])
@@ -102,8 +102,9 @@ def threads(request):
 
 def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
     """float32 comparison at the project's per-op tolerance."""
-    np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
-                               rtol=rtol, atol=atol, err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), np.asarray(expected, np.float64), rtol=rtol, atol=atol, err_msg=what
+    )
 
 
 def assert_close_to_scale(actual, expected, rel=1e-5, what=""):
@@ -113,8 +114,9 @@ def assert_close_to_scale(actual, expected, rel=1e-5, what=""):
     not each output's)."""
     expected = np.asarray(expected, np.float64)
     scale = float(np.abs(expected).max()) if expected.size else 0.0
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=0,
-                               atol=rel * max(scale, 1e-30), err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), expected, rtol=0, atol=rel * max(scale, 1e-30), err_msg=what
+    )
 
 
 def random_torch_module(torch, module_class, scale=0.3):

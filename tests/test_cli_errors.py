@@ -26,7 +26,7 @@ def cli(capsys):
     def run(*argv):
         try:
             status = main(list(argv))
-        except SystemExit as e:   # --help, --version
+        except SystemExit as e:  # --help, --version
             status = e.code
         out, err = capsys.readouterr()
         return status, out, err
@@ -52,11 +52,14 @@ def x(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("array,fragment", [
-    (np.zeros((0, 64)), "holds no samples"),
-    (np.float32(3), "a scalar"),
-    (np.array(["a", "b"]), "plain numeric dtype"),
-])
+@pytest.mark.parametrize(
+    "array,fragment",
+    [
+        (np.zeros((0, 64)), "holds no samples"),
+        (np.float32(3), "a scalar"),
+        (np.array(["a", "b"]), "plain numeric dtype"),
+    ],
+)
 def test_unusable_input_arrays(cli, tmp_path, array, fragment):
     np.save(tmp_path / "bad.npy", array)
     one_line_error(cli("run", MODEL, "--input", str(tmp_path / "bad.npy")), "bad.npy", fragment)
@@ -70,8 +73,7 @@ def test_npz_and_corrupt_inputs(cli, tmp_path):
 
 
 def test_output_into_a_missing_directory(cli, tmp_path, x):
-    one_line_error(cli("run", MODEL, "--input", x, "--output", str(tmp_path / "no" / "y.npy")),
-                   "does not exist")
+    one_line_error(cli("run", MODEL, "--input", x, "--output", str(tmp_path / "no" / "y.npy")), "does not exist")
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1000"])
@@ -87,8 +89,7 @@ def test_batch_size_validated(cli, x, value):
 
 def test_output_keeps_the_name_or_refuses_the_suffix(cli, tmp_path, x):
     expected = fastlayers.load(MODEL)(np.load(x))
-    one_line_error(cli("run", MODEL, "--input", x, "--output", str(tmp_path / "y.txt")),
-                   "y.txt", ".npy", ".npz")
+    one_line_error(cli("run", MODEL, "--input", x, "--output", str(tmp_path / "y.txt")), "y.txt", ".npy", ".npz")
     assert not list(tmp_path.glob("y.txt*"))
     status, _, err = cli("run", MODEL, "--input", x, "--output", str(tmp_path / "y.NPY"))
     assert status == 0 and "y.NPY" in err
@@ -139,8 +140,11 @@ def test_help_has_no_raw_markup(cli):
 def test_real_process_exit_status(tmp_path):
     """The installed entry point's status and stderr, end to end."""
     np.save(tmp_path / "e.npy", np.zeros((0, 64)))
-    proc = subprocess.run([sys.executable, "-m", "fastlayers.cli", "run", MODEL, "--input",
-                           str(tmp_path / "e.npy"), "--threads", "1"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastlayers.cli", "run", MODEL, "--input", str(tmp_path / "e.npy"), "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr

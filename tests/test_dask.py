@@ -34,9 +34,10 @@ CHUNK = 25
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -52,7 +53,6 @@ def one_thread():
     fastlayers.set_num_threads(before)
 
 
-
 def cnn(rng):
     x = fastlayers.Input((12, 12, 3))
     h = L.Conv2D(8, 3, padding="same", activation="relu")(x)
@@ -61,9 +61,9 @@ def cnn(rng):
 
 
 def lstm(rng):
-    return set_random_weights(fastlayers.Sequential([fastlayers.Input((9, 4)),
-                                             L.LSTM(16, return_sequences=True), L.LSTM(8),
-                                             L.Dense(3)]), rng)
+    return set_random_weights(
+        fastlayers.Sequential([fastlayers.Input((9, 4)), L.LSTM(16, return_sequences=True), L.LSTM(8), L.Dense(3)]), rng
+    )
 
 
 def count_unpickles():
@@ -137,10 +137,15 @@ def two_headed_onnx(directory):
     path = directory / "two_heads.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(TwoHeads().eval(), (torch.zeros(1, 3, 8, 8), torch.zeros(1, 4)),
-                          str(path), dynamo=False, input_names=["image", "vector"],
-                          output_names=["probs", "box"],
-                          dynamic_axes={n: {0: "n"} for n in ("image", "vector", "probs", "box")})
+        torch.onnx.export(
+            TwoHeads().eval(),
+            (torch.zeros(1, 3, 8, 8), torch.zeros(1, 4)),
+            str(path),
+            dynamo=False,
+            input_names=["image", "vector"],
+            output_names=["probs", "box"],
+            dynamic_axes={n: {0: "n"} for n in ("image", "vector", "probs", "box")},
+        )
     return path
 
 
@@ -148,21 +153,23 @@ def test_onnx_model_of_two_inputs_and_outputs(client, one_thread, rng, tmp_path)
     model = fastlayers.load(two_headed_onnx(tmp_path))
     image = rng.standard_normal((150, 3, 8, 8)).astype(np.float32)
     vector = rng.standard_normal((150, 4)).astype(np.float32)
-    probs, box = fd.predict(model, [da.from_array(image, chunks=CHUNK),
-                                    da.from_array(vector, chunks=50)])   # rechunked to 25s
+    probs, box = fd.predict(
+        model, [da.from_array(image, chunks=CHUNK), da.from_array(vector, chunks=50)]
+    )  # rechunked to 25s
     assert probs.chunks == ((CHUNK,) * 6, (3,)) and box.chunks == ((CHUNK,) * 6, (2,))
-    got = dask.compute(probs, box)          # one model call per block for both outputs
+    got = dask.compute(probs, box)  # one model call per block for both outputs
     for a, b in zip(got, model(image, vector)):
         np.testing.assert_array_equal(a, b)
 
 
 def test_predict_partitions_of_a_dataframe(client, one_thread, rng):
     pd = pytest.importorskip("pandas")
-    model = set_random_weights(fastlayers.Sequential([fastlayers.Input((3,)), L.Dense(8, activation="relu"),
-                                              L.Dense(2)]), rng)
+    model = set_random_weights(
+        fastlayers.Sequential([fastlayers.Input((3,)), L.Dense(8, activation="relu"), L.Dense(2)]), rng
+    )
     frame = pd.DataFrame(rng.standard_normal((120, 4)), columns=["a", "b", "c", "d"])
     ddf = dd.from_pandas(frame, npartitions=4)
-    ddf = ddf[ddf.index.to_series() >= 30]             # the first partition is now empty
+    ddf = ddf[ddf.index.to_series() >= 30]  # the first partition is now empty
     preds = fd.predict_partitions(model, ddf, columns=["d", "a", "b"], output_columns=["p", "q"])
     assert list(preds.columns) == ["p", "q"] and preds.npartitions == 4
     got = preds.compute()
@@ -175,7 +182,7 @@ def test_a_worker_killed_mid_job_is_retried(client, one_thread, rng):
     model = lstm(rng)
     x = rng.standard_normal((400, 9, 4)).astype(np.float32)
 
-    def slow(block):                      # an upstream step slow enough to kill a worker during
+    def slow(block):  # an upstream step slow enough to kill a worker during
         time.sleep(0.15)
         return block
 
@@ -190,7 +197,7 @@ def test_a_worker_killed_mid_job_is_retried(client, one_thread, rng):
     assert busy and not future.done()
     os.kill(pids[busy[0]], signal.SIGKILL)
     np.testing.assert_array_equal(future.result(timeout=60), model(x))
-    while time.monotonic() < deadline:    # its nanny starts a new worker process
+    while time.monotonic() < deadline:  # its nanny starts a new worker process
         now = client.run(os.getpid, on_error="ignore")
         if len(now) == 2 and pids[busy[0]] not in now.values():
             break

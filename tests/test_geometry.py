@@ -37,8 +37,10 @@ def test_window_out_matches_torch_conv(torch):
 
 def test_window_out_2d_matches_torch_conv2d(torch):
     """Rows and columns with different kernel, stride, dilation and asymmetric pads."""
-    for (h, w), (kh, kw), st, dl, pads in [((7, 8), (3, 2), (2, 1), (1, 2), ((1, 0), (0, 2))),
-                                           ((5, 4), (1, 3), (1, 3), (2, 1), ((0, 0), (1, 1)))]:
+    for (h, w), (kh, kw), st, dl, pads in [
+        ((7, 8), (3, 2), (2, 1), (1, 2), ((1, 0), (0, 2))),
+        ((5, 4), (1, 3), (1, 3), (2, 1), ((0, 0), (1, 1))),
+    ]:
         x = torch.nn.functional.pad(torch.zeros(1, 1, h, w), (*pads[1], *pads[0]))
         y = torch.nn.functional.conv2d(x, torch.zeros(1, 1, kh, kw), stride=st, dilation=dl)
         assert window_out_2d((h, w), (kh, kw), st, dl, pads) == tuple(y.shape[-2:])
@@ -48,7 +50,7 @@ def test_window_out_2d_matches_torch_conv2d(torch):
 def test_window_out_matches_torch_pools(torch, ceil):
     F = torch.nn.functional
     for n, k, s, d in itertools.product(SIZES, range(1, 5), (1, 2, 3), (1, 2)):
-        for p in range(k // 2 + 1):   # torch: padding at most half the kernel
+        for p in range(k // 2 + 1):  # torch: padding at most half the kernel
             if padded_span(n, k, d, (p, p)) < 0:
                 continue
             x = torch.zeros(1, 1, n)
@@ -64,9 +66,9 @@ def test_transposed_out_matches_torch(torch):
             out = transposed_out(n, k, s, d, (p, p), op)
             if out <= 0:
                 continue
-            y = torch.nn.functional.conv_transpose1d(torch.zeros(1, 1, n), torch.zeros(1, 1, k),
-                                                     stride=s, padding=p, output_padding=op,
-                                                     dilation=d)
+            y = torch.nn.functional.conv_transpose1d(
+                torch.zeros(1, 1, n), torch.zeros(1, 1, k), stride=s, padding=p, output_padding=op, dilation=d
+            )
             assert out == y.shape[-1], (n, k, s, d, p, op)
 
 
@@ -87,17 +89,19 @@ def test_same_and_causal_match_keras(keras, torch):
     explicit pad of ``same_pads`` / ``causal_pads`` followed by a valid convolution."""
     rng = np.random.default_rng(0)
     for n, k, s, d in itertools.product((1, 2, 5, 8), (1, 2, 3, 4), (1, 2, 3), (1, 2)):
-        if s > 1 and d > 1:   # Keras refuses strides > 1 with dilation > 1
+        if s > 1 and d > 1:  # Keras refuses strides > 1 with dilation > 1
             continue
         x = rng.standard_normal((1, n, 1)).astype(np.float32)
         w = rng.standard_normal((k, 1, 1)).astype(np.float32)
-        want = np.asarray(keras.ops.convert_to_numpy(keras.ops.conv(
-            x, w, strides=s, padding="same", dilation_rate=d)))
+        want = np.asarray(keras.ops.convert_to_numpy(keras.ops.conv(x, w, strides=s, padding="same", dilation_rate=d)))
         pads = same_pads(n, k, s, d)
         assert window_out(n, k, s, d, pads) == -(-n // s) == want.shape[1]
         got = torch.nn.functional.conv1d(
             torch.nn.functional.pad(torch.from_numpy(x).permute(0, 2, 1), pads),
-            torch.from_numpy(w).permute(2, 1, 0), stride=s, dilation=d)
+            torch.from_numpy(w).permute(2, 1, 0),
+            stride=s,
+            dilation=d,
+        )
         np.testing.assert_allclose(got.permute(0, 2, 1).numpy(), want, rtol=1e-5, atol=1e-6)
     for k, d in ((1, 1), (2, 1), (3, 2), (4, 3)):
         layer = keras.layers.Conv1D(1, k, padding="causal", dilation_rate=d, use_bias=False)
@@ -106,7 +110,9 @@ def test_same_and_causal_match_keras(keras, torch):
         w = layer.get_weights()[0]
         got = torch.nn.functional.conv1d(
             torch.nn.functional.pad(torch.from_numpy(x).permute(0, 2, 1), causal_pads(k, d)),
-            torch.from_numpy(w).permute(2, 1, 0), dilation=d)
+            torch.from_numpy(w).permute(2, 1, 0),
+            dilation=d,
+        )
         np.testing.assert_allclose(got.permute(0, 2, 1).numpy(), want, rtol=1e-5, atol=1e-6)
 
 

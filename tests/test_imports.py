@@ -24,8 +24,17 @@ ROOT = Path(__file__).resolve().parent.parent / "fastlayers"
 LEVELS = [
     # imported from anywhere: exceptions, window and padding arithmetic, array helpers, the
     # version, settings, the readers' limits
-    ("ground", ("fastlayers.errors", "fastlayers.geometry", "fastlayers.arrays",
-                "fastlayers.version", "fastlayers.settings", "fastlayers.limits")),
+    (
+        "ground",
+        (
+            "fastlayers.errors",
+            "fastlayers.geometry",
+            "fastlayers.arrays",
+            "fastlayers.version",
+            "fastlayers.settings",
+            "fastlayers.limits",
+        ),
+    ),
     ("native", ("fastlayers.native",)),
     ("backends", ("fastlayers.backends",)),
     # what layers and modules use without being layers: graph records, stream state, warm-up runs
@@ -36,14 +45,24 @@ LEVELS = [
     ("model services", ("fastlayers.model",)),
     ("models", ("fastlayers.model.graph", "fastlayers.nn", "fastlayers.onnx")),
     ("io", ("fastlayers.io",)),
-    ("top", ("fastlayers", "fastlayers.cli", "fastlayers.dask", "fastlayers.pickling",
-             "fastlayers.benchmark", "fastlayers.pytest_plugin")),
+    (
+        "top",
+        (
+            "fastlayers",
+            "fastlayers.cli",
+            "fastlayers.dask",
+            "fastlayers.pickling",
+            "fastlayers.benchmark",
+            "fastlayers.pytest_plugin",
+        ),
+    ),
 ]
 
 #: Importer level -> the modules it may import upward inside a function body (deferred): the model
 #: classes' ``save``, ``load_weights``, ``get_config``, ``to_json`` and ``__reduce__`` call the
 #: readers, writers and pickling that sit above them.
 DEFERRED_UPWARD = {"models": ("fastlayers.io", "fastlayers.pickling")}
+
 
 def _name(path: Path) -> str:
     parts = ("fastlayers",) + path.relative_to(ROOT).with_suffix("").parts
@@ -84,8 +103,7 @@ def _targets(module: str, node: ast.AST, modules: dict) -> list[str]:
         if node.level:
             parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
             base = ".".join(parts + ([node.module] if node.module else []))
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                 for a in node.names]
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
     else:  # importlib.import_module("fastlayers.x")
         names = [node.args[0].value]
     out = []
@@ -103,15 +121,13 @@ def _is_import_module(node: ast.AST) -> bool:
         return False
     f = node.func
     name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
-    return name == "import_module" and isinstance(node.args[0], ast.Constant) and \
-        isinstance(node.args[0].value, str)
+    return name == "import_module" and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
 
 
 #: Where an import statement may start (at any indentation) or ``import_module`` is called: only
 #: these statements are parsed, which keeps the test well under a second; a file where one of
 #: them does not parse on its own is parsed whole.
-_IMPORT_START = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import[ \t]+\w)|import_module\(",
-                           re.M)
+_IMPORT_START = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import[ \t]+\w)|import_module\(", re.M)
 
 
 def _import_nodes(text: str, path: Path):
@@ -121,17 +137,20 @@ def _import_nodes(text: str, path: Path):
     for match in _IMPORT_START.finditer(text):
         start = text.rfind("\n", 0, match.start()) + 1
         end = text.find("\n", match.end())
-        snippet = text[start:end if end >= 0 else len(text)].strip()
-        if snippet.endswith(("(", ",", "\\")):   # a parenthesised or continued name list
+        snippet = text[start : end if end >= 0 else len(text)].strip()
+        if snippet.endswith(("(", ",", "\\")):  # a parenthesised or continued name list
             close = text.find(")", match.end())
-            snippet = text[start:close + 1].strip()
+            snippet = text[start : close + 1].strip()
         try:
             tree = ast.parse(snippet.rstrip("\\").rstrip())
         except SyntaxError:
             tree = None
         if tree is None or not tree.body:
-            return [node for node in ast.walk(ast.parse(text, str(path)))
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node)]
+            return [
+                node
+                for node in ast.walk(ast.parse(text, str(path)))
+                if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node)
+            ]
         line = text.count("\n", 0, start) + 1
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node):
@@ -145,8 +164,7 @@ def _function_import_lines(path: Path) -> set[int]:
     lines = set()
     for fn in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            lines.update(node.lineno for node in ast.walk(fn)
-                         if isinstance(node, (ast.Import, ast.ImportFrom)))
+            lines.update(node.lineno for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom)))
     return lines
 
 
@@ -218,23 +236,29 @@ def test_no_import_cycles(graph):
     edges, _ = graph
     cycles = _cycles(edges)
     assert not cycles, "import cycles:\n" + "\n".join(
-        " ".join(c) + "\n    " + "; ".join(f"{m} -> {t}" for m in c for t in edges[m] if t in c)
-        for c in cycles)
+        " ".join(c) + "\n    " + "; ".join(f"{m} -> {t}" for m in c for t in edges[m] if t in c) for c in cycles
+    )
 
 
 def test_imports_go_downward(graph):
     edges, _ = graph
-    upward = [f"{m} (line {line}, {LEVELS[_level(m)][0]}) imports {t} ({LEVELS[_level(t)][0]})"
-              for m in sorted(edges) for t, line in sorted(edges[m].items())
-              if _level(t) > _level(m)]
+    upward = [
+        f"{m} (line {line}, {LEVELS[_level(m)][0]}) imports {t} ({LEVELS[_level(t)][0]})"
+        for m in sorted(edges)
+        for t, line in sorted(edges[m].items())
+        if _level(t) > _level(m)
+    ]
     assert not upward, "imports from a higher level:\n" + "\n".join(upward)
 
 
 def test_no_module_imports_its_own_package(graph):
     edges, modules = graph
-    back = [f"{m} (line {line}) imports its package {t}'s __init__"
-            for m in sorted(edges) for t, line in sorted(edges[m].items())
-            if modules[t].name == "__init__.py" and m.startswith(t + ".")]
+    back = [
+        f"{m} (line {line}) imports its package {t}'s __init__"
+        for m in sorted(edges)
+        for t, line in sorted(edges[m].items())
+        if modules[t].name == "__init__.py" and m.startswith(t + ".")
+    ]
     assert not back, "\n".join(back)
 
 
@@ -253,8 +277,9 @@ def test_no_module_defines_a_top_level_name_twice():
         seen: set[str] = set()
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                    (d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)) == "overload"
-                    for d in node.decorator_list):
+                (d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)) == "overload"
+                for d in node.decorator_list
+            ):
                 continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if node.name in seen:
@@ -281,8 +306,11 @@ def test_deferred_imports_name_what_exists():
                 if not _deferred_allowed(module, target):
                     continue
                 imported = importlib.import_module(target)
-                missing += [f"{module} (line {node.lineno}): {target}.{a.name}"
-                            for a in node.names if not hasattr(imported, a.name)]
+                missing += [
+                    f"{module} (line {node.lineno}): {target}.{a.name}"
+                    for a in node.names
+                    if not hasattr(imported, a.name)
+                ]
     assert not missing, missing
 
 
@@ -290,6 +318,11 @@ def test_onnx_reaches_kernels_through_the_ops_interface(graph):
     """``onnx/`` never imports ``native/``: its kernels (layout moves, the integer products) are
     the active backend's (``get_ops()``), so that the numpy reference runs every graph too."""
     edges, _ = graph
-    direct = [f"{m} (line {line}) imports {t}" for m in sorted(edges) if m.startswith("fastlayers.onnx")
-              for t, line in sorted(edges[m].items()) if t.startswith("fastlayers.native")]
+    direct = [
+        f"{m} (line {line}) imports {t}"
+        for m in sorted(edges)
+        if m.startswith("fastlayers.onnx")
+        for t, line in sorted(edges[m].items())
+        if t.startswith("fastlayers.native")
+    ]
     assert not direct, "\n".join(direct)

@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 for _module in ("onnx", "onnxruntime"):
     try:
         importlib.import_module(_module)
-    except ImportError:   # the tests that need it are skipped by oracle()
+    except ImportError:  # the tests that need it are skipped by oracle()
         pass
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "speed_check" / "test_speed.py"
@@ -35,7 +35,7 @@ PLUGIN = ("-p", "no:fastlayers", "-p", "fastlayers.pytest_plugin", "-p", "no:cac
 #: pytest-benchmark's rounds kept short.
 QUICK = ("--benchmark-max-time=0.02", "--benchmark-min-rounds=3")
 
-CHECKS = '''
+CHECKS = """
 import fastlayers
 import pytest
 from fastlayers import benchmark, native
@@ -85,7 +85,7 @@ def test_loaded_once_and_inputs_given(fastlayers_bench, fastlayers_models):
     assert fastlayers_models.get("./tiny.onnx") is model
     r = fastlayers_bench(model, inputs={"x": np.ones((3, 16))}, rounds=2)
     assert r.batch == 3 and r.model == "dense"
-'''
+"""
 
 #: Python that makes pytest_benchmark unimportable, as where it is not installed.
 BLOCK_PYTEST_BENCHMARK = """
@@ -121,7 +121,7 @@ def _failure(result, test):
     text = result.stdout.str()
     start = text.index(f" {test} _")
     ends = [text.find(mark, start + 1) for mark in ("\n___", "\n===")]
-    return text[start:min(e for e in ends if e > 0)]
+    return text[start : min(e for e in ends if e > 0)]
 
 
 def test_budgets_ratio_and_extra_info(suite):
@@ -140,36 +140,44 @@ def test_budgets_ratio_and_extra_info(suite):
     assert ratio["model"] == "tiny.onnx" and ratio["threads"] == 1 and ratio["batch"] == 4
     assert ratio["inputs"] == {"x": [4, 16]} and ratio["budget"] == "passed"
     assert ratio["max_ratio"] == 1000.0 and ratio["median_ms"] > 0
-    assert set(ratio["onnxruntime"]) == {"max_abs_diff", "fastlayers_p50_ms", "onnxruntime_p50_ms",
-                                         "ratio", "calls"}
+    assert set(ratio["onnxruntime"]) == {"max_abs_diff", "fastlayers_p50_ms", "onnxruntime_p50_ms", "ratio", "calls"}
     profile = ratio["profile"]
     assert profile["threads"] == 1 and profile["total_ms"] > 0 and profile["by_op"]
-    assert profile["steps"] and {"op_type", "kernel", "ms", "share", "input_shapes"} <= set(
-        profile["steps"][0])
+    assert profile["steps"] and {"op_type", "kernel", "ms", "share", "input_shapes"} <= set(profile["steps"][0])
     assert profile["steps"][0]["input_shapes"][0] == [4, 16]
     assert "profile" not in info["test_threads_restored"]
 
 
 def test_benchmark_disable_runs_once_without_budgets(suite):
     result = suite.runpytest_subprocess(*PLUGIN, "--benchmark-disable", "-rf")
-    result.assert_outcomes(**DISABLED, warnings=7)   # and pytest-benchmark's "not used"
+    result.assert_outcomes(**DISABLED, warnings=7)  # and pytest-benchmark's "not used"
     out = result.stdout.str()
     assert out.count("FastlayersBenchWarning: ") == 6
     assert "FastlayersBenchWarning" in out and "benchmarks are disabled (--benchmark-disable)" in out
     assert "max_ms=1e-09 not checked" in out and "max_ratio=1e-06 not checked" in out
-    assert "differ" in _failure(result, "test_outputs_differ")   # still checked for correctness
+    assert "differ" in _failure(result, "test_outputs_differ")  # still checked for correctness
 
 
 def test_without_pytest_benchmark(pytester):
     """pytest_benchmark cannot even be imported: pytest runs, the fixture's test is skipped."""
-    pytester.makepyfile(test_one=BLOCK_PYTEST_BENCHMARK + "\n" + (
-        "def test_one(fastlayers_bench):\n    fastlayers_bench('m.onnx')\n\n"
-        "def test_other():\n    with pytest.raises(ImportError):\n"
-        "        import pytest_benchmark  # noqa: F401\n"))
+    pytester.makepyfile(
+        test_one=BLOCK_PYTEST_BENCHMARK
+        + "\n"
+        + (
+            "def test_one(fastlayers_bench):\n    fastlayers_bench('m.onnx')\n\n"
+            "def test_other():\n    with pytest.raises(ImportError):\n"
+            "        import pytest_benchmark  # noqa: F401\n"
+        )
+    )
     code = BLOCK_PYTEST_BENCHMARK + "\nsys.exit(pytest.main(sys.argv[1:]))\n"
-    proc = subprocess.run([sys.executable, "-c", code, "-p", "no:benchmark", *PLUGIN, "-rs",
-                           "test_one.py"], cwd=pytester.path, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "-p", "no:benchmark", *PLUGIN, "-rs", "test_one.py"],
+        cwd=pytester.path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed, 1 skipped" in proc.stdout
     assert "fastlayers_bench needs pytest-benchmark" in proc.stdout

@@ -49,7 +49,7 @@ def blocks(page: Path) -> list[tuple[str, int, str]]:
     text = page.read_text()
     found = []
     for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
-        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
         if before.strip() != NO_TEST:
             found.append((str(page.relative_to(ROOT)), text.count("\n", 0, m.start()) + 2, m.group(1)))
     return found
@@ -80,18 +80,26 @@ def _make_onnx(path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.2, "b": np.zeros(8),
-               "fc": rng.standard_normal((10, 8)) * 0.2, "fcb": np.zeros(10)}
-    nodes = [helper.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"]),
-             helper.make_node("Flatten", ["g"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"], transB=1)]
+    weights = {
+        "w": rng.standard_normal((8, 3, 3, 3)) * 0.2,
+        "b": np.zeros(8),
+        "fc": rng.standard_normal((10, 8)) * 0.2,
+        "fcb": np.zeros(10),
+    }
+    nodes = [
+        helper.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"], transB=1),
+    ]
     graph = helper.make_graph(
-        nodes, "cnn",
+        nodes,
+        "cnn",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 224, 224])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -106,9 +114,14 @@ def _keras_model():
     if keras.backend.backend() != "torch":
         pytest.fail(f"keras must run on the torch backend, got {keras.backend.backend()}")
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(8, 3),
-                             keras.layers.GlobalAveragePooling2D(),
-                             keras.layers.Dense(10, activation="softmax")])
+    return keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(8, 3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
 
 
 def _make_keras(path: Path) -> None:
@@ -155,9 +168,14 @@ def _make_custom_module(path: Path) -> None:
 
 
 #: File name a block opens -> the function that makes it.
-FILES = {"model.onnx": _make_onnx, "model.keras": _make_keras, "model.h5": _make_keras,
-         "model.weights.h5": _make_keras_weights, "weights.pt": _make_state_dict,
-         "custom_model.pt": _make_custom_module}
+FILES = {
+    "model.onnx": _make_onnx,
+    "model.keras": _make_keras,
+    "model.h5": _make_keras,
+    "model.weights.h5": _make_keras_weights,
+    "weights.pt": _make_state_dict,
+    "custom_model.pt": _make_custom_module,
+}
 
 
 @pytest.fixture(scope="session")
@@ -186,8 +204,7 @@ def _needs(code: str) -> None:
             pytest.importorskip(module)
 
 
-@pytest.mark.parametrize("block", [b for b in all_blocks() if CUDA_MARK not in b[2]],
-                         ids=lambda b: f"{b[0]}:{b[1]}")
+@pytest.mark.parametrize("block", [b for b in all_blocks() if CUDA_MARK not in b[2]], ids=lambda b: f"{b[0]}:{b[1]}")
 def test_block_runs_as_written(block, tmp_path, monkeypatch, doc_files):
     from fastlayers import limits, native
 
@@ -245,9 +262,11 @@ def home_page() -> str:
     """docs/index.md: the README up to its "Documentation" section, links made relative to
     docs/, then the site's own list of where to go next."""
     readme = README.read_text()
-    body = readme[:readme.index("\n## Documentation\n") + 1]
+    body = readme[: readme.index("\n## Documentation\n") + 1]
     body = body.replace("](docs/", "](")
-    return body + """## Where next
+    return (
+        body
+        + """## Where next
 
 - The [user guide](guide/index.md), by subject: loading each format and its limits, building
   models, layers and modules, threads and services, performance and profiling, CUDA, Dask,
@@ -258,12 +277,13 @@ def home_page() -> str:
   [file formats](formats.md).
 - The [changelog](changelog.md).
 """
+    )
 
 
 def test_the_home_page_is_the_readme():
     assert HOME.read_text() == home_page(), "docs/index.md is stale: python tests/test_readme.py"
 
 
-if __name__ == "__main__":   # rewrite docs/index.md from the README
+if __name__ == "__main__":  # rewrite docs/index.md from the README
     HOME.write_text(home_page())
     sys.exit(0)

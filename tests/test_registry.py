@@ -10,8 +10,13 @@ from fastlayers.layers import LAYER_CLASSES
 
 
 def test_registry_holds_every_public_layer_class():
-    public = {name for name in layers.__all__ if isinstance(getattr(layers, name), type)
-              and issubclass(getattr(layers, name), layers.Layer) and name != "Layer"}
+    public = {
+        name
+        for name in layers.__all__
+        if isinstance(getattr(layers, name), type)
+        and issubclass(getattr(layers, name), layers.Layer)
+        and name != "Layer"
+    }
     assert set(LAYER_CLASSES) == public
     assert all(cls.__name__ == name for name, cls in LAYER_CLASSES.items())
 

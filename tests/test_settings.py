@@ -23,17 +23,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, **env), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env), timeout=120
+    )
 
 
-@pytest.mark.parametrize("variable, value, expected", [
-    ("FASTLAYERS_MAX_LAYERS", "many", "is not an integer"),
-    ("FASTLAYERS_ONNX_MAX_CREATED_BYTES", "0", "must be at least 1"),
-    ("FASTLAYERS_TORCH_MAX_PICKLE_NODES", "-5", "must be at least 1"),
-    ("FASTLAYERS_ISA", "sse9", "expected one of"),
-    ("FASTLAYERS_HEAP", "huge", "expected one of 'retain', 'system'"),
-])
+@pytest.mark.parametrize(
+    "variable, value, expected",
+    [
+        ("FASTLAYERS_MAX_LAYERS", "many", "is not an integer"),
+        ("FASTLAYERS_ONNX_MAX_CREATED_BYTES", "0", "must be at least 1"),
+        ("FASTLAYERS_TORCH_MAX_PICKLE_NODES", "-5", "must be at least 1"),
+        ("FASTLAYERS_ISA", "sse9", "expected one of"),
+        ("FASTLAYERS_HEAP", "huge", "expected one of 'retain', 'system'"),
+    ],
+)
 def test_a_bad_environment_value_fails_the_import_naming_the_variable(variable, value, expected):
     out = _python("import fastlayers.native", **{variable: value})
     assert out.returncode != 0
@@ -47,18 +51,29 @@ def test_environment_values_set_the_defaults_of_every_field():
     hex, underscores)."""
     limits = [s for s in settings.SETTINGS if s.env]
     env = {s.env: f"0x{i + 17:x}" for i, s in enumerate(limits)}
-    code = ("import fastlayers; o = fastlayers.LoadOptions(); "
-            f"print(*(getattr(o, n) for n in {[s.name for s in limits]!r}))")
+    code = (
+        "import fastlayers; o = fastlayers.LoadOptions(); "
+        f"print(*(getattr(o, n) for n in {[s.name for s in limits]!r}))"
+    )
     out = _python(code, **env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(i + 17) for i in range(len(limits))]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("max_layers", 0), ("max_layers", -1), ("max_layers", 1.5), ("max_layers", True),
-    ("onnx_max_created_bytes", "big"), ("warm_up", 1), ("optimize", None), ("threads", 0),
-    ("threads", 300),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_layers", 0),
+        ("max_layers", -1),
+        ("max_layers", 1.5),
+        ("max_layers", True),
+        ("onnx_max_created_bytes", "big"),
+        ("warm_up", 1),
+        ("optimize", None),
+        ("threads", 0),
+        ("threads", 300),
+    ],
+)
 def test_load_options_check_their_fields(field, value):
     with pytest.raises(SettingError, match=f"LoadOptions.{field}"):
         fastlayers.LoadOptions(**{field: value})
@@ -143,7 +158,7 @@ def test_warm_up_is_an_option(tmp_path):
     cold = fastlayers.load(path, options=fastlayers.LoadOptions(warm_up=False))
     warm = fastlayers.load(path)
     assert cold._compiled is None and warm._compiled is not None
-    assert fastlayers.load(path, warm_up=False)._compiled is None   # the keyword still works
+    assert fastlayers.load(path, warm_up=False)._compiled is None  # the keyword still works
 
 
 def test_an_unoptimized_graph_runs_the_file_s_operators_and_agrees(tmp_path):
@@ -151,24 +166,28 @@ def test_an_unoptimized_graph_runs_the_file_s_operators_and_agrees(tmp_path):
     optimized plan and onnxruntime give."""
     onnx, ort = oracle("onnx"), oracle("onnxruntime")
     h, rng = onnx.helper, np.random.default_rng(0)
-    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-               for n, s in (("w", (8, 3, 3, 3)), ("b", (8,)), ("d", (8, 5)))]
-    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c"], ["r"]), h.make_node("GlobalAveragePool", ["r"], ["g"]),
-             h.make_node("Flatten", ["g"], ["f"]), h.make_node("MatMul", ["f", "d"], ["m"]),
-             h.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    weights = [
+        onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in (("w", (8, 3, 3, 3)), ("b", (8,)), ("d", (8, 5)))
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c"], ["r"]),
+        h.make_node("GlobalAveragePool", ["r"], ["g"]),
+        h.make_node("Flatten", ["g"], ["f"]),
+        h.make_node("MatMul", ["f", "d"], ["m"]),
+        h.make_node("Softmax", ["m"], ["y"], axis=-1),
+    ]
     x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 9, 9])
     y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])
     path = tmp_path / "net.onnx"
-    onnx.save(h.make_model(h.make_graph(nodes, "net", [x], [y], weights),
-                           opset_imports=[h.make_opsetid("", 17)]), path)
+    onnx.save(h.make_model(h.make_graph(nodes, "net", [x], [y], weights), opset_imports=[h.make_opsetid("", 17)]), path)
     plain = fastlayers.load(path, options=fastlayers.LoadOptions(optimize=False))
     fused = fastlayers.load(path)
     assert plain.op_types == ["Conv", "Relu", "GlobalAveragePool", "Flatten", "MatMul", "Softmax"]
     assert len(fused.op_types) < len(plain.op_types)
     data = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
-    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        None, {"x": data})[0]
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": data})[0]
     np.testing.assert_allclose(plain(data), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fused(data), expected, rtol=1e-5, atol=1e-6)
 
@@ -178,8 +197,7 @@ def test_state_dict_limits_are_options(tmp_path):
     torch.save({"a": torch.ones(3), "b": torch.zeros(2, 2)}, tmp_path / "sd.pt")
     assert set(fastlayers.load_state_dict(tmp_path / "sd.pt")) == {"a", "b"}
     with pytest.raises(ModelFileError, match="FASTLAYERS_TORCH_MAX_PICKLE_NODES"):
-        fastlayers.load_state_dict(tmp_path / "sd.pt",
-                                   options=fastlayers.LoadOptions(torch_max_pickle_nodes=3))
+        fastlayers.load_state_dict(tmp_path / "sd.pt", options=fastlayers.LoadOptions(torch_max_pickle_nodes=3))
 
 
 def test_the_namespace_is_the_public_api():
@@ -202,6 +220,9 @@ def test_the_settings_page_lists_every_setting_once():
     variables = [s.env for s in settings.SETTINGS if s.env] + list(settings.ENVIRONMENT)
     for doc in (ROOT / "README.md", *(ROOT / "docs").rglob("*.md")):
         if doc.name != "settings.md":
-            rows = [line for line in doc.read_text().splitlines() if line.startswith("|")
-                    and any(f"`{v}`" in line for v in variables)]
+            rows = [
+                line
+                for line in doc.read_text().splitlines()
+                if line.startswith("|") and any(f"`{v}`" in line for v in variables)
+            ]
             assert not rows, f"{doc} lists settings in a table: link docs/guide/settings.md"

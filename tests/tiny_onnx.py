@@ -18,10 +18,16 @@ def dense_model(path, dims, name="x"):
     w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W")
     b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", [name, "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["a"]),
-         helper.make_node("Relu", ["a"], ["y"])], "dense",
+        [
+            helper.make_node("MatMul", [name, "W"], ["h"]),
+            helper.make_node("Add", ["h", "B"], ["a"]),
+            helper.make_node("Relu", ["a"], ["y"]),
+        ],
+        "dense",
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims[:-1], 8])], [w, b])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims[:-1], 8])],
+        [w, b],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))

@@ -59,7 +59,9 @@ def peak_rss_kib():
 
 #: A child that loads a model (``{setup}`` defines ``predict``), times the first call and
 #: ``{calls}`` more, and prints the first call's seconds, the median of the others and VmHWM.
-CHILD = PEAK_RSS_KIB + """
+CHILD = (
+    PEAK_RSS_KIB
+    + """
 import statistics, time
 import numpy as np
 {setup}
@@ -74,6 +76,7 @@ for _ in range({calls}):
     times.append(time.perf_counter() - t0)
 print(first, statistics.median(times or [first]), peak_rss_kib())
 """
+)
 
 SETUP = {
     "fastlayers": """
@@ -99,8 +102,7 @@ def host_info() -> dict:
     from fastlayers.benchmark import host_info as fastlayers_host
 
     info = fastlayers_host()
-    return {"cpu": info["cpu"] or platform.machine(), "isa": info["isa"],
-            "cores": info["usable_cpus"]}
+    return {"cpu": info["cpu"] or platform.machine(), "isa": info["isa"], "cores": info["usable_cpus"]}
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> tuple[float, str]:
@@ -116,8 +118,12 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 600) -> tuple
 
 def source_copy(dest: Path) -> Path:
     """The repository's files (tracked, and untracked but not ignored) copied to ``dest``."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         if (ROOT / name).is_file():  # a tracked file deleted in the work tree is still listed
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -136,14 +142,17 @@ def new_venv(path: Path, *requirements: str) -> Path:
 
 def pip_install(python: Path, *requirements: str) -> None:
     """``pip install`` ``requirements`` with the interpreter ``python`` (from PyPI)."""
-    _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          *requirements], timeout=3600)
+    _run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements], timeout=3600
+    )
 
 
 def site_packages(python: Path) -> tuple[int, dict[str, str]]:
     """(bytes of the files in a venv's site-packages, {distribution: version} installed there)."""
-    code = ("import importlib.metadata as m, json, sysconfig; print(json.dumps(["
-            "sysconfig.get_paths()['purelib'], {d.metadata['Name']: d.version for d in m.distributions()}]))")
+    code = (
+        "import importlib.metadata as m, json, sysconfig; print(json.dumps(["
+        "sysconfig.get_paths()['purelib'], {d.metadata['Name']: d.version for d in m.distributions()}]))"
+    )
     path, dists = json.loads(_run([str(python), "-c", code])[1])
     size = sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path) for f in files)
     return size, dists
@@ -153,15 +162,24 @@ def install(work: Path) -> tuple[dict[str, Path], list[dict]]:
     """Fresh venvs under ``work``: ({engine: interpreter}, installed-size records)."""
     base_size, base_dists = site_packages(new_venv(work / "venv-baseline"))
     src = source_copy(work / "src")
-    pythons = {"fastlayers": new_venv(work / "venv-fastlayers", str(src)),
-               "onnxruntime": new_venv(work / "venv-onnxruntime", "onnxruntime", "numpy")}
+    pythons = {
+        "fastlayers": new_venv(work / "venv-fastlayers", str(src)),
+        "onnxruntime": new_venv(work / "venv-onnxruntime", "onnxruntime", "numpy"),
+    }
     records = []
     for engine, python in pythons.items():
         size, dists = site_packages(python)
-        added = sorted(f"{name} {version}" for name, version in dists.items()
-                       if base_dists.get(name) != version)
-        records.append({"metric": "installed_mib", "model": "core install", "engine": engine,
-                        "value": (size - base_size) / 2**20, "repeats": 1, "distributions": added})
+        added = sorted(f"{name} {version}" for name, version in dists.items() if base_dists.get(name) != version)
+        records.append(
+            {
+                "metric": "installed_mib",
+                "model": "core install",
+                "engine": engine,
+                "value": (size - base_size) / 2**20,
+                "repeats": 1,
+                "distributions": added,
+            }
+        )
     return pythons, records
 
 
@@ -186,9 +204,15 @@ def models(work: Path, full: bool) -> list[tuple[str, Path, Path, Path]]:
         path = work / f"{name}.onnx"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(torch_twin(torch, name, fastlayers.load(DATA / f"{name}.flm")),
-                              (torch.from_numpy(x),), str(path), dynamo=False, input_names=["x"],
-                              dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+            torch.onnx.export(
+                torch_twin(torch, name, fastlayers.load(DATA / f"{name}.flm")),
+                (torch.from_numpy(x),),
+                str(path),
+                dynamo=False,
+                input_names=["x"],
+                dynamic_axes={"x": {0: "batch"}},
+                opset_version=17,
+            )
         found.append((f"{name} (demo)", DATA / f"{name}.flm", path, x))
     for name, _ in WORKLOADS:
         _, x, path = exported(torch, name, work, full)
@@ -196,25 +220,28 @@ def models(work: Path, full: bool) -> list[tuple[str, Path, Path, Path]]:
     out = []
     for label, fl_path, onnx_path, x in found:
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        np.testing.assert_allclose(fastlayers.load(fl_path)(x), session.run(None, {"x": x})[0],
-                                   rtol=1e-4, atol=1e-4, err_msg=label)
+        np.testing.assert_allclose(
+            fastlayers.load(fl_path)(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4, err_msg=label
+        )
         x_path = work / f"{fl_path.stem}_x.npy"
         np.save(x_path, x)
         out.append((label, fl_path, onnx_path, x_path))
     return out
 
 
-def measure(pythons: dict[str, Path], cwd: Path, work: Path, repeats: int, threads: int,
-            full: bool) -> list[dict]:
+def measure(pythons: dict[str, Path], cwd: Path, work: Path, repeats: int, threads: int, full: bool) -> list[dict]:
     """First-prediction, first/steady-call and peak-RSS records of each model and engine; the
     children run ``pythons[engine]`` in ``cwd``."""
     records = []
     for label, fl_path, onnx_path, x_path in models(work, full):
         files = {"fastlayers": fl_path, "onnxruntime": onnx_path}
-        code = {(engine, calls): CHILD.format(
-                    setup=SETUP[engine].format(threads=threads, model=str(files[engine])),
-                    x=str(x_path), calls=calls)
-                for engine in ENGINES for calls in (0, STEADY_CALLS)}
+        code = {
+            (engine, calls): CHILD.format(
+                setup=SETUP[engine].format(threads=threads, model=str(files[engine])), x=str(x_path), calls=calls
+            )
+            for engine in ENGINES
+            for calls in (0, STEADY_CALLS)
+        }
 
         def child(engine, calls):
             wall, out = _run([str(pythons[engine]), "-c", code[(engine, calls)]], cwd=cwd)
@@ -229,13 +256,17 @@ def measure(pythons: dict[str, Path], cwd: Path, work: Path, repeats: int, threa
         for engine in ENGINES:
             walls = [wall for wall, _ in runs[(engine, 0)]]
             first, steady, rss = zip(*(out for _, out in runs[(engine, STEADY_CALLS)]))
-            values = {"first_prediction_s": statistics.median(walls),
-                      "first_call_s": statistics.median(first),
-                      "steady_call_s": statistics.median(steady),
-                      "first_over_steady_call": statistics.median(f / s for f, s in zip(first, steady)),
-                      "peak_rss_mib": statistics.median(rss) / 1024.0}
-            records += [{"metric": metric, "model": label, "engine": engine, "value": value,
-                         "repeats": repeats} for metric, value in values.items()]
+            values = {
+                "first_prediction_s": statistics.median(walls),
+                "first_call_s": statistics.median(first),
+                "steady_call_s": statistics.median(steady),
+                "first_over_steady_call": statistics.median(f / s for f, s in zip(first, steady)),
+                "peak_rss_mib": statistics.median(rss) / 1024.0,
+            }
+            records += [
+                {"metric": metric, "model": label, "engine": engine, "value": value, "repeats": repeats}
+                for metric, value in values.items()
+            ]
     return records
 
 
@@ -257,7 +288,9 @@ with open({path!r}, "rb") as f:
 print(time.perf_counter() - t0)
 """
 
-CHILD_LOAD = PEAK_RSS_KIB + """
+CHILD_LOAD = (
+    PEAK_RSS_KIB
+    + """
 import time
 import fastlayers, h5py
 base = peak_rss_kib()
@@ -267,6 +300,7 @@ t = time.perf_counter() - t0
 grown = peak_rss_kib() - base
 print(t, grown * 1024 / sum(w.nbytes for w in m.get_weights()))
 """
+)
 
 
 def _child_output(code: str) -> list[float]:
@@ -291,10 +325,24 @@ def measure_load_cost(work: Path, megabytes: float, repeats: int) -> list[dict]:
             loads.append(t)
             growth.append(g)
         name = f"{16 * n * n / 1e6:.0f} MB Dense stack ({path.suffix})"
-        records.append({"metric": "load_time_over_read_time", "model": name, "engine": "fastlayers",
-                        "value": statistics.median(loads) / statistics.median(reads), "repeats": repeats})
-        records.append({"metric": "load_peak_rss_over_weights", "model": name, "engine": "fastlayers",
-                        "value": max(growth), "repeats": repeats})
+        records.append(
+            {
+                "metric": "load_time_over_read_time",
+                "model": name,
+                "engine": "fastlayers",
+                "value": statistics.median(loads) / statistics.median(reads),
+                "repeats": repeats,
+            }
+        )
+        records.append(
+            {
+                "metric": "load_peak_rss_over_weights",
+                "model": name,
+                "engine": "fastlayers",
+                "value": max(growth),
+                "repeats": repeats,
+            }
+        )
     return records
 
 
@@ -305,8 +353,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--load-mb", type=float, default=100.0, help="weights of the load-cost model")
     parser.add_argument("--small", action="store_true", help="small ONNX models (for tests)")
-    parser.add_argument("--no-install", action="store_true",
-                        help="no venvs and no installed size; the children run with this interpreter")
+    parser.add_argument(
+        "--no-install",
+        action="store_true",
+        help="no venvs and no installed size; the children run with this interpreter",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -319,8 +370,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         records += measure_load_cost(Path(tmp), args.load_mb, args.repeats)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"threads": args.threads, "host": host_info(),
-                                          "records": records}, indent=1))
+    Path(args.out).write_text(json.dumps({"threads": args.threads, "host": host_info(), "records": records}, indent=1))
     for r in records:
         print(f"{r['metric']:26s} {r['model']:38s} {r['engine']:12s} {r['value']:.4g}")
     return 0

@@ -34,8 +34,15 @@ def load_runs(paths):
         data = json.loads(Path(path).read_text())
         info = data.get("fastlayers_bench", {})
         threads = info.get("threads")
-        meta.append({"machine": data.get("machine_info", {}), "versions": info.get("versions", {}),
-                     "threads": threads, "datetime": data.get("datetime", ""), "path": str(path)})
+        meta.append(
+            {
+                "machine": data.get("machine_info", {}),
+                "versions": info.get("versions", {}),
+                "threads": threads,
+                "datetime": data.get("datetime", ""),
+                "path": str(path),
+            }
+        )
         for bench in data["benchmarks"]:
             extra = bench.get("extra_info", {})
             if "workload" not in extra or "engine" not in extra:
@@ -73,17 +80,21 @@ def render_rates(rates) -> list[str]:
     keys = sorted(k for k in rates if not k[0].startswith("np.copyto"))
     if not keys:
         return []
-    lines = ["", "## Recurrent weights read per step (batch 1)", "",
-             "GB/s at which each step's recurrent weights (hidden x gates x hidden float32) are "
-             "read: weight bytes x steps / the fastest call, against this machine's memory copy "
-             "bandwidth (`np.copyto` of 256 MiB, read + write). The weights (768 KiB-1 MiB) stay "
-             "in the cores' L2/L3 caches, so rates above the memory's are cache rates.", "",
-             "| workload | threads | engine | GB/s | x memory copy bandwidth |",
-             "| --- | ---: | --- | ---: | ---: |"]
+    lines = [
+        "",
+        "## Recurrent weights read per step (batch 1)",
+        "",
+        "GB/s at which each step's recurrent weights (hidden x gates x hidden float32) are "
+        "read: weight bytes x steps / the fastest call, against this machine's memory copy "
+        "bandwidth (`np.copyto` of 256 MiB, read + write). The weights (768 KiB-1 MiB) stay "
+        "in the cores' L2/L3 caches, so rates above the memory's are cache rates.",
+        "",
+        "| workload | threads | engine | GB/s | x memory copy bandwidth |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
     for workload, threads, engine in keys:
         gbps, mem = rates[(workload, threads, engine)], copy.get(threads)
-        lines.append(f"| {workload} | {threads} | {engine} | {gbps:.1f} | "
-                     f"{'-' if not mem else f'{gbps / mem:.2f}'} |")
+        lines.append(f"| {workload} | {threads} | {engine} | {gbps:.1f} | {'-' if not mem else f'{gbps / mem:.2f}'} |")
     lines += [f"- memory copy bandwidth at {t} thread(s): {v:.1f} GB/s" for t, v in sorted(copy.items())]
     return lines
 
@@ -126,29 +137,47 @@ def fmt_x(value: float | None) -> str:
 #: Process metric -> (title, what it is, value format), in the report's order.
 PROCESS_METRICS = {
     "installed_mib": (
-        "Installed size", "Bytes of site-packages in a fresh venv after `pip install` minus an "
+        "Installed size",
+        "Bytes of site-packages in a fresh venv after `pip install` minus an "
         "empty venv's: fastlayers with its core dependencies against `onnxruntime numpy` (target: "
-        "fastlayers no larger).", fmt_mib),
+        "fastlayers no larger).",
+        fmt_mib,
+    ),
     "first_prediction_s": (
-        "New process: import to first prediction", "Wall time of a new interpreter running "
+        "New process: import to first prediction",
+        "Wall time of a new interpreter running "
         "import + load + first call; onnxruntime: import + session + first run (target: "
-        "fastlayers no slower).", fmt_time),
+        "fastlayers no slower).",
+        fmt_time,
+    ),
     "peak_rss_mib": (
-        "Peak memory", "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
-        "times (target: fastlayers at most 1.2x onnxruntime).", fmt_mib),
+        "Peak memory",
+        "Peak RSS (VmHWM) of a new process that loads the model and runs it 21 "
+        "times (target: fastlayers at most 1.2x onnxruntime).",
+        fmt_mib,
+    ),
     "first_over_steady_call": (
-        "First call against steady call", "The first call's time over the median of the 20 "
+        "First call against steady call",
+        "The first call's time over the median of the 20 "
         "calls after it, in the 21-call process above (target: at most 2x for fastlayers).",
-        fmt_x),
+        fmt_x,
+    ),
     "first_call_s": ("First call", "The first call's time in the 21-call process.", fmt_time),
-    "steady_call_s": ("Steady call", "The median of the 20 calls after the first one in the "
-                      "21-call process.", fmt_time),
+    "steady_call_s": (
+        "Steady call",
+        "The median of the 20 calls after the first one in the 21-call process.",
+        fmt_time,
+    ),
     "load_time_over_read_time": (
-        "Load time / file read time", "Load time of a model of Dense layers over the time to "
-        "read its file's bytes (fastlayers only).", fmt_x),
+        "Load time / file read time",
+        "Load time of a model of Dense layers over the time to read its file's bytes (fastlayers only).",
+        fmt_x,
+    ),
     "load_peak_rss_over_weights": (
-        "Peak RSS growth during load / weight bytes", "The same models' peak RSS growth while "
-        "loading, over their weight bytes (fastlayers only).", fmt_x),
+        "Peak RSS growth during load / weight bytes",
+        "The same models' peak RSS growth while loading, over their weight bytes (fastlayers only).",
+        fmt_x,
+    ),
 }
 
 
@@ -159,17 +188,25 @@ def render_process(process: dict) -> list[str]:
         by_metric.setdefault(r["metric"], []).append(r)
     unknown = set(by_metric) - set(PROCESS_METRICS)
     if unknown:
-        raise ValueError(f"unknown process metrics {sorted(unknown)} (a JSON from an older "
-                         "bench/tools/process_metrics.py?)")
+        raise ValueError(
+            f"unknown process metrics {sorted(unknown)} (a JSON from an older bench/tools/process_metrics.py?)"
+        )
     repeats = max(r["repeats"] for r in process["records"])
-    children = ("the fresh venvs' interpreters" if "installed_mib" in by_metric
-                else "the measuring interpreter (`--no-install`)")
-    lines = ["", "## New processes: installed size, first prediction, memory", "",
-             f"`bench/tools/process_metrics.py` on {host_line(process.get('host', {}))}, "
-             f"{process.get('threads')} threads; the processes run {children}; each figure is "
-             f"the median over {repeats} process{'es' if repeats > 1 else ''}. onnxruntime runs the demo models' torch twins "
-             "exported to ONNX, and the ONNX models' same .onnx file as fastlayers; a ratio below "
-             "1.00 means fastlayers is smaller or faster."]
+    children = (
+        "the fresh venvs' interpreters"
+        if "installed_mib" in by_metric
+        else "the measuring interpreter (`--no-install`)"
+    )
+    lines = [
+        "",
+        "## New processes: installed size, first prediction, memory",
+        "",
+        f"`bench/tools/process_metrics.py` on {host_line(process.get('host', {}))}, "
+        f"{process.get('threads')} threads; the processes run {children}; each figure is "
+        f"the median over {repeats} process{'es' if repeats > 1 else ''}. onnxruntime runs the demo models' torch twins "
+        "exported to ONNX, and the ONNX models' same .onnx file as fastlayers; a ratio below "
+        "1.00 means fastlayers is smaller or faster.",
+    ]
     for metric, (title, text, fmt) in PROCESS_METRICS.items():
         records = by_metric.get(metric, [])
         if not records:
@@ -181,13 +218,13 @@ def render_process(process: dict) -> list[str]:
             lines += ["| model | fastlayers |", "| --- | ---: |"]
             lines += [f"| {model} | {fmt(values[(model, 'fastlayers')])} |" for model in models]
             continue
-        lines += ["| model | fastlayers | onnxruntime | fastlayers / onnxruntime |",
-                  "| --- | ---: | ---: | ---: |"]
+        lines += ["| model | fastlayers | onnxruntime | fastlayers / onnxruntime |", "| --- | ---: | ---: | ---: |"]
         for model in models:
             ours, ort = values.get((model, "fastlayers")), values.get((model, "onnxruntime"))
             lines.append(f"| {model} | {fmt(ours)} | {fmt(ort)} | {ratio(ours, ort)} |")
-        lines += [f"- {r['engine']} installed: {', '.join(r['distributions'])}"
-                  for r in records if "distributions" in r]
+        lines += [
+            f"- {r['engine']} installed: {', '.join(r['distributions'])}" for r in records if "distributions" in r
+        ]
     return lines
 
 
@@ -197,48 +234,66 @@ def render_contention(contention: dict) -> list[str]:
     def us(value):
         return fmt_time(None if value is None else value * 1e-6)
 
-    lines = ["", "## Calls under contention", "",
-             f"`bench/contention.py` on {host_line(contention['host'])}: median call time with the "
-             "machine quiet and beside a busy-loop process (`while True: pass`), at 1 and 2 "
-             "threads; busy 2t / 1t is the busy 2-thread time over the busy 1-thread time "
-             "(target: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
-             "child forked after the parent ran them (machine quiet; compare with quiet 2t).", "",
-             "| workload | batch | engine | quiet 1t | quiet 2t | busy 1t | busy 2t | busy 2t / 1t "
-             "| forked child 2t |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "",
+        "## Calls under contention",
+        "",
+        f"`bench/contention.py` on {host_line(contention['host'])}: median call time with the "
+        "machine quiet and beside a busy-loop process (`while True: pass`), at 1 and 2 "
+        "threads; busy 2t / 1t is the busy 2-thread time over the busy 1-thread time "
+        "(target: within 1.3 for fastlayers). Forked child: fastlayers' 2-thread calls in a "
+        "child forked after the parent ran them (machine quiet; compare with quiet 2t).",
+        "",
+        "| workload | batch | engine | quiet 1t | quiet 2t | busy 1t | busy 2t | busy 2t / 1t | forked child 2t |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in contention["rows"]:
-        lines.append(f"| {r['workload']} | {r['batch']} | {r['engine']} | {us(r['quiet_1t_us'])} | "
-                     f"{us(r['quiet_2t_us'])} | {us(r['busy_1t_us'])} | {us(r['busy_2t_us'])} | "
-                     f"{r['busy_2t_over_1t']:.2f} | {us(r['forked_2t_us'])} |")
+        lines.append(
+            f"| {r['workload']} | {r['batch']} | {r['engine']} | {us(r['quiet_1t_us'])} | "
+            f"{us(r['quiet_2t_us'])} | {us(r['busy_1t_us'])} | {us(r['busy_2t_us'])} | "
+            f"{r['busy_2t_over_1t']:.2f} | {us(r['forked_2t_us'])} |"
+        )
     return lines
 
 
 def render(rows, flops, meta, process=None, rates=None, contention=None) -> str:
     peak = sgemm_peak(rows, flops)
-    lines = ["# Benchmarks", "",
-             "Generated by `python -m bench.tools.report` from pytest-benchmark runs (medians; lower is better; a "
-             "ratio below 1.00 means fastlayers is faster). Every engine gets the same inputs and "
-             "weights and the same thread count, and outputs are checked equal before timing.", ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m bench.tools.report` from pytest-benchmark runs (medians; lower is better; a "
+        "ratio below 1.00 means fastlayers is faster). Every engine gets the same inputs and "
+        "weights and the same thread count, and outputs are checked equal before timing.",
+        "",
+    ]
     lines += ["## Runs", ""]
     for m in meta:
         cpu = m["machine"].get("cpu", {})
         versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        lines.append(f"- `{m['path']}`: {m['threads']} thread(s), {cpu.get('brand_raw', '?')} "
-                     f"({cpu.get('count', '?')} cores), Python {m['machine'].get('python_version', '?')}, "
-                     f"{m['datetime'][:16]}; {versions}")
+        lines.append(
+            f"- `{m['path']}`: {m['threads']} thread(s), {cpu.get('brand_raw', '?')} "
+            f"({cpu.get('count', '?')} cores), Python {m['machine'].get('python_version', '?')}, "
+            f"{m['datetime'][:16]}; {versions}"
+        )
     counts = {}
     for m in meta:
         counts[m["threads"]] = counts.get(m["threads"], 0) + 1
     for threads, count in sorted(counts.items(), key=lambda kv: kv[0] or 0):
         if count > 1:
-            lines.append(f"- {threads} thread(s): {count} runs; each engine's row is its lowest "
-                         "median over them (every engine gets the same treatment)")
+            lines.append(
+                f"- {threads} thread(s): {count} runs; each engine's row is its lowest "
+                "median over them (every engine gets the same treatment)"
+            )
     for threads, gflops in sorted(peak.items()):
         lines.append(f"- measured sgemm peak at {threads} thread(s): {gflops:.1f} GFLOP/s")
-    lines += ["", "## Latency", "",
-              "| workload | batch | threads | fastlayers cpu | fastlayers reference | onnxruntime | "
-              "onnxruntime (no spin) | torch | cpu / onnxruntime | cpu / torch | GFLOP/s | % of sgemm |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        "## Latency",
+        "",
+        "| workload | batch | threads | fastlayers cpu | fastlayers reference | onnxruntime | "
+        "onnxruntime (no spin) | torch | cpu / onnxruntime | cpu / torch | GFLOP/s | % of sgemm |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for key in sorted(rows, key=lambda k: (k[0], k[1], k[2] or 0)):
         if key[0].startswith("sgemm"):
             continue
@@ -250,8 +305,11 @@ def render(rows, flops, meta, process=None, rates=None, contention=None) -> str:
             gf = f"{g:.1f}"
             if key[2] in peak:
                 share = f"{100 * g / peak[key[2]]:.0f} %"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(fmt_time(e.get(n)) for n in ENGINES)
-                     + f" | {ratio(cpu, e.get('onnxruntime'))} | {ratio(cpu, e.get('torch'))} | {gf} | {share} |")
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | "
+            + " | ".join(fmt_time(e.get(n)) for n in ENGINES)
+            + f" | {ratio(cpu, e.get('onnxruntime'))} | {ratio(cpu, e.get('torch'))} | {gf} | {share} |"
+        )
     lines += render_rates(rates or {})
     if process:
         lines += render_process(process)
@@ -273,8 +331,9 @@ def chart(rows, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(keys) + 1.5))
     for offset, other, color in [(-0.2, "onnxruntime", "tab:blue"), (0.2, "torch", "tab:orange")]:
         vals = [rows[k]["fastlayers-cpu"] / rows[k][other] if other in rows[k] else float("nan") for k in keys]
-        ax.barh([i + offset for i in range(len(keys))], vals, height=0.4, color=color,
-                label=f"fastlayers cpu / {other}")
+        ax.barh(
+            [i + offset for i in range(len(keys))], vals, height=0.4, color=color, label=f"fastlayers cpu / {other}"
+        )
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
     ax.set_yticks(range(len(keys)), labels, fontsize=8)

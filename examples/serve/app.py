@@ -30,7 +30,8 @@ async def predict(request: Request) -> Response:
         if len(body) > service.MAX_BODY_BYTES:
             return JSONResponse({"error": f"the body is over {service.MAX_BODY_BYTES} bytes"}, 413)
     status, payload, kind = await run_in_threadpool(
-        service.handle, engine, bytes(body), request.headers.get("content-type", service.JSON))
+        service.handle, engine, bytes(body), request.headers.get("content-type", service.JSON)
+    )
     return Response(payload, status_code=status, media_type=kind)
 
 

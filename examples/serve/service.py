@@ -54,8 +54,7 @@ class Engine:
                 fastlayers.set_num_threads(threads)
             self.model = fastlayers.load(path)
             self.onnx = hasattr(self.model, "get_inputs")
-            self.input_names = ([i.name for i in self.model.get_inputs()] if self.onnx
-                                else list(self.model.input_names))
+            self.input_names = [i.name for i in self.model.get_inputs()] if self.onnx else list(self.model.input_names)
         elif engine == "onnxruntime":
             import onnxruntime as ort
 
@@ -73,14 +72,14 @@ class Engine:
         """Outputs for ``inputs``: one array (a model of one input) or a dict name -> array."""
         if not isinstance(inputs, dict):
             if len(self.input_names) != 1:
-                raise ValueError(f"the model takes inputs {self.input_names}: send an object "
-                                 "from input name to array")
+                raise ValueError(f"the model takes inputs {self.input_names}: send an object from input name to array")
             inputs = {self.input_names[0]: inputs}
         if self.onnx:
-            if self.engine == "onnxruntime":   # onnxruntime takes only its declared dtypes
+            if self.engine == "onnxruntime":  # onnxruntime takes only its declared dtypes
                 types = {i.name: i.type for i in self.model.get_inputs()}
-                inputs = {k: np.asarray(v, np.float32) if types.get(k) == "tensor(float)" else v
-                          for k, v in inputs.items()}
+                inputs = {
+                    k: np.asarray(v, np.float32) if types.get(k) == "tensor(float)" else v for k, v in inputs.items()
+                }
             return list(self.model.run(None, inputs))
         out = self.model(inputs if len(inputs) > 1 else next(iter(inputs.values())))
         return list(out) if isinstance(out, (list, tuple)) else [out]
@@ -135,5 +134,8 @@ def _error(message: str) -> bytes:
 
 def engine_from_env() -> Engine:
     threads = os.environ.get("SERVE_THREADS")
-    return Engine(os.environ.get("SERVE_MODEL") or _default_model(),
-                  os.environ.get("SERVE_ENGINE", "fastlayers"), int(threads) if threads else None)
+    return Engine(
+        os.environ.get("SERVE_MODEL") or _default_model(),
+        os.environ.get("SERVE_ENGINE", "fastlayers"),
+        int(threads) if threads else None,
+    )

@@ -18,7 +18,7 @@ engine = service.engine_from_env()
 
 
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"   # keep-alive: a client may send many requests on one connection
+    protocol_version = "HTTP/1.1"  # keep-alive: a client may send many requests on one connection
 
     def _send(self, status: int, payload: bytes, kind: str) -> None:
         self.send_response(status)
@@ -30,8 +30,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # http.server's name
         if self.path != "/health":
             return self._send(404, b'{"error": "not found"}', service.JSON)
-        self._send(200, json.dumps({"model": engine.path, "engine": engine.engine,
-                                    "inputs": engine.input_names}).encode(), service.JSON)
+        self._send(
+            200,
+            json.dumps({"model": engine.path, "engine": engine.engine, "inputs": engine.input_names}).encode(),
+            service.JSON,
+        )
 
     def do_POST(self):
         if self.path != "/predict":

@@ -35,13 +35,16 @@ def model_path(tmp_path_factory):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
 
     graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
-         helper.make_node("Relu", ["h"], ["r"]),
-         helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"])],
+        [
+            helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"]),
+        ],
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [weight("w1", 64, 128), weight("b1", 128), weight("w2", 128, 10), weight("b2", 10)])
+        [weight("w1", 64, 128), weight("b1", 128), weight("w2", 128, 10), weight("b2", 10)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = tmp_path_factory.mktemp("speed_check") / "mlp.onnx"
@@ -58,7 +61,7 @@ def test_latency_budget(fastlayers_bench, model_path):
 def test_batch_throughput(fastlayers_bench, model_path):
     """A batch of 32 on two threads; the profile per step lands in the benchmark's extra_info."""
     result = fastlayers_bench(model_path, batch=32, threads=2, max_ms=50.0)
-    if result.median_ms is not None:    # None under --benchmark-disable
+    if result.median_ms is not None:  # None under --benchmark-disable
         print(f"{32 / result.median_ms * 1e3:,.0f} samples/s")
 
 

@@ -67,8 +67,9 @@ MAX_THREADS = 256
 def _thread_count(n, what: str) -> int:
     """``n`` as an int from 1 to MAX_THREADS, else InputError naming ``what``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= int(n) <= MAX_THREADS:
-        raise InputError(f"{what} expects an integer from 1 to {MAX_THREADS} (this "
-                         f"machine has {os.cpu_count()} CPUs), got {n!r}")
+        raise InputError(
+            f"{what} expects an integer from 1 to {MAX_THREADS} (this machine has {os.cpu_count()} CPUs), got {n!r}"
+        )
     return int(n)
 
 
@@ -151,6 +152,7 @@ class _Recording:
         def call(*args, **kwargs):
             log.append(label)
             return value(*args, **kwargs)
+
         return call
 
 

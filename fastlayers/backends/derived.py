@@ -47,7 +47,7 @@ def derived(source, kind: str, make: Callable):
     value = make(source)
     try:
         ref = weakref.ref(source, lambda r, key=key, forget=_forget: forget(key, r))
-    except TypeError:          # not weak-referenceable: nothing to key the cache on
+    except TypeError:  # not weak-referenceable: nothing to key the cache on
         return value
     with _lock:
         _cache[key] = (ref, value)

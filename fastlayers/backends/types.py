@@ -51,13 +51,13 @@ class EncoderWeights(NamedTuple):
     """The weights of one Transformer encoder layer (``ReferenceOps.encoder_layer``): products
     as (in, out) arrays, biases (out,) or None, norms as (gamma or None, beta or None, eps)."""
 
-    w_qkv_io: Floats2d          # (E, 3E): q, k, v projections side by side, heads within each
+    w_qkv_io: Floats2d  # (E, 3E): q, k, v projections side by side, heads within each
     b_qkv: Floats1d | None
-    w_o_io: Floats2d            # (E, E)
+    w_o_io: Floats2d  # (E, E)
     b_o: Floats1d | None
-    w_1_io: Floats2d            # (E, F)
+    w_1_io: Floats2d  # (E, F)
     b_1: Floats1d | None
-    w_2_io: Floats2d            # (F, E)
+    w_2_io: Floats2d  # (F, E)
     b_2: Floats1d | None
     norm1: tuple[Floats1d | None, Floats1d | None, float]
     norm2: tuple[Floats1d | None, Floats1d | None, float]
@@ -95,10 +95,10 @@ class Ops(Protocol):
     def broadcast_to(self, x: ArrayXd, shape: Sequence[int]) -> ArrayXd: ...
     def pad(self, x: ArrayXd, pads: Sequence[Sequence[int]]) -> ArrayXd: ...
     def concatenate(self, xs: Sequence[ArrayXd], axis: int = ...) -> ArrayXd: ...
-    def merge(self, a: FloatsXd, b: FloatsXd, op: str, alpha: float = ...,
-              beta: float = ...) -> FloatsXd: ...
-    def relu(self, x: FloatsXd, threshold: float = ..., negative_slope: float = ...,
-             max_value: float | None = ...) -> FloatsXd: ...
+    def merge(self, a: FloatsXd, b: FloatsXd, op: str, alpha: float = ..., beta: float = ...) -> FloatsXd: ...
+    def relu(
+        self, x: FloatsXd, threshold: float = ..., negative_slope: float = ..., max_value: float | None = ...
+    ) -> FloatsXd: ...
     def nonzero_mask(self, x: ArrayXd) -> BoolsXd: ...
     def mask_bias(self, mask: ArrayXd, shape: Sequence[int]) -> FloatsXd: ...
     def indices(self, ids: npt.ArrayLike, size: int, where: str, what: str = ...) -> IntsXd: ...
@@ -109,98 +109,244 @@ class Ops(Protocol):
 
     # arithmetic
     def add_act(self, a: FloatsXd, b: FloatsXd, name: str, alpha: float = ...) -> FloatsXd: ...
-    def outer_add_act(self, a_ic: Floats2d, b_jc: Floats2d, name: str,
-                      alpha: float = ...) -> Floats3d: ...
+    def outer_add_act(self, a_ic: Floats2d, b_jc: Floats2d, name: str, alpha: float = ...) -> Floats3d: ...
     def activation(self, x: FloatsXd, name: str, alpha: float = ...) -> FloatsXd: ...
-    def dense(self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = ...,
-              alpha: float = ...) -> FloatsXd: ...
+    def dense(
+        self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = ..., alpha: float = ...
+    ) -> FloatsXd: ...
     def softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = ...) -> FloatsXd: ...
     def log_softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = ...) -> FloatsXd: ...
-    def batch_norm(self, x: FloatsXd, scale: Floats1d, shift: Floats1d,
-                   axis: int = ...) -> FloatsXd: ...
-    def layer_norm(self, x: FloatsXd, gamma: FloatsXd | None, beta: FloatsXd | None,
-                   epsilon: float, axes: tuple[int, ...] = ..., rms: bool = ...) -> FloatsXd: ...
+    def batch_norm(self, x: FloatsXd, scale: Floats1d, shift: Floats1d, axis: int = ...) -> FloatsXd: ...
+    def layer_norm(
+        self,
+        x: FloatsXd,
+        gamma: FloatsXd | None,
+        beta: FloatsXd | None,
+        epsilon: float,
+        axes: tuple[int, ...] = ...,
+        rms: bool = ...,
+    ) -> FloatsXd: ...
     def embedding(self, ids: IntsXd, table: Floats2d) -> FloatsXd: ...
-    def hsoftmax_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d,
-                           path_signs: Floats2d) -> Floats2d: ...
-    def hsoftmax_class_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d,
-                                 path_nodes: Ints2d, path_signs: Floats2d,
-                                 classes: Ints1d) -> Floats1d: ...
+    def hsoftmax_log_probs(
+        self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d, path_signs: Floats2d
+    ) -> Floats2d: ...
+    def hsoftmax_class_log_probs(
+        self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d, path_signs: Floats2d, classes: Ints1d
+    ) -> Floats1d: ...
 
     # convolution and pooling (NHWC activations, HWIO kernels, unless the name says NCHW)
-    def conv2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None, strides: Pair = ...,
-               pads: Pads2d = ..., dilation: Pair = ..., groups: int = ..., activation: str = ...,
-               alpha: float = ...) -> Floats4d: ...
-    def conv2d_plan(self, x_shape: Sequence[int], w_hwio: Floats4d, b: Floats1d | None,
-                    strides: Pair = ..., pads: Pads2d = ..., dilation: Pair = ..., groups: int = ...,
-                    activation: str = ..., alpha: float = ...) -> Callable[[Floats4d], Floats4d]: ...
-    def depthwise_conv2d(self, x_nhwc: Floats4d, w_hwcm: Floats4d, b: Floats1d | None,
-                         strides: Pair = ..., pads: Pads2d = ..., dilation: Pair = ...,
-                         activation: str = ..., alpha: float = ...) -> Floats4d: ...
-    def conv_transpose2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None,
-                         strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = ...,
-                         groups: int = ..., activation: str = ..., alpha: float = ...) -> Floats4d: ...
-    def conv_transpose2d_nchw(self, x_nchw: Floats4d, w_iohw: Floats4d, b: Floats1d | None,
-                              strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = ...,
-                              groups: int = ..., activation: str = ...,
-                              alpha: float = ...) -> Floats4d: ...
-    def pool2d(self, x_nhwc: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
-               out_hw: Pair, dilation: Pair = ..., count_include_pad: bool = ...) -> Floats4d: ...
-    def pool2d_nchw(self, x_nchw: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
-                    out_hw: Pair, dilation: Pair = ...,
-                    count_include_pad: bool = ...) -> Floats4d: ...
-    def depthwise_conv2d_nchw(self, x_nchw: Floats4d, w_ohw: Floats3d, b: Floats1d | None,
-                              strides: Pair = ..., pads: Pads2d = ..., dilation: Pair = ...,
-                              activation: str = ..., alpha: float = ...) -> Floats4d: ...
+    def conv2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Floats4d: ...
+    def conv2d_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Callable[[Floats4d], Floats4d]: ...
+    def depthwise_conv2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwcm: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Floats4d: ...
+    def conv_transpose2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair,
+        crop: Pair,
+        out_hw: Pair,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Floats4d: ...
+    def conv_transpose2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        w_iohw: Floats4d,
+        b: Floats1d | None,
+        strides: Pair,
+        crop: Pair,
+        out_hw: Pair,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Floats4d: ...
+    def pool2d(
+        self,
+        x_nhwc: Floats4d,
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = ...,
+        count_include_pad: bool = ...,
+    ) -> Floats4d: ...
+    def pool2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = ...,
+        count_include_pad: bool = ...,
+    ) -> Floats4d: ...
+    def depthwise_conv2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        w_ohw: Floats3d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Floats4d: ...
     def adaptive_pool2d(self, x_nhwc: Floats4d, kind: str, out_hw: Pair) -> Floats4d: ...
-    def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...],
-                    keepdims: bool = ...) -> FloatsXd: ...
-    def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair,
-                 spatial_scale: float = ...) -> Floats4d: ...
+    def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...], keepdims: bool = ...) -> FloatsXd: ...
+    def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair, spatial_scale: float = ...) -> Floats4d: ...
     def resize2d_taps(self, x_nhwc: Floats4d, rows: Taps, cols: Taps, bilinear: bool) -> Floats4d: ...
-    def upsample2d(self, x_nhwc: Floats4d, out_hw: Pair, mode: str = ..., align_corners: bool = ...,
-                   scales: Sequence[float | None] = ...) -> Floats4d: ...
-    def local_response_norm(self, x: FloatsXd, size: int, alpha: float = ..., beta: float = ...,
-                            k: float = ...) -> FloatsXd: ...
+    def upsample2d(
+        self,
+        x_nhwc: Floats4d,
+        out_hw: Pair,
+        mode: str = ...,
+        align_corners: bool = ...,
+        scales: Sequence[float | None] = ...,
+    ) -> Floats4d: ...
+    def local_response_norm(
+        self, x: FloatsXd, size: int, alpha: float = ..., beta: float = ..., k: float = ...
+    ) -> FloatsXd: ...
 
     # attention
     def matmul(self, a: FloatsXd, b: FloatsXd, trans_b: bool = ...) -> FloatsXd: ...
-    def tanh_scores(self, q_pqd: Floats3d, k_pkd: Floats3d, w_d: Floats1d | None,
-                    inner: float = ..., outer: float = ...) -> Floats3d: ...
+    def tanh_scores(
+        self, q_pqd: Floats3d, k_pkd: Floats3d, w_d: Floats1d | None, inner: float = ..., outer: float = ...
+    ) -> Floats3d: ...
     def hard_attention(self, s_pqk: Floats3d, causal: bool = ...) -> Floats3d: ...
-    def attention_softmax(self, scores_bhqk: Floats4d, scale: float, bias: FloatsXd | None,
-                          causal: bool = ..., empty: int = ...) -> Floats4d: ...
-    def attention(self, q_bhqd: Floats4d, k_bhkd: Floats4d, v_bhkv: Floats4d, scale: float,
-                  bias: FloatsXd | None = ..., causal: bool = ..., empty: int = ...,
-                  need_weights: bool = ...) -> tuple[Floats4d, Floats4d | None]: ...
-    def self_attention(self, x_nle: Floats3d, w_qkv_io: Floats2d, b_qkv: Floats1d | None,
-                       w_o_io: Floats2d, b_o: Floats1d | None, num_heads: int,
-                       bias: FloatsXd | None = ..., empty: int = ...,
-                       need_weights: bool = ...) -> tuple[Floats3d, Floats4d | None]: ...
-    def encoder_layer(self, x_nle: Floats3d, w: EncoderWeights, num_heads: int,
-                      activation: str = ..., norm_first: bool = ..., bias: FloatsXd | None = ...,
-                      empty: int = ..., need_weights: bool = ...) -> tuple[Floats3d, Floats4d | None]: ...
+    def attention_softmax(
+        self, scores_bhqk: Floats4d, scale: float, bias: FloatsXd | None, causal: bool = ..., empty: int = ...
+    ) -> Floats4d: ...
+    def attention(
+        self,
+        q_bhqd: Floats4d,
+        k_bhkd: Floats4d,
+        v_bhkv: Floats4d,
+        scale: float,
+        bias: FloatsXd | None = ...,
+        causal: bool = ...,
+        empty: int = ...,
+        need_weights: bool = ...,
+    ) -> tuple[Floats4d, Floats4d | None]: ...
+    def self_attention(
+        self,
+        x_nle: Floats3d,
+        w_qkv_io: Floats2d,
+        b_qkv: Floats1d | None,
+        w_o_io: Floats2d,
+        b_o: Floats1d | None,
+        num_heads: int,
+        bias: FloatsXd | None = ...,
+        empty: int = ...,
+        need_weights: bool = ...,
+    ) -> tuple[Floats3d, Floats4d | None]: ...
+    def encoder_layer(
+        self,
+        x_nle: Floats3d,
+        w: EncoderWeights,
+        num_heads: int,
+        activation: str = ...,
+        norm_first: bool = ...,
+        bias: FloatsXd | None = ...,
+        empty: int = ...,
+        need_weights: bool = ...,
+    ) -> tuple[Floats3d, Floats4d | None]: ...
 
     # recurrent: x_bti is float32 (batch, time, input), or integer ids (batch, time) of the rows
     # of a folded embedding; y is (batch, time, units), or (batch, units) without
     # return_sequences; the states are (batch, units)
-    def rnn_sequence(self, x_bti: ArrayXd, w_ih: Floats2d, w_hh: Floats2d, b: Floats1d | None,
-                     h0: Floats2d, *, activation: str = ..., mask_bt: Bools2d | None = ...,
-                     reverse: bool = ..., return_sequences: bool = ..., zero_masked: bool = ...,
-                     y0: Floats2d | None = ...) -> tuple[FloatsXd, Floats2d]: ...
-    def lstm_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_g: Floats1d | None,
-                      h0: Floats2d, c0: Floats2d, *, w_hp: Floats2d | None = ...,
-                      activation: str = ..., recurrent_activation: str = ...,
-                      mask_bt: Bools2d | None = ..., reverse: bool = ..., return_sequences: bool = ...,
-                      zero_masked: bool = ...,
-                      y0: Floats2d | None = ...) -> tuple[FloatsXd, Floats2d, Floats2d]: ...
-    def gru_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_ig: Floats1d | None,
-                     b_hg: FloatsXd | None, h0: Floats2d, *, reset_after: bool = ...,
-                     activation: str = ..., recurrent_activation: str = ...,
-                     mask_bt: Bools2d | None = ..., reverse: bool = ..., return_sequences: bool = ...,
-                     zero_masked: bool = ..., y0: Floats2d | None = ...) -> tuple[FloatsXd, Floats2d]: ...
-    def sequence_plan(self, name: str, x_bti: ArrayXd, args: Sequence[Any],
-                      kw: dict[str, Any]) -> Callable[..., tuple[FloatsXd, ...]]: ...
-    def sequences_plan(self, x_bti: ArrayXd,
-                       calls: Sequence[SequenceCall]) -> Callable[..., list[tuple[FloatsXd, ...]]]: ...
+    def rnn_sequence(
+        self,
+        x_bti: ArrayXd,
+        w_ih: Floats2d,
+        w_hh: Floats2d,
+        b: Floats1d | None,
+        h0: Floats2d,
+        *,
+        activation: str = ...,
+        mask_bt: Bools2d | None = ...,
+        reverse: bool = ...,
+        return_sequences: bool = ...,
+        zero_masked: bool = ...,
+        y0: Floats2d | None = ...,
+    ) -> tuple[FloatsXd, Floats2d]: ...
+    def lstm_sequence(
+        self,
+        x_bti: ArrayXd,
+        w_ig: Floats2d,
+        w_hg: Floats2d,
+        b_g: Floats1d | None,
+        h0: Floats2d,
+        c0: Floats2d,
+        *,
+        w_hp: Floats2d | None = ...,
+        activation: str = ...,
+        recurrent_activation: str = ...,
+        mask_bt: Bools2d | None = ...,
+        reverse: bool = ...,
+        return_sequences: bool = ...,
+        zero_masked: bool = ...,
+        y0: Floats2d | None = ...,
+    ) -> tuple[FloatsXd, Floats2d, Floats2d]: ...
+    def gru_sequence(
+        self,
+        x_bti: ArrayXd,
+        w_ig: Floats2d,
+        w_hg: Floats2d,
+        b_ig: Floats1d | None,
+        b_hg: FloatsXd | None,
+        h0: Floats2d,
+        *,
+        reset_after: bool = ...,
+        activation: str = ...,
+        recurrent_activation: str = ...,
+        mask_bt: Bools2d | None = ...,
+        reverse: bool = ...,
+        return_sequences: bool = ...,
+        zero_masked: bool = ...,
+        y0: Floats2d | None = ...,
+    ) -> tuple[FloatsXd, Floats2d]: ...
+    def sequence_plan(
+        self, name: str, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
+    ) -> Callable[..., tuple[FloatsXd, ...]]: ...
+    def sequences_plan(
+        self, x_bti: ArrayXd, calls: Sequence[SequenceCall]
+    ) -> Callable[..., list[tuple[FloatsXd, ...]]]: ...
     def recurrent_sequences(self, calls: Sequence[SequenceCall]) -> list[tuple[FloatsXd, ...]]: ...

@@ -74,8 +74,9 @@ def import_onnxruntime():
     try:
         import onnxruntime
     except ImportError:
-        raise UnsupportedError("comparing against onnxruntime needs the onnxruntime package "
-                               "(pip install onnxruntime)") from None
+        raise UnsupportedError(
+            "comparing against onnxruntime needs the onnxruntime package (pip install onnxruntime)"
+        ) from None
     return onnxruntime
 
 
@@ -100,9 +101,15 @@ def onnxruntime_session(path, threads: int):
         raise UnsupportedError(f"{path}: onnxruntime cannot load the file ({text})") from None
 
 
-def compare_outputs(want: Sequence, got: Sequence, names: Sequence[str] | None = None,
-                    rtol: float = RTOL, atol: float | None = None, where: str = "",
-                    reference: str = ONNXRUNTIME) -> float:
+def compare_outputs(
+    want: Sequence,
+    got: Sequence,
+    names: Sequence[str] | None = None,
+    rtol: float = RTOL,
+    atol: float | None = None,
+    where: str = "",
+    reference: str = ONNXRUNTIME,
+) -> float:
     """Check fastlayers' outputs ``got`` against the reference's ``want``.
 
     Float outputs agree where ``|got - want| <= atol + rtol * |want|`` element by element (NaN
@@ -142,21 +149,22 @@ def compare_outputs(want: Sequence, got: Sequence, names: Sequence[str] | None =
     for name, w, g in zip(names, want, got):
         w, g = np.asarray(w), np.asarray(g)
         if w.shape != g.shape:
-            raise MismatchError(f"output {name!r}: fastlayers gives shape {g.shape} and {reference} "
-                                f"{w.shape}{at}")
+            raise MismatchError(f"output {name!r}: fastlayers gives shape {g.shape} and {reference} {w.shape}{at}")
         if not w.size:
             continue
         if w.dtype.kind not in "fc" and g.dtype.kind not in "fc":
             diff = np.abs(w.astype(np.float64) - g.astype(np.float64))
             biggest = float(diff.max())
             if biggest:
-                raise MismatchError(f"output {name!r}: fastlayers and {reference} differ in "
-                                    f"{int((diff > 0).sum())} of {w.size} values (max |difference| "
-                                    f"{biggest:.3g}){at}: not timed")
+                raise MismatchError(
+                    f"output {name!r}: fastlayers and {reference} differ in "
+                    f"{int((diff > 0).sum())} of {w.size} values (max |difference| "
+                    f"{biggest:.3g}){at}: not timed"
+                )
             continue
         w64, g64 = w.astype(np.float64), g.astype(np.float64)
         finite = np.isfinite(w64) & np.isfinite(g64)
-        same = (w64 == g64) | (np.isnan(w64) & np.isnan(g64))   # equal infinities, NaN and NaN
+        same = (w64 == g64) | (np.isnan(w64) & np.isnan(g64))  # equal infinities, NaN and NaN
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.where(finite, np.abs(g64 - w64), np.where(same, 0.0, np.inf))
         scale = np.abs(w64[np.isfinite(w64)])
@@ -169,6 +177,7 @@ def compare_outputs(want: Sequence, got: Sequence, names: Sequence[str] | None =
                 f"output {name!r}: fastlayers and {reference} differ beyond rtol {rtol:g}, atol "
                 f"{tol:.3g} in {int(bad.sum())} of {w.size} values (max |difference| "
                 f"{float(diff.flat[k]):.3g}: {float(g64.flat[k]):.6g} against "
-                f"{float(w64.flat[k]):.6g}){at}: not timed")
+                f"{float(w64.flat[k]):.6g}){at}: not timed"
+            )
         worst = max(worst, biggest)
     return worst

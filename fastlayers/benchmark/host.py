@@ -49,8 +49,14 @@ def host_info() -> dict:
     from .. import native
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {"cpu": cpu_name(), "machine": platform.machine(), "system": platform.system(),
-            "cpu_count": os.cpu_count(), "usable_cpus": usable, "isa": native.isa()}
+    info = {
+        "cpu": cpu_name(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable,
+        "isa": native.isa(),
+    }
     if info["isa"] in ("avx512", "avx2"):
         info["vnni"] = bool(native.vnni())
     return info
@@ -69,8 +75,7 @@ def versions(against: str | None = None) -> dict:
     dict
         ``fastlayers``, ``numpy``, ``python`` and, with ``against``, ``onnxruntime``.
     """
-    out = {"fastlayers": __version__, "numpy": np.__version__,
-           "python": platform.python_version()}
+    out = {"fastlayers": __version__, "numpy": np.__version__, "python": platform.python_version()}
     if against == ONNXRUNTIME:
         import onnxruntime
 

@@ -49,8 +49,11 @@ class InputSpec:
         if self.shape is None:
             dims = "shape not declared"
         else:
-            dims = "[" + ", ".join(str(d) if _fixed(d) else (d if isinstance(d, str) and d else "?")
-                                   for d in self.shape) + "]"
+            dims = (
+                "["
+                + ", ".join(str(d) if _fixed(d) else (d if isinstance(d, str) and d else "?") for d in self.shape)
+                + "]"
+            )
         return f"{self.name} {self.dtype} {dims}"
 
 
@@ -85,19 +88,23 @@ def input_specs(model) -> list[InputSpec]:
         specs = []
         for arg in model.get_inputs():
             if arg.type not in dtypes:
-                raise UnsupportedError(f"ONNX model {model.name!r} input {arg.name!r}: type "
-                                       f"{arg.type} cannot be benchmarked")
+                raise UnsupportedError(
+                    f"ONNX model {model.name!r} input {arg.name!r}: type {arg.type} cannot be benchmarked"
+                )
             specs.append(InputSpec(arg.name, tuple(arg.shape), dtypes[arg.type]))
         return specs
     if callable(getattr(model, "input_specs", None)) and getattr(model, "built", True):
-        return [InputSpec(name, None if shape is None else tuple(shape), np.dtype(dtype))
-                for name, (shape, dtype) in zip(model.input_names, model.input_specs())]
+        return [
+            InputSpec(name, None if shape is None else tuple(shape), np.dtype(dtype))
+            for name, (shape, dtype) in zip(model.input_names, model.input_specs())
+        ]
     forward = getattr(type(model), "forward", None)
     names = []
     if forward is not None:
         params = list(inspect.signature(forward).parameters.values())[1:]
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                 and p.default is p.empty]
+        names = [
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
     return [InputSpec(name, None, np.dtype(np.float32)) for name in (names or ["input"])]
 
 
@@ -128,8 +135,9 @@ def check_names(specs, names, what: str) -> None:
     that names them, for the message)."""
     unknown = [n for n in names if n not in {s.name for s in specs}]
     if unknown:
-        raise InputError(f"{what}: no input named {', '.join(map(repr, unknown))}; the model's "
-                         f"inputs are {[s.name for s in specs]}")
+        raise InputError(
+            f"{what}: no input named {', '.join(map(repr, unknown))}; the model's inputs are {[s.name for s in specs]}"
+        )
 
 
 def batchable(specs: Sequence[InputSpec]) -> bool:
@@ -153,14 +161,16 @@ def batchable(specs: Sequence[InputSpec]) -> bool:
 def _shape_hint(spec: InputSpec, batch: int | None) -> str:
     if spec.shape is None:
         return f"{spec.name}=1,..."
-    dims = [str(d) if _fixed(d) else (str(batch) if k == 0 and batch else
-                                       f"<{d}>" if isinstance(d, str) and d else f"<dim {k}>")
-            for k, d in enumerate(spec.shape)]
+    dims = [
+        str(d)
+        if _fixed(d)
+        else (str(batch) if k == 0 and batch else f"<{d}>" if isinstance(d, str) and d else f"<dim {k}>")
+        for k, d in enumerate(spec.shape)
+    ]
     return f"{spec.name}=" + ",".join(dims)
 
 
-def resolve_shape(spec: InputSpec, batch: int | None = None, shape: Sequence[int] | None = None
-                  ) -> tuple[int, ...]:
+def resolve_shape(spec: InputSpec, batch: int | None = None, shape: Sequence[int] | None = None) -> tuple[int, ...]:
     """The concrete shape of input ``spec``: ``shape`` where given (checked against the declared
     rank and fixed dimensions), else the declared one; a free leading dimension takes ``batch``.
 
@@ -176,20 +186,26 @@ def resolve_shape(spec: InputSpec, batch: int | None = None, shape: Sequence[int
         dims = [int(d) for d in shape]
         if declared is not None:
             if len(dims) != len(declared):
-                raise ShapeError(f"input {spec.name!r}: the shape given, {tuple(dims)}, has "
-                                 f"{len(dims)} dimensions; the model declares {len(declared)} "
-                                 f"({spec.describe()})")
+                raise ShapeError(
+                    f"input {spec.name!r}: the shape given, {tuple(dims)}, has "
+                    f"{len(dims)} dimensions; the model declares {len(declared)} "
+                    f"({spec.describe()})"
+                )
             for k, (d, g) in enumerate(zip(declared, dims)):
                 if _fixed(d) and d != g:
-                    raise ShapeError(f"input {spec.name!r}: dimension {k} is fixed at {d} by the "
-                                     f"model; the shape given has {g} ({spec.describe()})")
+                    raise ShapeError(
+                        f"input {spec.name!r}: dimension {k} is fixed at {d} by the "
+                        f"model; the shape given has {g} ({spec.describe()})"
+                    )
         if batch is not None and dims and (declared is None or not _fixed(declared[0])):
             dims[0] = batch
         return tuple(dims)
     if declared is None:
-        raise ShapeError(f"input {spec.name!r}: the model declares no shape for it; give one "
-                         f"(--shape {spec.name}=1,... on the command line, shapes= in Python) "
-                         f"or give the input's values")
+        raise ShapeError(
+            f"input {spec.name!r}: the model declares no shape for it; give one "
+            f"(--shape {spec.name}=1,... on the command line, shapes= in Python) "
+            f"or give the input's values"
+        )
     dims = []
     for k, d in enumerate(declared):
         if _fixed(d):
@@ -198,9 +214,11 @@ def resolve_shape(spec: InputSpec, batch: int | None = None, shape: Sequence[int
             dims.append(batch)
         else:
             label = f"dimension {k}" + (f" ({d!r})" if isinstance(d, str) and d else "")
-            raise ShapeError(f"input {spec.name!r}: {label} is not fixed by the model; give the "
-                             f"input's shape (--shape {_shape_hint(spec, batch)} on the command "
-                             f"line, shapes= in Python)")
+            raise ShapeError(
+                f"input {spec.name!r}: {label} is not fixed by the model; give the "
+                f"input's shape (--shape {_shape_hint(spec, batch)} on the command "
+                f"line, shapes= in Python)"
+            )
     return tuple(dims)
 
 
@@ -233,9 +251,9 @@ def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.nd
     raise UnsupportedError(f"random inputs of dtype {dtype} cannot be made")
 
 
-def make_inputs(specs: Sequence[InputSpec], batch: int | None = 1,
-                shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0
-                ) -> list[np.ndarray]:
+def make_inputs(
+    specs: Sequence[InputSpec], batch: int | None = 1, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0
+) -> list[np.ndarray]:
     """Random inputs for a model: one array per spec, of its declared dtype and of the shape
     ``resolve_shape`` gives it (a free leading dimension: ``batch``; other free dimensions:
     ``shapes[name]``).
@@ -299,11 +317,12 @@ def batch_plan(specs, batch_sizes, shapes, given) -> tuple[list, list[str]]:
         ranked = [a for a in given if np.ndim(a) > 0]
         short = [b for b in batch_sizes if b > rows]
         if short:
-            raise InputError(f"the inputs given hold {rows} samples, fewer than the batch "
-                             f"size(s) {short} asked")
+            raise InputError(f"the inputs given hold {rows} samples, fewer than the batch size(s) {short} asked")
         if not batchable(specs) or not ranked:
-            notes.append(f"the model fixes its batch: timed on the inputs as given (batch {rows}); "
-                         f"batch sizes {list(batch_sizes)} not timed")
+            notes.append(
+                f"the model fixes its batch: timed on the inputs as given (batch {rows}); "
+                f"batch sizes {list(batch_sizes)} not timed"
+            )
             return [None], notes
         return list(batch_sizes), notes
     if batchable(specs):
@@ -313,9 +332,12 @@ def batch_plan(specs, batch_sizes, shapes, given) -> tuple[list, list[str]]:
         return list(batch_sizes), notes
     fixed = next((s for s in specs if s.shape and _fixed(s.shape[0])), None)
     if batch_sizes is not None and fixed is not None and list(batch_sizes) != [int(fixed.shape[0])]:
-        notes.append(f"input {fixed.name!r} fixes its leading dimension at {fixed.shape[0]}: timed "
-                     f"at that batch only (batch sizes {list(batch_sizes)} asked)")
+        notes.append(
+            f"input {fixed.name!r} fixes its leading dimension at {fixed.shape[0]}: timed "
+            f"at that batch only (batch sizes {list(batch_sizes)} asked)"
+        )
     elif batch_sizes is not None and fixed is None and list(batch_sizes) != [1]:
-        notes.append(f"the model's inputs have no batch dimension: timed as declared (batch sizes "
-                     f"{list(batch_sizes)} asked)")
+        notes.append(
+            f"the model's inputs have no batch dimension: timed as declared (batch sizes {list(batch_sizes)} asked)"
+        )
     return [None], notes

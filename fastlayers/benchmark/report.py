@@ -71,34 +71,40 @@ class BenchReport:
         h = self.host
         cpu = h.get("cpu") or "unknown CPU"
         engines = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k != "python")
-        lines = [f"model: {self.model} ({self.kind}; inputs: "
-                 f"{'; '.join(s.describe() for s in self.inputs) or 'none'})",
-                 f"host: {cpu} ({h.get('machine')}, {h.get('usable_cpus')} of {h.get('cpu_count')} "
-                 f"CPUs usable, fastlayers {h.get('isa')} path); {engines}",
-                 f"each configuration: {self.warmup_s:g} s warm-up, then {self.seconds:g} s timed "
-                 f"per engine" + (", engines taking turns call by call" if self.against else "")]
+        lines = [
+            f"model: {self.model} ({self.kind}; inputs: {'; '.join(s.describe() for s in self.inputs) or 'none'})",
+            f"host: {cpu} ({h.get('machine')}, {h.get('usable_cpus')} of {h.get('cpu_count')} "
+            f"CPUs usable, fastlayers {h.get('isa')} path); {engines}",
+            f"each configuration: {self.warmup_s:g} s warm-up, then {self.seconds:g} s timed "
+            f"per engine" + (", engines taking turns call by call" if self.against else ""),
+        ]
         for batch, shapes in self.input_shapes.items():
             lines.append(f"batch {batch}: input shapes {', '.join(f'{n} {s}' for n, s in shapes.items())}")
-        head = (f"{'threads':>7}  {'batch':>5}  {'engine':<12}{'calls':>7}  {'mean ms':>9}  "
-                f"{'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'items/s':>11}")
+        head = (
+            f"{'threads':>7}  {'batch':>5}  {'engine':<12}{'calls':>7}  {'mean ms':>9}  "
+            f"{'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'items/s':>11}"
+        )
         if self.against:
             head += f"  {'vs ' + self.against:>15}"
         lines += ["", head, "-" * len(head)]
         for r in self.results:
-            row = (f"{r.threads:>7}  {r.batch:>5}  {r.engine:<12}{r.calls:>7}  {_ms(r.mean_ms):>9}  "
-                   f"{_ms(r.p50_ms):>9}  {_ms(r.p90_ms):>9}  {_ms(r.p99_ms):>9}  "
-                   f"{r.items_per_s:>11,.1f}")
+            row = (
+                f"{r.threads:>7}  {r.batch:>5}  {r.engine:<12}{r.calls:>7}  {_ms(r.mean_ms):>9}  "
+                f"{_ms(r.p50_ms):>9}  {_ms(r.p90_ms):>9}  {_ms(r.p99_ms):>9}  "
+                f"{r.items_per_s:>11,.1f}"
+            )
             if self.against:
                 row += f"  {(f'{r.ratio:.2f}x' if r.ratio is not None else '-'):>15}"
             lines.append(row)
         if self.against:
             diffs = [r.max_abs_diff for r in self.results if r.max_abs_diff is not None]
-            tol = f"rtol {self.rtol:g}, atol " + ("rtol x max |value|" if self.atol is None
-                                                    else f"{self.atol:g}")
-            lines += ["", f"outputs checked against {self.against}'s before timing each "
-                          f"configuration ({tol}): max |difference| {max(diffs, default=0.0):.3g}",
-                      f"vs {self.against}: fastlayers' p50 over {self.against}'s (below 1: "
-                      f"fastlayers is faster)"]
+            tol = f"rtol {self.rtol:g}, atol " + ("rtol x max |value|" if self.atol is None else f"{self.atol:g}")
+            lines += [
+                "",
+                f"outputs checked against {self.against}'s before timing each "
+                f"configuration ({tol}): max |difference| {max(diffs, default=0.0):.3g}",
+                f"vs {self.against}: fastlayers' p50 over {self.against}'s (below 1: fastlayers is faster)",
+            ]
         if self.notes:
             lines += [""] + [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -119,15 +125,26 @@ class BenchReport:
         """
         return {
             "schema": SCHEMA,
-            "model": {"path": self.model, "kind": self.kind,
-                      "inputs": [{"name": s.name, "shape": None if s.shape is None else list(s.shape),
-                                  "dtype": str(s.dtype)} for s in self.inputs]},
-            "settings": {"seconds": self.seconds, "warmup_s": self.warmup_s,
-                         "threads": sorted({r.threads for r in self.results}),
-                         "batch_sizes": list(self.input_shapes),
-                         "input_shapes": {str(b): {n: list(s) for n, s in shapes.items()}
-                                          for b, shapes in self.input_shapes.items()},
-                         "against": self.against, "rtol": self.rtol, "atol": self.atol},
+            "model": {
+                "path": self.model,
+                "kind": self.kind,
+                "inputs": [
+                    {"name": s.name, "shape": None if s.shape is None else list(s.shape), "dtype": str(s.dtype)}
+                    for s in self.inputs
+                ],
+            },
+            "settings": {
+                "seconds": self.seconds,
+                "warmup_s": self.warmup_s,
+                "threads": sorted({r.threads for r in self.results}),
+                "batch_sizes": list(self.input_shapes),
+                "input_shapes": {
+                    str(b): {n: list(s) for n, s in shapes.items()} for b, shapes in self.input_shapes.items()
+                },
+                "against": self.against,
+                "rtol": self.rtol,
+                "atol": self.atol,
+            },
             "results": [r.as_dict() for r in self.results],
             "notes": list(self.notes),
             "host": dict(self.host),

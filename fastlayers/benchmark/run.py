@@ -17,13 +17,22 @@ from .report import BenchReport
 from .timing import DEFAULT_SECONDS, MAX_WARMUP_S, Latency, time_calls
 
 
-def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
-                  batch_sizes: Sequence[int] | None = None,
-                  shapes: Mapping[str, Sequence[int]] | None = None,
-                  inputs: Sequence[np.ndarray] | None = None, seconds: float = DEFAULT_SECONDS,
-                  warmup_s: float | None = None, against: str | None = None, rtol: float = RTOL,
-                  atol: float | None = None, seed: int = 0,
-                  log: Callable[[str], None] | None = None) -> BenchReport:
+def run_benchmark(
+    model,
+    *,
+    path=None,
+    threads: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: Sequence[np.ndarray] | None = None,
+    seconds: float = DEFAULT_SECONDS,
+    warmup_s: float | None = None,
+    against: str | None = None,
+    rtol: float = RTOL,
+    atol: float | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> BenchReport:
     """Time ``model`` at each thread count and batch size (``fastlayers bench``).
 
     Parameters
@@ -83,13 +92,15 @@ def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
     if not (isinstance(seconds, (int, float)) and seconds > 0):
         raise InputError(f"seconds must be a positive number, got {seconds!r}")
     for what, values in (("threads", threads), ("batch sizes", batch_sizes)):
-        if values is not None and (not len(values) or any(
-                isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values)):
+        if values is not None and (
+            not len(values) or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values)
+        ):
             raise InputError(f"{what}: expected positive integers, got {list(values)!r}")
     if against is not None:
         if not is_onnx(model):
-            raise UnsupportedError(f"comparing against {against} needs an ONNX model; this one "
-                                   f"loads as {type(model).__name__}")
+            raise UnsupportedError(
+                f"comparing against {against} needs an ONNX model; this one loads as {type(model).__name__}"
+            )
         if path is None:
             raise UnsupportedError(f"comparing against {against} needs the model's file (path=)")
         import_onnxruntime()
@@ -100,14 +111,22 @@ def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
     if inputs is not None:
         given = list(inputs)
         if len(given) != len(specs):
-            raise InputError(f"the model takes {len(specs)} input(s) {[s.name for s in specs]}; "
-                             f"{len(given)} given")
+            raise InputError(f"the model takes {len(specs)} input(s) {[s.name for s in specs]}; {len(given)} given")
         given = [np.asarray(a).astype(s.dtype, copy=False) for a, s in zip(given, specs)]
     batches, notes = batch_plan(specs, batch_sizes, shapes, given)
     warmup_s = min(MAX_WARMUP_S, seconds / 4) if warmup_s is None else float(warmup_s)
-    report = BenchReport(str(path) if path is not None else getattr(model, "name", "model"),
-                         type(model).__name__, specs, float(seconds), warmup_s, against, rtol,
-                         atol, notes=notes, host=host_info())
+    report = BenchReport(
+        str(path) if path is not None else getattr(model, "name", "model"),
+        type(model).__name__,
+        specs,
+        float(seconds),
+        warmup_s,
+        against,
+        rtol,
+        atol,
+        notes=notes,
+        host=host_info(),
+    )
     output_names = [o.name for o in model.get_outputs()] if is_onnx(model) else None
     counts = list(threads) if threads else [None]
     for t in counts:
@@ -120,8 +139,7 @@ def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
                 else:
                     arrays = make_inputs(specs, batch, shapes, seed)
                 items = items_of(arrays)
-                report.input_shapes.setdefault(items, {s.name: tuple(np.shape(a))
-                                                       for s, a in zip(specs, arrays)})
+                report.input_shapes.setdefault(items, {s.name: tuple(np.shape(a)) for s, a in zip(specs, arrays)})
                 if log:
                     log(f"threads {used}, batch {items} ...")
                 fns = {"fastlayers": runner(model, arrays)}
@@ -130,8 +148,9 @@ def run_benchmark(model, *, path=None, threads: Sequence[int] | None = None,
                 if session is not None:
                     feed = dict(zip([s.name for s in specs], arrays))
                     fns[against] = lambda session=session, feed=feed: session.run(None, feed)
-                    diff = compare_outputs(fns[against](), got, output_names, rtol, atol,
-                                           f"threads {used}, batch {items}", against)
+                    diff = compare_outputs(
+                        fns[against](), got, output_names, rtol, atol, f"threads {used}, batch {items}", against
+                    )
                 times = time_calls(fns, seconds, warmup_s)
                 rows = {name: Latency.from_times(name, used, items, ts) for name, ts in times.items()}
                 if session is not None:

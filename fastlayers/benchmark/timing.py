@@ -22,8 +22,9 @@ WARMUP_CALLS = 2
 MAX_WARMUP_S = 0.5
 
 
-def time_calls(fns: Mapping[str, Callable[[], object]], seconds: float,
-               warmup_s: float | None = None, min_calls: int = MIN_CALLS) -> dict[str, np.ndarray]:
+def time_calls(
+    fns: Mapping[str, Callable[[], object]], seconds: float, warmup_s: float | None = None, min_calls: int = MIN_CALLS
+) -> dict[str, np.ndarray]:
     """Time each engine call by call: a warm-up, then calls until ``seconds`` per engine have
     passed; several engines take turns call by call.
 
@@ -121,8 +122,18 @@ class Latency:
         ms = np.asarray(seconds, np.float64) * 1e3
         p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
         mean = float(ms.mean())
-        return cls(engine, threads, batch, int(ms.size), mean, p50, p90, p99, float(ms.min()),
-                   batch / (mean / 1e3) if mean > 0 else float("inf"))
+        return cls(
+            engine,
+            threads,
+            batch,
+            int(ms.size),
+            mean,
+            p50,
+            p90,
+            p99,
+            float(ms.min()),
+            batch / (mean / 1e3) if mean > 0 else float("inf"),
+        )
 
     def as_dict(self) -> dict:
         """The figures as a plain dict.

@@ -26,7 +26,7 @@ __all__ = ["load", "load_state_dict", "register_keras_layer", "register_torch_mo
 
 
 def __getattr__(name):
-    if name == "load_state_dict":   # imported at first use, as each reader is
+    if name == "load_state_dict":  # imported at first use, as each reader is
         from .torch import load_state_dict
 
         return load_state_dict
@@ -93,7 +93,7 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
             model.num_threads = options.threads
         if options.warm_up if warm_up is None else warm_up:
             if hasattr(model, "warm_up"):
-                with np.errstate(all="ignore"):   # weights from a file may overflow on zeros
+                with np.errstate(all="ignore"):  # weights from a file may overflow on zeros
                     _warm_up(model, path)
     return model
 
@@ -127,8 +127,9 @@ def _warm_up(model, source) -> None:
     if failures:
         e = failures[0]
         where = _describe(source)
-        raise ModelFileError(f"{where}: the model fails on zeros of its declared input shapes "
-                             f"({type(e).__name__}: {str(e)[:200]})") from e
+        raise ModelFileError(
+            f"{where}: the model fails on zeros of its declared input shapes ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
 
 
 def _is_graph_model(model) -> bool:
@@ -136,7 +137,6 @@ def _is_graph_model(model) -> bool:
     an ONNX or torch load never needs: no Model exists unless it was imported)."""
     graph = sys.modules.get("fastlayers.model.graph")
     return graph is not None and isinstance(model, graph.Model)
-
 
 
 class _Named(io.BytesIO):
@@ -173,21 +173,25 @@ def _load(source):
         except (OSError, ValueError) as e:
             raise ModelFileError(f"{where}: cannot read the file object ({e})") from None
         if not isinstance(data, (bytes, bytearray)):
-            raise ModelFileError(f"{where}: the file object gives {type(data).__name__}, not bytes: "
-                                 "open the file in binary mode ('rb')")
+            raise ModelFileError(
+                f"{where}: the file object gives {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
+            )
         return _load_bytes(bytes(data), where)
     if not isinstance(source, (str, os.PathLike)):
-        raise ModelFileError(f"{source!r}: expected a path, the file's bytes or a binary file "
-                             f"object, got {type(source).__name__}")
+        raise ModelFileError(
+            f"{source!r}: expected a path, the file's bytes or a binary file object, got {type(source).__name__}"
+        )
     p = Path(source)
     if p.is_dir():
         if (p / "config.json").is_file():  # an unzipped .keras archive
             from .keras import load_keras
 
             return load_keras(p)
-        raise ModelFileError(f"{source}: is a directory, not a model file (a directory is read "
-                             "only as an unzipped .keras archive: config.json and "
-                             "model.weights.h5)")
+        raise ModelFileError(
+            f"{source}: is a directory, not a model file (a directory is read "
+            "only as an unzipped .keras archive: config.json and "
+            "model.weights.h5)"
+        )
     if not p.exists():
         raise ModelFileError(f"{source}: no such file")
     if not p.is_file():
@@ -245,7 +249,7 @@ def _sniff(head: bytes, f, where: str, size: int) -> str | None:
         (n,) = struct.unpack("<Q", head[:8])
         if 2 <= n <= size - 8 and head[8:9] == b"{":
             return "safetensors"
-    if head[:2] == b"\x80\x02" and head[2:3] == b"\x8a":   # a legacy torch pickle's magic
+    if head[:2] == b"\x80\x02" and head[2:3] == b"\x8a":  # a legacy torch pickle's magic
         return "torch"
     if _looks_like_onnx(head):
         return "onnx"
@@ -287,15 +291,20 @@ def _dispatch(kind, source, suffix: str, where: str):
 
         return load_onnx(source)
     if kind == "safetensors" or (kind is None and suffix == ".safetensors"):
-        raise ModelFileError(f"{where}: a safetensors file holds weights only, not a model: build "
-                             "the model with fastlayers.nn and load the weights with "
-                             "model.load_state_dict(fastlayers.load_state_dict(path))")
+        raise ModelFileError(
+            f"{where}: a safetensors file holds weights only, not a model: build "
+            "the model with fastlayers.nn and load the weights with "
+            "model.load_state_dict(fastlayers.load_state_dict(path))"
+        )
     if kind == "torch" or (kind in ("zip", None) and suffix in _TORCH_SUFFIXES):
         from .torch import load_torch_module
 
         return load_torch_module(source)
     if kind == "zip":
-        raise ModelFileError(f"{where}: a zip archive that is not a model file (no fastlayers "
-                             "header, Keras config.json and model.weights.h5, or torch data.pkl)")
-    raise ModelFileError(f"{where}: not a fastlayers model file (unknown format: not a fastlayers, "
-                         "Keras, ONNX or PyTorch file)")
+        raise ModelFileError(
+            f"{where}: a zip archive that is not a model file (no fastlayers "
+            "header, Keras config.json and model.weights.h5, or torch data.pkl)"
+        )
+    raise ModelFileError(
+        f"{where}: not a fastlayers model file (unknown format: not a fastlayers, Keras, ONNX or PyTorch file)"
+    )

@@ -52,10 +52,15 @@ def model_config(model) -> dict:
 
     spec = model.graph_spec
     if isinstance(model, Sequential):
-        return {"class_name": "Sequential", "config": {
-            "name": model.name, "batch_shape": list(spec.input_layer.batch_shape),
-            "input_name": spec.input_layer.name,
-            "layers": [_layer_entry(layer) for layer in model.layers]}}
+        return {
+            "class_name": "Sequential",
+            "config": {
+                "name": model.name,
+                "batch_shape": list(spec.input_layer.batch_shape),
+                "input_name": spec.input_layer.name,
+                "layers": [_layer_entry(layer) for layer in model.layers],
+            },
+        }
     node_ids = {id(node): i for i, node in enumerate(spec.nodes)}
 
     def ref(args):
@@ -65,13 +70,22 @@ def model_config(model) -> dict:
             return [ref(a) for a in args]
         return [node_ids[id(args.node)], args.index]
 
-    nodes = [{"layer": node.layer.name, "args": ref(node.args), "extra_args": list(node.extra_args),
-              "kwargs": node.kwargs} for node in spec.nodes]
-    return {"class_name": "Model", "config": {
-        "name": model.name, "layers": [_layer_entry(layer) for layer in model.layers],
-        "nodes": nodes, "inputs": [ref(t) for t in model.inputs],
-        "outputs": [ref(t) for t in model.outputs],
-        "single_input": spec.single_input, "single_output": spec.single_output}}
+    nodes = [
+        {"layer": node.layer.name, "args": ref(node.args), "extra_args": list(node.extra_args), "kwargs": node.kwargs}
+        for node in spec.nodes
+    ]
+    return {
+        "class_name": "Model",
+        "config": {
+            "name": model.name,
+            "layers": [_layer_entry(layer) for layer in model.layers],
+            "nodes": nodes,
+            "inputs": [ref(t) for t in model.inputs],
+            "outputs": [ref(t) for t in model.outputs],
+            "single_input": spec.single_input,
+            "single_output": spec.single_output,
+        },
+    }
 
 
 def weight_items(model, prefix: str = ""):
@@ -99,17 +113,21 @@ def _check_representable(model, what: str) -> None:
     from ..model.graph import Model, Sequential
 
     if isinstance(model, Sequential) and not model.built:
-        raise UnsupportedError(f"Sequential {model.name!r} cannot be {what} before its input shape "
-                               "is known: start it with fastlayers.Input(shape) or call it once")
+        raise UnsupportedError(
+            f"Sequential {model.name!r} cannot be {what} before its input shape "
+            "is known: start it with fastlayers.Input(shape) or call it once"
+        )
     registry = _registry()
     pending = [model]
     while pending:
         current = pending.pop()
         for layer in [current, *current.layers]:
             if registry.get(type(layer).__name__) is not type(layer):
-                raise UnsupportedError(f"model {model.name!r} cannot be {what}: layer "
-                                       f"{layer.name!r} is a {type(layer).__qualname__}, not a "
-                                       "fastlayers.layers class the format can rebuild")
+                raise UnsupportedError(
+                    f"model {model.name!r} cannot be {what}: layer "
+                    f"{layer.name!r} is a {type(layer).__qualname__}, not a "
+                    "fastlayers.layers class the format can rebuild"
+                )
             if isinstance(layer, Model) and layer is not current:
                 pending.append(layer)
 
@@ -120,14 +138,14 @@ def model_header(model, what: str = "saved", **dumps_options) -> str:
     ``dumps_options`` go to ``json.dumps``. UnsupportedError where the format cannot hold it."""
 
     _check_representable(model, what)
-    header = {"format": FORMAT, "version": VERSION, "fastlayers_version": __version__,
-              "model": model_config(model)}
+    header = {"format": FORMAT, "version": VERSION, "fastlayers_version": __version__, "model": model_config(model)}
     dumps_options.setdefault("default", _json_numpy)
     try:
         return json.dumps(header, **dumps_options)
     except (TypeError, ValueError) as e:
-        raise UnsupportedError(f"model {model.name!r} cannot be {what}: a layer option is not "
-                               f"serializable ({e})") from e
+        raise UnsupportedError(
+            f"model {model.name!r} cannot be {what}: a layer option is not serializable ({e})"
+        ) from e
 
 
 def write_model(model, f, what: str = "saved") -> None:
@@ -190,42 +208,52 @@ def _npy_header(member, info, where: str, what: str) -> tuple[str, bool, tuple]:
         raise ModelFileError(f"{where}: {what} is not an .npy array (no NUMPY magic)")
     major, minor = head[6], head[7]
     if major not in (1, 2, 3):
-        raise ModelFileError(f"{where}: {what} has .npy format version {major}.{minor}; "
-                             "expected 1.0, 2.0 or 3.0")
+        raise ModelFileError(f"{where}: {what} has .npy format version {major}.{minor}; expected 1.0, 2.0 or 3.0")
     fmt = "<H" if major == 1 else "<I"
     size = member.read(struct.calcsize(fmt))
     if len(size) != struct.calcsize(fmt):
         raise ModelFileError(f"{where}: {what} is truncated in its .npy header")
     (length,) = struct.unpack(fmt, size)
     if length > _NPY_MAX_HEADER:
-        raise ModelFileError(f"{where}: {what} has a {length:,}-byte .npy header, over the "
-                             f"{_NPY_MAX_HEADER:,}-byte limit")
+        raise ModelFileError(
+            f"{where}: {what} has a {length:,}-byte .npy header, over the {_NPY_MAX_HEADER:,}-byte limit"
+        )
     text = member.read(length)
     if len(text) != length:
         raise ModelFileError(f"{where}: {what} is truncated in its .npy header")
     try:
         header = ast.literal_eval(text.decode("utf-8" if major == 3 else "latin1"))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeError) as e:
-        raise ModelFileError(f"{where}: {what} has a malformed .npy header "
-                             f"({type(e).__name__}: {str(e)[:100]})") from None
+        raise ModelFileError(
+            f"{where}: {what} has a malformed .npy header ({type(e).__name__}: {str(e)[:100]})"
+        ) from None
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
-        raise ModelFileError(f"{where}: {what} has a malformed .npy header: expected a dict of "
-                             f"'descr', 'fortran_order' and 'shape', found {limits.describe(header)}")
+        raise ModelFileError(
+            f"{where}: {what} has a malformed .npy header: expected a dict of "
+            f"'descr', 'fortran_order' and 'shape', found {limits.describe(header)}"
+        )
     descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
-    if not isinstance(descr, str) or type(fortran) is not bool or not isinstance(shape, tuple) \
-            or any(type(d) is not int or d < 0 for d in shape):
+    if (
+        not isinstance(descr, str)
+        or type(fortran) is not bool
+        or not isinstance(shape, tuple)
+        or any(type(d) is not int or d < 0 for d in shape)
+    ):
         raise ModelFileError(f"{where}: {what} has a malformed .npy header {limits.describe(header)}")
-    if not _NPY_DESCR.match(descr):   # numpy parses other dtype strings with literal_eval
-        raise ModelFileError(f"{where}: {what} has dtype {limits.short_repr(descr)}; expected a "
-                             "plain numeric dtype such as '<f4'")
+    if not _NPY_DESCR.match(descr):  # numpy parses other dtype strings with literal_eval
+        raise ModelFileError(
+            f"{where}: {what} has dtype {limits.short_repr(descr)}; expected a plain numeric dtype such as '<f4'"
+        )
     itemsize = np.dtype(descr).itemsize
     count = 1
     for d in shape:
         count *= d
     data_bytes = info.file_size - (8 + len(size) + length)
     if count * itemsize != data_bytes:
-        raise ModelFileError(f"{where}: {what} declares {descr} {shape} ({count * itemsize:,} "
-                             f"bytes) but holds {max(data_bytes, 0):,} bytes of data")
+        raise ModelFileError(
+            f"{where}: {what} declares {descr} {shape} ({count * itemsize:,} "
+            f"bytes) but holds {max(data_bytes, 0):,} bytes of data"
+        )
     return descr, fortran, shape
 
 
@@ -233,8 +261,7 @@ def _open_member(z, info, where: str, what: str):
     try:
         return z.open(info)
     except limits.ZIP_ERRORS as e:
-        raise ModelFileError(f"{where}: cannot read {what} ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+        raise ModelFileError(f"{where}: cannot read {what} ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def _read_header(z, where: str):
@@ -245,12 +272,13 @@ def _read_header(z, where: str):
     with _open_member(z, info, where, what) as member, limits.zip_errors(where, what):
         descr, _, shape = _npy_header(member, info, where, what)
         if descr not in _HEADER_DTYPES or len(shape) != 1:
-            raise ModelFileError(f"{where}: {what} must be a 1-D uint8 array, found "
-                                 f"{descr} {shape}")
+            raise ModelFileError(f"{where}: {what} must be a 1-D uint8 array, found {descr} {shape}")
         if shape[0] > settings.current().max_config_bytes:
-            raise ModelFileError(f"{where}: {what} is {shape[0]:,} bytes, over the "
-                                 f"{settings.current().max_config_bytes:,}-byte limit "
-                                 "(FASTLAYERS_MAX_CONFIG_BYTES)")
+            raise ModelFileError(
+                f"{where}: {what} is {shape[0]:,} bytes, over the "
+                f"{settings.current().max_config_bytes:,}-byte limit "
+                "(FASTLAYERS_MAX_CONFIG_BYTES)"
+            )
         raw = bytearray(shape[0])
         limits.read_member_into(member, raw, where, what)
     return limits.parse_json(bytes(raw), where, what)
@@ -264,10 +292,13 @@ def _read_weight(z, info, key: str, current: np.ndarray, where: str) -> np.ndarr
         descr, fortran, shape = _npy_header(member, info, where, what)
         if descr not in _WEIGHT_DTYPES or shape != current.shape:
             found = np.dtype(descr).name if descr in _WEIGHT_DTYPES else descr
-            raise ModelFileError(f"{where}: weight {key!r} expects float32 {current.shape}, "
-                                 f"found {found} {shape}")
-        usable = (current.dtype == np.float32 and current.flags.c_contiguous
-                  and current.flags.writeable and current.base is None)
+            raise ModelFileError(f"{where}: weight {key!r} expects float32 {current.shape}, found {found} {shape}")
+        usable = (
+            current.dtype == np.float32
+            and current.flags.c_contiguous
+            and current.flags.writeable
+            and current.base is None
+        )
         if fortran:
             value = np.empty(shape[::-1], np.float32)
         else:
@@ -303,14 +334,12 @@ def read_npy(path, what: str | None = None) -> np.ndarray:
         try:
             size = os.fstat(f.fileno()).st_size
             if f.read(4) == b"PK\x03\x04":
-                raise ModelFileError(f"{where}: a .npz archive, not an .npy array: save each "
-                                     "array with numpy.save")
+                raise ModelFileError(f"{where}: a .npz archive, not an .npy array: save each array with numpy.save")
             f.seek(0)
             descr, fortran, shape = _npy_header(f, _Sized(size), where, what)
             dtype = np.dtype(descr)
             if dtype.kind not in "biuf" or dtype.subdtype is not None:
-                raise ModelFileError(f"{where}: {what} holds dtype {descr!r}; expected bool, "
-                                     "integer or float numbers")
+                raise ModelFileError(f"{where}: {what} holds dtype {descr!r}; expected bool, integer or float numbers")
             out = np.empty(shape[::-1] if fortran else shape, dtype)
             if out.size:
                 limits.read_member_into(f, out, where, what)
@@ -348,8 +377,7 @@ def _read_model(z, where: str):
         if info.filename == f"{HEADER_KEY}.npy":
             continue
         if not info.filename.endswith(".npy"):
-            raise ModelFileError(f"{where}: unexpected member {info.filename!r} (every weight is "
-                                 "an .npy member)")
+            raise ModelFileError(f"{where}: unexpected member {info.filename!r} (every weight is an .npy member)")
         members[info.filename[:-4]] = info
     budget = sum(info.file_size for info in members.values()) // 4
     with weights_loaded_later(), np.errstate(all="ignore"):
@@ -357,11 +385,12 @@ def _read_model(z, where: str):
     expected = {key: (layer, wname) for key, layer, wname in weight_items(model)}
     missing, unexpected = sorted(set(expected) - set(members)), sorted(set(members) - set(expected))
     if missing or unexpected:
-        raise ModelFileError(f"{where}: weights do not match the architecture; missing "
-                             f"{missing[:10]}, unexpected {unexpected[:10]}")
+        raise ModelFileError(
+            f"{where}: weights do not match the architecture; missing {missing[:10]}, unexpected {unexpected[:10]}"
+        )
     for key, (layer, wname) in expected.items():
         setattr(layer, wname, _read_weight(z, members[key], key, getattr(layer, wname), where))
-    with np.errstate(all="ignore"):   # weights from a file may hold inf or NaN
+    with np.errstate(all="ignore"):  # weights from a file may hold inf or NaN
         for layer in {id(layer): layer for layer, _ in expected.values()}.values():
             layer._weights_changed()
     return model
@@ -381,20 +410,30 @@ def _check_refs(refs, where: str, field: str, depth: int = 0) -> None:
     """A node argument: None, a [node index, output index] ref, or (nested) lists of them."""
     if refs is None or _is_ref(refs):
         return
-    _expect(isinstance(refs, list) and depth < 8, where, field,
-            "null, a [node, output] pair of non-negative integers or a list of them", refs)
+    _expect(
+        isinstance(refs, list) and depth < 8,
+        where,
+        field,
+        "null, a [node, output] pair of non-negative integers or a list of them",
+        refs,
+    )
     for i, r in enumerate(refs):
         _check_refs(r, where, f"{field}[{i}]", depth + 1)
 
 
-def check_architecture(entry, where: str, weight_elements: int | None = None,
-                       _count: list | None = None, _path: str = "model") -> None:
+def check_architecture(
+    entry, where: str, weight_elements: int | None = None, _count: list | None = None, _path: str = "model"
+) -> None:
     """The structure, types and ranges of a native architecture (``model_config`` output) before
     anything is built: ModelFileError naming ``where`` and the field otherwise."""
     count = [0] if _count is None else _count
-    _expect(isinstance(entry, dict) and isinstance(entry.get("class_name"), str)
-            and isinstance(entry.get("config"), dict), where, _path,
-            "an object with a string 'class_name' and an object 'config'", entry)
+    _expect(
+        isinstance(entry, dict) and isinstance(entry.get("class_name"), str) and isinstance(entry.get("config"), dict),
+        where,
+        _path,
+        "an object with a string 'class_name' and an object 'config'",
+        entry,
+    )
     cls, cfg = entry["class_name"], entry["config"]
     if cls not in ("Model", "Sequential"):
         name = cfg.get("name")
@@ -403,40 +442,60 @@ def check_architecture(entry, where: str, weight_elements: int | None = None,
         limits.check_layer_config(cfg, where, f"layer {name!r} ({cls})", weight_elements)
         return
     here = f"{_path}.config"
-    _expect(cfg.get("name") is None or isinstance(cfg.get("name"), str), where, f"{here}.name",
-            "a string", cfg.get("name"))
+    _expect(
+        cfg.get("name") is None or isinstance(cfg.get("name"), str), where, f"{here}.name", "a string", cfg.get("name")
+    )
     layers = cfg.get("layers")
     _expect(isinstance(layers, list), where, f"{here}.layers", "a list of layers", layers)
     for i, layer in enumerate(layers):
         check_architecture(layer, where, weight_elements, count, f"{here}.layers[{i}]")
     if cls == "Sequential":
         shape = cfg.get("batch_shape")
-        _expect(isinstance(shape, list) and 1 <= len(shape) <= 16 and all(
-            d is None or (type(d) is int and 0 <= d <= limits.MAX_CONFIG_INT) for d in shape),
-            where, f"{here}.batch_shape", "a list of 1 to 16 sizes (null or non-negative integers)",
-            shape)
-        _expect(cfg.get("input_name") is None or isinstance(cfg.get("input_name"), str), where,
-                f"{here}.input_name", "a string", cfg.get("input_name"))
+        _expect(
+            isinstance(shape, list)
+            and 1 <= len(shape) <= 16
+            and all(d is None or (type(d) is int and 0 <= d <= limits.MAX_CONFIG_INT) for d in shape),
+            where,
+            f"{here}.batch_shape",
+            "a list of 1 to 16 sizes (null or non-negative integers)",
+            shape,
+        )
+        _expect(
+            cfg.get("input_name") is None or isinstance(cfg.get("input_name"), str),
+            where,
+            f"{here}.input_name",
+            "a string",
+            cfg.get("input_name"),
+        )
         return
     nodes = cfg.get("nodes")
     _expect(isinstance(nodes, list), where, f"{here}.nodes", "a list of layer calls", nodes)
     limits.count_layers(count, where, len(nodes))
     for i, node in enumerate(nodes):
         field = f"{here}.nodes[{i}]"
-        _expect(isinstance(node, dict) and isinstance(node.get("layer"), str), where, field,
-                "an object with a string 'layer'", node)
+        _expect(
+            isinstance(node, dict) and isinstance(node.get("layer"), str),
+            where,
+            field,
+            "an object with a string 'layer'",
+            node,
+        )
         _check_refs(node.get("args"), where, f"{field}.args")
-        _expect(isinstance(node.get("extra_args", []), list), where, f"{field}.extra_args",
-                "a list", node.get("extra_args"))
-        _expect(isinstance(node.get("kwargs", {}), dict), where, f"{field}.kwargs", "an object",
-                node.get("kwargs"))
+        _expect(
+            isinstance(node.get("extra_args", []), list), where, f"{field}.extra_args", "a list", node.get("extra_args")
+        )
+        _expect(isinstance(node.get("kwargs", {}), dict), where, f"{field}.kwargs", "an object", node.get("kwargs"))
     for key in ("inputs", "outputs"):
         refs = cfg.get(key)
-        _expect(isinstance(refs, list) and bool(refs) and all(_is_ref(r) for r in refs), where,
-                f"{here}.{key}", "a non-empty list of [node, output] pairs", refs)
+        _expect(
+            isinstance(refs, list) and bool(refs) and all(_is_ref(r) for r in refs),
+            where,
+            f"{here}.{key}",
+            "a non-empty list of [node, output] pairs",
+            refs,
+        )
     for key in ("single_input", "single_output"):
-        _expect(isinstance(cfg.get(key, False), bool), where, f"{here}.{key}", "a boolean",
-                cfg.get(key))
+        _expect(isinstance(cfg.get(key, False), bool), where, f"{here}.{key}", "a boolean", cfg.get(key))
 
 
 # ------------------------------------------------------------------------------- rebuilding
@@ -523,8 +582,11 @@ def model_from_config(entry: dict, where: str = "model config"):
     inputs = [resolve(r, f"model {cfg.get('name')!r} inputs") for r in cfg["inputs"]]
     outs = [resolve(r, f"model {cfg.get('name')!r} outputs") for r in cfg["outputs"]]
     try:
-        return Model(inputs[0] if cfg.get("single_input") else inputs,
-                     outs[0] if cfg.get("single_output") else outs, name=cfg.get("name"))
+        return Model(
+            inputs[0] if cfg.get("single_input") else inputs,
+            outs[0] if cfg.get("single_output") else outs,
+            name=cfg.get("name"),
+        )
     except Exception as e:
         raise _build_error(where, f"model {cfg.get('name')!r}", e) from e
 
@@ -540,15 +602,18 @@ def model_from_header(header, where: str, weight_elements: int | None = None):
         found = header.get("format") if isinstance(header, dict) else type(header).__name__
         hint = ""
         if isinstance(header, dict) and "class_name" in header and "config" in header:
-            hint = ("; this looks like Keras's own to_json output, which fastlayers does not "
-                    "read: save the Keras model as .keras and open it with fastlayers.load")
+            hint = (
+                "; this looks like Keras's own to_json output, which fastlayers does not "
+                "read: save the Keras model as .keras and open it with fastlayers.load"
+            )
         raise ModelFileError(f"{where}: not a fastlayers architecture (format {limits.describe(found)}){hint}")
     version = header.get("version", 0)
     if type(version) is not int:
         raise ModelFileError(f"{where}: malformed format version {limits.describe(version)}")
     if version > VERSION:
-        raise UnsupportedError(f"{where}: written by a newer fastlayers (format version {version}, "
-                               f"this version reads {VERSION})")
+        raise UnsupportedError(
+            f"{where}: written by a newer fastlayers (format version {version}, this version reads {VERSION})"
+        )
     limits.check_depth(header, where, "the architecture")
     check_architecture(header.get("model"), where, weight_elements)
     try:

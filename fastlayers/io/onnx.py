@@ -37,7 +37,7 @@ class FileSource:
 
     @staticmethod
     def _read(f, stat: os.stat_result) -> np.ndarray:
-        data = np.empty(stat.st_size, np.uint8)   # not zero-filled: the read writes every byte
+        data = np.empty(stat.st_size, np.uint8)  # not zero-filled: the read writes every byte
         # numpy's stubs give ndarray __buffer__ only from Python 3.12; it has the buffer protocol
         if f.readinto(memoryview(data)) != stat.st_size:  # type: ignore[arg-type]
             raise OSError("the file changed size while it was read")
@@ -59,25 +59,28 @@ class FileSource:
             with open(self.path, "rb") as f:
                 stat = os.fstat(f.fileno())
                 if self._identity(stat) != self.identity:
-                    raise ModelFileError(f"{self.path}: the file changed since the model was read "
-                                         "from it, and a pickle carries the file's bytes: load it "
-                                         "again, then pickle")
+                    raise ModelFileError(
+                        f"{self.path}: the file changed since the model was read "
+                        "from it, and a pickle carries the file's bytes: load it "
+                        "again, then pickle"
+                    )
                 return self._read(f, stat)
         except OSError as e:
             if isinstance(e, ModelFileError):
                 raise
-            raise ModelFileError(f"{self.path}: cannot read the file again, and a pickle carries "
-                                 f"the file's bytes ({e})") from e
+            raise ModelFileError(
+                f"{self.path}: cannot read the file again, and a pickle carries the file's bytes ({e})"
+            ) from e
 
 
 def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
     where = str(path)
     source: FileSource | None
-    data, source = FileSource.read_new(path)   # one buffer, which the weights are views of
+    data, source = FileSource.read_new(path)  # one buffer, which the weights are views of
     try:
         parsed = parse_model(data, where)
-    except ModelFileError:   # weights in external data files beside it (or a defect: raised again)
+    except ModelFileError:  # weights in external data files beside it (or a defect: raised again)
         parsed, source = parse_model(data, where, Path(path).parent), None
     return from_model(parsed, where, source)
 

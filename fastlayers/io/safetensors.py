@@ -36,9 +36,24 @@ def is_safetensors(path) -> bool:
 
 
 #: Element sizes of the safetensors dtypes.
-DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
-               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
-               "C64": 8}
+DTYPE_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
 
 
 def _header(path, where: str) -> tuple[dict, int]:
@@ -54,13 +69,16 @@ def _header(path, where: str) -> tuple[dict, int]:
                 raise ModelFileError(f"{where}: truncated safetensors file")
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
-                raise ModelFileError(f"{where}: the safetensors header claims {n:,} bytes, more "
-                                     f"than the {size:,}-byte file holds")
+                raise ModelFileError(
+                    f"{where}: the safetensors header claims {n:,} bytes, more than the {size:,}-byte file holds"
+                )
             limit = settings.current().max_config_bytes
             if n > limit:
-                raise ModelFileError(f"{where}: the safetensors header is {n:,} bytes, over the "
-                                     f"{limit:,}-byte limit "
-                                     "(FASTLAYERS_MAX_CONFIG_BYTES)")
+                raise ModelFileError(
+                    f"{where}: the safetensors header is {n:,} bytes, over the "
+                    f"{limit:,}-byte limit "
+                    "(FASTLAYERS_MAX_CONFIG_BYTES)"
+                )
             raw = f.read(n)
     except OSError as e:
         raise ModelFileError(f"{where}: cannot read the file ({e.strerror or e})") from None
@@ -68,8 +86,9 @@ def _header(path, where: str) -> tuple[dict, int]:
         raise ModelFileError(f"{where}: truncated safetensors header")
     header = limits.parse_json(raw, where, "the safetensors header")
     if not isinstance(header, dict):
-        raise ModelFileError(f"{where}: corrupt safetensors header: expected an object, found "
-                             f"{limits.describe(header)}")
+        raise ModelFileError(
+            f"{where}: corrupt safetensors header: expected an object, found {limits.describe(header)}"
+        )
     _check_entries(header, where, size - 8 - n)
     return header, 8 + n
 
@@ -79,36 +98,45 @@ def _check_entries(header: dict, where: str, data_size: int) -> None:
     for name, entry in header.items():
         if name == "__metadata__":
             if entry is not None and not isinstance(entry, dict):
-                raise ModelFileError(f"{where}: __metadata__: expected an object, found "
-                                     f"{limits.describe(entry)}")
+                raise ModelFileError(f"{where}: __metadata__: expected an object, found {limits.describe(entry)}")
             continue
         here = f"{where}: tensor {limits.short_repr(name)}"
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise ModelFileError(f"{here}: expected an object of dtype, shape and data_offsets, "
-                                 f"found {limits.describe(entry)}")
+            raise ModelFileError(
+                f"{here}: expected an object of dtype, shape and data_offsets, found {limits.describe(entry)}"
+            )
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
             raise ModelFileError(f"{here}: unknown dtype {limits.short_repr(dtype)}")
-        if not isinstance(shape, list) or len(shape) > 64 or any(
-                type(d) is not int or d < 0 for d in shape):
-            raise ModelFileError(f"{here}: shape: expected a list of non-negative integers, found "
-                                 f"{limits.describe(shape)}")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(type(v) is int for v in offsets) and 0 <= offsets[0] <= offsets[1] <= data_size):
-            raise ModelFileError(f"{here}: data_offsets: expected [begin, end] inside the "
-                                 f"{data_size:,} data bytes, found {limits.describe(offsets)}")
+        if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or d < 0 for d in shape):
+            raise ModelFileError(
+                f"{here}: shape: expected a list of non-negative integers, found {limits.describe(shape)}"
+            )
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(v) is int for v in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
+            raise ModelFileError(
+                f"{here}: data_offsets: expected [begin, end] inside the "
+                f"{data_size:,} data bytes, found {limits.describe(offsets)}"
+            )
         count = 1
         for d in shape:
             count *= d
         if count * DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
-            raise ModelFileError(f"{here}: {dtype} {tuple(shape)} needs {count * DTYPE_SIZES[dtype]:,} "
-                                 f"bytes, its data_offsets span {offsets[1] - offsets[0]:,}")
+            raise ModelFileError(
+                f"{here}: {dtype} {tuple(shape)} needs {count * DTYPE_SIZES[dtype]:,} "
+                f"bytes, its data_offsets span {offsets[1] - offsets[0]:,}"
+            )
         spans.append((offsets[0], offsets[1], name))
     spans.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
-            raise ModelFileError(f"{where}: tensors {limits.short_repr(n0)} and "
-                                 f"{limits.short_repr(n1)} overlap in the data")
+            raise ModelFileError(
+                f"{where}: tensors {limits.short_repr(n0)} and {limits.short_repr(n1)} overlap in the data"
+            )
 
 
 def _read_bf16(path, where: str, name: str, entry: dict, data_start: int) -> np.ndarray:
@@ -139,8 +167,9 @@ def load_safetensors(path) -> OrderedDict[str, np.ndarray]:
     try:
         from safetensors import safe_open
     except ImportError as e:
-        raise UnsupportedError(f"{where}: reading safetensors files needs the safetensors package: "
-                               "pip install 'fastlayers[safetensors]'") from e
+        raise UnsupportedError(
+            f"{where}: reading safetensors files needs the safetensors package: pip install 'fastlayers[safetensors]'"
+        ) from e
     header, data_start = _header(path, where)
     out: OrderedDict = OrderedDict()
     try:

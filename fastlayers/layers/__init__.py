@@ -63,19 +63,67 @@ from .recurrent import (
 from .reshaping import Cropping1D, Cropping2D, ZeroPadding1D, ZeroPadding2D
 
 __all__ = [
-    "Activation", "Add", "Average", "BatchNormalization", "BinaryOp", "Concatenate", "Cropping1D",
-    "Cropping2D", "CustomScaleLayer", "Dense", "Dropout", "ELU", "Embedding", "Flatten",
-    "HierarchicalSoftmax", "InputLayer", "InputSpec", "Layer", "LayerNormalization", "LayerScale",
-    "LeakyReLU", "Maximum", "Minimum", "Multiply", "Normalization", "Permute", "RMSNormalization",
-    "ReLU", "RepeatVector", "Rescaling", "Reshape", "Softmax", "SpatialDropout1D",
-    "SpatialDropout2D", "SpatialDropout3D", "StochasticDepth", "Subtract", "ZeroPadding1D",
-    "ZeroPadding2D", "balanced_tree", "huffman_tree",
+    "Activation",
+    "Add",
+    "Average",
+    "BatchNormalization",
+    "BinaryOp",
+    "Concatenate",
+    "Cropping1D",
+    "Cropping2D",
+    "CustomScaleLayer",
+    "Dense",
+    "Dropout",
+    "ELU",
+    "Embedding",
+    "Flatten",
+    "HierarchicalSoftmax",
+    "InputLayer",
+    "InputSpec",
+    "Layer",
+    "LayerNormalization",
+    "LayerScale",
+    "LeakyReLU",
+    "Maximum",
+    "Minimum",
+    "Multiply",
+    "Normalization",
+    "Permute",
+    "RMSNormalization",
+    "ReLU",
+    "RepeatVector",
+    "Rescaling",
+    "Reshape",
+    "Softmax",
+    "SpatialDropout1D",
+    "SpatialDropout2D",
+    "SpatialDropout3D",
+    "StochasticDepth",
+    "Subtract",
+    "ZeroPadding1D",
+    "ZeroPadding2D",
+    "balanced_tree",
+    "huffman_tree",
 ]
 __all__ += [
-    "AveragePooling1D", "AveragePooling2D", "Conv1D", "Conv2D", "Conv2DTranspose",
-    "DepthwiseConv2D", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
-    "GlobalMaxPooling2D", "InceptionBlock", "LocalResponseNormalization", "MaxPooling1D",
-    "MaxPooling2D", "NiNBlock", "RoIPooling2D", "SeparableConv2D", "UpSampling2D",
+    "AveragePooling1D",
+    "AveragePooling2D",
+    "Conv1D",
+    "Conv2D",
+    "Conv2DTranspose",
+    "DepthwiseConv2D",
+    "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D",
+    "InceptionBlock",
+    "LocalResponseNormalization",
+    "MaxPooling1D",
+    "MaxPooling2D",
+    "NiNBlock",
+    "RoIPooling2D",
+    "SeparableConv2D",
+    "UpSampling2D",
 ]
 
 # attention
@@ -90,13 +138,24 @@ from .attention import (  # noqa: E402
 )
 
 __all__ += [
-    "AdditiveAttention", "Attention", "HardAttention", "MultiHeadAttention", "PositionalEncoding",
-    "PositionwiseFeedForward", "SelfAttention",
+    "AdditiveAttention",
+    "Attention",
+    "HardAttention",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "PositionwiseFeedForward",
+    "SelfAttention",
 ]
 
 # recurrent
 __all__ += [
-    "Bidirectional", "GRU", "GRUCell", "LSTM", "LSTMCell", "PaddingMask", "SimpleRNN",
+    "Bidirectional",
+    "GRU",
+    "GRUCell",
+    "LSTM",
+    "LSTMCell",
+    "PaddingMask",
+    "SimpleRNN",
     "SimpleRNNCell",
 ]
 
@@ -104,6 +163,7 @@ __all__ += [
 #: loaders (``io/keras/``, ``io/native.py``) read (the names of Keras and of the native
 #: format's "class_name"). A new layer class is exported here, beside the others of its module.
 LAYER_CLASSES: dict[str, type] = {
-    cls.__name__: cls for cls in (globals()[name] for name in sorted(__all__))
+    cls.__name__: cls
+    for cls in (globals()[name] for name in sorted(__all__))
     if isinstance(cls, type) and issubclass(cls, Layer) and cls is not Layer
 }

@@ -37,10 +37,13 @@ def _where(layer) -> str:
 
 
 def _no_symbolic_mask(layer, mask):
-    if mask is not None and (isinstance(mask, SymbolicTensor) or (
-            isinstance(mask, (list, tuple)) and any(isinstance(m, SymbolicTensor) for m in mask))):
-        raise UnsupportedError(f"{_where(layer)}: masks given as symbolic tensors are not supported in "
-                               "graphs; pass them in numeric calls")
+    if mask is not None and (
+        isinstance(mask, SymbolicTensor)
+        or (isinstance(mask, (list, tuple)) and any(isinstance(m, SymbolicTensor) for m in mask))
+    ):
+        raise UnsupportedError(
+            f"{_where(layer)}: masks given as symbolic tensors are not supported in graphs; pass them in numeric calls"
+        )
 
 
 # ----------------------------------------------------------------------------- Luong / Bahdanau
@@ -54,22 +57,28 @@ class _BaseDenseAttention(Layer):
         self.dropout = float(dropout)
 
     def _shapes(self, input_shape):
-        if not isinstance(input_shape, (list, tuple)) or len(input_shape) not in (2, 3) or \
-                not all(isinstance(s, (list, tuple)) for s in input_shape):
+        if (
+            not isinstance(input_shape, (list, tuple))
+            or len(input_shape) not in (2, 3)
+            or not all(isinstance(s, (list, tuple)) for s in input_shape)
+        ):
             raise ShapeError(f"{_where(self)}: expected a list [query, value] or [query, value, key]")
         q, v = tuple(input_shape[0]), tuple(input_shape[1])
         k = tuple(input_shape[2]) if len(input_shape) == 3 else v
         if len(q) < 3 or len(v) != len(q) or len(k) != len(q):
-            raise ShapeError(f"{_where(self)}: expected query (batch, Tq, dim), value (batch, Tv, "
-                             f"dim_v) and key (batch, Tv, dim) of the same rank >= 3, got "
-                             f"{[shape_str(s) for s in input_shape]}")
+            raise ShapeError(
+                f"{_where(self)}: expected query (batch, Tq, dim), value (batch, Tv, "
+                f"dim_v) and key (batch, Tv, dim) of the same rank >= 3, got "
+                f"{[shape_str(s) for s in input_shape]}"
+            )
         if k[-2] is not None and v[-2] is not None and k[-2] != v[-2]:
-            raise ShapeError(f"{_where(self)}: key and value must have the same length, got key "
-                             f"{shape_str(k)} and value {shape_str(v)}")
+            raise ShapeError(
+                f"{_where(self)}: key and value must have the same length, got key "
+                f"{shape_str(k)} and value {shape_str(v)}"
+            )
         return q, v, k
 
-    def compute_output_shape(self, input_shape, mask=None, return_attention_scores=False,
-                             use_causal_mask=False):
+    def compute_output_shape(self, input_shape, mask=None, return_attention_scores=False, use_causal_mask=False):
         q, v, k = self._shapes(input_shape)
         out = (*q[:-1], v[-1])
         return [out, (*q[:-1], k[-2])] if return_attention_scores else out
@@ -84,12 +93,16 @@ class _BaseDenseAttention(Layer):
         raise NotImplementedError
 
     def call(self, inputs, mask=None, return_attention_scores=False, use_causal_mask=False):
-        q3, v3, k3, lead = self._arrays(inputs)              # (P, T, dim), P = prod(lead)
+        q3, v3, k3, lead = self._arrays(inputs)  # (P, T, dim), P = prod(lead)
         p, tq, tk = q3.shape[0], q3.shape[1], k3.shape[1]
         q_mask, v_mask = self._masks(mask)
-        w = self.ops.attention_softmax(self._scores(q3, k3).reshape(p, 1, tq, tk), 1.0,
-                                       self._value_bias(v_mask, inputs, lead, p),
-                                       bool(use_causal_mask), _EMPTY_UNIFORM).reshape(p, tq, tk)
+        w = self.ops.attention_softmax(
+            self._scores(q3, k3).reshape(p, 1, tq, tk),
+            1.0,
+            self._value_bias(v_mask, inputs, lead, p),
+            bool(use_causal_mask),
+            _EMPTY_UNIFORM,
+        ).reshape(p, tq, tk)
         return self._outputs(w, v3, lead, q_mask, return_attention_scores)
 
     @staticmethod
@@ -106,8 +119,7 @@ class _BaseDenseAttention(Layer):
         v_shape = tuple(inputs[1].shape)
         vm = _mask_array(self.ops, v_mask)
         if tuple(vm.shape) != v_shape[:-1]:
-            raise ShapeError(f"{_where(self)}: value mask must have shape {v_shape[:-1]}, got "
-                             f"{tuple(vm.shape)}")
+            raise ShapeError(f"{_where(self)}: value mask must have shape {v_shape[:-1]}, got {tuple(vm.shape)}")
         tk = v_shape[-2]
         bias = self.ops.mask_bias(vm.reshape(*v_shape[:-2], 1, tk), (*lead, 1, tk))
         return bias.reshape(p, 1, 1, tk)
@@ -131,13 +143,14 @@ class _BaseDenseAttention(Layer):
         q_shape, v_shape, k_shape = (tuple(a.shape) for a in (q, v, k))
         self._shapes([q_shape, v_shape, k_shape])
         if q_shape[-1] != k_shape[-1] and self._needs_same_dim:
-            raise ShapeError(f"{_where(self)}: query and key must share the last axis, got "
-                             f"{q_shape} and {k_shape}")
+            raise ShapeError(f"{_where(self)}: query and key must share the last axis, got {q_shape} and {k_shape}")
         try:
             lead = np.broadcast_shapes(q_shape[:-2], v_shape[:-2], k_shape[:-2])
         except ValueError:
-            raise ShapeError(f"{_where(self)}: the leading axes of query {q_shape}, value "
-                             f"{v_shape} and key {k_shape} do not broadcast") from None
+            raise ShapeError(
+                f"{_where(self)}: the leading axes of query {q_shape}, value "
+                f"{v_shape} and key {k_shape} do not broadcast"
+            ) from None
         p = math.prod(lead) if lead else 1
 
         def batched(a, shape):
@@ -177,8 +190,7 @@ class Attention(_BaseDenseAttention):
 
     config_keys: ClassVar[tuple[str, ...]] = ("use_scale", "score_mode", "dropout")
 
-    def __init__(self, use_scale: bool = False, score_mode: str = "dot", dropout: float = 0.0,
-                 **kwargs):
+    def __init__(self, use_scale: bool = False, score_mode: str = "dot", dropout: float = 0.0, **kwargs):
         super().__init__(dropout=dropout, **kwargs)
         if score_mode not in ("dot", "concat"):
             raise UnsupportedError(f"Attention: score_mode must be 'dot' or 'concat', got {score_mode!r}")
@@ -195,9 +207,9 @@ class Attention(_BaseDenseAttention):
         if self.score_mode == "dot":
             s = self.ops.matmul(q_pqd, k_pkd, trans_b=True)
             return self.ops.merge(s, self.scale, "multiply") if self.use_scale else s
-        return self.ops.tanh_scores(q_pqd, k_pkd, None,
-                                    float(self.scale) if self.use_scale else 1.0,
-                                    float(self.concat_score_weight))
+        return self.ops.tanh_scores(
+            q_pqd, k_pkd, None, float(self.scale) if self.use_scale else 1.0, float(self.concat_score_weight)
+        )
 
 
 class AdditiveAttention(_BaseDenseAttention):
@@ -261,12 +273,12 @@ class HardAttention(Attention):
         return {"name": self.name, "use_scale": self.use_scale}
 
     def call(self, inputs, mask=None, return_attention_scores=False, use_causal_mask=False):
-        q3, v3, k3, lead = self._arrays(inputs)              # (P, T, dim), P = prod(lead)
+        q3, v3, k3, lead = self._arrays(inputs)  # (P, T, dim), P = prod(lead)
         p, tk = q3.shape[0], k3.shape[1]
         q_mask, v_mask = self._masks(mask)
-        s = self._scores(q3, k3)                             # (P, Tq, Tk)
+        s = self._scores(q3, k3)  # (P, Tq, Tk)
         bias = self._value_bias(v_mask, inputs, lead, p)
-        if bias is not None:                                 # masked keys score -inf
+        if bias is not None:  # masked keys score -inf
             s = self.ops.merge(s, bias.reshape(p, 1, tk), "add")
         w = self.ops.hard_attention(s, bool(use_causal_mask))
         return self._outputs(w, v3, lead, q_mask, return_attention_scores)
@@ -314,21 +326,37 @@ class MultiHeadAttention(Layer):
     """
 
     multi_input = True
-    config_keys: ClassVar[tuple[str, ...]] = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias",
-                                              "output_shape", "attention_axes")
+    config_keys: ClassVar[tuple[str, ...]] = (
+        "num_heads",
+        "key_dim",
+        "value_dim",
+        "dropout",
+        "use_bias",
+        "output_shape",
+        "attention_axes",
+    )
 
-    def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,
-                 dropout: float = 0.0, use_bias: bool = True, output_shape=None,
-                 attention_axes=None, flash_attention=None, sliding_window=None,
-                 use_gate: bool = False, **kwargs):
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_shape=None,
+        attention_axes=None,
+        flash_attention=None,
+        sliding_window=None,
+        use_gate: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if sliding_window is not None or use_gate:
             raise UnsupportedError("MultiHeadAttention: sliding_window and use_gate are not supported")
         self.num_heads, self.key_dim = int(num_heads), int(key_dim)
         self.value_dim = int(value_dim) if value_dim is not None else self.key_dim
         if self.num_heads <= 0 or self.key_dim <= 0 or self.value_dim <= 0:
-            raise ValueError(f"MultiHeadAttention {self.name!r}: num_heads, key_dim and value_dim "
-                             "must be positive")
+            raise ValueError(f"MultiHeadAttention {self.name!r}: num_heads, key_dim and value_dim must be positive")
         self.dropout, self.use_bias = float(dropout), bool(use_bias)
         if isinstance(output_shape, (list, tuple)):
             output_shape = tuple(int(d) for d in output_shape)
@@ -341,32 +369,47 @@ class MultiHeadAttention(Layer):
         self._rank = None
 
     # ------------------------------------------------------------------------- calling
-    def __call__(self, query, value=None, key=None, attention_mask=None,
-                 return_attention_scores: bool = False, training=None, use_causal_mask: bool = False,
-                 query_mask=None, value_mask=None, key_mask=None, packed=None):
+    def __call__(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        return_attention_scores: bool = False,
+        training=None,
+        use_causal_mask: bool = False,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        packed=None,
+    ):
         if query_mask is not None:
-            raise UnsupportedError(f"{_where(self)}: Keras 3 replaces an explicit query_mask argument "
-                                   "by the query's implicit Keras mask, so it has no effect there; "
-                                   "pass attention_mask (batch, Tq, Tk) instead")
+            raise UnsupportedError(
+                f"{_where(self)}: Keras 3 replaces an explicit query_mask argument "
+                "by the query's implicit Keras mask, so it has no effect there; "
+                "pass attention_mask (batch, Tq, Tk) instead"
+            )
         if value_mask is not None or key_mask is not None:
-            attention_mask = self._merge_masks(query, value, key, attention_mask, value_mask,
-                                               key_mask)
+            attention_mask = self._merge_masks(query, value, key, attention_mask, value_mask, key_mask)
         if packed is None:  # the Keras signature: pack the tensors into one list input
             if value is None:
-                raise TypeError(f"MultiHeadAttention {self.name!r}: call(query, value, key=None, "
-                                "attention_mask=None, ...) needs a value")
-            parts = [("query", query), ("value", value), ("key", key),
-                     ("attention_mask", attention_mask)]
+                raise TypeError(
+                    f"MultiHeadAttention {self.name!r}: call(query, value, key=None, "
+                    "attention_mask=None, ...) needs a value"
+                )
+            parts = [("query", query), ("value", value), ("key", key), ("attention_mask", attention_mask)]
             parts = [(n, t) for n, t in parts if t is not None]
             packed = [n for n, _ in parts]
             query = [t for _, t in parts]
         kinds = [isinstance(t, SymbolicTensor) for t in query]
         if any(kinds) and not all(kinds):
-            raise UnsupportedError(f"{_where(self)}: in a graph every tensor argument (query, value, "
-                                   "key, attention_mask) must be symbolic")
+            raise UnsupportedError(
+                f"{_where(self)}: in a graph every tensor argument (query, value, key, attention_mask) must be symbolic"
+            )
         if not self.built:  # build from [query, value, key] shapes, whatever was packed
-            q, v, k, _ = self._unpack([tuple(np.shape(t) if not isinstance(t, SymbolicTensor)
-                                             else t.shape) for t in query], packed)
+            q, v, k, _ = self._unpack(
+                [tuple(np.shape(t) if not isinstance(t, SymbolicTensor) else t.shape) for t in query], packed
+            )
             self._ensure_built([(None, *s[1:]) for s in (q, v, k)])
         kwargs: dict[str, Any] = {"packed": list(packed)}
         if return_attention_scores:
@@ -378,11 +421,12 @@ class MultiHeadAttention(Layer):
     def _merge_masks(self, query, value, key, attention_mask, value_mask, key_mask):
         """Keras's _compute_attention_mask: (B, S) value and key masks combined
         with ``attention_mask`` into one (B, T, S) mask (numeric rank-3 calls only)."""
-        given = [m for m in (query, value, key, attention_mask, value_mask, key_mask)
-                 if m is not None]
+        given = [m for m in (query, value, key, attention_mask, value_mask, key_mask) if m is not None]
         if any(isinstance(m, SymbolicTensor) for m in given) or np.ndim(query) != 3:
-            raise UnsupportedError(f"{_where(self)}: query_mask/value_mask/key_mask are supported in "
-                                   "numeric calls on rank-3 inputs; pass attention_mask instead")
+            raise UnsupportedError(
+                f"{_where(self)}: query_mask/value_mask/key_mask are supported in "
+                "numeric calls on rank-3 inputs; pass attention_mask instead"
+            )
 
         def keep(m):
             m = np.asarray(m)
@@ -402,30 +446,36 @@ class MultiHeadAttention(Layer):
         named = dict(zip(packed, items))
         if set(named) - set(_PACK_NAMES) or "query" not in named or "value" not in named:
             raise ShapeError(f"{_where(self)}: bad packed inputs {packed}")
-        return named["query"], named["value"], named.get("key", named["value"]), \
-            named.get("attention_mask")
+        return named["query"], named["value"], named.get("key", named["value"]), named.get("attention_mask")
 
     def _shape_info(self, q, v, k):
         """Validate shapes; return (attention axes, other axes) for inputs of rank len(q)."""
         rank = len(q)
         if rank < 3 or len(v) != rank or len(k) != rank:
-            raise ShapeError(f"{_where(self)}: expected query, value and key of the same rank >= 3, "
-                             f"got {shape_str(q)}, {shape_str(v)}, {shape_str(k)}")
+            raise ShapeError(
+                f"{_where(self)}: expected query, value and key of the same rank >= 3, "
+                f"got {shape_str(q)}, {shape_str(v)}, {shape_str(k)}"
+            )
         if self.attention_axes is None:
             axes = tuple(range(1, rank - 1))
         else:
             axes = tuple(sorted(a % rank for a in self.attention_axes))
             if any(a in (0, rank - 1) for a in axes):
-                raise ShapeError(f"{_where(self)}: attention_axes {self.attention_axes} must lie "
-                                 f"between the batch and feature axes of rank-{rank} inputs")
+                raise ShapeError(
+                    f"{_where(self)}: attention_axes {self.attention_axes} must lie "
+                    f"between the batch and feature axes of rank-{rank} inputs"
+                )
         others = tuple(a for a in range(1, rank - 1) if a not in axes)
         for a in others:
             if None not in (q[a], v[a]) and q[a] != v[a]:
-                raise ShapeError(f"{_where(self)}: query {shape_str(q)} and value {shape_str(v)} "
-                                 f"differ on non-attention axis {a}")
+                raise ShapeError(
+                    f"{_where(self)}: query {shape_str(q)} and value {shape_str(v)} differ on non-attention axis {a}"
+                )
         if tuple(k[:-1]) != tuple(v[:-1]) and None not in k[1:-1] + v[1:-1]:
-            raise ShapeError(f"{_where(self)}: key {shape_str(k)} and value {shape_str(v)} must have "
-                             "the same shape but for the last axis")
+            raise ShapeError(
+                f"{_where(self)}: key {shape_str(k)} and value {shape_str(v)} must have "
+                "the same shape but for the last axis"
+            )
         return axes, others
 
     def _out_tail(self, q_shape):
@@ -454,51 +504,71 @@ class MultiHeadAttention(Layer):
             self.add_weight("output_bias", tail, "zeros")
         self._rank = len(q)
 
-    def compute_output_shape(self, input_shape, packed=("query", "value"),
-                             return_attention_scores=False, use_causal_mask=False):
+    def compute_output_shape(
+        self, input_shape, packed=("query", "value"), return_attention_scores=False, use_causal_mask=False
+    ):
         q, v, k, _ = self._unpack([tuple(s) for s in input_shape], packed)
         axes, others = self._shape_info(q, v, k)
         out = (*q[:-1], *self._out_tail(q))
         if not return_attention_scores:
             return out
-        scores = (q[0], *(q[a] for a in others), self.num_heads, *(q[a] for a in axes),
-                  *(k[a] for a in axes))
+        scores = (q[0], *(q[a] for a in others), self.num_heads, *(q[a] for a in axes), *(k[a] for a in axes))
         return [out, scores]
 
     def _self_attention(self, x):
         """The layer on x as query, key and value (rank 3, no mask, heads of width E / H, an
         output of width E): one ``ops.self_attention`` call, on the q, k and v kernels side by
         side (made once per set of weight arrays)."""
-        e = tuple(x.shape)[-1]                  # device arrays' shapes may not index from the end
-        w_qkv = derived_from((self.query_kernel, self.key_kernel, self.value_kernel), "mha-qkv",
-                             lambda *w: np.concatenate([a.reshape(e, e) for a in w], axis=1))
-        b_qkv = derived_from((self.query_bias, self.key_bias, self.value_bias), "mha-qkv",
-                             lambda *b: np.concatenate([a.reshape(e) for a in b])) \
-            if self.use_bias else None
+        e = tuple(x.shape)[-1]  # device arrays' shapes may not index from the end
+        w_qkv = derived_from(
+            (self.query_kernel, self.key_kernel, self.value_kernel),
+            "mha-qkv",
+            lambda *w: np.concatenate([a.reshape(e, e) for a in w], axis=1),
+        )
+        b_qkv = (
+            derived_from(
+                (self.query_bias, self.key_bias, self.value_bias),
+                "mha-qkv",
+                lambda *b: np.concatenate([a.reshape(e) for a in b]),
+            )
+            if self.use_bias
+            else None
+        )
         w_o = derived(self.output_kernel, "mha-out", lambda w: w.reshape(e, e))
-        return self.ops.self_attention(x, w_qkv, b_qkv, w_o,
-                                       self.output_bias if self.use_bias else None,
-                                       self.num_heads, need_weights=False)[0]
+        return self.ops.self_attention(
+            x, w_qkv, b_qkv, w_o, self.output_bias if self.use_bias else None, self.num_heads, need_weights=False
+        )[0]
 
-    def call(self, inputs, packed=("query", "value"), return_attention_scores=False,
-             use_causal_mask=False):
+    def call(self, inputs, packed=("query", "value"), return_attention_scores=False, use_causal_mask=False):
         q, v, k, mask = self._unpack(inputs, packed)
         q_shape, k_shape = tuple(q.shape), tuple(k.shape)
         axes, others = self._shape_info(q_shape, tuple(v.shape), k_shape)
         ops = self.ops
         H, kd, vd = self.num_heads, self.key_dim, self.value_dim
         rank = len(q_shape)
-        if (q is v and k is v and mask is None and not use_causal_mask
-                and not return_attention_scores and rank == 3 and axes == (1,)
-                and kd == vd and H * kd == q_shape[-1] and self._out_tail(q_shape) == (H * kd,)):
+        if (
+            q is v
+            and k is v
+            and mask is None
+            and not use_causal_mask
+            and not return_attention_scores
+            and rank == 3
+            and axes == (1,)
+            and kd == vd
+            and H * kd == q_shape[-1]
+            and self._out_tail(q_shape) == (H * kd,)
+        ):
             return self._self_attention(q)
 
         # projections: one GEMM each, (..., dim) @ (dim, H*kd)
         def project(x, kernel, bias, d):  # one 2-D GEMM, not numpy's loop over stacked ones
             shape = tuple(x.shape)
             rows = math.prod(shape[:-1])
-            y = ops.dense(x.reshape(rows, shape[-1]), kernel.reshape(shape[-1], H * d),
-                          bias.reshape(H * d) if self.use_bias else None)
+            y = ops.dense(
+                x.reshape(rows, shape[-1]),
+                kernel.reshape(shape[-1], H * d),
+                bias.reshape(H * d) if self.use_bias else None,
+            )
             return y.reshape(*shape[:-1], H * d)
 
         qp = project(q, self.query_kernel, self.query_bias if self.use_bias else None, kd)
@@ -526,27 +596,38 @@ class MultiHeadAttention(Layer):
                 if np.broadcast_shapes(tuple(m.shape), want) != want:
                     raise ValueError
             except ValueError:
-                raise ShapeError(f"{_where(self)}: attention_mask of shape {tuple(m.shape)} does "
-                                 f"not broadcast to {want} (batch, other axes, query axes, key "
-                                 "axes)") from None
+                raise ShapeError(
+                    f"{_where(self)}: attention_mask of shape {tuple(m.shape)} does "
+                    f"not broadcast to {want} (batch, other axes, query axes, key "
+                    "axes)"
+                ) from None
             bias = ops.mask_bias(m, want).reshape(P, 1, TQ, TK)
         if use_causal_mask and len(axes) != 1:
             raise UnsupportedError(f"{_where(self)}: use_causal_mask needs exactly one attention axis")
         # a fully masked query: Keras's explicit-scores path zeroes its weights; its fused path
         # (rank-3 inputs, no scores returned, no dropout) gives uniform weights; match both
         fused = not return_attention_scores and rank == 3 and self.dropout == 0
-        out, w = ops.attention(q4, k4, v4, 1.0 / math.sqrt(kd), bias, bool(use_causal_mask),
-                               _EMPTY_UNIFORM if fused else _EMPTY_ZERO,
-                               need_weights=bool(return_attention_scores))
+        out, w = ops.attention(
+            q4,
+            k4,
+            v4,
+            1.0 / math.sqrt(kd),
+            bias,
+            bool(use_causal_mask),
+            _EMPTY_UNIFORM if fused else _EMPTY_ZERO,
+            need_weights=bool(return_attention_scores),
+        )
         # (P, H, TQ, vd) -> (B, other..., attn..., H*vd) -> output projection
         ctx = ops.merge_heads(out).reshape(B, *o_shape, *tq_shape, H * vd)
         if moved:
             ctx = ops.transpose(ctx, tuple(int(a) for a in np.argsort(perm)))
         tail = self._out_tail(q_shape)
         width = math.prod(tail)
-        y = ops.dense(ctx.reshape(math.prod(q_shape[:-1]), H * vd),
-                      self.output_kernel.reshape(H * vd, width),
-                      self.output_bias.reshape(width) if self.use_bias else None)
+        y = ops.dense(
+            ctx.reshape(math.prod(q_shape[:-1]), H * vd),
+            self.output_kernel.reshape(H * vd, width),
+            self.output_bias.reshape(width) if self.use_bias else None,
+        )
         y = y.reshape(*q_shape[:-1], *tail)
         if not return_attention_scores:
             return y
@@ -577,8 +658,14 @@ class SelfAttention(MultiHeadAttention):
     multi_input = False
     config_keys = MultiHeadAttention.config_keys + ("use_causal_mask", "return_attention_scores")
 
-    def __init__(self, num_heads: int, key_dim: int, use_causal_mask: bool = False,
-                 return_attention_scores: bool = False, **kwargs):
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        **kwargs,
+    ):
         super().__init__(num_heads, key_dim, **kwargs)
         self.use_causal_mask = bool(use_causal_mask)
         self.return_attention_scores = bool(return_attention_scores)
@@ -590,12 +677,10 @@ class SelfAttention(MultiHeadAttention):
         super().build([input_shape] * 3)
 
     def compute_output_shape(self, input_shape):
-        return super().compute_output_shape([input_shape] * 3, ("query", "value", "key"),
-                                            self.return_attention_scores)
+        return super().compute_output_shape([input_shape] * 3, ("query", "value", "key"), self.return_attention_scores)
 
     def call(self, x):
-        return super().call([x, x, x], ("query", "value", "key"), self.return_attention_scores,
-                            self.use_causal_mask)
+        return super().call([x, x, x], ("query", "value", "key"), self.return_attention_scores, self.use_causal_mask)
 
 
 # ---------------------------------------------------------------------------- transformer parts
@@ -618,15 +703,13 @@ class PositionalEncoding(Layer):
 
     config_keys = ("max_length", "base", "scale_input")
 
-    def __init__(self, max_length: int = 2048, base: float = 10000.0, scale_input: bool = False,
-                 **kwargs):
+    def __init__(self, max_length: int = 2048, base: float = 10000.0, scale_input: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.max_length, self.base, self.scale_input = int(max_length), float(base), bool(scale_input)
 
     def build(self, input_shape):
         if len(input_shape) != 3 or input_shape[-1] is None:
-            raise ShapeError(f"{_where(self)}: expected (batch, T, d) with d known, got "
-                             f"{shape_str(input_shape)}")
+            raise ShapeError(f"{_where(self)}: expected (batch, T, d) with d known, got {shape_str(input_shape)}")
         d = input_shape[-1]
         pos = np.arange(self.max_length, dtype=np.float64)[:, None]
         inv = np.exp(-math.log(self.base) * np.arange(0, d, 2, dtype=np.float64) / d)
@@ -638,17 +721,16 @@ class PositionalEncoding(Layer):
 
     def compute_output_shape(self, input_shape):
         if len(input_shape) == 3 and input_shape[1] is not None and input_shape[1] > self.max_length:
-            raise ShapeError(f"{_where(self)}: sequence length {input_shape[1]} exceeds max_length "
-                             f"{self.max_length}")
+            raise ShapeError(f"{_where(self)}: sequence length {input_shape[1]} exceeds max_length {self.max_length}")
         return tuple(input_shape)
 
     def call(self, x):
         shape = tuple(x.shape)
         if len(shape) != 3 or shape[-1] != self.table.shape[1] or shape[1] > self.max_length:
-            raise ShapeError(f"{_where(self)}: expected (batch, T <= {self.max_length}, "
-                             f"{self.table.shape[1]}), got {shape}")
-        return self.ops.merge(x, self.table[:shape[1]], "add",
-                              self._sqrt_d if self.scale_input else 1.0)
+            raise ShapeError(
+                f"{_where(self)}: expected (batch, T <= {self.max_length}, {self.table.shape[1]}), got {shape}"
+            )
+        return self.ops.merge(x, self.table[: shape[1]], "add", self._sqrt_d if self.scale_input else 1.0)
 
 
 class PositionwiseFeedForward(Layer):
@@ -673,8 +755,9 @@ class PositionwiseFeedForward(Layer):
 
     config_keys = ("hidden_units", "output_units", "activation", "use_bias")
 
-    def __init__(self, hidden_units: int, output_units: int | None = None, activation="relu",
-                 use_bias: bool = True, **kwargs):
+    def __init__(
+        self, hidden_units: int, output_units: int | None = None, activation="relu", use_bias: bool = True, **kwargs
+    ):
         super().__init__(**kwargs)
         self.hidden_units = int(hidden_units)
         self.output_units = None if output_units is None else int(output_units)
@@ -699,7 +782,11 @@ class PositionwiseFeedForward(Layer):
     def call(self, x):
         if tuple(x.shape)[-1] != self.kernel1.shape[0]:
             raise ShapeError(f"{_where(self)}: expected last axis {self.kernel1.shape[0]}, got {x.shape}")
-        h = self.ops.dense(x, self.kernel1, self.bias1 if self.use_bias else None, self.activation,
-                           _DEFAULT_ALPHA.get(self.activation, 0.0))
+        h = self.ops.dense(
+            x,
+            self.kernel1,
+            self.bias1 if self.use_bias else None,
+            self.activation,
+            _DEFAULT_ALPHA.get(self.activation, 0.0),
+        )
         return self.ops.dense(h, self.kernel2, self.bias2 if self.use_bias else None)
-

@@ -19,8 +19,10 @@ from ..errors import ShapeError, UnsupportedError
 from .symbolic import call_symbolic, is_symbolic
 
 # Keras constructor arguments that only matter for training: accepted and ignored.
-_TRAINING_ONLY = re.compile(r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"
-                            r"|^autocast$|^lora_(rank|alpha)$|^seed$|^noise_shape$")
+_TRAINING_ONLY = re.compile(
+    r".*_(regularizer|constraint)$|^activity_regularizer$|^trainable$"
+    r"|^autocast$|^lora_(rank|alpha)$|^seed$|^noise_shape$"
+)
 _name_counters: dict[str, itertools.count] = defaultdict(itertools.count)
 _name_lock = threading.Lock()
 _weights_follow = contextvars.ContextVar("fastlayers_weights_follow", default=False)
@@ -58,22 +60,23 @@ def snake_case(name: str) -> str:
 class InputSpec:
     """What a layer accepts: a rank (``ndim`` or ``min_ndim``) and fixed sizes of some axes."""
 
-    def __init__(self, ndim: int | None = None, min_ndim: int | None = None,
-                 axes: dict[int, int] | None = None):
+    def __init__(self, ndim: int | None = None, min_ndim: int | None = None, axes: dict[int, int] | None = None):
         self.ndim, self.min_ndim, self.axes = ndim, min_ndim, dict(axes or {})
 
     def check(self, shape: tuple, where: str) -> None:
         rank = len(shape)
         if self.ndim is not None and rank != self.ndim:
-            raise ShapeError(f"{where}: expected an input of rank {self.ndim}{self._axes_text()}, "
-                             f"got shape {shape_str(shape)}")
+            raise ShapeError(
+                f"{where}: expected an input of rank {self.ndim}{self._axes_text()}, got shape {shape_str(shape)}"
+            )
         if self.min_ndim is not None and rank < self.min_ndim:
-            raise ShapeError(f"{where}: expected an input of rank >= {self.min_ndim}"
-                             f"{self._axes_text()}, got shape {shape_str(shape)}")
+            raise ShapeError(
+                f"{where}: expected an input of rank >= {self.min_ndim}"
+                f"{self._axes_text()}, got shape {shape_str(shape)}"
+            )
         for axis, size in self.axes.items():
             if shape[axis] is not None and shape[axis] != size:
-                raise ShapeError(f"{where}: expected axis {axis} of size {size}, got shape "
-                                 f"{shape_str(shape)}")
+                raise ShapeError(f"{where}: expected axis {axis} of size {size}, got shape {shape_str(shape)}")
 
     def _axes_text(self):
         return "".join(f", axis {a} of size {s}" for a, s in self.axes.items())
@@ -121,15 +124,24 @@ class Layer:
     #: as it is (``Model._plan_step``).
     plain_call_validated = False
 
-    def __init__(self, name: str | None = None, dtype: Any = None, input_shape=None,
-                 batch_size=None, batch_input_shape=None, input_dim=None, **kwargs):
+    def __init__(
+        self,
+        name: str | None = None,
+        dtype: Any = None,
+        input_shape=None,
+        batch_size=None,
+        batch_input_shape=None,
+        input_dim=None,
+        **kwargs,
+    ):
         unknown = [k for k in kwargs if not _TRAINING_ONLY.match(k) and not k.endswith("_initializer")]
         if unknown:
             raise TypeError(f"{type(self).__name__}: unexpected keyword argument(s) {unknown}")
         self._initializers = {k: v for k, v in kwargs.items() if k.endswith("_initializer")}
         if dtype not in (None, "float32", np.float32) and getattr(dtype, "name", None) != "float32":
-            raise UnsupportedError(f"{type(self).__name__}: dtype {dtype!r} is not supported; "
-                                   "fastlayers computes in float32")
+            raise UnsupportedError(
+                f"{type(self).__name__}: dtype {dtype!r} is not supported; fastlayers computes in float32"
+            )
         self.name = name or unique_name(snake_case(type(self).__name__))
         if input_dim is not None:
             input_shape = (input_dim,)
@@ -172,18 +184,24 @@ class Layer:
         """Replace the weights (Keras order); each is cast to float32 and shape-checked."""
         weights = list(weights)
         if not self.built:
-            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}) is not built yet; call "
-                             "it on an input or put it in a model with a known input shape first")
+            raise ShapeError(
+                f"layer {self.name!r} ({type(self).__name__}) is not built yet; call "
+                "it on an input or put it in a model with a known input shape first"
+            )
         if len(weights) != len(self._weight_names):
-            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}) expects "
-                             f"{len(self._weight_names)} weights {self._weight_names}, got {len(weights)}")
+            raise ShapeError(
+                f"layer {self.name!r} ({type(self).__name__}) expects "
+                f"{len(self._weight_names)} weights {self._weight_names}, got {len(weights)}"
+            )
         new = []
         for wname, w in zip(self._weight_names, weights):
             cur = getattr(self, wname)
             w = as_float32(w, f"layer {self.name!r} weight {wname!r}")
             if w.shape != cur.shape:
-                raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): weight {wname!r} "
-                                 f"expects shape {cur.shape}, got {w.shape}")
+                raise ShapeError(
+                    f"layer {self.name!r} ({type(self).__name__}): weight {wname!r} "
+                    f"expects shape {cur.shape}, got {w.shape}"
+                )
             new.append(np.array(w, order="C", copy=True))  # ascontiguousarray makes 0-d 1-d
         for wname, w in zip(self._weight_names, new):
             setattr(self, wname, w)
@@ -302,6 +320,7 @@ class Layer:
                 if getattr(owner, name) is not value:
                     return call(x)
             return run(x)
+
         return step
 
     def __repr__(self):

@@ -52,11 +52,29 @@ class InceptionBlock(SpatialLayer):
     (batch, rows, cols, C) -> (batch, rows, cols, f1 + f3 + f5 + fp).
     """
 
-    config_keys = ("filters_1x1", "filters_3x3_reduce", "filters_3x3", "filters_5x5_reduce",
-                   "filters_5x5", "filters_pool_proj", "activation", "data_format")
+    config_keys = (
+        "filters_1x1",
+        "filters_3x3_reduce",
+        "filters_3x3",
+        "filters_5x5_reduce",
+        "filters_5x5",
+        "filters_pool_proj",
+        "activation",
+        "data_format",
+    )
 
-    def __init__(self, filters_1x1, filters_3x3_reduce, filters_3x3, filters_5x5_reduce,
-                 filters_5x5, filters_pool_proj, activation="relu", data_format=None, **kwargs):
+    def __init__(
+        self,
+        filters_1x1,
+        filters_3x3_reduce,
+        filters_3x3,
+        filters_5x5_reduce,
+        filters_5x5,
+        filters_pool_proj,
+        activation="relu",
+        data_format=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         w = self._where()
         self.filters_1x1 = _positive(filters_1x1, f"{w} filters_1x1")
@@ -74,12 +92,14 @@ class InceptionBlock(SpatialLayer):
         c = input_shape[self._channel_axis()]
         if c is None:
             raise ShapeError(f"{self._where()}: the channel axis must be known, got {shape_str(input_shape)}")
-        for name, shape in (("b1", (1, 1, c, self.filters_1x1)),
-                            ("b2_reduce", (1, 1, c, self.filters_3x3_reduce)),
-                            ("b2", (3, 3, self.filters_3x3_reduce, self.filters_3x3)),
-                            ("b3_reduce", (1, 1, c, self.filters_5x5_reduce)),
-                            ("b3", (5, 5, self.filters_5x5_reduce, self.filters_5x5)),
-                            ("b4", (1, 1, c, self.filters_pool_proj))):
+        for name, shape in (
+            ("b1", (1, 1, c, self.filters_1x1)),
+            ("b2_reduce", (1, 1, c, self.filters_3x3_reduce)),
+            ("b2", (3, 3, self.filters_3x3_reduce, self.filters_3x3)),
+            ("b3_reduce", (1, 1, c, self.filters_5x5_reduce)),
+            ("b3", (5, 5, self.filters_5x5_reduce, self.filters_5x5)),
+            ("b4", (1, 1, c, self.filters_pool_proj)),
+        ):
             self.add_weight(f"{name}_kernel", shape, "glorot_uniform")
             self.add_weight(f"{name}_bias", shape[-1:], "zeros")
         self.input_spec = InputSpec(ndim=4, axes={self._channel_axis(): c})
@@ -94,18 +114,24 @@ class InceptionBlock(SpatialLayer):
         n, h, w, _ = x.shape
         f1, f3r = self.filters_1x1, self.filters_3x3_reduce
         # the three 1x1 convolutions of x as one GEMM
-        k = derived_from((self.b1_kernel, self.b2_reduce_kernel, self.b3_reduce_kernel),
-                         "inception-1x1", lambda *ks: np.concatenate(ks, axis=-1))
-        b = derived_from((self.b1_bias, self.b2_reduce_bias, self.b3_reduce_bias),
-                         "inception-1x1", lambda *bs: np.concatenate(bs))
+        k = derived_from(
+            (self.b1_kernel, self.b2_reduce_kernel, self.b3_reduce_kernel),
+            "inception-1x1",
+            lambda *ks: np.concatenate(ks, axis=-1),
+        )
+        b = derived_from(
+            (self.b1_bias, self.b2_reduce_bias, self.b3_reduce_bias), "inception-1x1", lambda *bs: np.concatenate(bs)
+        )
         y = ops.conv2d(x, k, b, activation=act, alpha=alpha)
         b1 = ops.take(y, (..., slice(0, f1)))
         r3 = ops.take(y, (..., slice(f1, f1 + f3r)))
         r5 = ops.take(y, (..., slice(f1 + f3r, None)))
-        b2 = ops.conv2d(r3, self.b2_kernel, self.b2_bias, pads=(same_pads(h, 3, 1), same_pads(w, 3, 1)),
-                        activation=act, alpha=alpha)
-        b3 = ops.conv2d(r5, self.b3_kernel, self.b3_bias, pads=(same_pads(h, 5, 1), same_pads(w, 5, 1)),
-                        activation=act, alpha=alpha)
+        b2 = ops.conv2d(
+            r3, self.b2_kernel, self.b2_bias, pads=(same_pads(h, 3, 1), same_pads(w, 3, 1)), activation=act, alpha=alpha
+        )
+        b3 = ops.conv2d(
+            r5, self.b3_kernel, self.b3_bias, pads=(same_pads(h, 5, 1), same_pads(w, 5, 1)), activation=act, alpha=alpha
+        )
         pooled = ops.pool2d(x, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (h, w))
         b4 = ops.conv2d(pooled, self.b4_kernel, self.b4_bias, activation=act, alpha=alpha)
         return self._from_nhwc(ops.concatenate([b1, b2, b3, b4], -1))
@@ -138,13 +164,31 @@ class NiNBlock(SpatialLayer):
     (batch, new_rows, new_cols, mlp_filters[-1]).
     """
 
-    config_keys = ("filters", "kernel_size", "strides", "padding", "mlp_filters", "activation",
-                   "global_pool", "data_format")
+    config_keys = (
+        "filters",
+        "kernel_size",
+        "strides",
+        "padding",
+        "mlp_filters",
+        "activation",
+        "global_pool",
+        "data_format",
+    )
 
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", mlp_filters=None,
-                 activation="relu", global_pool=True, data_format=None, **kwargs):
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=(1, 1),
+        padding="valid",
+        mlp_filters=None,
+        activation="relu",
+        global_pool=True,
+        data_format=None,
+        **kwargs,
+    ):
         if kwargs.get("name") is None:
-            kwargs["name"] = unique_name("nin_block")     # not snake_case's "ni_n_block"
+            kwargs["name"] = unique_name("nin_block")  # not snake_case's "ni_n_block"
         super().__init__(**kwargs)
         w = self._where()
         self.filters = _positive(filters, f"{w} filters")
@@ -173,10 +217,14 @@ class NiNBlock(SpatialLayer):
         self.input_spec = InputSpec(ndim=4, axes={self._channel_axis(): c})
 
     def _conv_geometry(self, sizes):
-        pads = tuple(axis_pads(self.padding, n, k, s, 1, a)
-                     for a, (n, k, s) in enumerate(zip(sizes, self.kernel_size, self.strides)))
-        outs = [None if n is None else window_out(n, k, s, 1, p)
-                for n, k, s, p in zip(sizes, self.kernel_size, self.strides, pads)]
+        pads = tuple(
+            axis_pads(self.padding, n, k, s, 1, a)
+            for a, (n, k, s) in enumerate(zip(sizes, self.kernel_size, self.strides))
+        )
+        outs = [
+            None if n is None else window_out(n, k, s, 1, p)
+            for n, k, s, p in zip(sizes, self.kernel_size, self.strides, pads)
+        ]
         return pads, outs
 
     def compute_output_shape(self, input_shape):
@@ -191,12 +239,15 @@ class NiNBlock(SpatialLayer):
         x = self._to_nhwc(x)
         pads, outs = self._conv_geometry(x.shape[1:3])
         if min(outs) <= 0:
-            raise ShapeError(f"{self._where()}: input of spatial size {tuple(x.shape[1:3])} is smaller "
-                             f"than the kernel {self.kernel_size} after padding")
+            raise ShapeError(
+                f"{self._where()}: input of spatial size {tuple(x.shape[1:3])} is smaller "
+                f"than the kernel {self.kernel_size} after padding"
+            )
         h = ops.conv2d(x, self.conv_kernel, self.conv_bias, self.strides, pads, activation=act, alpha=alpha)
         for i in range(len(self.mlp_filters)):
-            h = ops.conv2d(h, getattr(self, f"mlp{i}_kernel"), getattr(self, f"mlp{i}_bias"),
-                           activation=act, alpha=alpha)
+            h = ops.conv2d(
+                h, getattr(self, f"mlp{i}_kernel"), getattr(self, f"mlp{i}_bias"), activation=act, alpha=alpha
+            )
         if self.global_pool:
             return ops.global_pool(h, "avg", (1, 2))
         return self._from_nhwc(h)

@@ -44,8 +44,10 @@ def normalize_padding(padding, rank: int, what: str, allow_causal: bool = False)
         p = padding.lower()
         if p in ("valid", "same") or (p == "causal" and allow_causal):
             return p
-        raise InputError(f"{what}: padding must be 'valid', 'same'{', causal' if allow_causal else ''}"
-                         f" or explicit amounts, got {padding!r}")
+        raise InputError(
+            f"{what}: padding must be 'valid', 'same'{', causal' if allow_causal else ''}"
+            f" or explicit amounts, got {padding!r}"
+        )
     if isinstance(padding, (int, np.integer)):
         pairs = ((int(padding), int(padding)),) * rank
     else:
@@ -57,8 +59,10 @@ def normalize_padding(padding, rank: int, what: str, allow_causal: bool = False)
         elif len(items) == rank and all(len(tuple(v)) == 2 for v in items):
             pairs = tuple((int(a), int(b)) for a, b in items)
         else:
-            raise InputError(f"{what}: explicit padding must be an int, {rank} int(s) or {rank} "
-                             f"(before, after) pair(s), got {padding!r}")
+            raise InputError(
+                f"{what}: explicit padding must be an int, {rank} int(s) or {rank} "
+                f"(before, after) pair(s), got {padding!r}"
+            )
     if any(v < 0 for pair in pairs for v in pair):
         raise InputError(f"{what}: padding amounts must be >= 0, got {padding!r}")
     return pairs
@@ -78,8 +82,7 @@ def axis_pads(padding, size, k, s, d, axis):
 def check_data_format(data_format, what):
     data_format = data_format or "channels_last"
     if data_format not in ("channels_last", "channels_first"):
-        raise InputError(f"{what}: data_format must be 'channels_last' or 'channels_first', got "
-                         f"{data_format!r}")
+        raise InputError(f"{what}: data_format must be 'channels_last' or 'channels_first', got {data_format!r}")
     return data_format
 
 
@@ -128,8 +131,10 @@ class SpatialLayer(Layer):
             cache = self._pads_by_size = {}
         pads = cache.get(key)
         if pads is None:
-            pads = tuple(axis_pads(self.padding, n, k, s, d, a)
-                         for a, (n, k, s, d) in enumerate(zip(sizes, kernel, strides, dilation)))
+            pads = tuple(
+                axis_pads(self.padding, n, k, s, d, a)
+                for a, (n, k, s, d) in enumerate(zip(sizes, kernel, strides, dilation))
+            )
             pads = ((0, 0), *pads) if self.rank == 1 else pads
             if len(cache) < 64:
                 cache[key] = pads
@@ -141,11 +146,31 @@ class SpatialLayer(Layer):
 
 
 class _Conv(SpatialLayer):
-    config_keys = ("filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate",
-                   "groups", "activation", "use_bias")
+    config_keys = (
+        "filters",
+        "kernel_size",
+        "strides",
+        "padding",
+        "data_format",
+        "dilation_rate",
+        "groups",
+        "activation",
+        "use_bias",
+    )
 
-    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format=None,
-                 dilation_rate=1, groups=1, activation=None, use_bias=True, **kwargs):
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=1,
+        padding="valid",
+        data_format=None,
+        dilation_rate=1,
+        groups=1,
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         where = self._where()
         self.filters = int(filters)
@@ -158,8 +183,7 @@ class _Conv(SpatialLayer):
         self.data_format = check_data_format(data_format, where)
         self.groups = int(groups)
         if self.groups <= 0 or self.filters % self.groups:
-            raise InputError(f"{where}: filters ({self.filters}) must be a positive multiple of "
-                             f"groups ({groups})")
+            raise InputError(f"{where}: filters ({self.filters}) must be a positive multiple of groups ({groups})")
         self.activation = activation_name(activation)
         self._alpha = _DEFAULT_ALPHA.get(self.activation, 0.0)
         self.use_bias = bool(use_bias)
@@ -168,13 +192,15 @@ class _Conv(SpatialLayer):
     def build(self, input_shape):
         channels = input_shape[self._channel_axis()]
         if channels is None:
-            raise ShapeError(f"{self._where()}: the channel axis of the input must be known, got "
-                             f"shape {shape_str(input_shape)}")
+            raise ShapeError(
+                f"{self._where()}: the channel axis of the input must be known, got shape {shape_str(input_shape)}"
+            )
         if channels % self.groups:
-            raise ShapeError(f"{self._where()}: groups={self.groups} does not divide the "
-                             f"{channels} input channels (shape {shape_str(input_shape)})")
-        self.add_weight("kernel", (*self.kernel_size, channels // self.groups, self.filters),
-                        "glorot_uniform")
+            raise ShapeError(
+                f"{self._where()}: groups={self.groups} does not divide the "
+                f"{channels} input channels (shape {shape_str(input_shape)})"
+            )
+        self.add_weight("kernel", (*self.kernel_size, channels // self.groups, self.filters), "glorot_uniform")
         if self.use_bias:
             self.add_weight("bias", (self.filters,), "zeros")
         self.input_spec = InputSpec(ndim=self.rank + 2, axes={self._channel_axis(): channels})
@@ -192,8 +218,17 @@ class _Conv(SpatialLayer):
         pads = self._pads_hw(sizes, self.kernel_size, self.strides, self.dilation_rate)
         self._check_output(x, pads)
         kernel = self.kernel if self.rank == 2 else self.kernel[None]
-        y = self.ops.conv2d(x, kernel, self.bias if self.use_bias else None, self._hw(self.strides),
-                            pads, self._hw(self.dilation_rate), self.groups, self.activation, self._alpha)
+        y = self.ops.conv2d(
+            x,
+            kernel,
+            self.bias if self.use_bias else None,
+            self._hw(self.strides),
+            pads,
+            self._hw(self.dilation_rate),
+            self.groups,
+            self.activation,
+            self._alpha,
+        )
         return self._from_nhwc(y)
 
     def bind(self, ops, x):
@@ -201,13 +236,22 @@ class _Conv(SpatialLayer):
         if self.data_format == "channels_first" or type(x) is not np.ndarray:
             return None
         x4 = self._to_nhwc(x)
-        pads = self._pads_hw(x4.shape[1:3] if self.rank == 2 else x4.shape[2:3], self.kernel_size,
-                             self.strides, self.dilation_rate)
+        pads = self._pads_hw(
+            x4.shape[1:3] if self.rank == 2 else x4.shape[2:3], self.kernel_size, self.strides, self.dilation_rate
+        )
         self._check_output(x4, pads)
         kernel = self.kernel if self.rank == 2 else self.kernel[None]
-        run = ops.conv2d_plan(x4.shape, kernel, self.bias if self.use_bias else None,
-                              self._hw(self.strides), pads, self._hw(self.dilation_rate),
-                              self.groups, self.activation, self._alpha)
+        run = ops.conv2d_plan(
+            x4.shape,
+            kernel,
+            self.bias if self.use_bias else None,
+            self._hw(self.strides),
+            pads,
+            self._hw(self.dilation_rate),
+            self.groups,
+            self.activation,
+            self._alpha,
+        )
         if self.rank == 1:
             shape_4d = x4.shape
             conv = run
@@ -215,6 +259,7 @@ class _Conv(SpatialLayer):
             def run(x):
                 y = conv(x.reshape(shape_4d))
                 return y.reshape(y.shape[0], y.shape[2], y.shape[3])
+
         return self._while_same(run, ("kernel", "bias") if self.use_bias else ("kernel",))
 
     def _check_output(self, x_nhwc, pads):
@@ -222,8 +267,10 @@ class _Conv(SpatialLayer):
         dh, dw = self._hw(self.dilation_rate)
         for n, k, d, (a, b) in ((x_nhwc.shape[1], kh, dh, pads[0]), (x_nhwc.shape[2], kw, dw, pads[1])):
             if padded_span(n, k, d, (a, b)) < 0:
-                raise ShapeError(f"{self._where()}: input of spatial size {tuple(x_nhwc.shape[1:3])} "
-                                 f"is smaller than the (dilated) kernel {self.kernel_size} after padding")
+                raise ShapeError(
+                    f"{self._where()}: input of spatial size {tuple(x_nhwc.shape[1:3])} "
+                    f"is smaller than the (dilated) kernel {self.kernel_size} after padding"
+                )
 
 
 class Conv1D(_Conv):
@@ -248,10 +295,22 @@ class Conv1D(_Conv):
 
     rank = 1
 
-    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format=None,
-                 dilation_rate=1, groups=1, activation=None, use_bias=True, **kwargs):
-        super().__init__(filters, kernel_size, strides, padding, data_format, dilation_rate,
-                         groups, activation, use_bias, **kwargs)
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=1,
+        padding="valid",
+        data_format=None,
+        dilation_rate=1,
+        groups=1,
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
+        super().__init__(
+            filters, kernel_size, strides, padding, data_format, dilation_rate, groups, activation, use_bias, **kwargs
+        )
 
 
 class Conv2D(_Conv):
@@ -273,10 +332,22 @@ class Conv2D(_Conv):
     (kh, kw, channels / groups, filters), bias (filters,).
     """
 
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", data_format=None,
-                 dilation_rate=(1, 1), groups=1, activation=None, use_bias=True, **kwargs):
-        super().__init__(filters, kernel_size, strides, padding, data_format, dilation_rate,
-                         groups, activation, use_bias, **kwargs)
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=(1, 1),
+        padding="valid",
+        data_format=None,
+        dilation_rate=(1, 1),
+        groups=1,
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
+        super().__init__(
+            filters, kernel_size, strides, padding, data_format, dilation_rate, groups, activation, use_bias, **kwargs
+        )
 
 
 class DepthwiseConv2D(SpatialLayer):
@@ -290,11 +361,29 @@ class DepthwiseConv2D(SpatialLayer):
     Weights: kernel (kh, kw, channels, depth_multiplier), bias (channels * depth_multiplier,).
     """
 
-    config_keys: ClassVar[tuple[str, ...]] = ("kernel_size", "strides", "padding", "depth_multiplier",
-                                              "data_format", "dilation_rate", "activation", "use_bias")
+    config_keys: ClassVar[tuple[str, ...]] = (
+        "kernel_size",
+        "strides",
+        "padding",
+        "depth_multiplier",
+        "data_format",
+        "dilation_rate",
+        "activation",
+        "use_bias",
+    )
 
-    def __init__(self, kernel_size, strides=(1, 1), padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True, **kwargs):
+    def __init__(
+        self,
+        kernel_size,
+        strides=(1, 1),
+        padding="valid",
+        depth_multiplier=1,
+        data_format=None,
+        dilation_rate=(1, 1),
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
         kwargs.pop("depthwise_initializer", None)
         super().__init__(**kwargs)
         where = self._where()
@@ -314,8 +403,9 @@ class DepthwiseConv2D(SpatialLayer):
     def _channels(self, input_shape):
         channels = input_shape[self._channel_axis()]
         if channels is None:
-            raise ShapeError(f"{self._where()}: the channel axis of the input must be known, got "
-                             f"shape {shape_str(input_shape)}")
+            raise ShapeError(
+                f"{self._where()}: the channel axis of the input must be known, got shape {shape_str(input_shape)}"
+            )
         return channels
 
     def build(self, input_shape):
@@ -327,19 +417,23 @@ class DepthwiseConv2D(SpatialLayer):
 
     def compute_output_shape(self, input_shape):
         sizes = self._spatial_sizes(input_shape)
-        out = [None if n is None else window_out(n, k, s, d, axis_pads(self.padding, n, k, s, d, a))
-               for a, (n, k, s, d) in enumerate(zip(sizes, self.kernel_size, self.strides, self.dilation_rate))]
+        out = [
+            None if n is None else window_out(n, k, s, d, axis_pads(self.padding, n, k, s, d, a))
+            for a, (n, k, s, d) in enumerate(zip(sizes, self.kernel_size, self.strides, self.dilation_rate))
+        ]
         return self._out_shape(input_shape, out, self._channels(input_shape) * self.depth_multiplier)
 
     def _depthwise(self, x_nhwc, kernel, bias, activation, alpha):
         pads = self._pads_hw(x_nhwc.shape[1:3], self.kernel_size, self.strides, self.dilation_rate)
         _Conv._check_output(self, x_nhwc, pads)
-        return self.ops.depthwise_conv2d(x_nhwc, kernel, bias, self.strides, pads, self.dilation_rate,
-                                         activation, alpha)
+        return self.ops.depthwise_conv2d(
+            x_nhwc, kernel, bias, self.strides, pads, self.dilation_rate, activation, alpha
+        )
 
     def call(self, x):
-        y = self._depthwise(self._to_nhwc(x), self.kernel, self.bias if self.use_bias else None,
-                            self.activation, self._alpha)
+        y = self._depthwise(
+            self._to_nhwc(x), self.kernel, self.bias if self.use_bias else None, self.activation, self._alpha
+        )
         return self._from_nhwc(y)
 
 
@@ -355,11 +449,23 @@ class SeparableConv2D(DepthwiseConv2D):
 
     config_keys = ("filters", *DepthwiseConv2D.config_keys)
 
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", data_format=None,
-                 dilation_rate=(1, 1), depth_multiplier=1, activation=None, use_bias=True, **kwargs):
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=(1, 1),
+        padding="valid",
+        data_format=None,
+        dilation_rate=(1, 1),
+        depth_multiplier=1,
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
         kwargs.pop("pointwise_initializer", None)
-        super().__init__(kernel_size, strides, padding, depth_multiplier, data_format,
-                         dilation_rate, activation, use_bias, **kwargs)
+        super().__init__(
+            kernel_size, strides, padding, depth_multiplier, data_format, dilation_rate, activation, use_bias, **kwargs
+        )
         self.filters = int(filters)
         if self.filters <= 0:
             raise InputError(f"{self._where()}: filters must be positive, got {filters}")
@@ -380,8 +486,13 @@ class SeparableConv2D(DepthwiseConv2D):
 
     def call(self, x):
         h = self._depthwise(self._to_nhwc(x), self.depthwise_kernel, None, "linear", 0.0)
-        y = self.ops.conv2d(h, self.pointwise_kernel, self.bias if self.use_bias else None,
-                            activation=self.activation, alpha=self._alpha)
+        y = self.ops.conv2d(
+            h,
+            self.pointwise_kernel,
+            self.bias if self.use_bias else None,
+            activation=self.activation,
+            alpha=self._alpha,
+        )
         return self._from_nhwc(y)
 
 
@@ -426,11 +537,31 @@ class Conv2DTranspose(SpatialLayer):
     (kh, kw, filters, channels), bias (filters,).
     """
 
-    config_keys = ("filters", "kernel_size", "strides", "padding", "output_padding", "data_format",
-                   "dilation_rate", "activation", "use_bias")
+    config_keys = (
+        "filters",
+        "kernel_size",
+        "strides",
+        "padding",
+        "output_padding",
+        "data_format",
+        "dilation_rate",
+        "activation",
+        "use_bias",
+    )
 
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", output_padding=None,
-                 data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True, **kwargs):
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=(1, 1),
+        padding="valid",
+        output_padding=None,
+        data_format=None,
+        dilation_rate=(1, 1),
+        activation=None,
+        use_bias=True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         where = self._where()
         self.filters = int(filters)
@@ -443,12 +574,18 @@ class Conv2DTranspose(SpatialLayer):
         if output_padding is None:
             self.output_padding = None
         else:
-            op = (int(output_padding),) * 2 if isinstance(output_padding, (int, np.integer)) \
+            op = (
+                (int(output_padding),) * 2
+                if isinstance(output_padding, (int, np.integer))
                 else tuple(int(v) for v in output_padding)
-            if len(op) != 2 or any(o < 0 or (o >= s and o >= d) for o, s, d in
-                                   zip(op, self.strides, self.dilation_rate)):
-                raise InputError(f"{where}: output_padding {output_padding!r} must be 2 values each "
-                                 "smaller than the stride or the dilation")
+            )
+            if len(op) != 2 or any(
+                o < 0 or (o >= s and o >= d) for o, s, d in zip(op, self.strides, self.dilation_rate)
+            ):
+                raise InputError(
+                    f"{where}: output_padding {output_padding!r} must be 2 values each "
+                    "smaller than the stride or the dilation"
+                )
             self.output_padding = op
         self.data_format = check_data_format(data_format, where)
         self.activation = activation_name(activation)
@@ -459,8 +596,9 @@ class Conv2DTranspose(SpatialLayer):
     def build(self, input_shape):
         channels = input_shape[self._channel_axis()]
         if channels is None:
-            raise ShapeError(f"{self._where()}: the channel axis of the input must be known, got "
-                             f"shape {shape_str(input_shape)}")
+            raise ShapeError(
+                f"{self._where()}: the channel axis of the input must be known, got shape {shape_str(input_shape)}"
+            )
         self.add_weight("kernel", (*self.kernel_size, self.filters, channels), "glorot_uniform")
         if self.use_bias:
             self.add_weight("bias", (self.filters,), "zeros")
@@ -488,11 +626,20 @@ class Conv2DTranspose(SpatialLayer):
         x = self._to_nhwc(x)
         crops, outs = self._geometry(x.shape[1:3])
         if min(outs) <= 0:
-            raise ShapeError(f"{self._where()}: padding {self.padding} leaves an empty output for "
-                             f"input size {tuple(x.shape[1:3])}")
-        w_hwio = derived(self.kernel, "hwoi->hwio",
-                         lambda k: np.ascontiguousarray(k.transpose(0, 1, 3, 2)))
-        y = self.ops.conv_transpose2d(x, w_hwio, self.bias if self.use_bias else None, self.strides,
-                                      tuple(crops), tuple(outs), self.dilation_rate, 1,
-                                      self.activation, self._alpha)
+            raise ShapeError(
+                f"{self._where()}: padding {self.padding} leaves an empty output for input size {tuple(x.shape[1:3])}"
+            )
+        w_hwio = derived(self.kernel, "hwoi->hwio", lambda k: np.ascontiguousarray(k.transpose(0, 1, 3, 2)))
+        y = self.ops.conv_transpose2d(
+            x,
+            w_hwio,
+            self.bias if self.use_bias else None,
+            self.strides,
+            tuple(crops),
+            tuple(outs),
+            self.dilation_rate,
+            1,
+            self.activation,
+            self._alpha,
+        )
         return self._from_nhwc(y)

@@ -12,8 +12,7 @@ from ..backends.activations import DEFAULT_ALPHA as _DEFAULT_ALPHA
 from ..errors import ShapeError, UnsupportedError
 from .base import InputSpec, Layer, shape_str, weights_pending
 
-_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu",
-            "gelu_approximate": "gelu_tanh"}
+_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu", "gelu_approximate": "gelu_tanh"}
 
 
 def activation_name(spec) -> str:
@@ -24,12 +23,16 @@ def activation_name(spec) -> str:
     have no defaults, so Keras cannot call it by name either.
     """
     if spec == "threshold":
-        raise UnsupportedError("activation 'threshold' needs its threshold and default_value, "
-                               "which a name cannot carry (Keras cannot call it by name either)")
+        raise UnsupportedError(
+            "activation 'threshold' needs its threshold and default_value, "
+            "which a name cannot carry (Keras cannot call it by name either)"
+        )
     name = _ALIASES.get(spec, spec)
     if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise UnsupportedError(f"activation {spec!r} is not supported; expected one of "
-                               f"{sorted(ACTIVATIONS + ('swish', 'hard_swish', None), key=str)}")
+        raise UnsupportedError(
+            f"activation {spec!r} is not supported; expected one of "
+            f"{sorted(ACTIVATIONS + ('swish', 'hard_swish', None), key=str)}"
+        )
     return name
 
 
@@ -63,8 +66,9 @@ class Dense(Layer):
     def build(self, input_shape):
         d = input_shape[-1]
         if d is None:
-            raise ShapeError(f"Dense {self.name!r}: the last axis of the input must be known, "
-                             f"got shape {shape_str(input_shape)}")
+            raise ShapeError(
+                f"Dense {self.name!r}: the last axis of the input must be known, got shape {shape_str(input_shape)}"
+            )
         self.add_weight("kernel", (d, self.units), "glorot_uniform")
         if self.use_bias:
             self.add_weight("bias", (self.units,), "zeros")
@@ -74,8 +78,13 @@ class Dense(Layer):
         return (*input_shape[:-1], self.units)
 
     def call(self, x):
-        return self.ops.dense(x, self.kernel, self.bias if self.use_bias else None,
-                              self.activation, _DEFAULT_ALPHA.get(self.activation, 0.0))
+        return self.ops.dense(
+            x,
+            self.kernel,
+            self.bias if self.use_bias else None,
+            self.activation,
+            _DEFAULT_ALPHA.get(self.activation, 0.0),
+        )
 
 
 class Activation(Layer):
@@ -205,12 +214,15 @@ class Reshape(Layer):
         target = self.target_shape
         if -1 in target:
             if known == 0 or size % known:
-                raise ShapeError(f"Reshape {self.name!r}: cannot reshape samples of shape "
-                                 f"{tuple(sample_shape)} to {target}")
+                raise ShapeError(
+                    f"Reshape {self.name!r}: cannot reshape samples of shape {tuple(sample_shape)} to {target}"
+                )
             target = tuple(size // known if d == -1 else d for d in target)
         if math.prod(target) != size:
-            raise ShapeError(f"Reshape {self.name!r}: cannot reshape samples of shape "
-                             f"{tuple(sample_shape)} ({size} values) to {self.target_shape}")
+            raise ShapeError(
+                f"Reshape {self.name!r}: cannot reshape samples of shape "
+                f"{tuple(sample_shape)} ({size} values) to {self.target_shape}"
+            )
         return target
 
     def compute_output_shape(self, input_shape):
@@ -232,8 +244,9 @@ class Permute(Layer):
         super().__init__(**kwargs)
         self.dims = tuple(int(d) for d in dims)
         if sorted(self.dims) != list(range(1, len(self.dims) + 1)):
-            raise ValueError(f"Permute {self.name!r}: dims must be a permutation of 1..{len(self.dims)}, "
-                             f"got {self.dims}")
+            raise ValueError(
+                f"Permute {self.name!r}: dims must be a permutation of 1..{len(self.dims)}, got {self.dims}"
+            )
         self.input_spec = InputSpec(ndim=len(self.dims) + 1)
 
     def compute_output_shape(self, input_shape):
@@ -286,8 +299,7 @@ class StochasticDepth(Layer):
         super().__init__(**kwargs)
         self.drop_path_rate = float(drop_path_rate)
         if not 0.0 <= self.drop_path_rate <= 1.0:
-            raise ValueError(f"StochasticDepth {self.name!r}: drop_path_rate must be in [0, 1], "
-                             f"got {drop_path_rate}")
+            raise ValueError(f"StochasticDepth {self.name!r}: drop_path_rate must be in [0, 1], got {drop_path_rate}")
 
     def call(self, x):
         return x
@@ -311,8 +323,7 @@ class LayerScale(Layer):
         self.init_values = float(init_values)
         self.projection_dim = int(projection_dim)
         if self.projection_dim <= 0:
-            raise ValueError(f"LayerScale {self.name!r}: projection_dim must be positive, got "
-                             f"{projection_dim}")
+            raise ValueError(f"LayerScale {self.name!r}: projection_dim must be positive, got {projection_dim}")
         self.input_spec = InputSpec(min_ndim=1, axes={-1: self.projection_dim})
 
     def build(self, input_shape):
@@ -373,8 +384,7 @@ class Rescaling(Layer):
         width = x.shape[-1]
         if any(v.size != 1 and v.shape != (width,) for v in (self._scale, self._offset)):
             return None
-        scale, shift = (np.broadcast_to(v.reshape(-1), (width,)).copy()
-                        for v in (self._scale, self._offset))
+        scale, shift = (np.broadcast_to(v.reshape(-1), (width,)).copy() for v in (self._scale, self._offset))
         batch_norm = ops.batch_norm
         return self._while_same(lambda x: batch_norm(x, scale, shift, -1), ("_scale", "_offset"))
 

@@ -15,11 +15,13 @@ from .base import InputSpec, Layer
 
 def balanced_tree(num_classes: int):
     """The default tree: classes 0..C-1 split in halves recursively (depth ceil(log2 C))."""
+
     def split(lo, hi):
         if hi - lo == 1:
             return lo
         mid = (lo + hi + 1) // 2
         return [split(lo, mid), split(mid, hi)]
+
     return split(0, num_classes)
 
 
@@ -52,14 +54,16 @@ def tree_paths(tree, num_classes: int):
         if isinstance(node, (int, np.integer)):
             c = int(node)
             if not 0 <= c < num_classes or c in paths:
-                raise ValueError(f"hierarchical softmax tree: class {c} is out of range "
-                                 f"[0, {num_classes}) or appears twice")
+                raise ValueError(
+                    f"hierarchical softmax tree: class {c} is out of range [0, {num_classes}) or appears twice"
+                )
             paths[c] = prefix
             return
         children = list(node)
         if len(children) != 2:
-            raise ValueError(f"hierarchical softmax tree: every inner node needs exactly 2 children, "
-                             f"got {len(children)} in {node!r}")
+            raise ValueError(
+                f"hierarchical softmax tree: every inner node needs exactly 2 children, got {len(children)} in {node!r}"
+            )
         n = next(counter)
         walk(children[0], prefix + [(n, 1)])
         walk(children[1], prefix + [(n, -1)])
@@ -101,8 +105,8 @@ class HierarchicalSoftmax(Layer):
 
     config_keys = ("num_classes", "tree", "use_bias")
     # the weights ``build`` adds
-    kernel: np.ndarray      # (features, inner nodes)
-    bias: np.ndarray        # (inner nodes,), with use_bias
+    kernel: np.ndarray  # (features, inner nodes)
+    bias: np.ndarray  # (inner nodes,), with use_bias
 
     def __init__(self, num_classes: int, tree=None, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -117,8 +121,10 @@ class HierarchicalSoftmax(Layer):
         x_shape = input_shape[0] if isinstance(input_shape, list) else input_shape
         d = x_shape[-1]
         if d is None or len(x_shape) != 2:
-            raise ShapeError(f"HierarchicalSoftmax {self.name!r}: expected inputs (batch, features) "
-                             f"with known features, got {x_shape}")
+            raise ShapeError(
+                f"HierarchicalSoftmax {self.name!r}: expected inputs (batch, features) "
+                f"with known features, got {x_shape}"
+            )
         self.add_weight("kernel", (d, self.num_inner), "glorot_uniform")
         if self.use_bias:
             self.add_weight("bias", (self.num_inner,), "zeros")
@@ -127,8 +133,10 @@ class HierarchicalSoftmax(Layer):
     def _check_spec(self, shape):
         if isinstance(shape, list):
             if len(shape) != 2 or len(shape[1]) != 1:
-                raise ShapeError(f"HierarchicalSoftmax {self.name!r}: expected [x (batch, features), "
-                                 f"classes (batch,)], got shapes {shape}")
+                raise ShapeError(
+                    f"HierarchicalSoftmax {self.name!r}: expected [x (batch, features), "
+                    f"classes (batch,)], got shapes {shape}"
+                )
             shape = shape[0]
         if self.built:
             self._spec.check(tuple(shape), f"HierarchicalSoftmax {self.name!r}")
@@ -149,16 +157,14 @@ class HierarchicalSoftmax(Layer):
         where = f"HierarchicalSoftmax {self.name!r}"
         shape = tuple(np.shape(classes))
         if shape != (batch,):
-            raise ShapeError(f"{where}: classes must be integers of shape ({batch},), got "
-                             f"shape {shape}")
+            raise ShapeError(f"{where}: classes must be integers of shape ({batch},), got shape {shape}")
         return self.ops.indices(classes, self.num_classes, where, "classes")
 
     def _bias(self):
         if self.use_bias:
             return self.bias
         # one zero array per kernel, so a device backend caches one copy
-        return derived(self.kernel, "hsoftmax-zero-bias",
-                       lambda k: np.zeros(self.num_inner, np.float32))
+        return derived(self.kernel, "hsoftmax-zero-bias", lambda k: np.zeros(self.num_inner, np.float32))
 
     def log_probs(self, x) -> np.ndarray:
         """log p(c | x) for every class: (batch, num_classes)."""
@@ -172,17 +178,14 @@ class HierarchicalSoftmax(Layer):
         x, c = self._prepare_inputs([x, classes])
         self._ensure_built((None, *x.shape[1:]))
         self._check_spec(x.shape)
-        return self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(), self._nodes,
-                                                 self._signs, c)
+        return self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(), self._nodes, self._signs, c)
 
     def call(self, inputs):
         if isinstance(inputs, list):
             x, c = inputs
-            log_p = self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(), self._nodes,
-                                                      self._signs, c)
+            log_p = self.ops.hsoftmax_class_log_probs(x, self.kernel, self._bias(), self._nodes, self._signs, c)
         else:
-            log_p = self.ops.hsoftmax_log_probs(inputs, self.kernel, self._bias(), self._nodes,
-                                                self._signs)
+            log_p = self.ops.hsoftmax_log_probs(inputs, self.kernel, self._bias(), self._nodes, self._signs)
         return self.ops.activation(log_p, "exponential")
 
 
@@ -190,4 +193,3 @@ def _as_lists(tree):
     if isinstance(tree, (int, np.integer)):
         return int(tree)
     return [_as_lists(t) for t in tree]
-

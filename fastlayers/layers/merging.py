@@ -15,8 +15,9 @@ def _broadcast_shape(shapes, where):
         sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0}
         known = {d for d in sizes if d is not None and d != 1}
         if len(known) > 1:
-            raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} "
-                             "cannot be combined elementwise")
+            raise ShapeError(
+                f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} cannot be combined elementwise"
+            )
         out.append(known.pop() if known else (None if None in sizes else 1))
     return tuple(out)
 
@@ -102,14 +103,17 @@ class Concatenate(Layer):
             raise ShapeError(f"{where}: expected a list of at least 2 inputs")
         rank = len(shapes[0])
         if any(len(s) != rank for s in shapes) or not -rank <= self.axis < rank:
-            raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} cannot be "
-                             f"concatenated on axis {self.axis}")
+            raise ShapeError(
+                f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} cannot be concatenated on axis {self.axis}"
+            )
         axis = self.axis % rank
         for a in range(rank):
             sizes = {s[a] for s in shapes if s[a] is not None}
             if a != axis and len(sizes) > 1:
-                raise ShapeError(f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} must "
-                                 f"match on every axis but {self.axis}")
+                raise ShapeError(
+                    f"{where}: inputs of shapes {[shape_str(s) for s in shapes]} must "
+                    f"match on every axis but {self.axis}"
+                )
 
     def compute_output_shape(self, shapes):
         axis = self.axis % len(shapes[0])
@@ -162,18 +166,18 @@ class BinaryOp(Layer):
     def __init__(self, op, constants=(None, None), **kwargs):
         super().__init__(**kwargs)
         if op not in _BINARY_OPS:
-            raise UnsupportedError(f"BinaryOp {self.name!r}: op {op!r} is not one of "
-                                   f"{sorted(_BINARY_OPS)}")
+            raise UnsupportedError(f"BinaryOp {self.name!r}: op {op!r} is not one of {sorted(_BINARY_OPS)}")
         constants = list(constants)
         if len(constants) != 2 or None not in constants:
-            raise ValueError(f"BinaryOp {self.name!r}: constants must be two entries, None for "
-                             f"each tensor operand (at least one), got {constants}")
+            raise ValueError(
+                f"BinaryOp {self.name!r}: constants must be two entries, None for "
+                f"each tensor operand (at least one), got {constants}"
+            )
         self.op = op
         self.constants = [None if c is None else float(c) for c in constants]
         self._tensors = self.constants.count(None)
         #: the constant operands as 0-d weights (a device backend caches them)
-        self._operands = [None if c is None else np.full((), c, np.float32)
-                          for c in self.constants]
+        self._operands = [None if c is None else np.full((), c, np.float32) for c in self.constants]
 
     def _check_spec(self, input_shape):
         where = f"BinaryOp {self.name!r}"

@@ -16,8 +16,10 @@ def _normalize_axes(axis, rank, where):
     out = []
     for a in axes:
         if not -rank <= int(a) < rank or int(a) % rank == 0:
-            raise ShapeError(f"{where}: axis {a} is out of range for inputs of rank {rank} "
-                             "(the batch axis cannot be normalized over)")
+            raise ShapeError(
+                f"{where}: axis {a} is out of range for inputs of rank {rank} "
+                "(the batch axis cannot be normalized over)"
+            )
         out.append(int(a) % rank)
     return tuple(sorted(out))
 
@@ -31,8 +33,9 @@ class BatchNormalization(Layer):
 
     config_keys = ("axis", "momentum", "epsilon", "center", "scale")
 
-    def __init__(self, axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True,
-                 synchronized=False, renorm=False, **kwargs):
+    def __init__(
+        self, axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True, synchronized=False, renorm=False, **kwargs
+    ):
         for key in ("renorm_clipping", "renorm_momentum", "virtual_batch_size", "adjustment", "fused"):
             kwargs.pop(key, None)
         super().__init__(**kwargs)
@@ -45,8 +48,9 @@ class BatchNormalization(Layer):
         (axis,) = _normalize_axes(self.axis, len(input_shape), where)
         c = input_shape[axis]
         if c is None:
-            raise ShapeError(f"{where}: axis {self.axis} of the input must be known, got shape "
-                             f"{shape_str(input_shape)}")
+            raise ShapeError(
+                f"{where}: axis {self.axis} of the input must be known, got shape {shape_str(input_shape)}"
+            )
         if self.scale:
             self.add_weight("gamma", (c,), "ones")
         if self.center:
@@ -61,8 +65,12 @@ class BatchNormalization(Layer):
     def _weights_changed(self):
         """Fold the four vectors into the affine map the kernel applies (once, not per call)."""
         self._scale, self._shift = fold_batch_norm(
-            self.moving_mean, self.moving_variance, self.gamma if self.scale else None,
-            self.beta if self.center else None, self.epsilon)
+            self.moving_mean,
+            self.moving_variance,
+            self.gamma if self.scale else None,
+            self.beta if self.center else None,
+            self.epsilon,
+        )
 
     def call(self, x):
         return self.ops.batch_norm(x, self._scale, self._shift, self._axis)
@@ -81,8 +89,10 @@ class LayerNormalization(Layer):
     def __init__(self, axis=-1, epsilon=1e-3, center=True, scale=True, rms_scaling=False, **kwargs):
         super().__init__(**kwargs)
         if rms_scaling:
-            raise UnsupportedError(f"LayerNormalization {self.name!r}: rms_scaling=True (deprecated "
-                                   "in Keras) is not supported; use RMSNormalization")
+            raise UnsupportedError(
+                f"LayerNormalization {self.name!r}: rms_scaling=True (deprecated "
+                "in Keras) is not supported; use RMSNormalization"
+            )
         self.axis = list(axis) if isinstance(axis, (list, tuple)) else int(axis)
         self.epsilon = float(epsilon)
         self.center, self.scale = bool(center), bool(scale)
@@ -92,11 +102,9 @@ class LayerNormalization(Layer):
         self._axes = _normalize_axes(self.axis, len(input_shape), where)
         shape = tuple(input_shape[a] for a in self._axes)
         if None in shape:
-            raise ShapeError(f"{where}: normalized axes {self._axes} must be known, got shape "
-                             f"{shape_str(input_shape)}")
+            raise ShapeError(f"{where}: normalized axes {self._axes} must be known, got shape {shape_str(input_shape)}")
         self._add_norm_weights(shape)
-        self.input_spec = InputSpec(ndim=len(input_shape),
-                                    axes={a: input_shape[a] for a in self._axes})
+        self.input_spec = InputSpec(ndim=len(input_shape), axes={a: input_shape[a] for a in self._axes})
 
     def _add_norm_weights(self, shape):
         if self.scale:
@@ -105,9 +113,14 @@ class LayerNormalization(Layer):
             self.add_weight("beta", shape, "zeros")
 
     def call(self, x):
-        return self.ops.layer_norm(x, self.gamma if self.scale else None,
-                                   self.beta if self.center else None,
-                                   self.epsilon, self._axes, self._rms)
+        return self.ops.layer_norm(
+            x,
+            self.gamma if self.scale else None,
+            self.beta if self.center else None,
+            self.epsilon,
+            self._axes,
+            self._rms,
+        )
 
 
 class RMSNormalization(LayerNormalization):
@@ -157,8 +170,9 @@ class Normalization(Layer):
         ndim = len(input_shape)
         keep = sorted(a % ndim for a in self.axis)
         if any(input_shape[a] is None for a in keep):
-            raise ShapeError(f"Normalization {self.name!r}: kept axes {self.axis} must be known, got "
-                             f"shape {shape_str(input_shape)}")
+            raise ShapeError(
+                f"Normalization {self.name!r}: kept axes {self.axis} must be known, got shape {shape_str(input_shape)}"
+            )
         self._broadcast = tuple(input_shape[d] if d in keep else 1 for d in range(ndim))
         stat_shape = tuple(input_shape[d] for d in keep)
         if self.mean_value is None:
@@ -175,7 +189,7 @@ class Normalization(Layer):
             mean = mean.reshape(shape)
         if var.ndim:
             var = var.reshape(shape)
-        ops = self.ops   # std = max(sqrt(var), 1e-7)
+        ops = self.ops  # std = max(sqrt(var), 1e-7)
         if self.invert:
             return ops.merge(ops.merge(x, var, "mul_std"), mean, "add")
         return ops.merge(ops.merge(x, mean, "subtract"), var, "div_std")

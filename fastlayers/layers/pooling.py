@@ -26,8 +26,7 @@ class _Pool(SpatialLayer):
         super().__init__(**kwargs)
         where = self._where()
         self.pool_size = normalize_tuple(pool_size, self.rank, f"{where} pool_size")
-        self.strides = self.pool_size if strides is None else normalize_tuple(strides, self.rank,
-                                                                                f"{where} strides")
+        self.strides = self.pool_size if strides is None else normalize_tuple(strides, self.rank, f"{where} strides")
         # explicit per-side padding is an extension of Keras (ONNX / torch pooling pads):
         # padded cells are ignored by max and not counted by average
         self.padding = normalize_padding(padding, self.rank, where)
@@ -36,8 +35,10 @@ class _Pool(SpatialLayer):
 
     def compute_output_shape(self, input_shape):
         sizes = self._spatial_sizes(input_shape)
-        out = [None if n is None else window_out(n, k, s, 1, axis_pads(self.padding, n, k, s, 1, a))
-               for a, (n, k, s) in enumerate(zip(sizes, self.pool_size, self.strides))]
+        out = [
+            None if n is None else window_out(n, k, s, 1, axis_pads(self.padding, n, k, s, 1, a))
+            for a, (n, k, s) in enumerate(zip(sizes, self.pool_size, self.strides))
+        ]
         return self._out_shape(input_shape, out, input_shape[self._channel_axis()])
 
     def call(self, x):
@@ -49,7 +50,7 @@ class _Pool(SpatialLayer):
         if type(x) is not np.ndarray:
             return None
         window, kind, pool2d = self._window(self._to_nhwc(x).shape), self.kind, ops.pool2d
-        if self.data_format != "channels_first" and self.rank == 2:   # NHWC already
+        if self.data_format != "channels_first" and self.rank == 2:  # NHWC already
             return lambda x: pool2d(x, kind, *window, (1, 1), False)
         return lambda x: self._from_nhwc(pool2d(self._to_nhwc(x), kind, *window, (1, 1), False))
 
@@ -57,13 +58,13 @@ class _Pool(SpatialLayer):
         """(pool, strides, pads, out_hw) as (h, w) pairs for an NHWC input of ``shape_nhwc``."""
         ones = (1,) * self.rank
         sizes = shape_nhwc[1:3]
-        pads = self._pads_hw(sizes if self.rank == 2 else sizes[1:], self.pool_size, self.strides,
-                             ones)
+        pads = self._pads_hw(sizes if self.rank == 2 else sizes[1:], self.pool_size, self.strides, ones)
         pool, strides = self._hw(self.pool_size), self._hw(self.strides)
         out_hw = tuple(window_out(n, k, s, 1, p) for n, k, s, p in zip(sizes, pool, strides, pads))
         if min(out_hw) <= 0:
-            raise ShapeError(f"{self._where()}: input of spatial size {tuple(sizes)} is "
-                             f"smaller than the pool {self.pool_size}")
+            raise ShapeError(
+                f"{self._where()}: input of spatial size {tuple(sizes)} is smaller than the pool {self.pool_size}"
+            )
         return pool, strides, pads, out_hw
 
 
@@ -207,8 +208,7 @@ class UpSampling2D(SpatialLayer):
 
     config_keys = ("size", "data_format", "interpolation", "align_corners")
 
-    def __init__(self, size=(2, 2), data_format=None, interpolation="nearest", align_corners=False,
-                 **kwargs):
+    def __init__(self, size=(2, 2), data_format=None, interpolation="nearest", align_corners=False, **kwargs):
         super().__init__(**kwargs)
         self.align_corners = bool(align_corners)
         if self.align_corners and interpolation != "bilinear":
@@ -216,8 +216,9 @@ class UpSampling2D(SpatialLayer):
         self.size = normalize_tuple(size, 2, f"{self._where()} size")
         self.data_format = check_data_format(data_format, self._where())
         if interpolation not in ("nearest", "bilinear"):
-            raise UnsupportedError(f"{self._where()}: interpolation {interpolation!r} is not "
-                                   "supported; expected 'nearest' or 'bilinear'")
+            raise UnsupportedError(
+                f"{self._where()}: interpolation {interpolation!r} is not supported; expected 'nearest' or 'bilinear'"
+            )
         self.interpolation = interpolation
         self.input_spec = InputSpec(ndim=4)
 

@@ -67,8 +67,7 @@ class _RecurrentMath:
 
     def _build_math(self, input_dim):
         if input_dim is None:
-            raise ShapeError(f"{type(self).__name__} {self.name!r}: the feature axis of the input "
-                             "must be known")
+            raise ShapeError(f"{type(self).__name__} {self.name!r}: the feature axis of the input must be known")
         g = self.gates * self.units
         self.add_weight("kernel", (input_dim, g), "glorot_uniform")
         self.add_weight("recurrent_kernel", (self.units, g), "orthogonal")
@@ -92,9 +91,10 @@ class _RecurrentMath:
         kernel, bias = self.kernel, self._input_bias()
         if table is None:
             return kernel, bias
-        whole_bias = self.bias if self.use_bias else None      # GRU: _input_bias is a view
-        return derived_from((kernel, table, whole_bias), "embedding-fold",
-                            lambda *_: fold_projection(table, kernel, bias)), None
+        whole_bias = self.bias if self.use_bias else None  # GRU: _input_bias is a view
+        return derived_from(
+            (kernel, table, whole_bias), "embedding-fold", lambda *_: fold_projection(table, kernel, bias)
+        ), None
 
     def _run(self, x, states, mask, *, table=None, **kw):
         """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``reference.recurrent``.
@@ -103,8 +103,9 @@ class _RecurrentMath:
         y, *new_states = getattr(self.ops, name)(x, *args, **kw)
         return y, new_states
 
-    def _sequence_call(self, states, mask, table=None, *, reverse=False, return_sequences=True,
-                       zero_masked=False, y0=None):
+    def _sequence_call(
+        self, states, mask, table=None, *, reverse=False, return_sequences=True, zero_masked=False, y0=None
+    ):
         """(backend method name, its arguments after the input, its keyword arguments) of
         the sequence call ``_run`` makes: ``ops.<name>(x, *args, **kw)`` gives (y, *states)."""
         raise NotImplementedError
@@ -113,8 +114,11 @@ class _RecurrentMath:
 class _SimpleRNNMath(_RecurrentMath):
     def _sequence_call(self, states, mask, table=None, **kw):
         w_ih, b = self._input_weights(table)
-        return "rnn_sequence", (w_ih, self.recurrent_kernel, b, states[0]), \
-            dict(activation=self.activation, mask_bt=mask, **kw)
+        return (
+            "rnn_sequence",
+            (w_ih, self.recurrent_kernel, b, states[0]),
+            dict(activation=self.activation, mask_bt=mask, **kw),
+        )
 
 
 class _LSTMMath(_RecurrentMath):
@@ -124,13 +128,15 @@ class _LSTMMath(_RecurrentMath):
     def _add_bias(self):
         bias = self.add_weight("bias", (4 * self.units,), "zeros")
         if getattr(self, "unit_forget_bias", False) and "bias_initializer" not in self._initializers:
-            bias[self.units:2 * self.units] = 1.0
+            bias[self.units : 2 * self.units] = 1.0
 
     def _sequence_call(self, states, mask, table=None, **kw):
         w_ig, b_g = self._input_weights(table)
-        return "lstm_sequence", (w_ig, self.recurrent_kernel, b_g, states[0], states[1]), \
-            dict(activation=self.activation, recurrent_activation=self.recurrent_activation,
-                 mask_bt=mask, **kw)
+        return (
+            "lstm_sequence",
+            (w_ig, self.recurrent_kernel, b_g, states[0], states[1]),
+            dict(activation=self.activation, recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw),
+        )
 
 
 class _GRUMath(_RecurrentMath):
@@ -148,9 +154,17 @@ class _GRUMath(_RecurrentMath):
     def _sequence_call(self, states, mask, table=None, **kw):
         w_ig, b_ig = self._input_weights(table)
         b_hg = self.bias[1] if self.use_bias and self.reset_after else None
-        return "gru_sequence", (w_ig, self.recurrent_kernel, b_ig, b_hg, states[0]), \
-            dict(reset_after=self.reset_after, activation=self.activation,
-                 recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw)
+        return (
+            "gru_sequence",
+            (w_ig, self.recurrent_kernel, b_ig, b_hg, states[0]),
+            dict(
+                reset_after=self.reset_after,
+                activation=self.activation,
+                recurrent_activation=self.recurrent_activation,
+                mask_bt=mask,
+                **kw,
+            ),
+        )
 
 
 # ------------------------------------------------------------------------------ implicit masks
@@ -183,8 +197,12 @@ def implicit_mask(tensor: SymbolicTensor):
         if known is not None:
             return known
         layer = tensor.node.layer
-        if isinstance(layer, Embedding) and layer.mask_zero and \
-                isinstance(tensor.node.args, SymbolicTensor) and len(tensor.node.args.shape) == 2:
+        if (
+            isinstance(layer, Embedding)
+            and layer.mask_zero
+            and isinstance(tensor.node.args, SymbolicTensor)
+            and len(tensor.node.args.shape) == 2
+        ):
             ids = tensor.node.args
             mask = ids.padding_mask
             if mask is None:  # one PaddingMask per ids tensor, shared by its consumers
@@ -202,8 +220,15 @@ def implicit_mask(tensor: SymbolicTensor):
 class _RNNLayer(Layer):
     """Shared call, shape, state and streaming logic of SimpleRNN, LSTM and GRU."""
 
-    _common_keys = ("units", "activation", "use_bias", "return_sequences", "return_state",
-                    "go_backwards", "zero_output_for_mask")
+    _common_keys = (
+        "units",
+        "activation",
+        "use_bias",
+        "return_sequences",
+        "return_state",
+        "go_backwards",
+        "zero_output_for_mask",
+    )
     plain_call_validated = True
     # given by the cell type's math (``_RecurrentMath``), the other base of every concrete layer
     units: int
@@ -211,12 +236,13 @@ class _RNNLayer(Layer):
     state_names: tuple[str, ...]
     _run: Callable[..., tuple[np.ndarray, list[np.ndarray]]]
 
-    def _init_layer(self, return_sequences, return_state, go_backwards, stateful,
-                    zero_output_for_mask):
+    def _init_layer(self, return_sequences, return_state, go_backwards, stateful, zero_output_for_mask):
         if stateful:
-            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: stateful=True is not "
-                                   "supported; use the explicit streaming API "
-                                   "(layer.get_stream_state / layer.stream)")
+            raise UnsupportedError(
+                f"{type(self).__name__} {self.name!r}: stateful=True is not "
+                "supported; use the explicit streaming API "
+                "(layer.get_stream_state / layer.stream)"
+            )
         self.return_sequences = bool(return_sequences)
         self.return_state = bool(return_state)
         self.go_backwards = bool(go_backwards)
@@ -228,14 +254,16 @@ class _RNNLayer(Layer):
         if set(kwargs) == {"n_states", "has_mask"}:  # a recorded call replayed (native format)
             return Layer.__call__(self, inputs, **kwargs)
         if kwargs:
-            raise TypeError(f"{type(self).__name__} {self.name!r}: unexpected call argument(s) "
-                            f"{sorted(kwargs)}")
+            raise TypeError(f"{type(self).__name__} {self.name!r}: unexpected call argument(s) {sorted(kwargs)}")
         if isinstance(inputs, (list, tuple)) and len(inputs) > 1 and initial_state is None:
             inputs, initial_state = inputs[0], list(inputs[1:])  # Keras: layer([x, h0, c0])
         elif isinstance(inputs, (list, tuple)) and len(inputs) == 1:
             inputs = inputs[0]
-        states = [] if initial_state is None else (
-            list(initial_state) if isinstance(initial_state, (list, tuple)) else [initial_state])
+        states = (
+            []
+            if initial_state is None
+            else (list(initial_state) if isinstance(initial_state, (list, tuple)) else [initial_state])
+        )
         if mask is None and isinstance(inputs, SymbolicTensor):
             mask = implicit_mask(inputs)
         if not states and mask is None:
@@ -285,15 +313,17 @@ class _RNNLayer(Layer):
         else:
             x, rest = inputs, []
         if len(rest) != n_states + int(has_mask):
-            raise ShapeError(f"{where}: expected {n_states} initial state(s)"
-                             f"{' and a mask' if has_mask else ''}, got {len(rest)} extra input(s)")
+            raise ShapeError(
+                f"{where}: expected {n_states} initial state(s)"
+                f"{' and a mask' if has_mask else ''}, got {len(rest)} extra input(s)"
+            )
         table = None
         if embedding is not None:
             ids = embedding._prepare_inputs(x)
             embedding._check_spec((None, *ids.shape[1:]))
             if ids.ndim == 2:
                 x, table = ids, embedding.embeddings
-            else:   # not a (batch, time) sequence of ids: look them up (and fail as unfolded)
+            else:  # not a (batch, time) sequence of ids: look them up (and fail as unfolded)
                 x = embedding.call(ids)
         if table is None:
             x = self._float_input(x, where)
@@ -311,20 +341,22 @@ class _RNNLayer(Layer):
         if not self.ops.is_device_array(mask):
             mask = np.asarray(mask)
         if tuple(mask.shape) != tuple(bt):
-            raise ShapeError(f"{where}: expected a mask of shape (batch, time) = {tuple(bt)}, "
-                             f"got {tuple(mask.shape)}")
+            raise ShapeError(f"{where}: expected a mask of shape (batch, time) = {tuple(bt)}, got {tuple(mask.shape)}")
         return self.ops.nonzero_mask(mask)
 
     def _check_states(self, states, batch, where):
         if len(states) != len(self.state_size):
-            raise ShapeError(f"{where}: expected {len(self.state_size)} initial state(s) "
-                             f"({', '.join(self.state_names)}), got {len(states)}")
+            raise ShapeError(
+                f"{where}: expected {len(self.state_size)} initial state(s) "
+                f"({', '.join(self.state_names)}), got {len(states)}"
+            )
         out = []
         for name, size, s in zip(self.state_names, self.state_size, states):
             s = self._float_input(s, f"{where} initial state {name!r}")
             if tuple(s.shape) != (batch, size):
-                raise ShapeError(f"{where}: initial state {name!r} expects shape ({batch}, {size}), "
-                                 f"got {tuple(s.shape)}")
+                raise ShapeError(
+                    f"{where}: initial state {name!r} expects shape ({batch}, {size}), got {tuple(s.shape)}"
+                )
             out.append(self.ops.contiguous(s))
         return out
 
@@ -344,13 +376,16 @@ class _RNNLayer(Layer):
 
     def _check_steps(self, x):
         if x.shape[1] == 0:
-            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
-                             f"timesteps (input shape {shape_str(x.shape)})")
+            raise ShapeError(
+                f"layer {self.name!r} ({type(self).__name__}): the sequence has no "
+                f"timesteps (input shape {shape_str(x.shape)})"
+            )
 
     def _direction(self):
         """The sequence call's keyword arguments set by the layer's configuration."""
-        return dict(reverse=self.go_backwards, return_sequences=self.return_sequences,
-                    zero_masked=self.zero_output_for_mask)
+        return dict(
+            reverse=self.go_backwards, return_sequences=self.return_sequences, zero_masked=self.zero_output_for_mask
+        )
 
     def _layer_outputs(self, ops, y, new_states):
         """The layer's outputs from the sequence call's output y and final states."""
@@ -371,6 +406,7 @@ class _RNNLayer(Layer):
         def step(x):
             y, *new_states = run(x)
             return outputs(ops, y, new_states)
+
         return self._while_same(step, tuple(self._weight_names))
 
     # ---------------------------------------------------------------------------- streaming
@@ -383,14 +419,21 @@ class _RNNLayer(Layer):
         (what masked steps repeat).
         """
         if self.go_backwards:
-            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: go_backwards reads the "
-                                   "sequence from its end; it cannot be streamed")
+            raise UnsupportedError(
+                f"{type(self).__name__} {self.name!r}: go_backwards reads the "
+                "sequence from its end; it cannot be streamed"
+            )
         if not self.built:
-            raise ShapeError(f"{type(self).__name__} {self.name!r} is not built yet; call it once "
-                             "or put it in a model with a known input shape first")
+            raise ShapeError(
+                f"{type(self).__name__} {self.name!r} is not built yet; call it once "
+                "or put it in a model with a known input shape first"
+            )
         where = f"layer {self.name!r} ({type(self).__name__})"
-        states = self._check_states(list(initial_state), batch_size, where) \
-            if initial_state is not None else self._zero_states(batch_size)
+        states = (
+            self._check_states(list(initial_state), batch_size, where)
+            if initial_state is not None
+            else self._zero_states(batch_size)
+        )
         arrays = dict(zip(self.state_names, states))
         arrays["y"] = np.zeros((batch_size, self.units), np.float32)
         return StreamState(arrays, self.name)
@@ -428,9 +471,14 @@ class _RNNLayer(Layer):
             mask = self._check_mask(mask, x.shape[:2], where)
         if x.shape[1] == 0:
             return np.zeros((x.shape[0], 0, self.units), np.float32)
-        y, new_states = self._run(x, [state[n] for n in self.state_names], mask,
-                                  return_sequences=True, zero_masked=self.zero_output_for_mask,
-                                  y0=state["y"])
+        y, new_states = self._run(
+            x,
+            [state[n] for n in self.state_names],
+            mask,
+            return_sequences=True,
+            zero_masked=self.zero_output_for_mask,
+            y0=state["y"],
+        )
         for name, value in zip(self.state_names, new_states):
             state[name] = value
         if mask is None:
@@ -438,8 +486,7 @@ class _RNNLayer(Layer):
         else:  # the carried output: the last valid step's output, else unchanged
             valid = mask.any(axis=1)
             last = np.where(mask, np.arange(mask.shape[1]), -1).max(axis=1)
-            state["y"] = np.where(valid[:, None], y[np.arange(y.shape[0]), np.maximum(last, 0)],
-                                  state["y"])
+            state["y"] = np.where(valid[:, None], y[np.arange(y.shape[0]), np.maximum(last, 0)], state["y"])
         state.steps += x.shape[1]
         return y[:, 0] if one_step else y
 
@@ -472,10 +519,21 @@ class SimpleRNN(_SimpleRNNMath, _RNNLayer):
 
     config_keys = _RNNLayer._common_keys
 
-    def __init__(self, units, activation="tanh", use_bias=True, return_sequences=False,
-                 return_state=False, go_backwards=False, stateful=False,
-                 zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0, unroll=False,
-                 **kwargs):
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        use_bias=True,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        zero_output_for_mask=False,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        unroll=False,
+        **kwargs,
+    ):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self._init_math(units, activation, "sigmoid", use_bias)
@@ -511,10 +569,24 @@ class LSTM(_LSTMMath, _RNNLayer):
 
     config_keys = _RNNLayer._common_keys + ("recurrent_activation", "unit_forget_bias")
 
-    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 unit_forget_bias=True, return_sequences=False, return_state=False,
-                 go_backwards=False, stateful=False, zero_output_for_mask=False, dropout=0.0,
-                 recurrent_dropout=0.0, unroll=False, use_cudnn="auto", **kwargs):
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        unit_forget_bias=True,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        zero_output_for_mask=False,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        unroll=False,
+        use_cudnn="auto",
+        **kwargs,
+    ):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self.unit_forget_bias = bool(unit_forget_bias)
@@ -547,10 +619,24 @@ class GRU(_GRUMath, _RNNLayer):
 
     config_keys = _RNNLayer._common_keys + ("recurrent_activation", "reset_after")
 
-    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 return_sequences=False, return_state=False, go_backwards=False, stateful=False,
-                 reset_after=True, zero_output_for_mask=False, dropout=0.0, recurrent_dropout=0.0,
-                 unroll=False, use_cudnn="auto", **kwargs):
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        reset_after=True,
+        zero_output_for_mask=False,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        unroll=False,
+        use_cudnn="auto",
+        **kwargs,
+    ):
         _pop_ignored(kwargs)
         super().__init__(**kwargs)
         self.reset_after = bool(reset_after)
@@ -583,8 +669,9 @@ class _Cell(Layer):
         if states is None:
             raise TypeError(f"{type(self).__name__} {self.name!r}: call it as cell(x, states)")
         if isinstance(inputs, SymbolicTensor):
-            raise UnsupportedError(f"{type(self).__name__} {self.name!r}: cells run on arrays; "
-                                   "in a graph use SimpleRNN, LSTM or GRU")
+            raise UnsupportedError(
+                f"{type(self).__name__} {self.name!r}: cells run on arrays; in a graph use SimpleRNN, LSTM or GRU"
+            )
         return super().__call__(inputs, states)
 
     def call(self, x, states):
@@ -606,8 +693,7 @@ class SimpleRNNCell(_SimpleRNNMath, _Cell):
 
     config_keys = _Cell._cell_keys
 
-    def __init__(self, units, activation="tanh", use_bias=True, dropout=0.0, recurrent_dropout=0.0,
-                 **kwargs):
+    def __init__(self, units, activation="tanh", use_bias=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self._init_math(units, activation, "sigmoid", use_bias)
 
@@ -622,8 +708,17 @@ class LSTMCell(_LSTMMath, _Cell):
 
     config_keys = _Cell._cell_keys + ("recurrent_activation", "unit_forget_bias")
 
-    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 unit_forget_bias=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        unit_forget_bias=True,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.unit_forget_bias = bool(unit_forget_bias)
         self._init_math(units, activation, recurrent_activation, use_bias)
@@ -639,8 +734,17 @@ class GRUCell(_GRUMath, _Cell):
 
     config_keys = _Cell._cell_keys + ("recurrent_activation", "reset_after")
 
-    def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                 reset_after=True, dropout=0.0, recurrent_dropout=0.0, **kwargs):
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        reset_after=True,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.reset_after = bool(reset_after)
         self._init_math(units, activation, recurrent_activation, use_bias)
@@ -683,17 +787,16 @@ class Bidirectional(Layer):
 
     def __init__(self, layer, merge_mode="concat", backward_layer=None, weights=None, **kwargs):
         if not isinstance(layer, _RNNLayer):
-            raise UnsupportedError(f"Bidirectional wraps SimpleRNN, LSTM or GRU, got "
-                                   f"{type(layer).__name__}")
+            raise UnsupportedError(f"Bidirectional wraps SimpleRNN, LSTM or GRU, got {type(layer).__name__}")
         if merge_mode not in _MERGE_MODES:
-            raise ValueError(f"Bidirectional: merge_mode must be one of {_MERGE_MODES}, got "
-                             f"{merge_mode!r}")
+            raise ValueError(f"Bidirectional: merge_mode must be one of {_MERGE_MODES}, got {merge_mode!r}")
         super().__init__(**kwargs)
         config = layer.get_config()
         self.forward_layer = type(layer).from_config({**config, "name": f"forward_{layer.name}"})
         if backward_layer is None:
             self.backward_layer = type(layer).from_config(
-                {**config, "name": f"backward_{layer.name}", "go_backwards": not layer.go_backwards})
+                {**config, "name": f"backward_{layer.name}", "go_backwards": not layer.go_backwards}
+            )
         else:
             if not isinstance(backward_layer, _RNNLayer):
                 raise UnsupportedError("Bidirectional: backward_layer must be SimpleRNN, LSTM or GRU")
@@ -704,8 +807,11 @@ class Bidirectional(Layer):
         self.return_sequences = self.forward_layer.return_sequences
         self.return_state = self.forward_layer.return_state
         self._layer_config = {"class_name": type(layer).__name__, "config": config}
-        self._backward_config = None if backward_layer is None else {
-            "class_name": type(backward_layer).__name__, "config": backward_layer.get_config()}
+        self._backward_config = (
+            None
+            if backward_layer is None
+            else {"class_name": type(backward_layer).__name__, "config": backward_layer.get_config()}
+        )
         self.input_spec = InputSpec(ndim=3)
         if weights is not None:
             raise UnsupportedError("Bidirectional(weights=...) is not supported; use set_weights")
@@ -715,22 +821,23 @@ class Bidirectional(Layer):
         for prefix in ("forward_", "backward_"):
             if name.startswith(prefix) and name != prefix + "layer":
                 sub = self.__dict__.get(prefix + "layer")
-                if sub is not None and name[len(prefix):] in sub.__dict__.get("_weight_names", ()):
-                    return getattr(sub, name[len(prefix):])
+                if sub is not None and name[len(prefix) :] in sub.__dict__.get("_weight_names", ()):
+                    return getattr(sub, name[len(prefix) :])
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name, value):
         for prefix in ("forward_", "backward_"):
             sub = self.__dict__.get(prefix + "layer")
-            if name.startswith(prefix) and sub is not None and name[len(prefix):] in sub._weight_names:
-                setattr(sub, name[len(prefix):], value)
+            if name.startswith(prefix) and sub is not None and name[len(prefix) :] in sub._weight_names:
+                setattr(sub, name[len(prefix) :], value)
                 return
         object.__setattr__(self, name, value)
 
     @property
     def weight_names(self):
-        return [f"forward_{n}" for n in self.forward_layer.weight_names] + \
-            [f"backward_{n}" for n in self.backward_layer.weight_names]
+        return [f"forward_{n}" for n in self.forward_layer.weight_names] + [
+            f"backward_{n}" for n in self.backward_layer.weight_names
+        ]
 
     @property
     def weights(self):
@@ -742,12 +849,13 @@ class Bidirectional(Layer):
     def set_weights(self, weights):
         weights = list(weights)
         if not self.built:
-            raise ShapeError(f"layer {self.name!r} (Bidirectional) is not built yet; call it once "
-                             "first")
+            raise ShapeError(f"layer {self.name!r} (Bidirectional) is not built yet; call it once first")
         n = len(self.forward_layer.weights)
         if len(weights) != n + len(self.backward_layer.weights):
-            raise ShapeError(f"layer {self.name!r} (Bidirectional) expects "
-                             f"{n + len(self.backward_layer.weights)} weights, got {len(weights)}")
+            raise ShapeError(
+                f"layer {self.name!r} (Bidirectional) expects "
+                f"{n + len(self.backward_layer.weights)} weights, got {len(weights)}"
+            )
         self.forward_layer.set_weights(weights[:n])
         self.backward_layer.set_weights(weights[n:])
 
@@ -819,8 +927,9 @@ class Bidirectional(Layer):
 
     @property
     def state_names(self):
-        return tuple(f"forward_{n}" for n in self.forward_layer.state_names) + \
-            tuple(f"backward_{n}" for n in self.backward_layer.state_names)
+        return tuple(f"forward_{n}" for n in self.forward_layer.state_names) + tuple(
+            f"backward_{n}" for n in self.backward_layer.state_names
+        )
 
     def _check_states(self, states, batch, where):
         return _RNNLayer._check_states(self, states, batch, where)
@@ -836,7 +945,8 @@ class Bidirectional(Layer):
         for sub, init in zip(subs, inits):
             sub._check_steps(x)
             name, args, kw = sub._sequence_call(
-                sub._zero_states(x.shape[0]) if init is None else init, mask, **sub._direction())
+                sub._zero_states(x.shape[0]) if init is None else init, mask, **sub._direction()
+            )
             calls.append((name, (x, *args), kw))
         return self._merge(self.ops, self.ops.recurrent_sequences(calls))
 
@@ -844,22 +954,27 @@ class Bidirectional(Layer):
         # the plain call on float sequences with timesteps, as _RNNLayer.bind
         if type(x) is not np.ndarray or x.ndim != 3 or x.shape[1] == 0:
             return None
-        calls = [sub._sequence_call([ops.zeros((x.shape[0], size)) for size in sub.state_size],
-                                    None, **sub._direction())
-                 for sub in (self.forward_layer, self.backward_layer)]
+        calls = [
+            sub._sequence_call([ops.zeros((x.shape[0], size)) for size in sub.state_size], None, **sub._direction())
+            for sub in (self.forward_layer, self.backward_layer)
+        ]
         run, merge = ops.sequences_plan(x, calls), self._merge
 
         def step(x):
             return merge(ops, run(x))
+
         subs = (self.forward_layer, self.backward_layer)
-        return self._while_same(step, ("forward_layer", "backward_layer", *(
-            (sub, name) for sub in subs for name in sub.weight_names)))
+        return self._while_same(
+            step, ("forward_layer", "backward_layer", *((sub, name) for sub in subs for name in sub.weight_names))
+        )
 
     def _merge(self, ops, results):
         """The layer's outputs from the results (y, *states) of its two directions' sequence
         calls."""
-        out_f, out_b = (sub._layer_outputs(ops, y, states) for sub, (y, *states) in
-                        zip((self.forward_layer, self.backward_layer), results))
+        out_f, out_b = (
+            sub._layer_outputs(ops, y, states)
+            for sub, (y, *states) in zip((self.forward_layer, self.backward_layer), results)
+        )
         states = []
         if self.return_state:
             out_f, states_f = out_f[0], out_f[1:]
@@ -889,6 +1004,8 @@ def _wrapped_from_config(entry):
     cls = _WRAPPABLE.get(entry.get("class_name")) if isinstance(entry, dict) else None
     if cls is None or not isinstance(entry.get("config"), dict):
         found = entry.get("class_name") if isinstance(entry, dict) else type(entry).__name__
-        raise UnsupportedError(f"Bidirectional config: the wrapped layer must be a SimpleRNN, LSTM "
-                               f"or GRU entry {{'class_name': ..., 'config': {{...}}}}, found {found!r}")
+        raise UnsupportedError(
+            f"Bidirectional config: the wrapped layer must be a SimpleRNN, LSTM "
+            f"or GRU entry {{'class_name': ..., 'config': {{...}}}}, found {found!r}"
+        )
     return cls.from_config(dict(entry["config"]))

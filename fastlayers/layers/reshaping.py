@@ -31,8 +31,10 @@ class _Spatial(Layer):
         super().__init__(**kwargs)
         self.data_format = data_format or "channels_last"
         if self.data_format not in ("channels_last", "channels_first"):
-            raise ValueError(f"{type(self).__name__} {self.name!r}: data_format must be "
-                             f"channels_last or channels_first, got {data_format!r}")
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: data_format must be "
+                f"channels_last or channels_first, got {data_format!r}"
+            )
         self._amount = _pairs(amount, self._rank, f"{type(self).__name__} {self.name!r}")
         self.input_spec = InputSpec(ndim=self._rank + 2)
 
@@ -72,8 +74,10 @@ class _Cropping(_Spatial):
         for axis, (a, b) in zip(self._spatial_axes(), self._amount):
             if out[axis] is not None:
                 if a + b >= out[axis]:
-                    raise ShapeError(f"{type(self).__name__} {self.name!r}: cropping {(a, b)} leaves "
-                                     f"nothing of axis {axis} in shape {shape_str(input_shape)}")
+                    raise ShapeError(
+                        f"{type(self).__name__} {self.name!r}: cropping {(a, b)} leaves "
+                        f"nothing of axis {axis} in shape {shape_str(input_shape)}"
+                    )
                 out[axis] -= a + b
         return tuple(out)
 

@@ -50,12 +50,12 @@ class StreamState:
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         if name not in self._arrays:
-            raise KeyError(f"stream state of {self.owner!r} has no array {name!r}; "
-                           f"it holds {sorted(self._arrays)}")
+            raise KeyError(f"stream state of {self.owner!r} has no array {name!r}; it holds {sorted(self._arrays)}")
         value = np.asarray(value, np.float32)
         if value.shape != self._arrays[name].shape:
-            raise ShapeError(f"stream state of {self.owner!r}: {name!r} expects shape "
-                             f"{self._arrays[name].shape}, got {value.shape}")
+            raise ShapeError(
+                f"stream state of {self.owner!r}: {name!r} expects shape {self._arrays[name].shape}, got {value.shape}"
+            )
         self._arrays[name] = np.ascontiguousarray(value)
 
     def copy(self) -> StreamState:
@@ -72,8 +72,7 @@ class StreamState:
 
     def check_batch(self, batch: int, where: str) -> None:
         if batch != self.batch_size:
-            raise ShapeError(f"{where}: the stream state holds batch {self.batch_size}, got an "
-                             f"input of batch {batch}")
+            raise ShapeError(f"{where}: the stream state holds batch {self.batch_size}, got an input of batch {batch}")
 
     def __repr__(self):
         shapes = ", ".join(f"{k}={v.shape}" for k, v in self._arrays.items())

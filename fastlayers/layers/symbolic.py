@@ -56,8 +56,9 @@ def call_symbolic(layer, inputs, args, kwargs):
     shape = [t.shape for t in inputs] if isinstance(inputs, list) else inputs.shape
     layer._ensure_built(shape)
     layer._check_spec(shape)
-    out_shape = layer.compute_output_shape(shape, *args, **kwargs) if (args or kwargs) \
-        else layer.compute_output_shape(shape)
+    out_shape = (
+        layer.compute_output_shape(shape, *args, **kwargs) if (args or kwargs) else layer.compute_output_shape(shape)
+    )
     node = Node(layer, inputs, args, kwargs)
     multi = isinstance(out_shape, list)
     shapes = out_shape if multi else [out_shape]

@@ -34,8 +34,13 @@ def fold_embeddings(nodes, plan, outputs) -> list:
     plan = list(plan)
     for i, node in enumerate(nodes):
         emb = node.layer
-        if type(emb) is not Embedding or node.extra_args or node.kwargs or \
-                not isinstance(node.args, SymbolicTensor) or len(node.args.shape) != 2:
+        if (
+            type(emb) is not Embedding
+            or node.extra_args
+            or node.kwargs
+            or not isinstance(node.args, SymbolicTensor)
+            or len(node.args.shape) != 2
+        ):
             continue
         out = node.outputs[0]
         if id(out) in output_ids or len(readers.get(id(out), ())) != 1:
@@ -44,8 +49,12 @@ def fold_embeddings(nodes, plan, outputs) -> list:
         rnn_node = nodes[j]
         rnn = rnn_node.layer
         first = rnn_node.args[0] if isinstance(rnn_node.args, list) else rnn_node.args
-        if not isinstance(rnn, _RNNLayer) or rnn_node.extra_args or first is not out or \
-                emb.input_dim * rnn.gates * rnn.units * 4 > FOLD_MAX_BYTES:
+        if (
+            not isinstance(rnn, _RNNLayer)
+            or rnn_node.extra_args
+            or first is not out
+            or emb.input_dim * rnn.gates * rnn.units * 4 > FOLD_MAX_BYTES
+        ):
             continue
         _, emb_keys, emb_out = plan[i]
         _, rnn_keys, rnn_out = plan[j]
@@ -62,4 +71,5 @@ def _pass_ids(ids):
 def _folded_step(rnn, emb, kwargs):
     def step(args):
         return rnn._numeric_call(args, (), kwargs, embedding=emb)
+
     return step

@@ -39,8 +39,9 @@ def Input(shape=None, batch_size=None, name=None, dtype=None, batch_shape=None, 
     name : str, optional
         The input's name, used to pass inputs as a dict.
     """
-    return InputLayer(shape=shape, batch_size=batch_size, name=name, dtype=dtype,
-                      batch_shape=batch_shape, **kwargs).output
+    return InputLayer(
+        shape=shape, batch_size=batch_size, name=name, dtype=dtype, batch_shape=batch_shape, **kwargs
+    ).output
 
 
 #: Input layouts a model keeps bound steps for (``Model._run_bound``).
@@ -70,7 +71,6 @@ def _flatten(x) -> list:
     if isinstance(x, dict):
         return list(x.values())
     return list(x) if isinstance(x, (list, tuple)) else [x]
-
 
 
 class GraphSpec(NamedTuple):
@@ -117,16 +117,20 @@ class Model(Layer):
 
     def _init_graph(self, inputs, outputs) -> None:
         if isinstance(outputs, dict):
-            raise UnsupportedError(f"model {self.name!r}: outputs given as a dict are not "
-                                   "supported; give a list (the call returns them in its order)")
+            raise UnsupportedError(
+                f"model {self.name!r}: outputs given as a dict are not "
+                "supported; give a list (the call returns them in its order)"
+            )
         self._single_input = not isinstance(inputs, (list, tuple, dict))
         self._single_output = not isinstance(outputs, (list, tuple))
         self.inputs = _flatten(inputs)
         self.outputs = _flatten(outputs)
         for t in self.inputs + self.outputs:
             if not isinstance(t, SymbolicTensor):
-                raise TypeError(f"model {self.name!r}: inputs and outputs must be tensors from "
-                                f"fastlayers.Input and layer calls, got {type(t).__name__}")
+                raise TypeError(
+                    f"model {self.name!r}: inputs and outputs must be tensors from "
+                    f"fastlayers.Input and layer calls, got {type(t).__name__}"
+                )
         for t in self.inputs:
             if not isinstance(t.node.layer, InputLayer):
                 raise ValueError(f"model {self.name!r}: every input must come from fastlayers.Input")
@@ -158,8 +162,10 @@ class Model(Layer):
             if state.get(id(node)):
                 continue
             if isinstance(node.layer, InputLayer) and id(node) not in input_nodes:
-                raise ValueError(f"model {self.name!r}: output depends on input "
-                                 f"{node.layer.name!r}, which is not among the model's inputs")
+                raise ValueError(
+                    f"model {self.name!r}: output depends on input "
+                    f"{node.layer.name!r}, which is not among the model's inputs"
+                )
             state[id(node)] = 1
             stack.append((node, True))
             stack.extend((p.node, False) for p in reversed(node.parents) if not state.get(id(p.node)))
@@ -191,18 +197,24 @@ class Model(Layer):
         """
         layer, extra, kwargs = node.layer, node.extra_args, node.kwargs
         floats = type(layer)._prepare_inputs is Layer._prepare_inputs or (
-            layer.plain_call_validated and not extra and not kwargs and
-            isinstance(node.args, SymbolicTensor) and
-            not getattr(node.args.node.layer, "keep_dtype", False))
+            layer.plain_call_validated
+            and not extra
+            and not kwargs
+            and isinstance(node.args, SymbolicTensor)
+            and not getattr(node.args.node.layer, "keep_dtype", False)
+        )
         static = floats and all(d is not None for t in node.parents for d in t.shape[1:])
         if static and not extra and not kwargs:
             fn = layer.call
         elif static:
+
             def fn(args):
                 return layer.call(args, *extra, **kwargs)
         else:
+
             def fn(args):
                 return layer._numeric_call(args, extra, kwargs)
+
         keys = [id(t) for t in node.args] if isinstance(node.args, list) else id(node.args)
         return fn, keys, [id(t) for t in node.outputs]
 
@@ -303,8 +315,10 @@ class Model(Layer):
 
     def _graph_tensors(self, which: str, what: str) -> list[SymbolicTensor]:
         if not self.built or which not in self.__dict__:  # an unbuilt Sequential: AttributeError, as Keras
-            raise AttributeError(f"{type(self).__name__} model {self.name!r} has no defined {what} "
-                                 "yet: start it with fastlayers.Input(shape) or call it once")
+            raise AttributeError(
+                f"{type(self).__name__} model {self.name!r} has no defined {what} "
+                "yet: start it with fastlayers.Input(shape) or call it once"
+            )
         return self.__dict__[which]
 
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
@@ -314,8 +328,7 @@ class Model(Layer):
         for layer in self.layers:
             if layer.name == name:
                 return layer
-        raise ValueError(f"model {self.name!r} has no layer {name!r}; layers: "
-                         f"{[layer.name for layer in self.layers]}")
+        raise ValueError(f"model {self.name!r} has no layer {name!r}; layers: {[layer.name for layer in self.layers]}")
 
     @property
     def weights(self):
@@ -335,7 +348,7 @@ class Model(Layer):
         for layer in self.layers:
             n = len(layer.weights)
             if n:
-                layer.set_weights(weights[i:i + n])
+                layer.set_weights(weights[i : i + n])
             i += n
 
     def count_params(self) -> int:
@@ -349,10 +362,11 @@ class Model(Layer):
         shapes = shape if isinstance(shape, list) else [shape]
         for t, s in zip(self.inputs, shapes):
             want = t.shape
-            if len(s) != len(want) or any(w is not None and d is not None and w != d
-                                          for w, d in zip(want[1:], s[1:])):
-                raise ShapeError(f"model {self.name!r} input {t.node.layer.name!r}: expected shape "
-                                 f"{shape_str(want)}, got {shape_str(s)}")
+            if len(s) != len(want) or any(w is not None and d is not None and w != d for w, d in zip(want[1:], s[1:])):
+                raise ShapeError(
+                    f"model {self.name!r} input {t.node.layer.name!r}: expected shape "
+                    f"{shape_str(want)}, got {shape_str(s)}"
+                )
 
     # ------------------------------------------------------------------------------ running
     def _numeric_call(self, inputs, args=(), kwargs=None):
@@ -385,8 +399,10 @@ class Model(Layer):
             t.node.layer.check(a)
             out.append(a)
         if len({a.shape[0] for a in out}) > 1:
-            raise ShapeError(f"model {self.name!r}: inputs must share the batch size, got "
-                             f"{[a.shape[0] for a in out]} for {self.input_names}")
+            raise ShapeError(
+                f"model {self.name!r}: inputs must share the batch size, got "
+                f"{[a.shape[0] for a in out]} for {self.input_names}"
+            )
         return out if n > 1 else out[0]
 
     def __call__(self, *inputs, **kwargs):
@@ -488,8 +504,7 @@ class Model(Layer):
         """
         if not self.built or not warm_up_in_proportion(self):
             return False
-        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]),
-                       self.input_specs())
+        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]), self.input_specs())
 
     def input_specs(self) -> list[tuple]:
         """(batch shape with None for free sizes, dtype) of each input, in ``inputs`` order."""
@@ -502,10 +517,12 @@ class Model(Layer):
         rectangular numeric arrays (ragged nested lists) raise ``ShapeError``. Floating-point
         overflow and invalid operations (inf or NaN in the inputs or weights) give inf and NaN
         in the outputs without numpy warnings."""
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-                batch_size, numbers.Integral) or batch_size < 1):
-            raise InputError(f"model {self.name!r}: predict expects batch_size None or a positive "
-                             f"integer, got {batch_size!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1
+        ):
+            raise InputError(
+                f"model {self.name!r}: predict expects batch_size None or a positive integer, got {batch_size!r}"
+            )
         with np.errstate(all="ignore"):
             arrays = self._prepare_inputs(x if not isinstance(x, tuple) else list(x))
             arrays = arrays if isinstance(arrays, list) else [arrays]
@@ -515,7 +532,7 @@ class Model(Layer):
             batch_size = int(batch_size)
             parts = []
             for start in range(0, total, batch_size):
-                chunk = [a[start:start + batch_size] for a in arrays]
+                chunk = [a[start : start + batch_size] for a in arrays]
                 parts.append(self(chunk if len(chunk) > 1 else chunk[0]))
             if self._single_output:
                 return np.concatenate(parts)
@@ -624,8 +641,7 @@ def _name_tensors(nodes) -> None:
         calls[id(node.layer)] = k + 1
         for i, t in enumerate(node.outputs):
             if getattr(t, "name", None) is None:
-                t.name = node.layer.name + (f"/call_{k}" if k else "") + \
-                    (f":{i}" if len(node.outputs) > 1 else "")
+                t.name = node.layer.name + (f"/call_{k}" if k else "") + (f":{i}" if len(node.outputs) > 1 else "")
 
 
 def model_from_json(json_string) -> Model:
@@ -661,8 +677,7 @@ def model_from_json(json_string) -> Model:
     >>> clone.set_weights(model.get_weights())
     """
     if not isinstance(json_string, (str, bytes, bytearray)):
-        raise TypeError(f"model_from_json expects the JSON string of Model.to_json(), got "
-                        f"{type(json_string).__name__}")
+        raise TypeError(f"model_from_json expects the JSON string of Model.to_json(), got {type(json_string).__name__}")
     try:
         header = json.loads(json_string)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError included
@@ -761,8 +776,10 @@ class Sequential(Model):
 
     def _require_built(self, what: str) -> None:
         if not self.built:
-            raise ValueError(f"Sequential {self.name!r} is not built: {what} needs the input shape; "
-                             "start it with fastlayers.Input(shape) or call it once")
+            raise ValueError(
+                f"Sequential {self.name!r} is not built: {what} needs the input shape; "
+                "start it with fastlayers.Input(shape) or call it once"
+            )
 
     def summary(self, print_fn=None, line_length: int = 98) -> None:
         self._require_built("summary()")

@@ -32,13 +32,15 @@ def model_summary(model, functional: bool, line_length: int = 98) -> str:
             continue
         shapes = [shape_str(t.shape) for t in node.outputs]
         out = shapes[0] if len(shapes) == 1 else "[" + ", ".join(shapes) + "]"
-        fields = [f"{layer.name} ({type(layer).__name__})", out,
-                  "0 (shared)" if id(layer) in seen else f"{layer.count_params():,}"]
+        fields = [
+            f"{layer.name} ({type(layer).__name__})",
+            out,
+            "0 (shared)" if id(layer) in seen else f"{layer.count_params():,}",
+        ]
         seen.add(id(layer))
         if functional:
             fields.append(", ".join(f"{p.node.layer.name}[{p.index}]" for p in node.parents) or "-")
         lines.append(row(fields))
     total = model.count_params()
-    lines += ["=" * line_length, f"Total params: {total:,} ({total * 4 / 1024:.2f} KB)",
-              "=" * line_length]
+    lines += ["=" * line_length, f"Total params: {total:,} ({total * 4 / 1024:.2f} KB)", "=" * line_length]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ def weight_io(module: Module, name: str) -> np.ndarray:
 
 def _xavier(rng, shape):
     bound = math.sqrt(6.0 / (shape[0] + shape[1]))
-    a = rng.random(shape, dtype=np.float32)   # float32 from the start, in place
+    a = rng.random(shape, dtype=np.float32)  # float32 from the start, in place
     a *= np.float32(2 * bound)
     a -= np.float32(bound)
     return a
@@ -83,16 +83,27 @@ class MultiheadAttention(Module):
     bias_k: np.ndarray | None
     bias_v: np.ndarray | None
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
-                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
-            raise InputError(f"MultiheadAttention: embed_dim and num_heads must be > 0, got "
-                             f"{embed_dim} and {num_heads}")
+            raise InputError(
+                f"MultiheadAttention: embed_dim and num_heads must be > 0, got {embed_dim} and {num_heads}"
+            )
         if embed_dim % num_heads:
-            raise InputError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by "
-                             f"num_heads {num_heads}")
+            raise InputError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.kdim = int(kdim) if kdim is not None else self.embed_dim
         self.vdim = int(vdim) if vdim is not None else self.embed_dim
@@ -120,8 +131,17 @@ class MultiheadAttention(Module):
             self.bias_k = self.bias_v = None
 
     # ------------------------------------------------------------------------- forward
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
-                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights: bool = True,
+        attn_mask=None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ):
         """(attn_output, attn_weights or None), as torch's ``MultiheadAttention.forward``.
 
         ``key_padding_mask`` (N, S) and ``attn_mask`` (L, S) or (N*H, L, S): bool True means
@@ -132,12 +152,16 @@ class MultiheadAttention(Module):
         where = "MultiheadAttention"
         q, k, v = (F._f32(t, where) for t in (query, key, value))
         if is_causal and attn_mask is None:
-            raise InputError("MultiheadAttention: is_causal is a hint that attn_mask is the causal "
-                             "mask; attn_mask must be given (as in torch)")
+            raise InputError(
+                "MultiheadAttention: is_causal is a hint that attn_mask is the causal "
+                "mask; attn_mask must be given (as in torch)"
+            )
         batched = q.ndim == 3
         if q.ndim not in (2, 3) or k.ndim != q.ndim or v.ndim != q.ndim:
-            raise ShapeError(f"{where}: expected query, key, value of rank 3 (or 2, unbatched), got "
-                             f"shapes {q.shape}, {k.shape}, {v.shape}")
+            raise ShapeError(
+                f"{where}: expected query, key, value of rank 3 (or 2, unbatched), got "
+                f"shapes {q.shape}, {k.shape}, {v.shape}"
+            )
         (q, k, v), key_padding_mask = self.batch_first_inputs((q, k, v), key_padding_mask)
         out, w = self._attend(q, k, v, key_padding_mask, attn_mask, need_weights)
         out = self.from_batch_first(out, batched)
@@ -170,14 +194,21 @@ class MultiheadAttention(Module):
         E, H, hd = self.embed_dim, self.num_heads, self.head_dim
         N, L = q_nle.shape[:2]
         S = k_nse.shape[1]
-        if q_nle.shape[2] != E or k_nse.shape[2] != self.kdim or v_nse.shape[2] != self.vdim \
-                or k_nse.shape[0] != N or v_nse.shape[:2] != (N, S):
-            raise ShapeError(f"{where}(embed_dim={E}, kdim={self.kdim}, vdim={self.vdim}): got "
-                             f"query {q_nle.shape}, key {k_nse.shape}, value {v_nse.shape} "
-                             "(batch first)")
+        if (
+            q_nle.shape[2] != E
+            or k_nse.shape[2] != self.kdim
+            or v_nse.shape[2] != self.vdim
+            or k_nse.shape[0] != N
+            or v_nse.shape[:2] != (N, S)
+        ):
+            raise ShapeError(
+                f"{where}(embed_dim={E}, kdim={self.kdim}, vdim={self.vdim}): got "
+                f"query {q_nle.shape}, key {k_nse.shape}, value {v_nse.shape} "
+                "(batch first)"
+            )
         ops = get_ops()
         b = self.in_proj_bias
-        bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
+        bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
         if self._qkv_same_embed_dim:
             w = weight_io(self, "in_proj_weight")  # (E, 3E)
             if q_nle is k_nse and k_nse is v_nse:  # self-attention: one GEMM for q, k and v
@@ -190,8 +221,8 @@ class MultiheadAttention(Module):
                     kv = kv.reshape(N, S, 2, H, hd)
                     k, v = kv[:, :, 0], kv[:, :, 1]
                 else:
-                    k = ops.dense(_rows(k_nse), w[:, E:2 * E], bk).reshape(N, S, H, hd)
-                    v = ops.dense(_rows(v_nse), w[:, 2 * E:], bv).reshape(N, S, H, hd)
+                    k = ops.dense(_rows(k_nse), w[:, E : 2 * E], bk).reshape(N, S, H, hd)
+                    v = ops.dense(_rows(v_nse), w[:, 2 * E :], bv).reshape(N, S, H, hd)
         else:
             q = ops.dense(_rows(q_nle), weight_io(self, "q_proj_weight"), bq).reshape(N, L, H, hd)
             k = ops.dense(_rows(k_nse), weight_io(self, "k_proj_weight"), bk).reshape(N, S, H, hd)
@@ -207,8 +238,9 @@ class MultiheadAttention(Module):
             extra += 1
         bias = self._bias(key_padding_mask, attn_mask, N, L, S, extra)
         q_nhld, k_nhsd, v_nhsd = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        out, w = ops.attention(q_nhld, k_nhsd, v_nhsd, 1.0 / math.sqrt(hd), bias, False, _NAN_ROWS,
-                               need_weights=need_weights)
+        out, w = ops.attention(
+            q_nhld, k_nhsd, v_nhsd, 1.0 / math.sqrt(hd), bias, False, _NAN_ROWS, need_weights=need_weights
+        )
         out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(N * L, E)
         op = self.out_proj
         return ops.dense(out, weight_io(op, "weight"), op.bias).reshape(N, L, E), w
@@ -225,8 +257,7 @@ class MultiheadAttention(Module):
             elif am.shape == (N * H, L, S):
                 am = am.reshape(N, H, L, S)
             else:
-                raise ShapeError(f"{where}: attn_mask must be ({L}, {S}) or ({N * H}, {L}, {S}), got "
-                                 f"{am.shape}")
+                raise ShapeError(f"{where}: attn_mask must be ({L}, {S}) or ({N * H}, {L}, {S}), got {am.shape}")
             bias = am
         if key_padding_mask is not None:
             kp = F._attn_bias(key_padding_mask, where, true_means_attend=False)

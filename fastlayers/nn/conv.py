@@ -30,17 +30,30 @@ class _ConvNd(Module):
     _rank = 2
     _transposed = False
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", output_padding=0, device=None, dtype=None):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        padding_mode="zeros",
+        output_padding=0,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         name = type(self).__name__
         if padding_mode != "zeros":
-            raise UnsupportedError(f"{name}: padding_mode {padding_mode!r} is not supported; only "
-                                   "'zeros'")
+            raise UnsupportedError(f"{name}: padding_mode {padding_mode!r} is not supported; only 'zeros'")
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         if self.groups <= 0 or self.in_channels % self.groups or self.out_channels % self.groups:
-            raise InputError(f"{name}: groups={groups} must divide in_channels ({in_channels}) and "
-                             f"out_channels ({out_channels})")
+            raise InputError(
+                f"{name}: groups={groups} must divide in_channels ({in_channels}) and out_channels ({out_channels})"
+            )
         r = self._rank
         self.kernel_size = FC._tuple(kernel_size, r, f"{name} kernel_size")
         self.stride = FC._tuple(stride, r, f"{name} stride")
@@ -61,8 +74,7 @@ class _ConvNd(Module):
         self.bias = _uniform(bound, (self.out_channels,)) if bias else None
 
     def extra_repr(self):
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}")
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0,) * self._rank:
             s += f", padding={self.padding}"
         if self.dilation != (1,) * self._rank:
@@ -82,10 +94,21 @@ class Conv1d(_ConvNd):
 
     _rank = 1
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                         bias, padding_mode)
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        padding_mode="zeros",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode)
 
     def forward(self, input):
         return FC.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -99,10 +122,21 @@ class Conv2d(_ConvNd):
     ``padding_mode="zeros"`` is supported.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                         bias, padding_mode)
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        padding_mode="zeros",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode)
 
     def forward(self, input):
         return FC.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -116,12 +150,35 @@ class ConvTranspose2d(_ConvNd):
 
     _transposed = True
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
-                 groups=1, bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        output_padding=0,
+        groups=1,
+        bias=True,
+        dilation=1,
+        padding_mode="zeros",
+        device=None,
+        dtype=None,
+    ):
         if isinstance(padding, str):
             raise InputError("ConvTranspose2d: padding must be an int or a pair (as in torch)")
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                         bias, padding_mode, output_padding)
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            output_padding,
+        )
 
     def forward(self, input, output_size=None):
         op = self.output_padding
@@ -129,22 +186,23 @@ class ConvTranspose2d(_ConvNd):
             x = np.asarray(input)
             want = tuple(int(v) for v in list(output_size)[-2:])
             op = []
-            for n, s, p, d, k, w in zip(x.shape[-2:], self.stride, self.padding, self.dilation,
-                                        self.kernel_size, want):
+            for n, s, p, d, k, w in zip(x.shape[-2:], self.stride, self.padding, self.dilation, self.kernel_size, want):
                 smallest = transposed_out(n, k, s, d, (p, p))
                 if not smallest <= w < smallest + max(s, d):
-                    raise InputError(f"ConvTranspose2d: requested output size {want} is not in the "
-                                     f"reachable range starting at {smallest}")
+                    raise InputError(
+                        f"ConvTranspose2d: requested output size {want} is not in the "
+                        f"reachable range starting at {smallest}"
+                    )
                 op.append(w - smallest)
-        return FC.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, tuple(op),
-                                   self.groups, self.dilation)
+        return FC.conv_transpose2d(
+            input, self.weight, self.bias, self.stride, self.padding, tuple(op), self.groups, self.dilation
+        )
 
 
 class _MaxPoolNd(Module):
     _fn = staticmethod(FC.max_pool2d)
 
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False,
-                 ceil_mode=False):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
         if return_indices:
             raise UnsupportedError(f"{type(self).__name__}(return_indices=True) is not supported")
@@ -155,8 +213,10 @@ class _MaxPoolNd(Module):
         return self._fn(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
 
     def extra_repr(self):
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+        )
 
 
 class MaxPool1d(_MaxPoolNd):
@@ -178,24 +238,31 @@ class AvgPool1d(Module):
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def forward(self, input):
-        return FC.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad)
+        return FC.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
 class AvgPool2d(Module):
     """Mean over windows of (N, C, H, W); ``count_include_pad`` counts the zero padding,
     ``divisor_override`` replaces the divisor."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                 divisor_override=None):
+    def __init__(
+        self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+    ):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
         self.divisor_override = divisor_override
 
     def forward(self, input):
-        return FC.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad, self.divisor_override)
+        return FC.avg_pool2d(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+        )
 
 
 def _adaptive_module(name, fn, doc, has_indices):
@@ -215,35 +282,58 @@ def _adaptive_module(name, fn, doc, has_indices):
     def extra_repr(self):
         return f"output_size={self.output_size}"
 
-    return type(name, (Module,), {"__init__": init_with_indices if has_indices else init,
-                                  "forward": forward, "extra_repr": extra_repr, "__doc__": doc})
+    return type(
+        name,
+        (Module,),
+        {
+            "__init__": init_with_indices if has_indices else init,
+            "forward": forward,
+            "extra_repr": extra_repr,
+            "__doc__": doc,
+        },
+    )
 
 
-AdaptiveAvgPool1d = _adaptive_module("AdaptiveAvgPool1d", FC.adaptive_avg_pool1d,
-                                     "Mean over torch's adaptive bins: (N, C, L) -> (N, C, output_size).", False)
-AdaptiveAvgPool2d = _adaptive_module("AdaptiveAvgPool2d", FC.adaptive_avg_pool2d,
-                                     "Mean over torch's adaptive bins: (N, C, H, W) -> (N, C, *output_size).", False)
-AdaptiveMaxPool1d = _adaptive_module("AdaptiveMaxPool1d", FC.adaptive_max_pool1d,
-                                     "Max over torch's adaptive bins: (N, C, L) -> (N, C, output_size).", True)
-AdaptiveMaxPool2d = _adaptive_module("AdaptiveMaxPool2d", FC.adaptive_max_pool2d,
-                                     "Max over torch's adaptive bins: (N, C, H, W) -> (N, C, *output_size).", True)
+AdaptiveAvgPool1d = _adaptive_module(
+    "AdaptiveAvgPool1d",
+    FC.adaptive_avg_pool1d,
+    "Mean over torch's adaptive bins: (N, C, L) -> (N, C, output_size).",
+    False,
+)
+AdaptiveAvgPool2d = _adaptive_module(
+    "AdaptiveAvgPool2d",
+    FC.adaptive_avg_pool2d,
+    "Mean over torch's adaptive bins: (N, C, H, W) -> (N, C, *output_size).",
+    False,
+)
+AdaptiveMaxPool1d = _adaptive_module(
+    "AdaptiveMaxPool1d",
+    FC.adaptive_max_pool1d,
+    "Max over torch's adaptive bins: (N, C, L) -> (N, C, output_size).",
+    True,
+)
+AdaptiveMaxPool2d = _adaptive_module(
+    "AdaptiveMaxPool2d",
+    FC.adaptive_max_pool2d,
+    "Max over torch's adaptive bins: (N, C, H, W) -> (N, C, *output_size).",
+    True,
+)
 
 
 class Upsample(Module):
     """Resize (N, C, H, W) to ``size`` or by ``scale_factor``; mode "nearest" or "bilinear"."""
 
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                 recompute_scale_factor=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         super().__init__()
         if mode not in ("nearest", "bilinear"):
-            raise UnsupportedError(f"Upsample: mode {mode!r} is not supported; expected 'nearest' "
-                                   "or 'bilinear'")
+            raise UnsupportedError(f"Upsample: mode {mode!r} is not supported; expected 'nearest' or 'bilinear'")
         self.size, self.scale_factor, self.mode = size, scale_factor, mode
         self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
 
     def forward(self, input):
-        return FC.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners,
-                              self.recompute_scale_factor)
+        return FC.interpolate(
+            input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+        )
 
 
 class LocalResponseNorm(Module):

@@ -18,6 +18,7 @@ def _f32(x, what: str) -> np.ndarray:
 def _act(name: str, alpha: float = 0.0):
     def fn(input, inplace: bool = False):
         return get_ops().activation(_f32(input, name), name, alpha)
+
     fn.__name__ = name
     fn.__doc__ = f"Elementwise ``{name}`` (``inplace`` is accepted and ignored: outputs are new arrays)."
     return fn
@@ -64,7 +65,7 @@ def softmax(input, dim: int | None = None, dtype=None):
     """Softmax along ``dim``."""
     x = _f32(input, "softmax")
     dim = _dim(dim, x, "softmax")
-    return x.copy() if x.size == 0 else get_ops().softmax(x, dim)   # an empty batch: empty
+    return x.copy() if x.size == 0 else get_ops().softmax(x, dim)  # an empty batch: empty
 
 
 def log_softmax(input, dim: int | None = None, dtype=None):
@@ -86,8 +87,10 @@ def linear(input, weight, bias=None):
     """y = x W^T + b with W (out_features, in_features), as torch."""
     x = _f32(input, "linear")
     if x.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"nn.functional.linear: input has {x.shape[-1]} features, weight expects "
-                         f"{weight.shape[1]} (weight shape {weight.shape}, input shape {x.shape})")
+        raise ShapeError(
+            f"nn.functional.linear: input has {x.shape[-1]} features, weight expects "
+            f"{weight.shape[1]} (weight shape {weight.shape}, input shape {x.shape})"
+        )
     return get_ops().dense(x, weight.T, bias)
 
 
@@ -95,15 +98,24 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     """Normalize over the trailing ``normalized_shape`` axes, then scale and shift."""
     x = _f32(input, "layer_norm")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if x.shape[x.ndim - len(shape):] != shape:
-        raise ShapeError(f"nn.functional.layer_norm: input of shape {x.shape} does not end with the "
-                         f"normalized shape {shape}")
+    if x.shape[x.ndim - len(shape) :] != shape:
+        raise ShapeError(
+            f"nn.functional.layer_norm: input of shape {x.shape} does not end with the normalized shape {shape}"
+        )
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     return get_ops().layer_norm(x, weight, bias, eps, axes)
 
 
-def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
-               momentum: float = 0.1, eps: float = 1e-5):
+def batch_norm(
+    input,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+):
     """Inference batch norm with the running statistics, channels on axis 1."""
     from ..backends.reference import fold_batch_norm
 
@@ -118,8 +130,10 @@ def embedding(input, weight, padding_idx=None):
     if ids.dtype.kind not in "iu":
         raise ShapeError(f"nn.functional.embedding: expected integer indices, got dtype {ids.dtype}")
     if ids.size and (ids.min() < 0 or ids.max() >= weight.shape[0]):
-        raise InputError(f"nn.functional.embedding: indices must be in [0, {weight.shape[0]}), got "
-                         f"values in [{ids.min()}, {ids.max()}]")
+        raise InputError(
+            f"nn.functional.embedding: indices must be in [0, {weight.shape[0]}), got "
+            f"values in [{ids.min()}, {ids.max()}]"
+        )
     return get_ops().embedding(ids, weight)
 
 
@@ -161,9 +175,18 @@ def _attn_bias(mask, what: str, true_means_attend: bool) -> np.ndarray | None:
     return m.astype(np.float32, copy=False)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale: float | None = None,
-                                 enable_gqa: bool = False, *, return_weights: bool = False):
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    return_weights: bool = False,
+):
     """softmax(q k^T scale + mask) v, as ``torch.nn.functional.scaled_dot_product_attention``.
 
     ``attn_mask`` bool: True means *take part in attention*; float: added to the scores.
@@ -177,33 +200,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     With ``enable_gqa`` the head axis (-3) of key/value may divide that of query.
     """
     q, k, v = (_f32(t, "scaled_dot_product_attention") for t in (query, key, value))
-    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] \
-            or k.shape[-2] != v.shape[-2]:
-        raise ShapeError("nn.functional.scaled_dot_product_attention: expected query (..., L, E), "
-                         f"key (..., S, E), value (..., S, Ev); got {q.shape}, {k.shape}, {v.shape}")
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ShapeError(
+            "nn.functional.scaled_dot_product_attention: expected query (..., L, E), "
+            f"key (..., S, E), value (..., S, Ev); got {q.shape}, {k.shape}, {v.shape}"
+        )
     if is_causal and attn_mask is not None:
-        raise InputError("nn.functional.scaled_dot_product_attention: is_causal and attn_mask "
-                         "cannot both be given (as in torch)")
+        raise InputError(
+            "nn.functional.scaled_dot_product_attention: is_causal and attn_mask cannot both be given (as in torch)"
+        )
     if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         if q.shape[-3] % k.shape[-3] or q.shape[-3] % v.shape[-3]:
-            raise ShapeError("nn.functional.scaled_dot_product_attention: query heads "
-                             f"{q.shape[-3]} must be a multiple of key/value heads {k.shape[-3]}")
+            raise ShapeError(
+                "nn.functional.scaled_dot_product_attention: query heads "
+                f"{q.shape[-3]} must be a multiple of key/value heads {k.shape[-3]}"
+            )
         k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
         v = np.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
     L, S = q.shape[-2], k.shape[-2]
     try:
         lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except ValueError:
-        raise ShapeError("nn.functional.scaled_dot_product_attention: batch axes of query "
-                         f"{q.shape}, key {k.shape} and value {v.shape} do not broadcast") from None
+        raise ShapeError(
+            "nn.functional.scaled_dot_product_attention: batch axes of query "
+            f"{q.shape}, key {k.shape} and value {v.shape} do not broadcast"
+        ) from None
     bias = _attn_bias(attn_mask, "scaled_dot_product_attention", true_means_attend=True)
     if bias is not None:
         try:
-            bias = np.broadcast_to(bias, (*lead, L, S)) if bias.ndim > 2 else \
-                np.broadcast_to(bias, (L, S))
+            bias = np.broadcast_to(bias, (*lead, L, S)) if bias.ndim > 2 else np.broadcast_to(bias, (L, S))
         except ValueError:
-            raise ShapeError(f"nn.functional.scaled_dot_product_attention: attn_mask of shape "
-                             f"{np.shape(attn_mask)} does not broadcast to {(*lead, L, S)}") from None
+            raise ShapeError(
+                f"nn.functional.scaled_dot_product_attention: attn_mask of shape "
+                f"{np.shape(attn_mask)} does not broadcast to {(*lead, L, S)}"
+            ) from None
     # run as (B, H, L, E): the leading axes flattened into one "head" axis of a batch of 1
     P = math.prod(lead) if lead else 1
     q4 = np.broadcast_to(q, (*lead, L, q.shape[-1])).reshape(1, P, L, q.shape[-1])
@@ -212,8 +242,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if bias is not None:
         bias = bias.reshape(1, P, L, S) if bias.ndim > 2 else bias.reshape(1, 1, L, S)
     sc = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1,
-                                 need_weights=return_weights)
+    out, w = get_ops().attention(q4, k4, v4, sc, bias, bool(is_causal), 1, need_weights=return_weights)
     out = out.reshape(*lead, L, v.shape[-1])
     if not return_weights:
         return out

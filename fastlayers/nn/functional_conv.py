@@ -31,8 +31,9 @@ def _batched(x, rank, what):
     if x.ndim == rank + 1:
         return x[None], True
     if x.ndim != rank + 2:
-        raise ShapeError(f"{what}: expected a {rank + 1}-D (unbatched) or {rank + 2}-D (batched) "
-                         f"input, got shape {x.shape}")
+        raise ShapeError(
+            f"{what}: expected a {rank + 1}-D (unbatched) or {rank + 2}-D (batched) input, got shape {x.shape}"
+        )
     return x, False
 
 
@@ -62,8 +63,7 @@ def conv_pads(padding, rank, kernel, stride, dilation, what):
             return ((0, 0),) * rank
         if padding == "same":
             if any(s != 1 for s in stride):
-                raise InputError(f"{what}: padding='same' is not supported for strided "
-                                 "convolutions (as in torch)")
+                raise InputError(f"{what}: padding='same' is not supported for strided convolutions (as in torch)")
             return tuple(same_pads_stride1(k, d) for k, d in zip(kernel, dilation))
         raise InputError(f"{what}: invalid padding string {padding!r}, expected 'valid' or 'same'")
     p = _tuple(padding, rank, f"{what} padding")
@@ -76,30 +76,42 @@ def _conv(rank, input, weight, bias, stride, padding, dilation, groups, what):
     x, unbatched = _batched(input, rank, what)
     weight = as_float32(weight, f"{what} weight")
     if weight.ndim != rank + 2:
-        raise ShapeError(f"{what}: expected a weight of rank {rank + 2} (C_out, C_in / groups, "
-                         f"kernel...), got shape {weight.shape}")
+        raise ShapeError(
+            f"{what}: expected a weight of rank {rank + 2} (C_out, C_in / groups, kernel...), got shape {weight.shape}"
+        )
     groups = int(groups)
     c_out, cin_g = weight.shape[:2]
     if groups <= 0 or x.shape[1] % groups or c_out % groups:
-        raise ShapeError(f"{what}: groups={groups} must divide both the {x.shape[1]} input channels "
-                         f"and the {c_out} output channels")
+        raise ShapeError(
+            f"{what}: groups={groups} must divide both the {x.shape[1]} input channels and the {c_out} output channels"
+        )
     if x.shape[1] // groups != cin_g:
-        raise ShapeError(f"{what}: weight of shape {weight.shape} with groups={groups} expects "
-                         f"{cin_g * groups} input channels, got input of shape {tuple(x.shape)}")
+        raise ShapeError(
+            f"{what}: weight of shape {weight.shape} with groups={groups} expects "
+            f"{cin_g * groups} input channels, got input of shape {tuple(x.shape)}"
+        )
     kernel = weight.shape[2:]
     stride = _tuple(stride, rank, f"{what} stride")
     dilation = _tuple(dilation, rank, f"{what} dilation")
     pads = conv_pads(padding, rank, kernel, stride, dilation, what)
     for n, k, d, (a, b) in zip(x.shape[2:], kernel, dilation, pads):
         if padded_span(n, k, d, (a, b)) < 0:
-            raise ShapeError(f"{what}: input of spatial size {tuple(x.shape[2:])} (padded by "
-                             f"{pads}) is smaller than the dilated kernel {tuple(kernel)}")
-    w_hwio = np.moveaxis(weight, (0, 1), (-1, -2))         # (..., C_in/g, C_out)
+            raise ShapeError(
+                f"{what}: input of spatial size {tuple(x.shape[2:])} (padded by "
+                f"{pads}) is smaller than the dilated kernel {tuple(kernel)}"
+            )
+    w_hwio = np.moveaxis(weight, (0, 1), (-1, -2))  # (..., C_in/g, C_out)
     if rank == 1:
         w_hwio = w_hwio[None]
-    y = get_ops().conv2d(_to_nhwc(x, rank), np.ascontiguousarray(w_hwio),
-                         None if bias is None else as_float32(bias, f"{what} bias"),
-                         _hw(stride, rank, 1), _hw(pads, rank, (0, 0)), _hw(dilation, rank, 1), groups)
+    y = get_ops().conv2d(
+        _to_nhwc(x, rank),
+        np.ascontiguousarray(w_hwio),
+        None if bias is None else as_float32(bias, f"{what} bias"),
+        _hw(stride, rank, 1),
+        _hw(pads, rank, (0, 0)),
+        _hw(dilation, rank, 1),
+        groups,
+    )
     return _from_nhwc(y, rank, unbatched)
 
 
@@ -113,8 +125,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv(2, input, weight, bias, stride, padding, dilation, groups, "conv2d")
 
 
-def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
-                     dilation=1):
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """Transposed 2-D convolution, weight (C_in, C_out / groups, kh, kw);
     H_out = (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1."""
     what = "conv_transpose2d"
@@ -122,23 +133,35 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     weight = as_float32(weight, f"{what} weight")
     groups = int(groups)
     if weight.ndim != 4 or groups <= 0 or x.shape[1] % groups or weight.shape[0] != x.shape[1]:
-        raise ShapeError(f"{what}: weight of shape {weight.shape} with groups={groups} does not fit "
-                         f"input of shape {tuple(x.shape)} (expected weight (C_in, C_out / groups, kh, kw) "
-                         "with groups dividing C_in)")
+        raise ShapeError(
+            f"{what}: weight of shape {weight.shape} with groups={groups} does not fit "
+            f"input of shape {tuple(x.shape)} (expected weight (C_in, C_out / groups, kh, kw) "
+            "with groups dividing C_in)"
+        )
     stride, dilation = _tuple(stride, 2, f"{what} stride"), _tuple(dilation, 2, f"{what} dilation")
     pad, op = _tuple(padding, 2, f"{what} padding"), _tuple(output_padding, 2, f"{what} output_padding")
     kernel = weight.shape[2:]
     if any(o >= s and o >= d for o, s, d in zip(op, stride, dilation)):
-        raise InputError(f"{what}: output_padding {op} must be smaller than either stride {stride} "
-                         f"or dilation {dilation}")
-    out_hw = tuple(transposed_out(n, k, s, d, (p, p), o)
-                   for n, s, p, d, k, o in zip(x.shape[2:], stride, pad, dilation, kernel, op))
+        raise InputError(
+            f"{what}: output_padding {op} must be smaller than either stride {stride} or dilation {dilation}"
+        )
+    out_hw = tuple(
+        transposed_out(n, k, s, d, (p, p), o)
+        for n, s, p, d, k, o in zip(x.shape[2:], stride, pad, dilation, kernel, op)
+    )
     if min(out_hw) <= 0:
         raise ShapeError(f"{what}: padding {pad} leaves an empty output for input {tuple(x.shape)}")
     w_hwio = np.ascontiguousarray(weight.transpose(2, 3, 0, 1))
-    y = get_ops().conv_transpose2d(_to_nhwc(x, 2), w_hwio,
-                                   None if bias is None else as_float32(bias, f"{what} bias"),
-                                   stride, pad, out_hw, dilation, groups)
+    y = get_ops().conv_transpose2d(
+        _to_nhwc(x, 2),
+        w_hwio,
+        None if bias is None else as_float32(bias, f"{what} bias"),
+        stride,
+        pad,
+        out_hw,
+        dilation,
+        groups,
+    )
     return _from_nhwc(y, 2, unbatched)
 
 
@@ -149,14 +172,16 @@ def pool_geometry(sizes, kernel, stride, padding, dilation, ceil_mode, what):
         if p > k // 2:
             raise InputError(f"{what}: padding {padding} must be at most half the kernel {kernel}")
         if padded_span(n, k, d, (p, p)) < 0:
-            raise ShapeError(f"{what}: input of spatial size {tuple(sizes)} is smaller than the "
-                             f"kernel {kernel} (padding {padding})")
+            raise ShapeError(
+                f"{what}: input of spatial size {tuple(sizes)} is smaller than the kernel {kernel} (padding {padding})"
+            )
         out.append(window_out(n, k, s, d, (p, p), ceil_mode))
     return tuple(out)
 
 
-def _pool(rank, kind, input, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad,
-          what, divisor_override=None):
+def _pool(
+    rank, kind, input, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, what, divisor_override=None
+):
     x, unbatched = _batched(input, rank, what)
     kernel = _tuple(kernel_size, rank, f"{what} kernel_size")
     stride = kernel if stride is None or stride == [] or stride == () else _tuple(stride, rank, f"{what} stride")
@@ -164,9 +189,16 @@ def _pool(rank, kind, input, kernel_size, stride, padding, dilation, ceil_mode, 
     dilation = _tuple(dilation, rank, f"{what} dilation")
     out = pool_geometry(x.shape[2:], kernel, stride, padding, dilation, ceil_mode, what)
     pads = tuple((p, p) for p in padding)
-    y = get_ops().pool2d(_to_nhwc(x, rank), kind, _hw(kernel, rank, 1), _hw(stride, rank, 1),
-                         _hw(pads, rank, (0, 0)), _hw(out, rank, 1), _hw(dilation, rank, 1),
-                         count_include_pad)
+    y = get_ops().pool2d(
+        _to_nhwc(x, rank),
+        kind,
+        _hw(kernel, rank, 1),
+        _hw(stride, rank, 1),
+        _hw(pads, rank, (0, 0)),
+        _hw(out, rank, 1),
+        _hw(dilation, rank, 1),
+        count_include_pad,
+    )
     if divisor_override:
         counts = _window_counts(x.shape[2:], kernel, stride, padding, out, count_include_pad)
         y = y * _hw_counts(counts, rank) / np.float32(divisor_override)
@@ -192,16 +224,14 @@ def _hw_counts(counts, rank):
     return (counts[0][:, None] * counts[1][None, :]).astype(np.float32)[None, :, :, None]
 
 
-def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of (N, C, L)."""
     if return_indices:
         raise UnsupportedError("max_pool1d(return_indices=True) is not supported")
     return _pool(1, "max", input, kernel_size, stride, padding, dilation, ceil_mode, False, "max_pool1d")
 
 
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of (N, C, H, W)."""
     if return_indices:
         raise UnsupportedError("max_pool2d(return_indices=True) is not supported")
@@ -210,15 +240,16 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     """Mean over windows of (N, C, L) (``count_include_pad``: zero padding counts in the divisor)."""
-    return _pool(1, "avg", input, kernel_size, stride, padding, 1, ceil_mode, count_include_pad,
-                 "avg_pool1d")
+    return _pool(1, "avg", input, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, "avg_pool1d")
 
 
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
     """Mean over windows of (N, C, H, W); ``divisor_override`` replaces the divisor."""
-    return _pool(2, "avg", input, kernel_size, stride, padding, 1, ceil_mode, count_include_pad,
-                 "avg_pool2d", divisor_override)
+    return _pool(
+        2, "avg", input, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, "avg_pool2d", divisor_override
+    )
 
 
 def _adaptive(rank, kind, input, output_size, what):
@@ -260,8 +291,15 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
     return _adaptive(2, "max", input, output_size, "adaptive_max_pool2d")
 
 
-def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                recompute_scale_factor=None, antialias=False):
+def interpolate(
+    input,
+    size=None,
+    scale_factor=None,
+    mode="nearest",
+    align_corners=None,
+    recompute_scale_factor=None,
+    antialias=False,
+):
     """Resize (N, C, H, W) with mode "nearest" or "bilinear" (torch's coordinate rules)."""
     what = "interpolate"
     if mode not in ("nearest", "bilinear"):

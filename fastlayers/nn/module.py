@@ -54,8 +54,7 @@ class Module:
     # ------------------------------------------------------------------------- attributes
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
-            raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning "
-                                 "attributes")
+            raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
         params, buffers, modules = self._parameters, self._buffers, self._modules
         if isinstance(value, Module):
             params.pop(name, None)
@@ -181,16 +180,17 @@ class Module:
                 parts.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing))
             if unexpected:
                 parts.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected))
-            raise StateDictError(f"Error(s) in loading state_dict for {type(self).__name__}: "
-                                 + ". ".join(parts) + ".")
+            raise StateDictError(f"Error(s) in loading state_dict for {type(self).__name__}: " + ". ".join(parts) + ".")
         staged = []
         for key, (m, table, name, cur) in slots.items():
             if key not in state_dict:
                 continue
             value = to_array(state_dict[key], cur)
             if value.shape != cur.shape:
-                raise ShapeError(f"size mismatch for {key}: copying a param with shape {value.shape} "
-                                 f"from checkpoint, the shape in current model is {cur.shape}")
+                raise ShapeError(
+                    f"size mismatch for {key}: copying a param with shape {value.shape} "
+                    f"from checkpoint, the shape in current model is {cur.shape}"
+                )
             staged.append((m, table, name, np.array(value, order="C", copy=True)))
         for m, table, name, value in staged:  # all or nothing
             table[name] = value

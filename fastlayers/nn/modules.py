@@ -143,8 +143,9 @@ class Linear(Module):
     def forward(self, input):
         x = F._f32(input, "linear")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise ShapeError(f"Linear(in_features={self.in_features}): expected input (..., "
-                             f"{self.in_features}), got shape {x.shape}")
+            raise ShapeError(
+                f"Linear(in_features={self.in_features}): expected input (..., {self.in_features}), got shape {x.shape}"
+            )
         return get_ops().dense(x, self.weight.T, self.bias)
 
     def extra_repr(self):
@@ -155,8 +156,12 @@ class Linear(Module):
 def _activation_module(name: str, fn, doc: str):
     def forward(self, input):
         return fn(input)
-    return type(name, (Module,), {"__init__": lambda self, inplace=False: Module.__init__(self),
-                                  "forward": forward, "__doc__": doc})
+
+    return type(
+        name,
+        (Module,),
+        {"__init__": lambda self, inplace=False: Module.__init__(self), "forward": forward, "__doc__": doc},
+    )
 
 
 ReLU = _activation_module("ReLU", F.relu, "max(x, 0).")
@@ -247,8 +252,7 @@ class Flatten(Module):
         x = F._f32(input, "Flatten")
         start, end = self.start_dim % max(x.ndim, 1), self.end_dim % max(x.ndim, 1)
         # the flattened size itself, not -1: a batch of 0 leaves -1 undetermined
-        return x.reshape(*x.shape[:start], math.prod(x.shape[start:end + 1]),
-                         *x.shape[end + 1:])
+        return x.reshape(*x.shape[:start], math.prod(x.shape[start : end + 1]), *x.shape[end + 1 :])
 
 
 class Dropout(Module):
@@ -276,8 +280,15 @@ class Dropout2d(Dropout):
 class LayerNorm(Module):
     """Normalize the trailing ``normalized_shape`` axes; ``weight`` and ``bias`` of that shape."""
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape, self.eps = shape, float(eps)
@@ -295,9 +306,17 @@ class LayerNorm(Module):
 class _BatchNorm(Module):
     _ranks: tuple[int, ...] = ()
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, device=None, dtype=None,
-                 bias: bool = True):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        bias: bool = True,
+    ):
         super().__init__()
         self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
         self.affine, self.track_running_stats = affine, track_running_stats
@@ -311,18 +330,23 @@ class _BatchNorm(Module):
 
     def _state_changed(self):
         if self.track_running_stats:
-            object.__setattr__(self, "_folded", fold_batch_norm(
-                self.running_mean, self.running_var, self.weight, self.bias, self.eps))
+            object.__setattr__(
+                self, "_folded", fold_batch_norm(self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+            )
 
     def forward(self, input):
         x = F._f32(input, type(self).__name__)
         if x.ndim not in self._ranks or x.shape[1] != self.num_features:
-            raise ShapeError(f"{type(self).__name__}({self.num_features}): expected input of rank "
-                             f"{' or '.join(map(str, self._ranks))} with {self.num_features} channels "
-                             f"on axis 1, got shape {x.shape}")
+            raise ShapeError(
+                f"{type(self).__name__}({self.num_features}): expected input of rank "
+                f"{' or '.join(map(str, self._ranks))} with {self.num_features} channels "
+                f"on axis 1, got shape {x.shape}"
+            )
         if not self.track_running_stats:
-            raise ShapeError(f"{type(self).__name__}: track_running_stats=False normalizes with batch "
-                             "statistics, which inference does not support")
+            raise ShapeError(
+                f"{type(self).__name__}: track_running_stats=False normalizes with batch "
+                "statistics, which inference does not support"
+            )
         scale, shift = self._folded
         return get_ops().batch_norm(x, scale, shift, axis=1)
 
@@ -346,20 +370,31 @@ class BatchNorm2d(_BatchNorm):
 class Embedding(Module):
     """Rows of ``weight`` (num_embeddings, embedding_dim) selected by integer indices."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 max_norm=None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
-                 sparse: bool = False, _weight=None, _freeze: bool = False, device=None, dtype=None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm=None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        _weight=None,
+        _freeze: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if max_norm is not None:
             from ..errors import UnsupportedError
 
-            raise UnsupportedError("Embedding(max_norm=...) renormalizes weights during lookup; "
-                                   "not supported")
+            raise UnsupportedError("Embedding(max_norm=...) renormalizes weights during lookup; not supported")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.padding_idx = padding_idx
-        if _weight is None:   # float32 from the start (no float64 table)
+        if _weight is None:  # float32 from the start (no float64 table)
             _weight = np.random.default_rng().standard_normal(
-                (self.num_embeddings, self.embedding_dim), dtype=np.float32)
+                (self.num_embeddings, self.embedding_dim), dtype=np.float32
+            )
         self.weight = np.asarray(_weight, np.float32)
 
     def forward(self, input):

@@ -43,9 +43,12 @@ def _gru_zrn(a):
 def _canonical(mode, w_ih, w_hh, b_ih, b_hh, w_hr=None):
     """Primitive arguments from torch parameters of one layer and direction."""
     if mode == "GRU":
-        return (_c(_gru_zrn(w_ih).T), _c(_gru_zrn(w_hh).T),
-                None if b_ih is None else _c(_gru_zrn(b_ih)),
-                None if b_hh is None else _c(_gru_zrn(b_hh)))
+        return (
+            _c(_gru_zrn(w_ih).T),
+            _c(_gru_zrn(w_hh).T),
+            None if b_ih is None else _c(_gru_zrn(b_ih)),
+            None if b_hh is None else _c(_gru_zrn(b_hh)),
+        )
     bias = None if b_ih is None else _c(b_ih + b_hh)
     if mode == "LSTM":
         return _c(w_ih.T), _c(w_hh.T), bias, None if w_hr is None else _c(w_hr.T)
@@ -57,16 +60,19 @@ def _run(mode, weights, x_bti, states, *, reverse=False, return_sequences=True):
     ops = get_ops()
     if mode == "LSTM":
         w_ig, w_hg, b, w_hp = weights
-        y, h, c = ops.lstm_sequence(x_bti, w_ig, w_hg, b, states[0], states[1], w_hp=w_hp,
-                                    reverse=reverse, return_sequences=return_sequences)
+        y, h, c = ops.lstm_sequence(
+            x_bti, w_ig, w_hg, b, states[0], states[1], w_hp=w_hp, reverse=reverse, return_sequences=return_sequences
+        )
         return y, [h, c]
     if mode == "GRU":
-        y, h = ops.gru_sequence(x_bti, *weights, states[0], reset_after=True, reverse=reverse,
-                                return_sequences=return_sequences)
+        y, h = ops.gru_sequence(
+            x_bti, *weights, states[0], reset_after=True, reverse=reverse, return_sequences=return_sequences
+        )
         return y, [h]
     act = "tanh" if mode == "RNN_TANH" else "relu"
-    y, h = ops.rnn_sequence(x_bti, *weights, states[0], activation=act, reverse=reverse,
-                            return_sequences=return_sequences)
+    y, h = ops.rnn_sequence(
+        x_bti, *weights, states[0], activation=act, reverse=reverse, return_sequences=return_sequences
+    )
     return y, [h]
 
 
@@ -88,8 +94,20 @@ class _CanonicalCache:
 class RNNBase(Module):
     """Shared code of RNN, LSTM and GRU (torch.nn.RNNBase)."""
 
-    def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None):
+    def __init__(
+        self,
+        mode,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        bias=True,
+        batch_first=False,
+        dropout=0.0,
+        bidirectional=False,
+        proj_size=0,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.mode = mode
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)
@@ -99,8 +117,7 @@ class RNNBase(Module):
         if self.hidden_size <= 0 or self.num_layers <= 0:
             raise ValueError(f"{type(self).__name__}: hidden_size and num_layers must be positive")
         if self.proj_size < 0 or (self.proj_size and self.proj_size >= self.hidden_size):
-            raise ValueError(f"{type(self).__name__}: proj_size must be in [0, hidden_size), got "
-                             f"{proj_size}")
+            raise ValueError(f"{type(self).__name__}: proj_size must be in [0, hidden_size), got {proj_size}")
         if self.proj_size and mode != "LSTM":
             raise ValueError("proj_size is only supported by LSTM")
         object.__setattr__(self, "_cache", _CanonicalCache())
@@ -113,8 +130,7 @@ class RNNBase(Module):
             for direction in range(self.num_directions):
                 in_size = self.input_size if layer == 0 else real_hidden * self.num_directions
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
-                shapes = [("weight_ih" + sfx, (gate_size, in_size)),
-                          ("weight_hh" + sfx, (gate_size, real_hidden))]
+                shapes = [("weight_ih" + sfx, (gate_size, in_size)), ("weight_hh" + sfx, (gate_size, real_hidden))]
                 if self.bias:
                     shapes += [("bias_ih" + sfx, (gate_size,)), ("bias_hh" + sfx, (gate_size,))]
                 if self.proj_size:
@@ -134,12 +150,10 @@ class RNNBase(Module):
     def _weights(self, layer, direction):
         sfx = f"_l{layer}" + ("_reverse" if direction else "")
         arrays = [getattr(self, "weight_ih" + sfx), getattr(self, "weight_hh" + sfx)]
-        arrays += [getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)] if self.bias \
-            else [None, None]
+        arrays += [getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)] if self.bias else [None, None]
         if self.proj_size:
             arrays.append(getattr(self, "weight_hr" + sfx))
-        return self._cache.get((layer, direction), arrays,
-                               lambda: _canonical(self.mode, *arrays))
+        return self._cache.get((layer, direction), arrays, lambda: _canonical(self.mode, *arrays))
 
     def _state_changed(self):
         object.__setattr__(self, "_cache", _CanonicalCache())
@@ -160,8 +174,10 @@ class RNNBase(Module):
             x = x[:, None, :] if not self.batch_first else x[None]
         x_bti = x if self.batch_first else np.swapaxes(x, 0, 1)
         if x_bti.shape[2] != self.input_size:
-            raise ShapeError(f"{name}: expected input feature size {self.input_size}, got "
-                             f"{x_bti.shape[2]} (input shape {np.shape(input)})")
+            raise ShapeError(
+                f"{name}: expected input feature size {self.input_size}, got "
+                f"{x_bti.shape[2]} (input shape {np.shape(input)})"
+            )
         if x_bti.shape[1] == 0:
             raise ShapeError(f"{name}: the sequence has no timesteps")
         batch = x_bti.shape[0]
@@ -181,9 +197,11 @@ class RNNBase(Module):
                 if not batched:
                     h = h[:, None, :] if h.ndim == 2 else h
                 if h.shape != shape:
-                    raise ShapeError(f"{name}: expected {what} of shape {shape[0], *shape[1:]}"
-                                     f"{'' if batched else ' (unbatched: without the batch axis)'}, "
-                                     f"got {np.shape(h)}")
+                    raise ShapeError(
+                        f"{name}: expected {what} of shape {shape[0], *shape[1:]}"
+                        f"{'' if batched else ' (unbatched: without the batch axis)'}, "
+                        f"got {np.shape(h)}"
+                    )
                 states.append(h)
         return x_bti, states, batched
 
@@ -220,8 +238,9 @@ class RNNBase(Module):
     def get_stream_state(self, batch_size: int = 1) -> StreamState:
         """A zero ``StreamState`` holding h (and c) as (num_layers, batch, hidden) for ``stream``."""
         if self.bidirectional:
-            raise UnsupportedError(f"{type(self).__name__}: a bidirectional module reads the "
-                                   "sequence from its end; it cannot be streamed")
+            raise UnsupportedError(
+                f"{type(self).__name__}: a bidirectional module reads the sequence from its end; it cannot be streamed"
+            )
         arrays = {"h": np.zeros((self.num_layers, batch_size, self._out_size), np.float32)}
         if self.mode == "LSTM":
             arrays["c"] = np.zeros((self.num_layers, batch_size, self.hidden_size), np.float32)
@@ -232,8 +251,7 @@ class RNNBase(Module):
         ``state``; returns the chunk's output, equal to that slice of a full-sequence forward."""
         x = np.asarray(input)
         if x.ndim != 3:
-            raise ShapeError(f"{type(self).__name__}.stream: expected a batched 3-D chunk, got "
-                             f"shape {x.shape}")
+            raise ShapeError(f"{type(self).__name__}.stream: expected a batched 3-D chunk, got shape {x.shape}")
         hx = (state["h"], state["c"]) if self.mode == "LSTM" else state["h"]
         out, new = self.forward(x, hx)
         if self.mode == "LSTM":
@@ -267,12 +285,31 @@ class RNN(RNNBase):
     (D * num_layers, N, H_out) -> output (L, N, D * H_out), h_n (D * num_layers, N, H_out).
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
-                 batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None):
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        nonlinearity="tanh",
+        bias=True,
+        batch_first=False,
+        dropout=0.0,
+        bidirectional=False,
+        device=None,
+        dtype=None,
+    ):
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN: unknown nonlinearity {nonlinearity!r}; expected 'tanh' or 'relu'")
-        super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size,
-                         hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        super().__init__(
+            "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU",
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            batch_first,
+            dropout,
+            bidirectional,
+        )
         self.nonlinearity = nonlinearity
 
 
@@ -286,10 +323,22 @@ class LSTM(RNNBase):
     with H_out = proj_size or hidden_size.
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None):
-        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size)
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        bias=True,
+        batch_first=False,
+        dropout=0.0,
+        bidirectional=False,
+        proj_size=0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(
+            "LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size
+        )
 
 
 class GRU(RNNBase):
@@ -302,10 +351,19 @@ class GRU(RNNBase):
     (L, N, D * H_out), h_n (D * num_layers, N, H_out).
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None):
-        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional)
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        bias=True,
+        batch_first=False,
+        dropout=0.0,
+        bidirectional=False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
 
 
 # -------------------------------------------------------------------------------------- cells
@@ -333,8 +391,9 @@ class _CellBase(Module):
         name = type(self).__name__
         x = np.asarray(input, np.float32)
         if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
-            raise ShapeError(f"{name}: expected input (N, {self.input_size}) or "
-                             f"({self.input_size},), got shape {x.shape}")
+            raise ShapeError(
+                f"{name}: expected input (N, {self.input_size}) or ({self.input_size},), got shape {x.shape}"
+            )
         batched = x.ndim == 2
         xb = x if batched else x[None]
         hs = []
@@ -345,12 +404,13 @@ class _CellBase(Module):
             h = np.asarray(h.detach().cpu().numpy() if hasattr(h, "detach") else h, np.float32)
             h = h if batched else h[None]
             if h.shape != (xb.shape[0], self.hidden_size):
-                raise ShapeError(f"{name}: expected state {i} of shape "
-                                 f"{(xb.shape[0], self.hidden_size) if batched else (self.hidden_size,)}, "
-                                 f"got {np.shape(states[i])}")
+                raise ShapeError(
+                    f"{name}: expected state {i} of shape "
+                    f"{(xb.shape[0], self.hidden_size) if batched else (self.hidden_size,)}, "
+                    f"got {np.shape(states[i])}"
+                )
             hs.append(np.ascontiguousarray(h))
-        arrays = [self.weight_ih, self.weight_hh] + (
-            [self.bias_ih, self.bias_hh] if self.bias else [None, None])
+        arrays = [self.weight_ih, self.weight_hh] + ([self.bias_ih, self.bias_hh] if self.bias else [None, None])
         weights = self._cache.get(0, arrays, lambda: _canonical(self.mode, *arrays))
         if self.mode == "LSTM":
             weights = (*weights[:3], None)
@@ -369,8 +429,7 @@ class RNNCell(_CellBase):
     input (N, H_in) or (H_in,), hx (N, H) -> h' (N, H).
     """
 
-    def __init__(self, input_size, hidden_size, bias=True, nonlinearity="tanh", device=None,
-                 dtype=None):
+    def __init__(self, input_size, hidden_size, bias=True, nonlinearity="tanh", device=None, dtype=None):
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNNCell: unknown nonlinearity {nonlinearity!r}")
         super().__init__(input_size, hidden_size, bias)

@@ -65,12 +65,22 @@ class TransformerEncoderLayer(_FeedForward, Module):
     src (S, N, E), or (N, S, E) with ``batch_first``, or unbatched (S, E) -> same shape.
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation="relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
@@ -81,14 +91,23 @@ class TransformerEncoderLayer(_FeedForward, Module):
         self.dropout2 = Dropout(dropout)
         self._act_name, self.activation = _activation(activation)
 
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False, *,
-                return_attention_weights: bool = False):
+    def forward(
+        self,
+        src,
+        src_mask=None,
+        src_key_padding_mask=None,
+        is_causal: bool = False,
+        *,
+        return_attention_weights: bool = False,
+    ):
         """Run the layer; ``return_attention_weights=True`` (fastlayers) also returns the
         self-attention weights (N, H, L, S), per head."""
         x = F._f32(src, "TransformerEncoderLayer")
         if x.ndim not in (2, 3) or x.shape[-1] != self.self_attn.embed_dim:
-            raise ShapeError(f"TransformerEncoderLayer(d_model={self.self_attn.embed_dim}): expected "
-                             f"src (S, N, E), (N, S, E) or (S, E), got {x.shape}")
+            raise ShapeError(
+                f"TransformerEncoderLayer(d_model={self.self_attn.embed_dim}): expected "
+                f"src (S, N, E), (N, S, E) or (S, E), got {x.shape}"
+            )
         fused = self._fused_weights()
         # a fused layer has an activation name (_fused_weights); tested again for the type checker
         if fused is not None and self._act_name is not None and (src_mask is not None or not is_causal):
@@ -96,28 +115,34 @@ class TransformerEncoderLayer(_FeedForward, Module):
             (xb,), kpm = sa.batch_first_inputs((x,), src_key_padding_mask)
             n, length = xb.shape[:2]
             bias = sa._bias(kpm, src_mask, n, length, length, 0)
-            y, w = get_ops().encoder_layer(xb, fused, sa.num_heads, self._act_name, self.norm_first,
-                                           bias, _NAN_ROWS, return_attention_weights)
+            y, w = get_ops().encoder_layer(
+                xb, fused, sa.num_heads, self._act_name, self.norm_first, bias, _NAN_ROWS, return_attention_weights
+            )
             y = sa.from_batch_first(y, x.ndim == 3)
             if not return_attention_weights:
                 return y
             return y, (w if w is None or x.ndim == 3 else w[0])
         if self.norm_first:
-            a, w = self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal,
-                                  return_attention_weights)
+            a, w = self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal, return_attention_weights)
             x = x + a
             x = x + self._ff_block(self.norm2(x))
         else:
-            a, w = self._sa_block(x, src_mask, src_key_padding_mask, is_causal,
-                                  return_attention_weights)
+            a, w = self._sa_block(x, src_mask, src_key_padding_mask, is_causal, return_attention_weights)
             x = self.norm1(x + a)
             x = self.norm2(x + self._ff_block(x))
         return (x, w) if return_attention_weights else x
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights):
-        return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                              need_weights=need_weights, average_attn_weights=False,
-                              is_causal=is_causal)
+        return self.self_attn(
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            average_attn_weights=False,
+            is_causal=is_causal,
+        )
 
     def _fused_weights(self) -> EncoderWeights | None:
         """The weights for ``ops.encoder_layer`` (the whole layer as one primitive), or None
@@ -128,21 +153,39 @@ class TransformerEncoderLayer(_FeedForward, Module):
         children = self._modules
         sa, n1, n2 = children["self_attn"], children["norm1"], children["norm2"]
         e = sa.embed_dim
-        if (self._act_name is None or not sa._qkv_same_embed_dim or sa.add_zero_attn
-                or sa._parameters.get("bias_k") is not None or type(n1) is not LayerNorm
-                or type(n2) is not LayerNorm or n1.normalized_shape != (e,)
-                or n2.normalized_shape != (e,)):
+        if (
+            self._act_name is None
+            or not sa._qkv_same_embed_dim
+            or sa.add_zero_attn
+            or sa._parameters.get("bias_k") is not None
+            or type(n1) is not LayerNorm
+            or type(n2) is not LayerNorm
+            or n1.normalized_shape != (e,)
+            or n2.normalized_shape != (e,)
+        ):
             return None
         op, l1, l2 = sa._modules["out_proj"], children["linear1"], children["linear2"]
-        raw = (*(m._parameters.get(k) for m, k in ((sa, "in_proj_weight"), (sa, "in_proj_bias"))),
-               *(m._parameters.get(k) for m in (op, l1, l2, n1, n2) for k in ("weight", "bias")),
-               n1.eps, n2.eps)
+        raw = (
+            *(m._parameters.get(k) for m, k in ((sa, "in_proj_weight"), (sa, "in_proj_bias"))),
+            *(m._parameters.get(k) for m in (op, l1, l2, n1, n2) for k in ("weight", "bias")),
+            n1.eps,
+            n2.eps,
+        )
         cached = self.__dict__.get("_fused_cache")
         if cached is not None and all(a is b for a, b in zip(cached[0], raw)):
             return cached[1]
-        fused = EncoderWeights(weight_io(sa, "in_proj_weight"), raw[1], weight_io(op, "weight"),
-                               raw[3], weight_io(l1, "weight"), raw[5], weight_io(l2, "weight"),
-                               raw[7], (raw[8], raw[9], n1.eps), (raw[10], raw[11], n2.eps))
+        fused = EncoderWeights(
+            weight_io(sa, "in_proj_weight"),
+            raw[1],
+            weight_io(op, "weight"),
+            raw[3],
+            weight_io(l1, "weight"),
+            raw[5],
+            weight_io(l2, "weight"),
+            raw[7],
+            (raw[8], raw[9], n1.eps),
+            (raw[10], raw[11], n2.eps),
+        )
         object.__setattr__(self, "_fused_cache", (raw, fused))
         return fused
 
@@ -165,14 +208,23 @@ class TransformerDecoderLayer(_FeedForward, Module):
     tgt (T, N, E), memory (S, N, E) (batch first: (N, T, E), (N, S, E)) -> like tgt.
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation="relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first,
-                                            bias=bias)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout,
-                                                 batch_first=batch_first, bias=bias)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, bias=bias)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, bias=bias)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
@@ -185,44 +237,72 @@ class TransformerDecoderLayer(_FeedForward, Module):
         self.dropout3 = Dropout(dropout)
         self._act_name, self.activation = _activation(activation)
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: bool = False,
-                memory_is_causal: bool = False, *, return_attention_weights: bool = False):
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+        *,
+        return_attention_weights: bool = False,
+    ):
         """Run the layer; ``return_attention_weights=True`` (fastlayers) also returns
         (self-attention weights, cross-attention weights), each (N, H, T, S) per head."""
         x = F._f32(tgt, "TransformerDecoderLayer")
         mem = F._f32(memory, "TransformerDecoderLayer")
         E = self.self_attn.embed_dim
         if x.ndim not in (2, 3) or x.shape[-1] != E or mem.ndim != x.ndim or mem.shape[-1] != E:
-            raise ShapeError(f"TransformerDecoderLayer(d_model={E}): expected tgt and memory of "
-                             f"rank 3 (or 2) ending in {E}, got {x.shape} and {mem.shape}")
+            raise ShapeError(
+                f"TransformerDecoderLayer(d_model={E}): expected tgt and memory of "
+                f"rank 3 (or 2) ending in {E}, got {x.shape} and {mem.shape}"
+            )
         if self.norm_first:
-            a, w_self = self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask,
-                                       tgt_is_causal, return_attention_weights)
+            a, w_self = self._sa_block(
+                self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal, return_attention_weights
+            )
             x = x + a
-            a, w_cross = self._mha_block(self.norm2(x), mem, memory_mask, memory_key_padding_mask,
-                                         memory_is_causal, return_attention_weights)
+            a, w_cross = self._mha_block(
+                self.norm2(x), mem, memory_mask, memory_key_padding_mask, memory_is_causal, return_attention_weights
+            )
             x = x + a
             x = x + self._ff_block(self.norm3(x))
         else:
-            a, w_self = self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
-                                       return_attention_weights)
+            a, w_self = self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal, return_attention_weights)
             x = self.norm1(x + a)
-            a, w_cross = self._mha_block(x, mem, memory_mask, memory_key_padding_mask,
-                                         memory_is_causal, return_attention_weights)
+            a, w_cross = self._mha_block(
+                x, mem, memory_mask, memory_key_padding_mask, memory_is_causal, return_attention_weights
+            )
             x = self.norm2(x + a)
             x = self.norm3(x + self._ff_block(x))
         return (x, (w_self, w_cross)) if return_attention_weights else x
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, need_weights):
-        return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                              is_causal=bool(is_causal), need_weights=need_weights,
-                              average_attn_weights=False)
+        return self.self_attn(
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            is_causal=bool(is_causal),
+            need_weights=need_weights,
+            average_attn_weights=False,
+        )
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal, need_weights):
-        return self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
-                                   key_padding_mask=key_padding_mask, is_causal=bool(is_causal),
-                                   need_weights=need_weights, average_attn_weights=False)
+        return self.multihead_attn(
+            x,
+            mem,
+            mem,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            is_causal=bool(is_causal),
+            need_weights=need_weights,
+            average_attn_weights=False,
+        )
 
 
 def _clones(module: Module, n: int) -> ModuleList:
@@ -241,8 +321,14 @@ class TransformerEncoder(Module):
     src (S, N, E) (or (N, S, E) with the layer's ``batch_first``) -> same shape.
     """
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None,
-                 enable_nested_tensor: bool = True, mask_check: bool = True):
+    def __init__(
+        self,
+        encoder_layer: TransformerEncoderLayer,
+        num_layers: int,
+        norm=None,
+        enable_nested_tensor: bool = True,
+        mask_check: bool = True,
+    ):
         super().__init__()
         self.layers = _clones(encoder_layer, num_layers)
         self.num_layers = num_layers
@@ -250,13 +336,25 @@ class TransformerEncoder(Module):
         self.enable_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
 
-    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool | None = None, *,
-                return_attention_weights: bool = False):
+    def forward(
+        self,
+        src,
+        mask=None,
+        src_key_padding_mask=None,
+        is_causal: bool | None = None,
+        *,
+        return_attention_weights: bool = False,
+    ):
         """``return_attention_weights=True`` (fastlayers) also returns each layer's weights."""
         x, weights = src, []
         for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
-                      is_causal=bool(is_causal), return_attention_weights=return_attention_weights)
+            x = layer(
+                x,
+                src_mask=mask,
+                src_key_padding_mask=src_key_padding_mask,
+                is_causal=bool(is_causal),
+                return_attention_weights=return_attention_weights,
+            )
             if return_attention_weights:
                 x, w = x
                 weights.append(w)
@@ -279,18 +377,34 @@ class TransformerDecoder(Module):
         self.num_layers = num_layers
         self.norm = norm
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: bool | None = None,
-                memory_is_causal: bool = False, *, return_attention_weights: bool = False):
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+        *,
+        return_attention_weights: bool = False,
+    ):
         """``return_attention_weights=True`` (fastlayers) also returns each layer's
         (self, cross) weights."""
         x, weights = tgt, []
         for layer in self.layers:
-            x, w = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
-                         tgt_key_padding_mask=tgt_key_padding_mask,
-                         memory_key_padding_mask=memory_key_padding_mask,
-                         tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal,
-                         return_attention_weights=True)
+            x, w = layer(
+                x,
+                memory,
+                tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=tgt_key_padding_mask,
+                memory_key_padding_mask=memory_key_padding_mask,
+                tgt_is_causal=bool(tgt_is_causal),
+                memory_is_causal=memory_is_causal,
+                return_attention_weights=True,
+            )
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
@@ -302,8 +416,9 @@ def generate_square_subsequent_mask(sz: int) -> np.ndarray:
     return np.triu(np.full((sz, sz), -np.inf, np.float32), k=1)
 
 
-def greedy_decode(encode: Callable, decode_step: Callable, src, start_token: int,
-                  end_token: int | None = None, max_len: int = 50) -> np.ndarray:
+def greedy_decode(
+    encode: Callable, decode_step: Callable, src, start_token: int, end_token: int | None = None, max_len: int = 50
+) -> np.ndarray:
     """Greedy decoding of an encoder-decoder model: at each step the argmax token is appended.
 
     Parameters
@@ -336,8 +451,10 @@ def greedy_decode(encode: Callable, decode_step: Callable, src, start_token: int
         if logits.ndim == 3:
             logits = logits[:, -1]
         if logits.ndim != 2 or logits.shape[0] != n:
-            raise ShapeError(f"greedy_decode: decode_step must return logits (N, t, V) or (N, V) with "
-                             f"N = {n}, got shape {np.shape(logits)}")
+            raise ShapeError(
+                f"greedy_decode: decode_step must return logits (N, t, V) or (N, V) with "
+                f"N = {n}, got shape {np.shape(logits)}"
+            )
         nxt = np.argmax(logits, axis=-1).astype(np.int64)
         if end_token is not None:
             nxt = np.where(done, end_token, nxt)

@@ -45,6 +45,7 @@ def _reshaper(general):
             shapes[x.shape] = out[0].shape
             return out
         return [x.reshape(shape)]
+
     return run
 
 
@@ -53,6 +54,7 @@ def _bind_axes_reshape(op_type):
         if opset >= 13 and _constant(inputs, 1) is None and not (op_type == "Squeeze" and len(inputs) < 2):
             return None
         return _reshaper(OPS[op_type])
+
     return bind
 
 
@@ -60,8 +62,11 @@ def _bind_slice(inputs, attrs, opset):
     if opset < 10:
         return None
     params = [_constant(inputs, i) for i in (1, 2, 3, 4)]
-    if params[0] is None or params[1] is None or any(
-            len(inputs) > i and inputs[i] is not None and params[i - 1] is None for i in (3, 4)):
+    if (
+        params[0] is None
+        or params[1] is None
+        or any(len(inputs) > i and inputs[i] is not None and params[i - 1] is None for i in (3, 4))
+    ):
         return None
     starts, ends = ints(params[0]), ints(params[1])
     axes = ints(params[2]) if params[2] is not None else list(range(len(starts)))
@@ -73,12 +78,13 @@ def _bind_slice(inputs, attrs, opset):
         x = inputs[0]
         index = indexes.get(x.shape)
         if index is None:
-            out = general(inputs, attrs, opset)        # checks the node on this shape
+            out = general(inputs, attrs, opset)  # checks the node on this shape
             if len(indexes) >= MAX_SHAPES:
                 indexes.clear()
             indexes[x.shape] = slice_index(x.shape, starts, ends, axes, steps)
             return out
         return [x[index]]
+
     return run
 
 
@@ -92,18 +98,20 @@ def _per_shape(general, make):
         key = (x.shape, x.dtype.char)
         plan = plans.get(key)
         if plan is None:
-            out = general(inputs, attrs, opset)        # checks the node on this shape
+            out = general(inputs, attrs, opset)  # checks the node on this shape
             if len(plans) >= MAX_SHAPES:
                 plans.clear()
             plans[key] = make(inputs)
             return out
         return [plan(x)]
+
     return run
 
 
 def _bind_pad(inputs, attrs, opset):
-    if opset >= 11 and any(len(inputs) > i and inputs[i] is not None and _constant(inputs, i) is None
-                           for i in (1, 2, 3)):
+    if opset >= 11 and any(
+        len(inputs) > i and inputs[i] is not None and _constant(inputs, i) is None for i in (1, 2, 3)
+    ):
         return None
     return _per_shape(OPS["Pad"], lambda ins: pad_plan(ins[0].shape, ins[0].dtype, ins, attrs, opset))
 
@@ -115,8 +123,7 @@ _SINGLE_IS_ITSELF = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Reduc
 def _bind_reduce(op_type):
     def bind(inputs, attrs, opset):
         fn, axes_input_from = OPS[op_type].reducer
-        if opset >= axes_input_from and len(inputs) > 1 and inputs[1] is not None \
-                and _constant(inputs, 1) is None:
+        if opset >= axes_input_from and len(inputs) > 1 and inputs[1] is not None and _constant(inputs, 1) is None:
             return None
         keep = bool(attrs.get("keepdims", 1))
 
@@ -127,11 +134,14 @@ def _bind_reduce(op_type):
                 return lambda x: x
             if op_type in _SINGLE_IS_ITSELF and all(x.shape[a] == 1 for a in axes):
                 # over axes of length 1 these reductions are their input, reshaped
-                shape = x.shape if keep else tuple(d for k, d in enumerate(x.shape)
-                                                   if k not in {a % x.ndim for a in axes})
+                shape = (
+                    x.shape if keep else tuple(d for k, d in enumerate(x.shape) if k not in {a % x.ndim for a in axes})
+                )
                 return lambda x: x.reshape(shape)
             return lambda x: fn(x, axis=axes, keepdims=keep)
+
         return _per_shape(OPS[op_type], make)
+
     return bind
 
 
@@ -148,22 +158,40 @@ def _bind_gather(inputs, attrs, opset):
         axis = attrs.get("axis", 0) % x.ndim
         pos = np.where(index64 < 0, index64 + x.shape[axis], index64)
         lead = (slice(None),) * axis
-        if idx.ndim == 0:                                  # one index: a view
+        if idx.ndim == 0:  # one index: a view
             at = lead + (int(pos),)
-        elif idx.ndim == 1 and idx.size and bool(np.all(np.diff(pos) == 1)):   # a run: a view
+        elif idx.ndim == 1 and idx.size and bool(np.all(np.diff(pos) == 1)):  # a run: a view
             at = lead + (slice(int(pos[0]), int(pos[-1]) + 1),)
         else:
             return lambda x: np.take(x, index64, axis=axis)
         return lambda x: x[at]
+
     return _per_shape(general, make)
 
 
-BINDERS = {"Unsqueeze": _bind_axes_reshape("Unsqueeze"), "Squeeze": _bind_axes_reshape("Squeeze"),
-           "Slice": _bind_slice, "Pad": _bind_pad, "Gather": _bind_gather,
-           f"{MS}::DynamicQuantizeMatMul": bind_dynamic_quantize_matmul,
-           **{name: _bind_reduce(name) for name in (
-               "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
-               "ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")}}
+BINDERS = {
+    "Unsqueeze": _bind_axes_reshape("Unsqueeze"),
+    "Squeeze": _bind_axes_reshape("Squeeze"),
+    "Slice": _bind_slice,
+    "Pad": _bind_pad,
+    "Gather": _bind_gather,
+    f"{MS}::DynamicQuantizeMatMul": bind_dynamic_quantize_matmul,
+    **{
+        name: _bind_reduce(name)
+        for name in (
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceL2",
+            "ReduceSumSquare",
+            "ReduceL1",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+        )
+    },
+}
 
 
 def bind(op_type, inputs, attrs, opset):

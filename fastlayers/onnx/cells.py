@@ -26,8 +26,13 @@ def _dense_parts(node, constants):
         return None
     w = constants.get(node.inputs[1])
     b = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    if w is None or w.ndim != 2 or w.dtype != np.float32 or w.shape[1] % 4 \
-            or (len(node.inputs) > 2 and node.inputs[2] and (b is None or b.shape != (w.shape[1],))):
+    if (
+        w is None
+        or w.ndim != 2
+        or w.dtype != np.float32
+        or w.shape[1] % 4
+        or (len(node.inputs) > 2 and node.inputs[2] and (b is None or b.shape != (w.shape[1],)))
+    ):
         return None
     return node.inputs[0], w, b
 
@@ -98,10 +103,21 @@ def fuse_lstm_cell(nodes, constants, outputs) -> list[Node]:
                 bias = bias + b
         base = f"{out.outputs[0]}::lstm_cell"
         constants[f"{base}:w_x"], constants[f"{base}:w_h"], constants[f"{base}:b"] = w_x, w_h, bias
-        step = Node("FusedLSTMCell", [x, h, c, f"{base}:w_x", f"{base}:w_h", f"{base}:b"],
-                    [out.outputs[0], c_new], {}, out.name)
-        members = [producer[add.inputs[0]], producer[add.inputs[1]], add, split, *acts, forget, update,
-                   cell, squash[0], out]
+        step = Node(
+            "FusedLSTMCell", [x, h, c, f"{base}:w_x", f"{base}:w_h", f"{base}:b"], [out.outputs[0], c_new], {}, out.name
+        )
+        members = [
+            producer[add.inputs[0]],
+            producer[add.inputs[1]],
+            add,
+            split,
+            *acts,
+            forget,
+            update,
+            cell,
+            squash[0],
+            out,
+        ]
         removed.update(id(n) for n in members)
         # at the cell sum's place: x, h and c are computed before it, c' read after it, h'
         # (the last member's output) after that
@@ -121,8 +137,7 @@ def _bound_step(x, h, c, w_x, w_h, b, cache):
     key = (x.shape, id(w_x), id(w_h), id(b), ops.name, derived_generation())
     hit = cache.get(key)
     if hit is None:
-        plan = ops.sequence_plan("lstm_sequence", x[:, None, :], (w_x, w_h, b, h, c),
-                                 {"return_sequences": False})
+        plan = ops.sequence_plan("lstm_sequence", x[:, None, :], (w_x, w_h, b, h, c), {"return_sequences": False})
         if len(cache) >= MAX_BOUND_CELLS:
             cache.clear()
         # the entry holds the weights, so that no other array takes their ids while it lives
@@ -143,15 +158,19 @@ def _fused_lstm_cell(inputs, attrs, opset):
         if cache is not None:
             _, h_new, c_new = _bound_step(x, h, c, w_x, w_h, b, cache)(x_bti, (h, c))
         else:
-            _, h_new, c_new = get_ops().lstm_sequence(x_bti, w_x, w_h, b, np.ascontiguousarray(h),
-                                                      np.ascontiguousarray(c), return_sequences=False)
+            _, h_new, c_new = get_ops().lstm_sequence(
+                x_bti, w_x, w_h, b, np.ascontiguousarray(h), np.ascontiguousarray(c), return_sequences=False
+            )
         return [h_new, c_new]
     z = (x @ w_x + h @ w_h + b).astype(np.float32)
     ops = get_ops()
-    i, f, g, o = (z[..., k * units:(k + 1) * units] for k in range(4))
-    c_new = (ops.activation(np.ascontiguousarray(f), "sigmoid") * c
-             + ops.activation(np.ascontiguousarray(i), "sigmoid") * ops.activation(np.ascontiguousarray(g), "tanh"))
-    h_new = ops.activation(np.ascontiguousarray(o), "sigmoid") * ops.activation(np.ascontiguousarray(c_new, np.float32), "tanh")
+    i, f, g, o = (z[..., k * units : (k + 1) * units] for k in range(4))
+    c_new = ops.activation(np.ascontiguousarray(f), "sigmoid") * c + ops.activation(
+        np.ascontiguousarray(i), "sigmoid"
+    ) * ops.activation(np.ascontiguousarray(g), "tanh")
+    h_new = ops.activation(np.ascontiguousarray(o), "sigmoid") * ops.activation(
+        np.ascontiguousarray(c_new, np.float32), "tanh"
+    )
     return [h_new.astype(np.float32), c_new.astype(np.float32)]
 
 

@@ -64,7 +64,7 @@ class _Writer:
         self.names = 0
         self.objects = 0
         self.steps = 0
-        self.keyed = False      # whether a branch caches shape-only values by the call's key
+        self.keyed = False  # whether a branch caches shape-only values by the call's key
 
     def fresh(self) -> str:
         self.names += 1
@@ -82,7 +82,7 @@ class _Writer:
         ``cached``: (the variable holding this call's cached shape-only values or None, their
         positions by name), or None where nothing is cached."""
         kvar = "k" if depth == 0 else f"k{depth}"
-        body, own = [], set()     # own: the values this (sub)graph's steps compute
+        body, own = [], set()  # own: the values this (sub)graph's steps compute
         for k, (fn, ins, outs, attrs, shape_only) in enumerate(parts.plan):
             self.steps += 1
             operands = []
@@ -115,8 +115,7 @@ class _Writer:
                 body.append(f"if {holder} is None:")
                 body += ["    " + s for s in step]
                 body.append("else:")
-                body += [f"    {scope[o]} = {holder}[{index[o]}]" for _, o in named
-                         if o in index] or ["    pass"]
+                body += [f"    {scope[o]} = {holder}[{index[o]}]" for _, o in named if o in index] or ["    pass"]
             else:
                 body += step
             gone = [scope[n] for n in parts.dead[k] if n in own]
@@ -131,14 +130,16 @@ class _Writer:
             scope[o] = self.fresh()
         formal = attrs["_formal"]
         cond = operands[0]
-        lines = [f"if ({cond}.item() if type({cond}) is ndarray and {cond}.size == 1 "
-                 f"else condition({cond}, 'If condition')):"]
+        lines = [
+            f"if ({cond}.item() if type({cond}) is ndarray and {cond}.size == 1 "
+            f"else condition({cond}, 'If condition')):"
+        ]
         for arm, parts in zip(("then", "else"), branches):
             if arm == "else":
                 lines.append("else:")
             inner = dict(zip(parts.input_names, operands[formal:]))
             arm_lines, cached = [], None
-            if parts.shape_outputs:      # the branch's own cache, by the call's input shapes
+            if parts.shape_outputs:  # the branch's own cache, by the call's input shapes
                 self.keyed = True
                 store, holder = self.bind("shapes", {}), self.fresh()
                 arm_lines.append(f"{holder} = {store}.get(key)")
@@ -160,10 +161,12 @@ class _Writer:
 def _stored(holder, store, values) -> list:
     """Lines keeping ``values`` in the dict ``store`` under the call's ``key`` where
     ``holder`` (what it held) is None."""
-    return [f"if {holder} is None:",
-            f"    if len({store}) >= MAX_SHAPE_KEYS:",
-            f"        {store}.clear()",
-            f"    {store}[key] = ({', '.join(values)}{',' if len(values) == 1 else ''})"]
+    return [
+        f"if {holder} is None:",
+        f"    if len({store}) >= MAX_SHAPE_KEYS:",
+        f"        {store}.clear()",
+        f"    {store}[key] = ({', '.join(values)}{',' if len(values) == 1 else ''})",
+    ]
 
 
 def compile_plan(parts: Parts, fail, opset):
@@ -179,11 +182,11 @@ def compile_plan(parts: Parts, fail, opset):
     scope = {name: writer.fresh() for name in parts.input_names}
     args = [scope[n] for n in parts.input_names]
     lines = ["def run(arrays, shape_cache):"]
-    lines.append(f"    {', '.join(args)}{',' if len(args) == 1 else ''} = arrays" if args else
-                 "    pass")
+    lines.append(f"    {', '.join(args)}{',' if len(args) == 1 else ''} = arrays" if args else "    pass")
     shape_outputs = parts.shape_outputs
-    body = writer.steps_of(parts, scope, 0, ("cached", {name: i for i, name in enumerate(shape_outputs)})
-                           if shape_outputs else None)
+    body = writer.steps_of(
+        parts, scope, 0, ("cached", {name: i for i, name in enumerate(shape_outputs)}) if shape_outputs else None
+    )
     if writer.steps > MAX_STEPS:
         return None
     if shape_outputs or writer.keyed:

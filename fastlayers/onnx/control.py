@@ -87,7 +87,7 @@ def _if(inputs, attrs, opset):
     cond = inputs[0]
     flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else condition(cond, "If condition")
     body = attrs["then_branch" if flag else "else_branch"]
-    return body.run([], inputs[attrs["_formal"]:])
+    return body.run([], inputs[attrs["_formal"] :])
 
 
 def _append(steps, value, what):
@@ -106,8 +106,10 @@ def _stacked(steps, axis, what, declared):
         return np.zeros((0,) + tuple(d or 0 for d in (shape or ())), dtype or np.float32)
     first = steps[0]
     if any(s.shape != first.shape for s in steps):
-        raise ShapeError(f"{what}: the scan output changes shape across iterations "
-                         f"({first.shape}, then {next(s.shape for s in steps if s.shape != first.shape)})")
+        raise ShapeError(
+            f"{what}: the scan output changes shape across iterations "
+            f"({first.shape}, then {next(s.shape for s in steps if s.shape != first.shape)})"
+        )
     axis = axis % (first.ndim + 1) if -first.ndim - 1 <= axis <= first.ndim else None
     if axis is None:
         raise ShapeError(f"{what}: scan output axis for a step of rank {first.ndim}")
@@ -122,24 +124,27 @@ def _loop(inputs, attrs, opset):
     trips, cond, carried = inputs[0], inputs[1], list(inputs[2:formal])
     captures, body = inputs[formal:], attrs["body"]
     limit = None if trips is None else int(_one(trips, "Loop trip count M"))
-    bounded = attrs.get("_bounded", True)   # run at load: bounded
+    bounded = attrs.get("_bounded", True)  # run at load: bounded
     go = True if cond is None else condition(cond, "Loop condition")
-    scans: list[list] = [[] for _ in body.output_types[1 + len(carried):]]
+    scans: list[list] = [[] for _ in body.output_types[1 + len(carried) :]]
     i = 0
     most = settings.current().onnx_max_loop_iterations
     while go and (limit is None or i < limit):
         if bounded and i >= most:
-            raise InputError(f"Loop: ran {i} iterations without stopping, the most a loop "
-                             f"whose length the file sets may (LoadOptions.onnx_max_loop_"
-                             "iterations; FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)")
+            raise InputError(
+                f"Loop: ran {i} iterations without stopping, the most a loop "
+                f"whose length the file sets may (LoadOptions.onnx_max_loop_"
+                "iterations; FASTLAYERS_ONNX_MAX_LOOP_ITERATIONS)"
+            )
         outs = body.run([np.array(i, np.int64), np.array(go)] + carried, captures)
         go = condition(outs[0], "Loop body's condition output")
-        carried = outs[1:1 + len(carried)]
-        for steps, value in zip(scans, outs[1 + len(carried):]):
+        carried = outs[1 : 1 + len(carried)]
+        for steps, value in zip(scans, outs[1 + len(carried) :]):
             _append(steps, value, "Loop scan output")
         i += 1
-    stacked = [_stacked(steps, 0, "Loop", declared)
-               for steps, declared in zip(scans, body.output_types[1 + len(carried):])]
+    stacked = [
+        _stacked(steps, 0, "Loop", declared) for steps, declared in zip(scans, body.output_types[1 + len(carried) :])
+    ]
     return carried + stacked
 
 
@@ -160,8 +165,7 @@ def _scan(inputs, attrs, opset):
     lengths = set()
     for j, x in enumerate(scanned):
         if not -x.ndim <= in_axes[j] < x.ndim:
-            raise ShapeError(f"Scan: scan_input_axes {in_axes[j]} for scanned input {j + 1} of "
-                             f"shape {x.shape}")
+            raise ShapeError(f"Scan: scan_input_axes {in_axes[j]} for scanned input {j + 1} of shape {x.shape}")
         in_axes[j] %= x.ndim
         lengths.add(x.shape[in_axes[j]])
     if len(lengths) != 1:
@@ -169,8 +173,7 @@ def _scan(inputs, attrs, opset):
     length = lengths.pop()
     steps: list[list] = [[] for _ in range(k)]
     for t in range(length):
-        slices = [np.take(x, length - 1 - t if d else t, axis=a)
-                  for x, a, d in zip(scanned, in_axes, in_dirs)]
+        slices = [np.take(x, length - 1 - t if d else t, axis=a) for x, a, d in zip(scanned, in_axes, in_dirs)]
         outs = body.run(states + slices, captures)
         states = outs[:n]
         for per_step, value in zip(steps, outs[n:]):

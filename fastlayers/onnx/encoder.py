@@ -38,8 +38,7 @@ from ..backends import get_ops
 from ..backends.types import EncoderWeights
 
 #: Nodes that move or select data without computing on it: the walks pass through them.
-LAYOUT = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Gather", "Identity", "Slice", "Split",
-          "Flatten"}
+LAYOUT = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Gather", "Identity", "Slice", "Split", "Flatten"}
 #: Activations of the first feed-forward product that ``encoder_layer`` takes by name.
 _ACTIVATIONS = {"linear", "relu", "gelu", "gelu_tanh", "sigmoid", "silu", "onnx_sigmoid", "onnx_silu", "onnx_tanh"}
 #: Readers that see only a value's shape: they do not make it a data path of its own.
@@ -63,8 +62,12 @@ class _Graph:
         with constant indices, so that an embedding lookup stops the walk)."""
         passed = []
         node = self.producer.get(name)
-        while node is not None and node.op_type in LAYOUT and node.inputs[0] and (
-                node.op_type != "Gather" or node.inputs[1] in self.constants):
+        while (
+            node is not None
+            and node.op_type in LAYOUT
+            and node.inputs[0]
+            and (node.op_type != "Gather" or node.inputs[1] in self.constants)
+        ):
             passed.append(node)
             node = self.producer.get(node.inputs[0])
         return (passed[-1].inputs[0] if passed else name), passed
@@ -98,16 +101,24 @@ class _Graph:
 
     def norm(self, node, e):
         """(gamma, beta, eps) of a LayerNormalization over the last axis of width ``e``, else None."""
-        if node is None or node.op_type != "LayerNormalization" or node.attrs.get("_stats") or node.attrs.get("_rms") \
-                or node.attrs.get("axis", -1) not in (-1, 2):
+        if (
+            node is None
+            or node.op_type != "LayerNormalization"
+            or node.attrs.get("_stats")
+            or node.attrs.get("_rms")
+            or node.attrs.get("axis", -1) not in (-1, 2)
+        ):
             return None
         gamma = self.constants.get(node.inputs[1])
         has_beta = len(node.inputs) > 2 and bool(node.inputs[2])
         beta = self.constants.get(node.inputs[2]) if has_beta else None
         if gamma is None or gamma.shape != (e,) or (has_beta and (beta is None or beta.shape != (e,))):
             return None
-        return (gamma.astype(np.float32), None if beta is None else beta.astype(np.float32),
-                float(node.attrs.get("epsilon", 1e-5)))
+        return (
+            gamma.astype(np.float32),
+            None if beta is None else beta.astype(np.float32),
+            float(node.attrs.get("epsilon", 1e-5)),
+        )
 
 
 class Candidate:
@@ -143,13 +154,19 @@ def _qkv(g, att):
             return None
         return z, found[0], found[1], passed + [producers[0]]
     found = [g.dense(p, e, e) for p in producers]
-    if len({id(p) for p in producers}) != 3 or any(f is None for f in found) \
-            or any(p.inputs[0] != z for p in producers):
+    if (
+        len({id(p) for p in producers}) != 3
+        or any(f is None for f in found)
+        or any(p.inputs[0] != z for p in producers)
+    ):
         return None
     w = np.concatenate([f[0] for f in found], axis=1)
     biases = [f[1] for f in found]
-    b = None if all(v is None for v in biases) else np.concatenate(
-        [np.zeros(e, np.float32) if v is None else v.reshape(e) for v in biases])
+    b = (
+        None
+        if all(v is None for v in biases)
+        else np.concatenate([np.zeros(e, np.float32) if v is None else v.reshape(e) for v in biases])
+    )
     return z, w, b, passed + producers
 
 
@@ -159,9 +176,13 @@ def _plain_attention(node, g) -> bool:
     other outputs nothing reads."""
     if node.op_type == "FusedAttention":
         return not (len(node.inputs) > 6 and node.inputs[6])
-    return (node.op_type == "Attention" and not any(node.inputs[3:]) and not node.attrs.get("is_causal", 0)
-            and not node.attrs.get("softcap", 0.0)
-            and not any(o in g.readers or o in g.outputs for o in node.outputs[1:] if o))
+    return (
+        node.op_type == "Attention"
+        and not any(node.inputs[3:])
+        and not node.attrs.get("is_causal", 0)
+        and not node.attrs.get("softcap", 0.0)
+        and not any(o in g.readers or o in g.outputs for o in node.outputs[1:] if o)
+    )
 
 
 def _other(node, name):
@@ -194,9 +215,8 @@ def match(nodes, constants, outputs) -> list[list]:
             continue
         core += z_passed + passed_att + [att, out_proj]
         after, passed_o = g.follow(out_proj.outputs[0])
-        ends = [(n.outputs[0], passed_o[:k + 1]) for k, n in enumerate(passed_o)][::-1]
-        block = Block(z, (w_qkv, b_qkv, w_o[0], w_o[1]), att, core,
-                      ends + [(out_proj.outputs[0], [])])
+        ends = [(n.outputs[0], passed_o[: k + 1]) for k, n in enumerate(passed_o)][::-1]
+        block = Block(z, (w_qkv, b_qkv, w_o[0], w_o[1]), att, core, ends + [(out_proj.outputs[0], [])])
         layer = _layer(g, z, e, after, passed_o, out_proj, core, (w_qkv, b_qkv, w_o), att)
         found.append([block] if layer is None else [layer, block])
     return found
@@ -212,7 +232,7 @@ def _layer(g, z, e, add1, passed_o, out_proj, core, projections, att) -> Candida
     residual = _other(add1, passed_o[-1].outputs[0] if passed_o else out_proj.outputs[0])
     core = core + passed_o + [add1]
     ln_z = g.producer.get(z)
-    if residual == z:                    # post-norm: LN1(x + mha(x)), LN2(y + ff(y))
+    if residual == z:  # post-norm: LN1(x + mha(x)), LN2(y + ff(y))
         norm_first, x = False, z
         ln1 = g.reader(add1.outputs[0])
         norm1 = g.norm(ln1, e)
@@ -287,14 +307,23 @@ def confirmed(candidate, values) -> dict | None:
     for heads in _heads(candidate.attention, e, q):
         for batch_first in (True, False):
             x_nle = x if batch_first else x.transpose(1, 0, 2)
-            y, _ = get_ops().encoder_layer(np.ascontiguousarray(x_nle), candidate.weights, heads,
-                                           candidate.activation, candidate.norm_first,
-                                           need_weights=False)
+            y, _ = get_ops().encoder_layer(
+                np.ascontiguousarray(x_nle),
+                candidate.weights,
+                heads,
+                candidate.activation,
+                candidate.norm_first,
+                need_weights=False,
+            )
             y = y if batch_first else y.transpose(1, 0, 2)
             if _same(y, want):
-                return {"weights": candidate.weights, "num_heads": heads,
-                        "activation": candidate.activation, "norm_first": candidate.norm_first,
-                        "batch_first": batch_first}
+                return {
+                    "weights": candidate.weights,
+                    "num_heads": heads,
+                    "activation": candidate.activation,
+                    "norm_first": candidate.norm_first,
+                    "batch_first": batch_first,
+                }
     return None
 
 
@@ -306,19 +335,26 @@ def confirmed_block(block, values) -> tuple | None:
     x, q = values.get(block.x), values.get(block.attention.inputs[0])
     w_qkv, b_qkv, w_o, b_o = block.weights
     e = w_qkv.shape[0]
-    if x is None or q is None or x.ndim != 3 or x.dtype != np.float32 or x.shape[2] != e \
-            or q.shape[-1] == 0 or e % q.shape[-1]:
+    if (
+        x is None
+        or q is None
+        or x.ndim != 3
+        or x.dtype != np.float32
+        or x.shape[2] != e
+        or q.shape[-1] == 0
+        or e % q.shape[-1]
+    ):
         return None
     for heads in _heads(block.attention, e, q):
         for batch_first in (True, False):
             x_nle = x if batch_first else x.transpose(1, 0, 2)
-            y, _ = get_ops().self_attention(np.ascontiguousarray(x_nle), w_qkv, b_qkv, w_o, b_o,
-                                            heads, need_weights=False)
+            y, _ = get_ops().self_attention(
+                np.ascontiguousarray(x_nle), w_qkv, b_qkv, w_o, b_o, heads, need_weights=False
+            )
             y = y if batch_first else y.transpose(1, 0, 2)
             for end, passed in block.ends:
                 if _same(y, values.get(end)):
-                    return end, passed, {"weights": block.weights, "num_heads": heads,
-                                         "batch_first": batch_first}
+                    return end, passed, {"weights": block.weights, "num_heads": heads, "batch_first": batch_first}
     return None
 
 
@@ -326,7 +362,7 @@ def _heads(attention, e, q) -> list[int]:
     """The head counts a fused node may have: E / (q's last axis), and an opset-23 Attention's
     q_num_heads."""
     heads_tried = [e // q.shape[-1]]
-    q_heads = attention.attrs.get("q_num_heads")   # opset-23 Attention on 3-D q, k, v
+    q_heads = attention.attrs.get("q_num_heads")  # opset-23 Attention on 3-D q, k, v
     if q_heads and q_heads not in heads_tried and e % q_heads == 0:
         heads_tried.append(q_heads)
     return heads_tried
@@ -334,8 +370,11 @@ def _heads(attention, e, q) -> list[int]:
 
 def _same(y, want) -> bool:
     """Whether ``y`` is ``want`` to float32 rounding of a fused computation."""
-    return want is not None and y.shape == want.shape and np.allclose(
-        y, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max())))
+    return (
+        want is not None
+        and y.shape == want.shape
+        and np.allclose(y, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max())))
+    )
 
 
 def _noise(shape) -> np.ndarray:

@@ -18,8 +18,28 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 
 
 #: Operators whose output may outgrow their inputs by broadcasting them against each other.
-_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
-                 "GreaterOrEqual", "And", "Or", "Xor", "Where", "Sum", "Max", "Min", "Mean", "PRelu"}
+_BROADCASTING = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Mod",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "Where",
+    "Sum",
+    "Max",
+    "Min",
+    "Mean",
+    "PRelu",
+}
 
 
 def _predicted_bytes(node, values):
@@ -36,7 +56,7 @@ def _predicted_bytes(node, values):
     elif node.op_type == "MatMul" and len(arrays) == 2 and min(arrays[0].ndim, arrays[1].ndim) >= 1:
         a, b = arrays
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + a.shape[-2:-1] + b.shape[-1:]
-    elif node.op_type == "Gemm" and len(arrays) >= 2:    # an upper bound, whatever transA/B
+    elif node.op_type == "Gemm" and len(arrays) >= 2:  # an upper bound, whatever transA/B
         shape = (max(arrays[0].shape, default=1), max(arrays[1].shape, default=1))
     elif node.op_type == "Gather" and len(arrays) == 2:
         shape = arrays[1].shape + arrays[0].shape
@@ -50,8 +70,7 @@ def _predicted_bytes(node, values):
     return count * item
 
 
-def fold_constants(nodes, constants, opset, budget: int | None = None,
-                   where: str = "ONNX model") -> list[Node]:
+def fold_constants(nodes, constants, opset, budget: int | None = None, where: str = "ONNX model") -> list[Node]:
     """Run every node whose inputs are all constants; keep the others. ``budget``: the bytes
     the constants made may take in all (None: no limit; views of constants cost nothing); a
     node that would go over it, or that fails, raises ``ModelFileError`` (``UnsupportedError``
@@ -59,8 +78,11 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
     kept = []
     used, owners = 0, {id(owner(v)) for v in constants.values()}
     for node in nodes:
-        if node.op_type in NONDETERMINISTIC or not all(i == "" or i in constants for i in node.inputs) \
-                or _may_not_end(node):   # not run at load
+        if (
+            node.op_type in NONDETERMINISTIC
+            or not all(i == "" or i in constants for i in node.inputs)
+            or _may_not_end(node)
+        ):  # not run at load
             kept.append(node)
             continue
         values = [constants[i] if i else None for i in node.inputs]
@@ -80,14 +102,16 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
             raise ModelFileError(
                 f"{where}: {label}: folding it at load ({e}) would take the graph's constants over "
                 f"{budget} bytes (max(onnx_max_fold_bytes, 2 x its initializers); raise "
-                "FASTLAYERS_ONNX_MAX_FOLD_BYTES for a graph that needs more)") from None
+                "FASTLAYERS_ONNX_MAX_FOLD_BYTES for a graph that needs more)"
+            ) from None
         except UnsupportedError as e:
             raise UnsupportedError(f"{where}: {label}: {e}") from None
         except FastlayersError as e:
             raise ModelFileError(f"{where}: {label} cannot be computed at load: {e}") from None
         except Exception as e:  # noqa: BLE001 - any failure of an operator on the file's constants
-            raise ModelFileError(f"{where}: {label} cannot be computed at load "
-                                 f"({type(e).__name__}: {str(e)[:300]})") from None
+            raise ModelFileError(
+                f"{where}: {label} cannot be computed at load ({type(e).__name__}: {str(e)[:300]})"
+            ) from None
         for name, value in zip(node.outputs, outs):
             if name:
                 value = np.asarray(value)
@@ -100,7 +124,8 @@ def fold_constants(nodes, constants, opset, budget: int | None = None,
             raise ModelFileError(
                 f"{where}: {label}: the constants folded at load take {used} bytes, over {budget} "
                 "(max(onnx_max_fold_bytes, 2 x its initializers); raise FASTLAYERS_ONNX_MAX_FOLD_BYTES "
-                "for a graph that needs more)")
+                "for a graph that needs more)"
+            )
     return kept
 
 
@@ -131,13 +156,16 @@ def _may_not_end(node) -> bool:
     """Whether ``node`` is, or holds in a subgraph, a Loop without a trip count (which only
     its condition ends)."""
     return (node.op_type == "Loop" and not node.inputs[0]) or any(
-        isinstance(v, Body) and any(map(_may_not_end, v.model._nodes)) for v in node.attrs.values())
+        isinstance(v, Body) and any(map(_may_not_end, v.model._nodes)) for v in node.attrs.values()
+    )
 
 
 def has_loop(nodes) -> bool:
     """Whether ``nodes`` or the subgraphs of their control-flow nodes hold a Loop."""
-    return any(n.op_type == "Loop" or any(isinstance(v, Body) and has_loop(v.model._nodes)
-                                          for v in n.attrs.values()) for n in nodes)
+    return any(
+        n.op_type == "Loop" or any(isinstance(v, Body) and has_loop(v.model._nodes) for v in n.attrs.values())
+        for n in nodes
+    )
 
 
 def mark_loops(nodes, constants) -> list[Node]:
@@ -170,8 +198,10 @@ def inline_constant_ifs(nodes, constants) -> tuple[list[Node], bool]:
 
         for name, value in branch._constants.items():
             constants[prefix + name] = value
-        kept += [Node(n.op_type, [renamed(i) for i in n.inputs], [renamed(o) for o in n.outputs],
-                      n.attrs, n.name) for n in branch._nodes]
+        kept += [
+            Node(n.op_type, [renamed(i) for i in n.inputs], [renamed(o) for o in n.outputs], n.attrs, n.name)
+            for n in branch._nodes
+        ]
         kept += [Node("Identity", [renamed(b)], [o], {}) for o, b in zip(node.outputs, branch.output_names) if o]
         changed = True
     return kept, changed

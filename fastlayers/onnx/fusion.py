@@ -13,8 +13,13 @@ from . import encoder
 from .nodes import Node, consumers, prune, readers_of
 
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
-_FUSABLE_ACTIVATIONS = {"Relu": ("relu", None), "Sigmoid": ("onnx_sigmoid", None), "Tanh": ("onnx_tanh", None),
-                        "LeakyRelu": ("leaky_relu", "alpha"), "Gelu": ("gelu", None)}
+_FUSABLE_ACTIVATIONS = {
+    "Relu": ("relu", None),
+    "Sigmoid": ("onnx_sigmoid", None),
+    "Tanh": ("onnx_tanh", None),
+    "LeakyRelu": ("leaky_relu", "alpha"),
+    "Gelu": ("gelu", None),
+}
 
 
 def _fused_activation(follower, constants) -> dict | None:
@@ -33,10 +38,11 @@ def _fused_activation(follower, constants) -> dict | None:
         name = {(0.0, 6.0): "relu6", (0.0, None): "relu", (0.0, np.inf): "relu"}.get(tuple(bounds))
         return None if name is None else {"activation": name, "alpha": 0.0}
     if op == "HardSigmoid":
-        ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
-            and np.float32(follower.attrs.get("beta", 0.5)) == np.float32(0.5)
+        ok = np.float32(follower.attrs.get("alpha", 0.2)) == np.float32(1 / 6) and np.float32(
+            follower.attrs.get("beta", 0.5)
+        ) == np.float32(0.5)
         return {"activation": "hard_sigmoid", "alpha": 0.0} if ok else None
-    if op == "HardSwish":   # x max(0, min(1, x / 6 + 1/2)) = x relu6(x + 3) / 6
+    if op == "HardSwish":  # x max(0, min(1, x / 6 + 1/2)) = x relu6(x + 3) / 6
         return {"activation": "hard_silu", "alpha": 0.0}
     if op == "Swish":
         return {"activation": "onnx_silu", "alpha": 0.0} if follower.attrs.get("alpha", 1.0) == 1.0 else None
@@ -56,8 +62,7 @@ def _fused_softmax(follower, two_d) -> dict | None:
         return None
     axis = follower.attrs.get("axis")
     if axis == -1 or (two_d and axis in (None, 1)):
-        return {"activation": "softmax" if follower.op_type == "Softmax" else "log_softmax",
-                "alpha": 0.0}
+        return {"activation": "softmax" if follower.op_type == "Softmax" else "log_softmax", "alpha": 0.0}
     return None
 
 
@@ -83,8 +88,14 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
         two_d = node.op_type == "Gemm"
         if node.op_type == "MatMul" and w is not None and w.ndim == 2 and w.dtype == np.float32:
             node.op_type, node.inputs, node.attrs = "FusedDense", [node.inputs[0], node.inputs[1]], {}
-        elif (node.op_type == "Gemm" and w is not None and w.dtype == np.float32 and not node.attrs.get("transA", 0)
-              and node.attrs.get("alpha", 1.0) == 1.0 and node.attrs.get("beta", 1.0) == 1.0):
+        elif (
+            node.op_type == "Gemm"
+            and w is not None
+            and w.dtype == np.float32
+            and not node.attrs.get("transA", 0)
+            and node.attrs.get("alpha", 1.0) == 1.0
+            and node.attrs.get("beta", 1.0) == 1.0
+        ):
             c = constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
             bias = _bias_vector(c, w.shape[0] if node.attrs.get("transB", 0) else w.shape[1]) if c is not None else None
             if c is not None and bias is None:
@@ -115,8 +126,9 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
                     break
                 constants[f"{other}::vec"] = bias
                 node.inputs.append(f"{other}::vec")
-            elif "activation" not in node.attrs and (fused := _fused_activation(follower, constants)
-                                                      or _fused_softmax(follower, two_d)):
+            elif "activation" not in node.attrs and (
+                fused := _fused_activation(follower, constants) or _fused_softmax(follower, two_d)
+            ):
                 node.attrs = fused
             else:
                 break
@@ -139,16 +151,20 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
         if len(node.inputs) > 2 and node.inputs[2] and b is None:
             continue
         attrs = dict(node.attrs)
-        scale = None     # per output channel, from a BatchNormalization folded in
+        scale = None  # per output channel, from a BatchNormalization folded in
         for _ in range(2):
             out = node.outputs[0]
             nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
             if uses.get(out, 0) != 1 or len(nxt) != 1:
                 break
             follower = nodes[nxt[0]]
-            if follower.op_type == "BatchNormalization" and "activation" not in attrs \
-                    and not follower.attrs.get("training_mode", 0) \
-                    and all(i in constants for i in follower.inputs[1:5]) and len(follower.outputs) == 1:
+            if (
+                follower.op_type == "BatchNormalization"
+                and "activation" not in attrs
+                and not follower.attrs.get("training_mode", 0)
+                and all(i in constants for i in follower.inputs[1:5])
+                and len(follower.outputs) == 1
+            ):
                 scale, beta, mean, var = (constants[i].astype(np.float32) for i in follower.inputs[1:5])
                 scale = (scale / np.sqrt(var + np.float32(follower.attrs.get("epsilon", 1e-5)))).astype(np.float32)
                 b = ((np.zeros_like(mean) if b is None else b) - mean) * scale + beta
@@ -202,25 +218,30 @@ def fuse_conv_transpose(nodes, constants, outputs) -> list[Node]:
     """ConvTranspose (+ an activation) -> the activation as its ``_activation`` and ``_alpha``
     attributes, run in the kernel's epilogue (a bias Add after it ``rewrite.fold_affine`` has
     already taken in)."""
+
     def absorb(node, fused):
         node.attrs = {**node.attrs, "_activation": fused["activation"], "_alpha": fused["alpha"]}
 
     return _absorb_activations(
-        nodes, constants, outputs,
-        lambda n: n.op_type == "ConvTranspose" and "_activation" not in n.attrs, absorb)
+        nodes, constants, outputs, lambda n: n.op_type == "ConvTranspose" and "_activation" not in n.attrs, absorb
+    )
 
 
 def fuse_add_activation(nodes, constants, outputs) -> list[Node]:
     """Add of two computed values (a residual connection) whose only reader is an activation the
     backends' epilogues know (Relu, Sigmoid, ...) -> one FusedAdd node: f(a + b) in one pass,
     without the sum as an array of its own."""
+
     def absorb(node, fused):
         node.op_type, node.attrs = "FusedAdd", fused
 
     return _absorb_activations(
-        nodes, constants, outputs,
+        nodes,
+        constants,
+        outputs,
         lambda n: n.op_type == "Add" and len(n.inputs) == 2 and not any(i in constants for i in n.inputs),
-        absorb)
+        absorb,
+    )
 
 
 def _scalar(constants, name):
@@ -284,7 +305,7 @@ _GELU_TANH_NODES = 8
 
 def _gelu_tanh(x):
     """x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the reference the spelled forms must match."""
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
 def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
@@ -365,18 +386,21 @@ def fuse_gelu_tanh(nodes, constants, outputs) -> list[Node]:
                 continue
             # a one-element constant of more axes than x would add axes to the result
             chain = list(region.values()) + after
-            if max((constants[i].ndim for n in chain for i in n.inputs if i in constants),
-                   default=0) > rank_at_least(x):
+            if max((constants[i].ndim for n in chain for i in n.inputs if i in constants), default=0) > rank_at_least(
+                x
+            ):
                 continue
             inside = set(region) | {id(n) for n in after}
-            if any(r is None or id(r) not in inside for n in region.values() for o in n.outputs
-                   for r in readers.get(o, [])):
+            if any(
+                r is None or id(r) not in inside for n in region.values() for o in n.outputs for r in readers.get(o, [])
+            ):
                 continue
             for end in range(len(after), 0, -1):
                 last = after[end - 1]
-                if factor in {i for n in after[:end] for i in n.inputs} \
-                        and matches({**region, **{id(n): n for n in after[:end]}}, x, last):
-                    removed.update(set(region) | {id(n) for n in after[:end - 1]})
+                if factor in {i for n in after[:end] for i in n.inputs} and matches(
+                    {**region, **{id(n): n for n in after[:end]}}, x, last
+                ):
+                    removed.update(set(region) | {id(n) for n in after[: end - 1]})
                     last.op_type, last.inputs, last.attrs = "Gelu", [x], {"approximate": "tanh"}
                     break
             break
@@ -405,8 +429,7 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
     producer = {o: n for n in nodes for o in n.outputs}
     from_shapes: set[str] = set()
     for n in nodes:
-        if n.op_type == "Shape" or (n.inputs and all(i in constants or i in from_shapes
-                                                     for i in n.inputs if i)):
+        if n.op_type == "Shape" or (n.inputs and all(i in constants or i in from_shapes for i in n.inputs if i)):
             from_shapes.update(n.outputs)
     removed: set[int] = set()
     index = {id(n): k for k, n in enumerate(nodes)}
@@ -415,8 +438,7 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
         """The producer of ``name`` when it is one of ``op_types``, ``name`` has one reader and
         the producer is not fused yet."""
         node = producer.get(name)
-        if node is None or node.op_type not in op_types or uses.get(name, 0) != 1 \
-                or index[id(node)] in removed:
+        if node is None or node.op_type not in op_types or uses.get(name, 0) != 1 or index[id(node)] in removed:
             return None
         return node
 
@@ -438,8 +460,7 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
 
     for sm in nodes:
         axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
-        if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed \
-                or uses.get(sm.outputs[0], 0) != 1:
+        if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed or uses.get(sm.outputs[0], 0) != 1:
             continue
         mm2 = next((n for n in nodes if sm.outputs[0] in n.inputs), None)
         if mm2 is None or mm2.op_type != "MatMul" or mm2.inputs[0] != sm.outputs[0]:
@@ -459,8 +480,11 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
         q, s_q, div_q, via_q = unscaled(mm1.inputs[0])
         kt, s_k, div_k, via_k = unscaled(mm1.inputs[1])
         transpose = producer.get(kt)
-        k_transposed = not (transpose is not None and transpose.op_type == "Transpose"
-                            and _swaps_last_axes(transpose.attrs.get("perm", ())))
+        k_transposed = not (
+            transpose is not None
+            and transpose.op_type == "Transpose"
+            and _swaps_last_axes(transpose.attrs.get("perm", ()))
+        )
         k = kt if k_transposed else transpose.inputs[0]
         mm2.op_type = "FusedAttention"
         mm2.inputs = [q, k, mm2.inputs[1], s_q, s_k, s_scores, mask]
@@ -475,8 +499,7 @@ def mark_attention_scores(nodes, outputs) -> list[Node]:
     uses = consumers(nodes, outputs)
     for node in nodes:
         if node.op_type == "Attention":
-            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and
-                              uses.get(node.outputs[3], 0) > 0)
+            node.attrs = dict(node.attrs, _qk_read=len(node.outputs) > 3 and uses.get(node.outputs[3], 0) > 0)
     return nodes
 
 
@@ -486,8 +509,7 @@ def mark_recurrent_sequences(nodes, outputs) -> list[Node]:
     uses = consumers(nodes, outputs)
     for node in nodes:
         if node.op_type in ("RNN", "GRU", "LSTM", "EmbeddingRNN", "EmbeddingGRU", "EmbeddingLSTM"):
-            node.attrs = dict(node.attrs, _y_read=bool(node.outputs) and
-                              uses.get(node.outputs[0], 0) > 0)
+            node.attrs = dict(node.attrs, _y_read=bool(node.outputs) and uses.get(node.outputs[0], 0) > 0)
     return nodes
 
 
@@ -506,26 +528,24 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
         x = node.inputs[0]
         src = producer.get(x)
         time_major = node.attrs.get("layout", 0) == 0
-        shapes = []    # Shape nodes reading the Transpose (torch's exporter: the batch size)
-        if src is not None and src.op_type == "Transpose" \
-                and list(src.attrs.get("perm", ())) == [1, 0, 2]:
+        shapes = []  # Shape nodes reading the Transpose (torch's exporter: the batch size)
+        if src is not None and src.op_type == "Transpose" and list(src.attrs.get("perm", ())) == [1, 0, 2]:
             shapes = [n for n in nodes if x in n.inputs and n is not node]
             if uses.get(x, 0) != len(shapes) + 1 or any(
-                    n.op_type != "Shape" or n.attrs or n.inputs != [x] for n in shapes):
+                n.op_type != "Shape" or n.attrs or n.inputs != [x] for n in shapes
+            ):
                 continue
             src, time_major = producer.get(src.inputs[0]), not time_major
         if src is None or src.op_type != "Gather" or src.attrs.get("axis", 0) != 0:
             continue
         table = constants.get(src.inputs[0])
-        if table is None or table.dtype != np.float32 or table.ndim != 2 or \
-                src.inputs[1] in constants:
+        if table is None or table.dtype != np.float32 or table.ndim != 2 or src.inputs[1] in constants:
             continue
-        for shape in shapes:   # Shape(Transpose(e)) = Shape(e) permuted
+        for shape in shapes:  # Shape(Transpose(e)) = Shape(e) permuted
             out, k = shape.outputs[0], nodes.index(shape)
             constants[f"{x}::perm"] = np.array([1, 0, 2], np.int64)
             shape.inputs, shape.outputs = [src.outputs[0]], [f"{out}::unpermuted"]
-            nodes.insert(k + 1, Node("Gather", [f"{out}::unpermuted", f"{x}::perm"], [out],
-                                     {"axis": 0}))
+            nodes.insert(k + 1, Node("Gather", [f"{out}::unpermuted", f"{x}::perm"], [out], {"axis": 0}))
         node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
         node.attrs = dict(node.attrs, _ids_time_major=time_major)
         node.op_type = f"Embedding{node.op_type}"
@@ -585,5 +605,4 @@ def _replaced(nodes, core, candidate, op_type, y, attrs, outputs) -> list[Node]:
     candidate's input to ``y``."""
     name = candidate.attention.name or y
     fused = Node(op_type, [candidate.x], [y], dict(attrs, name=name), name)
-    return prune([fused if y in n.outputs else n for n in nodes if id(n) not in core or y in n.outputs],
-                 outputs)
+    return prune([fused if y in n.outputs else n for n in nodes if id(n) not in core or y in n.outputs], outputs)

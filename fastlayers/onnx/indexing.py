@@ -55,19 +55,21 @@ def _nd_index(data_shape, indices, batch_dims, what):
     k = indices.shape[-1]
     rank = len(data_shape)
     if batch_dims < 0 or batch_dims >= min(rank, indices.ndim):
-        raise ShapeError(f"{what}: batch_dims {batch_dims} for data of rank {rank} and indices "
-                         f"of rank {indices.ndim}")
+        raise ShapeError(f"{what}: batch_dims {batch_dims} for data of rank {rank} and indices of rank {indices.ndim}")
     if tuple(indices.shape[:batch_dims]) != tuple(data_shape[:batch_dims]):
-        raise ShapeError(f"{what}: the batch dimensions of indices {indices.shape[:batch_dims]} "
-                         f"and data {tuple(data_shape[:batch_dims])} differ")
+        raise ShapeError(
+            f"{what}: the batch dimensions of indices {indices.shape[:batch_dims]} "
+            f"and data {tuple(data_shape[:batch_dims])} differ"
+        )
     if k < 1 or k > rank - batch_dims:
-        raise ShapeError(f"{what}: index tuples of length {k} for data of rank {rank} with "
-                         f"{batch_dims} batch dimension(s)")
+        raise ShapeError(
+            f"{what}: index tuples of length {k} for data of rank {rank} with {batch_dims} batch dimension(s)"
+        )
     batch = math.prod(data_shape[:batch_dims])
     flat = indices.reshape(batch, math.prod(indices.shape[batch_dims:-1]), k)
     columns = [_checked_indices(flat[..., j], data_shape[batch_dims + j], what) for j in range(k)]
     rows = np.arange(batch, dtype=np.int64)[:, None]
-    return rows, columns, tuple(data_shape[batch_dims + k:])
+    return rows, columns, tuple(data_shape[batch_dims + k :])
 
 
 @op("GatherND")
@@ -101,13 +103,16 @@ def _scatter_nd(inputs, attrs, opset):
     rows, columns, tail = _nd_index(data.shape, indices, 0, "ScatterND")
     want = indices.shape[:-1] + tail
     if updates.shape != want:
-        raise ShapeError(f"ScatterND: updates of shape {updates.shape} for indices of shape "
-                         f"{indices.shape} into data of shape {data.shape} (expected {want})")
+        raise ShapeError(
+            f"ScatterND: updates of shape {updates.shape} for indices of shape "
+            f"{indices.shape} into data of shape {data.shape} (expected {want})"
+        )
     out = np.array(data, copy=True)
     m = math.prod(indices.shape[:-1])
     where = tuple(c.reshape(-1) for c in columns)
-    return [_scatter(out, where, updates.reshape((m,) + tail).astype(out.dtype, copy=False),
-                     attrs.get("reduction", "none"))]
+    return [
+        _scatter(out, where, updates.reshape((m,) + tail).astype(out.dtype, copy=False), attrs.get("reduction", "none"))
+    ]
 
 
 @op("ScatterElements", "Scatter")
@@ -115,15 +120,19 @@ def _scatter_elements(inputs, attrs, opset):
     """y = data; y[..., indices[i, j, ...], ...] (reduction)= updates[i, j, ...] on ``axis``."""
     data, indices, updates = inputs
     axis = _axis(attrs.get("axis", 0), data.ndim, "ScatterElements")
-    if indices.shape != updates.shape or indices.ndim != data.ndim or any(
-            i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != axis):
-        raise ShapeError(f"ScatterElements: indices {indices.shape} and updates {updates.shape} "
-                         f"do not fit data of shape {data.shape} on axis {axis}")
+    if (
+        indices.shape != updates.shape
+        or indices.ndim != data.ndim
+        or any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != axis)
+    ):
+        raise ShapeError(
+            f"ScatterElements: indices {indices.shape} and updates {updates.shape} "
+            f"do not fit data of shape {data.shape} on axis {axis}"
+        )
     grid = list(np.indices(indices.shape, sparse=True))
     grid[axis] = _checked_indices(indices, data.shape[axis], "ScatterElements")
     out = np.array(data, copy=True)
-    return [_scatter(out, tuple(grid), updates.astype(out.dtype, copy=False),
-                     attrs.get("reduction", "none"))]
+    return [_scatter(out, tuple(grid), updates.astype(out.dtype, copy=False), attrs.get("reduction", "none"))]
 
 
 @op("Compress")
@@ -136,8 +145,7 @@ def _compress(inputs, attrs, opset):
         x, axis = x.reshape(-1), 0
     axis = _axis(axis, x.ndim, "Compress")
     if condition.size > x.shape[axis]:
-        raise ShapeError(f"Compress: a condition of {condition.size} values for an axis of "
-                         f"{x.shape[axis]}")
+        raise ShapeError(f"Compress: a condition of {condition.size} values for an axis of {x.shape[axis]}")
     return [np.compress(condition, x, axis=axis)]
 
 
@@ -209,8 +217,9 @@ def _cum_sum(inputs, attrs, opset):
     y = np.flip(x, axis) if reverse else x
     y = np.cumsum(y, axis=axis, dtype=x.dtype)
     if attrs.get("exclusive", 0) and y.shape[axis]:
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)),
-                            np.take(y, np.arange(y.shape[axis] - 1), axis=axis)], axis=axis)
+        y = np.concatenate(
+            [np.zeros_like(np.take(y, [0], axis=axis)), np.take(y, np.arange(y.shape[axis] - 1), axis=axis)], axis=axis
+        )
     return [np.flip(y, axis) if reverse else y]
 
 
@@ -223,14 +232,14 @@ def einsum_terms(equation: str, count: int) -> tuple[list[str], str | None]:
     most one '->', each output letter once and from an input; a ShapeError for any other."""
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    if len(terms) != count or "->" in rhs or not all(_TERM.match(t) and t.count("...") <= 1
-                                                     for t in terms + [rhs]):
-        raise ShapeError(f"Einsum: malformed equation {equation[:80]!r} for {count} inputs "
-                         "(letters, at most one '...' per term, one ',' between terms, one '->')")
+    if len(terms) != count or "->" in rhs or not all(_TERM.match(t) and t.count("...") <= 1 for t in terms + [rhs]):
+        raise ShapeError(
+            f"Einsum: malformed equation {equation[:80]!r} for {count} inputs "
+            "(letters, at most one '...' per term, one ',' between terms, one '->')"
+        )
     letters = rhs.replace("...", "")
     if arrow and (len(set(letters)) != len(letters) or not set(letters) <= set(lhs)):
-        raise ShapeError(f"Einsum: output term {rhs!r} of {equation[:80]!r} (each letter once, "
-                         "each from an input)")
+        raise ShapeError(f"Einsum: output term {rhs!r} of {equation[:80]!r} (each letter once, each from an input)")
     return terms, rhs if arrow else None
 
 
@@ -248,8 +257,8 @@ def _einsum_shape(equation, operands):
         at = term.find("...")
         dims = list(x.shape)
         if "..." in term:
-            ellipsis = np.broadcast_shapes(ellipsis, tuple(dims[at:at + rest]))
-            dims = dims[:at] + dims[at + rest:]
+            ellipsis = np.broadcast_shapes(ellipsis, tuple(dims[at : at + rest]))
+            dims = dims[:at] + dims[at + rest :]
         for letter, d in zip(letters, dims):
             if sizes.setdefault(letter, d) != d:
                 raise ShapeError(f"Einsum: {letter!r} is {sizes[letter]} and {d} in {equation[:80]!r}")
@@ -276,8 +285,9 @@ def _depth_to_space(inputs, attrs, opset):
     """(N, C*b*b, H, W) -> (N, C, H*b, W*b); DCR: depth ordered (b, b, C), CRD: (C, b, b)."""
     x, b = inputs[0], attrs["blocksize"]
     if x.ndim != 4 or x.shape[1] % (b * b):
-        raise ShapeError(f"DepthToSpace: blocksize {b} for an input of shape {x.shape} (4-D, "
-                         "channels a multiple of blocksize^2)")
+        raise ShapeError(
+            f"DepthToSpace: blocksize {b} for an input of shape {x.shape} (4-D, channels a multiple of blocksize^2)"
+        )
     n, c, h, w = x.shape
     if attrs.get("mode", "DCR") == "DCR":
         y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
@@ -291,8 +301,10 @@ def _space_to_depth(inputs, attrs, opset):
     """(N, C, H*b, W*b) -> (N, C*b*b, H, W); DCR: depth ordered (b, b, C), CRD: (C, b, b)."""
     x, b = inputs[0], attrs["blocksize"]
     if x.ndim != 4 or x.shape[2] % b or x.shape[3] % b:
-        raise ShapeError(f"SpaceToDepth: blocksize {b} for an input of shape {x.shape} (4-D, "
-                         "height and width multiples of blocksize)")
+        raise ShapeError(
+            f"SpaceToDepth: blocksize {b} for an input of shape {x.shape} (4-D, "
+            "height and width multiples of blocksize)"
+        )
     n, c, h, w = x.shape
     y = x.reshape(n, c, h // b, b, w // b, b)
     y = y.transpose(0, 3, 5, 1, 2, 4) if attrs.get("mode", "DCR") == "DCR" else y.transpose(0, 1, 3, 5, 2, 4)
@@ -306,15 +318,17 @@ def _reverse_sequence(inputs, attrs, opset):
     x, lengths = inputs
     t_axis, b_axis = attrs.get("time_axis", 0), attrs.get("batch_axis", 1)
     if x.ndim < 2 or {t_axis, b_axis} != {0, 1}:
-        raise ShapeError(f"ReverseSequence: time_axis {t_axis} and batch_axis {b_axis} (0 and 1) "
-                         f"for an input of shape {x.shape}")
+        raise ShapeError(
+            f"ReverseSequence: time_axis {t_axis} and batch_axis {b_axis} (0 and 1) for an input of shape {x.shape}"
+        )
     lengths = np.asarray(lengths).astype(np.int64).reshape(-1)
     steps, batch = x.shape[t_axis], x.shape[b_axis]
     if lengths.size != batch or (lengths.size and (lengths.min() < 0 or lengths.max() > steps)):
-        raise InputError(f"ReverseSequence: sequence_lens {lengths[:8].tolist()} for {batch} "
-                         f"sequences of {steps} steps")
+        raise InputError(
+            f"ReverseSequence: sequence_lens {lengths[:8].tolist()} for {batch} sequences of {steps} steps"
+        )
     t = np.arange(steps)[:, None]
-    source = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)   # (time, batch)
+    source = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)  # (time, batch)
     xt = x if t_axis == 0 else np.swapaxes(x, 0, 1)
     y = xt[source, np.arange(batch)[None, :]]
     return [y if t_axis == 0 else np.swapaxes(y, 0, 1)]
@@ -334,4 +348,3 @@ def _hardmax(inputs, attrs, opset):
     axis = _axis(attrs.get("axis", 1), x.ndim, "Hardmax")
     flat = x.reshape(math.prod(x.shape[:axis]), -1)
     return [_hardmax([flat], {"axis": -1}, 13)[0].reshape(x.shape)]
-

@@ -87,8 +87,11 @@ def to_nhwc(x, one_d):
         if held is not None:
             return held[:, None] if one_d else held
         if x.flags.c_contiguous and (x.shape[1] == 1 or x[0, 0].size == 1):
-            return x.reshape((x.shape[0], 1) + x.shape[2:] + x.shape[1:2]) if one_d else \
-                x.reshape(x.shape[:1] + x.shape[2:] + x.shape[1:2])
+            return (
+                x.reshape((x.shape[0], 1) + x.shape[2:] + x.shape[1:2])
+                if one_d
+                else x.reshape(x.shape[:1] + x.shape[2:] + x.shape[1:2])
+            )
     y = channels_last(np.ascontiguousarray(x, dtype=np.float32))
     return y[:, None] if one_d else y
 

@@ -83,11 +83,43 @@ from .tensors import DTYPES
 
 MIN_OPSET = 9
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.
-ORT_TYPES = {t: f"tensor({n})" for t, n in enumerate(
-    ["", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
-     "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn",
-     "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1", "float8e8m0",
-     "uint2", "int2", "float6e2m3", "float6e3m2"]) if n}
+ORT_TYPES = {
+    t: f"tensor({n})"
+    for t, n in enumerate(
+        [
+            "",
+            "float",
+            "uint8",
+            "int8",
+            "uint16",
+            "int16",
+            "int32",
+            "int64",
+            "string",
+            "bool",
+            "float16",
+            "double",
+            "uint32",
+            "uint64",
+            "complex64",
+            "complex128",
+            "bfloat16",
+            "float8e4m3fn",
+            "float8e4m3fnuz",
+            "float8e5m2",
+            "float8e5m2fnuz",
+            "uint4",
+            "int4",
+            "float4e2m1",
+            "float8e8m0",
+            "uint2",
+            "int2",
+            "float6e2m3",
+            "float6e3m2",
+        ]
+    )
+    if n
+}
 
 
 def _read_nodes(graph, where, opset=None, budget=None) -> list[Node]:
@@ -99,11 +131,11 @@ def _read_nodes(graph, where, opset=None, budget=None) -> list[Node]:
         attrs = dict(n.attrs)
         if n.op_type == "Split":
             attrs["_num_outputs"] = len(n.outputs)
-        if n.op_type == "LayerNormalization":      # the mean / inv-std outputs cost two passes
+        if n.op_type == "LayerNormalization":  # the mean / inv-std outputs cost two passes
             attrs["_stats"] = any(n.outputs[1:])
         for key in check.SUBGRAPHS.get(n.op_type, ()):
             label = f"{where}: node {check.short(n.name or n.outputs[0])} ({n.op_type}) {key}"
-            attrs[key] = _subgraph(attrs[key], n.inputs[attrs["_formal"]:], opset, label, budget)
+            attrs[key] = _subgraph(attrs[key], n.inputs[attrs["_formal"] :], opset, label, budget)
         nodes.append(Node(n.op_type, list(n.inputs), list(n.outputs), attrs, n.name))
     return nodes
 
@@ -118,18 +150,19 @@ def _subgraph(graph, captures, opset, where, budget) -> Body:
     nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
     nodes = bind_constant_captures(nodes, constants, opset, budget)
     inputs: list[tuple[str, np.dtype, None]] = [
-        (vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs]
+        (vi.name, np.dtype(DTYPES.get(vi.elem_type, np.float32)), None) for vi in graph.inputs
+    ]
     inputs += [(name, np.dtype(np.float32), None) for name in captures]
-    types = [(np.dtype(DTYPES[vo.elem_type]) if vo.elem_type in DTYPES else None, _value_shape(vo))
-             for vo in graph.outputs]
+    types = [
+        (np.dtype(DTYPES[vo.elem_type]) if vo.elem_type in DTYPES else None, _value_shape(vo)) for vo in graph.outputs
+    ]
     return Body(_body_model(where, inputs, outputs, constants, nodes, opset), types)
 
 
 def _body_model(where, inputs, outputs, constants, nodes, opset) -> OnnxModel:
     """A subgraph's model, keeping the constants its nodes and outputs read."""
     used = set(outputs).union(*(n.inputs for n in nodes))
-    return OnnxModel(where, inputs, outputs, {k: v for k, v in constants.items() if k in used},
-                     nodes, opset, {}, where)
+    return OnnxModel(where, inputs, outputs, {k: v for k, v in constants.items() if k in used}, nodes, opset, {}, where)
 
 
 def bind_constant_captures(nodes, constants, opset, budget) -> list[Node]:
@@ -149,15 +182,13 @@ def bind_constant_captures(nodes, constants, opset, budget) -> list[Node]:
         attrs = dict(node.attrs)
         for key in bodies:
             body, model = attrs[key], attrs[key].model
-            own = model._inputs[:len(model._inputs) - len(captures)]
-            local = {**bound, **model._constants}   # a subgraph's own initializer shadows an outer value
+            own = model._inputs[: len(model._inputs) - len(captures)]
+            local = {**bound, **model._constants}  # a subgraph's own initializer shadows an outer value
             label = model._where
-            inner = mark_loops(fold_and_inline(model._nodes, local, model.output_names, opset, budget,
-                                               label), local)
+            inner = mark_loops(fold_and_inline(model._nodes, local, model.output_names, opset, budget, label), local)
             inner = bind_constant_captures(inner, local, opset, budget)
-            inputs = own + [i for i in model._inputs[len(own):] if i[0] not in bound]
-            attrs[key] = Body(_body_model(label, inputs, model.output_names, local, inner, opset),
-                              body.output_types)
+            inputs = own + [i for i in model._inputs[len(own) :] if i[0] not in bound]
+            attrs[key] = Body(_body_model(label, inputs, model.output_names, local, inner, opset), body.output_types)
         node.attrs = attrs
         node.inputs = node.inputs[:formal] + [c for c in captures if c not in bound]
     return nodes
@@ -180,8 +211,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = cells.fuse_lstm_cell(nodes, constants, outputs)
     nodes = fusion.fuse_attention(nodes, constants, outputs, opset)
     nodes = qfusion.optimize(nodes, constants, outputs)
-    nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs),
-                  outputs)
+    nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs), outputs)
     if probe is not None:
         nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
     return fusion.fuse_add_activation(nodes, constants, outputs)
@@ -204,12 +234,12 @@ def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:
             body, model = attrs[key], attrs[key].model
             n_own = len(model._inputs) - (len(node.inputs) - node.attrs["_formal"])
             own_types = {name: dtype for name, dtype, _ in model._inputs[:n_own]}
-            own_types.update((name, outer_dtypes[name]) for name, _, _ in model._inputs[n_own:]
-                             if name in outer_dtypes)
+            own_types.update((name, outer_dtypes[name]) for name, _, _ in model._inputs[n_own:] if name in outer_dtypes)
             constants = dict(model._constants)
             inner = optimize(list(model._nodes), constants, model.output_names, own_types, opset)
-            attrs[key] = Body(_body_model(model._where, model._inputs, model.output_names, constants, inner,
-                                          opset), body.output_types)
+            attrs[key] = Body(
+                _body_model(model._where, model._inputs, model.output_names, constants, inner, opset), body.output_types
+            )
         node.attrs = attrs
     return nodes
 
@@ -236,8 +266,7 @@ class NodeArg:
 
 def _declared(value_info) -> tuple:
     """(name, type string, dimensions) of a declared graph input or output, for ``NodeArg``."""
-    return (value_info.name, ORT_TYPES.get(value_info.elem_type),
-            tuple(_value_shape(value_info, named=True) or ()))
+    return (value_info.name, ORT_TYPES.get(value_info.elem_type), tuple(_value_shape(value_info, named=True) or ()))
 
 
 def _dead_after(nodes, kept) -> list[tuple]:
@@ -279,15 +308,13 @@ class OnnxModel:
     #: ``fastlayers.LoadOptions(threads=...)`` sets it at load.
     num_threads: int | None = None
 
-    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None,
-                 source=None):
+    def __init__(self, name, inputs, outputs, constants, nodes, opset, shapes, where, declared=None, source=None):
         self.name, self.opset, self._where = name, opset, where
-        self._inputs = inputs            # [(name, numpy dtype, shape with None for symbolic dims)]
+        self._inputs = inputs  # [(name, numpy dtype, shape with None for symbolic dims)]
         self.output_names = list(outputs)
         if declared is None:
             types = {np.dtype(t): ORT_TYPES[k] for k, t in DTYPES.items()}
-            declared = ([(n, types[d], tuple(s or ())) for n, d, s in inputs],
-                        [(n, None, ()) for n in outputs], ())
+            declared = ([(n, types[d], tuple(s or ())) for n, d, s in inputs], [(n, None, ()) for n in outputs], ())
         self._declared_inputs, self._declared_outputs, self._initializer_inputs = declared
         self._constant_owners = {id(owner(c)) for c in constants.values()}
         self._constants = constants
@@ -304,23 +331,27 @@ class OnnxModel:
         shape_only: set[str] = set()
         for n in nodes:
             if n.op_type in ("Shape", "Size") or (
-                    n.op_type not in NONDETERMINISTIC
-                    and all(not i or i in constants or i in shape_only for i in n.inputs)):
+                n.op_type not in NONDETERMINISTIC and all(not i or i in constants or i in shape_only for i in n.inputs)
+            ):
                 shape_only.update(o for o in n.outputs if o)
-        self._plan = [(OPS[n.op_type], [None if not i else (constants[i] if i in constants else i)
-                                         for i in n.inputs], n.outputs,
-                       {**n.attrs, **{k: {} for k in NODE_CACHES[n.op_type]}}
-                       if n.op_type in NODE_CACHES else n.attrs,
-                       any(o in shape_only for o in n.outputs)) for n in nodes]
+        self._plan = [
+            (
+                OPS[n.op_type],
+                [None if not i else (constants[i] if i in constants else i) for i in n.inputs],
+                n.outputs,
+                {**n.attrs, **{k: {} for k in NODE_CACHES[n.op_type]}} if n.op_type in NODE_CACHES else n.attrs,
+                any(o in shape_only for o in n.outputs),
+            )
+            for n in nodes
+        ]
         self._quiet = _quiet_activations(nodes)
         self._input_checks = [(dtype, _fixed_tail(shape)) for _, dtype, shape in inputs]
         self._input_names = tuple(name for name, _, _ in inputs)
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
         self._shape_cache: dict = {}
-        self._compiled = None            # compiled.compile_plan's function, built at the first call
+        self._compiled = None  # compiled.compile_plan's function, built at the first call
         self._compiled_shapes: dict = {}
-        self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs,
-                                         *(name for name, _, _ in inputs)})
+        self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs, *(name for name, _, _ in inputs)})
 
     @property
     def input_names(self) -> list[str]:
@@ -370,7 +401,7 @@ class OnnxModel:
         if feed is None:
             if len(args) == len(self._input_checks) and self._fit(args):
                 return args
-        elif len(feed) == len(self._input_names):   # every input named once, no other name
+        elif len(feed) == len(self._input_names):  # every input named once, no other name
             arrays = [feed.get(name) for name in self._input_names]
             if self._fit(arrays):
                 return arrays
@@ -382,33 +413,45 @@ class OnnxModel:
                 folded = [k for k in unknown if k in self._initializer_inputs]
                 raise InputError(
                     f"ONNX model {self.name!r}: unknown input name(s) {unknown}; its inputs are "
-                    f"{names}" + (f" ({', '.join(map(repr, folded))}: initializer(s), "
-                                  f"constants of the graph that cannot be fed)" if folded else ""))
+                    f"{names}"
+                    + (
+                        f" ({', '.join(map(repr, folded))}: initializer(s), constants of the graph that cannot be fed)"
+                        if folded
+                        else ""
+                    )
+                )
         elif len(args) == 1 and isinstance(args[0], (list, tuple)) and len(self._inputs) > 1:
             arrays = list(args[0])
         else:
             arrays = list(args)
         if len(arrays) != len(self._inputs) or any(a is None for a in arrays):
             missing = [n for n, a in zip(self.input_names, arrays) if a is None] if feed is not None else []
-            raise ShapeError(f"ONNX model {self.name!r} expects inputs {self.input_names}, got "
-                             f"{len([a for a in arrays if a is not None])}"
-                             + (f"; missing {missing}" if missing else ""))
+            raise ShapeError(
+                f"ONNX model {self.name!r} expects inputs {self.input_names}, got "
+                f"{len([a for a in arrays if a is not None])}" + (f"; missing {missing}" if missing else "")
+            )
         out = []
         for (name, dtype, shape), a in zip(self._inputs, arrays):
-            if (type(a) is np.ndarray and a.dtype == dtype and shape is not None and plain(a)
-                    and a.ndim == len(shape) and all(d is None or d == s for d, s in zip(shape, a.shape))):
-                out.append(a)            # the common case: the declared type and shape
+            if (
+                type(a) is np.ndarray
+                and a.dtype == dtype
+                and shape is not None
+                and plain(a)
+                and a.ndim == len(shape)
+                and all(d is None or d == s for d, s in zip(shape, a.shape))
+            ):
+                out.append(a)  # the common case: the declared type and shape
                 continue
             where = f"ONNX model {self.name!r} input {name!r}"
             a = as_array(a, where)
             if a.dtype.kind not in "biuf":
                 raise ShapeError(f"{where}: expected a numeric array, got dtype {a.dtype}")
             a = checked(a, where, itemsize=np.dtype(dtype).itemsize).astype(dtype, copy=False)
-            if shape is not None and (a.ndim != len(shape) or any(
-                    d is not None and d != s for d, s in zip(shape, a.shape))):
+            if shape is not None and (
+                a.ndim != len(shape) or any(d is not None and d != s for d, s in zip(shape, a.shape))
+            ):
                 want = ", ".join("?" if d is None else str(d) for d in shape)
-                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected shape ({want}), "
-                                 f"got {a.shape}")
+                raise ShapeError(f"ONNX model {self.name!r} input {name!r}: expected shape ({want}), got {a.shape}")
             out.append(a)
         return out
 
@@ -418,8 +461,9 @@ class OnnxModel:
         for a, (dtype, (free, tail, rank, exact)) in zip(arrays, self._input_checks):
             if not (type(a) is np.ndarray and a.dtype == dtype and a.ndim == rank and plain(a)):
                 return False
-            if not (a.shape[free:] == tail if exact else
-                    all(d is None or d == n for d, n in zip(tail, a.shape[free:]))):
+            if not (
+                a.shape[free:] == tail if exact else all(d is None or d == n for d, n in zip(tail, a.shape[free:]))
+            ):
                 return False
         return True
 
@@ -436,8 +480,10 @@ class OnnxModel:
         if not fresh:
             return [contiguous(r) for r in results]
         shared = self._constant_owners.union([id(owner(values[i])) for i, _, _ in self._inputs])
-        return [r.copy() if r.flags.c_contiguous and id(owner(r)) in shared else contiguous(r)
-                for r in map(np.asarray, results)]
+        return [
+            r.copy() if r.flags.c_contiguous and id(owner(r)) in shared else contiguous(r)
+            for r in map(np.asarray, results)
+        ]
 
     def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:
         """Run the graph once, as ``onnxruntime.InferenceSession.run``.
@@ -466,22 +512,29 @@ class OnnxModel:
             or an input missing from ``input_feed`` or of the wrong shape (``ShapeError``).
         """
         if run_options is not None:
-            raise UnsupportedError(f"ONNX model {self.name!r}: run options are not supported "
-                                   f"(got {type(run_options).__name__}; pass run_options=None)")
+            raise UnsupportedError(
+                f"ONNX model {self.name!r}: run options are not supported "
+                f"(got {type(run_options).__name__}; pass run_options=None)"
+            )
         if isinstance(output_names, str):
-            raise InputError(f"ONNX model {self.name!r}: output_names must be a list of names or None, "
-                             f"got the string {output_names!r}")
+            raise InputError(
+                f"ONNX model {self.name!r}: output_names must be a list of names or None, "
+                f"got the string {output_names!r}"
+            )
         names = self.output_names
         if output_names:
             names = list(output_names)
             unknown = [o for o in names if o not in self.output_names]
             if unknown:
-                raise InputError(f"ONNX model {self.name!r}: unknown output name(s) {unknown}; its "
-                                 f"outputs are {self.output_names}")
+                raise InputError(
+                    f"ONNX model {self.name!r}: unknown output name(s) {unknown}; its outputs are {self.output_names}"
+                )
         if type(input_feed) is not dict:
             if not isinstance(input_feed, Mapping):
-                raise InputError(f"ONNX model {self.name!r}: input_feed must be a dict of input "
-                                 f"name -> array, got {type(input_feed).__name__}")
+                raise InputError(
+                    f"ONNX model {self.name!r}: input_feed must be a dict of input "
+                    f"name -> array, got {type(input_feed).__name__}"
+                )
             input_feed = dict(input_feed)
         values = self._evaluate(self._prepare((input_feed,), {}, strict=True))
         return self._results(values, names, fresh=True)
@@ -526,7 +579,7 @@ class OnnxModel:
         try:
             if self._quiet is not None and self._quiet <= ops.quiet_activations:
                 return self._run_nodes(arrays, clock, log, every_value)
-            with np.errstate(all="ignore"):   # NaN and inf propagate, as in onnxruntime
+            with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime
                 return self._run_nodes(arrays, clock, log, every_value)
         finally:
             ops.exit_call(token)
@@ -541,8 +594,7 @@ class OnnxModel:
         if clock is None and log is None and not every_value:
             run = self._compiled
             if run is None:
-                run = self._compiled = compile_plan(self._parts(), self._step_failed,
-                                                    self.opset) or False
+                run = self._compiled = compile_plan(self._parts(), self._step_failed, self.opset) or False
             if run:
                 return run(arrays, self._compiled_shapes)
         values = dict(zip(self._input_names, arrays))
@@ -579,25 +631,37 @@ class OnnxModel:
     def _parts(self) -> Parts:
         """The plan as ``compile_plan`` reads it: each step bound on its constant inputs
         (``bound.bind``), each If's branches with their own parts, to be compiled in."""
-        plan = [(bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
-                for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)]
-        branches = {k: (attrs["then_branch"].model._parts(), attrs["else_branch"].model._parts())
-                    for k, (n, (_, _, _, attrs, _)) in enumerate(zip(self._nodes, self._plan))
-                    if n.op_type == "If" and isinstance(attrs.get("then_branch"), Body)
-                    and isinstance(attrs.get("else_branch"), Body)}
-        return Parts(plan, self._input_names, self.output_names, self._constants,
-                     self._shape_outputs, self._dead, self._step_failed, branches)
+        plan = [
+            (bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
+            for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)
+        ]
+        branches = {
+            k: (attrs["then_branch"].model._parts(), attrs["else_branch"].model._parts())
+            for k, (n, (_, _, _, attrs, _)) in enumerate(zip(self._nodes, self._plan))
+            if n.op_type == "If"
+            and isinstance(attrs.get("then_branch"), Body)
+            and isinstance(attrs.get("else_branch"), Body)
+        }
+        return Parts(
+            plan,
+            self._input_names,
+            self.output_names,
+            self._constants,
+            self._shape_outputs,
+            self._dead,
+            self._step_failed,
+            branches,
+        )
 
     def _step_failed(self, step, e):
         """Raise the error of plan step ``step`` (-1: unknown) having raised ``e``: the
         operator's own error with the node named, or an ``InputError`` naming it."""
         node = self._nodes[step] if 0 <= step < len(self._nodes) else None
         label = "?" if node is None else f"{check.short(node.name or node.outputs[0])} ({node.op_type})"
-        if isinstance(e, FastlayersError):   # the operator's own error, with the node named
+        if isinstance(e, FastlayersError):  # the operator's own error, with the node named
             raise type(e)(f"ONNX model {self.name!r}: node {label}: {e}") from None
         text = str(e) if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {e}"
-        raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: "
-                         f"{text[:500]}") from e
+        raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: {text[:500]}") from e
 
     def profile(self, *args, repeats: int = 20, **kwargs):
         """Time one call on these inputs step by step, as onnxruntime's profiling does.
@@ -629,9 +693,15 @@ class OnnxModel:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise InputError(f"profile: repeats must be a positive integer, got {repeats!r}")
         arrays = self._prepare(args, kwargs)
-        return profile_plan(self.name, self._plan, self._nodes,
-                            lambda a, clock, log: self._evaluate(a, clock, log),
-                            arrays, repeats, threads_in_use())
+        return profile_plan(
+            self.name,
+            self._plan,
+            self._nodes,
+            lambda a, clock, log: self._evaluate(a, clock, log),
+            arrays,
+            repeats,
+            threads_in_use(),
+        )
 
     def warm_up(self) -> bool:
         """Run the graph once on zeros of its inputs' declared shapes (free dimensions: 1 where
@@ -651,13 +721,14 @@ class OnnxModel:
         """
         specs = [(shape, dtype) for _, dtype, shape in self._inputs]
         total = 0
-        for shape, _ in specs:   # exact (a file may declare dimensions whose product overflows)
+        for shape, _ in specs:  # exact (a file may declare dimensions whose product overflows)
             count = 1
             for k, d in enumerate(shape or ()):
                 count *= (1 if k == 0 else FREE_SIZE) if d is None else d
             total += count
         weights = sum(_array_elements(v) for v in self._constants.values()) + sum(
-            _array_elements(v) for n in self._nodes for v in n.attrs.values())
+            _array_elements(v) for n in self._nodes for v in n.attrs.values()
+        )
         if not in_proportion(total, weights) or has_loop(self._nodes):
             return False
         return warm_up(self._evaluate, specs)
@@ -668,7 +739,7 @@ class OnnxModel:
         total = len(arrays[0])
         if not batch_size or total <= batch_size:
             return self(*arrays)
-        parts = [self(*[a[i:i + batch_size] for a in arrays]) for i in range(0, total, batch_size)]
+        parts = [self(*[a[i : i + batch_size] for a in arrays]) for i in range(0, total, batch_size)]
         if len(self.output_names) == 1:
             return np.concatenate(parts)
         return [np.concatenate([p[k] for p in parts]) for k in range(len(self.output_names))]
@@ -676,8 +747,12 @@ class OnnxModel:
     def summary(self, print_fn=None) -> None:
         """Print the optimised operator sequence with the output shapes the file records
         (its value_info; "?" where it records none), and the weight count."""
-        lines = [f'ONNX model "{self.name}" (opset {self.opset})', "=" * 90,
-                 f"{'operator':28s}{'outputs':40s}shape", "=" * 90]
+        lines = [
+            f'ONNX model "{self.name}" (opset {self.opset})',
+            "=" * 90,
+            f"{'operator':28s}{'outputs':40s}shape",
+            "=" * 90,
+        ]
         for n in self._nodes:
             for o in n.outputs:
                 shape = self._shapes.get(o)
@@ -699,8 +774,7 @@ class OnnxModel:
 #: Operators that only move data or whose float arithmetic runs in the cpu backend's native
 #: kernels: a graph of these alone runs without numpy's error state set around it (entering
 #: ``np.errstate`` costs a noticeable share of a small MLP's call).
-QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
-                       "Identity"})
+QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
 
 
 def _quiet_activations(nodes) -> frozenset | None:
@@ -741,22 +815,23 @@ def _value_shape(value_info, named=False):
     without a shape."""
     if value_info.shape is None:
         return None
-    return [d if (isinstance(d, int) and d >= 0) or (named and isinstance(d, str)) else None
-            for d in value_info.shape]
+    return [d if (isinstance(d, int) and d >= 0) or (named and isinstance(d, str)) else None for d in value_info.shape]
 
 
 def _prober(name, inputs, dims, outputs, constants, opset, where):
     """``probe(nodes)`` for ``fuse_encoder_layers``: every value of the graph ``nodes`` on
     ``encoder.probe_inputs``, or None where it cannot run (an optimisation only)."""
+
     def probe(nodes):
         arrays = encoder.probe_inputs(dims)
-        if arrays is None or has_loop(nodes):   # a loop on made-up values may not end
+        if arrays is None or has_loop(nodes):  # a loop on made-up values may not end
             return None
         try:
             model = OnnxModel(name, inputs, outputs, constants, prune(nodes, outputs), opset, {}, where)
             return model._evaluate(arrays, every_value=True)
         except Exception:  # noqa: BLE001 - the graph may not run on the probe's sizes
             return None
+
     return probe
 
 
@@ -776,8 +851,9 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
         raise ModelFileError(f"{where}: not an ONNX model (no default-domain opset or no nodes)")
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
-    unsupported = sorted({_op_name(n) for n in check.all_nodes(graph)
-                          if ":" in n.op_type or check.qualified(n) not in check.OPS})
+    unsupported = sorted(
+        {_op_name(n) for n in check.all_nodes(graph) if ":" in n.op_type or check.qualified(n) not in check.OPS}
+    )
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")
     quant.check_domains(model, where)
@@ -790,8 +866,7 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
         if vi.name in constants:
             continue
         if vi.elem_type not in DTYPES:
-            raise UnsupportedError(f"{where}: input {check.short(vi.name)} has unsupported "
-                                   f"element type {vi.elem_type}")
+            raise UnsupportedError(f"{where}: input {check.short(vi.name)} has unsupported element type {vi.elem_type}")
         inputs.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi)))
         dims.append((vi.name, np.dtype(DTYPES[vi.elem_type]), _value_shape(vi, named=True)))
     outputs = [o.name for o in graph.outputs]
@@ -799,20 +874,23 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     # the file's initializers) in all; a graph asking more is refused (ModelFileError naming
     # the node)
     initializer_bytes = sum(v.nbytes for v in graph.initializers.values())
-    budget = [max(settings.current().onnx_max_fold_bytes,
-                  2 * initializer_bytes + quant.dequantized_bytes(graph))]
+    budget = [max(settings.current().onnx_max_fold_bytes, 2 * initializer_bytes + quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
-        if settings.current().optimize:   # before folding: the DQs of constant weights are part of their units
-            nodes = prune(qdq.fuse_node_units(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset),
-                          outputs)
-        nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where),
-                            constants)
+        if settings.current().optimize:  # before folding: the DQs of constant weights are part of their units
+            nodes = prune(qdq.fuse_node_units(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset), outputs)
+        nodes = mark_loops(fold_and_inline(nodes, constants, outputs, opset, budget, where), constants)
         nodes = bind_constant_captures(nodes, constants, opset, budget)
         name = graph.name or Path(where).stem
         if settings.current().optimize:
-            nodes = optimize(nodes, constants, outputs, {i: t for i, t, _ in inputs}, opset,
-                             _prober(name, inputs, dims, outputs, constants, opset, where))
+            nodes = optimize(
+                nodes,
+                constants,
+                outputs,
+                {i: t for i, t, _ in inputs},
+                opset,
+                _prober(name, inputs, dims, outputs, constants, opset, where),
+            )
     except FastlayersError:
         raise
     except Exception as e:  # a graph the optimisations cannot take
@@ -820,7 +898,9 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     used = set(outputs).union(*(n.inputs for n in nodes))
     constants = {k: v for k, v in constants.items() if k in used}
     shapes = {vi.name: _value_shape(vi) for vi in graph.value_info + graph.outputs}
-    declared = ([_declared(vi) for vi in graph.inputs if vi.name not in graph.initializers],
-                [_declared(vi) for vi in graph.outputs],
-                frozenset(vi.name for vi in graph.inputs if vi.name in graph.initializers))
+    declared = (
+        [_declared(vi) for vi in graph.inputs if vi.name not in graph.initializers],
+        [_declared(vi) for vi in graph.outputs],
+        frozenset(vi.name for vi in graph.inputs if vi.name in graph.initializers),
+    )
     return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where, declared, source)

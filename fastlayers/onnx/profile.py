@@ -57,23 +57,29 @@ class Profile:
             row = table.setdefault(s.op_type, [0, 0.0])
             row[0] += 1
             row[1] += s.ms
-        return sorted(((op, n, ms, ms / self.total_ms if self.total_ms else 0.0)
-                       for op, (n, ms) in table.items()), key=lambda r: -r[2])
+        return sorted(
+            ((op, n, ms, ms / self.total_ms if self.total_ms else 0.0) for op, (n, ms) in table.items()),
+            key=lambda r: -r[2],
+        )
 
     def table(self, top: int | None = None, sort: bool = True) -> str:
         """The steps as aligned text: time, share, operator, fused part, kernel, layout, shapes."""
         steps = sorted(self.steps, key=lambda s: -s.ms) if sort else list(self.steps)
         steps = steps[:top] if top else steps
-        lines = [f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}, "
-                 f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps",
-                 f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} "
-                 f"{'layout':<7} shapes"]
+        lines = [
+            f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}, "
+            f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps",
+            f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} {'layout':<7} shapes",
+        ]
         for s in steps:
             shapes = f"{_shapes(s.input_shapes)} -> {_shapes(s.output_shapes)}"
-            lines.append(f"{s.index:>4} {s.ms:>9.4f} {s.share:>6.1%}  {s.op_type[:22]:<22} "
-                         f"{s.fused[:14]:<14} {s.kernel[:26]:<26} {s.layout:<7} {shapes}")
-        lines.append("by operator: " + ", ".join(f"{op} x{n} {ms:.3f} ms ({share:.0%})"
-                                               for op, n, ms, share in self.by_op()))
+            lines.append(
+                f"{s.index:>4} {s.ms:>9.4f} {s.share:>6.1%}  {s.op_type[:22]:<22} "
+                f"{s.fused[:14]:<14} {s.kernel[:26]:<26} {s.layout:<7} {shapes}"
+            )
+        lines.append(
+            "by operator: " + ", ".join(f"{op} x{n} {ms:.3f} ms ({share:.0%})" for op, n, ms, share in self.by_op())
+        )
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -88,18 +94,32 @@ class Profile:
             ``input_shapes``, ``output_shapes``, ``ms``, ``share``; ``by_op``: one dict per
             operator with ``op_type``, ``steps``, ``ms``, ``share``, slowest first.
         """
+
         def shapes(values):
             return [list(v) if v is not None else None for v in values]
 
-        return {"model": self.model, "threads": self.threads, "repeats": self.repeats,
-                "total_ms": self.total_ms,
-                "steps": [{"index": s.index, "op_type": s.op_type, "name": s.name, "fused": s.fused,
-                           "kernel": s.kernel, "layout": s.layout,
-                           "input_shapes": shapes(s.input_shapes),
-                           "output_shapes": shapes(s.output_shapes), "ms": s.ms, "share": s.share}
-                          for s in self.steps],
-                "by_op": [{"op_type": op, "steps": n, "ms": ms, "share": share}
-                          for op, n, ms, share in self.by_op()]}
+        return {
+            "model": self.model,
+            "threads": self.threads,
+            "repeats": self.repeats,
+            "total_ms": self.total_ms,
+            "steps": [
+                {
+                    "index": s.index,
+                    "op_type": s.op_type,
+                    "name": s.name,
+                    "fused": s.fused,
+                    "kernel": s.kernel,
+                    "layout": s.layout,
+                    "input_shapes": shapes(s.input_shapes),
+                    "output_shapes": shapes(s.output_shapes),
+                    "ms": s.ms,
+                    "share": s.share,
+                }
+                for s in self.steps
+            ],
+            "by_op": [{"op_type": op, "steps": n, "ms": ms, "share": share} for op, n, ms, share in self.by_op()],
+        }
 
     def __str__(self) -> str:
         return self.table()
@@ -161,11 +181,19 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> 
         ms = float(np.median(times) * 1e3) if times else 0.0
         in_shapes = [_shape(values.get(i) if isinstance(i, str) else i) for i in ins]
         out_values = [values.get(o) for o in outs if o]
-        steps.append(Step(k, node.op_type, node.name or (node.outputs[0] if node.outputs else ""),
-                          fused_detail(attrs) if node.op_type.startswith("Fused") or node.op_type == "ConvTranspose" else "",
-                          in_shapes, [_shape(v) for v in out_values],
-                          layout_of(out_values[0]) if out_values else "-",
-                          kernels.get(k, "cached") if times else "cached", ms))
+        steps.append(
+            Step(
+                k,
+                node.op_type,
+                node.name or (node.outputs[0] if node.outputs else ""),
+                fused_detail(attrs) if node.op_type.startswith("Fused") or node.op_type == "ConvTranspose" else "",
+                in_shapes,
+                [_shape(v) for v in out_values],
+                layout_of(out_values[0]) if out_values else "-",
+                kernels.get(k, "cached") if times else "cached",
+                ms,
+            )
+        )
     for s in steps:
         s.share = s.ms / total_ms if total_ms else 0.0
     return Profile(name, threads, repeats, total_ms, steps)

@@ -30,14 +30,37 @@ from ..errors import ModelFileError, UnsupportedError
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 #: TensorProto.DataType -> numpy dtype (little-endian), for the types fastlayers computes with.
-TENSOR_DTYPES = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "?",
-                 10: "<f2", 11: "<f8", 12: "<u4", 13: "<u8"}
-_TYPE_NAMES = {0: "UNDEFINED", 8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
-               17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
-               21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+TENSOR_DTYPES = {
+    1: "<f4",
+    2: "u1",
+    3: "i1",
+    4: "<u2",
+    5: "<i2",
+    6: "<i4",
+    7: "<i8",
+    9: "?",
+    10: "<f2",
+    11: "<f8",
+    12: "<u4",
+    13: "<u8",
+}
+_TYPE_NAMES = {
+    0: "UNDEFINED",
+    8: "STRING",
+    14: "COMPLEX64",
+    15: "COMPLEX128",
+    16: "BFLOAT16",
+    17: "FLOAT8E4M3FN",
+    18: "FLOAT8E4M3FNUZ",
+    19: "FLOAT8E5M2",
+    20: "FLOAT8E5M2FNUZ",
+    21: "UINT4",
+    22: "INT4",
+    23: "FLOAT4E2M1",
+}
 #: Which typed field holds a tensor's values when it has no raw_data, by data type.
-_INT32_FIELD_TYPES = {2, 3, 4, 5, 6, 9, 10}   # int32_data (float16 as its uint16 bits)
-_UINT64_FIELD_TYPES = {12, 13}                # uint64_data
+_INT32_FIELD_TYPES = {2, 3, 4, 5, 6, 9, 10}  # int32_data (float16 as its uint16 bits)
+_UINT64_FIELD_TYPES = {12, 13}  # uint64_data
 
 # AttributeProto.AttributeType
 _FLOAT, _INT, _STRING, _TENSOR, _GRAPH, _FLOATS, _INTS, _STRINGS, _TENSORS, _GRAPHS = range(1, 11)
@@ -92,7 +115,7 @@ def read_model(path) -> Model:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            data = np.empty(size, np.uint8)   # not zero-filled: the read writes every byte
+            data = np.empty(size, np.uint8)  # not zero-filled: the read writes every byte
             if f.readinto(memoryview(data)) != size:
                 raise ModelFileError(f"{path}: the file changed size while it was read")
     except OSError as e:
@@ -161,7 +184,7 @@ class _Parser:
 
     def text(self, span, what):
         try:
-            return bytes(self.buf[span[0]:span[1]]).decode("utf-8")
+            return bytes(self.buf[span[0] : span[1]]).decode("utf-8")
         except UnicodeDecodeError:
             self.fail(f"{what} is not UTF-8 text")
 
@@ -181,7 +204,7 @@ class _Parser:
     def f32(self, wire, value, what):
         if wire != _I32:
             self.fail(f"{what}: expected a float")
-        return float(self.view[value:value + 4].view("<f4")[0])
+        return float(self.view[value : value + 4].view("<f4")[0])
 
     def repeated(self, wire, value, kind, what):
         """The values of one occurrence of a repeated number field, packed or not: ``kind`` is
@@ -198,7 +221,7 @@ class _Parser:
             return out
         size = np.dtype(kind).itemsize
         if wire == (_I32 if size == 4 else _I64):
-            return self.view[value:value + size].view(kind).tolist()
+            return self.view[value : value + size].view(kind).tolist()
         start, end = self.span(wire, value, what)
         if (end - start) % size:
             self.fail(f"{what}: {end - start} bytes is not a whole number of {size}-byte values")
@@ -303,9 +326,20 @@ class _Parser:
             elif number in (22, 23):
                 found[_SPARSE_TENSOR] = None
         where = f"attribute {name!r} of {node}"
-        found.update({k: v for k, v in ((_FLOATS, floats), (_INTS, ints), (_STRINGS, strings),
-                                         (_TENSORS, tensors), (_GRAPHS, graphs)) if v})
-        if kind == 0 and len(found) == 1:    # old files may leave the type out
+        found.update(
+            {
+                k: v
+                for k, v in (
+                    (_FLOATS, floats),
+                    (_INTS, ints),
+                    (_STRINGS, strings),
+                    (_TENSORS, tensors),
+                    (_GRAPHS, graphs),
+                )
+                if v
+            }
+        )
+        if kind == 0 and len(found) == 1:  # old files may leave the type out
             kind = next(iter(found))
         if kind in (_SPARSE_TENSOR, _SPARSE_TENSORS):
             raise UnsupportedError(f"{self.where}: {where} is a sparse tensor, which is not supported")
@@ -332,7 +366,7 @@ class _Parser:
                 name = self.text(self.span(wire, value, "value name"), "a value name")
             elif number == 2:
                 for n, w, v in self.fields(*self.span(wire, value, "type"), f"the type of {name!r}"):
-                    if n == 1:   # tensor_type
+                    if n == 1:  # tensor_type
                         elem_type, shape = self.tensor_type(self.span(w, v, "tensor_type"), name)
         return ValueInfo(name, elem_type, shape)
 
@@ -391,35 +425,46 @@ class _Parser:
             raise UnsupportedError(f"{self.where}: {what} has element type {kind}, which is not supported")
         dtype = np.dtype(TENSOR_DTYPES[data_type])
         if len(dims) > limits.ONNX_MAX_RANK or any(d < 0 or d > limits.ONNX_MAX_DIM for d in dims):
-            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}")
+            self.fail(f"{what} has dimensions {dims[: limits.ONNX_MAX_RANK + 1]}")
         count, nonzero = 1, dtype.itemsize
         for d in dims:
             count *= d
             nonzero *= max(d, 1)
-        if nonzero > 1 << 62:   # even an empty one: numpy cannot shape an array so large
-            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}, beyond any array")
+        if nonzero > 1 << 62:  # even an empty one: numpy cannot shape an array so large
+            self.fail(f"{what} has dimensions {dims[: limits.ONNX_MAX_RANK + 1]}, beyond any array")
         if location == 1:
             return name, self.external(external, dims, dtype, count, what)
         if raw is not None:
             start, end = raw
             if end - start != count * dtype.itemsize:
-                self.fail(f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes of "
-                          f"{dtype}, its raw_data has {end - start}")
+                self.fail(
+                    f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes of "
+                    f"{dtype}, its raw_data has {end - start}"
+                )
             array = self.view[start:end]
             if (self.address + start) % dtype.itemsize or not array.flags.writeable:
-                array = array.copy()      # aligned (and writeable) for the kernels
+                array = array.copy()  # aligned (and writeable) for the kernels
             return name, array.view(dtype).reshape(dims)
         return name, self.typed_values(typed, data_type, dtype, dims, count, what)
 
     def typed_values(self, typed, data_type, dtype, dims, count, what):
-        field = (4 if data_type == 1 else 10 if data_type == 11 else 7 if data_type == 7
-                 else 11 if data_type in _UINT64_FIELD_TYPES else 5)
+        field = (
+            4
+            if data_type == 1
+            else 10
+            if data_type == 11
+            else 7
+            if data_type == 7
+            else 11
+            if data_type in _UINT64_FIELD_TYPES
+            else 5
+        )
         values = []
         for wire, value, kind in typed.get(field, []):
             values += self.repeated(wire, value, kind, what)
         if len(values) != count:
             self.fail(f"{what}: dimensions {tuple(dims)} need {count} values, it has {len(values)}")
-        if data_type == 10:   # float16 travels as its bit pattern in int32_data
+        if data_type == 10:  # float16 travels as its bit pattern in int32_data
             return np.array(values, np.uint16).view(np.float16).reshape(dims)
         try:
             return np.array(values, dtype).reshape(dims)
@@ -440,8 +485,10 @@ class _Parser:
         except ValueError:
             self.fail(f"{what}: external data offset or length is not a number")
         if offset < 0 or length != count * dtype.itemsize:
-            self.fail(f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes, its "
-                      f"external data has {length} at offset {offset}")
+            self.fail(
+                f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes, its "
+                f"external data has {length} at offset {offset}"
+            )
         try:
             with open(target, "rb") as f:
                 if os.fstat(f.fileno()).st_size < offset + length:
@@ -473,13 +520,15 @@ class _Parser:
         name, vals = values
         what = f"sparse initializer {name!r}"
         if len(dims) > limits.ONNX_MAX_RANK or any(d < 0 or d > limits.ONNX_MAX_DIM for d in dims):
-            self.fail(f"{what} has dimensions {dims[:limits.ONNX_MAX_RANK + 1]}")
+            self.fail(f"{what} has dimensions {dims[: limits.ONNX_MAX_RANK + 1]}")
         count = 1
         for d in dims:
             count *= d
         if count * vals.itemsize > limits.ONNX_MAX_SPARSE_DENSE_BYTES:
-            raise UnsupportedError(f"{self.where}: {what} would take {count * vals.itemsize} bytes dense "
-                                   f"(at most {limits.ONNX_MAX_SPARSE_DENSE_BYTES})")
+            raise UnsupportedError(
+                f"{self.where}: {what} would take {count * vals.itemsize} bytes dense "
+                f"(at most {limits.ONNX_MAX_SPARSE_DENSE_BYTES})"
+            )
         vals, indices = vals.reshape(-1), indices.astype(np.int64)
         if indices.ndim == 2 and indices.shape == (vals.size, len(dims)) and dims:
             strides = np.cumprod([1] + dims[:0:-1])[::-1]

@@ -49,8 +49,13 @@ _MIN = {_U8: 0, _S8: -128}
 _MAX = {_U8: 255, _S8: 127}
 
 #: Unary operators -> their com.microsoft integer form (onnxruntime's ``UnaryOpQDQRules``).
-UNARY = {"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
-         "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
+UNARY = {
+    "AveragePool": "QLinearAveragePool",
+    "GlobalAveragePool": "QLinearGlobalAveragePool",
+    "LeakyRelu": "QLinearLeakyRelu",
+    "Sigmoid": "QLinearSigmoid",
+    "Softmax": "QLinearSoftmax",
+}
 #: Binary operators -> their com.microsoft integer form (``BinaryOpQDQRules``).
 BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
 
@@ -113,7 +118,8 @@ class _Graph:
         readers = self.read_by(q.outputs[0])
         return bool(readers) and all(
             r is not None and r.op_type in _DQ and r.inputs[0] == q.outputs[0] and _same(self.q_params(r), params)
-            for r in readers)
+            for r in readers
+        )
 
     def activation_type(self, dq):
         """The 8-bit type onnxruntime sees at a DQ of an activation (after QDQS8ToU8), or None."""
@@ -162,7 +168,7 @@ def _unit(g, node, q_optional=False, slots=None):
     for k, name in enumerate(node.inputs):
         if not name or slots is not None and k not in slots:
             continue
-        dq = g.made_by(name, _DQ)   # a DQ read by several units serves each (EnsureUniqueDQForNodeUnit)
+        dq = g.made_by(name, _DQ)  # a DQ read by several units serves each (EnsureUniqueDQForNodeUnit)
         if dq is None:
             return None
         dqs.append(dq)
@@ -170,8 +176,12 @@ def _unit(g, node, q_optional=False, slots=None):
         return None
     readers = g.read_by(node.outputs[0])
     clip = None
-    if len(readers) == 1 and readers[0] is not None and readers[0].op_type in ("Relu", "Clip") \
-            and readers[0].outputs[0] not in g.outputs:
+    if (
+        len(readers) == 1
+        and readers[0] is not None
+        and readers[0].op_type in ("Relu", "Clip")
+        and readers[0].outputs[0] not in g.outputs
+    ):
         clip = readers[0]
         readers = g.read_by(clip.outputs[0])
     q = readers[0] if len(readers) == 1 and readers[0] is not None and readers[0].op_type in _Q else None
@@ -192,8 +202,9 @@ def _clip_made_redundant(g, clip, q) -> bool:
     if clip.op_type == "Relu":
         return int(zp) == _MIN[dtype]
     bounds = []
-    for i, (attr, default) in enumerate((("min", -np.finfo(np.float32).max), ("max", np.finfo(np.float32).max)),
-                                        start=1):
+    for i, (attr, default) in enumerate(
+        (("min", -np.finfo(np.float32).max), ("max", np.finfo(np.float32).max)), start=1
+    ):
         name = clip.inputs[i] if len(clip.inputs) > i else ""
         if name:
             value = g.scalar(name)
@@ -202,7 +213,7 @@ def _clip_made_redundant(g, clip, q) -> bool:
         else:
             value = clip.attrs.get(attr, default)
         steps = np.rint(np.float32(value) / scale)
-        bounds.append(float(np.clip(steps, -2.0 ** 31, 2.0 ** 31 - 1)) + int(zp))
+        bounds.append(float(np.clip(steps, -(2.0**31), 2.0**31 - 1)) + int(zp))
     return bounds[0] <= _MIN[dtype] and bounds[1] >= _MAX[dtype]
 
 
@@ -220,8 +231,13 @@ def _weights(g, dq, axis, channels) -> bool:
     zp_name = dq.inputs[2] if len(dq.inputs) > 2 else ""
     zp = g.constants.get(zp_name) if zp_name else None
     w_dtype = g.dtype_of(dq.inputs[0])
-    if scale is None or scale.dtype != np.float32 or scale.shape != (channels,) or w_dtype not in _MIN \
-            or (zp_name and (zp is None or zp.shape != (channels,) or zp.dtype != w_dtype)):
+    if (
+        scale is None
+        or scale.dtype != np.float32
+        or scale.shape != (channels,)
+        or w_dtype not in _MIN
+        or (zp_name and (zp is None or zp.shape != (channels,) or zp.dtype != w_dtype))
+    ):
         return False
     rank = g.constants[dq.inputs[0]].ndim if dq.inputs[0] in g.constants else None
     return rank is not None and dq.attrs.get("axis", 1) % max(rank, 1) == axis
@@ -236,8 +252,14 @@ def _bias(g, bias_dq, x_dq, w_dq) -> bool:
     zp_name = bias_dq.inputs[2] if len(bias_dq.inputs) > 2 else ""
     zp = g.constants.get(zp_name) if zp_name else np.zeros((), np.int32)
     w_scale = g.constants.get(w_dq.inputs[1])
-    if g.dtype_of(bias_dq.inputs[0]) != np.int32 or b_scale is None or zp is None or np.any(zp != 0) \
-            or b_scale.dtype != np.float32 or w_scale is None:
+    if (
+        g.dtype_of(bias_dq.inputs[0]) != np.int32
+        or b_scale is None
+        or zp is None
+        or np.any(zp != 0)
+        or b_scale.dtype != np.float32
+        or w_scale is None
+    ):
         return False
     expected = g.q_params(x_dq)[0] * w_scale.reshape(-1)
     if b_scale.size not in (1, expected.size):
@@ -272,14 +294,13 @@ def _conv(g, node):
     x_dq, w_dq = unit.dqs[0], unit.dqs[1]
     dt_x, dt_y = g.activation_type(x_dq), g.output_type(unit.q)
     w = g.constants.get(w_dq.inputs[0])
-    if dt_x != _U8 or dt_y != _U8 or not _per_tensor(g, x_dq) or w is None \
-            or not _weights(g, w_dq, 0, w.shape[0]):
+    if dt_x != _U8 or dt_y != _U8 or not _per_tensor(g, x_dq) or w is None or not _weights(g, w_dq, 0, w.shape[0]):
         return None
     inputs = _operand(g, x_dq) + _operand(g, w_dq) + _result(g, unit.q)
     if len(unit.dqs) == 3:
         if not _bias(g, unit.dqs[2], x_dq, w_dq):
             return None
-        inputs.append(unit.dqs[2].inputs[0])   # the int32 bias added to the sums as it is
+        inputs.append(unit.dqs[2].inputs[0])  # the int32 bias added to the sums as it is
     return unit, Node("QLinearConv", inputs, list(unit.q.outputs), dict(node.attrs), node.name)
 
 
@@ -289,8 +310,14 @@ def _matmul(g, node):
         return None
     a_dq, b_dq = unit.dqs
     b = g.constants.get(b_dq.inputs[0])
-    if g.activation_type(a_dq) != _U8 or g.output_type(unit.q) != _U8 or not _per_tensor(g, a_dq) \
-            or b is None or b.ndim != 2 or not _weights(g, b_dq, 1, b.shape[1]):
+    if (
+        g.activation_type(a_dq) != _U8
+        or g.output_type(unit.q) != _U8
+        or not _per_tensor(g, a_dq)
+        or b is None
+        or b.ndim != 2
+        or not _weights(g, b_dq, 1, b.shape[1])
+    ):
         return None
     inputs = _operand(g, a_dq) + _operand(g, b_dq) + _result(g, unit.q)
     return unit, Node("QLinearMatMul", inputs, list(unit.q.outputs), {}, node.name)
@@ -304,8 +331,14 @@ def _gemm(g, node):
     dt_a = g.activation_type(a_dq)
     b = g.constants.get(b_dq.inputs[0])
     trans_b = node.attrs.get("transB", 0)
-    if dt_a not in _MIN or (dt_a == _S8 and g.dtype_of(b_dq.inputs[0]) != _S8) or not _per_tensor(g, a_dq) \
-            or b is None or b.ndim != 2 or not _weights(g, b_dq, 0 if trans_b else 1, b.shape[0 if trans_b else 1]):
+    if (
+        dt_a not in _MIN
+        or (dt_a == _S8 and g.dtype_of(b_dq.inputs[0]) != _S8)
+        or not _per_tensor(g, a_dq)
+        or b is None
+        or b.ndim != 2
+        or not _weights(g, b_dq, 0 if trans_b else 1, b.shape[0 if trans_b else 1])
+    ):
         return None
     if unit.q is not None and g.output_type(unit.q) != dt_a:
         return None
@@ -329,12 +362,16 @@ def _unary(g, node):
     if unit is None or len(unit.dqs) != 1 or node.inputs[0] != unit.dqs[0].outputs[0]:
         return None
     dt = g.activation_type(unit.dqs[0])
-    if dt not in _MIN or g.output_type(unit.q) != dt or not _per_tensor(g, unit.dqs[0]) \
-            or not _same_raw_type(g, unit.dqs, unit.q):
+    if (
+        dt not in _MIN
+        or g.output_type(unit.q) != dt
+        or not _per_tensor(g, unit.dqs[0])
+        or not _same_raw_type(g, unit.dqs, unit.q)
+    ):
         return None
     inputs = _operand(g, unit.dqs[0]) + _result(g, unit.q)
     attrs = dict(node.attrs)
-    if node.op_type == "Softmax":   # the version it replaces: below 13 over the flattened trailing axes
+    if node.op_type == "Softmax":  # the version it replaces: below 13 over the flattened trailing axes
         attrs["opset"] = 13 if g.opset >= 13 else 11
     return unit, Node(f"{MS}::{UNARY[node.op_type]}", inputs, list(unit.q.outputs), attrs, node.name)
 
@@ -345,8 +382,13 @@ def _binary(g, node):
         return None
     a_dq, b_dq = (g.made_by(name, _DQ) for name in node.inputs)
     dt = g.activation_type(a_dq)
-    if dt not in _MIN or g.activation_type(b_dq) != dt or g.output_type(unit.q) != dt \
-            or not (_per_tensor(g, a_dq) and _per_tensor(g, b_dq)) or not _same_raw_type(g, (a_dq, b_dq), unit.q):
+    if (
+        dt not in _MIN
+        or g.activation_type(b_dq) != dt
+        or g.output_type(unit.q) != dt
+        or not (_per_tensor(g, a_dq) and _per_tensor(g, b_dq))
+        or not _same_raw_type(g, (a_dq, b_dq), unit.q)
+    ):
         return None
     inputs = _operand(g, a_dq) + _operand(g, b_dq) + _result(g, unit.q)
     return unit, Node(f"{MS}::{BINARY[node.op_type]}", inputs, list(unit.q.outputs), {}, node.name)
@@ -358,39 +400,69 @@ def _concat(g, node):
         return None
     dqs = [g.made_by(name, _DQ) for name in node.inputs]
     dt = g.output_type(unit.q)
-    if dt not in _MIN or any(g.activation_type(dq) != dt or not _per_tensor(g, dq) for dq in dqs) \
-            or not _same_raw_type(g, dqs, unit.q):
+    if (
+        dt not in _MIN
+        or any(g.activation_type(dq) != dt or not _per_tensor(g, dq) for dq in dqs)
+        or not _same_raw_type(g, dqs, unit.q)
+    ):
         return None
     inputs = _result(g, unit.q) + [name for dq in dqs for name in _operand(g, dq)]
-    return unit, Node(f"{MS}::QLinearConcat", inputs, list(unit.q.outputs), {"axis": node.attrs.get("axis")},
-                      node.name)
+    return unit, Node(f"{MS}::QLinearConcat", inputs, list(unit.q.outputs), {"axis": node.attrs.get("axis")}, node.name)
 
 
 def _drop(g, node):
     """DQ -> a data movement operator -> Q with the same per-tensor parameters: the operator on
     the integers (onnxruntime's ``DropQDQNodesRules``)."""
     unit = _unit(g, node, slots=(0,))
-    if unit is None or unit.clip is not None or not unit.dqs or node.inputs[0] != unit.dqs[0].outputs[0] \
-            or len(unit.dqs) != 1:
+    if (
+        unit is None
+        or unit.clip is not None
+        or not unit.dqs
+        or node.inputs[0] != unit.dqs[0].outputs[0]
+        or len(unit.dqs) != 1
+    ):
         return None
     params = g.q_params(unit.q)
     dt = g.activation_type(unit.dqs[0])
-    if dt not in _MIN or g.output_type(unit.q) != dt or not _same(g.q_params(unit.dqs[0]), params) \
-            or not params[0] > 0 or not _same_raw_type(g, unit.dqs, unit.q):
+    if (
+        dt not in _MIN
+        or g.output_type(unit.q) != dt
+        or not _same(g.q_params(unit.dqs[0]), params)
+        or not params[0] > 0
+        or not _same_raw_type(g, unit.dqs, unit.q)
+    ):
         return None
-    return unit, Node(node.op_type, [unit.dqs[0].inputs[0]] + node.inputs[1:], list(unit.q.outputs),
-                      dict(node.attrs), node.name)
+    return unit, Node(
+        node.op_type, [unit.dqs[0].inputs[0]] + node.inputs[1:], list(unit.q.outputs), dict(node.attrs), node.name
+    )
 
 
 #: Data movement operators whose units run on the integers. MaxPool (which onnxruntime also
 #: runs on them) and Resize stay in float: fastlayers' pools compute in float, and
 #: onnxruntime's 8-bit linear Resize rounds its own way; for MaxPool the values are the same.
-DROPPED = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "Expand", "Tile",
-           "GatherElements")
+DROPPED = (
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Slice",
+    "Gather",
+    "Expand",
+    "Tile",
+    "GatherElements",
+)
 
 #: Target operator -> its rule: (graph, node) -> (unit, integer node) or None.
-RULES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, "Concat": _concat,
-         **{op: _unary for op in UNARY}, **{op: _binary for op in BINARY}, **{op: _drop for op in DROPPED}}
+RULES = {
+    "Conv": _conv,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Concat": _concat,
+    **{op: _unary for op in UNARY},
+    **{op: _binary for op in BINARY},
+    **{op: _drop for op in DROPPED},
+}
 
 
 def fuse_node_units(nodes, constants, outputs, input_dtypes, opset) -> list[Node]:
@@ -410,4 +482,3 @@ def fuse_node_units(nodes, constants, outputs, input_dtypes, opset) -> list[Node
         replaced[id(node)] = fused
         removed.update(id(n) for n in (unit.clip, unit.q) if n is not None)
     return [replaced.get(id(n), n) for n in nodes if id(n) not in removed]
-

@@ -15,16 +15,26 @@ from .qlstm import _pack_lstm
 from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _quantize_linear, integer_kernels
 
 #: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
-_PACKABLE = {"MatMulInteger": (1, 3), "QLinearMatMul": (3, 5), f"{MS}::MatMulIntegerToFloat": (1, 5),
-             f"{MS}::DynamicQuantizeMatMul": (1, 3)}
+_PACKABLE = {
+    "MatMulInteger": (1, 3),
+    "QLinearMatMul": (3, 5),
+    f"{MS}::MatMulIntegerToFloat": (1, 5),
+    f"{MS}::DynamicQuantizeMatMul": (1, 3),
+}
 
 
 def _per_tensor_8bit(constants, scale_name, zp_name):
     """(scale, zero point) where both are constants, per tensor, float32 and 8-bit; else None."""
     scale = constants.get(scale_name)
     zp = constants.get(zp_name) if zp_name else np.zeros((), np.uint8)
-    if scale is None or zp is None or scale.size != 1 or zp.size != 1 or scale.dtype != np.float32 \
-            or zp.dtype not in (np.uint8, np.int8):
+    if (
+        scale is None
+        or zp is None
+        or scale.size != 1
+        or zp.size != 1
+        or scale.dtype != np.float32
+        or zp.dtype not in (np.uint8, np.int8)
+    ):
         return None
     return scale.reshape(()), zp.reshape(())
 
@@ -42,13 +52,21 @@ def fuse_quantize_dequantize(nodes, constants, outputs) -> list:
     removed = set()
     for node in nodes:
         dq = dq_of.get(node.outputs[0]) if node.op_type == "QuantizeLinear" else None
-        if dq is None or readers.get(node.outputs[0]) != 1 or node.outputs[0] in outputs \
-                or node.attrs.get("block_size") or dq.attrs.get("output_dtype", 0) not in (0, 1):
+        if (
+            dq is None
+            or readers.get(node.outputs[0]) != 1
+            or node.outputs[0] in outputs
+            or node.attrs.get("block_size")
+            or dq.attrs.get("output_dtype", 0) not in (0, 1)
+        ):
             continue
         q_params = _per_tensor_8bit(constants, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else "")
         dq_params = _per_tensor_8bit(constants, dq.inputs[1], dq.inputs[2] if len(dq.inputs) > 2 else "")
-        if q_params is None or dq_params is None or not all(
-                a.dtype == b.dtype and a == b for a, b in zip(q_params, dq_params)):
+        if (
+            q_params is None
+            or dq_params is None
+            or not all(a.dtype == b.dtype and a == b for a, b in zip(q_params, dq_params))
+        ):
             continue
         node.op_type, node.outputs = "FusedQuantizeDequantize", list(dq.outputs)
         node.inputs = node.inputs[:2] + [node.inputs[2] if len(node.inputs) > 2 else dq.inputs[2]]
@@ -95,16 +113,25 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
         if mm.op_type != "MatMulInteger" or len(mm.inputs) < 3 or mm.inputs[1] not in constants:
             continue
         dql = producer.get(mm.inputs[0])
-        if dql is None or dql.op_type != "DynamicQuantizeLinear" or dql.outputs[0] != mm.inputs[0] \
-                or dql.outputs[2] != mm.inputs[2]:
+        if (
+            dql is None
+            or dql.op_type != "DynamicQuantizeLinear"
+            or dql.outputs[0] != mm.inputs[0]
+            or dql.outputs[2] != mm.inputs[2]
+        ):
             continue
         cast = only_reader(mm.outputs[0], "Cast")
         mul = cast and cast.attrs.get("to") == 1 and only_reader(cast.outputs[0], "Mul")
         if not mul:
             continue
         scales = producer.get(mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0])
-        if scales is None or scales.op_type != "Mul" or len(readers.get(scales.outputs[0], [])) != 1 \
-                or scales.outputs[0] in outputs or dql.outputs[1] not in scales.inputs:
+        if (
+            scales is None
+            or scales.op_type != "Mul"
+            or len(readers.get(scales.outputs[0], [])) != 1
+            or scales.outputs[0] in outputs
+            or dql.outputs[1] not in scales.inputs
+        ):
             continue
         b_scale = scales.inputs[1] if scales.inputs[0] == dql.outputs[1] else scales.inputs[0]
         if b_scale not in constants:
@@ -118,8 +145,12 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
             if value is not None and value.dtype == np.float32 and w.ndim == 2 and value.shape == (w.shape[1],):
                 last, bias = add, other
         b_zp = mm.inputs[3] if len(mm.inputs) > 3 else ""
-        if _sole_reader(readers, dql.outputs[0], mm) and _sole_reader(readers, dql.outputs[1], scales) \
-                and _sole_reader(readers, dql.outputs[2], mm) and not set(dql.outputs) & set(outputs):
+        if (
+            _sole_reader(readers, dql.outputs[0], mm)
+            and _sole_reader(readers, dql.outputs[1], scales)
+            and _sole_reader(readers, dql.outputs[2], mm)
+            and not set(dql.outputs) & set(outputs)
+        ):
             # its DynamicQuantizeLinear read by nothing else: one DynamicQuantizeMatMul
             mm.op_type = f"{MS}::DynamicQuantizeMatMul"
             mm.inputs = [dql.inputs[0], mm.inputs[1], b_scale, b_zp, bias]
@@ -162,6 +193,9 @@ def pack_weights(nodes, constants) -> list:
             continue
         zp = constants[zp_name] if zp_name else np.zeros((), b.dtype)
         if zp.dtype != b.dtype or zp.size not in (1, b.shape[1]):
-            continue   # the operator raises its error when it runs
-        node.attrs = dict(node.attrs, _b_packed=INTEGER_KERNELS.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])))
+            continue  # the operator raises its error when it runs
+        node.attrs = dict(
+            node.attrs,
+            _b_packed=INTEGER_KERNELS.qpack(np.ascontiguousarray(b), _column_zero_points(zp.reshape(-1), b.shape[1])),
+        )
     return nodes

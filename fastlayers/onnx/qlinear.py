@@ -37,15 +37,16 @@ def _operand_zero_point(zp, x, what, name, per_row):
         return np.zeros((), x.dtype)
     zp = np.asarray(zp)
     if zp.dtype != x.dtype:
-        raise InputError(f"{what}: {name} zero point of type {zp.dtype}, expected {x.dtype} (the "
-                         f"type of {name})")
+        raise InputError(f"{what}: {name} zero point of type {zp.dtype}, expected {x.dtype} (the type of {name})")
     if zp.size == 1:
         return zp.reshape(())
     if zp.ndim == 1:
         axis = -2 if per_row else -1
         if x.ndim < 2 or zp.shape[0] != x.shape[axis]:
-            raise ShapeError(f"{what}: {name} zero point of shape {zp.shape} for {name} of shape "
-                             f"{x.shape} (expected a scalar or one per {'row' if per_row else 'column'})")
+            raise ShapeError(
+                f"{what}: {name} zero point of shape {zp.shape} for {name} of shape "
+                f"{x.shape} (expected a scalar or one per {'row' if per_row else 'column'})"
+            )
         return zp.reshape(-1, 1) if per_row else zp
     return zp
 
@@ -87,14 +88,15 @@ class Requant:
     def columns(self, n):
         """(multiplier, bias) as contiguous vectors of ``n`` values, for the native kernel."""
         m = np.ascontiguousarray(np.broadcast_to(self.multiplier.reshape(-1), (n,)), np.float32)
-        b = None if self.bias is None else np.ascontiguousarray(np.broadcast_to(self.bias.reshape(-1), (n,)),
-                                                                np.int32)
+        b = None if self.bias is None else np.ascontiguousarray(np.broadcast_to(self.bias.reshape(-1), (n,)), np.int32)
         return m, b
 
     def part(self, j0, j1):
         """The requantization of columns j0:j1 (a group of a grouped convolution)."""
+
         def cut(v):
             return v if v is None or not np.ndim(v) else v.reshape(-1)[j0:j1]
+
         return Requant(cut(self.multiplier), cut(self.bias), self.y_zp)
 
     def apply(self, acc, axis):
@@ -103,8 +105,7 @@ class Requant:
         shape[axis] = -1
         if self.bias is not None:
             acc = acc + self.bias.reshape(shape)
-        return requantize(acc, self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier,
-                          self.y_zp)
+        return requantize(acc, self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier, self.y_zp)
 
 
 def _qgemm(core, a, a_zp, packed, n, requant=None, out=None):
@@ -193,10 +194,14 @@ def _qlinear_matmul(inputs, attrs, opset):
     b_zp = _operand_zero_point(_per_column(b_zp, n, what, "b_zero_point"), b, what, "b", False)
     y_zp = np.asarray(y_zp)
     if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or y_zp.size != 1:
-        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected "
-                         "a uint8 or int8 scalar")
-    multiplier = (_scale(_scalar(a_s, what, "a_scale"), what) * _scale(_per_column(b_s, n, what, "b_scale"), what)
-                  / _scale(_scalar(y_s, what, "y_scale"), what))
+        raise InputError(
+            f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected a uint8 or int8 scalar"
+        )
+    multiplier = (
+        _scale(_scalar(a_s, what, "a_scale"), what)
+        * _scale(_per_column(b_s, n, what, "b_scale"), what)
+        / _scale(_scalar(y_s, what, "y_scale"), what)
+    )
     return [integer_matmul(a, a_zp, b, b_zp, attrs.get("_b_packed"), Requant(multiplier, None, y_zp.reshape(())))]
 
 
@@ -205,8 +210,10 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     dilations, pads / auto_pad and group (padding reads as x_zp: 0 after the shift); with
     ``requant`` (``Requant``, one value per output channel), requantized to 8 bits."""
     if x.ndim not in (3, 4) or w.ndim != x.ndim:
-        raise ShapeError(f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
-                         "convolutions (rank 3 or 4, equal ranks) are supported")
+        raise ShapeError(
+            f"{what}: input of shape {x.shape} and weight of shape {w.shape}; 1-D and 2-D "
+            "convolutions (rank 3 or 4, equal ranks) are supported"
+        )
     one_d = x.ndim == 3
     x4 = x[:, :, None, :] if one_d else x
     w4 = w[:, :, None, :] if one_d else w
@@ -214,8 +221,9 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     n, c, h, wd = x4.shape
     cout, cin_g, kh, kw = w4.shape
     if c != cin_g * group or cout % group:
-        raise ShapeError(f"{what}: input of shape {x.shape} does not fit a weight of shape {w.shape} "
-                         f"with group={group}")
+        raise ShapeError(
+            f"{what}: input of shape {x.shape} does not fit a weight of shape {w.shape} with group={group}"
+        )
     if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(w.shape[2:]):
         raise ShapeError(f"{what}: kernel_shape {list(attrs['kernel_shape'])} for a weight of shape {w.shape}")
     nsp = x.ndim - 2
@@ -225,23 +233,22 @@ def integer_conv(x, x_zp, w, w_zp, attrs, what, requant=None):
     w_zp = np.asarray(w_zp)
     if integer_kernels() is not None:
         packed = _packed_conv_weights(w, w4, w_zp, group)
-        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads,
-                                 requant)
+        y = _integer_conv_native(x4, x_zp, packed, (cout, kh, kw), group, (oh, ow), strides, dilations, pads, requant)
         return y[:, :, 0, :] if one_d else y
     if w_zp.ndim == 1:
         w_zp = w_zp.reshape(-1, 1, 1, 1)
-    x64 = np.pad(x4.astype(np.float64) - np.asarray(x_zp, np.float64),
-                 ((0, 0), (0, 0), pads[0], pads[1]))
+    x64 = np.pad(x4.astype(np.float64) - np.asarray(x_zp, np.float64), ((0, 0), (0, 0), pads[0], pads[1]))
     w64 = w4.astype(np.float64) - w_zp.astype(np.float64)
     y = np.zeros((n, oh, ow, cout), np.float64)
     (sh, sw), (dh, dw), cout_g = strides, dilations, cout // group
     for i in range(kh):
         for j in range(kw):
-            window = x64[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
-            window = window.transpose(0, 2, 3, 1)            # (n, oh, ow, c)
+            window = x64[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+            window = window.transpose(0, 2, 3, 1)  # (n, oh, ow, c)
             for g in range(group):
-                y[..., g * cout_g:(g + 1) * cout_g] += (window[..., g * cin_g:(g + 1) * cin_g]
-                                                        @ w64[g * cout_g:(g + 1) * cout_g, :, i, j].T)
+                y[..., g * cout_g : (g + 1) * cout_g] += (
+                    window[..., g * cin_g : (g + 1) * cin_g] @ w64[g * cout_g : (g + 1) * cout_g, :, i, j].T
+                )
     y = y.transpose(0, 3, 1, 2).astype(np.int32)
     y = y if requant is None else requant.apply(y, axis=1)
     return y[:, :, 0, :] if one_d else y
@@ -256,9 +263,13 @@ def _packed_conv_weights(w, w_oihw, w_zp, group):
     cout_g = cout // group
 
     def pack(_):
-        return [pack_operand(w_oihw[g * cout_g:(g + 1) * cout_g].transpose(2, 3, 1, 0)
-                             .reshape(kh * kw * cin_g, cout_g), zb[g * cout_g:(g + 1) * cout_g])
-                for g in range(group)]
+        return [
+            pack_operand(
+                w_oihw[g * cout_g : (g + 1) * cout_g].transpose(2, 3, 1, 0).reshape(kh * kw * cin_g, cout_g),
+                zb[g * cout_g : (g + 1) * cout_g],
+            )
+            for g in range(group)
+        ]
 
     return derived(w, f"qconv:{group}:{zb.tobytes().hex()}", pack)
 
@@ -278,14 +289,40 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
     top_left = (pads[0][0], pads[1][0])
     y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.y_zp.dtype)
     for g in range(group):
-        y_g = y[:, g * cout_g:(g + 1) * cout_g]
+        y_g = y[:, g * cout_g : (g + 1) * cout_g]
         if requant is None:
-            core.qconv(x_nhwc, int(x_zp), packed[g], y_g, (kh, kw), tuple(strides), tuple(dilations), top_left,
-                       (oh, ow), g * cin_g, cin_g)
-        else:   # each group's columns requantized in the kernel's store, straight into y
+            core.qconv(
+                x_nhwc,
+                int(x_zp),
+                packed[g],
+                y_g,
+                (kh, kw),
+                tuple(strides),
+                tuple(dilations),
+                top_left,
+                (oh, ow),
+                g * cin_g,
+                cin_g,
+            )
+        else:  # each group's columns requantized in the kernel's store, straight into y
             multiplier, bias = requant.part(g * cout_g, (g + 1) * cout_g).columns(cout_g)
-            core.qconv(x_nhwc, int(x_zp), packed[g], y_g, (kh, kw), tuple(strides), tuple(dilations), top_left,
-                       (oh, ow), g * cin_g, cin_g, multiplier, None, bias, int(requant.y_zp))
+            core.qconv(
+                x_nhwc,
+                int(x_zp),
+                packed[g],
+                y_g,
+                (kh, kw),
+                tuple(strides),
+                tuple(dilations),
+                top_left,
+                (oh, ow),
+                g * cin_g,
+                cin_g,
+                multiplier,
+                None,
+                bias,
+                int(requant.y_zp),
+            )
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
 
@@ -293,21 +330,26 @@ def _conv_zero_points(x, x_zp, w, w_zp, what):
     x_zp = np.zeros((), x.dtype) if x_zp is None else np.asarray(x_zp)
     w_zp = np.zeros((), w.dtype) if w_zp is None else np.asarray(w_zp)
     if x_zp.dtype != x.dtype or w_zp.dtype != w.dtype:
-        raise InputError(f"{what}: zero points of types {x_zp.dtype} and {w_zp.dtype} for x of type "
-                         f"{x.dtype} and w of type {w.dtype} (each must be its tensor's type)")
+        raise InputError(
+            f"{what}: zero points of types {x_zp.dtype} and {w_zp.dtype} for x of type "
+            f"{x.dtype} and w of type {w.dtype} (each must be its tensor's type)"
+        )
     if x_zp.size != 1:
         raise ShapeError(f"{what}: x zero point of shape {x_zp.shape}, expected a scalar")
     if w_zp.size != 1 and w_zp.shape != (w.shape[0],):
-        raise ShapeError(f"{what}: w zero point of shape {w_zp.shape} for {w.shape[0]} output "
-                         "channels (expected a scalar or one per output channel)")
+        raise ShapeError(
+            f"{what}: w zero point of shape {w_zp.shape} for {w.shape[0]} output "
+            "channels (expected a scalar or one per output channel)"
+        )
     return x_zp.reshape(()), (w_zp.reshape(()) if w_zp.size == 1 else w_zp)
 
 
 def _conv_integer(inputs, attrs, opset):
     what = "ConvInteger"
     x, w = _quantized(inputs[0], what, "x"), _quantized(inputs[1], what, "w")
-    x_zp, w_zp = _conv_zero_points(x, inputs[2] if len(inputs) > 2 else None, w,
-                                   inputs[3] if len(inputs) > 3 else None, what)
+    x_zp, w_zp = _conv_zero_points(
+        x, inputs[2] if len(inputs) > 2 else None, w, inputs[3] if len(inputs) > 3 else None, what
+    )
     return [integer_conv(x, x_zp, w, w_zp, attrs, what)]
 
 
@@ -321,13 +363,17 @@ def _qlinear_conv(inputs, attrs, opset):
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.int32 or bias.shape != (cout,):
-            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
-                             f"int32 of shape ({cout},)")
+            raise InputError(
+                f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected int32 of shape ({cout},)"
+            )
     y_zp = _scalar(y_zp, what, "y_zero_point")
     if y_zp.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise InputError(f"{what}: y_zero_point of type {y_zp.dtype}; expected uint8 or int8")
-    multiplier = (_scale(_scalar(x_s, what, "x_scale"), what) * _scale(_per_column(w_s, cout, what, "w_scale"), what)
-                  / _scale(_scalar(y_s, what, "y_scale"), what))
+    multiplier = (
+        _scale(_scalar(x_s, what, "x_scale"), what)
+        * _scale(_per_column(w_s, cout, what, "w_scale"), what)
+        / _scale(_scalar(y_s, what, "y_scale"), what)
+    )
     return [integer_conv(x, x_zp, w, w_zp, attrs, what, Requant(multiplier, bias, y_zp))]
 
 
@@ -339,8 +385,9 @@ def _float_product(acc, a_scale, b_scale, bias, n, what):
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.float32 or bias.shape != (n,):
-            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
-                             f"float32 of shape ({n},)")
+            raise InputError(
+                f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected float32 of shape ({n},)"
+            )
         y += bias
     return y
 
@@ -358,12 +405,16 @@ def integer_matmul_to_float(a, a_zp, b, b_zp, packed, a_scale, b_scale, bias, wh
     if bias is not None:
         bias = np.asarray(bias)
         if bias.dtype != np.float32 or bias.shape != (n,):
-            raise InputError(f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected "
-                             f"float32 of shape ({n},)")
+            raise InputError(
+                f"{what}: bias of type {bias.dtype} and shape {bias.shape}; expected float32 of shape ({n},)"
+            )
     if packed is None:
         packed = core.qpack(np.ascontiguousarray(b), _column_zero_points(b_zp, n))
-    columns = np.full(n, multiplier, np.float32) if multiplier.ndim == 0 else \
-        np.ascontiguousarray(np.broadcast_to(multiplier, (n,)))
+    columns = (
+        np.full(n, multiplier, np.float32)
+        if multiplier.ndim == 0
+        else np.ascontiguousarray(np.broadcast_to(multiplier, (n,)))
+    )
     return native_product_to_float(core, a, a_zp, packed, n, columns, bias)
 
 
@@ -374,8 +425,11 @@ def native_product_to_float(core, a, a_zp, packed, n, columns, bias):
     k = a.shape[-1]
     a2 = np.ascontiguousarray(a.reshape(-1, k))
     a_zp = np.asarray(a_zp)
-    za = np.full(a2.shape[0], int(a_zp), np.int32) if a_zp.ndim == 0 else \
-        np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    za = (
+        np.full(a2.shape[0], int(a_zp), np.int32)
+        if a_zp.ndim == 0
+        else np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), a.shape[:-1] + (1,)).reshape(-1))
+    )
     y = np.empty((a2.shape[0], n), np.float32)
     core.qgemm(a2, za, packed, y, columns, None if bias is None else np.ascontiguousarray(bias))
     return y.reshape(a.shape[:-1] + (n,))
@@ -389,14 +443,20 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
     computed by the graph or the native core does not run."""
     packed, b = attrs.get("_b_packed"), inputs[1] if len(inputs) > 1 else None
     constant = all(v is None or isinstance(v, np.ndarray) for v in inputs[1:])
-    if packed is None or not constant or not isinstance(b, np.ndarray) or b.ndim != 2 \
-            or len(inputs) < 3 or inputs[2] is None:
+    if (
+        packed is None
+        or not constant
+        or not isinstance(b, np.ndarray)
+        or b.ndim != 2
+        or len(inputs) < 3
+        or inputs[2] is None
+    ):
         return None
     general, n = _dynamic_quantize_matmul, b.shape[1]
     try:
         b_scale = _scale(_per_column(inputs[2], n, "DynamicQuantizeMatMul", "b_scale"), "DynamicQuantizeMatMul")
     except FastlayersError:
-        return None                  # the general form raises it
+        return None  # the general form raises it
     b_columns = np.ascontiguousarray(np.broadcast_to(b_scale, (n,)))
     bias = inputs[4] if len(inputs) > 4 else None
     checked: set = set()
@@ -413,6 +473,7 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
             return out
         a_q, a_scale, a_zp = dynamic_quantize(a)
         return [native_product_to_float(core, a_q, a_zp, packed, n, b_columns * a_scale, bias)]
+
     return run
 
 
@@ -426,11 +487,23 @@ def _dynamic_quantize_matmul(inputs, attrs, opset):
     b = _quantized(inputs[1], what, "B")
     n = b.shape[-1] if b.ndim else 0
     b_zp = inputs[3] if len(inputs) > 3 else None
-    b_zp = _operand_zero_point(None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"),
-                               b, what, "B", False)
+    b_zp = _operand_zero_point(
+        None if b_zp is None else _per_column(b_zp, n, what, "b_zero_point"), b, what, "B", False
+    )
     a_q, a_scale, a_zp = dynamic_quantize(a)
-    return [integer_matmul_to_float(a_q, np.asarray(a_zp), b, b_zp, attrs.get("_b_packed"), a_scale, inputs[2],
-                                    inputs[4] if len(inputs) > 4 else None, what)]
+    return [
+        integer_matmul_to_float(
+            a_q,
+            np.asarray(a_zp),
+            b,
+            b_zp,
+            attrs.get("_b_packed"),
+            a_scale,
+            inputs[2],
+            inputs[4] if len(inputs) > 4 else None,
+            what,
+        )
+    ]
 
 
 def _matmul_integer_to_float(inputs, attrs, opset):
@@ -439,12 +512,15 @@ def _matmul_integer_to_float(inputs, attrs, opset):
     a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[1], what, "B")
     n = b.shape[-1] if b.ndim else 0
     opt = list(inputs[4:]) + [None] * (7 - len(inputs))
-    a_zp = _operand_zero_point(None if opt[0] is None else _scalar(opt[0], what, "a_zero_point"),
-                               a, what, "A", True)
-    b_zp = _operand_zero_point(None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"),
-                               b, what, "B", False)
-    return [integer_matmul_to_float(a, a_zp, b, b_zp, attrs.get("_b_packed"), _scalar(inputs[2], what, "a_scale"),
-                                    inputs[3], opt[2], what)]
+    a_zp = _operand_zero_point(None if opt[0] is None else _scalar(opt[0], what, "a_zero_point"), a, what, "A", True)
+    b_zp = _operand_zero_point(
+        None if opt[1] is None else _per_column(opt[1], n, what, "b_zero_point"), b, what, "B", False
+    )
+    return [
+        integer_matmul_to_float(
+            a, a_zp, b, b_zp, attrs.get("_b_packed"), _scalar(inputs[2], what, "a_scale"), inputs[3], opt[2], what
+        )
+    ]
 
 
 def _qgemm_columns(b_scale, b_zp, b, n, what):
@@ -458,11 +534,15 @@ def _qgemm_columns(b_scale, b_zp, b, n, what):
         raise InputError(f"{what}: b_zero_point of type {b_zp.dtype}, expected {b.dtype} (the type of B)")
     for p, name in ((b_scale, "b_scale"), (b_zp, "b_zero_point")):
         if not (p.ndim == 0 or p.shape in ((1,), (n,))):
-            raise ShapeError(f"{what}: {name} of shape {p.shape}, expected a scalar, (1,) or ({n},) "
-                             f"(one per column of the {n} columns of the output)")
+            raise ShapeError(
+                f"{what}: {name} of shape {p.shape}, expected a scalar, (1,) or ({n},) "
+                f"(one per column of the {n} columns of the output)"
+            )
     if b_scale.shape != b_zp.shape:
-        raise ShapeError(f"{what}: b_scale of shape {b_scale.shape} and b_zero_point of shape "
-                         f"{b_zp.shape}; onnxruntime requires both of the same shape")
+        raise ShapeError(
+            f"{what}: b_scale of shape {b_scale.shape} and b_zero_point of shape "
+            f"{b_zp.shape}; onnxruntime requires both of the same shape"
+        )
     if b_scale.size == 1:
         return b_scale.reshape(()), b_zp.reshape(())
     return b_scale, b_zp
@@ -476,8 +556,10 @@ def _qgemm_bias(c, m, n, what):
         raise InputError(f"{what}: C of type {c.dtype}, expected int32")
     ok = c.ndim <= 2 and (c.size == 1 or c.shape in ((n,), (1, n), (m, 1), (m, n)))
     if not ok:
-        raise ShapeError(f"{what}: C of shape {c.shape} for an output of shape ({m}, {n}); expected one "
-                         f"value, ({n},), (1, {n}), ({m}, 1) or ({m}, {n})")
+        raise ShapeError(
+            f"{what}: C of shape {c.shape} for an output of shape ({m}, {n}); expected one "
+            f"value, ({n},), (1, {n}), ({m}, 1) or ({m}, {n})"
+        )
     return c
 
 
@@ -490,18 +572,22 @@ def _qgemm_op(inputs, attrs, opset):
     c, y_scale, y_zp = opt[:3]
     a, b = _quantized(inputs[0], what, "A"), _quantized(inputs[3], what, "B")
     if a.dtype == np.int8 and b.dtype != np.int8:
-        raise UnsupportedError(f"{what}: A of type int8 with B of type {b.dtype}; int8 A takes int8 B "
-                               "(onnxruntime has no such kernel)")
+        raise UnsupportedError(
+            f"{what}: A of type int8 with B of type {b.dtype}; int8 A takes int8 B (onnxruntime has no such kernel)"
+        )
     if a.ndim != 2 or b.ndim != 2:
         raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape}; both must have rank 2")
     trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
     (k, m), (n, k_b) = (a.shape if trans_a else a.shape[::-1]), (b.shape if trans_b else b.shape[::-1])
     if k != k_b:
-        raise ShapeError(f"{what}: A of shape {a.shape} (transA={int(trans_a)}) has K={k} but B of shape "
-                         f"{b.shape} (transB={int(trans_b)}) has K={k_b}")
+        raise ShapeError(
+            f"{what}: A of shape {a.shape} (transA={int(trans_a)}) has K={k} but B of shape "
+            f"{b.shape} (transB={int(trans_b)}) has K={k_b}"
+        )
     if k == 0:
-        raise ShapeError(f"{what}: A of shape {a.shape} and B of shape {b.shape} have K=0 (onnxruntime's "
-                         "result is undefined there)")
+        raise ShapeError(
+            f"{what}: A of shape {a.shape} and B of shape {b.shape} have K=0 (onnxruntime's result is undefined there)"
+        )
     a_scale = one_value(inputs[1], what, "a_scale")
     a_zp = one_value(inputs[2], what, "a_zero_point", a.dtype)
     b_scale, b_zp = _qgemm_columns(inputs[4], inputs[5], b, n, what)
@@ -510,8 +596,10 @@ def _qgemm_op(inputs, attrs, opset):
     if y_zp is not None:
         y_zp = np.asarray(y_zp)
         if y_zp.dtype != a.dtype:
-            raise UnsupportedError(f"{what}: y_zero_point of type {y_zp.dtype} for A of type {a.dtype}; "
-                                   "the output has A's type (onnxruntime's kernels)")
+            raise UnsupportedError(
+                f"{what}: y_zero_point of type {y_zp.dtype} for A of type {a.dtype}; "
+                "the output has A's type (onnxruntime's kernels)"
+            )
         y_zp = one_value(y_zp, what, "y_zero_point", a.dtype)
     # ComputeOutputScale: (alpha * a_scale * b_scale[j]) / y_scale, left to right in float32
     multiplier = np.float32(attrs.get("alpha", 1.0)) * a_scale * b_scale
@@ -521,17 +609,20 @@ def _qgemm_op(inputs, attrs, opset):
         return [np.zeros((m, n), np.float32 if y_zp is None else y_zp.dtype)]
     a_m, b_m = (a.T if trans_a else a), (b.T if trans_b else b)
     core, packed = integer_kernels(), None
-    if core is not None:     # B less its zero points packed once per B array and zero points
+    if core is not None:  # B less its zero points packed once per B array and zero points
         zb = _column_zero_points(b_zp, n)
-        packed = derived(b, f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",
-                         lambda w: core.qpack(np.ascontiguousarray(w.T if trans_b else w), zb))
+        packed = derived(
+            b,
+            f"qgemm:{int(trans_b)}:{zb.tobytes().hex()}",
+            lambda w: core.qpack(np.ascontiguousarray(w.T if trans_b else w), zb),
+        )
     per_column_c = c is None or c.size == 1 or c.shape in ((n,), (1, n))
-    if y_zp is not None and per_column_c:   # C added and requantized in the product's store
+    if y_zp is not None and per_column_c:  # C added and requantized in the product's store
         c_cols = None if c is None else np.broadcast_to(c.reshape(-1), (n,))
         return [integer_matmul(a_m, a_zp, b_m, b_zp, packed, Requant(multiplier, c_cols, y_zp))]
     acc = integer_matmul(a_m, a_zp, b_m, b_zp, packed)
     if c is not None:
-        acc = acc + c                      # int32, wrapping as MLAS's accumulation into C
+        acc = acc + c  # int32, wrapping as MLAS's accumulation into C
     if y_zp is None:
         return [np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)]
     return [requantize(acc, multiplier, y_zp)]
@@ -540,17 +631,21 @@ def _qgemm_op(inputs, attrs, opset):
 def _qconv_check(weight_index):
     """The load-time checks of Conv (spatial rank, attribute lengths, kernel_shape and group
     against a constant weight) for a node whose weight is input ``weight_index``."""
+
     def check(node, attrs, ctx):
         weight = ctx.constants.get(node.inputs[weight_index])
         _spatial_lengths(node, attrs, ctx, _spatial_rank(node, attrs, ctx, weight))
         if weight is None:
             return
         if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(weight.shape[2:]):
-            _fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's "
-                             f"shape {weight.shape}")
+            _fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's shape {weight.shape}")
         if min(weight.shape) == 0 or weight.shape[0] % attrs.get("group", 1):
-            _fail(ctx, node, f"weight {short(node.inputs[weight_index])} of shape {weight.shape} "
-                             f"for group {attrs.get('group', 1)}")
+            _fail(
+                ctx,
+                node,
+                f"weight {short(node.inputs[weight_index])} of shape {weight.shape} for group {attrs.get('group', 1)}",
+            )
+
     return check
 
 

@@ -44,18 +44,19 @@ def _pack_lstm(node, constants, core) -> None:
         for d in range(w.shape[0] if w.ndim == 3 else 0):
             pair = []
             for m, zp, name in ((w, w_zp, "W_zero_point"), (r, r_zp, "R_zero_point")):
-                z = _zero_point(_direction_param(zp, d, m.shape[2], "DynamicQuantizeLSTM", name), m.dtype,
-                                "DynamicQuantizeLSTM")
+                z = _zero_point(
+                    _direction_param(zp, d, m.shape[2], "DynamicQuantizeLSTM", name), m.dtype, "DynamicQuantizeLSTM"
+                )
                 pair.append(core.qpack(np.ascontiguousarray(m[d]), _column_zero_points(z, m.shape[2])))
             packed.append(tuple(pair))
     except (FastlayersError, ValueError, TypeError, IndexError):
-        return   # the operator raises its error when it runs
+        return  # the operator raises its error when it runs
     if packed and r.ndim == 3 and r.shape[0] == len(packed):
         node.attrs = dict(node.attrs, _packed=tuple(packed))
         params = _direction_params(node, constants, w, r)
         if params is not None:
             node.attrs["_params"] = params
-            node.attrs["_checked"] = set()    # input shapes checked (_dynamic_quantize_lstm)
+            node.attrs["_checked"] = set()  # input shapes checked (_dynamic_quantize_lstm)
 
 
 def _direction_params(node, constants, w, r):
@@ -75,16 +76,25 @@ def _direction_params(node, constants, w, r):
                 bias = (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
             else:
                 bias = np.zeros(n_gates, np.float32)
-            params.append((
-                _zero_point(_direction_param(w_zp, d, n_gates, what, "W_zero_point"), w.dtype, what),
-                _zero_point(_direction_param(r_zp, d, n_gates, what, "R_zero_point"), r.dtype, what),
-                np.ascontiguousarray(np.broadcast_to(
-                    _scale(_direction_param(w_scale, d, n_gates, what, "W_scale"), what), (n_gates,))),
-                np.ascontiguousarray(np.broadcast_to(
-                    _scale(_direction_param(r_scale, d, n_gates, what, "R_scale"), what), (n_gates,))),
-                bias))
+            params.append(
+                (
+                    _zero_point(_direction_param(w_zp, d, n_gates, what, "W_zero_point"), w.dtype, what),
+                    _zero_point(_direction_param(r_zp, d, n_gates, what, "R_zero_point"), r.dtype, what),
+                    np.ascontiguousarray(
+                        np.broadcast_to(
+                            _scale(_direction_param(w_scale, d, n_gates, what, "W_scale"), what), (n_gates,)
+                        )
+                    ),
+                    np.ascontiguousarray(
+                        np.broadcast_to(
+                            _scale(_direction_param(r_scale, d, n_gates, what, "R_scale"), what), (n_gates,)
+                        )
+                    ),
+                    bias,
+                )
+            )
     except (FastlayersError, ValueError, TypeError, IndexError):
-        return None   # the operator raises its error when it runs
+        return None  # the operator raises its error when it runs
     return tuple(params)
 
 
@@ -95,8 +105,9 @@ MAX_CHECKED = 64
 def _optional(inputs):
     """B, sequence_lens, initial_h, initial_c and P of a DynamicQuantizeLSTM call (None where
     absent or empty)."""
-    return [inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None
-            for i in range(3, 8)]
+    return [
+        inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None for i in range(3, 8)
+    ]
 
 
 def _check_lstm(x, inputs, attrs, optional):
@@ -109,19 +120,28 @@ def _check_lstm(x, inputs, attrs, optional):
         raise UnsupportedError(f"{what}: sequence_lens is not supported")
     names = [a.lower() for a in attrs.get("activations", [])]
     if any(n != d for n, d in zip(names, ["sigmoid", "tanh", "tanh"] * 2)) or len(names) not in (0, 3, 6):
-        raise UnsupportedError(f"{what}: activations {attrs.get('activations')} (only the default "
-                               "Sigmoid, Tanh, Tanh are supported)")
+        raise UnsupportedError(
+            f"{what}: activations {attrs.get('activations')} (only the default Sigmoid, Tanh, Tanh are supported)"
+        )
     n_dir = 2 if attrs.get("direction", "forward") == "bidirectional" else 1
     steps, batch, n_in = x.shape
     hidden = r.shape[1] if r.ndim == 3 else 0
     n_gates = 4 * hidden
-    if w.shape != (n_dir, n_in, n_gates) or r.shape != (n_dir, hidden, n_gates) or not hidden \
-            or attrs.get("hidden_size", hidden) != hidden:
-        raise ShapeError(f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
-                         f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))")
-    for given, name, want in zip(optional[:1] + optional[2:], ("B", "initial_h", "initial_c", "P"),
-                                 ((n_dir, 2 * n_gates), (n_dir, batch, hidden), (n_dir, batch, hidden),
-                                  (n_dir, 3 * hidden))):
+    if (
+        w.shape != (n_dir, n_in, n_gates)
+        or r.shape != (n_dir, hidden, n_gates)
+        or not hidden
+        or attrs.get("hidden_size", hidden) != hidden
+    ):
+        raise ShapeError(
+            f"{what}: W of shape {w.shape} and R of shape {r.shape} for X of shape {x.shape} "
+            f"(expected ({n_dir}, {n_in}, 4 * hidden) and ({n_dir}, hidden, 4 * hidden))"
+        )
+    for given, name, want in zip(
+        optional[:1] + optional[2:],
+        ("B", "initial_h", "initial_c", "P"),
+        ((n_dir, 2 * n_gates), (n_dir, batch, hidden), (n_dir, batch, hidden), (n_dir, 3 * hidden)),
+    ):
         if given is not None and np.shape(given) != want:
             raise ShapeError(f"{what}: {name} of shape {np.shape(given)}, expected {want}")
     return w, r, n_dir, hidden
@@ -147,11 +167,23 @@ def _native_lstm(x, optional, attrs, params, packed, core):
         w_zp, r_zp, w_scale, r_scale, bias = params[d]
         w_packed, r_packed = packed[d]
         x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
-        h_last[d] = 0.0 if h0 is None else h0[d]     # the states, updated in place by the runs
+        h_last[d] = 0.0 if h0 is None else h0[d]  # the states, updated in place by the runs
         c_last[d] = 0.0 if c0 is None else c0[d]
-        runs.append((x_proj.reshape(steps, batch, n_gates), reverse or d == 1, r_packed, r_scale, bias,
-                     None if p is None else p[d].astype(np.float32), clip, input_forget, h_last[d],
-                     c_last[d], ys[:, d]))
+        runs.append(
+            (
+                x_proj.reshape(steps, batch, n_gates),
+                reverse or d == 1,
+                r_packed,
+                r_scale,
+                bias,
+                None if p is None else p[d].astype(np.float32),
+                clip,
+                input_forget,
+                h_last[d],
+                c_last[d],
+                ys[:, d],
+            )
+        )
     core.qlstm_runs(runs)
     return [ys, h_last, c_last]
 
@@ -194,42 +226,60 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
         if params is not None:
             w_zp, r_zp, w_scale, r_scale, bias = params[d]
         else:
-            w_zp, r_zp = (_zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
-                          for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r)))
+            w_zp, r_zp = (
+                _zero_point(_direction_param(inputs[k], d, n_gates, what, name), m.dtype, what)
+                for k, name, m in ((9, "W_zero_point", w), (11, "R_zero_point", r))
+            )
             w_scale = _direction_param(inputs[8], d, n_gates, what, "W_scale")
             r_scale = _direction_param(inputs[10], d, n_gates, what, "R_scale")
             b = get(3)
-            bias = np.zeros(n_gates, np.float32) if b is None else \
-                (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
-        w_packed, r_packed = attrs["_packed"][d] if "_packed" in attrs and core is not None else (
-            pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
-        if params is not None and w_packed is not None:   # the scales per column, derived
+            bias = np.zeros(n_gates, np.float32) if b is None else (b[d, :n_gates] + b[d, n_gates:]).astype(np.float32)
+        w_packed, r_packed = (
+            attrs["_packed"][d]
+            if "_packed" in attrs and core is not None
+            else (pack_operand(w[d], w_zp), pack_operand(r[d], r_zp))
+        )
+        if params is not None and w_packed is not None:  # the scales per column, derived
             x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
         else:
-            x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale,
-                                             None, what)
+            x_proj = integer_matmul_to_float(x_q, np.asarray(x_zp), w[d], w_zp, w_packed, x_scale, w_scale, None, what)
         x_proj = x_proj.reshape(steps, batch, n_gates)
         h0, c0, p = get(5), get(6), get(7)
         h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].astype(np.float32)
         c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].astype(np.float32)
         p = None if p is None else p[d].astype(np.float32)
         reverse = direction == "reverse" or d == 1
-        if r_packed is not None:    # the time loop on the native core (qlstm.c)
-            r_scale_columns = r_scale if params is not None else \
-                np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
-            core.qlstm(x_proj, reverse, r_packed, r_scale_columns, bias, p, float(clip or 0.0),
-                       bool(attrs.get("input_forget", 0)), h, c, ys[:, d])
+        if r_packed is not None:  # the time loop on the native core (qlstm.c)
+            r_scale_columns = (
+                r_scale
+                if params is not None
+                else np.ascontiguousarray(np.broadcast_to(_scale(r_scale, what), (n_gates,)))
+            )
+            core.qlstm(
+                x_proj,
+                reverse,
+                r_packed,
+                r_scale_columns,
+                bias,
+                p,
+                float(clip or 0.0),
+                bool(attrs.get("input_forget", 0)),
+                h,
+                c,
+                ys[:, d],
+            )
             h_last[d], c_last[d] = h, c
             continue
-        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
             h_q, h_scale, h_zp = dynamic_quantize(h)
             # onnxruntime's order: (x W + h R) (+ P c) + b
-            z = x_proj[t] + _float_product(integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale,
-                                           r_scale, None, n_gates, what)
-            zi, zo, zf, zc = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
-            bi, bo, bf, bc = (bias[k * hidden:(k + 1) * hidden] for k in range(4))
+            z = x_proj[t] + _float_product(
+                integer_matmul(h_q, np.asarray(h_zp), r[d], r_zp, r_packed), h_scale, r_scale, None, n_gates, what
+            )
+            zi, zo, zf, zc = (z[:, k * hidden : (k + 1) * hidden] for k in range(4))
+            bi, bo, bf, bc = (bias[k * hidden : (k + 1) * hidden] for k in range(4))
             if p is not None:
-                zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden:] * c
+                zi, zf = zi + p[:hidden] * c, zf + p[2 * hidden :] * c
             zi, zf, zc = zi + bi, zf + bf, zc + bc
             if clip is not None:
                 zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
@@ -237,7 +287,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
             gf = 1 - gi if attrs.get("input_forget", 0) else onnx_sigmoid(zf)
             c = gf * c + gi * onnx_tanh(zc)
             if p is not None:
-                zo = zo + p[hidden:2 * hidden] * c
+                zo = zo + p[hidden : 2 * hidden] * c
             zo = zo + bo
             if clip is not None:
                 zo = np.clip(zo, -clip, clip)
@@ -247,11 +297,17 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     return [ys, h_last, c_last]
 
 
-_LSTM_ATTRS = {"activation_alpha": A("floats"), "activation_beta": A("floats"), "activations": A("strings"),
-               "clip": A("float"), "hidden_size": A("int", 1),
-               "direction": A("string", choices=("forward", "reverse", "bidirectional")),
-               "input_forget": BOOL}
+_LSTM_ATTRS = {
+    "activation_alpha": A("floats"),
+    "activation_beta": A("floats"),
+    "activations": A("strings"),
+    "clip": A("float"),
+    "hidden_size": A("int", 1),
+    "direction": A("string", choices=("forward", "reverse", "bidirectional")),
+    "input_forget": BOOL,
+}
 
 
-_register("DynamicQuantizeLSTM", _dynamic_quantize_lstm, Op(inputs=(12, 12), optional=3, outputs=3,
-                                                            attrs=_LSTM_ATTRS), MS)
+_register(
+    "DynamicQuantizeLSTM", _dynamic_quantize_lstm, Op(inputs=(12, 12), optional=3, outputs=3, attrs=_LSTM_ATTRS), MS
+)

@@ -87,8 +87,7 @@ def _zero_point(p, dtype, what, name):
         return 0
     p = np.asarray(p)
     if p.dtype != dtype:
-        raise InputError(f"{what}: {name} of type {p.dtype}, expected {dtype} (the quantized "
-                         "tensor's type)")
+        raise InputError(f"{what}: {name} of type {p.dtype}, expected {dtype} (the quantized tensor's type)")
     return int(_one_value(p, what, name))
 
 
@@ -108,7 +107,7 @@ def _fma(x, r, c):
     shape = np.broadcast_shapes(np.shape(p), c.shape)
     s = np.atleast_1d(np.add(p, c))
     b = s - p
-    err = (p - (s - b)) + (c - b)         # s + err == p + c exactly (TwoSum)
+    err = (p - (s - b)) + (c - b)  # s + err == p + c exactly (TwoSum)
     bits = s.view(np.int64)
     with np.errstate(invalid="ignore"):
         inexact = (err != 0) & np.isfinite(s) & ((bits & 1) == 0)
@@ -123,7 +122,7 @@ def _cvt(y, dtype):
     then the saturating packs to ``dtype``; ``y`` float32."""
     lo, hi = QUANT_RANGES[np.dtype(dtype)]
     with np.errstate(invalid="ignore"):
-        y = np.where(np.abs(y) < _F32(2 ** 31), y, _F32(lo))
+        y = np.where(np.abs(y) < _F32(2**31), y, _F32(lo))
     np.rint(y, out=y)
     np.clip(y, lo, hi, out=y)
     return y.astype(dtype)
@@ -154,6 +153,7 @@ def _leaky_relu(alpha):
     def fn(v):
         with np.errstate(all="ignore"):
             return np.where(v >= 0, v, np.multiply(a, v, dtype=_F32))
+
     return fn
 
 
@@ -188,8 +188,10 @@ def _binary_operands(inputs, what):
     if a.dtype != b.dtype:
         raise InputError(f"{what}: A of type {a.dtype} and B of type {b.dtype}, expected the same type")
     dtype = a.dtype
-    params = [(_scale(inputs[k], what, f"{n}_scale"), _zero_point(inputs[k + 1], dtype, what, f"{n}_zero_point"))
-              for k, n in ((1, "A"), (4, "B"), (6, "C"))]
+    params = [
+        (_scale(inputs[k], what, f"{n}_scale"), _zero_point(inputs[k + 1], dtype, what, f"{n}_zero_point"))
+        for k, n in ((1, "A"), (4, "B"), (6, "C"))
+    ]
     try:
         shape = np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
@@ -289,25 +291,25 @@ def _qlinear_leaky_relu(inputs, attrs, opset):
 def _qlinear_concat(inputs, attrs, opset):
     what = "QLinearConcat"
     if len(inputs) < 5 or (len(inputs) - 2) % 3:
-        raise InputError(f"{what}: {len(inputs)} inputs, expected Y_scale, Y_zero_point and then "
-                         "(X, X_scale, X_zero_point) for each input")
+        raise InputError(
+            f"{what}: {len(inputs)} inputs, expected Y_scale, Y_zero_point and then "
+            "(X, X_scale, X_zero_point) for each input"
+        )
     sy = _scale(inputs[0], what, "Y_scale")
     y_zp = np.asarray(inputs[1]) if inputs[1] is not None else None
     if y_zp is None or y_zp.dtype not in _TYPES:
-        raise InputError(f"{what}: Y_zero_point of type {None if y_zp is None else y_zp.dtype}, "
-                         "expected uint8 or int8")
+        raise InputError(f"{what}: Y_zero_point of type {None if y_zp is None else y_zp.dtype}, expected uint8 or int8")
     dtype = y_zp.dtype
     zy = _zero_point(y_zp, dtype, what, "Y_zero_point")
     parts = []
     for k in range((len(inputs) - 2) // 3):
-        x, s, z = inputs[2 + 3 * k: 5 + 3 * k]
+        x, s, z = inputs[2 + 3 * k : 5 + 3 * k]
         name = f"input {k}"
         x = _quantized(x, what, name)
         if x.dtype != dtype:
             raise InputError(f"{what}: {name} of type {x.dtype}, expected {dtype} (the type of Y_zero_point)")
         if z is None:
-            raise InputError(f"{what}: {name} has no zero point (each input is a (X, X_scale, "
-                             "X_zero_point) triple)")
+            raise InputError(f"{what}: {name} has no zero point (each input is a (X, X_scale, X_zero_point) triple)")
         sx, zx = _scale(s, what, f"{name}'s scale"), _zero_point(z, dtype, what, f"{name}'s zero point")
         if not (sx == sy and zx == zy):
             x = _look_up(_lookup_table("identity", 0, _bits(sx), zx, _bits(sy), zy, dtype.str), x)
@@ -317,15 +319,18 @@ def _qlinear_concat(inputs, attrs, opset):
     ref = full[0]
     axis = attrs["axis"]
     if not -ref.ndim <= axis < ref.ndim:
-        raise ShapeError(f"{what}: axis {axis} for inputs of rank {ref.ndim} (expected in "
-                         f"[{-ref.ndim}, {ref.ndim - 1}])")
+        raise ShapeError(
+            f"{what}: axis {axis} for inputs of rank {ref.ndim} (expected in [{-ref.ndim}, {ref.ndim - 1}])"
+        )
     axis %= ref.ndim
     for k, x in enumerate(parts):
         if x.size == 0 and full is not parts:
             continue
-        if x.ndim != ref.ndim or x.shape[:axis] != ref.shape[:axis] or x.shape[axis + 1:] != ref.shape[axis + 1:]:
-            raise ShapeError(f"{what}: input {k} of shape {x.shape} does not concatenate with an input of "
-                             f"shape {ref.shape} on axis {axis} (all other axes must be equal)")
+        if x.ndim != ref.ndim or x.shape[:axis] != ref.shape[:axis] or x.shape[axis + 1 :] != ref.shape[axis + 1 :]:
+            raise ShapeError(
+                f"{what}: input {k} of shape {x.shape} does not concatenate with an input of "
+                f"shape {ref.shape} on axis {axis} (all other axes must be equal)"
+            )
     return [np.concatenate(full, axis=axis)]
 
 
@@ -335,6 +340,7 @@ def _params_check(required, params):
     constant scales and zero points are malformed: ``required`` the input positions that
     must be named, ``params`` (scale position, zero point position, scale name, zero point
     name) for each quantized tensor."""
+
     def check(node, attrs, ctx):
         what = node.op_type
         for k in required:
@@ -358,6 +364,7 @@ def _params_check(required, params):
                 raise InputError(f"{what}: zero points of types {found}; expected one type, uint8 or int8")
         except FastlayersError as e:
             _fail(ctx, node, str(e))
+
     return check
 
 
@@ -370,10 +377,15 @@ def _named(*tensors):
 def _concat_check(node, attrs, ctx):
     n = len(node.inputs)
     if (n - 2) % 3:
-        _fail(ctx, node, f"has {n} inputs, expected Y_scale, Y_zero_point and then (X, X_scale, "
-                         "X_zero_point) for each input (2 + 3k)")
+        _fail(
+            ctx,
+            node,
+            f"has {n} inputs, expected Y_scale, Y_zero_point and then (X, X_scale, "
+            "X_zero_point) for each input (2 + 3k)",
+        )
     params = [(0, 1, "Y_scale", "Y_zero_point")] + [
-        (3 + 3 * k, 4 + 3 * k, f"input {k}'s scale", f"input {k}'s zero point") for k in range((n - 2) // 3)]
+        (3 + 3 * k, 4 + 3 * k, f"input {k}'s scale", f"input {k}'s zero point") for k in range((n - 2) // 3)
+    ]
     _params_check((), params)(node, attrs, ctx)
 
 
@@ -382,7 +394,12 @@ _UNARY = _params_check((0, 1, 3), _named((1, "X"), (3, "Y")))
 _register("QLinearAdd", _qlinear_add, _BINARY, MS)
 _register("QLinearMul", _qlinear_mul, _BINARY, MS)
 _register("QLinearSigmoid", _qlinear_sigmoid, Op(inputs=(4, 5), optional=2, check=_UNARY), MS)
-_register("QLinearLeakyRelu", _qlinear_leaky_relu, Op(inputs=(4, 5), optional=2, attrs={"alpha": FLT}, check=_UNARY),
-          MS)
-_register("QLinearConcat", _qlinear_concat,
-          Op(inputs=(5, None), optional=None, attrs={"axis": AXIS}, required=("axis",), check=_concat_check), MS)
+_register(
+    "QLinearLeakyRelu", _qlinear_leaky_relu, Op(inputs=(4, 5), optional=2, attrs={"alpha": FLT}, check=_UNARY), MS
+)
+_register(
+    "QLinearConcat",
+    _qlinear_concat,
+    Op(inputs=(5, None), optional=None, attrs={"axis": AXIS}, required=("axis",), check=_concat_check),
+    MS,
+)

@@ -49,23 +49,30 @@ def _params(inputs, x, what):
     if len(inputs) < 4 or inputs[3] is None:
         raise InputError(f"{what}: y_scale is required")
     y_zp = inputs[4] if len(inputs) > 4 and inputs[4] is not None else np.zeros((), x.dtype)
-    return (one_value(inputs[1], what, "x_scale"), one_value(x_zp, what, "x_zero_point", x.dtype),
-            one_value(inputs[3], what, "y_scale"), one_value(y_zp, what, "y_zero_point", x.dtype))
+    return (
+        one_value(inputs[1], what, "x_scale"),
+        one_value(x_zp, what, "x_zero_point", x.dtype),
+        one_value(inputs[3], what, "y_scale"),
+        one_value(y_zp, what, "y_zero_point", x.dtype),
+    )
 
 
 def _global_average(x, axes, x_scale, x_zp, y_scale, y_zp, what):
     """MLAS's quantized global average over ``axes`` of ``x`` (kept as 1s)."""
     size = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     if size >= MAX_IMAGE:
-        raise InputError(f"{what}: an image of {size} values; onnxruntime's global average pool takes "
-                         f"fewer than {MAX_IMAGE}")
+        raise InputError(
+            f"{what}: an image of {size} values; onnxruntime's global average pool takes fewer than {MAX_IMAGE}"
+        )
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale = np.float32(x_scale / np.float32(y_scale * np.float32(size)))
-    if scale < np.float32(2.0 ** -32) or scale >= np.float32(256):
-        raise InputError(f"{what}: x_scale / (y_scale * {size} values) is {float(scale)!r}; onnxruntime "
-                         "computes it only within [2**-32, 256) (its parameters out of computation range)")
+    if scale < np.float32(2.0**-32) or scale >= np.float32(256):
+        raise InputError(
+            f"{what}: x_scale / (y_scale * {size} values) is {float(scale)!r}; onnxruntime "
+            "computes it only within [2**-32, 256) (its parameters out of computation range)"
+        )
     sums = x.sum(axis=axes, keepdims=True, dtype=np.int64)
-    acc = (sums - int(x_zp) * size).astype(np.int32)       # the int32 sums of MLAS, wrapping alike
+    acc = (sums - int(x_zp) * size).astype(np.int32)  # the int32 sums of MLAS, wrapping alike
     return requantize(acc, scale, y_zp)
 
 
@@ -92,7 +99,7 @@ def _axis(size, k, s, pads, auto, ceil, what):
         lower = auto == "SAME_LOWER"
         if need >= 0:
             head, tail = same_pads(size, k, s, 1, lower)
-        else:                  # onnxruntime's (need + 1) / 2 and need / 2 truncate toward zero
+        else:  # onnxruntime's (need + 1) / 2 and need / 2 truncate toward zero
             head = _trunc_half(need + 1) if lower else _trunc_half(need)
             tail = need - head
     elif auto == "VALID":
@@ -114,8 +121,8 @@ def _average_pool(inputs, attrs, opset):
         raise ShapeError(f"{what}: X of shape {x.shape} for a kernel_shape of {n} axes (expected rank {n + 2})")
     x_scale, x_zp, y_scale, y_zp = _params(inputs, x, what)
     last = bool(attrs.get("channels_last", 0))
-    first = 1 if last else 2                                 # the first spatial axis
-    sizes = x.shape[first:first + n]
+    first = 1 if last else 2  # the first spatial axis
+    sizes = x.shape[first : first + n]
     strides = list(attrs.get("strides") or [1] * n)
     pads = list(attrs.get("pads") or [0] * (2 * n))
     auto, ceil = attrs.get("auto_pad", "NOTSET"), bool(attrs.get("ceil_mode", 0))
@@ -125,7 +132,7 @@ def _average_pool(inputs, attrs, opset):
         return [_global_average(x, tuple(range(first, first + n)), x_scale, x_zp, y_scale, y_zp, what)]
     heads, outs = [a[0] for a in axes], [a[2] for a in axes]
 
-    def spatial(parts):                  # an index of x's layout from one entry per spatial axis
+    def spatial(parts):  # an index of x's layout from one entry per spatial axis
         return (slice(None),) * first + tuple(parts) + (slice(None),) * (x.ndim - first - n)
 
     # dequantize_value: x_scale * float32(x - x_zero_point), in x's own layout
@@ -135,21 +142,22 @@ def _average_pool(inputs, attrs, opset):
     after = [max(0, (o - 1) * s - h + k - size) for o, s, h, k, size in zip(outs, strides, heads, kernel, sizes)]
     if any(before) or any(after):
         shape = list(x.shape)
-        shape[first:first + n] = [b + size + a for b, size, a in zip(before, sizes, after)]
+        shape[first : first + n] = [b + size + a for b, size, a in zip(before, sizes, after)]
         padded = np.zeros(shape, np.float32)
         padded[spatial(slice(b, b + size) for b, size in zip(before, sizes))] = xf
     else:
         padded = xf
     shape = list(x.shape)
-    shape[first:first + n] = outs
+    shape[first : first + n] = outs
     acc = np.zeros(shape, np.float32)
-    starts = [b - h for b, h in zip(before, heads)]          # the first window's start in ``padded``
-    for offsets in itertools.product(*(range(k) for k in kernel)):   # row-major, as onnxruntime sums
-        acc += padded[spatial(slice(f + j, f + j + (o - 1) * s + 1, s)
-                              for f, j, o, s in zip(starts, offsets, outs, strides))]
+    starts = [b - h for b, h in zip(before, heads)]  # the first window's start in ``padded``
+    for offsets in itertools.product(*(range(k) for k in kernel)):  # row-major, as onnxruntime sums
+        acc += padded[
+            spatial(slice(f + j, f + j + (o - 1) * s + 1, s) for f, j, o, s in zip(starts, offsets, outs, strides))
+        ]
     if attrs.get("count_include_pad", 0):
         count = np.float32(np.prod(kernel))
-    else:                                 # the positions of each window inside the input
+    else:  # the positions of each window inside the input
         count = np.ones((), np.float32)
         for o, s, h, k, size in zip(outs, strides, heads, kernel, sizes):
             start = np.arange(o) * s - h
@@ -160,10 +168,10 @@ def _average_pool(inputs, attrs, opset):
     lo, hi = QUANT_RANGES[y_zp.dtype]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         acc /= count
-        acc /= y_scale                                        # quantize_value: y / y_scale + y_zp,
-        acc += np.float32(int(y_zp))                          # float32, then nearbyintf
+        acc /= y_scale  # quantize_value: y / y_scale + y_zp,
+        acc += np.float32(int(y_zp))  # float32, then nearbyintf
         np.rint(acc, out=acc)
-        acc[~(np.abs(acc) < np.float32(2.0 ** 31))] = lo      # int32 conversion: INT32_MIN
+        acc[~(np.abs(acc) < np.float32(2.0**31))] = lo  # int32 conversion: INT32_MIN
     np.clip(acc, lo, hi, out=acc)
     return [acc.astype(y_zp.dtype)]
 
@@ -173,20 +181,44 @@ def _pool_check(node, attrs, ctx):
     pad smaller than the kernel (``PoolAttributes``), no dilations (its schema has none)."""
     n = len(attrs["kernel_shape"])
     if not 1 <= n <= 3:
-        _fail(ctx, node, f"kernel_shape of {n} axes; onnxruntime's QLinearAveragePool pools 1 to 3 axes",
-              unsupported=n > 3)
+        _fail(
+            ctx,
+            node,
+            f"kernel_shape of {n} axes; onnxruntime's QLinearAveragePool pools 1 to 3 axes",
+            unsupported=n > 3,
+        )
     _spatial_lengths(node, attrs, ctx, n, names=("strides", "kernel_shape"))
     if "dilations" in node.attrs:
         _fail(ctx, node, "attribute 'dilations': QLinearAveragePool has none")
     pads = attrs.get("pads") or []
     for d, k in enumerate(attrs["kernel_shape"]):
         if pads and (pads[d] >= k or pads[d + n] >= k):
-            _fail(ctx, node, f"pads {list(pads)} for kernel_shape {list(attrs['kernel_shape'])}; each pad "
-                             "must be smaller than the kernel along its axis")
+            _fail(
+                ctx,
+                node,
+                f"pads {list(pads)} for kernel_shape {list(attrs['kernel_shape'])}; each pad "
+                "must be smaller than the kernel along its axis",
+            )
 
 
 _register("QLinearGlobalAveragePool", _global_average_pool, Op(inputs=(5, 5), attrs={"channels_last": BOOL}), MS)
-_register("QLinearAveragePool", _average_pool,
-          Op(inputs=(4, 5), optional=2, required=("kernel_shape",), check=_pool_check,
-             attrs={"auto_pad": AUTO_PAD, "ceil_mode": BOOL, "channels_last": BOOL, "count_include_pad": BOOL,
-                    "kernel_shape": POSS, "pads": NONNEG, "strides": POSS}), MS)
+_register(
+    "QLinearAveragePool",
+    _average_pool,
+    Op(
+        inputs=(4, 5),
+        optional=2,
+        required=("kernel_shape",),
+        check=_pool_check,
+        attrs={
+            "auto_pad": AUTO_PAD,
+            "ceil_mode": BOOL,
+            "channels_last": BOOL,
+            "count_include_pad": BOOL,
+            "kernel_shape": POSS,
+            "pads": NONNEG,
+            "strides": POSS,
+        },
+    ),
+    MS,
+)

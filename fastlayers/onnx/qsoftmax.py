@@ -27,7 +27,7 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 def exp_table(x_scale, length, signed):
     """The 256 float32 exponentials onnxruntime looks values up in (module docstring), laid out
     by uint8 index (int8 tables at uint8(i - 128))."""
-    shift = np.log(np.float32(_FLT_MAX) / np.float32(length))   # a float32 quotient, its log in double
+    shift = np.log(np.float32(_FLT_MAX) / np.float32(length))  # a float32 quotient, its log in double
     shift = max(0.0, float(shift) - 5.0) / float(x_scale)
     i = np.arange(256, dtype=np.float64)
     values = np.exp((i - 255.0 + shift) * float(x_scale)).astype(np.float32)
@@ -44,8 +44,10 @@ def _qlinear_softmax(inputs, attrs, opset):
     if x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise InputError(f"{what}: input of type {x.dtype}, expected uint8 or int8")
     if y_zp.dtype != x.dtype or y_zp.size != 1:
-        raise InputError(f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected a "
-                         f"{x.dtype} scalar (the input's type)")
+        raise InputError(
+            f"{what}: y_zero_point of type {y_zp.dtype} and shape {y_zp.shape}; expected a "
+            f"{x.dtype} scalar (the input's type)"
+        )
     for name, v in (("x_scale", x_scale), ("y_scale", y_scale)):
         if v is None or v.size != 1:
             raise ShapeError(f"{what}: {name} of shape {None if v is None else v.shape}, expected a scalar")
@@ -65,7 +67,7 @@ def _qlinear_softmax(inputs, attrs, opset):
     top = rows.max(axis=1, keepdims=True).astype(np.int32)
     index = ((rows.astype(np.int32) + 127 - top) & 255) if signed else rows.astype(np.int32) + (255 - top)
     e = table[index]
-    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1:]          # left to right, in float32
+    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1:]  # left to right, in float32
     y_steps = np.floor(np.float32(1.0) / _scale(y_scale, what).reshape(()))
     q = np.rint((e * y_steps) / total).astype(np.int64) + int(y_zp.reshape(()))
     y = np.minimum(q, 127 if signed else 255).astype(x.dtype)
@@ -73,5 +75,9 @@ def _qlinear_softmax(inputs, attrs, opset):
     return [y if version < 13 else np.moveaxis(y, -1, axis)]
 
 
-_register("QLinearSoftmax", _qlinear_softmax,
-          Op(inputs=(4, 5), attrs={"axis": AXIS, "opset": A(INT, 1, 10_000)}, required=("opset",)), MS)
+_register(
+    "QLinearSoftmax",
+    _qlinear_softmax,
+    Op(inputs=(4, 5), attrs={"axis": AXIS, "opset": A(INT, 1, 10_000)}, required=("opset",)),
+    MS,
+)

@@ -42,8 +42,7 @@ MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
 DOMAIN_OPSETS = {MS: 1}
 #: Integer types a quantized tensor may have, with their (min, max).
-QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max)
-                for t in (np.uint8, np.int8, np.uint16, np.int16)}
+QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.uint8, np.int8, np.uint16, np.int16)}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 
 
@@ -53,19 +52,21 @@ def check_domains(model, where: str) -> None:
     for domain in sorted({n.domain for n in model.graph.nodes if n.domain}):
         version = model.opsets.get(domain)
         if version is None:
-            raise ModelFileError(f"{where}: nodes of domain {check.short(domain)} but no opset "
-                                 "import for that domain")
+            raise ModelFileError(f"{where}: nodes of domain {check.short(domain)} but no opset import for that domain")
         if version != DOMAIN_OPSETS[domain]:
-            raise UnsupportedError(f"{where}: opset {version} of domain {domain} is not supported "
-                                   f"(supported: {DOMAIN_OPSETS[domain]})")
+            raise UnsupportedError(
+                f"{where}: opset {version} of domain {domain} is not supported (supported: {DOMAIN_OPSETS[domain]})"
+            )
 
 
 def dequantized_bytes(graph) -> int:
     """The bytes the DequantizeLinear nodes of constant initializers make when folded (float32),
     which the folding budget allows for on top of the file's own weights."""
-    return sum(4 * graph.initializers[n.inputs[0]].size for n in graph.nodes
-               if n.op_type == "DequantizeLinear" and n.domain in ("", MS) and n.inputs
-               and n.inputs[0] in graph.initializers)
+    return sum(
+        4 * graph.initializers[n.inputs[0]].size
+        for n in graph.nodes
+        if n.op_type == "DequantizeLinear" and n.domain in ("", MS) and n.inputs and n.inputs[0] in graph.initializers
+    )
 
 
 def _register(name, fn, rule, domain=""):
@@ -90,8 +91,9 @@ def _zero_point(zp, dtype, what, shape=None):
         return np.zeros(() if shape is None else shape, dtype)
     zp = np.asarray(zp)
     if zp.dtype != dtype:
-        raise InputError(f"{what}: zero point of type {zp.dtype}, expected {np.dtype(dtype)} "
-                         "(the quantized tensor's type)")
+        raise InputError(
+            f"{what}: zero point of type {zp.dtype}, expected {np.dtype(dtype)} (the quantized tensor's type)"
+        )
     if shape is not None and zp.shape != tuple(shape) and not (zp.size == 1 and np.prod(shape) == 1):
         raise ShapeError(f"{what}: zero point of shape {zp.shape} for a scale of shape {tuple(shape)}")
     return zp
@@ -109,15 +111,19 @@ def _broadcast_param(p, x_shape, axis, block_size, what):
     axis %= rank
     if block_size:
         blocks = -(-x_shape[axis] // block_size)
-        want = x_shape[:axis] + (blocks,) + x_shape[axis + 1:]
+        want = x_shape[:axis] + (blocks,) + x_shape[axis + 1 :]
         if p.shape != want:
-            raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} with "
-                             f"block_size {block_size} on axis {axis} (expected {want})")
+            raise ShapeError(
+                f"{what}: scale of shape {p.shape} for an input of shape {x_shape} with "
+                f"block_size {block_size} on axis {axis} (expected {want})"
+            )
         # block of each index along the axis (no array of blocks * block_size: the attribute may be huge)
         return np.take(p, np.arange(x_shape[axis]) // block_size, axis=axis)
     if p.shape != (x_shape[axis],):
-        raise ShapeError(f"{what}: scale of shape {p.shape} for an input of shape {x_shape} on axis "
-                         f"{axis} (expected a scalar or ({x_shape[axis]},))")
+        raise ShapeError(
+            f"{what}: scale of shape {p.shape} for an input of shape {x_shape} on axis "
+            f"{axis} (expected a scalar or ({x_shape[axis]},))"
+        )
     return p.reshape((-1,) + (1,) * (rank - 1 - axis))
 
 
@@ -160,12 +166,10 @@ def _quantize_linear(inputs, attrs, opset):
     else:
         to = attrs.get("output_dtype", 0)
         if to and DTYPES.get(to) is None or to and np.dtype(DTYPES[to]) not in QUANT_RANGES:
-            raise UnsupportedError(f"{what}: output_dtype {to} is not supported (uint8, int8, "
-                                   "uint16, int16)")
+            raise UnsupportedError(f"{what}: output_dtype {to} is not supported (uint8, int8, uint16, int16)")
         dtype = np.dtype(DTYPES[to]) if to else np.dtype(np.uint8)
     if dtype not in QUANT_RANGES:
-        raise UnsupportedError(f"{what}: quantized type {dtype} is not supported (uint8, int8, "
-                               "uint16, int16)")
+        raise UnsupportedError(f"{what}: quantized type {dtype} is not supported (uint8, int8, uint16, int16)")
     if x.dtype not in _FLOATS + (np.dtype(np.int32),):
         raise InputError(f"{what}: input of type {x.dtype}, expected float32, float16 or int32")
     zp = _zero_point(zp, dtype, what, scale.shape)
@@ -179,8 +183,7 @@ def _dequantize_linear(inputs, attrs, opset):
     x = np.asarray(inputs[0])
     what = "DequantizeLinear"
     if x.dtype not in QUANT_RANGES and x.dtype != np.int32:
-        raise UnsupportedError(f"{what}: quantized type {x.dtype} is not supported (uint8, int8, "
-                               "uint16, int16, int32)")
+        raise UnsupportedError(f"{what}: quantized type {x.dtype} is not supported (uint8, int8, uint16, int16, int32)")
     scale = np.asarray(inputs[1])
     zp = _zero_point(inputs[2] if len(inputs) > 2 else None, x.dtype, what, scale.shape)
     axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
@@ -191,7 +194,7 @@ def _dequantize_linear(inputs, attrs, opset):
         raise UnsupportedError(f"{what}: output_dtype {to} is not supported (float32, float16)")
     if x.dtype == np.int32:
         y = (x - z.astype(np.int32)).astype(np.float32)
-    else:                                  # 8- and 16-bit differences are exact in float32
+    else:  # 8- and 16-bit differences are exact in float32
         y = x.astype(np.float32)
         if z.ndim or z:
             y -= z.astype(np.float32)
@@ -199,8 +202,13 @@ def _dequantize_linear(inputs, attrs, opset):
     return [y.astype(DTYPES[to] if to else scale.dtype, copy=False)]
 
 
-_QDQ = {"axis": AXIS, "block_size": A("int", 0), "saturate": BOOL, "output_dtype": A("int", 0),
-        "precision": A("int", 0)}
+_QDQ = {
+    "axis": AXIS,
+    "block_size": A("int", 0),
+    "saturate": BOOL,
+    "output_dtype": A("int", 0),
+    "precision": A("int", 0),
+}
 for _domain in ("", MS):
     _register("QuantizeLinear", _quantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
     _register("DequantizeLinear", _dequantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
@@ -219,7 +227,7 @@ def dynamic_quantize(x):
     even."""
     x = np.asarray(x, np.float32)
     core = integer_kernels()
-    if core is not None:              # the same arithmetic in one native call
+    if core is not None:  # the same arithmetic in one native call
         held, back = _stored(x)
         q, scale, zp = core.dynamic_quantize(held)
         return (q if back is None else q.transpose(back)), scale, zp

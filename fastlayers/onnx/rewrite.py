@@ -51,18 +51,49 @@ def _axes(node, constants, slot=1):
 
 
 #: Operators whose output has their first input's element type, whatever it is, as run here.
-_MOVES_VALUES = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat",
-                 "Slice", "Dropout", "Pad", "Expand", "Tile", "Gather"}
+_MOVES_VALUES = {
+    "Identity",
+    "Transpose",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Slice",
+    "Dropout",
+    "Pad",
+    "Expand",
+    "Tile",
+    "Gather",
+}
 #: Recurrent operators, whose outputs (Y, Y_h, Y_c) are float32 where X is.
 _RECURRENT = {"RNN", "GRU", "LSTM"}
 #: Operators whose output is bool whatever their inputs.
-_GIVES_BOOL = {"Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
-               "IsNaN", "IsInf"}
+_GIVES_BOOL = {"Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "IsNaN", "IsInf"}
 #: Operators whose output is float32 where their first input is (others, e.g. Pow by an integer
 #: exponent or the float64 reductions, may widen it, and some compute float32 from float64).
-_KEEPS_FLOAT32 = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "Neg", "Abs", "Add", "Sub", "Mul",
-                  "Div", "Sqrt", "Exp", "Log", "MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization",
-                  "BatchNormalization"}
+_KEEPS_FLOAT32 = {
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "LeakyRelu",
+    "Gelu",
+    "Neg",
+    "Abs",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sqrt",
+    "Exp",
+    "Log",
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "Softmax",
+    "LayerNormalization",
+    "BatchNormalization",
+}
 
 
 def known_dtypes(nodes, constants, input_dtypes) -> dict:
@@ -76,8 +107,9 @@ def known_dtypes(nodes, constants, input_dtypes) -> dict:
             known[node.outputs[0]] = np.dtype(DTYPES[node.attrs["to"]])
         elif node.op_type in _GIVES_BOOL:
             known[node.outputs[0]] = np.dtype(bool)
-        elif first is not None and (node.op_type in _MOVES_VALUES
-                                    or (node.op_type in _KEEPS_FLOAT32 and first == np.float32)):
+        elif first is not None and (
+            node.op_type in _MOVES_VALUES or (node.op_type in _KEEPS_FLOAT32 and first == np.float32)
+        ):
             known[node.outputs[0]] = first
         elif first == np.float32 and node.op_type in _RECURRENT:
             known.update((o, first) for o in node.outputs if o)
@@ -90,7 +122,7 @@ def _passes_through(node, constants, dtypes, readers):
     op, ins = node.op_type, node.inputs
     if op == "Identity":
         return ins[0]
-    if op == "Dropout":   # inference: y = x; the mask output unread, training_mode a constant false
+    if op == "Dropout":  # inference: y = x; the mask output unread, training_mode a constant false
         mask_read = len(node.outputs) > 1 and node.outputs[1] and readers.get(node.outputs[1])
         training = len(ins) > 2 and ins[2] and (ins[2] not in constants or bool(constants[ins[2]].any()))
         return None if mask_read or training else ins[0]
@@ -116,12 +148,16 @@ def _collapse_reshapes(nodes, constants, readers):
     and a Reshape, Flatten, Squeeze or Unsqueeze makes, reads that node's input instead."""
     producer = {o: n for n in nodes for o in n.outputs}
     for node in nodes:
-        if node.op_type == "Squeeze":   # of the axes an Unsqueeze just added: the Unsqueeze's input
+        if node.op_type == "Squeeze":  # of the axes an Unsqueeze just added: the Unsqueeze's input
             src = producer.get(node.inputs[0])
             axes = _axes(node, constants)
-            if src is not None and src.op_type == "Unsqueeze" and axes \
-                    and _only_reader(readers, src.outputs[0]) is node \
-                    and sorted(_axes(src, constants) or []) == sorted(axes):
+            if (
+                src is not None
+                and src.op_type == "Unsqueeze"
+                and axes
+                and _only_reader(readers, src.outputs[0]) is node
+                and sorted(_axes(src, constants) or []) == sorted(axes)
+            ):
                 node.op_type, node.inputs, node.attrs = "Identity", [src.inputs[0]], {}
             continue
         if node.op_type != "Reshape" or node.inputs[1] not in constants:
@@ -131,8 +167,11 @@ def _collapse_reshapes(nodes, constants, readers):
             continue
         while True:
             src = producer.get(node.inputs[0])
-            if src is None or src.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") \
-                    or _only_reader(readers, src.outputs[0]) is not node:
+            if (
+                src is None
+                or src.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+                or _only_reader(readers, src.outputs[0]) is not node
+            ):
                 break
             readers[src.inputs[0]] = [node if r is src else r for r in readers.get(src.inputs[0], [])]
             readers[src.outputs[0]] = []
@@ -149,8 +188,9 @@ def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
     alias: dict[str, str] = {}
     dropped: set[int] = set()
     graph_outputs = set(outputs)
+
     def resolved(name):
-        while name in alias:   # (keys are never graph outputs, values never earlier keys: no cycle)
+        while name in alias:  # (keys are never graph outputs, values never earlier keys: no cycle)
             name = alias[name]
         return name
 
@@ -163,8 +203,7 @@ def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
         src = producer.get(x)
         if y not in graph_outputs:
             alias[y] = x
-        elif x not in graph_outputs and src is not None and id(src) not in dropped \
-                and src.outputs.count(x) == 1:
+        elif x not in graph_outputs and src is not None and id(src) not in dropped and src.outputs.count(x) == 1:
             # y is a graph output: the node making x names its output y, x's readers read y
             src.outputs = [y if o == x else o for o in src.outputs]
             alias[x] = y
@@ -216,8 +255,13 @@ def fold_affine(nodes, constants, outputs) -> list:
             channels, rank, axis = w.shape[1] * node.attrs.get("group", 1), w.ndim, 1
         elif node.op_type == "MatMul" and w.ndim == 2:
             channels, rank, axis = w.shape[1], None, -1
-        elif node.op_type == "Gemm" and w.ndim == 2 and not node.attrs.get("transA", 0) \
-                and node.attrs.get("alpha", 1.0) == 1.0 and node.attrs.get("beta", 1.0) == 1.0:
+        elif (
+            node.op_type == "Gemm"
+            and w.ndim == 2
+            and not node.attrs.get("transA", 0)
+            and node.attrs.get("alpha", 1.0) == 1.0
+            and node.attrs.get("beta", 1.0) == 1.0
+        ):
             channels, rank, axis = w.shape[0 if node.attrs.get("transB", 0) else 1], 2, 1
         else:
             continue
@@ -227,7 +271,7 @@ def fold_affine(nodes, constants, outputs) -> list:
         b = _per_channel(constants[node.inputs[2]], channels, None, -1) if has_bias else None
         if has_bias and b is None:
             continue
-        bias_node = None     # a MatMul's Add of a bias, kept
+        bias_node = None  # a MatMul's Add of a bias, kept
         scale = np.ones(channels, np.float32)
         end, folded_before = node, len(dropped)
         while True:
@@ -240,14 +284,17 @@ def fold_affine(nodes, constants, outputs) -> list:
             vec = _per_channel(constants.get(follower.inputs[1 if first else 0]), channels, rank, axis)
             if vec is None or (follower.op_type == "Div" and not vec.all()):
                 break
-            if follower.op_type in ("Mul", "Div") and node.op_type == "ConvTranspose" \
-                    and node.attrs.get("group", 1) != 1:
+            if (
+                follower.op_type in ("Mul", "Div")
+                and node.op_type == "ConvTranspose"
+                and node.attrs.get("group", 1) != 1
+            ):
                 break
             if follower.op_type in ("Mul", "Div"):
                 vec = vec if follower.op_type == "Mul" else (np.float32(1) / vec).astype(np.float32)
                 scale, b = scale * vec, None if b is None else b * vec
             elif node.op_type == "MatMul" and bias_node is None:
-                bias_node = follower   # kept; its bias replaced below
+                bias_node = follower  # kept; its bias replaced below
                 b = vec
                 end = follower
                 continue
@@ -256,12 +303,12 @@ def fold_affine(nodes, constants, outputs) -> list:
             end.outputs = follower.outputs
             dropped.add(id(follower))
         if len(dropped) == folded_before:
-            continue   # nothing folded
+            continue  # nothing folded
         key = f"{node.outputs[0]}::affine"
         if not (scale == 1).all():
             if node.op_type == "Conv":
                 w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
-            elif node.op_type == "ConvTranspose":   # (C_in, C_out, k...), one group
+            elif node.op_type == "ConvTranspose":  # (C_in, C_out, k...), one group
                 w = w * scale.reshape((1, -1) + (1,) * (w.ndim - 2))
             elif node.op_type == "Gemm" and node.attrs.get("transB", 0):
                 w = w * scale[:, None]
@@ -283,8 +330,11 @@ def fold_affine(nodes, constants, outputs) -> list:
 def _is_hard_swish_gate(node) -> bool:
     """Whether ``node`` is HardSigmoid with alpha 1/6 and beta 1/2 (in float32), the gate of
     HardSwish: x max(0, min(1, x / 6 + 1/2))."""
-    return node.op_type == "HardSigmoid" and np.float32(node.attrs.get("alpha", 0.2)) == np.float32(1 / 6) \
+    return (
+        node.op_type == "HardSigmoid"
+        and np.float32(node.attrs.get("alpha", 0.2)) == np.float32(1 / 6)
         and np.float32(node.attrs.get("beta", 0.5)) == np.float32(0.5)
+    )
 
 
 def fuse_silu(nodes, constants, outputs) -> list:
@@ -312,8 +362,12 @@ def fuse_silu(nodes, constants, outputs) -> list:
 # ---------------------------------------------------------------------------- normalization
 def _last_axis_mean(node, constants) -> bool:
     """Whether ``node`` is a ReduceMean over the last axis keeping it."""
-    return node is not None and node.op_type == "ReduceMean" and node.attrs.get("keepdims", 1) == 1 \
+    return (
+        node is not None
+        and node.op_type == "ReduceMean"
+        and node.attrs.get("keepdims", 1) == 1
         and _axes(node, constants) == [-1]
+    )
 
 
 def _squares(node, constants):
@@ -347,8 +401,9 @@ def _moments_form(sub, mean, square, sqrt, readers, constants):
     (last node, scale, bias, the nodes before it) or None."""
     x, d = sub.inputs[0], sub.outputs[0]
     inverse = _only_reader(readers, sqrt.outputs[0])
-    if inverse is None or not (inverse.op_type == "Reciprocal" or (
-            inverse.op_type == "Div" and _scalar_of(constants, inverse.inputs[0]) == 1)):
+    if inverse is None or not (
+        inverse.op_type == "Reciprocal" or (inverse.op_type == "Div" and _scalar_of(constants, inverse.inputs[0]) == 1)
+    ):
         return None
     chain, inv, scale = [inverse], inverse.outputs[0], ""
     gamma = _only_reader(readers, inv)
@@ -360,16 +415,24 @@ def _moments_form(sub, mean, square, sqrt, readers, constants):
         return None
     xi = next((u for u in users if _mul_operands(u, inv) == x), None)
     mi = next((u for u in users if _mul_operands(u, inv) == mean.outputs[0] and u is not xi), None)
-    if xi is None or mi is None or sorted(map(id, readers.get(mean.outputs[0], []))) != sorted(map(id, [sub, mi])) \
-            or sorted(map(id, readers.get(d, []))) != sorted(map(id, [square] * square.inputs.count(d))):
+    if (
+        xi is None
+        or mi is None
+        or sorted(map(id, readers.get(mean.outputs[0], []))) != sorted(map(id, [sub, mi]))
+        or sorted(map(id, readers.get(d, []))) != sorted(map(id, [square] * square.inputs.count(d)))
+    ):
         return None
     after = _only_reader(readers, mi.outputs[0])
     bias = ""
     if after is not None and after.op_type == "Sub" and after.inputs == [xi.outputs[0], mi.outputs[0]]:
-        last = after                                     # x * inv - mean * inv
-    elif after is not None and after.op_type == "Sub" and after.inputs[1] == mi.outputs[0] \
-            and _vector_operand(after, mi.outputs[0], constants) == after.inputs[0]:
-        last = _only_reader(readers, after.outputs[0])   # x * inv + (beta - mean * inv)
+        last = after  # x * inv - mean * inv
+    elif (
+        after is not None
+        and after.op_type == "Sub"
+        and after.inputs[1] == mi.outputs[0]
+        and _vector_operand(after, mi.outputs[0], constants) == after.inputs[0]
+    ):
+        last = _only_reader(readers, after.outputs[0])  # x * inv + (beta - mean * inv)
         if last is None or last.op_type != "Add" or sorted(last.inputs) != sorted([xi.outputs[0], after.outputs[0]]):
             return None
         chain.append(after)
@@ -404,8 +467,11 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
             continue
         sub = producer.get(base)
         mean = producer.get(sub.inputs[1]) if sub is not None and sub.op_type == "Sub" else None
-        rms = not (_last_axis_mean(mean, constants) and mean.inputs[0] == sub.inputs[0]
-                   and _only_reader(readers, mean.outputs[0]) is sub)
+        rms = not (
+            _last_axis_mean(mean, constants)
+            and mean.inputs[0] == sub.inputs[0]
+            and _only_reader(readers, mean.outputs[0]) is sub
+        )
         add = _only_reader(readers, var.outputs[0])
         if add is None or add.op_type != "Add":
             continue
@@ -413,10 +479,13 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
         eps = _scalar_of(constants, eps_name)
         sqrt = _only_reader(readers, add.outputs[0])
         if eps is None or constants[eps_name].dtype != np.float32 or sqrt is None or sqrt.op_type != "Sqrt":
-            continue   # (eps has x's type: the node computes float32)
+            continue  # (eps has x's type: the node computes float32)
         chain = [square, var, add, sqrt]
-        moments = _moments_form(sub, mean, square, sqrt, readers, constants) \
-            if sub is not None and _last_axis_mean(mean, constants) and mean.inputs[0] == sub.inputs[0] else None
+        moments = (
+            _moments_form(sub, mean, square, sqrt, readers, constants)
+            if sub is not None and _last_axis_mean(mean, constants) and mean.inputs[0] == sub.inputs[0]
+            else None
+        )
         if moments is not None:
             last, scale, bias, before = moments
             if not (scale and bias and constants[scale].shape != constants[bias].shape):
@@ -425,15 +494,19 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
                 dropped.update(map(id, chain + before))
             continue
         last = _only_reader(readers, sqrt.outputs[0])
-        if last is not None and last.op_type in ("Reciprocal", "Div") and rms \
-                and (last.op_type == "Reciprocal" or _scalar_of(constants, last.inputs[0]) == 1):
-            inverse, last = last, _only_reader(readers, last.outputs[0])   # x * (1 / s)
+        if (
+            last is not None
+            and last.op_type in ("Reciprocal", "Div")
+            and rms
+            and (last.op_type == "Reciprocal" or _scalar_of(constants, last.inputs[0]) == 1)
+        ):
+            inverse, last = last, _only_reader(readers, last.outputs[0])  # x * (1 / s)
             if last is None or last.op_type != "Mul" or sorted(last.inputs) != sorted([base, inverse.outputs[0]]):
                 continue
             chain.append(inverse)
         elif last is None or last.op_type != "Div" or last.inputs != [base, sqrt.outputs[0]]:
             continue
-        if not rms:   # d is read by the square (once or twice) and the division only
+        if not rms:  # d is read by the square (once or twice) and the division only
             if sorted(map(id, readers.get(base, []))) != sorted(map(id, [square] * square.inputs.count(base) + [last])):
                 continue
             chain += [mean, sub]
@@ -441,8 +514,11 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
         scale = bias = ""
         for op in ("Mul", "Add"):
             follower = _only_reader(readers, last.outputs[0])
-            vec = _vector_operand(follower, last.outputs[0], constants) if follower is not None \
-                and follower.op_type == op else None
+            vec = (
+                _vector_operand(follower, last.outputs[0], constants)
+                if follower is not None and follower.op_type == op
+                else None
+            )
             if vec is None or (rms and op == "Add"):
                 continue
             chain.append(last)
@@ -461,8 +537,26 @@ def fuse_layer_norm(nodes, constants, outputs) -> list:
 
 # ----------------------------------------------------------------------- 1-D convolutions
 #: Operators that work on each element alone (any rank) and pass a width-1 axis through.
-_ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish", "Elu",
-                "Selu", "Gelu", "Softplus", "Softsign", "Swish", "Neg", "Abs", "Exp", "Erf", "Identity"}
+_ELEMENTWISE = {
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "LeakyRelu",
+    "Clip",
+    "HardSigmoid",
+    "HardSwish",
+    "Elu",
+    "Selu",
+    "Gelu",
+    "Softplus",
+    "Softsign",
+    "Swish",
+    "Neg",
+    "Abs",
+    "Exp",
+    "Erf",
+    "Identity",
+}
 
 
 def _conv_1d_weights(conv, axis, constants):
@@ -470,9 +564,9 @@ def _conv_1d_weights(conv, axis, constants):
     padding 0 on ``axis`` (2 or 3), else None."""
     w = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
     pads = list(conv.attrs.get("pads") or [0, 0, 0, 0])
-    drop, keep = axis - 2, 3 - axis   # spatial index dropped and kept
+    drop, keep = axis - 2, 3 - axis  # spatial index dropped and kept
     if w is None or w.ndim != 4 or w.shape[axis] != 1 or len(pads) != 4 or pads[drop] or pads[drop + 2]:
-        return None   # (any auto_pad pads a length of 1 with a kernel of 1 by nothing)
+        return None  # (any auto_pad pads a length of 1 with a kernel of 1 by nothing)
     attrs = dict(conv.attrs)
     for key in ("strides", "dilations", "kernel_shape"):
         if attrs.get(key):
@@ -497,7 +591,7 @@ def _width_one_region(nodes, start, axis, outputs, constants):
     is a Conv with a kernel of 1 on it, an elementwise node, a BatchNormalization or an Add /
     Sub / Mul / Div; else None. (The nodes are in an order that runs.)"""
     region, squeezes, values = [], [], {nodes[start].outputs[0]}
-    for node in nodes[start + 1:]:
+    for node in nodes[start + 1 :]:
         data = [i for i in node.inputs if i and i not in constants]
         if not any(i in values for i in data):
             continue
@@ -507,12 +601,16 @@ def _width_one_region(nodes, start, axis, outputs, constants):
             squeezes.append(node)
             continue
         one_input = data == node.inputs[:1]
-        if not all(i in values for i in data) \
-                or (node.op_type == "Conv" and (_conv_1d_weights(node, axis, constants) is None or not one_input)) \
-                or (node.op_type == "BatchNormalization" and (len(node.outputs) > 1 or not one_input)) \
-                or (node.op_type in ("Add", "Sub", "Mul", "Div") and any(
-                    _without_axis(constants.get(i), axis) is None for i in node.inputs if i in constants)) \
-                or node.op_type not in _ELEMENTWISE | {"Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div"}:
+        if (
+            not all(i in values for i in data)
+            or (node.op_type == "Conv" and (_conv_1d_weights(node, axis, constants) is None or not one_input))
+            or (node.op_type == "BatchNormalization" and (len(node.outputs) > 1 or not one_input))
+            or (
+                node.op_type in ("Add", "Sub", "Mul", "Div")
+                and any(_without_axis(constants.get(i), axis) is None for i in node.inputs if i in constants)
+            )
+            or node.op_type not in _ELEMENTWISE | {"Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div"}
+        ):
             return None
         region.append(node)
         values.add(node.outputs[0])
@@ -531,21 +629,32 @@ def _channels_first_1d(nodes, constants, outputs, alias, dropped) -> None:
         perm = list(node.attrs.get("perm", ())) if node.op_type == "Transpose" else None
         if perm == [0, 3, 1, 2]:
             unsq = producer.get(node.inputs[0])
-            if unsq is not None and unsq.op_type == "Unsqueeze" and _only_reader(readers, unsq.outputs[0]) is node \
-                    and [a % 4 for a in _axes(unsq, constants) or []] == [1]:
+            if (
+                unsq is not None
+                and unsq.op_type == "Unsqueeze"
+                and _only_reader(readers, unsq.outputs[0]) is node
+                and [a % 4 for a in _axes(unsq, constants) or []] == [1]
+            ):
                 unsq.op_type, unsq.inputs, unsq.attrs = "Transpose", unsq.inputs[:1], {"perm": [0, 2, 1]}
                 node.op_type, node.attrs = "Unsqueeze", {"axes": [2]}
         elif perm == [0, 2, 3, 1]:
             squeeze = _only_reader(readers, node.outputs[0])
-            if squeeze is not None and squeeze.op_type == "Squeeze" \
-                    and [a % 4 for a in _axes(squeeze, constants) or []] == [1]:
+            if (
+                squeeze is not None
+                and squeeze.op_type == "Squeeze"
+                and [a % 4 for a in _axes(squeeze, constants) or []] == [1]
+            ):
                 squeeze.op_type, squeeze.inputs, squeeze.attrs = "Transpose", squeeze.inputs[:1], {"perm": [0, 2, 1]}
                 node.op_type, node.attrs = "Squeeze", {"axes": [2]}
     for node in nodes:
         first = producer.get(node.inputs[0]) if node.op_type == "Transpose" else None
-        if first is not None and first.op_type == "Transpose" and id(first) not in dropped \
-                and _only_reader(readers, first.outputs[0]) is node \
-                and list(first.attrs.get("perm", ())) == list(node.attrs.get("perm", ())) == [0, 2, 1]:
+        if (
+            first is not None
+            and first.op_type == "Transpose"
+            and id(first) not in dropped
+            and _only_reader(readers, first.outputs[0]) is node
+            and list(first.attrs.get("perm", ())) == list(node.attrs.get("perm", ())) == [0, 2, 1]
+        ):
             dropped.add(id(first))
             if node.outputs[0] in outputs:
                 node.op_type, node.inputs, node.attrs = "Identity", first.inputs[:1], {}
@@ -587,7 +696,7 @@ def conv_1d(nodes, constants, outputs) -> list:
         makers = {n.outputs[0]: n for n in region}
         for squeeze in squeezes:
             x, y = squeeze.inputs[0], squeeze.outputs[0]
-            if y in outputs and x in makers and x not in alias:   # the maker of x names it y
+            if y in outputs and x in makers and x not in alias:  # the maker of x names it y
                 makers[x].outputs = [y]
                 alias[x] = y
                 dropped.add(id(squeeze))
@@ -598,7 +707,7 @@ def conv_1d(nodes, constants, outputs) -> list:
                 dropped.add(id(squeeze))
 
     def resolved(name):
-        while name in alias:   # a Squeeze right after the Unsqueeze: two steps
+        while name in alias:  # a Squeeze right after the Unsqueeze: two steps
             name = alias[name]
         return name
 

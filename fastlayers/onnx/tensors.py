@@ -45,25 +45,42 @@ def check_created(shape, nbytes: int, what: str):
     limit = CREATE_LIMIT.get()
     limit = settings.current().onnx_max_created_bytes if limit is None else limit
     if nbytes > limit:
-        raise SizeLimitError(f"{what}: a tensor of shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
-                             f"would take {nbytes} bytes, over the limit of {limit} "
-                             "(FASTLAYERS_ONNX_MAX_CREATED_BYTES)")
+        raise SizeLimitError(
+            f"{what}: a tensor of shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
+            f"would take {nbytes} bytes, over the limit of {limit} "
+            "(FASTLAYERS_ONNX_MAX_CREATED_BYTES)"
+        )
 
 
 #: ONNX TensorProto element types -> numpy dtypes
-DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
-          7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+DTYPES = {
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+}
 
 
 def registrar(table: dict):
     """The decorator ``@op("OpType", ...)`` of a family of operators: it puts the function it
     decorates into the family's ``table`` under each name and returns the function."""
+
     def op(*names):
         def register(fn):
             for name in names:
                 table[name] = fn
             return fn
+
         return register
+
     return op
 
 

@@ -27,8 +27,10 @@ def conv_pads(attrs, in_hw, kernel, strides, dilations):
     auto = attrs.get("auto_pad", "NOTSET")
     n = len(in_hw)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        return tuple(same_pads(size, k, s, d, lower=auto == "SAME_LOWER")
-                     for size, k, s, d in zip(in_hw, kernel, strides, dilations))
+        return tuple(
+            same_pads(size, k, s, d, lower=auto == "SAME_LOWER")
+            for size, k, s, d in zip(in_hw, kernel, strides, dilations)
+        )
     if auto == "VALID":
         return ((0, 0),) * n
     p = list(attrs.get("pads") or [0] * (2 * n))
@@ -40,8 +42,9 @@ def conv_pads(attrs, in_hw, kernel, strides, dilations):
 def pads_2d(attrs, x_shape, kernel, strides, dilations, one_d):
     """``conv_pads`` for an input of ``x_shape``, as ((top, bottom), (left, right)): a 1-D
     operator's with (0, 0) over its height of 1."""
-    pads = conv_pads(attrs, x_shape[2:], kernel[-len(x_shape[2:]):], strides[-len(x_shape[2:]):],
-                     dilations[-len(x_shape[2:]):])
+    pads = conv_pads(
+        attrs, x_shape[2:], kernel[-len(x_shape[2:]) :], strides[-len(x_shape[2:]) :], dilations[-len(x_shape[2:]) :]
+    )
     return ((0, 0),) + pads if one_d else pads
 
 
@@ -52,9 +55,11 @@ def _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil=False):
     out_hw = []
     for size, k, s, d, (a, z) in zip(in_hw, kernel, strides, dilations, pads):
         if padded_span(size, k, d, (a, z)) < 0:
-            raise ShapeError(f"{what}: input of spatial size {tuple(in_hw)} (padded by {tuple(pads)}) "
-                             f"is smaller than the dilated window {tuple(kernel)} (dilations "
-                             f"{tuple(dilations)})")
+            raise ShapeError(
+                f"{what}: input of spatial size {tuple(in_hw)} (padded by {tuple(pads)}) "
+                f"is smaller than the dilated window {tuple(kernel)} (dilations "
+                f"{tuple(dilations)})"
+            )
         out_hw.append(window_out(size, k, s, d, (a, z), ceil))
     return out_hw, any(max(a, z) >= dilated_size(k, d) for k, d, (a, z) in zip(kernel, dilations, pads))
 
@@ -82,7 +87,7 @@ def window(what, attrs, x_shape, kernel, one_d, ceil=False):
     out_hw, wide = _output_hw(what, in_hw, kernel, strides, dilations, pads, ceil)
     geometry = (tuple(strides), pads, tuple(dilations), tuple(out_hw), wide)
     if cache is not None:
-        if len(cache) >= 64:   # bound the memory of many distinct shapes
+        if len(cache) >= 64:  # bound the memory of many distinct shapes
             cache.clear()
         cache[x_shape, kernel] = geometry
     return geometry

@@ -75,7 +75,7 @@ class Failure:
     """A case that ended outside a fastlayers error."""
 
     label: str
-    kind: str        # "foreign", "timeout", "hang", "crash", "rss"
+    kind: str  # "foreign", "timeout", "hang", "crash", "rss"
     detail: str
     suffix: str
     data: bytes = dataclasses.field(repr=False)
@@ -113,8 +113,7 @@ def load_and_call(path):
         from fastlayers.errors import FastlayersError
 
         if isinstance(e, FastlayersError):
-            raise AssertionError(f"load raised {type(e).__name__}, not ModelFileError or "
-                                 f"UnsupportedError: {e}") from e
+            raise AssertionError(f"load raised {type(e).__name__}, not ModelFileError or UnsupportedError: {e}") from e
         raise
     inputs = _random_inputs(model)
     if inputs is not None:
@@ -132,7 +131,7 @@ def _random_inputs(model, limit: int = 1 << 16):
     rng = np.random.default_rng(0)
     arrays = []
 
-    def size(shape):   # Python integers: fuzzed sizes overflow int64
+    def size(shape):  # Python integers: fuzzed sizes overflow int64
         total = 1
         for d in shape:
             total *= 2 if d is None else max(int(d), 0)
@@ -149,7 +148,7 @@ def _random_inputs(model, limit: int = 1 << 16):
             arrays.append(rng.standard_normal(shape).astype(np.float32))
     from fastlayers.model.graph import activation_elements
 
-    if activation_elements(model, free_size=2) > limit:   # nested models' tensors included
+    if activation_elements(model, free_size=2) > limit:  # nested models' tensors included
         return None
     return arrays
 
@@ -181,12 +180,16 @@ class _Child:
     def __init__(self, loader: str, timeout: float, memory_mb: int):
         self.timeout = timeout
         self.stderr = tempfile.TemporaryFile()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", loader, repr(timeout),
-             str(memory_mb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            cwd=str(ROOT), env=env, start_new_session=True)
+            [sys.executable, str(Path(__file__).resolve()), "--child", loader, repr(timeout), str(memory_mb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            cwd=str(ROOT),
+            env=env,
+            start_new_session=True,
+        )
         ready = self._read(time.monotonic() + START_TIMEOUT_S)
         if ready != "ready":
             self.close()
@@ -257,9 +260,16 @@ class _Child:
         self.stderr.close()
 
 
-def run_cases(cases, loader: str = "tests.fuzz.harness:load_and_call", *, timeout: float = DEFAULT_TIMEOUT_S,
-              memory_mb: int = DEFAULT_MEMORY_MB, rss_slack_mb: int = DEFAULT_RSS_SLACK_MB,
-              workers: int = 1, stats: dict | None = None) -> list[Failure]:
+def run_cases(
+    cases,
+    loader: str = "tests.fuzz.harness:load_and_call",
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    memory_mb: int = DEFAULT_MEMORY_MB,
+    rss_slack_mb: int = DEFAULT_RSS_SLACK_MB,
+    workers: int = 1,
+    stats: dict | None = None,
+) -> list[Failure]:
     """Run each (label, file bytes, suffix) case through ``loader`` in a child process; return
     the cases that ended outside a fastlayers error (see the module docstring). ``cases`` may
     be a generator: it is consumed as the children ask for work (``workers`` children side by
@@ -282,7 +292,7 @@ def run_cases(cases, loader: str = "tests.fuzz.harness:load_and_call", *, timeou
             counts[kind] = counts.get(kind, 0) + 1
             if failure is not None:
                 failures.append(failure)
-            extra["max_rss_growth_mb"] = max(extra["max_rss_growth_mb"], growth / 2 ** 20)
+            extra["max_rss_growth_mb"] = max(extra["max_rss_growth_mb"], growth / 2**20)
             extra["max_case_s"] = max(extra["max_case_s"], took)
 
     def work():
@@ -297,8 +307,11 @@ def run_cases(cases, loader: str = "tests.fuzz.harness:load_and_call", *, timeou
                 reply = child.run((label, data, suffix))
                 took = time.monotonic() - t0
                 if reply in ("hang", "crash"):
-                    detail = (f"no answer after {timeout + HANG_GRACE_S:.0f} s: killed" if reply == "hang"
-                              else f"child died (exit {child.proc.poll()})\n{child.stderr_tail()}")
+                    detail = (
+                        f"no answer after {timeout + HANG_GRACE_S:.0f} s: killed"
+                        if reply == "hang"
+                        else f"child died (exit {child.proc.poll()})\n{child.stderr_tail()}"
+                    )
                     child.close()
                     child = None
                     with lock:
@@ -306,13 +319,19 @@ def run_cases(cases, loader: str = "tests.fuzz.harness:load_and_call", *, timeou
                     record(reply, Failure(label, reply, detail, suffix, data), took=took)
                     continue
                 kind, detail, growth = reply
-                budget = 2 * len(data) + rss_slack_mb * 2 ** 20
+                budget = 2 * len(data) + rss_slack_mb * 2**20
                 failure = None
                 if kind in ("foreign", "timeout"):
                     failure = Failure(label, kind, detail, suffix, data)
                 elif growth > budget:
-                    failure = Failure(label, "rss", f"peak RSS grew {growth / 2**20:.1f} MiB (budget "
-                                      f"{budget / 2**20:.1f} MiB); outcome {kind}: {detail}", suffix, data)
+                    failure = Failure(
+                        label,
+                        "rss",
+                        f"peak RSS grew {growth / 2**20:.1f} MiB (budget "
+                        f"{budget / 2**20:.1f} MiB); outcome {kind}: {detail}",
+                        suffix,
+                        data,
+                    )
                 record(kind, failure, growth, took)
         finally:
             if child is not None:
@@ -325,8 +344,7 @@ def run_cases(cases, loader: str = "tests.fuzz.harness:load_and_call", *, timeou
     for t in threads:
         t.join()
     if stats is not None:
-        stats.update(seconds=round(time.monotonic() - start, 1), outcomes=counts,
-                     failures=len(failures), **extra)
+        stats.update(seconds=round(time.monotonic() - start, 1), outcomes=counts, failures=len(failures), **extra)
     return failures
 
 
@@ -372,7 +390,7 @@ def _child_main(loader_spec: str, timeout: float, memory_mb: int) -> None:
     import warnings
 
     proto_out = os.fdopen(os.dup(1), "wb")
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)   # the loaders' own prints go nowhere
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the loaders' own prints go nowhere
     proto_in = sys.stdin.buffer
     warnings.simplefilter("error", RuntimeWarning)  # a numpy warning from inside fastlayers
     import fastlayers
@@ -386,7 +404,7 @@ def _child_main(loader_spec: str, timeout: float, memory_mb: int) -> None:
     module, _, func = loader_spec.partition(":")
     loader = getattr(importlib.import_module(module), func)
     fastlayers.get_ops()
-    limit = _proc_status("VmSize") + memory_mb * 2 ** 20
+    limit = _proc_status("VmSize") + memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     def on_alarm(signum, frame):
@@ -411,11 +429,11 @@ def _child_main(loader_spec: str, timeout: float, memory_mb: int) -> None:
             with open(path, "wb") as f:
                 f.write(data)
             done += 1
-            if done % 50 == 0:   # cycles of dropped models (a full collection costs ~10 ms)
+            if done % 50 == 0:  # cycles of dropped models (a full collection costs ~10 ms)
                 gc.collect()
             rss0 = _proc_status("VmRSS")
             _reset_peak_rss()
-            result = None   # the loaded model, alive until its RSS is measured
+            result = None  # the loaded model, alive until its RSS is measured
             signal.setitimer(signal.ITIMER_REAL, timeout)
             try:
                 result = loader(path)
@@ -441,9 +459,31 @@ def _child_main(loader_spec: str, timeout: float, memory_mb: int) -> None:
 
 # ---------------------------------------------------------------------------------- mutators
 #: Integers that break size, count, offset and index fields.
-INTERESTING_INTS = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0x8000, 0xFFFF, 0x10000,
-                    0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0x100000000, 2 ** 63 - 1, 2 ** 63,
-                    2 ** 64 - 1, 10 ** 5, 10 ** 9, 10 ** 11, -1, -2]
+INTERESTING_INTS = [
+    0,
+    1,
+    2,
+    0x7F,
+    0x80,
+    0xFF,
+    0x100,
+    0x7FFF,
+    0x8000,
+    0xFFFF,
+    0x10000,
+    0x7FFFFFFF,
+    0x80000000,
+    0xFFFFFFFF,
+    0x100000000,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    10**5,
+    10**9,
+    10**11,
+    -1,
+    -2,
+]
 
 
 def _interesting_bytes(rng) -> bytes:
@@ -466,17 +506,17 @@ def mutate_bytes(data: bytes, rng, max_ops: int = 4) -> bytes:
             buf[i] = int(rng.integers(0, 256))
         elif op < 0.75:
             value = _interesting_bytes(rng)
-            buf[i:i + len(value)] = value
+            buf[i : i + len(value)] = value
         elif op < 0.8:
             del buf[i:]
         elif op < 0.87:
-            del buf[i:i + int(rng.integers(1, 65))]
+            del buf[i : i + int(rng.integers(1, 65))]
         elif op < 0.93:
             k = int(rng.integers(1, 65))
-            buf[i:i] = buf[i:i + k]
+            buf[i:i] = buf[i : i + k]
         else:
             k = int(rng.integers(1, 65))
-            buf[i:i + k] = bytes(len(buf[i:i + k]))
+            buf[i : i + k] = bytes(len(buf[i : i + k]))
     return bytes(buf)
 
 
@@ -497,7 +537,7 @@ def mutate_zip_headers(data: bytes, rng) -> bytes:
         buf[at] ^= 1 << int(rng.integers(0, 8))
     else:
         value = _interesting_bytes(rng)
-        buf[at:at + len(value)] = value
+        buf[at : at + len(value)] = value
     return bytes(buf)
 
 
@@ -544,8 +584,7 @@ def _nodes(obj):
 def _replacement(rng, value, names):
     choice = rng.random()
     if choice < 0.3:
-        return int(rng.choice([0, -1, 1, 2 ** 31, 2 ** 31 - 1, 2 ** 32, 2 ** 63, 2 ** 64, 10 ** 11,
-                               10 ** 6, -(2 ** 63), 10 ** 100]))
+        return int(rng.choice([0, -1, 1, 2**31, 2**31 - 1, 2**32, 2**63, 2**64, 10**11, 10**6, -(2**63), 10**100]))
     if choice < 0.4 and isinstance(value, (int, float)) and not isinstance(value, bool):
         return value * int(rng.choice([2, 10, 1000, -1])) + int(rng.integers(-2, 3))
     if choice < 0.5:
@@ -553,8 +592,7 @@ def _replacement(rng, value, names):
     if choice < 0.6 and names:
         return str(rng.choice(names))
     if choice < 0.75:
-        return [None, True, "", "x" * 100, "relu", {}, [], [1, 2], {"a": 1}, [[None]]][
-            int(rng.integers(0, 10))]
+        return [None, True, "", "x" * 100, "relu", {}, [], [1, 2], {"a": 1}, [[None]]][int(rng.integers(0, 10))]
     if choice < 0.8:
         return _DEEP
     if choice < 0.9:

@@ -27,8 +27,7 @@ from ..services.graphs import conv_relu
 
 def _randomize(model, seed=0, scale=0.3):
     rng = np.random.default_rng(seed)
-    model.set_weights([rng.uniform(-scale, scale, w.shape).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([rng.uniform(-scale, scale, w.shape).astype(np.float32) for w in model.get_weights()])
     return model
 
 
@@ -44,13 +43,18 @@ def _models(tmp_path):
     native_file = fastlayers.load(tmp_path / "dense.flm")
     module = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())
     rng = np.random.default_rng(5)
-    module.load_state_dict({k: rng.uniform(-0.05, 0.05, v.shape).astype(np.float32)
-                            for k, v in module.state_dict().items()})
+    module.load_state_dict(
+        {k: rng.uniform(-0.05, 0.05, v.shape).astype(np.float32) for k, v in module.state_dict().items()}
+    )
     onnx_model = fastlayers.load(conv_relu(tmp_path / "conv.onnx", channels=16, hw=16, seed=3))
-    return {"dense": (dense, (32,)), "conv": (conv, (16, 16, 16)),
-            "attention": (attention, (12, 32)), "native file": (native_file, (32,)),
-            "torch-style module": (module, (16, 16, 16)),
-            "onnx": (lambda a: onnx_model.run(None, {"x": a})[0], (16, 16, 16))}
+    return {
+        "dense": (dense, (32,)),
+        "conv": (conv, (16, 16, 16)),
+        "attention": (attention, (12, 32)),
+        "native file": (native_file, (32,)),
+        "torch-style module": (module, (16, 16, 16)),
+        "onnx": (lambda a: onnx_model.run(None, {"x": a})[0], (16, 16, 16)),
+    }
 
 
 @pytest.fixture(scope="module")

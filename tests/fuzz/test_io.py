@@ -44,8 +44,21 @@ def n_cases(fmt: str) -> int:
 def class_names() -> list[str]:
     import fastlayers.layers as L
 
-    return [*L.__all__, "Functional", "Sequential", "Model", "InputLayer", "Lambda", "NotEqual",
-            "__keras_tensor__", "relu", "softmax", "float16", "int8", "channels_first"]
+    return [
+        *L.__all__,
+        "Functional",
+        "Sequential",
+        "Model",
+        "InputLayer",
+        "Lambda",
+        "NotEqual",
+        "__keras_tensor__",
+        "relu",
+        "softmax",
+        "float16",
+        "int8",
+        "channels_first",
+    ]
 
 
 def check(cases, loader="tests.fuzz.harness:load_and_call"):
@@ -68,8 +81,9 @@ def native_seeds() -> list[tuple[str, bytes]]:
     a, b = fastlayers.Input((4,), name="a"), fastlayers.Input((3, 2), name="b")
     shared = L.Dense(5, activation="swish", name="shared")
     h = L.Concatenate()([shared(a), L.Dense(4)(L.Flatten()(b))])
-    inner = fastlayers.Sequential([fastlayers.Input((9,)), L.Dense(6, activation="elu"),
-                                   L.LayerNormalization()], name="inner")
+    inner = fastlayers.Sequential(
+        [fastlayers.Input((9,)), L.Dense(6, activation="elu"), L.LayerNormalization()], name="inner"
+    )
     model = fastlayers.Model([a, b], [L.Dense(2)(inner(h)), L.Add()([L.Dense(3)(h), L.Dense(3)(h)])])
     rng = np.random.default_rng(0)
     model.set_weights([rng.uniform(-1, 1, w.shape) for w in model.get_weights()])
@@ -135,10 +149,17 @@ def mutate_h5(data: bytes, rng, config_attr: str | None, names) -> bytes:
                 text = value.decode() if isinstance(value, bytes) else str(value)
                 obj.attrs[key] = mutate_json(json.loads(text), rng, names).decode("utf-8", "replace")
             else:
-                choices = [np.arange(int(rng.choice([1, 3, 1000]))), np.array([[b"a", b"b"]]),
-                           np.array([b"\xff\xfe"]), b"", "x" * 70000, np.array([1.5]),
-                           np.array([b"../../etc/passwd"]), np.array([b"vars/0" * 3]),
-                           np.zeros((0,), "S1")]
+                choices = [
+                    np.arange(int(rng.choice([1, 3, 1000]))),
+                    np.array([[b"a", b"b"]]),
+                    np.array([b"\xff\xfe"]),
+                    b"",
+                    "x" * 70000,
+                    np.array([1.5]),
+                    np.array([b"../../etc/passwd"]),
+                    np.array([b"vars/0" * 3]),
+                    np.zeros((0,), "S1"),
+                ]
                 obj.attrs[key] = choices[int(rng.integers(0, len(choices)))]
         elif objects:
             name, obj = objects[int(rng.integers(0, len(objects)))]
@@ -156,11 +177,23 @@ def mutate_h5(data: bytes, rng, config_attr: str | None, names) -> bytes:
                 f[name] = h5py.ExternalLink("/etc/passwd", "/")
             elif isinstance(obj, h5py.Dataset):
                 shape = obj.shape
-                choices = [(shape, "f2"), (shape, "f8"), (shape, "i4"), (shape, "S4"),
-                           (shape[::-1], "f4"), ((), "f4"), ((*shape, 2), "f4"), ((0,), "f4")]
+                choices = [
+                    (shape, "f2"),
+                    (shape, "f8"),
+                    (shape, "i4"),
+                    (shape, "S4"),
+                    (shape[::-1], "f4"),
+                    ((), "f4"),
+                    ((*shape, 2), "f4"),
+                    ((0,), "f4"),
+                ]
                 shape, dtype = choices[int(rng.integers(0, len(choices)))]
-                f.create_dataset(name, shape=shape, dtype=dtype,
-                                 chunks=True if shape and 0 not in shape and rng.random() < 0.3 else None)
+                f.create_dataset(
+                    name,
+                    shape=shape,
+                    dtype=dtype,
+                    chunks=True if shape and 0 not in shape and rng.random() < 0.3 else None,
+                )
     return bio.getvalue()
 
 
@@ -221,16 +254,21 @@ def safetensors_bytes(header: dict, payload: bytes) -> bytes:
 
 def safetensors_seed() -> tuple[dict, bytes]:
     rng = np.random.default_rng(0)
-    tensors = {"w": rng.standard_normal((3, 4)).astype(np.float32),
-               "h": rng.standard_normal(5).astype(np.float16),
-               "i": np.arange(6, dtype=np.int64).reshape(2, 3),
-               "bf": (rng.standard_normal(4).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)}
+    tensors = {
+        "w": rng.standard_normal((3, 4)).astype(np.float32),
+        "h": rng.standard_normal(5).astype(np.float16),
+        "i": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "bf": (rng.standard_normal(4).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16),
+    }
     dtypes = {"w": "F32", "h": "F16", "i": "I64", "bf": "BF16"}
     header, payload = {"__metadata__": {"format": "pt"}}, b""
     for key, value in tensors.items():
         raw = value.tobytes()
-        header[key] = {"dtype": dtypes[key], "shape": list(value.shape),
-                       "data_offsets": [len(payload), len(payload) + len(raw)]}
+        header[key] = {
+            "dtype": dtypes[key],
+            "shape": list(value.shape),
+            "data_offsets": [len(payload), len(payload) + len(raw)],
+        }
         payload += raw
     return header, payload
 

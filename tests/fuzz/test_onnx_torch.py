@@ -49,8 +49,13 @@ SEED = int(os.environ.get("FASTLAYERS_FUZZ_SEED", "27"))
 #: The ONNX limits the fuzz children run with (bytes).
 CHILD_LIMIT = str(16 << 20)
 #: Inputs of the torch module seeds, by the name their files carry.
-TORCH_INPUTS = {"cnn": ((2, 3, 8, 8), "f"), "mlp": ((2, 6), "f"), "enc": ((2, 5, 8), "f"),
-                "emb": ((2, 5), "i"), "tcnn": ((2, 4, 6), "f")}
+TORCH_INPUTS = {
+    "cnn": ((2, 3, 8, 8), "f"),
+    "mlp": ((2, 6), "f"),
+    "enc": ((2, 5, 8), "f"),
+    "emb": ((2, 5), "i"),
+    "tcnn": ((2, 4, 6), "f"),
+}
 
 
 def pick(rng, items):
@@ -73,8 +78,7 @@ def _refused_at_load(path, e):
     from fastlayers.errors import ModelFileError, UnsupportedError
 
     if not isinstance(e, (ModelFileError, UnsupportedError)):
-        raise AssertionError(f"load raised {type(e).__name__}, not ModelFileError or "
-                             f"UnsupportedError: {e}") from e
+        raise AssertionError(f"load raised {type(e).__name__}, not ModelFileError or UnsupportedError: {e}") from e
     if Path(path).name not in str(e):
         raise AssertionError(f"the error does not name the file: {type(e).__name__}: {e}") from e
 
@@ -95,9 +99,8 @@ def load_onnx_and_call(path):
     for batch in (2, 0):
         feed, total, free = {}, 0, False
         args = model.get_inputs()
-        shapes = [[d if isinstance(d, int) else (batch if k == 0 else 2) for k, d in enumerate(a.shape)]
-                  for a in args]
-        for shape in shapes:   # exact: the declared dimensions are the fuzzer's
+        shapes = [[d if isinstance(d, int) else (batch if k == 0 else 2) for k, d in enumerate(a.shape)] for a in args]
+        for shape in shapes:  # exact: the declared dimensions are the fuzzer's
             count = 1
             for d in shape:
                 count *= d
@@ -201,8 +204,9 @@ def _helper_graphs() -> list[tuple[str, bytes]]:
         helper.make_node("ConvTranspose", ["padded", "wt"], ["up"], strides=[2, 2], group=1),
         helper.make_node("LRN", ["up"], ["lrn"], size=3),
         helper.make_node("Resize", ["lrn", "", "scales"], ["rs"], mode="linear"),
-        helper.make_node("AveragePool", ["rs"], ["pool"], kernel_shape=[2, 2], strides=[2, 2],
-                         pads=[0, 0, 1, 1], ceil_mode=1),
+        helper.make_node(
+            "AveragePool", ["rs"], ["pool"], kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1
+        ),
         helper.make_node("Split", ["pool", "split"], ["s1", "s2"], axis=1),
         helper.make_node("Slice", ["s1", "starts", "ends", "axes"], ["sl"]),
         helper.make_node("Reshape", ["sl", "target"], ["r"]),
@@ -220,20 +224,33 @@ def _helper_graphs() -> list[tuple[str, bytes]]:
         helper.make_node("Transpose", ["s2"], ["s2t"], perm=[0, 2, 3, 1]),
         helper.make_node("Clip", ["s2t", "lo", "hi"], ["z"]),
     ]
-    inits = [init("zero", np.array([0], np.int64)), init("flat", np.array([-1], np.int64)),
-             init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
-             init("pad_value", np.array(0.0, np.float32)),
-             init("wt", rng.standard_normal((3, 2, 3, 3)).astype(np.float32)),
-             init("scales", np.array([1, 1, 0.5, 0.5], np.float32)),
-             init("split", np.array([1, 1], np.int64)), init("starts", np.array([0], np.int64)),
-             init("ends", np.array([3], np.int64)), init("axes", np.array([2], np.int64)),
-             init("one", np.array([1], np.int64)), init("cshape", np.array([1, 4], np.int64)),
-             init("eshape", np.array([1, 4], np.int64)), init("r0", np.array(0, np.int64)),
-             init("r1", np.array(4, np.int64)), init("r2", np.array(1, np.int64)),
-             init("reps", np.array([2, 1], np.int64)), init("cond", np.array([True, False, True, False])),
-             init("lo", np.array(-0.5, np.float32)), init("hi", np.array(0.5, np.float32))]
-    shapes = helper.make_model(helper.make_graph(nodes, "shapes", [x], [y, z], inits),
-                               opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    inits = [
+        init("zero", np.array([0], np.int64)),
+        init("flat", np.array([-1], np.int64)),
+        init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+        init("pad_value", np.array(0.0, np.float32)),
+        init("wt", rng.standard_normal((3, 2, 3, 3)).astype(np.float32)),
+        init("scales", np.array([1, 1, 0.5, 0.5], np.float32)),
+        init("split", np.array([1, 1], np.int64)),
+        init("starts", np.array([0], np.int64)),
+        init("ends", np.array([3], np.int64)),
+        init("axes", np.array([2], np.int64)),
+        init("one", np.array([1], np.int64)),
+        init("cshape", np.array([1, 4], np.int64)),
+        init("eshape", np.array([1, 4], np.int64)),
+        init("r0", np.array(0, np.int64)),
+        init("r1", np.array(4, np.int64)),
+        init("r2", np.array(1, np.int64)),
+        init("reps", np.array([2, 1], np.int64)),
+        init("cond", np.array([True, False, True, False])),
+        init("lo", np.array(-0.5, np.float32)),
+        init("hi", np.array(0.5, np.float32)),
+    ]
+    shapes = helper.make_model(
+        helper.make_graph(nodes, "shapes", [x], [y, z], inits),
+        opset_imports=[helper.make_opsetid("", 18)],
+        ir_version=9,
+    )
     # an older opset: attributes where later opsets take inputs
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4, 5])
     old_nodes = [
@@ -246,24 +263,31 @@ def _helper_graphs() -> list[tuple[str, bytes]]:
         helper.make_node("Conv", ["mp", "w1"], ["cv"], group=2, dilations=[2], pads=[1, 1]),
         helper.make_node("Gemm", ["flat_w", "g"], ["gm"], transB=1, alpha=0.5),
         helper.make_node("Flatten", ["cv"], ["fl"], axis=1),
-        helper.make_node("LSTM", ["lx", "lw", "lr", "lb"], ["ly", "lh"], hidden_size=3,
-                         direction="bidirectional"),
+        helper.make_node("LSTM", ["lx", "lw", "lr", "lb"], ["ly", "lh"], hidden_size=3, direction="bidirectional"),
         helper.make_node("ReduceSum", ["lh"], ["lhs"], axes=[0, 2], keepdims=0),
         helper.make_node("Identity", ["fl"], ["y"]),
     ]
-    old_inits = [init("up", np.array([1, 1, 2, 1], np.float32)),
-                 init("w1", rng.standard_normal((4, 2, 3)).astype(np.float32)),
-                 init("flat_w", rng.standard_normal((2, 3)).astype(np.float32)),
-                 init("g", rng.standard_normal((4, 3)).astype(np.float32)),
-                 init("lx", rng.standard_normal((3, 2, 2)).astype(np.float32)),
-                 init("lw", rng.standard_normal((2, 12, 2)).astype(np.float32)),
-                 init("lr", rng.standard_normal((2, 12, 3)).astype(np.float32)),
-                 init("lb", rng.standard_normal((2, 24)).astype(np.float32))]
+    old_inits = [
+        init("up", np.array([1, 1, 2, 1], np.float32)),
+        init("w1", rng.standard_normal((4, 2, 3)).astype(np.float32)),
+        init("flat_w", rng.standard_normal((2, 3)).astype(np.float32)),
+        init("g", rng.standard_normal((4, 3)).astype(np.float32)),
+        init("lx", rng.standard_normal((3, 2, 2)).astype(np.float32)),
+        init("lw", rng.standard_normal((2, 12, 2)).astype(np.float32)),
+        init("lr", rng.standard_normal((2, 12, 3)).astype(np.float32)),
+        init("lb", rng.standard_normal((2, 24)).astype(np.float32)),
+    ]
     lh = helper.make_tensor_value_info("lhs", TensorProto.FLOAT, None)
-    older = helper.make_model(helper.make_graph(old_nodes, "older", [a], [y, lh], old_inits),
-                              opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
-    return [("shapes", shapes.SerializeToString()), ("older", older.SerializeToString()),
-            ("control", _control_graph(helper, init, rng).SerializeToString())]
+    older = helper.make_model(
+        helper.make_graph(old_nodes, "older", [a], [y, lh], old_inits),
+        opset_imports=[helper.make_opsetid("", 9)],
+        ir_version=4,
+    )
+    return [
+        ("shapes", shapes.SerializeToString()),
+        ("older", older.SerializeToString()),
+        ("control", _control_graph(helper, init, rng).SerializeToString()),
+    ]
 
 
 def _control_graph(helper, init, rng):
@@ -276,14 +300,21 @@ def _control_graph(helper, init, rng):
     then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [], [vi("t", f32, None)])
     other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", f32, None)])
     body = helper.make_graph(
-        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
-         helper.make_node("Less", ["i", "three"], ["go"]),
-         helper.make_node("Identity", ["acc_out"], ["step"])], "body",
+        [
+            helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+            helper.make_node("Less", ["i", "three"], ["go"]),
+            helper.make_node("Identity", ["acc_out"], ["step"]),
+        ],
+        "body",
         [vi("i", i64, []), vi("c", flag, []), vi("acc_in", f32, None)],
-        [vi("go", flag, []), vi("acc_out", f32, None), vi("step", f32, None)])
+        [vi("go", flag, []), vi("acc_out", f32, None), vi("step", f32, None)],
+    )
     scan_body = helper.make_graph(
         [helper.make_node("Add", ["s_in", "row"], ["s_out"]), helper.make_node("Relu", ["s_out"], ["r"])],
-        "scan", [vi("s_in", f32, [4]), vi("row", f32, [4])], [vi("s_out", f32, [4]), vi("r", f32, [4])])
+        "scan",
+        [vi("s_in", f32, [4]), vi("row", f32, [4])],
+        [vi("s_out", f32, [4]), vi("r", f32, [4])],
+    )
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
         helper.make_node("Greater", ["total", "zero_f"], ["positive"]),
@@ -301,18 +332,31 @@ def _control_graph(helper, init, rng):
         helper.make_node("Cast", ["acc_i"], ["y"], to=f32),
         helper.make_node("OneHot", ["top_i", "depth", "on_off"], ["z"], axis=-1),
     ]
-    inits = [init("two", np.array(2.0, np.float32)), init("zero_f", np.array(0.0, np.float32)),
-             init("three", np.array(3, np.int64)), init("trips", np.array(5, np.int64)),
-             init("yes", np.array(True)), init("state0", np.zeros(4, np.float32)),
-             init("k", np.array([2], np.int64)), init("nd_idx", np.array([[0, 0], [1, 0]], np.int64)),
-             init("one_axis", np.array(1, np.int64)),
-             init("proj", rng.standard_normal((2, 3)).astype(np.float32)),
-             init("q_scale", np.array(0.05, np.float32)), init("q_zero", np.array(0, np.int8)),
-             init("w_q", rng.integers(-100, 100, (3, 2)).astype(np.int8)),
-             init("w_zero", np.array(0, np.int8)), init("depth", np.array(3, np.int64)),
-             init("on_off", np.array([0.0, 1.0], np.float32))]
-    graph = helper.make_graph(nodes, "control", [vi("x", f32, ["n", 4])],
-                              [vi("y", f32, None), vi("z", f32, None), vi("picked", f32, None)], inits)
+    inits = [
+        init("two", np.array(2.0, np.float32)),
+        init("zero_f", np.array(0.0, np.float32)),
+        init("three", np.array(3, np.int64)),
+        init("trips", np.array(5, np.int64)),
+        init("yes", np.array(True)),
+        init("state0", np.zeros(4, np.float32)),
+        init("k", np.array([2], np.int64)),
+        init("nd_idx", np.array([[0, 0], [1, 0]], np.int64)),
+        init("one_axis", np.array(1, np.int64)),
+        init("proj", rng.standard_normal((2, 3)).astype(np.float32)),
+        init("q_scale", np.array(0.05, np.float32)),
+        init("q_zero", np.array(0, np.int8)),
+        init("w_q", rng.integers(-100, 100, (3, 2)).astype(np.int8)),
+        init("w_zero", np.array(0, np.int8)),
+        init("depth", np.array(3, np.int64)),
+        init("on_off", np.array([0.0, 1.0], np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "control",
+        [vi("x", f32, ["n", 4])],
+        [vi("y", f32, None), vi("z", f32, None), vi("picked", f32, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
@@ -321,12 +365,18 @@ def onnx_seeds(torch):
     oracle("onnx")
     torch.manual_seed(0)
     tnn = torch.nn
-    cnn = tnn.Sequential(tnn.Conv2d(3, 4, 3, padding=1), tnn.BatchNorm2d(4), tnn.ReLU(),
-                         tnn.MaxPool2d(2), tnn.Conv2d(4, 4, 3, groups=2, stride=2, padding=1),
-                         tnn.AvgPool2d(2, ceil_mode=True), tnn.Flatten(), tnn.Linear(4, 3),
-                         tnn.Softmax(-1))
-    mlp = tnn.Sequential(tnn.Linear(6, 8), tnn.GELU(), tnn.LayerNorm(8), tnn.Linear(8, 3),
-                         tnn.LogSoftmax(-1))
+    cnn = tnn.Sequential(
+        tnn.Conv2d(3, 4, 3, padding=1),
+        tnn.BatchNorm2d(4),
+        tnn.ReLU(),
+        tnn.MaxPool2d(2),
+        tnn.Conv2d(4, 4, 3, groups=2, stride=2, padding=1),
+        tnn.AvgPool2d(2, ceil_mode=True),
+        tnn.Flatten(),
+        tnn.Linear(4, 3),
+        tnn.Softmax(-1),
+    )
+    mlp = tnn.Sequential(tnn.Linear(6, 8), tnn.GELU(), tnn.LayerNorm(8), tnn.Linear(8, 3), tnn.LogSoftmax(-1))
 
     class Recurrent(tnn.Module):
         def __init__(self):
@@ -342,19 +392,33 @@ def onnx_seeds(torch):
     encoder = tnn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
     dyn = {"x": {0: "batch"}}
     seeds = [
-        ("cnn", _onnx_export(torch, cnn, (torch.randn(1, 3, 8, 8),), input_names=["x"],
-                             dynamic_axes=dyn, opset_version=13)),
-        ("mlp", _onnx_export(torch, mlp, (torch.randn(2, 6),), input_names=["x"],
-                             dynamic_axes=dyn, opset_version=17)),
-        ("rnn", _onnx_export(torch, Recurrent(), (torch.randint(0, 10, (2, 5)),), input_names=["x"],
-                             dynamic_axes=dyn, opset_version=14)),
-        ("enc", _onnx_export(torch, encoder, (torch.randn(2, 5, 8),), input_names=["x"],
-                             dynamic_axes=dyn, opset_version=17)),
+        (
+            "cnn",
+            _onnx_export(torch, cnn, (torch.randn(1, 3, 8, 8),), input_names=["x"], dynamic_axes=dyn, opset_version=13),
+        ),
+        ("mlp", _onnx_export(torch, mlp, (torch.randn(2, 6),), input_names=["x"], dynamic_axes=dyn, opset_version=17)),
+        (
+            "rnn",
+            _onnx_export(
+                torch,
+                Recurrent(),
+                (torch.randint(0, 10, (2, 5)),),
+                input_names=["x"],
+                dynamic_axes=dyn,
+                opset_version=14,
+            ),
+        ),
+        (
+            "enc",
+            _onnx_export(
+                torch, encoder, (torch.randn(2, 5, 8),), input_names=["x"], dynamic_axes=dyn, opset_version=17
+            ),
+        ),
         *_helper_graphs(),
     ]
     import fastlayers
 
-    for name, data in seeds:   # every seed loads and runs as it is
+    for name, data in seeds:  # every seed loads and runs as it is
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fastlayers-seed-{os.getpid()}-{name}.onnx"
         path.write_bytes(data)
         try:
@@ -399,21 +463,30 @@ def _torch_models(torch):
 
     def cnn():
         torch.manual_seed(0)
-        return tnn.Sequential(tnn.Conv2d(3, 4, 3, padding=1), tnn.BatchNorm2d(4), tnn.ReLU(),
-                              tnn.MaxPool2d(2), tnn.Conv2d(4, 6, 3, groups=2, padding=1, dilation=1),
-                              tnn.AdaptiveAvgPool2d(2), tnn.Upsample(scale_factor=2.0),
-                              tnn.AvgPool2d(2), tnn.Flatten(), tnn.Dropout(0.1), tnn.Linear(24, 3))
+        return tnn.Sequential(
+            tnn.Conv2d(3, 4, 3, padding=1),
+            tnn.BatchNorm2d(4),
+            tnn.ReLU(),
+            tnn.MaxPool2d(2),
+            tnn.Conv2d(4, 6, 3, groups=2, padding=1, dilation=1),
+            tnn.AdaptiveAvgPool2d(2),
+            tnn.Upsample(scale_factor=2.0),
+            tnn.AvgPool2d(2),
+            tnn.Flatten(),
+            tnn.Dropout(0.1),
+            tnn.Linear(24, 3),
+        )
 
     def mlp():
         torch.manual_seed(1)
-        return tnn.Sequential(tnn.Linear(6, 8), tnn.GELU(), tnn.LayerNorm(8), tnn.Linear(8, 4),
-                              tnn.LeakyReLU(0.1), tnn.Softmax(-1))
+        return tnn.Sequential(
+            tnn.Linear(6, 8), tnn.GELU(), tnn.LayerNorm(8), tnn.Linear(8, 4), tnn.LeakyReLU(0.1), tnn.Softmax(-1)
+        )
 
     def enc():
         torch.manual_seed(2)
         layer = tnn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-        return tnn.Sequential(tnn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
-                              tnn.Linear(8, 2))
+        return tnn.Sequential(tnn.TransformerEncoder(layer, 2, enable_nested_tensor=False), tnn.Linear(8, 2))
 
     def emb():
         torch.manual_seed(3)
@@ -421,8 +494,9 @@ def _torch_models(torch):
 
     def tcnn():
         torch.manual_seed(4)
-        return tnn.Sequential(tnn.Conv1d(4, 4, 3, padding=1), tnn.MaxPool1d(2), tnn.ELU(),
-                              tnn.Flatten(), tnn.Linear(12, 2))
+        return tnn.Sequential(
+            tnn.Conv1d(4, 4, 3, padding=1), tnn.MaxPool1d(2), tnn.ELU(), tnn.Flatten(), tnn.Linear(12, 2)
+        )
 
     return {"cnn": cnn, "mlp": mlp, "enc": enc, "emb": emb, "tcnn": tcnn}
 
@@ -431,8 +505,9 @@ def _torch_models(torch):
 def torch_seeds(torch):
     """{"modules": [(name, zip bytes, legacy bytes)], "state_dicts": [(name, bytes)]}."""
     models = _torch_models(torch)
-    modules = [(name, torch_save(torch, build()), torch_save(torch, build(), "legacy"))
-               for name, build in models.items()]
+    modules = [
+        (name, torch_save(torch, build()), torch_save(torch, build(), "legacy")) for name, build in models.items()
+    ]
     torch.manual_seed(5)
     rnn = torch.nn.LSTM(4, 5, num_layers=2, bidirectional=True, proj_size=3)
     sd = collections.OrderedDict(models["cnn"]().state_dict())
@@ -440,28 +515,88 @@ def torch_seeds(torch):
     sd["half"] = torch.randn(3, 2).half().t()
     sd["bf16"] = torch.randn(4).bfloat16()
     sd["ints"] = torch.arange(6).reshape(2, 3)[:, 1:]
-    state_dicts = [("sd", torch_save(torch, sd)), ("sdlegacy", torch_save(torch, sd, "legacy")),
-                   ("ckpt", torch_save(torch, {"model": dict(models["mlp"]().state_dict()), "epoch": 3}))]
+    state_dicts = [
+        ("sd", torch_save(torch, sd)),
+        ("sdlegacy", torch_save(torch, sd, "legacy")),
+        ("ckpt", torch_save(torch, {"model": dict(models["mlp"]().state_dict()), "epoch": 3})),
+    ]
     return {"modules": modules, "state_dicts": state_dicts, "models": models}
 
 
 # -------------------------------------------------------------------------------- mutators
 #: Values worth writing where a graph or a pickle gives a number.
-INTS = [0, 1, 2, 3, -1, -2, 7, 255, 256, 4097, 65535, 2 ** 31 - 1, 2 ** 31, -(2 ** 31), 2 ** 32,
-        2 ** 40, 2 ** 62, 2 ** 63 - 1, -(2 ** 63), 10 ** 9]
-FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 1e-30, 1e30, 3.4e38, -3.4e38, float("nan"), float("inf"),
-          float("-inf")]
-ATTR_NAMES = ["axis", "axes", "perm", "strides", "pads", "dilations", "kernel_shape", "group", "to",
-              "keepdims", "size", "split", "num_outputs", "hidden_size", "direction", "mode",
-              "value", "alpha", "transB", "starts", "ends", "scales", "output_shape", "_w_hwio",
-              "activation", "_stats", "q_num_heads", "ceil_mode", "auto_pad", "allowzero"]
+INTS = [
+    0,
+    1,
+    2,
+    3,
+    -1,
+    -2,
+    7,
+    255,
+    256,
+    4097,
+    65535,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    2**32,
+    2**40,
+    2**62,
+    2**63 - 1,
+    -(2**63),
+    10**9,
+]
+FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 1e-30, 1e30, 3.4e38, -3.4e38, float("nan"), float("inf"), float("-inf")]
+ATTR_NAMES = [
+    "axis",
+    "axes",
+    "perm",
+    "strides",
+    "pads",
+    "dilations",
+    "kernel_shape",
+    "group",
+    "to",
+    "keepdims",
+    "size",
+    "split",
+    "num_outputs",
+    "hidden_size",
+    "direction",
+    "mode",
+    "value",
+    "alpha",
+    "transB",
+    "starts",
+    "ends",
+    "scales",
+    "output_shape",
+    "_w_hwio",
+    "activation",
+    "_stats",
+    "q_num_heads",
+    "ceil_mode",
+    "auto_pad",
+    "allowzero",
+]
 
 
 def _onnx_ops_names():
     from fastlayers.onnx.check import OPS
 
-    return sorted(OPS) + ["FusedConv", "FusedDense", "FusedEncoderLayer", "EmbeddingLSTM", "If",
-                          "Loop", "relu", "", "Conv\x00", "é" * 10]
+    return sorted(OPS) + [
+        "FusedConv",
+        "FusedDense",
+        "FusedEncoderLayer",
+        "EmbeddingLSTM",
+        "If",
+        "Loop",
+        "relu",
+        "",
+        "Conv\x00",
+        "é" * 10,
+    ]
 
 
 def _mutate_attribute(node, rng):
@@ -469,8 +604,14 @@ def _mutate_attribute(node, rng):
 
     if not node.attribute or rng.random() < 0.2:
         name = str(rng.choice(ATTR_NAMES))
-        choices = [int(rng.choice(INTS)), [int(rng.choice(INTS)) for _ in range(int(rng.integers(0, 5)))],
-                   float(rng.choice(FLOATS)), "SAME_UPPER", "bidirectional", "nearest"]
+        choices = [
+            int(rng.choice(INTS)),
+            [int(rng.choice(INTS)) for _ in range(int(rng.integers(0, 5)))],
+            float(rng.choice(FLOATS)),
+            "SAME_UPPER",
+            "bidirectional",
+            "nearest",
+        ]
         value = choices[int(rng.integers(0, len(choices)))]
         del_names = [a for a in node.attribute if a.name == name]
         for a in del_names:
@@ -481,10 +622,21 @@ def _mutate_attribute(node, rng):
     op = rng.random()
     if op < 0.15:
         node.attribute.remove(attr)
-    elif op < 0.25:   # a type the reader does not expect
-        attr.type = int(rng.choice([AttributeProto.FLOAT, AttributeProto.INT, AttributeProto.STRING,
-                                    AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.TENSOR,
-                                    AttributeProto.GRAPH, 0]))
+    elif op < 0.25:  # a type the reader does not expect
+        attr.type = int(
+            rng.choice(
+                [
+                    AttributeProto.FLOAT,
+                    AttributeProto.INT,
+                    AttributeProto.STRING,
+                    AttributeProto.INTS,
+                    AttributeProto.FLOATS,
+                    AttributeProto.TENSOR,
+                    AttributeProto.GRAPH,
+                    0,
+                ]
+            )
+        )
     elif attr.type == AttributeProto.INT:
         attr.i = int(rng.choice(INTS))
     elif attr.type == AttributeProto.INTS:
@@ -505,14 +657,16 @@ def _mutate_attribute(node, rng):
         del attr.floats[:]
         attr.floats.extend(values)
     elif attr.type == AttributeProto.STRING:
-        attr.s = pick(rng, [b"", b"tanh", b"linear", b"cubic", b"reflect", b"SAME_LOWER",
-                            b"\xff\xfe", b"x" * 300, b"bidirectional"])
+        attr.s = pick(
+            rng,
+            [b"", b"tanh", b"linear", b"cubic", b"reflect", b"SAME_LOWER", b"\xff\xfe", b"x" * 300, b"bidirectional"],
+        )
     elif attr.type == AttributeProto.STRINGS:
         attr.strings.append(b"Nope")
     elif attr.type == AttributeProto.TENSOR:
         t = attr.t
         if rng.random() < 0.5:
-            t.dims[:] = [int(rng.choice([0, 1, 4, 2 ** 20, -1]))] * max(1, len(t.dims))
+            t.dims[:] = [int(rng.choice([0, 1, 4, 2**20, -1]))] * max(1, len(t.dims))
         else:
             attr.t.CopyFrom(numpy_helper.from_array(np.array([rng.choice(INTS)], np.int64)))
 
@@ -527,11 +681,11 @@ def _mutate_tensor(t, rng):
             values[int(rng.integers(0, values.size))] = int(rng.choice(INTS))
             t.raw_data = values.tobytes()
     elif op < 0.5 and t.dims:
-        t.dims[int(rng.integers(0, len(t.dims)))] = int(rng.choice([0, 1, 2, 3, 2 ** 20, 2 ** 40, -1]))
+        t.dims[int(rng.integers(0, len(t.dims)))] = int(rng.choice([0, 1, 2, 3, 2**20, 2**40, -1]))
     elif op < 0.6:
         t.data_type = int(rng.choice([0, 1, 6, 7, 8, 9, 10, 11, 16, 17, 30]))
     elif op < 0.7 and t.raw_data:
-        t.raw_data = t.raw_data[:int(rng.integers(0, len(t.raw_data)))]
+        t.raw_data = t.raw_data[: int(rng.integers(0, len(t.raw_data)))]
     elif op < 0.8:
         del t.dims[:]
     elif t.raw_data and t.data_type == TensorProto.FLOAT and len(t.raw_data) % 4 == 0:
@@ -550,16 +704,20 @@ def mutate_onnx_graph(data: bytes, rng) -> bytes:
     g = model.graph
     for _ in range(int(rng.integers(1, 4))):
         nodes = list(g.node)
-        values = ([i.name for i in g.input] + [t.name for t in g.initializer]
-                  + [o for n in nodes for o in n.output] + ["", "undefined"])
+        values = (
+            [i.name for i in g.input]
+            + [t.name for t in g.initializer]
+            + [o for n in nodes for o in n.output]
+            + ["", "undefined"]
+        )
         op = rng.random()
         node = nodes[int(rng.integers(0, len(nodes)))] if nodes else None
         if op < 0.3 and node is not None:
             _mutate_attribute(node, rng)
-        elif op < 0.42 and node is not None and node.input:   # rewire an input
+        elif op < 0.42 and node is not None and node.input:  # rewire an input
             k = int(rng.integers(0, len(node.input)))
             node.input[k] = str(rng.choice(values))
-        elif op < 0.47 and node is not None:                  # add or drop inputs
+        elif op < 0.47 and node is not None:  # add or drop inputs
             if rng.random() < 0.5 and node.input:
                 del node.input[-1]
             else:
@@ -567,11 +725,11 @@ def mutate_onnx_graph(data: bytes, rng) -> bytes:
         elif op < 0.55 and node is not None and node.output:  # rename or blank an output
             k = int(rng.integers(0, len(node.output)))
             node.output[k] = str(rng.choice(values + ["renamed"]))
-        elif op < 0.6 and node is not None:                   # the op type
+        elif op < 0.6 and node is not None:  # the op type
             node.op_type = str(rng.choice(_onnx_ops_names()))
         elif op < 0.63 and node is not None:
             node.domain = str(rng.choice(["ai.onnx", "com.microsoft", "ai.onnx.ml"]))
-        elif op < 0.68 and len(nodes) > 1:                    # the order
+        elif op < 0.68 and len(nodes) > 1:  # the order
             order = list(range(len(nodes)))
             if rng.random() < 0.5:
                 rng.shuffle(order)
@@ -582,46 +740,89 @@ def mutate_onnx_graph(data: bytes, rng) -> bytes:
                 c.CopyFrom(nodes[k])
             del g.node[:]
             g.node.extend(copies)
-        elif op < 0.72 and node is not None:                  # drop or duplicate a node
+        elif op < 0.72 and node is not None:  # drop or duplicate a node
             if rng.random() < 0.5:
                 g.node.remove(node)
             else:
                 g.node.append(node)
         elif op < 0.86 and g.initializer:
             _mutate_tensor(g.initializer[int(rng.integers(0, len(g.initializer)))], rng)
-        elif op < 0.93 and g.input:                           # a graph input's declared type
+        elif op < 0.93 and g.input:  # a graph input's declared type
             vi = g.input[int(rng.integers(0, len(g.input)))]
             dims = vi.type.tensor_type.shape.dim
             if dims and rng.random() < 0.7:
                 d = dims[int(rng.integers(0, len(dims)))]
                 if rng.random() < 0.5:
-                    d.dim_value = int(rng.choice([0, 1, 2, 7, 2 ** 20, 2 ** 40, 2 ** 62]))
+                    d.dim_value = int(rng.choice([0, 1, 2, 7, 2**20, 2**40, 2**62]))
                 else:
                     d.dim_param = str(rng.choice(["n", "batch", "", "é"]))
             else:
                 vi.type.tensor_type.elem_type = int(rng.choice([0, 1, 2, 6, 7, 8, 9, 10, 16, 99]))
-        elif g.output:                                        # a graph output's name
+        elif g.output:  # a graph output's name
             g.output[int(rng.integers(0, len(g.output)))].name = str(rng.choice(values + ["missing"]))
     if rng.random() < 0.05:
         del model.opset_import[:]
-        model.opset_import.add(domain="", version=int(rng.choice([1, 8, 9, 30, 10 ** 6])))
+        model.opset_import.add(domain="", version=int(rng.choice([1, 8, 9, 30, 10**6])))
     return model.SerializeToString()
 
 
 #: Globals to swap in for a pickle's own (admitted ones of other kinds, and refused ones).
-GLOBALS = [b"torch.nn.modules.linear\nLinear", b"torch.nn.modules.conv\nConv2d",
-           b"torch.nn.modules.container\nSequential", b"torch.nn.modules.pooling\nMaxPool2d",
-           b"torch.nn.modules.rnn\nLSTM", b"torch.nn.modules.flatten\nFlatten",
-           b"torch.nn.modules.normalization\nLayerNorm", b"torch\nHalfStorage", b"torch\nLongStorage",
-           b"torch\nBFloat16Storage", b"torch._utils\n_rebuild_parameter", b"torch._utils\n_rebuild_tensor_v3",
-           b"collections\nOrderedDict", b"builtins\nset", b"builtins\nfrozenset", b"torch\nSize",
-           b"torch\nfloat8_e4m3fn", b"torch.nn.functional\nrelu", b"os\nsystem", b"builtins\neval",
-           b"mymodels\nNet", b"torch.nn.modules.sparse\nEmbedding"]
+GLOBALS = [
+    b"torch.nn.modules.linear\nLinear",
+    b"torch.nn.modules.conv\nConv2d",
+    b"torch.nn.modules.container\nSequential",
+    b"torch.nn.modules.pooling\nMaxPool2d",
+    b"torch.nn.modules.rnn\nLSTM",
+    b"torch.nn.modules.flatten\nFlatten",
+    b"torch.nn.modules.normalization\nLayerNorm",
+    b"torch\nHalfStorage",
+    b"torch\nLongStorage",
+    b"torch\nBFloat16Storage",
+    b"torch._utils\n_rebuild_parameter",
+    b"torch._utils\n_rebuild_tensor_v3",
+    b"collections\nOrderedDict",
+    b"builtins\nset",
+    b"builtins\nfrozenset",
+    b"torch\nSize",
+    b"torch\nfloat8_e4m3fn",
+    b"torch.nn.functional\nrelu",
+    b"os\nsystem",
+    b"builtins\neval",
+    b"mymodels\nNet",
+    b"torch.nn.modules.sparse\nEmbedding",
+]
 #: Strings to swap in (attribute and table names, keys).
-STRINGS = ["_parameters", "_buffers", "_modules", "weight", "bias", "in_features", "out_features",
-           "kernel_size", "stride", "padding", "dilation", "groups", "num_features", "running_mean",
-           "normalized_shape", "start_dim", "0", "1", "storage", "cpu", "", "é", "padding_idx",
-           "scale_factor", "output_size", "hidden_size", "num_layers", "embed_dim", "num_heads"]
+STRINGS = [
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "weight",
+    "bias",
+    "in_features",
+    "out_features",
+    "kernel_size",
+    "stride",
+    "padding",
+    "dilation",
+    "groups",
+    "num_features",
+    "running_mean",
+    "normalized_shape",
+    "start_dim",
+    "0",
+    "1",
+    "storage",
+    "cpu",
+    "",
+    "é",
+    "padding_idx",
+    "scale_factor",
+    "output_size",
+    "hidden_size",
+    "num_layers",
+    "embed_dim",
+    "num_heads",
+]
 
 
 def _long1(value: int) -> bytes:
@@ -645,7 +846,7 @@ def mutate_pickle_ops(pkl: bytes, rng) -> bytes:
         choice = rng.random()
         if name in ("BININT1", "BININT2", "BININT", "LONG1") and choice < 0.8:
             value = int(rng.choice(INTS))
-            new = b"J" + struct.pack("<i", value) if -(2 ** 31) <= value < 2 ** 31 else _long1(value)
+            new = b"J" + struct.pack("<i", value) if -(2**31) <= value < 2**31 else _long1(value)
         elif name == "BINFLOAT" and choice < 0.8:
             new = b"G" + struct.pack(">d", float(rng.choice(FLOATS)))
         elif name in ("BINUNICODE", "SHORT_BINUNICODE") and choice < 0.8:
@@ -660,9 +861,9 @@ def mutate_pickle_ops(pkl: bytes, rng) -> bytes:
         elif name in ("NEWTRUE", "NEWFALSE", "NONE") and choice < 0.8:
             new = pick(rng, [b"\x88", b"\x89", b"N", b"K\x00", b"J\xff\xff\xff\x7f"])
         elif choice < 0.9 and name not in ("PROTO", "STOP"):
-            new = b""                                   # drop the opcode
+            new = b""  # drop the opcode
         elif name not in ("PROTO", "STOP"):
-            new = pkl[pos:end] * 2                      # repeat it
+            new = pkl[pos:end] * 2  # repeat it
         else:
             continue
         pkl = pkl[:pos] + new + pkl[end:]
@@ -705,17 +906,18 @@ def _strange_tensor(torch, t, rng):
     base = t.detach().reshape(-1)
     if base.numel() == 0:
         base = torch.zeros(1)
-    if choice == 0:      # zero strides expanding a small storage
+    if choice == 0:  # zero strides expanding a small storage
         return torch.as_strided(base, (2 ** int(rng.integers(4, 22)),) * 2, (0, 0))
-    if choice == 1:      # overlapping strides
+    if choice == 1:  # overlapping strides
         k = (base.numel() + 1) // 2
         return torch.as_strided(base, (k, k), (1, 1))
     if choice == 2:
-        return t.detach().to(pick(rng, [torch.float16, torch.bfloat16, torch.int8, torch.bool,
-                                        torch.complex64, torch.float64]))
-    if choice == 3:      # a transposed (non-contiguous) view of the same data
+        return t.detach().to(
+            pick(rng, [torch.float16, torch.bfloat16, torch.int8, torch.bool, torch.complex64, torch.float64])
+        )
+    if choice == 3:  # a transposed (non-contiguous) view of the same data
         return t.detach().t() if t.dim() == 2 else t.detach().reshape(-1, 1)
-    if choice == 4:      # a different shape
+    if choice == 4:  # a different shape
         return torch.zeros(*(int(rng.integers(1, 5)) for _ in range(max(1, t.dim()))))
     if choice == 5:
         return t.detach()[..., :0]
@@ -728,42 +930,46 @@ def mutate_torch_objects(torch, build, rng, fmt) -> bytes:
     import sys
 
     model = build()
-    modules = list(model.modules())     # before any edit: torch's own walk may fail after
+    modules = list(model.modules())  # before any edit: torch's own walk may fail after
     for _ in range(int(rng.integers(1, 4))):
         m = modules[int(rng.integers(0, len(modules)))]
         choice = rng.random()
         if not isinstance(m.__dict__.get("_modules"), dict):
             continue
-        if choice < 0.4:     # an attribute
+        if choice < 0.4:  # an attribute
             names = [k for k in m.__dict__ if not k.startswith("_") and k != "training"] or ["extra"]
             m.__dict__[str(rng.choice(names))] = _hostile_value(torch, rng)
-        elif choice < 0.5:   # a table of the wrong type
+        elif choice < 0.5:  # a table of the wrong type
             table = str(rng.choice(["_parameters", "_buffers", "_modules"]))
             m.__dict__[table] = pick(rng, [[1, 2], None, "x", (), {"w": 3}, torch.zeros(2)])
-        elif choice < 0.7:   # a tensor
-            tables = [m.__dict__[t] for t in ("_parameters", "_buffers")
-                      if isinstance(m.__dict__.get(t), dict) and m.__dict__[t]]
+        elif choice < 0.7:  # a tensor
+            tables = [
+                m.__dict__[t]
+                for t in ("_parameters", "_buffers")
+                if isinstance(m.__dict__.get(t), dict) and m.__dict__[t]
+            ]
             if tables:
                 table = pick(rng, tables)
                 key = pick(rng, list(table))
                 if isinstance(table[key], torch.Tensor):
                     table[key] = _strange_tensor(torch, table[key], rng)
-        elif choice < 0.8 and len(modules) > 2:   # share a module under several parents
+        elif choice < 0.8 and len(modules) > 2:  # share a module under several parents
             other = modules[int(rng.integers(1, len(modules)))]
             for k in range(int(rng.integers(1, 40))):
                 other = torch.nn.Sequential(other, other) if rng.random() < 0.8 else other
             m.__dict__["_modules"]["shared"] = other
-        elif choice < 0.85:   # nest deeply
+        elif choice < 0.85:  # nest deeply
             inner = torch.nn.Identity()
             for _ in range(int(rng.choice([50, 150, 900]))):
                 inner = torch.nn.Sequential(inner)
             m.__dict__["_modules"]["deep"] = inner
-        elif choice < 0.92:   # a module of another class in place of a child
+        elif choice < 0.92:  # a module of another class in place of a child
             children = list(m.__dict__.get("_modules", {}) or {})
             if children and isinstance(m.__dict__["_modules"], dict):
                 m.__dict__["_modules"][pick(rng, children)] = pick(
-                    rng, [torch.nn.Linear(2, 3), torch.nn.Conv2d(1, 1, 1), torch.nn.Identity(), 7, "child"])
-        else:                 # a key of the wrong type
+                    rng, [torch.nn.Linear(2, 3), torch.nn.Conv2d(1, 1, 1), torch.nn.Identity(), 7, "child"]
+                )
+        else:  # a key of the wrong type
             if isinstance(m.__dict__.get("_parameters"), dict):
                 m.__dict__["_parameters"][(1, 2)] = torch.zeros(1)
     limit = sys.getrecursionlimit()
@@ -818,7 +1024,7 @@ def test_fuzzed_torch_bytes(torch_seeds, monkeypatch):
             data = mutate_bytes(legacy if legacy is not None and how == 0 else zipped, rng)
         elif how == 1:
             data = mutate_zip_headers(zipped, rng)
-        else:   # inside data.pkl, re-zipped with valid checksums
+        else:  # inside data.pkl, re-zipped with valid checksums
             members, k = _pickle_member(zipped)
             members[k] = (members[k][0], mutate_bytes(members[k][1], rng))
             data = make_zip(members)
@@ -832,7 +1038,7 @@ def test_fuzzed_torch_records(torch, torch_seeds, monkeypatch):
     module_cases, sd_cases = [], []
     modules, sds, models = torch_seeds["modules"], torch_seeds["state_dicts"], torch_seeds["models"]
     for i in range(n_cases("torch_records")):
-        if i % 3 == 0:   # objects edited before torch.save
+        if i % 3 == 0:  # objects edited before torch.save
             name = list(models)[(i // 3) % len(models)]
             fmt = "legacy" if i % 9 == 6 else "zip"
             data = mutate_torch_objects(torch, models[name], rng, fmt)
@@ -883,61 +1089,158 @@ def _onnx_cases():
     n = helper.make_node
     shape = numpy_helper.from_array(np.array([4096, 4096, 64], np.int64), "s")
     claim = numpy_helper.from_array(np.ones(4, np.float32))
-    claim.dims[:] = [1 << 20, 4]   # a tensor attribute claiming more than its data
+    claim.dims[:] = [1 << 20, 4]  # a tensor attribute claiming more than its data
     return {
-        "tensor attribute past its data": ([n("Constant", [], ["c"], value=claim), n("Add", ["x", "c"], ["y"])],
-                                           [], "ModelFileError", r"dimensions \(1048576, 4\) need"),
-        "undefined value": ([n("Relu", ["nope"], ["y"])], [], "ModelFileError",
-                            r"node 'y' \(Relu\) reads 'nope', which no node"),
-        "cycle": ([n("Add", ["x", "b"], ["a"]), n("Relu", ["a"], ["b"]), n("Relu", ["a"], ["y"])], [],
-                  "ModelFileError", "has a cycle"),
-        "renamed output": ([n("Relu", ["x"], ["z"])], [], "ModelFileError",
-                           "graph output 'y' is computed by no node"),
-        "two producers": ([n("Relu", ["x"], ["y"]), n("Sigmoid", ["x"], ["y"])], [], "ModelFileError",
-                          "output 'y' is already written"),
-        "empty input at call": ([n("Add", ["x", ""], ["y"])], [], "ModelFileError",
-                                r"node 'y' \(Add\): input 2 is required but has no name"),
-        "empty input when folding": ([n("Mul", ["w", ""], ["w2"]), n("Conv", ["x", "w2"], ["y"])],
-                                     [_weight()], "ModelFileError", r"node 'w2' \(Mul\): input 2 is required"),
-        "missing attribute": ([n("Concat", ["x", "x"], ["y"])], [], "ModelFileError",
-                              "required attribute 'axis' is missing"),
-        "mistyped attribute": ([n("Conv", ["x", "w"], ["y"], strides=[1.5, 1.0])], [_weight()],
-                               "ModelFileError", "attribute 'strides' must be a list of ints"),
-        "string for an int": ([n("Conv", ["x", "w"], ["y"], group="two")], [_weight()],
-                              "ModelFileError", "attribute 'group' must be an int"),
-        "zero strides": ([n("Conv", ["x", "w"], ["y"], strides=[0, 0])], [_weight()], "ModelFileError",
-                         r"attribute 'strides' is \[0, 0\]; each value must be in \[1, "),
-        "zero pooling strides": ([n("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 0])], [],
-                                 "ModelFileError", "attribute 'strides'"),
-        "zero group": ([n("Conv", ["x", "w"], ["y"], group=0)], [_weight()], "ModelFileError",
-                       "attribute 'group' is 0"),
-        "huge group": ([n("Conv", ["x", "w"], ["y"], group=10 ** 9)], [_weight()], "ModelFileError",
-                       "group 1000000000 does not divide the 4 output channels"),
-        "rank-5 weight": ([n("Conv", ["x", "w"], ["y"])], [_weight((4, 3, 3, 3, 3))], "UnsupportedError",
-                          "3-D convolution and pooling are not supported"),
-        "kernel_shape against the weight": ([n("Conv", ["x", "w"], ["y"], kernel_shape=[5, 5])], [_weight()],
-                                            "ModelFileError", "kernel_shape .* does not match"),
-        "not a permutation": ([n("Transpose", ["x"], ["y"], perm=[0, 0, 1, 2])], [], "ModelFileError",
-                              "is not a permutation"),
-        "fastlayers' own node": ([n("FusedConv", ["x", "w"], ["y"])], [_weight()], "UnsupportedError",
-                                 r"unsupported ONNX operator\(s\): FusedConv"),
-        "reserved attribute": ([n("Conv", ["x", "w"], ["y"], activation="relu", _w_hwio=7)], [_weight()],
-                               "ModelFileError", "attribute '_w_hwio': names starting with '_' are reserved"),
+        "tensor attribute past its data": (
+            [n("Constant", [], ["c"], value=claim), n("Add", ["x", "c"], ["y"])],
+            [],
+            "ModelFileError",
+            r"dimensions \(1048576, 4\) need",
+        ),
+        "undefined value": (
+            [n("Relu", ["nope"], ["y"])],
+            [],
+            "ModelFileError",
+            r"node 'y' \(Relu\) reads 'nope', which no node",
+        ),
+        "cycle": (
+            [n("Add", ["x", "b"], ["a"]), n("Relu", ["a"], ["b"]), n("Relu", ["a"], ["y"])],
+            [],
+            "ModelFileError",
+            "has a cycle",
+        ),
+        "renamed output": ([n("Relu", ["x"], ["z"])], [], "ModelFileError", "graph output 'y' is computed by no node"),
+        "two producers": (
+            [n("Relu", ["x"], ["y"]), n("Sigmoid", ["x"], ["y"])],
+            [],
+            "ModelFileError",
+            "output 'y' is already written",
+        ),
+        "empty input at call": (
+            [n("Add", ["x", ""], ["y"])],
+            [],
+            "ModelFileError",
+            r"node 'y' \(Add\): input 2 is required but has no name",
+        ),
+        "empty input when folding": (
+            [n("Mul", ["w", ""], ["w2"]), n("Conv", ["x", "w2"], ["y"])],
+            [_weight()],
+            "ModelFileError",
+            r"node 'w2' \(Mul\): input 2 is required",
+        ),
+        "missing attribute": (
+            [n("Concat", ["x", "x"], ["y"])],
+            [],
+            "ModelFileError",
+            "required attribute 'axis' is missing",
+        ),
+        "mistyped attribute": (
+            [n("Conv", ["x", "w"], ["y"], strides=[1.5, 1.0])],
+            [_weight()],
+            "ModelFileError",
+            "attribute 'strides' must be a list of ints",
+        ),
+        "string for an int": (
+            [n("Conv", ["x", "w"], ["y"], group="two")],
+            [_weight()],
+            "ModelFileError",
+            "attribute 'group' must be an int",
+        ),
+        "zero strides": (
+            [n("Conv", ["x", "w"], ["y"], strides=[0, 0])],
+            [_weight()],
+            "ModelFileError",
+            r"attribute 'strides' is \[0, 0\]; each value must be in \[1, ",
+        ),
+        "zero pooling strides": (
+            [n("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 0])],
+            [],
+            "ModelFileError",
+            "attribute 'strides'",
+        ),
+        "zero group": (
+            [n("Conv", ["x", "w"], ["y"], group=0)],
+            [_weight()],
+            "ModelFileError",
+            "attribute 'group' is 0",
+        ),
+        "huge group": (
+            [n("Conv", ["x", "w"], ["y"], group=10**9)],
+            [_weight()],
+            "ModelFileError",
+            "group 1000000000 does not divide the 4 output channels",
+        ),
+        "rank-5 weight": (
+            [n("Conv", ["x", "w"], ["y"])],
+            [_weight((4, 3, 3, 3, 3))],
+            "UnsupportedError",
+            "3-D convolution and pooling are not supported",
+        ),
+        "kernel_shape against the weight": (
+            [n("Conv", ["x", "w"], ["y"], kernel_shape=[5, 5])],
+            [_weight()],
+            "ModelFileError",
+            "kernel_shape .* does not match",
+        ),
+        "not a permutation": (
+            [n("Transpose", ["x"], ["y"], perm=[0, 0, 1, 2])],
+            [],
+            "ModelFileError",
+            "is not a permutation",
+        ),
+        "fastlayers' own node": (
+            [n("FusedConv", ["x", "w"], ["y"])],
+            [_weight()],
+            "UnsupportedError",
+            r"unsupported ONNX operator\(s\): FusedConv",
+        ),
+        "reserved attribute": (
+            [n("Conv", ["x", "w"], ["y"], activation="relu", _w_hwio=7)],
+            [_weight()],
+            "ModelFileError",
+            "attribute '_w_hwio': names starting with '_' are reserved",
+        ),
         "folded constant over the limit": (
-            [n("ConstantOfShape", ["s"], ["big"]), n("Add", ["x", "big"], ["y"])], [shape],
-            "ModelFileError", r"node 'big' \(ConstantOfShape\): folding it at load .* over 67108864 bytes"),
-        "MaxPool's Indices read": ([n("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2]),
-                                    n("Cast", ["i"], ["y"], to=1)], [], "UnsupportedError",
-                                   "computes only the first 1 output"),
+            [n("ConstantOfShape", ["s"], ["big"]), n("Add", ["x", "big"], ["y"])],
+            [shape],
+            "ModelFileError",
+            r"node 'big' \(ConstantOfShape\): folding it at load .* over 67108864 bytes",
+        ),
+        "MaxPool's Indices read": (
+            [n("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2]), n("Cast", ["i"], ["y"], to=1)],
+            [],
+            "UnsupportedError",
+            "computes only the first 1 output",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", [
-    "tensor attribute past its data", "undefined value", "cycle", "renamed output", "two producers", "empty input at call",
-    "empty input when folding", "missing attribute", "mistyped attribute", "string for an int",
-    "zero strides", "zero pooling strides", "zero group", "huge group", "rank-5 weight",
-    "kernel_shape against the weight", "not a permutation", "fastlayers' own node",
-    "reserved attribute", "folded constant over the limit", "MaxPool's Indices read"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tensor attribute past its data",
+        "undefined value",
+        "cycle",
+        "renamed output",
+        "two producers",
+        "empty input at call",
+        "empty input when folding",
+        "missing attribute",
+        "mistyped attribute",
+        "string for an int",
+        "zero strides",
+        "zero pooling strides",
+        "zero group",
+        "huge group",
+        "rank-5 weight",
+        "kernel_shape against the weight",
+        "not a permutation",
+        "fastlayers' own node",
+        "reserved attribute",
+        "folded constant over the limit",
+        "MaxPool's Indices read",
+    ],
+)
 def test_onnx_graph_defects_refused_at_load(tmp_path, case):
     """Each defect of the issue's ONNX list is a ModelFileError or UnsupportedError at load,
     naming the file, the node and the attribute or value."""
@@ -962,12 +1265,19 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
 
     onnx_dir = Path(onnx_check.__file__).parent
     paths = [*sorted(Path(onnx_ops.__file__).parent.glob("*.py"))] + [
-        onnx_dir / name for name in ("tensors.py", "layout.py", "windows.py", "indexing.py", "control.py")]
+        onnx_dir / name for name in ("tensors.py", "layout.py", "windows.py", "indexing.py", "control.py")
+    ]
     source = "".join(path.read_text() for path in paths)
     read = set(re.findall(r'attrs(?:\.get\(|\[)"([A-Za-z_][A-Za-z0-9_]*)"', source))
     listed = set().union(*(set(op.attrs) for op in onnx_check.OPS.values()))
-    fused_only = {"activation", "batch_first", "norm_first", "num_heads", "weights",
-                  "shape"}   # shape: Reshape before opset 5, older than fastlayers reads
+    fused_only = {
+        "activation",
+        "batch_first",
+        "norm_first",
+        "num_heads",
+        "weights",
+        "shape",
+    }  # shape: Reshape before opset 5, older than fastlayers reads
     assert {n for n in read - listed if not n.startswith("_")} <= fused_only
     assert not [op for op in onnx_check.OPS if op not in onnx_ops.OPS]
 
@@ -1030,21 +1340,25 @@ def test_onnx_call_time_sizes_are_limited(tmp_path):
     import fastlayers
     from fastlayers.errors import InputError
 
-    reps = numpy_helper.from_array(np.array([1, 1, 2 ** 20, 2 ** 20], np.int64), "r")
-    model = fastlayers.load(_save(tmp_path, "tile", _graph([helper.make_node("Tile", ["x", "r"], ["y"])],
-                                                           inits=[reps])))
+    reps = numpy_helper.from_array(np.array([1, 1, 2**20, 2**20], np.int64), "r")
+    model = fastlayers.load(
+        _save(tmp_path, "tile", _graph([helper.make_node("Tile", ["x", "r"], ["y"])], inits=[reps]))
+    )
     with pytest.raises(InputError, match=r"node 'y' \(Tile\).*over the limit of 2147483648"):
         model(np.zeros((1, 3, 8, 8), np.float32))
     pad = helper.make_node("Conv", ["x", "w"], ["y"], pads=[300, 300, 300, 300])
-    model = fastlayers.load(_save(tmp_path, "pad", _graph([pad], inits=[_weight()])),
-                            options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10))
+    model = fastlayers.load(
+        _save(tmp_path, "pad", _graph([pad], inits=[_weight()])),
+        options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10),
+    )
     with pytest.raises(InputError, match="over the limit of 1024"):
         model(np.zeros((1, 3, 8, 8), np.float32))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
-    lrn = fastlayers.load(_save(tmp_path, "lrn", _graph([helper.make_node("LRN", ["x"], ["y"], size=10 ** 9)],
-                                                        inputs=[x])),
-                          options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10))
-    assert lrn(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3, 8, 8)   # no window walked
+    lrn = fastlayers.load(
+        _save(tmp_path, "lrn", _graph([helper.make_node("LRN", ["x"], ["y"], size=10**9)], inputs=[x])),
+        options=fastlayers.LoadOptions(onnx_max_created_bytes=1 << 10),
+    )
+    assert lrn(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3, 8, 8)  # no window walked
 
 
 def test_onnx_operator_failures_at_call_are_input_errors(tmp_path):
@@ -1061,8 +1375,9 @@ def test_onnx_operator_failures_at_call_are_input_errors(tmp_path):
     with pytest.raises(InputError, match=r"node 'y' \(Conv\).*rank must be the input's"):
         model(np.zeros((1, 3, 8, 8), np.float32))
     target = numpy_helper.from_array(np.array([7, -1], np.int64), "t")
-    model = fastlayers.load(_save(tmp_path, "reshape", _graph([helper.make_node("Reshape", ["x", "t"], ["y"])],
-                                                              inits=[target])))
+    model = fastlayers.load(
+        _save(tmp_path, "reshape", _graph([helper.make_node("Reshape", ["x", "t"], ["y"])], inits=[target]))
+    )
     with pytest.raises(InputError, match=r"node 'y' \(Reshape\) failed on these inputs"):
         model(np.zeros((1, 3, 8, 8), np.float32))
 
@@ -1077,8 +1392,7 @@ def _empty_module(cls: bytes) -> bytes:
     """The pickle opcodes of a torch module record without children, parameters or buffers
     (NEWOBJ, then BUILD of its __dict__)."""
     od = b"ccollections\nOrderedDict\n)R"
-    return (b"c" + cls + b"\n)\x81}(" + _uni("_modules") + od + _uni("_parameters") + od
-            + _uni("_buffers") + od + b"ub")
+    return b"c" + cls + b"\n)\x81}(" + _uni("_modules") + od + _uni("_parameters") + od + _uni("_buffers") + od + b"ub"
 
 
 def deep_sequential_pickle(depth: int) -> bytes:
@@ -1091,8 +1405,14 @@ def deep_sequential_pickle(depth: int) -> bytes:
 
 
 def torch_zip(pkl: bytes, storages=()) -> bytes:
-    return make_zip([("archive/data.pkl", pkl), ("archive/byteorder", b"little"),
-                     *((f"archive/data/{k}", v) for k, v in storages), ("archive/version", b"3")])
+    return make_zip(
+        [
+            ("archive/data.pkl", pkl),
+            ("archive/byteorder", b"little"),
+            *((f"archive/data/{k}", v) for k, v in storages),
+            ("archive/version", b"3"),
+        ]
+    )
 
 
 def _torch_hostile_files(torch, tmp_path) -> dict:
@@ -1100,7 +1420,7 @@ def _torch_hostile_files(torch, tmp_path) -> dict:
     load_state_dict)."""
     files = {}
     m = torch.nn.Linear(1, 1)
-    for _ in range(41):   # the same record twice per level: 2**40 paths in about 1 KB
+    for _ in range(41):  # the same record twice per level: 2**40 paths in about 1 KB
         s = torch.nn.Sequential()
         s.add_module("0", m)
         s.add_module("1", m)
@@ -1142,11 +1462,14 @@ def test_torch_hangs_and_recursions_are_refused(torch, tmp_path):
     assert stats["outcomes"] == {"error": len(cases)}
 
 
-@pytest.mark.parametrize("name,pattern", [
-    ("shared-41", "it builds objects of more than 10000000 nodes"),
-    ("dag-size-sd", "once its shared references are expanded"),
-    ("deep-20000", "nested more than 1000 deep"),
-])
+@pytest.mark.parametrize(
+    "name,pattern",
+    [
+        ("shared-41", "it builds objects of more than 10000000 nodes"),
+        ("dag-size-sd", "once its shared references are expanded"),
+        ("deep-20000", "nested more than 1000 deep"),
+    ],
+)
 def test_torch_hostile_pickles_messages(torch, tmp_path, name, pattern):
     import fastlayers
     from fastlayers.errors import ModelFileError
@@ -1180,7 +1503,7 @@ def test_torch_module_trees_are_checked(torch, tmp_path):
     with pytest.raises(ModelFileError, match="modules nested more than 100 deep"):
         fastlayers.load(path)
     path.write_bytes(torch_zip(deep_sequential_pickle(50)))
-    assert fastlayers.load(path) is not None   # 50 deep is fine
+    assert fastlayers.load(path) is not None  # 50 deep is fine
 
 
 def test_torch_shared_modules_stay_shared(torch, tmp_path):
@@ -1200,7 +1523,7 @@ def test_torch_shared_modules_stay_shared(torch, tmp_path):
         want = torch.nn.Sequential(tied, torch.nn.ReLU(), tied)(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(module(x), want, rtol=1e-5, atol=1e-6)
     big = torch.nn.Linear(1024, 1024)
-    many = torch.nn.Sequential(*([big] * 40))   # 160 MiB listed for 4 MiB of weights
+    many = torch.nn.Sequential(*([big] * 40))  # 160 MiB listed for 4 MiB of weights
     path.write_bytes(torch_save(torch, many))
     with pytest.raises(ModelFileError, match="modules shared by several parents list"):
         fastlayers.load(path)
@@ -1219,17 +1542,31 @@ def test_torch_sharded_indexes_naming_each_other(tmp_path):
         fastlayers.load_state_dict(tmp_path / "c.index.json")
 
 
-@pytest.mark.parametrize("edit,pattern", [
-    (lambda c: c.__dict__.update(padding=(2 ** 31, 2 ** 31)), r"attribute 'padding' is \(2147483648, "),
-    (lambda c: c.__dict__.update(padding=(5, 5)), r"padding \(5, 5\) is wider than the dilated kernel"),
-    (lambda c: c.__dict__.update(out_channels=2 ** 31), r"tensor 'weight' has shape \(4, 3, 3, 3\); its "
-                                                        r"attributes declare \(2147483648, 3, 3, 3\)"),
-    (lambda c: c.__dict__.update(kernel_size=(2 ** 31, 3)), r"tensor 'weight' .*its attributes declare"),
-    (lambda c: c.__dict__.update(stride=(0, 1)), r"attribute 'stride' is \(0, 1\)"),
-    (lambda c: c.__dict__.update(groups=0), r"attribute 'groups' is 0"),
-    (lambda c: c.__dict__.update(dilation=((), ())), "attribute 'dilation'"),
-], ids=["padding 2**31", "padding past the kernel", "out_channels 2**31", "kernel 2**31", "stride 0",
-        "groups 0", "nested dilation"])
+@pytest.mark.parametrize(
+    "edit,pattern",
+    [
+        (lambda c: c.__dict__.update(padding=(2**31, 2**31)), r"attribute 'padding' is \(2147483648, "),
+        (lambda c: c.__dict__.update(padding=(5, 5)), r"padding \(5, 5\) is wider than the dilated kernel"),
+        (
+            lambda c: c.__dict__.update(out_channels=2**31),
+            r"tensor 'weight' has shape \(4, 3, 3, 3\); its "
+            r"attributes declare \(2147483648, 3, 3, 3\)",
+        ),
+        (lambda c: c.__dict__.update(kernel_size=(2**31, 3)), r"tensor 'weight' .*its attributes declare"),
+        (lambda c: c.__dict__.update(stride=(0, 1)), r"attribute 'stride' is \(0, 1\)"),
+        (lambda c: c.__dict__.update(groups=0), r"attribute 'groups' is 0"),
+        (lambda c: c.__dict__.update(dilation=((), ())), "attribute 'dilation'"),
+    ],
+    ids=[
+        "padding 2**31",
+        "padding past the kernel",
+        "out_channels 2**31",
+        "kernel 2**31",
+        "stride 0",
+        "groups 0",
+        "nested dilation",
+    ],
+)
 def test_torch_module_attributes_are_validated(torch, tmp_path, edit, pattern):
     """A Conv's declared sizes must be its weight's, its geometry in range: refused at load,
     before anything is allocated (was: a 960 GiB workspace at call time)."""
@@ -1249,11 +1586,14 @@ def test_torch_linear_sizes_must_match_weights(torch, tmp_path):
     from fastlayers.errors import ModelFileError
 
     m = torch.nn.Sequential(torch.nn.Linear(3, 4))
-    m[0].__dict__["in_features"] = 10 ** 6
+    m[0].__dict__["in_features"] = 10**6
     path = tmp_path / "linear.pt"
     path.write_bytes(torch_save(torch, m))
-    with pytest.raises(ModelFileError, match=r"tensor 'weight' has shape \(4, 3\); its attributes "
-                                             r"declare \(4, 1000000\)"):
+    with pytest.raises(
+        ModelFileError,
+        match=r"tensor 'weight' has shape \(4, 3\); its attributes "
+        r"declare \(4, 1000000\)",
+    ):
         fastlayers.load(path)
 
 
@@ -1262,11 +1602,14 @@ def test_torch_zero_strides_cannot_expand_a_storage(torch, tmp_path):
     from fastlayers.errors import ModelFileError
 
     path = tmp_path / "expand.pt"
-    path.write_bytes(torch_save(torch, {"w": torch.as_strided(torch.zeros(1), (2 ** 20, 2 ** 20), (0, 0))}))
-    with pytest.raises(ModelFileError, match=r"expand.pt: tensor \(size \(1048576, 1048576\), stride "
-                                             r"\(0, 0\)\) copies 4398046511104 bytes"):
+    path.write_bytes(torch_save(torch, {"w": torch.as_strided(torch.zeros(1), (2**20, 2**20), (0, 0))}))
+    with pytest.raises(
+        ModelFileError,
+        match=r"expand.pt: tensor \(size \(1048576, 1048576\), stride "
+        r"\(0, 0\)\) copies 4398046511104 bytes",
+    ):
         fastlayers.load_state_dict(path)
-    small = tmp_path / "small.pt"   # an expanded tensor of legitimate size still loads
+    small = tmp_path / "small.pt"  # an expanded tensor of legitimate size still loads
     small.write_bytes(torch_save(torch, {"w": torch.ones(3).expand(4, 3)}))
     np.testing.assert_array_equal(fastlayers.load_state_dict(small)["w"], np.ones((4, 3), np.float32))
 

@@ -20,11 +20,13 @@ from ..conftest import in_threads
 T, I, U = 6, 4, 5
 
 CASES = [
-    ("LSTM", {}, False), ("LSTM", {"return_sequences": True, "go_backwards": True}, False),
+    ("LSTM", {}, False),
+    ("LSTM", {"return_sequences": True, "go_backwards": True}, False),
     ("GRU", {"return_sequences": True}, False),
     ("GRU", {"reset_after": False, "go_backwards": True}, False),
     ("SimpleRNN", {"return_state": True}, False),
-    ("LSTM", {"return_sequences": True}, "concat"), ("GRU", {}, "ave"),
+    ("LSTM", {"return_sequences": True}, "concat"),
+    ("GRU", {}, "ave"),
     ("SimpleRNN", {"return_sequences": True}, None),
 ]
 
@@ -38,6 +40,7 @@ def _case_id(case):
 def _pair(keras, rng, name, options, merge_mode=False, steps=T, units=U):
     """(keras model, our model with its weights): the recurrent layer (wrapped in
     Bidirectional unless ``merge_mode`` is False) on a (steps, I) input."""
+
     def build(lib, inp):
         layer = getattr(lib.layers if lib is keras else fl, name)(units, **options)
         if merge_mode is not False:
@@ -46,8 +49,7 @@ def _pair(keras, rng, name, options, merge_mode=False, steps=T, units=U):
         return (keras.Model if lib is keras else fastlayers.Model)(inp, layer(inp))
 
     k_model = build(keras, keras.Input((steps, I)))
-    k_model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32)
-                         for w in k_model.get_weights()])
+    k_model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32) for w in k_model.get_weights()])
     model = build(fastlayers, fastlayers.Input((steps, I)))
     model.set_weights(k_model.get_weights())
     return k_model, model
@@ -82,7 +84,7 @@ def test_bound_steps_match_call_and_keras(keras, rng, threads, name, options, me
     layer = model.layers[-1]
     for batch in (1, 3, 5):
         x = rng.standard_normal((batch, T, I)).astype(np.float32)
-        for xi in (x, x[:, ::-1]):                    # a strided layout binds on its own
+        for xi in (x, x[:, ::-1]):  # a strided layout binds on its own
             y = model(xi)
             assert not any(getattr(fn, "__self__", None) is layer for fn in _bound_functions(model, xi))
             _assert_equal(model(xi), y)
@@ -100,8 +102,7 @@ def test_bidirectional_runs_its_directions_at_once(keras, rng, monkeypatch):
     monkeypatch.setattr(_core, "rnn_loops", lambda calls: runs.append(len(calls)) or real(calls))
     try:
         fastlayers.set_num_threads(2)
-        k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat",
-                               steps=64, units=32)
+        k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat", steps=64, units=32)
         x = rng.standard_normal((4, 64, I)).astype(np.float32)
         y = model(x)
         _assert_equal(model(x), y)
@@ -119,14 +120,15 @@ def test_thread_count_changed_after_binding(rng, monkeypatch):
     before = _core.get_num_threads()
     built = []
     real = cpu_recurrent._LOOPS["lstm_sequence"]
-    monkeypatch.setitem(cpu_recurrent._LOOPS, "lstm_sequence",
-                        lambda *a, **k: built.append(k.get("shares")) or real(*a, **k))
+    monkeypatch.setitem(
+        cpu_recurrent._LOOPS, "lstm_sequence", lambda *a, **k: built.append(k.get("shares")) or real(*a, **k)
+    )
     model = fastlayers.Sequential([fastlayers.Input((20, I)), fl.LSTM(64, return_sequences=True)])
     x = rng.standard_normal((8, 20, I)).astype(np.float32)
     try:
         fastlayers.set_num_threads(1)
         y = model(x)
-        assert len(built) == 1                      # the binding
+        assert len(built) == 1  # the binding
         _assert_equal(model(x), y)
         assert len(built) == 1
         fastlayers.set_num_threads(2)
@@ -148,7 +150,7 @@ def test_replaced_and_edited_weights_are_followed(keras, rng, merge_mode):
     assert not np.allclose(y, before)
     _assert_equal(y, model._run_plan(x))
     for w in layer.weights:
-        w[...] *= 2                                  # in place: needs clear_derived
+        w[...] *= 2  # in place: needs clear_derived
     derived.clear_derived()
     y = model(x)
     _assert_equal(y, model._run_plan(x))
@@ -169,9 +171,14 @@ def test_calls_with_states_or_masks_stay_unbound(rng):
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_python_threads_share_a_bound_model(rng, threads):
-    model = fastlayers.Sequential([
-        fastlayers.Input((T, I)), fl.Bidirectional(fl.LSTM(U, return_sequences=True)),
-        fl.GRU(U, return_sequences=True), fl.SimpleRNN(3)])
+    model = fastlayers.Sequential(
+        [
+            fastlayers.Input((T, I)),
+            fl.Bidirectional(fl.LSTM(U, return_sequences=True)),
+            fl.GRU(U, return_sequences=True),
+            fl.SimpleRNN(3),
+        ]
+    )
     inputs = [rng.standard_normal((b, T, I)).astype(np.float32) for b in (1, 2, 3, 5)]
     want = [model._run_plan(x) for x in inputs]
 

@@ -34,8 +34,7 @@ def _python(code: str, **env_changes) -> subprocess.CompletedProcess:
             env.pop(k, None)
         else:
             env[k] = v
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 if not IN_CUDA_RUN:
@@ -54,7 +53,9 @@ if not IN_CUDA_RUN:
             "assert m.to('cpu') is m\n"
             "bad = [k for k in sys.modules if k.startswith(('numba.cuda', 'numba_cuda'))]\n"
             "assert not bad, bad\n"
-            "print('ok')\n", NUMBA_ENABLE_CUDASIM=None)
+            "print('ok')\n",
+            NUMBA_ENABLE_CUDASIM=None,
+        )
         assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
     def test_without_gpu_a_clear_error():
@@ -77,7 +78,9 @@ if not IN_CUDA_RUN:
             "        except UnsupportedError as e:\n"
             "            msgs.append(str(e))\n"
             "    assert len(msgs) == 3, msgs\n"
-            "    print('NOGPU', msgs[0])\n", NUMBA_ENABLE_CUDASIM=None)
+            "    print('NOGPU', msgs[0])\n",
+            NUMBA_ENABLE_CUDASIM=None,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         if proc.stdout.startswith("NOGPU"):
             assert "no usable GPU" in proc.stdout and "NUMBA_ENABLE_CUDASIM=1" in proc.stdout
@@ -87,16 +90,22 @@ if not IN_CUDA_RUN:
     def test_caching_allocator_block_sizes():
         """Requests share blocks by rounded size: 512-byte steps below 1 MiB, then eighths of
         the power of two (checked in a plain process: the module imports numba's driver)."""
-        proc = _python("from fastlayers.backends.cuda.memory import rounded\n"
-                       "print([rounded(n) for n in (1, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000)])",
-                       NUMBA_ENABLE_CUDASIM=None)
+        proc = _python(
+            "from fastlayers.backends.cuda.memory import rounded\n"
+            "print([rounded(n) for n in (1, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000)])",
+            NUMBA_ENABLE_CUDASIM=None,
+        )
         assert proc.stdout.strip() == "[512, 512, 1024, 1048576, 1179648, 3145728]", proc.stderr
 
     def test_cli_backend_cuda_without_gpu():
-        proc = subprocess.run([sys.executable, "-m", "fastlayers.cli", "--backend", "cuda", "demo",
-                               "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120, env={k: v for k, v in os.environ.items()
-                                                if k != "NUMBA_ENABLE_CUDASIM"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "fastlayers.cli", "--backend", "cuda", "demo", "--repeats", "1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"},
+        )
         if "no usable GPU" not in proc.stderr:  # a machine with a GPU runs the demo
             assert proc.returncode == 0, proc.stderr[-3000:]
         else:
@@ -106,8 +115,14 @@ if not IN_CUDA_RUN:
         """Typing and lowering for the GPU target, float32 only (tests/ops/cuda_lowering.py)."""
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
         env["PYTHONPATH"] = str(ROOT)
-        proc = subprocess.run([sys.executable, "tests/ops/cuda_lowering.py"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            [sys.executable, "tests/ops/cuda_lowering.py"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         assert "failures: []" in proc.stdout
 
@@ -131,6 +146,7 @@ if not IN_CUDA_RUN:
             fastlayers.get_ops("tpu")
 
 else:
+
     def test_host_arrays_go_to_the_device_with_c_strides():
         """numpy calls an array with odd strides on its length-1 axes contiguous; the device copy
         must have C strides everywhere (real numba.cuda refuses to reshape it otherwise)."""
@@ -171,8 +187,7 @@ else:
         from numba.cuda.simulator.cudadrv import devicearray as sim_array
 
         cls, internal, in_cache = sim_array.FakeCUDAArray, [0], [False]
-        saved = {n: cls.__dict__[n] for n in ("__getattr__", "__len__", "copy_to_host",
-                                              "copy_to_device")}
+        saved = {n: cls.__dict__[n] for n in ("__getattr__", "__len__", "copy_to_host", "copy_to_device")}
         saved_launch, saved_to_device = sim_kernel.FakeCUDAKernel.__call__, cuda.to_device
         saved_get = _runtime.WeightCache.get
 
@@ -207,16 +222,22 @@ else:
                 return saved_get(self, a, derive)
             finally:
                 in_cache[0] = False
-                assert counts["weights"] - uploads == len(self._entries) - entries, \
+                assert counts["weights"] - uploads == len(self._entries) - entries, (
                     "a weight was uploaded without being cached"
+                )
 
         def launch(self, *args):
-            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), \
+            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), (
                 f"host array given to kernel {self.fn.__name__}"
+            )
             return saved_launch(self, *args)
 
-        for name, fn in (("__getattr__", getattr_), ("__len__", len_),
-                         ("copy_to_host", copy_to_host), ("copy_to_device", copy_to_device)):
+        for name, fn in (
+            ("__getattr__", getattr_),
+            ("__len__", len_),
+            ("copy_to_host", copy_to_host),
+            ("copy_to_device", copy_to_device),
+        ):
             setattr(cls, name, fn)
         sim_kernel.FakeCUDAKernel.__call__, cuda.to_device = launch, to_device
         _runtime.WeightCache.get = cached_get
@@ -253,8 +274,9 @@ else:
                 in_cache[0] = False
 
         def launch(self, grid, block, args):
-            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), \
+            assert not any(isinstance(a, np.ndarray) and a.ndim for a in args), (
                 f"host array given to kernel {self.dispatcher.__name__}"
+            )
             return saved_launch(self, grid, block, args)
 
         driver_cls.to_device, driver_cls.to_host = to_device, to_host
@@ -274,27 +296,32 @@ else:
         TRANSFERS.reset()
         with fastlayers.use_ops("cuda"), _device_only() as counts:
             got = model(x)
-        for g, w in zip(got if isinstance(got, list) else [got],
-                        want if isinstance(want, list) else [want]):
+        for g, w in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
             assert isinstance(g, np.ndarray) and g.shape == w.shape and g.dtype == w.dtype
             assert_close(g, w, rtol=1e-4, atol=atol)
         n_in, n_out = len(model.inputs), len(model.outputs)
-        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.flag_reads,
-                TRANSFERS.host_fallbacks) == (n_in, n_out, flag_reads, 0)
+        assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.flag_reads, TRANSFERS.host_fallbacks) == (
+            n_in,
+            n_out,
+            flag_reads,
+            0,
+        )
         if counts is not None:
             assert (counts["in"], counts["out"]) == (n_in, n_out + flag_reads)
 
     def _cnn():
-        return fastlayers.Sequential([
-            fastlayers.Input((5, 5, 2)),
-            L.Conv2D(3, 3, padding="same", activation="relu"),
-            L.DepthwiseConv2D(3, padding="valid"),
-            L.MaxPooling2D(2, padding="same"),
-            L.AveragePooling2D(1),
-            L.Flatten(),
-            L.Dropout(0.5),
-            L.Dense(3, activation="softmax"),
-        ])
+        return fastlayers.Sequential(
+            [
+                fastlayers.Input((5, 5, 2)),
+                L.Conv2D(3, 3, padding="same", activation="relu"),
+                L.DepthwiseConv2D(3, padding="valid"),
+                L.MaxPooling2D(2, padding="same"),
+                L.AveragePooling2D(1),
+                L.Flatten(),
+                L.Dropout(0.5),
+                L.Dense(3, activation="softmax"),
+            ]
+        )
 
     def test_use_ops_cuda_model_is_device_resident(ops, rng):
         _assert_resident(_cnn(), _x(rng, 2, 5, 5, 2))
@@ -308,8 +335,7 @@ else:
             return self.ops.merge(super().call(x), self.two, "multiply")
 
     def test_a_layer_subclass_calling_ops_runs_on_the_device(ops, rng):
-        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), _Scaled(3),
-                                       L.Dense(2, activation="tanh")])
+        model = fastlayers.Sequential([fastlayers.Input((4,)), L.Dense(3), _Scaled(3), L.Dense(2, activation="tanh")])
         x = _x(rng, 2, 4)
         _assert_resident(model, x)
 
@@ -355,7 +381,7 @@ else:
     def test_the_cuda_guide_block_runs_as_written(ops, tmp_path, monkeypatch):
         from tests.test_readme import cuda_blocks, run_block
 
-        block, = cuda_blocks()          # docs/guide/cuda.md's example
+        (block,) = cuda_blocks()  # docs/guide/cuda.md's example
         monkeypatch.chdir(tmp_path)
         ns = run_block(block)
         with fastlayers.use_ops("reference"):
@@ -363,9 +389,10 @@ else:
         assert_close(ns["y"], expected, rtol=1e-4, atol=1e-5)
 
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":  # GPU sizes (the simulator is too slow)
-        @pytest.mark.parametrize("m, k, n, activation", [(2048, 1024, 4096, "gelu"),
-                                                         (1, 4096, 4096, "relu"),
-                                                         (777, 333, 1001, "softmax")])
+
+        @pytest.mark.parametrize(
+            "m, k, n, activation", [(2048, 1024, 4096, "gelu"), (1, 4096, 4096, "relu"), (777, 333, 1001, "softmax")]
+        )
         def test_dense_at_realistic_sizes(ops, rng, m, k, n, activation):
             """Grids far beyond the simulator's sizes (up to 256 x 128 blocks), and float32 accuracy
             of the fused product against float64 over long reductions."""
@@ -374,15 +401,22 @@ else:
             b = _x(rng, n)
             got = ops.dense(x, w, b, activation)
             want = fastlayers.get_ops("reference").activation(
-                (x.astype(np.float64) @ w + b).astype(np.float32), activation)
+                (x.astype(np.float64) @ w + b).astype(np.float32), activation
+            )
             assert_close(got, want, rtol=2e-4, atol=2e-5)
 
         def test_cnn_at_realistic_size_is_resident(ops, rng):
-            model = fastlayers.Sequential([
-                fastlayers.Input((64, 64, 3)), L.Conv2D(32, 3, padding="same", activation="relu"),
-                L.DepthwiseConv2D(3, padding="same"), L.MaxPooling2D(2),
-                L.Conv2D(64, 3, strides=2, padding="same", activation="relu"),
-                L.GlobalAveragePooling2D(), L.Dense(10, activation="softmax")])
+            model = fastlayers.Sequential(
+                [
+                    fastlayers.Input((64, 64, 3)),
+                    L.Conv2D(32, 3, padding="same", activation="relu"),
+                    L.DepthwiseConv2D(3, padding="same"),
+                    L.MaxPooling2D(2),
+                    L.Conv2D(64, 3, strides=2, padding="same", activation="relu"),
+                    L.GlobalAveragePooling2D(),
+                    L.Dense(10, activation="softmax"),
+                ]
+            )
             _assert_resident(model, _x(rng, 32, 64, 64, 3), atol=1e-5)
 
     def test_nn_module_to_cuda(ops, rng):
@@ -415,18 +449,18 @@ else:
         gpu = model.to("cuda")
         gpu(x)
         n = len(ops.weights)
-        assert n == 2                                   # kernel and bias, copied once
+        assert n == 2  # kernel and bias, copied once
         gpu(x)
-        assert len(ops.weights) == n                    # reused
+        assert len(ops.weights) == n  # reused
         kernel = model.layers[0].kernel
         assert ops.weights.get(kernel) is ops.weights.get(kernel)
         del kernel
         new_w = [_x(rng, 3, 2), _x(rng, 2)]
-        model.set_weights(new_w)                        # new host arrays: new device copies
+        model.set_weights(new_w)  # new host arrays: new device copies
         assert_close(gpu(x), x @ new_w[0] + new_w[1], atol=1e-5)
         gc.collect()
-        assert len(ops.weights) == n                    # the replaced arrays' entries are gone
-        model.layers[0].kernel[...] = 0                 # in place: not seen until cleared
+        assert len(ops.weights) == n  # the replaced arrays' entries are gone
+        model.layers[0].kernel[...] = 0  # in place: not seen until cleared
         ops.clear_weight_cache()
         assert_close(gpu(x), np.broadcast_to(new_w[1], (2, 2)), atol=1e-6)
 
@@ -450,8 +484,9 @@ else:
 
     def test_missing_numba_cuda_package(monkeypatch):
         real = _runtime.importlib.util.find_spec
-        monkeypatch.setattr(_runtime.importlib.util, "find_spec",
-                            lambda name, *a: None if name == "numba_cuda" else real(name, *a))
+        monkeypatch.setattr(
+            _runtime.importlib.util, "find_spec", lambda name, *a: None if name == "numba_cuda" else real(name, *a)
+        )
         with pytest.raises(UnsupportedError, match=r"fastlayers\[cuda\]"):
             _runtime.load_cuda()
 
@@ -475,7 +510,7 @@ else:
     def test_nn_recurrent_modules_on_cuda(ops, rng):
         """torch-style modules have no graph: their sequence primitives run on the device."""
         nn = fastlayers.nn
-        xs = _x(rng, 3, 2, 2)   # (T, B, I)
+        xs = _x(rng, 3, 2, 2)  # (T, B, I)
         for net in (nn.LSTM(2, 3, num_layers=2), nn.GRU(2, 3, bidirectional=True)):
             y_want, _ = net(xs)
             y_got, _ = net.to("cuda")(xs)
@@ -497,67 +532,81 @@ else:
         q_in, v_in = fastlayers.Input((3, 4)), fastlayers.Input((2, 4))
         mask_in = fastlayers.Input((3, 2))
         mha, scores = L.MultiHeadAttention(2, 3, value_dim=2, output_shape=5)(
-            q_in, v_in, attention_mask=mask_in, return_attention_scores=True)
-        outs = [mha, scores,
-                L.Attention(use_scale=True)([q_in, v_in], use_causal_mask=True),
-                L.Attention(score_mode="concat", use_scale=True)([q_in, v_in]),
-                L.AdditiveAttention()([q_in, v_in, v_in], return_attention_scores=True)[1],
-                L.HardAttention(use_scale=True)([q_in, v_in], use_causal_mask=True)]
+            q_in, v_in, attention_mask=mask_in, return_attention_scores=True
+        )
+        outs = [
+            mha,
+            scores,
+            L.Attention(use_scale=True)([q_in, v_in], use_causal_mask=True),
+            L.Attention(score_mode="concat", use_scale=True)([q_in, v_in]),
+            L.AdditiveAttention()([q_in, v_in, v_in], return_attention_scores=True)[1],
+            L.HardAttention(use_scale=True)([q_in, v_in], use_causal_mask=True),
+        ]
         model = fastlayers.Model([q_in, v_in, mask_in], outs)
         for layer in model.layers:
             if isinstance(layer, L.Attention) and layer.use_scale:
                 layer.set_weights([np.array(-1.7, np.float32)] + layer.get_weights()[1:])
         mask = (rng.random((2, 3, 2)) > 0.3).astype(np.float32)
-        mask[0, 1] = 0                                    # a fully masked query
+        mask[0, 1] = 0  # a fully masked query
         _assert_resident(model, [_x(rng, 2, 3, 4), _x(rng, 2, 2, 4), mask])
 
     def test_conv_transpose_and_upsampling_model_is_device_resident(ops, rng):
-        model = fastlayers.Sequential([
-            fastlayers.Input((2, 2, 1)),
-            L.Conv2DTranspose(2, 3, strides=2, padding="same", activation="relu"),    # (4, 4)
-            L.UpSampling2D((1, 2)),                                                    # (4, 8)
-            L.Conv2DTranspose(1, 2, strides=(2, 1), dilation_rate=(1, 2), padding="same",
-                              output_padding=(1, 0)),                                 # (8, 8)
-            L.UpSampling2D((2, 1), interpolation="bilinear"),
-            L.UpSampling2D((1, 2), interpolation="bilinear", align_corners=True),
-        ])
+        model = fastlayers.Sequential(
+            [
+                fastlayers.Input((2, 2, 1)),
+                L.Conv2DTranspose(2, 3, strides=2, padding="same", activation="relu"),  # (4, 4)
+                L.UpSampling2D((1, 2)),  # (4, 8)
+                L.Conv2DTranspose(
+                    1, 2, strides=(2, 1), dilation_rate=(1, 2), padding="same", output_padding=(1, 0)
+                ),  # (8, 8)
+                L.UpSampling2D((2, 1), interpolation="bilinear"),
+                L.UpSampling2D((1, 2), interpolation="bilinear", align_corners=True),
+            ]
+        )
         _assert_resident(model, _x(rng, 1, 2, 2, 1))
 
     def test_channels_first_cnn_is_device_resident(ops, rng):
         cf = {"data_format": "channels_first"}
-        model = fastlayers.Sequential([
-            fastlayers.Input((2, 6, 6)),
-            L.Conv2D(3, 3, padding="same", activation="relu", **cf),
-            L.BatchNormalization(axis=1),
-            L.DepthwiseConv2D(3, **cf),
-            L.MaxPooling2D(2, **cf),
-            L.LocalResponseNormalization(1, **cf),
-            L.UpSampling2D(2, **cf),
-            L.SeparableConv2D(2, 3, **cf),
-            L.ZeroPadding2D(1, **cf),
-            L.Cropping2D(((1, 0), (0, 1)), **cf),
-            L.AveragePooling2D(2, **cf),
-            L.Conv2D(2, 1, use_bias=False, **cf),
-            L.Flatten(**cf),
-        ])
+        model = fastlayers.Sequential(
+            [
+                fastlayers.Input((2, 6, 6)),
+                L.Conv2D(3, 3, padding="same", activation="relu", **cf),
+                L.BatchNormalization(axis=1),
+                L.DepthwiseConv2D(3, **cf),
+                L.MaxPooling2D(2, **cf),
+                L.LocalResponseNormalization(1, **cf),
+                L.UpSampling2D(2, **cf),
+                L.SeparableConv2D(2, 3, **cf),
+                L.ZeroPadding2D(1, **cf),
+                L.Cropping2D(((1, 0), (0, 1)), **cf),
+                L.AveragePooling2D(2, **cf),
+                L.Conv2D(2, 1, use_bias=False, **cf),
+                L.Flatten(**cf),
+            ]
+        )
         model.layers[1].set_weights([_x(rng, 3), _x(rng, 3), _x(rng, 3), np.abs(_x(rng, 3)) + 0.5])
         _assert_resident(model, _x(rng, 2, 2, 6, 6))
-        model_1d = fastlayers.Sequential([
-            fastlayers.Input((2, 7)), L.Conv1D(3, 3, padding="same", **cf),
-            L.MaxPooling1D(2, **cf), L.GlobalAveragePooling1D(**cf)])
+        model_1d = fastlayers.Sequential(
+            [
+                fastlayers.Input((2, 7)),
+                L.Conv1D(3, 3, padding="same", **cf),
+                L.MaxPooling1D(2, **cf),
+                L.GlobalAveragePooling1D(**cf),
+            ]
+        )
         _assert_resident(model_1d, _x(rng, 2, 2, 7))
 
     def test_core_reshaping_and_block_layers_are_device_resident(ops, rng):
         x_in = fastlayers.Input((4, 3))
         h = L.ZeroPadding1D((1, 2))(x_in)
-        h = L.Cropping1D((2, 0))(L.SpatialDropout1D(0.3)(h))                       # (5, 3)
+        h = L.Cropping1D((2, 0))(L.SpatialDropout1D(0.3)(h))  # (5, 3)
         h = L.Rescaling([0.5, 2.0, -1.0], 0.25)(h)
         h = L.ReLU(max_value=1.5, negative_slope=0.1, threshold=-0.2)(h)
         h = L.Normalization(mean=[0.1, 0.2, 0.3], variance=[1.0, 4.0, 0.0])(h)
-        h = L.Softmax(axis=1)(L.Permute((2, 1))(h))                                 # (3, 5)
+        h = L.Softmax(axis=1)(L.Permute((2, 1))(h))  # (3, 5)
         h = L.Reshape((5, 3))(h)
         r = L.RepeatVector(5)(L.Flatten()(L.Reshape((-1,))(L.GlobalMaxPooling1D()(h))))
-        h = L.Multiply()([L.Subtract()([h, r]), L.Dense(1)(h)])                    # broadcasts
+        h = L.Multiply()([L.Subtract()([h, r]), L.Dense(1)(h)])  # broadcasts
         inner = fastlayers.Sequential([fastlayers.Input((5, 3)), L.Dense(4, activation="elu")])
         h = L.Average()([inner(h), L.Dense(4)(h), L.Dense(4)(h)])
         h = L.Reshape((5, 2, 2))(h)
@@ -576,8 +625,9 @@ else:
         p = L.HierarchicalSoftmax(3)([L.Flatten()(pooled), classes_in])
         model = fastlayers.Model([feats_in, rois_in, classes_in], [pooled, p])
         rois = np.array([[0, 0, 0, 8, 9], [1, 1.4, 2.5, 9, 9]], np.float32)  # (K, 5), K = batch
-        _assert_resident(model, [_x(rng, 2, 6, 5, 2), rois, np.array([0, 2], np.int32)],
-                         flag_reads=2)  # one per checking layer: the rois, the classes
+        _assert_resident(
+            model, [_x(rng, 2, 6, 5, 2), rois, np.array([0, 2], np.int32)], flag_reads=2
+        )  # one per checking layer: the rois, the classes
 
     def test_value_checks_raise_the_layers_own_errors(ops, rng):
         """Indices are checked in the kernels; a bad one raises what the cpu backend raises."""
@@ -620,17 +670,17 @@ else:
             assert_close(g, w, rtol=1e-4, atol=1e-5)
         assert (TRANSFERS.to_device, TRANSFERS.to_host, TRANSFERS.host_fallbacks) == (1, 2, 0)
 
-
     @pytest.mark.parametrize("padding", ["causal", "same", "valid"])
     def test_1d_model_is_device_resident(ops, rng, padding):
-        model = fastlayers.Sequential([
-            fastlayers.Input((7, 2)),
-            L.Conv1D(3, 3, padding=padding, dilation_rate=2 if padding != "valid" else 1,
-                     activation="relu"),
-            L.MaxPooling1D(2, padding="same"),
-            L.AveragePooling1D(1),
-            L.GlobalAveragePooling1D(),
-        ])
+        model = fastlayers.Sequential(
+            [
+                fastlayers.Input((7, 2)),
+                L.Conv1D(3, 3, padding=padding, dilation_rate=2 if padding != "valid" else 1, activation="relu"),
+                L.MaxPooling1D(2, padding="same"),
+                L.AveragePooling1D(1),
+                L.GlobalAveragePooling1D(),
+            ]
+        )
         x = _x(rng, 2, 7, 2)
         want = model(x)
         TRANSFERS.reset()

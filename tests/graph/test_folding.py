@@ -25,8 +25,7 @@ RECURRENT = {
 
 
 def randomize(model, rng):
-    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) * 0.5
-                       for w in model.get_weights()])
+    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) * 0.5 for w in model.get_weights()])
 
 
 def folded_steps(model):
@@ -62,7 +61,7 @@ def test_folded_layer_keeps_the_padding_mask(rng, backend):
     model, emb, rnn = text_model(rng, "lstm", mask_zero=True)
     ids = rng.integers(1, VOCAB, (4, T))
     ids[0, 3:] = 0
-    ids[1, :] = 0                      # no valid step at all
+    ids[1, :] = 0  # no valid step at all
     assert folded_steps(model) == 1
     assert_close(model(ids), unfolded(model, emb, rnn, ids, mask=ids != 0), atol=1e-5)
 
@@ -95,11 +94,11 @@ def test_new_weights_reach_the_folded_table(rng):
     model, emb, rnn = text_model(rng, "gru")
     ids = rng.integers(0, VOCAB, (3, T))
     before = model(ids)
-    randomize(model, rng)                       # new arrays for the table, kernel and bias
+    randomize(model, rng)  # new arrays for the table, kernel and bias
     after = model(ids)
     assert not np.allclose(before, after)
     assert_close(after, unfolded(model, emb, rnn, ids), atol=1e-5)
-    emb.embeddings[...] = 0                     # an edit in place needs clear_derived()
+    emb.embeddings[...] = 0  # an edit in place needs clear_derived()
     clear_derived()
     assert_close(model(ids), unfolded(model, emb, rnn, ids), atol=1e-5)
 
@@ -121,8 +120,7 @@ def test_folds_only_an_embedding_read_by_the_recurrent_layer_alone(rng, monkeypa
 
 def test_stacked_recurrent_model_folds_the_first_layer(rng):
     ids_in = Input((T,), dtype="int64")
-    emb, first, second = L.Embedding(VOCAB, EMBED), L.LSTM(UNITS, return_sequences=True), \
-        L.LSTM(UNITS)
+    emb, first, second = L.Embedding(VOCAB, EMBED), L.LSTM(UNITS, return_sequences=True), L.LSTM(UNITS)
     model = Model(ids_in, second(first(emb(ids_in))))
     randomize(model, rng)
     assert folded_steps(model) == 1

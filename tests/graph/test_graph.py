@@ -104,8 +104,18 @@ def test_summary_lists_layers_shapes_and_params(capsys):
     model = Model(x, L.Dense(2, name="out")(h), name="tiny")
     model.summary()
     text = capsys.readouterr().out
-    for piece in ['Model: "tiny"', "features (InputLayer)", "hidden (Dense)", "(None, 4)", "36",
-                  "out (Dense)", "(None, 2)", "10", "Total params: 46", "hidden[0]"]:
+    for piece in [
+        'Model: "tiny"',
+        "features (InputLayer)",
+        "hidden (Dense)",
+        "(None, 4)",
+        "36",
+        "out (Dense)",
+        "(None, 2)",
+        "10",
+        "Total params: 46",
+        "hidden[0]",
+    ]:
         assert piece in text, piece
 
 
@@ -183,8 +193,9 @@ def test_integer_and_float64_inputs_are_cast_to_float32(backend):
 
 
 def test_nan_propagates_without_crashing(backend):
-    model = Sequential([Input((4,)), L.Dense(3, activation="relu"), L.LayerNormalization(),
-                        L.Dense(2, activation="softmax")])
+    model = Sequential(
+        [Input((4,)), L.Dense(3, activation="relu"), L.LayerNormalization(), L.Dense(2, activation="softmax")]
+    )
     x = np.ones((2, 4), np.float32)
     x[0, 1] = np.nan
     y = model(x)
@@ -252,14 +263,16 @@ def test_cuda_without_numba_cuda_says_how_to_install():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "sys.modules['numba'] = sys.modules['numba_cuda'] = None  # as if not installed\n"
-            "import fastlayers\n"
-            "from fastlayers.errors import UnsupportedError\n"
-            "try:\n"
-            "    fastlayers.use_ops('cuda').__enter__()\n"
-            "except UnsupportedError as e:\n"
-            "    print(e)\n")
+    code = (
+        "import sys\n"
+        "sys.modules['numba'] = sys.modules['numba_cuda'] = None  # as if not installed\n"
+        "import fastlayers\n"
+        "from fastlayers.errors import UnsupportedError\n"
+        "try:\n"
+        "    fastlayers.use_ops('cuda').__enter__()\n"
+        "except UnsupportedError as e:\n"
+        "    print(e)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'fastlayers[cuda]'" in proc.stdout

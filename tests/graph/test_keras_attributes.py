@@ -21,11 +21,20 @@ from ..conftest import assert_close
 def keras_architectures(keras):
     K = keras.layers
     models = {}
-    models["sequential"] = keras.Sequential([
-        keras.Input((6,), name="pixels"), K.Dense(5, activation="relu"),
-        K.Dense(3, activation="softmax", name="probs")], name="seq")
-    models["sequential_fixed_batch"] = keras.Sequential([   # unnamed input, batch size given
-        keras.Input(batch_shape=(2, 6)), K.Dense(4, activation="tanh")])
+    models["sequential"] = keras.Sequential(
+        [
+            keras.Input((6,), name="pixels"),
+            K.Dense(5, activation="relu"),
+            K.Dense(3, activation="softmax", name="probs"),
+        ],
+        name="seq",
+    )
+    models["sequential_fixed_batch"] = keras.Sequential(
+        [  # unnamed input, batch size given
+            keras.Input(batch_shape=(2, 6)),
+            K.Dense(4, activation="tanh"),
+        ]
+    )
     x = keras.Input(batch_shape=(3, 4), name="x")
     models["functional_1_1_fixed_batch"] = keras.Model(x, K.Dense(2, name="y")(x))
     a, b = keras.Input((4,), name="a"), keras.Input((3, 2), name="b")
@@ -41,14 +50,20 @@ def keras_architectures(keras):
     return models
 
 
-NAMES = ["sequential", "sequential_fixed_batch", "functional_1_1_fixed_batch", "functional_2_2",
-         "functional_2_1", "functional_1_2", "functional_list_of_one",
-         "functional_multi_output_layer"]
+NAMES = [
+    "sequential",
+    "sequential_fixed_batch",
+    "functional_1_1_fixed_batch",
+    "functional_2_2",
+    "functional_2_1",
+    "functional_1_2",
+    "functional_list_of_one",
+    "functional_multi_output_layer",
+]
 
 
 def batch_for(model, rng):
-    xs = [rng.standard_normal([2 if d is None else d for d in t.shape]).astype(np.float32)
-          for t in model.inputs]
+    xs = [rng.standard_normal([2 if d is None else d for d in t.shape]).astype(np.float32) for t in model.inputs]
     return xs if len(xs) > 1 else xs[0]
 
 
@@ -59,11 +74,9 @@ def pairs(keras, tmp_path_factory):
     root = tmp_path_factory.mktemp("keras_attributes")
     result = {}
     for name, model in keras_architectures(keras).items():
-        model.set_weights([rng.uniform(-0.5, 0.5, np.shape(w)).astype(np.float32)
-                           for w in model.get_weights()])
+        model.set_weights([rng.uniform(-0.5, 0.5, np.shape(w)).astype(np.float32) for w in model.get_weights()])
         model.save(root / f"{name}.keras")
-        result[name] = (keras.saving.load_model(root / f"{name}.keras"),
-                        fastlayers.load(root / f"{name}.keras"))
+        result[name] = (keras.saving.load_model(root / f"{name}.keras"), fastlayers.load(root / f"{name}.keras"))
     return result
 
 
@@ -86,7 +99,7 @@ def test_shapes_match_keras(pairs, name):
 def test_input_and_output_tensors_match_keras(pairs, name):
     k, f = pairs[name]
     assert type(f.inputs) is list and type(f.outputs) is list
-    assert [t.name for t in f.inputs] == [t.name for t in k.inputs]   # the InputLayer names
+    assert [t.name for t in f.inputs] == [t.name for t in k.inputs]  # the InputLayer names
     assert [structure(t.shape) for t in f.inputs] == [structure(t.shape) for t in k.inputs]
     assert [structure(t.shape) for t in f.outputs] == [structure(t.shape) for t in k.outputs]
     assert f.input_names == [t.name for t in k.inputs]
@@ -135,8 +148,7 @@ def test_json_round_trip(pairs, name):
     x = batch_for(f, np.random.default_rng(2))
     got, expected = clone.predict_on_batch(x), f.predict_on_batch(x)
     assert type(got) is type(expected)
-    for g, e in zip(got if isinstance(got, list) else [got],
-                    expected if isinstance(expected, list) else [expected]):
+    for g, e in zip(got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]):
         np.testing.assert_array_equal(g, e)
 
 
@@ -166,7 +178,7 @@ def test_attributes_of_models_built_with_fastlayers():
     model = Model(x, [shared(y), y])
     assert [t.name for t in model.outputs] == ["shared/call_2", "add"]
     assert model.output_names == ["shared", "add"] and model.output_shape == [(None, 4), (None, 4)]
-    one = Model(x, [L.Dense(2)(x)])   # outputs given as a list of one: a tuple, as Keras
+    one = Model(x, [L.Dense(2)(x)])  # outputs given as a list of one: a tuple, as Keras
     assert one.output_shape == (None, 2)
     assert type(one.predict_on_batch(np.ones((3, 4)))) is np.ndarray
     unbuilt = Sequential([L.Dense(2)])
@@ -174,7 +186,7 @@ def test_attributes_of_models_built_with_fastlayers():
         assert not hasattr(unbuilt, attribute)
     with pytest.raises(AttributeError, match="no defined input shape yet"):
         unbuilt.input_shape
-    assert unbuilt.predict_on_batch(np.ones((2, 5))).shape == (2, 2)   # builds, as Keras
+    assert unbuilt.predict_on_batch(np.ones((2, 5))).shape == (2, 2)  # builds, as Keras
     assert unbuilt.input_shape == (None, 5) and unbuilt.output_shape == (None, 2)
 
 
@@ -196,46 +208,91 @@ def test_to_json_refuses_what_the_format_cannot_rebuild():
         Wrapper(x, L.Dense(2)(x)).to_json()
     rescale = L.Rescaling(2.0, name="rescale")
     model = Sequential([Input((3,)), rescale])
-    rescale.scale = object()   # an option JSON cannot hold
+    rescale.scale = object()  # an option JSON cannot hold
     with pytest.raises(UnsupportedError, match="cannot be written as JSON: a layer option"):
         model.to_json()
 
 
-SEQ = {"class_name": "Sequential", "config": {"name": "s", "batch_shape": [None, 3],
-                                                "layers": [{"class_name": "Dense",
-                                                            "config": {"name": "d", "units": 2}}]}}
+SEQ = {
+    "class_name": "Sequential",
+    "config": {
+        "name": "s",
+        "batch_shape": [None, 3],
+        "layers": [{"class_name": "Dense", "config": {"name": "d", "units": 2}}],
+    },
+}
 
 
 def header(model=SEQ, **fields):
     return json.dumps({"format": "fastlayers-model", "version": 1, "model": model, **fields})
 
 
-@pytest.mark.parametrize("text, error, match", [
-    ("", ModelFileError, "not valid JSON"),
-    (header()[:-5], ModelFileError, "not valid JSON"),
-    (b"\xff\xfe\x00", ModelFileError, "not valid JSON"),
-    ("[" * 100_000, ModelFileError, "not valid JSON"),
-    ("[1, 2]", ModelFileError, "not a fastlayers architecture"),
-    (json.dumps({"format": "other", "model": SEQ}), ModelFileError, "format str 'other'"),
-    (json.dumps(SEQ), ModelFileError, "Keras's own to_json"),
-    (header(version="1"), ModelFileError, "malformed format version"),
-    (header(version=99), UnsupportedError, "newer fastlayers"),
-    (header(model=None), ModelFileError, "model: expected an object with a string 'class_name'"),
-    (header(model={"class_name": "Sequential", "config": {}}), ModelFileError,
-     "model.config.layers: expected a list of layers"),
-    (header(model={"class_name": "Sequential", "config": {**SEQ["config"], "layers": [
-        {"class_name": "Lambda", "config": {"name": "evil", "function": "os.system"}}]}}),
-     UnsupportedError, "'evil' has unknown class 'Lambda'"),
-    (header(model={"class_name": "Sequential", "config": {**SEQ["config"], "layers": [
-        {"class_name": "Nope", "config": [1]}]}}), ModelFileError,
-     r"layers\[0\]: expected an object with a string 'class_name' and an object 'config'"),
-    (header(model={"class_name": "Sequential", "config": {**SEQ["config"], "layers": [
-        {"class_name": "Dense", "config": {"name": "d", "units": "many"}}]}}),
-     ModelFileError, r"'d' \(Dense\) has an invalid config"),
-    (header(model={"class_name": "Model", "config": {"name": "m", "layers": [], "nodes": [],
-                                                     "inputs": [[0, 0]], "outputs": [[5, 0]]}}),
-     ModelFileError, r"model 'm' inputs: \[0, 0\] points at no earlier node output"),
-])
+@pytest.mark.parametrize(
+    "text, error, match",
+    [
+        ("", ModelFileError, "not valid JSON"),
+        (header()[:-5], ModelFileError, "not valid JSON"),
+        (b"\xff\xfe\x00", ModelFileError, "not valid JSON"),
+        ("[" * 100_000, ModelFileError, "not valid JSON"),
+        ("[1, 2]", ModelFileError, "not a fastlayers architecture"),
+        (json.dumps({"format": "other", "model": SEQ}), ModelFileError, "format str 'other'"),
+        (json.dumps(SEQ), ModelFileError, "Keras's own to_json"),
+        (header(version="1"), ModelFileError, "malformed format version"),
+        (header(version=99), UnsupportedError, "newer fastlayers"),
+        (header(model=None), ModelFileError, "model: expected an object with a string 'class_name'"),
+        (
+            header(model={"class_name": "Sequential", "config": {}}),
+            ModelFileError,
+            "model.config.layers: expected a list of layers",
+        ),
+        (
+            header(
+                model={
+                    "class_name": "Sequential",
+                    "config": {
+                        **SEQ["config"],
+                        "layers": [{"class_name": "Lambda", "config": {"name": "evil", "function": "os.system"}}],
+                    },
+                }
+            ),
+            UnsupportedError,
+            "'evil' has unknown class 'Lambda'",
+        ),
+        (
+            header(
+                model={
+                    "class_name": "Sequential",
+                    "config": {**SEQ["config"], "layers": [{"class_name": "Nope", "config": [1]}]},
+                }
+            ),
+            ModelFileError,
+            r"layers\[0\]: expected an object with a string 'class_name' and an object 'config'",
+        ),
+        (
+            header(
+                model={
+                    "class_name": "Sequential",
+                    "config": {
+                        **SEQ["config"],
+                        "layers": [{"class_name": "Dense", "config": {"name": "d", "units": "many"}}],
+                    },
+                }
+            ),
+            ModelFileError,
+            r"'d' \(Dense\) has an invalid config",
+        ),
+        (
+            header(
+                model={
+                    "class_name": "Model",
+                    "config": {"name": "m", "layers": [], "nodes": [], "inputs": [[0, 0]], "outputs": [[5, 0]]},
+                }
+            ),
+            ModelFileError,
+            r"model 'm' inputs: \[0, 0\] points at no earlier node output",
+        ),
+    ],
+)
 def test_model_from_json_refuses_bad_json(text, error, match):
     with pytest.raises(error, match=match):
         fastlayers.model_from_json(text)
@@ -250,14 +307,15 @@ def test_model_from_json_mutated_architectures_raise_only_fastlayers_errors():
     x = Input((4,), name="a")
     h = L.Concatenate(name="cat")([L.Dense(3, name="d1")(x), x])
     inner = Sequential([Input((7,)), L.LayerNormalization(name="ln")], name="inner")
-    seeds = [json.loads(Model(x, [L.Dense(2, name="o")(inner(h)), h], name="m").to_json()),
-             json.loads(Sequential([Input((5,)), L.Dense(3), L.Dense(2)]).to_json())]
-    odd = [None, 0, -1, 1.5, "x", [], {}, [0], [[0, 0]], True, 10 ** 30, [None, 3], "Dense", "Model"]
+    seeds = [
+        json.loads(Model(x, [L.Dense(2, name="o")(inner(h)), h], name="m").to_json()),
+        json.loads(Sequential([Input((5,)), L.Dense(3), L.Dense(2)]).to_json()),
+    ]
+    odd = [None, 0, -1, 1.5, "x", [], {}, [0], [[0, 0]], True, 10**30, [None, 3], "Dense", "Model"]
 
     def paths(value, path=()):
         yield path
-        items = value.items() if isinstance(value, dict) else \
-            enumerate(value) if isinstance(value, list) else ()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             yield from paths(item, (*path, key))
 
@@ -275,7 +333,7 @@ def test_model_from_json_mutated_architectures_raise_only_fastlayers_errors():
                 else:
                     parent[path[-1]] = copy.deepcopy(rnd.choice(odd))
             except (KeyError, IndexError, TypeError):
-                pass   # an earlier mutation replaced part of this path
+                pass  # an earlier mutation replaced part of this path
         text = json.dumps(doc)
         try:
             fastlayers.model_from_json(text)

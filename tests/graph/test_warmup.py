@@ -22,14 +22,15 @@ def _derived_entries():
     return len(derived._cache)
 
 
-@pytest.mark.parametrize("name, packs", [("digits_mlp", False), ("digits_cnn", True),
-                                         ("digits_lstm", True), ("digits_transformer", True)])
+@pytest.mark.parametrize(
+    "name, packs", [("digits_mlp", False), ("digits_cnn", True), ("digits_lstm", True), ("digits_transformer", True)]
+)
 def test_load_warms_up_and_results_do_not_change(name, packs):
     """(The Dense products of one row run unpacked: the MLP packs nothing at batch 1; the
     Transformer packs its Conv1D kernel.)"""
     derived.clear_derived()
     cold = fastlayers.load(DATA / f"{name}.flm", warm_up=False)
-    assert _derived_entries() == 0          # nothing packed before a call
+    assert _derived_entries() == 0  # nothing packed before a call
     warm = fastlayers.load(DATA / f"{name}.flm")
     assert (_derived_entries() > 0) == packs
     assert cold.warm_up() is True
@@ -39,11 +40,11 @@ def test_load_warms_up_and_results_do_not_change(name, packs):
 
 def test_model_warm_up_result():
     m = fastlayers.Sequential([layers.Dense(4)])
-    assert m.warm_up() is False             # not built: no input shape yet
+    assert m.warm_up() is False  # not built: no input shape yet
     m = fastlayers.Sequential([fastlayers.Input((None, 3)), layers.LSTM(5)])
-    assert m.warm_up() is True              # free time axis: FREE_SIZE steps
+    assert m.warm_up() is True  # free time axis: FREE_SIZE steps
     big = fastlayers.Sequential([fastlayers.Input((warmup.MAX_ELEMENTS + 1,)), layers.Dense(1)])
-    assert big.warm_up() is False           # inputs too large to make
+    assert big.warm_up() is False  # inputs too large to make
 
 
 def test_a_model_that_refuses_zeros_still_loads(tmp_path):
@@ -53,10 +54,13 @@ def test_a_model_that_refuses_zeros_still_loads(tmp_path):
     from onnx import TensorProto, helper
 
     shape = helper.make_tensor("s", TensorProto.INT64, [2], [-1, 3])
-    graph = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[shape])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[shape],
+    )
     path = tmp_path / "m.onnx"
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     m = fastlayers.load(path)
@@ -66,8 +70,7 @@ def test_a_model_that_refuses_zeros_still_loads(tmp_path):
 
 def test_zeros_like_inputs():
     arrays = warmup.zeros_like_inputs([((None, 3, None), np.float32), ((2,), np.int64)])
-    assert [(a.shape, a.dtype) for a in arrays] == [((1, 3, warmup.FREE_SIZE), np.float32),
-                                                    ((2,), np.int64)]
+    assert [(a.shape, a.dtype) for a in arrays] == [((1, 3, warmup.FREE_SIZE), np.float32), ((2,), np.int64)]
     assert not any(a.any() for a in arrays)
     assert warmup.zeros_like_inputs([(None, np.float32)]) is None
 
@@ -85,8 +88,7 @@ def test_one_rule_decides_every_warm_up(tmp_path):
     assert not warmup.in_proportion(warmup.MAX_ELEMENTS + 1, 10 * warmup.MAX_ELEMENTS)
     # a layer graph: 16 inputs repeated into a (rows, 16) activation, 136 weights
     for rows, expected in [(floor // 16, True), (floor // 16 + 1, False)]:
-        m = fastlayers.Sequential([fastlayers.Input((16,)), layers.RepeatVector(rows),
-                                   layers.Dense(8)])
+        m = fastlayers.Sequential([fastlayers.Input((16,)), layers.RepeatVector(rows), layers.Dense(8)])
         assert m.warm_up() is expected
     # an ONNX graph with the same 136 weights: its declared inputs are what is known
     for rows, expected in [(floor // 16, True), (floor // 16 + 1, False)]:

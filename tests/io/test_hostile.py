@@ -59,7 +59,7 @@ def patch_zip_field(data: bytes, field: str, value: int, name_bytes: bytes | Non
         at = buf.find(magic)
         while at != -1:
             lo, hi = offsets[field]
-            buf[at + lo + shift:at + hi + shift] = value.to_bytes(2, "little")
+            buf[at + lo + shift : at + hi + shift] = value.to_bytes(2, "little")
             at = buf.find(magic, at + 1)
     return bytes(buf)
 
@@ -71,7 +71,7 @@ def test_zip_name_not_utf8(tmp_path, fmt):
     data = bytearray(patch_zip_field(zip_seeds(tmp_path)[fmt], "flags", 0x800))
     first = data.find(b"PK\x01\x02")
     name_len = struct.unpack_from("<H", data, first + 28)[0]
-    data[first + 46:first + 46 + name_len] = b"\xff" * name_len
+    data[first + 46 : first + 46 + name_len] = b"\xff" * name_len
     path = tmp_path / f"name.{fmt}"
     path.write_bytes(bytes(data))
     refused(path, match="not a readable")
@@ -82,11 +82,13 @@ def test_zip_version_encryption_and_methods(tmp_path, fmt):
     """NotImplementedError (zip version 25.5, a compression method), RuntimeError (the
     encryption flag), strong encryption: all refused before a member is read."""
     seed = zip_seeds(tmp_path)[fmt]
-    cases = {"version": (patch_zip_field(seed, "version", 255), "readable"),
-             "encrypted": (patch_zip_field(seed, "flags", 0x1), "encrypted"),
-             "strong": (patch_zip_field(seed, "flags", 0x41), "encrypted"),
-             "method99": (patch_zip_field(seed, "method", 99), "compression method 99"),
-             "lzma": (patch_zip_field(seed, "method", zipfile.ZIP_LZMA), "lzma")}
+    cases = {
+        "version": (patch_zip_field(seed, "version", 255), "readable"),
+        "encrypted": (patch_zip_field(seed, "flags", 0x1), "encrypted"),
+        "strong": (patch_zip_field(seed, "flags", 0x41), "encrypted"),
+        "method99": (patch_zip_field(seed, "method", 99), "compression method 99"),
+        "lzma": (patch_zip_field(seed, "method", zipfile.ZIP_LZMA), "lzma"),
+    }
     for name, (data, match) in cases.items():
         path = tmp_path / f"{name}.{fmt}"
         path.write_bytes(data)
@@ -100,7 +102,7 @@ def test_zip_corrupt_deflate_stream(tmp_path, fmt):
     data = bytearray(make_zip(members, zipfile.ZIP_DEFLATED))
     info = zipfile.ZipFile(io.BytesIO(bytes(data))).infolist()[-1]
     start = info.header_offset + 30 + len(info.filename)
-    data[start:start + 8] = b"\xff" * 8    # an invalid block type
+    data[start : start + 8] = b"\xff" * 8  # an invalid block type
     path = tmp_path / f"deflate.{fmt}"
     path.write_bytes(bytes(data))
     refused(path)
@@ -113,7 +115,7 @@ def test_zip_lzma_member_never_decompressed(tmp_path):
         for name, payload in zip_members(MLP.read_bytes()):
             z.writestr(name, payload)
     data = bytearray(out.getvalue())
-    data[60:70] = b"\x00" * 10   # the lzma stream of the first member
+    data[60:70] = b"\x00" * 10  # the lzma stream of the first member
     (tmp_path / "lzma.flm").write_bytes(bytes(data))
     refused(tmp_path / "lzma.flm", UnsupportedError, "lzma")
 
@@ -124,7 +126,7 @@ def test_keras_weight_byte_flip_fails_the_crc(tmp_path):
     with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
         info = z.getinfo("model.weights.h5")
     start = info.header_offset + 30 + len(info.filename) + len(info.extra)
-    data[start + info.file_size - 200] ^= 0x10   # inside the last weights written
+    data[start + info.file_size - 200] ^= 0x10  # inside the last weights written
     (tmp_path / "flip.keras").write_bytes(bytes(data))
     refused(tmp_path / "flip.keras", ModelFileError, "CRC-32")
 
@@ -166,17 +168,20 @@ def mlp_header() -> dict:
     return json.loads(bytes(np.load(io.BytesIO(native_members()["__fastlayers__.npy"]))))
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda h: h.update(model=[1, 2]), "model: expected an object"),
-    (lambda h: h["model"].update(config="x"), "model: expected an object"),
-    (lambda h: h["model"]["config"].update(layers={"a": 1}), "layers: expected a list"),
-    (lambda h: h["model"]["config"]["layers"][0].update(config=[]), "layers[0]: expected an object"),
-    (lambda h: h["model"]["config"]["layers"][0].update(class_name=7), "layers[0]: expected an object"),
-    (lambda h: h["model"]["config"].update(nodes="big"), "nodes: expected a list"),
-    (lambda h: h["model"]["config"]["nodes"][1].update(args=[[1, "x"]]), "args[0][0]: expected"),
-    (lambda h: h.update(version="2"), "malformed format version"),
-    (lambda h: h.update(format=["x"]), "not a fastlayers architecture"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda h: h.update(model=[1, 2]), "model: expected an object"),
+        (lambda h: h["model"].update(config="x"), "model: expected an object"),
+        (lambda h: h["model"]["config"].update(layers={"a": 1}), "layers: expected a list"),
+        (lambda h: h["model"]["config"]["layers"][0].update(config=[]), "layers[0]: expected an object"),
+        (lambda h: h["model"]["config"]["layers"][0].update(class_name=7), "layers[0]: expected an object"),
+        (lambda h: h["model"]["config"].update(nodes="big"), "nodes: expected a list"),
+        (lambda h: h["model"]["config"]["nodes"][1].update(args=[[1, "x"]]), "args[0][0]: expected"),
+        (lambda h: h.update(version="2"), "malformed format version"),
+        (lambda h: h.update(format=["x"]), "not a fastlayers architecture"),
+    ],
+)
 def test_native_config_of_the_wrong_type(tmp_path, edit, match):
     """AttributeError inside the handler that builds the error; version "2" (TypeError)."""
     header = mlp_header()
@@ -189,8 +194,9 @@ def test_native_config_of_the_wrong_type(tmp_path, edit, match):
 def test_native_deep_json(tmp_path):
     """RecursionError: a 100,000-deep JSON header."""
     members = native_members()
-    members["__fastlayers__.npy"] = header_member(b'{"format": "fastlayers-model", "model": '
-                                                  + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    members["__fastlayers__.npy"] = header_member(
+        b'{"format": "fastlayers-model", "model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    )
     refused(write_native(tmp_path / "deep.flm", members), ModelFileError, "nested")
 
 
@@ -208,8 +214,11 @@ def test_npy_header_claiming_a_huge_array(tmp_path):
 def test_native_weight_sizes_against_the_file(tmp_path):
     """units: 10**11 (MemoryError at build) and 2**63 (OverflowError) are refused from the
     config, before a weight is allocated."""
-    for units, match in ((10 ** 8, "weight elements the file can hold"), (10 ** 11, "outside the range"),
-                         (2 ** 63, "outside the range")):
+    for units, match in (
+        (10**8, "weight elements the file can hold"),
+        (10**11, "outside the range"),
+        (2**63, "outside the range"),
+    ):
         header = mlp_header()
         layer = next(e for e in header["model"]["config"]["layers"] if e["class_name"] == "Dense")
         layer["config"]["units"] = units
@@ -245,23 +254,23 @@ KERNEL_H5 = "model_weights/dense/mlp/dense/kernel"
 
 
 @pytest.mark.parametrize("fmt", ["keras", "h5"])
-@pytest.mark.parametrize("edit,match", [
-    (lambda f, k: f.__delitem__(k), ["no dataset", "expects 2 weights, the file has 1"]),
-    (lambda f, k: (f.__delitem__(k), f.create_group(k)), "expected a dataset"),
-    (lambda f, k: (f.__delitem__(k), f.__setitem__(k, h5py.SoftLink("/" + k))), "SoftLink"),
-    (lambda f, k: (f.__delitem__(k), f.__setitem__(k, h5py.ExternalLink("/etc/passwd", "/"))),
-     "ExternalLink"),
-    (lambda f, k: (f.__delitem__(k), f.create_dataset(k, data=np.array(["a"] * 48, "S1").reshape(6, 8))),
-     "dtype"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda f, k: f.__delitem__(k), ["no dataset", "expects 2 weights, the file has 1"]),
+        (lambda f, k: (f.__delitem__(k), f.create_group(k)), "expected a dataset"),
+        (lambda f, k: (f.__delitem__(k), f.__setitem__(k, h5py.SoftLink("/" + k))), "SoftLink"),
+        (lambda f, k: (f.__delitem__(k), f.__setitem__(k, h5py.ExternalLink("/etc/passwd", "/"))), "ExternalLink"),
+        (lambda f, k: (f.__delitem__(k), f.create_dataset(k, data=np.array(["a"] * 48, "S1").reshape(6, 8))), "dtype"),
+    ],
+)
 def test_keras_missing_datasets_links_and_groups(tmp_path, fmt, edit, match):
     """h5py KeyError / RuntimeError (too many links) escaped from the weight assignment; a
     dataset replaced by a group (AttributeError); an external link (opens another file); a
     dataset of strings."""
     if fmt == "keras":
         entries = keras_entries()
-        entries["model.weights.h5"] = edit_weights_h5(entries["model.weights.h5"],
-                                                      lambda f: edit(f, KERNEL_KERAS))
+        entries["model.weights.h5"] = edit_weights_h5(entries["model.weights.h5"], lambda f: edit(f, KERNEL_KERAS))
         path = write_keras(tmp_path / "links.keras", entries)
     else:
         path = edit_h5_file(SEEDS / "mlp.h5", tmp_path / "links.h5", lambda f: edit(f, KERNEL_H5))
@@ -275,7 +284,7 @@ def test_h5_bad_object_address(tmp_path):
         addr = h5py.h5o.get_info(f[KERNEL_H5].id).addr
     needle = struct.pack("<Q", addr)
     assert needle in data
-    (tmp_path / "addr.h5").write_bytes(data.replace(needle, struct.pack("<Q", 2 ** 40)))
+    (tmp_path / "addr.h5").write_bytes(data.replace(needle, struct.pack("<Q", 2**40)))
     refused(tmp_path / "addr.h5", ModelFileError)
 
 
@@ -293,17 +302,20 @@ def keras_config(name="mlp"):
     return json.loads(keras_entries(name)["config.json"])
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda c: c.update(config=[]), "config: expected an object"),
-    (lambda c: c["config"].update(layers="x"), "layers: expected a list"),
-    (lambda c: c["config"]["layers"].__setitem__(1, 5), "layers[1]: expected an object"),
-    (lambda c: c["config"]["layers"][1].update(config=None), "layers[1]: expected an object"),
-    (lambda c: c["config"]["layers"][1]["config"].update(dtype=[1]), "dtype policy"),
-    (lambda c: c["config"]["layers"][1]["config"].update(activation=[{}]), "invalid config"),
-    (lambda c: c["config"]["layers"][1]["config"].update(units=10 ** 8), "weight elements"),
-    (lambda c: c["config"]["layers"][1]["config"].update(units=10 ** 11), "outside the range"),
-    (lambda c: c["config"]["layers"][1]["config"].update(units=2 ** 63), "outside the range"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda c: c.update(config=[]), "config: expected an object"),
+        (lambda c: c["config"].update(layers="x"), "layers: expected a list"),
+        (lambda c: c["config"]["layers"].__setitem__(1, 5), "layers[1]: expected an object"),
+        (lambda c: c["config"]["layers"][1].update(config=None), "layers[1]: expected an object"),
+        (lambda c: c["config"]["layers"][1]["config"].update(dtype=[1]), "dtype policy"),
+        (lambda c: c["config"]["layers"][1]["config"].update(activation=[{}]), "invalid config"),
+        (lambda c: c["config"]["layers"][1]["config"].update(units=10**8), "weight elements"),
+        (lambda c: c["config"]["layers"][1]["config"].update(units=10**11), "outside the range"),
+        (lambda c: c["config"]["layers"][1]["config"].update(units=2**63), "outside the range"),
+    ],
+)
 def test_keras_configs_of_the_wrong_type_and_range(tmp_path, edit, match):
     """AttributeError from configs of the wrong type; units 10**11 (MemoryError)."""
     config = keras_config()
@@ -317,7 +329,7 @@ def test_keras_dilation_rate_2_63_refused_at_load(tmp_path):
     """dilation_rate: 2**63 raised OverflowError at the first call."""
     config = keras_config("conv")
     layer = next(e for e in config["config"]["layers"] if e["class_name"] == "DepthwiseConv2D")
-    layer["config"]["dilation_rate"] = [2 ** 63, 2 ** 63]
+    layer["config"]["dilation_rate"] = [2**63, 2**63]
     entries = keras_entries("conv")
     entries["config.json"] = json.dumps(config).encode()
     refused(write_keras(tmp_path / "dil.keras", entries), ModelFileError, "dilation_rate")
@@ -343,15 +355,39 @@ def deflate_bomb(size: int, declared: int | None = None) -> bytes:
     for _ in range(size >> 20):
         crc = zlib.crc32(chunk, crc)
     file_size = size if declared is None else declared
-    local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(body),
-                        min(file_size, 2 ** 32 - 1), len(name), 0) + name
+    local = (
+        struct.pack(
+            "<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(body), min(file_size, 2**32 - 1), len(name), 0
+        )
+        + name
+    )
     cd_start = data.rfind(b"PK\x05\x06")
     eocd = bytearray(data[cd_start:])
     old_cd_offset = struct.unpack_from("<I", eocd, 16)[0]
     members, central = data[:old_cd_offset], data[old_cd_offset:cd_start]
-    new_central = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc,
-                              len(body), min(file_size, 2 ** 32 - 1), len(name), 0, 0, 0, 0, 0,
-                              len(members)) + name
+    new_central = (
+        struct.pack(
+            "<4sHHHHHHIIIHHHHHII",
+            b"PK\x01\x02",
+            20,
+            20,
+            0,
+            8,
+            0,
+            0,
+            crc,
+            len(body),
+            min(file_size, 2**32 - 1),
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            0,
+            len(members),
+        )
+        + name
+    )
     central_all = central + new_central
     struct.pack_into("<HH", eocd, 8, eocd[8] + 1, eocd[10] + 1)
     struct.pack_into("<II", eocd, 12, len(central_all), len(members) + len(local) + len(body))
@@ -372,7 +408,7 @@ def test_keras_config_deflate_bomb(tmp_path):
     (tmp_path / "liar.keras").write_bytes(deflate_bomb(1 << 30, declared=1000))
     refused(tmp_path / "liar.keras", ModelFileError)
     assert time.perf_counter() - start < 2
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024   # KiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB
 
 
 def corrupt_global_heap(data: bytes) -> bytes:
@@ -381,7 +417,7 @@ def corrupt_global_heap(data: bytes) -> bytes:
     buf = bytearray(data)
     at = buf.find(b"GCOL")
     p = at + 16
-    for _ in range(10):   # the 10th object: a weight_names list
+    for _ in range(10):  # the 10th object: a weight_names list
         size = struct.unpack_from("<Q", buf, p + 8)[0]
         p += 16 + ((size + 7) & ~7)
     struct.pack_into("<HHIQ", buf, p, 0, 0, 0, 0)
@@ -394,11 +430,12 @@ def test_h5_global_heap_endless_loop_refused(tmp_path):
     timeout, so that a regression fails instead of hanging the suite."""
     path = tmp_path / "loop.h5"
     path.write_bytes(corrupt_global_heap((SEEDS / "mlp.h5").read_bytes()))
-    code = ("import fastlayers, sys\n"
-            "try:\n    fastlayers.load(sys.argv[1])\n"
-            "except fastlayers.errors.ModelFileError as e:\n    print('refused:', e)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import fastlayers, sys\n"
+        "try:\n    fastlayers.load(sys.argv[1])\n"
+        "except fastlayers.errors.ModelFileError as e:\n    print('refused:', e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert "refused:" in proc.stdout and "global heap" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -481,10 +518,13 @@ def test_onnx_sniffed_without_its_suffix(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-                              [weight])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        [weight],
+    )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
     (tmp_path / "model.bin.v2").write_bytes(data)
     x = np.ones((1, 3), np.float32)
@@ -494,14 +534,22 @@ def test_onnx_sniffed_without_its_suffix(tmp_path):
 
 # ------------------------------------------------------------------------------------ limits
 def test_limits_have_environment_overrides():
-    code = ("import fastlayers; o = fastlayers.LoadOptions(); "
-            "print(o.max_config_bytes, o.max_json_depth, o.max_layers, o.max_compression_ratio, "
-            "o.max_positions)")
-    env = dict(os.environ, FASTLAYERS_MAX_CONFIG_BYTES="1_000", FASTLAYERS_MAX_JSON_DEPTH="7",
-               FASTLAYERS_MAX_LAYERS="0x10", FASTLAYERS_MAX_COMPRESSION_RATIO="3",
-               FASTLAYERS_MAX_POSITIONS="99")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120).stdout.split()
+    code = (
+        "import fastlayers; o = fastlayers.LoadOptions(); "
+        "print(o.max_config_bytes, o.max_json_depth, o.max_layers, o.max_compression_ratio, "
+        "o.max_positions)"
+    )
+    env = dict(
+        os.environ,
+        FASTLAYERS_MAX_CONFIG_BYTES="1_000",
+        FASTLAYERS_MAX_JSON_DEPTH="7",
+        FASTLAYERS_MAX_LAYERS="0x10",
+        FASTLAYERS_MAX_COMPRESSION_RATIO="3",
+        FASTLAYERS_MAX_POSITIONS="99",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    ).stdout.split()
     assert out == ["1000", "7", "16", "3", "99"]
 
 
@@ -514,7 +562,7 @@ def test_config_limits_apply_and_can_be_raised(tmp_path):
     refused_with(MLP, "FASTLAYERS_MAX_LAYERS", max_layers=3)
     refused_with(SEEDS / "mlp.h5", "FASTLAYERS_MAX_JSON_DEPTH", max_json_depth=4)
     fastlayers.load(SEEDS / "mlp.h5", options=fastlayers.LoadOptions(max_layers=100))
-    fastlayers.load(SEEDS / "mlp.h5")   # the process's limits are untouched
+    fastlayers.load(SEEDS / "mlp.h5")  # the process's limits are untouched
 
 
 def test_positional_encoding_table_bounded(tmp_path):
@@ -522,7 +570,7 @@ def test_positional_encoding_table_bounded(tmp_path):
     model.save(tmp_path / "pe.flm")
     members = dict(zip_members((tmp_path / "pe.flm").read_bytes()))
     header = json.loads(bytes(np.load(io.BytesIO(members["__fastlayers__.npy"]))))
-    header["model"]["config"]["layers"][0]["config"]["max_length"] = 10 ** 9
+    header["model"]["config"]["layers"][0]["config"]["max_length"] = 10**9
     members["__fastlayers__.npy"] = header_member(header)
     refused(write_native(tmp_path / "pe.flm", members), ModelFileError, "FASTLAYERS_MAX_POSITIONS")
 
@@ -530,14 +578,14 @@ def test_positional_encoding_table_bounded(tmp_path):
 def test_no_warm_up_for_activations_far_above_the_weights(tmp_path):
     """A RepeatVector sized to 10**8 from a tiny file loads (it is a valid model) but is not
     run at load: the warm-up would allocate 3 GB."""
-    model = fastlayers.Sequential([fastlayers.Input((8,)), L.RepeatVector(10 ** 8)])
+    model = fastlayers.Sequential([fastlayers.Input((8,)), L.RepeatVector(10**8)])
     model.save(tmp_path / "rep.flm")
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     loaded = fastlayers.load(tmp_path / "rep.flm")
-    assert loaded.output_shape == (None, 10 ** 8, 8)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024   # KiB
+    assert loaded.output_shape == (None, 10**8, 8)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB
 
 
 def test_errors_are_fastlayers_errors_for_every_seed_truncation(tmp_path):
@@ -564,13 +612,13 @@ def test_long_sequence_attention_loads_without_a_warm_up(tmp_path):
     """Found by the long fuzz run: a few-KB .keras declaring 10**6 time steps through
     MultiHeadAttention made the warm-up inside load run for hours (O(T^2) work)."""
     config = keras_config("seq")
-    config["config"]["layers"][0]["config"]["batch_shape"] = [None, 10 ** 6]
+    config["config"]["layers"][0]["config"]["batch_shape"] = [None, 10**6]
     entries = keras_entries("seq")
     entries["config.json"] = json.dumps(config).encode()
     start = time.perf_counter()
     model = fastlayers.load(write_keras(tmp_path / "long.keras", entries))
     assert time.perf_counter() - start < 10
-    assert model.input_shape == (None, 10 ** 6)
+    assert model.input_shape == (None, 10**6)
 
 
 def test_repeated_attention_axes_refused(tmp_path):
@@ -597,7 +645,7 @@ def test_graph_sizes_checked_at_load(tmp_path):
     model.save(tmp_path / "pad.flm")
     members = dict(zip_members((tmp_path / "pad.flm").read_bytes()))
     header = json.loads(bytes(np.load(io.BytesIO(members["__fastlayers__.npy"]))))
-    big = 2 ** 31 - 1
+    big = 2**31 - 1
     header["model"]["config"]["layers"][0]["config"]["padding"] = [[big, big], [big, big]]
     members["__fastlayers__.npy"] = header_member(header)
     refused(write_native(tmp_path / "pad.flm", members), ModelFileError, "gives an output of shape")
@@ -606,8 +654,15 @@ def test_graph_sizes_checked_at_load(tmp_path):
 def test_model_failing_on_zeros_is_refused_at_load(tmp_path):
     """Found by the long fuzz run: a Rescaling scale of the wrong length built, and every call
     raised numpy's broadcasting ValueError; the warm-up at load now reports it."""
-    header = json.loads(bytes(np.load(io.BytesIO(
-        dict(zip_members((fastlayers.DEMO_DIR / "digits_lstm.flm").read_bytes()))["__fastlayers__.npy"]))))
+    header = json.loads(
+        bytes(
+            np.load(
+                io.BytesIO(
+                    dict(zip_members((fastlayers.DEMO_DIR / "digits_lstm.flm").read_bytes()))["__fastlayers__.npy"]
+                )
+            )
+        )
+    )
     layer = next(e for e in header["model"]["config"]["layers"] if e["class_name"] == "Rescaling")
     layer["config"]["scale"] = [1.0, 2.0]
     members = dict(zip_members((fastlayers.DEMO_DIR / "digits_lstm.flm").read_bytes()))

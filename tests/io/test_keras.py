@@ -25,18 +25,36 @@ def randomize(model, rng):
 def keras_models(keras):
     K = keras.layers
     models = {}
-    models["sequential_mlp"] = (keras.Sequential([
-        keras.Input((6,)), K.Rescaling(0.5, offset=-1.0), K.Dense(8, activation="relu"),
-        K.BatchNormalization(), K.Dropout(0.3), K.Dense(5, activation="gelu"), K.LayerNormalization(),
-        K.Dense(3, activation="softmax")]), [(2, 6)])
-    models["legacy_input_shape"] = (keras.Sequential([
-        K.Dense(4, activation="tanh", input_shape=(5,)), K.Dense(2, use_bias=False)]), [(3, 5)])
+    models["sequential_mlp"] = (
+        keras.Sequential(
+            [
+                keras.Input((6,)),
+                K.Rescaling(0.5, offset=-1.0),
+                K.Dense(8, activation="relu"),
+                K.BatchNormalization(),
+                K.Dropout(0.3),
+                K.Dense(5, activation="gelu"),
+                K.LayerNormalization(),
+                K.Dense(3, activation="softmax"),
+            ]
+        ),
+        [(2, 6)],
+    )
+    models["legacy_input_shape"] = (
+        keras.Sequential([K.Dense(4, activation="tanh", input_shape=(5,)), K.Dense(2, use_bias=False)]),
+        [(3, 5)],
+    )
     a, b = keras.Input((4,), name="a"), keras.Input((3, 2), name="b")
     shared = K.Dense(5, activation="swish", name="shared")
-    h = K.Concatenate()([shared(a), shared(K.Flatten()(K.Permute((2, 1))(b))[:, :4] if False else
-                                          K.Dense(4)(K.Flatten()(K.Permute((2, 1))(b))))])
-    inner = keras.Sequential([keras.Input((10,)), K.Dense(6, activation="elu"), K.LayerNormalization()],
-                             name="inner")
+    h = K.Concatenate()(
+        [
+            shared(a),
+            shared(
+                K.Flatten()(K.Permute((2, 1))(b))[:, :4] if False else K.Dense(4)(K.Flatten()(K.Permute((2, 1))(b)))
+            ),
+        ]
+    )
+    inner = keras.Sequential([keras.Input((10,)), K.Dense(6, activation="elu"), K.LayerNormalization()], name="inner")
     out1 = K.Dense(2, activation="sigmoid")(inner(h))
     out2 = K.Add()([K.Dense(3)(h), K.Dense(3)(h)])
     models["functional_shared_nested"] = (keras.Model([a, b], [out1, out2]), [(2, 4), (2, 3, 2)])
@@ -78,8 +96,7 @@ def saved(keras, tmp_path_factory):
         xs = inputs_for(specs, rng)
         expected = model.predict(xs if len(xs) > 1 else xs[0], verbose=0)
         expected = [np.asarray(e) for e in expected] if isinstance(expected, list) else [np.asarray(expected)]
-        files = {"keras": root / f"{name}.keras", "h5": root / f"{name}.h5",
-                 "weights": root / f"{name}.weights.h5"}
+        files = {"keras": root / f"{name}.keras", "h5": root / f"{name}.h5", "weights": root / f"{name}.weights.h5"}
         model.save(files["keras"])
         model.save(files["h5"])
         model.save_weights(files["weights"])
@@ -91,8 +108,7 @@ def saved(keras, tmp_path_factory):
     return result
 
 
-MODELS = ["sequential_mlp", "legacy_input_shape", "functional_shared_nested", "embedding_padding",
-          "merges_activations"]
+MODELS = ["sequential_mlp", "legacy_input_shape", "functional_shared_nested", "embedding_padding", "merges_activations"]
 
 
 @pytest.mark.parametrize("kind", ["keras", "h5", "dir"])
@@ -122,10 +138,18 @@ def test_load_weights_into_rebuilt_model(saved, name):
 
 def test_load_weights_into_model_built_with_fastlayers(saved):
     files, xs, expected = saved["sequential_mlp"]
-    model = fastlayers.Sequential([
-        fastlayers.Input((6,)), L.Rescaling(0.5, offset=-1.0), L.Dense(8, activation="relu"),
-        L.BatchNormalization(), L.Dropout(0.3), L.Dense(5, activation="gelu"), L.LayerNormalization(),
-        L.Dense(3, activation="softmax")])
+    model = fastlayers.Sequential(
+        [
+            fastlayers.Input((6,)),
+            L.Rescaling(0.5, offset=-1.0),
+            L.Dense(8, activation="relu"),
+            L.BatchNormalization(),
+            L.Dropout(0.3),
+            L.Dense(5, activation="gelu"),
+            L.LayerNormalization(),
+            L.Dense(3, activation="softmax"),
+        ]
+    )
     model.load_weights(files["weights"])
     assert_close(model(xs[0]), expected[0], rtol=1e-4, atol=1e-5)
 
@@ -176,8 +200,10 @@ def test_unknown_class_and_unsupported_option_name_the_layer(saved, tmp_path):
         fastlayers.load(tmp_path / "int8.keras")
 
     def mixed(config):
-        config["config"]["layers"][2]["config"]["dtype"] = {"class_name": "DTypePolicy",
-                                                             "config": {"name": "mixed_float16"}}
+        config["config"]["layers"][2]["config"]["dtype"] = {
+            "class_name": "DTypePolicy",
+            "config": {"name": "mixed_float16"},
+        }
 
     rewrite_config(src, tmp_path / "mixed.keras", mixed)
     fastlayers.load(tmp_path / "mixed.keras")  # float policies compute in float32
@@ -198,18 +224,55 @@ def test_tf_keras_2_style_h5(tmp_path, rng):
     h5py = pytest.importorskip("h5py")
     w1, b1 = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
     w2, b2 = rng.standard_normal((4, 2)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
-    config = {"class_name": "Functional", "config": {"name": "model", "layers": [
-        {"class_name": "InputLayer", "name": "input_1", "inbound_nodes": [],
-         "config": {"batch_input_shape": [None, 3], "dtype": "float32", "sparse": False,
-                    "ragged": False, "name": "input_1"}},
-        {"class_name": "Dense", "name": "dense", "inbound_nodes": [[["input_1", 0, 0, {}]]],
-         "config": {"name": "dense", "trainable": True, "dtype": "float32", "units": 4,
-                    "activation": "relu", "use_bias": True,
-                    "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}}}},
-        {"class_name": "Dense", "name": "dense_1", "inbound_nodes": [[["dense", 0, 0, {}]]],
-         "config": {"name": "dense_1", "trainable": True, "dtype": "float32", "units": 2,
-                    "activation": "linear", "use_bias": True}}],
-        "input_layers": [["input_1", 0, 0]], "output_layers": [["dense_1", 0, 0]]}}
+    config = {
+        "class_name": "Functional",
+        "config": {
+            "name": "model",
+            "layers": [
+                {
+                    "class_name": "InputLayer",
+                    "name": "input_1",
+                    "inbound_nodes": [],
+                    "config": {
+                        "batch_input_shape": [None, 3],
+                        "dtype": "float32",
+                        "sparse": False,
+                        "ragged": False,
+                        "name": "input_1",
+                    },
+                },
+                {
+                    "class_name": "Dense",
+                    "name": "dense",
+                    "inbound_nodes": [[["input_1", 0, 0, {}]]],
+                    "config": {
+                        "name": "dense",
+                        "trainable": True,
+                        "dtype": "float32",
+                        "units": 4,
+                        "activation": "relu",
+                        "use_bias": True,
+                        "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}},
+                    },
+                },
+                {
+                    "class_name": "Dense",
+                    "name": "dense_1",
+                    "inbound_nodes": [[["dense", 0, 0, {}]]],
+                    "config": {
+                        "name": "dense_1",
+                        "trainable": True,
+                        "dtype": "float32",
+                        "units": 2,
+                        "activation": "linear",
+                        "use_bias": True,
+                    },
+                },
+            ],
+            "input_layers": [["input_1", 0, 0]],
+            "output_layers": [["dense_1", 0, 0]],
+        },
+    }
     path = tmp_path / "tfk2.h5"
     with h5py.File(path, "w") as f:
         f.attrs["model_config"] = json.dumps(config)
@@ -262,10 +325,12 @@ def test_keras3_activations_from_keras_files(keras, tmp_path, rng):
     outputs += [K.Conv2D(4, 3, activation=name)(image) for name in ("hard_swish", "mish", "celu")]
     model = keras.Model([x, image, peaked], outputs)
     randomize(model, rng)
-    xs = [rng.standard_normal((2, 8)).astype(np.float32) * 2,
-          rng.standard_normal((2, 5, 5, 2)).astype(np.float32),
-          np.array([[0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 1.5, -2.0]], np.float32)]
-    xs[0][0, :] = [-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 20.0]   # break points before the Dense
+    xs = [
+        rng.standard_normal((2, 8)).astype(np.float32) * 2,
+        rng.standard_normal((2, 5, 5, 2)).astype(np.float32),
+        np.array([[0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 1.5, -2.0]], np.float32),
+    ]
+    xs[0][0, :] = [-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 20.0]  # break points before the Dense
     expected = model.predict(xs, verbose=0)
     for ext in ("keras", "h5"):
         model.save(tmp_path / f"activations.{ext}")
@@ -281,7 +346,7 @@ def test_keras3_operation_nodes_from_keras_files(keras, tmp_path, rng):
     operations are refused by name."""
     x = keras.Input((6,))
     h = keras.layers.Dense(6)(x)
-    y = (3.0 - h) * (1.0 / 6.0) + x / 2 - (h + 1.5)   # an int constant too
+    y = (3.0 - h) * (1.0 / 6.0) + x / 2 - (h + 1.5)  # an int constant too
     model = keras.Model(x, y)
     randomize(model, rng)
     xs = rng.standard_normal((2, 6)).astype(np.float32)

@@ -15,16 +15,36 @@ from ..conftest import assert_close
 # (application, smallest input size Keras allows with weights=None). The default run keeps one
 # architecture per family; the full list runs with `pytest -m slow` (README). NASNetMobile is
 # left out: Keras refuses to build it on the torch backend.
-DEFAULT = [("MobileNetV2", 32), ("MobileNetV3Small", 32), ("ResNet50", 32), ("DenseNet121", 32),
-           ("EfficientNetB0", 32), ("InceptionV3", 75), ("ConvNeXtTiny", 32)]
+DEFAULT = [
+    ("MobileNetV2", 32),
+    ("MobileNetV3Small", 32),
+    ("ResNet50", 32),
+    ("DenseNet121", 32),
+    ("EfficientNetB0", 32),
+    ("InceptionV3", 75),
+    ("ConvNeXtTiny", 32),
+]
 SLOW = [
-    ("ConvNeXtSmall", 32), ("ConvNeXtBase", 32), ("ConvNeXtLarge", 32), ("ConvNeXtXLarge", 32),
-    ("DenseNet169", 32), ("DenseNet201", 32),
+    ("ConvNeXtSmall", 32),
+    ("ConvNeXtBase", 32),
+    ("ConvNeXtLarge", 32),
+    ("ConvNeXtXLarge", 32),
+    ("DenseNet169", 32),
+    ("DenseNet201", 32),
     *((f"EfficientNetB{i}", 32) for i in range(1, 8)),
     *((f"EfficientNetV2{v}", 32) for v in ("B0", "B1", "B2", "B3", "S", "M", "L")),
-    ("InceptionResNetV2", 75), ("MobileNet", 32), ("MobileNetV3Large", 32), ("NASNetLarge", 32),
-    ("ResNet101", 32), ("ResNet152", 32), ("ResNet50V2", 32), ("ResNet101V2", 32),
-    ("ResNet152V2", 32), ("VGG16", 32), ("VGG19", 32), ("Xception", 71),
+    ("InceptionResNetV2", 75),
+    ("MobileNet", 32),
+    ("MobileNetV3Large", 32),
+    ("NASNetLarge", 32),
+    ("ResNet101", 32),
+    ("ResNet152", 32),
+    ("ResNet50V2", 32),
+    ("ResNet101V2", 32),
+    ("ResNet152V2", 32),
+    ("VGG16", 32),
+    ("VGG19", 32),
+    ("Xception", 71),
 ]
 #: Range of the random moving variances. EfficientNetV2M and V2L (700+ layers) draw theirs from
 #: [1, 2]: with [0.5, 1.5] their logits reach ~800 and Keras's own move by 1% when the input
@@ -32,12 +52,12 @@ SLOW = [
 VARIANCE = {"EfficientNetV2M": (1.0, 2.0), "EfficientNetV2L": (1.0, 2.0)}
 
 
-@pytest.mark.parametrize("name,size", [*DEFAULT, *(pytest.param(*case, marks=pytest.mark.slow)
-                                                    for case in SLOW)])
+@pytest.mark.parametrize("name,size", [*DEFAULT, *(pytest.param(*case, marks=pytest.mark.slow) for case in SLOW)])
 def test_keras_application_loads_and_matches(keras, tmp_path, name, size):
     keras.utils.set_random_seed(0)
-    model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
-                                              classes=10, classifier_activation=None)
+    model = getattr(keras.applications, name)(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
     rng = np.random.default_rng(0)
     low, high = VARIANCE.get(name, (0.5, 1.5))
     for layer in model.layers:
@@ -56,14 +76,23 @@ def test_keras_application_loads_and_matches(keras, tmp_path, name, size):
     for ext in ("keras", "h5"):
         ours = fastlayers.load(tmp_path / f"{name}.{ext}")
         assert len(ours.get_weights()) == count
-        assert_close(ours(x), expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()),
-                     what=f"{name} from .{ext}")
+        assert_close(
+            ours(x), expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()), what=f"{name} from .{ext}"
+        )
         del ours
         gc.collect()
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"axis": None}, {"mean": [1.0, 2.0, 3.0], "variance": [4.0, 0.0, 9.0]},
-                                    {"mean": 2.0, "variance": 4.0}, {"invert": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"axis": None},
+        {"mean": [1.0, 2.0, 3.0], "variance": [4.0, 0.0, 9.0]},
+        {"mean": 2.0, "variance": 4.0},
+        {"invert": True},
+    ],
+)
 def test_normalization_layer_matches_keras(keras, rng, kwargs):
     x = rng.standard_normal((4, 5, 3)).astype(np.float32) * 3 + 1
     ref = keras.layers.Normalization(**kwargs)

@@ -63,8 +63,7 @@ def saved(keras, tmp_path_factory):
     x = keras.Input((5,))
     y = K.Dense(3)(MyScale(factor=0.5, name="scale")(K.Dense(4, activation="tanh")(x)))
     model = keras.Model(x, y)
-    model.set_weights([rng.uniform(-1.5, 1.5, np.shape(w)).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([rng.uniform(-1.5, 1.5, np.shape(w)).astype(np.float32) for w in model.get_weights()])
     root = tmp_path_factory.mktemp("keras_custom")
     files = {"keras": root / "custom.keras", "h5": root / "custom.h5"}
     model.save(files["keras"])
@@ -115,33 +114,45 @@ def test_unregistered_custom_layer_is_refused_by_name(saved, monkeypatch):
     monkeypatch.delitem(keras_layers(), "MyScale", raising=False)
     for kind in ("keras", "h5"):
         # a legacy .h5 names the class by its registered name
-        with pytest.raises(UnsupportedError, match=r"layer class '(fastlayers_tests>)?MyScale' is "
-                                                   r"not supported.*register_keras_layer"):
+        with pytest.raises(
+            UnsupportedError,
+            match=r"layer class '(fastlayers_tests>)?MyScale' is "
+            r"not supported.*register_keras_layer",
+        ):
             fastlayers.load(files[kind])
 
 
 def test_a_config_key_the_registration_does_not_read_is_refused(saved, registered):
     files, _, _ = saved
     registered("MyScale", Scale, options=())
-    with pytest.raises(UnsupportedError, match=r"'scale' \(MyScale\): option factor=0.5 is not "
-                                               "supported"):
+    with pytest.raises(
+        UnsupportedError,
+        match=r"'scale' \(MyScale\): option factor=0.5 is not "
+        "supported",
+    ):
         fastlayers.load(files["keras"])
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    (("MyScale", int), {}, "expected a subclass of fastlayers.layers.Layer, got <class 'int'>"),
-    (("MyScale", L.Layer), {}, "expected a subclass of fastlayers.layers.Layer"),
-    (("MyScale", Scale), {"options": ("factor", "units")},
-     r"options \['units'\] are not arguments of Scale's constructor"),
-    (("MyScale", Scale), {"options": (1,)}, "options must be config keys"),
-    (("MyScale", Scale), {"adapt": "rename"}, "adapt must be callable"),
-    (("MyScale", Scale), {"weight_groups": ()}, "weight_groups must be group paths"),
-    (("MyScale", Scale), {"weight_groups": ("vars", "")}, "weight_groups must be group paths"),
-    (("Lambda", Scale), {}, "Lambda layers carry Python code"),
-    (("Sequential", Scale), {}, "Sequential is a model class"),
-    (("my-scale", Scale), {}, "must be a class name"),
-    ((None, Scale), {}, "must be a class name"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (("MyScale", int), {}, "expected a subclass of fastlayers.layers.Layer, got <class 'int'>"),
+        (("MyScale", L.Layer), {}, "expected a subclass of fastlayers.layers.Layer"),
+        (
+            ("MyScale", Scale),
+            {"options": ("factor", "units")},
+            r"options \['units'\] are not arguments of Scale's constructor",
+        ),
+        (("MyScale", Scale), {"options": (1,)}, "options must be config keys"),
+        (("MyScale", Scale), {"adapt": "rename"}, "adapt must be callable"),
+        (("MyScale", Scale), {"weight_groups": ()}, "weight_groups must be group paths"),
+        (("MyScale", Scale), {"weight_groups": ("vars", "")}, "weight_groups must be group paths"),
+        (("Lambda", Scale), {}, "Lambda layers carry Python code"),
+        (("Sequential", Scale), {}, "Sequential is a model class"),
+        (("my-scale", Scale), {}, "must be a class name"),
+        ((None, Scale), {}, "must be a class name"),
+    ],
+)
 def test_bad_registrations_name_the_class(args, kwargs, message):
     before = dict(keras_layers())
     with pytest.raises(InputError, match=message) as info:

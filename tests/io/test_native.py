@@ -44,12 +44,22 @@ def test_functional_round_trip(tmp_path, rng):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("layers", [
-    [L.Dense(4, activation="relu"), L.Dropout(0.5), L.Dense(2, use_bias=False)],
-    [L.Reshape((3, 2)), L.Permute((2, 1)), L.Flatten(), L.RepeatVector(2), L.Cropping1D((0, 1)),
-     L.ZeroPadding1D(2), L.Activation("swish")],
-    [L.Rescaling(0.5, offset=1.0), L.LeakyReLU(0.1), L.ReLU(max_value=2.0), L.ELU(0.5), L.Softmax()],
-])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        [L.Dense(4, activation="relu"), L.Dropout(0.5), L.Dense(2, use_bias=False)],
+        [
+            L.Reshape((3, 2)),
+            L.Permute((2, 1)),
+            L.Flatten(),
+            L.RepeatVector(2),
+            L.Cropping1D((0, 1)),
+            L.ZeroPadding1D(2),
+            L.Activation("swish"),
+        ],
+        [L.Rescaling(0.5, offset=1.0), L.LeakyReLU(0.1), L.ReLU(max_value=2.0), L.ELU(0.5), L.Softmax()],
+    ],
+)
 def test_sequential_round_trip(tmp_path, rng, layers):
     model = Sequential([Input((6,)), *layers], name="seq")
     randomize(model, rng)
@@ -124,8 +134,7 @@ def test_truncated_and_corrupt_files(tmp_path):
     good = tmp_path / "good.flm"
     model.save(good)
     data = good.read_bytes()
-    for i, blob in enumerate([data[: len(data) // 2], data[:100], b"garbage" * 10,
-                              data.replace(b"kernel", b"kernex")]):
+    for i, blob in enumerate([data[: len(data) // 2], data[:100], b"garbage" * 10, data.replace(b"kernel", b"kernex")]):
         bad = tmp_path / f"bad{i}.flm"
         bad.write_bytes(blob)
         with pytest.raises((ModelFileError, UnsupportedError), match=f"bad{i}.flm"):
@@ -133,30 +142,55 @@ def test_truncated_and_corrupt_files(tmp_path):
 
 
 def test_unknown_layer_class_is_unsupported(tmp_path):
-    config = {"class_name": "Sequential", "config": {"name": "s", "batch_shape": [None, 3],
-              "layers": [{"class_name": "Lambda", "config": {"name": "evil", "function": "os.system"}}]}}
+    config = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "s",
+            "batch_shape": [None, 3],
+            "layers": [{"class_name": "Lambda", "config": {"name": "evil", "function": "os.system"}}],
+        },
+    }
     write_zip(tmp_path / "u.flm", {"__fastlayers__.npy": header_bytes(config)})
     with pytest.raises(UnsupportedError, match="'evil' has unknown class 'Lambda'"):
         fastlayers.load(tmp_path / "u.flm")
 
 
 def test_weights_not_matching_architecture(tmp_path):
-    config = {"class_name": "Sequential", "config": {"name": "s", "batch_shape": [None, 3],
-              "layers": [{"class_name": "Dense", "config": {"name": "d", "units": 2}}]}}
-    write_zip(tmp_path / "w.flm", {"__fastlayers__.npy": header_bytes(config),
-                                   "d/kernel.npy": npy_bytes(np.zeros((3, 2), np.float32))})
+    config = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "s",
+            "batch_shape": [None, 3],
+            "layers": [{"class_name": "Dense", "config": {"name": "d", "units": 2}}],
+        },
+    }
+    write_zip(
+        tmp_path / "w.flm",
+        {"__fastlayers__.npy": header_bytes(config), "d/kernel.npy": npy_bytes(np.zeros((3, 2), np.float32))},
+    )
     with pytest.raises(ModelFileError, match=r"missing \['d/bias'\]"):
         fastlayers.load(tmp_path / "w.flm")
-    write_zip(tmp_path / "w.flm", {"__fastlayers__.npy": header_bytes(config),
-                                   "d/kernel.npy": npy_bytes(np.zeros((4, 2), np.float32)),
-                                   "d/bias.npy": npy_bytes(np.zeros(2, np.float32))})
+    write_zip(
+        tmp_path / "w.flm",
+        {
+            "__fastlayers__.npy": header_bytes(config),
+            "d/kernel.npy": npy_bytes(np.zeros((4, 2), np.float32)),
+            "d/bias.npy": npy_bytes(np.zeros(2, np.float32)),
+        },
+    )
     with pytest.raises(ModelFileError, match=r"'d/kernel' expects float32 \(3, 2\), found float32 \(4, 2\)"):
         fastlayers.load(tmp_path / "w.flm")
 
 
 def test_bad_config_values(tmp_path):
-    config = {"class_name": "Sequential", "config": {"name": "s", "batch_shape": [None, 3],
-              "layers": [{"class_name": "Dense", "config": {"name": "d", "units": "many"}}]}}
+    config = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "s",
+            "batch_shape": [None, 3],
+            "layers": [{"class_name": "Dense", "config": {"name": "d", "units": "many"}}],
+        },
+    }
     write_zip(tmp_path / "c.flm", {"__fastlayers__.npy": header_bytes(config)})
     with pytest.raises(ModelFileError, match="'d' \\(Dense\\) has an invalid config"):
         fastlayers.load(tmp_path / "c.flm")

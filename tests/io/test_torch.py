@@ -55,9 +55,22 @@ def assert_same_arrays(ours, ref, torch):
 def test_dtypes(torch, tmp_path, fmt):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(3, 5, generator=g) * 100
-    sd = OrderedDict((str(dt).split(".")[1], base.to(dt)) for dt in (
-        torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64))
+    sd = OrderedDict(
+        (str(dt).split(".")[1], base.to(dt))
+        for dt in (
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+            torch.float64,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.bool,
+            torch.complex64,
+        )
+    )
     ours = fastlayers.load_state_dict(save(torch, sd, tmp_path / "d.pt", fmt))
     assert_same_arrays(ours, sd, torch)
     assert ours["bfloat16"].dtype == np.float32
@@ -67,12 +80,16 @@ def test_dtypes(torch, tmp_path, fmt):
 def test_untyped_storage_dtypes(torch, tmp_path, fmt):
     """uint16/32/64 and float8 go through _rebuild_tensor_v3 on an untyped storage."""
     every_code = torch.arange(256, dtype=torch.uint8)
-    sd = OrderedDict([("u16", torch.tensor([[1, 60000], [7, 8]], dtype=torch.uint16).t()),
-                      ("u32", torch.tensor([1, 2**31 + 5], dtype=torch.uint32)),
-                      ("u64", torch.tensor([3, 2**63 + 1], dtype=torch.uint64)),
-                      ("e4m3", every_code.view(torch.float8_e4m3fn)),
-                      ("e5m2", every_code.view(torch.float8_e5m2)[10:]),
-                      ("f32", torch.randn(3))])
+    sd = OrderedDict(
+        [
+            ("u16", torch.tensor([[1, 60000], [7, 8]], dtype=torch.uint16).t()),
+            ("u32", torch.tensor([1, 2**31 + 5], dtype=torch.uint32)),
+            ("u64", torch.tensor([3, 2**63 + 1], dtype=torch.uint64)),
+            ("e4m3", every_code.view(torch.float8_e4m3fn)),
+            ("e5m2", every_code.view(torch.float8_e5m2)[10:]),
+            ("f32", torch.randn(3)),
+        ]
+    )
     ours = fastlayers.load_state_dict(save(torch, sd, tmp_path / "u.pt", fmt))
     for k, t in sd.items():
         want = t.float().numpy() if t.dtype.is_floating_point else t.numpy()
@@ -83,18 +100,20 @@ def test_untyped_storage_dtypes(torch, tmp_path, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_views_offsets_strides_and_sharing(torch, tmp_path, fmt):
     base = torch.arange(60, dtype=torch.float32).reshape(3, 4, 5)
-    sd = OrderedDict([
-        ("base", base),
-        ("row", base[1]),                       # offset, contiguous: shares the storage
-        ("transposed", base.transpose(0, 2)),   # strides only
-        ("sliced", base[1:, ::2, 1:4]),         # offset + steps
-        ("expanded", torch.ones(1, 4).expand(3, 4)),  # stride 0
-        ("scalar", torch.tensor(2.5)),
-        ("scalar_view", base[2, 3, 4]),
-        ("empty", torch.zeros(0, 3)),
-        ("same_again", base),                   # the same tensor twice
-        ("bf16_view", base.to(torch.bfloat16)[:, 1]),
-    ])
+    sd = OrderedDict(
+        [
+            ("base", base),
+            ("row", base[1]),  # offset, contiguous: shares the storage
+            ("transposed", base.transpose(0, 2)),  # strides only
+            ("sliced", base[1:, ::2, 1:4]),  # offset + steps
+            ("expanded", torch.ones(1, 4).expand(3, 4)),  # stride 0
+            ("scalar", torch.tensor(2.5)),
+            ("scalar_view", base[2, 3, 4]),
+            ("empty", torch.zeros(0, 3)),
+            ("same_again", base),  # the same tensor twice
+            ("bf16_view", base.to(torch.bfloat16)[:, 1]),
+        ]
+    )
     ours = fastlayers.load_state_dict(save(torch, sd, tmp_path / "v.pt", fmt))
     assert_same_arrays(ours, sd, torch)
     # one storage behind base/row/same_again, as in torch
@@ -103,8 +122,7 @@ def test_views_offsets_strides_and_sharing(torch, tmp_path, fmt):
 
 
 @settings(max_examples=30, deadline=None)
-@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(),
-       fmt=st.sampled_from(FORMATS))
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(), fmt=st.sampled_from(FORMATS))
 def test_random_views_property(torch, shape, data, fmt):
     """Any permuted, sliced, stepped view of a storage reads back as torch sees it."""
     base = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
@@ -131,16 +149,14 @@ def test_record_prefix_and_pytorch_model_bin(torch, tmp_path):
             dst.writestr("some/where else/" + info.filename.split("/", 1)[1], src.read(info))
     assert_same_arrays(fastlayers.load_state_dict(tmp_path / "other.pt"), sd, torch)
     # a re-packed, compressed archive reads through zipfile's decompressor
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "deflated.pt", "w",
-                                                       zipfile.ZIP_DEFLATED) as dst:
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "deflated.pt", "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             dst.writestr(info.filename, src.read(info))
     assert_same_arrays(fastlayers.load_state_dict(tmp_path / "deflated.pt"), sd, torch)
 
 
 def test_big_endian_archive(torch, tmp_path):
-    sd = {"w": torch.randn(3, 2), "i": torch.arange(4), "h": torch.randn(2).half(),
-          "m": torch.tensor([True])}
+    sd = {"w": torch.randn(3, 2), "i": torch.arange(4), "h": torch.randn(2).half(), "m": torch.tensor([True])}
     path = save(torch, sd, tmp_path / "le.pt")
     arrays = {str(i): t.numpy() for i, t in enumerate(sd.values())}  # storage keys in save order
     with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "be.pt", "w") as dst:
@@ -209,9 +225,15 @@ def test_port_custom_module_with_state_dict(torch, tmp_path, rng, backend):
 
 def test_safetensors(torch, tmp_path):
     sft = pytest.importorskip("safetensors.torch")
-    sd = OrderedDict([("a.weight", torch.randn(4, 3)), ("a.half", torch.randn(5).half()),
-                      ("a.bf16", torch.randn(2, 3).to(torch.bfloat16)),
-                      ("ids", torch.arange(7)), ("mask", torch.tensor([True, False]))])
+    sd = OrderedDict(
+        [
+            ("a.weight", torch.randn(4, 3)),
+            ("a.half", torch.randn(5).half()),
+            ("a.bf16", torch.randn(2, 3).to(torch.bfloat16)),
+            ("ids", torch.arange(7)),
+            ("mask", torch.tensor([True, False])),
+        ]
+    )
     sft.save_file(sd, str(tmp_path / "m.safetensors"))
     ours = fastlayers.load_state_dict(tmp_path / "m.safetensors")
     assert sorted(ours) == sorted(sd)
@@ -235,8 +257,11 @@ def test_sharded_index(torch, tmp_path):
     sd = OrderedDict([("a", torch.randn(3)), ("b", torch.arange(4)), ("c", torch.randn(2, 2))])
     torch.save({"a": sd["a"], "c": sd["c"]}, tmp_path / "pytorch_model-00001-of-00002.bin")
     sft.save_file({"b": sd["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    weight_map = {"a": "pytorch_model-00001-of-00002.bin", "b": "model-00002-of-00002.safetensors",
-                  "c": "pytorch_model-00001-of-00002.bin"}
+    weight_map = {
+        "a": "pytorch_model-00001-of-00002.bin",
+        "b": "model-00002-of-00002.safetensors",
+        "c": "pytorch_model-00001-of-00002.bin",
+    }
     index = tmp_path / "pytorch_model.bin.index.json"
     index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     assert_same_arrays(fastlayers.load_state_dict(index), sd, torch)
@@ -252,11 +277,25 @@ def test_sharded_index(torch, tmp_path):
 def core_model(torch):
     tnn = torch.nn
     return tnn.Sequential(
-        tnn.Flatten(), tnn.Linear(12, 16), tnn.BatchNorm1d(16), tnn.ReLU(), tnn.Dropout(0.2),
+        tnn.Flatten(),
+        tnn.Linear(12, 16),
+        tnn.BatchNorm1d(16),
+        tnn.ReLU(),
+        tnn.Dropout(0.2),
         tnn.Sequential(tnn.Linear(16, 16, bias=False), tnn.GELU(approximate="tanh"), tnn.Identity()),
-        tnn.LayerNorm(16, eps=1e-3), tnn.Tanh(), tnn.Linear(16, 8), tnn.LeakyReLU(0.3), tnn.ELU(0.7),
-        tnn.Sigmoid(), tnn.Linear(8, 8), tnn.GELU(), tnn.SiLU(), tnn.Softplus(2.0, 5.0),
-        tnn.Linear(8, 6), tnn.Softmax(dim=-1), tnn.LogSoftmax(dim=1),
+        tnn.LayerNorm(16, eps=1e-3),
+        tnn.Tanh(),
+        tnn.Linear(16, 8),
+        tnn.LeakyReLU(0.3),
+        tnn.ELU(0.7),
+        tnn.Sigmoid(),
+        tnn.Linear(8, 8),
+        tnn.GELU(),
+        tnn.SiLU(),
+        tnn.Softplus(2.0, 5.0),
+        tnn.Linear(8, 6),
+        tnn.Softmax(dim=-1),
+        tnn.LogSoftmax(dim=1),
     ).eval()
 
 
@@ -287,10 +326,18 @@ def test_whole_sequential_matches_torch(torch, tmp_path, rng, backend, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_whole_module_options(torch, tmp_path, rng, fmt):
     tnn = torch.nn
-    emb = tnn.Sequential(tnn.Embedding(10, 4, padding_idx=0), tnn.Flatten(0, 1),
-                         tnn.LayerNorm(4, elementwise_affine=False), tnn.Dropout1d(0.1),
-                         tnn.BatchNorm1d(4, affine=False), tnn.ReLU6(), tnn.Hardsigmoid(),
-                         tnn.SELU(), tnn.Softsign(), tnn.LayerNorm(4, bias=False)).eval()
+    emb = tnn.Sequential(
+        tnn.Embedding(10, 4, padding_idx=0),
+        tnn.Flatten(0, 1),
+        tnn.LayerNorm(4, elementwise_affine=False),
+        tnn.Dropout1d(0.1),
+        tnn.BatchNorm1d(4, affine=False),
+        tnn.ReLU6(),
+        tnn.Hardsigmoid(),
+        tnn.SELU(),
+        tnn.Softsign(),
+        tnn.LayerNorm(4, bias=False),
+    ).eval()
     randomize(emb, torch)
     ours = fastlayers.load(save(torch, emb, tmp_path / "emb.pth", fmt))
     ids = rng.integers(0, 10, (2, 3))
@@ -298,9 +345,14 @@ def test_whole_module_options(torch, tmp_path, rng, fmt):
         assert_close(ours(ids), emb(torch.from_numpy(ids)).numpy(), rtol=1e-4, atol=1e-5)
     assert ours[0].padding_idx == 0 and ours[2].weight is None and ours[9].bias is None
 
-    containers = tnn.Sequential(OrderedDict([
-        ("blocks", tnn.ModuleList([tnn.Linear(2, 3), tnn.ReLU()])),
-        ("heads", tnn.ModuleDict({"a": tnn.Linear(3, 1), "b": tnn.Linear(3, 2)}))]))
+    containers = tnn.Sequential(
+        OrderedDict(
+            [
+                ("blocks", tnn.ModuleList([tnn.Linear(2, 3), tnn.ReLU()])),
+                ("heads", tnn.ModuleDict({"a": tnn.Linear(3, 1), "b": tnn.Linear(3, 2)})),
+            ]
+        )
+    )
     ours = fastlayers.load(save(torch, containers, tmp_path / "c.pt", fmt))
     assert isinstance(ours.blocks, nn.ModuleList) and isinstance(ours.heads, nn.ModuleDict)
     assert list(ours.heads) == ["a", "b"]
@@ -317,8 +369,21 @@ def test_cli_info_and_run_on_torch_file(torch, tmp_path, rng, capsys):
     assert "Linear(in_features=3, out_features=2, bias=True)" in out and "parameters: 8" in out
     x = rng.standard_normal((5, 3)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    assert main(["run", str(path), "--input", str(tmp_path / "x.npy"), "--output",
-                 str(tmp_path / "y.npy"), "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(path),
+                "--input",
+                str(tmp_path / "x.npy"),
+                "--output",
+                str(tmp_path / "y.npy"),
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     with torch.no_grad():
         assert_close(np.load(tmp_path / "y.npy"), ref(torch.from_numpy(x)).numpy())
 
@@ -326,14 +391,15 @@ def test_cli_info_and_run_on_torch_file(torch, tmp_path, rng, capsys):
 def test_reader_never_imports_torch(torch, tmp_path):
     save(torch, core_model(torch), tmp_path / "m.pt")
     save(torch, core_model(torch).state_dict(), tmp_path / "sd.pt", "legacy")
-    code = ("import sys, fastlayers\n"
-            f"m = fastlayers.load({str(tmp_path / 'm.pt')!r})\n"
-            f"sd = fastlayers.load_state_dict({str(tmp_path / 'sd.pt')!r})\n"
-            "assert len(sd) == len(m.state_dict())\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sys, fastlayers\n"
+        f"m = fastlayers.load({str(tmp_path / 'm.pt')!r})\n"
+        f"sd = fastlayers.load_state_dict({str(tmp_path / 'sd.pt')!r})\n"
+        "assert len(sd) == len(m.state_dict())\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -393,8 +459,7 @@ def test_builder_table_is_one_entry_per_class(torch, tmp_path, rng):
         with torch.no_grad():
             assert_close(fastlayers.load(path)(x), model(torch.from_numpy(x)).numpy())
         # a builder with the wrong structure is caught by the strict weight load
-        register_torch_module("Hardswish", from_attrs("Linear", in_features=lambda r: 1,
-                                                      out_features=lambda r: 1))
+        register_torch_module("Hardswish", from_attrs("Linear", in_features=lambda r: 1, out_features=lambda r: 1))
         with pytest.raises(ModelFileError, match="does not match the pickled weights"):
             fastlayers.load(path)
     finally:
@@ -428,6 +493,7 @@ def check_scale_shift(c):
 def custom_torch_class(torch):
     """A custom torch module class, picklable by reference as ``tests_custom.ScaleShift`` (a
     module that cannot be imported from the file, as a user's package would not be)."""
+
     class TorchScaleShift(torch.nn.Module):
         def __init__(self, features, power):
             super().__init__()
@@ -454,8 +520,11 @@ def test_custom_class_loads_after_its_creator_is_registered(torch, tmp_path, rng
     randomize(ref, torch)
     path = save(torch, ref, tmp_path / "model.pt", fmt)
     sd_path = save(torch, ref.state_dict(), tmp_path / "sd.pt", fmt)
-    with pytest.raises(UnsupportedError, match=r"module 1 .*tests_custom\.ScaleShift.*"
-                                               r"register_torch_module\('tests_custom\.ScaleShift'"):
+    with pytest.raises(
+        UnsupportedError,
+        match=r"module 1 .*tests_custom\.ScaleShift.*"
+        r"register_torch_module\('tests_custom\.ScaleShift'",
+    ):
         fastlayers.load(path)
 
     fastlayers.register_torch_module("tests_custom.ScaleShift", build_scale_shift, check=check_scale_shift)
@@ -476,8 +545,7 @@ def test_custom_class_loads_after_its_creator_is_registered(torch, tmp_path, rng
     randomize(root, torch)
     with torch.no_grad():
         want = root(torch.from_numpy(x[:, :5])).numpy()
-    assert_close(fastlayers.load(save(torch, root, tmp_path / "root.pt", fmt))(x[:, :5]), want,
-                 rtol=1e-5, atol=1e-6)
+    assert_close(fastlayers.load(save(torch, root, tmp_path / "root.pt", fmt))(x[:, :5]), want, rtol=1e-5, atol=1e-6)
     root.features = 4
     with pytest.raises(ModelFileError, match=r"root.*tests_custom\.ScaleShift.*'scale' has shape \(5,\)"):
         fastlayers.load(save(torch, root, tmp_path / "bad.pt", fmt))
@@ -502,15 +570,19 @@ def test_bad_registrations_are_refused_naming_the_class(torch, tmp_path, custom_
         register("tests_custom.ScaleShift", build_scale_shift, check=lambda c, extra: None)
     with pytest.raises(InputError, match="'tests custom.Scale Shift' is neither a torch.nn class name"):
         register("tests custom.Scale Shift", build_scale_shift)
-    with pytest.raises(InputError, match="torch.nn.modules.linear.Bilinear is a torch class: register "
-                                         "it by its class name, 'Bilinear'"):
+    with pytest.raises(
+        InputError, match="torch.nn.modules.linear.Bilinear is a torch class: register it by its class name, 'Bilinear'"
+    ):
         register("torch.nn.modules.linear.Bilinear", build_scale_shift)
     assert "tests_custom.ScaleShift" not in TORCH_MODULE_CREATORS
     # a builder that returns something other than a fastlayers.nn module, found when it runs
     register("tests_custom.ScaleShift", lambda record: np.zeros(3))
     model = torch.nn.Sequential(custom_torch_class(5, power=1))
-    with pytest.raises(InputError, match=r"module 0: the builder registered for 'tests_custom.ScaleShift' "
-                                         r"returned a ndarray, not a fastlayers.nn.Module"):
+    with pytest.raises(
+        InputError,
+        match=r"module 0: the builder registered for 'tests_custom.ScaleShift' "
+        r"returned a ndarray, not a fastlayers.nn.Module",
+    ):
         fastlayers.load(save(torch, model, tmp_path / "model.pt"))
 
 
@@ -521,8 +593,10 @@ def _family_cases(torch):
     return {
         "Conv1d": (lambda: tnn.Conv1d(3, 4, 3, stride=2, padding=1, bias=False), [(2, 3, 9)]),
         "Conv2d": (lambda: tnn.Conv2d(4, 6, (3, 2), padding="same", dilation=2, groups=2), [(2, 4, 7, 6)]),
-        "ConvTranspose2d": (lambda: tnn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1),
-                            [(1, 3, 4, 5)]),
+        "ConvTranspose2d": (
+            lambda: tnn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1),
+            [(1, 3, 4, 5)],
+        ),
         "MaxPool1d": (lambda: tnn.MaxPool1d(3, 2, padding=1), [(2, 3, 9)]),
         "MaxPool2d": (lambda: tnn.MaxPool2d(2, ceil_mode=True), [(2, 3, 5, 7)]),
         "AvgPool1d": (lambda: tnn.AvgPool1d(3, 2, padding=1, count_include_pad=False), [(2, 3, 9)]),
@@ -538,22 +612,49 @@ def _family_cases(torch):
         "RNNCell": (lambda: tnn.RNNCell(3, 4, nonlinearity="tanh"), [(2, 3)]),
         "LSTMCell": (lambda: tnn.LSTMCell(3, 4), [(2, 3)]),
         "GRUCell": (lambda: tnn.GRUCell(3, 4), [(2, 3)]),
-        "MultiheadAttention": (lambda: tnn.MultiheadAttention(8, 2, batch_first=True),
-                               [(2, 5, 8), (2, 6, 8), (2, 6, 8)]),
-        "TransformerEncoderLayer": (lambda: tnn.TransformerEncoderLayer(8, 2, 16, activation="gelu",
-                                                                        batch_first=True), [(2, 5, 8)]),
-        "TransformerDecoderLayer": (lambda: tnn.TransformerDecoderLayer(8, 2, 16, norm_first=True),
-                                    [(5, 2, 8), (4, 2, 8)]),
+        "MultiheadAttention": (
+            lambda: tnn.MultiheadAttention(8, 2, batch_first=True),
+            [(2, 5, 8), (2, 6, 8), (2, 6, 8)],
+        ),
+        "TransformerEncoderLayer": (
+            lambda: tnn.TransformerEncoderLayer(8, 2, 16, activation="gelu", batch_first=True),
+            [(2, 5, 8)],
+        ),
+        "TransformerDecoderLayer": (
+            lambda: tnn.TransformerDecoderLayer(8, 2, 16, norm_first=True),
+            [(5, 2, 8), (4, 2, 8)],
+        ),
         "TransformerEncoderLayer_module_activation": (
-            lambda: tnn.TransformerEncoderLayer(8, 2, 16, activation=tnn.GELU(), bias=False), [(5, 2, 8)]),
+            lambda: tnn.TransformerEncoderLayer(8, 2, 16, activation=tnn.GELU(), bias=False),
+            [(5, 2, 8)],
+        ),
     }
 
 
-FAMILIES = ["Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool1d", "MaxPool2d", "AvgPool1d",
-            "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d",
-            "AdaptiveMaxPool2d", "Upsample", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell",
-            "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-            "TransformerEncoderLayer_module_activation"]
+FAMILIES = [
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "MaxPool1d",
+    "MaxPool2d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "Upsample",
+    "RNN",
+    "LSTM",
+    "GRU",
+    "RNNCell",
+    "LSTMCell",
+    "GRUCell",
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer_module_activation",
+]
 
 
 def _first(out):
@@ -584,8 +685,15 @@ def test_other_families_rebuild(name, torch, tmp_path, rng):
 def test_transformer_stacks_rebuild(torch, tmp_path, rng, fmt):
     tnn = torch.nn
     cases = [
-        (tnn.TransformerEncoder(tnn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
-                                norm=tnn.LayerNorm(8), enable_nested_tensor=False), [(2, 5, 8)]),
+        (
+            tnn.TransformerEncoder(
+                tnn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+                2,
+                norm=tnn.LayerNorm(8),
+                enable_nested_tensor=False,
+            ),
+            [(2, 5, 8)],
+        ),
         (tnn.TransformerDecoder(tnn.TransformerDecoderLayer(8, 2, 16, activation="gelu"), 3), [(5, 2, 8), (4, 2, 8)]),
     ]
     for ref, shapes in cases:
@@ -660,8 +768,9 @@ def zip_with_pickle(path, data: bytes, prefix="archive"):
 def legacy_with_pickle(path, data: bytes):
     from fastlayers.io.torch.archive import LEGACY_MAGIC
 
-    head = b"".join(pickle.dumps(v, protocol=2) for v in (
-        LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True}))
+    head = b"".join(
+        pickle.dumps(v, protocol=2) for v in (LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True})
+    )
     path.write_bytes(head + data + pickle.dumps([], protocol=2))
     return path
 
@@ -670,8 +779,9 @@ def hostile_files(tmp_path, marker, torch):
     files = []
     for payload in payloads(marker).values():
         # the globals as pickle writes them; a nested payload may be refused first
-        name = tuple(f"{p.func.__module__}.{p.func.__qualname__}"
-                     for p in (payload, *payload.args) if isinstance(p, Payload))
+        name = tuple(
+            f"{p.func.__module__}.{p.func.__qualname__}" for p in (payload, *payload.args) if isinstance(p, Payload)
+        )
         for protocol in (0, 2, 4):
             data = pickle.dumps({"weight": payload}, protocol=protocol)
             files.append((name, zip_with_pickle(tmp_path / f"{name[0]}_{protocol}.pt", data)))
@@ -681,10 +791,10 @@ def hostile_files(tmp_path, marker, torch):
     model[0].evil = payloads(marker)["os.system"]
     files.append((f"{os.name}.system", save(torch, model, tmp_path / "attr.pt")))
     # hand-written protocol-0 pickles: REDUCE and INST on os.system
-    files.append(("os.system", zip_with_pickle(
-        tmp_path / "reduce0.pt", f"cos\nsystem\n(S'touch {marker}'\ntR.".encode())))
-    files.append(("os.system", zip_with_pickle(
-        tmp_path / "inst0.pt", f"(S'touch {marker}'\nios\nsystem\n.".encode())))
+    files.append(
+        ("os.system", zip_with_pickle(tmp_path / "reduce0.pt", f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()))
+    )
+    files.append(("os.system", zip_with_pickle(tmp_path / "inst0.pt", f"(S'touch {marker}'\nios\nsystem\n.".encode())))
     return files
 
 
@@ -707,8 +817,14 @@ def test_build_cannot_tamper_with_the_readers_own_objects(torch, tmp_path):
     from fastlayers.io.torch.tensors import rebuild_tensor_v2
 
     defaults = rebuild_tensor_v2.__defaults__
-    for i, target in enumerate([b"torch._utils\n_rebuild_tensor_v2", b"collections\nOrderedDict",
-                                b"torch\nFloatStorage", b"torch.nn.modules.linear\nLinear"]):
+    for i, target in enumerate(
+        [
+            b"torch._utils\n_rebuild_tensor_v2",
+            b"collections\nOrderedDict",
+            b"torch\nFloatStorage",
+            b"torch.nn.modules.linear\nLinear",
+        ]
+    ):
         data = b"c" + target + b"\n(N(S'__defaults__'\n(I1\nI2\nI3\ntdtb."
         path = zip_with_pickle(tmp_path / f"build{i}.pt", data)
         for reader in (fastlayers.load_state_dict, fastlayers.load):
@@ -738,8 +854,12 @@ def test_hostile_storage_references(torch, tmp_path):
     with zipfile.ZipFile(path) as zf:
         entries = {i.filename: zf.read(i) for i in zf.infolist()}
     pkl = next(n for n in entries if n.endswith("data.pkl"))
-    for i, (old, new) in enumerate([(b"K\x06\x85", b"K\x07\x85"),     # size 7 > 6 elements
-                                    (b"K\x01\x85", b"K\x02\x85")]):   # stride 2 runs out
+    for i, (old, new) in enumerate(
+        [
+            (b"K\x06\x85", b"K\x07\x85"),  # size 7 > 6 elements
+            (b"K\x01\x85", b"K\x02\x85"),
+        ]
+    ):  # stride 2 runs out
         assert old in entries[pkl]
         data = dict(entries, **{pkl: entries[pkl].replace(old, new, 1)})
         with zipfile.ZipFile(tmp_path / f"oob{i}.pt", "w") as zf:
@@ -764,7 +884,7 @@ def test_truncated_and_corrupt_files(torch, tmp_path, fmt):
     # flipped bytes in the middle (storage data: CRC in zips, garbage in legacy pickles)
     for pos in (len(data) // 2, 60):
         flipped = bytearray(data)
-        flipped[pos:pos + 8] = bytes(b ^ 0xFF for b in flipped[pos:pos + 8])
+        flipped[pos : pos + 8] = bytes(b ^ 0xFF for b in flipped[pos : pos + 8])
         bad = tmp_path / f"flip{pos}.pt"
         bad.write_bytes(bytes(flipped))
         try:

@@ -23,8 +23,11 @@ def random_weights(layer, rng, low=None):
     ws = []
     for w in layer.get_weights():
         w = np.asarray(w)
-        ws.append(rng.uniform(0.5, 1.5, w.shape).astype(np.float32) if low
-                  else (rng.standard_normal(w.shape) * 0.5).astype(np.float32))
+        ws.append(
+            rng.uniform(0.5, 1.5, w.shape).astype(np.float32)
+            if low
+            else (rng.standard_normal(w.shape) * 0.5).astype(np.float32)
+        )
     layer.set_weights(ws)
 
 
@@ -39,10 +42,14 @@ def masks(kind, rng, b, tq, tk):
     return vm, kind in ("causal", "both")
 
 
-DENSE_CASES = [("Attention", {}), ("Attention", {"use_scale": True}),
-               ("Attention", {"score_mode": "concat"}),
-               ("Attention", {"score_mode": "concat", "use_scale": True}),
-               ("AdditiveAttention", {}), ("AdditiveAttention", {"use_scale": False})]
+DENSE_CASES = [
+    ("Attention", {}),
+    ("Attention", {"use_scale": True}),
+    ("Attention", {"score_mode": "concat"}),
+    ("Attention", {"score_mode": "concat", "use_scale": True}),
+    ("AdditiveAttention", {}),
+    ("AdditiveAttention", {"use_scale": False}),
+]
 
 
 @pytest.mark.parametrize("name,kwargs", DENSE_CASES)
@@ -65,7 +72,7 @@ def test_dense_attention_matches_keras(name, kwargs, mask, b, tq, tk, keras, rng
     o2, s2 = ours([q, v, k], mask=m, return_attention_scores=True, use_causal_mask=causal)
     assert_close(o2, kn(keras, o), atol=1e-5)
     assert_close(s2, kn(keras, s), atol=1e-6)
-    assert_close(ours([q, k]), kn(keras, ref([q, k])), atol=1e-5)   # key defaults to value
+    assert_close(ours([q, k]), kn(keras, ref([q, k])), atol=1e-5)  # key defaults to value
 
 
 MHA_CASES = [
@@ -86,7 +93,7 @@ def test_multi_head_attention_matches_keras(kwargs, qs, vs, mask, keras, rng, ba
         am = rng.random((b, tq, tk)) < 0.7
         am[..., 0] = True
         if mask == "full":
-            am[0, -1] = False                                   # one fully masked query
+            am[0, -1] = False  # one fully masked query
     causal = mask in ("causal", "both")
     ref = keras.layers.MultiHeadAttention(**kwargs)
     ref(q, v, key)
@@ -101,8 +108,7 @@ def test_multi_head_attention_matches_keras(kwargs, qs, vs, mask, keras, rng, ba
     assert_close(s2, kn(keras, s), atol=1e-6)
     # the fused path of Keras (no scores) agrees too
     o3 = ref(q, v, key, attention_mask=am, use_causal_mask=causal)
-    assert_close(ours(q, v, key, attention_mask=am, use_causal_mask=causal), kn(keras, o3),
-                 rtol=1e-4, atol=1e-5)
+    assert_close(ours(q, v, key, attention_mask=am, use_causal_mask=causal), kn(keras, o3), rtol=1e-4, atol=1e-5)
 
 
 def _self_attention_pair(keras, rng, x, *args, **kwargs):
@@ -119,23 +125,21 @@ def _self_attention_pair(keras, rng, x, *args, **kwargs):
 
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, backend,
-                                                  monkeypatch):
+def test_multi_head_self_attention_runs_as_one_op(use_bias, batch, keras, rng, backend, monkeypatch):
     """One array as query, key and value, heads of width dim / num_heads, no mask or scores:
     one ``ops.self_attention`` call on the q/k/v kernels side by side, equal to Keras; with a
     mask, causal, or scores the general path runs."""
     x = rng.standard_normal((batch, 6, 8)).astype(np.float32)
     ref, ours = _self_attention_pair(keras, rng, x, 2, 4, use_bias=use_bias)
     fused, real = [], fl.MultiHeadAttention._self_attention
-    monkeypatch.setattr(fl.MultiHeadAttention, "_self_attention",
-                        lambda self, q: fused.append(1) or real(self, q))
+    monkeypatch.setattr(fl.MultiHeadAttention, "_self_attention", lambda self, q: fused.append(1) or real(self, q))
     for _ in range(2):
         assert_close(ours(x, x), kn(keras, ref(x, x)), rtol=1e-4, atol=1e-5)
     assert len(fused) == 2
     causal = ours(x, x, use_causal_mask=True)
     assert len(fused) == 2
     assert_close(causal, kn(keras, ref(x, x, use_causal_mask=True)), rtol=1e-4, atol=1e-5)
-    ours.set_weights([w * 0.5 for w in ref.get_weights()])       # new weights reach the op
+    ours.set_weights([w * 0.5 for w in ref.get_weights()])  # new weights reach the op
     ref.set_weights([w * 0.5 for w in ref.get_weights()])
     assert_close(ours(x, x), kn(keras, ref(x, x)), rtol=1e-4, atol=1e-5)
 
@@ -158,8 +162,7 @@ def test_multi_head_attention_in_functional_model_and_round_trip(keras, rng, tmp
     assert out.shape == (None, 5, 6) and scores.shape == (None, 2, 5, 7)
     y = fl.Dense(4, name="head")(out)
     model = Model([q_in, v_in, m_in], [y, scores])
-    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32) for w in model.get_weights()])
     q = rng.standard_normal((3, 5, 6)).astype(np.float32)
     v = rng.standard_normal((3, 7, 8)).astype(np.float32)
     m = rng.random((3, 5, 7)) < 0.7
@@ -190,8 +193,7 @@ def test_self_attention_and_extras_round_trip(rng, tmp_path):
     a = fl.Attention(use_scale=True, name="att")([h, k_in])
     ad = fl.AdditiveAttention(name="add")([h, k_in])
     model = Model([x_in, k_in], [hard, w, s, a, ad])
-    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(np.float32) for w in model.get_weights()])
     x = rng.standard_normal((2, 6, 8)).astype(np.float32)
     k = rng.standard_normal((2, 6, 8)).astype(np.float32)
     path = tmp_path / "extras.flm"
@@ -221,7 +223,7 @@ def test_hard_attention_picks_the_argmax_value(rng, backend):
     v = rng.standard_normal((2, 6, 3)).astype(np.float32)
     vm = np.ones((2, 6), bool)
     vm[0, :2] = False
-    vm[1] = False                                               # nothing to attend: zeros
+    vm[1] = False  # nothing to attend: zeros
     layer = fl.HardAttention()
     out, w = layer([q, v, k], mask=[None, vm], return_attention_scores=True)
     scores = np.where(vm[:, None, :], q @ k.transpose(0, 2, 1), -np.inf)
@@ -300,5 +302,5 @@ def test_multi_head_attention_query_value_key_masks_match_keras(keras, rng, back
     o2, s2 = ours(q, v, k, **kw)
     assert_close(o2, kn(keras, o), rtol=1e-4, atol=1e-5)
     assert_close(s2, kn(keras, s), atol=1e-6)
-    with pytest.raises(UnsupportedError, match="query_mask"):   # Keras ignores it; we refuse it
+    with pytest.raises(UnsupportedError, match="query_mask"):  # Keras ignores it; we refuse it
         ours(q, v, k, query_mask=qm)

@@ -29,9 +29,9 @@ CONV2D = [
     dict(filters=4, kernel_size=3),
     dict(filters=4, kernel_size=3, padding="same"),
     dict(filters=3, kernel_size=(3, 2), strides=2, padding="same", activation="relu"),
-    dict(filters=5, kernel_size=2, strides=(2, 3), padding="same"),           # asymmetric same
-    dict(filters=4, kernel_size=1, strides=4),                                # stride > kernel
-    dict(filters=4, kernel_size=1, use_bias=False),                           # 1x1 as GEMM
+    dict(filters=5, kernel_size=2, strides=(2, 3), padding="same"),  # asymmetric same
+    dict(filters=4, kernel_size=1, strides=4),  # stride > kernel
+    dict(filters=4, kernel_size=1, use_bias=False),  # 1x1 as GEMM
     dict(filters=6, kernel_size=3, dilation_rate=2, padding="same", activation="gelu"),
     dict(filters=6, kernel_size=3, groups=3, activation="sigmoid"),
     dict(filters=4, kernel_size=(1, 3), groups=2, padding="same", activation="tanh"),
@@ -41,15 +41,15 @@ CONV2D = [
 @pytest.mark.parametrize("data_format", FORMATS)
 @pytest.mark.parametrize("kwargs", CONV2D, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
 def test_conv2d(keras, backend, rng, kwargs, data_format):
-    compare_layer(keras, rng, "Conv2D", {**kwargs, "data_format": data_format},
-                  image(rng, (2, 7, 9, 6), data_format))
+    compare_layer(keras, rng, "Conv2D", {**kwargs, "data_format": data_format}, image(rng, (2, 7, 9, 6), data_format))
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 9, 6), (1, 7, 1, 6), (1, 3, 3, 6)], ids=["h1", "w1", "3x3"])
 def test_conv2d_edges(keras, backend, rng, shape):
     kernel = (1, 3) if shape[1] == 1 else (3, 1) if shape[2] == 1 else 3
-    compare_layer(keras, rng, "Conv2D", dict(filters=2, kernel_size=kernel, padding="same",
-                                             strides=2), randn(rng, shape))
+    compare_layer(
+        keras, rng, "Conv2D", dict(filters=2, kernel_size=kernel, padding="same", strides=2), randn(rng, shape)
+    )
 
 
 CONV1D = [
@@ -81,51 +81,75 @@ def test_conv1d(keras, backend, rng, kwargs, data_format):
 
 
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("kwargs", [
-    dict(kernel_size=3), dict(kernel_size=3, padding="same", strides=2, activation="relu6"),
-    dict(kernel_size=(2, 3), depth_multiplier=3, padding="same"),
-    dict(kernel_size=3, dilation_rate=2, use_bias=False),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(kernel_size=3),
+        dict(kernel_size=3, padding="same", strides=2, activation="relu6"),
+        dict(kernel_size=(2, 3), depth_multiplier=3, padding="same"),
+        dict(kernel_size=3, dilation_rate=2, use_bias=False),
+    ],
+    ids=str,
+)
 def test_depthwise_conv2d(keras, backend, rng, kwargs, data_format):
-    compare_layer(keras, rng, "DepthwiseConv2D", {**kwargs, "data_format": data_format},
-                  image(rng, (2, 7, 9, 5), data_format))
+    compare_layer(
+        keras, rng, "DepthwiseConv2D", {**kwargs, "data_format": data_format}, image(rng, (2, 7, 9, 5), data_format)
+    )
 
 
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("kwargs", [
-    dict(filters=4, kernel_size=3), dict(filters=3, kernel_size=3, strides=2, padding="same",
-                                         depth_multiplier=2, activation="relu"),
-    dict(filters=4, kernel_size=2, use_bias=False, dilation_rate=2),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(filters=4, kernel_size=3),
+        dict(filters=3, kernel_size=3, strides=2, padding="same", depth_multiplier=2, activation="relu"),
+        dict(filters=4, kernel_size=2, use_bias=False, dilation_rate=2),
+    ],
+    ids=str,
+)
 def test_separable_conv2d(keras, backend, rng, kwargs, data_format):
-    compare_layer(keras, rng, "SeparableConv2D", {**kwargs, "data_format": data_format},
-                  image(rng, (2, 7, 9, 5), data_format))
+    compare_layer(
+        keras, rng, "SeparableConv2D", {**kwargs, "data_format": data_format}, image(rng, (2, 7, 9, 5), data_format)
+    )
 
 
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("kwargs", [
-    dict(filters=3, kernel_size=3), dict(filters=3, kernel_size=3, strides=2),
-    dict(filters=3, kernel_size=3, strides=2, padding="same"),
-    dict(filters=3, kernel_size=2, strides=2, padding="same"),
-    dict(filters=3, kernel_size=(3, 2), strides=(2, 3), padding="valid", activation="relu"),
-    dict(filters=2, kernel_size=3, strides=2, output_padding=1),
-    dict(filters=2, kernel_size=3, strides=3, padding="same", output_padding=(2, 1)),
-    dict(filters=2, kernel_size=1, strides=3),
-    dict(filters=2, kernel_size=3, dilation_rate=2, use_bias=False),
-    dict(filters=2, kernel_size=3, dilation_rate=2, padding="same"),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(filters=3, kernel_size=3),
+        dict(filters=3, kernel_size=3, strides=2),
+        dict(filters=3, kernel_size=3, strides=2, padding="same"),
+        dict(filters=3, kernel_size=2, strides=2, padding="same"),
+        dict(filters=3, kernel_size=(3, 2), strides=(2, 3), padding="valid", activation="relu"),
+        dict(filters=2, kernel_size=3, strides=2, output_padding=1),
+        dict(filters=2, kernel_size=3, strides=3, padding="same", output_padding=(2, 1)),
+        dict(filters=2, kernel_size=1, strides=3),
+        dict(filters=2, kernel_size=3, dilation_rate=2, use_bias=False),
+        dict(filters=2, kernel_size=3, dilation_rate=2, padding="same"),
+    ],
+    ids=str,
+)
 def test_conv2d_transpose(keras, backend, rng, kwargs, data_format):
-    compare_layer(keras, rng, "Conv2DTranspose", {**kwargs, "data_format": data_format},
-                  image(rng, (2, 5, 4, 3), data_format))
+    compare_layer(
+        keras, rng, "Conv2DTranspose", {**kwargs, "data_format": data_format}, image(rng, (2, 5, 4, 3), data_format)
+    )
 
 
 # ----------------------------------------------------------------------------------- pooling
 @pytest.mark.parametrize("data_format", FORMATS)
 @pytest.mark.parametrize("name", ["MaxPooling2D", "AveragePooling2D"])
-@pytest.mark.parametrize("kwargs", [
-    dict(pool_size=2), dict(pool_size=3, strides=2), dict(pool_size=3, strides=2, padding="same"),
-    dict(pool_size=(2, 3), strides=(3, 1), padding="same"), dict(pool_size=1, strides=3),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(pool_size=2),
+        dict(pool_size=3, strides=2),
+        dict(pool_size=3, strides=2, padding="same"),
+        dict(pool_size=(2, 3), strides=(3, 1), padding="same"),
+        dict(pool_size=1, strides=3),
+    ],
+    ids=str,
+)
 def test_pooling2d(keras, backend, rng, name, kwargs, data_format):
     x = image(rng, (2, 7, 9, 4), data_format)
     if name == "AveragePooling2D" and kwargs.get("padding") == "same":
@@ -151,14 +175,15 @@ def brute_avg_pool_same(x_nhwc, pool, strides):
     for i in range(ho):
         for j in range(wo):
             r0, c0 = i * strides[0] - top, j * strides[1] - left
-            win = x_nhwc[:, max(r0, 0): r0 + pool[0], max(c0, 0): c0 + pool[1]]
+            win = x_nhwc[:, max(r0, 0) : r0 + pool[0], max(c0, 0) : c0 + pool[1]]
             y[:, i, j] = win.mean(axis=(1, 2))
     return y
 
 
 @pytest.mark.parametrize("name", ["MaxPooling1D", "AveragePooling1D"])
-@pytest.mark.parametrize("kwargs", [dict(pool_size=2), dict(pool_size=3, strides=2, padding="same"),
-                                    dict(pool_size=2, strides=3)], ids=str)
+@pytest.mark.parametrize(
+    "kwargs", [dict(pool_size=2), dict(pool_size=3, strides=2, padding="same"), dict(pool_size=2, strides=3)], ids=str
+)
 def test_pooling1d(keras, backend, rng, name, kwargs):
     compare_layer(keras, rng, name, kwargs, randn(rng, (2, 11, 3)))
     compare_layer(keras, rng, name, {**kwargs, "data_format": "channels_first"}, randn(rng, (1, 3, 11)))
@@ -166,19 +191,24 @@ def test_pooling1d(keras, backend, rng, name, kwargs):
 
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("name", ["GlobalMaxPooling1D", "GlobalAveragePooling1D",
-                                  "GlobalMaxPooling2D", "GlobalAveragePooling2D"])
+@pytest.mark.parametrize(
+    "name", ["GlobalMaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling2D", "GlobalAveragePooling2D"]
+)
 def test_global_pooling(keras, backend, rng, name, data_format, keepdims):
     shape = (2, 5, 3) if name.endswith("1D") else (2, 5, 4, 3)
     compare_layer(keras, rng, name, dict(data_format=data_format, keepdims=keepdims), randn(rng, shape))
 
 
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("kwargs", [dict(), dict(size=(3, 2)), dict(interpolation="bilinear"),
-                                    dict(size=(2, 3), interpolation="bilinear")], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(size=(3, 2)), dict(interpolation="bilinear"), dict(size=(2, 3), interpolation="bilinear")],
+    ids=str,
+)
 def test_upsampling2d(keras, backend, rng, kwargs, data_format):
-    compare_layer(keras, rng, "UpSampling2D", {**kwargs, "data_format": data_format},
-                  image(rng, (2, 3, 5, 2), data_format))
+    compare_layer(
+        keras, rng, "UpSampling2D", {**kwargs, "data_format": data_format}, image(rng, (2, 3, 5, 2), data_format)
+    )
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -231,8 +261,14 @@ def test_inception_block_equals_keras_graph(keras, backend, rng):
         weights[layer.name] = layer.get_weights()
     by_output = {id(layer.output): layer for layer in convs}
     b2_conv, b3_conv = by_output[id(b2)], by_output[id(b3)]
-    ordered = [by_output[id(b1)], b2_conv._inbound_nodes[0].parent_nodes[0].operation, b2_conv,
-               b3_conv._inbound_nodes[0].parent_nodes[0].operation, b3_conv, by_output[id(b4)]]
+    ordered = [
+        by_output[id(b1)],
+        b2_conv._inbound_nodes[0].parent_nodes[0].operation,
+        b2_conv,
+        b3_conv._inbound_nodes[0].parent_nodes[0].operation,
+        b3_conv,
+        by_output[id(b4)],
+    ]
     del order
     block = fl.InceptionBlock(3, 2, 4, 2, 3, 2)
     block(x)
@@ -250,8 +286,11 @@ def test_inception_block_equals_keras_graph(keras, backend, rng):
 def test_nin_block_equals_keras_graph(keras, backend, rng, global_pool):
     x = randn(rng, (2, 9, 8, 3))
     kl = keras.layers
-    layers = [kl.Conv2D(4, 3, strides=2, padding="same", activation="relu"),
-              kl.Conv2D(5, 1, activation="relu"), kl.Conv2D(6, 1, activation="relu")]
+    layers = [
+        kl.Conv2D(4, 3, strides=2, padding="same", activation="relu"),
+        kl.Conv2D(5, 1, activation="relu"),
+        kl.Conv2D(6, 1, activation="relu"),
+    ]
     if global_pool:
         layers.append(kl.GlobalAveragePooling2D())
     km = keras.Sequential([keras.Input((9, 8, 3)), *layers])
@@ -265,14 +304,13 @@ def test_nin_block_equals_keras_graph(keras, backend, rng, global_pool):
 
 # ------------------------------------------------------------------------- lrn and roi pooling
 @pytest.mark.parametrize("data_format", FORMATS)
-@pytest.mark.parametrize("radius,bias,alpha,beta", [(2, 1.0, 1e-4, 0.75), (1, 2.0, 0.1, 0.5),
-                                                    (0, 1.0, 1.0, 1.0)])
-def test_local_response_normalization_matches_torch(torch, backend, rng, data_format, radius, bias,
-                                                   alpha, beta):
+@pytest.mark.parametrize("radius,bias,alpha,beta", [(2, 1.0, 1e-4, 0.75), (1, 2.0, 0.1, 0.5), (0, 1.0, 1.0, 1.0)])
+def test_local_response_normalization_matches_torch(torch, backend, rng, data_format, radius, bias, alpha, beta):
     x = randn(rng, (2, 6, 3, 7), 2.0)  # NHWC with 7 channels
     size = 2 * radius + 1
     expected = torch.nn.functional.local_response_norm(
-        torch.from_numpy(np.moveaxis(x, -1, 1).copy()), size, alpha * size, beta, bias).numpy()
+        torch.from_numpy(np.moveaxis(x, -1, 1).copy()), size, alpha * size, beta, bias
+    ).numpy()
     layer = fl.LocalResponseNormalization(radius, bias, alpha, beta, data_format=data_format)
     if data_format == "channels_first":
         assert_close(layer(np.moveaxis(x, -1, 1).copy()), expected)
@@ -286,8 +324,8 @@ def test_roi_pooling_layer(backend, rng):
     layer = fl.RoIPooling2D((2, 3), spatial_scale=1.0)
     y = layer([x, rois])
     assert y.shape == (3, 2, 3, 3)
-    assert_close(y[0, 0, 0], x[0, 0:4, 0:4].max(axis=(0, 1)))     # rows [0, 4), cols [0, 4)
-    assert_close(y[2, 1, 2], x[1, 4, 4])                          # a 1x1 region fills every bin
+    assert_close(y[0, 0, 0], x[0, 0:4, 0:4].max(axis=(0, 1)))  # rows [0, 4), cols [0, 4)
+    assert_close(y[2, 1, 2], x[1, 4, 4])  # a 1x1 region fills every bin
     first = fl.RoIPooling2D((2, 3), data_format="channels_first")
     assert_close(first([np.moveaxis(x, -1, 1).copy(), rois]), np.moveaxis(y, -1, 1))
     with pytest.raises(InputError, match="batch indices"):
@@ -311,25 +349,35 @@ def test_conv2d_transpose_explicit_padding_matches_torch(torch, backend, rng):
     layer(x)
     kernel, bias = randn(rng, (3, 2, 4, 3)), randn(rng, (4,))
     layer.set_weights([kernel, bias])
-    w_torch = np.ascontiguousarray(kernel.transpose(3, 2, 0, 1))       # (C_in, C_out, kh, kw)
+    w_torch = np.ascontiguousarray(kernel.transpose(3, 2, 0, 1))  # (C_in, C_out, kh, kw)
     expected = torch.nn.functional.conv_transpose2d(
-        torch.from_numpy(np.moveaxis(x, -1, 1).copy()), torch.from_numpy(w_torch),
-        torch.from_numpy(bias), stride=(2, 3), padding=(1, 0), output_padding=(1, 2)).numpy()
+        torch.from_numpy(np.moveaxis(x, -1, 1).copy()),
+        torch.from_numpy(w_torch),
+        torch.from_numpy(bias),
+        stride=(2, 3),
+        padding=(1, 0),
+        output_padding=(1, 2),
+    ).numpy()
     assert_close(layer(x), np.moveaxis(expected, 1, -1), atol=1e-5)
 
 
 def test_conv2d_groups_equal_to_channels_runs_depthwise(keras, backend, rng):
-    compare_layer(keras, rng, "Conv2D", dict(filters=10, kernel_size=3, groups=5, padding="same",
-                                             activation="relu"), randn(rng, (2, 6, 7, 5)))
+    compare_layer(
+        keras,
+        rng,
+        "Conv2D",
+        dict(filters=10, kernel_size=3, groups=5, padding="same", activation="relu"),
+        randn(rng, (2, 6, 7, 5)),
+    )
 
 
 @pytest.mark.parametrize("data_format", FORMATS)
 def test_upsampling2d_bilinear_align_corners_matches_torch(torch, backend, rng, data_format):
     x = randn(rng, (2, 3, 5, 2))
     layer = fl.UpSampling2D((3, 2), data_format=data_format, interpolation="bilinear", align_corners=True)
-    expected = torch.nn.functional.interpolate(torch.from_numpy(np.moveaxis(x, -1, 1).copy()),
-                                               scale_factor=(3, 2), mode="bilinear",
-                                               align_corners=True).numpy()
+    expected = torch.nn.functional.interpolate(
+        torch.from_numpy(np.moveaxis(x, -1, 1).copy()), scale_factor=(3, 2), mode="bilinear", align_corners=True
+    ).numpy()
     if data_format == "channels_first":
         assert_close(layer(np.moveaxis(x, -1, 1).copy()), expected)
     else:
@@ -354,5 +402,4 @@ def test_keras_file_with_conv_layers_loads(keras, backend, rng, tmp_path):
         w.assign(randn(rng, tuple(w.shape), 0.3))
     km.save(tmp_path / "conv.keras")
     x = randn(rng, (2, 12, 12, 3))
-    assert_close(fastlayers.load(tmp_path / "conv.keras")(x), keras.ops.convert_to_numpy(km(x)),
-                 rtol=1e-4, atol=1e-5)
+    assert_close(fastlayers.load(tmp_path / "conv.keras")(x), keras.ops.convert_to_numpy(km(x)), rtol=1e-4, atol=1e-5)

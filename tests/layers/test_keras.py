@@ -18,20 +18,74 @@ from fastlayers import layers as fl
 from ..conftest import assert_close
 
 ACTIVATIONS = [
-    "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "sigmoid", "hard_sigmoid",
-    "tanh", "softmax", "log_softmax", "softplus", "softsign", "swish", "silu", "exponential",
+    "linear",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "gelu",
+    "sigmoid",
+    "hard_sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+    "softplus",
+    "softsign",
+    "swish",
+    "silu",
+    "exponential",
 ]
 #: Keras 3's newer activations (reference numpy path on every CPU backend).
 KERAS3_ACTIVATIONS = [
-    "celu", "glu", "hard_silu", "hard_swish", "hard_tanh", "hard_shrink", "soft_shrink",
-    "tanh_shrink", "log_sigmoid", "mish", "sparse_plus", "sparse_sigmoid", "squareplus",
+    "celu",
+    "glu",
+    "hard_silu",
+    "hard_swish",
+    "hard_tanh",
+    "hard_shrink",
+    "soft_shrink",
+    "tanh_shrink",
+    "log_sigmoid",
+    "mish",
+    "sparse_plus",
+    "sparse_sigmoid",
+    "squareplus",
     "sparsemax",
 ]
 #: Each function's kinks and the values either side (±0.5 shrink thresholds, ±1 sparse_plus,
 #: sparse_sigmoid and hard_tanh, ±3 hard_silu), zeros, and saturating values.
-BREAK_POINTS = np.array([
-    -60.0, -20.0, -3.001, -3.0, -2.999, -1.001, -1.0, -0.999, -0.501, -0.5, -0.499, -1e-7, -0.0,
-    0.0, 1e-7, 0.499, 0.5, 0.501, 0.999, 1.0, 1.001, 2.999, 3.0, 3.001, 20.0, 60.0], np.float32)
+BREAK_POINTS = np.array(
+    [
+        -60.0,
+        -20.0,
+        -3.001,
+        -3.0,
+        -2.999,
+        -1.001,
+        -1.0,
+        -0.999,
+        -0.501,
+        -0.5,
+        -0.499,
+        -1e-7,
+        -0.0,
+        0.0,
+        1e-7,
+        0.499,
+        0.5,
+        0.501,
+        0.999,
+        1.0,
+        1.001,
+        2.999,
+        3.0,
+        3.001,
+        20.0,
+        60.0,
+    ],
+    np.float32,
+)
 CENTER_SCALE = [(True, True), (False, True), (True, False), (False, False)]
 
 
@@ -128,8 +182,7 @@ def test_activation_gelu_tanh(keras, backend, rng, scale):
 
 def test_activation_special_values(keras, backend):
     """Zeros, exact kinks and values large enough to saturate each function."""
-    x = np.array([[0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 6.0, 50.0, -50.0, 87.0, -87.0, 1e-30]],
-                 np.float32)
+    x = np.array([[0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 6.0, 50.0, -50.0, 87.0, -87.0, 1e-30]], np.float32)
     for name in ACTIVATIONS:
         expected = to_numpy(keras, keras.layers.Activation(name)(x))
         assert_close(fl.Activation(name)(x), expected, what=name)
@@ -160,12 +213,11 @@ def test_sparsemax_is_the_simplex_projection(keras, backend, rng):
         y = fl.Activation("sparsemax")(x)
         assert np.all(y >= 0)
         assert_close(y.sum(axis=-1), np.ones(x.shape[:-1]), rtol=1e-6, atol=1e-6)
-        tau = np.where(y > 0, x - y, np.nan)   # the same tau over the support, at most x elsewhere
+        tau = np.where(y > 0, x - y, np.nan)  # the same tau over the support, at most x elsewhere
         assert_close(np.nanmax(tau, -1), np.nanmin(tau, -1), atol=2e-6)
         assert np.all((y > 0) | (x <= np.nanmin(tau, -1, keepdims=True) + 1e-6))
     one_hot = np.array([[0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 1.5, -2.0]], np.float32)
-    assert_close(fl.Activation("sparsemax")(one_hot),
-                 to_numpy(keras, keras.activations.sparsemax(one_hot)))
+    assert_close(fl.Activation("sparsemax")(one_hot), to_numpy(keras, keras.activations.sparsemax(one_hot)))
     x = randn(rng, (4, 5))
     k_layer = keras.layers.Dense(6, activation="sparsemax")
     k_layer(x)
@@ -189,13 +241,21 @@ def test_activation_threshold_and_odd_glu_are_refused(rng):
 
 
 # --------------------------------------------------------------- parametrized activation layers
-@pytest.mark.parametrize("kwargs", [
-    {}, {"max_value": 6.0}, {"max_value": 2.5}, {"negative_slope": 0.1},
-    {"threshold": 0.5}, {"negative_slope": 0.2, "threshold": 0.5},
-    {"max_value": 1.5, "negative_slope": 0.3},
-    {"max_value": 1.0, "negative_slope": 0.1, "threshold": 0.25},
-    {"max_value": 0.0},
-], ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()) or "default")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"max_value": 6.0},
+        {"max_value": 2.5},
+        {"negative_slope": 0.1},
+        {"threshold": 0.5},
+        {"negative_slope": 0.2, "threshold": 0.5},
+        {"max_value": 1.5, "negative_slope": 0.3},
+        {"max_value": 1.0, "negative_slope": 0.1, "threshold": 0.25},
+        {"max_value": 0.0},
+    ],
+    ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()) or "default",
+)
 def test_relu(keras, backend, rng, kwargs):
     x = randn(rng, (4, 9), 2.0)
     compare_layer(keras, rng, "ReLU", kwargs, x)
@@ -214,10 +274,21 @@ def test_elu(keras, backend, rng, kwargs):
     compare_layer(keras, rng, "ELU", kwargs, randn(rng, (3, 11), 3.0))
 
 
-@pytest.mark.parametrize("axis,shape", [
-    (-1, (3, 7)), (1, (3, 7)), (-1, (2, 4, 5)), (1, (2, 4, 5)), ([1, 2], (2, 4, 5)),
-    (-1, (1, 1)), (1, (2, 1, 5)), (-1, (2, 19)), (1, (2, 19, 3)),  # 19: the 8-wide max loop
-], ids=str)
+@pytest.mark.parametrize(
+    "axis,shape",
+    [
+        (-1, (3, 7)),
+        (1, (3, 7)),
+        (-1, (2, 4, 5)),
+        (1, (2, 4, 5)),
+        ([1, 2], (2, 4, 5)),
+        (-1, (1, 1)),
+        (1, (2, 1, 5)),
+        (-1, (2, 19)),
+        (1, (2, 19, 3)),  # 19: the 8-wide max loop
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("scale", [1.0, 10.0])
 def test_softmax(keras, backend, rng, axis, shape, scale):
     compare_layer(keras, rng, "Softmax", {"axis": axis}, randn(rng, shape, scale))
@@ -230,17 +301,31 @@ def test_flatten(keras, backend, rng, shape, data_format):
     compare_layer(keras, rng, "Flatten", {"data_format": data_format}, randn(rng, shape))
 
 
-@pytest.mark.parametrize("target,shape", [
-    ((-1,), (2, 3, 4)), ((4, 3), (2, 3, 4)), ((-1, 4), (2, 3, 4)), ((2, -1, 3), (1, 3, 4)),
-    ((1, -1), (3, 5)),
-], ids=str)
+@pytest.mark.parametrize(
+    "target,shape",
+    [
+        ((-1,), (2, 3, 4)),
+        ((4, 3), (2, 3, 4)),
+        ((-1, 4), (2, 3, 4)),
+        ((2, -1, 3), (1, 3, 4)),
+        ((1, -1), (3, 5)),
+    ],
+    ids=str,
+)
 def test_reshape(keras, backend, rng, target, shape):
     compare_layer(keras, rng, "Reshape", {"target_shape": target}, randn(rng, shape))
 
 
-@pytest.mark.parametrize("dims,shape", [
-    ((2, 1), (2, 3, 4)), ((1, 2), (2, 3, 4)), ((3, 1, 2), (2, 3, 4, 5)), ((2, 3, 1), (1, 1, 4, 1)),
-], ids=str)
+@pytest.mark.parametrize(
+    "dims,shape",
+    [
+        ((2, 1), (2, 3, 4)),
+        ((1, 2), (2, 3, 4)),
+        ((3, 1, 2), (2, 3, 4, 5)),
+        ((2, 3, 1), (1, 1, 4, 1)),
+    ],
+    ids=str,
+)
 def test_permute(keras, backend, rng, dims, shape):
     compare_layer(keras, rng, "Permute", {"dims": dims}, randn(rng, shape))
 
@@ -250,13 +335,17 @@ def test_repeat_vector(keras, backend, rng, n, shape):
     compare_layer(keras, rng, "RepeatVector", {"n": n}, randn(rng, shape))
 
 
-@pytest.mark.parametrize("name,kwargs,shape", [
-    ("Dropout", {"rate": 0.5}, (3, 7)),
-    ("Dropout", {"rate": 0.0}, (2, 3, 4)),
-    ("SpatialDropout1D", {"rate": 0.3}, (2, 5, 3)),
-    ("SpatialDropout2D", {"rate": 0.3}, (2, 4, 5, 3)),
-    ("SpatialDropout2D", {"rate": 0.3, "data_format": "channels_first"}, (1, 3, 4, 5)),
-], ids=str)
+@pytest.mark.parametrize(
+    "name,kwargs,shape",
+    [
+        ("Dropout", {"rate": 0.5}, (3, 7)),
+        ("Dropout", {"rate": 0.0}, (2, 3, 4)),
+        ("SpatialDropout1D", {"rate": 0.3}, (2, 5, 3)),
+        ("SpatialDropout2D", {"rate": 0.3}, (2, 4, 5, 3)),
+        ("SpatialDropout2D", {"rate": 0.3, "data_format": "channels_first"}, (1, 3, 4, 5)),
+    ],
+    ids=str,
+)
 def test_dropout_identity(keras, backend, rng, name, kwargs, shape):
     x = randn(rng, shape)
     actual = compare_layer(keras, rng, name, kwargs, x, call_kwargs={"training": False})
@@ -265,29 +354,47 @@ def test_dropout_identity(keras, backend, rng, name, kwargs, shape):
 
 # --------------------------------------------------------------------------------- merging
 @pytest.mark.parametrize("shape", [(3, 5), (1, 1), (2, 3, 4)], ids=str)
-@pytest.mark.parametrize("name,n_inputs", [
-    (name, n) for name in ("Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum")
-    for n in ((2,) if name == "Subtract" else (2, 3))  # Subtract takes exactly two inputs
-])
+@pytest.mark.parametrize(
+    "name,n_inputs",
+    [
+        (name, n)
+        for name in ("Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum")
+        for n in ((2,) if name == "Subtract" else (2, 3))  # Subtract takes exactly two inputs
+    ],
+)
 def test_merge(keras, backend, rng, name, n_inputs, shape):
     xs = [randn(rng, shape) for _ in range(n_inputs)]
     compare_layer(keras, rng, name, {}, xs)
 
 
-@pytest.mark.parametrize("axis,shapes", [
-    (-1, [(2, 3), (2, 5)]), (-1, [(2, 3, 1), (2, 3, 4), (2, 3, 2)]), (1, [(2, 3, 4), (2, 1, 4)]),
-    (1, [(1, 2), (1, 1)]),
-], ids=str)
+@pytest.mark.parametrize(
+    "axis,shapes",
+    [
+        (-1, [(2, 3), (2, 5)]),
+        (-1, [(2, 3, 1), (2, 3, 4), (2, 3, 2)]),
+        (1, [(2, 3, 4), (2, 1, 4)]),
+        (1, [(1, 2), (1, 1)]),
+    ],
+    ids=str,
+)
 def test_concatenate(keras, backend, rng, axis, shapes):
     compare_layer(keras, rng, "Concatenate", {"axis": axis}, [randn(rng, s) for s in shapes])
 
 
 # --------------------------------------------------------------------------- normalization
 @pytest.mark.parametrize("center,scale", CENTER_SCALE)
-@pytest.mark.parametrize("axis,shape,epsilon", [
-    (-1, (4, 6), 1e-3), (-1, (2, 3, 4, 5), 1e-5), (1, (2, 3, 4, 5), 1e-3), (1, (1, 3, 1, 1), 0.1),
-    (-1, (1, 1), 1e-3), (2, (2, 3, 4), 1e-3),
-], ids=str)
+@pytest.mark.parametrize(
+    "axis,shape,epsilon",
+    [
+        (-1, (4, 6), 1e-3),
+        (-1, (2, 3, 4, 5), 1e-5),
+        (1, (2, 3, 4, 5), 1e-3),
+        (1, (1, 3, 1, 1), 0.1),
+        (-1, (1, 1), 1e-3),
+        (2, (2, 3, 4), 1e-3),
+    ],
+    ids=str,
+)
 def test_batch_normalization(keras, backend, rng, axis, shape, epsilon, center, scale):
     kwargs = {"axis": axis, "epsilon": epsilon, "center": center, "scale": scale}
     x = randn(rng, shape, 2.0)
@@ -295,21 +402,33 @@ def test_batch_normalization(keras, backend, rng, axis, shape, epsilon, center, 
 
 
 @pytest.mark.parametrize("center,scale", CENTER_SCALE)
-@pytest.mark.parametrize("axis,shape,epsilon", [
-    (-1, (4, 6), 1e-3), (-1, (2, 3, 8), 1e-5), ([1, 2], (2, 3, 8), 1e-3), (2, (2, 3, 8), 1e-3),
-    (-1, (3, 1), 1e-3), ([-1], (1, 2, 5), 0.1),
-], ids=str)
+@pytest.mark.parametrize(
+    "axis,shape,epsilon",
+    [
+        (-1, (4, 6), 1e-3),
+        (-1, (2, 3, 8), 1e-5),
+        ([1, 2], (2, 3, 8), 1e-3),
+        (2, (2, 3, 8), 1e-3),
+        (-1, (3, 1), 1e-3),
+        ([-1], (1, 2, 5), 0.1),
+    ],
+    ids=str,
+)
 def test_layer_normalization(keras, backend, rng, axis, shape, epsilon, center, scale):
     kwargs = {"axis": axis, "epsilon": epsilon, "center": center, "scale": scale}
     x = randn(rng, shape, 3.0) + np.float32(1.5)  # a non-zero mean, so centering matters
     compare_layer(keras, rng, "LayerNormalization", kwargs, x)
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("LayerNormalization", {"epsilon": 1e-3}),
-    ("LayerNormalization", {"epsilon": 1e-3, "center": False, "scale": False}),
-    ("RMSNormalization", {"epsilon": 1e-6}),
-], ids=str)
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("LayerNormalization", {"epsilon": 1e-3}),
+        ("LayerNormalization", {"epsilon": 1e-3, "center": False, "scale": False}),
+        ("RMSNormalization", {"epsilon": 1e-6}),
+    ],
+    ids=str,
+)
 def test_normalization_inner_axis(keras, backend, rng, name, kwargs):
     """axis=1 of a rank-3 input, checked against Keras's axis=-1 on the transposed input.
 
@@ -328,10 +447,17 @@ def test_normalization_inner_axis(keras, backend, rng, name, kwargs):
     assert_close(f_layer(x), np.swapaxes(expected_t, 1, 2))
 
 
-@pytest.mark.parametrize("axis,shape,epsilon", [
-    (-1, (4, 6), 1e-6), (-1, (2, 3, 8), 1e-3), ([1, 2], (2, 3, 8), 1e-6), (2, (2, 3, 8), 1e-6),
-    (-1, (1, 1), 1e-6),
-], ids=str)
+@pytest.mark.parametrize(
+    "axis,shape,epsilon",
+    [
+        (-1, (4, 6), 1e-6),
+        (-1, (2, 3, 8), 1e-3),
+        ([1, 2], (2, 3, 8), 1e-6),
+        (2, (2, 3, 8), 1e-6),
+        (-1, (1, 1), 1e-6),
+    ],
+    ids=str,
+)
 def test_rms_normalization(keras, backend, rng, axis, shape, epsilon):
     if not hasattr(keras.layers, "RMSNormalization"):
         pytest.skip(f"keras {keras.__version__} has no RMSNormalization")
@@ -357,46 +483,76 @@ def test_embedding(keras, backend, rng, shape):
     np.testing.assert_array_equal(f_layer(ids.astype(np.int32)), expected)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"scale": 1 / 255}, {"scale": 2.0, "offset": -1.0}, {"scale": 1 / 127.5, "offset": -1},
-    {"scale": -0.5, "offset": 3.25},
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"scale": 1 / 255},
+        {"scale": 2.0, "offset": -1.0},
+        {"scale": 1 / 127.5, "offset": -1},
+        {"scale": -0.5, "offset": 3.25},
+    ],
+    ids=str,
+)
 def test_rescaling(keras, backend, rng, kwargs):
     x = rng.uniform(0, 255, (2, 4, 4, 3)).astype(np.float32)
     compare_layer(keras, rng, "Rescaling", kwargs, x)
 
 
 # ------------------------------------------------------------------------ padding, cropping
-@pytest.mark.parametrize("kwargs,shape", [
-    ({}, (2, 5, 3)), ({"padding": 2}, (1, 1, 1)), ({"padding": (0, 3)}, (2, 4, 3)),
-    ({"padding": (2, 1), "data_format": "channels_first"}, (2, 3, 5)),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs,shape",
+    [
+        ({}, (2, 5, 3)),
+        ({"padding": 2}, (1, 1, 1)),
+        ({"padding": (0, 3)}, (2, 4, 3)),
+        ({"padding": (2, 1), "data_format": "channels_first"}, (2, 3, 5)),
+    ],
+    ids=str,
+)
 def test_zero_padding1d(keras, backend, rng, kwargs, shape):
     compare_layer(keras, rng, "ZeroPadding1D", kwargs, randn(rng, shape))
 
 
-@pytest.mark.parametrize("kwargs,shape", [
-    ({}, (2, 4, 5, 3)), ({"padding": 2}, (1, 1, 1, 1)), ({"padding": (1, 2)}, (2, 3, 4, 2)),
-    ({"padding": ((0, 1), (2, 3))}, (2, 3, 4, 2)),
-    ({"padding": ((1, 0), (0, 2)), "data_format": "channels_first"}, (2, 3, 4, 5)),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs,shape",
+    [
+        ({}, (2, 4, 5, 3)),
+        ({"padding": 2}, (1, 1, 1, 1)),
+        ({"padding": (1, 2)}, (2, 3, 4, 2)),
+        ({"padding": ((0, 1), (2, 3))}, (2, 3, 4, 2)),
+        ({"padding": ((1, 0), (0, 2)), "data_format": "channels_first"}, (2, 3, 4, 5)),
+    ],
+    ids=str,
+)
 def test_zero_padding2d(keras, backend, rng, kwargs, shape):
     compare_layer(keras, rng, "ZeroPadding2D", kwargs, randn(rng, shape))
 
 
-@pytest.mark.parametrize("kwargs,shape", [
-    ({}, (2, 5, 3)), ({"cropping": 2}, (1, 5, 1)), ({"cropping": (0, 3)}, (2, 4, 3)),
-    ({"cropping": (2, 0)}, (2, 3, 2)),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs,shape",
+    [
+        ({}, (2, 5, 3)),
+        ({"cropping": 2}, (1, 5, 1)),
+        ({"cropping": (0, 3)}, (2, 4, 3)),
+        ({"cropping": (2, 0)}, (2, 3, 2)),
+    ],
+    ids=str,
+)
 def test_cropping1d(keras, backend, rng, kwargs, shape):
     compare_layer(keras, rng, "Cropping1D", kwargs, randn(rng, shape))
 
 
-@pytest.mark.parametrize("kwargs,shape", [
-    ({}, (2, 4, 5, 3)), ({"cropping": 1}, (1, 3, 3, 1)), ({"cropping": (1, 2)}, (2, 4, 6, 2)),
-    ({"cropping": ((0, 1), (2, 1))}, (2, 3, 4, 2)),
-    ({"cropping": ((1, 0), (0, 2)), "data_format": "channels_first"}, (2, 3, 4, 5)),
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs,shape",
+    [
+        ({}, (2, 4, 5, 3)),
+        ({"cropping": 1}, (1, 3, 3, 1)),
+        ({"cropping": (1, 2)}, (2, 4, 6, 2)),
+        ({"cropping": ((0, 1), (2, 1))}, (2, 3, 4, 2)),
+        ({"cropping": ((1, 0), (0, 2)), "data_format": "channels_first"}, (2, 3, 4, 5)),
+    ],
+    ids=str,
+)
 def test_cropping2d(keras, backend, rng, kwargs, shape):
     compare_layer(keras, rng, "Cropping2D", kwargs, randn(rng, shape))
 
@@ -438,16 +594,18 @@ def test_functional_model(keras, backend, rng):
 
 def test_sequential_model(keras, backend, rng):
     def build(lib, L):
-        return lib.Sequential([
-            lib.Input(shape=(4, 6)),
-            L.Dense(8, activation="gelu"),
-            L.LayerNormalization(),
-            L.Flatten(),
-            L.Dropout(0.5),
-            L.Dense(10, activation="relu"),
-            L.BatchNormalization(),
-            L.Dense(3, activation="softmax"),
-        ])
+        return lib.Sequential(
+            [
+                lib.Input(shape=(4, 6)),
+                L.Dense(8, activation="gelu"),
+                L.LayerNormalization(),
+                L.Flatten(),
+                L.Dropout(0.5),
+                L.Dense(10, activation="relu"),
+                L.BatchNormalization(),
+                L.Dense(3, activation="softmax"),
+            ]
+        )
 
     k_model = build(keras, keras.layers)
     _randomize_model(k_model, rng)
@@ -488,8 +646,7 @@ def test_log_softmax_vs_torch(torch, backend, rng, shape, scale):
     assert_close(fl.Softmax()(x), expected_sm)
 
 
-@pytest.mark.parametrize("axis,shape", [(-1, (4, 16)), (-1, (2, 3, 7)), ([1, 2], (2, 3, 7)),
-                                        (-1, (3, 1))], ids=str)
+@pytest.mark.parametrize("axis,shape", [(-1, (4, 16)), (-1, (2, 3, 7)), ([1, 2], (2, 3, 7)), (-1, (3, 1))], ids=str)
 @pytest.mark.parametrize("epsilon", [1e-5, 1e-3])
 def test_layer_norm_vs_torch(torch, backend, rng, axis, shape, epsilon):
     x = randn(rng, shape, 3.0) + np.float32(2.0)
@@ -498,7 +655,7 @@ def test_layer_norm_vs_torch(torch, backend, rng, axis, shape, epsilon):
     norm_shape = shape[1:] if isinstance(axis, list) else shape[-1:]
     gamma, beta = randn(rng, norm_shape), randn(rng, norm_shape)
     layer.set_weights([gamma, beta])
-    expected = torch.nn.functional.layer_norm(torch.from_numpy(x), norm_shape,
-                                              torch.from_numpy(gamma), torch.from_numpy(beta),
-                                              eps=epsilon).numpy()
+    expected = torch.nn.functional.layer_norm(
+        torch.from_numpy(x), norm_shape, torch.from_numpy(gamma), torch.from_numpy(beta), eps=epsilon
+    ).numpy()
     assert_close(layer(x), expected)

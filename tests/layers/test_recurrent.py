@@ -24,8 +24,7 @@ def to_numpy(keras, y):
 
 
 def random_weights(layer, rng, scale=0.5):
-    layer.set_weights([(rng.standard_normal(tuple(w.shape)) * scale).astype(np.float32)
-                       for w in layer.get_weights()])
+    layer.set_weights([(rng.standard_normal(tuple(w.shape)) * scale).astype(np.float32) for w in layer.get_weights()])
 
 
 def keras_and_ours(keras, rng, name, kwargs, x, wrap=None, call_kwargs=None):
@@ -57,14 +56,20 @@ def assert_outputs(actual, expected, rtol=1e-5, atol=2e-6):
 
 
 OPTIONS = [
-    {}, {"return_sequences": True}, {"return_state": True},
+    {},
+    {"return_sequences": True},
+    {"return_state": True},
     {"return_sequences": True, "return_state": True, "go_backwards": True},
-    {"go_backwards": True}, {"use_bias": False, "return_sequences": True},
+    {"go_backwards": True},
+    {"use_bias": False, "return_sequences": True},
 ]
 LAYERS = [
-    ("SimpleRNN", {}), ("SimpleRNN", {"activation": "relu"}),
-    ("LSTM", {}), ("LSTM", {"activation": "relu", "recurrent_activation": "hard_sigmoid"}),
-    ("GRU", {}), ("GRU", {"reset_after": False}),
+    ("SimpleRNN", {}),
+    ("SimpleRNN", {"activation": "relu"}),
+    ("LSTM", {}),
+    ("LSTM", {"activation": "relu", "recurrent_activation": "hard_sigmoid"}),
+    ("GRU", {}),
+    ("GRU", {"reset_after": False}),
 ]
 
 
@@ -76,15 +81,15 @@ def test_layer_matches_keras(keras, rng, backend, name, extra, options):
     assert_outputs(actual, expected)
 
 
-@pytest.mark.parametrize("name,extra", [("SimpleRNN", {"activation": "elu"}),
-                                        ("GRU", {"activation": "celu"}),
-                                        ("LSTM", {"activation": "leaky_relu"})])
+@pytest.mark.parametrize(
+    "name,extra",
+    [("SimpleRNN", {"activation": "elu"}), ("GRU", {"activation": "celu"}), ("LSTM", {"activation": "leaky_relu"})],
+)
 def test_parametrized_activation_takes_keras_default(keras, rng, backend, name, extra):
     """An activation with a parameter (elu's and celu's alpha = 1, leaky_relu's slope 0.2)
     inside a recurrent cell."""
     x = rng.standard_normal((B, T, I)).astype(np.float32) * 3
-    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra,
-                                                         "return_sequences": True}, x)
+    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra, "return_sequences": True}, x)
     assert_outputs(actual, expected)
 
 
@@ -100,18 +105,21 @@ MASKS = {
 }
 
 
-@pytest.mark.parametrize("name,extra", [("SimpleRNN", {}), ("LSTM", {}), ("GRU", {}),
-                                        ("GRU", {"reset_after": False})])
+@pytest.mark.parametrize("name,extra", [("SimpleRNN", {}), ("LSTM", {}), ("GRU", {}), ("GRU", {"reset_after": False})])
 @pytest.mark.parametrize("mask_name", list(MASKS))
-@pytest.mark.parametrize("options", [{"return_sequences": True, "return_state": True},
-                                     {"go_backwards": True, "return_sequences": True},
-                                     {"zero_output_for_mask": True, "return_sequences": True},
-                                     {}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"return_sequences": True, "return_state": True},
+        {"go_backwards": True, "return_sequences": True},
+        {"zero_output_for_mask": True, "return_sequences": True},
+        {},
+    ],
+)
 def test_masks_match_keras(keras, rng, backend, name, extra, mask_name, options):
     mask = MASKS[mask_name]
     x = rng.standard_normal((mask.shape[0], T, I)).astype(np.float32)
-    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra, **options}, x,
-                                      call_kwargs={"mask": mask})
+    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **extra, **options}, x, call_kwargs={"mask": mask})
     assert_outputs(actual, expected)
 
 
@@ -120,19 +128,25 @@ def test_initial_state_matches_keras(keras, rng, backend, name):
     x = rng.standard_normal((B, T, I)).astype(np.float32)
     n = 2 if name == "LSTM" else 1
     states = [rng.standard_normal((B, U)).astype(np.float32) for _ in range(n)]
-    expected, actual = keras_and_ours(keras, rng, name, {"units": U, "return_state": True}, x,
-                                      call_kwargs={"initial_state": states})
+    expected, actual = keras_and_ours(
+        keras, rng, name, {"units": U, "return_state": True}, x, call_kwargs={"initial_state": states}
+    )
     assert_outputs(actual, expected)
 
 
 @pytest.mark.parametrize("merge_mode", ["concat", "sum", "mul", "ave", None])
-@pytest.mark.parametrize("name,options", [("LSTM", {"return_sequences": True}), ("GRU", {}),
-                                          ("SimpleRNN", {"return_state": True}),
-                                          ("LSTM", {"return_state": True, "return_sequences": True})])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("LSTM", {"return_sequences": True}),
+        ("GRU", {}),
+        ("SimpleRNN", {"return_state": True}),
+        ("LSTM", {"return_state": True, "return_sequences": True}),
+    ],
+)
 def test_bidirectional_matches_keras(keras, rng, backend, merge_mode, name, options):
     x = rng.standard_normal((B, T, I)).astype(np.float32)
-    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **options}, x,
-                                      wrap={"merge_mode": merge_mode})
+    expected, actual = keras_and_ours(keras, rng, name, {"units": U, **options}, x, wrap={"merge_mode": merge_mode})
     assert_outputs(actual, expected)
 
 
@@ -140,13 +154,21 @@ def test_bidirectional_matches_keras(keras, rng, backend, merge_mode, name, opti
 def test_bidirectional_with_mask_matches_keras(keras, rng, backend, name):
     mask = MASKS["right_padded"]
     x = rng.standard_normal((mask.shape[0], T, I)).astype(np.float32)
-    expected, actual = keras_and_ours(keras, rng, name, {"units": U, "return_sequences": True}, x,
-                                      wrap={"merge_mode": "concat"}, call_kwargs={"mask": mask})
+    expected, actual = keras_and_ours(
+        keras,
+        rng,
+        name,
+        {"units": U, "return_sequences": True},
+        x,
+        wrap={"merge_mode": "concat"},
+        call_kwargs={"mask": mask},
+    )
     assert_outputs(actual, expected)
 
 
-@pytest.mark.parametrize("name,extra", [("SimpleRNNCell", {}), ("LSTMCell", {}), ("GRUCell", {}),
-                                        ("GRUCell", {"reset_after": False})])
+@pytest.mark.parametrize(
+    "name,extra", [("SimpleRNNCell", {}), ("LSTMCell", {}), ("GRUCell", {}), ("GRUCell", {"reset_after": False})]
+)
 def test_cells_match_keras(keras, rng, backend, name, extra):
     x = rng.standard_normal((B, I)).astype(np.float32)
     k_cell = getattr(keras.layers, name)(U, **extra)
@@ -167,14 +189,25 @@ def test_cells_match_keras(keras, rng, backend, name, extra):
 
 def test_stacked_sequential_matches_keras(keras, rng, backend):
     x = rng.standard_normal((2, 7, I)).astype(np.float32)
-    k_model = keras.Sequential([keras.Input((7, I)), keras.layers.LSTM(5, return_sequences=True),
-                                keras.layers.GRU(4, return_sequences=True),
-                                keras.layers.Bidirectional(keras.layers.SimpleRNN(3)),
-                                keras.layers.Dense(2)])
+    k_model = keras.Sequential(
+        [
+            keras.Input((7, I)),
+            keras.layers.LSTM(5, return_sequences=True),
+            keras.layers.GRU(4, return_sequences=True),
+            keras.layers.Bidirectional(keras.layers.SimpleRNN(3)),
+            keras.layers.Dense(2),
+        ]
+    )
     random_weights(k_model, rng)
-    ours = Sequential([Input((7, I)), fl.LSTM(5, return_sequences=True),
-                       fl.GRU(4, return_sequences=True), fl.Bidirectional(fl.SimpleRNN(3)),
-                       fl.Dense(2)])
+    ours = Sequential(
+        [
+            Input((7, I)),
+            fl.LSTM(5, return_sequences=True),
+            fl.GRU(4, return_sequences=True),
+            fl.Bidirectional(fl.SimpleRNN(3)),
+            fl.Dense(2),
+        ]
+    )
     ours.set_weights(k_model.get_weights())
     assert_close(ours(x), to_numpy(keras, k_model(x)), rtol=1e-4, atol=1e-5)
 
@@ -235,11 +268,13 @@ def test_stream_chunks_equal_full_sequence(rng, backend, name):
     random_weights(layer, rng)
     full = layer(x, mask=mask)
     state = layer.get_stream_state(2)
-    parts = [layer.stream(x[:, :4], state, mask=mask[:, :4]),
-             layer.stream(x[:, 4], state, mask=mask[:, 4])[:, None],
-             layer.stream(x[:, 5:], state, mask=mask[:, 5:])]
+    parts = [
+        layer.stream(x[:, :4], state, mask=mask[:, :4]),
+        layer.stream(x[:, 4], state, mask=mask[:, 4])[:, None],
+        layer.stream(x[:, 5:], state, mask=mask[:, 5:]),
+    ]
     assert state.steps == 11
-    assert_close(np.concatenate(parts, axis=1), full, rtol=1e-6, atol=1e-6)   # float32 chunk sums
+    assert_close(np.concatenate(parts, axis=1), full, rtol=1e-6, atol=1e-6)  # float32 chunk sums
     # copy forks a stream; reset starts over; states are per client
     fork = state.copy()
     more = rng.standard_normal((2, 3, I)).astype(np.float32)
@@ -312,9 +347,9 @@ def test_embedding_mask_zero_propagates_in_graphs(keras, rng, backend, tmp_path)
     """Keras propagates Embedding(mask_zero=True) masks to recurrent layers in a graph; so do we."""
     ids = rng.integers(1, 20, (4, 7))
     ids[0, 4:] = 0
-    ids[1, :3] = 0   # left padding
-    ids[2, 2] = 0    # a hole
-    ids[3, :] = 0    # nothing valid
+    ids[1, :3] = 0  # left padding
+    ids[2, 2] = 0  # a hole
+    ids[3, :] = 0  # nothing valid
 
     def build(lib, layers):
         inp = lib.Input((7,), dtype="int32")
@@ -354,14 +389,16 @@ def test_concurrent_calls_share_one_model(rng):
 
 def test_bidirectional_with_backward_layer_matches_keras(keras, rng, backend, tmp_path):
     x = rng.standard_normal((B, T, I)).astype(np.float32)
-    k_layer = keras.layers.Bidirectional(keras.layers.LSTM(U, return_sequences=True),
-                                         backward_layer=keras.layers.LSTM(
-                                             U, return_sequences=True, go_backwards=True,
-                                             activation="relu"))
+    k_layer = keras.layers.Bidirectional(
+        keras.layers.LSTM(U, return_sequences=True),
+        backward_layer=keras.layers.LSTM(U, return_sequences=True, go_backwards=True, activation="relu"),
+    )
     k_layer(x)
     random_weights(k_layer, rng)
-    ours = fl.Bidirectional(fl.LSTM(U, return_sequences=True), backward_layer=fl.LSTM(
-        U, return_sequences=True, go_backwards=True, activation="relu"))
+    ours = fl.Bidirectional(
+        fl.LSTM(U, return_sequences=True),
+        backward_layer=fl.LSTM(U, return_sequences=True, go_backwards=True, activation="relu"),
+    )
     ours(x)
     ours.set_weights(k_layer.get_weights())
     assert_close(ours(x), to_numpy(keras, k_layer(x)))
@@ -383,10 +420,8 @@ def test_keras_files_with_recurrent_layers_load(keras, rng, tmp_path, suffix):
     inp = keras.Input((7,), dtype="int32")
     h = keras.layers.Embedding(20, I, mask_zero=True)(inp)
     h = keras.layers.LSTM(U, return_sequences=True)(h)
-    h = keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True, reset_after=False),
-                                   merge_mode="ave")(h)
-    seq, state = keras.layers.SimpleRNN(4, return_sequences=True, return_state=True,
-                                        go_backwards=True)(h)
+    h = keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True, reset_after=False), merge_mode="ave")(h)
+    seq, state = keras.layers.SimpleRNN(4, return_sequences=True, return_state=True, go_backwards=True)(h)
     k_model = keras.Model(inp, [keras.layers.Dense(2)(seq), state])
     random_weights(k_model, rng)
     path = tmp_path / f"rnn{suffix}"

@@ -41,7 +41,7 @@ def masks_for(kind, rng, n, lq, s, torch_bool=True):
     kpm = am = None
     if kind in ("padding", "both", "float"):
         kpm = np.zeros((n, s), bool)
-        kpm[0, s - 2:] = True
+        kpm[0, s - 2 :] = True
     if kind in ("causal", "both"):
         am = np.triu(np.ones((lq, s), bool), k=1)
     if kind == "float":
@@ -63,7 +63,7 @@ MHA_CONFIGS = [
 @pytest.mark.parametrize("mask", ["none", "padding", "causal", "both", "float"])
 def test_multihead_attention_matches_torch(config, mask, torch, rng, backend):
     ref, ours = pair(torch, rng, "MultiheadAttention", E, H, **config)
-    n, lq, s = 3, 4, 5                                       # Tq != Tk, odd lengths
+    n, lq, s = 3, 4, 5  # Tq != Tk, odd lengths
     kd, vd = config.get("kdim", E), config.get("vdim", E)
     bf = config.get("batch_first", False)
     shp = (lambda length, d: (n, length, d)) if bf else (lambda length, d: (length, n, d))
@@ -74,9 +74,14 @@ def test_multihead_attention_matches_torch(config, mask, torch, rng, backend):
     for avg in (True, False):
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            o, w = ref(t(torch, q), t(torch, k), t(torch, v),
-                       key_padding_mask=None if kpm is None else t(torch, kpm),
-                       attn_mask=None if am is None else t(torch, am), average_attn_weights=avg)
+            o, w = ref(
+                t(torch, q),
+                t(torch, k),
+                t(torch, v),
+                key_padding_mask=None if kpm is None else t(torch, kpm),
+                attn_mask=None if am is None else t(torch, am),
+                average_attn_weights=avg,
+            )
         o2, w2 = ours(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=avg)
         assert_close(o2, o.numpy(), rtol=1e-5, atol=1e-5)
         assert_close(w2, w.numpy(), rtol=1e-5, atol=1e-6)
@@ -87,13 +92,13 @@ def test_multihead_attention_matches_torch(config, mask, torch, rng, backend):
 
 def test_multihead_attention_self_one_head_batch1_unbatched_and_3d_mask(torch, rng, backend):
     ref, ours = pair(torch, rng, "MultiheadAttention", 6, 1)
-    x = rng.standard_normal((7, 1, 6)).astype(np.float32)    # batch 1, odd length
+    x = rng.standard_normal((7, 1, 6)).astype(np.float32)  # batch 1, odd length
     with torch.no_grad():
         o, w = ref(t(torch, x), t(torch, x), t(torch, x))
     o2, w2 = ours(x, x, x)
     assert_close(o2, o.numpy(), atol=1e-5)
     assert_close(w2, w.numpy(), atol=1e-6)
-    xu = x[:, 0]                                              # unbatched (L, E)
+    xu = x[:, 0]  # unbatched (L, E)
     with torch.no_grad():
         o, w = ref(t(torch, xu), t(torch, xu), t(torch, xu))
     o2, w2 = ours(xu, xu, xu)
@@ -104,8 +109,7 @@ def test_multihead_attention_self_one_head_batch1_unbatched_and_3d_mask(torch, r
     am = rng.random((2 * H, 3, 3)) < 0.3
     am[:, :, 0] = False
     with torch.no_grad():
-        o, w = ref(t(torch, q), t(torch, q), t(torch, q), attn_mask=t(torch, am),
-                   average_attn_weights=False)
+        o, w = ref(t(torch, q), t(torch, q), t(torch, q), attn_mask=t(torch, am), average_attn_weights=False)
     o2, w2 = ours(q, q, q, attn_mask=am, average_attn_weights=False)
     assert_close(o2, o.numpy(), atol=1e-5)
     assert_close(w2, w.numpy(), atol=1e-6)
@@ -153,7 +157,7 @@ def test_scaled_dot_product_attention_matches_torch(qs, ks, vs, opts, torch, rng
     opts = dict(opts)
     kind = opts.pop("mask", None)
     mask = None
-    if kind == "bool":                                        # True = take part; one row all False
+    if kind == "bool":  # True = take part; one row all False
         mask = rng.random((qs[-2], ks[-2])) < 0.7
         mask[0] = False
     elif kind == "float":
@@ -162,8 +166,8 @@ def test_scaled_dot_product_attention_matches_torch(qs, ks, vs, opts, torch, rng
         mask = rng.random((qs[0], 1, qs[-2], ks[-2])) < 0.6
     with torch.no_grad():
         want = torch.nn.functional.scaled_dot_product_attention(
-            t(torch, q), t(torch, k), t(torch, v), attn_mask=None if mask is None else t(torch, mask),
-            **opts).numpy()
+            t(torch, q), t(torch, k), t(torch, v), attn_mask=None if mask is None else t(torch, mask), **opts
+        ).numpy()
     got, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True, **opts)
     assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert w.shape == (*np.broadcast_shapes(qs[:-2], ks[:-2]), qs[-2], ks[-2])
@@ -175,7 +179,8 @@ def test_sdpa_gqa_and_errors(torch, rng):
     v = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
     with torch.no_grad():
         want = torch.nn.functional.scaled_dot_product_attention(
-            t(torch, q), t(torch, k), t(torch, v), enable_gqa=True).numpy()
+            t(torch, q), t(torch, k), t(torch, v), enable_gqa=True
+        ).numpy()
     assert_close(F.scaled_dot_product_attention(q, k, v, enable_gqa=True), want, atol=1e-5)
     with pytest.raises(InputError):
         F.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((3, 3), bool), is_causal=True)
@@ -198,14 +203,16 @@ def seq_first(x, bf):
 @pytest.mark.parametrize("config", ENC_CONFIGS)
 @pytest.mark.parametrize("mask", ["none", "padding", "causal", "both"])
 def test_transformer_encoder_layer_matches_torch(config, mask, torch, rng, backend):
-    ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, dim_feedforward=16, dropout=0.0,
-                     **config)
+    ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, dim_feedforward=16, dropout=0.0, **config)
     bf = config.get("batch_first", False)
     x = seq_first(rng.standard_normal((3, 5, E)).astype(np.float32), bf)
     kpm, am = masks_for(mask, rng, 3, 5, 5)
     with torch.no_grad():
-        want = ref(t(torch, x), src_mask=None if am is None else t(torch, am),
-                   src_key_padding_mask=None if kpm is None else t(torch, kpm)).numpy()
+        want = ref(
+            t(torch, x),
+            src_mask=None if am is None else t(torch, am),
+            src_key_padding_mask=None if kpm is None else t(torch, kpm),
+        ).numpy()
     got = ours(x, src_mask=am, src_key_padding_mask=kpm)
     assert_close(got, want, rtol=1e-4, atol=1e-5)
 
@@ -221,26 +228,24 @@ def test_encoder_layer_runs_as_one_primitive_unless_it_cannot(torch, rng, monkey
     monkeypatch.setattr(ops, "encoder_layer", lambda self, *a: calls.append(1) or real(self, *a))
     x = rng.standard_normal((3, 5, E)).astype(np.float32)
 
-    def act(z):                 # a callable both frameworks can run
+    def act(z):  # a callable both frameworks can run
         return z * 0.5 - z * z * 0.01
 
-    for kwargs, bias_kv, fused in [({}, False, True), ({"activation": act}, False, False),
-                                   ({}, True, False)]:
-        ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, 16, 0.0, batch_first=True,
-                         **kwargs)
+    for kwargs, bias_kv, fused in [({}, False, True), ({"activation": act}, False, False), ({}, True, False)]:
+        ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, 16, 0.0, batch_first=True, **kwargs)
         if bias_kv:
-            ref.self_attn, ours.self_attn = pair(torch, rng, "MultiheadAttention", E, H,
-                                                 add_bias_kv=True, batch_first=True)
+            ref.self_attn, ours.self_attn = pair(
+                torch, rng, "MultiheadAttention", E, H, add_bias_kv=True, batch_first=True
+            )
         calls.clear()
-        want = ref(t(torch, x)).detach().numpy()    # with grad: torch's own fast path drops bias_k
+        want = ref(t(torch, x)).detach().numpy()  # with grad: torch's own fast path drops bias_k
         assert_close(ours(x), want, rtol=1e-4, atol=1e-5)
         assert calls == ([1] if fused else [])
 
 
 @pytest.mark.parametrize("config", ENC_CONFIGS[:3])
 def test_transformer_decoder_layer_matches_torch(config, torch, rng, backend):
-    ref, ours = pair(torch, rng, "TransformerDecoderLayer", E, H, dim_feedforward=16, dropout=0.0,
-                     **config)
+    ref, ours = pair(torch, rng, "TransformerDecoderLayer", E, H, dim_feedforward=16, dropout=0.0, **config)
     bf = config.get("batch_first", False)
     tgt = seq_first(rng.standard_normal((2, 4, E)).astype(np.float32), bf)
     mem = seq_first(rng.standard_normal((2, 7, E)).astype(np.float32), bf)
@@ -248,10 +253,16 @@ def test_transformer_decoder_layer_matches_torch(config, torch, rng, backend):
     mkpm = np.zeros((2, 7), bool)
     mkpm[1, 5:] = True
     with torch.no_grad():
-        want = ref(t(torch, tgt), t(torch, mem), tgt_mask=t(torch, tmask), tgt_is_causal=True,
-                   memory_key_padding_mask=t(torch, mkpm)).numpy()
-    got, (w_self, w_cross) = ours(tgt, mem, tgt_mask=tmask, tgt_is_causal=True,
-                                  memory_key_padding_mask=mkpm, return_attention_weights=True)
+        want = ref(
+            t(torch, tgt),
+            t(torch, mem),
+            tgt_mask=t(torch, tmask),
+            tgt_is_causal=True,
+            memory_key_padding_mask=t(torch, mkpm),
+        ).numpy()
+    got, (w_self, w_cross) = ours(
+        tgt, mem, tgt_mask=tmask, tgt_is_causal=True, memory_key_padding_mask=mkpm, return_attention_weights=True
+    )
     assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert w_self.shape == (2, H, 4, 4) and w_cross.shape == (2, H, 4, 7)
     assert np.all(w_self[..., np.triu_indices(4, 1)[0], np.triu_indices(4, 1)[1]] == 0)
@@ -260,17 +271,18 @@ def test_transformer_decoder_layer_matches_torch(config, torch, rng, backend):
 
 def test_transformer_stacks_match_torch(torch, rng, backend):
     enc_ref = torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True), 2,
-        norm=torch.nn.LayerNorm(E), enable_nested_tensor=False).eval()
+        torch.nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True),
+        2,
+        norm=torch.nn.LayerNorm(E),
+        enable_nested_tensor=False,
+    ).eval()
     dec_ref = torch.nn.TransformerDecoder(
-        torch.nn.TransformerDecoderLayer(E, H, 16, 0.0, batch_first=True), 2,
-        norm=torch.nn.LayerNorm(E)).eval()
+        torch.nn.TransformerDecoderLayer(E, H, 16, 0.0, batch_first=True), 2, norm=torch.nn.LayerNorm(E)
+    ).eval()
     for m in (enc_ref, dec_ref):
         randomize(m, rng, torch)
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True), 2,
-                                norm=nn.LayerNorm(E))
-    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(E, H, 16, 0.0, batch_first=True), 2,
-                                norm=nn.LayerNorm(E))
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True), 2, norm=nn.LayerNorm(E))
+    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(E, H, 16, 0.0, batch_first=True), 2, norm=nn.LayerNorm(E))
     for ours, ref in ((enc, enc_ref), (dec, dec_ref)):
         assert list(ours.state_dict()) == list(ref.state_dict())
         ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
@@ -280,8 +292,12 @@ def test_transformer_stacks_match_torch(torch, rng, backend):
     kpm[0, 4:] = True
     with torch.no_grad():
         mem_ref = enc_ref(t(torch, src), src_key_padding_mask=t(torch, kpm))
-        out_ref = dec_ref(t(torch, tgt), mem_ref, tgt_mask=t(torch, nn.generate_square_subsequent_mask(3)),
-                          memory_key_padding_mask=t(torch, kpm)).numpy()
+        out_ref = dec_ref(
+            t(torch, tgt),
+            mem_ref,
+            tgt_mask=t(torch, nn.generate_square_subsequent_mask(3)),
+            memory_key_padding_mask=t(torch, kpm),
+        ).numpy()
     mem, enc_w = enc(src, src_key_padding_mask=kpm, return_attention_weights=True)
     assert_close(mem, mem_ref.numpy(), rtol=1e-4, atol=1e-5)
     out = dec(tgt, mem, tgt_mask=nn.generate_square_subsequent_mask(3), memory_key_padding_mask=kpm)
@@ -297,15 +313,13 @@ def test_greedy_decode_matches_torch_loop(torch, rng, backend):
     for m in (emb_ref, tr_ref, head_ref):
         randomize(m, rng, torch)
     emb, head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, H, 16, 0.0, batch_first=True), 1,
-                                norm=nn.LayerNorm(d))
-    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(d, H, 16, 0.0, batch_first=True), 1,
-                                norm=nn.LayerNorm(d))
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, H, 16, 0.0, batch_first=True), 1, norm=nn.LayerNorm(d))
+    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(d, H, 16, 0.0, batch_first=True), 1, norm=nn.LayerNorm(d))
     emb.load_state_dict(emb_ref.state_dict())
     head.load_state_dict(head_ref.state_dict())
     sd = {k: v.numpy() for k, v in tr_ref.state_dict().items()}
-    enc.load_state_dict({k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")})
-    dec.load_state_dict({k[len("decoder."):]: v for k, v in sd.items() if k.startswith("decoder.")})
+    enc.load_state_dict({k[len("encoder.") :]: v for k, v in sd.items() if k.startswith("encoder.")})
+    dec.load_state_dict({k[len("decoder.") :]: v for k, v in sd.items() if k.startswith("decoder.")})
     src = rng.integers(1, vocab, (3, 5))
 
     def step(ys, memory):
@@ -332,13 +346,13 @@ def test_greedy_decode_matches_torch_loop(torch, rng, backend):
 def test_cached_transposed_weights_follow_load_state_dict(torch, rng, backend):
     ref, ours = pair(torch, rng, "TransformerEncoderLayer", E, H, 16, 0.0, batch_first=True)
     x = rng.standard_normal((2, 3, E)).astype(np.float32)
-    ours(x)                                                   # fills the caches
-    randomize(ref, rng, torch)                                # new weights
+    ours(x)  # fills the caches
+    randomize(ref, rng, torch)  # new weights
     ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
     with torch.no_grad():
         want = ref(t(torch, x)).numpy()
     assert_close(ours(x), want, rtol=1e-4, atol=1e-5)
-    ours.self_attn.in_proj_weight = np.zeros((3 * E, E), np.float32)   # assignment is seen too
+    ours.self_attn.in_proj_weight = np.zeros((3 * E, E), np.float32)  # assignment is seen too
     _, w = ours.self_attn(x, x, x)
     assert_close(w, np.full((2, 3, 3), 1 / 3, np.float32), atol=1e-7)
 
@@ -351,7 +365,8 @@ def test_encoder_layer_is_thread_safe(rng):
     serial = [layer(x, is_causal=True, src_mask=nn.generate_square_subsequent_mask(5)) for x in xs]
     with ThreadPoolExecutor(4) as pool:
         for _ in range(5):
-            results = list(pool.map(
-                lambda x: layer(x, is_causal=True, src_mask=nn.generate_square_subsequent_mask(5)), xs))
+            results = list(
+                pool.map(lambda x: layer(x, is_causal=True, src_mask=nn.generate_square_subsequent_mask(5)), xs)
+            )
             for got, want in zip(results, serial):
                 np.testing.assert_array_equal(got, want)

@@ -23,12 +23,12 @@ CONV_CASES = [
     ("Conv2d", (4, 6, (3, 2)), {"stride": (2, 1), "padding": (1, 0)}, (2, 4, 7, 9)),
     ("Conv2d", (4, 6, 3), {"stride": 2, "dilation": 2, "padding": 2}, (1, 4, 9, 8)),  # dilation + stride
     ("Conv2d", (6, 6, 3), {"groups": 3, "padding": 1}, (2, 6, 5, 5)),
-    ("Conv2d", (6, 12, 3), {"groups": 6, "padding": "same"}, (2, 6, 5, 4)),        # depthwise x2
+    ("Conv2d", (6, 12, 3), {"groups": 6, "padding": "same"}, (2, 6, 5, 4)),  # depthwise x2
     ("Conv2d", (4, 4, 4), {"padding": "same", "dilation": (1, 2)}, (1, 4, 7, 9)),  # even kernel same
-    ("Conv2d", (4, 5, 1), {"bias": False}, (2, 4, 3, 3)),                          # 1x1
-    ("Conv2d", (4, 5, 2), {"stride": 5}, (1, 4, 11, 7)),                           # stride > kernel
+    ("Conv2d", (4, 5, 1), {"bias": False}, (2, 4, 3, 3)),  # 1x1
+    ("Conv2d", (4, 5, 2), {"stride": 5}, (1, 4, 11, 7)),  # stride > kernel
     ("Conv2d", (3, 2, 3), {"padding": "valid"}, (1, 3, 3, 3)),
-    ("Conv2d", (3, 2, (1, 3)), {"padding": (0, 1)}, (2, 3, 1, 6)),                 # height 1
+    ("Conv2d", (3, 2, (1, 3)), {"padding": (0, 1)}, (2, 3, 1, 6)),  # height 1
     ("ConvTranspose2d", (4, 6, 3), {}, (2, 4, 5, 4)),
     ("ConvTranspose2d", (4, 6, 3), {"stride": 2, "padding": 1, "output_padding": 1}, (2, 4, 5, 4)),
     ("ConvTranspose2d", (4, 6, (3, 2)), {"stride": (3, 2), "padding": (2, 0), "groups": 2}, (1, 4, 4, 5)),
@@ -76,7 +76,7 @@ POOL_CASES = [
     ("MaxPool2d", (3, 2), {}, (2, 3, 9, 8)),
     ("MaxPool2d", (3, 2, 1), {"ceil_mode": True}, (2, 3, 10, 7)),
     ("MaxPool2d", ((2, 3), (3, 1), (1, 0)), {"dilation": (2, 1)}, (1, 3, 9, 6)),
-    ("MaxPool2d", (1, 4), {}, (1, 2, 9, 5)),                                       # stride > kernel
+    ("MaxPool2d", (1, 4), {}, (1, 2, 9, 5)),  # stride > kernel
     ("AvgPool1d", (3, 2, 1), {}, (2, 3, 10)),
     ("AvgPool1d", (3, 2, 1), {"ceil_mode": True, "count_include_pad": False}, (2, 3, 10)),
     ("AvgPool2d", (3, 2, 1), {}, (2, 3, 9, 8)),
@@ -90,7 +90,7 @@ POOL_CASES = [
     ("AdaptiveAvgPool2d", ((3, 4),), {}, (2, 3, 7, 9)),
     ("AdaptiveAvgPool2d", (1,), {}, (2, 3, 5, 6)),
     ("AdaptiveAvgPool2d", ((None, 2),), {}, (1, 3, 5, 7)),
-    ("AdaptiveMaxPool2d", ((5, 3),), {}, (2, 3, 4, 9)),                            # output > input rows
+    ("AdaptiveMaxPool2d", ((5, 3),), {}, (2, 3, 4, 9)),  # output > input rows
     ("Upsample", (), {"scale_factor": 2}, (2, 3, 3, 4)),
     ("Upsample", (), {"size": (5, 7)}, (2, 3, 3, 4)),
     ("Upsample", (), {"scale_factor": 1.5, "mode": "nearest"}, (1, 2, 4, 5)),
@@ -157,8 +157,14 @@ def brute_roi_pool(x_nchw, rois, output_size, spatial_scale):
 
     for k in range(k_):
         b = int(rois[k, 0])
-        sw, sh = rnd(float(np.float32(rois[k, 1]) * np.float32(spatial_scale))), rnd(float(np.float32(rois[k, 2]) * np.float32(spatial_scale)))
-        ew, eh = rnd(float(np.float32(rois[k, 3]) * np.float32(spatial_scale))), rnd(float(np.float32(rois[k, 4]) * np.float32(spatial_scale)))
+        sw, sh = (
+            rnd(float(np.float32(rois[k, 1]) * np.float32(spatial_scale))),
+            rnd(float(np.float32(rois[k, 2]) * np.float32(spatial_scale))),
+        )
+        ew, eh = (
+            rnd(float(np.float32(rois[k, 3]) * np.float32(spatial_scale))),
+            rnd(float(np.float32(rois[k, 4]) * np.float32(spatial_scale))),
+        )
         rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
         bsh, bsw = np.float32(rh) / np.float32(ph), np.float32(rw) / np.float32(pw)
         for i in range(ph):
@@ -181,8 +187,17 @@ def brute_roi_pool(x_nchw, rois, output_size, spatial_scale):
 @pytest.mark.parametrize("output_size,scale", [((2, 2), 1.0), ((3, 2), 0.5), ((1, 1), 0.25), ((4, 3), 0.5)])
 def test_roi_pool_matches_brute_force(backend, rng, output_size, scale):
     x = rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
-    rois = np.array([[0, 0, 0, 13, 11], [1, 2.5, 1.5, 9.4, 6.6], [1, 3, 3, 3, 3],
-                     [0, -4, -2, 5, 20], [1, 10, 8, 6, 4], [0, 1.5, 2.5, 30, 30]], np.float32)
+    rois = np.array(
+        [
+            [0, 0, 0, 13, 11],
+            [1, 2.5, 1.5, 9.4, 6.6],
+            [1, 3, 3, 3, 3],
+            [0, -4, -2, 5, 20],
+            [1, 10, 8, 6, 4],
+            [0, 1.5, 2.5, 30, 30],
+        ],
+        np.float32,
+    )
     expected = brute_roi_pool(x, rois, output_size, scale)
     assert_close(F.roi_pool(x, rois, output_size, scale), expected)
     # the list-of-boxes form and the RoIPool module

@@ -12,17 +12,32 @@ from ..conftest import assert_close
 CASES = [
     ("Linear", (5, 3), {}, (4, 5)),
     ("Linear", (5, 3), {"bias": False}, (2, 7, 5)),
-    ("ReLU", (), {}, (3, 4)), ("ReLU6", (), {}, (3, 4)), ("LeakyReLU", (0.2,), {}, (3, 4)),
-    ("ELU", (0.5,), {}, (3, 4)), ("SELU", (), {}, (3, 4)), ("GELU", (), {}, (3, 4)),
-    ("GELU", (), {"approximate": "tanh"}, (3, 4)), ("Sigmoid", (), {}, (3, 4)),
-    ("Hardsigmoid", (), {}, (3, 4)), ("Tanh", (), {}, (3, 4)), ("Softsign", (), {}, (3, 4)),
-    ("SiLU", (), {}, (3, 4)), ("Softplus", (), {}, (3, 4)), ("Softplus", (2.0, 5.0), {}, (3, 4)),
-    ("Softmax", (), {"dim": 1}, (2, 5, 3)), ("LogSoftmax", (), {"dim": -1}, (2, 5)),
-    ("Flatten", (), {}, (2, 3, 4)), ("Flatten", (0, 1), {}, (2, 3, 4)),
-    ("Dropout", (0.3,), {}, (3, 4)), ("Identity", (), {}, (3, 4)),
-    ("LayerNorm", (6,), {}, (2, 3, 6)), ("LayerNorm", ((3, 6),), {"eps": 1e-3}, (2, 3, 6)),
-    ("LayerNorm", (6,), {"elementwise_affine": False}, (1, 6)), ("LayerNorm", (6,), {"bias": False}, (1, 6)),
-    ("BatchNorm1d", (4,), {}, (3, 4)), ("BatchNorm1d", (4,), {"affine": False}, (3, 4, 5)),
+    ("ReLU", (), {}, (3, 4)),
+    ("ReLU6", (), {}, (3, 4)),
+    ("LeakyReLU", (0.2,), {}, (3, 4)),
+    ("ELU", (0.5,), {}, (3, 4)),
+    ("SELU", (), {}, (3, 4)),
+    ("GELU", (), {}, (3, 4)),
+    ("GELU", (), {"approximate": "tanh"}, (3, 4)),
+    ("Sigmoid", (), {}, (3, 4)),
+    ("Hardsigmoid", (), {}, (3, 4)),
+    ("Tanh", (), {}, (3, 4)),
+    ("Softsign", (), {}, (3, 4)),
+    ("SiLU", (), {}, (3, 4)),
+    ("Softplus", (), {}, (3, 4)),
+    ("Softplus", (2.0, 5.0), {}, (3, 4)),
+    ("Softmax", (), {"dim": 1}, (2, 5, 3)),
+    ("LogSoftmax", (), {"dim": -1}, (2, 5)),
+    ("Flatten", (), {}, (2, 3, 4)),
+    ("Flatten", (0, 1), {}, (2, 3, 4)),
+    ("Dropout", (0.3,), {}, (3, 4)),
+    ("Identity", (), {}, (3, 4)),
+    ("LayerNorm", (6,), {}, (2, 3, 6)),
+    ("LayerNorm", ((3, 6),), {"eps": 1e-3}, (2, 3, 6)),
+    ("LayerNorm", (6,), {"elementwise_affine": False}, (1, 6)),
+    ("LayerNorm", (6,), {"bias": False}, (1, 6)),
+    ("BatchNorm1d", (4,), {}, (3, 4)),
+    ("BatchNorm1d", (4,), {"affine": False}, (3, 4, 5)),
     ("BatchNorm2d", (3,), {"eps": 1e-3}, (2, 3, 4, 5)),
 ]
 
@@ -88,7 +103,11 @@ def test_containers_and_custom_module(torch, rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     with torch.no_grad():
         assert_close(ours(x), ref(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
-    assert len(ours.body) == 3 and isinstance(ours.body[1], nn.ReLU) and len(list(ours.parameters())) == len(list(ref.parameters())) == 10
+    assert (
+        len(ours.body) == 3
+        and isinstance(ours.body[1], nn.ReLU)
+        and len(list(ours.parameters())) == len(list(ref.parameters())) == 10
+    )
     assert "body.2.running_mean" in dict(ours.named_buffers())
 
 
@@ -97,8 +116,11 @@ def test_load_state_dict_reports_keys_like_torch():
     sd = m.state_dict()
     sd["extra.weight"] = np.zeros(1, np.float32)
     del sd["2.bias"]
-    with pytest.raises(StateDictError, match=r'Missing key\(s\) in state_dict: "2.bias".*Unexpected key\(s\) '
-                                             r'in state_dict: "extra.weight"'):
+    with pytest.raises(
+        StateDictError,
+        match=r'Missing key\(s\) in state_dict: "2.bias".*Unexpected key\(s\) '
+        r'in state_dict: "extra.weight"',
+    ):
         m.load_state_dict(sd)
     assert isinstance(StateDictError("x"), RuntimeError)
     result = m.load_state_dict(sd, strict=False)

@@ -53,12 +53,16 @@ def compare(actual, expected, rtol=1e-5, atol=2e-6):
 
 
 CASES = [
-    ("RNN", {}), ("RNN", {"nonlinearity": "relu", "num_layers": 2}),
+    ("RNN", {}),
+    ("RNN", {"nonlinearity": "relu", "num_layers": 2}),
     ("RNN", {"bidirectional": True, "batch_first": True}),
-    ("LSTM", {}), ("LSTM", {"num_layers": 2, "bidirectional": True}),
-    ("LSTM", {"batch_first": True, "bias": False}), ("LSTM", {"proj_size": 3}),
+    ("LSTM", {}),
+    ("LSTM", {"num_layers": 2, "bidirectional": True}),
+    ("LSTM", {"batch_first": True, "bias": False}),
+    ("LSTM", {"proj_size": 3}),
     ("LSTM", {"proj_size": 2, "num_layers": 2, "bidirectional": True, "batch_first": True}),
-    ("GRU", {}), ("GRU", {"num_layers": 2, "bidirectional": True, "batch_first": True}),
+    ("GRU", {}),
+    ("GRU", {"num_layers": 2, "bidirectional": True, "batch_first": True}),
     ("GRU", {"bias": False}),
 ]
 
@@ -100,8 +104,16 @@ def test_long_sequence_matches_torch(torch, rng, name):
             compare(out, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,kwargs", [("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu"}),
-                                         ("LSTMCell", {}), ("GRUCell", {}), ("GRUCell", {"bias": False})])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("RNNCell", {}),
+        ("RNNCell", {"nonlinearity": "relu"}),
+        ("LSTMCell", {}),
+        ("GRUCell", {}),
+        ("GRUCell", {"bias": False}),
+    ],
+)
 @pytest.mark.parametrize("batched", [True, False])
 def test_cells_match_torch(torch, rng, backend, name, kwargs, batched):
     ref, ours = pair(torch, name, H_IN, H, **kwargs)
@@ -134,8 +146,9 @@ def test_errors():
         nn.GRU(H_IN, H, bidirectional=True).get_stream_state(1)
 
 
-@pytest.mark.parametrize("name,kwargs", [("LSTM", {"num_layers": 2, "proj_size": 3}),
-                                         ("GRU", {"batch_first": True}), ("RNN", {})])
+@pytest.mark.parametrize(
+    "name,kwargs", [("LSTM", {"num_layers": 2, "proj_size": 3}), ("GRU", {"batch_first": True}), ("RNN", {})]
+)
 def test_stream_chunks_equal_full_sequence(rng, backend, name, kwargs):
     m = getattr(nn, name)(H_IN, H, **kwargs)
     bf = kwargs.get("batch_first", False)
@@ -153,20 +166,30 @@ def test_stream_chunks_equal_full_sequence(rng, backend, name, kwargs):
 
 # ----------------------------------------------------------------- compiled loops vs numpy
 @settings(max_examples=30, deadline=None)
-@given(batch=st.integers(1, 5), steps=st.integers(1, 6), units=st.integers(1, 9),
-       kind=st.sampled_from(["lstm", "lstm_proj", "gru", "gru_before", "rnn", "rnn_relu"]),
-       reverse=st.booleans(), sequences=st.booleans(), zero_masked=st.booleans(),
-       masked=st.booleans(), seed=st.integers(0, 2**16))
-def test_cpu_loops_match_reference(batch, steps, units, kind, reverse, sequences, zero_masked,
-                                   masked, seed):
+@given(
+    batch=st.integers(1, 5),
+    steps=st.integers(1, 6),
+    units=st.integers(1, 9),
+    kind=st.sampled_from(["lstm", "lstm_proj", "gru", "gru_before", "rnn", "rnn_relu"]),
+    reverse=st.booleans(),
+    sequences=st.booleans(),
+    zero_masked=st.booleans(),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_cpu_loops_match_reference(batch, steps, units, kind, reverse, sequences, zero_masked, masked, seed):
     rng = np.random.default_rng(seed)
 
     def r(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
     x = r(batch, steps, 3)
-    kw = dict(reverse=reverse, return_sequences=sequences, zero_masked=zero_masked,
-              mask_bt=(rng.random((batch, steps)) > 0.4) if masked else None)
+    kw = dict(
+        reverse=reverse,
+        return_sequences=sequences,
+        zero_masked=zero_masked,
+        mask_bt=(rng.random((batch, steps)) > 0.4) if masked else None,
+    )
     if kind.startswith("lstm"):
         p = 2 if kind == "lstm_proj" else units
         args = (x, r(3, 4 * units), r(p, 4 * units), r(4 * units), r(batch, p), r(batch, units))
@@ -190,14 +213,24 @@ def test_cpu_loops_match_reference(batch, steps, units, kind, reverse, sequences
 def test_cpu_loops_propagate_nan():
     """NaN inputs reach every output and the state (the activations' accuracy against float64:
     test_recurrent_shares.py)."""
-    y, h = get_ops("cpu").rnn_sequence(np.full((1, 2, 1), np.nan, np.float32), np.ones((1, 1), np.float32),
-                                       np.ones((1, 1), np.float32), None, np.zeros((1, 1), np.float32))
+    y, h = get_ops("cpu").rnn_sequence(
+        np.full((1, 2, 1), np.nan, np.float32),
+        np.ones((1, 1), np.float32),
+        np.ones((1, 1), np.float32),
+        None,
+        np.zeros((1, 1), np.float32),
+    )
     assert np.isnan(y).all() and np.isnan(h).all()
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True, "proj_size": 3}),
-    ("GRU", {}), ("RNN", {"nonlinearity": "relu"})])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True, "proj_size": 3}),
+        ("GRU", {}),
+        ("RNN", {"nonlinearity": "relu"}),
+    ],
+)
 def test_torch_saved_modules_load(torch, rng, tmp_path, name, kwargs):
     """torch.save(module) files load through fastlayers.load (the torch reader's table)."""
     ref = getattr(torch.nn, name)(H_IN, H, **kwargs).eval()

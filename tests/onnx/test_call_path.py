@@ -1,4 +1,5 @@
 """The per-call path of an ONNX graph: the input check's fast path and the numpy error state."""
+
 import warnings
 
 import numpy as np
@@ -19,12 +20,22 @@ def _dense_graph(tmp_path, rng, dims, activation="Relu"):
 
     w = rng.standard_normal((6, 8)).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
-             helper.make_node(activation, ["h"], ["a"]), helper.make_node("Reshape", ["a", "shape"], ["y"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
-                        numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["h"]),
+        helper.make_node(activation, ["h"], ["a"]),
+        helper.make_node("Reshape", ["a", "shape"], ["y"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape"),
+        ],
+    )
     onnx.save(model, tmp_path / "dense.onnx")
     return tmp_path / "dense.onnx"
 
@@ -39,9 +50,9 @@ def test_quiet_graph_propagates_nan_and_inf_under_any_error_state(tmp_path, rng,
     path = _dense_graph(tmp_path, rng, ["n", 6], activation)
     model = fastlayers.load(path)
     assert model.op_types == ["FusedDense", "Reshape"]
-    assert model._quiet        # no numpy error state is entered around its nodes on the cpu backend
+    assert model._quiet  # no numpy error state is entered around its nodes on the cpu backend
     x = rng.standard_normal((5, 6)).astype(np.float32)
-    x[0, 0], x[1, 2], x[2] = np.nan, np.inf, 3e38     # NaN, inf and an overflowing row
+    x[0, 0], x[1, 2], x[2] = np.nan, np.inf, 3e38  # NaN, inf and an overflowing row
     want = _ort(path, x)
     with warnings.catch_warnings(), np.errstate(all="raise"):
         warnings.simplefilter("error")
@@ -58,8 +69,9 @@ def test_graph_with_numpy_arithmetic_still_ignores_float_errors(tmp_path, rng):
 
     nodes = [helper.make_node("Div", ["x", "z"], ["y"])]
     info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("x", "z")]
-    onnx.save(make_graph(nodes, info, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]),
-              tmp_path / "div.onnx")
+    onnx.save(
+        make_graph(nodes, info, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]), tmp_path / "div.onnx"
+    )
     model = fastlayers.load(tmp_path / "div.onnx")
     assert not model._quiet
     x, z = np.array([1, 0, -1], np.float32), np.zeros(3, np.float32)
@@ -69,20 +81,29 @@ def test_graph_with_numpy_arithmetic_still_ignores_float_errors(tmp_path, rng):
     np.testing.assert_array_equal(y, [np.inf, np.nan, -np.inf])
 
 
-@pytest.mark.parametrize("dims, good, bad", [
-    (["n", 6], (3, 6), [(3, 5), (6,), (1, 3, 6)]),           # free leading dimension
-    ([2, 6], (2, 6), [(3, 6), (2, 6, 1)]),                    # every dimension fixed
-    ([2, "n", 3], (2, 4, 3), [(3, 4, 3), (2, 4, 2), (2, 3)]), # a free dimension in the middle
-    (None, (1, 2, 6), []),                                    # no declared shape
-])
+@pytest.mark.parametrize(
+    "dims, good, bad",
+    [
+        (["n", 6], (3, 6), [(3, 5), (6,), (1, 3, 6)]),  # free leading dimension
+        ([2, 6], (2, 6), [(3, 6), (2, 6, 1)]),  # every dimension fixed
+        ([2, "n", 3], (2, 4, 3), [(3, 4, 3), (2, 4, 2), (2, 3)]),  # a free dimension in the middle
+        (None, (1, 2, 6), []),  # no declared shape
+    ],
+)
 def test_input_check_fast_path_accepts_and_refuses_as_the_full_check(tmp_path, rng, dims, good, bad):
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
-    onnx.save(make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]), tmp_path / "r.onnx")
+    onnx.save(
+        make_graph(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        tmp_path / "r.onnx",
+    )
     model = fastlayers.load(tmp_path / "r.onnx")
     x = rng.standard_normal(good).astype(np.float32)
     for given in (x, x.astype(np.float64), x.tolist(), x[..., ::-1].copy()[..., ::-1]):
@@ -111,19 +132,30 @@ def test_warm_calls_pack_no_weights(tmp_path, rng, monkeypatch):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
 
     nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),               # F(4x4)
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),  # F(4x4)
         helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("ConvTranspose", ["c2", "w3"], ["c3"], strides=[2, 2], pads=[1, 1, 1, 1],
-                         output_padding=[1, 1]),
-        helper.make_node("Conv", ["c3", "w4"], ["c4"], pads=[1, 1, 1, 1], group=8),     # depthwise
+        helper.make_node(
+            "ConvTranspose", ["c2", "w3"], ["c3"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]
+        ),
+        helper.make_node("Conv", ["c3", "w4"], ["c4"], pads=[1, 1, 1, 1], group=8),  # depthwise
         helper.make_node("Flatten", ["c4"], ["f"]),
         helper.make_node("Gemm", ["f", "w5", "b5"], ["y"]),
     ]
-    inits = [weight("w1", 16, 16, 3, 3), weight("w2", 16, 16, 3, 3), weight("b2", 16),
-             weight("w3", 16, 8, 3, 3), weight("w4", 8, 1, 3, 3), weight("w5", 8 * 28 * 28, 10),
-             weight("b5", 10)]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    inits = [
+        weight("w1", 16, 16, 3, 3),
+        weight("w2", 16, 16, 3, 3),
+        weight("b2", 16),
+        weight("w3", 16, 8, 3, 3),
+        weight("w4", 8, 1, 3, 3),
+        weight("w5", 8 * 28 * 28, 10),
+        weight("b5", 10),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     onnx.save(model, tmp_path / "convs.onnx")
     ours = fastlayers.load(tmp_path / "convs.onnx")
     x = rng.standard_normal((1, 16, 28, 28)).astype(np.float32)
@@ -132,12 +164,11 @@ def test_warm_calls_pack_no_weights(tmp_path, rng, monkeypatch):
     packs = []
     for name in [n for n in dir(_core) if "pack" in n and callable(getattr(_core, n))]:
         real = getattr(_core, name)
-        monkeypatch.setattr(_core, name, lambda *a, _real=real, _name=name, **k:
-                            packs.append(_name) or _real(*a, **k))
+        monkeypatch.setattr(_core, name, lambda *a, _real=real, _name=name, **k: packs.append(_name) or _real(*a, **k))
     for _ in range(3):
         np.testing.assert_array_equal(ours(x), first)
     assert packs == []
-    fresh = fastlayers.load(tmp_path / "convs.onnx")        # its own weights: packed at first
+    fresh = fastlayers.load(tmp_path / "convs.onnx")  # its own weights: packed at first
     np.testing.assert_array_equal(fresh(x), first)
     assert {"winograd_pack", "conv_pack", "pack"} <= set(packs)
     assert_close(first, _ort(tmp_path / "convs.onnx", x), rtol=1e-4, atol=1e-4)
@@ -154,13 +185,17 @@ def test_convolution_plans_follow_each_input_shape_layout_and_backend(tmp_path, 
     w1 = rng.standard_normal((4, 1, 3)).astype(np.float32)
     w2 = rng.standard_normal((3, 4, 1)).astype(np.float32)
     b2 = rng.standard_normal(3).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
-             helper.make_node("Relu", ["c1"], ["r"]),
-             helper.make_node("Conv", ["r", "w2", "b2"], ["y"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, None])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-                        numpy_helper.from_array(b2, "b2")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r"]),
+        helper.make_node("Conv", ["r", "w2", "b2"], ["y"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")],
+    )
     onnx.save(model, tmp_path / "conv1d.onnx")
     ours = fastlayers.load(tmp_path / "conv1d.onnx")
     assert ours.op_types == ["FusedConv", "FusedConv"]

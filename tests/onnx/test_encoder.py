@@ -16,6 +16,7 @@ D, HEADS, FF = 32, 4, 48
 
 def encoder(torch, masked=False, layers=2, **options):
     """A torch TransformerEncoder of ``layers`` layers with random weights (norms included)."""
+
     class Encoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -39,8 +40,7 @@ def export(torch, module, path, batch_first=True, masked=False, steps=6):
         axes["mask"] = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), dynamo=False, input_names=names, dynamic_axes=axes,
-                          opset_version=17)
+        torch.onnx.export(module, args, str(path), dynamo=False, input_names=names, dynamic_axes=axes, opset_version=17)
     return path
 
 
@@ -61,8 +61,9 @@ def check_against_onnxruntime(ours, path, rng, batch_first=True, steps=6, batche
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "sequence-first"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_torchscript_export_runs_each_layer_as_one_node(torch, tmp_path, rng, backend, norm_first,
-                                                        batch_first, activation):
+def test_torchscript_export_runs_each_layer_as_one_node(
+    torch, tmp_path, rng, backend, norm_first, batch_first, activation
+):
     """Post- and pre-norm, batch or sequence first, relu and exact gelu: each layer becomes one
     node, equal to onnxruntime at batch sizes the load-time probe did not use."""
     module = encoder(torch, norm_first=norm_first, batch_first=batch_first, activation=activation)
@@ -110,8 +111,15 @@ def test_length_the_export_baked_in_fails_the_probe(torch, tmp_path, rng):
     path = tmp_path / "baked.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.randn(2, 6, D),), str(path), dynamo=False, input_names=["x"],
-                          dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17)
+        torch.onnx.export(
+            module,
+            (torch.randn(2, 6, D),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch", 1: "seq"}},
+            opset_version=17,
+        )
     ours = fastlayers.load(path)
     assert "FusedEncoderLayer" not in ours.op_types
     check_against_onnxruntime(ours, path, rng)
@@ -126,9 +134,16 @@ def test_dynamo_export_runs_each_layer_as_one_node(torch, tmp_path, rng, opset):
     path = tmp_path / f"dyn{opset}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.randn(2, 6, D),), str(path), dynamo=True, input_names=["x"],
-                          opset_version=opset, dynamic_shapes=({0: torch.export.Dim("batch")},),
-                          verbose=False)
+        torch.onnx.export(
+            module,
+            (torch.randn(2, 6, D),),
+            str(path),
+            dynamo=True,
+            input_names=["x"],
+            opset_version=opset,
+            dynamic_shapes=({0: torch.export.Dim("batch")},),
+            verbose=False,
+        )
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedEncoderLayer"] * 2
     check_against_onnxruntime(ours, path, rng)
@@ -138,8 +153,7 @@ def test_masked_layers_run_node_by_node(torch, tmp_path, rng):
     """A key-padding mask is an input of the attention node: the layer is not fused (its
     attention still is) and equals onnxruntime, a padded key included."""
     ort = oracle("onnxruntime")
-    path = export(torch, encoder(torch, masked=True, batch_first=True), tmp_path / "masked.onnx",
-                  masked=True)
+    path = export(torch, encoder(torch, masked=True, batch_first=True), tmp_path / "masked.onnx", masked=True)
     ours = fastlayers.load(path)
     assert "FusedEncoderLayer" not in ours.op_types and "FusedAttention" in ours.op_types
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -161,10 +175,11 @@ def _edited(path, edit):
 def test_layer_computing_something_else_is_left_as_written(torch, tmp_path, rng):
     """q and k swapped (softmax(k q^T) v): the structure matches, the load-time probe does not
     confirm it, and the graph runs node by node."""
+
     def swap_q_and_k(proto):
         for node in proto.graph.node:
             gathers = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] == node.output[0]]
-            if node.op_type == "Squeeze" and len(gathers) == 3:     # the q, k, v split
+            if node.op_type == "Squeeze" and len(gathers) == 3:  # the q, k, v split
                 gathers[0].input[1], gathers[1].input[1] = gathers[1].input[1], gathers[0].input[1]
 
     path = _edited(export(torch, encoder(torch, batch_first=True), tmp_path / "swapped.onnx"), swap_q_and_k)
@@ -182,8 +197,7 @@ def test_layer_with_an_intermediate_read_elsewhere_is_left_as_written(torch, tmp
         add = next(n for n in proto.graph.node if n.op_type == "Add")
         proto.graph.output.append(helper.make_empty_tensor_value_info(add.output[0]))
 
-    path = _edited(export(torch, encoder(torch, batch_first=True), tmp_path / "exposed.onnx"),
-                   expose_first_residual)
+    path = _edited(export(torch, encoder(torch, batch_first=True), tmp_path / "exposed.onnx"), expose_first_residual)
     ours = fastlayers.load(path)
     assert ours.op_types.count("FusedEncoderLayer") == 1 and ours.op_types.count("FusedAttention") == 1
     check_against_onnxruntime(ours, path, rng)
@@ -191,11 +205,11 @@ def test_layer_with_an_intermediate_read_elsewhere_is_left_as_written(torch, tmp
 
 def test_input_of_unknown_rank_leaves_the_layers_as_written(torch, tmp_path, rng):
     """Without the input's rank there is no probe input: nothing is fused, the graph still runs."""
+
     def forget_shape(proto):
         proto.graph.input[0].type.tensor_type.ClearField("shape")
 
-    path = _edited(export(torch, encoder(torch, batch_first=True), tmp_path / "rankless.onnx"),
-                   forget_shape)
+    path = _edited(export(torch, encoder(torch, batch_first=True), tmp_path / "rankless.onnx"), forget_shape)
     ours = fastlayers.load(path)
     assert "FusedEncoderLayer" not in ours.op_types
     check_against_onnxruntime(ours, path, rng)
@@ -204,9 +218,13 @@ def test_input_of_unknown_rank_leaves_the_layers_as_written(torch, tmp_path, rng
 def test_probe_inputs_give_each_dimension_name_one_size():
     from fastlayers.onnx.encoder import probe_inputs
 
-    arrays = probe_inputs([("x", np.dtype(np.float32), ["batch", "seq", 8]),
-                           ("ids", np.dtype(np.int64), ["batch", None, None]),
-                           ("keep", np.dtype(bool), ["seq"])])
+    arrays = probe_inputs(
+        [
+            ("x", np.dtype(np.float32), ["batch", "seq", 8]),
+            ("ids", np.dtype(np.int64), ["batch", None, None]),
+            ("keep", np.dtype(bool), ["seq"]),
+        ]
+    )
     assert [a.shape for a in arrays] == [(2, 3, 8), (2, 4, 5), (3,)]
     assert arrays[0].dtype == np.float32 and np.all(arrays[1] == 1) and arrays[2].all()
     assert len(np.unique(arrays[0])) == arrays[0].size and np.abs(arrays[0]).max() <= 1

@@ -33,27 +33,38 @@ def test_noop_nodes_dropped_outputs_keep_their_names(tmp_path, rng):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"zero": np.array(0, np.float32), "one": np.array(1, np.float32),
-              "ax": np.array([1], np.int64), "shape": np.array([-1, 4, 3], np.int64)}
-    nodes = [helper.make_node("Identity", ["x"], ["a"]),
-             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
-             helper.make_node("Dropout", ["b"], ["c"]),
-             helper.make_node("Transpose", ["c"], ["d"], perm=[0, 1, 2]),
-             helper.make_node("Add", ["d", "zero"], ["e"]),
-             helper.make_node("Mul", ["one", "e"], ["f"]),
-             helper.make_node("Div", ["f", "one"], ["g"]),
-             helper.make_node("Relu", ["g"], ["h"]),
-             helper.make_node("Unsqueeze", ["h", "ax"], ["i"]),
-             helper.make_node("Squeeze", ["i", "ax"], ["j"]),
-             helper.make_node("Flatten", ["j"], ["k"], axis=1),
-             helper.make_node("Reshape", ["k", "shape"], ["m"]),
-             helper.make_node("Tanh", ["m"], ["t"]),
-             helper.make_node("Identity", ["t"], ["y"]),
-             helper.make_node("Identity", ["t"], ["y2"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-                        helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    consts = {
+        "zero": np.array(0, np.float32),
+        "one": np.array(1, np.float32),
+        "ax": np.array([1], np.int64),
+        "shape": np.array([-1, 4, 3], np.int64),
+    }
+    nodes = [
+        helper.make_node("Identity", ["x"], ["a"]),
+        helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+        helper.make_node("Dropout", ["b"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["d"], perm=[0, 1, 2]),
+        helper.make_node("Add", ["d", "zero"], ["e"]),
+        helper.make_node("Mul", ["one", "e"], ["f"]),
+        helper.make_node("Div", ["f", "one"], ["g"]),
+        helper.make_node("Relu", ["g"], ["h"]),
+        helper.make_node("Unsqueeze", ["h", "ax"], ["i"]),
+        helper.make_node("Squeeze", ["i", "ax"], ["j"]),
+        helper.make_node("Flatten", ["j"], ["k"], axis=1),
+        helper.make_node("Reshape", ["k", "shape"], ["m"]),
+        helper.make_node("Tanh", ["m"], ["t"]),
+        helper.make_node("Identity", ["t"], ["y"]),
+        helper.make_node("Identity", ["t"], ["y2"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "noop.onnx")
     ours = fastlayers.load(tmp_path / "noop.onnx")
     # Tanh makes y; y2, another output, is an Identity of it
@@ -73,42 +84,55 @@ def test_casts_to_the_type_a_value_has_dropped_in_branches_too(tmp_path, rng):
     f32 = TensorProto.FLOAT
 
     def branch(name, op):
-        return helper.make_graph([helper.make_node("Cast", ["y"], [f"{name}_c"], to=f32),
-                                  helper.make_node(op, [f"{name}_c"], [f"{name}_out"])], name, [],
-                                 [helper.make_tensor_value_info(f"{name}_out", f32, None)])
+        return helper.make_graph(
+            [
+                helper.make_node("Cast", ["y"], [f"{name}_c"], to=f32),
+                helper.make_node(op, [f"{name}_c"], [f"{name}_out"]),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", f32, None)],
+        )
 
     h = 3
-    consts = {"pads": np.array([0, 1, 0, 1], np.int64), "one": np.array(1, np.float32),
-              "W": rng.standard_normal((1, 4 * h, 7)).astype(np.float32),
-              "R": rng.standard_normal((1, 4 * h, h)).astype(np.float32)}
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
-             helper.make_node("Cast", ["p"], ["pc"], to=f32),
-             helper.make_node("Abs", ["pc"], ["a"]),
-             helper.make_node("Sqrt", ["a"], ["s"]),
-             helper.make_node("Cast", ["s"], ["sc"], to=f32),
-             helper.make_node("Less", ["sc", "one"], ["lt"]),
-             helper.make_node("Cast", ["lt"], ["ltc"], to=TensorProto.BOOL),
-             helper.make_node("Not", ["ltc"], ["n"]),
-             helper.make_node("Cast", ["n"], ["nf"], to=f32),
-             helper.make_node("Add", ["sc", "nf"], ["t"]),
-             helper.make_node("Unsqueeze", ["t", "zero"], ["seq"]),
-             helper.make_node("LSTM", ["seq", "W", "R"], ["", "yh"], hidden_size=h),
-             helper.make_node("Cast", ["yh"], ["y"], to=f32),
-             helper.make_node("If", ["cond"], ["out"], then_branch=branch("then", "Neg"),
-                              else_branch=branch("else", "Abs"))]
+    consts = {
+        "pads": np.array([0, 1, 0, 1], np.int64),
+        "one": np.array(1, np.float32),
+        "W": rng.standard_normal((1, 4 * h, 7)).astype(np.float32),
+        "R": rng.standard_normal((1, 4 * h, h)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+        helper.make_node("Cast", ["p"], ["pc"], to=f32),
+        helper.make_node("Abs", ["pc"], ["a"]),
+        helper.make_node("Sqrt", ["a"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sc"], to=f32),
+        helper.make_node("Less", ["sc", "one"], ["lt"]),
+        helper.make_node("Cast", ["lt"], ["ltc"], to=TensorProto.BOOL),
+        helper.make_node("Not", ["ltc"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nf"], to=f32),
+        helper.make_node("Add", ["sc", "nf"], ["t"]),
+        helper.make_node("Unsqueeze", ["t", "zero"], ["seq"]),
+        helper.make_node("LSTM", ["seq", "W", "R"], ["", "yh"], hidden_size=h),
+        helper.make_node("Cast", ["yh"], ["y"], to=f32),
+        helper.make_node("If", ["cond"], ["out"], then_branch=branch("then", "Neg"), else_branch=branch("else", "Abs")),
+    ]
     consts["zero"] = np.array([0], np.int64)
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", f32, [2, 5]),
-                               helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-                       [helper.make_tensor_value_info("out", f32, None)],
-                       [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", f32, [2, 5]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("out", f32, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "casts.onnx")
     ours = fastlayers.load(tmp_path / "casts.onnx")
     assert ours.op_types.count("Cast") == 1
     branches = next(n.attrs for n in ours._nodes if n.op_type == "If")
     assert [branches[k].model.op_types for k in ("then_branch", "else_branch")] == [["Neg"], ["Abs"]]
     for cond in (True, False):
-        _matches_ort(ours, tmp_path / "casts.onnx",
-                     {"x": rng.standard_normal((2, 5)).astype(np.float32), "cond": np.array(cond)})
+        _matches_ort(
+            ours, tmp_path / "casts.onnx", {"x": rng.standard_normal((2, 5)).astype(np.float32), "cond": np.array(cond)}
+        )
 
 
 def test_noops_kept_where_they_change_something(tmp_path, rng):
@@ -119,18 +143,32 @@ def test_noops_kept_where_they_change_something(tmp_path, rng):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.DOUBLE),
-             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
-             helper.make_node("Add", ["b", "zeros"], ["c"]),
-             helper.make_node("Dropout", ["c"], ["y", "mask"]),
-             helper.make_node("Identity", ["x"], ["z"]),
-             helper.make_node("Relu", ["xd"], ["r"]), helper.make_node("Cast", ["r"], ["w"], to=TensorProto.DOUBLE)]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-                               helper.make_tensor_value_info("xd", TensorProto.DOUBLE, [2])],
-                       [helper.make_tensor_value_info(n, t, None) for n, t in
-                        (("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("z", TensorProto.FLOAT),
-                         ("w", TensorProto.DOUBLE))],
-                       [numpy_helper.from_array(np.zeros((2, 1, 3), np.float32), "zeros")])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["a"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["b", "zeros"], ["c"]),
+        helper.make_node("Dropout", ["c"], ["y", "mask"]),
+        helper.make_node("Identity", ["x"], ["z"]),
+        helper.make_node("Relu", ["xd"], ["r"]),
+        helper.make_node("Cast", ["r"], ["w"], to=TensorProto.DOUBLE),
+    ]
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("xd", TensorProto.DOUBLE, [2]),
+        ],
+        [
+            helper.make_tensor_value_info(n, t, None)
+            for n, t in (
+                ("y", TensorProto.FLOAT),
+                ("mask", TensorProto.BOOL),
+                ("z", TensorProto.FLOAT),
+                ("w", TensorProto.DOUBLE),
+            )
+        ],
+        [numpy_helper.from_array(np.zeros((2, 1, 3), np.float32), "zeros")],
+    )
     onnx.save(model, tmp_path / "kept.onnx")
     ours = fastlayers.load(tmp_path / "kept.onnx")
     assert ours.op_types == ["Cast", "Cast", "Add", "Dropout", "Identity", "Relu", "Cast"]
@@ -146,10 +184,17 @@ def test_output_renamed_for_every_reader(tmp_path, rng):
     import onnx
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
-             helper.make_node("Identity", ["a"], ["y"]), helper.make_node("Neg", ["b"], ["z"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Identity", ["a"], ["b"]),
+        helper.make_node("Identity", ["a"], ["y"]),
+        helper.make_node("Neg", ["b"], ["z"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+    )
     onnx.save(model, tmp_path / "rename.onnx")
     ours = fastlayers.load(tmp_path / "rename.onnx")
     assert ours.op_types == ["Relu", "Neg"]
@@ -166,9 +211,13 @@ class _ConvStack:
         class Stack(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.convs = torch.nn.ModuleList([torch.nn.Conv2d(3, 6, 3, padding=1),
-                                                  torch.nn.Conv2d(6, 6, 3, padding=1, bias=False),
-                                                  torch.nn.Conv2d(6, 4, 1)])
+                self.convs = torch.nn.ModuleList(
+                    [
+                        torch.nn.Conv2d(3, 6, 3, padding=1),
+                        torch.nn.Conv2d(6, 6, 3, padding=1, bias=False),
+                        torch.nn.Conv2d(6, 4, 1),
+                    ]
+                )
                 self.acts = torch.nn.ModuleList([torch.nn.ReLU6(), torch.nn.Hardsigmoid(), torch.nn.SiLU()])
                 self.scale = torch.nn.Parameter(torch.rand(3, 1, 6, 1, 1) + 0.5)
                 self.shift = torch.nn.Parameter(torch.randn(3, 6, 1, 1))
@@ -193,8 +242,16 @@ def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opse
     nodes' activations: three FusedConv and one FusedDense are left (and the Flatten)."""
     torch.manual_seed(0)
     path = tmp_path / "stack.onnx"
-    export(torch, _ConvStack.build(torch), (torch.randn(2, 3, 5, 5),), path, input_names=["x"],
-           output_names=["y"], dynamic_axes={"x": {0: "n"}}, opset_version=opset)
+    export(
+        torch,
+        _ConvStack.build(torch),
+        (torch.randn(2, 3, 5, 5),),
+        path,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "n"}},
+        opset_version=opset,
+    )
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedConv"] * 3 + ["Flatten", "FusedDense"]
     assert [n.attrs.get("activation") for n in ours._nodes] == ["relu6", "hard_sigmoid", "onnx_silu", None, "onnx_silu"]
@@ -211,30 +268,56 @@ def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
 
     w = rng.standard_normal((6, 4)).astype(np.float32)
     k = rng.standard_normal((2, 3, 1, 1)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
-             helper.make_node("Clip", ["xw", "lo", "hi"], ["a"]),
-             helper.make_node("MatMul", ["x", "w"], ["xw2"]),
-             helper.make_node("HardSigmoid", ["xw2"], ["b"]),
-             helper.make_node("MatMul", ["x", "w"], ["xw3"]),
-             helper.make_node("HardSwish", ["xw3"], ["c"]),
-             helper.make_node("Conv", ["img", "k"], ["conv"]),
-             helper.make_node("Mul", ["conv", "s"], ["d"]),
-             helper.make_node("Relu", ["conv"], ["e"]),
-             helper.make_node("Sigmoid", ["conv"], ["sig"]),
-             helper.make_node("Mul", ["sig", "conv"], ["f"])]
-    consts = {"w": w, "k": k, "lo": np.array(0, np.float32), "hi": np.array(3, np.float32),
-              "s": np.array([2, 3], np.float32).reshape(2, 1, 1)}
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
-                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 2, 2])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcdef"],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Clip", ["xw", "lo", "hi"], ["a"]),
+        helper.make_node("MatMul", ["x", "w"], ["xw2"]),
+        helper.make_node("HardSigmoid", ["xw2"], ["b"]),
+        helper.make_node("MatMul", ["x", "w"], ["xw3"]),
+        helper.make_node("HardSwish", ["xw3"], ["c"]),
+        helper.make_node("Conv", ["img", "k"], ["conv"]),
+        helper.make_node("Mul", ["conv", "s"], ["d"]),
+        helper.make_node("Relu", ["conv"], ["e"]),
+        helper.make_node("Sigmoid", ["conv"], ["sig"]),
+        helper.make_node("Mul", ["sig", "conv"], ["f"]),
+    ]
+    consts = {
+        "w": w,
+        "k": k,
+        "lo": np.array(0, np.float32),
+        "hi": np.array(3, np.float32),
+        "s": np.array([2, 3], np.float32).reshape(2, 1, 1),
+    }
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 2, 2]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcdef"],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "unfused.onnx")
     ours = fastlayers.load(tmp_path / "unfused.onnx")
-    assert ours.op_types == ["FusedDense", "Clip", "FusedDense", "HardSigmoid", "FusedDense",
-                             "FusedConv", "Mul", "Relu", "Swish"]
-    _matches_ort(ours, tmp_path / "unfused.onnx",
-                 {"x": rng.standard_normal((2, 6)).astype(np.float32) * 3,
-                  "img": rng.standard_normal((1, 3, 2, 2)).astype(np.float32)})
+    assert ours.op_types == [
+        "FusedDense",
+        "Clip",
+        "FusedDense",
+        "HardSigmoid",
+        "FusedDense",
+        "FusedConv",
+        "Mul",
+        "Relu",
+        "Swish",
+    ]
+    _matches_ort(
+        ours,
+        tmp_path / "unfused.onnx",
+        {
+            "x": rng.standard_normal((2, 6)).astype(np.float32) * 3,
+            "img": rng.standard_normal((1, 3, 2, 2)).astype(np.float32),
+        },
+    )
 
 
 def test_layer_norm_and_rms_norm_decompositions_fuse(torch, tmp_path, rng, backend):
@@ -256,8 +339,15 @@ def test_layer_norm_and_rms_norm_decompositions_fuse(torch, tmp_path, rng, backe
             return self.ln(x), self.plain(x), rsqrt, x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
 
     path = tmp_path / "norms.onnx"
-    export(torch, Norms(), (torch.randn(2, 3, 8),), path, input_names=["x"], opset_version=13,
-           dynamic_axes={"x": {0: "n", 1: "t"}})
+    export(
+        torch,
+        Norms(),
+        (torch.randn(2, 3, 8),),
+        path,
+        input_names=["x"],
+        opset_version=13,
+        dynamic_axes={"x": {0: "n", 1: "t"}},
+    )
     ours = fastlayers.load(path)
     assert ours.op_types == ["LayerNormalization"] * 4
     assert sorted(n.attrs["_rms"] for n in ours._nodes) == [False, False, True, True]
@@ -274,17 +364,23 @@ def test_layer_norm_decompositions_left_alone(tmp_path, rng, case):
 
     elem, dtype = (TensorProto.DOUBLE, np.float64) if case == "float64" else (TensorProto.FLOAT, np.float32)
 
-    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
-             helper.make_node("Sub", ["x", "m"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
-             helper.make_node("Add", ["v", "eps"], ["ve"]),
-             helper.make_node("Sqrt", ["ve"], ["s"]),
-             helper.make_node("Div", ["d", "s"], ["y"])]
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+        helper.make_node("Add", ["v", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
     outputs = ("y", "d") if case == "centred value read" else ("y",)
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", elem, [2, 4])],
-                       [helper.make_tensor_value_info(n, elem, None) for n in outputs],
-                       [numpy_helper.from_array(np.array(1e-5, dtype), "eps")], opset=13)
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", elem, [2, 4])],
+        [helper.make_tensor_value_info(n, elem, None) for n in outputs],
+        [numpy_helper.from_array(np.array(1e-5, dtype), "eps")],
+        opset=13,
+    )
     onnx.save(model, tmp_path / "ln.onnx")
     ours = fastlayers.load(tmp_path / "ln.onnx")
     assert "LayerNormalization" not in ours.op_types and "Div" in ours.op_types
@@ -315,8 +411,15 @@ def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
             return (torch.sigmoid(self.stack[1](g)) + h).squeeze(-1)
 
     path = tmp_path / "conv1d.onnx"
-    export(torch, Conv1dAs2d(), (torch.randn(2, 4, 9),), path, input_names=["x"], opset_version=opset,
-           dynamic_axes={"x": {0: "n", 2: "len"}})
+    export(
+        torch,
+        Conv1dAs2d(),
+        (torch.randn(2, 4, 9),),
+        path,
+        input_names=["x"],
+        opset_version=opset,
+        dynamic_axes={"x": {0: "n", 2: "len"}},
+    )
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedConv"] * 4 + ["Add"]
     assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[:4])
@@ -331,8 +434,9 @@ def test_opset14_encoder_layer_becomes_one_node(torch, tmp_path, rng):
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     layer = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
     path = tmp_path / "enc.onnx"
-    export(torch, layer, (torch.randn(1, 5, 16),), path, input_names=["x"], opset_version=14,
-           dynamic_axes={"x": {0: "n"}})
+    export(
+        torch, layer, (torch.randn(1, 5, 16),), path, input_names=["x"], opset_version=14, dynamic_axes={"x": {0: "n"}}
+    )
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedEncoderLayer"]
     _matches_ort(ours, path, {"x": rng.standard_normal((2, 5, 16)).astype(np.float32)}, rtol=1e-4)
@@ -346,22 +450,42 @@ def test_dense_affine_forms(tmp_path, rng):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"w": rng.standard_normal((6, 4)), "d": rng.uniform(0.5, 2, 4), "t": rng.standard_normal(4),
-              "u": rng.standard_normal(4), "wt": rng.standard_normal((5, 6)), "gb": rng.standard_normal(5),
-              "s": np.array(1.5), "c": rng.standard_normal(5)}
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a1"]), helper.make_node("Div", ["a1", "d"], ["a2"]),
-             helper.make_node("Add", ["t", "a2"], ["a3"]), helper.make_node("Sub", ["a3", "u"], ["y"]),
-             helper.make_node("Gemm", ["x2", "wt", "gb"], ["g1"], transB=1),
-             helper.make_node("Mul", ["g1", "s"], ["g2"]), helper.make_node("Sub", ["c", "g2"], ["z"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
-                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
-                       [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()])
+    consts = {
+        "w": rng.standard_normal((6, 4)),
+        "d": rng.uniform(0.5, 2, 4),
+        "t": rng.standard_normal(4),
+        "u": rng.standard_normal(4),
+        "wt": rng.standard_normal((5, 6)),
+        "gb": rng.standard_normal(5),
+        "s": np.array(1.5),
+        "c": rng.standard_normal(5),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a1"]),
+        helper.make_node("Div", ["a1", "d"], ["a2"]),
+        helper.make_node("Add", ["t", "a2"], ["a3"]),
+        helper.make_node("Sub", ["a3", "u"], ["y"]),
+        helper.make_node("Gemm", ["x2", "wt", "gb"], ["g1"], transB=1),
+        helper.make_node("Mul", ["g1", "s"], ["g2"]),
+        helper.make_node("Sub", ["c", "g2"], ["z"]),
+    ]
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+            helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "dense.onnx")
     ours = fastlayers.load(tmp_path / "dense.onnx")
     assert ours.op_types == ["FusedDense", "FusedDense", "Sub"]
-    _matches_ort(ours, tmp_path / "dense.onnx", {"x": rng.standard_normal((2, 3, 6)).astype(np.float32),
-                                                 "x2": rng.standard_normal((2, 6)).astype(np.float32)})
+    _matches_ort(
+        ours,
+        tmp_path / "dense.onnx",
+        {"x": rng.standard_normal((2, 3, 6)).astype(np.float32), "x2": rng.standard_normal((2, 6)).astype(np.float32)},
+    )
 
 
 def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
@@ -372,21 +496,29 @@ def test_tf2onnx_conv1d_on_nwc_values_runs_as_1d(tmp_path, rng):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"ax": np.array([1], np.int64), "k1": rng.standard_normal((6, 4, 1, 3)).astype(np.float32),
-              "b1": rng.standard_normal(6).astype(np.float32),
-              "k2": rng.standard_normal((5, 6, 1, 3)).astype(np.float32)}
+    consts = {
+        "ax": np.array([1], np.int64),
+        "k1": rng.standard_normal((6, 4, 1, 3)).astype(np.float32),
+        "b1": rng.standard_normal(6).astype(np.float32),
+        "k2": rng.standard_normal((5, 6, 1, 3)).astype(np.float32),
+    }
     nodes = []
     for i, (x, k) in enumerate((("x", "k1"), ("h1", "k2")), 1):
-        nodes += [helper.make_node("Unsqueeze", [x, "ax"], [f"u{i}"]),
-                  helper.make_node("Transpose", [f"u{i}"], [f"t{i}"], perm=[0, 3, 1, 2]),
-                  helper.make_node("Conv", [f"t{i}", k] + (["b1"] if i == 1 else []), [f"c{i}"],
-                                   pads=[0, 1, 0, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
-                  helper.make_node("Transpose", [f"r{i}"], [f"o{i}"], perm=[0, 2, 3, 1]),
-                  helper.make_node("Squeeze", [f"o{i}", "ax"], ["y" if i == 2 else f"h{i}"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "w", 4])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+        nodes += [
+            helper.make_node("Unsqueeze", [x, "ax"], [f"u{i}"]),
+            helper.make_node("Transpose", [f"u{i}"], [f"t{i}"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", [f"t{i}", k] + (["b1"] if i == 1 else []), [f"c{i}"], pads=[0, 1, 0, 1]),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+            helper.make_node("Transpose", [f"r{i}"], [f"o{i}"], perm=[0, 2, 3, 1]),
+            helper.make_node("Squeeze", [f"o{i}", "ax"], ["y" if i == 2 else f"h{i}"]),
+        ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "w", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+        opset=13,
+    )
     onnx.save(model, tmp_path / "tf_conv1d.onnx")
     ours = fastlayers.load(tmp_path / "tf_conv1d.onnx")
     assert ours.op_types == ["Transpose", "FusedConv", "FusedConv", "Transpose"]
@@ -405,9 +537,12 @@ def test_norm_parameters_of_another_width_are_refused(tmp_path, rng, backend, op
 
     params = ["s"] if op == "LayerNormalization" else ["s", "s", "s", "s"]
     nodes = [helper.make_node(op, ["x"] + params, ["y"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(np.ones(5, np.float32), "s")])
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones(5, np.float32), "s")],
+    )
     onnx.save(model, tmp_path / "norm5.onnx")
     with pytest.raises(fastlayers.errors.InputError, match=op):
         fastlayers.load(tmp_path / "norm5.onnx")(rng.standard_normal((2, 8)).astype(np.float32))
@@ -422,13 +557,20 @@ def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"eps": np.array(1e-3, np.float32), "gamma": rng.standard_normal(6).astype(np.float32),
-              "beta": rng.standard_normal(6).astype(np.float32)}
-    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
-             helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
-             helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
-             helper.make_node("Reciprocal", ["s"], ["r"])]
+    consts = {
+        "eps": np.array(1e-3, np.float32),
+        "gamma": rng.standard_normal(6).astype(np.float32),
+        "beta": rng.standard_normal(6).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+        helper.make_node("Add", ["v", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+    ]
     inv = "r"
     if affine:
         nodes.append(helper.make_node("Mul", ["r", "gamma"], ["inv"]))
@@ -438,9 +580,13 @@ def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
         nodes += [helper.make_node("Sub", ["beta", "mi"], ["o"]), helper.make_node("Add", ["xi", "o"], ["y"])]
     else:
         nodes.append(helper.make_node("Sub", ["xi", "mi"], ["y"]))
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()], opset=13)
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+        opset=13,
+    )
     onnx.save(model, tmp_path / "tf_ln.onnx")
     ours = fastlayers.load(tmp_path / "tf_ln.onnx")
     assert ours.op_types == ["LayerNormalization"]
@@ -456,31 +602,42 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"w": rng.standard_normal((6, 4)), "wt": rng.standard_normal((5, 6)),
-              "gb": rng.standard_normal(5)}
-    nodes = [helper.make_node("Gemm", ["x2", "wt", "gb"], ["g"], transB=1),
-             helper.make_node("Softmax", ["g"], ["y1"]),
-             helper.make_node("Gemm", ["x2", "wt"], ["h"], transB=1),
-             helper.make_node("Softmax", ["h"], ["y2"], axis=1),
-             helper.make_node("MatMul", ["x", "w"], ["a"]),
-             helper.make_node("LogSoftmax", ["a"], ["y3"], axis=-1),
-             helper.make_node("MatMul", ["x", "w"], ["b"]),
-             helper.make_node("Softmax", ["b"], ["y4"], axis=1),
-             helper.make_node("Gemm", ["x2", "wt"], ["c"], transB=1),
-             helper.make_node("Softmax", ["c"], ["y5"], axis=-1),
-             helper.make_node("Relu", ["c"], ["y6"])]
+    consts = {"w": rng.standard_normal((6, 4)), "wt": rng.standard_normal((5, 6)), "gb": rng.standard_normal(5)}
+    nodes = [
+        helper.make_node("Gemm", ["x2", "wt", "gb"], ["g"], transB=1),
+        helper.make_node("Softmax", ["g"], ["y1"]),
+        helper.make_node("Gemm", ["x2", "wt"], ["h"], transB=1),
+        helper.make_node("Softmax", ["h"], ["y2"], axis=1),
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("LogSoftmax", ["a"], ["y3"], axis=-1),
+        helper.make_node("MatMul", ["x", "w"], ["b"]),
+        helper.make_node("Softmax", ["b"], ["y4"], axis=1),
+        helper.make_node("Gemm", ["x2", "wt"], ["c"], transB=1),
+        helper.make_node("Softmax", ["c"], ["y5"], axis=-1),
+        helper.make_node("Relu", ["c"], ["y6"]),
+    ]
     outs = ("y1", "y2", "y3", "y4", "y5", "y6")
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
-                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
-                       [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()],
-                       opset=opset)
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+            helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 6]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts.items()],
+        opset=opset,
+    )
     onnx.save(model, tmp_path / "softmax.onnx")
     ours = fastlayers.load(tmp_path / "softmax.onnx")
     assert ours.op_types == ["FusedDense"] * 4 + ["Softmax", "FusedDense", "Softmax", "Relu"]
-    _matches_ort(ours, tmp_path / "softmax.onnx",
-                 {"x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 4,
-                  "x2": rng.standard_normal((2, 6)).astype(np.float32) * 4})
+    _matches_ort(
+        ours,
+        tmp_path / "softmax.onnx",
+        {
+            "x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 4,
+            "x2": rng.standard_normal((2, 6)).astype(np.float32) * 4,
+        },
+    )
 
 
 def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
@@ -492,30 +649,39 @@ def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     from onnx import TensorProto, helper, numpy_helper
 
     k1, k2 = (rng.standard_normal((4, 3, 3, 3)).astype(np.float32) for _ in range(2))
-    nodes = [helper.make_node("Conv", ["img", "k1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["img", "k2"], ["c2"], pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["c1", "c2"], ["s1"]),
-             helper.make_node("Relu", ["s1"], ["a"]),
-             helper.make_node("Add", ["a", "img4"], ["s2"]),
-             helper.make_node("Sigmoid", ["s2"], ["b"]),
-             helper.make_node("Add", ["b", "row"], ["s3"]),        # broadcast
-             helper.make_node("Relu", ["s3"], ["c"]),
-             helper.make_node("Add", ["c", "c"], ["s4"]),          # also an output: stays
-             helper.make_node("Relu", ["s4"], ["d"])]
+    nodes = [
+        helper.make_node("Conv", ["img", "k1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["img", "k2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c1", "c2"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["a"]),
+        helper.make_node("Add", ["a", "img4"], ["s2"]),
+        helper.make_node("Sigmoid", ["s2"], ["b"]),
+        helper.make_node("Add", ["b", "row"], ["s3"]),  # broadcast
+        helper.make_node("Relu", ["s3"], ["c"]),
+        helper.make_node("Add", ["c", "c"], ["s4"]),  # also an output: stays
+        helper.make_node("Relu", ["s4"], ["d"]),
+    ]
     consts = {"k1": k1, "k2": k2}
-    model = make_graph(nodes, [helper.make_tensor_value_info("img", TensorProto.FLOAT, [2, 3, 5, 7]),
-                               helper.make_tensor_value_info("img4", TensorProto.FLOAT, [2, 4, 5, 7]),
-                               helper.make_tensor_value_info("row", TensorProto.FLOAT, [7])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("b", "d", "s4")],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [2, 3, 5, 7]),
+            helper.make_tensor_value_info("img4", TensorProto.FLOAT, [2, 4, 5, 7]),
+            helper.make_tensor_value_info("row", TensorProto.FLOAT, [7]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("b", "d", "s4")],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
     path = tmp_path / "residual.onnx"
     path.write_bytes(model.SerializeToString())
     ours = fastlayers.load(path)
     assert ours.op_types.count("FusedAdd") == 3 and ours.op_types.count("Add") == 1
     assert [n.attrs["activation"] for n in ours._nodes if n.op_type == "FusedAdd"] == ["relu", "onnx_sigmoid", "relu"]
-    feed = {"img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
-            "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
-            "row": rng.standard_normal(7).astype(np.float32)}
+    feed = {
+        "img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
+        "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
+        "row": rng.standard_normal(7).astype(np.float32),
+    }
     _matches_ort(ours, path, feed, rtol=1e-5)
 
 
@@ -529,7 +695,7 @@ def test_add_act_matches_the_reference(isa, name, n, rng):
 
     got = fastlayers.get_ops("cpu").add_act(a, b, name, 0.1)
     want = fastlayers.get_ops("reference").add_act(a, b, name, 0.1)
-    if name.startswith("onnx_") and native.isa() == "generic":   # no fused multiply-add there
+    if name.startswith("onnx_") and native.isa() == "generic":  # no fused multiply-add there
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
     else:
         np.testing.assert_array_equal(got, want)
@@ -546,15 +712,23 @@ def test_outer_add_act_matches_the_reference(isa, name, ni, nj, n, rng):
     got = fastlayers.get_ops("cpu").outer_add_act(a, b, name)
     want = fastlayers.get_ops("reference").outer_add_act(a, b, name)
     assert got.shape == (ni, nj, n)
-    if name.startswith("onnx_") and native.isa() == "generic":   # no fused multiply-add there
+    if name.startswith("onnx_") and native.isa() == "generic":  # no fused multiply-add there
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-7)
     else:
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("q_shape, k_shape, outer", [
-    ((1, 6, 1, 8), (1, 1, 5, 8), True), ((1, 1, 5, 8), (1, 6, 1, 8), True), ((6, 1, 8), (1, 5, 8), True),
-    ((2, 6, 1, 8), (1, 1, 5, 8), True), ((2, 6, 1, 8), (2, 1, 5, 8), False), ((1, 6, 1, 8), (1, 6, 5, 8), False)])
+@pytest.mark.parametrize(
+    "q_shape, k_shape, outer",
+    [
+        ((1, 6, 1, 8), (1, 1, 5, 8), True),
+        ((1, 1, 5, 8), (1, 6, 1, 8), True),
+        ((6, 1, 8), (1, 5, 8), True),
+        ((2, 6, 1, 8), (1, 1, 5, 8), True),
+        ((2, 6, 1, 8), (2, 1, 5, 8), False),
+        ((1, 6, 1, 8), (1, 6, 5, 8), False),
+    ],
+)
 def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k_shape, outer):
     """Tanh(q + k) with q and k broadcast against each other (additive attention's scores, as
     text2tashkeel's taggers export it) is one FusedAdd whose sum is formed row by row, never as
@@ -566,15 +740,20 @@ def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k
     from fastlayers.onnx.ops.elementwise import outer_operands
 
     nodes = [helper.make_node("Add", ["q", "k"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape)),
-                               helper.make_tensor_value_info("k", TensorProto.FLOAT, list(k_shape))],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [])
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape)),
+            helper.make_tensor_value_info("k", TensorProto.FLOAT, list(k_shape)),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [],
+    )
     path = tmp_path / "additive.onnx"
     path.write_bytes(model.SerializeToString())
     ours = fastlayers.load(path)
     assert ours.op_types == ["FusedAdd"]
-    feed = {"q": rng.standard_normal(q_shape).astype(np.float32),
-            "k": rng.standard_normal(k_shape).astype(np.float32)}
+    feed = {"q": rng.standard_normal(q_shape).astype(np.float32), "k": rng.standard_normal(k_shape).astype(np.float32)}
     assert (outer_operands(feed["q"], feed["k"]) is not None) == outer
     _matches_ort(ours, path, feed, rtol=1e-6, atol=1e-6)
 
@@ -599,18 +778,28 @@ def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, 
 
     path = tmp_path / "cells.onnx"
     args = (torch.randn(2, 5), torch.randn(2, 7), torch.randn(2, 7))
-    export(torch, Cells(), args, path, input_names=["x", "h", "c"], output_names=["h2", "c2"],
-           dynamic_axes={n: {0: "batch"} for n in ("x", "h", "c", "h2", "c2")}, opset_version=opset)
+    export(
+        torch,
+        Cells(),
+        args,
+        path,
+        input_names=["x", "h", "c"],
+        output_names=["h2", "c2"],
+        dynamic_axes={n: {0: "batch"} for n in ("x", "h", "c", "h2", "c2")},
+        opset_version=opset,
+    )
     ours = fastlayers.load(path)
     assert ours.op_types.count("FusedLSTMCell") == 2
     assert not {"Sigmoid", "Tanh", "Split", "Mul"} & set(ours.op_types)
-    for batch in (1, 3, 1, 3):    # the step is bound per batch: later calls reuse it, new states
-        feed = {"x": rng.standard_normal((batch, 5)).astype(np.float32),
-                "h": rng.standard_normal((batch, 7)).astype(np.float32),
-                "c": rng.standard_normal((batch, 7)).astype(np.float32)}
+    for batch in (1, 3, 1, 3):  # the step is bound per batch: later calls reuse it, new states
+        feed = {
+            "x": rng.standard_normal((batch, 5)).astype(np.float32),
+            "h": rng.standard_normal((batch, 7)).astype(np.float32),
+            "c": rng.standard_normal((batch, 7)).astype(np.float32),
+        }
         held = {k: v.copy() for k, v in feed.items()}
         _matches_ort(ours, path, feed, rtol=1e-5, atol=1e-6)
-        assert all(np.array_equal(feed[k], held[k]) for k in feed)   # states read, not written
+        assert all(np.array_equal(feed[k], held[k]) for k in feed)  # states read, not written
 
 
 def test_lstm_cell_node_on_other_shapes_matches_the_step(rng):
@@ -635,18 +824,42 @@ def _gelu_tanh_nodes(spelling, x, y):
 
     def n(op, a, b, out):
         return helper.make_node(op, [a, b], [out])
-    if spelling == "jax2tf":    # x (0.5 (1 + tanh(c2 (x + x (x (c3 x))))))
-        return [n("Mul", "c3", x, "t1"), n("Mul", x, "t1", "t2"), n("Mul", x, "t2", "t3"),
-                n("Add", x, "t3", "t4"), n("Mul", "c2", "t4", "t5"), helper.make_node("Tanh", ["t5"], ["t6"]),
-                n("Add", "one", "t6", "t7"), n("Mul", "half", "t7", "t8"), n("Mul", x, "t8", y)]
-    if spelling == "torch":     # (0.5 x) (1 + tanh(c2 (x + c3 x^3)))
-        return [n("Pow", x, "three", "t1"), n("Mul", "t1", "c3", "t2"), n("Add", x, "t2", "t3"),
-                n("Mul", "t3", "c2", "t4"), helper.make_node("Tanh", ["t4"], ["t5"]),
-                n("Add", "t5", "one", "t6"), n("Mul", x, "half", "t7"), n("Mul", "t7", "t6", y)]
+
+    if spelling == "jax2tf":  # x (0.5 (1 + tanh(c2 (x + x (x (c3 x))))))
+        return [
+            n("Mul", "c3", x, "t1"),
+            n("Mul", x, "t1", "t2"),
+            n("Mul", x, "t2", "t3"),
+            n("Add", x, "t3", "t4"),
+            n("Mul", "c2", "t4", "t5"),
+            helper.make_node("Tanh", ["t5"], ["t6"]),
+            n("Add", "one", "t6", "t7"),
+            n("Mul", "half", "t7", "t8"),
+            n("Mul", x, "t8", y),
+        ]
+    if spelling == "torch":  # (0.5 x) (1 + tanh(c2 (x + c3 x^3)))
+        return [
+            n("Pow", x, "three", "t1"),
+            n("Mul", "t1", "c3", "t2"),
+            n("Add", x, "t2", "t3"),
+            n("Mul", "t3", "c2", "t4"),
+            helper.make_node("Tanh", ["t4"], ["t5"]),
+            n("Add", "t5", "one", "t6"),
+            n("Mul", x, "half", "t7"),
+            n("Mul", "t7", "t6", y),
+        ]
     # ((x (1 + tanh(...))) / 2): the x before the halving, a division
-    return [n("Mul", x, x, "t1"), n("Mul", "t1", x, "t2"), n("Mul", "t2", "c3", "t3"), n("Add", "t3", x, "t4"),
-            n("Div", "t4", "inv_c2", "t5"), helper.make_node("Tanh", ["t5"], ["t6"]),
-            n("Add", "one", "t6", "t7"), n("Mul", "t7", x, "t8"), n("Div", "t8", "two", y)]
+    return [
+        n("Mul", x, x, "t1"),
+        n("Mul", "t1", x, "t2"),
+        n("Mul", "t2", "c3", "t3"),
+        n("Add", "t3", x, "t4"),
+        n("Div", "t4", "inv_c2", "t5"),
+        helper.make_node("Tanh", ["t5"], ["t6"]),
+        n("Add", "one", "t6", "t7"),
+        n("Mul", "t7", x, "t8"),
+        n("Div", "t8", "two", y),
+    ]
 
 
 @pytest.mark.parametrize("spelling", ["jax2tf", "torch", "divided"])
@@ -660,31 +873,54 @@ def test_tanh_gelu_spellings_become_one_activation(tmp_path, rng, spelling):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"w": rng.standard_normal((6, 5)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32),
-              "k": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-              "kb": rng.standard_normal((1, 4, 1, 1)).astype(np.float32),
-              "c3": np.array(0.044715, np.float32), "c2": np.array(np.sqrt(2 / np.pi), np.float32),
-              "inv_c2": np.array(1 / np.sqrt(2 / np.pi), np.float32), "one": np.array(1, np.float32),
-              "one3": np.ones((1, 1, 1), np.float32), "half": np.array(0.5, np.float32), "three": np.array(3, np.float32), "two": np.array(2, np.float32)}
+    consts = {
+        "w": rng.standard_normal((6, 5)).astype(np.float32),
+        "b": rng.standard_normal(5).astype(np.float32),
+        "k": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "kb": rng.standard_normal((1, 4, 1, 1)).astype(np.float32),
+        "c3": np.array(0.044715, np.float32),
+        "c2": np.array(np.sqrt(2 / np.pi), np.float32),
+        "inv_c2": np.array(1 / np.sqrt(2 / np.pi), np.float32),
+        "one": np.array(1, np.float32),
+        "one3": np.ones((1, 1, 1), np.float32),
+        "half": np.array(0.5, np.float32),
+        "three": np.array(3, np.float32),
+        "two": np.array(2, np.float32),
+    }
     dense = _gelu_tanh_nodes(spelling, "h", "y")
     conv = _gelu_tanh_nodes(spelling, "cb", "z")
-    for node in conv:   # the second chain's own value names
+    for node in conv:  # the second chain's own value names
         node.input[:] = ["one3" if i == "one" else i if i in consts or i == "cb" else "c_" + i for i in node.input]
         node.output[:] = [o if o == "z" else "c_" + o for o in node.output]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]), *dense,
-             helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["c", "kb"], ["cb"]), *conv]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
-                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["h"]),
+        *dense,
+        helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "kb"], ["cb"]),
+        *conv,
+    ]
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "gelu_tanh.onnx")
     ours = fastlayers.load(tmp_path / "gelu_tanh.onnx")
     assert ours.op_types == ["FusedDense", "FusedConv"]
     assert all(n.attrs["activation"] == "gelu_tanh" for n in ours._nodes)
-    _matches_ort(ours, tmp_path / "gelu_tanh.onnx",
-                 {"x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 2,
-                  "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)})
+    _matches_ort(
+        ours,
+        tmp_path / "gelu_tanh.onnx",
+        {
+            "x": rng.standard_normal((2, 3, 6)).astype(np.float32) * 2,
+            "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32),
+        },
+    )
 
 
 @pytest.mark.parametrize("case", ["other constant", "value read elsewhere", "adds axes"])
@@ -696,14 +932,20 @@ def test_tanh_gelu_lookalikes_left_alone(tmp_path, rng, case):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {"c3": np.array(0.05 if case == "other constant" else 0.044715, np.float32),
-              "c2": np.array(np.sqrt(2 / np.pi), np.float32), "half": np.array(0.5, np.float32),
-              "one": np.ones((1, 1, 1) if case == "adds axes" else (), np.float32)}
+    consts = {
+        "c3": np.array(0.05 if case == "other constant" else 0.044715, np.float32),
+        "c2": np.array(np.sqrt(2 / np.pi), np.float32),
+        "half": np.array(0.5, np.float32),
+        "one": np.ones((1, 1, 1) if case == "adds axes" else (), np.float32),
+    }
     nodes = _gelu_tanh_nodes("jax2tf", "x", "y")
     outputs = ["y", "t4"] if case == "value read elsewhere" else ["y"]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-                       [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
     onnx.save(model, tmp_path / "lookalike.onnx")
     ours = fastlayers.load(tmp_path / "lookalike.onnx")
     assert "Tanh" in ours.op_types and "Gelu" not in ours.op_types
@@ -733,15 +975,20 @@ def test_paddle_hard_swish_spelling_is_the_convolution_activation(tmp_path, rng)
     from onnx import TensorProto, helper, numpy_helper
 
     k = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1 / 6, beta=0.5),
-             helper.make_node("Mul", ["g", "c"], ["y"]),
-             helper.make_node("Conv", ["img", "k"], ["c2"], pads=[1, 1, 1, 1]),
-             helper.make_node("HardSigmoid", ["c2"], ["g2"]),
-             helper.make_node("Mul", ["c2", "g2"], ["z"])]
-    model = make_graph(nodes, [helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 6, 5])],
-                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
-                       [numpy_helper.from_array(k, "k")])
+    nodes = [
+        helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["g", "c"], ["y"]),
+        helper.make_node("Conv", ["img", "k"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("HardSigmoid", ["c2"], ["g2"]),
+        helper.make_node("Mul", ["c2", "g2"], ["z"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 6, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+        [numpy_helper.from_array(k, "k")],
+    )
     onnx.save(model, tmp_path / "hard_swish.onnx")
     ours = fastlayers.load(tmp_path / "hard_swish.onnx")
     assert ours.op_types == ["FusedConv", "FusedConv", "HardSigmoid", "Mul"]

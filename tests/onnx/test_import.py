@@ -22,9 +22,19 @@ SUPPORTED_ELEM_TYPES = {1, 2, 3, 5, 6, 7, 9, 10, 11}
 # resize_downsample_scales_linear_align_corners takes the unrounded in_size * scale as the output
 # length, where onnxruntime (and fastlayers after it: tests/onnx/test_resize.py) takes the
 # output's integer length.
-UNSUPPORTED_CASES = ("pool_3d", "convtranspose_3d", "cubic", "antialias", "with_argmax", "nonpad",
-                     "window", "padded_kv", "averagepool_2d_ceil_last_window_starts_on_pad",
-                     "softmax_precision", "resize_downsample_scales_linear_align_corners")
+UNSUPPORTED_CASES = (
+    "pool_3d",
+    "convtranspose_3d",
+    "cubic",
+    "antialias",
+    "with_argmax",
+    "nonpad",
+    "window",
+    "padded_kv",
+    "averagepool_2d_ceil_last_window_starts_on_pad",
+    "softmax_precision",
+    "resize_downsample_scales_linear_align_corners",
+)
 
 
 def _all_nodes(graph):
@@ -32,15 +42,20 @@ def _all_nodes(graph):
     for n in graph.node:
         yield n
         for a in n.attribute:
-            if a.type == 5:   # GRAPH
+            if a.type == 5:  # GRAPH
                 yield from _all_nodes(a.g)
 
 
 def _tensor_typed(graph):
     """Whether every input and output of the graph's subgraphs is a tensor or left untyped (not
     a sequence or an optional, which fastlayers does not take)."""
-    return all(v.type.WhichOneof("value") in (None, "tensor_type") for n in _all_nodes(graph)
-               for a in n.attribute if a.type == 5 for v in list(a.g.input) + list(a.g.output))
+    return all(
+        v.type.WhichOneof("value") in (None, "tensor_type")
+        for n in _all_nodes(graph)
+        for a in n.attribute
+        if a.type == 5
+        for v in list(a.g.input) + list(a.g.output)
+    )
 
 
 def _node_cases():
@@ -56,11 +71,16 @@ def _node_cases():
     for case in cases:
         g = case.model.graph
         opset = next((o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        if (opset < MIN_OPSET or "training" in case.name or any(u in case.name for u in UNSUPPORTED_CASES)
-                or any(n.op_type not in OPS or n.domain not in ("", "ai.onnx") for n in _all_nodes(g))
-                or any(a.type == 10 for n in _all_nodes(g) for a in n.attribute) or not _tensor_typed(g)
-                or any(v.type.tensor_type.elem_type not in SUPPORTED_ELEM_TYPES for v in list(g.input) + list(g.output))
-                or any(np.asarray(a).dtype == object for inputs, _ in case.data_sets for a in inputs)):
+        if (
+            opset < MIN_OPSET
+            or "training" in case.name
+            or any(u in case.name for u in UNSUPPORTED_CASES)
+            or any(n.op_type not in OPS or n.domain not in ("", "ai.onnx") for n in _all_nodes(g))
+            or any(a.type == 10 for n in _all_nodes(g) for a in n.attribute)
+            or not _tensor_typed(g)
+            or any(v.type.tensor_type.elem_type not in SUPPORTED_ELEM_TYPES for v in list(g.input) + list(g.output))
+            or any(np.asarray(a).dtype == object for inputs, _ in case.data_sets for a in inputs)
+        ):
             continue
         chosen.append(case)
     return chosen
@@ -87,8 +107,12 @@ def test_onnx_backend_node_tests():
                     assert g.shape == e.shape, f"shape {g.shape} != {e.shape}"
                     if e.dtype.kind == "f":
                         half = e.dtype == np.float16
-                        np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64),
-                                                   rtol=1e-2 if half else 1e-4, atol=1e-3 if half else 1e-5)
+                        np.testing.assert_allclose(
+                            g.astype(np.float64),
+                            e.astype(np.float64),
+                            rtol=1e-2 if half else 1e-4,
+                            atol=1e-3 if half else 1e-5,
+                        )
                     else:
                         np.testing.assert_array_equal(g, e)
         except Exception as exc:  # noqa: BLE001 - collected and reported together
@@ -103,8 +127,20 @@ def export(torch, module, args, path, **kwargs):
         torch.onnx.export(module.eval(), args, str(path), dynamo=False, **kwargs)
 
 
-ACTIVATIONS = ["ReLU", "GELU", "Tanh", "Sigmoid", "LeakyReLU", "ELU", "SELU", "Softplus", "Softsign",
-               "Hardsigmoid", "Hardswish", "SiLU"]
+ACTIVATIONS = [
+    "ReLU",
+    "GELU",
+    "Tanh",
+    "Sigmoid",
+    "LeakyReLU",
+    "ELU",
+    "SELU",
+    "Softplus",
+    "Softsign",
+    "Hardsigmoid",
+    "Hardswish",
+    "SiLU",
+]
 
 
 @pytest.mark.parametrize("opset", [11, 13, 17])
@@ -116,8 +152,16 @@ def test_torch_mlp_export_matches_onnxruntime(torch, tmp_path, rng, backend, ops
     layers += [torch.nn.Dropout(0.2), torch.nn.Linear(12, 5), torch.nn.LogSoftmax(-1)]
     model = torch.nn.Sequential(*layers)
     path = tmp_path / "mlp.onnx"
-    export(torch, model, (torch.randn(2, 6),), path, input_names=["x"], output_names=["y"],
-           dynamic_axes={"x": {0: "batch"}}, opset_version=opset)
+    export(
+        torch,
+        model,
+        (torch.randn(2, 6),),
+        path,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "batch"}},
+        opset_version=opset,
+    )
     ours = fastlayers.load(path)
     assert "MatMul" not in ours.op_types and "Gemm" not in ours.op_types  # fused into dense nodes
     # the exported exact GELU became one Gelu node, then the activation of its dense node
@@ -145,9 +189,15 @@ def test_torch_transformer_encoder_export_matches_onnxruntime(torch, tmp_path, r
             return self.norm(self.enc(x, src_key_padding_mask=mask))
 
     path = tmp_path / "enc.onnx"
-    export(torch, Encoder(), (torch.randn(2, 6, 32), torch.zeros(2, 6, dtype=torch.bool)), path,
-           input_names=["x", "mask"], dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"}},
-           opset_version=17)
+    export(
+        torch,
+        Encoder(),
+        (torch.randn(2, 6, 32), torch.zeros(2, 6, dtype=torch.bool)),
+        path,
+        input_names=["x", "mask"],
+        dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"}},
+        opset_version=17,
+    )
     ours = fastlayers.load(path)
     assert sum(step[4] for step in ours._plan) > 10  # shape computations, cached per input shape
     # q k^T, the two shape-derived sqrt scales, the mask, the softmax and the product by v: one
@@ -176,9 +226,12 @@ def test_unsupported_operators_listed_in_one_error(tmp_path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Det", ["a"], ["b"]),
-             helper.make_node("Custom", ["b"], ["c"], domain="com.example"),
-             helper.make_node("Det", ["c"], ["y"])]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Det", ["a"], ["b"]),
+        helper.make_node("Custom", ["b"], ["c"], domain="com.example"),
+        helper.make_node("Det", ["c"], ["y"]),
+    ]
     onnx.save(make_graph(nodes, [x], [y]), tmp_path / "u.onnx")
     with pytest.raises(UnsupportedError, match=r"u.onnx: unsupported ONNX operator\(s\): Det, com.example::Custom"):
         fastlayers.load(tmp_path / "u.onnx")
@@ -194,21 +247,33 @@ def test_gelu_nodes_fuse_into_dense_and_conv(tmp_path, rng, approximate):
 
     w, b = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
     k = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
-             helper.make_node("Gelu", ["h"], ["y"], approximate=approximate),
-             helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Gelu", ["c"], ["z"], approximate=approximate)]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
-                               helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-                        helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
-                        numpy_helper.from_array(k, "k")], opset=20)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["h"]),
+        helper.make_node("Gelu", ["h"], ["y"], approximate=approximate),
+        helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Gelu", ["c"], ["z"], approximate=approximate),
+    ]
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 5, 5]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(k, "k")],
+        opset=20,
+    )
     onnx.save(model, tmp_path / "gelu.onnx")
     ours = fastlayers.load(tmp_path / "gelu.onnx")
     assert sorted(ours.op_types) == ["FusedConv", "FusedDense"]
-    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32),
-             "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)}
+    feeds = {
+        "x": rng.standard_normal((2, 8)).astype(np.float32),
+        "img": rng.standard_normal((1, 3, 5, 5)).astype(np.float32),
+    }
     session = ort.InferenceSession(str(tmp_path / "gelu.onnx"), providers=["CPUExecutionProvider"])
     for got, want in zip(ours(feeds), session.run(None, feeds)):
         assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -222,17 +287,26 @@ def test_constant_folding_dead_nodes_and_external_data(tmp_path, rng):
     w = rng.standard_normal((64, 32)).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
     nodes = [
-        helper.make_node("Transpose", ["wT"], ["w"], perm=[1, 0]),       # folded at load
+        helper.make_node("Transpose", ["wT"], ["w"], perm=[1, 0]),  # folded at load
         helper.make_node("MatMul", ["x", "w"], ["xw"]),
-        helper.make_node("Add", ["xw", "b"], ["h"]),                      # fused with MatMul
-        helper.make_node("Relu", ["h"], ["y"]),                           # fused activation
-        helper.make_node("Sigmoid", ["x"], ["unused"]),                   # dead: removed
+        helper.make_node("Add", ["xw", "b"], ["h"]),  # fused with MatMul
+        helper.make_node("Relu", ["h"], ["y"]),  # fused activation
+        helper.make_node("Sigmoid", ["x"], ["unused"]),  # dead: removed
     ]
-    model = make_graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(np.ascontiguousarray(w.T), "wT"), numpy_helper.from_array(b, "b")])
-    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-              location="ext.data", size_threshold=16)
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ascontiguousarray(w.T), "wT"), numpy_helper.from_array(b, "b")],
+    )
+    onnx.save(
+        model,
+        tmp_path / "ext.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.data",
+        size_threshold=16,
+    )
     assert (tmp_path / "ext.data").exists()
     ours = fastlayers.load(tmp_path / "ext.onnx")
     assert ours.op_types == ["FusedDense"]
@@ -252,10 +326,18 @@ def test_corrupt_and_missing_external_data(tmp_path):
 def test_many_threads_one_onnx_model(torch, tmp_path, rng):
     from concurrent.futures import ThreadPoolExecutor
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
-                                torch.nn.Linear(16, 4), torch.nn.Softmax(-1))
-    export(torch, model, (torch.randn(2, 8),), tmp_path / "t.onnx", input_names=["x"],
-           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4), torch.nn.Softmax(-1)
+    )
+    export(
+        torch,
+        model,
+        (torch.randn(2, 8),),
+        tmp_path / "t.onnx",
+        input_names=["x"],
+        dynamic_axes={"x": {0: "batch"}},
+        opset_version=17,
+    )
     ours = fastlayers.load(tmp_path / "t.onnx")
     xs = [rng.standard_normal((1 + i % 4, 8)).astype(np.float32) for i in range(400)]
     serial = [ours(x) for x in xs]
@@ -291,8 +373,15 @@ def test_torch_cnn_export_fuses_and_matches_onnxruntime(torch, tmp_path, rng, ba
             bn.running_mean.uniform_(-1, 1)
             bn.running_var.uniform_(0.5, 2)
     path = tmp_path / "cnn.onnx"
-    export(torch, model, (torch.randn(2, 3, 32, 32),), path, input_names=["x"],
-           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    export(
+        torch,
+        model,
+        (torch.randn(2, 3, 32, 32),),
+        path,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "batch"}},
+        opset_version=17,
+    )
     ours = fastlayers.load(path)
     assert ours.op_types[:2] == ["FusedConv", "FusedConv"]  # BatchNormalization and activation folded
     assert "BatchNormalization" not in ours.op_types and "Relu" not in ours.op_types
@@ -318,15 +407,26 @@ def test_nchw_pooling_and_depthwise_on_graph_inputs_match_onnxruntime(torch, tmp
 
         def forward(self, x, s):
             f = tnn.functional
-            return (f.max_pool2d(x, 3, 2, 1, ceil_mode=True),
-                    f.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True),
-                    f.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
-                    torch.relu(self.dw(x)), self.dw1(x),
-                    f.max_pool1d(s, 3, 2), f.avg_pool1d(s, 2, 2), self.dw1d(s))
+            return (
+                f.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+                f.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True),
+                f.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+                torch.relu(self.dw(x)),
+                self.dw1(x),
+                f.max_pool1d(s, 3, 2),
+                f.avg_pool1d(s, 2, 2),
+                self.dw1d(s),
+            )
 
     path = tmp_path / "planes.onnx"
-    export(torch, Planes().eval(), (torch.randn(1, 4, 13, 21), torch.randn(1, 4, 19)), path,
-           input_names=["x", "s"], opset_version=17)
+    export(
+        torch,
+        Planes().eval(),
+        (torch.randn(1, 4, 13, 21), torch.randn(1, 4, 19)),
+        path,
+        input_names=["x", "s"],
+        opset_version=17,
+    )
     ours = fastlayers.load(path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, 4, 13, 21)).astype(np.float32)
@@ -348,27 +448,42 @@ def test_conv_transpose_exports_match_onnxruntime_and_torch(torch, tmp_path, rng
             super().__init__()
             self.s2 = tnn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1)
             self.s1 = tnn.ConvTranspose2d(6, 5, (2, 3), padding=(0, 1), dilation=(2, 1))
-            self.s3 = tnn.ConvTranspose2d(6, 4, 3, stride=(3, 2), padding=(2, 0), groups=2,
-                                          output_padding=(2, 1), bias=False)
+            self.s3 = tnn.ConvTranspose2d(
+                6, 4, 3, stride=(3, 2), padding=(2, 0), groups=2, output_padding=(2, 1), bias=False
+            )
             self.conv = tnn.Conv2d(6, 6, 3, padding=1)
             self.after = tnn.ConvTranspose2d(6, 3, 4, stride=2, padding=1)
             self.one_d = tnn.ConvTranspose1d(3, 2, 3, stride=2, padding=1, output_padding=1)
             self.tiny = tnn.ConvTranspose2d(6, 2, 3, stride=2)
 
         def forward(self, x, s, p):
-            return (self.s2(x), self.s1(x), torch.relu(self.s3(x)),
-                    self.after(torch.relu(self.conv(x))), self.one_d(s), self.tiny(p))
+            return (
+                self.s2(x),
+                self.s1(x),
+                torch.relu(self.s3(x)),
+                self.after(torch.relu(self.conv(x))),
+                self.one_d(s),
+                self.tiny(p),
+            )
 
     path, module = tmp_path / "up.onnx", Up().eval()
-    export(torch, module, (torch.randn(1, 6, 7, 9), torch.randn(1, 3, 11), torch.randn(1, 6, 1, 1)),
-           path, input_names=["x", "s", "p"],
-           dynamic_axes={"x": {0: "n"}, "s": {0: "n"}, "p": {0: "n"}}, opset_version=17)
+    export(
+        torch,
+        module,
+        (torch.randn(1, 6, 7, 9), torch.randn(1, 3, 11), torch.randn(1, 6, 1, 1)),
+        path,
+        input_names=["x", "s", "p"],
+        dynamic_axes={"x": {0: "n"}, "s": {0: "n"}, "p": {0: "n"}},
+        opset_version=17,
+    )
     ours = fastlayers.load(path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch in (1, 3):
-        feeds = {"x": rng.standard_normal((batch, 6, 7, 9)).astype(np.float32),
-                 "s": rng.standard_normal((batch, 3, 11)).astype(np.float32),
-                 "p": rng.standard_normal((batch, 6, 1, 1)).astype(np.float32)}
+        feeds = {
+            "x": rng.standard_normal((batch, 6, 7, 9)).astype(np.float32),
+            "s": rng.standard_normal((batch, 3, 11)).astype(np.float32),
+            "p": rng.standard_normal((batch, 6, 1, 1)).astype(np.float32),
+        }
         got = ours(feeds["x"], feeds["s"], feeds["p"])
         with torch.no_grad():
             by_torch = module(*(torch.from_numpy(feeds[k]) for k in ("x", "s", "p")))
@@ -396,15 +511,14 @@ def test_nhwc_views_between_ops_match_onnxruntime(torch, tmp_path, rng, backend)
 
         def forward(self, x):
             h = torch.relu(self.a(x))
-            h = torch.relu(self.b(h) + h)                       # residual Add, Relu
+            h = torch.relu(self.b(h) + h)  # residual Add, Relu
             h = torch.cat([h, tnn.functional.max_pool2d(h, 3, 1, 1)], 1)
-            h = self.c(h)[:, :, 1:, :] * self.scale             # Slice, per-channel Mul
-            seq = self.e(torch.relu(self.d(h.flatten(2))))      # 1-D chain on a Reshape
+            h = self.c(h)[:, :, 1:, :] * self.scale  # Slice, per-channel Mul
+            seq = self.e(torch.relu(self.d(h.flatten(2))))  # 1-D chain on a Reshape
             return seq.transpose(1, 2), h.mean((2, 3)), h.permute(0, 2, 3, 1)
 
     path = tmp_path / "views.onnx"
-    export(torch, Net().eval(), (torch.randn(2, 3, 9, 7),), path, input_names=["x"],
-           opset_version=17)
+    export(torch, Net().eval(), (torch.randn(2, 3, 9, 7),), path, input_names=["x"], opset_version=17)
     ours = fastlayers.load(path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
@@ -450,11 +564,23 @@ def test_window_geometry_kept_per_input_shape(torch, tmp_path, rng):
     that alternate (batch, height, width, 1-D lengths) each give onnxruntime's result."""
     ort = oracle("onnxruntime")
     tnn = torch.nn
-    net = tnn.Sequential(tnn.Conv2d(3, 4, 3, stride=2, padding=1), tnn.MaxPool2d(2, 2, ceil_mode=True),
-                         tnn.AvgPool2d(3, 1, padding=1), tnn.Flatten(2), tnn.Conv1d(4, 2, 3, padding=2))
+    net = tnn.Sequential(
+        tnn.Conv2d(3, 4, 3, stride=2, padding=1),
+        tnn.MaxPool2d(2, 2, ceil_mode=True),
+        tnn.AvgPool2d(3, 1, padding=1),
+        tnn.Flatten(2),
+        tnn.Conv1d(4, 2, 3, padding=2),
+    )
     path = tmp_path / "shapes.onnx"
-    export(torch, net, (torch.randn(1, 3, 9, 7),), path, input_names=["x"], opset_version=17,
-           dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
+    export(
+        torch,
+        net,
+        (torch.randn(1, 3, 9, 7),),
+        path,
+        input_names=["x"],
+        opset_version=17,
+        dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}},
+    )
     ours = fastlayers.load(path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for shape in [(1, 3, 9, 7), (2, 3, 5, 11), (1, 3, 9, 7), (2, 3, 5, 11), (1, 3, 4, 4)]:
@@ -470,14 +596,21 @@ def test_recurrent_fast_path_equals_reference_recurrence(kind, gates, direction,
     from fastlayers.onnx.ops.recurrent import recurrent_fast, recurrent_reference
 
     nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 4, 6
-    extras = [{}] + ([{"linear_before_reset": 1}] if kind == "GRU" else []) + \
-        ([{"activations": ["Relu"] * nd}] if kind == "RNN" else [])
+    extras = (
+        [{}]
+        + ([{"linear_before_reset": 1}] if kind == "GRU" else [])
+        + ([{"activations": ["Relu"] * nd}] if kind == "RNN" else [])
+    )
     for extra in extras:
         x = rng.standard_normal((B, T, I) if layout else (T, B, I)).astype(np.float32)
-        ins = [x, (rng.standard_normal((nd, gates * H, I)) * 0.5).astype(np.float32),
-               (rng.standard_normal((nd, gates * H, H)) * 0.5).astype(np.float32),
-               (rng.standard_normal((nd, 2 * gates * H)) * 0.5).astype(np.float32), None,
-               rng.standard_normal((B, nd, H) if layout else (nd, B, H)).astype(np.float32)]
+        ins = [
+            x,
+            (rng.standard_normal((nd, gates * H, I)) * 0.5).astype(np.float32),
+            (rng.standard_normal((nd, gates * H, H)) * 0.5).astype(np.float32),
+            (rng.standard_normal((nd, 2 * gates * H)) * 0.5).astype(np.float32),
+            None,
+            rng.standard_normal((B, nd, H) if layout else (nd, B, H)).astype(np.float32),
+        ]
         if kind == "LSTM":
             ins.append(rng.standard_normal(ins[-1].shape).astype(np.float32))
         attrs = {"direction": direction, "layout": layout, "hidden_size": H, **extra}
@@ -496,12 +629,13 @@ def test_recurrent_fast_path_prepares_weights_once(kind, gates, rng, monkeypatch
 
     packs = []
     pack = recurrent._pack_shares
-    monkeypatch.setattr(recurrent, "_pack_shares",
-                        lambda w, **k: packs.append(w.shape) or pack(w, **k))
+    monkeypatch.setattr(recurrent, "_pack_shares", lambda w, **k: packs.append(w.shape) or pack(w, **k))
     T, B, I, H = 4, 8, 16, 32
-    ins = [rng.standard_normal((T, B, I)).astype(np.float32),
-           rng.standard_normal((1, gates * H, I)).astype(np.float32),
-           rng.standard_normal((1, gates * H, H)).astype(np.float32)]
+    ins = [
+        rng.standard_normal((T, B, I)).astype(np.float32),
+        rng.standard_normal((1, gates * H, I)).astype(np.float32),
+        rng.standard_normal((1, gates * H, H)).astype(np.float32),
+    ]
     attrs = {"hidden_size": H}
     first = recurrent_fast(kind, ins, attrs)
     assert packs
@@ -526,19 +660,29 @@ def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads
     ort = oracle("onnxruntime")
     monkeypatch.setattr(recurrent, "MIN_CALL_MADDS", 0)
     runs = []
-    monkeypatch.setattr(_core, "rnn_loops",
-                        lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
+    monkeypatch.setattr(_core, "rnn_loops", lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
     I, H = 5, 19
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
-             for n, s in [("W", (2, gates * H, I)), ("R", (2, gates * H, H)), ("B", (2, 2 * gates * H))]]
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
+        for n, s in [("W", (2, gates * H, I)), ("R", (2, gates * H, H)), ("B", (2, 2 * gates * H))]
+    ]
     states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
-    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
-    node = helper.make_node(kind, ["x", "W", "R", "B", "", *states], outs, hidden_size=H,
-                            direction="bidirectional",
-                            **({"linear_before_reset": 1} if kind == "GRU" else {}))
+    outs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
+    node = helper.make_node(
+        kind,
+        ["x", "W", "R", "B", "", *states],
+        outs,
+        hidden_size=H,
+        direction="bidirectional",
+        **({"linear_before_reset": 1} if kind == "GRU" else {}),
+    )
     graph = helper.make_graph(
-        [node], "bi", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["x", *states]],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs], inits)
+        [node],
+        "bi",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["x", *states]],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     ours = fastlayers.load(model.SerializeToString())
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -555,8 +699,7 @@ def test_bidirectional_directions_at_once_match_onnxruntime(kind, gates, threads
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("read_y", [True, False])
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
-def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, layout, direction,
-                                                                  read_y, threads, rng):
+def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, layout, direction, read_y, threads, rng):
     """Silero VAD's way: one step per call, the states fed back. The node binds its loops once
     per input shape (``_bound``) and each call runs them on its own input and states: every
     call gives onnxruntime's outputs; a new batch size binds again; no initial state (zeros);
@@ -567,23 +710,27 @@ def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, l
 
     ort = oracle("onnxruntime")
     n_dir, I, H = 2 if direction == "bidirectional" else 1, 6, 21
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
-             for n, s in [("W", (n_dir, gates * H, I)), ("R", (n_dir, gates * H, H)),
-                          ("B", (n_dir, 2 * gates * H))]]
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+        for n, s in [("W", (n_dir, gates * H, I)), ("R", (n_dir, gates * H, H)), ("B", (n_dir, 2 * gates * H))]
+    ]
     states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
-    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+    outs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
     graph_outs = outs if read_y else outs[1:]
 
     def model(with_states, node_layout):
         ins = ["x", "W", "R", "B", "", *states] if with_states else ["x", "W", "R", "B"]
-        node = helper.make_node(kind, ins, outs if read_y else ["", *outs[1:]], hidden_size=H,
-                                direction=direction, layout=node_layout)
+        node = helper.make_node(
+            kind, ins, outs if read_y else ["", *outs[1:]], hidden_size=H, direction=direction, layout=node_layout
+        )
         graph = helper.make_graph(
-            [node], "stream", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
-                               for n in ["x", *states][:len(ins) - 3]],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in graph_outs], inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                 ir_version=9).SerializeToString()
+            [node],
+            "stream",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["x", *states][: len(ins) - 3]],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in graph_outs],
+            inits,
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
     def oracle_run(session, feeds):
         """onnxruntime's outputs on ``feeds`` laid out as ``layout``."""
@@ -611,8 +758,8 @@ def test_streamed_recurrent_calls_bind_once_and_match_onnxruntime(kind, gates, l
                     assert_close(g, w, rtol=1e-4, atol=1e-5)
                 carried = dict(zip(states, got[1:] if read_y else got))
         bound = ours._plan[0][3]["_bound"]
-        assert len(bound) == 2      # one binding per batch size
-        if not read_y and direction != "bidirectional":   # the states-only form
+        assert len(bound) == 2  # one binding per batch size
+        if not read_y and direction != "bidirectional":  # the states-only form
             assert all("_one_direction_states_only" in run.__qualname__ for run, _ in bound.values())
 
 
@@ -632,26 +779,29 @@ def test_recurrent_node_matches_onnxruntime(kind, gates, threads, rng, monkeypat
     monkeypatch.setattr(recurrent, "MIN_CALL_MADDS", 0)
     monkeypatch.setattr(recurrent, "MIN_SHARE_MADDS", 0)
     splits = set()
-    monkeypatch.setattr(recurrent, "_shares",
-                        lambda *a, _f=recurrent._shares: splits.add(_f(*a)) or _f(*a))
+    monkeypatch.setattr(recurrent, "_shares", lambda *a, _f=recurrent._shares: splits.add(_f(*a)) or _f(*a))
     written = set()
-    monkeypatch.setattr(recurrent, "_outputs",
-                        lambda *a, _f=recurrent._outputs: written.add(a[3]) or _f(*a))
+    monkeypatch.setattr(recurrent, "_outputs", lambda *a, _f=recurrent._outputs: written.add(a[3]) or _f(*a))
     I, H = 5, 35
     states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
-    outs = ["Y", "Y_h", "Y_c"][:3 if kind == "LSTM" else 2]
+    outs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
     for direction, y_out in (("forward", True), ("reverse", True), ("forward", False)):
-        inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
-                 for n, s in [("W", (1, gates * H, I)), ("R", (1, gates * H, H)),
-                              ("B", (1, 2 * gates * H))]]
-        node = helper.make_node(kind, ["x", "W", "R", "B", "lens", *states], outs, hidden_size=H,
-                                direction=direction)
+        inits = [
+            numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+            for n, s in [("W", (1, gates * H, I)), ("R", (1, gates * H, H)), ("B", (1, 2 * gates * H))]
+        ]
+        node = helper.make_node(kind, ["x", "W", "R", "B", "lens", *states], outs, hidden_size=H, direction=direction)
         graph = helper.make_graph(
-            [node], "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
-                            helper.make_tensor_value_info("lens", TensorProto.INT32, None),
-                            *[helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in states]],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs[1 - y_out:]],
-            inits)
+            [node],
+            "one",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("lens", TensorProto.INT32, None),
+                *[helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in states],
+            ],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs[1 - y_out :]],
+            inits,
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
         ours = fastlayers.load(model.SerializeToString())
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -686,8 +836,15 @@ def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, 
             return torch.log_softmax(self.fc(out[:, -1]), -1)
 
     path = tmp_path / f"{cell}.onnx"
-    export(torch, Classifier(), (torch.randint(0, 50, (2, 7)),), path, input_names=["ids"],
-           dynamic_axes={"ids": {0: "batch", 1: "time"}}, opset_version=17)
+    export(
+        torch,
+        Classifier(),
+        (torch.randint(0, 50, (2, 7)),),
+        path,
+        input_names=["ids"],
+        dynamic_axes={"ids": {0: "batch", 1: "time"}},
+        opset_version=17,
+    )
     ours = fastlayers.load(path)
     assert cell in ours.op_types and f"Embedding{cell}" in ours.op_types
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -712,26 +869,43 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
     ids_time_major = (layout == 0) != through_transpose
     ids_shape = [T, B] if ids_time_major else [B, T]
     table = rng.standard_normal((V, E)).astype(np.float32)
-    weights = {"W": rng.standard_normal((nd, gates * H, E)), "R": rng.standard_normal((nd, gates * H, H)),
-               "Bias": rng.standard_normal((nd, 2 * gates * H)),
-               "h0": rng.standard_normal((B, nd, H) if layout else (nd, B, H))}
+    weights = {
+        "W": rng.standard_normal((nd, gates * H, E)),
+        "R": rng.standard_normal((nd, gates * H, H)),
+        "Bias": rng.standard_normal((nd, 2 * gates * H)),
+        "h0": rng.standard_normal((B, nd, H) if layout else (nd, B, H)),
+    }
     if kind == "LSTM":
         weights["c0"] = rng.standard_normal(weights["h0"].shape)
     inits = [numpy_helper.from_array((v * 0.5).astype(np.float32), k) for k, v in weights.items()]
     nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]), helper.make_node("Shape", ["emb"], ["s"])]
-    if through_transpose:   # (torch's exporter reads the batch size off the transposed values)
-        nodes += [helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]),
-                  helper.make_node("Shape", ["x"], ["sx"])]
+    if through_transpose:  # (torch's exporter reads the batch size off the transposed values)
+        nodes += [
+            helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]),
+            helper.make_node("Shape", ["x"], ["sx"]),
+        ]
     states = ["h0"] + (["c0"] if kind == "LSTM" else [])
-    nodes.append(helper.make_node(kind, ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
-                                  ["y", "yh"], hidden_size=H, direction="bidirectional", layout=layout))
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")] + [
-        helper.make_tensor_value_info("s", TensorProto.INT64, None)] + [  # the Shapes read the ids
-        helper.make_tensor_value_info("sx", TensorProto.INT64, None)] * through_transpose
+    nodes.append(
+        helper.make_node(
+            kind,
+            ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
+            ["y", "yh"],
+            hidden_size=H,
+            direction="bidirectional",
+            layout=layout,
+        )
+    )
+    outputs = (
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh")]
+        + [helper.make_tensor_value_info("s", TensorProto.INT64, None)]
+        + [  # the Shapes read the ids
+            helper.make_tensor_value_info("sx", TensorProto.INT64, None)
+        ]
+        * through_transpose
+    )
     ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ids_shape)
     table_in = helper.make_tensor_value_info("table", TensorProto.FLOAT, [V, E])
-    folded = from_proto(make_graph(nodes, [ids_in], outputs,
-                                                      inits + [numpy_helper.from_array(table, "table")]))
+    folded = from_proto(make_graph(nodes, [ids_in], outputs, inits + [numpy_helper.from_array(table, "table")]))
     plain = from_proto(make_graph(nodes, [ids_in, table_in], outputs, inits))
     assert f"Embedding{kind}" in folded.op_types and "Transpose" not in folded.op_types
     assert not [n for n in folded._nodes if n.op_type == "Gather" and n.inputs[0] == "table"]
@@ -741,10 +915,12 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
         assert_close(g, w, rtol=1e-5, atol=1e-5)
-    if layout == 0:       # onnxruntime runs no batch-major (layout 1) recurrence
+    if layout == 0:  # onnxruntime runs no batch-major (layout 1) recurrence
         ort = oracle("onnxruntime")
-        session = ort.InferenceSession(make_graph(nodes, [ids_in], outputs, inits + [
-            numpy_helper.from_array(table, "table")]).SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            make_graph(nodes, [ids_in], outputs, inits + [numpy_helper.from_array(table, "table")]).SerializeToString(),
+            providers=["CPUExecutionProvider"],
+        )
         for g, w in zip(got, session.run(None, {"ids": ids})):
             assert_close(g, w, rtol=1e-4, atol=1e-5)
     with pytest.raises(FastlayersError, match="out of bounds"):
@@ -762,16 +938,14 @@ ATTENTION_GRAPHS = [
 ]
 
 
-def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_out=False,
-                    k_batch=None):
+def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_out=False, k_batch=None):
     """A hand-built attention graph: MatMul(Q', K'^T) [scale] [+ mask] -> Softmax -> MatMul V,
     with the scales as constants (and the q/k form as the TorchScript exporter writes it)."""
     from onnx import TensorProto, helper, numpy_helper
 
     lead = (2, 3) if rank == 4 else (6,)
     tq, tk, d, dv = 5, 7, 4, 3
-    shapes = {"q": (*lead, tq, d), "k": (*(k_batch or lead), *((d, tk) if kt_input else (tk, d))),
-              "v": (*lead, tk, dv)}
+    shapes = {"q": (*lead, tq, d), "k": (*(k_batch or lead), *((d, tk) if kt_input else (tk, d))), "v": (*lead, tk, dv)}
     inits, nodes = [], []
     root = np.float32((1 / np.sqrt(d)) ** 0.5)
     inits.append(numpy_helper.from_array(np.array([root], np.float32), "root"))
@@ -779,14 +953,13 @@ def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_ou
     inits.append(numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "inv_sqrt_d"))
     q, kt = "q", "k"
     if not kt_input:
-        nodes.append(helper.make_node("Transpose", ["k"], ["kt"],
-                                      perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
+        nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
         kt = "kt"
     if scale in ("qk", "q"):
         nodes.append(helper.make_node("Mul", ["q", "root"], ["qs"]))
         q = "qs"
     if scale == "qk":
-        nodes.append(helper.make_node("Mul", ["root", kt], ["kts"]))     # scale first: either order
+        nodes.append(helper.make_node("Mul", ["root", kt], ["kts"]))  # scale first: either order
         kt = "kts"
     nodes.append(helper.make_node("MatMul", [q, kt], ["s"]))
     scores = "s"
@@ -801,7 +974,7 @@ def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_ou
     if mask:
         m = np.where(rng.random((lead[0], *[1] * (rank - 3), 1, tk)) < 0.3, -np.inf, 0)
         m = (m + rng.standard_normal(m.shape) * 0.5).astype(np.float32)
-        m[..., :2] = 0.0                                                 # no row fully masked
+        m[..., :2] = 0.0  # no row fully masked
         inits.append(numpy_helper.from_array(m, "mask"))
         nodes.append(helper.make_node("Add", ["mask", scores], ["sm_in"]))
         scores = "sm_in"
@@ -813,10 +986,8 @@ def attention_graph(rng, rank, kt_input, scale, mask, softmax_axis=-1, scores_ou
     return make_graph(nodes, inputs, outputs, inits), feeds
 
 
-@pytest.mark.parametrize("name,rank,kt_input,scale,mask", ATTENTION_GRAPHS,
-                         ids=[g[0] for g in ATTENTION_GRAPHS])
-def test_attention_subgraph_fuses_and_matches_onnxruntime(rng, backend, name, rank, kt_input,
-                                                          scale, mask):
+@pytest.mark.parametrize("name,rank,kt_input,scale,mask", ATTENTION_GRAPHS, ids=[g[0] for g in ATTENTION_GRAPHS])
+def test_attention_subgraph_fuses_and_matches_onnxruntime(rng, backend, name, rank, kt_input, scale, mask):
     """Each spelling of scaled dot-product attention becomes one FusedAttention node (nothing
     else left) with onnxruntime's result."""
     ort = oracle("onnxruntime")
@@ -829,17 +1000,18 @@ def test_attention_subgraph_fuses_and_matches_onnxruntime(rng, backend, name, ra
     assert_close(ours(feeds), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["weights are an output", "softmax over another axis",
-                                  "K broadcast over the batch"])
+@pytest.mark.parametrize("case", ["weights are an output", "softmax over another axis", "K broadcast over the batch"])
 def test_attention_subgraph_left_or_run_as_written(rng, case):
     """Not fused where the weights are read elsewhere or the softmax is not over the keys; fused
     but run with the graph's own broadcasting where K's leading axes differ from Q's."""
     ort = oracle("onnxruntime")
     from fastlayers.io.onnx import from_proto
 
-    kw = {"weights are an output": {"scores_out": True},
-          "softmax over another axis": {"softmax_axis": 2},
-          "K broadcast over the batch": {"k_batch": (1, 3)}}[case]
+    kw = {
+        "weights are an output": {"scores_out": True},
+        "softmax over another axis": {"softmax_axis": 2},
+        "K broadcast over the batch": {"k_batch": (1, 3)},
+    }[case]
     model, feeds = attention_graph(rng, 4, False, "scores", True, **kw)
     ours = from_proto(model)
     assert ("FusedAttention" in ours.op_types) == (case == "K broadcast over the batch")

@@ -18,21 +18,31 @@ def _graph(tmp_path, rng, resize_mode):
     def t(name, shape):
         return h.make_tensor(name, 1, shape, rng.standard_normal(int(np.prod(shape))).astype(np.float32))
 
-    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-             h.make_node("Conv", ["x", "w2"], ["b"]),
-             h.make_node("Concat", ["a", "b"], ["cat"], axis=1),
-             h.make_node("GlobalAveragePool", ["cat"], ["pooled"]),
-             h.make_node("Sigmoid", ["pooled"], ["gate"]),
-             h.make_node("Mul", ["cat", "gate"], ["excited"]),
-             h.make_node("Add", ["excited", "shift"], ["shifted"]),
-             h.make_node("Mul", ["scale", "shifted"], ["scaled"]),
-             h.make_node("Resize", ["scaled", "", "scales"], ["up"], mode=resize_mode),
-             h.make_node("Conv", ["up", "w3"], ["y"], pads=[1, 1, 1, 1])]
-    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [2, 4, 9, 7])],
-                       [h.make_tensor_value_info(n, 1, None) for n in ("y", "cat", "scaled", "up")],
-                       [t("w1", [5, 4, 3, 3]), t("w2", [3, 4, 1, 1]), t("w3", [6, 8, 3, 3]),
-                        t("shift", [1, 8, 1, 1]), t("scale", [8, 1, 1]),
-                        h.make_tensor("scales", 1, [4], [1, 1, 2, 1.5])])
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        h.make_node("Conv", ["x", "w2"], ["b"]),
+        h.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+        h.make_node("GlobalAveragePool", ["cat"], ["pooled"]),
+        h.make_node("Sigmoid", ["pooled"], ["gate"]),
+        h.make_node("Mul", ["cat", "gate"], ["excited"]),
+        h.make_node("Add", ["excited", "shift"], ["shifted"]),
+        h.make_node("Mul", ["scale", "shifted"], ["scaled"]),
+        h.make_node("Resize", ["scaled", "", "scales"], ["up"], mode=resize_mode),
+        h.make_node("Conv", ["up", "w3"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, [2, 4, 9, 7])],
+        [h.make_tensor_value_info(n, 1, None) for n in ("y", "cat", "scaled", "up")],
+        [
+            t("w1", [5, 4, 3, 3]),
+            t("w2", [3, 4, 1, 1]),
+            t("w3", [6, 8, 3, 3]),
+            t("shift", [1, 8, 1, 1]),
+            t("scale", [8, 1, 1]),
+            h.make_tensor("scales", 1, [4], [1, 1, 2, 1.5]),
+        ],
+    )
     path = tmp_path / "layouts.onnx"
     onnx.save(model, str(path))
     return path
@@ -45,13 +55,13 @@ def test_nhwc_memory_flows_through_concat_channel_arithmetic_and_resize(tmp_path
     model = fastlayers.load(path)
     x = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
     values = model._evaluate([x], every_value=True)
-    if backend == "cpu":   # each step hands the next one NHWC memory
+    if backend == "cpu":  # each step hands the next one NHWC memory
         for name in ("cat", "excited", "shifted", "scaled", "up"):
             held = values[name].transpose(0, 2, 3, 1)
             assert held.flags.c_contiguous, name
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, expected in zip(model(x), want):
-        assert_close(got, expected, rtol=1e-4, atol=1e-4)   # per model; the last output sums 72 products
+        assert_close(got, expected, rtol=1e-4, atol=1e-4)  # per model; the last output sums 72 products
 
 
 @pytest.mark.parametrize("axis", [1, 2, 3, -1, -3])
@@ -62,9 +72,12 @@ def test_concat_of_nhwc_memory_on_any_axis(tmp_path, rng, backend, axis, mixed):
     ort, onnx = oracle("onnxruntime"), oracle("onnx")
     h = onnx.helper
     w = h.make_tensor("w", 1, [5, 3, 1, 1], rng.standard_normal(15).astype(np.float32))
-    nodes = [h.make_node("Conv", ["x", "w"], ["a"]), h.make_node("Relu", ["a"], ["r"]),
-             h.make_node("Conv", ["x", "w"], ["b"], pads=[0, 0, 0, 0]),
-             h.make_node("Concat", ["a", "x5" if mixed else "b"], ["y"], axis=axis)]
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["a"]),
+        h.make_node("Relu", ["a"], ["r"]),
+        h.make_node("Conv", ["x", "w"], ["b"], pads=[0, 0, 0, 0]),
+        h.make_node("Concat", ["a", "x5" if mixed else "b"], ["y"], axis=axis),
+    ]
     inputs = [h.make_tensor_value_info("x", 1, [2, 3, 6, 7])]
     if mixed:
         inputs.append(h.make_tensor_value_info("x5", 1, [2, 5, 6, 7]))
@@ -80,13 +93,20 @@ def test_concat_of_nhwc_memory_on_any_axis(tmp_path, rng, backend, axis, mixed):
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel, strides, group, follow", [
-    ((2, 2), (2, 2), 1, ["Add", "Relu"]), ((2, 2), (2, 2), 1, ["Mul", "Add", "Sigmoid"]),
-    ((3, 3), (2, 2), 1, ["Add", "LeakyRelu"]), ((2, 2), (2, 2), 2, ["Add", "Relu"]),
-    ((2, 2), (2, 2), 2, ["Mul", "Relu"])])
+@pytest.mark.parametrize(
+    "kernel, strides, group, follow",
+    [
+        ((2, 2), (2, 2), 1, ["Add", "Relu"]),
+        ((2, 2), (2, 2), 1, ["Mul", "Add", "Sigmoid"]),
+        ((3, 3), (2, 2), 1, ["Add", "LeakyRelu"]),
+        ((2, 2), (2, 2), 2, ["Add", "Relu"]),
+        ((2, 2), (2, 2), 2, ["Mul", "Relu"]),
+    ],
+)
 @pytest.mark.parametrize("planes", [False, True], ids=["nhwc", "nchw"])
-def test_conv_transpose_takes_a_channel_affine_and_an_activation(tmp_path, rng, backend, kernel,
-                                                                  strides, group, follow, planes):
+def test_conv_transpose_takes_a_channel_affine_and_an_activation(
+    tmp_path, rng, backend, kernel, strides, group, follow, planes
+):
     """ConvTranspose + per-channel Mul / Add + activation (PP-OCR's upsampling heads) against
     onnxruntime, after a convolution (NHWC memory) or on the graph's NCHW input; a grouped one
     takes the Add into its bias but keeps its Mul."""
@@ -97,8 +117,12 @@ def test_conv_transpose_takes_a_channel_affine_and_an_activation(tmp_path, rng, 
     def t(name, shape):
         return h.make_tensor(name, 1, shape, rng.standard_normal(int(np.prod(shape))).astype(np.float32))
 
-    inits = [t("wc", [c_in, 3, 1, 1]), t("wt", [c_in, c_out // group, *kernel]),
-             t("bias", [1, c_out, 1, 1]), t("scale", [c_out, 1, 1])]
+    inits = [
+        t("wc", [c_in, 3, 1, 1]),
+        t("wt", [c_in, c_out // group, *kernel]),
+        t("bias", [1, c_out, 1, 1]),
+        t("scale", [c_out, 1, 1]),
+    ]
     nodes = [] if planes else [h.make_node("Conv", ["x", "wc"], ["xc"])]
     value = "x" if planes else "xc"
     nodes.append(h.make_node("ConvTranspose", [value, "wt"], ["ct"], strides=list(strides), group=group))
@@ -110,8 +134,9 @@ def test_conv_transpose_takes_a_channel_affine_and_an_activation(tmp_path, rng, 
         value = f"f{k}"
     nodes[-1].output[0] = "y"
     shape = [2, c_in, 5, 7] if planes else [2, 3, 5, 7]
-    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, shape)],
-                       [h.make_tensor_value_info("y", 1, None)], inits)
+    model = make_graph(
+        nodes, [h.make_tensor_value_info("x", 1, shape)], [h.make_tensor_value_info("y", 1, None)], inits
+    )
     path = tmp_path / "ct.onnx"
     onnx.save(model, str(path))
     x = rng.standard_normal(shape).astype(np.float32)
@@ -122,7 +147,7 @@ def test_conv_transpose_takes_a_channel_affine_and_an_activation(tmp_path, rng, 
     steps = loaded.profile({"x": x}, repeats=1).steps
     transposed = [s for s in steps if s.op_type == "ConvTranspose"]
     act = {"Relu": "relu", "Sigmoid": "onnx_sigmoid", "LeakyRelu": "leaky_relu"}[follow[-1]]
-    kept_mul = group != 1 and "Mul" in follow   # then the activation reads the Mul
+    kept_mul = group != 1 and "Mul" in follow  # then the activation reads the Mul
     assert len(transposed) == 1 and transposed[0].fused == ("" if kept_mul else act)
     kept = {s.op_type for s in steps}
     assert ("Mul" in kept) == kept_mul and "Add" not in kept

@@ -17,16 +17,40 @@ from ..conftest import oracle
 
 def _inputs():
     rng = np.random.default_rng(0)
-    edges = np.float32([0.0, -0.0, 1e-8, -1e-8, 17.99, 18.0, 18.01, -18.0, -18.01, -30.0, 30.0,
-                        88.0, -88.0, 1e30, -1e30, np.inf, -np.inf])
-    return np.concatenate([rng.standard_normal(8192).astype(np.float32) * 8, edges,
-                           rng.uniform(-20, 20, 4093).astype(np.float32)]).astype(np.float32)
+    edges = np.float32(
+        [
+            0.0,
+            -0.0,
+            1e-8,
+            -1e-8,
+            17.99,
+            18.0,
+            18.01,
+            -18.0,
+            -18.01,
+            -30.0,
+            30.0,
+            88.0,
+            -88.0,
+            1e30,
+            -1e30,
+            np.inf,
+            -np.inf,
+        ]
+    )
+    return np.concatenate(
+        [rng.standard_normal(8192).astype(np.float32) * 8, edges, rng.uniform(-20, 20, 4093).astype(np.float32)]
+    ).astype(np.float32)
 
 
 def _graph(nodes):
     n = _inputs().size
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 

@@ -13,8 +13,20 @@ from fastlayers.onnx import proto as onnx_proto
 from ..conftest import oracle
 
 # TensorProto data types the reader returns, with the numpy dtype of test values
-DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
-          7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+DTYPES = {
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +48,13 @@ def _identity_model(onnx, initializers, attrs=None, nodes=None):
     from onnx import TensorProto, helper
 
     nodes = list(nodes or []) + [helper.make_node("Identity", ["x"], ["y"], name="id", **(attrs or {}))]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-                              initializer=initializers)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        initializer=initializers,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -70,8 +86,16 @@ def test_attributes_match_onnx_helper(onnx):
     from onnx import numpy_helper
 
     t = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "t")
-    attrs = {"f": 0.25, "i": -7, "s": "text", "t": t, "fs": [1.5, -2.0], "is": [3, -1, 2**40],
-             "ss": ["a", "bc"], "big": 2**62}
+    attrs = {
+        "f": 0.25,
+        "i": -7,
+        "s": "text",
+        "t": t,
+        "fs": [1.5, -2.0],
+        "is": [3, -1, 2**40],
+        "ss": ["a", "bc"],
+        "big": 2**62,
+    }
     model = _identity_model(onnx, [], attrs)
     node = onnx_proto.parse_model(model.SerializeToString()).graph.nodes[0]
     assert node.op_type == "Identity" and node.name == "id" and node.inputs == ["x"]
@@ -133,10 +157,13 @@ def _conv_model(onnx):
     rng = np.random.default_rng(1)
     w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], "conv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[w, b])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[w, b],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -145,8 +172,9 @@ def test_external_data(onnx, tmp_path):
     x = np.random.default_rng(2).standard_normal((2, 3, 6, 6)).astype(np.float32)
     want = from_proto(model)(x)
     path = tmp_path / "m.onnx"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="m.data", size_threshold=0)
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0
+    )
     assert (tmp_path / "m.data").is_file()
     np.testing.assert_array_equal(fastlayers.load(path)(x), want)
 
@@ -206,8 +234,10 @@ def test_unsupported_element_type_names_the_tensor(onnx):
 
 def _field(number, payload: bytes) -> bytes:
     """A length-delimited protobuf field (numbers and lengths here stay below 2**14)."""
+
     def varint(v):
         return bytes([v]) if v < 0x80 else bytes([(v & 0x7F) | 0x80, v >> 7])
+
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
@@ -216,9 +246,9 @@ def test_deeply_nested_subgraphs_are_refused():
     refuses to build them)."""
     graph = _field(1, _field(4, b"Identity"))
     for _ in range(limits.ONNX_MAX_NESTING + 2):
-        attr = _field(1, b"then_branch") + b"\xa0\x01\x05" + _field(6, graph)   # type (20) = GRAPH
+        attr = _field(1, b"then_branch") + b"\xa0\x01\x05" + _field(6, graph)  # type (20) = GRAPH
         graph = _field(1, _field(4, b"If") + _field(5, attr))
-    data = _field(7, graph) + _field(8, b"\x10\x11")   # the graph, opset_import version 17
+    data = _field(7, graph) + _field(8, b"\x10\x11")  # the graph, opset_import version 17
     with pytest.raises(ModelFileError, match="nested more than"):
         onnx_proto.parse_model(data)
 
@@ -259,10 +289,12 @@ def test_a_process_loading_onnx_imports_neither_onnx_nor_the_layers(onnx, tmp_pa
 
     path = tmp_path / "m.onnx"
     onnx.save_model(_conv_model(onnx), str(path))
-    code = ("import sys, numpy as np, fastlayers\n"
-            f"m = fastlayers.load({str(path)!r})\n"
-            "m(np.zeros((1, 3, 6, 6), np.float32))\n"
-            "print(sorted(n for n in sys.modules if n.split('.')[0] == 'onnx'"
-            " or n.startswith(('fastlayers.layers', 'fastlayers.model.graph', 'fastlayers.nn'))))")
+    code = (
+        "import sys, numpy as np, fastlayers\n"
+        f"m = fastlayers.load({str(path)!r})\n"
+        "m(np.zeros((1, 3, 6, 6), np.float32))\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] == 'onnx'"
+        " or n.startswith(('fastlayers.layers', 'fastlayers.model.graph', 'fastlayers.nn'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -64,10 +64,16 @@ class Graph:
         return self.dq(self.const(self.rng.integers(-2000, 2000, n).astype(np.int32)), scale, None, axis=0)
 
     def model(self, outputs, opset=17):
-        graph = helper.make_graph(self.nodes, "qdq", [helper.make_tensor_value_info("x", F, self.shape)],
-                                  [helper.make_tensor_value_info(o, F, None) for o in outputs], self.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                                 ir_version=8).SerializeToString()
+        graph = helper.make_graph(
+            self.nodes,
+            "qdq",
+            [helper.make_tensor_value_info("x", F, self.shape)],
+            [helper.make_tensor_value_info(o, F, None) for o in outputs],
+            self.inits,
+        )
+        return helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8
+        ).SerializeToString()
 
 
 def _both(data, rng, shape, **options):
@@ -95,8 +101,9 @@ def _conv_graph(rng, shape=(2, 5, 9, 11), act="Relu", act_zp=np.uint8(0), zp=np.
     return g, g.dq(g.q(y, 0.05, out_zp), 0.05, out_zp)
 
 
-@pytest.mark.parametrize("conv", [{}, {"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 1, 0, 1]},
-                                  {"group": 1, "dilations": [2, 1]}])
+@pytest.mark.parametrize(
+    "conv", [{}, {"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 1, 0, 1]}, {"group": 1, "dilations": [2, 1]}]
+)
 def test_conv_unit_with_relu_runs_as_qlinear_conv_bit_for_bit(rng, backend, conv):
     g, y = _conv_graph(rng, **conv)
     ours, got, want = _both(g.model([y]), rng, g.shape)
@@ -174,8 +181,14 @@ def test_units_chain_through_their_quantized_values(rng, backend):
     y = g.node("MatMul", [flat, g.weights((400, 5), axis=1)])
     y = g.dq(g.q(y, 0.1, np.uint8(128)), 0.1, np.uint8(128))
     ours, got, want = _both(g.model([y]), rng, g.shape)
-    assert ours.op_types == ["QuantizeLinear", "QLinearConv", "QLinearConv", "Reshape", "QLinearMatMul",
-                             "DequantizeLinear"]
+    assert ours.op_types == [
+        "QuantizeLinear",
+        "QLinearConv",
+        "QLinearConv",
+        "Reshape",
+        "QLinearMatMul",
+        "DequantizeLinear",
+    ]
     np.testing.assert_array_equal(got[0], want[0])
 
 
@@ -197,8 +210,13 @@ def test_data_movement_units_run_on_the_integers(rng, backend, op, attrs, zp):
     np.testing.assert_array_equal(got[0], want[0])
 
 
-@pytest.mark.parametrize("op,attrs", [("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
-                                      ("Transpose", {"perm": [0, 2, 3, 1]})])
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ("Transpose", {"perm": [0, 2, 3, 1]}),
+    ],
+)
 def test_units_left_in_float_give_the_same_values(rng, op, attrs):
     """MaxPool (fastlayers' pools compute in float), and a data movement unit whose Q has other
     parameters than its DQ, stay as written: the same values as onnxruntime's integer forms."""
@@ -211,10 +229,13 @@ def test_units_left_in_float_give_the_same_values(rng, op, attrs):
     np.testing.assert_array_equal(got[0], want[0])
 
 
-@pytest.mark.parametrize("opset,axis,shape", [(17, -1, (3, 4, 50)), (17, 1, (3, 4, 50)), (11, 1, (3, 4, 5)),
-                                              (11, 2, (2, 3, 7)), (13, 0, (6, 9))])
-@pytest.mark.parametrize("zp,y_zp", [(np.uint8(131), np.uint8(0)), (np.int8(-7), np.int8(-128)),
-                                     (np.int8(3), np.int8(-100))])
+@pytest.mark.parametrize(
+    "opset,axis,shape",
+    [(17, -1, (3, 4, 50)), (17, 1, (3, 4, 50)), (11, 1, (3, 4, 5)), (11, 2, (2, 3, 7)), (13, 0, (6, 9))],
+)
+@pytest.mark.parametrize(
+    "zp,y_zp", [(np.uint8(131), np.uint8(0)), (np.int8(-7), np.int8(-128)), (np.int8(3), np.int8(-100))]
+)
 def test_softmax_unit_runs_as_qlinear_softmax_bit_for_bit(rng, backend, opset, axis, shape, zp, y_zp):
     """onnxruntime's QLinearSoftmax: table lookups of float32 exponentials, a float32 sum left to
     right, y = rint(e * floor(1 / y_scale) / sum) + y_zp capped at the type's maximum: the same
@@ -233,13 +254,26 @@ def test_qlinear_softmax_errors_name_the_node(rng):
     def model(attrs, y_zp=np.uint8(0)):
         g = Graph(rng, (2, 5))
         x = g.q("x", 0.1, np.uint8(128))
-        g.nodes.append(helper.make_node("QLinearSoftmax", [x, g.const(np.float32(0.1)), g.const(np.uint8(128)),
-                                                            g.const(np.float32(1 / 256)), g.const(y_zp)],
-                                        ["y"], domain="com.microsoft", name="sm", **attrs))
-        graph = helper.make_graph(g.nodes, "qs", [helper.make_tensor_value_info("x", F, [2, 5])],
-                                  [helper.make_tensor_value_info("y", U8, None)], g.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                       helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+        g.nodes.append(
+            helper.make_node(
+                "QLinearSoftmax",
+                [x, g.const(np.float32(0.1)), g.const(np.uint8(128)), g.const(np.float32(1 / 256)), g.const(y_zp)],
+                ["y"],
+                domain="com.microsoft",
+                name="sm",
+                **attrs,
+            )
+        )
+        graph = helper.make_graph(
+            g.nodes,
+            "qs",
+            [helper.make_tensor_value_info("x", F, [2, 5])],
+            [helper.make_tensor_value_info("y", U8, None)],
+            g.inits,
+        )
+        return helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        ).SerializeToString()
 
     with pytest.raises(ModelFileError, match="'sm'.*opset"):
         fastlayers.load(model({"axis": -1}))

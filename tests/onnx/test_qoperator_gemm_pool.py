@@ -20,9 +20,13 @@ TYPES = {"u8": np.uint8, "s8": np.int8}
 def _elem(dtype):
     from onnx import TensorProto
 
-    return {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8,
-            np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
-            np.dtype(np.float16): TensorProto.FLOAT16}[np.dtype(dtype)]
+    return {
+        np.dtype(np.uint8): TensorProto.UINT8,
+        np.dtype(np.int8): TensorProto.INT8,
+        np.dtype(np.float32): TensorProto.FLOAT,
+        np.dtype(np.int32): TensorProto.INT32,
+        np.dtype(np.float16): TensorProto.FLOAT16,
+    }[np.dtype(dtype)]
 
 
 def _one_node(op, inputs, out_dtype, constants=(), **attrs):
@@ -44,8 +48,7 @@ def _one_node(op, inputs, out_dtype, constants=(), **attrs):
             infos.append(helper.make_tensor_value_info(name, _elem(value.dtype), list(value.shape)))
             feed[name] = value
     node = helper.make_node(op, names, ["y"], name=f"n_{op}", domain=MS, **attrs)
-    graph = helper.make_graph([node], "g", infos, [helper.make_tensor_value_info("y", _elem(out_dtype), None)],
-                              inits)
+    graph = helper.make_graph([node], "g", infos, [helper.make_tensor_value_info("y", _elem(out_dtype), None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
     return model.SerializeToString(), feed
 
@@ -78,9 +81,15 @@ def _values(rng, dtype, shape, seven_bit=False):
 
 
 # ------------------------------------------------------------------------------------ QGemm
-C_SHAPES = {"scalar": lambda m, n: (), "1": lambda m, n: (1,), "11": lambda m, n: (1, 1),
-            "n": lambda m, n: (n,), "1n": lambda m, n: (1, n), "m1": lambda m, n: (m, 1),
-            "mn": lambda m, n: (m, n)}
+C_SHAPES = {
+    "scalar": lambda m, n: (),
+    "1": lambda m, n: (1,),
+    "11": lambda m, n: (1, 1),
+    "n": lambda m, n: (n,),
+    "1n": lambda m, n: (1, n),
+    "m1": lambda m, n: (m, 1),
+    "mn": lambda m, n: (m, n),
+}
 QGEMM_CASES = [
     # A, B, transA, transB, alpha, C, output, B scale / zero point, (M, K, N)
     ("u8", "s8", 0, 0, 1.0, None, "quantized", "tensor", (7, 33, 1)),
@@ -132,18 +141,23 @@ def test_qgemm_rounds_saturates_and_wraps_as_onnxruntime(rng, backend):
     a = rng.integers(0, 256, (9, 5)).astype(np.uint8)
     b = rng.integers(-64, 64, (5, 7)).astype(np.int8)
     one, half = np.float32(1), np.float32(0.5)
-    for a_scale, y_scale, alpha in ((one, np.float32(2), 1.0), (one, np.float32(2), -1.0), (one, np.float32(1e-3), 1.0),
-                                    (np.float32(np.inf), one, 1.0), (np.float32(np.nan), one, 1.0)):
+    for a_scale, y_scale, alpha in (
+        (one, np.float32(2), 1.0),
+        (one, np.float32(2), -1.0),
+        (one, np.float32(1e-3), 1.0),
+        (np.float32(np.inf), one, 1.0),
+        (np.float32(np.nan), one, 1.0),
+    ):
         for a_t, y_zp in ((np.uint8, np.uint8(3)), (np.int8, np.int8(-7))):
             inputs = [a.astype(a_t), a_scale, a_t(0), b, one, np.int8(0), None, y_scale, y_zp]
             if a_t == np.int8:
                 inputs[0] = (a // 2).astype(np.int8)
             data, feed = _one_node("QGemm", inputs, a_t, alpha=alpha)
             _matches(data, feed)
-    c = np.full(7, 2 ** 31 - 50, np.int32)
+    c = np.full(7, 2**31 - 50, np.int32)
     data, feed = _one_node("QGemm", [a, one, np.uint8(0), b, half, np.int8(0), c], np.float32)
     got = _matches(data, feed)
-    assert (got < 0).any()          # the int32 sum wrapped, as onnxruntime's
+    assert (got < 0).any()  # the int32 sum wrapped, as onnxruntime's
 
 
 # ------------------------------------------------------------------------ QLinearGlobalAveragePool
@@ -170,8 +184,9 @@ def test_qlinear_global_average_pool_refuses_what_onnxruntime_refuses(rng):
 
     x = _values(rng, np.uint8, (1, 3, 4, 4))
     for x_scale in (np.float32(256 * 16), np.float32(1e-12)):
-        data, feed = _one_node("QLinearGlobalAveragePool", [x, x_scale, np.uint8(1), np.float32(1), np.uint8(2)],
-                               np.uint8)
+        data, feed = _one_node(
+            "QLinearGlobalAveragePool", [x, x_scale, np.uint8(1), np.float32(1), np.uint8(2)], np.uint8
+        )
         with pytest.raises(Exception, match="out of computation range"):
             _session(data).run(None, feed)
         with pytest.raises(InputError, match=r"n_QLinearGlobalAveragePool.*\[2\*\*-32, 256\)"):
@@ -220,8 +235,9 @@ def test_qlinear_average_pool_matches_onnxruntime(rng, backend, spatial, attrs):
     import fastlayers
 
     x = _values(rng, np.uint8, (1, 2) + spatial)
-    zeros, zeros_feed = _one_node("QLinearAveragePool", [x, np.float32(0.05), np.uint8(0), np.float32(0.03), np.uint8(0)],
-                         np.uint8, **attrs)
+    zeros, zeros_feed = _one_node(
+        "QLinearAveragePool", [x, np.float32(0.05), np.uint8(0), np.float32(0.03), np.uint8(0)], np.uint8, **attrs
+    )
     omitted, feed = _one_node("QLinearAveragePool", [x, np.float32(0.05), None, np.float32(0.03)], np.uint8, **attrs)
     _assert_equal(fastlayers.load(omitted).run(None, feed)[0], _session(zeros).run(None, zeros_feed)[0])
 
@@ -231,18 +247,28 @@ def test_qlinear_average_pool_rounds_and_converts_as_onnxruntime(backend):
     added before rounding (200 + 0.50000095 is 200.5 in float32, which rounds to 200, where
     rounding first gives 201), and a value beyond int32 converted to INT32_MIN, then clamped:
     a huge positive average gives the type's minimum."""
-    x = np.array([[[[11, 12, 13, 14]]]], np.uint8)              # x - 10: 1, 2, 3, 4
-    y_scale = np.float32(1) / np.float32(0.5 + 2.0 ** -20)
-    data, feed = _one_node("QLinearAveragePool", [x, np.float32(1), np.uint8(10), y_scale, np.uint8(200)],
-                           np.uint8, kernel_shape=[1, 1])
+    x = np.array([[[[11, 12, 13, 14]]]], np.uint8)  # x - 10: 1, 2, 3, 4
+    y_scale = np.float32(1) / np.float32(0.5 + 2.0**-20)
+    data, feed = _one_node(
+        "QLinearAveragePool", [x, np.float32(1), np.uint8(10), y_scale, np.uint8(200)], np.uint8, kernel_shape=[1, 1]
+    )
     assert _matches(data, feed)[0, 0, 0, 0] == 200
     for dtype in (np.uint8, np.int8):
-        data, feed = _one_node("QLinearAveragePool", [x.astype(dtype), np.float32(1e6), dtype(0), np.float32(1e-6),
-                                                      dtype(0)], dtype, kernel_shape=[1, 2])
+        data, feed = _one_node(
+            "QLinearAveragePool",
+            [x.astype(dtype), np.float32(1e6), dtype(0), np.float32(1e-6), dtype(0)],
+            dtype,
+            kernel_shape=[1, 2],
+        )
         assert (_matches(data, feed) == np.iinfo(dtype).min).all()
     for x_scale, y_scale in ((np.float32(np.nan), np.float32(1)), (np.float32(1), np.float32(0))):
-        data, feed = _one_node("QLinearAveragePool", [x, x_scale, np.uint8(10), y_scale, np.uint8(7)],
-                               np.uint8, kernel_shape=[1, 2], pads=[0, 1, 0, 0])
+        data, feed = _one_node(
+            "QLinearAveragePool",
+            [x, x_scale, np.uint8(10), y_scale, np.uint8(7)],
+            np.uint8,
+            kernel_shape=[1, 2],
+            pads=[0, 1, 0, 0],
+        )
         _matches(data, feed)
 
 
@@ -277,12 +303,21 @@ def test_onnxruntime_optimized_static_model_runs_its_qoperators(torch, tmp_path,
     float_path, q_path, opt_path = tmp_path / "f.onnx", tmp_path / "q.onnx", tmp_path / "opt.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Net().eval(), (torch.randn(*shape),), str(float_path), dynamo=False, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            Net().eval(),
+            (torch.randn(*shape),),
+            str(float_path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
 
     r = np.random.default_rng(5)
-    quantize_static_on(float_path, q_path, [{"x": r.standard_normal(shape).astype(np.float32)} for _ in range(3)],
-                       reduce_range=True)
+    quantize_static_on(
+        float_path, q_path, [{"x": r.standard_normal(shape).astype(np.float32)} for _ in range(3)], reduce_range=True
+    )
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.optimized_model_filepath = str(opt_path)

@@ -24,9 +24,13 @@ SPECIAL_SCALES = (0.0, np.inf, np.nan, 1e-45, 3e38, 1.0)
 def _elem(dtype):
     from onnx import TensorProto
 
-    return {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8,
-            np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-            np.dtype(np.int16): TensorProto.INT16}[np.dtype(dtype)]
+    return {
+        np.dtype(np.uint8): TensorProto.UINT8,
+        np.dtype(np.int8): TensorProto.INT8,
+        np.dtype(np.float32): TensorProto.FLOAT,
+        np.dtype(np.float16): TensorProto.FLOAT16,
+        np.dtype(np.int16): TensorProto.INT16,
+    }[np.dtype(dtype)]
 
 
 def _model(op, args, attrs=None, constants=(), out_dtype=None, name="qnode"):
@@ -50,8 +54,7 @@ def _model(op, args, attrs=None, constants=(), out_dtype=None, name="qnode"):
     if out_dtype is None:
         out_dtype = np.asarray(args[1 if op == "QLinearConcat" else 0]).dtype
     node = helper.make_node(op, names, ["y"], domain=MS, name=name, **(attrs or {}))
-    graph = helper.make_graph([node], "q", inputs, [helper.make_tensor_value_info("y", _elem(out_dtype), None)],
-                              inits)
+    graph = helper.make_graph([node], "q", inputs, [helper.make_tensor_value_info("y", _elem(out_dtype), None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
     return model.SerializeToString(), feeds
 
@@ -71,7 +74,7 @@ def _same(op, args, attrs=None, constants=(), feeds_list=None, theirs=None):
     import fastlayers
 
     data, feeds = _model(op, args, attrs, constants)
-    if theirs is not None:   # the inputs ours omits are initializers there
+    if theirs is not None:  # the inputs ours omits are initializers there
         constants = set(constants) | {k for k in range(len(theirs)) if k >= len(args) or args[k] is None}
     reference = data if theirs is None else _model(op, theirs, attrs, constants)[0]
     ours = fastlayers.load(data)
@@ -119,9 +122,12 @@ def test_every_pair_of_values(rng, backend, op, dtype):
     a, b = np.repeat(values[:, None], 256, 1), np.repeat(values[None, :], 256, 0)
     for k in range(16):
         (sa, sb, sc), (za, zb, zc) = _random_params(rng, dtype, k, extreme=k >= 10)
-        _same(op, [a, sa, za, b, sb, zb, sc, zc], constants=(1, 2, 4, 5, 6, 7),
-              feeds_list=[{"in0": a, "in3": b}, {"in0": a[:128], "in3": b[:128]},
-                          {"in0": a[128:], "in3": b[128:]}])
+        _same(
+            op,
+            [a, sa, za, b, sb, zb, sc, zc],
+            constants=(1, 2, 4, 5, 6, 7),
+            feeds_list=[{"in0": a, "in3": b}, {"in0": a[:128], "in3": b[:128]}, {"in0": a[128:], "in3": b[128:]}],
+        )
 
 
 #: (op, dtype, scales, zero points) where a rounding of onnxruntime's arithmetic is a hard case
@@ -143,8 +149,12 @@ def test_hard_cases_of_the_rounding_order(backend, op, dtype, scales, zps):
     v = _all_values(dtype)
     a, b = np.repeat(v[:, None], 256, 1), np.repeat(v[None, :], 256, 0)
     (sa, sb, sc), (za, zb, zc) = [F32(s) for s in scales], [dtype(z) for z in zps]
-    _same(op, [a, sa, za, b, sb, zb, sc, zc], constants=(1, 2, 4, 5, 6, 7),
-          feeds_list=[{"in0": a, "in3": b}, {"in0": a[:128], "in3": b[:128]}, {"in0": a[128:], "in3": b[128:]}])
+    _same(
+        op,
+        [a, sa, za, b, sb, zb, sc, zc],
+        constants=(1, 2, 4, 5, 6, 7),
+        feeds_list=[{"in0": a, "in3": b}, {"in0": a[:128], "in3": b[:128]}, {"in0": a[128:], "in3": b[128:]}],
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -154,20 +164,23 @@ def test_add_rounds_each_multiply_add_once(backend, dtype):
     a float64 sum it would round twice, to the midpoint and then to even. rB * 65 = 2^-18 + 2^-48
     and F = 101 - 0.5 * 1 = 100.5, so fma(65, rB, F) = 100.5 + 2^-17 (C = 101 for A = 0), not
     100.5 (C = 100)."""
-    m = (2 ** 30 + 1) // 65                       # 65 * m = 2^30 + 1, m a 24-bit significand
-    sb = F32(m * 2.0 ** -48)
-    assert 65 * m == 2 ** 30 + 1 and float(sb) == m * 2.0 ** -48
-    assert F32(100.5 + 65 * float(sb)) == F32(100.5)                      # twice rounded
+    m = (2**30 + 1) // 65  # 65 * m = 2^30 + 1, m a 24-bit significand
+    sb = F32(m * 2.0**-48)
+    assert 65 * m == 2**30 + 1 and float(sb) == m * 2.0**-48
+    assert F32(100.5 + 65 * float(sb)) == F32(100.5)  # twice rounded
     a, b = np.array([0, 0, 2, 4, 6], dtype), np.full(5, 65, dtype)
-    got = _same("QLinearAdd", [a, F32(0.5), dtype(1), b, sb, dtype(0), F32(1), dtype(101)],
-                constants=(1, 2, 4, 5, 6, 7))[0]
+    got = _same(
+        "QLinearAdd", [a, F32(0.5), dtype(1), b, sb, dtype(0), F32(1), dtype(101)], constants=(1, 2, 4, 5, 6, 7)
+    )[0]
     np.testing.assert_array_equal(got, [101, 101, 102, 103, 104])
 
 
 #: Parameters under which QLinearAdd's result depends on which operand onnxruntime's kernel
 #: takes as its span (found by search; 7 and 55 of the 65,536 pairs differ).
-SWAP_SENSITIVE = {np.uint8: ((0.0985, 212), (0.0806, 250), (0.0384, 180)),
-                  np.int8: ((0.0369, -5), (0.0767, 72), (0.0352, 86))}
+SWAP_SENSITIVE = {
+    np.uint8: ((0.0985, 212), (0.0806, 250), (0.0384, 180)),
+    np.int8: ((0.0369, -5), (0.0767, 72), (0.0352, 86)),
+}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -184,31 +197,31 @@ def test_add_follows_the_operand_order_of_onnxruntimes_broadcasting(rng, backend
     column, row = v.reshape(256, 1), v.reshape(1, 256)
     full_rows, full_columns = np.repeat(column, 256, 1), np.repeat(row, 256, 0)
     # [byte of a, byte of b] -> C, in either order (v holds the values in the order of their bytes)
-    swapped = add(column, row)          # A broadcast along the innermost axis: kernel(B, A)
-    plain = add(full_rows, row)         # both spans: kernel(A, B)
-    assert (swapped != plain).any()     # the parameters tell the two orders apart
+    swapped = add(column, row)  # A broadcast along the innermost axis: kernel(B, A)
+    plain = add(full_rows, row)  # both spans: kernel(A, B)
+    assert (swapped != plain).any()  # the parameters tell the two orders apart
 
     def check(a, b, table):
         a, b = np.asarray(a), np.asarray(b)
         np.testing.assert_array_equal(add(a, b), table[a.view(np.uint8), b.view(np.uint8)])
 
-    check(row, column, plain)                          # B broadcast innermost
+    check(row, column, plain)  # B broadcast innermost
     check(full_rows, full_columns, plain)
     check(full_rows, column, plain)
     check(column, full_columns, swapped)
-    a4 = np.stack([column, np.roll(column, 5, 0)])[:, None]                  # (2, 1, 256, 1)
-    b3 = np.stack([row, np.roll(row, 7, 1), np.roll(row, 11, 1)])            # (3, 1, 256)
+    a4 = np.stack([column, np.roll(column, 5, 0)])[:, None]  # (2, 1, 256, 1)
+    b3 = np.stack([row, np.roll(row, 7, 1), np.roll(row, 11, 1)])  # (3, 1, 256)
     check(a4, b3, swapped)
     check(b3, a4, plain)
-    check(v.reshape(256, 1, 1), v.reshape(1, 256, 1), swapped)              # trailing 1s on both sides
+    check(v.reshape(256, 1, 1), v.reshape(1, 256, 1), swapped)  # trailing 1s on both sides
     check(v.reshape(1, 256, 1, 1), v.reshape(256, 1, 1), plain)
     # scalars and one-value tensors against spans, each for several values of the scalar side
     for s in v[::9]:
-        check(s, v, swapped)                           # A a scalar
-        check(v, s, plain)                             # B a scalar
+        check(s, v, swapped)  # A a scalar
+        check(v, s, plain)  # B a scalar
         check(np.asarray([s]), v, swapped)
         check(v, np.asarray([s]), plain)
-        check(column, s, swapped)                      # B a scalar, A's last axis 1
+        check(column, s, swapped)  # B a scalar, A's last axis 1
         check(row, s, plain)
     check(v[3], v[200], swapped)
     check(np.asarray([[v[3]]]), np.asarray([v[200]]), swapped)
@@ -223,11 +236,11 @@ def test_odd_sizes_saturate_at_both_ends(rng, backend, op, dtype):
     for n in (1, 7, 33, 1000):
         a = rng.integers(info.min, info.max + 1, n).astype(dtype)
         b = rng.integers(info.min, info.max + 1, n).astype(dtype)
-        for (sa, sb, sc) in ((0.05, 0.04, 0.02), (0.5, 0.3, 0.001), (0.02, 0.03, 0.5)):
+        for sa, sb, sc in ((0.05, 0.04, 0.02), (0.5, 0.3, 0.001), (0.02, 0.03, 0.5)):
             zps = [dtype(rng.integers(info.min, info.max + 1)) for _ in range(3)]
             args = [a, F32(sa), zps[0], b, F32(sb), zps[1], F32(sc), zps[2]]
             got = _same(op, args, constants=(1, 2, 4, 5, 6, 7))[0]
-            _same(op, args)                                               # all graph inputs
+            _same(op, args)  # all graph inputs
             if sc == 0.001 and n == 1000:
                 assert got.min() == info.min and got.max() == info.max
         # C_zero_point left off the end (0); the others omitted too, which onnxruntime 1.32's
@@ -235,18 +248,32 @@ def test_odd_sizes_saturate_at_both_ends(rng, backend, op, dtype):
         _same(op, [a, F32(0.05), dtype(3), b, F32(0.07), dtype(5), F32(0.1)])
         zero = dtype(0)
         for za, zb, zc in ((None, None, None), (None, dtype(5), dtype(2)), (dtype(3), None, None)):
-            theirs = [a, F32(0.05), zero if za is None else za, b, F32(0.07), zero if zb is None else zb,
-                      F32(0.1), zero if zc is None else zc]
-            _same(op, [a, F32(0.05), za, b, F32(0.07), zb, F32(0.1), zc], constants=(1, 2, 4, 5, 6, 7),
-                  theirs=theirs)
-            _same(op, [a, F32(0.05), za, b, F32(0.07), zb, F32(0.1)] + ([zc] if zc is not None else []),
-                  constants=(1, 2, 4, 5, 6, 7), theirs=theirs)
+            theirs = [
+                a,
+                F32(0.05),
+                zero if za is None else za,
+                b,
+                F32(0.07),
+                zero if zb is None else zb,
+                F32(0.1),
+                zero if zc is None else zc,
+            ]
+            _same(op, [a, F32(0.05), za, b, F32(0.07), zb, F32(0.1), zc], constants=(1, 2, 4, 5, 6, 7), theirs=theirs)
+            _same(
+                op,
+                [a, F32(0.05), za, b, F32(0.07), zb, F32(0.1)] + ([zc] if zc is not None else []),
+                constants=(1, 2, 4, 5, 6, 7),
+                theirs=theirs,
+            )
     # 0-d tensors
-    _same(op, [np.asarray(dtype(7)), F32(0.1), dtype(1), np.asarray(dtype(100)), F32(0.2), dtype(2), F32(0.05),
-               dtype(3)])
+    _same(
+        op, [np.asarray(dtype(7)), F32(0.1), dtype(1), np.asarray(dtype(100)), F32(0.2), dtype(2), F32(0.05), dtype(3)]
+    )
     # an empty output
-    _same(op, [np.zeros((0, 3), dtype), F32(0.1), dtype(1), np.ones((1, 3), dtype), F32(0.2), dtype(2), F32(0.3),
-               dtype(3)])
+    _same(
+        op,
+        [np.zeros((0, 3), dtype), F32(0.1), dtype(1), np.ones((1, 3), dtype), F32(0.2), dtype(2), F32(0.3), dtype(3)],
+    )
 
 
 # ---------------------------------------------------------------------- lookup-table operators
@@ -260,7 +287,7 @@ def test_sigmoid_over_the_whole_domain(rng, backend, dtype):
     for k in range(24):
         (sx, sy, _), (zx, zy, _) = _random_params(rng, dtype, k, extreme=k >= 16)
         if k < 16:
-            sy = F32(rng.uniform(1 / 512, 1 / 128))     # the output range of a sigmoid
+            sy = F32(rng.uniform(1 / 512, 1 / 128))  # the output range of a sigmoid
         _same("QLinearSigmoid", [x, sx, zx, sy, zy], constants=(1, 2, 3, 4))
         if k % 4 == 0:
             _same("QLinearSigmoid", [x.reshape(2, 128), sx, zx, sy, zy])
@@ -306,12 +333,14 @@ def test_concat_copies_or_requantizes_each_input(rng, backend, dtype, axis):
         s = list(shape)
         s[axis] = extra
         parts.append(rng.integers(info.min, info.max + 1, s).astype(dtype))
-    parts[1].reshape(-1)[:256] = _all_values(dtype)[:parts[1].size]   # the whole domain, in part
+    parts[1].reshape(-1)[:256] = _all_values(dtype)[: parts[1].size]  # the whole domain, in part
     for k in range(4):
         (sy, s_other, _), (zy, z_other, _) = _random_params(rng, dtype, k)
-        triples = [(parts[0], sy, zy),                        # copied
-                   (parts[1], s_other, z_other),              # requantized
-                   (parts[2], sy, dtype((int(zy) + 17 - info.min) % 256 + info.min))]  # same scale, other zp
+        triples = [
+            (parts[0], sy, zy),  # copied
+            (parts[1], s_other, z_other),  # requantized
+            (parts[2], sy, dtype((int(zy) + 17 - info.min) % 256 + info.min)),
+        ]  # same scale, other zp
         args = [sy, zy] + [v for t in triples for v in t]
         consts = tuple(k for k in range(len(args)) if k < 2 or (k - 2) % 3)
         _same("QLinearConcat", args, {"axis": axis}, constants=consts)
@@ -323,8 +352,7 @@ def test_concat_copies_or_requantizes_each_input(rng, backend, dtype, axis):
         _same("QLinearConcat", [sy, zy, x, sx, zx, x, sy, zy], {"axis": axis}, constants=(0, 1, 3, 4, 6, 7))
     # an empty input whose other axes differ is skipped, as onnxruntime's ConcatBase does
     empty = np.zeros((0, 7, 1), dtype)
-    _same("QLinearConcat", [F32(0.1), dtype(0), parts[0], F32(0.1), dtype(0), empty, F32(0.2), dtype(1)],
-          {"axis": 0})
+    _same("QLinearConcat", [F32(0.1), dtype(0), parts[0], F32(0.1), dtype(0), empty, F32(0.2), dtype(1)], {"axis": 0})
 
 
 # ---------------------------------------------------------------------- onnxruntime's own files
@@ -349,14 +377,24 @@ def _quantized_pointwise_model(torch, tmp_path, activation_type):
     float_path, path = tmp_path / "f.onnx", tmp_path / "q.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Pointwise().eval(), (torch.randn(*shape), torch.randn(*shape)), str(float_path),
-                          dynamo=False, input_names=["x", "y"], output_names=["z"], opset_version=17,
-                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+        torch.onnx.export(
+            Pointwise().eval(),
+            (torch.randn(*shape), torch.randn(*shape)),
+            str(float_path),
+            dynamo=False,
+            input_names=["x", "y"],
+            output_names=["z"],
+            opset_version=17,
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+        )
 
     r = np.random.default_rng(5)
-    quantize_static_on(float_path, path, [{"x": 2 * r.standard_normal(shape).astype(F32),
-                                           "y": r.standard_normal(shape).astype(F32)} for _ in range(4)],
-                       activation_type=activation_type)
+    quantize_static_on(
+        float_path,
+        path,
+        [{"x": 2 * r.standard_normal(shape).astype(F32), "y": r.standard_normal(shape).astype(F32)} for _ in range(4)],
+        activation_type=activation_type,
+    )
     return path, shape
 
 
@@ -365,8 +403,10 @@ def _same_as_onnxruntime(ort, ours, path, shape, rng):
     options.intra_op_num_threads = 1
     theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     for batch in (1, 2, 7, 300):
-        feeds = {"x": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32),
-                 "y": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32)}
+        feeds = {
+            "x": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32),
+            "y": (3 * rng.standard_normal((batch,) + shape[1:])).astype(F32),
+        }
         np.testing.assert_array_equal(ours.run(None, feeds)[0], theirs.run(None, feeds)[0])
 
 
@@ -448,10 +488,17 @@ def test_malformed_nodes_raise_naming_the_node(rng):
         load("QLinearAdd", add_args(zb=s8(1)), constants=(2, 5))
     with pytest.raises(InputError, match=r"qnode.*X_zero_point of type int8, expected uint8"):
         call("QLinearLeakyRelu", [a, F32(0.1), s8(0), F32(0.01), u8(0)])
-    with pytest.raises(ModelFileError, match=r"qnode.*zero points of types Y_zero_point uint8, input 0's zero "
-                                             r"point uint8, input 1's zero point int8"):
-        load("QLinearConcat", [F32(0.1), u8(0), a, F32(0.1), u8(0), a, F32(0.1), s8(0)], {"axis": 0},
-             constants=(0, 1, 3, 4, 6, 7))
+    with pytest.raises(
+        ModelFileError,
+        match=r"qnode.*zero points of types Y_zero_point uint8, input 0's zero "
+        r"point uint8, input 1's zero point int8",
+    ):
+        load(
+            "QLinearConcat",
+            [F32(0.1), u8(0), a, F32(0.1), u8(0), a, F32(0.1), s8(0)],
+            {"axis": 0},
+            constants=(0, 1, 3, 4, 6, 7),
+        )
     with pytest.raises(ModelFileError, match=r"qnode.*input 0's scale of type float16, expected float32"):
         load("QLinearConcat", [F32(0.1), u8(0), a, np.float16(0.1), u8(0)], {"axis": 0}, constants=(0, 1, 3, 4))
     with pytest.raises(InputError, match=r"qnode.*input 1's zero point of type int8, expected uint8"):
@@ -479,10 +526,12 @@ def test_malformed_nodes_raise_naming_the_node(rng):
     # shapes
     with pytest.raises(ShapeError, match=r"qnode.*A of shape \(2, 3\) and B of shape \(2, 4\) do not broadcast"):
         call("QLinearAdd", add_args(b=np.zeros((2, 4), u8)))
-    with pytest.raises(ShapeError, match=r"qnode.*input 1 of shape \(2, 4\) does not concatenate with an input of "
-                                         r"shape \(2, 3\) on axis 0"):
-        call("QLinearConcat", [F32(0.1), u8(0), a, F32(0.1), u8(0), np.zeros((2, 4), u8), F32(0.2), u8(0)],
-             {"axis": 0})
+    with pytest.raises(
+        ShapeError,
+        match=r"qnode.*input 1 of shape \(2, 4\) does not concatenate with an input of "
+        r"shape \(2, 3\) on axis 0",
+    ):
+        call("QLinearConcat", [F32(0.1), u8(0), a, F32(0.1), u8(0), np.zeros((2, 4), u8), F32(0.2), u8(0)], {"axis": 0})
     with pytest.raises(ShapeError, match=r"qnode.*input 1 of shape \(6,\) does not concatenate"):
         call("QLinearConcat", [F32(0.1), u8(0), a, F32(0.1), u8(0), np.zeros(6, u8), F32(0.1), u8(0)], {"axis": 0})
     with pytest.raises(ShapeError, match=r"qnode.*axis 2 for inputs of rank 2"):

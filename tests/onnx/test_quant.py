@@ -12,8 +12,15 @@ from ..conftest import oracle
 
 # Quantized types numpy holds; the node tests of float8, int4/uint4, int2/uint2 and float4
 # tensors are left out (numpy has no such types and fastlayers does not read them).
-QUANT_NODE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
-                  "ConvInteger", "QLinearMatMul", "QLinearConv"}
+QUANT_NODE_OPS = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "ConvInteger",
+    "QLinearMatMul",
+    "QLinearConv",
+}
 QUANT_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 10}
 
 
@@ -27,12 +34,17 @@ def _quant_cases():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name in QUANT_NODE_OPS:   # importing a case module records its cases
+        for name in QUANT_NODE_OPS:  # importing a case module records its cases
             importlib.import_module(f"onnx.backend.test.case.node.{name.lower()}")
-    return [c for c in node._NodeTestCases
-            if {n.op_type for n in c.model.graph.node} & QUANT_NODE_OPS
-            and all(v.type.tensor_type.elem_type in QUANT_ELEM_TYPES
-                    for v in list(c.model.graph.input) + list(c.model.graph.output))]
+    return [
+        c
+        for c in node._NodeTestCases
+        if {n.op_type for n in c.model.graph.node} & QUANT_NODE_OPS
+        and all(
+            v.type.tensor_type.elem_type in QUANT_ELEM_TYPES
+            for v in list(c.model.graph.input) + list(c.model.graph.output)
+        )
+    ]
 
 
 def test_onnx_backend_node_tests_quantized(backend):
@@ -90,8 +102,7 @@ def test_domains_are_part_of_the_operator(rng):
         _load(proto)
     # a default operator's name in an unknown domain, and a contrib operator not implemented
     for domain, op in (("my.domain", "Relu"), ("com.microsoft", "FusedMatMulActivation")):
-        proto = _model([helper.make_node(op, ["x"], ["y"], domain=domain)], [x], [y],
-                       opsets=(("", 17), (domain, 1)))
+        proto = _model([helper.make_node(op, ["x"], ["y"], domain=domain)], [x], [y], opsets=(("", 17), (domain, 1)))
         with pytest.raises(UnsupportedError, match=f"{domain}::{op}"):
             _load(proto)
     # an op type spelling a qualified name in the default domain cannot reach a contrib operator
@@ -117,12 +128,18 @@ def test_dequantize_of_constant_weight_is_folded(rng):
 
     w_q = rng.integers(-127, 128, (4, 5)).astype(np.int8)
     w_s = rng.uniform(0.01, 0.02, 5).astype(np.float32)
-    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_s, "w_s"),
-             numpy_helper.from_array(np.zeros(5, np.int8), "w_z")]
-    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=1),
-             helper.make_node("MatMul", ["x", "w"], ["y"])]
-    proto = _model(nodes, [_tensor("x", TensorProto.FLOAT, [None, 4])],
-                   [_tensor("y", TensorProto.FLOAT, [None, 5])], inits)
+    inits = [
+        numpy_helper.from_array(w_q, "w_q"),
+        numpy_helper.from_array(w_s, "w_s"),
+        numpy_helper.from_array(np.zeros(5, np.int8), "w_z"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=1),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    proto = _model(
+        nodes, [_tensor("x", TensorProto.FLOAT, [None, 4])], [_tensor("y", TensorProto.FLOAT, [None, 5])], inits
+    )
     ours = _load(proto)
     assert ours.op_types == ["FusedDense"]
     x = rng.standard_normal((3, 4)).astype(np.float32)
@@ -140,9 +157,11 @@ def test_quantize_rounds_half_to_even_and_saturates():
 
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 126.5], np.float32)
     for elem, dtype in ((TensorProto.INT8, np.int8), (TensorProto.UINT8, np.uint8)):
-        proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
-                       [_tensor("x", TensorProto.FLOAT, [8]), _tensor("s", TensorProto.FLOAT, []),
-                        _tensor("z", elem, [])], [_tensor("y", elem, [8])])
+        proto = _model(
+            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+            [_tensor("x", TensorProto.FLOAT, [8]), _tensor("s", TensorProto.FLOAT, []), _tensor("z", elem, [])],
+            [_tensor("y", elem, [8])],
+        )
         zp = dtype(1)
         got = _load(proto)(x, np.float32(1.0), zp)
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
@@ -164,10 +183,16 @@ def test_integer_products_are_exact_where_int16_pairs_would_saturate(rng, backen
 
     for a_type, b_type in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)):
         elem = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
-        proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])],
-                       [_tensor("a", elem[a_type], [None, None]), _tensor("b", elem[b_type], [None, None]),
-                        _tensor("za", elem[a_type], []), _tensor("zb", elem[b_type], [None])],
-                       [_tensor("y", TensorProto.INT32, None)])
+        proto = _model(
+            [helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])],
+            [
+                _tensor("a", elem[a_type], [None, None]),
+                _tensor("b", elem[b_type], [None, None]),
+                _tensor("za", elem[a_type], []),
+                _tensor("zb", elem[b_type], [None]),
+            ],
+            [_tensor("y", TensorProto.INT32, None)],
+        )
         ours = _load(proto)
         lo_a, hi_a = np.iinfo(a_type).min, np.iinfo(a_type).max
         lo_b, hi_b = np.iinfo(b_type).min, np.iinfo(b_type).max
@@ -190,23 +215,42 @@ def test_contrib_matmul_operators_match_onnxruntime(rng, backend):
     b = rng.integers(-64, 64, (12, 6)).astype(np.int8)
     b_scale = rng.uniform(0.005, 0.02, 6).astype(np.float32)
     bias = rng.standard_normal(6).astype(np.float32)
-    inits = [numpy_helper.from_array(v, n) for n, v in
-             (("b", b), ("bs", b_scale), ("bz", np.zeros(6, np.int8)), ("bias", bias),
-              ("b_u", (b.astype(np.int16) + 100).astype(np.uint8)), ("bz_u", np.full(6, 100, np.uint8)))]
+    inits = [
+        numpy_helper.from_array(v, n)
+        for n, v in (
+            ("b", b),
+            ("bs", b_scale),
+            ("bz", np.zeros(6, np.int8)),
+            ("bias", bias),
+            ("b_u", (b.astype(np.int16) + 100).astype(np.uint8)),
+            ("bz_u", np.full(6, 100, np.uint8)),
+        )
+    ]
     ms = (("", 17), ("com.microsoft", 1))
-    dqmm = _model([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"],
-                                    domain="com.microsoft")],
-                  [_tensor("a", f, [None, 12])], [_tensor("y", f, None)], inits, ms)
+    dqmm = _model(
+        [helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"], domain="com.microsoft")],
+        [_tensor("a", f, [None, 12])],
+        [_tensor("y", f, None)],
+        inits,
+        ms,
+    )
     ours, theirs = _load(dqmm), _session(ort, dqmm)
-    for rows in (5, 5, 2, 5):        # the compiled plan's bound node: each shape checked once
+    for rows in (5, 5, 2, 5):  # the compiled plan's bound node: each shape checked once
         a = rng.standard_normal((rows, 12)).astype(np.float32)
         np.testing.assert_allclose(ours(a), theirs.run(None, {"a": a})[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(FastlayersError, match="DynamicQuantizeMatMul|expected shape"):
         ours(rng.standard_normal((5, 11)).astype(np.float32))
-    mmf = _model([helper.make_node("MatMulIntegerToFloat", ["a", "b_u", "as", "bs", "az", "bz_u", "bias"], ["y"],
-                                   domain="com.microsoft")],
-                 [_tensor("a", TensorProto.UINT8, [None, 12]), _tensor("as", f, []),
-                  _tensor("az", TensorProto.UINT8, [])], [_tensor("y", f, None)], inits, ms)
+    mmf = _model(
+        [
+            helper.make_node(
+                "MatMulIntegerToFloat", ["a", "b_u", "as", "bs", "az", "bz_u", "bias"], ["y"], domain="com.microsoft"
+            )
+        ],
+        [_tensor("a", TensorProto.UINT8, [None, 12]), _tensor("as", f, []), _tensor("az", TensorProto.UINT8, [])],
+        [_tensor("y", f, None)],
+        inits,
+        ms,
+    )
     a_q = rng.integers(0, 256, (5, 12)).astype(np.uint8)
     feed = {"a": a_q, "as": np.array(0.03, np.float32), "az": np.array(120, np.uint8)}
     np.testing.assert_allclose(_load(mmf)(feed), _session(ort, mmf).run(None, feed)[0], rtol=1e-5, atol=1e-6)
@@ -221,29 +265,42 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
     from onnx import TensorProto, helper, numpy_helper
 
     f, hidden, n_in = TensorProto.FLOAT, 5, 3
-    consts = {"w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(np.int8),
-              "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(np.int8),
-              "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
-              "p": rng.standard_normal((2, 3 * hidden)).astype(np.float32),
-              "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
-              "wz": np.zeros((2, 4 * hidden), np.int8),
-              "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32), "rz": np.zeros(2, np.int8)}
-    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "bias", "", "h0", "c0", "p", "ws", "wz", "rs", "rz"],
-                            ["y", "yh", "yc"], domain="com.microsoft", hidden_size=hidden,
-                            direction="bidirectional")
-    proto = _model([node], [_tensor("x", f, [None, None, n_in]), _tensor("h0", f, [2, None, hidden]),
-                            _tensor("c0", f, [2, None, hidden])],
-                   [_tensor(n, f, None) for n in ("y", "yh", "yc")],
-                   [numpy_helper.from_array(v, k) for k, v in consts.items()], (("", 17), ("com.microsoft", 1)))
+    consts = {
+        "w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(np.int8),
+        "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(np.int8),
+        "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
+        "p": rng.standard_normal((2, 3 * hidden)).astype(np.float32),
+        "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
+        "wz": np.zeros((2, 4 * hidden), np.int8),
+        "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32),
+        "rz": np.zeros(2, np.int8),
+    }
+    node = helper.make_node(
+        "DynamicQuantizeLSTM",
+        ["x", "w", "r", "bias", "", "h0", "c0", "p", "ws", "wz", "rs", "rz"],
+        ["y", "yh", "yc"],
+        domain="com.microsoft",
+        hidden_size=hidden,
+        direction="bidirectional",
+    )
+    proto = _model(
+        [node],
+        [_tensor("x", f, [None, None, n_in]), _tensor("h0", f, [2, None, hidden]), _tensor("c0", f, [2, None, hidden])],
+        [_tensor(n, f, None) for n in ("y", "yh", "yc")],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+        (("", 17), ("com.microsoft", 1)),
+    )
     ours, theirs = _load(proto), _session(ort, proto)
-    assert "_packed" in ours._plan[0][3]   # W and R packed once at load for the native loop
-    for steps, batch in ((4, 3), (1, 1), (4, 3), (1, 1)):   # shapes checked once, then run straight
-        feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
-                "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
-                "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32)}
+    assert "_packed" in ours._plan[0][3]  # W and R packed once at load for the native loop
+    for steps, batch in ((4, 3), (1, 1), (4, 3), (1, 1)):  # shapes checked once, then run straight
+        feed = {
+            "x": rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+            "h0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
+            "c0": rng.standard_normal((2, batch, hidden)).astype(np.float32),
+        }
         for g, w in zip(ours.run(None, feed), theirs.run(None, feed)):
-            np.testing.assert_array_equal(g, w)   # onnxruntime's arithmetic, bit for bit
-    with pytest.raises(FastlayersError, match="initial_h"):   # a new shape is checked
+            np.testing.assert_array_equal(g, w)  # onnxruntime's arithmetic, bit for bit
+    with pytest.raises(FastlayersError, match="initial_h"):  # a new shape is checked
         ours.run(None, dict(feed, h0=np.zeros((2, 2, hidden), np.float32)))
 
 
@@ -255,12 +312,18 @@ def _torch_model(torch, kind):
     if kind == "mlp":
         return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), (2, 16)
     if kind == "cnn":
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(),
-                             nn.Flatten(), nn.Linear(8 * 3 * 3, 5)), (2, 3, 8, 8)
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, stride=2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(8 * 3 * 3, 5),
+        ), (2, 3, 8, 8)
     if kind == "lstm":
         return nn.LSTM(8, 16, batch_first=True), (2, 5, 8)
 
-    class Encoder(nn.Module):   # exported through a module of its own: one input, no mask
+    class Encoder(nn.Module):  # exported through a module of its own: one input, no mask
         def __init__(self):
             super().__init__()
             self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
@@ -284,19 +347,30 @@ def _quantized_export(torch, tmp_path, kind, mode):
     float_path, path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{mode}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.randn(*shape),), str(float_path), dynamo=False,
-                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}},
-                          opset_version=17)
+        torch.onnx.export(
+            module.eval(),
+            (torch.randn(*shape),),
+            str(float_path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
 
     if mode == "dynamic":
         import logging
 
-        logging.getLogger().setLevel(logging.ERROR)   # its advice to pre-process the model first
+        logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the model first
         quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
     else:
         rng = np.random.default_rng(5)
-        quantize_static_on(float_path, path, [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)],
-                           reduce_range=True)
+        quantize_static_on(
+            float_path,
+            path,
+            [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(3)],
+            reduce_range=True,
+        )
     return path, shape
 
 
@@ -326,38 +400,50 @@ def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng):
     inits = []
     for k in (1, 2):
         w = rng.integers(0, 256, (12, 7 + k)).astype(np.uint8)
-        inits += [numpy_helper.from_array(w, f"w{k}"),
-                  numpy_helper.from_array(np.array(128 - k, np.uint8), f"wz{k}"),
-                  numpy_helper.from_array(np.array(0.01 * k, np.float32), f"ws{k}"),
-                  numpy_helper.from_array(rng.standard_normal(7 + k).astype(np.float32), f"b{k}")]
-        nodes += [helper.make_node("MatMulInteger", ["q", f"w{k}", "z", f"wz{k}"], [f"i{k}"]),
-                  helper.make_node("Cast", [f"i{k}"], [f"f{k}"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", ["s", f"ws{k}"], [f"m{k}"]),
-                  helper.make_node("Mul", [f"f{k}", f"m{k}"], [f"p{k}"]),
-                  helper.make_node("Add", [f"p{k}", f"b{k}"], [f"y{k}"])]
-    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 12])],
-                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (1, 2)],
-                              inits)
+        inits += [
+            numpy_helper.from_array(w, f"w{k}"),
+            numpy_helper.from_array(np.array(128 - k, np.uint8), f"wz{k}"),
+            numpy_helper.from_array(np.array(0.01 * k, np.float32), f"ws{k}"),
+            numpy_helper.from_array(rng.standard_normal(7 + k).astype(np.float32), f"b{k}"),
+        ]
+        nodes += [
+            helper.make_node("MatMulInteger", ["q", f"w{k}", "z", f"wz{k}"], [f"i{k}"]),
+            helper.make_node("Cast", [f"i{k}"], [f"f{k}"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["s", f"ws{k}"], [f"m{k}"]),
+            helper.make_node("Mul", [f"f{k}", f"m{k}"], [f"p{k}"]),
+            helper.make_node("Add", [f"p{k}", f"b{k}"], [f"y{k}"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 12])],
+        [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (1, 2)],
+        inits,
+    )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
     ours = fastlayers.load(data)
     assert ours.op_types.count("com.microsoft::MatMulIntegerToFloat") == 2
     x = rng.standard_normal((3, 12)).astype(np.float32)
-    for got, want in zip(ours.run(None, {"x": x}),
-                         ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})):
+    for got, want in zip(
+        ours.run(None, {"x": x}), ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    ):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("kind,mode,ops", [
-    # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat,
-    # with their DynamicQuantizeLinear as one DynamicQuantizeMatMul
-    ("mlp", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
-    ("cnn", "dynamic", {"ConvInteger", "com.microsoft::DynamicQuantizeMatMul"}),
-    ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
-    ("encoder", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
-    ("mlp", "static", {"com.microsoft::QGemm"}),
-    ("cnn", "static", {"QLinearConv", "com.microsoft::QGemm"}),
-    ("encoder", "static", {"FusedQuantizeDequantize"}),
-])
+@pytest.mark.parametrize(
+    "kind,mode,ops",
+    [
+        # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat,
+        # with their DynamicQuantizeLinear as one DynamicQuantizeMatMul
+        ("mlp", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
+        ("cnn", "dynamic", {"ConvInteger", "com.microsoft::DynamicQuantizeMatMul"}),
+        ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
+        ("encoder", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
+        ("mlp", "static", {"com.microsoft::QGemm"}),
+        ("cnn", "static", {"QLinearConv", "com.microsoft::QGemm"}),
+        ("encoder", "static", {"FusedQuantizeDequantize"}),
+    ],
+)
 def test_onnxruntime_quantized_torch_exports_match_onnxruntime(torch, tmp_path, rng, kind, mode, ops):
     """Dynamic quantization: integer products, float outputs, within 1e-4 relative of
     onnxruntime. Static (QDQ) quantization: the node units onnxruntime runs as integer
@@ -372,7 +458,7 @@ def test_onnxruntime_quantized_torch_exports_match_onnxruntime(torch, tmp_path, 
     ours = fastlayers.load(path)
     assert ops <= set(ours.op_types)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1   # see test_dynamic_quantize_lstm_matches_onnxruntime
+    options.intra_op_num_threads = 1  # see test_dynamic_quantize_lstm_matches_onnxruntime
     theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     for batch in (2, 1, 3):
         x = rng.standard_normal((batch,) + shape[1:]).astype(np.float32)
@@ -415,11 +501,16 @@ def test_malformed_quantization_parameters_raise_naming_the_node(rng):
     q = rng.integers(-128, 128, (4, 3)).astype(np.int8)
 
     def dq(scale, zp, **attrs):
-        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "s"),
-                 numpy_helper.from_array(zp, "z")]
-        return _model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], name="dq_w", **attrs),
-                       helper.make_node("MatMul", ["x", "w"], ["y"])],
-                      [_tensor("x", f, [None, 4])], [_tensor("y", f, None)], inits)
+        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")]
+        return _model(
+            [
+                helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], name="dq_w", **attrs),
+                helper.make_node("MatMul", ["x", "w"], ["y"]),
+            ],
+            [_tensor("x", f, [None, 4])],
+            [_tensor("y", f, None)],
+            inits,
+        )
 
     # constants: refused at load, naming the node
     with pytest.raises(ModelFileError, match="dq_w.*zero point of type uint8, expected int8"):
@@ -431,30 +522,50 @@ def test_malformed_quantization_parameters_raise_naming_the_node(rng):
     with pytest.raises(ModelFileError, match="dq_w.*scale of type int32"):
         _load(dq(np.int32(1), np.int8(0)))
     # inputs of a call: refused when the node runs, naming it
-    proto = _model([helper.make_node("MatMulInteger", ["a", "b", "za"], ["y"], name="mmi")],
-                   [_tensor("a", u8, [2, 3]), _tensor("b", i8, [3, 2]), _tensor("za", i8, [])],
-                   [_tensor("y", TensorProto.INT32, None)])
+    proto = _model(
+        [helper.make_node("MatMulInteger", ["a", "b", "za"], ["y"], name="mmi")],
+        [_tensor("a", u8, [2, 3]), _tensor("b", i8, [3, 2]), _tensor("za", i8, [])],
+        [_tensor("y", TensorProto.INT32, None)],
+    )
     model = _load(proto)
     a, b = np.zeros((2, 3), np.uint8), np.zeros((3, 2), np.int8)
     with pytest.raises(InputError, match="mmi.*A zero point of type int8, expected uint8"):
         model(a, b, np.int8(0))
-    proto = _model([helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi16")],
-                   [_tensor("a", TensorProto.INT16, [2, 3]), _tensor("b", i8, [3, 2])],
-                   [_tensor("y", TensorProto.INT32, None)])
+    proto = _model(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi16")],
+        [_tensor("a", TensorProto.INT16, [2, 3]), _tensor("b", i8, [3, 2])],
+        [_tensor("y", TensorProto.INT32, None)],
+    )
     with pytest.raises(UnsupportedError, match="mmi16.*int16"):
         _load(proto)(a.astype(np.int16), b)
-    proto = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q32")],
-                   [_tensor("x", f, [3]), _tensor("s", f, []), _tensor("z", TensorProto.INT32, [])],
-                   [_tensor("y", TensorProto.INT32, None)])
+    proto = _model(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q32")],
+        [_tensor("x", f, [3]), _tensor("s", f, []), _tensor("z", TensorProto.INT32, [])],
+        [_tensor("y", TensorProto.INT32, None)],
+    )
     with pytest.raises(UnsupportedError, match="q32.*quantized type int32"):
         _load(proto)(np.zeros(3, np.float32), np.float32(1), np.int32(0))
-    proto = _model([helper.make_node("QLinearConv", ["x", "s", "zx", "w", "s", "zw", "s", "zy"], ["y"], name="qc")],
-                   [_tensor("x", u8, [1, 2, 4, 4]), _tensor("s", f, []), _tensor("zx", u8, []),
-                    _tensor("w", i8, [3, 2, 3, 3]), _tensor("zw", i8, [2]), _tensor("zy", u8, [])],
-                   [_tensor("y", u8, None)])
+    proto = _model(
+        [helper.make_node("QLinearConv", ["x", "s", "zx", "w", "s", "zw", "s", "zy"], ["y"], name="qc")],
+        [
+            _tensor("x", u8, [1, 2, 4, 4]),
+            _tensor("s", f, []),
+            _tensor("zx", u8, []),
+            _tensor("w", i8, [3, 2, 3, 3]),
+            _tensor("zw", i8, [2]),
+            _tensor("zy", u8, []),
+        ],
+        [_tensor("y", u8, None)],
+    )
     with pytest.raises(ShapeError, match=r"qc.*w zero point of shape \(2,\) for 3 output channels"):
-        _load(proto)(np.zeros((1, 2, 4, 4), np.uint8), np.float32(1), np.uint8(0), np.zeros((3, 2, 3, 3), np.int8),
-                     np.zeros(2, np.int8), np.uint8(0))
+        _load(proto)(
+            np.zeros((1, 2, 4, 4), np.uint8),
+            np.float32(1),
+            np.uint8(0),
+            np.zeros((3, 2, 3, 3), np.int8),
+            np.zeros(2, np.int8),
+            np.uint8(0),
+        )
 
 
 def test_quantize_dequantize_pairs_fuse_only_where_nothing_else_reads_the_integers(rng, backend):
@@ -463,16 +574,19 @@ def test_quantize_dequantize_pairs_fuse_only_where_nothing_else_reads_the_intege
 
     f = TensorProto.FLOAT
     inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(-4), "z")]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
-             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
     x = (rng.standard_normal((2, 3, 4, 5)) * 5).astype(np.float32)
     q = np.clip(np.rint(x / np.float32(0.05)) - 4, -128, 127)
     want = (q + 4).astype(np.float32) * np.float32(0.05)
     fused = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None)], inits))
     assert fused.op_types == ["FusedQuantizeDequantize"]
     np.testing.assert_array_equal(fused(x), want)
-    kept = _load(_model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None), _tensor("q", TensorProto.INT8, None)],
-                        inits))
+    kept = _load(
+        _model(nodes, [_tensor("x", f, None)], [_tensor("y", f, None), _tensor("q", TensorProto.INT8, None)], inits)
+    )
     assert kept.op_types == ["QuantizeLinear", "DequantizeLinear"]
     y, q_out = kept(x)
     np.testing.assert_array_equal(y, want)
@@ -484,15 +598,27 @@ def test_a_huge_block_size_allocates_nothing_of_its_size():
     from onnx import TensorProto, helper
 
     f = TensorProto.FLOAT
-    proto = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=1 << 40)],
-                   [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [2, 1])], [_tensor("y", f, None)])
+    proto = _model(
+        [helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=1 << 40)],
+        [_tensor("q", TensorProto.INT8, [2, 3]), _tensor("s", f, [2, 1])],
+        [_tensor("y", f, None)],
+    )
     q = np.arange(6, dtype=np.int8).reshape(2, 3)
     s = np.array([[0.5], [2.0]], np.float32)
     np.testing.assert_array_equal(_load(proto)(q, s), q * s)
 
 
-@pytest.mark.parametrize("kind,mode", [("mlp", "dynamic"), ("cnn", "dynamic"), ("lstm", "dynamic"),
-                                       ("encoder", "dynamic"), ("cnn", "static"), ("mlp", "static")])
+@pytest.mark.parametrize(
+    "kind,mode",
+    [
+        ("mlp", "dynamic"),
+        ("cnn", "dynamic"),
+        ("lstm", "dynamic"),
+        ("encoder", "dynamic"),
+        ("cnn", "static"),
+        ("mlp", "static"),
+    ],
+)
 def test_quantized_exports_agree_with_onnxruntime_node_by_node(torch, tmp_path, rng, backend, kind, mode):
     """Every intermediate value of onnxruntime.quantization's files, graph as written, equals
     onnxruntime's (integers exactly, floats within 1e-6 of the value's range) at batch 1 and 3,
@@ -517,12 +643,19 @@ def test_node_by_node_comparison_names_the_first_divergent_node(rng, monkeypatch
     from .nodewise import _difference, first_divergence
 
     oracle("onnxruntime")
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dql"),
-             helper.make_node("MatMulInteger", ["q", "w", "z"], ["i"], name="mmi"),
-             helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT, name="cast")]
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dql"),
+        helper.make_node("MatMulInteger", ["q", "w", "z"], ["i"], name="mmi"),
+        helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT, name="cast"),
+    ]
     w = numpy_helper.from_array(rng.integers(0, 256, (6, 5)).astype(np.uint8), "w")
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
     feed = {"x": rng.standard_normal((2, 6)).astype(np.float32)}
     assert first_divergence(data, feed) is None

@@ -20,7 +20,7 @@ def test_silero_vad_streams_like_onnxruntime(rng, rate, chunk):
     ort = oracle("onnxruntime")
     path = MODELS / "silero_vad_16k_op15.onnx"
     ours = fastlayers.load(path)
-    assert "If" in ours.op_types            # decided per call, by the sr input
+    assert "If" in ours.op_types  # decided per call, by the sr input
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     state_ours = state_theirs = np.zeros((2, 2, 128), np.float32)
     sr = np.array(rate, np.int64)

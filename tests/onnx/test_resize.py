@@ -26,10 +26,17 @@ def _graph(tmp_path, rng, mode, nearest, coord, scales, sizes, after_conv):
     if nearest:
         attrs["nearest_mode"] = nearest
     nodes = ([h.make_node("Conv", ["x", "w"], ["c"])] if after_conv else []) + [
-        h.make_node("Resize", [x_name, "", "scales"] if scales is not None else [x_name, "", "", "sizes"],
-                    ["y"], **attrs)]
-    model = make_graph(nodes, [h.make_tensor_value_info("x", 1, [2, 5, 7, 6])],
-                       [h.make_tensor_value_info("y", 1, None)], inits, opset=18)
+        h.make_node(
+            "Resize", [x_name, "", "scales"] if scales is not None else [x_name, "", "", "sizes"], ["y"], **attrs
+        )
+    ]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, [2, 5, 7, 6])],
+        [h.make_tensor_value_info("y", 1, None)],
+        inits,
+        opset=18,
+    )
     path = tmp_path / "resize.onnx"
     onnx.save(model, str(path))
     return path
@@ -38,12 +45,17 @@ def _graph(tmp_path, rng, mode, nearest, coord, scales, sizes, after_conv):
 @pytest.mark.parametrize("after_conv", [False, True], ids=["nchw", "nhwc-view"])
 @pytest.mark.parametrize("mode, nearest", MODES)
 @pytest.mark.parametrize("coord", COORDS)
-@pytest.mark.parametrize("scales, sizes", [([1, 1, 2, 2], None), ([1, 1, 0.6, 1.5], None),
-                                           (None, [2, 5, 3, 11])], ids=["x2", "down-up", "sizes"])
+@pytest.mark.parametrize(
+    "scales, sizes",
+    [([1, 1, 2, 2], None), ([1, 1, 0.6, 1.5], None), (None, [2, 5, 3, 11])],
+    ids=["x2", "down-up", "sizes"],
+)
 def test_resize_matches_onnxruntime(tmp_path, rng, backend, after_conv, mode, nearest, coord, scales, sizes):
     if coord == "half_pixel_symmetric" and nearest == "round_prefer_floor" and scales == [1, 1, 0.6, 1.5]:
-        pytest.xfail("a known difference: onnxruntime picks the row below on a coordinate this "
-                     "computes as 0.5000002 (7 rows scaled by 0.6)")
+        pytest.xfail(
+            "a known difference: onnxruntime picks the row below on a coordinate this "
+            "computes as 0.5000002 (7 rows scaled by 0.6)"
+        )
     ort = oracle("onnxruntime")
     path = _graph(tmp_path, rng, mode, nearest, coord, scales, sizes, after_conv)
     x = rng.standard_normal((2, 5, 7, 6)).astype(np.float32)

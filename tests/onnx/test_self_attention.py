@@ -13,11 +13,12 @@ from fastlayers.errors import ShapeError
 
 from ..conftest import assert_close, oracle, random_torch_module
 
-E, HEADS, STEPS = 15, 3, 5      # heads of width 5
+E, HEADS, STEPS = 15, 3, 5  # heads of width 5
 
 
 def attention(torch, call, batch_first=True, bias=True):
     """``call(mha, *inputs)`` as a module, ``mha`` a MultiheadAttention with random weights."""
+
     class Module(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -42,12 +43,14 @@ def export(torch, module, path, feed, batch_first=True, dynamo=False):
         warnings.simplefilter("ignore")
         if dynamo:
             oracle("onnxscript")
-            torch.onnx.export(module, tuple(inputs), str(path), dynamo=True, input_names=names,
-                              opset_version=18, verbose=False)
+            torch.onnx.export(
+                module, tuple(inputs), str(path), dynamo=True, input_names=names, opset_version=18, verbose=False
+            )
         else:
             axes = {n: {0 if batch_first or n == "mask" else 1: "batch"} for n in names}
-            torch.onnx.export(module, tuple(inputs), str(path), dynamo=False, input_names=names,
-                              dynamic_axes=axes, opset_version=17)
+            torch.onnx.export(
+                module, tuple(inputs), str(path), dynamo=False, input_names=names, dynamic_axes=axes, opset_version=17
+            )
     return path
 
 
@@ -69,8 +72,9 @@ def x_at(rng, batch, batch_first=True):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("batch_first,bias", [(True, True), (False, True), (True, False)],
-                         ids=["batch-first", "sequence-first", "no-bias"])
+@pytest.mark.parametrize(
+    "batch_first,bias", [(True, True), (False, True), (True, False)], ids=["batch-first", "sequence-first", "no-bias"]
+)
 def test_torchscript_export_runs_as_one_node(torch, tmp_path, rng, backend, batch_first, bias):
     """Batch or sequence first, with or without projection biases: one node, equal to
     onnxruntime at batch sizes the load-time probe (2) did not use, batch 1 among them."""
@@ -92,8 +96,7 @@ def test_dynamo_export_runs_as_one_node(torch, tmp_path, rng):
 def test_key_padding_mask_is_not_fused(torch, tmp_path, rng):
     """A key-padding mask is an input of the attention node: the block runs node by node (its
     attention still fused) and equals onnxruntime, padded keys included."""
-    module = attention(torch, lambda mha, x, mask: mha(x, x, x, key_padding_mask=mask,
-                                                       need_weights=False)[0])
+    module = attention(torch, lambda mha, x, mask: mha(x, x, x, key_padding_mask=mask, need_weights=False)[0])
     x = x_at(rng, 2)
     mask = np.zeros((2, STEPS), bool)
     mask[1, 3:] = True

@@ -46,21 +46,41 @@ def multi(tmp_path):
     vi = helper.make_tensor_value_info
     w = numpy_helper.from_array((np.arange(12, dtype=np.float32).reshape(3, 4) - 5) / 7, "w")
     b = numpy_helper.from_array(np.linspace(-1, 1, 4).astype(np.float32), "b")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"]),
-             helper.make_node("Add", ["ids", "ids"], ["n"]), helper.make_node("Mul", ["h", "h"], ["hh"]),
-             helper.make_node("Neg", ["d"], ["dd"])]
-    model = make_graph(nodes, [vi("x", T.FLOAT, ["batch", 3]), vi("w", T.FLOAT, [3, 4]),
-                               vi("ids", T.INT64, ["batch", None]), vi("h", T.FLOAT16, [2, 3]),
-                               vi("d", T.DOUBLE, [None])],
-                       [vi("y", T.FLOAT, ["batch", 4]), vi("n", T.INT64, ["batch", None]),
-                        vi("hh", T.FLOAT16, [2, 3]), vi("dd", T.DOUBLE, [None])], [w, b])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["y"]),
+        helper.make_node("Add", ["ids", "ids"], ["n"]),
+        helper.make_node("Mul", ["h", "h"], ["hh"]),
+        helper.make_node("Neg", ["d"], ["dd"]),
+    ]
+    model = make_graph(
+        nodes,
+        [
+            vi("x", T.FLOAT, ["batch", 3]),
+            vi("w", T.FLOAT, [3, 4]),
+            vi("ids", T.INT64, ["batch", None]),
+            vi("h", T.FLOAT16, [2, 3]),
+            vi("d", T.DOUBLE, [None]),
+        ],
+        [
+            vi("y", T.FLOAT, ["batch", 4]),
+            vi("n", T.INT64, ["batch", None]),
+            vi("hh", T.FLOAT16, [2, 3]),
+            vi("dd", T.DOUBLE, [None]),
+        ],
+        [w, b],
+    )
     onnx.save(model, tmp_path / "multi.onnx")
     return tmp_path / "multi.onnx"
 
 
 def multi_feed(rng, batch=5):
-    return {"x": rng.standard_normal((batch, 3)).astype(np.float32), "ids": rng.integers(0, 9, (batch, 2)),
-            "h": rng.standard_normal((2, 3)).astype(np.float16), "d": rng.standard_normal(7)}
+    return {
+        "x": rng.standard_normal((batch, 3)).astype(np.float32),
+        "ids": rng.integers(0, 9, (batch, 2)),
+        "h": rng.standard_normal((2, 3)).astype(np.float16),
+        "d": rng.standard_normal(7),
+    }
 
 
 def test_inputs_and_outputs_match_onnxruntime(multi):
@@ -105,20 +125,32 @@ def test_shape_edge_cases_match_onnxruntime(tmp_path):
     x.type.tensor_type.shape.dim.add().dim_param = ""
     s = helper.make_tensor_value_info("s", T.INT32, [])
     u = helper.make_tensor_value_info("u", T.UINT8, None)
-    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["s"], ["t"]),
-             helper.make_node("Identity", ["u"], ["v"])]
-    outs = [helper.make_tensor_value_info("y", T.FLOAT, ["N", 2, None, None]),
-            helper.make_tensor_value_info("t", T.INT32, [])]
-    onnx.save(make_graph(nodes, [x, s, u], outs + [helper.make_tensor_value_info("v", T.UINT8, None)]),
-              tmp_path / "dims.onnx")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["y"]),
+        helper.make_node("Identity", ["s"], ["t"]),
+        helper.make_node("Identity", ["u"], ["v"]),
+    ]
+    outs = [
+        helper.make_tensor_value_info("y", T.FLOAT, ["N", 2, None, None]),
+        helper.make_tensor_value_info("t", T.INT32, []),
+    ]
+    onnx.save(
+        make_graph(nodes, [x, s, u], outs + [helper.make_tensor_value_info("v", T.UINT8, None)]), tmp_path / "dims.onnx"
+    )
     ours, theirs = fastlayers.load(tmp_path / "dims.onnx"), session(tmp_path / "dims.onnx")
-    assert described(ours.get_inputs()) == described(theirs.get_inputs()) == [
-        ("x", ["N", 2, None, None], "tensor(float)"), ("s", [], "tensor(int32)"), ("u", [], "tensor(uint8)")]
+    assert (
+        described(ours.get_inputs())
+        == described(theirs.get_inputs())
+        == [("x", ["N", 2, None, None], "tensor(float)"), ("s", [], "tensor(int32)"), ("u", [], "tensor(uint8)")]
+    )
     assert described(ours.get_outputs()[:2]) == described(theirs.get_outputs()[:2])
     # an output declared without a shape: the file's [] (onnxruntime fills in its inferred shape)
     assert ours.get_outputs()[2] == NodeArg("v", [], "tensor(uint8)")
-    feed = {"x": np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 2, 5, 1), "s": np.array(7, np.int32),
-            "u": np.arange(6, dtype=np.uint8).reshape(2, 3)}
+    feed = {
+        "x": np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 2, 5, 1),
+        "s": np.array(7, np.int32),
+        "u": np.arange(6, dtype=np.uint8).reshape(2, 3),
+    }
     assert_same_run(ours.run(None, feed), theirs.run(None, feed))
 
 
@@ -129,8 +161,12 @@ def test_every_input_type_matches_onnxruntime(tmp_path, elem_type):
     from onnx import helper
 
     vi = helper.make_tensor_value_info
-    onnx.save(make_graph([helper.make_node("Identity", ["x"], ["y"])], [vi("x", elem_type, ["n"])],
-                         [vi("y", elem_type, ["n"])]), tmp_path / "id.onnx")
+    onnx.save(
+        make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])], [vi("x", elem_type, ["n"])], [vi("y", elem_type, ["n"])]
+        ),
+        tmp_path / "id.onnx",
+    )
     ours, theirs = fastlayers.load(tmp_path / "id.onnx"), session(tmp_path / "id.onnx")
     assert described(ours.get_inputs()) == described(theirs.get_inputs())
     assert described(ours.get_outputs()) == described(theirs.get_outputs())
@@ -150,13 +186,20 @@ def test_run_returns_fresh_arrays(tmp_path):
 
     vi = helper.make_tensor_value_info
     c = np.arange(6, dtype=np.float32)
-    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Identity", ["x"], ["k"]),
-             helper.make_node("Identity", ["c"], ["c2"])]
-    onnx.save(make_graph(nodes, [vi("x", T.FLOAT, [2, 3])],
-                         [vi("c", T.FLOAT, [6]), vi("c2", T.FLOAT, [6]), vi("r", T.FLOAT, [3, 2]),
-                          vi("k", T.FLOAT, [2, 3])],
-                         [numpy_helper.from_array(c, "c"), numpy_helper.from_array(np.array([3, 2]), "shape")]),
-              tmp_path / "alias.onnx")
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Identity", ["x"], ["k"]),
+        helper.make_node("Identity", ["c"], ["c2"]),
+    ]
+    onnx.save(
+        make_graph(
+            nodes,
+            [vi("x", T.FLOAT, [2, 3])],
+            [vi("c", T.FLOAT, [6]), vi("c2", T.FLOAT, [6]), vi("r", T.FLOAT, [3, 2]), vi("k", T.FLOAT, [2, 3])],
+            [numpy_helper.from_array(c, "c"), numpy_helper.from_array(np.array([3, 2]), "shape")],
+        ),
+        tmp_path / "alias.onnx",
+    )
     ours, theirs = fastlayers.load(tmp_path / "alias.onnx"), session(tmp_path / "alias.onnx")
     x = np.ones((2, 3), np.float32)
     got = ours.run(None, {"x": x})
@@ -187,12 +230,22 @@ def test_torch_export_matches_onnxruntime(torch, tmp_path, rng):
             return torch.relu(self.lin(x)), self.emb(ids).sum(1) * 2
 
     path = tmp_path / "net.onnx"
-    export(torch, Net(), (torch.randn(2, 4), torch.randint(0, 10, (2, 5))), path, input_names=["x", "ids"],
-           output_names=["y", "e"], dynamic_axes={"x": {0: "batch"}, "ids": {0: "batch", 1: "seq"}},
-           opset_version=17)
+    export(
+        torch,
+        Net(),
+        (torch.randn(2, 4), torch.randint(0, 10, (2, 5))),
+        path,
+        input_names=["x", "ids"],
+        output_names=["y", "e"],
+        dynamic_axes={"x": {0: "batch"}, "ids": {0: "batch", 1: "seq"}},
+        opset_version=17,
+    )
     ours, theirs = fastlayers.load(path), session(path)
-    assert described(ours.get_inputs()) == described(theirs.get_inputs()) == [
-        ("x", ["batch", 4], "tensor(float)"), ("ids", ["batch", "seq"], "tensor(int64)")]
+    assert (
+        described(ours.get_inputs())
+        == described(theirs.get_inputs())
+        == [("x", ["batch", 4], "tensor(float)"), ("ids", ["batch", "seq"], "tensor(int64)")]
+    )
     assert described(ours.get_outputs()) == described(theirs.get_outputs())
     for batch, seq in ((3, 5), (1, 2)):
         feed = {"x": rng.standard_normal((batch, 4)).astype(np.float32), "ids": rng.integers(0, 10, (batch, seq))}

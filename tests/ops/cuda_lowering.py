@@ -51,8 +51,7 @@ SIGNATURES = {
     "scale_shift_oci": (f3, f1, f1, f3),
     "layer_norm_rows": (f2, f1, b, f1, b, f, b, f2),
     "global_pool_nhwc": (f3, f2, b),
-    "copy_strided": [(f1, i, t6, f1, i, t6, t6), (l1, i, t6, f1, i, t6, t6),
-                     (u1, i, t6, f1, i, t6, t6)],
+    "copy_strided": [(f1, i, t6, f1, i, t6, t6), (l1, i, t6, f1, i, t6, t6), (u1, i, t6, f1, i, t6, t6)],
     "binary_strided": (f1, i, t6, f1, i, t6, f1, t6, i, f, f),
     "fill_flat": (f1, f),
     "nonzero_u8": [(l1, i, u1), (f1, f, u1)],
@@ -66,8 +65,7 @@ SIGNATURES = {
 }
 
 failures = []
-kernels = {n for n in dir(K) if hasattr(getattr(K, n), "py_func")
-           and not getattr(K, n).targetoptions.get("device")}
+kernels = {n for n in dir(K) if hasattr(getattr(K, n), "py_func") and not getattr(K, n).targetoptions.get("device")}
 missing = kernels - set(SIGNATURES)
 if missing:
     failures.append(f"kernels without a signature here: {sorted(missing)}")
@@ -80,8 +78,7 @@ for name, sigs in SIGNATURES.items():
         except Exception as e:  # noqa: BLE001 - reported below
             failures.append(f"{name}{sig}: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
             continue
-        ir = "\n".join(lib.get_llvm_str()
-                       for lib in [cres.library] + list(cres.library._linking_libraries))
+        ir = "\n".join(lib.get_llvm_str() for lib in [cres.library] + list(cres.library._linking_libraries))
         if "double" in ir:
             failures.append(f"{name}{sig}: float64 in the IR")
 print(f"{len(SIGNATURES)} kernels lowered ({count} signatures); failures: {failures}")

@@ -48,14 +48,17 @@ def _run(op, x, attrs=None, *extra):
     return OPS[op]([x, *extra], attrs or {}, 18)[0]
 
 
-@pytest.mark.parametrize("op,ref", [
-    ("ReduceMean", lambda x: np.mean(x, axis=(2, 3), keepdims=True)),
-    ("ReduceSum", lambda x: np.sum(x, axis=(2, 3), keepdims=True)),
-    ("ReduceSumSquare", lambda x: np.sum(x * x, axis=(2, 3), keepdims=True)),
-    ("ReduceL2", lambda x: np.sqrt(np.sum(x * x, axis=(2, 3), keepdims=True))),
-])
+@pytest.mark.parametrize(
+    "op,ref",
+    [
+        ("ReduceMean", lambda x: np.mean(x, axis=(2, 3), keepdims=True)),
+        ("ReduceSum", lambda x: np.sum(x, axis=(2, 3), keepdims=True)),
+        ("ReduceSumSquare", lambda x: np.sum(x * x, axis=(2, 3), keepdims=True)),
+        ("ReduceL2", lambda x: np.sqrt(np.sum(x * x, axis=(2, 3), keepdims=True))),
+    ],
+)
 def test_onnx_reductions_over_nchw_views_of_nhwc_memory(rng, op, ref):
-    x = _nhwc(rng).transpose(0, 3, 1, 2)               # how a convolution's output arrives
+    x = _nhwc(rng).transpose(0, 3, 1, 2)  # how a convolution's output arrives
     got = _run(op, x, {}, np.array([2, 3], np.int64))
     assert _rel(got, ref(x.astype(np.float64))) < TIGHT
 
@@ -111,7 +114,7 @@ def test_cpu_large_window_and_adaptive_average_pools_on_every_isa(isa, rng):
 
 @pytest.mark.parametrize("axes", [(1, 2), (2,), (-2, -1)])
 def test_cpu_layer_norm_over_trailing_axes_matches_float64(isa, rng, axes):
-    x = _nhwc(rng, n=3, h=40, w=60, c=1)[..., 0]            # (3, 40, 60)
+    x = _nhwc(rng, n=3, h=40, w=60, c=1)[..., 0]  # (3, 40, 60)
     x64 = x.astype(np.float64)
     shape = [1, 1, 1]
     for a in axes:
@@ -123,8 +126,13 @@ def test_cpu_layer_norm_over_trailing_axes_matches_float64(isa, rng, axes):
     want = want * gamma.reshape(shape) + beta.reshape(shape)
     for ops in (CPU, REF):
         assert _rel(ops.layer_norm(x, gamma, beta, 1e-3, axes), want) < 2e-6, (type(ops).__name__, axes)
-    assert _rel(CPU.layer_norm(x, None, None, 1e-3, axes, rms=True),
-                x64 / np.sqrt(np.mean(x64 * x64, axis=axes, keepdims=True) + 1e-3)) < 2e-6
+    assert (
+        _rel(
+            CPU.layer_norm(x, None, None, 1e-3, axes, rms=True),
+            x64 / np.sqrt(np.mean(x64 * x64, axis=axes, keepdims=True) + 1e-3),
+        )
+        < 2e-6
+    )
 
 
 def test_exported_squeeze_excite_and_moment_layer_norm_as_accurate_as_onnxruntime(torch, tmp_path, rng):
@@ -146,7 +154,7 @@ def test_exported_squeeze_excite_and_moment_layer_norm_as_accurate_as_onnxruntim
         def forward(self, x):
             h = self.conv(x)
             s = torch.sigmoid(self.excite(torch.relu(self.squeeze(h.mean((2, 3))))))
-            h = (h * s[:, :, None, None]).flatten(2)                # (N, 16, 9600)
+            h = (h * s[:, :, None, None]).flatten(2)  # (N, 16, 9600)
             m = h.mean(-1, keepdim=True)
             var = (h * h).mean(-1, keepdim=True) - m * m
             return (h - m) / torch.sqrt(var + 1e-5)
@@ -164,8 +172,10 @@ def test_exported_squeeze_excite_and_moment_layer_norm_as_accurate_as_onnxruntim
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-@pytest.mark.parametrize("shape, axes", [((1, 1), (1,)), ((3, 50, 7), (2,)), ((3, 50, 7), (1, 2)),
-                                         ((1000,), None), ((4, 5), (0, 1)), ((0, 3), (1,))])
+@pytest.mark.parametrize(
+    "shape, axes",
+    [((1, 1), (1,)), ((3, 50, 7), (2,)), ((3, 50, 7), (1, 2)), ((1000,), None), ((4, 5), (0, 1)), ((0, 3), (1,))],
+)
 @pytest.mark.parametrize("keepdims", [True, False])
 def test_wide_mean_of_contiguous_axes_is_numpys_mean_bit_for_bit(rng, dtype, shape, axes, keepdims):
     # the sum-over-count form of a trailing-axes mean gives numpy's own result

@@ -46,7 +46,7 @@ def test_arrays_made_in_a_call_come_from_the_arena_and_outlive_it():
     finally:
         native.arena_exit(token)
     assert inner == "fastlayers_arena" and _handler_name(np.empty(3)) != "fastlayers_arena"
-    assert small.sum() == 10 and large.sum() == 2 << 20   # usable after the scope
+    assert small.sum() == 10 and large.sum() == 2 << 20  # usable after the scope
     assert large.ctypes.data % 64 == 0
     del small, large
 
@@ -55,17 +55,17 @@ def test_zeros_resize_and_reuse():
     token = native.arena_enter()
     try:
         a = np.full(300_000, 7.0, np.float32)
-        del a                                    # its dirty block goes back to the arena
+        del a  # its dirty block goes back to the arena
         hits = native.arena_stats()["hits"]
-        z = np.zeros(300_000, np.float32)        # the same block, zeroed
+        z = np.zeros(300_000, np.float32)  # the same block, zeroed
         assert native.arena_stats()["hits"] == hits + 1 and not z.any()
         z[:] = np.arange(300_000)
-        z.resize(900_000, refcheck=False)        # grows into a new block, contents kept
+        z.resize(900_000, refcheck=False)  # grows into a new block, contents kept
         assert (z[:300_000] == np.arange(300_000)).all() and not z[300_000:].any()
-        z.resize(100, refcheck=False)            # shrinks in place
+        z.resize(100, refcheck=False)  # shrinks in place
         assert (z == np.arange(100)).all()
         s = np.arange(10.0)
-        s.resize(200_000, refcheck=False)        # a small block grows into a mapped one
+        s.resize(200_000, refcheck=False)  # a small block grows into a mapped one
         assert (s[:10] == np.arange(10.0)).all() and not s[10:].any()
     finally:
         native.arena_exit(token)
@@ -77,8 +77,9 @@ def test_the_limit_bounds_what_stays_mapped(limit):
     try:
         blocks = [np.empty(1 << 20, np.uint8) for _ in range(8)]
         del blocks
-        assert native.arena_stats()["free_bytes"] <= 3 << 20 or \
-            native.arena_stats()["in_use_bytes"] > 0          # a region another array holds
+        assert (
+            native.arena_stats()["free_bytes"] <= 3 << 20 or native.arena_stats()["in_use_bytes"] > 0
+        )  # a region another array holds
         native.arena_limit(0)
         stats = native.arena_stats()
         assert stats["free_bytes"] == 0 or stats["in_use_bytes"] > 0
@@ -94,7 +95,7 @@ def test_freed_neighbours_merge_and_the_footprint_stays_flat():
         parts = [np.empty(10 << 20, np.uint8) for _ in range(4)]
         del parts
         misses = native.arena_stats()["misses"]
-        whole = np.empty(40 << 20, np.uint8)          # the four merged back into one block
+        whole = np.empty(40 << 20, np.uint8)  # the four merged back into one block
         assert native.arena_stats()["misses"] == misses
         del whole
         mapped = []
@@ -104,7 +105,7 @@ def test_freed_neighbours_merge_and_the_footprint_stays_flat():
             held.append(np.empty(6 << 20, np.uint8))
             del held
             mapped.append(native.arena_stats()["mapped_bytes"])
-        assert len(set(mapped[1:])) == 1                # no growth from call to call
+        assert len(set(mapped[1:])) == 1  # no growth from call to call
     finally:
         native.arena_exit(token)
 
@@ -154,16 +155,22 @@ def _conv_model():
     """A two-convolution ONNX model whose intermediates are a few MiB each."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
+
     rng = np.random.default_rng(0)
     w1 = rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.2
     w2 = rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.1
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
     graph = helper.make_graph(
-        nodes, "arena", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 160, 160])],
+        nodes,
+        "arena",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 160, 160])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return fastlayers.load(model.SerializeToString())
@@ -194,7 +201,7 @@ def test_calls_reuse_blocks_when_the_heap_is_trimmed(limit):
     expected = model.run(None, {"x": x})[0]
     misses = native.arena_stats()["misses"]
     cached = _faults_after_trims(model, x, expected)
-    assert native.arena_stats()["misses"] == misses      # every large block reused
+    assert native.arena_stats()["misses"] == misses  # every large block reused
     native.arena_limit(0)
     uncached = _faults_after_trims(model, x, expected)
     assert uncached > 600 and cached < uncached / 3, (cached, uncached)
@@ -220,8 +227,7 @@ print(os.waitstatus_to_exitcode(status), n.ARENA)
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_forked_child_allocates_from_its_copy():
-    proc = subprocess.run([sys.executable, "-c", _FORKED], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", _FORKED], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "True"]
 
@@ -229,12 +235,10 @@ def test_a_forked_child_allocates_from_its_copy():
 def test_system_heap_turns_the_arena_off():
     code = "import fastlayers.native as n; print(n.ARENA, n.arena_enter())"
     env = dict(os.environ, FASTLAYERS_HEAP="system")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env=env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "None"]
 
 
 def test_stats_name_their_counters():
-    assert set(_core.arena_stats()) == {"free_bytes", "free_blocks", "hits", "misses",
-                                        "in_use_bytes", "mapped_bytes"}
+    assert set(_core.arena_stats()) == {"free_bytes", "free_blocks", "hits", "misses", "in_use_bytes", "mapped_bytes"}

@@ -21,14 +21,14 @@ NEG_INF = np.float32(-np.inf)
 # (B, H, Tq, Tk) scores and the bias shape broadcast to them (None: no bias)
 CASES_BHQK = [
     ((2, 3, 5, 7), None),
-    ((2, 3, 5, 7), (2, 1, 1, 7)),       # key padding
-    ((2, 3, 5, 7), (1, 1, 5, 7)),       # one (Tq, Tk) mask
-    ((2, 3, 5, 7), (2, 3, 5, 7)),       # per batch and head
-    ((1, 1, 1, 1), (1, 1, 1, 1)),       # length 1
-    ((1, 2, 9, 4), (9, 4)),             # 2-D bias, Tq > Tk
-    ((3, 1, 4, 33), (3, 1, 4, 33)),     # odd Tk past two 16-lane vectors
+    ((2, 3, 5, 7), (2, 1, 1, 7)),  # key padding
+    ((2, 3, 5, 7), (1, 1, 5, 7)),  # one (Tq, Tk) mask
+    ((2, 3, 5, 7), (2, 3, 5, 7)),  # per batch and head
+    ((1, 1, 1, 1), (1, 1, 1, 1)),  # length 1
+    ((1, 2, 9, 4), (9, 4)),  # 2-D bias, Tq > Tk
+    ((3, 1, 4, 33), (3, 1, 4, 33)),  # odd Tk past two 16-lane vectors
     ((2, 2, 6, 128), (2, 1, 1, 128)),
-    ((1, 2, 3, 20), (1, 2, 1, 1)),      # one bias value per head, broadcast over keys
+    ((1, 2, 3, 20), (1, 2, 1, 1)),  # one bias value per head, broadcast over keys
 ]
 
 
@@ -44,7 +44,7 @@ def test_attention_softmax_matches_reference(isa, shape, bias_shape, causal, emp
     bias = None
     if bias_shape is not None:
         bias = masks(bias_shape, rng)
-        bias.reshape(-1, bias_shape[-1])[0] = NEG_INF            # one fully masked row
+        bias.reshape(-1, bias_shape[-1])[0] = NEG_INF  # one fully masked row
         bias = bias + (rng.standard_normal(bias_shape) * 0.5).astype(np.float32)  # float-mask values
     want = REF.attention_softmax(s.copy(), 0.37, bias, causal, empty)
     got = CPU.attention_softmax(s.copy(), 0.37, bias, causal, empty)
@@ -59,11 +59,9 @@ def test_attention_softmax_rows_over_threads(isa, threads, rng):
     s = (rng.standard_normal((3, 4, 50, 70)) * 3).astype(np.float32)
     bias = masks((3, 1, 50, 70), rng)
     want = REF.attention_softmax(s.copy(), 0.5, bias, True, 2)
-    np.testing.assert_allclose(CPU.attention_softmax(s.copy(), 0.5, bias, True, 2), want,
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(CPU.attention_softmax(s.copy(), 0.5, bias, True, 2), want, rtol=1e-5, atol=1e-7)
     strided = s.astype(np.float64).transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
-    np.testing.assert_allclose(CPU.attention_softmax(strided, 0.5, bias, True, 2), want,
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(CPU.attention_softmax(strided, 0.5, bias, True, 2), want, rtol=1e-5, atol=1e-7)
 
 
 def test_kernel_works_in_place_and_fully_masked_rows(isa, rng):
@@ -82,7 +80,7 @@ def test_nan_propagates_and_large_scores_are_stable(isa, rng):
     s[0, 0, 0, 2] = np.nan
     s[0, 0, 1, :5] = [1e4, 1e4 - 1, -1e4, 3e4, 3e4]
     s[0, 0, 1, 5:] = -1e4
-    s[0, 0, 2, 19] = np.nan                                     # NaN beside masked keys only
+    s[0, 0, 2, 19] = np.nan  # NaN beside masked keys only
     bias = np.zeros((1, 1, 3, 21), np.float32)
     bias[0, 0, 2, :19] = NEG_INF
     bias[0, 0, 2, 20] = NEG_INF
@@ -94,8 +92,15 @@ def test_nan_propagates_and_large_scores_are_stable(isa, rng):
 
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 3), h=st.integers(1, 3), tq=st.integers(1, 9), tk=st.integers(1, 40),
-       causal=st.booleans(), scale=st.floats(0.01, 4.0), seed=st.integers(0, 2**16))
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    tq=st.integers(1, 9),
+    tk=st.integers(1, 40),
+    causal=st.booleans(),
+    scale=st.floats(0.01, 4.0),
+    seed=st.integers(0, 2**16),
+)
 def test_attention_softmax_property(b, h, tq, tk, causal, scale, seed):
     rng = np.random.default_rng(seed)
     s = (rng.standard_normal((b, h, tq, tk)) * 5).astype(np.float32)
@@ -137,7 +142,7 @@ def test_attention_matches_reference(isa, threads, shape, bias_shape, causal, rn
     bias = None
     if bias_shape is not None:
         bias = masks(bias_shape, rng)
-        bias.reshape(-1, bias_shape[-1])[0] = NEG_INF            # one fully masked row
+        bias.reshape(-1, bias_shape[-1])[0] = NEG_INF  # one fully masked row
     for empty in (0, 1, 2):
         check_attention(q, k, v, 0.4, bias, causal, empty)
 
@@ -160,8 +165,7 @@ def test_attention_shared_among_threads(isa, threads, shape, rng):
         check_attention(q, k, v, 0.2, bias, causal, 1)
 
 
-@pytest.mark.parametrize("layout", ["heads split off a projection", "transposed rows", "broadcast",
-                                    "float64"])
+@pytest.mark.parametrize("layout", ["heads split off a projection", "transposed rows", "broadcast", "float64"])
 def test_attention_reads_strided_heads_in_place(isa, layout, rng):
     """q, k, v as views (the heads of a fused q/k/v projection: rows 3 E floats apart) give the
     reference's result; views the kernel cannot read (a transposed matrix, float64) are
@@ -180,8 +184,7 @@ def test_attention_reads_strided_heads_in_place(isa, layout, rng):
 
 
 # Key and head sizes around the vector widths (4, 8, 16 floats) and 32-column panels.
-PAIR_SIZES = [(tk, d) for tk in (1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 48, 50, 128)
-              for d in (1, 7, 16, 17, 33, 64)]
+PAIR_SIZES = [(tk, d) for tk in (1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 48, 50, 128) for d in (1, 7, 16, 17, 33, 64)]
 
 
 @pytest.mark.parametrize("tk,d", PAIR_SIZES)
@@ -235,6 +238,6 @@ def test_attention_nan_large_scores_and_fully_masked_rows(isa, rng):
         assert np.isfinite(w[0, 1, 2]).all()
         np.testing.assert_allclose(w[:, :, 3], np.full((b, h, tk), fill, np.float32))
         masked = np.broadcast_to(bias == NEG_INF, w.shape).copy()
-        masked[0, 0, 1] = False                                  # the NaN query's row
-        masked[:, :, 3] = False                                  # the fully masked rows
+        masked[0, 0, 1] = False  # the NaN query's row
+        masked[:, :, 3] = False  # the fully masked rows
         assert np.all(w[masked] == 0)

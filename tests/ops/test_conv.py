@@ -31,8 +31,7 @@ ACTS = ["linear", "relu", "sigmoid", "gelu", "tanh", "leaky_relu"]
 def examples(n):
     """Hypothesis settings for ``n`` examples run on the ISA fixture's path (set once per test,
     so it is not reset between examples)."""
-    return settings(max_examples=n, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+    return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @contextlib.contextmanager
@@ -61,9 +60,21 @@ def conv_case(draw):
     h = draw(st.integers(max(1, dh * (kh - 1) + 1 - sum(pads[0])), 12))
     w = draw(st.integers(max(1, dw * (kw - 1) + 1 - sum(pads[1])), 12))
     n = draw(st.integers(1, 3))
-    return dict(n=n, h=h, w=w, groups=groups, cin_g=cin_g, cout_g=cout_g, k=(kh, kw), s=(sh, sw),
-                d=(dh, dw), pads=pads, act=draw(st.sampled_from(ACTS)), bias=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**16)))
+    return dict(
+        n=n,
+        h=h,
+        w=w,
+        groups=groups,
+        cin_g=cin_g,
+        cout_g=cout_g,
+        k=(kh, kw),
+        s=(sh, sw),
+        d=(dh, dw),
+        pads=pads,
+        act=draw(st.sampled_from(ACTS)),
+        bias=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 def conv_args(c, wide=1):
@@ -72,7 +83,7 @@ def conv_args(c, wide=1):
     cin, cout = c["groups"] * c["cin_g"] * wide, c["groups"] * c["cout_g"] * wide
     x = arr(c["seed"], (c["n"], c["h"], c["w"], cin))
     fan_in = c["k"][0] * c["k"][1] * cin // c["groups"]
-    w = arr(c["seed"] + 1, (*c["k"], cin // c["groups"], cout), fan_in ** -0.5)
+    w = arr(c["seed"] + 1, (*c["k"], cin // c["groups"], cout), fan_in**-0.5)
     b = arr(c["seed"] + 2, (cout,)) if c["bias"] else None
     return (x, w, b, c["s"], c["pads"], c["d"], c["groups"], c["act"], 0.1)
 
@@ -91,22 +102,37 @@ def native_conv(x, w, b, strides, pads, dilation, groups, act, alpha, method):
     ho = window_out(h, kh, strides[0], dilation[0], pads[0])
     wo = window_out(wd, kw, strides[1], dilation[1], pads[1])
     y = np.empty((n, ho, wo, cout), np.float32)
-    _core.conv2d(x, _core.conv_pack(w, groups), b, y, kh, kw, *strides, *dilation, pads[0][0],
-                 pads[1][0], groups, native.CODES[act], alpha, method)
+    _core.conv2d(
+        x,
+        _core.conv_pack(w, groups),
+        b,
+        y,
+        kh,
+        kw,
+        *strides,
+        *dilation,
+        pads[0][0],
+        pads[1][0],
+        groups,
+        native.CODES[act],
+        alpha,
+        method,
+    )
     return y
 
 
 @examples(40)
-@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]),
-       method=st.sampled_from(["implicit", "im2col"]))
+@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]), method=st.sampled_from(["implicit", "im2col"]))
 def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     """Both of conv2d's ways on every case they take: the implicit GEMM (one group; window rows
     in one run, or one run per tap with a width dilation) and im2col + sgemm."""
     if method == "implicit":
         c = dict(c, groups=1)
     args = conv_args(c, wide)
-    if window_out(c["h"], c["k"][0], c["s"][0], c["d"][0], c["pads"][0]) <= 0 or \
-            window_out(c["w"], c["k"][1], c["s"][1], c["d"][1], c["pads"][1]) <= 0:
+    if (
+        window_out(c["h"], c["k"][0], c["s"][0], c["d"][0], c["pads"][0]) <= 0
+        or window_out(c["w"], c["k"][1], c["s"][1], c["d"][1], c["pads"][1]) <= 0
+    ):
         return
     code = _core.CONV_IMPLICIT if method == "implicit" else _core.CONV_IM2COL
     assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
@@ -114,28 +140,30 @@ def test_conv2d_each_method_matches_reference(isa, c, wide, method):
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("method", ["implicit", "im2col"])
-@pytest.mark.parametrize("x_shape, k_shape, strides, pads, dilation", [
-    ((2, 9, 23, 5), (3, 3, 5, 40), (2, 1), ((1, 0), (2, 1)), (2, 1)),   # tiles and a tail
-    ((1, 3, 7, 16), (3, 3, 16, 70), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 3 rows: column blocks
-    ((3, 5, 4, 3), (2, 2, 3, 33), (3, 3), ((0, 0), (0, 0)), (1, 1)),    # stride > kernel, wo 1
-    ((1, 12, 19, 8), (1, 3, 8, 32), (1, 4), ((0, 0), (1, 0)), (1, 1)),  # 1x3, wo 5
-    ((2, 6, 17, 4), (7, 7, 4, 9), (2, 2), ((3, 3), (3, 3)), (1, 1)),    # stem-like
-    ((1, 10, 13, 6), (3, 2, 6, 64), (1, 3), ((2, 0), (0, 1)), (3, 1)),  # wo 4
-    ((1, 14, 30, 24), (3, 3, 24, 48), (1, 1), ((2, 2), (2, 2)), (2, 2)),  # dilated both ways
-    ((2, 28, 28, 64), (3, 3, 64, 96), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # shares over threads
-    ((1, 16, 16, 40), (1, 1, 40, 72), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 stride 2
-    ((1, 16, 16, 40), (1, 1, 40, 72), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1: x is the matrix
-    ((1, 4, 4, 130), (3, 3, 130, 67), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 16 rows, k 1170
-    ((3, 5, 5, 96), (3, 3, 96, 40), (2, 2), ((1, 1), (1, 1)), (1, 1)),    # 27 rows, batch 3
-    ((3, 9, 9, 3), (7, 7, 3, 20), (2, 2), ((3, 3), (3, 3)), (1, 1)),      # 3-channel stem
-    ((1, 5, 61, 3), (3, 3, 3, 16), (1, 1), ((1, 1), (1, 1)), (1, 1)),    # narrow: 28-row tiles
-    ((1, 4, 67, 16), (2, 2, 16, 8), (1, 1), ((0, 1), (0, 1)), (1, 1)),   # 8 outputs, 2x2
-    ((2, 7, 45, 32), (3, 3, 32, 12), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # 12 outputs, stride 2
-    ((1, 3, 40, 9), (1, 3, 9, 5), (1, 1), ((0, 0), (1, 1)), (1, 2)),     # 5 outputs, dilated
-    ((1, 6, 50, 64), (1, 1, 64, 16), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1 to 16 outputs
-])
-def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, strides, pads,
-                                   dilation):
+@pytest.mark.parametrize(
+    "x_shape, k_shape, strides, pads, dilation",
+    [
+        ((2, 9, 23, 5), (3, 3, 5, 40), (2, 1), ((1, 0), (2, 1)), (2, 1)),  # tiles and a tail
+        ((1, 3, 7, 16), (3, 3, 16, 70), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 3 rows: column blocks
+        ((3, 5, 4, 3), (2, 2, 3, 33), (3, 3), ((0, 0), (0, 0)), (1, 1)),  # stride > kernel, wo 1
+        ((1, 12, 19, 8), (1, 3, 8, 32), (1, 4), ((0, 0), (1, 0)), (1, 1)),  # 1x3, wo 5
+        ((2, 6, 17, 4), (7, 7, 4, 9), (2, 2), ((3, 3), (3, 3)), (1, 1)),  # stem-like
+        ((1, 10, 13, 6), (3, 2, 6, 64), (1, 3), ((2, 0), (0, 1)), (3, 1)),  # wo 4
+        ((1, 14, 30, 24), (3, 3, 24, 48), (1, 1), ((2, 2), (2, 2)), (2, 2)),  # dilated both ways
+        ((2, 28, 28, 64), (3, 3, 64, 96), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # shares over threads
+        ((1, 16, 16, 40), (1, 1, 40, 72), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 stride 2
+        ((1, 16, 16, 40), (1, 1, 40, 72), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1: x is the matrix
+        ((1, 4, 4, 130), (3, 3, 130, 67), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 16 rows, k 1170
+        ((3, 5, 5, 96), (3, 3, 96, 40), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # 27 rows, batch 3
+        ((3, 9, 9, 3), (7, 7, 3, 20), (2, 2), ((3, 3), (3, 3)), (1, 1)),  # 3-channel stem
+        ((1, 5, 61, 3), (3, 3, 3, 16), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # narrow: 28-row tiles
+        ((1, 4, 67, 16), (2, 2, 16, 8), (1, 1), ((0, 1), (0, 1)), (1, 1)),  # 8 outputs, 2x2
+        ((2, 7, 45, 32), (3, 3, 32, 12), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # 12 outputs, stride 2
+        ((1, 3, 40, 9), (1, 3, 9, 5), (1, 1), ((0, 0), (1, 1)), (1, 2)),  # 5 outputs, dilated
+        ((1, 6, 50, 64), (1, 1, 64, 16), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1 to 16 outputs
+    ],
+)
+def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, strides, pads, dilation):
     x, b = arr(0, x_shape), arr(2, k_shape[-1:])
     k = arr(1, k_shape, np.prod(k_shape[:3]) ** -0.5)
     args = (x, k, b, strides, pads, dilation, 1, "relu", 0.0)
@@ -147,7 +175,7 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_grouped_conv_on_threads(isa, n_threads):
-    x, k, b = arr(0, (2, 20, 21, 24)), arr(1, (3, 3, 6, 36), 54 ** -0.5), arr(2, (36,))
+    x, k, b = arr(0, (2, 20, 21, 24)), arr(1, (3, 3, 6, 36), 54**-0.5), arr(2, (36,))
     args = (x, k, b, (1, 2), ((1, 1), (0, 2)), (1, 1), 4, "silu", 0.0)
     with threads(n_threads):
         assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
@@ -166,22 +194,25 @@ def test_depthwise_cpu_matches_reference(isa, c, m, wide):
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("channels", [1, 7, 16, 37])
-@pytest.mark.parametrize("strides, pads, dilation", [
-    ((1, 1), ((1, 1), (1, 1)), (1, 1)),     # the 3x3 path, four outputs per pass
-    ((2, 2), ((1, 1), (0, 1)), (1, 1)),
-    ((1, 1), ((2, 2), (2, 2)), (2, 2)),
-    ((1, 2), ((0, 0), (3, 3)), (1, 3)),
-])
+@pytest.mark.parametrize(
+    "strides, pads, dilation",
+    [
+        ((1, 1), ((1, 1), (1, 1)), (1, 1)),  # the 3x3 path, four outputs per pass
+        ((2, 2), ((1, 1), (0, 1)), (1, 1)),
+        ((1, 1), ((2, 2), (2, 2)), (2, 2)),
+        ((1, 2), ((0, 0), (3, 3)), (1, 3)),
+    ],
+)
 def test_depthwise_3x3_on_threads(isa, n_threads, channels, strides, pads, dilation):
     x, w, b = arr(0, (2, 19, 23, channels)), arr(1, (3, 3, channels, 1)), arr(2, (channels,))
     args = (x, w, b, strides, pads, dilation, "relu6", 0.0)
     with threads(n_threads):
-        assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5,
-                     atol=1e-5)
+        assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape, k, pad", [((1, 2, 2, 8), 3, 1), ((1, 1, 1, 9), 3, 1),
-                                            ((2, 3, 2, 5), 5, 2), ((1, 4, 3, 16), 5, 2)])
+@pytest.mark.parametrize(
+    "shape, k, pad", [((1, 2, 2, 8), 3, 1), ((1, 1, 1, 9), 3, 1), ((2, 3, 2, 5), 5, 2), ((1, 4, 3, 16), 5, 2)]
+)
 def test_depthwise_narrower_than_its_window(isa, shape, k, pad):
     """No output column has its whole window inside x."""
     x, w = arr(0, shape), arr(1, (k, k, shape[-1], 1))
@@ -190,8 +221,7 @@ def test_depthwise_narrower_than_its_window(isa, shape, k, pad):
 
 
 @examples(40)
-@given(c=conv_case(), extra_h=st.integers(0, 2), extra_w=st.integers(0, 2),
-       wide=st.sampled_from([1, 5]))
+@given(c=conv_case(), extra_h=st.integers(0, 2), extra_w=st.integers(0, 2), wide=st.sampled_from([1, 5]))
 def test_conv_transpose2d_cpu_matches_reference(isa, c, extra_h, extra_w, wide):
     cin, cout_g = c["groups"] * c["cin_g"] * wide, c["cout_g"] * wide
     x = arr(c["seed"], (c["n"], c["h"], c["w"], cin))
@@ -199,8 +229,10 @@ def test_conv_transpose2d_cpu_matches_reference(isa, c, extra_h, extra_w, wide):
     b = arr(c["seed"] + 2, (c["groups"] * cout_g,)) if c["bias"] else None
     (kh, kw), (sh, sw), (dh, dw) = c["k"], c["s"], c["d"]
     crop = (c["pads"][0][0], c["pads"][1][0])
-    out = ((c["h"] - 1) * sh + dh * (kh - 1) + 1 - crop[0] + extra_h,
-           (c["w"] - 1) * sw + dw * (kw - 1) + 1 - crop[1] + extra_w)
+    out = (
+        (c["h"] - 1) * sh + dh * (kh - 1) + 1 - crop[0] + extra_h,
+        (c["w"] - 1) * sw + dw * (kw - 1) + 1 - crop[1] + extra_w,
+    )
     if min(out) <= 0:
         return
     args = (x, w, b, c["s"], crop, out, c["d"], c["groups"], c["act"], 0.1)
@@ -208,10 +240,17 @@ def test_conv_transpose2d_cpu_matches_reference(isa, c, extra_h, extra_w, wide):
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("shape, k, cout, act, extra", [
-    ((1, 5, 7, 16), (2, 2), 1, "sigmoid", (0, 0)), ((2, 3, 4, 3), (2, 3), 5, "relu", (0, 0)),
-    ((1, 4, 9, 8), (3, 3), 16, "linear", (0, 0)), ((1, 1, 1, 2), (2, 2), 17, "gelu", (0, 0)),
-    ((1, 3, 5, 4), (2, 2), 3, "relu", (1, 0)), ((1, 6, 6, 8), (1, 1), 9, "linear", (0, 0))])
+@pytest.mark.parametrize(
+    "shape, k, cout, act, extra",
+    [
+        ((1, 5, 7, 16), (2, 2), 1, "sigmoid", (0, 0)),
+        ((2, 3, 4, 3), (2, 3), 5, "relu", (0, 0)),
+        ((1, 4, 9, 8), (3, 3), 16, "linear", (0, 0)),
+        ((1, 1, 1, 2), (2, 2), 17, "gelu", (0, 0)),
+        ((1, 3, 5, 4), (2, 2), 3, "relu", (1, 0)),
+        ((1, 6, 6, 8), (1, 1), 9, "linear", (0, 0)),
+    ],
+)
 def test_conv_transpose2d_kernel_equal_to_stride(isa, n_threads, shape, k, cout, act, extra):
     """Kernel = stride, no crop, one group: every output pixel has one tap, copied in place
     (an output_padding row or column keeps the general path)."""
@@ -220,8 +259,7 @@ def test_conv_transpose2d_kernel_equal_to_stride(isa, n_threads, shape, k, cout,
     for bias in (b, None):
         args = (x, w, bias, k, (0, 0), out, (1, 1), 1, act, 0.0)
         with threads(n_threads):
-            assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5,
-                         atol=1e-5)
+            assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
@@ -229,13 +267,17 @@ def test_conv_transpose2d_on_threads(isa, n_threads):
     x, w, b = arr(0, (2, 14, 15, 32)), arr(1, (4, 4, 32, 24), 0.1), arr(2, (48,))
     args = (x, w, b, (2, 2), (1, 1), (28, 30), (1, 1), 2, "relu", 0.0)
     with threads(n_threads):
-        assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5,
-                     atol=1e-5)
+        assert_close(CPU.conv_transpose2d(*args), REF.conv_transpose2d(*args), rtol=1e-5, atol=1e-5)
 
 
 @examples(60)
-@given(c=conv_case(), kind=st.sampled_from(["max", "avg"]), count_include_pad=st.booleans(),
-       ceil_extra=st.integers(0, 1), wide=st.sampled_from([1, 5]))
+@given(
+    c=conv_case(),
+    kind=st.sampled_from(["max", "avg"]),
+    count_include_pad=st.booleans(),
+    ceil_extra=st.integers(0, 1),
+    wide=st.sampled_from([1, 5]),
+)
 def test_pool2d_cpu_matches_reference(isa, c, kind, count_include_pad, ceil_extra, wide):
     x = arr(c["seed"], (c["n"], c["h"], c["w"], c["cin_g"] * wide))
     (kh, kw), (sh, sw) = c["k"], c["s"]
@@ -258,25 +300,26 @@ def test_pools_split_over_threads_match_reference(isa, n_threads):
     pads = ((1, 1), (0, 2))
     with threads(n_threads):
         for kind in ("max", "avg"):
-            assert_close(CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True),
-                         REF.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True))
+            assert_close(
+                CPU.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True),
+                REF.pool2d(x, kind, (3, 3), (2, 1), pads, (21, 39), (1, 1), True),
+            )
         assert_close(CPU.adaptive_pool2d(x, "avg", (5, 6)), REF.adaptive_pool2d(x, "avg", (5, 6)))
-        assert_close(CPU.upsample2d(x, (80, 77), "bilinear"),
-                     REF.upsample2d(x, (80, 77), "bilinear"))
+        assert_close(CPU.upsample2d(x, (80, 77), "bilinear"), REF.upsample2d(x, (80, 77), "bilinear"))
         assert_close(CPU.local_response_norm(x, 5), REF.local_response_norm(x, 5), rtol=2e-5)
 
 
-WINOGRAD_CASES = [   # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no padding, batch > 1
+WINOGRAD_CASES = [  # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no padding, batch > 1
     (1, 5, 7, 3, 4, ((1, 1), (1, 1))),
     (2, 6, 5, 8, 3, ((0, 1), (1, 0))),
     (1, 1, 1, 2, 2, ((1, 1), (1, 1))),
     (3, 4, 4, 5, 6, ((0, 0), (0, 0))),
     (2, 9, 3, 17, 9, ((2, 0), (0, 2))),
     (1, 12, 11, 16, 20, ((1, 1), (1, 1))),
-    (2, 30, 30, 16, 16, ((1, 1), (1, 1))),      # two blocks of tiles
-    (1, 64, 64, 16, 16, ((1, 1), (1, 1))),      # four blocks: shared by blocks
-    (1, 16, 16, 48, 48, ((1, 1), (1, 1))),      # one block: the three steps shared in turn
-    (1, 95, 93, 16, 16, ((1, 1), (1, 1))),      # F(4x4) too shared by blocks, odd tile tails
+    (2, 30, 30, 16, 16, ((1, 1), (1, 1))),  # two blocks of tiles
+    (1, 64, 64, 16, 16, ((1, 1), (1, 1))),  # four blocks: shared by blocks
+    (1, 16, 16, 48, 48, ((1, 1), (1, 1))),  # one block: the three steps shared in turn
+    (1, 95, 93, 16, 16, ((1, 1), (1, 1))),  # F(4x4) too shared by blocks, odd tile tails
 ]
 
 
@@ -291,10 +334,8 @@ def test_winograd_conv_matches_reference(isa, case, n_threads, tile):
     for bias, act in ((b, "relu"), (None, "linear"), (b, "tanh")):
         y = np.empty((n, ho, wo, cout), np.float32)
         with threads(n_threads):
-            _core.conv3x3_winograd(x, pu, bias, y, pads[0][0], pads[1][0], native.CODES[act], 0.0,
-                                   tile)
-        assert_close(y, REF.conv2d(x, k, bias, (1, 1), pads, (1, 1), 1, act), rtol=1e-5,
-                     atol=1e-5)
+            _core.conv3x3_winograd(x, pu, bias, y, pads[0][0], pads[1][0], native.CODES[act], 0.0, tile)
+        assert_close(y, REF.conv2d(x, k, bias, (1, 1), pads, (1, 1), 1, act), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("c", [64, 128])
@@ -303,8 +344,7 @@ def test_winograd_4x4_error_on_resnet_channels(isa, c):
     largest magnitude (F(2x2) within 1e-6)."""
     x, k = arr(c, (2, 9, 10, c)), arr(1, (3, 3, c, c), (9 * c) ** -0.5)
     xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    ref = sum(xp[:, i:i + 9, j:j + 10] @ k[i, j].astype(np.float64)
-              for i in range(3) for j in range(3))
+    ref = sum(xp[:, i : i + 9, j : j + 10] @ k[i, j].astype(np.float64) for i in range(3) for j in range(3))
     for tile, bound in ((2, 1e-6), (4, 1e-5)):
         y = np.empty(ref.shape, np.float32)
         _core.conv3x3_winograd(x, _core.winograd_pack(k, tile), None, y, 1, 1, 0, 0.0, tile)
@@ -316,29 +356,37 @@ def test_winograd_tile_must_be_2_or_4():
     with pytest.raises(ValueError, match="tile must be 2 or 4"):
         _core.winograd_pack(k, 3)
     with pytest.raises(ValueError, match="tile must be 2 or 4"):
-        _core.conv3x3_winograd(arr(1, (1, 6, 6, 4)), _core.winograd_pack(k, 4), None,
-                               np.empty((1, 4, 4, 4), np.float32), 0, 0, 0, 0.0, 8)
+        _core.conv3x3_winograd(
+            arr(1, (1, 6, 6, 4)), _core.winograd_pack(k, 4), None, np.empty((1, 4, 4, 4), np.float32), 0, 0, 0, 0.0, 8
+        )
 
 
 def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
     calls = []
     real = _core.conv3x3_winograd
-    monkeypatch.setattr(conv_ops._core, "conv3x3_winograd",
-                        lambda *a: calls.append(a) or real(*a), raising=False)
+    monkeypatch.setattr(conv_ops._core, "conv3x3_winograd", lambda *a: calls.append(a) or real(*a), raising=False)
     x, k = arr(0, (1, 16, 16, 16)), arr(1, (3, 3, 16, 16))
     y = CPU.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1)))
-    assert calls and calls[0][-1] == 4                       # 16x16 planes: F(4x4, 3x3)
+    assert calls and calls[0][-1] == 4  # 16x16 planes: F(4x4, 3x3)
     assert_close_to_scale(y, REF.conv2d(x, k, None, (1, 1), ((1, 1), (1, 1))))
     calls.clear()
-    CPU.conv2d(x, k, None, (2, 2), ((1, 1), (1, 1)))        # stride 2: conv2d
+    CPU.conv2d(x, k, None, (2, 2), ((1, 1), (1, 1)))  # stride 2: conv2d
     assert not calls
 
 
-@pytest.mark.parametrize("n,hw,cin,cout,tile", [
-    (1, 56, 64, 64, 4), (1, 28, 128, 128, 4), (8, 28, 16, 32, 4),
-    (1, 14, 64, 64, 2),                  # 4x4 tiles padded 14 -> 16: F(2x2)
-    (1, 28, 128, 256, 2),                # more than 128 channels: F(2x2), for its precision
-    (1, 7, 512, 512, 0), (1, 56, 8, 64, 0), (1, 2, 32, 32, 0)])
+@pytest.mark.parametrize(
+    "n,hw,cin,cout,tile",
+    [
+        (1, 56, 64, 64, 4),
+        (1, 28, 128, 128, 4),
+        (8, 28, 16, 32, 4),
+        (1, 14, 64, 64, 2),  # 4x4 tiles padded 14 -> 16: F(2x2)
+        (1, 28, 128, 256, 2),  # more than 128 channels: F(2x2), for its precision
+        (1, 7, 512, 512, 0),
+        (1, 56, 8, 64, 0),
+        (1, 2, 32, 32, 0),
+    ],
+)
 def test_winograd_tile_rule(n, hw, cin, cout, tile):
     assert conv_ops._winograd_tile(n, hw, hw, cin, cout) == tile
 
@@ -367,7 +415,7 @@ def test_winograd_nan_and_inf_stay_in_their_tiles(isa, tile):
             inside = np.zeros((16, 16), bool)
             for r in rows:
                 for c in cols:
-                    inside[r:r + tile, c:c + tile] = True
+                    inside[r : r + tile, c : c + tile] = True
             assert not hit[0][~inside].any()
             np.testing.assert_array_equal(y[0][~inside], clean[0][~inside])
 
@@ -377,12 +425,16 @@ def test_activations_outside_the_epilogue(activation):
     """Softmax over the channels runs after the kernel; an activation without a native code
     through the reference."""
     x, k, b = arr(0, (1, 9, 9, 16)), arr(1, (3, 3, 16, 20)), arr(2, (20,))
-    for strides in ((1, 1), (2, 2)):                                 # Winograd and conv2d
+    for strides in ((1, 1), (2, 2)):  # Winograd and conv2d
         args = (x, k, b, strides, ((1, 1), (1, 1)), (1, 1), 1, activation)
         assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
     dw = arr(3, (3, 3, 16, 1))
-    assert_close(CPU.depthwise_conv2d(x, dw, None, activation=activation),
-                 REF.depthwise_conv2d(x, dw, None, activation=activation), rtol=1e-5, atol=1e-5)
+    assert_close(
+        CPU.depthwise_conv2d(x, dw, None, activation=activation),
+        REF.depthwise_conv2d(x, dw, None, activation=activation),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_strided_and_fortran_ordered_operands():
@@ -390,35 +442,36 @@ def test_strided_and_fortran_ordered_operands():
     k = np.asfortranarray(arr(1, (3, 3, 10, 12)))
     args = (x, k, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu")
     assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
-    assert_close(CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)),
-                 REF.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)))
+    assert_close(
+        CPU.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)),
+        REF.pool2d(x, "max", (2, 2), (1, 1), ((0, 0), (0, 0)), (11, 10)),
+    )
 
 
 def test_pad_nhwc_matches_numpy(isa):
     x = arr(0, (2, 5, 7, 9))
     y = _core.pad_nhwc(x, 2, 1, np.full((2, 9, 11, 9), np.nan, np.float32))
     np.testing.assert_array_equal(y, np.pad(x, ((0, 0), (2, 2), (1, 3), (0, 0))))
-    cut = _core.pad_nhwc(x, 1, 3, np.empty((2, 4, 8, 9), np.float32))     # cut to y
+    cut = _core.pad_nhwc(x, 1, 3, np.empty((2, 4, 8, 9), np.float32))  # cut to y
     np.testing.assert_array_equal(cut, np.pad(x, ((0, 0), (1, 0), (3, 0), (0, 0)))[:, :4, :8])
 
 
 def test_kernels_reject_bad_arguments():
     x, y = arr(0, (1, 5, 5, 4)), np.empty((1, 3, 3, 8), np.float32)
     pw = _core.conv_pack(arr(1, (3, 3, 2, 8)), 2)
-    with pytest.raises(ValueError):                            # softmax is not an epilogue
+    with pytest.raises(ValueError):  # softmax is not an epilogue
         _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, native.CODES["softmax"], 0.0)
-    with pytest.raises(ValueError):                            # a float64 input
+    with pytest.raises(ValueError):  # a float64 input
         _core.conv2d(x.astype(np.float64), pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0)
-    with pytest.raises(ValueError):                            # packed weights too small
+    with pytest.raises(ValueError):  # packed weights too small
         _core.conv2d(x, pw[:10], None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0)
-    with pytest.raises(native.NativeError):                    # the implicit GEMM: one group
+    with pytest.raises(native.NativeError):  # the implicit GEMM: one group
         _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 2, 0, 0.0, _core.CONV_IMPLICIT)
-    with pytest.raises(IndexError):                            # a region of a missing image
+    with pytest.raises(IndexError):  # a region of a missing image
         CPU.roi_pool(x, np.array([[3, 0, 0, 2, 2]], np.float32), (2, 2))
-    rows = np.array([0, 5], np.int64)                           # row 5 of 5
+    rows = np.array([0, 5], np.int64)  # row 5 of 5
     with pytest.raises(IndexError):
-        _core.resize(x, rows, rows, None, rows * 0, rows * 0, None, False,
-                     np.empty((1, 2, 2, 4), np.float32))
+        _core.resize(x, rows, rows, None, rows * 0, rows * 0, None, False, np.empty((1, 2, 2, 4), np.float32))
 
 
 def test_no_input_channels_give_the_bias(isa):
@@ -469,8 +522,7 @@ def test_max_pool_3x3_nan_at_every_tap_wins(isa, stride):
         x[0, 2 + tap // 3, 2 + tap % 3, tap] = np.nan
         x[0, 3, 3, c - 1] = np.nan
         x[0, 2, 3, 4], x[0, 4, 2, 4] = np.inf, -np.inf
-        args = ("max", (3, 3), (stride, stride), ((1, 1), (1, 1)),
-                (window_out(7, 3, stride, 1, (1, 1)), ) * 2)
+        args = ("max", (3, 3), (stride, stride), ((1, 1), (1, 1)), (window_out(7, 3, stride, 1, (1, 1)),) * 2)
         got, want = CPU.pool2d(x, *args), REF.pool2d(x, *args)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         assert np.isnan(want).any()
@@ -493,11 +545,9 @@ def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
     n_threads, calls = 8, 200
     model = conv_model()
     rng = np.random.default_rng(3)
-    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
-                       for w in model.get_weights()])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
     # varied batch sizes so workspaces of different shapes interleave
-    inputs = [rng.standard_normal((1 + i % 3, 10, 10, 3)).astype(np.float32)
-              for i in range(n_threads * calls)]
+    inputs = [rng.standard_normal((1 + i % 3, 10, 10, 3)).astype(np.float32) for i in range(n_threads * calls)]
     with threads(2), fastlayers.use_ops(ops):
         serial = [model(x) for x in inputs]
 
@@ -513,26 +563,36 @@ def test_conv_model_8_threads_x_200_calls_equal_serial(ops):
 
 
 @examples(40)
-@given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), c=st.integers(1, 19),
-       oh=st.integers(1, 6), ow=st.integers(1, 6), kind=st.sampled_from(["max", "avg"]),
-       seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 3),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    c=st.integers(1, 19),
+    oh=st.integers(1, 6),
+    ow=st.integers(1, 6),
+    kind=st.sampled_from(["max", "avg"]),
+    seed=st.integers(0, 2**16),
+)
 def test_adaptive_pool_cpu_matches_reference(isa, n, h, w, c, oh, ow, kind, seed):
     x = arr(seed, (n, h, w, c))
-    assert_close(CPU.adaptive_pool2d(x, kind, (oh, ow)), REF.adaptive_pool2d(x, kind, (oh, ow)),
-                 rtol=1e-5, atol=1e-6)
+    assert_close(CPU.adaptive_pool2d(x, kind, (oh, ow)), REF.adaptive_pool2d(x, kind, (oh, ow)), rtol=1e-5, atol=1e-6)
 
 
 @examples(40)
-@given(k=st.integers(1, 6), ph=st.integers(1, 4), pw=st.integers(1, 4),
-       scale=st.sampled_from([1.0, 0.5, 0.25]), c=st.sampled_from([3, 17]),
-       seed=st.integers(0, 2**16))
+@given(
+    k=st.integers(1, 6),
+    ph=st.integers(1, 4),
+    pw=st.integers(1, 4),
+    scale=st.sampled_from([1.0, 0.5, 0.25]),
+    c=st.sampled_from([3, 17]),
+    seed=st.integers(0, 2**16),
+)
 def test_roi_pool_cpu_matches_reference(isa, k, ph, pw, scale, c, seed):
     rng = np.random.default_rng(seed)
     x = arr(seed, (2, 7, 9, c))
     corners = rng.uniform(-5, 40, (k, 4)).astype(np.float32)
     rois = np.concatenate([rng.integers(0, 2, (k, 1)).astype(np.float32), corners], axis=1)
-    np.testing.assert_array_equal(CPU.roi_pool(x, rois, (ph, pw), scale),
-                                  REF.roi_pool(x, rois, (ph, pw), scale))
+    np.testing.assert_array_equal(CPU.roi_pool(x, rois, (ph, pw), scale), REF.roi_pool(x, rois, (ph, pw), scale))
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
@@ -541,7 +601,7 @@ def test_split_kernels_work_in_a_forked_child():
 
     x = arr(0, (2, 40, 40, 16))
     with threads(2):
-        parent = _child_pool(x)                                         # starts the pool
+        parent = _child_pool(x)  # starts the pool
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(1) as pool:
             child = pool.apply_async(_child_pool, (x,)).get(timeout=60)
@@ -554,24 +614,42 @@ def _child_pool(x):
 
 
 @examples(40)
-@given(n=st.integers(1, 2), h=st.integers(1, 6), w=st.integers(1, 6), c=st.integers(1, 19),
-       oh=st.integers(1, 13), ow=st.integers(1, 13), mode=st.sampled_from(["nearest", "bilinear"]),
-       align=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 2),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    c=st.integers(1, 19),
+    oh=st.integers(1, 13),
+    ow=st.integers(1, 13),
+    mode=st.sampled_from(["nearest", "bilinear"]),
+    align=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_upsample_cpu_matches_reference(isa, n, h, w, c, oh, ow, mode, align, seed):
     x = arr(seed, (n, h, w, c))
     align = align and mode == "bilinear"
-    assert_close(CPU.upsample2d(x, (oh, ow), mode, align), REF.upsample2d(x, (oh, ow), mode, align),
-                 rtol=1e-5, atol=1e-6)
+    assert_close(
+        CPU.upsample2d(x, (oh, ow), mode, align), REF.upsample2d(x, (oh, ow), mode, align), rtol=1e-5, atol=1e-6
+    )
 
 
 @examples(40)
-@given(c=st.integers(1, 21), size=st.integers(1, 7), alpha=st.sampled_from([1e-4, 0.1, 2.0]),
-       beta=st.sampled_from([0.5, 0.75, 1.0, 0.6]), k=st.sampled_from([1.0, 2.0]),
-       seed=st.integers(0, 2**16))
+@given(
+    c=st.integers(1, 21),
+    size=st.integers(1, 7),
+    alpha=st.sampled_from([1e-4, 0.1, 2.0]),
+    beta=st.sampled_from([0.5, 0.75, 1.0, 0.6]),
+    k=st.sampled_from([1.0, 2.0]),
+    seed=st.integers(0, 2**16),
+)
 def test_lrn_cpu_matches_reference(isa, c, size, alpha, beta, k, seed):
     x = arr(seed, (2, 3, c), scale=3.0)
-    assert_close(CPU.local_response_norm(x, size, alpha, beta, k),
-                 REF.local_response_norm(x, size, alpha, beta, k), rtol=2e-5, atol=1e-6)
+    assert_close(
+        CPU.local_response_norm(x, size, alpha, beta, k),
+        REF.local_response_norm(x, size, alpha, beta, k),
+        rtol=2e-5,
+        atol=1e-6,
+    )
 
 
 def test_lrn_and_resize_propagate_nan():
@@ -582,8 +660,13 @@ def test_lrn_and_resize_propagate_nan():
     assert np.isnan(CPU.upsample2d(x, (4, 4), "bilinear")[0, :2, :2, 2]).all()
 
 
-@pytest.mark.parametrize("x_shape, pads", [((0, 5, 5, 2), ((1, 1), (1, 1))),      # no images
-                                           ((1, 2, 2, 2), ((0, 0), (0, 0)))])     # no output rows
+@pytest.mark.parametrize(
+    "x_shape, pads",
+    [
+        ((0, 5, 5, 2), ((1, 1), (1, 1))),  # no images
+        ((1, 2, 2, 2), ((0, 0), (0, 0))),
+    ],
+)  # no output rows
 def test_conv2d_outside_the_kernels_terms_runs_the_reference(x_shape, pads, rng):
     """Shapes the native kernel does not take run the reference, directly and through a plan."""
     x = rng.standard_normal(x_shape).astype(np.float32)

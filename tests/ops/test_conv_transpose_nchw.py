@@ -41,10 +41,8 @@ def _out(size, k, s, d, crop, extra):
 
 
 @pytest.mark.parametrize("shape, cout_g, groups, k, s, d, crop, extra", CASES)
-@pytest.mark.parametrize("bias, activation", [(True, "linear"), (False, "relu"),
-                                              (True, "leaky_relu")])
-def test_conv_transpose2d_nchw_matches_reference(rng, shape, cout_g, groups, k, s, d, crop, extra,
-                                                 bias, activation):
+@pytest.mark.parametrize("bias, activation", [(True, "linear"), (False, "relu"), (True, "leaky_relu")])
+def test_conv_transpose2d_nchw_matches_reference(rng, shape, cout_g, groups, k, s, d, crop, extra, bias, activation):
     x = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal((shape[1], cout_g, *k)).astype(np.float32)
     b = rng.standard_normal(cout_g * groups).astype(np.float32) if bias else None
@@ -65,8 +63,7 @@ def test_conv_transpose2d_nchw_on_threads(rng, threads, n, groups):
     w = rng.standard_normal((6 * groups, 5, 3, 3)).astype(np.float32)
     b = rng.standard_normal(5 * groups).astype(np.float32)
     args = (b, (2, 2), (1, 1), (46, 38), (1, 1), groups, "tanh")
-    assert_close(CPU.conv_transpose2d_nchw(x, w, *args), REF.conv_transpose2d_nchw(x, w, *args),
-                 rtol=1e-5, atol=1e-5)
+    assert_close(CPU.conv_transpose2d_nchw(x, w, *args), REF.conv_transpose2d_nchw(x, w, *args), rtol=1e-5, atol=1e-5)
 
 
 def test_conv_transpose2d_nchw_reference_matches_the_nhwc_one(rng):
@@ -75,8 +72,9 @@ def test_conv_transpose2d_nchw_reference_matches_the_nhwc_one(rng):
     x = rng.standard_normal((2, 4, 5, 6)).astype(np.float32)
     w = rng.standard_normal((4, 3, 2, 3)).astype(np.float32)
     got = REF.conv_transpose2d_nchw(x, w, None, (2, 1), (0, 1), (10, 6), (1, 1), 2)
-    want = REF.conv_transpose2d(x.transpose(0, 2, 3, 1), w.transpose(2, 3, 0, 1), None, (2, 1),
-                                (0, 1), (10, 6), (1, 1), 2)
+    want = REF.conv_transpose2d(
+        x.transpose(0, 2, 3, 1), w.transpose(2, 3, 0, 1), None, (2, 1), (0, 1), (10, 6), (1, 1), 2
+    )
     np.testing.assert_array_equal(got, want.transpose(0, 3, 1, 2))
 
 
@@ -88,5 +86,4 @@ def test_conv_transpose2d_nchw_kernel_errors():
     with pytest.raises(ValueError, match="inconsistent"):
         _core.conv_transpose2d_nchw(x, wt, None, y, 3, 3, 1, 0, 2, 1, 1, 1, 1, 0, 0.0)
     with pytest.raises(ValueError, match="bias"):
-        _core.conv_transpose2d_nchw(x, wt, np.zeros(3, np.float32), y, 3, 3, 1, 2, 2, 1, 1, 1, 1,
-                                    0, 0.0)
+        _core.conv_transpose2d_nchw(x, wt, np.zeros(3, np.float32), y, 3, 3, 1, 2, 2, 1, 1, 1, 1, 0, 0.0)

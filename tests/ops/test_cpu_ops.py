@@ -37,8 +37,7 @@ def test_activation_matches_reference(name, shape, rng):
     # onnx_silu on the portable path: its sigmoid's multiply-adds round twice (no FMA), up to
     # about 1e-7 apart, times |x| (100 here)
     atol = 2e-5 if name == "onnx_silu" and native.isa() == "generic" else 1e-6
-    assert_close(CPU.activation(x, name, alpha), REF.activation(x, name, alpha), rtol=2e-5,
-                 atol=atol, what=name)
+    assert_close(CPU.activation(x, name, alpha), REF.activation(x, name, alpha), rtol=2e-5, atol=atol, what=name)
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
@@ -81,8 +80,13 @@ def test_dense_matches_reference(activation, use_bias, rng):
     w = rng.standard_normal((7, 9)).astype(np.float32)
     b = rng.standard_normal(9).astype(np.float32) if use_bias else None
     alpha = 0.2 if activation == "leaky_relu" else 1.0
-    assert_close(CPU.dense(x, w, b, activation, alpha), REF.dense(x, w, b, activation, alpha),
-                 rtol=2e-5, atol=2e-6, what=activation)
+    assert_close(
+        CPU.dense(x, w, b, activation, alpha),
+        REF.dense(x, w, b, activation, alpha),
+        rtol=2e-5,
+        atol=2e-6,
+        what=activation,
+    )
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1, (1, 2)])
@@ -101,8 +105,9 @@ def test_softmax_rows_sum_to_one_and_handle_masked_rows(rng):
     assert y[1, 3] == 1.0 and np.all(np.delete(y[1], 3) == 0)
 
 
-@pytest.mark.parametrize("shape,axes", [((4, 16), (-1,)), ((2, 3, 5), (-1,)), ((2, 3, 5), (1, 2)),
-                                        ((1, 1), (-1,)), ((3, 257), (-1,))])
+@pytest.mark.parametrize(
+    "shape,axes", [((4, 16), (-1,)), ((2, 3, 5), (-1,)), ((2, 3, 5), (1, 2)), ((1, 1), (-1,)), ((3, 257), (-1,))]
+)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm_matches_reference(shape, axes, rms, affine, rng):
@@ -110,8 +115,12 @@ def test_layer_norm_matches_reference(shape, axes, rms, affine, rng):
     norm_shape = tuple(shape[a] for a in axes)
     gamma = rng.standard_normal(norm_shape).astype(np.float32) if affine else None
     beta = rng.standard_normal(norm_shape).astype(np.float32) if affine else None
-    assert_close(CPU.layer_norm(x, gamma, beta, 1e-3, axes, rms),
-                 REF.layer_norm(x, gamma, beta, 1e-3, axes, rms), rtol=1e-5, atol=2e-6)
+    assert_close(
+        CPU.layer_norm(x, gamma, beta, 1e-3, axes, rms),
+        REF.layer_norm(x, gamma, beta, 1e-3, axes, rms),
+        rtol=1e-5,
+        atol=2e-6,
+    )
 
 
 @pytest.mark.parametrize("rms", [False, True])
@@ -140,20 +149,37 @@ def test_batch_norm_matches_reference(shape, axis, rng):
     var = rng.uniform(0.1, 2, c).astype(np.float32)
     for g, b in [(gamma, beta), (None, None)]:
         scale, shift = fold_batch_norm(mean, var, g, b, 1e-3)
-        expected = (x - mean.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))) \
-            / np.sqrt(var.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) + 1e-3)
+        expected = (x - mean.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))) / np.sqrt(
+            var.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) + 1e-3
+        )
         if g is not None:
-            expected = expected * g.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) \
-                + b.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim))
+            expected = expected * g.reshape(-1, *[1] * (x.ndim - 1 - axis % x.ndim)) + b.reshape(
+                -1, *[1] * (x.ndim - 1 - axis % x.ndim)
+            )
         assert_close(REF.batch_norm(x, scale, shift, axis), expected, rtol=1e-5, atol=1e-5)
-        assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis),
-                     rtol=1e-5, atol=1e-6)
+        assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis), rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 9), cols=st.integers(1, 70), scale=st.sampled_from([0.1, 1.0, 30.0]),
-       name=st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "sigmoid", "softmax",
-                             "log_softmax", "exponential", "hard_sigmoid", "softsign"]))
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 70),
+    scale=st.sampled_from([0.1, 1.0, 30.0]),
+    name=st.sampled_from(
+        [
+            "relu",
+            "gelu",
+            "gelu_tanh",
+            "silu",
+            "sigmoid",
+            "softmax",
+            "log_softmax",
+            "exponential",
+            "hard_sigmoid",
+            "softsign",
+        ]
+    ),
+)
 def test_activation_property_any_shape(rows, cols, scale, name):
     x = (np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)) * scale).astype(np.float32)
     assert_close(CPU.activation(x, name), REF.activation(x, name), rtol=2e-5, atol=1e-6, what=name)
@@ -197,14 +223,22 @@ def test_bias_act_at_every_offset_between_input_and_output(offset, name, rng):
     bias = rng.standard_normal(1037).astype(np.float32)
     buf = np.empty(5 * 1037 + 2048, np.float32)
     start = ((x.ctypes.data - buf.ctypes.data) // 4 + offset) % 1024
-    out = buf[start:start + 5 * 1037].reshape(5, 1037)
+    out = buf[start : start + 5 * 1037].reshape(5, 1037)
     _core.bias_act(x, bias, CODES[name], 0.0, out)
     assert_close(out, REF.activation(x + bias, name), rtol=2e-5, atol=2e-6, what=name)
 
 
-@pytest.mark.parametrize("a_shape, b_shape", [((1, 1), (1, 1)), ((3, 17), (3, 17)), ((2, 5, 9), (9,)),
-                                              ((4, 1, 33), (4, 1, 33)), ((2, 3), (1, 3)),
-                                              ((2, 3, 4), (3, 1))])
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((1, 1), (1, 1)),
+        ((3, 17), (3, 17)),
+        ((2, 5, 9), (9,)),
+        ((4, 1, 33), (4, 1, 33)),
+        ((2, 3), (1, 3)),
+        ((2, 3, 4), (3, 1)),
+    ],
+)
 def test_merge_add_matches_reference(a_shape, b_shape, rng):
     """Same shapes and a per-channel row run natively, other broadcasts by numpy."""
     a = special_values(a_shape, rng)
@@ -212,12 +246,14 @@ def test_merge_add_matches_reference(a_shape, b_shape, rng):
     y = CPU.merge(a, b, "add")
     assert y.shape == np.broadcast_shapes(a_shape, b_shape) and y.dtype == np.float32
     np.testing.assert_array_equal(y, REF.merge(a, b, "add"))
-    np.testing.assert_array_equal(CPU.merge(a[..., ::-1], b[..., ::-1], "add"),
-                                  REF.merge(a[..., ::-1], b[..., ::-1], "add"))   # strided
+    np.testing.assert_array_equal(
+        CPU.merge(a[..., ::-1], b[..., ::-1], "add"), REF.merge(a[..., ::-1], b[..., ::-1], "add")
+    )  # strided
 
 
 def test_merge_add_of_infinities_gives_nan_without_warning():
     import warnings
+
     a = np.array([[np.inf, -np.inf, np.nan, 1.0]], np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -225,8 +261,10 @@ def test_merge_add_of_infinities_gives_nan_without_warning():
     np.testing.assert_array_equal(np.isnan(y), [[True, True, True, False]])
 
 
-@pytest.mark.parametrize("shape, axes", [((2, 7, 5), (1,)), ((1, 1, 3), (-2,)), ((2, 3, 4, 6), (1, 2)),
-                                         ((2, 2, 3, 4, 5), (1, 2, 3)), ((3, 4, 5), (2,))])
+@pytest.mark.parametrize(
+    "shape, axes",
+    [((2, 7, 5), (1,)), ((1, 1, 3), (-2,)), ((2, 3, 4, 6), (1, 2)), ((2, 2, 3, 4, 5), (1, 2, 3)), ((3, 4, 5), (2,))],
+)
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_global_pool_matches_reference(shape, axes, kind, keepdims, rng):
@@ -244,8 +282,13 @@ def test_layer_norm_last_axis_matches_reference(shape, axes, rng):
     axes = (x.ndim - 1,) if axes == (None,) else axes
     gamma, beta = rng.standard_normal(shape[-1]).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
     for g, b in ((gamma, beta), (None, None), (gamma[::-1], beta)):
-        assert_close(CPU.layer_norm(x, g, b, 1e-3, axes), REF.layer_norm(x, g, b, 1e-3, axes),
-                     rtol=1e-5, atol=1e-5, what=str(shape))
+        assert_close(
+            CPU.layer_norm(x, g, b, 1e-3, axes),
+            REF.layer_norm(x, g, b, 1e-3, axes),
+            rtol=1e-5,
+            atol=1e-5,
+            what=str(shape),
+        )
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
@@ -261,9 +304,16 @@ def test_activation_is_the_same_whatever_the_last_axis(name, shape, rng):
     assert got.shape == x.shape and np.array_equal(got.reshape(rows.shape), want, equal_nan=True)
 
 
-@pytest.mark.parametrize("shapes, axis", [([(2, 3, 4), (2, 5, 4)], 1), ([(2, 3, 4), (2, 3, 1)], -1),
-                                          ([(1, 2), (3, 2), (0, 2)], 0), ([(4,), (5,)], 0),
-                                          ([(2, 0, 3), (2, 2, 3)], 1)])
+@pytest.mark.parametrize(
+    "shapes, axis",
+    [
+        ([(2, 3, 4), (2, 5, 4)], 1),
+        ([(2, 3, 4), (2, 3, 1)], -1),
+        ([(1, 2), (3, 2), (0, 2)], 0),
+        ([(4,), (5,)], 0),
+        ([(2, 0, 3), (2, 2, 3)], 1),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
 def test_concatenate_matches_numpy(rng, shapes, axis, dtype):
     xs = [(rng.standard_normal(s) * 10).astype(dtype) for s in shapes]
@@ -274,9 +324,11 @@ def test_concatenate_matches_numpy(rng, shapes, axis, dtype):
 
 def test_concatenate_falls_back_for_views_and_mixed_dtypes(rng):
     a = rng.standard_normal((4, 6)).astype(np.float32)
-    np.testing.assert_array_equal(CPU.concatenate([a[:, ::2], a[:, 1::2]], 1),
-                                  np.concatenate([a[:, ::2], a[:, 1::2]], 1))
-    np.testing.assert_array_equal(CPU.concatenate([a, a.astype(np.float64)], 0),
-                                  np.concatenate([a, a.astype(np.float64)], 0))
+    np.testing.assert_array_equal(
+        CPU.concatenate([a[:, ::2], a[:, 1::2]], 1), np.concatenate([a[:, ::2], a[:, 1::2]], 1)
+    )
+    np.testing.assert_array_equal(
+        CPU.concatenate([a, a.astype(np.float64)], 0), np.concatenate([a, a.astype(np.float64)], 0)
+    )
     with pytest.raises(ValueError):
         CPU.concatenate([a, a[:3, :5]], 0)

@@ -21,8 +21,7 @@ from ..conftest import assert_close, needs_numba_cuda
 
 pytestmark = needs_numba_cuda
 ROOT = Path(__file__).resolve().parents[2]
-IN_CUDA_RUN = (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-               or os.environ.get("FASTLAYERS_CUDA_DEVICE_TESTS") == "1")
+IN_CUDA_RUN = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("FASTLAYERS_CUDA_DEVICE_TESTS") == "1"
 
 
 def run_under_simulator(test_file: str, timeout: int = 240) -> str:
@@ -30,9 +29,13 @@ def run_under_simulator(test_file: str, timeout: int = 240) -> str:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     env.pop("FASTLAYERS_CUDA_DEVICE_TESTS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-rs",
-         "--benchmark-disable"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-rs", "--benchmark-disable"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"CUDA simulator run of {test_file} failed:\n{out[-6000:]}"
     assert " passed" in out and "skipped" not in out, f"unexpected summary:\n{out[-3000:]}"
@@ -73,16 +76,31 @@ else:
         a, b = _r(rng, 3, 2, 5), _r(rng, 5, 4)
         assert_close(ops.matmul(a, b[None]), a @ b, atol=1e-5)
 
-    ACTS = ["linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "gelu_tanh",
-            "sigmoid", "hard_sigmoid", "tanh", "softplus", "softsign", "silu", "exponential",
-            "softmax", "log_softmax"]
+    ACTS = [
+        "linear",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "elu",
+        "selu",
+        "gelu",
+        "gelu_tanh",
+        "sigmoid",
+        "hard_sigmoid",
+        "tanh",
+        "softplus",
+        "softsign",
+        "silu",
+        "exponential",
+        "softmax",
+        "log_softmax",
+    ]
 
     def test_activation_kernels(ops, rng):
         x = _r(rng, 2, 3, 7, scale=3.0)
         x[0, 0, 0] = np.nan
         for name in ACTS:
-            assert_close(ops.activation(x[1:], name, 0.2), REF.activation(x[1:], name, 0.2),
-                         what=name)
+            assert_close(ops.activation(x[1:], name, 0.2), REF.activation(x[1:], name, 0.2), what=name)
             if name not in ("softmax", "log_softmax"):
                 got, want = ops.activation(x, name, 0.2), REF.activation(x, name, 0.2)
                 assert np.isnan(got[0, 0, 0]) == np.isnan(want[0, 0, 0]), name
@@ -123,19 +141,21 @@ else:
     def test_depthwise_conv2d(ops, rng, mult):
         x, w, b = _r(rng, 2, 5, 5, 3), _r(rng, 3, 3, 3, mult), _r(rng, 3 * mult)
         args = ((2, 2), ((1, 1), (1, 1)), (1, 1), "relu")
-        assert_close(ops.depthwise_conv2d(x, w, b, *args), REF.depthwise_conv2d(x, w, b, *args),
-                     atol=1e-5)
+        assert_close(ops.depthwise_conv2d(x, w, b, *args), REF.depthwise_conv2d(x, w, b, *args), atol=1e-5)
         # groups == channels through conv2d is the same depthwise kernel
         w2 = w.reshape(3, 3, 1, 3 * mult)
-        assert_close(ops.conv2d(x, w2, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 3),
-                     REF.conv2d(x, w2, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 3), atol=1e-5)
+        assert_close(
+            ops.conv2d(x, w2, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 3),
+            REF.conv2d(x, w2, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 3),
+            atol=1e-5,
+        )
 
     POOL_CASES = [
         ("max", (2, 2), (2, 2), ((0, 0), (0, 0)), (2, 2), (1, 1), False),
         ("max", (3, 3), (2, 2), ((1, 1), (1, 1)), (3, 3), (1, 1), False),
         ("avg", (3, 3), (2, 2), ((1, 1), (1, 1)), (3, 3), (1, 1), False),
         ("avg", (3, 3), (2, 2), ((1, 1), (1, 1)), (3, 3), (1, 1), True),
-        ("avg", (2, 2), (2, 2), ((0, 1), (0, 1)), (3, 3), (1, 1), True),   # ceil-mode cell
+        ("avg", (2, 2), (2, 2), ((0, 1), (0, 1)), (3, 3), (1, 1), True),  # ceil-mode cell
         ("max", (2, 2), (1, 1), ((0, 0), (0, 0)), (3, 3), (2, 2), False),  # dilated
     ]
 
@@ -161,7 +181,7 @@ else:
     def test_attention_softmax_masked_rows(ops, rng, empty):
         s = _r(rng, 1, 2, 3, 4)
         bias = np.zeros((1, 1, 3, 4), np.float32)
-        bias[0, 0, 1] = -np.inf               # a fully masked query row
+        bias[0, 0, 1] = -np.inf  # a fully masked query row
         bias[0, 0, 2, :2] = -np.inf
         got = ops.attention_softmax(s.copy(), 1.0, bias, False, empty)
         want = REF.attention_softmax(s.copy(), 1.0, bias, False, empty)
@@ -175,13 +195,11 @@ else:
         from fastlayers.backends.types import EncoderWeights
 
         n, length, e, heads, f = 2, 5, 8, 2, 12
-        ws = [_r(rng, *shape, scale=0.3) for shape in ((e, 3 * e), (3 * e,), (e, e), (e,),
-                                                       (e, f), (f,), (f, e), (e,))]
+        ws = [_r(rng, *shape, scale=0.3) for shape in ((e, 3 * e), (3 * e,), (e, e), (e,), (e, f), (f,), (f, e), (e,))]
         norms = [(_r(rng, e) + 1, _r(rng, e), 1e-5) for _ in range(2)]
         w = EncoderWeights(*ws, *norms)
         x = _r(rng, n, length, e)
-        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) \
-            if masked else None
+        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) if masked else None
         got, got_w = ops.encoder_layer(x, w, heads, "gelu", norm_first, bias, 0, need_weights)
         want, want_w = REF.encoder_layer(x, w, heads, "gelu", norm_first, bias, 0, need_weights)
         assert isinstance(got, np.ndarray)
@@ -191,8 +209,7 @@ else:
         else:
             assert got_w is None
 
-    @pytest.mark.parametrize("masked, need_weights, biased", [(False, True, True),
-                                                              (True, False, False)])
+    @pytest.mark.parametrize("masked, need_weights, biased", [(False, True, True), (True, False, False)])
     def test_self_attention(ops, rng, masked, need_weights, biased):
         """Multi-head self-attention (the fused ONNX ``FusedSelfAttention`` node's op) on the
         device, against the reference composition."""
@@ -200,11 +217,9 @@ else:
         w_qkv, w_o = _r(rng, e, 3 * e, scale=0.3), _r(rng, e, e, scale=0.3)
         b_qkv, b_o = (_r(rng, 3 * e), _r(rng, e)) if biased else (None, None)
         x = _r(rng, n, length, e)
-        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) \
-            if masked else None
+        bias = np.where(rng.random((n, 1, 1, length)) < 0.3, -np.inf, 0).astype(np.float32) if masked else None
         got, got_w = ops.self_attention(x, w_qkv, b_qkv, w_o, b_o, heads, bias, 0, need_weights)
-        want, want_w = REF.self_attention(x, w_qkv, b_qkv, w_o, b_o, heads, bias, 0,
-                                          need_weights)
+        want, want_w = REF.self_attention(x, w_qkv, b_qkv, w_o, b_o, heads, bias, 0, need_weights)
         assert isinstance(got, np.ndarray) and got.shape == (n, length, e)
         assert_close(got, want, rtol=1e-4, atol=1e-5)
         if need_weights:
@@ -222,8 +237,14 @@ else:
 
     def _lstm_args(rng, b=2, t=3, i=3, units=2, proj=None):
         out = proj or units
-        return (_r(rng, b, t, i), _r(rng, i, 4 * units), _r(rng, out, 4 * units), _r(rng, 4 * units),
-                _r(rng, b, out), _r(rng, b, units))
+        return (
+            _r(rng, b, t, i),
+            _r(rng, i, 4 * units),
+            _r(rng, out, 4 * units),
+            _r(rng, 4 * units),
+            _r(rng, b, out),
+            _r(rng, b, units),
+        )
 
     LSTM_CASES = [
         dict(),
@@ -283,17 +304,17 @@ else:
     def test_layer_norm(ops, rng, rms, affine):
         x = _r(rng, 2, 3, 5, scale=2.0) + np.float32(1.5)
         g, b = (_r(rng, 5), _r(rng, 5)) if affine else (None, None)
-        assert_close(ops.layer_norm(x, g, b, 1e-3, (-1,), rms),
-                     REF.layer_norm(x, g, b, 1e-3, (-1,), rms), atol=1e-5)
-        assert_close(ops.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
-                     REF.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
-                     atol=1e-5)  # not the last axis: reference fallback
+        assert_close(ops.layer_norm(x, g, b, 1e-3, (-1,), rms), REF.layer_norm(x, g, b, 1e-3, (-1,), rms), atol=1e-5)
+        assert_close(
+            ops.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
+            REF.layer_norm(x, g if g is None else g[:3], None, 1e-3, (1,), rms),
+            atol=1e-5,
+        )  # not the last axis: reference fallback
 
     def test_batch_norm(ops, rng):
         x, scale, shift = _r(rng, 2, 3, 4), _r(rng, 4), _r(rng, 4)
         assert_close(ops.batch_norm(x, scale, shift), REF.batch_norm(x, scale, shift))
-        assert_close(ops.batch_norm(x, scale[:3], shift[:3], 1),
-                     REF.batch_norm(x, scale[:3], shift[:3], 1))
+        assert_close(ops.batch_norm(x, scale[:3], shift[:3], 1), REF.batch_norm(x, scale[:3], shift[:3], 1))
 
     @pytest.mark.parametrize("kind", ["max", "avg"])
     @pytest.mark.parametrize("keepdims", [False, True])
@@ -312,16 +333,22 @@ else:
         a, b = _r(rng, 2, 3, 4), _r(rng, 2, 3, 4)
         a[0, 0, 0] = np.nan
         b[1, 0, 0] = np.nan
-        for op, fn in [("add", np.add), ("subtract", np.subtract), ("multiply", np.multiply),
-                       ("maximum", np.maximum), ("minimum", np.minimum)]:
+        for op, fn in [
+            ("add", np.add),
+            ("subtract", np.subtract),
+            ("multiply", np.multiply),
+            ("maximum", np.maximum),
+            ("minimum", np.minimum),
+        ]:
             got, want = ops.merge(a, b, op), fn(a, b)
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             assert_close(got, want, what=op)
         assert_close(ops.merge(a, b, "add", 0.5, 0.25), a * np.float32(0.5) + b * np.float32(0.25))
         c = _r(rng, 3, 1)
-        assert_close(ops.merge(a, c, "subtract"), a - c)                  # broadcast (3, 1)
-        assert_close(ops.merge(c[None, :, :, None], a[:, :, None], "multiply"),
-                     c[None, :, :, None] * a[:, :, None])                 # both broadcast
+        assert_close(ops.merge(a, c, "subtract"), a - c)  # broadcast (3, 1)
+        assert_close(
+            ops.merge(c[None, :, :, None], a[:, :, None], "multiply"), c[None, :, :, None] * a[:, :, None]
+        )  # both broadcast
         var = np.abs(_r(rng, 4))
         var[0] = 0
         std = np.maximum(np.sqrt(var), np.float32(1e-7))
@@ -342,9 +369,11 @@ else:
         np.testing.assert_array_equal(ops.copy_view(x, lambda v: v[:, ::-1, 1:3]), x[:, ::-1, 1:3])
         np.testing.assert_array_equal(
             ops.copy_view(x[0, 0], lambda v: np.broadcast_to(v[:, None], (4, 3, 5))),
-            np.broadcast_to(x[0, 0][:, None], (4, 3, 5)))
-        np.testing.assert_array_equal(ops.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))),
-                                      np.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))))
+            np.broadcast_to(x[0, 0][:, None], (4, 3, 5)),
+        )
+        np.testing.assert_array_equal(
+            ops.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))), np.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0)))
+        )
         ids = np.array([[3, -1], [0, 7]], np.int64)
         got = ops.as_float32(ops.cuda.to_device(ids)).copy_to_host()
         assert got.dtype == np.float32 and np.array_equal(got, ids)
@@ -373,12 +402,12 @@ else:
         for axes in [(1, 3), (2, 3)]:
             gg, bb = (g, b) if axes == (1, 3) else (_r(rng, 4, 5), _r(rng, 4, 5))
             for rms in (False, True):
-                assert_close(ops.layer_norm(x, gg, bb, 1e-3, axes, rms),
-                             REF.layer_norm(x, gg, bb, 1e-3, axes, rms), atol=1e-5)
+                assert_close(
+                    ops.layer_norm(x, gg, bb, 1e-3, axes, rms), REF.layer_norm(x, gg, bb, 1e-3, axes, rms), atol=1e-5
+                )
         for axes in [(2, 3), (3,)]:  # channels-first global pooling
             for kind in ("max", "avg"):
-                assert_close(ops.global_pool(x, kind, axes, True),
-                             REF.global_pool(x, kind, axes, True))
+                assert_close(ops.global_pool(x, kind, axes, True), REF.global_pool(x, kind, axes, True))
 
     def test_masks(ops, rng):
         ids = np.array([[1, 0, 3], [0, 0, 2]], np.int64)
@@ -395,9 +424,13 @@ else:
         table = _r(rng, 5, 3)
         ids = np.array([[1, 4, 0], [2, 2, 3]], np.int64)
         np.testing.assert_array_equal(ops.embedding(ids, table), REF.embedding(ids, table))
-        cases = [(ids.astype(np.float32), True), (np.array([[1.5, 2]], np.float32), False),
-                 (np.array([[5, 1]], np.int64), False), (np.array([[-1]], np.int64), False),
-                 (np.array([[np.nan]], np.float32), False)]
+        cases = [
+            (ids.astype(np.float32), True),
+            (np.array([[1.5, 2]], np.float32), False),
+            (np.array([[5, 1]], np.int64), False),
+            (np.array([[-1]], np.int64), False),
+            (np.array([[np.nan]], np.float32), False),
+        ]
         for bad_ids, ok in cases:
             flag = ops.zeros((1,))
             got = ops.embedding(cuda.to_device(bad_ids), table, bad=flag).copy_to_host()
@@ -405,15 +438,20 @@ else:
             if ok:
                 np.testing.assert_array_equal(got, table[bad_ids.astype(np.int64)])
 
-    @pytest.mark.parametrize("case", [dict(), dict(mask=True, zero_masked=True),
-                                      dict(reverse=True, return_sequences=False, y0=True),
-                                      dict(activation="relu")])
+    @pytest.mark.parametrize(
+        "case",
+        [
+            dict(),
+            dict(mask=True, zero_masked=True),
+            dict(reverse=True, return_sequences=False, y0=True),
+            dict(activation="relu"),
+        ],
+    )
     def test_rnn_sequence(ops, rng, case):
         x, w_ih, w_hh = _r(rng, 2, 3, 3), _r(rng, 3, 2), _r(rng, 2, 2)
         b, h0 = _r(rng, 2), _r(rng, 2, 2)
         kw = _kw(rng, case, 2, 3, 2)
-        for g, r in zip(ops.rnn_sequence(x, w_ih, w_hh, b, h0, **kw),
-                        REF.rnn_sequence(x, w_ih, w_hh, b, h0, **kw)):
+        for g, r in zip(ops.rnn_sequence(x, w_ih, w_hh, b, h0, **kw), REF.rnn_sequence(x, w_ih, w_hh, b, h0, **kw)):
             assert g.shape == r.shape
             assert_close(g, r, atol=1e-5)
 
@@ -429,28 +467,32 @@ else:
         shape, (kh, kw), strides, crop, out_hw, dilation, groups, activation = case
         x, w, b = _r(rng, *shape), _r(rng, kh, kw, shape[3], 3), _r(rng, 3 * groups)
         args = (strides, crop, out_hw, dilation, groups, activation)
-        assert_close(ops.conv_transpose2d(x, w, b, *args), REF.conv_transpose2d(x, w, b, *args),
-                     atol=1e-5)
+        assert_close(ops.conv_transpose2d(x, w, b, *args), REF.conv_transpose2d(x, w, b, *args), atol=1e-5)
 
-    @pytest.mark.parametrize("mode,align,out_hw,scales", [
-        ("nearest", False, (6, 4), (None, None)), ("nearest", False, (5, 3), (1.7, None)),
-        ("bilinear", False, (6, 5), (None, None)), ("bilinear", True, (5, 4), (None, None))])
+    @pytest.mark.parametrize(
+        "mode,align,out_hw,scales",
+        [
+            ("nearest", False, (6, 4), (None, None)),
+            ("nearest", False, (5, 3), (1.7, None)),
+            ("bilinear", False, (6, 5), (None, None)),
+            ("bilinear", True, (5, 4), (None, None)),
+        ],
+    )
     def test_upsample2d(ops, rng, mode, align, out_hw, scales):
         x = _r(rng, 1, 3, 2, 2)
-        assert_close(ops.upsample2d(x, out_hw, mode, align, scales),
-                     REF.upsample2d(x, out_hw, mode, align, scales))
+        assert_close(ops.upsample2d(x, out_hw, mode, align, scales), REF.upsample2d(x, out_hw, mode, align, scales))
 
     def test_local_response_norm(ops, rng):
         x = _r(rng, 2, 3, 6)
         for size in (1, 2, 5):
-            assert_close(ops.local_response_norm(x, size, 0.3, 0.75, 2.0),
-                         REF.local_response_norm(x, size, 0.3, 0.75, 2.0))
+            assert_close(
+                ops.local_response_norm(x, size, 0.3, 0.75, 2.0), REF.local_response_norm(x, size, 0.3, 0.75, 2.0)
+            )
 
     def test_roi_pool(ops, rng):
         x = _r(rng, 2, 6, 5, 2)
         x[1, 3, 3, 1] = np.nan
-        rois = np.array([[0, 0, 0, 4, 5], [1, 1.4, 2.5, 9, 9], [1, -3, -2, 1, 0],
-                         [0, 3, 3, 3, 3]], np.float32)
+        rois = np.array([[0, 0, 0, 4, 5], [1, 1.4, 2.5, 9, 9], [1, -3, -2, 1, 0], [0, 3, 3, 3, 3]], np.float32)
         assert_close(ops.roi_pool(x, rois, (2, 3), 0.5), REF.roi_pool(x, rois, (2, 3), 0.5))
         for bad_index in (2, -1, 0.5):
             flag = ops.zeros((1,))
@@ -464,7 +506,7 @@ else:
         assert_close(ops.tanh_scores(q, k, None, 0.7, 1.5), 1.5 * t.sum(-1), atol=1e-5)
         s = _r(rng, 2, 3, 5)
         s[0, 1, 3] = np.nan
-        s[1, 2, :] = s[1, 2, 0]                     # ties: the first wins
+        s[1, 2, :] = s[1, 2, 0]  # ties: the first wins
         for causal in (False, True):
             allowed = np.tril(np.ones((3, 5), bool)) if causal else np.ones((3, 5), bool)
             want = np.zeros_like(s)
@@ -476,14 +518,19 @@ else:
 
         nodes, signs, n_inner = tree_paths(huffman_tree([5, 1, 1, 2, 3]), 5)
         x, w, b = _r(rng, 3, 4), _r(rng, 4, n_inner), _r(rng, n_inner)
-        assert_close(ops.hsoftmax_log_probs(x, w, b, nodes, signs),
-                     REF.hsoftmax_log_probs(x, w, b, nodes, signs), atol=1e-5)
+        assert_close(
+            ops.hsoftmax_log_probs(x, w, b, nodes, signs), REF.hsoftmax_log_probs(x, w, b, nodes, signs), atol=1e-5
+        )
         classes = np.array([4, 0, 2])
-        assert_close(ops.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes),
-                     REF.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes), atol=1e-5)
+        assert_close(
+            ops.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes),
+            REF.hsoftmax_class_log_probs(x, w, b, nodes, signs, classes),
+            atol=1e-5,
+        )
         flag = ops.zeros((1,))
-        ops.hsoftmax_class_log_probs(ops.cuda.to_device(x), w, b, nodes, signs,
-                                     ops.cuda.to_device(np.array([0, 5, 1], np.int64)), bad=flag)
+        ops.hsoftmax_class_log_probs(
+            ops.cuda.to_device(x), w, b, nodes, signs, ops.cuda.to_device(np.array([0, 5, 1], np.int64)), bad=flag
+        )
         assert flag.copy_to_host()[0] == 1
 
     def test_attention_softmax_device_bias_broadcasts_keys(ops, rng):

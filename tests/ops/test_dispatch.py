@@ -14,8 +14,9 @@ from fastlayers import native
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_best_path_is_chosen_at_import():
@@ -90,14 +91,25 @@ def test_a_source_tree_without_the_extension_fails_at_import(tmp_path):
 
     import fastlayers
 
-    shutil.copytree(os.path.dirname(fastlayers.__file__), tmp_path / "fastlayers",
-                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    proc = subprocess.run([sys.executable, "-c", "import fastlayers"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    shutil.copytree(
+        os.path.dirname(fastlayers.__file__),
+        tmp_path / "fastlayers",
+        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import fastlayers"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert proc.returncode != 0
-    assert "ImportError: fastlayers' compiled core (fastlayers.native._core) is not built in " \
-        f"{tmp_path / 'fastlayers'}" in proc.stderr and "pip install -e ." in proc.stderr
+    assert (
+        f"ImportError: fastlayers' compiled core (fastlayers.native._core) is not built in {tmp_path / 'fastlayers'}"
+        in proc.stderr
+        and "pip install -e ." in proc.stderr
+    )
 
 
 _FAULTS = """

@@ -4,7 +4,6 @@ CPU runs: post- and pre-norm, each fused activation, masks with a fully masked r
 norm parameters, odd and unit sizes, one row, rows after attention in several blocks per
 thread, transposed weight views, 1 to 3 threads, and calls from several Python threads."""
 
-
 import numpy as np
 import pytest
 
@@ -20,12 +19,12 @@ NEG_INF = np.float32(-np.inf)
 
 # (N, L, E, heads, F)
 SIZES = [
-    (1, 128, 128, 2, 512),     # BERT-tiny's layer
-    (2, 33, 24, 3, 40),        # odd lengths, three heads
-    (2, 5, 8, 2, 12),          # 10 rows
-    (1, 7, 6, 3, 5),           # 7 rows: register tiles of smaller heights
-    (1, 1, 6, 3, 5),           # 1 row
-    (3, 1, 4, 1, 4),           # length 1, one head
+    (1, 128, 128, 2, 512),  # BERT-tiny's layer
+    (2, 33, 24, 3, 40),  # odd lengths, three heads
+    (2, 5, 8, 2, 12),  # 10 rows
+    (1, 7, 6, 3, 5),  # 7 rows: register tiles of smaller heights
+    (1, 1, 6, 3, 5),  # 1 row
+    (3, 1, 4, 1, 4),  # length 1, one head
 ]
 
 
@@ -39,8 +38,7 @@ def weights(rng, e, f, biases=True, norms=True):
     def norm():
         return (1 + r(e), r(e), 1e-5) if norms else (None, None, 1e-5)
 
-    return EncoderWeights(r(e, 3 * e), b(3 * e), r(e, e), b(e), r(e, f), b(f), r(f, e), b(e),
-                          norm(), norm())
+    return EncoderWeights(r(e, 3 * e), b(3 * e), r(e, e), b(e), r(e, f), b(f), r(f, e), b(e), norm(), norm())
 
 
 def padding_bias(rng, n, length):
@@ -58,8 +56,7 @@ def check(w, x, heads, activation="relu", norm_first=False, bias=None, empty=0):
     # six products and two norms in float32 whose sums run in another order: a model's 1e-4
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-5, equal_nan=True)
-    alone, none = CPU.encoder_layer(x, w, heads, activation, norm_first, bias, empty,
-                                    need_weights=False)
+    alone, none = CPU.encoder_layer(x, w, heads, activation, norm_first, bias, empty, need_weights=False)
     assert none is None
     np.testing.assert_allclose(alone, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True)
     return got, got_w
@@ -93,8 +90,9 @@ def test_masks_and_fully_masked_sequences(isa, threads, empty, rng):
     w = weights(rng, e, f)
     got, got_w = check(w, x, heads, "relu", False, padding_bias(rng, n, length), empty)
     assert np.isnan(got[0]).all() == (empty == 0) and np.isfinite(got[1:]).all()
-    causal = np.triu(np.full((length, length), NEG_INF), 1) + rng.standard_normal(
-        (length, length)).astype(np.float32)                      # torch's float mask + causal
+    causal = np.triu(np.full((length, length), NEG_INF), 1) + rng.standard_normal((length, length)).astype(
+        np.float32
+    )  # torch's float mask + causal
     _, got_w = check(w, x, heads, "gelu", True, causal[None, None], empty)
     assert np.all(got_w[..., np.triu_indices(length, 1)[0], np.triu_indices(length, 1)[1]] == 0)
     per_head = np.where(rng.random((n, heads, length, length)) < 0.2, NEG_INF, np.float32(0))
@@ -114,8 +112,9 @@ def test_transposed_weight_views(isa, rng):
     """Weights given as transposes of (out, in) arrays (torch's layout) are packed from the
     view; other strided views are copied first."""
     w = weights(rng, 8, 16)
-    t = w._replace(**{name: np.ascontiguousarray(getattr(w, name).T).T
-                      for name in ("w_qkv_io", "w_o_io", "w_1_io", "w_2_io")})
+    t = w._replace(
+        **{name: np.ascontiguousarray(getattr(w, name).T).T for name in ("w_qkv_io", "w_o_io", "w_1_io", "w_2_io")}
+    )
     x = rng.standard_normal((2, 9, 8)).astype(np.float32)
     check(t, x, 2)
     check(w._replace(w_1_io=np.repeat(w.w_1_io, 2, axis=1)[:, ::2]), x, 2)
@@ -139,8 +138,7 @@ def test_results_outlive_the_buffers(rng):
     """Intermediates live in per-thread buffers that later calls reuse: a later call, smaller
     or larger, leaves earlier results as they were."""
     w = weights(rng, 8, 16)
-    xs = [rng.standard_normal((n, length, 8)).astype(np.float32)
-          for n, length in [(2, 9), (1, 3), (3, 17)]]
+    xs = [rng.standard_normal((n, length, 8)).astype(np.float32) for n, length in [(2, 9), (1, 3), (3, 17)]]
     got = [CPU.encoder_layer(x, w, 2) for x in xs]
     for x, (out, weights_) in zip(xs, got):
         want, want_w = REF.encoder_layer(x, w, 2)

@@ -26,8 +26,9 @@ def _expected(a, b, c0=None):
 
 
 @pytest.mark.parametrize("m", [*range(1, 18), 29, 31, 64, 65, 337])
-@pytest.mark.parametrize("k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300),
-                                  (40, 8), (300, 16), (33, 12), (20, 3)])
+@pytest.mark.parametrize(
+    "k, n", [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300), (40, 8), (300, 16), (33, 12), (20, 3)]
+)
 @pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
 def test_product_matches_numpy(rng, m, k, n, route):
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -60,7 +61,7 @@ def test_product_accumulates_on_strided_operands(rng, route, m):
     elif route == "per-call":
         _core.sgemm(a, b, c, accumulate=True)
     else:
-        bt_wide = np.ascontiguousarray(b_wide.T)            # (60, 270)
+        bt_wide = np.ascontiguousarray(b_wide.T)  # (60, 270)
         _core.sgemm(a, bt_wide[3:48], c, trans_b=True, accumulate=True)
     assert_close(c_wide, expected, rtol=1e-5, atol=1e-4)
 
@@ -85,7 +86,7 @@ def test_packed_product_on_a_share_of_columns(rng, j0, j1):
     a = rng.standard_normal((20, 300)).astype(np.float32)
     b = rng.standard_normal((300, 100)).astype(np.float32)
     c = np.empty((20, j1 - j0), np.float32)
-    _core.sgemm(a, b[:, j0:j1], c, pb=_core.pack(b)[j0 * 300:])
+    _core.sgemm(a, b[:, j0:j1], c, pb=_core.pack(b)[j0 * 300 :])
     assert_close(c, _expected(a, b[:, j0:j1]), rtol=1e-5, atol=1e-4)
 
 
@@ -98,14 +99,18 @@ def test_thin_product_matches_numpy_at_every_tail(rng, m, route):
     for k in (1, 3, 40):
         for n in (1, 3, 8, 13, 31, 33, 65, 97, 130):
             a = rng.standard_normal((m, k)).astype(np.float32)
-            b = rng.standard_normal((k, n + 7)).astype(np.float32)[:, 2:2 + n]
+            b = rng.standard_normal((k, n + 7)).astype(np.float32)[:, 2 : 2 + n]
             c0 = rng.standard_normal((m, n)).astype(np.float32)
             for accumulate in (False, True):
                 c = c0.copy()
-                _core.sgemm(a, b, c, accumulate=accumulate,
-                            pb=_core.pack(b) if route == "packed" else None)
-                assert_close(c, _expected(a, b, c0 if accumulate else None), rtol=1e-5,
-                             atol=1e-5 * np.sqrt(k), what=f"k={k} n={n} acc={accumulate}")
+                _core.sgemm(a, b, c, accumulate=accumulate, pb=_core.pack(b) if route == "packed" else None)
+                assert_close(
+                    c,
+                    _expected(a, b, c0 if accumulate else None),
+                    rtol=1e-5,
+                    atol=1e-5 * np.sqrt(k),
+                    what=f"k={k} n={n} acc={accumulate}",
+                )
 
 
 def test_product_with_no_inner_dimension_zeroes_or_keeps():
@@ -139,8 +144,7 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
         _gemm.matmul(a, view, out, bias, CODES[activation], weights=True)
     finally:
         fastlayers.set_num_threads(before or _core.get_num_threads())
-    expected = ReferenceOps().activation((_expected(a, view) + bias).astype(np.float32),
-                                         activation)
+    expected = ReferenceOps().activation((_expected(a, view) + bias).astype(np.float32), activation)
     assert_close(out, expected, rtol=1e-5, atol=1e-4)
     assert _gemm.packed_weights(w[:, 50:1050]) is _gemm.packed_weights(view)
     assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
@@ -150,8 +154,7 @@ def test_bad_operands_raise_clear_errors():
     with pytest.raises(TypeError, match="float32"):
         _core.sgemm(np.zeros((2, 2)), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match="contiguous"):
-        _core.sgemm(np.zeros((2, 4), np.float32)[:, ::2], np.zeros((2, 2), np.float32),
-                    np.zeros((2, 2), np.float32))
+        _core.sgemm(np.zeros((2, 4), np.float32)[:, ::2], np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
 
 
 @pytest.mark.parametrize("k, n", [(128, 231), (128, 261)])
@@ -165,8 +168,11 @@ def test_dense_on_few_rows_is_the_same_on_1_and_2_threads(rng, k, n, weights, ac
     from fastlayers.backends.reference import ReferenceOps
 
     wide = (rng.standard_normal((k, n + 9)) * 0.1).astype(np.float32)
-    w = {"contiguous": np.ascontiguousarray(wide[:, :n]), "column window": wide[:, 4:4 + n],
-         "transposed view": np.ascontiguousarray(wide[:, :n].T).T}[weights]
+    w = {
+        "contiguous": np.ascontiguousarray(wide[:, :n]),
+        "column window": wide[:, 4 : 4 + n],
+        "transposed view": np.ascontiguousarray(wide[:, :n].T).T,
+    }[weights]
     bias = rng.standard_normal(n).astype(np.float32)
     alpha = 0.2 if activation == "leaky_relu" else 0.0
     before = fastlayers.get_num_threads()
@@ -176,8 +182,7 @@ def test_dense_on_few_rows_is_the_same_on_1_and_2_threads(rng, k, n, weights, ac
             results = []
             for threads in (1, 2):
                 fastlayers.set_num_threads(threads)
-                results.append(_core.dense(x, w, bias, CODES[activation], alpha,
-                                           _gemm.packed_weights))
+                results.append(_core.dense(x, w, bias, CODES[activation], alpha, _gemm.packed_weights))
                 out = np.empty((m, n), np.float32)
                 _gemm.matmul(x, w, out, bias, CODES[activation], alpha, weights=True)
                 results.append(out)
@@ -196,15 +201,18 @@ def _batched_expected(a, b, trans_b=False):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("a_shape, b_shape, trans_b", [
-    ((1, 1, 1), (1, 1, 1), False),                  # one product of one value
-    ((3, 1, 5), (3, 5, 7), False),                   # one row each (the thin path)
-    ((2, 17, 33), (2, 33, 65), False),               # batch of the thread count
-    ((5, 17, 33), (5, 65, 33), True),                # an odd batch, b transposed
-    ((9, 7, 19), (1, 19, 3), False),                 # a shared b, several times the threads
-    ((1, 31, 300), (4, 300, 40), False),             # a shared a
-    ((3, 130, 257), (3, 257, 100), False),           # products large enough to split
-])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, trans_b",
+    [
+        ((1, 1, 1), (1, 1, 1), False),  # one product of one value
+        ((3, 1, 5), (3, 5, 7), False),  # one row each (the thin path)
+        ((2, 17, 33), (2, 33, 65), False),  # batch of the thread count
+        ((5, 17, 33), (5, 65, 33), True),  # an odd batch, b transposed
+        ((9, 7, 19), (1, 19, 3), False),  # a shared b, several times the threads
+        ((1, 31, 300), (4, 300, 40), False),  # a shared a
+        ((3, 130, 257), (3, 257, 100), False),  # products large enough to split
+    ],
+)
 def test_matmul_batch_matches_numpy(rng, threads, a_shape, b_shape, trans_b):
     """``_core.matmul_batch`` against float64 numpy: batches split over the threads or each
     product over every thread, shared operands (batch 1), transposed b, one row and one value."""
@@ -219,8 +227,7 @@ def test_matmul_batch_matches_numpy(rng, threads, a_shape, b_shape, trans_b):
         assert _core.matmul_batch(a, b, c, trans_b) is c
     finally:
         fastlayers.set_num_threads(before or _core.get_num_threads())
-    assert_close(c, _batched_expected(np.broadcast_to(a, (batch,) + a_shape[1:]), b, trans_b),
-                 rtol=2e-5, atol=2e-5)
+    assert_close(c, _batched_expected(np.broadcast_to(a, (batch,) + a_shape[1:]), b, trans_b), rtol=2e-5, atol=2e-5)
 
 
 def test_matmul_batch_reads_strided_operands(rng):
@@ -246,13 +253,21 @@ def test_matmul_batch_rejects_mismatched_operands():
         _core.matmul_batch(np.zeros((1, 3, 4)), np.zeros((1, 4, 2), f), np.zeros((1, 3, 2), f))
 
 
-@pytest.mark.parametrize("a_shape, b_shape, trans_b", [
-    ((5,), (5, 3), False), ((4, 5), (5,), False),    # 1-D operands: numpy
-    ((3, 5), (5, 7), False), ((2, 3, 5), (5, 7), False), ((2, 3, 5), (2, 5, 7), False),
-    ((1, 3, 5), (4, 5, 7), False), ((2, 4, 3, 5), (2, 4, 7, 5), True),
-    ((2, 1, 3, 5), (1, 4, 5, 7), False),             # broadcast in part: numpy
-    ((3, 5), (2, 7, 5), True), ((6, 1, 8), (6, 8, 1), False),
-])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, trans_b",
+    [
+        ((5,), (5, 3), False),
+        ((4, 5), (5,), False),  # 1-D operands: numpy
+        ((3, 5), (5, 7), False),
+        ((2, 3, 5), (5, 7), False),
+        ((2, 3, 5), (2, 5, 7), False),
+        ((1, 3, 5), (4, 5, 7), False),
+        ((2, 4, 3, 5), (2, 4, 7, 5), True),
+        ((2, 1, 3, 5), (1, 4, 5, 7), False),  # broadcast in part: numpy
+        ((3, 5), (2, 7, 5), True),
+        ((6, 1, 8), (6, 8, 1), False),
+    ],
+)
 def test_cpu_matmul_broadcasts_as_numpy(rng, a_shape, b_shape, trans_b):
     """``CpuOps.matmul``: numpy's shapes and values on every broadcast of the leading axes."""
     from fastlayers.backends.cpu import CpuOps
@@ -271,7 +286,9 @@ def test_cpu_matmul_reads_transposed_views_in_place(rng):
 
     q = rng.standard_normal((2, 3, 6, 40)).astype(np.float32)
     k = rng.standard_normal((2, 3, 9, 40)).astype(np.float32)
-    assert_close(CpuOps().matmul(q, np.swapaxes(k, -1, -2)), _batched_expected(q, np.swapaxes(k, -1, -2)),
-                 rtol=2e-5, atol=2e-5)
-    assert_close(CpuOps().matmul(np.swapaxes(k, -1, -2), k), _batched_expected(np.swapaxes(k, -1, -2), k),
-                 rtol=2e-5, atol=2e-5)
+    assert_close(
+        CpuOps().matmul(q, np.swapaxes(k, -1, -2)), _batched_expected(q, np.swapaxes(k, -1, -2)), rtol=2e-5, atol=2e-5
+    )
+    assert_close(
+        CpuOps().matmul(np.swapaxes(k, -1, -2), k), _batched_expected(np.swapaxes(k, -1, -2), k), rtol=2e-5, atol=2e-5
+    )

@@ -39,28 +39,48 @@ def test_dense_packs_large_products_once(rng):
     m, k, n = 64, 300, 100
     assert m * k * n >= _core.PACKED_MIN_MADDS
     x = rng.standard_normal((m, k)).astype(np.float32)
-    w = rng.standard_normal((k, n + 13)).astype(np.float32)[:, 5:5 + n]   # a strided view
+    w = rng.standard_normal((k, n + 13)).astype(np.float32)[:, 5 : 5 + n]  # a strided view
     asked = []
-    y = _core.dense(x, w, None, CODES["gelu"], 0.0,
-                    lambda v: asked.append(v) or _gemm.packed_weights(v))
+    y = _core.dense(x, w, None, CODES["gelu"], 0.0, lambda v: asked.append(v) or _gemm.packed_weights(v))
     assert len(asked) == 1 and asked[0] is w
     assert_close(y, REF.dense(x, w, None, "gelu"), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("case", ["float64 x", "strided x", "list x", "0-d x", "empty x",
-                                  "wrong width", "float64 w", "columns strided w", "3-d w",
-                                  "strided bias", "short bias", "float64 bias", "list bias"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "float64 x",
+        "strided x",
+        "list x",
+        "0-d x",
+        "empty x",
+        "wrong width",
+        "float64 w",
+        "columns strided w",
+        "3-d w",
+        "strided bias",
+        "short bias",
+        "float64 bias",
+        "list bias",
+    ],
+)
 def test_dense_declines_what_it_does_not_take(rng, case):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     w = rng.standard_normal((6, 5)).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32)
     x, w, b = {
-        "float64 x": (x.astype(np.float64), w, b), "strided x": (x[:, ::2], w[:3], b),
-        "list x": (x.tolist(), w, b), "0-d x": (np.float32(1.0), w[:1], b),
-        "empty x": (x[:0], w, b), "wrong width": (np.ascontiguousarray(x[:, :5]), w, b),
-        "float64 w": (x, w.astype(np.float64), b), "columns strided w": (x, w[:, ::2], b[:3]),
-        "3-d w": (x, w[None], b), "strided bias": (x, w, np.repeat(b, 2)[::2]),
-        "short bias": (x, w, b[:4]), "float64 bias": (x, w, b.astype(np.float64)),
+        "float64 x": (x.astype(np.float64), w, b),
+        "strided x": (x[:, ::2], w[:3], b),
+        "list x": (x.tolist(), w, b),
+        "0-d x": (np.float32(1.0), w[:1], b),
+        "empty x": (x[:0], w, b),
+        "wrong width": (np.ascontiguousarray(x[:, :5]), w, b),
+        "float64 w": (x, w.astype(np.float64), b),
+        "columns strided w": (x, w[:, ::2], b[:3]),
+        "3-d w": (x, w[None], b),
+        "strided bias": (x, w, np.repeat(b, 2)[::2]),
+        "short bias": (x, w, b[:4]),
+        "float64 bias": (x, w, b.astype(np.float64)),
         "list bias": (x, w, b.tolist()),
     }[case]
     assert _core.dense(x, w, b, CODES["linear"], 0.0, _never_packed) is None
@@ -101,7 +121,7 @@ def test_row_entries_decline_what_they_do_not_take(rng):
     for bad in (x.astype(np.float64), x[:, ::2], x.T, x.tolist(), x[:0], np.float32(2.0)):
         assert _core.apply_activation(bad, CODES["relu"], 0.0) is None
         assert _core.apply_layer_norm(bad, None, None, 1e-5, False) is None
-        assert _core.apply_scale_shift(bad, v[:np.shape(bad)[-1]] if np.ndim(bad) else v, v) is None
+        assert _core.apply_scale_shift(bad, v[: np.shape(bad)[-1]] if np.ndim(bad) else v, v) is None
     assert _core.apply_layer_norm(x, v[:5], None, 1e-5, False) is None
     assert _core.apply_layer_norm(x, None, v.astype(np.float64), 1e-5, False) is None
     assert _core.apply_scale_shift(x, None, v) is None
@@ -121,5 +141,4 @@ def test_packed_products_on_strided_weight_views(rng, view):
     else:
         w = rng.standard_normal((k, 2 * n)).astype(np.float32)[:, ::2]
     assert m * k * n >= _core.PACKED_MIN_MADDS and not w.flags.c_contiguous
-    assert_close(get_ops("cpu").dense(x, w, None, "relu"), REF.dense(x, w, None, "relu"),
-                 rtol=2e-5, atol=2e-5)
+    assert_close(get_ops("cpu").dense(x, w, None, "relu"), REF.dense(x, w, None, "relu"), rtol=2e-5, atol=2e-5)

@@ -16,11 +16,31 @@ pytestmark = pytest.mark.usefixtures("isa")
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
-@pytest.mark.parametrize("b, r, c", [(1, 1, 1), (1, 1, 40), (1, 33, 1), (2, 5, 70), (3, 64, 31),
-                                     (1, 100, 97), (4, 32, 32), (1, 1000, 3), (1, 3, 129),
-                                     (2, 40, 300), (1, 70, 1029), (1, 1, 4097), (2, 33, 257),
-                                     (1, 16, 16), (1, 17, 15), (2, 8, 24), (1, 129, 130),
-                                     (1, 300, 64), (1, 64, 300), (3, 47, 33)])
+@pytest.mark.parametrize(
+    "b, r, c",
+    [
+        (1, 1, 1),
+        (1, 1, 40),
+        (1, 33, 1),
+        (2, 5, 70),
+        (3, 64, 31),
+        (1, 100, 97),
+        (4, 32, 32),
+        (1, 1000, 3),
+        (1, 3, 129),
+        (2, 40, 300),
+        (1, 70, 1029),
+        (1, 1, 4097),
+        (2, 33, 257),
+        (1, 16, 16),
+        (1, 17, 15),
+        (2, 8, 24),
+        (1, 129, 130),
+        (1, 300, 64),
+        (1, 64, 300),
+        (3, 47, 33),
+    ],
+)
 def test_transpose_matches_numpy(rng, threads, b, r, c):
     src = rng.standard_normal((b, r, c)).astype(np.float32)
     dst = np.full((b, c, r), np.nan, np.float32)
@@ -30,15 +50,15 @@ def test_transpose_matches_numpy(rng, threads, b, r, c):
 
 def test_transpose_of_strided_views(rng):
     """Batches and rows at any whole-float strides: the OIHW -> HWIO pattern."""
-    w = rng.standard_normal((6, 5, 9)).astype(np.float32)           # (O, I, K)
-    out = np.full((9, 5, 6), np.nan, np.float32)                     # (K, I, O)
+    w = rng.standard_normal((6, 5, 9)).astype(np.float32)  # (O, I, K)
+    out = np.full((9, 5, 6), np.nan, np.float32)  # (K, I, O)
     _core.transpose(w.transpose(1, 0, 2), out.transpose(1, 0, 2))
     np.testing.assert_array_equal(out, w.transpose(2, 1, 0))
     wide = rng.standard_normal((3, 10, 20)).astype(np.float32)[:, ::2, :7]
     dst = np.empty((3, 7, 5), np.float32)
     _core.transpose(wide, dst)
     np.testing.assert_array_equal(dst, wide.transpose(0, 2, 1))
-    far = rng.standard_normal((2, 40, 700)).astype(np.float32)[:, ::3, 5:300]   # rows 2,100 floats apart
+    far = rng.standard_normal((2, 40, 700)).astype(np.float32)[:, ::3, 5:300]  # rows 2,100 floats apart
     dst = np.empty((2, 295, 14), np.float32)
     _core.transpose(far, dst)
     np.testing.assert_array_equal(dst, far.transpose(0, 2, 1))
@@ -87,9 +107,18 @@ def test_oihw_to_hwio(rng, shape):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
-@pytest.mark.parametrize("rows, widths", [(1, (1, 1)), (5, (16, 16)), (33, (3, 17, 64)),
-                                          (1000, (16, 16)), (7, (0, 5, 0)), (2, (129, 1, 70)),
-                                          (40000, (8, 24))])
+@pytest.mark.parametrize(
+    "rows, widths",
+    [
+        (1, (1, 1)),
+        (5, (16, 16)),
+        (33, (3, 17, 64)),
+        (1000, (16, 16)),
+        (7, (0, 5, 0)),
+        (2, (129, 1, 70)),
+        (40000, (8, 24)),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "bool"])
 def test_concat_rows_matches_numpy(rng, threads, rows, widths, dtype):
     parts = [(rng.standard_normal((rows, w)) * 100).astype(dtype) for w in widths]

@@ -30,8 +30,7 @@ _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_O
 
 
 def protocol_methods() -> dict[str, Callable[..., Any]]:
-    return {name: value for name, value in vars(Ops).items()
-            if inspect.isfunction(value) and not name.startswith("_")}
+    return {name: value for name, value in vars(Ops).items() if inspect.isfunction(value) and not name.startswith("_")}
 
 
 def protocol_attributes() -> list[str]:
@@ -71,15 +70,17 @@ def signature_problems(wanted: Callable[..., Any], given: Callable[..., Any]) ->
             problems.append(f"{p.name} has no default")
     wanted_names = {p.name for p in want}
     for q in have:
-        if q.default is inspect.Parameter.empty and q.name not in wanted_names and \
-                q.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if (
+            q.default is inspect.Parameter.empty
+            and q.name not in wanted_names
+            and q.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ):
             problems.append(f"requires {q.name}, which the protocol does not give")
     return problems
 
 
 def conformance_problems(cls: type) -> list[str]:
-    problems = [f"{cls.__name__} has no attribute {name}"
-                for name in protocol_attributes() if not hasattr(cls, name)]
+    problems = [f"{cls.__name__} has no attribute {name}" for name in protocol_attributes() if not hasattr(cls, name)]
     for name, wanted in protocol_methods().items():
         given = getattr(cls, name, None)
         if not callable(given):

@@ -36,7 +36,7 @@ CASES = [
     ((1, 2, 1, 1), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
     ((1, 5, 11, 30), (2, 5), (3, 2), (2, 1), ((0, 1), (2, 2)), True),
     ((3, 2, 7, 33), (1, 4), (1, 3), (1, 2), ((0, 0), (1, 3)), False),
-    ((1, 2, 9, 75), (3, 3), (2, 1), (2, 1), ((2, 1), (1, 1)), True),   # rows of 4 vectors + a tail
+    ((1, 2, 9, 75), (3, 3), (2, 1), (2, 1), ((2, 1), (1, 1)), True),  # rows of 4 vectors + a tail
 ]
 
 
@@ -60,12 +60,12 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     x[0, 1, 4, 5] = np.nan
     y = CPU.pool2d_nchw(x, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (10, 11))
     assert_close(y, REF.pool2d_nchw(x, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (10, 11)))
-    assert np.isnan(y[0, 1, 2, 2:4]).all() and np.isnan(y).sum() == 2   # the two windows over it
+    assert np.isnan(y[0, 1, 2, 2:4]).all() and np.isnan(y).sum() == 2  # the two windows over it
     far = (1000 + rng.standard_normal((1, 2, 18, 18))).astype(np.float32)
     mean = CPU.pool2d_nchw(far, "avg", (9, 9), (9, 9), ((0, 0), (0, 0)), (2, 2))
     exact = far.astype(np.float64).reshape(1, 2, 2, 9, 2, 9).mean(axis=(3, 5))
-    np.testing.assert_allclose(mean, exact, rtol=65 * 2.0 ** -24)
-    wide = rng.standard_normal((1, 2, 7, 71)).astype(np.float32)   # NaN in the 4-vector runs and the tail
+    np.testing.assert_allclose(mean, exact, rtol=65 * 2.0**-24)
+    wide = rng.standard_normal((1, 2, 7, 71)).astype(np.float32)  # NaN in the 4-vector runs and the tail
     wide[0, 0, 3, [5, 40, 69]] = np.nan
     got = CPU.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71))
     assert_close(got, REF.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71)))
@@ -74,8 +74,7 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES[:6])
 @pytest.mark.parametrize("m, activation", [(1, "linear"), (1, "relu6"), (2, "silu")])
-def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, m,
-                                                 activation):
+def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, m, activation):
     x = rng.standard_normal(shape).astype(np.float32)
     w_ohw = rng.standard_normal((shape[1] * m, *k)).astype(np.float32)
     b = rng.standard_normal(shape[1] * m).astype(np.float32)
@@ -88,8 +87,8 @@ def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil
 def test_nchw_kernel_errors():
     x = np.zeros((1, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="pool2d_nchw"):
-        _core.pool2d_nchw(x, np.zeros((1, 3, 2, 2), np.float32), True, 3, 3, 1, 1, 1, 1, 0, 0,
-                          4, 4, False)
+        _core.pool2d_nchw(x, np.zeros((1, 3, 2, 2), np.float32), True, 3, 3, 1, 1, 1, 1, 0, 0, 4, 4, False)
     with pytest.raises(ValueError, match="depthwise_conv2d_nchw"):
-        _core.depthwise_conv2d_nchw(x, np.zeros((3, 3, 3), np.float32), None,
-                                    np.zeros((1, 3, 2, 2), np.float32), 1, 1, 1, 1, 0, 0, 0, 0.0)
+        _core.depthwise_conv2d_nchw(
+            x, np.zeros((3, 3, 3), np.float32), None, np.zeros((1, 3, 2, 2), np.float32), 1, 1, 1, 1, 0, 0, 0, 0.0
+        )

@@ -37,6 +37,7 @@ def int8_dot(request, isa):
     if native.amx_runs():
         native.set_amx(amx_before)
 
+
 TYPES = [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)]
 
 
@@ -55,10 +56,26 @@ def _expected(a, za, b, zb):
 
 
 @pytest.mark.parametrize("types", TYPES)
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 33), (5, 1, 17), (6, 2, 16), (7, 3, 15), (13, 64, 40),
-                                     (25, 33, 1), (49, 130, 47), (1, 1021, 65), (8, 300, 130),
-                                     (16, 64, 16), (17, 128, 33), (32, 65, 64), (33, 200, 97),
-                                     (11, 768, 80)])
+@pytest.mark.parametrize(
+    "m, k, n",
+    [
+        (1, 1, 1),
+        (1, 7, 33),
+        (5, 1, 17),
+        (6, 2, 16),
+        (7, 3, 15),
+        (13, 64, 40),
+        (25, 33, 1),
+        (49, 130, 47),
+        (1, 1021, 65),
+        (8, 300, 130),
+        (16, 64, 16),
+        (17, 128, 33),
+        (32, 65, 64),
+        (33, 200, 97),
+        (11, 768, 80),
+    ],
+)
 def test_product_matches_int64_reference(rng, types, m, k, n):
     a_type, b_type = types
     a, b = _values(rng, a_type, (m, k)), _values(rng, b_type, (k, n))
@@ -77,8 +94,10 @@ def test_extremes_do_not_saturate():
     # int8 a (shifted by 128 for vpdpbusd) and uint8 b (shifted by -128) at their extremes,
     # k = 4000: sums near 2^27 with corrections of the same size
     for a_type, b_type in ((np.int8, np.uint8), (np.uint8, np.uint8), (np.int8, np.int8)):
-        for a_value, b_value in ((np.iinfo(a_type).min, np.iinfo(b_type).max),
-                                 (np.iinfo(a_type).max, np.iinfo(b_type).min)):
+        for a_value, b_value in (
+            (np.iinfo(a_type).min, np.iinfo(b_type).max),
+            (np.iinfo(a_type).max, np.iinfo(b_type).min),
+        ):
             a = np.full((3, 4000), a_value, a_type)
             b = np.full((4000, 18), b_value, b_type)
             za_v = np.full(3, np.iinfo(a_type).max, np.int32)
@@ -93,8 +112,8 @@ def test_strided_rows_and_threads(rng):
     try:
         for n_threads in (1, 2):
             native.set_num_threads(n_threads)
-            for k in (71, 80):                # rows 90 bytes apart (k = 80: read in place by vpdpbusd)
-                a = a_wide[:, 5:5 + k]
+            for k in (71, 80):  # rows 90 bytes apart (k = 80: read in place by vpdpbusd)
+                a = a_wide[:, 5 : 5 + k]
                 b = _values(rng, np.int8, (k, 45))
                 zb = _values(rng, np.int8, 45).astype(np.int32)
                 np.testing.assert_array_equal(_qgemm(a, za, b, zb), _expected(a, za, b, zb))
@@ -109,7 +128,7 @@ def test_arguments_are_checked(rng):
         _core.qgemm(a.astype(np.int16), np.zeros(3, np.int32), pb, np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="packed by qpack"):
         _core.qgemm(a, np.zeros(3, np.int32), pb[:-1], np.empty((3, 5), np.int32))
-    with pytest.raises(ValueError, match="packed by qpack"):    # not 4-byte aligned
+    with pytest.raises(ValueError, match="packed by qpack"):  # not 4-byte aligned
         _core.qgemm(a, np.zeros(3, np.int32), np.concatenate([pb[:1], pb])[1:], np.empty((3, 5), np.int32))
     with pytest.raises(ValueError, match="int32 vector of 3"):
         _core.qgemm(a, np.zeros(2, np.int32), pb, np.empty((3, 5), np.int32))
@@ -117,10 +136,14 @@ def test_arguments_are_checked(rng):
         _core.qpack(b.T, np.zeros(4, np.int32))
 
 
-@pytest.mark.parametrize("hidden, batch, attrs", [
-    (5, 7, {"direction": "bidirectional"}),
-    (16, 1, {"direction": "reverse", "clip": 0.5}),
-    (3, 2, {"input_forget": 1})])
+@pytest.mark.parametrize(
+    "hidden, batch, attrs",
+    [
+        (5, 7, {"direction": "bidirectional"}),
+        (16, 1, {"direction": "reverse", "clip": 0.5}),
+        (3, 2, {"input_forget": 1}),
+    ],
+)
 def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
     """The native DynamicQuantizeLSTM time loop (qlstm.c) against the operator's numpy form
     (the reference backend): odd hidden sizes (an odd k for the recurrent product), more rows
@@ -130,14 +153,20 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
 
     n_dir = 2 if attrs.get("direction") == "bidirectional" else 1
     g, n_in, steps = 4 * hidden, 3, 6
-    inputs = [rng.standard_normal((steps, batch, n_in)).astype(np.float32),
-              _values(rng, np.int8, (n_dir, n_in, g)), _values(rng, np.uint8, (n_dir, hidden, g)),
-              rng.standard_normal((n_dir, 2 * g)).astype(np.float32), None,
-              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
-              rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
-              rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
-              rng.uniform(0.01, 0.05, (n_dir, g)).astype(np.float32), np.zeros((n_dir, g), np.int8),
-              rng.uniform(0.01, 0.05, n_dir).astype(np.float32), np.full(n_dir, 128, np.uint8)]
+    inputs = [
+        rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+        _values(rng, np.int8, (n_dir, n_in, g)),
+        _values(rng, np.uint8, (n_dir, hidden, g)),
+        rng.standard_normal((n_dir, 2 * g)).astype(np.float32),
+        None,
+        rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+        rng.standard_normal((n_dir, batch, hidden)).astype(np.float32),
+        rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
+        rng.uniform(0.01, 0.05, (n_dir, g)).astype(np.float32),
+        np.zeros((n_dir, g), np.int8),
+        rng.uniform(0.01, 0.05, n_dir).astype(np.float32),
+        np.full(n_dir, 128, np.uint8),
+    ]
     op = _dynamic_quantize_lstm
     got = op(inputs, dict(attrs, hidden_size=hidden), 1)
     with fastlayers.use_ops("reference"):
@@ -157,11 +186,20 @@ def test_quantized_lstm_runs_side_by_side_give_each_runs_bits(rng, hidden, batch
     args = []
     for d in range(2):
         r = _values(rng, np.int8, (hidden, g))
-        args.append((rng.standard_normal((steps, batch, g)).astype(np.float32), d == 1,
-                     _core.qpack(r, np.zeros(g, np.int32)), rng.uniform(0.01, 0.05, g).astype(np.float32),
-                     rng.standard_normal(g).astype(np.float32), None, 0.0, False,
-                     rng.standard_normal((batch, hidden)).astype(np.float32),
-                     rng.standard_normal((batch, hidden)).astype(np.float32)))
+        args.append(
+            (
+                rng.standard_normal((steps, batch, g)).astype(np.float32),
+                d == 1,
+                _core.qpack(r, np.zeros(g, np.int32)),
+                rng.uniform(0.01, 0.05, g).astype(np.float32),
+                rng.standard_normal(g).astype(np.float32),
+                None,
+                0.0,
+                False,
+                rng.standard_normal((batch, hidden)).astype(np.float32),
+                rng.standard_normal((batch, hidden)).astype(np.float32),
+            )
+        )
 
     def run(together, threads):
         states = [(a[8].copy(), a[9].copy(), np.full((steps, batch, hidden), np.nan, np.float32)) for a in args]
@@ -201,10 +239,9 @@ def test_quantization_kernels_match_numpy(rng, count):
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         q = np.clip(np.rint(x / scale) + np.float32(zp), lo, hi)
         np.testing.assert_array_equal(_core.quantize(x, scale, zp, dtype), q.astype(dtype))
-        np.testing.assert_array_equal(_core.fake_quantize(x, scale, zp, lo, hi),
-                                      (q - np.float32(zp)) * scale)
+        np.testing.assert_array_equal(_core.fake_quantize(x, scale, zp, lo, hi), (q - np.float32(zp)) * scale)
     assert _core.min_max(x) == (min(x.min(), 0), max(x.max(), 0))
-    if count > 1:   # a NaN is passed over, in the vector body and in the tail
+    if count > 1:  # a NaN is passed over, in the vector body and in the tail
         for at in (0, count - 1):
             y = x.copy()
             y[at] = np.nan
@@ -241,9 +278,9 @@ def test_requantizing_epilogue(rng, out, m, k, n):
     a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
     za, zb = _values(rng, np.uint8, m).astype(np.int32), _values(rng, np.int8, n).astype(np.int32)
     scale = rng.uniform(1e-5, 4e-3, n).astype(np.float32)
-    scale[0] = 0.5                                    # exact halves: ties to even
+    scale[0] = 0.5  # exact halves: ties to even
     if n > 2:
-        scale[1:3] = np.nan, np.inf                   # NaN to the low end, as onnxruntime's clamp
+        scale[1:3] = np.nan, np.inf  # NaN to the low end, as onnxruntime's clamp
     ibias = rng.integers(-30000, 30000, n).astype(np.int32)
     zp = 3 if out == np.uint8 else -5
     pb = _core.qpack(b, zb)
@@ -252,12 +289,13 @@ def test_requantizing_epilogue(rng, out, m, k, n):
         summed = acc if bias is None else acc + bias
         with np.errstate(invalid="ignore"):
             product = summed.astype(np.float32) * scale
-        want = np.clip(np.rint(np.fmax(product, np.iinfo(out).min - zp)) + np.float32(zp),
-                       np.iinfo(out).min, np.iinfo(out).max).astype(out)
+        want = np.clip(
+            np.rint(np.fmax(product, np.iinfo(out).min - zp)) + np.float32(zp), np.iinfo(out).min, np.iinfo(out).max
+        ).astype(out)
         wide = np.full((m, n + 9), 77, out)
-        got = _core.qgemm(a, za, pb, wide[:, 4:4 + n], scale, None, bias, zp)
+        got = _core.qgemm(a, za, pb, wide[:, 4 : 4 + n], scale, None, bias, zp)
         np.testing.assert_array_equal(got, want)
-        assert (wide[:, :4] == 77).all() and (wide[:, 4 + n:] == 77).all()
+        assert (wide[:, :4] == 77).all() and (wide[:, 4 + n :] == 77).all()
     with pytest.raises(ValueError, match="an int32 bias needs a uint8 or int8 c"):
         _core.qgemm(a, za, pb, np.empty((m, n), np.float32), scale, None, ibias)
     with pytest.raises(ValueError, match="zero point 300"):
@@ -283,16 +321,19 @@ def _conv_reference(x_nhwc, x_zp, w_hwio, kernel, strides, dilations, pads, out_
 
 @pytest.mark.parametrize("x_type", [np.uint8, np.int8])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-@pytest.mark.parametrize("case", [
-    # (n, h, w, c), (kh, kw), strides, dilations, (top, left), (bottom, right), (c0, cin), n_out
-    ((8, 9, 11, 3), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (0, 3), 32),
-    ((1, 13, 7, 5), (3, 2), (2, 1), (1, 2), (0, 2), (1, 0), (0, 5), 17),
-    ((2, 6, 6, 8), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0), (0, 8), 5),
-    ((1, 1, 1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), (0, 1), 1),
-    ((3, 10, 12, 12), (5, 5), (2, 3), (1, 1), (2, 2), (2, 2), (4, 4), 7),     # a group's channels
-    ((2, 8, 8, 16), (3, 3), (1, 1), (2, 2), (-1, 1), (0, 1), (0, 16), 40),    # negative top pad
-    ((1, 40, 3, 2), (7, 1), (1, 1), (1, 1), (3, 0), (3, 0), (0, 2), 9),       # k = 14, 40 + rows
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        # (n, h, w, c), (kh, kw), strides, dilations, (top, left), (bottom, right), (c0, cin), n_out
+        ((8, 9, 11, 3), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (0, 3), 32),
+        ((1, 13, 7, 5), (3, 2), (2, 1), (1, 2), (0, 2), (1, 0), (0, 5), 17),
+        ((2, 6, 6, 8), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0), (0, 8), 5),
+        ((1, 1, 1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), (0, 1), 1),
+        ((3, 10, 12, 12), (5, 5), (2, 3), (1, 1), (2, 2), (2, 2), (4, 4), 7),  # a group's channels
+        ((2, 8, 8, 16), (3, 3), (1, 1), (2, 2), (-1, 1), (0, 1), (0, 16), 40),  # negative top pad
+        ((1, 40, 3, 2), (7, 1), (1, 1), (1, 1), (3, 0), (3, 0), (0, 2), 9),  # k = 14, 40 + rows
+    ],
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_convolution_gathers_windows_like_numpy(rng, x_type, layout, case, threads):
     """``qconv`` (windows gathered straight into the product's rows) equals the int64
@@ -302,7 +343,7 @@ def test_convolution_gathers_windows_like_numpy(rng, x_type, layout, case, threa
     shape, kernel, strides, dilations, (top, left), (bottom, right), (c0, cin), n_out = case
     n, h, w, c = shape
     x_nhwc = _values(rng, x_type, shape)
-    if layout == "nchw":   # channels 1 apart no more: the NHWC view of an NCHW array
+    if layout == "nchw":  # channels 1 apart no more: the NHWC view of an NCHW array
         x_nhwc = np.ascontiguousarray(x_nhwc.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
     x_zp = int(_values(rng, x_type, ()))
     w_hwio = _values(rng, np.int8, kernel + (cin, n_out))
@@ -311,22 +352,56 @@ def test_convolution_gathers_windows_like_numpy(rng, x_type, layout, case, threa
     oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
     ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
     pb = _core.qpack(np.ascontiguousarray(w_hwio.reshape(-1, n_out)), zb)
-    want = _conv_reference(x_nhwc[..., c0:c0 + cin], x_zp, w_hwio.astype(np.int64) - zb, kernel, strides,
-                           dilations, (top, left), (oh, ow))
+    want = _conv_reference(
+        x_nhwc[..., c0 : c0 + cin],
+        x_zp,
+        w_hwio.astype(np.int64) - zb,
+        kernel,
+        strides,
+        dilations,
+        (top, left),
+        (oh, ow),
+    )
     before = native.get_num_threads()
     native.set_num_threads(threads)
     try:
-        got = _core.qconv(x_nhwc, x_zp, pb, np.full((n * oh * ow, n_out), -7, np.int32), kernel, strides, dilations,
-                          (top, left), (oh, ow), c0, cin)
+        got = _core.qconv(
+            x_nhwc,
+            x_zp,
+            pb,
+            np.full((n * oh * ow, n_out), -7, np.int32),
+            kernel,
+            strides,
+            dilations,
+            (top, left),
+            (oh, ow),
+            c0,
+            cin,
+        )
         np.testing.assert_array_equal(got, want)
         scale = rng.uniform(1e-4, 3e-3, n_out).astype(np.float32)
         bias = rng.integers(-5000, 5000, n_out).astype(np.int32)
         wide = np.full((n * oh * ow, n_out + 3), 77, np.uint8)
-        got8 = _core.qconv(x_nhwc, x_zp, pb, wide[:, 1:1 + n_out], kernel, strides, dilations, (top, left),
-                           (oh, ow), c0, cin, scale, None, bias, 128)
+        got8 = _core.qconv(
+            x_nhwc,
+            x_zp,
+            pb,
+            wide[:, 1 : 1 + n_out],
+            kernel,
+            strides,
+            dilations,
+            (top, left),
+            (oh, ow),
+            c0,
+            cin,
+            scale,
+            None,
+            bias,
+            128,
+        )
         product = (want + bias).astype(np.int32).astype(np.float32) * scale
         np.testing.assert_array_equal(got8, np.clip(np.rint(product) + 128, 0, 255).astype(np.uint8))
-        assert (wide[:, 0] == 77).all() and (wide[:, 1 + n_out:] == 77).all()
+        assert (wide[:, 0] == 77).all() and (wide[:, 1 + n_out :] == 77).all()
     finally:
         native.set_num_threads(before)
 

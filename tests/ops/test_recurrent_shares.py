@@ -23,7 +23,7 @@ from fastlayers.native import _core
 
 from ..conftest import assert_close
 
-T, I, U, P = 7, 5, 130, 64          # 130 units: shares of 64 and 66 (vector tails)
+T, I, U, P = 7, 5, 130, 64  # 130 units: shares of 64 and 66 (vector tails)
 
 
 @pytest.fixture
@@ -65,11 +65,18 @@ def cases(rng, batch, units=U):
     wr = (weights(rng, I, units), weights(rng, units, units), weights(rng, units))
     return [
         ("lstm", "lstm_sequence", (*wl, h0, h0), {}),
-        ("lstm_proj", "lstm_sequence",
-         (wl[0], weights(rng, P, 4 * units), wl[2], h0[:, :P].copy(), h0),
-         {"w_hp": weights(rng, units, P)}),
-        ("lstm_hard_sigmoid", "lstm_sequence", (*wl, h0, h0),
-         {"activation": "softsign", "recurrent_activation": "hard_sigmoid"}),
+        (
+            "lstm_proj",
+            "lstm_sequence",
+            (wl[0], weights(rng, P, 4 * units), wl[2], h0[:, :P].copy(), h0),
+            {"w_hp": weights(rng, units, P)},
+        ),
+        (
+            "lstm_hard_sigmoid",
+            "lstm_sequence",
+            (*wl, h0, h0),
+            {"activation": "softsign", "recurrent_activation": "hard_sigmoid"},
+        ),
         ("gru", "gru_sequence", (*wg, weights(rng, 3 * units), h0), {}),
         ("gru_no_recurrent_bias", "gru_sequence", (*wg, None, h0), {}),
         ("gru_reset_before", "gru_sequence", (*wg, None, h0), {"reset_after": False}),
@@ -79,25 +86,27 @@ def cases(rng, batch, units=U):
     ]
 
 
-OPTIONS = [{}, {"reverse": True, "return_sequences": False},
-           {"mask": True, "zero_masked": True}, {"mask": True, "reverse": True},
-           {"mask": True, "return_sequences": False, "zero_masked": True, "y0": True}]
+OPTIONS = [
+    {},
+    {"reverse": True, "return_sequences": False},
+    {"mask": True, "zero_masked": True},
+    {"mask": True, "reverse": True},
+    {"mask": True, "return_sequences": False, "zero_masked": True, "y0": True},
+]
 
 
 def check(rng, fn, args, kw, options, batch, steps=T, ids=False, x=None):
     """The loop against the reference; with ``ids`` the inputs are rows of the input weights
     (an embedding folded into the layer), read in place by the loop."""
     if x is None:
-        x = rng.integers(0, I, (batch, steps)) if ids else \
-            rng.standard_normal((batch, steps, I)).astype(np.float32)
+        x = rng.integers(0, I, (batch, steps)) if ids else rng.standard_normal((batch, steps, I)).astype(np.float32)
     opts = dict(options)
     if opts.pop("mask", False):
         mask = rng.random((batch, steps)) > 0.3
-        mask[0] = False                       # a sample without any valid step
+        mask[0] = False  # a sample without any valid step
         opts["mask_bt"] = mask
     if opts.pop("y0", False):
-        opts["y0"] = rng.standard_normal((batch, args[-2 if fn == "lstm_sequence" else -1]
-                                          .shape[1])).astype(np.float32)
+        opts["y0"] = rng.standard_normal((batch, args[-2 if fn == "lstm_sequence" else -1].shape[1])).astype(np.float32)
     actual = getattr(R, fn)(x, *args, **kw, **opts)
     expected = getattr(REF, fn)(x, *args, **kw, **opts)
     assert actual is not None and len(actual) == len(expected)
@@ -112,12 +121,11 @@ SPLITS = {"one thread": (1, 1), "units": (1, 2), "rows": (2, 1)}
 
 
 @pytest.mark.parametrize("inputs", ["floats", "ids"])
-@pytest.mark.parametrize("options", OPTIONS, ids=["plain", "reverse-last", "mask-zero",
-                                                  "mask-reverse", "mask-last-y0"])
-@pytest.mark.parametrize("split,batch", [("one thread", 1), ("one thread", 8), ("units", 1),
-                                         ("units", 3), ("units", 8), ("rows", 8)])
-def test_loops_match_reference(isa, two_threads, monkeypatch, loops, rng, options, split, batch,
-                               inputs):
+@pytest.mark.parametrize("options", OPTIONS, ids=["plain", "reverse-last", "mask-zero", "mask-reverse", "mask-last-y0"])
+@pytest.mark.parametrize(
+    "split,batch", [("one thread", 1), ("one thread", 8), ("units", 1), ("units", 3), ("units", 8), ("rows", 8)]
+)
+def test_loops_match_reference(isa, two_threads, monkeypatch, loops, rng, options, split, batch, inputs):
     """Every loop kind and option, each way to share a loop (forced), float inputs and ids."""
     monkeypatch.setattr(R, "_shares", lambda *a: SPLITS[split])
     for name, fn, args, kw in cases(rng, batch):
@@ -137,8 +145,7 @@ def test_inputs_projected_step_by_step(isa, two_threads, monkeypatch, rng, split
         # recurrent weights scaled down: over 100+ steps the default ones amplify the rounding
         # of either side's sums past the tolerance
         args = (args[0], args[1] * np.float32(0.2), *args[2:])
-        check(rng, fn, args, kw, {"mask": True, "reverse": True}, 17,
-              steps=480 if name == "rnn" else 128)
+        check(rng, fn, args, kw, {"mask": True, "reverse": True}, 17, steps=480 if name == "rnn" else 128)
 
 
 @pytest.mark.parametrize("split", ["one thread", "units", "rows"])
@@ -159,13 +166,15 @@ def test_default_shares(two_threads, loops, rng):
         h0 = np.zeros((batch, 256), np.float32)
         R.lstm_sequence(rng.standard_normal((batch, steps, 4)).astype(np.float32), *w, h0, h0)
     h0 = np.zeros((1, 32), np.float32)
-    R.lstm_sequence(rng.standard_normal((1, 50, 4)).astype(np.float32), weights(rng, 4, 128),
-                    weights(rng, 32, 128), None, h0, h0)
+    R.lstm_sequence(
+        rng.standard_normal((1, 50, 4)).astype(np.float32), weights(rng, 4, 128), weights(rng, 32, 128), None, h0, h0
+    )
     assert [run[1:] for run in loops] == [(1, 2), (2, 1), (1, 1), (1, 1)]
 
 
-@pytest.mark.parametrize("batch,threads,parts", [(8, 2, 2), (12, 3, 3), (12, 2, 2), (9, 2, 2),
-                                                 (8, 4, 2), (6, 2, 1), (4, 2, 1)])
+@pytest.mark.parametrize(
+    "batch,threads,parts", [(8, 2, 2), (12, 3, 3), (12, 2, 2), (9, 2, 2), (8, 4, 2), (6, 2, 1), (4, 2, 1)]
+)
 def test_batch_shares_are_big_enough(batch, threads, parts):
     """Shares of the batch: at least MIN_SHARE_ROWS rows each (else units are shared)."""
     assert R._row_parts(batch, 128 * 512, threads) == parts
@@ -175,13 +184,13 @@ def test_batch_shares_are_big_enough(batch, threads, parts):
 def test_share_bounds_cover_units_in_whole_vectors():
     assert R._bounds(256, 2).tolist() == [0, 128, 256]
     assert R._bounds(130, 2).tolist() == [0, 64, 130]
-    assert R._bounds(20, 2).tolist() == [0, 10, 20]      # fewer than 16 per share: any width
-    assert R._bounds(1, 2).tolist() == [0, 0, 1]         # an empty share
+    assert R._bounds(20, 2).tolist() == [0, 10, 20]  # fewer than 16 per share: any width
+    assert R._bounds(1, 2).tolist() == [0, 0, 1]  # an empty share
 
 
 def test_share_packing():
     """Share p's columns of each chosen gate block, side by side, packed (gemm.h)."""
-    w = np.arange(3 * 12, dtype=np.float32).reshape(3, 12)          # 3 blocks of 4 units
+    w = np.arange(3 * 12, dtype=np.float32).reshape(3, 12)  # 3 blocks of 4 units
     packed = R._pack_shares(w, (0, 2), 3, np.array([0, 1, 4]))
     share0 = _core.pack(np.ascontiguousarray(w[:, [0, 8]]))
     share1 = _core.pack(np.ascontiguousarray(w[:, [1, 2, 3, 9, 10, 11]]))
@@ -259,8 +268,9 @@ def test_concurrent_calls(two_threads, monkeypatch, rng, split):
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 17, 31])
-@pytest.mark.parametrize("activations", [("tanh", "sigmoid"), ("relu", "hard_sigmoid"),
-                                         ("softsign", "sigmoid"), ("silu", "hard_sigmoid")])
+@pytest.mark.parametrize(
+    "activations", [("tanh", "sigmoid"), ("relu", "hard_sigmoid"), ("softsign", "sigmoid"), ("silu", "hard_sigmoid")]
+)
 def test_lstm_gate_pass_with_other_activations(isa, rng, batch, activations):
     """The LSTM gate pass for the default and other activation pairs, with a mask, at batch
     sizes whose step products take each kernel (1-3 rows: the loops' own; 17 and 31: the
@@ -269,10 +279,8 @@ def test_lstm_gate_pass_with_other_activations(isa, rng, batch, activations):
     x = rng.standard_normal((batch, t, i)).astype(np.float32)
     w = [weights(rng, *s) for s in [(i, 4 * u), (u, 4 * u), (4 * u,)]]
     h0, c0 = (rng.standard_normal((batch, u)).astype(np.float32) for _ in range(2))
-    kw = {"activation": activations[0], "recurrent_activation": activations[1],
-          "mask_bt": rng.random((batch, t)) > 0.3}
-    for got, want in zip(R.lstm_sequence(x, *w, h0, c0, **kw),
-                         REF.lstm_sequence(x, *w, h0, c0, **kw)):
+    kw = {"activation": activations[0], "recurrent_activation": activations[1], "mask_bt": rng.random((batch, t)) > 0.3}
+    for got, want in zip(R.lstm_sequence(x, *w, h0, c0, **kw), REF.lstm_sequence(x, *w, h0, c0, **kw)):
         assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -289,16 +297,15 @@ def test_strided_inputs_and_weight_views(isa, monkeypatch, rng):
     """Inputs that are strided views, weights that are views of wider arrays (made anew per
     call, as ``layer.bias[1]`` is): the same results, and each view packed once."""
     packs = []
-    monkeypatch.setattr(R, "_pack_shares",
-                        lambda *a, _f=R._pack_shares, **k: packs.append(1) or _f(*a, **k))
+    monkeypatch.setattr(R, "_pack_shares", lambda *a, _f=R._pack_shares, **k: packs.append(1) or _f(*a, **k))
     big = weights(rng, U, 8 * U)
     x = rng.standard_normal((3, 2 * T, I)).astype(np.float32)[:, ::2]
     w_ig, b_g = weights(rng, I, 4 * U), weights(rng, 4 * U)
     h0 = rng.standard_normal((3, U)).astype(np.float32)
     for _ in range(2):
-        w_hg = big[:, 2 * U:6 * U]
+        w_hg = big[:, 2 * U : 6 * U]
         check(rng, "lstm_sequence", (w_ig, w_hg, b_g, h0, h0), {}, {}, 3, x=x)
-    assert len(packs) == 2                    # input and recurrent weights, once each
+    assert len(packs) == 2  # input and recurrent weights, once each
 
 
 def test_ids_out_of_range(rng):
@@ -318,8 +325,14 @@ def test_read_only_table(rng):
 def test_activations_accuracy_and_nan(isa):
     """The loops' tanh and sigmoid against float64 numpy (a one-unit RNN whose step is
     y = f(x): input weight 1, recurrent weight 0); inf saturates, NaN propagates."""
-    x = np.concatenate([np.linspace(-20, 20, 20001), np.geomspace(1e-30, 1, 2000),
-                        -np.geomspace(1e-30, 1, 2000), [np.inf, -np.inf, 0.0, np.nan]])
+    x = np.concatenate(
+        [
+            np.linspace(-20, 20, 20001),
+            np.geomspace(1e-30, 1, 2000),
+            -np.geomspace(1e-30, 1, 2000),
+            [np.inf, -np.inf, 0.0, np.nan],
+        ]
+    )
     x = x.astype(np.float32)
     one, zero, h0 = (np.full(s, v, np.float32) for s, v in [((1, 1), 1), ((1, 1), 0), ((1, 1), 0)])
     with np.errstate(over="ignore", invalid="ignore"):
@@ -338,19 +351,16 @@ def test_sequences_at_once(isa, two_threads, monkeypatch, rng, batch):
     batch 1 to 9, 130 units (vector tails)."""
     monkeypatch.setattr(R, "MIN_CALL_MADDS", 0)
     runs = []
-    monkeypatch.setattr(_core, "rnn_loops",
-                        lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
+    monkeypatch.setattr(_core, "rnn_loops", lambda calls, _f=_core.rnn_loops: runs.append(len(calls)) or _f(calls))
     for name, fn, args, kw in cases(rng, batch):
         x = rng.standard_normal((batch, T, I)).astype(np.float32)
         mask = rng.random((batch, T)) > 0.3
-        calls = [(fn, (x, *args), dict(kw)),
-                 (fn, (x, *args), dict(kw, reverse=True, mask_bt=mask, zero_masked=True))]
+        calls = [(fn, (x, *args), dict(kw)), (fn, (x, *args), dict(kw, reverse=True, mask_bt=mask, zero_masked=True))]
         got = R.sequences(calls)
         assert got is not None
         for (_, a, k), results in zip(calls, got):
             for actual, expected in zip(results, getattr(REF, fn)(*a, **k)):
-                assert_close(actual, expected, rtol=1e-5,
-                             atol=5e-5 * max(1.0, float(np.abs(expected).max())))
+                assert_close(actual, expected, rtol=1e-5, atol=5e-5 * max(1.0, float(np.abs(expected).max())))
     assert runs == [2] * len(cases(rng, batch))
 
 
@@ -363,7 +373,7 @@ def test_sequences_one_by_one(threads, rng):
     threads(1)
     assert R.sequences(calls) is None
     threads(2)
-    assert R.sequences(calls) is None                        # 2 x 7 steps of 130 units
+    assert R.sequences(calls) is None  # 2 x 7 steps of 130 units
     name, fn, args, kw = cases(rng, 2)[6]
     big = (fn, (rng.standard_normal((2, 1000, I)).astype(np.float32), *args), kw)
     assert R.sequences([big, (fn, big[1], dict(kw, activation="softmax"))]) is None

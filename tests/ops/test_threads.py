@@ -71,8 +71,7 @@ def test_concurrent_calls_from_python_threads(two_threads):
 def _child_product(queue):
     a, b, expected = _product(3, m=2000)
     out = _core.matmul(a, b, np.empty((2000, b.shape[1]), np.float32))
-    queue.put((bool(np.allclose(out, expected, rtol=1e-4, atol=1e-3)), _core.pool_workers(),
-               _core.pool_generation()))
+    queue.put((bool(np.allclose(out, expected, rtol=1e-4, atol=1e-3)), _core.pool_workers(), _core.pool_generation()))
 
 
 def test_forked_child_runs_on_its_own_workers(two_threads):
@@ -133,7 +132,7 @@ def test_a_thread_s_own_count_gives_the_same_bits_as_the_process_count(threads):
         fastlayers.set_num_threads(threads)
         expected = _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))
         fastlayers.set_num_threads(4)
-        _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))     # a pool of 4
+        _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))  # a pool of 4
         fastlayers.set_num_threads(1)
         seen = []
         with fastlayers.using_threads(threads):

@@ -51,8 +51,13 @@ def main(folder: str) -> None:
         return model(np.load(d / "torch_x.npy"))
 
     outputs["torch_state_dict"] = state_dict_case
-    refs = {"onnx": "onnx_y.npy", "keras": "keras_y.npy", "keras_h5": "keras_y.npy",
-            "torch_module": "torch_y.npy", "torch_state_dict": "torch_y.npy"}
+    refs = {
+        "onnx": "onnx_y.npy",
+        "keras": "keras_y.npy",
+        "keras_h5": "keras_y.npy",
+        "torch_module": "torch_y.npy",
+        "torch_state_dict": "torch_y.npy",
+    }
     errors = {}
     for name, run in outputs.items():
         got, want = np.asarray(run()), np.load(d / refs[name])
@@ -61,10 +66,19 @@ def main(folder: str) -> None:
         errors[name] = float(np.max(np.abs(got - want)))
     loaded = [name for name in FRAMEWORKS if name in sys.modules]
     assert not loaded, f"frameworks imported: {loaded}"
-    print(json.dumps({
-        "file": fastlayers.__file__, "core": native._core.__file__, "isa": native.isa(),
-        "best": native.best_isa(), "isas": native.isas(), "available": native.available_isas(),
-        "errors": errors}))
+    print(
+        json.dumps(
+            {
+                "file": fastlayers.__file__,
+                "core": native._core.__file__,
+                "isa": native.isa(),
+                "best": native.best_isa(),
+                "isas": native.isas(),
+                "available": native.available_isas(),
+                "errors": errors,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

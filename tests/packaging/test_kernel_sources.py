@@ -51,14 +51,12 @@ def kernel_files() -> list[str]:
 def isa_defines(isa: str) -> list[str]:
     """The macros isa_<isa>.c defines before it includes kernels.inc, as -D options."""
     text = (NATIVE / f"isa_{isa}.c").read_text()
-    return [f"-D{name}={value}"
-            for name, value in re.findall(r"^#define (\w+) (\S+)$", text, re.MULTILINE)]
+    return [f"-D{name}={value}" for name, value in re.findall(r"^#define (\w+) (\S+)$", text, re.MULTILINE)]
 
 
 def gcc(args: list[str], source: str | None = None) -> subprocess.CompletedProcess[str]:
     assert GCC is not None
-    return subprocess.run([GCC, *args], input=source, cwd=NATIVE, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([GCC, *args], input=source, cwd=NATIVE, capture_output=True, text=True, timeout=120)
 
 
 def gcc_each(args: list[str], files: list[str]) -> list[tuple[int, str]]:
@@ -66,9 +64,12 @@ def gcc_each(args: list[str], files: list[str]) -> list[tuple[int, str]]:
     gcc runs at once as there are cores: (return code, stderr) of each run."""
     assert GCC is not None
     runs = min(os.cpu_count() or 1, len(files))
-    procs = [subprocess.Popen([GCC, *args, *files[i::runs]], cwd=NATIVE,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for i in range(runs)]
+    procs = [
+        subprocess.Popen(
+            [GCC, *args, *files[i::runs]], cwd=NATIVE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for i in range(runs)
+    ]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     return [(p.returncode, e) for p, e in zip(procs, errors)]
 

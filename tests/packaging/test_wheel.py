@@ -63,8 +63,7 @@ def host_isas() -> list[str]:
 
 
 def run(cmd, env, cwd, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +74,12 @@ def wheel(tmp_path_factory) -> Path:
         assert path.is_file() and path.suffix == ".whl", f"FASTLAYERS_WHEEL={named}: no such wheel"
         return path
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_wheel.py"), "--out",
-                           str(out)], capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_wheel.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return next(out.glob("fastlayers-*-manylinux_*.whl"))
 
@@ -95,13 +98,23 @@ def installed(wheel, tmp_path_factory):
     cwd.mkdir()
     for name in ("python", "pip"):
         (bin_dir / name).symlink_to(env_dir / "bin" / name)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "FASTLAYERS_", "VIRTUAL_ENV", "CONDA", "KERAS_"))}
-    env.update(PATH=str(bin_dir), CC="/nonexistent/cc", CXX="/nonexistent/c++",
-               PIP_NO_INPUT="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "FASTLAYERS_", "VIRTUAL_ENV", "CONDA", "KERAS_"))
+    }
+    env.update(PATH=str(bin_dir), CC="/nonexistent/cc", CXX="/nonexistent/c++", PIP_NO_INPUT="1")
     python = bin_dir / "python"
-    found = run([python, "-c", "import json, shutil, sys; print(json.dumps([sys.prefix, "
-                 "{c: shutil.which(c) for c in sys.argv[1:]}]))", *COMPILERS], env, cwd)
+    found = run(
+        [
+            python,
+            "-c",
+            "import json, shutil, sys; print(json.dumps([sys.prefix, {c: shutil.which(c) for c in sys.argv[1:]}]))",
+            *COMPILERS,
+        ],
+        env,
+        cwd,
+    )
     assert found.returncode == 0, found.stderr
     prefix, compilers = json.loads(found.stdout)
     assert Path(prefix).resolve() == env_dir.resolve(), f"{python} does not run in the venv"
@@ -115,9 +128,17 @@ def installed(wheel, tmp_path_factory):
 
 def test_no_compiler_and_installed_from_the_wheel(installed, wheel):
     env, cwd, python = installed
-    done = run([python, "-c", "import shutil, sys, sysconfig; import fastlayers.native as n; "
-                "print(n.__file__); print(n._core.__file__); "
-                "print(shutil.which(sysconfig.get_config_var('CC').split()[0]))"], env, cwd)
+    done = run(
+        [
+            python,
+            "-c",
+            "import shutil, sys, sysconfig; import fastlayers.native as n; "
+            "print(n.__file__); print(n._core.__file__); "
+            "print(shutil.which(sysconfig.get_config_var('CC').split()[0]))",
+        ],
+        env,
+        cwd,
+    )
     assert done.returncode == 0, done.stderr
     package, core, cc = done.stdout.split("\n")[:3]
     venv_dir = Path(python).parent.parent.resolve()
@@ -133,8 +154,7 @@ def test_demo(installed):
     env, cwd, _ = installed
     done = run(["fastlayers", "demo", "--repeats", "3"], env, cwd)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    accuracies = [float(a) for a in re.findall(r"accuracy on \d+ held-out samples: ([\d.]+)%",
-                                                done.stdout)]
+    accuracies = [float(a) for a in re.findall(r"accuracy on \d+ held-out samples: ([\d.]+)%", done.stdout)]
     assert len(accuracies) == 4 and min(accuracies) > 90, done.stdout
 
 
@@ -160,9 +180,12 @@ def onnx_model(onnx, rng):
         helper.make_node("Softmax", ["g"], ["y"], axis=1),
     ]
     graph = helper.make_graph(
-        nodes, "wheel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        nodes,
+        "wheel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])],
-        [init("w", (4, 3, 3, 3)), init("b", (4,)), init("w2", (10, 64)), init("b2", (10,))])
+        [init("w", (4, 3, 3, 3)), init("b", (4,)), init("w2", (10, 64)), init("b2", (10,))],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -187,8 +210,9 @@ def models(tmp_path_factory):
 
     K = keras.layers
     keras.utils.set_random_seed(7)
-    km = keras.Sequential([keras.Input((10, 6)), K.Conv1D(8, 3, activation="relu"), K.LSTM(12),
-                           K.Dense(5, activation="softmax")])
+    km = keras.Sequential(
+        [keras.Input((10, 6)), K.Conv1D(8, 3, activation="relu"), K.LSTM(12), K.Dense(5, activation="softmax")]
+    )
     km.save(d / "model.keras")
     km.save(d / "model.h5")
     x = rng.standard_normal((3, 10, 6)).astype(np.float32)
@@ -223,6 +247,5 @@ def test_models_and_isa_dispatch(installed, models, forced):
     assert report["best"] == host[0]
     assert report["isa"] == (forced or host[0])
     assert Path(report["core"]).resolve().is_relative_to(Path(python).parent.parent.resolve())
-    assert set(report["errors"]) == {"onnx", "keras", "keras_h5", "torch_module",
-                                     "torch_state_dict"}
+    assert set(report["errors"]) == {"onnx", "keras", "keras_h5", "torch_module", "torch_state_dict"}
     print(json.dumps(report))

@@ -51,9 +51,15 @@ class Server:
 
     def __init__(self, argv, port, env=None):
         self.port = port
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, **(env or {})),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=dict(os.environ, **(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def __enter__(self):
         deadline = time.monotonic() + 90
@@ -102,8 +108,7 @@ def _check_concurrent_answers(port, call, inputs):
                 status, kind, body = _request(port, "POST", "/predict", _npy(x), "application/x-npy")
                 got = np.load(io.BytesIO(body), allow_pickle=False) if status == 200 else None
             else:
-                status, kind, body = _request(port, "POST", "/predict",
-                                              json.dumps({"inputs": x.tolist()}).encode())
+                status, kind, body = _request(port, "POST", "/predict", json.dumps({"inputs": x.tolist()}).encode())
                 got = np.asarray(json.loads(body)["outputs"][0], np.float32) if status == 200 else None
             if status != 200 or not np.array_equal(got, call(x)):
                 wrong.append((status, body[:200]))
@@ -116,7 +121,7 @@ def _check_concurrent_answers(port, call, inputs):
 
 def _digits_inputs():
     x = np.load(ROOT / "fastlayers" / "data" / "digits_samples.npz")["x"].astype(np.float32)
-    return [x[i:i + 1 + i % 3].reshape(-1, 8, 8, 1) for i in range(0, 60, 3)]
+    return [x[i : i + 1 + i % 3].reshape(-1, 8, 8, 1) for i in range(0, 60, 3)]
 
 
 def _bad_request_is_400(port):
@@ -128,8 +133,20 @@ def test_uvicorn_app():
     oracle("starlette")
     oracle("uvicorn")
     model, port = fastlayers.load(DIGITS), _free_port()
-    argv = [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(SERVE), "--host",
-            "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app:app",
+        "--app-dir",
+        str(SERVE),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     with Server(argv, port):
         _check_concurrent_answers(port, model, _digits_inputs())
         _bad_request_is_400(port)
@@ -139,9 +156,25 @@ def test_gunicorn_preforked_workers_after_preload():
     oracle("gunicorn")
     oracle("uvicorn_worker")
     model, port = fastlayers.load(DIGITS), _free_port()
-    argv = [sys.executable, "-m", "gunicorn", "app:app", "--chdir", str(SERVE), "-k",
-            "uvicorn_worker.UvicornWorker", "-w", "2", "--preload", "-b", f"127.0.0.1:{port}",
-            "--log-level", "warning", "--graceful-timeout", "5"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "app:app",
+        "--chdir",
+        str(SERVE),
+        "-k",
+        "uvicorn_worker.UvicornWorker",
+        "-w",
+        "2",
+        "--preload",
+        "-b",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "warning",
+        "--graceful-timeout",
+        "5",
+    ]
     with Server(argv, port):
         _check_concurrent_answers(port, model, _digits_inputs())
         _bad_request_is_400(port)

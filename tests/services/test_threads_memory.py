@@ -28,14 +28,24 @@ def _int8_graph(tmp_path):
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     rng = np.random.default_rng(2)
-    inits = [numpy_helper.from_array(rng.uniform(-0.1, 0.1, s).astype(np.float32), n)
-             for n, s in [("w1", (256, 512)), ("b1", (512,)), ("w2", (512, 256)), ("b2", (256,))]]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
-             helper.make_node("Add", ["o", "b2"], ["y"])]
-    graph = helper.make_graph(nodes, "mlp",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 256])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 256])], inits)
+    inits = [
+        numpy_helper.from_array(rng.uniform(-0.1, 0.1, s).astype(np.float32), n)
+        for n, s in [("w1", (256, 512)), ("b1", (512,)), ("w2", (512, 256)), ("b2", (256,))]
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 256])],
+        inits,
+    )
     float_path, path = tmp_path / "mlp.onnx", tmp_path / "mlp.int8.onnx"
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_path))
     quantize_dynamic(str(float_path), str(path), weight_type=QuantType.QInt8)
@@ -49,9 +59,14 @@ def test_thread_per_call_memory_is_flat_and_results_bit_identical(tmp_path):
     onnx_path = conv_relu(tmp_path / "conv.onnx", batch=1, matmul=True)
     int8_path = _int8_graph(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "tests.services.thread_calls", str(CALLS),
-                           str(onnx_path), str(int8_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.services.thread_calls", str(CALLS), str(onnx_path), str(int8_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)

@@ -36,7 +36,6 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-
 def keras_models(rng):
     """(kind, call, input) of the Keras-style models, each with several MiB of kernel work
     buffers per call (the per-thread state a new thread allocates)."""
@@ -49,8 +48,7 @@ def keras_models(rng):
     lstm = Model(x, L.LSTM(128, return_sequences=True)(x))
     x = Input((64, 256))
     attention = Model(x, L.MultiHeadAttention(num_heads=8, key_dim=32)(x, x))
-    shapes = {"dense": (64, 512), "conv": (1, 56, 56, 64), "lstm": (4, 50, 64),
-              "attention": (4, 64, 256)}
+    shapes = {"dense": (64, 512), "conv": (1, 56, 56, 64), "lstm": (4, 50, 64), "attention": (4, 64, 256)}
     for kind, model in [("dense", dense), ("conv", conv), ("lstm", lstm), ("attention", attention)]:
         xi = rng.standard_normal(shapes[kind]).astype(np.float32)
         model(xi)  # built
@@ -82,16 +80,14 @@ def measure(call, x, calls):
     deadline = time.monotonic() + 2.0
     while _core.threads_released() - released < calls and time.monotonic() < deadline:
         time.sleep(0.001)
-    return {"growth_mib": rss_mib() - start, "differ": differ,
-            "released": _core.threads_released() - released}
+    return {"growth_mib": rss_mib() - start, "differ": differ, "released": _core.threads_released() - released}
 
 
 def main(argv):
     calls, onnx_path, int8_path = int(argv[0]), argv[1], argv[2]
     fastlayers.set_num_threads(2)
     rng = np.random.default_rng(0)
-    models = list(keras_models(rng)) + [onnx_model("onnx", onnx_path, rng),
-                                         onnx_model("int8", int8_path, rng)]
+    models = list(keras_models(rng)) + [onnx_model("onnx", onnx_path, rng), onnx_model("int8", int8_path, rng)]
     print(json.dumps({kind: measure(call, x, calls) for kind, call, x in models}))
     sys.stdout.flush()
 

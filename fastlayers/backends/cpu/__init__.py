@@ -37,15 +37,16 @@ def _native_concat_axis(xs, axis):
     if any(x.dtype != first.dtype or x.ndim != first.ndim or not x.flags.c_contiguous for x in xs):
         return None
     k = axis + first.ndim if axis < 0 else axis
-    if not 0 <= k < first.ndim or any(x.shape[:k] != first.shape[:k] or
-                                      x.shape[k + 1:] != first.shape[k + 1:] for x in xs):
+    if not 0 <= k < first.ndim or any(
+        x.shape[:k] != first.shape[:k] or x.shape[k + 1 :] != first.shape[k + 1 :] for x in xs
+    ):
         return None
     return k
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
     """x viewed as C-contiguous float32 (rows, last axis) without copying when possible."""
-    if not (x.dtype == np.float32 and x.flags.c_contiguous):   # (the checks cost less than the call)
+    if not (x.dtype == np.float32 and x.flags.c_contiguous):  # (the checks cost less than the call)
         x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 2:
         return x
@@ -65,8 +66,7 @@ def _dense_memory(x: np.ndarray):
 
 def _vector(v):
     """An optional per-channel vector as contiguous float32 (None stays None)."""
-    if v is None or (type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.float32
-                     and v.flags.c_contiguous):
+    if v is None or (type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.float32 and v.flags.c_contiguous):
         return v
     return np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
 
@@ -74,18 +74,26 @@ def _vector(v):
 def _packed_products(weights, *arrays):
     """(the first ``weights`` arrays, product weights (in, out), packed for the sgemm; the
     others, biases and norm parameters, as float32 vectors or None)."""
-    return (tuple(_core.pack(a.T, True) if a.T.flags.c_contiguous else
-                  _core.pack(np.ascontiguousarray(a)) for a in arrays[:weights]),
-            tuple(None if a is None else np.ascontiguousarray(a, np.float32).reshape(-1)
-                  for a in arrays[weights:]))
+    return (
+        tuple(
+            _core.pack(a.T, True) if a.T.flags.c_contiguous else _core.pack(np.ascontiguousarray(a))
+            for a in arrays[:weights]
+        ),
+        tuple(None if a is None else np.ascontiguousarray(a, np.float32).reshape(-1) for a in arrays[weights:]),
+    )
 
 
 def _rows_in_place(a):
     """``a`` as float32 whose matrices the sgemm reads in place (unit last-axis stride, rows
     at least a row apart, every stride a non-negative whole number of floats); a C-ordered
     copy otherwise."""
-    if a.dtype == np.float32 and a.ndim >= 2 and a.strides[-1] == 4 and \
-            a.strides[-2] >= 4 * a.shape[-1] and all(st % 4 == 0 and st >= 0 for st in a.strides):
+    if (
+        a.dtype == np.float32
+        and a.ndim >= 2
+        and a.strides[-1] == 4
+        and a.strides[-2] >= 4 * a.shape[-1]
+        and all(st % 4 == 0 and st >= 0 for st in a.strides)
+    ):
         return a
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -124,7 +132,7 @@ class CpuOps(ConvOps):
         if y is not None:
             return y
         dense = _dense_memory(x) if name not in ("softmax", "log_softmax") else None
-        if dense is not None:   # elementwise on the memory as it lies: the result has x's strides
+        if dense is not None:  # elementwise on the memory as it lies: the result has x's strides
             x_mem, back = dense
             return _core.apply_activation(x_mem, code, alpha).transpose(back)
         xr = _rows_of(x)
@@ -139,8 +147,7 @@ class CpuOps(ConvOps):
 
     def outer_add_act(self, a_ic, b_jc, name, alpha=0.0):
         code = CODES.get(name)
-        y = None if code is None or name in ("softmax", "log_softmax") else _core.outer_add_act(
-            a_ic, b_jc, code, alpha)
+        y = None if code is None or name in ("softmax", "log_softmax") else _core.outer_add_act(a_ic, b_jc, code, alpha)
         return super().outer_add_act(a_ic, b_jc, name, alpha) if y is None else y
 
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
@@ -150,13 +157,27 @@ class CpuOps(ConvOps):
             if y is not None:
                 return y
         x = np.asarray(x)
-        if (x.ndim < 1 or x.dtype != np.float32 or w_io.dtype != np.float32 or w_io.ndim != 2
-                or x.shape[-1] != w_io.shape[0] or x.size == 0 or w_io.size == 0):
+        if (
+            x.ndim < 1
+            or x.dtype != np.float32
+            or w_io.dtype != np.float32
+            or w_io.ndim != 2
+            or x.shape[-1] != w_io.shape[0]
+            or x.size == 0
+            or w_io.size == 0
+        ):
             return super().dense(x, w_io, b_o, activation, alpha)
         x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
         y = np.empty((x2.shape[0], w_io.shape[1]), np.float32)
-        gemm.matmul(x2, w_io, y, None if b_o is None else np.ascontiguousarray(b_o, np.float32),
-                     CODES["linear"] if code is None else code, alpha, weights=True)
+        gemm.matmul(
+            x2,
+            w_io,
+            y,
+            None if b_o is None else np.ascontiguousarray(b_o, np.float32),
+            CODES["linear"] if code is None else code,
+            alpha,
+            weights=True,
+        )
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
@@ -179,7 +200,7 @@ class CpuOps(ConvOps):
         return out
 
     def merge(self, a, b, op, alpha=1.0, beta=1.0):
-        if op == "add" and alpha == 1.0 and beta == 1.0:   # same shapes or a bias row: one pass
+        if op == "add" and alpha == 1.0 and beta == 1.0:  # same shapes or a bias row: one pass
             y = _core.apply_add(a, b)
             if y is not None:
                 return y
@@ -204,21 +225,29 @@ class CpuOps(ConvOps):
         # the native kernel normalizes rows: the trailing axes (C-contiguous when several:
         # InstanceNormalization, LayerNormalization with axis < -1), gamma and beta read as
         # rows of their width
-        if len(axes) == 1 and (axes[0] == -1 or axes[0] == x.ndim - 1):   # one native call, or None
+        if len(axes) == 1 and (axes[0] == -1 or axes[0] == x.ndim - 1):  # one native call, or None
             y = _core.apply_layer_norm(x, gamma, beta, epsilon, rms)
             if y is not None:
                 return y
         k = len(axes)
-        width = math.prod(x.shape[x.ndim - k:])
-        if (x.size == 0 or x.ndim == 0
-                or sorted(a % x.ndim for a in axes) != list(range(x.ndim - k, x.ndim))
-                or (k > 1 and not x.flags.c_contiguous)
-                or any(v is not None and v.size != width for v in (gamma, beta))):
+        width = math.prod(x.shape[x.ndim - k :])
+        if (
+            x.size == 0
+            or x.ndim == 0
+            or sorted(a % x.ndim for a in axes) != list(range(x.ndim - k, x.ndim))
+            or (k > 1 and not x.flags.c_contiguous)
+            or any(v is not None and v.size != width for v in (gamma, beta))
+        ):
             return super().layer_norm(x, gamma, beta, epsilon, axes, rms)
         if k > 1:
-            y = self.layer_norm(x.reshape(x.shape[:x.ndim - k] + (-1,)),
-                                None if gamma is None else gamma.reshape(-1),
-                                None if beta is None else beta.reshape(-1), epsilon, (-1,), rms)
+            y = self.layer_norm(
+                x.reshape(x.shape[: x.ndim - k] + (-1,)),
+                None if gamma is None else gamma.reshape(-1),
+                None if beta is None else beta.reshape(-1),
+                epsilon,
+                (-1,),
+                rms,
+            )
             return y.reshape(x.shape)
         xr = _rows_of(x)
         out = np.empty_like(xr)
@@ -226,18 +255,18 @@ class CpuOps(ConvOps):
         return out if x.ndim == 2 else out.reshape(x.shape)
 
     def batch_norm(self, x, scale, shift, axis=-1):
-        if axis == -1 or axis == x.ndim - 1:   # the common case in one native call, else None
+        if axis == -1 or axis == x.ndim - 1:  # the common case in one native call, else None
             y = _core.apply_scale_shift(x, scale, shift)
             if y is not None:
                 return y
-        if axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] \
-                or np.size(shift) != x.shape[-1]:   # (the native kernel reads rows of that width)
+        if (
+            axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] or np.size(shift) != x.shape[-1]
+        ):  # (the native kernel reads rows of that width)
             return super().batch_norm(x, scale, shift, axis)
         xr = _rows_of(x)
         out = np.empty_like(xr)
         _core.scale_shift(xr, _vector(scale), _vector(shift), out)
         return out if x.ndim == 2 else out.reshape(x.shape)
-
 
     # ------------------------------------------------------------------ attention
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):
@@ -248,11 +277,9 @@ class CpuOps(ConvOps):
             s = np.ascontiguousarray(s, dtype=np.float32)
         if s.ndim != 4 or s.size == 0 or (bias is not None and np.ndim(bias) > 4):
             return super().attention_softmax(s, scale, bias, causal, empty)
-        return _core.attention_softmax(s, scale, self._attention_bias(bias, s.shape[3]), causal,
-                                       empty)
+        return _core.attention_softmax(s, scale, self._attention_bias(bias, s.shape[3]), causal, empty)
 
-    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0,
-                  need_weights=True):
+    def attention(self, q_bhqd, k_bhkd, v_bhkv, scale, bias=None, causal=False, empty=0, need_weights=True):
         """As ReferenceOps.attention, one native call: the (batch, head) pairs shared among the
         threads, both products of a pair on the packed sgemm. q, k and v may be strided views
         (heads split off a projection's columns): their rows are read in place. The output is
@@ -260,11 +287,19 @@ class CpuOps(ConvOps):
         Without ``need_weights`` each thread keeps one block of scores and no (B, H, Tq, Tk)
         array is made."""
         q, k, v = (_rows_in_place(a) for a in (q_bhqd, k_bhkd, v_bhkv))
-        if (q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or (bias is not None and np.ndim(bias) > 4)
-                or not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]
-                or q.shape[3] != k.shape[3] or 0 in q.shape or 0 in k.shape or 0 in v.shape):
-            return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty,
-                                     need_weights)
+        if (
+            q.ndim != 4
+            or k.ndim != 4
+            or v.ndim != 4
+            or (bias is not None and np.ndim(bias) > 4)
+            or not q.shape[:2] == k.shape[:2] == v.shape[:2]
+            or k.shape[2] != v.shape[2]
+            or q.shape[3] != k.shape[3]
+            or 0 in q.shape
+            or 0 in k.shape
+            or 0 in v.shape
+        ):
+            return super().attention(q_bhqd, k_bhkd, v_bhkv, scale, bias, causal, empty, need_weights)
         nb, nh, tq, _ = q.shape
         tk, dv = k.shape[2], v.shape[3]
         s = np.empty((nb, nh, tq, tk), np.float32) if need_weights else None
@@ -272,54 +307,98 @@ class CpuOps(ConvOps):
         _core.attention(q, k, v, scale, self._attention_bias(bias, tk), causal, empty, s, out)
         return out, s
 
-    def self_attention(self, x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias=None,
-                       empty=0, need_weights=True):
+    def self_attention(self, x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias=None, empty=0, need_weights=True):
         """As ReferenceOps.self_attention, in one native call (``encoder_layer``'s kernel
         without the feed-forward half): the q/k/v projection by rows, attention by
         (batch, head) pairs and the output projection by rows, each shared among the threads,
         the two products on weights packed once per weight array; q, k and v are read as
         strided heads of the projection, no head is copied out."""
         n, length, e = x_nle.shape
-        if (n * length == 0 or e % num_heads or (bias is not None and np.ndim(bias) > 4)
-                or any(a.dtype != np.float32 for a in (x_nle, w_qkv_io, w_o_io))
-                or w_qkv_io.shape != (e, 3 * e) or w_o_io.shape != (e, e)):
-            return super().self_attention(x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias,
-                                          empty, need_weights)
-        packed, vectors = derived_from((w_qkv_io, w_o_io, b_qkv, b_o), "self-attention",
-                                       lambda *a: _packed_products(2, *a))
+        if (
+            n * length == 0
+            or e % num_heads
+            or (bias is not None and np.ndim(bias) > 4)
+            or any(a.dtype != np.float32 for a in (x_nle, w_qkv_io, w_o_io))
+            or w_qkv_io.shape != (e, 3 * e)
+            or w_o_io.shape != (e, e)
+        ):
+            return super().self_attention(x_nle, w_qkv_io, b_qkv, w_o_io, b_o, num_heads, bias, empty, need_weights)
+        packed, vectors = derived_from(
+            (w_qkv_io, w_o_io, b_qkv, b_o), "self-attention", lambda *a: _packed_products(2, *a)
+        )
         s = np.empty((n, num_heads, length, length), np.float32) if need_weights else None
         out = np.empty((n * length, e), np.float32)
-        _core.encoder_layer(np.ascontiguousarray(x_nle).reshape(n * length, e), n, num_heads, 0,
-                            packed, vectors, 0.0, 0.0, CODES["linear"], False,
-                            self._attention_bias(bias, length), empty, s, out)
+        _core.encoder_layer(
+            np.ascontiguousarray(x_nle).reshape(n * length, e),
+            n,
+            num_heads,
+            0,
+            packed,
+            vectors,
+            0.0,
+            0.0,
+            CODES["linear"],
+            False,
+            self._attention_bias(bias, length),
+            empty,
+            s,
+            out,
+        )
         return out.reshape(n, length, e), s
 
-    def encoder_layer(self, x_nle, w: EncoderWeights, num_heads, activation="relu",
-                      norm_first=False, bias=None, empty=0, need_weights=True):
+    def encoder_layer(
+        self,
+        x_nle,
+        w: EncoderWeights,
+        num_heads,
+        activation="relu",
+        norm_first=False,
+        bias=None,
+        empty=0,
+        need_weights=True,
+    ):
         """As ReferenceOps.encoder_layer, in one native call: the q/k/v projection, attention
         and the rows after it (output projection, residual, norms, feed-forward) each shared
         among the threads, the products on weights packed once per weight array."""
         code = CODES.get(activation)
         n, length, e = x_nle.shape
         f = w.w_1_io.shape[-1]
-        if (code is None or n * length == 0 or e % num_heads
-                or (bias is not None and np.ndim(bias) > 4)
-                or any(a.dtype != np.float32 for a in
-                       (x_nle, w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io))
-                or w.w_qkv_io.shape != (e, 3 * e) or w.w_o_io.shape != (e, e)
-                or w.w_1_io.shape != (e, f) or w.w_2_io.shape != (f, e)):
-            return super().encoder_layer(x_nle, w, num_heads, activation, norm_first, bias, empty,
-                                         need_weights)
+        if (
+            code is None
+            or n * length == 0
+            or e % num_heads
+            or (bias is not None and np.ndim(bias) > 4)
+            or any(a.dtype != np.float32 for a in (x_nle, w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io))
+            or w.w_qkv_io.shape != (e, 3 * e)
+            or w.w_o_io.shape != (e, e)
+            or w.w_1_io.shape != (e, f)
+            or w.w_2_io.shape != (f, e)
+        ):
+            return super().encoder_layer(x_nle, w, num_heads, activation, norm_first, bias, empty, need_weights)
 
         packed, vectors = derived_from(
-            (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io, w.b_qkv, w.b_o, w.b_1, w.b_2,
-             *w.norm1[:2], *w.norm2[:2]), "encoder-layer",
-            lambda *a: _packed_products(4, *a))
+            (w.w_qkv_io, w.w_o_io, w.w_1_io, w.w_2_io, w.b_qkv, w.b_o, w.b_1, w.b_2, *w.norm1[:2], *w.norm2[:2]),
+            "encoder-layer",
+            lambda *a: _packed_products(4, *a),
+        )
         s = np.empty((n, num_heads, length, length), np.float32) if need_weights else None
         out = np.empty((n * length, e), np.float32)
-        _core.encoder_layer(np.ascontiguousarray(x_nle).reshape(n * length, e), n, num_heads, f,
-                            packed, vectors, w.norm1[2], w.norm2[2], code, norm_first,
-                            self._attention_bias(bias, length), empty, s, out)
+        _core.encoder_layer(
+            np.ascontiguousarray(x_nle).reshape(n * length, e),
+            n,
+            num_heads,
+            f,
+            packed,
+            vectors,
+            w.norm1[2],
+            w.norm2[2],
+            code,
+            norm_first,
+            self._attention_bias(bias, length),
+            empty,
+            s,
+            out,
+        )
         return out.reshape(n, length, e), s
 
     @staticmethod

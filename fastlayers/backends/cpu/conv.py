@@ -95,8 +95,7 @@ def _winograd_tile(n, ho, wo, cin, cout) -> int:
     if tiles2 < (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES):
         return 0
     tiles4 = n * ((ho + 3) // 4) * ((wo + 3) // 4)
-    if (max(cin, cout) <= _WINOGRAD4_MAX_CHANNELS
-            and 36 * tiles4 <= _WINOGRAD4_WORK * 16 * tiles2):
+    if max(cin, cout) <= _WINOGRAD4_MAX_CHANNELS and 36 * tiles4 <= _WINOGRAD4_WORK * 16 * tiles2:
         return 4
     return 2
 
@@ -118,37 +117,52 @@ def _adaptive_bins(size: int, out: int):
 class ConvOps(ReferenceOps):
     """The convolution and pooling primitives of ``CpuOps`` (a base class of it)."""
 
-    def conv2d(self, x_nhwc, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1),
-               groups=1, activation="linear", alpha=0.0):
-        return self.conv2d_plan(x_nhwc.shape, w_hwio, b, strides, pads, dilation, groups,
-                                activation, alpha)(x_nhwc)
+    def conv2d(
+        self,
+        x_nhwc,
+        w_hwio,
+        b,
+        strides=(1, 1),
+        pads=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+        activation="linear",
+        alpha=0.0,
+    ):
+        return self.conv2d_plan(x_nhwc.shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)(x_nhwc)
 
-    def conv2d_plan(self, x_shape, w_hwio, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                    dilation=(1, 1), groups=1, activation="linear", alpha=0.0):
+    def conv2d_plan(
+        self,
+        x_shape,
+        w_hwio,
+        b,
+        strides=(1, 1),
+        pads=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+        activation="linear",
+        alpha=0.0,
+    ):
         n, h, w, c = x_shape
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         if n * h * w * c == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
-            return lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation,
-                                                 groups, activation, alpha)
+            return lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
         if groups > 1 and cin_g == 1 and groups == c:
             # one input channel per group: a depthwise convolution (multiplier cout / c)
             w_hwcm = w_hwio.reshape(kh, kw, c, cout // c)
-            return lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation,
-                                                   activation, alpha)
+            return lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation, activation, alpha)
         wk, bias, code, out = _f32c(w_hwio), _bias(b), _kernel_code(activation), (n, ho, wo, cout)
-        finish = code != CODES.get(activation)   # softmax or no native code: a pass after
-        tile = (_winograd_tile(n, ho, wo, c, cout)
-                if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0)
+        finish = code != CODES.get(activation)  # softmax or no native code: a pass after
+        tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
 
         def direct(x, y, pw):
             _core.conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
 
         if tile:
-            pu = derived_view(wk, f"native-winograd:{tile}",
-                              functools.partial(_core.winograd_pack, tile=tile))
+            pu = derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
 
             def run(x):
                 x, y = _f32c(x), np.empty(out, np.float32)
@@ -165,108 +179,153 @@ class ConvOps(ReferenceOps):
                     x = _f32c(x)
                 conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
                 return _finish(self, y, activation, alpha) if finish else y
+
         return run
 
-    def depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                         dilation=(1, 1), activation="linear", alpha=0.0):
+    def depthwise_conv2d(
+        self, x_nhwc, w_hwcm, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), activation="linear", alpha=0.0
+    ):
         n, h, w, c = x_nhwc.shape
         kh, kw, _, m = w_hwcm.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or m == 0 or min(pt, pl) < 0:
-            return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation,
-                                                 activation, alpha)
+            return ReferenceOps.depthwise_conv2d(self, x_nhwc, w_hwcm, b, strides, pads, dilation, activation, alpha)
         y = np.empty((n, ho, wo, c * m), np.float32)
-        _core.depthwise_conv2d(_f32c(x_nhwc), _f32c(w_hwcm), _bias(b), y, sh, sw, dh, dw, pt, pl,
-                               _kernel_code(activation), alpha)
+        _core.depthwise_conv2d(
+            _f32c(x_nhwc), _f32c(w_hwcm), _bias(b), y, sh, sw, dh, dw, pt, pl, _kernel_code(activation), alpha
+        )
         return _finish(self, y, activation, alpha)
 
-    def conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1), groups=1,
-                         activation="linear", alpha=0.0):
+    def conv_transpose2d(
+        self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation=(1, 1), groups=1, activation="linear", alpha=0.0
+    ):
         n, h, w, cin = x_nhwc.shape
         kh, kw, _, cout_g = w_hwio.shape
         (sh, sw), (dh, dw), (ct, cl), (ho, wo) = strides, dilation, crop, out_hw
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0 or cout_g == 0 or min(ct, cl) < 0:
-            return ReferenceOps.conv_transpose2d(self, x_nhwc, w_hwio, b, strides, crop, out_hw,
-                                                 dilation, groups, activation, alpha)
+            return ReferenceOps.conv_transpose2d(
+                self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation, groups, activation, alpha
+            )
         wk = _f32c(w_hwio)
-        pw = derived(wk, f"native-conv-transpose:{groups}",
-                     lambda a: _core.conv_transpose_pack(a, groups))
+        pw = derived(wk, f"native-conv-transpose:{groups}", lambda a: _core.conv_transpose_pack(a, groups))
         y = np.empty((n, ho, wo, groups * cout_g), np.float32)
-        _core.conv_transpose2d(_f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct,
-                               cl, _kernel_code(activation), alpha)
+        _core.conv_transpose2d(
+            _f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, _kernel_code(activation), alpha
+        )
         return _finish(self, y, activation, alpha)
 
-    def conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation=(1, 1),
-                              groups=1, activation="linear", alpha=0.0):
+    def conv_transpose2d_nchw(
+        self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation=(1, 1), groups=1, activation="linear", alpha=0.0
+    ):
         n, cin, h, w = x_nchw.shape
         _, cout_g, kh, kw = w_iohw.shape
         (sh, sw), (dh, dw), (ct, cl), (ho, wo) = strides, dilation, crop, out_hw
         code = CODES.get(activation)
-        if (x_nchw.size == 0 or ho <= 0 or wo <= 0 or cout_g == 0 or min(ct, cl) < 0
-                or code is None or code in _SOFTMAX_CODES):
-            return ReferenceOps.conv_transpose2d_nchw(self, x_nchw, w_iohw, b, strides, crop,
-                                                      out_hw, dilation, groups, activation, alpha)
+        if (
+            x_nchw.size == 0
+            or ho <= 0
+            or wo <= 0
+            or cout_g == 0
+            or min(ct, cl) < 0
+            or code is None
+            or code in _SOFTMAX_CODES
+        ):
+            return ReferenceOps.conv_transpose2d_nchw(
+                self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation, groups, activation, alpha
+            )
         # each group's w as (C_out / groups kh kw, C_in / groups): the sgemm's A, read in place
         # (a copy: a view would keep w_iohw alive in the cache)
-        wt = derived(w_iohw, f"native-conv-transpose-nchw:{groups}", lambda a: np.array(
-            a.reshape(groups, cin // groups, -1).transpose(0, 2, 1), np.float32, order="C"))
+        wt = derived(
+            w_iohw,
+            f"native-conv-transpose-nchw:{groups}",
+            lambda a: np.array(a.reshape(groups, cin // groups, -1).transpose(0, 2, 1), np.float32, order="C"),
+        )
         y = np.empty((n, groups * cout_g, ho, wo), np.float32)
-        _core.conv_transpose2d_nchw(_f32c(x_nchw), wt, _bias(b), y, kh, kw, groups, sh, sw, dh, dw,
-                                    ct, cl, code, alpha)
+        _core.conv_transpose2d_nchw(_f32c(x_nchw), wt, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, code, alpha)
         return y
 
-    def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1),
-               count_include_pad=False):
+    def pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_include_pad=False):
         n, h, w, c = x_nhwc.shape
         (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
         if x_nhwc.size == 0 or ho <= 0 or wo <= 0:
-            return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation,
-                                       count_include_pad)
+            return ReferenceOps.pool2d(self, x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
         y = np.empty((n, ho, wo, c), np.float32)
-        return _core.pool2d(_f32c(x_nhwc), y, kind == "max", pool[0], pool[1], strides[0],
-                            strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
-                            bool(count_include_pad))
+        return _core.pool2d(
+            _f32c(x_nhwc),
+            y,
+            kind == "max",
+            pool[0],
+            pool[1],
+            strides[0],
+            strides[1],
+            dilation[0],
+            dilation[1],
+            pt,
+            pl,
+            h + pb,
+            w + pr,
+            bool(count_include_pad),
+        )
 
-    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1),
-                    count_include_pad=False):
+    def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_include_pad=False):
         n, c, h, w = x_nchw.shape
         (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
         if x_nchw.size == 0 or ho <= 0 or wo <= 0 or min(pt, pl) < 0:
-            return ReferenceOps.pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw,
-                                            dilation, count_include_pad)
+            return ReferenceOps.pool2d_nchw(
+                self, x_nchw, kind, pool, strides, pads, out_hw, dilation, count_include_pad
+            )
         y = np.empty((n, c, ho, wo), np.float32)
-        return _core.pool2d_nchw(_f32c(x_nchw), y, kind == "max", pool[0], pool[1], strides[0],
-                                 strides[1], dilation[0], dilation[1], pt, pl, h + pb, w + pr,
-                                 bool(count_include_pad))
+        return _core.pool2d_nchw(
+            _f32c(x_nchw),
+            y,
+            kind == "max",
+            pool[0],
+            pool[1],
+            strides[0],
+            strides[1],
+            dilation[0],
+            dilation[1],
+            pt,
+            pl,
+            h + pb,
+            w + pr,
+            bool(count_include_pad),
+        )
 
-    def depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)),
-                              dilation=(1, 1), activation="linear", alpha=0.0):
+    def depthwise_conv2d_nchw(
+        self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), activation="linear", alpha=0.0
+    ):
         n, c, h, w = x_nchw.shape
         cm, kh, kw = w_ohw.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         code = CODES.get(activation)
-        if (x_nchw.size == 0 or ho <= 0 or wo <= 0 or cm == 0 or min(pt, pl) < 0 or code is None
-                or code in _SOFTMAX_CODES):   # softmax over channels: the reference's NHWC epilogue
-            return ReferenceOps.depthwise_conv2d_nchw(self, x_nchw, w_ohw, b, strides, pads,
-                                                      dilation, activation, alpha)
+        if (
+            x_nchw.size == 0
+            or ho <= 0
+            or wo <= 0
+            or cm == 0
+            or min(pt, pl) < 0
+            or code is None
+            or code in _SOFTMAX_CODES
+        ):  # softmax over channels: the reference's NHWC epilogue
+            return ReferenceOps.depthwise_conv2d_nchw(
+                self, x_nchw, w_ohw, b, strides, pads, dilation, activation, alpha
+            )
         y = np.empty((n, cm, ho, wo), np.float32)
-        _core.depthwise_conv2d_nchw(_f32c(x_nchw), _f32c(w_ohw), _bias(b), y, sh, sw, dh, dw, pt,
-                                    pl, code, alpha)
+        _core.depthwise_conv2d_nchw(_f32c(x_nchw), _f32c(w_ohw), _bias(b), y, sh, sw, dh, dw, pt, pl, code, alpha)
         return y
 
     def global_pool(self, x, kind, axes, keepdims=False):
         # every axis between the batch and the channels: one (1, steps) window over NHWC rows
-        if (x.ndim < 3 or x.size == 0
-                or tuple(sorted(a % x.ndim for a in axes)) != tuple(range(1, x.ndim - 1))):
+        if x.ndim < 3 or x.size == 0 or tuple(sorted(a % x.ndim for a in axes)) != tuple(range(1, x.ndim - 1)):
             return ReferenceOps.global_pool(self, x, kind, axes, keepdims)
         n, c = x.shape[0], x.shape[-1]
         steps = x.size // (n * c)
-        y = self.pool2d(x.reshape(n, 1, steps, c), kind, (1, steps), (1, 1), ((0, 0), (0, 0)),
-                        (1, 1))
+        y = self.pool2d(x.reshape(n, 1, steps, c), kind, (1, steps), (1, 1), ((0, 0), (0, 0)), (1, 1))
         return y.reshape((n, *(1,) * (x.ndim - 2), c)) if keepdims else y.reshape(n, c)
 
     def adaptive_pool2d(self, x_nhwc, kind, out_hw):

@@ -38,8 +38,9 @@ def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weigh
     m, k = a_mk.shape
     n = b_kn.shape[1]
     strided = b_kn.strides[-1] != 4 and n > 1
-    pb = (packed_weights(b_kn) if weights and (
-        strided or max(m, PACKED_ROWS_FLOOR) * n * k >= PACKED_MIN_MADDS) else None)
+    pb = (
+        packed_weights(b_kn) if weights and (strided or max(m, PACKED_ROWS_FLOOR) * n * k >= PACKED_MIN_MADDS) else None
+    )
     if strided and pb is None:
         b_kn = np.ascontiguousarray(b_kn)
     return _core.matmul(a_mk, b_kn, out_mn, pb, bias, code, alpha)
@@ -66,8 +67,16 @@ def batched_matmul(a, b, trans_b=False):
     leading axes broadcast as ``np.matmul`` does, on the pool's threads (``_core.matmul_batch``);
     None where numpy does it: other dtypes, fewer axes, empty operands, mismatched inner
     sizes (numpy raises the error) and leading axes that broadcast only in part."""
-    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
-            or b.dtype != np.float32 or a.ndim < 2 or b.ndim < 2 or not a.size or not b.size:
+    if (
+        type(a) is not np.ndarray
+        or type(b) is not np.ndarray
+        or a.dtype != np.float32
+        or b.dtype != np.float32
+        or a.ndim < 2
+        or b.ndim < 2
+        or not a.size
+        or not b.size
+    ):
         return None
     if not _last_axis_contiguous(b) and b.strides[-2] == 4:
         b, trans_b = np.swapaxes(b, -1, -2), not trans_b  # a transposed view read as what it views
@@ -81,7 +90,7 @@ def batched_matmul(a, b, trans_b=False):
         return None
     batch = math.prod(lead)
     if math.prod(b.shape[:-2]) == 1 and a.ndim > 2:
-        rows = a.reshape(1, -1, k)                       # a shared b: every row in one product
+        rows = a.reshape(1, -1, k)  # a shared b: every row in one product
         a3, b3, c3 = rows, b.reshape((1,) + b.shape[-2:]), np.empty((1, rows.shape[1], n), np.float32)
     else:
         a3, b3 = _as_batch(a, lead, batch), _as_batch(b, lead, batch)

@@ -28,7 +28,7 @@ def aligned_empty(shape, dtype=np.float32, align=LINE):
     """An uninitialized C-contiguous array whose data starts on an ``align``-byte boundary."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + align, np.uint8)
-    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)   # cheaper than slicing raw
+    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)  # cheaper than slicing raw
 
 
 def weights_empty(shape, dtype=np.float32):
@@ -37,12 +37,12 @@ def weights_empty(shape, dtype=np.float32):
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return aligned_empty(shape, dtype)
-    size = (-(-nbytes // HUGE_PAGE) + 1) * HUGE_PAGE        # one page of slack for alignment
+    size = (-(-nbytes // HUGE_PAGE) + 1) * HUGE_PAGE  # one page of slack for alignment
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         region.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:                                          # kernel without THP
+    except OSError:  # kernel without THP
         pass
-    raw = np.frombuffer(region, np.uint8)                    # the array keeps the mapping alive
+    raw = np.frombuffer(region, np.uint8)  # the array keeps the mapping alive
     start = -raw.ctypes.data % HUGE_PAGE
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)

@@ -56,8 +56,7 @@ ROW_SHARE_MAX_BYTES = 8 << 20
 MIN_SHARE_ROWS = 4
 #: Activation names the loops take: every elementwise code of the native core but leaky_relu,
 #: whose slope (Keras's default 0.2) the loops do not carry; it runs on the reference loop.
-CODES = {name: code for name, code in native.CODES.items()
-         if name not in ("softmax", "log_softmax", "leaky_relu")}
+CODES = {name: code for name, code in native.CODES.items() if name not in ("softmax", "log_softmax", "leaky_relu")}
 
 _ALL_BLOCKS = {1: (0,), 3: (0, 1, 2), 4: (0, 1, 2, 3)}
 
@@ -109,8 +108,7 @@ def _bounds(size, parts):
     every share gets at least one step of them, else of 1 (cached: read-only)."""
     step = UNIT_STEP if size >= UNIT_STEP * parts else 1
     steps = -(-size // step)
-    bounds = np.array([min(size, step * (steps * p // parts)) for p in range(parts + 1)],
-                      np.int64)
+    bounds = np.array([min(size, step * (steps * p // parts)) for p in range(parts + 1)], np.int64)
     bounds.flags.writeable = False
     return bounds
 
@@ -154,11 +152,19 @@ def _inputs(x_bti, w_ig, b_g, n_blocks, parts):
     with their weights packed per share, or ids with the table of ``w_ig + b_g`` (the sum
     computed once per weight array) read in place."""
     if x_bti.ndim == 2:
-        table = _c32(w_ig) if b_g is None else \
-            derived_from((w_ig, b_g), "recurrent-table-bias", lambda w, b: _c32(w) + _c32(b))
+        table = (
+            _c32(w_ig)
+            if b_g is None
+            else derived_from((w_ig, b_g), "recurrent-table-bias", lambda w, b: _c32(w) + _c32(b))
+        )
         return None, np.ascontiguousarray(x_bti, np.int64), table, None, None
-    return (_c32(x_bti), None, None, _packed(w_ig, _ALL_BLOCKS[n_blocks], n_blocks, parts),
-            None if b_g is None else _c32(b_g))
+    return (
+        _c32(x_bti),
+        None,
+        None,
+        _packed(w_ig, _ALL_BLOCKS[n_blocks], n_blocks, parts),
+        None if b_g is None else _c32(b_g),
+    )
 
 
 def _state(s0, batch, size):
@@ -193,12 +199,12 @@ def _finish(y, last, mask_bt, reverse, zero_masked):
 
 
 def _covered(x_bti, codes):
-    return codes is not None and x_bti.shape[0] > 0 and x_bti.shape[1] > 0 and \
-        (x_bti.ndim == 2 or x_bti.shape[2] > 0)
+    return codes is not None and x_bti.shape[0] > 0 and x_bti.shape[1] > 0 and (x_bti.ndim == 2 or x_bti.shape[2] > 0)
 
 
 class _LoopArgs(typing.NamedTuple):
     """``_core.rnn_loop``'s arguments, named as its parameters (``native/recurrent.pxi``)."""
+
     kind: int
     x: object
     ids: object
@@ -235,6 +241,7 @@ class _Loop(typing.NamedTuple):
     """One call of the native loop: ``rnn_loop``'s arguments, the function that gives the
     call's result once the loop ran, its batch and steps, and the floats of its recurrent
     weights."""
+
     args: _LoopArgs
     finish: typing.Callable
     batch: int
@@ -242,8 +249,21 @@ class _Loop(typing.NamedTuple):
     weight_floats: int
 
 
-def _rnn_loop(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
-              return_sequences=True, zero_masked=False, y0=None, shares=None):
+def _rnn_loop(
+    x_bti,
+    w_ih,
+    w_hh,
+    b,
+    h0,
+    *,
+    activation="tanh",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+    shares=None,
+):
     codes = _codes(activation)
     if not _covered(x_bti, codes):
         return None
@@ -252,18 +272,48 @@ def _rnn_loop(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reve
     row_parts, parts = shares or _shares(batch, t_len, units, units, 1, w_hh.size)
     y, last = _outputs(t_len, batch, units, return_sequences, y0)
     h = _state(h0, batch, units)
-    args = _LoopArgs(_core.RNN_SIMPLE, *_inputs(x_bti, w_ih, b, 1, parts),
-                     pw_hg=_packed(w_hh, (0,), 1, parts), pw_hn=None, pw_hp=None, b_hg=None,
-                     ubounds=_bounds(units, parts), qbounds=None, row_parts=row_parts,
-                     mask=_mask(mask_bt), h=h, c=None, y=y, last=last, act=codes[0],
-                     ract=codes[0], reverse=reverse, zero_masked=zero_masked, reset_after=True)
-    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
-                 batch, t_len, w_hh.size)
+    args = _LoopArgs(
+        _core.RNN_SIMPLE,
+        *_inputs(x_bti, w_ih, b, 1, parts),
+        pw_hg=_packed(w_hh, (0,), 1, parts),
+        pw_hn=None,
+        pw_hp=None,
+        b_hg=None,
+        ubounds=_bounds(units, parts),
+        qbounds=None,
+        row_parts=row_parts,
+        mask=_mask(mask_bt),
+        h=h,
+        c=None,
+        y=y,
+        last=last,
+        act=codes[0],
+        ract=codes[0],
+        reverse=reverse,
+        zero_masked=zero_masked,
+        reset_after=True,
+    )
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h), batch, t_len, w_hh.size)
 
 
-def _lstm_loop(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
-               recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-               return_sequences=True, zero_masked=False, y0=None, shares=None):
+def _lstm_loop(
+    x_bti,
+    w_ig,
+    w_hg,
+    b_g,
+    h0,
+    c0,
+    *,
+    w_hp=None,
+    activation="tanh",
+    recurrent_activation="sigmoid",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+    shares=None,
+):
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):
         return None
@@ -273,21 +323,48 @@ def _lstm_loop(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
     row_parts, parts = shares or _shares(batch, t_len, out_size, units, 4, weight_floats)
     y, last = _outputs(t_len, batch, out_size, return_sequences, y0)
     h, c = _state(h0, batch, out_size), _state(c0, batch, units)
-    args = _LoopArgs(_core.RNN_LSTM, *_inputs(x_bti, w_ig, b_g, 4, parts),
-                     pw_hg=_packed(w_hg, (0, 1, 2, 3), 4, parts), pw_hn=None,
-                     pw_hp=None if w_hp is None else _packed(w_hp, (0,), 1, parts), b_hg=None,
-                     ubounds=_bounds(units, parts),
-                     qbounds=None if w_hp is None else _bounds(out_size, parts),
-                     row_parts=row_parts, mask=_mask(mask_bt), h=h, c=c, y=y, last=last,
-                     act=codes[0], ract=codes[1], reverse=reverse, zero_masked=zero_masked,
-                     reset_after=True)
-    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h, c),
-                 batch, t_len, weight_floats)
+    args = _LoopArgs(
+        _core.RNN_LSTM,
+        *_inputs(x_bti, w_ig, b_g, 4, parts),
+        pw_hg=_packed(w_hg, (0, 1, 2, 3), 4, parts),
+        pw_hn=None,
+        pw_hp=None if w_hp is None else _packed(w_hp, (0,), 1, parts),
+        b_hg=None,
+        ubounds=_bounds(units, parts),
+        qbounds=None if w_hp is None else _bounds(out_size, parts),
+        row_parts=row_parts,
+        mask=_mask(mask_bt),
+        h=h,
+        c=c,
+        y=y,
+        last=last,
+        act=codes[0],
+        ract=codes[1],
+        reverse=reverse,
+        zero_masked=zero_masked,
+        reset_after=True,
+    )
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h, c), batch, t_len, weight_floats)
 
 
-def _gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
-              recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-              return_sequences=True, zero_masked=False, y0=None, shares=None):
+def _gru_loop(
+    x_bti,
+    w_ig,
+    w_hg,
+    b_ig,
+    b_hg,
+    h0,
+    *,
+    reset_after=True,
+    activation="tanh",
+    recurrent_activation="sigmoid",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+    shares=None,
+):
     codes = _codes(activation, recurrent_activation)
     if not _covered(x_bti, codes):
         return None
@@ -299,16 +376,31 @@ def _gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation
     if reset_after:
         pw_hg, pw_hn = _packed(w_hg, (0, 1, 2), 3, parts), None
         bias_h = None if b_hg is None else _c32(b_hg)
-    else:            # the recurrent bias does not exist without reset_after
+    else:  # the recurrent bias does not exist without reset_after
         pw_hg, pw_hn = _packed(w_hg, (0, 1), 3, parts), _packed(w_hg, (2,), 3, parts)
         bias_h = None
-    args = _LoopArgs(_core.RNN_GRU, *_inputs(x_bti, w_ig, b_ig, 3, parts), pw_hg=pw_hg,
-                     pw_hn=pw_hn, pw_hp=None, b_hg=bias_h, ubounds=_bounds(units, parts),
-                     qbounds=None, row_parts=row_parts, mask=_mask(mask_bt), h=h, c=None, y=y,
-                     last=last, act=codes[0], ract=codes[1], reverse=reverse,
-                     zero_masked=zero_masked, reset_after=reset_after)
-    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h),
-                 batch, t_len, w_hg.size)
+    args = _LoopArgs(
+        _core.RNN_GRU,
+        *_inputs(x_bti, w_ig, b_ig, 3, parts),
+        pw_hg=pw_hg,
+        pw_hn=pw_hn,
+        pw_hp=None,
+        b_hg=bias_h,
+        ubounds=_bounds(units, parts),
+        qbounds=None,
+        row_parts=row_parts,
+        mask=_mask(mask_bt),
+        h=h,
+        c=None,
+        y=y,
+        last=last,
+        act=codes[0],
+        ract=codes[1],
+        reverse=reverse,
+        zero_masked=zero_masked,
+        reset_after=reset_after,
+    )
+    return _Loop(args, lambda: (_finish(y, last, mask_bt, reverse, zero_masked), h), batch, t_len, w_hg.size)
 
 
 def _run(loop):
@@ -363,8 +455,11 @@ def sequences(calls):
 
 def _own_thread(loop, n_calls, threads):
     """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own."""
-    return loop is not None and loop.steps * loop.batch * loop.weight_floats >= MIN_CALL_MADDS \
+    return (
+        loop is not None
+        and loop.steps * loop.batch * loop.weight_floats >= MIN_CALL_MADDS
         and not (n_calls < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1)
+    )
 
 
 def _bindable(x_bti, kw):
@@ -376,9 +471,8 @@ def _filler(loop, x_bti):
     """A function ``(x, states) -> (args, result)``: ``loop``'s arguments for the input x laid
     out as ``x_bti``, with states (the bound ones, or ``states``: (h0,) or (h0, c0)) and
     outputs made anew, and the call's result once it ran."""
-    head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1:_CALL_ARGS.start], \
-        loop.args[_CALL_ARGS.stop:]
-    held = loop.args       # its states and outputs are held, never written
+    head, middle, tail = loop.args[:_X_ARG], loop.args[_X_ARG + 1 : _CALL_ARGS.start], loop.args[_CALL_ARGS.stop :]
+    held = loop.args  # its states and outputs are held, never written
     h_init, c_init, y_init, last_init = held.h, held.c, held.y, held.last
     y_shape = None if y_init is None else y_init.shape
     float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
@@ -392,15 +486,17 @@ def _filler(loop, x_bti):
         last = last_init.copy()
         y = None if y_shape is None else np.empty(y_shape, np.float32)
         out = last if y is None else y
-        return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), \
-            ((out, h) if c is None else (out, h, c))
+        return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), (
+            (out, h) if c is None else (out, h, c)
+        )
+
     return fill
 
 
 def _with_states(args, states):
     """A sequence call's arguments after the input with its initial states (its last one or
     two) replaced by ``states`` (None: as they are)."""
-    return args if states is None else (*args[:len(args) - len(states)], *states)
+    return args if states is None else (*args[: len(args) - len(states)], *states)
 
 
 def sequence_plan(name, x_bti, args, kw):
@@ -426,6 +522,7 @@ def sequence_plan(name, x_bti, args, kw):
         loop_args, result = fill(x, states)
         _core.rnn_loop(*loop_args)
         return result
+
     return run
 
 
@@ -436,8 +533,7 @@ def sequences_plan(x_bti, calls):
     once; None where it does not (or a call is not bound: see ``sequence_plan``). Under another
     thread count the function calls ``sequences``."""
     threads = _core.get_num_threads()
-    if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or \
-            not all(_bindable(x_bti, kw) for _, _, kw in calls):
+    if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
         return None
     loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
     if not all(_own_thread(loop, len(calls), threads) for loop in loops):
@@ -447,10 +543,10 @@ def sequences_plan(x_bti, calls):
     def run(x, states=None):
         per_call = states or [None] * len(calls)
         if _core.get_num_threads() != threads:
-            unbound = [(name, (x, *_with_states(args, st)), kw)
-                       for (name, args, kw), st in zip(calls, per_call)]
+            unbound = [(name, (x, *_with_states(args, st)), kw) for (name, args, kw), st in zip(calls, per_call)]
             return sequences(unbound) or [_run(_LOOPS[name](*a, **k)) for name, a, k in unbound]
         filled = [fill(x, st) for fill, st in zip(fills, per_call)]
         _core.rnn_loops([loop_args for loop_args, _ in filled])
         return [result for _, result in filled]
+
     return run

@@ -111,8 +111,7 @@ class DeviceOps(ReferenceOps):
         if a_mk.ndim == b_kn.ndim == c_mn.ndim == 2 and not trans_b:  # no 3-D views to make
             m, n = c_mn.shape
             grid = ((n + K.TILE - 1) // K.TILE, (m + K.TILE - 1) // K.TILE)
-            K.mm_bias_act[grid, (K.TILE, K.TILE)](a_mk, b_kn, self._dummy, False, K.LINEAR,
-                                                  np.float32(0.0), c_mn)
+            K.mm_bias_act[grid, (K.TILE, K.TILE)](a_mk, b_kn, self._dummy, False, K.LINEAR, np.float32(0.0), c_mn)
             return c_mn
         a3 = a_mk.reshape((1,) + a_mk.shape) if a_mk.ndim == 2 else a_mk
         b3 = b_kn.reshape((1,) + b_kn.shape) if b_kn.ndim == 2 else b_kn
@@ -129,8 +128,7 @@ class DeviceOps(ReferenceOps):
         shape, s_str, s_off = layout(src.shape, src_view)
         d_shape, d_str, d_off = layout(dst.shape, dst_view)
         if shape != d_shape:
-            raise ValueError(f"cuda copy: source view {shape} and destination view {d_shape} "
-                             "differ")
+            raise ValueError(f"cuda copy: source view {shape} and destination view {d_shape} differ")
         n = math.prod(shape)
         if n == 0:
             return
@@ -241,8 +239,7 @@ class DeviceOps(ReferenceOps):
         n = math.prod(dm.shape)
         if n:
             g, t = grid1(n, self.sim)
-            K.keep_f32[g, t](flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0),
-                             flat(out))
+            K.keep_f32[g, t](flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0), flat(out))
         return self._back(out, dev)
 
     @serialized_in_simulator
@@ -292,8 +289,9 @@ class DeviceOps(ReferenceOps):
         if b is not None or code not in (None, K.LINEAR):
             blocks, threads = grid2(cols, rows, self.sim)
             db = self._dummy if b is None else self._weight(b)
-            K.bias_act_rows[blocks, threads](y_rc, db, b is not None,
-                                             K.LINEAR if code is None else code, np.float32(alpha))
+            K.bias_act_rows[blocks, threads](
+                y_rc, db, b is not None, K.LINEAR if code is None else code, np.float32(alpha)
+            )
         if code is not None:
             return y_rc
         if activation in ("softmax", "log_softmax"):

@@ -84,7 +84,9 @@ class IndexingOps(DeviceOps):
     def hsoftmax_log_probs(self, x, w_in, b_n, path_nodes, path_signs):
         dev = is_device(x)
         if x.shape[0] == 0:
-            return self._host_path(is_device(x), super().hsoftmax_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs))
+            return self._host_path(
+                is_device(x), super().hsoftmax_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs)
+            )
         z = self.dense(to_device(x), w_in, b_n)
         out = self._empty((z.shape[0], path_nodes.shape[0]))
         blocks, threads = grid2(path_nodes.shape[0], z.shape[0], self.sim)
@@ -97,13 +99,14 @@ class IndexingOps(DeviceOps):
         given a one-element device array ``bad``, sets bad[0] = 1."""
         dev = is_device(x)
         if x.shape[0] == 0:
-            return self._host_path(is_device(x), super().hsoftmax_class_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs,
-                                                    to_host(classes)))
+            return self._host_path(
+                is_device(x),
+                super().hsoftmax_class_log_probs(to_host(x), w_in, b_n, path_nodes, path_signs, to_host(classes)),
+            )
         flag = self.zeros((1,)) if bad is None else bad
         z = self.dense(to_device(x), w_in, b_n)
         dc = self._indices(classes, flag)
         out = self._empty((z.shape[0],))
         g, t = grid1(z.shape[0], self.sim)
-        K.hsoftmax_class_rows[g, t](z, self._weight(path_nodes), self._weight(path_signs), dc,
-                                    out, flag)
+        K.hsoftmax_class_rows[g, t](z, self._weight(path_nodes), self._weight(path_signs), dc, out, flag)
         return self._back(out, dev)

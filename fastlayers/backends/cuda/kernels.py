@@ -36,13 +36,39 @@ _SELU_ALPHA = np.float32(1.6732632423543772)
 _SELU_SCALE = np.float32(1.0507009873554805)
 
 # Activation codes of the fused epilogues (softmax / log_softmax run as row kernels).
-LINEAR, RELU, RELU6, LEAKY_RELU, ELU, SELU, GELU, GELU_TANH, SIGMOID, HARD_SIGMOID, TANH, \
-    SOFTPLUS, SOFTSIGN, SILU, EXPONENTIAL = range(15)
+(
+    LINEAR,
+    RELU,
+    RELU6,
+    LEAKY_RELU,
+    ELU,
+    SELU,
+    GELU,
+    GELU_TANH,
+    SIGMOID,
+    HARD_SIGMOID,
+    TANH,
+    SOFTPLUS,
+    SOFTSIGN,
+    SILU,
+    EXPONENTIAL,
+) = range(15)
 CODES = {
-    "linear": LINEAR, "relu": RELU, "relu6": RELU6, "leaky_relu": LEAKY_RELU, "elu": ELU,
-    "selu": SELU, "gelu": GELU, "gelu_tanh": GELU_TANH, "sigmoid": SIGMOID,
-    "hard_sigmoid": HARD_SIGMOID, "tanh": TANH, "softplus": SOFTPLUS, "softsign": SOFTSIGN,
-    "silu": SILU, "exponential": EXPONENTIAL,
+    "linear": LINEAR,
+    "relu": RELU,
+    "relu6": RELU6,
+    "leaky_relu": LEAKY_RELU,
+    "elu": ELU,
+    "selu": SELU,
+    "gelu": GELU,
+    "gelu_tanh": GELU_TANH,
+    "sigmoid": SIGMOID,
+    "hard_sigmoid": HARD_SIGMOID,
+    "tanh": TANH,
+    "softplus": SOFTPLUS,
+    "softsign": SOFTSIGN,
+    "silu": SILU,
+    "exponential": EXPONENTIAL,
 }
 
 
@@ -251,8 +277,7 @@ def relu_flat(x, y, threshold, slope, max_value, has_max):
 
 # ------------------------------------------------------------------- convolution and pooling
 @cuda.jit
-def conv2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, pt, pl, groups, code,
-                alpha):
+def conv2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, pt, pl, groups, code, alpha):
     """y[n, oh, ow, o] = f(b[o] + sum_{i, j, c} x[n, s oh - p + d i, s ow - p + d j, g Cg + c] w[i, j, c, o]).
 
     One thread per output value (channels on the fast grid axis); groups == C is depthwise.
@@ -331,8 +356,7 @@ def pool2d_nhwc(x_nhwc, y_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, 
 
 
 @cuda.jit
-def conv_transpose2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, ct, cl, groups,
-                          code, alpha):
+def conv_transpose2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, ct, cl, groups, code, alpha):
     """y[n, oh, ow, g Cog + o] = f(b + sum x[n, ih, iw, g Cig + c] w[i, j, g Cig + c, o]) over
     s ih + d i = oh + ct, s iw + d j = ow + cl: the adjoint of conv2d, cropped at (ct, cl).
 
@@ -774,7 +798,7 @@ def binary_strided(a, a_off, a_str, b, b_off, b_str, out, shape, op, alpha, beta
         v = x * _std(y)
     elif y == y and y != _ZERO:
         v = x / y
-    else:   # IEEE division by 0 or NaN (numba's float division raises on 0)
+    else:  # IEEE division by 0 or NaN (numba's float division raises on 0)
         v = _NAN if (y != y or x != x or x == _ZERO) else (_POS_INF if x > _ZERO else _NEG_INF)
     out[i] = v
 
@@ -821,7 +845,7 @@ def keep_bias_strided(m, m_off, m_str, thr, out, shape):
 
 
 # ------------------------------------------------------------------------- gathers and checks
-_INT64_LIMIT = np.float32(2.0 ** 62)
+_INT64_LIMIT = np.float32(2.0**62)
 
 
 @cuda.jit

@@ -20,10 +20,19 @@ import numpy as np
 
 _c_intp = ctypes.c_ssize_t
 #: numba scalar type name -> the C type its kernel parameter has.
-_SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_uint8,
-            "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
-            "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint16": ctypes.c_uint16,
-            "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
+_SCALARS = {
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "bool": ctypes.c_uint8,
+    "int8": ctypes.c_int8,
+    "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint8": ctypes.c_uint8,
+    "uint16": ctypes.c_uint16,
+    "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64,
+}
 _ARRAY = object()
 
 
@@ -93,8 +102,13 @@ class FastKernel:
         values = []
         for kind, a in zip(kinds, args):
             if kind is _ARRAY:
-                values += [ctypes.c_void_p(0), ctypes.c_void_p(0), _c_intp(a.size),
-                           _c_intp(a.dtype.itemsize), ctypes.c_void_p(a.device_ctypes_pointer.value)]
+                values += [
+                    ctypes.c_void_p(0),
+                    ctypes.c_void_p(0),
+                    _c_intp(a.size),
+                    _c_intp(a.dtype.itemsize),
+                    ctypes.c_void_p(a.device_ctypes_pointer.value),
+                ]
                 values += [_c_intp(s) for s in a.shape]
                 values += [_c_intp(s) for s in a.strides]
             elif type(kind) is tuple:

@@ -44,9 +44,16 @@ from .views import as_rows, collapse6, flat, grid1, grid2, layout
 
 __all__ = ["TRANSFERS", "CudaOps", "Transfers"]
 
-_BINARY_OPS = {"add": K.OP_ADD, "subtract": K.OP_SUB, "multiply": K.OP_MUL, "maximum": K.OP_MAX,
-               "minimum": K.OP_MIN, "div_std": K.OP_DIV_STD, "mul_std": K.OP_MUL_STD,
-               "divide": K.OP_DIV}
+_BINARY_OPS = {
+    "add": K.OP_ADD,
+    "subtract": K.OP_SUB,
+    "multiply": K.OP_MUL,
+    "maximum": K.OP_MAX,
+    "minimum": K.OP_MIN,
+    "div_std": K.OP_DIV_STD,
+    "mul_std": K.OP_MUL_STD,
+    "divide": K.OP_DIV,
+}
 
 
 class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
@@ -69,8 +76,7 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
     @serialized_in_simulator
     def activation(self, x, name, alpha=0.0):
         dev = is_device(x)
-        if (name not in K.CODES and name not in ("softmax", "log_softmax")) or x.size == 0 \
-                or x.ndim == 0:
+        if (name not in K.CODES and name not in ("softmax", "log_softmax")) or x.size == 0 or x.ndim == 0:
             return self._host_path(is_device(x), super().activation(to_host(x), name, alpha))
         if name not in K.CODES:
             return self._softmax(x, (x.ndim - 1,), name == "log_softmax")
@@ -91,10 +97,14 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
         n = math.prod(dx.shape)
         if n:
             g, t = grid1(n, self.sim)
-            K.relu_flat[g, t](flat(dx), flat(out), np.float32(threshold),
-                              np.float32(negative_slope),
-                              np.float32(0.0 if max_value is None else max_value),
-                              max_value is not None)
+            K.relu_flat[g, t](
+                flat(dx),
+                flat(out),
+                np.float32(threshold),
+                np.float32(negative_slope),
+                np.float32(0.0 if max_value is None else max_value),
+                max_value is not None,
+            )
         return self._back(out, dev)
 
     def _softmax(self, x, axes, log):
@@ -110,7 +120,7 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
             y = self._softmax(moved, range(len(rest), nd), log)
             return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
         shape = tuple(dx.shape)
-        outer, inner = math.prod(shape[:axes[0]]), math.prod(shape[axes[-1] + 1:])
+        outer, inner = math.prod(shape[: axes[0]]), math.prod(shape[axes[-1] + 1 :])
         y = self._copy_of(dx)
         g, t = grid1(outer * inner, self.sim)
         K.softmax_oni[g, t](y.reshape(outer, math.prod(shape) // (outer * inner), inner), log)
@@ -133,7 +143,9 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         dev = is_device(x)
         if x.size == 0 or w_io.shape[1] == 0 or w_io.shape[0] == 0:
-            return self._host_path(is_device(x), super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha))
+            return self._host_path(
+                is_device(x), super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha)
+            )
         dx = to_device(x)
         rows = dx if dx.ndim == 2 else as_rows(dx)
         m, n = rows.shape[0], w_io.shape[1]
@@ -141,9 +153,9 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
         code = K.CODES.get(activation)
         db = self._dummy if b_o is None else self._weight(b_o)
         grid = ((n + K.TILE - 1) // K.TILE, (m + K.TILE - 1) // K.TILE)
-        K.mm_bias_act[grid, (K.TILE, K.TILE)](rows, self._weight(w_io), db, b_o is not None,
-                                              K.LINEAR if code is None else code,
-                                              np.float32(alpha), y)
+        K.mm_bias_act[grid, (K.TILE, K.TILE)](
+            rows, self._weight(w_io), db, b_o is not None, K.LINEAR if code is None else code, np.float32(alpha), y
+        )
         if code is None:  # softmax over the rows, or an activation the kernels lack
             y = self._epilogue(y, None, activation, alpha)
         return self._back(y if dx.ndim == 2 else y.reshape(tuple(dx.shape)[:-1] + (n,)), dev)
@@ -172,7 +184,7 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
         dx = to_device(x)
         shape = tuple(dx.shape)
         axis %= len(shape)
-        x3 = dx.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+        x3 = dx.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
         out = self._empty(x3.shape)
         blocks, threads = grid2(x3.shape[2], x3.shape[0] * x3.shape[1], self.sim)
         K.scale_shift_oci[blocks, threads](x3, self._weight(scale), self._weight(shift), out)
@@ -184,25 +196,31 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
         the trailing axes; gamma and beta have the normalized axes' shape)."""
         dev = is_device(x)
         if x.size == 0 or x.ndim == 0:
-            return self._host_path(is_device(x), super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes,
-                                      rms))
+            return self._host_path(
+                is_device(x), super().layer_norm(to_host(x), to_host(gamma), to_host(beta), epsilon, axes, rms)
+            )
         dx = to_device(x)
         nd = dx.ndim
         axes = sorted({int(a) % nd for a in axes})
         if axes != list(range(nd - len(axes), nd)):
             rest = [a for a in range(nd) if a not in axes]
-            y = self.layer_norm(self.transpose(dx, rest + axes), gamma, beta, epsilon,
-                                range(len(rest), nd), rms)
+            y = self.layer_norm(self.transpose(dx, rest + axes), gamma, beta, epsilon, range(len(rest), nd), rms)
             return self._back(self.transpose(y, np.argsort(rest + axes)), dev)
         shape = tuple(dx.shape)
-        n = math.prod(shape[nd - len(axes):])
+        n = math.prod(shape[nd - len(axes) :])
         rows = dx.reshape(math.prod(shape) // n, n)
         out = self._empty(rows.shape)
         g, t = grid1(rows.shape[0], self.sim)
         K.layer_norm_rows[g, t](
-            rows, self._dummy if gamma is None else flat(self._weight(gamma)), gamma is not None,
-            self._dummy if beta is None else flat(self._weight(beta)), beta is not None,
-            np.float32(epsilon), bool(rms), out)
+            rows,
+            self._dummy if gamma is None else flat(self._weight(gamma)),
+            gamma is not None,
+            self._dummy if beta is None else flat(self._weight(beta)),
+            beta is not None,
+            np.float32(epsilon),
+            bool(rms),
+            out,
+        )
         return self._back(out.reshape(shape), dev)
 
     # ---------------------------------------------------------------------------- merging
@@ -221,8 +239,19 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
             _, b_str, b_off = layout(db.shape, lambda v: np.broadcast_to(v, shape))
             shape6, a6, b6 = collapse6(shape, a_str, b_str)
             g, t = grid1(n, self.sim)
-            K.binary_strided[g, t](flat(da), a_off, a6, flat(db), b_off, b6, flat(out), shape6,
-                                   _BINARY_OPS[op], np.float32(alpha), np.float32(beta))
+            K.binary_strided[g, t](
+                flat(da),
+                a_off,
+                a6,
+                flat(db),
+                b_off,
+                b6,
+                flat(out),
+                shape6,
+                _BINARY_OPS[op],
+                np.float32(alpha),
+                np.float32(beta),
+            )
         return self._back(out, dev)
 
     @serialized_in_simulator
@@ -232,7 +261,7 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
         shapes = [tuple(a.shape) for a in xs]
         axis %= len(shapes[0])
         total = sum(s[axis] for s in shapes)
-        out = self._empty(shapes[0][:axis] + (total,) + shapes[0][axis + 1:])
+        out = self._empty(shapes[0][:axis] + (total,) + shapes[0][axis + 1 :])
         start = 0
         for a, shape in zip(xs, shapes):
             place = (slice(None),) * axis + (slice(start, start + shape[axis]),)

@@ -58,8 +58,7 @@ class RecurrentOps(DeviceOps):
             return mask_bt if mask_bt.dtype == np.uint8 else self.nonzero_mask(mask_bt)
         return to_device(np.ascontiguousarray(mask_bt, np.uint8), np.uint8)
 
-    def _recurrent_loop(self, x_bti, out_size, h0, y0, dmask, has_mask, reverse,
-                        return_sequences, zero_masked, step):
+    def _recurrent_loop(self, x_bti, out_size, h0, y0, dmask, has_mask, reverse, return_sequences, zero_masked, step):
         """The time loop on the host, every array on the device: ``step(t, h)`` writes the new
         output into a (B, out_size) buffer it returns; masking and outputs are committed here."""
         nb, t_len = x_bti.shape[0], x_bti.shape[1]
@@ -67,23 +66,49 @@ class RecurrentOps(DeviceOps):
         carried = self.zeros((nb, out_size)) if y0 is None else self._copy_of(y0)
         ys = self.zeros((nb, t_len if return_sequences else 1, out_size))
         blocks, threads = grid2(out_size, nb, self.sim)
-        for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
+        for t in range(t_len - 1, -1, -1) if reverse else range(t_len):
             hn = step(t, h)
-            K.commit_step[blocks, threads](hn, h, carried, ys, t, t if return_sequences else 0,
-                                           dmask, has_mask, bool(zero_masked))
+            K.commit_step[blocks, threads](
+                hn, h, carried, ys, t, t if return_sequences else 0, dmask, has_mask, bool(zero_masked)
+            )
         return (ys if return_sequences else ys.reshape(nb, out_size)), h
 
     @serialized_in_simulator
-    def rnn_sequence(self, x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None,
-                     reverse=False, return_sequences=True, zero_masked=False, y0=None):
+    def rnn_sequence(
+        self,
+        x_bti,
+        w_ih,
+        w_hh,
+        b,
+        h0,
+        *,
+        activation="tanh",
+        mask_bt=None,
+        reverse=False,
+        return_sequences=True,
+        zero_masked=False,
+        y0=None,
+    ):
         """SimpleRNN over time on the device: per step the tiled h w_hh product, one gate kernel."""
         code = _gate_code(activation)
         dev = is_device(x_bti)
         if code is None or 0 in x_bti.shape:
-            return self._host_path(is_device(x_bti), super().rnn_sequence(
-                to_host(x_bti), to_host(w_ih), to_host(w_hh), to_host(b), to_host(h0),
-                activation=activation, mask_bt=to_host(mask_bt), reverse=reverse,
-                return_sequences=return_sequences, zero_masked=zero_masked, y0=to_host(y0)))
+            return self._host_path(
+                is_device(x_bti),
+                super().rnn_sequence(
+                    to_host(x_bti),
+                    to_host(w_ih),
+                    to_host(w_hh),
+                    to_host(b),
+                    to_host(h0),
+                    activation=activation,
+                    mask_bt=to_host(mask_bt),
+                    reverse=reverse,
+                    return_sequences=return_sequences,
+                    zero_masked=zero_masked,
+                    y0=to_host(y0),
+                ),
+            )
         nb, units = x_bti.shape[0], w_hh.shape[0]
         xw = self._input_projection(x_bti, w_ih, b)
         dw_hh = self._weight(w_hh)
@@ -96,25 +121,53 @@ class RecurrentOps(DeviceOps):
             K.rnn_gates[blocks, threads](xw, t, rec, hn, code)
             return hn
 
-        y, h = self._recurrent_loop(x_bti, units, h0, y0, self._mask(mask_bt),
-                                    mask_bt is not None, reverse, return_sequences, zero_masked,
-                                    step)
+        y, h = self._recurrent_loop(
+            x_bti, units, h0, y0, self._mask(mask_bt), mask_bt is not None, reverse, return_sequences, zero_masked, step
+        )
         return self._back(y, dev), self._back(h, dev)
 
     @serialized_in_simulator
-    def lstm_sequence(self, x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
-                      recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-                      return_sequences=True, zero_masked=False, y0=None):
+    def lstm_sequence(
+        self,
+        x_bti,
+        w_ig,
+        w_hg,
+        b_g,
+        h0,
+        c0,
+        *,
+        w_hp=None,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        mask_bt=None,
+        reverse=False,
+        return_sequences=True,
+        zero_masked=False,
+        y0=None,
+    ):
         """LSTM over time on the device: one fused gate kernel per step after a tiled h w_hg product."""
         act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
         if act is None or ract is None or 0 in x_bti.shape:
-            return self._host_path(is_device(x_bti), super().lstm_sequence(
-                to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_g), to_host(h0),
-                to_host(c0), w_hp=to_host(w_hp), activation=activation,
-                recurrent_activation=recurrent_activation, mask_bt=to_host(mask_bt),
-                reverse=reverse, return_sequences=return_sequences, zero_masked=zero_masked,
-                y0=to_host(y0)))
+            return self._host_path(
+                is_device(x_bti),
+                super().lstm_sequence(
+                    to_host(x_bti),
+                    to_host(w_ig),
+                    to_host(w_hg),
+                    to_host(b_g),
+                    to_host(h0),
+                    to_host(c0),
+                    w_hp=to_host(w_hp),
+                    activation=activation,
+                    recurrent_activation=recurrent_activation,
+                    mask_bt=to_host(mask_bt),
+                    reverse=reverse,
+                    return_sequences=return_sequences,
+                    zero_masked=zero_masked,
+                    y0=to_host(y0),
+                ),
+            )
         nb = x_bti.shape[0]
         units = w_hg.shape[1] // 4
         out_size = w_hg.shape[0]
@@ -134,24 +187,53 @@ class RecurrentOps(DeviceOps):
                 return hc
             return self._matmul_into(hc, dw_hp, hp)
 
-        y, h = self._recurrent_loop(x_bti, out_size, h0, y0, dmask, has_mask, reverse,
-                                    return_sequences, zero_masked, step)
+        y, h = self._recurrent_loop(
+            x_bti, out_size, h0, y0, dmask, has_mask, reverse, return_sequences, zero_masked, step
+        )
         return self._back(y, dev), self._back(h, dev), self._back(c, dev)
 
     @serialized_in_simulator
-    def gru_sequence(self, x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True,
-                     activation="tanh", recurrent_activation="sigmoid", mask_bt=None,
-                     reverse=False, return_sequences=True, zero_masked=False, y0=None):
+    def gru_sequence(
+        self,
+        x_bti,
+        w_ig,
+        w_hg,
+        b_ig,
+        b_hg,
+        h0,
+        *,
+        reset_after=True,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        mask_bt=None,
+        reverse=False,
+        return_sequences=True,
+        zero_masked=False,
+        y0=None,
+    ):
         """GRU over time on the device: the h w_hg product (tiled kernel) and fused gate kernels."""
         act, ract = _gate_code(activation), _gate_code(recurrent_activation)
         dev = is_device(x_bti)
         if act is None or ract is None or 0 in x_bti.shape:
-            return self._host_path(is_device(x_bti), super().gru_sequence(
-                to_host(x_bti), to_host(w_ig), to_host(w_hg), to_host(b_ig), to_host(b_hg),
-                to_host(h0), reset_after=reset_after, activation=activation,
-                recurrent_activation=recurrent_activation, mask_bt=to_host(mask_bt),
-                reverse=reverse, return_sequences=return_sequences, zero_masked=zero_masked,
-                y0=to_host(y0)))
+            return self._host_path(
+                is_device(x_bti),
+                super().gru_sequence(
+                    to_host(x_bti),
+                    to_host(w_ig),
+                    to_host(w_hg),
+                    to_host(b_ig),
+                    to_host(b_hg),
+                    to_host(h0),
+                    reset_after=reset_after,
+                    activation=activation,
+                    recurrent_activation=recurrent_activation,
+                    mask_bt=to_host(mask_bt),
+                    reverse=reverse,
+                    return_sequences=return_sequences,
+                    zero_masked=zero_masked,
+                    y0=to_host(y0),
+                ),
+            )
         nb = x_bti.shape[0]
         units = w_hg.shape[0]
         xw = self._input_projection(x_bti, w_ig, b_ig)
@@ -164,8 +246,7 @@ class RecurrentOps(DeviceOps):
 
             def step(t, h):
                 self._matmul_into(h, dw_hg, rec)
-                K.gru_gates_after[blocks, threads](xw, t, rec, db_hg, b_hg is not None, h, hn,
-                                                   act, ract)
+                K.gru_gates_after[blocks, threads](xw, t, rec, db_hg, b_hg is not None, h, hn, act, ract)
                 return hn
         else:
             dw_zr = self._weight(w_hg, _cols(0, 2 * units))
@@ -182,7 +263,7 @@ class RecurrentOps(DeviceOps):
                 K.gru_cand_before[blocks, threads](xw, t, rec1, z, h, hn, act)
                 return hn
 
-        y, h = self._recurrent_loop(x_bti, units, h0, y0, self._mask(mask_bt),
-                                    mask_bt is not None, reverse, return_sequences, zero_masked,
-                                    step)
+        y, h = self._recurrent_loop(
+            x_bti, units, h0, y0, self._mask(mask_bt), mask_bt is not None, reverse, return_sequences, zero_masked, step
+        )
         return self._back(y, dev), self._back(h, dev)

@@ -21,8 +21,9 @@ from ...settings import env_choice
 def require_numba_cuda() -> None:
     """UnsupportedError, saying how to install it, where the numba-cuda package is missing."""
     if importlib.util.find_spec("numba_cuda") is None:
-        raise UnsupportedError("backend 'cuda' needs the numba-cuda package: "
-                               "pip install 'fastlayers[cuda]' (or pip install numba-cuda)")
+        raise UnsupportedError(
+            "backend 'cuda' needs the numba-cuda package: pip install 'fastlayers[cuda]' (or pip install numba-cuda)"
+        )
 
 
 def load_cuda():
@@ -46,7 +47,8 @@ def load_cuda():
         raise UnsupportedError(
             "backend 'cuda' has no usable GPU: no CUDA driver or no CUDA device was found"
             f"{reason}. Install an NVIDIA driver, or set NUMBA_ENABLE_CUDASIM=1 before numba is "
-            "imported to run the kernels in numba's (slow) CUDA simulator; use 'cpu' otherwise")
+            "imported to run the kernels in numba's (slow) CUDA simulator; use 'cpu' otherwise"
+        )
     return cuda
 
 
@@ -136,15 +138,16 @@ class _Driver:
         """A device copy of C-ordered host array ``host``."""
         out = self.empty(host.shape, host.dtype)
         if host.nbytes:
-            self._check(self._drv.cuMemcpyHtoD(out.device_ctypes_pointer.value,
-                                               host.ctypes.data, host.nbytes), "host-to-device copy")
+            self._check(
+                self._drv.cuMemcpyHtoD(out.device_ctypes_pointer.value, host.ctypes.data, host.nbytes),
+                "host-to-device copy",
+            )
         return out
 
     def launch(self, function, grid, block, params_address):
         """cuLaunchKernel of ``function`` on the legacy default stream (``launch.FastKernel``)."""
         self._context()
-        self._check(self._drv.cuLaunchKernel(function, *grid, *block, 0, 0, params_address, 0),
-                    "kernel launch")
+        self._check(self._drv.cuLaunchKernel(function, *grid, *block, 0, 0, params_address, 0), "kernel launch")
 
     def to_host(self, dev):
         """A host copy of device array ``dev`` (C-contiguous ones directly, others via numba)."""
@@ -153,8 +156,10 @@ class _Driver:
         out = np.empty(dev.shape, dev.dtype)
         if out.nbytes:
             self._context()
-            self._check(self._drv.cuMemcpyDtoH(out.ctypes.data, dev.device_ctypes_pointer.value,
-                                               out.nbytes), "device-to-host copy")
+            self._check(
+                self._drv.cuMemcpyDtoH(out.ctypes.data, dev.device_ctypes_pointer.value, out.nbytes),
+                "device-to-host copy",
+            )
         return out
 
 

@@ -75,8 +75,11 @@ def collapse6(shape, *strides):
         else:
             dims.append((n, st))
     if len(dims) > 6:
-        raise UnsupportedError(f"backend 'cuda': array layouts of more than 6 non-unit axes are "
-                               f"not supported (shape {tuple(shape)})")
+        raise UnsupportedError(
+            f"backend 'cuda': array layouts of more than 6 non-unit axes are not supported (shape {tuple(shape)})"
+        )
     pad = 6 - len(dims)
-    return ((1,) * pad + tuple(n for n, _ in dims),
-            *((0,) * pad + tuple(st[i] for _, st in dims) for i in range(len(strides))))
+    return (
+        (1,) * pad + tuple(n for n, _ in dims),
+        *((0,) * pad + tuple(st[i] for _, st in dims) for i in range(len(strides))),
+    )

@@ -51,8 +51,14 @@ def fold_batch_norm(mean, var, gamma, beta, epsilon):
     return scale.astype(np.float32), shift.astype(np.float32)
 
 
-_MERGES = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-           "maximum": np.maximum, "minimum": np.minimum}
+_MERGES = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
 
 
 class ReferenceOps:
@@ -152,8 +158,9 @@ class ReferenceOps:
                 y = _MERGES[op](a, b)
         return np.asarray(y, np.float32)
 
-    def relu(self, x: FloatsXd, threshold: float = 0.0, negative_slope: float = 0.0,
-             max_value: float | None = None) -> FloatsXd:
+    def relu(
+        self, x: FloatsXd, threshold: float = 0.0, negative_slope: float = 0.0, max_value: float | None = None
+    ) -> FloatsXd:
         """Keras's ReLU: y = x where x > threshold, else negative_slope (x - threshold); then at
         most ``max_value``."""
         t = np.float32(threshold)
@@ -193,8 +200,7 @@ class ReferenceOps:
             raise ShapeError(f"{where}: expected integer {what}, got dtype {ids.dtype}")
         ids = ids.astype(np.intp, copy=False)
         if ids.size and (ids.min() < 0 or ids.max() >= size):
-            raise InputError(f"{where}: {what} must be in [0, {size}), got values in "
-                             f"[{ids.min()}, {ids.max()}]")
+            raise InputError(f"{where}: {what} must be in [0, {size}), got values in [{ids.min()}, {ids.max()}]")
         return ids
 
     def mask_keep(self, mask: ArrayXd) -> FloatsXd:
@@ -218,10 +224,8 @@ class ReferenceOps:
         """``rois`` (K, 5) whose first column, the batch index, holds whole numbers in
         [0, batch); raises ``InputError`` naming ``where`` otherwise."""
         index = rois[:, 0]
-        if rois.shape[0] and (index.min() < 0 or index.max() >= batch
-                              or np.any(index != np.floor(index))):
-            raise InputError(f"{where}: roi batch indices must be integers in [0, {batch}), got "
-                             f"{np.unique(index)[:8]}")
+        if rois.shape[0] and (index.min() < 0 or index.max() >= batch or np.any(index != np.floor(index))):
+            raise InputError(f"{where}: roi batch indices must be integers in [0, {batch}), got {np.unique(index)[:8]}")
         return rois
 
     # ------------------------------------------------------------------------ arithmetic
@@ -241,8 +245,9 @@ class ReferenceOps:
         with np.errstate(over="ignore", invalid="ignore"):
             return _activation(x, name, alpha)
 
-    def dense(self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = "linear",
-              alpha: float = 0.0) -> FloatsXd:
+    def dense(
+        self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = "linear", alpha: float = 0.0
+    ) -> FloatsXd:
         """y[..., o] = f(sum_i x[..., i] w[i, o] + b[o])."""
         y = np.matmul(x, w_io)
         if b_o is not None:
@@ -265,8 +270,15 @@ class ReferenceOps:
         shape[axis] = x.shape[axis]
         return x * scale.reshape(shape) + shift.reshape(shape)
 
-    def layer_norm(self, x: FloatsXd, gamma: FloatsXd | None, beta: FloatsXd | None,
-                   epsilon: float, axes: tuple[int, ...] = (-1,), rms: bool = False) -> FloatsXd:
+    def layer_norm(
+        self,
+        x: FloatsXd,
+        gamma: FloatsXd | None,
+        beta: FloatsXd | None,
+        epsilon: float,
+        axes: tuple[int, ...] = (-1,),
+        rms: bool = False,
+    ) -> FloatsXd:
         """y = gamma (x - mean) / sqrt(var + eps) + beta over ``axes`` (rms: y = gamma x / sqrt(mean x^2 + eps))."""
         if rms:
             y = x / np.sqrt(wide_mean(np.square(x), axes, keepdims=True) + np.float32(epsilon))
@@ -287,23 +299,24 @@ class ReferenceOps:
         """y[..., :] = table[ids[...], :]."""
         return table[ids]
 
-    def hsoftmax_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d,
-                           path_signs: Floats2d) -> Floats2d:
+    def hsoftmax_log_probs(
+        self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d, path_signs: Floats2d
+    ) -> Floats2d:
         """log p[b, c] = sum_d log sigmoid(sign[c, d] (x[b] . w[:, node[c, d]] + b[node[c, d]])).
 
         ``path_nodes``/``path_signs`` are (C, depth); padded steps have sign 0 and contribute 0.
         """
-        z = x @ w_in + b_n                                   # (B, N)
-        zs = z[:, path_nodes] * path_signs                   # (B, C, depth)
+        z = x @ w_in + b_n  # (B, N)
+        zs = z[:, path_nodes] * path_signs  # (B, C, depth)
         return np.sum(_log_sigmoid(zs) * (path_signs != 0), axis=-1)
 
-    def hsoftmax_class_log_probs(self, x: Floats2d, w_in: Floats2d, b_n: Floats1d,
-                                 path_nodes: Ints2d, path_signs: Floats2d,
-                                 classes: Ints1d) -> Floats1d:
+    def hsoftmax_class_log_probs(
+        self, x: Floats2d, w_in: Floats2d, b_n: Floats1d, path_nodes: Ints2d, path_signs: Floats2d, classes: Ints1d
+    ) -> Floats1d:
         """log p[b] = sum_d log sigmoid(sign[y_b, d] (x[b] . w[:, node[y_b, d]] + b[node[y_b, d]]))."""
-        nodes = path_nodes[classes]                          # (B, depth)
+        nodes = path_nodes[classes]  # (B, depth)
         signs = path_signs[classes]
-        w_bdi = np.moveaxis(w_in[:, nodes], 0, -1)           # (B, depth, I)
+        w_bdi = np.moveaxis(w_in[:, nodes], 0, -1)  # (B, depth, I)
         z = np.einsum("bi,bdi->bd", x, w_bdi) + b_n[nodes]
         return np.sum(_log_sigmoid(z * signs) * (signs != 0), axis=-1)
 
@@ -315,73 +328,159 @@ class ReferenceOps:
             y += b
         return y if activation == "linear" else self.activation(y, activation, alpha)
 
-    def conv2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None, strides: Pair = (1, 1),
-               pads: Pads2d = ((0, 0), (0, 0)), dilation: Pair = (1, 1), groups: int = 1,
-               activation: str = "linear", alpha: float = 0.0) -> Floats4d:
+    def conv2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Floats4d:
         """y = f(conv(x, w) + b); w (kh, kw, C_in / groups, C_out); pads ((top, bottom), (left, right))."""
         from . import conv as rc
+
         y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
-    def conv2d_plan(self, x_shape: Sequence[int], w_hwio: Floats4d, b: Floats1d | None,
-                    strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
-                    groups: int = 1, activation: str = "linear",
-                    alpha: float = 0.0) -> Callable[[Floats4d], Floats4d]:
+    def conv2d_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Callable[[Floats4d], Floats4d]:
         """A function ``x -> conv2d(x, w_hwio, b, ...)`` for inputs of shape ``x_shape``, the
         work that depends on the shape and the weights alone done once (backends with compiled
         kernels bind the kernel's arguments; the reference just calls ``conv2d``)."""
-        return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation,
-                                     alpha)
+        return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
 
-    def depthwise_conv2d(self, x_nhwc: Floats4d, w_hwcm: Floats4d, b: Floats1d | None,
-                         strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)),
-                         dilation: Pair = (1, 1), activation: str = "linear",
-                         alpha: float = 0.0) -> Floats4d:
+    def depthwise_conv2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwcm: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Floats4d:
         """y[..., c M + m] = f(sum_{i, j} xpad[.., s oh + d i, s ow + d j, c] w[i, j, c, m] + b[c M + m])."""
         kh, kw, c, m = w_hwcm.shape
-        return self.conv2d(x_nhwc, w_hwcm.reshape(kh, kw, 1, c * m), b, strides, pads, dilation,
-                           c, activation, alpha)
+        return self.conv2d(x_nhwc, w_hwcm.reshape(kh, kw, 1, c * m), b, strides, pads, dilation, c, activation, alpha)
 
-    def conv_transpose2d(self, x_nhwc: Floats4d, w_hwio: Floats4d, b: Floats1d | None,
-                         strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = (1, 1),
-                         groups: int = 1, activation: str = "linear", alpha: float = 0.0) -> Floats4d:
+    def conv_transpose2d(
+        self,
+        x_nhwc: Floats4d,
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair,
+        crop: Pair,
+        out_hw: Pair,
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Floats4d:
         """Transposed convolution; w (kh, kw, C_in, C_out / groups); output cropped at ``crop`` to ``out_hw``."""
         from . import conv as rc
+
         y = rc.conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
-    def conv_transpose2d_nchw(self, x_nchw: Floats4d, w_iohw: Floats4d, b: Floats1d | None,
-                              strides: Pair, crop: Pair, out_hw: Pair, dilation: Pair = (1, 1),
-                              groups: int = 1, activation: str = "linear",
-                              alpha: float = 0.0) -> Floats4d:
+    def conv_transpose2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        w_iohw: Floats4d,
+        b: Floats1d | None,
+        strides: Pair,
+        crop: Pair,
+        out_hw: Pair,
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Floats4d:
         """``conv_transpose2d`` on NCHW: x (N, C_in, H, W), ``w_iohw`` (C_in, C_out / groups,
         kh, kw) (ONNX's and torch's layout), y (N, C_out, Ho, Wo); this backend's
         ``conv_transpose2d`` between two transposes (a backend with an NCHW kernel overrides
         it)."""
         w_hwio = np.ascontiguousarray(np.asarray(w_iohw, np.float32).transpose(2, 3, 0, 1))
-        y = self.conv_transpose2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwio, b,
-                                  strides, crop, out_hw, dilation, groups, activation, alpha)
+        y = self.conv_transpose2d(
+            np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)),
+            w_hwio,
+            b,
+            strides,
+            crop,
+            out_hw,
+            dilation,
+            groups,
+            activation,
+            alpha,
+        )
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
-    def pool2d(self, x_nhwc: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
-               out_hw: Pair, dilation: Pair = (1, 1), count_include_pad: bool = False) -> Floats4d:
+    def pool2d(
+        self,
+        x_nhwc: Floats4d,
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = (1, 1),
+        count_include_pad: bool = False,
+    ) -> Floats4d:
         """Max or average pooling over windows (see ``reference.conv.pool2d``)."""
         from . import conv as rc
+
         return rc.pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
 
-    def pool2d_nchw(self, x_nchw: Floats4d, kind: str, pool: Pair, strides: Pair, pads: Pads2d,
-                    out_hw: Pair, dilation: Pair = (1, 1),
-                    count_include_pad: bool = False) -> Floats4d:
+    def pool2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = (1, 1),
+        count_include_pad: bool = False,
+    ) -> Floats4d:
         """``pool2d`` on an NCHW input, giving NCHW (N, C, Ho, Wo): this backend's ``pool2d``
         between two transposes (a backend with an NCHW kernel overrides it)."""
-        y = self.pool2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), kind, pool, strides,
-                        pads, out_hw, dilation, count_include_pad)
+        y = self.pool2d(
+            np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)),
+            kind,
+            pool,
+            strides,
+            pads,
+            out_hw,
+            dilation,
+            count_include_pad,
+        )
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
-    def depthwise_conv2d_nchw(self, x_nchw: Floats4d, w_ohw: Floats3d, b: Floats1d | None,
-                              strides: Pair = (1, 1), pads: Pads2d = ((0, 0), (0, 0)),
-                              dilation: Pair = (1, 1), activation: str = "linear",
-                              alpha: float = 0.0) -> Floats4d:
+    def depthwise_conv2d_nchw(
+        self,
+        x_nchw: Floats4d,
+        w_ohw: Floats3d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Floats4d:
         """y[n, c M + m] = f(sum_{i, j} xpad[n, c, s oh + d i, s ow + d j] w[c M + m, i, j] +
         b[c M + m]) on NCHW: x (N, C, H, W), ``w_ohw`` (C M, kh, kw), y (N, C M, Ho, Wo); this
         backend's ``depthwise_conv2d`` between two transposes (a backend with an NCHW kernel
@@ -389,25 +488,26 @@ class ReferenceOps:
         cm, kh, kw = w_ohw.shape
         c = x_nchw.shape[1]
         w_hwcm = np.ascontiguousarray(w_ohw.reshape(c, cm // c, kh, kw).transpose(2, 3, 0, 1))
-        y = self.depthwise_conv2d(np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwcm, b,
-                                  strides, pads, dilation, activation, alpha)
+        y = self.depthwise_conv2d(
+            np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), w_hwcm, b, strides, pads, dilation, activation, alpha
+        )
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
     def adaptive_pool2d(self, x_nhwc: Floats4d, kind: str, out_hw: Pair) -> Floats4d:
         """Max or average over torch's adaptive bins."""
         from . import conv as rc
+
         return rc.adaptive_pool2d(x_nhwc, kind, out_hw)
 
-    def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...],
-                    keepdims: bool = False) -> FloatsXd:
+    def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...], keepdims: bool = False) -> FloatsXd:
         """Max or mean over ``axes``."""
         fn = np.max if kind == "max" else wide_mean
         return fn(x, axis=axes, keepdims=keepdims).astype(np.float32, copy=False)
 
-    def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair,
-                 spatial_scale: float = 1.0) -> Floats4d:
+    def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair, spatial_scale: float = 1.0) -> Floats4d:
         """torchvision's RoI max pooling; rois (K, 5) ``(batch, x1, y1, x2, y2)`` -> (K, ph, pw, C)."""
         from . import conv as rc
+
         return rc.roi_pool(x_nhwc, rois, output_size, spatial_scale)
 
     def resize2d_taps(self, x_nhwc: Floats4d, rows: Taps, cols: Taps, bilinear: bool) -> Floats4d:
@@ -426,17 +526,25 @@ class ReferenceOps:
         down = bottom[:, :, x0] * (one - wx) + bottom[:, :, x1] * wx
         return np.ascontiguousarray(up * (one - wy) + down * wy, np.float32)
 
-    def upsample2d(self, x_nhwc: Floats4d, out_hw: Pair, mode: str = "nearest",
-                   align_corners: bool = False,
-                   scales: Sequence[float | None] = (None, None)) -> Floats4d:
+    def upsample2d(
+        self,
+        x_nhwc: Floats4d,
+        out_hw: Pair,
+        mode: str = "nearest",
+        align_corners: bool = False,
+        scales: Sequence[float | None] = (None, None),
+    ) -> Floats4d:
         """Nearest or bilinear resize of H, W (torch's coordinate rules)."""
         from . import conv as rc
+
         return rc.upsample2d(x_nhwc, out_hw, mode, align_corners, scales)
 
-    def local_response_norm(self, x: FloatsXd, size: int, alpha: float = 1e-4, beta: float = 0.75,
-                            k: float = 1.0) -> FloatsXd:
+    def local_response_norm(
+        self, x: FloatsXd, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0
+    ) -> FloatsXd:
         """y = x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels (last axis))^beta."""
         from . import conv as rc
+
         return rc.local_response_norm(x, size, alpha, beta, k)
 
     # ------------------------------------------------------------------ attention
@@ -444,8 +552,9 @@ class ReferenceOps:
         """c = a b (a b^T with ``trans_b``) over the last two axes, leading axes batched."""
         return np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
 
-    def tanh_scores(self, q_pqd: Floats3d, k_pkd: Floats3d, w_d: Floats1d | None,
-                    inner: float = 1.0, outer: float = 1.0) -> Floats3d:
+    def tanh_scores(
+        self, q_pqd: Floats3d, k_pkd: Floats3d, w_d: Floats1d | None, inner: float = 1.0, outer: float = 1.0
+    ) -> Floats3d:
         """s[p, i, j] = outer sum_d w[d] tanh(inner (q[p, i, d] + k[p, j, d])) (w None: ones):
         additive (Bahdanau) and "concat" attention scores, (P, Tq, Tk)."""
         pre = q_pqd[:, :, None, :] + k_pkd[:, None, :, :]
@@ -469,8 +578,9 @@ class ReferenceOps:
         live = np.any((s_pqk > -np.inf) | np.isnan(s_pqk), axis=-1)
         return w * live[..., None]
 
-    def attention_softmax(self, scores_bhqk: Floats4d, scale: float, bias: FloatsXd | None,
-                          causal: bool = False, empty: int = 0) -> Floats4d:
+    def attention_softmax(
+        self, scores_bhqk: Floats4d, scale: float, bias: FloatsXd | None, causal: bool = False, empty: int = 0
+    ) -> Floats4d:
         """w = softmax(scale s + bias (+ -inf above the diagonal if causal)) over the last axis.
 
         ``scores_bhqk`` is (B, H, Tq, Tk) and may be overwritten (backends work in place);
@@ -493,9 +603,17 @@ class ReferenceOps:
             w = np.where(empty_rows, fill, w)
         return w.astype(np.float32, copy=False)
 
-    def attention(self, q_bhqd: Floats4d, k_bhkd: Floats4d, v_bhkv: Floats4d, scale: float,
-                  bias: FloatsXd | None = None, causal: bool = False, empty: int = 0,
-                  need_weights: bool = True) -> tuple[Floats4d, Floats4d | None]:
+    def attention(
+        self,
+        q_bhqd: Floats4d,
+        k_bhkd: Floats4d,
+        v_bhkv: Floats4d,
+        scale: float,
+        bias: FloatsXd | None = None,
+        causal: bool = False,
+        empty: int = 0,
+        need_weights: bool = True,
+    ) -> tuple[Floats4d, Floats4d | None]:
         """out = softmax(scale q k^T + bias) v, heads batched; returns (out_bhqv, weights_bhqk),
         the weights None without ``need_weights`` (backends then need not keep them).
 
@@ -505,10 +623,18 @@ class ReferenceOps:
         w = self.attention_softmax(scores, scale, bias, causal, empty)
         return np.matmul(w, v_bhkv), (w if need_weights else None)
 
-    def self_attention(self, x_nle: Floats3d, w_qkv_io: Floats2d, b_qkv: Floats1d | None,
-                       w_o_io: Floats2d, b_o: Floats1d | None, num_heads: int,
-                       bias: FloatsXd | None = None, empty: int = 0,
-                       need_weights: bool = True) -> tuple[Floats3d, Floats4d | None]:
+    def self_attention(
+        self,
+        x_nle: Floats3d,
+        w_qkv_io: Floats2d,
+        b_qkv: Floats1d | None,
+        w_o_io: Floats2d,
+        b_o: Floats1d | None,
+        num_heads: int,
+        bias: FloatsXd | None = None,
+        empty: int = 0,
+        need_weights: bool = True,
+    ) -> tuple[Floats3d, Floats4d | None]:
         """Multi-head self-attention (torch's ``MultiheadAttention`` on x, x, x, batch first):
         concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
         [q k v] = x W_qkv + b_qkv. ``bias`` and ``empty`` as in ``attention``. Returns
@@ -523,10 +649,17 @@ class ReferenceOps:
         o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(n * length, e)
         return self.dense(o, w_o_io, b_o).reshape(n, length, e), s
 
-    def encoder_layer(self, x_nle: Floats3d, w: EncoderWeights, num_heads: int,
-                      activation: str = "relu", norm_first: bool = False,
-                      bias: FloatsXd | None = None, empty: int = 0,
-                      need_weights: bool = True) -> tuple[Floats3d, Floats4d | None]:
+    def encoder_layer(
+        self,
+        x_nle: Floats3d,
+        w: EncoderWeights,
+        num_heads: int,
+        activation: str = "relu",
+        norm_first: bool = False,
+        bias: FloatsXd | None = None,
+        empty: int = 0,
+        need_weights: bool = True,
+    ) -> tuple[Floats3d, Floats4d | None]:
         """One Transformer encoder layer (torch's ``TransformerEncoderLayer``, batch first).
 
         mha(z) = concat_h softmax(q_h k_h^T / sqrt(E / H) + bias) v_h W_o + b_o with
@@ -541,8 +674,7 @@ class ReferenceOps:
             return self.layer_norm(z, *ln)
 
         def mha(z):
-            return self.self_attention(z, w.w_qkv_io, w.b_qkv, w.w_o_io, w.b_o, num_heads, bias,
-                                       empty)
+            return self.self_attention(z, w.w_qkv_io, w.b_qkv, w.w_o_io, w.b_o, num_heads, bias, empty)
 
         def ff(z):
             h = self.dense(z.reshape(n * length, e), w.w_1_io, w.b_1, activation)
@@ -559,26 +691,47 @@ class ReferenceOps:
         return out, (s if need_weights else None)
 
     # ------------------------------------------------------------------------- recurrent
-    def rnn_sequence(self, x_bti: ArrayXd, w_ih: Floats2d, w_hh: Floats2d, b: Floats1d | None,
-                     h0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d]:
+    def rnn_sequence(
+        self, x_bti: ArrayXd, w_ih: Floats2d, w_hh: Floats2d, b: Floats1d | None, h0: Floats2d, **kw: Any
+    ) -> tuple[FloatsXd, Floats2d]:
         """h_t = act(x_t w_ih + h_{t-1} w_hh + b) over time; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import rnn_sequence
+
         return rnn_sequence(x_bti, w_ih, w_hh, b, h0, **kw)
 
-    def lstm_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_g: Floats1d | None,
-                      h0: Floats2d, c0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d, Floats2d]:
+    def lstm_sequence(
+        self,
+        x_bti: ArrayXd,
+        w_ig: Floats2d,
+        w_hg: Floats2d,
+        b_g: Floats1d | None,
+        h0: Floats2d,
+        c0: Floats2d,
+        **kw: Any,
+    ) -> tuple[FloatsXd, Floats2d, Floats2d]:
         """LSTM over time, gate blocks i, f, g, o; returns (y, h, c) (``reference.recurrent``)."""
         from .recurrent import lstm_sequence
+
         return lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, **kw)
 
-    def gru_sequence(self, x_bti: ArrayXd, w_ig: Floats2d, w_hg: Floats2d, b_ig: Floats1d | None,
-                     b_hg: FloatsXd | None, h0: Floats2d, **kw: Any) -> tuple[FloatsXd, Floats2d]:
+    def gru_sequence(
+        self,
+        x_bti: ArrayXd,
+        w_ig: Floats2d,
+        w_hg: Floats2d,
+        b_ig: Floats1d | None,
+        b_hg: FloatsXd | None,
+        h0: Floats2d,
+        **kw: Any,
+    ) -> tuple[FloatsXd, Floats2d]:
         """GRU over time, gate blocks z, r, h; returns (y, h) (``reference.recurrent``)."""
         from .recurrent import gru_sequence
+
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
-    def sequence_plan(self, name: str, x_bti: ArrayXd, args: Sequence[Any],
-                      kw: dict[str, Any]) -> Callable[..., tuple[FloatsXd, ...]]:
+    def sequence_plan(
+        self, name: str, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
+    ) -> Callable[..., tuple[FloatsXd, ...]]:
         """A function ``(x, states=None) -> self.<name>(x, *args, **kw)`` (``name`` one of
         ``rnn_sequence``, ``lstm_sequence``, ``gru_sequence``) for inputs laid out as
         ``x_bti``, the work that depends on the layout and the weights alone done once
@@ -590,18 +743,21 @@ class ReferenceOps:
         def run(x, states=None):
             if states is None:
                 return method(x, *args, **kw)
-            return method(x, *args[:len(args) - len(states)], *states, **kw)
+            return method(x, *args[: len(args) - len(states)], *states, **kw)
+
         return run
 
-    def sequences_plan(self, x_bti: ArrayXd,
-                       calls: Sequence[SequenceCall]) -> Callable[..., list[tuple[FloatsXd, ...]]]:
+    def sequences_plan(
+        self, x_bti: ArrayXd, calls: Sequence[SequenceCall]
+    ) -> Callable[..., list[tuple[FloatsXd, ...]]]:
         """A function ``(x, states=None) -> recurrent_sequences([(name, (x, *args), kw) ...])``
         for the ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti``
         (here each call bound by ``sequence_plan``, one after the other); ``states``: one tuple
         of initial states per call, as ``sequence_plan``'s."""
         runs = [self.sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
-        return lambda x, states=None: [run(x, None if states is None else st)
-                                       for run, st in zip(runs, states or [None] * len(runs))]
+        return lambda x, states=None: [
+            run(x, None if states is None else st) for run, st in zip(runs, states or [None] * len(runs))
+        ]
 
     def recurrent_sequences(self, calls: Sequence[SequenceCall]) -> list[tuple[FloatsXd, ...]]:
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a

@@ -22,7 +22,7 @@ _NEG_INF = np.float32(-np.inf)
 def _window(xp, i, j, strides, dilation, out_hw):
     """xp[:, i dh + s oh, j dw + s ow, :] for every output position (oh, ow)."""
     (sh, sw), (dh, dw), (ho, wo) = strides, dilation, out_hw
-    return xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
+    return xp[:, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw, :]
 
 
 def conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups):
@@ -61,9 +61,10 @@ def conv_transpose2d(x_nhwc, w_hwio, strides, crop, out_hw, dilation, groups):
     for i in range(kh):
         for j in range(kw):
             wg = w_hwio[i, j].reshape(groups, cin_g, cout_g)
-            full[:, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (w - 1) + 1: sw] += \
-                np.einsum("nhwgc,gco->nhwgo", xg, wg)
-    return np.ascontiguousarray(full[:, ct: ct + ho, cl: cl + wo].reshape(n, ho, wo, groups * cout_g))
+            full[:, i * dh : i * dh + sh * (h - 1) + 1 : sh, j * dw : j * dw + sw * (w - 1) + 1 : sw] += np.einsum(
+                "nhwgc,gco->nhwgo", xg, wg
+            )
+    return np.ascontiguousarray(full[:, ct : ct + ho, cl : cl + wo].reshape(n, ho, wo, groups * cout_g))
 
 
 def pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_include_pad=False):
@@ -76,11 +77,11 @@ def pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_inc
     n, h, w, c = x_nhwc.shape
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = pool, strides, dilation, out_hw
     (pt, pb), (pl, pr) = pads
-    need_h = max(transposed_out(ho, kh, sh, dh), pt + h + pb)   # the cells ho windows span
+    need_h = max(transposed_out(ho, kh, sh, dh), pt + h + pb)  # the cells ho windows span
     need_w = max(transposed_out(wo, kw, sw, dw), pl + w + pr)
     if kind == "max":
         xp = np.full((n, need_h, need_w, c), _NEG_INF, np.float32)
-        xp[:, pt: pt + h, pl: pl + w] = x_nhwc
+        xp[:, pt : pt + h, pl : pl + w] = x_nhwc
         y = np.full((n, ho, wo, c), _NEG_INF, np.float32)
         for i in range(kh):
             for j in range(kw):
@@ -89,12 +90,12 @@ def pool2d(x_nhwc, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_inc
                 y = np.where(np.isnan(win) | (win > y), win, y)
         return y
     xp = np.zeros((n, need_h, need_w, c), np.float32)
-    xp[:, pt: pt + h, pl: pl + w] = x_nhwc
+    xp[:, pt : pt + h, pl : pl + w] = x_nhwc
     mask = np.zeros((1, need_h, need_w, 1), np.float32)
     if count_include_pad:
         mask[:, : pt + h + pb, : pl + w + pr] = 1
     else:
-        mask[:, pt: pt + h, pl: pl + w] = 1
+        mask[:, pt : pt + h, pl : pl + w] = 1
     total = np.zeros((n, ho, wo, c), np.float32)
     count = np.zeros((1, ho, wo, 1), np.float32)
     for i in range(kh):
@@ -161,7 +162,7 @@ def roi_pool(x_nhwc, rois, output_size, spatial_scale):
         for i in range(output_size[0]):
             for j in range(output_size[1]):
                 if h1[k, i] > h0[k, i] and w1[k, j] > w0[k, j]:
-                    y[k, i, j] = x_nhwc[batch[k], h0[k, i]:h1[k, i], w0[k, j]:w1[k, j]].max(axis=(0, 1))
+                    y[k, i, j] = x_nhwc[batch[k], h0[k, i] : h1[k, i], w0[k, j] : w1[k, j]].max(axis=(0, 1))
     return y
 
 
@@ -215,5 +216,5 @@ def local_response_norm(x_c_last, size, alpha, beta, k):
     sqp = np.pad(sq, pad)
     s = np.zeros_like(sq)
     for t in range(size):
-        s += sqp[..., t: t + c]
+        s += sqp[..., t : t + c]
     return (x_c_last / (k + alpha / size * s) ** beta).astype(np.float32)

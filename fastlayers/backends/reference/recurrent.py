@@ -34,8 +34,7 @@ def _order(steps: int, reverse: bool):
     return range(steps - 1, -1, -1) if reverse else range(steps)
 
 
-def run_sequence(x_bti, w_ig, b_g, state, step, *, mask_bt, reverse, return_sequences,
-                 zero_masked, y0, out_size):
+def run_sequence(x_bti, w_ig, b_g, state, step, *, mask_bt, reverse, return_sequences, zero_masked, y0, out_size):
     """The shared time loop: ``step(xw_t, state) -> (y_t, new_state)``; masking and outputs here.
 
     Returns ``(y, state)`` with y (B, T, out_size) or (B, out_size) (the last processed output).
@@ -52,7 +51,7 @@ def run_sequence(x_bti, w_ig, b_g, state, step, *, mask_bt, reverse, return_sequ
         if mask_bt is None:
             state, carried, stored = new_state, y_t, y_t
         else:
-            m = mask_bt[:, t:t + 1]
+            m = mask_bt[:, t : t + 1]
             state = tuple(np.where(m, n, s) for n, s in zip(new_state, state))
             carried = np.where(m, y_t, carried)
             stored = np.where(m, y_t, np.float32(0)) if zero_masked else carried
@@ -61,23 +60,59 @@ def run_sequence(x_bti, w_ig, b_g, state, step, *, mask_bt, reverse, return_sequ
     return (ys if return_sequences else stored.copy()), state
 
 
-def rnn_sequence(x_bti, w_ih, w_hh, b, h0, *, activation="tanh", mask_bt=None, reverse=False,
-                 return_sequences=True, zero_masked=False, y0=None):
+def rnn_sequence(
+    x_bti,
+    w_ih,
+    w_hh,
+    b,
+    h0,
+    *,
+    activation="tanh",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+):
     """h_t = act(x_t w_ih + h_{t-1} w_hh + b); y_t = h_t. Returns (y, h)."""
 
     def step(xw_t, state):
         h = _act(xw_t + state[0] @ w_hh, activation).astype(np.float32)
         return h, (h,)
 
-    y, (h,) = run_sequence(x_bti, w_ih, b, (h0,), step, mask_bt=mask_bt, reverse=reverse,
-                           return_sequences=return_sequences, zero_masked=zero_masked, y0=y0,
-                           out_size=w_hh.shape[0])
+    y, (h,) = run_sequence(
+        x_bti,
+        w_ih,
+        b,
+        (h0,),
+        step,
+        mask_bt=mask_bt,
+        reverse=reverse,
+        return_sequences=return_sequences,
+        zero_masked=zero_masked,
+        y0=y0,
+        out_size=w_hh.shape[0],
+    )
     return y, h
 
 
-def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh",
-                  recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-                  return_sequences=True, zero_masked=False, y0=None):
+def lstm_sequence(
+    x_bti,
+    w_ig,
+    w_hg,
+    b_g,
+    h0,
+    c0,
+    *,
+    w_hp=None,
+    activation="tanh",
+    recurrent_activation="sigmoid",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+):
     """[i f g o] = x_t w_ig + h w_hg + b; c = ract(f) c + ract(i) act(g); h = (ract(o) act(c)) w_hp.
 
     Returns (y, h, c); without ``w_hp`` the projection is the identity.
@@ -88,24 +123,48 @@ def lstm_sequence(x_bti, w_ig, w_hg, b_g, h0, c0, *, w_hp=None, activation="tanh
         h, c = state
         z = xw_t + h @ w_hg
         i = _act(z[:, :units], recurrent_activation)
-        f = _act(z[:, units:2 * units], recurrent_activation)
-        g = _act(z[:, 2 * units:3 * units], activation)
-        o = _act(z[:, 3 * units:], recurrent_activation)
+        f = _act(z[:, units : 2 * units], recurrent_activation)
+        g = _act(z[:, 2 * units : 3 * units], activation)
+        o = _act(z[:, 3 * units :], recurrent_activation)
         c_new = (f * c + i * g).astype(np.float32)
         h_new = (o * _act(c_new, activation)).astype(np.float32)
         if w_hp is not None:
             h_new = h_new @ w_hp
         return h_new, (h_new, c_new)
 
-    y, (h, c) = run_sequence(x_bti, w_ig, b_g, (h0, c0), step, mask_bt=mask_bt, reverse=reverse,
-                             return_sequences=return_sequences, zero_masked=zero_masked, y0=y0,
-                             out_size=w_hg.shape[0])
+    y, (h, c) = run_sequence(
+        x_bti,
+        w_ig,
+        b_g,
+        (h0, c0),
+        step,
+        mask_bt=mask_bt,
+        reverse=reverse,
+        return_sequences=return_sequences,
+        zero_masked=zero_masked,
+        y0=y0,
+        out_size=w_hg.shape[0],
+    )
     return y, h, c
 
 
-def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activation="tanh",
-                 recurrent_activation="sigmoid", mask_bt=None, reverse=False,
-                 return_sequences=True, zero_masked=False, y0=None):
+def gru_sequence(
+    x_bti,
+    w_ig,
+    w_hg,
+    b_ig,
+    b_hg,
+    h0,
+    *,
+    reset_after=True,
+    activation="tanh",
+    recurrent_activation="sigmoid",
+    mask_bt=None,
+    reverse=False,
+    return_sequences=True,
+    zero_masked=False,
+    y0=None,
+):
     """z, r = ract(x w + h u (+ b_h)); cand = act(x w_h + r (h u_h + b_hh)) (reset_after) or
     act(x w_h + (r h) u_h); h = z h + (1 - z) cand. Returns (y, h); ``b_hg`` may be None."""
     units = w_hg.shape[0]
@@ -117,17 +176,27 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, *, reset_after=True, activat
             if b_hg is not None:
                 inner = inner + b_hg
             z = _act(xw_t[:, :units] + inner[:, :units], recurrent_activation)
-            r = _act(xw_t[:, units:2 * units] + inner[:, units:2 * units], recurrent_activation)
-            cand = _act(xw_t[:, 2 * units:] + r * inner[:, 2 * units:], activation)
+            r = _act(xw_t[:, units : 2 * units] + inner[:, units : 2 * units], recurrent_activation)
+            cand = _act(xw_t[:, 2 * units :] + r * inner[:, 2 * units :], activation)
         else:
-            inner = h @ w_hg[:, :2 * units]
+            inner = h @ w_hg[:, : 2 * units]
             z = _act(xw_t[:, :units] + inner[:, :units], recurrent_activation)
-            r = _act(xw_t[:, units:2 * units] + inner[:, units:], recurrent_activation)
-            cand = _act(xw_t[:, 2 * units:] + (r * h) @ w_hg[:, 2 * units:], activation)
+            r = _act(xw_t[:, units : 2 * units] + inner[:, units:], recurrent_activation)
+            cand = _act(xw_t[:, 2 * units :] + (r * h) @ w_hg[:, 2 * units :], activation)
         h_new = (z * h + (np.float32(1) - z) * cand).astype(np.float32)
         return h_new, (h_new,)
 
-    y, (h,) = run_sequence(x_bti, w_ig, b_ig, (h0,), step, mask_bt=mask_bt, reverse=reverse,
-                           return_sequences=return_sequences, zero_masked=zero_masked, y0=y0,
-                           out_size=units)
+    y, (h,) = run_sequence(
+        x_bti,
+        w_ig,
+        b_ig,
+        (h0,),
+        step,
+        mask_bt=mask_bt,
+        reverse=reverse,
+        return_sequences=return_sequences,
+        zero_masked=zero_masked,
+        y0=y0,
+        out_size=units,
+    )
     return y, h

@@ -32,5 +32,15 @@ from .creators import KerasLayer, build_layer, keras_layers, register_keras_laye
 from .files import load_keras, load_keras_h5, load_weights
 from .models import build_model, build_operation
 
-__all__ = ["KerasLayer", "build_layer", "build_model", "build_operation", "check_config",
-           "keras_layers", "load_keras", "load_keras_h5", "load_weights", "register_keras_layer"]
+__all__ = [
+    "KerasLayer",
+    "build_layer",
+    "build_model",
+    "build_operation",
+    "check_config",
+    "keras_layers",
+    "load_keras",
+    "load_keras_h5",
+    "load_weights",
+    "register_keras_layer",
+]

@@ -23,10 +23,12 @@ from ... import limits
 from ...errors import FastlayersError, InputError, ModelFileError, UnsupportedError
 
 #: Config keys that only matter for training or for Keras internals: ignored.
-_IGNORED = re.compile(r"^(name|trainable|dtype|build_config|registered_name|module|seed|"
-                      r"activity_regularizer|noise_shape|autocast|quantization_config|"
-                      r"input_length|synchronized|optional|sparse|ragged|momentum|renorm_momentum)$"
-                      r"|_(initializer|regularizer|constraint)$")
+_IGNORED = re.compile(
+    r"^(name|trainable|dtype|build_config|registered_name|module|seed|"
+    r"activity_regularizer|noise_shape|autocast|quantization_config|"
+    r"input_length|synchronized|optional|sparse|ragged|momentum|renorm_momentum)$"
+    r"|_(initializer|regularizer|constraint)$"
+)
 #: dtype policies computed in float32 (weights are cast on load).
 _FLOAT_POLICIES = {"float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16"}
 
@@ -46,11 +48,11 @@ def _activation(value, where):
     if isinstance(value, dict):
         module = value.get("module")
         if value.get("class_name") in ("function", "builtins.function") or (
-                isinstance(module, str) and module.startswith("keras")):
+            isinstance(module, str) and module.startswith("keras")
+        ):
             value = value.get("config")
         if isinstance(value, (dict, list)):
-            raise UnsupportedError(f"{where}: activation {limits.describe(value)} is a custom "
-                                   "object; not supported")
+            raise UnsupportedError(f"{where}: activation {limits.describe(value)} is a custom object; not supported")
     return value
 
 
@@ -87,8 +89,9 @@ def constructor_options(layer_class: type) -> frozenset[str]:
     """The named arguments of ``layer_class``'s constructor, but ``dtype`` (a dtype policy in a
     Keras config, checked by ``build_layer``): the config keys its creator reads by default."""
     params = inspect.signature(layer_class.__init__).parameters.values()
-    return frozenset(p.name for p in params if p.name not in ("self", "dtype")
-                     and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    return frozenset(
+        p.name for p in params if p.name not in ("self", "dtype") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )
 
 
 def _no_stateful_unroll(config: dict, here: str) -> None:
@@ -112,8 +115,7 @@ def _wrapped_layers(kwargs: dict, config: dict, build) -> dict:
     """Bidirectional: the wrapped layers are Keras layer configs, built here."""
     for key in ("layer", "backward_layer"):
         sub = kwargs.get(key)
-        if isinstance(sub, dict) and isinstance(sub.get("class_name"), str) and \
-                isinstance(sub.get("config"), dict):
+        if isinstance(sub, dict) and isinstance(sub.get("class_name"), str) and isinstance(sub.get("config"), dict):
             kwargs[key] = build(sub["class_name"], dict(sub["config"]))
     return kwargs
 
@@ -133,9 +135,16 @@ _BUILTIN: dict[str, dict[str, Any]] = {
     "AveragePooling1D": {},
     "AveragePooling2D": {},
     "BatchNormalization": {},
-    "Bidirectional": {"adapt": _wrapped_layers,
-                      "weight_groups": ("vars", "forward_layer/vars", "forward_layer/cell/vars",
-                                        "backward_layer/vars", "backward_layer/cell/vars")},
+    "Bidirectional": {
+        "adapt": _wrapped_layers,
+        "weight_groups": (
+            "vars",
+            "forward_layer/vars",
+            "forward_layer/cell/vars",
+            "backward_layer/vars",
+            "backward_layer/cell/vars",
+        ),
+    },
     "BinaryOp": {},
     "Concatenate": {},
     "Conv1D": {},
@@ -170,8 +179,9 @@ _BUILTIN: dict[str, dict[str, Any]] = {
     "MaxPooling2D": {},
     "Maximum": {},
     "Minimum": {},
-    "MultiHeadAttention": {"weight_groups": ("vars", "query_dense/vars", "key_dense/vars",
-                                             "value_dense/vars", "output_dense/vars")},
+    "MultiHeadAttention": {
+        "weight_groups": ("vars", "query_dense/vars", "key_dense/vars", "value_dense/vars", "output_dense/vars")
+    },
     "Multiply": {},
     "NiNBlock": {},
     "Normalization": {},
@@ -216,9 +226,12 @@ def keras_layers() -> dict[str, KerasLayer]:
             if not _table:
                 from ...layers import LAYER_CLASSES
 
-                _table.update({name: KerasLayer(LAYER_CLASSES[name],
-                                                constructor_options(LAYER_CLASSES[name]), **parts)
-                               for name, parts in _BUILTIN.items()})
+                _table.update(
+                    {
+                        name: KerasLayer(LAYER_CLASSES[name], constructor_options(LAYER_CLASSES[name]), **parts)
+                        for name, parts in _BUILTIN.items()
+                    }
+                )
     return _table
 
 
@@ -228,9 +241,14 @@ def keras_class_of(layer) -> str:
     return getattr(layer, "keras_class_name", type(layer).__name__)
 
 
-def register_keras_layer(keras_class: str, layer_class: type, *,
-                         options: Iterable[str] | None = None, adapt: Adapt | None = None,
-                         weight_groups: Iterable[str] = ("vars",)) -> None:
+def register_keras_layer(
+    keras_class: str,
+    layer_class: type,
+    *,
+    options: Iterable[str] | None = None,
+    adapt: Adapt | None = None,
+    weight_groups: Iterable[str] = ("vars",),
+) -> None:
     """Read the Keras layer class ``keras_class`` (a custom layer, or a built-in one read
     differently) from Keras files as the fastlayers layer class ``layer_class``.
 
@@ -297,11 +315,14 @@ def register_keras_layer(keras_class: str, layer_class: type, *,
     if keras_class in MODEL_CLASSES:
         raise InputError(f"{where}: {keras_class} is a model class, which the loader reads itself")
     if keras_class in CODE_CLASSES:
-        raise InputError(f"{where}: {keras_class} layers carry Python code, which fastlayers never "
-                         "executes from a file; no class can be registered for them")
+        raise InputError(
+            f"{where}: {keras_class} layers carry Python code, which fastlayers never "
+            "executes from a file; no class can be registered for them"
+        )
     if not (isinstance(layer_class, type) and issubclass(layer_class, Layer)) or layer_class is Layer:
-        raise InputError(f"{where}: expected a subclass of fastlayers.layers.Layer, got "
-                         f"{limits.short_repr(layer_class)}")
+        raise InputError(
+            f"{where}: expected a subclass of fastlayers.layers.Layer, got {limits.short_repr(layer_class)}"
+        )
     if adapt is not None and not callable(adapt):
         raise InputError(f"{where}: adapt must be callable, got {limits.short_repr(adapt)}")
     arguments = constructor_options(layer_class)
@@ -310,16 +331,18 @@ def register_keras_layer(keras_class: str, layer_class: type, *,
     else:
         read = frozenset([options] if isinstance(options, str) else options)
         if not all(isinstance(o, str) for o in read):
-            raise InputError(f"{where}: options must be config keys (strings), got "
-                             f"{limits.short_repr(options)}")
+            raise InputError(f"{where}: options must be config keys (strings), got {limits.short_repr(options)}")
         unknown = sorted(read - arguments - _BASE_PARAMS - {"name"})
-        if unknown and adapt is None:   # with adapt, the keys read may be renamed
-            raise InputError(f"{where}: options {unknown} are not arguments of "
-                             f"{layer_class.__name__}'s constructor ({sorted(arguments)})")
+        if unknown and adapt is None:  # with adapt, the keys read may be renamed
+            raise InputError(
+                f"{where}: options {unknown} are not arguments of "
+                f"{layer_class.__name__}'s constructor ({sorted(arguments)})"
+            )
     groups = (weight_groups,) if isinstance(weight_groups, str) else tuple(weight_groups)
     if not groups or not all(isinstance(g, str) and g.strip("/") for g in groups):
-        raise InputError(f"{where}: weight_groups must be group paths such as 'vars', got "
-                         f"{limits.short_repr(weight_groups)}")
+        raise InputError(
+            f"{where}: weight_groups must be group paths such as 'vars', got {limits.short_repr(weight_groups)}"
+        )
     entry = KerasLayer(layer_class, read, adapt=adapt, weight_groups=groups)
     table = keras_layers()
     with _table_lock:
@@ -334,25 +357,31 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
     name = config.get("name", "?")
     here = f"{where}: layer {name!r} ({class_name})"
     if not isinstance(name, str):
-        raise ModelFileError(f"{where}: layer of class {class_name!r}: field 'name': expected a "
-                             f"string, found {limits.describe(name)}")
+        raise ModelFileError(
+            f"{where}: layer of class {class_name!r}: field 'name': expected a string, found {limits.describe(name)}"
+        )
     if class_name in CODE_CLASSES:
-        raise UnsupportedError(f"{here}: {class_name} layers carry Python code, which fastlayers "
-                               f"never executes from a file; rebuild the model without {class_name} "
-                               "layers")
+        raise UnsupportedError(
+            f"{here}: {class_name} layers carry Python code, which fastlayers "
+            f"never executes from a file; rebuild the model without {class_name} "
+            "layers"
+        )
     table = keras_layers()
     # a legacy .h5 names a registered custom class by its registered name, "package>Class"
     keras_class = class_name if class_name in table else class_name.rpartition(">")[2]
     creator = table.get(keras_class)
     if creator is None:
-        raise UnsupportedError(f"{here}: layer class {class_name!r} is not supported (a custom "
-                               "layer: register a fastlayers class for it with "
-                               "fastlayers.io.register_keras_layer)")
+        raise UnsupportedError(
+            f"{here}: layer class {class_name!r} is not supported (a custom "
+            "layer: register a fastlayers class for it with "
+            "fastlayers.io.register_keras_layer)"
+        )
     policy = _policy_name(config.get("dtype"))
-    if policy is not None and creator.float_policy and (
-            not isinstance(policy, str) or policy not in _FLOAT_POLICIES):
-        raise UnsupportedError(f"{here}: dtype policy {limits.short_repr(policy)} is not supported "
-                               "(float policies are computed in float32)")
+    if policy is not None and creator.float_policy and (not isinstance(policy, str) or policy not in _FLOAT_POLICIES):
+        raise UnsupportedError(
+            f"{here}: dtype policy {limits.short_repr(policy)} is not supported "
+            "(float policies are computed in float32)"
+        )
     if creator.check is not None:
         creator.check(config, here)
     params = creator.options | _BASE_PARAMS | {"name"}
@@ -369,9 +398,9 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         kwargs[key] = value
     limits.check_layer_config(kwargs, where, f"layer {name!r} ({class_name})", weight_elements)
     if creator.adapt is not None:
-        kwargs = creator.adapt(kwargs, config,
-                               lambda sub_class, sub_config: build_layer(sub_class, sub_config, here,
-                                                                         weight_elements))
+        kwargs = creator.adapt(
+            kwargs, config, lambda sub_class, sub_config: build_layer(sub_class, sub_config, here, weight_elements)
+        )
     try:
         layer = creator.layer_class(**kwargs)
     except FastlayersError as e:
@@ -382,7 +411,7 @@ def build_layer(class_name: str, config: dict, where: str, weight_elements: int 
         raise ModelFileError(f"{here}: invalid config ({e})") from e
     except Exception as e:  # a config from a file: any failure is the file's
         raise build_error(here, e) from e
-    if type(layer).__name__ != keras_class:   # its weights lie under the Keras class's name
+    if type(layer).__name__ != keras_class:  # its weights lie under the Keras class's name
         layer.keras_class_name = keras_class
     return layer
 

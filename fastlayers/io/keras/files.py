@@ -34,8 +34,7 @@ def _open_h5(source, where):
     try:
         return h5py.File(source, "r")
     except H5_ERRORS as e:
-        raise ModelFileError(f"{where}: not a readable HDF5 file ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from e
+        raise ModelFileError(f"{where}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from e
 
 
 def _weights_stage(where: str, fn, *args):
@@ -78,13 +77,13 @@ def load_keras(source):
         try:
             z = limits.open_zip(fobj, where)
         except ModelFileError as e:
-            raise ModelFileError(str(e).replace("not a readable zip archive",
-                                                "not a readable .keras archive")) from None
+            raise ModelFileError(
+                str(e).replace("not a readable zip archive", "not a readable .keras archive")
+            ) from None
         with z:
             info = limits.get_member(z, "config.json", where)
             limit = settings.current().max_config_bytes
-            entry = limits.parse_json(limits.read_member(z, info, where, limit),
-                                      where, "config.json")
+            entry = limits.parse_json(limits.read_member(z, info, where, limit), where, "config.json")
             info = limits.get_member(z, "model.weights.h5", where)
             if info.compress_type != zipfile.ZIP_STORED:
                 data = limits.read_member(z, info, where, info.file_size)
@@ -96,12 +95,10 @@ def load_keras(source):
             # the member's CRC-32 is checked (the bytes bypass zipfile)
             size = limits.source_size(z)
             start = limits.member_data_offset(fobj, info, where, size)
-            limits.check_crc(fobj, start, info.compress_size, info.CRC, where,
-                             "zip member 'model.weights.h5'")
+            limits.check_crc(fobj, start, info.compress_size, info.CRC, where, "zip member 'model.weights.h5'")
             member = _Region(fobj, start, info.file_size)
             with _open_h5(member, where) as f:
-                return _model_with_weights(entry, f, where, RawFile(fobj, start, info.file_size),
-                                           info.file_size)
+                return _model_with_weights(entry, f, where, RawFile(fobj, start, info.file_size), info.file_size)
     finally:
         if opened is not None:
             opened.close()
@@ -145,7 +142,7 @@ def _model_with_weights(entry, h5file, where, raw, h5_bytes: int):
     image of ``h5_bytes`` bytes)."""
     from ...layers.base import weights_loaded_later  # the layers are imported at the first load
 
-    check_config(entry, where)   # parse_json checked the nesting
+    check_config(entry, where)  # parse_json checked the nesting
     with weights_loaded_later(), np.errstate(all="ignore"):
         model = build_model(entry, where, h5_bytes, _checked=True)
     from ...model.graph import all_graph_nodes
@@ -165,14 +162,15 @@ def load_keras_h5(source):
     with _h5_source(source, where) as (fobj, size):
         scan_file(fobj, 0, size, where)
         with _open_h5(fobj, where) as f:
+
             def read_config():
                 if "model_config" not in f.attrs:
-                    raise ModelFileError(f"{where}: HDF5 file without a model_config attribute (a "
-                                         "weights file? use model.load_weights)")
+                    raise ModelFileError(
+                        f"{where}: HDF5 file without a model_config attribute (a weights file? use model.load_weights)"
+                    )
                 return text_attr(f, "model_config", where)
 
-            entry = limits.parse_json(_weights_stage(where, read_config), where,
-                                      "the model_config attribute")
+            entry = limits.parse_json(_weights_stage(where, read_config), where, "the model_config attribute")
             check_config(entry, where)
             with weights_loaded_later(), np.errstate(all="ignore"):
                 model = build_model(entry, where, size, _checked=True)
@@ -228,12 +226,12 @@ def load_weights(model, path) -> None:
                 if "layers" in f or "vars" in f:
                     assign_keras3(model, f, where, set(), raw)
                 elif "model_weights" in f:
-                    assign_legacy(model, get_object(f, "model_weights", where, "group"), where,
-                                  set(), raw)
+                    assign_legacy(model, get_object(f, "model_weights", where, "group"), where, set(), raw)
                 elif "layer_names" in f.attrs:
                     assign_legacy(model, f, where, set(), raw)
                 else:
-                    raise ModelFileError(f"{where}: no Keras weights found (expected a 'layers' "
-                                         "group or 'layer_names' attribute)")
+                    raise ModelFileError(
+                        f"{where}: no Keras weights found (expected a 'layers' group or 'layer_names' attribute)"
+                    )
 
             _weights_stage(where, assign)

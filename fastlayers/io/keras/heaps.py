@@ -28,21 +28,22 @@ def _check_global_heaps(buf, start: int, end: int, where: str) -> None:
     fmt = {2: "<H", 4: "<I", 8: "<Q"}[length_size]
     at = buf.find(b"GCOL", start, end)
     while at != -1:
-        if at + header <= end and buf[at + 4] == 1 and buf[at + 5:at + 8] == b"\x00\x00\x00":
+        if at + header <= end and buf[at + 4] == 1 and buf[at + 5 : at + 8] == b"\x00\x00\x00":
             (size,) = struct.unpack_from(fmt, buf, at + 8)
             stop = at + size
-            if at + header < stop <= end:   # HDF5 refuses collections past the end of the file
+            if at + header < stop <= end:  # HDF5 refuses collections past the end of the file
                 p = at + header
                 while p < stop:
                     if p + objhdr > stop:
-                        break   # the tail: free space HDF5 skips to the end
+                        break  # the tail: free space HDF5 skips to the end
                     index = struct.unpack_from("<H", buf, p)[0]
                     (osize,) = struct.unpack_from(fmt, buf, p + 8)
                     need = objhdr + ((osize + 7) & ~7) if index > 0 else osize
                     if need <= 0 or need > stop - p:
                         raise ModelFileError(
                             f"{where}: corrupt HDF5 global heap at byte {at:,} (object {index} "
-                            f"of size {osize:,} at byte {p:,}); HDF5 would never finish reading it")
+                            f"of size {osize:,} at byte {p:,}); HDF5 would never finish reading it"
+                        )
                     p += need
         at = buf.find(b"GCOL", at + 1, end)
 
@@ -50,8 +51,8 @@ def _check_global_heaps(buf, start: int, end: int, where: str) -> None:
 def _hdf5_length_size(buf, start: int, end: int, where: str) -> int:
     """The superblock's 'size of lengths' (8 in every file h5py writes)."""
     base = start
-    while base + 16 <= end and buf[base:base + 8] != _HDF5_SIGNATURE:
-        base = start + max(512, 2 * (base - start))   # a user block: 512, 1024, 2048, ...
+    while base + 16 <= end and buf[base : base + 8] != _HDF5_SIGNATURE:
+        base = start + max(512, 2 * (base - start))  # a user block: 512, 1024, 2048, ...
     if base + 16 > end:
         raise ModelFileError(f"{where}: not a readable HDF5 file (no superblock)")
     version = buf[base + 8]
@@ -63,7 +64,7 @@ def scan_file(fobj, start: int, size: int, where: str) -> None:
     """``_check_global_heaps`` over ``size`` bytes at ``start`` of an open file or buffer."""
     if size <= 0:
         raise ModelFileError(f"{where}: not a readable HDF5 file (empty)")
-    if isinstance(fobj, io.BytesIO):   # getvalue shares the bytes the buffer was made from
+    if isinstance(fobj, io.BytesIO):  # getvalue shares the bytes the buffer was made from
         data = fobj.getvalue()
         return _check_global_heaps_safe(data, start, min(start + size, len(data)), where)
     try:

@@ -15,8 +15,7 @@ from .creators import build_error, build_layer
 
 #: Keras 3 operation nodes (``module`` keras.src.ops.*: ``x + 3.0``, ``a + b`` on symbolic
 #: tensors) that fastlayers rebuilds, as ``layers.BinaryOp`` ops.
-_OPERATIONS = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply", "Divide": "divide",
-               "TrueDivide": "divide"}
+_OPERATIONS = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply", "Divide": "divide", "TrueDivide": "divide"}
 
 
 def _is_operation(entry) -> bool:
@@ -43,26 +42,26 @@ def build_operation(entry: dict, where: str):
     here = f"{where}: operation {name!r} ({entry.get('module')}.{class_name})"
     op = _OPERATIONS.get(class_name)
     if op is None:
-        raise UnsupportedError(f"{here}: this Keras operation is not supported (supported: "
-                               f"{', '.join(sorted(_OPERATIONS))} between tensors and numbers)")
+        raise UnsupportedError(
+            f"{here}: this Keras operation is not supported (supported: "
+            f"{', '.join(sorted(_OPERATIONS))} between tensors and numbers)"
+        )
     nodes = entry.get("inbound_nodes", [])
     if len(nodes) != 1 or not isinstance(nodes[0], dict):
-        raise ModelFileError(f"{here}: expected one Keras 3 call node, found "
-                             f"{limits.describe(nodes)}")
+        raise ModelFileError(f"{here}: expected one Keras 3 call node, found {limits.describe(nodes)}")
     args, kwargs = nodes[0].get("args", []), nodes[0].get("kwargs", {})
     if len(args) != 2 or kwargs:
-        raise UnsupportedError(f"{here}: expected two operands and no keyword arguments, found "
-                               f"{len(args)} operand(s) and {sorted(kwargs)}")
+        raise UnsupportedError(
+            f"{here}: expected two operands and no keyword arguments, found {len(args)} operand(s) and {sorted(kwargs)}"
+        )
     constants = []
     for arg in args:
         if _is_tensor(arg):
             constants.append(None)
-        elif (type(arg) is float and np.isfinite(arg)) or (
-                type(arg) is int and abs(arg) <= limits.MAX_CONFIG_INT):
+        elif (type(arg) is float and np.isfinite(arg)) or (type(arg) is int and abs(arg) <= limits.MAX_CONFIG_INT):
             constants.append(float(arg))
         else:
-            raise UnsupportedError(f"{here}: operand {limits.describe(arg)} is neither a tensor "
-                                   "nor a finite number")
+            raise UnsupportedError(f"{here}: operand {limits.describe(arg)} is neither a tensor nor a finite number")
     if None not in constants:
         raise ModelFileError(f"{here}: no tensor operand")
     return BinaryOp(op, constants, name=name)
@@ -73,12 +72,14 @@ def _inbound_refs(node) -> tuple:
     """Keras 3 node {"args": [...], "kwargs": {...}} or tf.keras 2 [[name, node, tensor, kw], ...]
     as (structure of (layer name, node index, tensor index), extra args, kwargs)."""
     if isinstance(node, dict):
+
         def conv(obj):
             if isinstance(obj, dict) and obj.get("class_name") == "__keras_tensor__":
                 return tuple(obj["config"]["keras_history"][:3])
             if isinstance(obj, (list, tuple)):
                 return [conv(o) for o in obj]
             return obj
+
         args = [conv(a) for a in node.get("args", [])]
         kwargs = {k: conv(v) for k, v in node.get("kwargs", {}).items() if v is not None}
         first = args[0] if args else None
@@ -130,8 +131,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
                 shape = shape or first_cfg.get("batch_input_shape") or first_cfg.get("batch_shape")
                 if shape is None:
                     raise ModelFileError(f"{where}: Sequential {model_name!r} has no input shape")
-                expect(is_shape(list(shape)), where, f"Sequential {model_name!r} input shape",
-                       "a list of sizes", shape)
+                expect(is_shape(list(shape)), where, f"Sequential {model_name!r} input shape", "a list of sizes", shape)
                 layers.insert(0, Input(batch_shape=shape).node.layer)
             return Sequential(layers, name=model_name)
         except Exception as e:  # a config from a file: any failure is the file's
@@ -185,9 +185,8 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
             args, extra_args = resolve(first), [resolve(a) for a in extra]
             kwargs = {k: resolve(v) for k, v in kwargs.items()}
         except KeyError as e:
-            raise ModelFileError(f"{here}: input {e.args[0]} is not an output of that layer "
-                                 "call") from None
-        if isinstance(layers[lname], BinaryOp):   # its tensor operands, as a list
+            raise ModelFileError(f"{here}: input {e.args[0]} is not an output of that layer call") from None
+        if isinstance(layers[lname], BinaryOp):  # its tensor operands, as a list
             args, extra_args = [a for a in (args, *extra_args) if type(a) not in (int, float)], []
         try:
             out = layers[lname](args, *extra_args, **kwargs)
@@ -202,8 +201,9 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
                 ready.append(waiter)
     if replayed != len(items):
         stuck = [items[i][0] for i in range(len(items)) if missing[i] > 0]
-        raise ModelFileError(f"{where}: the graph of {model_name!r} cannot be rebuilt "
-                             f"(unresolved inputs for {stuck[:5]})")
+        raise ModelFileError(
+            f"{where}: the graph of {model_name!r} cannot be rebuilt (unresolved inputs for {stuck[:5]})"
+        )
 
     def refs(spec, key):
         """A single [name, node, tensor] (or a one-element list of them, which Keras unwraps)

@@ -13,8 +13,17 @@ from ...errors import ModelFileError, UnsupportedError
 from .creators import keras_class_of, keras_layers
 
 #: What h5py raises on a corrupt or hostile file (soft-link loops, bad addresses, bad heaps).
-H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError, AttributeError,
-             IndexError, OverflowError, UnicodeError)
+H5_ERRORS = (
+    KeyError,
+    OSError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    UnicodeError,
+)
 
 
 def import_h5py():
@@ -46,13 +55,15 @@ class RawFile:
     def read_into(self, out: np.ndarray, offset: int, where: str, what: str) -> None:
         nbytes = out.nbytes
         if offset < 0 or offset + nbytes > self.size:
-            raise ModelFileError(f"{where}: {what} claims bytes [{offset:,}, {offset + nbytes:,}) "
-                                 f"of a {self.size:,}-byte HDF5 image: outside the file")
+            raise ModelFileError(
+                f"{where}: {what} claims bytes [{offset:,}, {offset + nbytes:,}) "
+                f"of a {self.size:,}-byte HDF5 image: outside the file"
+            )
         self.fobj.seek(self.offset + offset)
         view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
         done = 0
         while done < nbytes:
-            n = self.fobj.readinto(view[done:done + limits.CHUNK_BYTES])
+            n = self.fobj.readinto(view[done : done + limits.CHUNK_BYTES])
             if not n:
                 raise ModelFileError(f"{where}: {what} is truncated")
             done += n
@@ -62,18 +73,22 @@ def _assign(layer, datasets, where, raw=None):
     """Set ``layer``'s weights from h5py datasets in Keras order (``raw``: see ``RawFile``)."""
     names = _keras_weights_of(layer)
     if len(datasets) != len(names):
-        raise ModelFileError(f"{where}: layer {layer.name!r} ({type(layer).__name__}) expects "
-                             f"{len(names)} weights {names}, the file has {len(datasets)}")
+        raise ModelFileError(
+            f"{where}: layer {layer.name!r} ({type(layer).__name__}) expects "
+            f"{len(names)} weights {names}, the file has {len(datasets)}"
+        )
     values = []
     for wname, dataset in zip(names, datasets):
         current = getattr(layer, wname)
         if dataset.shape != current.shape:
-            raise ModelFileError(f"{where}: weight {wname!r} of layer {layer.name!r} expects shape "
-                                 f"{current.shape}, the file has {dataset.shape}")
+            raise ModelFileError(
+                f"{where}: weight {wname!r} of layer {layer.name!r} expects shape "
+                f"{current.shape}, the file has {dataset.shape}"
+            )
         values.append(_read_dataset(dataset, raw, where, current))
     for wname, value in zip(names, values):
         setattr(layer, wname, value)
-    with np.errstate(all="ignore"):   # weights from a file may hold inf or NaN
+    with np.errstate(all="ignore"):  # weights from a file may hold inf or NaN
         layer._weights_changed()
 
 
@@ -84,14 +99,16 @@ def _check_dataset(h5py, dataset, where) -> None:
         raise ModelFileError(f"{where}: dataset {dataset.name} has dtype {dataset.dtype}, expected floats")
     plist = dataset.id.get_create_plist()
     if plist.get_layout() == h5py.h5d.VIRTUAL or plist.get_external_count():
-        raise ModelFileError(f"{where}: dataset {dataset.name} keeps its data outside the file "
-                             "(external or virtual storage); refused")
+        raise ModelFileError(
+            f"{where}: dataset {dataset.name} keeps its data outside the file (external or virtual storage); refused"
+        )
     chunks = dataset.chunks
     if chunks is not None:
         chunk_bytes = int(np.prod(chunks, dtype=np.float64)) * dataset.dtype.itemsize
         if chunk_bytes > max(dataset.size * dataset.dtype.itemsize, 1 << 20):
-            raise ModelFileError(f"{where}: dataset {dataset.name} declares {chunks} chunks, "
-                                 f"larger than its shape {dataset.shape}")
+            raise ModelFileError(
+                f"{where}: dataset {dataset.name} declares {chunks} chunks, larger than its shape {dataset.shape}"
+            )
 
 
 def _read_dataset(dataset, raw: RawFile | None, where, current=None) -> np.ndarray:
@@ -100,8 +117,14 @@ def _read_dataset(dataset, raw: RawFile | None, where, current=None) -> np.ndarr
     h5py = import_h5py()
     _check_dataset(h5py, dataset, where)
     shape = dataset.shape
-    usable = (current is not None and current.dtype == np.float32 and current.flags.c_contiguous
-              and current.flags.writeable and current.base is None and current.shape == shape)
+    usable = (
+        current is not None
+        and current.dtype == np.float32
+        and current.flags.c_contiguous
+        and current.flags.writeable
+        and current.base is None
+        and current.shape == shape
+    )
     if not dataset.size:
         return np.zeros(shape, np.float32)
     offset = dataset.id.get_offset() if raw is not None and dataset.chunks is None else None
@@ -112,7 +135,7 @@ def _read_dataset(dataset, raw: RawFile | None, where, current=None) -> np.ndarr
             raw.read_into(current, offset, where, what)
             return current
         if str(dtype) == "bfloat16":
-            offset = None   # h5py's own conversion
+            offset = None  # h5py's own conversion
         else:
             buf = np.empty(shape, dtype)
             raw.read_into(buf, offset, where, what)
@@ -148,9 +171,9 @@ def get_object(group, path: str, where: str, kind: str):
         link_type = links.get_info(name).type
         if link_type != h5py.h5l.TYPE_HARD:
             kind_name = {h5py.h5l.TYPE_SOFT: "SoftLink", h5py.h5l.TYPE_EXTERNAL: "ExternalLink"}.get(
-                link_type, f"link of type {link_type}")
-            raise ModelFileError(f"{where}: {node.name}/{part} is a {kind_name}; Keras files use "
-                                 "hard links only")
+                link_type, f"link of type {link_type}"
+            )
+            raise ModelFileError(f"{where}: {node.name}/{part} is a {kind_name}; Keras files use hard links only")
         node = node[part]
     expected = h5py.Dataset if kind == "dataset" else h5py.Group
     if not isinstance(node, expected):
@@ -171,20 +194,20 @@ def _names_attr(obj, key: str, where: str) -> list[str]:
     if shape is None or size == 0:
         return []
     if len(shape) > 1 or size > limits.KERAS_MAX_NAMES:
-        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has shape {shape}; "
-                             "expected a list of names")
+        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has shape {shape}; expected a list of names")
     if dtype.kind not in "SO" or (dtype.kind == "O" and h5py.check_string_dtype(dtype) is None):
-        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has dtype {dtype}; "
-                             "expected strings")
+        raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} has dtype {dtype}; expected strings")
     value = obj.attrs[key]
     names = []
     for item in np.atleast_1d(value).tolist():
         try:
-            names.append(item.decode("utf-8") if isinstance(item, bytes) else
-                         item.encode("utf-8", "surrogateescape").decode("utf-8"))
+            names.append(
+                item.decode("utf-8")
+                if isinstance(item, bytes)
+                else item.encode("utf-8", "surrogateescape").decode("utf-8")
+            )
         except UnicodeError:
-            raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} holds a name that is "
-                                 "not UTF-8") from None
+            raise ModelFileError(f"{where}: attribute {key!r} of {obj.name} holds a name that is not UTF-8") from None
     return names
 
 
@@ -193,10 +216,13 @@ def text_attr(obj, key: str, where: str) -> str:
     h5py = import_h5py()
     attr = h5py.h5a.open(obj.id, key.encode())
     shape, dtype = attr.shape, attr.dtype
-    if shape is None or (shape and int(np.prod(shape)) != 1) or dtype.kind not in "SO" or (
-            dtype.kind == "O" and h5py.check_string_dtype(dtype) is None):
-        raise ModelFileError(f"{where}: attribute {key!r} has shape {shape} and dtype {dtype}; "
-                             "expected one string")
+    if (
+        shape is None
+        or (shape and int(np.prod(shape)) != 1)
+        or dtype.kind not in "SO"
+        or (dtype.kind == "O" and h5py.check_string_dtype(dtype) is None)
+    ):
+        raise ModelFileError(f"{where}: attribute {key!r} has shape {shape} and dtype {dtype}; expected one string")
     value = obj.attrs[key]
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0]
@@ -206,8 +232,9 @@ def text_attr(obj, key: str, where: str) -> str:
 
 
 def _count_error(layer_name: str, class_name: str, expected: int, found: int, where: str):
-    return ModelFileError(f"{where}: layer {layer_name!r} ({class_name}) expects {expected} "
-                          f"weights, the file has {found}")
+    return ModelFileError(
+        f"{where}: layer {layer_name!r} ({class_name}) expects {expected} weights, the file has {found}"
+    )
 
 
 def _read_vars(group, layer_name: str, class_name: str, where: str, expected: int) -> list:
@@ -215,8 +242,7 @@ def _read_vars(group, layer_name: str, class_name: str, where: str, expected: in
     their count is checked against ``expected`` before any is opened."""
     creator = keras_layers().get(class_name)
     paths = creator.weight_groups if creator is not None else ("vars",)
-    groups = [g for g in (get_object(group, path, where, "group") for path in paths)
-              if g is not None]
+    groups = [g for g in (get_object(group, path, where, "group") for path in paths) if g is not None]
     total = sum(len(g) for g in groups)
     if total != expected:
         raise _count_error(layer_name, class_name, expected, total, where)
@@ -239,8 +265,11 @@ def assign_keras3(model, group, where, visited, raw=None) -> None:
     used: dict[str, int] = {}
     layers_group = get_object(group, "layers", where, "group")
     for layer in model.layers:
-        base = snake_case(keras_class_of(layer)) if not isinstance(layer, Model) else (
-            "sequential" if type(layer).__name__ == "Sequential" else "functional")
+        base = (
+            snake_case(keras_class_of(layer))
+            if not isinstance(layer, Model)
+            else ("sequential" if type(layer).__name__ == "Sequential" else "functional")
+        )
         n = used.get(base)
         used[base] = 0 if n is None else n + 1
         key = base if n is None else f"{base}_{n + 1}"
@@ -255,8 +284,9 @@ def assign_keras3(model, group, where, visited, raw=None) -> None:
         if isinstance(layer, Model):
             assign_keras3(layer, sub, where, visited, raw)
         elif layer.weight_names:
-            _assign(layer, _read_vars(sub, layer.name, keras_class_of(layer), where,
-                                      len(layer.weight_names)), where, raw)
+            _assign(
+                layer, _read_vars(sub, layer.name, keras_class_of(layer), where, len(layer.weight_names)), where, raw
+            )
 
 
 def _datasets(group, names, where) -> list:
@@ -264,8 +294,7 @@ def _datasets(group, names, where) -> list:
     for n in names:
         ds = get_object(group, n, where, "dataset")
         if ds is None:
-            raise ModelFileError(f"{where}: {group.name} has no dataset {n!r} (listed in its "
-                                 "weight_names)")
+            raise ModelFileError(f"{where}: {group.name} has no dataset {n!r} (listed in its weight_names)")
         out.append(ds)
     return out
 
@@ -291,8 +320,7 @@ def assign_legacy(model, group, where, visited, raw=None) -> None:
             raise ModelFileError(f"{where}: no weights group for layer {layer.name!r}")
         names = _names_attr(sub, "weight_names", where)
         if len(names) != len(layer.weight_names):
-            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names),
-                               len(names), where)
+            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names), len(names), where)
         _assign(layer, _datasets(sub, names, where), where, raw)
 
 
@@ -303,8 +331,9 @@ def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
     for n in names:
         parts = [p for p in n.split("/") if p]
         if len(parts) < 2:
-            raise ModelFileError(f"{where}: weight name {n!r} of nested model {model.name!r} is not "
-                                 "a <layer>/<weight> path")
+            raise ModelFileError(
+                f"{where}: weight name {n!r} of nested model {model.name!r} is not a <layer>/<weight> path"
+            )
         by_layer.setdefault(parts[-2], []).append(n)
     for layer in model.layers:
         if id(layer) in visited or not layer.weight_names:
@@ -312,8 +341,7 @@ def _assign_legacy_nested(model, group, where, visited, raw=None) -> None:
         visited.add(id(layer))
         listed = by_layer.get(layer.name, [])
         if len(listed) != len(layer.weight_names):
-            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names),
-                               len(listed), where)
+            raise _count_error(layer.name, type(layer).__name__, len(layer.weight_names), len(listed), where)
         _assign(layer, _datasets(group, listed, where), where, raw)
 
 
@@ -324,5 +352,6 @@ def check_weights_fit(model, where: str, available: int) -> None:
 
     needed = weight_elements(model)
     if needed > available:
-        raise ModelFileError(f"{where}: the architecture needs {needed:,} weight elements, more "
-                             f"than the {available:,} the file can hold")
+        raise ModelFileError(
+            f"{where}: the architecture needs {needed:,} weight elements, more than the {available:,} the file can hold"
+        )

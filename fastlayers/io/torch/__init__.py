@@ -21,6 +21,15 @@ from .modules import load_torch_module
 from .registry import TORCH_MODULE_CREATORS, TorchModuleCreator, register_torch_module
 from .state_dict import load_state_dict
 
-__all__ = ["TORCH_MODULE_CREATORS", "RecordCheck", "TorchModuleCreator", "from_attrs", "has_param",
-           "is_torch_file", "load_state_dict", "load_torch_module", "read_torch_pickle",
-           "register_torch_module"]
+__all__ = [
+    "TORCH_MODULE_CREATORS",
+    "RecordCheck",
+    "TorchModuleCreator",
+    "from_attrs",
+    "has_param",
+    "is_torch_file",
+    "load_state_dict",
+    "load_torch_module",
+    "read_torch_pickle",
+    "register_torch_module",
+]

@@ -73,14 +73,15 @@ def read_torch_pickle(path, unknown_globals: str = "refuse", module_classes: Col
 def _read_zip(path, where: str, unknown_globals: str, module_classes: Collection[str]):
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
-        pkls = sorted((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")),
-                      key=lambda n: (n.count("/"), n))
+        pkls = sorted((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")), key=lambda n: (n.count("/"), n))
         if not pkls:
             raise ModelFileError(f"{where}: a zip archive without data.pkl is not a torch.save file")
         prefix = pkls[0][: -len("data.pkl")]
         if f"{prefix}constants.pkl" in names or any(n.startswith(f"{prefix}code/") for n in names):
-            raise UnsupportedError(f"{where}: a TorchScript archive (torch.jit.save) holds code, which "
-                                   f"fastlayers does not run; {ONNX_HINT}")
+            raise UnsupportedError(
+                f"{where}: a TorchScript archive (torch.jit.save) holds code, which "
+                f"fastlayers does not run; {ONNX_HINT}"
+            )
         byteorder = "little"
         if f"{prefix}byteorder" in names:
             byteorder = zf.read(f"{prefix}byteorder").decode("ascii", "replace").strip()
@@ -96,14 +97,15 @@ def _read_zip(path, where: str, unknown_globals: str, module_classes: Collection
             dtype = storage_type.np_dtype
             nbytes = numel * dtype.itemsize
             if info.file_size < nbytes:
-                raise ModelFileError(f"{where}: storage {name!r} holds {info.file_size} bytes, the "
-                                     f"pickle expects {numel} x {dtype.itemsize}")
+                raise ModelFileError(
+                    f"{where}: storage {name!r} holds {info.file_size} bytes, the "
+                    f"pickle expects {numel} x {dtype.itemsize}"
+                )
             return _typed(_read_entry(zf, info, where)[:nbytes], dtype, byteorder)
 
         _check_entry_size(zf, zf.getinfo(pkls[0]), where)
         data = zf.read(pkls[0])
-        return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals,
-                                   module_classes).load()
+        return RestrictedUnpickler(io.BytesIO(data), where, load_storage, unknown_globals, module_classes).load()
 
 
 def _archive_size(zf: zipfile.ZipFile):
@@ -122,11 +124,15 @@ def _check_entry_size(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) ->
     """Refuse a zip entry whose size its compressed bytes in this archive cannot hold."""
     archive = _archive_size(zf)
     stored = info.compress_type == zipfile.ZIP_STORED
-    if (archive is not None and info.compress_size > archive) or (
-            stored and info.file_size != info.compress_size) or (
-            not stored and info.file_size > 1032 * info.compress_size + 64):
-        raise ModelFileError(f"{where}: zip entry {brepr(info.filename)} claims {info.file_size} bytes "
-                             f"({info.compress_size} compressed) in an archive of {archive} bytes")
+    if (
+        (archive is not None and info.compress_size > archive)
+        or (stored and info.file_size != info.compress_size)
+        or (not stored and info.file_size > 1032 * info.compress_size + 64)
+    ):
+        raise ModelFileError(
+            f"{where}: zip entry {brepr(info.filename)} claims {info.file_size} bytes "
+            f"({info.compress_size} compressed) in an archive of {archive} bytes"
+        )
 
 
 def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> np.ndarray:
@@ -170,13 +176,16 @@ def _typed(raw: np.ndarray, dtype: np.dtype, byteorder: str) -> np.ndarray:
 
 def _read_legacy(path, where: str, unknown_globals: str, module_classes: Collection[str]):
     with open(path, "rb") as f:
+
         def plain():
             return RestrictedUnpickler(f, where).load()
 
         magic = plain()
         if magic != LEGACY_MAGIC:
-            raise ModelFileError(f"{where}: not a PyTorch file (no zip archive, no legacy magic "
-                                 "number); tar archives from torch < 0.4 are not supported")
+            raise ModelFileError(
+                f"{where}: not a PyTorch file (no zip archive, no legacy magic "
+                "number); tar archives from torch < 0.4 are not supported"
+            )
         plain()  # protocol version
         sys_info = plain()
         little = not (isinstance(sys_info, dict) and sys_info.get("little_endian") is False)
@@ -189,11 +198,14 @@ def _read_legacy(path, where: str, unknown_globals: str, module_classes: Collect
 
         def probe_storage(storage_type, key, numel):
             if numel * storage_type.np_dtype.itemsize > file_size:
-                raise ModelFileError(f"{where}: storage {brepr(key)} claims {numel} elements, more "
-                                     f"than the file's {file_size} bytes hold")
+                raise ModelFileError(
+                    f"{where}: storage {brepr(key)} claims {numel} elements, more "
+                    f"than the file's {file_size} bytes hold"
+                )
             layout[key] = (storage_type, numel)
-            return np.lib.stride_tricks.as_strided(np.zeros(1, storage_type.np_dtype),
-                                                   shape=(numel,), strides=(0,), writeable=False)
+            return np.lib.stride_tricks.as_strided(
+                np.zeros(1, storage_type.np_dtype), shape=(numel,), strides=(0,), writeable=False
+            )
 
         RestrictedUnpickler(f, where, probe_storage, unknown_globals, module_classes).load()
         keys = plain()
@@ -206,8 +218,7 @@ def _read_legacy(path, where: str, unknown_globals: str, module_classes: Collect
             storage_type, numel = layout[key]
             count = np.frombuffer(_read_exact(f, 8, where), "<i8" if little else ">i8")[0]
             if count != numel:
-                raise ModelFileError(f"{where}: storage {key!r} holds {count} elements, the pickle "
-                                     f"expects {numel}")
+                raise ModelFileError(f"{where}: storage {key!r} holds {count} elements, the pickle expects {numel}")
             raw = np.empty(numel * storage_type.np_dtype.itemsize, np.uint8)
             if f.readinto(raw) != raw.size:
                 raise ModelFileError(f"{where}: truncated file (storage {key!r} ends early)")
@@ -228,4 +239,3 @@ def _read_exact(f, n: int, where: str) -> bytes:
     if len(data) != n:
         raise ModelFileError(f"{where}: truncated file (storage data ends early)")
     return data
-

@@ -43,8 +43,7 @@ class RecordCheck:
 
     def fail(self, what: str):
         """Raise ``ModelFileError`` naming the module, its class and ``what``."""
-        raise ModelFileError(f"module {brepr(self.path) if self.path else '<root>'} "
-                             f"({self.r.torch_class}): {what}")
+        raise ModelFileError(f"module {brepr(self.path) if self.path else '<root>'} ({self.r.torch_class}): {what}")
 
     def value(self, name, default=_MISSING):
         """The attribute as a constructor argument may be (``TorchModuleRecord.argument``)."""
@@ -60,8 +59,7 @@ class RecordCheck:
         if v is None and none:
             return None
         if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            self.fail(f"attribute {name!r} is {brepr(v)}; expected an int in [{lo}, "
-                      f"{'...' if hi is None else hi}]")
+            self.fail(f"attribute {name!r} is {brepr(v)}; expected an int in [{lo}, {'...' if hi is None else hi}]")
         return v
 
     def flag(self, name, default=False, none=False):
@@ -78,12 +76,23 @@ class RecordCheck:
         v = self.value(name, default)
         if v is None and none:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (lo is not None and v < lo) or (hi is not None and v > hi) or (nonzero and v == 0):
-            self.fail(f"attribute {name!r} is {brepr(v)}; expected a finite number"
-                      + (" other than 0" if nonzero else "")
-                      + (f" in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-                         if lo is not None or hi is not None else ""))
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or (lo is not None and v < lo)
+            or (hi is not None and v > hi)
+            or (nonzero and v == 0)
+        ):
+            self.fail(
+                f"attribute {name!r} is {brepr(v)}; expected a finite number"
+                + (" other than 0" if nonzero else "")
+                + (
+                    f" in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+                    if lo is not None or hi is not None
+                    else ""
+                )
+            )
         return float(v)
 
     def choice(self, name, choices, default=_MISSING):
@@ -100,9 +109,14 @@ class RecordCheck:
         if v is None and none:
             return None
         items = (v,) * n if isinstance(v, int) and not isinstance(v, bool) else v
-        ok = isinstance(items, (tuple, list)) and len(items) == n and all(
-            (x is None and none_items) or (isinstance(x, int) and not isinstance(x, bool)
-                                           and lo <= x <= hi) for x in items)
+        ok = (
+            isinstance(items, (tuple, list))
+            and len(items) == n
+            and all(
+                (x is None and none_items) or (isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi)
+                for x in items
+            )
+        )
         if not ok:
             self.fail(f"attribute {name!r} is {brepr(v)}; expected an int or {n} ints in [{lo}, {hi}]")
         return tuple(items)
@@ -118,12 +132,12 @@ class RecordCheck:
             if name not in have:
                 self.fail(f"tensor {name!r} of shape {shape} is missing")
             if tuple(have[name].shape) != tuple(shape):
-                self.fail(f"tensor {name!r} has shape {tuple(have[name].shape)}; its attributes "
-                          f"declare {tuple(shape)}")
+                self.fail(f"tensor {name!r} has shape {tuple(have[name].shape)}; its attributes declare {tuple(shape)}")
             kinds = "f" if name in r.parameters else "fiub"
             if have[name].dtype.kind not in kinds:
-                self.fail(f"tensor {name!r} is {have[name].dtype}, not "
-                          + ("floating point" if kinds == "f" else "real"))
+                self.fail(
+                    f"tensor {name!r} is {have[name].dtype}, not " + ("floating point" if kinds == "f" else "real")
+                )
         extra = [k for k in have if k not in expected]
         if extra:
             self.fail(f"tensor(s) {brepr(extra[:5])} are not those of a {r.class_name}")
@@ -149,8 +163,11 @@ def linear(c: RecordCheck):
 def layer_norm(c: RecordCheck):
     shape = c.value("normalized_shape")
     shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
-    if not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 8 or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if (
+        not isinstance(shape, (tuple, list))
+        or not 1 <= len(shape) <= 8
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
         c.fail(f"attribute 'normalized_shape' is {brepr(shape)}; expected up to 8 sizes")
     c.float("eps", 0.0, default=1e-5)
     affine = c.flag("elementwise_affine", True)
@@ -202,11 +219,11 @@ def conv(rank, transposed):
             if any(s > e for s, e in zip(stride, extent)):
                 c.fail(f"stride {stride} is longer than the dilated kernel {tuple(extent)}")
             if any(o >= s and o >= d for o, s, d in zip(out_pad, stride, dilation)):
-                c.fail(f"output_padding {out_pad} is not smaller than stride {stride} or dilation "
-                       f"{dilation}")
+                c.fail(f"output_padding {out_pad} is not smaller than stride {stride} or dilation {dilation}")
         c.value("padding_mode", "zeros")
         shape = (cin, cout // groups) if transposed else (cout, cin // groups)
         c.tensors({"weight": shape + kernel, **({"bias": (cout,)} if c.r.has_param("bias") else {})})
+
     return check
 
 
@@ -225,6 +242,7 @@ def pool(rank, kind):
             c.int("divisor_override", 1, default=None, none=True)
         c.flag("ceil_mode")
         c.tensors({})
+
     return check
 
 
@@ -233,6 +251,7 @@ def adaptive(rank):
         c.ints("output_size", rank, 1, _geometry(), none_items=rank == 2)
         c.flag("return_indices")
         c.tensors({})
+
     return check
 
 
@@ -243,8 +262,8 @@ def upsample(c: RecordCheck):
     if scale is not None:
         items = scale if isinstance(scale, (tuple, list)) else (scale,)
         if not 1 <= len(items) <= 2 or not all(
-                isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= limits.TORCH_MAX_SCALE
-                for f in items):
+            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= limits.TORCH_MAX_SCALE for f in items
+        ):
             c.fail(f"attribute 'scale_factor' is {brepr(scale)}; expected factors in (0, {limits.TORCH_MAX_SCALE}]")
     c.value("mode", "nearest")
     c.flag("align_corners", none=True, default=None)
@@ -286,8 +305,13 @@ def cell(c: RecordCheck):
     bias = c.flag("bias", True)
     if c.r.class_name == "RNNCell":
         c.choice("nonlinearity", ("tanh", "relu"), "tanh")
-    c.tensors({"weight_ih": (gates * h, i), "weight_hh": (gates * h, h),
-               **({"bias_ih": (gates * h,), "bias_hh": (gates * h,)} if bias else {})})
+    c.tensors(
+        {
+            "weight_ih": (gates * h, i),
+            "weight_hh": (gates * h, h),
+            **({"bias_ih": (gates * h,), "bias_hh": (gates * h,)} if bias else {}),
+        }
+    )
 
 
 def attention(c: RecordCheck) -> int:
@@ -298,8 +322,11 @@ def attention(c: RecordCheck) -> int:
     c.float("dropout", 0.0, 1.0, default=0.0)
     c.flag("batch_first")
     c.flag("add_zero_attn")
-    expected = ({"in_proj_weight": (3 * e, e)} if kdim == e and vdim == e else
-                {"q_proj_weight": (e, e), "k_proj_weight": (e, kdim), "v_proj_weight": (e, vdim)})
+    expected = (
+        {"in_proj_weight": (3 * e, e)}
+        if kdim == e and vdim == e
+        else {"q_proj_weight": (e, e), "k_proj_weight": (e, kdim), "v_proj_weight": (e, vdim)}
+    )
     if c.r.has_param("in_proj_bias"):
         expected["in_proj_bias"] = (3 * e,)
     if c.r.has_param("bias_k"):
@@ -320,11 +347,12 @@ def transformer_layer(decoder):
         ff2, o2 = linear(c.child("linear2"))
         if (i1, o2, ff2) != (e, e, ff):
             c.fail(f"linear1 ({i1} -> {ff}) and linear2 ({ff2} -> {o2}) do not fit width {e}")
-        for norm in ("norm1", "norm2", "norm3")[:3 if decoder else 2]:
+        for norm in ("norm1", "norm2", "norm3")[: 3 if decoder else 2]:
             if layer_norm(c.child(norm)) != (e,):
                 c.fail(f"{norm} does not normalize width {e}")
         c.flag("norm_first")
         c.tensors({})
+
     return check
 
 
@@ -335,8 +363,11 @@ def transformer_stack(c: RecordCheck):
         layers.fail("holds no layers")
     first = [(k, v.shape) for k, v in items[0].state_dict().items()]
     for k, item in enumerate(items[1:], 1):
-        if not isinstance(item, TorchModuleRecord) or item.class_name != items[0].class_name or \
-                [(n, v.shape) for n, v in item.state_dict().items()] != first:
+        if (
+            not isinstance(item, TorchModuleRecord)
+            or item.class_name != items[0].class_name
+            or [(n, v.shape) for n, v in item.state_dict().items()] != first
+        ):
             layers.fail(f"layer {k} differs from layer 0 (the layers are clones of one)")
     c.tensors({})
 

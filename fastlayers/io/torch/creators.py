@@ -51,10 +51,10 @@ class from_attrs:  # used like a function in the table
         return f"from_attrs({self.cls_name!r}, {', '.join(map(repr, self.names))})"
 
 
-
 def _children(r: TorchModuleRecord) -> OrderedDict:
-    return OrderedDict((name, rebuild_module(child, f"{r.path}.{name}" if r.path else name))
-                       for name, child in r.children.items())
+    return OrderedDict(
+        (name, rebuild_module(child, f"{r.path}.{name}" if r.path else name)) for name, child in r.children.items()
+    )
 
 
 def _sequential(r):
@@ -92,8 +92,11 @@ _add("ModuleList", _module_list, None)
 _add("ModuleDict", _module_dict, None)
 _simple("Identity", check=checks.no_tensors)
 _simple("Linear", "in_features", "out_features", bias=has_param("bias"), check=checks.linear)
-_add("NonDynamicallyQuantizableLinear",  # MultiheadAttention.out_proj's class
-     from_attrs("Linear", "in_features", "out_features", bias=has_param("bias")), checks.linear)
+_add(
+    "NonDynamicallyQuantizableLinear",  # MultiheadAttention.out_proj's class
+    from_attrs("Linear", "in_features", "out_features", bias=has_param("bias")),
+    checks.linear,
+)
 for _name in ("ReLU", "ReLU6", "SELU", "Sigmoid", "Hardsigmoid", "Tanh", "Softsign", "SiLU"):
     _simple(_name, check=checks.no_tensors)
 _simple("LeakyReLU", "negative_slope", check=checks.leaky_relu)
@@ -105,37 +108,53 @@ _simple("LogSoftmax", "dim", check=checks.softmax)
 _simple("Flatten", "start_dim", "end_dim", check=checks.flatten)
 for _name in ("Dropout", "Dropout1d", "Dropout2d"):
     _simple(_name, "p", check=checks.dropout)
-_simple("LayerNorm", "normalized_shape", "eps", "elementwise_affine",
-        bias=lambda r: r.has_param("bias") or not r.get("elementwise_affine", True),
-        check=checks.layer_norm)
+_simple(
+    "LayerNorm",
+    "normalized_shape",
+    "eps",
+    "elementwise_affine",
+    bias=lambda r: r.has_param("bias") or not r.get("elementwise_affine", True),
+    check=checks.layer_norm,
+)
 for _name in ("BatchNorm1d", "BatchNorm2d"):
-    _simple(_name, "num_features", "eps", "momentum", "affine", "track_running_stats",
-            check=checks.batch_norm)
-_simple("Embedding", "num_embeddings", "embedding_dim", "padding_idx", "max_norm",
-        check=checks.embedding)
+    _simple(_name, "num_features", "eps", "momentum", "affine", "track_running_stats", check=checks.batch_norm)
+_simple("Embedding", "num_embeddings", "embedding_dim", "padding_idx", "max_norm", check=checks.embedding)
 
 # The families other modules of fastlayers.nn provide (conv/pool, recurrent, attention). The
 # classes are resolved when a file is read; until fastlayers.nn has one, reading it raises
 # UnsupportedError naming it. The keywords are torch's constructor arguments, which torch stores
 # as attributes of the same name.
-_CONV = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
-         "padding_mode")
+_CONV = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "padding_mode")
 for _rank, _name in ((1, "Conv1d"), (2, "Conv2d")):
     _simple(_name, *_CONV, bias=has_param("bias"), check=checks.conv(_rank, False))
 _simple("ConvTranspose2d", *_CONV, "output_padding", bias=has_param("bias"), check=checks.conv(2, True))
 for _rank, _name in ((1, "MaxPool1d"), (2, "MaxPool2d")):
-    _simple(_name, "kernel_size", "stride", "padding", "dilation", "return_indices", "ceil_mode",
-            check=checks.pool(_rank, "max"))
-_simple("AvgPool1d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-        check=checks.pool(1, "avg"))
-_simple("AvgPool2d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-        "divisor_override", check=checks.pool(2, "avg"))
+    _simple(
+        _name,
+        "kernel_size",
+        "stride",
+        "padding",
+        "dilation",
+        "return_indices",
+        "ceil_mode",
+        check=checks.pool(_rank, "max"),
+    )
+_simple("AvgPool1d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", check=checks.pool(1, "avg"))
+_simple(
+    "AvgPool2d",
+    "kernel_size",
+    "stride",
+    "padding",
+    "ceil_mode",
+    "count_include_pad",
+    "divisor_override",
+    check=checks.pool(2, "avg"),
+)
 for _rank, _name in ((1, "AdaptiveAvgPool1d"), (2, "AdaptiveAvgPool2d")):
     _simple(_name, "output_size", check=checks.adaptive(_rank))
 for _rank, _name in ((1, "AdaptiveMaxPool1d"), (2, "AdaptiveMaxPool2d")):
     _simple(_name, "output_size", "return_indices", check=checks.adaptive(_rank))
-_simple("Upsample", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
-        check=checks.upsample)
+_simple("Upsample", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", check=checks.upsample)
 _RNN = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional")
 _simple("RNN", *_RNN, "nonlinearity", check=checks.recurrent)
 _simple("LSTM", *_RNN, "proj_size", check=checks.recurrent)
@@ -143,9 +162,20 @@ _simple("GRU", *_RNN, check=checks.recurrent)
 _simple("RNNCell", "input_size", "hidden_size", "bias", "nonlinearity", check=checks.cell)
 _simple("LSTMCell", "input_size", "hidden_size", "bias", check=checks.cell)
 _simple("GRUCell", "input_size", "hidden_size", "bias", check=checks.cell)
-_simple("MultiheadAttention", "embed_dim", "num_heads", "dropout", "add_zero_attn", "kdim", "vdim",
-        "batch_first", bias=has_param("in_proj_bias"), add_bias_kv=has_param("bias_k"),
-        check=checks.attention)
+_simple(
+    "MultiheadAttention",
+    "embed_dim",
+    "num_heads",
+    "dropout",
+    "add_zero_attn",
+    "kdim",
+    "vdim",
+    "batch_first",
+    bias=has_param("in_proj_bias"),
+    add_bias_kv=has_param("bias_k"),
+    check=checks.attention,
+)
+
 
 def _activation_name(r: TorchModuleRecord) -> str:
     """TransformerEncoderLayer's activation: a function reference or a module, as a name."""
@@ -184,14 +214,21 @@ _add("TransformerDecoderLayer", _transformer_layer("TransformerDecoderLayer"), c
 def _transformer_stack(cls_name: str, layer_keyword: str) -> Callable:
     """TransformerEncoder/Decoder: the first layer rebuilt as the template, cloned num_layers times
     by the constructor (the loaded state dict then sets every clone's weights), optional norm."""
+
     def build(r: TorchModuleRecord):
         from ... import nn
 
         layers = r.child("layers")
         first = rebuild_module(layers.children["0"], f"{r.path}.layers.0" if r.path else "layers.0")
         norm = r.children.get("norm")
-        return getattr(nn, cls_name)(**{layer_keyword: first, "num_layers": len(layers.children),
-                                        "norm": None if norm is None else rebuild_module(norm, "norm")})
+        return getattr(nn, cls_name)(
+            **{
+                layer_keyword: first,
+                "num_layers": len(layers.children),
+                "norm": None if norm is None else rebuild_module(norm, "norm"),
+            }
+        )
+
     return build
 
 

@@ -36,12 +36,14 @@ def load_torch_module(path):
             raise ModelFileError(
                 f"{where}: holds a dict whose entries {names[:5]} are modules; fastlayers.load reads "
                 "a file holding one module (torch.save(model)); re-save that module alone, or port "
-                "it to fastlayers.nn and use fastlayers.load_state_dict")
+                "it to fastlayers.nn and use fastlayers.load_state_dict"
+            )
         if isinstance(obj, dict):
             raise ModelFileError(
                 f"{where}: holds a state dict (weights only), not a model: build the model with "
                 "fastlayers.nn and load the weights with model.load_state_dict("
-                "fastlayers.load_state_dict(path))")
+                "fastlayers.load_state_dict(path))"
+            )
         raise ModelFileError(f"{where}: holds a {type(obj).__name__}, not a torch.nn module")
     try:
         check_module_tree(obj)
@@ -51,8 +53,7 @@ def load_torch_module(path):
     except (ModelFileError, UnsupportedError) as e:
         raise type(e)(f"{where}: {e}") from None
     except (StateDictError, ShapeError) as e:
-        raise ModelFileError(f"{where}: the rebuilt module does not match the pickled weights: "
-                             f"{str(e)[:1000]}") from e
+        raise ModelFileError(f"{where}: the rebuilt module does not match the pickled weights: {str(e)[:1000]}") from e
     return module
 
 
@@ -72,4 +73,3 @@ def _reject_unknown_attrs(record, path):
             _reject_unknown(value, f"module {path or '<root>'} attribute {name!r}")
         for name, child in record.children.items():
             _reject_unknown_attrs(child, f"{path}.{name}" if path else name)
-

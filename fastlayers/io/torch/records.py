@@ -39,9 +39,11 @@ def brepr(value) -> str:
 
 
 #: What to do with a model fastlayers does not read from a pickle (the end of those errors).
-ONNX_HINT = ("export the model to ONNX (torch.onnx.export) and load that, or port the class to "
-             "fastlayers.nn (change the imports) and load its weights with "
-             "fastlayers.load_state_dict")
+ONNX_HINT = (
+    "export the model to ONNX (torch.onnx.export) and load that, or port the class to "
+    "fastlayers.nn (change the imports) and load its weights with "
+    "fastlayers.load_state_dict"
+)
 
 
 class _NotCallable(type):
@@ -49,8 +51,9 @@ class _NotCallable(type):
     and so is setting its attributes (``BUILD`` with slot state on the class itself)."""
 
     def __call__(cls, *args, **kwargs):
-        raise ModelFileError(f"refused to call {cls.global_name} while reading a pickle: fastlayers "
-                             "never runs code from a model file")
+        raise ModelFileError(
+            f"refused to call {cls.global_name} while reading a pickle: fastlayers never runs code from a model file"
+        )
 
     def __setattr__(cls, name, value):
         raise ModelFileError(f"refused to set {name!r} on {cls.global_name} while reading a pickle")
@@ -93,8 +96,7 @@ class StorageType(Record):
 def record_class(base: type, module: str, name: str, **attrs) -> type:
     """The record class standing for the global ``module.name``: a subclass of ``base`` with
     ``attrs`` as class attributes."""
-    return _NotCallable(name, (base,), {"global_name": f"{module}.{name}", "__module__": __name__,
-                                        **attrs})
+    return _NotCallable(name, (base,), {"global_name": f"{module}.{name}", "__module__": __name__, **attrs})
 
 
 class TorchModuleRecord(Record):
@@ -136,14 +138,17 @@ class TorchModuleRecord(Record):
         ``ModelFileError`` naming the module and the attribute."""
         value = self[name]
         scalar = (type(None), bool, int, float, str)
-        ok = isinstance(value, scalar) or (isinstance(value, (tuple, list)) and len(value) <= 8
-                                            and all(isinstance(v, scalar) for v in value))
+        ok = isinstance(value, scalar) or (
+            isinstance(value, (tuple, list)) and len(value) <= 8 and all(isinstance(v, scalar) for v in value)
+        )
         if ok and isinstance(value, str) and len(value) > 64:
             ok = False
         if not ok:
             path = self.path
-            raise ModelFileError(f"module {brepr(path) if path else '<root>'} ({self.torch_class}): "
-                                 f"attribute {brepr(name)} is {brepr(value)}, not a constructor argument")
+            raise ModelFileError(
+                f"module {brepr(path) if path else '<root>'} ({self.torch_class}): "
+                f"attribute {brepr(name)} is {brepr(value)}, not a constructor argument"
+            )
         return value
 
     def _table(self, name: str) -> dict:
@@ -191,7 +196,8 @@ class TorchFunctionRef(Record):
 def is_module_like(obj) -> bool:
     """A torch module record, or an unknown class instance with a module's ``__dict__``."""
     return isinstance(obj, TorchModuleRecord) or (
-        isinstance(obj, UnknownGlobal) and "_parameters" in obj.state and "_modules" in obj.state)
+        isinstance(obj, UnknownGlobal) and "_parameters" in obj.state and "_modules" in obj.state
+    )
 
 
 def check_module_tree(root) -> int:
@@ -210,18 +216,22 @@ def check_module_tree(root) -> int:
     todo: list = [(root, "", 0)]
     while todo:
         rec, path, depth = todo.pop()
-        if rec is None:   # leaving a module
+        if rec is None:  # leaving a module
             on_path.discard(path)
             continue
         where = f"module {brepr(path) if path else '<root>'}"
         count += 1
         if count > max_modules:
-            raise ModelFileError(f"{where}: the module tree holds more than {max_modules} modules "
-                                 "(modules shared by several parents count once per parent; the "
-                                 "environment variable FASTLAYERS_TORCH_MAX_MODULES raises the limit)")
+            raise ModelFileError(
+                f"{where}: the module tree holds more than {max_modules} modules "
+                "(modules shared by several parents count once per parent; the "
+                "environment variable FASTLAYERS_TORCH_MAX_MODULES raises the limit)"
+            )
         if depth > max_depth:
-            raise ModelFileError(f"{where}: modules nested more than {max_depth} deep (the "
-                                 "environment variable FASTLAYERS_TORCH_MAX_MODULE_DEPTH raises the limit)")
+            raise ModelFileError(
+                f"{where}: modules nested more than {max_depth} deep (the "
+                "environment variable FASTLAYERS_TORCH_MAX_MODULE_DEPTH raises the limit)"
+            )
         state = rec.state
         if not isinstance(state, dict):
             raise ModelFileError(f"{where}: its state is a {type(state).__name__}, not a dict")
@@ -237,17 +247,16 @@ def check_module_tree(root) -> int:
                 if value is None:
                     continue
                 if field != "_modules" and not isinstance(value, np.ndarray):
-                    raise ModelFileError(f"{where}: {field}[{brepr(name)}] is a {type(value).__name__}, "
-                                         "not a tensor")
+                    raise ModelFileError(f"{where}: {field}[{brepr(name)}] is a {type(value).__name__}, not a tensor")
                 if field != "_modules":
                     expanded += value.nbytes
                     distinct[id(value)] = value.nbytes
                 if field == "_modules" and not is_module_like(value):
-                    raise ModelFileError(f"{where}: child {brepr(name)} is a {type(value).__name__}, "
-                                         "not a module")
+                    raise ModelFileError(f"{where}: child {brepr(name)} is a {type(value).__name__}, not a module")
         names = state.get("_non_persistent_buffers_set")
-        if names is not None and (not isinstance(names, (set, frozenset, list, tuple))
-                                  or not all(isinstance(n, str) for n in names)):
+        if names is not None and (
+            not isinstance(names, (set, frozenset, list, tuple)) or not all(isinstance(n, str) for n in names)
+        ):
             raise ModelFileError(f"{where}: _non_persistent_buffers_set is not a set of names")
         key = id(rec)
         if key in on_path:
@@ -258,15 +267,17 @@ def check_module_tree(root) -> int:
         for name, child in reversed(list(children.items())):
             if child is not None:
                 if id(child) in on_path:
-                    raise ModelFileError(f"module {brepr(f'{path}.{name}' if path else name)}: the "
-                                         "module is its own ancestor (a cycle)")
+                    raise ModelFileError(
+                        f"module {brepr(f'{path}.{name}' if path else name)}: the module is its own ancestor (a cycle)"
+                    )
                 todo.append((child, f"{path}.{name}" if path else name, depth + 1))
         if expanded > 2 * sum(distinct.values()) + COPY_SLACK_BYTES:
             raise ModelFileError(
                 f"{where}: modules shared by several parents list {expanded} bytes of tensors in the "
                 f"state dict, for {sum(distinct.values())} distinct ones (at most twice plus "
-                f"{COPY_SLACK_BYTES})")
-    object.__setattr__(root, "_checked", True)   # records are never changed after reading
+                f"{COPY_SLACK_BYTES})"
+            )
+    object.__setattr__(root, "_checked", True)  # records are never changed after reading
     return count
 
 
@@ -286,4 +297,3 @@ def _flatten_module(rec, prefix: str, out: dict) -> None:
             if not is_module_like(child):
                 raise ModelFileError(f"child module {brepr(prefix + name)} is not a module")
             _flatten_module(child, f"{prefix}{name}.", out)
-

@@ -116,11 +116,14 @@ def register_torch_module(torch_name: str, builder: Callable, check: Callable | 
     """
     parts = torch_name.split(".") if isinstance(torch_name, str) else [""]
     if not all(part.isidentifier() for part in parts):
-        raise InputError(f"register_torch_module: {brepr(torch_name)} is neither a torch.nn class name "
-                         "('Hardswish') nor a custom class's module and name ('mypackage.blocks.Scale')")
+        raise InputError(
+            f"register_torch_module: {brepr(torch_name)} is neither a torch.nn class name "
+            "('Hardswish') nor a custom class's module and name ('mypackage.blocks.Scale')"
+        )
     if parts[0] == "torch":
-        raise InputError(f"register_torch_module: {torch_name} is a torch class: register it by its "
-                         f"class name, {parts[-1]!r}")
+        raise InputError(
+            f"register_torch_module: {torch_name} is a torch class: register it by its class name, {parts[-1]!r}"
+        )
     _takes_one_argument(torch_name, "builder", builder)
     if check is not None:
         _takes_one_argument(torch_name, "check", check)
@@ -130,14 +133,14 @@ def register_torch_module(torch_name: str, builder: Callable, check: Callable | 
 def _takes_one_argument(torch_name: str, role: str, function) -> None:
     """Refuse a builder or check that cannot be called with one argument, naming the class."""
     if not callable(function):
-        raise InputError(f"register_torch_module({torch_name!r}): the {role} {brepr(function)} is "
-                         "not callable")
+        raise InputError(f"register_torch_module({torch_name!r}): the {role} {brepr(function)} is not callable")
     try:
         inspect.signature(function).bind(None)
     except TypeError:
-        raise InputError(f"register_torch_module({torch_name!r}): the {role} {brepr(function)} does "
-                         "not take one argument") from None
-    except ValueError:   # no signature to read (some builtins): the call will tell
+        raise InputError(
+            f"register_torch_module({torch_name!r}): the {role} {brepr(function)} does not take one argument"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): the call will tell
         pass
 
 
@@ -169,18 +172,21 @@ def rebuild_module(record, path: str = ""):
             f"module {path or '<root>'} is an instance of {record.global_name}, not a standard "
             f"torch.nn class; fastlayers rebuilds a custom class from a pickle, without running "
             f"its code, once a creator is registered for it (fastlayers.register_torch_module("
-            f"{record.global_name!r}, builder)); or {ONNX_HINT}")
+            f"{record.global_name!r}, builder)); or {ONNX_HINT}"
+        )
     if not isinstance(record, TorchModuleRecord):
         raise ModelFileError(f"module {path or '<root>'} is a {type(record).__name__}, not a module")
     torch_nn = record.torch_class.startswith("torch.nn.modules.")
     name = record.class_name if torch_nn else record.torch_class
     creator = TORCH_MODULE_CREATORS.get(name)
     if creator is None:
-        raise UnsupportedError(f"module {path or '<root>'}: {record.torch_class} is not supported by "
-                               f"fastlayers.load yet (fastlayers.register_torch_module({name!r}, "
-                               f"builder) adds it); {ONNX_HINT}")
+        raise UnsupportedError(
+            f"module {path or '<root>'}: {record.torch_class} is not supported by "
+            f"fastlayers.load yet (fastlayers.register_torch_module({name!r}, "
+            f"builder) adds it); {ONNX_HINT}"
+        )
     memo = _REBUILT.get()
-    if memo is not None and id(record) in memo:   # a module shared by several parents, as torch
+    if memo is not None and id(record) in memo:  # a module shared by several parents, as torch
         return memo[id(record)][1]
     record.set_path(path)
     try:
@@ -188,8 +194,10 @@ def rebuild_module(record, path: str = ""):
         from ... import nn
 
         if not isinstance(module, nn.Module):
-            raise InputError(f"module {path or '<root>'}: the builder registered for {name!r} returned "
-                             f"a {type(module).__name__}, not a fastlayers.nn.Module")
+            raise InputError(
+                f"module {path or '<root>'}: the builder registered for {name!r} returned "
+                f"a {type(module).__name__}, not a fastlayers.nn.Module"
+            )
         module = _without_initial_weights(module)
         if memo is not None:
             memo[id(record)] = (record, module)
@@ -197,8 +205,10 @@ def rebuild_module(record, path: str = ""):
     except FastlayersError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, MemoryError, OverflowError) as e:
-        raise ModelFileError(f"module {path or '<root>'} ({record.torch_class}): cannot rebuild from "
-                             f"the pickled attributes ({type(e).__name__}: {str(e)[:200]})") from e
+        raise ModelFileError(
+            f"module {path or '<root>'} ({record.torch_class}): cannot rebuild from "
+            f"the pickled attributes ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
 
 
 def _without_initial_weights(module):

@@ -38,16 +38,17 @@ def _as_state_dict(obj, where: str) -> OrderedDict[str, np.ndarray]:
         else:
             bad.append(k)
     if bad:
-        nested = [k for k in bad if isinstance(obj[k], dict)
-                  and any(isinstance(v, np.ndarray) for v in obj[k].values())]
-        hint = (f"; the tensors are under the key(s) {brepr(nested)}: pass key={brepr(nested[0])}"
-                if nested else "")
+        nested = [
+            k for k in bad if isinstance(obj[k], dict) and any(isinstance(v, np.ndarray) for v in obj[k].values())
+        ]
+        hint = f"; the tensors are under the key(s) {brepr(nested)}: pass key={brepr(nested[0])}" if nested else ""
         raise ModelFileError(f"{where}: not a state dict: entries {brepr(bad[:5])} are not tensors{hint}")
     return out
 
 
-def load_state_dict(path, key: str | None = None,
-                    options: settings.LoadOptions | None = None) -> OrderedDict[str, np.ndarray]:
+def load_state_dict(
+    path, key: str | None = None, options: settings.LoadOptions | None = None
+) -> OrderedDict[str, np.ndarray]:
     """Read the tensors of a PyTorch or safetensors file as numpy arrays, without torch.
 
     Parameters
@@ -106,8 +107,10 @@ def _load_state_dict(path, key):
     obj = read_torch_pickle(p)
     if key is not None:
         if not isinstance(obj, dict) or key not in obj:
-            raise ModelFileError(f"{where}: has no entry {brepr(key)}"
-                                 + (f" (entries: {brepr(list(obj)[:10])})" if isinstance(obj, dict) else ""))
+            raise ModelFileError(
+                f"{where}: has no entry {brepr(key)}"
+                + (f" (entries: {brepr(list(obj)[:10])})" if isinstance(obj, dict) else "")
+            )
         obj = obj[key]
     return _as_state_dict(obj, where)
 
@@ -120,30 +123,31 @@ def _load_sharded(p: Path, where: str) -> OrderedDict[str, np.ndarray]:
     try:
         size, limit = p.stat().st_size, settings.current().torch_max_index_bytes
         if size > limit:
-            raise ValueError(f"{size} bytes, over the limit of {limit} "
-                             "(FASTLAYERS_TORCH_MAX_INDEX_BYTES)")
+            raise ValueError(f"{size} bytes, over the limit of {limit} (FASTLAYERS_TORCH_MAX_INDEX_BYTES)")
         index = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(index, dict):
             raise TypeError(f"the index is a JSON {type(index).__name__}, not an object")
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
             raise TypeError("weight_map must map tensor names to shard file names")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError,
-            MemoryError) as e:
-        raise ModelFileError(f"{where}: not a sharded checkpoint index ({type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
+        raise ModelFileError(f"{where}: not a sharded checkpoint index ({type(e).__name__}: {str(e)[:200]})") from None
     names = list(dict.fromkeys(weight_map.values()))
     limit = settings.current().torch_max_shards
     if len(names) > limit:
-        raise ModelFileError(f"{where}: names {len(names)} shards, over the limit of {limit} "
-                             "(FASTLAYERS_TORCH_MAX_SHARDS)")
+        raise ModelFileError(
+            f"{where}: names {len(names)} shards, over the limit of {limit} (FASTLAYERS_TORCH_MAX_SHARDS)"
+        )
     for shard in names:
         if Path(shard).name != shard or shard.startswith("."):
             raise ModelFileError(f"{where}: shard {brepr(shard)} must be a file name beside the index")
         if shard.lower().endswith(".json"):
-            raise ModelFileError(f"{where}: shard {brepr(shard)} is an index (a .json file): shards are "
-                                 "torch or safetensors files, and an index never names another")
+            raise ModelFileError(
+                f"{where}: shard {brepr(shard)} is an index (a .json file): shards are "
+                "torch or safetensors files, and an index never names another"
+            )
     shards: dict[str, OrderedDict] = {}
     for shard in names:
         try:
@@ -156,4 +160,3 @@ def _load_sharded(p: Path, where: str) -> OrderedDict[str, np.ndarray]:
             raise ModelFileError(f"{where}: tensor {brepr(name)} is not in its shard {brepr(shard)}")
         out[name] = shards[shard][name]
     return out
-

@@ -37,6 +37,8 @@ STORAGE_TYPES: dict[str, tuple[np.dtype, str]] = {
 
 #: torch dtype attribute name -> (numpy storage dtype, canonical torch dtype name).
 TORCH_DTYPES: dict[str, tuple[np.dtype, str]] = {}
+
+
 def _float8_table(exp_bits: int, bias: int, ieee: bool) -> np.ndarray:
     """float32 value of each of the 256 float8 codes (1 sign bit, ``exp_bits``, the rest
     mantissa). ``ieee``: all-ones exponent is inf/NaN (e5m2); otherwise only S.1111.111 is NaN
@@ -60,19 +62,26 @@ def _float8_table(exp_bits: int, bias: int, ieee: bool) -> np.ndarray:
 
 
 #: float8 dtypes (stored as uint8 codes, widened to float32 through a 256-entry table).
-FLOAT8_TABLES = {"float8_e4m3fn": _float8_table(4, 7, ieee=False),
-                 "float8_e5m2": _float8_table(5, 15, ieee=True)}
+FLOAT8_TABLES = {"float8_e4m3fn": _float8_table(4, 7, ieee=False), "float8_e5m2": _float8_table(5, 15, ieee=True)}
 
 for _names, _np, _canon in [
-    (("float32", "float"), np.float32, "float32"), (("float64", "double"), np.float64, "float64"),
-    (("float16", "half"), np.float16, "float16"), (("bfloat16",), np.uint16, "bfloat16"),
-    (("int64", "long"), np.int64, "int64"), (("int32", "int"), np.int32, "int32"),
-    (("int16", "short"), np.int16, "int16"), (("int8",), np.int8, "int8"),
-    (("uint8",), np.uint8, "uint8"), (("uint16",), np.uint16, "uint16"),
-    (("uint32",), np.uint32, "uint32"), (("uint64",), np.uint64, "uint64"),
-    (("bool",), np.bool_, "bool"), (("complex64", "cfloat"), np.complex64, "complex64"),
+    (("float32", "float"), np.float32, "float32"),
+    (("float64", "double"), np.float64, "float64"),
+    (("float16", "half"), np.float16, "float16"),
+    (("bfloat16",), np.uint16, "bfloat16"),
+    (("int64", "long"), np.int64, "int64"),
+    (("int32", "int"), np.int32, "int32"),
+    (("int16", "short"), np.int16, "int16"),
+    (("int8",), np.int8, "int8"),
+    (("uint8",), np.uint8, "uint8"),
+    (("uint16",), np.uint16, "uint16"),
+    (("uint32",), np.uint32, "uint32"),
+    (("uint64",), np.uint64, "uint64"),
+    (("bool",), np.bool_, "bool"),
+    (("complex64", "cfloat"), np.complex64, "complex64"),
     (("complex128", "cdouble"), np.complex128, "complex128"),
-    (("float8_e4m3fn",), np.uint8, "float8_e4m3fn"), (("float8_e5m2",), np.uint8, "float8_e5m2"),
+    (("float8_e4m3fn",), np.uint8, "float8_e4m3fn"),
+    (("float8_e5m2",), np.uint8, "float8_e5m2"),
 ]:
     for _n in _names:
         TORCH_DTYPES[_n] = (np.dtype(_np), _canon)
@@ -92,8 +101,7 @@ class Storage:
 
 
 def _ints(value, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ModelFileError(f"tensor {what} must be a tuple of ints, got {brepr(value)}")
     return tuple(value)
 
@@ -105,8 +113,7 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
     A C-contiguous view shares the storage's memory, as torch tensors do; other views are copied.
     """
     if not isinstance(storage, Storage):
-        raise ModelFileError(f"tensor storage must come from the file's storages, got "
-                             f"{type(storage).__name__}")
+        raise ModelFileError(f"tensor storage must come from the file's storages, got {type(storage).__name__}")
     size, stride = _ints(size, "size"), _ints(stride, "stride")
     if len(size) > limits.TORCH_MAX_TENSOR_RANK:
         raise ModelFileError(f"tensor of rank {len(size)} (at most {limits.TORCH_MAX_TENSOR_RANK})")
@@ -119,26 +126,28 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
     if dtype is not None and dtype != data.dtype:  # _rebuild_tensor_v3: typed view of raw bytes
         nbytes = data.size * data.itemsize
         if nbytes % dtype.itemsize:
-            raise ModelFileError(f"storage {storage.key} of {nbytes} bytes does not hold whole "
-                                 f"{torch_dtype} elements")
+            raise ModelFileError(f"storage {storage.key} of {nbytes} bytes does not hold whole {torch_dtype} elements")
         if data.flags.c_contiguous:
             data = data.view(np.uint8).view(dtype)
         else:  # the zero-stride stand-in of a legacy file's first pass
-            data = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=(nbytes // dtype.itemsize,),
-                                                   strides=(0,), writeable=False)
+            data = np.lib.stride_tricks.as_strided(
+                np.zeros(1, dtype), shape=(nbytes // dtype.itemsize,), strides=(0,), writeable=False
+            )
     n = int(np.prod(size, dtype=np.int64)) if size else 1
     if n:
         last = offset + sum((s - 1) * st for s, st in zip(size, stride))
         if last >= data.size:
-            raise ModelFileError(f"tensor (offset {offset}, size {size}, stride {stride}) reaches "
-                                 f"element {last} of storage {storage.key} holding {data.size}")
+            raise ModelFileError(
+                f"tensor (offset {offset}, size {size}, stride {stride}) reaches "
+                f"element {last} of storage {storage.key} holding {data.size}"
+            )
     contiguous = [1] * len(size)
     for i in range(len(size) - 2, -1, -1):
         contiguous[i] = contiguous[i + 1] * size[i + 1]
     if n == 0:
         out = np.zeros(size, data.dtype)
     elif all(st == c for s, st, c in zip(size, stride, contiguous) if s != 1):
-        out = data[offset:offset + n].reshape(size)
+        out = data[offset : offset + n].reshape(size)
     else:
         item = data.itemsize
         budget = COPY_BUDGET.get()
@@ -148,9 +157,11 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
                 raise ModelFileError(
                     f"tensor (size {size}, stride {stride}) copies {n * item} bytes out of storage "
                     f"{storage.key} of {data.size * item}: the strided tensors of a file may copy "
-                    f"at most twice its storages' bytes + {COPY_SLACK_BYTES}")
-        out = np.lib.stride_tricks.as_strided(data[offset:], shape=size,
-                                              strides=[st * item for st in stride], writeable=False)
+                    f"at most twice its storages' bytes + {COPY_SLACK_BYTES}"
+                )
+        out = np.lib.stride_tricks.as_strided(
+            data[offset:], shape=size, strides=[st * item for st in stride], writeable=False
+        )
         out = np.array(out, order="C")  # a copy; 0-d stays 0-d
     if torch_dtype == "bfloat16":  # bits of the upper half of a float32
         out = (out.astype(np.uint32) << np.uint32(16)).view(np.float32)
@@ -159,8 +170,7 @@ def _view(storage, offset, size, stride, dtype: np.dtype | None = None, torch_dt
     return out
 
 
-def rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
-                      backward_hooks=None, metadata=None):
+def rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
     """``torch._utils._rebuild_tensor_v2``: the tensor as a checked view of its storage."""
     return _view(storage, storage_offset, size, stride)
 
@@ -170,8 +180,7 @@ def rebuild_tensor(storage, storage_offset, size, stride):
     return _view(storage, storage_offset, size, stride)
 
 
-def rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks,
-                      dtype, metadata=None):
+def rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
     """``torch._utils._rebuild_tensor_v3``: the tensor as a checked view of its storage's bytes
     read as ``dtype``."""
     if not (isinstance(dtype, type) and issubclass(dtype, StorageType)):
@@ -184,4 +193,3 @@ def rebuild_parameter(data, requires_grad=True, backward_hooks=None, state=None)
     if not isinstance(data, np.ndarray):
         raise ModelFileError(f"parameter data must be a tensor, got {type(data).__name__}")
     return data
-

@@ -90,18 +90,21 @@ class _Admitted:
         raise TypeError("admitted functions cannot be pickled")
 
 
-_FUNCTIONS: dict[tuple[str, str], _Admitted] = {key: _Admitted(".".join(key), fn) for key, fn in {
-    ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_tensor"): rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v3"): rebuild_tensor_v3,
-    ("torch._utils", "_rebuild_parameter"): rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): rebuild_parameter,
-    ("collections", "OrderedDict"): OrderedDict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("torch", "Size"): _size,
-    ("torch", "device"): _device,
-}.items()}
+_FUNCTIONS: dict[tuple[str, str], _Admitted] = {
+    key: _Admitted(".".join(key), fn)
+    for key, fn in {
+        ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_tensor"): rebuild_tensor,
+        ("torch._utils", "_rebuild_tensor_v3"): rebuild_tensor_v3,
+        ("torch._utils", "_rebuild_parameter"): rebuild_parameter,
+        ("torch._utils", "_rebuild_parameter_with_state"): rebuild_parameter,
+        ("collections", "OrderedDict"): OrderedDict,
+        ("builtins", "set"): set,
+        ("builtins", "frozenset"): frozenset,
+        ("torch", "Size"): _size,
+        ("torch", "device"): _device,
+    }.items()
+}
 
 #: The globals admitted in a state-dict pickle (documented in docs/formats.md).
 ADMITTED_GLOBALS = sorted(f"{m}.{n}" for m, n in _FUNCTIONS) + [
@@ -125,8 +128,14 @@ class RestrictedUnpickler(pickle.Unpickler):
     the globals named in ``module_classes`` (``"module.Class"``) are module records.
     """
 
-    def __init__(self, file, source: str, load_storage: Callable | None = None,
-                 unknown_globals: str = "refuse", module_classes: Collection[str] = ()):
+    def __init__(
+        self,
+        file,
+        source: str,
+        load_storage: Callable | None = None,
+        unknown_globals: str = "refuse",
+        module_classes: Collection[str] = (),
+    ):
         super().__init__(file)
         self.source = source
         self.load_storage = load_storage
@@ -181,19 +190,19 @@ class RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and name in TORCH_DTYPES:
             np_dtype, torch_dtype = TORCH_DTYPES[name]
             return record_class(StorageType, module, name, np_dtype=np_dtype, torch_dtype=torch_dtype)
-        if (module.startswith("torch.nn.modules.") and _is_identifier_path(module, name)
-                and name[:1].isupper()):
+        if module.startswith("torch.nn.modules.") and _is_identifier_path(module, name) and name[:1].isupper():
             return record_class(TorchModuleRecord, module, name, torch_class=f"{module}.{name}")
-        if (module in ("torch.nn.functional", "torch._C._nn") and name.isidentifier()
-                and not name.startswith("_")):
+        if module in ("torch.nn.functional", "torch._C._nn") and name.isidentifier() and not name.startswith("_"):
             return record_class(TorchFunctionRef, module, name, function_name=name)
         if self.unknown_globals == "record" and _is_identifier_path(module, name):
-            if f"{module}.{name}" in self.module_classes:   # a custom class a creator is registered for
+            if f"{module}.{name}" in self.module_classes:  # a custom class a creator is registered for
                 return record_class(TorchModuleRecord, module, name, torch_class=f"{module}.{name}")
             return record_class(UnknownGlobal, module, name)
-        raise ModelFileError(f"{self.source}: refused global {module}.{name}: a state-dict pickle may "
-                             "only reference tensor rebuild functions, storage types, dtypes, "
-                             "OrderedDict and torch.nn classes; fastlayers never runs code from a file")
+        raise ModelFileError(
+            f"{self.source}: refused global {module}.{name}: a state-dict pickle may "
+            "only reference tensor rebuild functions, storage types, dtypes, "
+            "OrderedDict and torch.nn classes; fastlayers never runs code from a file"
+        )
 
     def persistent_load(self, pid):
         if self.load_storage is None:
@@ -207,8 +216,9 @@ class RestrictedUnpickler(pickle.Unpickler):
         storage_type, key, _location, numel = pid[1:5]
         view = pid[5] if len(pid) > 5 else None
         if not (isinstance(storage_type, type) and issubclass(storage_type, StorageType)):
-            raise ModelFileError(f"{self.source}: storage type must be a torch storage class, got "
-                                 f"{brepr(storage_type)}")
+            raise ModelFileError(
+                f"{self.source}: storage type must be a torch storage class, got {brepr(storage_type)}"
+            )
         if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
             raise ModelFileError(f"{self.source}: malformed storage reference {brepr(pid)}")
         storage = self._storages.get(key)
@@ -218,10 +228,16 @@ class RestrictedUnpickler(pickle.Unpickler):
             self._storages[key] = storage
             self._budget[0] += 2 * array.size * array.itemsize
         if view is not None:  # legacy: (view key, element offset, view size) into the root storage
-            ok = (isinstance(view, tuple) and len(view) == 3 and isinstance(view[1], int)
-                  and isinstance(view[2], int) and view[1] >= 0 and view[2] >= 0)
+            ok = (
+                isinstance(view, tuple)
+                and len(view) == 3
+                and isinstance(view[1], int)
+                and isinstance(view[2], int)
+                and view[1] >= 0
+                and view[2] >= 0
+            )
             if not ok or view[1] + view[2] > storage.array.size:
                 raise ModelFileError(f"{self.source}: malformed storage view {brepr(view)}")
             _vkey, off, n = view
-            return Storage(f"{key}[{off}:{off + n}]", storage.array[off:off + n], storage.torch_dtype)
+            return Storage(f"{key}[{off}:{off + n}]", storage.array[off : off + n], storage.torch_dtype)
         return storage

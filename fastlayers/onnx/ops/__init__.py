@@ -58,7 +58,13 @@ OPS: dict = {name: fn for table in FAMILIES.values() for name, fn in table.items
 #: limit, which depends on the context, is checked on every call); "_plans", a convolution's
 #: bound kernel per input shape; "_bound", a recurrence's bound calls (``recurrent._bound_key``, and
 #: ``cells._bound_step`` for a fused LSTM step).
-NODE_CACHES = {"Conv": ("_windows",), "FusedConv": ("_windows", "_plans"),
-               "MaxPool": ("_windows",), "AveragePool": ("_windows",),
-               "LSTM": ("_bound",), "GRU": ("_bound",), "RNN": ("_bound",),
-               "FusedLSTMCell": ("_bound",)}
+NODE_CACHES = {
+    "Conv": ("_windows",),
+    "FusedConv": ("_windows", "_plans"),
+    "MaxPool": ("_windows",),
+    "AveragePool": ("_windows",),
+    "LSTM": ("_bound",),
+    "GRU": ("_bound",),
+    "RNN": ("_bound",),
+    "FusedLSTMCell": ("_bound",),
+}

@@ -25,9 +25,14 @@ def _fused_attention(inputs, attrs, opset):
     k = np.swapaxes(k, -1, -2) if attrs["_k_transposed"] else k
     divide_q, divide_k, divide_scores = attrs["_divide"]
     scales = [(s, d) for s, d in zip((s_q, s_k, s_scores), attrs["_divide"]) if s is not None]
-    heads = (all(a.dtype == np.float32 for a in (q, k, v)) and q.ndim == k.ndim == v.ndim
-             and q.ndim in (3, 4) and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
-             and k.shape[-2] == v.shape[-2] and q.shape[-1] == k.shape[-1])
+    heads = (
+        all(a.dtype == np.float32 for a in (q, k, v))
+        and q.ndim == k.ndim == v.ndim
+        and q.ndim in (3, 4)
+        and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+        and k.shape[-2] == v.shape[-2]
+        and q.shape[-1] == k.shape[-1]
+    )
     if heads and all(s.size == 1 for s, _ in scales) and (mask is None or mask.ndim <= q.ndim):
         scale = np.float32(1.0)
         for s, divide in scales:
@@ -37,12 +42,13 @@ def _fused_attention(inputs, attrs, opset):
         if three_d:
             q, k, v = q[None], k[None], v[None]
         bias = None if mask is None else f32(mask)
-        out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0,
-                                     need_weights=False)
+        out, _ = get_ops().attention(q, k, v, float(scale), bias, False, 0, need_weights=False)
         return [out[0] if three_d else out]
-    scores = _scaled(get_ops().matmul(_scaled(q, s_q, divide_q),
-                                      _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
-                     s_scores, divide_scores)
+    scores = _scaled(
+        get_ops().matmul(_scaled(q, s_q, divide_q), _scaled(np.swapaxes(k, -1, -2), s_k, divide_k)),
+        s_scores,
+        divide_scores,
+    )
     if mask is not None:
         scores = scores + mask
     return [get_ops().matmul(get_ops().softmax(f32(scores), -1), v)]
@@ -57,11 +63,14 @@ def _fused_encoder_layer(inputs, attrs, opset):
     w = attrs["weights"]
     e = w.w_qkv_io.shape[0]
     if x.ndim != 3 or x.shape[2] != e:
-        raise ShapeError(f"ONNX encoder layer {attrs['name']!r} (FusedEncoderLayer): expected a "
-                         f"3-D input of width {e}, got shape {x.shape}")
+        raise ShapeError(
+            f"ONNX encoder layer {attrs['name']!r} (FusedEncoderLayer): expected a "
+            f"3-D input of width {e}, got shape {x.shape}"
+        )
     x_nle = x if attrs["batch_first"] else x.transpose(1, 0, 2)
-    y, _ = get_ops().encoder_layer(f32(x_nle), w, attrs["num_heads"], attrs["activation"],
-                                   attrs["norm_first"], need_weights=False)
+    y, _ = get_ops().encoder_layer(
+        f32(x_nle), w, attrs["num_heads"], attrs["activation"], attrs["norm_first"], need_weights=False
+    )
     return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
 
 
@@ -75,11 +84,12 @@ def _fused_self_attention(inputs, attrs, opset):
     w_qkv, b_qkv, w_o, b_o = attrs["weights"]
     e = w_qkv.shape[0]
     if x.ndim != 3 or x.shape[2] != e:
-        raise ShapeError(f"ONNX attention block {attrs['name']!r} (FusedSelfAttention): expected a "
-                         f"3-D input of width {e}, got shape {x.shape}")
+        raise ShapeError(
+            f"ONNX attention block {attrs['name']!r} (FusedSelfAttention): expected a "
+            f"3-D input of width {e}, got shape {x.shape}"
+        )
     x_nle = x if attrs["batch_first"] else x.transpose(1, 0, 2)
-    y, _ = get_ops().self_attention(f32(x_nle), w_qkv, b_qkv, w_o, b_o, attrs["num_heads"],
-                                    need_weights=False)
+    y, _ = get_ops().self_attention(f32(x_nle), w_qkv, b_qkv, w_o, b_o, attrs["num_heads"], need_weights=False)
     return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
 
 
@@ -99,13 +109,17 @@ def _attention(inputs, attrs, opset):
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
     q, k, v = (f32(a) for a in inputs[:3])
     mask, past_k, past_v = get(3), get(4), get(5)
-    if get(6) is not None or attrs.get("left_window_size", -1) not in (-1, None) \
-            or attrs.get("right_window_size", -1) not in (-1, None):
+    if (
+        get(6) is not None
+        or attrs.get("left_window_size", -1) not in (-1, None)
+        or attrs.get("right_window_size", -1) not in (-1, None)
+    ):
         raise UnsupportedError("Attention with nonpad_kv_seqlen or sliding windows is not supported")
     three_d = q.ndim == 3
     if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ShapeError(f"Attention: Q, K and V of shapes {q.shape}, {k.shape}, {v.shape} (expected "
-                         "three 3-D or three 4-D inputs)")
+        raise ShapeError(
+            f"Attention: Q, K and V of shapes {q.shape}, {k.shape}, {v.shape} (expected three 3-D or three 4-D inputs)"
+        )
     if three_d:
         if "q_num_heads" not in attrs:
             raise ShapeError("Attention: 3-D inputs need the attributes q_num_heads and kv_num_heads")
@@ -116,8 +130,10 @@ def _attention(inputs, attrs, opset):
         k, v = np.concatenate([f32(past_k), k], axis=2), np.concatenate([f32(past_v), v], axis=2)
     present_k, present_v = k, v
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
-        raise ShapeError(f"Attention: {q.shape[1]} query heads and {k.shape[1]} / {v.shape[1]} key / "
-                         "value heads (the key heads must divide the query heads)")
+        raise ShapeError(
+            f"Attention: {q.shape[1]} query heads and {k.shape[1]} / {v.shape[1]} key / "
+            "value heads (the key heads must divide the query heads)"
+        )
     if q.shape[1] != k.shape[1]:  # grouped-query attention
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
         v = np.repeat(v, q.shape[1] // v.shape[1], axis=1)
@@ -128,14 +144,13 @@ def _attention(inputs, attrs, opset):
         if mask.shape[-1] < tk:  # a mask shorter than the keys (past cache) masks the rest
             width = [(0, 0)] * (mask.ndim - 1) + [(0, tk - mask.shape[-1])]
             mask = np.pad(mask, width, constant_values=False if mask.dtype == np.bool_ else -np.inf)
-        bias = bias + (np.where(mask, np.float32(0), np.float32(-np.inf)) if mask.dtype == np.bool_
-                       else f32(mask))
+        bias = bias + (np.where(mask, np.float32(0), np.float32(-np.inf)) if mask.dtype == np.bool_ else f32(mask))
     if attrs.get("is_causal", 0):
         offset = 0 if past_k is None else past_k.shape[2]
         allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
         bias = bias + np.where(allowed, np.float32(0), np.float32(-np.inf))
     softcap = attrs.get("softcap", 0.0) or 0.0
-    if not attrs.get("_qk_read", True) and softcap <= 0:   # one call of the backend's primitive
+    if not attrs.get("_qk_read", True) and softcap <= 0:  # one call of the backend's primitive
         y, _ = get_ops().attention(q, k, v, float(scale), bias, False, 1, need_weights=False)
         if three_d:
             y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], tq, -1)

@@ -24,30 +24,35 @@ def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     plans, ops = attrs.get("_plans"), get_ops()
-    if plans is not None:   # FusedConv: its NHWC plan for this input's shape, layout and backend
+    if plans is not None:  # FusedConv: its NHWC plan for this input's shape, layout and backend
         key = (x.shape, x.strides, x.dtype.char, id(ops), id(b))
         run = plans.get(key)
         if run is not None:
             return [run(x)]
     if x.ndim not in (3, 4):
-        nhwc(x)   # raises: only 1-D and 2-D
+        nhwc(x)  # raises: only 1-D and 2-D
     one_d = x.ndim == 3
-    w_hwio = attrs.get("_w_hwio")   # FusedConv: its weights, transposed at load
+    w_hwio = attrs.get("_w_hwio")  # FusedConv: its weights, transposed at load
     w4 = None
     if w_hwio is None:
         if w.ndim != x.ndim:
-            raise ShapeError(f"Conv: weight of shape {w.shape} for an input of shape {x.shape} "
-                             "(the weight's rank must be the input's)")
+            raise ShapeError(
+                f"Conv: weight of shape {w.shape} for an input of shape {x.shape} "
+                "(the weight's rank must be the input's)"
+            )
         w4 = w[:, :, None, :] if w.ndim == 3 else w
         w_hwio = np.ascontiguousarray(w4.transpose(2, 3, 1, 0), dtype=np.float32)
     elif w_hwio.ndim != 4 or (w_hwio.shape[0] != 1 and one_d):
-        raise ShapeError(f"Conv: weight for a {'1' if w_hwio.shape[0] == 1 else '2'}-D "
-                         f"convolution, input of shape {x.shape}")
+        raise ShapeError(
+            f"Conv: weight for a {'1' if w_hwio.shape[0] == 1 else '2'}-D convolution, input of shape {x.shape}"
+        )
     group = attrs.get("group", 1)
     kh, kw, cin_g, cout = w_hwio.shape
     if group < 1 or x.shape[1] != cin_g * group or cout % group:
-        raise ShapeError(f"Conv: input of shape {x.shape} (channels on axis 1) does not fit a weight "
-                         f"of {cout} output and {cin_g} input channels per group with group={group}")
+        raise ShapeError(
+            f"Conv: input of shape {x.shape} (channels on axis 1) does not fit a weight "
+            f"of {cout} output and {cin_g} input channels per group with group={group}"
+        )
     if b is not None and np.shape(b) != (cout,):
         raise ShapeError(f"Conv: bias of shape {np.shape(b)} for {cout} output channels")
     strides, pads, dilations, out_hw, wide = window("Conv", attrs, x.shape, (kh, kw), one_d)
@@ -56,19 +61,36 @@ def _conv(inputs, attrs, opset):
     planes = nchw_planes(x) if cin_g == 1 and group > 1 else None
     if planes is not None:
         # depthwise on NCHW planes: w (C m, kh, kw)
-        w_ohw = (np.ascontiguousarray(w4[:, 0], dtype=np.float32) if w4 is not None else
-                 derived(w_hwio, "onnx-depthwise-ohw",
-                         lambda a: np.ascontiguousarray(a[:, :, 0].transpose(2, 0, 1))))
-        y = get_ops().depthwise_conv2d_nchw(planes, w_ohw, None if b is None else f32(b),
-                                            strides, pads, dilations,
-                                            attrs.get("activation", "linear"),
-                                            attrs.get("alpha", 0.0))
+        w_ohw = (
+            np.ascontiguousarray(w4[:, 0], dtype=np.float32)
+            if w4 is not None
+            else derived(w_hwio, "onnx-depthwise-ohw", lambda a: np.ascontiguousarray(a[:, :, 0].transpose(2, 0, 1)))
+        )
+        y = get_ops().depthwise_conv2d_nchw(
+            planes,
+            w_ohw,
+            None if b is None else f32(b),
+            strides,
+            pads,
+            dilations,
+            attrs.get("activation", "linear"),
+            attrs.get("alpha", 0.0),
+        )
         return [y[:, :, 0] if one_d else y]
     x4 = to_nhwc(x, one_d)
-    plan = ops.conv2d_plan(x4.shape, w_hwio, None if b is None else f32(b), strides, pads,
-                           dilations, group, attrs.get("activation", "linear"), attrs.get("alpha", 0.0))
+    plan = ops.conv2d_plan(
+        x4.shape,
+        w_hwio,
+        None if b is None else f32(b),
+        strides,
+        pads,
+        dilations,
+        group,
+        attrs.get("activation", "linear"),
+        attrs.get("alpha", 0.0),
+    )
     if plans is not None:
-        if len(plans) >= 64:   # bound the memory of many distinct shapes
+        if len(plans) >= 64:  # bound the memory of many distinct shapes
             plans.clear()
         plans[key] = laid_out_as(x, one_d, plan)
     return [nchw(plan(x4), one_d)]
@@ -79,29 +101,32 @@ def _conv_transpose(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     if x.ndim not in (3, 4):
-        nhwc(x)   # raises: only 1-D and 2-D
+        nhwc(x)  # raises: only 1-D and 2-D
     one_d = x.ndim == 3
     if w.ndim != x.ndim:
-        raise ShapeError(f"ConvTranspose: weight of shape {w.shape} for an input of shape {x.shape} "
-                         "(the weight's rank must be the input's)")
+        raise ShapeError(
+            f"ConvTranspose: weight of shape {w.shape} for an input of shape {x.shape} "
+            "(the weight's rank must be the input's)"
+        )
     group = attrs.get("group", 1)
     if group < 1 or w.shape[0] != x.shape[1] or w.shape[0] % group:
-        raise ShapeError(f"ConvTranspose: weight of shape {w.shape} with group={group} for an input "
-                         f"of shape {x.shape} (expected (C_in, C_out / group, k...), group dividing C_in)")
+        raise ShapeError(
+            f"ConvTranspose: weight of shape {w.shape} with group={group} for an input "
+            f"of shape {x.shape} (expected (C_in, C_out / group, k...), group dividing C_in)"
+        )
     if b is not None and np.shape(b) != (w.shape[1] * group,):
-        raise ShapeError(f"ConvTranspose: bias of shape {np.shape(b)} for {w.shape[1] * group} "
-                         "output channels")
+        raise ShapeError(f"ConvTranspose: bias of shape {np.shape(b)} for {w.shape[1] * group} output channels")
     # (C_in, C_out / g, kh, kw); 1-D: one copy per weight (a view would keep the weight alive
     # in the cache), the array its own derived forms are kept for
-    w4 = (derived(w, "onnx-conv-transpose-4d", lambda a: np.array(a[:, :, None, :], copy=True))
-          if w.ndim == 3 else w)
+    w4 = derived(w, "onnx-conv-transpose-4d", lambda a: np.array(a[:, :, None, :], copy=True)) if w.ndim == 3 else w
     n = x.ndim - 2
     strides, dilations = spatial(attrs, "strides", n, 1), spatial(attrs, "dilations", n, 1)
     out_pad = spatial(attrs, "output_padding", n, 0)
     kernel = list(w4.shape[2:])
     in_hw = [1, x.shape[2]] if one_d else list(x.shape[2:])
-    full = [transposed_out(i, k, s, d, (0, 0), op_)
-            for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)]
+    full = [
+        transposed_out(i, k, s, d, (0, 0), op_) for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)
+    ]
     shape = attrs.get("output_shape")
     auto = attrs.get("auto_pad", "NOTSET")
     if shape:
@@ -124,18 +149,19 @@ def _conv_transpose(inputs, attrs, opset):
     created([x.shape[0], *shape, w4.shape[1] * group], np.float32, "ConvTranspose")
     bias = None if b is None else f32(b)
     crop = tuple(a for a, _ in pads)
-    act, alpha = attrs.get("_activation", "linear"), attrs.get("_alpha", 0.0)   # fuse_conv_transpose
+    act, alpha = attrs.get("_activation", "linear"), attrs.get("_alpha", 0.0)  # fuse_conv_transpose
     planes = nchw_planes(x)
     if planes is not None:
         # NCHW planes in and out: no layout round trip
-        y = get_ops().conv_transpose2d_nchw(planes, w4, bias, tuple(strides), crop, tuple(shape),
-                                            tuple(dilations), group, act, alpha)
+        y = get_ops().conv_transpose2d_nchw(
+            planes, w4, bias, tuple(strides), crop, tuple(shape), tuple(dilations), group, act, alpha
+        )
         return [y[:, :, 0] if one_d else y]
     x4, _ = nhwc(x)
-    w_hwio = derived(w4, "onnx-conv-transpose-hwio",
-                     lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C"))
-    y = get_ops().conv_transpose2d(x4, w_hwio, bias, tuple(strides), crop, tuple(shape),
-                                   tuple(dilations), group, act, alpha)
+    w_hwio = derived(w4, "onnx-conv-transpose-hwio", lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C"))
+    y = get_ops().conv_transpose2d(
+        x4, w_hwio, bias, tuple(strides), crop, tuple(shape), tuple(dilations), group, act, alpha
+    )
     return [nchw(y, one_d)]
 
 
@@ -149,17 +175,21 @@ def _pool(kind):
             raise ShapeError(f"{kind} pooling: kernel_shape {list(kernel)} for an input of shape {x.shape}")
         what = f"{'Max' if kind == 'max' else 'Average'}Pool"
         kernel = (1, *kernel) if one_d else kernel
-        strides, pads, dilations, out_hw, wide = window(what, attrs, x.shape, kernel, one_d,
-                                                         bool(attrs.get("ceil_mode", 0)))
+        strides, pads, dilations, out_hw, wide = window(
+            what, attrs, x.shape, kernel, one_d, bool(attrs.get("ceil_mode", 0))
+        )
         if wide:
             created([x.shape[0] * x.shape[1], *out_hw], np.float32, what)
         if planes is not None:
-            y = get_ops().pool2d_nchw(planes, kind, kernel, strides, pads, out_hw, dilations,
-                                      bool(attrs.get("count_include_pad", 0)))
+            y = get_ops().pool2d_nchw(
+                planes, kind, kernel, strides, pads, out_hw, dilations, bool(attrs.get("count_include_pad", 0))
+            )
             return [y[:, :, 0] if one_d else y]
-        y = get_ops().pool2d(x4, kind, kernel, strides, pads, out_hw, dilations,
-                             bool(attrs.get("count_include_pad", 0)))
+        y = get_ops().pool2d(
+            x4, kind, kernel, strides, pads, out_hw, dilations, bool(attrs.get("count_include_pad", 0))
+        )
         return [nchw(y, one_d)]
+
     return run
 
 
@@ -185,7 +215,7 @@ def _lrn(inputs, attrs, opset):
     else:  # ONNX centres even windows one channel later than torch does
         sq = np.pad(np.square(moved.astype(np.float64)), [(0, 0)] * (x.ndim - 1) + [((size - 1) // 2, size // 2)])
         cs = np.concatenate([np.zeros(sq.shape[:-1] + (1,)), np.cumsum(sq, axis=-1)], axis=-1)
-        s = cs[..., size:size + c] - cs[..., :c]
+        s = cs[..., size : size + c] - cs[..., :c]
         y = (moved / (bias + alpha / size * s) ** beta).astype(np.float32)
     return [np.ascontiguousarray(np.moveaxis(y, -1, 1))]
 
@@ -194,8 +224,9 @@ def _lrn(inputs, attrs, opset):
 def _max_roi_pool(inputs, attrs, opset):
     x, rois = inputs
     if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5:
-        raise ShapeError(f"MaxRoiPool: expected features (N, C, H, W) and rois (K, 5), got shapes "
-                         f"{x.shape} and {rois.shape}")
+        raise ShapeError(
+            f"MaxRoiPool: expected features (N, C, H, W) and rois (K, 5), got shapes {x.shape} and {rois.shape}"
+        )
     x4, _ = nhwc(x)
     y = get_ops().roi_pool(x4, f32(rois), tuple(attrs["pooled_shape"]), attrs.get("spatial_scale", 1.0))
     return [np.ascontiguousarray(y.transpose(0, 3, 1, 2))]

@@ -23,6 +23,7 @@ def _binary(fn):
     def run(inputs, attrs, opset):
         a, b = inputs
         return [fn(a, b)]
+
     return run
 
 
@@ -36,8 +37,7 @@ def _native_add_mul(a, b, multiply: bool):
     result in that memory (a squeeze-and-excite Mul between convolutions keeps their layout;
     numpy broadcasts the vector over strided memory at half the speed or less). numpy's own
     sum of two operands of one memory order runs at memory speed already."""
-    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
-            or b.dtype != np.float32:
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 or b.dtype != np.float32:
         return None
     if b.size > a.size:
         a, b = b, a
@@ -68,10 +68,18 @@ def _mul(inputs, attrs, opset):
     return [np.multiply(a, b) if y is None else y]
 
 
-for _name, _fn in {"Sub": np.subtract, "Pow": np.power,
-                   "Equal": np.equal, "Less": np.less, "Greater": np.greater,
-                   "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-                   "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}.items():
+for _name, _fn in {
+    "Sub": np.subtract,
+    "Pow": np.power,
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+    "Xor": np.logical_xor,
+}.items():
     OPS[_name] = _binary(_fn)
 
 
@@ -82,8 +90,7 @@ def _fused_add(inputs, attrs, opset):
     broadcasting sum and the activation."""
     a, b = inputs
     name, alpha = attrs["activation"], attrs.get("alpha", 0.0)
-    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == np.float32 \
-            and a.shape == b.shape:
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == np.float32 and a.shape == b.shape:
         (xa, back_a), (xb, back_b) = stored(a), stored(b)
         if back_a == back_b:
             y = get_ops().add_act(xa, xb, name, alpha)
@@ -92,7 +99,7 @@ def _fused_add(inputs, attrs, opset):
     if outer is not None:
         a_ic, b_jc, shape = outer
         return [get_ops().outer_add_act(a_ic, b_jc, name, alpha).reshape(shape)]
-    return [get_ops().activation(f32(np.add(a, b)), name, alpha)]   # as the activation op casts
+    return [get_ops().activation(f32(np.add(a, b)), name, alpha)]  # as the activation op casts
 
 
 def outer_operands(a, b):
@@ -100,19 +107,33 @@ def outer_operands(a, b):
     one operand varies only over the leading axes and the other only over the next ones, both
     over the whole last axis (additive attention's q (.., I, 1, C) + k (.., 1, J, C)); operands
     swapped where b leads (the sum is the same bits). None for other operands."""
-    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 \
-            or b.dtype != np.float32 or a.ndim != b.ndim or a.ndim < 2 or a.shape[-1] != b.shape[-1]:
+    if (
+        type(a) is not np.ndarray
+        or type(b) is not np.ndarray
+        or a.dtype != np.float32
+        or b.dtype != np.float32
+        or a.ndim != b.ndim
+        or a.ndim < 2
+        or a.shape[-1] != b.shape[-1]
+    ):
         return None
     for lead, rest in ((a, b), (b, a)):
         sl, sr = lead.shape[:-1], rest.shape[:-1]
         split = len(sl)
         while split and sl[split - 1] == 1:
             split -= 1
-        if all(d == 1 for d in sr[:split]) and split < len(sl) and lead.size > lead.shape[-1] \
-                and rest.size > rest.shape[-1]:
+        if (
+            all(d == 1 for d in sr[:split])
+            and split < len(sl)
+            and lead.size > lead.shape[-1]
+            and rest.size > rest.shape[-1]
+        ):
             shape = sl[:split] + sr[split:] + lead.shape[-1:]
-            return (np.ascontiguousarray(lead).reshape(-1, lead.shape[-1]),
-                    np.ascontiguousarray(rest).reshape(-1, rest.shape[-1]), shape)
+            return (
+                np.ascontiguousarray(lead).reshape(-1, lead.shape[-1]),
+                np.ascontiguousarray(rest).reshape(-1, rest.shape[-1]),
+                shape,
+            )
     return None
 
 
@@ -133,18 +154,39 @@ def _mod(inputs, attrs, opset):
 def _unary(fn):
     def run(inputs, attrs, opset):
         return [fn(inputs[0])]
+
     return run
 
 
-for _name, _fn in {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
-                   "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not,
-                   "Sign": np.sign, "Round": np.round, "Sin": np.sin, "Cos": np.cos, "IsNaN": np.isnan,
-                   "Identity": lambda x: x, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos,
-                   "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh,
-                   "Acosh": np.arccosh, "Atanh": np.arctanh, "BitwiseNot": np.invert}.items():
+for _name, _fn in {
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Sqrt": np.sqrt,
+    "Exp": np.exp,
+    "Log": np.log,
+    "Reciprocal": np.reciprocal,
+    "Floor": np.floor,
+    "Ceil": np.ceil,
+    "Not": np.logical_not,
+    "Sign": np.sign,
+    "Round": np.round,
+    "Sin": np.sin,
+    "Cos": np.cos,
+    "IsNaN": np.isnan,
+    "Identity": lambda x: x,
+    "Tan": np.tan,
+    "Asin": np.arcsin,
+    "Acos": np.arccos,
+    "Atan": np.arctan,
+    "Sinh": np.sinh,
+    "Cosh": np.cosh,
+    "Asinh": np.arcsinh,
+    "Acosh": np.arccosh,
+    "Atanh": np.arctanh,
+    "BitwiseNot": np.invert,
+}.items():
     OPS[_name] = _unary(_fn)
-for _name, _fn in {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or,
-                   "BitwiseXor": np.bitwise_xor}.items():
+for _name, _fn in {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}.items():
     OPS[_name] = _binary(_fn)
 
 
@@ -159,8 +201,10 @@ def _bit_shift(inputs, attrs, opset):
 @op("IsInf")
 def _is_inf(inputs, attrs, opset):
     x = inputs[0]
-    return [(np.isposinf(x) & bool(attrs.get("detect_positive", 1)))
-            | (np.isneginf(x) & bool(attrs.get("detect_negative", 1)))]
+    return [
+        (np.isposinf(x) & bool(attrs.get("detect_positive", 1)))
+        | (np.isneginf(x) & bool(attrs.get("detect_negative", 1)))
+    ]
 
 
 @op("Erf")
@@ -175,6 +219,7 @@ def _variadic(fn):
         for x in inputs[1:]:
             out = fn(out, x)
         return [out]
+
     return run
 
 
@@ -213,6 +258,7 @@ def _activation(name, alpha_attr=None, default=0.0):
         x, back = stored(f32(inputs[0]))
         y = get_ops().activation(x, name, alpha)
         return [y if back is None else y.transpose(back)]
+
     return run
 
 
@@ -223,7 +269,7 @@ OPS["Sigmoid"] = _activation("onnx_sigmoid")
 OPS["Tanh"] = _activation("onnx_tanh")
 OPS["Softsign"] = _activation("softsign")
 OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
-_silu = _activation("onnx_silu")   # Swish with alpha 1
+_silu = _activation("onnx_silu")  # Swish with alpha 1
 
 
 @op("Elu")
@@ -235,8 +281,11 @@ def _elu(inputs, attrs, opset):
 def _selu(inputs, attrs, opset):
     alpha, gamma = attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)
     x = f32(inputs[0])
-    return [np.where(x > 0, np.float32(gamma) * x, np.float32(gamma * alpha) * np.expm1(np.minimum(x, 0)))
-            .astype(np.float32)]
+    return [
+        np.where(x > 0, np.float32(gamma) * x, np.float32(gamma * alpha) * np.expm1(np.minimum(x, 0))).astype(
+            np.float32
+        )
+    ]
 
 
 @op("Softplus")
@@ -244,13 +293,13 @@ def _softplus(inputs, attrs, opset):
     return [get_ops().activation(f32(inputs[0]), "softplus")]
 
 
-_hard_sigmoid_sixth = _activation("hard_sigmoid")   # relu6(x + 3) / 6
+_hard_sigmoid_sixth = _activation("hard_sigmoid")  # relu6(x + 3) / 6
 
 
 @op("HardSigmoid")
 def _hard_sigmoid(inputs, attrs, opset):
     alpha, beta = np.float32(attrs.get("alpha", 0.2)), np.float32(attrs.get("beta", 0.5))
-    if alpha == np.float32(1 / 6) and beta == np.float32(0.5):   # torch's Hardsigmoid: native
+    if alpha == np.float32(1 / 6) and beta == np.float32(0.5):  # torch's Hardsigmoid: native
         return _hard_sigmoid_sixth(inputs, attrs, opset)
     return [np.clip(alpha * f32(inputs[0]) + beta, np.float32(0), np.float32(1))]
 
@@ -294,8 +343,7 @@ def _shrink(inputs, attrs, opset):
     """x + bias where x < -lambd, x - bias where x > lambd, else 0."""
     x = inputs[0]
     lambd, bias = attrs.get("lambd", 0.5), attrs.get("bias", 0.0)
-    y = np.where(x < -lambd, x + np.asarray(bias, x.dtype),
-                 np.where(x > lambd, x - np.asarray(bias, x.dtype), 0))
+    y = np.where(x < -lambd, x + np.asarray(bias, x.dtype), np.where(x > lambd, x - np.asarray(bias, x.dtype), 0))
     return [y.astype(x.dtype)]
 
 
@@ -322,6 +370,7 @@ def _softmax_like(kind):
         axis = attrs.get("axis", 1) % max(x.ndim, 1)  # opsets < 13: coerce to 2-D at axis
         flat = x.reshape(math.prod(x.shape[:axis]), -1)
         return [getattr(ops, kind)(flat, -1).reshape(x.shape)]
+
     return run
 
 

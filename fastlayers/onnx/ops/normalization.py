@@ -68,8 +68,9 @@ def _group_norm(inputs, attrs, opset):
     if c % groups:
         raise ShapeError(f"GroupNormalization: {groups} groups for {c} channels")
     if scale.shape != (c if opset >= 21 else groups,) or bias.shape != scale.shape:
-        raise ShapeError(f"GroupNormalization: scale {scale.shape} and bias {bias.shape} for "
-                         f"{c} channels in {groups} groups")
+        raise ShapeError(
+            f"GroupNormalization: scale {scale.shape} and bias {bias.shape} for {c} channels in {groups} groups"
+        )
     grouped = f32(x).reshape(n, groups, -1)
     y = get_ops().layer_norm(np.ascontiguousarray(grouped), None, None, attrs.get("epsilon", 1e-5), (2,))
     shape = (1, c) + (1,) * (x.ndim - 2)

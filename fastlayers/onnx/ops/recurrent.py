@@ -58,8 +58,14 @@ def recurrent_reference(kind, inputs, attrs):
     defaults = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind]
     names = list(attrs.get("activations", [])) or defaults * n_dir
     alphas, betas = list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", []))
-    acts = [_rnn_activation(n, alphas[i] if i < len(alphas) else 0.01 if n.lower() == "leakyrelu" else 1.0,
-                            betas[i] if i < len(betas) else 0.0) for i, n in enumerate(names)]
+    acts = [
+        _rnn_activation(
+            n,
+            alphas[i] if i < len(alphas) else 0.01 if n.lower() == "leakyrelu" else 1.0,
+            betas[i] if i < len(betas) else 0.0,
+        )
+        for i, n in enumerate(names)
+    ]
     clip = attrs.get("clip")
     lens = np.full(batch, steps, np.int64) if seq_lens is None else seq_lens.astype(np.int64)
     x64 = x.astype(np.float64)
@@ -68,10 +74,10 @@ def recurrent_reference(kind, inputs, attrs):
     c_last = np.zeros((n_dir, batch, hidden))
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
-        f = acts[d * len(defaults):(d + 1) * len(defaults)]
+        f = acts[d * len(defaults) : (d + 1) * len(defaults)]
         wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
-        wb = b[d, :gates * hidden].astype(np.float64) if b is not None else np.zeros(gates * hidden)
-        rb = b[d, gates * hidden:].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        wb = b[d, : gates * hidden].astype(np.float64) if b is not None else np.zeros(gates * hidden)
+        rb = b[d, gates * hidden :].astype(np.float64) if b is not None else np.zeros(gates * hidden)
         h = np.zeros((batch, hidden)) if h0 is None else h0[d].astype(np.float64)
         c = np.zeros((batch, hidden)) if c0 is None else c0[d].astype(np.float64)
         pd = p[d].astype(np.float64) if p is not None else np.zeros(3 * hidden)
@@ -88,29 +94,29 @@ def recurrent_reference(kind, inputs, attrs):
                         z = np.clip(z, -clip, clip)
                     h[n] = f[0](z)
                 elif kind == "GRU":
-                    zr = zx[:2 * hidden] + rd[:2 * hidden] @ hp + rb[:2 * hidden]
+                    zr = zx[: 2 * hidden] + rd[: 2 * hidden] @ hp + rb[: 2 * hidden]
                     if clip is not None:
                         zr = np.clip(zr, -clip, clip)
                     zt, rt = f[0](zr[:hidden]), f[0](zr[hidden:])
                     if attrs.get("linear_before_reset", 0):
-                        hh = zx[2 * hidden:] + rt * (rd[2 * hidden:] @ hp + rb[2 * hidden:])
+                        hh = zx[2 * hidden :] + rt * (rd[2 * hidden :] @ hp + rb[2 * hidden :])
                     else:
-                        hh = zx[2 * hidden:] + rd[2 * hidden:] @ (rt * hp) + rb[2 * hidden:]
+                        hh = zx[2 * hidden :] + rd[2 * hidden :] @ (rt * hp) + rb[2 * hidden :]
                     if clip is not None:
                         hh = np.clip(hh, -clip, clip)
                     h[n] = (1 - zt) * f[1](hh) + zt * hp
                 else:
                     z = zx + rd @ hp + rb
-                    zi, zo, zf, zc = (z[k * hidden:(k + 1) * hidden] for k in range(4))
+                    zi, zo, zf, zc = (z[k * hidden : (k + 1) * hidden] for k in range(4))
                     zi = zi + pd[:hidden] * c[n]
-                    zf = zf + pd[2 * hidden:] * c[n]
+                    zf = zf + pd[2 * hidden :] * c[n]
                     if clip is not None:
                         zi, zf, zc = (np.clip(v, -clip, clip) for v in (zi, zf, zc))
                     it, ft = f[0](zi), f[0](zf)
                     if attrs.get("input_forget", 0):
                         ft = 1 - it
                     c[n] = ft * c[n] + it * f[1](zc)
-                    zo = zo + pd[hidden:2 * hidden] * c[n]
+                    zo = zo + pd[hidden : 2 * hidden] * c[n]
                     if clip is not None:
                         zo = np.clip(zo, -clip, clip)
                     h[n] = f[0](zo) * f[2](c[n])
@@ -122,8 +128,11 @@ def recurrent_reference(kind, inputs, attrs):
     return [y, yh, yc] if kind == "LSTM" else [y, yh]
 
 
-_DEFAULT_ACTIVATIONS = {"RNN": [["tanh"], ["relu"]], "GRU": [["sigmoid", "tanh"]],
-                        "LSTM": [["sigmoid", "tanh", "tanh"]]}
+_DEFAULT_ACTIVATIONS = {
+    "RNN": [["tanh"], ["relu"]],
+    "GRU": [["sigmoid", "tanh"]],
+    "LSTM": [["sigmoid", "tanh", "tanh"]],
+}
 
 
 def recurrent_fast(kind, inputs, attrs, table=None):
@@ -155,8 +164,13 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
     per_dir = len(_DEFAULT_ACTIVATIONS[kind][0])
     if names and (names[:per_dir] not in _DEFAULT_ACTIVATIONS[kind] or names[per_dir:] not in ([], names[:per_dir])):
         return None
-    if attrs.get("clip") is not None or attrs.get("input_forget", 0) or (p is not None and np.any(p)) \
-            or attrs.get("activation_alpha") or attrs.get("activation_beta"):
+    if (
+        attrs.get("clip") is not None
+        or attrs.get("input_forget", 0)
+        or (p is not None and np.any(p))
+        or attrs.get("activation_alpha")
+        or attrs.get("activation_beta")
+    ):
         return None
     layout = attrs.get("layout", 0)
     if table is None:
@@ -174,16 +188,14 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
         """Direction d of W or R as C-ordered (input, gates * hidden), computed once per weight
         array (C order: the backend caches its own layouts per array and would otherwise copy
         and repack a transposed view on every call)."""
-        return derived(m, f"onnx-{kind}-kernel:{d}",
-                       lambda a: np.ascontiguousarray(reorder(a[d]).T, dtype=np.float32))
+        return derived(m, f"onnx-{kind}-kernel:{d}", lambda a: np.ascontiguousarray(reorder(a[d]).T, dtype=np.float32))
 
     def input_weights(d, reorder, bias):
         """(w_ig, b_ig) of direction d: the kernel and bias, or the folded embedding table."""
         w_in = kernel(w, d, kind.lower(), reorder)
         if table is None:
             return w_in, bias
-        return derived_from((w, table, b), f"onnx-{kind}-fold:{d}",
-                            lambda *_: fold_projection(table, w_in, bias)), None
+        return derived_from((w, table, b), f"onnx-{kind}-fold:{d}", lambda *_: fold_projection(table, w_in, bias)), None
 
     def biases(d, input_part):
         """(input bias, recurrent bias) of direction d from B = [Wb, Rb], computed once per
@@ -191,13 +203,18 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
         only); (None, None) without B."""
         if b is None:
             return None, None
-        return derived(b, f"onnx-{kind}-bias:{d}:{lbr}", lambda a: (
-            f32(input_part(a[d, :a.shape[1] // 2], a[d, a.shape[1] // 2:])),
-            f32(a[d, a.shape[1] // 2:]) if lbr else None))
+        return derived(
+            b,
+            f"onnx-{kind}-bias:{d}:{lbr}",
+            lambda a: (
+                f32(input_part(a[d, : a.shape[1] // 2], a[d, a.shape[1] // 2 :])),
+                f32(a[d, a.shape[1] // 2 :]) if lbr else None,
+            ),
+        )
 
     lbr = kind == "GRU" and bool(attrs.get("linear_before_reset", 0))
     y_read = attrs.get("_y_read", True)
-    calls, states = [], []         # (ops method, args, kwargs) and initial states per direction
+    calls, states = [], []  # (ops method, args, kwargs) and initial states per direction
     for d in range(n_dir):
         reverse = direction == "reverse" or d == 1
         options = {"reverse": reverse, "return_sequences": y_read}
@@ -208,20 +225,25 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else f32(c0[d])
             b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
             w_ig, b_g = input_weights(d, blocks, b_in)
-            calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g,
-                                            h_init, c_init), options))
+            calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init, c_init), options))
             states.append((h_init, c_init))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
             w_ig, b_ig = input_weights(d, lambda m: m, b_in)
-            calls.append(("gru_sequence", (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
-                          {"reset_after": lbr, **options}))
+            calls.append(
+                (
+                    "gru_sequence",
+                    (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
+                    {"reset_after": lbr, **options},
+                )
+            )
             states.append((h_init,))
         else:
             act = names[0] if names else "tanh"
             w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
-            calls.append(("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init),
-                          {"activation": act, **options}))
+            calls.append(
+                ("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init), {"activation": act, **options})
+            )
             states.append((h_init,))
     return calls, x_bti, states
 
@@ -244,7 +266,7 @@ def _recurrent_outputs(kind, results, attrs):
         y = ys[0][:, None] if n_dir == 1 else np.stack(ys, axis=1)
         y = y.transpose(0, 2, 1, 3) if layout else y.transpose(2, 1, 0, 3)
     axis = 1 if layout else 0
-    if n_dir == 1:   # a view with the direction axis (np.stack costs several microseconds)
+    if n_dir == 1:  # a view with the direction axis (np.stack costs several microseconds)
         index = (slice(None), None) if layout else (None,)
         return [y, hs[0][index], cs[0][index]] if kind == "LSTM" else [y, hs[0][index]]
     outs = [y, np.stack(hs, axis=axis)]
@@ -269,8 +291,14 @@ def _check_recurrent(kind, x_shape, inputs, attrs):
         raise ShapeError(f"{kind}: hidden_size {attrs['hidden_size']} does not match R of shape {r.shape}")
     batch = x_shape[0] if layout else x_shape[1]
     state = (batch, n_dir, hidden) if layout else (n_dir, batch, hidden)
-    want = {1: (n_dir, gates * hidden, x_shape[2]), 3: (n_dir, 2 * gates * hidden), 4: (batch,),
-            5: state, 6: state, 7: (n_dir, 3 * hidden)}
+    want = {
+        1: (n_dir, gates * hidden, x_shape[2]),
+        3: (n_dir, 2 * gates * hidden),
+        4: (batch,),
+        5: state,
+        6: state,
+        7: (n_dir, 3 * hidden),
+    }
     names = {1: "W", 3: "B", 4: "sequence_lens", 5: "initial_h", 6: "initial_c", 7: "P"}
     for i in (1, 3, 4, 5) + ((6, 7) if kind == "LSTM" else ()):
         a = inputs[i] if len(inputs) > i else None
@@ -289,9 +317,18 @@ def _bound_key(kind, inputs, ops):
     if len(inputs) > 4 and inputs[4] is not None and inputs[4].size:
         return None
     x, padded = inputs[0], (*inputs, None, None, None, None, None)
-    return (x.shape, x.dtype.str, id(inputs[1]), id(inputs[2]), id(padded[3]), id(padded[7]),
-            None if padded[5] is None else padded[5].shape,
-            None if padded[6] is None else padded[6].shape, ops.name, derived_generation())
+    return (
+        x.shape,
+        x.dtype.str,
+        id(inputs[1]),
+        id(inputs[2]),
+        id(padded[3]),
+        id(padded[7]),
+        None if padded[5] is None else padded[5].shape,
+        None if padded[6] is None else padded[6].shape,
+        ops.name,
+        derived_generation(),
+    )
 
 
 def _bind_recurrent(kind, inputs, attrs, ops):
@@ -318,13 +355,14 @@ def _bind_recurrent(kind, inputs, attrs, ops):
     def run(inputs):
         x = inputs[0]
         x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
-        given = [inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size
-                 else None for i in (5, 6)[:gates]]
+        given = [
+            inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None for i in (5, 6)[:gates]
+        ]
         given = [s if s is None or not layout else np.swapaxes(s, 0, 1) for s in given]
         shape = (x_bti.shape[0], inputs[2].shape[-1])
-        states = [tuple(np.zeros(shape, np.float32) if s is None else f32(s[d]) for s in given)
-                  for d in range(n_dir)]
+        states = [tuple(np.zeros(shape, np.float32) if s is None else f32(s[d]) for s in given) for d in range(n_dir)]
         return _recurrent_outputs(kind, run_all(x_bti, states), attrs)
+
     return run
 
 
@@ -348,12 +386,13 @@ def _one_direction_states_only(kind, plan, layout, gates):
                 states.append(s[:, 0] if layout else s[0])
         _, *finals = plan(x, states)
         return [None, *(f[index] for f in finals)]
+
     return run
 
 
 def _recurrent_op(kind):
     def run(inputs, attrs, opset):
-        cache = attrs.get("_bound")   # per plan (OnnxModel): bound calls by _bound_key
+        cache = attrs.get("_bound")  # per plan (OnnxModel): bound calls by _bound_key
         if cache is not None:
             ops = get_ops()
             key = _bound_key(kind, inputs, ops)
@@ -363,7 +402,7 @@ def _recurrent_op(kind):
         _check_recurrent(kind, inputs[0].shape, inputs, attrs)
         if cache is not None and key is not None:
             bound = _bind_recurrent(kind, inputs, attrs, ops)
-            if bound is None:        # the compiled loops do not cover the node
+            if bound is None:  # the compiled loops do not cover the node
                 return recurrent_reference(kind, inputs, attrs)
             if len(cache) >= _MAX_BOUND_RECURRENT:
                 cache.clear()
@@ -373,6 +412,7 @@ def _recurrent_op(kind):
             return bound(inputs)
         fast = recurrent_fast(kind, inputs, attrs)
         return fast if fast is not None else recurrent_reference(kind, inputs, attrs)
+
     return run
 
 
@@ -380,9 +420,10 @@ def _embedding_recurrent_op(kind):
     """``Embedding<kind>`` (``onnx.fuse_embedding_recurrent``): inputs [table, ids, W, R, ...],
     the recurrence run on rows of the table looked up by ids (time-major ids when the attribute
     ``_ids_time_major`` is set), folded into the input projection where the fast path runs."""
+
     def run(inputs, attrs, opset):
         table, ids, rest = inputs[0], inputs[1], inputs[2:]
-        time_major = attrs["_ids_time_major"]   # the recurrences read no other extra key but _y_read
+        time_major = attrs["_ids_time_major"]  # the recurrences read no other extra key but _y_read
         if ids.ndim == 2:
             x_shape = ids.shape + table.shape[1:]
             if time_major != (attrs.get("layout", 0) == 0):
@@ -390,9 +431,10 @@ def _embedding_recurrent_op(kind):
             _check_recurrent(kind, x_shape, [None, *rest], attrs)
         if ids.ndim == 2 and ids.size:
             vocab = table.shape[0]
-            if ids.min() < -vocab or ids.max() >= vocab:     # as Gather: negatives count back
-                raise IndexError(f"Gather index out of bounds for a table of {vocab} rows "
-                                 f"(indices in [{ids.min()}, {ids.max()}])")
+            if ids.min() < -vocab or ids.max() >= vocab:  # as Gather: negatives count back
+                raise IndexError(
+                    f"Gather index out of bounds for a table of {vocab} rows (indices in [{ids.min()}, {ids.max()}])"
+                )
             ids_bt = (ids.T if time_major else ids).astype(np.int64) % vocab
             fast = recurrent_fast(kind, [ids_bt, *rest], attrs, table)
             if fast is not None:
@@ -401,6 +443,7 @@ def _embedding_recurrent_op(kind):
         if time_major != (attrs.get("layout", 0) == 0):
             x = np.swapaxes(x, 0, 1)
         return OPS[kind]([x, *rest], attrs, opset)
+
     return run
 
 

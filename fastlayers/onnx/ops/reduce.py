@@ -28,10 +28,12 @@ def reduce_axes(inputs, attrs, opset, axes_input_from, ndim):
 def _reduce(fn, axes_input_from):
     """A Reduce* operator computing ``fn(x, axis, keepdims)``; ``run.reducer`` keeps ``(fn,
     axes_input_from)`` for the form bound on constant axes (``bound.py``)."""
+
     def run(inputs, attrs, opset):
         x = inputs[0]
         axes = reduce_axes(inputs, attrs, opset, axes_input_from, x.ndim)
         return [x if axes is None else fn(x, axis=axes, keepdims=bool(attrs.get("keepdims", 1)))]
+
     run.reducer = (fn, axes_input_from)
     return run
 
@@ -40,8 +42,12 @@ def _reduce_mean(x, axis, keepdims):
     """ReduceMean: over H and W of NHWC memory (an NCHW view, as convolutions return: the
     squeeze-and-excite means of PP-OCR's backbones) the backend's global average pool, which
     reads the memory as it lies; else ``wide_mean``."""
-    if x.dtype == np.float32 and x.ndim == 4 and axis is not None \
-            and sorted(a % 4 for a in np.atleast_1d(axis)) == [2, 3]:
+    if (
+        x.dtype == np.float32
+        and x.ndim == 4
+        and axis is not None
+        and sorted(a % 4 for a in np.atleast_1d(axis)) == [2, 3]
+    ):
         held = channels_last_memory(x)
         if held is not None and held.size:
             y = get_ops().global_pool(held, "avg", (1, 2), keepdims=True).transpose(0, 3, 1, 2)
@@ -51,12 +57,24 @@ def _reduce_mean(x, axis, keepdims):
 
 OPS["ReduceMean"] = _reduce(_reduce_mean, 18)
 OPS["ReduceSum"] = _reduce(wide_sum, 13)
-OPS["ReduceMax"] = _reduce(lambda x, axis, keepdims: np.max(
-    x, axis=axis, keepdims=keepdims, initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    if x.dtype.kind in "iu" else False), 18)
-OPS["ReduceMin"] = _reduce(lambda x, axis, keepdims: np.min(
-    x, axis=axis, keepdims=keepdims, initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
-    if x.dtype.kind in "iu" else True), 18)
+OPS["ReduceMax"] = _reduce(
+    lambda x, axis, keepdims: np.max(
+        x,
+        axis=axis,
+        keepdims=keepdims,
+        initial=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min if x.dtype.kind in "iu" else False,
+    ),
+    18,
+)
+OPS["ReduceMin"] = _reduce(
+    lambda x, axis, keepdims: np.min(
+        x,
+        axis=axis,
+        keepdims=keepdims,
+        initial=np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max if x.dtype.kind in "iu" else True,
+    ),
+    18,
+)
 OPS["ReduceProd"] = _reduce(np.prod, 18)
 OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(wide_sum(np.square(x), axis, keepdims)), 18)
 OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: wide_sum(np.square(x), axis, keepdims), 18)
@@ -86,6 +104,7 @@ def _arg(fn):
             out = fn(x, axis=axis)
         out = out.astype(np.int64)
         return [np.expand_dims(out, axis) if attrs.get("keepdims", 1) else out]
+
     return run
 
 
@@ -96,6 +115,7 @@ OPS["ArgMin"] = _arg(np.argmin)
 def _global_pool(kind):
     """GlobalAveragePool / GlobalMaxPool: the mean or max over the spatial axes, keeping them as
     1s; an NCHW view of NHWC memory is pooled in that memory by the backend."""
+
     def run(inputs, attrs, opset):
         x = inputs[0]
         held = channels_last_memory(x) if x.dtype == np.float32 and x.ndim == 4 else None
@@ -103,6 +123,7 @@ def _global_pool(kind):
             return [get_ops().global_pool(held, kind, (1, 2), keepdims=True).transpose(0, 3, 1, 2)]
         axes = tuple(range(2, x.ndim))
         return [wide_mean(x, axes, keepdims=True) if kind == "avg" else np.max(x, axis=axes, keepdims=True)]
+
     return run
 
 

@@ -61,8 +61,9 @@ def _resize(x, out_shape, scales, attrs, roi):
     for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
         if size_in == size_out and scales[axis] == 1.0 and coord != "tf_crop_and_resize":
             continue
-        src = _source_coords(size_out, size_in, scales[axis], coord,
-                             (roi[axis], roi[axis + x.ndim]) if roi is not None else (0.0, 1.0))
+        src = _source_coords(
+            size_out, size_in, scales[axis], coord, (roi[axis], roi[axis + x.ndim]) if roi is not None else (0.0, 1.0)
+        )
         if mode == "nearest":
             idx = _nearest(src, nearest)
             outside = (idx < 0) | (idx > size_in - 1)
@@ -103,7 +104,7 @@ def _resize_spatial(x, out_shape, scales, mode, coord, nearest):
     held = channels_last_memory(x)
     y = held if held is not None else x.transpose(0, 2, 3, 1)
     taps = []
-    for axis in (1, 2):   # H, W of the NHWC array
+    for axis in (1, 2):  # H, W of the NHWC array
         size_in, size_out = y.shape[axis], out_shape[axis + 1]
         if size_in == size_out and scales[axis + 1] == 1.0:
             same = np.arange(size_in, dtype=np.int64)
@@ -127,8 +128,13 @@ def _resize_op(inputs, attrs, opset):
     sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None and inputs[3].size else None
     if opset < 11:  # Resize-10: (X, scales), asymmetric coordinates
         scales, roi = inputs[1], None
-        attrs = {**attrs, "coordinate_transformation_mode": "asymmetric",
-                 "nearest_mode": attrs.get("nearest_mode", "floor") if attrs.get("mode", "nearest") == "nearest" else "floor"}
+        attrs = {
+            **attrs,
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": attrs.get("nearest_mode", "floor")
+            if attrs.get("mode", "nearest") == "nearest"
+            else "floor",
+        }
     axes = attrs.get("axes")
     n = x.ndim
     full_scales = [1.0] * n
@@ -169,5 +175,12 @@ def _upsample(inputs, attrs, opset):
     scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]
     out = [int(np.floor(d * s)) for d, s in zip(x.shape, scales)]
     mode = attrs.get("mode", "nearest")
-    return [_resize(x, out, scales, {"mode": mode, "coordinate_transformation_mode": "asymmetric",
-                                     "nearest_mode": "floor"}, None)]
+    return [
+        _resize(
+            x,
+            out,
+            scales,
+            {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+            None,
+        )
+    ]

@@ -124,7 +124,7 @@ def slice_index(shape, starts, ends, axes, steps) -> tuple:
 def _gather(inputs, attrs, opset):
     x, idx = inputs
     axis = attrs.get("axis", 0) % max(x.ndim, 1)
-    if idx.ndim == 0 and x.ndim > 0:               # one index: a view (q, k, v out of a packed qkv)
+    if idx.ndim == 0 and x.ndim > 0:  # one index: a view (q, k, v out of a packed qkv)
         i = int(idx)
         if not -x.shape[axis] <= i < x.shape[axis]:
             raise IndexError(f"Gather index {i} is out of bounds for axis {axis} with size {x.shape[axis]}")
@@ -141,7 +141,7 @@ def _gather_elements(inputs, attrs, opset):
 @op("Shape")
 def _shape(inputs, attrs, opset):
     shape = np.array(inputs[0].shape, dtype=np.int64)
-    return [shape[attrs.get("start", 0):attrs.get("end", None)]]
+    return [shape[attrs.get("start", 0) : attrs.get("end", None)]]
 
 
 @op("Size")
@@ -192,7 +192,7 @@ def _range(inputs, attrs, opset):
     span = (float(limit) - float(start)) / float(delta)
     if span != span:
         raise InputError("Range: start, limit or delta is NaN")
-    created([0 if span <= 0 else int(np.ceil(span)) if span < 2 ** 62 else 2 ** 62], dtype, "Range")
+    created([0 if span <= 0 else int(np.ceil(span)) if span < 2**62 else 2**62], dtype, "Range")
     return [np.arange(start, limit, delta, dtype=dtype)]
 
 
@@ -225,8 +225,7 @@ def broadcast_shape(a, b, what):
 def _tile(inputs, attrs, opset):
     x, repeats = inputs[0], ints(inputs[1])
     if len(repeats) != x.ndim or any(r < 0 for r in repeats):
-        raise ShapeError(f"Tile: repeats {repeats[:8]} for an input of rank {x.ndim} (one "
-                         "non-negative count per axis)")
+        raise ShapeError(f"Tile: repeats {repeats[:8]} for an input of rank {x.ndim} (one non-negative count per axis)")
     created([d * r for d, r in zip(x.shape, repeats)], x.dtype, "Tile")
     return [np.tile(x, repeats)]
 
@@ -264,7 +263,11 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
         axes = list(range(ndim))
     else:
         pads = ints(inputs[1])
-        value = np.asarray(inputs[2]).reshape(()) if len(inputs) > 2 and inputs[2] is not None and np.asarray(inputs[2]).size else 0
+        value = (
+            np.asarray(inputs[2]).reshape(())
+            if len(inputs) > 2 and inputs[2] is not None and np.asarray(inputs[2]).size
+            else 0
+        )
         axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(ndim))
     n = len(axes)
     if len(pads) != 2 * n:
@@ -274,14 +277,14 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
         width[a % ndim] = (pads[i], pads[i + n])
     crop = None
     if any(p < 0 for pair in width for p in pair):  # negative pads crop
-        crop = tuple(slice(-b if b < 0 else 0, x_shape[k] + e if e < 0 else None)
-                     for k, (b, e) in enumerate(width))
+        crop = tuple(slice(-b if b < 0 else 0, x_shape[k] + e if e < 0 else None) for k, (b, e) in enumerate(width))
         x_shape = tuple(len(range(*c.indices(d))) for c, d in zip(crop, x_shape))
         width = [(max(b, 0), max(e, 0)) for b, e in width]
     out_shape = created([d + b + e for d, (b, e) in zip(x_shape, width)], dtype, "Pad")
     nbytes = int(np.prod(out_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if mode in ("reflect", "wrap") and any(
-            max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x_shape, width) if b or e):
+        max(b, e) > (d - 1 if mode == "reflect" else d) for d, (b, e) in zip(x_shape, width) if b or e
+    ):
         raise ShapeError(f"Pad: {mode} pads {width} are larger than the axes {x_shape} they mirror")
     if mode == "constant":
         inner = tuple(slice(b, b + d) for d, (b, _) in zip(x_shape, width))
@@ -291,11 +294,11 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
             out = np.full(out_shape, value, x.dtype)
             out[inner] = x if crop is None else x[crop]
             return out
+
         return run
     if mode not in ("reflect", "edge", "wrap"):
         raise UnsupportedError(f"Pad mode {mode!r} is not supported")
-    takes = [(axis, _pad_index(d, b, e, mode)) for axis, (d, (b, e)) in enumerate(zip(x_shape, width))
-             if b or e]
+    takes = [(axis, _pad_index(d, b, e, mode)) for axis, (d, (b, e)) in enumerate(zip(x_shape, width)) if b or e]
 
     def run(x):
         check_created(out_shape, nbytes, "Pad")
@@ -304,6 +307,7 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
         for axis, index in takes:
             x = np.take(x, index, axis=axis)
         return x
+
     return run
 
 

@@ -17,9 +17,16 @@ HERE = Path(__file__).resolve().parent
 
 def models(keras):
     K = keras.layers
-    mlp = keras.Sequential([keras.Input((6,)), K.Dense(8, activation="relu"),
-                            K.BatchNormalization(), K.Dropout(0.2), K.Dense(3, activation="softmax")],
-                           name="mlp")
+    mlp = keras.Sequential(
+        [
+            keras.Input((6,)),
+            K.Dense(8, activation="relu"),
+            K.BatchNormalization(),
+            K.Dropout(0.2),
+            K.Dense(3, activation="softmax"),
+        ],
+        name="mlp",
+    )
     x = keras.Input((8, 8, 2), name="image")
     a = K.Conv2D(4, 3, padding="same", activation="relu")(x)
     b = K.DepthwiseConv2D(3, padding="same", dilation_rate=2)(x)
@@ -41,8 +48,9 @@ def main():
 
     rng = np.random.default_rng(0)
     for name, model in models(keras).items():
-        model.set_weights([rng.uniform(0.1 if "variance" in v.path else -1, 1, v.shape).astype(np.float32)
-                           for v in model.weights])
+        model.set_weights(
+            [rng.uniform(0.1 if "variance" in v.path else -1, 1, v.shape).astype(np.float32) for v in model.weights]
+        )
         model.save(HERE / f"{name}.keras")
         model.save(HERE / f"{name}.h5")
         print(name, (HERE / f"{name}.keras").stat().st_size, (HERE / f"{name}.h5").stat().st_size)
