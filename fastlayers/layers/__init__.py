@@ -1,6 +1,7 @@
 """Keras-style layers (channels_last by default), with Keras's names, arguments and defaults."""
 
 from .base import InputSpec, Layer
+from .bidirectional import Bidirectional
 from .blocks import InceptionBlock, NiNBlock
 from .convolutional import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from .core import (
@@ -53,7 +54,6 @@ from .pooling import (
 from .recurrent import (
     GRU,
     LSTM,
-    Bidirectional,
     GRUCell,
     LSTMCell,
     PaddingMask,

@@ -22,7 +22,7 @@ def fold_embeddings(nodes, plan, outputs) -> list:
     """``plan`` (one step per node of ``nodes``, as ``Model._plan_step`` makes them) with every
     foldable Embedding -> recurrent layer pair folded; ``outputs`` are the model's outputs."""
     from ..layers.core import Embedding
-    from ..layers.recurrent import _RNNLayer
+    from ..layers.recurrent import RecurrentLayer
     from ..layers.symbolic import SymbolicTensor
 
     readers: dict[int, list] = {}
@@ -50,7 +50,7 @@ def fold_embeddings(nodes, plan, outputs) -> list:
         rnn = rnn_node.layer
         first = rnn_node.args[0] if isinstance(rnn_node.args, list) else rnn_node.args
         if (
-            not isinstance(rnn, _RNNLayer)
+            not isinstance(rnn, RecurrentLayer)
             or rnn_node.extra_args
             or first is not out
             or emb.input_dim * rnn.gates * rnn.units * 4 > FOLD_MAX_BYTES

@@ -1,4 +1,4 @@
-"""Bound recurrent steps (``_RNNLayer.bind``, ``Bidirectional.bind``, ``ops.sequence_plan``):
+"""Bound recurrent steps (``RecurrentLayer.bind``, ``Bidirectional.bind``, ``ops.sequence_plan``):
 in a model, the plain calls of SimpleRNN, LSTM, GRU and Bidirectional run bound functions
 that give what the layers' ``call`` gives and what Keras (torch backend) gives, at 1 and 2
 threads, for odd batch sizes and strided inputs; they follow replaced weights,
