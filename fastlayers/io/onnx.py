@@ -2,7 +2,7 @@
 
 The file is parsed by ``fastlayers.onnx.proto`` (no onnx package needed; weights in external
 data files are read from beside the model), then checked, optimised and made an ``OnnxModel``
-by ``fastlayers.onnx.model.from_model``.
+by ``fastlayers.onnx.importer.from_model``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError
-from ..onnx.model import OnnxModel, from_model
+from ..onnx.importer import from_model
+from ..onnx.model import OnnxModel
 from ..onnx.proto import parse_model
 
 

@@ -1,4 +1,4 @@
-"""Load-time passes of quantized graphs (``optimize``, called by ``model.from_model``):
+"""Load-time passes of quantized graphs (``optimize``, called by ``importer.from_model``):
 QuantizeLinear -> DequantizeLinear pairs on per-tensor 8-bit constants become one
 ``FusedQuantizeDequantize`` node, ``quantize_dynamic``'s MatMulInteger -> Cast -> Mul (-> Add)
 chains one MatMulIntegerToFloat (with their DynamicQuantizeLinear, one DynamicQuantizeMatMul),

@@ -62,7 +62,8 @@ def _node_cases():
     oracle("onnx")
     from onnx.backend.test.case import node
 
-    from fastlayers.onnx.model import MIN_OPSET, OPS
+    from fastlayers.onnx.importer import MIN_OPSET
+    from fastlayers.onnx.ops import OPS
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
