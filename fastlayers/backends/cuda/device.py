@@ -16,6 +16,7 @@ import numpy as np
 
 from ..reference import ReferenceOps
 from . import kernels as K
+from . import strided_kernels as S
 from .launch import install as install_fast_launches
 from .runtime import (
     WeightCache,
@@ -72,7 +73,8 @@ class DeviceOps(ReferenceOps):
     def __init__(self):
         self.cuda = load_cuda()
         if driver() is not None:  # a real GPU: launches through the driver (launch.py)
-            install_fast_launches(K, driver())
+            for kernels in (K, S):
+                install_fast_launches(kernels, driver())
         self.sim = simulated()
         self._launch_lock = threading.RLock() if self.sim else contextlib.nullcontext()
         self.weights = WeightCache()
@@ -134,7 +136,7 @@ class DeviceOps(ReferenceOps):
             return
         shape6, s6, d6 = collapse6(shape, s_str, d_str)
         g, t = grid1(n, self.sim)
-        K.copy_strided[g, t](flat(src), s_off, s6, flat(dst), d_off, d6, shape6)
+        S.copy_strided[g, t](flat(src), s_off, s6, flat(dst), d_off, d6, shape6)
 
     # ------------------------------------------------------------------- data movement
     def is_device_array(self, a) -> bool:
@@ -184,7 +186,7 @@ class DeviceOps(ReferenceOps):
         n = math.prod(out.shape)
         if n:
             g, t = grid1(n, self.sim)
-            K.fill_flat[g, t](flat(out), np.dtype(dtype).type(0))
+            S.fill_flat[g, t](flat(out), np.dtype(dtype).type(0))
         return out
 
     @serialized_in_simulator
@@ -239,7 +241,7 @@ class DeviceOps(ReferenceOps):
         n = math.prod(dm.shape)
         if n:
             g, t = grid1(n, self.sim)
-            K.keep_f32[g, t](flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0), flat(out))
+            S.keep_f32[g, t](flat(dm), dm.dtype.type(0.5 if dm.dtype.kind == "f" else 0), flat(out))
         return self._back(out, dev)
 
     @serialized_in_simulator
@@ -262,7 +264,7 @@ class DeviceOps(ReferenceOps):
         n = math.prod(dx.shape)
         if n:
             g, t = grid1(n, self.sim)
-            K.nonzero_u8[g, t](flat(dx), dx.dtype.type(0), flat(out))
+            S.nonzero_u8[g, t](flat(dx), dx.dtype.type(0), flat(out))
         return self._back(out, dev)
 
     @serialized_in_simulator
@@ -278,7 +280,7 @@ class DeviceOps(ReferenceOps):
             shape_b, m_str, m_off = layout(dm.shape, lambda v: np.broadcast_to(v, tuple(shape)))
             shape6, m6 = collapse6(shape_b, m_str)
             g, t = grid1(n, self.sim)
-            K.keep_bias_strided[g, t](flat(dm), m_off, m6, thr, flat(out), shape6)
+            S.keep_bias_strided[g, t](flat(dm), m_off, m6, thr, flat(out), shape6)
         return self._back(out, dev)
 
     # --------------------------------------------------------------- epilogue and results

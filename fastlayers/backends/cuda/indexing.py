@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ...errors import InputError
-from . import kernels as K
+from . import strided_kernels as S
 from .device import TRANSFERS, DeviceOps, serialized_in_simulator
 from .runtime import is_device, to_device, to_host
 from .views import flat, grid1, grid2
@@ -36,7 +36,7 @@ class IndexingOps(DeviceOps):
         out = self._empty((n,), np.int64)
         if n:
             g, t = grid1(n, self.sim)
-            K.whole_floats_to_int64[g, t](flat(ids), out, bad)
+            S.whole_floats_to_int64[g, t](flat(ids), out, bad)
         return out
 
     @serialized_in_simulator
@@ -50,7 +50,7 @@ class IndexingOps(DeviceOps):
         di = self._indices(ids, flag)
         if di.shape[0]:
             g, t = grid1(di.shape[0], self.sim)
-            K.check_range[g, t](di, np.int64(size), flag)
+            S.check_range[g, t](di, np.int64(size), flag)
         TRANSFERS.flag_reads += 1
         if to_host(flag)[0]:
             super().indices(to_host(ids), size, where, what)  # raises the layer's error
@@ -77,7 +77,7 @@ class IndexingOps(DeviceOps):
         out = self._empty((di.shape[0], table.shape[1]))
         if di.shape[0] and table.shape[1]:
             blocks, threads = grid2(table.shape[1], di.shape[0], self.sim)
-            K.gather_rows[blocks, threads](di, self._weight(table), out, flag)
+            S.gather_rows[blocks, threads](di, self._weight(table), out, flag)
         return self._back(out.reshape(shape + (table.shape[1],)), dev)
 
     @serialized_in_simulator
@@ -90,7 +90,7 @@ class IndexingOps(DeviceOps):
         z = self.dense(to_device(x), w_in, b_n)
         out = self._empty((z.shape[0], path_nodes.shape[0]))
         blocks, threads = grid2(path_nodes.shape[0], z.shape[0], self.sim)
-        K.hsoftmax_rows[blocks, threads](z, self._weight(path_nodes), self._weight(path_signs), out)
+        S.hsoftmax_rows[blocks, threads](z, self._weight(path_nodes), self._weight(path_signs), out)
         return self._back(out, dev)
 
     @serialized_in_simulator
@@ -108,5 +108,5 @@ class IndexingOps(DeviceOps):
         dc = self._indices(classes, flag)
         out = self._empty((z.shape[0],))
         g, t = grid1(z.shape[0], self.sim)
-        K.hsoftmax_class_rows[g, t](z, self._weight(path_nodes), self._weight(path_signs), dc, out, flag)
+        S.hsoftmax_class_rows[g, t](z, self._weight(path_nodes), self._weight(path_signs), dc, out, flag)
         return self._back(out, dev)

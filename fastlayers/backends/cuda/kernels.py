@@ -21,14 +21,14 @@ from numba import config, cuda, float32, int64
 #: same code path: the tests' inner sizes span several tiles either way).
 TILE = 8 if config.ENABLE_CUDASIM else 16
 
-_ZERO = np.float32(0.0)
-_ONE = np.float32(1.0)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 _THREE = np.float32(3.0)
 _SIX = np.float32(6.0)
-_NEG_INF = np.float32(-np.inf)
-_NAN = np.float32(np.nan)
-_POS_INF = np.float32(np.inf)
+NEG_INF = np.float32(-np.inf)
+NAN = np.float32(np.nan)
+POS_INF = np.float32(np.inf)
 _INV_SQRT2 = np.float32(1.0 / np.sqrt(2.0))
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 _GELU_C = np.float32(0.044715)
@@ -76,7 +76,7 @@ CODES = {
 def _sigmoid(v):
     """1 / (1 + exp(-v)), stable for large |v|."""
     e = math.exp(-abs(v))
-    return _ONE / (_ONE + e) if v >= _ZERO else e / (_ONE + e)
+    return ONE / (ONE + e) if v >= ZERO else e / (ONE + e)
 
 
 @cuda.jit(device=True)
@@ -85,30 +85,30 @@ def act(v, code, alpha):
     if code == LINEAR:
         return v
     if code == RELU:
-        return _ZERO if v < _ZERO else v
+        return ZERO if v < ZERO else v
     if code == RELU6:
-        return _ZERO if v < _ZERO else (_SIX if v > _SIX else v)
+        return ZERO if v < ZERO else (_SIX if v > _SIX else v)
     if code == LEAKY_RELU:
-        return v if v >= _ZERO else alpha * v
+        return v if v >= ZERO else alpha * v
     if code == ELU:
-        return v if v > _ZERO else alpha * math.expm1(v)
+        return v if v > ZERO else alpha * math.expm1(v)
     if code == SELU:
-        return _SELU_SCALE * (v if v > _ZERO else _SELU_ALPHA * math.expm1(v))
+        return _SELU_SCALE * (v if v > ZERO else _SELU_ALPHA * math.expm1(v))
     if code == GELU:
         return _HALF * v * math.erfc(-v * _INV_SQRT2)
     if code == GELU_TANH:
-        return _HALF * v * (_ONE + math.tanh(_SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)))
+        return _HALF * v * (ONE + math.tanh(_SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)))
     if code == SIGMOID:
         return _sigmoid(v)
     if code == HARD_SIGMOID:
         u = v + _THREE
-        return (_ZERO if u < _ZERO else (_SIX if u > _SIX else u)) / _SIX
+        return (ZERO if u < ZERO else (_SIX if u > _SIX else u)) / _SIX
     if code == TANH:
         return math.tanh(v)
     if code == SOFTPLUS:
-        return math.log1p(math.exp(-abs(v))) + (v if v > _ZERO else _ZERO)
+        return math.log1p(math.exp(-abs(v))) + (v if v > ZERO else ZERO)
     if code == SOFTSIGN:
-        return v / (_ONE + abs(v))
+        return v / (ONE + abs(v))
     if code == SILU:
         return v * _sigmoid(v)
     return math.exp(v)  # EXPONENTIAL
@@ -133,13 +133,13 @@ def bmm_tiled(a_zmk, b_zkn, c_zmn, trans_b):
     m = a_zmk.shape[1]
     k = a_zmk.shape[2]
     n = c_zmn.shape[2]
-    acc = _ZERO
+    acc = ZERO
     for k0 in range(0, k, TILE):
         ka = k0 + tx
         if row < m and ka < k:
             sa[ty, tx] = a_zmk[za, row, ka]
         else:
-            sa[ty, tx] = _ZERO
+            sa[ty, tx] = ZERO
         kb = k0 + ty
         if col < n and kb < k:
             if trans_b:
@@ -147,7 +147,7 @@ def bmm_tiled(a_zmk, b_zkn, c_zmn, trans_b):
             else:
                 sb[ty, tx] = b_zkn[zb, kb, col]
         else:
-            sb[ty, tx] = _ZERO
+            sb[ty, tx] = ZERO
         cuda.syncthreads()
         for kk in range(TILE):
             acc += sa[ty, kk] * sb[kk, tx]
@@ -169,18 +169,18 @@ def mm_bias_act(a_mk, b_kn, bias_n, has_bias, code, alpha, c_mn):
     m = a_mk.shape[0]
     k = a_mk.shape[1]
     n = c_mn.shape[1]
-    acc = _ZERO
+    acc = ZERO
     for k0 in range(0, k, TILE):
         ka = k0 + tx
         if row < m and ka < k:
             sa[ty, tx] = a_mk[row, ka]
         else:
-            sa[ty, tx] = _ZERO
+            sa[ty, tx] = ZERO
         kb = k0 + ty
         if col < n and kb < k:
             sb[ty, tx] = b_kn[kb, col]
         else:
-            sb[ty, tx] = _ZERO
+            sb[ty, tx] = ZERO
         cuda.syncthreads()
         for kk in range(TILE):
             acc += sa[ty, kk] * sb[kk, tx]
@@ -198,12 +198,12 @@ def softmax_rows(y_rc, log):
     if r >= y_rc.shape[0]:
         return
     n = y_rc.shape[1]
-    m = _NEG_INF
+    m = NEG_INF
     for j in range(n):
         v = y_rc[r, j]
         if v > m or v != v:
             m = v
-    total = _ZERO
+    total = ZERO
     for j in range(n):
         total += math.exp(y_rc[r, j] - m)
     if log:
@@ -244,12 +244,12 @@ def softmax_oni(y_oni, log):
     o = r // inner
     i = r % inner
     n = y_oni.shape[1]
-    m = _NEG_INF
+    m = NEG_INF
     for j in range(n):
         v = y_oni[o, j, i]
         if v > m or v != v:
             m = v
-    total = _ZERO
+    total = ZERO
     for j in range(n):
         total += math.exp(y_oni[o, j, i] - m)
     if log:
@@ -297,7 +297,7 @@ def conv2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw, pt, pl, g
     oh = (r // wo) % ho
     ow = r % wo
     c0 = (o // (cout // groups)) * cin_g
-    acc = _ZERO
+    acc = ZERO
     for i in range(kh):
         ih = oh * sh - pt + i * dh
         if ih >= 0 and ih < h:
@@ -328,8 +328,8 @@ def pool2d_nhwc(x_nhwc, y_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, 
     n = r // (ho * wo)
     oh = (r // wo) % ho
     ow = r % wo
-    m = _NEG_INF
-    total = _ZERO
+    m = NEG_INF
+    total = ZERO
     count = 0
     for i in range(kh):
         ih = oh * sh - pt + i * dh
@@ -350,7 +350,7 @@ def pool2d_nhwc(x_nhwc, y_nhwc, is_max, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, 
     if is_max:
         y_nhwc[n, oh, ow, c] = m
     elif count == 0:
-        y_nhwc[n, oh, ow, c] = _NAN
+        y_nhwc[n, oh, ow, c] = NAN
     else:
         y_nhwc[n, oh, ow, c] = total / float32(count)
 
@@ -379,7 +379,7 @@ def conv_transpose2d_nhwc(x_nhwc, w_hwio, b_o, has_bias, y_nhwc, sh, sw, dh, dw,
     ow = r % wo
     c0 = (o_all // cout_g) * cin_g
     o = o_all % cout_g
-    acc = _ZERO
+    acc = ZERO
     for i in range(kh):
         th = oh + ct - i * dh
         if th >= 0 and th % sh == 0 and th // sh < h:
@@ -402,7 +402,7 @@ def _source(dst, ratio, bilinear, align_corners):
     if not bilinear or align_corners:
         return d * ratio
     s = (d + _HALF) * ratio - _HALF
-    return s if s > _ZERO else _ZERO
+    return s if s > ZERO else ZERO
 
 
 @cuda.jit
@@ -430,9 +430,9 @@ def upsample2d_nhwc(x_nhwc, y_nhwc, bilinear, align_corners, ratio_h, ratio_w):
     x1 = min(x0 + 1, w - 1)
     fy = sy - float32(y0)
     fx = sx - float32(x0)
-    top = x_nhwc[n, y0, x0, c] * (_ONE - fx) + x_nhwc[n, y0, x1, c] * fx
-    bottom = x_nhwc[n, y1, x0, c] * (_ONE - fx) + x_nhwc[n, y1, x1, c] * fx
-    y_nhwc[n, oh, ow, c] = top * (_ONE - fy) + bottom * fy
+    top = x_nhwc[n, y0, x0, c] * (ONE - fx) + x_nhwc[n, y0, x1, c] * fx
+    bottom = x_nhwc[n, y1, x0, c] * (ONE - fx) + x_nhwc[n, y1, x1, c] * fx
+    y_nhwc[n, oh, ow, c] = top * (ONE - fy) + bottom * fy
 
 
 @cuda.jit
@@ -443,7 +443,7 @@ def lrn_rows(x_rc, y_rc, size, alpha_over_size, beta, k):
     nc = x_rc.shape[1]
     if r >= x_rc.shape[0] or c >= nc:
         return
-    total = _ZERO
+    total = ZERO
     for j in range(max(c - size // 2, 0), min(c + (size - 1) // 2 + 1, nc)):
         total += x_rc[r, j] * x_rc[r, j]
     y_rc[r, c] = x_rc[r, c] / math.pow(k + alpha_over_size * total, beta)
@@ -453,7 +453,7 @@ def lrn_rows(x_rc, y_rc, size, alpha_over_size, beta, k):
 def _round_half_away(v):
     """round(v) with halves away from zero, as int64 (sign(v) floor(|v| + 0.5))."""
     f = int64(math.floor(abs(v) + _HALF))
-    return -f if v < _ZERO else f
+    return -f if v < ZERO else f
 
 
 @cuda.jit
@@ -473,9 +473,9 @@ def roi_pool_nhwc(x_nhwc, rois_k5, spatial_scale, y_kpqc, bad):
     i = (r // pw) % ph
     j = r % pw
     bf = rois_k5[k, 0]
-    if not (bf >= _ZERO and bf < float32(x_nhwc.shape[0]) and float32(int64(bf)) == bf):
-        y_kpqc[k, i, j, c] = _ZERO
-        bad[0] = _ONE
+    if not (bf >= ZERO and bf < float32(x_nhwc.shape[0]) and float32(int64(bf)) == bf):
+        y_kpqc[k, i, j, c] = ZERO
+        bad[0] = ONE
         return
     x1 = _round_half_away(rois_k5[k, 1] * spatial_scale)
     y1 = _round_half_away(rois_k5[k, 2] * spatial_scale)
@@ -488,10 +488,10 @@ def roi_pool_nhwc(x_nhwc, rois_k5, spatial_scale, y_kpqc, bad):
     w0 = min(max(int64(math.floor(float32(j) * bw)) + x1, 0), w)
     w1 = min(max(int64(math.ceil(float32(j + 1) * bw)) + x1, 0), w)
     if h1 <= h0 or w1 <= w0:
-        y_kpqc[k, i, j, c] = _ZERO
+        y_kpqc[k, i, j, c] = ZERO
         return
     n = int64(bf)
-    m = _NEG_INF
+    m = NEG_INF
     for ih in range(h0, h1):
         for iw in range(w0, w1):
             v = x_nhwc[n, ih, iw, c]
@@ -522,22 +522,22 @@ def attention_softmax_bhqk(s_bhqk, bias, has_bias, scale, causal, fill):
     bb = bi if bias.shape[0] > 1 else 0
     bh = hi if bias.shape[1] > 1 else 0
     bq = qi if bias.shape[2] > 1 else 0
-    m = _NEG_INF
+    m = NEG_INF
     for k in range(tk):
         v = s_bhqk[bi, hi, qi, k] * scale
         if has_bias:
             v += bias[bb, bh, bq, k]
         if causal and k > qi:
-            v = _NEG_INF
+            v = NEG_INF
         s_bhqk[bi, hi, qi, k] = v
         if v > m or v != v:
             if m == m:
                 m = v
-    if m == _NEG_INF:
+    if m == NEG_INF:
         for k in range(tk):
             s_bhqk[bi, hi, qi, k] = fill
         return
-    total = _ZERO
+    total = ZERO
     for k in range(tk):
         e = math.exp(s_bhqk[bi, hi, qi, k] - m)
         s_bhqk[bi, hi, qi, k] = e
@@ -556,7 +556,7 @@ def tanh_scores(q_pqd, k_pkd, w_d, has_w, inner, outer, s_pqk):
         return
     p = r // tq
     i = r % tq
-    acc = _ZERO
+    acc = ZERO
     for d in range(q_pqd.shape[2]):
         t = math.tanh(inner * (q_pqd[p, i, d] + k_pkd[p, j, d]))
         acc += w_d[d] * t if has_w else t
@@ -575,9 +575,9 @@ def hard_attention_rows(s_pqk, causal, w_pqk):
     p = r // tq
     q = r % tq
     best = -1
-    m = _NEG_INF
+    m = NEG_INF
     for k in range(tk):
-        v = _NEG_INF if (causal and k > q) else s_pqk[p, q, k]
+        v = NEG_INF if (causal and k > q) else s_pqk[p, q, k]
         if v != v:
             best = k
             break
@@ -585,7 +585,7 @@ def hard_attention_rows(s_pqk, causal, w_pqk):
             m = v
             best = k
     for k in range(tk):
-        w_pqk[p, q, k] = _ONE if k == best else _ZERO
+        w_pqk[p, q, k] = ONE if k == best else ZERO
 
 
 # ------------------------------------------------------------------------------ recurrent
@@ -594,7 +594,7 @@ def rnn_gates(xw_btg, t, rec_bu, h_bu, act_code):
     """h[b, u] = act(xw[b, t, u] + rec[b, u]) (SimpleRNN step, rec = h_prev w_hh)."""
     u, b = cuda.grid(2)
     if u < h_bu.shape[1] and b < h_bu.shape[0]:
-        h_bu[b, u] = act(xw_btg[b, t, u] + rec_bu[b, u], act_code, _ZERO)
+        h_bu[b, u] = act(xw_btg[b, t, u] + rec_bu[b, u], act_code, ZERO)
 
 
 @cuda.jit
@@ -611,8 +611,8 @@ def lstm_gates(xw_btg, t, rec_bg, c_bu, h_bu, mask_bt, has_mask, act_code, ract_
     zf = xw_btg[b, t, units + u] + rec_bg[b, units + u]
     zg = xw_btg[b, t, 2 * units + u] + rec_bg[b, 2 * units + u]
     zo = xw_btg[b, t, 3 * units + u] + rec_bg[b, 3 * units + u]
-    c_new = act(zf, ract_code, _ZERO) * c_bu[b, u] + act(zi, ract_code, _ZERO) * act(zg, act_code, _ZERO)
-    h_bu[b, u] = act(zo, ract_code, _ZERO) * act(c_new, act_code, _ZERO)
+    c_new = act(zf, ract_code, ZERO) * c_bu[b, u] + act(zi, ract_code, ZERO) * act(zg, act_code, ZERO)
+    h_bu[b, u] = act(zo, ract_code, ZERO) * act(c_new, act_code, ZERO)
     if not has_mask or mask_bt[b, t] != 0:
         c_bu[b, u] = c_new
 
@@ -632,10 +632,10 @@ def gru_gates_after(xw_btg, t, rec_bg, bh_g, has_bh, h_bu, hn_bu, act_code, ract
         rz += bh_g[u]
         rr += bh_g[units + u]
         rh += bh_g[2 * units + u]
-    z = act(xw_btg[b, t, u] + rz, ract_code, _ZERO)
-    r = act(xw_btg[b, t, units + u] + rr, ract_code, _ZERO)
-    cand = act(xw_btg[b, t, 2 * units + u] + r * rh, act_code, _ZERO)
-    hn_bu[b, u] = z * h_bu[b, u] + (_ONE - z) * cand
+    z = act(xw_btg[b, t, u] + rz, ract_code, ZERO)
+    r = act(xw_btg[b, t, units + u] + rr, ract_code, ZERO)
+    cand = act(xw_btg[b, t, 2 * units + u] + r * rh, act_code, ZERO)
+    hn_bu[b, u] = z * h_bu[b, u] + (ONE - z) * cand
 
 
 @cuda.jit
@@ -645,8 +645,8 @@ def gru_zr_before(xw_btg, t, rec_b2u, h_bu, z_bu, rh_bu, ract_code):
     units = h_bu.shape[1]
     if u >= units or b >= h_bu.shape[0]:
         return
-    z_bu[b, u] = act(xw_btg[b, t, u] + rec_b2u[b, u], ract_code, _ZERO)
-    r = act(xw_btg[b, t, units + u] + rec_b2u[b, units + u], ract_code, _ZERO)
+    z_bu[b, u] = act(xw_btg[b, t, u] + rec_b2u[b, u], ract_code, ZERO)
+    r = act(xw_btg[b, t, units + u] + rec_b2u[b, units + u], ract_code, ZERO)
     rh_bu[b, u] = r * h_bu[b, u]
 
 
@@ -657,9 +657,9 @@ def gru_cand_before(xw_btg, t, rec_bu, z_bu, h_bu, hn_bu, act_code):
     units = h_bu.shape[1]
     if u >= units or b >= h_bu.shape[0]:
         return
-    cand = act(xw_btg[b, t, 2 * units + u] + rec_bu[b, u], act_code, _ZERO)
+    cand = act(xw_btg[b, t, 2 * units + u] + rec_bu[b, u], act_code, ZERO)
     z = z_bu[b, u]
-    hn_bu[b, u] = z * h_bu[b, u] + (_ONE - z) * cand
+    hn_bu[b, u] = z * h_bu[b, u] + (ONE - z) * cand
 
 
 @cuda.jit
@@ -675,7 +675,7 @@ def commit_step(hn_bp, h_bp, carried_bp, ys_btp, t, ti, mask_bt, has_mask, zero_
         carried_bp[b, j] = v
         ys_btp[b, ti, j] = v
     elif zero_masked:
-        ys_btp[b, ti, j] = _ZERO
+        ys_btp[b, ti, j] = ZERO
     else:
         ys_btp[b, ti, j] = carried_bp[b, j]
 
@@ -700,17 +700,17 @@ def layer_norm_rows(x_rc, gamma_c, has_gamma, beta_c, has_beta, epsilon, rms, y_
     if r >= x_rc.shape[0]:
         return
     n = x_rc.shape[1]
-    inv_n = _ONE / float32(n)
-    mean = _ZERO
+    inv_n = ONE / float32(n)
+    mean = ZERO
     if not rms:
         for j in range(n):
             mean += x_rc[r, j]
         mean *= inv_n
-    var = _ZERO
+    var = ZERO
     for j in range(n):
         d = x_rc[r, j] - mean
         var += d * d
-    inv = _ONE / math.sqrt(var * inv_n + epsilon)
+    inv = ONE / math.sqrt(var * inv_n + epsilon)
     for j in range(n):
         v = (x_rc[r, j] - mean) * inv
         if has_gamma:
@@ -726,8 +726,8 @@ def global_pool_nhwc(x_nlc, y_nc, is_max):
     c, n = cuda.grid(2)
     if n >= x_nlc.shape[0] or c >= x_nlc.shape[2]:
         return
-    m = _NEG_INF
-    total = _ZERO
+    m = NEG_INF
+    total = ZERO
     for j in range(x_nlc.shape[1]):
         v = x_nlc[n, j, c]
         if v > m or v != v:
@@ -735,181 +735,3 @@ def global_pool_nhwc(x_nlc, y_nc, is_max):
                 m = v
         total += v
     y_nc[n, c] = m if is_max else total / float32(x_nlc.shape[1])
-
-
-# ------------------------------------------------------------------- strided copies and binary ops
-#: Binary op codes of ``binary_strided``: a + b, a - b, a b, max, min (NaN wins), the two
-#: halves of Keras's Normalization: a / max(sqrt(b), 1e-7) and a max(sqrt(b), 1e-7), and a / b.
-OP_ADD, OP_SUB, OP_MUL, OP_MAX, OP_MIN, OP_DIV_STD, OP_MUL_STD, OP_DIV = range(8)
-_STD_FLOOR = np.float32(1e-7)
-
-
-@cuda.jit(device=True, inline=True)
-def _offset(i, shape, strides, base):
-    """base + sum_k i_k strides[k] for the 6-D index (i_0 .. i_5) of flat position i in shape."""
-    off = base
-    for k in range(5, -1, -1):
-        off += (i % shape[k]) * strides[k]
-        i //= shape[k]
-    return off
-
-
-@cuda.jit
-def copy_strided(src, s_off, s_str, dst, d_off, d_str, shape):
-    """dst[d_off + i . d_str] = src[s_off + i . s_str] for every 6-D index i < shape (flat arrays).
-
-    With element strides and offsets of numpy views this is any transpose, flip, basic slice,
-    broadcast (stride 0) or placement into a larger array (padding, concatenation).
-    """
-    i = cuda.grid(1)
-    if i < shape[0] * shape[1] * shape[2] * shape[3] * shape[4] * shape[5]:
-        dst[_offset(i, shape, d_str, d_off)] = src[_offset(i, shape, s_str, s_off)]
-
-
-@cuda.jit(device=True, inline=True)
-def _std(v):
-    """max(sqrt(v), 1e-7), NaN propagating (Keras Normalization's divisor)."""
-    s = math.sqrt(v)
-    return s if (s > _STD_FLOOR or s != s) else _STD_FLOOR
-
-
-@cuda.jit
-def binary_strided(a, a_off, a_str, b, b_off, b_str, out, shape, op, alpha, beta):
-    """out[i] = (alpha a[a_off + i . a_str]) op (beta b[b_off + i . b_str]) for every 6-D index i
-    (out C-ordered and flat; stride 0 broadcasts): op in OP_ADD .. OP_DIV."""
-    i = cuda.grid(1)
-    if i >= out.shape[0]:
-        return
-    x = alpha * a[_offset(i, shape, a_str, a_off)]
-    y = beta * b[_offset(i, shape, b_str, b_off)]
-    if op == OP_ADD:
-        v = x + y
-    elif op == OP_SUB:
-        v = x - y
-    elif op == OP_MUL:
-        v = x * y
-    elif op == OP_MAX:
-        v = x if (x > y or x != x) else y
-    elif op == OP_MIN:
-        v = x if (x < y or x != x) else y
-    elif op == OP_DIV_STD:
-        v = x / _std(y)
-    elif op == OP_MUL_STD:
-        v = x * _std(y)
-    elif y == y and y != _ZERO:
-        v = x / y
-    else:  # IEEE division by 0 or NaN (numba's float division raises on 0)
-        v = _NAN if (y != y or x != x or x == _ZERO) else (_POS_INF if x > _ZERO else _NEG_INF)
-    out[i] = v
-
-
-@cuda.jit
-def fill_flat(out, value):
-    """out[i] = value."""
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = value
-
-
-@cuda.jit
-def keep_f32(x, thr, y):
-    """y[i] = 1 where x[i] > thr (a Keras mask: True, or > 0.5 for floats) else 0, as float32."""
-    i = cuda.grid(1)
-    if i < y.shape[0]:
-        y[i] = _ONE if x[i] > thr else _ZERO
-
-
-@cuda.jit
-def check_range(ids, size, bad):
-    """bad[0] = 1 where an index ids[i] lies outside [0, size)."""
-    i = cuda.grid(1)
-    if i < ids.shape[0] and (ids[i] < 0 or ids[i] >= size):
-        bad[0] = _ONE
-
-
-@cuda.jit
-def nonzero_u8(x, zero, y):
-    """y[i] = 1 where x[i] != 0 else 0 (a mask as uint8; ``zero`` has x's type)."""
-    i = cuda.grid(1)
-    if i < y.shape[0]:
-        y[i] = 1 if x[i] != zero else 0
-
-
-@cuda.jit
-def keep_bias_strided(m, m_off, m_str, thr, out, shape):
-    """out[i] = 0 where m[m_off + i . m_str] > thr (attend) else -inf: a Keras mask as an additive
-    attention bias, broadcast through strides (``thr`` has m's type: 0.5 for floats, 0 for ints)."""
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = _ZERO if m[_offset(i, shape, m_str, m_off)] > thr else _NEG_INF
-
-
-# ------------------------------------------------------------------------- gathers and checks
-_INT64_LIMIT = np.float32(2.0**62)
-
-
-@cuda.jit
-def whole_floats_to_int64(x, y, bad):
-    """y[i] = x[i] as int64 when it is a finite whole number, else -1 and bad[0] = 1."""
-    i = cuda.grid(1)
-    if i >= y.shape[0]:
-        return
-    v = x[i]
-    if abs(v) < _INT64_LIMIT and float32(int64(v)) == v:
-        y[i] = int64(v)
-    else:
-        y[i] = -1
-        bad[0] = _ONE
-
-
-@cuda.jit
-def gather_rows(ids_n, table_vd, y_nd, bad):
-    """y[n] = table[ids[n]]; an id outside [0, V) gives a zero row and sets bad[0] = 1."""
-    d, n = cuda.grid(2)
-    if n >= y_nd.shape[0] or d >= y_nd.shape[1]:
-        return
-    k = ids_n[n]
-    if k >= 0 and k < table_vd.shape[0]:
-        y_nd[n, d] = table_vd[k, d]
-    else:
-        y_nd[n, d] = _ZERO
-        bad[0] = _ONE
-
-
-@cuda.jit(device=True, inline=True)
-def _log_sigmoid(z):
-    """log sigmoid(z) = -(log1p(exp(-|z|)) + max(-z, 0)), stable for large |z|."""
-    return -(math.log1p(math.exp(-abs(z))) + (-z if z < _ZERO else _ZERO))
-
-
-@cuda.jit(device=True, inline=True)
-def _path_log_prob(z_bn, b, nodes_cd, signs_cd, c):
-    """sum_d log sigmoid(sign[c, d] z[b, node[c, d]]) over the steps of class c with sign != 0."""
-    acc = _ZERO
-    for d in range(nodes_cd.shape[1]):
-        sign = signs_cd[c, d]
-        if sign != _ZERO:
-            acc += _log_sigmoid(sign * z_bn[b, nodes_cd[c, d]])
-    return acc
-
-
-@cuda.jit
-def hsoftmax_rows(z_bn, nodes_cd, signs_cd, y_bc):
-    """y[b, c] = log p(c | x[b]) of a hierarchical softmax (``_path_log_prob``; z = x w + b)."""
-    c, b = cuda.grid(2)
-    if b < y_bc.shape[0] and c < y_bc.shape[1]:
-        y_bc[b, c] = _path_log_prob(z_bn, b, nodes_cd, signs_cd, c)
-
-
-@cuda.jit
-def hsoftmax_class_rows(z_bn, nodes_cd, signs_cd, classes_b, y_b, bad):
-    """y[b] = log p(classes[b] | x[b]); a class outside [0, C) gives 0 and sets bad[0] = 1."""
-    b = cuda.grid(1)
-    if b >= y_b.shape[0]:
-        return
-    c = classes_b[b]
-    if c >= 0 and c < nodes_cd.shape[0]:
-        y_b[b] = _path_log_prob(z_bn, b, nodes_cd, signs_cd, c)
-    else:
-        y_b[b] = _ZERO
-        bad[0] = _ONE

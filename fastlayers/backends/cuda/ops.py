@@ -34,6 +34,7 @@ import numpy as np
 
 from ..integer import INTEGER_KERNELS
 from . import kernels as K
+from . import strided_kernels as S
 from .attention import AttentionOps
 from .conv import ConvOps
 from .device import TRANSFERS, Transfers, serialized_in_simulator
@@ -45,14 +46,14 @@ from .views import as_rows, collapse6, flat, grid1, grid2, layout
 __all__ = ["TRANSFERS", "CudaOps", "Transfers"]
 
 _BINARY_OPS = {
-    "add": K.OP_ADD,
-    "subtract": K.OP_SUB,
-    "multiply": K.OP_MUL,
-    "maximum": K.OP_MAX,
-    "minimum": K.OP_MIN,
-    "div_std": K.OP_DIV_STD,
-    "mul_std": K.OP_MUL_STD,
-    "divide": K.OP_DIV,
+    "add": S.OP_ADD,
+    "subtract": S.OP_SUB,
+    "multiply": S.OP_MUL,
+    "maximum": S.OP_MAX,
+    "minimum": S.OP_MIN,
+    "div_std": S.OP_DIV_STD,
+    "mul_std": S.OP_MUL_STD,
+    "divide": S.OP_DIV,
 }
 
 
@@ -239,7 +240,7 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
             _, b_str, b_off = layout(db.shape, lambda v: np.broadcast_to(v, shape))
             shape6, a6, b6 = collapse6(shape, a_str, b_str)
             g, t = grid1(n, self.sim)
-            K.binary_strided[g, t](
+            S.binary_strided[g, t](
                 flat(da),
                 a_off,
                 a6,
