@@ -40,7 +40,7 @@ def engines_for(name, x):
         "torch": lambda: TORCH_ACTS[name](torch, tx).numpy(),
     }
     # torch's float32 gelu is off by 1e-6 absolute (1e-3 relative) near x = -3.5; ours matches
-    # the float64 reference (tests/ops/test_cpu_ops.py)
+    # the float64 reference (tests/backends/test_cpu_ops.py)
     check_same({k: f() for k, f in fns.items()}, rtol=2e-5, atol=2e-6)
     return fns
 

@@ -5,7 +5,7 @@ Each ```python block runs alone, in a fresh namespace, in an empty folder holdin
 opens by name (``FILES``: small models made with onnx, Keras on the torch backend and torch, each
 made once per session). A block fenced as another language (```text, ```bash), or preceded by
 the line ``<!-- no-test -->``, is not run. Blocks calling ``use_ops("cuda")`` run under
-numba-cuda's CUDA simulator in tests/graph/test_cuda_backend.py.
+numba-cuda's CUDA simulator in tests/model/test_cuda_backend.py.
 
 Also checked: the README's "Development" block is exactly the commands .ci/run runs, and
 docs/index.md (the site's home page) is the README's first sections with links made relative to
@@ -60,7 +60,7 @@ def all_blocks() -> list[tuple[str, int, str]]:
 
 
 def cuda_blocks() -> list[tuple[str, int, str]]:
-    """The blocks that run on the cuda backend (tests/graph/test_cuda_backend.py runs them)."""
+    """The blocks that run on the cuda backend (tests/model/test_cuda_backend.py runs them)."""
     return [b for b in all_blocks() if CUDA_MARK in b[2]]
 
 

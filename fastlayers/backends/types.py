@@ -10,7 +10,7 @@ movement). The rank in a name (``Floats4d``) documents the axes the argument nam
 ``Ops`` is the protocol that ``get_ops()`` returns and that layers, nn modules, graphs and ONNX
 operators are checked against. Each member's meaning is the docstring of the same name on
 ``ReferenceOps`` (``backends/reference``), the oracle; ``CpuOps`` and ``CudaOps`` override some
-members with the same signatures (``tests/ops/test_ops_protocol.py`` checks that every backend
+members with the same signatures (``tests/backends/test_ops_protocol.py`` checks that every backend
 class has every member, with compatible parameters).
 """
 

@@ -1,6 +1,6 @@
 """The cuda backend as a whole: selection, lazy import, errors, device residency, model.to("cuda").
 
-Like tests/ops/test_cuda_kernels.py, the device tests run in a subprocess under the CUDA simulator
+Like tests/backends/test_cuda_kernels.py, the device tests run in a subprocess under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1`` must be set before numba.cuda is imported); the tests that need no
 device (lazy import, the error without a driver, device-name parsing) run in the main process or
 in their own plain subprocess.
@@ -20,7 +20,7 @@ import pytest
 import fastlayers
 import fastlayers.nn
 from fastlayers.errors import UnsupportedError
-from tests.ops.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
+from tests.backends.test_cuda_kernels import IN_CUDA_RUN, ROOT, run_under_simulator
 
 from ..conftest import assert_close, needs_numba_cuda
 
@@ -40,7 +40,7 @@ def _python(code: str, **env_changes) -> subprocess.CompletedProcess:
 if not IN_CUDA_RUN:
 
     def test_cuda_backend_under_simulator():
-        run_under_simulator("tests/graph/test_cuda_backend.py")
+        run_under_simulator("tests/model/test_cuda_backend.py")
 
     def test_import_and_cpu_backends_never_import_numba_cuda():
         proc = _python(
@@ -112,11 +112,11 @@ if not IN_CUDA_RUN:
             assert proc.returncode != 0 and "Traceback" not in proc.stderr
 
     def test_kernels_lower_for_the_real_cuda_target():
-        """Typing and lowering for the GPU target, float32 only (tests/ops/cuda_lowering.py)."""
+        """Typing and lowering for the GPU target, float32 only (tests/backends/cuda_lowering.py)."""
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
         env["PYTHONPATH"] = str(ROOT)
         proc = subprocess.run(
-            [sys.executable, "tests/ops/cuda_lowering.py"],
+            [sys.executable, "tests/backends/cuda_lowering.py"],
             cwd=ROOT,
             env=env,
             capture_output=True,

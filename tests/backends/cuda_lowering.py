@@ -3,7 +3,7 @@
 The simulator runs kernels as Python, so it cannot catch a typing or lowering error of the real
 target (or a float64 operation slipping into a float32 kernel). This script compiles each kernel
 to LLVM IR for the argument types ``CudaOps`` launches it with, and checks that the IR has no
-double-precision values. Run by tests/graph/test_cuda_backend.py in a subprocess (it must import
+double-precision values. Run by tests/model/test_cuda_backend.py in a subprocess (it must import
 numba.cuda without the simulator, and it stands in a compute capability for the absent device).
 """
 
