@@ -16,6 +16,7 @@ class has every member, with compatible parameters).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
@@ -44,7 +45,19 @@ Pads2d: TypeAlias = Sequence[Sequence[int]]
 #: (source row or column before, after, float32 weight of the after one) per output position.
 Taps: TypeAlias = tuple[Ints1d, Ints1d, Floats1d]
 #: One call of a recurrent primitive: (method name, arguments after the input, keywords).
-SequenceCall: TypeAlias = tuple[str, Sequence[Any], dict[str, Any]]
+
+
+class Cell(str, enum.Enum):
+    """The recurrent cell a sequence call runs, named by its ``Ops`` method: ``run_sequence``
+    dispatches on it to ``rnn_sequence``, ``lstm_sequence`` or ``gru_sequence``."""
+
+    RNN = "rnn_sequence"
+    LSTM = "lstm_sequence"
+    GRU = "gru_sequence"
+
+
+#: One sequence call: (its cell, its arguments after the input, its keyword arguments).
+SequenceCall: TypeAlias = tuple[Cell, Sequence[Any], dict[str, Any]]
 
 
 class EncoderWeights(NamedTuple):
@@ -343,8 +356,9 @@ class Ops(Protocol):
         zero_masked: bool = ...,
         y0: Floats2d | None = ...,
     ) -> tuple[FloatsXd, Floats2d]: ...
+    def run_sequence(self, cell: Cell, x_bti: ArrayXd, *args: Any, **kw: Any) -> tuple[FloatsXd, ...]: ...
     def sequence_plan(
-        self, name: str, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
+        self, cell: Cell, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
     ) -> Callable[..., tuple[FloatsXd, ...]]: ...
     def sequences_plan(
         self, x_bti: ArrayXd, calls: Sequence[SequenceCall]

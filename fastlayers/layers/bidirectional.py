@@ -202,10 +202,10 @@ class Bidirectional(Layer):
         calls = []
         for sub, init in zip(subs, inits):
             sub._check_steps(x)
-            name, args, kw = sub._sequence_call(
+            cell, args, kw = sub._sequence_call(
                 sub._zero_states(x.shape[0]) if init is None else init, mask, **sub._direction()
             )
-            calls.append((name, (x, *args), kw))
+            calls.append((cell, (x, *args), kw))
         return self._merge(self.ops, self.ops.recurrent_sequences(calls))
 
     def bind(self, ops, x):

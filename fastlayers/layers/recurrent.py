@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..backends.derived import derived_from, fold_projection
+from ..backends.types import Cell
 from ..errors import ShapeError, UnsupportedError
 from .base import InputSpec, Layer, as_float32, shape_str
 from .core import Activation, Dense, Dropout, Embedding, activation_name
@@ -100,15 +101,15 @@ class _RecurrentMath:
     def _run(self, x, states, mask, *, table=None, **kw):
         """(y, new_states) for x (B, T, I) from states [h, (c)]; see ``reference.recurrent``.
         With an embedding ``table``, x holds ids (B, T) of its rows (``_input_weights``)."""
-        name, args, kw = self._sequence_call(states, mask, table, **kw)
-        y, *new_states = getattr(self.ops, name)(x, *args, **kw)
+        cell, args, kw = self._sequence_call(states, mask, table, **kw)
+        y, *new_states = self.ops.run_sequence(cell, x, *args, **kw)
         return y, new_states
 
     def _sequence_call(
         self, states, mask, table=None, *, reverse=False, return_sequences=True, zero_masked=False, y0=None
     ):
-        """(backend method name, its arguments after the input, its keyword arguments) of
-        the sequence call ``_run`` makes: ``ops.<name>(x, *args, **kw)`` gives (y, *states)."""
+        """(its cell, its arguments after the input, its keyword arguments) of the sequence call
+        ``_run`` makes: ``ops.run_sequence(cell, x, *args, **kw)`` gives (y, *states)."""
         raise NotImplementedError
 
 
@@ -116,7 +117,7 @@ class _SimpleRNNMath(_RecurrentMath):
     def _sequence_call(self, states, mask, table=None, **kw):
         w_ih, b = self._input_weights(table)
         return (
-            "rnn_sequence",
+            Cell.RNN,
             (w_ih, self.recurrent_kernel, b, states[0]),
             dict(activation=self.activation, mask_bt=mask, **kw),
         )
@@ -134,7 +135,7 @@ class _LSTMMath(_RecurrentMath):
     def _sequence_call(self, states, mask, table=None, **kw):
         w_ig, b_g = self._input_weights(table)
         return (
-            "lstm_sequence",
+            Cell.LSTM,
             (w_ig, self.recurrent_kernel, b_g, states[0], states[1]),
             dict(activation=self.activation, recurrent_activation=self.recurrent_activation, mask_bt=mask, **kw),
         )
@@ -156,7 +157,7 @@ class _GRUMath(_RecurrentMath):
         w_ig, b_ig = self._input_weights(table)
         b_hg = self.bias[1] if self.use_bias and self.reset_after else None
         return (
-            "gru_sequence",
+            Cell.GRU,
             (w_ig, self.recurrent_kernel, b_ig, b_hg, states[0]),
             dict(
                 reset_after=self.reset_after,
@@ -400,8 +401,8 @@ class RecurrentLayer(Layer):
         if type(x) is not np.ndarray or x.ndim != 3 or x.shape[1] == 0:
             return None
         states = [ops.zeros((x.shape[0], size)) for size in self.state_size]
-        name, args, kw = self._sequence_call(states, None, **self._direction())
-        run = ops.sequence_plan(name, x, args, kw)
+        cell, args, kw = self._sequence_call(states, None, **self._direction())
+        run = ops.sequence_plan(cell, x, args, kw)
         outputs = self._layer_outputs
 
         def step(x):

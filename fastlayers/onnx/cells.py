@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends import get_ops
 from ..backends.derived import derived_generation
+from ..backends.types import Cell
 from .nodes import Node, readers_of
 from .tensors import f32
 
@@ -137,7 +138,7 @@ def _bound_step(x, h, c, w_x, w_h, b, cache):
     key = (x.shape, id(w_x), id(w_h), id(b), ops.name, derived_generation())
     hit = cache.get(key)
     if hit is None:
-        plan = ops.sequence_plan("lstm_sequence", x[:, None, :], (w_x, w_h, b, h, c), {"return_sequences": False})
+        plan = ops.sequence_plan(Cell.LSTM, x[:, None, :], (w_x, w_h, b, h, c), {"return_sequences": False})
         if len(cache) >= MAX_BOUND_CELLS:
             cache.clear()
         # the entry holds the weights, so that no other array takes their ids while it lives

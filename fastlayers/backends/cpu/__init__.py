@@ -426,9 +426,9 @@ class CpuOps(ConvOps):
         out = recurrent.gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
         return super().gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw) if out is None else out
 
-    def sequence_plan(self, name, x_bti, args, kw):
-        run = recurrent.sequence_plan(name, x_bti, args, kw)
-        return super().sequence_plan(name, x_bti, args, kw) if run is None else run
+    def sequence_plan(self, cell, x_bti, args, kw):
+        run = recurrent.sequence_plan(cell, x_bti, args, kw)
+        return super().sequence_plan(cell, x_bti, args, kw) if run is None else run
 
     def sequences_plan(self, x_bti, calls):
         run = recurrent.sequences_plan(x_bti, calls)

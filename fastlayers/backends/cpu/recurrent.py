@@ -33,6 +33,7 @@ import numpy as np
 from ... import native
 from ...native import _core
 from ..derived import derived_from, derived_view
+from ..types import Cell
 from .memory import weights_empty
 
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a share
@@ -429,12 +430,12 @@ def gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw):
     return _run(_gru_loop(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw))
 
 
-_LOOPS = {"rnn_sequence": _rnn_loop, "lstm_sequence": _lstm_loop, "gru_sequence": _gru_loop}
+_LOOPS = {Cell.RNN: _rnn_loop, Cell.LSTM: _lstm_loop, Cell.GRU: _gru_loop}
 
 
 def sequences(calls):
     """Independent sequence calls (the directions of a bidirectional layer), ``calls`` a list
-    of (function name, args, kwargs) of this module's ``*_sequence`` functions: at once, one
+    of (cell, args, kwargs) of this module's ``*_sequence`` functions: at once, one
     thread each (``rnn_loops``), where the pool has at least two threads and each call enough
     work (``MIN_CALL_MADDS``), and either a thread per call or calls that would not split
     their batch anyway: two directions at batch 1 on their own threads, rather than one after
@@ -499,8 +500,8 @@ def _with_states(args, states):
     return args if states is None else (*args[: len(args) - len(states)], *states)
 
 
-def sequence_plan(name, x_bti, args, kw):
-    """A function ``(x, states=None) -> name(x, *args, **kw)`` (``rnn_sequence``,
+def sequence_plan(cell, x_bti, args, kw):
+    """A function ``(x, states=None) -> run_sequence(cell, x, *args, **kw)`` (``rnn_sequence``,
     ``lstm_sequence`` or ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's
     arguments that depend on the layout and the weights alone (packed weights, shares,
     activation codes) made once, the states and outputs made anew each call (from the bound
@@ -511,14 +512,14 @@ def sequence_plan(name, x_bti, args, kw):
     if not _bindable(x_bti, kw):
         return None
     threads = _core.get_num_threads()
-    loop = _LOOPS[name](x_bti, *args, **kw)
+    loop = _LOOPS[cell](x_bti, *args, **kw)
     if loop is None:
         return None
     fill = _filler(loop, x_bti)
 
     def run(x, states=None):
         if _core.get_num_threads() != threads:
-            return _run(_LOOPS[name](x, *_with_states(args, states), **kw))
+            return _run(_LOOPS[cell](x, *_with_states(args, states), **kw))
         loop_args, result = fill(x, states)
         _core.rnn_loop(*loop_args)
         return result

@@ -21,6 +21,7 @@ from ..activations import _activation, _log_softmax, _softmax
 from ..types import (
     ArrayXd,
     BoolsXd,
+    Cell,
     EncoderWeights,
     Floats1d,
     Floats2d,
@@ -729,16 +730,26 @@ class ReferenceOps:
 
         return gru_sequence(x_bti, w_ig, w_hg, b_ig, b_hg, h0, **kw)
 
+    def run_sequence(self, cell: Cell, x_bti: ArrayXd, *args: Any, **kw: Any) -> tuple[FloatsXd, ...]:
+        """``rnn_sequence``, ``lstm_sequence`` or ``gru_sequence`` on ``x_bti``, as ``cell``
+        names it."""
+        if cell == Cell.LSTM:
+            return self.lstm_sequence(x_bti, *args, **kw)
+        if cell == Cell.GRU:
+            return self.gru_sequence(x_bti, *args, **kw)
+        return self.rnn_sequence(x_bti, *args, **kw)
+
     def sequence_plan(
-        self, name: str, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
+        self, cell: Cell, x_bti: ArrayXd, args: Sequence[Any], kw: dict[str, Any]
     ) -> Callable[..., tuple[FloatsXd, ...]]:
-        """A function ``(x, states=None) -> self.<name>(x, *args, **kw)`` (``name`` one of
-        ``rnn_sequence``, ``lstm_sequence``, ``gru_sequence``) for inputs laid out as
-        ``x_bti``, the work that depends on the layout and the weights alone done once
-        (backends with compiled loops bind the loop's arguments; the reference just calls).
+        """A function ``(x, states=None) -> self.run_sequence(cell, x, *args, **kw)`` for inputs
+        laid out as ``x_bti``, the work that depends on the layout and the weights alone done
+        once (backends with compiled loops bind the loop's arguments; the reference just calls).
         ``states``: the call's initial states ((h0,) or (h0, c0), the last arguments of
         ``args``) in place of those bound."""
-        method = getattr(self, name)
+
+        def method(x, *a, **k):
+            return self.run_sequence(cell, x, *a, **k)
 
         def run(x, states=None):
             if states is None:
@@ -750,20 +761,20 @@ class ReferenceOps:
     def sequences_plan(
         self, x_bti: ArrayXd, calls: Sequence[SequenceCall]
     ) -> Callable[..., list[tuple[FloatsXd, ...]]]:
-        """A function ``(x, states=None) -> recurrent_sequences([(name, (x, *args), kw) ...])``
-        for the ``calls`` (name, args after the input, kw) on inputs laid out as ``x_bti``
+        """A function ``(x, states=None) -> recurrent_sequences([(cell, (x, *args), kw) ...])``
+        for the ``calls`` (cell, args after the input, kw) on inputs laid out as ``x_bti``
         (here each call bound by ``sequence_plan``, one after the other); ``states``: one tuple
         of initial states per call, as ``sequence_plan``'s."""
-        runs = [self.sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
+        runs = [self.sequence_plan(cell, x_bti, args, kw) for cell, args, kw in calls]
         return lambda x, states=None: [
             run(x, None if states is None else st) for run, st in zip(runs, states or [None] * len(runs))
         ]
 
     def recurrent_sequences(self, calls: Sequence[SequenceCall]) -> list[tuple[FloatsXd, ...]]:
         """Independent sequence calls (the directions of a bidirectional layer): ``calls`` a
-        list of (method name, args, kwargs) of ``rnn_sequence``/``lstm_sequence``/
-        ``gru_sequence``; their results in order (here one after the other)."""
-        return [getattr(self, name)(*args, **kw) for name, args, kw in calls]
+        list of (cell, args, kwargs) of ``run_sequence``; their results in order (here one after
+        the other)."""
+        return [self.run_sequence(cell, *args, **kw) for cell, args, kw in calls]
 
 
 def _log_sigmoid(z):

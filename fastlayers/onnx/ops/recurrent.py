@@ -8,6 +8,7 @@ import numpy as np
 
 from ...backends import get_ops
 from ...backends.derived import derived, derived_from, derived_generation, fold_projection
+from ...backends.types import Cell
 from ...errors import ShapeError, UnsupportedError
 from ..tensors import f32, registrar
 
@@ -152,7 +153,7 @@ def recurrent_fast(kind, inputs, attrs, table=None):
 
 
 def _recurrent_calls(kind, inputs, attrs, table=None):
-    """``recurrent_fast``'s backend calls, one (method name, args, kwargs) per direction, the
+    """``recurrent_fast``'s backend calls, one (cell, args, kwargs) per direction, the
     input as the calls read it (batch, time, input) and the initial states per direction; None
     where the compiled loops do not cover the node."""
     get = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None  # noqa: E731
@@ -225,14 +226,14 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else f32(c0[d])
             b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
             w_ig, b_g = input_weights(d, blocks, b_in)
-            calls.append(("lstm_sequence", (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init, c_init), options))
+            calls.append((Cell.LSTM, (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init, c_init), options))
             states.append((h_init, c_init))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
             w_ig, b_ig = input_weights(d, lambda m: m, b_in)
             calls.append(
                 (
-                    "gru_sequence",
+                    Cell.GRU,
                     (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
                     {"reset_after": lbr, **options},
                 )
@@ -241,9 +242,7 @@ def _recurrent_calls(kind, inputs, attrs, table=None):
         else:
             act = names[0] if names else "tanh"
             w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
-            calls.append(
-                ("rnn_sequence", (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init), {"activation": act, **options})
-            )
+            calls.append((Cell.RNN, (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init), {"activation": act, **options}))
             states.append((h_init,))
     return calls, x_bti, states
 
@@ -340,10 +339,10 @@ def _bind_recurrent(kind, inputs, attrs, ops):
     if planned is None:
         return None
     calls, x_bti, _ = planned
-    bound = [(name, args[1:], kw) for name, args, kw in calls]
+    bound = [(cell, args[1:], kw) for cell, args, kw in calls]
     if len(bound) == 1:
-        name, args, kw = bound[0]
-        plan = ops.sequence_plan(name, x_bti, args, kw)
+        cell, args, kw = bound[0]
+        plan = ops.sequence_plan(cell, x_bti, args, kw)
         run_all = lambda x, states: [plan(x, states[0])]  # noqa: E731
     else:
         run_all = ops.sequences_plan(x_bti, bound)
