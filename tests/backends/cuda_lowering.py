@@ -18,6 +18,7 @@ from numba.cuda import compiler
 dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 
 from fastlayers.backends.cuda import kernels as K  # noqa: E402
+from fastlayers.backends.cuda import strided_kernels as S  # noqa: E402
 
 f1, f2, f3, f4 = (T.Array(T.float32, n, "C") for n in (1, 2, 3, 4))
 l1, l2 = (T.Array(T.int64, n, "C") for n in (1, 2))
@@ -65,7 +66,14 @@ SIGNATURES = {
 }
 
 failures = []
-kernels = {n for n in dir(K) if hasattr(getattr(K, n), "py_func") and not getattr(K, n).targetoptions.get("device")}
+#: Kernel name -> its dispatcher, from both kernel modules.
+DISPATCHERS = {
+    n: getattr(m, n)
+    for m in (K, S)
+    for n in dir(m)
+    if hasattr(getattr(m, n), "py_func") and not getattr(m, n).targetoptions.get("device")
+}
+kernels = set(DISPATCHERS)
 missing = kernels - set(SIGNATURES)
 if missing:
     failures.append(f"kernels without a signature here: {sorted(missing)}")
@@ -74,7 +82,7 @@ for name, sigs in SIGNATURES.items():
     for sig in sigs if isinstance(sigs, list) else [sigs]:
         count += 1
         try:
-            cres = compiler.compile_cuda(getattr(K, name).py_func, T.void, sig, cc=(8, 0))
+            cres = compiler.compile_cuda(DISPATCHERS[name].py_func, T.void, sig, cc=(8, 0))
         except Exception as e:  # noqa: BLE001 - reported below
             failures.append(f"{name}{sig}: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
             continue
