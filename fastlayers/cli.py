@@ -255,7 +255,7 @@ def cmd_profile(args) -> int:
     inputs = _profile_inputs(model, args.input)
     with use_ops(args.backend):
         try:
-            profile = model.profile(*inputs, repeats=args.repeats)
+            profile = model.profile(*inputs, repeats=args.repeats, pause=args.pause / 1e3)
         except FastlayersError as e:
             if args.input:
                 raise
@@ -353,6 +353,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _pause_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds from 0 to 10000, got {text!r}") from None
+    if not 0 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds from 0 to 10000, got {text}")
+    return value
+
+
 def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     from .benchmark import parse_shape
 
@@ -445,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument(
         "--top", type=_positive_int(), default=None, metavar="N", help="show the N slowest steps (default: all)"
+    )
+    prof.add_argument(
+        "--pause",
+        type=_pause_ms,
+        default=0.0,
+        metavar="MS",
+        help="sleep this many milliseconds before each timed call, as a service's spaced calls (default: 0)",
     )
     prof.set_defaults(func=cmd_profile)
     from .benchmark import DEFAULT_SECONDS, ONNXRUNTIME, RTOL

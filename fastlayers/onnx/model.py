@@ -486,7 +486,7 @@ class OnnxModel:
         text = str(e) if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {e}"
         raise InputError(f"ONNX model {self.name!r}: node {label} failed on these inputs: {text[:500]}") from e
 
-    def profile(self, *args, repeats: int = 20, **kwargs):
+    def profile(self, *args, repeats: int = 20, pause: float = 0.0, **kwargs):
         """Time one call on these inputs step by step, as onnxruntime's profiling does.
 
         Parameters
@@ -496,6 +496,10 @@ class OnnxModel:
         repeats : int
             Timed calls, after one untimed call (which also records each step's kernel); each
             step's time is its median over them.
+        pause : float
+            Seconds to sleep before each timed call (default 0: back to back). A service's
+            calls come spaced out, and what a pause lets go cold (caches other processes
+            refill, sleeping workers) shows in the steps that slow down.
 
         Returns
         -------
@@ -515,6 +519,8 @@ class OnnxModel:
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise InputError(f"profile: repeats must be a positive integer, got {repeats!r}")
+        if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not 0 <= pause <= 10:
+            raise InputError(f"profile: pause must be a number of seconds in [0, 10], got {pause!r}")
         arrays = self._prepare(args, kwargs)
         return profile_plan(
             self.name,
@@ -524,6 +530,7 @@ class OnnxModel:
             arrays,
             repeats,
             threads_in_use(),
+            float(pause),
         )
 
     def warm_up(self) -> bool:

@@ -49,6 +49,7 @@ class Profile:
     repeats: int
     total_ms: float
     steps: list = field(default_factory=list)
+    pause: float = 0.0
 
     def by_op(self) -> list[tuple[str, int, float, float]]:
         """(op type, steps, milliseconds, share of the call) per operator, slowest first."""
@@ -66,8 +67,9 @@ class Profile:
         """The steps as aligned text: time, share, operator, fused part, kernel, layout, shapes."""
         steps = sorted(self.steps, key=lambda s: -s.ms) if sort else list(self.steps)
         steps = steps[:top] if top else steps
+        spaced = f", each after a {self.pause * 1e3:g} ms pause" if self.pause else ""
         lines = [
-            f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}, "
+            f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}{spaced}, "
             f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps",
             f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} {'layout':<7} shapes",
         ]
@@ -89,7 +91,7 @@ class Profile:
         Returns
         -------
         dict
-            ``model``, ``threads``, ``repeats``, ``total_ms``; ``steps``: one dict per step with
+            ``model``, ``threads``, ``repeats``, ``pause`` (seconds), ``total_ms``; ``steps``: one dict per step with
             ``index``, ``op_type``, ``name``, ``fused``, ``kernel``, ``layout``,
             ``input_shapes``, ``output_shapes``, ``ms``, ``share``; ``by_op``: one dict per
             operator with ``op_type``, ``steps``, ``ms``, ``share``, slowest first.
@@ -102,6 +104,7 @@ class Profile:
             "model": self.model,
             "threads": self.threads,
             "repeats": self.repeats,
+            "pause": self.pause,
             "total_ms": self.total_ms,
             "steps": [
                 {
@@ -151,11 +154,12 @@ def fused_detail(attrs) -> str:
     return "+".join(p if p != "True" else "residual" for p in parts)
 
 
-def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> Profile:
+def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pause: float = 0.0) -> Profile:
     """The profile of the model ``name`` whose ``plan`` runs ``nodes``. ``run(arrays, clock,
     log)`` evaluates the plan and returns its value table, appending ``(step, seconds, backend
     calls)`` to ``clock`` per step; it runs once untimed with ``log`` recording the backend
-    calls (each step's kernel), then ``repeats`` times; the median per step and per call."""
+    calls (each step's kernel), then ``repeats`` times, each after ``pause`` seconds of sleep;
+    the median per step and per call."""
     calls: list = []
     with recording_calls(calls):
         first: list = []
@@ -168,6 +172,8 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> 
     outputs: dict[int, list] = {}
     for _ in range(repeats):
         clock: list = []
+        if pause:
+            time.sleep(pause)
         t0 = time.perf_counter()
         run(arrays, clock, None)
         totals.append(time.perf_counter() - t0)
@@ -196,4 +202,4 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int) -> 
         )
     for s in steps:
         s.share = s.ms / total_ms if total_ms else 0.0
-    return Profile(name, threads, repeats, total_ms, steps)
+    return Profile(name, threads, repeats, total_ms, steps, pause)

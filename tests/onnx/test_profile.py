@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -76,6 +77,24 @@ def test_profile_refuses_a_bad_repeat_count(tmp_path, rng, repeats):
         model.profile(np.zeros((1, 3, 8, 8), np.float32), repeats=repeats)
 
 
+def test_profile_with_a_pause_sleeps_before_each_timed_call(tmp_path, rng):
+    model = fastlayers.load(_graph(tmp_path, rng))
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    start = time.perf_counter()
+    profile = model.profile(x, repeats=3, pause=0.02)
+    assert time.perf_counter() - start >= 0.06
+    assert profile.pause == 0.02 and profile.as_dict()["pause"] == 0.02
+    assert "each after a 20 ms pause" in profile.table().splitlines()[0]
+    assert "pause" not in model.profile(x, repeats=1).table().splitlines()[0]
+
+
+@pytest.mark.parametrize("pause", [-0.1, 11, float("nan"), "1", True])
+def test_profile_refuses_a_bad_pause(tmp_path, rng, pause):
+    model = fastlayers.load(_graph(tmp_path, rng))
+    with pytest.raises(InputError, match="pause"):
+        model.profile(np.zeros((1, 3, 8, 8), np.float32), pause=pause)
+
+
 def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
     path = _graph(tmp_path, rng)
 
@@ -97,3 +116,8 @@ def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
     np.save(tmp_path / "bad.npy", np.zeros((1, 2, 8, 8), np.float32))
     bad = cli("--input", str(tmp_path / "bad.npy"))
     assert bad.returncode == 2 and "expected shape" in bad.stderr
+    spaced = cli("--repeats", "2", "--pause", "5")
+    assert spaced.returncode == 0, spaced.stderr
+    assert "each after a 5 ms pause" in spaced.stdout
+    negative = cli("--pause", "-1")
+    assert negative.returncode == 2 and "milliseconds" in negative.stderr
