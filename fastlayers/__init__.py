@@ -22,7 +22,15 @@ def _check_built() -> None:
 
 _check_built()
 # isort: off
-from .backends import get_num_threads, get_ops, set_num_threads, use_ops, using_threads  # noqa: E402
+from .backends import (  # noqa: E402
+    get_idle_spin,
+    get_num_threads,
+    get_ops,
+    set_idle_spin,
+    set_num_threads,
+    use_ops,
+    using_threads,
+)
 from .io import load  # noqa: E402
 from .settings import LoadOptions  # noqa: E402
 # isort: on
@@ -36,6 +44,7 @@ __all__ = [
     "OnnxModel",
     "Sequential",
     "errors",
+    "get_idle_spin",
     "get_num_threads",
     "get_ops",
     "layers",
@@ -45,6 +54,7 @@ __all__ = [
     "nn",
     "register_keras_layer",
     "register_torch_module",
+    "set_idle_spin",
     "set_num_threads",
     "settings",
     "use_ops",

@@ -206,6 +206,8 @@ ENVIRONMENT = {
     "FASTLAYERS_ISA": "Kernel path: 'avx512', 'avx2' or 'generic' (default: the best this CPU runs).",
     "FASTLAYERS_HEAP": "'retain' (default): keep freed blocks mapped between calls (glibc "
     "mallopt and the native arena); 'system': the C library's defaults.",
+    "FASTLAYERS_IDLE_SPIN_US": "Microseconds idle thread-pool workers poll for the next call "
+    "before they sleep (default 200; up to 1000000): fastlayers.set_idle_spin.",
     "FASTLAYERS_CUDA_CACHING_ALLOCATOR": "'1' (default): numba-cuda allocations through a "
     "caching pool; '0': numba's own allocator.",
     "FASTLAYERS_DEBUG": "'1': the command line prints a traceback with its one-line error.",

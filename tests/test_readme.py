@@ -214,12 +214,14 @@ def test_block_runs_as_written(block, tmp_path, monkeypatch, doc_files):
             shutil.copy(doc_files(name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
     threads = fastlayers.get_num_threads() or native.get_num_threads()
+    spin = fastlayers.get_idle_spin()
     isa = native.isa()
     saved = {k: v for k, v in vars(limits).items() if k.isupper()}
     try:
         run_block(block)
     finally:
         fastlayers.set_num_threads(threads)
+        fastlayers.set_idle_spin(spin)
         native.set_isa(isa)
         vars(limits).update(saved)
 

@@ -122,6 +122,47 @@ def using_threads(n: int | None):
         set_call_threads(previous)
 
 
+#: Longest idle spin ``set_idle_spin`` accepts, in seconds (the pool's own bound).
+MAX_IDLE_SPIN = 1.0
+
+
+def set_idle_spin(seconds: float) -> None:
+    """Let the thread pool's idle workers poll for the next call for ``seconds`` before they
+    sleep (default 0.0002, or ``FASTLAYERS_IDLE_SPIN_US`` at import).
+
+    Calls that come back to back find the workers awake either way. Calls spaced out as a
+    service makes them (a request every 10-100 ms) find sleeping workers whose cores went idle,
+    and on a virtual machine the host hands an idle core's time and caches to others: such a
+    call can take twice as long as a back-to-back one, at 2 threads more than at 1. A spin
+    as long as the gap between calls keeps the workers' cores running, as onnxruntime's
+    spinning workers do, and costs that much CPU per worker after each call (a 50 ms spin at
+    20 calls a second: one core's worth per worker). Set it where latency matters more than
+    the CPU an idle process burns; 0 sleeps at once. Polling workers follow a new value at
+    once, sleeping ones from the end of the next call.
+
+    Raises
+    ------
+    InputError
+        ``seconds`` is not a number from 0 to ``MAX_IDLE_SPIN`` (1.0).
+
+    Examples
+    --------
+    >>> fastlayers.set_idle_spin(0.05)   # a service answering about 20 requests a second
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= seconds <= MAX_IDLE_SPIN:
+        raise InputError(f"set_idle_spin expects seconds from 0 to {MAX_IDLE_SPIN}, got {seconds!r}")
+    from ..native import set_spin_ns
+
+    set_spin_ns(round(float(seconds) * 1e9))
+
+
+def get_idle_spin() -> float:
+    """Seconds the pool's idle workers poll for the next call before they sleep (``set_idle_spin``)."""
+    from ..native import get_spin_ns
+
+    return get_spin_ns() / 1e9
+
+
 def get_num_threads() -> int | None:
     """The count set by ``set_num_threads``, or None when the libraries' defaults are in force."""
     return _num_threads[0]

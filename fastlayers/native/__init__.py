@@ -22,7 +22,7 @@ except ImportError as e:  # a source tree whose extension was never built
     raise ImportError(native_core_missing(os.path.dirname(os.path.dirname(__file__)))) from e
 
 from ..errors import SettingError
-from ..settings import env_choice
+from ..settings import env_choice, env_int
 from ._core import (  # noqa: F401
     ACTIVATIONS,
     NativeError,
@@ -33,6 +33,7 @@ from ._core import (  # noqa: F401
     arena_stats,
     best_isa,
     get_num_threads,
+    get_spin_ns,
     heap_retain,
     isa,
     isa_runs,
@@ -41,6 +42,7 @@ from ._core import (  # noqa: F401
     set_call_threads,
     set_isa,
     set_num_threads,
+    set_spin_ns,
     set_vnni,
     vnni,
     vnni_runs,
@@ -63,6 +65,14 @@ if _forced:
         raise SettingError(f"environment variable FASTLAYERS_ISA={_forced!r}: {e}") from None
 else:
     set_isa(best_isa())
+
+#: How long idle pool workers poll for the next job before they sleep (``set_spin_ns``;
+#: ``fastlayers.set_idle_spin``), from ``FASTLAYERS_IDLE_SPIN_US`` where set.
+IDLE_SPIN_US_MAX = 1_000_000
+_spin_us = env_int("FASTLAYERS_IDLE_SPIN_US", get_spin_ns() // 1000, minimum=0)
+if _spin_us > IDLE_SPIN_US_MAX:
+    raise SettingError(f"environment variable FASTLAYERS_IDLE_SPIN_US={_spin_us} must be at most {IDLE_SPIN_US_MAX}")
+set_spin_ns(_spin_us * 1000)
 
 #: The C library heap's settings at import (``heap_retain``, glibc only): blocks under 32 MiB
 #: from its heap, up to 64 MiB of freed memory kept mapped, so that the outputs each call

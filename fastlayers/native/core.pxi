@@ -40,6 +40,8 @@ cdef extern from "threadpool.h":
     int fl_pool_set_call_threads(int n)
     int fl_pool_generation()
     int fl_pool_workers()
+    int64_t fl_pool_get_spin_ns()
+    void fl_pool_set_spin_ns(int64_t ns)
 
 
 class NativeError(RuntimeError):
@@ -169,6 +171,17 @@ def set_call_threads(int n):
     if n < 0:
         raise ValueError(f"set_call_threads expects a count >= 0, got {n}")
     return fl_pool_set_call_threads(n)
+
+
+def get_spin_ns():
+    """How long (ns) an idle pool worker polls for the next job before it sleeps."""
+    return fl_pool_get_spin_ns()
+
+
+def set_spin_ns(int64_t ns):
+    """Let idle pool workers poll for the next job ``ns`` nanoseconds (clamped to [0, 1 s])
+    before they sleep; takes effect when each worker next goes idle."""
+    fl_pool_set_spin_ns(ns)
 
 
 def pool_generation():

@@ -24,10 +24,12 @@
 #define FL_PAUSE() ((void)0)
 #endif
 
-/* Polls of an idle worker before it sleeps (a fraction of a millisecond): back-to-back kernel
- * calls find it
- * awake, and an idle process leaves the cores alone. */
-#define FL_SPIN_POLLS 20000
+/* How long an idle worker polls for the next job before it sleeps, by default (a fraction of a
+ * millisecond): back-to-back kernel calls find it awake, and an idle process leaves the cores
+ * alone. fl_pool_set_spin_ns changes it; the clock is read once per FL_SPIN_CHECK polls. */
+#define FL_SPIN_NS_DEFAULT INT64_C(200000)
+#define FL_SPIN_NS_MAX INT64_C(1000000000)
+#define FL_SPIN_CHECK 64
 /* Polls of the caller waiting for workers before it yields its core to them. */
 #define FL_WAIT_POLLS 2000
 #define FL_MAX_THREADS 256
@@ -52,6 +54,7 @@ static int widest_call = 0;            /* most threads a call asked for since fl
 static int generation = 0;
 static int64_t serial_until_ns = 0;                           /* both read and written holding busy */
 static int64_t backoff_ns = FL_BACKOFF_MIN_NS;
+static _Atomic int64_t spin_ns = FL_SPIN_NS_DEFAULT;
 
 static _Atomic uint64_t job_gen = 0;
 static _Atomic uint64_t ticket = 0;
@@ -120,6 +123,12 @@ static void run_chunks(uint64_t gen) {
     }
 }
 
+int64_t fl_pool_get_spin_ns(void) { return atomic_load(&spin_ns); }
+
+void fl_pool_set_spin_ns(int64_t ns) {
+    atomic_store(&spin_ns, ns < 0 ? 0 : (ns > FL_SPIN_NS_MAX ? FL_SPIN_NS_MAX : ns));
+}
+
 static void *worker_main(void *arg) {
     (void)arg;
     in_pool = 1;
@@ -127,9 +136,16 @@ static void *worker_main(void *arg) {
     for (;;) {
         uint64_t gen;
         int polls = 0;
+        int64_t idle_since = 0;       /* read at the first clock check after the last job */
         while ((gen = atomic_load_explicit(&job_gen, memory_order_acquire)) == seen) {
             if (atomic_load(&stop_workers)) return 0;
-            if (++polls < FL_SPIN_POLLS) {
+            if (++polls % FL_SPIN_CHECK) {
+                FL_PAUSE();
+                continue;
+            }
+            int64_t t = now_ns();
+            if (!idle_since) idle_since = t;
+            if (t - idle_since < atomic_load_explicit(&spin_ns, memory_order_relaxed)) {
                 FL_PAUSE();
                 continue;
             }
@@ -140,6 +156,7 @@ static void *worker_main(void *arg) {
             atomic_fetch_sub(&sleepers, 1);
             pthread_mutex_unlock(&sleep_lock);
             polls = 0;
+            idle_since = 0;
         }
         seen = gen;
         /* a job asking for fewer threads than the pool holds leaves the other workers idle */

@@ -3,7 +3,8 @@
  * fl_parallel(n, grain, fn, ctx) runs fn(ctx, begin, end) over [0, n) in chunks of at least
  * `grain` units. The calling thread takes chunks too, so a descheduled worker delays only the
  * chunk it holds. Workers are created at the first parallel call (and again in a forked child:
- * pthread_atfork), spin for a bounded time after a call, then sleep on a condition variable.
+ * pthread_atfork), poll for the next job for a set time after a call (fl_pool_set_spin_ns),
+ * then sleep on a condition variable.
  * One call uses the pool at a time: a call made while another holds it (another Python thread)
  * or from inside a worker runs serially on its own thread, so the cores are never
  * oversubscribed; a serial call takes the same chunks one after another, so its result has the
@@ -35,4 +36,9 @@ int64_t fl_parallel_chunks(int64_t n, int64_t grain);
 int fl_pool_generation(void);
 /* Workers alive now. */
 int fl_pool_workers(void);
+/* How long (ns) an idle worker polls for the next job before it sleeps; set clamps to [0, 1 s].
+ * Longer keeps the workers' cores running between spaced calls (faster calls after a pause,
+ * at the cost of that much CPU per worker after each call). */
+int64_t fl_pool_get_spin_ns(void);
+void fl_pool_set_spin_ns(int64_t ns);
 #endif

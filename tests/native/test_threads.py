@@ -5,6 +5,9 @@ own thread), a forked child creates its own workers, and the GIL is released dur
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 import fastlayers
+from fastlayers.errors import InputError
 from fastlayers.native import CODES, _core
 
 
@@ -118,6 +122,61 @@ def test_set_num_threads_rejects_bad_counts():
         fastlayers.set_num_threads(0)
     with pytest.raises(ValueError):
         _core.set_num_threads(0)
+
+
+@pytest.fixture
+def idle_spin():
+    before = fastlayers.get_idle_spin()
+    yield
+    fastlayers.set_idle_spin(before)
+
+
+def _cpu_while_idle(seconds: float) -> float:
+    """CPU seconds this process burns in ``seconds`` of sleep right after a parallel call."""
+    a = np.ones((512, 256), np.float32)  # not _product: numpy's own product leaves BLAS threads spinning
+    _core.matmul(a, a[:256], np.empty((512, 256), np.float32))
+    cpu = time.process_time()
+    time.sleep(seconds)
+    return time.process_time() - cpu
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for a worker to spin beside the caller")
+def test_idle_spin_keeps_the_workers_polling_after_a_call(two_threads, idle_spin):
+    """With a long idle spin the worker burns CPU through the caller's sleep; with none it
+    sleeps at once (a call before each measurement starts the pool)."""
+    fastlayers.set_idle_spin(0.2)
+    spinning = _cpu_while_idle(0.1)
+    fastlayers.set_idle_spin(0.0)
+    _cpu_while_idle(0.01)  # a worker spinning from before goes to sleep after this call
+    sleeping = _cpu_while_idle(0.1)
+    assert spinning > 0.04, spinning
+    assert sleeping < 0.02, sleeping
+
+
+def test_idle_spin_setting_is_checked_and_read_back(idle_spin):
+    assert fastlayers.get_idle_spin() == pytest.approx(2e-4)  # the default (FASTLAYERS_IDLE_SPIN_US unset)
+    fastlayers.set_idle_spin(0.05)
+    assert fastlayers.get_idle_spin() == pytest.approx(0.05)
+    fastlayers.set_idle_spin(0)
+    assert fastlayers.get_idle_spin() == 0.0
+    for bad in (-1e-3, 1.5, float("nan"), "0.1", True, None):
+        with pytest.raises(InputError, match="set_idle_spin"):
+            fastlayers.set_idle_spin(bad)
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [("5000", "0.005"), ("0", "0.0"), ("2000000", "SettingError"), ("fast", "SettingError")],
+)
+def test_idle_spin_from_the_environment(value, expect):
+    code = "import fastlayers\nfrom fastlayers.errors import SettingError\ntry:\n    import fastlayers.native\n"
+    code += "    print(fastlayers.get_idle_spin())\nexcept SettingError as e:\n    print('SettingError', e)"
+    env = dict(os.environ, FASTLAYERS_IDLE_SPIN_US=value)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(expect), out.stdout
+    if expect == "SettingError":
+        assert "FASTLAYERS_IDLE_SPIN_US" in out.stdout
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
