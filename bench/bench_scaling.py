@@ -3,9 +3,9 @@ each engine's 2-thread calls in rounds right after another thread pool's.
 
 Workloads (ONNX files written with ``onnx.helper``, random weights, nothing downloaded):
 
-- ``resnet50-nhwc``: a ResNet-50 (bottleneck blocks 3-4-6-3, BatchNorm folded into the
-  convolutions' biases) taking an NHWC input through a leading Transpose, as tf2onnx exports
-  Keras models, at batch 1 and 8;
+- ``resnet50-nhwc``: a ResNet-50 (bottleneck blocks 3-4-6-3, convolutions with biases and no
+  BatchNorm nodes, as tf2onnx folds them) taking an NHWC input through a leading Transpose, as
+  tf2onnx exports Keras models, at batch 1 and 8;
 - ``conv3x3``: Conv2d(64, 64, 3, padding=1) + bias on 8 x 64 x 56 x 56;
 - ``linear1024``: MatMul + Add 1024 -> 1024 on 64 rows.
 
