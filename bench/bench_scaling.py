@@ -148,27 +148,13 @@ def build(workload: str, directory: Path) -> tuple[Path, tuple]:
     return globals()[builder](directory / f"{workload}.onnx", shape), shape
 
 
-def _session(path: str, threads: int):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    return lambda x: sess.run(None, {name: x})[0]
-
-
 def make_call(engine: str, path: str, threads: int):
-    """A function x -> first output of ``engine`` on the model at ``path`` with ``threads``."""
-    if engine == "fastlayers":
-        import fastlayers
+    """A function x -> first output of ``engine`` on the model at ``path`` (whose input is
+    named "x") with ``threads``: bench_pauses' engines."""
+    from bench.bench_pauses import make_call as feed_call
 
-        fastlayers.set_num_threads(threads)
-        model = fastlayers.load(path)
-        name = model.get_inputs()[0].name
-        return lambda x: model.run(None, {name: x})[0]
-    return _session(path, threads)
+    call = feed_call(engine, path, threads)
+    return lambda x: call({"x": x})
 
 
 def _neighbour(kind: str, engine: str, path: str):

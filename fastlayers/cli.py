@@ -354,12 +354,15 @@ def _positive_float(text: str) -> float:
 
 
 def _pause_ms(text: str) -> float:
+    from .onnx.profile import MAX_PAUSE
+
+    limit = f"expected milliseconds from 0 to {MAX_PAUSE * 1e3:g}"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds from 0 to 10000, got {text!r}") from None
-    if not 0 <= value <= 10000:
-        raise argparse.ArgumentTypeError(f"expected milliseconds from 0 to 10000, got {text}")
+        raise argparse.ArgumentTypeError(f"{limit}, got {text!r}") from None
+    if not 0 <= value <= MAX_PAUSE * 1e3:
+        raise argparse.ArgumentTypeError(f"{limit}, got {text}")
     return value
 
 

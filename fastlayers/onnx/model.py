@@ -515,12 +515,12 @@ class OnnxModel:
         >>> print(p.table(top=10))
         """
         from ..backends import threads_in_use
-        from .profile import profile_plan
+        from .profile import MAX_PAUSE, profile_plan
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise InputError(f"profile: repeats must be a positive integer, got {repeats!r}")
-        if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not 0 <= pause <= 10:
-            raise InputError(f"profile: pause must be a number of seconds in [0, 10], got {pause!r}")
+        if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not 0 <= pause <= MAX_PAUSE:
+            raise InputError(f"profile: pause must be a number of seconds in [0, {MAX_PAUSE:g}], got {pause!r}")
         arrays = self._prepare(args, kwargs)
         return profile_plan(
             self.name,

@@ -154,6 +154,10 @@ def fused_detail(attrs) -> str:
     return "+".join(p if p != "True" else "residual" for p in parts)
 
 
+#: Longest pause before each timed call that ``profile`` accepts, in seconds.
+MAX_PAUSE = 10.0
+
+
 def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pause: float = 0.0) -> Profile:
     """The profile of the model ``name`` whose ``plan`` runs ``nodes``. ``run(arrays, clock,
     log)`` evaluates the plan and returns its value table, appending ``(step, seconds, backend
