@@ -51,7 +51,18 @@ class Body:
         if self.forwarded is not None:
             arrays = [*own, *captures]
             return [arrays[i] for i in self.forwarded]
-        values = self.model._run_nodes(list(own) + list(captures))
+        return self._outputs(self.model._run_nodes(list(own) + list(captures)))
+
+    def run_timed(self, own, captures, clock: list, log) -> tuple[list, dict | None]:
+        """``run`` with each of the body's steps timed into ``clock`` and its backend calls
+        into ``log`` (``OnnxModel._run_nodes``' arguments, for a profile): the outputs and the
+        body's value table (None where the body only forwards values and runs nothing)."""
+        if self.forwarded is not None:
+            return self.run(own, captures), None
+        values = self.model._run_nodes(list(own) + list(captures), clock, log)
+        return self._outputs(values), values
+
+    def _outputs(self, values) -> list:
         return [values[o] if o in values else self.model._constants[o] for o in self.model.output_names]
 
 
@@ -81,13 +92,18 @@ def condition(value, what: str) -> bool:
     return bool(_one(value, what))
 
 
+def taken_branch(inputs, attrs) -> str:
+    """The attribute naming the If branch its condition ``inputs[0]`` selects:
+    ``"then_branch"`` where it is true, else ``"else_branch"``."""
+    cond = inputs[0]
+    flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else condition(cond, "If condition")
+    return "then_branch" if flag else "else_branch"
+
+
 @op("If")
 def _if(inputs, attrs, opset):
     """The outputs of then_branch where the condition is true, else of else_branch."""
-    cond = inputs[0]
-    flag = cond.item() if type(cond) is np.ndarray and cond.size == 1 else condition(cond, "If condition")
-    body = attrs["then_branch" if flag else "else_branch"]
-    return body.run([], inputs[attrs["_formal"] :])
+    return attrs[taken_branch(inputs, attrs)].run([], inputs[attrs["_formal"] :])
 
 
 def _append(steps, value, what):

@@ -25,7 +25,7 @@ from . import (
 )
 from .bound import bind
 from .compiled import Parts, compile_plan
-from .control import Body
+from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC, has_loop
 from .layout import contiguous
 from .nodes import owner
@@ -173,6 +173,8 @@ class OnnxModel:
         self._shape_outputs = [o for n in nodes for o in n.outputs if o in shape_only]
         self._shape_cache: dict = {}
         self._compiled = None  # compiled.compile_plan's function, built at the first call
+        self._bound: list | None = None  # _bound_plan's steps, built at the first call
+        self._timed: list | None = None  # _timed_plan's steps, built at the first profile
         self._compiled_shapes: dict = {}
         self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs, *(name for name, _, _ in inputs)})
 
@@ -428,15 +430,17 @@ class OnnxModel:
             if cached is not None:
                 values.update(cached)
         outs, dead = None, (None if every_value or log is not None else self._dead)
+        plan = self._plan if clock is None else self._timed_plan()
         try:
-            for step, (fn, ins, outs, attrs, shape_only) in enumerate(self._plan):
+            for step, (fn, ins, outs, attrs, shape_only) in enumerate(plan):
                 if shape_only and cached is not None:
                     continue
-                if clock is not None:
-                    mark, t0 = len(log) if log is not None else 0, time.perf_counter()
-                results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
-                if clock is not None:
-                    clock.append((step, time.perf_counter() - t0, log[mark:] if log is not None else ()))
+                if clock is None:
+                    results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+                else:
+                    results = self._timed_step(
+                        step, fn, [values[i] if type(i) is str else i for i in ins], attrs, clock, log
+                    )
                 for name, value in zip(outs, results):
                     if name:
                         values[name] = value
@@ -451,13 +455,51 @@ class OnnxModel:
             self._shape_cache[key] = {o: values[o] for o in self._shape_outputs}
         return values
 
+    def _bound_plan(self) -> list:
+        """The plan with each step bound on its constant inputs (``bound.bind``), as a plain
+        call runs it: built once, shared by the compiled plan and the profile."""
+        if self._bound is None:
+            self._bound = [
+                (bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
+                for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)
+            ]
+        return self._bound
+
+    def _timed_plan(self) -> list:
+        """The plan a profile times: the bound steps, with each If whose branches are bodies
+        marked (its function None) so that ``_timed_step`` runs and times the branch's steps."""
+        if self._timed is None:
+            self._timed = [
+                (None if n.op_type == "If" and isinstance(attrs.get("then_branch"), Body) else fn, ins, outs, attrs, so)
+                for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._bound_plan())
+            ]
+        return self._timed
+
+    def _timed_step(self, step, fn, inputs, attrs, clock, log) -> list:
+        """Run plan step ``step`` (``fn`` on ``inputs``; None: an If, whose taken branch's
+        steps are timed too) and append ``(step, seconds, backend calls, branch)`` to
+        ``clock``: the calls are the entries the step added to ``log`` (a ``recording_calls``
+        list, or None), ``branch`` None or, for an If, ``(attribute of the branch taken, its
+        model, its own clock, its value table)``; an If's seconds are those of choosing the
+        branch (what the compiled plan's ``if`` costs), its branch's steps being timed apart."""
+        mark, t0 = len(log) if log is not None else 0, time.perf_counter()
+        if fn is None:
+            taken = taken_branch(inputs, attrs)
+            seconds = time.perf_counter() - t0
+            inner: list = []
+            results, values = attrs[taken].run_timed([], inputs[attrs["_formal"] :], inner, log)
+            clock.append(
+                (step, seconds, log[mark:] if log is not None else (), (taken, attrs[taken].model, inner, values))
+            )
+            return results
+        results = fn(inputs, attrs, self.opset)
+        clock.append((step, time.perf_counter() - t0, log[mark:] if log is not None else (), None))
+        return results
+
     def _parts(self) -> Parts:
         """The plan as ``compile_plan`` reads it: each step bound on its constant inputs
         (``bound.bind``), each If's branches with their own parts, to be compiled in."""
-        plan = [
-            (bind(n.op_type, ins, attrs, self.opset) or fn, ins, outs, attrs, so)
-            for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._plan)
-        ]
+        plan = self._bound_plan()
         branches = {
             k: (attrs["then_branch"].model._parts(), attrs["else_branch"].model._parts())
             for k, (n, (_, _, _, attrs, _)) in enumerate(zip(self._nodes, self._plan))

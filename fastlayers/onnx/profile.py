@@ -20,8 +20,10 @@ class Step:
     """One step of the plan: what it runs and how long it took (median over the timed calls).
 
     ``kernel`` names the backend methods the step called (``"cpu.conv2d"``), or ``"numpy"`` for
-    a step computed in numpy alone (a fallback for the native backend), or ``"cached"`` for a
-    shape computation served from the per-shape cache.
+    a step computed in numpy alone (a fallback for the native backend), ``"cached"`` for a
+    shape computation served from the per-shape cache, or ``"control flow"`` for an If, whose
+    ``fused`` names the branch taken ("then" or "else") and whose time is that of choosing it:
+    the branch's steps follow it as rows of their own (``branch``).
     """
 
     index: int
@@ -34,6 +36,9 @@ class Step:
     kernel: str
     ms: float
     share: float = 0.0
+    #: Where the step runs: "" in the model's own graph, "12.then/" in the branch that the If
+    #: at step 12 took (nested: "12.then/3.else/"); ``index`` counts within that branch.
+    branch: str = ""
 
 
 @dataclass
@@ -76,7 +81,7 @@ class Profile:
         for s in steps:
             shapes = f"{_shapes(s.input_shapes)} -> {_shapes(s.output_shapes)}"
             lines.append(
-                f"{s.index:>4} {s.ms:>9.4f} {s.share:>6.1%}  {s.op_type[:22]:<22} "
+                f"{s.branch + str(s.index):>4} {s.ms:>9.4f} {s.share:>6.1%}  {s.op_type[:22]:<22} "
                 f"{s.fused[:14]:<14} {s.kernel[:26]:<26} {s.layout:<7} {shapes}"
             )
         lines.append(
@@ -92,7 +97,7 @@ class Profile:
         -------
         dict
             ``model``, ``threads``, ``repeats``, ``pause`` (seconds), ``total_ms``; ``steps``: one dict per step with
-            ``index``, ``op_type``, ``name``, ``fused``, ``kernel``, ``layout``,
+            ``index``, ``branch``, ``op_type``, ``name``, ``fused``, ``kernel``, ``layout``,
             ``input_shapes``, ``output_shapes``, ``ms``, ``share``; ``by_op``: one dict per
             operator with ``op_type``, ``steps``, ``ms``, ``share``, slowest first.
         """
@@ -109,6 +114,7 @@ class Profile:
             "steps": [
                 {
                     "index": s.index,
+                    "branch": s.branch,
                     "op_type": s.op_type,
                     "name": s.name,
                     "fused": s.fused,
@@ -161,19 +167,41 @@ MAX_PAUSE = 10.0
 def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pause: float = 0.0) -> Profile:
     """The profile of the model ``name`` whose ``plan`` runs ``nodes``. ``run(arrays, clock,
     log)`` evaluates the plan and returns its value table, appending ``(step, seconds, backend
-    calls)`` to ``clock`` per step; it runs once untimed with ``log`` recording the backend
-    calls (each step's kernel), then ``repeats`` times, each after ``pause`` seconds of sleep;
-    the median per step and per call."""
+    calls, branch)`` to ``clock`` per step (``OnnxModel._timed_step``: ``branch``, for an If,
+    holds the branch taken, its model, its own clock and value table); it runs once untimed
+    with ``log`` recording the backend calls (each step's kernel), then ``repeats`` times,
+    each after ``pause`` seconds of sleep; the median per step and per call. The steps of an
+    If's branch follow the If, whose own time is that of choosing the branch."""
     calls: list = []
     with recording_calls(calls):
         first: list = []
         values = run(arrays, first, calls)
-    kernels: dict[int, str] = {}
-    for step, _, names in first:
-        kernels[step] = ", ".join(dict.fromkeys(names)) or "numpy"
-    per_step: dict[int, list] = {}
+    kernels: dict[tuple, str] = {}
+    tables: dict[tuple, tuple] = {(): (nodes, plan, values)}  # (path of a branch) -> its steps and values
+    taken: dict[tuple, str] = {}  # path of an If step -> the branch it took
+
+    def untimed(clock, prefix):
+        for step, _, names, branch in clock:
+            path = prefix + (step,)
+            kernels[path] = ", ".join(dict.fromkeys(names)) or "numpy"
+            if branch is not None:
+                attr, body, inner, body_values = branch
+                kernels[path], taken[path] = "control flow", attr
+                if body_values is not None:
+                    tables[path + (attr,)] = (body._nodes, body._plan, body_values)
+                    untimed(inner, path + (attr,))
+
+    untimed(first, ())
+    per_step: dict[tuple, list] = {}
+
+    def timed(clock, prefix):
+        for step, seconds, _, branch in clock:
+            path = prefix + (step,)
+            if branch is not None:  # the If's choice of branch; the branch's steps are rows of their own
+                timed(branch[2], path + (branch[0],))
+            per_step.setdefault(path, []).append(seconds)
+
     totals = []
-    outputs: dict[int, list] = {}
     for _ in range(repeats):
         clock: list = []
         if pause:
@@ -181,29 +209,42 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pau
         t0 = time.perf_counter()
         run(arrays, clock, None)
         totals.append(time.perf_counter() - t0)
-        for step, seconds, outs in clock:
-            per_step.setdefault(step, []).append(seconds)
-            outputs[step] = outs
+        timed(clock, ())
     total_ms = float(np.median(totals) * 1e3)
-    steps = []
-    for k, (node, (_, ins, outs, attrs, _)) in enumerate(zip(nodes, plan)):
-        times = per_step.get(k)
-        ms = float(np.median(times) * 1e3) if times else 0.0
-        in_shapes = [_shape(values.get(i) if isinstance(i, str) else i) for i in ins]
-        out_values = [values.get(o) for o in outs if o]
-        steps.append(
-            Step(
-                k,
-                node.op_type,
-                node.name or (node.outputs[0] if node.outputs else ""),
-                fused_detail(attrs) if node.op_type.startswith("Fused") or node.op_type == "ConvTranspose" else "",
-                in_shapes,
-                [_shape(v) for v in out_values],
-                layout_of(out_values[0]) if out_values else "-",
-                kernels.get(k, "cached") if times else "cached",
-                ms,
+    steps: list = []
+
+    def rows(prefix, label):
+        table_nodes, table_plan, table_values = tables[prefix]
+        for k, (node, (_, ins, outs, attrs, _)) in enumerate(zip(table_nodes, table_plan)):
+            path = prefix + (k,)
+            times = per_step.get(path)
+            ms = float(np.median(times) * 1e3) if times else 0.0
+            in_shapes = [_shape(table_values.get(i) if isinstance(i, str) else i) for i in ins]
+            out_values = [table_values.get(o) for o in outs if o]
+            if path in taken:
+                fused = taken[path].removesuffix("_branch")
+            elif node.op_type.startswith("Fused") or node.op_type == "ConvTranspose":
+                fused = fused_detail(attrs)
+            else:
+                fused = ""
+            steps.append(
+                Step(
+                    k,
+                    node.op_type,
+                    node.name or (node.outputs[0] if node.outputs else ""),
+                    fused,
+                    in_shapes,
+                    [_shape(v) for v in out_values],
+                    layout_of(out_values[0]) if out_values else "-",
+                    kernels.get(path, "cached") if times else "cached",
+                    ms,
+                    branch=label,
+                )
             )
-        )
+            if path + (taken.get(path),) in tables:
+                rows(path + (taken[path],), f"{label}{k}.{taken[path].removesuffix('_branch')}/")
+
+    rows((), "")
     for s in steps:
         s.share = s.ms / total_ms if total_ms else 0.0
     return Profile(name, threads, repeats, total_ms, steps, pause)

@@ -121,3 +121,109 @@ def test_profile_command_prints_the_slowest_steps(tmp_path, rng):
     assert "each after a 5 ms pause" in spaced.stdout
     negative = cli("--pause", "-1")
     assert negative.returncode == 2 and "milliseconds" in negative.stderr
+
+
+def _branching(tmp_path):
+    """y = If(sum(x) > 0: Relu(Tanh(x)) with a nested If(c: Neg(x), else: Identity(x)) added;
+    else Sigmoid(x)), the branches reading x and c from the graph."""
+    onnx = oracle("onnx")
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    inner = h.make_node(
+        "If",
+        ["c"],
+        ["n"],
+        then_branch=h.make_graph(
+            [h.make_node("Neg", ["x"], ["neg"])], "in_then", [], [h.make_tensor_value_info("neg", f, None)]
+        ),
+        else_branch=h.make_graph(
+            [h.make_node("Identity", ["x"], ["same"])], "in_else", [], [h.make_tensor_value_info("same", f, None)]
+        ),
+    )
+    then = h.make_graph(
+        [
+            h.make_node("Tanh", ["x"], ["t"]),
+            h.make_node("Relu", ["t"], ["r"]),
+            inner,
+            h.make_node("Add", ["r", "n"], ["a"]),
+        ],
+        "then",
+        [],
+        [h.make_tensor_value_info("a", f, None)],
+    )
+    other = h.make_graph([h.make_node("Sigmoid", ["x"], ["s"])], "else", [], [h.make_tensor_value_info("s", f, None)])
+    nodes = [
+        h.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        h.make_node("Greater", ["total", "zero"], ["positive"]),
+        h.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="choose"),
+    ]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", f, [2, 3]), h.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [h.make_tensor_value_info("y", f, None)],
+        [h.make_tensor("zero", f, [], [0.0])],
+    )
+    path = tmp_path / "branching.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_profile_times_the_steps_of_the_branch_an_if_takes(tmp_path, rng):
+    model = fastlayers.load(_branching(tmp_path))
+    x = np.abs(rng.standard_normal((2, 3))).astype(np.float32)
+    profile = model.profile(x, np.array(True), repeats=2)
+    rows = [(s.branch, s.index, s.op_type) for s in profile.steps]
+    assert rows == [
+        ("", 0, "ReduceSum"),
+        ("", 1, "Greater"),
+        ("", 2, "If"),
+        ("2.then/", 0, "Tanh"),
+        ("2.then/", 1, "Relu"),
+        ("2.then/", 2, "If"),
+        ("2.then/2.then/", 0, "Neg"),
+        ("2.then/", 3, "Add"),
+    ]
+    choose = profile.steps[2]
+    assert choose.fused == "then" and choose.kernel == "control flow" and choose.output_shapes == [(2, 3)]
+    tanh = profile.steps[3]
+    assert tanh.input_shapes == [(2, 3)] and tanh.output_shapes == [(2, 3)] and tanh.ms > 0
+    assert "2.then/2.then/0" in profile.table(sort=False)
+    assert profile.as_dict()["steps"][6]["branch"] == "2.then/2.then/"
+    assert sum(s.share for s in profile.steps) <= 1.05
+    # the other branches: the If's own rows follow the branch each call took
+    other = model.profile(-x, np.array(False), repeats=1)
+    assert [(s.branch, s.op_type) for s in other.steps][2:] == [("", "If"), ("2.else/", "Sigmoid")]
+    forwarded = model.profile(x, np.array(False), repeats=1)
+    assert [s.op_type for s in forwarded.steps if s.branch == "2.then/2.else/"] == []  # Identity only: nothing runs
+    np.testing.assert_allclose(model(x, np.array(True)), np.maximum(np.tanh(x), 0) - x, rtol=1e-5, atol=1e-6)
+
+
+def test_profile_runs_the_steps_a_call_runs(tmp_path, rng, monkeypatch):
+    """The profile times the steps bound on their constant inputs (``bound.py``), as a plain
+    call runs them, not the operators' general forms."""
+    from fastlayers.onnx import bound
+
+    ran = []
+    general = bound.BINDERS["Slice"]
+
+    def counting(inputs, attrs, opset):
+        fn = general(inputs, attrs, opset)
+        return None if fn is None else (lambda i, a, o: ran.append(1) or fn(i, a, o))
+
+    monkeypatch.setitem(bound.BINDERS, "Slice", counting)
+    onnx = oracle("onnx")
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    i64 = onnx.TensorProto.INT64
+    model = make_graph(
+        [h.make_node("Slice", ["x", "starts", "ends"], ["s"]), h.make_node("Relu", ["s"], ["y"])],
+        [h.make_tensor_value_info("x", f, [4, 6])],
+        [h.make_tensor_value_info("y", f, None)],
+        [h.make_tensor("starts", i64, [1], [1]), h.make_tensor("ends", i64, [1], [3])],
+    )
+    path = tmp_path / "slice.onnx"
+    onnx.save(model, str(path))
+    loaded = fastlayers.load(path)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    ran.clear()
+    profile = loaded.profile(x, repeats=3)
+    assert len(ran) == 4  # the untimed call and three timed ones
+    assert profile.steps[0].op_type == "Slice" and profile.steps[0].output_shapes == [(2, 6)]
