@@ -222,3 +222,34 @@ def test_broadcast_shape_follows_numpy():
                 broadcast_shape(a, b, "Expand")
             continue
         assert broadcast_shape(a, b, "Expand") == want
+
+
+@pytest.mark.parametrize("target", [[2, 3], [1, 3], [3], [1, 1, 1], [4, 2, 3], [2, 1]])
+def test_expand_to_the_shape_it_has_passes_its_input_on(tmp_path, rng, target):
+    """Expand to a shape its input already has repeats nothing and copies nothing (voicefilter's
+    Expand of the speaker vector to its own shape); the results, and the outputs run() returns,
+    are still onnxruntime's and never the caller's array."""
+    onnx = oracle("onnx")
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Expand", ["x", "shape"], ["e"]),
+        helper.make_node("Relu", ["e"], ["y"]),
+        helper.make_node("Expand", ["x", "shape"], ["z"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+        [numpy_helper.from_array(np.array(target, np.int64), "shape")],
+    )
+    path = tmp_path / "expand.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = fastlayers.load(path).run(None, {"x": x})
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert_close(g, w, rtol=0, atol=0)
+    assert not np.shares_memory(got[1], x)

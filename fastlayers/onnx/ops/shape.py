@@ -203,6 +203,8 @@ def _expand(inputs, attrs, opset):
     if any(d < 0 for d in target):
         raise ShapeError(f"Expand: negative dimension in shape {target[:8]}")
     out = broadcast_shape(x.shape, target, "Expand")
+    if out == x.shape:  # nothing to repeat: the input itself, as a dropped Identity passes it
+        return [x]
     created(out, x.dtype, "Expand")
     return [np.array(np.broadcast_to(x, out))]
 
