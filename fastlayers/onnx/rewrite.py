@@ -2,7 +2,8 @@
 order after constant folding and before the dense / convolution fusions:
 
 - ``drop_noops``: Identity, inference Dropout, Cast to the type its input has, Transpose by the
-  identity permutation, Add / Sub of a scalar 0, Mul / Div by a scalar 1, Squeeze of the axes
+  identity permutation, Slice of every element (start 0, end the largest int64, step 1), Add /
+  Sub of a scalar 0, Mul / Div by a scalar 1, Squeeze of the axes
   an Unsqueeze just added; a Reshape to a constant shape reads the input of a Reshape, Flatten,
   Squeeze or Unsqueeze before it (one Reshape for the chain; the nodes it skips are left for
   ``onnx.prune``). Graph outputs keep their names;
@@ -132,6 +133,8 @@ def _passes_through(node, constants, dtypes, readers):
     if op == "Transpose":
         perm = node.attrs.get("perm")
         return ins[0] if perm is not None and list(perm) == list(range(len(perm))) else None
+    if op == "Slice" and _whole_slice(node, constants):
+        return ins[0]
     if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
         # (both operands have one type, T; a float64 constant would widen what float ops here
         # compute as float32 from float64 values)
@@ -141,6 +144,29 @@ def _passes_through(node, constants, dtypes, readers):
         if op in ("Add", "Mul") and _scalar_of(constants, ins[0]) == neutral and constants[ins[0]].dtype != np.float64:
             return ins[1]
     return None
+
+
+def _whole_slice(node, constants) -> bool:
+    """Whether a Slice keeps every element on any input: each of its axes from 0 to the largest
+    int64 (torch's ``x[..., 0:]``, which clamps to the axis's length) by steps of 1, with
+    constant starts, ends and steps (inputs from opset 10, attributes before)."""
+    if len(node.inputs) > 1:
+        parts = [node.inputs[i] if len(node.inputs) > i and node.inputs[i] else None for i in (1, 2, 3, 4)]
+        if any(p is not None and p not in constants for p in parts) or parts[0] is None or parts[1] is None:
+            return False
+        starts, ends = constants[parts[0]], constants[parts[1]]
+        steps = constants[parts[3]] if parts[3] is not None else np.ones(1, np.int64)
+    else:
+        starts, ends = np.asarray(node.attrs.get("starts", [1])), np.asarray(node.attrs.get("ends", [0]))
+        steps = np.ones(1, np.int64)
+    return (
+        starts.size > 0
+        and starts.dtype.kind in "iu"
+        and ends.dtype.kind in "iu"
+        and bool(np.all(starts == 0))
+        and bool(np.all(ends >= np.iinfo(np.int64).max))
+        and bool(np.all(steps == 1))
+    )
 
 
 def _collapse_reshapes(nodes, constants, readers):

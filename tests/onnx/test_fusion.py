@@ -994,3 +994,52 @@ def test_paddle_hard_swish_spelling_is_the_convolution_activation(tmp_path, rng)
     assert ours.op_types == ["FusedConv", "FusedConv", "HardSigmoid", "Mul"]
     assert ours._nodes[0].attrs["activation"] == "hard_silu"
     _matches_ort(ours, tmp_path / "hard_swish.onnx", {"img": rng.standard_normal((1, 3, 6, 5)).astype(np.float32) * 4})
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+def test_slices_of_every_element_dropped_others_kept(tmp_path, rng, opset):
+    """torch's ``x[..., 0:]`` (start 0, end the largest int64, step 1) keeps every element on
+    any shape and is dropped; a slice ending at a finite end, starting later or stepping by 2
+    stays, and every result is onnxruntime's."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    big = np.iinfo(np.int64).max
+
+    def sl(x, y, starts, ends, axes, steps=None):
+        if opset < 10:
+            return helper.make_node("Slice", [x], [y], starts=starts, ends=ends, axes=axes)
+        names = [f"{y}_{k}" for k in ("s", "e", "a", "p")]
+        consts.extend(
+            numpy_helper.from_array(np.array(v, np.int64), n)
+            for n, v in zip(names, (starts, ends, axes, steps or [1] * len(axes)))
+        )
+        return helper.make_node("Slice", [x, *names], [y])
+
+    consts: list = []
+    nodes = [
+        sl("x", "a", [0], [big], [1]),
+        sl("a", "b", [0, 0], [big, big], [0, 2]),
+        helper.make_node("Relu", ["b"], ["r"]),
+        sl("r", "c", [0], [3], [2]),  # a finite end: kept
+        sl("r", "d", [1], [big], [1]),  # a later start: kept
+    ]
+    outputs = ["c", "d"]
+    if opset >= 10:
+        nodes.append(sl("r", "e", [0], [big], [2], [2]))  # every other element: kept
+        outputs.append("e")
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, None, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        consts,
+        opset=opset,
+    )
+    onnx.save(model, tmp_path / "slices.onnx")
+    ours = fastlayers.load(tmp_path / "slices.onnx")
+    assert ours.op_types == ["Relu"] + ["Slice"] * (len(outputs))
+    for length in (1, 4):
+        _matches_ort(
+            ours, tmp_path / "slices.onnx", {"x": rng.standard_normal((2, length, 5)).astype(np.float32)}, 0, 0
+        )
