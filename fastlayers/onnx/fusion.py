@@ -513,6 +513,86 @@ def mark_recurrent_sequences(nodes, outputs) -> list[Node]:
     return nodes
 
 
+def _classes(value) -> int | None:
+    """V where ``value`` is the integer constant arange(V) on its last axis, every other axis
+    of length 1 (the classes a one-hot encoding compares ids with), else None."""
+    if value is None or value.dtype.kind not in "iu" or value.ndim < 1 or value.size != value.shape[-1]:
+        return None
+    return value.size if value.size and np.array_equal(value.reshape(-1), np.arange(value.size)) else None
+
+
+def fuse_one_hot_dense(nodes, constants, outputs) -> list[Node]:
+    """A one-hot encoding multiplied by constant weights, Cast(Equal(ids, arange(V)), float) ->
+    FusedDense (V, E) (jax2tf's ``jax.nn.one_hot`` before a Dense: magika), with a following
+    Add of a constant (1, ..., 1, E) bias and an activation -> one ``OneHotDense`` node on the
+    ids: a gather of rows of weights + bias, row V (ids outside [0, V)) the bias alone, the
+    activation applied to that table once per backend. Exact: a one-hot row times the weights
+    is the weights' row (every other product a zero), so the row plus the bias is the one
+    rounding the graph makes. Only where every weight is finite (0 x inf would be NaN) and each
+    intermediate has this one reader; an ids tensor whose last axis is not 1 runs the
+    encoding and the product (``ops/linear.py``)."""
+    uses = consumers(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    removed: set[int] = set()
+    for node in nodes:
+        if node.op_type != "FusedDense" or len(node.inputs) != 2 or node.attrs or uses.get(node.inputs[0]) != 1:
+            continue
+        cast = producer.get(node.inputs[0])
+        if cast is None or cast.op_type != "Cast" or cast.attrs.get("to") != 1 or uses.get(cast.inputs[0]) != 1:
+            continue
+        equal = producer.get(cast.inputs[0])
+        if equal is None or equal.op_type != "Equal" or len(equal.inputs) != 2:
+            continue
+        side = (
+            1 if _classes(constants.get(equal.inputs[1])) else 0 if _classes(constants.get(equal.inputs[0])) else None
+        )
+        w = constants[node.inputs[1]]
+        if side is None or equal.inputs[1 - side] in constants:
+            continue
+        classes = constants[equal.inputs[side]]
+        if w.shape[0] != classes.size or not np.isfinite(w).all():
+            continue
+        fused = Node(
+            "OneHotDense",
+            [equal.inputs[1 - side], equal.inputs[side], node.inputs[1]],
+            node.outputs,
+            {"activation": "linear", "alpha": 0.0},
+            node.name,
+        )
+        # a following Add of a bias on the last axis (whose rank the output's reaches: the
+        # classes' rank), then an activation, each the only reader of what it reads
+        for wants in ("bias", "activation"):
+            readers = [n for n in nodes if fused.outputs[0] in n.inputs and id(n) not in removed]
+            if uses.get(fused.outputs[0]) != 1 or len(readers) != 1:
+                break
+            follower = readers[0]
+            if wants == "bias":
+                if follower.op_type != "Add":
+                    continue  # no bias: an activation may follow
+                other = follower.inputs[1] if follower.inputs[0] == fused.outputs[0] else follower.inputs[0]
+                bias = constants.get(other)
+                if (
+                    bias is None
+                    or bias.dtype != np.float32
+                    or bias.shape[-1:] != (w.shape[1],)
+                    or bias.size != w.shape[1]
+                    or bias.ndim > classes.ndim
+                ):
+                    break
+                constants[f"{other}::vec"] = np.ascontiguousarray(bias.reshape(-1))
+                fused.inputs.append(f"{other}::vec")
+            else:
+                activation = _fused_activation(follower, constants)
+                if activation is None:
+                    break
+                fused.attrs.update(activation)
+            fused.outputs = follower.outputs
+            removed.add(id(follower))
+        removed.update((id(node), id(cast), id(equal)))
+        nodes[nodes.index(node)] = fused
+    return [n for n in nodes if id(n) not in removed]
+
+
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
     GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output

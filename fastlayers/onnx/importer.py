@@ -21,7 +21,9 @@ then optimises the graph once:
    node (``fuse_gelu``, ``fuse_gelu_tanh``); MatMul (+ Add) and Gemm with constant weights become one dense node
    on the backend's BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
    LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
-   backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); Conv with constant weights
+   backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); such a dense node
+   on a one-hot encoding, Cast(Equal(ids, arange(V))), with its bias Add and activation,
+   becomes one ``OneHotDense`` gather of rows (``fuse_one_hot_dense``); Conv with constant weights
    absorbs a following BatchNormalization (folded into its weights) and activation, with its
    weights transposed once to the backend's layout; an embedding Gather feeding an RNN, GRU or
    LSTM is folded into its input projection (``fuse_embedding_recurrent``); one LSTM step
@@ -153,7 +155,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
     nodes = fusion.fuse_gelu_tanh(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
-    nodes = fusion.fuse_dense(nodes, constants, outputs)
+    nodes = fusion.fuse_one_hot_dense(fusion.fuse_dense(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_conv_transpose(nodes, constants, outputs)
     nodes = cells.fuse_lstm_cell(nodes, constants, outputs)

@@ -1043,3 +1043,67 @@ def test_slices_of_every_element_dropped_others_kept(tmp_path, rng, opset):
         _matches_ort(
             ours, tmp_path / "slices.onnx", {"x": rng.standard_normal((2, length, 5)).astype(np.float32)}, 0, 0
         )
+
+
+def _one_hot_graph(tmp_path, w, ids_type, act="Relu", extra_reader=False):
+    """ids (2, 5, free) -> Equal(ids, arange(V) as (1, 1, V)) -> Cast float -> MatMul w (V, E)
+    -> Add b (1, 1, E) -> act, as jax2tf writes jax.nn.one_hot before a Dense (magika)."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    v, e = w.shape
+    dtype = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}[ids_type]
+    nodes = [
+        helper.make_node("Equal", ["ids", "classes"], ["eq"]),
+        helper.make_node("Cast", ["eq"], ["hot"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["hot", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["h"]),
+        helper.make_node(act, ["h"], ["y"], **({"approximate": "tanh"} if act == "Gelu" else {})),
+    ]
+    outs = ["y"] + (["hot"] if extra_reader else [])
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("ids", ids_type, [2, 5, None])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+        [
+            numpy_helper.from_array(np.arange(v, dtype=dtype).reshape(1, 1, v), "classes"),
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.linspace(-1, 1, e, dtype=np.float32).reshape(1, 1, e), "b"),
+        ],
+        opset=20,
+    )
+    path = tmp_path / "one_hot.onnx"
+    onnx.save(model, str(path))
+    return path, dtype
+
+
+@pytest.mark.parametrize("act", ["Relu", "Gelu"])
+@pytest.mark.parametrize("ids_type", [6, 7])  # int32, int64
+def test_one_hot_times_weights_becomes_a_gather(tmp_path, rng, act, ids_type):
+    """Equal(ids, arange(V)) -> Cast -> MatMul -> Add bias -> activation is one OneHotDense
+    node gathering rows of act(w + b): the graph's bits, ids outside [0, V) included (their
+    one-hot row is zeros: act(b)); ids whose last axis is not 1 take the graph's arithmetic."""
+    w = rng.standard_normal((7, 6)).astype(np.float32)
+    path, dtype = _one_hot_graph(tmp_path, w, ids_type, act)
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["OneHotDense"]
+    ids = np.array([0, 6, 3, -1, 7, 100, 2, 2, 5, 1], dtype).reshape(2, 5, 1)
+    _matches_ort(ours, path, {"ids": ids}, rtol=1e-6, atol=1e-6)
+    with fastlayers.use_ops("reference"):
+        _matches_ort(ours, path, {"ids": ids}, rtol=1e-6, atol=1e-6)
+    wide = rng.integers(-1, 8, (2, 5, 7)).astype(dtype)  # compared elementwise with the classes
+    _matches_ort(ours, path, {"ids": wide}, rtol=1e-5, atol=1e-5)
+
+
+def test_one_hot_products_kept_where_a_gather_would_differ(tmp_path, rng):
+    """Weights holding an inf (0 x inf is NaN in the product) or a one-hot value read elsewhere
+    keep the graph's nodes."""
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    w[2, 1] = np.inf
+    path, _ = _one_hot_graph(tmp_path, w, 7)
+    assert "OneHotDense" not in fastlayers.load(path).op_types
+    path, dtype = _one_hot_graph(tmp_path, np.ones((4, 3), np.float32), 7, extra_reader=True)
+    ours = fastlayers.load(path)
+    assert "OneHotDense" not in ours.op_types
+    _matches_ort(ours, path, {"ids": np.arange(10, dtype=dtype).reshape(2, 5, 1)})

@@ -67,4 +67,5 @@ NODE_CACHES = {
     "GRU": ("_bound",),
     "RNN": ("_bound",),
     "FusedLSTMCell": ("_bound",),
+    "OneHotDense": ("_tables",),
 }

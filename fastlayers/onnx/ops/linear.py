@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...backends import get_ops
-from ..tensors import f32, registrar
+from ..tensors import created, f32, registrar
+from .shape import broadcast_shape
 
 #: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
 OPS: dict = {}
@@ -38,3 +39,34 @@ def _fused_dense(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     return [get_ops().dense(f32(x), w, b, attrs.get("activation", "linear"), attrs.get("alpha", 0.0))]
+
+
+@op("OneHotDense")
+def _one_hot_dense(inputs, attrs, opset):
+    """fastlayers' fused node (``fusion.fuse_one_hot_dense``): activation(float(ids == classes)
+    @ w + b) for ids whose last axis is 1 and classes arange(V) on their last axis: a gather of
+    rows of activation(w + b), the table made once per backend (``_tables``), row V (ids
+    outside [0, V), whose one-hot row is all zeros) activation(b). Other ids run the encoding
+    and the product as the graph wrote them."""
+    ids, classes, w = inputs[0], inputs[1], inputs[2]
+    b = inputs[3] if len(inputs) > 3 else None
+    name, alpha = attrs.get("activation", "linear"), attrs.get("alpha", 0.0)
+    ops = get_ops()
+    if type(ids) is not np.ndarray or ids.dtype.kind not in "iu" or ids.ndim == 0 or ids.shape[-1] != 1:
+        one_hot = np.equal(ids, classes).astype(np.float32)
+        return [ops.dense(one_hot, w, b, name, alpha)]
+    lead = broadcast_shape(ids.shape[:-1], classes.shape[:-1], "OneHotDense")
+    shape = created(lead + (w.shape[1],), np.float32, "OneHotDense")
+    tables = attrs.get("_tables")
+    table = None if tables is None else tables.get(ops.name)
+    if table is None:
+        rows = np.concatenate([w, np.zeros((1, w.shape[1]), np.float32)])
+        if b is not None:
+            rows = rows + b
+        table = np.ascontiguousarray(rows if name == "linear" else ops.activation(rows, name, alpha))
+        if tables is not None:
+            tables[ops.name] = table
+    v = w.shape[0]
+    flat = ids.reshape(-1)
+    index = np.where((flat >= 0) & (flat < v), flat, v)
+    return [table[index].reshape(shape)]
