@@ -435,12 +435,11 @@ class OnnxModel:
             for step, (fn, ins, outs, attrs, shape_only) in enumerate(plan):
                 if shape_only and cached is not None:
                     continue
+                args = [values[i] if type(i) is str else i for i in ins]
                 if clock is None:
-                    results = fn([values[i] if type(i) is str else i for i in ins], attrs, self.opset)
+                    results = fn(args, attrs, self.opset)
                 else:
-                    results = self._timed_step(
-                        step, fn, [values[i] if type(i) is str else i for i in ins], attrs, clock, log
-                    )
+                    results = self._timed_step(step, fn, args, attrs, clock, log)
                 for name, value in zip(outs, results):
                     if name:
                         values[name] = value
