@@ -114,9 +114,9 @@ def test_bidirectional_runs_its_directions_at_once(keras, rng, monkeypatch):
 
 
 def test_thread_count_changed_after_binding(rng, monkeypatch):
-    """A bound step builds no loop arguments; under a thread count other than the one it was
-    bound at (whose shares it holds) it builds them for the call (here a batch of 8 that 2
-    threads split in two)."""
+    """A bound step builds no loop arguments per call; under a thread count other than the one
+    it was bound at it builds the loop for that count once (here a batch of 8 that 2 threads
+    split in two) and keeps it, so switching back and forth builds nothing more."""
     before = _core.get_num_threads()
     built = []
     real = cpu_recurrent._LOOPS["lstm_sequence"]
@@ -132,9 +132,40 @@ def test_thread_count_changed_after_binding(rng, monkeypatch):
         _assert_equal(model(x), y)
         assert len(built) == 1
         fastlayers.set_num_threads(2)
-        np.testing.assert_allclose(model(x), y, rtol=1e-5, atol=1e-6)
+        y2 = model(x)
+        np.testing.assert_allclose(y2, y, rtol=1e-5, atol=1e-6)
+        assert len(built) == 2  # the loop for 2 threads
+        _assert_equal(model(x), y2)
+        fastlayers.set_num_threads(1)
+        _assert_equal(model(x), y)
+        fastlayers.set_num_threads(2)
+        _assert_equal(model(x), y2)
         assert len(built) == 2
         assert cpu_recurrent._shares(8, 20, 64, 64, 4, 64 * 256) == (2, 1)
+    finally:
+        fastlayers.set_num_threads(before)
+
+
+def test_bidirectional_bound_at_one_thread_runs_at_once_at_two(keras, rng, monkeypatch):
+    """A Bidirectional bound at 1 thread (its directions one after the other) runs them in one
+    ``rnn_loops`` call once the thread count is 2, and one after the other again at 1."""
+    before = _core.get_num_threads()
+    runs = []
+    real = _core.rnn_loops
+    monkeypatch.setattr(_core, "rnn_loops", lambda calls: runs.append(len(calls)) or real(calls))
+    try:
+        fastlayers.set_num_threads(1)
+        k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat", steps=64, units=32)
+        x = rng.standard_normal((4, 64, I)).astype(np.float32)
+        y = model(x)
+        assert runs == []
+        fastlayers.set_num_threads(2)
+        np.testing.assert_allclose(model(x), y, rtol=1e-5, atol=1e-6)
+        assert runs == [2]
+        fastlayers.set_num_threads(1)
+        _assert_equal(model(x), y)
+        assert runs == [2]
+        np.testing.assert_allclose(y, _keras_outputs(keras, k_model, x)[0], rtol=1e-4, atol=1e-5)
     finally:
         fastlayers.set_num_threads(before)
 

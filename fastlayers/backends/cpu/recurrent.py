@@ -494,60 +494,81 @@ def _filler(loop, x_bti):
     return fill
 
 
-def _with_states(args, states):
-    """A sequence call's arguments after the input with its initial states (its last one or
-    two) replaced by ``states`` (None: as they are)."""
-    return args if states is None else (*args[: len(args) - len(states)], *states)
+def _per_thread_count(bind):
+    """A function ``(x, states) -> result`` that runs ``bind(threads)``'s function for the
+    thread count in force at the call, each made at its first call and kept: a loop's shares
+    (and the weights packed for them) depend on the thread count, and a service may change it
+    after a model is bound. Thread counts are few, so the functions kept are few."""
+    made = {}
+
+    def run(x, states=None):
+        threads = _core.get_num_threads()
+        fn = made.get(threads)
+        if fn is None:
+            fn = made.setdefault(threads, bind(threads))
+        return fn(x, states)
+
+    return run
 
 
 def sequence_plan(cell, x_bti, args, kw):
     """A function ``(x, states=None) -> run_sequence(cell, x, *args, **kw)`` (``rnn_sequence``,
     ``lstm_sequence`` or ``gru_sequence``) for float inputs laid out as ``x_bti``: the loop's
     arguments that depend on the layout and the weights alone (packed weights, shares,
-    activation codes) made once, the states and outputs made anew each call (from the bound
-    initial states, or from ``states``, the call's (h0,) or (h0, c0) of the same shapes). None
-    where the native loop does not cover the call, for integer ids, a mask or a carried output
-    ``y0``. The shares are those of the thread count at binding; under another one the
-    function makes the call unbound."""
+    activation codes) made once per thread count (``_per_thread_count``), the states and
+    outputs made anew each call (from the bound initial states, or from ``states``, the call's
+    (h0,) or (h0, c0) of the same shapes). None where the native loop does not cover the call,
+    for integer ids, a mask or a carried output ``y0``."""
     if not _bindable(x_bti, kw):
         return None
-    threads = _core.get_num_threads()
     loop = _LOOPS[cell](x_bti, *args, **kw)
     if loop is None:
         return None
-    fill = _filler(loop, x_bti)
+    bound_threads = _core.get_num_threads()
 
-    def run(x, states=None):
-        if _core.get_num_threads() != threads:
-            return _run(_LOOPS[cell](x, *_with_states(args, states), **kw))
-        loop_args, result = fill(x, states)
-        _core.rnn_loop(*loop_args)
-        return result
+    def bind(threads):
+        filled = _filler(loop if threads == bound_threads else _LOOPS[cell](x_bti, *args, **kw), x_bti)
 
-    return run
+        def run(x, states):
+            loop_args, result = filled(x, states)
+            _core.rnn_loop(*loop_args)
+            return result
+
+        return run
+
+    return _per_thread_count(bind)
 
 
 def sequences_plan(x_bti, calls):
     """A function ``(x, states=None) -> sequences([(name, (x, *args), kw) for name, args, kw
     in calls])`` for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s (with
-    ``states`` one tuple of initial states per call), where ``sequences`` runs the calls at
-    once; None where it does not (or a call is not bound: see ``sequence_plan``). Under another
-    thread count the function calls ``sequences``."""
-    threads = _core.get_num_threads()
-    if threads < 2 or not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
+    ``states`` one tuple of initial states per call): under a thread count where ``sequences``
+    runs the calls at once (one ``rnn_loops`` call), their loops bound for it; under one where
+    it does not, each call's ``sequence_plan`` one after the other. None where a call does not
+    bind."""
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
         return None
-    loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
-    if not all(_own_thread(loop, len(calls), threads) for loop in loops):
+    singles = [sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
+    if any(single is None for single in singles):
         return None
-    fills = [_filler(loop, x_bti) for loop in loops]
 
-    def run(x, states=None):
-        per_call = states or [None] * len(calls)
-        if _core.get_num_threads() != threads:
-            unbound = [(name, (x, *_with_states(args, st)), kw) for (name, args, kw), st in zip(calls, per_call)]
-            return sequences(unbound) or [_run(_LOOPS[name](*a, **k)) for name, a, k in unbound]
-        filled = [fill(x, st) for fill, st in zip(fills, per_call)]
-        _core.rnn_loops([loop_args for loop_args, _ in filled])
-        return [result for _, result in filled]
+    def one_by_one(x, per_call):
+        return [single(x, st) for single, st in zip(singles, per_call)]
 
-    return run
+    def bind(threads):
+        if threads < 2:
+            return one_by_one
+        loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
+        if not all(_own_thread(loop, len(calls), threads) for loop in loops):
+            return one_by_one
+        fills = [_filler(loop, x_bti) for loop in loops]
+
+        def at_once(x, per_call):
+            filled = [fill(x, st) for fill, st in zip(fills, per_call)]
+            _core.rnn_loops([loop_args for loop_args, _ in filled])
+            return [result for _, result in filled]
+
+        return at_once
+
+    run = _per_thread_count(bind)
+    return lambda x, states=None: run(x, states or [None] * len(calls))
