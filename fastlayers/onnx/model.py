@@ -430,7 +430,7 @@ class OnnxModel:
             if cached is not None:
                 values.update(cached)
         outs, dead = None, (None if every_value or log is not None else self._dead)
-        plan = self._plan if clock is None else self._timed_plan()
+        plan = self._plan if clock is None else self._timed_plan() if log is None else self._labeling_plan()
         try:
             for step, (fn, ins, outs, attrs, shape_only) in enumerate(plan):
                 if shape_only and cached is not None:
@@ -473,6 +473,24 @@ class OnnxModel:
                 for n, (fn, ins, outs, attrs, so) in zip(self._nodes, self._bound_plan())
             ]
         return self._timed
+
+    def _labeling_plan(self) -> list:
+        """The plan a profile's first, untimed call runs to learn each step's kernel (the
+        backend calls in ``log``): the timed plan's steps, each bound at its call on fresh node
+        caches, so that the binding and the calls it makes happen inside the step. The bound
+        plan's steps were bound at earlier calls, outside any recording, and many call the
+        native core directly (a recurrent step's loop), which no recording sees."""
+        plan = []
+        for n, (fn, ins, outs, attrs, so), (timed, *_) in zip(self._nodes, self._plan, self._timed_plan()):
+            fresh = {**attrs, **{k: {} for k in NODE_CACHES[n.op_type]}} if n.op_type in NODE_CACHES else attrs
+            if timed is not None:
+                op_type = n.op_type
+
+                def timed(args, step_attrs, opset, _op_type=op_type, _ins=ins, _fn=fn):
+                    return (bind(_op_type, _ins, step_attrs, opset) or _fn)(args, step_attrs, opset)
+
+            plan.append((timed, ins, outs, fresh, so))
+        return plan
 
     def _timed_step(self, step, fn, inputs, attrs, clock, log) -> list:
         """Run plan step ``step`` (``fn`` on ``inputs``; None: an If, whose taken branch's

@@ -227,3 +227,30 @@ def test_profile_runs_the_steps_a_call_runs(tmp_path, rng, monkeypatch):
     profile = loaded.profile(x, repeats=3)
     assert len(ran) == 4  # the untimed call and three timed ones
     assert profile.steps[0].op_type == "Slice" and profile.steps[0].output_shapes == [(2, 6)]
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_profile_names_the_kernels_of_steps_bound_before_it(tmp_path, rng, threads):
+    """Steps bound at earlier calls (a recurrent step's loop, called on the native core
+    directly) are named by the kernels they bind, not as numpy fallbacks, at any thread count."""
+    onnx = oracle("onnx")
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    hidden, inputs = 8, 3
+    w = (rng.standard_normal((1, 4 * hidden, inputs)) * 0.3).astype(np.float32)
+    r = (rng.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32)
+    model = make_graph(
+        [h.make_node("LSTM", ["x", "w", "r"], ["y", "h"], hidden_size=hidden), h.make_node("Tanh", ["h"], ["t"])],
+        [h.make_tensor_value_info("x", f, [5, 1, inputs])],
+        [h.make_tensor_value_info("t", f, None)],
+        [h.make_tensor("w", f, w.shape, w.ravel()), h.make_tensor("r", f, r.shape, r.ravel())],
+    )
+    path = tmp_path / "lstm.onnx"
+    onnx.save(model, str(path))
+    loaded = fastlayers.load(path)
+    x = rng.standard_normal((5, 1, inputs)).astype(np.float32)
+    want = loaded(x)  # binds the steps
+    profile = loaded.profile(x, repeats=2)
+    lstm, tanh = profile.steps
+    assert lstm.op_type == "LSTM" and lstm.kernel == "cpu.sequence_plan"
+    assert tanh.kernel != "cpu.sequence_plan"
+    np.testing.assert_array_equal(loaded(x), want)
