@@ -377,3 +377,25 @@ def test_sequences_one_by_one(threads, rng):
     name, fn, args, kw = cases(rng, 2)[6]
     big = (fn, (rng.standard_normal((2, 1000, I)).astype(np.float32), *args), kw)
     assert R.sequences([big, (fn, big[1], dict(kw, activation="softmax"))]) is None
+
+
+def test_directions_beyond_half_the_l2_split_their_units(two_threads, monkeypatch, loops, rng):
+    """Directions whose recurrent weights exceed ``OWN_THREAD_L2_SHARE`` of a core's L2 cache
+    run one after the other, each with its units split among the threads (each thread's share
+    then stays in its L2 from step to step), and give what they give at once."""
+    name, fn, args, kw = cases(rng, 1)[0]
+    x = rng.standard_normal((1, 40, I)).astype(np.float32)
+    calls = [(fn, (x, *args), kw), (fn, (x, *args), dict(kw, reverse=True))]
+    weight_bytes = 4 * args[1].size
+    monkeypatch.setattr(R, "MIN_CALL_MADDS", 0)
+    monkeypatch.setattr(R, "l2_cache_bytes", lambda: int(2 * weight_bytes / R.OWN_THREAD_L2_SHARE))
+    at_once = R.sequences(calls)
+    assert at_once is not None
+    monkeypatch.setattr(R, "l2_cache_bytes", lambda: int(weight_bytes / R.OWN_THREAD_L2_SHARE) - 4)
+    assert R.sequences(calls) is None
+    monkeypatch.setattr(R, "MIN_SHARE_MADDS", 1)
+    split = [getattr(R, fn)(*a, **k) for _, a, k in calls]
+    assert [run[1:] for run in loops[-2:]] == [(1, 2), (1, 2)]
+    for a, b in zip(at_once, split):
+        for actual, expected in zip(a, b):
+            assert_close(actual, expected, rtol=1e-5, atol=1e-5)

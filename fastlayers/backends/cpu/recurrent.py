@@ -34,7 +34,7 @@ from ... import native
 from ...native import _core
 from ..derived import derived_from, derived_view
 from ..types import Cell
-from .memory import weights_empty
+from .memory import l2_cache_bytes, weights_empty
 
 #: Fewest multiply-adds of the recurrent product per share and step worth a thread (a share
 #: should compute for several times what a meeting of the threads costs).
@@ -55,6 +55,12 @@ UNIT_STEP = 16
 ROW_SHARE_MAX_BYTES = 8 << 20
 #: Fewest rows per batch share: the sgemm's register tiles run at their full rate from 4 rows.
 MIN_SHARE_ROWS = 4
+#: Largest share of a core's L2 cache that one direction's recurrent weights may take to run on
+#: a thread of its own beside the other direction (``sequences``). Larger ones are read from
+#: L3 at every step; split by units among the threads, one direction after the other, each
+#: thread's share stays in its L2 (a bidirectional LSTM of 512 units, 4 MiB per direction:
+#: 3.3 ms at once against 1.8 ms split, on a 2 MiB L2; docs/design.md, "CPU time loops").
+OWN_THREAD_L2_SHARE = 0.5
 #: Activation names the loops take: every elementwise code of the native core but leaky_relu,
 #: whose slope (Keras's default 0.2) the loops do not carry; it runs on the reference loop.
 CODES = {name: code for name, code in native.CODES.items() if name not in ("softmax", "log_softmax", "leaky_relu")}
@@ -455,10 +461,13 @@ def sequences(calls):
 
 
 def _own_thread(loop, n_calls, threads):
-    """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own."""
+    """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own: enough
+    work, recurrent weights that stay in that thread's L2 cache from step to step
+    (``OWN_THREAD_L2_SHARE``), and a batch the threads would not split anyway."""
     return (
         loop is not None
         and loop.steps * loop.batch * loop.weight_floats >= MIN_CALL_MADDS
+        and loop.weight_floats * 4 <= OWN_THREAD_L2_SHARE * l2_cache_bytes()
         and not (n_calls < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1)
     )
 
