@@ -228,6 +228,35 @@ def test_bias_act_at_every_offset_between_input_and_output(offset, name, rng):
     assert_close(out, REF.activation(x + bias, name), rtol=2e-5, atol=2e-6, what=name)
 
 
+@pytest.mark.parametrize("n", [1, 3, 24, 40, 100, 255, 256])
+@pytest.mark.parametrize("offset", [0, 1, 17, 1000])
+@pytest.mark.parametrize("name", ["linear", "relu", "onnx_silu", "gelu", "sigmoid"])
+def test_bias_act_on_short_contiguous_rows_equals_row_by_row(n, offset, name, rng):
+    """Contiguous rows shorter than a vector multiple run as one flat pass, the bias repeating
+    along it: the same bits as the same rows run one by one (strided rows), for any row
+    length, row count (odd: a tail), bias or none and output offset (4K aliasing: from the
+    end)."""
+    from fastlayers.native import CODES, _core
+
+    for rows in (2, 7, 37):
+        x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        padded = np.zeros((rows, n + 5), np.float32)
+        padded[:, :n] = x
+        for b in (bias, None):
+            want = np.zeros((rows, n + 5), np.float32)
+            _core.bias_act(padded[:, :n], b, CODES[name], 0.0, want[:, :n])
+            buf = np.empty(rows * n + 2048, np.float32)
+            start = ((x.ctypes.data - buf.ctypes.data) // 4 + offset) % 1024
+            out = buf[start : start + rows * n].reshape(rows, n)
+            _core.bias_act(x, b, CODES[name], 0.0, out)
+            assert np.array_equal(out, want[:, :n], equal_nan=True), (rows, b is None)
+            inplace = x.copy()
+            _core.bias_act(inplace, b, CODES[name], 0.0, inplace)
+            assert np.array_equal(inplace, want[:, :n], equal_nan=True)
+    assert_close(out, REF.activation(x, name), rtol=2e-5, atol=2e-6, what=name)
+
+
 @pytest.mark.parametrize(
     "a_shape, b_shape",
     [
