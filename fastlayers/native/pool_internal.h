@@ -7,21 +7,17 @@
 #include "pool.h"
 #include "threadpool.h"
 
-/* v[0:nc] (nc < FL_VW: zero lanes after), and its store (a loop: cheaper than a call of
- * memcpy for a vector's tail). */
+/* v[0:nc] (nc < FL_VW: zero lanes after), and its store (fl_load_n / fl_store_n for a
+ * vector's tail). */
 FL_INLINE fl_vf pool_ld(const float *p, int64_t nc) {
-    if (nc >= FL_VW) return fl_load(p);
-    fl_vf v = fl_set1(0.0f);
-    for (int64_t i = 0; i < nc; ++i) v[i] = p[i];
-    return v;
+    return nc >= FL_VW ? fl_load(p) : fl_load_n(p, nc);
 }
 
 FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
-    if (nc >= FL_VW) {
+    if (nc >= FL_VW)
         fl_store(p, v);
-        return;
-    }
-    for (int64_t i = 0; i < nc; ++i) p[i] = v[i];
+    else
+        fl_store_n(p, v, nc);
 }
 
 /* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
