@@ -42,6 +42,7 @@ cdef extern from "threadpool.h":
     int fl_pool_workers()
     int64_t fl_pool_get_spin_ns()
     void fl_pool_set_spin_ns(int64_t ns)
+    int64_t fl_parallel_chunks(int64_t n, int64_t grain)
 
 
 class NativeError(RuntimeError):
@@ -187,6 +188,12 @@ def set_spin_ns(int64_t ns):
 def pool_generation():
     """1 once this process created its workers (a forked child starts again at 0)."""
     return fl_pool_generation()
+
+
+def parallel_chunks(int64_t n, int64_t grain):
+    """Chunks a parallel call of n units with at least ``grain`` units per chunk is cut into
+    on the calling thread's thread count (1: it runs serially)."""
+    return fl_parallel_chunks(n, grain)
 
 
 def pool_workers():

@@ -266,3 +266,28 @@ def test_thread_buffers_are_freed_when_the_thread_exits():
     assert held[0] > 0
     # at least this thread (threads of earlier tests may end meanwhile too)
     assert _core.threads_released() >= before + 1
+
+
+@pytest.mark.parametrize(
+    "n, grain, threads, chunks",
+    [
+        (10, 1, 2, 2),  # not 5 chunks of 2 (3 rounds on one thread, 2 on the other)
+        (16, 1, 2, 8),
+        (3, 1, 2, 3),
+        (9, 1, 2, 2),
+        (1000, 1, 2, 8),
+        (1000, 400, 2, 2),
+        (10, 1, 1, 1),
+        (12, 1, 3, 12),
+        (14, 1, 4, 14),
+        (0, 1, 2, 0),
+    ],
+)
+def test_chunks_give_every_thread_the_same_rounds(n, grain, threads, chunks):
+    """A call's units are cut into chunks whose rounds over the threads are as even as the
+    count allows, with at least ``grain`` units each and a few chunks per thread at most."""
+    before = _core.set_call_threads(threads)
+    try:
+        assert _core.parallel_chunks(n, grain) == chunks
+    finally:
+        _core.set_call_threads(before)
