@@ -93,24 +93,35 @@ def test_bound_steps_match_call_and_keras(keras, rng, threads, name, options, me
                 np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
 
 
-def test_bidirectional_runs_its_directions_at_once(keras, rng, monkeypatch):
-    """At 2 threads, with enough work per direction, both the bound and the plain call run
-    the two directions in one ``rnn_loops`` call."""
+@pytest.fixture
+def loops_at_once(monkeypatch):
+    """The loop count of every ``rnn_loops`` call (directions run at once); the thread count
+    restored after the test."""
     before = _core.get_num_threads()
     runs = []
     real = _core.rnn_loops
     monkeypatch.setattr(_core, "rnn_loops", lambda calls: runs.append(len(calls)) or real(calls))
-    try:
-        fastlayers.set_num_threads(2)
-        k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat", steps=64, units=32)
-        x = rng.standard_normal((4, 64, I)).astype(np.float32)
-        y = model(x)
-        _assert_equal(model(x), y)
-        _assert_equal(model.layers[-1](x), y)
-        assert runs == [2, 2, 2]
-        np.testing.assert_allclose(y, _keras_outputs(keras, k_model, x)[0], rtol=1e-4, atol=1e-5)
-    finally:
-        fastlayers.set_num_threads(before)
+    yield runs
+    fastlayers.set_num_threads(before)
+
+
+def _bidirectional_lstm(keras, rng):
+    """(keras model, our model, input): a Bidirectional LSTM with enough work per direction
+    for a thread of its own."""
+    k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat", steps=64, units=32)
+    return k_model, model, rng.standard_normal((4, 64, I)).astype(np.float32)
+
+
+def test_bidirectional_runs_its_directions_at_once(keras, rng, loops_at_once):
+    """At 2 threads, with enough work per direction, both the bound and the plain call run
+    the two directions in one ``rnn_loops`` call."""
+    fastlayers.set_num_threads(2)
+    k_model, model, x = _bidirectional_lstm(keras, rng)
+    y = model(x)
+    _assert_equal(model(x), y)
+    _assert_equal(model.layers[-1](x), y)
+    assert loops_at_once == [2, 2, 2]
+    np.testing.assert_allclose(y, _keras_outputs(keras, k_model, x)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_thread_count_changed_after_binding(rng, monkeypatch):
@@ -146,28 +157,20 @@ def test_thread_count_changed_after_binding(rng, monkeypatch):
         fastlayers.set_num_threads(before)
 
 
-def test_bidirectional_bound_at_one_thread_runs_at_once_at_two(keras, rng, monkeypatch):
+def test_bidirectional_bound_at_one_thread_runs_at_once_at_two(keras, rng, loops_at_once):
     """A Bidirectional bound at 1 thread (its directions one after the other) runs them in one
     ``rnn_loops`` call once the thread count is 2, and one after the other again at 1."""
-    before = _core.get_num_threads()
-    runs = []
-    real = _core.rnn_loops
-    monkeypatch.setattr(_core, "rnn_loops", lambda calls: runs.append(len(calls)) or real(calls))
-    try:
-        fastlayers.set_num_threads(1)
-        k_model, model = _pair(keras, rng, "LSTM", {"return_sequences": True}, "concat", steps=64, units=32)
-        x = rng.standard_normal((4, 64, I)).astype(np.float32)
-        y = model(x)
-        assert runs == []
-        fastlayers.set_num_threads(2)
-        np.testing.assert_allclose(model(x), y, rtol=1e-5, atol=1e-6)
-        assert runs == [2]
-        fastlayers.set_num_threads(1)
-        _assert_equal(model(x), y)
-        assert runs == [2]
-        np.testing.assert_allclose(y, _keras_outputs(keras, k_model, x)[0], rtol=1e-4, atol=1e-5)
-    finally:
-        fastlayers.set_num_threads(before)
+    fastlayers.set_num_threads(1)
+    k_model, model, x = _bidirectional_lstm(keras, rng)
+    y = model(x)
+    assert loops_at_once == []
+    fastlayers.set_num_threads(2)
+    np.testing.assert_allclose(model(x), y, rtol=1e-5, atol=1e-6)
+    assert loops_at_once == [2]
+    fastlayers.set_num_threads(1)
+    _assert_equal(model(x), y)
+    assert loops_at_once == [2]
+    np.testing.assert_allclose(y, _keras_outputs(keras, k_model, x)[0], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("merge_mode", [False, "concat"], ids=["lstm", "bidirectional"])
