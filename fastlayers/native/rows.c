@@ -2,7 +2,7 @@
  * and per-channel scale + shift (rows.h). Compiled once per ISA (kernels.inc).
  *
  * Elementwise activations run FL_VW floats at a time; a row's tail goes through the same
- * vector code on a zero-padded copy, so every value takes one formula. */
+ * vector code on a partial vector (fl_load_n), so every value takes one formula. */
 
 #include "rows_internal.h"
 #include "threadpool.h"
@@ -22,12 +22,10 @@ FL_INLINE int rows_aliased(const float *x, const float *o) {
 FL_INLINE void rows_act_code(const float *x, const float *b, int64_t period, float *o, int64_t n,
                              const int code, float alpha) {
     int64_t nv = n / FL_VW * FL_VW;
-    if (nv < n) {                                       /* the tail, on a zero-padded copy */
-        float t[FL_VW] = {0}, tb[FL_VW] = {0};
-        memcpy(t, x + nv, (size_t)(n - nv) * sizeof(float));
-        if (b) memcpy(tb, b + (period ? nv % period : nv), (size_t)(n - nv) * sizeof(float));
-        fl_store(t, rows_vact(fl_load(t) + fl_load(tb), code, alpha));
-        memcpy(o + nv, t, (size_t)(n - nv) * sizeof(float));
+    if (nv < n) {                                /* the tail, its missing lanes zeros */
+        fl_vf v = fl_load_n(x + nv, n - nv);
+        if (b) v += fl_load_n(b + (period ? nv % period : nv), n - nv);
+        fl_store_n(o + nv, rows_vact(v, code, alpha), n - nv);
     }
     if (rows_aliased(x, o)) {
         for (int64_t j = nv - FL_VW; j >= 0; j -= FL_VW) {
@@ -120,7 +118,7 @@ static void rows_softmax_inplace(float *x, int64_t n, int log) {
 /* out[i, :] = f(x[i, :] + bias) for rows [r0, r1) of an (m, n) block. Contiguous rows (ldx =
  * ldo = n) whose length is not a multiple of FL_VW run as one flat pass, the bias repeating
  * with a period of the fewest whole rows that fill whole vectors, rather than row by row,
- * where each short row's tail took a padded copy (a convolution's 24 channels: 2560 rows
+ * where each short row paid its call and its tail (a convolution's 24 channels: 2560 rows
  * spent 3x the flat pass's time). Each value takes the same formula either way. */
 void FL_FN(rows_bias_act_range)(int64_t r0, int64_t r1, int64_t n, const float *x, int64_t ldx,
                                 const float *bias, int code, float alpha, float *out,

@@ -8,6 +8,7 @@ the node; tensors whose size the graph's values set are limited (``onnx_max_crea
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Mapping
@@ -162,7 +163,7 @@ class OnnxModel:
                 OPS[n.op_type],
                 [None if not i else (constants[i] if i in constants else i) for i in n.inputs],
                 n.outputs,
-                {**n.attrs, **{k: {} for k in NODE_CACHES[n.op_type]}} if n.op_type in NODE_CACHES else n.attrs,
+                _with_fresh_caches(n.op_type, n.attrs),
                 any(o in shape_only for o in n.outputs),
             )
             for n in nodes
@@ -482,14 +483,9 @@ class OnnxModel:
         native core directly (a recurrent step's loop), which no recording sees."""
         plan = []
         for n, (fn, ins, outs, attrs, so), (timed, *_) in zip(self._nodes, self._plan, self._timed_plan()):
-            fresh = {**attrs, **{k: {} for k in NODE_CACHES[n.op_type]}} if n.op_type in NODE_CACHES else attrs
-            if timed is not None:
-                op_type = n.op_type
-
-                def timed(args, step_attrs, opset, _op_type=op_type, _ins=ins, _fn=fn):
-                    return (bind(_op_type, _ins, step_attrs, opset) or _fn)(args, step_attrs, opset)
-
-            plan.append((timed, ins, outs, fresh, so))
+            # None: an If whose branch the timed plan descends into
+            labeled = None if timed is None else functools.partial(_bind_and_run, n.op_type, ins, fn)
+            plan.append((labeled, ins, outs, _with_fresh_caches(n.op_type, attrs), so))
         return plan
 
     def _timed_step(self, step, fn, inputs, attrs, clock, log) -> list:
@@ -664,6 +660,18 @@ class OnnxModel:
 #: kernels: a graph of these alone runs without numpy's error state set around it (entering
 #: ``np.errstate`` costs a noticeable share of a small MLP's call).
 QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _bind_and_run(op_type, ins, fn, args, attrs, opset) -> list:
+    """One step of ``_labeling_plan``: the step bound on its constant inputs now (``bind``),
+    or its general form, run on ``args``."""
+    return (bind(op_type, ins, attrs, opset) or fn)(args, attrs, opset)
+
+
+def _with_fresh_caches(op_type, attrs) -> dict:
+    """A node's attributes for one plan: with an empty dict for each cache its operator keeps
+    per node (``NODE_CACHES``: bound calls, packed plans), so that plans share none."""
+    return {**attrs, **{k: {} for k in NODE_CACHES[op_type]}} if op_type in NODE_CACHES else attrs
 
 
 def _quiet_activations(nodes) -> frozenset | None:

@@ -552,32 +552,30 @@ def sequences_plan(x_bti, calls):
     """A function ``(x, states=None) -> sequences([(name, (x, *args), kw) for name, args, kw
     in calls])`` for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s (with
     ``states`` one tuple of initial states per call): under a thread count where ``sequences``
-    runs the calls at once (one ``rnn_loops`` call), their loops bound for it; under one where
-    it does not, each call's ``sequence_plan`` one after the other. None where a call does not
-    bind."""
+    runs the calls at once, one ``rnn_loops`` call on their loops bound once (one thread each:
+    their arguments do not depend on the count); under one where it does not, each call's
+    ``sequence_plan`` (made at the first such call) one after the other. None where a call does
+    not bind."""
     if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
         return None
-    singles = [sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
-    if any(single is None for single in singles):
+    loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
+    if any(loop is None for loop in loops):
         return None
+    fills = [_filler(loop, x_bti) for loop in loops]
+    singles = []  # each call's sequence_plan, once one_by_one first runs
+
+    def at_once(x, per_call):
+        filled = [fill(x, st) for fill, st in zip(fills, per_call)]
+        _core.rnn_loops([loop_args for loop_args, _ in filled])
+        return [result for _, result in filled]
 
     def one_by_one(x, per_call):
+        if not singles:  # two threads may both make them: either list serves
+            singles[:] = [sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
         return [single(x, st) for single, st in zip(singles, per_call)]
 
     def bind(threads):
-        if threads < 2:
-            return one_by_one
-        loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
-        if not all(_own_thread(loop, len(calls), threads) for loop in loops):
-            return one_by_one
-        fills = [_filler(loop, x_bti) for loop in loops]
-
-        def at_once(x, per_call):
-            filled = [fill(x, st) for fill, st in zip(fills, per_call)]
-            _core.rnn_loops([loop_args for loop_args, _ in filled])
-            return [result for _, result in filled]
-
-        return at_once
+        return at_once if threads >= 2 and all(_own_thread(loop, len(calls), threads) for loop in loops) else one_by_one
 
     run = _per_thread_count(bind)
     return lambda x, states=None: run(x, states or [None] * len(calls))
