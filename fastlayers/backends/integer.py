@@ -24,6 +24,8 @@ class IntegerKernels:
     qpack = staticmethod(_core.qpack)
     #: c = (a - za) @ (b - zb), int32 or requantized to uint8/int8.
     qgemm = staticmethod(_core.qgemm)
+    #: y = float(dynamic_quantize(x) @ b) * (b_columns * x's scale) (+ bias), in one call.
+    dynamic_qgemm = staticmethod(_core.dynamic_qgemm)
     #: the integer convolution of NHWC uint8 x with packed weights, as ``qgemm`` per window.
     qconv = staticmethod(_core.qconv)
     #: one direction of an int8 LSTM's time loop over projected inputs.

@@ -435,6 +435,17 @@ def native_product_to_float(core, a, a_zp, packed, n, columns, bias):
     return y.reshape(a.shape[:-1] + (n,))
 
 
+def dynamic_product_to_float(core, a, packed, n, b_columns, bias):
+    """float32(q(a) @ B) * (b_columns * a's scale) (+ bias), q being DynamicQuantizeLinear over
+    all of float32 ``a`` (..., k): ``packed`` B (n columns, ``core.qpack``), ``b_columns`` B's
+    float32 scale per column. One native call (``dynamic_qgemm``: the quantized rows never
+    become an array) where ``a`` has values, else ``dynamic_quantize`` and the product."""
+    if a.size:
+        return core.dynamic_qgemm(a if a.flags.c_contiguous else np.ascontiguousarray(a), packed, b_columns, bias)
+    a_q, a_scale, a_zp = dynamic_quantize(a)
+    return native_product_to_float(core, a_q, a_zp, packed, n, b_columns * a_scale, bias)
+
+
 def bind_dynamic_quantize_matmul(inputs, attrs, opset):
     """DynamicQuantizeMatMul bound on its constant B (packed at load: ``_b_packed``), B scale,
     zero point and bias, for the compiled plan (``bound.py``): B's scales as one float32 per
@@ -459,6 +470,7 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
         return None  # the general form raises it
     b_columns = np.ascontiguousarray(np.broadcast_to(b_scale, (n,)))
     bias = inputs[4] if len(inputs) > 4 else None
+    bias = None if bias is None else np.ascontiguousarray(bias)
     checked: set = set()
 
     def run(inputs, attrs, opset):
@@ -471,8 +483,7 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
                     checked.clear()
                 checked.add((a.shape, a.dtype.str))
             return out
-        a_q, a_scale, a_zp = dynamic_quantize(a)
-        return [native_product_to_float(core, a_q, a_zp, packed, n, b_columns * a_scale, bias)]
+        return [dynamic_product_to_float(core, a, packed, n, b_columns, bias)]
 
     return run
 

@@ -13,6 +13,7 @@ from .qlinear import (
     _column_zero_points,
     _float_product,
     _quantized,
+    dynamic_product_to_float,
     integer_matmul,
     integer_matmul_to_float,
     native_product_to_float,
@@ -159,14 +160,14 @@ def _native_lstm(x, optional, attrs, params, packed, core):
     ys = np.zeros((steps, n_dir, batch, hidden), np.float32)
     h_last = np.empty((n_dir, batch, hidden), np.float32)
     c_last = np.empty((n_dir, batch, hidden), np.float32)
-    x_q, x_scale, x_zp = dynamic_quantize(x.reshape(-1, n_in))
+    x2 = x.reshape(-1, n_in)
     reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
     input_forget = bool(attrs.get("input_forget", 0))
     runs = []
     for d in range(n_dir):
         w_zp, r_zp, w_scale, r_scale, bias = params[d]
         w_packed, r_packed = packed[d]
-        x_proj = native_product_to_float(core, x_q, x_zp, w_packed, n_gates, w_scale * x_scale, None)
+        x_proj = dynamic_product_to_float(core, x2, w_packed, n_gates, w_scale, None)
         h_last[d] = 0.0 if h0 is None else h0[d]  # the states, updated in place by the runs
         c_last[d] = 0.0 if c0 is None else c0[d]
         runs.append(

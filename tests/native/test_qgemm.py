@@ -268,6 +268,48 @@ def test_float_epilogue(rng, m, k, n):
         _core.qgemm(a, za, pb, np.empty((m, n), np.int32), None, bias)
 
 
+@pytest.mark.parametrize("shape, n", [((1, 1), 1), ((1, 512), 2048), ((3, 2, 33), 17), ((30, 64), 40), ((2, 7), 70)])
+@pytest.mark.parametrize("values", ["mixed", "positive", "negative", "zero"])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_dynamic_product_is_quantize_then_product(rng, shape, n, values, threads):
+    """dynamic_qgemm: dynamic_quantize of all of x, then the product with the column scales
+    b_columns * x_scale (+ bias), bit for bit the two calls apart; x of any rank (its last axis
+    reduced), an empty range (scale 1) and one-sided ranges (zero point 0 or 255) included."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x = {"mixed": x, "positive": np.abs(x) + 0.5, "negative": -np.abs(x), "zero": np.zeros_like(x)}[values]
+    k = shape[-1]
+    b, zb = _values(rng, np.int8, (k, n)), rng.integers(-3, 4, n).astype(np.int32)
+    columns = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    pb = _core.qpack(b, zb)
+    q, scale, zp = _core.dynamic_quantize(x)
+    rows = q.reshape(-1, k)
+    for given in (None, bias):
+        want = np.empty((rows.shape[0], n), np.float32)
+        _core.qgemm(rows, np.full(rows.shape[0], zp, np.int32), pb, want, columns * scale, given)
+        got = _core.dynamic_qgemm(x, pb, columns, given)
+        assert got.shape == shape[:-1] + (n,) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, want.reshape(got.shape))
+
+
+def test_dynamic_product_arguments_are_checked(rng):
+    x, b = rng.standard_normal((4, 6)).astype(np.float32), _values(rng, np.int8, (6, 5))
+    pb, columns = _core.qpack(b, np.zeros(5, np.int32)), np.ones(5, np.float32)
+    assert _core.dynamic_qgemm(x[:0], pb, columns).shape == (0, 5)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        _core.dynamic_qgemm(x[:, ::2], _core.qpack(b[:3], np.zeros(5, np.int32)), columns)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        _core.dynamic_qgemm(x.astype(np.float64), pb, columns)
+    with pytest.raises(ValueError, match="no last axis"):
+        _core.dynamic_qgemm(np.zeros((4, 0), np.float32), pb, columns)
+    with pytest.raises(ValueError, match="packed by qpack"):  # 17 columns are two panels
+        _core.dynamic_qgemm(x, pb, np.ones(17, np.float32))
+    with pytest.raises(ValueError, match="b_columns"):
+        _core.dynamic_qgemm(x, pb, np.ones((5, 1), np.float32))
+    with pytest.raises(ValueError, match="bias"):
+        _core.dynamic_qgemm(x, pb, columns, np.ones(4, np.float32))
+
+
 @pytest.mark.parametrize("out", [np.uint8, np.int8])
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40), (25, 27, 70)])
 def test_requantizing_epilogue(rng, out, m, k, n):
