@@ -32,6 +32,8 @@ class IntegerKernels:
     qlstm = staticmethod(_core.qlstm)
     #: several ``qlstm`` directions/layers in one call.
     qlstm_runs = staticmethod(_core.qlstm_runs)
+    #: one direction from its float input: ``dynamic_qgemm`` by W, then ``qlstm``, in one call.
+    dynamic_qlstm = staticmethod(_core.dynamic_qlstm)
 
 
 #: The one instance the backends that run on the native core offer.

@@ -1,5 +1,7 @@
 # The quantized LSTM time loop (qlstm.h).
 
+from libc.string cimport memset
+
 cdef extern from "dispatch.h" nogil:
     int fl_qlstm(int64_t steps, int64_t batch, int64_t hidden, const float *x_proj, int reverse,
                  const int8_t *r_packed, const float *r_scale, const float *bias, const float *peep,
@@ -45,11 +47,12 @@ cdef int _qlstm_run(fl_qlstm_run *r, cnp.ndarray x_proj, bint reverse, cnp.ndarr
     if y is not None:
         ya = <cnp.ndarray>y
         if cnp.PyArray_TYPE(ya) != cnp.NPY_FLOAT32 or ya.ndim < 3 or ya.shape[0] != steps \
-                or (<object>ya).shape[ya.ndim - 2:] != (batch, hidden) \
-                or ya.strides[ya.ndim - 1] != 4 or ya.strides[ya.ndim - 2] != 4 * hidden or ya.strides[0] % 4:
+                or (<object>ya).shape[ya.ndim - 2:] != (batch, hidden) or (ya.size and (
+                    ya.strides[ya.ndim - 1] != 4 or ya.strides[ya.ndim - 2] != 4 * hidden or ya.strides[0] % 4)):
             raise ValueError(f"qlstm: y must be float32 (steps, ..., {batch}, {hidden}) with contiguous rows")
-        r.y = <float *>cnp.PyArray_DATA(ya)
-        r.y_step = ya.strides[0] // 4
+        if ya.size:  # numpy gives an empty array zero strides
+            r.y = <float *>cnp.PyArray_DATA(ya)
+            r.y_step = ya.strides[0] // 4
     return 0
 
 
@@ -85,3 +88,35 @@ def qlstm_runs(list runs):
     with nogil:
         st = fl_qlstm_runs(n, rs)
     check(st, "qlstm_runs")
+
+
+def dynamic_qlstm(cnp.ndarray x, cnp.ndarray w_packed, cnp.ndarray w_scale, bint reverse, cnp.ndarray r_packed,
+                  cnp.ndarray r_scale, object bias, object peep, float clip, bint input_forget, cnp.ndarray h,
+                  cnp.ndarray c, object y):
+    """One direction of a quantized LSTM from its float input: ``x`` (steps, batch, input)
+    C-contiguous float32 quantized as DynamicQuantizeLinear (all of it at once) and multiplied
+    by W (input, 4 hidden) packed by ``qpack`` with ``w_scale`` (4 hidden,) its float32 column
+    scales (``dynamic_qgemm``), then ``qlstm``'s loop over those projections (the other
+    arguments are ``qlstm``'s): both in one call, the same bits as the two apart."""
+    cdef const float *xp = _f32_contiguous(x, "dynamic_qlstm x")
+    if x.ndim != 3 or h.ndim != 2:
+        raise ValueError("dynamic_qlstm: x must be (steps, batch, input) and h (batch, hidden)")
+    cdef int64_t steps = x.shape[0], batch = x.shape[1], k = x.shape[2], g = 4 * h.shape[1]
+    cdef const float *columns = _f32_block(w_scale, (g,), "dynamic_qlstm w_scale")
+    _check_packed(w_packed, k, g, "dynamic_qlstm: w_packed")
+    x_proj = np.empty((steps, batch, g), np.float32)
+    cdef fl_qlstm_run r
+    _qlstm_run(&r, x_proj, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y)
+    cdef const int8_t *wp = <const int8_t *>cnp.PyArray_DATA(w_packed)
+    cdef float *proj = <float *>r.x_proj
+    cdef int st = 0
+    if steps * batch == 0:
+        return
+    with nogil:
+        if k > 0:
+            st = _dynamic_product(xp, steps * batch, k, wp, columns, NULL, g, proj)
+        else:
+            memset(proj, 0, <size_t>(steps * batch * g) * sizeof(float))
+        if st == 0:
+            st = fl_qlstm_runs(1, &r)
+    check(st, "dynamic_qlstm")

@@ -100,6 +100,38 @@ from libc.stdint cimport uint8_t
 from libc.stdlib cimport free, malloc
 
 
+cdef int _dynamic_product(const float *xp, int64_t m, int64_t k, const int8_t *pp, const float *columns,
+                          const float *bias, int64_t n, float *yp) noexcept nogil:
+    """yp (m, n) = float((q(x) - zp) @ (b - zb)) * (columns * x_scale) (+ bias), q, x_scale and
+    zp the DynamicQuantizeLinear of all m x k values at xp (``_dynamic_range``), b packed at pp;
+    the quantized rows, zero points and column scales in memory of the call's own. Returns the
+    product's status, or -1 where that memory cannot be had."""
+    cdef int64_t count = m * k, i
+    cdef float v
+    # the rows' uint8 values, then their zero points (int32 each), then the column scales
+    cdef char *scratch = <char *>malloc(<size_t>(count + 4 * m + 4 * n + 4))
+    if scratch == NULL:
+        return -1
+    cdef uint8_t *q = <uint8_t *>scratch
+    cdef int32_t *za = <int32_t *>(scratch + ((count + 3) // 4) * 4)
+    cdef float *cs = <float *>(za + m)
+    cdef float scale = _dynamic_range(count, xp, &v)
+    fl_quantize(count, xp, scale, v, 0, 255, q, 0)
+    for i in range(m):
+        za[i] = <int32_t>v
+    for i in range(n):
+        cs[i] = columns[i] * scale
+    cdef fl_qout out
+    out.kind = 1
+    out.scale = cs
+    out.bias = bias
+    out.ibias = NULL
+    out.zero_point = 0
+    cdef int st = fl_qgemm(m, n, k, q, 0, k, za, pp, &out, yp, n)
+    free(scratch)
+    return st
+
+
 def dynamic_qgemm(cnp.ndarray x, cnp.ndarray pb, cnp.ndarray b_columns, object bias=None):
     """y (..., n) float32 = float((x_u - x_zp) @ (b - zb)) * (b_columns * x_scale) (+ ``bias``),
     x_u, x_scale and x_zp being the DynamicQuantizeLinear of all of ``x`` (..., k), C-contiguous
@@ -110,39 +142,18 @@ def dynamic_qgemm(cnp.ndarray x, cnp.ndarray pb, cnp.ndarray b_columns, object b
     cdef const float *xp = _f32_contiguous(x, "dynamic_qgemm x")
     if x.ndim < 1 or x.shape[x.ndim - 1] < 1:
         raise ValueError(f"dynamic_qgemm: x of shape {(<object>x).shape} has no last axis to reduce")
-    cdef int64_t k = x.shape[x.ndim - 1], count = x.size, m = count // k
+    cdef int64_t k = x.shape[x.ndim - 1], m = x.size // k
     cdef int64_t n = b_columns.shape[0] if b_columns.ndim == 1 else -1
     cdef const float *columns = _f32_block(b_columns, (n,), "dynamic_qgemm b_columns")
     _check_packed(pb, k, n, "dynamic_qgemm: pb")
-    cdef fl_qout out
-    out.kind = 1
-    out.bias = _f32_block(bias, (n,), "dynamic_qgemm bias")
-    out.ibias = NULL
-    out.zero_point = 0
+    cdef const float *bp = _f32_block(bias, (n,), "dynamic_qgemm bias")
     y = np.empty((<object>x).shape[:-1] + (n,), np.float32)
     cdef float *yp = <float *>cnp.PyArray_DATA(<cnp.ndarray>y)
     cdef const int8_t *pp = <const int8_t *>cnp.PyArray_DATA(pb)
-    cdef float scale, v
-    cdef int64_t i
     cdef int st = 0
     if m == 0 or n == 0:
         return y
-    # the rows' uint8 values, then their zero points (int32 each), then the column scales
-    cdef char *scratch = <char *>malloc(<size_t>(count + 4 * m + 4 * n + 4))
-    if scratch == NULL:
-        raise MemoryError("dynamic_qgemm: no memory for the quantized rows")
-    cdef uint8_t *q = <uint8_t *>scratch
-    cdef int32_t *za = <int32_t *>(scratch + ((count + 3) // 4) * 4)
-    cdef float *cs = <float *>(za + m)
     with nogil:
-        scale = _dynamic_range(count, xp, &v)
-        fl_quantize(count, xp, scale, v, 0, 255, q, 0)
-        for i in range(m):
-            za[i] = <int32_t>v
-        for i in range(n):
-            cs[i] = columns[i] * scale
-        out.scale = cs
-        st = fl_qgemm(m, n, k, q, 0, k, za, pp, &out, yp, n)
-        free(scratch)
+        st = _dynamic_product(xp, m, k, pp, columns, bp, n, yp)
     check(st, "dynamic_qgemm")
     return y

@@ -18,6 +18,7 @@ from .ops import OPS
 from .ops.reduce import reduce_axes
 from .ops.shape import pad_plan, slice_index
 from .qlinear import bind_dynamic_quantize_matmul
+from .qlstm import bind_dynamic_quantize_lstm
 from .quant import MS
 from .tensors import ints
 
@@ -176,6 +177,7 @@ BINDERS = {
     "Pad": _bind_pad,
     "Gather": _bind_gather,
     f"{MS}::DynamicQuantizeMatMul": bind_dynamic_quantize_matmul,
+    f"{MS}::DynamicQuantizeLSTM": bind_dynamic_quantize_lstm,
     **{
         name: _bind_reduce(name)
         for name in (

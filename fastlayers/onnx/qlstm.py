@@ -298,6 +298,64 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     return [ys, h_last, c_last]
 
 
+def bind_dynamic_quantize_lstm(inputs, attrs, opset):
+    """DynamicQuantizeLSTM bound on its constants, for the compiled plan (``bound.py``): a
+    forward or reverse node whose W, R, B, scales and zero points were packed and derived at
+    load (``_pack_lstm``) and whose P is a constant or absent. Each input shape is checked by
+    the general form at its first call; later calls run the input's quantization, its product
+    with W and the time loop in one native call (``dynamic_qlstm``), the states and outputs
+    made here. None for a bidirectional node, a P computed by the graph, or constants that did
+    not derive (the general form runs, and raises what it raises)."""
+    params, packed = attrs.get("_params"), attrs.get("_packed")
+    p = inputs[7] if len(inputs) > 7 else None
+    if params is None or packed is None or len(params) != 1 or len(packed) != 1:
+        return None
+    if p is not None and (not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[0] != 1):
+        return None  # a graph value, or a shape the general form rejects
+    (_, _, w_scale, r_scale, bias), (w_packed, r_packed) = params[0], packed[0]
+    peep = None if p is None or p.size == 0 else np.ascontiguousarray(p[0], np.float32)
+    hidden = bias.shape[0] // 4
+    reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
+    input_forget = bool(attrs.get("input_forget", 0))
+    checked: set = set()
+
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        h0 = inputs[5] if len(inputs) > 5 else None
+        c0 = inputs[6] if len(inputs) > 6 else None
+        key = tuple(None if v is None else (type(v), np.shape(v)) for v in (x, *inputs[3:7]))
+        core = integer_kernels()
+        if core is None or type(x) is not np.ndarray or key not in checked:
+            out = _dynamic_quantize_lstm(inputs, attrs, opset)  # checks the shapes, raises
+            if core is not None and type(x) is np.ndarray:
+                if len(checked) >= MAX_CHECKED:
+                    checked.clear()
+                checked.add(key)
+            return out
+        steps, batch, _ = x.shape
+        ys = np.empty((steps, 1, batch, hidden), np.float32)
+        h = np.array(h0, np.float32) if h0 is not None and h0.size else np.zeros((1, batch, hidden), np.float32)
+        c = np.array(c0, np.float32) if c0 is not None and c0.size else np.zeros((1, batch, hidden), np.float32)
+        core.dynamic_qlstm(
+            x if x.flags.c_contiguous else np.ascontiguousarray(x),
+            w_packed,
+            w_scale,
+            reverse,
+            r_packed,
+            r_scale,
+            bias,
+            peep,
+            clip,
+            input_forget,
+            h[0],
+            c[0],
+            ys[:, 0],
+        )
+        return [ys, h, c]
+
+    return run
+
+
 _LSTM_ATTRS = {
     "activation_alpha": A("floats"),
     "activation_beta": A("floats"),

@@ -227,6 +227,38 @@ def test_quantized_lstm_runs_side_by_side_give_each_runs_bits(rng, hidden, batch
         _core.qlstm_runs([args[0][:8]])
 
 
+@pytest.mark.parametrize("steps, batch, n_in, hidden", [(1, 1, 512, 5), (4, 3, 7, 37), (0, 2, 3, 4), (2, 1, 1, 16)])
+@pytest.mark.parametrize("reverse, peepholes", [(False, False), (True, True)])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_quantized_lstm_from_float_input_is_product_then_loop(
+    rng, steps, batch, n_in, hidden, reverse, peepholes, threads
+):
+    """``dynamic_qlstm``: the input's ``dynamic_qgemm`` by W and then ``qlstm``'s loop, in one
+    call: the same outputs and final states bit for bit as the two calls apart (no steps
+    included: the states stay as given); a wrong shape is refused."""
+    g = 4 * hidden
+    x = rng.standard_normal((steps, batch, n_in)).astype(np.float32)
+    w_packed = _core.qpack(_values(rng, np.int8, (n_in, g)), np.zeros(g, np.int32))
+    r_packed = _core.qpack(_values(rng, np.int8, (hidden, g)), np.zeros(g, np.int32))
+    w_scale, r_scale = (rng.uniform(0.01, 0.05, g).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal(g).astype(np.float32)
+    peep = rng.standard_normal(3 * hidden).astype(np.float32) if peepholes else None
+    h0, c0 = (rng.standard_normal((batch, hidden)).astype(np.float32) for _ in range(2))
+    loop = (reverse, r_packed, r_scale, bias, peep, 0.0, False)
+    want = [h0.copy(), c0.copy(), np.full((steps, batch, hidden), np.nan, np.float32)]
+    _core.qlstm(_core.dynamic_qgemm(x, w_packed, w_scale).reshape(steps, batch, g), *loop, *want)
+    got = [h0.copy(), c0.copy(), np.full((steps, batch, hidden), np.nan, np.float32)]
+    _core.dynamic_qlstm(x, w_packed, w_scale, *loop, *got)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="w_packed"):
+        _core.dynamic_qlstm(
+            x[..., :0] if n_in > 4 else np.zeros((1, 1, 40), np.float32), w_packed, w_scale, *loop, *got
+        )
+    with pytest.raises(ValueError, match="w_scale"):
+        _core.dynamic_qlstm(x, w_packed, w_scale[:-1], *loop, *got)
+
+
 @pytest.mark.parametrize("count", [1, 7, 8, 100, 70001])
 def test_quantization_kernels_match_numpy(rng, count):
     """quantize.c: clamp(round_half_even(x / scale) + zero_point) to uint8 and int8, the fused

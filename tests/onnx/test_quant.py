@@ -256,6 +256,21 @@ def test_contrib_matmul_operators_match_onnxruntime(rng, backend):
     np.testing.assert_allclose(_load(mmf)(feed), _session(ort, mmf).run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
+def _lstm_constants(rng, n_dir, n_in, hidden):
+    """A DynamicQuantizeLSTM's constants: 7-bit int8 W and R, biases, peepholes, W scales per
+    column and R scales per direction, zero zero points."""
+    return {
+        "w": rng.integers(-64, 64, (n_dir, n_in, 4 * hidden)).astype(np.int8),
+        "r": rng.integers(-64, 64, (n_dir, hidden, 4 * hidden)).astype(np.int8),
+        "bias": rng.standard_normal((n_dir, 8 * hidden)).astype(np.float32),
+        "p": rng.standard_normal((n_dir, 3 * hidden)).astype(np.float32),
+        "ws": rng.uniform(0.01, 0.03, (n_dir, 4 * hidden)).astype(np.float32),
+        "wz": np.zeros((n_dir, 4 * hidden), np.int8),
+        "rs": rng.uniform(0.01, 0.03, n_dir).astype(np.float32),
+        "rz": np.zeros(n_dir, np.int8),
+    }
+
+
 def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
     """Bidirectional, with biases, initial states and peepholes, per-column weight scales: the
     same bits as onnxruntime (its gates' sigmoid and tanh, its order of roundings), on every
@@ -265,16 +280,7 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
     from onnx import TensorProto, helper, numpy_helper
 
     f, hidden, n_in = TensorProto.FLOAT, 5, 3
-    consts = {
-        "w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(np.int8),
-        "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(np.int8),
-        "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
-        "p": rng.standard_normal((2, 3 * hidden)).astype(np.float32),
-        "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
-        "wz": np.zeros((2, 4 * hidden), np.int8),
-        "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32),
-        "rz": np.zeros(2, np.int8),
-    }
+    consts = _lstm_constants(rng, 2, n_in, hidden)
     node = helper.make_node(
         "DynamicQuantizeLSTM",
         ["x", "w", "r", "bias", "", "h0", "c0", "p", "ws", "wz", "rs", "rz"],
@@ -302,6 +308,77 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(rng, backend):
             np.testing.assert_array_equal(g, w)  # onnxruntime's arithmetic, bit for bit
     with pytest.raises(FastlayersError, match="initial_h"):  # a new shape is checked
         ours.run(None, dict(feed, h0=np.zeros((2, 2, hidden), np.float32)))
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("states", [True, False])
+@pytest.mark.parametrize("peepholes", [True, False])
+def test_one_direction_quantized_lstm_bound_matches_onnxruntime(rng, backend, direction, states, peepholes):
+    """A forward or reverse DynamicQuantizeLSTM runs bound in the compiled plan (the input's
+    quantization, its product with W and the time loop in one native call on the cpu backend):
+    bit for bit onnxruntime's outputs, with and without initial states and peepholes, for
+    streaming single steps and sequences alternating, each shape checked once; a state of a
+    new, wrong shape still raises after the bound calls."""
+    ort = oracle("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.onnx.qlstm import bind_dynamic_quantize_lstm
+
+    f, hidden, n_in = TensorProto.FLOAT, 19, 7
+    consts = _lstm_constants(rng, 1, n_in, hidden)
+    if not peepholes:
+        del consts["p"]
+    names = ["x", "w", "r", "bias", "", "h0" if states else "", "c0" if states else "", "p" if peepholes else ""]
+    node = helper.make_node(
+        "DynamicQuantizeLSTM",
+        names + ["ws", "wz", "rs", "rz"],
+        ["y", "yh", "yc"],
+        domain="com.microsoft",
+        hidden_size=hidden,
+        direction=direction,
+    )
+    inputs = [_tensor("x", f, [None, None, n_in])]
+    if states:
+        inputs += [_tensor("h0", f, [1, None, hidden]), _tensor("c0", f, [1, None, hidden])]
+    proto = _model(
+        [node],
+        inputs,
+        [_tensor(n, f, None) for n in ("y", "yh", "yc")],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+        (("", 17), ("com.microsoft", 1)),
+    )
+    ours, theirs = _load(proto), _session(ort, proto)
+    (fn, ins, _, attrs, _), general = ours._bound_plan()[0], ours._plan[0][0]
+    assert fn is not general and bind_dynamic_quantize_lstm(ins, attrs, ours.opset) is not None
+    for steps, batch in ((1, 1), (5, 3), (1, 1), (5, 3), (1, 1)):
+        feed = {"x": rng.standard_normal((steps, batch, n_in)).astype(np.float32)}
+        if states:
+            feed["h0"] = rng.standard_normal((1, batch, hidden)).astype(np.float32)
+            feed["c0"] = rng.standard_normal((1, batch, hidden)).astype(np.float32)
+        for g, w in zip(ours.run(None, feed), theirs.run(None, feed), strict=True):
+            np.testing.assert_array_equal(g, w)
+    if states:  # a new shape is checked by the general form
+        with pytest.raises(FastlayersError, match="initial_h"):
+            ours.run(None, dict(feed, h0=np.zeros((1, batch + 1, hidden), np.float32)))
+
+
+def test_quantized_lstm_binds_only_what_it_can(rng):
+    """The bound form declines a bidirectional node and a P computed by the graph (the general
+    form runs them)."""
+    from fastlayers.onnx.qlstm import bind_dynamic_quantize_lstm
+
+    hidden = 3
+    derived = {
+        "_packed": ((np.zeros(1, np.int8), np.zeros(1, np.int8)),),
+        "_params": ((0, 0, np.ones(12, np.float32), np.ones(12, np.float32), np.zeros(12, np.float32)),),
+    }
+    x = rng.standard_normal((1, 1, 2)).astype(np.float32)
+    constant_p = np.zeros((1, 3 * hidden), np.float32)
+    assert bind_dynamic_quantize_lstm([x] + [None] * 6 + [constant_p], derived, 17) is not None
+    assert bind_dynamic_quantize_lstm([x] + [None] * 6 + ["p"], derived, 17) is None
+    both = {"_packed": derived["_packed"] * 2, "_params": derived["_params"] * 2}
+    assert bind_dynamic_quantize_lstm([x], both, 17) is None
+    assert bind_dynamic_quantize_lstm([x], {}, 17) is None
 
 
 # ------------------------------------------------------------- torch exports quantized by onnxruntime
