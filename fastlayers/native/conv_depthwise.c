@@ -18,13 +18,19 @@ typedef struct {
     float alpha;
 } conv_dw_ctx;
 
-/* out[c0:c0 + nc] = f(b + sum over i < kh, j in [j0, j1) of rows[i][(iw0 + j dw) c + c0:]
- * wk[i, j, c0:]) (multiplier 1). */
-FL_INLINE void conv_dw_chunk(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
-                             int64_t j0, int64_t j1, int64_t c0, int64_t nc, float *out) {
+/* The window rows [i0, i1) that lie inside x (the others read zeros). */
+typedef struct {
+    int64_t i0, i1;
+} conv_dw_rows;
+
+/* out[c0:c0 + nc] = f(b + sum over i in [i0, i1), j in [j0, j1) of rows[i][(iw0 + j dw) c +
+ * c0:] wk[i, j, c0:]) (multiplier 1). */
+FL_INLINE void conv_dw_chunk(const conv_dw_ctx *p, const float *const *rows, conv_dw_rows ir,
+                             int64_t iw0, int64_t j0, int64_t j1, int64_t c0, int64_t nc,
+                             float *out) {
     int64_t c = p->c;
     fl_vf acc = fl_set1(0.0f);
-    for (int64_t i = 0; i < p->kh; ++i) {
+    for (int64_t i = ir.i0; i < ir.i1; ++i) {
         const float *r = rows[i] + c0, *wr = p->wk + i * p->kw * c + c0;
         for (int64_t j = j0; j < j1; ++j)
             acc += pool_ld(r + (iw0 + j * p->dw) * c, nc) * pool_ld(wr + j * c, nc);
@@ -32,12 +38,13 @@ FL_INLINE void conv_dw_chunk(const conv_dw_ctx *p, const float *const *rows, int
     pool_st(out + c0, conv_epi(acc, p->bias ? p->bias + c0 : 0, nc, p->code, p->alpha), nc);
 }
 
-/* One output pixel (channels [cf, c)) of a window starting at column iw0, taps j in [j0, j1). */
-static void conv_dw_pixel(const conv_dw_ctx *p, const float *const *rows, int64_t iw0,
-                          int64_t j0, int64_t j1, int64_t cf, float *out) {
+/* One output pixel (channels [cf, c)) of a window starting at column iw0, taps j in [j0, j1)
+ * of rows [i0, i1). */
+static void conv_dw_pixel(const conv_dw_ctx *p, const float *const *rows, conv_dw_rows ir,
+                          int64_t iw0, int64_t j0, int64_t j1, int64_t cf, float *out) {
     int64_t c0 = cf;
-    for (; c0 + FL_VW <= p->c; c0 += FL_VW) conv_dw_chunk(p, rows, iw0, j0, j1, c0, FL_VW, out);
-    if (c0 < p->c) conv_dw_chunk(p, rows, iw0, j0, j1, c0, p->c - c0, out);
+    for (; c0 + FL_VW <= p->c; c0 += FL_VW) conv_dw_chunk(p, rows, ir, iw0, j0, j1, c0, FL_VW, out);
+    if (c0 < p->c) conv_dw_chunk(p, rows, ir, iw0, j0, j1, c0, p->c - c0, out);
 }
 
 /* One output pixel of a depth multiplier m > 1: out[ci m + q] = f(b + sum x[ci] w[ci m + q]). */
@@ -98,22 +105,64 @@ static void conv_dw3x3_run(const conv_dw_ctx *p, const float *const *rows, int64
             fl_store(yrow + ow * c + c0,
                      conv_epi(s, bias ? bias + c0 : 0, FL_VW, p->code, p->alpha));
         }
-    if (cv < c)
-        for (ow = ow0; ow < ow1; ++ow)
-            conv_dw_pixel(p, rows, ow * p->sw - p->pl, 0, 3, cv, yrow + ow * c);
+    if (cv < c) {
+        conv_dw_rows all = {0, 3};
+        for (ow = ow0; ow < ow1; ++ow) conv_dw_pixel(p, rows, all, ow * p->sw - p->pl, 0, 3, cv, yrow + ow * c);
+    }
 }
 
-/* Output columns [ow0, ow1) of a window inside x (multiplier 1, any kernel): vector by vector
- * of channels, four outputs per pass (each tap's weights loaded once for the four). */
-static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, int64_t ow0,
-                        int64_t ow1, float *yrow) {
+/* Output columns [ow0, ow1) at stride 1 and dilation 1 whose windows, KW wide, lie inside x's
+ * columns (multiplier 1), window rows [i0, i1): P outputs per pass (8 on AVX-512's 32
+ * registers, else 4) whose taps share their loads, each window row's P + KW - 1 input vectors
+ * loaded once for its P x KW products, P independent sums (four sums of 25 taps waited on
+ * the FMA latency, and five loads per four products on the load ports). The sums add the
+ * taps in conv_dw_chunk's order. Returns the first column not done. */
+FL_INLINE int64_t conv_dw_run_s1(const int KW, const conv_dw_ctx *p, const float *const *rows,
+                                 conv_dw_rows ir, int64_t ow0, int64_t ow1, float *yrow) {
+    enum { P = FL_VW >= 16 ? 8 : 4 };
+    int64_t c = p->c, left = p->pl * c, ow_end = ow0 + (ow1 - ow0) / P * P;
+    for (int64_t c0 = 0; c0 + FL_VW <= c; c0 += FL_VW) {
+        const float *bc = p->bias ? p->bias + c0 : 0;
+        for (int64_t ow = ow0; ow < ow_end; ow += P) {
+            fl_vf s[P];
+            _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] = fl_set1(0.0f);
+            for (int64_t i = ir.i0; i < ir.i1; ++i) {
+                const float *r = rows[i] + ow * c - left + c0, *wr = p->wk + i * KW * c + c0;
+                fl_vf xv[P + KW - 1];
+                _Pragma("GCC unroll 16") for (int u = 0; u < P + KW - 1; ++u) xv[u] = fl_load(r + u * c);
+                _Pragma("GCC unroll 8") for (int j = 0; j < KW; ++j) {
+                    fl_vf wv = fl_load(wr + j * c);
+                    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] += xv[u + j] * wv;
+                }
+            }
+            float *o = yrow + ow * c + c0;
+            _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u)
+                fl_store(o + u * c, conv_epi(s[u], bc, FL_VW, p->code, p->alpha));
+        }
+    }
+    if (c % FL_VW)  /* the channels past the last whole vector */
+        for (int64_t ow = ow0; ow < ow_end; ++ow)
+            conv_dw_pixel(p, rows, ir, ow - p->pl, 0, KW, c / FL_VW * FL_VW, yrow + ow * c);
+    return ow_end;
+}
+
+/* Output columns [ow0, ow1) of a window inside x (multiplier 1, any kernel), window rows
+ * [i0, i1): vector by vector of channels, four outputs per pass (each tap's weights loaded
+ * once for the four); at stride 1, 5- and 7-wide windows take conv_dw_run_s1. */
+static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, conv_dw_rows ir,
+                        int64_t ow0, int64_t ow1, float *yrow) {
+    if (p->sw == 1 && p->dw == 1 && (p->kw == 5 || p->kw == 7)) {
+        ow0 = p->kw == 5 ? conv_dw_run_s1(5, p, rows, ir, ow0, ow1, yrow)
+                         : conv_dw_run_s1(7, p, rows, ir, ow0, ow1, yrow);
+        if (ow0 >= ow1) return;
+    }
     int64_t c = p->c, cs = p->sw * c, dc = p->dw * c, left = p->pl * c;
     int64_t c0 = 0;
     for (; c0 + FL_VW <= c; c0 += FL_VW) {
         const float *bc = p->bias ? p->bias + c0 : 0;
         for (int64_t ow = ow0; ow + 4 <= ow1; ow += 4) {
             fl_vf s0 = fl_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
-            for (int64_t i = 0; i < p->kh; ++i) {
+            for (int64_t i = ir.i0; i < ir.i1; ++i) {
                 const float *r = rows[i] + ow * cs - left + c0;
                 const float *wr = p->wk + i * p->kw * c + c0;
                 for (int64_t j = 0; j < p->kw; ++j) {
@@ -134,7 +183,7 @@ static void conv_dw_run(const conv_dw_ctx *p, const float *const *rows, int64_t 
     }
     int64_t ow = ow0 + (ow1 - ow0) / 4 * 4;             /* the last columns, pixel by pixel */
     for (int64_t q = ow0; q < ow1; ++q)
-        conv_dw_pixel(p, rows, q * p->sw - p->pl, 0, p->kw, q < ow ? c0 : 0, yrow + q * c);
+        conv_dw_pixel(p, rows, ir, q * p->sw - p->pl, 0, p->kw, q < ow ? c0 : 0, yrow + q * c);
 }
 
 /* Output rows t = n Ho + oh in [t0, t1): window rows outside x read a row of zeros. */
@@ -157,17 +206,19 @@ static void conv_dw_task(void *arg, int64_t t0, int64_t t1) {
             int64_t ih = ih0 + i * p->dh;
             rows[i] = ih >= 0 && ih < p->h ? p->x + (n * p->h + ih) * p->w * c : zero;
         }
+        conv_dw_rows ir;   /* the window rows inside x: the others add nothing */
+        pool_taps(ih0, p->dh, p->kh, 0, p->h, &ir.i0, &ir.i1);
         float *yrow = p->y + t * wo * k;
         for (int64_t ow = 0; ow < wo; ++ow) {
             if (ow == ow_lo && p->m == 1 && ow_hi > ow_lo) {
                 if (p->kh == 3 && p->kw == 3) conv_dw3x3_run(p, rows, ow_lo, ow_hi, yrow);
-                else conv_dw_run(p, rows, ow_lo, ow_hi, yrow);
+                else conv_dw_run(p, rows, ir, ow_lo, ow_hi, yrow);
                 ow = ow_hi - 1;
                 continue;
             }
             int64_t iw0 = ow * p->sw - p->pl, j0, j1;
             pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
-            if (p->m == 1) conv_dw_pixel(p, rows, iw0, j0, j1, 0, yrow + ow * k);
+            if (p->m == 1) conv_dw_pixel(p, rows, ir, iw0, j0, j1, 0, yrow + ow * k);
             else conv_dw_pixel_mult(p, rows, iw0, j0, j1, yrow + ow * k);
         }
     }

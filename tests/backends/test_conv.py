@@ -210,6 +210,29 @@ def test_depthwise_3x3_on_threads(isa, n_threads, channels, strides, pads, dilat
         assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("channels", [1, 16, 37, 64])
+@pytest.mark.parametrize(
+    "shape_hw, k, strides, pads",
+    [
+        ((5, 40), (5, 5), (1, 1), ((2, 2), (2, 2))),  # 36 interior columns: 4 passes of 8 and 4 left
+        ((3, 29), (5, 5), (1, 1), ((2, 2), (2, 2))),  # most window rows outside x
+        ((9, 30), (7, 7), (1, 1), ((3, 3), (3, 3))),
+        ((6, 21), (3, 5), (1, 1), ((1, 1), (0, 0))),  # no horizontal padding, 17 interior columns
+        ((5, 40), (5, 5), (2, 2), ((2, 2), (2, 2))),
+        ((2, 12), (5, 7), (1, 1), ((4, 4), (3, 3))),  # window rows wholly outside x for some outputs
+    ],
+)
+def test_depthwise_wide_windows(isa, n_threads, channels, shape_hw, k, strides, pads):
+    """5- and 7-wide windows: the stride-1 passes of 8 (4 on AVX2) outputs sharing their loads,
+    their column and channel tails, and the window rows outside x skipped, against the
+    reference."""
+    x, w, b = arr(0, (2, *shape_hw, channels)), arr(1, (*k, channels, 1)), arr(2, (channels,))
+    args = (x, w, b, strides, pads, (1, 1), "hard_silu", 0.0)
+    with threads(n_threads):
+        assert_close(CPU.depthwise_conv2d(*args), REF.depthwise_conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "shape, k, pad", [((1, 2, 2, 8), 3, 1), ((1, 1, 1, 9), 3, 1), ((2, 3, 2, 5), 5, 2), ((1, 4, 3, 16), 5, 2)]
 )
