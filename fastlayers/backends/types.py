@@ -172,6 +172,18 @@ class Ops(Protocol):
         activation: str = ...,
         alpha: float = ...,
     ) -> Callable[[Floats4d], Floats4d]: ...
+    def conv2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Callable[[Floats4d], Floats4d]: ...
     def depthwise_conv2d(
         self,
         x_nhwc: Floats4d,

@@ -30,7 +30,11 @@
  * depthwise_conv2d_nchw(n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code,
  *   alpha, y): y[n, ci m + q, oh, ow] = f(b + sum_{i, j} x[n, ci, oh sh - pt + i dh, ow sw - pl +
  *   j dw] wk[ci m + q, i, j]) on NCHW planes: x (N, C, H, W), wk (C m, kh, kw), y (N, C m, Ho,
- *   Wo). */
+ *   Wo);
+ * conv2d_nchw_in(n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha,
+ *   y): y[n, oh, ow, o] = f(b + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
+ *   wk[i, j, ci, o]) from NCHW planes x (N, C, H, W) to NHWC y (N, Ho, Wo, cout), wk (kh, kw,
+ *   C, cout) as it is (one group; meant for few input channels). */
 #ifndef FL_CONV_H
 #define FL_CONV_H
 #include <stdint.h>
@@ -76,5 +80,11 @@
                                    int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, \
                                    int64_t wo, const float *wk, const float *bias, int code,   \
                                    float alpha, float *y),                                     \
-      (n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y))
+      (n, c, h, w, x, m, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y))     \
+    X(int, conv2d_nchw_in, (int64_t n, int64_t c, int64_t h, int64_t w, const float *x,        \
+                            int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,        \
+                            int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,        \
+                            int64_t cout, const float *wk, const float *bias, int code,        \
+                            float alpha, float *y),                                            \
+      (n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, y))
 #endif

@@ -31,6 +31,10 @@ cdef extern from "dispatch.h" nogil:
                                  int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
                                  int64_t wo, const float *wk, const float *bias, int code,
                                  float alpha, float *y)
+    int fl_conv2d_nchw_in(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
+                          int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                          int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
+                          const float *bias, int code, float alpha, float *y)
 
 #: conv2d's ways: chosen by the kernel, the implicit GEMM, im2col + sgemm.
 CONV_AUTO, CONV_IMPLICIT, CONV_IM2COL = 0, 1, 2
@@ -179,6 +183,30 @@ def depthwise_conv2d_nchw(cnp.ndarray x, cnp.ndarray w_ohw, object bias, cnp.nda
         st = fl_depthwise_conv2d_nchw(n, c, h, w, xp, cm // c, kh, kw, sh, sw, dh, dw, pt, pl,
                                       y.shape[2], y.shape[3], wp, bp, code, alpha, yp)
     check(st, "depthwise_conv2d_nchw")
+    return y
+
+
+def conv2d_nchw_in(cnp.ndarray x, cnp.ndarray w_hwio, object bias, cnp.ndarray y, int64_t sh,
+                   int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int code, float alpha):
+    """y[n, oh, ow, o] = f(bias + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
+    w[i, j, ci, o]) (zeros outside x) from NCHW planes to NHWC: x (N, C, H, W), ``w_hwio`` (kh,
+    kw, C, C_out) as it is (one group), y (N, Ho, Wo, C_out); a direct loop meant for few input
+    channels (no transpose or padded copy of x). Returns y."""
+    cdef float *xp = cptr(x, 4, "conv2d_nchw_in x")
+    cdef float *wp = cptr(w_hwio, 4, "conv2d_nchw_in w")
+    cdef float *yp = cptr(y, 4, "conv2d_nchw_in y")
+    cdef int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3]
+    cdef int64_t kh = w_hwio.shape[0], kw = w_hwio.shape[1], cout = w_hwio.shape[3]
+    if (w_hwio.shape[2] != c or y.shape[0] != n or y.shape[3] != cout
+            or min(kh, kw, sh, sw, dh, dw, c) < 1 or pt < 0 or pl < 0):
+        raise ValueError("conv2d_nchw_in: inconsistent shapes or steps")
+    cdef float *bp = vptr(bias, cout, "conv2d_nchw_in bias")
+    check_code(code)
+    cdef int st
+    with nogil:
+        st = fl_conv2d_nchw_in(n, c, h, w, xp, kh, kw, sh, sw, dh, dw, pt, pl, y.shape[1], y.shape[2],
+                               cout, wp, bp, code, alpha, yp)
+    check(st, "conv2d_nchw_in")
     return y
 
 

@@ -1,5 +1,5 @@
 /* What the convolution files (conv_gemm.c, conv_winograd.c, conv_depthwise.c,
- * conv_transpose.c) share: the threading grain of the direct kernels, the activation codes
+ * conv_transpose.c, conv_nchw.c) share: the threading grain of the direct kernels, the activation codes
  * their epilogues take, the epilogue of one vector, and their per-thread work buffers
  * (defined in conv.c). */
 #ifndef FL_CONV_INTERNAL_H

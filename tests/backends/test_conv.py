@@ -181,6 +181,54 @@ def test_grouped_conv_on_threads(isa, n_threads):
         assert_close(CPU.conv2d(*args), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("cin, cout", [(1, 1), (3, 16), (3, 17), (4, 32), (2, 7), (3, 40), (5, 16)])
+@pytest.mark.parametrize(
+    "shape_hw, k, strides, pads, dilation",
+    [
+        ((37, 53), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a stem: 27 interior columns
+        ((20, 31), (7, 7), (2, 2), ((3, 2), (3, 2)), (1, 1)),
+        ((9, 40), (5, 3), (1, 1), ((0, 2), (1, 0)), (1, 2)),  # asymmetric pads, dilated columns
+        ((6, 5), (3, 3), (1, 1), ((4, 4), (4, 4)), (1, 1)),  # rows and columns wholly outside x
+        ((1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # one position
+        ((11, 70), (1, 1), (1, 3), ((0, 0), (0, 0)), (1, 1)),
+    ],
+)
+def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, strides, pads, dilation):
+    """``conv2d_nchw_plan``: an NCHW input convolved into NHWC, straight from its planes where
+    it has at most NCHW_DIRECT_MAX_CIN channels into at most NCHW_DIRECT_MAX_COUT (1 or 2 channel
+    vectors per pass, their tails, border and interior columns, window rows outside x), through
+    an NHWC copy beyond: the reference's NHWC convolution either way."""
+    x = arr(0, (2, cin, *shape_hw))
+    w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
+    args = (w, b, strides, pads, dilation, 1, "hard_silu", 0.0)
+    want = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *args)
+    with threads(n_threads):
+        got = CPU.conv2d_nchw_plan(x.shape, *args)(x)
+    assert got.shape == want.shape
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_close(REF.conv2d_nchw_plan(x.shape, *args)(x), want, rtol=1e-6, atol=1e-6)
+
+
+def test_convolution_from_nchw_planes_checks_its_arguments():
+    x, w, y = arr(0, (1, 3, 8, 8)), arr(1, (3, 3, 3, 16)), np.empty((1, 8, 8, 16), np.float32)
+    relu = _core.ACTIVATIONS.index("relu")
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        _core.conv2d_nchw_in(x, arr(1, (3, 3, 4, 16)), None, y, 1, 1, 1, 1, 1, 1, relu, 0.0)
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        _core.conv2d_nchw_in(x, w, None, y, 0, 1, 1, 1, 1, 1, relu, 0.0)
+    with pytest.raises(ValueError, match="bias"):
+        _core.conv2d_nchw_in(x, w, arr(2, (15,)), y, 1, 1, 1, 1, 1, 1, relu, 0.0)
+    with pytest.raises(ValueError, match="activation"):
+        _core.conv2d_nchw_in(x, w, None, y, 1, 1, 1, 1, 1, 1, _core.ACTIVATIONS.index("softmax"), 0.0)
+    # softmax over the channels: the NHWC convolution's epilogue
+    got = CPU.conv2d_nchw_plan(x.shape, w, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "softmax")(x)
+    want = REF.conv2d(
+        np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, None, (1, 1), ((1, 1), (1, 1)), activation="softmax"
+    )
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @examples(40)
 @given(c=conv_case(), m=st.integers(1, 3), wide=st.sampled_from([1, 6]))
 def test_depthwise_cpu_matches_reference(isa, c, m, wide):

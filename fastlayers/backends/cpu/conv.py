@@ -8,8 +8,12 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv_*.c`` an
   sgemm in L2-sized row blocks (grouped convolutions, short output rows; a 1x1 stride-1
   unpadded convolution is a product over the NHWC rows, without im2col). A convolution with
   one input channel per group is a depthwise one.
+- conv2d_nchw_plan: an NCHW input of few channels (an image into a network's first layer)
+  convolved straight from its planes into NHWC (``conv2d_nchw_in``: a direct loop vectorized
+  over output channels, no transpose or padded copy of the input); others made NHWC for conv2d.
 - depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
-  nine weights in registers).
+  nine weights in registers; 5- and 7-wide windows at stride 1: passes of 8 outputs sharing
+  their loads); window rows outside x are skipped.
 - conv_transpose2d: one sgemm per group (x rows times w (C_in/g, kh kw C_out/g)) + a gathering
   col2im. conv_transpose2d_nchw: on NCHW planes, per chunk of input rows the sgemm w^T (C_out/g
   kh kw, C_in/g) @ x (C_in/g, rows W) in place, its rows added into output rows split in
@@ -41,6 +45,12 @@ from ..reference import ReferenceOps
 from ..reference.conv import roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
+#: An NCHW input of at most this many channels, into at most this many output channels, is
+#: convolved straight from its planes (``conv2d_nchw_in``) instead of made NHWC for
+#: ``conv2d``: beyond them the implicit GEMM's register tiles win over the direct loop
+#: (docs/design.md, "Figures behind the code's constants").
+NCHW_DIRECT_MAX_CIN = 4
+NCHW_DIRECT_MAX_COUT = 32
 #: Winograd needs this many channels each way (fewer: its products are too thin), this many
 #: tiles (2x2 outputs, all images), and, for weights wider than WINOGRAD_WIDE channels squared,
 #: WINOGRAD_WIDE_TILES tiles (its U is 16/9 the size of the weights, read for few rows).
@@ -179,6 +189,44 @@ class ConvOps(ReferenceOps):
                     x = _f32c(x)
                 conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
                 return _finish(self, y, activation, alpha) if finish else y
+
+        return run
+
+    def conv2d_nchw_plan(
+        self,
+        x_shape,
+        w_hwio,
+        b,
+        strides=(1, 1),
+        pads=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+        activation="linear",
+        alpha=0.0,
+    ):
+        n, c, h, w = x_shape
+        kh, kw, _, cout = w_hwio.shape
+        (sh, sw), (dh, dw) = strides, dilation
+        (pt, _), (pl, _) = pads
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
+        code = CODES.get(activation)
+        if (
+            groups != 1
+            or not 1 <= c <= NCHW_DIRECT_MAX_CIN
+            or cout > NCHW_DIRECT_MAX_COUT
+            or n * h * w * cout == 0
+            or ho <= 0
+            or wo <= 0
+            or min(pt, pl) < 0
+            or code is None
+            or code in _SOFTMAX_CODES
+        ):
+            return super().conv2d_nchw_plan(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+        wk, bias, out = _f32c(w_hwio), _bias(b), (n, ho, wo, cout)
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            return _core.conv2d_nchw_in(_f32c(x), wk, bias, y, sh, sw, dh, dw, pt, pl, code, alpha)
 
         return run
 

@@ -364,6 +364,28 @@ class ReferenceOps:
         kernels bind the kernel's arguments; the reference just calls ``conv2d``)."""
         return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
 
+    def conv2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Callable[[Floats4d], Floats4d]:
+        """``conv2d_plan`` for C-contiguous NCHW inputs of shape ``x_shape`` (N, C, H, W): a
+        function ``x_nchw -> y_nhwc`` (N, Ho, Wo, C_out). Here the input is made NHWC
+        (``channels_last``, or a reshape where it has one channel or one position) for
+        ``conv2d_plan``; a backend with a kernel reading NCHW planes overrides it."""
+        n, c, h, w = x_shape
+        plan = self.conv2d_plan((n, h, w, c), w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+        if c == 1 or h * w == 1:  # the same memory
+            return lambda x: plan(x.reshape(n, h, w, c))
+        return lambda x: plan(self.channels_last(x))
+
     def depthwise_conv2d(
         self,
         x_nhwc: Floats4d,

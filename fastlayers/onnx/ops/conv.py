@@ -77,9 +77,7 @@ def _conv(inputs, attrs, opset):
             attrs.get("alpha", 0.0),
         )
         return [y[:, :, 0] if one_d else y]
-    x4 = to_nhwc(x, one_d)
-    plan = ops.conv2d_plan(
-        x4.shape,
+    args = (
         w_hwio,
         None if b is None else f32(b),
         strides,
@@ -89,11 +87,20 @@ def _conv(inputs, attrs, opset):
         attrs.get("activation", "linear"),
         attrs.get("alpha", 0.0),
     )
+    planes = nchw_planes(x) if group == 1 else None
+    if planes is not None:  # an NCHW activation (an image): the backend's plan from NCHW to NHWC
+        from_planes = ops.conv2d_nchw_plan(planes.shape, *args)
+        run = (
+            (lambda x: nchw(from_planes(x[:, :, None, :]), True)) if one_d else (lambda x: nchw(from_planes(x), False))
+        )
+    else:
+        x4 = to_nhwc(x, one_d)
+        run = laid_out_as(x, one_d, ops.conv2d_plan(x4.shape, *args))
     if plans is not None:
         if len(plans) >= 64:  # bound the memory of many distinct shapes
             plans.clear()
-        plans[key] = laid_out_as(x, one_d, plan)
-    return [nchw(plan(x4), one_d)]
+        plans[key] = run
+    return [run(x)]
 
 
 @op("ConvTranspose")

@@ -1,0 +1,119 @@
+/* conv2d_nchw_in (conv.h): a convolution of few input channels read straight from NCHW planes
+ * (a network's first layer on an image), written NHWC for the layers after it: no transpose of
+ * the input to NHWC and no padded copy of it, which for 3 channels cost about as much as the
+ * convolution. Vectorized over output channels: each pass holds CONV_NCHW_P output columns'
+ * sums of one or two channel vectors and adds every tap's weight vectors times each column's
+ * input value, the taps in the HWIO order of conv2d's sums. Compiled once per ISA
+ * (kernels.inc). */
+
+#include "conv_internal.h"
+#include "threadpool.h"
+
+/* Output columns per pass: V sum registers each (V = 1: 12 of AVX-512's 32 registers, 6 of
+ * AVX2's 16; V = 2: 24 and 12). */
+#define CONV_NCHW_P (FL_VW >= 16 ? 12 : 6)
+
+typedef struct {
+    const float *x, *w, *bias;
+    float *y;
+    int64_t c, h, w_in, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout;
+    int code;
+    float alpha;
+} conv_nchw_ctx;
+
+/* y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V vectors, the
+ * last nc <= FL_VW wide): every tap column inside x, window rows [i0, i1); each input value
+ * loaded once for the V vectors. */
+FL_INLINE void conv_nchw_pass(const int P, const int V, const conv_nchw_ctx *p, int64_t n, int64_t oh,
+                              int64_t i0, int64_t i1, int64_t ow0, int64_t o0, int64_t nc, float *yrow) {
+    int64_t c = p->c, hw = p->h * p->w_in, cout = p->cout;
+    fl_vf s[CONV_NCHW_P][2];
+    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+        s[u][0] = fl_set1(0.0f);
+        s[u][1] = fl_set1(0.0f);
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + ow0 * p->sw - p->pl;
+        for (int64_t j = 0; j < p->kw; ++j)
+            for (int64_t ci = 0; ci < c; ++ci) {
+                const float *xc = xr + ci * hw + j * p->dw, *wt = p->w + ((i * p->kw + j) * c + ci) * cout + o0;
+                fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
+                _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+                    fl_vf xv = fl_set1(xc[u * p->sw]);
+                    s[u][0] += xv * w0;
+                    if (V == 2) s[u][1] += xv * w1;
+                }
+            }
+    }
+    const float *bias = p->bias ? p->bias + o0 : 0;
+    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+        float *o = yrow + (ow0 + u) * cout + o0;
+        if (V == 2) {
+            fl_store(o, conv_epi(s[u][0], bias, FL_VW, p->code, p->alpha));
+            pool_st(o + FL_VW, conv_epi(s[u][1], bias ? bias + FL_VW : 0, nc, p->code, p->alpha), nc);
+        } else {
+            pool_st(o, conv_epi(s[u][0], bias, nc, p->code, p->alpha), nc);
+        }
+    }
+}
+
+/* One output pixel (n, oh, ow), channels [o0, o0 + nc), window rows [i0, i1): the taps whose
+ * column lies inside x. */
+static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1,
+                            int64_t ow, int64_t o0, int64_t nc, float *yrow) {
+    int64_t c = p->c, hw = p->h * p->w_in, cout = p->cout, iw0 = ow * p->sw - p->pl, j0, j1;
+    pool_taps(iw0, p->dw, p->kw, 0, p->w_in, &j0, &j1);
+    fl_vf s = fl_set1(0.0f);
+    for (int64_t i = i0; i < i1; ++i) {
+        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + iw0;
+        for (int64_t j = j0; j < j1; ++j)
+            for (int64_t ci = 0; ci < c; ++ci)
+                s += fl_set1(xr[ci * hw + j * p->dw]) * pool_ld(p->w + ((i * p->kw + j) * c + ci) * cout + o0, nc);
+    }
+    pool_st(yrow + ow * cout + o0, conv_epi(s, p->bias ? p->bias + o0 : 0, nc, p->code, p->alpha), nc);
+}
+
+/* Output rows t = n Ho + oh in [t0, t1), all columns and channels. */
+static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
+    const conv_nchw_ctx *p = (const conv_nchw_ctx *)arg;
+    /* interior columns [ow_lo, ow_hi): every tap column inside x */
+    int64_t num = p->w_in - 1 - (p->kw - 1) * p->dw + p->pl;
+    int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
+    int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, p->wo), ow_lo);
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
+        pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
+        float *yrow = p->y + t * p->wo * p->cout;
+        /* channel blocks of two vectors (the last one partial), then one (partial) vector */
+        for (int64_t o0 = 0; o0 < p->cout;) {
+            int64_t left = p->cout - o0, v = left > FL_VW ? 2 : 1, nc = FL_MIN(FL_VW, left - (v - 1) * FL_VW);
+            int64_t ow = 0;
+            for (; ow < ow_lo; ++ow)
+                for (int64_t q = 0; q < v; ++q)
+                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
+            for (; ow + CONV_NCHW_P <= ow_hi; ow += CONV_NCHW_P) {
+                if (v == 2) conv_nchw_pass(CONV_NCHW_P, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(CONV_NCHW_P, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+            }
+            for (; ow < p->wo; ++ow)
+                for (int64_t q = 0; q < v; ++q)
+                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
+            o0 += (v - 1) * FL_VW + nc;
+        }
+    }
+}
+
+/* y[n, oh, ow, o] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
+ * w[i, j, ci, o]) (zeros outside x): x (N, C, H, W), w (kh, kw, C, cout), y (N, Ho, Wo, cout). */
+int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
+                          int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                          int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
+                          const float *bias, int code, float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 ||
+        pl < 0)
+        return -2;
+    conv_nchw_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, code, alpha};
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_nchw_task, &p);
+    return 0;
+}
