@@ -62,6 +62,7 @@ static _Atomic int active = 0;
 static _Atomic int sleepers = 0;
 static _Atomic int stop_workers = 0;
 static _Atomic int job_slots = 0;                             /* workers the job may still take */
+static _Atomic int job_cpu = -1;                              /* the CPU its caller published it on */
 static fl_task_fn job_fn;
 static void *job_ctx;
 static int64_t job_n, job_chunk, job_chunks;
@@ -129,10 +130,34 @@ void fl_pool_set_spin_ns(int64_t ns) {
     atomic_store(&spin_ns, ns < 0 ? 0 : (ns > FL_SPIN_NS_MAX ? FL_SPIN_NS_MAX : ns));
 }
 
+/* A worker woken from its sleep on the CPU its caller runs on moves to another of the
+ * process's CPUs: its affinity without that CPU, which migrates it at once, then the whole set
+ * again. Linux places a woken thread beside its waker when the other CPUs are idle; on a VM
+ * whose vCPUs had all halted during a pause between calls, a 2-thread call then ran its caller
+ * and worker on one CPU, slower than one thread. (Keeping the caller's CPU out of the set until
+ * the worker sleeps again was slower: a caller that moved kept its worker off the free CPU.) */
+static void move_off_cpu(int cpu) {
+#ifdef __linux__
+    cpu_set_t all, others;
+    if (cpu < 0 || sched_getcpu() != cpu || sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2 ||
+        !CPU_ISSET(cpu, &all))
+        return;
+    others = all;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof(others), &others) == 0) sched_setaffinity(0, sizeof(all), &all);
+#else
+    (void)cpu;
+#endif
+}
+
 static void *worker_main(void *arg) {
     (void)arg;
     in_pool = 1;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "fastlayers");  /* as top -H, py-spy and /proc show it */
+#endif
     uint64_t seen = atomic_load(&job_gen);
+    int slept = 0;                    /* woken from the condition variable for this job */
     for (;;) {
         uint64_t gen;
         int polls = 0;
@@ -157,10 +182,13 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&sleep_lock);
             polls = 0;
             idle_since = 0;
+            slept = 1;
         }
         seen = gen;
         /* a job asking for fewer threads than the pool holds leaves the other workers idle */
         if (atomic_fetch_sub_explicit(&job_slots, 1, memory_order_acq_rel) <= 0) continue;
+        if (slept) move_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
+        slept = 0;
         atomic_fetch_add_explicit(&active, 1, memory_order_acq_rel);
         run_chunks(gen);
         atomic_fetch_sub_explicit(&active, 1, memory_order_release);
@@ -266,6 +294,9 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     job_chunk = chunk;
     job_chunks = (n + job_chunk - 1) / job_chunk;
     atomic_store_explicit(&job_slots, threads - 1, memory_order_release);
+#ifdef __linux__
+    atomic_store_explicit(&job_cpu, sched_getcpu(), memory_order_relaxed);
+#endif
     uint64_t gen = atomic_load(&job_gen) + 1;
     atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
                           memory_order_release);

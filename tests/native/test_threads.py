@@ -153,6 +153,52 @@ def test_idle_spin_keeps_the_workers_polling_after_a_call(two_threads, idle_spin
     assert sleeping < 0.02, sleeping
 
 
+def _workers() -> list[int]:
+    """Thread ids of the pool's workers (named "fastlayers")."""
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "fastlayers":
+                    tids.append(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return tids
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs this process may run on",
+)
+def test_workers_woken_beside_a_pinned_caller_keep_their_cpus(two_threads, idle_spin):
+    """Calls from a thread pinned to one CPU, each waking the sleeping workers (which move off
+    the caller's CPU where Linux woke them on it): the results are right, the workers are named
+    "fastlayers", and each one's affinity is the process's whole set afterwards."""
+    allowed = os.sched_getaffinity(0)
+    a, b, expected = _product(3)
+    for _ in range(3):  # the workers exist and have named themselves
+        _core.matmul(a, b, np.empty((a.shape[0], b.shape[1]), np.float32))
+    time.sleep(0.01)
+    fastlayers.set_idle_spin(0.0)  # ... and sleep after each call
+    workers = _workers()
+    assert workers
+    results = []
+
+    def calls():
+        os.sched_setaffinity(0, {min(allowed)})  # this thread only
+        for _ in range(20):
+            time.sleep(0.002)
+            results.append(_core.matmul(a, b, np.empty((a.shape[0], b.shape[1]), np.float32)))
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    thread.join()
+    assert len(results) == 20
+    for y in results:
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-3)
+    assert all(os.sched_getaffinity(t) == allowed for t in workers)
+
+
 def test_idle_spin_setting_is_checked_and_read_back(idle_spin):
     assert fastlayers.get_idle_spin() == pytest.approx(2e-4)  # the default (FASTLAYERS_IDLE_SPIN_US unset)
     fastlayers.set_idle_spin(0.05)
