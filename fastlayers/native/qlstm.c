@@ -4,36 +4,35 @@
 
 #include "qgemm_internal.h"
 #include "qlstm.h"
+#include "quantize.h"
 #include "recurrent_internal.h"
 #include "rows_internal.h"
 #include "threadpool.h"
 
 static __thread fl_buf qlstm_buf;
 
+FL_QUANTIZE_KERNELS(FL_DECLARE)
+
 /* a's rows (batch, hidden) = the uint8 quantization a_u of h (batch, hidden), as
- * DynamicQuantizeLinear over the whole batch (float32 arithmetic, round half to even), their
- * sums and zero point (qgemm.c's prepared operand); returns the scale. */
+ * DynamicQuantizeLinear over the whole batch (float32 arithmetic, round half to even: the
+ * vector kernels of quantize.c), their sums and zero point (qgemm.c's prepared operand; without
+ * VNNI its int16 rows widened from the bytes at `bytes`); returns the scale. */
 static float qlstm_quantize(const float *h, int64_t batch, int64_t hidden, void *rows, int vnni,
-                            int amx, int32_t *ra, int32_t *za) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < batch * hidden; ++i) {
-        lo = h[i] < lo ? h[i] : lo;
-        hi = h[i] > hi ? h[i] : hi;
-    }
+                            int amx, int32_t *ra, int32_t *za, uint8_t *bytes) {
+    float mm[2] = {0.0f, 0.0f};
+    FL_FN(min_max)(batch * hidden, h, mm);
+    float lo = mm[0], hi = mm[1];
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = nearbyintf(FL_MIN(FL_MAX(0.0f - lo / scale, 0.0f), 255.0f));
     int64_t width = qgemm_row_width(hidden, amx);
     for (int64_t r = 0; r < batch; ++r) {
+        uint8_t *q = vnni ? (uint8_t *)rows + r * width : bytes;
+        FL_FN(quantize)(hidden, h + r * hidden, scale, zp, 0.0f, 255.0f, q, 0);
         int32_t sum = 0;
-        for (int64_t j = 0; j < width; ++j) {
-            int32_t v = 0;
-            if (j < hidden) {
-                float q = nearbyintf(h[r * hidden + j] / scale) + zp;
-                v = (int32_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
-            }
-            qgemm_put(rows, vnni, r * width + j, v);
-            sum += v;
-        }
+        for (int64_t j = 0; j < hidden; ++j) sum += q[j];
+        if (!vnni)
+            for (int64_t j = 0; j < hidden; ++j) qgemm_put(rows, vnni, r * width + j, q[j]);
+        qgemm_put_fill(rows, vnni, r * width + hidden, 0, width - hidden);
         ra[r] = sum;
         za[r] = (int32_t)zp;
     }
@@ -49,17 +48,18 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
     size_t rows_bytes = qgemm_rows_bytes(batch, hidden, vnni, amx);
     char *buf = (char *)fl_buf_grow(&qlstm_buf, rows_bytes + (size_t)(2 * batch) * sizeof(int32_t) +
                                                   (size_t)(batch * g) * sizeof(int32_t) +
-                                                  (size_t)g * sizeof(float));
+                                                  (size_t)g * sizeof(float) + (size_t)hidden);
     if (!buf) return -1;
     int32_t *ra = (int32_t *)(buf + rows_bytes), *za = ra + batch;
     int32_t *acc = za + batch;
     float *z = (float *)(acc + batch * g);      /* one row's gate inputs */
+    uint8_t *bytes = (uint8_t *)(z + g);        /* one row's bytes before they are widened */
     qgemm_a prepared = {buf, qgemm_row_width(hidden, amx), ra, za, (hidden + 3) / 4, vnni, amx};
     /* AMX's rows past the batch, read by the last tile */
     qgemm_put_fill(buf, vnni, batch * prepared.lda, 0, (qgemm_row_count(batch, amx) - batch) * prepared.lda);
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
-        float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za);
+        float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za, bytes);
         static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
         FL_FN(qgemm_run)(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
         for (int64_t r = 0; r < batch; ++r) {
