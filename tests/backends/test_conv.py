@@ -188,25 +188,31 @@ def test_grouped_conv_on_threads(isa, n_threads):
     [
         ((37, 53), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a stem: 27 interior columns
         ((20, 31), (7, 7), (2, 2), ((3, 2), (3, 2)), (1, 1)),
-        ((9, 40), (5, 3), (1, 1), ((0, 2), (1, 0)), (1, 2)),  # asymmetric pads, dilated columns
+        ((9, 40), (3, 3), (1, 1), ((0, 2), (1, 0)), (1, 2)),  # asymmetric pads, dilated columns
+        ((8, 40), (5, 3), (1, 1), ((2, 2), (1, 1)), (2, 1)),
         ((6, 5), (3, 3), (1, 1), ((4, 4), (4, 4)), (1, 1)),  # rows and columns wholly outside x
         ((1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # one position
         ((11, 70), (1, 1), (1, 3), ((0, 0), (0, 0)), (1, 1)),
     ],
 )
 def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, strides, pads, dilation):
-    """``conv2d_nchw_plan``: an NCHW input convolved into NHWC, straight from its planes where
-    it has at most NCHW_DIRECT_MAX_CIN channels into at most NCHW_DIRECT_MAX_COUT (1 or 2 channel
-    vectors per pass, their tails, border and interior columns, window rows outside x), through
-    an NHWC copy beyond: the reference's NHWC convolution either way."""
+    """``conv2d_nchw_plan``: an NCHW input convolved into NHWC, straight from its planes within
+    the NCHW_DIRECT_* bounds, through an NHWC copy beyond; and the direct kernel itself on every
+    case (1 or 2 channel vectors per pass, their tails, border and interior columns, window
+    rows outside x): the reference's NHWC convolution each way."""
     x = arr(0, (2, cin, *shape_hw))
     w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
     args = (w, b, strides, pads, dilation, 1, "hard_silu", 0.0)
     want = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *args)
+    (pt, _), (pl, _) = pads
     with threads(n_threads):
         got = CPU.conv2d_nchw_plan(x.shape, *args)(x)
+        direct = _core.conv2d_nchw_in(
+            x, w, b, np.empty_like(want), *strides, *dilation, pt, pl, _core.ACTIVATIONS.index("hard_silu"), 0.0
+        )
     assert got.shape == want.shape
     assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_close(direct, want, rtol=1e-5, atol=1e-5)
     assert_close(REF.conv2d_nchw_plan(x.shape, *args)(x), want, rtol=1e-6, atol=1e-6)
 
 

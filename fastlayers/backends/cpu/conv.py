@@ -8,8 +8,8 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv_*.c`` an
   sgemm in L2-sized row blocks (grouped convolutions, short output rows; a 1x1 stride-1
   unpadded convolution is a product over the NHWC rows, without im2col). A convolution with
   one input channel per group is a depthwise one.
-- conv2d_nchw_plan: an NCHW input of few channels (an image into a network's first layer)
-  convolved straight from its planes into NHWC (``conv2d_nchw_in``: a direct loop vectorized
+- conv2d_nchw_plan: an NCHW input of few channels (an image into a network's first layer,
+  through a window of at most 3x3) convolved straight from its planes into NHWC (``conv2d_nchw_in``: a direct loop vectorized
   over output channels, no transpose or padded copy of the input); others made NHWC for conv2d.
 - depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
   nine weights in registers; 5- and 7-wide windows at stride 1: passes of 8 outputs sharing
@@ -45,12 +45,15 @@ from ..reference import ReferenceOps
 from ..reference.conv import roi_bins, source_coords
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
-#: An NCHW input of at most this many channels, into at most this many output channels, is
-#: convolved straight from its planes (``conv2d_nchw_in``) instead of made NHWC for
-#: ``conv2d``: beyond them the implicit GEMM's register tiles win over the direct loop
-#: (docs/design.md, "Figures behind the code's constants").
+#: An NCHW input of at most this many channels, into between these many output channels,
+#: through a window of at most this many taps, is convolved straight from its planes
+#: (``conv2d_nchw_in``) instead of made NHWC for ``conv2d``: beyond them the implicit GEMM's
+#: register tiles win over the direct loop (docs/design.md, "Figures behind the code's
+#: constants").
 NCHW_DIRECT_MAX_CIN = 4
+NCHW_DIRECT_MIN_COUT = 2
 NCHW_DIRECT_MAX_COUT = 32
+NCHW_DIRECT_MAX_WINDOW = 9
 #: Winograd needs this many channels each way (fewer: its products are too thin), this many
 #: tiles (2x2 outputs, all images), and, for weights wider than WINOGRAD_WIDE channels squared,
 #: WINOGRAD_WIDE_TILES tiles (its U is 16/9 the size of the weights, read for few rows).
@@ -213,7 +216,8 @@ class ConvOps(ReferenceOps):
         if (
             groups != 1
             or not 1 <= c <= NCHW_DIRECT_MAX_CIN
-            or cout > NCHW_DIRECT_MAX_COUT
+            or not NCHW_DIRECT_MIN_COUT <= cout <= NCHW_DIRECT_MAX_COUT
+            or kh * kw > NCHW_DIRECT_MAX_WINDOW
             or n * h * w * cout == 0
             or ho <= 0
             or wo <= 0
