@@ -178,16 +178,21 @@ def threads_in_use() -> int:
 
 class _Recording:
     """The active Ops object seen through a log: each method called is appended to ``log`` as
-    ``"<backend>.<method>"``; everything else (``name``, attributes) reads through unchanged."""
+    ``"<backend>.<method>"``, and each of its integer kernels (``Ops.integer``) as
+    ``"<backend>.integer.<kernel>"``; everything else (``name``, attributes) reads through
+    unchanged."""
 
-    def __init__(self, ops: Ops, log: list):
+    def __init__(self, ops, log: list, prefix: str | None = None):
         self._ops, self._log = ops, log
+        self._prefix = ops.name if prefix is None else prefix
 
     def __getattr__(self, attr):
         value = getattr(self._ops, attr)
+        if attr == "integer" and value is not None and self._prefix == self._ops.name:
+            return _Recording(value, self._log, f"{self._prefix}.integer")
         if not callable(value) or attr.startswith("__"):
             return value
-        label = f"{self._ops.name}.{attr}"
+        label = f"{self._prefix}.{attr}"
         log = self._log
 
         def call(*args, **kwargs):

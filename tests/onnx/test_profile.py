@@ -254,3 +254,38 @@ def test_profile_names_the_kernels_of_steps_bound_before_it(tmp_path, rng, threa
     assert lstm.op_type == "LSTM" and lstm.kernel == "cpu.sequence_plan"
     assert tanh.kernel != "cpu.sequence_plan"
     np.testing.assert_array_equal(loaded(x), want)
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "reference"])
+def test_profile_names_the_integer_kernels_a_step_runs(tmp_path, rng, backend_name):
+    """A quantized step's native integer kernels (``Ops.integer``) name it on the cpu backend
+    (``cpu.integer.<kernel>``), not a numpy fallback; the reference backend, which has none,
+    names no integer kernel."""
+    onnx = oracle("onnx")
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    b = rng.integers(-64, 64, (12, 6)).astype(np.int8)
+    graph = h.make_graph(
+        [h.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz"], ["y"], domain="com.microsoft")],
+        "g",
+        [h.make_tensor_value_info("a", f, [3, 12])],
+        [h.make_tensor_value_info("y", f, None)],
+        [
+            h.make_tensor("b", onnx.TensorProto.INT8, b.shape, b.ravel()),
+            h.make_tensor("bs", f, [6], np.full(6, 0.01, np.float32)),
+            h.make_tensor("bz", onnx.TensorProto.INT8, [6], np.zeros(6, np.int8)),
+        ],
+    )
+    model = h.make_model(
+        graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)], ir_version=10
+    )
+    path = tmp_path / "dqmm.onnx"
+    onnx.save(model, str(path))
+    with fastlayers.use_ops(backend_name):
+        loaded = fastlayers.load(path)
+        x = rng.standard_normal((3, 12)).astype(np.float32)
+        loaded(x)
+        (step,) = loaded.profile(x, repeats=2).steps
+    if backend_name == "cpu":
+        assert step.kernel.startswith("cpu.integer."), step.kernel
+    else:
+        assert "integer" not in step.kernel, step.kernel
