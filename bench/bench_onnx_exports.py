@@ -17,7 +17,13 @@ Engines not installed are skipped with the reason, as is a workload an engine ca
 run (its error is the reason). Outputs are checked equal to fastlayers' (1e-4 relative) before
 any timing. Small shapes unless FASTLAYERS_BENCH_FULL=1.
 
-Run: FASTLAYERS_BENCH_FULL=1 python bench/bench_onnx_exports.py --threads 2
+A second set, ``--set kernels`` (``KERNELS``), is one convolution or pool per file at the shapes
+where classic CNNs spend their time: pointwise convolutions with many input channels, strided
+5x5 and 7x7 stems, depthwise convolutions at stride 1 and 2 (3x3 and MobileNetV3's 5x5),
+average and max pools, and ResNet-50's convolutions. It is meant to run at 1 thread, on every
+ISA path the host has (``FASTLAYERS_ISA=avx2`` forces the AVX2 path on an AVX-512 host).
+
+Run: FASTLAYERS_BENCH_FULL=1 python bench/bench_onnx_exports.py --threads 2 [--set kernels]
 prints, per workload, the median ms per call of each engine over interleaved rounds
 (bench/interleaved.py), fastlayers / onnxruntime and fastlayers / OpenVINO, and the geomean of
 each ratio over the workloads.
@@ -78,6 +84,30 @@ WORKLOADS = [
     ("onnx_transformer_encoder", "dynamo"),
 ]
 
+# name: (torch layer factory, full NCHW input shape, small one: its channels, a small image)
+KERNELS = {
+    "pointwise256to64_b4": (lambda nn: nn.Conv2d(256, 64, 1), (4, 256, 28, 28), (1, 256, 7, 7)),
+    "pointwise64to256_b1": (lambda nn: nn.Conv2d(64, 256, 1), (1, 64, 56, 56), (1, 64, 14, 14)),
+    "pointwise1024to256_b1": (lambda nn: nn.Conv2d(1024, 256, 1), (1, 1024, 14, 14), (1, 1024, 7, 7)),
+    "pointwise512to2048_b1": (lambda nn: nn.Conv2d(512, 2048, 1), (1, 512, 7, 7), (1, 512, 7, 7)),
+    "conv3x3s2_128_b1": (lambda nn: nn.Conv2d(128, 128, 3, 2, 1), (1, 128, 56, 56), (1, 128, 14, 14)),
+    "conv3x3_512_7x7_b1": (lambda nn: nn.Conv2d(512, 512, 3, 1, 1), (1, 512, 7, 7), (1, 512, 7, 7)),
+    "conv7x7s2_stem_b1": (lambda nn: nn.Conv2d(3, 64, 7, 2, 3), (1, 3, 224, 224), (1, 3, 32, 32)),
+    "conv5x5s2_stem_b1": (lambda nn: nn.Conv2d(3, 32, 5, 2, 2), (1, 3, 224, 224), (1, 3, 32, 32)),
+    "conv5x5s2_b1": (lambda nn: nn.Conv2d(32, 64, 5, 2, 2), (1, 32, 112, 112), (1, 32, 16, 16)),
+    "depthwise3x3s2_b1": (lambda nn: nn.Conv2d(128, 128, 3, 2, 1, groups=128), (1, 128, 56, 56), (1, 128, 14, 14)),
+    "depthwise5x5_b1": (lambda nn: nn.Conv2d(120, 120, 5, 1, 2, groups=120), (1, 120, 28, 28), (1, 120, 14, 14)),
+    "depthwise5x5s2_b1": (lambda nn: nn.Conv2d(72, 72, 5, 2, 2, groups=72), (1, 72, 56, 56), (1, 72, 14, 14)),
+    "avgpool2x2_b1": (lambda nn: nn.AvgPool2d(2), (1, 64, 112, 112), (1, 64, 28, 28)),
+    "avgpool3x3s1_b1": (
+        lambda nn: nn.AvgPool2d(3, 1, 1, count_include_pad=False),
+        (1, 192, 28, 28),
+        (1, 192, 14, 14),
+    ),
+    "maxpool2x2_b1": (lambda nn: nn.MaxPool2d(2), (1, 64, 112, 112), (1, 64, 28, 28)),
+    "maxpool3x3s1_b1": (lambda nn: nn.MaxPool2d(3, 1, 1), (1, 192, 28, 28), (1, 192, 14, 14)),
+}
+
 
 def recurrent_module(torch, kind, bidirectional):
     """torch LSTM/GRU over x (batch, time, input) returning h_n (directions, batch, hidden)."""
@@ -100,6 +130,9 @@ def build(name, rng):
     """(torch module in eval mode, input array) of a workload."""
     torch = torch_module()
     torch.manual_seed(0)
+    if name in KERNELS:
+        factory, full, small = KERNELS[name]
+        return factory(torch.nn).eval(), rng.standard_normal(full if FULL else small).astype(np.float32)
     if name.startswith("onnx_"):
         module, x, _ = bench_onnx_models.exported(torch, name[len("onnx_") :], tempfile.mkdtemp(), FULL)
         return module, x
@@ -233,7 +266,10 @@ def setup(name, exporter, directory):
     return x, fns
 
 
-@pytest.fixture(scope="module", params=WORKLOADS, ids=[f"{w}-{e}" for w, e in WORKLOADS])
+ALL = WORKLOADS + [(name, "ts") for name in KERNELS]
+
+
+@pytest.fixture(scope="module", params=ALL, ids=[f"{w}-{e}" for w, e in ALL])
 def engines(request, tmp_path_factory):
     name, exporter = request.param
     if exporter == "dynamo" and not FULL:
@@ -263,11 +299,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--round-seconds", type=float, default=0.05, help="about how long each engine's round runs")
     parser.add_argument("-k", default="", help="only workloads whose name contains this")
+    parser.add_argument(
+        "--set", choices=["exports", "kernels"], default="exports", help="the layer and model exports, or KERNELS"
+    )
     args = parser.parse_args()
     fastlayers.set_num_threads(args.threads)
     rows, reasons = [], []
     directory = tempfile.mkdtemp()
-    for name, exporter in WORKLOADS:
+    chosen = WORKLOADS if args.set == "exports" else [(name, "ts") for name in KERNELS]
+    for name, exporter in chosen:
         if args.k not in name:
             continue
         x, fns = setup(name, exporter, directory)
