@@ -344,6 +344,9 @@ __thread fl_buf FL_FN(pool_plane_buf);
 #define POOL_ODDS 1, 3, 5, 7
 #endif
 
+/* Lane indices as floats (lane < n: the lanes of a vector's first n values). */
+static const float pool_lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
 /* Stride 2: d0[k] = s[2 k - pl], d1[k] = s[2 k + 1 - pl] for k < len (fill outside [0, w)),
  * both phases from the same loads. */
 static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len, float fill,
@@ -358,13 +361,17 @@ static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len
         fl_store(d0 + k, FL_SHUF(a, b, POOL_EVENS));
         fl_store(d1 + k, FL_SHUF(a, b, POOL_ODDS));
     }
-    for (; k < len && 2 * k - pl < w; ++k) {            /* the row's last columns */
-        int64_t iw = 2 * k - pl;
-        d0[k] = s[iw];
-        d1[k] = iw + 1 < w ? s[iw + 1] : fill;
+    fl_vf f = fl_set1(fill), lane = fl_load(pool_lanes);
+    for (; k < len && 2 * k - pl < w; k += FL_VW) {     /* the row's last columns: masked loads */
+        int64_t rest = w - (2 * k - pl);
+        fl_vf a = fl_select(lane < (float)rest, pool_ld(s + 2 * k - pl, rest), f);
+        fl_vf b = rest > FL_VW ? fl_select(lane < (float)(rest - FL_VW),
+                                           pool_ld(s + 2 * k - pl + FL_VW, rest - FL_VW), f)
+                               : f;
+        pool_st(d0 + k, FL_SHUF(a, b, POOL_EVENS), len - k);
+        pool_st(d1 + k, FL_SHUF(a, b, POOL_ODDS), len - k);
     }
-    fl_vf f = fl_set1(fill);                            /* the right padding and slack */
-    for (; k + FL_VW <= len; k += FL_VW) {
+    for (; k + FL_VW <= len; k += FL_VW) {              /* the right padding and slack */
         fl_store(d0 + k, f);
         fl_store(d1 + k, f);
     }
@@ -407,15 +414,11 @@ void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, 
                 continue;
             }
             const float *s = x + ih * w;
-            int64_t k = 0;
-            for (; k < lo; ++k) d[k] = fill;
-            if (sw == 1) {
-                memcpy(d + lo, s + lo - pl, (size_t)(hi - lo) * sizeof(float));
-                k = hi;
-            } else {
-                for (; k < hi; ++k) d[k] = s[k * sw + q - pl];
-            }
-            for (; k < len; ++k) d[k] = fill;
+            pool_plane_fill(d, lo, fill);
+            if (sw == 1) memcpy(d + lo, s + lo - pl, (size_t)(hi - lo) * sizeof(float));
+            else
+                for (int64_t k = lo; k < hi; ++k) d[k] = s[k * sw + q - pl];
+            pool_plane_fill(d + hi, len - hi, fill);
         }
     }
 }
