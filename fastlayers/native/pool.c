@@ -54,18 +54,18 @@ FL_INLINE fl_vf pool_window(const float *p, int64_t rs, int64_t cs, int64_t ni, 
                             int is_max, int64_t nc) {
     if (!is_max && ni * nj > POOL_RUN) return pool_wide_sum(p, rs, cs, ni, nj, nc);
     fl_vf acc = fl_set1(is_max ? -__builtin_inff() : 0.0f);
-    fl_vi nan = {0};
+    fl_nan nan = fl_nan_none();
     for (int64_t i = 0; i < ni; ++i)
         for (int64_t j = 0; j < nj; ++j) {
             fl_vf v = pool_ld(p + i * rs + j * cs, nc);
             if (is_max) {
                 acc = fl_vmax(acc, v);
-                nan |= v != v;
+                nan = fl_nan_add(nan, v);
             } else {
                 acc += v;
             }
         }
-    return is_max ? fl_select(nan, fl_set1(__builtin_nanf("")), acc) : acc;
+    return is_max ? fl_nan_apply(nan, acc) : acc;
 }
 
 /* out[0:c] = the window of p (ni x nj taps, rows rs and columns cs floats apart): its max, or
@@ -90,34 +90,56 @@ typedef struct {
     int is_max, cip;
 } pool_ctx;
 
-/* Output rows t = n Ho + oh in [t0, t1) of pool2d. */
+/* Output pixel ow of a row: its window's columns clipped to x once, or (interior) the whole
+ * window. ni 2 and 3 with nj of the same are unrolled. */
+FL_INLINE void pool_one(const pool_ctx *p, const float *src, int64_t rs, int64_t cs, int64_t ni,
+                        int64_t nj, float count, float *out) {
+    int64_t c = p->c;
+    if (ni == 3 && nj == 3) {
+        if (p->is_max) pool_pixel(src, rs, cs, 3, 3, 1, count, c, out);
+        else pool_pixel(src, rs, cs, 3, 3, 0, count, c, out);
+    } else if (ni == 2 && nj == 2) {
+        if (p->is_max) pool_pixel(src, rs, cs, 2, 2, 1, count, c, out);
+        else pool_pixel(src, rs, cs, 2, 2, 0, count, c, out);
+    } else if (p->is_max) {
+        pool_pixel(src, rs, cs, ni, nj, 1, count, c, out);
+    } else {
+        pool_pixel(src, rs, cs, ni, nj, 0, count, c, out);
+    }
+}
+
+/* Output rows t = n Ho + oh in [t0, t1) of pool2d. The columns whose windows lie inside x
+ * ([in0, in1)) take no clipping (per pixel of a 16-channel row it cost more than the taps). */
 static void pool_task(void *arg, int64_t t0, int64_t t1) {
     const pool_ctx *p = (const pool_ctx *)arg;
-    int64_t c = p->c, rs = p->dh * p->w * c, cs = p->dw * c;
+    int64_t c = p->c, rs = p->dh * p->w * c, cs = p->dw * c, span = (p->kw - 1) * p->dw;
+    /* iw0 = ow sw - pl >= 0 and iw0 + span < w */
+    int64_t in0 = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
+    int64_t in1 = p->w - span + p->pl <= 0 ? 0 : FL_MIN((p->w - span + p->pl - 1) / p->sw + 1, p->wo);
+    in1 = FL_MAX(in1, in0);
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, ih0 = oh * p->sh - p->pt;
-        int64_t i0, i1, ci0, ci1;
+        int64_t i0, i1, ci0 = 0, ci1 = 0;
         pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
-        pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &ci0, &ci1);
+        if (p->cip) pool_taps(ih0, p->dh, p->kh, -p->pt, p->h_end, &ci0, &ci1);
+        int64_t ni = i1 - i0;
         const float *xn = p->x + n * p->h * p->w * c;
+        const float *row = xn + (ih0 + i0 * p->dh) * p->w * c;
+        float *y = p->y + t * p->wo * c;
         for (int64_t ow = 0; ow < p->wo; ++ow) {
-            int64_t iw0 = ow * p->sw - p->pl, j0, j1, cj0, cj1;
-            pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
-            pool_taps(iw0, p->dw, p->kw, -p->pl, p->w_end, &cj0, &cj1);
-            int64_t ni = i1 - i0, nj = j1 - j0;
-            float count = (float)(p->cip ? (ci1 - ci0) * (cj1 - cj0) : ni * nj);
-            const float *src = ni > 0 && nj > 0
-                                   ? xn + ((ih0 + i0 * p->dh) * p->w + iw0 + j0 * p->dw) * c
-                                   : xn;
-            float *out = p->y + (t * p->wo + ow) * c;
-            if (ni == 3 && nj == 3) {                 /* unrolled: the common 3x3 windows */
-                if (p->is_max) pool_pixel(src, rs, cs, 3, 3, 1, count, c, out);
-                else pool_pixel(src, rs, cs, 3, 3, 0, count, c, out);
-            } else if (p->is_max) {
-                pool_pixel(src, rs, cs, ni, nj, 1, count, c, out);
-            } else {
-                pool_pixel(src, rs, cs, ni, nj, 0, count, c, out);
+            if (ow == in0 && ni > 0) {  /* the interior run */
+                float count = (float)(p->cip ? (ci1 - ci0) * p->kw : ni * p->kw);
+                for (; ow < in1; ++ow)
+                    pool_one(p, row + (ow * p->sw - p->pl) * c, rs, cs, ni, p->kw, count, y + ow * c);
+                if (ow == p->wo) break;
             }
+            int64_t iw0 = ow * p->sw - p->pl, j0, j1, cj0 = 0, cj1 = 0;
+            pool_taps(iw0, p->dw, p->kw, 0, p->w, &j0, &j1);
+            if (p->cip) pool_taps(iw0, p->dw, p->kw, -p->pl, p->w_end, &cj0, &cj1);
+            int64_t nj = j1 - j0;
+            float count = (float)(p->cip ? (ci1 - ci0) * (cj1 - cj0) : ni * nj);
+            const float *src = ni > 0 && nj > 0 ? row + (iw0 + j0 * p->dw) * c : xn;
+            pool_one(p, src, rs, cs, ni, nj, count, y + ow * c);
         }
     }
 }
@@ -428,10 +450,10 @@ void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, 
 FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, int is_max,
                                int nv, const float *div, float *out, int64_t last) {
     fl_vf acc[4];
-    fl_vi nan[4];
+    fl_nan nan[4];
     _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         acc[u] = fl_set1(is_max ? -__builtin_inff() : 0.0f);
-        nan[u] = (fl_vi){0};
+        nan[u] = fl_nan_none();
     }
     for (int64_t t = 0; t < nt; ++t) {
         const float *p = b + off[t];
@@ -439,14 +461,14 @@ FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, i
             fl_vf v = fl_load(p + u * FL_VW);
             if (is_max) {
                 acc[u] = fl_vmax(acc[u], v);
-                nan[u] |= v != v;
+                nan[u] = fl_nan_add(nan[u], v);
             } else {
                 acc[u] += v;
             }
         }
     }
     _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
-        fl_vf r = is_max ? fl_select(nan[u], fl_set1(__builtin_nanf("")), acc[u])
+        fl_vf r = is_max ? fl_nan_apply(nan[u], acc[u])
                          : acc[u] / fl_load(div + u * FL_VW);
         pool_st(out + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
     }
@@ -512,12 +534,12 @@ FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t 
         int nv = (int)FL_MIN(4, (w - k + FL_VW - 1) / FL_VW);
         int64_t last = w - k - (nv - 1) * FL_VW;
         fl_vf acc[4];
-        fl_vi nan[4];
+        fl_nan nan[4];
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
             if (u >= nv) break;
             int64_t nc = u == nv - 1 ? last : FL_VW;
             acc[u] = pool_ld(s + k + u * FL_VW, nc);
-            nan[u] = acc[u] != acc[u];
+            nan[u] = fl_nan_add(fl_nan_none(), acc[u]);
         }
         for (int64_t i = 1; i < n; ++i) {
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
@@ -525,7 +547,7 @@ FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t 
                 fl_vf v = pool_ld(s + i * step + k + u * FL_VW, u == nv - 1 ? last : FL_VW);
                 if (is_max) {
                     acc[u] = fl_vmax(acc[u], v);
-                    nan[u] |= v != v;
+                    nan[u] = fl_nan_add(nan[u], v);
                 } else {
                     acc[u] += v;
                 }
@@ -533,7 +555,7 @@ FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t 
         }
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
             if (u >= nv) break;
-            fl_vf r = is_max ? fl_select(nan[u], fl_set1(__builtin_nanf("")), acc[u]) : acc[u];
+            fl_vf r = is_max ? fl_nan_apply(nan[u], acc[u]) : acc[u];
             pool_st(row + k + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
         }
     }

@@ -23,8 +23,14 @@ FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
 /* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
 FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,
                          int64_t *first, int64_t *end) {
-    int64_t f = a >= lo ? 0 : (lo - a + d - 1) / d;
-    int64_t e = a >= hi ? 0 : (hi - a + d - 1) / d;
+    int64_t f, e;
+    if (d == 1) {  /* undilated windows without a division (per output pixel of an NHWC pool) */
+        f = a >= lo ? 0 : lo - a;
+        e = a >= hi ? 0 : hi - a;
+    } else {
+        f = a >= lo ? 0 : (lo - a + d - 1) / d;
+        e = a >= hi ? 0 : (hi - a + d - 1) / d;
+    }
     f = FL_MIN(f, k);
     e = FL_MIN(e, k);
     *first = f;

@@ -371,6 +371,32 @@ def test_pool2d_cpu_matches_reference(isa, c, kind, count_include_pad, ceil_extr
     assert_close(CPU.pool2d(*args), REF.pool2d(*args), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "shape, k, s, d, pads",
+    [
+        ((1, 9, 20, 16), (2, 2), (1, 1), (1, 1), ((0, 1), (0, 1))),  # SAME_UPPER 2x2: the bottom/right pad
+        ((2, 7, 11, 5), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+        ((1, 6, 13, 17), (3, 3), (2, 2), (2, 2), ((2, 2), (2, 2))),  # dilated, strided
+        ((1, 4, 3, 8), (3, 5), (1, 1), (1, 1), ((1, 1), (2, 2))),  # windows wider than x: no interior
+    ],
+)
+@pytest.mark.parametrize("kind, cip", [("max", False), ("avg", False), ("avg", True)])
+def test_pool2d_interior_and_edge_columns_with_nan(isa, shape, k, s, d, pads, kind, cip):
+    """The columns whose windows lie inside x (run without clipping) and the edge ones, NaN
+    included: a max over a window holding it is NaN."""
+    x = arr(7, shape)
+    x[0, 2, 2, 1] = np.nan
+    if kind == "avg":
+        d = (1, 1)
+    ho = window_out(shape[1], k[0], s[0], d[0], pads[0])
+    wo = window_out(shape[2], k[1], s[1], d[1], pads[1])
+    args = (x, kind, k, s, pads, (ho, wo), d, cip)
+    got, want = CPU.pool2d(*args), REF.pool2d(*args)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any()
+    assert_close(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_pools_split_over_threads_match_reference(isa, n_threads):
     x = arr(0, (2, 41, 39, 21))
