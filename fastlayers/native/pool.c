@@ -144,12 +144,99 @@ static void pool_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* Global pooling (one window over a whole image): y[n, c] = max or mean over s < steps of
+ * x[n, s, c], read image row after image row, vectors of channels summing side by side (one
+ * window per vector of channels walked the image once per vector, each a chain of dependent
+ * adds: 0.54 ms on a 160x160 image of 96 channels). Threads take blocks of POOL_GLOBAL_VECS
+ * vectors of an image's channels. */
+#define POOL_GLOBAL_VECS 4
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t steps, c, blocks;
+    int is_max;
+} pool_global_ctx;
+
+/* y[0:nv FL_VW] (the last vector `last` lanes) of the block of channels at x, rows c apart. */
+FL_INLINE void pool_global_vecs(const float *x, int64_t steps, int64_t c, int nv, int64_t last,
+                                int is_max, float *y) {
+    fl_vf acc[POOL_GLOBAL_VECS];
+    fl_nan nan[POOL_GLOBAL_VECS];
+    double total[POOL_GLOBAL_VECS][FL_VW];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        acc[u] = fl_set1(is_max ? -__builtin_inff() : 0.0f);
+        nan[u] = fl_nan_none();
+        for (int l = 0; l < FL_VW; ++l) total[u][l] = 0.0;
+    }
+    for (int64_t s0 = 0; s0 < steps; s0 += POOL_RUN) {  /* runs of POOL_RUN rows in float32 */
+        int64_t s1 = FL_MIN(s0 + POOL_RUN, steps);
+        for (int64_t s = s0; s < s1; ++s) {
+            _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+                fl_vf v = pool_ld(x + s * c + u * FL_VW, u == nv - 1 ? last : FL_VW);
+                if (is_max) {
+                    acc[u] = fl_vmax(acc[u], v);
+                    nan[u] = fl_nan_add(nan[u], v);
+                } else {
+                    acc[u] += v;
+                }
+            }
+        }
+        if (!is_max) {
+            _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+                for (int l = 0; l < FL_VW; ++l) total[u][l] += (double)acc[u][l];
+                acc[u] = fl_set1(0.0f);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        fl_vf r;
+        if (is_max) {
+            r = fl_nan_apply(nan[u], acc[u]);
+        } else {
+            for (int l = 0; l < FL_VW; ++l) r[l] = (float)(total[u][l] / (double)steps);
+        }
+        pool_st(y + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
+    }
+}
+
+static void pool_global_task(void *arg, int64_t u0, int64_t u1) {
+    const pool_global_ctx *p = (const pool_global_ctx *)arg;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t n = u / p->blocks, c0 = u % p->blocks * POOL_GLOBAL_VECS * FL_VW;
+        int64_t nc = FL_MIN(POOL_GLOBAL_VECS * FL_VW, p->c - c0);
+        int nv = (int)((nc + FL_VW - 1) / FL_VW);
+        int64_t last = nc - (nv - 1) * FL_VW;
+        const float *x = p->x + n * p->steps * p->c + c0;
+        float *y = p->y + n * p->c + c0;
+        if (p->is_max) {
+            if (nv == 4) pool_global_vecs(x, p->steps, p->c, 4, last, 1, y);
+            else if (nv == 3) pool_global_vecs(x, p->steps, p->c, 3, last, 1, y);
+            else if (nv == 2) pool_global_vecs(x, p->steps, p->c, 2, last, 1, y);
+            else pool_global_vecs(x, p->steps, p->c, 1, last, 1, y);
+        } else {
+            if (nv == 4) pool_global_vecs(x, p->steps, p->c, 4, last, 0, y);
+            else if (nv == 3) pool_global_vecs(x, p->steps, p->c, 3, last, 0, y);
+            else if (nv == 2) pool_global_vecs(x, p->steps, p->c, 2, last, 0, y);
+            else pool_global_vecs(x, p->steps, p->c, 1, last, 0, y);
+        }
+    }
+}
+
 /* y[n, oh, ow, c] = max or mean over the window of x: x (N, H, W, C), y (N, Ho, Wo, C). */
 int FL_FN(pool2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int is_max,
                   int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                   int64_t pt, int64_t pl, int64_t h_end, int64_t w_end, int count_include_pad,
                   int64_t ho, int64_t wo, float *y) {
     if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0) return 0;
+    if (ho == 1 && wo == 1 && kh == h && kw == w && dh == 1 && dw == 1 && pt == 0 && pl == 0 &&
+        h_end == h && w_end == w) {  /* one window over each whole image */
+        int64_t blocks = (c + POOL_GLOBAL_VECS * FL_VW - 1) / (POOL_GLOBAL_VECS * FL_VW);
+        pool_global_ctx g = {x, y, h * w, c, blocks, is_max};
+        int64_t per_unit = FL_MAX(1, h * w * FL_MIN(c, POOL_GLOBAL_VECS * FL_VW));
+        fl_parallel(n * blocks, FL_MAX(1, POOL_MIN_SHARE / per_unit), pool_global_task, &g);
+        return 0;
+    }
     pool_ctx p = {x, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo, is_max,
                   count_include_pad};
     fl_parallel(n * ho, FL_MAX(1, POOL_MIN_SHARE / (wo * c * kh * kw)), pool_task, &p);

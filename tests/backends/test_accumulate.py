@@ -90,7 +90,7 @@ def test_onnx_instance_and_layer_norm_over_long_spatial_axes(rng):
 
 
 def test_cpu_global_average_pool_matches_float64_on_every_isa(isa, rng):
-    for shape in [(1, 80, 120, 19), (3, 1, 1, 5), (2, 9, 7, 33), (1, 1, 9600, 8)]:
+    for shape in [(1, 80, 120, 19), (3, 1, 1, 5), (2, 9, 7, 33), (1, 1, 9600, 8), (2, 13, 11, 130), (1, 3, 4, 64)]:
         x = _nhwc(rng, *shape)
         want = np.mean(x.astype(np.float64), axis=(1, 2))
         assert _rel(CPU.global_pool(x, "avg", (1, 2)), want) < TIGHT, shape
@@ -183,3 +183,15 @@ def test_wide_mean_of_contiguous_axes_is_numpys_mean_bit_for_bit(rng, dtype, sha
     got, want = wide_mean(x, axes, keepdims=keepdims), np.mean(x, axis=axes, keepdims=keepdims)
     assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype
     assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_cpu_global_max_pool_nan_in_every_block_of_channels(isa, rng, threads):
+    """A global max over blocks of channels (a thread's share) with NaN in some channels: those
+    channels are NaN, the others the max."""
+    x = _nhwc(rng, 3, 17, 9, 150)
+    x[1, 16, 8, [0, 70, 149]] = np.nan
+    got = CPU.global_pool(x, "max", (1, 2))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(x).any(axis=(1, 2)))
+    np.testing.assert_array_equal(np.nan_to_num(got, nan=0.0), np.nan_to_num(x.max(axis=(1, 2)), nan=0.0))
+    assert _rel(CPU.global_pool(x[2:], "avg", (1, 2)), np.mean(x[2:].astype(np.float64), axis=(1, 2))) < TIGHT
