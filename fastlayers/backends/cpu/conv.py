@@ -21,7 +21,8 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv_*.c`` an
   its taps are in.
 - pool2d_nchw, depthwise_conv2d_nchw: the same on NCHW planes (no layout round trip), each
   block of output rows vectorized along W on a padded copy of its input rows split into
-  stride phases.
+  stride phases; max pools, and means over at most 64 taps at column step 1, separable (the
+  window's rows reduced straight from the plane, then its columns).
 - pool2d, global_pool, adaptive_pool2d, roi_pool, upsample2d, local_response_norm: direct loops
   vectorized over channels.
 
