@@ -141,3 +141,16 @@ def test_concat_rows_errors():
         _core.concat_rows([a, a], np.zeros((3, 9), np.float32))
     with pytest.raises(ValueError, match="C-contiguous 2-D"):
         _core.concat_rows([a], np.zeros((3, 4, 1), np.float32))
+
+
+@pytest.mark.parametrize("r, c", [(37, 21), (5, 3), (19, 40), (16, 8)])
+def test_transpose_edges_write_inside_their_rows(rng, r, c):
+    """The partial blocks at a tile's ragged edge (masked loads and stores) read and write only
+    their own floats: the rest of the rows around a strided source and destination is untouched."""
+    big = rng.standard_normal((r, c + 9)).astype(np.float32)
+    src = big[:, 4 : 4 + c]
+    room = np.full((c, r + 11), -7.0, np.float32)
+    dst = room[:, 5 : 5 + r]
+    _core.transpose(src[None], dst[None])
+    np.testing.assert_array_equal(dst, src.T)
+    assert (room[:, :5] == -7.0).all() and (room[:, 5 + r :] == -7.0).all()
