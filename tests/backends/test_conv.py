@@ -340,6 +340,28 @@ def test_conv_transpose2d_kernel_equal_to_stride(isa, n_threads, shape, k, cout,
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize(
+    "shape, k, s, crop, d, out_extra",
+    [
+        ((2, 9, 11, 16), (2, 2), (2, 2), (0, 0), (1, 1), (0, 0)),  # a detector's last layer
+        ((1, 7, 6, 5), (3, 3), (1, 1), (1, 1), (1, 1), (0, 0)),
+        ((1, 5, 8, 24), (4, 3), (2, 3), (1, 0), (1, 2), (1, 2)),  # crop, dilation, output padding
+    ],
+)
+def test_conv_transpose2d_one_output_channel(isa, n_threads, shape, k, s, crop, d, out_extra):
+    """One output channel (the NCHW kernel on x moved to NCHW) against the reference, with bias
+    and an activation."""
+    x, w, b = arr(3, shape), arr(4, (*k, shape[3], 1), 0.3), arr(5, (1,))
+    out = tuple((shape[1 + a] - 1) * s[a] - 2 * crop[a] + d[a] * (k[a] - 1) + 1 + out_extra[a] for a in range(2))
+    for bias, act in ((b, "sigmoid"), (None, "linear")):
+        args = (x, w, bias, s, crop, out, d, 1, act, 0.0)
+        with threads(n_threads):
+            got = CPU.conv_transpose2d(*args)
+        assert got.shape == (shape[0], *out, 1)
+        assert_close(got, REF.conv_transpose2d(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
 def test_conv_transpose2d_on_threads(isa, n_threads):
     x, w, b = arr(0, (2, 14, 15, 32)), arr(1, (4, 4, 32, 24), 0.1), arr(2, (48,))
     args = (x, w, b, (2, 2), (1, 1), (28, 30), (1, 1), 2, "relu", 0.0)

@@ -261,12 +261,20 @@ class ConvOps(ReferenceOps):
             return ReferenceOps.conv_transpose2d(
                 self, x_nhwc, w_hwio, b, strides, crop, out_hw, dilation, groups, activation, alpha
             )
+        code = _kernel_code(activation)
+        if groups * cout_g == 1:
+            # one output channel: NHWC memory is its NCHW plane, and the NCHW kernel's product (a
+            # row per tap over the pixels) fills whole vectors where this kernel's has kh kw
+            # columns; x moved to NCHW first (docs/design.md, "NCHW transposed convolution")
+            wt = derived(w_hwio, "native-conv-transpose-one", lambda a: _f32c(a.reshape(1, kh * kw, cin)))
+            y = np.empty((n, 1, ho, wo), np.float32)
+            x_nchw = self.channels_first(_f32c(x_nhwc))
+            _core.conv_transpose2d_nchw(x_nchw, wt, _bias(b), y, kh, kw, 1, sh, sw, dh, dw, ct, cl, code, alpha)
+            return _finish(self, y.reshape(n, ho, wo, 1), activation, alpha)
         wk = _f32c(w_hwio)
         pw = derived(wk, f"native-conv-transpose:{groups}", lambda a: _core.conv_transpose_pack(a, groups))
         y = np.empty((n, ho, wo, groups * cout_g), np.float32)
-        _core.conv_transpose2d(
-            _f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, _kernel_code(activation), alpha
-        )
+        _core.conv_transpose2d(_f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, code, alpha)
         return _finish(self, y, activation, alpha)
 
     def conv_transpose2d_nchw(
