@@ -151,3 +151,37 @@ def test_conv_transpose_takes_a_channel_affine_and_an_activation(
     assert len(transposed) == 1 and transposed[0].fused == ("" if kept_mul else act)
     kept = {s.op_type for s in steps}
     assert ("Mul" in kept) == kept_mul and "Add" not in kept
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["both-nhwc", "one-nchw"])
+def test_residual_add_of_nhwc_memory_stays_nhwc_and_exact(tmp_path, rng, backend, mixed):
+    """A residual Add of two convolution outputs (NCHW views of NHWC memory) large enough for
+    the native pass: the sum stays in NHWC memory on the cpu backend, with numpy's bits; one
+    operand a graph input in NCHW order takes numpy's broadcasting sum."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    shape = [1, 8, 24, 30]  # 5760 values: above NATIVE_ELEMENTWISE_MIN
+
+    def t(name, dims):
+        return h.make_tensor(name, 1, dims, rng.standard_normal(int(np.prod(dims))).astype(np.float32))
+
+    second = "x" if mixed else "b"
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        h.make_node("Conv", ["x", "w2"], ["b"]),
+        h.make_node("Add", ["a", second], ["y"]),
+    ]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, shape)],
+        [h.make_tensor_value_info(n, 1, None) for n in ("y", "a", "b")],
+        [t("w1", [8, 8, 3, 3]), t("w2", [8, 8, 1, 1])],
+    )
+    path = tmp_path / "residual.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal(shape).astype(np.float32)
+    values = fastlayers.load(path)._evaluate([x], every_value=True)
+    y = values["y"]
+    np.testing.assert_array_equal(y, values["a"] + (x if mixed else values["b"]))
+    if backend == "cpu" and not mixed:
+        assert y.transpose(0, 2, 3, 1).flags.c_contiguous

@@ -54,10 +54,25 @@ def _native_add_mul(a, b, multiply: bool):
     return None
 
 
+def _sum_in_layout(a, b, name, alpha):
+    """f(a + b) in one native pass on the pool's threads where a and b are float32 arrays of one
+    shape held in the same layout (NHWC memory behind NCHW views included), the result in that
+    layout; else None."""
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == np.float32 and a.shape == b.shape:
+        (xa, back_a), (xb, back_b) = stored(a), stored(b)
+        if back_a == back_b:
+            y = get_ops().add_act(xa, xb, name, alpha)
+            return y if back_a is None else y.transpose(back_a)
+    return None
+
+
 @op("Add")
 def _add(inputs, attrs, opset):
     a, b = inputs
     y = _native_add_mul(a, b, False)
+    if y is None and getattr(a, "size", 0) >= NATIVE_ELEMENTWISE_MIN:
+        # a residual sum: numpy's runs on one thread (same bits)
+        y = _sum_in_layout(a, b, "linear", 0.0)
     return [np.add(a, b) if y is None else y]
 
 
@@ -90,11 +105,9 @@ def _fused_add(inputs, attrs, opset):
     broadcasting sum and the activation."""
     a, b = inputs
     name, alpha = attrs["activation"], attrs.get("alpha", 0.0)
-    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == np.float32 and a.shape == b.shape:
-        (xa, back_a), (xb, back_b) = stored(a), stored(b)
-        if back_a == back_b:
-            y = get_ops().add_act(xa, xb, name, alpha)
-            return [y if back_a is None else y.transpose(back_a)]
+    y = _sum_in_layout(a, b, name, alpha)
+    if y is not None:
+        return [y]
     outer = outer_operands(a, b)
     if outer is not None:
         a_ic, b_jc, shape = outer
