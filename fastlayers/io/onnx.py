@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import ModelFileError
 from ..onnx.importer import from_model
 from ..onnx.model import OnnxModel
-from ..onnx.proto import parse_model
+from ..onnx.proto import parse_model, read_buffer
 
 
 class FileSource:
@@ -45,12 +46,13 @@ class FileSource:
         return data
 
     @classmethod
-    def read_new(cls, path) -> tuple[np.ndarray, FileSource]:
-        """The bytes of the file at ``path`` in one fresh buffer, and its ``FileSource``."""
+    def read_new(cls, path) -> tuple[Any, FileSource]:
+        """The bytes of the file at ``path`` in one fresh buffer (``proto.read_buffer``: for
+        ``parse_model(..., own=True)``, which spends it), and its ``FileSource``."""
         try:
             with open(path, "rb") as f:
                 stat = os.fstat(f.fileno())
-                return cls._read(f, stat), cls(path, stat)
+                return read_buffer(f, stat.st_size), cls(path, stat)
         except OSError as e:
             raise ModelFileError(f"{path}: cannot read the file ({e})") from e
 
@@ -78,11 +80,13 @@ def load_onnx(path) -> OnnxModel:
     """Import an ONNX model file (see the module docstring)."""
     where = str(path)
     source: FileSource | None
-    data, source = FileSource.read_new(path)  # one buffer, which the weights are views of
-    try:
-        parsed = parse_model(data, where)
-    except ModelFileError:  # weights in external data files beside it (or a defect: raised again)
-        parsed, source = parse_model(data, where, Path(path).parent), None
+    data, source = FileSource.read_new(path)
+    # each weight copied out of the buffer into memory of its own, the buffer's pages handed
+    # back as it goes: the optimiser frees what it replaces weight by weight
+    parsed = parse_model(data, where, Path(path).parent, own=True)
+    del data
+    if parsed.external_data:  # its pickle could not carry the weights beside it
+        source = None
     return from_model(parsed, where, source)
 
 

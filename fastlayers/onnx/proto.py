@@ -3,9 +3,13 @@ and fields that running a model needs, with no dependency beyond numpy.
 
 Why not the ``onnx`` package: importing it takes about 80 ms, its parse copies every weight into
 a ``bytes`` object and ``numpy_helper.to_array`` copies it again, so a loaded model held three
-copies of its weights at its peak. Here the file is read once into one buffer and each
-little-endian ``raw_data`` tensor is a numpy view of it (copied only where it is not aligned to
-its element size, since the kernels read whole elements). ``onnx.proto`` is stable: fields are
+copies of its weights at its peak. Here the file is read once into one buffer. Read from a file
+(``read_model``, ``own=True``), each little-endian ``raw_data`` tensor is copied into memory of
+its own and the buffer's pages under it are handed back to the system as it goes, so the parse
+holds about one copy of the weights at its peak and each weight is freed on its own once the
+optimiser replaces it (a view of the buffer would keep the whole file alive for one small
+constant). Parsed from bytes the caller keeps (``own=False``), tensors are views of them where
+aligned to their element size and writeable, else copies. ``onnx.proto`` is stable: fields are
 only ever added, and unknown ones are skipped, as protobuf requires.
 
 The file is data. Every length and offset is checked against the bytes that hold it before it is
@@ -19,6 +23,7 @@ https://github.com/onnx/onnx/blob/main/onnx/onnx.proto.
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -101,12 +106,34 @@ class Graph:
 
 class Model:
     """A model file: IR version, opsets (domain -> version, "" for the default domain),
-    producer and main graph."""
+    producer and main graph; ``external_data``: whether a tensor's values came from a file
+    beside it."""
 
-    __slots__ = ("ir_version", "opsets", "producer", "graph")
+    __slots__ = ("ir_version", "opsets", "producer", "graph", "external_data")
 
-    def __init__(self, ir_version, opsets, producer, graph):
+    def __init__(self, ir_version, opsets, producer, graph, external_data=False):
         self.ir_version, self.opsets, self.producer, self.graph = ir_version, opsets, producer, graph
+        self.external_data = external_data
+
+
+#: Files at least this large are read into an anonymous mapping, whose pages a parse with
+#: ``own`` hands back as it copies the tensors out (``_Parser.raw_array``).
+MAPPED_READ_BYTES = 1 << 20
+
+
+def read_buffer(f, size: int):
+    """The ``size`` bytes of the open file ``f`` in one fresh buffer: an anonymous mapping for
+    files of ``MAPPED_READ_BYTES`` or more (page-aligned, so that ``parse_model(..., own=True)``
+    can release what it has copied out), else a numpy array. OSError where the file is shorter."""
+    if size >= MAPPED_READ_BYTES and hasattr(mmap, "MAP_PRIVATE"):
+        # private: a shared anonymous mapping keeps pages handed back with MADV_DONTNEED
+        data = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
+        data = np.empty(size, np.uint8)
+    # not zero-filled (np.empty) or zero pages (the mapping): the read writes every byte
+    if f.readinto(memoryview(data)) != size:  # type: ignore[arg-type]
+        raise OSError("the file changed size while it was read")
+    return data
 
 
 def read_model(path) -> Model:
@@ -114,28 +141,27 @@ def read_model(path) -> Model:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = np.empty(size, np.uint8)  # not zero-filled: the read writes every byte
-            if f.readinto(memoryview(data)) != size:
-                raise ModelFileError(f"{path}: the file changed size while it was read")
+            data = read_buffer(f, os.fstat(f.fileno()).st_size)
     except OSError as e:
-        if isinstance(e, ModelFileError):
-            raise
         raise ModelFileError(f"{path}: cannot read the file ({e})") from e
-    return parse_model(data, str(path), path.parent)
+    return parse_model(data, str(path), path.parent, own=True)
 
 
-def parse_model(data, where: str = "ONNX model", directory: Path | None = None) -> Model:
-    """Parse a serialized ModelProto (any bytes-like object; the weights are views of it where
-    it is writeable and they are aligned, else copies). ``directory``: where external data lies
-    (None: external data is refused)."""
-    return _Parser(data, where, directory).model()
+def parse_model(data, where: str = "ONNX model", directory: Path | None = None, *, own: bool = False) -> Model:
+    """Parse a serialized ModelProto (any bytes-like object). ``directory``: where external
+    data lies (None: external data is refused). ``own``: every tensor gets memory of its own,
+    and where ``data`` is an ``mmap.mmap`` its pages under each tensor's bytes are handed back
+    once copied (``data`` is then spent: read nothing else from it); else the weights are views
+    of ``data`` where it is writeable and they are aligned, and copies otherwise."""
+    return _Parser(data, where, directory, own).model()
 
 
 class _Parser:
-    def __init__(self, data, where, directory):
+    def __init__(self, data, where, directory, own=False):
         self.buf = memoryview(data).cast("B")
-        self.where, self.directory = where, directory
+        self.where, self.directory, self.own = where, directory, own
+        self.release = data if own and isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") else None
+        self.external_used = False
         self.view = np.frombuffer(self.buf, np.uint8) if len(self.buf) else np.empty(0, np.uint8)
         self.address = self.view.ctypes.data
 
@@ -249,7 +275,7 @@ class _Parser:
                 opsets["" if domain == "ai.onnx" else domain] = version
         if graph is None:
             self.fail("no graph (not an ONNX model file?)")
-        return Model(ir_version, opsets, producer, graph)
+        return Model(ir_version, opsets, producer, graph, self.external_used)
 
     def graph(self, span, depth):
         if depth > limits.ONNX_MAX_NESTING:
@@ -441,11 +467,24 @@ class _Parser:
                     f"{what}: dimensions {tuple(dims)} need {count * dtype.itemsize} bytes of "
                     f"{dtype}, its raw_data has {end - start}"
                 )
-            array = self.view[start:end]
-            if (self.address + start) % dtype.itemsize or not array.flags.writeable:
-                array = array.copy()  # aligned (and writeable) for the kernels
-            return name, array.view(dtype).reshape(dims)
+            return name, self.raw_array(start, end, dtype).reshape(dims)
         return name, self.typed_values(typed, data_type, dtype, dims, count, what)
+
+    def raw_array(self, start, end, dtype):
+        """The bytes ``buf[start:end]`` as a 1-D array of ``dtype``: a view of the buffer where
+        it may be one (not ``own``; aligned to the element size, which the kernels read whole,
+        and writeable), else a copy. With ``own`` on a mapped buffer, the pages wholly inside
+        the span are handed back after the copy: a tensor's bytes are read once, and nothing
+        else lies on those pages."""
+        array = self.view[start:end]
+        if self.own or (self.address + start) % dtype.itemsize or not array.flags.writeable:
+            array = array.copy()
+        if self.release is not None:
+            first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+            last = end // mmap.PAGESIZE * mmap.PAGESIZE
+            if last > first:
+                self.release.madvise(mmap.MADV_DONTNEED, first, last - first)
+        return array.view(dtype)
 
     def typed_values(self, typed, data_type, dtype, dims, count, what):
         field = (
@@ -475,6 +514,7 @@ class _Parser:
         """The values of a tensor stored in a file beside the model."""
         if self.directory is None:
             self.fail(f"{what} keeps its values in an external file; load the model from its path")
+        self.external_used = True
         location = entries.get("location", "")
         target = (self.directory / location).resolve()
         if not location or Path(location).is_absolute() or self.directory.resolve() not in target.parents:

@@ -399,3 +399,32 @@ def test_directions_beyond_half_the_l2_split_their_units(two_threads, monkeypatc
     for a, b in zip(at_once, split):
         for actual, expected in zip(a, b):
             assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sequences_plan_that_never_runs_at_once_packs_only_its_split(two_threads, monkeypatch, rng):
+    """A bidirectional plan whose directions can never run at once (recurrent weights beyond
+    ``OWN_THREAD_L2_SHARE`` of the L2 cache, at any thread count) packs its weights only for
+    the one-by-one calls it makes (here units split in two), not also for one thread each,
+    which would stay in memory beside them; its results are the calls' own."""
+    from fastlayers.backends.types import Cell
+
+    _, fn, args, kw = cases(rng, 1)[0]
+    x = rng.standard_normal((1, 40, I)).astype(np.float32)
+    weight_bytes = 4 * args[1].size
+    monkeypatch.setattr(R, "MIN_CALL_MADDS", 0)
+    monkeypatch.setattr(R, "MIN_SHARE_MADDS", 1)
+    monkeypatch.setattr(R, "l2_cache_bytes", lambda: int(weight_bytes / R.OWN_THREAD_L2_SHARE) - 4)
+    packed = []
+    monkeypatch.setattr(
+        R,
+        "_pack_shares",
+        lambda w, blocks, n_blocks, bounds, _f=R._pack_shares: (
+            packed.append(len(bounds) - 1) or _f(w, blocks, n_blocks, bounds)
+        ),
+    )
+    plan = R.sequences_plan(x, [(Cell.LSTM, args, kw), (Cell.LSTM, args, dict(kw, reverse=True))])
+    got = plan(x)
+    assert packed and set(packed) == {2}
+    for results, k in zip(got, [kw, dict(kw, reverse=True)]):
+        for actual, expected in zip(results, REF.lstm_sequence(x, *args, **k)):
+            assert_close(actual, expected, rtol=1e-5, atol=5e-5 * max(1.0, float(np.abs(expected).max())))

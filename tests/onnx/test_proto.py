@@ -130,6 +130,75 @@ def test_raw_weights_are_views_of_the_file_bytes(onnx, tmp_path):
         assert base is data or np.shares_memory(w, np.frombuffer(data, np.uint8))
 
 
+def _many_tensors_model(onnx, rng):
+    """A model whose raw_data tensors (some misaligned, some across several pages, some
+    smaller than a page) fill a file of more than ``MAPPED_READ_BYTES``."""
+    from onnx import numpy_helper
+
+    sizes = [1, 3, 1000, 1025, 4096, 70_000, 3, 200_000, 5, 65_536, 17]
+    arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
+    arrays["i"] = rng.integers(-9, 9, 4097).astype(np.int64)
+    model = _identity_model(onnx, [numpy_helper.from_array(a, k) for k, a in arrays.items()])
+    return model, arrays
+
+
+def test_a_file_read_owns_its_weights_and_hands_back_its_buffer(onnx, tmp_path):
+    """``read_model``'s tensors own their memory (no view of the file's buffer, which one small
+    surviving constant would otherwise keep alive), and the pages of the mapped buffer under
+    each tensor's bytes are handed back once copied, and only those."""
+    import mmap
+
+    model, arrays = _many_tensors_model(onnx, np.random.default_rng(3))
+    data = model.SerializeToString()
+    assert len(data) >= onnx_proto.MAPPED_READ_BYTES
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    got = onnx_proto.read_model(path).graph.initializers
+    for name, want in arrays.items():
+        np.testing.assert_array_equal(got[name], want)
+        base = got[name]
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        assert isinstance(base, np.ndarray) and base.flags.owndata, name
+
+    with open(path, "rb") as f:
+        buf = onnx_proto.read_buffer(f, len(data))
+    assert isinstance(buf, mmap.mmap)
+    parsed = onnx_proto.parse_model(buf, "m", own=True).graph.initializers
+    for name, want in arrays.items():
+        np.testing.assert_array_equal(parsed[name], want)
+    page = mmap.PAGESIZE
+    released = np.zeros(len(data), bool)
+    for want in arrays.values():
+        raw = want.tobytes()
+        start = data.find(raw)
+        first, last = -(-start // page) * page, (start + len(raw)) // page * page
+        released[first:last] = True
+    assert released.any()
+    now = np.frombuffer(buf, np.uint8)
+    np.testing.assert_array_equal(now[~released], np.frombuffer(data, np.uint8)[~released])
+    assert not now[released].any()  # zero pages: handed back
+    del now
+    buf.close()
+
+
+def test_a_loaded_model_keeps_no_file_buffer(onnx, tmp_path):
+    """A model loaded from a file holds no array viewing the buffer the file was read into:
+    only the weights it uses stay in memory."""
+    import gc
+    import mmap
+
+    model, _ = _many_tensors_model(onnx, np.random.default_rng(4))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    loaded = fastlayers.load(path)
+    np.testing.assert_array_equal(loaded(np.ones((2, 3), np.float32)), np.ones((2, 3), np.float32))
+    gc.collect()
+    assert not [
+        o for o in gc.get_objects() if isinstance(o, mmap.mmap) and not o.closed and len(o) == path.stat().st_size
+    ]
+
+
 def test_sparse_initializer(onnx):
     from onnx import TensorProto, helper
 

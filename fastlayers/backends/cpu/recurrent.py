@@ -461,15 +461,29 @@ def sequences(calls):
 
 
 def _own_thread(loop, n_calls, threads):
-    """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own: enough
-    work, recurrent weights that stay in that thread's L2 cache from step to step
-    (``OWN_THREAD_L2_SHARE``), and a batch the threads would not split anyway."""
+    """Whether ``loop``, one of ``n_calls`` independent ones, runs on a thread of its own:
+    ``_may_own_thread``, and a batch the threads would not split anyway."""
     return (
         loop is not None
-        and loop.steps * loop.batch * loop.weight_floats >= MIN_CALL_MADDS
-        and loop.weight_floats * 4 <= OWN_THREAD_L2_SHARE * l2_cache_bytes()
+        and _may_own_thread(loop.batch, loop.steps, loop.weight_floats)
         and not (n_calls < threads and _row_parts(loop.batch, loop.weight_floats, threads) > 1)
     )
+
+
+def _may_own_thread(batch, steps, weight_floats):
+    """Whether a loop of ``weight_floats`` recurrent weights over ``batch`` x ``steps`` may run
+    on a thread of its own at some thread count: enough work, and recurrent weights that stay
+    in that thread's L2 cache from step to step (``OWN_THREAD_L2_SHARE``)."""
+    return (
+        steps * batch * weight_floats >= MIN_CALL_MADDS and weight_floats * 4 <= OWN_THREAD_L2_SHARE * l2_cache_bytes()
+    )
+
+
+def _recurrent_floats(cell, args, kw):
+    """The floats of a ``cell`` call's recurrent weights (``_Loop.weight_floats``), from the
+    arguments of its ``*_sequence`` function, without packing them."""
+    w_hp = kw.get("w_hp") if cell == Cell.LSTM else None
+    return args[1].size + (0 if w_hp is None else w_hp.size)
 
 
 def _bindable(x_bti, kw):
@@ -558,6 +572,16 @@ def sequences_plan(x_bti, calls):
     not bind."""
     if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
         return None
+    batch, steps = x_bti.shape[:2]
+    if not all(_may_own_thread(batch, steps, _recurrent_floats(name, args, kw)) for name, args, kw in calls):
+        # never at once, whatever the thread count: no weights packed for one thread each,
+        # which would be kept beside those the one-by-one plans pack
+        singles = [sequence_plan(name, x_bti, args, kw) for name, args, kw in calls]
+        if any(single is None for single in singles):
+            return None
+        return lambda x, states=None: [
+            single(x, st) for single, st in zip(singles, states or [None] * len(calls), strict=True)
+        ]
     loops = [_LOOPS[name](x_bti, *args, **kw, shares=(1, 1)) for name, args, kw in calls]
     if any(loop is None for loop in loops):
         return None
