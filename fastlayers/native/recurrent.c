@@ -798,7 +798,7 @@ int FL_FN(rnn_loop)(const fl_rnn_args *a) {
     } else {
         rnn_job *j = jobs;
         rnn_job_start(j);
-        if (parts == 1) {
+        if (parts == 1 || fl_pool_get_threads() == 1) { /* shares one after the other, no meetings */
             rnn_job_serial(j);
         } else {
             for (int64_t p = 0; p <= parts; ++p) atomic_init(&counters[p].v, 0);

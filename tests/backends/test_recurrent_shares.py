@@ -158,9 +158,21 @@ def test_one_step(isa, two_threads, monkeypatch, rng, split):
                 check(rng, fn, args, kw, options, batch, steps=1)
 
 
-def test_default_shares(two_threads, loops, rng):
+def test_default_shares(two_threads, loops, monkeypatch, rng):
     """The default split: batch 1 shares the units of a large layer, batch 8 the rows; a small
-    layer, or a single step of a large one, runs on one thread."""
+    layer runs on one thread, and so does a single step of a large one, in the unit shares of
+    its longer calls (its weights packed once for both)."""
+    from fastlayers import native
+
+    call_threads = []
+
+    def recorded(*args, _f=_core.rnn_loop):
+        previous = native.set_call_threads(0)
+        native.set_call_threads(previous)
+        call_threads.append(previous)
+        return _f(*args)
+
+    monkeypatch.setattr(_core, "rnn_loop", recorded)
     w = weights(rng, 4, 1024), weights(rng, 256, 1024), None
     for batch, steps in [(1, 10), (8, 3), (1, 1)]:
         h0 = np.zeros((batch, 256), np.float32)
@@ -169,7 +181,8 @@ def test_default_shares(two_threads, loops, rng):
     R.lstm_sequence(
         rng.standard_normal((1, 50, 4)).astype(np.float32), weights(rng, 4, 128), weights(rng, 32, 128), None, h0, h0
     )
-    assert [run[1:] for run in loops] == [(1, 2), (2, 1), (1, 1), (1, 1)]
+    assert [run[1:] for run in loops] == [(1, 2), (2, 1), (1, 2), (1, 1)]
+    assert call_threads == [0, 0, 1, 0]  # 1: the calling thread alone
 
 
 @pytest.mark.parametrize(

@@ -99,14 +99,34 @@ def _unit_parts(batch, k, units, gate_blocks, threads):
 
 
 def _shares(batch, t_len, k, units, gate_blocks, weight_floats):
-    """(batch shares, unit shares) of a loop over ``t_len`` steps (one of them 1)."""
+    """(batch shares, unit shares) of a loop over ``t_len`` steps (one of them 1). A loop with
+    too little work for a second thread (``_serial``) keeps the unit shares a longer one gets,
+    so that its weights are packed once for both (a warm-up's one-step call would otherwise pack
+    a second copy that stays beside the first), and runs them on the calling thread."""
     threads = _core.get_num_threads()
-    if threads == 1 or t_len * batch * weight_floats < 2 * MIN_CALL_MADDS:
+    if threads == 1:
         return 1, 1
     row_parts = _row_parts(batch, weight_floats, threads)
     if row_parts > 1:
-        return row_parts, 1
+        return (1 if _serial(batch, t_len, weight_floats) else row_parts), 1
     return 1, _unit_parts(batch, k, units, gate_blocks, threads)
+
+
+def _serial(batch, t_len, weight_floats):
+    """Whether a loop over ``t_len`` steps of ``batch`` rows with ``weight_floats`` recurrent
+    weights has too little work for a second thread (``MIN_CALL_MADDS``)."""
+    return t_len * batch * weight_floats < 2 * MIN_CALL_MADDS
+
+
+def _loop_call(loop_args, serial):
+    """``_core.rnn_loop(*loop_args)``, its shares on the calling thread alone where ``serial``."""
+    if not serial:
+        return _core.rnn_loop(*loop_args)
+    previous = native.set_call_threads(1)
+    try:
+        return _core.rnn_loop(*loop_args)
+    finally:
+        native.set_call_threads(previous)
 
 
 @functools.lru_cache(maxsize=256)
@@ -254,6 +274,11 @@ class _Loop(typing.NamedTuple):
     batch: int
     steps: int
     weight_floats: int
+
+    @property
+    def serial(self) -> bool:
+        """Whether its unit shares run on the calling thread alone (``_serial``)."""
+        return len(self.args.ubounds) > 2 and _serial(self.batch, self.steps, self.weight_floats)
 
 
 def _rnn_loop(
@@ -413,7 +438,7 @@ def _gru_loop(
 def _run(loop):
     if loop is None:
         return None
-    _core.rnn_loop(*loop.args)
+    _loop_call(loop.args, loop.serial)
     return loop.finish()
 
 
@@ -550,11 +575,12 @@ def sequence_plan(cell, x_bti, args, kw):
     bound_threads = _core.get_num_threads()
 
     def bind(threads):
-        filled = _filler(loop if threads == bound_threads else _LOOPS[cell](x_bti, *args, **kw), x_bti)
+        made = loop if threads == bound_threads else _LOOPS[cell](x_bti, *args, **kw)
+        filled, serial = _filler(made, x_bti), made.serial
 
         def run(x, states):
             loop_args, result = filled(x, states)
-            _core.rnn_loop(*loop_args)
+            _loop_call(loop_args, serial)
             return result
 
         return run
