@@ -89,6 +89,9 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
     """
     with settings.applied(options) as options:
         model = _load(path)
+        from ..native import trim_heap  # imported by the load already (not at fastlayers' import)
+
+        trim_heap()  # what the import freed, before the warm-up packs weights beside it
         if options.threads is not None:
             model.num_threads = options.threads
         if options.warm_up if warm_up is None else warm_up:

@@ -35,6 +35,7 @@ from ._core import (  # noqa: F401
     get_num_threads,
     get_spin_ns,
     heap_retain,
+    heap_trim,
     isa,
     isa_runs,
     isas,
@@ -85,6 +86,15 @@ HEAP_RETAINED = _heap != "system" and heap_retain(*HEAP_RETAIN)
 #: arena.h): large blocks kept mapped between calls whatever else in the process trims the C
 #: library's heap. ``FASTLAYERS_HEAP=system`` turns it off with the heap settings.
 ARENA = _heap != "system"
+
+
+def trim_heap() -> bool:
+    """Hand the free pages of the C library's heap back to the system where fastlayers keeps
+    them mapped (``HEAP_RETAINED``): after a load, what the reader and the optimiser freed (a
+    file's weights replaced by their re-laid-out forms, in blocks under the 32 MiB threshold)
+    would otherwise stay mapped, and the derived weights made next (mapped apart) would add to
+    it. Calls allocate from the native arena, which this leaves alone. Whether any was released."""
+    return HEAP_RETAINED and heap_trim()
 
 
 def arena_enter():

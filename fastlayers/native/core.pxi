@@ -17,6 +17,7 @@ cdef extern from "dispatch.h":
 
 cdef extern from "heap.h":
     int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold)
+    int fl_heap_trim()
     int64_t fl_thread_buf_bytes()
     int64_t fl_thread_buf_released()
 
@@ -206,6 +207,13 @@ def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):
     to ``trim_threshold`` free bytes mapped (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD,
     process-wide); whether it applied (False on other C libraries, or values out of range)."""
     return bool(fl_heap_retain(mmap_threshold, trim_threshold))
+
+
+def heap_trim():
+    """Hand every free page of the C library's heap back to the system (glibc's malloc_trim,
+    beyond what ``heap_retain``'s trim threshold keeps); whether any was released (False on
+    other C libraries)."""
+    return bool(fl_heap_trim())
 
 
 #: numpy's allocator handler on the native block arena (arena.h).

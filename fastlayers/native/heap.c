@@ -29,7 +29,11 @@ int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold) {
     return mallopt(M_MMAP_THRESHOLD, (int)mmap_threshold) == 1 &&
            mallopt(M_TRIM_THRESHOLD, (int)trim_threshold) == 1;
 }
+
+int fl_heap_trim(void) { return malloc_trim(0); }
 #else
+int fl_heap_trim(void) { return 0; }
+
 int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold) {
     (void)mmap_threshold;
     (void)trim_threshold;

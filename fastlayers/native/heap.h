@@ -4,6 +4,9 @@
  *   come from the heap (not one mmap each, unmapped when freed) and up to trim_threshold bytes
  *   free at its top stay mapped; returns 1, or 0 where the C library has no such settings.
  *
+ * heap_trim(): with glibc, hands every free page of the heap back to the system (malloc_trim),
+ *   whatever trim_threshold keeps; returns 1 where memory was released, else 0.
+ *
  * fl_thread_buf: a work buffer owned by one thread (a `static __thread` variable of a kernel
  *   file, grown by fl_buf_grow in fl.h). Its first allocation registers it with
  *   fl_thread_buf_track, and its memory is freed when the thread exits (a pthread key's
@@ -16,6 +19,7 @@
 #include <stdint.h>
 
 int fl_heap_retain(int64_t mmap_threshold, int64_t trim_threshold);
+int fl_heap_trim(void);
 
 typedef struct fl_thread_buf {
     void *p;
