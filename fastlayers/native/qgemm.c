@@ -255,6 +255,9 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
             continue;
         }
         const float *scale = o->scale + j0;
+        if (o->ibias) /* int32, with wrap-around: onnxruntime's Add of a quantized bias */
+            for (int64_t j = 0; j < cols; ++j)
+                oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
         if (o->kind == FL_QOUT_FLOAT) {
             /* the product rounded before the bias is added (two loops: no fused multiply-add),
              * as onnxruntime's output processor and numpy */
@@ -267,9 +270,6 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
         /* requantized as MlasRequantizeOutput: float(acc + ibias) * scale clamped to
          * [lo - zero point, hi - zero point] (NaN to the low end: fmaxf returns the number),
          * rounded half to even, plus the zero point */
-        if (o->ibias)
-            for (int64_t j = 0; j < cols; ++j)
-                oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
         float zp = (float)o->zero_point;
         float lo = (o->kind == FL_QOUT_UINT8 ? 0.0f : -128.0f) - zp, hi = (o->kind == FL_QOUT_UINT8 ? 255.0f : 127.0f) - zp;
         int8_t *ci = (int8_t *)c + i * ldc;

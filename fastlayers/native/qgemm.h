@@ -36,8 +36,10 @@ static inline int64_t fl_qpacked_count(int64_t k, int64_t n) {
 
 /* What an integer product stores for its exact int32 sums acc (kind):
  * FL_QOUT_INT32: acc;
- * FL_QOUT_FLOAT: float(acc) * scale[j] (+ bias[j] where bias is not NULL), the product rounded
- *   before the bias is added;
+ * FL_QOUT_FLOAT: float(acc + ibias[j]) * scale[j] (+ bias[j] where bias is not NULL), ibias
+ *   (int32, added with wrap-around) where not NULL, the product rounded before the bias is
+ *   added (ibias: a quantized bias added to the sums, as onnxruntime's dynamically quantized
+ *   ConvInteger graphs do before their Cast and Mul);
  * FL_QOUT_UINT8 / FL_QOUT_INT8: rint(clamp(float(acc + ibias[j]) * scale[j], min - zero_point,
  *   max - zero_point)) + zero_point (NaN to the low end), ibias (int32, added with wrap-around)
  *   where not NULL: onnxruntime's requantization (MlasRequantizeOutput) of QLinearConv /

@@ -95,8 +95,8 @@ cdef int64_t _qout_of(cnp.ndarray c, int64_t m, object scale, object bias, objec
     cdef int64_t n = c.shape[1]
     if bias is not None and out.kind != 1:
         raise ValueError(f"{what}: a bias needs a scale and a float32 c")
-    if ibias is not None and out.kind < 2:
-        raise ValueError(f"{what}: an int32 bias needs a uint8 or int8 c")
+    if ibias is not None and out.kind == 0:
+        raise ValueError(f"{what}: an int32 bias needs a scale (a float32, uint8 or int8 c)")
     if out.kind >= 2 and not (-128 <= zero_point <= 255):
         raise ValueError(f"{what}: zero point {zero_point} out of the 8-bit range")
     out.scale = _f32_block(scale, (n,), "scale")
@@ -111,9 +111,10 @@ def qgemm(cnp.ndarray a, cnp.ndarray za, cnp.ndarray pb, cnp.ndarray c, object s
     """c (m, n) = (a - za) @ (b - zb) summed exactly, on the pool's threads: ``a`` (m, k) uint8 or
     int8 with a contiguous last axis, ``za`` (m,) int32 its zero point per row, ``pb`` b (k, n)
     less its zero points packed by ``qpack``; ``c`` 2-D with contiguous rows (any row stride):
-    int32 (the sums); float32 with ``scale`` (n,) float32: float(sum) * scale (+ ``bias`` (n,)
-    float32); uint8 or int8 with ``scale``: saturate(rint(float(sum + ``ibias``) * scale) +
-    ``zero_point``), ``ibias`` (n,) int32 or None (onnxruntime's requantization). Returns ``c``."""
+    int32 (the sums); float32 with ``scale`` (n,) float32: float(sum + ``ibias``) * scale (+
+    ``bias`` (n,) float32); uint8 or int8 with ``scale``: saturate(rint(float(sum + ``ibias``) *
+    scale) + ``zero_point``) (onnxruntime's requantization); ``ibias`` (n,) int32 or None, added
+    with wrap-around. Returns ``c``."""
     cdef int a_signed = _int8_operand(a, "qgemm a")
     cdef int64_t m = a.shape[0], k = a.shape[1]
     cdef fl_qout out

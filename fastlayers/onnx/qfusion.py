@@ -2,7 +2,7 @@
 QuantizeLinear -> DequantizeLinear pairs on per-tensor 8-bit constants become one
 ``FusedQuantizeDequantize`` node, ``quantize_dynamic``'s MatMulInteger -> Cast -> Mul (-> Add)
 chains one MatMulIntegerToFloat (with their DynamicQuantizeLinear, one DynamicQuantizeMatMul),
-and the constant weights of integer products are packed once
+its ConvInteger -> (bias Add) -> Cast -> Mul chains one FusedConvInteger, and the constant weights of integer products are packed once
 for the native kernel."""
 
 from __future__ import annotations
@@ -163,6 +163,130 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
     return [n for n in nodes if id(n) not in removed]
 
 
+def fuse_integer_conv(nodes, constants, outputs) -> list:
+    """What ``quantize_dynamic`` writes for a Conv on constant weights with a per-tensor weight
+    scale: ConvInteger on a DynamicQuantizeLinear's outputs -> [Add of Reshape(Cast(Floor(Div(
+    bias, s)), int32))] -> Cast to float -> Mul by s, s = x_scale * w_scale (a Mul node each
+    time it is used), each value read only by the next -> one ``FusedConvInteger`` node
+    (``qlinear._fused_conv_integer``: the same int32 and float32 operations, the bias added and
+    the scale applied in the native kernel's store instead of three passes over the output)."""
+    readers: dict = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers.setdefault(i, []).append(node)
+    producer = {o: n for n in nodes for o in n.outputs}
+
+    def only_reader(name, op_type):
+        found = readers.get(name, [])
+        ok = len(found) == 1 and found[0].op_type == op_type and name not in outputs
+        return found[0] if ok else None
+
+    def scales_of(name, dql, w_scale):
+        """The Mul node computing ``name`` = dql's scale * w_scale, or None."""
+        mul = producer.get(name)
+        if (
+            mul is None
+            or mul.op_type != "Mul"
+            or name in outputs
+            or sorted(mul.inputs) != sorted([dql.outputs[1], w_scale])
+        ):
+            return None
+        return mul
+
+    removed = set()
+    for conv in nodes:
+        if conv.op_type != "ConvInteger" or len(conv.inputs) < 3 or conv.inputs[1] not in constants:
+            continue
+        dql = producer.get(conv.inputs[0])
+        w_zp = conv.inputs[3] if len(conv.inputs) > 3 else ""
+        if (
+            dql is None
+            or dql.op_type != "DynamicQuantizeLinear"
+            or dql.outputs[0] != conv.inputs[0]
+            or dql.outputs[2] != conv.inputs[2]
+            or (w_zp and w_zp not in constants)
+        ):
+            continue
+        chain, bias, s_div = [], "", None
+        add = only_reader(conv.outputs[0], "Add")
+        if add is not None:  # the bias, quantized at run time by the scales' product
+            other = add.inputs[1] if add.inputs[0] == conv.outputs[0] else add.inputs[0]
+            reshape = producer.get(other)
+            cast = (
+                reshape
+                and reshape.op_type == "Reshape"
+                and only_reader(reshape.inputs[0], "Reshape")
+                and producer.get(reshape.inputs[0])
+            )
+            floor = (
+                cast
+                and cast.op_type == "Cast"
+                and cast.attrs.get("to") == 6
+                and only_reader(cast.inputs[0], "Cast")
+                and producer.get(cast.inputs[0])
+            )
+            div = (
+                floor
+                and floor.op_type == "Floor"
+                and only_reader(floor.inputs[0], "Floor")
+                and producer.get(floor.inputs[0])
+            )
+            if not (div and div.op_type == "Div" and len(readers.get(other, [])) == 1 and other not in outputs):
+                continue
+            b = constants.get(div.inputs[0])
+            cout = constants[conv.inputs[1]].shape[0]
+            shape = constants.get(reshape.inputs[1])
+            want = [1, cout] + [1] * (constants[conv.inputs[1]].ndim - 2)
+            if b is None or b.dtype != np.float32 or b.shape != (cout,) or _reshaped(cout, shape) != want:
+                continue
+            s_div, bias = div.inputs[1], div.inputs[0]
+            chain += [add, reshape, cast, floor, div]
+            last = add
+        else:
+            last = conv
+        to_float = only_reader(last.outputs[0], "Cast")
+        mul = to_float and to_float.attrs.get("to") == 1 and only_reader(to_float.outputs[0], "Mul")
+        if not mul:
+            continue
+        s_mul = mul.inputs[1] if mul.inputs[0] == to_float.outputs[0] else mul.inputs[0]
+        s_node = producer.get(s_mul)
+        if s_node is None or s_node.op_type != "Mul" or dql.outputs[1] not in s_node.inputs:
+            continue
+        w_scale = s_node.inputs[1] if s_node.inputs[0] == dql.outputs[1] else s_node.inputs[0]
+        w_scale_value = constants.get(w_scale)
+        if w_scale_value is None or w_scale_value.size != 1 or w_scale_value.dtype != np.float32:
+            continue  # per-channel scales broadcast along another axis of the Mul: left alone
+        scale_nodes = {id(s_node): s_node}
+        if s_div is not None:
+            div_scales = scales_of(s_div, dql, w_scale)
+            if div_scales is None:
+                continue
+            scale_nodes[id(div_scales)] = div_scales
+        # a scales' Mul goes only where the nodes fused here are all that read it
+        fused = {id(n) for n in chain} | {id(to_float), id(mul)}
+        if any(
+            n.outputs[0] in outputs or any(id(r) not in fused for r in readers.get(n.outputs[0], []))
+            for n in scale_nodes.values()
+        ):
+            continue
+        conv.op_type = "FusedConvInteger"
+        conv.inputs = [conv.inputs[0], conv.inputs[1], conv.inputs[2], w_zp, dql.outputs[1], w_scale, bias]
+        conv.outputs = list(mul.outputs)
+        removed.update(fused | set(scale_nodes))
+    return [n for n in nodes if id(n) not in removed]
+
+
+def _reshaped(count, shape) -> list | None:
+    """The dimensions a Reshape to the constant ``shape`` (no 0 entries) gives a 1-D tensor of
+    ``count`` values, or None."""
+    if shape is None or shape.ndim != 1 or shape.dtype != np.int64 or 0 in shape.tolist():
+        return None
+    try:
+        return list(np.empty(count, np.int8).reshape(shape.tolist()).shape)
+    except ValueError:
+        return None
+
+
 def _sole_reader(readers, name, node) -> bool:
     """Whether ``node`` is the only node reading the value ``name``."""
     found = readers.get(name, [])
@@ -173,6 +297,7 @@ def optimize(nodes, constants, outputs) -> list:
     """The load-time passes of quantized graphs (``onnx.from_model``): QDQ pairs and dynamic
     integer matmuls fused, the constant weights of integer products packed."""
     nodes = fuse_integer_matmul(fuse_quantize_dequantize(nodes, constants, outputs), constants, outputs)
+    nodes = fuse_integer_conv(nodes, constants, outputs)
     return pack_weights(nodes, constants)
 
 

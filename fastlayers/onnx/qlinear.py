@@ -17,6 +17,7 @@ import numpy as np
 from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
 from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
+from .qtable import OPS
 from .quant import MS, QUANT_RANGES, _register, _scale, dynamic_quantize, integer_kernels
 from .windows import padded_output, pads_2d, spatial
 
@@ -99,6 +100,15 @@ class Requant:
 
         return Requant(cut(self.multiplier), cut(self.bias), self.y_zp)
 
+    @property
+    def dtype(self):
+        """The type of what it stores: y_zp's."""
+        return self.y_zp.dtype
+
+    @property
+    def zero_point(self) -> int:
+        return int(self.y_zp)
+
     def apply(self, acc, axis):
         """The requantized int32 ``acc`` whose channels lie on ``axis`` (numpy)."""
         shape = [1] * acc.ndim
@@ -106,6 +116,38 @@ class Requant:
         if self.bias is not None:
             acc = acc + self.bias.reshape(shape)
         return requantize(acc, self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier, self.y_zp)
+
+
+class ToFloat(Requant):
+    """The float32 output of int32 sums as onnxruntime's dynamically quantized ConvInteger
+    graphs compute it (Add of an int32 bias, Cast, Mul): float32(acc + bias) * multiplier,
+    ``bias`` int32 (or None, added with wrap-around) and ``multiplier`` float32, one per
+    output channel or scalars."""
+
+    __slots__ = ()
+
+    def __init__(self, multiplier, bias):
+        super().__init__(multiplier, bias, None)
+
+    @property
+    def dtype(self):
+        return np.dtype(np.float32)
+
+    @property
+    def zero_point(self) -> int:
+        return 0
+
+    def part(self, j0, j1):
+        requant = super().part(j0, j1)
+        return ToFloat(requant.multiplier, requant.bias)
+
+    def apply(self, acc, axis):
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        if self.bias is not None:
+            acc = acc + self.bias.reshape(shape)  # int32 + int32: numpy wraps around
+        multiplier = self.multiplier.reshape(shape) if self.multiplier.ndim else self.multiplier
+        return np.multiply(acc.astype(np.float32), multiplier, dtype=np.float32)
 
 
 def _qgemm(core, a, a_zp, packed, n, requant=None, out=None):
@@ -287,7 +329,7 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
     oh, ow = out_hw
     x_nhwc = x.transpose(0, 2, 3, 1)
     top_left = (pads[0][0], pads[1][0])
-    y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.y_zp.dtype)
+    y = np.empty((n * oh * ow, cout), np.int32 if requant is None else requant.dtype)
     for g in range(group):
         y_g = y[:, g * cout_g : (g + 1) * cout_g]
         if requant is None:
@@ -321,7 +363,7 @@ def _integer_conv_native(x, x_zp, packed, w_shape, group, out_hw, strides, dilat
                 multiplier,
                 None,
                 bias,
-                int(requant.y_zp),
+                requant.zero_point,
             )
     return y.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
 
@@ -351,6 +393,35 @@ def _conv_integer(inputs, attrs, opset):
         x, inputs[2] if len(inputs) > 2 else None, w, inputs[3] if len(inputs) > 3 else None, what
     )
     return [integer_conv(x, x_zp, w, w_zp, attrs, what)]
+
+
+def _fused_conv_integer(inputs, attrs, opset):
+    """fastlayers' ``FusedConvInteger`` (``qfusion.fuse_integer_conv``): what onnxruntime's
+    ``quantize_dynamic`` writes for a Conv, ConvInteger -> Add of the bias quantized at run time
+    -> Cast to float -> Mul by the scales' product, in one node: inputs x_q, w_q, x_zp, w_zp,
+    x_scale, w_scale and the float bias (or None), each step's float32 arithmetic as the graph's
+    nodes do it (s = x_scale w_scale; b_q = int32(floor(bias / s)); float32(acc + b_q) s), the
+    last two in the native kernel's store."""
+    what = "ConvInteger"
+    x, w = _quantized(inputs[0], what, "x"), _quantized(inputs[1], what, "w")
+    x_zp, w_zp = _conv_zero_points(x, inputs[2], w, inputs[3], what)
+    cout = w.shape[0]
+    s = np.multiply(
+        _scale(_scalar(inputs[4], what, "x_scale"), what),
+        _scale(_per_column(inputs[5], cout, what, "w_scale"), what),
+        dtype=np.float32,
+    )
+    bias = inputs[6] if len(inputs) > 6 else None
+    b_q = None
+    if bias is not None:
+        with np.errstate(all="ignore"):  # as the graph's Div, Floor and Cast: inf and NaN pass
+            b_q = np.floor(np.divide(bias, s, dtype=np.float32)).astype(np.int32)
+    return [integer_conv(x, x_zp, w, w_zp, attrs, what, ToFloat(s, b_q))]
+
+
+#: fastlayers' own node (made at load by ``qfusion.fuse_integer_conv``, never read from a file:
+#: not in ``check.OPS``).
+OPS["FusedConvInteger"] = _fused_conv_integer
 
 
 def _qlinear_conv(inputs, attrs, opset):

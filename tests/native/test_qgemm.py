@@ -370,10 +370,34 @@ def test_requantizing_epilogue(rng, out, m, k, n):
         got = _core.qgemm(a, za, pb, wide[:, 4 : 4 + n], scale, None, bias, zp)
         np.testing.assert_array_equal(got, want)
         assert (wide[:, :4] == 77).all() and (wide[:, 4 + n :] == 77).all()
-    with pytest.raises(ValueError, match="an int32 bias needs a uint8 or int8 c"):
-        _core.qgemm(a, za, pb, np.empty((m, n), np.float32), scale, None, ibias)
+    with pytest.raises(ValueError, match="an int32 bias needs a scale"):
+        _core.qgemm(a, za, pb, np.empty((m, n), np.int32), None, None, ibias)
     with pytest.raises(ValueError, match="zero point 300"):
         _core.qgemm(a, za, pb, np.empty((m, n), out), scale, None, None, 300)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 17), (30, 64, 40), (25, 27, 70)])
+def test_float_epilogue_with_an_int32_bias(rng, isa, m, k, n):
+    """float32 c = float(sum + ibias[j]) * scale[j] (+ bias[j]): the int32 bias added with
+    wrap-around before the conversion (onnxruntime's Add of a quantized bias, then Cast and
+    Mul), bit for bit numpy's form, into a column slice of a wider c."""
+    a, b = _values(rng, np.uint8, (m, k)), _values(rng, np.int8, (k, n))
+    za, zb = _values(rng, np.uint8, m).astype(np.int32), _values(rng, np.int8, n).astype(np.int32)
+    scale = rng.uniform(1e-5, 4e-3, n).astype(np.float32)
+    ibias = rng.integers(-30000, 30000, n).astype(np.int32)
+    ibias[0] = np.iinfo(np.int32).max  # wraps around where the sum is positive
+    fbias = rng.standard_normal(n).astype(np.float32)
+    pb = _core.qpack(b, zb)
+    acc = _expected(a, za, b, zb).astype(np.int32)
+    for bias in (None, fbias):
+        with np.errstate(over="ignore"):
+            want = (acc + ibias).astype(np.float32) * scale
+        if bias is not None:
+            want = want + bias
+        wide = np.full((m, n + 9), 7.0, np.float32)
+        got = _core.qgemm(a, za, pb, wide[:, 4 : 4 + n], scale, bias, ibias)
+        np.testing.assert_array_equal(got, want)
+        assert (wide[:, :4] == 7.0).all() and (wide[:, 4 + n :] == 7.0).all()
 
 
 def _conv_reference(x_nhwc, x_zp, w_hwio, kernel, strides, dilations, pads, out_hw):

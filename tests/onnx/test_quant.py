@@ -507,13 +507,121 @@ def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng):
         np.testing.assert_array_equal(got, want)
 
 
+def _dynamic_conv_export(torch, tmp_path, one_d=False):
+    """A torch CNN (convolutions with and without bias, grouped, strided, padded, a residual
+    Add, ReLU and SiLU) exported and quantized by ``quantize_dynamic``; its path and input shape."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    nn = torch.nn
+    conv = nn.Conv1d if one_d else nn.Conv2d
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = conv(3, 8, 3, padding=1)
+            self.b = conv(8, 8, 3, padding=1, groups=2, bias=False)
+            self.c = conv(8, 12, 3, stride=2)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            h = h + self.b(h)
+            return nn.functional.silu(self.c(h))
+
+    torch.manual_seed(3)
+    shape = (2, 3, 17) if one_d else (2, 3, 9, 11)
+    float_path, path = tmp_path / "conv.onnx", tmp_path / "conv_dynamic.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Net().eval(),
+            (torch.randn(*shape),),
+            str(float_path),
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
+    return path, shape
+
+
+@pytest.mark.parametrize("one_d", [False, True], ids=["2d", "1d"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dynamic_quantized_convolutions_fuse_bit_for_bit(torch, tmp_path, rng, isa, monkeypatch, one_d, threads):
+    """quantize_dynamic's convolutions (DynamicQuantizeLinear -> ConvInteger -> Add of the bias
+    quantized at run time by Div / Floor / Cast / Reshape -> Cast -> Mul by the scales' product;
+    without a bias, no Add) each become one FusedConvInteger, the bias added and the scale applied
+    in the native kernel's store: bit for bit the graph's own nodes on every ISA path, grouped
+    and strided, 1-D and 2-D, at 1 and 2 threads, and onnxruntime's output bit for bit on the
+    vector paths (the generic path's SiLU differs from onnxruntime's by an ulp here and there,
+    fused or not)."""
+    import fastlayers
+    from fastlayers.onnx import qfusion
+
+    ort = oracle("onnxruntime")
+    path, shape = _dynamic_conv_export(torch, tmp_path, one_d)
+    ours = fastlayers.load(path)
+    assert ours.op_types.count("FusedConvInteger") == 3
+    assert not {"ConvInteger", "Cast", "Floor", "Div"} & set(ours.op_types)
+    monkeypatch.setattr(qfusion, "fuse_integer_conv", lambda nodes, constants, outputs: nodes)
+    unfused = fastlayers.load(path)
+    assert unfused.op_types.count("ConvInteger") == 3
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with fastlayers.using_threads(threads):
+        for batch in (2, 1):
+            x = rng.standard_normal((batch, *shape[1:])).astype(np.float32) * 3
+            got = ours.run(None, {"x": x})[0]
+            np.testing.assert_array_equal(got, unfused.run(None, {"x": x})[0])
+            want = theirs.run(None, {"x": x})[0]
+            if isa == "generic":
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
+def test_a_dynamic_quantized_convolution_whose_scales_are_read_elsewhere_stays_unfused(tmp_path, rng):
+    """Where the scales' product is also a graph output, the chain keeps its nodes (and its
+    result)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import fastlayers
+
+    ort = oracle("onnxruntime")
+    w = rng.integers(-60, 60, (4, 3, 3, 3)).astype(np.int8)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+        helper.make_node("ConvInteger", ["q", "w", "z"], ["acc"], pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["s", "ws"], ["m"]),
+        helper.make_node("Mul", ["f", "m"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "m")],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.02, np.float32), "ws")],
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    ours = fastlayers.load(data)
+    assert "FusedConvInteger" not in ours.op_types and "ConvInteger" in ours.op_types
+    x = rng.standard_normal((1, 3, 5, 5)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for got, expected in zip(ours.run(None, {"x": x}), want):
+        np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize(
     "kind,mode,ops",
     [
         # quantize_dynamic's MatMulInteger -> Cast -> Mul -> Add chains run as one MatMulIntegerToFloat,
         # with their DynamicQuantizeLinear as one DynamicQuantizeMatMul
         ("mlp", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
-        ("cnn", "dynamic", {"ConvInteger", "com.microsoft::DynamicQuantizeMatMul"}),
+        # and its ConvInteger -> Add (bias quantized at run time) -> Cast -> Mul chains as FusedConvInteger
+        ("cnn", "dynamic", {"FusedConvInteger", "com.microsoft::DynamicQuantizeMatMul"}),
         ("lstm", "dynamic", {"com.microsoft::DynamicQuantizeLSTM"}),
         ("encoder", "dynamic", {"com.microsoft::DynamicQuantizeMatMul"}),
         ("mlp", "static", {"com.microsoft::QGemm"}),
