@@ -139,8 +139,9 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
 
 
 def fuse_conv(nodes, constants, outputs) -> list[Node]:
-    """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) -> FusedConv,
-    its weights pre-transposed to the backend's HWIO layout once."""
+    """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) (+ a Mul
+    and / or an Add by one value or one per channel, ``_post_affine``) -> FusedConv, its
+    weights pre-transposed to the backend's HWIO layout once."""
     uses = consumers(nodes, outputs)
     removed: set[int] = set()
     for k, node in enumerate(nodes):
@@ -174,6 +175,9 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
                 break
             node.outputs = follower.outputs
             removed.add(nxt[0])
+        post = _post_affine(nodes, k, removed, uses, constants, w.shape[0], w.ndim)
+        if post is not None:
+            attrs["_post_affine"] = post
         key = node.name or f"conv{k}"
         w_hwio = get_ops().oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
         if scale is not None:
@@ -185,6 +189,49 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             node.inputs.append(f"{key}::b")
         node.op_type, node.attrs = "FusedConv", attrs
     return [n for k, n in enumerate(nodes) if k not in removed]
+
+
+def _channel_constant(node, x, constants, channels, rank):
+    """The float32 constant that the binary ``node`` applies to its input ``x`` (the output of
+    a convolution of ``rank`` dimensions and ``channels`` output channels), as one value per
+    channel (``channels``,), where it is one value or one per channel on axis 1 and broadcasting
+    leaves x's shape alone; else None."""
+    if len(node.inputs) != 2 or x not in node.inputs or node.inputs[0] == node.inputs[1]:
+        return None
+    c = constants.get(node.inputs[1] if node.inputs[0] == x else node.inputs[0])
+    if c is None or c.dtype != np.float32 or c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for k, d in enumerate(shape) if k != 1) or shape[1] not in (1, channels):
+        return None
+    return np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (channels,)), np.float32)
+
+
+def _post_affine(nodes, k, removed, uses, constants, channels, rank):
+    """(scale, shift) of a Mul and / or an Add by constants (``_channel_constant``) that follow
+    the convolution ``nodes[k]`` (after its activation), in that order, each the only reader of
+    the value before: the node takes their outputs and they join ``removed``; None where there
+    is neither. The convolution applies y scale + shift per channel to its result
+    (``ops.conv._conv``), as the PP-LCNetV3 "learnable affine" blocks after each activation
+    of PP-OCR's models are."""
+    node, found = nodes[k], {}
+    for op_type in ("Mul", "Add"):
+        out = node.outputs[0]
+        nxt = [j for j, n in enumerate(nodes) if j not in removed and j > k and out in n.inputs]
+        if uses.get(out, 0) != 1 or len(nxt) != 1 or nodes[nxt[0]].op_type != op_type:
+            continue
+        value = _channel_constant(nodes[nxt[0]], out, constants, channels, rank)
+        if value is None:
+            break
+        found[op_type] = value
+        node.outputs = nodes[nxt[0]].outputs
+        removed.add(nxt[0])
+    if not found:
+        return None
+    return (
+        found.get("Mul", np.ones(channels, np.float32)),
+        found.get("Add", np.zeros(channels, np.float32)),
+    )
 
 
 def _absorb_activations(nodes, constants, outputs, wants, absorb) -> list[Node]:

@@ -157,6 +157,8 @@ def layout_of(value) -> str:
 def fused_detail(attrs) -> str:
     """What a fused node took in, from its attributes (its activation, a residual add)."""
     parts = [str(attrs[k]) for k in _FUSED_ATTRS if isinstance(attrs.get(k), (str, bool)) and attrs.get(k)]
+    if attrs.get("_post_affine") is not None:  # a convolution's Mul / Add by constants after it
+        parts.append("affine")
     return "+".join(p if p != "True" else "residual" for p in parts)
 
 

@@ -158,6 +158,14 @@ def test_batch_norm_matches_reference(shape, axis, rng):
             )
         assert_close(REF.batch_norm(x, scale, shift, axis), expected, rtol=1e-5, atol=1e-5)
         assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis), rtol=1e-5, atol=1e-6)
+        for ops in (REF, CPU):  # into ``out``, x itself or another array
+            want = REF.batch_norm(x, scale, shift, axis)
+            other = np.full_like(x, 7.0)
+            assert ops.batch_norm(x, scale, shift, axis, out=other) is other
+            assert_close(other, want, rtol=1e-5, atol=1e-6)
+            inplace = x.copy()
+            assert ops.batch_norm(inplace, scale, shift, axis, out=inplace) is inplace
+            assert_close(inplace, want, rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)

@@ -315,6 +315,9 @@ else:
         x, scale, shift = _r(rng, 2, 3, 4), _r(rng, 4), _r(rng, 4)
         assert_close(ops.batch_norm(x, scale, shift), REF.batch_norm(x, scale, shift))
         assert_close(ops.batch_norm(x, scale[:3], shift[:3], 1), REF.batch_norm(x, scale[:3], shift[:3], 1))
+        out = np.empty_like(x)
+        assert ops.batch_norm(x, scale, shift, out=out) is out
+        assert_close(out, REF.batch_norm(x, scale, shift))
 
     @pytest.mark.parametrize("kind", ["max", "avg"])
     @pytest.mark.parametrize("keepdims", [False, True])

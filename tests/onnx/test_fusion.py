@@ -258,6 +258,93 @@ def test_conv_and_dense_absorb_affine_and_activations(torch, tmp_path, rng, opse
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 3, 5, 5)).astype(np.float32)}, rtol=1e-4)
 
 
+class _AffineAfterActivation:
+    """PP-LCNetV3's "learnable affine" blocks: Conv -> activation -> * scale -> + shift, the
+    scale and shift one value each (its blocks), one per channel, a Mul alone and an Add alone;
+    1-D and 2-D convolutions, a depthwise one among them."""
+
+    @staticmethod
+    def build(torch, one_d):
+        conv = torch.nn.Conv1d if one_d else torch.nn.Conv2d
+        view = (-1, 1) if one_d else (-1, 1, 1)
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = conv(3, 8, 3, padding=1)
+                self.b = conv(8, 8, 3, padding=1, groups=8)
+                self.c = conv(8, 8, 1)
+                self.d = conv(8, 5, 1)
+                self.s = torch.nn.Parameter(torch.tensor([1.3]))
+                self.t = torch.nn.Parameter(torch.tensor([-0.2]))
+                self.sc = torch.nn.Parameter(torch.rand(8) + 0.5)
+                self.tc = torch.nn.Parameter(torch.randn(8))
+
+            def forward(self, x):
+                x = torch.nn.functional.hardswish(self.a(x)) * self.s + self.t
+                x = torch.relu(self.b(x)) * self.sc.view(view) + self.tc.view(view)
+                x = torch.relu(self.c(x)) * self.s
+                return torch.sigmoid(self.d(x)) + self.t
+
+        return Net()
+
+
+@pytest.mark.parametrize("one_d", [False, True], ids=["2d", "1d"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_affine_after_a_convolutions_activation_joins_it(torch, tmp_path, rng, one_d, threads):
+    """A Mul and / or an Add by one value or one per channel after a convolution's activation
+    become the FusedConv's ``_post_affine`` (y scale + shift per channel in place on the result,
+    the profile saying "affine"): no Mul or Add node left, onnxruntime's results."""
+    torch.manual_seed(1)
+    path = tmp_path / "affine.onnx"
+    shape = (2, 3, 11) if one_d else (2, 3, 7, 9)
+    export(
+        torch,
+        _AffineAfterActivation.build(torch, one_d),
+        (torch.randn(*shape),),
+        path,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "n"}},
+        opset_version=17,
+    )
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv"] * 4
+    assert sum(n.attrs.get("_post_affine") is not None for n in ours._nodes) == 4
+    x = rng.standard_normal(shape).astype(np.float32)
+    with fastlayers.using_threads(threads):
+        _matches_ort(ours, path, {"x": x}, rtol=1e-5, atol=1e-6)
+    assert [s.fused for s in ours.profile({"x": x}, repeats=1).steps].count("hard_silu+affine") == 1
+
+
+def test_affine_constants_that_would_change_the_shape_stay_nodes(tmp_path, rng):
+    """A Mul by a constant of more dimensions than the convolution's output (it broadcasts the
+    result to a higher rank), or one along another axis, stays a node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    for name, c in (
+        ("rank", np.full((1, 1, 1, 1, 1), 2.0, np.float32)),
+        ("axis", np.full((1, 1, 1, 5), 2.0, np.float32)),
+    ):
+        graph = helper.make_graph(
+            [
+                helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["c"], ["r"]),
+                helper.make_node("Mul", ["r", "k"], ["y"]),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "k")],
+        )
+        path = tmp_path / f"{name}.onnx"
+        path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+        ours = fastlayers.load(path)
+        assert ours.op_types == ["FusedConv", "Mul"], name
+        _matches_ort(ours, path, {"x": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)})
+
+
 def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
     """Clip to [0, 3] and HardSigmoid with ONNX's default alpha 0.2 have no fused epilogue:
     they stay after the fused nodes (HardSwish is the dense node's hard_silu); a Conv output that other nodes also read keeps

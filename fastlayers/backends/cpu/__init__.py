@@ -254,19 +254,24 @@ class CpuOps(ConvOps):
         _core.layer_norm(xr, _vector(gamma), _vector(beta), epsilon, rms, out)
         return out if x.ndim == 2 else out.reshape(x.shape)
 
-    def batch_norm(self, x, scale, shift, axis=-1):
-        if axis == -1 or axis == x.ndim - 1:  # the common case in one native call, else None
+    def batch_norm(self, x, scale, shift, axis=-1, out=None):
+        if out is None and (axis == -1 or axis == x.ndim - 1):  # the common case in one native call, else None
             y = _core.apply_scale_shift(x, scale, shift)
             if y is not None:
                 return y
         if (
-            axis % x.ndim != x.ndim - 1 or x.size == 0 or np.size(scale) != x.shape[-1] or np.size(shift) != x.shape[-1]
+            axis % x.ndim != x.ndim - 1
+            or x.size == 0
+            or np.size(scale) != x.shape[-1]
+            or np.size(shift) != x.shape[-1]
+            or x.dtype != np.float32
+            or not (out is None or (out.shape == x.shape and out.dtype == np.float32 and out.flags.c_contiguous))
         ):  # (the native kernel reads rows of that width)
-            return super().batch_norm(x, scale, shift, axis)
+            return super().batch_norm(x, scale, shift, axis, out)
         xr = _rows_of(x)
-        out = np.empty_like(xr)
-        _core.scale_shift(xr, _vector(scale), _vector(shift), out)
-        return out if x.ndim == 2 else out.reshape(x.shape)
+        rows = np.empty_like(xr) if out is None else out.reshape(xr.shape)
+        _core.scale_shift(xr, _vector(scale), _vector(shift), rows)
+        return out if out is not None else rows if x.ndim == 2 else rows.reshape(x.shape)
 
     # ------------------------------------------------------------------ attention
     def attention_softmax(self, scores_bhqk, scale, bias, causal=False, empty=0):

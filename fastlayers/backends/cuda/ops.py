@@ -178,7 +178,14 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
 
     # ---------------------------------------------------------------------- normalization
     @serialized_in_simulator
-    def batch_norm(self, x, scale, shift, axis=-1):
+    def batch_norm(self, x, scale, shift, axis=-1, out=None):
+        if out is not None:  # the result, then copied into out (host or device)
+            y = self.batch_norm(x, scale, shift, axis)
+            if is_device(out):
+                out.copy_to_device(y)
+            else:
+                np.copyto(out, to_host(y))
+            return out
         dev = is_device(x)
         if x.size == 0 or x.ndim == 0:
             return self._host_path(is_device(x), super().batch_norm(to_host(x), to_host(scale), to_host(shift), axis))

@@ -265,11 +265,17 @@ class ReferenceOps:
         with np.errstate(invalid="ignore", divide="ignore"):
             return _log_softmax(x, axis)
 
-    def batch_norm(self, x: FloatsXd, scale: Floats1d, shift: Floats1d, axis: int = -1) -> FloatsXd:
-        """y = x scale + shift, indexed along ``axis`` (see ``fold_batch_norm``)."""
+    def batch_norm(
+        self, x: FloatsXd, scale: Floats1d, shift: Floats1d, axis: int = -1, out: FloatsXd | None = None
+    ) -> FloatsXd:
+        """y = x scale + shift, indexed along ``axis`` (see ``fold_batch_norm``); written into
+        ``out`` where given (an array of x's shape and type, which may be x itself)."""
         shape = [1] * x.ndim
         shape[axis] = x.shape[axis]
-        return x * scale.reshape(shape) + shift.reshape(shape)
+        if out is None:
+            return x * scale.reshape(shape) + shift.reshape(shape)
+        np.multiply(x, scale.reshape(shape), out=out)
+        return np.add(out, shift.reshape(shape), out=out)
 
     def layer_norm(
         self,

@@ -10,7 +10,7 @@ from ...backends import get_ops
 from ...backends.derived import derived
 from ...errors import ShapeError
 from ...geometry import transposed_out
-from ..layout import laid_out_as, nchw, nchw_planes, nhwc, to_nhwc
+from ..layout import channels_last_memory, laid_out_as, nchw, nchw_planes, nhwc, to_nhwc
 from ..tensors import created, f32, registrar
 from ..windows import spatial, window
 
@@ -58,6 +58,7 @@ def _conv(inputs, attrs, opset):
     strides, pads, dilations, out_hw, wide = window("Conv", attrs, x.shape, (kh, kw), one_d)
     if wide:
         created([x.shape[0] * cout, *out_hw], np.float32, "Conv")
+    post = attrs.get("_post_affine")  # FusedConv: y scale + shift per channel after all
     planes = nchw_planes(x) if cin_g == 1 and group > 1 else None
     if planes is not None:
         # depthwise on NCHW planes: w (C m, kh, kw)
@@ -76,7 +77,8 @@ def _conv(inputs, attrs, opset):
             attrs.get("activation", "linear"),
             attrs.get("alpha", 0.0),
         )
-        return [y[:, :, 0] if one_d else y]
+        y = y[:, :, 0] if one_d else y
+        return [y if post is None else _scaled_shifted(y, post)]
     args = (
         w_hwio,
         None if b is None else f32(b),
@@ -96,11 +98,31 @@ def _conv(inputs, attrs, opset):
     else:
         x4 = to_nhwc(x, one_d)
         run = laid_out_as(x, one_d, ops.conv2d_plan(x4.shape, *args))
+    if post is not None:
+        run = _then_scaled_shifted(run, post)
     if plans is not None:
         if len(plans) >= 64:  # bound the memory of many distinct shapes
             plans.clear()
         plans[key] = run
     return [run(x)]
+
+
+def _scaled_shifted(y, post):
+    """y scale + shift per channel (axis 1) of a convolution's fresh result ``y``, ``post`` =
+    (scale, shift) vectors, in place: on the NHWC / NLC memory a convolution leaves, one pass
+    of the backend's ``batch_norm`` over its rows; on other memory numpy's broadcast."""
+    scale, shift = post
+    held = channels_last_memory(y)
+    if held is not None:
+        get_ops().batch_norm(held, scale, shift, -1, out=held)
+        return y
+    shape = (1, -1) + (1,) * (y.ndim - 2)
+    return y * scale.reshape(shape) + shift.reshape(shape)
+
+
+def _then_scaled_shifted(run, post):
+    """``run`` followed by ``_scaled_shifted``."""
+    return lambda x: _scaled_shifted(run(x), post)
 
 
 @op("ConvTranspose")
