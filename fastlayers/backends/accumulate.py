@@ -26,8 +26,32 @@ def _pairwise(x: np.ndarray, axis) -> bool:
     return axes == list(range(x.ndim - len(axes), x.ndim))
 
 
+#: Longest last axis that ``wide_sum`` adds as slices (numpy's own order there): numpy's
+#: reduction over a short contiguous axis pays its per-row setup for a few additions.
+SHORT_AXIS = 7
+
+
+def _short_last_axis_sum(x: np.ndarray, keepdims: bool) -> np.ndarray:
+    """sum over the last axis of C-contiguous ``x`` (2 to ``SHORT_AXIS`` long) as numpy's
+    reduction computes it, ((x[..., 0] + x[..., 1]) + ...) + x[..., n - 1], by elementwise
+    additions of strided slices: for a (1, 309, 172, 2) float32 array 560 -> 15 us."""
+    y = np.add(x[..., 0], x[..., 1])
+    for k in range(2, x.shape[-1]):
+        y += x[..., k]
+    return y[..., None] if keepdims else y
+
+
 def wide_sum(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
     """sum(x) over ``axis``, float inputs accumulated pairwise or in float64, in x's dtype."""
+    if (
+        x.dtype in _EXACT_COUNT  # float32 and float64 (numpy adds float16 in float32)
+        and x.flags.c_contiguous
+        and x.ndim >= 2
+        and 2 <= x.shape[-1] <= SHORT_AXIS
+        and axis is not None
+        and [a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)] == [x.ndim - 1]
+    ):
+        return _short_last_axis_sum(x, keepdims)
     if x.dtype.kind != "f" or _pairwise(x, axis):
         return np.sum(x, axis=axis, keepdims=keepdims)
     return np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)

@@ -195,3 +195,20 @@ def test_cpu_global_max_pool_nan_in_every_block_of_channels(isa, rng, threads):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x).any(axis=(1, 2)))
     np.testing.assert_array_equal(np.nan_to_num(got, nan=0.0), np.nan_to_num(x.max(axis=(1, 2)), nan=0.0))
     assert _rel(CPU.global_pool(x[2:], "avg", (1, 2)), np.mean(x[2:].astype(np.float64), axis=(1, 2))) < TIGHT
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (1, 309, 172), (0,)], ids=str)
+def test_sums_over_a_short_last_axis_are_numpys(rng, dtype, n, shape):
+    """A sum over a short last axis (2 to SHORT_AXIS, added as slices) is numpy's bit for bit:
+    its left-to-right order, signed zeros, infinities and NaN, keepdims; other lengths and
+    float16 (which numpy adds in float32) go to numpy."""
+    x = (rng.standard_normal((*shape, n)) * 1e3).astype(dtype)
+    x.reshape(-1)[::7] = -0.0
+    x.reshape(-1)[::11] = np.inf if n % 2 else np.nan
+    bits = {2: np.int16, 4: np.int32, 8: np.int64}[x.itemsize]
+    for keepdims in (False, True):
+        got, want = wide_sum(x, axis=-1, keepdims=keepdims), np.sum(x, axis=-1, keepdims=keepdims)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(bits), want.view(bits))
