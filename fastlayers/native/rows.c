@@ -69,44 +69,63 @@ static void rows_act_row(const float *x, const float *b, float *o, int64_t n, in
     rows_act_period(x, b, 0, o, n, code, alpha);
 }
 
-/* x[0:n] = softmax(x) or log_softmax(x) in place. */
-static void rows_softmax_inplace(float *x, int64_t n, int log) {
-    fl_vf vm = fl_set1(-__builtin_inff());
+/* o[0:n] = softmax(x[0:n]) or log_softmax (o may be x): the maximum over four running
+ * vectors (one chain waits on each max's latency), then exp(x - max) with the polynomial of
+ * fl_vexp on arguments known not to overflow (fl_vexp_bounded: the same values) into o,
+ * summed in two running vectors, then the scaling in place. */
+static void rows_softmax(const float *x, float *o, int64_t n, int log) {
+    fl_vf m0 = fl_set1(-__builtin_inff()), m1 = m0, m2 = m0, m3 = m0;
     int64_t j = 0;
-    for (; j + FL_VW <= n; j += FL_VW) vm = fl_vmax(fl_load(x + j), vm);
-    float m = fl_hmax(vm);
+    for (; j + 4 * FL_VW <= n; j += 4 * FL_VW) {
+        m0 = fl_vmax(fl_load(x + j), m0);
+        m1 = fl_vmax(fl_load(x + j + FL_VW), m1);
+        m2 = fl_vmax(fl_load(x + j + 2 * FL_VW), m2);
+        m3 = fl_vmax(fl_load(x + j + 3 * FL_VW), m3);
+    }
+    for (; j + FL_VW <= n; j += FL_VW) m0 = fl_vmax(fl_load(x + j), m0);
+    float m = fl_hmax(fl_vmax(fl_vmax(m0, m1), fl_vmax(m2, m3)));
     for (; j < n; ++j) m = x[j] > m ? x[j] : m;
     /* a NaN the maximum skipped still reaches every output through the sum */
-    fl_vf vs = fl_set1(0.0f);
+    fl_vf s0 = fl_set1(0.0f), s1 = s0;
     float s = 0.0f;
+    fl_vf vm = fl_set1(m);
     j = 0;
     if (log) {
         for (; j + FL_VW <= n; j += FL_VW) {
-            fl_vf v = fl_load(x + j) - m;
-            fl_store(x + j, v);
-            vs += fl_vexp(v);
+            fl_vf v = fl_load(x + j) - vm;
+            fl_store(o + j, v);
+            s0 += fl_vexp_bounded(v);
         }
         for (; j < n; ++j) {
-            x[j] -= m;
-            s += fl_exp1(x[j]);
+            o[j] = x[j] - m;
+            s += fl_exp1(o[j]);
         }
-        s += fl_hsum(vs);
-        float ls = logf(s);
-        for (int64_t i = 0; i < n; ++i) x[i] -= ls;
+        s += fl_hsum(s0);
+        fl_vf ls = fl_set1(logf(s));
+        for (j = 0; j + FL_VW <= n; j += FL_VW) fl_store(o + j, fl_load(o + j) - ls);
+        for (; j < n; ++j) o[j] -= ls[0];
         return;
     }
+    for (; j + 2 * FL_VW <= n; j += 2 * FL_VW) {
+        fl_vf e0 = fl_vexp_bounded(fl_load(x + j) - vm), e1 = fl_vexp_bounded(fl_load(x + j + FL_VW) - vm);
+        fl_store(o + j, e0);
+        fl_store(o + j + FL_VW, e1);
+        s0 += e0;
+        s1 += e1;
+    }
     for (; j + FL_VW <= n; j += FL_VW) {
-        fl_vf e = fl_vexp(fl_load(x + j) - m);
-        fl_store(x + j, e);
-        vs += e;
+        fl_vf e = fl_vexp_bounded(fl_load(x + j) - vm);
+        fl_store(o + j, e);
+        s0 += e;
     }
     for (; j < n; ++j) {
-        x[j] = fl_exp1(x[j] - m);
-        s += x[j];
+        o[j] = fl_exp1(x[j] - m);
+        s += o[j];
     }
-    s += fl_hsum(vs);
-    float inv = 1.0f / s;
-    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+    s += fl_hsum(s0 + s1);
+    fl_vf inv = fl_set1(1.0f / s);
+    for (j = 0; j + FL_VW <= n; j += FL_VW) fl_store(o + j, fl_load(o + j) * inv);
+    for (; j < n; ++j) o[j] *= inv[0];
 }
 
 /* Longest rows that rows_bias_act_range runs as one flat pass (longer ones spend little on
@@ -138,8 +157,8 @@ void FL_FN(rows_bias_act_range)(int64_t r0, int64_t r1, int64_t n, const float *
         const float *xr = x + i * ldx;
         float *o = out + i * ldo;
         if (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX) {
-            if (bias || o != xr) rows_act_row(xr, bias, o, n, FL_LINEAR, 0.0f);
-            rows_softmax_inplace(o, n, code == FL_LOG_SOFTMAX);
+            if (bias) rows_act_row(xr, bias, o, n, FL_LINEAR, 0.0f);
+            rows_softmax(bias ? o : xr, o, n, code == FL_LOG_SOFTMAX);
         } else if (bias || o != xr || code != FL_LINEAR) {
             rows_act_row(xr, bias, o, n, code, alpha);
         }

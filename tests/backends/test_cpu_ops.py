@@ -96,6 +96,31 @@ def test_softmax_matches_reference(op, axis, rng):
     assert_close(getattr(CPU, op)(x, axis), getattr(REF, op)(x, axis), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 63, 64, 65, 130, 1001])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_rows_on_every_path(isa, op, n, rng):
+    """The native row softmax on every ISA path: rows shorter than one vector, vector tails,
+    the four running maxima and two running sums, rows with a NaN, an inf, all -inf and one
+    finite value among -inf; into a new array, and as the dense epilogue (its bias added
+    first)."""
+    x = special_values((6, n), rng, scale=10.0)
+    x[1, n // 2] = np.nan
+    x[2, -1] = np.inf
+    x[3] = -np.inf
+    x[4] = -np.inf
+    x[4, n // 3] = 1.5
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = getattr(REF, op)(x, -1)
+    got = getattr(CPU, op)(x, -1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert_close(got[ok], want[ok], rtol=1e-5, atol=2e-6)
+    w = rng.standard_normal((7, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    h = rng.standard_normal((5, 7)).astype(np.float32)
+    assert_close(CPU.dense(h, w, b, op), getattr(REF, op)(h @ w + b, -1), rtol=2e-5, atol=2e-6)
+
+
 def test_softmax_rows_sum_to_one_and_handle_masked_rows(rng):
     x = (rng.standard_normal((5, 1001)) * 50).astype(np.float32)
     x[1] = -np.inf
