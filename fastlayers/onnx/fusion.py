@@ -55,15 +55,19 @@ def _fused_activation(follower, constants) -> dict | None:
 
 
 def _fused_softmax(follower, two_d) -> dict | None:
-    """The activation attributes a dense node takes from a following Softmax or LogSoftmax over
-    its last axis: axis -1, or for a 2-D output (a Gemm's) axis 1 or the default (1 before
-    opset 13, -1 after: the same axis); None otherwise."""
+    """The activation attributes a dense node takes from a following Softmax or LogSoftmax: over
+    its last axis (axis -1, or for a 2-D output, a Gemm's, axis 1 or the default: 1 before
+    opset 13, -1 after, the same axis), the softmax as its epilogue; over an axis given
+    otherwise (a MatMul's 3-D output with axis 2, as PaddlePaddle writes its recognisers' heads)
+    also ``_softmax``, the node's op type and attributes, for the dense node to check at run time
+    whether that axis is its output's last (``ops.linear._fused_dense``); None otherwise."""
     if follower.op_type not in ("Softmax", "LogSoftmax"):
         return None
     axis = follower.attrs.get("axis")
+    fused = {"activation": "softmax" if follower.op_type == "Softmax" else "log_softmax", "alpha": 0.0}
     if axis == -1 or (two_d and axis in (None, 1)):
-        return {"activation": "softmax" if follower.op_type == "Softmax" else "log_softmax", "alpha": 0.0}
-    return None
+        return fused
+    return {**fused, "_softmax": (follower.op_type, dict(follower.attrs))}
 
 
 def _bias_vector(value, units):

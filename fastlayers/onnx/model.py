@@ -678,8 +678,8 @@ def _quiet_activations(nodes) -> frozenset | None:
     """The activations of the FusedDense nodes where every node is one of ``QUIET_OPS``: the
     graph then runs without ``np.errstate`` on a backend whose dense kernel applies them quietly
     (``Ops.quiet_activations``); None where some node may raise numpy's warnings."""
-    if not all(n.op_type in QUIET_OPS for n in nodes):
-        return None
+    if not all(n.op_type in QUIET_OPS and "_softmax" not in n.attrs for n in nodes):
+        return None  # (a softmax over another axis runs the numpy operator after the product)
     return frozenset(n.attrs.get("activation", "linear") for n in nodes if n.op_type == "FusedDense")
 
 

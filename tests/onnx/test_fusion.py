@@ -682,9 +682,10 @@ def test_tf2onnx_moments_layer_norm_fuses(tmp_path, rng, affine):
 
 @pytest.mark.parametrize("opset", [11, 17])
 def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
-    """Gemm -> Softmax (axis 1, -1 or the default) and MatMul -> LogSoftmax(axis -1) become one
-    FusedDense each; a 3-D MatMul's Softmax over axis 1, and one whose output is also read
-    elsewhere, stay."""
+    """Gemm -> Softmax (axis 1, -1 or the default), MatMul -> LogSoftmax(axis -1) and a 3-D
+    MatMul -> Softmax(axis 2) become one FusedDense each, the softmax its epilogue; a 3-D
+    MatMul's Softmax over axis 1 joins it too and runs after the product as its node would (at
+    opset 11, over the flattened axes 1 and 2); one whose input is also read elsewhere stays."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -702,8 +703,10 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
         helper.make_node("Gemm", ["x2", "wt"], ["c"], transB=1),
         helper.make_node("Softmax", ["c"], ["y5"], axis=-1),
         helper.make_node("Relu", ["c"], ["y6"]),
+        helper.make_node("MatMul", ["x", "w"], ["d"]),
+        helper.make_node("Softmax", ["d"], ["y7"], axis=2),
     ]
-    outs = ("y1", "y2", "y3", "y4", "y5", "y6")
+    outs = ("y1", "y2", "y3", "y4", "y5", "y6", "y7")
     model = make_graph(
         nodes,
         [
@@ -716,7 +719,15 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
     )
     onnx.save(model, tmp_path / "softmax.onnx")
     ours = fastlayers.load(tmp_path / "softmax.onnx")
-    assert ours.op_types == ["FusedDense"] * 4 + ["Softmax", "FusedDense", "Softmax", "Relu"]
+    assert ours.op_types == ["FusedDense"] * 5 + ["Softmax", "Relu", "FusedDense"]
+    assert [n.attrs.get("activation") for n in ours._nodes if n.op_type == "FusedDense"] == [
+        "softmax",
+        "softmax",
+        "log_softmax",
+        "softmax",
+        None,
+        "softmax",
+    ]
     _matches_ort(
         ours,
         tmp_path / "softmax.onnx",

@@ -6,6 +6,7 @@ import numpy as np
 
 from ...backends import get_ops
 from ..tensors import created, f32, registrar
+from . import elementwise
 from .shape import broadcast_shape
 
 #: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
@@ -35,10 +36,22 @@ def _gemm(inputs, attrs, opset):
 
 @op("FusedDense")
 def _fused_dense(inputs, attrs, opset):
-    """fastlayers' own fused node: activation(x @ w + b) through the backend's dense primitive."""
+    """fastlayers' own fused node: activation(x @ w + b) through the backend's dense primitive.
+    A softmax absorbed with its axis given (``fusion._fused_softmax``'s ``_softmax``) is the
+    epilogue where that axis is the output's last, else its own node's operation after the
+    product."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
-    return [get_ops().dense(f32(x), w, b, attrs.get("activation", "linear"), attrs.get("alpha", 0.0))]
+    activation = attrs.get("activation", "linear")
+    softmax = attrs.get("_softmax")
+    if softmax is not None:
+        op_type, sm_attrs = softmax
+        axis = sm_attrs.get("axis", -1 if opset >= 13 else 1)
+        ndim = max(np.ndim(x), 1)
+        if not (-ndim <= axis < ndim and axis % ndim == ndim - 1):
+            y = get_ops().dense(f32(x), w, b, "linear", 0.0)
+            return elementwise.OPS[op_type]([y], sm_attrs, opset)
+    return [get_ops().dense(f32(x), w, b, activation, attrs.get("alpha", 0.0))]
 
 
 @op("OneHotDense")
