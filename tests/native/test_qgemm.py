@@ -175,6 +175,42 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attrs", [{}, {"clip": 0.5}, {"input_forget": 1, "direction": "reverse"}])
+def test_quantized_lstm_gates_of_many_rows(rng, attrs):
+    """16 rows x 300 units (a vector tail), the recurrent product shared among the threads:
+    the same bits at 2 threads as at 1, and the operator's numpy form within float32
+    rounding."""
+    import fastlayers
+    from fastlayers.onnx.qlstm import _dynamic_quantize_lstm
+
+    hidden, batch, n_in, steps = 300, 16, 5, 4
+    g = 4 * hidden
+    inputs = [
+        rng.standard_normal((steps, batch, n_in)).astype(np.float32),
+        _values(rng, np.int8, (1, n_in, g)),
+        _values(rng, np.uint8, (1, hidden, g)),
+        rng.standard_normal((1, 2 * g)).astype(np.float32),
+        None,
+        rng.standard_normal((1, batch, hidden)).astype(np.float32),
+        rng.standard_normal((1, batch, hidden)).astype(np.float32),
+        rng.standard_normal((1, 3 * hidden)).astype(np.float32),
+        rng.uniform(0.001, 0.005, (1, g)).astype(np.float32),
+        np.zeros((1, g), np.int8),
+        rng.uniform(0.001, 0.005, 1).astype(np.float32),
+        np.full(1, 128, np.uint8),
+    ]
+    attrs = dict(attrs, hidden_size=hidden)
+    with fastlayers.using_threads(1):
+        one = _dynamic_quantize_lstm(inputs, attrs, 1)
+    with fastlayers.using_threads(2):
+        two = _dynamic_quantize_lstm(inputs, attrs, 1)
+    with fastlayers.use_ops("reference"):
+        want = _dynamic_quantize_lstm(inputs, attrs, 1)
+    for a, b, w in zip(one, two, want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("hidden, batch", [(5, 1), (37, 3), (256, 2), (600, 16), (70, 11)])
 def test_quantized_lstm_runs_side_by_side_give_each_runs_bits(rng, hidden, batch):
     """``qlstm_runs``: two directions on 1 and 2 threads (side by side where a step's product is
