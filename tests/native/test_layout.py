@@ -39,6 +39,11 @@ pytestmark = pytest.mark.usefixtures("isa")
         (1, 300, 64),
         (1, 64, 300),
         (3, 47, 33),
+        # destination rows a multiple of 4 KiB apart: half blocks of them at a time
+        (1, 1024, 40),
+        (2, 2048, 21),
+        (1, 1024, 3),
+        (1, 3072, 16),
     ],
 )
 def test_transpose_matches_numpy(rng, threads, b, r, c):
@@ -143,13 +148,16 @@ def test_concat_rows_errors():
         _core.concat_rows([a], np.zeros((3, 4, 1), np.float32))
 
 
-@pytest.mark.parametrize("r, c", [(37, 21), (5, 3), (19, 40), (16, 8)])
-def test_transpose_edges_write_inside_their_rows(rng, r, c):
+@pytest.mark.parametrize(
+    "r, c, room_r", [(37, 21, 48), (5, 3, 16), (19, 40, 30), (16, 8, 27), (1000, 37, 1024), (1013, 9, 2048)]
+)
+def test_transpose_edges_write_inside_their_rows(rng, r, c, room_r):
     """The partial blocks at a tile's ragged edge (masked loads and stores) read and write only
-    their own floats: the rest of the rows around a strided source and destination is untouched."""
+    their own floats: the rest of the rows around a strided source and destination is untouched
+    (destination rows ``room_r`` floats apart, 1024 and 2048 among them: half blocks)."""
     big = rng.standard_normal((r, c + 9)).astype(np.float32)
     src = big[:, 4 : 4 + c]
-    room = np.full((c, r + 11), -7.0, np.float32)
+    room = np.full((c, room_r), -7.0, np.float32)
     dst = room[:, 5 : 5 + r]
     _core.transpose(src[None], dst[None])
     np.testing.assert_array_equal(dst, src.T)
