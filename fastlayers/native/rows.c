@@ -70,9 +70,11 @@ static void rows_act_row(const float *x, const float *b, float *o, int64_t n, in
 }
 
 /* o[0:n] = softmax(x[0:n]) or log_softmax (o may be x): the maximum over four running
- * vectors (one chain waits on each max's latency), then exp(x - max) with the polynomial of
- * fl_vexp on arguments known not to overflow (fl_vexp_bounded: the same values) into o,
- * summed in two running vectors, then the scaling in place. */
+ * vectors (one chain waits on each max's latency; the same maximum), then exp(x - max) with
+ * the polynomial of fl_vexp on arguments known not to overflow (fl_vexp_bounded: the same
+ * values) into o, summed in one running vector (the order that gives onnxruntime's sums: two
+ * made int8 models whose softmax feeds a dynamic quantization differ from onnxruntime's
+ * outputs), then the scaling in place. */
 static void rows_softmax(const float *x, float *o, int64_t n, int log) {
     fl_vf m0 = fl_set1(-__builtin_inff()), m1 = m0, m2 = m0, m3 = m0;
     int64_t j = 0;
@@ -86,7 +88,7 @@ static void rows_softmax(const float *x, float *o, int64_t n, int log) {
     float m = fl_hmax(fl_vmax(fl_vmax(m0, m1), fl_vmax(m2, m3)));
     for (; j < n; ++j) m = x[j] > m ? x[j] : m;
     /* a NaN the maximum skipped still reaches every output through the sum */
-    fl_vf s0 = fl_set1(0.0f), s1 = s0;
+    fl_vf s0 = fl_set1(0.0f);
     float s = 0.0f;
     fl_vf vm = fl_set1(m);
     j = 0;
@@ -106,13 +108,6 @@ static void rows_softmax(const float *x, float *o, int64_t n, int log) {
         for (; j < n; ++j) o[j] -= ls[0];
         return;
     }
-    for (; j + 2 * FL_VW <= n; j += 2 * FL_VW) {
-        fl_vf e0 = fl_vexp_bounded(fl_load(x + j) - vm), e1 = fl_vexp_bounded(fl_load(x + j + FL_VW) - vm);
-        fl_store(o + j, e0);
-        fl_store(o + j + FL_VW, e1);
-        s0 += e0;
-        s1 += e1;
-    }
     for (; j + FL_VW <= n; j += FL_VW) {
         fl_vf e = fl_vexp_bounded(fl_load(x + j) - vm);
         fl_store(o + j, e);
@@ -122,7 +117,7 @@ static void rows_softmax(const float *x, float *o, int64_t n, int log) {
         o[j] = fl_exp1(x[j] - m);
         s += o[j];
     }
-    s += fl_hsum(s0 + s1);
+    s += fl_hsum(s0);
     fl_vf inv = fl_set1(1.0f / s);
     for (j = 0; j + FL_VW <= n; j += FL_VW) fl_store(o + j, fl_load(o + j) * inv);
     for (; j < n; ++j) o[j] *= inv[0];
