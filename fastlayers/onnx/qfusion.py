@@ -90,13 +90,10 @@ def _fused_quantize_dequantize(inputs, attrs, opset):
 OPS = {"FusedQuantizeDequantize": _fused_quantize_dequantize}
 
 
-def fuse_integer_matmul(nodes, constants, outputs) -> list:
-    """What ``quantize_dynamic`` writes for a MatMul on constant weights, MatMulInteger on a
-    DynamicQuantizeLinear's outputs -> Cast to float -> Mul by the product of the two scales
-    (-> Add of a constant bias), each value read only by the next -> one
-    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call), or,
-    where nothing else reads the DynamicQuantizeLinear's outputs, one
-    ``com.microsoft::DynamicQuantizeMatMul`` node that quantizes its float input itself."""
+def _graph_index(nodes, outputs):
+    """(readers: value -> the nodes reading it, producer: value -> the node writing it,
+    ``only_reader(name, op_type)``: the one node reading ``name`` where it is of ``op_type``
+    and ``name`` is no graph output, else None) of a graph's ``nodes``."""
     readers: dict = {}
     for node in nodes:
         for i in node.inputs:
@@ -107,6 +104,18 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
         found = readers.get(name, [])
         ok = len(found) == 1 and found[0].op_type == op_type and name not in outputs
         return found[0] if ok else None
+
+    return readers, producer, only_reader
+
+
+def fuse_integer_matmul(nodes, constants, outputs) -> list:
+    """What ``quantize_dynamic`` writes for a MatMul on constant weights, MatMulInteger on a
+    DynamicQuantizeLinear's outputs -> Cast to float -> Mul by the product of the two scales
+    (-> Add of a constant bias), each value read only by the next -> one
+    ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call), or,
+    where nothing else reads the DynamicQuantizeLinear's outputs, one
+    ``com.microsoft::DynamicQuantizeMatMul`` node that quantizes its float input itself."""
+    readers, producer, only_reader = _graph_index(nodes, outputs)
 
     removed = set()
     for mm in nodes:
@@ -170,16 +179,7 @@ def fuse_integer_conv(nodes, constants, outputs) -> list:
     time it is used), each value read only by the next -> one ``FusedConvInteger`` node
     (``qlinear._fused_conv_integer``: the same int32 and float32 operations, the bias added and
     the scale applied in the native kernel's store instead of three passes over the output)."""
-    readers: dict = {}
-    for node in nodes:
-        for i in node.inputs:
-            readers.setdefault(i, []).append(node)
-    producer = {o: n for n in nodes for o in n.outputs}
-
-    def only_reader(name, op_type):
-        found = readers.get(name, [])
-        ok = len(found) == 1 and found[0].op_type == op_type and name not in outputs
-        return found[0] if ok else None
+    readers, producer, only_reader = _graph_index(nodes, outputs)
 
     def scales_of(name, dql, w_scale):
         """The Mul node computing ``name`` = dql's scale * w_scale, or None."""

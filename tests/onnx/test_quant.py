@@ -411,6 +411,23 @@ def _torch_model(torch, kind):
     return Encoder(), (2, 6, 32)
 
 
+def _export_batch_dynamic(torch, module, shape, path):
+    """``module`` exported to ``path`` by the TorchScript exporter at opset 17, input "x" of
+    ``shape`` with a free batch, output "y"."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(),
+            (torch.randn(*shape),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+        )
+
+
 def _quantized_export(torch, tmp_path, kind, mode):
     """The path of a torch export of ``kind`` quantized by onnxruntime.quantization (``mode``
     "dynamic" or "static", QDQ, calibrated on a few random batches), and its input shape.
@@ -422,19 +439,7 @@ def _quantized_export(torch, tmp_path, kind, mode):
 
     module, shape = _torch_model(torch, kind)
     float_path, path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{mode}.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module.eval(),
-            (torch.randn(*shape),),
-            str(float_path),
-            dynamo=False,
-            input_names=["x"],
-            output_names=["y"],
-            dynamic_axes={"x": {0: "batch"}},
-            opset_version=17,
-        )
-
+    _export_batch_dynamic(torch, module, shape, float_path)
     if mode == "dynamic":
         import logging
 
@@ -532,17 +537,7 @@ def _dynamic_conv_export(torch, tmp_path, one_d=False):
     torch.manual_seed(3)
     shape = (2, 3, 17) if one_d else (2, 3, 9, 11)
     float_path, path = tmp_path / "conv.onnx", tmp_path / "conv_dynamic.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Net().eval(),
-            (torch.randn(*shape),),
-            str(float_path),
-            dynamo=False,
-            input_names=["x"],
-            dynamic_axes={"x": {0: "batch"}},
-            opset_version=17,
-        )
+    _export_batch_dynamic(torch, Net(), shape, float_path)
     logging.getLogger().setLevel(logging.ERROR)
     quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
     return path, shape
