@@ -102,9 +102,9 @@ static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
          * streams, not one per destination row (rows a multiple of 4 KiB apart share an L1 set:
          * 48 streams made an NHWC -> NCHW move of 48 channels 12x slower than one of 16). With
          * destination rows a multiple of 4 KiB apart, half a block of them at a time: FL_VW
-         * lines in flight in one set outnumber its ways (a move of 16 channels of 320 x 320 to
-         * NCHW took 1.6x its time, 64 of 160 x 160 1.75x). Source rows that far apart are read
-         * a whole block at a time still: half blocks made their partial stores the cost. */
+         * lines in flight in one set outnumber its ways. Source rows that far apart are read a
+         * whole block at a time still: half blocks made their partial stores the cost
+         * (docs/design.md, "The numpy steps between convolutions"). */
         int64_t rv = r0 + (r1 - r0) / FL_VW * FL_VW;
         if (FL_VW >= 16 && (dr * 4) % 4096 == 0) {
             for (int64_t j = c0; j < c1; j += FL_VW / 2) {
