@@ -17,6 +17,7 @@ from ..backends import get_ops
 from ..backends.derived import derived_generation
 from ..backends.types import Cell
 from .nodes import Node, readers_of
+from .records import Family
 from .tensors import f32
 
 
@@ -175,5 +176,6 @@ def _fused_lstm_cell(inputs, attrs, opset):
     return [h_new.astype(np.float32), c_new.astype(np.float32)]
 
 
-#: This family's operator (``ops.OPS`` assembles the families).
-OPS = {"FusedLSTMCell": _fused_lstm_cell}
+#: This family's operator record (``ops.RECORDS`` gathers the families).
+FAMILY = Family("LSTM cells")
+FAMILY.add("FusedLSTMCell", _fused_lstm_cell, internal=True, caches=("_bound",))

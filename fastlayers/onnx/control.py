@@ -1,4 +1,5 @@
-"""ONNX control flow: If, Loop and Scan, a family of operators of ``ops.OPS``.
+"""ONNX control flow: If, Loop and Scan, a family of operator records
+(``records.py``; ``ops.RECORDS`` gathers the families).
 
 A subgraph runs as a ``Body``: a model of its own (``onnx.OnnxModel``, built by
 ``onnx._subgraph`` at load), whose inputs are the subgraph's own inputs followed by the values
@@ -13,11 +14,12 @@ import numpy as np
 
 from .. import settings
 from ..errors import InputError, ShapeError
-from .tensors import created, registrar
+from .records import AXES, GRAPH, INTS, POS, A, Family
+from .tensors import created
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("control flow")
+op = FAMILY.op
 
 # The most iterations a Loop runs where the file alone sets how long it may run (a constant
 # trip count: torch's exporter writes while-loops as a constant trip count of 2**63 - 1 and a
@@ -100,7 +102,12 @@ def taken_branch(inputs, attrs) -> str:
     return "then_branch" if flag else "else_branch"
 
 
-@op("If")
+@op(
+    "If",
+    outputs=None,
+    attrs={"then_branch": A(GRAPH), "else_branch": A(GRAPH)},
+    required=("then_branch", "else_branch"),
+)
 def _if(inputs, attrs, opset):
     """The outputs of then_branch where the condition is true, else of else_branch."""
     return attrs[taken_branch(inputs, attrs)].run([], inputs[attrs["_formal"] :])
@@ -132,7 +139,7 @@ def _stacked(steps, axis, what, declared):
     return np.stack(steps, axis=axis)
 
 
-@op("Loop")
+@op("Loop", inputs=(2, None), optional=0, outputs=None, attrs={"body": A(GRAPH)}, required=("body",))
 def _loop(inputs, attrs, opset):
     """for i in range(M) while cond: cond, carried..., scans... = body(i, cond, carried...);
     the outputs are the final carried values, then each scan output stacked over iterations."""
@@ -164,7 +171,21 @@ def _loop(inputs, attrs, opset):
     return carried + stacked
 
 
-@op("Scan")
+@op(
+    "Scan",
+    inputs=(1, None),
+    optional=None,
+    outputs=None,
+    required=("body", "num_scan_inputs"),
+    attrs={
+        "body": A(GRAPH),
+        "num_scan_inputs": POS,
+        "scan_input_axes": AXES,
+        "scan_output_axes": AXES,
+        "scan_input_directions": A(INTS, 0, 1),
+        "scan_output_directions": A(INTS, 0, 1),
+    },
+)
 def _scan(inputs, attrs, opset):
     """For t along the scan axis of the M scanned inputs (each in its direction):
     states..., outs... = body(states..., slices at t...); the outputs are the final states,

@@ -241,7 +241,7 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     if opset < MIN_OPSET:
         raise UnsupportedError(f"{where}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
     unsupported = sorted(
-        {_op_name(n) for n in check.all_nodes(graph) if ":" in n.op_type or check.qualified(n) not in check.OPS}
+        {_op_name(n) for n in check.all_nodes(graph) if ":" in n.op_type or not check.known(check.qualified(n))}
     )
     if unsupported:
         raise UnsupportedError(f"{where}: unsupported ONNX operator(s): {', '.join(unsupported)}")

@@ -1,5 +1,5 @@
-"""ONNX indexing, scatter, selection and rearrangement operators on numpy, a family of operators
-of ``ops.OPS`` (same calling convention: ``OPS[op_type](inputs, attrs, opset)``).
+"""ONNX indexing, scatter, selection and rearrangement operators on numpy, a family of operator
+records (``records.py``; ``ops.RECORDS`` gathers the families).
 
 Index values come from the data of a call: each operator checks them against the axis they
 address (negative values count from the end where the operator allows it) and raises an
@@ -14,12 +14,14 @@ import re
 
 import numpy as np
 
+from .. import limits
 from ..errors import InputError, ShapeError
-from .tensors import DTYPES, created, registrar
+from .records import AXIS, BOOL, INT, POS, STRING, A, Family, fail
+from .tensors import DTYPES, created
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("indexing")
+op = FAMILY.op
 
 
 def _scalar_int(value, what: str) -> int:
@@ -72,7 +74,7 @@ def _nd_index(data_shape, indices, batch_dims, what):
     return rows, columns, tuple(data_shape[batch_dims + k :])
 
 
-@op("GatherND")
+@op("GatherND", inputs=(2, 2), attrs={"batch_dims": A(INT, 0, limits.ONNX_MAX_RANK)})
 def _gather_nd(inputs, attrs, opset):
     """y[b, m] = data[b, indices[b, m, 0], ..., indices[b, m, k-1]] (b: the batch_dims axes)."""
     data, indices = inputs
@@ -96,7 +98,10 @@ def _scatter(out, where, updates, reduction):
     return out
 
 
-@op("ScatterND")
+_REDUCTION = A(STRING, choices=("none", "add", "mul", "max", "min"))
+
+
+@op("ScatterND", inputs=(3, 3), attrs={"reduction": _REDUCTION})
 def _scatter_nd(inputs, attrs, opset):
     """y = data; y[indices[m]] (reduction)= updates[m] for each index tuple m."""
     data, indices, updates = inputs
@@ -115,7 +120,7 @@ def _scatter_nd(inputs, attrs, opset):
     ]
 
 
-@op("ScatterElements", "Scatter")
+@op("ScatterElements", inputs=(3, 3), attrs={"axis": AXIS, "reduction": _REDUCTION})
 def _scatter_elements(inputs, attrs, opset):
     """y = data; y[..., indices[i, j, ...], ...] (reduction)= updates[i, j, ...] on ``axis``."""
     data, indices, updates = inputs
@@ -135,7 +140,10 @@ def _scatter_elements(inputs, attrs, opset):
     return [_scatter(out, tuple(grid), updates.astype(out.dtype, copy=False), attrs.get("reduction", "none"))]
 
 
-@op("Compress")
+FAMILY.add("Scatter", _scatter_elements, inputs=(3, 3), attrs={"axis": AXIS})
+
+
+@op("Compress", inputs=(2, 2), attrs={"axis": AXIS})
 def _compress(inputs, attrs, opset):
     """The slices of the input (flattened without an axis) where the condition is true."""
     x, condition = inputs
@@ -156,7 +164,7 @@ def _nonzero(inputs, attrs, opset):
     return [np.array(np.nonzero(x.reshape(1) if x.ndim == 0 else x), dtype=np.int64)]
 
 
-@op("OneHot")
+@op("OneHot", inputs=(3, 3), attrs={"axis": AXIS})
 def _one_hot(inputs, attrs, opset):
     """y[..., i, ...] = on where indices == i (indices < 0 count from depth), else off."""
     indices, depth, values = inputs
@@ -176,7 +184,12 @@ def _one_hot(inputs, attrs, opset):
     return [np.where(hot, values[1], values[0])]
 
 
-@op("EyeLike")
+def _eye_like_check(node, attrs, ctx):
+    if "dtype" in attrs and attrs["dtype"] not in DTYPES:
+        fail(ctx, node, f"EyeLike of ONNX element type {attrs['dtype']} is not supported", unsupported=True)
+
+
+@op("EyeLike", attrs={"dtype": A(INT), "k": A(INT)}, check=_eye_like_check)
 def _eye_like(inputs, attrs, opset):
     """Ones on diagonal k of a 2-D shape, zeros elsewhere, of ``dtype`` (else the input's)."""
     x = inputs[0]
@@ -187,7 +200,20 @@ def _eye_like(inputs, attrs, opset):
 
 
 # ------------------------------------------------------------------------- ordering, scans
-@op("TopK")
+def _top_k_check(node, attrs, ctx):
+    if ctx.opset < 10 and "k" not in attrs:
+        fail(ctx, node, "needs attribute 'k' (opset < 10)")
+    if ctx.opset >= 10 and (len(node.inputs) < 2 or not node.inputs[1]):
+        fail(ctx, node, "needs input 'K' (opset >= 10)")
+
+
+@op(
+    "TopK",
+    inputs=(1, 2),
+    outputs=2,
+    check=_top_k_check,
+    attrs={"axis": AXIS, "k": A(INT, 0), "largest": BOOL, "sorted": BOOL},
+)
 def _top_k(inputs, attrs, opset):
     """The k largest (smallest) values on ``axis`` and their indices, in order; of equal
     values the one with the lower index comes first."""
@@ -208,7 +234,7 @@ def _top_k(inputs, attrs, opset):
     return [np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)]
 
 
-@op("CumSum")
+@op("CumSum", inputs=(2, 2), attrs={"exclusive": BOOL, "reverse": BOOL})
 def _cum_sum(inputs, attrs, opset):
     """y[i] = sum of x[j] for j <= i (j < i: exclusive; j >= i / j > i: reverse) on the axis."""
     x = inputs[0]
@@ -270,7 +296,21 @@ def _einsum_shape(equation, operands):
     return tuple(ellipsis) + tuple(sizes[c] for c in sorted(sizes) if counts[c] == 1)
 
 
-@op("Einsum")
+def _einsum_check(node, attrs, ctx):
+    try:
+        einsum_terms(attrs["equation"], len(node.inputs))
+    except ShapeError as e:
+        fail(ctx, node, str(e))
+
+
+@op(
+    "Einsum",
+    inputs=(1, None),
+    optional=None,
+    attrs={"equation": A(STRING)},
+    required=("equation",),
+    check=_einsum_check,
+)
 def _einsum(inputs, attrs, opset):
     """Sums of products over the letters the equation contracts (numpy's einsum)."""
     equation = attrs["equation"]
@@ -280,7 +320,10 @@ def _einsum(inputs, attrs, opset):
 
 
 # ------------------------------------------------------------------------------ rearrangement
-@op("DepthToSpace")
+_BLOCK_MODE = A(STRING, choices=("DCR", "CRD"))
+
+
+@op("DepthToSpace", attrs={"blocksize": POS, "mode": _BLOCK_MODE}, required=("blocksize",))
 def _depth_to_space(inputs, attrs, opset):
     """(N, C*b*b, H, W) -> (N, C, H*b, W*b); DCR: depth ordered (b, b, C), CRD: (C, b, b)."""
     x, b = inputs[0], attrs["blocksize"]
@@ -296,7 +339,7 @@ def _depth_to_space(inputs, attrs, opset):
     return [y.reshape(n, c // (b * b), h * b, w * b)]
 
 
-@op("SpaceToDepth")
+@op("SpaceToDepth", attrs={"blocksize": POS, "mode": _BLOCK_MODE}, required=("blocksize",))
 def _space_to_depth(inputs, attrs, opset):
     """(N, C, H*b, W*b) -> (N, C*b*b, H, W); DCR: depth ordered (b, b, C), CRD: (C, b, b)."""
     x, b = inputs[0], attrs["blocksize"]
@@ -311,7 +354,7 @@ def _space_to_depth(inputs, attrs, opset):
     return [y.reshape(n, c * b * b, h // b, w // b)]
 
 
-@op("ReverseSequence")
+@op("ReverseSequence", inputs=(2, 2), attrs={"batch_axis": A(INT, 0, 1), "time_axis": A(INT, 0, 1)})
 def _reverse_sequence(inputs, attrs, opset):
     """Along time_axis, the first sequence_lens[b] elements of each batch entry b reversed,
     the rest kept."""
@@ -334,7 +377,7 @@ def _reverse_sequence(inputs, attrs, opset):
     return [y if t_axis == 0 else np.swapaxes(y, 0, 1)]
 
 
-@op("Hardmax")
+@op("Hardmax", attrs={"axis": AXIS})
 def _hardmax(inputs, attrs, opset):
     """1 at the first maximum along the axis (opsets < 13: of the input coerced to 2-D at
     the axis), 0 elsewhere."""

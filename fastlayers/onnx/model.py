@@ -24,13 +24,12 @@ from ..model.warmup import FREE_SIZE, in_proportion, warm_up
 from . import (
     check,
 )
-from .bound import bind
 from .compiled import Parts, compile_plan
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC, has_loop
 from .layout import contiguous
 from .nodes import owner
-from .ops import NODE_CACHES, OPS
+from .ops import NODE_CACHES, OPS, bind
 from .tensors import DTYPES
 
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.

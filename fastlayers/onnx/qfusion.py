@@ -13,6 +13,7 @@ from ..backends.integer import INTEGER_KERNELS
 from .qlinear import _column_zero_points
 from .qlstm import _pack_lstm
 from .quant import MS, QUANT_RANGES, _dequantize_linear, _elementwise, _quantize_linear, integer_kernels
+from .records import Family
 
 #: Integer products whose B may be a constant packed at load: op -> (B input, B zero point input).
 _PACKABLE = {
@@ -86,8 +87,9 @@ def _fused_quantize_dequantize(inputs, attrs, opset):
     return [_elementwise(x, lambda m: core.fake_quantize(m, float(scale), float(zp), lo, hi))]
 
 
-#: This family's operator (``ops.OPS`` assembles the families).
-OPS = {"FusedQuantizeDequantize": _fused_quantize_dequantize}
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("quantized fusions")
+FAMILY.add("FusedQuantizeDequantize", _fused_quantize_dequantize, internal=True)
 
 
 def _graph_index(nodes, outputs):

@@ -16,10 +16,12 @@ import numpy as np
 
 from ..backends.derived import derived
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
-from .check import _CONV, BOOL, FLT, Op, _fail, _spatial_lengths, _spatial_rank, short
-from .qtable import OPS
-from .quant import MS, QUANT_RANGES, _register, _scale, dynamic_quantize, integer_kernels
+from .quant import MS, QUANT_RANGES, _scale, dynamic_quantize, integer_kernels
+from .records import BOOL, CONV, FLT, Family, fail, short, spatial_lengths, spatial_rank
 from .windows import padded_output, pads_2d, spatial
+
+#: This family's operator records (``ops.RECORDS`` gathers the families): the integer products.
+FAMILY = Family("quantized products")
 
 
 def _quantized(x, what, name):
@@ -419,9 +421,8 @@ def _fused_conv_integer(inputs, attrs, opset):
     return [integer_conv(x, x_zp, w, w_zp, attrs, what, ToFloat(s, b_q))]
 
 
-#: fastlayers' own node (made at load by ``qfusion.fuse_integer_conv``, never read from a file:
-#: not in ``check.OPS``).
-OPS["FusedConvInteger"] = _fused_conv_integer
+#: fastlayers' own node (made at load by ``qfusion.fuse_integer_conv``, never read from a file).
+FAMILY.add("FusedConvInteger", _fused_conv_integer, internal=True)
 
 
 def _qlinear_conv(inputs, attrs, opset):
@@ -519,7 +520,7 @@ def dynamic_product_to_float(core, a, packed, n, b_columns, bias):
 
 def bind_dynamic_quantize_matmul(inputs, attrs, opset):
     """DynamicQuantizeMatMul bound on its constant B (packed at load: ``_b_packed``), B scale,
-    zero point and bias, for the compiled plan (``bound.py``): B's scales as one float32 per
+    zero point and bias, for the compiled plan (its record's ``bind``): B's scales as one float32 per
     column and the bias checked once; each input shape checked by the general form at its
     first call, later calls quantize A and run the native product. None where one of them is
     computed by the graph or the native core does not run."""
@@ -716,13 +717,13 @@ def _qconv_check(weight_index):
 
     def check(node, attrs, ctx):
         weight = ctx.constants.get(node.inputs[weight_index])
-        _spatial_lengths(node, attrs, ctx, _spatial_rank(node, attrs, ctx, weight))
+        spatial_lengths(node, attrs, ctx, spatial_rank(node, attrs, ctx, weight))
         if weight is None:
             return
         if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(weight.shape[2:]):
-            _fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's shape {weight.shape}")
+            fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's shape {weight.shape}")
         if min(weight.shape) == 0 or weight.shape[0] % attrs.get("group", 1):
-            _fail(
+            fail(
                 ctx,
                 node,
                 f"weight {short(node.inputs[weight_index])} of shape {weight.shape} for group {attrs.get('group', 1)}",
@@ -731,22 +732,28 @@ def _qconv_check(weight_index):
     return check
 
 
-_register("MatMulInteger", _matmul_integer, Op(inputs=(2, 4)))
+FAMILY.add("MatMulInteger", _matmul_integer, inputs=(2, 4))
 
 
-_register("QLinearMatMul", _qlinear_matmul, Op(inputs=(8, 8)))
+FAMILY.add("QLinearMatMul", _qlinear_matmul, inputs=(8, 8))
 
 
-_register("ConvInteger", _conv_integer, Op(inputs=(2, 4), attrs=_CONV, check=_qconv_check(1)))
+FAMILY.add("ConvInteger", _conv_integer, inputs=(2, 4), attrs=CONV, check=_qconv_check(1))
 
 
-_register("QLinearConv", _qlinear_conv, Op(inputs=(8, 9), attrs=_CONV, check=_qconv_check(3)))
+FAMILY.add("QLinearConv", _qlinear_conv, inputs=(8, 9), attrs=CONV, check=_qconv_check(3))
 
 
-_register("DynamicQuantizeMatMul", _dynamic_quantize_matmul, Op(inputs=(3, 5)), MS)
+FAMILY.add(
+    "DynamicQuantizeMatMul",
+    _dynamic_quantize_matmul,
+    inputs=(3, 5),
+    domain=MS,
+    bind=bind_dynamic_quantize_matmul,
+)
 
 
-_register("MatMulIntegerToFloat", _matmul_integer_to_float, Op(inputs=(4, 7)), MS)
+FAMILY.add("MatMulIntegerToFloat", _matmul_integer_to_float, inputs=(4, 7), domain=MS)
 
 
-_register("QGemm", _qgemm_op, Op(inputs=(6, 9), attrs={"transA": BOOL, "transB": BOOL, "alpha": FLT}), MS)
+FAMILY.add("QGemm", _qgemm_op, inputs=(6, 9), attrs={"transA": BOOL, "transB": BOOL, "alpha": FLT}, domain=MS)

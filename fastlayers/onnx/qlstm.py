@@ -8,7 +8,6 @@ import numpy as np
 
 from ..backends.activations import onnx_sigmoid, onnx_tanh
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
-from .check import BOOL, A, Op
 from .qlinear import (
     _column_zero_points,
     _float_product,
@@ -19,7 +18,11 @@ from .qlinear import (
     native_product_to_float,
     pack_operand,
 )
-from .quant import MS, _register, _scale, _zero_point, dynamic_quantize, integer_kernels
+from .quant import MS, _scale, _zero_point, dynamic_quantize, integer_kernels
+from .records import BOOL, A, Family
+
+#: This family's operator records (``ops.RECORDS`` gathers the families): DynamicQuantizeLSTM.
+FAMILY = Family("quantized LSTM")
 
 
 def _direction_param(p, d, n_gates, what, name):
@@ -299,7 +302,7 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
 
 
 def bind_dynamic_quantize_lstm(inputs, attrs, opset):
-    """DynamicQuantizeLSTM bound on its constants, for the compiled plan (``bound.py``): a
+    """DynamicQuantizeLSTM bound on its constants, for the compiled plan (its record's ``bind``): a
     forward or reverse node whose W, R, B, scales and zero points were packed and derived at
     load (``_pack_lstm``) and whose P is a constant or absent. Each input shape is checked by
     the general form at its first call; later calls run the input's quantization, its product
@@ -367,6 +370,13 @@ _LSTM_ATTRS = {
 }
 
 
-_register(
-    "DynamicQuantizeLSTM", _dynamic_quantize_lstm, Op(inputs=(12, 12), optional=3, outputs=3, attrs=_LSTM_ATTRS), MS
+FAMILY.add(
+    "DynamicQuantizeLSTM",
+    _dynamic_quantize_lstm,
+    inputs=(12, 12),
+    optional=3,
+    outputs=3,
+    attrs=_LSTM_ATTRS,
+    domain=MS,
+    bind=bind_dynamic_quantize_lstm,
 )

@@ -47,8 +47,11 @@ import numpy as np
 
 from ..backends.activations import onnx_sigmoid
 from ..errors import FastlayersError, InputError, ShapeError, UnsupportedError
-from .check import AXIS, FLT, Op, _fail
-from .quant import MS, QUANT_RANGES, _register
+from .quant import MS, QUANT_RANGES
+from .records import AXIS, FLT, Family, fail
+
+#: This family's operator records (``ops.RECORDS`` gathers the families): the QLinear elementwise operators and QLinearConcat.
+FAMILY = Family("quantized pointwise")
 
 _F32, _F64 = np.float32, np.float64
 _TYPES = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -345,7 +348,7 @@ def _params_check(required, params):
         what = node.op_type
         for k in required:
             if k < len(node.inputs) and not node.inputs[k]:
-                _fail(ctx, node, f"input {k + 1} is required but has no name")
+                fail(ctx, node, f"input {k + 1} is required but has no name")
 
         def constant(k):
             return ctx.constants.get(node.inputs[k]) if k < len(node.inputs) and node.inputs[k] else None
@@ -363,7 +366,7 @@ def _params_check(required, params):
                 found = ", ".join(f"{n} {v.dtype}" for n, v in zps.items())
                 raise InputError(f"{what}: zero points of types {found}; expected one type, uint8 or int8")
         except FastlayersError as e:
-            _fail(ctx, node, str(e))
+            fail(ctx, node, str(e))
 
     return check
 
@@ -377,7 +380,7 @@ def _named(*tensors):
 def _concat_check(node, attrs, ctx):
     n = len(node.inputs)
     if (n - 2) % 3:
-        _fail(
+        fail(
             ctx,
             node,
             f"has {n} inputs, expected Y_scale, Y_zero_point and then (X, X_scale, "
@@ -389,17 +392,31 @@ def _concat_check(node, attrs, ctx):
     _params_check((), params)(node, attrs, ctx)
 
 
-_BINARY = Op(inputs=(7, 8), optional=2, check=_params_check((0, 1, 3, 4, 6), _named((1, "A"), (4, "B"), (6, "C"))))
+_BINARY = {
+    "inputs": (7, 8),
+    "optional": 2,
+    "check": _params_check((0, 1, 3, 4, 6), _named((1, "A"), (4, "B"), (6, "C"))),
+}
 _UNARY = _params_check((0, 1, 3), _named((1, "X"), (3, "Y")))
-_register("QLinearAdd", _qlinear_add, _BINARY, MS)
-_register("QLinearMul", _qlinear_mul, _BINARY, MS)
-_register("QLinearSigmoid", _qlinear_sigmoid, Op(inputs=(4, 5), optional=2, check=_UNARY), MS)
-_register(
-    "QLinearLeakyRelu", _qlinear_leaky_relu, Op(inputs=(4, 5), optional=2, attrs={"alpha": FLT}, check=_UNARY), MS
+FAMILY.add("QLinearAdd", _qlinear_add, domain=MS, **_BINARY)
+FAMILY.add("QLinearMul", _qlinear_mul, domain=MS, **_BINARY)
+FAMILY.add("QLinearSigmoid", _qlinear_sigmoid, inputs=(4, 5), optional=2, check=_UNARY, domain=MS)
+FAMILY.add(
+    "QLinearLeakyRelu",
+    _qlinear_leaky_relu,
+    inputs=(4, 5),
+    optional=2,
+    attrs={"alpha": FLT},
+    check=_UNARY,
+    domain=MS,
 )
-_register(
+FAMILY.add(
     "QLinearConcat",
     _qlinear_concat,
-    Op(inputs=(5, None), optional=None, attrs={"axis": AXIS}, required=("axis",), check=_concat_check),
-    MS,
+    inputs=(5, None),
+    optional=None,
+    attrs={"axis": AXIS},
+    required=("axis",),
+    check=_concat_check,
+    domain=MS,
 )

@@ -34,9 +34,12 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from ..geometry import same_pads, window_out
-from .check import AUTO_PAD, BOOL, NONNEG, POSS, Op, _fail, _spatial_lengths
 from .qlinear import _quantized, one_value, requantize
-from .quant import MS, QUANT_RANGES, _register
+from .quant import MS, QUANT_RANGES
+from .records import AUTO_PAD, BOOL, NONNEG, POSS, Family, fail, spatial_lengths
+
+#: This family's operator records (``ops.RECORDS`` gathers the families): the QLinear average pools.
+FAMILY = Family("quantized pooling")
 
 #: The largest image MLAS's global average pool takes (``CheckQLinearGlobalAveragePoolScaleAndSize``).
 MAX_IMAGE = 1 << 24
@@ -181,19 +184,19 @@ def _pool_check(node, attrs, ctx):
     pad smaller than the kernel (``PoolAttributes``), no dilations (its schema has none)."""
     n = len(attrs["kernel_shape"])
     if not 1 <= n <= 3:
-        _fail(
+        fail(
             ctx,
             node,
             f"kernel_shape of {n} axes; onnxruntime's QLinearAveragePool pools 1 to 3 axes",
             unsupported=n > 3,
         )
-    _spatial_lengths(node, attrs, ctx, n, names=("strides", "kernel_shape"))
+    spatial_lengths(node, attrs, ctx, n, names=("strides", "kernel_shape"))
     if "dilations" in node.attrs:
-        _fail(ctx, node, "attribute 'dilations': QLinearAveragePool has none")
+        fail(ctx, node, "attribute 'dilations': QLinearAveragePool has none")
     pads = attrs.get("pads") or []
     for d, k in enumerate(attrs["kernel_shape"]):
         if pads and (pads[d] >= k or pads[d + n] >= k):
-            _fail(
+            fail(
                 ctx,
                 node,
                 f"pads {list(pads)} for kernel_shape {list(attrs['kernel_shape'])}; each pad "
@@ -201,24 +204,22 @@ def _pool_check(node, attrs, ctx):
             )
 
 
-_register("QLinearGlobalAveragePool", _global_average_pool, Op(inputs=(5, 5), attrs={"channels_last": BOOL}), MS)
-_register(
+FAMILY.add("QLinearGlobalAveragePool", _global_average_pool, inputs=(5, 5), attrs={"channels_last": BOOL}, domain=MS)
+FAMILY.add(
     "QLinearAveragePool",
     _average_pool,
-    Op(
-        inputs=(4, 5),
-        optional=2,
-        required=("kernel_shape",),
-        check=_pool_check,
-        attrs={
-            "auto_pad": AUTO_PAD,
-            "ceil_mode": BOOL,
-            "channels_last": BOOL,
-            "count_include_pad": BOOL,
-            "kernel_shape": POSS,
-            "pads": NONNEG,
-            "strides": POSS,
-        },
-    ),
-    MS,
+    inputs=(4, 5),
+    optional=2,
+    required=("kernel_shape",),
+    check=_pool_check,
+    attrs={
+        "auto_pad": AUTO_PAD,
+        "ceil_mode": BOOL,
+        "channels_last": BOOL,
+        "count_include_pad": BOOL,
+        "kernel_shape": POSS,
+        "pads": NONNEG,
+        "strides": POSS,
+    },
+    domain=MS,
 )

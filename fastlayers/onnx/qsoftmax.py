@@ -18,8 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from .check import AXIS, INT, A, Op
-from .quant import MS, _register, _scale
+from .quant import MS, _scale
+from .records import AXIS, INT, A, Family
+
+#: This family's operator records (``ops.RECORDS`` gathers the families): QLinearSoftmax.
+FAMILY = Family("quantized softmax")
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -75,9 +78,11 @@ def _qlinear_softmax(inputs, attrs, opset):
     return [y if version < 13 else np.moveaxis(y, -1, axis)]
 
 
-_register(
+FAMILY.add(
     "QLinearSoftmax",
     _qlinear_softmax,
-    Op(inputs=(4, 5), attrs={"axis": AXIS, "opset": A(INT, 1, 10_000)}, required=("opset",)),
-    MS,
+    inputs=(4, 5),
+    attrs={"axis": AXIS, "opset": A(INT, 1, 10_000)},
+    required=("opset",),
+    domain=MS,
 )

@@ -3,9 +3,9 @@ and the quantization parameters the other quantized operators share. The integer
 in ``qlinear.py``, the quantized average pools in ``qpool.py``, DynamicQuantizeLSTM in
 ``qlstm.py``, the load-time passes in ``qfusion.py``.
 
-Registered into ``ops.OPS`` (and their attribute rules into ``check.OPS``); contrib
-operators under ``"com.microsoft::<op_type>"`` (``check.qualified``), so that the lookup is
-by (domain, operator) and a default-domain operator is never taken for a contrib one.
+Each of these modules is a family of operator records (``records.py``); contrib operators are
+recorded under ``"com.microsoft::<op_type>"`` (``check.qualified``), so that the lookup is by
+(domain, operator) and a default-domain operator is never taken for a contrib one.
 
 Semantics (https://onnx.ai/onnx/operators/ and onnxruntime's docs/ContribOperators.md):
 
@@ -32,10 +32,8 @@ import numpy as np
 
 from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
-from . import check
-from .check import AXIS, BOOL, A, Op
 from .layout import stored as _stored
-from .qtable import OPS
+from .records import AXIS, BOOL, A, Family, short
 from .tensors import DTYPES
 
 MS = "com.microsoft"
@@ -52,7 +50,7 @@ def check_domains(model, where: str) -> None:
     for domain in sorted({n.domain for n in model.graph.nodes if n.domain}):
         version = model.opsets.get(domain)
         if version is None:
-            raise ModelFileError(f"{where}: nodes of domain {check.short(domain)} but no opset import for that domain")
+            raise ModelFileError(f"{where}: nodes of domain {short(domain)} but no opset import for that domain")
         if version != DOMAIN_OPSETS[domain]:
             raise UnsupportedError(
                 f"{where}: opset {version} of domain {domain} is not supported (supported: {DOMAIN_OPSETS[domain]})"
@@ -69,10 +67,9 @@ def dequantized_bytes(graph) -> int:
     )
 
 
-def _register(name, fn, rule, domain=""):
-    key = name if not domain else f"{domain}::{name}"
-    OPS[key] = fn
-    check.OPS[key] = rule
+#: This family's operator records (``ops.RECORDS`` gathers the families): the QDQ pair and
+#: DynamicQuantizeLinear.
+FAMILY = Family("quantization")
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -210,8 +207,8 @@ _QDQ = {
     "precision": A("int", 0),
 }
 for _domain in ("", MS):
-    _register("QuantizeLinear", _quantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
-    _register("DequantizeLinear", _dequantize_linear, Op(inputs=(2, 3), attrs=_QDQ), _domain)
+    FAMILY.add("QuantizeLinear", _quantize_linear, inputs=(2, 3), attrs=_QDQ, domain=_domain)
+    FAMILY.add("DequantizeLinear", _dequantize_linear, inputs=(2, 3), attrs=_QDQ, domain=_domain)
 
 
 def integer_kernels():
@@ -246,5 +243,5 @@ def _dynamic_quantize_linear(inputs, attrs, opset):
     return [y, np.asarray(scale), np.asarray(zp)]
 
 
-_register("DynamicQuantizeLinear", _dynamic_quantize_linear, Op(outputs=3))
+FAMILY.add("DynamicQuantizeLinear", _dynamic_quantize_linear, outputs=3)
 # ------------------------------------------------------------------------------ quantized LSTM

@@ -1,6 +1,6 @@
 """What every family of ONNX operators shares: the element types (``DTYPES``), the size limit on
-tensors whose size the graph's values set (``created``), readers of attribute and input values,
-and ``registrar``, the decorator through which a family fills its own table of operators.
+tensors whose size the graph's values set (``created``), and readers of attribute and input
+values.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def created(shape, dtype, what: str):
 
 def check_created(shape, nbytes: int, what: str):
     """``created``'s limit check for a tensor of ``shape`` taking ``nbytes``: what a node bound
-    on a shape (``bound.py``) checks on every call, the limit depending on the context."""
+    on a shape (a record's ``bind``) checks on every call, the limit depending on the context."""
     limit = CREATE_LIMIT.get()
     limit = settings.current().onnx_max_created_bytes if limit is None else limit
     if nbytes > limit:
@@ -67,21 +67,6 @@ DTYPES = {
     12: np.uint32,
     13: np.uint64,
 }
-
-
-def registrar(table: dict):
-    """The decorator ``@op("OpType", ...)`` of a family of operators: it puts the function it
-    decorates into the family's ``table`` under each name and returns the function."""
-
-    def op(*names):
-        def register(fn):
-            for name in names:
-                table[name] = fn
-            return fn
-
-        return register
-
-    return op
 
 
 def f32(x):

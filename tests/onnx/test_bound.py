@@ -9,7 +9,7 @@ import pytest
 
 import fastlayers
 from fastlayers.errors import FastlayersError
-from fastlayers.onnx import bound
+from fastlayers.onnx import bound, ops
 
 from ..conftest import assert_close, oracle
 
@@ -81,17 +81,17 @@ def test_a_shape_the_node_refuses_raises_the_general_error(rng):
 
 def test_computed_parameters_keep_the_general_form():
     axes = np.array([0], np.int64)
-    assert bound.bind("Unsqueeze", ["x", axes], {}, 17) is not None
-    assert bound.bind("Unsqueeze", ["x", "axes"], {}, 17) is None
-    assert bound.bind("Slice", ["x", axes, "ends"], {}, 17) is None
-    assert bound.bind("Slice", ["x", axes, axes, "axes"], {}, 17) is None
-    assert bound.bind("Slice", ["x", axes, axes], {}, 9) is None
-    assert bound.bind("Relu", ["x"], {}, 17) is None
+    assert ops.bind("Unsqueeze", ["x", axes], {}, 17) is not None
+    assert ops.bind("Unsqueeze", ["x", "axes"], {}, 17) is None
+    assert ops.bind("Slice", ["x", axes, "ends"], {}, 17) is None
+    assert ops.bind("Slice", ["x", axes, axes, "axes"], {}, 17) is None
+    assert ops.bind("Slice", ["x", axes, axes], {}, 9) is None
+    assert ops.bind("Relu", ["x"], {}, 17) is None
 
 
 def test_bound_nodes_keep_a_bounded_number_of_shapes(rng, monkeypatch):
     monkeypatch.setattr(bound, "MAX_SHAPES", 2)
-    run = bound.bind("Unsqueeze", ["x", np.array([0], np.int64)], {}, 17)
+    run = ops.bind("Unsqueeze", ["x", np.array([0], np.int64)], {}, 17)
     for n in range(1, 6):
         x = rng.standard_normal((n, 3)).astype(np.float32)
         for _ in range(2):
@@ -174,12 +174,12 @@ def test_bound_pad_checks_the_size_limit_on_every_call():
 
 def test_bound_pad_and_reductions_on_computed_parameters_keep_the_general_form():
     pads, axes = np.array([0, 1, 0, 1], np.int64), np.array([1], np.int64)
-    assert bound.bind("Pad", ["x", pads], {}, 18) is not None
-    assert bound.bind("Pad", ["x", "pads"], {}, 18) is None
-    assert bound.bind("Pad", ["x", pads, "value"], {}, 18) is None
-    assert bound.bind("ReduceMean", ["x", axes], {}, 18) is not None
-    assert bound.bind("ReduceMean", ["x", "axes"], {}, 18) is None
-    assert bound.bind("ReduceMean", ["x"], {"axes": [1]}, 13) is not None
+    assert ops.bind("Pad", ["x", pads], {}, 18) is not None
+    assert ops.bind("Pad", ["x", "pads"], {}, 18) is None
+    assert ops.bind("Pad", ["x", pads, "value"], {}, 18) is None
+    assert ops.bind("ReduceMean", ["x", axes], {}, 18) is not None
+    assert ops.bind("ReduceMean", ["x", "axes"], {}, 18) is None
+    assert ops.bind("ReduceMean", ["x"], {"axes": [1]}, 13) is not None
 
 
 @pytest.mark.parametrize(

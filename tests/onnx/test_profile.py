@@ -198,18 +198,18 @@ def test_profile_times_the_steps_of_the_branch_an_if_takes(tmp_path, rng):
 
 
 def test_profile_runs_the_steps_a_call_runs(tmp_path, rng, monkeypatch):
-    """The profile times the steps bound on their constant inputs (``bound.py``), as a plain
+    """The profile times the steps bound on their constant inputs (their records' ``bind``), as a plain
     call runs them, not the operators' general forms."""
-    from fastlayers.onnx import bound
+    from fastlayers.onnx import ops
 
     ran = []
-    general = bound.BINDERS["Slice"]
+    general = ops.BINDERS["Slice"]
 
     def counting(inputs, attrs, opset):
         fn = general(inputs, attrs, opset)
         return None if fn is None else (lambda i, a, o: ran.append(1) or fn(i, a, o))
 
-    monkeypatch.setitem(bound.BINDERS, "Slice", counting)
+    monkeypatch.setitem(ops.BINDERS, "Slice", counting)
     onnx = oracle("onnx")
     h, f = onnx.helper, onnx.TensorProto.FLOAT
     i64 = onnx.TensorProto.INT64

@@ -7,14 +7,15 @@ import numpy as np
 
 from ...backends import get_ops
 from ...errors import ShapeError, UnsupportedError
-from ..tensors import f32, registrar
+from ..records import BOOL, FLT, INT, POS, A, Family, fail
+from ..tensors import f32
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("attention")
+op = FAMILY.op
 
 
-@op("FusedAttention")
+@op("FusedAttention", internal=True)
 def _fused_attention(inputs, attrs, opset):
     """fastlayers' own node for the exporters' MatMul / Softmax attention (``fuse_attention``):
     inputs Q, K (K^T where ``_k_transposed``), V, the scales of Q, of K and of the scores and
@@ -54,7 +55,7 @@ def _fused_attention(inputs, attrs, opset):
     return [get_ops().matmul(get_ops().softmax(f32(scores), -1), v)]
 
 
-@op("FusedEncoderLayer")
+@op("FusedEncoderLayer", internal=True)
 def _fused_encoder_layer(inputs, attrs, opset):
     """fastlayers' own node for a whole Transformer encoder layer (``fuse_encoder_layers``):
     one call of the backend's ``encoder_layer`` on the (batch, length, embed) input, or on the
@@ -74,7 +75,7 @@ def _fused_encoder_layer(inputs, attrs, opset):
     return [y if attrs["batch_first"] else y.transpose(1, 0, 2)]
 
 
-@op("FusedSelfAttention")
+@op("FusedSelfAttention", internal=True)
 def _fused_self_attention(inputs, attrs, opset):
     """fastlayers' own node for a self-attention block outside an encoder layer (torch's
     ``MultiheadAttention`` on x, x, x; ``fuse_encoder_layers``): one call of the backend's
@@ -99,7 +100,31 @@ def _scaled(x, s, divide):
 
 
 # -------------------------------------------------------------------------- attention (opset 23)
-@op("Attention")
+def _attention_check(node, attrs, ctx):
+    q, kv = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
+    if (q is None) != (kv is None):
+        fail(ctx, node, "q_num_heads and kv_num_heads go together")
+    if q is not None and q % kv:
+        fail(ctx, node, f"kv_num_heads {kv} does not divide q_num_heads {q}")
+
+
+@op(
+    "Attention",
+    inputs=(3, 7),
+    outputs=4,
+    check=_attention_check,
+    attrs={
+        "is_causal": BOOL,
+        "kv_num_heads": POS,
+        "q_num_heads": POS,
+        "scale": FLT,
+        "softcap": FLT,
+        "qk_matmul_output_mode": A(INT, 0, 3),
+        "softmax_precision": A(INT),
+        "left_window_size": A(INT),
+        "right_window_size": A(INT),
+    },
+)  # the operator refuses windows
 def _attention(inputs, attrs, opset):
     """ONNX Attention: softmax(scale Q K^T (+ softcap) + mask (+ causal)) V over batched heads, with
     3-D inputs split into heads, grouped-query K/V repeated, and a past K/V cache prepended.

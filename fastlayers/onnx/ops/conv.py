@@ -6,20 +6,62 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import limits
 from ...backends import get_ops
 from ...backends.derived import derived
 from ...errors import ShapeError
 from ...geometry import transposed_out
 from ..layout import channels_last_memory, laid_out_as, nchw, nchw_planes, nhwc, to_nhwc
-from ..tensors import created, f32, registrar
+from ..records import (
+    BOOL,
+    CONV,
+    FLT,
+    INTS,
+    NONNEG,
+    POOL,
+    POS,
+    POSS,
+    A,
+    Family,
+    fail,
+    short,
+    spatial_lengths,
+    spatial_rank,
+)
+from ..tensors import created, f32
 from ..windows import spatial, window
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("convolution and pooling")
+op = FAMILY.op
 
 
-@op("Conv", "FusedConv")
+def _conv_check(node, attrs, ctx):
+    weight = ctx.constants.get(node.inputs[1])
+    n = spatial_rank(node, attrs, ctx, weight)
+    spatial_lengths(node, attrs, ctx, n)
+    group = attrs.get("group", 1)
+    if weight is None:
+        return
+    if attrs.get("kernel_shape") and list(attrs["kernel_shape"]) != list(weight.shape[2:]):
+        fail(ctx, node, f"kernel_shape {attrs['kernel_shape']} does not match its weight's shape {weight.shape}")
+    if min(weight.shape) == 0:
+        fail(ctx, node, f"weight {short(node.inputs[1])} has an empty shape {weight.shape}")
+    # Conv: (C_out, C_in / group, k...); ConvTranspose: (C_in, C_out / group, k...)
+    if weight.shape[0] % group:
+        what = "output" if node.op_type == "Conv" else "input"
+        fail(
+            ctx,
+            node,
+            f"group {group} does not divide the {weight.shape[0]} {what} channels of its weight {weight.shape}",
+        )
+    bias = ctx.constants.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    c_out = weight.shape[0] if node.op_type == "Conv" else weight.shape[1] * group
+    if bias is not None and bias.shape != (c_out,):
+        fail(ctx, node, f"bias of shape {bias.shape} for {c_out} output channels")
+
+
+@op("Conv", inputs=(2, 3), attrs=CONV, check=_conv_check, caches=("_windows",))
 def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
@@ -125,7 +167,10 @@ def _then_scaled_shifted(run, post):
     return lambda x: _scaled_shifted(run(x), post)
 
 
-@op("ConvTranspose")
+FAMILY.add("FusedConv", _conv, internal=True, caches=("_windows", "_plans"))
+
+
+@op("ConvTranspose", inputs=(2, 3), check=_conv_check, attrs=dict(CONV, output_padding=NONNEG, output_shape=POSS))
 def _conv_transpose(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
@@ -222,11 +267,25 @@ def _pool(kind):
     return run
 
 
-OPS["MaxPool"] = _pool("max")
-OPS["AveragePool"] = _pool("avg")
+def _pool_check(node, attrs, ctx):
+    n = len(attrs["kernel_shape"])
+    if n > 2:
+        fail(ctx, node, f"{n}-D pooling is not supported (1-D and 2-D are)", unsupported=True)
+    spatial_lengths(node, attrs, ctx, n)
 
 
-@op("LRN")
+for _name, _kind, _flag in (("MaxPool", "max", "storage_order"), ("AveragePool", "avg", "count_include_pad")):
+    FAMILY.add(
+        _name,
+        _pool(_kind),
+        attrs=dict(POOL, **{_flag: BOOL}),
+        required=("kernel_shape",),
+        check=_pool_check,
+        caches=("_windows",),
+    )
+
+
+@op("LRN", attrs={"size": POS, "alpha": FLT, "beta": FLT, "bias": FLT}, required=("size",))
 def _lrn(inputs, attrs, opset):
     x = f32(inputs[0])
     size = attrs["size"]
@@ -249,7 +308,12 @@ def _lrn(inputs, attrs, opset):
     return [np.ascontiguousarray(np.moveaxis(y, -1, 1))]
 
 
-@op("MaxRoiPool")
+@op(
+    "MaxRoiPool",
+    inputs=(2, 2),
+    attrs={"pooled_shape": A(INTS, 1, limits.ONNX_MAX_GEOMETRY, length=2), "spatial_scale": FLT},
+    required=("pooled_shape",),
+)
 def _max_roi_pool(inputs, attrs, opset):
     x, rois = inputs
     if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5:

@@ -12,11 +12,12 @@ import numpy as np
 from ...backends import get_ops
 from ...backends.activations import erfc64
 from ..layout import channels_last_memory, stored
-from ..tensors import f32, registrar
+from ..records import AXIS, BOOL, FLT, STRING, A, Family
+from ..tensors import f32
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("elementwise")
+op = FAMILY.op
 
 
 def _binary(fn):
@@ -66,7 +67,7 @@ def _sum_in_layout(a, b, name, alpha):
     return None
 
 
-@op("Add")
+@op("Add", inputs=(2, 2))
 def _add(inputs, attrs, opset):
     a, b = inputs
     y = _native_add_mul(a, b, False)
@@ -76,7 +77,7 @@ def _add(inputs, attrs, opset):
     return [np.add(a, b) if y is None else y]
 
 
-@op("Mul")
+@op("Mul", inputs=(2, 2))
 def _mul(inputs, attrs, opset):
     a, b = inputs
     y = _native_add_mul(a, b, True)
@@ -95,10 +96,10 @@ for _name, _fn in {
     "Or": np.logical_or,
     "Xor": np.logical_xor,
 }.items():
-    OPS[_name] = _binary(_fn)
+    FAMILY.add(_name, _binary(_fn), inputs=(2, 2))
 
 
-@op("FusedAdd")
+@op("FusedAdd", internal=True)
 def _fused_add(inputs, attrs, opset):
     """f(a + b) (``fusion.fuse_add_activation``): one native pass where both operands are float32
     of one shape held in the same layout (NHWC memory behind NCHW views included), else numpy's
@@ -150,7 +151,7 @@ def outer_operands(a, b):
     return None
 
 
-@op("Div")
+@op("Div", inputs=(2, 2))
 def _div(inputs, attrs, opset):
     a, b = inputs
     if np.issubdtype(np.result_type(a, b), np.integer):
@@ -158,7 +159,7 @@ def _div(inputs, attrs, opset):
     return [np.divide(a, b)]
 
 
-@op("Mod")
+@op("Mod", inputs=(2, 2), attrs={"fmod": BOOL})
 def _mod(inputs, attrs, opset):
     a, b = inputs
     return [np.fmod(a, b) if attrs.get("fmod", 0) else np.mod(a, b)]
@@ -198,12 +199,12 @@ for _name, _fn in {
     "Atanh": np.arctanh,
     "BitwiseNot": np.invert,
 }.items():
-    OPS[_name] = _unary(_fn)
+    FAMILY.add(_name, _unary(_fn))
 for _name, _fn in {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}.items():
-    OPS[_name] = _binary(_fn)
+    FAMILY.add(_name, _binary(_fn), inputs=(2, 2))
 
 
-@op("BitShift")
+@op("BitShift", inputs=(2, 2), attrs={"direction": A(STRING, choices=("LEFT", "RIGHT"))}, required=("direction",))
 def _bit_shift(inputs, attrs, opset):
     """x << y or x >> y (unsigned types)."""
     x, y = inputs
@@ -211,7 +212,7 @@ def _bit_shift(inputs, attrs, opset):
     return [shift(x, y.astype(x.dtype)).astype(x.dtype)]
 
 
-@op("IsInf")
+@op("IsInf", attrs={"detect_negative": BOOL, "detect_positive": BOOL})
 def _is_inf(inputs, attrs, opset):
     x = inputs[0]
     return [
@@ -236,23 +237,25 @@ def _variadic(fn):
     return run
 
 
-OPS["Sum"] = _variadic(np.add)
-OPS["Max"] = _variadic(np.maximum)
-OPS["Min"] = _variadic(np.minimum)
+#: Sum, Max, Min and Mean take one or more inputs, none omitted.
+_VARIADIC = {"inputs": (1, None), "optional": None}
+FAMILY.add("Sum", _variadic(np.add), **_VARIADIC)
+FAMILY.add("Max", _variadic(np.maximum), **_VARIADIC)
+FAMILY.add("Min", _variadic(np.minimum), **_VARIADIC)
 
 
-@op("Mean")
+@op("Mean", **_VARIADIC)
 def _mean(inputs, attrs, opset):
     return [_variadic(np.add)(inputs, attrs, opset)[0] / np.float32(len(inputs))]
 
 
-@op("Where")
+@op("Where", inputs=(3, 3))
 def _where(inputs, attrs, opset):
     c, a, b = inputs
     return [np.where(c, a, b)]
 
 
-@op("Clip")
+@op("Clip", inputs=(1, 3), attrs={"min": FLT, "max": FLT})
 def _clip(inputs, attrs, opset):
     x = inputs[0]
     lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("min")
@@ -275,22 +278,22 @@ def _activation(name, alpha_attr=None, default=0.0):
     return run
 
 
-OPS["Relu"] = _activation("relu")
+FAMILY.add("Relu", _activation("relu"))
 # Sigmoid, Swish and Tanh in onnxruntime's arithmetic (``onnx_sigmoid``, ``onnx_tanh``): a quantized graph's
 # DynamicQuantizeLinear after them then rounds as onnxruntime's does
-OPS["Sigmoid"] = _activation("onnx_sigmoid")
-OPS["Tanh"] = _activation("onnx_tanh")
-OPS["Softsign"] = _activation("softsign")
-OPS["LeakyRelu"] = _activation("leaky_relu", "alpha", 0.01)
+FAMILY.add("Sigmoid", _activation("onnx_sigmoid"))
+FAMILY.add("Tanh", _activation("onnx_tanh"))
+FAMILY.add("Softsign", _activation("softsign"))
+FAMILY.add("LeakyRelu", _activation("leaky_relu", "alpha", 0.01), attrs={"alpha": FLT})
 _silu = _activation("onnx_silu")  # Swish with alpha 1
 
 
-@op("Elu")
+@op("Elu", attrs={"alpha": FLT})
 def _elu(inputs, attrs, opset):
     return [get_ops().activation(f32(inputs[0]), "elu", attrs.get("alpha", 1.0))]
 
 
-@op("Selu")
+@op("Selu", attrs={"alpha": FLT, "gamma": FLT})
 def _selu(inputs, attrs, opset):
     alpha, gamma = attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)
     x = f32(inputs[0])
@@ -309,7 +312,7 @@ def _softplus(inputs, attrs, opset):
 _hard_sigmoid_sixth = _activation("hard_sigmoid")  # relu6(x + 3) / 6
 
 
-@op("HardSigmoid")
+@op("HardSigmoid", attrs={"alpha": FLT, "beta": FLT})
 def _hard_sigmoid(inputs, attrs, opset):
     alpha, beta = np.float32(attrs.get("alpha", 0.2)), np.float32(attrs.get("beta", 0.5))
     if alpha == np.float32(1 / 6) and beta == np.float32(0.5):  # torch's Hardsigmoid: native
@@ -318,17 +321,17 @@ def _hard_sigmoid(inputs, attrs, opset):
 
 
 # x max(0, min(1, x / 6 + 1/2)) as x relu6(x + 3) / 6, natively (within an ulp of the quotient)
-OPS["HardSwish"] = _activation("hard_silu")
+FAMILY.add("HardSwish", _activation("hard_silu"))
 
 
-@op("Celu")
+@op("Celu", attrs={"alpha": FLT})
 def _celu(inputs, attrs, opset):
     """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
     x, alpha = f32(inputs[0]), np.float32(attrs.get("alpha", 1.0))
     return [(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))).astype(np.float32)]
 
 
-@op("Swish")
+@op("Swish", attrs={"alpha": FLT})
 def _swish(inputs, attrs, opset):
     """x sigmoid(alpha x)."""
     x, alpha = inputs[0], attrs.get("alpha", 1.0)
@@ -344,14 +347,14 @@ def _mish(inputs, attrs, opset):
     return [(x * np.tanh(np.logaddexp(0, x))).astype(x.dtype)]
 
 
-@op("ThresholdedRelu")
+@op("ThresholdedRelu", attrs={"alpha": FLT})
 def _thresholded_relu(inputs, attrs, opset):
     """x where x > alpha, else 0."""
     x = inputs[0]
     return [np.where(x > np.asarray(attrs.get("alpha", 1.0), x.dtype), x, 0).astype(x.dtype)]
 
 
-@op("Shrink")
+@op("Shrink", attrs={"bias": FLT, "lambd": FLT})
 def _shrink(inputs, attrs, opset):
     """x + bias where x < -lambd, x - bias where x > lambd, else 0."""
     x = inputs[0]
@@ -360,13 +363,13 @@ def _shrink(inputs, attrs, opset):
     return [y.astype(x.dtype)]
 
 
-@op("PRelu")
+@op("PRelu", inputs=(2, 2))
 def _prelu(inputs, attrs, opset):
     x, slope = inputs
     return [np.where(x >= 0, x, x * slope).astype(np.float32)]
 
 
-@op("Gelu")
+@op("Gelu", attrs={"approximate": A(STRING, choices=("none", "tanh"))})
 def _gelu(inputs, attrs, opset):
     approx = attrs.get("approximate", "none")
     approx = approx.decode() if isinstance(approx, bytes) else approx
@@ -387,5 +390,5 @@ def _softmax_like(kind):
     return run
 
 
-OPS["Softmax"] = _softmax_like("softmax")
-OPS["LogSoftmax"] = _softmax_like("log_softmax")
+FAMILY.add("Softmax", _softmax_like("softmax"), attrs={"axis": AXIS})
+FAMILY.add("LogSoftmax", _softmax_like("log_softmax"), attrs={"axis": AXIS})

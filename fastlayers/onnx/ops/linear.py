@@ -5,21 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from ...backends import get_ops
-from ..tensors import created, f32, registrar
+from ..records import BOOL, FLT, Family
+from ..tensors import created, f32
 from . import elementwise
 from .shape import broadcast_shape
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("linear")
+op = FAMILY.op
 
 
-@op("MatMul")
+@op("MatMul", inputs=(2, 2))
 def _matmul(inputs, attrs, opset):
     return [get_ops().matmul(inputs[0], inputs[1])]
 
 
-@op("Gemm")
+@op("Gemm", inputs=(2, 3), attrs={"transA": BOOL, "transB": BOOL, "alpha": FLT, "beta": FLT})
 def _gemm(inputs, attrs, opset):
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
@@ -34,7 +35,7 @@ def _gemm(inputs, attrs, opset):
     return [y]
 
 
-@op("FusedDense")
+@op("FusedDense", internal=True)
 def _fused_dense(inputs, attrs, opset):
     """fastlayers' own fused node: activation(x @ w + b) through the backend's dense primitive.
     A softmax absorbed with its axis given (``fusion._fused_softmax``'s ``_softmax``) is the
@@ -50,11 +51,11 @@ def _fused_dense(inputs, attrs, opset):
         ndim = max(np.ndim(x), 1)
         if not (-ndim <= axis < ndim and axis % ndim == ndim - 1):
             y = get_ops().dense(f32(x), w, b, "linear", 0.0)
-            return elementwise.OPS[op_type]([y], sm_attrs, opset)
+            return elementwise.FAMILY.run(op_type)([y], sm_attrs, opset)
     return [get_ops().dense(f32(x), w, b, activation, attrs.get("alpha", 0.0))]
 
 
-@op("OneHotDense")
+@op("OneHotDense", internal=True, caches=("_tables",))
 def _one_hot_dense(inputs, attrs, opset):
     """fastlayers' fused node (``fusion.fuse_one_hot_dense``): activation(float(ids == classes)
     @ w + b) for ids whose last axis is 1 and classes arange(V) on their last axis: a gather of

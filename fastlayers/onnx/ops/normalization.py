@@ -9,14 +9,26 @@ from ...backends import get_ops
 from ...backends.accumulate import wide_mean, wide_sum
 from ...backends.reference import fold_batch_norm
 from ...errors import ShapeError, UnsupportedError
-from ..tensors import f32, registrar
+from ..records import AXES, AXIS, BOOL, FLT, INT, POS, A, Family, fail
+from ..tensors import f32
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("normalization")
+op = FAMILY.op
 
 
-@op("BatchNormalization")
+def _batch_norm_check(node, attrs, ctx):
+    if attrs.get("training_mode"):
+        fail(ctx, node, "BatchNormalization with training_mode=1 (batch statistics) is not supported", unsupported=True)
+
+
+@op(
+    "BatchNormalization",
+    inputs=(5, 5),
+    outputs=1,
+    check=_batch_norm_check,
+    attrs={"epsilon": FLT, "momentum": FLT, "training_mode": BOOL, "spatial": BOOL},
+)
 def _batch_norm(inputs, attrs, opset):
     if attrs.get("training_mode", 0):
         raise UnsupportedError("BatchNormalization with training_mode=1 (batch statistics) is not supported")
@@ -25,7 +37,7 @@ def _batch_norm(inputs, attrs, opset):
     return [get_ops().batch_norm(f32(x), s, t, axis=1)]
 
 
-@op("InstanceNormalization")
+@op("InstanceNormalization", inputs=(3, 3), attrs={"epsilon": FLT})
 def _instance_norm(inputs, attrs, opset):
     x, scale, bias = inputs
     axes = tuple(range(2, x.ndim))
@@ -34,7 +46,7 @@ def _instance_norm(inputs, attrs, opset):
     return [y * scale.reshape(shape) + bias.reshape(shape)]
 
 
-@op("LayerNormalization")
+@op("LayerNormalization", inputs=(2, 3), outputs=3, attrs={"axis": AXIS, "epsilon": FLT, "stash_type": A(INT)})
 def _layer_norm(inputs, attrs, opset):
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
@@ -50,7 +62,7 @@ def _layer_norm(inputs, attrs, opset):
     return [y, mean, inv_std.astype(np.float32)]
 
 
-@op("LpNormalization")
+@op("LpNormalization", attrs={"axis": AXIS, "p": A(INT, choices=(1, 2))})
 def _lp_norm(inputs, attrs, opset):
     x = inputs[0]
     axis, p = attrs.get("axis", -1), attrs.get("p", 2)
@@ -58,7 +70,12 @@ def _lp_norm(inputs, attrs, opset):
     return [np.divide(x, norm, out=np.zeros_like(x), where=norm != 0).astype(x.dtype)]
 
 
-@op("GroupNormalization")
+@op(
+    "GroupNormalization",
+    inputs=(3, 3),
+    attrs={"epsilon": FLT, "num_groups": POS, "stash_type": A(INT)},
+    required=("num_groups",),
+)
 def _group_norm(inputs, attrs, opset):
     """(x - mean) / sqrt(var + eps) over each group of C / G channels (and the spatial axes),
     times scale plus bias per channel (opset 21) or per group (opset 18)."""
@@ -79,7 +96,7 @@ def _group_norm(inputs, attrs, opset):
     return [(y.reshape(x.shape) * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)]
 
 
-@op("RMSNormalization")
+@op("RMSNormalization", inputs=(2, 2), attrs={"axis": AXIS, "epsilon": FLT, "stash_type": A(INT)})
 def _rms_norm(inputs, attrs, opset):
     """x / sqrt(mean(x^2 over the axes from ``axis`` on) + eps) * scale."""
     x, scale = inputs
@@ -89,7 +106,7 @@ def _rms_norm(inputs, attrs, opset):
     return [(xf / np.sqrt(ms + np.float32(attrs.get("epsilon", 1e-5))) * scale).astype(x.dtype)]
 
 
-@op("MeanVarianceNormalization")
+@op("MeanVarianceNormalization", attrs={"axes": AXES})
 def _mean_variance_norm(inputs, attrs, opset):
     """(x - mean) / sqrt(var + 1e-9) over ``axes`` (default 0, 2, 3)."""
     x = inputs[0]

@@ -10,11 +10,12 @@ from ...backends import get_ops
 from ...backends.derived import derived, derived_from, derived_generation, fold_projection
 from ...backends.types import Cell
 from ...errors import ShapeError, UnsupportedError
-from ..tensors import f32, registrar
+from ..records import BOOL, FLOATS, FLT, POS, STRING, STRINGS, A, Family, fail, short
+from ..tensors import f32
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("recurrent")
+op = FAMILY.op
 
 
 def _rnn_activation(name, alpha, beta):
@@ -441,11 +442,73 @@ def _embedding_recurrent_op(kind):
         x = np.take(table, ids.astype(np.int64), axis=0)
         if time_major != (attrs.get("layout", 0) == 0):
             x = np.swapaxes(x, 0, 1)
-        return OPS[kind]([x, *rest], attrs, opset)
+        return FAMILY.run(kind)([x, *rest], attrs, opset)
 
     return run
 
 
-for _kind in ("RNN", "GRU", "LSTM"):
-    OPS[_kind] = _recurrent_op(_kind)
-    OPS[f"Embedding{_kind}"] = _embedding_recurrent_op(_kind)
+_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+_RNN_ACTIVATIONS = {
+    "sigmoid",
+    "tanh",
+    "relu",
+    "hardsigmoid",
+    "leakyrelu",
+    "thresholdedrelu",
+    "scaledtanh",
+    "affine",
+    "elu",
+    "softsign",
+    "softplus",
+}
+
+
+def _recurrent_check(node, attrs, ctx):
+    kind = node.op_type
+    gates, n_dir = _GATES[kind], 2 if attrs.get("direction") == "bidirectional" else 1
+    names = attrs.get("activations")
+    if names:
+        unknown = [a for a in names if a.lower() not in _RNN_ACTIVATIONS]
+        if unknown:
+            fail(ctx, node, f"recurrent activation {short(unknown[0])} is not supported", unsupported=True)
+        per = {"RNN": 1, "GRU": 2, "LSTM": 3}[kind]
+        if len(names) != per * n_dir:
+            fail(ctx, node, f"{len(names)} activations for {n_dir} direction(s) of {kind} (expected {per * n_dir})")
+    w, r = (ctx.constants.get(node.inputs[i]) for i in (1, 2))
+    hidden = attrs.get("hidden_size")
+    if r is not None:
+        if r.ndim != 3 or r.shape[0] != n_dir or r.shape[1] != gates * r.shape[2] or r.shape[2] == 0:
+            fail(ctx, node, f"R of shape {r.shape} is not ({n_dir}, {gates} * hidden, hidden)")
+        if hidden is not None and hidden != r.shape[2]:
+            fail(ctx, node, f"hidden_size {hidden} does not match R of shape {r.shape}")
+        hidden = r.shape[2]
+    if w is not None and (w.ndim != 3 or w.shape[0] != n_dir or (hidden is not None and w.shape[1] != gates * hidden)):
+        fail(ctx, node, f"W of shape {w.shape} is not ({n_dir}, {gates} * hidden, input)")
+
+
+_RECURRENT = {
+    "activation_alpha": A(FLOATS),
+    "activation_beta": A(FLOATS),
+    "activations": A(STRINGS),
+    "clip": FLT,
+    "hidden_size": POS,
+    "layout": BOOL,
+    "direction": A(STRING, choices=("forward", "reverse", "bidirectional")),
+}
+#: Per kind: (inputs, outputs, attribute rules).
+_SCHEMAS = {
+    "RNN": ((3, 6), 2, _RECURRENT),
+    "GRU": ((3, 6), 2, dict(_RECURRENT, linear_before_reset=BOOL)),
+    "LSTM": ((3, 8), 3, dict(_RECURRENT, input_forget=BOOL)),
+}
+for _kind, (_inputs, _outputs, _attrs) in _SCHEMAS.items():
+    FAMILY.add(
+        _kind,
+        _recurrent_op(_kind),
+        inputs=_inputs,
+        outputs=_outputs,
+        attrs=_attrs,
+        check=_recurrent_check,
+        caches=("_bound",),
+    )
+    FAMILY.add(f"Embedding{_kind}", _embedding_recurrent_op(_kind), internal=True)

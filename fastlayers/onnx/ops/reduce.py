@@ -7,12 +7,14 @@ import numpy as np
 
 from ...backends import get_ops
 from ...backends.accumulate import wide_mean, wide_sum
+from ..bound import constant, per_shape
 from ..layout import channels_last_memory
-from ..tensors import read_axes, registrar
+from ..records import AXES, AXIS, BOOL, Family
+from ..tensors import read_axes
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("reduce")
+op = FAMILY.op
 
 
 def reduce_axes(inputs, attrs, opset, axes_input_from, ndim):
@@ -25,17 +27,44 @@ def reduce_axes(inputs, attrs, opset, axes_input_from, ndim):
     return tuple(axes)
 
 
-def _reduce(fn, axes_input_from):
-    """A Reduce* operator computing ``fn(x, axis, keepdims)``; ``run.reducer`` keeps ``(fn,
-    axes_input_from)`` for the form bound on constant axes (``bound.py``)."""
+#: Reductions whose result over one value is that value.
+_SINGLE_IS_ITSELF = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}
+
+
+def _reduce(name, fn, axes_input_from):
+    """Record the Reduce* operator ``name`` computing ``fn(x, axis, keepdims)``, its axes an
+    attribute before opset ``axes_input_from`` and its second input from then on; bound on
+    constant axes, the axes are read once per input shape, and a reduction over axes of
+    length 1 that gives its input back is a reshape."""
 
     def run(inputs, attrs, opset):
         x = inputs[0]
         axes = reduce_axes(inputs, attrs, opset, axes_input_from, x.ndim)
         return [x if axes is None else fn(x, axis=axes, keepdims=bool(attrs.get("keepdims", 1)))]
 
-    run.reducer = (fn, axes_input_from)
-    return run
+    def bind(inputs, attrs, opset):
+        if opset >= axes_input_from and len(inputs) > 1 and inputs[1] is not None and constant(inputs, 1) is None:
+            return None
+        keep = bool(attrs.get("keepdims", 1))
+
+        def make(ins):
+            x = ins[0]
+            axes = reduce_axes(ins, attrs, opset, axes_input_from, x.ndim)
+            if axes is None:
+                return lambda x: x
+            if name in _SINGLE_IS_ITSELF and all(x.shape[a] == 1 for a in axes):
+                # over axes of length 1 these reductions are their input, reshaped
+                shape = (
+                    x.shape if keep else tuple(d for k, d in enumerate(x.shape) if k not in {a % x.ndim for a in axes})
+                )
+                return lambda x: x.reshape(shape)
+            return lambda x: fn(x, axis=axes, keepdims=keep)
+
+        return per_shape(run, make)
+
+    FAMILY.add(
+        name, run, bind=bind, inputs=(1, 2), attrs={"axes": AXES, "keepdims": BOOL, "noop_with_empty_axes": BOOL}
+    )
 
 
 def _reduce_mean(x, axis, keepdims):
@@ -55,9 +84,10 @@ def _reduce_mean(x, axis, keepdims):
     return wide_mean(x, axis=axis, keepdims=keepdims)
 
 
-OPS["ReduceMean"] = _reduce(_reduce_mean, 18)
-OPS["ReduceSum"] = _reduce(wide_sum, 13)
-OPS["ReduceMax"] = _reduce(
+_reduce("ReduceMean", _reduce_mean, 18)
+_reduce("ReduceSum", wide_sum, 13)
+_reduce(
+    "ReduceMax",
     lambda x, axis, keepdims: np.max(
         x,
         axis=axis,
@@ -66,7 +96,8 @@ OPS["ReduceMax"] = _reduce(
     ),
     18,
 )
-OPS["ReduceMin"] = _reduce(
+_reduce(
+    "ReduceMin",
     lambda x, axis, keepdims: np.min(
         x,
         axis=axis,
@@ -75,11 +106,11 @@ OPS["ReduceMin"] = _reduce(
     ),
     18,
 )
-OPS["ReduceProd"] = _reduce(np.prod, 18)
-OPS["ReduceL2"] = _reduce(lambda x, axis, keepdims: np.sqrt(wide_sum(np.square(x), axis, keepdims)), 18)
-OPS["ReduceSumSquare"] = _reduce(lambda x, axis, keepdims: wide_sum(np.square(x), axis, keepdims), 18)
-OPS["ReduceL1"] = _reduce(lambda x, axis, keepdims: wide_sum(np.abs(x), axis, keepdims), 18)
-OPS["ReduceLogSum"] = _reduce(lambda x, axis, keepdims: np.log(wide_sum(x, axis, keepdims)), 18)
+_reduce("ReduceProd", np.prod, 18)
+_reduce("ReduceL2", lambda x, axis, keepdims: np.sqrt(wide_sum(np.square(x), axis, keepdims)), 18)
+_reduce("ReduceSumSquare", lambda x, axis, keepdims: wide_sum(np.square(x), axis, keepdims), 18)
+_reduce("ReduceL1", lambda x, axis, keepdims: wide_sum(np.abs(x), axis, keepdims), 18)
+_reduce("ReduceLogSum", lambda x, axis, keepdims: np.log(wide_sum(x, axis, keepdims)), 18)
 
 
 def _log_sum_exp(x, axis, keepdims):
@@ -90,7 +121,7 @@ def _log_sum_exp(x, axis, keepdims):
     return (y if keepdims else np.squeeze(y, axis=axis)).astype(x.dtype)
 
 
-OPS["ReduceLogSumExp"] = _reduce(_log_sum_exp, 18)
+_reduce("ReduceLogSumExp", _log_sum_exp, 18)
 
 
 def _arg(fn):
@@ -108,8 +139,9 @@ def _arg(fn):
     return run
 
 
-OPS["ArgMax"] = _arg(np.argmax)
-OPS["ArgMin"] = _arg(np.argmin)
+_ARG_ATTRS = {"axis": AXIS, "keepdims": BOOL, "select_last_index": BOOL}
+FAMILY.add("ArgMax", _arg(np.argmax), attrs=_ARG_ATTRS)
+FAMILY.add("ArgMin", _arg(np.argmin), attrs=_ARG_ATTRS)
 
 
 def _global_pool(kind):
@@ -127,5 +159,5 @@ def _global_pool(kind):
     return run
 
 
-OPS["GlobalAveragePool"] = _global_pool("avg")
-OPS["GlobalMaxPool"] = _global_pool("max")
+FAMILY.add("GlobalAveragePool", _global_pool("avg"))
+FAMILY.add("GlobalMaxPool", _global_pool("max"))

@@ -7,11 +7,12 @@ import numpy as np
 from ...backends import get_ops
 from ...errors import ShapeError, UnsupportedError
 from ..layout import channels_last_memory
-from ..tensors import created, ints, registrar
+from ..records import AXES, BOOL, FLOATS, FLT, STRING, A, Family, fail
+from ..tensors import created, ints
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("resize")
+op = FAMILY.op
 
 
 def _source_coords(out_size, in_size, scale, mode, roi=(0.0, 1.0)):
@@ -120,7 +121,44 @@ def _resize_spatial(x, out_shape, scales, mode, coord, nearest):
     return get_ops().resize2d_taps(y, taps[0], taps[1], mode != "nearest").transpose(0, 3, 1, 2)
 
 
-@op("Resize")
+def _resize_check(node, attrs, ctx):
+    if attrs.get("mode") == "cubic":
+        fail(ctx, node, "Resize mode 'cubic' is not supported (nearest and linear are)", unsupported=True)
+    if attrs.get("antialias"):
+        fail(ctx, node, "Resize with antialias=1 is not supported", unsupported=True)
+    if ctx.opset < 11:
+        if len(node.inputs) < 2 or not node.inputs[1]:
+            fail(ctx, node, "needs input 'scales' (opset 10)")
+    elif not any(node.inputs[2:4]):
+        fail(ctx, node, "needs input 'scales' or 'sizes'")
+
+
+@op(
+    "Resize",
+    inputs=(1, 4),
+    check=_resize_check,
+    attrs={
+        "antialias": BOOL,
+        "axes": AXES,
+        "cubic_coeff_a": FLT,
+        "exclude_outside": BOOL,
+        "extrapolation_value": FLT,
+        "mode": A(STRING, choices=("nearest", "linear", "cubic")),
+        "coordinate_transformation_mode": A(
+            STRING,
+            choices=(
+                "half_pixel",
+                "pytorch_half_pixel",
+                "align_corners",
+                "asymmetric",
+                "half_pixel_symmetric",
+                "tf_crop_and_resize",
+            ),
+        ),
+        "keep_aspect_ratio_policy": A(STRING, choices=("stretch", "not_larger", "not_smaller")),
+        "nearest_mode": A(STRING, choices=("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")),
+    },
+)
 def _resize_op(inputs, attrs, opset):
     x = inputs[0]
     roi = inputs[1] if len(inputs) > 1 and inputs[1] is not None and inputs[1].size else None
@@ -169,7 +207,17 @@ def _resize_op(inputs, attrs, opset):
     return [_resize(x, out, full_scales, attrs, roi)]
 
 
-@op("Upsample")
+def _upsample_check(node, attrs, ctx):
+    if "scales" not in attrs and not (len(node.inputs) > 1 and node.inputs[1]):
+        fail(ctx, node, "needs its scales (input 2 or attribute 'scales')")
+
+
+@op(
+    "Upsample",
+    inputs=(1, 2),
+    check=_upsample_check,
+    attrs={"mode": A(STRING, choices=("nearest", "linear")), "scales": A(FLOATS, 0.0)},
+)
 def _upsample(inputs, attrs, opset):
     x = inputs[0]
     scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]

@@ -8,17 +8,21 @@ import math
 
 import numpy as np
 
+from ... import limits
 from ...backends import get_ops
 from ...errors import InputError, ShapeError, UnsupportedError
+from .. import bound
+from ..bound import constant, per_shape, reshaper
 from ..layout import channels_last_memory
-from ..tensors import DTYPES, check_created, created, ints, read_axes, registrar
+from ..records import AXES, AXIS, BOOL, FLOATS, FLT, INT, INTS, STRING, TENSOR, A, Family, fail
+from ..tensors import DTYPES, check_created, created, ints, read_axes
 
-#: This family's operators: ONNX operator name -> implementation (``ops.OPS`` assembles the families).
-OPS: dict = {}
-op = registrar(OPS)
+#: This family's operator records (``ops.RECORDS`` gathers the families).
+FAMILY = Family("shape")
+op = FAMILY.op
 
 
-@op("Reshape")
+@op("Reshape", inputs=(2, 2), attrs={"allowzero": BOOL})
 def _reshape(inputs, attrs, opset):
     x, shape = inputs[0], ints(inputs[1]) if len(inputs) > 1 else list(attrs["shape"])
     if not attrs.get("allowzero", 0):
@@ -26,7 +30,7 @@ def _reshape(inputs, attrs, opset):
     return [x.reshape(shape)]
 
 
-@op("Flatten")
+@op("Flatten", attrs={"axis": AXIS})
 def _flatten(inputs, attrs, opset):
     x = inputs[0]
     axis = attrs.get("axis", 1)
@@ -34,13 +38,19 @@ def _flatten(inputs, attrs, opset):
     return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
-@op("Transpose")
+def _transpose_check(node, attrs, ctx):
+    perm = attrs.get("perm")
+    if perm and sorted(perm) != list(range(len(perm))):
+        fail(ctx, node, f"perm {perm} is not a permutation")
+
+
+@op("Transpose", attrs={"perm": A(INTS, 0, limits.ONNX_MAX_RANK - 1)}, check=_transpose_check)
 def _transpose(inputs, attrs, opset):
     perm = attrs.get("perm")
     return [np.transpose(inputs[0], perm)]
 
 
-@op("Squeeze")
+@op("Squeeze", inputs=(1, 2), attrs={"axes": AXES})
 def _squeeze(inputs, attrs, opset):
     x = inputs[0]
     axes = read_axes(inputs, attrs, 1)
@@ -49,7 +59,12 @@ def _squeeze(inputs, attrs, opset):
     return [np.squeeze(x, axis=tuple(a % x.ndim for a in axes))]
 
 
-@op("Unsqueeze")
+def _axes_input_or_attribute(node, attrs, ctx):
+    if "axes" not in attrs and not (len(node.inputs) > 1 and node.inputs[1]):
+        fail(ctx, node, "needs its axes (attribute 'axes' or input 2)")
+
+
+@op("Unsqueeze", inputs=(1, 2), attrs={"axes": AXES}, check=_axes_input_or_attribute)
 def _unsqueeze(inputs, attrs, opset):
     x = inputs[0]
     axes = read_axes(inputs, attrs, 1)
@@ -61,7 +76,7 @@ def _unsqueeze(inputs, attrs, opset):
     return [x.reshape([1 if k in new else next(dims) for k in range(rank)])]
 
 
-@op("Concat")
+@op("Concat", inputs=(1, None), optional=None, attrs={"axis": AXIS}, required=("axis",))
 def _concat(inputs, attrs, opset):
     parts = [x for x in inputs if x is not None]
     axis = attrs["axis"]
@@ -81,7 +96,21 @@ def _concat(inputs, attrs, opset):
     return [get_ops().concatenate(parts, axis)]
 
 
-@op("Split")
+def _split_check(node, attrs, ctx):
+    n = attrs.get("num_outputs")
+    if n is not None and n != len(node.outputs):
+        fail(ctx, node, f"num_outputs {n} but {len(node.outputs)} outputs")
+    if "split" in attrs and len(attrs["split"]) != len(node.outputs):
+        fail(ctx, node, f"split {attrs['split']} gives {len(attrs['split'])} parts for {len(node.outputs)} outputs")
+
+
+@op(
+    "Split",
+    inputs=(1, 2),
+    outputs=None,
+    check=_split_check,
+    attrs={"axis": AXIS, "split": A(INTS, 0), "num_outputs": A(INT, 1)},
+)
 def _split(inputs, attrs, opset):
     x = inputs[0]
     axis = attrs.get("axis", 0)
@@ -98,7 +127,19 @@ def _split(inputs, attrs, opset):
     return list(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
 
 
-@op("Slice")
+def _slice_check(node, attrs, ctx):
+    if ctx.opset < 10:
+        if "starts" not in attrs or "ends" not in attrs:
+            fail(ctx, node, "needs attributes 'starts' and 'ends' (opset < 10)")
+        if len(attrs["starts"]) != len(attrs["ends"]) or (
+            "axes" in attrs and len(attrs["axes"]) != len(attrs["starts"])
+        ):
+            fail(ctx, node, "starts, ends and axes differ in length")
+    elif len(node.inputs) < 3 or not all(node.inputs[:3]):
+        fail(ctx, node, "needs inputs data, starts and ends (opset >= 10)")
+
+
+@op("Slice", inputs=(1, 5), check=_slice_check, attrs={"starts": A(INTS), "ends": A(INTS), "axes": AXES})
 def _slice(inputs, attrs, opset):
     x = inputs[0]
     if opset < 10:
@@ -120,7 +161,7 @@ def slice_index(shape, starts, ends, axes, steps) -> tuple:
     return tuple(index)
 
 
-@op("Gather")
+@op("Gather", inputs=(2, 2), attrs={"axis": AXIS})
 def _gather(inputs, attrs, opset):
     x, idx = inputs
     axis = attrs.get("axis", 0) % max(x.ndim, 1)
@@ -132,13 +173,13 @@ def _gather(inputs, attrs, opset):
     return [np.take(x, idx.astype(np.int64), axis=axis)]
 
 
-@op("GatherElements")
+@op("GatherElements", inputs=(2, 2), attrs={"axis": AXIS})
 def _gather_elements(inputs, attrs, opset):
     x, idx = inputs
     return [np.take_along_axis(x, idx.astype(np.int64) % x.shape[attrs.get("axis", 0)], axis=attrs.get("axis", 0))]
 
 
-@op("Shape")
+@op("Shape", attrs={"start": A(INT), "end": A(INT)})
 def _shape(inputs, attrs, opset):
     shape = np.array(inputs[0].shape, dtype=np.int64)
     return [shape[attrs.get("start", 0) : attrs.get("end", None)]]
@@ -149,7 +190,12 @@ def _size(inputs, attrs, opset):
     return [np.array(inputs[0].size, dtype=np.int64)]
 
 
-@op("Cast")
+def _cast_check(node, attrs, ctx):
+    if attrs["to"] not in DTYPES:
+        fail(ctx, node, f"Cast to ONNX element type {attrs['to']} is not supported", unsupported=True)
+
+
+@op("Cast", attrs={"to": A(INT), "saturate": BOOL}, required=("to",), check=_cast_check)
 def _cast(inputs, attrs, opset):
     to = attrs["to"]
     if to not in DTYPES:
@@ -157,12 +203,32 @@ def _cast(inputs, attrs, opset):
     return [inputs[0].astype(DTYPES[to])]
 
 
-@op("CastLike")
+@op("CastLike", inputs=(2, 2), attrs={"saturate": BOOL})
 def _cast_like(inputs, attrs, opset):
     return [inputs[0].astype(inputs[1].dtype)]
 
 
-@op("Constant")
+def _constant_check(node, attrs, ctx):
+    given = [k for k in ("value", "value_float", "value_floats", "value_int", "value_ints") if k in attrs]
+    if len(given) != 1:
+        strings = [k for k in node.attrs if k in ("value_string", "value_strings", "sparse_value")]
+        if strings and not given:
+            fail(ctx, node, f"a Constant of {strings[0]} is not supported", unsupported=True)
+        fail(ctx, node, f"a Constant needs exactly one value attribute, has {given or 'none'}")
+
+
+@op(
+    "Constant",
+    inputs=(0, 0),
+    check=_constant_check,
+    attrs={
+        "value": A(TENSOR),
+        "value_float": FLT,
+        "value_floats": A(FLOATS),
+        "value_int": A(INT),
+        "value_ints": A(INTS),
+    },
+)
 def _constant(inputs, attrs, opset):
     for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
         if key in attrs:
@@ -175,7 +241,13 @@ def _constant(inputs, attrs, opset):
     raise UnsupportedError(f"Constant with attributes {sorted(attrs)} is not supported")
 
 
-@op("ConstantOfShape")
+def _constant_of_shape_check(node, attrs, ctx):
+    value = attrs.get("value")
+    if value is not None and value.size != 1:
+        fail(ctx, node, f"attribute 'value' must hold one element, holds {value.size}")
+
+
+@op("ConstantOfShape", attrs={"value": A(TENSOR)}, check=_constant_of_shape_check)
 def _constant_of_shape(inputs, attrs, opset):
     value = attrs.get("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
@@ -183,7 +255,7 @@ def _constant_of_shape(inputs, attrs, opset):
     return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
 
 
-@op("Range")
+@op("Range", inputs=(3, 3))
 def _range(inputs, attrs, opset):
     start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
     dtype = np.result_type(start, limit, delta)
@@ -196,7 +268,7 @@ def _range(inputs, attrs, opset):
     return [np.arange(start, limit, delta, dtype=dtype)]
 
 
-@op("Expand")
+@op("Expand", inputs=(2, 2))
 def _expand(inputs, attrs, opset):
     x, shape = inputs
     target = ints(shape)
@@ -223,7 +295,7 @@ def broadcast_shape(a, b, what):
     return tuple(out)
 
 
-@op("Tile")
+@op("Tile", inputs=(2, 2))
 def _tile(inputs, attrs, opset):
     x, repeats = inputs[0], ints(inputs[1])
     if len(repeats) != x.ndim or any(r < 0 for r in repeats):
@@ -232,20 +304,33 @@ def _tile(inputs, attrs, opset):
     return [np.tile(x, repeats)]
 
 
-@op("Trilu")
+@op("Trilu", inputs=(1, 2), attrs={"upper": BOOL})
 def _trilu(inputs, attrs, opset):
     x = inputs[0]
     k = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 and inputs[1] is not None else 0
     return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)]
 
 
-@op("Dropout")
+@op("Dropout", inputs=(1, 3), outputs=2, attrs={"ratio": FLT, "seed": A(INT)})
 def _dropout(inputs, attrs, opset):
     x = inputs[0]
     return [x, np.ones(x.shape, dtype=np.bool_)]
 
 
-@op("Pad")
+def _pad_check(node, attrs, ctx):
+    if ctx.opset < 11:
+        if "pads" not in attrs:
+            fail(ctx, node, "needs attribute 'pads' (opset < 11)")
+    elif len(node.inputs) < 2 or not node.inputs[1]:
+        fail(ctx, node, "needs input 'pads' (opset >= 11)")
+
+
+@op(
+    "Pad",
+    inputs=(1, 4),
+    check=_pad_check,
+    attrs={"mode": A(STRING, choices=("constant", "reflect", "edge", "wrap")), "pads": A(INTS), "value": FLT},
+)
 def _pad(inputs, attrs, opset):
     x = inputs[0]
     return [pad_plan(x.shape, x.dtype, inputs, attrs, opset)(x)]
@@ -324,3 +409,81 @@ def _pad_index(d, before, after, mode):
     else:
         head, tail = np.zeros(before, np.intp), np.full(after, d - 1)
     return np.concatenate([head, np.arange(d), tail]).astype(np.intp)
+
+
+# ------------------------------------------------------------------ bound on constant inputs
+def _bind_axes_reshape(op_type):
+    def bind(inputs, attrs, opset):
+        if opset >= 13 and constant(inputs, 1) is None and not (op_type == "Squeeze" and len(inputs) < 2):
+            return None
+        return reshaper(FAMILY.run(op_type))
+
+    return bind
+
+
+FAMILY.binder("Unsqueeze")(_bind_axes_reshape("Unsqueeze"))
+FAMILY.binder("Squeeze")(_bind_axes_reshape("Squeeze"))
+
+
+@FAMILY.binder("Slice")
+def _bind_slice(inputs, attrs, opset):
+    if opset < 10:
+        return None
+    params = [constant(inputs, i) for i in (1, 2, 3, 4)]
+    if (
+        params[0] is None
+        or params[1] is None
+        or any(len(inputs) > i and inputs[i] is not None and params[i - 1] is None for i in (3, 4))
+    ):
+        return None
+    starts, ends = ints(params[0]), ints(params[1])
+    axes = ints(params[2]) if params[2] is not None else list(range(len(starts)))
+    steps = ints(params[3]) if params[3] is not None else [1] * len(starts)
+    indexes: dict = {}
+
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        index = indexes.get(x.shape)
+        if index is None:
+            out = _slice(inputs, attrs, opset)  # checks the node on this shape
+            if len(indexes) >= bound.MAX_SHAPES:
+                indexes.clear()
+            indexes[x.shape] = slice_index(x.shape, starts, ends, axes, steps)
+            return out
+        return [x[index]]
+
+    return run
+
+
+@FAMILY.binder("Pad")
+def _bind_pad(inputs, attrs, opset):
+    if opset >= 11 and any(
+        len(inputs) > i and inputs[i] is not None and constant(inputs, i) is None for i in (1, 2, 3)
+    ):
+        return None
+    return per_shape(_pad, lambda ins: pad_plan(ins[0].shape, ins[0].dtype, ins, attrs, opset))
+
+
+@FAMILY.binder("Gather")
+def _bind_gather(inputs, attrs, opset):
+    idx = constant(inputs, 1)
+    if idx is None or idx.dtype.kind not in "iu":
+        return None
+    index64 = idx.astype(np.int64)
+
+    def make(ins):
+        x = ins[0]
+        if x.ndim == 0:
+            return lambda x: _gather([x, idx], attrs, opset)[0]
+        axis = attrs.get("axis", 0) % x.ndim
+        pos = np.where(index64 < 0, index64 + x.shape[axis], index64)
+        lead = (slice(None),) * axis
+        if idx.ndim == 0:  # one index: a view
+            at = lead + (int(pos),)
+        elif idx.ndim == 1 and idx.size and bool(np.all(np.diff(pos) == 1)):  # a run: a view
+            at = lead + (slice(int(pos[0]), int(pos[-1]) + 1),)
+        else:
+            return lambda x: np.take(x, index64, axis=axis)
+        return lambda x: x[at]
+
+    return per_shape(_gather, make)
