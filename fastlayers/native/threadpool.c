@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FL_PAUSE() __builtin_ia32_pause()
@@ -63,6 +66,15 @@ static _Atomic int sleepers = 0;
 static _Atomic int stop_workers = 0;
 static _Atomic int job_slots = 0;                             /* workers the job may still take */
 static _Atomic int job_cpu = -1;                              /* the CPU its caller published it on */
+/* Per worker: its kernel thread id, and whether it sleeps on `wake` (set and cleared holding
+ * sleep_lock). A caller waking sleepers first takes its own CPU out of their affinity
+ * (`pinned`), and each restores `pool_cpus` once it runs (see keep_off_cpu). */
+static _Atomic int worker_tid[FL_MAX_THREADS];
+static int worker_asleep[FL_MAX_THREADS];
+static _Atomic int worker_pinned[FL_MAX_THREADS];
+#ifdef __linux__
+static cpu_set_t pool_cpus;                                   /* written holding sleep_lock */
+#endif
 static fl_task_fn job_fn;
 static void *job_ctx;
 static int64_t job_n, job_chunk, job_chunks;
@@ -132,10 +144,8 @@ void fl_pool_set_spin_ns(int64_t ns) {
 
 /* A worker woken from its sleep on the CPU its caller runs on moves to another of the
  * process's CPUs: its affinity without that CPU, which migrates it at once, then the whole set
- * again. Linux places a woken thread beside its waker when the other CPUs are idle; on a VM
- * whose vCPUs had all halted during a pause between calls, a 2-thread call then ran its caller
- * and worker on one CPU, slower than one thread. (Keeping the caller's CPU out of the set until
- * the worker sleeps again was slower: a caller that moved kept its worker off the free CPU.) */
+ * again. The fallback of keep_off_cpu (below), where the caller could not set the worker's
+ * affinity before waking it: such a worker first waits for the caller's time slice to end. */
 static void move_off_cpu(int cpu) {
 #ifdef __linux__
     cpu_set_t all, others;
@@ -150,14 +160,41 @@ static void move_off_cpu(int cpu) {
 #endif
 }
 
+/* Take the caller's CPU `cpu` out of the affinity of each sleeping worker before it is woken,
+ * so that the kernel wakes it on another CPU of the process. Linux wakes a thread beside its
+ * waker when the other CPUs idle (after a pause between calls, in which a VM's vCPUs halt), and
+ * a worker woken there cannot run, let alone move itself, before the caller's time slice ends:
+ * a call ran serially for its first milliseconds. Woken elsewhere, it starts in tens of
+ * microseconds. Called holding sleep_lock; each worker restores `pool_cpus` once it runs, so
+ * that a caller that moves later does not keep its worker off the free CPU. */
+static void keep_off_cpu(int cpu) {
+#ifdef __linux__
+    cpu_set_t all, others;
+    if (cpu < 0 || sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2 || !CPU_ISSET(cpu, &all))
+        return;
+    others = all;
+    CPU_CLR(cpu, &others);
+    pool_cpus = all;
+    for (int i = 0; i < n_workers; ++i) {
+        int tid = atomic_load(&worker_tid[i]);
+        if (worker_asleep[i] && tid > 0 && sched_setaffinity(tid, sizeof(others), &others) == 0)
+            atomic_store(&worker_pinned[i], 1);
+    }
+#else
+    (void)cpu;
+#endif
+}
+
 static void *worker_main(void *arg) {
-    (void)arg;
+    int me = (int)(intptr_t)arg;
     in_pool = 1;
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "fastlayers");  /* as top -H, py-spy and /proc show it */
+    worker_tid[me] = (int)syscall(SYS_gettid);
 #endif
     uint64_t seen = atomic_load(&job_gen);
     int slept = 0;                    /* woken from the condition variable for this job */
+    int pinned_off = 0;               /* ... on a CPU other than its waker's (keep_off_cpu) */
     for (;;) {
         uint64_t gen;
         int polls = 0;
@@ -176,10 +213,19 @@ static void *worker_main(void *arg) {
             }
             pthread_mutex_lock(&sleep_lock);
             atomic_fetch_add(&sleepers, 1);
+            worker_asleep[me] = 1;
             while (atomic_load(&job_gen) == seen && !atomic_load(&stop_workers))
                 pthread_cond_wait(&wake, &sleep_lock);
+            worker_asleep[me] = 0;
             atomic_fetch_sub(&sleepers, 1);
+#ifdef __linux__
+            cpu_set_t cpus = pool_cpus;
+#endif
             pthread_mutex_unlock(&sleep_lock);
+            pinned_off = atomic_exchange(&worker_pinned[me], 0);
+#ifdef __linux__
+            if (pinned_off) sched_setaffinity(0, sizeof(cpus), &cpus);
+#endif
             polls = 0;
             idle_since = 0;
             slept = 1;
@@ -187,8 +233,8 @@ static void *worker_main(void *arg) {
         seen = gen;
         /* a job asking for fewer threads than the pool holds leaves the other workers idle */
         if (atomic_fetch_sub_explicit(&job_slots, 1, memory_order_acq_rel) <= 0) continue;
-        if (slept) move_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
-        slept = 0;
+        if (slept && !pinned_off) move_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
+        slept = pinned_off = 0;
         atomic_fetch_add_explicit(&active, 1, memory_order_acq_rel);
         run_chunks(gen);
         atomic_fetch_sub_explicit(&active, 1, memory_order_release);
@@ -211,7 +257,10 @@ static void resize_pool(int n) {
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 8u << 20);
     for (int i = 0; i < n - 1; ++i) {
-        if (pthread_create(&workers[n_workers], &attr, worker_main, 0) != 0) break;
+        atomic_store(&worker_tid[n_workers], 0);
+        atomic_store(&worker_pinned[n_workers], 0);
+        worker_asleep[n_workers] = 0;
+        if (pthread_create(&workers[n_workers], &attr, worker_main, (void *)(intptr_t)n_workers) != 0) break;
         ++n_workers;
     }
     pthread_attr_destroy(&attr);
@@ -303,6 +352,7 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     atomic_store_explicit(&job_gen, gen, memory_order_release);
     if (atomic_load(&sleepers) > 0) {
         pthread_mutex_lock(&sleep_lock);
+        keep_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
         pthread_cond_broadcast(&wake);
         pthread_mutex_unlock(&sleep_lock);
     }

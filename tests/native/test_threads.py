@@ -171,9 +171,10 @@ def _workers() -> list[int]:
     reason="needs Linux and two CPUs this process may run on",
 )
 def test_workers_woken_beside_a_pinned_caller_keep_their_cpus(two_threads, idle_spin):
-    """Calls from a thread pinned to one CPU, each waking the sleeping workers (which move off
-    the caller's CPU where Linux woke them on it): the results are right, the workers are named
-    "fastlayers", and each one's affinity is the process's whole set afterwards."""
+    """Calls from a thread pinned to one CPU, each waking the sleeping workers (the caller's
+    CPU taken out of their affinity before the wake, restored by each once it runs): the
+    results are right, the workers are named "fastlayers", and each one's affinity is the
+    process's whole set afterwards."""
     allowed = os.sched_getaffinity(0)
     a, b, expected = _product(3)
     for _ in range(3):  # the workers exist and have named themselves
