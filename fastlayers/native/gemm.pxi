@@ -1,5 +1,7 @@
 # Matrix products (gemm.h).
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+
 cdef extern from "dispatch.h" nogil:
     int64_t fl_packed_floats(int64_t k, int64_t n)
     int fl_pack(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, float *pb)
@@ -180,3 +182,129 @@ def sgemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, bint trans_b=False,
             st = fl_sgemm(m, n, k, ap, lda, bp, ldb, trans_b, accumulate, cp, ldc)
     check(st, "sgemm")
     return c
+
+
+
+cdef class DenseChain:
+    """Consecutive dense layers, each reading the output of the one before, run in one call
+    with the GIL released: y = f_L(... f_1(x @ w_1 + b_1) ... @ w_L + b_L) over the last axis
+    of ``x``, each product on the pool's threads as ``dense`` runs it, the values between layers
+    in two buffers of the call's own.
+
+    ``layers``: (w (k, n) C-contiguous float32, bias (n,) C-contiguous float32 or None,
+    activation code, alpha) per layer, each k the n before it; ``packer(w)`` gives a layer's
+    packed weights, asked for at each call where ``dense`` would use them (so that the packed
+    cache, ``backends.derived``, stays their one holder). Calling it on ``x`` returns the new
+    output array, or None where ``x`` is not a C-contiguous aligned float32 array of the first
+    layer's width (the caller then takes its general path)."""
+
+    cdef list weights, biases
+    cdef object packer
+    cdef int layers
+    cdef int64_t k0, widest
+    cdef int64_t *ks
+    cdef int64_t *ns
+    cdef int *codes
+    cdef float *alphas
+    cdef float **wps
+    cdef float **bps
+
+    def __cinit__(self, list layers, object packer):
+        cdef int count = len(layers)
+        if count < 1:
+            raise ValueError("DenseChain: no layers")
+        self.ks = <int64_t *>PyMem_Malloc(count * sizeof(int64_t))
+        self.ns = <int64_t *>PyMem_Malloc(count * sizeof(int64_t))
+        self.codes = <int *>PyMem_Malloc(count * sizeof(int))
+        self.alphas = <float *>PyMem_Malloc(count * sizeof(float))
+        self.wps = <float **>PyMem_Malloc(count * sizeof(float *))
+        self.bps = <float **>PyMem_Malloc(count * sizeof(float *))
+        if not (self.ks and self.ns and self.codes and self.alphas and self.wps and self.bps):
+            raise MemoryError("DenseChain: its layer table could not be allocated")
+        self.weights, self.biases, self.packer, self.layers, self.widest = [], [], packer, 0, 0
+        cdef cnp.ndarray wa, ba
+        for w, bias, code, alpha in layers:
+            if (type(w) is not np.ndarray or (<cnp.ndarray>w).ndim != 2
+                    or cnp.PyArray_TYPE(<cnp.ndarray>w) != cnp.NPY_FLOAT32
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>w)
+                    or not cnp.PyArray_ISALIGNED(<cnp.ndarray>w) or (<cnp.ndarray>w).size == 0):
+                raise ValueError(f"DenseChain: layer {self.layers}: weights must be a non-empty C-contiguous "
+                                 "float32 matrix")
+            wa = <cnp.ndarray>w
+            if self.layers and wa.shape[0] != self.ns[self.layers - 1]:
+                raise ValueError(f"DenseChain: layer {self.layers} takes {wa.shape[0]} values, the layer "
+                                 f"before gives {self.ns[self.layers - 1]}")
+            self.bps[self.layers] = NULL
+            if bias is not None:
+                if (type(bias) is not np.ndarray or (<cnp.ndarray>bias).ndim != 1
+                        or (<cnp.ndarray>bias).shape[0] != wa.shape[1]
+                        or cnp.PyArray_TYPE(<cnp.ndarray>bias) != cnp.NPY_FLOAT32
+                        or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>bias)
+                        or not cnp.PyArray_ISALIGNED(<cnp.ndarray>bias)):
+                    raise ValueError(f"DenseChain: layer {self.layers}: bias must be a C-contiguous float32 "
+                                     f"vector of {wa.shape[1]} values")
+                ba = <cnp.ndarray>bias
+                self.bps[self.layers] = <float *>cnp.PyArray_DATA(ba)
+            self.ks[self.layers], self.ns[self.layers] = wa.shape[0], wa.shape[1]
+            self.codes[self.layers], self.alphas[self.layers] = code, alpha
+            self.wps[self.layers] = <float *>cnp.PyArray_DATA(wa)
+            if self.layers < count - 1 and wa.shape[1] > self.widest:
+                self.widest = wa.shape[1]
+            self.weights.append(w)
+            self.biases.append(bias)
+            self.layers += 1
+        self.k0 = self.ks[0]
+
+    def __dealloc__(self):
+        PyMem_Free(self.ks)
+        PyMem_Free(self.ns)
+        PyMem_Free(self.codes)
+        PyMem_Free(self.alphas)
+        PyMem_Free(self.wps)
+        PyMem_Free(self.bps)
+
+    def __call__(self, x):
+        if type(x) is not np.ndarray:
+            return None
+        cdef cnp.ndarray xa = <cnp.ndarray>x
+        cdef int nd = xa.ndim
+        if (nd < 1 or nd > 32 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(xa)
+                or not cnp.PyArray_ISALIGNED(xa) or xa.shape[nd - 1] != self.k0 or xa.size == 0):
+            return None
+        cdef int64_t m = xa.size // self.k0
+        cdef int i, st = 0, last = self.layers - 1
+        cdef cnp.npy_intp dims[32]
+        cdef float *buf = NULL
+        cdef float *src = <float *>cnp.PyArray_DATA(xa)
+        cdef float *dst
+        cdef float *outp
+        cdef float **pps = <float **>PyMem_Malloc(self.layers * sizeof(float *))
+        if pps == NULL:
+            raise MemoryError("DenseChain: a call's table could not be allocated")
+        try:
+            for i in range(self.layers):  # the packed weights where the product pays for them
+                pps[i] = NULL
+                if max(m, PACKED_ROWS_FLOOR) * self.ns[i] * self.ks[i] >= PACKED_MIN_MADDS:
+                    pps[i] = fptr(self.packer(self.weights[i]), "dense chain packed weights")
+            between = None
+            if self.layers > 1:  # layer i < last writes half (i % 2) (one half for two layers)
+                between = np.empty((2 if self.layers > 2 else 1) * m * self.widest, np.float32)
+                buf = <float *>cnp.PyArray_DATA(<cnp.ndarray>between)
+            for i in range(nd - 1):
+                dims[i] = xa.shape[i]
+            dims[nd - 1] = self.ns[last]
+            out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+            outp = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+            with nogil:
+                for i in range(self.layers):
+                    dst = outp if i == last else buf + (i % 2) * m * self.widest
+                    st = fl_matmul(m, self.ns[i], self.ks[i], src, self.ks[i], self.wps[i],
+                                   self.ns[i] if pps[i] == NULL else 0, 0, pps[i], self.bps[i],
+                                   self.codes[i], self.alphas[i], dst, self.ns[i])
+                    if st != 0:
+                        break
+                    src = dst
+        finally:
+            PyMem_Free(pps)
+        check(st, "dense chain")
+        return out

@@ -142,6 +142,54 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+def fuse_dense_chains(nodes, constants, outputs) -> list[Node]:
+    """Runs of FusedDense nodes, each reading the output of the one before, which nothing else
+    reads -> one FusedDenseChain node (``ops.linear``): the backend's ``dense_chain_plan`` runs
+    them in one call (on the cpu backend one native call, the values between layers in buffers
+    of the call's own), where a plan of small layers (an MLP at batch 1) spent most of its time
+    between them. A dense node whose softmax is over an axis given (``_softmax``) stays alone."""
+    uses = consumers(nodes, outputs)
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for i in n.inputs:
+            if i:
+                readers.setdefault(i, []).append(k)
+
+    def link(node):
+        return (
+            node.op_type == "FusedDense"
+            and "_softmax" not in node.attrs
+            and all(i in constants for i in node.inputs[1:])
+        )
+
+    removed: set[int] = set()
+    for k, node in enumerate(nodes):
+        if k in removed or not link(node):
+            continue
+        chain = [node]
+        while True:
+            out = chain[-1].outputs[0]
+            users = readers.get(out, [])
+            if (
+                uses.get(out, 0) != 1
+                or len(users) != 1
+                or not link(nodes[users[0]])
+                or nodes[users[0]].inputs[0] != out
+            ):
+                break
+            chain.append(nodes[users[0]])
+            removed.add(users[0])
+        if len(chain) < 2:
+            continue
+        inputs, layers = [node.inputs[0]], []
+        for n in chain:
+            inputs += [n.inputs[1], n.inputs[2] if len(n.inputs) > 2 else ""]
+            layers.append((n.attrs.get("activation", "linear"), float(n.attrs.get("alpha", 0.0))))
+        node.op_type, node.inputs, node.outputs = "FusedDenseChain", inputs, chain[-1].outputs
+        node.attrs = {"layers": tuple(layers)}
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
 def fuse_conv(nodes, constants, outputs) -> list[Node]:
     """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) (+ a Mul
     and / or an Add by one value or one per channel, ``_post_affine``) -> FusedConv, its

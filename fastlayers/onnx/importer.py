@@ -164,7 +164,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs), outputs)
     if probe is not None:
         nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
-    return fusion.fuse_add_activation(nodes, constants, outputs)
+    return fusion.fuse_dense_chains(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
 
 
 def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:

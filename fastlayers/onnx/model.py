@@ -658,7 +658,9 @@ class OnnxModel:
 #: Operators that only move data or whose float arithmetic runs in the cpu backend's native
 #: kernels: a graph of these alone runs without numpy's error state set around it (entering
 #: ``np.errstate`` costs a noticeable share of a small MLP's call).
-QUIET_OPS = frozenset({"FusedDense", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+QUIET_OPS = frozenset(
+    {"FusedDense", "FusedDenseChain", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+)
 
 
 def _bind_and_run(op_type, ins, fn, args, attrs, opset) -> list:
@@ -679,7 +681,9 @@ def _quiet_activations(nodes) -> frozenset | None:
     (``Ops.quiet_activations``); None where some node may raise numpy's warnings."""
     if not all(n.op_type in QUIET_OPS and "_softmax" not in n.attrs for n in nodes):
         return None  # (a softmax over another axis runs the numpy operator after the product)
-    return frozenset(n.attrs.get("activation", "linear") for n in nodes if n.op_type == "FusedDense")
+    names = {n.attrs.get("activation", "linear") for n in nodes if n.op_type == "FusedDense"}
+    names.update(name for n in nodes if n.op_type == "FusedDenseChain" for name, _ in n.attrs["layers"])
+    return frozenset(names)
 
 
 def _fixed_tail(shape):

@@ -1273,6 +1273,7 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
     listed = set().union(*(set(r.schema.attrs) for r in onnx_ops.RECORDS.values() if r.schema is not None))
     fused_only = {
         "activation",
+        "layers",
         "batch_first",
         "norm_first",
         "num_heads",

@@ -14,6 +14,7 @@ from fastlayers.onnx.records import Context, Family, Op
 INTERNAL = {
     "FusedAdd",
     "FusedDense",
+    "FusedDenseChain",
     "OneHotDense",
     "FusedConv",
     "EmbeddingRNN",

@@ -181,6 +181,23 @@ class CpuOps(ConvOps):
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
 
+    def dense_chain_plan(self, layers):
+        layers = tuple(layers)
+        general = super().dense_chain_plan(layers)
+        try:  # the layers in the native chain's terms (else ValueError), each activation native
+            codes = [CODES[activation] for _, _, activation, _ in layers]
+            chain = _core.DenseChain(
+                [(w, b, code, alpha) for (w, b, _, alpha), code in zip(layers, codes)], gemm.packed_weights
+            )
+        except (KeyError, ValueError):
+            return general
+
+        def run(x):
+            y = chain(x)  # None: x not in its terms (another type, a strided view)
+            return general(x) if y is None else y
+
+        return run
+
     def matmul(self, a, b, trans_b=False):
         y = gemm.batched_matmul(a, b, trans_b)
         return super().matmul(a, b, trans_b) if y is None else y

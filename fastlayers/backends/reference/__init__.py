@@ -255,6 +255,21 @@ class ReferenceOps:
             y += b_o
         return y if activation == "linear" else self.activation(y, activation, alpha)
 
+    def dense_chain_plan(
+        self, layers: Sequence[tuple[Floats2d, Floats1d | None, str, float]]
+    ) -> Callable[[FloatsXd], FloatsXd]:
+        """``run(x)``: dense layers applied in turn, y = f_L(... f_1(x w_1 + b_1) ... w_L + b_L),
+        ``layers`` being (w_io, b_o or None, activation, alpha) each, every layer's input the
+        output of the one before; here ``dense`` per layer, one native call on the cpu backend."""
+        layers = tuple(layers)
+
+        def run(x):
+            for w_io, b_o, activation, alpha in layers:
+                x = self.dense(x, w_io, b_o, activation, alpha)
+            return x
+
+        return run
+
     def softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = -1) -> FloatsXd:
         """y = exp(x - max x) / sum exp(x - max x) along ``axis``."""
         with np.errstate(invalid="ignore"):

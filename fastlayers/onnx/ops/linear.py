@@ -55,6 +55,25 @@ def _fused_dense(inputs, attrs, opset):
     return [get_ops().dense(f32(x), w, b, activation, attrs.get("alpha", 0.0))]
 
 
+@op("FusedDenseChain", internal=True, caches=("_plans",))
+def _fused_dense_chain(inputs, attrs, opset):
+    """f_L(... f_1(x @ w_1 + b_1) ... @ w_L + b_L) (``fusion.fuse_dense_chains``): consecutive
+    dense nodes as one plan of the backend's (``Ops.dense_chain_plan``), made once per backend;
+    inputs x, then each layer's weights and bias ("" where it has none), ``layers`` each
+    layer's (activation, alpha)."""
+    ops = get_ops()
+    plans = attrs.get("_plans")
+    held = None if plans is None else plans.get(id(ops))
+    if held is None:
+        layers = [
+            (inputs[1 + 2 * i], inputs[2 + 2 * i], name, alpha) for i, (name, alpha) in enumerate(attrs["layers"])
+        ]
+        held = (ops, ops.dense_chain_plan(layers))  # the ops object kept: its id stays its own
+        if plans is not None:
+            plans[id(ops)] = held
+    return [held[1](f32(inputs[0]))]
+
+
 @op("OneHotDense", internal=True, caches=("_tables",))
 def _one_hot_dense(inputs, attrs, opset):
     """fastlayers' fused node (``fusion.fuse_one_hot_dense``): activation(float(ids == classes)
