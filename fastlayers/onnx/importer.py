@@ -153,6 +153,7 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = prune(rewrite.drop_noops(nodes, constants, outputs, input_dtypes), outputs)
     nodes = rewrite.fuse_layer_norm(rewrite.fuse_silu(nodes, constants, outputs), constants, outputs)
     nodes = rewrite.fold_affine(rewrite.conv_1d(nodes, constants, outputs), constants, outputs)
+    nodes = rewrite.fold_pads(nodes, constants, outputs, opset)
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
     nodes = fusion.fuse_gelu_tanh(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_one_hot_dense(fusion.fuse_dense(nodes, constants, outputs), constants, outputs)

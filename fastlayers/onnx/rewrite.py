@@ -15,7 +15,9 @@ order after constant folding and before the dense / convolution fusions:
   nodes, BatchNormalizations, arithmetic) -> Squeezes of it (1-D convolutions exported as 2-D,
   tf2onnx's with Transposes around them) -> the same nodes on the rank-3 values, Convs 1-D;
 - ``fold_affine``: Mul / Div / Add / Sub by a per-output-channel constant after a Conv or a
-  dense MatMul / Gemm folded into its weights and bias.
+  dense MatMul / Gemm folded into its weights and bias;
+- ``fold_pads``: a Pad of zeros on the spatial axes before a Conv or a pool -> the reader's
+  own pads, where that gives the same.
 
 Each pass takes the node list (``nodes.Node`` objects, changed in place), the constants (new
 ones added under new names; the file's are never changed) and the graph output names, and
@@ -239,6 +241,109 @@ def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
             node.op_type, node.inputs, node.attrs = "Identity", [x], {}
             continue
         dropped.add(id(node))
+    return [n for n in nodes if id(n) not in dropped]
+
+
+# ------------------------------------------------------------------------- Pad into windows
+def _zero_pads(pad, constants, opset, rank):
+    """(begin, end) per axis of a constant-mode Pad adding zeros to an input of ``rank`` axes,
+    pads constant and none negative; None for another Pad (another value or mode, computed
+    pads, axes that do not fit ``rank``)."""
+    if pad.attrs.get("mode", "constant") != "constant":
+        return None
+    if opset < 11:
+        pads, value, axes = pad.attrs.get("pads"), float(pad.attrs.get("value", 0.0)), None
+    else:
+        if len(pad.inputs) < 2 or pad.inputs[1] not in constants:
+            return None
+        pads, value, axes = [int(p) for p in np.asarray(constants[pad.inputs[1]]).reshape(-1)], 0.0, None
+        if len(pad.inputs) > 2 and pad.inputs[2]:
+            fill = constants.get(pad.inputs[2])
+            if fill is None or fill.size > 1:
+                return None
+            value = float(fill.reshape(-1)[0]) if fill.size else 0.0
+        if len(pad.inputs) > 3 and pad.inputs[3]:
+            axes = _axes(pad, constants, 3)
+            if axes is None:
+                return None
+    if pads is None or value != 0.0 or np.signbit(value) or len(pads) % 2:
+        return None
+    n = len(pads) // 2
+    axes = list(range(rank)) if axes is None else axes
+    if len(axes) != n or any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != n:
+        return None
+    begin, end = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begin[a % rank], end[a % rank] = pads[k], pads[k + n]
+    if min(begin + end) < 0:
+        return None
+    return begin, end
+
+
+def _window_rank(node, constants):
+    """The rank of the input of a Conv (from its constant weight) or a pool (from its kernel)."""
+    if node.op_type == "Conv":
+        w = constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        return None if w is None else w.ndim
+    kernel = node.attrs.get("kernel_shape")
+    return None if kernel is None else len(kernel) + 2
+
+
+def _takes_zero_pads(node, begin, end, non_negative) -> bool:
+    """Whether ``node``, reading a Pad's zeros on its spatial axes (``begin``, ``end``, spatial
+    only), gives what it gives with those pads as its own: a Conv (zeros are its padding); an
+    AveragePool counting the padding (count_include_pad); a MaxPool on values that are never
+    negative (zeros lose to them as its -inf padding does) whose windows all keep a value of the
+    input (pads under the window's span); ``non_negative``: whether the Pad's input is (a Relu's
+    output). Explicit padding only (auto_pad NOTSET), floor mode."""
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return False
+    if node.op_type == "Conv":
+        return True
+    if node.attrs.get("ceil_mode", 0):
+        return False
+    if node.op_type == "AveragePool":
+        return bool(node.attrs.get("count_include_pad", 0))
+    if node.op_type != "MaxPool" or (len(node.outputs) > 1 and node.outputs[1]):
+        return False
+    kernel = node.attrs["kernel_shape"]
+    dilations = node.attrs.get("dilations") or [1] * len(kernel)
+    old = node.attrs.get("pads") or [0] * (2 * len(kernel))
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    n = len(kernel)
+    return non_negative and all(old[i] + begin[i] < spans[i] and old[i + n] + end[i] < spans[i] for i in range(n))
+
+
+def fold_pads(nodes, constants, outputs, opset) -> list:
+    """A Pad adding zeros on the spatial axes whose only reader is a Conv or a pool that gives
+    the same with the pads as its own (``_takes_zero_pads``) -> the reader's pads (a Keras
+    ZeroPadding2D before a convolution or a pool, as tf2onnx exports it): the padded copy of
+    the input is never made."""
+    readers = readers_of(nodes, outputs)
+    producer = {o: n for n in nodes for o in n.outputs}
+    dropped: set[int] = set()
+    for pad in nodes:
+        if pad.op_type != "Pad":
+            continue
+        node = _only_reader(readers, pad.outputs[0])
+        if node is None or node.op_type not in ("Conv", "AveragePool", "MaxPool") or node.inputs[0] != pad.outputs[0]:
+            continue
+        rank = _window_rank(node, constants)
+        zeros = None if rank is None or rank < 3 else _zero_pads(pad, constants, opset, rank)
+        if zeros is None or any(zeros[0][:2]) or any(zeros[1][:2]):
+            continue
+        begin, end = zeros[0][2:], zeros[1][2:]
+        source = producer.get(pad.inputs[0])
+        if not _takes_zero_pads(node, begin, end, source is not None and source.op_type == "Relu"):
+            continue
+        n = rank - 2
+        old = node.attrs.get("pads") or [0] * (2 * n)
+        node.attrs = {
+            **node.attrs,
+            "pads": [old[i] + begin[i] for i in range(n)] + [old[n + i] + end[i] for i in range(n)],
+        }
+        node.inputs = [pad.inputs[0], *node.inputs[1:]]
+        dropped.add(id(pad))
     return [n for n in nodes if id(n) not in dropped]
 
 

@@ -1205,3 +1205,109 @@ def test_one_hot_products_kept_where_a_gather_would_differ(tmp_path, rng):
     ours = fastlayers.load(path)
     assert "OneHotDense" not in ours.op_types
     _matches_ort(ours, path, {"ids": np.arange(10, dtype=dtype).reshape(2, 5, 1)})
+
+
+def _pad_graph(tmp_path, rng, reader, pads, opset=17, value=None, mode=None, relu=False, reader_attrs=None, axes=None):
+    """x (1, 3, 9, 11) [-> Relu] -> Pad(pads[, value][, axes]) -> ``reader`` -> y, saved."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits, nodes, src = [], [], "x"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["x"], ["r"]))
+        src = "r"
+    pad_inputs, pad_attrs = [src], {}
+    if opset >= 11:
+        inits.append(numpy_helper.from_array(np.asarray(pads, np.int64), "pads"))
+        pad_inputs.append("pads")
+        if value is not None or axes is not None:
+            inits.append(numpy_helper.from_array(np.asarray(0.0 if value is None else value, np.float32), "value"))
+            pad_inputs.append("value")
+        if axes is not None:
+            inits.append(numpy_helper.from_array(np.asarray(axes, np.int64), "axes"))
+            pad_inputs.append("axes")
+    else:
+        pad_attrs["pads"] = pads
+        if value is not None:
+            pad_attrs["value"] = value
+    if mode:
+        pad_attrs["mode"] = mode
+    nodes.append(helper.make_node("Pad", pad_inputs, ["p"], **pad_attrs))
+    attrs = dict(reader_attrs or {})
+    if reader == "Conv":
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"))
+        nodes.append(helper.make_node("Conv", ["p", "w"], ["y"], **attrs))
+    else:
+        nodes.append(helper.make_node(reader, ["p"], ["y"], kernel_shape=[3, 3], **attrs))
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+        opset=opset,
+    )
+    path = tmp_path / f"pad_{reader}_{opset}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "reader, relu, reader_attrs, opset",
+    [
+        ("Conv", False, {"pads": [1, 0, 0, 2], "strides": [2, 2]}, 17),
+        ("Conv", False, {"dilations": [2, 1]}, 10),
+        ("AveragePool", False, {"count_include_pad": 1, "strides": [2, 2]}, 17),
+        ("MaxPool", True, {"strides": [2, 2], "pads": [1, 0, 0, 0]}, 17),
+        ("MaxPool", True, {}, 18),
+    ],
+)
+def test_zero_pads_fold_into_the_convolution_or_pool(tmp_path, rng, reader, relu, reader_attrs, opset):
+    """A Pad of zeros on H and W before a Conv, an AveragePool counting its padding or a
+    MaxPool after a Relu becomes the reader's own pads; the outputs are onnxruntime's."""
+    pads = [0, 0, 1, 2, 0, 0, 2, 1]
+    path = _pad_graph(tmp_path, rng, reader, pads, opset=opset, relu=relu, reader_attrs=reader_attrs)
+    ours = fastlayers.load(path)
+    assert "Pad" not in ours.op_types
+    _matches_ort(ours, path, {"x": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)})
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["value", "reflect", "channel pads", "negative", "not counted", "max of any sign", "max all padding", "same"],
+)
+def test_pads_kept_where_the_reader_would_differ(tmp_path, rng, case):
+    """A Pad stays where folding it would change the result: another value or mode, pads on the
+    channels, negative pads (a crop), an AveragePool not counting its padding, a MaxPool whose
+    input may be negative or whose window could lie in the padding alone, auto_pad."""
+    pads, reader, kw, attrs = [0, 0, 1, 1, 0, 0, 1, 1], "Conv", {}, {}
+    if case == "value":
+        kw["value"] = 1.0
+    elif case == "reflect":
+        kw["mode"] = "reflect"
+    elif case == "channel pads":
+        pads = [0, 1, 1, 1, 0, 0, 1, 1]
+    elif case == "negative":
+        pads = [0, 0, -1, 1, 0, 0, 1, 1]
+    elif case == "not counted":
+        reader = "AveragePool"
+    elif case == "max of any sign":
+        reader = "MaxPool"
+    elif case == "max all padding":
+        reader, kw["relu"], pads = "MaxPool", True, [0, 0, 3, 0, 0, 0, 0, 0]
+    else:
+        attrs["auto_pad"] = "SAME_UPPER"
+    if case == "channel pads":  # (a pool: a Conv's weight would not take the added channel)
+        reader, attrs["count_include_pad"] = "AveragePool", 1
+    path = _pad_graph(tmp_path, rng, reader, pads, reader_attrs=attrs, **kw)
+    ours = fastlayers.load(path)
+    assert "Pad" in ours.op_types
+    _matches_ort(ours, path, {"x": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)})
+
+
+def test_pads_with_axes_fold(tmp_path, rng):
+    """Opset 18's axes input: pads on axes (-2, -1) fold as the pads on H and W."""
+    path = _pad_graph(tmp_path, rng, "Conv", [1, 2, 0, 1], opset=18, axes=[-2, -1])
+    ours = fastlayers.load(path)
+    assert "Pad" not in ours.op_types
+    _matches_ort(ours, path, {"x": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)})
