@@ -64,6 +64,45 @@ def test_nhwc_memory_flows_through_concat_channel_arithmetic_and_resize(tmp_path
         assert_close(got, expected, rtol=1e-4, atol=1e-4)  # per model; the last output sums 72 products
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gate_per_sample_keeps_nhwc_memory(tmp_path, rng, backend, batch):
+    """Squeeze and excite over a batch: a convolution's output times a gate of one value per
+    sample and channel (N, C, 1, 1), large enough for the native pass, stays NHWC memory; the
+    values are onnxruntime's (a product each: the same bits)."""
+    ort = oracle("onnxruntime")
+    onnx = oracle("onnx")
+    h = onnx.helper
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        h.make_node("GlobalAveragePool", ["c"], ["pooled"]),
+        h.make_node("HardSigmoid", ["pooled"], ["gate"]),
+        h.make_node("Mul", ["c", "gate"], ["y"]),
+    ]
+    w = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, [batch, 4, 20, 21])],
+        [h.make_tensor_value_info("y", 1, None), h.make_tensor_value_info("c", 1, None)],
+        [h.make_tensor("w", 1, list(w.shape), w.reshape(-1))],
+    )
+    path = tmp_path / "gate.onnx"
+    onnx.save(model, str(path))
+    ours = fastlayers.load(path)
+    x = rng.standard_normal((batch, 4, 20, 21)).astype(np.float32)
+    y, c = ours(x)
+    if backend == "cpu":  # the product hands on NHWC memory
+        assert ours._evaluate([x], every_value=True)["y"].transpose(0, 2, 3, 1).flags.c_contiguous
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert_close(c, want[1], rtol=1e-5, atol=1e-5)
+    gate = np.clip(
+        c.mean(axis=(2, 3), keepdims=True, dtype=np.float64).astype(np.float32) * np.float32(0.2) + np.float32(0.5),
+        0,
+        1,
+    )
+    assert_close(y, c * gate, rtol=1e-6, atol=1e-6)
+    assert_close(y, want[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("axis", [1, 2, 3, -1, -3])
 @pytest.mark.parametrize("mixed", [False, True], ids=["both-nhwc", "one-nchw"])
 def test_concat_of_nhwc_memory_on_any_axis(tmp_path, rng, backend, axis, mixed):

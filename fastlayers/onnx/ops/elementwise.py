@@ -34,8 +34,8 @@ NATIVE_ELEMENTWISE_MIN = 4096
 
 def _native_add_mul(a, b, multiply: bool):
     """a + b (a b) in one native pass, threaded, or None where numpy is to compute it: a
-    float32 per-channel vector ((1, C, 1, 1) or (C, 1, 1)) and an NCHW view of NHWC memory, the
-    result in that memory (a squeeze-and-excite Mul between convolutions keeps their layout;
+    float32 per-channel vector ((1, C, 1, 1) or (C, 1, 1); for a product also (N, C, 1, 1), a
+    vector per sample) and an NCHW view of NHWC memory, the result in that memory (a squeeze-and-excite Mul between convolutions keeps their layout;
     numpy broadcasts the vector over strided memory at half the speed or less). numpy's own
     sum of two operands of one memory order runs at memory speed already."""
     if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != np.float32 or b.dtype != np.float32:
@@ -51,6 +51,23 @@ def _native_add_mul(a, b, multiply: bool):
             return None
         v = np.ascontiguousarray(b.reshape(-1))
         y = ops.batch_norm(held, v, np.zeros_like(v)) if multiply else ops.merge(held, v, "add")
+        return y.transpose(0, 3, 1, 2)
+    if (
+        multiply
+        and a.ndim == 4
+        and b.shape == (a.shape[0], a.shape[1], 1, 1)
+        and a.size >= a.shape[0] * NATIVE_ELEMENTWISE_MIN
+    ):
+        # a gate per sample and channel (squeeze-and-excite over a batch): each sample's NHWC
+        # memory times its own vector
+        held = channels_last_memory(a)
+        if held is None or not held.flags.c_contiguous:
+            return None
+        v = np.ascontiguousarray(b.reshape(a.shape[0], a.shape[1]))
+        zeros = np.zeros(a.shape[1], np.float32)
+        y = np.empty(held.shape, np.float32)
+        for i in range(a.shape[0]):
+            ops.batch_norm(held[i], v[i], zeros, out=y[i])
         return y.transpose(0, 3, 1, 2)
     return None
 
