@@ -13,8 +13,10 @@
 #include "qgemm.h"
 #include "qlstm.h"
 #include "quantize.h"
+#include "elementwise.h"
 
 #define FL_KERNELS(X)                                                                         \
     FL_ROWS_KERNELS(X) FL_LAYOUT_KERNELS(X) FL_GEMM_KERNELS(X) FL_ATTENTION_KERNELS(X) FL_POOL_KERNELS(X)          \
-    FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X) FL_QGEMM_KERNELS(X) FL_QLSTM_KERNELS(X) FL_QUANTIZE_KERNELS(X)
+    FL_CONV_KERNELS(X) FL_RECURRENT_KERNELS(X) FL_QGEMM_KERNELS(X) FL_QLSTM_KERNELS(X) FL_QUANTIZE_KERNELS(X) \
+    FL_ELEMENTWISE_KERNELS(X)
 #endif

@@ -142,6 +142,143 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
+#: ONNX operators on floats -> the activation of the backends they run (``ops.elementwise``).
+_PROGRAM_ACTIVATIONS = {
+    "Relu": "relu",
+    "Sigmoid": "onnx_sigmoid",
+    "Tanh": "onnx_tanh",
+    "Softsign": "softsign",
+    "HardSwish": "hard_silu",
+}
+#: Most instructions of one FusedElementwise program.
+MAX_PROGRAM = 24
+
+
+def _program_form(node, constants, opset):
+    """The instructions of ``node`` as ``elementwise_plan`` runs them, each input a name (a
+    value or a constant) or a new constant, (op, input, input or None, param) with results
+    referred to as ("insn", k) within the node; None where the operator has no such form (or
+    not as its inputs are given here). Each instruction is an operation the operator's own
+    implementation (``ops.elementwise``) makes, in its order."""
+    ins, t = node.inputs, node.op_type
+    if t in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+        return [(t.lower(), ins[0], ins[1], None)]
+    if t in _PROGRAM_ACTIVATIONS:
+        return [("act", ins[0], None, (_PROGRAM_ACTIVATIONS[t], 0.0))]
+    if t == "LeakyRelu":
+        return [("act", ins[0], None, ("leaky_relu", float(np.float32(node.attrs.get("alpha", 0.01)))))]
+    if t in ("Sqrt", "Neg", "Abs"):
+        return [(t.lower(), ins[0], None, None)]
+    if t == "FusedAdd":
+        return [
+            ("add", ins[0], ins[1], None),
+            ("act", ("insn", 0), None, (node.attrs["activation"], node.attrs.get("alpha", 0.0))),
+        ]
+    if t == "HardSigmoid":
+        alpha, beta = np.float32(node.attrs.get("alpha", 0.2)), np.float32(node.attrs.get("beta", 0.5))
+        if alpha == np.float32(1 / 6) and beta == np.float32(0.5):
+            return [("act", ins[0], None, ("hard_sigmoid", 0.0))]
+        return [
+            ("mul", np.asarray(alpha), ins[0], None),
+            ("add", ("insn", 0), np.asarray(beta), None),
+            ("clip", ("insn", 1), None, (0.0, 1.0)),
+        ]
+    if t == "Pow" and len(ins) == 2:
+        e = constants.get(ins[1])
+        if e is not None and e.dtype == np.float32 and e.size == 1 and float(e.reshape(-1)[0]) == 2.0:
+            return [("mul", ins[0], ins[0], None)]
+        return None
+    if t == "Clip":
+        if opset < 11:
+            lo, hi = node.attrs.get("min"), node.attrs.get("max")
+        else:
+            bounds = []
+            for k in (1, 2):
+                name = ins[k] if len(ins) > k else ""
+                if name and (name not in constants or constants[name].size != 1):
+                    return None
+                bounds.append(float(constants[name].reshape(-1)[0]) if name else None)
+            lo, hi = bounds
+        lo = float(np.float32(-np.inf if lo is None else lo))
+        hi = float(np.float32(np.inf if hi is None else hi))
+        return [("clip", ins[0], None, (lo, hi))]
+    return None
+
+
+def _float32(name, constants, dtypes) -> bool:
+    """Whether the value or constant ``name`` is float32."""
+    return (constants[name].dtype if name in constants else dtypes.get(name)) == np.float32
+
+
+def fuse_elementwise(nodes, constants, outputs, dtypes, opset) -> list[Node]:
+    """Elementwise float32 nodes (arithmetic, the activations the backends know, Sqrt, Neg,
+    Abs, Clip, Pow by 2, HardSigmoid, FusedAdd) whose values only the next of them reads -> one
+    FusedElementwise node: one program the backend runs in one pass (``Ops.elementwise_plan``;
+    on the cpu backend over blocks that stay in cache where its tensors share one shape and
+    memory order, e.g. a squeeze-and-excite gate times a feature map plus that map). A region
+    grows from a node whose value something else reads (a graph output, another operator, two
+    readers) back through the producers of its inputs that nothing else reads; ``dtypes``: the
+    element types known at load (``rewrite.known_dtypes``), float32 for every value it takes."""
+    uses = consumers(nodes, outputs)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    forms, dtypes = {}, dict(dtypes)
+    for k, n in enumerate(nodes):
+        if len(n.outputs) == 1 and all(_float32(i, constants, dtypes) for i in n.inputs if i):
+            form = _program_form(n, constants, opset)
+            if form is not None:  # float32 operations of float32 values: a float32 value
+                forms[k] = form
+                dtypes[n.outputs[0]] = np.dtype(np.float32)
+    removed: set[int] = set()
+    inside = set()  # nodes taken by a region
+    for root in range(len(nodes) - 1, -1, -1):
+        if root not in forms or root in inside:
+            continue
+        region, frontier = {root}, [root]
+        while frontier:
+            k = frontier.pop()
+            for i in nodes[k].inputs:
+                j = producer.get(i)
+                if j is not None and j in forms and j not in region and j not in inside and uses.get(i) == 1:
+                    if sum(len(forms[m]) for m in region) + len(forms[j]) <= MAX_PROGRAM:
+                        region.add(j)
+                        frontier.append(j)
+        if len(region) < 2:
+            continue
+        inside |= region
+        order = sorted(region)  # the graph's order: producers first
+        operands: list[str] = []
+
+        def operand(v):
+            if isinstance(v, np.ndarray):  # a constant the node's form makes
+                name = f"{nodes[root].outputs[0]}::program{len(constants)}"
+                constants[name] = v
+                v = name
+            if v not in operands:
+                operands.append(v)
+            return v
+
+        def outside(v):
+            return v is not None and not isinstance(v, tuple) and not (isinstance(v, str) and producer.get(v) in region)
+
+        named = [
+            (k, [(op, *(operand(v) if outside(v) else v for v in (a, b)), param) for op, a, b, param in forms[k]])
+            for k in order
+        ]
+        index = {name: i for i, name in enumerate(operands)}
+        program: list[tuple] = []
+        for k, form in named:
+            base = len(operands) + len(program)
+            for op, a, b, param in form:
+                refs = [-1 if v is None else base + v[1] if isinstance(v, tuple) else index[v] for v in (a, b)]
+                program.append((op, refs[0], refs[1], param))
+            index[nodes[k].outputs[0]] = len(operands) + len(program) - 1
+        node = nodes[root]
+        fused = "+".join(nodes[k].op_type for k in order)
+        node.op_type, node.inputs, node.attrs = "FusedElementwise", operands, {"program": tuple(program), "_ops": fused}
+        removed |= region - {root}
+    return [n for k, n in enumerate(nodes) if k not in removed]
+
+
 def fuse_dense_chains(nodes, constants, outputs) -> list[Node]:
     """Runs of FusedDense nodes, each reading the output of the one before, which nothing else
     reads -> one FusedDenseChain node (``ops.linear``): the backend's ``dense_chain_plan`` runs

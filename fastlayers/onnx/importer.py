@@ -165,7 +165,9 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs), outputs)
     if probe is not None:
         nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
-    return fusion.fuse_dense_chains(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_dense_chains(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
+    dtypes = rewrite.known_dtypes(nodes, constants, input_dtypes)
+    return fusion.fuse_elementwise(nodes, constants, outputs, dtypes, opset)
 
 
 def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:

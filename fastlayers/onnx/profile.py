@@ -12,7 +12,7 @@ import numpy as np
 from ..backends import recording_calls
 
 #: Attributes of a fused node that name what it absorbed, shown in the ``fused`` column.
-_FUSED_ATTRS = ("activation", "_activation", "residual", "kind")
+_FUSED_ATTRS = ("activation", "_activation", "residual", "kind", "_ops")
 
 
 @dataclass

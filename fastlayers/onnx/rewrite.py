@@ -96,6 +96,18 @@ _KEEPS_FLOAT32 = {
     "Softmax",
     "LayerNormalization",
     "BatchNormalization",
+    "HardSigmoid",
+    "HardSwish",
+    "Softsign",
+    "Clip",
+    "GlobalAveragePool",
+    "MaxPool",
+    "AveragePool",
+    # fastlayers' fused nodes (the passes after the rewrites read their types too)
+    "FusedConv",
+    "FusedDense",
+    "FusedDenseChain",
+    "FusedAdd",
 }
 
 

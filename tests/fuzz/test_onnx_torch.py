@@ -1274,6 +1274,7 @@ def test_onnx_check_table_covers_every_attribute_the_operators_read():
     fused_only = {
         "activation",
         "layers",
+        "program",
         "batch_first",
         "norm_first",
         "num_heads",

@@ -15,6 +15,7 @@ INTERNAL = {
     "FusedAdd",
     "FusedDense",
     "FusedDenseChain",
+    "FusedElementwise",
     "OneHotDense",
     "FusedConv",
     "EmbeddingRNN",

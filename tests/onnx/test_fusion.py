@@ -741,8 +741,8 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
 def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     """Add of two convolutions' outputs (NHWC memory behind NCHW views) followed by Relu, one
     followed by Sigmoid and one with a broadcast operand (numpy's sum inside the node) run as
-    FusedAdd nodes; an Add that another node reads too stays as it is. Every output equals
-    onnxruntime's."""
+    FusedAdd nodes (the first two then one elementwise program); an Add that another node reads
+    too stays as it is. Every output equals onnxruntime's."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -773,8 +773,10 @@ def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     path = tmp_path / "residual.onnx"
     path.write_bytes(model.SerializeToString())
     ours = fastlayers.load(path)
-    assert ours.op_types.count("FusedAdd") == 3 and ours.op_types.count("Add") == 1
-    assert [n.attrs["activation"] for n in ours._nodes if n.op_type == "FusedAdd"] == ["relu", "onnx_sigmoid", "relu"]
+    # the first two FusedAdd nodes (a read only by the second) then join one elementwise program
+    assert ours.op_types == ["FusedConv", "FusedConv", "FusedElementwise", "FusedAdd", "Add", "Relu"]
+    assert ours._nodes[2].attrs["_ops"] == "FusedAdd+FusedAdd"
+    assert [n.attrs["activation"] for n in ours._nodes if n.op_type == "FusedAdd"] == ["relu"]
     feed = {
         "img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
         "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
@@ -1046,7 +1048,12 @@ def test_tanh_gelu_lookalikes_left_alone(tmp_path, rng, case):
     )
     onnx.save(model, tmp_path / "lookalike.onnx")
     ours = fastlayers.load(tmp_path / "lookalike.onnx")
-    assert "Tanh" in ours.op_types and "Gelu" not in ours.op_types
+    kept = [
+        t
+        for n in ours._nodes
+        for t in (n.attrs.get("_ops", "").split("+") if n.op_type == "FusedElementwise" else [n.op_type])
+    ]
+    assert "Tanh" in kept and "Gelu" not in kept  # (as a node, or in an elementwise program)
     _matches_ort(ours, tmp_path / "lookalike.onnx", {"x": rng.standard_normal((3, 4)).astype(np.float32) * 2})
 
 
@@ -1067,7 +1074,8 @@ def test_torch_tanh_gelu_export_is_the_dense_activation(torch, tmp_path, rng, op
 def test_paddle_hard_swish_spelling_is_the_convolution_activation(tmp_path, rng):
     """x * HardSigmoid(x) with alpha 1/6 and beta 1/2 (PaddlePaddle's HardSwish, the Conv's
     output read twice) is one HardSwish the Conv takes as its activation; with ONNX's default
-    alpha 0.2 it is another function and stays two nodes. Both as onnxruntime computes them."""
+    alpha 0.2 it is another function and stays two operations (one elementwise program). Both as
+    onnxruntime computes them."""
     oracle("onnx")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -1089,8 +1097,9 @@ def test_paddle_hard_swish_spelling_is_the_convolution_activation(tmp_path, rng)
     )
     onnx.save(model, tmp_path / "hard_swish.onnx")
     ours = fastlayers.load(tmp_path / "hard_swish.onnx")
-    assert ours.op_types == ["FusedConv", "FusedConv", "HardSigmoid", "Mul"]
+    assert ours.op_types == ["FusedConv", "FusedConv", "FusedElementwise"]
     assert ours._nodes[0].attrs["activation"] == "hard_silu"
+    assert ours._nodes[2].attrs["_ops"] == "HardSigmoid+Mul"  # the two nodes, in one program
     _matches_ort(ours, tmp_path / "hard_swish.onnx", {"img": rng.standard_normal((1, 3, 6, 5)).astype(np.float32) * 4})
 
 
@@ -1311,3 +1320,99 @@ def test_pads_with_axes_fold(tmp_path, rng):
     ours = fastlayers.load(path)
     assert "Pad" not in ours.op_types
     _matches_ort(ours, path, {"x": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)})
+
+
+def _elementwise_graph(tmp_path, rng, nodes, inputs, outputs, consts=(), opset=17):
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in consts],
+        opset=opset,
+    )
+    path = tmp_path / "elementwise.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_squeeze_excite_gate_and_residual_become_one_program(tmp_path, rng, backend):
+    """Conv -> GlobalAveragePool -> HardSigmoid (ONNX's default slope) -> Mul by the conv's
+    output -> Add of it (PP-OCR's residual squeeze and excite) -> Relu: one FusedElementwise
+    holding HardSigmoid, Mul, Add and Relu; onnxruntime's values."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("HardSigmoid", ["p"], ["g"]),
+        helper.make_node("Mul", ["c", "g"], ["m"]),
+        helper.make_node("Add", ["m", "c"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    path = _elementwise_graph(
+        tmp_path, rng, nodes, [("x", [2, 3, 12, 10])], ["y"], [("w", rng.standard_normal((16, 3, 3, 3)))]
+    )
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedConv", "GlobalAveragePool", "FusedElementwise"]
+    assert ours._nodes[-1].attrs["_ops"] == "HardSigmoid+Mul+FusedAdd"  # Add + Relu: one FusedAdd first
+    _matches_ort(ours, path, {"x": rng.standard_normal((2, 3, 12, 10)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+def test_elementwise_chains_of_every_form(tmp_path, rng, opset):
+    """sqrt(a^2 + b^2) (silero's spectrum), Clip (bounds as attributes below opset 11, inputs
+    from it), LeakyRelu, Neg, Abs, Sub, Div by a constant: one program; onnxruntime's values."""
+    from onnx import helper
+
+    clip = (
+        helper.make_node("Clip", ["s"], ["k"], min=-0.5, max=2.0)
+        if opset < 11
+        else helper.make_node("Clip", ["s", "lo", "hi"], ["k"])
+    )
+    nodes = [
+        helper.make_node("Pow", ["a", "two"], ["a2"]),
+        helper.make_node("Pow", ["b", "two"], ["b2"]),
+        helper.make_node("Add", ["a2", "b2"], ["sum"]),
+        helper.make_node("Sqrt", ["sum"], ["r"]),
+        helper.make_node("Sub", ["r", "b"], ["s"]),
+        clip,
+        helper.make_node("LeakyRelu", ["k"], ["l"], alpha=0.3),
+        helper.make_node("Neg", ["l"], ["n"]),
+        helper.make_node("Abs", ["n"], ["v"]),
+        helper.make_node("Div", ["v", "three"], ["y"]),
+    ]
+    consts = (
+        [("two", 2.0), ("three", 3.0), ("lo", -0.5), ("hi", 2.0)] if opset >= 11 else [("two", 2.0), ("three", 3.0)]
+    )
+    path = _elementwise_graph(tmp_path, rng, nodes, [("a", [1, 129, 4]), ("b", [1, 129, 4])], ["y"], consts, opset)
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedElementwise"]
+    feeds = {
+        "a": rng.standard_normal((1, 129, 4)).astype(np.float32),
+        "b": rng.standard_normal((1, 129, 4)).astype(np.float32),
+    }
+    _matches_ort(ours, path, feeds)
+
+
+def test_values_read_elsewhere_end_an_elementwise_program(tmp_path, rng):
+    """A value that is a graph output, or that two nodes read, is computed as it is: the
+    programs end there; Pow by another exponent stays a node."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Mul", ["a", "b"], ["m"]),
+        helper.make_node("Relu", ["m"], ["r"]),  # r: a graph output
+        helper.make_node("Sigmoid", ["r"], ["s"]),
+        helper.make_node("Tanh", ["s"], ["t"]),
+        helper.make_node("Add", ["t", "s"], ["u"]),  # s read twice
+        helper.make_node("Pow", ["u", "three"], ["y"]),
+    ]
+    path = _elementwise_graph(tmp_path, rng, nodes, [("a", [3, 5]), ("b", [3, 5])], ["y", "r"], [("three", 3.0)])
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedElementwise", "Sigmoid", "FusedElementwise", "Pow"]
+    feeds = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float32)}
+    _matches_ort(ours, path, feeds)

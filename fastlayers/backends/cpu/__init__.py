@@ -16,7 +16,7 @@ from ...native import CODES, _core, arena_enter, arena_exit, layout
 from ..derived import derived_from
 from ..integer import INTEGER_KERNELS
 from ..types import EncoderWeights
-from . import gemm, recurrent
+from . import gemm, programs, recurrent
 from .conv import ConvOps
 
 #: Fewest values a concatenation joins natively (below, numpy's copy is cheaper than the
@@ -180,6 +180,9 @@ class CpuOps(ConvOps):
         )
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
+
+    def elementwise_plan(self, program):
+        return programs.native_plan(self, program, super().elementwise_plan(program))
 
     def dense_chain_plan(self, layers):
         layers = tuple(layers)

@@ -62,6 +62,11 @@ _MERGES = {
 }
 
 
+#: The binary and unary operations of ``elementwise_plan`` programs.
+_EW_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_EW_UNARY = {"sqrt": np.sqrt, "neg": np.negative, "abs": np.abs}
+
+
 class ReferenceOps:
     """Numpy implementation of every primitive; subclasses override the hot ones."""
 
@@ -269,6 +274,37 @@ class ReferenceOps:
             return x
 
         return run
+
+    def elementwise_plan(self, program: Sequence[tuple]) -> Callable[[Sequence[ArrayXd]], ArrayXd]:
+        """``run(operands)``: a chain of elementwise operations, numpy's broadcasting between
+        operands. ``program``: (op, a, b, param) per instruction, a and b indices of values (the
+        operands, then each instruction's result in turn; b -1 for a unary op), op one of add,
+        sub, mul, div, act (param: (activation, alpha), the backend's ``activation`` on float32),
+        sqrt, neg, abs, clip (param: (lo, hi), NaN kept); the result is the last instruction's.
+        Each instruction rounds as the operator it stands for does alone (the cpu backend runs
+        float32 chains in one native pass with the same bits)."""
+        program = tuple(program)
+
+        def run(operands):
+            values = list(operands)
+            for insn in program:
+                values.append(self.elementwise_step(insn, values))
+            return values[-1]
+
+        return run
+
+    def elementwise_step(self, insn: tuple, values: Sequence[ArrayXd]) -> ArrayXd:
+        """One instruction of an ``elementwise_plan`` program on ``values``."""
+        op, a, b, param = insn
+        x = values[a]
+        if op in _EW_BINARY:
+            return _EW_BINARY[op](x, values[b])
+        if op == "act":
+            return self.activation(np.asarray(x, np.float32), param[0], param[1])
+        if op == "clip":
+            x = np.asarray(x)
+            return np.minimum(np.maximum(x, np.asarray(param[0], x.dtype)), np.asarray(param[1], x.dtype))
+        return _EW_UNARY[op](x)
 
     def softmax(self, x: FloatsXd, axis: int | tuple[int, ...] = -1) -> FloatsXd:
         """y = exp(x - max x) / sum exp(x - max x) along ``axis``."""

@@ -116,6 +116,20 @@ for _name, _fn in {
     FAMILY.add(_name, _binary(_fn), inputs=(2, 2))
 
 
+@op("FusedElementwise", internal=True, caches=("_plans",))
+def _fused_elementwise(inputs, attrs, opset):
+    """A chain of elementwise nodes (``fusion.fuse_elementwise``) as one program of the
+    backend's (``Ops.elementwise_plan``), made once per backend."""
+    ops = get_ops()
+    plans = attrs.get("_plans")
+    held = None if plans is None else plans.get(id(ops))
+    if held is None:
+        held = (ops, ops.elementwise_plan(attrs["program"]))  # the ops object kept: its id stays its own
+        if plans is not None:
+            plans[id(ops)] = held
+    return [held[1](inputs)]
+
+
 @op("FusedAdd", internal=True)
 def _fused_add(inputs, attrs, opset):
     """f(a + b) (``fusion.fuse_add_activation``): one native pass where both operands are float32

@@ -1,0 +1,206 @@
+"""CpuOps elementwise programs: a chain of float32 elementwise operations in one native pass
+(``native/elementwise.c``) where its tensors share one shape and memory order.
+
+Per layout of a call's operands (shapes and strides, kept per plan) each operand is a tensor
+of the result's shape whose memory is runs of contiguous values at a constant stride, in the
+same axis order for all (C-contiguous, NCHW views of NHWC memory as convolutions hand on,
+slices of them), a vector over the channels of 4-D values ((1, C, 1, 1), (C, 1, 1) or one per
+sample (N, C, 1, 1); where the channels are the memory's innermost axis) or one value; the
+result has the tensors' axis order in memory. Instructions whose operands
+are all vectors or single values (a squeeze-and-excite gate's activation) run first on those
+small arrays, one by one as the reference runs them; the native program takes the rest, its
+values in registers allocated by their lifetimes. Any other layout, type or shape runs the
+reference's numpy program.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...native import CODES, _core
+
+#: Most registers a native program may use (each a block of about 1024 floats per thread).
+MAX_REGISTERS = 16
+#: Most layouts a plan keeps.
+MAX_LAYOUTS = 16
+FULL, CHANNEL, SCALAR = _core.EW_FULL, _core.EW_CHANNEL, _core.EW_SCALAR
+
+
+def _layout_of(operands):
+    """(result shape, the layout of its memory, kind per operand) of a call, or None where the
+    native pass does not take it. The layout: (axis order of the memory, outermost first;
+    samples; inner values per sample; channels; each tensor operand's sample stride in floats):
+    every tensor operand holds, in that order, ``samples`` runs of ``inner`` contiguous values at
+    a constant stride (a C-contiguous array, NHWC memory behind an NCHW view, a slice of either);
+    channel vectors need the channels innermost in memory and, one per sample, the batch axis
+    outermost."""
+    for o in operands:
+        if type(o) is not np.ndarray or o.dtype != np.float32 or o.size == 0:
+            return None
+    shape = np.broadcast_shapes(*(o.shape for o in operands))
+    kinds, full, per_sample = [], [], False
+    for o in operands:
+        if o.size == 1:
+            kinds.append(SCALAR)
+        elif o.shape == shape:
+            kinds.append(FULL)
+            full.append(o)
+        else:
+            padded = (1,) * (len(shape) - o.ndim) + o.shape
+            if len(shape) != 4 or padded[2:] != (1, 1) or padded[1] != shape[1] or padded[0] not in (1, shape[0]):
+                return None
+            kinds.append(CHANNEL)
+            per_sample |= padded[0] > 1
+    if not full or any(st % 4 for o in full for st in o.strides):
+        return None
+    first = full[0]
+    order = sorted((a for a in range(len(shape)) if shape[a] > 1), key=lambda a: -first.strides[a])
+    k = 0  # order[k:]: the axes contiguous in every tensor operand
+    for o in full:
+        j, expect = len(order), 1
+        while j > 0 and o.strides[order[j - 1]] == 4 * expect:
+            expect *= shape[order[j - 1]]
+            j -= 1
+        k = max(k, j)
+    if order and k == len(order):
+        return None
+    c = 1
+    if CHANNEL in kinds:
+        if len(shape) != 4 or order[-1] != 1:
+            return None
+        c = shape[1]
+        if per_sample:
+            if order[0] != 0 or k > 1:
+                return None
+            k = 1
+    prefix = order[:k]
+    samples, inner = math.prod(shape[a] for a in prefix), math.prod(shape[a] for a in order[k:])
+    strides = []
+    for o in full:
+        stride = o.strides[prefix[-1]] // 4 if prefix else inner
+        step = stride
+        for a in reversed(prefix):
+            if o.strides[a] != 4 * step:
+                return None
+            step *= shape[a]
+        strides.append(stride)
+    perm = [a for a in range(len(shape)) if shape[a] == 1] + order
+    return shape, (perm, samples, inner, c, strides), kinds
+
+
+def _registers(insns, n_operands):
+    """``insns`` ((op, a, b, param) on values: the operands, then each result in turn; b -1
+    for none) with their results in registers: (op, dst, a, b, param), a and b operand indices
+    or the register -1 - r; and the number of registers. A register is free again after its
+    value's last reader."""
+    last = {}
+    for k, (_, a, b, _) in enumerate(insns):
+        for v in (a, b):
+            if v >= n_operands:
+                last[v] = k
+    free, where, out, top = [], {}, [], 0
+    for k, (op, a, b, param) in enumerate(insns):
+        refs = [v if v < n_operands else -1 - where[v] for v in (a, b)]
+        for v in {a, b}:
+            if v >= n_operands and last.get(v) == k:
+                free.append(where[v])
+        if free:
+            dst = free.pop()
+        else:
+            dst, top = top, top + 1
+        where[n_operands + k] = dst
+        out.append((op, dst, refs[0], refs[1] if b >= 0 else 0, param))
+    return out, top
+
+
+class _Layout:
+    """The native program of one layout of a call's operands: the instructions run first
+    (``hoisted``: (instruction, its value index)), the values the native pass reads
+    (``sources``, with their kinds), its result's shape and memory."""
+
+    def __init__(self, program, n_operands, shape, memory, kinds):
+        perm, self.samples, self.inner, self.c, strides = memory
+        self.memory_shape = tuple(shape[a] for a in perm)
+        self.back = tuple(int(a) for a in np.argsort(perm))  # memory order -> the result's axes
+        self.strides = dict(zip((k for k, kind in enumerate(kinds) if kind == FULL), strides))
+        kind_of = list(kinds)
+        for _, a, b, _ in program:
+            used = [kind_of[v] for v in (a, b) if v >= 0]
+            kind_of.append(FULL if FULL in used else CHANNEL if CHANNEL in used else SCALAR)
+        if kind_of[-1] != FULL:
+            raise ValueError("the result is no tensor of the operands' shape")
+        self.hoisted = [(insn, n_operands + k) for k, insn in enumerate(program) if kind_of[n_operands + k] != FULL]
+        native = [(k, insn) for k, insn in enumerate(program) if kind_of[n_operands + k] == FULL]
+        self.sources = []
+        for _, (_, a, b, _) in native:
+            for v in (a, b):
+                if (0 <= v < n_operands or (v >= 0 and kind_of[v] != FULL)) and v not in self.sources:
+                    self.sources.append(v)
+        self.kinds = [kind_of[v] for v in self.sources]
+        index = {v: i for i, v in enumerate(self.sources)}
+        for k, _ in native:
+            index[n_operands + k] = len(index)
+        renamed = [(op, index[a], index[b] if b >= 0 else -1, param) for _, (op, a, b, param) in native]
+        insns, registers = _registers(renamed, len(self.sources))
+        if registers > MAX_REGISTERS:
+            raise ValueError("too many registers")
+        self.program = _core.ElementwiseProgram(
+            [
+                (op, dst, a, b, *(_act(param) if op == "act" else (0, 0.0)), *(param if op == "clip" else (0.0, 0.0)))
+                for op, dst, a, b, param in insns
+            ],
+            max(registers, 1),
+            len(self.sources),
+        )
+
+    def run(self, ops, operands, n_program):
+        values = [*operands, *([None] * n_program)]
+        for insn, v in self.hoisted:
+            values[v] = ops.elementwise_step(insn, values)
+        args = []
+        for v, kind in zip(self.sources, self.kinds):
+            x = values[v]
+            if kind == FULL:
+                args.append((kind, x, self.strides[v]))
+            elif kind == CHANNEL:
+                vec = np.ascontiguousarray(x, np.float32).reshape(-1)
+                args.append((kind, vec, self.c if vec.size > self.c else 0))
+            else:
+                args.append((kind, np.ascontiguousarray(x, np.float32).reshape(1), 0))
+        out = np.empty(self.memory_shape, np.float32)
+        self.program(self.samples, self.inner, self.c, args, out)
+        return out.transpose(self.back)
+
+
+def _act(param):
+    name, alpha = param
+    return CODES[name], float(alpha)
+
+
+def native_plan(ops, program, general):
+    """``run(operands)`` for CpuOps.elementwise_plan: the native pass per layout of the
+    operands (kept per plan), ``general`` (the reference's run) where it does not apply."""
+    program = tuple(program)
+    if not program or any(op == "act" and param[0] not in CODES for op, _, _, param in program):
+        return general
+    layouts: dict = {}
+
+    def run(operands):
+        key = tuple((o.shape, o.strides, o.dtype.char) if type(o) is np.ndarray else None for o in operands)
+        layout = layouts.get(key)
+        if layout is None:
+            found = _layout_of(operands)
+            try:
+                layout = False if found is None else _Layout(program, len(operands), *found)
+            except ValueError:
+                layout = False
+            if len(layouts) >= MAX_LAYOUTS:
+                layouts.clear()
+            layouts[key] = layout
+        if layout is False:
+            return general(operands)
+        return layout.run(ops, operands, len(program))
+
+    return run
