@@ -29,10 +29,15 @@ def _native_concat_axis(xs, axis):
     fewer than _NATIVE_CONCAT_MIN values (numpy's copy is cheaper than these checks), one part or
     more than the kernel takes, parts that are not C-contiguous arrays of one dtype and rank,
     object arrays, and what numpy refuses (it raises the error)."""
-    if not 1 < len(xs) <= _core.MAX_CONCAT_PARTS or any(type(x) is not np.ndarray for x in xs):
+    if not 1 < len(xs) <= _core.MAX_CONCAT_PARTS:
         return None
+    total = 0
+    for x in xs:  # (a loop: the small joins numpy takes pay these checks on every call)
+        if type(x) is not np.ndarray:
+            return None
+        total += x.size
     first = xs[0]
-    if sum(x.size for x in xs) < _NATIVE_CONCAT_MIN or not first.ndim or first.dtype.hasobject:
+    if total < _NATIVE_CONCAT_MIN or not first.ndim or first.dtype.hasobject:
         return None
     if any(x.dtype != first.dtype or x.ndim != first.ndim or not x.flags.c_contiguous for x in xs):
         return None

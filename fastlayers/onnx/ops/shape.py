@@ -80,7 +80,7 @@ def _unsqueeze(inputs, attrs, opset):
 def _concat(inputs, attrs, opset):
     parts = [x for x in inputs if x is not None]
     axis = attrs["axis"]
-    if len(parts) > 1 and all(x.ndim == 4 and x.dtype == np.float32 for x in parts):
+    if len(parts) > 1 and parts[0].ndim == 4 and all(x.ndim == 4 and x.dtype == np.float32 for x in parts):
         held = [channels_last_memory(x) for x in parts]
         if all(h is not None for h in held):
             # convolution outputs (NCHW views of NHWC memory): joined in that memory (channels
