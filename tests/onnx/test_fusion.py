@@ -1416,3 +1416,41 @@ def test_values_read_elsewhere_end_an_elementwise_program(tmp_path, rng):
     assert ours.op_types == ["FusedElementwise", "Sigmoid", "FusedElementwise", "Pow"]
     feeds = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float32)}
     _matches_ort(ours, path, feeds)
+
+
+def test_elementwise_program_from_many_threads(tmp_path, rng):
+    """One model's FusedElementwise called from four threads at once: each call's values are
+    its own (the plan's layouts are shared, the registers and the result per call)."""
+    import threading
+
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Mul", ["x", "g"], ["m"]),
+        helper.make_node("Add", ["m", "x"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    path = _elementwise_graph(tmp_path, rng, nodes, [("x", [2, 16, 9, 9]), ("g", [2, 16, 1, 1])], ["y"])
+    ours = fastlayers.load(path)
+    assert ours.op_types == ["FusedElementwise"]
+    feeds = [
+        {
+            "x": rng.standard_normal((2, 16, 9, 9)).astype(np.float32),
+            "g": rng.standard_normal((2, 16, 1, 1)).astype(np.float32),
+        }
+        for _ in range(4)
+    ]
+    wants = [np.maximum(f["x"] * f["g"] + f["x"], 0) for f in feeds]
+    failures = []
+
+    def calls(k):
+        for _ in range(50):
+            if not np.array_equal(ours(feeds[k]["x"], feeds[k]["g"]), wants[k]):
+                failures.append(k)
+
+    threads = [threading.Thread(target=calls, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
