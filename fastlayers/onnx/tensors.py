@@ -10,6 +10,7 @@ import contextvars
 import numpy as np
 
 from .. import settings
+from ..backends import get_ops
 from ..errors import InputError, ShapeError
 
 #: The most bytes one tensor may take where the graph's values, not the size of the inputs,
@@ -86,3 +87,17 @@ def read_axes(inputs, attrs, index, name="axes"):
         return ints(inputs[index])
     value = attrs.get(name)
     return None if value is None else [int(v) for v in value]
+
+
+def backend_plan(attrs, make):
+    """The plan ``make(ops)`` of the active backend ``ops`` for a node, kept in the node's
+    ``"_plans"`` cache (one per backend, the ops object held with it so that its id stays its
+    own); made anew on every call where the node has no cache."""
+    ops = get_ops()
+    plans = attrs.get("_plans")
+    held = None if plans is None else plans.get(id(ops))
+    if held is None:
+        held = (ops, make(ops))
+        if plans is not None:
+            plans[id(ops)] = held
+    return held[1]

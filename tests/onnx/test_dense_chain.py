@@ -2,8 +2,6 @@
 of the backend (``Ops.dense_chain_plan``), one native call on the cpu backend. The chain gives
 the bits of its layers run one by one, and onnxruntime's results."""
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -12,7 +10,7 @@ from fastlayers.backends import get_ops
 from fastlayers.backends.reference import ReferenceOps
 from fastlayers.native import _core
 
-from ..conftest import assert_close, oracle
+from ..conftest import assert_close, in_threads, oracle
 from .test_import import make_graph
 
 onnx = pytest.importorskip("onnx")
@@ -115,15 +113,11 @@ def test_chain_in_the_profile_and_from_many_threads(tmp_path, rng):
     assert (step.op_type, step.fused, step.kernel) == ("FusedDenseChain", "4 dense", "cpu.dense_chain_plan")
     results = []
 
-    def calls():
+    def calls(_):
         for _ in range(50):
             results.append(model(x))
 
-    threads = [threading.Thread(target=calls) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(calls, 4)
     assert len(results) == 200
     for y in results:
         np.testing.assert_array_equal(y, want)

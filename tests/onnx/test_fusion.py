@@ -6,7 +6,7 @@ import pytest
 
 import fastlayers
 
-from ..conftest import assert_close, oracle
+from ..conftest import assert_close, in_threads, oracle
 from .test_import import export, make_graph
 
 
@@ -1421,8 +1421,6 @@ def test_values_read_elsewhere_end_an_elementwise_program(tmp_path, rng):
 def test_elementwise_program_from_many_threads(tmp_path, rng):
     """One model's FusedElementwise called from four threads at once: each call's values are
     its own (the plan's layouts are shared, the registers and the result per call)."""
-    import threading
-
     from onnx import helper
 
     nodes = [
@@ -1448,9 +1446,5 @@ def test_elementwise_program_from_many_threads(tmp_path, rng):
             if not np.array_equal(ours(feeds[k]["x"], feeds[k]["g"]), wants[k]):
                 failures.append(k)
 
-    threads = [threading.Thread(target=calls, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(calls, 4)
     assert failures == []

@@ -13,7 +13,7 @@ from ...backends import get_ops
 from ...backends.activations import erfc64
 from ..layout import channels_last_memory, stored
 from ..records import AXIS, BOOL, FLT, STRING, A, Family
-from ..tensors import f32
+from ..tensors import backend_plan, f32
 
 #: This family's operator records (``ops.RECORDS`` gathers the families).
 FAMILY = Family("elementwise")
@@ -120,14 +120,7 @@ for _name, _fn in {
 def _fused_elementwise(inputs, attrs, opset):
     """A chain of elementwise nodes (``fusion.fuse_elementwise``) as one program of the
     backend's (``Ops.elementwise_plan``), made once per backend."""
-    ops = get_ops()
-    plans = attrs.get("_plans")
-    held = None if plans is None else plans.get(id(ops))
-    if held is None:
-        held = (ops, ops.elementwise_plan(attrs["program"]))  # the ops object kept: its id stays its own
-        if plans is not None:
-            plans[id(ops)] = held
-    return [held[1](inputs)]
+    return [backend_plan(attrs, lambda ops: ops.elementwise_plan(attrs["program"]))(inputs)]
 
 
 @op("FusedAdd", internal=True)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...backends import get_ops
 from ..records import BOOL, FLT, Family
-from ..tensors import created, f32
+from ..tensors import backend_plan, created, f32
 from . import elementwise
 from .shape import broadcast_shape
 
@@ -61,17 +61,12 @@ def _fused_dense_chain(inputs, attrs, opset):
     dense nodes as one plan of the backend's (``Ops.dense_chain_plan``), made once per backend;
     inputs x, then each layer's weights and bias ("" where it has none), ``layers`` each
     layer's (activation, alpha)."""
-    ops = get_ops()
-    plans = attrs.get("_plans")
-    held = None if plans is None else plans.get(id(ops))
-    if held is None:
-        layers = [
-            (inputs[1 + 2 * i], inputs[2 + 2 * i], name, alpha) for i, (name, alpha) in enumerate(attrs["layers"])
-        ]
-        held = (ops, ops.dense_chain_plan(layers))  # the ops object kept: its id stays its own
-        if plans is not None:
-            plans[id(ops)] = held
-    return [held[1](f32(inputs[0]))]
+
+    def make(ops):
+        pairs = enumerate(attrs["layers"])
+        return ops.dense_chain_plan([(inputs[1 + 2 * i], inputs[2 + 2 * i], name, alpha) for i, (name, alpha) in pairs])
+
+    return [backend_plan(attrs, make)(f32(inputs[0]))]
 
 
 @op("OneHotDense", internal=True, caches=("_tables",))
