@@ -26,33 +26,34 @@ def _pairwise(x: np.ndarray, axis) -> bool:
     return axes == list(range(x.ndim - len(axes), x.ndim))
 
 
-#: Longest last axis that ``wide_sum`` adds as slices (numpy's own order there): numpy's
-#: reduction over a short contiguous axis pays its per-row setup for a few additions.
+#: Longest axis that ``wide_sum`` adds as slices, in numpy's order over contiguous memory
+#: (sequential below 8 terms): numpy's reduction over a short axis pays its per-row setup for a
+#: few additions, and over one not contiguous in memory it would accumulate in float64.
 SHORT_AXIS = 7
 
 
-def _short_last_axis_sum(x: np.ndarray, keepdims: bool) -> np.ndarray:
-    """sum over the last axis of C-contiguous ``x`` (2 to ``SHORT_AXIS`` long) as numpy's
-    reduction computes it, ((x[..., 0] + x[..., 1]) + ...) + x[..., n - 1], by elementwise
+def _short_axis_sum(x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+    """sum over ``axis`` of ``x`` (2 to ``SHORT_AXIS`` long, any memory layout) as numpy's
+    reduction of contiguous memory computes it, ((x0 + x1) + ...) + x(n - 1), by elementwise
     additions of strided slices (docs/design.md, "Accumulation in reductions and
     normalizations")."""
-    y = np.add(x[..., 0], x[..., 1])
-    for k in range(2, x.shape[-1]):
-        y += x[..., k]
-    return y[..., None] if keepdims else y
+    part = [slice(None)] * x.ndim
+    part[axis] = 0
+    first = x[tuple(part)]
+    part[axis] = 1
+    y = np.add(first, x[tuple(part)])
+    for k in range(2, x.shape[axis]):
+        part[axis] = k
+        y += x[tuple(part)]
+    return np.expand_dims(y, axis) if keepdims else y
 
 
 def wide_sum(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
     """sum(x) over ``axis``, float inputs accumulated pairwise or in float64, in x's dtype."""
-    if (
-        x.dtype in _EXACT_COUNT  # float32 and float64 (numpy adds float16 in float32)
-        and x.flags.c_contiguous
-        and x.ndim >= 2
-        and 2 <= x.shape[-1] <= SHORT_AXIS
-        and axis is not None
-        and [a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)] == [x.ndim - 1]
-    ):
-        return _short_last_axis_sum(x, keepdims)
+    if x.dtype in _EXACT_COUNT and axis is not None and x.ndim >= 2:  # float32, float64 (float16 adds in float32)
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        if len(axes) == 1 and 2 <= x.shape[axes[0]] <= SHORT_AXIS:
+            return _short_axis_sum(x, axes[0] % x.ndim, keepdims)
     if x.dtype.kind != "f" or _pairwise(x, axis):
         return np.sum(x, axis=axis, keepdims=keepdims)
     return np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64).astype(x.dtype)

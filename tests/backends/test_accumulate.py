@@ -212,3 +212,29 @@ def test_sums_over_a_short_last_axis_are_numpys(rng, dtype, n, shape):
         got, want = wide_sum(x, axis=-1, keepdims=keepdims), np.sum(x, axis=-1, keepdims=keepdims)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_array_equal(got.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [2, 3, 7])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("memory", ["transposed", "sliced", "contiguous"])
+def test_sums_over_a_short_axis_of_any_layout(rng, dtype, n, axis, memory):
+    """A sum over one short axis of any position and memory layout (a transposed view, a
+    slice) is numpy's sum of the same values in contiguous memory, bit for bit."""
+    shape = [5, 6, 9]
+    shape[axis] = n
+    x = (rng.standard_normal(shape) * 1e3).astype(dtype)
+    x.reshape(-1)[::7] = -0.0
+    if memory == "transposed":
+        x = np.ascontiguousarray(x.transpose(2, 0, 1)).transpose(1, 2, 0)
+    elif memory == "sliced":
+        x = np.concatenate([x, x], axis=2)[:, :, : shape[2]]
+    assert x.shape == tuple(shape) and (memory == "contiguous") == x.flags.c_contiguous
+    bits = {4: np.int32, 8: np.int64}[x.itemsize]
+    for keepdims in (False, True):
+        got = wide_sum(x, axis=axis, keepdims=keepdims)
+        want = np.sum(np.ascontiguousarray(np.moveaxis(x, axis, -1)), axis=-1, keepdims=keepdims)
+        if keepdims:
+            want = np.moveaxis(want, -1, axis)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(bits), want.view(bits))
