@@ -205,6 +205,16 @@ def _program_form(node, constants, opset):
     return None
 
 
+#: Operators whose node alone runs in numpy (``ops.elementwise``): one alone is a program too.
+_NUMPY_ALONE = {"Sqrt", "Neg", "Abs", "Clip", "Pow", "HardSigmoid"}
+
+
+def _numpy_alone(node, form) -> bool:
+    """Whether ``node``, outside any chain, would run in numpy where its program runs natively
+    (a HardSigmoid of torch's slope and offset is the backends' own activation)."""
+    return node.op_type in _NUMPY_ALONE and not (len(form) == 1 and form[0][0] == "act")
+
+
 def _float32(name, constants, dtypes) -> bool:
     """Whether the value or constant ``name`` is float32."""
     return (constants[name].dtype if name in constants else dtypes.get(name)) == np.float32
@@ -219,7 +229,8 @@ def fuse_elementwise(nodes, constants, outputs, dtypes, opset) -> list[Node]:
     grows from a node whose value something else reads (a graph output, another operator, two
     readers) back through the producers of its inputs that nothing else reads; ``dtypes``: the
     element types known at load (``rewrite.known_dtypes``), float32 for every value it takes."""
-    uses = consumers(nodes, outputs)
+    # readers by node: a node reading a value twice (x * x) is its only reader
+    uses = {name: len({id(r) for r in rs}) for name, rs in readers_of(nodes, outputs).items()}
     producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     forms, dtypes = {}, dict(dtypes)
     for k, n in enumerate(nodes):
@@ -242,7 +253,7 @@ def fuse_elementwise(nodes, constants, outputs, dtypes, opset) -> list[Node]:
                     if sum(len(forms[m]) for m in region) + len(forms[j]) <= MAX_PROGRAM:
                         region.add(j)
                         frontier.append(j)
-        if len(region) < 2:
+        if len(region) < 2 and not _numpy_alone(nodes[root], forms[root]):
             continue
         inside |= region
         order = sorted(region)  # the graph's order: producers first

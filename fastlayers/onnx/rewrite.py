@@ -101,8 +101,15 @@ _KEEPS_FLOAT32 = {
     "Softsign",
     "Clip",
     "GlobalAveragePool",
+    "GlobalMaxPool",
     "MaxPool",
     "AveragePool",
+    "ConvTranspose",
+    # the reductions computed in float64 round to their input's type (backends/accumulate.py)
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
     # fastlayers' fused nodes (the passes after the rewrites read their types too)
     "FusedConv",
     "FusedDense",

@@ -128,7 +128,9 @@ def test_casts_to_the_type_a_value_has_dropped_in_branches_too(tmp_path, rng):
     ours = fastlayers.load(tmp_path / "casts.onnx")
     assert ours.op_types.count("Cast") == 1
     branches = next(n.attrs for n in ours._nodes if n.op_type == "If")
-    assert [branches[k].model.op_types for k in ("then_branch", "else_branch")] == [["Neg"], ["Abs"]]
+    # each branch's one node a one-node elementwise program
+    assert [branches[k].model.op_types for k in ("then_branch", "else_branch")] == [["FusedElementwise"]] * 2
+    assert [branches[k].model._nodes[0].attrs["_ops"] for k in ("then_branch", "else_branch")] == ["Neg", "Abs"]
     for cond in (True, False):
         _matches_ort(
             ours, tmp_path / "casts.onnx", {"x": rng.standard_normal((2, 5)).astype(np.float32), "cond": np.array(cond)}
@@ -197,7 +199,7 @@ def test_output_renamed_for_every_reader(tmp_path, rng):
     )
     onnx.save(model, tmp_path / "rename.onnx")
     ours = fastlayers.load(tmp_path / "rename.onnx")
-    assert ours.op_types == ["Relu", "Neg"]
+    assert ours.op_types == ["Relu", "FusedElementwise"]  # the Neg a one-node program
     assert [(n.inputs, n.outputs) for n in ours._nodes] == [(["x"], ["y"]), (["y"], ["z"])]
     _matches_ort(ours, tmp_path / "rename.onnx", {"x": rng.standard_normal(3).astype(np.float32)})
 
@@ -347,7 +349,7 @@ def test_affine_constants_that_would_change_the_shape_stay_nodes(tmp_path, rng):
 
 def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
     """Clip to [0, 3] and HardSigmoid with ONNX's default alpha 0.2 have no fused epilogue:
-    they stay after the fused nodes (HardSwish is the dense node's hard_silu); a Conv output that other nodes also read keeps
+    they stay after the fused nodes, each a one-node elementwise program (HardSwish is the dense node's hard_silu); a Conv output that other nodes also read keeps
     its Mul, and its x * Sigmoid(x) is one Swish node on the convolution's NHWC memory."""
     oracle("onnx")
     import onnx
@@ -388,9 +390,9 @@ def test_unfusable_bounds_and_shared_outputs_stay(tmp_path, rng):
     ours = fastlayers.load(tmp_path / "unfused.onnx")
     assert ours.op_types == [
         "FusedDense",
-        "Clip",
+        "FusedElementwise",
         "FusedDense",
-        "HardSigmoid",
+        "FusedElementwise",
         "FusedDense",
         "FusedConv",
         "Mul",
@@ -470,7 +472,8 @@ def test_layer_norm_decompositions_left_alone(tmp_path, rng, case):
     )
     onnx.save(model, tmp_path / "ln.onnx")
     ours = fastlayers.load(tmp_path / "ln.onnx")
-    assert "LayerNormalization" not in ours.op_types and "Div" in ours.op_types
+    programs = [n.attrs["_ops"] for n in ours._nodes if n.op_type == "FusedElementwise"]
+    assert "LayerNormalization" not in ours.op_types and ("Div" in ours.op_types or any("Div" in o for o in programs))
     got = ours(rng.standard_normal((2, 4)).astype(dtype))
     assert (got[0] if isinstance(got, list) else got).dtype == dtype
     _matches_ort(ours, tmp_path / "ln.onnx", {"x": rng.standard_normal((2, 4)).astype(dtype)})
@@ -741,8 +744,8 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
 def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     """Add of two convolutions' outputs (NHWC memory behind NCHW views) followed by Relu, one
     followed by Sigmoid and one with a broadcast operand (numpy's sum inside the node) run as
-    FusedAdd nodes (the first two then one elementwise program); an Add that another node reads
-    too stays as it is. Every output equals onnxruntime's."""
+    FusedAdd nodes, then elementwise programs; an Add that another node reads too ends a
+    program. Every output equals onnxruntime's."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -756,7 +759,7 @@ def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
         helper.make_node("Sigmoid", ["s2"], ["b"]),
         helper.make_node("Add", ["b", "row"], ["s3"]),  # broadcast
         helper.make_node("Relu", ["s3"], ["c"]),
-        helper.make_node("Add", ["c", "c"], ["s4"]),  # also an output: stays
+        helper.make_node("Add", ["c", "c"], ["s4"]),  # also an output: ends a program
         helper.make_node("Relu", ["s4"], ["d"]),
     ]
     consts = {"k1": k1, "k2": k2}
@@ -773,10 +776,10 @@ def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     path = tmp_path / "residual.onnx"
     path.write_bytes(model.SerializeToString())
     ours = fastlayers.load(path)
-    # the first two FusedAdd nodes (a read only by the second) then join one elementwise program
-    assert ours.op_types == ["FusedConv", "FusedConv", "FusedElementwise", "FusedAdd", "Add", "Relu"]
-    assert ours._nodes[2].attrs["_ops"] == "FusedAdd+FusedAdd"
-    assert [n.attrs["activation"] for n in ours._nodes if n.op_type == "FusedAdd"] == ["relu"]
+    # the first two FusedAdd nodes (a read only by the second) join one elementwise program, the
+    # third and the Add reading its value twice (its only reader) another
+    assert ours.op_types == ["FusedConv", "FusedConv", "FusedElementwise", "FusedElementwise", "Relu"]
+    assert [n.attrs.get("_ops") for n in ours._nodes[2:4]] == ["FusedAdd+FusedAdd", "FusedAdd+Add"]
     feed = {
         "img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
         "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
@@ -1396,6 +1399,37 @@ def test_elementwise_chains_of_every_form(tmp_path, rng, opset):
         "b": rng.standard_normal((1, 129, 4)).astype(np.float32),
     }
     _matches_ort(ours, path, feeds)
+
+
+def test_squares_reductions_and_lone_numpy_nodes_make_programs(tmp_path, rng, backend):
+    """A node reading a value twice (x * x) is its only reader: the square joins the program
+    before it; a reduction's output is float32 where its input is, so the gate after a
+    ReduceMean joins its Mul; a Clip, Sqrt or HardSigmoid of another slope alone, which would run
+    in numpy, is a program of its own. onnxruntime's values."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["m"]),
+        helper.make_node("Mul", ["m", "m"], ["sq"]),  # m read twice by one node
+        helper.make_node("ReduceSum", ["sq", "last"], ["r"], keepdims=1),
+        helper.make_node("Sqrt", ["r"], ["mag"]),  # alone: a reduction and a Mul read it
+        helper.make_node("ReduceMean", ["mag"], ["p"], axes=[2, 3], keepdims=1),
+        helper.make_node("HardSigmoid", ["p"], ["g"], alpha=0.1666667, beta=0.5),
+        helper.make_node("Mul", ["mag", "g"], ["gated"]),
+        helper.make_node("ReduceMax", ["gated"], ["top"], axes=[-1], keepdims=1),
+        helper.make_node("Clip", ["top", "lo", "hi"], ["y"]),
+    ]
+    consts = [("scale", rng.standard_normal((6, 1, 1))), ("lo", -0.5), ("hi", 2.0)]
+    path = _elementwise_graph(tmp_path, rng, nodes, [("x", [2, 6, 5, 2])], ["y"], consts, 13)
+    import onnx
+
+    model = onnx.load(path)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "last"))
+    onnx.save(model, path)
+    ours = fastlayers.load(path)
+    programs = [n.attrs["_ops"] for n in ours._nodes if n.op_type == "FusedElementwise"]
+    assert programs == ["Mul+Mul", "Sqrt", "HardSigmoid+Mul", "Clip"]
+    _matches_ort(ours, path, {"x": rng.standard_normal((2, 6, 5, 2)).astype(np.float32)})
 
 
 def test_values_read_elsewhere_end_an_elementwise_program(tmp_path, rng):

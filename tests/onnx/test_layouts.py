@@ -191,7 +191,9 @@ def test_conv_transpose_takes_a_channel_affine_and_an_activation(
     kept_mul = group != 1 and "Mul" in follow  # then the activation reads the Mul
     assert len(transposed) == 1 and transposed[0].fused == ("" if kept_mul else act)
     kept = {s.op_type for s in steps}
-    assert ("Mul" in kept) == kept_mul and "Add" not in kept
+    # a kept Mul and the activation after it run as one elementwise program
+    programs = [s.fused for s in steps if s.op_type == "FusedElementwise"]
+    assert programs == (["Mul+" + follow[-1]] if kept_mul else []) and not {"Mul", "Add"} & kept
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["both-nhwc", "one-nchw"])

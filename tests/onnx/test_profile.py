@@ -179,7 +179,7 @@ def test_profile_times_the_steps_of_the_branch_an_if_takes(tmp_path, rng):
         ("2.then/", 0, "Tanh"),
         ("2.then/", 1, "Softmax"),
         ("2.then/", 2, "If"),
-        ("2.then/2.then/", 0, "Neg"),
+        ("2.then/2.then/", 0, "FusedElementwise"),  # a Neg
         ("2.then/", 3, "Add"),
     ]
     choose = profile.steps[2]
