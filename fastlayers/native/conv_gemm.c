@@ -57,6 +57,7 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
     const conv_ctx *p = (const conv_ctx *)arg;
     int64_t c = p->c, k = p->k, cout = p->cout, wo = p->wo, wp = p->w;
     int64_t ars = p->sw * c, ari = p->dh * wp * c;
+    int epi = p->bias || p->code != FL_LINEAR;         /* on each tile, while it is in L1 */
     for (int64_t u = u0; u < u1; ++u) {
         int64_t cb = u / p->row_units, t = u % p->row_units;
         int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
@@ -73,18 +74,18 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
                 if (p->dw == 1) {
                     FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j,
                                           cout, nr, 0);
-                    continue;
+                } else {
+                    for (int64_t i = 0; i < p->kh; ++i)
+                        FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
+                                              pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr,
+                                              i > 0);
                 }
-                for (int64_t i = 0; i < p->kh; ++i)
-                    FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
-                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr,
-                                          i > 0);
+                if (epi) {
+                    gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
+                    FL_FN(gemm_tile_epi)(rows, yr + j, cout, nr, &at);
+                }
             }
         }
-        if (p->bias || p->code != FL_LINEAR)
-            FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
-                                       p->bias ? p->bias + j0 : 0, p->code, p->alpha, yt + j0,
-                                       cout);
     }
 }
 

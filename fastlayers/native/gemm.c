@@ -215,18 +215,64 @@ void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const 
 /* The same over columns of wide tiles. */
 FL_INLINE int64_t gemm_next_rows(int64_t left) { return gemm_next_rows_over(left, GEMM_TN); }
 
+/* One row of gemm_tile_epi for the activation `code` (a constant in each case below). */
+FL_INLINE void gemm_epi_row(float *row, int nr, const float *bias, const int code, float alpha) {
+    int j = 0;
+    for (; j + FL_VW <= nr; j += FL_VW) {
+        fl_vf v = fl_load(row + j);
+        if (bias) v += fl_load(bias + j);
+        fl_store(row + j, rows_vact(v, code, alpha));
+    }
+    if (j < nr) {                                 /* the tail, its missing lanes zeros */
+        fl_vf v = fl_load_n(row + j, nr - j);
+        if (bias) v += fl_load_n(bias + j, nr - j);
+        fl_store_n(row + j, rows_vact(v, code, alpha), nr - j);
+    }
+}
+
+void FL_FN(gemm_tile_epi)(int64_t rows, float *c, int64_t ldc, int nr, const gemm_epi *epi) {
+    const float *bias = epi->bias;
+    float alpha = epi->alpha;
+    switch (epi->code) {                          /* the code's branch once per tile */
+#define GEMM_EPI_CASE(cd)                                                                      \
+    case cd:                                                                                   \
+        for (int64_t r = 0; r < rows; ++r) gemm_epi_row(c + r * ldc, nr, bias, cd, alpha);     \
+        break;
+        GEMM_EPI_CASE(FL_LINEAR) GEMM_EPI_CASE(FL_RELU) GEMM_EPI_CASE(FL_RELU6)
+        GEMM_EPI_CASE(FL_LEAKY_RELU) GEMM_EPI_CASE(FL_HARD_SIGMOID) GEMM_EPI_CASE(FL_SOFTSIGN)
+        GEMM_EPI_CASE(FL_SIGMOID) GEMM_EPI_CASE(FL_SILU) GEMM_EPI_CASE(FL_GELU)
+        GEMM_EPI_CASE(FL_GELU_TANH) GEMM_EPI_CASE(FL_EXPONENTIAL) GEMM_EPI_CASE(FL_TANH)
+        GEMM_EPI_CASE(FL_HARD_SILU) GEMM_EPI_CASE(FL_ONNX_SIGMOID) GEMM_EPI_CASE(FL_ONNX_SILU)
+        GEMM_EPI_CASE(FL_ONNX_TANH)
+#undef GEMM_EPI_CASE
+    default: break;
+    }
+}
+
+/* The tile epilogue a product applies to its tiles: NULL where it has none to apply (no bias,
+ * linear) or applies it per row (the softmax codes need whole rows). */
+FL_INLINE const gemm_epi *gemm_tile_epi_of(const gemm_epi *epi) {
+    if (!epi || epi->code == FL_SOFTMAX || epi->code == FL_LOG_SOFTMAX) return 0;
+    return epi->bias || epi->code != FL_LINEAR ? epi : 0;
+}
+
 /* c[:m, j0:j1] (+)= a[:m, :kc] (rows lda apart) @ the packed block pbk (panel j of this block
  * at pbk + j * pstride, rows 32 floats apart), for columns j0:j1 of c (j0 a multiple of 32
  * relative to the block). */
 static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int64_t lda,
-                       const float *pbk, int64_t pstride, float *c, int64_t ldc, int acc) {
+                       const float *pbk, int64_t pstride, float *c, int64_t ldc, int acc,
+                       const gemm_epi *epi) {
     for (int64_t ir = 0, rows; ir < m; ir += rows) {
         rows = gemm_next_rows_over(m - ir, ncols);
         for (int64_t j = 0; j < ncols; j += GEMM_TN) {
             int nr = (int)FL_MIN(ncols - j, GEMM_TN);
             const float *pbj = pbk + (j / FL_PANEL) * pstride + j % FL_PANEL;
-            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, c + ir * ldc + j,
-                                  ldc, nr, acc);
+            float *cij = c + ir * ldc + j;
+            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, cij, ldc, nr, acc);
+            if (epi) {
+                gemm_epi at = {epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
+                FL_FN(gemm_tile_epi)(rows, cij, ldc, nr, &at);
+            }
         }
     }
 }
@@ -384,7 +430,8 @@ FL_INLINE const float *gemm_few_after(const float *pb, int64_t n, int64_t k, int
  * Blocks of rows outermost, the order this replaces, read each panel in slices a panel apart,
  * which kept the weights' stream from memory from overlapping the arithmetic. */
 static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const float *a,
-                           int64_t lda, const float *pb, float *c, int64_t ldc, int accumulate) {
+                           int64_t lda, const float *pb, float *c, int64_t ldc, int accumulate,
+                           const gemm_epi *epi) {
     int64_t tiles = 0;
     for (int64_t left = m; left > 0; left -= gemm_next_rows_over(left, n)) ++tiles;
     for (int64_t j = 0; j < n; j += GEMM_TN) {
@@ -409,13 +456,21 @@ static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const fl
                 FL_FN(gemm_tile_rows)((int)rows, 1, 0, kb, a + ir * lda + pc, lda,
                                       pbj + pc * FL_PANEL, c + ir * ldc + j, ldc, nr,
                                       accumulate || pc > 0);
+                if (epi && pc + kb >= k) {
+                    gemm_epi at = {epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
+                    FL_FN(gemm_tile_epi)(rows, c + ir * ldc + j, ldc, nr, &at);
+                }
             }
         }
     }
 }
 
-int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                        const float *pb, int accumulate, float *c, int64_t ldc) {
+/* sgemm_packed with the tile epilogue `epi` (NULL: none; see gemm_tile_epi_of): 1 where the
+ * epilogue was applied, 0 where the caller still has to (the thin path, k <= 0), -1 where a
+ * buffer could not be had. */
+static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *pb, int accumulate, float *c, int64_t ldc,
+                       const gemm_epi *epi) {
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) {
         if (!accumulate)
@@ -440,8 +495,8 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
             a = copy;
             lda = k + 16;
         }
-        gemm_block_few(m, n, k, (k + blocks - 1) / blocks, a, lda, pb, c, ldc, accumulate);
-        return 0;
+        gemm_block_few(m, n, k, (k + blocks - 1) / blocks, a, lda, pb, c, ldc, accumulate, epi);
+        return epi != 0;
     }
     const int64_t ldbuf = GEMM_KC + 16;
     float *buf = 0;
@@ -455,8 +510,14 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
             int64_t nc = FL_MIN(n - jc, GEMM_NC);
             const float *pbk = pb + jc * k + pc * FL_PANEL;
+            /* the epilogue on the tiles of the last block of k, their sums final */
+            gemm_epi at = {0, FL_LINEAR, 0.0f}, *last = 0;
+            if (epi && pc + kc >= k) {
+                at = (gemm_epi){epi->bias ? epi->bias + jc : 0, epi->code, epi->alpha};
+                last = &at;
+            }
             if (!buf) {
-                gemm_block(m, nc, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc);
+                gemm_block(m, nc, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc, last);
                 continue;
             }
             for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
@@ -464,11 +525,16 @@ int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
                 for (int64_t i = 0; i < mc; ++i)
                     memcpy(buf + i * ldbuf, a + (ic + i) * lda + pc, (size_t)kc * sizeof(float));
                 gemm_block(mc, nc, kc, buf, ldbuf, pbk, k * FL_PANEL, c + ic * ldc + jc, ldc,
-                           acc);
+                           acc, last);
             }
         }
     }
-    return 0;
+    return epi != 0;
+}
+
+int FL_FN(sgemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *pb, int accumulate, float *c, int64_t ldc) {
+    return gemm_packed(m, n, k, a, lda, pb, accumulate, c, ldc, 0) < 0 ? -1 : 0;
 }
 
 /* Rows of A up to which sgemm reads a transposed b as it is instead of packing it. */
@@ -516,7 +582,7 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
             const float *bk = trans_b ? b + jc * ldb + pc : b + pc * ldb + jc;
             FL_FN(pack)(bk, ldb, trans_b, kc, nc, pbk);
             gemm_block(m, nc, kc, a + pc, lda, pbk, kc * FL_PANEL, c + jc, ldc,
-                       accumulate || pc > 0);
+                       accumulate || pc > 0, 0);
         }
     }
     return 0;
@@ -545,6 +611,8 @@ typedef struct {
 
 /* Rows [r0, r1) of c = f(a @ b + bias), in chunks whose epilogue runs while they are hot. */
 static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
+    gemm_epi ask = {x->bias, x->code, x->alpha};
+    const gemm_epi *epi = gemm_tile_epi_of(&ask);     /* on each tile, while it is in L1 */
     int64_t most = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1), GEMM_MR);
     if (x->k * x->n > GEMM_B_CACHED_FLOATS) most = FL_MAX(most, GEMM_REREAD_ROWS);
     /* near-equal chunks of whole tiles: no short last chunk on the thin path */
@@ -554,11 +622,11 @@ static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
         int64_t rows = FL_MIN(chunk, r1 - i);
         const float *ai = x->a + i * x->lda;
         float *ci = x->c + i * x->ldc;
-        int st = x->pb ? FL_FN(sgemm_packed)(rows, x->n, x->k, ai, x->lda, x->pb, 0, ci, x->ldc)
+        int st = x->pb ? gemm_packed(rows, x->n, x->k, ai, x->lda, x->pb, 0, ci, x->ldc, epi)
                        : FL_FN(sgemm)(rows, x->n, x->k, ai, x->lda, x->b, x->ldb, x->trans_b, 0,
                                       ci, x->ldc);
-        if (st) return st;
-        if (x->code != FL_LINEAR || x->bias)
+        if (st < 0) return st;
+        if (st == 0 && (x->code != FL_LINEAR || x->bias))
             FL_FN(rows_bias_act_range)(0, rows, x->n, ci, x->ldc, x->bias, x->code, x->alpha,
                                        ci, x->ldc);
     }

@@ -39,5 +39,18 @@ void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const 
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                            int accumulate);
 
+/* The bias and activation a product's caller asks of its tiles (gemm_tile_epi): bias NULL for
+ * none, code an elementwise activation (not the softmax codes). */
+typedef struct {
+    const float *bias;
+    int code;
+    float alpha;
+} gemm_epi;
+
+/* c[r, 0:nr] = f(c[r, 0:nr] + bias[0:nr]) for r < rows (rows ldc floats apart, nr <= GEMM_TN):
+ * a tile's epilogue once its sums are final, while it is in L1; the same bits as the row
+ * epilogue (rows_bias_act_range) gives. */
+void FL_FN(gemm_tile_epi)(int64_t rows, float *c, int64_t ldc, int nr, const gemm_epi *epi);
+
 FL_GEMM_KERNELS(FL_DECLARE)
 #endif

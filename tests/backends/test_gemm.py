@@ -150,6 +150,40 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
     assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
 
 
+@pytest.mark.parametrize(
+    "m, k, n, lda",
+    [
+        (9, 16, 32, 16),  # few rows, one block of k
+        (64, 300, 40, 300),  # few rows, blocks of k, a tail of columns
+        (100, 16, 32, 16),  # row tiles, one block of k
+        (337, 257, 17, 257),  # two blocks of k, a narrow tail
+        (200, 40, 300, 40),  # two blocks of columns
+        (90, 24, 64, 1024),  # rows of A aliasing in L1, copied
+    ],
+)
+@pytest.mark.parametrize("activation", sorted(set(CODES) - {"softmax", "log_softmax"}))
+@pytest.mark.parametrize("bias", [True, False])
+def test_tile_epilogue_is_the_row_epilogue_bit_for_bit(rng, m, k, n, lda, activation, bias):
+    """The bias and activation applied to each tile of a packed product once its sums are final
+    give the bits of the product followed by the row epilogue (``bias_act``), for every
+    activation, tails of columns, blocks of k and of columns, and rows copied for aliasing."""
+    before = fastlayers.get_num_threads()
+    fastlayers.set_num_threads(1)
+    try:
+        a = (rng.standard_normal((m, lda)) * 2).astype(np.float32)[:, :k]
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if bias else None
+        pb = _core.pack(w)
+        fused = np.empty((m, n), np.float32)
+        _core.matmul(a, w, fused, pb, b, CODES[activation], 0.1)
+        plain = np.empty((m, n), np.float32)
+        _core.matmul(a, w, plain, pb, None, CODES["linear"], 0.0)
+        _core.bias_act(plain, b, CODES[activation], 0.1, plain)
+    finally:
+        fastlayers.set_num_threads(before or _core.get_num_threads())
+    np.testing.assert_array_equal(fused.view(np.int32), plain.view(np.int32))
+
+
 def test_bad_operands_raise_clear_errors():
     with pytest.raises(TypeError, match="float32"):
         _core.sgemm(np.zeros((2, 2)), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
