@@ -442,6 +442,18 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
 #endif
 }
 
+/* c[:m, panels p0:p1] on the calling thread (qgemm_internal.h). */
+void FL_FN(qgemm_panels)(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
+                         int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc) {
+#if defined(FL_ISA_AVX512)
+    if (a->amx) qgemm_amx_begin();
+#endif
+    qgemm_block(a, pb, k, n, 0, m, p0, p1, o, c, ldc);
+#if defined(FL_ISA_AVX512)
+    if (a->amx) qgemm_amx_end();
+#endif
+}
+
 /* Bytes of prepared rows of a per block of units (qgemm_task): half of a 1 MiB L2 cache,
  * the rest for b's slices and the output rows. */
 #define QGEMM_BLOCK_BYTES (INT64_C(1) << 19)

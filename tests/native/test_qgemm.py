@@ -176,14 +176,17 @@ def test_quantized_lstm_loop_matches_numpy(rng, hidden, batch, attrs):
 
 
 @pytest.mark.parametrize("attrs", [{}, {"clip": 0.5}, {"input_forget": 1, "direction": "reverse"}])
-def test_quantized_lstm_gates_of_many_rows(rng, attrs):
-    """16 rows x 300 units (a vector tail), the recurrent product shared among the threads:
-    the same bits at 2 threads as at 1, and the operator's numpy form within float32
-    rounding."""
+@pytest.mark.parametrize("hidden", [300, 304, 320])
+def test_quantized_lstm_gates_of_many_rows(rng, attrs, hidden):
+    """16 rows x 300 units (a vector tail: the recurrent product shared among the threads, the
+    gates on the calling thread), 304 or 320 (whole panels and at least QLSTM_SHARED_GATES_MIN
+    gate units: each step shared by units of the hidden state, a share's products then its
+    gates, the last share shorter): the same bits at 2 threads as at 1, and the operator's
+    numpy form within float32 rounding."""
     import fastlayers
     from fastlayers.onnx.qlstm import _dynamic_quantize_lstm
 
-    hidden, batch, n_in, steps = 300, 16, 5, 4
+    batch, n_in, steps = 16, 5, 4
     g = 4 * hidden
     inputs = [
         rng.standard_normal((steps, batch, n_in)).astype(np.float32),
