@@ -57,10 +57,13 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
     const conv_ctx *p = (const conv_ctx *)arg;
     int64_t c = p->c, k = p->k, cout = p->cout, wo = p->wo, wp = p->w;
     int64_t ars = p->sw * c, ari = p->dh * wp * c;
-    int epi = p->bias || p->code != FL_LINEAR;         /* on each tile, while it is in L1 */
+    int epilogue = p->bias || p->code != FL_LINEAR;
     for (int64_t u = u0; u < u1; ++u) {
         int64_t cb = u / p->row_units, t = u % p->row_units;
         int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
+        /* on each tile while it is in L1 where its rows are whole vectors, else per output row
+         * (whose flat path runs narrow rows as one array) */
+        int epi = epilogue && (j1 - j0) % FL_VW == 0;
         int64_t n = t / p->ho, oh = t % p->ho;
         const float *a = p->x + (n * p->h + oh * p->sh) * wp * c;
         float *yt = p->y + t * wo * cout;
@@ -86,6 +89,10 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
                 }
             }
         }
+        if (epilogue && !epi)
+            FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
+                                       p->bias ? p->bias + j0 : 0, p->code, p->alpha, yt + j0,
+                                       cout);
     }
 }
 

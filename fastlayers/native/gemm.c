@@ -217,16 +217,10 @@ FL_INLINE int64_t gemm_next_rows(int64_t left) { return gemm_next_rows_over(left
 
 /* One row of gemm_tile_epi for the activation `code` (a constant in each case below). */
 FL_INLINE void gemm_epi_row(float *row, int nr, const float *bias, const int code, float alpha) {
-    int j = 0;
-    for (; j + FL_VW <= nr; j += FL_VW) {
+    for (int j = 0; j < nr; j += FL_VW) {
         fl_vf v = fl_load(row + j);
         if (bias) v += fl_load(bias + j);
         fl_store(row + j, rows_vact(v, code, alpha));
-    }
-    if (j < nr) {                                 /* the tail, its missing lanes zeros */
-        fl_vf v = fl_load_n(row + j, nr - j);
-        if (bias) v += fl_load_n(bias + j, nr - j);
-        fl_store_n(row + j, rows_vact(v, code, alpha), nr - j);
     }
 }
 
@@ -611,8 +605,10 @@ typedef struct {
 
 /* Rows [r0, r1) of c = f(a @ b + bias), in chunks whose epilogue runs while they are hot. */
 static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
+    /* on each tile while it is in L1 where its rows are whole vectors, else per chunk (whose
+     * flat path runs narrow rows as one array) */
     gemm_epi ask = {x->bias, x->code, x->alpha};
-    const gemm_epi *epi = gemm_tile_epi_of(&ask);     /* on each tile, while it is in L1 */
+    const gemm_epi *epi = x->n % FL_VW == 0 ? gemm_tile_epi_of(&ask) : 0;
     int64_t most = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1), GEMM_MR);
     if (x->k * x->n > GEMM_B_CACHED_FLOATS) most = FL_MAX(most, GEMM_REREAD_ROWS);
     /* near-equal chunks of whole tiles: no short last chunk on the thin path */

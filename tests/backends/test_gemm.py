@@ -165,8 +165,9 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
 @pytest.mark.parametrize("bias", [True, False])
 def test_tile_epilogue_is_the_row_epilogue_bit_for_bit(rng, m, k, n, lda, activation, bias):
     """The bias and activation applied to each tile of a packed product once its sums are final
-    give the bits of the product followed by the row epilogue (``bias_act``), for every
-    activation, tails of columns, blocks of k and of columns, and rows copied for aliasing."""
+    (columns a whole number of vectors) or per chunk (other widths) give the bits of the product
+    followed by the row epilogue (``bias_act``), for every activation, blocks of k and of
+    columns, and rows copied for aliasing."""
     before = fastlayers.get_num_threads()
     fastlayers.set_num_threads(1)
     try:
