@@ -20,8 +20,10 @@
 
 /* Scores per block of query rows: 64 Ki floats (256 KiB, a quarter of L2). */
 #define ATTN_BLOCK_FLOATS 65536
-/* Fewest multiply-adds (x2) in one thread's share of attention or of an encoder phase. */
-#define ATTN_MIN_SHARE_FLOPS (INT64_C(1) << 21)
+/* Fewest multiply-adds (x2) in one thread's share of attention or of an encoder phase: a
+ * quarter of the products' GEMM_MIN_SHARE_FLOPS, as a small pair costs several times its
+ * multiply-adds (packing k^T and v, the softmax's exponentials; docs/design.md, "Attention"). */
+#define ATTN_MIN_SHARE_FLOPS (INT64_C(1) << 19)
 /* Fewest query rows per part when a pair's rows are split among threads (each part packs
  * k^T and v again). */
 #define ATTN_MIN_SPLIT_ROWS 64
