@@ -1,8 +1,9 @@
 /* conv2d (conv.h) on gemm.c's packed sgemm and its register tile, one of two ways:
  * - implicit GEMM: output row (n, oh), output column ow and window row i read kw C consecutive
  *   floats of the zero-padded input xp[n, oh sh + i dh, ow sw:ow sw + kw, :], so a tile's rows
- *   are consecutive output columns, sw C floats apart, read in place: no im2col matrix is
- *   written (a width dilation makes each tap a run of C floats: one pass per window row,
+ *   are consecutive output columns, sw C floats apart, read in place (x itself where the
+ *   windows lie inside it, a per-thread copy of the window rows with their padding at the
+ *   edges): no im2col matrix is written (a width dilation makes each tap a run of C floats: one pass per window row,
  *   accumulating). One group, output rows long enough to fill the tiles; shared by output
  *   rows and blocks of columns whose packed weights stay in L2, each output row's epilogue
  *   run as soon as it is done;
@@ -33,11 +34,15 @@
 /* ... or window rows of at most this many floats (kw C): im2col's short copies cost more than
  * the empty tile rows (same section). */
 #define CONV_IMPLICIT_RUN 64
+/* Most floats of a padded input the implicit GEMM copies whole before it runs (1 MiB: the
+ * copy stays in cache); a larger one is read in place and only the windows that leave it are
+ * copied, per output row (docs/design.md, "Implicit-GEMM convolution"). */
+#define CONV_PAD_COPY_FLOATS (INT64_C(1) << 18)
 
 /* ------------------------------------------------------------------------------ conv2d */
 
 typedef struct {
-    const float *x;      /* implicit: the padded input (n, h, w, c); im2col: x */
+    const float *x;      /* the input (n, h, w, c) */
     const float *pw, *bias;
     float *y;
     int64_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
@@ -52,12 +57,80 @@ typedef struct {
     float alpha;
 } conv_ctx;
 
-/* Units u = cb row_units + t: output row t = n Ho + oh, columns of block cb (implicit GEMM). */
+/* Output columns [s0, s1) of output row yt (columns j0:j1 of the block), their windows read at
+ * a (the window of column s0: row i at a + i ari, column ow at a + (ow - s0) ars): the tiles,
+ * each with its epilogue where `epi`. */
+static void conv_implicit_span(const conv_ctx *p, const float *a, int64_t ars, int64_t ari,
+                               float *yt, int64_t s0, int64_t s1, int64_t j0, int64_t j1,
+                               int epi) {
+    int64_t c = p->c, k = p->k, cout = p->cout;
+    for (int64_t ow = s0, rows; ow < s1; ow += rows) {
+        rows = gemm_next_rows_over(s1 - ow, j1 - j0);
+        const float *ar = a + (ow - s0) * ars;
+        float *yr = yt + ow * cout;
+        for (int64_t j = j0; j < j1; j += GEMM_TN) {
+            int nr = (int)FL_MIN(j1 - j, GEMM_TN);
+            const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
+            if (p->dw == 1) {
+                FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
+                                      nr, 0);
+            } else {
+                for (int64_t i = 0; i < p->kh; ++i)
+                    FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
+                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0);
+            }
+            if (epi) {
+                gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
+                FL_FN(gemm_tile_epi)(rows, yr + j, cout, nr, &at);
+            }
+        }
+    }
+}
+
+/* buf (kh, width, c) = the window rows of output row (n, oh) over input columns
+ * s0 sw - pl .. s0 sw - pl + width - 1, zeros outside x: the padding of the columns [s0, s1)
+ * whose windows leave x. Returns width. */
+static int64_t conv_padded_rows(const conv_ctx *p, int64_t n, int64_t oh, int64_t s0, int64_t s1,
+                                float *buf) {
+    int64_t c = p->c, width = (s1 - 1 - s0) * p->sw + (p->kw - 1) * p->dw + 1;
+    int64_t iw0 = s0 * p->sw - p->pl, lo = FL_MAX(0, -iw0), hi = FL_MIN(width, p->w - iw0);
+    for (int64_t i = 0; i < p->kh; ++i) {
+        int64_t ih = oh * p->sh - p->pt + i * p->dh;
+        float *row = buf + i * width * c;
+        if (ih < 0 || ih >= p->h || hi <= lo) {
+            memset(row, 0, (size_t)(width * c) * sizeof(float));
+            continue;
+        }
+        memset(row, 0, (size_t)(lo * c) * sizeof(float));
+        memcpy(row + lo * c, p->x + ((n * p->h + ih) * p->w + iw0 + lo) * c,
+               (size_t)((hi - lo) * c) * sizeof(float));
+        memset(row + hi * c, 0, (size_t)((width - hi) * c) * sizeof(float));
+    }
+    return width;
+}
+
+/* Units u = cb row_units + t: output row t = n Ho + oh, columns of block cb (implicit GEMM).
+ * The input is read in place where a window lies inside it (the output columns [lo, hi) of a
+ * row whose window rows all do); the rest (a few columns at each end, the rows along the
+ * top and bottom edges) reads a per-thread copy of its window rows with the zero padding. */
 static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
-    const conv_ctx *p = (const conv_ctx *)arg;
-    int64_t c = p->c, k = p->k, cout = p->cout, wo = p->wo, wp = p->w;
-    int64_t ars = p->sw * c, ari = p->dh * wp * c;
+    conv_ctx *p = (conv_ctx *)arg;
+    int64_t c = p->c, cout = p->cout, wo = p->wo, w = p->w;
+    int64_t ars = p->sw * c;
     int epilogue = p->bias || p->code != FL_LINEAR;
+    /* output columns whose windows lie inside x's columns */
+    int64_t lo = FL_MIN((p->pl + p->sw - 1) / p->sw, wo);
+    int64_t last = w - 1 - (p->kw - 1) * p->dw + p->pl;  /* ow sw <= last */
+    int64_t hi = FL_MAX(lo, FL_MIN(wo, last < 0 ? 0 : last / p->sw + 1));
+    float *buf = 0;
+    if (p->pt || p->pl || lo > 0 || hi < wo || (p->ho - 1) * p->sh + (p->kh - 1) * p->dh >= p->h + p->pt) {
+        int64_t width = (wo - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+        buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(p->kh * width * c));
+        if (!buf) {
+            p->status = -1;
+            return;
+        }
+    }
     for (int64_t u = u0; u < u1; ++u) {
         int64_t cb = u / p->row_units, t = u % p->row_units;
         int64_t j0 = cb * p->block_cols, j1 = FL_MIN(cout, j0 + p->block_cols);
@@ -65,29 +138,27 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
          * (whose flat path runs narrow rows as one array) */
         int epi = epilogue && (j1 - j0) % FL_VW == 0;
         int64_t n = t / p->ho, oh = t % p->ho;
-        const float *a = p->x + (n * p->h + oh * p->sh) * wp * c;
+        int64_t ih0 = oh * p->sh - p->pt, ih1 = ih0 + (p->kh - 1) * p->dh;
         float *yt = p->y + t * wo * cout;
-        for (int64_t ow = 0, rows; ow < wo; ow += rows) {
-            rows = gemm_next_rows_over(wo - ow, j1 - j0);
-            const float *ar = a + ow * ars;
-            float *yr = yt + ow * cout;
-            for (int64_t j = j0; j < j1; j += GEMM_TN) {
-                int nr = (int)FL_MIN(j1 - j, GEMM_TN);
-                const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
-                if (p->dw == 1) {
-                    FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j,
-                                          cout, nr, 0);
-                } else {
-                    for (int64_t i = 0; i < p->kh; ++i)
-                        FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
-                                              pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr,
-                                              i > 0);
-                }
-                if (epi) {
-                    gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
-                    FL_FN(gemm_tile_epi)(rows, yr + j, cout, nr, &at);
-                }
+        /* the spans at the ends a whole tile each where they are copied (a tile of one row
+         * costs about what a full one does) */
+        int64_t mr = j1 - j0 <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
+        int64_t left = lo > 0 ? FL_MIN(wo, FL_MAX(lo, mr)) : 0;
+        int64_t right = hi < wo ? FL_MAX(left, FL_MIN(hi, wo - mr)) : wo;
+        if (ih0 >= 0 && ih1 < p->h && right > left) {
+            const float *a = p->x + ((n * p->h + ih0) * w + left * p->sw - p->pl) * c;
+            conv_implicit_span(p, a, ars, p->dh * w * c, yt, left, right, j0, j1, epi);
+            if (left > 0) {
+                int64_t width = conv_padded_rows(p, n, oh, 0, left, buf);
+                conv_implicit_span(p, buf, ars, width * c, yt, 0, left, j0, j1, epi);
             }
+            if (right < wo) {
+                int64_t width = conv_padded_rows(p, n, oh, right, wo, buf);
+                conv_implicit_span(p, buf, ars, width * c, yt, right, wo, j0, j1, epi);
+            }
+        } else {
+            int64_t width = conv_padded_rows(p, n, oh, 0, wo, buf);
+            conv_implicit_span(p, buf, ars, width * c, yt, 0, wo, j0, j1, epi);
         }
         if (epilogue && !epi)
             FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
@@ -231,13 +302,15 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     if (method == 1) {
         int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
         int64_t wp = FL_MAX(w + pl, (wo - 1) * sw + (kw - 1) * dw + 1);
-        if (pt || pl || hp != h || wp != w) {
+        if ((pt || pl || hp != h || wp != w) && n * hp * wp * c <= CONV_PAD_COPY_FLOATS) {
+            /* a small input padded whole, once: read in place everywhere */
             float *xp = fl_buf_floats(&FL_FN(conv_call_buf), (size_t)(n * hp * wp * c));
             if (!xp) return -1;
             FL_FN(pad_nhwc)(n, h, w, c, x, pt, pl, hp, wp, xp);
             p.x = xp;
             p.h = hp;
             p.w = wp;
+            p.pt = p.pl = 0;
         }
         p.row_units = n * ho;
         units = p.row_units * conv_column_blocks(&p, FL_MAX(1, CONV_PANEL_FLOATS / (k * FL_PANEL)));

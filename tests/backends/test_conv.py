@@ -138,6 +138,32 @@ def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize(
+    "x_shape, k_shape, strides, pads, dilation",
+    [
+        ((1, 70, 70, 64), (3, 3, 64, 16), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # narrow tiles, stride 2
+        ((2, 40, 61, 56), (3, 3, 56, 40), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # wide tiles and a tail
+        ((1, 50, 80, 72), (5, 5, 72, 8), (1, 2), ((2, 1), (2, 0)), (1, 1)),  # asymmetric, 8 outputs
+        ((1, 48, 90, 64), (3, 3, 64, 32), (1, 1), ((2, 2), (2, 2)), (2, 2)),  # dilated both ways
+        ((1, 300, 20, 48), (3, 3, 48, 24), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # rows of 20: copied
+        ((1, 33, 129, 70), (2, 2, 70, 16), (2, 2), ((0, 1), (0, 1)), (1, 1)),  # padding at the end
+        ((1, 64, 66, 64), (7, 7, 64, 20), (2, 2), ((3, 3), (3, 3)), (1, 1)),  # stem-like
+    ],
+)
+def test_implicit_conv2d_reads_large_inputs_in_place(isa, n_threads, x_shape, k_shape, strides, pads, dilation):
+    """Inputs above CONV_PAD_COPY_FLOATS: the windows inside the input read it in place, the
+    ends of each row (a whole tile each) and the rows along the top and bottom edges a copy of
+    their window rows with the padding; every output against the reference."""
+    x, b = arr(0, x_shape), arr(2, k_shape[-1:])
+    k = arr(1, k_shape, np.prod(k_shape[:3]) ** -0.5)
+    assert np.prod(x_shape) > 1 << 18
+    args = (x, k, b, strides, pads, dilation, 1, "relu", 0.0)
+    with threads(n_threads):
+        got = native_conv(*args, _core.CONV_IMPLICIT)
+    assert_close(got, REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("method", ["implicit", "im2col"])
 @pytest.mark.parametrize(
