@@ -154,9 +154,11 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
     "m, k, n, lda",
     [
         (9, 16, 32, 16),  # few rows, one block of k
-        (64, 300, 40, 300),  # few rows, blocks of k, a tail of columns
+        (64, 300, 40, 300),  # few rows, blocks of k, a tail of columns (per chunk)
+        (48, 300, 64, 300),  # few rows, blocks of k, whole vectors (per tile)
         (100, 16, 32, 16),  # row tiles, one block of k
-        (337, 257, 17, 257),  # two blocks of k, a narrow tail
+        (337, 257, 17, 257),  # two blocks of k, a narrow tail (per chunk)
+        (337, 600, 48, 600),  # three blocks of k, whole vectors (per tile)
         (200, 40, 300, 40),  # two blocks of columns
         (90, 24, 64, 1024),  # rows of A aliasing in L1, copied
     ],
