@@ -3,10 +3,11 @@
  *   floats of the zero-padded input xp[n, oh sh + i dh, ow sw:ow sw + kw, :], so a tile's rows
  *   are consecutive output columns, sw C floats apart, read in place (x itself where the
  *   windows lie inside it, a per-thread copy of the window rows with their padding at the
- *   edges): no im2col matrix is written (a width dilation makes each tap a run of C floats: one pass per window row,
- *   accumulating). One group, output rows long enough to fill the tiles; shared by output
- *   rows and blocks of columns whose packed weights stay in L2, each output row's epilogue
- *   run as soon as it is done;
+ *   edges): no im2col matrix is written (a width dilation makes each tap a run of C floats:
+ *   one pass per window row, accumulating). One group, output rows long enough to fill the
+ *   tiles; shared by output rows and blocks of columns whose packed weights stay in L2, each
+ *   tile's epilogue run as soon as its sums are final (or each output row's, for columns
+ *   narrower than whole vectors);
  * - im2col + sgemm: grouped convolutions and short output rows. From CONV_ROW_SPLIT_MIN output
  *   rows, blocks of rows gathered into a per-thread (rows, kh kw C / groups) matrix, the packed
  *   sgemm group by group, then the block's epilogue; fewer rows share one matrix whose product
@@ -123,7 +124,8 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
     int64_t last = w - 1 - (p->kw - 1) * p->dw + p->pl;  /* ow sw <= last */
     int64_t hi = FL_MAX(lo, FL_MIN(wo, last < 0 ? 0 : last / p->sw + 1));
     float *buf = 0;
-    if (p->pt || p->pl || lo > 0 || hi < wo || (p->ho - 1) * p->sh + (p->kh - 1) * p->dh >= p->h + p->pt) {
+    int bottom = (p->ho - 1) * p->sh + (p->kh - 1) * p->dh >= p->h + p->pt;  /* rows below x */
+    if (p->pt || lo > 0 || hi < wo || bottom) {                  /* windows that leave x */
         int64_t width = (wo - 1) * p->sw + (p->kw - 1) * p->dw + 1;
         buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(p->kh * width * c));
         if (!buf) {
