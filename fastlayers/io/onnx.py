@@ -87,7 +87,7 @@ def load_onnx(path) -> OnnxModel:
     del data
     if parsed.external_data:  # its pickle could not carry the weights beside it
         source = None
-    return from_model(parsed, where, source)
+    return from_model(parsed, where, source, own=True)
 
 
 def from_proto(proto, where: str = "ONNX model") -> OnnxModel:

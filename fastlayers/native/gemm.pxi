@@ -108,6 +108,55 @@ PACKED_MIN_MADDS = 1 << 18
 PACKED_ROWS_FLOOR = 8
 
 
+cdef object _dense_input(object x, int64_t k):
+    """``x`` as ``dense`` reads it (C-contiguous aligned float32, last axis k, not empty), else None."""
+    if type(x) is not np.ndarray:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int nd = xa.ndim
+    if (nd < 1 or nd > 32 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(xa)
+            or not cnp.PyArray_ISALIGNED(xa) or xa.shape[nd - 1] != k or xa.size == 0):
+        return None
+    return xa
+
+
+cdef int _dense_bias(object bias, int64_t n, float **biasp) except -1:
+    """Points ``biasp`` at ``bias`` ((n,) contiguous aligned float32) or NULL for None; 0, or 1
+    where ``bias`` is not in those terms."""
+    biasp[0] = NULL
+    if bias is None:
+        return 0
+    if type(bias) is not np.ndarray:
+        return 1
+    cdef cnp.ndarray ba = <cnp.ndarray>bias
+    if (ba.ndim != 1 or ba.shape[0] != n or cnp.PyArray_TYPE(ba) != cnp.NPY_FLOAT32
+            or not cnp.PyArray_IS_C_CONTIGUOUS(ba) or not cnp.PyArray_ISALIGNED(ba)):
+        return 1
+    biasp[0] = <float *>cnp.PyArray_DATA(ba)
+    return 0
+
+
+cdef object _dense_run(cnp.ndarray xa, int64_t k, int64_t n, const float *wp, int64_t ldw,
+                       const float *pp, const float *biasp, int code, float alpha, str what):
+    """y = f(x @ w + bias) as a new array (..., n): w read in place (``wp``, rows ``ldw``
+    apart) or packed (``pp``)."""
+    cdef int nd = xa.ndim
+    cdef int64_t m = xa.size // k
+    cdef cnp.npy_intp dims[32]
+    cdef int i
+    for i in range(nd - 1):
+        dims[i] = xa.shape[i]
+    dims[nd - 1] = n
+    out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
+    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = fl_matmul(m, n, k, xp, k, wp, ldw, 0, pp, biasp, code, alpha, op, n)
+    check(st, what)
+    return out
+
+
 def dense(object x, object w, object bias, int code, float alpha, object packer):
     """y = f(x @ w + bias) over the last axis of ``x``, as a new array, on the pool's threads:
     the whole Dense layer in one call. ``x`` C-contiguous float32 of any rank, ``w`` (k, n)
@@ -116,16 +165,14 @@ def dense(object x, object w, object bias, int code, float alpha, object packer)
     is large enough for them to pay, and always for ``w`` a transposed view (an (n, k) array
     read as ``.T``: torch's Linear weight), never copied per call. None when the arguments do
     not fit these terms (the caller then takes its general path)."""
-    if type(x) is not np.ndarray or type(w) is not np.ndarray:
+    if type(w) is not np.ndarray:
         return None
-    cdef cnp.ndarray xa = <cnp.ndarray>x, wa = <cnp.ndarray>w, ba
-    cdef int nd = xa.ndim
-    if (nd < 1 or nd > 32 or cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(xa)
-            or not cnp.PyArray_ISALIGNED(xa) or wa.ndim != 2
-            or cnp.PyArray_TYPE(wa) != cnp.NPY_FLOAT32 or not cnp.PyArray_ISALIGNED(wa)):
+    cdef cnp.ndarray wa = <cnp.ndarray>w
+    if wa.ndim != 2 or cnp.PyArray_TYPE(wa) != cnp.NPY_FLOAT32 or not cnp.PyArray_ISALIGNED(wa):
         return None
-    cdef int64_t k = xa.shape[nd - 1], n = wa.shape[1]
-    if k != wa.shape[0] or k == 0 or n == 0 or xa.size == 0:
+    cdef int64_t k = wa.shape[0], n = wa.shape[1]
+    xa = _dense_input(x, k)
+    if xa is None or k == 0 or n == 0:
         return None
     cdef bint transposed = n > 1 and wa.strides[1] != 4
     if transposed:
@@ -133,35 +180,30 @@ def dense(object x, object w, object bias, int code, float alpha, object packer)
             return None
     elif k > 1 and (wa.strides[0] < 4 * n or wa.strides[0] % 4):
         return None
-    cdef float *biasp = NULL
-    if bias is not None:
-        if type(bias) is not np.ndarray:
-            return None
-        ba = <cnp.ndarray>bias
-        if (ba.ndim != 1 or ba.shape[0] != n or cnp.PyArray_TYPE(ba) != cnp.NPY_FLOAT32
-                or not cnp.PyArray_IS_C_CONTIGUOUS(ba) or not cnp.PyArray_ISALIGNED(ba)):
-            return None
-        biasp = <float *>cnp.PyArray_DATA(ba)
-    cdef int64_t m = xa.size // k
+    cdef float *biasp
+    if _dense_bias(bias, n, &biasp):
+        return None
+    cdef int64_t m = (<cnp.ndarray>xa).size // k
     cdef float *pp = NULL
     if transposed or max(m, PACKED_ROWS_FLOOR) * n * k >= PACKED_MIN_MADDS:
         pb = packer(w)
         pp = fptr(pb, "dense packed weights")
-    cdef cnp.npy_intp dims[32]
-    cdef int i
-    for i in range(nd - 1):
-        dims[i] = xa.shape[i]
-    dims[nd - 1] = n
-    out = cnp.PyArray_EMPTY(nd, dims, cnp.NPY_FLOAT32, 0)
-    cdef float *xp = <float *>cnp.PyArray_DATA(xa)
-    cdef float *wp = <float *>cnp.PyArray_DATA(wa)
-    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
-    cdef int64_t ldw = ld(wa) if pp == NULL else 0
-    cdef int st
-    with nogil:
-        st = fl_matmul(m, n, k, xp, k, wp, ldw, 0, pp, biasp, code, alpha, op, n)
-    check(st, "dense")
-    return out
+    return _dense_run(xa, k, n, <float *>cnp.PyArray_DATA(wa), ld(wa) if pp == NULL else 0, pp, biasp,
+                      code, alpha, "dense")
+
+
+def dense_held(object x, cnp.ndarray pb, int64_t k, int64_t n, object bias, int code, float alpha):
+    """``dense`` on weights (k, n) held only packed (``pb``, ``pack``'s output for them): the
+    same product and bits as ``dense`` gives when it packs them. None when ``x`` or ``bias``
+    do not fit ``dense``'s terms."""
+    if pb.ndim != 1 or pb.shape[0] < fl_packed_floats(k, n) or k <= 0 or n <= 0:
+        raise ValueError(f"dense_held: {pb.shape[0]} packed floats do not hold ({k}, {n}) weights")
+    xa = _dense_input(x, k)
+    cdef float *biasp
+    if xa is None or _dense_bias(bias, n, &biasp):
+        return None
+    cdef float *pp = fptr(pb, "dense packed weights")
+    return _dense_run(xa, k, n, pp, 0, pp, biasp, code, alpha, "dense")
 
 
 def sgemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray c, bint trans_b=False,

@@ -108,6 +108,8 @@ def fuse_dense(nodes, constants, outputs) -> list[Node]:
             if node.attrs.get("transB", 0):
                 w_name = f"{node.inputs[1]}::T"
                 constants[w_name] = np.ascontiguousarray(w.T)
+                if uses.get(node.inputs[1], 0) == 1:  # read by this node alone: freed now
+                    del constants[node.inputs[1]]
             ins = [node.inputs[0], w_name]
             if bias is not None:
                 constants[f"{node.name or k}::bias"] = bias

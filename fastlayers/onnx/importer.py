@@ -36,7 +36,9 @@ then optimises the graph once:
    last, an Add of two computed values read only by such an activation (a residual connection
    and its Relu) becomes one ``FusedAdd`` node, one pass over both operands
    (``fuse_add_activation``);
-4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they read.
+4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they
+   read; a constant only dense nodes read is held in the form the backend's product reads
+   (``weights.py``: on the cpu backend its packed copy alone).
 
 The subgraphs of If, Loop and Scan nodes become models of their own (``control.Body``),
 folded, and optimized as graphs once the outer constants they read are bound to them
@@ -61,6 +63,7 @@ from . import (
     qfusion,
     quant,
     rewrite,
+    weights,
 )
 from .control import Body
 from .fold import fold_and_inline, has_loop, mark_loops
@@ -167,7 +170,8 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
         nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
     nodes = fusion.fuse_dense_chains(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
     dtypes = rewrite.known_dtypes(nodes, constants, input_dtypes)
-    return fusion.fuse_elementwise(nodes, constants, outputs, dtypes, opset)
+    nodes = fusion.fuse_elementwise(nodes, constants, outputs, dtypes, opset)
+    return weights.hold_dense_weights(nodes, constants, outputs)
 
 
 def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:
@@ -234,9 +238,11 @@ def _op_name(node) -> str:
     return name if name.isprintable() and 0 < len(name) <= 60 else check.short(name)
 
 
-def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
+def from_model(model: proto.Model, where: str, source=None, own: bool = False) -> OnnxModel:
     """Import a model read by ``proto``; ``source`` is what its pickles carry
-    (``OnnxModel.source``)."""
+    (``OnnxModel.source``). ``own``: the caller hands ``model`` over (a file's parse), whose
+    initializers are then taken out of its graph, so that each weight the optimiser replaces
+    is freed as it goes rather than at the end of the import."""
     graph = model.graph
     opset = model.opsets.get("")
     if opset is None or not graph.nodes:
@@ -253,9 +259,13 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     # the nodes in an order that runs, dead nodes dropped before folding
     checked = check.check_graph(graph, where, opset)
     constants = dict(graph.initializers)
+    initializer_names = frozenset(constants)
+    initializer_bytes = sum(v.nbytes for v in constants.values())
+    if own:
+        graph.initializers.clear()
     inputs, dims = [], []
     for vi in graph.inputs:
-        if vi.name in constants:
+        if vi.name in initializer_names:
             continue
         if vi.elem_type not in DTYPES:
             raise UnsupportedError(f"{where}: input {check.short(vi.name)} has unsupported element type {vi.elem_type}")
@@ -265,7 +275,6 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     # constant folding makes constants of at most max(onnx_max_fold_bytes, twice the bytes of
     # the file's initializers) in all; a graph asking more is refused (ModelFileError naming
     # the node)
-    initializer_bytes = sum(v.nbytes for v in graph.initializers.values())
     budget = [max(settings.current().onnx_max_fold_bytes, 2 * initializer_bytes + quant.dequantized_bytes(graph))]
     try:
         nodes = prune(_read_nodes(checked, where, opset, budget), outputs)
@@ -291,8 +300,8 @@ def from_model(model: proto.Model, where: str, source=None) -> OnnxModel:
     constants = {k: v for k, v in constants.items() if k in used}
     shapes = {vi.name: _value_shape(vi) for vi in graph.value_info + graph.outputs}
     declared = (
-        [_declared(vi) for vi in graph.inputs if vi.name not in graph.initializers],
+        [_declared(vi) for vi in graph.inputs if vi.name not in initializer_names],
         [_declared(vi) for vi in graph.outputs],
-        frozenset(vi.name for vi in graph.inputs if vi.name in graph.initializers),
+        frozenset(vi.name for vi in graph.inputs if vi.name in initializer_names),
     )
     return OnnxModel(name, inputs, outputs, constants, nodes, opset, shapes, where, declared, source)

@@ -703,8 +703,8 @@ def _fixed_tail(shape):
 def _array_elements(value) -> int:
     """The elements of the arrays ``value`` is or holds (a tuple of arrays: a fused node's
     weights)."""
-    if isinstance(value, np.ndarray):
-        return value.size
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):  # an array, or a backend's held weights
+        return int(value.size)
     if isinstance(value, tuple):
         return sum(_array_elements(v) for v in value)
     return 0

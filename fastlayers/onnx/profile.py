@@ -139,7 +139,7 @@ def _shapes(shapes) -> str:
 
 
 def _shape(value):
-    return tuple(value.shape) if isinstance(value, np.ndarray) else None
+    return tuple(value.shape) if isinstance(value, np.ndarray) or hasattr(value, "__array__") else None
 
 
 def layout_of(value) -> str:

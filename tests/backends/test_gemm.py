@@ -329,3 +329,29 @@ def test_cpu_matmul_reads_transposed_views_in_place(rng):
     assert_close(
         CpuOps().matmul(np.swapaxes(k, -1, -2), k), _batched_expected(np.swapaxes(k, -1, -2), k), rtol=2e-5, atol=2e-5
     )
+
+
+@pytest.mark.parametrize("k, n", [(64, 4096), (300, 1000), (1024, 257)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_held_weights_unpack_and_multiply_as_the_array(rng, k, n, transposed):
+    """``hold``: weights every product would pack are held only packed; ``np.asarray`` gives
+    the same values back, and ``CpuOps.dense`` on them gives the bits ``dense`` gives on the
+    array (batch 1 and many rows, x of rank 3, a bias, an activation the epilogue has, one it
+    lacks, float64 x through the reference); weights too small to pack are kept as they are."""
+    ops = fastlayers.backends.get_ops("cpu")
+    w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+    w_kn = w.T if transposed else w
+    held = _gemm.hold(w_kn)
+    assert type(held) is _gemm.PackedWeights and held.shape == (k, n) and held.size == k * n
+    assert np.array_equal(np.asarray(held), w_kn) and np.asarray(held).flags.c_contiguous
+    bias = rng.standard_normal(n).astype(np.float32)
+    for shape in [(1, k), (37, k), (2, 5, k)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for activation, b in [("linear", None), ("relu", bias), ("softsign", bias)]:
+            got = ops.dense(x, held, b, activation)
+            assert np.array_equal(got, ops.dense(x, w_kn, b, activation)), (shape, activation)
+    x64 = rng.standard_normal((3, k))
+    assert_close(ops.dense(x64, held, bias), x64 @ w_kn.astype(np.float64) + bias, rtol=1e-5, atol=1e-4)
+    assert_close(fastlayers.backends.get_ops("reference").dense(x64[:, None], held, None)[:, 0], x64 @ w_kn)
+    small = rng.standard_normal((8, 16)).astype(np.float32)
+    assert _gemm.hold(small) is small and _gemm.hold(small.astype(np.float64)).dtype == np.float64

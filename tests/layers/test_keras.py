@@ -161,6 +161,19 @@ def test_dense(keras, backend, rng, shape, activation, use_bias):
     assert_close(actual, expected, what=f"Dense {activation}")
 
 
+def test_dense_on_weights_the_cpu_backend_holds_packed(backend, rng):
+    """Weights the cpu backend holds packed alone (``dense_weights``, as a loaded ONNX model
+    keeps them) multiply as their array does on every backend: a model loaded on the cpu
+    backend may be run on another."""
+    ops = fastlayers.backends.get_ops()
+    w = randn(rng, (256, 300))
+    held = fastlayers.backends.get_ops("cpu").dense_weights(w)
+    assert not isinstance(held, np.ndarray)
+    x, b = randn(rng, (3, 256)), randn(rng, (300,))
+    got = ops.to_host(ops.dense(ops.to_device(x), held, b, "relu"))
+    assert_close(got, ops.to_host(ops.dense(ops.to_device(x), w, b, "relu")), what="dense on held weights")
+
+
 # --------------------------------------------------------------------------------- Activation
 @pytest.mark.parametrize("scale", [1.0, 10.0])
 @pytest.mark.parametrize("shape", [(3, 7), (1, 1), (2, 3, 5)], ids=["2d", "1x1", "3d"])

@@ -1482,3 +1482,57 @@ def test_elementwise_program_from_many_threads(tmp_path, rng):
 
     in_threads(calls, 4)
     assert failures == []
+
+
+def test_dense_weights_held_once_packed(tmp_path, rng):
+    """A Gemm (transB) weight every product packs is held by the loaded model in its packed form
+    alone (the file's array and its transposed copy freed): results as onnxruntime's, under the
+    reference backend too, after a pickle, and through a second dense node sharing the weight;
+    count_params and the profile see the (k, n) weights. A weight another operator reads stays
+    an array."""
+    oracle("onnx")
+    import pickle
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.onnx import importer, proto
+
+    k, n = 256, 384
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    v = rng.standard_normal((k, k)).astype(np.float32)
+    xs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+        for name, dims in (("x", [None, k]), ("t", [k, None]))
+    ]
+    ys = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "z", "s")]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["y"]),
+        helper.make_node("MatMul", ["x", "v"], ["z"]),
+        helper.make_node("MatMul", ["v", "t"], ["s"]),  # v also read as a MatMul's A: an array
+    ]
+    inits = [numpy_helper.from_array(a, name) for a, name in ((w, "w"), (b, "b"), (v, "v"))]
+    path = tmp_path / "gemm.onnx"
+    onnx.save(make_graph(nodes, xs, ys, inits), path)
+    model = fastlayers.load(path)
+    held = [c for c in model._constants.values() if not isinstance(c, np.ndarray)]
+    assert [c.shape for c in held] == [(k, n)]
+    assert not any(c.shape in ((n, k), (k, n)) for c in model._constants.values() if isinstance(c, np.ndarray))
+    assert any(isinstance(c, np.ndarray) and c.shape == (k, k) for c in model._constants.values())
+    assert model.count_params() == k * n + n + k * k
+    feeds = {"x": rng.standard_normal((5, k)).astype(np.float32), "t": rng.standard_normal((k, 5)).astype(np.float32)}
+    _matches_ort(lambda f: model.run(None, f), path, feeds, rtol=1e-5, atol=1e-4)
+    with fastlayers.use_ops("reference"):
+        _matches_ort(lambda f: model.run(None, f), path, feeds, rtol=1e-5, atol=1e-4)
+    again = pickle.loads(pickle.dumps(model))
+    assert all(np.array_equal(a, c) for a, c in zip(again.run(None, feeds), model.run(None, feeds)))
+    dense = [s for s in model.profile(feeds, repeats=1).steps if s.op_type == "FusedDense"]
+    assert dense[0].input_shapes[1] == (k, n)
+    parsed = proto.parse_model(path.read_bytes(), "m")
+    importer.from_model(parsed, "m", own=True)
+    assert parsed.graph.initializers == {}
+    parsed = proto.parse_model(path.read_bytes(), "m")
+    importer.from_model(parsed, "m")
+    assert sorted(parsed.graph.initializers) == ["b", "v", "w"]

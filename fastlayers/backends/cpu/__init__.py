@@ -157,6 +157,8 @@ class CpuOps(ConvOps):
 
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         code = CODES.get(activation)
+        if type(w_io) is gemm.PackedWeights:
+            return self._dense_packed(x, w_io, b_o, activation, alpha)
         if code is not None:  # the common case in one native call (None: not in its terms)
             y = _core.dense(x, w_io, b_o, code, alpha, gemm.packed_weights)
             if y is not None:
@@ -185,6 +187,24 @@ class CpuOps(ConvOps):
         )
         y = y.reshape(x.shape[:-1] + (w_io.shape[1],))
         return y if code is not None else self.activation(y, activation, alpha)
+
+    def _dense_packed(self, x, w, b_o, activation, alpha):
+        """``dense`` on weights held packed (``dense_weights``): the native product on them,
+        or the reference on their unpacked values where x is not float32 of width k."""
+        code = CODES.get(activation)
+        k, n = w.shape
+        run = CODES["linear"] if code is None else code
+        y = _core.dense_held(x, w.packed, k, n, b_o, run, alpha)
+        if y is None:
+            x = np.asarray(x)
+            if x.ndim < 1 or x.dtype != np.float32 or x.shape[-1] != k or x.size == 0:
+                return super().dense(x, np.asarray(w), b_o, activation, alpha)
+            bias = None if b_o is None else np.ascontiguousarray(b_o, np.float32).reshape(n)
+            y = _core.dense_held(np.ascontiguousarray(x), w.packed, k, n, bias, run, alpha)
+        return y if code is not None else self.activation(y, activation, alpha)
+
+    def dense_weights(self, w_io):
+        return gemm.hold(w_io)
 
     def elementwise_plan(self, program):
         return programs.native_plan(self, program, super().elementwise_plan(program))

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ...native import CODES, _core
-from ...native._core import PACKED_MIN_MADDS, PACKED_ROWS_FLOOR
+from ...native._core import PACKED_MIN_MADDS, PACKED_ROWS_FLOOR, PANEL
 from ..derived import derived_view
 
 
@@ -27,6 +27,55 @@ def _pack(w_kn):
             return _core.pack(w_kn.T, True)
         w_kn = np.ascontiguousarray(w_kn)
     return _core.pack(w_kn)
+
+
+class PackedWeights:
+    """Dense weights (k, n) held only in their packed form (gemm.h's panels of ``PANEL``
+    columns), for a model that keeps no other copy (``hold``): ``CpuOps.dense`` runs on
+    ``packed``; anything else that reads them as an array (``np.asarray``, another backend)
+    gets the (k, n) float32 values unpacked anew, the same bits."""
+
+    __slots__ = ("packed", "shape", "__weakref__")
+    dtype = np.dtype(np.float32)
+    ndim = 2
+
+    def __init__(self, packed, k: int, n: int):
+        self.packed, self.shape = packed, (int(k), int(n))
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.nbytes)
+
+    def unpacked(self):
+        """The weights as a new (k, n) C-ordered float32 array."""
+        k, n = self.shape
+        panels = -(-n // PANEL)
+        blocks = self.packed[: panels * k * PANEL].reshape(panels, k, PANEL)
+        return np.ascontiguousarray(blocks.transpose(1, 0, 2).reshape(k, panels * PANEL)[:, :n])
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.unpacked()
+        return w if dtype is None else w.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"PackedWeights(shape={self.shape})"
+
+
+def hold(w_kn):
+    """What a model that reads ``w_kn`` (k, n) only through ``CpuOps.dense`` holds in its place:
+    ``PackedWeights`` where every product would pack it (a float32 matrix whose product with
+    ``PACKED_ROWS_FLOOR`` rows reaches ``PACKED_MIN_MADDS``, or a transposed view), so that the
+    original array can be dropped; else ``w_kn`` itself."""
+    if type(w_kn) is not np.ndarray or w_kn.dtype != np.float32 or w_kn.ndim != 2 or 0 in w_kn.shape:
+        return w_kn
+    k, n = w_kn.shape
+    if PACKED_ROWS_FLOOR * n * k < PACKED_MIN_MADDS and not (n > 1 and w_kn.strides[-1] != 4):
+        return w_kn
+    return PackedWeights(packed_weights(w_kn), k, n)
 
 
 def matmul(a_mk, b_kn, out_mn, bias=None, code=CODES["linear"], alpha=0.0, weights=False):

@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from ..derived import derived
 from ..integer import INTEGER_KERNELS
 from . import kernels as K
 from . import strided_kernels as S
@@ -143,6 +144,8 @@ class CudaOps(ConvOps, AttentionOps, RecurrentOps, IndexingOps):
     @serialized_in_simulator
     def dense(self, x, w_io, b_o, activation="linear", alpha=0.0):
         dev = is_device(x)
+        if not isinstance(w_io, np.ndarray) and not is_device(w_io):  # another backend's dense_weights
+            w_io = derived(w_io, "host-array", np.asarray)
         if x.size == 0 or w_io.shape[1] == 0 or w_io.shape[0] == 0:
             return self._host_path(
                 is_device(x), super().dense(to_host(x), to_host(w_io), to_host(b_o), activation, alpha)

@@ -254,11 +254,18 @@ class ReferenceOps:
     def dense(
         self, x: FloatsXd, w_io: Floats2d, b_o: Floats1d | None, activation: str = "linear", alpha: float = 0.0
     ) -> FloatsXd:
-        """y[..., o] = f(sum_i x[..., i] w[i, o] + b[o])."""
-        y = np.matmul(x, w_io)
+        """y[..., o] = f(sum_i x[..., i] w[i, o] + b[o]); ``w_io`` an array or what
+        ``dense_weights`` gave (read through ``np.asarray``)."""
+        y = np.matmul(x, np.asarray(w_io))
         if b_o is not None:
             y += b_o
         return y if activation == "linear" else self.activation(y, activation, alpha)
+
+    def dense_weights(self, w_io: Floats2d) -> Any:
+        """What a model that reads the (k, n) weights ``w_io`` only through ``dense`` holds in
+        their place, so that it keeps one copy of them: here ``w_io`` itself; the cpu backend
+        gives its packed form alone (``np.asarray`` of it gives the values back, unpacked anew)."""
+        return w_io
 
     def dense_chain_plan(
         self, layers: Sequence[tuple[Floats2d, Floats1d | None, str, float]]
