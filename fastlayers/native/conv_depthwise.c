@@ -3,6 +3,8 @@
  * loads); window rows outside x read a row of zeros. On NCHW planes, through pool.c's
  * phase-split buffer (below). Compiled once per ISA (kernels.inc). */
 
+#include <string.h>
+
 #include "conv_internal.h"
 #include "pool_internal.h"
 #include "rows_internal.h"
@@ -328,6 +330,136 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
     }
 }
 
+/* Planes that fit the flat path (pool_flat_fits: stride 1, the output as wide as the input,
+ * wo == w: pl + pr = (kw - 1) dw) are each one flat array: the input plane is copied between
+ * rows of zeros (the vertical padding), and each vector of FL_VW consecutive outputs, across
+ * rows, adds its taps as loads at fixed offsets, each masked to the lanes whose column stays
+ * in its row (column + j dw - pl in [0, w): 0 elsewhere). No per-row setup and one partial
+ * vector per plane instead of one per row (a 28 x 28 plane: 49 vectors, where rows of a vector
+ * and a 12-lane tail took 56). */
+/* Most window columns the flat path takes. */
+#define CONV_FLAT_COLS 16
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    const float *colf; /* e % w as a float, e < ho w + FL_VW */
+    int64_t c, h, w, m, kh, kw, dh, dw, pt, pl, ho, top, below;
+    int code, status;
+    float alpha;
+} conv_flat_ctx;
+
+/* y[e + 0:nv FL_VW] (cut at total) = f(bias + sum over taps (i, j) of b[e + i step + off[j] +
+ * 0:nv FL_VW] wt[i kw + j]), the loads of tap column j masked to the lanes with lo[j] <=
+ * colf[e + lane] < hi[j] (0 elsewhere): by tap column, then window row, even and odd rows in
+ * two chains per vector, each weight's broadcast shared by the nv vectors. */
+FL_INLINE void conv_flat_vecs(const float *b, int64_t e, int64_t step, const float *colf,
+                              int64_t total, int nv, int64_t kh, int64_t kw, const int64_t *off,
+                              const fl_vf *lo, const fl_vf *hi, const float *wt, float bias,
+                              int code, float alpha, float *y) {
+    fl_vf zero = fl_set1(0.0f), col[2], acc[2], odd[2];
+    _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
+        col[u] = fl_load(colf + e + u * FL_VW);
+        acc[u] = fl_set1(bias);
+        odd[u] = zero;
+    }
+    for (int64_t j = 0; j < kw; ++j) {
+        fl_vi in[2];
+        _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) in[u] = (col[u] >= lo[j]) & (col[u] < hi[j]);
+        const float *r = b + e + off[j];
+        for (int64_t i = 0; i < kh; ++i) {
+            fl_vf wv = fl_set1(wt[i * kw + j]);
+            _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
+                fl_vf v = fl_select(in[u], fl_load(r + i * step + u * FL_VW), zero) * wv;
+                if (i % 2 == 0) acc[u] += v;
+                else odd[u] += v;
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
+        fl_vf sum = acc[u] + odd[u];
+        pool_st(y + e + u * FL_VW, code == FL_LINEAR ? sum : rows_vact(sum, code, alpha),
+                total - e - u * FL_VW);
+    }
+}
+
+/* One output plane y[0:total] of conv_flat_vecs, two vectors at a time. */
+FL_INLINE void conv_flat_plane(const float *b, int64_t step, const float *colf, int64_t total,
+                               int64_t kh, int64_t kw, const int64_t *off, const fl_vf *lo,
+                               const fl_vf *hi, const float *wt, float bias, int code,
+                               float alpha, float *y) {
+    int64_t e = 0;
+    for (; total - e > FL_VW; e += 2 * FL_VW)
+        conv_flat_vecs(b, e, step, colf, total, 2, kh, kw, off, lo, hi, wt, bias, code, alpha, y);
+    if (e < total)
+        conv_flat_vecs(b, e, step, colf, total, 1, kh, kw, off, lo, hi, wt, bias, code, alpha, y);
+}
+
+/* Planes [u0, u1) of depthwise_conv2d_nchw's flat path. */
+static void conv_flat_task(void *arg, int64_t u0, int64_t u1) {
+    conv_flat_ctx *p = (conv_flat_ctx *)arg;
+    int64_t w = p->w, total = p->ho * w, plane = p->h * w, cm = p->c * p->m, nt = p->kh * p->kw;
+    /* loads reach pl columns before a row and (kw - 1) dw - pl after it, a vector's slack past
+     * the last output */
+    int64_t before = p->top * w + p->pl + FL_VW;
+    int64_t after = p->below * w + (p->kw - 1) * p->dw - p->pl + FL_VW;
+    float *buf = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)(before + plane + after));
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    memset(buf, 0, (size_t)before * sizeof(float));
+    memset(buf + before + plane, 0, (size_t)after * sizeof(float));
+    int64_t off[CONV_FLAT_COLS];
+    fl_vf lo[CONV_FLAT_COLS], hi[CONV_FLAT_COLS];
+    for (int64_t j = 0; j < p->kw; ++j) { /* tap column j of output column c reads c + off[j] */
+        off[j] = j * p->dw - p->pl;        /* of the row: -off[j] <= c < w - off[j] */
+        lo[j] = fl_set1((float)-off[j]);
+        hi[j] = fl_set1((float)(w - off[j]));
+    }
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t n = u / cm, co = u % cm;
+        memcpy(buf + before, p->x + (n * p->c + co / p->m) * plane, (size_t)plane * sizeof(float));
+        /* output e's window row 0 starts pt rows above its row */
+        const float *b = buf + before - p->pt * w;
+        const float *wt = p->wk + co * nt;
+        float bias = p->bias ? p->bias[co] : 0.0f;
+        float *y = p->y + u * total;
+        if (nt == 9 && p->kw == 3)
+            conv_flat_plane(b, p->dh * w, p->colf, total, 3, 3, off, lo, hi, wt, bias, p->code,
+                            p->alpha, y);
+        else if (nt == 25 && p->kw == 5)
+            conv_flat_plane(b, p->dh * w, p->colf, total, 5, 5, off, lo, hi, wt, bias, p->code,
+                            p->alpha, y);
+        else
+            conv_flat_plane(b, p->dh * w, p->colf, total, p->kh, p->kw, off, lo, hi, wt, bias,
+                            p->code, p->alpha, y);
+    }
+}
+
+/* depthwise_conv2d_nchw on its flat path (conv_flat_task). */
+static int conv_flat(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t m,
+                     int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                     int64_t ho, const float *wk, const float *bias, int code, float alpha,
+                     float *y) {
+    int64_t total = ho * w;
+    float *colf = (float *)malloc((size_t)(total + FL_VW) * sizeof(float));
+    if (!colf) return -1;
+    for (int64_t e = 0, col = 0; e < total + FL_VW; ++e) {
+        colf[e] = (float)col;
+        col = col + 1 == w ? 0 : col + 1;
+    }
+    /* rows of zeros above the plane (its top padding) and below it (the last window's rows
+     * past the plane) */
+    int64_t top = pt, below = FL_MAX(0, ho - 1 - pt + (kh - 1) * dh - (h - 1));
+    conv_flat_ctx p = {x, wk, bias, y, colf, c, h, w, m, kh, kw, dh, dw, pt, pl, ho, top, below,
+                       code, 0, alpha};
+    fl_parallel(n * c * m, FL_MAX(1, CONV_MIN_SHARE_TAPS / FL_MAX(1, total * kh * kw)),
+                conv_flat_task, &p);
+    free(colf);
+    return p.status;
+}
+
 /* y[n, c m + q] = f(b + sum_{i, j} x[n, c] window wk[c m + q, i, j]): x (N, C, H, W), wk
  * (C m, kh, kw), bias (C m,), y (N, C m, Ho, Wo). */
 int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
@@ -339,6 +471,8 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
     if (!conv_code_ok(code) || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         pt < 0 || pl < 0)
         return -2;
+    if (pool_flat_fits(sh, sw, w, wo, ho) && kw <= CONV_FLAT_COLS)
+        return conv_flat(n, c, h, w, x, m, kh, kw, dh, dw, pt, pl, ho, wk, bias, code, alpha, y);
     pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
     if (!off) return -1;

@@ -605,21 +605,12 @@ typedef struct {
     int is_max, cip, sep, status;
 } pool_plane_ctx;
 
-/* row[0:w] = max (NaN wins; -inf where no window row lies in the plane x (H, W)) or sum (0
- * where none) over the window rows i < kh, r0 + i dh in [0, h), of x[r0 + i dh, 0:w]. */
-FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t r0, int64_t kh,
-                               int64_t dh, int is_max, float *row) {
-    int64_t i0, i1;
-    pool_taps(r0, dh, kh, 0, h, &i0, &i1);
-    if (i0 == i1) {
-        pool_plane_fill(row, w, is_max ? -__builtin_inff() : 0.0f);
-        return;
-    }
-    const float *s = x + (r0 + i0 * dh) * w;
-    int64_t n = i1 - i0, step = dh * w, k = 0;
-    for (; k < w; k += 4 * FL_VW) {      /* four independent chains; the last cut to the row */
-        int nv = (int)FL_MIN(4, (w - k + FL_VW - 1) / FL_VW);
-        int64_t last = w - k - (nv - 1) * FL_VW;
+/* row[k] = max (NaN wins) or sum over i < n (n >= 1) of s[i step + k], for k < count. */
+FL_INLINE void pool_rows_reduce(const float *s, int64_t n, int64_t step, int64_t count,
+                                int is_max, float *row) {
+    for (int64_t k = 0; k < count; k += 4 * FL_VW) { /* four independent chains; the last cut */
+        int nv = (int)FL_MIN(4, (count - k + FL_VW - 1) / FL_VW);
+        int64_t last = count - k - (nv - 1) * FL_VW;
         fl_vf acc[4];
         fl_nan nan[4];
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
@@ -646,6 +637,19 @@ FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t 
             pool_st(row + k + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
         }
     }
+}
+
+/* row[0:w] = max (NaN wins; -inf where no window row lies in the plane x (H, W)) or sum (0
+ * where none) over the window rows i < kh, r0 + i dh in [0, h), of x[r0 + i dh, 0:w]. */
+FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t r0, int64_t kh,
+                               int64_t dh, int is_max, float *row) {
+    int64_t i0, i1;
+    pool_taps(r0, dh, kh, 0, h, &i0, &i1);
+    if (i0 == i1) {
+        pool_plane_fill(row, w, is_max ? -__builtin_inff() : 0.0f);
+        return;
+    }
+    pool_rows_reduce(x + (r0 + i0 * dh) * w, i1 - i0, dh * w, w, is_max, row);
 }
 
 /* Max pooling, and means over at most POOL_RUN taps at column step 1, are separable: per output
@@ -703,6 +707,130 @@ static void pool_plane_sep_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
             else pool_plane_row(b, p->off, kw, 0, wo, div, out);
         }
     }
+}
+
+/* Separable windows on planes that fit the flat path (pool_flat_fits: stride 1, the output as
+ * wide as the input, wo == w: pl + pr = (kw - 1) dw) take each plane as one flat array: the
+ * vertical pass runs each run of output rows whose windows keep the same rows of the plane as
+ * one flat reduction (v[e] over those rows of x[e + (i dh - pt) w]), and the horizontal pass
+ * all of v at once, each tap masked to the lanes whose column stays in its row (column + j dw
+ * - pl in [0, w): the fill elsewhere). No per-row setup and one partial vector per plane
+ * instead of one per row (a 28 x 28 plane: 49 vectors, against 56 rows' worth of loop setup,
+ * masked tails and padding fills). The same operations in the same order as
+ * pool_plane_sep_task: the same bits. */
+/* Most horizontal taps the flat path takes. */
+#define POOL_FLAT_TAPS 16
+
+typedef struct {
+    const float *x;
+    float *y;
+    const float *colf; /* e % w as a float, e < ho w + FL_VW */
+    const float *div;  /* mean: the divisor of output e (its rows times its columns counted) */
+    int64_t h, w, kh, kw, dh, dw, pt, pl, ho;
+    int is_max, status;
+} pool_flat_ctx;
+
+/* y[e] for e < total = max (NaN wins) or sum over taps j < kw of v[e + off[j]] where column
+ * colf[e] + off[j] stays in its row (lo[j] <= colf[e] < hi[j]; the fill elsewhere), the sum
+ * divided by div[e]. */
+FL_INLINE void pool_flat_row(const float *v, const float *colf, const float *div, int64_t total,
+                             int64_t kw, const int64_t *off, const fl_vf *lo, const fl_vf *hi,
+                             int is_max, float *y) {
+    fl_vf fv = fl_set1(is_max ? -__builtin_inff() : 0.0f);
+    for (int64_t e = 0; e < total; e += FL_VW) {
+        fl_vf col = fl_load(colf + e), acc = fv;
+        fl_nan nan = fl_nan_none();
+        for (int64_t j = 0; j < kw; ++j) {
+            fl_vf t = fl_select((col >= lo[j]) & (col < hi[j]), fl_load(v + e + off[j]), fv);
+            if (is_max) {
+                acc = fl_vmax(acc, t);
+                nan = fl_nan_add(nan, t);
+            } else {
+                acc += t;
+            }
+        }
+        pool_st(y + e, is_max ? fl_nan_apply(nan, acc) : acc / fl_load(div + e), total - e);
+    }
+}
+
+/* Planes [u0, u1) of pool2d_nchw's flat path. */
+static void pool_flat_task(void *arg, int64_t u0, int64_t u1) {
+    pool_flat_ctx *p = (pool_flat_ctx *)arg;
+    int64_t w = p->w, ho = p->ho, total = ho * w, guard = (p->kw - 1) * p->dw + FL_VW;
+    int is_max = p->is_max;
+    float fill = is_max ? -__builtin_inff() : 0.0f;
+    float *v = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)(total + 2 * guard));
+    if (!v) {
+        p->status = -1;
+        return;
+    }
+    pool_plane_fill(v, guard, fill);
+    pool_plane_fill(v + guard + total, guard, fill);
+    v += guard;
+    int64_t off[POOL_FLAT_TAPS];
+    fl_vf lo[POOL_FLAT_TAPS], hi[POOL_FLAT_TAPS];
+    for (int64_t j = 0; j < p->kw; ++j) { /* tap j of column c reads c + off[j]: in its row */
+        off[j] = j * p->dw - p->pl;       /* where -off[j] <= c < w - off[j] */
+        lo[j] = fl_set1((float)-off[j]);
+        hi[j] = fl_set1((float)(w - off[j]));
+    }
+    for (int64_t u = u0; u < u1; ++u) {
+        const float *x = p->x + u * p->h * w;
+        for (int64_t oh = 0; oh < ho;) { /* runs of rows whose windows keep the same rows */
+            int64_t i0, i1, j0, j1, end = oh + 1;
+            pool_taps(oh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
+            for (; end < ho; ++end) {
+                pool_taps(end - p->pt, p->dh, p->kh, 0, p->h, &j0, &j1);
+                if (j0 != i0 || j1 != i1) break;
+            }
+            if (i0 == i1) pool_plane_fill(v + oh * w, (end - oh) * w, fill);
+            else if (is_max)
+                pool_rows_reduce(x + (oh - p->pt + i0 * p->dh) * w, i1 - i0, p->dh * w,
+                                 (end - oh) * w, 1, v + oh * w);
+            else
+                pool_rows_reduce(x + (oh - p->pt + i0 * p->dh) * w, i1 - i0, p->dh * w,
+                                 (end - oh) * w, 0, v + oh * w);
+            oh = end;
+        }
+        float *y = p->y + u * total;
+        if (is_max) {
+            if (p->kw == 3) pool_flat_row(v, p->colf, 0, total, 3, off, lo, hi, 1, y);
+            else pool_flat_row(v, p->colf, 0, total, p->kw, off, lo, hi, 1, y);
+        } else {
+            if (p->kw == 3) pool_flat_row(v, p->colf, p->div, total, 3, off, lo, hi, 0, y);
+            else pool_flat_row(v, p->colf, p->div, total, p->kw, off, lo, hi, 0, y);
+        }
+    }
+}
+
+/* pool2d_nchw on its flat path (see pool_flat_task); cols: the mean's columns counted per
+ * output column (wo + FL_VW), or NULL for max. */
+static int pool_flat(int64_t planes, int64_t h, int64_t w, const float *x, int is_max,
+                     int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                     int64_t h_end, int count_include_pad, int64_t ho, const float *cols,
+                     float *y) {
+    int64_t total = ho * w;
+    float *colf = (float *)malloc((size_t)(2 * (total + FL_VW)) * sizeof(float));
+    if (!colf) return -1;
+    float *div = colf + total + FL_VW;
+    for (int64_t e = 0, c = 0; e < total + FL_VW; ++e) {
+        colf[e] = (float)c;
+        c = c + 1 == w ? 0 : c + 1;
+    }
+    if (!is_max) {
+        for (int64_t oh = 0; oh < ho; ++oh) {
+            int64_t i0, i1;
+            if (count_include_pad) pool_taps(oh - pt, dh, kh, -pt, h_end, &i0, &i1);
+            else pool_taps(oh - pt, dh, kh, 0, h, &i0, &i1);
+            float rows = (float)(i1 - i0);
+            for (int64_t c = 0; c < w; ++c) div[oh * w + c] = rows * cols[c];
+        }
+        for (int64_t e = total; e < total + FL_VW; ++e) div[e] = 1.0f;
+    }
+    pool_flat_ctx p = {x, y, colf, div, h, w, kh, kw, dh, dw, pt, pl, ho, is_max, 0};
+    fl_parallel(planes, FL_MAX(1, POOL_MIN_SHARE / FL_MAX(1, total * (kh + kw))), pool_flat_task, &p);
+    free(colf);
+    return p.status;
 }
 
 /* Units u = plane * blocks + block in [u0, u1) of pool2d_nchw (separable windows:
@@ -765,6 +893,13 @@ int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *
             else pool_taps(iw0, dw, kw, 0, w, &j0, &j1);
             cols[ow] = (float)(j1 - j0);
         }
+    }
+    if (sep && pool_flat_fits(sh, sw, w, wo, ho) && kw <= POOL_FLAT_TAPS) {
+        int st = pool_flat(n * c, h, w, x, is_max, kh, kw, dh, dw, pt, pl, h_end,
+                           count_include_pad, ho, cols, y);
+        free(off);
+        free(cols);
+        return st;
     }
     pool_plane_ctx p = {x, y, off, cols, q, h, w, kh, kw, sh, sw, dh, pt, pl, h_end, ho, wo,
                         is_max, count_include_pad, sep, 0};

@@ -37,6 +37,20 @@ FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi
     *end = FL_MAX(e, f);
 }
 
+/* The NCHW plane kernels take a whole plane as one flat array (pool.c's pool_flat_task,
+ * conv_depthwise.c's conv_flat_task) at stride 1 where the output is as wide as the input and
+ * rows are at most POOL_FLAT_MAX_W columns (two AVX-512 vectors), planes at most
+ * POOL_FLAT_FLOATS outputs, and vectors of at least 8 lanes: there a row's setup and its partial
+ * vector weigh most. Wider rows keep the row kernels, whose taps need no lane masks (56-column
+ * planes were up to 20 % slower flat, and the 4-lane portable path slower at any width, on the
+ * AMD EPYC Zen 5 host). */
+#define POOL_FLAT_MAX_W 32
+#define POOL_FLAT_FLOATS (1 << 14)
+FL_INLINE int pool_flat_fits(int64_t sh, int64_t sw, int64_t w, int64_t wo, int64_t ho) {
+    return FL_VW >= 8 && sh == 1 && sw == 1 && wo == w && w <= POOL_FLAT_MAX_W &&
+           ho * w <= POOL_FLAT_FLOATS;
+}
+
 /* At least `floats` zeros owned by this thread (read only), or NULL. */
 const float *FL_FN(pool_zeros)(size_t floats);
 

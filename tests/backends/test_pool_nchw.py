@@ -2,7 +2,9 @@
 ``depthwise_conv2d_nchw`` in native/conv_depthwise.c) through the CPU backend's primitives, against
 ReferenceOps on every ISA path: odd planes, widths around the vector width, 1x1 planes, batch 1,
 strides 1-3, pads, ceil-mode outputs, dilations, windows over 64 taps, NaN, the activation
-epilogue and a channel multiplier."""
+epilogue and a channel multiplier; at stride 1 with outputs as wide as the input and rows of at
+most 32 columns, whole planes as flat arrays (rows fewer than the input's, taps reaching beyond
+the row, planes over the bound)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,13 @@ CASES = [
     ((1, 2, 6, 40), (5, 5), (1, 1), (1, 2), ((2, 2), (4, 4)), False),  # dilated taps along a row
     ((1, 2, 12, 21), (8, 8), (1, 1), (1, 1), ((3, 4), (3, 4)), True),  # 64 taps: still separable
     ((1, 2, 13, 70), (3, 2), (1, 3), (1, 1), ((1, 1), (0, 1)), True),  # column step 3, 5 vectors a row
+    ((1, 3, 10, 17), (5, 3), (1, 1), (1, 1), ((0, 1), (1, 1)), False),  # flat planes: fewer rows out
+    ((2, 2, 5, 3), (3, 5), (1, 1), (2, 9), ((2, 2), (18, 18)), False),  # taps reaching 18 columns out
+    ((1, 2, 600, 30), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # a plane over the flat bound
 ]
+# the depthwise kernel's: the first six, and those of whole planes as flat arrays (stride 1,
+# outputs as wide as the input)
+DEPTHWISE = CASES[:6] + CASES[8:10] + CASES[12:]
 
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES)
@@ -76,7 +84,7 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     assert np.isnan(got).sum() == 3 * 9
 
 
-@pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES[:6])
+@pytest.mark.parametrize("shape, k, s, d, pads, ceil", DEPTHWISE)
 @pytest.mark.parametrize("m, activation", [(1, "linear"), (1, "relu6"), (2, "silu")])
 def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, m, activation):
     x = rng.standard_normal(shape).astype(np.float32)
