@@ -332,13 +332,15 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
 
 /* Planes that fit the flat path (pool_flat_fits: stride 1, the output as wide as the input,
  * wo == w: pl + pr = (kw - 1) dw) are each one flat array: the input plane is copied between
- * rows of zeros (the vertical padding), and each vector of FL_VW consecutive outputs, across
- * rows, adds its taps as loads at fixed offsets, each masked to the lanes whose column stays
- * in its row (column + j dw - pl in [0, w): 0 elsewhere). No per-row setup and one partial
- * vector per plane instead of one per row (a 28 x 28 plane: 49 vectors, where rows of a vector
- * and a 12-lane tail took 56). */
-/* Most window columns the flat path takes. */
+ * rows of zeros (the vertical padding), and each vector of FL_VW consecutive outputs adds its
+ * taps as loads at fixed offsets, each masked to the lanes whose column stays in its row
+ * (column + j dw - pl in [0, w): 0 elsewhere). Vectors go in blocks of CONV_FLAT_ROWS one row
+ * apart, which read the same input rows shifted by one: each input vector is loaded once for
+ * the block (5x5: 40 loads for 4 output vectors instead of 100). No per-row setup, and at most
+ * a vector per row of partial lanes. */
+/* Most window columns and rows the flat path takes. */
 #define CONV_FLAT_COLS 16
+#define CONV_FLAT_KH 16
 
 typedef struct {
     const float *x, *wk, *bias;
@@ -349,50 +351,75 @@ typedef struct {
     float alpha;
 } conv_flat_ctx;
 
-/* y[e + 0:nv FL_VW] (cut at total) = f(bias + sum over taps (i, j) of b[e + i step + off[j] +
- * 0:nv FL_VW] wt[i kw + j]), the loads of tap column j masked to the lanes with lo[j] <=
- * colf[e + lane] < hi[j] (0 elsewhere): by tap column, then window row, even and odd rows in
- * two chains per vector, each weight's broadcast shared by the nv vectors. */
-FL_INLINE void conv_flat_vecs(const float *b, int64_t e, int64_t step, const float *colf,
-                              int64_t total, int nv, int64_t kh, int64_t kw, const int64_t *off,
-                              const fl_vf *lo, const fl_vf *hi, const float *wt, float bias,
-                              int code, float alpha, float *y) {
-    fl_vf zero = fl_set1(0.0f), col[2], acc[2], odd[2];
-    _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
-        col[u] = fl_load(colf + e + u * FL_VW);
-        acc[u] = fl_set1(bias);
-        odd[u] = zero;
-    }
-    for (int64_t j = 0; j < kw; ++j) {
-        fl_vi in[2];
-        _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) in[u] = (col[u] >= lo[j]) & (col[u] < hi[j]);
-        const float *r = b + e + off[j];
-        for (int64_t i = 0; i < kh; ++i) {
-            fl_vf wv = fl_set1(wt[i * kw + j]);
-            _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
-                fl_vf v = fl_select(in[u], fl_load(r + i * step + u * FL_VW), zero) * wv;
-                if (i % 2 == 0) acc[u] += v;
-                else odd[u] += v;
-            }
+/* Output rows that share their input loads on the flat path. */
+#define CONV_FLAT_ROWS 4
+
+/* acc[r] += sum over window rows i of b[e + (r + i dh) w + off[j] + 0:FL_VW] wt[i kw + j] for
+ * r < rows: tap column j of conv_flat_block, the loads masked to the lanes with lo[j] <=
+ * col < hi[j] (0 elsewhere; the same lanes on every row, as e + r w has e's column), each
+ * input row's vector loaded once for every output row that reads it, the column's kh weights
+ * in registers. */
+FL_INLINE void conv_flat_column(const float *b, int64_t e, int64_t w, fl_vf col, int rows,
+                                int64_t kh, int64_t dh, int64_t kw, int64_t j, const int64_t *off,
+                                const fl_vf *lo, const fl_vf *hi, const float *wt, fl_vf *acc) {
+    fl_vi in = (col >= lo[j]) & (col < hi[j]);
+    fl_vf zero = fl_set1(0.0f), wv[CONV_FLAT_KH];
+    for (int64_t i = 0; i < kh; ++i) wv[i] = fl_set1(wt[i * kw + j]);
+    const float *s = b + e + off[j];
+    for (int64_t q = 0; q < rows + (kh - 1) * dh; ++q) {
+        fl_vf v = fl_select(in, fl_load(s + q * w), zero);
+        _Pragma("GCC unroll 4") for (int r = 0; r < rows; ++r) {
+            int64_t d = q - r;
+            if (d >= 0 && d % dh == 0 && d / dh < kh) acc[r] += v * wv[d / dh];
         }
-    }
-    _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
-        fl_vf sum = acc[u] + odd[u];
-        pool_st(y + e + u * FL_VW, code == FL_LINEAR ? sum : rows_vact(sum, code, alpha),
-                total - e - u * FL_VW);
     }
 }
 
-/* One output plane y[0:total] of conv_flat_vecs, two vectors at a time. */
-FL_INLINE void conv_flat_plane(const float *b, int64_t step, const float *colf, int64_t total,
-                               int64_t kh, int64_t kw, const int64_t *off, const fl_vf *lo,
-                               const fl_vf *hi, const float *wt, float bias, int code,
-                               float alpha, float *y) {
-    int64_t e = 0;
-    for (; total - e > FL_VW; e += 2 * FL_VW)
-        conv_flat_vecs(b, e, step, colf, total, 2, kh, kw, off, lo, hi, wt, bias, code, alpha, y);
-    if (e < total)
-        conv_flat_vecs(b, e, step, colf, total, 1, kh, kw, off, lo, hi, wt, bias, code, alpha, y);
+/* y[e + r w + 0:FL_VW] for r < rows (cut at total) = f(bias + sum over taps (i, j) of b[e +
+ * (r + i dh) w + off[j] + 0:FL_VW] wt[i kw + j]): tap column by tap column
+ * (conv_flat_column), even and odd columns in two chains per row. */
+FL_INLINE void conv_flat_block(const float *b, int64_t e, int64_t w, const float *colf,
+                               int64_t total, int rows, int64_t kh, int64_t kw, int64_t dh,
+                               const int64_t *off, const fl_vf *lo, const fl_vf *hi,
+                               const float *wt, float bias, int code, float alpha, float *y) {
+    fl_vf col = fl_load(colf + e), even[CONV_FLAT_ROWS], odd[CONV_FLAT_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < CONV_FLAT_ROWS; ++r) {
+        even[r] = fl_set1(bias);
+        odd[r] = fl_set1(0.0f);
+    }
+    int64_t j = 0;
+    for (; j + 1 < kw; j += 2) {
+        conv_flat_column(b, e, w, col, rows, kh, dh, kw, j, off, lo, hi, wt, even);
+        conv_flat_column(b, e, w, col, rows, kh, dh, kw, j + 1, off, lo, hi, wt, odd);
+    }
+    if (j < kw) conv_flat_column(b, e, w, col, rows, kh, dh, kw, j, off, lo, hi, wt, even);
+    _Pragma("GCC unroll 4") for (int r = 0; r < rows; ++r) {
+        int64_t at = e + r * w;
+        if (at >= total) break;
+        fl_vf sum = even[r] + odd[r];
+        pool_st(y + at, code == FL_LINEAR ? sum : rows_vact(sum, code, alpha), total - at);
+    }
+}
+
+/* One output plane y[0:ho w] of conv_flat_block: bands of CONV_FLAT_ROWS rows, each row's
+ * columns in vectors (the last one running into the next row: those lanes are written again,
+ * the same values, by the next band). */
+FL_INLINE void conv_flat_plane(const float *b, int64_t w, int64_t ho, const float *colf,
+                               int64_t kh, int64_t kw, int64_t dh, const int64_t *off,
+                               const fl_vf *lo, const fl_vf *hi, const float *wt, float bias,
+                               int code, float alpha, float *y) {
+    int64_t total = ho * w;
+    for (int64_t r0 = 0; r0 < ho; r0 += CONV_FLAT_ROWS) {
+        int rows = (int)FL_MIN(CONV_FLAT_ROWS, ho - r0);
+        for (int64_t c = 0; c < w; c += FL_VW) {
+            if (rows == CONV_FLAT_ROWS)
+                conv_flat_block(b, r0 * w + c, w, colf, total, CONV_FLAT_ROWS, kh, kw, dh, off, lo,
+                                hi, wt, bias, code, alpha, y);
+            else
+                conv_flat_block(b, r0 * w + c, w, colf, total, rows, kh, kw, dh, off, lo, hi, wt,
+                                bias, code, alpha, y);
+        }
+    }
 }
 
 /* Planes [u0, u1) of depthwise_conv2d_nchw's flat path. */
@@ -425,14 +452,14 @@ static void conv_flat_task(void *arg, int64_t u0, int64_t u1) {
         const float *wt = p->wk + co * nt;
         float bias = p->bias ? p->bias[co] : 0.0f;
         float *y = p->y + u * total;
-        if (nt == 9 && p->kw == 3)
-            conv_flat_plane(b, p->dh * w, p->colf, total, 3, 3, off, lo, hi, wt, bias, p->code,
+        if (nt == 9 && p->kw == 3 && p->dh == 1)
+            conv_flat_plane(b, w, p->ho, p->colf, 3, 3, 1, off, lo, hi, wt, bias, p->code,
                             p->alpha, y);
-        else if (nt == 25 && p->kw == 5)
-            conv_flat_plane(b, p->dh * w, p->colf, total, 5, 5, off, lo, hi, wt, bias, p->code,
+        else if (nt == 25 && p->kw == 5 && p->dh == 1)
+            conv_flat_plane(b, w, p->ho, p->colf, 5, 5, 1, off, lo, hi, wt, bias, p->code,
                             p->alpha, y);
         else
-            conv_flat_plane(b, p->dh * w, p->colf, total, p->kh, p->kw, off, lo, hi, wt, bias,
+            conv_flat_plane(b, w, p->ho, p->colf, p->kh, p->kw, p->dh, off, lo, hi, wt, bias,
                             p->code, p->alpha, y);
     }
 }
@@ -471,7 +498,7 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
     if (!conv_code_ok(code) || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         pt < 0 || pl < 0)
         return -2;
-    if (pool_flat_fits(sh, sw, w, wo, ho) && kw <= CONV_FLAT_COLS)
+    if (pool_flat_fits(sh, sw, w, wo, ho) && kw <= CONV_FLAT_COLS && kh <= CONV_FLAT_KH)
         return conv_flat(n, c, h, w, x, m, kh, kw, dh, dw, pt, pl, ho, wk, bias, code, alpha, y);
     pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
