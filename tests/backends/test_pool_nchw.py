@@ -47,9 +47,20 @@ CASES = [
     ((2, 2, 5, 3), (3, 5), (1, 1), (2, 9), ((2, 2), (18, 18)), False),  # taps reaching 18 columns out
     ((1, 2, 600, 30), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # a plane over the flat bound
 ]
-# the depthwise kernel's: the first six, and those of whole planes as flat arrays (stride 1,
-# outputs as wide as the input)
-DEPTHWISE = CASES[:6] + CASES[8:10] + CASES[12:]
+# the depthwise kernel's: the first six, those of whole planes as flat arrays (stride 1,
+# outputs as wide as the input), and more at stride 2
+DEPTHWISE = (
+    CASES[:6]
+    + CASES[8:10]
+    + CASES[12:]
+    + [
+        ((1, 3, 56, 56), (5, 5), (2, 2), (1, 1), ((2, 2), (2, 2)), False),
+        ((2, 2, 15, 21), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # odd sizes
+        ((2, 2, 15, 21), (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), False),  # no right pad
+        ((1, 2, 9, 12), (4, 4), (2, 2), (1, 1), ((1, 2), (2, 1)), False),  # an even kernel, uneven pads
+        ((1, 2, 7, 64), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # 32 columns out
+    ]
+)
 
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", CASES)
