@@ -362,3 +362,29 @@ int FL_FN(scale_shift)(int64_t m, int64_t n, const float *x, const float *scale,
     fl_parallel(m, FL_MAX(1, ROWS_MIN_SHARE / n), rows_scale_task, &c);
     return 0;
 }
+
+typedef struct {
+    int64_t channels, plane;
+    const float *x, *scale, *shift;
+    float *out;
+} planes_scale_ctx;
+
+/* Planes [p0, p1): each one channel's scale and shift over its values. */
+static void planes_scale_task(void *arg, int64_t p0, int64_t p1) {
+    planes_scale_ctx *c = (planes_scale_ctx *)arg;
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *xp = c->x + p * c->plane;
+        float *o = c->out + p * c->plane;
+        float s = c->scale[p % c->channels], t = c->shift[p % c->channels];
+        for (int64_t k = 0; k < c->plane; ++k) o[k] = xp[k] * s + t;
+    }
+}
+
+int FL_FN(scale_shift_planes)(int64_t planes, int64_t channels, int64_t plane, const float *x,
+                              const float *scale, const float *shift, float *out) {
+    if (planes <= 0 || plane <= 0) return 0;
+    if (channels <= 0) return -2;
+    planes_scale_ctx c = {channels, plane, x, scale, shift, out};
+    fl_parallel(planes, FL_MAX(1, ROWS_MIN_SHARE / plane), planes_scale_task, &c);
+    return 0;
+}

@@ -18,6 +18,9 @@ enum {
  *   eps) + beta (rms: gamma x[i] / sqrt(mean x^2 + eps)), C-contiguous rows, gamma / beta NULL
  *   for none, out may be x, statistics in float64;
  * scale_shift(m, n, x, scale, shift, out): out[i, j] = x[i, j] scale[j] + shift[j];
+ * scale_shift_planes(planes, channels, plane, x, scale, shift, out): out[p, k] = x[p, k]
+ *   scale[p % channels] + shift[p % channels] for planes of `plane` values (NCHW memory, the
+ *   channel axis not last), out may be x;
  * add_act(n, a, b, code, alpha, out): out[k] = f(a[k] + b[k]) for k < n, an elementwise code
  *   (not the softmax codes), out may be a or b;
  * outer_add_act(ni, nj, n, a, b, code, alpha, out): out[i, j, k] = f(a[i, k] + b[j, k]), a (ni,
@@ -33,6 +36,10 @@ enum {
     X(int, scale_shift, (int64_t m, int64_t n, const float *x, const float *scale,            \
                          const float *shift, float *out),                                      \
       (m, n, x, scale, shift, out))                                                            \
+    X(int, scale_shift_planes, (int64_t planes, int64_t channels, int64_t plane,              \
+                                const float *x, const float *scale, const float *shift,        \
+                                float *out),                                                   \
+      (planes, channels, plane, x, scale, shift, out))                                         \
     X(int, add_act, (int64_t n, const float *a, const float *b, int code, float alpha,        \
                      float *out),                                                              \
       (n, a, b, code, alpha, out))                                                             \

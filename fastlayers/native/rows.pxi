@@ -12,6 +12,8 @@ cdef extern from "dispatch.h" nogil:
                       const float *beta, float eps, int rms, float *out)
     int fl_scale_shift(int64_t m, int64_t n, const float *x, const float *scale,
                        const float *shift, float *out)
+    int fl_scale_shift_planes(int64_t planes, int64_t channels, int64_t plane, const float *x,
+                              const float *scale, const float *shift, float *out)
     int fl_add_act(int64_t n, const float *a, const float *b, int code, float alpha, float *out)
     int fl_outer_add_act(int64_t ni, int64_t nj, int64_t n, const float *a, const float *b, int code,
                          float alpha, float *out)
@@ -63,6 +65,27 @@ def scale_shift(cnp.ndarray x, cnp.ndarray scale, cnp.ndarray shift, cnp.ndarray
     with nogil:
         st = fl_scale_shift(m, n, xp, sp, hp, op)
     check(st, "scale_shift")
+    return out
+
+
+def scale_shift_planes(cnp.ndarray x, cnp.ndarray scale, cnp.ndarray shift, cnp.ndarray out,
+                       int64_t channels, int64_t plane):
+    """out = x scale[c] + shift[c] over planes of ``plane`` values, plane p of channel p %
+    ``channels`` (x and out C-contiguous of the same size, out may be x; scale and shift of
+    ``channels`` values)."""
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(x) and cnp.PyArray_IS_C_CONTIGUOUS(out)) or out.size != x.size:
+        raise ValueError("scale_shift_planes: x and out must be C-contiguous of one size")
+    if channels <= 0 or plane <= 0 or x.size % (channels * plane) or scale.size != channels or shift.size != channels:
+        raise ValueError("scale_shift_planes: the planes do not divide x, or scale / shift not one per channel")
+    cdef int64_t planes = x.size // plane
+    cdef float *xp = fptr(x, "scale_shift_planes x")
+    cdef float *op = fptr(out, "scale_shift_planes out")
+    cdef float *sp = fptr(scale, "scale_shift_planes scale")
+    cdef float *hp = fptr(shift, "scale_shift_planes shift")
+    cdef int st
+    with nogil:
+        st = fl_scale_shift_planes(planes, channels, plane, xp, sp, hp, op)
+    check(st, "scale_shift_planes")
     return out
 
 

@@ -166,7 +166,18 @@ def test_layer_norm_rows_in_place_equals_out_of_place(rms, affine, rng):
     assert_close(out, REF.layer_norm(x_rd, gamma, beta, 1e-3, (-1,), rms), rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("shape,axis", [((5, 8), -1), ((2, 3, 3, 4), -1), ((2, 4, 3, 3), 1)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [
+        ((5, 8), -1),
+        ((2, 3, 3, 4), -1),
+        ((2, 4, 3, 3), 1),
+        ((1, 24, 33, 35), 1),
+        ((3, 5, 7), 1),
+        ((6, 2, 1, 1), 1),
+        ((4, 3, 2, 17), 2),
+    ],
+)
 def test_batch_norm_matches_reference(shape, axis, rng):
     x = rng.standard_normal(shape).astype(np.float32)
     c = shape[axis]
@@ -183,6 +194,12 @@ def test_batch_norm_matches_reference(shape, axis, rng):
             )
         assert_close(REF.batch_norm(x, scale, shift, axis), expected, rtol=1e-5, atol=1e-5)
         assert_close(CPU.batch_norm(x, scale, shift, axis), REF.batch_norm(x, scale, shift, axis), rtol=1e-5, atol=1e-6)
+        a = axis % x.ndim  # the same values held with the channel axis innermost (an NHWC view)
+        held = np.ascontiguousarray(np.moveaxis(x, a, -1))
+        view = np.moveaxis(held, -1, a)
+        got = CPU.batch_norm(view, scale, shift, axis)
+        assert got.shape == x.shape
+        assert_close(got, REF.batch_norm(x, scale, shift, axis), rtol=1e-5, atol=1e-6)
         for ops in (REF, CPU):  # into ``out``, x itself or another array
             want = REF.batch_norm(x, scale, shift, axis)
             other = np.full_like(x, 7.0)

@@ -76,6 +76,23 @@ def _vector(v):
     return np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
 
 
+def _scale_shift_planes(x, scale, shift, axis, out):
+    """``batch_norm`` over a channel axis that is not the last (NCHW memory) on C-contiguous
+    float32 ``x``: one native pass over its planes (the values after that axis), into ``out``
+    where given; None where x or out is not in those terms."""
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous or x.size == 0:
+        return None
+    c = x.shape[axis]
+    if np.size(scale) != c or np.size(shift) != c:
+        return None
+    if out is not None and not (
+        type(out) is np.ndarray and out.shape == x.shape and out.dtype == np.float32 and out.flags.c_contiguous
+    ):
+        return None
+    y = np.empty_like(x) if out is None else out
+    return _core.scale_shift_planes(x, _vector(scale), _vector(shift), y, c, math.prod(x.shape[axis + 1 :]))
+
+
 def _packed_products(weights, *arrays):
     """(the first ``weights`` arrays, product weights (in, out), packed for the sgemm; the
     others, biases and norm parameters, as float32 vectors or None)."""
@@ -302,6 +319,16 @@ class CpuOps(ConvOps):
     def batch_norm(self, x, scale, shift, axis=-1, out=None):
         if out is None and (axis == -1 or axis == x.ndim - 1):  # the common case in one native call, else None
             y = _core.apply_scale_shift(x, scale, shift)
+            if y is not None:
+                return y
+        if x.ndim >= 2 and axis % x.ndim != x.ndim - 1:  # channels before other axes (NCHW)
+            a = axis % x.ndim
+            perm = [*range(a), *range(a + 1, x.ndim), a]
+            if type(x) is np.ndarray and out is None and x.transpose(perm).flags.c_contiguous:
+                # NHWC memory behind an NCHW view: the rows' kernel on that memory, viewed back
+                y = self.batch_norm(x.transpose(perm), scale, shift, -1)
+                return y.transpose(np.argsort(perm))
+            y = _scale_shift_planes(x, scale, shift, a, out)
             if y is not None:
                 return y
         if (
