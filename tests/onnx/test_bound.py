@@ -208,3 +208,16 @@ def test_bound_gather_matches_onnxruntime(rng, index, axis):
     ours = _matches_onnxruntime(data, [(3, 4), (3, 4), (4, 3, 5), (3, 4)], rng, 0)
     with pytest.raises(FastlayersError, match="Gather"):  # out of bounds on a new shape
         ours.run(None, {"x": np.ones((0, 1) if axis == 0 else (1, 0), np.float32)})
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads", [[0, 8, 1, 0, 8, 2], [3, 0, 0, 1, 1, 7], [1, 1, 1, 1, 1, 1], [0, 0, 5, 0, 0, 5]])
+def test_pad_modes_whole_axes_match_numpy(rng, mode, pads):
+    """Pad's reflect, edge and wrap modes up to whole axes (reflect: all but the edge) on three
+    axes, as numpy's pad of the same names: each end copied as a slice, or one value broadcast."""
+    from fastlayers.onnx.ops.shape import pad_plan
+
+    x = rng.standard_normal((4, 9, 8)).astype(np.float32)
+    width = list(zip(pads[:3], pads[3:]))
+    got = pad_plan(x.shape, x.dtype, [x, np.array(pads, np.int64)], {"mode": mode}, 18)(x)
+    np.testing.assert_array_equal(got, np.pad(x, width, mode={"edge": "edge", "wrap": "wrap"}.get(mode, "reflect")))
