@@ -386,7 +386,7 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
     if mode not in ("reflect", "edge", "wrap"):
         raise UnsupportedError(f"Pad mode {mode!r} is not supported")
     takes = [
-        (axis, b, d, e, *_pad_index(d, b, e, mode)) for axis, (d, (b, e)) in enumerate(zip(x_shape, width)) if b or e
+        (axis, b, d, e, *_pad_ends(d, b, e, mode)) for axis, (d, (b, e)) in enumerate(zip(x_shape, width)) if b or e
     ]
 
     def run(x):
@@ -403,43 +403,26 @@ def pad_plan(x_shape, dtype, inputs, attrs, opset):
             for part, source in ((slice(0, b), head), (slice(b + d, None), tail)):
                 if source is not None:
                     at[axis] = part
-                    if isinstance(source, slice):
-                        src = [slice(None)] * x.ndim
-                        src[axis] = source
-                        out[tuple(at)] = x[tuple(src)]  # a view (broadcast for one position)
-                    else:
-                        out[tuple(at)] = np.take(x, source, axis=axis)
+                    src = [slice(None)] * x.ndim
+                    src[axis] = source
+                    out[tuple(at)] = x[tuple(src)]  # a view (broadcast for edge's one position)
             x = out
         return x
 
     return run
 
 
-def _pad_index(d, before, after, mode):
-    """The positions along an axis of length ``d`` that Pad's ``before`` and ``after`` values
-    read in ``mode``: mirrored without the edge (reflect), the edge repeated (edge), or the
-    other end's (wrap)."""
+def _pad_ends(d, before, after, mode):
+    """The slices of an axis of length ``d`` that Pad's ``before`` and ``after`` values copy in
+    ``mode`` (None for an end with no values): mirrored without the edge (reflect, a reversed
+    slice), the edge (one position, broadcast), or the other end's (wrap)."""
     if mode == "reflect":
-        head, tail = np.arange(before, 0, -1), np.arange(d - 2, d - 2 - after, -1)
+        head, tail = slice(before, 0, -1), slice(d - 2, None if d - 2 - after < 0 else d - 2 - after, -1)
     elif mode == "wrap":
-        head, tail = np.arange(d - before, d), np.arange(after)
+        head, tail = slice(d - before, d), slice(0, after)
     else:
-        head, tail = np.zeros(before, np.intp), np.full(after, d - 1)
-    return _pad_source(head), _pad_source(tail)
-
-
-def _pad_source(index):
-    """How an end of a padded axis reads x: None (no values), a slice where ``index`` steps by
-    1 or -1, or one position repeated (a slice of one, broadcast), else the index array."""
-    if not len(index):
-        return None
-    step = int(index[1] - index[0]) if len(index) > 1 else 1
-    if len(index) > 1 and step == 0 and (index == index[0]).all():
-        return slice(int(index[0]), int(index[0]) + 1)
-    if step in (1, -1) and (np.diff(index) == step).all():
-        stop = int(index[-1]) + step
-        return slice(int(index[0]), None if stop < 0 else stop, step)
-    return index.astype(np.intp)
+        head, tail = slice(0, 1), slice(d - 1, d)
+    return head if before else None, tail if after else None
 
 
 # ------------------------------------------------------------------ bound on constant inputs
