@@ -3,8 +3,8 @@
  * (kernels.inc): where the path runs VNNI (fl_vnni, dispatch.h) vpdpbusd multiplies u8 x s8
  * quads, on zmm registers on the AVX-512 path and on ymm on the AVX2 path (AVX-VNNI's VEX
  * encoding, or AVX512-VL VNNI's EVEX one on a CPU with AVX-512 VNNI only); without VNNI the
- * AVX2 and AVX-512 paths widen to int16 and multiply pairs with vpmaddwd; the portable path in
- * C. A is prepared once per call: rows of 4 ceil(k / 4) values a_u (uint8 for vpdpbusd, else
+ * AVX2 (ymm, b's quads widened per panel quarter) and AVX-512 (zmm, per half panel) paths widen
+ * to int16 and multiply pairs with vpmaddwd; the portable path in C. A is prepared once per call: rows of 4 ceil(k / 4) values a_u (uint8 for vpdpbusd, else
  * int16), their sums and zero points; a convolution gathers its windows into those rows
  * (qconv). */
 
@@ -21,7 +21,10 @@ static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) 
 
 /* Rows a tile takes on this path. */
 FL_INLINE int qgemm_mr(int vnni) {
-#if defined(FL_ISA_AVX512) || defined(FL_ISA_AVX2)
+#if defined(FL_ISA_AVX512)
+    (void)vnni;
+    return 6;
+#elif defined(FL_ISA_AVX2)
     return vnni ? 6 : 3;
 #else
     (void)vnni;
@@ -166,7 +169,7 @@ static void qgemm_sums_vnni256(int rows, int np, const uint8_t *au, int64_t lda,
 #undef QGEMM_VNNI256_R
 #endif
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && !defined(FL_ISA_AVX512)
 /* The same sums on int16 rows aw, one panel: b's quads widened to int16 (4 columns x 4 values
  * per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each column's two pair sums. */
 FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
@@ -196,6 +199,77 @@ FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, in
 }
 #endif
 
+#if defined(FL_ISA_AVX512)
+/* out[i][p * 16 + j] = sum_k a_w[i, k] b_s[k, j0 + 16 p + j], R rows x P panels on int16 rows
+ * aw without VNNI: each half panel's quads (8 columns x 4 values, 32 bytes) widened to int16 in
+ * a zmm, vpmaddwd against (a[4q], .., a[4q + 3]) broadcast gives each column's two pair sums
+ * (u8 x s8 pairs fit int32: exact, unlike vpmaddubsw's int16 pairs); the pairs are added once,
+ * after the k loop. R x P x 2 accumulators (R P <= 12). */
+FL_INLINE void qgemm_sums_bw_rp(const int R, const int P, const int16_t *aw, int64_t lda, int64_t kq,
+                                const int8_t *bp, int64_t pstride,
+                                int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    __m512i acc[QGEMM_MR_MAX][QGEMM_NP][2];
+    _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
+        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p) acc[i][p][0] = acc[i][p][1] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < kq; ++q) {
+        __m512i av[QGEMM_MR_MAX];
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i) {
+            int64_t quad;
+            memcpy(&quad, aw + i * lda + 4 * q, sizeof quad);
+            av[i] = _mm512_set1_epi64(quad);
+        }
+        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p)
+            _Pragma("GCC unroll 8") for (int h = 0; h < 2; ++h) {
+                __m512i bt = _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(bp + p * pstride + q * 64 + 32 * h)));
+                _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
+                    acc[i][p][h] = _mm512_add_epi32(acc[i][p][h], _mm512_madd_epi16(av[i], bt));
+            }
+    }
+    /* lanes (2 j, 2 j + 1) of half h hold column 8 h + j's two pair sums */
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
+        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p) {
+            __m512i lo = acc[i][p][0], hi = acc[i][p][1];
+            __m512i sums = _mm512_add_epi32(_mm512_permutex2var_epi32(lo, even, hi),
+                                            _mm512_permutex2var_epi32(lo, odd, hi));
+            _mm512_storeu_si512((void *)(out[i] + p * FL_QPANEL), sums);
+        }
+}
+
+#define QGEMM_BW_P(R)                                                                       \
+    switch (np) {                                                                           \
+    case 4: qgemm_sums_bw_rp(R, 4, aw, lda, kq, bp, pstride, out); return;                  \
+    case 3: qgemm_sums_bw_rp(R, 3, aw, lda, kq, bp, pstride, out); return;                  \
+    case 2: qgemm_sums_bw_rp(R, 2, aw, lda, kq, bp, pstride, out); return;                  \
+    default: qgemm_sums_bw_rp(R, 1, aw, lda, kq, bp, pstride, out); return;                 \
+    }
+
+/* The R x P tiles of qgemm_sums_bw_rp, unrolled: up to 3 rows over up to 4 panels, 4-6 rows
+ * over up to 2 (the rest of np in a second pass). */
+static void qgemm_sums_bw(int rows, int np, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
+                          int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
+    if (rows > 3 && np > 2) {
+        qgemm_sums_bw(rows, 2, aw, lda, kq, bp, pstride, out);
+        int32_t rest[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL];
+        qgemm_sums_bw(rows, np - 2, aw, lda, kq, bp + 2 * pstride, pstride, rest);
+        for (int i = 0; i < rows; ++i)
+            memcpy(out[i] + 2 * FL_QPANEL, rest[i], (size_t)(np - 2) * FL_QPANEL * sizeof(int32_t));
+        return;
+    }
+    switch (rows) {   /* constant shapes: unrolled tiles */
+    case 6: QGEMM_BW_P(6)
+    case 5: QGEMM_BW_P(5)
+    case 4: QGEMM_BW_P(4)
+    case 3: QGEMM_BW_P(3)
+    case 2: QGEMM_BW_P(2)
+    default: QGEMM_BW_P(1)
+    }
+}
+#undef QGEMM_BW_P
+#endif
+
 /* out (rows x 16 np) = the sums of a's rows i0 .. i0 + rows and np panels from bp. */
 static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp, int np,
                        int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
@@ -213,7 +287,9 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
 #endif
     const int16_t *aw = (const int16_t *)a->rows + i0 * a->lda;
     int64_t lda = a->lda;
-#if defined(__AVX2__)
+#if defined(FL_ISA_AVX512)
+    qgemm_sums_bw(rows, np, aw, lda, kq, bp, pstride, out);
+#elif defined(__AVX2__)
     for (int p = 0; p < np; ++p) {
         const int8_t *panel = bp + p * pstride;
         switch (rows) {
