@@ -15,7 +15,9 @@ cache and otherwise checks each cached model's outputs against onnxruntime once 
 
 Outputs are checked first against onnxruntime on one thread (rtol 1e-3, atol 1e-4 x the output's
 max |value|; the max difference over max |value| is reported); a mismatch is recorded and still
-timed. Interleaved timing (one process, round after round: fastlayers ``calls`` calls, then
+timed. On a CPU without VNNI, where onnxruntime's u8 x s8 products saturate in int16, a model
+that does not match it is checked against fastlayers' reference backend (integer products
+summed exactly) instead. Interleaved timing (one process, round after round: fastlayers ``calls`` calls, then
 onnxruntime's, after one warm-up call each, both on the same thread count); min and median ms
 per call over the rounds, and the median over the rounds of fastlayers / onnxruntime (the paired
 ratio):
@@ -103,6 +105,32 @@ def reference(path: Path, feed: dict) -> list:
     return ort_session(path, 1).run(None, feed)
 
 
+def cpu_flags() -> set:
+    """This CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return set()
+
+
+def onnxruntime_saturates() -> bool:
+    """Whether onnxruntime's u8 x s8 integer products saturate on this CPU: without VNNI its MLAS
+    kernels sum pairs of products in int16 (``vpmaddubsw``), where fastlayers sums exactly
+    (docs/formats.md, "Where onnxruntime differs")."""
+    flags = cpu_flags()
+    return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni"}
+
+
+def exact_reference(path: Path, feed: dict) -> list:
+    """fastlayers' reference backend's outputs (numpy, integer products summed exactly): what
+    an int8 model's outputs are checked against where onnxruntime's saturate."""
+    import fastlayers
+
+    with fastlayers.use_ops("reference"):
+        return fastlayers.load(path).run(None, feed)
+
+
 def check(model, want: list, feed, atol_floor: float = 0.0) -> tuple[bool, float | None, str | None]:
     """(fastlayers' outputs match ``want``, max relative difference (None when the shapes
     differ), error of the fastlayers call or None)."""
@@ -173,6 +201,8 @@ def measure_model(entry, path: Path, threads: list[int], calls: int | None, roun
         row["match"], row["max_rel_diff"], row["error"] = check(model, want, feed, entry.atol)
         if row["error"]:
             continue
+        if not row["match"] and onnxruntime_saturates():
+            row["exact_match"], row["exact_rel_diff"], _ = check(model, exact_reference(path, feed), feed, entry.atol)
         fns = {"fastlayers": lambda: model.run(None, feed), "onnxruntime": lambda: session.run(None, feed)}
         n = calls or max(1, min(1000, round(ROUND_S / max(seconds_per_call(f) for f in fns.values()))))
         times = time_rounds(fns, n, rounds)
@@ -191,8 +221,7 @@ def host_line() -> str:
     from bench.tools.process_metrics import host_info
 
     info = host_info()
-    with open("/proc/cpuinfo") as f:
-        flags = set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    flags = cpu_flags()
     isa = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx2", "avx512f", "avx512_vnni"))
     return (
         f"host: {info['cpu']}; {isa}; fastlayers path {info['isa']}; {info['cores']} cores; "
@@ -210,6 +239,11 @@ def _status(row: dict) -> str:
     if "match" not in row:
         return "-"
     diff, own = row["max_rel_diff"], row["onnxruntime_rel_diff"]
+    if row.get("exact_match"):
+        return (
+            f"ok against exact integer products (max rel diff {row['exact_rel_diff']:.1e}); "
+            f"onnxruntime's saturate on this CPU ({diff:.1e} off)"
+        )
     return (
         ("ok" if row["match"] else "MISMATCH")
         + (f", max rel diff {diff:.1e}" if diff is not None else ", output shapes differ")
@@ -258,8 +292,9 @@ def selected(only: list[str] | None) -> list:
 
 
 def test_real_models_cached():
-    """Each model whose package is cached loads in fastlayers and matches onnxruntime (one call),
-    and the manifest names every .onnx file of each cached package."""
+    """Each model whose package is cached loads in fastlayers and matches onnxruntime (one call;
+    where onnxruntime's integer products saturate, the reference backend's exact ones), and the
+    manifest names every .onnx file of each cached package."""
     pytest.importorskip("onnxruntime")
 
     cached = [(m, real_models.model_path(m)) for m in real_models.MODELS if real_models.archive(m.package) is not None]
@@ -279,6 +314,8 @@ def test_real_models_cached():
             continue
         feed = entry.feed()
         ok, diff, error = check(model, reference(path, feed), feed, entry.atol)
+        if not ok and not error and onnxruntime_saturates():  # int8 products: the exact sums
+            ok, diff, error = check(model, exact_reference(path, feed), feed, entry.atol)
         if not ok:
             failures.append(f"{entry.id}: {error or f'max rel diff {diff}'}")
     assert not failures, "\n".join(failures)
