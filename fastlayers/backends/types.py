@@ -180,6 +180,20 @@ class Ops(Protocol):
         activation: str = ...,
         alpha: float = ...,
     ) -> Callable[[Floats4d], Floats4d]: ...
+    def conv2d_residual_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+        residual_activation: str = ...,
+        residual_alpha: float = ...,
+    ) -> Callable[[Floats4d, Floats4d | None], Floats4d]: ...
     def conv2d_nchw_plan(
         self,
         x_shape: Sequence[int],

@@ -3,11 +3,13 @@
  * codes: rows.h, the elementwise ones only (softmax over channels is a pass of its own).
  *
  * conv2d(n, h, w, c, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pw, bias, code,
- *   alpha, method, y): y[n, oh, ow, g co + o] = f(b + sum_{i, j, ci} x[n, oh sh - pt + i dh,
- *   ow sw - pl + j dw, g ci' + ci] w[i, j, ci, g co + o]) (zeros outside x; ci' = c / groups,
- *   co = cout / groups); pw: each group's w (kh kw ci', co) packed (gemm.h), group g at
- *   pw + g fl_packed_floats(kh kw ci', co); method 0 picks, 1 the implicit GEMM (groups 1),
- *   2 im2col + sgemm;
+ *   alpha, res, res_code, res_alpha, method, y): y[n, oh, ow, g co + o] = f(b + sum_{i, j, ci}
+ *   x[n, oh sh - pt + i dh, ow sw - pl + j dw, g ci' + ci] w[i, j, ci, g co + o]) (zeros
+ *   outside x; ci' = c / groups, co = cout / groups), then where res (N, Ho, Wo, Cout) is not
+ *   NULL y = g(y + res), g the elementwise code res_code (a residual Add and its activation,
+ *   on each block of output rows while it is in cache); pw: each group's w (kh kw ci', co)
+ *   packed (gemm.h), group g at pw + g fl_packed_floats(kh kw ci', co); method 0 picks, 1 the
+ *   implicit GEMM (groups 1), 2 im2col + sgemm;
  * winograd_pack(tile, cin, cout, w, pu): Winograd F(tile x tile, 3x3), tile 2 or 4, na = tile
  *   + 2: pu[e] = U[e] (cin, cout) packed, e = na a + b < na^2, U[e] = (G w G^T)[a, b] of the
  *   3x3 kernel w (3, 3, cin, cout), pu[e] at pu + e fl_packed_floats(cin, cout);
@@ -43,10 +45,10 @@
     X(int, conv2d, (int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,    \
                     int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,    \
                     int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,          \
-                    const float *pw, const float *bias, int code, float alpha, int method,     \
-                    float *y),                                                                 \
+                    const float *pw, const float *bias, int code, float alpha,                \
+                    const float *res, int res_code, float res_alpha, int method, float *y),    \
       (n, h, w, c, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pw, bias, code,    \
-       alpha, method, y))                                                                      \
+       alpha, res, res_code, res_alpha, method, y))                                            \
     X(int, winograd_pack, (int tile, int64_t cin, int64_t cout, const float *w, float *pu),    \
       (tile, cin, cout, w, pu))                                                                \
     X(int, conv3x3_winograd, (int tile, int64_t n, int64_t h, int64_t w, int64_t cin,          \

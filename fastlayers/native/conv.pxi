@@ -4,8 +4,8 @@ cdef extern from "dispatch.h" nogil:
     int fl_conv2d(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
                   int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
-                  const float *pw, const float *bias, int code, float alpha, int method,
-                  float *y)
+                  const float *pw, const float *bias, int code, float alpha, const float *res,
+                  int res_code, float res_alpha, int method, float *y)
     int fl_winograd_pack(int tile, int64_t cin, int64_t cout, const float *w, float *pu)
     int fl_conv3x3_winograd(int tile, int64_t n, int64_t h, int64_t w, int64_t cin,
                             const float *x, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
@@ -63,12 +63,15 @@ def conv_pack(cnp.ndarray w_hwio, int64_t groups):
 
 def conv2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh, int64_t kw,
            int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
-           int64_t groups, int code, float alpha, int method=CONV_AUTO):
+           int64_t groups, int code, float alpha, int method=CONV_AUTO, object res=None,
+           int res_code=0, float res_alpha=0.0):
     """y = f(conv(x, w) + bias) on x (N, H, W, C) zero-padded by ``pt`` rows on top and ``pl``
     columns on the left (the bottom and right padding follow from y (N, Ho, Wo, C_out)), w
     given packed by ``conv_pack`` (kernel kh x kw, ``groups`` groups), strides ``sh``, ``sw``,
     dilations ``dh``, ``dw``; f the elementwise activation ``code``. ``method``: CONV_AUTO,
-    CONV_IMPLICIT (one group) or CONV_IM2COL."""
+    CONV_IMPLICIT (one group) or CONV_IM2COL. With ``res`` (C-contiguous float32 of y's shape,
+    not y), then y = g(y + res), g the elementwise activation ``res_code`` (a residual Add and
+    its activation, run on each block of output rows while it is in cache)."""
     cdef float *xp = cptr(x, 4, "conv2d x")
     cdef float *yp = cptr(y, 4, "conv2d y")
     cdef int64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
@@ -81,10 +84,15 @@ def conv2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh
     cdef float *pp = cptr(pw, 1, "conv2d packed w")
     cdef float *bp = vptr(bias, cout, "conv2d bias")
     check_code(code)
+    if res is not None and ((<object>res).shape != (<object>y).shape or res is y):
+        raise ValueError(f"conv2d res: expected an array of y's shape {(<object>y).shape} other than y")
+    cdef float *rp = vptr(res, y.size, "conv2d res")
+    if res is not None:
+        check_code(res_code)
     cdef int st
     with nogil:
         st = fl_conv2d(n, h, w, c, xp, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pp,
-                       bp, code, alpha, method, yp)
+                       bp, code, alpha, rp, res_code, res_alpha, method, yp)
     check(st, "conv2d")
     return y
 

@@ -56,7 +56,23 @@ typedef struct {
     float *cols;
     int code, status;
     float alpha;
+    const float *res;    /* the residual (n, Ho, Wo, cout), or NULL */
+    int res_code;
+    float res_alpha;
 } conv_ctx;
+
+/* y[r, 0:n] = g(y[r, 0:n] + res[r, 0:n]) for r < rows, rows ld floats apart in both: the
+ * residual Add and its activation on a block of output rows just written, while it is in
+ * cache. */
+static void conv_residual_rows(int64_t rows, int64_t n, float *y, const float *res, int64_t ld,
+                               int code, float alpha) {
+    if (n == ld) {
+        FL_FN(rows_add_act_row)(y, res, y, rows * n, code, alpha);
+        return;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+        FL_FN(rows_add_act_row)(y + r * ld, res + r * ld, y + r * ld, n, code, alpha);
+}
 
 /* Output columns [s0, s1) of output row yt (columns j0:j1 of the block), their windows read at
  * a (the window of column s0: row i at a + i ari, column ow at a + (ow - s0) ars): the tiles,
@@ -166,6 +182,9 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
             FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
                                        p->bias ? p->bias + j0 : 0, p->code, p->alpha, yt + j0,
                                        cout);
+        if (p->res)
+            conv_residual_rows(wo, j1 - j0, yt + j0, p->res + t * wo * cout + j0, cout,
+                               p->res_code, p->res_alpha);
     }
 }
 
@@ -224,6 +243,8 @@ static void conv_im2col_task(void *arg, int64_t u0, int64_t u1) {
         if (p->bias || p->code != FL_LINEAR)
             FL_FN(rows_bias_act_range)(0, m, cout, yr, cout, p->bias, p->code, p->alpha, yr,
                                        cout);
+        if (p->res)
+            conv_residual_rows(m, cout, yr, p->res + r0 * cout, cout, p->res_code, p->res_alpha);
     }
 }
 
@@ -274,21 +295,64 @@ static int64_t conv_column_blocks(conv_ctx *p, int64_t most_panels) {
     return (panels + per - 1) / per;
 }
 
-/* y = f(conv(x, w) + b), conv.h: x (N, H, W, C), pw each group's w (kh kw C/g, Cout/g) packed,
- * bias (Cout,), y (N, Ho, Wo, Cout). */
+/* Output rows of one share of the residual pass after a product over all rows. */
+#define CONV_RES_ROWS 256
+
+typedef struct {
+    int64_t rows, cout;
+    float *y;
+    const float *res;
+    int code;
+    float alpha;
+} conv_res_ctx;
+
+/* Blocks [b0, b1) of CONV_RES_ROWS output rows of y = g(y + res). */
+static void conv_residual_task(void *arg, int64_t b0, int64_t b1) {
+    conv_res_ctx *p = (conv_res_ctx *)arg;
+    int64_t r0 = b0 * CONV_RES_ROWS, r1 = FL_MIN(p->rows, b1 * CONV_RES_ROWS);
+    conv_residual_rows(r1 - r0, p->cout, p->y + r0 * p->cout, p->res + r0 * p->cout, p->cout,
+                       p->code, p->alpha);
+}
+
+/* The conv2d of one algorithm; where it returns 1 the caller still adds the residual. */
+static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                      int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                      int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
+                      const float *pw, const float *bias, int code, float alpha,
+                      const float *res, int res_code, float res_alpha, int method, float *y);
+
+/* y = f(conv(x, w) + b) (then y = g(y + res) where res), conv.h: x (N, H, W, C), pw each
+ * group's w (kh kw C/g, Cout/g) packed, bias (Cout,), res and y (N, Ho, Wo, Cout). */
 int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
                   int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
-                  const float *pw, const float *bias, int code, float alpha, int method,
-                  float *y) {
+                  const float *pw, const float *bias, int code, float alpha, const float *res,
+                  int res_code, float res_alpha, int method, float *y) {
     if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
-    if (!conv_code_ok(code) || groups < 1 || c % groups || cout % groups) return -2;
+    if (!conv_code_ok(code) || (res && !conv_code_ok(res_code)) || groups < 1 || c % groups ||
+        cout % groups)
+        return -2;
+    int st = conv2d_run(n, h, w, c, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pw,
+                        bias, code, alpha, res, res_code, res_alpha, method, y);
+    if (st != 1) return st;
+    /* a product over all rows: the residual in one pass after it */
+    conv_res_ctx r = {n * ho * wo, cout, y, res, res_code, res_alpha};
+    fl_parallel((r.rows + CONV_RES_ROWS - 1) / CONV_RES_ROWS, 1, conv_residual_task, &r);
+    return 0;
+}
+
+static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                      int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                      int64_t pl, int64_t ho, int64_t wo, int64_t groups, int64_t cout,
+                      const float *pw, const float *bias, int code, float alpha,
+                      const float *res, int res_code, float res_alpha, int method, float *y) {
     int64_t k = kh * kw * (c / groups);
+    int whole = res != 0;                             /* 1: the residual is the caller's */
     if (k <= 0) {                                     /* no input channels: y = f(b) */
         memset(y, 0, (size_t)(n * ho * wo * cout) * sizeof(float));
         FL_FN(rows_bias_act_range)(0, n * ho * wo, cout, y, cout, bias, code, alpha, y,
                                    cout);
-        return 0;
+        return whole;
     }
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
                    wo == w && groups == 1;
@@ -299,7 +363,7 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
                      : 2;
     if (method == 1 && groups != 1) return -2;
     conv_ctx p = {x, pw, bias, y, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout,
-                  k, n * ho * wo, 0, 0, 0, 0, 0, code, 0, alpha};
+                  k, n * ho * wo, 0, 0, 0, 0, 0, code, 0, alpha, res, res_code, res_alpha};
     int64_t flops = 2 * p.rows * k * cout, units;
     if (method == 1) {
         int64_t hp = FL_MAX(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
@@ -320,9 +384,14 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
                     &p);
         return p.status;
     }
-    if (identity)                                    /* x is the im2col matrix */
-        return FL_FN(matmul)(p.rows, cout, c, x, c, 0, 0, 0, pw, bias, code, alpha, y, cout);
-    if (p.rows < CONV_ROW_SPLIT_MIN) return conv_im2col_whole(&p);
+    if (identity) {                                  /* x is the im2col matrix */
+        int st = FL_FN(matmul)(p.rows, cout, c, x, c, 0, 0, 0, pw, bias, code, alpha, y, cout);
+        return st ? st : whole;
+    }
+    if (p.rows < CONV_ROW_SPLIT_MIN) {
+        int st = conv_im2col_whole(&p);
+        return st ? st : whole;
+    }
     units = (p.rows + GEMM_MR - 1) / GEMM_MR;
     int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout) / GEMM_MR;
     p.chunk = FL_MIN(FL_MAX(chunk, 1), units) * GEMM_MR;

@@ -69,6 +69,11 @@ static void rows_act_row(const float *x, const float *b, float *o, int64_t n, in
     rows_act_period(x, b, 0, o, n, code, alpha);
 }
 
+void FL_FN(rows_add_act_row)(const float *x, const float *b, float *o, int64_t n, int code,
+                             float alpha) {
+    rows_act_row(x, b, o, n, code, alpha);
+}
+
 /* o[0:n] = softmax(x[0:n]) or log_softmax (o may be x): the maximum over four running
  * vectors (one chain waits on each max's latency; the same maximum), then exp(x - max) with
  * the polynomial of fl_vexp on arguments known not to overflow (fl_vexp_bounded: the same

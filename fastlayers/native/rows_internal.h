@@ -118,6 +118,10 @@ FL_INLINE fl_vf rows_vact(fl_vf x, int code, float alpha) {
 void FL_FN(rows_bias_act_range)(int64_t r0, int64_t r1, int64_t n, const float *x, int64_t ldx,
                                 const float *bias, int code, float alpha, float *out,
                                 int64_t ldo);
+/* o[0:n] = f(x[0:n] + b[0:n]) (o may be x), an elementwise code: a residual Add and its
+ * activation over one run of values. */
+void FL_FN(rows_add_act_row)(const float *x, const float *b, float *o, int64_t n, int code,
+                             float alpha);
 /* o[0:n] = the layer norm of xr[0:n] (layer_norm in rows.h, one row; o may be xr). */
 void FL_FN(rows_layer_norm_row)(int64_t n, const float *xr, const float *gamma,
                                 const float *beta, float eps, int rms, float *o);

@@ -493,6 +493,46 @@ def fuse_add_activation(nodes, constants, outputs) -> list[Node]:
     )
 
 
+def fuse_conv_residual(nodes, constants, outputs) -> list[Node]:
+    """A FusedConv whose only reader is an Add of it and another computed value r (a residual
+    connection), or a FusedAdd (the Add and its activation g) -> the FusedConv takes r as its
+    fourth input and g as ``_residual`` (activation, alpha): g(conv(x) + r), the residual added
+    to each block of output rows as the kernel writes them (``Ops.conv2d_residual_plan``) rather
+    than in a pass of its own over both arrays. The fused node takes the Add's place in the
+    order, where r has been computed. A convolution with a scale and shift after it
+    (``_post_affine``), which would come after the Add, stays as it is."""
+    uses = consumers(nodes, outputs)
+    made = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    moved: dict[int, Node] = {}  # the Add's index -> the convolution that replaces it
+    taken: set[int] = set()
+    for k, node in enumerate(nodes):
+        if node.op_type not in ("Add", "FusedAdd") or len(node.inputs) != 2 or len(set(node.inputs)) != 2:
+            continue
+        if any(i in constants or not i for i in node.inputs):
+            continue
+        for side in (0, 1):
+            j = made.get(node.inputs[side])
+            conv = nodes[j] if j is not None else None
+            if (
+                conv is None
+                or j in taken
+                or conv.op_type != "FusedConv"
+                or len(conv.outputs) != 1
+                or uses.get(conv.outputs[0], 0) != 1
+                or conv.attrs.get("_post_affine") is not None
+                or "_residual" in conv.attrs
+            ):
+                continue
+            act = (node.attrs.get("activation", "linear"), node.attrs.get("alpha", 0.0))
+            conv.attrs = {**conv.attrs, "_residual": act}
+            conv.inputs = [*conv.inputs[:3], *[""] * (3 - len(conv.inputs)), node.inputs[1 - side]]
+            conv.outputs = node.outputs
+            moved[k] = conv
+            taken.add(j)
+            break
+    return [moved.get(k, n) for k, n in enumerate(nodes) if k not in taken]
+
+
 def _scalar(constants, name):
     """The value of a one-element float constant, else None."""
     value = constants.get(name)

@@ -35,7 +35,9 @@ then optimises the graph once:
    node, confirmed on a probe run of the graph at load (``fuse_encoder_layers``, ``encoder.py``);
    last, an Add of two computed values read only by such an activation (a residual connection
    and its Relu) becomes one ``FusedAdd`` node, one pass over both operands
-   (``fuse_add_activation``);
+   (``fuse_add_activation``), and such an Add (or FusedAdd) of a convolution's only reader is
+   taken into the convolution, which adds it to each block of output rows it writes
+   (``fuse_conv_residual``);
 4. dead-node removal: only nodes the outputs depend on are kept, and only the constants they
    read; a constant only dense nodes read is held in the form the backend's product reads
    (``weights.py``: on the cpu backend its packed copy alone).
@@ -168,7 +170,8 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = prune(fusion.mark_recurrent_sequences(fusion.mark_attention_scores(nodes, outputs), outputs), outputs)
     if probe is not None:
         nodes = fusion.fuse_encoder_layers(nodes, constants, list(input_dtypes), outputs, probe)
-    nodes = fusion.fuse_dense_chains(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_conv_residual(fusion.fuse_add_activation(nodes, constants, outputs), constants, outputs)
+    nodes = fusion.fuse_dense_chains(nodes, constants, outputs)
     dtypes = rewrite.known_dtypes(nodes, constants, input_dtypes)
     nodes = fusion.fuse_elementwise(nodes, constants, outputs, dtypes, opset)
     return weights.hold_dense_weights(nodes, constants, outputs)

@@ -159,6 +159,9 @@ def fused_detail(attrs) -> str:
     parts = [str(attrs[k]) for k in _FUSED_ATTRS if isinstance(attrs.get(k), (str, bool)) and attrs.get(k)]
     if attrs.get("_post_affine") is not None:  # a convolution's Mul / Add by constants after it
         parts.append("affine")
+    if isinstance(attrs.get("_residual"), tuple):  # a convolution's residual Add (and activation)
+        act = attrs["_residual"][0]
+        parts.append("add" if act == "linear" else f"add+{act}")
     if isinstance(attrs.get("layers"), tuple):  # a chain of dense nodes
         parts.append(f"{len(attrs['layers'])} dense")
     return "+".join(p if p != "True" else "residual" for p in parts)

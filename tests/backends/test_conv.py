@@ -138,6 +138,79 @@ def test_conv2d_each_method_matches_reference(isa, c, wide, method):
     assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
+RESIDUAL_CASES = [
+    # (x shape, kernel (kh, kw, cout), strides, pads, method): the implicit GEMM over whole and
+    # narrow column blocks, im2col by row blocks (>= 256 output rows) and on few rows, the 1x1
+    # product on x itself, a grouped convolution
+    ((1, 9, 11, 8), (3, 3, 32), (1, 1), ((1, 1), (1, 1)), "implicit"),
+    ((2, 7, 13, 5), (3, 3, 8), (1, 1), ((1, 1), (1, 1)), "implicit"),
+    ((1, 12, 40, 16), (3, 3, 24), (2, 1), ((1, 1), (1, 1)), "implicit"),
+    ((1, 20, 20, 6), (3, 3, 17), (1, 1), ((1, 1), (1, 1)), "im2col"),
+    ((1, 5, 6, 6), (3, 3, 40), (1, 1), ((1, 1), (1, 1)), "im2col"),
+    ((2, 14, 14, 24), (1, 1, 64), (1, 1), ((0, 0), (0, 0)), "auto"),
+    ((1, 3, 3, 4), (1, 1, 3), (1, 1), ((0, 0), (0, 0)), "auto"),
+]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("act, res_act", [("linear", "relu"), ("silu", "linear"), ("relu", "gelu")])
+@pytest.mark.parametrize("case", RESIDUAL_CASES)
+def test_conv2d_adds_a_residual_in_its_epilogue(isa, n_threads, act, res_act, case):
+    """y = g(f(conv(x) + b) + r) from ``_core.conv2d``'s ``res``, on each of its ways, as the
+    convolution then the residual Add and activation: the same formula, the sum's bits."""
+    x_shape, (kh, kw, cout), strides, pads, method = case
+    x = arr(1, x_shape)
+    w = arr(2, (kh, kw, x_shape[3], cout), (kh * kw * x_shape[3]) ** -0.5)
+    b = arr(3, (cout,))
+    method_code = {"implicit": _core.CONV_IMPLICIT, "im2col": _core.CONV_IM2COL, "auto": 0}[method]
+    with threads(n_threads):
+        y = native_conv(x, w, b, strides, pads, (1, 1), 1, act, 0.1, method_code)
+        r = arr(4, y.shape)
+        got = np.empty_like(y)
+        _core.conv2d(
+            x, _core.conv_pack(w, 1), b, got, kh, kw, *strides, 1, 1, pads[0][0], pads[1][0], 1,
+            native.CODES[act], 0.1, method_code, r, native.CODES[res_act], 0.2,
+        )
+        want = CPU.add_act(y, r, res_act, 0.2)
+    np.testing.assert_array_equal(got, want)
+    assert_close(got, REF.activation(REF.conv2d(x, w, b, strides, pads, (1, 1), 1, act, 0.1) + r, res_act, 0.2), rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_residual_is_checked():
+    x, w = arr(1, (1, 4, 4, 3)), arr(2, (3, 3, 3, 8))
+    y = np.empty((1, 2, 2, 8), np.float32)
+    pw = _core.conv_pack(w, 1)
+    relu = native.CODES["relu"]
+    with pytest.raises(ValueError, match="res"):
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, relu, 0.0, 0, arr(3, (1, 2, 2, 7)), relu, 0.0)
+    with pytest.raises(ValueError, match="res"):
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, relu, 0.0, 0, y, relu, 0.0)
+    with pytest.raises(ValueError):
+        softmax = _core.ACTIVATIONS.index("softmax")
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, relu, 0.0, 0, arr(3, (1, 2, 2, 8)), softmax, 0.0)
+
+
+@pytest.mark.parametrize(
+    "x_shape, k, groups",
+    [((1, 8, 8, 16), (3, 3, 32), 1), ((1, 10, 10, 8), (3, 3, 8), 8), ((2, 6, 6, 4), (3, 3, 4), 1), ((1, 4, 4, 3), (2, 2, 5), 1)],
+)
+def test_residual_plan_on_every_form(isa, x_shape, k, groups):
+    """``conv2d_residual_plan`` on the forms that add the residual after the kernel (Winograd,
+    depthwise) as on those that take it in, and with r None (the convolution alone) or one
+    that broadcasts: each as the reference's convolution then ``add_act``."""
+    kh, kw, cout = k
+    x = arr(1, x_shape)
+    w = arr(2, (kh, kw, x_shape[3] // groups, cout), 0.3)
+    b = arr(3, (cout,))
+    args = ((1, 1), ((1, 1), (1, 1)), (1, 1), groups, "relu", 0.0)
+    want_y = REF.conv2d(x, w, b, *args)
+    for ops in (CPU, REF):
+        run = ops.conv2d_residual_plan(x.shape, w, b, *args, "sigmoid", 0.0)
+        for r in (arr(4, want_y.shape), arr(5, (1, 1, 1, cout))):
+            assert_close(run(x, r), REF.activation(want_y + r, "sigmoid"), rtol=1e-5, atol=1e-6)
+        assert_close(run(x, None), want_y, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize(
     "x_shape, k_shape, strides, pads, dilation",

@@ -511,7 +511,8 @@ def test_conv1d_exported_as_2d_runs_as_1d(torch, tmp_path, rng, opset):
         dynamic_axes={"x": {0: "n", 2: "len"}},
     )
     ours = fastlayers.load(path)
-    assert ours.op_types == ["FusedConv"] * 4 + ["Add"]
+    assert ours.op_types == ["FusedConv"] * 4  # the residual Add taken into the last
+    assert ours._nodes[3].attrs["_residual"] == ("linear", 0.0)
     assert all(n.attrs["_w_hwio"].shape[0] == 1 for n in ours._nodes[:4])
     assert [n.attrs["activation"] for n in ours._nodes[:4]] == ["relu", "relu", "relu", "onnx_sigmoid"]
     _matches_ort(ours, path, {"x": rng.standard_normal((3, 4, 11)).astype(np.float32)})
@@ -742,10 +743,11 @@ def test_dense_absorbs_a_softmax_over_its_last_axis(tmp_path, rng, opset):
 
 
 def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
-    """Add of two convolutions' outputs (NHWC memory behind NCHW views) followed by Relu, one
-    followed by Sigmoid and one with a broadcast operand (numpy's sum inside the node) run as
-    FusedAdd nodes, then elementwise programs; an Add that another node reads too ends a
-    program. Every output equals onnxruntime's."""
+    """Add of two convolutions' outputs (NHWC memory behind NCHW views) followed by Relu is
+    taken into the second convolution (``fuse_conv_residual``); one followed by Sigmoid and one
+    with a broadcast operand (numpy's sum inside the node) run as FusedAdd nodes, the last two
+    as an elementwise program; an Add that another node reads too ends a program. Every output
+    equals onnxruntime's."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -776,15 +778,104 @@ def test_residual_add_and_activation_become_one_pass(tmp_path, rng):
     path = tmp_path / "residual.onnx"
     path.write_bytes(model.SerializeToString())
     ours = fastlayers.load(path)
-    # the first two FusedAdd nodes (a read only by the second) join one elementwise program, the
-    # third and the Add reading its value twice (its only reader) another
-    assert ours.op_types == ["FusedConv", "FusedConv", "FusedElementwise", "FusedElementwise", "Relu"]
-    assert [n.attrs.get("_ops") for n in ours._nodes[2:4]] == ["FusedAdd+FusedAdd", "FusedAdd+Add"]
+    # the third FusedAdd and the Add reading its value twice (its only reader) join one program
+    assert ours.op_types == ["FusedConv", "FusedConv", "FusedAdd", "FusedElementwise", "Relu"]
+    assert ours._nodes[1].attrs["_residual"] == ("relu", 0.0)
+    assert ours._nodes[3].attrs["_ops"] == "FusedAdd+Add"
     feed = {
         "img": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
         "img4": rng.standard_normal((2, 4, 5, 7)).astype(np.float32),
         "row": rng.standard_normal(7).astype(np.float32),
     }
+    _matches_ort(ours, path, feed, rtol=1e-5)
+
+
+def _residual_graph(tmp_path, rng, tail, shape=(2, 8, 9, 11), extra_output=False):
+    """x -> Conv c0 (NHWC memory) -> Conv c1 (+ ``tail``: nodes reading "c1" and "c0", writing
+    "y"); a 1x1 and a 3x3 convolution of 8 channels."""
+    oracle("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = shape[1]
+    consts = {
+        "k0": (rng.standard_normal((c, c, 1, 1)) * 0.3).astype(np.float32),
+        "k1": (rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32),
+        "b1": rng.standard_normal(c).astype(np.float32),
+        "r": rng.standard_normal((1, c, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "k0"], ["c0"]),
+        helper.make_node("Conv", ["c0", "k1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        *tail,
+    ]
+    outputs = ["y", "c1"] if extra_output else ["y"]
+    model = make_graph(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, list(shape)),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
+    path = tmp_path / "conv_residual.onnx"
+    path.write_bytes(model.SerializeToString())
+    feed = {name: rng.standard_normal(shape).astype(np.float32) for name in ("x", "z")}
+    return path, feed
+
+
+RESIDUAL_TAILS = {
+    # ResNet's block end: Add of the convolution and the block's input, then Relu
+    "add-relu": (["Add:c1,c0:s", "Relu:s:y"], "relu"),
+    # the Add with the convolution second, no activation after
+    "add": (["Add:c0,c1:y"], "linear"),
+    # YOLOX's bottleneck: the convolution's SiLU (Sigmoid and Mul), then the shortcut
+    "silu-add": (["Sigmoid:c1:g", "Mul:c1,g:a", "Add:a,c0:y"], "linear"),
+    # the residual a graph input (NCHW memory): added after the kernel
+    "input": (["Add:c1,z:s", "Relu:s:y"], "relu"),
+    # an operand that broadcasts (c0's mean per channel, (N, C, 1, 1)): added after the kernel
+    "broadcast": (["GlobalAveragePool:c0:m", "Add:c1,m:s", "Sigmoid:s:y"], "onnx_sigmoid"),
+    # an operand that is c0 times per-channel constants (still NHWC memory)
+    "scaled": (["Mul:c0,r:m", "Add:m,c1:s", "Sigmoid:s:y"], "onnx_sigmoid"),
+}
+
+
+def _tail_nodes(spec):
+    from onnx import helper
+
+    nodes = []
+    for item in spec:
+        op_type, ins, out = item.split(":")
+        nodes.append(helper.make_node(op_type, ins.split(","), [out]))
+    return nodes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("tail", sorted(RESIDUAL_TAILS))
+def test_residual_add_of_a_convolution_joins_it(tmp_path, rng, tail, backend, threads):
+    """An Add of a convolution (its only reader) and another computed value, with the Relu or
+    Sigmoid after it, is taken into the convolution (``fuse_conv_residual``), whose kernel adds
+    it to each block of output rows (or, for an operand in another layout or shape, the node
+    adds it after); outputs as onnxruntime's on both backends and thread counts."""
+    spec, act = RESIDUAL_TAILS[tail]
+    path, feed = _residual_graph(tmp_path, rng, _tail_nodes(spec))
+    with fastlayers.use_ops(backend), fastlayers.using_threads(threads):
+        ours = fastlayers.load(path)
+        fused = [n for n in ours._nodes if n.op_type == "FusedConv" and "_residual" in n.attrs]
+        assert len(fused) == 1 and fused[0].attrs["_residual"][0] == act
+        assert not {"Add", "FusedAdd", "Relu"} & set(ours.op_types)
+        for _ in range(2):  # the plan made on the first call, then reused
+            _matches_ort(ours, path, feed, rtol=1e-5)
+
+
+def test_residual_add_stays_where_the_convolution_is_read_elsewhere(tmp_path, rng):
+    """A convolution whose output is also a graph output (or read by another node) keeps its
+    Add, as one with a scale and shift after it would."""
+    path, feed = _residual_graph(tmp_path, rng, _tail_nodes(["Add:c1,c0:s", "Relu:s:y"]), extra_output=True)
+    ours = fastlayers.load(path)
+    assert not any("_residual" in n.attrs for n in ours._nodes)
+    assert "FusedAdd" in ours.op_types
     _matches_ort(ours, path, feed, rtol=1e-5)
 
 

@@ -157,17 +157,50 @@ class ConvOps(ReferenceOps):
         activation="linear",
         alpha=0.0,
     ):
+        return self._conv2d_plan(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, None)
+
+    def conv2d_residual_plan(
+        self,
+        x_shape,
+        w_hwio,
+        b,
+        strides=(1, 1),
+        pads=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+        activation="linear",
+        alpha=0.0,
+        residual_activation="linear",
+        residual_alpha=0.0,
+    ):
+        """The direct and implicit-GEMM convolutions add the residual to each block of output
+        rows as their epilogue writes it (``_core.conv2d``'s ``res``); the other forms (Winograd,
+        depthwise, empty shapes, a softmax or non-native activation) in a pass after."""
+        residual = (residual_activation, residual_alpha)
+        return self._conv2d_plan(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual)
+
+    def _conv2d_plan(self, x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual):
+        """``conv2d_plan`` (residual None: ``run(x)``) or ``conv2d_residual_plan`` (residual
+        (activation, alpha): ``run(x, r)``)."""
         n, h, w, c = x_shape
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
+
+        def plain(run):  # the residual, where wanted, in a pass after run
+            if residual is None:
+                return run
+            return lambda x, r=None: run(x) if r is None else self.add_act(run(x), r, *residual)
+
         if n * h * w * c == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
-            return lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+            return plain(
+                lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+            )
         if groups > 1 and cin_g == 1 and groups == c:
             # one input channel per group: a depthwise convolution (multiplier cout / c)
             w_hwcm = w_hwio.reshape(kh, kw, c, cout // c)
-            return lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation, activation, alpha)
+            return plain(lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation, activation, alpha))
         wk, bias, code, out = _f32c(w_hwio), _bias(b), _kernel_code(activation), (n, ho, wo, cout)
         finish = code != CODES.get(activation)  # softmax or no native code: a pass after
         tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
@@ -184,15 +217,40 @@ class ConvOps(ReferenceOps):
                     # a NaN / inf input or an overflow in the transforms: the exact sums
                     direct(x, y, _packed_conv(wk, groups))
                 return _finish(self, y, activation, alpha) if finish else y
-        else:
-            pw, conv2d = _packed_conv(wk, groups), _core.conv2d
+
+            return plain(run)
+        pw, conv2d = _packed_conv(wk, groups), _core.conv2d
+        res_code = None if residual is None else _kernel_code(residual[0])
+        if residual is not None and (finish or res_code != CODES.get(residual[0])):
 
             def run(x):
                 y = np.empty(out, np.float32)
+                conv2d(_f32c(x), pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
+                return _finish(self, y, activation, alpha) if finish else y
+
+            return plain(run)
+        if residual is not None:
+            res_alpha = residual[1]
+
+            def run_residual(x, r=None):
+                y = np.empty(out, np.float32)
                 if not (x.dtype == np.float32 and x.flags.c_contiguous):
                     x = _f32c(x)
-                conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
-                return _finish(self, y, activation, alpha) if finish else y
+                if r is None or r.shape != out:  # none, or broadcast by the Add: a pass after
+                    conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
+                    return y if r is None else self.add_act(y, r, *residual)
+                res = _f32c(r)
+                conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha, 0, res, res_code, res_alpha)
+                return y
+
+            return run_residual
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            if not (x.dtype == np.float32 and x.flags.c_contiguous):
+                x = _f32c(x)
+            conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
+            return _finish(self, y, activation, alpha) if finish else y
 
         return run
 

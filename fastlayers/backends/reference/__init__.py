@@ -428,6 +428,32 @@ class ReferenceOps:
         kernels bind the kernel's arguments; the reference just calls ``conv2d``)."""
         return lambda x: self.conv2d(x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
 
+    def conv2d_residual_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+        residual_activation: str = "linear",
+        residual_alpha: float = 0.0,
+    ) -> Callable[[Floats4d, Floats4d | None], Floats4d]:
+        """``conv2d_plan`` with a residual Add and its activation taken in: a function ``(x, r)
+        -> g(conv2d(x, w_hwio, b, ...) + r)``, g the activation ``residual_activation``, r NHWC
+        of the result's shape (or one that broadcasts to it); ``r`` None gives the convolution
+        alone. Here the convolution, then ``add_act``."""
+        conv = self.conv2d_plan(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+
+        def run(x: Floats4d, r: Floats4d | None = None) -> Floats4d:
+            y = conv(x)
+            return y if r is None else self.add_act(y, r, residual_activation, residual_alpha)
+
+        return run
+
     def conv2d_nchw_plan(
         self,
         x_shape: Sequence[int],

@@ -30,6 +30,7 @@ from ..records import (
 )
 from ..tensors import created, f32
 from ..windows import spatial, window
+from .elementwise import add_activated
 
 #: This family's operator records (``ops.RECORDS`` gathers the families).
 FAMILY = Family("convolution and pooling")
@@ -66,11 +67,13 @@ def _conv(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     plans, ops = attrs.get("_plans"), get_ops()
+    residual = attrs.get("_residual")  # FusedConv: (activation, alpha) of a residual Add taken in
+    rest = (inputs[3],) if residual is not None else ()  # its other operand, run(x, r)
     if plans is not None:  # FusedConv: its NHWC plan for this input's shape, layout and backend
         key = (x.shape, x.strides, x.dtype.char, id(ops), id(b))
         run = plans.get(key)
         if run is not None:
-            return [run(x)]
+            return [run(x, *rest)]
     if x.ndim not in (3, 4):
         nhwc(x)  # raises: only 1-D and 2-D
     one_d = x.ndim == 3
@@ -120,7 +123,8 @@ def _conv(inputs, attrs, opset):
             attrs.get("alpha", 0.0),
         )
         y = y[:, :, 0] if one_d else y
-        return [y if post is None else _scaled_shifted(y, post)]
+        y = y if post is None else _scaled_shifted(y, post)
+        return [y if residual is None else add_activated(y, rest[0], *residual)]
     args = (
         w_hwio,
         None if b is None else f32(b),
@@ -132,7 +136,11 @@ def _conv(inputs, attrs, opset):
         attrs.get("alpha", 0.0),
     )
     planes = nchw_planes(x) if group == 1 else None
-    if planes is not None:  # an NCHW activation (an image): the backend's plan from NCHW to NHWC
+    # the residual Add in the kernel's epilogue: x (and, at each call, r) views of NHWC memory
+    in_kernel = residual is not None and post is None and not one_d and channels_last_memory(x) is not None
+    if in_kernel:
+        run = _with_residual_in_kernel(ops.conv2d_residual_plan(to_nhwc(x, False).shape, *args, *residual), residual)
+    elif planes is not None:  # an NCHW activation (an image): the backend's plan from NCHW to NHWC
         from_planes = ops.conv2d_nchw_plan(planes.shape, *args)
         run = (
             (lambda x: nchw(from_planes(x[:, :, None, :]), True)) if one_d else (lambda x: nchw(from_planes(x), False))
@@ -142,11 +150,32 @@ def _conv(inputs, attrs, opset):
         run = laid_out_as(x, one_d, ops.conv2d_plan(x4.shape, *args))
     if post is not None:
         run = _then_scaled_shifted(run, post)
+    if residual is not None and not in_kernel:
+        run = _then_added(run, residual)
     if plans is not None:
         if len(plans) >= 64:  # bound the memory of many distinct shapes
             plans.clear()
         plans[key] = run
-    return [run(x)]
+    return [run(x, *rest)]
+
+
+def _with_residual_in_kernel(plan, residual):
+    """``run(x, r)`` for x a view of NHWC memory: the backend's ``conv2d_residual_plan``
+    ``plan`` adds r to each block of output rows as its kernel writes them, where r is float32
+    NHWC memory too (the output of a convolution, or of a residual sum of such); other r after
+    the convolution, as FusedAdd adds."""
+
+    def run(x, r):
+        held = channels_last_memory(r) if type(r) is np.ndarray and r.dtype == np.float32 else None
+        y = plan(x.transpose(0, 2, 3, 1), held).transpose(0, 3, 1, 2)
+        return y if held is not None else add_activated(y, r, *residual)
+
+    return run
+
+
+def _then_added(run, residual):
+    """``run`` followed by the residual Add (and its activation) as FusedAdd computes it."""
+    return lambda x, r: add_activated(run(x), r, *residual)
 
 
 def _scaled_shifted(y, post):

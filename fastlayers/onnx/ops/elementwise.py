@@ -129,15 +129,20 @@ def _fused_add(inputs, attrs, opset):
     of one shape held in the same layout (NHWC memory behind NCHW views included), else numpy's
     broadcasting sum and the activation."""
     a, b = inputs
-    name, alpha = attrs["activation"], attrs.get("alpha", 0.0)
+    return [add_activated(a, b, attrs["activation"], attrs.get("alpha", 0.0))]
+
+
+def add_activated(a, b, name, alpha):
+    """f(a + b), f the activation ``name``, as FusedAdd computes it (also the residual Add of a
+    convolution whose kernel could not take it in, ``conv._conv``)."""
     y = _sum_in_layout(a, b, name, alpha)
     if y is not None:
-        return [y]
+        return y
     outer = outer_operands(a, b)
     if outer is not None:
         a_ic, b_jc, shape = outer
-        return [get_ops().outer_add_act(a_ic, b_jc, name, alpha).reshape(shape)]
-    return [get_ops().activation(f32(np.add(a, b)), name, alpha)]  # as the activation op casts
+        return get_ops().outer_add_act(a_ic, b_jc, name, alpha).reshape(shape)
+    return get_ops().activation(f32(np.add(a, b)), name, alpha)  # as the activation op casts
 
 
 def outer_operands(a, b):
