@@ -168,12 +168,33 @@ def test_conv2d_adds_a_residual_in_its_epilogue(isa, n_threads, act, res_act, ca
         r = arr(4, y.shape)
         got = np.empty_like(y)
         _core.conv2d(
-            x, _core.conv_pack(w, 1), b, got, kh, kw, *strides, 1, 1, pads[0][0], pads[1][0], 1,
-            native.CODES[act], 0.1, method_code, r, native.CODES[res_act], 0.2,
+            x,
+            _core.conv_pack(w, 1),
+            b,
+            got,
+            kh,
+            kw,
+            *strides,
+            1,
+            1,
+            pads[0][0],
+            pads[1][0],
+            1,
+            native.CODES[act],
+            0.1,
+            method_code,
+            r,
+            native.CODES[res_act],
+            0.2,
         )
         want = CPU.add_act(y, r, res_act, 0.2)
     np.testing.assert_array_equal(got, want)
-    assert_close(got, REF.activation(REF.conv2d(x, w, b, strides, pads, (1, 1), 1, act, 0.1) + r, res_act, 0.2), rtol=1e-5, atol=1e-5)
+    assert_close(
+        got,
+        REF.activation(REF.conv2d(x, w, b, strides, pads, (1, 1), 1, act, 0.1) + r, res_act, 0.2),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_conv2d_residual_is_checked():
@@ -192,7 +213,12 @@ def test_conv2d_residual_is_checked():
 
 @pytest.mark.parametrize(
     "x_shape, k, groups",
-    [((1, 8, 8, 16), (3, 3, 32), 1), ((1, 10, 10, 8), (3, 3, 8), 8), ((2, 6, 6, 4), (3, 3, 4), 1), ((1, 4, 4, 3), (2, 2, 5), 1)],
+    [
+        ((1, 8, 8, 16), (3, 3, 32), 1),
+        ((1, 10, 10, 8), (3, 3, 8), 8),
+        ((2, 6, 6, 4), (3, 3, 4), 1),
+        ((1, 4, 4, 3), (2, 2, 5), 1),
+    ],
 )
 def test_residual_plan_on_every_form(isa, x_shape, k, groups):
     """``conv2d_residual_plan`` on the forms that add the residual after the kernel (Winograd,
