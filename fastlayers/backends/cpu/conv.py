@@ -220,30 +220,6 @@ class ConvOps(ReferenceOps):
 
             return plain(run)
         pw, conv2d = _packed_conv(wk, groups), _core.conv2d
-        res_code = None if residual is None else _kernel_code(residual[0])
-        if residual is not None and (finish or res_code != CODES.get(residual[0])):
-
-            def run(x):
-                y = np.empty(out, np.float32)
-                conv2d(_f32c(x), pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
-                return _finish(self, y, activation, alpha) if finish else y
-
-            return plain(run)
-        if residual is not None:
-            res_alpha = residual[1]
-
-            def run_residual(x, r=None):
-                y = np.empty(out, np.float32)
-                if not (x.dtype == np.float32 and x.flags.c_contiguous):
-                    x = _f32c(x)
-                if r is None or r.shape != out:  # none, or broadcast by the Add: a pass after
-                    conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
-                    return y if r is None else self.add_act(y, r, *residual)
-                res = _f32c(r)
-                conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha, 0, res, res_code, res_alpha)
-                return y
-
-            return run_residual
 
         def run(x):
             y = np.empty(out, np.float32)
@@ -252,7 +228,25 @@ class ConvOps(ReferenceOps):
             conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
             return _finish(self, y, activation, alpha) if finish else y
 
-        return run
+        if residual is None:
+            return run
+        res_code = _kernel_code(residual[0])
+        if finish or res_code != CODES.get(residual[0]):  # no kernel code: the residual after
+            return plain(run)
+        res_alpha = residual[1]
+
+        def run_residual(x, r=None):
+            if r is None or r.shape != out:  # none, or broadcast by the Add: a pass after
+                return run(x) if r is None else self.add_act(run(x), r, *residual)
+            y = np.empty(out, np.float32)
+            if not (x.dtype == np.float32 and x.flags.c_contiguous):
+                x = _f32c(x)
+            conv2d(
+                x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha, 0, _f32c(r), res_code, res_alpha
+            )
+            return y
+
+        return run_residual
 
     def conv2d_nchw_plan(
         self,
