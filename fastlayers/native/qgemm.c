@@ -14,7 +14,7 @@
 #define QGEMM_NP 4                  /* panels of one tile and of one unit of parallel work */
 #define QGEMM_ROWS_PER_UNIT 24      /* rows of one unit of parallel work */
 #define QGEMM_MIN_SHARE_MACS (1 << 17)
-#define QGEMM_MR_MAX 6
+#define QGEMM_MR_MAX 12
 #define QGEMM_AMX_ROWS_PER_UNIT 32  /* rows of one unit of parallel work on AMX tiles */
 
 static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) */
@@ -22,8 +22,7 @@ static __thread fl_buf qgemm_buf;   /* a prepared (calls serial on this thread) 
 /* Rows a tile takes on this path. */
 FL_INLINE int qgemm_mr(int vnni) {
 #if defined(FL_ISA_AVX512)
-    (void)vnni;
-    return 6;
+    return vnni ? 6 : 12;
 #elif defined(FL_ISA_AVX2)
     return vnni ? 6 : 3;
 #else
@@ -200,74 +199,61 @@ FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, in
 #endif
 
 #if defined(FL_ISA_AVX512)
-/* out[i][p * 16 + j] = sum_k a_w[i, k] b_s[k, j0 + 16 p + j], R rows x P panels on int16 rows
- * aw without VNNI: each half panel's quads (8 columns x 4 values, 32 bytes) widened to int16 in
- * a zmm, vpmaddwd against (a[4q], .., a[4q + 3]) broadcast gives each column's two pair sums
- * (u8 x s8 pairs fit int32: exact, unlike vpmaddubsw's int16 pairs); the pairs are added once,
- * after the k loop. R x P x 2 accumulators (R P <= 12). */
-FL_INLINE void qgemm_sums_bw_rp(const int R, const int P, const int16_t *aw, int64_t lda, int64_t kq,
-                                const int8_t *bp, int64_t pstride,
-                                int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
-    __m512i acc[QGEMM_MR_MAX][QGEMM_NP][2];
-    _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
-        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p) acc[i][p][0] = acc[i][p][1] = _mm512_setzero_si512();
+/* out[i][p * 16 + j] = sum_k a_w[i, k] b_s[k, j0 + 16 p + j], R rows of one panel p on int16
+ * rows aw without VNNI: each half panel's quads (8 columns x 4 values, 32 bytes) widened to
+ * int16 in a zmm, vpmaddwd against (a[4q], .., a[4q + 3]) broadcast gives each column's two
+ * pair sums (u8 x s8 pairs fit int32: exact, unlike vpmaddubsw's int16 pairs); the pairs are
+ * added once, after the k loop. 2 R accumulators, each row's broadcast used at once: R = 12
+ * takes 24 + 2 + 2 of the 32 zmm registers (a tile of several panels, or the broadcasts loaded
+ * first, spilled the accumulators to the stack every step). */
+/* acc + vpmaddwd(a, b) with acc updated in place (inline assembly, as qgemm_dpbusd: with the
+ * intrinsics GCC kept the accumulators in memory and loaded and stored each one every step). */
+__attribute__((always_inline)) static inline __m512i qgemm_madd_add(__m512i acc, __m512i a, __m512i b) {
+    __m512i t;
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+v"(acc), "=&v"(t) : "v"(a), "v"(b));
+    return acc;
+}
+
+FL_INLINE void qgemm_sums_bw_r(const int R, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
+                               int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
+    __m512i lo[QGEMM_MR_MAX], hi[QGEMM_MR_MAX];
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
     for (int64_t q = 0; q < kq; ++q) {
-        __m512i av[QGEMM_MR_MAX];
-        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i) {
+        const __m512i b0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(bp + q * 64)));
+        const __m512i b1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(bp + q * 64 + 32)));
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
             int64_t quad;
             memcpy(&quad, aw + i * lda + 4 * q, sizeof quad);
-            av[i] = _mm512_set1_epi64(quad);
+            const __m512i av = _mm512_set1_epi64(quad);
+            lo[i] = qgemm_madd_add(lo[i], av, b0);
+            hi[i] = qgemm_madd_add(hi[i], av, b1);
         }
-        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p)
-            _Pragma("GCC unroll 8") for (int h = 0; h < 2; ++h) {
-                __m512i bt = _mm512_cvtepi8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(bp + p * pstride + q * 64 + 32 * h)));
-                _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
-                    acc[i][p][h] = _mm512_add_epi32(acc[i][p][h], _mm512_madd_epi16(av[i], bt));
-            }
     }
     /* lanes (2 j, 2 j + 1) of half h hold column 8 h + j's two pair sums */
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)
-        _Pragma("GCC unroll 8") for (int p = 0; p < P; ++p) {
-            __m512i lo = acc[i][p][0], hi = acc[i][p][1];
-            __m512i sums = _mm512_add_epi32(_mm512_permutex2var_epi32(lo, even, hi),
-                                            _mm512_permutex2var_epi32(lo, odd, hi));
-            _mm512_storeu_si512((void *)(out[i] + p * FL_QPANEL), sums);
-        }
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
+        __m512i sums = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[i], even, hi[i]),
+                                        _mm512_permutex2var_epi32(lo[i], odd, hi[i]));
+        _mm512_storeu_si512((void *)(out[i] + p * FL_QPANEL), sums);
+    }
 }
 
-#define QGEMM_BW_P(R)                                                                       \
-    switch (np) {                                                                           \
-    case 4: qgemm_sums_bw_rp(R, 4, aw, lda, kq, bp, pstride, out); return;                  \
-    case 3: qgemm_sums_bw_rp(R, 3, aw, lda, kq, bp, pstride, out); return;                  \
-    case 2: qgemm_sums_bw_rp(R, 2, aw, lda, kq, bp, pstride, out); return;                  \
-    default: qgemm_sums_bw_rp(R, 1, aw, lda, kq, bp, pstride, out); return;                 \
-    }
+#define QGEMM_BW_R(R) case R: qgemm_sums_bw_r(R, aw, lda, kq, panel, out, p); break;
 
-/* The R x P tiles of qgemm_sums_bw_rp, unrolled: up to 3 rows over up to 4 panels, 4-6 rows
- * over up to 2 (the rest of np in a second pass). */
+/* The R-row tiles of qgemm_sums_bw_r, unrolled (R <= 12), panel by panel. */
 static void qgemm_sums_bw(int rows, int np, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
                           int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
-    if (rows > 3 && np > 2) {
-        qgemm_sums_bw(rows, 2, aw, lda, kq, bp, pstride, out);
-        int32_t rest[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL];
-        qgemm_sums_bw(rows, np - 2, aw, lda, kq, bp + 2 * pstride, pstride, rest);
-        for (int i = 0; i < rows; ++i)
-            memcpy(out[i] + 2 * FL_QPANEL, rest[i], (size_t)(np - 2) * FL_QPANEL * sizeof(int32_t));
-        return;
-    }
-    switch (rows) {   /* constant shapes: unrolled tiles */
-    case 6: QGEMM_BW_P(6)
-    case 5: QGEMM_BW_P(5)
-    case 4: QGEMM_BW_P(4)
-    case 3: QGEMM_BW_P(3)
-    case 2: QGEMM_BW_P(2)
-    default: QGEMM_BW_P(1)
+    for (int p = 0; p < np; ++p) {
+        const int8_t *panel = bp + p * pstride;
+        switch (rows) {   /* constant shapes: unrolled tiles */
+        QGEMM_BW_R(12) QGEMM_BW_R(11) QGEMM_BW_R(10) QGEMM_BW_R(9) QGEMM_BW_R(8) QGEMM_BW_R(7)
+        QGEMM_BW_R(6) QGEMM_BW_R(5) QGEMM_BW_R(4) QGEMM_BW_R(3) QGEMM_BW_R(2)
+        default: qgemm_sums_bw_r(1, aw, lda, kq, panel, out, p); break;
+        }
     }
 }
-#undef QGEMM_BW_P
+#undef QGEMM_BW_R
 #endif
 
 /* out (rows x 16 np) = the sums of a's rows i0 .. i0 + rows and np panels from bp. */
@@ -574,6 +560,14 @@ FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t
             for (int64_t p = 0; p < count; ++p) sum += dst[p] = src[p * stride];
         return sum;
     }
+    if (!vnni && stride == 1) {   /* widened to int16: loops of one type each, vectorized */
+        int16_t *dst = (int16_t *)rows + idx;
+        if (is_signed)
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)(((const int8_t *)src)[p] + 128);
+        else
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)src[p];
+        return sum;
+    }
     for (int64_t p = 0; p < count; ++p) {
         int32_t v = qgemm_at(src, is_signed, p * stride) + shift;
         qgemm_put(rows, vnni, idx + p, v);
@@ -741,11 +735,15 @@ typedef struct {
 static void qconv_to_nhwc(void *p, int64_t u0, int64_t u1) {
     const qconv_nhwc *t = (const qconv_nhwc *)p;
     const fl_qconv_geom *g = t->g;
+    int64_t b = u0 / (g->h * g->w), y = u0 / g->w % g->h, x = u0 % g->w;   /* divisions once */
     for (int64_t u = u0; u < u1; ++u) {
-        const uint8_t *src = t->x + u / (g->h * g->w) * g->xs[0] + u / g->w % g->h * g->xs[1] +
-                             u % g->w * g->xs[2] + g->c0 * g->xs[3];
+        const uint8_t *src = t->x + b * g->xs[0] + y * g->xs[1] + x * g->xs[2] + g->c0 * g->xs[3];
         uint8_t *dst = t->dst + u * g->cin;
         for (int64_t ch = 0; ch < g->cin; ++ch) dst[ch] = src[ch * g->xs[3]];
+        if (++x == g->w) {
+            x = 0;
+            if (++y == g->h) y = 0, ++b;
+        }
     }
 }
 
@@ -763,7 +761,8 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
     int32_t shift = x_signed ? 128 : 0, zp_u = (int32_t)((uint32_t)x_zp + (uint32_t)shift);
     for (int64_t i = 0; i < m; ++i) za_u[i] = zp_u;
     fl_qconv_geom nhwc = *g;
-    if (g->xs[3] != 1 && g->kh * g->kw > 1) {
+    if (g->cin == 1 && g->c0 == 0) nhwc.xs[3] = 1;   /* one channel: its stride is never used */
+    if (nhwc.xs[3] != 1 && g->kh * g->kw > 1) {
         /* channels apart (an NCHW array): each value is read by several windows, so x is
          * copied channels last first and the windows gather runs of it */
         uint8_t *xc = (uint8_t *)fl_buf_grow(&qconv_buf, (size_t)(g->n * g->h * g->w * g->cin));
