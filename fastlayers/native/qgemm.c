@@ -169,23 +169,30 @@ static void qgemm_sums_vnni256(int rows, int np, const uint8_t *au, int64_t lda,
 #endif
 
 #if defined(__AVX2__) && !defined(FL_ISA_AVX512)
-/* The same sums on int16 rows aw, one panel: b's quads widened to int16 (4 columns x 4 values
- * per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each column's two pair sums. */
+/* acc + vpmaddwd(a, b) with acc updated in place (inline assembly: with the intrinsics GCC kept
+ * the tile's accumulators in memory, a load and a store each per step). */
+__attribute__((always_inline)) static inline __m256i qgemm_madd_add_ymm(__m256i acc, __m256i a, __m256i b) {
+    __m256i t;
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(a), "x"(b));
+    return acc;
+}
+
+/* The same sums on int16 rows aw, one panel: b's quads widened to int16 a quarter panel at a
+ * time (4 columns x 4 values per ymm), vpmaddwd against (a[4q], .., a[4q + 3]) gives each
+ * column's two pair sums. 4 R accumulators (R = 3: 12 of the 16 ymm registers). */
 FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
                                  int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
     __m256i acc[3][4];
     for (int i = 0; i < R; ++i)
         for (int t = 0; t < 4; ++t) acc[i][t] = _mm256_setzero_si256();
     for (int64_t q = 0; q < kq; ++q) {
-        __m256i av[3];
-        for (int i = 0; i < R; ++i) {
-            int64_t quad;
-            memcpy(&quad, aw + i * lda + 4 * q, sizeof quad);
-            av[i] = _mm256_set1_epi64x(quad);
-        }
         for (int t = 0; t < 4; ++t) {
             __m256i bt = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bp + q * 64 + 16 * t)));
-            for (int i = 0; i < R; ++i) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(av[i], bt));
+            for (int i = 0; i < R; ++i) {
+                int64_t quad;
+                memcpy(&quad, aw + i * lda + 4 * q, sizeof quad);
+                acc[i][t] = qgemm_madd_add_ymm(acc[i][t], _mm256_set1_epi64x(quad), bt);
+            }
         }
     }
     for (int i = 0; i < R; ++i)
