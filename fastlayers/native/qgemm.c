@@ -567,15 +567,20 @@ FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t
             for (int64_t p = 0; p < count; ++p) sum += dst[p] = src[p * stride];
         return sum;
     }
-    if (!vnni && stride == 1) {   /* widened to int16: loops of one type each, vectorized */
+    if (!vnni) {   /* widened to int16: loops of one type each (vectorized where stride is 1) */
         int16_t *dst = (int16_t *)rows + idx;
-        if (is_signed)
-            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)(((const int8_t *)src)[p] + 128);
-        else
+        const int8_t *s8 = (const int8_t *)src;
+        if (stride == 1 && is_signed)
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)(s8[p] + 128);
+        else if (stride == 1)
             for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)src[p];
+        else if (is_signed)
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)(s8[p * stride] + 128);
+        else
+            for (int64_t p = 0; p < count; ++p) sum += dst[p] = (int16_t)src[p * stride];
         return sum;
     }
-    for (int64_t p = 0; p < count; ++p) {
+    for (int64_t p = 0; p < count; ++p) {   /* int8 to uint8 a_u */
         int32_t v = qgemm_at(src, is_signed, p * stride) + shift;
         qgemm_put(rows, vnni, idx + p, v);
         sum += v;
