@@ -140,16 +140,16 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
         typedef float vt __attribute__((vector_size(W * 4)));                                  \
         typedef float vt_u __attribute__((vector_size(W * 4), aligned(4), may_alias));         \
         vt acc[GEMM_NARROW_MR];                                                                \
-        _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) acc[r] = (vt){0};              \
+        _Pragma("GCC unroll 14") for (int r = 0; r < rows; ++r) acc[r] = (vt){0};              \
         for (int64_t i = 0; i < kh; ++i) {                                                     \
             const float *ap = a + i * ari, *pp = pb + i * kc * FL_PANEL;                       \
             for (int64_t p = 0; p < kc; ++p) {                                                 \
                 vt b = *(const vt_u *)(pp + p * FL_PANEL);                                     \
-                _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) acc[r] +=              \
+                _Pragma("GCC unroll 14") for (int r = 0; r < rows; ++r) acc[r] +=              \
                     ap[r * ars + p] * b;                                                       \
             }                                                                                  \
         }                                                                                      \
-        _Pragma("GCC unroll 28") for (int r = 0; r < rows; ++r) {                              \
+        _Pragma("GCC unroll 14") for (int r = 0; r < rows; ++r) {                              \
             float *row = c + r * ldc;                                                          \
             if (nr == W) {                                                                     \
                 *(vt_u *)row = accumulate ? (vt)(*(const vt_u *)row) + acc[r] : acc[r];        \
@@ -180,10 +180,10 @@ static void gemm_tile_narrow_rows(int rows, int64_t kh, int64_t ari, int64_t kc,
     case r: gemm_tile_narrow(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate); break;
 #endif
     switch (rows) {
-#if GEMM_MR > 6
-        GEMM_ROWS(28) GEMM_ROWS(27) GEMM_ROWS(26) GEMM_ROWS(25) GEMM_ROWS(24) GEMM_ROWS(23)
-        GEMM_ROWS(22) GEMM_ROWS(21) GEMM_ROWS(20) GEMM_ROWS(19) GEMM_ROWS(18) GEMM_ROWS(17)
-        GEMM_ROWS(16) GEMM_ROWS(15) GEMM_ROWS(14) GEMM_ROWS(13)
+#if GEMM_NARROW_MR == 14
+        GEMM_ROWS(14) GEMM_ROWS(13)
+#elif GEMM_NARROW_MR != 12
+#error "the narrow tile's row cases below cover 12 or 14 rows"
 #endif
         GEMM_ROWS(12) GEMM_ROWS(11) GEMM_ROWS(10) GEMM_ROWS(9) GEMM_ROWS(8) GEMM_ROWS(7)
         GEMM_ROWS(6) GEMM_ROWS(5) GEMM_ROWS(4) GEMM_ROWS(3) GEMM_ROWS(2) GEMM_ROWS(1)

@@ -14,9 +14,16 @@
 #endif
 #define GEMM_TN (2 * FL_VW)          /* columns of a tile */
 
-/* Most rows of a narrow tile: twice the wide tile's, so that its accumulators (one vector per
- * row) fill the registers as the wide tile's two do. */
+/* Most rows of a narrow tile (one vector of accumulators per row). AVX2: twice the wide tile's,
+ * so that its accumulators fill the registers as the wide tile's two do. AVX-512: as many as the
+ * wide tile's; each row's offset in A takes a general register, and with 28 rows GCC reloaded
+ * 15 of them from the stack at every step (44 loads per 28 multiply-adds: the load ports, not
+ * the FMA units, set the rate). */
+#if FL_VW == 16
+#define GEMM_NARROW_MR GEMM_MR
+#else
 #define GEMM_NARROW_MR (2 * GEMM_MR)
+#endif
 
 /* Fewest multiply-adds (x2) in one thread's share of a product. */
 #define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
