@@ -21,12 +21,6 @@ its manifest whose graphs hold quantized operators (integer products, QuantizeLi
 DynamicQuantize*, QLinear*), at 1 and 2 threads unless ``--threads`` names some:
     python bench/bench_onnx_int8.py --real [--threads 1 2] [--rounds 5] [--json OUT]
 
-The integer product alone: ``--products MxKxN ...`` times one MatMulInteger node (u8 a, s8 b
-constant, zero points 3 and 0, full-range values) through both engines, interleaved at one
-``--threads`` count; each output is checked against the exact int64 product first (onnxruntime's
-u8 x s8 kernel saturates int16 pair sums on a CPU without VNNI, and then only fastlayers' is
-checked):
-    python bench/bench_onnx_int8.py --products 1024x1024x1024 100x512x2048 [--threads 1]
 """
 
 from __future__ import annotations
@@ -215,40 +209,6 @@ def real_int8_models() -> list:
     return found
 
 
-def product_engines(m: int, k: int, n: int, threads: int) -> dict:
-    """{"fastlayers", "onnxruntime": no-argument callables} of one MatMulInteger node, a (m, k)
-    uint8 against a constant b (k, n) int8, both checked against the exact int64 product
-    (onnxruntime only where its kernel does not saturate)."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    import fastlayers
-
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
-    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "b", "a_zp"], ["c"])],
-        "product",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
-        [helper.make_tensor_value_info("c", TensorProto.INT32, [m, n])],
-        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(3, np.uint8), "a_zp")],
-    )
-    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-    model = fastlayers.load(data)
-    want = (a.astype(np.int64) - 3) @ b.astype(np.int64)
-    got = model(a)
-    if not np.array_equal(got, want):
-        raise SystemExit(f"{m}x{k}x{n}: fastlayers differs from the exact product by {np.abs(got - want).max()}")
-    saturated = not np.array_equal(session.run(None, {"a": a})[0], want)
-    if saturated:
-        print(f"{m}x{k}x{n}: onnxruntime's sums saturate on this CPU (not checked)")
-    return {"fastlayers": lambda: model(a), "onnxruntime": lambda: session.run(None, {"a": a})}
-
-
 def main() -> None:
     import argparse
     import tempfile
@@ -269,22 +229,8 @@ def main() -> None:
         "--real", action="store_true", help="the real int8 files of the real-models benchmark instead of the workloads"
     )
     parser.add_argument("--json", metavar="OUT", help="with --real: write the rows here")
-    parser.add_argument(
-        "--products", nargs="+", metavar="MxKxN", help="one MatMulInteger node of each shape instead of the workloads"
-    )
     parser.add_argument("workloads", nargs="*", default=WORKLOADS)
     args = parser.parse_args()
-    if args.products:
-        import fastlayers
-        from bench.interleaved import interleave
-
-        threads = (args.threads or [1])[0]
-        fastlayers.set_num_threads(threads)
-        for shape in args.products:
-            m, k, n = (int(v) for v in shape.lower().split("x"))
-            calls = args.calls or max(5, int(2e8 // (m * k * n)))
-            interleave(product_engines(m, k, n, threads), calls, args.rounds or 15, f"{shape} ({threads} thread(s))")
-        return
     if args.real:
         from bench import bench_real_models, real_models
 

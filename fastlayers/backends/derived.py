@@ -60,12 +60,25 @@ def derived_view(view, kind: str, make: Callable):
     of a weight) find the entry too."""
     if not hasattr(view, "base") or view.base is None:
         return derived(view, kind, make)
+    key = (id(view), kind)
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is view:  # this view object asked before: no key to build
+        return hit[1]
     root = view
     while getattr(root.base, "__array_interface__", None) is not None:
         root = root.base
     offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    key = f"{kind}:{offset}:{view.shape}:{view.strides}:{view.dtype}"
-    return derived(root, key, lambda _: make(view))
+    value = derived(root, f"{kind}:{offset}:{view.shape}:{view.strides}:{view.dtype}", lambda _: make(view))
+    # also under the view itself: a view kept between calls (an ONNX initializer, a view of the
+    # file's bytes) finds it at once; building the key above costs ~30 µs, a call's whole
+    # budget on a small product
+    try:
+        ref = weakref.ref(view, lambda r, key=key, forget=_forget: forget(key, r))
+    except TypeError:
+        return value
+    with _lock:
+        _cache[key] = (ref, value)
+    return value
 
 
 #: Entries ``derived_from`` keeps per first source: one per set of other sources, so that
