@@ -243,3 +243,17 @@ def test_int8_benchmark_picks_quantized_operators():
     plain = ["MatMul", "Conv", "LSTM", "Gemm", "Add", "If", "Cast"]
     assert [quantized_operator(op) for op in quantized] == [True] * len(quantized)
     assert [quantized_operator(op) for op in plain] == [False] * len(plain)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_products_benchmark_checks_both_engines_outputs(int8, capsys):
+    """bench_products: one MatMul / MatMulInteger node, fastlayers' output equal to the exact
+    (int8) or onnxruntime's (float) product before any timing, then interleaved rounds."""
+    oracle("onnxruntime")
+    from bench import bench_products
+
+    engines = bench_products.product_engines(7, 33, 17, 1, int8=int8)
+    assert set(engines) == {"fastlayers", "onnxruntime"}
+    assert engines["fastlayers"]().shape == engines["onnxruntime"]()[0].shape == (7, 17)
+    bench_products.main(["7x33x17", "--rounds", "1", "--calls", "1"] + (["--int8"] if int8 else []))
+    assert "x onnxruntime per round" in capsys.readouterr().out
