@@ -65,7 +65,7 @@ def _expected(a, za, b, zb):
         (6, 2, 16),
         (7, 3, 15),
         (13, 64, 40),
-        (2, 40, 20),   # tiles of 2, 3, 10, 11 and 12 rows (12: the avx512 path without VNNI)
+        (2, 40, 20),  # tiles of 2, 3, 10, 11 and 12 rows (12: the avx512 path without VNNI)
         (3, 9, 31),
         (10, 57, 16),
         (11, 24, 48),
