@@ -206,13 +206,6 @@ FL_INLINE void qgemm_sums_avx2_r(const int R, const int16_t *aw, int64_t lda, in
 #endif
 
 #if defined(FL_ISA_AVX512)
-/* out[i][p * 16 + j] = sum_k a_w[i, k] b_s[k, j0 + 16 p + j], R rows of one panel p on int16
- * rows aw without VNNI: each half panel's quads (8 columns x 4 values, 32 bytes) widened to
- * int16 in a zmm, vpmaddwd against (a[4q], .., a[4q + 3]) broadcast gives each column's two
- * pair sums (u8 x s8 pairs fit int32: exact, unlike vpmaddubsw's int16 pairs); the pairs are
- * added once, after the k loop. 2 R accumulators, each row's broadcast used at once: R = 12
- * takes 24 + 2 + 2 of the 32 zmm registers (a tile of several panels, or the broadcasts loaded
- * first, spilled the accumulators to the stack every step). */
 /* acc + vpmaddwd(a, b) with acc updated in place (inline assembly, as qgemm_dpbusd: with the
  * intrinsics GCC kept the accumulators in memory and loaded and stored each one every step). */
 __attribute__((always_inline)) static inline __m512i qgemm_madd_add(__m512i acc, __m512i a, __m512i b) {
@@ -221,6 +214,13 @@ __attribute__((always_inline)) static inline __m512i qgemm_madd_add(__m512i acc,
     return acc;
 }
 
+/* out[i][p * 16 + j] = sum_k a_w[i, k] b_s[k, j0 + 16 p + j], R rows of one panel p on int16
+ * rows aw without VNNI: each half panel's quads (8 columns x 4 values, 32 bytes) widened to
+ * int16 in a zmm, vpmaddwd against (a[4q], .., a[4q + 3]) broadcast gives each column's two
+ * pair sums (u8 x s8 pairs fit int32: exact, unlike vpmaddubsw's int16 pairs); the pairs are
+ * added once, after the k loop. 2 R accumulators, each row's broadcast used at once: R = 12
+ * takes 24 + 2 + 2 of the 32 zmm registers (a tile of several panels, or the broadcasts loaded
+ * first, spilled the accumulators to the stack every step). */
 FL_INLINE void qgemm_sums_bw_r(const int R, const int16_t *aw, int64_t lda, int64_t kq, const int8_t *bp,
                                int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL], int p) {
     __m512i lo[QGEMM_MR_MAX], hi[QGEMM_MR_MAX];
