@@ -4,8 +4,9 @@
  * A is read in place, rows lda floats apart (packing it was a pass of its own and A meets few
  * column panels in convolutions); b is read from its packed form (gemm.h), packed once for
  * weights or block by block per call into a per-thread buffer. Up to GEMM_FEW_ROWS rows of A
- * (products of small images, batches of a few rows) each tile column's slice of b stays in L1
- * while all row tiles pass over it (gemm_block_few), so b is read once. Tiles: AVX-512 14 x 32
+ * (products of small images, batches of a few rows) the blocks of b are deeper and narrower
+ * (GEMM_FEW_KC x GEMM_FEW_NC): a row tile's slice of A stays in L1 while the block's panels
+ * pass, the block in L2 for the next row tile. Tiles: AVX-512 14 x 32
  * (28 zmm accumulators), AVX2 6 x 16 (12 ymm), portable 6 x 8 (12 xmm / NEON q registers):
  * each is a 32-column panel's 1, 2 or 4 slices. */
 
@@ -15,8 +16,9 @@
 
 #define GEMM_KC 256                  /* rows of b per block: a tile's b slice stays in L1 */
 #define GEMM_NC 256                  /* columns per block: KC x NC of b (256 KiB) stays in L2 */
-#define GEMM_FEW_ROWS 64             /* up to this many rows: gemm_block_few */
-#define GEMM_FEW_KC 96               /* its most rows of b per block (96 x 16 floats in L1) */
+#define GEMM_FEW_ROWS 64             /* up to this many rows: blocks of GEMM_FEW_KC x GEMM_FEW_NC */
+#define GEMM_FEW_KC 384              /* their most rows of b (near-equal blocks; 14 rows of A in L1) */
+#define GEMM_FEW_NC 128              /* their columns (a 192 KiB block of b in L2) */
 #define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
 
 static __thread fl_buf gemm_buf;        /* A rows copied, or b packed per call */
@@ -403,62 +405,6 @@ static void gemm_thin(int64_t m, int64_t n, int64_t k, const float *a, int64_t l
     }
 }
 
-/* The block of b that gemm_block_few reads after the one of rows pc.. of tile column j: moves
- * (j, pc) onto it and gives its start, or 0 past the last block. */
-FL_INLINE const float *gemm_few_after(const float *pb, int64_t n, int64_t k, int64_t kc,
-                                      int64_t *j, int64_t *pc) {
-    *pc += kc;
-    if (*pc >= k) {
-        *pc = 0;
-        *j += GEMM_TN;
-        if (*j >= n) return 0;
-    }
-    return pb + (*j / FL_PANEL) * FL_PANEL * k + *j % FL_PANEL + *pc * FL_PANEL;
-}
-
-/* c[:m, :n] (+)= a[:m, :k] @ pb (b (k, n) packed) for few rows m, b in blocks of kc rows: tile
- * column by tile column and, in each, block by block, so that b is read once and in the order
- * it is stored (a panel's rows one after another), each slice (kc x GEMM_TN) staying in L1
- * while every row tile passes over it; the next slice is prefetched into L1 and the one after
- * into L2, a share per row tile.
- * Blocks of rows outermost, the order this replaces, read each panel in slices a panel apart,
- * which kept the weights' stream from memory from overlapping the arithmetic. */
-static void gemm_block_few(int64_t m, int64_t n, int64_t k, int64_t kc, const float *a,
-                           int64_t lda, const float *pb, float *c, int64_t ldc, int accumulate,
-                           const gemm_epi *epi) {
-    int64_t tiles = 0;
-    for (int64_t left = m; left > 0; left -= gemm_next_rows_over(left, n)) ++tiles;
-    for (int64_t j = 0; j < n; j += GEMM_TN) {
-        int nr = (int)FL_MIN(n - j, GEMM_TN);
-        const float *pbj = pb + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
-        for (int64_t pc = 0; pc < k; pc += kc) {
-            int64_t kb = FL_MIN(k - pc, kc), jn = j, pn = pc;
-            /* the next block into L1 and the one after into L2, a share per row tile */
-            const float *next = gemm_few_after(pb, n, k, kc, &jn, &pn);
-            int64_t rows_n = next ? FL_MIN(k - pn, kc) : 0;
-            const float *far = next ? gemm_few_after(pb, n, k, kc, &jn, &pn) : 0;
-            int64_t rows_f = far ? FL_MIN(k - pn, kc) : 0;
-            int64_t share = (rows_n + tiles - 1) / tiles, share_f = (rows_f + tiles - 1) / tiles;
-            for (int64_t ir = 0, rows, t = 0; ir < m; ir += rows, ++t) {
-                rows = gemm_next_rows_over(m - ir, n);
-                for (int64_t p = t * share; p < FL_MIN(rows_n, (t + 1) * share); ++p)
-                    for (int line = 0; line < GEMM_TN; line += 16)  /* 16 floats a line */
-                        __builtin_prefetch(next + p * FL_PANEL + line, 0, 3);
-                for (int64_t p = t * share_f; p < FL_MIN(rows_f, (t + 1) * share_f); ++p)
-                    for (int line = 0; line < GEMM_TN; line += 16)
-                        __builtin_prefetch(far + p * FL_PANEL + line, 0, 2);
-                FL_FN(gemm_tile_rows)((int)rows, 1, 0, kb, a + ir * lda + pc, lda,
-                                      pbj + pc * FL_PANEL, c + ir * ldc + j, ldc, nr,
-                                      accumulate || pc > 0);
-                if (epi && pc + kb >= k) {
-                    gemm_epi at = {epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
-                    FL_FN(gemm_tile_epi)(rows, c + ir * ldc + j, ldc, nr, &at);
-                }
-            }
-        }
-    }
-}
-
 /* sgemm_packed with the tile epilogue `epi` (NULL: none; see gemm_tile_epi_of): 1 where the
  * epilogue was applied, 0 where the caller still has to (the thin path, k <= 0), -1 where a
  * buffer could not be had. */
@@ -479,30 +425,32 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
      * L1's ways they evict each other, so such rows of A are copied first (all of them for few
      * rows, block by block for more) */
     int aliased = GEMM_MR > 8 && lda % 1024 == 0;
-    if (m <= GEMM_FEW_ROWS) {                       /* blocks of near-equal rows of b */
-        int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;
-        if (aliased) {
+    int64_t kc_most = GEMM_KC, nc = GEMM_NC;
+    if (m <= GEMM_FEW_ROWS) {
+        if (aliased) {                              /* all rows at once */
             float *copy = fl_buf_floats(&gemm_buf, (size_t)(m * (k + 16)));
             if (!copy) return -1;
             for (int64_t i = 0; i < m; ++i)
                 memcpy(copy + i * (k + 16), a + i * lda, (size_t)k * sizeof(float));
             a = copy;
             lda = k + 16;
+            aliased = 0;
         }
-        gemm_block_few(m, n, k, (k + blocks - 1) / blocks, a, lda, pb, c, ldc, accumulate, epi);
-        return epi != 0;
+        int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;   /* near-equal blocks of k */
+        kc_most = (k + blocks - 1) / blocks;
+        nc = GEMM_FEW_NC;
     }
-    const int64_t ldbuf = GEMM_KC + 16;
+    const int64_t ldbuf = kc_most + 16;
     float *buf = 0;
     if (aliased) {
         buf = fl_buf_floats(&gemm_buf, (size_t)(FL_MIN(m, GEMM_MC) * ldbuf));
         if (!buf) return -1;
     }
-    for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
-        int64_t kc = FL_MIN(k - pc, GEMM_KC);
+    for (int64_t pc = 0; pc < k; pc += kc_most) {
+        int64_t kc = FL_MIN(k - pc, kc_most);
         int acc = accumulate || pc > 0;
-        for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
-            int64_t nc = FL_MIN(n - jc, GEMM_NC);
+        for (int64_t jc = 0; jc < n; jc += nc) {
+            int64_t ncols = FL_MIN(n - jc, nc);
             const float *pbk = pb + jc * k + pc * FL_PANEL;
             /* the epilogue on the tiles of the last block of k, their sums final */
             gemm_epi at = {0, FL_LINEAR, 0.0f}, *last = 0;
@@ -511,14 +459,14 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
                 last = &at;
             }
             if (!buf) {
-                gemm_block(m, nc, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc, last);
+                gemm_block(m, ncols, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc, last);
                 continue;
             }
             for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
                 int64_t mc = FL_MIN(m - ic, GEMM_MC);
                 for (int64_t i = 0; i < mc; ++i)
                     memcpy(buf + i * ldbuf, a + (ic + i) * lda + pc, (size_t)kc * sizeof(float));
-                gemm_block(mc, nc, kc, buf, ldbuf, pbk, k * FL_PANEL, c + ic * ldc + jc, ldc,
+                gemm_block(mc, ncols, kc, buf, ldbuf, pbk, k * FL_PANEL, c + ic * ldc + jc, ldc,
                            acc, last);
             }
         }
