@@ -101,11 +101,13 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
             fl_vf b0 = fl_load(pb), b1 = fl_load(pb + FL_VW);
 #pragma GCC unroll 14
             for (int r = 0; r < rows; ++r) {
-                fl_vf ar = fl_set1(ap[r * ars]);
+                /* row r at a base every third row, + 0, 1 or 2 row strides: the tile's row
+                 * offsets take five base registers and one stride (no reloads from the stack) */
+                const float *base = ap + (r / 3) * 3 * ars;
+                fl_vf ar = fl_set1(base[(r % 3) * ars + p]);
                 c0[r] += ar * b0;
                 c1[r] += ar * b1;
             }
-            ap += 1;
             pb += FL_PANEL;
         }
     }
