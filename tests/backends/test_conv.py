@@ -149,6 +149,11 @@ RESIDUAL_CASES = [
     ((1, 5, 6, 6), (3, 3, 40), (1, 1), ((1, 1), (1, 1)), "im2col"),
     ((2, 14, 14, 24), (1, 1, 64), (1, 1), ((0, 0), (0, 0)), "auto"),
     ((1, 3, 3, 4), (1, 1, 3), (1, 1), ((0, 0), (0, 0)), "auto"),
+    # products on few rows (whole vectors of columns), on the thin path's rows (at most 8),
+    # im2col on few rows with whole vectors of columns
+    ((1, 4, 5, 32), (1, 1, 48), (1, 1), ((0, 0), (0, 0)), "auto"),
+    ((1, 2, 3, 8), (1, 1, 32), (1, 1), ((0, 0), (0, 0)), "auto"),
+    ((1, 6, 7, 16), (3, 3, 32), (1, 1), ((1, 1), (1, 1)), "im2col"),
 ]
 
 
