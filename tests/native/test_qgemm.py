@@ -570,3 +570,35 @@ def test_convolution_arguments_are_checked(rng):
         _core.qconv(x, 0, pb, np.empty((24, 3), np.int32), *geometry)
     with pytest.raises(ValueError, match="zero point 256"):
         _core.qconv(x, 256, pb, c, *geometry)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_rows_run_block_by_block(rng, threads):
+    """Products and convolutions whose prepared rows outgrow one of qgemm_run's blocks of
+    units (512 KiB of prepared rows) equal the int64 reference on every block: the int32 sums
+    and the requantizing store."""
+    before = native.get_num_threads()
+    native.set_num_threads(threads)
+    try:
+        m, k, n = 3001, 301, 21  # 2 to 4 blocks of rows, the last one partial
+        a = _values(rng, np.uint8, (m, k))
+        za = _values(rng, np.uint8, m).astype(np.int32)
+        b = _values(rng, np.int8, (k, n))
+        zb = _values(rng, np.int8, n).astype(np.int32)
+        want = _expected(a, za, b, zb)
+        np.testing.assert_array_equal(_qgemm(a, za, b, zb), want)
+        scale = rng.uniform(1e-5, 1e-4, n).astype(np.float32)
+        got8 = _core.qgemm(a, za, _core.qpack(b, zb), np.empty((m, n), np.int8), scale, None, None, -3)
+        product = want.astype(np.int32).astype(np.float32) * scale
+        np.testing.assert_array_equal(got8, np.clip(np.rint(product) - 3, -128, 127).astype(np.int8))
+
+        x = _values(rng, np.uint8, (1, 70, 60, 24))  # 4200 windows of 216 values
+        w_hwio = _values(rng, np.int8, (3, 3, 24, 10))
+        zb = _values(rng, np.int8, 10).astype(np.int32)
+        pb = _core.qpack(np.ascontiguousarray(w_hwio.reshape(-1, 10)), zb)
+        geometry = ((3, 3), (1, 1), (1, 1), (1, 1), (70, 60))
+        got = _core.qconv(x, 9, pb, np.full((4200, 10), -7, np.int32), *geometry)
+        want = _conv_reference(x, 9, w_hwio.astype(np.int64) - zb, *geometry)
+        np.testing.assert_array_equal(got, want.reshape(4200, 10))
+    finally:
+        native.set_num_threads(before)
