@@ -20,6 +20,7 @@
 #define GEMM_FEW_KC 384              /* their most rows of b (near-equal blocks; 14 rows of A in L1) */
 #define GEMM_FEW_NC 128              /* their columns (a 192 KiB block of b in L2) */
 #define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
+#define GEMM_PF_ROWS 16              /* rows of a packed panel (2 KiB) the tile prefetches ahead */
 
 static __thread fl_buf gemm_buf;        /* A rows copied, or b packed per call */
 
@@ -99,6 +100,8 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
         const float *ap = a + i * ari;
         for (int64_t p = 0; p < kc; ++p) {
             fl_vf b0 = fl_load(pb), b1 = fl_load(pb + FL_VW);
+            /* b's panel is read once per tile from L2: its lines asked for GEMM_PF_ROWS ahead */
+            for (int j = 0; j < GEMM_TN; j += 16) __builtin_prefetch(pb + GEMM_PF_ROWS * FL_PANEL + j, 0, 3);
 #pragma GCC unroll 14
             for (int r = 0; r < rows; ++r) {
                 /* row r at a base every third row, + 0, 1 or 2 row strides: the tile's row
