@@ -20,7 +20,7 @@
 #define GEMM_FEW_KC 384              /* their most rows of b (near-equal blocks; 14 rows of A in L1) */
 #define GEMM_FEW_NC 128              /* their columns (a 192 KiB block of b in L2) */
 #define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
-#define GEMM_PF_ROWS 16              /* rows of a packed panel (2 KiB) the tile prefetches ahead */
+#define GEMM_PF_ROWS 16              /* rows of b the register and thin tiles prefetch ahead */
 
 static __thread fl_buf gemm_buf;        /* A rows copied, or b packed per call */
 
@@ -338,6 +338,10 @@ FL_INLINE void gemm_thin_tile(const int rows, const int vecs, const int masked, 
         for (int v = 0; v < vecs; ++v)
             bp[v] = masked && v == vecs - 1 ? gemm_load_masked(bv[v] + off, mask)
                                             : fl_load(bv[v] + off);
+        /* each 64-byte line of b's row GEMM_PF_ROWS ahead (b packed or read as it is) */
+#pragma GCC unroll 8
+        for (int v = 0; v < vecs; ++v)
+            if (v * FL_VW % 16 == 0) __builtin_prefetch(bv[v] + off + GEMM_PF_ROWS * ldb, 0, 3);
 #pragma GCC unroll 8
         for (int r = 0; r < rows; ++r) {
             fl_vf ar = fl_set1(a[r * lda + p]);
