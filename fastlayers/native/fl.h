@@ -45,6 +45,8 @@
 #define FL_DECLARE(ret, name, params, args) ret FL_FN(name) params;
 #define FL_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FL_MAX(a, b) ((a) > (b) ? (a) : (b))
+/* Floats in one 64-byte cache line: the step of a loop prefetching a run of floats. */
+#define FL_LINE_FLOATS 16
 
 /* A work buffer owned by one thread (declare it `static __thread`), grown on demand; the
  * memory is freed when its thread exits (heap.h). */

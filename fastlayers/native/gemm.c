@@ -101,7 +101,8 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
         for (int64_t p = 0; p < kc; ++p) {
             fl_vf b0 = fl_load(pb), b1 = fl_load(pb + FL_VW);
             /* b's panel is read once per tile from L2: its lines asked for GEMM_PF_ROWS ahead */
-            for (int j = 0; j < GEMM_TN; j += 16) __builtin_prefetch(pb + GEMM_PF_ROWS * FL_PANEL + j, 0, 3);
+            for (int j = 0; j < GEMM_TN; j += FL_LINE_FLOATS)
+                __builtin_prefetch(pb + GEMM_PF_ROWS * FL_PANEL + j, 0, 3);
 #pragma GCC unroll 14
             for (int r = 0; r < rows; ++r) {
                 /* row r at a base every third row, + 0, 1 or 2 row strides: the tile's row
@@ -341,7 +342,8 @@ FL_INLINE void gemm_thin_tile(const int rows, const int vecs, const int masked, 
         /* each 64-byte line of b's row GEMM_PF_ROWS ahead (b packed or read as it is) */
 #pragma GCC unroll 8
         for (int v = 0; v < vecs; ++v)
-            if (v * FL_VW % 16 == 0) __builtin_prefetch(bv[v] + off + GEMM_PF_ROWS * ldb, 0, 3);
+            if (v * FL_VW % FL_LINE_FLOATS == 0)
+                __builtin_prefetch(bv[v] + off + GEMM_PF_ROWS * ldb, 0, 3);
 #pragma GCC unroll 8
         for (int r = 0; r < rows; ++r) {
             fl_vf ar = fl_set1(a[r * lda + p]);

@@ -226,7 +226,7 @@ static void rnn_prefetch_rows(const rnn_job *j, const rnn_share *sh, int64_t ts)
         const float *xr = rnn_xrow(j, sh, ts, b);
         for (int64_t k = 0; k < j->blocks; ++k) {
             const float *blk = xr + k * a->units;
-            for (int64_t c = 0; c < sh->n; c += 16) __builtin_prefetch(blk + c, 0, 2);
+            for (int64_t c = 0; c < sh->n; c += FL_LINE_FLOATS) __builtin_prefetch(blk + c, 0, 2);
             __builtin_prefetch(blk + sh->n - 1, 0, 2);            /* a row off the lines */
         }
     }
