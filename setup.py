@@ -72,6 +72,7 @@ def extensions():
             str(NATIVE / "threadpool.c"),
             str(NATIVE / "heap.c"),
             str(NATIVE / "arena.c"),
+            str(NATIVE / "plan.c"),
         ],
         include_dirs=[str(NATIVE), numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -192,6 +192,14 @@ SETTINGS = (
         "checking a fusion against the plain operators.",
     ),
     Setting(
+        "native_plans",
+        None,
+        True,
+        "Run an ONNX model's calls as native plans, built once per set of input shapes: its "
+        "kernels in one native call, the nodes with no native form in Python inside it. False "
+        "runs every call through the Python plan.",
+    ),
+    Setting(
         "threads",
         None,
         None,
@@ -253,6 +261,9 @@ class LoadOptions:
     optimize : bool
         Fuse an ONNX graph's operators at load (True); False runs them as the file writes
         them, to check a fusion against the plain operators.
+    native_plans : bool
+        Run an ONNX model's calls as native plans (True); False runs them through the
+        Python plan.
     threads : int or None
         Threads each call of the model uses; None: the process's count.
 
@@ -284,12 +295,13 @@ class LoadOptions:
     onnx_max_loop_iterations: int = _field("onnx_max_loop_iterations")
     warm_up: bool = _field("warm_up")
     optimize: bool = _field("optimize")
+    native_plans: bool = _field("native_plans")
     threads: int | None = _field("threads")
 
     def __post_init__(self):
         for s in SETTINGS:
             value = getattr(self, s.name)
-            if s.name in ("warm_up", "optimize"):
+            if s.name in ("warm_up", "optimize", "native_plans"):
                 if not isinstance(value, bool):
                     raise SettingError(f"LoadOptions.{s.name} must be True or False, got {value!r}")
             elif s.name == "threads":

@@ -28,6 +28,7 @@ from .compiled import Parts, compile_plan
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC, has_loop
 from .layout import contiguous
+from .lowering import NativePlans
 from .nodes import owner
 from .ops import NODE_CACHES, OPS, bind
 from .tensors import DTYPES
@@ -176,6 +177,9 @@ class OnnxModel:
         self._bound: list | None = None  # _bound_plan's steps, built at the first call
         self._timed: list | None = None  # _timed_plan's steps, built at the first profile
         self._compiled_shapes: dict = {}
+        # lowering.NativePlans: the calls' native plans by key, made at the first plain call
+        # where the options allow them (None until then, False where they do not)
+        self._native = None
         self._dead = _dead_after(nodes, {*self.output_names, *self._shape_outputs, *(name for name, _, _ in inputs)})
 
     @property
@@ -402,6 +406,14 @@ class OnnxModel:
         ops = get_ops()
         token = ops.enter_call()
         try:
+            if clock is None and log is None and not every_value:
+                native = self._native
+                if native is None:
+                    native = self._native = NativePlans(self) if settings.current().native_plans else False
+                if native:
+                    values = native.run(arrays)
+                    if values is not None:
+                        return values
             if self._quiet is not None and self._quiet <= ops.quiet_activations:
                 return self._run_nodes(arrays, clock, log, every_value)
             with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime

@@ -16,7 +16,7 @@ from ...native import CODES, _core, arena_enter, arena_exit, layout
 from ..derived import derived_from
 from ..integer import INTEGER_KERNELS
 from ..types import EncoderWeights
-from . import gemm, programs, recurrent
+from . import gemm, programs, recurrent, steps
 from .conv import ConvOps
 
 #: Fewest values a concatenation joins natively (below, numpy's copy is cheaper than the
@@ -506,6 +506,24 @@ class CpuOps(ConvOps):
     def sequence_plan(self, cell, x_bti, args, kw):
         run = recurrent.sequence_plan(cell, x_bti, args, kw)
         return super().sequence_plan(cell, x_bti, args, kw) if run is None else run
+
+    def native_plan(self, arena_bytes):
+        return steps.native_plan(arena_bytes)
+
+    def plan_threads(self):
+        return _core.get_num_threads()
+
+    def plan_activation_code(self, name):
+        return steps.activation_code(name)
+
+    def plan_conv2d_weights(self, w_hwio, b, groups, activation):
+        return steps.conv2d_weights(w_hwio, b, groups, activation)
+
+    def plan_elementwise(self, program, operands):
+        return programs.plan_step(self, program, operands)
+
+    def plan_sequence_loop(self, cell, x_bti, args, kw):
+        return steps.sequence_loop(cell, x_bti, args, kw)
 
     def sequences_plan(self, x_bti, calls):
         run = recurrent.sequences_plan(x_bti, calls)

@@ -204,3 +204,36 @@ def native_plan(ops, program, general):
         return layout.run(ops, operands, len(program))
 
     return run
+
+
+def plan_step(ops, program, operands):
+    """The native pass of ``program`` over ``operands`` laid out as they are, for a native
+    plan's step: (ElementwiseProgram, samples, inner, channels, memory shape of the result,
+    the axes that give the result from it, sources), sources being (kind, operand index, None,
+    stride) for each tensor operand the pass reads and (kind, None, array, stride) for each
+    vector or value (the instructions on those alone computed now, as ``run`` computes them
+    per call: the caller makes sure they hold constants). None where the native pass does not
+    take the program or the layout."""
+    program = tuple(program)
+    if not program or any(op == "act" and param[0] not in CODES for op, _, _, param in program):
+        return None
+    found = _layout_of(operands)
+    if found is None:
+        return None
+    try:
+        layout = _Layout(program, len(operands), *found)
+    except ValueError:
+        return None
+    values = [*operands, *([None] * len(program))]
+    for insn, v in layout.hoisted:
+        values[v] = ops.elementwise_step(insn, values)
+    sources = []
+    for v, kind in zip(layout.sources, layout.kinds):
+        if kind == FULL:
+            sources.append((kind, v, None, layout.strides[v]))
+        elif kind == CHANNEL:
+            vec = np.ascontiguousarray(values[v], np.float32).reshape(-1)
+            sources.append((kind, None, vec, layout.c if vec.size > layout.c else 0))
+        else:
+            sources.append((kind, None, np.ascontiguousarray(values[v], np.float32).reshape(1), 0))
+    return layout.program, layout.samples, layout.inner, layout.c, layout.memory_shape, layout.back, sources

@@ -588,6 +588,18 @@ def sequence_plan(cell, x_bti, args, kw):
     return _per_thread_count(bind)
 
 
+def sequence_loop(cell, x_bti, args, kw):
+    """(``rnn_loop``'s arguments as a ``_LoopArgs``, serial) of the time loop ``cell`` over
+    float inputs laid out as ``x_bti`` (B, T, I) with ``args`` (the weights, then the initial
+    states) and options ``kw``, bound as ``sequence_plan`` binds it, for a native plan's step:
+    the caller replaces the input, states and outputs by its own arrays (``_replace``). None
+    where the loop does not cover the call."""
+    if not _bindable(x_bti, kw):
+        return None
+    loop = _LOOPS[cell](x_bti, *args, **kw)
+    return None if loop is None else (loop.args, loop.serial)
+
+
 def sequences_plan(x_bti, calls):
     """A function ``(x, states=None) -> sequences([(name, (x, *args), kw) for name, args, kw
     in calls])`` for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s (with

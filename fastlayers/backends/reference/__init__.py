@@ -870,6 +870,20 @@ class ReferenceOps:
 
         return run
 
+    def native_plan(self, arena_bytes: int) -> Any:
+        """An empty native plan (``native.NativePlan``) over an arena of ``arena_bytes`` bytes,
+        for ``onnx/lowering.py`` to bind kernels to; None on backends without one (the
+        reference runs every model through its Python plan). Backends that return a plan
+        also give ``plan_activation_code(name)``, ``plan_conv2d_weights(w_hwio, b, groups,
+        activation)``, ``plan_elementwise(program, operands)`` and ``plan_sequence_loop(cell,
+        x_bti, args, kw)`` (``backends/cpu/steps.py``, ``programs.plan_step``)."""
+        return None
+
+    def plan_threads(self) -> int | None:
+        """The threads a call on this backend uses now, which a native plan's steps are bound
+        for (part of its key); None on backends without native plans."""
+        return None
+
     def sequences_plan(
         self, x_bti: ArrayXd, calls: Sequence[SequenceCall]
     ) -> Callable[..., list[tuple[FloatsXd, ...]]]:

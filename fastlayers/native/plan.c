@@ -1,0 +1,80 @@
+/* Native plans: the step kinds with a native form and the loop that runs a plan (plan.h). */
+#include "plan.h"
+
+#include <string.h>
+
+#include "dispatch.h"
+#include "threadpool.h"
+
+/* Values per row of an activation step: the row length rows.pxi's apply_activation uses. */
+#define FL_ACT_ROW 4096
+
+/* dst[i..] over axes k.. of a gather, the source offset of the axes before k being `base`
+ * (< 0: a padded position, every value `fill`). */
+static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst) {
+    const int64_t *map = a->maps[k];
+    int64_t n = a->dims[k], stride = a->dst_strides[k];
+    if (k == a->naxes - 1) {
+        if (base < 0) {
+            for (int64_t i = 0; i < n; i++) dst[i * stride] = a->fill;
+        } else if (a->inner_run) {
+            memcpy(dst, a->src + base + map[0], (size_t)n * sizeof(float));
+        } else {
+            for (int64_t i = 0; i < n; i++) dst[i * stride] = map[i] < 0 ? a->fill : a->src[base + map[i]];
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) gather_axes(a, k + 1, base < 0 || map[i] < 0 ? -1 : base + map[i], dst + i * stride);
+}
+
+int fl_gather(void *ctx) {
+    const fl_gather_args *a = ctx;
+    for (int k = 0; k < a->naxes; k++)
+        if (a->dims[k] == 0) return 0;
+    gather_axes(a, 0, 0, a->dst);
+    return 0;
+}
+
+int fl_conv2d_step(void *ctx) {
+    const fl_conv2d_args *a = ctx;
+    return fl_conv2d(a->n, a->h, a->w, a->c, a->x, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl, a->ho,
+                     a->wo, a->groups, a->cout, a->pw, a->bias, a->code, a->alpha, NULL, 0, 0.0f, 0, a->y);
+}
+
+int fl_rnn_step(void *ctx) {
+    const fl_rnn_step_args *a = ctx;
+    if (!a->serial) return fl_rnn_loop(&a->a);
+    int previous = fl_pool_set_call_threads(1);
+    int st = fl_rnn_loop(&a->a);
+    fl_pool_set_call_threads(previous);
+    return st;
+}
+
+int fl_activation_step(void *ctx) {
+    const fl_activation_args *a = ctx;
+    int64_t row = a->size < FL_ACT_ROW ? a->size : FL_ACT_ROW, done = 0;
+    if (row == 0) return 0;
+    int st = fl_bias_act(a->size / row, row, a->x, row, NULL, a->code, a->alpha, a->y, row);
+    done = a->size / row * row;
+    if (st == 0 && done < a->size)
+        st = fl_bias_act(1, a->size - done, a->x + done, a->size - done, NULL, a->code, a->alpha, a->y + done,
+                         a->size - done);
+    return st;
+}
+
+int fl_elementwise_step(void *ctx) {
+    const fl_elementwise_args *a = ctx;
+    return fl_elementwise(a->samples, a->inner, a->c, a->n_operands, a->operands, a->n_insns, a->insns, a->n_regs,
+                          a->out);
+}
+
+int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed) {
+    for (int64_t i = 0; i < n; i++) {
+        int st = steps[i].fn(steps[i].ctx);
+        if (st) {
+            *failed = i;
+            return st;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,77 @@
+/* Native plans (plan.c): a model's steps run one after the other in one native call, each a
+ * kernel whose arguments (pointers into the plan's arena and its weights, sizes, codes) were
+ * bound when the plan was built for one set of input shapes (onnx/lowering.py). A step is a
+ * function and its context; a step with no native form calls back into Python (plan.pxi).
+ *
+ * gather(a): dst[sum_k i_k dst_strides[k]] = src[sum_k maps[k][i_k]] for every index (i_0, ..,
+ *   i_{naxes-1}) < dims, or `fill` where some maps[k][i_k] < 0 (a padded position): every
+ *   data-movement operator (Slice, Transpose, Pad, Concat, Gather on constant indices,
+ *   Expand, Tile) as per-axis tables of source offsets (floats); inner_run: maps[naxes-1][i]
+ *   = maps[naxes-1][0] + i >= 0 and dst_strides[naxes-1] = 1, copied as one run per row.
+ * conv2d_step(a): conv.h's conv2d on the bound arguments.
+ * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
+ * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha).
+ * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
+ * plan_run(steps, n, failed): the steps in order; 0, or the first failing step's status
+ *   with its index in *failed. */
+#ifndef FL_PLAN_H
+#define FL_PLAN_H
+#include <stdint.h>
+#include "elementwise.h"
+#include "recurrent.h"
+
+#define FL_GATHER_AXES 8
+
+typedef int (*fl_step_fn)(void *ctx);
+
+typedef struct {
+    fl_step_fn fn;
+    void *ctx;
+} fl_plan_step;
+
+typedef struct {
+    int naxes, inner_run;
+    int64_t dims[FL_GATHER_AXES];
+    int64_t dst_strides[FL_GATHER_AXES];
+    const int64_t *maps[FL_GATHER_AXES];
+    const float *src;
+    float *dst;
+    float fill;
+} fl_gather_args;
+
+typedef struct {
+    int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
+    const float *x, *pw, *bias;
+    int code;
+    float alpha;
+    float *y;
+} fl_conv2d_args;
+
+typedef struct {
+    fl_rnn_args a;
+    int serial;
+} fl_rnn_step_args;
+
+typedef struct {
+    int64_t size;
+    int code;
+    float alpha;
+    const float *x;
+    float *y;
+} fl_activation_args;
+
+typedef struct {
+    int64_t samples, inner, c;
+    int n_insns, n_regs, n_operands;
+    const fl_ew_insn *insns;
+    float *out;
+    fl_ew_operand operands[]; /* n_operands */
+} fl_elementwise_args;
+
+int fl_gather(void *a);
+int fl_elementwise_step(void *a);
+int fl_conv2d_step(void *a);
+int fl_rnn_step(void *a);
+int fl_activation_step(void *a);
+int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed);
+#endif

@@ -1,0 +1,276 @@
+# Native plans (plan.h): the steps of a model lowered for one set of input shapes, run in one
+# native call with the GIL released (onnx/lowering.py builds them).
+
+from cpython.mem cimport PyMem_Realloc
+from libc.string cimport memcpy, memset
+
+cdef extern from "plan.h" nogil:
+    ctypedef int (*fl_step_fn)(void *ctx) noexcept nogil
+    ctypedef struct fl_plan_step:
+        fl_step_fn fn
+        void *ctx
+    enum: FL_GATHER_AXES
+    ctypedef struct fl_gather_args:
+        int naxes, inner_run
+        int64_t dims[FL_GATHER_AXES]
+        int64_t dst_strides[FL_GATHER_AXES]
+        const int64_t *maps[FL_GATHER_AXES]
+        const float *src
+        float *dst
+        float fill
+    ctypedef struct fl_conv2d_args:
+        int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout
+        const float *x
+        const float *pw
+        const float *bias
+        int code
+        float alpha
+        float *y
+    ctypedef struct fl_rnn_step_args:
+        fl_rnn_args a
+        int serial
+    ctypedef struct fl_elementwise_args:
+        int64_t samples, inner, c
+        int n_insns, n_regs, n_operands
+        const fl_ew_insn *insns
+        float *out
+        fl_ew_operand operands[1]
+    ctypedef struct fl_activation_args:
+        int64_t size
+        int code
+        float alpha
+        const float *x
+        float *y
+    int fl_gather(void *a) noexcept nogil
+    int fl_conv2d_step(void *a) noexcept nogil
+    int fl_rnn_step(void *a) noexcept nogil
+    int fl_activation_step(void *a) noexcept nogil
+    int fl_elementwise_step(void *a) noexcept nogil
+    int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed)
+
+#: Most axes of a gather step.
+GATHER_AXES = FL_GATHER_AXES
+#: Status of a step that called back into Python and raised (the callable holds the error).
+PYTHON_STEP_FAILED = -3
+
+
+class PlanStepFailed(NativeError):
+    """A step of a native plan failed: ``step`` its index, ``status`` the kernel's status."""
+
+    def __init__(self, step, status):
+        super().__init__(f"native plan step {step} failed with status {status}")
+        self.step, self.status = step, status
+
+
+cdef int _python_step(void *ctx) noexcept nogil:
+    """A step with no native form: ``ctx`` a callable returning 0, or nonzero on failure."""
+    with gil:
+        try:
+            return <int>(<object>ctx)()
+        except BaseException:  # the callable keeps its own errors; anything else fails the step
+            return PYTHON_STEP_FAILED
+
+
+cdef inline float *_view(object a, str what) except NULL:
+    """The data of a C-contiguous float32 array (a view of a plan's arena, or a weight)."""
+    if not isinstance(a, cnp.ndarray) or cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise TypeError(f"native plan: {what} must be a C-contiguous float32 array")
+    return <float *>cnp.PyArray_DATA(a)
+
+
+cdef class NativePlan:
+    """Steps bound to an arena of ``arena_bytes`` bytes (64-byte aligned, ``arena``): each
+    ``add_*`` binds one kernel to views of the arena and to weights (kept alive by the plan),
+    ``run`` copies the inputs into their views, runs every step in one native call with the
+    GIL released and returns copies of the output views. One call runs a plan at a time:
+    ``run`` returns None while another call (another thread) runs it."""
+
+    cdef fl_plan_step *steps
+    cdef void **owned
+    cdef int64_t n, cap
+    cdef list keep
+    cdef readonly object arena
+    cdef bint busy
+
+    def __cinit__(self, int64_t arena_bytes):
+        self.steps, self.owned, self.n, self.cap, self.busy = NULL, NULL, 0, 0, False
+        self.keep = []
+        if arena_bytes < 0:
+            raise ValueError(f"native plan: arena of {arena_bytes} bytes")
+        raw = np.empty(arena_bytes + 64, np.uint8)
+        cdef int64_t pad = (64 - <int64_t>(<size_t>cnp.PyArray_DATA(raw) % 64)) % 64
+        self.arena = raw[pad:pad + arena_bytes]
+
+    def __dealloc__(self):
+        cdef int64_t i
+        if self.owned != NULL:
+            for i in range(self.n):
+                PyMem_Free(self.owned[i])
+        PyMem_Free(self.owned)
+        PyMem_Free(self.steps)
+
+    def __len__(self):
+        return self.n
+
+    cdef void *_push(self, fl_step_fn fn, size_t ctx_bytes, object hold) except NULL:
+        """A new step running ``fn`` on a zeroed context of ``ctx_bytes`` (its address)."""
+        cdef int64_t cap
+        if self.n == self.cap:
+            cap = max(16, 2 * self.cap)
+            steps = <fl_plan_step *>PyMem_Realloc(self.steps, cap * sizeof(fl_plan_step))
+            if steps == NULL:
+                raise MemoryError()
+            self.steps = steps
+            owned = <void **>PyMem_Realloc(self.owned, cap * sizeof(void *))
+            if owned == NULL:
+                raise MemoryError()
+            self.owned, self.cap = owned, cap
+        cdef void *ctx = PyMem_Malloc(max(ctx_bytes, 1))
+        if ctx == NULL:
+            raise MemoryError()
+        memset(ctx, 0, ctx_bytes)
+        self.steps[self.n].fn, self.steps[self.n].ctx, self.owned[self.n] = fn, ctx, ctx
+        self.n += 1
+        self.keep.append(hold)
+        return ctx
+
+    def add_gather(self, src, dst, dims, dst_strides, maps, float fill=0.0):
+        """dst[sum_k i_k dst_strides[k]] = src[sum_k maps[k][i_k]] for every index below
+        ``dims``, ``fill`` where some maps[k][i_k] < 0 (plan.h's gather): ``src``, ``dst``
+        C-contiguous float32 arrays, ``maps`` one int64 array of ``dims[k]`` source offsets
+        (floats) per axis."""
+        cdef int naxes = len(dims), k
+        if naxes < 1 or naxes > FL_GATHER_AXES or len(dst_strides) != naxes or len(maps) != naxes:
+            raise ValueError(f"native plan gather: {naxes} axes (1 to {FL_GATHER_AXES}), "
+                             f"{len(dst_strides)} strides and {len(maps)} maps")
+        cdef float *sp = _view(src, "gather source")
+        cdef float *dp = _view(dst, "gather destination")
+        tables = [np.ascontiguousarray(m, np.int64) for m in maps]
+        cdef int64_t top_src = 0, top_dst = 0, d
+        for k in range(naxes):
+            d = dims[k]
+            if d < 0 or tables[k].ndim != 1 or tables[k].shape[0] != d or dst_strides[k] < 0:
+                raise ValueError(f"native plan gather: axis {k} of {d} with a map of "
+                                 f"{tables[k].shape} and stride {dst_strides[k]}")
+            if d == 0:
+                top_src = top_dst = -1
+                break
+            top_src += max(int(tables[k].max()), 0)
+            top_dst += (d - 1) * dst_strides[k]
+        if top_src >= src.size or top_dst >= dst.size:
+            raise ValueError("native plan gather: offsets past the end of the source or destination")
+        cdef fl_gather_args *a = <fl_gather_args *>self._push(fl_gather, sizeof(fl_gather_args), (src, dst, tables))
+        a.naxes, a.src, a.dst, a.fill = naxes, sp, dp, fill
+        for k in range(naxes):
+            a.dims[k], a.dst_strides[k] = dims[k], dst_strides[k]
+            a.maps[k] = <const int64_t *>cnp.PyArray_DATA(tables[k])
+        last = tables[naxes - 1]
+        a.inner_run = dims[naxes - 1] > 0 and dst_strides[naxes - 1] == 1 and last[0] >= 0 and bool(
+            np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
+
+    def add_conv2d(self, x, pw, bias, y, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                   int64_t dw, int64_t pt, int64_t pl, int64_t groups, int code, float alpha):
+        """conv.h's conv2d from x (N, H, W, C) to y (N, Ho, Wo, C_out), both C-contiguous
+        float32 (views of the arena), weights packed by ``conv_pack``, as ``conv2d``."""
+        cdef float *xp = _view(x, "conv2d x")
+        cdef float *yp = _view(y, "conv2d y")
+        cdef float *wp = _view(pw, "conv2d weights")
+        cdef float *bp = NULL if bias is None else _view(bias, "conv2d bias")
+        if x.ndim != 4 or y.ndim != 4 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"native plan conv2d: x {x.shape}, y {y.shape}")
+        cdef int64_t c = x.shape[3], cout = y.shape[3]
+        if min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0 or c % groups or cout % groups:
+            raise ValueError("native plan conv2d: bad geometry")
+        if pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
+            raise ValueError("native plan conv2d: packed weights too small")
+        if bias is not None and bias.size != cout:
+            raise ValueError(f"native plan conv2d: bias of {bias.size} for {cout} channels")
+        check_code(code)
+        cdef fl_conv2d_args *a = <fl_conv2d_args *>self._push(fl_conv2d_step, sizeof(fl_conv2d_args),
+                                                              (x, pw, bias, y))
+        a.n, a.h, a.w, a.c, a.x, a.kh, a.kw = x.shape[0], x.shape[1], x.shape[2], c, xp, kh, kw
+        a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = sh, sw, dh, dw, pt, pl
+        a.ho, a.wo, a.groups, a.cout, a.pw, a.bias = y.shape[1], y.shape[2], groups, cout, wp, bp
+        a.code, a.alpha, a.y = code, alpha, yp
+
+    def add_rnn(self, tuple call, bint serial):
+        """recurrent.h's rnn_loop on ``call`` (``rnn_loop``'s arguments: its states and
+        outputs views of the arena), on the calling thread alone where ``serial``."""
+        cdef fl_rnn_step_args *a = <fl_rnn_step_args *>self._push(fl_rnn_step, sizeof(fl_rnn_step_args), call)
+        _rnn_args(&a.a, call)
+        a.serial = serial
+
+    def add_activation(self, x, y, int code, float alpha):
+        """y = f(x) elementwise (an activation code of rows.h but the softmaxes) over two
+        C-contiguous float32 arrays of one size."""
+        cdef float *xp = _view(x, "activation x")
+        cdef float *yp = _view(y, "activation y")
+        if x.size != y.size:
+            raise ValueError(f"native plan activation: {x.size} values into {y.size}")
+        check_code(code)
+        cdef fl_activation_args *a = <fl_activation_args *>self._push(
+            fl_activation_step, sizeof(fl_activation_args), (x, y))
+        a.size, a.code, a.alpha, a.x, a.y = x.size, code, alpha, xp, yp
+
+    def add_elementwise(self, ElementwiseProgram program, int64_t samples, int64_t inner, int64_t c,
+                        list operands, out):
+        """``program`` over ``operands`` ((kind, float32 array, sample stride) each, as the
+        program's call takes them) into C-contiguous float32 ``out`` of samples * inner
+        values (elementwise.h)."""
+        cdef float *op = _view(out, "elementwise out")
+        if len(operands) != program.n_operands or out.size != samples * inner or samples < 0 or inner < 0 \
+                or c < 1 or inner % c:
+            raise ValueError(f"native plan elementwise: {len(operands)} operands for {program.n_operands}, "
+                             f"{out.size} values for {samples} x {inner}")
+        arrays = []
+        for i, (kind, value, stride) in enumerate(operands):
+            a = np.ascontiguousarray(value, np.float32)
+            need = samples * inner if kind == EW_FULL else (samples - 1) * stride + c if kind == EW_CHANNEL else 1
+            if kind not in (EW_FULL, EW_CHANNEL, EW_SCALAR) or a.size < need or stride < 0 \
+                    or (kind == EW_FULL and (a.size != need or a is not value)):
+                raise ValueError(f"native plan elementwise: operand {i} of kind {kind} holds {a.size} "
+                                 f"values, needs {need} (a tensor operand C-contiguous float32)")
+            arrays.append(a)
+        cdef int n = len(operands)
+        cdef fl_elementwise_args *a_ = <fl_elementwise_args *>self._push(
+            fl_elementwise_step, sizeof(fl_elementwise_args) + n * sizeof(fl_ew_operand),
+            (program, arrays, out))
+        a_.samples, a_.inner, a_.c, a_.out = samples, inner, c, op
+        a_.n_insns, a_.n_regs, a_.n_operands, a_.insns = program.n_insns, program.n_regs, n, program.insns
+        for i in range(n):
+            a_.operands[i].kind = operands[i][0]
+            a_.operands[i].p = <const float *>cnp.PyArray_DATA(arrays[i])
+            a_.operands[i].stride = operands[i][2]
+
+    def add_python(self, fn):
+        """A step calling ``fn()`` with the GIL held: it returns 0, or nonzero on failure
+        (keeping its error for the caller)."""
+        if not callable(fn):
+            raise TypeError("native plan: a Python step must be callable")
+        self._push(_python_step, 0, fn)
+        self.steps[self.n - 1].ctx = <void *>fn
+
+    def run(self, list inputs, list input_views, list output_views):
+        """Copy each of ``inputs`` into its view (cast as numpy's copyto), run the steps, and
+        return a copy of each output view; None where another call runs this plan now.
+        Raises ``PlanStepFailed`` for a failing step."""
+        if self.busy:
+            return None
+        self.busy = True
+        cdef int st = 0
+        cdef int64_t failed = -1
+        try:
+            for a, v in zip(inputs, input_views, strict=True):
+                if (type(a) is np.ndarray and cnp.PyArray_TYPE(a) == cnp.PyArray_TYPE(v)
+                        and cnp.PyArray_IS_C_CONTIGUOUS(a) and a.shape == v.shape):
+                    memcpy(cnp.PyArray_DATA(v), cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+                else:
+                    np.copyto(v, a, casting="unsafe")
+            with nogil:
+                st = fl_plan_run(self.steps, self.n, &failed)
+            if st:
+                raise PlanStepFailed(failed, st)
+            return [v.copy() for v in output_views]
+        finally:
+            self.busy = False

@@ -1,0 +1,850 @@
+"""ONNX models lowered to native plans: a call's steps run in one native call.
+
+For small models (a streaming VAD, a recurrent tagger) the Python between the kernels is most
+of a call: per node a function call, its checks, the arrays it allocates. A native plan
+(``native/plan.pxi``) holds one list of kernels with their arguments bound (pointers into one
+arena, packed weights, sizes), built once per set of input shapes and run with the GIL
+released; nodes with no native form run in Python inside the plan, on views of the arena
+(``fallback``), so that every model has a plan.
+
+Building (``lower``), at the second call with a key (``NativePlans.key``: the inputs' shapes
+and dtypes, the values of small integer inputs, the thread count and the backend):
+- the plan's steps run once on the call's inputs (the trace). A value that does not depend
+  on a float input (shapes, Ifs on them or on an integer input, constants) is a constant of
+  the plan; If nodes whose condition is such a constant are replaced by the branch taken;
+- every other node is lowered (``LOWERINGS``): reshapes become aliases of their input's
+  memory; data movement (Slice, Transpose, Pad, Concat, Gather on constant indices, Expand,
+  Tile, ...) becomes gathers whose per-axis source tables come from running the node on
+  index arrays (``_movement``: exact by construction, whatever the operator's attributes);
+  convolutions and recurrent nodes bind the cpu backend's kernels; Relu / Sigmoid / Tanh its
+  activations. Anything else calls the node's function and copies its results into the
+  arena, checking their shapes (a node whose output shapes depend on values sends the call
+  back to the Python plan, and the key's plan is dropped);
+- buffers get offsets in one arena by lifetime (``_place``), then the plan runs once on the
+  trace's inputs and must give its outputs (``VERIFY_RTOL``), or the key keeps the Python
+  plan.
+
+A plan runs one call at a time (its arena is its own): a call that finds it running (another
+thread) takes the Python plan.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from .. import settings
+from ..backends import get_ops
+from ..backends.derived import derived, derived_generation
+from .control import Body, taken_branch
+from .fold import NONDETERMINISTIC
+from .ops.recurrent import _recurrent_calls
+from .windows import window
+
+#: Most plans a model keeps (one per key); more: the table is cleared and rebuilt.
+MAX_PLANS = 8
+#: Integer and bool inputs of at most this many values are part of a plan's key (a sample
+#: rate, a flag): what depends on them alone is a constant of the plan.
+KEY_VALUES_MAX = 16
+#: Calls with a key before its plan is built (a one-off shape does not pay for a build).
+BUILD_AFTER = 2
+#: Arena offsets are multiples of this many bytes (a cache line).
+ALIGN = 64
+#: Tolerance of the check of a new plan against the call it was traced on, relative to each
+#: output's largest magnitude (the kernels are those of the Python plan; the convolutions may
+#: sum in another order).
+VERIFY_RTOL = 1e-4
+
+#: The cost model deciding whether a plan pays (``pays``): what one node lowered natively
+#: saves (the Python around its kernel: 3 us on fast hosts, 6-8 us on slow ones), what a node
+#: run in Python inside the plan adds (its results copied into the arena, the GIL taken back),
+#: and how fast the plan copies the bytes the Python plan does not (layout moves, states,
+#: the inputs in and the outputs out; 2-7 bytes per ns measured, docs/design.md).
+STEP_US, FALLBACK_US, COPY_BYTES_PER_US = 3.0, 1.0, 2000.0
+
+#: Operators that keep their input's memory as it is, in C order (aliases in a plan).
+ALIASES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
+#: Reductions whose result over one value is that value: over axes of length 1, aliases.
+SINGLE_IS_ITSELF = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
+#: Operators that move, repeat or pad values without computing (gathers in a plan).
+MOVEMENTS = frozenset(
+    {"Slice", "Transpose", "Pad", "Concat", "Gather", "Expand", "Tile", "Split", "DepthToSpace", "SpaceToDepth"}
+)
+#: Operators that are one activation of the native core, as ``ops/elementwise.py`` runs them
+#: (onnxruntime's sigmoid and tanh): name, the attribute holding alpha, its default.
+ACTIVATIONS = {
+    "Relu": ("relu", None, 0.0),
+    "Sigmoid": ("onnx_sigmoid", None, 0.0),
+    "Tanh": ("onnx_tanh", None, 0.0),
+    "Softsign": ("softsign", None, 0.0),
+    "LeakyRelu": ("leaky_relu", "alpha", 0.01),
+}
+
+
+class NotLowered(Exception):
+    """A node that the native steps do not cover: it runs in Python inside the plan."""
+
+
+class PlanMismatch(Exception):
+    """A node in Python gave values of other shapes or types than the trace: the call goes
+    back to the Python plan."""
+
+
+class _Buffer:
+    """A region of the arena: its bytes, the first and last step that use it, its offset."""
+
+    __slots__ = ("nbytes", "first", "last", "offset")
+
+    def __init__(self, nbytes, first):
+        self.nbytes, self.first, self.last, self.offset = nbytes, first, first, -1
+
+
+class _Value:
+    """A value computed by the plan: ``shape`` and ``dtype`` at ``offset`` bytes into
+    ``buffer``, C-contiguous."""
+
+    __slots__ = ("buffer", "offset", "shape", "dtype")
+
+    def __init__(self, buffer, offset, shape, dtype):
+        self.buffer, self.offset, self.shape, self.dtype = buffer, offset, tuple(shape), np.dtype(dtype)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+
+class _Lowering:
+    """One plan being lowered: the buffers, the steps to bind once placed (``emits``), the
+    nodes that run in Python."""
+
+    def __init__(self, model, ops):
+        self.model, self.ops = model, ops
+        self.buffers: list[_Buffer] = []
+        self.emits: list = []  # (function(plan, view), node index or None)
+        self.step = 0
+        self.fallbacks: list[str] = []
+        self.native: list[str] = []
+        self.moved = 0  # bytes the plan copies that the Python plan does not (cost model)
+
+    # values and buffers
+    def new(self, shape, dtype=np.float32) -> _Value:
+        shape = tuple(int(d) for d in shape)
+        nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
+        buffer = _Buffer(nbytes, self.step)
+        self.buffers.append(buffer)
+        return _Value(buffer, 0, shape, dtype)
+
+    def use(self, value):
+        if isinstance(value, _Value):
+            value.buffer.last = max(value.buffer.last, self.step)
+        return value
+
+    def emit(self, fn, node=None):
+        """Bind ``fn(plan, arena)`` once the buffers are placed (``node``: a node run in
+        Python, (model, index))."""
+        self.emits.append((fn, node))
+
+
+def _view(arena, value: _Value) -> np.ndarray:
+    start = value.buffer.offset + value.offset
+    nbytes = value.size * value.dtype.itemsize
+    return arena[start : start + nbytes].view(value.dtype).reshape(value.shape)
+
+
+def _operand(arena, v):
+    """A step's operand: the arena view of a plan value, or the constant itself."""
+    return _view(arena, v) if isinstance(v, _Value) else v
+
+
+# --- lowerings: each (low, node, ins, outs, traced inputs, traced outputs, attrs) -> values
+
+
+def _alias(low, node, ins, traced_ins, traced_outs, attrs):
+    x, out = ins[0], traced_outs[0]
+    if (
+        not isinstance(x, _Value)
+        or any(isinstance(v, _Value) for v in ins[1:])  # a shape computed from the data
+        or not isinstance(out, np.ndarray)
+        or out.dtype != x.dtype
+        or out.size != x.size
+    ):
+        raise NotLowered
+    low.use(x)
+    return [_Value(x.buffer, x.offset, out.shape, x.dtype)] + [None] * (len(traced_outs) - 1)
+
+
+def _factored(table: np.ndarray):
+    """Per-axis tables of source offsets whose sums give ``table`` (-1: filled), or None."""
+    if table.ndim > 8 or table.ndim == 0:
+        return None
+    filled = table < 0
+    if filled.all():
+        return None
+    flat = np.where(filled, np.iinfo(np.int64).max, table)
+    p = np.unravel_index(int(np.argmin(flat)), table.shape)
+    base = int(table[p])
+    maps = []
+    for a in range(table.ndim):
+        index = list(p)
+        index[a] = slice(None)
+        line = table[tuple(index)].astype(np.int64)
+        m = np.where(line < 0, -1, line - (0 if a == 0 else base))
+        maps.append(m)
+    total = np.zeros(table.shape, np.int64)
+    hole = np.zeros(table.shape, bool)
+    for a, m in enumerate(maps):
+        shape = [1] * table.ndim
+        shape[a] = -1
+        total = total + np.where(m < 0, 0, m).reshape(shape)
+        hole = hole | (m < 0).reshape(shape)
+    if not np.array_equal(np.where(hole, -1, total), np.where(filled, -1, table)):
+        return None
+    return maps
+
+
+def _movement(low, node, ins, traced_ins, traced_outs, attrs):
+    """Gathers for a data-movement node: the node runs on index arrays in place of its float
+    inputs (each its own range of int64 values, a second time shifted) to find each output
+    value's source; positions that no input supplies are filled with one constant."""
+    fn, opset = attrs["_fn"], low.model.opset
+    sources = [
+        k
+        for k, (v, t) in enumerate(zip(ins, traced_ins))
+        if isinstance(t, np.ndarray) and t.dtype == np.float32 and (isinstance(v, _Value) or t.size)
+    ]
+    if not sources or any(isinstance(v, _Value) and v.dtype != np.float32 for v in ins):
+        raise NotLowered
+    span, shift = 1 << 40, 1 << 39
+
+    def run(offset):
+        args = list(traced_ins)
+        for j, k in enumerate(sources):
+            args[k] = (np.arange(traced_ins[k].size, dtype=np.int64) + (j + 1) * span + offset).reshape(
+                traced_ins[k].shape
+            )
+        return fn(args, attrs["_attrs"], opset)
+
+    try:
+        first, second = run(0), run(shift)
+        zeros = list(traced_ins)
+        for k in sources:
+            zeros[k] = np.zeros(traced_ins[k].shape, np.float32)
+        filled_run = fn(zeros, attrs["_attrs"], opset)
+    except Exception as e:  # an operator that does not take index arrays
+        raise NotLowered from e
+    outs = []
+    for o, (a, b, z, t) in enumerate(zip(first, second, filled_run, traced_outs)):
+        if t is None or not isinstance(t, np.ndarray):
+            outs.append(None)
+            continue
+        a, b, z = np.asarray(a), np.asarray(b), np.asarray(z)
+        if a.shape != t.shape or t.dtype != np.float32 or a.dtype != np.int64:
+            raise NotLowered
+        copied = (b - a) == shift
+        y = low.new(t.shape)
+        fill_at = ~copied
+        fill = 0.0
+        if fill_at.any():
+            values = np.unique(z[fill_at].astype(np.float32))
+            if values.size != 1:
+                raise NotLowered
+            fill = float(values[0])
+        parts = []
+        for j, k in enumerate(sources):
+            mine = copied & (a >= (j + 1) * span) & (a < (j + 2) * span)
+            if mine.any():
+                parts.append((k, mine, np.where(mine, a - (j + 1) * span, -1)))
+        if not parts:
+            raise NotLowered
+        c_strides = [math.prod(t.shape[i + 1 :]) for i in range(t.ndim)] or [1]
+        pieces = []  # (source, destination offset, dims, destination strides, maps)
+        if len(parts) == 1:  # the whole output: -1 (the fill) where no source value lands
+            k, _, table = parts[0]
+            maps = _factored(table)
+            if maps is None:
+                pieces.append((k, 0, (table.size,), [1], [table.reshape(-1)]))
+            else:
+                pieces.append((k, 0, table.shape, c_strides, maps))
+        else:  # each source's values fill a box of the output (Concat, Split)
+            if fill_at.any():
+                raise NotLowered
+            for k, mine, table in parts:
+                box = _box(mine)
+                maps = None if box is None else _factored(table[tuple(slice(s, s + d) for s, d in zip(*box))])
+                if maps is None:
+                    raise NotLowered
+                start, dims = box
+                pieces.append((k, sum(s * c for s, c in zip(start, c_strides)), dims, c_strides, maps))
+        sources_of = {
+            k: low.use(ins[k]) if isinstance(ins[k], _Value) else np.ascontiguousarray(traced_ins[k], np.float32)
+            for k, *_ in pieces
+        }
+
+        def bind(plan, arena, y=y, pieces=pieces, sources_of=sources_of, fill=fill):
+            dst = _view(arena, y).reshape(-1)
+            for k, offset, dims, strides, maps in pieces:
+                src = _operand(arena, sources_of[k]).reshape(-1)
+                plan.add_gather(src, dst[offset:], dims, strides, maps, fill)
+
+        low.emit(bind)
+        outs.append(y)
+    return outs
+
+
+def _box(mask):
+    """(start, dims) of the box ``mask`` fills exactly, or None."""
+    where = np.nonzero(mask)
+    if not where[0].size:
+        return None
+    start = tuple(int(w.min()) for w in where)
+    dims = tuple(int(w.max()) - s + 1 for w, s in zip(where, start))
+    if math.prod(dims) != int(mask.sum()):
+        return None
+    return start, dims
+
+
+def _transposed(low, x: _Value, perm) -> _Value:
+    """``x`` with its axes permuted (a gather into a new buffer; the same memory where the
+    axes that move have length 1)."""
+    shape = tuple(x.shape[a] for a in perm)
+    moved = [a for a in perm if x.shape[a] != 1]
+    if moved == sorted(moved):
+        low.use(x)
+        return _Value(x.buffer, x.offset, shape, x.dtype)
+    y = low.new(shape)
+    low.use(x)
+    low.moved += 2 * x.size * x.dtype.itemsize
+    strides = [math.prod(x.shape[a + 1 :]) for a in range(len(x.shape))]
+    maps = [np.arange(shape[i], dtype=np.int64) * strides[a] for i, a in enumerate(perm)]
+
+    def bind(plan, arena):
+        dst = _view(arena, y)
+        plan.add_gather(
+            _view(arena, x).reshape(-1),
+            dst.reshape(-1),
+            shape,
+            [math.prod(shape[i + 1 :]) for i in range(len(shape))],
+            maps,
+        )
+
+    low.emit(bind)
+    return y
+
+
+def _copied(low, source, shape) -> _Value:
+    """A new buffer of ``shape`` holding ``source`` (a plan value or a constant of as many
+    values), or zeros where ``source`` is None."""
+    y = low.new(shape)
+    low.moved += 2 * math.prod(shape) * 4
+    src = (
+        low.use(source)
+        if isinstance(source, _Value)
+        else None
+        if source is None
+        else np.ascontiguousarray(source, np.float32).reshape(-1)
+    )
+    n = math.prod(shape)
+
+    def bind(plan, arena):
+        dst = _view(arena, y).reshape(-1)
+        if src is None:
+            plan.add_gather(dst, dst, (n,), (1,), [np.full(n, -1, np.int64)], 0.0)
+        else:
+            plan.add_gather(_operand(arena, src).reshape(-1), dst, (n,), (1,), [np.arange(n, dtype=np.int64)])
+
+    low.emit(bind)
+    return y
+
+
+def _hwio(w):
+    """A Conv weight (C_out, C_in / group, [kh,] kw) as (kh, kw, C_in / group, C_out)."""
+    return np.ascontiguousarray((w[:, :, None, :] if w.ndim == 3 else w).transpose(2, 3, 1, 0), dtype=np.float32)
+
+
+def _conv(low, node, ins, traced_ins, traced_outs, attrs):
+    x, t = ins[0], traced_ins[0]
+    node_attrs = attrs["_attrs"]
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or x.size == 0
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or node_attrs.get("_residual") is not None
+        or node_attrs.get("_post_affine") is not None
+        or len(x.shape) not in (3, 4)
+    ):
+        raise NotLowered
+    one_d = len(x.shape) == 3
+    w_hwio = node_attrs.get("_w_hwio")
+    if w_hwio is None:  # a Conv node: its (C_out, C_in / group, k...) weight as HWIO, once
+        w_hwio = derived(traced_ins[1], "plan-conv-hwio", _hwio)
+    group = node_attrs.get("group", 1)
+    kh, kw, cin_g, cout = w_hwio.shape
+    if cin_g == 1 and group > 1:  # depthwise: the Python plan's NCHW kernel
+        raise NotLowered
+    b = traced_ins[2] if len(traced_ins) > 2 and traced_ins[2] is not None else None
+    bound = low.ops.plan_conv2d_weights(w_hwio, b, group, node_attrs.get("activation", "linear"))
+    out = traced_outs[0]
+    if bound is None or not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise NotLowered
+    pw, bias, code = bound
+    strides, pads, dilations, out_hw, _ = window("Conv", node_attrs, t.shape, (kh, kw), one_d)
+    (pt, _), (pl, _) = pads
+    n, c = x.shape[0], x.shape[1]
+    hw = (1, x.shape[2]) if one_d else x.shape[2:]
+    x_nchw = _Value(x.buffer, x.offset, (n, c, *hw), x.dtype)
+    x_nhwc = _transposed(low, x_nchw, (0, 2, 3, 1))
+    y_nhwc = low.new((n, *out_hw, cout))
+    alpha = float(node_attrs.get("alpha", 0.0))
+
+    def bind(plan, arena):
+        plan.add_conv2d(
+            _view(arena, x_nhwc),
+            pw,
+            bias,
+            _view(arena, y_nhwc),
+            kh,
+            kw,
+            *strides,
+            *dilations,
+            pt,
+            pl,
+            group,
+            code,
+            alpha,
+        )
+
+    low.emit(bind)
+    y = _transposed(low, y_nhwc, (0, 3, 1, 2))
+    if y.size != out.size:
+        raise NotLowered
+    return [_Value(y.buffer, y.offset, out.shape, y.dtype)]
+
+
+def _recurrent(kind):
+    def lower(low, node, ins, traced_ins, traced_outs, attrs):
+        node_attrs = attrs["_attrs"]
+        x = ins[0]
+        if (
+            not isinstance(x, _Value)
+            or x.dtype != np.float32
+            or any(isinstance(v, _Value) for v in ins[1:5] if v is not None)
+        ):
+            raise NotLowered
+        planned = _recurrent_calls(kind, traced_ins, node_attrs)
+        if planned is None or len(planned[0]) != 1:
+            raise NotLowered
+        (cell, args, kw), x_bti_traced, _ = planned[0][0], planned[1], planned[2]
+        found = low.ops.plan_sequence_loop(cell, x_bti_traced, args[1:], kw)
+        if found is None:
+            raise NotLowered
+        loop, serial = found
+        layout = node_attrs.get("layout", 0)
+        x_bti = x if layout else _transposed(low, x, (1, 0, 2))
+        batch, steps = x_bti.shape[:2]
+        states = []
+        for i, array in ((5, loop.h), (6, loop.c)):
+            if array is None:
+                states.append(None)
+                continue
+            given = (
+                ins[i]
+                if len(ins) > i and (isinstance(ins[i], _Value) or (traced_ins[i] is not None and traced_ins[i].size))
+                else None
+            )
+            if given is not None and not isinstance(given, _Value):
+                given = traced_ins[i]  # (1, B, H) or (B, 1, H): the memory of (B, H)
+            states.append(_copied(low, given, array.shape))
+        h, c = states
+        last = _copied(low, None, loop.last.shape)
+        y = None if loop.y is None else low.new(loop.y.shape)
+        low.use(x_bti)
+
+        def bind(plan, arena):
+            call = loop._replace(
+                x=_view(arena, x_bti),
+                h=_view(arena, h),
+                c=None if c is None else _view(arena, c),
+                y=None if y is None else _view(arena, y),
+                last=_view(arena, last),
+            )
+            plan.add_rnn(tuple(call), serial)
+
+        low.emit(bind)
+        outs = []
+        if traced_outs[0] is not None and y is not None:  # Y: (T, 1, B, H) or (B, T, 1, H)
+            y4 = _Value(y.buffer, y.offset, (batch, 1, steps, y.shape[2]), y.dtype)
+            outs.append(_transposed(low, y4, (0, 2, 1, 3) if layout else (2, 1, 0, 3)))
+        else:
+            outs.append(None)
+        hidden_shape = lambda s: (s[0], 1, s[1]) if layout else (1, *s)  # noqa: E731
+        outs.append(_Value(h.buffer, 0, hidden_shape(h.shape), np.float32))
+        if kind == "LSTM":
+            outs.append(_Value(c.buffer, 0, hidden_shape(c.shape), np.float32))
+        for k, (o, t) in enumerate(zip(outs, traced_outs)):
+            if o is not None and t is not None and (tuple(o.shape) != t.shape):
+                raise NotLowered
+        return outs[: len(traced_outs)]
+
+    return lower
+
+
+def _activation(name, alpha_attr, default):
+    def lower(low, node, ins, traced_ins, traced_outs, attrs):
+        x = ins[0]
+        code = low.ops.plan_activation_code(name)
+        if not isinstance(x, _Value) or x.dtype != np.float32 or code is None:
+            raise NotLowered
+        alpha = float(attrs["_attrs"].get(alpha_attr, default)) if alpha_attr else default
+        y = low.new(x.shape)
+        low.use(x)
+        low.emit(lambda plan, arena: plan.add_activation(_view(arena, x), _view(arena, y), code, alpha))
+        return [y]
+
+    return lower
+
+
+#: Elementwise operators as one instruction of an elementwise program (the ops of
+#: ``Ops.elementwise_plan``; numpy's float32 arithmetic gives the same bits).
+ELEMENTWISE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs"}
+
+
+def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
+    """One pass of the backend's elementwise program (a FusedElementwise's, or one operator's)
+    over tensors of the result's shape and constant vectors or values."""
+    out = traced_outs[0]
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.size <= 1:
+        raise NotLowered
+    if node.op_type == "FusedElementwise":
+        program = attrs["_attrs"]["program"]
+    else:
+        op = ELEMENTWISE[node.op_type]
+        program = [(op, 0, 1 if len(ins) == 2 else -1, None)]
+    operands = []
+    for v, t in zip(ins, traced_ins):
+        if isinstance(v, _Value):
+            if v.dtype != np.float32 or v.shape != out.shape:  # a vector of the data: Python
+                raise NotLowered
+            operands.append(np.empty(v.shape, np.float32))  # its layout: C-contiguous
+        elif isinstance(t, np.ndarray) and t.dtype == np.float32:
+            operands.append(np.ascontiguousarray(t))
+        else:
+            raise NotLowered
+    found = low.ops.plan_elementwise(program, operands)
+    if found is None:
+        raise NotLowered
+    prog, samples, inner, c, memory_shape, back, sources = found
+    if not np.empty(memory_shape, np.float32).transpose(back).flags.c_contiguous:
+        raise NotLowered
+    y = low.new(out.shape)
+    for v in ins:
+        low.use(v)
+
+    def bind(plan, arena):
+        args = [
+            (
+                kind,
+                array if k is None else _operand(arena, ins[k]) if isinstance(ins[k], _Value) else operands[k],
+                stride,
+            )
+            for kind, k, array, stride in sources
+        ]
+        plan.add_elementwise(prog, samples, inner, c, args, _view(arena, y).reshape(-1))
+
+    low.emit(bind)
+    return [y]
+
+
+#: Operator -> its lowering onto native steps.
+LOWERINGS = {
+    **{name: _alias for name in ALIASES | SINGLE_IS_ITSELF},
+    **{name: _movement for name in MOVEMENTS},
+    "Conv": _conv,
+    "FusedConv": _conv,
+    "FusedElementwise": _elementwise,
+    **{name: _elementwise for name in ELEMENTWISE},
+    "LSTM": _recurrent("LSTM"),
+    "GRU": _recurrent("GRU"),
+    "RNN": _recurrent("RNN"),
+    **{name: _activation(*act) for name, act in ACTIVATIONS.items()},
+}
+
+
+class _Fallback:
+    """A node run in Python inside a plan: its function on the arena's views of its inputs,
+    its results copied into its outputs' views (checked against the trace's shapes and
+    types). Returns 0, or -3 with the error kept in ``error``."""
+
+    def __init__(self, fn, args, attrs, opset, views, node):
+        self.fn, self.args, self.attrs, self.opset, self.views, self.node = fn, args, attrs, opset, views, node
+        self.error = None
+
+    def __call__(self):
+        try:
+            results = self.fn(self.args, self.attrs, self.opset)
+            for r, v in zip(results, self.views):
+                if v is None:
+                    continue
+                r = np.asarray(r)
+                if r.shape != v.shape or r.dtype != v.dtype:
+                    raise PlanMismatch(f"{r.dtype}{r.shape} where the plan holds {v.dtype}{v.shape}")
+                np.copyto(v, r)
+            return 0
+        except BaseException as e:  # noqa: BLE001 - kept for the caller, who raises it
+            self.error = e
+            return -3
+
+
+def _fallback(low, fn, node, index, ins, traced_ins, traced_outs, attrs):
+    outs = []
+    for t in traced_outs:
+        outs.append(None if t is None else low.new(t.shape, t.dtype))
+        low.moved += 0 if t is None else 2 * t.nbytes
+    for v in ins:
+        low.use(v)
+
+    def bind(plan, arena):
+        args = [_view(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
+        views = [None if o is None else _view(arena, o) for o in outs]
+        holder = _Fallback(fn, args, attrs, low.model.opset, views, index)
+        plan.add_python(holder)
+        low.holders.append(holder)
+
+    low.emit(bind, index)
+    low.fallbacks.append(node.op_type)
+    return outs
+
+
+class Unplannable(Exception):
+    """A model the plans cannot hold (a value computed from the inputs that is no array: an
+    ONNX sequence); its calls run through the Python plan."""
+
+
+def _array(value, node):
+    """A traced value computed from the inputs, as an array (numpy scalars included)."""
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    raise Unplannable(f"{node.op_type} gives a {type(value).__name__}")
+
+
+def _walk(low, model, inputs):
+    """Trace and lower ``model``'s bound plan on ``inputs`` (per input: (traced array, plan
+    value or None for a constant)); its outputs likewise."""
+    traced = dict(zip(model._input_names, (t for t, _ in inputs)))
+    lowered = dict(zip(model._input_names, (v for _, v in inputs)))
+    for index, (node, (fn, ins, outs, attrs, _)) in enumerate(zip(model._nodes, model._bound_plan())):
+        t_ins = [traced[i] if type(i) is str else i for i in ins]
+        l_ins = [lowered.get(i) if type(i) is str else None for i in ins]
+        # Shape and Size read the shapes alone, fixed for the plan
+        dynamic = node.op_type in NONDETERMINISTIC or (
+            node.op_type not in ("Shape", "Size") and any(v is not None for v in l_ins)
+        )
+        if node.op_type == "If" and isinstance(attrs.get("then_branch"), Body) and l_ins[0] is None:
+            body = attrs[taken_branch(t_ins, attrs)]
+            captured = list(zip(t_ins[attrs["_formal"] :], l_ins[attrs["_formal"] :]))
+            results = _walk(low, body.model, captured)
+        elif not dynamic:
+            results = [(r, None) for r in fn(t_ins, attrs, model.opset)]
+        else:
+            t_outs = [_array(t, node) for t in fn(t_ins, attrs, model.opset)]
+            low.step += 1
+            lower = LOWERINGS.get(node.op_type)
+            marks = len(low.emits), len(low.buffers), low.moved
+            try:
+                if lower is None:
+                    raise NotLowered
+                l_outs = lower(low, node, l_ins, t_ins, t_outs, {"_attrs": attrs, "_fn": fn})
+                if any(
+                    name and t is not None and not isinstance(v, _Value) for name, t, v in zip(outs, t_outs, l_outs)
+                ):
+                    raise NotLowered
+                low.native.append(node.op_type)
+            except NotLowered:  # what the lowering began is dropped
+                del low.emits[marks[0] :], low.buffers[marks[1] :]
+                low.moved = marks[2]
+                l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
+            results = list(zip(t_outs, l_outs))
+        for name, (t, v) in zip(outs, results):
+            if name:
+                traced[name], lowered[name] = t, v
+    return [(traced[o], lowered.get(o)) if o in traced else (model._constants[o], None) for o in model.output_names]
+
+
+def _place(buffers, end):
+    """Offsets for ``buffers`` in one arena: buffers whose steps overlap never share bytes
+    (the largest placed first, each at the lowest offset free over its lifetime); the
+    arena's size."""
+    placed: list[_Buffer] = []
+    top = 0
+    for b in sorted(buffers, key=lambda b: -b.nbytes):
+        clashes = sorted((p.offset, p.offset + p.nbytes) for p in placed if not (p.last < b.first or b.last < p.first))
+        offset = 0
+        for lo, hi in clashes:
+            if offset + b.nbytes <= lo:
+                break
+            offset = max(offset, -(-hi // ALIGN) * ALIGN)
+        b.offset = offset
+        top = max(top, offset + b.nbytes)
+        placed.append(b)
+    return top
+
+
+def pays(native: int, fallbacks: int, moved: int) -> bool:
+    """Whether a plan of ``native`` nodes lowered natively, ``fallbacks`` run in Python and
+    ``moved`` bytes copied that the Python plan does not copy saves more than it costs."""
+    return STEP_US * native > FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US
+
+
+class Plan:
+    """A model's native plan for one key: ``run(arrays)`` -> {output name: array}, or None
+    where it cannot serve the call (another thread runs it)."""
+
+    def __init__(self, native, inputs, input_views, outputs, constants, holders, summary):
+        self.native, self.inputs, self.outputs = native, inputs, outputs
+        self.fed = [k for k, v in enumerate(input_views) if v is not None]
+        self.input_views = [input_views[k] for k in self.fed]
+        self.constants, self.holders, self.summary = constants, holders, summary
+
+    def run(self, arrays):
+        results = self.native.run([arrays[k] for k in self.fed], self.input_views, [v for _, v in self.outputs])
+        if results is None:
+            return None
+        values = dict(zip(self.inputs, arrays))  # the call's inputs, as the Python plan's table
+        values.update(zip((name for name, _ in self.outputs), results))
+        for name, array in self.constants:
+            values[name] = array.copy()
+        return values
+
+
+def lower(model, arrays, ops):
+    """A ``Plan`` of ``model`` for calls like ``arrays`` (the checked inputs, graph order) on
+    backend ``ops``, or None where the backend has no native plans or the plan built does not
+    give the call's outputs."""
+    low = _Lowering(model, ops)
+    low.holders = []
+    inputs = []
+    for a in arrays:
+        if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX:
+            inputs.append((a, low.new(a.shape, a.dtype)))
+        else:
+            inputs.append((a, None))
+    outputs = _walk(low, model, inputs)
+    low.step += 1
+    values = []
+    for name, (t, v) in zip(model.output_names, outputs):
+        if isinstance(v, _Value):
+            low.use(v)
+        values.append((name, t, v))
+    low.moved += 2 * sum(a.nbytes for a, v in inputs if v is not None)
+    low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
+    if not pays(len(low.native), len(low.fallbacks), low.moved):
+        return None
+    end = low.step
+    for b in low.buffers:
+        if any(b is v.buffer for _, _, v in values if isinstance(v, _Value)):
+            b.last = end
+        if any(b is v.buffer for _, v in inputs if v is not None):
+            b.first = -1
+    native = ops.native_plan(_place(low.buffers, end))
+    if native is None:
+        return None
+    arena = native.arena
+    for fn, _ in low.emits:
+        fn(native, arena)
+    plan = Plan(
+        native,
+        model._input_names,
+        [_view(arena, v) if v is not None else None for _, v in inputs],
+        [(name, _view(arena, v)) for name, _, v in values if isinstance(v, _Value)],
+        [(name, np.asarray(t)) for name, t, v in values if not isinstance(v, _Value)],
+        low.holders,
+        (tuple(low.native), tuple(low.fallbacks), low.moved),
+    )
+    try:
+        got = plan.run(arrays)
+    except Exception:
+        holder = next((h for h in low.holders if h.error is not None), None)
+        if holder is not None:  # the node's own error (the key keeps the Python plan)
+            raise holder.error from None
+        raise
+    for name, want, _ in values:
+        have = got[name]
+        want = np.asarray(want)
+        if have.shape != want.shape or have.dtype != want.dtype:
+            return None
+        if want.dtype.kind == "f":
+            scale = float(np.max(np.abs(want))) if want.size else 0.0
+            if not np.allclose(have, want, rtol=VERIFY_RTOL, atol=VERIFY_RTOL * scale, equal_nan=True):
+                return None
+        elif not np.array_equal(have, want):
+            return None
+    return plan
+
+
+class NativePlans:
+    """A model's native plans by key, built at the ``BUILD_AFTER``-th call with a key."""
+
+    def __init__(self, model):
+        self.model = model
+        self.plans: dict = {}
+        self.lock = threading.Lock()
+
+    def key(self, arrays, ops, threads):
+        return (
+            tuple(
+                (a.shape, a.dtype.char, None if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX else a.tobytes())
+                for a in arrays
+            ),
+            ops.name,
+            threads,
+            derived_generation(),
+            settings.current(),  # the limits a call checks: a plan is built under them
+        )
+
+    def run(self, arrays):
+        """The call's {output name: array} from its key's plan; None where the Python plan
+        takes the call (no plan yet, none possible, or the plan busy)."""
+        ops = get_ops()
+        threads = ops.plan_threads()
+        if threads is None:
+            return None
+        key = self.key(arrays, ops, threads)
+        plan = self.plans.get(key)
+        if plan is None or type(plan) is int:
+            seen = (plan or 0) + 1
+            if seen < BUILD_AFTER:
+                self._keep(key, seen)
+                return None
+            with self.lock:
+                try:
+                    plan = lower(self.model, arrays, ops) or False
+                except Exception:  # noqa: BLE001 - a model the lowering does not cover runs in Python
+                    plan = False
+                self._keep(key, plan)
+        if plan is False:
+            return None
+        try:
+            if not plan.holders:  # native kernels do not signal floating-point errors to numpy
+                return plan.run(arrays)
+            with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime
+                return plan.run(arrays)
+        except Exception:
+            holder = next((h for h in plan.holders if h.error is not None), None)
+            if holder is None:  # a native step failed (a work buffer not allocated)
+                raise
+            error, holder.error = holder.error, None
+            if isinstance(error, PlanMismatch):  # shapes that depend on values: Python from now on
+                self._keep(key, False)
+                return None
+            model, index = holder.node
+            model._step_failed(index, error)  # raises the node's error, named
+            raise
+
+    def _keep(self, key, value):
+        if len(self.plans) >= MAX_PLANS and key not in self.plans:
+            self.plans.clear()
+        self.plans[key] = value

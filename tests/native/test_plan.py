@@ -1,0 +1,171 @@
+"""Native plans (``native/plan.pxi``): each step kind against numpy and the kernels called on
+their own, on every ISA path; argument checks before anything is bound; a plan running one
+call at a time; a failing Python step's status."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastlayers.native import _core
+
+from ..conftest import assert_close
+
+
+def _arena_views(plan, *shapes):
+    """Float32 views of ``plan``'s arena, one after the other, each 64-byte aligned."""
+    views, offset = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        views.append(plan.arena[offset : offset + 4 * n].view(np.float32).reshape(shape))
+        offset += -(-4 * n // 64) * 64
+    return views
+
+
+def _gather_reference(src, dims, dst_size, dst_strides, maps, fill):
+    dst = np.full(dst_size, np.nan, np.float32)
+    for index in np.ndindex(*dims):
+        offsets = [maps[k][i] for k, i in enumerate(index)]
+        at = sum(i * s for i, s in zip(index, dst_strides))
+        dst[at] = fill if min(offsets) < 0 else src[sum(offsets)]
+    return dst
+
+
+@pytest.mark.parametrize("dims", [(1,), (17,), (3, 5), (2, 1, 7), (2, 3, 2, 5)])
+@pytest.mark.parametrize("holes", [False, True])
+def test_gather_matches_numpy(rng, dims, holes):
+    src = rng.standard_normal(200).astype(np.float32)
+    maps = []
+    for d in dims:
+        m = rng.integers(0, 200 // (2 * len(dims)), d).astype(np.int64)
+        if holes and d > 1:
+            m[rng.integers(0, d)] = -1
+        maps.append(m)
+    strides = [int(np.prod(dims[k + 1 :])) for k in range(len(dims))]
+    size = int(np.prod(dims))
+    plan = _core.NativePlan(64 * 64)
+    (dst,) = _arena_views(plan, (size,))
+    plan.add_gather(src, dst, dims, strides, maps, 2.5)
+    plan.run([], [], [])
+    np.testing.assert_array_equal(dst, _gather_reference(src, dims, size, strides, maps, 2.5))
+
+
+def test_gather_copies_inner_runs_and_strided_destinations(rng):
+    """A run of consecutive source offsets on the last axis (one copy per row), written into a
+    strided block of a larger destination (a Concat's part)."""
+    src = rng.standard_normal((4, 9)).astype(np.float32)
+    plan = _core.NativePlan(4096)
+    (dst,) = _arena_views(plan, (4, 12))
+    dst[...] = 0
+    maps = [np.arange(4, dtype=np.int64) * 9, np.arange(2, 11, dtype=np.int64) - 2 + 0]
+    plan.add_gather(src.reshape(-1), dst.reshape(-1)[3:], (4, 9), (12, 1), maps)
+    plan.run([], [], [])
+    want = np.zeros((4, 12), np.float32)
+    want[:, 3:] = src
+    np.testing.assert_array_equal(dst, want)
+
+
+def test_conv2d_step_matches_the_kernel(rng, isa):
+    x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 5, 11)).astype(np.float32)
+    b = rng.standard_normal(11).astype(np.float32)
+    pw = _core.conv_pack(w, 1)
+    want = np.empty((2, 4, 5, 11), np.float32)
+    _core.conv2d(x, pw, b, want, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0.0)
+    plan = _core.NativePlan(1 << 16)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_conv2d(xv, pw, b, yv, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0.0)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [1, 15, 4096, 4097, 9000])
+def test_activation_step_matches_apply_activation(rng, isa, size):
+    from fastlayers.native import CODES
+
+    x = (3 * rng.standard_normal(size)).astype(np.float32)
+    for name in ("relu", "tanh", "onnx_sigmoid"):
+        plan = _core.NativePlan(8 * size + 128)
+        xv, yv = _arena_views(plan, (size,), (size,))
+        plan.add_activation(xv, yv, CODES[name], 0.0)
+        (got,) = plan.run([x], [xv], [yv])
+        np.testing.assert_array_equal(got, _core.apply_activation(x, CODES[name], 0.0))
+
+
+def test_rnn_step_matches_the_loop(rng, isa):
+    from fastlayers.backends.cpu import recurrent
+    from fastlayers.backends.types import Cell
+
+    b, t, i, u = 2, 5, 3, 8
+    x = rng.standard_normal((b, t, i)).astype(np.float32)
+    w_ig = rng.standard_normal((i, 4 * u)).astype(np.float32)
+    w_hg = rng.standard_normal((u, 4 * u)).astype(np.float32)
+    h0, c0 = rng.standard_normal((2, b, u)).astype(np.float32)
+    args, serial = recurrent.sequence_loop(Cell.LSTM, x, (w_ig, w_hg, None, h0, c0), {})
+    want_y, want_h, want_c = args.y.copy(), args.h.copy(), args.c.copy()
+    _core.rnn_loop(*args._replace(y=want_y, h=want_h, c=want_c, last=args.last.copy()))
+    plan = _core.NativePlan(1 << 14)
+    xv, hv, cv, yv, lv = _arena_views(plan, x.shape, (b, u), (b, u), (b, t, u), (b, u))
+    plan.add_rnn(tuple(args._replace(x=xv, h=hv, c=cv, y=yv, last=lv)), serial)
+    got_y, got_h, got_c = plan.run([x, h0, c0, np.zeros((b, u), np.float32)], [xv, hv, cv, lv], [yv, hv, cv])
+    assert_close(got_y, want_y, rtol=1e-6, atol=1e-6)
+    assert_close(got_h, want_h, rtol=1e-6, atol=1e-6)
+    assert_close(got_c, want_c, rtol=1e-6, atol=1e-6)
+
+
+def test_arguments_are_checked_when_bound():
+    plan = _core.NativePlan(256)
+    (dst,) = _arena_views(plan, (8,))
+    src = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="past the end"):
+        plan.add_gather(src, dst, (8,), (1,), [np.arange(8, dtype=np.int64)])
+    with pytest.raises(ValueError, match="axes"):
+        plan.add_gather(src, dst, (), (), [])
+    with pytest.raises(ValueError, match="axis 0"):
+        plan.add_gather(src, dst, (8,), (1,), [np.arange(4, dtype=np.int64)])
+    with pytest.raises(TypeError, match="float32"):
+        plan.add_gather(src.astype(np.float64), dst, (4,), (1,), [np.arange(4, dtype=np.int64)])
+    with pytest.raises(ValueError, match="values into"):
+        plan.add_activation(src, dst, 1, 0.0)
+    with pytest.raises(TypeError, match="callable"):
+        plan.add_python(3)
+    with pytest.raises(ValueError, match="arena"):
+        _core.NativePlan(-1)
+    assert len(plan) == 0
+
+
+def test_a_plan_runs_one_call_at_a_time():
+    """A call that finds the plan running (here: from inside one of its own steps) gets None,
+    and the plan serves the next call."""
+    plan = _core.NativePlan(256)
+    (dst,) = _arena_views(plan, (4,))
+    inner = []
+
+    def step():
+        inner.append(plan.run([], [], [dst]))
+        return 0
+
+    plan.add_python(step)
+    assert plan.run([], [], []) == []
+    assert inner == [None]
+    assert plan.run([], [], []) == []
+
+
+def test_a_failing_python_step_stops_the_plan():
+    plan = _core.NativePlan(256)
+    (dst,) = _arena_views(plan, (4,))
+    ran = []
+    plan.add_python(lambda: 7)
+    plan.add_python(lambda: ran.append(1) or 0)
+    with pytest.raises(_core.PlanStepFailed) as info:
+        plan.run([], [], [dst])
+    assert (info.value.step, info.value.status) == (0, 7)
+    assert ran == []
+
+
+def test_inputs_are_cast_into_their_views(rng):
+    plan = _core.NativePlan(256)
+    (xv,) = _arena_views(plan, (2, 3))
+    x = rng.standard_normal((3, 2)).T  # float64, not C-contiguous
+    (got,) = plan.run([x], [xv], [xv])
+    np.testing.assert_array_equal(got, x.astype(np.float32))

@@ -1,0 +1,338 @@
+"""ONNX models run as native plans (``fastlayers.onnx.lowering``): the values of onnxruntime
+and of the Python plan, the nodes lowered natively, Ifs on shapes and small integer inputs
+resolved per plan, nodes in Python inside the plan, shapes that depend on values, errors named
+as the Python plan names them, threads, and the plans kept per key."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import fastlayers
+from fastlayers.errors import FastlayersError
+from fastlayers.onnx import lowering
+
+from ..conftest import assert_close, in_threads, oracle
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+H = 16  # the LSTM's units
+
+
+def _vad_model():
+    """A streaming model shaped like Silero VAD: a reflect Pad, 1-D convolutions with ReLU,
+    Slices and a magnitude (Python), a mean, an LSTM step on a carried state, Concat, Sigmoid,
+    and an If on an integer input (a sample rate) whose branch reads the float values."""
+    rng = np.random.default_rng(1)
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(np.array([0, 4, 0, 4], np.int64), "pads"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([6], np.int64), "six"),
+        numpy_helper.from_array(np.array([12], np.int64), "twelve"),
+        numpy_helper.from_array(np.array(0, np.int64), "first"),
+        numpy_helper.from_array(np.array(1, np.int64), "second"),
+        numpy_helper.from_array(np.array(16000, np.int64), "rate"),
+        numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+        numpy_helper.from_array(f(12, 1, 8), "w1"),
+        numpy_helper.from_array(f(12), "b1"),
+        numpy_helper.from_array(f(8, 6, 3), "w2"),
+        numpy_helper.from_array(f(8), "b2"),
+        numpy_helper.from_array(f(1, 4 * H, 8), "W"),
+        numpy_helper.from_array(f(1, 4 * H, H), "R"),
+        numpy_helper.from_array(f(1, 8 * H), "B"),
+    ]
+    then = helper.make_graph(
+        [helper.make_node("Mul", ["p", "two"], ["scaled"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["p"], ["kept"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("kept", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["padded"], mode="reflect"),
+        helper.make_node("Unsqueeze", ["padded", "one"], ["x3"]),
+        helper.make_node("Conv", ["x3", "w1", "b1"], ["c1"], strides=[4]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Slice", ["r1", "zero", "six", "one"], ["re"]),
+        helper.make_node("Slice", ["r1", "six", "twelve", "one"], ["im"]),
+        helper.make_node("Mul", ["re", "re"], ["re2"]),
+        helper.make_node("Mul", ["im", "im"], ["im2"]),
+        helper.make_node("Add", ["re2", "im2"], ["mag2"]),
+        helper.make_node("Sqrt", ["mag2"], ["mag"]),
+        helper.make_node("Conv", ["mag", "w2", "b2"], ["c2"], pads=[1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("ReduceMean", ["r2"], ["feat"], axes=[2], keepdims=0),
+        helper.make_node("Unsqueeze", ["feat", "zero"], ["seq"]),
+        helper.make_node("Gather", ["state", "first"], ["h0"], axis=0),
+        helper.make_node("Gather", ["state", "second"], ["c0"], axis=0),
+        helper.make_node("Unsqueeze", ["h0", "zero"], ["h03"]),
+        helper.make_node("Unsqueeze", ["c0", "zero"], ["c03"]),
+        helper.make_node("LSTM", ["seq", "W", "R", "B", "", "h03", "c03"], ["Y", "Yh", "Yc"], hidden_size=H),
+        helper.make_node("Concat", ["Yh", "Yc"], ["new_state"], axis=0),
+        helper.make_node("Squeeze", ["Yh", "zero"], ["h"]),
+        helper.make_node("Sigmoid", ["h"], ["p"]),
+        helper.make_node("Equal", ["sr", "rate"], ["is_rate"]),
+        helper.make_node("If", ["is_rate"], ["prob"], then_branch=then, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "vad",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, H]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("prob", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("new_state", TensorProto.FLOAT, None),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _feed(rng, sr=16000):
+    return {
+        "x": rng.standard_normal((1, 64)).astype(np.float32),
+        "state": (0.5 * rng.standard_normal((2, 1, H))).astype(np.float32),
+        "sr": np.array(sr, np.int64),
+    }
+
+
+def _plans(model):
+    if not model._native:
+        return []
+    return [p for p in model._native.plans.values() if isinstance(p, lowering.Plan)]
+
+
+def test_a_streaming_model_runs_as_a_native_plan(rng):
+    ort = oracle("onnxruntime")
+    data = _vad_model()
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for sr in (16000, 16000, 8000, 16000, 8000, 8000, 16000):
+        feed = _feed(rng, sr)
+        got = ours.run(None, feed)
+        for g, w, p in zip(got, session.run(None, feed), python.run(None, feed)):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            assert_close(g, p, rtol=1e-6, atol=1e-7)  # the convolutions may sum in another order
+    plans = _plans(ours)
+    assert len(plans) == 2  # one per sample rate: the If resolved in each
+    for plan in plans:
+        native, fallbacks, _ = plan.summary
+        assert {"FusedConv", "LSTM", "Pad", "Slice", "Gather", "Concat", "Unsqueeze", "Squeeze", "Sigmoid"} <= set(
+            native
+        )
+        assert "If" not in fallbacks and "Equal" not in fallbacks
+
+
+def test_results_are_fresh_arrays(rng):
+    """A plan's results are copies: later calls leave them as they were."""
+    ours = fastlayers.load(_vad_model())
+    feeds = [_feed(rng) for _ in range(6)]
+    results = [ours.run(None, feed) for feed in feeds]
+    kept = [[a.copy() for a in r] for r in results]
+    for feed in feeds:
+        ours(feed)
+    for result, copy in zip(results, kept):
+        for a, b in zip(result, copy):
+            np.testing.assert_array_equal(a, b)
+    assert _plans(ours)
+
+
+def _movement_model():
+    """Data movement only: Transpose, Slices with negative steps, Pads of every mode, Gathers
+    on constant indices, Expand, Tile, a Concat with a constant, Split, DepthToSpace."""
+    inits = [
+        numpy_helper.from_array(np.array([0, 1, 0, 2, 1, 0, 1, 0], np.int64), "pads"),
+        numpy_helper.from_array(np.array(1.5, np.float32), "value"),
+        numpy_helper.from_array(np.array([3, -1], np.int64), "starts"),
+        numpy_helper.from_array(np.array([0, -100], np.int64), "ends"),
+        numpy_helper.from_array(np.array([3, 1], np.int64), "axes"),
+        numpy_helper.from_array(np.array([-2, -1], np.int64), "steps"),
+        numpy_helper.from_array(np.array([2, 0, 3], np.int64), "rows"),
+        numpy_helper.from_array(np.array(1, np.int64), "one_index"),
+        numpy_helper.from_array(np.array([2, 2, 4, 3, 5], np.int64), "wide"),
+        numpy_helper.from_array(np.array([1, 2, 1, 3], np.int64), "reps"),
+        numpy_helper.from_array(np.arange(2 * 2 * 3 * 5, dtype=np.float32).reshape(2, 2, 3, 5), "const"),
+        numpy_helper.from_array(np.array([1, 3], np.int64), "parts"),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"]),
+        helper.make_node("Pad", ["x", "pads", "value"], ["pc"], mode="constant"),
+        helper.make_node("Pad", ["x", "pads"], ["pe"], mode="edge"),
+        helper.make_node("Pad", ["x", "pads"], ["pr"], mode="reflect"),
+        helper.make_node("Gather", ["x", "rows"], ["g"], axis=1),
+        helper.make_node("Gather", ["x", "one_index"], ["g1"], axis=3),
+        helper.make_node("Expand", ["x", "wide"], ["e"]),
+        helper.make_node("Tile", ["x", "reps"], ["tl"]),
+        helper.make_node("Concat", ["x", "const"], ["cc"], axis=1),
+        helper.make_node("Split", ["x", "parts"], ["sa", "sb"], axis=1),
+        helper.make_node("DepthToSpace", ["x"], ["d"], blocksize=2),
+    ]
+    outs = ["t", "s", "pc", "pe", "pr", "g", "g1", "e", "tl", "cc", "sa", "sb", "d"]
+    graph = helper.make_graph(
+        nodes,
+        "movement",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def test_data_movement_lowers_to_gathers(rng):
+    ort = oracle("onnxruntime")
+    data = _movement_model()
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            np.testing.assert_array_equal(g, w)
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert sorted(set(native)) == sorted(
+        {"Transpose", "Slice", "Pad", "Gather", "Expand", "Tile", "Concat", "Split", "DepthToSpace"}
+    )
+
+
+def _nonzero_model():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Greater", ["x", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["where"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nonzero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+        [
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("where", TensorProto.INT64, None),
+        ],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_shape_that_depends_on_values_goes_back_to_the_python_plan(monkeypatch):
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)  # a plan for this small graph
+    ours = fastlayers.load(_nonzero_model())
+    calls = [
+        np.array([1, -1, 2, -2, 3, -3], np.float32),
+        np.array([1, -1, 2, -2, 3, -4], np.float32),  # same count: the plan
+        np.array([1, 1, 2, -2, 3, -3], np.float32),  # another count: back to Python
+        np.array([-1, -1, -2, -2, -3, -3], np.float32),
+    ]
+    for x in calls:
+        r, where = ours.run(None, {"x": x})
+        np.testing.assert_array_equal(r, np.maximum(x, 0))
+        np.testing.assert_array_equal(where, np.array(np.nonzero(x > 0)))
+    assert list(ours._native.plans.values()) == [False]  # dropped at the mismatch
+
+
+def _gather_model():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "i"], ["y"], axis=0)]
+    graph = helper.make_graph(
+        nodes,
+        "gather",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, [20]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_failing_node_is_named_as_the_python_plan_names_it(rng, monkeypatch):
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _gather_model()
+    errors = []
+    for native in (True, False):
+        ours = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=native))
+        x = rng.standard_normal((5, 3)).astype(np.float32)
+        good = np.arange(20, dtype=np.int64) % 5
+        for _ in range(3):
+            np.testing.assert_array_equal(ours.run(None, {"x": x, "i": good})[0], np.maximum(x, 0)[good])
+        with pytest.raises(FastlayersError) as info:
+            ours.run(None, {"x": x, "i": np.full(20, 9, np.int64)})
+        errors.append((type(info.value), str(info.value)))
+        assert bool(_plans(ours)) == native
+    assert errors[0] == errors[1]
+    assert "Gather" in errors[0][1]
+
+
+def test_threads_share_a_model(rng):
+    ort = oracle("onnxruntime")
+    data = _vad_model()
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    feeds = [_feed(np.random.default_rng(k), 16000 if k % 2 else 8000) for k in range(8)]
+    wants = [session.run(None, feed) for feed in feeds]
+    failures = []
+
+    def work(k):
+        for _ in range(25):
+            j = (k * 3 + _) % len(feeds)
+            for g, w in zip(ours.run(None, feeds[j]), wants[j]):
+                if not np.allclose(g, w, rtol=1e-5, atol=1e-6):
+                    failures.append((k, j))
+
+    in_threads(work, 4)
+    assert not failures
+    assert _plans(ours)
+
+
+def test_plans_are_kept_per_key_and_memory_stays_flat(rng):
+    ours = fastlayers.load(_vad_model())
+    feed = _feed(rng)
+    for threads in (1, 2, 1):
+        with fastlayers.using_threads(threads):
+            for _ in range(3):
+                ours.run(None, feed)
+    assert len(_plans(ours)) == 2  # one per thread count
+    for _ in range(50):
+        ours.run(None, feed)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(500):
+        ours.run(None, feed)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 << 10
+    assert len(_plans(ours)) == 2
+
+
+def test_plans_can_be_turned_off_and_the_reference_backend_has_none(rng):
+    data = _vad_model()
+    off = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    feed = _feed(rng)
+    for _ in range(3):
+        off.run(None, feed)
+    assert off._native is False
+    ours = fastlayers.load(data)
+    with fastlayers.use_ops("reference"):
+        for _ in range(3):
+            ours.run(None, feed)
+    assert not _plans(ours)
+
+
+def test_the_cost_model():
+    assert lowering.pays(native=30, fallbacks=2, moved=40_000)
+    assert not lowering.pays(native=20, fallbacks=60, moved=20_000_000)
+    assert not lowering.pays(native=0, fallbacks=0, moved=0)
