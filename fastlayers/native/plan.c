@@ -68,6 +68,11 @@ int fl_elementwise_step(void *ctx) {
                           a->out);
 }
 
+int fl_layer_norm_step(void *ctx) {
+    const fl_layer_norm_args *a = ctx;
+    return fl_layer_norm(a->m, a->n, a->x, a->gamma, a->beta, a->eps, a->rms, a->out);
+}
+
 int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed) {
     for (int64_t i = 0; i < n; i++) {
         int st = steps[i].fn(steps[i].ctx);

@@ -12,6 +12,7 @@
  * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha).
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
+ * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
  * plan_run(steps, n, failed): the steps in order; 0, or the first failing step's status
  *   with its index in *failed. */
 #ifndef FL_PLAN_H
@@ -68,7 +69,16 @@ typedef struct {
     fl_ew_operand operands[]; /* n_operands */
 } fl_elementwise_args;
 
+typedef struct {
+    int64_t m, n;
+    const float *x, *gamma, *beta;
+    float eps;
+    int rms;
+    float *out;
+} fl_layer_norm_args;
+
 int fl_gather(void *a);
+int fl_layer_norm_step(void *a);
 int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
 int fl_rnn_step(void *a);

@@ -35,6 +35,14 @@ cdef extern from "plan.h" nogil:
         const fl_ew_insn *insns
         float *out
         fl_ew_operand operands[1]
+    ctypedef struct fl_layer_norm_args:
+        int64_t m, n
+        const float *x
+        const float *gamma
+        const float *beta
+        float eps
+        int rms
+        float *out
     ctypedef struct fl_activation_args:
         int64_t size
         int code
@@ -46,6 +54,7 @@ cdef extern from "plan.h" nogil:
     int fl_rnn_step(void *a) noexcept nogil
     int fl_activation_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
+    int fl_layer_norm_step(void *a) noexcept nogil
     int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed)
 
 #: Most axes of a gather step.
@@ -69,6 +78,41 @@ cdef int _python_step(void *ctx) noexcept nogil:
             return <int>(<object>ctx)()
         except BaseException:  # the callable keeps its own errors; anything else fails the step
             return PYTHON_STEP_FAILED
+
+
+ctypedef struct _dynamic_qgemm_args:
+    const float *x
+    int64_t m, k, n
+    const int8_t *pb
+    const float *columns
+    const float *bias
+    float *y
+
+
+cdef int _dynamic_qgemm_step(void *ctx) noexcept nogil:
+    """quantize.pxi's ``dynamic_qgemm`` on the bound arguments."""
+    cdef _dynamic_qgemm_args *a = <_dynamic_qgemm_args *>ctx
+    return _dynamic_product(a.x, a.m, a.k, a.pb, a.columns, a.bias, a.n, a.y)
+
+
+ctypedef struct _dynamic_qlstm_args:
+    _dynamic_qgemm_args product
+    fl_qlstm_run run
+
+
+cdef int _dynamic_qlstm_step(void *ctx) noexcept nogil:
+    """qlstm.pxi's ``dynamic_qlstm`` on the bound arguments: the input product, then the loop."""
+    cdef _dynamic_qlstm_args *a = <_dynamic_qlstm_args *>ctx
+    cdef int st = 0
+    if a.product.m == 0:
+        return 0
+    if a.product.k > 0:
+        st = _dynamic_qgemm_step(&a.product)
+    else:
+        memset(a.product.y, 0, <size_t>(a.product.m * a.product.n) * sizeof(float))
+    if st == 0:
+        st = fl_qlstm_runs(1, &a.run)
+    return st
 
 
 cdef inline float *_view(object a, str what) except NULL:
@@ -242,6 +286,60 @@ cdef class NativePlan:
             a_.operands[i].kind = operands[i][0]
             a_.operands[i].p = <const float *>cnp.PyArray_DATA(arrays[i])
             a_.operands[i].stride = operands[i][2]
+
+    def add_dynamic_qgemm(self, x, pb, b_columns, bias, y):
+        """quantize.pxi's ``dynamic_qgemm`` from x (..., k) into y (..., n), both C-contiguous
+        float32 (views of the arena): ``pb`` b packed by ``qpack``, ``b_columns`` its (n,)
+        float32 column scales, ``bias`` (n,) float32 or None."""
+        cdef const float *xp = _view(x, "dynamic_qgemm x")
+        cdef float *yp = _view(y, "dynamic_qgemm y")
+        if x.ndim < 1 or x.shape[x.ndim - 1] < 1 or y.ndim < 1:
+            raise ValueError(f"native plan dynamic_qgemm: x of shape {x.shape}")
+        cdef int64_t k = x.shape[x.ndim - 1], m = x.size // k, n = y.shape[y.ndim - 1]
+        if y.size != m * n:
+            raise ValueError(f"native plan dynamic_qgemm: y of shape {y.shape} for x of shape {x.shape}")
+        cdef const float *columns = _f32_block(b_columns, (n,), "native plan dynamic_qgemm b_columns")
+        _check_packed(pb, k, n, "native plan dynamic_qgemm: pb")
+        cdef const float *bp = _f32_block(bias, (n,), "native plan dynamic_qgemm bias")
+        cdef _dynamic_qgemm_args *a = <_dynamic_qgemm_args *>self._push(
+            _dynamic_qgemm_step, sizeof(_dynamic_qgemm_args), (x, pb, b_columns, bias, y))
+        a.x, a.m, a.k, a.n, a.pb, a.columns, a.bias, a.y = xp, m, k, n, <const int8_t *>cnp.PyArray_DATA(pb), \
+            columns, bp, yp
+
+    def add_dynamic_qlstm(self, x, w_packed, w_scale, bint reverse, r_packed, r_scale, bias, peep,
+                          float clip, bint input_forget, h, c, y, x_proj):
+        """qlstm.pxi's ``dynamic_qlstm`` on views of the arena: x (steps, batch, input), the
+        states h and c (batch, hidden), y (steps, batch, hidden) or None, and ``x_proj``
+        (steps, batch, 4 hidden) for the input product."""
+        cdef const float *xp = _view(x, "dynamic_qlstm x")
+        _view(x_proj, "dynamic_qlstm x_proj")
+        if x.ndim != 3 or h.ndim != 2 or x_proj.shape != (x.shape[0], x.shape[1], 4 * h.shape[1]):
+            raise ValueError("native plan dynamic_qlstm: x must be (steps, batch, input), h (batch, hidden) "
+                             "and x_proj (steps, batch, 4 hidden)")
+        cdef int64_t steps = x.shape[0], batch = x.shape[1], k = x.shape[2], g = 4 * h.shape[1]
+        cdef const float *columns = _f32_block(w_scale, (g,), "native plan dynamic_qlstm w_scale")
+        _check_packed(w_packed, k, g, "native plan dynamic_qlstm: w_packed")
+        cdef _dynamic_qlstm_args *a = <_dynamic_qlstm_args *>self._push(
+            _dynamic_qlstm_step, sizeof(_dynamic_qlstm_args),
+            (x, w_packed, w_scale, r_packed, r_scale, bias, peep, h, c, y, x_proj))
+        _qlstm_run(&a.run, x_proj, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y)
+        a.product.x, a.product.m, a.product.k, a.product.n = xp, steps * batch, k, g
+        a.product.pb, a.product.columns = <const int8_t *>cnp.PyArray_DATA(w_packed), columns
+        a.product.bias, a.product.y = NULL, <float *>a.run.x_proj
+
+    def add_layer_norm(self, x, gamma, beta, float eps, bint rms, out):
+        """rows.h's layer_norm over the rows of x (..., n) into ``out`` of its shape, both
+        C-contiguous float32; ``gamma``, ``beta``: (n,) C-contiguous float32 or None."""
+        cdef float *xp = _view(x, "layer_norm x")
+        cdef float *op = _view(out, "layer_norm out")
+        if x.ndim < 1 or x.shape[x.ndim - 1] < 1 or out.size != x.size:
+            raise ValueError(f"native plan layer_norm: x of shape {x.shape} into {out.size} values")
+        cdef int64_t n = x.shape[x.ndim - 1]
+        cdef const float *gp = _f32_block(gamma, (n,), "native plan layer_norm gamma")
+        cdef const float *bp = _f32_block(beta, (n,), "native plan layer_norm beta")
+        cdef fl_layer_norm_args *a = <fl_layer_norm_args *>self._push(
+            fl_layer_norm_step, sizeof(fl_layer_norm_args), (x, gamma, beta, out))
+        a.m, a.n, a.x, a.gamma, a.beta, a.eps, a.rms, a.out = x.size // n, n, xp, gp, bp, eps, rms, op
 
     def add_python(self, fn):
         """A step calling ``fn()`` with the GIL held: it returns 0, or nonzero on failure

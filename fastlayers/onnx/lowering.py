@@ -41,6 +41,8 @@ from ..backends.derived import derived, derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
 from .ops.recurrent import _recurrent_calls
+from .qlinear import dynamic_matmul_constants
+from .qlstm import one_direction_constants
 from .windows import window
 
 #: Most plans a model keeps (one per key); more: the table is cleared and rebuilt.
@@ -423,6 +425,119 @@ def _conv(low, node, ins, traced_ins, traced_outs, attrs):
     return [_Value(y.buffer, y.offset, out.shape, y.dtype)]
 
 
+def _state(low, ins, traced_ins, i, shape) -> _Value:
+    """A new buffer of ``shape`` (batch, hidden) holding input ``i``, an initial state of one
+    direction ((1, B, H) or (B, 1, H): the memory of (B, H)), or zeros where it is absent."""
+    given = None
+    if len(ins) > i and isinstance(ins[i], _Value):
+        given = ins[i]
+    elif len(traced_ins) > i and traced_ins[i] is not None and traced_ins[i].size:
+        given = traced_ins[i]
+    return _copied(low, given, shape)
+
+
+def _dynamic_matmul(low, node, ins, traced_ins, traced_outs, attrs):
+    """com.microsoft DynamicQuantizeMatMul on its constant B: the quantization of A and the
+    exact integer product in one step (``dynamic_qgemm``)."""
+    a, out = ins[0], traced_outs[0]
+    if not isinstance(a, _Value) or a.dtype != np.float32 or a.size == 0 or _reads_data(ins[1:]):
+        raise NotLowered
+    found = dynamic_matmul_constants(traced_ins, attrs["_attrs"])
+    if found is None or out is None or out.dtype != np.float32:
+        raise NotLowered
+    packed, b_columns, bias = found
+    y = low.new(out.shape)
+    low.use(a)
+    low.emit(lambda plan, arena: plan.add_dynamic_qgemm(_view(arena, a), packed, b_columns, bias, _view(arena, y)))
+    return [y]
+
+
+def _dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
+    """com.microsoft DynamicQuantizeLSTM of one direction on its packed constants: the input
+    product and the time loop in one step (``dynamic_qlstm``), the states copied in."""
+    x = ins[0]
+    node_attrs = attrs["_attrs"]
+    if not isinstance(x, _Value) or x.dtype != np.float32 or len(x.shape) != 3 or x.size == 0:
+        raise NotLowered
+    if _reads_data(ins[1:5]) or _reads_data(ins[7:]):  # weights, lengths, P, scales: constants
+        raise NotLowered
+    found = one_direction_constants(traced_ins, node_attrs)
+    if found is None or len(traced_outs) != 3:
+        raise NotLowered
+    w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget = found
+    steps, batch, _ = x.shape
+    hidden = bias.shape[0] // 4
+    h = _state(low, ins, traced_ins, 5, (batch, hidden))
+    c = _state(low, ins, traced_ins, 6, (batch, hidden))
+    ys = low.new((steps, 1, batch, hidden)) if traced_outs[0] is not None else None
+    x_proj = low.new((steps, batch, 4 * hidden))
+    low.use(x)
+
+    def bind(plan, arena):
+        y = None if ys is None else _view(arena, ys).reshape(steps, batch, hidden)
+        plan.add_dynamic_qlstm(
+            _view(arena, x),
+            w_packed,
+            w_scale,
+            reverse,
+            r_packed,
+            r_scale,
+            bias,
+            peep,
+            clip,
+            input_forget,
+            _view(arena, h),
+            _view(arena, c),
+            y,
+            _view(arena, x_proj),
+        )
+
+    low.emit(bind)
+    outs = [
+        ys,
+        _Value(h.buffer, 0, (1, batch, hidden), np.float32),
+        _Value(c.buffer, 0, (1, batch, hidden), np.float32),
+    ]
+    if any(o is not None and t is not None and o.shape != t.shape for o, t in zip(outs, traced_outs)):
+        raise NotLowered
+    return outs
+
+
+def _layer_norm(low, node, ins, traced_ins, traced_outs, attrs):
+    """LayerNormalization (and the RMS norm the rewrites make of it) over the trailing axes,
+    its scale and bias constants of their width, its statistics outputs unread."""
+    x, out = ins[0], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    if not isinstance(x, _Value) or x.dtype != np.float32 or x.size == 0 or _reads_data(ins[1:]):
+        raise NotLowered
+    if any(node.outputs[1:]):  # the mean or the inverse standard deviation is read
+        raise NotLowered
+    axis = node_attrs.get("axis", -1) % len(x.shape)
+    width = math.prod(x.shape[axis:])
+    gamma, beta = (
+        None if len(traced_ins) <= i or traced_ins[i] is None else np.ascontiguousarray(traced_ins[i], np.float32)
+        for i in (1, 2)
+    )
+    if any(v is not None and v.size != width for v in (gamma, beta)) or out is None or out.shape != x.shape:
+        raise NotLowered
+    gamma, beta = (None if v is None else v.reshape(-1) for v in (gamma, beta))
+    eps, rms = float(node_attrs.get("epsilon", 1e-5)), bool(node_attrs.get("_rms", False))
+    y = low.new(x.shape)
+    low.use(x)
+
+    def bind(plan, arena):
+        rows = (x.size // width, width)
+        plan.add_layer_norm(_view(arena, x).reshape(rows), gamma, beta, eps, rms, _view(arena, y).reshape(rows))
+
+    low.emit(bind)
+    return [y] + [None] * (len(traced_outs) - 1)
+
+
+def _reads_data(values) -> bool:
+    """Whether any of ``values`` is computed by the plan (not a constant)."""
+    return any(isinstance(v, _Value) for v in values)
+
+
 def _recurrent(kind):
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         node_attrs = attrs["_attrs"]
@@ -444,20 +559,8 @@ def _recurrent(kind):
         layout = node_attrs.get("layout", 0)
         x_bti = x if layout else _transposed(low, x, (1, 0, 2))
         batch, steps = x_bti.shape[:2]
-        states = []
-        for i, array in ((5, loop.h), (6, loop.c)):
-            if array is None:
-                states.append(None)
-                continue
-            given = (
-                ins[i]
-                if len(ins) > i and (isinstance(ins[i], _Value) or (traced_ins[i] is not None and traced_ins[i].size))
-                else None
-            )
-            if given is not None and not isinstance(given, _Value):
-                given = traced_ins[i]  # (1, B, H) or (B, 1, H): the memory of (B, H)
-            states.append(_copied(low, given, array.shape))
-        h, c = states
+        h = _state(low, ins, traced_ins, 5, loop.h.shape)
+        c = None if loop.c is None else _state(low, ins, traced_ins, 6, loop.c.shape)
         last = _copied(low, None, loop.last.shape)
         y = None if loop.y is None else low.new(loop.y.shape)
         low.use(x_bti)
@@ -564,6 +667,9 @@ LOWERINGS = {
     "Conv": _conv,
     "FusedConv": _conv,
     "FusedElementwise": _elementwise,
+    "com.microsoft::DynamicQuantizeMatMul": _dynamic_matmul,
+    "com.microsoft::DynamicQuantizeLSTM": _dynamic_lstm,
+    "LayerNormalization": _layer_norm,
     **{name: _elementwise for name in ELEMENTWISE},
     "LSTM": _recurrent("LSTM"),
     "GRU": _recurrent("GRU"),

@@ -518,12 +518,10 @@ def dynamic_product_to_float(core, a, packed, n, b_columns, bias):
     return native_product_to_float(core, a_q, a_zp, packed, n, b_columns * a_scale, bias)
 
 
-def bind_dynamic_quantize_matmul(inputs, attrs, opset):
-    """DynamicQuantizeMatMul bound on its constant B (packed at load: ``_b_packed``), B scale,
-    zero point and bias, for the compiled plan (its record's ``bind``): B's scales as one float32 per
-    column and the bias checked once; each input shape checked by the general form at its
-    first call, later calls quantize A and run the native product. None where one of them is
-    computed by the graph or the native core does not run."""
+def dynamic_matmul_constants(inputs, attrs):
+    """(packed B, B's float32 scale per column, bias or None) of a DynamicQuantizeMatMul node
+    whose B was packed at load (``_b_packed``) and whose B, scale, zero point and bias are
+    constants; None otherwise, or where the general form would reject them."""
     packed, b = attrs.get("_b_packed"), inputs[1] if len(inputs) > 1 else None
     constant = all(v is None or isinstance(v, np.ndarray) for v in inputs[1:])
     if (
@@ -535,14 +533,26 @@ def bind_dynamic_quantize_matmul(inputs, attrs, opset):
         or inputs[2] is None
     ):
         return None
-    general, n = _dynamic_quantize_matmul, b.shape[1]
+    n = b.shape[1]
     try:
         b_scale = _scale(_per_column(inputs[2], n, "DynamicQuantizeMatMul", "b_scale"), "DynamicQuantizeMatMul")
     except FastlayersError:
         return None  # the general form raises it
-    b_columns = np.ascontiguousarray(np.broadcast_to(b_scale, (n,)))
     bias = inputs[4] if len(inputs) > 4 else None
-    bias = None if bias is None else np.ascontiguousarray(bias)
+    return packed, np.ascontiguousarray(np.broadcast_to(b_scale, (n,))), None if bias is None else np.ascontiguousarray(bias)
+
+
+def bind_dynamic_quantize_matmul(inputs, attrs, opset):
+    """DynamicQuantizeMatMul bound on its constant B (packed at load: ``_b_packed``), B scale,
+    zero point and bias, for the compiled plan (its record's ``bind``): B's scales as one float32 per
+    column and the bias checked once; each input shape checked by the general form at its
+    first call, later calls quantize A and run the native product. None where one of them is
+    computed by the graph or the native core does not run."""
+    bound = dynamic_matmul_constants(inputs, attrs)
+    if bound is None:
+        return None
+    packed, b_columns, bias = bound
+    general, n = _dynamic_quantize_matmul, b_columns.shape[0]
     checked: set = set()
 
     def run(inputs, attrs, opset):

@@ -301,14 +301,11 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     return [ys, h_last, c_last]
 
 
-def bind_dynamic_quantize_lstm(inputs, attrs, opset):
-    """DynamicQuantizeLSTM bound on its constants, for the compiled plan (its record's ``bind``): a
-    forward or reverse node whose W, R, B, scales and zero points were packed and derived at
-    load (``_pack_lstm``) and whose P is a constant or absent. Each input shape is checked by
-    the general form at its first call; later calls run the input's quantization, its product
-    with W and the time loop in one native call (``dynamic_qlstm``), the states and outputs
-    made here. None for a bidirectional node, a P computed by the graph, or constants that did
-    not derive (the general form runs, and raises what it raises)."""
+def one_direction_constants(inputs, attrs):
+    """``dynamic_qlstm``'s arguments after x for a forward or reverse DynamicQuantizeLSTM node
+    whose constants were derived and packed at load (``_pack_lstm``) and whose P is a constant
+    or absent: (w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip,
+    input_forget); None otherwise (a bidirectional node, a P computed by the graph)."""
     params, packed = attrs.get("_params"), attrs.get("_packed")
     p = inputs[7] if len(inputs) > 7 else None
     if params is None or packed is None or len(params) != 1 or len(packed) != 1:
@@ -317,9 +314,23 @@ def bind_dynamic_quantize_lstm(inputs, attrs, opset):
         return None  # a graph value, or a shape the general form rejects
     (_, _, w_scale, r_scale, bias), (w_packed, r_packed) = params[0], packed[0]
     peep = None if p is None or p.size == 0 else np.ascontiguousarray(p[0], np.float32)
-    hidden = bias.shape[0] // 4
     reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
-    input_forget = bool(attrs.get("input_forget", 0))
+    return w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, bool(attrs.get("input_forget", 0))
+
+
+def bind_dynamic_quantize_lstm(inputs, attrs, opset):
+    """DynamicQuantizeLSTM bound on its constants, for the compiled plan (its record's ``bind``): a
+    forward or reverse node whose W, R, B, scales and zero points were packed and derived at
+    load (``_pack_lstm``) and whose P is a constant or absent. Each input shape is checked by
+    the general form at its first call; later calls run the input's quantization, its product
+    with W and the time loop in one native call (``dynamic_qlstm``), the states and outputs
+    made here. None for a bidirectional node, a P computed by the graph, or constants that did
+    not derive (the general form runs, and raises what it raises)."""
+    bound = one_direction_constants(inputs, attrs)
+    if bound is None:
+        return None
+    w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget = bound
+    hidden = bias.shape[0] // 4
     checked: set = set()
 
     def run(inputs, attrs, opset):

@@ -169,3 +169,72 @@ def test_inputs_are_cast_into_their_views(rng):
     x = rng.standard_normal((3, 2)).T  # float64, not C-contiguous
     (got,) = plan.run([x], [xv], [xv])
     np.testing.assert_array_equal(got, x.astype(np.float32))
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_layer_norm_step_matches_the_kernel(rng, isa, rms):
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    gamma, beta = rng.standard_normal((2, 37)).astype(np.float32)
+    want = _core.apply_layer_norm(x, gamma, beta, 1e-5, rms)
+    plan = _core.NativePlan(4096)
+    xv, yv = _arena_views(plan, x.shape, x.shape)
+    plan.add_layer_norm(xv, gamma, beta, 1e-5, rms, yv)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_elementwise_step_matches_the_program(rng, isa):
+    program = _core.ElementwiseProgram(
+        [
+            ("mul", 0, 0, 0, 0, 0.0, 0.0, 0.0),
+            ("mul", 1, 1, 1, 0, 0.0, 0.0, 0.0),
+            ("add", 0, -1, -2, 0, 0.0, 0.0, 0.0),
+            ("sqrt", 0, -1, -1, 0, 0.0, 0.0, 0.0),
+        ],
+        2,
+        2,
+    )
+    a, b = rng.standard_normal((2, 3, 33)).astype(np.float32)
+    want = np.empty(a.size, np.float32)
+    program(1, a.size, 1, [(_core.EW_FULL, a, a.size), (_core.EW_FULL, b, b.size)], want)
+    plan = _core.NativePlan(4096)
+    av, bv, yv = _arena_views(plan, a.shape, b.shape, (a.size,))
+    plan.add_elementwise(program, 1, a.size, 1, [(_core.EW_FULL, av, a.size), (_core.EW_FULL, bv, b.size)], yv)
+    (got,) = plan.run([a, b], [av, bv], [yv])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, np.sqrt(a * a + b * b).reshape(-1), rtol=1e-6)
+    with pytest.raises(ValueError, match="operands"):
+        plan.add_elementwise(program, 1, a.size, 1, [(_core.EW_FULL, av, a.size)], yv)
+
+
+def test_integer_steps_match_the_kernels(rng, isa):
+    k, n, hidden = 24, 40, 16
+    b = rng.integers(-64, 64, (k, n)).astype(np.int8)
+    pb = _core.qpack(b, np.zeros(n, np.int32))
+    columns = rng.uniform(0.01, 0.03, n).astype(np.float32)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    want = _core.dynamic_qgemm(x, pb, columns, None)
+    plan = _core.NativePlan(1 << 14)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_dynamic_qgemm(xv, pb, columns, None, yv)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+    w = rng.integers(-64, 64, (k, 4 * hidden)).astype(np.int8)
+    r = rng.integers(-64, 64, (hidden, 4 * hidden)).astype(np.int8)
+    w_packed = _core.qpack(w, np.zeros(4 * hidden, np.int32))
+    r_packed = _core.qpack(r, np.zeros(4 * hidden, np.int32))
+    w_scale = rng.uniform(0.01, 0.03, 4 * hidden).astype(np.float32)
+    r_scale = rng.uniform(0.01, 0.03, 4 * hidden).astype(np.float32)
+    bias = rng.standard_normal(4 * hidden).astype(np.float32)
+    xs = rng.standard_normal((4, 2, k)).astype(np.float32)
+    h0, c0 = rng.standard_normal((2, 2, hidden)).astype(np.float32)
+    want_h, want_c, want_y = h0.copy(), c0.copy(), np.empty((4, 2, hidden), np.float32)
+    args = (w_packed, w_scale, False, r_packed, r_scale, bias, None, 0.0, False)
+    _core.dynamic_qlstm(xs, *args, want_h, want_c, want_y)
+    plan = _core.NativePlan(1 << 15)
+    xv, hv, cv, yv, pv = _arena_views(plan, xs.shape, h0.shape, c0.shape, want_y.shape, (4, 2, 4 * hidden))
+    plan.add_dynamic_qlstm(xv, *args, hv, cv, yv, pv)
+    got_y, got_h, got_c = plan.run([xs, h0, c0], [xv, hv, cv], [yv, hv, cv])
+    for g, w_ in ((got_y, want_y), (got_h, want_h), (got_c, want_c)):
+        np.testing.assert_array_equal(g, w_)

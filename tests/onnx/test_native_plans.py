@@ -336,3 +336,82 @@ def test_the_cost_model():
     assert lowering.pays(native=30, fallbacks=2, moved=40_000)
     assert not lowering.pays(native=20, fallbacks=60, moved=20_000_000)
     assert not lowering.pays(native=0, fallbacks=0, moved=0)
+
+
+def _quantized_model(rng, hidden=24, n_in=16):
+    """A streaming int8 step as open-voicefilter-lite's mask model writes it: a
+    DynamicQuantizeMatMul, Relu, a forward DynamicQuantizeLSTM on carried states (7-bit
+    weights, per-column W scales: products onnxruntime sums exactly too), LayerNormalization
+    of its new state."""
+    f, i8 = TensorProto.FLOAT, np.int8
+    consts = {
+        "b": rng.integers(-64, 64, (n_in, n_in)).astype(i8),
+        "bs": rng.uniform(0.01, 0.03, n_in).astype(np.float32),
+        "bz": np.zeros(n_in, i8),
+        "gamma": rng.uniform(0.5, 1.5, hidden).astype(np.float32),
+        "beta": rng.standard_normal(hidden).astype(np.float32),
+        "w": rng.integers(-64, 64, (1, n_in, 4 * hidden)).astype(i8),
+        "r": rng.integers(-64, 64, (1, hidden, 4 * hidden)).astype(i8),
+        "bias": rng.standard_normal((1, 8 * hidden)).astype(np.float32),
+        "ws": rng.uniform(0.01, 0.03, (1, 4 * hidden)).astype(np.float32),
+        "wz": np.zeros((1, 4 * hidden), i8),
+        "rs": rng.uniform(0.01, 0.03, 1).astype(np.float32),
+        "rz": np.zeros(1, i8),
+    }
+    nodes = [
+        helper.make_node("DynamicQuantizeMatMul", ["x", "b", "bs", "bz"], ["m"], domain="com.microsoft"),
+        helper.make_node("Relu", ["m"], ["a"]),
+        helper.make_node(
+            "DynamicQuantizeLSTM",
+            ["a", "w", "r", "bias", "", "h0", "c0", "", "ws", "wz", "rs", "rz"],
+            ["y", "yh", "yc"],
+            domain="com.microsoft",
+            hidden_size=hidden,
+        ),
+        helper.make_node("LayerNormalization", ["yh", "gamma", "beta"], ["n"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "quantized",
+        [
+            helper.make_tensor_value_info("x", f, [1, 1, n_in]),
+            helper.make_tensor_value_info("h0", f, [1, 1, hidden]),
+            helper.make_tensor_value_info("c0", f, [1, 1, hidden]),
+        ],
+        [helper.make_tensor_value_info(n, f, None) for n in ("y", "yc", "n")],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
+
+
+def test_a_quantized_streaming_step_runs_natively(rng, monkeypatch):
+    """The integer products and the quantized time loop bound in the plan: onnxruntime's bits
+    (one thread: on several it quantizes each thread's rows apart; its layer norm within
+    float32 rounding) and the Python plan's."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)  # a plan for this small graph
+    ort = oracle("onnxruntime")
+    data = _quantized_model(rng)
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    for _ in range(5):
+        feed = {
+            "x": rng.standard_normal((1, 1, 16)).astype(np.float32),
+            "h0": rng.standard_normal((1, 1, 24)).astype(np.float32),
+            "c0": rng.standard_normal((1, 1, 24)).astype(np.float32),
+        }
+        got, want, plain = ours.run(None, feed), session.run(None, feed), python.run(None, feed)
+        for g, w, p in zip(got[:2], want[:2], plain[:2], strict=True):
+            np.testing.assert_array_equal(g, w)
+            np.testing.assert_array_equal(g, p)
+        assert_close(got[2], want[2], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[2], plain[2])
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert {"com.microsoft::DynamicQuantizeMatMul", "LayerNormalization", "com.microsoft::DynamicQuantizeLSTM"} <= set(
+        native
+    )
