@@ -311,6 +311,11 @@ class LoadOptions:
                     raise SettingError(f"LoadOptions.threads must be None or an integer from 1 to 256, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingError(f"LoadOptions.{s.name} must be a positive integer, got {value!r}")
+        # hashed once: a native plan's key holds the options in force at each call
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, s.name) for s in SETTINGS)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     def replace(self, **changes) -> LoadOptions:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""

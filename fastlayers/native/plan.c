@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include <string.h>
+#include <time.h>
 
 #include "dispatch.h"
 #include "threadpool.h"
@@ -73,9 +74,17 @@ int fl_layer_norm_step(void *ctx) {
     return fl_layer_norm(a->m, a->n, a->x, a->gamma, a->beta, a->eps, a->rms, a->out);
 }
 
-int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed) {
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns) {
     for (int64_t i = 0; i < n; i++) {
+        int64_t t0 = ns ? now_ns() : 0;
         int st = steps[i].fn(steps[i].ctx);
+        if (ns) ns[i] = now_ns() - t0;
         if (st) {
             *failed = i;
             return st;

@@ -13,8 +13,9 @@
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha).
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
- * plan_run(steps, n, failed): the steps in order; 0, or the first failing step's status
- *   with its index in *failed. */
+ * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
+ *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
+ *   profile). */
 #ifndef FL_PLAN_H
 #define FL_PLAN_H
 #include <stdint.h>
@@ -83,5 +84,5 @@ int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
 int fl_rnn_step(void *a);
 int fl_activation_step(void *a);
-int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed);
+int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns);
 #endif

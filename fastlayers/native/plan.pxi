@@ -55,7 +55,7 @@ cdef extern from "plan.h" nogil:
     int fl_activation_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
     int fl_layer_norm_step(void *a) noexcept nogil
-    int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed)
+    int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns)
 
 #: Most axes of a gather step.
 GATHER_AXES = FL_GATHER_AXES
@@ -349,10 +349,17 @@ cdef class NativePlan:
         self._push(_python_step, 0, fn)
         self.steps[self.n - 1].ctx = <void *>fn
 
-    def run(self, list inputs, list input_views, list output_views):
+    def run(self, list inputs, list input_views, list output_views, object timings=None):
         """Copy each of ``inputs`` into its view (cast as numpy's copyto), run the steps, and
         return a copy of each output view; None where another call runs this plan now.
-        Raises ``PlanStepFailed`` for a failing step."""
+        ``timings``: None, or an int64 array of one value per step that receives the
+        nanoseconds each took. Raises ``PlanStepFailed`` for a failing step."""
+        cdef int64_t *ns = NULL
+        if timings is not None:
+            if not isinstance(timings, cnp.ndarray) or cnp.PyArray_TYPE(timings) != cnp.NPY_INT64 \
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(timings) or timings.size != self.n:
+                raise ValueError(f"native plan: timings must be a C-contiguous int64 array of {self.n} values")
+            ns = <int64_t *>cnp.PyArray_DATA(timings)
         if self.busy:
             return None
         self.busy = True
@@ -366,7 +373,7 @@ cdef class NativePlan:
                 else:
                     np.copyto(v, a, casting="unsafe")
             with nogil:
-                st = fl_plan_run(self.steps, self.n, &failed)
+                st = fl_plan_run(self.steps, self.n, &failed, ns)
             if st:
                 raise PlanStepFailed(failed, st)
             return [v.copy() for v in output_views]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 
@@ -129,6 +130,8 @@ class _Lowering:
         self.fallbacks: list[str] = []
         self.native: list[str] = []
         self.moved = 0  # bytes the plan copies that the Python plan does not (cost model)
+        self.node = None  # the node being lowered: (model, index), for the profile
+        self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
 
     # values and buffers
     def new(self, shape, dtype=np.float32) -> _Value:
@@ -143,10 +146,10 @@ class _Lowering:
             value.buffer.last = max(value.buffer.last, self.step)
         return value
 
-    def emit(self, fn, node=None):
-        """Bind ``fn(plan, arena)`` once the buffers are placed (``node``: a node run in
-        Python, (model, index))."""
-        self.emits.append((fn, node))
+    def emit(self, fn):
+        """Bind ``fn(plan, arena)`` once the buffers are placed, as a step of the node being
+        lowered."""
+        self.emits.append((fn, len(self.nodes) - 1))
 
 
 def _view(arena, value: _Value) -> np.ndarray:
@@ -288,11 +291,37 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs):
             dst = _view(arena, y).reshape(-1)
             for k, offset, dims, strides, maps in pieces:
                 src = _operand(arena, sources_of[k]).reshape(-1)
-                plan.add_gather(src, dst[offset:], dims, strides, maps, fill)
+                _gather(plan, src, dst[offset:], dims, strides, maps, fill)
 
         low.emit(bind)
         outs.append(y)
     return outs
+
+
+def _gather(plan, src, dst, dims, strides, maps, fill=0.0):
+    """``plan.add_gather`` with axes of length 1 dropped and the innermost axes merged where
+    they read and write one run (a Slice of whole rows: one copy per row, not per value)."""
+    dims, strides, maps = list(dims), list(strides), [np.asarray(m, np.int64) for m in maps]
+    for a in reversed(range(len(dims))):
+        if len(dims) > 1 and dims[a] == 1 and maps[a][0] >= 0:
+            last = len(dims) - 1 if a != len(dims) - 1 else len(dims) - 2
+            maps[last] = np.where(maps[last] < 0, -1, maps[last] + maps[a][0])
+            del dims[a], strides[a], maps[a]
+    while len(dims) > 1:
+        inner, outer = maps[-1], maps[-2]
+        n = dims[-1]
+        if (
+            inner[0] < 0
+            or not np.array_equal(inner, np.arange(inner[0], inner[0] + n))
+            or strides[-1] != 1
+            or strides[-2] != n
+            or outer.min() < 0
+            or not np.array_equal(outer, outer[0] + n * np.arange(dims[-2]))
+        ):
+            break
+        maps[-2:] = [np.arange(outer[0] + inner[0], outer[0] + inner[0] + n * dims[-2], dtype=np.int64)]
+        dims[-2:], strides[-2:] = [n * dims[-2]], [1]
+    plan.add_gather(src, dst, dims, strides, maps, fill)
 
 
 def _box(mask):
@@ -323,7 +352,8 @@ def _transposed(low, x: _Value, perm) -> _Value:
 
     def bind(plan, arena):
         dst = _view(arena, y)
-        plan.add_gather(
+        _gather(
+            plan,
             _view(arena, x).reshape(-1),
             dst.reshape(-1),
             shape,
@@ -718,7 +748,7 @@ def _fallback(low, fn, node, index, ins, traced_ins, traced_outs, attrs):
         plan.add_python(holder)
         low.holders.append(holder)
 
-    low.emit(bind, index)
+    low.emit(bind)
     low.fallbacks.append(node.op_type)
     return outs
 
@@ -758,6 +788,15 @@ def _walk(low, model, inputs):
         else:
             t_outs = [_array(t, node) for t in fn(t_ins, attrs, model.opset)]
             low.step += 1
+            low.nodes.append(
+                [
+                    model,
+                    index,
+                    [None if t is None else np.shape(t) for t in t_ins],
+                    [np.shape(t) for t in t_outs if t is not None],
+                    "native",
+                ]
+            )
             lower = LOWERINGS.get(node.op_type)
             marks = len(low.emits), len(low.buffers), low.moved
             try:
@@ -772,6 +811,7 @@ def _walk(low, model, inputs):
             except NotLowered:  # what the lowering began is dropped
                 del low.emits[marks[0] :], low.buffers[marks[1] :]
                 low.moved = marks[2]
+                low.nodes[-1][4] = "python"
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
         for name, (t, v) in zip(outs, results):
@@ -826,6 +866,44 @@ class Plan:
         return values
 
 
+def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
+    """The profile (``profile.Profile``) of ``repeats`` calls of native ``plan`` on ``arrays``
+    (each after ``pause`` seconds): per node lowered, the median over the calls of its steps'
+    time, its kernel ``native`` (its steps bound in the plan), ``alias`` (none: a view of its
+    input's memory) or ``python`` (its function run inside the plan); None where another call
+    runs the plan now."""
+    from .profile import Profile, Step, fused_detail
+
+    fed = [arrays[k] for k in plan.fed]
+    outputs = [v for _, v in plan.outputs]
+    ns = np.zeros(len(plan.native), np.int64)
+    per_call, totals = [], []
+    for _ in range(repeats):
+        if pause:
+            time.sleep(pause)
+        t0 = time.perf_counter()
+        if plan.native.run(fed, plan.input_views, outputs, ns) is None:
+            return None
+        totals.append(time.perf_counter() - t0)
+        per_call.append(
+            np.bincount(plan.owner, weights=ns, minlength=len(plan.nodes)) if len(ns) else np.zeros(len(plan.nodes))
+        )
+    node_ms = np.median(np.array(per_call), axis=0) * 1e-6 if per_call else np.zeros(len(plan.nodes))
+    total_ms = float(np.median(totals) * 1e3)
+    steps = []
+    counts = np.bincount(plan.owner, minlength=len(plan.nodes)) if len(plan.owner) else np.zeros(len(plan.nodes), int)
+    for k, (model, index, in_shapes, out_shapes, kind) in enumerate(plan.nodes):
+        node = model._nodes[index]
+        attrs = model._plan[index][3]
+        kernel = "python" if kind == "python" else "native" if counts[k] else "alias"
+        fused = fused_detail(attrs) if node.op_type.startswith("Fused") else ""
+        label = node.name or (node.outputs[0] if node.outputs else "")
+        steps.append(Step(k, node.op_type, label, fused, in_shapes, out_shapes, "-", kernel, float(node_ms[k])))
+    for s in steps:
+        s.share = s.ms / total_ms if total_ms else 0.0
+    return Profile(f"{name} (native plan)", threads, repeats, total_ms, steps, pause)
+
+
 def lower(model, arrays, ops):
     """A ``Plan`` of ``model`` for calls like ``arrays`` (the checked inputs, graph order) on
     backend ``ops``, or None where the backend has no native plans or the plan built does not
@@ -859,8 +937,11 @@ def lower(model, arrays, ops):
     if native is None:
         return None
     arena = native.arena
-    for fn, _ in low.emits:
+    owner = []  # per native step, the index of its node in low.nodes
+    for fn, node in low.emits:
+        start = len(native)
         fn(native, arena)
+        owner += [node] * (len(native) - start)
     plan = Plan(
         native,
         model._input_names,
@@ -870,6 +951,7 @@ def lower(model, arrays, ops):
         low.holders,
         (tuple(low.native), tuple(low.fallbacks), low.moved),
     )
+    plan.nodes, plan.owner = low.nodes, np.array(owner, np.int64)
     try:
         got = plan.run(arrays)
     except Exception:
@@ -949,6 +1031,15 @@ class NativePlans:
             model, index = holder.node
             model._step_failed(index, error)  # raises the node's error, named
             raise
+
+    def plan_for(self, arrays):
+        """The native plan that serves calls on ``arrays`` now, or None."""
+        ops = get_ops()
+        threads = ops.plan_threads()
+        if threads is None:
+            return None
+        plan = self.plans.get(self.key(arrays, ops, threads))
+        return plan if isinstance(plan, Plan) else None
 
     def _keep(self, key, value):
         if len(self.plans) >= MAX_PLANS and key not in self.plans:

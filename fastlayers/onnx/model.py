@@ -573,7 +573,11 @@ class OnnxModel:
             Per step of the optimised graph: operator, what it fused, kernel (the backend
             methods it called, or ``numpy``), output layout, input and output shapes,
             milliseconds and share of the call. ``print(profile)`` shows them slowest first;
-            ``profile.by_op()`` sums them per operator.
+            ``profile.by_op()`` sums them per operator. Where calls on these inputs run as a
+            native plan (``LoadOptions.native_plans``), its nodes computed from the inputs
+            instead, timed inside the plan: kernel ``native`` (bound in the plan), ``alias``
+            (a view of its input) or ``python`` (run in Python inside the plan); the model's
+            name is followed by "(native plan)".
 
         Examples
         --------
@@ -581,6 +585,7 @@ class OnnxModel:
         >>> print(p.table(top=10))
         """
         from ..backends import threads_in_use
+        from .lowering import profile_plan as profile_native
         from .profile import MAX_PAUSE, profile_plan
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -588,6 +593,16 @@ class OnnxModel:
         if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not 0 <= pause <= MAX_PAUSE:
             raise InputError(f"profile: pause must be a number of seconds in [0, {MAX_PAUSE:g}], got {pause!r}")
         arrays = self._prepare(args, kwargs)
+        if self._native:  # calls on these inputs run as a native plan: its steps
+            with settings.applied(self._options), using_threads(self.num_threads):
+                plan = self._native.plan_for(arrays)
+                found = (
+                    None
+                    if plan is None
+                    else profile_native(plan, self.name, arrays, repeats, threads_in_use(), float(pause))
+                )
+            if found is not None:
+                return found
         return profile_plan(
             self.name,
             self._plan,

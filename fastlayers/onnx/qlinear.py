@@ -539,7 +539,11 @@ def dynamic_matmul_constants(inputs, attrs):
     except FastlayersError:
         return None  # the general form raises it
     bias = inputs[4] if len(inputs) > 4 else None
-    return packed, np.ascontiguousarray(np.broadcast_to(b_scale, (n,))), None if bias is None else np.ascontiguousarray(bias)
+    return (
+        packed,
+        np.ascontiguousarray(np.broadcast_to(b_scale, (n,))),
+        None if bias is None else np.ascontiguousarray(bias),
+    )
 
 
 def bind_dynamic_quantize_matmul(inputs, attrs, opset):

@@ -415,3 +415,22 @@ def test_a_quantized_streaming_step_runs_natively(rng, monkeypatch):
     assert {"com.microsoft::DynamicQuantizeMatMul", "LayerNormalization", "com.microsoft::DynamicQuantizeLSTM"} <= set(
         native
     )
+
+
+def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
+    ours = fastlayers.load(_vad_model())
+    feed = _feed(rng)
+    before = ours.profile(feed, repeats=3)  # no plan for these inputs yet: the Python plan's steps
+    assert "native plan" not in before.model
+    for _ in range(2):
+        ours(feed)
+    profile = ours.profile(feed, repeats=5)
+    assert profile.model.endswith("(native plan)") and profile.total_ms > 0
+    kinds = {s.op_type: s.kernel for s in profile.steps}
+    assert kinds["FusedConv"] == kinds["LSTM"] == kinds["Pad"] == "native"
+    assert kinds["Unsqueeze"] == "alias" and kinds["Mul"] == "native"
+    assert "Equal" not in kinds and "If" not in kinds  # constants of the plan
+    lstm = next(s for s in profile.steps if s.op_type == "LSTM")
+    assert lstm.output_shapes == [(1, 1, H), (1, 1, H)] and lstm.ms > 0  # its Y is read by no node
+    assert sum(s.ms for s in profile.steps) <= profile.total_ms * 1.5
+    assert "LSTM" in str(profile)

@@ -14,6 +14,11 @@ from ..conftest import oracle
 from .test_import import make_graph
 
 
+#: Where a test profiles the Python plan's steps (bound forms, backend kernels): calls that
+#: would otherwise run as a native plan (test_native_plans.py profiles those).
+PYTHON_PLAN = fastlayers.LoadOptions(native_plans=False)
+
+
 def _graph(tmp_path, rng):
     """Conv -> HardSwish (fused into the convolution) -> Resize -> ReduceMean (both native on
     the NHWC memory) -> Cos (numpy)."""
@@ -222,7 +227,7 @@ def test_profile_runs_the_steps_a_call_runs(tmp_path, rng, monkeypatch):
     )
     path = tmp_path / "slice.onnx"
     onnx.save(model, str(path))
-    loaded = fastlayers.load(path)
+    loaded = fastlayers.load(path, options=PYTHON_PLAN)
     x = rng.standard_normal((4, 6)).astype(np.float32)
     ran.clear()
     profile = loaded.profile(x, repeats=3)
@@ -247,7 +252,7 @@ def test_profile_names_the_kernels_of_steps_bound_before_it(tmp_path, rng, threa
     )
     path = tmp_path / "lstm.onnx"
     onnx.save(model, str(path))
-    loaded = fastlayers.load(path)
+    loaded = fastlayers.load(path, options=PYTHON_PLAN)
     x = rng.standard_normal((5, 1, inputs)).astype(np.float32)
     want = loaded(x)  # binds the steps
     profile = loaded.profile(x, repeats=2)
@@ -282,7 +287,7 @@ def test_profile_names_the_integer_kernels_a_step_runs(tmp_path, rng, backend_na
     path = tmp_path / "dqmm.onnx"
     onnx.save(model, str(path))
     with fastlayers.use_ops(backend_name):
-        loaded = fastlayers.load(path)
+        loaded = fastlayers.load(path, options=PYTHON_PLAN)
         x = rng.standard_normal((3, 12)).astype(np.float32)
         loaded(x)
         (step,) = loaded.profile(x, repeats=2).steps
