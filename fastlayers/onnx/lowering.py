@@ -53,6 +53,9 @@ MAX_PLANS = 8
 KEY_VALUES_MAX = 16
 #: Calls with a key before its plan is built (a one-off shape does not pay for a build).
 BUILD_AFTER = 2
+#: Builds that may fail (a plan that does not give the trace's outputs, a node the lowering
+#: cannot hold) before a model stops building plans: each costs a traced call.
+MAX_FAILED_BUILDS = 2
 #: Arena offsets are multiples of this many bytes (a cache line).
 ALIGN = 64
 #: Tolerance of the check of a new plan against the call it was traced on, relative to each
@@ -88,6 +91,10 @@ ACTIVATIONS = {
 
 class NotLowered(Exception):
     """A node that the native steps do not cover: it runs in Python inside the plan."""
+
+
+class DoesNotPay(Exception):
+    """The cost model finds that a plan of the model would not pay (``pays``)."""
 
 
 class PlanMismatch(Exception):
@@ -773,6 +780,7 @@ def _walk(low, model, inputs):
     traced = dict(zip(model._input_names, (t for t, _ in inputs)))
     lowered = dict(zip(model._input_names, (v for _, v in inputs)))
     for index, (node, (fn, ins, outs, attrs, _)) in enumerate(zip(model._nodes, model._bound_plan())):
+        low.left -= 1
         t_ins = [traced[i] if type(i) is str else i for i in ins]
         l_ins = [lowered.get(i) if type(i) is str else None for i in ins]
         # Shape and Size read the shapes alone, fixed for the plan
@@ -814,6 +822,9 @@ def _walk(low, model, inputs):
                 low.nodes[-1][4] = "python"
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
+            # stop tracing once the copies so far outweigh all the plan could still save
+            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved):
+                raise DoesNotPay
         for name, (t, v) in zip(outs, results):
             if name:
                 traced[name], lowered[name] = t, v
@@ -907,9 +918,11 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
 def lower(model, arrays, ops):
     """A ``Plan`` of ``model`` for calls like ``arrays`` (the checked inputs, graph order) on
     backend ``ops``, or None where the backend has no native plans or the plan built does not
-    give the call's outputs."""
+    give the call's outputs. Raises ``DoesNotPay`` where the cost model rejects the plan, and
+    the error of a node that fails on the trace."""
     low = _Lowering(model, ops)
     low.holders = []
+    low.left = _node_count(model)  # nodes not yet traced (an upper bound: both If branches)
     inputs = []
     for a in arrays:
         if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX:
@@ -926,7 +939,7 @@ def lower(model, arrays, ops):
     low.moved += 2 * sum(a.nbytes for a, v in inputs if v is not None)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
     if not pays(len(low.native), len(low.fallbacks), low.moved):
-        return None
+        raise DoesNotPay
     end = low.step
     for b in low.buffers:
         if any(b is v.buffer for _, _, v in values if isinstance(v, _Value)):
@@ -973,6 +986,18 @@ def lower(model, arrays, ops):
     return plan
 
 
+def _node_count(model) -> int:
+    """The nodes of ``model`` and of the branches of its Ifs."""
+    count = 0
+    for node, (_, _, _, attrs, _) in zip(model._nodes, model._plan):
+        count += 1
+        for branch in ("then_branch", "else_branch"):
+            body = attrs.get(branch)
+            if isinstance(body, Body):
+                count += _node_count(body.model)
+    return count
+
+
 class NativePlans:
     """A model's native plans by key, built at the ``BUILD_AFTER``-th call with a key."""
 
@@ -980,6 +1005,10 @@ class NativePlans:
         self.model = model
         self.plans: dict = {}
         self.lock = threading.Lock()
+        #: the most nodes a plan of the model could lower (those of If branches included)
+        self.nodes = _node_count(model)
+        #: builds that failed; no more builds once a plan did not pay or MAX_FAILED_BUILDS failed
+        self.failures, self.off = 0, False
 
     def key(self, arrays, ops, threads):
         return (
@@ -1004,15 +1033,16 @@ class NativePlans:
         plan = self.plans.get(key)
         if plan is None or type(plan) is int:
             seen = (plan or 0) + 1
+            if self.off:
+                return None
             if seen < BUILD_AFTER:
                 self._keep(key, seen)
                 return None
+            if not pays(self.nodes, 0, 2 * sum(a.nbytes for a in arrays)):  # the inputs' copies alone
+                self._keep(key, False)
+                return None
             with self.lock:
-                try:
-                    plan = lower(self.model, arrays, ops) or False
-                except Exception:  # noqa: BLE001 - a model the lowering does not cover runs in Python
-                    plan = False
-                self._keep(key, plan)
+                plan = self._build(key, arrays, ops)
         if plan is False:
             return None
         try:
@@ -1031,6 +1061,20 @@ class NativePlans:
             model, index = holder.node
             model._step_failed(index, error)  # raises the node's error, named
             raise
+
+    def _build(self, key, arrays, ops):
+        """The plan of ``key`` for calls like ``arrays``, kept; False where there is none."""
+        try:
+            plan = lower(self.model, arrays, ops) or False
+        except DoesNotPay:  # nor would it at other shapes, as a rule: no more traced calls
+            plan, self.off = False, True
+        except Exception:  # noqa: BLE001 - a model the lowering does not cover runs in Python
+            plan = False
+        if plan is False and not self.off:
+            self.failures += 1
+            self.off = self.failures >= MAX_FAILED_BUILDS
+        self._keep(key, plan)
+        return plan
 
     def plan_for(self, arrays):
         """The native plan that serves calls on ``arrays`` now, or None."""

@@ -434,3 +434,26 @@ def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
     assert lstm.output_shapes == [(1, 1, H), (1, 1, H)] and lstm.ms > 0  # its Y is read by no node
     assert sum(s.ms for s in profile.steps) <= profile.total_ms * 1.5
     assert "LSTM" in str(profile)
+
+
+def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
+    """One rejected build (each traces a call) turns the model's plans off; inputs whose copies
+    alone would cost more than a plan could save are not traced at all."""
+    builds = []
+    real = lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
+    answers = iter([True, False])  # the check before tracing passes, the plan built does not pay
+    monkeypatch.setattr(lowering, "pays", lambda *a: next(answers))
+    ours = fastlayers.load(_vad_model())
+    for sr in (16000, 16000, 8000, 8000, 8000):
+        ours.run(None, _feed(rng, sr))
+    assert builds == [1] and ours._native.off and not _plans(ours)
+    monkeypatch.undo()
+    monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
+    ours = fastlayers.load(_movement_model())
+    big = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    monkeypatch.setattr(lowering, "COPY_BYTES_PER_US", 1.0)  # copying the input alone costs too much
+    builds.clear()
+    for _ in range(3):
+        ours.run(None, {"x": big})
+    assert builds == [] and not ours._native.off and not _plans(ours)
