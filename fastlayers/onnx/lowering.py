@@ -5,10 +5,12 @@ of a call: per node a function call, its checks, the arrays it allocates. A nati
 (``native/plan.pxi``) holds one list of kernels with their arguments bound (pointers into one
 arena, packed weights, sizes), built once per set of input shapes and run with the GIL
 released; nodes with no native form run in Python inside the plan, on views of the arena
-(``fallback``), so that every model has a plan.
+(``_fallback``). A cost model (``pays``) keeps a plan only where it saves more Python than it
+adds copies: the small streaming models; large ones keep the Python plan.
 
 Building (``lower``), at the second call with a key (``NativePlans.key``: the inputs' shapes
-and dtypes, the values of small integer inputs, the thread count and the backend):
+and dtypes, the values of small integer inputs, the backend, its thread count, the derived
+weights' generation and the options in force):
 - the plan's steps run once on the call's inputs (the trace). A value that does not depend
   on a float input (shapes, Ifs on them or on an integer input, constants) is a constant of
   the plan; If nodes whose condition is such a constant are replaced by the branch taken;
@@ -16,10 +18,10 @@ and dtypes, the values of small integer inputs, the thread count and the backend
   memory; data movement (Slice, Transpose, Pad, Concat, Gather on constant indices, Expand,
   Tile, ...) becomes gathers whose per-axis source tables come from running the node on
   index arrays (``_movement``: exact by construction, whatever the operator's attributes);
-  convolutions and recurrent nodes bind the cpu backend's kernels; Relu / Sigmoid / Tanh its
-  activations. Anything else calls the node's function and copies its results into the
-  arena, checking their shapes (a node whose output shapes depend on values sends the call
-  back to the Python plan, and the key's plan is dropped);
+  convolutions, recurrent nodes (the int8 ones too), elementwise programs, layer norms and
+  activations bind the cpu backend's kernels. Anything else calls the node's function and
+  copies its results into the arena, checking their shapes (a node whose output shapes
+  depend on values sends the call back to the Python plan, and the key's plan is dropped);
 - buffers get offsets in one arena by lifetime (``_place``), then the plan runs once on the
   trace's inputs and must give its outputs (``VERIFY_RTOL``), or the key keeps the Python
   plan.
@@ -41,7 +43,7 @@ from ..backends import get_ops
 from ..backends.derived import derived, derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
-from .ops.recurrent import _recurrent_calls
+from .ops.recurrent import recurrent_calls
 from .qlinear import dynamic_matmul_constants
 from .qlstm import one_direction_constants
 from .windows import window
@@ -132,7 +134,9 @@ class _Lowering:
     def __init__(self, model, ops):
         self.model, self.ops = model, ops
         self.buffers: list[_Buffer] = []
-        self.emits: list = []  # (function(plan, view), node index or None)
+        self.emits: list = []  # (function(plan, arena), index of its node in ``nodes``)
+        self.holders: list = []  # the _Fallback steps bound, whose errors a failing run raises
+        self.left = _node_count(model)  # nodes not yet traced (an upper bound: both If branches)
         self.step = 0
         self.fallbacks: list[str] = []
         self.native: list[str] = []
@@ -585,7 +589,7 @@ def _recurrent(kind):
             or any(isinstance(v, _Value) for v in ins[1:5] if v is not None)
         ):
             raise NotLowered
-        planned = _recurrent_calls(kind, traced_ins, node_attrs)
+        planned = recurrent_calls(kind, traced_ins, node_attrs)
         if planned is None or len(planned[0]) != 1:
             raise NotLowered
         (cell, args, kw), x_bti_traced, _ = planned[0][0], planned[1], planned[2]
@@ -921,8 +925,6 @@ def lower(model, arrays, ops):
     give the call's outputs. Raises ``DoesNotPay`` where the cost model rejects the plan, and
     the error of a node that fails on the trace."""
     low = _Lowering(model, ops)
-    low.holders = []
-    low.left = _node_count(model)  # nodes not yet traced (an upper bound: both If branches)
     inputs = []
     for a in arrays:
         if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX:

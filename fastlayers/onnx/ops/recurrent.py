@@ -146,14 +146,14 @@ def recurrent_fast(kind, inputs, attrs, table=None):
     of its rows whatever the layout, and each direction gathers rows of table @ W^T + input
     bias (computed once). Where nothing reads Y (``_y_read`` False, set at load) the loops
     write no output per step and Y is None."""
-    planned = _recurrent_calls(kind, inputs, attrs, table)
+    planned = recurrent_calls(kind, inputs, attrs, table)
     if planned is None:
         return None
     calls, _, _ = planned
     return _recurrent_outputs(kind, get_ops().recurrent_sequences(calls), attrs)
 
 
-def _recurrent_calls(kind, inputs, attrs, table=None):
+def recurrent_calls(kind, inputs, attrs, table=None):
     """``recurrent_fast``'s backend calls, one (cell, args, kwargs) per direction, the
     input as the calls read it (batch, time, input) and the initial states per direction; None
     where the compiled loops do not cover the node."""
@@ -336,7 +336,7 @@ def _bind_recurrent(kind, inputs, attrs, ops):
     sequence plans (``ops.sequence_plan``, ``sequences_plan`` for two directions), bound once
     on the weights, run with each call's input and initial states. None where the compiled
     loops do not cover the node."""
-    planned = _recurrent_calls(kind, inputs, attrs)
+    planned = recurrent_calls(kind, inputs, attrs)
     if planned is None:
         return None
     calls, x_bti, _ = planned
