@@ -13,7 +13,6 @@ from fastlayers.errors import InputError
 from ..conftest import oracle
 from .test_import import make_graph
 
-
 #: Where a test profiles the Python plan's steps (bound forms, backend kernels): calls that
 #: would otherwise run as a native plan (test_native_plans.py profiles those).
 PYTHON_PLAN = fastlayers.LoadOptions(native_plans=False)
