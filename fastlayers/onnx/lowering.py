@@ -505,9 +505,8 @@ def _dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
     found = one_direction_constants(traced_ins, node_attrs)
     if found is None or len(traced_outs) != 3:
         raise NotLowered
-    w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget = found
     steps, batch, _ = x.shape
-    hidden = bias.shape[0] // 4
+    hidden = found[5].shape[0] // 4  # the bias: 4 hidden
     h = _state(low, ins, traced_ins, 5, (batch, hidden))
     c = _state(low, ins, traced_ins, 6, (batch, hidden))
     ys = low.new((steps, 1, batch, hidden)) if traced_outs[0] is not None else None
@@ -516,22 +515,7 @@ def _dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
 
     def bind(plan, arena):
         y = None if ys is None else _view(arena, ys).reshape(steps, batch, hidden)
-        plan.add_dynamic_qlstm(
-            _view(arena, x),
-            w_packed,
-            w_scale,
-            reverse,
-            r_packed,
-            r_scale,
-            bias,
-            peep,
-            clip,
-            input_forget,
-            _view(arena, h),
-            _view(arena, c),
-            y,
-            _view(arena, x_proj),
-        )
+        plan.add_dynamic_qlstm(_view(arena, x), *found, _view(arena, h), _view(arena, c), y, _view(arena, x_proj))
 
     low.emit(bind)
     outs = [

@@ -329,8 +329,7 @@ def bind_dynamic_quantize_lstm(inputs, attrs, opset):
     bound = one_direction_constants(inputs, attrs)
     if bound is None:
         return None
-    w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget = bound
-    hidden = bias.shape[0] // 4
+    hidden = bound[5].shape[0] // 4  # the bias: 4 hidden
     checked: set = set()
 
     def run(inputs, attrs, opset):
@@ -350,21 +349,7 @@ def bind_dynamic_quantize_lstm(inputs, attrs, opset):
         ys = np.empty((steps, 1, batch, hidden), np.float32)
         h = np.array(h0, np.float32) if h0 is not None and h0.size else np.zeros((1, batch, hidden), np.float32)
         c = np.array(c0, np.float32) if c0 is not None and c0.size else np.zeros((1, batch, hidden), np.float32)
-        core.dynamic_qlstm(
-            x if x.flags.c_contiguous else np.ascontiguousarray(x),
-            w_packed,
-            w_scale,
-            reverse,
-            r_packed,
-            r_scale,
-            bias,
-            peep,
-            clip,
-            input_forget,
-            h[0],
-            c[0],
-            ys[:, 0],
-        )
+        core.dynamic_qlstm(x if x.flags.c_contiguous else np.ascontiguousarray(x), *bound, h[0], c[0], ys[:, 0])
         return [ys, h, c]
 
     return run
