@@ -72,6 +72,13 @@ def test_concurrent_calls_from_python_threads(two_threads):
     assert errors == []
 
 
+def _let_back_off_run_out():
+    """A call that waited for a descheduled worker (more threads than free CPUs, a busy host)
+    makes the pool run calls serially for up to 640 ms, without resizing it: tests that check
+    the pool's size after a call wait that out first."""
+    time.sleep(0.7)
+
+
 def _child_product(queue):
     a, b, expected = _product(3, m=2000)
     out = _core.matmul(a, b, np.empty((2000, b.shape[1]), np.float32))
@@ -82,6 +89,7 @@ def test_forked_child_runs_on_its_own_workers(two_threads):
     """A child forked after the parent used its pool (gunicorn --preload, multiprocessing)
     creates workers of its own at its first parallel call and gets the right result."""
     a, b, _ = _product(1, m=2000)
+    _let_back_off_run_out()
     _core.matmul(a, b, np.empty((2000, b.shape[1]), np.float32))
     assert _core.pool_workers() == 1
     ctx = multiprocessing.get_context("fork")
@@ -240,6 +248,7 @@ def test_a_thread_s_own_count_gives_the_same_bits_as_the_process_count(threads):
         fastlayers.set_num_threads(4)
         _core.matmul(a, b, np.empty((517, b.shape[1]), np.float32))  # a pool of 4
         fastlayers.set_num_threads(1)
+        _let_back_off_run_out()
         seen = []
         with fastlayers.using_threads(threads):
             assert _core.get_num_threads() == threads
