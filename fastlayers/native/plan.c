@@ -38,8 +38,39 @@ int fl_gather(void *ctx) {
 
 int fl_conv2d_step(void *ctx) {
     const fl_conv2d_args *a = ctx;
+    if (a->nchw_in)
+        return fl_conv2d_nchw_in(a->n, a->c, a->h, a->w, a->x, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl,
+                                 a->ho, a->wo, a->cout, a->pw, a->bias, a->code, a->alpha, a->y);
+    if (a->tile) {
+        int st = fl_conv3x3_winograd(a->tile, a->n, a->h, a->w, a->c, a->x, a->pt, a->pl, a->ho, a->wo, a->cout, a->pu,
+                                     a->bias, a->code, a->alpha, a->y);
+        if (st != 1) return st; /* 1: a non-finite value, the exact sums below */
+    }
     return fl_conv2d(a->n, a->h, a->w, a->c, a->x, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl, a->ho,
-                     a->wo, a->groups, a->cout, a->pw, a->bias, a->code, a->alpha, NULL, 0, 0.0f, 0, a->y);
+                     a->wo, a->groups, a->cout, a->pw, a->bias, a->code, a->alpha, a->res, a->res_code, a->res_alpha,
+                     0, a->y);
+}
+
+int fl_depthwise_step(void *ctx) {
+    const fl_depthwise_args *a = ctx;
+    return fl_depthwise_conv2d(a->n, a->h, a->w, a->c, a->x, a->kh, a->kw, a->m, a->sh, a->sw, a->dh, a->dw, a->pt,
+                               a->pl, a->ho, a->wo, a->wk, a->bias, a->code, a->alpha, a->y);
+}
+
+int fl_dense_step(void *ctx) {
+    const fl_dense_args *a = ctx;
+    return fl_matmul(a->m, a->n, a->k, a->x, a->k, a->w, a->ldw, 0, a->pw, a->bias, a->code, a->alpha, a->y, a->n);
+}
+
+int fl_pool_step(void *ctx) {
+    const fl_pool_args *a = ctx;
+    return fl_pool2d(a->n, a->h, a->w, a->c, a->x, a->is_max, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl,
+                     a->h_end, a->w_end, a->count_include_pad, a->ho, a->wo, a->y);
+}
+
+int fl_scale_shift_step(void *ctx) {
+    const fl_scale_shift_args *a = ctx;
+    return fl_scale_shift(a->m, a->n, a->x, a->scale, a->shift, a->out);
 }
 
 int fl_rnn_step(void *ctx) {

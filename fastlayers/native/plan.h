@@ -8,7 +8,16 @@
  *   data-movement operator (Slice, Transpose, Pad, Concat, Gather on constant indices,
  *   Expand, Tile) as per-axis tables of source offsets (floats); inner_run: maps[naxes-1][i]
  *   = maps[naxes-1][0] + i >= 0 and dst_strides[naxes-1] = 1, copied as one run per row.
- * conv2d_step(a): conv.h's conv2d on the bound arguments.
+ * conv2d_step(a): conv.h's conv2d on the bound arguments (res: the residual, NULL for none);
+ *   where `tile` is 2 or 4, conv3x3_winograd on `pu` first, the direct conv2d where it finds
+ *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py); where `nchw_in`, x is
+ *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in.
+ * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
+ * pool_step(a): pool.h's pool2d on the bound arguments.
+ * scale_shift_step(a): rows.h's scale_shift: out[i, j] = x[i, j] scale[j] + shift[j] over m
+ *   rows of n floats (out may be x).
+ * dense_step(a): y (m, n) = f(x (m, k) @ w + bias), gemm.h's matmul on the packed weights pw,
+ *   or on w (k, n) read in place (rows ldw apart) where pw is NULL.
  * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha).
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
@@ -43,16 +52,45 @@ typedef struct {
 
 typedef struct {
     int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
-    const float *x, *pw, *bias;
+    const float *x, *pw, *bias, *res, *pu;
+    int code, res_code, tile, nchw_in;
+    float alpha, res_alpha;
+    float *y;
+} fl_conv2d_args;
+
+typedef struct {
+    int64_t n, h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo;
+    const float *x, *wk, *bias;
     int code;
     float alpha;
     float *y;
-} fl_conv2d_args;
+} fl_depthwise_args;
 
 typedef struct {
     fl_rnn_args a;
     int serial;
 } fl_rnn_step_args;
+
+typedef struct {
+    int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo;
+    int is_max, count_include_pad;
+    const float *x;
+    float *y;
+} fl_pool_args;
+
+typedef struct {
+    int64_t m, n;
+    const float *x, *scale, *shift;
+    float *out;
+} fl_scale_shift_args;
+
+typedef struct {
+    int64_t m, n, k, ldw;
+    const float *x, *w, *pw, *bias;
+    int code;
+    float alpha;
+    float *y;
+} fl_dense_args;
 
 typedef struct {
     int64_t size;
@@ -82,6 +120,10 @@ int fl_gather(void *a);
 int fl_layer_norm_step(void *a);
 int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
+int fl_depthwise_step(void *a);
+int fl_dense_step(void *a);
+int fl_pool_step(void *a);
+int fl_scale_shift_step(void *a);
 int fl_rnn_step(void *a);
 int fl_activation_step(void *a);
 int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns);

@@ -23,6 +23,36 @@ cdef extern from "plan.h" nogil:
         const float *x
         const float *pw
         const float *bias
+        const float *res
+        const float *pu
+        int code, res_code, tile, nchw_in
+        float alpha, res_alpha
+        float *y
+    ctypedef struct fl_pool_args:
+        int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo
+        int is_max, count_include_pad
+        const float *x
+        float *y
+    ctypedef struct fl_scale_shift_args:
+        int64_t m, n
+        const float *x
+        const float *scale
+        const float *shift
+        float *out
+    ctypedef struct fl_dense_args:
+        int64_t m, n, k, ldw
+        const float *x
+        const float *w
+        const float *pw
+        const float *bias
+        int code
+        float alpha
+        float *y
+    ctypedef struct fl_depthwise_args:
+        int64_t n, h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo
+        const float *x
+        const float *wk
+        const float *bias
         int code
         float alpha
         float *y
@@ -51,6 +81,10 @@ cdef extern from "plan.h" nogil:
         float *y
     int fl_gather(void *a) noexcept nogil
     int fl_conv2d_step(void *a) noexcept nogil
+    int fl_depthwise_step(void *a) noexcept nogil
+    int fl_dense_step(void *a) noexcept nogil
+    int fl_pool_step(void *a) noexcept nogil
+    int fl_scale_shift_step(void *a) noexcept nogil
     int fl_rnn_step(void *a) noexcept nogil
     int fl_activation_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
@@ -214,28 +248,141 @@ cdef class NativePlan:
             np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
 
     def add_conv2d(self, x, pw, bias, y, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
-                   int64_t dw, int64_t pt, int64_t pl, int64_t groups, int code, float alpha):
+                   int64_t dw, int64_t pt, int64_t pl, int64_t groups, int code, float alpha, res=None,
+                   int res_code=0, float res_alpha=0.0, int tile=0, pu=None, bint nchw_in=False):
         """conv.h's conv2d from x (N, H, W, C) to y (N, Ho, Wo, C_out), both C-contiguous
-        float32 (views of the arena), weights packed by ``conv_pack``, as ``conv2d``."""
+        float32 (views of the arena), weights packed by ``conv_pack``, as ``conv2d``; ``res``
+        (N, Ho, Wo, C_out) added with its code ``res_code`` in the epilogue where given. With
+        ``tile`` 2 or 4 (3x3 windows, stride 1, one group, no residual), Winograd on ``pu``
+        (``winograd_pack``'s output of that tile) first, the direct sums where it meets a
+        non-finite value. With ``nchw_in`` (one group, no residual), x is NCHW planes (N, C, H,
+        W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
         cdef float *wp = _view(pw, "conv2d weights")
         cdef float *bp = NULL if bias is None else _view(bias, "conv2d bias")
+        cdef float *rp = NULL if res is None else _view(res, "conv2d residual")
+        cdef float *up = NULL if pu is None else _view(pu, "conv2d winograd weights")
         if x.ndim != 4 or y.ndim != 4 or y.shape[0] != x.shape[0]:
             raise ValueError(f"native plan conv2d: x {x.shape}, y {y.shape}")
-        cdef int64_t c = x.shape[3], cout = y.shape[3]
+        cdef int64_t c = x.shape[1] if nchw_in else x.shape[3], cout = y.shape[3]
         if min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0 or c % groups or cout % groups:
             raise ValueError("native plan conv2d: bad geometry")
-        if pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
+        if nchw_in:
+            if groups != 1 or res is not None or tile or pw.shape != (kh, kw, c, cout):
+                raise ValueError("native plan conv2d: NCHW input with one group and HWIO weights only")
+        elif pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
             raise ValueError("native plan conv2d: packed weights too small")
         if bias is not None and bias.size != cout:
             raise ValueError(f"native plan conv2d: bias of {bias.size} for {cout} channels")
+        if res is not None and res.shape != y.shape:
+            raise ValueError(f"native plan conv2d: residual {res.shape} for an output {y.shape}")
+        if tile:
+            if (tile != 2 and tile != 4) or kh != 3 or kw != 3 or max(sh, sw, dh, dw, groups) != 1 or res is not None:
+                raise ValueError(f"native plan conv2d: Winograd tile {tile} on this convolution")
+            if pu is None or pu.size < (tile + 2) ** 2 * fl_packed_floats(c, cout):
+                raise ValueError("native plan conv2d: Winograd weights too small")
         check_code(code)
+        check_code(res_code)
         cdef fl_conv2d_args *a = <fl_conv2d_args *>self._push(fl_conv2d_step, sizeof(fl_conv2d_args),
-                                                              (x, pw, bias, y))
-        a.n, a.h, a.w, a.c, a.x, a.kh, a.kw = x.shape[0], x.shape[1], x.shape[2], c, xp, kh, kw
+                                                              (x, pw, bias, y, res, pu))
+        a.n, a.c, a.x, a.kh, a.kw = x.shape[0], c, xp, kh, kw
+        a.h, a.w = (x.shape[2], x.shape[3]) if nchw_in else (x.shape[1], x.shape[2])
+        a.nchw_in = nchw_in
         a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = sh, sw, dh, dw, pt, pl
         a.ho, a.wo, a.groups, a.cout, a.pw, a.bias = y.shape[1], y.shape[2], groups, cout, wp, bp
+        a.code, a.alpha, a.y = code, alpha, yp
+        a.res, a.res_code, a.res_alpha, a.tile, a.pu = rp, res_code, res_alpha, tile, up
+
+    def add_depthwise(self, x, wk, bias, y, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                      int64_t pl, int code, float alpha):
+        """conv.h's depthwise_conv2d from x (N, H, W, C) to y (N, Ho, Wo, C m), both C-contiguous
+        float32 (views of the arena), ``wk`` (kh, kw, C, m), as ``depthwise_conv2d``."""
+        cdef float *xp = _view(x, "depthwise x")
+        cdef float *yp = _view(y, "depthwise y")
+        cdef float *wp = _view(wk, "depthwise weights")
+        cdef float *bp = NULL if bias is None else _view(bias, "depthwise bias")
+        if x.ndim != 4 or y.ndim != 4 or wk.ndim != 4:
+            raise ValueError(f"native plan depthwise: x {x.shape}, w {wk.shape}, y {y.shape}")
+        cdef int64_t c = x.shape[3], m = wk.shape[3]
+        if (y.shape[0] != x.shape[0] or wk.shape[2] != c or y.shape[3] != c * m
+                or min(wk.shape[0], wk.shape[1], sh, sw, dh, dw) < 1 or pt < 0 or pl < 0):
+            raise ValueError(f"native plan depthwise: x {x.shape}, w {wk.shape}, y {y.shape}")
+        if bias is not None and bias.size != c * m:
+            raise ValueError(f"native plan depthwise: bias of {bias.size} for {c * m} channels")
+        check_code(code)
+        cdef fl_depthwise_args *a = <fl_depthwise_args *>self._push(fl_depthwise_step, sizeof(fl_depthwise_args),
+                                                                    (x, wk, bias, y))
+        a.n, a.h, a.w, a.c, a.x, a.kh, a.kw, a.m = x.shape[0], x.shape[1], x.shape[2], c, xp, wk.shape[0], wk.shape[1], m
+        a.sh, a.sw, a.dh, a.dw, a.pt, a.pl, a.ho, a.wo = sh, sw, dh, dw, pt, pl, y.shape[1], y.shape[2]
+        a.wk, a.bias, a.code, a.alpha, a.y = wp, bp, code, alpha, yp
+
+    def add_pool2d(self, x, y, bint is_max, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                   int64_t pt, int64_t pl, int64_t h_end, int64_t w_end, bint count_include_pad):
+        """pool.h's pool2d from x (N, H, W, C) to y (N, Ho, Wo, C), both C-contiguous float32
+        (views of the arena), as ``pool2d``: the window's rows [oh sh - pt, ..) clipped to
+        [-pt, h_end), its columns to [-pl, w_end)."""
+        cdef float *xp = _view(x, "pool x")
+        cdef float *yp = _view(y, "pool y")
+        if x.ndim != 4 or y.ndim != 4 or y.shape[0] != x.shape[0] or y.shape[3] != x.shape[3]:
+            raise ValueError(f"native plan pool: x {x.shape}, y {y.shape}")
+        if min(kh, kw, sh, sw, dh, dw) < 1 or pt < 0 or pl < 0 or h_end < x.shape[1] or w_end < x.shape[2]:
+            raise ValueError("native plan pool: bad geometry")
+        cdef fl_pool_args *a = <fl_pool_args *>self._push(fl_pool_step, sizeof(fl_pool_args), (x, y))
+        a.n, a.h, a.w, a.c, a.x, a.y = x.shape[0], x.shape[1], x.shape[2], x.shape[3], xp, yp
+        a.kh, a.kw, a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = kh, kw, sh, sw, dh, dw, pt, pl
+        a.h_end, a.w_end, a.ho, a.wo = h_end, w_end, y.shape[1], y.shape[2]
+        a.is_max, a.count_include_pad = is_max, count_include_pad
+
+    def add_scale_shift(self, x, scale, shift, out):
+        """out[i, j] = x[i, j] scale[j] + shift[j] (rows.h's scale_shift) over the rows of two
+        C-contiguous float32 arrays of one shape (out may be x), ``scale`` and ``shift`` one
+        float per value of a row."""
+        cdef float *xp = _view(x, "scale_shift x")
+        cdef float *op = _view(out, "scale_shift out")
+        cdef float *sp = _view(scale, "scale_shift scale")
+        cdef float *hp = _view(shift, "scale_shift shift")
+        if x.ndim < 1 or out.shape != x.shape or scale.size != x.shape[x.ndim - 1] or shift.size != scale.size:
+            raise ValueError(f"native plan scale_shift: x {x.shape}, out {out.shape}, {scale.size} scales")
+        cdef fl_scale_shift_args *a = <fl_scale_shift_args *>self._push(
+            fl_scale_shift_step, sizeof(fl_scale_shift_args), (x, scale, shift, out))
+        a.n = x.shape[x.ndim - 1]
+        a.m, a.x, a.scale, a.shift, a.out = (x.size // a.n) if a.n else 0, xp, sp, hp, op
+
+    def add_dense(self, x, w, pw, bias, y, int code, float alpha):
+        """y (..., n) = f(x (..., k) @ w + bias) (gemm.h's matmul), x and y C-contiguous
+        float32 (views of the arena): on ``pw``, ``pack``'s output for the (k, n) weights, or
+        where it is None on ``w`` (k, n) float32 with contiguous rows, read in place."""
+        cdef float *xp = _view(x, "dense x")
+        cdef float *yp = _view(y, "dense y")
+        cdef float *bp = NULL if bias is None else _view(bias, "dense bias")
+        cdef int64_t k = x.shape[x.ndim - 1] if x.ndim else 0, n = y.shape[y.ndim - 1] if y.ndim else 0
+        if k < 1 or n < 1 or x.size // k != y.size // n:
+            raise ValueError(f"native plan dense: x {x.shape}, y {y.shape}")
+        cdef float *wp = NULL
+        cdef float *pp = NULL
+        cdef int64_t ldw = 0
+        cdef cnp.ndarray wa
+        if pw is not None:
+            pp = _view(pw, "dense packed weights")
+            if pw.size < fl_packed_floats(k, n):
+                raise ValueError(f"native plan dense: {pw.size} packed floats for ({k}, {n}) weights")
+        else:
+            if not isinstance(w, cnp.ndarray):
+                raise TypeError("native plan dense: weights must be an array where no packed form is given")
+            wa = <cnp.ndarray>w
+            if wa.ndim != 2 or wa.shape[0] != k or wa.shape[1] != n or cnp.PyArray_TYPE(wa) != cnp.NPY_FLOAT32 \
+                    or wa.strides[1] != 4 or wa.strides[0] % 4 or wa.strides[0] < 4 * n \
+                    or not cnp.PyArray_ISALIGNED(wa):
+                raise ValueError(f"native plan dense: weights must be ({k}, {n}) float32 with contiguous rows")
+            wp = <float *>cnp.PyArray_DATA(wa)
+            ldw = wa.strides[0] // 4
+        if bias is not None and bias.size != n:
+            raise ValueError(f"native plan dense: bias of {bias.size} for {n} columns")
+        if code < 0 or code >= len(ACTIVATIONS):  # the softmaxes too: over each row of y
+            raise ValueError(f"native plan dense: no activation of code {code}")
+        cdef fl_dense_args *a = <fl_dense_args *>self._push(fl_dense_step, sizeof(fl_dense_args), (x, w, pw, bias, y))
+        a.m, a.n, a.k, a.ldw, a.x, a.w, a.pw, a.bias = x.size // k, n, k, ldw, xp, wp, pp, bp
         a.code, a.alpha, a.y = code, alpha, yp
 
     def add_rnn(self, tuple call, bint serial):

@@ -43,6 +43,7 @@ from ..backends import get_ops
 from ..backends.derived import derived, derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
+from .layout import channels_last_memory
 from .ops.recurrent import recurrent_calls
 from .qlinear import dynamic_matmul_constants
 from .qlstm import one_direction_constants
@@ -67,19 +68,25 @@ VERIFY_RTOL = 1e-4
 
 #: The cost model deciding whether a plan pays (``pays``): what one node lowered natively
 #: saves (the Python around its kernel: 3 us on fast hosts, 6-8 us on slow ones), what a node
-#: run in Python inside the plan adds (its results copied into the arena, the GIL taken back),
-#: and how fast the plan copies the bytes the Python plan does not (layout moves, states,
-#: the inputs in and the outputs out; 2-7 bytes per ns measured, docs/design.md).
-STEP_US, FALLBACK_US, COPY_BYTES_PER_US = 3.0, 1.0, 2000.0
+#: run in Python inside the plan adds (the GIL taken back), and how fast the plan moves the
+#: bytes the Python plan does not, each counted read and written: contiguous copies (the
+#: inputs in, the outputs out, a Python node's results into the arena; 26-36 bytes per ns
+#: measured) and gathers (layout moves, states; 2-7 bytes per ns), docs/design.md.
+STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0, 2000.0
 
 #: Operators that keep their input's memory as it is, in C order (aliases in a plan).
 ALIASES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
 #: Reductions whose result over one value is that value: over axes of length 1, aliases.
 SINGLE_IS_ITSELF = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
+#: Means and maxima over every position of each channel (a global pool where held
+#: channels-last; ReduceMean / ReduceMax over axes of length 1 only: aliases).
+GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"})
 #: Operators that move, repeat or pad values without computing (gathers in a plan).
 MOVEMENTS = frozenset(
     {"Slice", "Transpose", "Pad", "Concat", "Gather", "Expand", "Tile", "Split", "DepthToSpace", "SpaceToDepth"}
 )
+#: Movements whose output's axes are their inputs' (held channels-last where those are).
+KEEPS_AXES = frozenset({"Slice", "Pad", "Concat", "Split", "Resize", "Upsample"})
 #: Operators that are one activation of the native core, as ``ops/elementwise.py`` runs them
 #: (onnxruntime's sigmoid and tanh): name, the attribute holding alpha, its default.
 ACTIVATIONS = {
@@ -115,16 +122,39 @@ class _Buffer:
 
 class _Value:
     """A value computed by the plan: ``shape`` and ``dtype`` at ``offset`` bytes into
-    ``buffer``, C-contiguous."""
+    ``buffer``, C-contiguous (``perm`` None) or held channels-last: the C-contiguous memory
+    ``memory_shape`` viewed through the axes ``perm`` (``CHANNELS_LAST``), as the Python plan
+    holds a convolution's result (``layout.py``)."""
 
-    __slots__ = ("buffer", "offset", "shape", "dtype")
+    __slots__ = ("buffer", "offset", "shape", "dtype", "perm")
 
-    def __init__(self, buffer, offset, shape, dtype):
+    def __init__(self, buffer, offset, shape, dtype, perm=None):
         self.buffer, self.offset, self.shape, self.dtype = buffer, offset, tuple(shape), np.dtype(dtype)
+        self.perm = perm
 
     @property
     def size(self):
         return math.prod(self.shape)
+
+    @property
+    def memory_shape(self):
+        """The shape of the C-contiguous memory (``shape`` itself where ``perm`` is None)."""
+        if self.perm is None:
+            return self.shape
+        return tuple(self.shape[a] for a in np.argsort(self.perm))
+
+
+def _channels_last(ndim: int):
+    """The axes that view channels-last memory (N, *S, C) as (N, C, *S)."""
+    return (0, ndim - 1, *range(1, ndim - 1))
+
+
+def _layout(t):
+    """The ``perm`` of a plan value holding the traced array ``t`` as the Python plan holds it:
+    channels-last where ``t`` is an (N, C, *S) view of (N, *S, C) memory, else None."""
+    if isinstance(t, np.ndarray) and t.dtype == np.float32 and channels_last_memory(t) is not None:
+        return _channels_last(t.ndim)
+    return None
 
 
 class _Lowering:
@@ -141,16 +171,32 @@ class _Lowering:
         self.fallbacks: list[str] = []
         self.native: list[str] = []
         self.moved = 0  # bytes the plan copies that the Python plan does not (cost model)
+        self.gathered = 0  # bytes the plan gathers (layout moves) that the Python plan does not
         self.node = None  # the node being lowered: (model, index), for the profile
         self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
+        self.c_forms: dict = {}  # id of a channels-last value -> (it, its C-contiguous copy)
+        self.c_added: list = []  # the keys of c_forms in the order added (dropped with their node)
 
     # values and buffers
-    def new(self, shape, dtype=np.float32) -> _Value:
+    def new(self, shape, dtype=np.float32, perm=None) -> _Value:
         shape = tuple(int(d) for d in shape)
         nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
         buffer = _Buffer(nbytes, self.step)
         self.buffers.append(buffer)
-        return _Value(buffer, 0, shape, dtype)
+        return _Value(buffer, 0, shape, dtype, perm)
+
+    def c_order(self, value):
+        """``value`` C-contiguous: itself, or for a channels-last value its copy in C order
+        (one per value, made where a step first needs it)."""
+        if not isinstance(value, _Value) or value.perm is None:
+            return value
+        found = self.c_forms.get(id(value))
+        if found is None:
+            # the Python plan copies such a value to C order too (numpy, for its consumer)
+            found = value, _transposed(self, _memory(value), value.perm, extra=False)
+            self.c_forms[id(value)] = found
+            self.c_added.append(id(value))
+        return self.use(found[1])
 
     def use(self, value):
         if isinstance(value, _Value):
@@ -163,14 +209,28 @@ class _Lowering:
         self.emits.append((fn, len(self.nodes) - 1))
 
 
+def _memory(value: _Value) -> _Value:
+    """The C-contiguous memory of ``value`` as a value (``value`` itself where it is C order)."""
+    if value.perm is None:
+        return value
+    return _Value(value.buffer, value.offset, value.memory_shape, value.dtype)
+
+
 def _view(arena, value: _Value) -> np.ndarray:
+    """The arena's C-contiguous memory of ``value`` (of ``memory_shape``): what kernels take."""
     start = value.buffer.offset + value.offset
     nbytes = value.size * value.dtype.itemsize
-    return arena[start : start + nbytes].view(value.dtype).reshape(value.shape)
+    return arena[start : start + nbytes].view(value.dtype).reshape(value.memory_shape)
+
+
+def _logical(arena, value: _Value) -> np.ndarray:
+    """``value`` as an array of its shape: a view of its memory through ``perm``."""
+    view = _view(arena, value)
+    return view if value.perm is None else view.transpose(value.perm)
 
 
 def _operand(arena, v):
-    """A step's operand: the arena view of a plan value, or the constant itself."""
+    """A step's operand: the arena memory of a plan value, or the constant itself."""
     return _view(arena, v) if isinstance(v, _Value) else v
 
 
@@ -220,7 +280,15 @@ def _factored(table: np.ndarray):
     return maps
 
 
-def _movement(low, node, ins, traced_ins, traced_outs, attrs):
+def _nearest_resize(low, node, ins, traced_ins, traced_outs, attrs):
+    """Resize / Upsample in nearest mode: a data movement (``_movement``); linear ones blend
+    values, and stay in Python."""
+    if attrs["_attrs"].get("mode", "nearest") != "nearest" or isinstance(ins[0], _Value) and len(ins[0].shape) < 1:
+        raise NotLowered
+    return _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=(0,))  # not its scales
+
+
+def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     """Gathers for a data-movement node: the node runs on index arrays in place of its float
     inputs (each its own range of int64 values, a second time shifted) to find each output
     value's source; positions that no input supplies are filled with one constant."""
@@ -228,18 +296,22 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs):
     sources = [
         k
         for k, (v, t) in enumerate(zip(ins, traced_ins))
-        if isinstance(t, np.ndarray) and t.dtype == np.float32 and (isinstance(v, _Value) or t.size)
+        if isinstance(t, np.ndarray)
+        and t.dtype == np.float32
+        and (isinstance(v, _Value) or t.size)
+        and (moved is None or k in moved)
     ]
     if not sources or any(isinstance(v, _Value) and v.dtype != np.float32 for v in ins):
         raise NotLowered
     span, shift = 1 << 40, 1 << 39
 
-    def run(offset):
+    def run(offset):  # each value's offset in its source's memory (channels-last ones too)
         args = list(traced_ins)
         for j, k in enumerate(sources):
-            args[k] = (np.arange(traced_ins[k].size, dtype=np.int64) + (j + 1) * span + offset).reshape(
-                traced_ins[k].shape
-            )
+            v = ins[k]
+            held = v.memory_shape if isinstance(v, _Value) else traced_ins[k].shape
+            index = (np.arange(traced_ins[k].size, dtype=np.int64) + (j + 1) * span + offset).reshape(held)
+            args[k] = index.transpose(v.perm) if isinstance(v, _Value) and v.perm is not None else index
         return fn(args, attrs["_attrs"], opset)
 
     try:
@@ -258,8 +330,18 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs):
         a, b, z = np.asarray(a), np.asarray(b), np.asarray(z)
         if a.shape != t.shape or t.dtype != np.float32 or a.dtype != np.int64:
             raise NotLowered
+        # the output held as the trace holds it, or channels-last as its sources where the
+        # operator keeps the axes (a channel slice or concatenation: runs of channels)
+        perm = _layout(t)
+        held = {ins[k].perm for k in sources if isinstance(ins[k], _Value)}
+        if perm is None and node.op_type in KEEPS_AXES and t.ndim in (3, 4) and held == {_channels_last(t.ndim)}:
+            perm = _channels_last(t.ndim)
+        y = low.new(t.shape, perm=perm)
+        if perm is not None:
+            order = np.argsort(perm)
+            a, b, z = a.transpose(order), b.transpose(order), z.transpose(order)
+        shape = y.memory_shape
         copied = (b - a) == shift
-        y = low.new(t.shape)
         fill_at = ~copied
         fill = 0.0
         if fill_at.any():
@@ -274,7 +356,7 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs):
                 parts.append((k, mine, np.where(mine, a - (j + 1) * span, -1)))
         if not parts:
             raise NotLowered
-        c_strides = [math.prod(t.shape[i + 1 :]) for i in range(t.ndim)] or [1]
+        c_strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))] or [1]
         pieces = []  # (source, destination offset, dims, destination strides, maps)
         if len(parts) == 1:  # the whole output: -1 (the fill) where no source value lands
             k, _, table = parts[0]
@@ -347,9 +429,10 @@ def _box(mask):
     return start, dims
 
 
-def _transposed(low, x: _Value, perm) -> _Value:
+def _transposed(low, x: _Value, perm, extra=True) -> _Value:
     """``x`` with its axes permuted (a gather into a new buffer; the same memory where the
-    axes that move have length 1)."""
+    axes that move have length 1); ``extra``: a move the Python plan does not make (the cost
+    model counts it)."""
     shape = tuple(x.shape[a] for a in perm)
     moved = [a for a in perm if x.shape[a] != 1]
     if moved == sorted(moved):
@@ -357,7 +440,7 @@ def _transposed(low, x: _Value, perm) -> _Value:
         return _Value(x.buffer, x.offset, shape, x.dtype)
     y = low.new(shape)
     low.use(x)
-    low.moved += 2 * x.size * x.dtype.itemsize
+    low.gathered += 2 * x.size * x.dtype.itemsize if extra else 0
     strides = [math.prod(x.shape[a + 1 :]) for a in range(len(x.shape))]
     maps = [np.arange(shape[i], dtype=np.int64) * strides[a] for i, a in enumerate(perm)]
 
@@ -380,7 +463,7 @@ def _copied(low, source, shape) -> _Value:
     """A new buffer of ``shape`` holding ``source`` (a plan value or a constant of as many
     values), or zeros where ``source`` is None."""
     y = low.new(shape)
-    low.moved += 2 * math.prod(shape) * 4
+    low.gathered += 2 * math.prod(shape) * 4
     src = (
         low.use(source)
         if isinstance(source, _Value)
@@ -406,17 +489,34 @@ def _hwio(w):
     return np.ascontiguousarray((w[:, :, None, :] if w.ndim == 3 else w).transpose(2, 3, 1, 0), dtype=np.float32)
 
 
+def _channels_last_memory(low, x: _Value) -> _Value:
+    """The (N, *S, C) memory of an (N, C, *S) plan value: its own where it is held
+    channels-last, else a transposed copy."""
+    if x.perm == _channels_last(len(x.shape)):
+        return low.use(_memory(x))
+    return _transposed(low, x, (0, *range(2, len(x.shape)), 1), extra=False)  # as the Python plan's
+
+
 def _conv(low, node, ins, traced_ins, traced_outs, attrs):
+    """A convolution as the cpu backend runs it (``plan_conv2d``: implicit GEMM, Winograd,
+    depthwise, direct from NCHW planes; a FusedConv's residual Add in the epilogue, its scale
+    and shift per channel a pass after) on channels-last memory; its result held channels-last,
+    as the Python plan holds it."""
     x, t = ins[0], traced_ins[0]
     node_attrs = attrs["_attrs"]
+    residual, post = node_attrs.get("_residual"), node_attrs.get("_post_affine")
+    r = ins[3] if residual is not None and len(ins) > 3 else None
+    out = traced_outs[0]
     if (
         not isinstance(x, _Value)
         or x.dtype != np.float32
         or x.size == 0
-        or any(isinstance(v, _Value) for v in ins[1:])
-        or node_attrs.get("_residual") is not None
-        or node_attrs.get("_post_affine") is not None
+        or any(isinstance(v, _Value) for v in ins[1:3])
+        or (post is not None and (residual is not None or len(x.shape) != 4))
         or len(x.shape) not in (3, 4)
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or (residual is not None and (not isinstance(r, _Value) or r.dtype != np.float32 or r.shape != out.shape))
     ):
         raise NotLowered
     one_d = len(x.shape) == 3
@@ -425,45 +525,199 @@ def _conv(low, node, ins, traced_ins, traced_outs, attrs):
         w_hwio = derived(traced_ins[1], "plan-conv-hwio", _hwio)
     group = node_attrs.get("group", 1)
     kh, kw, cin_g, cout = w_hwio.shape
-    if cin_g == 1 and group > 1:  # depthwise: the Python plan's NCHW kernel
-        raise NotLowered
     b = traced_ins[2] if len(traced_ins) > 2 and traced_ins[2] is not None else None
-    bound = low.ops.plan_conv2d_weights(w_hwio, b, group, node_attrs.get("activation", "linear"))
-    out = traced_outs[0]
-    if bound is None or not isinstance(out, np.ndarray) or out.dtype != np.float32:
-        raise NotLowered
-    pw, bias, code = bound
     strides, pads, dilations, out_hw, _ = window("Conv", node_attrs, t.shape, (kh, kw), one_d)
-    (pt, _), (pl, _) = pads
     n, c = x.shape[0], x.shape[1]
-    hw = (1, x.shape[2]) if one_d else x.shape[2:]
-    x_nchw = _Value(x.buffer, x.offset, (n, c, *hw), x.dtype)
-    x_nhwc = _transposed(low, x_nchw, (0, 2, 3, 1))
+    hw = (1, x.shape[2]) if one_d else tuple(x.shape[2:])
+    found = low.ops.plan_conv2d(
+        (n, *hw, c),
+        w_hwio,
+        b,
+        strides,
+        pads,
+        dilations,
+        group,
+        node_attrs.get("activation", "linear"),
+        float(node_attrs.get("alpha", 0.0)),
+        residual,
+        x.perm is None,  # NCHW planes: the direct kernel from them where it is the backend's choice
+    )
+    if found is None or n * math.prod(out_hw) * cout != out.size:
+        raise NotLowered
+    kind, bound = found
+    if bound.get("nchw_in"):
+        low.use(x)
+        x_nhwc = _Value(x.buffer, x.offset, (n, c, *hw), x.dtype)  # (N, C, H, W) planes, as nchw_in reads
+    else:
+        x_mem = _channels_last_memory(low, x)
+        x_nhwc = _Value(x_mem.buffer, x_mem.offset, (n, *hw, c), x.dtype)
+    r_nhwc = None
+    if r is not None:
+        r_mem = _channels_last_memory(low, r)
+        r_nhwc = _Value(r_mem.buffer, r_mem.offset, (n, *out_hw, cout), r.dtype)
     y_nhwc = low.new((n, *out_hw, cout))
-    alpha = float(node_attrs.get("alpha", 0.0))
 
     def bind(plan, arena):
-        plan.add_conv2d(
+        if kind == "depthwise":
+            plan.add_depthwise(_view(arena, x_nhwc), y=_view(arena, y_nhwc), **bound)
+        else:
+            res = None if r_nhwc is None else _view(arena, r_nhwc)
+            plan.add_conv2d(_view(arena, x_nhwc), y=_view(arena, y_nhwc), res=res, **bound)
+
+    low.emit(bind)
+    if post is not None:  # y scale + shift per channel in place, as ``ops/conv.py`` applies it
+        scale, shift = (np.ascontiguousarray(v, np.float32).reshape(-1) for v in post)
+        if scale.size != cout or shift.size != cout:
+            raise NotLowered
+        low.emit(lambda plan, arena: plan.add_scale_shift(_view(arena, y_nhwc), scale, shift, _view(arena, y_nhwc)))
+    return [_Value(y_nhwc.buffer, 0, out.shape, np.float32, _channels_last(out.ndim))]
+
+
+def _nhwc_of(x: _Value) -> _Value:
+    """A channels-last (N, C, *S) value's memory as (N, H, W, C) (1-D: height 1)."""
+    n, c = x.shape[0], x.shape[1]
+    hw = (1, x.shape[2]) if len(x.shape) == 3 else tuple(x.shape[2:])
+    return _Value(x.buffer, x.offset, (n, *hw, c), x.dtype)
+
+
+def _pool(low, node, ins, traced_ins, traced_outs, attrs):
+    """MaxPool (without indices) and AveragePool of a channels-last value: the cpu backend's
+    NHWC pool2d, its result channels-last (a C-ordered input keeps the Python plan's NCHW
+    kernel, in Python)."""
+    x, t, out = ins[0], traced_ins[0], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or len(x.shape) not in (3, 4)
+        or x.perm != _channels_last(len(x.shape))
+        or x.size == 0
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or any(o is not None for o in traced_outs[1:])
+    ):
+        raise NotLowered
+    one_d = len(x.shape) == 3
+    kernel = tuple(node_attrs["kernel_shape"])
+    kernel = (1, *kernel) if one_d else kernel
+    what = "MaxPool" if node.op_type == "MaxPool" else "AveragePool"
+    strides, pads, dilations, out_hw, _ = window(
+        what, node_attrs, t.shape, kernel, one_d, bool(node_attrs.get("ceil_mode", 0))
+    )
+    (pt, pb), (pl, pr) = pads
+    x_nhwc = _nhwc_of(x)
+    n, h, w, c = x_nhwc.shape
+    if min(pt, pl, pb, pr) < 0 or n * math.prod(out_hw) * c != out.size or 0 in out_hw:
+        raise NotLowered
+    y = low.new(out.shape, perm=_channels_last(out.ndim))
+    low.use(x)
+    y_nhwc = _Value(y.buffer, 0, (n, *out_hw, c), y.dtype)
+    count_pad = bool(node_attrs.get("count_include_pad", 0))
+
+    def bind(plan, arena):
+        plan.add_pool2d(
             _view(arena, x_nhwc),
-            pw,
-            bias,
             _view(arena, y_nhwc),
-            kh,
-            kw,
+            what == "MaxPool",
+            *kernel,
             *strides,
             *dilations,
             pt,
             pl,
-            group,
-            code,
-            alpha,
+            h + pb,
+            w + pr,
+            count_pad,
         )
 
     low.emit(bind)
-    y = _transposed(low, y_nhwc, (0, 3, 1, 2))
-    if y.size != out.size:
+    return [y]
+
+
+def _global_pool(low, node, ins, traced_ins, traced_outs, attrs):
+    """GlobalAveragePool / GlobalMaxPool, and ReduceMean / ReduceMax over the positions, of a
+    channels-last value: one window over each image's NHWC rows (the cpu backend's
+    ``global_pool``), the (N, C) result in C order; a reduction over axes of length 1 is an
+    alias."""
+    x, out = ins[0], traced_outs[0]
+    if (
+        isinstance(x, _Value)
+        and isinstance(out, np.ndarray)
+        and out.size == x.size
+        and node.op_type in SINGLE_IS_ITSELF
+    ):
+        return _alias(low, node, [low.c_order(x), *ins[1:]], traced_ins, traced_outs, attrs)
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or len(x.shape) not in (3, 4)
+        or x.perm != _channels_last(len(x.shape))
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or out.shape[:2] != x.shape[:2]
+        or out.size != x.shape[0] * x.shape[1]
+        or x.size == 0
+    ):
         raise NotLowered
-    return [_Value(y.buffer, y.offset, out.shape, y.dtype)]
+    n, c = x.shape[0], x.shape[1]
+    steps = x.size // (n * c)
+    x_rows = _Value(x.buffer, x.offset, (n, 1, steps, c), x.dtype)
+    y = low.new(out.shape)
+    low.use(x)
+    is_max = node.op_type in ("GlobalMaxPool", "ReduceMax")
+
+    def bind(plan, arena):
+        y_rows = _view(arena, y).reshape(n, 1, 1, c)
+        plan.add_pool2d(_view(arena, x_rows), y_rows, is_max, 1, steps, 1, 1, 1, 1, 0, 0, 1, steps, False)
+
+    low.emit(bind)
+    return [y]
+
+
+def _dense(low, node, ins, traced_ins, traced_outs, attrs):
+    """A product of a plan value (..., k) and constant weights (k, n): FusedDense (its
+    activation or row softmax in the epilogue), MatMul, Gemm without transA / alpha / beta; the
+    cpu backend's ``dense`` as one step (``plan_dense``)."""
+    x, out = ins[0], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or len(x.shape) < 2
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or out.ndim != len(x.shape)
+    ):
+        raise NotLowered
+    w, b = traced_ins[1], traced_ins[2] if len(traced_ins) > 2 else None
+    activation, alpha = "linear", 0.0
+    if node.op_type == "FusedDense":
+        activation, alpha = node_attrs.get("activation", "linear"), node_attrs.get("alpha", 0.0)
+        softmax = node_attrs.get("_softmax")
+        if softmax is not None:  # in the epilogue where its axis is the last
+            axis = softmax[1].get("axis", -1 if low.model.opset >= 13 else 1)
+            if axis % out.ndim != out.ndim - 1:
+                raise NotLowered
+    elif node.op_type == "Gemm":
+        if node_attrs.get("transA", 0) or node_attrs.get("alpha", 1.0) != 1.0 or node_attrs.get("beta", 1.0) != 1.0:
+            raise NotLowered
+        if b is not None and np.ndim(b) > 1 and np.shape(b)[0] != 1:  # a bias per row
+            raise NotLowered
+        w = w.T if node_attrs.get("transB", 0) and isinstance(w, np.ndarray) else w
+        if node_attrs.get("transB", 0) and not isinstance(w, np.ndarray):
+            raise NotLowered
+    elif b is not None:
+        raise NotLowered
+    if np.ndim(w) != 2 or np.shape(w)[0] != x.shape[-1] or out.shape != (*x.shape[:-1], np.shape(w)[1]):
+        raise NotLowered
+    bound = low.ops.plan_dense(w, b, x.size // x.shape[-1], activation, alpha)
+    if bound is None:
+        raise NotLowered
+    y = low.new(out.shape)
+    low.use(x)
+    low.emit(lambda plan, arena: plan.add_dense(_view(arena, x), y=_view(arena, y), **bound))
+    return [y]
 
 
 def _state(low, ins, traced_ins, i, shape) -> _Value:
@@ -626,7 +880,7 @@ def _activation(name, alpha_attr, default):
         if not isinstance(x, _Value) or x.dtype != np.float32 or code is None:
             raise NotLowered
         alpha = float(attrs["_attrs"].get(alpha_attr, default)) if alpha_attr else default
-        y = low.new(x.shape)
+        y = low.new(x.shape, perm=x.perm)  # elementwise: in the memory order of x
         low.use(x)
         low.emit(lambda plan, arena: plan.add_activation(_view(arena, x), _view(arena, y), code, alpha))
         return [y]
@@ -639,34 +893,29 @@ def _activation(name, alpha_attr, default):
 ELEMENTWISE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs"}
 
 
-def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
-    """One pass of the backend's elementwise program (a FusedElementwise's, or one operator's)
-    over tensors of the result's shape and constant vectors or values."""
-    out = traced_outs[0]
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.size <= 1:
-        raise NotLowered
-    if node.op_type == "FusedElementwise":
-        program = attrs["_attrs"]["program"]
-    else:
-        op = ELEMENTWISE[node.op_type]
-        program = [(op, 0, 1 if len(ins) == 2 else -1, None)]
-    operands = []
-    for v, t in zip(ins, traced_ins):
+def _program_step(low, program, ins, traced_ins, shape, perm, data=()):
+    """A new value of ``shape`` (held as ``perm``) computed by one pass of the elementwise
+    ``program`` over ``ins`` (plan values and constants; the plan values among ``data``
+    channel vectors read per call); raises NotLowered where the native pass does not take it."""
+    operands = []  # as the Python plan holds them: channels-last values as views of that memory
+    for k, (v, t) in enumerate(zip(ins, traced_ins)):
         if isinstance(v, _Value):
-            if v.dtype != np.float32 or v.shape != out.shape:  # a vector of the data: Python
+            if v.dtype != np.float32 or (v.shape != shape and k not in data):
                 raise NotLowered
-            operands.append(np.empty(v.shape, np.float32))  # its layout: C-contiguous
-        elif isinstance(t, np.ndarray) and t.dtype == np.float32:
+            memory = np.empty(v.memory_shape, np.float32)
+            operands.append(memory if v.perm is None else memory.transpose(v.perm))
+        elif isinstance(t, np.ndarray) and t.dtype == np.float32 and t.ndim <= len(shape):
             operands.append(np.ascontiguousarray(t))
         else:
             raise NotLowered
-    found = low.ops.plan_elementwise(program, operands)
+    found = low.ops.plan_elementwise(program, operands, data)
     if found is None:
         raise NotLowered
     prog, samples, inner, c, memory_shape, back, sources = found
-    if not np.empty(memory_shape, np.float32).transpose(back).flags.c_contiguous:
+    probe = np.empty(memory_shape, np.float32).transpose(back)  # the result: the memory of perm?
+    if probe.shape != tuple(shape) or not (probe.flags.c_contiguous if perm is None else _layout(probe) == perm):
         raise NotLowered
-    y = low.new(out.shape)
+    y = low.new(shape, perm=perm)
     for v in ins:
         low.use(v)
 
@@ -682,15 +931,99 @@ def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
         plan.add_elementwise(prog, samples, inner, c, args, _view(arena, y).reshape(-1))
 
     low.emit(bind)
-    return [y]
+    return y
+
+
+def _vector_parts(low, program, ins, traced_ins, shape):
+    """``program`` (over ``ins``) with the values it computes from vectors of the data alone
+    (a squeeze-and-excite gate: (N, C, 1, 1) from a global pool) each computed first, by a pass
+    of its own over the vectors' shape: (program, operands, traced operands, indices of the
+    data vectors among them)."""
+    n = len(ins)
+    full = [isinstance(v, _Value) and v.shape == tuple(shape) for v in ins]
+    data = [isinstance(v, _Value) and not f for v, f in zip(ins, full)]
+    for _, a, b, _ in program:
+        full.append(any(full[x] for x in (a, b) if x >= 0))
+        data.append(any(data[x] for x in (a, b) if x >= 0))
+    needed = sorted(
+        {
+            x
+            for k, (_, a, b, _) in enumerate(program)
+            if full[n + k]
+            for x in (a, b)
+            if x >= n and not full[x] and data[x]
+        }
+    )
+    ins, traced_ins = list(ins), list(traced_ins)
+    renamed = {}  # value index -> its index in the new program
+    for x in needed:  # the instructions x depends on, over the operands they read
+        wanted, stack = set(), [x]
+        while stack:
+            v = stack.pop()
+            if v >= n and v not in wanted:
+                wanted.add(v)
+                stack += [u for u in program[v - n][1:3] if u >= 0]
+        reads = sorted({u for v in wanted for u in program[v - n][1:3] if 0 <= u < n})
+        index = {u: i for i, u in enumerate(reads)}
+        sub = []
+        for v in sorted(wanted):
+            op, a, b, param = program[v - n]
+            index[v] = len(reads) + len(sub)
+            sub.append((op, index[a], index[b] if b >= 0 else -1, param))
+        vector_shape = np.broadcast_shapes(*(np.shape(traced_ins[u]) for u in reads))
+        if len(vector_shape) != len(shape):
+            raise NotLowered
+        value = _program_step(low, sub, [ins[u] for u in reads], [traced_ins[u] for u in reads], vector_shape, None)
+        renamed[x] = len(ins)
+        ins.append(value)
+        traced_ins.append(np.zeros(vector_shape, np.float32))
+    index = {u: u for u in range(n)} | renamed
+    main = []
+    for k, (op, a, b, param) in enumerate(program):
+        v = n + k
+        if v in renamed or (not full[v] and data[v]):
+            continue
+        index[v] = len(ins) + len(main)
+        main.append((op, index[a], index[b] if b >= 0 else -1, param))
+    vectors = [k for k, v in enumerate(ins) if isinstance(v, _Value) and v.shape != tuple(shape)]
+    return main, ins, traced_ins, vectors
+
+
+def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
+    """One pass of the backend's elementwise program (a FusedElementwise's, or one operator's)
+    over tensors of the result's shape, constant vectors or values and vectors of the data
+    (each computed by a pass of its own where the program computes on it: ``_vector_parts``)."""
+    out = traced_outs[0]
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.size <= 1:
+        raise NotLowered
+    if node.op_type == "FusedElementwise":
+        program = attrs["_attrs"]["program"]
+    else:
+        op = ELEMENTWISE[node.op_type]
+        program = [(op, 0, 1 if len(ins) == 2 else -1, None)]
+    tensors = [v for v in ins if isinstance(v, _Value) and v.shape == out.shape]
+    perms = {v.perm for v in tensors}
+    if len(perms) > 1 or not tensors:  # operands held in different orders: all in C order
+        ins, perms = [low.c_order(v) if isinstance(v, _Value) and v.shape == out.shape else v for v in ins], {None}
+    perm = perms.pop()
+    program, ins, traced_ins, vectors = _vector_parts(low, list(program), ins, traced_ins, out.shape)
+    return [_program_step(low, program, ins, traced_ins, out.shape, perm, vectors)]
 
 
 #: Operator -> its lowering onto native steps.
 LOWERINGS = {
     **{name: _alias for name in ALIASES | SINGLE_IS_ITSELF},
+    **{name: _global_pool for name in GLOBAL_POOLS},
+    "MaxPool": _pool,
+    "AveragePool": _pool,
     **{name: _movement for name in MOVEMENTS},
+    "Resize": _nearest_resize,
+    "Upsample": _nearest_resize,
     "Conv": _conv,
     "FusedConv": _conv,
+    "FusedDense": _dense,
+    "MatMul": _dense,
+    "Gemm": _dense,
     "FusedElementwise": _elementwise,
     "com.microsoft::DynamicQuantizeMatMul": _dynamic_matmul,
     "com.microsoft::DynamicQuantizeLSTM": _dynamic_lstm,
@@ -701,6 +1034,14 @@ LOWERINGS = {
     "RNN": _recurrent("RNN"),
     **{name: _activation(*act) for name, act in ACTIVATIONS.items()},
 }
+#: Operators whose lowering reads channels-last values as they are held; the others' plan
+#: values are given to them in C order (``_Lowering.c_order``).
+ANY_LAYOUT = frozenset(
+    {"Conv", "FusedConv", "FusedElementwise", "MaxPool", "AveragePool", "Resize", "Upsample", *GLOBAL_POOLS}
+    | set(ELEMENTWISE)
+    | set(ACTIVATIONS)
+    | MOVEMENTS
+)
 
 
 class _Fallback:
@@ -729,16 +1070,19 @@ class _Fallback:
 
 
 def _fallback(low, fn, node, index, ins, traced_ins, traced_outs, attrs):
+    """The node's function inside the plan, on its inputs as the Python plan holds them (a
+    channels-last value as an (N, C, *S) view of its memory), its results copied into values
+    of the layouts the trace gave them."""
     outs = []
     for t in traced_outs:
-        outs.append(None if t is None else low.new(t.shape, t.dtype))
+        outs.append(None if t is None else low.new(t.shape, t.dtype, _layout(t)))
         low.moved += 0 if t is None else 2 * t.nbytes
     for v in ins:
         low.use(v)
 
     def bind(plan, arena):
-        args = [_view(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
-        views = [None if o is None else _view(arena, o) for o in outs]
+        args = [_logical(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
+        views = [None if o is None else _logical(arena, o) for o in outs]
         holder = _Fallback(fn, args, attrs, low.model.opset, views, index)
         plan.add_python(holder)
         low.holders.append(holder)
@@ -794,11 +1138,12 @@ def _walk(low, model, inputs):
                 ]
             )
             lower = LOWERINGS.get(node.op_type)
-            marks = len(low.emits), len(low.buffers), low.moved
+            marks = len(low.emits), len(low.buffers), low.moved, len(low.c_added), low.gathered
             try:
                 if lower is None:
                     raise NotLowered
-                l_outs = lower(low, node, l_ins, t_ins, t_outs, {"_attrs": attrs, "_fn": fn})
+                ins_here = l_ins if node.op_type in ANY_LAYOUT else [low.c_order(v) for v in l_ins]
+                l_outs = lower(low, node, ins_here, t_ins, t_outs, {"_attrs": attrs, "_fn": fn})
                 if any(
                     name and t is not None and not isinstance(v, _Value) for name, t, v in zip(outs, t_outs, l_outs)
                 ):
@@ -806,12 +1151,15 @@ def _walk(low, model, inputs):
                 low.native.append(node.op_type)
             except NotLowered:  # what the lowering began is dropped
                 del low.emits[marks[0] :], low.buffers[marks[1] :]
-                low.moved = marks[2]
+                low.moved, low.gathered = marks[2], marks[4]
+                for key in low.c_added[marks[3] :]:
+                    del low.c_forms[key]
+                del low.c_added[marks[3] :]
                 low.nodes[-1][4] = "python"
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
             # stop tracing once the copies so far outweigh all the plan could still save
-            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved):
+            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved, low.gathered):
                 raise DoesNotPay
         for name, (t, v) in zip(outs, results):
             if name:
@@ -838,10 +1186,12 @@ def _place(buffers, end):
     return top
 
 
-def pays(native: int, fallbacks: int, moved: int) -> bool:
-    """Whether a plan of ``native`` nodes lowered natively, ``fallbacks`` run in Python and
-    ``moved`` bytes copied that the Python plan does not copy saves more than it costs."""
-    return STEP_US * native > FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US
+def pays(native: int, fallbacks: int, moved: int, gathered: int = 0) -> bool:
+    """Whether a plan of ``native`` nodes lowered natively, ``fallbacks`` run in Python,
+    ``moved`` bytes copied and ``gathered`` bytes gathered that the Python plan does not move
+    saves more than it costs."""
+    cost = FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US + gathered / GATHER_BYTES_PER_US
+    return STEP_US * native > cost
 
 
 class Plan:
@@ -916,6 +1266,7 @@ def lower(model, arrays, ops):
         else:
             inputs.append((a, None))
     outputs = _walk(low, model, inputs)
+    outputs = [(t, low.c_order(v)) for t, v in outputs]
     low.step += 1
     values = []
     for name, (t, v) in zip(model.output_names, outputs):
@@ -924,7 +1275,7 @@ def lower(model, arrays, ops):
         values.append((name, t, v))
     low.moved += 2 * sum(a.nbytes for a, v in inputs if v is not None)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
-    if not pays(len(low.native), len(low.fallbacks), low.moved):
+    if not pays(len(low.native), len(low.fallbacks), low.moved, low.gathered):
         raise DoesNotPay
     end = low.step
     for b in low.buffers:
@@ -948,7 +1299,7 @@ def lower(model, arrays, ops):
         [(name, _view(arena, v)) for name, _, v in values if isinstance(v, _Value)],
         [(name, np.asarray(t)) for name, t, v in values if not isinstance(v, _Value)],
         low.holders,
-        (tuple(low.native), tuple(low.fallbacks), low.moved),
+        (tuple(low.native), tuple(low.fallbacks), low.moved + low.gathered),
     )
     plan.nodes, plan.owner = low.nodes, np.array(owner, np.int64)
     try:

@@ -516,11 +516,16 @@ class CpuOps(ConvOps):
     def plan_activation_code(self, name):
         return steps.activation_code(name)
 
-    def plan_conv2d_weights(self, w_hwio, b, groups, activation):
-        return steps.conv2d_weights(w_hwio, b, groups, activation)
+    def plan_conv2d(self, x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual, planes):
+        return steps.conv2d_step(
+            x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual, planes
+        )
 
-    def plan_elementwise(self, program, operands):
-        return programs.plan_step(self, program, operands)
+    def plan_dense(self, w_kn, b, rows, activation, alpha):
+        return steps.dense_step(w_kn, b, rows, activation, alpha)
+
+    def plan_elementwise(self, program, operands, data=()):
+        return programs.plan_step(self, program, operands, data)
 
     def plan_sequence_loop(self, cell, x_bti, args, kw):
         return steps.sequence_loop(cell, x_bti, args, kw)

@@ -206,14 +206,16 @@ def native_plan(ops, program, general):
     return run
 
 
-def plan_step(ops, program, operands):
+def plan_step(ops, program, operands, data=()):
     """The native pass of ``program`` over ``operands`` laid out as they are, for a native
     plan's step: (ElementwiseProgram, samples, inner, channels, memory shape of the result,
     the axes that give the result from it, sources), sources being (kind, operand index, None,
-    stride) for each tensor operand the pass reads and (kind, None, array, stride) for each
-    vector or value (the instructions on those alone computed now, as ``run`` computes them
-    per call: the caller makes sure they hold constants). None where the native pass does not
-    take the program or the layout."""
+    stride) for each tensor operand the pass reads and for each channel vector among ``data``
+    (operand indices whose values the plan computes: read per call), and (kind, None, array,
+    stride) for each other vector or value (the instructions on those alone computed now, as
+    ``run`` computes them per call: the caller makes sure they hold constants). None where the
+    native pass does not take the program or the layout, or an instruction computed now reads
+    one of ``data``."""
     program = tuple(program)
     if not program or any(op == "act" and param[0] not in CODES for op, _, _, param in program):
         return None
@@ -224,6 +226,12 @@ def plan_step(ops, program, operands):
         layout = _Layout(program, len(operands), *found)
     except ValueError:
         return None
+    data = set(data)
+    reads_data = [k in data for k in range(len(operands))]
+    for _, a, b, _ in program:
+        reads_data.append(any(reads_data[v] for v in (a, b) if v >= 0))
+    if any(reads_data[v] for _, v in layout.hoisted):
+        return None
     values = [*operands, *([None] * len(program))]
     for insn, v in layout.hoisted:
         values[v] = ops.elementwise_step(insn, values)
@@ -231,9 +239,13 @@ def plan_step(ops, program, operands):
     for v, kind in zip(layout.sources, layout.kinds):
         if kind == FULL:
             sources.append((kind, v, None, layout.strides[v]))
+        elif kind == CHANNEL and v in data:
+            sources.append((kind, v, None, layout.c if operands[v].size > layout.c else 0))
         elif kind == CHANNEL:
             vec = np.ascontiguousarray(values[v], np.float32).reshape(-1)
             sources.append((kind, None, vec, layout.c if vec.size > layout.c else 0))
+        elif v in data:
+            return None
         else:
             sources.append((kind, None, np.ascontiguousarray(values[v], np.float32).reshape(1), 0))
     return layout.program, layout.samples, layout.inner, layout.c, layout.memory_shape, layout.back, sources
