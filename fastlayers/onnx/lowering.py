@@ -85,6 +85,10 @@ GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "R
 MOVEMENTS = frozenset(
     {"Slice", "Transpose", "Pad", "Concat", "Gather", "Expand", "Tile", "Split", "DepthToSpace", "SpaceToDepth"}
 )
+#: Movements whose result numpy gives as a view of the input: a gather in a plan where the
+#: Python plan moves the values later if at all (its consumer's copy, or strided reads); the
+#: cost model counts it as a copy.
+VIEWS = frozenset({"Slice", "Transpose", "Split", "Expand"})
 #: Movements whose output's axes are their inputs' (held channels-last where those are).
 KEEPS_AXES = frozenset({"Slice", "Pad", "Concat", "Split", "Resize", "Upsample"})
 #: Operators that are one activation of the native core, as ``ops/elementwise.py`` runs them
@@ -387,6 +391,8 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
                 _gather(plan, src, dst[offset:], dims, strides, maps, fill)
 
         low.emit(bind)
+        if node.op_type in VIEWS:  # numpy's result is a view: the Python plan's consumer moves it
+            low.moved += 2 * t.nbytes
         outs.append(y)
     return outs
 

@@ -79,6 +79,113 @@ def test_conv2d_step_matches_the_kernel(rng, isa):
     np.testing.assert_array_equal(got, want)
 
 
+def test_conv2d_step_adds_the_residual_in_its_epilogue(rng, isa):
+    x = rng.standard_normal((1, 6, 7, 8)).astype(np.float32)
+    w = rng.standard_normal((1, 1, 8, 13)).astype(np.float32)
+    r = rng.standard_normal((1, 6, 7, 13)).astype(np.float32)
+    pw = _core.conv_pack(w, 1)
+    relu = 1
+    want = np.empty((1, 6, 7, 13), np.float32)
+    _core.conv2d(x, pw, None, want, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0.0, 0, r, relu, 0.0)
+    plan = _core.NativePlan(1 << 16)
+    xv, rv, yv = _arena_views(plan, x.shape, r.shape, want.shape)
+    plan.add_conv2d(xv, pw, None, yv, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0.0, res=rv, res_code=relu)
+    (got,) = plan.run([x, r], [xv, rv], [yv])
+    np.testing.assert_array_equal(got, want)
+    assert got.min() >= 0
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_conv2d_step_runs_winograd_and_the_direct_sums_on_a_nan(rng, isa, tile):
+    x = rng.standard_normal((1, 9, 10, 16)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 16, 17)).astype(np.float32)
+    b = rng.standard_normal(17).astype(np.float32)
+    pw, pu = _core.conv_pack(w, 1), _core.winograd_pack(w, tile=tile)
+    want = np.empty((1, 9, 10, 17), np.float32)
+    assert _core.conv3x3_winograd(x, pu, b, want, 1, 1, 0, 0.0, tile)
+    plan = _core.NativePlan(1 << 16)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_conv2d(xv, pw, b, yv, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, tile=tile, pu=pu)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+    x[0, 4, 4, 3] = np.nan  # Winograd gives up: the direct sums, NaN where the window reads it
+    direct = np.empty_like(want)
+    _core.conv2d(x, pw, b, direct, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, direct)
+    assert np.isnan(got[0, 3:6, 3:6]).all() and np.isfinite(got[0, :3]).all()
+
+
+def test_conv2d_step_reads_nchw_planes(rng, isa):
+    x = rng.standard_normal((2, 3, 11, 13)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    want = np.empty((2, 6, 7, 8), np.float32)
+    _core.conv2d_nchw_in(x, w, b, want, 2, 2, 1, 1, 1, 1, 1, 0.0)
+    plan = _core.NativePlan(1 << 16)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_conv2d(xv, w, b, yv, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0.0, nchw_in=True)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_step_matches_the_kernel(rng, isa, stride):
+    x = rng.standard_normal((2, 9, 8, 19)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 19, 2)).astype(np.float32)
+    b = rng.standard_normal(38).astype(np.float32)
+    ho, wo = (9 - 1) // stride + 1, (8 - 1) // stride + 1
+    want = np.empty((2, ho, wo, 38), np.float32)
+    _core.depthwise_conv2d(x, w, b, want, stride, stride, 1, 1, 1, 1, 2, 0.0)
+    plan = _core.NativePlan(1 << 17)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_depthwise(xv, w, b, yv, stride, stride, 1, 1, 1, 1, 2, 0.0)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "softmax"])
+def test_dense_step_matches_the_kernel(rng, isa, rows, packed, activation):
+    """On the packed weights or on the array read in place; the softmax over each row too."""
+    x = rng.standard_normal((rows, 37)).astype(np.float32)
+    w = rng.standard_normal((37, 29)).astype(np.float32)
+    b = rng.standard_normal(29).astype(np.float32)
+    code = _core.ACTIVATIONS.index(activation)
+    pb = _core.pack(w) if packed else None
+    want = np.empty((rows, 29), np.float32)
+    _core.matmul(x, w, want, pb, b, code, 0.0)
+    plan = _core.NativePlan(1 << 16)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_dense(xv, None if packed else w, pb, b, yv, code, 0.0)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+    reference = x.astype(np.float64) @ w + b
+    if activation == "relu":
+        reference = np.maximum(reference, 0)
+    else:
+        e = np.exp(reference - reference.max(axis=1, keepdims=True))
+        reference = e / e.sum(axis=1, keepdims=True)
+    assert_close(got, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("is_max", [False, True])
+def test_pool_and_scale_shift_steps_match_the_kernels(rng, isa, is_max):
+    x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
+    want = np.empty((2, 4, 5, 5), np.float32)
+    _core.pool2d(x, want, is_max, 3, 3, 2, 2, 1, 1, 1, 1, 8, 10, False)
+    scale, shift = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    plan = _core.NativePlan(1 << 16)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_pool2d(xv, yv, is_max, 3, 3, 2, 2, 1, 1, 1, 1, 8, 10, False)
+    plan.add_scale_shift(yv, scale, shift, yv)  # in place
+    (got,) = plan.run([x], [xv], [yv])
+    shifted = np.empty_like(want)
+    _core.scale_shift(want.reshape(-1, 5), scale, shift, shifted.reshape(-1, 5))
+    np.testing.assert_array_equal(got, shifted)
+
+
 @pytest.mark.parametrize("size", [1, 15, 4096, 4097, 9000])
 def test_activation_step_matches_apply_activation(rng, isa, size):
     from fastlayers.native import CODES
@@ -131,6 +238,30 @@ def test_arguments_are_checked_when_bound():
         plan.add_python(3)
     with pytest.raises(ValueError, match="arena"):
         _core.NativePlan(-1)
+    x4, y4 = np.zeros((1, 4, 4, 16), np.float32), np.zeros((1, 4, 4, 8), np.float32)
+    w = np.zeros((3, 3, 16, 8), np.float32)
+    with pytest.raises(ValueError, match="Winograd tile 3"):
+        plan.add_conv2d(x4, _core.conv_pack(w, 1), None, y4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, tile=3)
+    with pytest.raises(ValueError, match="Winograd weights"):
+        plan.add_conv2d(x4, _core.conv_pack(w, 1), None, y4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, tile=2)
+    with pytest.raises(ValueError, match="residual"):
+        plan.add_conv2d(x4, _core.conv_pack(w, 1), None, y4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, res=x4)
+    with pytest.raises(ValueError, match="NCHW input"):
+        plan.add_conv2d(x4, w, None, y4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, nchw_in=True)
+    with pytest.raises(ValueError, match="weights must be"):
+        plan.add_dense(
+            np.zeros((2, 5), np.float32), np.zeros((4, 3), np.float32), None, None, dst[:6].reshape(2, 3), 0, 0.0
+        )
+    with pytest.raises(ValueError, match="no activation"):
+        plan.add_dense(
+            np.zeros((2, 4), np.float32), np.zeros((4, 3), np.float32), None, None, dst[:6].reshape(2, 3), 99, 0.0
+        )
+    with pytest.raises(ValueError, match="depthwise"):
+        plan.add_depthwise(x4, np.zeros((3, 3, 8, 1), np.float32), None, y4, 1, 1, 1, 1, 1, 1, 0, 0.0)
+    with pytest.raises(ValueError, match="pool"):
+        plan.add_pool2d(x4, y4, True, 2, 2, 2, 2, 1, 1, 0, 0, 4, 4, False)
+    with pytest.raises(ValueError, match="scale_shift"):
+        plan.add_scale_shift(x4, np.zeros(8, np.float32), np.zeros(8, np.float32), x4)
     assert len(plan) == 0
 
 

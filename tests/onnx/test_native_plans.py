@@ -457,3 +457,140 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     for _ in range(3):
         ours.run(None, {"x": big})
     assert builds == [] and not ours._native.off and not _plans(ours)
+
+
+def _conv_model(rng):
+    """A small CNN as real exports have them: a 3-channel image into a convolution read from
+    its NCHW planes, a 3x3 convolution of 16 channels each way (Winograd), a strided depthwise
+    one with HardSwish and a per-channel Mul / Add after it (a FusedConv's scale and shift), a
+    pointwise one with a residual Add and Relu, a squeeze-and-excite gate (GlobalAveragePool,
+    two 1x1 convolutions, HardSigmoid, a product on the gate, Mul), max and average pools, a nearest Resize, a Slice
+    and a Concat of channels, ReduceMean over the positions, Gemm and Softmax."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    c = 16
+    inits = [
+        numpy_helper.from_array(f(c, 3, 3, 3), "w_in"),
+        numpy_helper.from_array(f(c), "b_in"),
+        numpy_helper.from_array(f(c, c, 3, 3), "w_3x3"),
+        numpy_helper.from_array(f(c, 1, 3, 3), "w_dw"),
+        numpy_helper.from_array(f(1, c, 1, 1) + 1, "scale"),
+        numpy_helper.from_array(f(1, c, 1, 1), "shift"),
+        numpy_helper.from_array(f(c, c, 1, 1), "w_pw"),
+        numpy_helper.from_array(f(4, c, 1, 1), "w_se1"),
+        numpy_helper.from_array(f(c, 4, 1, 1), "w_se2"),
+        numpy_helper.from_array(np.array([1.0, 1.0, 2.0, 2.0], np.float32), "up"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([8], np.int64), "eight"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(f(c + 8, 10), "w_fc"),
+        numpy_helper.from_array(f(10), "b_fc"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w_in", "b_in"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w_3x3"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c1", "w_dw"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2], group=c),
+        helper.make_node("HardSwish", ["c2"], ["h2"]),
+        helper.make_node("Mul", ["h2", "scale"], ["m2"]),
+        helper.make_node("Add", ["m2", "shift"], ["a2"]),
+        helper.make_node("Conv", ["a2", "w_pw"], ["c3"]),
+        helper.make_node("Add", ["c3", "a2"], ["s3"]),
+        helper.make_node("Relu", ["s3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g3"]),
+        helper.make_node("Conv", ["g3", "w_se1"], ["e1"]),
+        helper.make_node("Relu", ["e1"], ["e1r"]),
+        helper.make_node("Conv", ["e1r", "w_se2"], ["e2"]),
+        helper.make_node("HardSigmoid", ["e2"], ["gate"], alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["gate", "gate"], ["gate2"]),  # computed on the vector, per call
+        helper.make_node("Mul", ["r3", "gate2"], ["se"]),
+        helper.make_node("MaxPool", ["se"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("AveragePool", ["p1"], ["p2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["p2", "", "up"], ["u"], mode="nearest"),
+        helper.make_node("Slice", ["u", "zero", "eight", "one"], ["half"]),
+        helper.make_node("Concat", ["u", "half"], ["cat"], axis=1),
+        helper.make_node("ReduceMean", ["cat"], ["mean"], axes=[2, 3], keepdims=0),
+        helper.make_node("Gemm", ["mean", "w_fc", "b_fc"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 20, 22])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "se")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, batch):
+    """Every node of a small CNN runs natively (its values held channels-last between the
+    convolutions, as the Python plan holds them): the Python plan's values, onnxruntime's."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)  # whatever the cost model finds for so small a model
+    data = _conv_model(np.random.default_rng(7))
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        x = rng.standard_normal((batch, 3, 20, 22)).astype(np.float32)
+        got = ours.run(None, {"x": x})
+        for g, w, p in zip(got, session.run(None, {"x": x}), python.run(None, {"x": x})):
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(g, p)  # the Python plan's kernels (Winograd, ...): its bits
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert {"FusedConv", "FusedElementwise", "GlobalAveragePool", "MaxPool", "AveragePool", "Resize"} <= set(native)
+    assert {"Slice", "Concat", "ReduceMean", "FusedDense"} <= set(native)
+
+
+def _conv1d_model(rng):
+    """1-D convolutions (NCL) with a residual Add, a max pool and a mean over the steps."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(f(12, 5, 3), "w1"),
+        numpy_helper.from_array(f(12), "b1"),
+        numpy_helper.from_array(f(12, 12, 1), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("MaxPool", ["s2"], ["p2"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+        helper.make_node("ReduceMean", ["p2"], ["y"], axes=[2], keepdims=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 31])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "p2")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_one_dimensional_convolutions_and_pools_run_natively(rng, monkeypatch):
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _conv1d_model(np.random.default_rng(3))
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x = rng.standard_normal((2, 5, 31)).astype(np.float32)
+        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert {"FusedConv", "MaxPool", "ReduceMean"} <= set(native)
+
+
+def test_the_cost_model_counts_copies_and_gathers_apart():
+    """Contiguous copies (inputs in, outputs out, a Python node's results) cost less per byte
+    than gathers (layout moves)."""
+    assert lowering.COPY_BYTES_PER_US > lowering.GATHER_BYTES_PER_US
+    moved = int(lowering.STEP_US * 10 * lowering.COPY_BYTES_PER_US * 0.9)
+    assert lowering.pays(native=10, fallbacks=0, moved=moved)
+    assert not lowering.pays(native=10, fallbacks=0, moved=0, gathered=moved)
