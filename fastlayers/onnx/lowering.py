@@ -1227,7 +1227,7 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
     time, its kernel ``native`` (its steps bound in the plan), ``alias`` (none: a view of its
     input's memory) or ``python`` (its function run inside the plan); None where another call
     runs the plan now."""
-    from .profile import Profile, Step, fused_detail
+    from .profile import Profile, Step, node_detail
 
     fed = [arrays[k] for k in plan.fed]
     outputs = [v for _, v in plan.outputs]
@@ -1251,7 +1251,7 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
         node = model._nodes[index]
         attrs = model._plan[index][3]
         kernel = "python" if kind == "python" else "native" if counts[k] else "alias"
-        fused = fused_detail(attrs) if node.op_type.startswith("Fused") else ""
+        fused = node_detail(node.op_type, attrs)
         label = node.name or (node.outputs[0] if node.outputs else "")
         steps.append(Step(k, node.op_type, label, fused, in_shapes, out_shapes, "-", kernel, float(node_ms[k])))
     for s in steps:

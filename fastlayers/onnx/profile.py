@@ -154,6 +154,12 @@ def layout_of(value) -> str:
     return "strided"
 
 
+def node_detail(op_type: str, attrs) -> str:
+    """The ``fused`` column of a node: what a fused node (or a ConvTranspose, which takes its
+    activation in) took in; "" for others."""
+    return fused_detail(attrs) if op_type.startswith("Fused") or op_type == "ConvTranspose" else ""
+
+
 def fused_detail(attrs) -> str:
     """What a fused node took in, from its attributes (its activation, a residual add)."""
     parts = [str(attrs[k]) for k in _FUSED_ATTRS if isinstance(attrs.get(k), (str, bool)) and attrs.get(k)]
@@ -230,10 +236,8 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pau
             out_values = [table_values.get(o) for o in outs if o]
             if path in taken:
                 fused = taken[path].removesuffix("_branch")
-            elif node.op_type.startswith("Fused") or node.op_type == "ConvTranspose":
-                fused = fused_detail(attrs)
             else:
-                fused = ""
+                fused = node_detail(node.op_type, attrs)
             steps.append(
                 Step(
                     k,
