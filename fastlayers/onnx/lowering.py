@@ -256,14 +256,18 @@ def _alias(low, node, ins, traced_ins, traced_outs, attrs):
 
 
 def _factored(table: np.ndarray):
-    """Per-axis tables of source offsets whose sums give ``table`` (-1: filled), or None."""
+    """Per-axis tables of source offsets whose sums give ``table`` (-1: filled), or None (a few
+    arrays of the table's size at a time: tables can be large)."""
     if table.ndim > 8 or table.ndim == 0:
         return None
+    if table.min() < -1:  # any negative offset is a filled position
+        table = np.maximum(table, -1)
     filled = table < 0
     if filled.all():
         return None
-    flat = np.where(filled, np.iinfo(np.int64).max, table)
-    p = np.unravel_index(int(np.argmin(flat)), table.shape)
+    found = np.where(filled, np.iinfo(np.int64).max, table) if filled.any() else table
+    p = np.unravel_index(int(np.argmin(found)), table.shape)
+    del found, filled
     base = int(table[p])
     maps = []
     for a in range(table.ndim):
@@ -277,9 +281,10 @@ def _factored(table: np.ndarray):
     for a, m in enumerate(maps):
         shape = [1] * table.ndim
         shape[a] = -1
-        total = total + np.where(m < 0, 0, m).reshape(shape)
-        hole = hole | (m < 0).reshape(shape)
-    if not np.array_equal(np.where(hole, -1, total), np.where(filled, -1, table)):
+        total += np.where(m < 0, 0, m).reshape(shape)
+        hole |= (m < 0).reshape(shape)
+    total[hole] = -1
+    if not np.array_equal(total, table):
         return None
     return maps
 
@@ -318,21 +323,25 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
             args[k] = index.transpose(v.perm) if isinstance(v, _Value) and v.perm is not None else index
         return fn(args, attrs["_attrs"], opset)
 
-    try:
-        first, second = run(0), run(shift)
+    def filled():  # the value of positions no source supplies: a run on zeros
         zeros = list(traced_ins)
         for k in sources:
             zeros[k] = np.zeros(traced_ins[k].shape, np.float32)
-        filled_run = fn(zeros, attrs["_attrs"], opset)
+        return fn(zeros, attrs["_attrs"], opset)
+
+    try:
+        first, second = list(run(0)), list(run(shift))
     except Exception as e:  # an operator that does not take index arrays
         raise NotLowered from e
+    filled_run = None
     outs = []
-    for o, (a, b, z, t) in enumerate(zip(first, second, filled_run, traced_outs)):
+    for o, t in enumerate(traced_outs):  # (the runs' arrays dropped as each output is done)
+        a, b, first[o], second[o] = first[o], second[o], None, None
         if t is None or not isinstance(t, np.ndarray):
             outs.append(None)
             continue
-        a, b, z = np.asarray(a), np.asarray(b), np.asarray(z)
-        if a.shape != t.shape or t.dtype != np.float32 or a.dtype != np.int64:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != t.shape or b.shape != t.shape or t.dtype != np.float32 or a.dtype != np.int64:
             raise NotLowered
         # the output held as the trace holds it, or channels-last as its sources where the
         # operator keeps the axes (a channel slice or concatenation: runs of channels)
@@ -341,15 +350,26 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         if perm is None and node.op_type in KEEPS_AXES and t.ndim in (3, 4) and held == {_channels_last(t.ndim)}:
             perm = _channels_last(t.ndim)
         y = low.new(t.shape, perm=perm)
-        if perm is not None:
-            order = np.argsort(perm)
-            a, b, z = a.transpose(order), b.transpose(order), z.transpose(order)
+        order = None if perm is None else np.argsort(perm)
+        if order is not None:
+            a, b = a.transpose(order), b.transpose(order)
         shape = y.memory_shape
-        copied = (b - a) == shift
-        fill_at = ~copied
+        if b.flags.writeable and b.base is None:  # the run's own array: in place
+            b -= a
+        else:
+            b = b - a
+        copied = b == shift
+        del b
         fill = 0.0
-        if fill_at.any():
-            values = np.unique(z[fill_at].astype(np.float32))
+        if not copied.all():
+            if filled_run is None:
+                try:
+                    filled_run = filled()
+                except Exception as e:  # as the runs above
+                    raise NotLowered from e
+            z = np.asarray(filled_run[o])
+            z = z if order is None else z.transpose(order)
+            values = np.unique(z[~copied].astype(np.float32))
             if values.size != 1:
                 raise NotLowered
             fill = float(values[0])
@@ -357,24 +377,26 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         for j, k in enumerate(sources):
             mine = copied & (a >= (j + 1) * span) & (a < (j + 2) * span)
             if mine.any():
-                parts.append((k, mine, np.where(mine, a - (j + 1) * span, -1)))
+                parts.append((k, mine, j))
         if not parts:
             raise NotLowered
         c_strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))] or [1]
         pieces = []  # (source, destination offset, dims, destination strides, maps)
         if len(parts) == 1:  # the whole output: -1 (the fill) where no source value lands
-            k, _, table = parts[0]
+            k, mine, j = parts[0]
+            table = np.where(mine, a - (j + 1) * span, -1)
             maps = _factored(table)
             if maps is None:
                 pieces.append((k, 0, (table.size,), [1], [table.reshape(-1)]))
             else:
                 pieces.append((k, 0, table.shape, c_strides, maps))
         else:  # each source's values fill a box of the output (Concat, Split)
-            if fill_at.any():
+            if not copied.all():
                 raise NotLowered
-            for k, mine, table in parts:
+            for k, mine, j in parts:
                 box = _box(mine)
-                maps = None if box is None else _factored(table[tuple(slice(s, s + d) for s, d in zip(*box))])
+                inside = None if box is None else tuple(slice(s, s + d) for s, d in zip(*box))
+                maps = None if box is None else _factored(a[inside] - (j + 1) * span)
                 if maps is None:
                     raise NotLowered
                 start, dims = box
@@ -424,15 +446,18 @@ def _gather(plan, src, dst, dims, strides, maps, fill=0.0):
 
 
 def _box(mask):
-    """(start, dims) of the box ``mask`` fills exactly, or None."""
-    where = np.nonzero(mask)
-    if not where[0].size:
+    """(start, dims) of the box ``mask`` fills exactly, or None (from each axis's extent: no
+    index arrays of the whole mask)."""
+    start, dims = [], []
+    for a in range(mask.ndim):
+        hit = np.flatnonzero(mask.any(axis=tuple(b for b in range(mask.ndim) if b != a)))
+        if not hit.size:
+            return None
+        start.append(int(hit[0]))
+        dims.append(int(hit[-1]) - int(hit[0]) + 1)
+    if math.prod(dims) != int(np.count_nonzero(mask)):
         return None
-    start = tuple(int(w.min()) for w in where)
-    dims = tuple(int(w.max()) - s + 1 for w, s in zip(where, start))
-    if math.prod(dims) != int(mask.sum()):
-        return None
-    return start, dims
+    return tuple(start), tuple(dims)
 
 
 def _transposed(low, x: _Value, perm, extra=True) -> _Value:
@@ -1117,7 +1142,12 @@ def _walk(low, model, inputs):
     value or None for a constant)); its outputs likewise."""
     traced = dict(zip(model._input_names, (t for t, _ in inputs)))
     lowered = dict(zip(model._input_names, (v for _, v in inputs)))
-    for index, (node, (fn, ins, outs, attrs, _)) in enumerate(zip(model._nodes, model._bound_plan())):
+    bound = model._bound_plan()
+    last = {}  # name -> the last node that reads it: the trace keeps no value longer than the Python plan
+    for index, (_, ins, _, _, _) in enumerate(bound):
+        last.update((i, index) for i in ins if type(i) is str)
+    kept = set(model.output_names)
+    for index, (node, (fn, ins, outs, attrs, _)) in enumerate(zip(model._nodes, bound)):
         low.left -= 1
         t_ins = [traced[i] if type(i) is str else i for i in ins]
         l_ins = [lowered.get(i) if type(i) is str else None for i in ins]
@@ -1170,6 +1200,9 @@ def _walk(low, model, inputs):
         for name, (t, v) in zip(outs, results):
             if name:
                 traced[name], lowered[name] = t, v
+        for name in ins:
+            if type(name) is str and last.get(name) == index and name not in kept:
+                traced.pop(name, None)
     return [(traced[o], lowered.get(o)) if o in traced else (model._constants[o], None) for o in model.output_names]
 
 
