@@ -73,6 +73,12 @@ int fl_scale_shift_step(void *ctx) {
     return fl_scale_shift(a->m, a->n, a->x, a->scale, a->shift, a->out);
 }
 
+int fl_batched_matmul_step(void *ctx) {
+    const fl_batched_matmul_args *a = ctx;
+    return fl_matmul_batch(a->batch, a->m, a->n, a->k, a->a, a->sa, a->k, a->b, a->sb, a->n, 0, a->c, a->m * a->n,
+                           a->n);
+}
+
 int fl_rnn_step(void *ctx) {
     const fl_rnn_step_args *a = ctx;
     if (!a->serial) return fl_rnn_loop(&a->a);
@@ -84,6 +90,7 @@ int fl_rnn_step(void *ctx) {
 
 int fl_activation_step(void *ctx) {
     const fl_activation_args *a = ctx;
+    if (a->row > 0) return fl_bias_act(a->size / a->row, a->row, a->x, a->row, NULL, a->code, a->alpha, a->y, a->row);
     int64_t row = a->size < FL_ACT_ROW ? a->size : FL_ACT_ROW, done = 0;
     if (row == 0) return 0;
     int st = fl_bias_act(a->size / row, row, a->x, row, NULL, a->code, a->alpha, a->y, row);

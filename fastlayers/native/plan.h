@@ -16,10 +16,13 @@
  * pool_step(a): pool.h's pool2d on the bound arguments.
  * scale_shift_step(a): rows.h's scale_shift: out[i, j] = x[i, j] scale[j] + shift[j] over m
  *   rows of n floats (out may be x).
+ * batched_matmul_step(a): c[i] = a[i] @ b[i] for i < batch (gemm.h's matmul_batch), a stride
+ *   of 0 sharing an operand across the batch.
  * dense_step(a): y (m, n) = f(x (m, k) @ w + bias), gemm.h's matmul on the packed weights pw,
  *   or on w (k, n) read in place (rows ldw apart) where pw is NULL.
  * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
- * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha).
+ * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha); where
+ *   `row` > 0, over rows of `row` floats (the softmax codes normalize each).
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
@@ -85,6 +88,12 @@ typedef struct {
 } fl_scale_shift_args;
 
 typedef struct {
+    int64_t batch, m, n, k, sa, sb;
+    const float *a, *b;
+    float *c;
+} fl_batched_matmul_args;
+
+typedef struct {
     int64_t m, n, k, ldw;
     const float *x, *w, *pw, *bias;
     int code;
@@ -93,7 +102,7 @@ typedef struct {
 } fl_dense_args;
 
 typedef struct {
-    int64_t size;
+    int64_t size, row;
     int code;
     float alpha;
     const float *x;
@@ -122,6 +131,7 @@ int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
 int fl_depthwise_step(void *a);
 int fl_dense_step(void *a);
+int fl_batched_matmul_step(void *a);
 int fl_pool_step(void *a);
 int fl_scale_shift_step(void *a);
 int fl_rnn_step(void *a);

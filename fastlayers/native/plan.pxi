@@ -39,6 +39,11 @@ cdef extern from "plan.h" nogil:
         const float *scale
         const float *shift
         float *out
+    ctypedef struct fl_batched_matmul_args:
+        int64_t batch, m, n, k, sa, sb
+        const float *a
+        const float *b
+        float *c
     ctypedef struct fl_dense_args:
         int64_t m, n, k, ldw
         const float *x
@@ -74,7 +79,7 @@ cdef extern from "plan.h" nogil:
         int rms
         float *out
     ctypedef struct fl_activation_args:
-        int64_t size
+        int64_t size, row
         int code
         float alpha
         const float *x
@@ -83,6 +88,7 @@ cdef extern from "plan.h" nogil:
     int fl_conv2d_step(void *a) noexcept nogil
     int fl_depthwise_step(void *a) noexcept nogil
     int fl_dense_step(void *a) noexcept nogil
+    int fl_batched_matmul_step(void *a) noexcept nogil
     int fl_pool_step(void *a) noexcept nogil
     int fl_scale_shift_step(void *a) noexcept nogil
     int fl_rnn_step(void *a) noexcept nogil
@@ -349,6 +355,22 @@ cdef class NativePlan:
         a.n = x.shape[x.ndim - 1]
         a.m, a.x, a.scale, a.shift, a.out = (x.size // a.n) if a.n else 0, xp, sp, hp, op
 
+    def add_batched_matmul(self, a, b, c):
+        """c[i] = a[i] @ b[i] (gemm.h's matmul_batch) for C-contiguous float32 a (Ba, m, k),
+        b (Bb, k, n), c (B, m, n), each of Ba and Bb B or 1 (one operand shared)."""
+        cdef float *ap = _view(a, "matmul a")
+        cdef float *bp = _view(b, "matmul b")
+        cdef float *cp = _view(c, "matmul c")
+        if a.ndim != 3 or b.ndim != 3 or c.ndim != 3 or a.shape[2] != b.shape[1] or a.shape[1] != c.shape[1] \
+                or b.shape[2] != c.shape[2] or a.shape[0] not in (1, c.shape[0]) or b.shape[0] not in (1, c.shape[0]):
+            raise ValueError(f"native plan matmul: a {a.shape}, b {b.shape}, c {c.shape}")
+        cdef fl_batched_matmul_args *s = <fl_batched_matmul_args *>self._push(
+            fl_batched_matmul_step, sizeof(fl_batched_matmul_args), (a, b, c))
+        s.batch, s.m, s.n, s.k = c.shape[0], c.shape[1], c.shape[2], a.shape[2]
+        s.sa = 0 if a.shape[0] == 1 else a.shape[1] * a.shape[2]
+        s.sb = 0 if b.shape[0] == 1 else b.shape[1] * b.shape[2]
+        s.a, s.b, s.c = ap, bp, cp
+
     def add_dense(self, x, w, pw, bias, y, int code, float alpha):
         """y (..., n) = f(x (..., k) @ w + bias) (gemm.h's matmul), x and y C-contiguous
         float32 (views of the arena): on ``pw``, ``pack``'s output for the (k, n) weights, or
@@ -392,17 +414,22 @@ cdef class NativePlan:
         _rnn_args(&a.a, call)
         a.serial = serial
 
-    def add_activation(self, x, y, int code, float alpha):
+    def add_activation(self, x, y, int code, float alpha, int64_t row=0):
         """y = f(x) elementwise (an activation code of rows.h but the softmaxes) over two
-        C-contiguous float32 arrays of one size."""
+        C-contiguous float32 arrays of one size; with ``row`` > 0, over rows of that many
+        values, the softmax codes too (each row normalized)."""
         cdef float *xp = _view(x, "activation x")
         cdef float *yp = _view(y, "activation y")
         if x.size != y.size:
             raise ValueError(f"native plan activation: {x.size} values into {y.size}")
-        check_code(code)
+        if row > 0:
+            if x.size % row or code < 0 or code >= len(ACTIVATIONS):
+                raise ValueError(f"native plan activation: rows of {row} over {x.size} values, code {code}")
+        else:
+            check_code(code)
         cdef fl_activation_args *a = <fl_activation_args *>self._push(
             fl_activation_step, sizeof(fl_activation_args), (x, y))
-        a.size, a.code, a.alpha, a.x, a.y = x.size, code, alpha, xp, yp
+        a.size, a.row, a.code, a.alpha, a.x, a.y = x.size, row, code, alpha, xp, yp
 
     def add_elementwise(self, ElementwiseProgram program, int64_t samples, int64_t inner, int64_t c,
                         list operands, out):

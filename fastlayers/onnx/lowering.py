@@ -705,12 +705,51 @@ def _global_pool(low, node, ins, traced_ins, traced_outs, attrs):
     return [y]
 
 
+def _batched_matmul(low, node, ins, traced_ins, traced_outs, attrs):
+    """MatMul of two values of at least 2 axes, computed or constant, their leading axes all
+    alike or one operand's all 1 (shared), as the cpu backend's batched product runs it."""
+    a, b, out = ins[0], ins[1], traced_outs[0]
+    ta, tb = traced_ins[0], traced_ins[1]
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or not all(isinstance(t, np.ndarray) and t.dtype == np.float32 and t.ndim >= 2 and t.size for t in (ta, tb))
+        or ta.shape[-1] != tb.shape[-2]
+    ):
+        raise NotLowered
+    m, n = ta.shape[-2], tb.shape[-1]
+    lead = out.shape[:-2]
+    batch = math.prod(lead)
+    operands = []
+    for v, t in ((a, ta), (b, tb)):
+        size = math.prod(t.shape[:-2])
+        if size not in (1, batch) or (size == batch and (1,) * (len(lead) - t.ndim + 2) + t.shape[:-2] != lead):
+            raise NotLowered
+        if not isinstance(v, _Value):
+            v = np.ascontiguousarray(t, np.float32)
+        operands.append((v, (size, *t.shape[-2:])))
+    if out.shape != (*lead, m, n):
+        raise NotLowered
+    y = low.new(out.shape)
+    for v, _ in operands:
+        low.use(v)
+
+    def bind(plan, arena):
+        a3, b3 = (_operand(arena, v).reshape(shape) for v, shape in operands)
+        plan.add_batched_matmul(a3, b3, _view(arena, y).reshape(batch, m, n))
+
+    low.emit(bind)
+    return [y]
+
+
 def _dense(low, node, ins, traced_ins, traced_outs, attrs):
     """A product of a plan value (..., k) and constant weights (k, n): FusedDense (its
     activation or row softmax in the epilogue), MatMul, Gemm without transA / alpha / beta; the
     cpu backend's ``dense`` as one step (``plan_dense``)."""
     x, out = ins[0], traced_outs[0]
     node_attrs = attrs["_attrs"]
+    if node.op_type == "MatMul" and isinstance(ins[1], _Value):  # a product of two computed values
+        return _batched_matmul(low, node, ins, traced_ins, traced_outs, attrs)
     if (
         not isinstance(x, _Value)
         or x.dtype != np.float32
@@ -919,6 +958,63 @@ def _activation(name, alpha_attr, default):
     return lower
 
 
+def _row_activation(name):
+    """Softmax / LogSoftmax over the last axis (opset >= 13) or over the axes from ``axis`` on
+    (before 13): the row kernel over rows of that width, as ``CpuOps.softmax`` runs it."""
+
+    def lower(low, node, ins, traced_ins, traced_outs, attrs):
+        x = ins[0]
+        code = low.ops.plan_activation_code(name, rows=True)
+        if not isinstance(x, _Value) or x.dtype != np.float32 or code is None or not x.size or not x.shape:
+            raise NotLowered
+        ndim = len(x.shape)
+        if low.model.opset >= 13:
+            if attrs["_attrs"].get("axis", -1) % ndim != ndim - 1:
+                raise NotLowered
+            row = x.shape[-1]
+        else:
+            row = math.prod(x.shape[attrs["_attrs"].get("axis", 1) % ndim :])
+        y = low.new(x.shape)
+        low.use(x)
+        low.emit(lambda plan, arena: plan.add_activation(_view(arena, x), _view(arena, y), code, 0.0, row))
+        return [y]
+
+    return lower
+
+
+def _dense_chain(low, node, ins, traced_ins, traced_outs, attrs):
+    """FusedDenseChain: its layers as consecutive dense steps (``plan_dense``), as the
+    backend's chain runs each product."""
+    x, out = ins[0], traced_outs[0]
+    layers = attrs["_attrs"]["layers"]
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or len(x.shape) < 2
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+    ):
+        raise NotLowered
+    rows, value = x.size // x.shape[-1], x
+    for i, (activation, alpha) in enumerate(layers):
+        w, b = traced_ins[1 + 2 * i], traced_ins[2 + 2 * i] if 2 + 2 * i < len(traced_ins) else None
+        if np.ndim(w) != 2 or np.shape(w)[0] != value.shape[-1]:
+            raise NotLowered
+        bound = low.ops.plan_dense(w, None if b is None or np.size(b) == 0 else b, rows, activation, alpha)
+        if bound is None:
+            raise NotLowered
+        y = low.new((*value.shape[:-1], np.shape(w)[1]))
+        low.use(value)
+        low.emit(
+            lambda plan, arena, x=value, y=y, bound=bound: plan.add_dense(_view(arena, x), y=_view(arena, y), **bound)
+        )
+        value = y
+    if value.shape != out.shape:
+        raise NotLowered
+    return [value]
+
+
 #: Elementwise operators as one instruction of an elementwise program (the ops of
 #: ``Ops.elementwise_plan``; numpy's float32 arithmetic gives the same bits).
 ELEMENTWISE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs"}
@@ -1053,8 +1149,11 @@ LOWERINGS = {
     "Conv": _conv,
     "FusedConv": _conv,
     "FusedDense": _dense,
+    "FusedDenseChain": _dense_chain,
     "MatMul": _dense,
     "Gemm": _dense,
+    "Softmax": _row_activation("softmax"),
+    "LogSoftmax": _row_activation("log_softmax"),
     "FusedElementwise": _elementwise,
     "com.microsoft::DynamicQuantizeMatMul": _dynamic_matmul,
     "com.microsoft::DynamicQuantizeLSTM": _dynamic_lstm,

@@ -170,6 +170,35 @@ def test_dense_step_matches_the_kernel(rng, isa, rows, packed, activation):
     assert_close(got, reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_row_activation_step_normalizes_each_row(rng, isa, name):
+    x = rng.standard_normal((6, 37)).astype(np.float32)
+    code = _core.ACTIVATIONS.index(name)
+    want = _core.apply_activation(x, code, 0.0)
+    plan = _core.NativePlan(1 << 14)
+    xv, yv = _arena_views(plan, x.shape, x.shape)
+    plan.add_activation(xv, yv, code, 0.0, 37)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="rows of 5"):
+        plan.add_activation(xv, yv, code, 0.0, 5)
+
+
+@pytest.mark.parametrize("shared", [None, "a", "b"])
+def test_batched_matmul_step_matches_the_kernel(rng, isa, shared):
+    a = rng.standard_normal((1 if shared == "a" else 3, 5, 17)).astype(np.float32)
+    b = rng.standard_normal((1 if shared == "b" else 3, 17, 9)).astype(np.float32)
+    want = np.empty((3, 5, 9), np.float32)
+    _core.matmul_batch(np.broadcast_to(a, (3, 5, 17)).copy(), np.broadcast_to(b, (3, 17, 9)).copy(), want, False)
+    plan = _core.NativePlan(1 << 14)
+    av, bv, cv = _arena_views(plan, a.shape, b.shape, want.shape)
+    plan.add_batched_matmul(av, bv, cv)
+    (got,) = plan.run([a, b], [av, bv], [cv])
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="matmul"):
+        plan.add_batched_matmul(av, bv.reshape(-1, 9, 17), cv)
+
+
 @pytest.mark.parametrize("is_max", [False, True])
 def test_pool_and_scale_shift_steps_match_the_kernels(rng, isa, is_max):
     x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)

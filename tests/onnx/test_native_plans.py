@@ -594,3 +594,59 @@ def test_the_cost_model_counts_copies_and_gathers_apart():
     moved = int(lowering.STEP_US * 10 * lowering.COPY_BYTES_PER_US * 0.9)
     assert lowering.pays(native=10, fallbacks=0, moved=moved)
     assert not lowering.pays(native=10, fallbacks=0, moved=0, gathered=moved)
+
+
+def _attention_model(rng, opset):
+    """Self-attention as exporters write it: dense projections (a chain of two with a Relu
+    between), a Transpose, products of two computed values, a Softmax over the keys (opset 13
+    and later: its axis; before: the axes from it on) and a LogSoftmax head (taken into the
+    last product's epilogue)."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    d = 8
+    inits = [numpy_helper.from_array(f(d, d), name) for name in ("wq", "wk", "wv", "w1", "w2")]
+    inits += [numpy_helper.from_array(f(d), name) for name in ("b1", "b2")]
+    axis = {"axis": -1} if opset >= 13 else {"axis": 2}
+    keys = {"axis": -1} if opset >= 13 else {"axis": 1}  # before 13: over each (query, key) block
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["weights"], **keys),
+        helper.make_node("MatMul", ["weights", "v"], ["mixed"]),
+        helper.make_node("MatMul", ["mixed", "w1"], ["h1"]),
+        helper.make_node("Add", ["h1", "b1"], ["h1b"]),
+        helper.make_node("Relu", ["h1b"], ["h1r"]),
+        helper.make_node("MatMul", ["h1r", "w2"], ["h2"]),
+        helper.make_node("Add", ["h2", "b2"], ["h2b"]),
+        helper.make_node("LogSoftmax", ["h2b"], ["y"], **axis),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, d])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "weights")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_attention_products_and_softmaxes_run_natively(rng, monkeypatch, opset):
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _attention_model(np.random.default_rng(5), opset)
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+        for g, w, p in zip(ours.run(None, {"x": x}), session.run(None, {"x": x}), python.run(None, {"x": x})):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            assert_close(g, p, rtol=1e-6, atol=1e-7)
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert {"MatMul", "Softmax", "Transpose"} <= set(native)
+    assert {"FusedDenseChain", "FusedDense"} & set(native)

@@ -513,8 +513,8 @@ class CpuOps(ConvOps):
     def plan_threads(self):
         return _core.get_num_threads()
 
-    def plan_activation_code(self, name):
-        return steps.activation_code(name)
+    def plan_activation_code(self, name, rows=False):
+        return steps.activation_code(name, rows)
 
     def plan_conv2d(self, x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual, planes):
         return steps.conv2d_step(

@@ -37,9 +37,10 @@ def native_plan(arena_bytes: int):
     return _core.NativePlan(arena_bytes)
 
 
-def activation_code(name: str):
-    """The native code of the elementwise activation ``name``, or None."""
-    return _ELEMENTWISE.get(name)
+def activation_code(name: str, rows: bool = False):
+    """The native code of the elementwise activation ``name`` (with ``rows``, of a row
+    activation: the softmaxes too), or None."""
+    return CODES.get(name) if rows else _ELEMENTWISE.get(name)
 
 
 def conv2d_step(

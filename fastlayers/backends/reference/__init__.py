@@ -874,7 +874,7 @@ class ReferenceOps:
         """An empty native plan (``native.NativePlan``) over an arena of ``arena_bytes`` bytes,
         for ``onnx/lowering.py`` to bind kernels to; None on backends without one (the
         reference runs every model through its Python plan). Backends that return a plan
-        also give ``plan_activation_code(name)``, ``plan_conv2d(x_shape, w_hwio, b,
+        also give ``plan_activation_code(name, rows)``, ``plan_conv2d(x_shape, w_hwio, b,
         strides, pads, dilation, groups, activation, alpha, residual)``, ``plan_dense(w_kn, b,
         rows, activation, alpha)``, ``plan_elementwise(program, operands)`` and ``plan_sequence_loop(cell,
         x_bti, args, kw)`` (``backends/cpu/steps.py``, ``programs.plan_step``)."""
