@@ -73,6 +73,11 @@ VERIFY_RTOL = 1e-4
 #: inputs in, the outputs out, a Python node's results into the arena; 26-36 bytes per ns
 #: measured) and gathers (layout moves, states; 2-7 bytes per ns), docs/design.md.
 STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0, 2000.0
+#: What a call through a plan costs beyond the Python plan's, whatever its steps: the key,
+#: the inputs copied in and the outputs out, the GIL released and taken back (10-15 us
+#: measured where the steps took 3.4: a two-layer MLP of 8 rows, whose Python plan is one
+#: native call, ran 43 -> 54 us as a plan).
+PLAN_US = 15.0
 
 #: Operators that keep their input's memory as it is, in C order (aliases in a plan).
 ALIASES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
@@ -1328,7 +1333,7 @@ def pays(native: int, fallbacks: int, moved: int, gathered: int = 0) -> bool:
     """Whether a plan of ``native`` nodes lowered natively, ``fallbacks`` run in Python,
     ``moved`` bytes copied and ``gathered`` bytes gathered that the Python plan does not move
     saves more than it costs."""
-    cost = FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US + gathered / GATHER_BYTES_PER_US
+    cost = PLAN_US + FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US + gathered / GATHER_BYTES_PER_US
     return STEP_US * native > cost
 
 

@@ -591,9 +591,38 @@ def test_the_cost_model_counts_copies_and_gathers_apart():
     """Contiguous copies (inputs in, outputs out, a Python node's results) cost less per byte
     than gathers (layout moves)."""
     assert lowering.COPY_BYTES_PER_US > lowering.GATHER_BYTES_PER_US
-    moved = int(lowering.STEP_US * 10 * lowering.COPY_BYTES_PER_US * 0.9)
-    assert lowering.pays(native=10, fallbacks=0, moved=moved)
-    assert not lowering.pays(native=10, fallbacks=0, moved=0, gathered=moved)
+    moved = int((lowering.STEP_US * 20 - lowering.PLAN_US) * lowering.COPY_BYTES_PER_US * 0.9)
+    assert lowering.pays(native=20, fallbacks=0, moved=moved)
+    assert not lowering.pays(native=20, fallbacks=0, moved=0, gathered=moved)
+
+
+def test_a_model_of_one_native_call_keeps_the_python_plan(rng):
+    """A plan's own cost per call (its key, the copies in and out) outweighs what one node
+    saves: a dense chain that the Python plan runs in one native call stays there."""
+    f = lambda *s: (0.1 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(f(*s), n) for n, s in (("w1", (16, 32)), ("b1", (32,)), ("w2", (32, 4)), ("b2", (4,)))
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = fastlayers.load(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    )
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    for _ in range(4):
+        model(x)
+    assert [n.op_type for n in model._nodes] == ["FusedDenseChain"]
+    assert _plans(model) == []
 
 
 def _attention_model(rng, opset):
