@@ -747,6 +747,20 @@ def _batched_matmul(low, node, ins, traced_ins, traced_outs, attrs):
     return [y]
 
 
+def _rows_times_constants(ins, out) -> bool:
+    """Whether a product's first input is a float32 plan value of at least 2 axes (rows of its
+    last), its other inputs constants, and its traced result a float32 array."""
+    x = ins[0]
+    return (
+        isinstance(x, _Value)
+        and x.dtype == np.float32
+        and len(x.shape) >= 2
+        and not any(isinstance(v, _Value) for v in ins[1:])
+        and isinstance(out, np.ndarray)
+        and out.dtype == np.float32
+    )
+
+
 def _dense(low, node, ins, traced_ins, traced_outs, attrs):
     """A product of a plan value (..., k) and constant weights (k, n): FusedDense (its
     activation or row softmax in the epilogue), MatMul, Gemm without transA / alpha / beta; the
@@ -755,15 +769,7 @@ def _dense(low, node, ins, traced_ins, traced_outs, attrs):
     node_attrs = attrs["_attrs"]
     if node.op_type == "MatMul" and isinstance(ins[1], _Value):  # a product of two computed values
         return _batched_matmul(low, node, ins, traced_ins, traced_outs, attrs)
-    if (
-        not isinstance(x, _Value)
-        or x.dtype != np.float32
-        or len(x.shape) < 2
-        or any(isinstance(v, _Value) for v in ins[1:])
-        or not isinstance(out, np.ndarray)
-        or out.dtype != np.float32
-        or out.ndim != len(x.shape)
-    ):
+    if not _rows_times_constants(ins, out) or out.ndim != len(x.shape):
         raise NotLowered
     w, b = traced_ins[1], traced_ins[2] if len(traced_ins) > 2 else None
     activation, alpha = "linear", 0.0
@@ -992,14 +998,7 @@ def _dense_chain(low, node, ins, traced_ins, traced_outs, attrs):
     backend's chain runs each product."""
     x, out = ins[0], traced_outs[0]
     layers = attrs["_attrs"]["layers"]
-    if (
-        not isinstance(x, _Value)
-        or x.dtype != np.float32
-        or len(x.shape) < 2
-        or any(isinstance(v, _Value) for v in ins[1:])
-        or not isinstance(out, np.ndarray)
-        or out.dtype != np.float32
-    ):
+    if not _rows_times_constants(ins, out):
         raise NotLowered
     rows, value = x.size // x.shape[-1], x
     for i, (activation, alpha) in enumerate(layers):
