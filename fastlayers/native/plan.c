@@ -57,6 +57,16 @@ int fl_depthwise_step(void *ctx) {
                                a->pl, a->ho, a->wo, a->wk, a->bias, a->code, a->alpha, a->y);
 }
 
+int fl_conv_transpose_step(void *ctx) {
+    const fl_conv_transpose_args *a = ctx;
+    if (a->nchw)
+        return fl_conv_transpose2d_nchw(a->n, a->cin, a->h, a->w, a->x, a->kh, a->kw, a->cout_g, a->groups, a->sh,
+                                        a->sw, a->dh, a->dw, a->ct, a->cl, a->ho, a->wo, a->wt, a->bias, a->code,
+                                        a->alpha, a->y);
+    return fl_conv_transpose2d(a->n, a->h, a->w, a->cin, a->x, a->kh, a->kw, a->cout_g, a->groups, a->sh, a->sw, a->dh,
+                               a->dw, a->ct, a->cl, a->ho, a->wo, a->wt, a->bias, a->code, a->alpha, a->y);
+}
+
 int fl_dense_step(void *ctx) {
     const fl_dense_args *a = ctx;
     return fl_matmul(a->m, a->n, a->k, a->x, a->k, a->w, a->ldw, 0, a->pw, a->bias, a->code, a->alpha, a->y, a->n);
@@ -99,6 +109,11 @@ int fl_activation_step(void *ctx) {
         st = fl_bias_act(1, a->size - done, a->x + done, a->size - done, NULL, a->code, a->alpha, a->y + done,
                          a->size - done);
     return st;
+}
+
+int fl_add_act_step(void *ctx) {
+    const fl_add_act_args *a = ctx;
+    return fl_add_act(a->n, a->a, a->b, a->code, a->alpha, a->out);
 }
 
 int fl_elementwise_step(void *ctx) {

@@ -13,6 +13,9 @@
  *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py); where `nchw_in`, x is
  *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in.
  * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
+ * conv_transpose_step(a): conv.h's conv_transpose2d on the bound arguments (x (N, H, W, C_in),
+ *   wt packed), or where `nchw` its conv_transpose2d_nchw (x (N, C_in, H, W) planes, wt as
+ *   each group's (cout_g kh kw, C_in / groups) rows).
  * pool_step(a): pool.h's pool2d on the bound arguments.
  * scale_shift_step(a): rows.h's scale_shift: out[i, j] = x[i, j] scale[j] + shift[j] over m
  *   rows of n floats (out may be x).
@@ -23,6 +26,8 @@
  * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha); where
  *   `row` > 0, over rows of `row` floats (the softmax codes normalize each).
+ * add_act_step(a): out[k] = f(a[k] + b[k]) for k < n (rows.h's add_act; out may be a): a
+ *   residual added after a convolution whose kernel does not add it in its epilogue.
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
@@ -70,6 +75,14 @@ typedef struct {
 } fl_depthwise_args;
 
 typedef struct {
+    int64_t n, h, w, cin, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo;
+    const float *x, *wt, *bias;
+    int code, nchw;
+    float alpha;
+    float *y;
+} fl_conv_transpose_args;
+
+typedef struct {
     fl_rnn_args a;
     int serial;
 } fl_rnn_step_args;
@@ -110,6 +123,14 @@ typedef struct {
 } fl_activation_args;
 
 typedef struct {
+    int64_t n;
+    const float *a, *b;
+    int code;
+    float alpha;
+    float *out;
+} fl_add_act_args;
+
+typedef struct {
     int64_t samples, inner, c;
     int n_insns, n_regs, n_operands;
     const fl_ew_insn *insns;
@@ -130,11 +151,13 @@ int fl_layer_norm_step(void *a);
 int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
 int fl_depthwise_step(void *a);
+int fl_conv_transpose_step(void *a);
 int fl_dense_step(void *a);
 int fl_batched_matmul_step(void *a);
 int fl_pool_step(void *a);
 int fl_scale_shift_step(void *a);
 int fl_rnn_step(void *a);
 int fl_activation_step(void *a);
+int fl_add_act_step(void *a);
 int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns);
 #endif

@@ -61,6 +61,14 @@ cdef extern from "plan.h" nogil:
         int code
         float alpha
         float *y
+    ctypedef struct fl_conv_transpose_args:
+        int64_t n, h, w, cin, kh, kw, cout_g, groups, sh, sw, dh, dw, ct, cl, ho, wo
+        const float *x
+        const float *wt
+        const float *bias
+        int code, nchw
+        float alpha
+        float *y
     ctypedef struct fl_rnn_step_args:
         fl_rnn_args a
         int serial
@@ -78,6 +86,13 @@ cdef extern from "plan.h" nogil:
         float eps
         int rms
         float *out
+    ctypedef struct fl_add_act_args:
+        int64_t n
+        const float *a
+        const float *b
+        int code
+        float alpha
+        float *out
     ctypedef struct fl_activation_args:
         int64_t size, row
         int code
@@ -87,12 +102,14 @@ cdef extern from "plan.h" nogil:
     int fl_gather(void *a) noexcept nogil
     int fl_conv2d_step(void *a) noexcept nogil
     int fl_depthwise_step(void *a) noexcept nogil
+    int fl_conv_transpose_step(void *a) noexcept nogil
     int fl_dense_step(void *a) noexcept nogil
     int fl_batched_matmul_step(void *a) noexcept nogil
     int fl_pool_step(void *a) noexcept nogil
     int fl_scale_shift_step(void *a) noexcept nogil
     int fl_rnn_step(void *a) noexcept nogil
     int fl_activation_step(void *a) noexcept nogil
+    int fl_add_act_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
     int fl_layer_norm_step(void *a) noexcept nogil
     int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns)
@@ -323,6 +340,39 @@ cdef class NativePlan:
         a.sh, a.sw, a.dh, a.dw, a.pt, a.pl, a.ho, a.wo = sh, sw, dh, dw, pt, pl, y.shape[1], y.shape[2]
         a.wk, a.bias, a.code, a.alpha, a.y = wp, bp, code, alpha, yp
 
+    def add_conv_transpose(self, x, wt, bias, y, int64_t kh, int64_t kw, int64_t groups, int64_t sh, int64_t sw,
+                           int64_t dh, int64_t dw, int64_t ct, int64_t cl, int code, float alpha, bint nchw=False):
+        """conv.h's conv_transpose2d from x (N, H, W, C_in) to y (N, Ho, Wo, C_out), both
+        C-contiguous float32 (views of the arena), ``wt`` given by ``conv_transpose_pack``, as
+        ``conv_transpose2d``; with ``nchw``, x (N, C_in, H, W) and y (N, C_out, Ho, Wo) planes and
+        ``wt`` (groups, C_out / groups kh kw, C_in / groups), as ``conv_transpose2d_nchw``."""
+        cdef float *xp = _view(x, "conv_transpose x")
+        cdef float *yp = _view(y, "conv_transpose y")
+        cdef float *wp = _view(wt, "conv_transpose weights")
+        if x.ndim != 4 or y.ndim != 4 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"native plan conv_transpose: x {x.shape}, y {y.shape}")
+        cdef int64_t cin = x.shape[1] if nchw else x.shape[3], cout = y.shape[1] if nchw else y.shape[3]
+        if min(kh, kw, sh, sw, dh, dw, groups) < 1 or ct < 0 or cl < 0 or cin % groups or cout % groups:
+            raise ValueError("native plan conv_transpose: bad geometry")
+        cdef int64_t co = cout // groups
+        if nchw:
+            if wt.shape != (groups, co * kh * kw, cin // groups):
+                raise ValueError(f"native plan conv_transpose: weights {wt.shape} for {groups} groups of "
+                                 f"{cin // groups} -> {co} channels, kernel {kh}x{kw}")
+        elif wt.size < groups * fl_packed_floats(cin // groups, kh * kw * co):
+            raise ValueError("native plan conv_transpose: packed weights too small")
+        cdef float *bp = NULL if bias is None else _view(bias, "conv_transpose bias")
+        if bias is not None and bias.size != cout:
+            raise ValueError(f"native plan conv_transpose: bias of {bias.size} for {cout} channels")
+        check_code(code)
+        cdef fl_conv_transpose_args *a = <fl_conv_transpose_args *>self._push(
+            fl_conv_transpose_step, sizeof(fl_conv_transpose_args), (x, wt, bias, y))
+        a.n, a.cin, a.x, a.wt, a.bias, a.y, a.nchw = x.shape[0], cin, xp, wp, bp, yp, nchw
+        a.h, a.w = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
+        a.ho, a.wo = (y.shape[2], y.shape[3]) if nchw else (y.shape[1], y.shape[2])
+        a.kh, a.kw, a.cout_g, a.groups, a.sh, a.sw, a.dh, a.dw, a.ct, a.cl = kh, kw, co, groups, sh, sw, dh, dw, ct, cl
+        a.code, a.alpha = code, alpha
+
     def add_pool2d(self, x, y, bint is_max, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                    int64_t pt, int64_t pl, int64_t h_end, int64_t w_end, bint count_include_pad):
         """pool.h's pool2d from x (N, H, W, C) to y (N, Ho, Wo, C), both C-contiguous float32
@@ -430,6 +480,18 @@ cdef class NativePlan:
         cdef fl_activation_args *a = <fl_activation_args *>self._push(
             fl_activation_step, sizeof(fl_activation_args), (x, y))
         a.size, a.row, a.code, a.alpha, a.x, a.y = x.size, row, code, alpha, xp, yp
+
+    def add_add_act(self, a, b, out, int code, float alpha):
+        """out = f(a + b) elementwise (rows.h's add_act, an elementwise activation code) over
+        three C-contiguous float32 arrays of one size (out may be a or b)."""
+        cdef float *ap = _view(a, "add_act a")
+        cdef float *bp = _view(b, "add_act b")
+        cdef float *op = _view(out, "add_act out")
+        if a.size != b.size or a.size != out.size:
+            raise ValueError(f"native plan add_act: {a.size} + {b.size} values into {out.size}")
+        check_code(code)
+        cdef fl_add_act_args *s = <fl_add_act_args *>self._push(fl_add_act_step, sizeof(fl_add_act_args), (a, b, out))
+        s.n, s.a, s.b, s.code, s.alpha, s.out = a.size, ap, bp, code, alpha, op
 
     def add_elementwise(self, ElementwiseProgram program, int64_t samples, int64_t inner, int64_t c,
                         list operands, out):

@@ -41,9 +41,11 @@ import numpy as np
 from .. import settings
 from ..backends import get_ops
 from ..backends.derived import derived, derived_generation
+from ..backends.reference import fold_batch_norm
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
-from .layout import channels_last_memory
+from .layout import channels_last_memory, nchw_planes
+from .ops.conv import conv_transpose_form, conv_transpose_hwio
 from .ops.recurrent import recurrent_calls
 from .qlinear import dynamic_matmul_constants
 from .qlstm import one_direction_constants
@@ -581,6 +583,7 @@ def _conv(low, node, ins, traced_ins, traced_outs, attrs):
     if found is None or n * math.prod(out_hw) * cout != out.size:
         raise NotLowered
     kind, bound = found
+    then_add = bound.pop("then_add", None)  # the residual in a pass after the kernel
     if bound.get("nchw_in"):
         low.use(x)
         x_nhwc = _Value(x.buffer, x.offset, (n, c, *hw), x.dtype)  # (N, C, H, W) planes, as nchw_in reads
@@ -597,8 +600,11 @@ def _conv(low, node, ins, traced_ins, traced_outs, attrs):
         if kind == "depthwise":
             plan.add_depthwise(_view(arena, x_nhwc), y=_view(arena, y_nhwc), **bound)
         else:
-            res = None if r_nhwc is None else _view(arena, r_nhwc)
+            res = None if r_nhwc is None or then_add else _view(arena, r_nhwc)
             plan.add_conv2d(_view(arena, x_nhwc), y=_view(arena, y_nhwc), res=res, **bound)
+        if then_add:
+            y = _view(arena, y_nhwc)
+            plan.add_add_act(y, _view(arena, r_nhwc), y, *then_add)
 
     low.emit(bind)
     if post is not None:  # y scale + shift per channel in place, as ``ops/conv.py`` applies it
@@ -607,6 +613,92 @@ def _conv(low, node, ins, traced_ins, traced_outs, attrs):
             raise NotLowered
         low.emit(lambda plan, arena: plan.add_scale_shift(_view(arena, y_nhwc), scale, shift, _view(arena, y_nhwc)))
     return [_Value(y_nhwc.buffer, 0, out.shape, np.float32, _channels_last(out.ndim))]
+
+
+def _conv_transpose(low, node, ins, traced_ins, traced_outs, attrs):
+    """A ConvTranspose (its activation fused) as the cpu backend runs it: from NCHW planes where
+    the Python plan holds its input so (its result NCHW), else from channels-last memory (its
+    result held channels-last; one output channel from the input's NCHW copy, as the backend
+    makes it)."""
+    x, t, out = ins[0], traced_ins[0], traced_outs[0]
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or x.size == 0
+        or len(x.shape) not in (3, 4)
+        or any(isinstance(v, _Value) for v in ins[1:3])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+    ):
+        raise NotLowered
+    f = conv_transpose_form(t.shape, traced_ins[1], traced_ins[2] if len(traced_ins) > 2 else None, attrs["_attrs"])
+    planes = nchw_planes(t) is not None  # the Python plan's choice of kernel
+    found = low.ops.plan_conv_transpose(
+        f.w_iohw, None if planes else conv_transpose_hwio(f.w_iohw), f.bias, f.group, f.activation, f.alpha, planes
+    )
+    if found is None:
+        raise NotLowered
+    form, bound = found
+    n, c = x.shape[0], x.shape[1]
+    hw = (1, x.shape[2]) if f.one_d else tuple(x.shape[2:])
+    cout = f.w_iohw.shape[1] * f.group
+    if form == "nhwc":
+        x_mem = _channels_last_memory(low, x)
+        x_in = _Value(x_mem.buffer, x_mem.offset, (n, *hw, c), x.dtype)
+        y = low.new((n, *f.out_hw, cout))
+        perm = _channels_last(out.ndim)
+    else:  # NCHW planes: the value's own memory, or its C-order copy
+        x_mem = low.use(x) if planes else low.c_order(x)
+        x_in = _Value(x_mem.buffer, x_mem.offset, (n, c, *hw), x.dtype)
+        y = low.new((n, cout, *f.out_hw))
+        perm = _layout(out) if form == "one" else None  # one channel: NHWC memory is the planes
+    if math.prod(y.shape) != out.size or perm != _layout(out):
+        raise NotLowered
+    strides, dilations, crop = f.strides, f.dilations, f.crop
+
+    def bind(plan, arena):
+        plan.add_conv_transpose(
+            _view(arena, x_in),
+            y=_view(arena, y),
+            sh=strides[0],
+            sw=strides[1],
+            dh=dilations[0],
+            dw=dilations[1],
+            ct=crop[0],
+            cl=crop[1],
+            **bound,
+        )
+
+    low.emit(bind)
+    return [_Value(y.buffer, 0, out.shape, np.float32, perm)]
+
+
+def _batch_norm(low, node, ins, traced_ins, traced_outs, attrs):
+    """An inference BatchNormalization of a value held channels-last (or of rows (N, C)): one
+    scale and shift per channel over the rows of its memory, folded once at the plan's build
+    (the cpu backend's ``batch_norm`` runs the same kernel on the same rows)."""
+    x, out = ins[0], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    rows = isinstance(x, _Value) and (x.perm == _channels_last(len(x.shape)) or (x.perm is None and len(x.shape) == 2))
+    if (
+        not rows
+        or x.dtype != np.float32
+        or node_attrs.get("training_mode", 0)
+        or any(isinstance(v, _Value) for v in ins[1:5])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or _layout(out) != x.perm
+    ):
+        raise NotLowered
+    gamma, beta, mean, var = traced_ins[1:5]
+    scale, shift = fold_batch_norm(mean, var, gamma, beta, node_attrs.get("epsilon", 1e-5))
+    c = x.shape[1]
+    if scale.shape != (c,) or shift.shape != (c,):
+        raise NotLowered
+    x_mem = low.use(_memory(x))
+    y = low.new(x_mem.shape)
+    low.emit(lambda plan, arena: plan.add_scale_shift(_view(arena, x_mem), scale, shift, _view(arena, y)))
+    return [_Value(y.buffer, 0, out.shape, np.float32, x.perm)]
 
 
 def _nhwc_of(x: _Value) -> _Value:
@@ -1152,6 +1244,8 @@ LOWERINGS = {
     "Upsample": _nearest_resize,
     "Conv": _conv,
     "FusedConv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "BatchNormalization": _batch_norm,
     "FusedDense": _dense,
     "FusedDenseChain": _dense_chain,
     "MatMul": _dense,
@@ -1171,7 +1265,18 @@ LOWERINGS = {
 #: Operators whose lowering reads channels-last values as they are held; the others' plan
 #: values are given to them in C order (``_Lowering.c_order``).
 ANY_LAYOUT = frozenset(
-    {"Conv", "FusedConv", "FusedElementwise", "MaxPool", "AveragePool", "Resize", "Upsample", *GLOBAL_POOLS}
+    {
+        "Conv",
+        "FusedConv",
+        "ConvTranspose",
+        "BatchNormalization",
+        "FusedElementwise",
+        "MaxPool",
+        "AveragePool",
+        "Resize",
+        "Upsample",
+        *GLOBAL_POOLS,
+    }
     | set(ELEMENTWISE)
     | set(ACTIVATIONS)
     | MOVEMENTS

@@ -144,6 +144,48 @@ def test_depthwise_step_matches_the_kernel(rng, isa, stride):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("size", [1, 17, 1000])
+def test_add_act_step_matches_the_kernel_in_place(rng, isa, size):
+    a = rng.standard_normal(size).astype(np.float32)
+    b = rng.standard_normal(size).astype(np.float32)
+    relu = _core.ACTIVATIONS.index("relu")
+    want = _core.add_act(a, b, relu, 0.0)
+    plan = _core.NativePlan(1 << 13)
+    av, bv = _arena_views(plan, (size,), (size,))
+    plan.add_add_act(av, bv, av, relu, 0.0)
+    (got,) = plan.run([a, b], [av, bv], [av])
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="add_act"):
+        plan.add_add_act(av, bv[: size // 2], av, relu, 0.0)
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("nchw", [False, True])
+def test_conv_transpose_step_matches_the_kernel(rng, isa, groups, nchw):
+    """Both forms (NHWC with packed weights, NCHW planes), strided, cropped, grouped."""
+    x = rng.standard_normal((2, 5, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 6, 5)).astype(np.float32)  # (kh, kw, C_in, C_out / groups)
+    b = rng.standard_normal(5 * groups).astype(np.float32)
+    ho, wo = (5 - 1) * 2 + 3 - 1, (7 - 1) * 2 + 2 - 1  # crops 1 (top) and 0 (left), trailing 1 and 1
+    geometry = (3, 2, groups, 2, 2, 1, 1, 1, 0, 1, 0.0)  # kh kw groups sh sw dh dw ct cl code alpha
+    if nchw:
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        # each group's (C_out / groups kh kw, C_in / groups): w as (C_in, C_out / groups, kh, kw)
+        w_iohw = w.transpose(2, 3, 0, 1)
+        wt = np.ascontiguousarray(w_iohw.reshape(groups, 6 // groups, -1).transpose(0, 2, 1))
+        want = np.empty((2, 5 * groups, ho, wo), np.float32)
+        _core.conv_transpose2d_nchw(x, wt, b, want, *geometry)
+    else:
+        wt = _core.conv_transpose_pack(w, groups)
+        want = np.empty((2, ho, wo, 5 * groups), np.float32)
+        _core.conv_transpose2d(x, wt, b, want, *geometry)
+    plan = _core.NativePlan(1 << 17)
+    xv, yv = _arena_views(plan, x.shape, want.shape)
+    plan.add_conv_transpose(xv, wt, b, yv, *geometry, nchw=nchw)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 64])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "softmax"])
@@ -285,6 +327,14 @@ def test_arguments_are_checked_when_bound():
         plan.add_dense(
             np.zeros((2, 4), np.float32), np.zeros((4, 3), np.float32), None, None, dst[:6].reshape(2, 3), 99, 0.0
         )
+    with pytest.raises(ValueError, match="packed weights too small"):
+        plan.add_conv_transpose(x4, np.zeros(4, np.float32), None, y4, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0, 0.0)
+    with pytest.raises(ValueError, match="conv_transpose: weights"):
+        plan.add_conv_transpose(
+            x4, np.zeros((1, 9, 4), np.float32), None, y4, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0, 0.0, nchw=True
+        )
+    with pytest.raises(ValueError, match="bad geometry"):
+        plan.add_conv_transpose(x4, np.zeros(4, np.float32), None, y4, 3, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0.0)
     with pytest.raises(ValueError, match="depthwise"):
         plan.add_depthwise(x4, np.zeros((3, 3, 8, 1), np.float32), None, y4, 1, 1, 1, 1, 1, 1, 0, 0.0)
     with pytest.raises(ValueError, match="pool"):

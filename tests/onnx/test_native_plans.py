@@ -461,10 +461,11 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
 
 def _conv_model(rng):
     """A small CNN as real exports have them: a 3-channel image into a convolution read from
-    its NCHW planes, a 3x3 convolution of 16 channels each way (Winograd), a strided depthwise
-    one with HardSwish and a per-channel Mul / Add after it (a FusedConv's scale and shift), a
-    pointwise one with a residual Add and Relu, a squeeze-and-excite gate (GlobalAveragePool,
-    two 1x1 convolutions, HardSigmoid, a product on the gate, Mul), max and average pools, a nearest Resize, a Slice
+    its NCHW planes, a 3x3 convolution of 16 channels each way (Winograd) with a residual Add,
+    a strided depthwise one with HardSwish and a per-channel Mul / Add after it (a FusedConv's
+    scale and shift), a depthwise one with a residual Add and Relu, a pointwise one with a
+    residual Add and Relu, a squeeze-and-excite gate (GlobalAveragePool, two 1x1 convolutions,
+    HardSigmoid, a product on the gate, Mul), max and average pools, a nearest Resize, a Slice
     and a Concat of channels, ReduceMean over the positions, Gemm and Softmax."""
     f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
     c = 16
@@ -473,6 +474,7 @@ def _conv_model(rng):
         numpy_helper.from_array(f(c), "b_in"),
         numpy_helper.from_array(f(c, c, 3, 3), "w_3x3"),
         numpy_helper.from_array(f(c, 1, 3, 3), "w_dw"),
+        numpy_helper.from_array(f(c, 1, 3, 3), "w_dw1"),
         numpy_helper.from_array(f(1, c, 1, 1) + 1, "scale"),
         numpy_helper.from_array(f(1, c, 1, 1), "shift"),
         numpy_helper.from_array(f(c, c, 1, 1), "w_pw"),
@@ -489,12 +491,16 @@ def _conv_model(rng):
         helper.make_node("Conv", ["x", "w_in", "b_in"], ["c0"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c0"], ["r0"]),
         helper.make_node("Conv", ["r0", "w_3x3"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Conv", ["c1", "w_dw"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2], group=c),
+        helper.make_node("Add", ["c1", "r0"], ["s1"]),  # after Winograd, in a pass
+        helper.make_node("Conv", ["s1", "w_dw"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2], group=c),
         helper.make_node("HardSwish", ["c2"], ["h2"]),
         helper.make_node("Mul", ["h2", "scale"], ["m2"]),
         helper.make_node("Add", ["m2", "shift"], ["a2"]),
-        helper.make_node("Conv", ["a2", "w_pw"], ["c3"]),
-        helper.make_node("Add", ["c3", "a2"], ["s3"]),
+        helper.make_node("Conv", ["a2", "w_dw1"], ["d2"], pads=[1, 1, 1, 1], group=c),
+        helper.make_node("Add", ["d2", "a2"], ["s2"]),  # after the depthwise kernel, in a pass
+        helper.make_node("Relu", ["s2"], ["a2r"]),
+        helper.make_node("Conv", ["a2r", "w_pw"], ["c3"]),
+        helper.make_node("Add", ["c3", "a2r"], ["s3"]),
         helper.make_node("Relu", ["s3"], ["r3"]),
         helper.make_node("GlobalAveragePool", ["r3"], ["g3"]),
         helper.make_node("Conv", ["g3", "w_se1"], ["e1"]),
@@ -585,6 +591,78 @@ def test_one_dimensional_convolutions_and_pools_run_natively(rng, monkeypatch):
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"FusedConv", "MaxPool", "ReduceMean"} <= set(native)
+
+
+def _upsampling_model(rng, one_d=False):
+    """A segmentation head as text detectors export it: a ConvTranspose of the input's NCHW
+    planes, a convolution, a strided ConvTranspose of its channels-last result with a fused
+    Relu, BatchNormalization, Relu, a grouped ConvTranspose, and a ConvTranspose to one channel
+    (padded, output_padding) with a Sigmoid; 1-D with ``one_d``."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    k = (3,) if one_d else (3, 3)
+    k2 = (2,) if one_d else (2, 2)
+    s2 = [2] if one_d else [2, 2]
+    inits = [
+        numpy_helper.from_array(f(3, 6, *k2), "wt0"),
+        numpy_helper.from_array(f(12, 6, *k), "w1"),
+        numpy_helper.from_array(f(12), "b1"),
+        numpy_helper.from_array(f(12, 8, *k2), "wt1"),
+        numpy_helper.from_array(f(8), "bt1"),
+        numpy_helper.from_array(f(8) + 1, "gamma"),
+        numpy_helper.from_array(f(8), "beta"),
+        numpy_helper.from_array(f(8), "mean"),
+        numpy_helper.from_array(np.abs(f(8)) + 0.5, "var"),
+        numpy_helper.from_array(f(8, 3, *k), "wt2"),
+        numpy_helper.from_array(f(12, 1, *k), "wt3"),
+        numpy_helper.from_array(f(1), "bt3"),
+    ]
+    pads = [1, 1] if one_d else [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "wt0"], ["t0"], strides=s2),
+        helper.make_node("Conv", ["t0", "w1", "b1"], ["c1"], pads=pads),
+        helper.make_node("ConvTranspose", ["c1", "wt1", "bt1"], ["t1"], strides=s2),
+        helper.make_node("Relu", ["t1"], ["r1"]),
+        helper.make_node("BatchNormalization", ["r1", "gamma", "beta", "mean", "var"], ["n1"], epsilon=1e-3),
+        helper.make_node("Relu", ["n1"], ["r2"]),
+        helper.make_node("ConvTranspose", ["r2", "wt2"], ["t2"], group=4, pads=pads),
+        helper.make_node(
+            "ConvTranspose", ["t2", "wt3", "bt3"], ["t3"], strides=s2, pads=pads, output_padding=[1] * len(k)
+        ),
+        helper.make_node("Sigmoid", ["t3"], ["y"]),
+    ]
+    shape = ["n", 3, 9] if one_d else ["n", 3, 5, 7]
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "n1")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("one_d", [False, True])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_transposed_convolutions_and_batch_norms_run_natively(rng, monkeypatch, batch, one_d):
+    """ConvTranspose in each of the backend's forms (from NCHW planes, from channels-last
+    memory, grouped, to one channel) and a lone BatchNormalization run natively: the Python
+    plan's bits, onnxruntime's values."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _upsampling_model(np.random.default_rng(5), one_d)
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    shape = (batch, 3, 9) if one_d else (batch, 3, 5, 7)
+    for _ in range(3):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for g, w, p in zip(ours.run(None, {"x": x}), session.run(None, {"x": x}), python.run(None, {"x": x})):
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(g, p)
+    (plan,) = _plans(ours)
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert native.count("ConvTranspose") == 4 and "BatchNormalization" in native
 
 
 def test_the_cost_model_counts_copies_and_gathers_apart():

@@ -521,6 +521,9 @@ class CpuOps(ConvOps):
             x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, residual, planes
         )
 
+    def plan_conv_transpose(self, w_iohw, w_hwio, b, groups, activation, alpha, planes):
+        return steps.conv_transpose_step(w_iohw, w_hwio, b, groups, activation, alpha, planes)
+
     def plan_dense(self, w_kn, b, rows, activation, alpha):
         return steps.dense_step(w_kn, b, rows, activation, alpha)
 

@@ -95,6 +95,31 @@ def _finish(self, y, activation, alpha):
     return y
 
 
+def _transpose_packed(w_hwio, groups):
+    """A transposed convolution's (kh, kw, C_in, C_out / groups) weights packed for
+    ``conv_transpose2d``, once per weight."""
+    return derived(_f32c(w_hwio), f"native-conv-transpose:{groups}", lambda a: _core.conv_transpose_pack(a, groups))
+
+
+def _transpose_one_weights(w_hwio):
+    """A one-output-channel transposed convolution's (kh, kw, C_in, 1) weights as
+    ``conv_transpose2d_nchw``'s (1, kh kw, C_in), once per weight."""
+    kh, kw, cin, _ = w_hwio.shape
+    return derived(w_hwio, "native-conv-transpose-one", lambda a: _f32c(a.reshape(1, kh * kw, cin)))
+
+
+def _transpose_nchw_weights(w_iohw, groups):
+    """A transposed convolution's (C_in, C_out / groups, kh, kw) weights as each group's
+    (C_out / groups kh kw, C_in / groups), ``conv_transpose2d_nchw``'s A read in place (a copy:
+    a view would keep w_iohw alive in the cache), once per weight."""
+    cin = w_iohw.shape[0]
+    return derived(
+        w_iohw,
+        f"native-conv-transpose-nchw:{groups}",
+        lambda a: np.array(a.reshape(groups, cin // groups, -1).transpose(0, 2, 1), np.float32, order="C"),
+    )
+
+
 def _winograd_tile(n, ho, wo, cin, cout) -> int:
     """The Winograd tile of a 3x3 stride-1 convolution: 0 (``conv2d`` is faster), 2 or 4.
 
@@ -318,13 +343,12 @@ class ConvOps(ReferenceOps):
             # one output channel: NHWC memory is its NCHW plane, and the NCHW kernel's product (a
             # row per tap over the pixels) fills whole vectors where this kernel's has kh kw
             # columns; x moved to NCHW first (docs/design.md, "NCHW transposed convolution")
-            wt = derived(w_hwio, "native-conv-transpose-one", lambda a: _f32c(a.reshape(1, kh * kw, cin)))
+            wt = _transpose_one_weights(w_hwio)
             y = np.empty((n, 1, ho, wo), np.float32)
             x_nchw = self.channels_first(_f32c(x_nhwc))
             _core.conv_transpose2d_nchw(x_nchw, wt, _bias(b), y, kh, kw, 1, sh, sw, dh, dw, ct, cl, code, alpha)
             return _finish(self, y.reshape(n, ho, wo, 1), activation, alpha)
-        wk = _f32c(w_hwio)
-        pw = derived(wk, f"native-conv-transpose:{groups}", lambda a: _core.conv_transpose_pack(a, groups))
+        pw = _transpose_packed(w_hwio, groups)
         y = np.empty((n, ho, wo, groups * cout_g), np.float32)
         _core.conv_transpose2d(_f32c(x_nhwc), pw, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, code, alpha)
         return _finish(self, y, activation, alpha)
@@ -348,13 +372,7 @@ class ConvOps(ReferenceOps):
             return ReferenceOps.conv_transpose2d_nchw(
                 self, x_nchw, w_iohw, b, strides, crop, out_hw, dilation, groups, activation, alpha
             )
-        # each group's w as (C_out / groups kh kw, C_in / groups): the sgemm's A, read in place
-        # (a copy: a view would keep w_iohw alive in the cache)
-        wt = derived(
-            w_iohw,
-            f"native-conv-transpose-nchw:{groups}",
-            lambda a: np.array(a.reshape(groups, cin // groups, -1).transpose(0, 2, 1), np.float32, order="C"),
-        )
+        wt = _transpose_nchw_weights(w_iohw, groups)
         y = np.empty((n, groups * cout_g, ho, wo), np.float32)
         _core.conv_transpose2d_nchw(_f32c(x_nchw), wt, _bias(b), y, kh, kw, groups, sh, sw, dh, dw, ct, cl, code, alpha)
         return y

@@ -25,6 +25,9 @@ from .conv import (
     _bias,
     _f32c,
     _packed_conv,
+    _transpose_nchw_weights,
+    _transpose_one_weights,
+    _transpose_packed,
     _winograd_tile,
 )
 
@@ -52,8 +55,9 @@ def conv2d_step(
     ``add_depthwise``), ("conv2d", kwargs of ``add_conv2d``: Winograd's tile and weights where
     the backend takes it; where ``planes`` (the input held as NCHW planes), the direct kernel
     from them where ``conv2d_nchw_plan`` takes it, ``nchw_in``), or None where the backend would
-    run it otherwise (empty shapes, an activation without an elementwise code, a residual its
-    kernel does not add)."""
+    run it otherwise (empty shapes, an activation without an elementwise code). Where the
+    backend adds the residual in a pass after the kernel (Winograd, depthwise), the kwargs hold
+    ``then_add``: (code, alpha) of that pass, ``add_add_act``'s."""
     n, h, w, c = x_shape
     kh, kw, cin_g, cout = w_hwio.shape
     (sh, sw), (dh, dw) = strides, dilation
@@ -66,11 +70,12 @@ def conv2d_step(
     if res_code is None:
         return None
     geometry = dict(sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl, code=code, alpha=float(alpha))
+    # the residual in a pass after the kernel, as the backend adds it to Winograd's and the
+    # depthwise kernel's results (``add_act``)
+    then_add = {} if residual is None else dict(then_add=(res_code, float(residual[1])))
     if groups > 1 and cin_g == 1 and groups == c:
-        if residual is not None:
-            return None
         wk = _f32c(w_hwio.reshape(kh, kw, c, cout // c))
-        return "depthwise", dict(wk=wk, bias=_bias(b), **geometry)
+        return "depthwise", dict(wk=wk, bias=_bias(b), **geometry, **then_add)
     if groups < 1 or c != cin_g * groups or cout % groups:
         return None
     wk = _f32c(w_hwio)
@@ -84,15 +89,34 @@ def conv2d_step(
     ):
         return "conv2d", dict(pw=wk, bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry)
     tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
-    if tile and residual is not None:  # the backend adds the residual after Winograd, in a pass
-        return None
     bound = dict(pw=_packed_conv(wk, groups), bias=_bias(b), kh=kh, kw=kw, groups=groups, **geometry)
-    if residual is not None:
-        bound.update(res_code=res_code, res_alpha=float(residual[1]))
     if tile:
         pu = derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
-        bound.update(tile=tile, pu=pu)
+        bound.update(tile=tile, pu=pu, **then_add)
+    elif residual is not None:
+        bound.update(res_code=res_code, res_alpha=float(residual[1]))
     return "conv2d", bound
+
+
+def conv_transpose_step(w_iohw, w_hwio, b, groups: int, activation: str, alpha: float, planes: bool):
+    """How a plan binds the transposed convolution the cpu backend runs with weights ``w_iohw``
+    (C_in, C_out / groups, kh, kw) (``w_hwio`` their (kh, kw, C_in, C_out / groups) form, as
+    ``conv_transpose2d`` takes them; None with ``planes``): (form, kwargs of
+    ``add_conv_transpose`` but x and y) with the backend's kernel and weights: "nchw" where the
+    input is held as NCHW planes (``planes``: ``conv_transpose2d_nchw``), "one" for one output
+    channel of a channels-last input (the NCHW kernel on the input moved to NCHW planes, as
+    ``conv_transpose2d`` does), else "nhwc"; None where the activation has no elementwise code
+    (the backend finishes those in another pass)."""
+    code = _ELEMENTWISE.get(activation)
+    cin, cout_g, kh, kw = w_iohw.shape
+    if code is None or groups < 1 or cin % groups or cout_g == 0:
+        return None
+    bound = dict(bias=_bias(b), kh=kh, kw=kw, groups=groups, code=code, alpha=float(alpha))
+    if planes:
+        return "nchw", dict(wt=_transpose_nchw_weights(w_iohw, groups), nchw=True, **bound)
+    if groups * cout_g == 1:
+        return "one", dict(wt=_transpose_one_weights(w_hwio), nchw=True, **bound)
+    return "nhwc", dict(wt=_transpose_packed(w_hwio, groups), **bound)
 
 
 def dense_step(w_kn, b, rows: int, activation: str, alpha: float):

@@ -4,6 +4,8 @@ of a convolution or a pooling is an NCHW view of NHWC memory (``layout.py``)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ... import limits
@@ -199,34 +201,50 @@ def _then_scaled_shifted(run, post):
 FAMILY.add("FusedConv", _conv, internal=True, caches=("_windows", "_plans"))
 
 
-@op("ConvTranspose", inputs=(2, 3), check=_conv_check, attrs=dict(CONV, output_padding=NONNEG, output_shape=POSS))
-def _conv_transpose(inputs, attrs, opset):
-    x, w = inputs[0], inputs[1]
-    b = inputs[2] if len(inputs) > 2 else None
-    if x.ndim not in (3, 4):
-        nhwc(x)  # raises: only 1-D and 2-D
-    one_d = x.ndim == 3
-    if w.ndim != x.ndim:
+class ConvTransposeForm(NamedTuple):
+    """A ConvTranspose node's weights and geometry for one input shape (``conv_transpose_form``):
+    ``w_iohw`` (C_in, C_out / group, kh, kw), the bias as float32 or None, per spatial axis (the
+    height 1 first where the input is 1-D) the strides, dilations, the output's leading crop and
+    its size, the group, the fused activation and its alpha."""
+
+    w_iohw: np.ndarray
+    bias: np.ndarray | None
+    strides: tuple
+    dilations: tuple
+    crop: tuple
+    out_hw: tuple
+    group: int
+    activation: str
+    alpha: float
+    one_d: bool
+
+
+def conv_transpose_form(x_shape, w, b, attrs) -> ConvTransposeForm:
+    """The weights and geometry of a ConvTranspose node (its ONNX attributes ``attrs``, an
+    activation fused by ``fuse_conv_transpose``) on an input of ``x_shape`` (rank 3 or 4);
+    raises ``ShapeError`` where they do not fit it."""
+    one_d = len(x_shape) == 3
+    if w.ndim != len(x_shape):
         raise ShapeError(
-            f"ConvTranspose: weight of shape {w.shape} for an input of shape {x.shape} "
+            f"ConvTranspose: weight of shape {w.shape} for an input of shape {tuple(x_shape)} "
             "(the weight's rank must be the input's)"
         )
     group = attrs.get("group", 1)
-    if group < 1 or w.shape[0] != x.shape[1] or w.shape[0] % group:
+    if group < 1 or w.shape[0] != x_shape[1] or w.shape[0] % group:
         raise ShapeError(
             f"ConvTranspose: weight of shape {w.shape} with group={group} for an input "
-            f"of shape {x.shape} (expected (C_in, C_out / group, k...), group dividing C_in)"
+            f"of shape {tuple(x_shape)} (expected (C_in, C_out / group, k...), group dividing C_in)"
         )
     if b is not None and np.shape(b) != (w.shape[1] * group,):
         raise ShapeError(f"ConvTranspose: bias of shape {np.shape(b)} for {w.shape[1] * group} output channels")
     # (C_in, C_out / g, kh, kw); 1-D: one copy per weight (a view would keep the weight alive
     # in the cache), the array its own derived forms are kept for
     w4 = derived(w, "onnx-conv-transpose-4d", lambda a: np.array(a[:, :, None, :], copy=True)) if w.ndim == 3 else w
-    n = x.ndim - 2
+    n = len(x_shape) - 2
     strides, dilations = spatial(attrs, "strides", n, 1), spatial(attrs, "dilations", n, 1)
     out_pad = spatial(attrs, "output_padding", n, 0)
     kernel = list(w4.shape[2:])
-    in_hw = [1, x.shape[2]] if one_d else list(x.shape[2:])
+    in_hw = [1, x_shape[2]] if one_d else list(x_shape[2:])
     full = [
         transposed_out(i, k, s, d, (0, 0), op_) for i, s, op_, k, d in zip(in_hw, strides, out_pad, kernel, dilations)
     ]
@@ -248,24 +266,45 @@ def _conv_transpose(inputs, attrs, opset):
         pads = ([(0, 0)] + pads) if one_d else pads
         shape = [f - a - z for f, (a, z) in zip(full, pads)]
     if min(shape) <= 0:
-        raise ShapeError(f"ConvTranspose: output size {tuple(shape)} for an input of shape {x.shape}")
-    created([x.shape[0], *shape, w4.shape[1] * group], np.float32, "ConvTranspose")
-    bias = None if b is None else f32(b)
-    crop = tuple(a for a, _ in pads)
-    act, alpha = attrs.get("_activation", "linear"), attrs.get("_alpha", 0.0)  # fuse_conv_transpose
+        raise ShapeError(f"ConvTranspose: output size {tuple(shape)} for an input of shape {tuple(x_shape)}")
+    created([x_shape[0], *shape, w4.shape[1] * group], np.float32, "ConvTranspose")
+    return ConvTransposeForm(
+        w4,
+        None if b is None else f32(b),
+        tuple(strides),
+        tuple(dilations),
+        tuple(a for a, _ in pads),
+        tuple(shape),
+        group,
+        attrs.get("_activation", "linear"),  # fuse_conv_transpose
+        attrs.get("_alpha", 0.0),
+        one_d,
+    )
+
+
+def conv_transpose_hwio(w_iohw):
+    """A ConvTranspose's (C_in, C_out / group, kh, kw) weights as (kh, kw, C_in, C_out / group),
+    once per weight."""
+    return derived(
+        w_iohw, "onnx-conv-transpose-hwio", lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C")
+    )
+
+
+@op("ConvTranspose", inputs=(2, 3), check=_conv_check, attrs=dict(CONV, output_padding=NONNEG, output_shape=POSS))
+def _conv_transpose(inputs, attrs, opset):
+    x, w = inputs[0], inputs[1]
+    if x.ndim not in (3, 4):
+        nhwc(x)  # raises: only 1-D and 2-D
+    f = conv_transpose_form(x.shape, w, inputs[2] if len(inputs) > 2 else None, attrs)
+    geometry = (f.strides, f.crop, f.out_hw, f.dilations, f.group, f.activation, f.alpha)
     planes = nchw_planes(x)
     if planes is not None:
         # NCHW planes in and out: no layout round trip
-        y = get_ops().conv_transpose2d_nchw(
-            planes, w4, bias, tuple(strides), crop, tuple(shape), tuple(dilations), group, act, alpha
-        )
-        return [y[:, :, 0] if one_d else y]
+        y = get_ops().conv_transpose2d_nchw(planes, f.w_iohw, f.bias, *geometry)
+        return [y[:, :, 0] if f.one_d else y]
     x4, _ = nhwc(x)
-    w_hwio = derived(w4, "onnx-conv-transpose-hwio", lambda a: np.array(a.transpose(2, 3, 0, 1), np.float32, order="C"))
-    y = get_ops().conv_transpose2d(
-        x4, w_hwio, bias, tuple(strides), crop, tuple(shape), tuple(dilations), group, act, alpha
-    )
-    return [nchw(y, one_d)]
+    y = get_ops().conv_transpose2d(x4, conv_transpose_hwio(f.w_iohw), f.bias, *geometry)
+    return [nchw(y, f.one_d)]
 
 
 def _pool(kind):
