@@ -7,14 +7,37 @@
 #include "dispatch.h"
 #include "threadpool.h"
 
+/* Values a gather moves per chunk of its threads at least (a memory-bound copy: 128 KiB). */
+#define FL_GATHER_GRAIN 32768
+
 /* Values per row of an activation step: the row length rows.pxi's apply_activation uses. */
 #define FL_ACT_ROW 4096
+
+/* dst[0..n) = src[0..n): short runs (a few channels) without a call. */
+static inline void copy_run(float *dst, const float *src, int64_t n) {
+    if (n > 32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
 
 /* dst[i..] over axes k.. of a gather, the source offset of the axes before k being `base`
  * (< 0: a padded position, every value `fill`). */
 static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst) {
     const int64_t *map = a->maps[k];
     int64_t n = a->dims[k], stride = a->dst_strides[k];
+    if (k == a->naxes - 2 && a->inner_run && base >= 0) { /* rows of one run each, inline */
+        int64_t run = a->dims[k + 1], first = a->maps[k + 1][0];
+        for (int64_t i = 0; i < n; i++) {
+            float *row = dst + i * stride;
+            if (map[i] < 0)
+                for (int64_t j = 0; j < run; j++) row[j] = a->fill;
+            else
+                copy_run(row, a->src + base + map[i] + first, run);
+        }
+        return;
+    }
     if (k == a->naxes - 1) {
         if (base < 0) {
             for (int64_t i = 0; i < n; i++) dst[i * stride] = a->fill;
@@ -28,12 +51,30 @@ static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst
     for (int64_t i = 0; i < n; i++) gather_axes(a, k + 1, base < 0 || map[i] < 0 ? -1 : base + map[i], dst + i * stride);
 }
 
+/* The gather of rows [begin, end) of axis 0. */
+static void gather_rows(void *ctx, int64_t begin, int64_t end) {
+    const fl_gather_args *a = ctx;
+    fl_gather_args part = *a;
+    part.dims[0] = end - begin;
+    part.maps[0] = a->maps[0] + begin;
+    gather_axes(&part, 0, 0, a->dst + begin * a->dst_strides[0]);
+}
+
 int fl_gather(void *ctx) {
     const fl_gather_args *a = ctx;
-    for (int k = 0; k < a->naxes; k++)
+    int64_t row = 1; /* values per index of axis 0 */
+    for (int k = 0; k < a->naxes; k++) {
         if (a->dims[k] == 0) return 0;
-    gather_axes(a, 0, 0, a->dst);
+        if (k > 0) row *= a->dims[k];
+    }
+    fl_parallel(a->dims[0], row >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / row, gather_rows, (void *)a);
     return 0;
+}
+
+int fl_transpose_step(void *ctx) {
+    const fl_transpose_args *a = ctx;
+    return fl_transpose(a->batch, a->rows, a->cols, a->src, a->src_batch, a->src_row, a->dst, a->dst_batch,
+                        a->dst_row);
 }
 
 int fl_conv2d_step(void *ctx) {

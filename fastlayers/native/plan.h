@@ -7,7 +7,11 @@
  *   i_{naxes-1}) < dims, or `fill` where some maps[k][i_k] < 0 (a padded position): every
  *   data-movement operator (Slice, Transpose, Pad, Concat, Gather on constant indices,
  *   Expand, Tile) as per-axis tables of source offsets (floats); inner_run: maps[naxes-1][i]
- *   = maps[naxes-1][0] + i >= 0 and dst_strides[naxes-1] = 1, copied as one run per row.
+ *   = maps[naxes-1][0] + i >= 0 and dst_strides[naxes-1] = 1, copied as one run per row;
+ *   the pool's threads take chunks of axis 0 where the gather is large.
+ * transpose_step(a): layout.h's transpose on the bound arguments: dst[b dst_batch + c dst_row + r] =
+ *   src[b src_batch + r src_row + c] (a gather whose source and destination are strided
+ *   blocks, one's rows the other's columns: a layout move, in cache tiles and threaded).
  * conv2d_step(a): conv.h's conv2d on the bound arguments (res: the residual, NULL for none);
  *   where `tile` is 2 or 4, conv3x3_winograd on `pu` first, the direct conv2d where it finds
  *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py); where `nchw_in`, x is
@@ -57,6 +61,12 @@ typedef struct {
     float *dst;
     float fill;
 } fl_gather_args;
+
+typedef struct {
+    int64_t batch, rows, cols, src_batch, src_row, dst_batch, dst_row;
+    const float *src;
+    float *dst;
+} fl_transpose_args;
 
 typedef struct {
     int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
@@ -147,6 +157,7 @@ typedef struct {
 } fl_layer_norm_args;
 
 int fl_gather(void *a);
+int fl_transpose_step(void *a);
 int fl_layer_norm_step(void *a);
 int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);

@@ -2,6 +2,7 @@
 # native call with the GIL released (onnx/lowering.py builds them).
 
 from cpython.mem cimport PyMem_Realloc
+from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
 cdef extern from "plan.h" nogil:
@@ -18,6 +19,10 @@ cdef extern from "plan.h" nogil:
         const float *src
         float *dst
         float fill
+    ctypedef struct fl_transpose_args:
+        int64_t batch, rows, cols, src_batch, src_row, dst_batch, dst_row
+        const float *src
+        float *dst
     ctypedef struct fl_conv2d_args:
         int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout
         const float *x
@@ -100,6 +105,7 @@ cdef extern from "plan.h" nogil:
         const float *x
         float *y
     int fl_gather(void *a) noexcept nogil
+    int fl_transpose_step(void *a) noexcept nogil
     int fl_conv2d_step(void *a) noexcept nogil
     int fl_depthwise_step(void *a) noexcept nogil
     int fl_conv_transpose_step(void *a) noexcept nogil
@@ -180,6 +186,17 @@ cdef inline float *_view(object a, str what) except NULL:
     return <float *>cnp.PyArray_DATA(a)
 
 
+cdef void _point(tuple move, uintptr_t base):
+    """Rewrite the context words ``move`` (addresses, offsets) to point ``offsets`` bytes
+    into the memory at ``base``."""
+    cdef cnp.ndarray addresses = move[0], offsets = move[1]
+    cdef uintptr_t *at = <uintptr_t *>cnp.PyArray_DATA(addresses)
+    cdef uintptr_t *by = <uintptr_t *>cnp.PyArray_DATA(offsets)
+    cdef int64_t i
+    for i in range(addresses.shape[0]):
+        (<uintptr_t *>at[i])[0] = base + by[i]
+
+
 cdef class NativePlan:
     """Steps bound to an arena of ``arena_bytes`` bytes (64-byte aligned, ``arena``): each
     ``add_*`` binds one kernel to views of the arena and to weights (kept alive by the plan),
@@ -189,14 +206,17 @@ cdef class NativePlan:
 
     cdef fl_plan_step *steps
     cdef void **owned
+    cdef size_t *sizes
     cdef int64_t n, cap
     cdef list keep
+    cdef list moves  # per input: None, or (addresses, offsets) of the context words that point into it
+    cdef list bases  # per input: the address those words point into now
     cdef readonly object arena
     cdef bint busy
 
     def __cinit__(self, int64_t arena_bytes):
-        self.steps, self.owned, self.n, self.cap, self.busy = NULL, NULL, 0, 0, False
-        self.keep = []
+        self.steps, self.owned, self.sizes, self.n, self.cap, self.busy = NULL, NULL, NULL, 0, 0, False
+        self.keep, self.moves, self.bases = [], [], []
         if arena_bytes < 0:
             raise ValueError(f"native plan: arena of {arena_bytes} bytes")
         raw = np.empty(arena_bytes + 64, np.uint8)
@@ -209,6 +229,7 @@ cdef class NativePlan:
             for i in range(self.n):
                 PyMem_Free(self.owned[i])
         PyMem_Free(self.owned)
+        PyMem_Free(self.sizes)
         PyMem_Free(self.steps)
 
     def __len__(self):
@@ -226,12 +247,17 @@ cdef class NativePlan:
             owned = <void **>PyMem_Realloc(self.owned, cap * sizeof(void *))
             if owned == NULL:
                 raise MemoryError()
-            self.owned, self.cap = owned, cap
+            self.owned = owned
+            sizes = <size_t *>PyMem_Realloc(self.sizes, cap * sizeof(size_t))
+            if sizes == NULL:
+                raise MemoryError()
+            self.sizes, self.cap = sizes, cap
         cdef void *ctx = PyMem_Malloc(max(ctx_bytes, 1))
         if ctx == NULL:
             raise MemoryError()
         memset(ctx, 0, ctx_bytes)
         self.steps[self.n].fn, self.steps[self.n].ctx, self.owned[self.n] = fn, ctx, ctx
+        self.sizes[self.n] = ctx_bytes
         self.n += 1
         self.keep.append(hold)
         return ctx
@@ -269,6 +295,24 @@ cdef class NativePlan:
         last = tables[naxes - 1]
         a.inner_run = dims[naxes - 1] > 0 and dst_strides[naxes - 1] == 1 and last[0] >= 0 and bool(
             np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
+
+    def add_transpose(self, src, dst, int64_t offset, int64_t batch, int64_t rows, int64_t cols, int64_t src_batch,
+                      int64_t src_row, int64_t dst_batch, int64_t dst_row):
+        """dst[b dst_batch + c dst_row + r] = src[offset + b src_batch + r src_row + c] for b <
+        batch, r < rows, c < cols (layout.h's transpose; strides in floats): ``src``, ``dst``
+        C-contiguous float32 arrays that hold every value read and written."""
+        cdef float *sp = _view(src, "transpose source")
+        cdef float *dp = _view(dst, "transpose destination")
+        if min(batch, rows, cols) < 1 or min(offset, src_batch, src_row, dst_batch, dst_row) < 0:
+            raise ValueError(f"native plan transpose: {batch} x {rows} x {cols} values at {offset}")
+        if (offset + (batch - 1) * src_batch + (rows - 1) * src_row + cols > src.size
+                or (batch - 1) * dst_batch + (cols - 1) * dst_row + rows > dst.size):
+            raise ValueError(f"native plan transpose: {batch} x {rows} x {cols} values outside "
+                             f"{src.size} source or {dst.size} destination values")
+        cdef fl_transpose_args *a = <fl_transpose_args *>self._push(fl_transpose_step, sizeof(fl_transpose_args),
+                                                                    (src, dst))
+        a.batch, a.rows, a.cols, a.src, a.dst = batch, rows, cols, sp + offset, dp
+        a.src_batch, a.src_row, a.dst_batch, a.dst_row = src_batch, src_row, dst_batch, dst_row
 
     def add_conv2d(self, x, pw, bias, y, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
                    int64_t dw, int64_t pt, int64_t pl, int64_t groups, int code, float alpha, res=None,
@@ -585,11 +629,48 @@ cdef class NativePlan:
         self._push(_python_step, 0, fn)
         self.steps[self.n - 1].ctx = <void *>fn
 
+    def read_in_place(self, list input_views, list movable):
+        """Let the steps bound so far read each input ``k`` where ``movable[k]`` from the
+        caller's array itself: ``run`` then points them at an array of the view's shape and
+        type, C-contiguous and aligned, instead of copying it into ``input_views[k]`` (memory
+        of that input alone, which no Python step reads and no output view shares). The
+        steps' contexts hold the addresses of the views they were bound to, so the words of
+        the contexts that point into an input's view are found once here and rewritten by
+        ``run`` when the array's address changes."""
+        if len(input_views) != len(movable):
+            raise ValueError(f"native plan: {len(input_views)} input views, {len(movable)} flags")
+        cdef int64_t i, w, nwords
+        cdef uintptr_t start, end, word
+        cdef uintptr_t *words
+        self.moves, self.bases = [], []
+        for view, move in zip(input_views, movable):
+            if not move:
+                self.moves.append(None)
+                self.bases.append(0)
+                continue
+            if not isinstance(view, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(view):
+                raise TypeError("native plan: an input view must be a C-contiguous array")
+            start = <uintptr_t>cnp.PyArray_DATA(view)
+            end = start + <uintptr_t>cnp.PyArray_NBYTES(view)
+            addresses, offsets = [], []
+            for i in range(self.n):
+                words = <uintptr_t *>self.owned[i]
+                nwords = <int64_t>(self.sizes[i] // sizeof(uintptr_t))
+                for w in range(nwords):
+                    word = words[w]
+                    if start <= word < end:
+                        addresses.append(<uintptr_t>&words[w])
+                        offsets.append(word - start)
+            self.moves.append((np.array(addresses, np.uintp), np.array(offsets, np.uintp)))
+            self.bases.append(start)
+
     def run(self, list inputs, list input_views, list output_views, object timings=None):
-        """Copy each of ``inputs`` into its view (cast as numpy's copyto), run the steps, and
-        return a copy of each output view; None where another call runs this plan now.
-        ``timings``: None, or an int64 array of one value per step that receives the
-        nanoseconds each took. Raises ``PlanStepFailed`` for a failing step."""
+        """Copy each of ``inputs`` into its view (cast as numpy's copyto), or point the steps
+        at it where ``read_in_place`` allows and it is a C-contiguous aligned array of the
+        view's shape and type; run the steps, and return a copy of each output view; None
+        where another call runs this plan now. ``timings``: None, or an int64 array of one
+        value per step that receives the nanoseconds each took. Raises ``PlanStepFailed`` for
+        a failing step."""
         cdef int64_t *ns = NULL
         if timings is not None:
             if not isinstance(timings, cnp.ndarray) or cnp.PyArray_TYPE(timings) != cnp.NPY_INT64 \
@@ -601,13 +682,26 @@ cdef class NativePlan:
         self.busy = True
         cdef int st = 0
         cdef int64_t failed = -1
+        cdef bint same
+        cdef int64_t k = 0
+        cdef uintptr_t base
         try:
             for a, v in zip(inputs, input_views, strict=True):
-                if (type(a) is np.ndarray and cnp.PyArray_TYPE(a) == cnp.PyArray_TYPE(v)
-                        and cnp.PyArray_IS_C_CONTIGUOUS(a) and a.shape == v.shape):
-                    memcpy(cnp.PyArray_DATA(v), cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+                same = (type(a) is np.ndarray and cnp.PyArray_TYPE(a) == cnp.PyArray_TYPE(v)
+                        and cnp.PyArray_IS_C_CONTIGUOUS(a) and a.shape == v.shape)
+                if same and k < len(self.moves) and self.moves[k] is not None \
+                        and cnp.PyArray_ISALIGNED(a):
+                    base = <uintptr_t>cnp.PyArray_DATA(a)
                 else:
-                    np.copyto(v, a, casting="unsafe")
+                    if same:
+                        memcpy(cnp.PyArray_DATA(v), cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+                    else:
+                        np.copyto(v, a, casting="unsafe")
+                    base = <uintptr_t>cnp.PyArray_DATA(v)
+                if k < len(self.moves) and self.moves[k] is not None and base != <uintptr_t>self.bases[k]:
+                    _point(self.moves[k], base)
+                    self.bases[k] = base
+                k += 1
             with nogil:
                 st = fl_plan_run(self.steps, self.n, &failed, ns)
             if st:

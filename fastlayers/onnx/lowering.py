@@ -123,12 +123,14 @@ class PlanMismatch(Exception):
 
 
 class _Buffer:
-    """A region of the arena: its bytes, the first and last step that use it, its offset."""
+    """A region of the arena: its bytes, the first and last step that use it, its offset; or
+    memory of its own (``home``: an input's, which steps may read from the caller's array in
+    its place)."""
 
-    __slots__ = ("nbytes", "first", "last", "offset")
+    __slots__ = ("nbytes", "first", "last", "offset", "home")
 
     def __init__(self, nbytes, first):
-        self.nbytes, self.first, self.last, self.offset = nbytes, first, first, -1
+        self.nbytes, self.first, self.last, self.offset, self.home = nbytes, first, first, -1, None
 
 
 class _Value:
@@ -185,6 +187,7 @@ class _Lowering:
         self.gathered = 0  # bytes the plan gathers (layout moves) that the Python plan does not
         self.node = None  # the node being lowered: (model, index), for the profile
         self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
+        self.python_reads: set = set()  # ids of the buffers that Python steps read
         self.c_forms: dict = {}  # id of a channels-last value -> (it, its C-contiguous copy)
         self.c_added: list = []  # the keys of c_forms in the order added (dropped with their node)
 
@@ -228,10 +231,12 @@ def _memory(value: _Value) -> _Value:
 
 
 def _view(arena, value: _Value) -> np.ndarray:
-    """The arena's C-contiguous memory of ``value`` (of ``memory_shape``): what kernels take."""
-    start = value.buffer.offset + value.offset
+    """The arena's C-contiguous memory of ``value`` (of ``memory_shape``; in its buffer's own
+    memory where it has one): what kernels take."""
+    home = value.buffer.home
+    start = value.offset if home is not None else value.buffer.offset + value.offset
     nbytes = value.size * value.dtype.itemsize
-    return arena[start : start + nbytes].view(value.dtype).reshape(value.memory_shape)
+    return (arena if home is None else home)[start : start + nbytes].view(value.dtype).reshape(value.memory_shape)
 
 
 def _logical(arena, value: _Value) -> np.ndarray:
@@ -427,29 +432,46 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
 
 
 def _gather(plan, src, dst, dims, strides, maps, fill=0.0):
-    """``plan.add_gather`` with axes of length 1 dropped and the innermost axes merged where
-    they read and write one run (a Slice of whole rows: one copy per row, not per value)."""
+    """``plan.add_gather`` with axes of length 1 dropped and neighbouring axes merged where
+    both read and write evenly spaced values (a Slice of whole rows: one copy per row, not per
+    value); a layout move (the source's rows the destination's columns) as a transpose step."""
     dims, strides, maps = list(dims), list(strides), [np.asarray(m, np.int64) for m in maps]
     for a in reversed(range(len(dims))):
         if len(dims) > 1 and dims[a] == 1 and maps[a][0] >= 0:
             last = len(dims) - 1 if a != len(dims) - 1 else len(dims) - 2
             maps[last] = np.where(maps[last] < 0, -1, maps[last] + maps[a][0])
             del dims[a], strides[a], maps[a]
-    while len(dims) > 1:
-        inner, outer = maps[-1], maps[-2]
-        n = dims[-1]
+    steps = [_step_of(m) for m in maps]
+    a = len(dims) - 2
+    while a >= 0:  # axes a and a + 1 as one where both read and write evenly spaced values
+        inner = dims[a + 1]
         if (
-            inner[0] < 0
-            or not np.array_equal(inner, np.arange(inner[0], inner[0] + n))
-            or strides[-1] != 1
-            or strides[-2] != n
-            or outer.min() < 0
-            or not np.array_equal(outer, outer[0] + n * np.arange(dims[-2]))
+            steps[a] is not None
+            and steps[a + 1] is not None
+            and steps[a] == inner * steps[a + 1]
+            and strides[a] == inner * strides[a + 1]
         ):
-            break
-        maps[-2:] = [np.arange(outer[0] + inner[0], outer[0] + inner[0] + n * dims[-2], dtype=np.int64)]
-        dims[-2:], strides[-2:] = [n * dims[-2]], [1]
+            maps[a : a + 2] = [maps[a][0] + maps[a + 1][0] + steps[a + 1] * np.arange(dims[a] * inner, dtype=np.int64)]
+            dims[a : a + 2], strides[a : a + 2], steps[a : a + 2] = [dims[a] * inner], [strides[a + 1]], [steps[a + 1]]
+        a -= 1
+    if 2 <= len(dims) <= 3 and strides[-1] == 1 and None not in steps and steps[-2] == 1 and steps[-1] > 1:
+        # a layout move (NHWC <-> NCHW): the source's rows are the destination's columns
+        batch, src_batch, dst_batch = (dims[0], steps[0], strides[0]) if len(dims) == 3 else (1, 0, 0)
+        offset = int(sum(int(m[0]) for m in maps))
+        plan.add_transpose(src, dst, offset, batch, dims[-1], dims[-2], src_batch, steps[-1], dst_batch, strides[-2])
+        return
     plan.add_gather(src, dst, dims, strides, maps, fill)
+
+
+def _step_of(m: np.ndarray):
+    """The step of ``m`` where it is an arithmetic sequence of offsets (no padded position),
+    else None."""
+    if m[0] < 0:
+        return None
+    if len(m) == 1:
+        return 0
+    step = int(m[1] - m[0])
+    return step if step >= 0 and np.array_equal(m, m[0] + step * np.arange(len(m))) else None
 
 
 def _box(mask):
@@ -1318,6 +1340,8 @@ def _fallback(low, fn, node, index, ins, traced_ins, traced_outs, attrs):
         low.moved += 0 if t is None else 2 * t.nbytes
     for v in ins:
         low.use(v)
+        if isinstance(v, _Value):
+            low.python_reads.add(id(v.buffer))
 
     def bind(plan, arena):
         args = [_logical(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
@@ -1412,6 +1436,13 @@ def _walk(low, model, inputs):
             if type(name) is str and last.get(name) == index and name not in kept:
                 traced.pop(name, None)
     return [(traced[o], lowered.get(o)) if o in traced else (model._constants[o], None) for o in model.output_names]
+
+
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes whose address is a multiple of ``ALIGN``, as the arena's are."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes]
 
 
 def _place(buffers, end):
@@ -1520,7 +1551,10 @@ def lower(model, arrays, ops):
         if isinstance(v, _Value):
             low.use(v)
         values.append((name, t, v))
-    low.moved += 2 * sum(a.nbytes for a, v in inputs if v is not None)
+    # an input that no Python step reads and no output shares is read from the caller's array
+    shared = {id(v.buffer) for _, _, v in values if isinstance(v, _Value)} | low.python_reads
+    movable = [v is not None and id(v.buffer) not in shared for _, v in inputs]
+    low.moved += 2 * sum(a.nbytes for (a, v), move in zip(inputs, movable) if v is not None and not move)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
     if not pays(len(low.native), len(low.fallbacks), low.moved, low.gathered):
         raise DoesNotPay
@@ -1528,9 +1562,10 @@ def lower(model, arrays, ops):
     for b in low.buffers:
         if any(b is v.buffer for _, _, v in values if isinstance(v, _Value)):
             b.last = end
-        if any(b is v.buffer for _, v in inputs if v is not None):
-            b.first = -1
-    native = ops.native_plan(_place(low.buffers, end))
+    for a, v in inputs:  # each input in memory of its own, which no other value shares
+        if v is not None:
+            v.buffer.home = _aligned_bytes(v.buffer.nbytes)
+    native = ops.native_plan(_place([b for b in low.buffers if b.home is None], end))
     if native is None:
         return None
     arena = native.arena
@@ -1549,8 +1584,10 @@ def lower(model, arrays, ops):
         (tuple(low.native), tuple(low.fallbacks), low.moved + low.gathered),
     )
     plan.nodes, plan.owner = low.nodes, np.array(owner, np.int64)
+    native.read_in_place(plan.input_views, [movable[k] for k in plan.fed])
+    trial = [np.array(a) for a in arrays]  # copies: the check below that no step writes an input
     try:
-        got = plan.run(arrays)
+        got = plan.run(trial)
     except Exception:
         holder = next((h for h in low.holders if h.error is not None), None)
         if holder is not None:  # the node's own error (the key keeps the Python plan)
@@ -1567,6 +1604,8 @@ def lower(model, arrays, ops):
                 return None
         elif not np.array_equal(have, want):
             return None
+    if any(a.tobytes() != b.tobytes() for a, b in zip(trial, arrays)):
+        return None  # a step wrote into an input it reads in place: the plan cannot serve
     return plan
 
 
@@ -1622,7 +1661,7 @@ class NativePlans:
             if seen < BUILD_AFTER:
                 self._keep(key, seen)
                 return None
-            if not pays(self.nodes, 0, 2 * sum(a.nbytes for a in arrays)):  # the inputs' copies alone
+            if not pays(self.nodes, 0, 0):  # the plan's own cost alone (steps read the inputs in place)
                 self._keep(key, False)
                 return None
             with self.lock:

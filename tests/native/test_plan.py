@@ -65,6 +65,20 @@ def test_gather_copies_inner_runs_and_strided_destinations(rng):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize("shape", [(1, 5, 3), (2, 37, 19), (3, 64, 16)])
+def test_transpose_step_matches_numpy(rng, shape):
+    """NHWC -> NCHW of (N, HW, C) memory from an offset into the source, and back."""
+    b, r, c = shape
+    src = rng.standard_normal(7 + b * r * c).astype(np.float32)
+    plan = _core.NativePlan(1 << 17)
+    (dst,) = _arena_views(plan, (b * c * r,))
+    plan.add_transpose(src, dst, 7, b, r, c, r * c, c, c * r, r)
+    plan.run([], [], [])
+    np.testing.assert_array_equal(dst.reshape(b, c, r), src[7:].reshape(b, r, c).transpose(0, 2, 1))
+    with pytest.raises(ValueError, match="outside"):
+        plan.add_transpose(src, dst, 8, b, r, c, r * c, c, c * r, r)
+
+
 def test_conv2d_step_matches_the_kernel(rng, isa):
     x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
     w = rng.standard_normal((3, 3, 5, 11)).astype(np.float32)
@@ -342,6 +356,35 @@ def test_arguments_are_checked_when_bound():
     with pytest.raises(ValueError, match="scale_shift"):
         plan.add_scale_shift(x4, np.zeros(8, np.float32), np.zeros(8, np.float32), x4)
     assert len(plan) == 0
+
+
+def test_steps_read_an_input_in_place(rng):
+    """After ``read_in_place`` a step reads the caller's array (its own view left untouched);
+    an array that is not C-contiguous, aligned and of the view's type is copied into the view
+    as before, and the next array read in place again."""
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    plan = _core.NativePlan(1 << 12)
+    xv, yv = _arena_views(plan, x.shape, x.shape)
+    home = np.full(x.shape, np.nan, np.float32)
+    relu = _core.ACTIVATIONS.index("relu")
+    plan.add_activation(home, yv, relu, 0.0)
+    plan.add_add_act(home, yv, yv, 0, 0.0)  # two steps, two words pointing into the input
+    plan.read_in_place([home], [True])
+    for a in (x, x * 2, np.asfortranarray(x * 3), x.astype(np.float64) * 4, x * 5):
+        (got,) = plan.run([a], [home], [yv])
+        want = np.asarray(a, np.float32)
+        np.testing.assert_array_equal(got, np.maximum(want, 0) + want)
+        if a.dtype == np.float32 and a.flags.c_contiguous:
+            assert np.isnan(home).all()  # read in place
+        else:
+            np.testing.assert_array_equal(home, want)  # copied
+            home[...] = np.nan
+    unaligned = np.empty(x.size * 4 + 1, np.uint8)[1:].view(np.float32).reshape(x.shape)
+    unaligned[...] = x
+    (got,) = plan.run([unaligned], [home], [yv])
+    np.testing.assert_array_equal(got, np.maximum(x, 0) + x)
+    with pytest.raises(ValueError, match="flags"):
+        plan.read_in_place([home], [])
 
 
 def test_a_plan_runs_one_call_at_a_time():

@@ -437,8 +437,8 @@ def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
 
 
 def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
-    """One rejected build (each traces a call) turns the model's plans off; inputs whose copies
-    alone would cost more than a plan could save are not traced at all."""
+    """One rejected build (each traces a call) turns the model's plans off; a model whose
+    nodes could not save a plan's own cost is not traced at all."""
     builds = []
     real = lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
@@ -452,7 +452,7 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
     ours = fastlayers.load(_movement_model())
     big = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
-    monkeypatch.setattr(lowering, "COPY_BYTES_PER_US", 1.0)  # copying the input alone costs too much
+    monkeypatch.setattr(lowering, "PLAN_US", 1e9)  # more than all its nodes could save
     builds.clear()
     for _ in range(3):
         ours.run(None, {"x": big})
@@ -549,6 +549,44 @@ def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, bat
     assert fallbacks == ()
     assert {"FusedConv", "FusedElementwise", "GlobalAveragePool", "MaxPool", "AveragePool", "Resize"} <= set(native)
     assert {"Slice", "Concat", "ReduceMean", "FusedDense"} <= set(native)
+
+
+def test_inputs_are_read_in_place_unless_a_python_step_reads_them(rng, monkeypatch):
+    """The steps read a call's input from the caller's array: the plan's own memory for it
+    stays as it was. An input that a node run in Python reads is copied in as before."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ours = fastlayers.load(_conv_model(np.random.default_rng(7)))
+    python = fastlayers.load(_conv_model(np.random.default_rng(7)), options=fastlayers.LoadOptions(native_plans=False))
+    x = rng.standard_normal((2, 3, 20, 22)).astype(np.float32)
+    for _ in range(3):
+        ours.run(None, {"x": x})
+    (plan,) = _plans(ours)
+    (home,) = plan.input_views
+    home[...] = np.nan
+    x = rng.standard_normal((2, 3, 20, 22)).astype(np.float32)
+    kept = x.copy()
+    for g, p in zip(ours.run(None, {"x": x}), python.run(None, {"x": x})):
+        np.testing.assert_array_equal(g, p)
+    assert np.isnan(home).all()
+    np.testing.assert_array_equal(x, kept)
+    nodes = [helper.make_node("Sin", ["x"], ["s"]), helper.make_node("Relu", ["x"], ["r"])]
+    nodes += [helper.make_node("Add", ["s", "r"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "sin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    ours = fastlayers.load(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    )
+    for _ in range(3):
+        x = rng.standard_normal((4, 5)).astype(np.float32)
+        (y,) = ours.run(None, {"x": x})
+        np.testing.assert_allclose(y, np.sin(x) + np.maximum(x, 0), rtol=1e-6)
+    (plan,) = _plans(ours)
+    assert plan.summary[1] == ("Sin",)
+    np.testing.assert_array_equal(plan.input_views[0], x)  # copied in for the Python step
 
 
 def _conv1d_model(rng):
