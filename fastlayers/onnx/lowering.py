@@ -75,8 +75,12 @@ VERIFY_RTOL = 1e-4
 #: inputs in, the outputs out, a Python node's results into the arena; 26-36 bytes per ns
 #: measured) and gathers (layout moves, states; 2-7 bytes per ns), docs/design.md.
 STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0, 2000.0
+#: What each byte of a native step's result saves besides: the Python plan writes each
+#: node's result into memory its allocator hands back cold in cache, where the plan's arena
+#: reuses buffers while they are warm (30-90 us per MB of results measured, docs/design.md).
+RESULT_BYTES_PER_US = 33000.0
 #: What a call through a plan costs beyond the Python plan's, whatever its steps: the key,
-#: the inputs copied in and the outputs out, the GIL released and taken back (10-15 us
+#: the outputs copied out, the GIL released and taken back (10-15 us
 #: measured where the steps took 3.4: a two-layer MLP of 8 rows, whose Python plan is one
 #: native call, ran 43 -> 54 us as a plan).
 PLAN_US = 15.0
@@ -185,6 +189,7 @@ class _Lowering:
         self.native: list[str] = []
         self.moved = 0  # bytes the plan copies that the Python plan does not (cost model)
         self.gathered = 0  # bytes the plan gathers (layout moves) that the Python plan does not
+        self.results = 0  # bytes the native steps' results take (written into warm buffers)
         self.node = None  # the node being lowered: (model, index), for the profile
         self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
         self.python_reads: set = set()  # ids of the buffers that Python steps read
@@ -1417,6 +1422,8 @@ def _walk(low, model, inputs):
                 ):
                     raise NotLowered
                 low.native.append(node.op_type)
+                if len(low.emits) > marks[0]:  # steps of its own (not a view of its input)
+                    low.results += sum(t.nbytes for t in t_outs if t is not None)
             except NotLowered:  # what the lowering began is dropped
                 del low.emits[marks[0] :], low.buffers[marks[1] :]
                 low.moved, low.gathered = marks[2], marks[4]
@@ -1427,7 +1434,7 @@ def _walk(low, model, inputs):
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
             # stop tracing once the copies so far outweigh all the plan could still save
-            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved, low.gathered):
+            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved, low.gathered, low.results):
                 raise DoesNotPay
         for name, (t, v) in zip(outs, results):
             if name:
@@ -1464,12 +1471,12 @@ def _place(buffers, end):
     return top
 
 
-def pays(native: int, fallbacks: int, moved: int, gathered: int = 0) -> bool:
-    """Whether a plan of ``native`` nodes lowered natively, ``fallbacks`` run in Python,
-    ``moved`` bytes copied and ``gathered`` bytes gathered that the Python plan does not move
-    saves more than it costs."""
+def pays(native: int, fallbacks: int, moved: int, gathered: int = 0, results: int = 0) -> bool:
+    """Whether a plan of ``native`` nodes lowered natively (their steps writing ``results``
+    bytes), ``fallbacks`` run in Python, ``moved`` bytes copied and ``gathered`` bytes gathered
+    that the Python plan does not move saves more than it costs."""
     cost = PLAN_US + FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US + gathered / GATHER_BYTES_PER_US
-    return STEP_US * native > cost
+    return STEP_US * native + results / RESULT_BYTES_PER_US > cost
 
 
 class Plan:
@@ -1556,7 +1563,7 @@ def lower(model, arrays, ops):
     movable = [v is not None and id(v.buffer) not in shared for _, v in inputs]
     low.moved += 2 * sum(a.nbytes for (a, v), move in zip(inputs, movable) if v is not None and not move)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
-    if not pays(len(low.native), len(low.fallbacks), low.moved, low.gathered):
+    if not pays(len(low.native), len(low.fallbacks), low.moved, low.gathered, low.results):
         raise DoesNotPay
     end = low.step
     for b in low.buffers:

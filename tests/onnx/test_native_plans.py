@@ -336,6 +336,10 @@ def test_the_cost_model():
     assert lowering.pays(native=30, fallbacks=2, moved=40_000)
     assert not lowering.pays(native=20, fallbacks=60, moved=20_000_000)
     assert not lowering.pays(native=0, fallbacks=0, moved=0)
+    # large results (buffers reused warm) pay for copies that few steps would not
+    big = int(lowering.RESULT_BYTES_PER_US * lowering.PLAN_US * 4)
+    assert not lowering.pays(native=2, fallbacks=0, moved=int(lowering.COPY_BYTES_PER_US * lowering.PLAN_US))
+    assert lowering.pays(native=2, fallbacks=0, moved=int(lowering.COPY_BYTES_PER_US * lowering.PLAN_US), results=big)
 
 
 def _quantized_model(rng, hidden=24, n_in=16):
