@@ -103,6 +103,13 @@ def arena_enter():
     return _core.arena_enter() if ARENA else None
 
 
+def arena_leave():
+    """Have numpy allocate with its own allocator in the calling thread's context until
+    ``arena_exit`` (inside a model's call: what should not stay in the block arena); returns
+    what to pass to it."""
+    return _core.arena_leave() if ARENA else None
+
+
 def arena_exit(previous) -> None:
     """End what ``arena_enter`` began (``previous``: its result)."""
     if previous is not None:

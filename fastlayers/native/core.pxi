@@ -32,6 +32,7 @@ cdef extern from "arena_numpy.h":
 
 cdef extern from "numpy/arrayobject.h":
     object PyDataMem_SetHandler(object handler)
+    object PyDataMem_GetHandler()
 
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -225,6 +226,17 @@ def arena_enter():
     until ``arena_exit``; returns the handler to pass to it. Arrays keep the allocator that
     made them, so those handed out are freed back into the arena whenever they are dropped."""
     return PyDataMem_SetHandler(_ARENA_HANDLER)
+
+
+#: numpy's own allocator handler (the C library's heap), as the module is imported outside any
+#: model's call.
+_DEFAULT_HANDLER = PyDataMem_GetHandler()
+
+
+def arena_leave():
+    """Have numpy allocate with its own allocator (the C library's heap) in the calling
+    context until ``arena_exit``; returns what to pass to it."""
+    return PyDataMem_SetHandler(_DEFAULT_HANDLER)
 
 
 def arena_exit(previous):

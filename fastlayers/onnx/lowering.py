@@ -282,7 +282,7 @@ def _factored(table: np.ndarray):
     filled = table < 0
     if filled.all():
         return None
-    found = np.where(filled, np.iinfo(np.int64).max, table) if filled.any() else table
+    found = np.where(filled, np.iinfo(table.dtype).max, table) if filled.any() else table
     p = np.unravel_index(int(np.argmin(found)), table.shape)
     del found, filled
     base = int(table[p])
@@ -293,7 +293,7 @@ def _factored(table: np.ndarray):
         line = table[tuple(index)].astype(np.int64)
         m = np.where(line < 0, -1, line - (0 if a == 0 else base))
         maps.append(m)
-    total = np.zeros(table.shape, np.int64)
+    total = np.zeros(table.shape, table.dtype)  # (the table's own integer type: int32 where it fits)
     hole = np.zeros(table.shape, bool)
     for a, m in enumerate(maps):
         shape = [1] * table.ndim
@@ -314,6 +314,55 @@ def _nearest_resize(low, node, ins, traced_ins, traced_outs, attrs):
     return _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=(0,))  # not its scales
 
 
+def _concat(low, node, ins, traced_ins, traced_outs, attrs):
+    """Concat as one gather per part into its block of the result, the offsets from the
+    shapes alone (no index run: the detectors' (1, 32, 320, 320) results made the build's
+    largest arrays); held channels-last where every part is, as ``_movement`` holds it."""
+    out = traced_outs[0]
+    parts = [(v, t) for v, t in zip(ins, traced_ins) if isinstance(t, np.ndarray) and t.size]
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or not parts
+        or any(t.dtype != np.float32 or t.ndim != out.ndim for _, t in parts)
+    ):
+        raise NotLowered
+    axis = attrs["_attrs"].get("axis", 0) % out.ndim
+    perm = _layout(out)
+    if (
+        perm is None
+        and out.ndim in (3, 4)
+        and all(isinstance(v, _Value) and v.perm == _channels_last(out.ndim) for v, _ in parts)
+    ):
+        perm = _channels_last(out.ndim)
+    y = low.new(out.shape, perm=perm)
+    y_perm = perm or tuple(range(out.ndim))
+    y_strides = [math.prod(y.memory_shape[i + 1 :]) for i in range(out.ndim)]
+    pieces, start = [], 0
+    for v, t in parts:
+        if t.shape[:axis] + t.shape[axis + 1 :] != out.shape[:axis] + out.shape[axis + 1 :]:
+            raise NotLowered
+        src = low.use(v) if isinstance(v, _Value) else np.ascontiguousarray(t, np.float32)
+        src_perm = (v.perm if isinstance(v, _Value) else None) or tuple(range(out.ndim))
+        src_memory = tuple(t.shape[a] for a in np.argsort(src_perm))
+        src_strides = [math.prod(src_memory[i + 1 :]) for i in range(out.ndim)]
+        logical = np.argsort(y_perm)  # the logical axis of each axis of y's memory
+        dims = [t.shape[a] for a in logical]
+        maps = [np.arange(t.shape[a], dtype=np.int64) * src_strides[src_perm[a]] for a in logical]
+        pieces.append((src, start * y_strides[y_perm[axis]], dims, maps))
+        start += t.shape[axis]
+    if start != out.shape[axis]:
+        raise NotLowered
+
+    def bind(plan, arena):
+        dst = _view(arena, y).reshape(-1)
+        for src, offset, dims, maps in pieces:
+            _gather(plan, _operand(arena, src).reshape(-1), dst[offset:], dims, y_strides, maps)
+
+    low.emit(bind)
+    return [y]
+
+
 def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     """Gathers for a data-movement node: the node runs on index arrays in place of its float
     inputs (each its own range of int64 values, a second time shifted) to find each output
@@ -329,14 +378,20 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     ]
     if not sources or any(isinstance(v, _Value) and v.dtype != np.float32 for v in ins):
         raise NotLowered
-    span, shift = 1 << 40, 1 << 39
+    # source j's values are (j + 1) span + their offsets (+ shift in the second run): int32
+    # where they fit, half the memory of int64 (the runs are the build's largest arrays)
+    span = 1 << (2 * max(traced_ins[k].size for k in sources)).bit_length()
+    shift = span >> 1
+    dtype = np.int32 if (len(sources) + 2) * span < 1 << 31 else np.int64
 
     def run(offset):  # each value's offset in its source's memory (channels-last ones too)
         args = list(traced_ins)
         for j, k in enumerate(sources):
             v = ins[k]
             held = v.memory_shape if isinstance(v, _Value) else traced_ins[k].shape
-            index = (np.arange(traced_ins[k].size, dtype=np.int64) + (j + 1) * span + offset).reshape(held)
+            index = np.arange(traced_ins[k].size, dtype=dtype)
+            index += (j + 1) * span + offset
+            index = index.reshape(held)
             args[k] = index.transpose(v.perm) if isinstance(v, _Value) and v.perm is not None else index
         return fn(args, attrs["_attrs"], opset)
 
@@ -346,8 +401,13 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
             zeros[k] = np.zeros(traced_ins[k].shape, np.float32)
         return fn(zeros, attrs["_attrs"], opset)
 
+    # only Pad writes values no source supplies: the other movements' outputs are found by one
+    # run (a second, shifted, tells Pad's filled positions apart from a fill value that looks
+    # like an index)
+    fills = node.op_type == "Pad"
     try:
-        first, second = list(run(0)), list(run(shift))
+        first = list(run(0))
+        second = list(run(shift)) if fills else [None] * len(first)
     except Exception as e:  # an operator that does not take index arrays
         raise NotLowered from e
     filled_run = None
@@ -357,8 +417,9 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         if t is None or not isinstance(t, np.ndarray):
             outs.append(None)
             continue
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != t.shape or b.shape != t.shape or t.dtype != np.float32 or a.dtype != np.int64:
+        a = np.asarray(a)
+        b = None if b is None else np.asarray(b)
+        if a.shape != t.shape or (b is not None and b.shape != t.shape) or t.dtype != np.float32 or a.dtype != dtype:
             raise NotLowered
         # the output held as the trace holds it, or channels-last as its sources where the
         # operator keeps the axes (a channel slice or concatenation: runs of channels)
@@ -369,13 +430,19 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         y = low.new(t.shape, perm=perm)
         order = None if perm is None else np.argsort(perm)
         if order is not None:
-            a, b = a.transpose(order), b.transpose(order)
+            a = a.transpose(order)
+            b = None if b is None else b.transpose(order)
         shape = y.memory_shape
-        if b.flags.writeable and b.base is None:  # the run's own array: in place
-            b -= a
+        if b is None:  # every value from a source
+            copied = a >= span
+            if not copied.all():
+                raise NotLowered
         else:
-            b = b - a
-        copied = b == shift
+            if b.flags.writeable and b.base is None:  # the run's own array: in place
+                b -= a
+            else:
+                b = b - a
+            copied = b == shift
         del b
         fill = 0.0
         if not copied.all():
@@ -1267,6 +1334,7 @@ LOWERINGS = {
     "MaxPool": _pool,
     "AveragePool": _pool,
     **{name: _movement for name in MOVEMENTS},
+    "Concat": _concat,
     "Resize": _nearest_resize,
     "Upsample": _nearest_resize,
     "Conv": _conv,
@@ -1416,7 +1484,11 @@ def _walk(low, model, inputs):
                 if lower is None:
                     raise NotLowered
                 ins_here = l_ins if node.op_type in ANY_LAYOUT else [low.c_order(v) for v in l_ins]
-                l_outs = lower(low, node, ins_here, t_ins, t_outs, {"_attrs": attrs, "_fn": fn})
+                token = low.ops.begin_build()  # its tables on the C library's heap, trimmed after
+                try:
+                    l_outs = lower(low, node, ins_here, t_ins, t_outs, {"_attrs": attrs, "_fn": fn})
+                finally:
+                    low.ops.end_build(token)
                 if any(
                     name and t is not None and not isinstance(v, _Value) for name, t, v in zip(outs, t_outs, l_outs)
                 ):
@@ -1542,7 +1614,17 @@ def lower(model, arrays, ops):
     """A ``Plan`` of ``model`` for calls like ``arrays`` (the checked inputs, graph order) on
     backend ``ops``, or None where the backend has no native plans or the plan built does not
     give the call's outputs. Raises ``DoesNotPay`` where the cost model rejects the plan, and
-    the error of a node that fails on the trace."""
+    the error of a node that fails on the trace. The trace's values come from the call's
+    block arena as the Python plan's do; the lowering's tables and the plan's own memory from
+    the C library's heap, whose free pages go back to the system after the build."""
+    try:
+        return _lower(model, arrays, ops)
+    finally:
+        ops.trim_build()
+
+
+def _lower(model, arrays, ops):
+    """``lower``."""
     low = _Lowering(model, ops)
     inputs = []
     for a in arrays:
@@ -1569,12 +1651,22 @@ def lower(model, arrays, ops):
     for b in low.buffers:
         if any(b is v.buffer for _, _, v in values if isinstance(v, _Value)):
             b.last = end
+    # the plan's memory from the call's block arena: the pages the trace's values just freed
     for a, v in inputs:  # each input in memory of its own, which no other value shares
         if v is not None:
             v.buffer.home = _aligned_bytes(v.buffer.nbytes)
     native = ops.native_plan(_place([b for b in low.buffers if b.home is None], end))
     if native is None:
         return None
+    token = ops.begin_build()
+    try:
+        return _bind(low, model, arrays, native, inputs, values, movable)
+    finally:
+        ops.end_build(token)
+
+
+def _bind(low, model, arrays, native, inputs, values, movable):
+    """The plan ``low`` lowered and placed, bound and checked on ``arrays`` (``lower``)."""
     arena = native.arena
     owner = []  # per native step, the index of its node in low.nodes
     for fn, node in low.emits:

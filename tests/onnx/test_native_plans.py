@@ -639,7 +639,8 @@ def _upsampling_model(rng, one_d=False):
     """A segmentation head as text detectors export it: a ConvTranspose of the input's NCHW
     planes, a convolution, a strided ConvTranspose of its channels-last result with a fused
     Relu, BatchNormalization, Relu, a grouped ConvTranspose, and a ConvTranspose to one channel
-    (padded, output_padding) with a Sigmoid; 1-D with ``one_d``."""
+    (padded, output_padding) with a Sigmoid; a Concat of a C-ordered and a channels-last
+    value; 1-D with ``one_d``."""
     f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
     k = (3,) if one_d else (3, 3)
     k2 = (2,) if one_d else (2, 2)
@@ -671,13 +672,14 @@ def _upsampling_model(rng, one_d=False):
             "ConvTranspose", ["t2", "wt3", "bt3"], ["t3"], strides=s2, pads=pads, output_padding=[1] * len(k)
         ),
         helper.make_node("Sigmoid", ["t3"], ["y"]),
+        helper.make_node("Concat", ["t0", "c1"], ["cat"], axis=1),  # C order and channels-last
     ]
     shape = ["n", 3, 9] if one_d else ["n", 3, 5, 7]
     graph = helper.make_graph(
         nodes,
         "head",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "n1")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "n1", "cat")],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
@@ -704,7 +706,7 @@ def test_transposed_convolutions_and_batch_norms_run_natively(rng, monkeypatch, 
     (plan,) = _plans(ours)
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
-    assert native.count("ConvTranspose") == 4 and "BatchNormalization" in native
+    assert native.count("ConvTranspose") == 4 and "BatchNormalization" in native and "Concat" in native
 
 
 def test_the_cost_model_counts_copies_and_gathers_apart():

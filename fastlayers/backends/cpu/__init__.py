@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ...native import CODES, _core, arena_enter, arena_exit, layout
+from ...native import CODES, _core, arena_enter, arena_exit, arena_leave, layout, trim_heap
 from ..derived import derived_from
 from ..integer import INTEGER_KERNELS
 from ..types import EncoderWeights
@@ -136,6 +136,19 @@ class CpuOps(ConvOps):
 
     def exit_call(self, token) -> None:
         arena_exit(token)
+
+    def begin_build(self):
+        """Begin building a native plan's step inside a call: numpy allocates from the C
+        library's heap (``arena_leave``), so the build's transient index tables do not grow the
+        block arena, which keeps its regions mapped; ``end_build`` restores the call's."""
+        return arena_leave()
+
+    def end_build(self, token) -> None:
+        arena_exit(token)
+
+    def trim_build(self) -> None:
+        """Hand what a plan's build freed on the C library's heap back to the system."""
+        trim_heap()
 
     def channels_last(self, x):
         return layout.channels_last(x)
