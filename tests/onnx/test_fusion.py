@@ -1627,3 +1627,42 @@ def test_dense_weights_held_once_packed(tmp_path, rng):
     parsed = proto.parse_model(path.read_bytes(), "m")
     importer.from_model(parsed, "m")
     assert sorted(parsed.graph.initializers) == ["b", "v", "w"]
+
+
+def test_convolution_weights_too_small_to_matter_are_zero(tmp_path, rng):
+    """A channel switched off in training (weights of 1e-38, folded BatchNormalization scale
+    of 1e-37) has its weights zeroed in the FusedConv: products of them and activations would
+    be subnormal floats, slow on x86. Results as onnxruntime's."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (0.3 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32)
+    w[1] = 1e-38
+    w[2, 0] = 3e-36
+    scale = np.array([1.0, 1.0, 1.0, 1e-37], np.float32)
+    consts = {
+        "w": w,
+        "b": (0.1 * rng.standard_normal(4)).astype(np.float32),
+        "scale": scale,
+        "beta": np.zeros(4, np.float32),
+        "mean": np.zeros(4, np.float32),
+        "var": np.ones(4, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["y"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    onnx.save(model, tmp_path / "tiny.onnx")
+    ours = fastlayers.load(tmp_path / "tiny.onnx")
+    assert ours.op_types == ["FusedConv"]
+    w_hwio = ours._plan[0][3]["_w_hwio"]
+    assert not w_hwio[..., 1].any() and not w_hwio[..., 3].any() and not w_hwio[:, :, 0, 2].any()
+    assert np.count_nonzero(w_hwio) == w_hwio.size - 27 - 27 - 9
+    _matches_ort(ours, tmp_path / "tiny.onnx", {"x": rng.standard_normal((2, 3, 6, 7)).astype(np.float32)})
