@@ -168,6 +168,13 @@ int fl_layer_norm_step(void *ctx) {
     return fl_layer_norm(a->m, a->n, a->x, a->gamma, a->beta, a->eps, a->rms, a->out);
 }
 
+int fl_attention_step(void *ctx) {
+    const fl_attention_step_args *a = ctx;
+    return fl_attention(a->nb, a->nh, a->tq, a->tk, a->d, a->dv, a->q, a->q_st, a->k, a->k_st, a->v, a->v_st,
+                        a->scale, a->bias, a->bias ? a->bias_st : NULL, a->causal, a->empty, NULL, a->out,
+                        a->out_st);
+}
+
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

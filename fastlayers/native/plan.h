@@ -33,6 +33,9 @@
  * add_act_step(a): out[k] = f(a[k] + b[k]) for k < n (rows.h's add_act; out may be a): a
  *   residual added after a convolution whose kernel does not add it in its epilogue.
  * elementwise_step(a): elementwise.h's elementwise on the bound operands and program.
+ * attention_step(a): attention.h's attention on the bound arguments (the weights not kept):
+ *   q, k, v, out strided by (batch, head, row), rows contiguous; bias (B|1, H|1, Tq|1, Tk) or
+ *   NULL.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
  *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
@@ -149,6 +152,15 @@ typedef struct {
 } fl_elementwise_args;
 
 typedef struct {
+    int64_t nb, nh, tq, tk, d, dv;
+    int64_t q_st[3], k_st[3], v_st[3], bias_st[3], out_st[3];
+    const float *q, *k, *v, *bias;
+    float scale;
+    int causal, empty;
+    float *out;
+} fl_attention_step_args;
+
+typedef struct {
     int64_t m, n;
     const float *x, *gamma, *beta;
     float eps;
@@ -159,6 +171,7 @@ typedef struct {
 int fl_gather(void *a);
 int fl_transpose_step(void *a);
 int fl_layer_norm_step(void *a);
+int fl_attention_step(void *a);
 int fl_elementwise_step(void *a);
 int fl_conv2d_step(void *a);
 int fl_depthwise_step(void *a);

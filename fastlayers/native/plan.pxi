@@ -83,6 +83,20 @@ cdef extern from "plan.h" nogil:
         const fl_ew_insn *insns
         float *out
         fl_ew_operand operands[1]
+    ctypedef struct fl_attention_step_args:
+        int64_t nb, nh, tq, tk, d, dv
+        int64_t q_st[3]
+        int64_t k_st[3]
+        int64_t v_st[3]
+        int64_t bias_st[3]
+        int64_t out_st[3]
+        const float *q
+        const float *k
+        const float *v
+        const float *bias
+        float scale
+        int causal, empty
+        float *out
     ctypedef struct fl_layer_norm_args:
         int64_t m, n
         const float *x
@@ -118,6 +132,7 @@ cdef extern from "plan.h" nogil:
     int fl_add_act_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
     int fl_layer_norm_step(void *a) noexcept nogil
+    int fl_attention_step(void *a) noexcept nogil
     int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns)
 
 #: Most axes of a gather step.
@@ -620,6 +635,39 @@ cdef class NativePlan:
         cdef fl_layer_norm_args *a = <fl_layer_norm_args *>self._push(
             fl_layer_norm_step, sizeof(fl_layer_norm_args), (x, gamma, beta, out))
         a.m, a.n, a.x, a.gamma, a.beta, a.eps, a.rms, a.out = x.size // n, n, xp, gp, bp, eps, rms, op
+
+    def add_attention(self, q, k, v, out, float scale, bias=None, int empty=0):
+        """attention.h's attention (the weights not kept): out[b, h] = softmax(scale q k^T +
+        bias) v for float32 q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) and out (B, H,
+        Tq, Dv), 4-D views with contiguous rows and whole-float strides (of the arena, or
+        constants); ``bias`` (B|1, H|1, Tq|1, Tk) with contiguous keys, or None; ``empty`` as
+        in ``attention``."""
+        for arr, what in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            if not isinstance(arr, cnp.ndarray) or arr.dtype != np.float32 or arr.ndim != 4 or (
+                    arr.shape[3] > 1 and arr.strides[3] != 4):
+                raise ValueError(f"native plan attention: {what} must be a 4-D float32 view with contiguous rows")
+        cdef int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3]
+        cdef int64_t tk = k.shape[2], dv = v.shape[3]
+        if (k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2] or out.shape != (nb, nh, tq, dv)
+                or k.shape[3] != d or v.shape[2] != tk or min(nb, nh, tq, tk, d, dv) < 1):
+            raise ValueError(f"native plan attention: q {q.shape}, k {k.shape}, v {v.shape}, out {out.shape}")
+        if bias is not None and (not isinstance(bias, cnp.ndarray) or bias.dtype != np.float32 or (
+                tk > 1 and bias.strides[3] != 4)):
+            raise ValueError("native plan attention: the bias must be a float32 view with contiguous keys")
+        cdef fl_attention_step_args args
+        memset(&args, 0, sizeof(args))
+        strides3(q, args.q_st, "native plan attention q")
+        strides3(k, args.k_st, "native plan attention k")
+        strides3(v, args.v_st, "native plan attention v")
+        strides3(out, args.out_st, "native plan attention out")
+        args.bias = bias4(bias, nb, nh, tq, tk, args.bias_st)
+        args.q, args.k, args.v = fptr(q, "attention q"), fptr(k, "attention k"), fptr(v, "attention v")
+        args.out = fptr(out, "attention out")
+        args.nb, args.nh, args.tq, args.tk, args.d, args.dv = nb, nh, tq, tk, d, dv
+        args.scale, args.causal, args.empty = scale, 0, empty
+        cdef fl_attention_step_args *a = <fl_attention_step_args *>self._push(
+            fl_attention_step, sizeof(fl_attention_step_args), (q, k, v, out, bias))
+        memcpy(a, &args, sizeof(args))
 
     def add_python(self, fn):
         """A step calling ``fn()`` with the GIL held: it returns 0, or nonzero on failure

@@ -1049,6 +1049,66 @@ def _dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
     return outs
 
 
+def _attention(low, node, ins, traced_ins, traced_outs, attrs):
+    """FusedAttention where the Python plan makes it one call of the backend's attention
+    (float32 heads, one-value scales, a mask of at most the heads' rank): the same kernel as a
+    step, q, k and v read from the arena (k^T moved to k's rows as the backend copies it), the
+    result in C order."""
+    q, k, v, s_q, s_k, s_scores, mask = (list(ins) + [None] * 7)[:7]
+    t_q, t_k, t_v, *t_rest = (list(traced_ins) + [None] * 7)[:7]
+    node_attrs, out = attrs["_attrs"], traced_outs[0]
+    t_scales = list(zip(t_rest[:3], node_attrs["_divide"]))
+    if (
+        not all(isinstance(a, _Value) and a.dtype == np.float32 for a in (q, k, v))
+        or any(isinstance(a, _Value) for a in (s_q, s_k, s_scores))
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or any(s is not None and np.size(s) != 1 for s, _ in t_scales)
+        or (isinstance(mask, _Value) and mask.dtype != np.float32)
+    ):
+        raise NotLowered
+    if mask is None and t_rest[3] is not None:  # a constant of the plan (from keyed inputs)
+        mask = np.ascontiguousarray(t_rest[3], np.float32)
+    if node_attrs["_k_transposed"]:
+        k = _transposed(low, k, (*range(len(k.shape) - 2), len(k.shape) - 1, len(k.shape) - 2), extra=False)
+    ndim = len(q.shape)
+    if (
+        ndim not in (3, 4)
+        or not (len(k.shape) == len(v.shape) == ndim)
+        or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2])
+        or k.shape[-2] != v.shape[-2]
+        or q.shape[-1] != k.shape[-1]
+        or (mask is not None and len(mask.shape) > ndim)
+    ):
+        raise NotLowered
+    scale = np.float32(1.0)
+    for s, divide in t_scales:
+        if s is not None:
+            value = np.float32(np.reshape(s, -1)[0])
+            scale = scale / value if divide else scale * value
+    four = lambda shape: (1,) * (4 - len(shape)) + tuple(shape)  # noqa: E731
+    tk = k.shape[-2]
+    if mask is not None and four(mask.shape)[3] != tk:
+        raise NotLowered  # keys broadcast: the backend copies the mask per call
+    y = low.new(out.shape)
+    for a in (q, k, v, mask):
+        low.use(a)
+
+    def bind(plan, arena):
+        bias = None if mask is None else _operand(arena, mask).reshape(four(mask.shape))
+        plan.add_attention(
+            _view(arena, q).reshape(four(q.shape)),
+            _view(arena, k).reshape(four(k.shape)),
+            _view(arena, v).reshape(four(v.shape)),
+            _view(arena, y).reshape(four(out.shape)),
+            float(scale),
+            bias,
+        )
+
+    low.emit(bind)
+    return [y]
+
+
 def _layer_norm(low, node, ins, traced_ins, traced_outs, attrs):
     """LayerNormalization (and the RMS norm the rewrites make of it) over the trailing axes,
     its scale and bias constants of their width, its statistics outputs unread."""
@@ -1351,6 +1411,7 @@ LOWERINGS = {
     "com.microsoft::DynamicQuantizeMatMul": _dynamic_matmul,
     "com.microsoft::DynamicQuantizeLSTM": _dynamic_lstm,
     "LayerNormalization": _layer_norm,
+    "FusedAttention": _attention,
     **{name: _elementwise for name in ELEMENTWISE},
     "LSTM": _recurrent("LSTM"),
     "GRU": _recurrent("GRU"),

@@ -358,6 +358,26 @@ def test_arguments_are_checked_when_bound():
     assert len(plan) == 0
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_step_matches_the_kernel(rng, isa, masked):
+    """q, k, v heads as strided views of one projection (rows contiguous), a mask broadcast
+    over heads and queries, the output C-ordered."""
+    qkv = rng.standard_normal((2, 7, 3, 3, 5)).astype(np.float32)  # (B, T, q|k|v, H, D)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    bias = np.where(rng.random((2, 1, 1, 7)) < 0.3, -1e4, 0).astype(np.float32) if masked else None
+    want = np.empty((2, 3, 7, 5), np.float32)
+    _core.attention(q, k, v, 0.4, bias, False, 0, None, want)
+    plan = _core.NativePlan(1 << 14)
+    (out,) = _arena_views(plan, want.shape)
+    plan.add_attention(q, k, v, out, 0.4, bias)
+    plan.run([], [], [])
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(ValueError, match="attention"):
+        plan.add_attention(q, k[:, :, :, :4], v, out, 0.4)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        plan.add_attention(q.transpose(0, 1, 3, 2), k, v, out, 0.4)
+
+
 def test_steps_read_an_input_in_place(rng):
     """After ``read_in_place`` a step reads the caller's array (its own view left untouched);
     an array that is not C-contiguous, aligned and of the view's type is copied into the view

@@ -801,3 +801,91 @@ def test_attention_products_and_softmaxes_run_natively(rng, monkeypatch, opset):
     assert fallbacks == ()
     assert {"MatMul", "Softmax", "Transpose"} <= set(native)
     assert {"FusedDenseChain", "FusedDense"} & set(native)
+
+
+def _fused_attention_model(rng, k_transposed, float_mask=False):
+    """Multi-head self-attention as Hugging Face exports write it: heads split by Reshape and
+    Transpose, k^T by a Transpose (or k's rows and a Transpose in the product's operand order),
+    scores divided by sqrt(head size), an additive mask made from the 0/1 attention mask
+    input (int64: a constant of each plan; float32: computed per call), Softmax, the product
+    with v, heads merged back (fused at load into FusedAttention)."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    d, h = 8, 2
+    inits = [numpy_helper.from_array(f(d, d), name) for name in ("wq", "wk", "wv")]
+    inits += [
+        numpy_helper.from_array(np.array([0, 0, h, d // h], np.int64), "heads"),
+        numpy_helper.from_array(np.array([0, 0, d], np.int64), "merged"),
+        numpy_helper.from_array(np.array(np.sqrt(d // h), np.float32), "root"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(-10000.0, np.float32), "big"),
+        numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k0"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v0"]),
+        helper.make_node("Reshape", ["q0", "heads"], ["q1"]),
+        helper.make_node("Reshape", ["k0", "heads"], ["k1"]),
+        helper.make_node("Reshape", ["v0", "heads"], ["v1"]),
+        helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("Cast", ["m"], ["mf"], to=TensorProto.FLOAT)
+        if not float_mask
+        else helper.make_node("Abs", ["m"], ["mf"]),
+        helper.make_node("Sub", ["one", "mf"], ["inv"]),
+        helper.make_node("Mul", ["inv", "big"], ["neg"]),
+        helper.make_node("Unsqueeze", ["neg", "axes"], ["bias"]),
+    ]
+    if k_transposed:
+        nodes += [
+            helper.make_node("Transpose", ["k1"], ["kt"], perm=[0, 2, 3, 1]),
+            helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 1, 3]),
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        ]
+    nodes += [
+        helper.make_node("Div", ["s0", "root"], ["s1"]),
+        helper.make_node("Add", ["s1", "bias"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o0"]),
+        helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o1", "merged"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mha",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", d]),
+            helper.make_tensor_value_info("m", TensorProto.FLOAT if float_mask else TensorProto.INT64, ["b", "t"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("k_transposed, float_mask", [(True, False), (False, False), (True, True)])
+def test_fused_attention_runs_natively(rng, monkeypatch, k_transposed, float_mask):
+    """FusedAttention (heads, scale, additive mask from an input) as one native step: the
+    Python plan's bits, onnxruntime's values."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _fused_attention_model(np.random.default_rng(3), k_transposed, float_mask)
+    ours = fastlayers.load(data)
+    assert "FusedAttention" in ours.op_types
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+        m = np.ones((2, 5), np.float32 if float_mask else np.int64)
+        m[1, 3:] = 0
+        feed = {"x": x, "m": m}
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(g, p)
+    (plan,) = _plans(ours)
+    assert "FusedAttention" in plan.summary[0]
