@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import fastlayers
+from fastlayers.errors import FastlayersError
 
 from ..conftest import assert_close, oracle
 from .test_import import make_graph
@@ -63,3 +64,37 @@ def test_resize_matches_onnxruntime(tmp_path, rng, backend, after_conv, mode, ne
     got = fastlayers.load(path)(x)
     assert got.shape == want.shape and got.dtype == np.float32
     assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op, factors, message",
+    [
+        ("Resize", {"scales": [1.0, 2.0]}, "'scales' has 2 values for 4 axes"),
+        ("Resize", {"sizes": [2, 5, 3]}, "'sizes' has 3 values for 4 axes"),
+        ("Resize", {"scales": [1.0, 1.0, -2.0, 2.0]}, "must be positive"),
+        ("Upsample", {"scales": [1.0, 1.0, 2.0]}, "'scales' has 3 values for 4 axes"),
+    ],
+)
+def test_resize_factors_that_do_not_fit_the_input_are_refused(tmp_path, op, factors, message):
+    """Scales or sizes of another length than the axes resized, or scales not positive, raise
+    a fastlayers error naming them (onnxruntime refuses such files too)."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    ((name, values),) = factors.items()
+    init = h.make_tensor(name, 1 if name == "scales" else 7, [len(values)], values)
+    if op == "Resize":
+        inputs = ["x", "", "scales"] if name == "scales" else ["x", "", "", "sizes"]
+        opset = 18
+    else:
+        inputs, opset = ["x", "scales"], 9
+    model = make_graph(
+        [h.make_node(op, inputs, ["y"], mode="nearest")],
+        [h.make_tensor_value_info("x", 1, [1, 2, 3, 4])],
+        [h.make_tensor_value_info("y", 1, None)],
+        [init],
+        opset=opset,
+    )
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(FastlayersError, match=message):
+        fastlayers.load(path).run(None, {"x": np.zeros((1, 2, 3, 4), np.float32)})

@@ -181,6 +181,7 @@ def _resize_op(inputs, attrs, opset):
         axes = [a % n for a in axes]
     else:
         axes = list(range(n))
+    _check_factors("Resize", sizes, scales, len(axes), x.shape)
     if roi is not None and len(roi) == 2 * len(axes) and len(axes) < n:
         r = [0.0] * n + [1.0] * n
         for k, a in enumerate(axes):
@@ -207,6 +208,20 @@ def _resize_op(inputs, attrs, opset):
     return [_resize(x, out, full_scales, attrs, roi)]
 
 
+def _check_factors(what, sizes, scales, count, shape):
+    """Raises ``ShapeError`` unless ``sizes`` (where given) or else ``scales`` hold one value
+    per resized axis (``count`` of an input of ``shape``), the scales positive."""
+    name = "sizes" if sizes is not None else "scales"
+    values = sizes if sizes is not None else scales
+    if values is None:
+        raise ShapeError(f"{what}: neither 'scales' nor 'sizes' has values (input of shape {tuple(shape)})")
+    values = np.asarray(values).reshape(-1)
+    if values.size != count:
+        raise ShapeError(f"{what}: '{name}' has {values.size} values for {count} axes (input of shape {tuple(shape)})")
+    if name == "scales" and not np.all(values > 0):
+        raise ShapeError(f"{what}: 'scales' {values.tolist()} must be positive")
+
+
 def _upsample_check(node, attrs, ctx):
     if "scales" not in attrs and not (len(node.inputs) > 1 and node.inputs[1]):
         fail(ctx, node, "needs its scales (input 2 or attribute 'scales')")
@@ -221,6 +236,7 @@ def _upsample_check(node, attrs, ctx):
 def _upsample(inputs, attrs, opset):
     x = inputs[0]
     scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]
+    _check_factors("Upsample", None, scales, x.ndim, x.shape)
     out = [int(np.floor(d * s)) for d, s in zip(x.shape, scales)]
     mode = attrs.get("mode", "nearest")
     return [
