@@ -735,10 +735,10 @@ cdef class NativePlan:
         cdef uintptr_t base
         try:
             for a, v in zip(inputs, input_views, strict=True):
+                move = self.moves[k] if k < len(self.moves) else None
                 same = (type(a) is np.ndarray and cnp.PyArray_TYPE(a) == cnp.PyArray_TYPE(v)
                         and cnp.PyArray_IS_C_CONTIGUOUS(a) and a.shape == v.shape)
-                if same and k < len(self.moves) and self.moves[k] is not None \
-                        and cnp.PyArray_ISALIGNED(a):
+                if same and move is not None and cnp.PyArray_ISALIGNED(a):
                     base = <uintptr_t>cnp.PyArray_DATA(a)
                 else:
                     if same:
@@ -746,8 +746,8 @@ cdef class NativePlan:
                     else:
                         np.copyto(v, a, casting="unsafe")
                     base = <uintptr_t>cnp.PyArray_DATA(v)
-                if k < len(self.moves) and self.moves[k] is not None and base != <uintptr_t>self.bases[k]:
-                    _point(self.moves[k], base)
+                if move is not None and base != <uintptr_t>self.bases[k]:
+                    _point(move, base)
                     self.bases[k] = base
                 k += 1
             with nogil:

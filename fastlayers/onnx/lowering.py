@@ -314,10 +314,21 @@ def _nearest_resize(low, node, ins, traced_ins, traced_outs, attrs):
     return _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=(0,))  # not its scales
 
 
+def _kept_layout(t, sources):
+    """The ``perm`` of the result ``t`` of a movement that keeps its inputs' axes: as the trace
+    holds it, or channels-last where every plan value among ``sources`` is (a channel slice or
+    concatenation: runs of channels)."""
+    perm = _layout(t)
+    held = {v.perm for v in sources if isinstance(v, _Value)}
+    if perm is None and t.ndim in (3, 4) and held == {_channels_last(t.ndim)}:
+        perm = _channels_last(t.ndim)
+    return perm
+
+
 def _concat(low, node, ins, traced_ins, traced_outs, attrs):
     """Concat as one gather per part into its block of the result, the offsets from the
     shapes alone (no index run: the detectors' (1, 32, 320, 320) results made the build's
-    largest arrays); held channels-last where every part is, as ``_movement`` holds it."""
+    largest arrays); its layout ``_kept_layout``'s."""
     out = traced_outs[0]
     parts = [(v, t) for v, t in zip(ins, traced_ins) if isinstance(t, np.ndarray) and t.size]
     if (
@@ -328,16 +339,11 @@ def _concat(low, node, ins, traced_ins, traced_outs, attrs):
     ):
         raise NotLowered
     axis = attrs["_attrs"].get("axis", 0) % out.ndim
-    perm = _layout(out)
-    if (
-        perm is None
-        and out.ndim in (3, 4)
-        and all(isinstance(v, _Value) and v.perm == _channels_last(out.ndim) for v, _ in parts)
-    ):
-        perm = _channels_last(out.ndim)
+    perm = _kept_layout(out, [v for v, _ in parts])
     y = low.new(out.shape, perm=perm)
     y_perm = perm or tuple(range(out.ndim))
     y_strides = [math.prod(y.memory_shape[i + 1 :]) for i in range(out.ndim)]
+    logical = np.argsort(y_perm)  # the logical axis of each axis of y's memory
     pieces, start = [], 0
     for v, t in parts:
         if t.shape[:axis] + t.shape[axis + 1 :] != out.shape[:axis] + out.shape[axis + 1 :]:
@@ -346,7 +352,6 @@ def _concat(low, node, ins, traced_ins, traced_outs, attrs):
         src_perm = (v.perm if isinstance(v, _Value) else None) or tuple(range(out.ndim))
         src_memory = tuple(t.shape[a] for a in np.argsort(src_perm))
         src_strides = [math.prod(src_memory[i + 1 :]) for i in range(out.ndim)]
-        logical = np.argsort(y_perm)  # the logical axis of each axis of y's memory
         dims = [t.shape[a] for a in logical]
         maps = [np.arange(t.shape[a], dtype=np.int64) * src_strides[src_perm[a]] for a in logical]
         pieces.append((src, start * y_strides[y_perm[axis]], dims, maps))
@@ -365,7 +370,7 @@ def _concat(low, node, ins, traced_ins, traced_outs, attrs):
 
 def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     """Gathers for a data-movement node: the node runs on index arrays in place of its float
-    inputs (each its own range of int64 values, a second time shifted) to find each output
+    inputs (each its own range of integers; for Pad a second time shifted) to find each output
     value's source; positions that no input supplies are filled with one constant."""
     fn, opset = attrs["_fn"], low.model.opset
     sources = [
@@ -421,12 +426,7 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         b = None if b is None else np.asarray(b)
         if a.shape != t.shape or (b is not None and b.shape != t.shape) or t.dtype != np.float32 or a.dtype != dtype:
             raise NotLowered
-        # the output held as the trace holds it, or channels-last as its sources where the
-        # operator keeps the axes (a channel slice or concatenation: runs of channels)
-        perm = _layout(t)
-        held = {ins[k].perm for k in sources if isinstance(ins[k], _Value)}
-        if perm is None and node.op_type in KEEPS_AXES and t.ndim in (3, 4) and held == {_channels_last(t.ndim)}:
-            perm = _channels_last(t.ndim)
+        perm = _kept_layout(t, [ins[k] for k in sources]) if node.op_type in KEEPS_AXES else _layout(t)
         y = low.new(t.shape, perm=perm)
         order = None if perm is None else np.argsort(perm)
         if order is not None:
@@ -1675,9 +1675,10 @@ def lower(model, arrays, ops):
     """A ``Plan`` of ``model`` for calls like ``arrays`` (the checked inputs, graph order) on
     backend ``ops``, or None where the backend has no native plans or the plan built does not
     give the call's outputs. Raises ``DoesNotPay`` where the cost model rejects the plan, and
-    the error of a node that fails on the trace. The trace's values come from the call's
-    block arena as the Python plan's do; the lowering's tables and the plan's own memory from
-    the C library's heap, whose free pages go back to the system after the build."""
+    the error of a node that fails on the trace. The trace's values, the plan's arena and
+    its inputs' memory come from the call's block arena as the Python plan's values do; the
+    lowering's tables and the build's check from the C library's heap, whose free pages go
+    back to the system after the build."""
     try:
         return _lower(model, arrays, ops)
     finally:
