@@ -1,6 +1,7 @@
 /* Native plans: the step kinds with a native form and the loop that runs a plan (plan.h). */
 #include "plan.h"
 
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -68,6 +69,82 @@ int fl_gather(void *ctx) {
         if (k > 0) row *= a->dims[k];
     }
     fl_parallel(a->dims[0], row >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / row, gather_rows, (void *)a);
+    return 0;
+}
+
+/* dst rows [begin, end) of a take, row q = o count + i: the run of src row idx[i] of block o. */
+static void take_rows(void *ctx, int64_t begin, int64_t end) {
+    const fl_take_args *a = ctx;
+    for (int64_t q = begin; q < end; q++) {
+        int64_t o = q / a->count, i = q % a->count;
+        int64_t j = a->idx32 ? ((const int32_t *)a->idx)[i] : ((const int64_t *)a->idx)[i];
+        if (j < 0) j += a->n;
+        copy_run(a->dst + q * a->run, a->src + (o * a->n + j) * a->run, a->run);
+    }
+}
+
+int fl_take_step(void *ctx) {
+    const fl_take_args *a = ctx;
+    for (int64_t i = 0; i < a->count; i++) { /* every index checked before a value is written */
+        int64_t j = a->idx32 ? ((const int32_t *)a->idx)[i] : ((const int64_t *)a->idx)[i];
+        if (j < -a->n || j >= a->n) return FL_PLAN_BAD_INDEX;
+    }
+    int64_t rows = a->outer * a->count;
+    if (rows == 0 || a->run == 0) return 0;
+    fl_parallel(rows, a->run >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / a->run, take_rows, (void *)a);
+    return 0;
+}
+
+/* Values of inner positions a reduction accumulates at once (doubles on the stack). */
+#define FL_REDUCE_BLOCK 256
+
+/* y[o, j] for blocks o in [begin, end) of a reduction (plan.h's reduce_step). */
+static void reduce_blocks(void *ctx, int64_t begin, int64_t end) {
+    const fl_reduce_args *a = ctx;
+    int64_t r = a->r, inner = a->inner;
+    int op = a->op;
+    double acc[FL_REDUCE_BLOCK];
+    for (int64_t o = begin; o < end; o++) {
+        const float *x = a->x + o * r * inner;
+        float *y = a->y + o * inner;
+        for (int64_t j0 = 0; j0 < inner; j0 += FL_REDUCE_BLOCK) {
+            int64_t nj = inner - j0 < FL_REDUCE_BLOCK ? inner - j0 : FL_REDUCE_BLOCK;
+            if (op == FL_REDUCE_MAX || op == FL_REDUCE_MIN) {
+                for (int64_t j = 0; j < nj; j++) y[j0 + j] = x[j0 + j];
+                for (int64_t i = 1; i < r; i++) {
+                    const float *row = x + i * inner + j0;
+                    for (int64_t j = 0; j < nj; j++) {
+                        float v = row[j], m = y[j0 + j];
+                        if (v != v || (op == FL_REDUCE_MAX ? v > m : v < m)) y[j0 + j] = m != m ? m : v;
+                    }
+                }
+                continue;
+            }
+            for (int64_t j = 0; j < nj; j++) acc[j] = 0.0;
+            for (int64_t i = 0; i < r; i++) {
+                const float *row = x + i * inner + j0;
+                if (op == FL_REDUCE_SUM || op == FL_REDUCE_MEAN)
+                    for (int64_t j = 0; j < nj; j++) acc[j] += row[j];
+                else if (op == FL_REDUCE_L1)
+                    for (int64_t j = 0; j < nj; j++) acc[j] += fabs((double)row[j]);
+                else
+                    for (int64_t j = 0; j < nj; j++) acc[j] += (double)row[j] * row[j];
+            }
+            for (int64_t j = 0; j < nj; j++) {
+                double v = acc[j];
+                if (op == FL_REDUCE_MEAN) v /= (double)r;
+                if (op == FL_REDUCE_L2) v = sqrt(v);
+                y[j0 + j] = (float)v;
+            }
+        }
+    }
+}
+
+int fl_reduce_step(void *ctx) {
+    const fl_reduce_args *a = ctx;
+    int64_t block = a->r * a->inner;
+    if (a->outer == 0 || a->inner == 0 || a->r < 1) return 0;
+    fl_parallel(a->outer, block >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / block, reduce_blocks, (void *)a);
     return 0;
 }
 

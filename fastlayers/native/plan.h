@@ -37,6 +37,13 @@
  *   q, k, v, out strided by (batch, head, row), rows contiguous; bias (B|1, H|1, Tq|1, Tk) or
  *   NULL.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
+ * take_step(a): dst[o, i, r] = src[o, j, r] with j = idx[i] (+ n where negative) for o < outer,
+ *   i < count, r < run: a Gather on computed indices (int64, or int32 where `idx32`), an
+ *   embedding lookup where outer is 1; FL_PLAN_BAD_INDEX, before anything is written, where an
+ *   index lies outside [-n, n).
+ * reduce_step(a): y[o, j] = op over i < r of x[o, i, j] for o < outer, j < inner: sums (SUM,
+ *   MEAN, L1, L2, SUM_SQUARE) accumulated in double and rounded once, MEAN divided by r, L2 the
+ *   square root of the sum of squares; MAX and MIN as numpy's (a NaN wins).
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
  *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
  *   profile). */
@@ -47,6 +54,11 @@
 #include "recurrent.h"
 
 #define FL_GATHER_AXES 8
+
+/* Status of a step that read an index outside its axis (take_step). */
+#define FL_PLAN_BAD_INDEX (-9)
+
+enum { FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE };
 
 typedef int (*fl_step_fn)(void *ctx);
 
@@ -168,7 +180,24 @@ typedef struct {
     float *out;
 } fl_layer_norm_args;
 
+typedef struct {
+    int64_t outer, n, count, run;
+    const void *idx;
+    int idx32;
+    const float *src;
+    float *dst;
+} fl_take_args;
+
+typedef struct {
+    int64_t outer, r, inner;
+    int op;
+    const float *x;
+    float *y;
+} fl_reduce_args;
+
 int fl_gather(void *a);
+int fl_take_step(void *a);
+int fl_reduce_step(void *a);
 int fl_transpose_step(void *a);
 int fl_layer_norm_step(void *a);
 int fl_attention_step(void *a);

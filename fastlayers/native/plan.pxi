@@ -118,7 +118,22 @@ cdef extern from "plan.h" nogil:
         float alpha
         const float *x
         float *y
+    enum: FL_PLAN_BAD_INDEX
+    enum: FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE
+    ctypedef struct fl_take_args:
+        int64_t outer, n, count, run
+        const void *idx
+        int idx32
+        const float *src
+        float *dst
+    ctypedef struct fl_reduce_args:
+        int64_t outer, r, inner
+        int op
+        const float *x
+        float *y
     int fl_gather(void *a) noexcept nogil
+    int fl_take_step(void *a) noexcept nogil
+    int fl_reduce_step(void *a) noexcept nogil
     int fl_transpose_step(void *a) noexcept nogil
     int fl_conv2d_step(void *a) noexcept nogil
     int fl_depthwise_step(void *a) noexcept nogil
@@ -139,6 +154,18 @@ cdef extern from "plan.h" nogil:
 GATHER_AXES = FL_GATHER_AXES
 #: Status of a step that called back into Python and raised (the callable holds the error).
 PYTHON_STEP_FAILED = -3
+#: Status of a take step that read an index outside its axis (nothing written).
+BAD_INDEX = FL_PLAN_BAD_INDEX
+#: Reductions of a reduce step, by name.
+REDUCTIONS = {
+    "sum": FL_REDUCE_SUM,
+    "mean": FL_REDUCE_MEAN,
+    "max": FL_REDUCE_MAX,
+    "min": FL_REDUCE_MIN,
+    "l1": FL_REDUCE_L1,
+    "l2": FL_REDUCE_L2,
+    "sum_square": FL_REDUCE_SUM_SQUARE,
+}
 
 
 class PlanStepFailed(NativeError):
@@ -310,6 +337,36 @@ cdef class NativePlan:
         last = tables[naxes - 1]
         a.inner_run = dims[naxes - 1] > 0 and dst_strides[naxes - 1] == 1 and last[0] >= 0 and bool(
             np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
+
+    def add_take(self, src, idx, dst, int64_t outer, int64_t n, int64_t run):
+        """dst[o, i, r] = src[o, idx[i], r] (a negative index counted from the end) for ``src``
+        (outer, n, run), ``idx`` int64 or int32 (count,) and ``dst`` (outer, count, run), each
+        C-contiguous (plan.h's take_step): a Gather on computed indices. A call whose indices
+        leave [-n, n) fails the step with ``BAD_INDEX`` before it writes anything."""
+        cdef float *sp = _view(src, "take source")
+        cdef float *dp = _view(dst, "take destination")
+        if not isinstance(idx, cnp.ndarray) or idx.dtype not in (np.int64, np.int32) \
+                or not cnp.PyArray_IS_C_CONTIGUOUS(idx):
+            raise TypeError("native plan take: the indices must be a C-contiguous int64 or int32 array")
+        cdef int64_t count = idx.size
+        if outer < 0 or n < 1 or run < 0 or src.size != outer * n * run or dst.size != outer * count * run:
+            raise ValueError(f"native plan take: {src.size} source and {dst.size} destination values for "
+                             f"{outer} x {n} x {run} read at {count} indices")
+        cdef fl_take_args *a = <fl_take_args *>self._push(fl_take_step, sizeof(fl_take_args), (src, idx, dst))
+        a.outer, a.n, a.count, a.run, a.src, a.dst = outer, n, count, run, sp, dp
+        a.idx, a.idx32 = <const void *>cnp.PyArray_DATA(idx), idx.dtype == np.int32
+
+    def add_reduce(self, x, y, str op, int64_t outer, int64_t r, int64_t inner):
+        """y[o, j] = ``op`` over i < r of x[o, i, j] for x (outer, r, inner) and y (outer,
+        inner), C-contiguous float32 (plan.h's reduce_step; ``op`` a key of ``REDUCTIONS``)."""
+        cdef float *xp = _view(x, "reduce x")
+        cdef float *yp = _view(y, "reduce y")
+        if op not in REDUCTIONS:
+            raise ValueError(f"native plan reduce: no reduction {op!r}")
+        if outer < 0 or r < 1 or inner < 0 or x.size != outer * r * inner or y.size != outer * inner:
+            raise ValueError(f"native plan reduce: {x.size} values into {y.size} for {outer} x {r} x {inner}")
+        cdef fl_reduce_args *a = <fl_reduce_args *>self._push(fl_reduce_step, sizeof(fl_reduce_args), (x, y))
+        a.outer, a.r, a.inner, a.op, a.x, a.y = outer, r, inner, REDUCTIONS[op], xp, yp
 
     def add_transpose(self, src, dst, int64_t offset, int64_t batch, int64_t rows, int64_t cols, int64_t src_batch,
                       int64_t src_row, int64_t dst_batch, int64_t dst_row):

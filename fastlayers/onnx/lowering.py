@@ -47,6 +47,7 @@ from .fold import NONDETERMINISTIC
 from .layout import channels_last_memory, nchw_planes
 from .ops.conv import conv_transpose_form, conv_transpose_hwio
 from .ops.recurrent import recurrent_calls
+from .ops.reduce import AXES_INPUT_FROM, reduce_axes
 from .qlinear import dynamic_matmul_constants
 from .qlstm import one_direction_constants
 from .windows import window
@@ -85,6 +86,9 @@ RESULT_BYTES_PER_US = 33000.0
 #: native call, ran 43 -> 54 us as a plan).
 PLAN_US = 15.0
 
+#: Most values of an elementwise result for which a constant operand it broadcasts (other
+#: than one value) is broadcast to the result's shape at the build, as the plan's own copy.
+BROADCAST_CONSTANT_MAX = 1 << 18
 #: Operators that keep their input's memory as it is, in C order (aliases in a plan).
 ALIASES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
 #: Reductions whose result over one value is that value: over axes of length 1, aliases.
@@ -92,6 +96,16 @@ SINGLE_IS_ITSELF = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin
 #: Means and maxima over every position of each channel (a global pool where held
 #: channels-last; ReduceMean / ReduceMax over axes of length 1 only: aliases).
 GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"})
+#: Reductions with a native step (``_reduce``), by the step's name for them.
+REDUCTIONS = {
+    "ReduceSum": "sum",
+    "ReduceMean": "mean",
+    "ReduceMax": "max",
+    "ReduceMin": "min",
+    "ReduceL1": "l1",
+    "ReduceL2": "l2",
+    "ReduceSumSquare": "sum_square",
+}
 #: Operators that move, repeat or pad values without computing (gathers in a plan).
 MOVEMENTS = frozenset(
     {"Slice", "Transpose", "Pad", "Concat", "Gather", "Expand", "Tile", "Split", "DepthToSpace", "SpaceToDepth"}
@@ -226,6 +240,19 @@ class _Lowering:
         """Bind ``fn(plan, arena)`` once the buffers are placed, as a step of the node being
         lowered."""
         self.emits.append((fn, len(self.nodes) - 1))
+
+    def mark(self):
+        """Where the lowering stands (steps, buffers, counted bytes, C-order copies), for
+        ``rollback``; the first item is the count of steps."""
+        return len(self.emits), len(self.buffers), self.moved, len(self.c_added), self.gathered
+
+    def rollback(self, marks):
+        """Drop what was begun since ``mark`` gave ``marks``."""
+        del self.emits[marks[0] :], self.buffers[marks[1] :]
+        self.moved, self.gathered = marks[2], marks[4]
+        for key in self.c_added[marks[3] :]:
+            del self.c_forms[key]
+        del self.c_added[marks[3] :]
 
 
 def _memory(value: _Value) -> _Value:
@@ -616,6 +643,30 @@ def _copied(low, source, shape) -> _Value:
     return y
 
 
+def _broadcast(low, x: _Value, shape) -> _Value:
+    """A new C-ordered buffer of ``shape`` holding ``x`` broadcast to it (numpy's rules: ``x``'s
+    axes aligned on the right, those of length 1 repeated): one gather."""
+    x = low.c_order(x)
+    padded = (1,) * (len(shape) - len(x.shape)) + x.shape
+    y = low.new(shape)
+    low.use(x)
+    low.gathered += 2 * y.size * 4
+    strides = [math.prod(padded[a + 1 :]) for a in range(len(padded))]
+    maps = [
+        np.arange(d, dtype=np.int64) * strides[a] if padded[a] == d else np.zeros(d, np.int64)
+        for a, d in enumerate(shape)
+    ]
+
+    def bind(plan, arena):
+        dst = _view(arena, y).reshape(-1)
+        _gather(
+            plan, _view(arena, x).reshape(-1), dst, shape, [math.prod(shape[a + 1 :]) for a in range(len(shape))], maps
+        )
+
+    low.emit(bind)
+    return y
+
+
 def _hwio(w):
     """A Conv weight (C_out, C_in / group, [kh,] kw) as (kh, kw, C_in / group, C_out)."""
     return np.ascontiguousarray((w[:, :, None, :] if w.ndim == 3 else w).transpose(2, 3, 1, 0), dtype=np.float32)
@@ -891,6 +942,93 @@ def _global_pool(low, node, ins, traced_ins, traced_outs, attrs):
     def bind(plan, arena):
         y_rows = _view(arena, y).reshape(n, 1, 1, c)
         plan.add_pool2d(_view(arena, x_rows), y_rows, is_max, 1, steps, 1, 1, 1, 1, 0, 0, 1, steps, False)
+
+    low.emit(bind)
+    return [y]
+
+
+def _reduce(low, node, ins, traced_ins, traced_outs, attrs):
+    """A Reduce* node (``REDUCTIONS``) of a float32 value: a global pool where it is one
+    (``_global_pool``), else the reduce step over the value's C-ordered memory seen as (outer,
+    r, inner), where the axes it reduces (of length > 1) are neighbours in memory."""
+    x, t, out = ins[0], traced_ins[0], traced_outs[0]
+    if node.op_type in GLOBAL_POOLS:  # over the positions of a channels-last value, or an alias
+        marks = low.mark()
+        try:
+            return _global_pool(low, node, ins, traced_ins, traced_outs, attrs)
+        except NotLowered:
+            low.rollback(marks)
+    elif (
+        isinstance(x, _Value)
+        and isinstance(out, np.ndarray)
+        and out.size == x.size
+        and node.op_type in SINGLE_IS_ITSELF
+    ):
+        return _alias(low, node, [low.c_order(x), *ins[1:]], traced_ins, traced_outs, attrs)
+    if (
+        not isinstance(x, _Value)
+        or x.dtype != np.float32
+        or x.size == 0
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+    ):
+        raise NotLowered
+    axes = reduce_axes(traced_ins, attrs["_attrs"], low.model.opset, AXES_INPUT_FROM[node.op_type], t.ndim)
+    if axes is None:
+        raise NotLowered
+    reduced = {a % t.ndim for a in axes}
+    kept = [(d, a in reduced) for a, d in enumerate(t.shape) if d > 1]  # axes of length 1 change nothing
+    flags = [r for _, r in kept]
+    first = flags.index(True) if True in flags else len(flags)
+    last = len(flags) - flags[::-1].index(True) if True in flags else len(flags)
+    if not all(flags[first:last]):
+        raise NotLowered
+    outer = math.prod(d for d, _ in kept[:first])
+    r = math.prod(d for d, _ in kept[first:last])
+    inner = math.prod(d for d, _ in kept[last:])
+    if outer * inner != out.size:
+        raise NotLowered
+    x = low.c_order(x)
+    y = low.new(out.shape)
+    low.use(x)
+    op = REDUCTIONS[node.op_type]
+
+    def bind(plan, arena):
+        plan.add_reduce(_view(arena, x), _view(arena, y), op, outer, r, inner)
+
+    low.emit(bind)
+    return [y]
+
+
+def _take(low, node, ins, traced_ins, traced_outs, attrs):
+    """Gather: on constant indices a data movement (``_movement``); on computed ones (an
+    embedding lookup of token ids) the take step, which reads the indices per call and checks
+    each against the axis (a call with one outside it is run by the Python plan, which raises
+    the node's error)."""
+    x, idx, t, out = ins[0], ins[1], traced_ins[0], traced_outs[0]
+    if not isinstance(idx, _Value):
+        return _movement(low, node, ins, traced_ins, traced_outs, attrs)
+    if (
+        idx.dtype not in (np.int64, np.int32)
+        or not isinstance(t, np.ndarray)
+        or t.dtype != np.float32
+        or t.ndim == 0
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+    ):
+        raise NotLowered
+    axis = attrs["_attrs"].get("axis", 0) % t.ndim
+    outer, n, run = math.prod(t.shape[:axis]), t.shape[axis], math.prod(t.shape[axis + 1 :])
+    if n == 0 or outer * idx.size * run != out.size:
+        raise NotLowered
+    src = low.use(low.c_order(x)) if isinstance(x, _Value) else np.ascontiguousarray(t).reshape(-1)
+    y = low.new(out.shape)
+    low.use(idx)
+
+    def bind(plan, arena):
+        source = _view(arena, src).reshape(-1) if isinstance(src, _Value) else src
+        plan.add_take(source, _view(arena, idx).reshape(-1), _view(arena, y).reshape(-1), outer, n, run)
 
     low.emit(bind)
     return [y]
@@ -1382,19 +1520,44 @@ def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
     perms = {v.perm for v in tensors}
     if len(perms) > 1 or not tensors:  # operands held in different orders: all in C order
         ins, perms = [low.c_order(v) if isinstance(v, _Value) and v.shape == out.shape else v for v in ins], {None}
-    perm = perms.pop()
-    program, ins, traced_ins, vectors = _vector_parts(low, list(program), ins, traced_ins, out.shape)
-    return [_program_step(low, program, ins, traced_ins, out.shape, perm, vectors)]
+    perm, marks = perms.pop(), low.mark()
+    try:
+        parts = _vector_parts(low, list(program), ins, traced_ins, out.shape)
+        return [_program_step(low, parts[0], parts[1], parts[2], out.shape, perm, parts[3])]
+    except NotLowered:
+        low.rollback(marks)
+    # operands broadcast in ways the pass does not read (a row's sum against its row): each
+    # such operand broadcast to the result's shape first, the pass then over whole tensors
+    if any(
+        not isinstance(t, np.ndarray)
+        or t.dtype != np.float32
+        or t.ndim > out.ndim
+        or (not isinstance(v, _Value) and t.size > 1 and t.shape != out.shape and out.size > BROADCAST_CONSTANT_MAX)
+        for v, t in zip(ins, traced_ins)
+    ):
+        raise NotLowered
+    full, held = [], []
+    for v, t in zip(ins, traced_ins):
+        if isinstance(v, _Value):
+            full.append(low.c_order(v) if v.shape == out.shape else _broadcast(low, v, out.shape))
+        else:
+            full.append(
+                v if t.size == 1 or t.shape == out.shape else np.ascontiguousarray(np.broadcast_to(t, out.shape))
+            )
+        held.append(np.zeros(out.shape, np.float32) if isinstance(v, _Value) else full[-1])
+    return [_program_step(low, program, full, held, out.shape, None)]
 
 
 #: Operator -> its lowering onto native steps.
 LOWERINGS = {
     **{name: _alias for name in ALIASES | SINGLE_IS_ITSELF},
     **{name: _global_pool for name in GLOBAL_POOLS},
+    **{name: _reduce for name in REDUCTIONS},
     "MaxPool": _pool,
     "AveragePool": _pool,
     **{name: _movement for name in MOVEMENTS},
     "Concat": _concat,
+    "Gather": _take,
     "Resize": _nearest_resize,
     "Upsample": _nearest_resize,
     "Conv": _conv,
@@ -1540,7 +1703,7 @@ def _walk(low, model, inputs):
                 ]
             )
             lower = LOWERINGS.get(node.op_type)
-            marks = len(low.emits), len(low.buffers), low.moved, len(low.c_added), low.gathered
+            marks = low.mark()
             try:
                 if lower is None:
                     raise NotLowered
@@ -1558,11 +1721,7 @@ def _walk(low, model, inputs):
                 if len(low.emits) > marks[0]:  # steps of its own (not a view of its input)
                     low.results += sum(t.nbytes for t in t_outs if t is not None)
             except NotLowered:  # what the lowering began is dropped
-                del low.emits[marks[0] :], low.buffers[marks[1] :]
-                low.moved, low.gathered = marks[2], marks[4]
-                for key in low.c_added[marks[3] :]:
-                    del low.c_forms[key]
-                del low.c_added[marks[3] :]
+                low.rollback(marks)
                 low.nodes[-1][4] = "python"
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
@@ -1834,7 +1993,9 @@ class NativePlans:
                 return plan.run(arrays)
             with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime
                 return plan.run(arrays)
-        except Exception:
+        except Exception as e:
+            if ops.plan_refused_input(e):  # an index outside its axis: the Python plan raises the node's error
+                return None
             holder = next((h for h in plan.holders if h.error is not None), None)
             if holder is None:  # a native step failed (a work buffer not allocated)
                 raise

@@ -511,3 +511,76 @@ def test_integer_steps_match_the_kernels(rng, isa):
     got_y, got_h, got_c = plan.run([xs, h0, c0], [xv, hv, cv], [yv, hv, cv])
     for g, w_ in ((got_y, want_y), (got_h, want_h), (got_c, want_c)):
         np.testing.assert_array_equal(g, w_)
+
+
+@pytest.mark.parametrize("outer, n, run", [(1, 7, 5), (3, 4, 1), (2, 30, 1100), (1, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_take_step_matches_numpy(rng, isa, outer, n, run, dtype):
+    """A Gather on computed indices (negative ones counted from the end), the indices read
+    per call from the arena; rows long enough to be shared among the threads."""
+    src = rng.standard_normal((outer, n, run)).astype(np.float32)
+    count = 37
+    plan = _core.NativePlan(1 << 20)
+    idx_view = plan.arena[: 8 * count].view(dtype)
+    dst = plan.arena[1024 : 1024 + 4 * outer * count * run].view(np.float32)
+    plan.add_take(src.reshape(-1), idx_view[:count], dst, outer, n, run)
+    for _ in range(2):
+        idx = rng.integers(-n, n, count).astype(dtype)
+        (got,) = plan.run([idx], [idx_view[:count]], [dst])
+        np.testing.assert_array_equal(got.reshape(outer, count, run), np.take(src, idx, axis=1))
+
+
+def test_take_step_refuses_an_index_outside_its_axis_before_writing(rng):
+    src = rng.standard_normal((6, 4)).astype(np.float32)
+    plan = _core.NativePlan(4096)
+    idx_view = plan.arena[:24].view(np.int64)
+    dst = plan.arena[64 : 64 + 48].view(np.float32)
+    dst[...] = -1.0
+    plan.add_take(src.reshape(-1), idx_view, dst, 1, 6, 4)
+    for bad in (6, -7):
+        with pytest.raises(_core.PlanStepFailed) as info:
+            plan.run([np.array([0, bad, 1], np.int64)], [idx_view], [dst])
+        assert (info.value.step, info.value.status) == (0, _core.BAD_INDEX)
+        np.testing.assert_array_equal(dst, -1.0)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        plan.add_take(src.reshape(-1), idx_view.view(np.float64), dst, 1, 6, 4)
+    with pytest.raises(ValueError, match="indices"):
+        plan.add_take(src.reshape(-1), idx_view, dst, 1, 5, 4)
+
+
+_REDUCTIONS = {
+    "sum": lambda x: x.sum(axis=1, dtype=np.float64),
+    "mean": lambda x: x.mean(axis=1, dtype=np.float64),
+    "max": lambda x: x.max(axis=1),
+    "min": lambda x: x.min(axis=1),
+    "l1": lambda x: np.abs(x).sum(axis=1, dtype=np.float64),
+    "l2": lambda x: np.sqrt(np.square(x.astype(np.float64)).sum(axis=1)),
+    "sum_square": lambda x: np.square(x.astype(np.float64)).sum(axis=1),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_REDUCTIONS))
+@pytest.mark.parametrize("shape", [(1, 9, 1), (4, 1, 5), (3, 17, 300), (700, 80, 1), (1, 3, 1)])
+def test_reduce_step_matches_numpy(rng, isa, op, shape):
+    """(outer, r, inner) -> (outer, inner): sums in double rounded once, max / min exact;
+    blocks of outer positions shared among the threads where large."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    plan = _core.NativePlan(4 * (x.size + x.shape[0] * x.shape[2]) + 128)
+    xv, yv = _arena_views(plan, x.shape, (x.shape[0], x.shape[2]))
+    plan.add_reduce(xv, yv, op, *shape)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, _REDUCTIONS[op](x).astype(np.float32))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_reduce_step_keeps_a_nan_as_numpy_does(op):
+    x = np.array([[[1.0, 2.0], [np.nan, 5.0], [3.0, np.nan]], [[7.0, 1.0], [2.0, 3.0], [np.nan, 0.0]]], np.float32)
+    plan = _core.NativePlan(1024)
+    xv, yv = _arena_views(plan, x.shape, (2, 2))
+    plan.add_reduce(xv, yv, op, 2, 3, 2)
+    (got,) = plan.run([x], [xv], [yv])
+    np.testing.assert_array_equal(got, getattr(np, op)(x, axis=1))
+    with pytest.raises(ValueError, match="no reduction"):
+        plan.add_reduce(xv, yv, "prod", 2, 3, 2)
+    with pytest.raises(ValueError, match="values into"):
+        plan.add_reduce(xv, yv, op, 2, 2, 2)

@@ -109,6 +109,14 @@ def _feed(rng, sr=16000):
     }
 
 
+def _serving(model, feed):
+    """The native plan that serves ``model``'s calls on ``feed`` (asserted to exist): the
+    warm-up at load may have built one for its own zeros too."""
+    plan = model._native.plan_for([np.asarray(feed[i.name]) for i in model.get_inputs()])
+    assert plan is not None
+    return plan
+
+
 def _plans(model):
     if not model._native:
         return []
@@ -202,7 +210,7 @@ def test_data_movement_lowers_to_gathers(rng):
         x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
         for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
             np.testing.assert_array_equal(g, w)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert sorted(set(native)) == sorted(
@@ -413,7 +421,7 @@ def test_a_quantized_streaming_step_runs_natively(rng, monkeypatch):
             np.testing.assert_array_equal(g, p)
         assert_close(got[2], want[2], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[2], plain[2])
-    (plan,) = _plans(ours)
+    plan = _serving(ours, feed)
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"com.microsoft::DynamicQuantizeMatMul", "LayerNormalization", "com.microsoft::DynamicQuantizeLSTM"} <= set(
@@ -454,13 +462,13 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     assert builds == [1] and ours._native.off and not _plans(ours)
     monkeypatch.undo()
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
+    monkeypatch.setattr(lowering, "PLAN_US", 1e9)  # more than all its nodes could save (the warm-up's calls too)
     ours = fastlayers.load(_movement_model())
     big = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
-    monkeypatch.setattr(lowering, "PLAN_US", 1e9)  # more than all its nodes could save
     builds.clear()
     for _ in range(3):
         ours.run(None, {"x": big})
-    assert builds == [] and not ours._native.off and not _plans(ours)
+    assert builds == [] and not ours._native.off and ours._native.plan_for([big]) is None
 
 
 def _conv_model(rng):
@@ -548,7 +556,7 @@ def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, bat
         for g, w, p in zip(got, session.run(None, {"x": x}), python.run(None, {"x": x})):
             assert_close(g, w, rtol=1e-4, atol=1e-5)
             np.testing.assert_array_equal(g, p)  # the Python plan's kernels (Winograd, ...): its bits
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"FusedConv", "FusedElementwise", "GlobalAveragePool", "MaxPool", "AveragePool", "Resize"} <= set(native)
@@ -564,7 +572,7 @@ def test_inputs_are_read_in_place_unless_a_python_step_reads_them(rng, monkeypat
     x = rng.standard_normal((2, 3, 20, 22)).astype(np.float32)
     for _ in range(3):
         ours.run(None, {"x": x})
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     (home,) = plan.input_views
     home[...] = np.nan
     x = rng.standard_normal((2, 3, 20, 22)).astype(np.float32)
@@ -588,7 +596,7 @@ def test_inputs_are_read_in_place_unless_a_python_step_reads_them(rng, monkeypat
         x = rng.standard_normal((4, 5)).astype(np.float32)
         (y,) = ours.run(None, {"x": x})
         np.testing.assert_allclose(y, np.sin(x) + np.maximum(x, 0), rtol=1e-6)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     assert plan.summary[1] == ("Sin",)
     np.testing.assert_array_equal(plan.input_views[0], x)  # copied in for the Python step
 
@@ -629,7 +637,7 @@ def test_one_dimensional_convolutions_and_pools_run_natively(rng, monkeypatch):
         x = rng.standard_normal((2, 5, 31)).astype(np.float32)
         for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
             assert_close(g, w, rtol=1e-5, atol=1e-6)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"FusedConv", "MaxPool", "ReduceMean"} <= set(native)
@@ -703,7 +711,7 @@ def test_transposed_convolutions_and_batch_norms_run_natively(rng, monkeypatch, 
         for g, w, p in zip(ours.run(None, {"x": x}), session.run(None, {"x": x}), python.run(None, {"x": x})):
             assert_close(g, w, rtol=1e-4, atol=1e-5)
             np.testing.assert_array_equal(g, p)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert native.count("ConvTranspose") == 4 and "BatchNormalization" in native and "Concat" in native
@@ -796,7 +804,7 @@ def test_attention_products_and_softmaxes_run_natively(rng, monkeypatch, opset):
         for g, w, p in zip(ours.run(None, {"x": x}), session.run(None, {"x": x}), python.run(None, {"x": x})):
             assert_close(g, w, rtol=1e-5, atol=1e-6)
             assert_close(g, p, rtol=1e-6, atol=1e-7)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"MatMul", "Softmax", "Transpose"} <= set(native)
@@ -887,5 +895,84 @@ def test_fused_attention_runs_natively(rng, monkeypatch, k_transposed, float_mas
         for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
             assert_close(g, w, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(g, p)
-    (plan,) = _plans(ours)
+    plan = _serving(ours, feed)
     assert "FusedAttention" in plan.summary[0]
+
+
+def _pooling_head_model(rng):
+    """An embedding lookup of token ids (a Gather on computed indices), a mask-weighted mean
+    over the tokens (a row broadcast against its row, ReduceSum over a middle axis), the
+    L2 norm of each row, a min-max scaling by values the graph computes (ReduceMax / ReduceMin
+    over every axis), an L1 / sum-of-squares pair and a Gather of the table's columns."""
+    table = (0.5 * rng.standard_normal((50, 12))).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(table, "table"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+        numpy_helper.from_array(np.array([0, 1], np.int64), "zero_one"),
+        numpy_helper.from_array((0.1 * rng.standard_normal((9, 1))).astype(np.float32), "bias_t"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),  # (2, 9, 12)
+        helper.make_node("Unsqueeze", ["w", "last"], ["w3"]),  # (2, 9, 1)
+        helper.make_node("Mul", ["emb", "w3"], ["weighted"]),
+        helper.make_node("Sub", ["weighted", "bias_t"], ["shifted"]),  # a (9, 1) constant
+        helper.make_node("ReduceSum", ["shifted", "one"], ["summed"], keepdims=0),  # (2, 12)
+        helper.make_node("ReduceL2", ["summed", "one"], ["norm"], keepdims=1),  # (2, 1)
+        helper.make_node("Div", ["summed", "norm"], ["unit"]),
+        helper.make_node("ReduceMax", ["emb"], ["hi"], keepdims=1),  # over every axis
+        helper.make_node("ReduceMin", ["emb"], ["lo"], keepdims=1),
+        helper.make_node("Sub", ["emb", "lo"], ["from_lo"]),
+        helper.make_node("Sub", ["hi", "lo"], ["span"]),
+        helper.make_node("Div", ["from_lo", "span"], ["scaled"]),
+        helper.make_node("ReduceMean", ["scaled", "one"], ["mean"], keepdims=0),
+        helper.make_node("ReduceL1", ["emb", "two"], ["l1"], keepdims=0),
+        helper.make_node("ReduceSumSquare", ["emb", "zero_one"], ["ss"], keepdims=0),
+        helper.make_node("Gather", ["emb", "cols"], ["picked"], axis=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pooling_head",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 9]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 9]),
+            helper.make_tensor_value_info("cols", TensorProto.INT32, [17]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("unit", "mean", "l1", "ss", "picked")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def test_lookups_reductions_and_broadcasts_run_natively(rng, monkeypatch):
+    """Gathers on computed indices, reductions over any neighbouring axes and elementwise
+    operands broadcast along any axis are steps of the plan: onnxruntime's values, the Python
+    plan's within float rounding (sums in double); an index out of range gets the Python plan's
+    error, naming the node."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _pooling_head_model(np.random.default_rng(11))
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        feed = {
+            "ids": rng.integers(-50, 50, (2, 9)).astype(np.int64),
+            "w": rng.uniform(0, 1, (2, 9)).astype(np.float32),
+            "cols": rng.integers(-12, 12, 17).astype(np.int32),
+        }
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            assert_close(g, p, rtol=1e-6, atol=1e-7)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == ()
+    assert {"Gather", "ReduceSum", "ReduceL2", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceL1"} <= set(native)
+    assert {"ReduceSumSquare", "FusedElementwise", "Div"} <= set(native)
+    bad = dict(feed, ids=np.full((2, 9), 50, np.int64))
+    with pytest.raises(FastlayersError, match="Gather") as info:
+        ours.run(None, bad)
+    with pytest.raises(FastlayersError) as plain:
+        python.run(None, bad)
+    assert str(info.value) == str(plain.value)
+    np.testing.assert_array_equal(ours.run(None, feed)[0], python.run(None, feed)[0])  # the plan serves again

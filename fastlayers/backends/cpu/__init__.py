@@ -526,6 +526,9 @@ class CpuOps(ConvOps):
     def plan_threads(self):
         return _core.get_num_threads()
 
+    def plan_refused_input(self, error):
+        return isinstance(error, _core.PlanStepFailed) and error.status == _core.BAD_INDEX
+
     def plan_activation_code(self, name, rows=False):
         return steps.activation_code(name, rows)
 

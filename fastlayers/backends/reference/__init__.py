@@ -885,6 +885,13 @@ class ReferenceOps:
         for (part of its key); None on backends without native plans."""
         return None
 
+    def plan_refused_input(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a native plan's run, is a step refusing the call's
+        values (an index outside its axis) before writing anything: the call then goes to
+        the Python plan, which raises the node's own error. False on backends without
+        native plans."""
+        return False
+
     def sequences_plan(
         self, x_bti: ArrayXd, calls: Sequence[SequenceCall]
     ) -> Callable[..., list[tuple[FloatsXd, ...]]]:

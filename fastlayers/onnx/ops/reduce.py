@@ -29,6 +29,8 @@ def reduce_axes(inputs, attrs, opset, axes_input_from, ndim):
 
 #: Reductions whose result over one value is that value.
 _SINGLE_IS_ITSELF = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}
+#: Reduce* operator -> the opset from which its axes are its second input (an attribute before).
+AXES_INPUT_FROM: dict[str, int] = {}
 
 
 def _reduce(name, fn, axes_input_from):
@@ -36,6 +38,7 @@ def _reduce(name, fn, axes_input_from):
     attribute before opset ``axes_input_from`` and its second input from then on; bound on
     constant axes, the axes are read once per input shape, and a reduction over axes of
     length 1 that gives its input back is a reshape."""
+    AXES_INPUT_FROM[name] = axes_input_from
 
     def run(inputs, attrs, opset):
         x = inputs[0]
