@@ -906,18 +906,23 @@ def _pool(low, node, ins, traced_ins, traced_outs, attrs):
     return [y]
 
 
+def _is_itself(node, x, out) -> bool:
+    """Whether a reduction's result ``out`` is its input ``x`` reshaped (over axes of length 1)."""
+    return (
+        isinstance(x, _Value)
+        and isinstance(out, np.ndarray)
+        and out.size == x.size
+        and node.op_type in SINGLE_IS_ITSELF
+    )
+
+
 def _global_pool(low, node, ins, traced_ins, traced_outs, attrs):
     """GlobalAveragePool / GlobalMaxPool, and ReduceMean / ReduceMax over the positions, of a
     channels-last value: one window over each image's NHWC rows (the cpu backend's
     ``global_pool``), the (N, C) result in C order; a reduction over axes of length 1 is an
     alias."""
     x, out = ins[0], traced_outs[0]
-    if (
-        isinstance(x, _Value)
-        and isinstance(out, np.ndarray)
-        and out.size == x.size
-        and node.op_type in SINGLE_IS_ITSELF
-    ):
+    if _is_itself(node, x, out):
         return _alias(low, node, [low.c_order(x), *ins[1:]], traced_ins, traced_outs, attrs)
     if (
         not isinstance(x, _Value)
@@ -958,12 +963,7 @@ def _reduce(low, node, ins, traced_ins, traced_outs, attrs):
             return _global_pool(low, node, ins, traced_ins, traced_outs, attrs)
         except NotLowered:
             low.rollback(marks)
-    elif (
-        isinstance(x, _Value)
-        and isinstance(out, np.ndarray)
-        and out.size == x.size
-        and node.op_type in SINGLE_IS_ITSELF
-    ):
+    elif _is_itself(node, x, out):
         return _alias(low, node, [low.c_order(x), *ins[1:]], traced_ins, traced_outs, attrs)
     if (
         not isinstance(x, _Value)
