@@ -148,6 +148,132 @@ int fl_reduce_step(void *ctx) {
     return 0;
 }
 
+/* Values of a map step's innermost run converted at once (each operand's block, the results). */
+#define FL_MAP_BLOCK 256
+
+/* p[0, n) of operand type `type`, `stride` elements apart, as doubles. */
+static void map_load_f(double *dst, const void *p, int type, int64_t stride, int64_t n) {
+    switch (type) {
+    case FL_MAP_F32: for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[i * stride]; break;
+    case FL_MAP_F64: for (int64_t i = 0; i < n; i++) dst[i] = ((const double *)p)[i * stride]; break;
+    case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = (double)((const int64_t *)p)[i * stride]; break;
+    case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
+    default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
+    }
+}
+
+/* The same as int64 (integer and bool operands only). */
+static void map_load_i(int64_t *dst, const void *p, int type, int64_t stride, int64_t n) {
+    switch (type) {
+    case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = ((const int64_t *)p)[i * stride]; break;
+    case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
+    default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
+    }
+}
+
+/* The cases of a map's switch that read the same in either domain: r = op(u, v, w). */
+#define MAP_SHARED_CASES(u, v, w, r)                      \
+    case FL_MAP_EQ: r = (u) == (v); break;                \
+    case FL_MAP_LT: r = (u) < (v); break;                 \
+    case FL_MAP_LE: r = (u) <= (v); break;                \
+    case FL_MAP_GT: r = (u) > (v); break;                 \
+    case FL_MAP_GE: r = (u) >= (v); break;                \
+    case FL_MAP_WHERE: r = (u) != 0 ? (v) : (w); break;   \
+    case FL_MAP_NOT: r = (u) == 0; break;                 \
+    case FL_MAP_AND: r = (u) != 0 && (v) != 0; break;     \
+    case FL_MAP_OR: r = (u) != 0 || (v) != 0; break;      \
+    case FL_MAP_XOR: r = ((u) != 0) != ((v) != 0); break;
+
+/* out[0, n) of type `type` = r[0, n) converted as numpy's astype (C's conversions: floats
+ * truncated toward zero into integers, nonzero into true). */
+#define MAP_STORE(type, r, n, out)                                                                  \
+    switch (type) {                                                                                 \
+    case FL_MAP_F32: for (int64_t i = 0; i < (n); i++) ((float *)(out))[i] = (float)(r)[i]; break;  \
+    case FL_MAP_F64: for (int64_t i = 0; i < (n); i++) ((double *)(out))[i] = (double)(r)[i]; break; \
+    case FL_MAP_I64: for (int64_t i = 0; i < (n); i++) ((int64_t *)(out))[i] = (int64_t)(r)[i]; break; \
+    case FL_MAP_I32:                                                                                \
+        for (int64_t i = 0; i < (n); i++) ((int32_t *)(out))[i] = (int32_t)(int64_t)(r)[i];         \
+        break;                                                                                      \
+    default: for (int64_t i = 0; i < (n); i++) ((uint8_t *)(out))[i] = (r)[i] != 0; break;          \
+    }
+
+static inline double nan_max(double a, double b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+static inline double nan_min(double a, double b) { return a != a ? a : b != b ? b : a < b ? a : b; }
+
+/* out[0, n) (C order) = the map's op on n values of each operand (float domain). */
+static void map_run_f(const fl_map_args *a, const void *const *in, const int64_t *strides, int64_t n, void *out) {
+    double x[3][FL_MAP_BLOCK], r[FL_MAP_BLOCK];
+    int op = a->op;
+    for (int j = 0; j < a->n_in; j++) map_load_f(x[j], in[j], a->types[j], strides[j], n);
+    for (int64_t i = 0; i < n; i++) {
+        double u = x[0][i], v = a->n_in > 1 ? x[1][i] : 0.0;
+        switch (op) {
+        MAP_SHARED_CASES(u, v, x[2][i], r[i])
+        case FL_MAP_ISNAN: r[i] = u != u; break;
+        case FL_MAP_ADD: r[i] = u + v; break;
+        case FL_MAP_SUB: r[i] = u - v; break;
+        case FL_MAP_MUL: r[i] = u * v; break;
+        case FL_MAP_DIV: r[i] = u / v; break;
+        case FL_MAP_MIN: r[i] = nan_min(u, v); break;
+        case FL_MAP_MAX: r[i] = nan_max(u, v); break;
+        case FL_MAP_CLIP: r[i] = nan_min(nan_max(u, v), x[2][i]); break;
+        default: r[i] = u; break; /* CAST */
+        }
+    }
+    MAP_STORE(a->out_type, r, n, out);
+}
+
+/* The same in the integer domain (comparisons, WHERE, CAST, logic and MIN / MAX of integers). */
+static void map_run_i(const fl_map_args *a, const void *const *in, const int64_t *strides, int64_t n, void *out) {
+    int64_t x[3][FL_MAP_BLOCK], r[FL_MAP_BLOCK];
+    int op = a->op;
+    for (int j = 0; j < a->n_in; j++) map_load_i(x[j], in[j], a->types[j], strides[j], n);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t u = x[0][i], v = a->n_in > 1 ? x[1][i] : 0;
+        switch (op) {
+        MAP_SHARED_CASES(u, v, x[2][i], r[i])
+        case FL_MAP_MIN: r[i] = u < v ? u : v; break;
+        case FL_MAP_MAX: r[i] = u > v ? u : v; break;
+        default: r[i] = u; break; /* CAST; ISNAN of an integer: the lowering gives none */
+        }
+    }
+    MAP_STORE(a->out_type, r, n, out);
+}
+
+static size_t map_size(int type) {
+    return type == FL_MAP_F64 || type == FL_MAP_I64 ? 8 : type == FL_MAP_BOOL ? 1 : 4;
+}
+
+int fl_map_step(void *ctx) {
+    const fl_map_args *a = ctx;
+    int integer = 1, last = a->naxes - 1;
+    for (int j = 0; j < a->n_in; j++) integer &= a->types[j] == FL_MAP_I64 || a->types[j] == FL_MAP_I32 || a->types[j] == FL_MAP_BOOL;
+    int64_t index[FL_GATHER_AXES] = {0}, inner = a->dims[last], outer = 1, inner_strides[3];
+    for (int k = 0; k < last; k++) outer *= a->dims[k];
+    for (int j = 0; j < a->n_in; j++) inner_strides[j] = a->strides[j][last];
+    size_t out_size = map_size(a->out_type);
+    char *out = a->out;
+    for (int64_t o = 0; o < outer; o++) { /* each run along the last axis, its operands' offsets from index */
+        const void *in[3];
+        for (int j = 0; j < a->n_in; j++) {
+            int64_t off = 0;
+            for (int k = 0; k < last; k++) off += index[k] * a->strides[j][k];
+            in[j] = (const char *)a->in[j] + off * (int64_t)map_size(a->types[j]);
+        }
+        for (int64_t i0 = 0; i0 < inner; i0 += FL_MAP_BLOCK) {
+            int64_t n = inner - i0 < FL_MAP_BLOCK ? inner - i0 : FL_MAP_BLOCK;
+            const void *at[3];
+            for (int j = 0; j < a->n_in; j++)
+                at[j] = (const char *)in[j] + i0 * inner_strides[j] * (int64_t)map_size(a->types[j]);
+            if (integer) map_run_i(a, at, inner_strides, n, out);
+            else map_run_f(a, at, inner_strides, n, out);
+            out += n * out_size;
+        }
+        for (int k = last - 1; k >= 0 && ++index[k] == a->dims[k]; k--) index[k] = 0;
+    }
+    return 0;
+}
+
 int fl_transpose_step(void *ctx) {
     const fl_transpose_args *a = ctx;
     return fl_transpose(a->batch, a->rows, a->cols, a->src, a->src_batch, a->src_row, a->dst, a->dst_batch,

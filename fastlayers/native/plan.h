@@ -44,6 +44,14 @@
  * reduce_step(a): y[o, j] = op over i < r of x[o, i, j] for o < outer, j < inner: sums (SUM,
  *   MEAN, L1, L2, SUM_SQUARE) accumulated in double and rounded once, MEAN divided by r, L2 the
  *   square root of the sum of squares; MAX and MIN as numpy's (a NaN wins).
+ * map_step(a): out[i] = op(x0[i0], x1[i1], x2[i2]) for every index i < dims (out C-ordered),
+ *   operand j read at sum_k i_k strides[j][k] elements of its own type (stride 0 along an axis
+ *   it broadcasts): comparisons EQ LT LE GT GE into bool; WHERE (x0 picks x1, else x2); CAST
+ *   (x0 converted as numpy's astype: floats truncated toward zero into integers, nonzero into
+ *   true); NOT AND OR XOR of truth values; ISNAN; float ADD SUB MUL DIV, MIN MAX (a NaN wins)
+ *   and CLIP (MIN of the MAX with x1, with x2). The operands are read as int64 where all are
+ *   integers or bools, else as double (exact for float32, int32 and bools), and each result
+ *   is rounded once into out's type: float32 arithmetic gives numpy's bits.
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
  *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
  *   profile). */
@@ -57,6 +65,13 @@
 
 /* Status of a step that read an index outside its axis (take_step). */
 #define FL_PLAN_BAD_INDEX (-9)
+
+enum { FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL };
+enum {
+    FL_MAP_EQ, FL_MAP_LT, FL_MAP_LE, FL_MAP_GT, FL_MAP_GE, FL_MAP_WHERE, FL_MAP_CAST, FL_MAP_NOT, FL_MAP_AND,
+    FL_MAP_OR, FL_MAP_XOR, FL_MAP_ISNAN, FL_MAP_ADD, FL_MAP_SUB, FL_MAP_MUL, FL_MAP_DIV, FL_MAP_MIN, FL_MAP_MAX,
+    FL_MAP_CLIP
+};
 
 enum { FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE };
 
@@ -195,7 +210,17 @@ typedef struct {
     float *y;
 } fl_reduce_args;
 
+typedef struct {
+    int op, naxes, n_in, out_type;
+    int types[3];
+    int64_t dims[FL_GATHER_AXES];
+    int64_t strides[3][FL_GATHER_AXES];
+    const void *in[3];
+    void *out;
+} fl_map_args;
+
 int fl_gather(void *a);
+int fl_map_step(void *a);
 int fl_take_step(void *a);
 int fl_reduce_step(void *a);
 int fl_transpose_step(void *a);

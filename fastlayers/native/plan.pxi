@@ -133,6 +133,18 @@ cdef extern from "plan.h" nogil:
         float *y
     int fl_gather(void *a) noexcept nogil
     int fl_take_step(void *a) noexcept nogil
+    enum: FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL
+    enum: FL_MAP_EQ, FL_MAP_LT, FL_MAP_LE, FL_MAP_GT, FL_MAP_GE, FL_MAP_WHERE, FL_MAP_CAST, FL_MAP_NOT, FL_MAP_AND
+    enum: FL_MAP_OR, FL_MAP_XOR, FL_MAP_ISNAN, FL_MAP_ADD, FL_MAP_SUB, FL_MAP_MUL, FL_MAP_DIV, FL_MAP_MIN, FL_MAP_MAX
+    enum: FL_MAP_CLIP
+    ctypedef struct fl_map_args:
+        int op, naxes, n_in, out_type
+        int types[3]
+        int64_t dims[FL_GATHER_AXES]
+        int64_t strides[3][FL_GATHER_AXES]
+        const void *in_ "in"[3]
+        void *out
+    int fl_map_step(void *a) noexcept nogil
     int fl_reduce_step(void *a) noexcept nogil
     int fl_transpose_step(void *a) noexcept nogil
     int fl_conv2d_step(void *a) noexcept nogil
@@ -156,6 +168,36 @@ GATHER_AXES = FL_GATHER_AXES
 PYTHON_STEP_FAILED = -3
 #: Status of a take step that read an index outside its axis (nothing written).
 BAD_INDEX = FL_PLAN_BAD_INDEX
+#: Operations of a map step, by name: the number of operands each takes.
+MAP_OPS = {
+    "equal": (FL_MAP_EQ, 2),
+    "less": (FL_MAP_LT, 2),
+    "less_equal": (FL_MAP_LE, 2),
+    "greater": (FL_MAP_GT, 2),
+    "greater_equal": (FL_MAP_GE, 2),
+    "where": (FL_MAP_WHERE, 3),
+    "cast": (FL_MAP_CAST, 1),
+    "not": (FL_MAP_NOT, 1),
+    "and": (FL_MAP_AND, 2),
+    "or": (FL_MAP_OR, 2),
+    "xor": (FL_MAP_XOR, 2),
+    "isnan": (FL_MAP_ISNAN, 1),
+    "add": (FL_MAP_ADD, 2),
+    "sub": (FL_MAP_SUB, 2),
+    "mul": (FL_MAP_MUL, 2),
+    "div": (FL_MAP_DIV, 2),
+    "min": (FL_MAP_MIN, 2),
+    "max": (FL_MAP_MAX, 2),
+    "clip": (FL_MAP_CLIP, 3),
+}
+#: The element types a map step reads and writes (bool as one byte, 0 or 1).
+MAP_TYPES = {
+    np.dtype(np.float32): FL_MAP_F32,
+    np.dtype(np.float64): FL_MAP_F64,
+    np.dtype(np.int64): FL_MAP_I64,
+    np.dtype(np.int32): FL_MAP_I32,
+    np.dtype(np.bool_): FL_MAP_BOOL,
+}
 #: Reductions of a reduce step, by name.
 REDUCTIONS = {
     "sum": FL_REDUCE_SUM,
@@ -355,6 +397,46 @@ cdef class NativePlan:
         cdef fl_take_args *a = <fl_take_args *>self._push(fl_take_step, sizeof(fl_take_args), (src, idx, dst))
         a.outer, a.n, a.count, a.run, a.src, a.dst = outer, n, count, run, sp, dp
         a.idx, a.idx32 = <const void *>cnp.PyArray_DATA(idx), idx.dtype == np.int32
+
+    def add_map(self, str op, out, operands, dims, strides):
+        """out[i] = ``op``(operands[0][i0], ...) for every index i < ``dims`` (out C-ordered),
+        operand j read at sum_k i_k strides[j][k] elements (plan.h's map_step; ``op`` a key of
+        ``MAP_OPS``): C-contiguous arrays of the types of ``MAP_TYPES``, each holding every
+        element its strides reach."""
+        if op not in MAP_OPS:
+            raise ValueError(f"native plan map: no operation {op!r}")
+        code, n_in = MAP_OPS[op]
+        cdef int naxes = len(dims), j, k
+        if len(operands) != n_in or len(strides) != n_in or naxes < 1 or naxes > FL_GATHER_AXES:
+            raise ValueError(f"native plan map: {op} takes {n_in} operands over 1 to {FL_GATHER_AXES} axes, "
+                             f"got {len(operands)} over {naxes}")
+        arrays = [out, *operands]
+        for arr in arrays:
+            if not isinstance(arr, cnp.ndarray) or arr.dtype not in MAP_TYPES or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+                raise TypeError("native plan map: operands and result must be C-contiguous float32, float64, int64, "
+                                "int32 or bool arrays")
+        cdef int64_t total = 1, top
+        for k in range(naxes):
+            if dims[k] < 1:
+                raise ValueError(f"native plan map: axis {k} of {dims[k]}")
+            total *= dims[k]
+        if out.size != total:
+            raise ValueError(f"native plan map: {out.size} results for {total} indices")
+        for j in range(n_in):
+            if len(strides[j]) != naxes or min(strides[j]) < 0:
+                raise ValueError(f"native plan map: operand {j}'s strides {strides[j]}")
+            top = sum((dims[k] - 1) * strides[j][k] for k in range(naxes))
+            if top >= operands[j].size:
+                raise ValueError(f"native plan map: operand {j} of {operands[j].size} values read at {top}")
+        cdef fl_map_args *a = <fl_map_args *>self._push(fl_map_step, sizeof(fl_map_args), tuple(arrays))
+        a.op, a.naxes, a.n_in, a.out_type, a.out = code, naxes, n_in, MAP_TYPES[out.dtype], cnp.PyArray_DATA(out)
+        for j in range(n_in):
+            a.types[j] = MAP_TYPES[operands[j].dtype]
+            a.in_[j] = cnp.PyArray_DATA(operands[j])
+            for k in range(naxes):
+                a.strides[j][k] = strides[j][k]
+        for k in range(naxes):
+            a.dims[k] = dims[k]
 
     def add_reduce(self, x, y, str op, int64_t outer, int64_t r, int64_t inner):
         """y[o, j] = ``op`` over i < r of x[o, i, j] for x (outer, r, inner) and y (outer,

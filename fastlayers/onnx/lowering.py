@@ -96,6 +96,33 @@ SINGLE_IS_ITSELF = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin
 #: Means and maxima over every position of each channel (a global pool where held
 #: channels-last; ReduceMean / ReduceMax over axes of length 1 only: aliases).
 GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"})
+#: Operators with a map step (``_map``), by the step's name for them; Add / Sub / Mul / Div
+#: where the elementwise program does not take them.
+MAPS = {
+    "Equal": "equal",
+    "Less": "less",
+    "LessOrEqual": "less_equal",
+    "Greater": "greater",
+    "GreaterOrEqual": "greater_equal",
+    "Where": "where",
+    "Cast": "cast",
+    "Not": "not",
+    "And": "and",
+    "Or": "or",
+    "Xor": "xor",
+    "IsNaN": "isnan",
+    "Min": "min",
+    "Max": "max",
+    "Clip": "clip",
+    "Add": "add",
+    "Sub": "sub",
+    "Mul": "mul",
+    "Div": "div",
+}
+#: Operands of the map steps that do not take two.
+MAP_ARITY = {"where": 3, "clip": 3, "cast": 1, "not": 1, "isnan": 1}
+#: The element types a map step reads and writes.
+MAP_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
 #: Reductions with a native step (``_reduce``), by the step's name for them.
 REDUCTIONS = {
     "ReduceSum": "sum",
@@ -1504,7 +1531,143 @@ def _vector_parts(low, program, ins, traced_ins, shape):
     return main, ins, traced_ins, vectors
 
 
+def _arrays(traced):
+    """The traced values with numpy scalars (a constant's one value) as 0-d arrays."""
+    return [np.asarray(t) if isinstance(t, np.generic) else t for t in traced]
+
+
+def _map_operands(op, node, ins, traced_ins, out, node_attrs):
+    """(plan values and constants, their traced arrays) that the map step ``op`` reads for
+    ``node``: Clip's omitted bounds as infinities (its attributes before opset 11), its
+    constant bounds in the result's type; raises NotLowered where the step does not take the
+    types."""
+    ins, traced = list(ins), _arrays(traced_ins)
+    if op == "clip":
+        bounds = []
+        for k, name, fill in ((1, "min", -np.inf), (2, "max", np.inf)):
+            v = ins[k] if k < len(ins) else None
+            t = traced[k] if k < len(traced) else None
+            if t is None:  # omitted: the attribute (before opset 11), else no bound
+                v = t = np.asarray(node_attrs.get(name, fill), out.dtype)
+            elif not isinstance(v, _Value):
+                v = t = np.asarray(t, out.dtype)
+            bounds.append((v, t))
+        ins, traced = [ins[0], *(v for v, _ in bounds)], [traced[0], *(t for _, t in bounds)]
+    arity = MAP_ARITY.get(op, 2)
+    if len(ins) != arity or any(not isinstance(t, np.ndarray) or t.dtype not in MAP_DTYPES for t in traced):
+        raise NotLowered
+    kinds = {t.dtype.kind for t in traced}
+    if (
+        (op in ("add", "sub", "mul", "div", "clip", "isnan") and not kinds <= {"f"})
+        or (op in ("and", "or", "xor", "not") and kinds != {"b"})
+        or (op == "where" and traced[0].dtype != np.bool_)
+        or (op == "clip" and any(isinstance(v, _Value) and v.dtype != out.dtype for v in ins))
+    ):
+        raise NotLowered
+    return ins, traced
+
+
+def _map(low, node, ins, traced_ins, traced_outs, attrs):
+    """A comparison, Where, Cast, logic, IsNaN, Min / Max of two, Clip, or an Add / Sub / Mul /
+    Div that the elementwise program does not take: one map step (``_map_step``)."""
+    out, op = traced_outs[0], MAPS[node.op_type]
+    if not isinstance(out, np.ndarray) or out.dtype not in MAP_DTYPES or out.size == 0:
+        raise NotLowered
+    ins, traced = _map_operands(op, node, ins, traced_ins, out, attrs["_attrs"])
+    return [_map_step(low, op, ins, traced, out)]
+
+
+def _map_step(low, op, ins, traced, out) -> _Value:
+    """A new value like the traced ``out``: the map step ``op`` over its indices, each of
+    ``ins`` (plan values, in C order, and constants) read through strides that are 0 along the
+    axes it broadcasts, neighbouring axes merged where every operand allows."""
+    shape = out.shape or (1,)
+    operands, strides = [], []
+    for v, t in zip(ins, traced):
+        held = low.c_order(v) if isinstance(v, _Value) else np.ascontiguousarray(t).reshape(-1)
+        operands.append(low.use(held))
+        own = (1,) * (len(shape) - t.ndim) + t.shape
+        strides.append([math.prod(own[a + 1 :]) if own[a] == shape[a] else 0 for a in range(len(shape))])
+    dims = list(shape)
+    for a in reversed(range(len(dims) - 1)):  # axes a and a + 1 as one where every operand allows
+        if all(st[a] == st[a + 1] * dims[a + 1] for st in strides):
+            dims[a : a + 2] = [dims[a] * dims[a + 1]]
+            for st in strides:
+                st[a : a + 2] = [st[a + 1]]
+    y = low.new(out.shape, out.dtype)
+
+    def bind(plan, arena):
+        arrays = [_view(arena, v).reshape(-1) if isinstance(v, _Value) else v for v in operands]
+        plan.add_map(op, _view(arena, y).reshape(-1), arrays, dims, strides)
+
+    low.emit(bind)
+    return y
+
+
+#: Instructions of an elementwise program that a map step runs (``_program_by_maps``), with
+#: numpy's form of each (the traced values of the steps between them).
+PROGRAM_MAPS = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "clip": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+}
+
+
+def _program_by_maps(low, program, ins, traced_ins, out):
+    """A FusedElementwise the native pass does not take (a result of one value, operands of
+    other types) whose instructions are all arithmetic and clips (``PROGRAM_MAPS``): one map
+    step per instruction, each result a value of the plan."""
+    if any(op not in PROGRAM_MAPS for op, *_ in program):
+        raise NotLowered
+    values, traced = list(ins), list(traced_ins)
+    if any(not isinstance(t, np.ndarray) or t.dtype != np.float32 for t in traced):
+        raise NotLowered
+    for op, a, b, param in program:
+        if op == "clip":  # its bounds: float32 values, infinite where the node had none
+            bounds = [np.float32(param[0]), np.float32(param[1])]
+            args, targs = [values[a], *bounds], [traced[a], *(np.asarray(v) for v in bounds)]
+        else:
+            args, targs = [values[a], values[b]], [traced[a], traced[b]]
+        with np.errstate(all="ignore"):
+            result = np.asarray(PROGRAM_MAPS[op](*targs), np.float32)
+        values.append(_map_step(low, op, args, targs, result))
+        traced.append(result)
+    if traced[-1].shape != out.shape:
+        raise NotLowered
+    return [values[-1]]
+
+
+def _cast(low, node, ins, traced_ins, traced_outs, attrs):
+    """Cast: to its input's own type an alias, else the map step."""
+    marks = low.mark()
+    try:
+        return _alias(low, node, ins, traced_ins, traced_outs, attrs)
+    except NotLowered:
+        low.rollback(marks)
+    return _map(low, node, ins, traced_ins, traced_outs, attrs)
+
+
 def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
+    """A FusedElementwise, or Add / Sub / Mul / Div / Sqrt / Neg / Abs: the backend's
+    elementwise program (``_program``), else map steps (other types, results of one value):
+    one for the operators that have one (``_map``), one per instruction for a program of
+    arithmetic and clips (``_program_by_maps``)."""
+    traced_ins = _arrays(traced_ins)
+    marks = low.mark()
+    try:
+        return _program(low, node, ins, traced_ins, traced_outs, attrs)
+    except NotLowered:
+        low.rollback(marks)
+    if node.op_type == "FusedElementwise":
+        return _program_by_maps(low, attrs["_attrs"]["program"], ins, traced_ins, traced_outs[0])
+    if node.op_type not in MAPS:
+        raise NotLowered
+    return _map(low, node, ins, traced_ins, traced_outs, attrs)
+
+
+def _program(low, node, ins, traced_ins, traced_outs, attrs):
     """One pass of the backend's elementwise program (a FusedElementwise's, or one operator's)
     over tensors of the result's shape, constant vectors or values and vectors of the data
     (each computed by a pass of its own where the program computes on it: ``_vector_parts``)."""
@@ -1542,7 +1705,7 @@ def _elementwise(low, node, ins, traced_ins, traced_outs, attrs):
             full.append(low.c_order(v) if v.shape == out.shape else _broadcast(low, v, out.shape))
         else:
             full.append(
-                v if t.size == 1 or t.shape == out.shape else np.ascontiguousarray(np.broadcast_to(t, out.shape))
+                t if t.size == 1 or t.shape == out.shape else np.ascontiguousarray(np.broadcast_to(t, out.shape))
             )
         held.append(np.zeros(out.shape, np.float32) if isinstance(v, _Value) else full[-1])
     return [_program_step(low, program, full, held, out.shape, None)]
@@ -1558,6 +1721,8 @@ LOWERINGS = {
     **{name: _movement for name in MOVEMENTS},
     "Concat": _concat,
     "Gather": _take,
+    **{name: _map for name in MAPS},
+    "Cast": _cast,
     "Resize": _nearest_resize,
     "Upsample": _nearest_resize,
     "Conv": _conv,
@@ -1919,7 +2084,8 @@ def _bind(low, model, arrays, native, inputs, values, movable):
         if have.shape != want.shape or have.dtype != want.dtype:
             return None
         if want.dtype.kind == "f":
-            scale = float(np.max(np.abs(want))) if want.size else 0.0
+            finite = np.abs(want[np.isfinite(want)])  # a NaN or inf output leaves the scale finite
+            scale = float(finite.max()) if finite.size else 0.0
             if not np.allclose(have, want, rtol=VERIFY_RTOL, atol=VERIFY_RTOL * scale, equal_nan=True):
                 return None
         elif not np.array_equal(have, want):

@@ -584,3 +584,132 @@ def test_reduce_step_keeps_a_nan_as_numpy_does(op):
         plan.add_reduce(xv, yv, "prod", 2, 3, 2)
     with pytest.raises(ValueError, match="values into"):
         plan.add_reduce(xv, yv, op, 2, 2, 2)
+
+
+def _map_reference(op, xs):
+    """numpy's result of the map step's ``op`` on ``xs`` (broadcast)."""
+    fns = {
+        "equal": np.equal,
+        "less": np.less,
+        "less_equal": np.less_equal,
+        "greater": np.greater,
+        "greater_equal": np.greater_equal,
+        "where": np.where,
+        "and": np.logical_and,
+        "or": np.logical_or,
+        "xor": np.logical_xor,
+        "not": np.logical_not,
+        "isnan": np.isnan,
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "div": np.divide,
+        "min": np.minimum,
+        "max": np.maximum,
+        "clip": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+    }
+    with np.errstate(all="ignore"):
+        return fns[op](*xs)
+
+
+def _broadcast_strides(x, shape):
+    own = (1,) * (len(shape) - x.ndim) + x.shape
+    return [int(np.prod(own[a + 1 :])) if own[a] == shape[a] else 0 for a in range(len(shape))]
+
+
+def _map_step(op, xs, out_dtype, shape):
+    plan = _core.NativePlan(64)
+    out = np.empty(int(np.prod(shape)), out_dtype)
+    operands = [np.ascontiguousarray(x).reshape(-1) for x in xs]
+    plan.add_map(op, out, operands, list(shape), [_broadcast_strides(np.asarray(x), shape) for x in xs])
+    plan.run([], [], [])
+    return out.reshape(shape)
+
+
+_SHAPES = [((3, 1, 5), (1, 4, 1)), ((2, 300), ()), ((1,), (1,)), ((4, 1, 1, 700), (4, 3, 1, 1))]
+
+
+@pytest.mark.parametrize("op", ["equal", "less", "less_equal", "greater", "greater_equal"])
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.int64, np.int64), (np.int32, np.float32)])
+@pytest.mark.parametrize("shapes", _SHAPES)
+def test_map_step_compares_as_numpy(rng, op, dtypes, shapes):
+    """Comparisons into bool, operands broadcast by strides of 0; integers compared as int64
+    (values past 2^53 told apart), mixed ones as doubles, as numpy promotes them."""
+    a, b = (rng.integers(-3, 3, s).astype(d) for s, d in zip(shapes, dtypes))
+    if dtypes[0] == np.int64 and a.size:
+        a.reshape(-1)[0], b.reshape(-1)[0] = (1 << 60) + 1, 1 << 60
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    np.testing.assert_array_equal(_map_step(op, [a, b], np.bool_, shape), _map_reference(op, [a, b]))
+
+
+@pytest.mark.parametrize("shapes", _SHAPES)
+def test_map_step_where_logic_and_isnan(rng, shapes):
+    shape = np.broadcast_shapes(*shapes)
+    c, d = (rng.integers(0, 2, s).astype(np.bool_) for s in shapes)
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32)
+    a.reshape(-1)[0] = np.nan
+    np.testing.assert_array_equal(_map_step("where", [c, a, b], np.float32, shape), np.where(c, a, b))
+    i, j = rng.integers(-9, 9, shapes[0]), rng.integers(-9, 9, shapes[1])
+    np.testing.assert_array_equal(_map_step("where", [d, i, j], np.int64, shape), np.where(d, i, j))
+    for op in ("and", "or", "xor"):
+        np.testing.assert_array_equal(_map_step(op, [c, d], np.bool_, shape), _map_reference(op, [c, d]))
+    np.testing.assert_array_equal(_map_step("not", [c], np.bool_, c.shape), ~c)
+    np.testing.assert_array_equal(_map_step("isnan", [a], np.bool_, a.shape), np.isnan(a))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "min", "max"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shapes", _SHAPES)
+def test_map_step_arithmetic_gives_numpys_bits(rng, op, dtype, shapes):
+    """Float arithmetic in double, rounded once: float32 results bit for bit numpy's; a NaN
+    wins minimum and maximum."""
+    a = rng.standard_normal(shapes[0]).astype(dtype)
+    b = rng.standard_normal(shapes[1]).astype(dtype)
+    a.reshape(-1)[-1] = np.nan
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    np.testing.assert_array_equal(_map_step(op, [a, b], dtype, shape), _map_reference(op, [a, b]))
+    if op in ("min", "max"):
+        i, j = rng.integers(-9, 9, shapes[0]), rng.integers(-9, 9, shapes[1])
+        np.testing.assert_array_equal(_map_step(op, [i, j], np.int64, shape), _map_reference(op, [i, j]))
+
+
+def test_map_step_clips_and_casts_as_numpy(rng):
+    x = (3 * rng.standard_normal((5, 7))).astype(np.float32)
+    x[0, 0], x[1, 1] = np.nan, np.inf
+    lo, hi = np.float32(-1.5), rng.uniform(0, 2, (5, 1)).astype(np.float32)
+    np.testing.assert_array_equal(
+        _map_step("clip", [x, lo, hi], np.float32, x.shape), np.minimum(np.maximum(x, lo), hi)
+    )
+    finite = np.nan_to_num(x, nan=0.5, posinf=7.0)
+    big = np.array([(1 << 62) + 3, -((1 << 40) + 7), 5, 0], np.int64)
+    cases = [
+        (finite, np.int64),
+        (finite, np.int32),
+        (x, np.bool_),
+        (x, np.float64),
+        (big, np.float32),
+        (big, np.float64),
+        (big, np.int32),
+        (big, np.bool_),
+        (np.array([True, False]), np.float32),
+        (big.astype(np.float64), np.float32),
+    ]
+    for value, dtype in cases:
+        np.testing.assert_array_equal(_map_step("cast", [value], dtype, value.shape), value.astype(dtype))
+
+
+def test_map_step_arguments_are_checked():
+    plan = _core.NativePlan(64)
+    a, out = np.zeros(6, np.float32), np.zeros(6, np.bool_)
+    with pytest.raises(ValueError, match="no operation"):
+        plan.add_map("pow", out, [a, a], [6], [[1], [1]])
+    with pytest.raises(ValueError, match="takes 2 operands"):
+        plan.add_map("equal", out, [a], [6], [[1]])
+    with pytest.raises(TypeError, match="C-contiguous"):
+        plan.add_map("equal", out, [a, a.astype(np.float16)], [6], [[1], [1]])
+    with pytest.raises(ValueError, match="read at"):
+        plan.add_map("equal", out, [a, a[:3]], [6], [[1], [1]])
+    with pytest.raises(ValueError, match="results"):
+        plan.add_map("equal", out[:5], [a, a], [6], [[1], [1]])
+    assert len(plan) == 0

@@ -976,3 +976,74 @@ def test_lookups_reductions_and_broadcasts_run_natively(rng, monkeypatch):
         python.run(None, bad)
     assert str(info.value) == str(plain.value)
     np.testing.assert_array_equal(ours.run(None, feed)[0], python.run(None, feed)[0])  # the plan serves again
+
+
+def _mask_arithmetic_model():
+    """Hugging Face-style mask arithmetic and the guards around a division: a Cast of an int64
+    mask to float, comparisons of data and of integers, Where on a computed condition, Not /
+    And / Or, IsNaN, Min / Max of two, Clip with a computed bound and with one omitted, and an
+    Add of one value each."""
+    inits = [
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(1e-9, np.float32), "tiny"),
+        numpy_helper.from_array(np.array(-1e4, np.float32), "masked"),
+        numpy_helper.from_array(np.array(2, np.int64), "two"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["m"], ["mf"], to=TensorProto.FLOAT),  # (2, 20)
+        helper.make_node("Equal", ["mf", "zero"], ["off"]),
+        helper.make_node("Where", ["off", "masked", "x"], ["scores"]),
+        helper.make_node("Greater", ["x", "zero"], ["pos"]),
+        helper.make_node("Less", ["m", "two"], ["small"]),  # int64 against int64
+        helper.make_node("And", ["pos", "small"], ["both"]),
+        helper.make_node("Not", ["both"], ["neither"]),
+        helper.make_node("Or", ["neither", "off"], ["either"]),
+        helper.make_node("Cast", ["either"], ["ef"], to=TensorProto.FLOAT),
+        helper.make_node("IsNaN", ["x"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "scores"], ["clean"]),
+        helper.make_node("Max", ["clean", "ef"], ["hi"]),
+        helper.make_node("Min", ["hi", "x"], ["lo"]),
+        helper.make_node("ReduceMax", ["lo"], ["top"], keepdims=0),  # one value
+        helper.make_node("Clip", ["x", "", "top"], ["clipped"]),
+        helper.make_node("ReduceSum", ["clipped"], ["total"], keepdims=0),  # one value
+        helper.make_node("Clip", ["total", "tiny"], ["guarded"]),
+        helper.make_node("Add", ["guarded", "tiny"], ["denominator"]),
+        helper.make_node("Div", ["clipped", "denominator"], ["y"]),
+        helper.make_node("Cast", ["pos"], ["pos64"], to=TensorProto.INT64),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mask_arithmetic",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 20]),
+            helper.make_tensor_value_info("m", TensorProto.INT64, [2, 20]),
+        ],
+        [
+            helper.make_tensor_value_info(n, t, None)
+            for n, t in (("y", TensorProto.FLOAT), ("pos64", TensorProto.INT64))
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def test_comparisons_where_casts_and_clips_run_natively(rng, monkeypatch):
+    """The map step: comparisons, Where, Cast, logic, IsNaN, Min / Max, Clip and arithmetic of
+    one value, each bit for bit the Python plan's and equal to onnxruntime's."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _mask_arithmetic_model()
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x = rng.standard_normal((2, 20)).astype(np.float32)
+        x[0, 3] = np.nan
+        feed = {"x": x, "m": rng.integers(0, 3, (2, 20)).astype(np.int64)}
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
+            assert_close(g, w, rtol=1e-6, atol=1e-7)
+            np.testing.assert_array_equal(g, p)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == ()
+    ops = {"Cast", "Equal", "Where", "Greater", "Less", "And", "Not", "Or", "IsNaN", "Max", "Min", "Clip"}
+    assert ops <= set(native)
