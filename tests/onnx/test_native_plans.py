@@ -9,6 +9,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fastlayers
 from fastlayers.errors import FastlayersError
@@ -1047,3 +1049,60 @@ def test_comparisons_where_casts_and_clips_run_natively(rng, monkeypatch):
     assert fallbacks == ()
     ops = {"Cast", "Equal", "Where", "Greater", "Less", "And", "Not", "Or", "IsNaN", "Max", "Min", "Clip"}
     assert ops <= set(native)
+
+
+def _broadcast_model(shapes, reduce_axes, keepdims):
+    """Where(Greater(a, b), a * c, b - c) over three float inputs of ``shapes`` (broadcast to
+    one shape), then a ReduceSum over ``reduce_axes`` of the result and a ReduceMax over every
+    axis: the map step, broadcast operands and reductions on arbitrary shapes."""
+    axes = numpy_helper.from_array(np.array(reduce_axes, np.int64), "axes")
+    nodes = [
+        helper.make_node("Greater", ["a", "b"], ["gt"]),
+        helper.make_node("Mul", ["a", "c"], ["ac"]),
+        helper.make_node("Sub", ["b", "c"], ["bc"]),
+        helper.make_node("Where", ["gt", "ac", "bc"], ["w"]),
+        helper.make_node("ReduceSum", ["w", "axes"], ["s"], keepdims=keepdims),
+        helper.make_node("ReduceMax", ["w"], ["m"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "broadcasts",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip("abc", shapes)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("w", "s", "m")],
+        [axes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+@st.composite
+def _broadcast_case(draw):
+    ndim = draw(st.integers(1, 4))
+    full = draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim))
+    shapes = []
+    for k in range(3):
+        lead = draw(st.integers(0, ndim - 1)) if k else 0  # leading axes dropped, others kept or made 1
+        shapes.append(tuple(d if draw(st.booleans()) else 1 for d in full[lead:]))
+    start = draw(st.integers(0, ndim - 1))
+    stop = draw(st.integers(start + 1, ndim))
+    return shapes, list(range(start, stop)), draw(st.integers(0, 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=_broadcast_case())
+def test_broadcasts_and_reductions_match_the_python_plan(case):
+    """Random broadcast shapes and reduced axes: the plan's values are the Python plan's (the
+    comparisons and Where exactly, the sums within float rounding)."""
+    shapes, reduce_axes, keepdims = case
+    data = _broadcast_model(shapes, reduce_axes, keepdims)
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    rng = np.random.default_rng(len(str(case)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lowering, "STEP_US", 1e6)  # a plan whatever the cost model finds
+        for _ in range(3):
+            feed = {n: rng.integers(-3, 4, s).astype(np.float32) for n, s in zip("abc", shapes)}
+            for g, p in zip(ours.run(None, feed), python.run(None, feed)):
+                assert g.shape == p.shape and g.dtype == p.dtype
+                assert_close(g, p, rtol=1e-6, atol=1e-6)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == () and {"Greater", "Where", "ReduceSum", "ReduceMax"} <= set(native)
