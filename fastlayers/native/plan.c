@@ -342,6 +342,11 @@ int fl_rnn_step(void *ctx) {
     return st;
 }
 
+int fl_rnn_loops_step(void *ctx) {
+    const fl_rnn_loops_step_args *a = ctx;
+    return fl_rnn_loops(a->a, a->n);
+}
+
 int fl_activation_step(void *ctx) {
     const fl_activation_args *a = ctx;
     if (a->row > 0) return fl_bias_act(a->size / a->row, a->row, a->x, a->row, NULL, a->code, a->alpha, a->y, a->row);

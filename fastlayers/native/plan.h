@@ -28,6 +28,8 @@
  * dense_step(a): y (m, n) = f(x (m, k) @ w + bias), gemm.h's matmul on the packed weights pw,
  *   or on w (k, n) read in place (rows ldw apart) where pw is NULL.
  * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
+ * rnn_loops_step(a): recurrent.h's rnn_loops on the n loops (independent: a bidirectional
+ *   layer's directions), one thread each.
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha); where
  *   `row` > 0, over rows of `row` floats (the softmax codes normalize each).
  * add_act_step(a): out[k] = f(a[k] + b[k]) for k < n (rows.h's add_act; out may be a): a
@@ -126,6 +128,11 @@ typedef struct {
     fl_rnn_args a;
     int serial;
 } fl_rnn_step_args;
+
+typedef struct {
+    int64_t n;
+    fl_rnn_args a[FL_RNN_MAX_LOOPS];
+} fl_rnn_loops_step_args;
 
 typedef struct {
     int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, ho, wo;
@@ -235,6 +242,7 @@ int fl_batched_matmul_step(void *a);
 int fl_pool_step(void *a);
 int fl_scale_shift_step(void *a);
 int fl_rnn_step(void *a);
+int fl_rnn_loops_step(void *a);
 int fl_activation_step(void *a);
 int fl_add_act_step(void *a);
 int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns);

@@ -155,6 +155,10 @@ cdef extern from "plan.h" nogil:
     int fl_pool_step(void *a) noexcept nogil
     int fl_scale_shift_step(void *a) noexcept nogil
     int fl_rnn_step(void *a) noexcept nogil
+    ctypedef struct fl_rnn_loops_step_args:
+        int64_t n
+        fl_rnn_args a[FL_RNN_MAX_LOOPS]
+    int fl_rnn_loops_step(void *a) noexcept nogil
     int fl_activation_step(void *a) noexcept nogil
     int fl_add_act_step(void *a) noexcept nogil
     int fl_elementwise_step(void *a) noexcept nogil
@@ -242,24 +246,31 @@ cdef int _dynamic_qgemm_step(void *ctx) noexcept nogil:
     return _dynamic_product(a.x, a.m, a.k, a.pb, a.columns, a.bias, a.n, a.y)
 
 
+#: Most directions of one dynamic_qlstm step (a bidirectional layer's two).
+DYNAMIC_QLSTM_DIRECTIONS = 2
+
 ctypedef struct _dynamic_qlstm_args:
-    _dynamic_qgemm_args product
-    fl_qlstm_run run
+    int64_t n
+    _dynamic_qgemm_args product[2]
+    fl_qlstm_run run[2]
 
 
 cdef int _dynamic_qlstm_step(void *ctx) noexcept nogil:
-    """qlstm.pxi's ``dynamic_qlstm`` on the bound arguments: the input product, then the loop."""
+    """qlstm.pxi's ``dynamic_qlstm`` on the bound arguments of each direction: its input
+    product, then the loops, side by side on the pool's threads (``qlstm_runs``)."""
     cdef _dynamic_qlstm_args *a = <_dynamic_qlstm_args *>ctx
     cdef int st = 0
-    if a.product.m == 0:
+    cdef int64_t d
+    if a.product[0].m == 0:
         return 0
-    if a.product.k > 0:
-        st = _dynamic_qgemm_step(&a.product)
-    else:
-        memset(a.product.y, 0, <size_t>(a.product.m * a.product.n) * sizeof(float))
-    if st == 0:
-        st = fl_qlstm_runs(1, &a.run)
-    return st
+    for d in range(a.n):
+        if a.product[d].k > 0:
+            st = _dynamic_qgemm_step(&a.product[d])
+        else:
+            memset(a.product[d].y, 0, <size_t>(a.product[d].m * a.product[d].n) * sizeof(float))
+        if st:
+            return st
+    return fl_qlstm_runs(a.n, a.run)
 
 
 cdef inline float *_view(object a, str what) except NULL:
@@ -662,6 +673,22 @@ cdef class NativePlan:
         _rnn_args(&a.a, call)
         a.serial = serial
 
+    def add_rnn_loops(self, list calls):
+        """recurrent.h's rnn_loops on ``calls`` (each loop's ``rnn_loop`` arguments, their
+        states and outputs views of the arena; independent loops, at most ``RNN_MAX_LOOPS``),
+        one thread each."""
+        cdef int64_t n = len(calls), i
+        if n < 1 or n > FL_RNN_MAX_LOOPS:
+            raise ValueError(f"native plan rnn_loops: {n} loops, expected 1 to {FL_RNN_MAX_LOOPS}")
+        cdef fl_rnn_loops_step_args args
+        memset(&args, 0, sizeof(args))
+        for i in range(n):  # every loop checked before the step is added
+            _rnn_args(&args.a[i], calls[i])
+        args.n = n
+        cdef fl_rnn_loops_step_args *a = <fl_rnn_loops_step_args *>self._push(
+            fl_rnn_loops_step, sizeof(fl_rnn_loops_step_args), tuple(calls))
+        memcpy(a, &args, sizeof(args))
+
     def add_activation(self, x, y, int code, float alpha, int64_t row=0):
         """y = f(x) elementwise (an activation code of rows.h but the softmaxes) over two
         C-contiguous float32 arrays of one size; with ``row`` > 0, over rows of that many
@@ -744,22 +771,42 @@ cdef class NativePlan:
                           float clip, bint input_forget, h, c, y, x_proj):
         """qlstm.pxi's ``dynamic_qlstm`` on views of the arena: x (steps, batch, input), the
         states h and c (batch, hidden), y (steps, batch, hidden) or None, and ``x_proj``
-        (steps, batch, 4 hidden) for the input product."""
+        (steps, batch, 4 hidden) for the input product (``add_dynamic_qlstms`` of one
+        direction)."""
+        self.add_dynamic_qlstms(
+            x, [(w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y, x_proj)])
+
+    def add_dynamic_qlstms(self, x, list directions):
+        """``add_dynamic_qlstm`` for the directions of one layer (at most
+        ``DYNAMIC_QLSTM_DIRECTIONS``) in one step, each a tuple of its arguments after x: their
+        input products, then their loops side by side (``qlstm_runs``); y (steps, ..., batch,
+        hidden) with contiguous rows, a direction's part of the layer's output."""
+        cdef int64_t n = len(directions), d
+        if n < 1 or n > DYNAMIC_QLSTM_DIRECTIONS:
+            raise ValueError(f"native plan dynamic_qlstm: {n} directions, expected 1 to {DYNAMIC_QLSTM_DIRECTIONS}")
         cdef const float *xp = _view(x, "dynamic_qlstm x")
-        _view(x_proj, "dynamic_qlstm x_proj")
-        if x.ndim != 3 or h.ndim != 2 or x_proj.shape != (x.shape[0], x.shape[1], 4 * h.shape[1]):
-            raise ValueError("native plan dynamic_qlstm: x must be (steps, batch, input), h (batch, hidden) "
-                             "and x_proj (steps, batch, 4 hidden)")
-        cdef int64_t steps = x.shape[0], batch = x.shape[1], k = x.shape[2], g = 4 * h.shape[1]
-        cdef const float *columns = _f32_block(w_scale, (g,), "native plan dynamic_qlstm w_scale")
-        _check_packed(w_packed, k, g, "native plan dynamic_qlstm: w_packed")
+        cdef _dynamic_qlstm_args args
+        memset(&args, 0, sizeof(args))
+        cdef int64_t steps, batch, k, g
+        cdef const float *columns
+        for d in range(n):  # every direction checked before the step is added
+            w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y, x_proj = \
+                directions[d]
+            _view(x_proj, "dynamic_qlstm x_proj")
+            if x.ndim != 3 or h.ndim != 2 or x_proj.shape != (x.shape[0], x.shape[1], 4 * h.shape[1]):
+                raise ValueError("native plan dynamic_qlstm: x must be (steps, batch, input), h (batch, hidden) "
+                                 "and x_proj (steps, batch, 4 hidden)")
+            steps, batch, k, g = x.shape[0], x.shape[1], x.shape[2], 4 * h.shape[1]
+            columns = _f32_block(w_scale, (g,), "native plan dynamic_qlstm w_scale")
+            _check_packed(w_packed, k, g, "native plan dynamic_qlstm: w_packed")
+            _qlstm_run(&args.run[d], x_proj, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y)
+            args.product[d].x, args.product[d].m, args.product[d].k, args.product[d].n = xp, steps * batch, k, g
+            args.product[d].pb, args.product[d].columns = <const int8_t *>cnp.PyArray_DATA(w_packed), columns
+            args.product[d].bias, args.product[d].y = NULL, <float *>args.run[d].x_proj
+        args.n = n
         cdef _dynamic_qlstm_args *a = <_dynamic_qlstm_args *>self._push(
-            _dynamic_qlstm_step, sizeof(_dynamic_qlstm_args),
-            (x, w_packed, w_scale, r_packed, r_scale, bias, peep, h, c, y, x_proj))
-        _qlstm_run(&a.run, x_proj, reverse, r_packed, r_scale, bias, peep, clip, input_forget, h, c, y)
-        a.product.x, a.product.m, a.product.k, a.product.n = xp, steps * batch, k, g
-        a.product.pb, a.product.columns = <const int8_t *>cnp.PyArray_DATA(w_packed), columns
-        a.product.bias, a.product.y = NULL, <float *>a.run.x_proj
+            _dynamic_qlstm_step, sizeof(_dynamic_qlstm_args), (x, tuple(directions)))
+        memcpy(a, &args, sizeof(args))
 
     def add_layer_norm(self, x, gamma, beta, float eps, bint rms, out):
         """rows.h's layer_norm over the rows of x (..., n) into ``out`` of its shape, both

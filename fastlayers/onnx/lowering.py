@@ -49,7 +49,7 @@ from .ops.conv import conv_transpose_form, conv_transpose_hwio
 from .ops.recurrent import recurrent_calls
 from .ops.reduce import AXES_INPUT_FROM, reduce_axes
 from .qlinear import dynamic_matmul_constants
-from .qlstm import one_direction_constants
+from .qlstm import direction_constants
 from .windows import window
 
 #: Most plans a model keeps (one per key); more: the table is cleared and rebuilt.
@@ -645,10 +645,10 @@ def _transposed(low, x: _Value, perm, extra=True) -> _Value:
     return y
 
 
-def _copied(low, source, shape) -> _Value:
-    """A new buffer of ``shape`` holding ``source`` (a plan value or a constant of as many
-    values), or zeros where ``source`` is None."""
-    y = low.new(shape)
+def _copied(low, source, shape, into=None) -> _Value:
+    """A new buffer of ``shape`` (or the value ``into``, of that shape) holding ``source`` (a
+    plan value or a constant of as many values), or zeros where ``source`` is None."""
+    y = low.new(shape) if into is None else low.use(into)
     low.gathered += 2 * math.prod(shape) * 4
     src = (
         low.use(source)
@@ -1152,15 +1152,18 @@ def _dense(low, node, ins, traced_ins, traced_outs, attrs):
     return [y]
 
 
-def _state(low, ins, traced_ins, i, shape) -> _Value:
-    """A new buffer of ``shape`` (batch, hidden) holding input ``i``, an initial state of one
-    direction ((1, B, H) or (B, 1, H): the memory of (B, H)), or zeros where it is absent."""
-    given = None
+def _state(low, ins, traced_ins, i, shape, direction=0, into=None) -> _Value:
+    """A new buffer of ``shape`` (batch, hidden) (or the value ``into``) holding direction
+    ``direction`` of input ``i``, an initial state ((D, B, H), or (1, B, H) and (B, 1, H) of
+    one direction: the memory of (B, H) each), or zeros where it is absent."""
+    given, size = None, math.prod(shape)
     if len(ins) > i and isinstance(ins[i], _Value):
         given = ins[i]
+        if direction:
+            given = _Value(given.buffer, given.offset + direction * size * 4, shape, given.dtype)
     elif len(traced_ins) > i and traced_ins[i] is not None and traced_ins[i].size:
-        given = traced_ins[i]
-    return _copied(low, given, shape)
+        given = np.asarray(traced_ins[i]).reshape(-1)[direction * size : (direction + 1) * size]
+    return _copied(low, given, shape, into)
 
 
 def _dynamic_matmul(low, node, ins, traced_ins, traced_outs, attrs):
@@ -1180,35 +1183,44 @@ def _dynamic_matmul(low, node, ins, traced_ins, traced_outs, attrs):
 
 
 def _dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
-    """com.microsoft DynamicQuantizeLSTM of one direction on its packed constants: the input
-    product and the time loop in one step (``dynamic_qlstm``), the states copied in."""
+    """com.microsoft DynamicQuantizeLSTM on its packed constants, one direction or both: each
+    direction's input product and the time loops (side by side, ``qlstm_runs``) in one step,
+    the states copied in; each direction writes its part of Y (T, D, B, H), Y_h and Y_c
+    (D, B, H) in place."""
     x = ins[0]
     node_attrs = attrs["_attrs"]
     if not isinstance(x, _Value) or x.dtype != np.float32 or len(x.shape) != 3 or x.size == 0:
         raise NotLowered
     if _reads_data(ins[1:5]) or _reads_data(ins[7:]):  # weights, lengths, P, scales: constants
         raise NotLowered
-    found = one_direction_constants(traced_ins, node_attrs)
+    found = direction_constants(traced_ins, node_attrs)
     if found is None or len(traced_outs) != 3:
         raise NotLowered
     steps, batch, _ = x.shape
-    hidden = found[5].shape[0] // 4  # the bias: 4 hidden
-    h = _state(low, ins, traced_ins, 5, (batch, hidden))
-    c = _state(low, ins, traced_ins, 6, (batch, hidden))
-    ys = low.new((steps, 1, batch, hidden)) if traced_outs[0] is not None else None
-    x_proj = low.new((steps, batch, 4 * hidden))
+    n_dir, hidden = len(found), found[0][5].shape[0] // 4  # the bias: 4 hidden
+    h_all, c_all = low.new((n_dir, batch, hidden)), low.new((n_dir, batch, hidden))
+    half = lambda value, d: _Value(value.buffer, d * batch * hidden * 4, (batch, hidden), np.float32)  # noqa: E731
+    states = [
+        (
+            _state(low, ins, traced_ins, 5, (batch, hidden), d, into=half(h_all, d)),
+            _state(low, ins, traced_ins, 6, (batch, hidden), d, into=half(c_all, d)),
+        )
+        for d in range(n_dir)
+    ]
+    ys = low.new((steps, n_dir, batch, hidden)) if traced_outs[0] is not None else None
+    x_proj = [low.new((steps, batch, 4 * hidden)) for _ in range(n_dir)]
     low.use(x)
 
     def bind(plan, arena):
-        y = None if ys is None else _view(arena, ys).reshape(steps, batch, hidden)
-        plan.add_dynamic_qlstm(_view(arena, x), *found, _view(arena, h), _view(arena, c), y, _view(arena, x_proj))
+        y = None if ys is None else _view(arena, ys)
+        directions = [
+            (*found[d], _view(arena, h), _view(arena, c), None if y is None else y[:, d], _view(arena, x_proj[d]))
+            for d, (h, c) in enumerate(states)
+        ]
+        plan.add_dynamic_qlstms(_view(arena, x), directions)
 
     low.emit(bind)
-    outs = [
-        ys,
-        _Value(h.buffer, 0, (1, batch, hidden), np.float32),
-        _Value(c.buffer, 0, (1, batch, hidden), np.float32),
-    ]
+    outs = [ys, h_all, c_all]
     if any(o is not None and t is not None and o.shape != t.shape for o, t in zip(outs, traced_outs)):
         raise NotLowered
     return outs
@@ -1320,6 +1332,8 @@ def _recurrent(kind):
         ):
             raise NotLowered
         planned = recurrent_calls(kind, traced_ins, node_attrs)
+        if planned is not None and len(planned[0]) == 2:
+            return _bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs)
         if planned is None or len(planned[0]) != 1:
             raise NotLowered
         (cell, args, kw), x_bti_traced, _ = planned[0][0], planned[1], planned[2]
@@ -1363,6 +1377,70 @@ def _recurrent(kind):
         return outs[: len(traced_outs)]
 
     return lower
+
+
+def _bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs):
+    """A bidirectional LSTM / GRU / RNN (layout 0) as the backend runs its directions
+    (``plan_sequence_loops``): at once, one thread each (one ``rnn_loops`` step), or one after
+    the other. Both directions' states are halves of one (2, B, H) buffer, the node's Y_h (and
+    Y_c) as they are; their sequences halves of one (2, B, T, H) buffer, moved to Y (T, 2, B, H)
+    by one gather."""
+    calls, x_bti_traced, _ = planned
+    if node_attrs.get("layout", 0):
+        raise NotLowered
+    found = low.ops.plan_sequence_loops(x_bti_traced, [(cell, args[1:], kw) for cell, args, kw in calls])
+    if found is None:
+        raise NotLowered
+    loops, at_once = found
+    loops = [(loop, None) for loop in loops] if at_once else loops
+    first = loops[0][0]
+    x_bti = _transposed(low, ins[0], (1, 0, 2))
+    batch, steps = x_bti.shape[:2]
+    hidden = first.h.shape[1]
+    h_all = low.new((2, batch, hidden))
+    c_all = None if first.c is None else low.new((2, batch, hidden))
+    y_all = None if first.y is None else low.new((2, batch, steps, hidden))
+    half = lambda value, d, shape: _Value(value.buffer, d * math.prod(shape) * 4, shape, np.float32)  # noqa: E731
+    bound = []
+    for d, (loop, serial) in enumerate(loops):
+        h = _state(low, ins, traced_ins, 5, (batch, hidden), d, into=half(h_all, d, (batch, hidden)))
+        c = (
+            None
+            if c_all is None
+            else _state(low, ins, traced_ins, 6, (batch, hidden), d, half(c_all, d, (batch, hidden)))
+        )
+        y = None if y_all is None else half(y_all, d, (batch, steps, hidden))
+        bound.append((loop, serial, h, c, y, _copied(low, None, loop.last.shape)))
+    low.use(x_bti)
+    for value in (h_all, c_all, y_all):
+        low.use(value)
+
+    def bind(plan, arena):
+        made = [
+            loop._replace(
+                x=_view(arena, x_bti),
+                h=_view(arena, h),
+                c=None if c is None else _view(arena, c),
+                y=None if y is None else _view(arena, y),
+                last=_view(arena, last),
+            )
+            for loop, _, h, c, y, last in bound
+        ]
+        if at_once:
+            plan.add_rnn_loops([tuple(call) for call in made])
+        else:
+            for call, (_, serial, *_) in zip(made, bound):
+                plan.add_rnn(tuple(call), serial)
+
+    low.emit(bind)
+    y_out = None
+    if traced_outs[0] is not None and y_all is not None:
+        y_out = _transposed(low, y_all, (2, 0, 1, 3))
+    outs = [y_out, h_all] + ([c_all] if kind == "LSTM" else [])
+    for o, t in zip(outs, traced_outs):
+        if t is not None and (o is None or tuple(o.shape) != t.shape):
+            raise NotLowered
+    return outs[: len(traced_outs)]
 
 
 def _activation(name, alpha_attr, default):

@@ -301,21 +301,35 @@ def _dynamic_quantize_lstm(inputs, attrs, opset):
     return [ys, h_last, c_last]
 
 
-def one_direction_constants(inputs, attrs):
-    """``dynamic_qlstm``'s arguments after x for a forward or reverse DynamicQuantizeLSTM node
+def direction_constants(inputs, attrs):
+    """``dynamic_qlstm``'s arguments after x for each direction of a DynamicQuantizeLSTM node
     whose constants were derived and packed at load (``_pack_lstm``) and whose P is a constant
-    or absent: (w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip,
-    input_forget); None otherwise (a bidirectional node, a P computed by the graph)."""
+    or absent: a list of (w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip,
+    input_forget), one per direction; None otherwise (a P computed by the graph)."""
     params, packed = attrs.get("_params"), attrs.get("_packed")
     p = inputs[7] if len(inputs) > 7 else None
-    if params is None or packed is None or len(params) != 1 or len(packed) != 1:
+    if params is None or packed is None or len(params) != len(packed) or len(params) not in (1, 2):
         return None
-    if p is not None and (not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[0] != 1):
+    if p is not None and (not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[0] != len(params)):
         return None  # a graph value, or a shape the general form rejects
-    (_, _, w_scale, r_scale, bias), (w_packed, r_packed) = params[0], packed[0]
-    peep = None if p is None or p.size == 0 else np.ascontiguousarray(p[0], np.float32)
-    reverse, clip = attrs.get("direction", "forward") == "reverse", float(attrs.get("clip") or 0.0)
-    return w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, bool(attrs.get("input_forget", 0))
+    direction, clip = attrs.get("direction", "forward"), float(attrs.get("clip") or 0.0)
+    if (direction == "bidirectional") != (len(params) == 2):
+        return None
+    found = []
+    for d, ((_, _, w_scale, r_scale, bias), (w_packed, r_packed)) in enumerate(zip(params, packed)):
+        peep = None if p is None or p.size == 0 else np.ascontiguousarray(p[d], np.float32)
+        reverse = direction == "reverse" or d == 1
+        found.append(
+            (w_packed, w_scale, reverse, r_packed, r_scale, bias, peep, clip, bool(attrs.get("input_forget", 0)))
+        )
+    return found
+
+
+def one_direction_constants(inputs, attrs):
+    """``direction_constants`` of a forward or reverse node (its one tuple); None otherwise (a
+    bidirectional node, a P computed by the graph)."""
+    found = direction_constants(inputs, attrs)
+    return found[0] if found is not None and len(found) == 1 else None
 
 
 def bind_dynamic_quantize_lstm(inputs, attrs, opset):

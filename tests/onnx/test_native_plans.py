@@ -1106,3 +1106,124 @@ def test_broadcasts_and_reductions_match_the_python_plan(case):
                 assert_close(g, p, rtol=1e-6, atol=1e-6)
     native, fallbacks, _ = _serving(ours, feed).summary
     assert fallbacks == () and {"Greater", "Where", "ReduceSum", "ReduceMax"} <= set(native)
+
+
+def _bidirectional_model(kind, hidden=24, n_in=10, states=True, y_read=True):
+    """One bidirectional ``kind`` layer (layout 0) on x (T, B, n_in), its initial states inputs
+    of the graph (or absent), followed by a Tanh of Y (or of Y_h where Y is not read)."""
+    rng = np.random.default_rng(4)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    scale = 0.3 * np.sqrt(24 / hidden)  # a contracting recurrence: rounding does not grow over the steps
+    f = lambda *s: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(f(2, gates * hidden, n_in), "W"),
+        numpy_helper.from_array(f(2, gates * hidden, hidden), "R"),
+        numpy_helper.from_array(f(2, 2 * gates * hidden), "B"),
+    ]
+    state_names = (["h0", "c0"] if kind == "LSTM" else ["h0"]) if states else []
+    node_ins = ["x", "W", "R", "B", "", *state_names]
+    outs = ["Y", "Yh", "Yc"] if kind == "LSTM" else ["Y", "Yh"]
+    extra = {"linear_before_reset": 1} if kind == "GRU" else {}
+    nodes = [
+        helper.make_node(kind, node_ins, outs, hidden_size=hidden, direction="bidirectional", **extra),
+        helper.make_node("Tanh", ["Y" if y_read else "Yh"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bidirectional",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "B", n_in])]
+        + [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, "B", hidden]) for n in state_names],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["out", *outs[1:]]],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("states, y_read", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hidden, steps", [(24, 40), (128, 100)])
+def test_bidirectional_recurrent_layers_run_natively(rng, monkeypatch, kind, states, y_read, threads, hidden, steps):
+    """A bidirectional layer's directions as plan steps (at 2 threads the larger layer's at
+    once, one thread each, the smaller's one after the other, as the Python plan runs them):
+    its values bit for bit, onnxruntime's."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _bidirectional_model(kind, hidden=hidden, states=states, y_read=y_read)
+    with fastlayers.using_threads(threads):
+        ours = fastlayers.load(data)
+        python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        for batch in (1, 3, 3, 3):
+            feed = {"x": rng.standard_normal((steps, batch, 10)).astype(np.float32)}
+            if states:
+                feed["h0"] = (0.5 * rng.standard_normal((2, batch, hidden))).astype(np.float32)
+                if kind == "LSTM":
+                    feed["c0"] = (0.5 * rng.standard_normal((2, batch, hidden))).astype(np.float32)
+            for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
+                assert_close(g, w, rtol=1e-4, atol=1e-5)
+                np.testing.assert_array_equal(g, p)
+        native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == () and kind in native
+
+
+def _bidirectional_quantized_model(rng, hidden=32, n_in=12, states=True):
+    """A bidirectional DynamicQuantizeLSTM as the text2tashkeel taggers write it (7-bit
+    weights, per-column W scales), its initial states inputs of the graph or absent."""
+    f, i8 = TensorProto.FLOAT, np.int8
+    consts = {
+        "w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(i8),
+        "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(i8),
+        "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
+        "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
+        "wz": np.zeros((2, 4 * hidden), i8),
+        "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32),
+        "rz": np.zeros(2, i8),
+    }
+    state_names = ["h0", "c0"] if states else ["", ""]
+    nodes = [
+        helper.make_node(
+            "DynamicQuantizeLSTM",
+            ["x", "w", "r", "bias", "", *state_names, "", "ws", "wz", "rs", "rz"],
+            ["y", "yh", "yc"],
+            domain="com.microsoft",
+            hidden_size=hidden,
+            direction="bidirectional",
+        ),
+    ]
+    inputs = [helper.make_tensor_value_info("x", f, ["T", "B", n_in])]
+    inputs += [helper.make_tensor_value_info(n, f, [2, "B", hidden]) for n in state_names if n]
+    graph = helper.make_graph(
+        nodes,
+        "bidirectional_quantized",
+        inputs,
+        [helper.make_tensor_value_info(n, f, None) for n in ("y", "yh", "yc")],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("states", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bidirectional_quantized_lstm_runs_natively(rng, monkeypatch, states, threads):
+    """Both directions' input products and time loops in one plan step (side by side at 2
+    threads): onnxruntime's bits at one thread, the Python plan's."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ort = oracle("onnxruntime")
+    data = _bidirectional_quantized_model(np.random.default_rng(8), states=states)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    with fastlayers.using_threads(threads):
+        ours = fastlayers.load(data)
+        python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+        for batch in (1, 2, 2, 2):
+            feed = {"x": rng.standard_normal((30, batch, 12)).astype(np.float32)}
+            if states:
+                feed.update({n: rng.standard_normal((2, batch, 32)).astype(np.float32) for n in ("h0", "c0")})
+            for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(g, p)
+        native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == () and "com.microsoft::DynamicQuantizeLSTM" in native

@@ -549,6 +549,9 @@ class CpuOps(ConvOps):
     def plan_sequence_loop(self, cell, x_bti, args, kw):
         return steps.sequence_loop(cell, x_bti, args, kw)
 
+    def plan_sequence_loops(self, x_bti, calls):
+        return recurrent.sequence_loops(x_bti, calls)
+
     def sequences_plan(self, x_bti, calls):
         run = recurrent.sequences_plan(x_bti, calls)
         return super().sequences_plan(x_bti, calls) if run is None else run

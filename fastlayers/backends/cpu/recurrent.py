@@ -588,6 +588,26 @@ def sequence_plan(cell, x_bti, args, kw):
     return _per_thread_count(bind)
 
 
+def sequence_loops(x_bti, calls):
+    """The loops of independent calls (the directions of a bidirectional layer; ``calls`` of
+    (cell, args, kw) as ``sequence_loop`` takes them) bound as ``sequences_plan`` binds them at
+    the thread count in force, for a native plan's steps: (each loop's ``rnn_loop`` arguments,
+    True) where they run at once, one thread each (``rnn_loops``), else (each call's
+    ``sequence_loop`` result, False), one after the other. None where a call does not bind."""
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
+        return None
+    threads = _core.get_num_threads()
+    batch, steps = x_bti.shape[:2]
+    if threads >= 2 and all(
+        _may_own_thread(batch, steps, _recurrent_floats(cell, args, kw)) for cell, args, kw in calls
+    ):
+        loops = [_LOOPS[cell](x_bti, *args, **kw, shares=(1, 1)) for cell, args, kw in calls]
+        if all(loop is not None and _own_thread(loop, len(calls), threads) for loop in loops):
+            return [loop.args for loop in loops], True
+    singles = [sequence_loop(cell, x_bti, args, kw) for cell, args, kw in calls]
+    return None if any(single is None for single in singles) else (singles, False)
+
+
 def sequence_loop(cell, x_bti, args, kw):
     """(``rnn_loop``'s arguments as a ``_LoopArgs``, serial) of the time loop ``cell`` over
     float inputs laid out as ``x_bti`` (B, T, I) with ``args`` (the weights, then the initial

@@ -876,8 +876,9 @@ class ReferenceOps:
         reference runs every model through its Python plan). Backends that return a plan
         also give ``plan_activation_code(name, rows)``, ``plan_conv2d(x_shape, w_hwio, b,
         strides, pads, dilation, groups, activation, alpha, residual)``, ``plan_dense(w_kn, b,
-        rows, activation, alpha)``, ``plan_elementwise(program, operands)`` and ``plan_sequence_loop(cell,
-        x_bti, args, kw)`` (``backends/cpu/steps.py``, ``programs.plan_step``)."""
+        rows, activation, alpha)``, ``plan_elementwise(program, operands)``, ``plan_sequence_loop(cell,
+        x_bti, args, kw)`` and ``plan_sequence_loops(x_bti, calls)`` (``backends/cpu/steps.py``,
+        ``programs.plan_step``, ``recurrent.sequence_loops``)."""
         return None
 
     def plan_threads(self) -> int | None:
