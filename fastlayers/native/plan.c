@@ -79,7 +79,10 @@ static void take_rows(void *ctx, int64_t begin, int64_t end) {
         int64_t o = q / a->count, i = q % a->count;
         int64_t j = a->idx32 ? ((const int32_t *)a->idx)[i] : ((const int64_t *)a->idx)[i];
         if (j < 0) j += a->n;
-        copy_run(a->dst + q * a->run, a->src + (o * a->n + j) * a->run, a->run);
+        char *dst = a->dst + q * a->run * a->elem;
+        const char *src = a->src + (o * a->n + j) * a->run * a->elem;
+        if (a->elem == 4) copy_run((float *)dst, (const float *)src, a->run);
+        else memcpy(dst, src, (size_t)(a->run * a->elem));
     }
 }
 
@@ -91,7 +94,8 @@ int fl_take_step(void *ctx) {
     }
     int64_t rows = a->outer * a->count;
     if (rows == 0 || a->run == 0) return 0;
-    fl_parallel(rows, a->run >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / a->run, take_rows, (void *)a);
+    int64_t floats = (a->run * a->elem + 3) / 4; /* a row's size in floats, for the grain */
+    fl_parallel(rows, floats >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / floats, take_rows, (void *)a);
     return 0;
 }
 
@@ -158,6 +162,10 @@ static void map_load_f(double *dst, const void *p, int type, int64_t stride, int
     case FL_MAP_F64: for (int64_t i = 0; i < n; i++) dst[i] = ((const double *)p)[i * stride]; break;
     case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = (double)((const int64_t *)p)[i * stride]; break;
     case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
+    case FL_MAP_I8: for (int64_t i = 0; i < n; i++) dst[i] = ((const int8_t *)p)[i * stride]; break;
+    case FL_MAP_U8: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride]; break;
+    case FL_MAP_I16: for (int64_t i = 0; i < n; i++) dst[i] = ((const int16_t *)p)[i * stride]; break;
+    case FL_MAP_U16: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint16_t *)p)[i * stride]; break;
     default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
     }
 }
@@ -167,6 +175,10 @@ static void map_load_i(int64_t *dst, const void *p, int type, int64_t stride, in
     switch (type) {
     case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = ((const int64_t *)p)[i * stride]; break;
     case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
+    case FL_MAP_I8: for (int64_t i = 0; i < n; i++) dst[i] = ((const int8_t *)p)[i * stride]; break;
+    case FL_MAP_U8: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride]; break;
+    case FL_MAP_I16: for (int64_t i = 0; i < n; i++) dst[i] = ((const int16_t *)p)[i * stride]; break;
+    case FL_MAP_U16: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint16_t *)p)[i * stride]; break;
     default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
     }
 }
@@ -217,6 +229,11 @@ static void map_run_f(const fl_map_args *a, const void *const *in, const int64_t
         case FL_MAP_MIN: r[i] = nan_min(u, v); break;
         case FL_MAP_MAX: r[i] = nan_max(u, v); break;
         case FL_MAP_CLIP: r[i] = nan_min(nan_max(u, v), x[2][i]); break;
+        case FL_MAP_SQRT: r[i] = sqrt(u); break;
+        case FL_MAP_NEG: r[i] = -u; break;
+        case FL_MAP_ABS: r[i] = fabs(u); break;
+        case FL_MAP_RECIPROCAL: r[i] = 1.0 / u; break;
+        case FL_MAP_DEQUANTIZE: r[i] = (u - x[2][i]) * v; break;
         default: r[i] = u; break; /* CAST */
         }
     }
@@ -241,13 +258,18 @@ static void map_run_i(const fl_map_args *a, const void *const *in, const int64_t
 }
 
 static size_t map_size(int type) {
-    return type == FL_MAP_F64 || type == FL_MAP_I64 ? 8 : type == FL_MAP_BOOL ? 1 : 4;
+    switch (type) {
+    case FL_MAP_F64: case FL_MAP_I64: return 8;
+    case FL_MAP_F32: case FL_MAP_I32: return 4;
+    case FL_MAP_I16: case FL_MAP_U16: return 2;
+    default: return 1;
+    }
 }
 
 int fl_map_step(void *ctx) {
     const fl_map_args *a = ctx;
     int integer = 1, last = a->naxes - 1;
-    for (int j = 0; j < a->n_in; j++) integer &= a->types[j] == FL_MAP_I64 || a->types[j] == FL_MAP_I32 || a->types[j] == FL_MAP_BOOL;
+    for (int j = 0; j < a->n_in; j++) integer &= a->types[j] != FL_MAP_F32 && a->types[j] != FL_MAP_F64;
     int64_t index[FL_GATHER_AXES] = {0}, inner = a->dims[last], outer = 1, inner_strides[3];
     for (int k = 0; k < last; k++) outer *= a->dims[k];
     for (int j = 0; j < a->n_in; j++) inner_strides[j] = a->strides[j][last];

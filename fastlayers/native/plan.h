@@ -40,7 +40,8 @@
  *   NULL.
  * layer_norm_step(a): rows.h's layer_norm over m rows of n floats.
  * take_step(a): dst[o, i, r] = src[o, j, r] with j = idx[i] (+ n where negative) for o < outer,
- *   i < count, r < run: a Gather on computed indices (int64, or int32 where `idx32`), an
+ *   i < count, r < run, values of `elem` bytes: a Gather on computed indices (int64, or int32
+ *   where `idx32`) of any table (float32, or the 8-bit values of a quantized embedding), an
  *   embedding lookup where outer is 1; FL_PLAN_BAD_INDEX, before anything is written, where an
  *   index lies outside [-n, n).
  * reduce_step(a): y[o, j] = op over i < r of x[o, i, j] for o < outer, j < inner: sums (SUM,
@@ -50,10 +51,12 @@
  *   operand j read at sum_k i_k strides[j][k] elements of its own type (stride 0 along an axis
  *   it broadcasts): comparisons EQ LT LE GT GE into bool; WHERE (x0 picks x1, else x2); CAST
  *   (x0 converted as numpy's astype: floats truncated toward zero into integers, nonzero into
- *   true); NOT AND OR XOR of truth values; ISNAN; float ADD SUB MUL DIV, MIN MAX (a NaN wins)
- *   and CLIP (MIN of the MAX with x1, with x2). The operands are read as int64 where all are
- *   integers or bools, else as double (exact for float32, int32 and bools), and each result
- *   is rounded once into out's type: float32 arithmetic gives numpy's bits.
+ *   true); NOT AND OR XOR of truth values; ISNAN; float ADD SUB MUL DIV, MIN MAX (a NaN wins),
+ *   CLIP (MIN of the MAX with x1, with x2), SQRT NEG ABS RECIPROCAL, and DEQUANTIZE ((x0 - x2)
+ *   x1: 8- or 16-bit values, their scale and zero point). The operands are read as int64
+ *   where all are integers or bools (the result types: float32, float64, int64, int32, bool),
+ *   else as double (exact for float32, int32 and smaller integers), and each result is
+ *   rounded once into out's type: float32 arithmetic gives numpy's bits.
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
  *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
  *   profile). */
@@ -68,11 +71,11 @@
 /* Status of a step that read an index outside its axis (take_step). */
 #define FL_PLAN_BAD_INDEX (-9)
 
-enum { FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL };
+enum { FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL, FL_MAP_I8, FL_MAP_U8, FL_MAP_I16, FL_MAP_U16 };
 enum {
     FL_MAP_EQ, FL_MAP_LT, FL_MAP_LE, FL_MAP_GT, FL_MAP_GE, FL_MAP_WHERE, FL_MAP_CAST, FL_MAP_NOT, FL_MAP_AND,
     FL_MAP_OR, FL_MAP_XOR, FL_MAP_ISNAN, FL_MAP_ADD, FL_MAP_SUB, FL_MAP_MUL, FL_MAP_DIV, FL_MAP_MIN, FL_MAP_MAX,
-    FL_MAP_CLIP
+    FL_MAP_CLIP, FL_MAP_SQRT, FL_MAP_NEG, FL_MAP_ABS, FL_MAP_RECIPROCAL, FL_MAP_DEQUANTIZE
 };
 
 enum { FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE };
@@ -203,11 +206,11 @@ typedef struct {
 } fl_layer_norm_args;
 
 typedef struct {
-    int64_t outer, n, count, run;
+    int64_t outer, n, count, run, elem;
     const void *idx;
     int idx32;
-    const float *src;
-    float *dst;
+    const char *src;
+    char *dst;
 } fl_take_args;
 
 typedef struct {

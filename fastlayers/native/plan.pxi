@@ -121,11 +121,11 @@ cdef extern from "plan.h" nogil:
     enum: FL_PLAN_BAD_INDEX
     enum: FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE
     ctypedef struct fl_take_args:
-        int64_t outer, n, count, run
+        int64_t outer, n, count, run, elem
         const void *idx
         int idx32
-        const float *src
-        float *dst
+        const char *src
+        char *dst
     ctypedef struct fl_reduce_args:
         int64_t outer, r, inner
         int op
@@ -133,10 +133,10 @@ cdef extern from "plan.h" nogil:
         float *y
     int fl_gather(void *a) noexcept nogil
     int fl_take_step(void *a) noexcept nogil
-    enum: FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL
+    enum: FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL, FL_MAP_I8, FL_MAP_U8, FL_MAP_I16, FL_MAP_U16
     enum: FL_MAP_EQ, FL_MAP_LT, FL_MAP_LE, FL_MAP_GT, FL_MAP_GE, FL_MAP_WHERE, FL_MAP_CAST, FL_MAP_NOT, FL_MAP_AND
     enum: FL_MAP_OR, FL_MAP_XOR, FL_MAP_ISNAN, FL_MAP_ADD, FL_MAP_SUB, FL_MAP_MUL, FL_MAP_DIV, FL_MAP_MIN, FL_MAP_MAX
-    enum: FL_MAP_CLIP
+    enum: FL_MAP_CLIP, FL_MAP_SQRT, FL_MAP_NEG, FL_MAP_ABS, FL_MAP_RECIPROCAL, FL_MAP_DEQUANTIZE
     ctypedef struct fl_map_args:
         int op, naxes, n_in, out_type
         int types[3]
@@ -193,14 +193,27 @@ MAP_OPS = {
     "min": (FL_MAP_MIN, 2),
     "max": (FL_MAP_MAX, 2),
     "clip": (FL_MAP_CLIP, 3),
+    "sqrt": (FL_MAP_SQRT, 1),
+    "neg": (FL_MAP_NEG, 1),
+    "abs": (FL_MAP_ABS, 1),
+    "reciprocal": (FL_MAP_RECIPROCAL, 1),
+    "dequantize": (FL_MAP_DEQUANTIZE, 3),
 }
-#: The element types a map step reads and writes (bool as one byte, 0 or 1).
+#: The element types a map step writes (bool as one byte, 0 or 1)...
 MAP_TYPES = {
     np.dtype(np.float32): FL_MAP_F32,
     np.dtype(np.float64): FL_MAP_F64,
     np.dtype(np.int64): FL_MAP_I64,
     np.dtype(np.int32): FL_MAP_I32,
     np.dtype(np.bool_): FL_MAP_BOOL,
+}
+#: ...and those it reads: also 8- and 16-bit integers (quantized values).
+MAP_READ_TYPES = {
+    **MAP_TYPES,
+    np.dtype(np.int8): FL_MAP_I8,
+    np.dtype(np.uint8): FL_MAP_U8,
+    np.dtype(np.int16): FL_MAP_I16,
+    np.dtype(np.uint16): FL_MAP_U16,
 }
 #: Reductions of a reduce step, by name.
 REDUCTIONS = {
@@ -394,10 +407,12 @@ cdef class NativePlan:
     def add_take(self, src, idx, dst, int64_t outer, int64_t n, int64_t run):
         """dst[o, i, r] = src[o, idx[i], r] (a negative index counted from the end) for ``src``
         (outer, n, run), ``idx`` int64 or int32 (count,) and ``dst`` (outer, count, run), each
-        C-contiguous (plan.h's take_step): a Gather on computed indices. A call whose indices
-        leave [-n, n) fails the step with ``BAD_INDEX`` before it writes anything."""
-        cdef float *sp = _view(src, "take source")
-        cdef float *dp = _view(dst, "take destination")
+        C-contiguous, ``src`` and ``dst`` of one type (plan.h's take_step): a Gather on computed
+        indices. A call whose indices leave [-n, n) fails the step with ``BAD_INDEX`` before it
+        writes anything."""
+        for arr, what in ((src, "source"), (dst, "destination")):
+            if not isinstance(arr, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(arr) or arr.dtype != src.dtype:
+                raise TypeError(f"native plan take: the {what} must be a C-contiguous array of the source's type")
         if not isinstance(idx, cnp.ndarray) or idx.dtype not in (np.int64, np.int32) \
                 or not cnp.PyArray_IS_C_CONTIGUOUS(idx):
             raise TypeError("native plan take: the indices must be a C-contiguous int64 or int32 array")
@@ -406,7 +421,8 @@ cdef class NativePlan:
             raise ValueError(f"native plan take: {src.size} source and {dst.size} destination values for "
                              f"{outer} x {n} x {run} read at {count} indices")
         cdef fl_take_args *a = <fl_take_args *>self._push(fl_take_step, sizeof(fl_take_args), (src, idx, dst))
-        a.outer, a.n, a.count, a.run, a.src, a.dst = outer, n, count, run, sp, dp
+        a.outer, a.n, a.count, a.run, a.elem = outer, n, count, run, src.dtype.itemsize
+        a.src, a.dst = <const char *>cnp.PyArray_DATA(src), <char *>cnp.PyArray_DATA(dst)
         a.idx, a.idx32 = <const void *>cnp.PyArray_DATA(idx), idx.dtype == np.int32
 
     def add_map(self, str op, out, operands, dims, strides):
@@ -422,10 +438,11 @@ cdef class NativePlan:
             raise ValueError(f"native plan map: {op} takes {n_in} operands over 1 to {FL_GATHER_AXES} axes, "
                              f"got {len(operands)} over {naxes}")
         arrays = [out, *operands]
-        for arr in arrays:
-            if not isinstance(arr, cnp.ndarray) or arr.dtype not in MAP_TYPES or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
-                raise TypeError("native plan map: operands and result must be C-contiguous float32, float64, int64, "
-                                "int32 or bool arrays")
+        for k, arr in enumerate(arrays):
+            if not isinstance(arr, cnp.ndarray) or arr.dtype not in (MAP_READ_TYPES if k else MAP_TYPES) \
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+                raise TypeError("native plan map: the result must be a C-contiguous float32, float64, int64, int32 "
+                                "or bool array, the operands those or 8- and 16-bit integers")
         cdef int64_t total = 1, top
         for k in range(naxes):
             if dims[k] < 1:
@@ -442,7 +459,7 @@ cdef class NativePlan:
         cdef fl_map_args *a = <fl_map_args *>self._push(fl_map_step, sizeof(fl_map_args), tuple(arrays))
         a.op, a.naxes, a.n_in, a.out_type, a.out = code, naxes, n_in, MAP_TYPES[out.dtype], cnp.PyArray_DATA(out)
         for j in range(n_in):
-            a.types[j] = MAP_TYPES[operands[j].dtype]
+            a.types[j] = MAP_READ_TYPES[operands[j].dtype]
             a.in_[j] = cnp.PyArray_DATA(operands[j])
             for k in range(naxes):
                 a.strides[j][k] = strides[j][k]

@@ -118,11 +118,30 @@ MAPS = {
     "Sub": "sub",
     "Mul": "mul",
     "Div": "div",
+    "Sqrt": "sqrt",
+    "Neg": "neg",
+    "Abs": "abs",
+    "Reciprocal": "reciprocal",
 }
 #: Operands of the map steps that do not take two.
-MAP_ARITY = {"where": 3, "clip": 3, "cast": 1, "not": 1, "isnan": 1}
+MAP_ARITY = {
+    "where": 3,
+    "clip": 3,
+    "dequantize": 3,
+    "cast": 1,
+    "not": 1,
+    "isnan": 1,
+    "sqrt": 1,
+    "neg": 1,
+    "abs": 1,
+    "reciprocal": 1,
+}
 #: The element types a map step reads and writes.
 MAP_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
+#: The types it reads besides: quantized values (``_dequantize``).
+QUANTIZED_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+#: Every type a plan step reads: a take step gathers any of them.
+MAP_READ_DTYPES = MAP_DTYPES | QUANTIZED_DTYPES
 #: Reductions with a native step (``_reduce``), by the step's name for them.
 REDUCTIONS = {
     "ReduceSum": "sum",
@@ -1030,19 +1049,19 @@ def _reduce(low, node, ins, traced_ins, traced_outs, attrs):
 
 def _take(low, node, ins, traced_ins, traced_outs, attrs):
     """Gather: on constant indices a data movement (``_movement``); on computed ones (an
-    embedding lookup of token ids) the take step, which reads the indices per call and checks
-    each against the axis (a call with one outside it is run by the Python plan, which raises
-    the node's error)."""
+    embedding lookup of token ids, a float or quantized table) the take step, which reads the
+    indices per call and checks each against the axis (a call with one outside it is run by
+    the Python plan, which raises the node's error)."""
     x, idx, t, out = ins[0], ins[1], traced_ins[0], traced_outs[0]
     if not isinstance(idx, _Value):
         return _movement(low, node, ins, traced_ins, traced_outs, attrs)
     if (
         idx.dtype not in (np.int64, np.int32)
         or not isinstance(t, np.ndarray)
-        or t.dtype != np.float32
+        or t.dtype not in MAP_READ_DTYPES
         or t.ndim == 0
         or not isinstance(out, np.ndarray)
-        or out.dtype != np.float32
+        or out.dtype != t.dtype
     ):
         raise NotLowered
     axis = attrs["_attrs"].get("axis", 0) % t.ndim
@@ -1050,7 +1069,7 @@ def _take(low, node, ins, traced_ins, traced_outs, attrs):
     if n == 0 or outer * idx.size * run != out.size:
         raise NotLowered
     src = low.use(low.c_order(x)) if isinstance(x, _Value) else np.ascontiguousarray(t).reshape(-1)
-    y = low.new(out.shape)
+    y = low.new(out.shape, out.dtype)
     low.use(idx)
 
     def bind(plan, arena):
@@ -1458,6 +1477,14 @@ def _activation(name, alpha_attr, default):
     return lower
 
 
+def _gelu(low, node, ins, traced_ins, traced_outs, attrs):
+    """Gelu: the activation kernel the Python plan calls (its tanh form where ``approximate``
+    is "tanh")."""
+    approximate = attrs["_attrs"].get("approximate", "none")
+    tanh = approximate in ("tanh", b"tanh")
+    return _activation("gelu_tanh" if tanh else "gelu", None, 0.0)(low, node, ins, traced_ins, traced_outs, attrs)
+
+
 def _row_activation(name):
     """Softmax / LogSoftmax over the last axis (opset >= 13) or over the axes from ``axis`` on
     (before 13): the row kernel over rows of that width, as ``CpuOps.softmax`` runs it."""
@@ -1636,7 +1663,7 @@ def _map_operands(op, node, ins, traced_ins, out, node_attrs):
         raise NotLowered
     kinds = {t.dtype.kind for t in traced}
     if (
-        (op in ("add", "sub", "mul", "div", "clip", "isnan") and not kinds <= {"f"})
+        (op in ("add", "sub", "mul", "div", "clip", "isnan", "sqrt", "neg", "abs", "reciprocal") and not kinds <= {"f"})
         or (op in ("and", "or", "xor", "not") and kinds != {"b"})
         or (op == "where" and traced[0].dtype != np.bool_)
         or (op == "clip" and any(isinstance(v, _Value) and v.dtype != out.dtype for v in ins))
@@ -1715,6 +1742,31 @@ def _program_by_maps(low, program, ins, traced_ins, out):
     if traced[-1].shape != out.shape:
         raise NotLowered
     return [values[-1]]
+
+
+def _dequantize(low, node, ins, traced_ins, traced_outs, attrs):
+    """DequantizeLinear of 8- or 16-bit values with one scale and zero point (per tensor) into
+    float32: the map step's (x - zero point) * scale, the difference exact and the product
+    rounded once, as the Python plan's float32 arithmetic gives it."""
+    x, t, out = ins[0], _arrays(traced_ins)[0], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    scale = _arrays(traced_ins)[1]
+    zero = _arrays(traced_ins)[2] if len(traced_ins) > 2 and traced_ins[2] is not None else np.zeros((), t.dtype)
+    if (
+        not isinstance(t, np.ndarray)
+        or t.dtype not in QUANTIZED_DTYPES
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+        or node_attrs.get("block_size", 0)
+        or any(isinstance(v, _Value) for v in ins[1:])
+        or np.size(scale) != 1
+        or np.size(zero) != 1
+        or np.asarray(scale).dtype != np.float32
+    ):
+        raise NotLowered
+    operands = [x, None, None]
+    traced = [t, np.asarray(scale, np.float32).reshape(()), np.asarray(zero).reshape(())]
+    return [_map_step(low, "dequantize", operands, traced, out)]
 
 
 def _cast(low, node, ins, traced_ins, traced_outs, attrs):
@@ -1823,6 +1875,8 @@ LOWERINGS = {
     "GRU": _recurrent("GRU"),
     "RNN": _recurrent("RNN"),
     **{name: _activation(*act) for name, act in ACTIVATIONS.items()},
+    "Gelu": _gelu,
+    "DequantizeLinear": _dequantize,
 }
 #: Operators whose lowering reads channels-last values as they are held; the others' plan
 #: values are given to them in C order (``_Lowering.c_order``).
@@ -1841,6 +1895,7 @@ ANY_LAYOUT = frozenset(
     }
     | set(ELEMENTWISE)
     | set(ACTIVATIONS)
+    | {"Gelu"}
     | MOVEMENTS
 )
 

@@ -713,3 +713,34 @@ def test_map_step_arguments_are_checked():
     with pytest.raises(ValueError, match="results"):
         plan.add_map("equal", out[:5], [a, a], [6], [[1], [1]])
     assert len(plan) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int64])
+def test_take_step_gathers_any_table(rng, dtype):
+    """A quantized embedding's 8-bit rows (and 8-byte values) gathered as they are."""
+    src = rng.integers(-100, 100, (2, 9, 5)).astype(dtype)
+    plan = _core.NativePlan(1024)
+    idx_view = plan.arena[: 8 * 11].view(np.int64)
+    dst = np.empty(2 * 11 * 5, dtype)
+    plan.add_take(src.reshape(-1), idx_view, dst, 2, 9, 5)
+    idx = rng.integers(-9, 9, 11)
+    plan.run([idx], [idx_view], [])
+    np.testing.assert_array_equal(dst.reshape(2, 11, 5), np.take(src, idx, axis=1))
+    with pytest.raises(TypeError, match="source's type"):
+        plan.add_take(src.reshape(-1), idx_view, dst.astype(np.float32), 2, 9, 5)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.uint16])
+def test_map_step_dequantizes_and_runs_unary_functions_as_numpy(rng, dtype):
+    """(x - zero point) * scale of 8- and 16-bit values, bit for bit numpy's float32; sqrt, neg,
+    abs and reciprocal of floats (double, rounded once: numpy's float32 bits)."""
+    info = np.iinfo(dtype)
+    q = rng.integers(info.min, info.max, (3, 40), endpoint=True).astype(dtype)
+    scale, zero = np.float32(0.0173), np.array(info.min // 2 + 7, dtype)
+    want = (q.astype(np.float32) - zero.astype(np.float32)) * scale
+    np.testing.assert_array_equal(_map_step("dequantize", [q, scale, zero], np.float32, q.shape), want)
+    x = (10 * rng.standard_normal((5, 33))).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    with np.errstate(all="ignore"):
+        for op, fn in (("sqrt", np.sqrt), ("neg", np.negative), ("abs", np.abs), ("reciprocal", np.reciprocal)):
+            np.testing.assert_array_equal(_map_step(op, [x], np.float32, x.shape), fn(x))

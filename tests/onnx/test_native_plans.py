@@ -1227,3 +1227,53 @@ def test_a_bidirectional_quantized_lstm_runs_natively(rng, monkeypatch, states, 
                 np.testing.assert_array_equal(g, p)
         native, fallbacks, _ = _serving(ours, feed).summary
     assert fallbacks == () and "com.microsoft::DynamicQuantizeLSTM" in native
+
+
+def _quantized_embedding_model(rng):
+    """text2tashkeel's front as its int8 files write it (a uint8 embedding table looked up by
+    token ids, then DequantizeLinear), a Gelu of both forms, and a row's norm through Sqrt and
+    Reciprocal of one value each."""
+    consts = {
+        "table": rng.integers(0, 256, (40, 16)).astype(np.uint8),
+        "scale": np.array(0.021, np.float32),
+        "zero": np.array(131, np.uint8),
+        "axes": np.array([1, 2], np.int64),
+    }
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["q"], axis=0),  # (1, 20, 16) uint8
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["e"]),
+        helper.make_node("Gelu", ["e"], ["g"]),
+        helper.make_node("Gelu", ["e"], ["gt"], approximate="tanh"),
+        helper.make_node("Mul", ["g", "gt"], ["m"]),
+        helper.make_node("ReduceSumSquare", ["m", "axes"], ["ss"], keepdims=1),  # (1, 1, 1)
+        helper.make_node("Sqrt", ["ss"], ["norm"]),
+        helper.make_node("Reciprocal", ["norm"], ["inv"]),
+        helper.make_node("Mul", ["m", "inv"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "quantized_embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9).SerializeToString()
+
+
+def test_a_quantized_embedding_and_gelus_run_natively(rng, monkeypatch):
+    """A Gather of uint8 rows, DequantizeLinear (the Python plan's float32 bits), Gelu in both
+    forms (the activation kernel), Sqrt and Reciprocal of one value: every node native."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _quantized_embedding_model(np.random.default_rng(12))
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        feed = {"ids": rng.integers(-40, 40, (1, 20)).astype(np.int64)}
+        (got,), (want,), (plain,) = ours.run(None, feed), session.run(None, feed), python.run(None, feed)
+        assert_close(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got, plain)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == ()
+    assert {"Gather", "DequantizeLinear", "Gelu", "Sqrt", "Reciprocal"} <= set(native)
