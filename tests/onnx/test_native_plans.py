@@ -352,6 +352,21 @@ def test_the_cost_model():
     assert lowering.pays(native=2, fallbacks=0, moved=int(lowering.COPY_BYTES_PER_US * lowering.PLAN_US), results=big)
 
 
+def _qlstm_constants(rng, n_dir, n_in, hidden):
+    """A DynamicQuantizeLSTM's W, R (7-bit: products onnxruntime sums exactly too), B, the
+    per-column W scales, R's scale and zero points, for ``n_dir`` directions."""
+    i8 = np.int8
+    return {
+        "w": rng.integers(-64, 64, (n_dir, n_in, 4 * hidden)).astype(i8),
+        "r": rng.integers(-64, 64, (n_dir, hidden, 4 * hidden)).astype(i8),
+        "bias": rng.standard_normal((n_dir, 8 * hidden)).astype(np.float32),
+        "ws": rng.uniform(0.01, 0.03, (n_dir, 4 * hidden)).astype(np.float32),
+        "wz": np.zeros((n_dir, 4 * hidden), i8),
+        "rs": rng.uniform(0.01, 0.03, n_dir).astype(np.float32),
+        "rz": np.zeros(n_dir, i8),
+    }
+
+
 def _quantized_model(rng, hidden=24, n_in=16):
     """A streaming int8 step as open-voicefilter-lite's mask model writes it: a
     DynamicQuantizeMatMul, Relu, a forward DynamicQuantizeLSTM on carried states (7-bit
@@ -364,13 +379,7 @@ def _quantized_model(rng, hidden=24, n_in=16):
         "bz": np.zeros(n_in, i8),
         "gamma": rng.uniform(0.5, 1.5, hidden).astype(np.float32),
         "beta": rng.standard_normal(hidden).astype(np.float32),
-        "w": rng.integers(-64, 64, (1, n_in, 4 * hidden)).astype(i8),
-        "r": rng.integers(-64, 64, (1, hidden, 4 * hidden)).astype(i8),
-        "bias": rng.standard_normal((1, 8 * hidden)).astype(np.float32),
-        "ws": rng.uniform(0.01, 0.03, (1, 4 * hidden)).astype(np.float32),
-        "wz": np.zeros((1, 4 * hidden), i8),
-        "rs": rng.uniform(0.01, 0.03, 1).astype(np.float32),
-        "rz": np.zeros(1, i8),
+        **_qlstm_constants(rng, 1, n_in, hidden),
     }
     nodes = [
         helper.make_node("DynamicQuantizeMatMul", ["x", "b", "bs", "bz"], ["m"], domain="com.microsoft"),
@@ -901,6 +910,13 @@ def test_fused_attention_runs_natively(rng, monkeypatch, k_transposed, float_mas
     assert "FusedAttention" in plan.summary[0]
 
 
+def _engines(data, ort):
+    """The model ``data`` loaded with native plans and without, and onnxruntime's session."""
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    return ours, python, ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+
+
 def _pooling_head_model(rng):
     """An embedding lookup of token ids (a Gather on computed indices), a mask-weighted mean
     over the tokens (a row broadcast against its row, ReduceSum over a middle axis), the
@@ -955,9 +971,7 @@ def test_lookups_reductions_and_broadcasts_run_natively(rng, monkeypatch):
     ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
     data = _pooling_head_model(np.random.default_rng(11))
-    ours = fastlayers.load(data)
-    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours, python, session = _engines(data, ort)
     for _ in range(3):
         feed = {
             "ids": rng.integers(-50, 50, (2, 9)).astype(np.int64),
@@ -1035,9 +1049,7 @@ def test_comparisons_where_casts_and_clips_run_natively(rng, monkeypatch):
     ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
     data = _mask_arithmetic_model()
-    ours = fastlayers.load(data)
-    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours, python, session = _engines(data, ort)
     for _ in range(3):
         x = rng.standard_normal((2, 20)).astype(np.float32)
         x[0, 3] = np.nan
@@ -1170,16 +1182,8 @@ def test_bidirectional_recurrent_layers_run_natively(rng, monkeypatch, kind, sta
 def _bidirectional_quantized_model(rng, hidden=32, n_in=12, states=True):
     """A bidirectional DynamicQuantizeLSTM as the text2tashkeel taggers write it (7-bit
     weights, per-column W scales), its initial states inputs of the graph or absent."""
-    f, i8 = TensorProto.FLOAT, np.int8
-    consts = {
-        "w": rng.integers(-64, 64, (2, n_in, 4 * hidden)).astype(i8),
-        "r": rng.integers(-64, 64, (2, hidden, 4 * hidden)).astype(i8),
-        "bias": rng.standard_normal((2, 8 * hidden)).astype(np.float32),
-        "ws": rng.uniform(0.01, 0.03, (2, 4 * hidden)).astype(np.float32),
-        "wz": np.zeros((2, 4 * hidden), i8),
-        "rs": rng.uniform(0.01, 0.03, 2).astype(np.float32),
-        "rz": np.zeros(2, i8),
-    }
+    f = TensorProto.FLOAT
+    consts = _qlstm_constants(rng, 2, n_in, hidden)
     state_names = ["h0", "c0"] if states else ["", ""]
     nodes = [
         helper.make_node(
@@ -1266,9 +1270,7 @@ def test_a_quantized_embedding_and_gelus_run_natively(rng, monkeypatch):
     ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
     data = _quantized_embedding_model(np.random.default_rng(12))
-    ours = fastlayers.load(data)
-    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours, python, session = _engines(data, ort)
     for _ in range(3):
         feed = {"ids": rng.integers(-40, 40, (1, 20)).astype(np.int64)}
         (got,), (want,), (plain,) = ours.run(None, feed), session.run(None, feed), python.run(None, feed)
