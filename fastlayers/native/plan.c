@@ -155,18 +155,22 @@ int fl_reduce_step(void *ctx) {
 /* Values of a map step's innermost run converted at once (each operand's block, the results). */
 #define FL_MAP_BLOCK 256
 
+/* The cases of a load's switch for the integer and bool types: dst[i] = p[i stride]. */
+#define MAP_LOAD_INTEGERS(dst, p, stride, n)                                                            \
+    case FL_MAP_I32: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const int32_t *)(p))[i * (stride)]; break; \
+    case FL_MAP_I8: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const int8_t *)(p))[i * (stride)]; break;   \
+    case FL_MAP_U8: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const uint8_t *)(p))[i * (stride)]; break;  \
+    case FL_MAP_I16: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const int16_t *)(p))[i * (stride)]; break; \
+    case FL_MAP_U16: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const uint16_t *)(p))[i * (stride)]; break; \
+    default: for (int64_t i = 0; i < (n); i++) (dst)[i] = ((const uint8_t *)(p))[i * (stride)] != 0; break;
+
 /* p[0, n) of operand type `type`, `stride` elements apart, as doubles. */
 static void map_load_f(double *dst, const void *p, int type, int64_t stride, int64_t n) {
     switch (type) {
     case FL_MAP_F32: for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[i * stride]; break;
     case FL_MAP_F64: for (int64_t i = 0; i < n; i++) dst[i] = ((const double *)p)[i * stride]; break;
     case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = (double)((const int64_t *)p)[i * stride]; break;
-    case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
-    case FL_MAP_I8: for (int64_t i = 0; i < n; i++) dst[i] = ((const int8_t *)p)[i * stride]; break;
-    case FL_MAP_U8: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride]; break;
-    case FL_MAP_I16: for (int64_t i = 0; i < n; i++) dst[i] = ((const int16_t *)p)[i * stride]; break;
-    case FL_MAP_U16: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint16_t *)p)[i * stride]; break;
-    default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
+    MAP_LOAD_INTEGERS(dst, p, stride, n)
     }
 }
 
@@ -174,12 +178,7 @@ static void map_load_f(double *dst, const void *p, int type, int64_t stride, int
 static void map_load_i(int64_t *dst, const void *p, int type, int64_t stride, int64_t n) {
     switch (type) {
     case FL_MAP_I64: for (int64_t i = 0; i < n; i++) dst[i] = ((const int64_t *)p)[i * stride]; break;
-    case FL_MAP_I32: for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)p)[i * stride]; break;
-    case FL_MAP_I8: for (int64_t i = 0; i < n; i++) dst[i] = ((const int8_t *)p)[i * stride]; break;
-    case FL_MAP_U8: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride]; break;
-    case FL_MAP_I16: for (int64_t i = 0; i < n; i++) dst[i] = ((const int16_t *)p)[i * stride]; break;
-    case FL_MAP_U16: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint16_t *)p)[i * stride]; break;
-    default: for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)p)[i * stride] != 0; break;
+    MAP_LOAD_INTEGERS(dst, p, stride, n)
     }
 }
 

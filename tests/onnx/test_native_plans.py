@@ -1279,3 +1279,41 @@ def test_a_quantized_embedding_and_gelus_run_natively(rng, monkeypatch):
     native, fallbacks, _ = _serving(ours, feed).summary
     assert fallbacks == ()
     assert {"Gather", "DequantizeLinear", "Gelu", "Sqrt", "Reciprocal"} <= set(native)
+
+
+def test_the_new_steps_keep_memory_flat(rng, monkeypatch):
+    """Plans of map, take, reduce and bidirectional int8 steps allocate nothing per call but
+    their outputs: Python's heap flat over hundreds of calls, from the calling thread and from
+    new threads."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    models = [
+        (
+            _mask_arithmetic_model(),
+            lambda: {
+                "x": rng.standard_normal((2, 20)).astype(np.float32),
+                "m": rng.integers(0, 3, (2, 20)).astype(np.int64),
+            },
+        ),
+        (
+            _quantized_embedding_model(np.random.default_rng(12)),
+            lambda: {"ids": rng.integers(-40, 40, (1, 20)).astype(np.int64)},
+        ),
+        (
+            _bidirectional_quantized_model(np.random.default_rng(8), states=False),
+            lambda: {"x": rng.standard_normal((30, 2, 12)).astype(np.float32)},
+        ),
+    ]
+    loaded = [(fastlayers.load(data), feed()) for data, feed in models]
+    for model, feed in loaded:
+        for _ in range(20):
+            model.run(None, feed)
+        assert _serving(model, feed) is not None
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(200):
+        for model, feed in loaded:
+            model.run(None, feed)
+    in_threads(lambda i: [model.run(None, feed) for model, feed in loaded], 20)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 << 10
