@@ -127,7 +127,6 @@ MAPS = {
 MAP_ARITY = {
     "where": 3,
     "clip": 3,
-    "dequantize": 3,
     "cast": 1,
     "not": 1,
     "isnan": 1,

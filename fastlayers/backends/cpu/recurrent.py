@@ -495,6 +495,13 @@ def _own_thread(loop, n_calls, threads):
     )
 
 
+def _at_once(loops, threads):
+    """Whether independent ``loops`` (bound one thread each) run at once under ``threads``
+    threads, rather than one after the other with their units split: the one rule of
+    ``sequences_plan`` and ``sequence_loops``."""
+    return threads >= 2 and all(_own_thread(loop, len(loops), threads) for loop in loops)
+
+
 def _may_own_thread(batch, steps, weight_floats):
     """Whether a loop of ``weight_floats`` recurrent weights over ``batch`` x ``steps`` may run
     on a thread of its own at some thread count: enough work, and recurrent weights that stay
@@ -602,7 +609,7 @@ def sequence_loops(x_bti, calls):
         _may_own_thread(batch, steps, _recurrent_floats(cell, args, kw)) for cell, args, kw in calls
     ):
         loops = [_LOOPS[cell](x_bti, *args, **kw, shares=(1, 1)) for cell, args, kw in calls]
-        if all(loop is not None and _own_thread(loop, len(calls), threads) for loop in loops):
+        if all(loop is not None for loop in loops) and _at_once(loops, threads):
             return [loop.args for loop in loops], True
     singles = [sequence_loop(cell, x_bti, args, kw) for cell, args, kw in calls]
     return None if any(single is None for single in singles) else (singles, False)
@@ -657,7 +664,7 @@ def sequences_plan(x_bti, calls):
         return [single(x, st) for single, st in zip(singles, per_call)]
 
     def bind(threads):
-        return at_once if threads >= 2 and all(_own_thread(loop, len(calls), threads) for loop in loops) else one_by_one
+        return at_once if _at_once(loops, threads) else one_by_one
 
     run = _per_thread_count(bind)
     return lambda x, states=None: run(x, states or [None] * len(calls))
