@@ -153,16 +153,20 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
      * sums and bits as the product shared alone and the gates on this thread) */
     int64_t units = (hidden + QLSTM_SHARE_UNITS - 1) / QLSTM_SHARE_UNITS;
     int64_t grain = FL_MAX(1, QLSTM_MIN_SHARE_MACS / (batch * QLSTM_SHARE_UNITS * g));
-    int shared = !amx && hidden % FL_QPANEL == 0 && batch * hidden >= QLSTM_SHARED_GATES_MIN &&
-                 fl_parallel_chunks(units, grain) > 1;
+    int fused = !amx && hidden % FL_QPANEL == 0, spread = fl_parallel_chunks(units, grain) > 1;
+    int shared = fused && spread && batch * hidden >= QLSTM_SHARED_GATES_MIN;
+    /* nothing to share (one thread, or inside another run's task): the same shares one after
+     * another, each share's gates while its sums are still in L1 */
+    int serial = fused && !spread;
     for (int64_t s = 0; s < steps; ++s) {
         int64_t t = reverse ? steps - 1 - s : s;
         float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za, bytes);
         const float *xp = x_proj + t * batch * g;
-        if (shared) {
+        if (shared || serial) {
             qlstm_step_ctx x = {&prepared, batch, hidden, r_packed, acc, xp, r_scale, bias, peep,
                                 h_scale, clip, input_forget, h, c};
-            fl_parallel(units, grain, qlstm_step_task, &x);
+            if (shared) fl_parallel(units, grain, qlstm_step_task, &x);
+            else qlstm_step_task(&x, 0, units);
         } else {
             static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
             FL_FN(qgemm_run)(&prepared, batch, g, hidden, r_packed, &sums, acc, g);
