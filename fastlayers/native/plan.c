@@ -23,19 +23,23 @@ static inline void copy_run(float *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = src[i];
 }
 
+/* The source offset of index i of axis k of a gather: its table's, or its even spacing's. */
+#define GATHER_AT(map, first, step, i) ((map) ? (map)[i] : (first) + (i) * (step))
+
 /* dst[i..] over axes k.. of a gather, the source offset of the axes before k being `base`
  * (< 0: a padded position, every value `fill`). */
 static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst) {
     const int64_t *map = a->maps[k];
-    int64_t n = a->dims[k], stride = a->dst_strides[k];
+    int64_t n = a->dims[k], stride = a->dst_strides[k], first = a->firsts[k], step = a->steps[k];
     if (k == a->naxes - 2 && a->inner_run && base >= 0) { /* rows of one run each, inline */
-        int64_t run = a->dims[k + 1], first = a->maps[k + 1][0];
+        int64_t run = a->dims[k + 1], start = GATHER_AT(a->maps[k + 1], a->firsts[k + 1], 0, 0);
         for (int64_t i = 0; i < n; i++) {
             float *row = dst + i * stride;
-            if (map[i] < 0)
+            int64_t at = GATHER_AT(map, first, step, i);
+            if (at < 0)
                 for (int64_t j = 0; j < run; j++) row[j] = a->fill;
             else
-                copy_run(row, a->src + base + map[i] + first, run);
+                copy_run(row, a->src + base + at + start, run);
         }
         return;
     }
@@ -43,13 +47,19 @@ static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst
         if (base < 0) {
             for (int64_t i = 0; i < n; i++) dst[i * stride] = a->fill;
         } else if (a->inner_run) {
-            memcpy(dst, a->src + base + map[0], (size_t)n * sizeof(float));
+            memcpy(dst, a->src + base + GATHER_AT(map, first, step, 0), (size_t)n * sizeof(float));
         } else {
-            for (int64_t i = 0; i < n; i++) dst[i * stride] = map[i] < 0 ? a->fill : a->src[base + map[i]];
+            for (int64_t i = 0; i < n; i++) {
+                int64_t at = GATHER_AT(map, first, step, i);
+                dst[i * stride] = at < 0 ? a->fill : a->src[base + at];
+            }
         }
         return;
     }
-    for (int64_t i = 0; i < n; i++) gather_axes(a, k + 1, base < 0 || map[i] < 0 ? -1 : base + map[i], dst + i * stride);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = GATHER_AT(map, first, step, i);
+        gather_axes(a, k + 1, base < 0 || at < 0 ? -1 : base + at, dst + i * stride);
+    }
 }
 
 /* The gather of rows [begin, end) of axis 0. */
@@ -57,7 +67,8 @@ static void gather_rows(void *ctx, int64_t begin, int64_t end) {
     const fl_gather_args *a = ctx;
     fl_gather_args part = *a;
     part.dims[0] = end - begin;
-    part.maps[0] = a->maps[0] + begin;
+    if (a->maps[0]) part.maps[0] = a->maps[0] + begin;
+    else part.firsts[0] = a->firsts[0] + begin * a->steps[0];
     gather_axes(&part, 0, 0, a->dst + begin * a->dst_strides[0]);
 }
 
@@ -310,6 +321,7 @@ int fl_conv2d_step(void *ctx) {
         int st = fl_conv3x3_winograd(a->tile, a->n, a->h, a->w, a->c, a->x, a->pt, a->pl, a->ho, a->wo, a->cout, a->pu,
                                      a->bias, a->code, a->alpha, a->y);
         if (st != 1) return st; /* 1: a non-finite value, the exact sums below */
+        if (!a->pw) return FL_PLAN_NOT_FINITE;
     }
     return fl_conv2d(a->n, a->h, a->w, a->c, a->x, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl, a->ho,
                      a->wo, a->groups, a->cout, a->pw, a->bias, a->code, a->alpha, a->res, a->res_code, a->res_alpha,

@@ -6,15 +6,18 @@
  * gather(a): dst[sum_k i_k dst_strides[k]] = src[sum_k maps[k][i_k]] for every index (i_0, ..,
  *   i_{naxes-1}) < dims, or `fill` where some maps[k][i_k] < 0 (a padded position): every
  *   data-movement operator (Slice, Transpose, Pad, Concat, Gather on constant indices,
- *   Expand, Tile) as per-axis tables of source offsets (floats); inner_run: maps[naxes-1][i]
- *   = maps[naxes-1][0] + i >= 0 and dst_strides[naxes-1] = 1, copied as one run per row;
- *   the pool's threads take chunks of axis 0 where the gather is large.
+ *   Expand, Tile) as per-axis tables of source offsets (floats); where maps[k] is NULL the
+ *   axis is evenly spaced, maps[k][i] = firsts[k] + i steps[k] >= 0 (no table held: a long
+ *   run of whole rows); inner_run: the last axis' offsets are its first + i and
+ *   dst_strides[naxes-1] = 1, copied as one run per row; the pool's threads take chunks of
+ *   axis 0 where the gather is large.
  * transpose_step(a): layout.h's transpose on the bound arguments: dst[b dst_batch + c dst_row + r] =
  *   src[b src_batch + r src_row + c] (a gather whose source and destination are strided
  *   blocks, one's rows the other's columns: a layout move, in cache tiles and threaded).
  * conv2d_step(a): conv.h's conv2d on the bound arguments (res: the residual, NULL for none);
  *   where `tile` is 2 or 4, conv3x3_winograd on `pu` first, the direct conv2d where it finds
- *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py); where `nchw_in`, x is
+ *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py), or FL_PLAN_NOT_FINITE
+ *   where pw is NULL (no packed weights held for that rare case); where `nchw_in`, x is
  *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in.
  * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
  * conv_transpose_step(a): conv.h's conv_transpose2d on the bound arguments (x (N, H, W, C_in),
@@ -70,6 +73,9 @@
 
 /* Status of a step that read an index outside its axis (take_step). */
 #define FL_PLAN_BAD_INDEX (-9)
+/* Status of a Winograd step that met a non-finite value without the direct sums' weights
+ * (conv2d_step): the call is the Python plan's. */
+#define FL_PLAN_NOT_FINITE (-10)
 
 enum { FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL, FL_MAP_I8, FL_MAP_U8, FL_MAP_I16, FL_MAP_U16 };
 enum {
@@ -92,6 +98,7 @@ typedef struct {
     int64_t dims[FL_GATHER_AXES];
     int64_t dst_strides[FL_GATHER_AXES];
     const int64_t *maps[FL_GATHER_AXES];
+    int64_t firsts[FL_GATHER_AXES], steps[FL_GATHER_AXES];
     const float *src;
     float *dst;
     float fill;

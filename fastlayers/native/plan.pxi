@@ -16,6 +16,8 @@ cdef extern from "plan.h" nogil:
         int64_t dims[FL_GATHER_AXES]
         int64_t dst_strides[FL_GATHER_AXES]
         const int64_t *maps[FL_GATHER_AXES]
+        int64_t firsts[FL_GATHER_AXES]
+        int64_t steps[FL_GATHER_AXES]
         const float *src
         float *dst
         float fill
@@ -119,6 +121,7 @@ cdef extern from "plan.h" nogil:
         const float *x
         float *y
     enum: FL_PLAN_BAD_INDEX
+    enum: FL_PLAN_NOT_FINITE
     enum: FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE
     ctypedef struct fl_take_args:
         int64_t outer, n, count, run, elem
@@ -172,6 +175,12 @@ GATHER_AXES = FL_GATHER_AXES
 PYTHON_STEP_FAILED = -3
 #: Status of a take step that read an index outside its axis (nothing written).
 BAD_INDEX = FL_PLAN_BAD_INDEX
+#: Status of a Winograd convolution step that met a non-finite value and holds no weights for
+#: the direct sums (nothing else written that the call keeps: the Python plan takes it).
+NOT_FINITE = FL_PLAN_NOT_FINITE
+#: Entries of a gather map from which an evenly spaced one is held as its first entry and
+#: spacing rather than as a table.
+GATHER_TABLE_MAX = 16
 #: Operations of a map step, by name: the number of operands each takes.
 MAP_OPS = {
     "equal": (FL_MAP_EQ, 2),
@@ -294,6 +303,17 @@ cdef inline float *_view(object a, str what) except NULL:
     return <float *>cnp.PyArray_DATA(a)
 
 
+def _even_spacing(table):
+    """(first, step) where the int64 ``table`` of gather offsets is first + i step, each >= 0;
+    else None."""
+    first, step = int(table[0]), int(table[1]) - int(table[0])
+    if first < 0 or first + (table.shape[0] - 1) * step < 0:
+        return None
+    if not np.array_equal(table, first + step * np.arange(table.shape[0], dtype=np.int64)):
+        return None
+    return first, step
+
+
 cdef void _point(tuple move, uintptr_t base):
     """Rewrite the context words ``move`` (addresses, offsets) to point ``offsets`` bytes
     into the memory at ``base``."""
@@ -395,14 +415,21 @@ cdef class NativePlan:
             top_dst += (d - 1) * dst_strides[k]
         if top_src >= src.size or top_dst >= dst.size:
             raise ValueError("native plan gather: offsets past the end of the source or destination")
-        cdef fl_gather_args *a = <fl_gather_args *>self._push(fl_gather, sizeof(fl_gather_args), (src, dst, tables))
-        a.naxes, a.src, a.dst, a.fill = naxes, sp, dp, fill
+        last = tables[naxes - 1]
+        inner_run = dims[naxes - 1] > 0 and dst_strides[naxes - 1] == 1 and last[0] >= 0 and bool(
+            np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
+        # evenly spaced maps of non-negative offsets as (first, step): long runs hold no table
+        spacing = [_even_spacing(t) if t.shape[0] > GATHER_TABLE_MAX else None for t in tables]
+        held = [t for t, e in zip(tables, spacing) if e is None]
+        cdef fl_gather_args *a = <fl_gather_args *>self._push(fl_gather, sizeof(fl_gather_args), (src, dst, held))
+        a.naxes, a.src, a.dst, a.fill, a.inner_run = naxes, sp, dp, fill, inner_run
         for k in range(naxes):
             a.dims[k], a.dst_strides[k] = dims[k], dst_strides[k]
-            a.maps[k] = <const int64_t *>cnp.PyArray_DATA(tables[k])
-        last = tables[naxes - 1]
-        a.inner_run = dims[naxes - 1] > 0 and dst_strides[naxes - 1] == 1 and last[0] >= 0 and bool(
-            np.array_equal(last, np.arange(last[0], last[0] + dims[naxes - 1])))
+            if spacing[k] is None:
+                a.maps[k], a.firsts[k], a.steps[k] = <const int64_t *>cnp.PyArray_DATA(tables[k]), 0, 0
+            else:
+                a.maps[k] = NULL
+                a.firsts[k], a.steps[k] = spacing[k]
 
     def add_take(self, src, idx, dst, int64_t outer, int64_t n, int64_t run):
         """dst[o, i, r] = src[o, idx[i], r] (a negative index counted from the end) for ``src``
@@ -503,12 +530,12 @@ cdef class NativePlan:
         float32 (views of the arena), weights packed by ``conv_pack``, as ``conv2d``; ``res``
         (N, Ho, Wo, C_out) added with its code ``res_code`` in the epilogue where given. With
         ``tile`` 2 or 4 (3x3 windows, stride 1, one group, no residual), Winograd on ``pu``
-        (``winograd_pack``'s output of that tile) first, the direct sums where it meets a
-        non-finite value. With ``nchw_in`` (one group, no residual), x is NCHW planes (N, C, H,
+        (``winograd_pack``'s output of that tile) first, the direct sums on ``pw`` where it
+        meets a non-finite value, or with ``pw`` None the step fails with ``NOT_FINITE``. With ``nchw_in`` (one group, no residual), x is NCHW planes (N, C, H,
         W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
-        cdef float *wp = _view(pw, "conv2d weights")
+        cdef float *wp = NULL if pw is None and tile else _view(pw, "conv2d weights (needed but with a Winograd tile)")
         cdef float *bp = NULL if bias is None else _view(bias, "conv2d bias")
         cdef float *rp = NULL if res is None else _view(res, "conv2d residual")
         cdef float *up = NULL if pu is None else _view(pu, "conv2d winograd weights")
@@ -520,7 +547,7 @@ cdef class NativePlan:
         if nchw_in:
             if groups != 1 or res is not None or tile or pw.shape != (kh, kw, c, cout):
                 raise ValueError("native plan conv2d: NCHW input with one group and HWIO weights only")
-        elif pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
+        elif pw is not None and pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
             raise ValueError("native plan conv2d: packed weights too small")
         if bias is not None and bias.size != cout:
             raise ValueError(f"native plan conv2d: bias of {bias.size} for {cout} channels")

@@ -89,6 +89,8 @@ PLAN_US = 15.0
 #: Most values of an elementwise result for which a constant operand it broadcasts (other
 #: than one value) is broadcast to the result's shape at the build, as the plan's own copy.
 BROADCAST_CONSTANT_MAX = 1 << 18
+#: Positions of a movement's table checked at a time against its per-axis factors (``_factored``).
+FACTOR_BLOCK = 1 << 16
 #: Operators that keep their input's memory as it is, in C order (aliases in a plan).
 ALIASES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
 #: Reductions whose result over one value is that value: over axes of length 1, aliases.
@@ -346,17 +348,21 @@ def _alias(low, node, ins, traced_ins, traced_outs, attrs):
 
 def _factored(table: np.ndarray):
     """Per-axis tables of source offsets whose sums give ``table`` (-1: filled), or None (a few
-    arrays of the table's size at a time: tables can be large)."""
+    arrays of a block's size at a time: tables can be large)."""
     if table.ndim > 8 or table.ndim == 0:
         return None
-    if table.min() < -1:  # any negative offset is a filled position
+    lowest = int(table.min())
+    if lowest < -1:  # any negative offset is a filled position
         table = np.maximum(table, -1)
-    filled = table < 0
-    if filled.all():
-        return None
-    found = np.where(filled, np.iinfo(table.dtype).max, table) if filled.any() else table
-    p = np.unravel_index(int(np.argmin(found)), table.shape)
-    del found, filled
+    if lowest < 0:
+        filled = table < 0
+        if filled.all():
+            return None
+        found = np.where(filled, np.iinfo(table.dtype).max, table)
+        p = np.unravel_index(int(np.argmin(found)), table.shape)
+        del found, filled
+    else:
+        p = np.unravel_index(int(np.argmin(table)), table.shape)
     base = int(table[p])
     maps = []
     for a in range(table.ndim):
@@ -365,16 +371,27 @@ def _factored(table: np.ndarray):
         line = table[tuple(index)].astype(np.int64)
         m = np.where(line < 0, -1, line - (0 if a == 0 else base))
         maps.append(m)
-    total = np.zeros(table.shape, table.dtype)  # (the table's own integer type: int32 where it fits)
-    hole = np.zeros(table.shape, bool)
-    for a, m in enumerate(maps):
-        shape = [1] * table.ndim
+    # the check, a block of the leading axes' positions at a time: the trailing axes' sums once
+    lead, block = 0, table.size
+    while lead < table.ndim - 1 and block > FACTOR_BLOCK:
+        block //= table.shape[lead]
+        lead += 1
+    trailing = table.shape[lead:]
+    total = np.zeros(trailing, table.dtype)  # (the table's own integer type: int32 where it fits)
+    hole = np.zeros(trailing, bool)
+    for a, m in enumerate(maps[lead:]):
+        shape = [1] * len(trailing)
         shape[a] = -1
-        total += np.where(m < 0, 0, m).reshape(shape)
+        total += np.where(m < 0, 0, m).reshape(shape).astype(table.dtype)
         hole |= (m < 0).reshape(shape)
     total[hole] = -1
-    if not np.array_equal(total, table):
-        return None
+    for at in np.ndindex(*table.shape[:lead]):
+        offsets = [int(maps[a][i]) for a, i in enumerate(at)]
+        if min(offsets, default=0) < 0:
+            if not (table[at] == -1).all():
+                return None
+        elif not np.array_equal(table[at], np.where(hole, -1, total + sum(offsets))):
+            return None
     return maps
 
 
@@ -529,25 +546,30 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
             if values.size != 1:
                 raise NotLowered
             fill = float(values[0])
+        every = bool(copied.all())
         parts = []
-        for j, k in enumerate(sources):
+        if len(sources) == 1 and every:  # one source supplies every value: no masks of the output's size
+            parts.append((sources[0], None, 0))
+        for j, k in enumerate(sources if not parts else ()):
             mine = copied & (a >= (j + 1) * span) & (a < (j + 2) * span)
             if mine.any():
                 parts.append((k, mine, j))
+        del copied
         if not parts:
             raise NotLowered
         c_strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))] or [1]
         pieces = []  # (source, destination offset, dims, destination strides, maps)
         if len(parts) == 1:  # the whole output: -1 (the fill) where no source value lands
             k, mine, j = parts[0]
-            table = np.where(mine, a - (j + 1) * span, -1)
+            table = a - (j + 1) * span if mine is None else np.where(mine, a - (j + 1) * span, -1)
+            del a, mine, parts
             maps = _factored(table)
             if maps is None:
                 pieces.append((k, 0, (table.size,), [1], [table.reshape(-1)]))
             else:
                 pieces.append((k, 0, table.shape, c_strides, maps))
         else:  # each source's values fill a box of the output (Concat, Split)
-            if not copied.all():
+            if not every:
                 raise NotLowered
             for k, mine, j in parts:
                 box = _box(mine)
@@ -1295,7 +1317,7 @@ def _attention(low, node, ins, traced_ins, traced_outs, attrs):
             _view(arena, q).reshape(four(q.shape)),
             _view(arena, k).reshape(four(k.shape)),
             _view(arena, v).reshape(four(v.shape)),
-            _view(arena, y).reshape(four(out.shape)),
+            _view(arena, y).reshape(four(y.shape)),
             float(scale),
             bias,
         )
@@ -1564,12 +1586,15 @@ def _program_step(low, program, ins, traced_ins, shape, perm, data=()):
     y = low.new(shape, perm=perm)
     for v in ins:
         low.use(v)
+    # the constants alone: the stand-ins of plan values would otherwise live until the plan is bound
+    constants = [None if isinstance(v, _Value) else o for v, o in zip(ins, operands)]
+    del operands, probe
 
     def bind(plan, arena):
         args = [
             (
                 kind,
-                array if k is None else _operand(arena, ins[k]) if isinstance(ins[k], _Value) else operands[k],
+                array if k is None else _operand(arena, ins[k]) if isinstance(ins[k], _Value) else constants[k],
                 stride,
             )
             for kind, k, array, stride in sources
@@ -1937,8 +1962,11 @@ def _fallback(low, fn, node, index, ins, traced_ins, traced_outs, attrs):
         if isinstance(v, _Value):
             low.python_reads.add(id(v.buffer))
 
+    # the constants alone: the trace's other values would otherwise live until the plan is bound
+    constants = [None if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
+
     def bind(plan, arena):
-        args = [_logical(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, traced_ins)]
+        args = [_logical(arena, v) if isinstance(v, _Value) else t for v, t in zip(ins, constants)]
         views = [None if o is None else _logical(arena, o) for o in outs]
         holder = _Fallback(fn, args, attrs, low.model.opset, views, index)
         plan.add_python(holder)
@@ -2292,7 +2320,7 @@ class NativePlans:
             with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime
                 return plan.run(arrays)
         except Exception as e:
-            if ops.plan_refused_input(e):  # an index outside its axis: the Python plan raises the node's error
+            if ops.plan_refused_input(e):  # a bad index or a NaN for Winograd: the Python plan's call
                 return None
             holder = next((h for h in plan.holders if h.error is not None), None)
             if holder is None:  # a native step failed (a work buffer not allocated)

@@ -4,9 +4,12 @@ call at a time; a failing Python step's status."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
+import fastlayers
 from fastlayers.native import _core
 
 from ..conftest import assert_close
@@ -65,6 +68,60 @@ def test_gather_copies_inner_runs_and_strided_destinations(rng):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize(
+    "axes",
+    [
+        # (length, first, step) per axis; None: a random table of that length
+        [(40, 0, 150), (3, None, None), (50, 0, 1)],  # whole rows, a short table, an inner run
+        [(30, 29 * 20, -20), (20, 0, 2)],  # rows backwards, every other value
+        [(5000, 0, 17), (17, 0, 1)],  # many rows, shared among the threads
+        [(6, 0, 1), (40, 3, 5)],  # a strided last axis
+    ],
+)
+def test_gather_evenly_spaced_maps_match_numpy(rng, axes):
+    """Long evenly spaced maps (held as their first offset and spacing, no table) and tables
+    side by side, at 1 and 2 threads."""
+    maps = [
+        rng.integers(0, 7, d).astype(np.int64) if first is None else first + step * np.arange(d, dtype=np.int64)
+        for d, first, step in axes
+    ]
+    dims = [d for d, _, _ in axes]
+    src = rng.standard_normal(sum(int(m.max()) for m in maps) + 1).astype(np.float32)
+    want = src[sum(np.reshape(m, [-1 if k == a else 1 for k in range(len(dims))]) for a, m in enumerate(maps))]
+    strides = [int(np.prod(dims[k + 1 :])) for k in range(len(dims))]
+    for threads in (1, 2):
+        with fastlayers.using_threads(threads):
+            plan = _core.NativePlan(4 * want.size + 64)
+            (dst,) = _arena_views(plan, (want.size,))
+            plan.add_gather(src, dst, dims, strides, maps, 0.0)
+            plan.run([], [], [])
+            np.testing.assert_array_equal(dst.reshape(want.shape), want)
+
+
+def test_gather_keeps_no_table_for_an_evenly_spaced_map(rng):
+    """A long evenly spaced map costs the plan no memory of its size; one with a filled
+    position (-1) or offsets going negative is a table."""
+    n = 1 << 20
+    src = rng.standard_normal(2 * n).astype(np.float32)
+    plan = _core.NativePlan(4 * n + 64)
+    (dst,) = _arena_views(plan, (n,))
+    tracemalloc.start()
+    try:
+        plan.add_gather(src, dst, (n,), (1,), [2 * np.arange(n, dtype=np.int64)])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < n  # the map was 8 n bytes
+    plan.run([], [], [])
+    np.testing.assert_array_equal(dst, src[::2])
+    for m in (np.r_[np.arange(40), -1].astype(np.int64), 5 - np.arange(41, dtype=np.int64)):
+        plan = _core.NativePlan(4 * 41 + 64)
+        (dst,) = _arena_views(plan, (41,))
+        plan.add_gather(src, dst, (41,), (1,), [m], 7.0)
+        plan.run([], [], [])
+        np.testing.assert_array_equal(dst, np.where(m < 0, 7.0, src[np.maximum(m, 0)]))
+
+
 @pytest.mark.parametrize("shape", [(1, 5, 3), (2, 37, 19), (3, 64, 16)])
 def test_transpose_step_matches_numpy(rng, shape):
     """NHWC -> NCHW of (N, HW, C) memory from an offset into the source, and back."""
@@ -109,12 +166,16 @@ def test_conv2d_step_adds_the_residual_in_its_epilogue(rng, isa):
     assert got.min() >= 0
 
 
+@pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("tile", [2, 4])
-def test_conv2d_step_runs_winograd_and_the_direct_sums_on_a_nan(rng, isa, tile):
+def test_conv2d_step_runs_winograd_and_on_a_nan_the_direct_sums_or_refuses(rng, isa, tile, direct):
+    """Winograd's bits on finite values; on a NaN the direct sums (NaN where a window reads
+    it), or with no direct weights bound the step fails with NOT_FINITE (the call is then the
+    Python plan's)."""
     x = rng.standard_normal((1, 9, 10, 16)).astype(np.float32)
     w = rng.standard_normal((3, 3, 16, 17)).astype(np.float32)
     b = rng.standard_normal(17).astype(np.float32)
-    pw, pu = _core.conv_pack(w, 1), _core.winograd_pack(w, tile=tile)
+    pw, pu = _core.conv_pack(w, 1) if direct else None, _core.winograd_pack(w, tile=tile)
     want = np.empty((1, 9, 10, 17), np.float32)
     assert _core.conv3x3_winograd(x, pu, b, want, 1, 1, 0, 0.0, tile)
     plan = _core.NativePlan(1 << 16)
@@ -122,11 +183,18 @@ def test_conv2d_step_runs_winograd_and_the_direct_sums_on_a_nan(rng, isa, tile):
     plan.add_conv2d(xv, pw, b, yv, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0, tile=tile, pu=pu)
     (got,) = plan.run([x], [xv], [yv])
     np.testing.assert_array_equal(got, want)
-    x[0, 4, 4, 3] = np.nan  # Winograd gives up: the direct sums, NaN where the window reads it
-    direct = np.empty_like(want)
-    _core.conv2d(x, pw, b, direct, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0)
+    x[0, 4, 4, 3] = np.nan  # Winograd gives up
+    if not direct:
+        with pytest.raises(_core.PlanStepFailed) as failed:
+            plan.run([x], [xv], [yv])
+        assert failed.value.status == _core.NOT_FINITE
+        with pytest.raises(TypeError, match="weights"):  # without a tile the direct weights are needed
+            _core.NativePlan(1 << 16).add_conv2d(xv, None, b, yv, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0)
+        return
+    reference = np.empty_like(want)
+    _core.conv2d(x, pw, b, reference, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0.0)
     (got,) = plan.run([x], [xv], [yv])
-    np.testing.assert_array_equal(got, direct)
+    np.testing.assert_array_equal(got, reference)
     assert np.isnan(got[0, 3:6, 3:6]).all() and np.isfinite(got[0, :3]).all()
 
 

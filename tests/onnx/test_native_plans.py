@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastlayers
+from fastlayers.backends import get_ops
 from fastlayers.errors import FastlayersError
+from fastlayers.native import _core
 from fastlayers.onnx import lowering
 
 from ..conftest import assert_close, in_threads, oracle
@@ -328,6 +330,42 @@ def test_plans_are_kept_per_key_and_memory_stays_flat(rng):
     assert len(_plans(ours)) == 2
 
 
+def test_a_build_keeps_no_trace_values_until_the_plan_is_bound(rng, monkeypatch):
+    """Building a plan traces the model once: the trace's values and the stand-ins the
+    lowering measures layouts on are let go as it goes (the steps bound later keep only
+    constants), so the build's peak stays within a few calls' worth, not one value per node."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    n = 1 << 20
+    nodes, last = [], "x"
+    for i in range(4):  # Sin runs in Python inside the plan; Mul and Add are native
+        nodes += [helper.make_node("Sin", [last], [f"s{i}"]), helper.make_node("Mul", [f"s{i}", "x"], [f"m{i}"])]
+        nodes.append(helper.make_node("Add", [f"m{i}", last], [f"a{i}"]))
+        last = f"a{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
+    )
+    ours = fastlayers.load(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString(),
+        warm_up=False,  # no call before the two below
+    )
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    peaks = []
+    tracemalloc.start()
+    try:
+        for _ in range(2):  # a Python call, then the call that builds the plan
+            tracemalloc.reset_peak()
+            start, _ = tracemalloc.get_traced_memory()
+            ours.run(None, {"x": x})
+            peaks.append(tracemalloc.get_traced_memory()[1] - start)
+    finally:
+        tracemalloc.stop()
+    assert len(_plans(ours)) == 1 and _serving(ours, {"x": x}).summary[1] == ("Sin",) * 4
+    assert peaks[1] < 5 * peaks[0]  # 10x when each node's trace values lived until the bind
+
+
 def test_plans_can_be_turned_off_and_the_reference_backend_has_none(rng):
     data = _vad_model()
     off = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
@@ -572,6 +610,33 @@ def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, bat
     assert fallbacks == ()
     assert {"FusedConv", "FusedElementwise", "GlobalAveragePool", "MaxPool", "AveragePool", "Resize"} <= set(native)
     assert {"Slice", "Concat", "ReduceMean", "FusedDense"} <= set(native)
+
+
+def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
+    """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
+    call to the Python plan (its bits: NaN where a window reads it), and the plan serves the
+    finite calls after."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _conv_model(np.random.default_rng(7))
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    x = rng.standard_normal((1, 3, 20, 22)).astype(np.float32)
+    for _ in range(3):
+        ours.run(None, {"x": x})
+    plan = _serving(ours, {"x": x})
+    assert "FusedConv" in plan.summary[0]
+    ops, refused = get_ops(), []
+    real = ops.plan_refused_input
+    monkeypatch.setattr(ops, "plan_refused_input", lambda e: refused.append(getattr(e, "status", e)) or real(e))
+    x[0, 1, 7, 9] = np.nan
+    for g, p in zip(ours.run(None, {"x": x}), python.run(None, {"x": x})):
+        assert np.isnan(g).any()
+        np.testing.assert_array_equal(g, p)
+    assert refused == [_core.NOT_FINITE]
+    x = rng.standard_normal((1, 3, 20, 22)).astype(np.float32)
+    for g, p in zip(ours.run(None, {"x": x}), python.run(None, {"x": x})):
+        np.testing.assert_array_equal(g, p)
+    assert _serving(ours, {"x": x}) is plan
 
 
 def test_inputs_are_read_in_place_unless_a_python_step_reads_them(rng, monkeypatch):

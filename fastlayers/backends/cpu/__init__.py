@@ -527,7 +527,7 @@ class CpuOps(ConvOps):
         return _core.get_num_threads()
 
     def plan_refused_input(self, error):
-        return isinstance(error, _core.PlanStepFailed) and error.status == _core.BAD_INDEX
+        return isinstance(error, _core.PlanStepFailed) and error.status in (_core.BAD_INDEX, _core.NOT_FINITE)
 
     def plan_activation_code(self, name, rows=False):
         return steps.activation_code(name, rows)

@@ -89,11 +89,15 @@ def conv2d_step(
     ):
         return "conv2d", dict(pw=wk, bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry)
     tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
-    bound = dict(pw=_packed_conv(wk, groups), bias=_bias(b), kh=kh, kw=kw, groups=groups, **geometry)
+    bound = dict(bias=_bias(b), kh=kh, kw=kw, groups=groups, **geometry)
     if tile:
+        # no packed weights for the direct sums: a non-finite value fails the step
+        # (NOT_FINITE) and the Python plan, which packs them when it first needs them, runs the call
         pu = derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
-        bound.update(tile=tile, pu=pu, **then_add)
-    elif residual is not None:
+        bound.update(pw=None, tile=tile, pu=pu, **then_add)
+    else:
+        bound.update(pw=_packed_conv(wk, groups))
+    if not tile and residual is not None:
         bound.update(res_code=res_code, res_alpha=float(residual[1]))
     return "conv2d", bound
 

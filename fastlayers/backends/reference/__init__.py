@@ -888,9 +888,10 @@ class ReferenceOps:
 
     def plan_refused_input(self, error: BaseException) -> bool:
         """Whether ``error``, raised by a native plan's run, is a step refusing the call's
-        values (an index outside its axis) before writing anything: the call then goes to
-        the Python plan, which raises the node's own error. False on backends without
-        native plans."""
+        values (an index outside its axis, a non-finite value that a Winograd step holds no
+        weights to sum directly) without writing the call's inputs: the call then goes to the
+        Python plan, which raises the node's own error or computes the call. False on
+        backends without native plans."""
         return False
 
     def sequences_plan(
