@@ -44,7 +44,7 @@ class BuildExt(build_ext):
 
     def build_extension(self, ext):
         if ext.name == "fastlayers.native._core":
-            depends = [str(p) for p in NATIVE.glob("*.[ch]")] + [str(NATIVE / "kernels.inc")]
+            depends = [str(p) for p in NATIVE.glob("*.[ch]")] + [str(p) for p in NATIVE.glob("*.inc")]
             objects = []
             for isa in native_isas():
                 objects += self.compiler.compile(

@@ -14,63 +14,29 @@
 /* Values per row of an activation step: the row length rows.pxi's apply_activation uses. */
 #define FL_ACT_ROW 4096
 
-/* dst[0..n) = src[0..n): short runs (a few channels) without a call. */
-static inline void copy_run(float *dst, const float *src, int64_t n) {
-    if (n > 32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
-}
-
 /* The source offset of index i of axis k of a gather: its table's, or its even spacing's. */
 #define GATHER_AT(map, first, step, i) ((map) ? (map)[i] : (first) + (i) * (step))
 
-/* dst[i..] over axes k.. of a gather, the source offset of the axes before k being `base`
- * (< 0: a padded position, every value `fill`). */
-static void gather_axes(const fl_gather_args *a, int k, int64_t base, float *dst) {
-    const int64_t *map = a->maps[k];
-    int64_t n = a->dims[k], stride = a->dst_strides[k], first = a->firsts[k], step = a->steps[k];
-    if (k == a->naxes - 2 && a->inner_run && base >= 0) { /* rows of one run each, inline */
-        int64_t run = a->dims[k + 1], start = GATHER_AT(a->maps[k + 1], a->firsts[k + 1], 0, 0);
-        for (int64_t i = 0; i < n; i++) {
-            float *row = dst + i * stride;
-            int64_t at = GATHER_AT(map, first, step, i);
-            if (at < 0)
-                for (int64_t j = 0; j < run; j++) row[j] = a->fill;
-            else
-                copy_run(row, a->src + base + at + start, run);
-        }
-        return;
-    }
-    if (k == a->naxes - 1) {
-        if (base < 0) {
-            for (int64_t i = 0; i < n; i++) dst[i * stride] = a->fill;
-        } else if (a->inner_run) {
-            memcpy(dst, a->src + base + GATHER_AT(map, first, step, 0), (size_t)n * sizeof(float));
-        } else {
-            for (int64_t i = 0; i < n; i++) {
-                int64_t at = GATHER_AT(map, first, step, i);
-                dst[i * stride] = at < 0 ? a->fill : a->src[base + at];
-            }
-        }
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t at = GATHER_AT(map, first, step, i);
-        gather_axes(a, k + 1, base < 0 || at < 0 ? -1 : base + at, dst + i * stride);
-    }
-}
-
-/* The gather of rows [begin, end) of axis 0. */
-static void gather_rows(void *ctx, int64_t begin, int64_t end) {
-    const fl_gather_args *a = ctx;
-    fl_gather_args part = *a;
-    part.dims[0] = end - begin;
-    if (a->maps[0]) part.maps[0] = a->maps[0] + begin;
-    else part.firsts[0] = a->firsts[0] + begin * a->steps[0];
-    gather_axes(&part, 0, 0, a->dst + begin * a->dst_strides[0]);
-}
+#define GATHER_T uint8_t
+#define GATHER_NAME(x) gather_##x##_1
+#include "plan_gather.inc"
+#undef GATHER_T
+#undef GATHER_NAME
+#define GATHER_T uint16_t
+#define GATHER_NAME(x) gather_##x##_2
+#include "plan_gather.inc"
+#undef GATHER_T
+#undef GATHER_NAME
+#define GATHER_T uint32_t
+#define GATHER_NAME(x) gather_##x##_4
+#include "plan_gather.inc"
+#undef GATHER_T
+#undef GATHER_NAME
+#define GATHER_T uint64_t
+#define GATHER_NAME(x) gather_##x##_8
+#include "plan_gather.inc"
+#undef GATHER_T
+#undef GATHER_NAME
 
 int fl_gather(void *ctx) {
     const fl_gather_args *a = ctx;
@@ -79,7 +45,8 @@ int fl_gather(void *ctx) {
         if (a->dims[k] == 0) return 0;
         if (k > 0) row *= a->dims[k];
     }
-    fl_parallel(a->dims[0], row >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / row, gather_rows, (void *)a);
+    fl_task_fn rows = a->elem == 1 ? gather_rows_1 : a->elem == 2 ? gather_rows_2 : a->elem == 8 ? gather_rows_8 : gather_rows_4;
+    fl_parallel(a->dims[0], row >= FL_GATHER_GRAIN ? 1 : FL_GATHER_GRAIN / row, rows, (void *)a);
     return 0;
 }
 
@@ -92,7 +59,7 @@ static void take_rows(void *ctx, int64_t begin, int64_t end) {
         if (j < 0) j += a->n;
         char *dst = a->dst + q * a->run * a->elem;
         const char *src = a->src + (o * a->n + j) * a->run * a->elem;
-        if (a->elem == 4) copy_run((float *)dst, (const float *)src, a->run);
+        if (a->elem == 4) gather_copy_run_4((uint32_t *)dst, (const uint32_t *)src, a->run);
         else memcpy(dst, src, (size_t)(a->run * a->elem));
     }
 }

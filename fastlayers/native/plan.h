@@ -6,7 +6,8 @@
  * gather(a): dst[sum_k i_k dst_strides[k]] = src[sum_k maps[k][i_k]] for every index (i_0, ..,
  *   i_{naxes-1}) < dims, or `fill` where some maps[k][i_k] < 0 (a padded position): every
  *   data-movement operator (Slice, Transpose, Pad, Concat, Gather on constant indices,
- *   Expand, Tile) as per-axis tables of source offsets (floats); where maps[k] is NULL the
+ *   Expand, Tile) as per-axis tables of source offsets (in values of `elem` bytes: floats,
+ *   integers, bools, quantized bytes, moved as bits); where maps[k] is NULL the
  *   axis is evenly spaced, maps[k][i] = firsts[k] + i steps[k] >= 0 (no table held: a long
  *   run of whole rows); inner_run: the last axis' offsets are its first + i and
  *   dst_strides[naxes-1] = 1, copied as one run per row; the pool's threads take chunks of
@@ -99,9 +100,10 @@ typedef struct {
     int64_t dst_strides[FL_GATHER_AXES];
     const int64_t *maps[FL_GATHER_AXES];
     int64_t firsts[FL_GATHER_AXES], steps[FL_GATHER_AXES];
-    const float *src;
-    float *dst;
-    float fill;
+    const void *src;
+    void *dst;
+    int elem;                      /* bytes per value: 1, 2, 4 or 8 */
+    unsigned char fill[8];         /* the fill value's bytes (its first `elem`) */
 } fl_gather_args;
 
 typedef struct {

@@ -18,9 +18,10 @@ cdef extern from "plan.h" nogil:
         const int64_t *maps[FL_GATHER_AXES]
         int64_t firsts[FL_GATHER_AXES]
         int64_t steps[FL_GATHER_AXES]
-        const float *src
-        float *dst
-        float fill
+        const void *src
+        void *dst
+        int elem
+        unsigned char fill[8]
     ctypedef struct fl_transpose_args:
         int64_t batch, rows, cols, src_batch, src_row, dst_batch, dst_row
         const float *src
@@ -390,17 +391,28 @@ cdef class NativePlan:
         self.keep.append(hold)
         return ctx
 
-    def add_gather(self, src, dst, dims, dst_strides, maps, float fill=0.0):
+    def add_gather(self, src, dst, dims, dst_strides, maps, fill=0.0):
         """dst[sum_k i_k dst_strides[k]] = src[sum_k maps[k][i_k]] for every index below
-        ``dims``, ``fill`` where some maps[k][i_k] < 0 (plan.h's gather): ``src``, ``dst``
-        C-contiguous float32 arrays, ``maps`` one int64 array of ``dims[k]`` source offsets
-        (floats) per axis."""
+        ``dims``, ``fill`` (as the arrays' type) where some maps[k][i_k] < 0 (plan.h's
+        gather): ``src``, ``dst`` C-contiguous arrays of one type of 1, 2, 4 or 8 bytes a
+        value (float32, integers, bools: the bits moved as they are), ``maps`` one int64 array
+        of ``dims[k]`` source offsets (in values) per axis."""
         cdef int naxes = len(dims), k
         if naxes < 1 or naxes > FL_GATHER_AXES or len(dst_strides) != naxes or len(maps) != naxes:
             raise ValueError(f"native plan gather: {naxes} axes (1 to {FL_GATHER_AXES}), "
                              f"{len(dst_strides)} strides and {len(maps)} maps")
-        cdef float *sp = _view(src, "gather source")
-        cdef float *dp = _view(dst, "gather destination")
+        for arr, what in ((src, "source"), (dst, "destination")):
+            if not isinstance(arr, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(arr) \
+                    or arr.dtype.itemsize not in (1, 2, 4, 8) or arr.dtype.kind not in "fiub":
+                raise TypeError(f"native plan gather: the {what} must be a C-contiguous array of "
+                                f"numbers of 1, 2, 4 or 8 bytes (got {getattr(arr, 'dtype', type(arr))})")
+        if src.dtype != dst.dtype:
+            raise TypeError(f"native plan gather: a {src.dtype} source into a {dst.dtype} destination")
+        if not dst.flags.writeable:
+            raise ValueError("native plan gather: the destination is read-only")
+        fill_bytes = np.array(fill, dtype=dst.dtype).tobytes()
+        cdef const void *sp = cnp.PyArray_DATA(src)
+        cdef void *dp = cnp.PyArray_DATA(dst)
         tables = [np.ascontiguousarray(m, np.int64) for m in maps]
         cdef int64_t top_src = 0, top_dst = 0, d
         for k in range(naxes):
@@ -422,7 +434,9 @@ cdef class NativePlan:
         spacing = [_even_spacing(t) if t.shape[0] > GATHER_TABLE_MAX else None for t in tables]
         held = [t for t, e in zip(tables, spacing) if e is None]
         cdef fl_gather_args *a = <fl_gather_args *>self._push(fl_gather, sizeof(fl_gather_args), (src, dst, held))
-        a.naxes, a.src, a.dst, a.fill, a.inner_run = naxes, sp, dp, fill, inner_run
+        a.naxes, a.src, a.dst, a.elem, a.inner_run = naxes, sp, dp, dst.dtype.itemsize, inner_run
+        for k in range(len(fill_bytes)):
+            a.fill[k] = fill_bytes[k]
         for k in range(naxes):
             a.dims[k], a.dst_strides[k] = dims[k], dst_strides[k]
             if spacing[k] is None:

@@ -140,6 +140,13 @@ MAP_ARITY = {
 #: The element types a map step reads and writes.
 MAP_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
 #: The types it reads besides: quantized values (``_dequantize``).
+#: Types of the values a gather moves (as bits: 1, 2, 4 or 8 bytes each).
+GATHER_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.int8)
+    + (np.uint64, np.uint32, np.uint16, np.uint8, np.bool_)
+)
+
 QUANTIZED_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
 #: Every type a plan step reads: a take step gathers any of them.
 MAP_READ_DTYPES = MAP_DTYPES | QUANTIZED_DTYPES
@@ -422,14 +429,15 @@ def _concat(low, node, ins, traced_ins, traced_outs, attrs):
     parts = [(v, t) for v, t in zip(ins, traced_ins) if isinstance(t, np.ndarray) and t.size]
     if (
         not isinstance(out, np.ndarray)
-        or out.dtype != np.float32
+        or out.dtype not in GATHER_DTYPES
         or not parts
-        or any(t.dtype != np.float32 or t.ndim != out.ndim for _, t in parts)
+        or any(t.dtype != out.dtype or t.ndim != out.ndim for _, t in parts)
+        or any(isinstance(v, _Value) and v.dtype != out.dtype for v, _ in parts)
     ):
         raise NotLowered
     axis = attrs["_attrs"].get("axis", 0) % out.ndim
     perm = _kept_layout(out, [v for v, _ in parts])
-    y = low.new(out.shape, perm=perm)
+    y = low.new(out.shape, out.dtype, perm=perm)
     y_perm = perm or tuple(range(out.ndim))
     y_strides = [math.prod(y.memory_shape[i + 1 :]) for i in range(out.ndim)]
     logical = np.argsort(y_perm)  # the logical axis of each axis of y's memory
@@ -437,7 +445,7 @@ def _concat(low, node, ins, traced_ins, traced_outs, attrs):
     for v, t in parts:
         if t.shape[:axis] + t.shape[axis + 1 :] != out.shape[:axis] + out.shape[axis + 1 :]:
             raise NotLowered
-        src = low.use(v) if isinstance(v, _Value) else np.ascontiguousarray(t, np.float32)
+        src = low.use(v) if isinstance(v, _Value) else np.ascontiguousarray(t)
         src_perm = (v.perm if isinstance(v, _Value) else None) or tuple(range(out.ndim))
         src_memory = tuple(t.shape[a] for a in np.argsort(src_perm))
         src_strides = [math.prod(src_memory[i + 1 :]) for i in range(out.ndim)]
@@ -462,15 +470,26 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     inputs (each its own range of integers; for Pad a second time shifted) to find each output
     value's source; positions that no input supplies are filled with one constant."""
     fn, opset = attrs["_fn"], low.model.opset
-    sources = [
-        k
-        for k, (v, t) in enumerate(zip(ins, traced_ins))
-        if isinstance(t, np.ndarray)
-        and t.dtype == np.float32
-        and (isinstance(v, _Value) or t.size)
-        and (moved is None or k in moved)
-    ]
-    if not sources or any(isinstance(v, _Value) and v.dtype != np.float32 for v in ins):
+    data = traced_ins[0].dtype if traced_ins and isinstance(traced_ins[0], np.ndarray) else None
+    if data == np.float32:  # the float inputs are the data; the others (offsets, shapes) constants
+        sources = [
+            k
+            for k, (v, t) in enumerate(zip(ins, traced_ins))
+            if isinstance(t, np.ndarray)
+            and t.dtype == np.float32
+            and (isinstance(v, _Value) or t.size)
+            and (moved is None or k in moved)
+        ]
+        if any(isinstance(v, _Value) and v.dtype != np.float32 for v in ins):
+            raise NotLowered
+    elif data in GATHER_DTYPES and (moved is None or 0 in moved) and node.op_type != "Concat":
+        # integers, bools, quantized bytes: the first input is the data, every other a constant
+        sources = [0] if isinstance(ins[0], _Value) or traced_ins[0].size else []
+        if any(isinstance(v, _Value) for v in ins[1:]) or (isinstance(ins[0], _Value) and ins[0].dtype != data):
+            raise NotLowered
+    else:
+        raise NotLowered
+    if not sources:
         raise NotLowered
     # source j's values are (j + 1) span + their offsets (+ shift in the second run): int32
     # where they fit, half the memory of int64 (the runs are the build's largest arrays)
@@ -492,7 +511,7 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
     def filled():  # the value of positions no source supplies: a run on zeros
         zeros = list(traced_ins)
         for k in sources:
-            zeros[k] = np.zeros(traced_ins[k].shape, np.float32)
+            zeros[k] = np.zeros(traced_ins[k].shape, data)
         return fn(zeros, attrs["_attrs"], opset)
 
     # only Pad writes values no source supplies: the other movements' outputs are found by one
@@ -513,10 +532,10 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
             continue
         a = np.asarray(a)
         b = None if b is None else np.asarray(b)
-        if a.shape != t.shape or (b is not None and b.shape != t.shape) or t.dtype != np.float32 or a.dtype != dtype:
+        if a.shape != t.shape or (b is not None and b.shape != t.shape) or t.dtype != data or a.dtype != dtype:
             raise NotLowered
         perm = _kept_layout(t, [ins[k] for k in sources]) if node.op_type in KEEPS_AXES else _layout(t)
-        y = low.new(t.shape, perm=perm)
+        y = low.new(t.shape, data, perm=perm)
         order = None if perm is None else np.argsort(perm)
         if order is not None:
             a = a.transpose(order)
@@ -542,10 +561,10 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
                     raise NotLowered from e
             z = np.asarray(filled_run[o])
             z = z if order is None else z.transpose(order)
-            values = np.unique(z[~copied].astype(np.float32))
+            values = np.unique(z[~copied].astype(data))
             if values.size != 1:
                 raise NotLowered
-            fill = float(values[0])
+            fill = values[0].item()
         every = bool(copied.all())
         parts = []
         if len(sources) == 1 and every:  # one source supplies every value: no masks of the output's size
@@ -580,7 +599,7 @@ def _movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
                 start, dims = box
                 pieces.append((k, sum(s * c for s, c in zip(start, c_strides)), dims, c_strides, maps))
         sources_of = {
-            k: low.use(ins[k]) if isinstance(ins[k], _Value) else np.ascontiguousarray(traced_ins[k], np.float32)
+            k: low.use(ins[k]) if isinstance(ins[k], _Value) else np.ascontiguousarray(traced_ins[k], data)
             for k, *_ in pieces
         }
 
@@ -620,7 +639,14 @@ def _gather(plan, src, dst, dims, strides, maps, fill=0.0):
             maps[a : a + 2] = [maps[a][0] + maps[a + 1][0] + steps[a + 1] * np.arange(dims[a] * inner, dtype=np.int64)]
             dims[a : a + 2], strides[a : a + 2], steps[a : a + 2] = [dims[a] * inner], [strides[a + 1]], [steps[a + 1]]
         a -= 1
-    if 2 <= len(dims) <= 3 and strides[-1] == 1 and None not in steps and steps[-2] == 1 and steps[-1] > 1:
+    if (
+        src.dtype == np.float32
+        and 2 <= len(dims) <= 3
+        and strides[-1] == 1
+        and None not in steps
+        and steps[-2] == 1
+        and steps[-1] > 1
+    ):
         # a layout move (NHWC <-> NCHW): the source's rows are the destination's columns
         batch, src_batch, dst_batch = (dims[0], steps[0], strides[0]) if len(dims) == 3 else (1, 0, 0)
         offset = int(sum(int(m[0]) for m in maps))

@@ -98,6 +98,29 @@ def test_gather_evenly_spaced_maps_match_numpy(rng, axes):
             np.testing.assert_array_equal(dst.reshape(want.shape), want)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float16, np.int16, np.int32, np.float64, np.int64, np.bool_])
+def test_gather_moves_values_of_any_size_as_bits(rng, dtype):
+    """Integers, bools, half and double floats moved as they are (tables with filled
+    positions, an inner run, an evenly spaced map), the fill in the values' type; a
+    destination of another type is refused."""
+    src = rng.integers(-100, 100, 300).astype(dtype)
+    maps = [np.r_[np.arange(0, 280, 40), -1].astype(np.int64), np.arange(5, 10, dtype=np.int64)]
+    plan = _core.NativePlan(1 << 12)
+    dst = plan.arena[: 8 * 5 * src.itemsize].view(dtype)
+    plan.add_gather(src, dst, (8, 5), (5, 1), maps, 3)
+    long = np.arange(2, 42, dtype=np.int64) * 7  # 40 entries, evenly spaced: no table
+    dst2 = plan.arena[1024 : 1024 + 40 * src.itemsize].view(dtype)
+    plan.add_gather(src, dst2, (40,), (1,), [long])
+    plan.run([], [], [])
+    want = np.where((maps[0] < 0)[:, None], dtype(3), src[np.maximum(maps[0], 0)[:, None] + maps[1]])
+    np.testing.assert_array_equal(dst.reshape(8, 5), want)
+    np.testing.assert_array_equal(dst2, src[long])
+    with pytest.raises(TypeError, match="destination"):
+        plan.add_gather(
+            src, plan.arena[:8].view(np.float32 if dtype != np.float32 else np.int32), (2,), (1,), [long[:2]]
+        )
+
+
 def test_gather_keeps_no_table_for_an_evenly_spaced_map(rng):
     """A long evenly spaced map costs the plan no memory of its size; one with a filled
     position (-1) or offsets going negative is a table."""

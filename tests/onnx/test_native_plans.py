@@ -982,6 +982,74 @@ def _engines(data, ort):
     return ours, python, ort.InferenceSession(data, providers=["CPUExecutionProvider"])
 
 
+def _integer_movement_model():
+    """Data movement on integer, quantized and bool values computed per call: int64 ids
+    transposed, sliced, concatenated, padded with 7 and expanded; uint8 codes transposed and
+    tiled into a DequantizeLinear; a bool mask (x < 0) transposed into a Where."""
+    i64 = TensorProto.INT64
+    consts = {
+        "starts": np.array([1], np.int64),
+        "ends": np.array([19], np.int64),
+        "axes": np.array([0], np.int64),
+        "pads": np.array([0, 2, 0, 1], np.int64),
+        "seven": np.array(7, np.int64),
+        "shape": np.array([3, 1, 1], np.int64),
+        "reps": np.array([2, 1], np.int64),
+        "scale": np.array(0.05, np.float32),
+        "zero": np.array(128, np.uint8),
+        "zeros": np.zeros((1,), np.float32),
+    }
+    nodes = [
+        helper.make_node("Transpose", ["ids"], ["t"], perm=[1, 0]),
+        helper.make_node("Slice", ["t", "starts", "ends", "axes"], ["s"]),
+        helper.make_node("Concat", ["s", "s"], ["c"], axis=1),
+        helper.make_node("Pad", ["c", "pads", "seven"], ["p"]),
+        helper.make_node("Expand", ["p", "shape"], ["e"]),
+        helper.make_node("Transpose", ["codes"], ["ct"], perm=[1, 0]),
+        helper.make_node("Tile", ["ct", "reps"], ["tiled"]),
+        helper.make_node("DequantizeLinear", ["tiled", "scale", "zero"], ["dq"]),
+        helper.make_node("Less", ["x", "zeros"], ["neg"]),
+        helper.make_node("Transpose", ["neg"], ["nt"], perm=[1, 0]),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+        helper.make_node("Where", ["nt", "xt", "dq"], ["w"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "integers",
+        [
+            helper.make_tensor_value_info("ids", i64, [2, 20]),
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, [6, 15]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 30]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("w",)]
+        + [helper.make_tensor_value_info("e", i64, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_integer_and_bool_values_move_natively(rng, monkeypatch, threads):
+    """Transpose, Slice, Concat, Pad, Expand and Tile of int64, uint8 and bool values that
+    change per call run as gathers of their own sizes: onnxruntime's values exactly."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ort = oracle("onnxruntime")
+    ours, python, session = _engines(_integer_movement_model(), ort)
+    with fastlayers.using_threads(threads):
+        for _ in range(3):
+            feed = {
+                "ids": rng.integers(-(10**12), 10**12, (2, 20)),
+                "codes": rng.integers(0, 256, (6, 15)).astype(np.uint8),
+                "x": rng.standard_normal((6, 30)).astype(np.float32),
+            }
+            for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(g, p)
+        native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == ()
+    assert {"Transpose", "Slice", "Concat", "Pad", "Expand", "Tile"} <= set(native)
+
+
 def _pooling_head_model(rng):
     """An embedding lookup of token ids (a Gather on computed indices), a mask-weighted mean
     over the tokens (a row broadcast against its row, ReduceSum over a middle axis), the
