@@ -82,6 +82,7 @@ from .plan_products import (
     lower_dense_chain,
     lower_dynamic_lstm,
     lower_dynamic_matmul,
+    lower_fused_lstm_cell,
     lower_layer_norm,
     recurrent,
 )
@@ -163,6 +164,7 @@ LOWERINGS = {
     "FusedAttention": lower_attention,
     **{name: lower_elementwise for name in ELEMENTWISE},
     "LSTM": recurrent("LSTM"),
+    "FusedLSTMCell": lower_fused_lstm_cell,
     "GRU": recurrent("GRU"),
     "RNN": recurrent("RNN"),
     **{name: activation(*act) for name, act in ACTIVATIONS.items()},

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..backends.types import Cell
 from .ops.recurrent import recurrent_calls
 from .plan_movement import copied
 from .plan_values import NotLowered, Value, arena_view, operand, transposed
@@ -340,6 +341,52 @@ def recurrent(kind):
         return outs[: len(traced_outs)]
 
     return lower
+
+
+def lower_fused_lstm_cell(low, node, ins, traced_ins, traced_outs, attrs):
+    """A FusedLSTMCell (one LSTM step, torch's gate order; x, h and c batch-major 2-D) as the
+    node's bound step runs it: the backend's recurrent loop over one step, h and c read from
+    copies that become h' and c'."""
+    x, h_in, c_in = ins[:3]
+    tx, th, tc, w_x, w_h, b = traced_ins
+    if (
+        not isinstance(x, Value)
+        or x.dtype != np.float32
+        or len(x.shape) != 2
+        or any(isinstance(v, Value) for v in ins[3:])
+        or any(isinstance(v, Value) and v.dtype != np.float32 for v in (h_in, c_in))
+        or not all(isinstance(t, np.ndarray) for t in (th, tc, w_h))
+        or th.shape != (x.shape[0], w_h.shape[0])
+        or tc.shape != th.shape
+    ):
+        raise NotLowered
+    x_bti_traced = np.ascontiguousarray(tx, np.float32)[:, None, :]
+    args = (w_x, w_h, b, np.ascontiguousarray(th, np.float32), np.ascontiguousarray(tc, np.float32))
+    found = low.ops.plan_sequence_loop(Cell.LSTM, x_bti_traced, args, {"return_sequences": False})
+    if found is None:
+        raise NotLowered
+    loop, serial = found
+    if loop.c is None or loop.h.shape != th.shape or loop.c.shape != tc.shape:
+        raise NotLowered
+    x_bti = Value(x.buffer, x.offset, (x.shape[0], 1, x.shape[1]), x.dtype)  # a time axis of one step
+    h = copied(low, h_in if isinstance(h_in, Value) else th, loop.h.shape)
+    c = copied(low, c_in if isinstance(c_in, Value) else tc, loop.c.shape)
+    last = copied(low, None, loop.last.shape)
+    y = None if loop.y is None else low.new(loop.y.shape)
+    low.use(x_bti)
+
+    def bind(plan, arena):
+        call = loop._replace(
+            x=arena_view(arena, x_bti),
+            h=arena_view(arena, h),
+            c=arena_view(arena, c),
+            y=None if y is None else arena_view(arena, y),
+            last=arena_view(arena, last),
+        )
+        plan.add_rnn(tuple(call), serial)
+
+    low.emit(bind)
+    return [h, c][: len(traced_outs)]
 
 
 def bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs):
