@@ -116,10 +116,13 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
     (-> Add of a constant bias), each value read only by the next -> one
     ``com.microsoft::MatMulIntegerToFloat`` node (the same float32 operations in one call), or,
     where nothing else reads the DynamicQuantizeLinear's outputs, one
-    ``com.microsoft::DynamicQuantizeMatMul`` node that quantizes its float input itself."""
+    ``com.microsoft::DynamicQuantizeMatMul`` node per such product that quantizes its float
+    input itself (the same bytes, scale and zero point: several heads on one quantized input
+    each quantize it again)."""
     readers, producer, only_reader = _graph_index(nodes, outputs)
 
     removed = set()
+    fused: dict[int, list] = {}  # id of a DynamicQuantizeLinear -> (its product, the scales' Mul, B's scale, zp, bias)
     for mm in nodes:
         if mm.op_type != "MatMulInteger" or len(mm.inputs) < 3 or mm.inputs[1] not in constants:
             continue
@@ -156,21 +159,26 @@ def fuse_integer_matmul(nodes, constants, outputs) -> list:
             if value is not None and value.dtype == np.float32 and w.ndim == 2 and value.shape == (w.shape[1],):
                 last, bias = add, other
         b_zp = mm.inputs[3] if len(mm.inputs) > 3 else ""
-        if (
-            _sole_reader(readers, dql.outputs[0], mm)
-            and _sole_reader(readers, dql.outputs[1], scales)
-            and _sole_reader(readers, dql.outputs[2], mm)
-            and not set(dql.outputs) & set(outputs)
-        ):
-            # its DynamicQuantizeLinear read by nothing else: one DynamicQuantizeMatMul
-            mm.op_type = f"{MS}::DynamicQuantizeMatMul"
-            mm.inputs = [dql.inputs[0], mm.inputs[1], b_scale, b_zp, bias]
-            removed.add(id(dql))
-        else:
-            mm.op_type = f"{MS}::MatMulIntegerToFloat"
-            mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2], b_zp, bias]
+        fused.setdefault(id(dql), [dql]).append((mm, scales, b_scale, b_zp, bias))
         mm.outputs, mm.attrs = list(last.outputs), {}
         removed.update(id(n) for n in (cast, mul, scales) + ((add,) if last is add else ()))
+    for dql, *products in fused.values():
+        mms = {id(mm) for mm, *_ in products}
+        scale_muls = {id(scales) for _, scales, *_ in products}
+        # the DynamicQuantizeLinear read by these products alone: each quantizes its input itself
+        alone = not set(dql.outputs) & set(outputs) and all(
+            {id(r) for r in readers.get(name, [])} == want and len(readers.get(name, [])) == len(want)
+            for name, want in zip(dql.outputs, (mms, scale_muls, mms))
+        )
+        for mm, _, b_scale, b_zp, bias in products:
+            if alone:
+                mm.op_type = f"{MS}::DynamicQuantizeMatMul"
+                mm.inputs = [dql.inputs[0], mm.inputs[1], b_scale, b_zp, bias]
+            else:
+                mm.op_type = f"{MS}::MatMulIntegerToFloat"
+                mm.inputs = [mm.inputs[0], mm.inputs[1], dql.outputs[1], b_scale, mm.inputs[2], b_zp, bias]
+        if alone:
+            removed.add(id(dql))
     return [n for n in nodes if id(n) not in removed]
 
 
@@ -287,12 +295,6 @@ def _reshaped(count, shape) -> list | None:
         return list(np.empty(count, np.int8).reshape(shape.tolist()).shape)
     except ValueError:
         return None
-
-
-def _sole_reader(readers, name, node) -> bool:
-    """Whether ``node`` is the only node reading the value ``name``."""
-    found = readers.get(name, [])
-    return len(found) == 1 and found[0] is node
 
 
 def optimize(nodes, constants, outputs) -> list:

@@ -468,11 +468,13 @@ def _output_scale(path):
     return float(numpy_helper.to_array(inits[node.input[1]]))
 
 
-def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng):
+@pytest.mark.parametrize("scale_read", [False, True])
+def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng, scale_read):
     """quantize_dynamic's chain (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul by the
-    scales' product -> Add) on one quantized input read by two products: each chain becomes a
-    MatMulIntegerToFloat reading the shared DynamicQuantizeLinear (a DynamicQuantizeMatMul
-    only where nothing else reads it), bit for bit onnxruntime's result."""
+    scales' product -> Add) on one quantized input read by two products (two heads): each
+    chain becomes a DynamicQuantizeMatMul quantizing the input again, or, where something else
+    reads the DynamicQuantizeLinear (its scale an output of the graph), a MatMulIntegerToFloat
+    reading it; bit for bit onnxruntime's result."""
     from onnx import TensorProto, helper, numpy_helper
 
     import fastlayers
@@ -499,12 +501,17 @@ def test_a_shared_dynamic_quantization_feeds_integer_to_float_products(rng):
         nodes,
         "shared",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 12])],
-        [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (1, 2)],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+            for n in ("y1", "y2", "s")[: 3 if scale_read else 2]
+        ],
         inits,
     )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
     ours = fastlayers.load(data)
-    assert ours.op_types.count("com.microsoft::MatMulIntegerToFloat") == 2
+    kind = "MatMulIntegerToFloat" if scale_read else "DynamicQuantizeMatMul"
+    assert ours.op_types.count(f"com.microsoft::{kind}") == 2
+    assert ("DynamicQuantizeLinear" in ours.op_types) == scale_read
     x = rng.standard_normal((3, 12)).astype(np.float32)
     for got, want in zip(
         ours.run(None, {"x": x}), ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
