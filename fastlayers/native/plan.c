@@ -88,9 +88,25 @@ static void reduce_blocks(void *ctx, int64_t begin, int64_t end) {
     double acc[FL_REDUCE_BLOCK];
     for (int64_t o = begin; o < end; o++) {
         const float *x = a->x + o * r * inner;
-        float *y = a->y + o * inner;
+        float *y = a->y ? a->y + o * inner : NULL;
         for (int64_t j0 = 0; j0 < inner; j0 += FL_REDUCE_BLOCK) {
             int64_t nj = inner - j0 < FL_REDUCE_BLOCK ? inner - j0 : FL_REDUCE_BLOCK;
+            if (op == FL_REDUCE_ARGMAX || op == FL_REDUCE_ARGMIN) {
+                float best[FL_REDUCE_BLOCK];
+                int64_t *at = a->index + o * inner + j0;
+                for (int64_t j = 0; j < nj; j++) best[j] = x[j0 + j], at[j] = 0;
+                for (int64_t i = 1; i < r; i++) {
+                    const float *row = x + i * inner + j0;
+                    for (int64_t j = 0; j < nj; j++) {
+                        float v = row[j], m = best[j];
+                        int take = v != v   ? m == m || a->last   /* a NaN wins: the first, or the last */
+                                   : m != m ? 0
+                                            : (op == FL_REDUCE_ARGMAX ? v > m : v < m) || (a->last && v == m);
+                        if (take) best[j] = v, at[j] = i;
+                    }
+                }
+                continue;
+            }
             if (op == FL_REDUCE_MAX || op == FL_REDUCE_MIN) {
                 for (int64_t j = 0; j < nj; j++) y[j0 + j] = x[j0 + j];
                 for (int64_t i = 1; i < r; i++) {

@@ -50,7 +50,9 @@
  *   index lies outside [-n, n).
  * reduce_step(a): y[o, j] = op over i < r of x[o, i, j] for o < outer, j < inner: sums (SUM,
  *   MEAN, L1, L2, SUM_SQUARE) accumulated in double and rounded once, MEAN divided by r, L2 the
- *   square root of the sum of squares; MAX and MIN as numpy's (a NaN wins).
+ *   square root of the sum of squares; MAX and MIN as numpy's (a NaN wins); ARGMAX and ARGMIN
+ *   index[o, j] = the i of that value instead (int64: the first of equal values, or with
+ *   `last` the last; the first NaN, or the last, wins), numpy's argmax / argmin.
  * map_step(a): out[i] = op(x0[i0], x1[i1], x2[i2]) for every index i < dims (out C-ordered),
  *   operand j read at sum_k i_k strides[j][k] elements of its own type (stride 0 along an axis
  *   it broadcasts): comparisons EQ LT LE GT GE into bool; WHERE (x0 picks x1, else x2); CAST
@@ -85,7 +87,17 @@ enum {
     FL_MAP_CLIP, FL_MAP_SQRT, FL_MAP_NEG, FL_MAP_ABS, FL_MAP_RECIPROCAL, FL_MAP_DEQUANTIZE
 };
 
-enum { FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE };
+enum {
+    FL_REDUCE_SUM,
+    FL_REDUCE_MEAN,
+    FL_REDUCE_MAX,
+    FL_REDUCE_MIN,
+    FL_REDUCE_L1,
+    FL_REDUCE_L2,
+    FL_REDUCE_SUM_SQUARE,
+    FL_REDUCE_ARGMAX,
+    FL_REDUCE_ARGMIN
+};
 
 typedef int (*fl_step_fn)(void *ctx);
 
@@ -224,9 +236,10 @@ typedef struct {
 
 typedef struct {
     int64_t outer, r, inner;
-    int op;
+    int op, last;                  /* last: ARGMAX / ARGMIN take the last of equal values */
     const float *x;
-    float *y;
+    float *y;                      /* the values; for ARGMAX / ARGMIN NULL, and ... */
+    int64_t *index;                /* ... their indices here */
 } fl_reduce_args;
 
 typedef struct {

@@ -124,6 +124,7 @@ cdef extern from "plan.h" nogil:
     enum: FL_PLAN_BAD_INDEX
     enum: FL_PLAN_NOT_FINITE
     enum: FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE
+    enum: FL_REDUCE_ARGMAX, FL_REDUCE_ARGMIN
     ctypedef struct fl_take_args:
         int64_t outer, n, count, run, elem
         const void *idx
@@ -132,9 +133,10 @@ cdef extern from "plan.h" nogil:
         char *dst
     ctypedef struct fl_reduce_args:
         int64_t outer, r, inner
-        int op
+        int op, last
         const float *x
         float *y
+        int64_t *index
     int fl_gather(void *a) noexcept nogil
     int fl_take_step(void *a) noexcept nogil
     enum: FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL, FL_MAP_I8, FL_MAP_U8, FL_MAP_I16, FL_MAP_U16
@@ -234,6 +236,8 @@ REDUCTIONS = {
     "l1": FL_REDUCE_L1,
     "l2": FL_REDUCE_L2,
     "sum_square": FL_REDUCE_SUM_SQUARE,
+    "argmax": FL_REDUCE_ARGMAX,
+    "argmin": FL_REDUCE_ARGMIN,
 }
 
 
@@ -507,17 +511,25 @@ cdef class NativePlan:
         for k in range(naxes):
             a.dims[k] = dims[k]
 
-    def add_reduce(self, x, y, str op, int64_t outer, int64_t r, int64_t inner):
+    def add_reduce(self, x, y, str op, int64_t outer, int64_t r, int64_t inner, bint last=False):
         """y[o, j] = ``op`` over i < r of x[o, i, j] for x (outer, r, inner) and y (outer,
-        inner), C-contiguous float32 (plan.h's reduce_step; ``op`` a key of ``REDUCTIONS``)."""
+        inner), C-contiguous, x float32 (plan.h's reduce_step; ``op`` a key of ``REDUCTIONS``):
+        y float32, or int64 for "argmax" / "argmin" (the index i, of the last of equal values
+        with ``last``)."""
         cdef float *xp = _view(x, "reduce x")
-        cdef float *yp = _view(y, "reduce y")
         if op not in REDUCTIONS:
             raise ValueError(f"native plan reduce: no reduction {op!r}")
+        cdef bint arg = op in ("argmax", "argmin")
+        if arg and not (isinstance(y, cnp.ndarray) and cnp.PyArray_TYPE(y) == cnp.NPY_INT64
+                        and cnp.PyArray_IS_C_CONTIGUOUS(y)):
+            raise TypeError(f"native plan reduce: {op} needs a C-contiguous int64 y")
+        cdef float *yp = NULL if arg else _view(y, "reduce y")
         if outer < 0 or r < 1 or inner < 0 or x.size != outer * r * inner or y.size != outer * inner:
             raise ValueError(f"native plan reduce: {x.size} values into {y.size} for {outer} x {r} x {inner}")
         cdef fl_reduce_args *a = <fl_reduce_args *>self._push(fl_reduce_step, sizeof(fl_reduce_args), (x, y))
         a.outer, a.r, a.inner, a.op, a.x, a.y = outer, r, inner, REDUCTIONS[op], xp, yp
+        a.last = last
+        a.index = <int64_t *>cnp.PyArray_DATA(y) if arg else NULL
 
     def add_transpose(self, src, dst, int64_t offset, int64_t batch, int64_t rows, int64_t cols, int64_t src_batch,
                       int64_t src_row, int64_t dst_batch, int64_t dst_row):

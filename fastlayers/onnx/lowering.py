@@ -55,10 +55,12 @@ from .plan_convolution import (
 )
 from .plan_elementwise import (
     ACTIVATIONS,
+    ARG_REDUCTIONS,
     ELEMENTWISE,
     MAPS,
     REDUCTIONS,
     activation,
+    lower_arg_reduce,
     lower_cast,
     lower_dequantize,
     lower_elementwise,
@@ -138,6 +140,7 @@ LOWERINGS = {
     **{name: lower_alias for name in ALIASES | SINGLE_IS_ITSELF},
     **{name: lower_global_pool for name in GLOBAL_POOLS},
     **{name: lower_reduce for name in REDUCTIONS},
+    **{name: lower_arg_reduce for name in ARG_REDUCTIONS},
     "MaxPool": lower_pool,
     "AveragePool": lower_pool,
     **{name: lower_movement for name in MOVEMENTS},

@@ -121,6 +121,40 @@ def lower_reduce(low, node, ins, traced_ins, traced_outs, attrs):
     return [y]
 
 
+#: ArgMax / ArgMin with a native step: the reduce step's index forms.
+ARG_REDUCTIONS = {"ArgMax": "argmax", "ArgMin": "argmin"}
+
+
+def lower_arg_reduce(low, node, ins, traced_ins, traced_outs, attrs):
+    """ArgMax / ArgMin of a float32 value over one axis: the reduce step's index form over its
+    C-ordered memory seen as (outer, r, inner), int64 indices as numpy gives them (the first
+    of equal values or, with ``select_last_index``, the last; a NaN wins)."""
+    x, t, out = ins[0], traced_ins[0], traced_outs[0]
+    if (
+        not isinstance(x, Value)
+        or x.dtype != np.float32
+        or x.size == 0
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.int64
+    ):
+        raise NotLowered
+    node_attrs = attrs["_attrs"]
+    axis = node_attrs.get("axis", 0) % t.ndim
+    outer, r, inner = math.prod(t.shape[:axis]), t.shape[axis], math.prod(t.shape[axis + 1 :])
+    if outer * inner != out.size:
+        raise NotLowered
+    x = low.c_order(x)
+    y = low.new(out.shape, np.int64)
+    low.use(x)
+    op, last = ARG_REDUCTIONS[node.op_type], bool(node_attrs.get("select_last_index", 0))
+
+    def bind(plan, arena):
+        plan.add_reduce(arena_view(arena, x), arena_view(arena, y), op, outer, r, inner, last)
+
+    low.emit(bind)
+    return [y]
+
+
 def activation(name, alpha_attr, default):
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         x = ins[0]

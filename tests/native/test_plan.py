@@ -677,6 +677,27 @@ def test_reduce_step_keeps_a_nan_as_numpy_does(op):
         plan.add_reduce(xv, yv, op, 2, 2, 2)
 
 
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+@pytest.mark.parametrize("shape", [(1, 9, 1), (4, 1, 5), (3, 17, 300), (700, 80, 1)])
+def test_arg_reduce_step_matches_numpy(rng, op, shape, last):
+    """The index of the largest / smallest of each (outer, inner) position's r values as int64,
+    numpy's argmax / argmin: the first of equal values (with ``last`` the last, as numpy on the
+    flipped axis), a NaN winning over any number (the first NaN, or the last)."""
+    x = rng.integers(-3, 4, shape).astype(np.float32)  # many ties
+    x[rng.random(shape) < 0.02] = np.nan
+    plan = _core.NativePlan(4 * x.size + 8 * x.shape[0] * x.shape[2] + 128)
+    (xv,) = _arena_views(plan, x.shape)
+    yv = plan.arena[-(8 * x.shape[0] * x.shape[2]) :].view(np.int64).reshape(x.shape[0], x.shape[2])
+    plan.add_reduce(xv, yv, op, *shape, last=last)
+    (got,) = plan.run([x], [xv], [yv])
+    fn = getattr(np, op)
+    want = shape[1] - 1 - fn(np.flip(x, 1), axis=1) if last else fn(x, axis=1)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError, match="int64"):
+        plan.add_reduce(xv, xv[:, 0], op, *shape)
+
+
 def _map_reference(op, xs):
     """numpy's result of the map step's ``op`` on ``xs`` (broadcast)."""
     fns = {

@@ -1024,6 +1024,34 @@ def test_lstm_cells_run_natively(torch, tmp_path, rng, monkeypatch):
         assert fallbacks == () and native.count("FusedLSTMCell") == 2
 
 
+def test_argmax_and_argmin_run_natively(rng, monkeypatch):
+    """ArgMax / ArgMin over the first, a middle and the last axis, keeping the axis or not, the
+    first or the last of equal values: the reduce step's index form, onnxruntime's indices."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),  # many ties at 0
+        helper.make_node("ArgMax", ["r"], ["a0"], axis=0),
+        helper.make_node("ArgMax", ["r"], ["a1"], axis=1, keepdims=0, select_last_index=1),
+        helper.make_node("ArgMin", ["r"], ["a2"], axis=-1, select_last_index=0),
+        helper.make_node("ArgMin", ["x"], ["a3"], axis=1, keepdims=0, select_last_index=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "args",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 7, 5])],
+        [helper.make_tensor_value_info(f"a{k}", TensorProto.INT64, None) for k in range(4)],
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    ours, python, session = _engines(data, oracle("onnxruntime"))
+    for _ in range(3):
+        feed = {"x": np.round(rng.standard_normal((3, 7, 5)), 1).astype(np.float32)}
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
+            np.testing.assert_array_equal(g, w)
+            np.testing.assert_array_equal(g, p)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == () and {"ArgMax", "ArgMin"} <= set(native)
+
+
 def _integer_movement_model():
     """Data movement on integer, quantized and bool values computed per call: int64 ids
     transposed, sliced, concatenated, padded with 7 and expanded; uint8 codes transposed and
