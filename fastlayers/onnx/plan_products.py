@@ -285,6 +285,29 @@ def reads_data(values) -> bool:
     return any(isinstance(v, Value) for v in values)
 
 
+def emit_loop(low, loop, serial, x_bti, h, c):
+    """Emits one direction's time loop (``loop``, ``plan_sequence_loop``'s, bound by
+    ``add_rnn``) reading ``x_bti`` and carrying its states in the values ``h`` and ``c`` (None
+    for GRU / RNN), with a carried output of its own; returns its Y value, or None where the
+    loop writes none."""
+    last = copied(low, None, loop.last.shape)
+    y = None if loop.y is None else low.new(loop.y.shape)
+    low.use(x_bti)
+
+    def bind(plan, arena):
+        call = loop._replace(
+            x=arena_view(arena, x_bti),
+            h=arena_view(arena, h),
+            c=None if c is None else arena_view(arena, c),
+            y=None if y is None else arena_view(arena, y),
+            last=arena_view(arena, last),
+        )
+        plan.add_rnn(tuple(call), serial)
+
+    low.emit(bind)
+    return y
+
+
 def recurrent(kind):
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         node_attrs = attrs["_attrs"]
@@ -310,21 +333,7 @@ def recurrent(kind):
         batch, steps = x_bti.shape[:2]
         h = state(low, ins, traced_ins, 5, loop.h.shape)
         c = None if loop.c is None else state(low, ins, traced_ins, 6, loop.c.shape)
-        last = copied(low, None, loop.last.shape)
-        y = None if loop.y is None else low.new(loop.y.shape)
-        low.use(x_bti)
-
-        def bind(plan, arena):
-            call = loop._replace(
-                x=arena_view(arena, x_bti),
-                h=arena_view(arena, h),
-                c=None if c is None else arena_view(arena, c),
-                y=None if y is None else arena_view(arena, y),
-                last=arena_view(arena, last),
-            )
-            plan.add_rnn(tuple(call), serial)
-
-        low.emit(bind)
+        y = emit_loop(low, loop, serial, x_bti, h, c)
         outs = []
         if traced_outs[0] is not None and y is not None:  # Y: (T, 1, B, H) or (B, T, 1, H)
             y4 = Value(y.buffer, y.offset, (batch, 1, steps, y.shape[2]), y.dtype)
@@ -371,21 +380,7 @@ def lower_fused_lstm_cell(low, node, ins, traced_ins, traced_outs, attrs):
     x_bti = Value(x.buffer, x.offset, (x.shape[0], 1, x.shape[1]), x.dtype)  # a time axis of one step
     h = copied(low, h_in if isinstance(h_in, Value) else th, loop.h.shape)
     c = copied(low, c_in if isinstance(c_in, Value) else tc, loop.c.shape)
-    last = copied(low, None, loop.last.shape)
-    y = None if loop.y is None else low.new(loop.y.shape)
-    low.use(x_bti)
-
-    def bind(plan, arena):
-        call = loop._replace(
-            x=arena_view(arena, x_bti),
-            h=arena_view(arena, h),
-            c=arena_view(arena, c),
-            y=None if y is None else arena_view(arena, y),
-            last=arena_view(arena, last),
-        )
-        plan.add_rnn(tuple(call), serial)
-
-    low.emit(bind)
+    emit_loop(low, loop, serial, x_bti, h, c)
     return [h, c][: len(traced_outs)]
 
 

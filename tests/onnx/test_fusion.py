@@ -952,12 +952,10 @@ def test_additive_attention_sum_runs_as_one_outer_pass(tmp_path, rng, q_shape, k
     _matches_ort(ours, path, feed, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("opset", [13, 17])
-def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, opset):
-    """torch's LSTMCell, exported node by node (two products, Split, three Sigmoids, Tanh and
-    the cell arithmetic), runs as one FusedLSTMCell node per step: here two cells in a chain,
-    the second reading the first's h and c, both states returned; batch 1 and 3 (dynamic),
-    outputs as onnxruntime's."""
+def lstm_cells_export(torch, path, opset):
+    """Two torch LSTMCells (5 -> 7, 7 -> 7) in a chain, the second reading the first's h as its
+    input and state, exported node by node to ``path`` (inputs x, h, c; outputs h2, c2; the
+    batch dynamic)."""
     from .test_import import export
 
     class Cells(torch.nn.Module):
@@ -970,7 +968,6 @@ def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, 
             h2, c2 = self.b(h1, (h1, c1))
             return h2, c2
 
-    path = tmp_path / "cells.onnx"
     args = (torch.randn(2, 5), torch.randn(2, 7), torch.randn(2, 7))
     export(
         torch,
@@ -982,6 +979,16 @@ def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, 
         dynamic_axes={n: {0: "batch"} for n in ("x", "h", "c", "h2", "c2")},
         opset_version=opset,
     )
+    return path
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_torch_lstm_cell_export_becomes_one_step(torch, tmp_path, rng, backend, opset):
+    """torch's LSTMCell, exported node by node (two products, Split, three Sigmoids, Tanh and
+    the cell arithmetic), runs as one FusedLSTMCell node per step: here two cells in a chain,
+    the second reading the first's h and c, both states returned; batch 1 and 3 (dynamic),
+    outputs as onnxruntime's."""
+    path = lstm_cells_export(torch, tmp_path / "cells.onnx", opset)
     ours = fastlayers.load(path)
     assert ours.op_types.count("FusedLSTMCell") == 2
     assert not {"Sigmoid", "Tanh", "Split", "Mul"} & set(ours.op_types)

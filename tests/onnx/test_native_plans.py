@@ -986,35 +986,15 @@ def test_lstm_cells_run_natively(torch, tmp_path, rng, monkeypatch):
     """torch's LSTMCells exported node by node (FusedLSTMCell nodes), the second reading the
     first's h as its input too, run as one-step recurrent loops in the plan: the Python plan's
     bits, onnxruntime's values, the caller's states not written."""
-    from .test_import import export
+    from .test_fusion import lstm_cells_export
 
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
-
-    class Cells(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = torch.nn.LSTMCell(5, 7), torch.nn.LSTMCell(7, 7)
-
-        def forward(self, x, h, c):
-            h1, c1 = self.a(x, (h, c))
-            return self.b(h1, (h1, c1))
-
-    path = tmp_path / "cells.onnx"
-    names = ("x", "h", "c", "h2", "c2")
-    export(
-        torch,
-        Cells(),
-        (torch.randn(2, 5), torch.randn(2, 7), torch.randn(2, 7)),
-        path,
-        input_names=list(names[:3]),
-        output_names=list(names[3:]),
-        dynamic_axes={n: {0: "batch"} for n in names},
-        opset_version=17,
-    )
+    path = lstm_cells_export(torch, tmp_path / "cells.onnx", 17)
+    names = ("x", "h", "c")
     ours, python, session = _engines(path.read_bytes(), oracle("onnxruntime"))
     for batch in (1, 3):
         for _ in range(3):
-            feed = {n: rng.standard_normal((batch, 5 if n == "x" else 7)).astype(np.float32) for n in names[:3]}
+            feed = {n: rng.standard_normal((batch, 5 if n == "x" else 7)).astype(np.float32) for n in names}
             held = {k: v.copy() for k, v in feed.items()}
             for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
                 assert_close(g, w, rtol=1e-5, atol=1e-6)
