@@ -417,3 +417,30 @@ int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *
     }
     return 0;
 }
+
+static void loop_copies(const fl_loop_copy *c, int64_t n, int64_t t) {
+    for (int64_t k = 0; k < n; k++) {
+        const char *src = c[k].src + t * c[k].src_step;
+        char *dst = c[k].dst + t * c[k].dst_step;
+        if (src != dst) memmove(dst, src, (size_t)c[k].nbytes);
+    }
+}
+
+/* for t while t < M and cond: counter = t; before; body; cond = cond_out; after */
+int fl_loop_step(void *ctx) {
+    const fl_loop_args *a = ctx;
+    int64_t failed = -1, t = 0;
+    int go = a->cond == NULL || *a->cond != 0;
+    loop_copies(a->init, a->ninit, 0);
+    for (; go && (a->trips == NULL || t < *a->trips); t++) {
+        if (a->most >= 0 && t >= a->most) return FL_PLAN_LOOP_LIMIT;
+        if (a->expect >= 0 && t >= a->expect) return FL_PLAN_OTHER_SHAPES;
+        if (a->counter) *a->counter = t;
+        loop_copies(a->before, a->nbefore, t);
+        int st = fl_plan_run(a->body, a->nbody, &failed, NULL);
+        if (st) return st;
+        go = a->cond_out == NULL || *a->cond_out != 0;
+        loop_copies(a->after, a->nafter, t);
+    }
+    return a->expect >= 0 && t != a->expect ? FL_PLAN_OTHER_SHAPES : 0;
+}

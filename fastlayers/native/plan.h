@@ -63,6 +63,15 @@
  *   where all are integers or bools (the result types: float32, float64, int64, int32, bool),
  *   else as double (exact for float32, int32 and smaller integers), and each result is
  *   rounded once into out's type: float32 arithmetic gives numpy's bits.
+ * loop_step(a): an ONNX Loop or Scan whose body is the steps `body`: the `init` copies once, then
+ *   for t = 0, 1, ... while t < *trips (where `trips` is not NULL) and the condition holds
+ *   (`cond` once at the start, `cond_out` after each iteration; NULL: true): *counter = t (where
+ *   not NULL), the `before` copies, the body's steps, the `after` copies. Copy k moves `nbytes`
+ *   bytes from src + t src_step to dst + t dst_step (steps in bytes, of either sign: the slices
+ *   of scanned inputs in, the carried values back to the body's inputs, the per-iteration
+ *   outputs into their stacks). FL_PLAN_LOOP_LIMIT before iteration `most` (where >= 0: the
+ *   limit a file's own trip count runs under); FL_PLAN_OTHER_SHAPES where the loop would run
+ *   other than `expect` iterations (where >= 0: the plan's stacked outputs hold that many).
  * plan_run(steps, n, failed, ns): the steps in order; 0, or the first failing step's status
  *   with its index in *failed; where ns is not NULL, ns[i] = the nanoseconds step i took (a
  *   profile). */
@@ -79,6 +88,13 @@
 /* Status of a Winograd step that met a non-finite value without the direct sums' weights
  * (conv2d_step): the call is the Python plan's. */
 #define FL_PLAN_NOT_FINITE (-10)
+
+/* Status of a loop step that would pass the iteration limit a file's own trip count runs
+ * under (loop_step): the call is the Python plan's, which raises the limit's error. */
+#define FL_PLAN_LOOP_LIMIT (-11)
+/* Status of a loop step that ran another number of iterations than its stacked outputs hold
+ * (loop_step): the plan's shapes do not fit the call, which is the Python plan's. */
+#define FL_PLAN_OTHER_SHAPES (-12)
 
 enum { FL_MAP_F32, FL_MAP_F64, FL_MAP_I64, FL_MAP_I32, FL_MAP_BOOL, FL_MAP_I8, FL_MAP_U8, FL_MAP_I16, FL_MAP_U16 };
 enum {
@@ -270,5 +286,24 @@ int fl_rnn_step(void *a);
 int fl_rnn_loops_step(void *a);
 int fl_activation_step(void *a);
 int fl_add_act_step(void *a);
+typedef struct {
+    const char *src;
+    char *dst;
+    int64_t nbytes, src_step, dst_step;
+} fl_loop_copy;
+
+typedef struct {
+    const fl_plan_step *body;
+    int64_t nbody;
+    const int64_t *trips;       /* the trip count M, or NULL: none */
+    const unsigned char *cond;  /* the first condition, or NULL: true */
+    const unsigned char *cond_out;
+    int64_t *counter;
+    int64_t most, expect;       /* -1: none */
+    const fl_loop_copy *init, *before, *after;
+    int64_t ninit, nbefore, nafter;
+} fl_loop_args;
+
+int fl_loop_step(void *a);
 int fl_plan_run(const fl_plan_step *steps, int64_t n, int64_t *failed, int64_t *ns);
 #endif

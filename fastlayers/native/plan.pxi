@@ -123,6 +123,25 @@ cdef extern from "plan.h" nogil:
         float *y
     enum: FL_PLAN_BAD_INDEX
     enum: FL_PLAN_NOT_FINITE
+    enum: FL_PLAN_LOOP_LIMIT
+    enum: FL_PLAN_OTHER_SHAPES
+    ctypedef struct fl_loop_copy:
+        const char *src
+        char *dst
+        int64_t nbytes, src_step, dst_step
+    ctypedef struct fl_loop_args:
+        const fl_plan_step *body
+        int64_t nbody
+        const int64_t *trips
+        const unsigned char *cond
+        const unsigned char *cond_out
+        int64_t *counter
+        int64_t most, expect
+        const fl_loop_copy *init
+        const fl_loop_copy *before
+        const fl_loop_copy *after
+        int64_t ninit, nbefore, nafter
+    int fl_loop_step(void *a) noexcept nogil
     enum: FL_REDUCE_SUM, FL_REDUCE_MEAN, FL_REDUCE_MAX, FL_REDUCE_MIN, FL_REDUCE_L1, FL_REDUCE_L2, FL_REDUCE_SUM_SQUARE
     enum: FL_REDUCE_ARGMAX, FL_REDUCE_ARGMIN
     ctypedef struct fl_take_args:
@@ -181,6 +200,12 @@ BAD_INDEX = FL_PLAN_BAD_INDEX
 #: Status of a Winograd convolution step that met a non-finite value and holds no weights for
 #: the direct sums (nothing else written that the call keeps: the Python plan takes it).
 NOT_FINITE = FL_PLAN_NOT_FINITE
+#: Status of a loop step that would pass the iteration limit of a loop whose length the file
+#: sets (nothing the call keeps written: the Python plan takes it and raises the limit's error).
+LOOP_LIMIT = FL_PLAN_LOOP_LIMIT
+#: Status of a loop step that ran another number of iterations than its stacked outputs hold:
+#: the plan's shapes do not fit such calls.
+OTHER_SHAPES = FL_PLAN_OTHER_SHAPES
 #: Entries of a gather map from which an evenly spaced one is held as its first entry and
 #: spacing rather than as a table.
 GATHER_TABLE_MAX = 16
@@ -924,6 +949,66 @@ cdef class NativePlan:
         cdef fl_attention_step_args *a = <fl_attention_step_args *>self._push(
             fl_attention_step, sizeof(fl_attention_step_args), (q, k, v, out, bias))
         memcpy(a, &args, sizeof(args))
+
+    def add_loop(self, NativePlan body, trips, cond, cond_out, counter, int64_t most, int64_t expect,
+                 init, before, after):
+        """A step running ``body``'s steps as an ONNX Loop or Scan does (plan.h's loop_step):
+        ``trips`` an int64 array of one value (the trip count) or None, ``cond`` / ``cond_out``
+        bool arrays of one value (the first condition, the body's condition output) or None
+        (true), ``counter`` an int64 array of one value that receives each iteration's number
+        or None, ``most`` / ``expect`` -1 or the iteration limit / the iterations the stacked
+        outputs hold; ``init`` (once), ``before`` and ``after`` (each iteration t) lists of
+        copies (src, dst, src_step, dst_step): dst's bytes, at t dst_step bytes on, from src's
+        at t src_step, where src and dst are C-contiguous arrays of as many bytes and every
+        iteration's bytes lie inside their owners (checked here). ``body`` is kept by this
+        plan and must not grow after."""
+        for arr, what, dtype in ((trips, "trip count", np.int64), (cond, "condition", np.bool_),
+                                 (cond_out, "condition output", np.bool_), (counter, "counter", np.int64)):
+            if arr is not None and (not isinstance(arr, cnp.ndarray) or arr.dtype != dtype or arr.size != 1):
+                raise TypeError(f"native plan loop: the {what} must be a {np.dtype(dtype)} array of one value")
+        if counter is not None and not counter.flags.writeable:
+            raise ValueError("native plan loop: the counter is read-only")
+        if most < -1 or expect < -1:
+            raise ValueError(f"native plan loop: iteration limit {most} and expected iterations {expect}")
+        lists = (init, before, after)
+        cdef int64_t total = sum(len(c) for c in lists), k = 0, last
+        copies_bytes = np.zeros(max(total, 1) * sizeof(fl_loop_copy), np.uint8)
+        cdef fl_loop_copy *copies = <fl_loop_copy *>cnp.PyArray_DATA(copies_bytes)
+        held = [body, copies_bytes, trips, cond, cond_out, counter]
+        for group, copy_list in enumerate(lists):
+            for src, dst, src_step, dst_step in copy_list:
+                for arr, what in ((src, "source"), (dst, "destination")):
+                    if not isinstance(arr, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+                        raise TypeError(f"native plan loop: a copy's {what} must be a C-contiguous array")
+                if not dst.flags.writeable:
+                    raise ValueError("native plan loop: a copy's destination is read-only")
+                # every iteration's bytes inside src's and dst's owners: the first t of a group
+                # before and after is 0, and its last is the stacked outputs' (expect - 1)
+                last = 0 if group == 0 else max(expect - 1, 0)
+                if (src_step or dst_step) and (group == 0 or expect < 0):
+                    raise ValueError("native plan loop: a stepped copy needs the iterations it runs")
+                for arr, step in ((src, src_step), (dst, dst_step)):
+                    base = arr.base if isinstance(arr.base, cnp.ndarray) else arr
+                    start, end = base.ctypes.data, base.ctypes.data + base.nbytes
+                    for lo in (arr.ctypes.data, arr.ctypes.data + last * step):
+                        if lo < start or lo + arr.nbytes > end:
+                            raise ValueError("native plan loop: a copy reaches past its array's memory")
+                if src.nbytes != dst.nbytes:
+                    raise ValueError(f"native plan loop: a copy of {src.nbytes} bytes into {dst.nbytes}")
+                copies[k].src, copies[k].dst = <const char *>cnp.PyArray_DATA(src), <char *>cnp.PyArray_DATA(dst)
+                copies[k].nbytes, copies[k].src_step, copies[k].dst_step = dst.nbytes, src_step, dst_step
+                held.append((src, dst))
+                k += 1
+        cdef fl_loop_args *a = <fl_loop_args *>self._push(fl_loop_step, sizeof(fl_loop_args), held)
+        a.body, a.nbody, a.most, a.expect = body.steps, body.n, most, expect
+        a.trips = NULL if trips is None else <const int64_t *>cnp.PyArray_DATA(trips)
+        a.cond = NULL if cond is None else <const unsigned char *>cnp.PyArray_DATA(cond)
+        a.cond_out = NULL if cond_out is None else <const unsigned char *>cnp.PyArray_DATA(cond_out)
+        a.counter = NULL if counter is None else <int64_t *>cnp.PyArray_DATA(counter)
+        a.ninit, a.nbefore, a.nafter = len(init), len(before), len(after)
+        a.init = copies
+        a.before = copies + a.ninit
+        a.after = copies + a.ninit + a.nbefore
 
     def add_python(self, fn):
         """A step calling ``fn()`` with the GIL held: it returns 0, or nonzero on failure

@@ -21,7 +21,8 @@ weights' generation and the options in force):
   Tile, ...) becomes gathers whose per-axis source tables come from running the node on
   index arrays (``lower_movement``: exact by construction, whatever the operator's attributes);
   convolutions, recurrent nodes (the int8 ones too), elementwise programs, layer norms and
-  activations bind the cpu backend's kernels. Anything else calls the node's function and
+  activations bind the cpu backend's kernels; Loop and Scan bodies are walked once and run
+  by one loop step (``plan_control``). Anything else calls the node's function and
   copies its results into the arena, checking their shapes (a node whose output shapes
   depend on values sends the call back to the Python plan, and the key's plan is dropped);
 - buffers get offsets in one arena by lifetime (``_place``), then the plan runs once on the
@@ -44,6 +45,7 @@ from ..backends import get_ops
 from ..backends.derived import derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
+from .plan_control import lower_loop, lower_scan
 from .plan_convolution import (
     GLOBAL_POOLS,
     SINGLE_IS_ITSELF,
@@ -173,6 +175,8 @@ LOWERINGS = {
     **{name: activation(*act) for name, act in ACTIVATIONS.items()},
     "Gelu": lower_gelu,
     "DequantizeLinear": lower_dequantize,
+    "Loop": lambda *args: lower_loop(*args, walk=_walk),
+    "Scan": lambda *args: lower_scan(*args, walk=_walk),
 }
 #: Operators whose lowering reads channels-last values as they are held; the others' plan
 #: values are given to them in C order (``Lowering.c_order``).
@@ -321,7 +325,8 @@ def _walk(low, model, inputs):
                 l_outs = _fallback(low, fn, node, (model, index), l_ins, t_ins, t_outs, attrs)
             results = list(zip(t_outs, l_outs))
             # stop tracing once the copies so far outweigh all the plan could still save
-            if not pays(len(low.native) + low.left, len(low.fallbacks), low.moved, low.gathered, low.results):
+            runs, python_runs = len(low.native) + low.repeated[0], len(low.fallbacks) + low.repeated[1]
+            if not pays(runs + low.left, python_runs, low.moved, low.gathered, low.results):
                 raise DoesNotPay
         for name, (t, v) in zip(outs, results):
             if name:
@@ -461,7 +466,8 @@ def _lower(model, arrays, ops):
     movable = [v is not None and id(v.buffer) not in shared for _, v in inputs]
     low.moved += 2 * sum(a.nbytes for (a, v), move in zip(inputs, movable) if v is not None and not move)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
-    if not pays(len(low.native), len(low.fallbacks), low.moved, low.gathered, low.results):
+    runs, python_runs = len(low.native) + low.repeated[0], len(low.fallbacks) + low.repeated[1]
+    if not pays(runs, python_runs, low.moved, low.gathered, low.results):
         raise DoesNotPay
     end = low.step
     for b in low.buffers:
@@ -578,7 +584,10 @@ class NativePlans:
             with np.errstate(all="ignore"):  # NaN and inf propagate, as in onnxruntime
                 return plan.run(arrays)
         except Exception as e:
-            if ops.plan_refused_input(e):  # a bad index or a NaN for Winograd: the Python plan's call
+            if ops.plan_refused_input(e):  # a bad index, a NaN for Winograd, a loop limit: the Python plan's call
+                return None
+            if ops.plan_shapes_changed(e):  # a loop's iterations other than the trace's: Python from now on
+                self._keep(key, False)
                 return None
             holder = next((h for h in plan.holders if h.error is not None), None)
             if holder is None:  # a native step failed (a work buffer not allocated)

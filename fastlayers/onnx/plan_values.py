@@ -14,6 +14,9 @@ from .layout import channels_last_memory
 MAP_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
 #: The types a map step reads besides: quantized values (``lower_dequantize``).
 QUANTIZED_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+#: What the cost model counts a loop body as running, times, where the trace does not tell
+#: (a Loop without stacked outputs; at load, ``node_count``): one iteration would be no loop.
+LOOP_ITERATIONS_GUESS = 2
 #: Every type a plan step reads: a take step gathers any of them.
 MAP_READ_DTYPES = MAP_DTYPES | QUANTIZED_DTYPES
 
@@ -88,7 +91,11 @@ class Lowering:
         self.results = 0  # bytes the native steps' results take (written into warm buffers)
         self.node = None  # the node being lowered: (model, index), for the profile
         self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
-        self.python_reads: set = set()  # ids of the buffers that Python steps read
+        # ids of the buffers read by steps that the plan cannot point at a caller's array
+        # (Python steps, a loop's body): an input among them is copied into its memory
+        self.python_reads: set = set()
+        # native and Python node runs besides one per node lowered (loop bodies; cost model)
+        self.repeated = [0, 0]
         self.c_forms: dict = {}  # id of a channels-last value -> (it, its C-contiguous copy)
         self.c_added: list = []  # the keys of c_forms in the order added (dropped with their node)
 
@@ -245,12 +252,13 @@ def transposed(low, x: Value, perm, extra=True) -> Value:
 
 
 def node_count(model) -> int:
-    """The nodes of ``model`` and of the branches of its Ifs."""
+    """The nodes of ``model`` and of the branches of its Ifs, the nodes of a Loop's or Scan's
+    body counted ``LOOP_ITERATIONS_GUESS`` times."""
     count = 0
     for node, (_, _, _, attrs, _) in zip(model._nodes, model._plan):
         count += 1
-        for branch in ("then_branch", "else_branch"):
-            body = attrs.get(branch)
+        for key, body in attrs.items():
             if isinstance(body, Body):
-                count += node_count(body.model)
+                times = 1 if key in ("then_branch", "else_branch") else LOOP_ITERATIONS_GUESS
+                count += times * node_count(body.model)
     return count

@@ -856,3 +856,83 @@ def test_map_step_dequantizes_and_runs_unary_functions_as_numpy(rng, dtype):
     with np.errstate(all="ignore"):
         for op, fn in (("sqrt", np.sqrt), ("neg", np.negative), ("abs", np.abs), ("reciprocal", np.reciprocal)):
             np.testing.assert_array_equal(_map_step(op, [x], np.float32, x.shape), fn(x))
+
+
+def _loop_plan(n, values, trips=None, expect=-1, most=-1, stop_at=None, reverse=False):
+    """A plan whose loop step runs ``acc += x[t]`` over the rows of ``values`` (n, 3) read in
+    ``reverse`` or in order, stacking each iteration's acc into its row of ``stacked`` and the
+    iteration number into ``seen``; with ``stop_at``, the body's condition is t + 1 < stop_at."""
+    plan = _core.NativePlan(4096)
+    body = _core.NativePlan(0)
+    acc, row, stacked = _arena_views(plan, (3,), (3,), (n, 3))
+    counter = np.zeros(1, np.int64)
+    seen = np.full(n + 2, -1, np.int64)
+    cond_out = np.ones(1, np.bool_)
+    body.add_map("add", acc, [acc, row], [3], [[1], [1]])
+
+    def note():
+        seen[counter[0]] = counter[0]
+        if stop_at is not None:
+            cond_out[0] = counter[0] + 1 < stop_at
+        return 0
+
+    body.add_python(note)
+    step = 3 * 4
+    source = values[n - 1] if reverse else values[0]
+    plan.add_loop(
+        body,
+        None if trips is None else np.array([trips], np.int64),
+        None,
+        cond_out if stop_at is not None else None,
+        counter,
+        most,
+        expect,
+        [(np.zeros(3, np.float32), acc, 0, 0)],
+        [(source, row, -step if reverse else step, 0)],
+        [(acc, stacked[0], 0, step)],
+    )
+    return plan, acc, stacked, seen
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_loop_step_runs_its_body_per_iteration(rng, reverse):
+    values = rng.standard_normal((5, 3)).astype(np.float32)
+    plan, acc, stacked, seen = _loop_plan(5, values, trips=5, expect=5, reverse=reverse)
+    for _ in range(2):  # its state starts again from the init copies at every run
+        plan.run([], [], [])
+        rows = values[::-1] if reverse else values
+        np.testing.assert_array_equal(stacked, np.cumsum(rows, axis=0, dtype=np.float32))
+        np.testing.assert_array_equal(seen[:5], np.arange(5))
+
+
+def test_loop_step_stops_on_its_condition_and_refuses_other_iteration_counts(rng):
+    values = rng.standard_normal((6, 3)).astype(np.float32)
+    plan, acc, _, seen = _loop_plan(6, values, expect=4, stop_at=4)
+    plan.run([], [], [])
+    np.testing.assert_array_equal(seen, [0, 1, 2, 3, -1, -1, -1, -1])
+    np.testing.assert_array_equal(acc, np.cumsum(values[:4], axis=0, dtype=np.float32)[-1])
+    for expect, stop in ((3, 4), (5, 4)):  # more iterations, fewer: both refused
+        plan, _, _, _ = _loop_plan(6, values, expect=expect, stop_at=stop)
+        with pytest.raises(_core.PlanStepFailed) as failed:
+            plan.run([], [], [])
+        assert failed.value.status == _core.OTHER_SHAPES
+    plan, _, _, seen = _loop_plan(6, values, expect=5, most=2, stop_at=5)
+    with pytest.raises(_core.PlanStepFailed) as failed:
+        plan.run([], [], [])
+    assert failed.value.status == _core.LOOP_LIMIT
+    np.testing.assert_array_equal(seen[:3], [0, 1, -1])
+
+
+def test_loop_step_checks_its_copies():
+    plan = _core.NativePlan(256)
+    body = _core.NativePlan(0)
+    a, b = _arena_views(plan, (4,), (4,))
+    with pytest.raises(ValueError, match="past its array"):  # the 4th iteration's slice lies outside
+        plan.add_loop(body, np.array([4], np.int64), None, None, None, -1, 4, [], [(a[:2], b[:2], 8 * 1024, 0)], [])
+    with pytest.raises(ValueError, match="needs the iterations"):
+        plan.add_loop(body, None, None, None, None, -1, -1, [], [(a, b, 16, 0)], [])
+    with pytest.raises(ValueError, match="bytes into"):
+        plan.add_loop(body, None, None, None, None, -1, -1, [(a, b[:2], 0, 0)], [], [])
+    with pytest.raises(TypeError, match="trip count"):
+        plan.add_loop(body, np.array([4], np.int32), None, None, None, -1, -1, [], [], [])
+    assert len(plan) == 0

@@ -527,7 +527,14 @@ class CpuOps(ConvOps):
         return _core.get_num_threads()
 
     def plan_refused_input(self, error):
-        return isinstance(error, _core.PlanStepFailed) and error.status in (_core.BAD_INDEX, _core.NOT_FINITE)
+        return isinstance(error, _core.PlanStepFailed) and error.status in (
+            _core.BAD_INDEX,
+            _core.NOT_FINITE,
+            _core.LOOP_LIMIT,
+        )
+
+    def plan_shapes_changed(self, error):
+        return isinstance(error, _core.PlanStepFailed) and error.status == _core.OTHER_SHAPES
 
     def plan_activation_code(self, name, rows=False):
         return steps.activation_code(name, rows)

@@ -889,9 +889,17 @@ class ReferenceOps:
     def plan_refused_input(self, error: BaseException) -> bool:
         """Whether ``error``, raised by a native plan's run, is a step refusing the call's
         values (an index outside its axis, a non-finite value that a Winograd step holds no
-        weights to sum directly) without writing the call's inputs: the call then goes to the
-        Python plan, which raises the node's own error or computes the call. False on
-        backends without native plans."""
+        weights to sum directly, a loop reaching the iteration limit of a loop whose length the
+        file sets) without writing the call's inputs: the call then goes to the Python plan,
+        which raises the node's own error or computes the call. False on backends without
+        native plans."""
+        return False
+
+    def plan_shapes_changed(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a native plan's run, says that the call's values give
+        other shapes than the plan holds (a loop that ran another number of iterations than
+        its stacked outputs hold): the call and the later ones with its key go to the Python
+        plan. False on backends without native plans."""
         return False
 
     def sequences_plan(
