@@ -66,6 +66,7 @@ from .plan_elementwise import (
     lower_cast,
     lower_dequantize,
     lower_elementwise,
+    lower_fused_add,
     lower_gelu,
     lower_map,
     lower_reduce,
@@ -174,6 +175,7 @@ LOWERINGS = {
     "RNN": recurrent("RNN"),
     **{name: activation(*act) for name, act in ACTIVATIONS.items()},
     "Gelu": lower_gelu,
+    "FusedAdd": lower_fused_add,
     "DequantizeLinear": lower_dequantize,
     "Loop": lambda *args: lower_loop(*args, walk=_walk),
     "Scan": lambda *args: lower_scan(*args, walk=_walk),
@@ -195,7 +197,7 @@ ANY_LAYOUT = frozenset(
     }
     | set(ELEMENTWISE)
     | set(ACTIVATIONS)
-    | {"Gelu"}
+    | {"Gelu", "FusedAdd"}
     | MOVEMENTS
 )
 

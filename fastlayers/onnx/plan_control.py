@@ -176,7 +176,7 @@ def _loop(low, ins, traced_ins, traced_outs, node_attrs, walk):
     body, formal = node_attrs.get("body"), node_attrs["_formal"]
     if not isinstance(body, Body):
         raise NotLowered
-    t_trips, t_cond = traced_ins[0], traced_ins[1]
+    t_trips, t_cond = (None if t is None else np.asarray(t) for t in traced_ins[:2])
     n = formal - 2
     t_init, v_init = traced_ins[2:formal], ins[2:formal]
     if (t_trips is not None and not _one(t_trips, np.int64)) or (t_cond is not None and not _one(t_cond, np.bool_)):

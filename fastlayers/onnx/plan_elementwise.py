@@ -170,6 +170,32 @@ def activation(name, alpha_attr, default):
     return lower
 
 
+def lower_fused_add(low, node, ins, traced_ins, traced_outs, attrs):
+    """FusedAdd of two float32 values of the result's shape: f(a + b) in one pass (the
+    add_act step), in their memory order where they share it, else in C order."""
+    a, b, out = ins[0], ins[1], traced_outs[0]
+    node_attrs = attrs["_attrs"]
+    code = low.ops.plan_activation_code(node_attrs.get("activation", "linear"))
+    if (
+        code is None
+        or not all(isinstance(v, Value) and v.dtype == np.float32 for v in (a, b))
+        or not isinstance(out, np.ndarray)
+        or not a.shape == b.shape == out.shape
+    ):
+        raise NotLowered
+    if a.perm != b.perm:
+        a, b = low.c_order(a), low.c_order(b)
+    y = low.new(a.shape, perm=a.perm)
+    low.use(a), low.use(b)
+    alpha = float(node_attrs.get("alpha", 0.0))
+    low.emit(
+        lambda plan, arena: plan.add_add_act(
+            arena_view(arena, a), arena_view(arena, b), arena_view(arena, y), code, alpha
+        )
+    )
+    return [y]
+
+
 def lower_gelu(low, node, ins, traced_ins, traced_outs, attrs):
     """Gelu: the activation kernel the Python plan calls (its tanh form where ``approximate``
     is "tanh")."""

@@ -1500,3 +1500,35 @@ def test_the_new_steps_keep_memory_flat(rng, monkeypatch):
     grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     tracemalloc.stop()
     assert grown < 64 << 10
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Tanh", "Sigmoid"])
+def test_an_add_and_its_activation_run_as_one_native_step(rng, monkeypatch, activation):
+    """Add of two computed values and the activation after it (FusedAdd): the add_act step,
+    the Python plan's bits."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    w1, w2 = (rng.standard_normal((8, 6)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"]),
+            helper.make_node("Sin", ["x"], ["xs"]),  # no product: the Add reads two values
+            helper.make_node("MatMul", ["xs", "w2"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node(activation, ["s"], ["y"]),
+        ],
+        "fused_add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    ours, python, session = _engines(data, ort)
+    assert "FusedAdd" in ours.op_types
+    for _ in range(3):
+        feed = {"x": rng.standard_normal((3, 8)).astype(np.float32)}
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed)):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(g, p)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert "FusedAdd" in native and "Sin" in fallbacks
