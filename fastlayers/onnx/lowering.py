@@ -45,7 +45,7 @@ from ..backends import get_ops
 from ..backends.derived import derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
-from .plan_control import lower_loop, lower_scan
+from .plan_control import lower_if, lower_loop, lower_scan
 from .plan_convolution import (
     GLOBAL_POOLS,
     SINGLE_IS_ITSELF,
@@ -177,9 +177,12 @@ LOWERINGS = {
     "Gelu": lower_gelu,
     "FusedAdd": lower_fused_add,
     "DequantizeLinear": lower_dequantize,
+    "If": lambda *args: lower_if(*args, walk=_walk),
     "Loop": lambda *args: lower_loop(*args, walk=_walk),
     "Scan": lambda *args: lower_scan(*args, walk=_walk),
 }
+#: Control-flow operators, whose bodies a native plan runs inside one step (``plan_control``).
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 #: Operators whose lowering reads channels-last values as they are held; the others' plan
 #: values are given to them in C order (``Lowering.c_order``).
 ANY_LAYOUT = frozenset(
@@ -400,7 +403,7 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
     time, its kernel ``native`` (its steps bound in the plan), ``alias`` (none: a view of its
     input's memory) or ``python`` (its function run inside the plan); None where another call
     runs the plan now."""
-    from .profile import Profile, Step, node_detail
+    from .profile import Profile, Step, body_detail, node_detail
 
     fed = [arrays[k] for k in plan.fed]
     outputs = [v for _, v in plan.outputs]
@@ -424,7 +427,12 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
         node = model._nodes[index]
         attrs = model._plan[index][3]
         kernel = "python" if kind == "python" else "native" if counts[k] else "alias"
-        fused = node_detail(node.op_type, attrs)
+        # a control-flow node run natively is one step: its bodies' operators are in its row
+        fused = (
+            body_detail(attrs)
+            if kind == "native" and node.op_type in CONTROL_FLOW
+            else node_detail(node.op_type, attrs)
+        )
         label = node.name or (node.outputs[0] if node.outputs else "")
         steps.append(Step(k, node.op_type, label, fused, in_shapes, out_shapes, "-", kernel, float(node_ms[k])))
     for s in steps:

@@ -13,7 +13,8 @@ than the trace's, or that reaches the iteration limit of a loop whose length the
 fails the step with a status that sends the call to the Python plan (``OTHER_SHAPES``: the
 key's plan is dropped; ``LOOP_LIMIT``: the Python plan raises the limit's error).
 
-Lowered natively: scanned inputs and stacked outputs on axis 0 (either direction), carried
+Lowered natively: scanned inputs and stacked outputs on any axis and in either direction
+(those on another axis than 0 moved to axis 0 before the loop, or from it after), carried
 values of fixed shapes, and a trace that ran at least one iteration. Anything else runs the
 node in Python inside the plan (``NotLowered``).
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 from .. import settings
 from .control import Body
-from .plan_values import LOOP_ITERATIONS_GUESS, NotLowered, Value, arena_view
+from .plan_values import LOOP_ITERATIONS_GUESS, NotLowered, Value, arena_view, transposed
 
 
 def _one(t, dtype) -> bool:
@@ -53,9 +54,14 @@ def _walk_body(low, walk, body: Body, own, captures):
     start = low.step
     emits, nodes, left, c_added = len(low.emits), len(low.nodes), low.left, len(low.c_added)
     native, fallbacks = len(low.native), len(low.fallbacks)
-    outputs = walk(low, body.model, list(own) + list(captures))
-    # the outputs in C order, by steps of the body
-    outputs = [(t, low.use(low.c_order(v)) if isinstance(v, Value) else v) for t, v in outputs]
+    try:
+        outputs = walk(low, body.model, list(own) + list(captures))
+        # the outputs in C order, by steps of the body
+        outputs = [(t, low.use(low.c_order(v)) if isinstance(v, Value) else v) for t, v in outputs]
+    except BaseException:  # the steps and buffers begun are dropped with the node's (``_walk``)
+        del low.nodes[nodes:]
+        low.left = left
+        raise
     body_emits = low.emits[emits:]
     del low.emits[emits:], low.nodes[nodes:]
     # C-order copies made inside the body are not there for the nodes after the loop
@@ -216,8 +222,8 @@ def _loop(low, ins, traced_ins, traced_outs, node_attrs, walk):
 
 
 def lower_scan(low, node, ins, traced_ins, traced_outs, attrs, walk):
-    """Scan: states..., outs... = body(states..., slices at t...) for t along axis 0 of the
-    scanned inputs, each in its direction; the per-iteration outputs stacked on axis 0."""
+    """Scan: states..., outs... = body(states..., slices at t...) for t along the scan axis of
+    each scanned input, in its direction; the per-iteration outputs stacked on their axes."""
     return _lowered(low, lambda: _scan(low, ins, traced_ins, traced_outs, attrs["_attrs"], walk))
 
 
@@ -230,28 +236,36 @@ def _scan(low, ins, traced_ins, traced_outs, node_attrs, walk):
     k = len(traced_outs) - n
     in_dirs = list(node_attrs.get("scan_input_directions") or [0] * m)
     out_dirs = list(node_attrs.get("scan_output_directions") or [0] * k)
-    t_states, t_scanned = traced_ins[:n], traced_ins[n:formal]
+    t_states, t_scanned = traced_ins[:n], list(traced_ins[n:formal])
     if any(not isinstance(t, np.ndarray) or t.ndim < (1 if j >= n else 0) for j, t in enumerate(traced_ins[:formal])):
         raise NotLowered
     in_axes = [a % t.ndim for a, t in zip(node_attrs.get("scan_input_axes") or [0] * m, t_scanned)]
-    out_axes = list(node_attrs.get("scan_output_axes") or [0] * k)
-    if any(in_axes) or any(out_axes):
+    t_outs = traced_outs[n:]
+    if any(not isinstance(t, np.ndarray) or t.ndim < 1 for t in t_outs):
         raise NotLowered
-    length = t_scanned[0].shape[0]
+    out_axes = [a % t.ndim for a, t in zip(node_attrs.get("scan_output_axes") or [0] * k, t_outs)]
+    length = t_scanned[0].shape[in_axes[0]]
     if length < 1:
         raise NotLowered
-    stacks = _stacks(low, traced_outs[n:])
-    states = [low.new(t.shape, t.dtype) for t in t_states]
-    slices = [low.new(t.shape[1:], t.dtype) for t in t_scanned]
     for v in ins[:formal]:
         low.use(v)
+    # scanned inputs on another axis than 0: moved to axis 0 first (the stacks moved after)
+    scanned = list(ins[n:formal])
+    for j, a in enumerate(in_axes):
+        if a:
+            perm = [a, *(d for d in range(t_scanned[j].ndim) if d != a)]
+            scanned[j] = transposed(low, scanned[j], perm) if isinstance(scanned[j], Value) else None
+            t_scanned[j] = np.ascontiguousarray(np.moveaxis(t_scanned[j], a, 0))
+    stacks = _stacks(low, [np.moveaxis(t, a, 0) for t, a in zip(t_outs, out_axes)])
+    states = [low.new(t.shape, t.dtype) for t in t_states]
+    slices = [low.new(t.shape[1:], t.dtype) for t in t_scanned]
     first = [t[length - 1 if d else 0] for t, d in zip(t_scanned, in_dirs)]
     own = [*zip(t_states, states), *zip(first, slices)]
     captures = list(zip(traced_ins[formal:], ins[formal:]))
     outs, body_emits, start, body_nodes = _walk_body(low, walk, body, own, captures)
     init = [(_array(v, t), None, into, None, 0, 0) for v, t, into in zip(ins[:n], t_states, states)]
     before = []
-    for v, t, into, d in zip(ins[n:formal], t_scanned, slices, in_dirs):
+    for v, t, into, d in zip(scanned, t_scanned, slices, in_dirs):
         step = math.prod(t.shape[1:]) * t.dtype.itemsize
         before.append((_array(v, t), length - 1 if d else 0, into, None, -step if d else step, 0))
     after = []
@@ -261,4 +275,63 @@ def _scan(low, ins, traced_ins, traced_outs, node_attrs, walk):
     after += _carried(low, outs[:n], states)
     _close(low, start, length, body_nodes)
     _emit(low, body_emits, np.array([length], np.int64), None, None, None, -1, length, init, before, after)
-    return states + stacks
+    moved = [
+        transposed(low, stack, [*range(1, a + 1), 0, *range(a + 1, stack_ndim)]) if a else stack
+        for stack, a, stack_ndim in zip(stacks, out_axes, (len(x.shape) for x in stacks))
+    ]
+    return states + moved
+
+
+def lower_if(low, node, ins, traced_ins, traced_outs, attrs, walk):
+    """If on a condition computed per call: both branches bound, each run by a loop step of
+    at most one iteration (the then branch where the condition holds, the else branch where
+    its negation does), each copying its outputs into the If's."""
+    return _lowered(low, lambda: _if(low, ins, traced_ins, traced_outs, attrs["_attrs"], walk))
+
+
+def _if(low, ins, traced_ins, traced_outs, node_attrs, walk):
+    """``lower_if``."""
+    branches = [node_attrs.get("then_branch"), node_attrs.get("else_branch")]
+    cond = ins[0]
+    if (
+        not all(isinstance(b, Body) for b in branches)
+        or not isinstance(cond, Value)
+        or not _one(np.asarray(traced_ins[0]), np.bool_)
+        or any(not isinstance(t, np.ndarray) for t in traced_outs)
+    ):
+        raise NotLowered
+    formal = node_attrs["_formal"]
+    captures = list(zip(traced_ins[formal:], ins[formal:]))
+    results = [low.new(t.shape, t.dtype) for t in traced_outs]
+    negated = low.new((), np.bool_)
+    for v in ins:
+        low.use(v)
+    walked = []
+    for branch in branches:
+        try:  # the branch the trace did not take runs here on values it may not be made for
+            outs, body_emits, start, counts = _walk_body(low, walk, branch, [], captures)
+        except NotLowered:
+            raise
+        except Exception:  # noqa: BLE001 - any failure of it keeps the If in Python
+            raise NotLowered from None
+        copies = []
+        for (t, v), into in zip(outs, results):
+            t = np.asarray(t)
+            if t.shape != into.shape or t.dtype != into.dtype:
+                raise NotLowered
+            copies.append((_array(v, t), None, into, None, 0, 0))
+        walked.append((body_emits, start, copies, counts))
+    _close(low, walked[0][1], 1, (0, 0))
+    # one branch runs per call: the cost model counts the nodes of the larger one
+    low.repeated[0] -= min(walked[0][3][0], walked[1][3][0])
+    low.repeated[1] -= min(walked[0][3][1], walked[1][3][1])
+    once = np.ones(1, np.int64)
+    (then_emits, _, then_copies, _), (else_emits, _, else_copies, _) = walked
+    _emit(low, then_emits, once, cond, None, None, -1, -1, [], [], then_copies)
+
+    def bind(plan, arena):
+        plan.add_map("not", arena_view(arena, negated).reshape(1), [arena_view(arena, cond).reshape(1)], [1], [[1]])
+
+    low.emit(bind)
+    _emit(low, else_emits, once, negated, None, None, -1, -1, [], [], else_copies)
+    return results

@@ -230,7 +230,7 @@ def transposed(low, x: Value, perm, extra=True) -> Value:
     if moved == sorted(moved):
         low.use(x)
         return Value(x.buffer, x.offset, shape, x.dtype)
-    y = low.new(shape)
+    y = low.new(shape, x.dtype)
     low.use(x)
     low.gathered += 2 * x.size * x.dtype.itemsize if extra else 0
     strides = [math.prod(x.shape[a + 1 :]) for a in range(len(x.shape))]

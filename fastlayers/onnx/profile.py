@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends import recording_calls
+from .control import Body
 
 #: Attributes of a fused node that name what it absorbed, shown in the ``fused`` column.
 _FUSED_ATTRS = ("activation", "_activation", "residual", "kind", "_ops")
@@ -158,6 +159,17 @@ def node_detail(op_type: str, attrs) -> str:
     """The ``fused`` column of a node: what a fused node (or a ConvTranspose, which takes its
     activation in) took in; "" for others."""
     return fused_detail(attrs) if op_type.startswith("Fused") or op_type == "ConvTranspose" else ""
+
+
+def body_detail(attrs) -> str:
+    """The ``fused`` column of a Loop, Scan or If that a native plan runs as one step: the
+    operators of its bodies ("body: MatMul+Tanh", "then: ... | else: ...")."""
+    parts = []
+    for key in ("body", "then_branch", "else_branch"):
+        body = attrs.get(key)
+        if isinstance(body, Body):
+            parts.append(f"{key.split('_')[0]}: " + "+".join(n.op_type for n in body.model._nodes))
+    return " | ".join(parts)
 
 
 def fused_detail(attrs) -> str:

@@ -172,7 +172,9 @@ def _branching(tmp_path):
 
 
 def test_profile_times_the_steps_of_the_branch_an_if_takes(tmp_path, rng):
-    model = fastlayers.load(_branching(tmp_path))
+    """The Python plan's profile (a native plan runs an If on a computed condition as one step
+    of its own, its branches' operators in its row: test_a_native_if_is_one_profile_row)."""
+    model = fastlayers.load(_branching(tmp_path), options=fastlayers.LoadOptions(native_plans=False))
     x = np.abs(rng.standard_normal((2, 3))).astype(np.float32)
     profile = model.profile(x, np.array(True), repeats=2)
     rows = [(s.branch, s.index, s.op_type) for s in profile.steps]
@@ -294,3 +296,15 @@ def test_profile_names_the_integer_kernels_a_step_runs(tmp_path, rng, backend_na
         assert step.kernel.startswith("cpu.integer."), step.kernel
     else:
         assert "integer" not in step.kernel, step.kernel
+
+
+def test_a_native_if_is_one_profile_row(tmp_path, rng):
+    model = fastlayers.load(_branching(tmp_path))
+    x = np.abs(rng.standard_normal((2, 3))).astype(np.float32)
+    for _ in range(3):  # the plan is built at the second call with a key
+        model(x, np.array(True))
+    profile = model.profile(x, np.array(True), repeats=3)
+    assert profile.model.endswith("(native plan)")
+    (choose,) = [s for s in profile.steps if s.op_type == "If"]
+    assert choose.kernel == "native" and choose.ms > 0
+    assert choose.fused.startswith("then: Tanh+Softmax+If+Add | else: ")
