@@ -24,7 +24,7 @@ from ..native import CODES, _core
 # Re-entrant: dropping an entry under the lock can free a source array whose weakref callback
 # (``_forget``) then takes the lock again on the same thread.
 _lock = threading.RLock()
-_cache: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+_cache: dict[tuple[int, object], tuple[weakref.ref, object]] = {}
 #: Counts ``clear_derived()`` calls: what holds derived arrays beyond one call (a model's bound
 #: steps) compares it with the count it saw and rebinds when it changed.
 _generation = [0]
@@ -38,8 +38,9 @@ def _forget(key, ref, _lock=_lock, _cache=_cache) -> None:
             del _cache[key]
 
 
-def derived(source, kind: str, make: Callable):
-    """``make(source)``, cached per (``source`` object, ``kind``) for as long as ``source`` lives."""
+def derived(source, kind, make: Callable):
+    """``make(source)``, cached per (``source`` object, ``kind``: a name, or any hashable
+    key) for as long as ``source`` lives."""
     key = (id(source), kind)
     hit = _cache.get(key)
     if hit is not None and hit[0]() is source:
@@ -65,13 +66,15 @@ def derived_view(view, kind: str, make: Callable):
     if hit is not None and hit[0]() is view:  # this view object asked before: no key to build
         return hit[1]
     root = view
-    while getattr(root.base, "__array_interface__", None) is not None:
+    while isinstance(root.base, np.ndarray) or getattr(root.base, "__array_interface__", None) is not None:
         root = root.base
-    offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    value = derived(root, f"{kind}:{offset}:{view.shape}:{view.strides}:{view.dtype}", lambda _: make(view))
+    if type(view) is np.ndarray and type(root) is np.ndarray:
+        offset = _core.data_address(view) - _core.data_address(root)
+    else:
+        offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    value = derived(root, (kind, offset, view.shape, view.strides, view.dtype.char), lambda _: make(view))
     # also under the view itself: a view kept between calls (an ONNX initializer, a view of the
-    # file's bytes) finds it at once; building the key above costs ~30 µs, a call's whole
-    # budget on a small product
+    # file's bytes) finds it at once
     try:
         ref = weakref.ref(view, lambda r, key=key, forget=_forget: forget(key, r))
     except TypeError:

@@ -278,3 +278,9 @@ def thread_buffer_bytes():
 def threads_released():
     """Threads whose kernel work buffers were freed at their exit since the process started."""
     return fl_thread_buf_released()
+
+
+def data_address(cnp.ndarray a):
+    """The address of ``a``'s first element (numpy's ``__array_interface__["data"][0]``
+    without the dict it builds: a weight's view is keyed by its offset on every call)."""
+    return <Py_ssize_t>cnp.PyArray_DATA(a)

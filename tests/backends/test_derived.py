@@ -47,3 +47,16 @@ def test_clear_derived_forgets_view_entries():
     first = derived.derived_view(view, "test-clear", lambda v: v.copy())
     derived.clear_derived()
     assert derived.derived_view(view, "test-clear", lambda v: v.copy()) is not first
+
+
+def test_views_apart_in_strides_or_type_are_entries_apart():
+    """The key of a viewed region holds its offset, shape, strides and type: a transpose made
+    anew per call (``weight.T``) finds its entry, a view of other strides or type does not."""
+    w = np.arange(24, dtype=np.float32).reshape(4, 6)
+    first = derived.derived_view(w.T, "test-regions", lambda v: v.copy())
+    assert derived.derived_view(w.T, "test-regions", lambda v: v.copy()) is first
+    strided = derived.derived_view(w[:, ::2].T, "test-regions", lambda v: v.copy())
+    typed = derived.derived_view(w.view(np.int32).T, "test-regions", lambda v: v.copy())
+    assert strided is not first and typed is not first and typed.dtype == np.int32
+    np.testing.assert_array_equal(first, w.T)
+    np.testing.assert_array_equal(strided, w[:, ::2].T)
