@@ -13,6 +13,17 @@ from ..backends import using_threads
 from ..errors import ShapeError, StateDictError
 from ..model.placement import on_device
 
+#: Counts the changes of any module's attributes, parameters, buffers or children
+#: (``state_version``): what is compiled from modules (``nn/plans.py``) is rebuilt after one.
+_STATE_VERSION = [0]
+
+
+def state_version() -> int:
+    """A number that changes whenever any module's attributes, parameters, buffers or children
+    are set, deleted or loaded (writing into a parameter's array in place is not seen: call
+    ``fastlayers.clear_derived()`` after such an edit, as for the kernels' derived weights)."""
+    return _STATE_VERSION[0]
+
 
 class IncompatibleKeys(NamedTuple):
     """What ``load_state_dict(strict=False)`` returns, as torch does."""
@@ -55,6 +66,7 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
+        _STATE_VERSION[0] += 1
         params, buffers, modules = self._parameters, self._buffers, self._modules
         if isinstance(value, Module):
             params.pop(name, None)
@@ -82,6 +94,7 @@ class Module:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
+        _STATE_VERSION[0] += 1
         for table in (self._parameters, self._buffers, self._modules):
             if name in table:
                 del table[name]
@@ -90,6 +103,7 @@ class Module:
 
     def register_buffer(self, name: str, value, persistent: bool = True) -> None:
         """Add a buffer (state that is not a parameter, e.g. running statistics)."""
+        _STATE_VERSION[0] += 1
         self._parameters.pop(name, None)
         self.__dict__.pop(name, None)
         self._buffers[name] = None if value is None else np.asarray(value)
@@ -97,11 +111,13 @@ class Module:
             self._non_persistent.add(name)
 
     def register_parameter(self, name: str, value) -> None:
+        _STATE_VERSION[0] += 1
         self._buffers.pop(name, None)
         self.__dict__.pop(name, None)
         self._parameters[name] = None if value is None else np.asarray(value, np.float32)
 
     def add_module(self, name: str, module: Module | None) -> None:
+        _STATE_VERSION[0] += 1
         self._modules[name] = module
 
     register_module = add_module
@@ -192,6 +208,7 @@ class Module:
                     f"from checkpoint, the shape in current model is {cur.shape}"
                 )
             staged.append((m, table, name, np.array(value, order="C", copy=True)))
+        _STATE_VERSION[0] += 1
         for m, table, name, value in staged:  # all or nothing
             table[name] = value
         for m in {id(m): m for m, *_ in staged}.values():
