@@ -95,6 +95,18 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
                 if (v == 2) conv_nchw_pass(CONV_NCHW_P, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
                 else conv_nchw_pass(CONV_NCHW_P, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
             }
+            /* the interior columns left: narrower passes (a pixel's taps are one dependent
+             * chain of multiply-adds, a pass's columns independent ones) */
+            if (CONV_NCHW_P > 6 && ow + 6 <= ow_hi) {
+                if (v == 2) conv_nchw_pass(6, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(6, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                ow += 6;
+            }
+            if (ow + 3 <= ow_hi) {
+                if (v == 2) conv_nchw_pass(3, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(3, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                ow += 3;
+            }
             for (; ow < p->wo; ++ow)
                 for (int64_t q = 0; q < v; ++q)
                     conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);

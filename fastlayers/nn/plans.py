@@ -35,6 +35,7 @@ from .module import state_version
 #: The default-domain opset the compiled graphs declare.
 OPSET = 17
 _FLOAT = 1  # TensorProto.FLOAT
+_FLOAT32 = np.dtype(np.float32)
 
 
 class NoForm(Exception):
@@ -298,7 +299,7 @@ def compile_sequential(seq, rank: int):
     return from_model(model, f"{type(seq).__name__} (compiled)", own=True)
 
 
-#: Sequential -> {input rank: (state version, derived generation, OnnxModel or None)}.
+#: Sequential -> {input rank: ((state version, derived generation), OnnxModel or None)}.
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -306,19 +307,19 @@ _lock = threading.Lock()
 def compiled_call(seq, x):
     """``seq(x)`` through its compiled model where one serves (see the module docstring),
     else None."""
-    if type(x) is not np.ndarray or x.dtype != np.float32 or not x.ndim or get_ops().name != "cpu":
+    if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim or get_ops().name != "cpu":
         return None
     if not settings.current().native_plans:
         return None
     stamp = (state_version(), derived_generation())
     entry = _COMPILED.get(seq)
     hit = None if entry is None else entry.get(x.ndim)
-    if hit is None or hit[:2] != stamp:
+    if hit is None or hit[0] != stamp:
         with _lock:
             model = compile_sequential(seq, x.ndim)
-            _COMPILED.setdefault(seq, {})[x.ndim] = (*stamp, model)
+            _COMPILED.setdefault(seq, {})[x.ndim] = (stamp, model)
     else:
-        model = hit[2]
+        model = hit[1]
     if model is None:
         return None
     try:

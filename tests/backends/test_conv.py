@@ -317,6 +317,8 @@ def test_grouped_conv_on_threads(isa, n_threads):
     "shape_hw, k, strides, pads, dilation",
     [
         ((37, 53), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a stem: 27 interior columns
+        ((5, 32), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 30 interior columns: passes of 12, 6
+        ((4, 23), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 21: passes of 12, 6, 3
         ((20, 31), (7, 7), (2, 2), ((3, 2), (3, 2)), (1, 1)),
         ((9, 40), (3, 3), (1, 1), ((0, 2), (1, 0)), (1, 2)),  # asymmetric pads, dilated columns
         ((8, 40), (5, 3), (1, 1), ((2, 2), (1, 1)), (2, 1)),

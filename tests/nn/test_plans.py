@@ -21,7 +21,7 @@ from .test_core import CASES, randomize
 def _compiled(seq, rank):
     """The compiled model serving ``seq``'s calls of ``rank`` axes, or None."""
     entry = plans._COMPILED.get(seq, {}).get(rank)
-    return None if entry is None else entry[2]
+    return None if entry is None else entry[1]
 
 
 def _pair(torch, rng, name, args, kwargs):
