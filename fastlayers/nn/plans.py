@@ -1,8 +1,8 @@
 """``nn.Sequential`` models run as ONNX plans: one executor for a module stack and its export.
 
-A Sequential whose every module has an ONNX form (``FORMS``: one writer per module class,
-each writing the nodes torch's exporter writes for it) is written once per input rank as an
-in-memory ONNX graph and imported as an exported file is (``onnx.importer.from_model``:
+A Sequential holding a Linear or a convolution (``PRODUCTS``) whose every module has an
+ONNX form (``FORMS``: one writer per module class, each writing the nodes torch's exporter
+writes for it) is written once per input rank as an in-memory ONNX graph and imported as an exported file is (``onnx.importer.from_model``:
 constant folding, the fusions, channels-last convolutions, native plans). Its calls on the cpu
 backend then run that model: the steps a module stack and its ONNX export run are the same,
 without the per-module layout moves and Python of the module-by-module path (a stack of
@@ -27,41 +27,15 @@ from .. import settings
 from ..backends import get_ops
 from ..backends.derived import derived_generation
 from ..errors import FastlayersError
-from ..onnx import proto
-from ..onnx.importer import from_model
+from ..onnx.writer import GraphWriter
 from . import functional_conv as FC
 from .module import state_version
 
-#: The default-domain opset the compiled graphs declare.
-OPSET = 17
-_FLOAT = 1  # TensorProto.FLOAT
 _FLOAT32 = np.dtype(np.float32)
 
 
 class NoForm(Exception):
     """A module (or an input rank) that no ONNX form covers: the stack runs module by module."""
-
-
-class _Graph:
-    """The ONNX graph being written: nodes, initializers and fresh value names."""
-
-    def __init__(self):
-        self.graph = proto.Graph()
-        self.count = 0
-
-    def name(self, hint: str) -> str:
-        self.count += 1
-        return f"{hint}_{self.count}"
-
-    def const(self, array, hint: str) -> str:
-        name = self.name(hint)
-        self.graph.initializers[name] = np.ascontiguousarray(array)
-        return name
-
-    def node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
-        out = self.name(hint)
-        self.graph.nodes.append(proto.NodeProto(op_type, "", out, list(inputs), [out], attrs))
-        return out
 
 
 def _linear(g, m, x, rank):
@@ -140,13 +114,13 @@ def _layer_norm(g, m, x, rank):
 
 
 def _batch_norm(g, m, x, rank):
+    """The module's folded scale and shift per channel (axis 1): a Mul and an Add, which the
+    import folds into a convolution before it or fuses with the activation after it."""
     if rank not in m._ranks or not m.track_running_stats:
         raise NoForm
-    n = m.num_features
-    scale = m.weight if m.weight is not None else np.ones(n, np.float32)
-    bias = m.bias if m.bias is not None else np.zeros(n, np.float32)
-    inputs = [x, *(g.const(a, "bn") for a in (scale, bias, m.running_mean, m.running_var))]
-    return g.node("BatchNormalization", inputs, "batch_norm", epsilon=m.eps), rank
+    shape = (-1,) + (1,) * (rank - 2)
+    scale, shift = (g.const(np.asarray(v, np.float32).reshape(shape), "bn") for v in m._folded)
+    return g.node("Add", [g.node("Mul", [x, scale], "bn_scale"), shift], "bn_shift"), rank
 
 
 def _conv(g, m, x, rank):
@@ -282,21 +256,28 @@ FORMS = {
 }
 
 
+#: The modules whose kernels the compiled model runs better than the modules do (dense
+#: chains, channels-last convolutions with their normalizations and activations folded in): a
+#: stack holding none of them keeps the module-by-module path, whose one kernel per module
+#: costs less than a compiled model's call (measured in docs/design.md).
+PRODUCTS = frozenset({"fastlayers.nn.modules.Linear", "fastlayers.nn.conv.Conv1d", "fastlayers.nn.conv.Conv2d"})
+
+
+def _holds_product(m) -> bool:
+    return any(_class_name(c) in PRODUCTS or _holds_product(c) for c in m._modules.values() if c is not None)
+
+
 def compile_sequential(seq, rank: int):
     """``seq`` (a Sequential) as an ``OnnxModel`` taking one float32 input of ``rank`` axes,
-    or None where some module has no form for it."""
-    g = _Graph()
+    or None where some module has no form for it or none is a product (``PRODUCTS``)."""
+    if not _holds_product(seq):
+        return None
+    g = GraphWriter()
     try:
         y, _ = _sequential(g, seq, "input", rank)
     except NoForm:
         return None
-    if y == "input":  # nothing but identities: the modules' own path is a copy at most
-        return None
-    g.graph.name = type(seq).__name__
-    g.graph.inputs = [proto.ValueInfo("input", _FLOAT, [None] * rank)]
-    g.graph.outputs = [proto.ValueInfo(y, _FLOAT, None)]
-    model = proto.Model(8, {"": OPSET}, "fastlayers", g.graph)
-    return from_model(model, f"{type(seq).__name__} (compiled)", own=True)
+    return g.model(type(seq).__name__, [("input", rank)], [y])
 
 
 #: Sequential -> {input rank: ((state version, derived generation), OnnxModel or None)}.

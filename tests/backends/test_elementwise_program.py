@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fastlayers.backends import get_ops
+from fastlayers.backends.cpu import programs
 from fastlayers.backends.reference import ReferenceOps
 from fastlayers.native import _core
 
@@ -45,6 +46,8 @@ def _operands(rng, shape, nhwc, channel):
     x[(0,) * x.ndim] = np.nan  # NaN kept
     if channel == "scalar":
         v = np.asarray(rng.standard_normal() + 3, np.float32)
+    elif channel == "row":  # a vector along the last axis of (N, C) rows
+        v = (rng.standard_normal(shape[1]) + 3).astype(np.float32)
     elif channel == "per-sample":
         v = (rng.standard_normal((shape[0], shape[1], 1, 1)) + 3).astype(np.float32)
     else:
@@ -61,6 +64,8 @@ def _operands(rng, shape, nhwc, channel):
         ((1, 1, 1, 1), True, "channel"),
         ((1, 129, 4), False, "scalar"),
         ((5, 33), False, "scalar"),
+        ((5, 33), False, "row"),
+        ((1, 70), False, "row"),
         ((1,), False, "scalar"),
         ((2, 8, 3, 3), False, "scalar"),
     ],
@@ -69,6 +74,8 @@ def test_native_program_gives_the_bits_of_its_steps(isa, rng, shape, nhwc, chann
     """The native pass against the same instructions one by one on the cpu backend (the bits
     of the unfused operators), and against the numpy reference within float32 rounding."""
     operands = _operands(rng, shape, nhwc, channel)
+    if channel == "row":  # vectors along the rows of (N, C): the native pass's channels
+        assert programs._layout_of(operands) is not None
     got = get_ops().elementwise_plan(PROGRAM)(operands)
     want = _steps(PROGRAM, operands)
     assert got.shape == want.shape == np.broadcast_shapes(*(o.shape for o in operands))
@@ -101,7 +108,7 @@ def test_other_layouts_and_types_take_the_numpy_program(rng):
     ops = get_ops()
     x = rng.standard_normal((4, 6)).astype(np.float32)
     for operands in (
-        [x, rng.standard_normal(6).astype(np.float32)],  # a row vector: numpy's broadcasting
+        [x, rng.standard_normal((4, 1)).astype(np.float32)],  # a column vector: numpy's broadcasting
         [x.T, rng.standard_normal((6, 4)).astype(np.float32)],  # memory orders that differ
         [x.astype(np.float64), x],  # another type
         [np.zeros((0, 6), np.float32), np.zeros((0, 6), np.float32)],  # empty

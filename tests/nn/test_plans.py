@@ -12,6 +12,7 @@ from fastlayers.backends import use_ops
 from fastlayers.backends.derived import clear_derived
 from fastlayers.errors import ShapeError
 from fastlayers.nn import plans
+from fastlayers.onnx.writer import GraphWriter
 
 from ..conftest import assert_close, in_threads
 from .test_conv import CONV_CASES, POOL_CASES
@@ -34,24 +35,37 @@ def _pair(torch, rng, name, args, kwargs):
 
 @pytest.mark.parametrize("name,args,kwargs,shape", CASES + CONV_CASES + POOL_CASES)
 def test_each_module_in_a_compiled_stack_matches_torch(name, args, kwargs, shape, torch, rng):
-    """A module with a Tanh after it (so that no stack is identities only): the compiled
-    model where the module has an ONNX form, torch's result either way."""
+    """A module with a Tanh and a Linear after it (a stack holds a product to be compiled):
+    the compiled model where the module has an ONNX form, torch's result either way."""
     ref, ours = _pair(torch, rng, name, args, kwargs)
-    ref_stack, stack = torch.nn.Sequential(ref, torch.nn.Tanh()), nn.Sequential(ours, nn.Tanh())
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    with torch.no_grad():
+        width = ref(torch.from_numpy(x)).shape[-1]
+    head = torch.nn.Linear(width, 3)
+    ref_stack = torch.nn.Sequential(ref, torch.nn.Tanh(), head)
+    stack = nn.Sequential(ours, nn.Tanh(), nn.Linear(width, 3))
+    stack[2].load_state_dict({k: v.numpy() for k, v in head.state_dict().items()})
     with torch.no_grad():
         expected = ref_stack(torch.from_numpy(x)).numpy()
     for _ in range(3):  # the third call runs the plan built at the second
         got = stack(x)
         assert_close(got, expected, rtol=1e-5, atol=1e-5, what=f"{name}{args}{kwargs}")
     key = f"{type(ours).__module__}.{type(ours).__qualname__}"
-    if key in plans.FORMS and name not in ("Dropout", "Identity"):
+    if key in plans.FORMS:
         try:
-            plans.FORMS[key](plans._Graph(), ours, "x", len(shape))
+            plans.FORMS[key](GraphWriter(), ours, "x", len(shape))
             has_form = True
         except plans.NoForm:
             has_form = False
         assert (_compiled(stack, len(shape)) is not None) == has_form
+
+
+def test_a_stack_without_products_keeps_the_modules_path(rng):
+    stack = nn.Sequential(nn.BatchNorm1d(16), nn.ReLU())
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    for _ in range(2):
+        stack(x)
+    assert _compiled(stack, 2) is None
 
 
 def _cnn(torch):

@@ -34,7 +34,8 @@ def _layout_of(operands):
     samples; inner values per sample; channels; each tensor operand's sample stride in floats):
     every tensor operand holds, in that order, ``samples`` runs of ``inner`` contiguous values at
     a constant stride (a C-contiguous array, NHWC memory behind an NCHW view, a slice of either);
-    channel vectors need the channels innermost in memory and, one per sample, the batch axis
+    channel vectors (along axis 1 of an (N, C, ...) result: NCHW views of NHWC memory, or (N,
+    C) rows) need the channels innermost in memory and, one per sample, the batch axis
     outermost."""
     for o in operands:
         if type(o) is not np.ndarray or o.dtype != np.float32 or o.size == 0:
@@ -49,7 +50,12 @@ def _layout_of(operands):
             full.append(o)
         else:
             padded = (1,) * (len(shape) - o.ndim) + o.shape
-            if len(shape) != 4 or padded[2:] != (1, 1) or padded[1] != shape[1] or padded[0] not in (1, shape[0]):
+            if (
+                len(shape) < 2
+                or any(d != 1 for d in padded[2:])
+                or padded[1] != shape[1]
+                or padded[0] not in (1, shape[0])
+            ):
                 return None
             kinds.append(CHANNEL)
             per_sample |= padded[0] > 1
@@ -68,7 +74,7 @@ def _layout_of(operands):
         return None
     c = 1
     if CHANNEL in kinds:
-        if len(shape) != 4 or order[-1] != 1:
+        if not order or order[-1] != 1:
             return None
         c = shape[1]
         if per_sample:

@@ -1,0 +1,47 @@
+"""ONNX graphs written in memory from fastlayers' own models (``nn/plans.py``,
+``model/plans.py``) and imported as an exported file is (``importer.from_model``: folding,
+fusions, native plans): one executor for every model kind."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import proto
+from .importer import from_model
+
+#: The default-domain opset the written graphs declare.
+OPSET = 17
+_FLOAT = 1  # TensorProto.FLOAT
+
+
+class GraphWriter:
+    """An ONNX graph being written: its nodes, initializers and fresh value names."""
+
+    def __init__(self):
+        self.graph = proto.Graph()
+        self.count = 0
+
+    def name(self, hint: str) -> str:
+        """A value name not used before in this graph."""
+        self.count += 1
+        return f"{hint}_{self.count}"
+
+    def const(self, array, hint: str) -> str:
+        """An initializer holding ``array`` (C-contiguous); its name."""
+        name = self.name(hint)
+        self.graph.initializers[name] = np.ascontiguousarray(array)
+        return name
+
+    def node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
+        """A node of the default domain with one output; that output's name."""
+        out = self.name(hint)
+        self.graph.nodes.append(proto.NodeProto(op_type, "", out, list(inputs), [out], attrs))
+        return out
+
+    def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str]):
+        """The ``OnnxModel`` of the graph written, its inputs float32 values of the given
+        ranks (every dimension free), its outputs ``outputs``."""
+        self.graph.name = name
+        self.graph.inputs = [proto.ValueInfo(i, _FLOAT, [None] * rank) for i, rank in inputs]
+        self.graph.outputs = [proto.ValueInfo(o, _FLOAT, None) for o in outputs]
+        return from_model(proto.Model(8, {"": OPSET}, "fastlayers", self.graph), f"{name} (compiled)", own=True)
