@@ -385,13 +385,17 @@ class Plan:
         self.fed = [k for k, v in enumerate(input_views) if v is not None]
         self.input_views = [input_views[k] for k in self.fed]
         self.constants, self.holders, self.summary = constants, holders, summary
+        self.all_fed = len(self.fed) == len(inputs)  # every input copied in or read in place
+        self.output_names = [name for name, _ in outputs]
+        self.output_views = [v for _, v in outputs]
 
     def run(self, arrays):
-        results = self.native.run([arrays[k] for k in self.fed], self.input_views, [v for _, v in self.outputs])
+        fed = arrays if self.all_fed and type(arrays) is list else [arrays[k] for k in self.fed]
+        results = self.native.run(fed, self.input_views, self.output_views)
         if results is None:
             return None
         values = dict(zip(self.inputs, arrays))  # the call's inputs, as the Python plan's table
-        values.update(zip((name for name, _ in self.outputs), results))
+        values.update(zip(self.output_names, results))
         for name, array in self.constants:
             values[name] = array.copy()
         return values
@@ -556,8 +560,10 @@ class NativePlans:
     def key(self, arrays, ops, threads):
         return (
             tuple(
-                (a.shape, a.dtype.char, None if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX else a.tobytes())
-                for a in arrays
+                [
+                    (a.shape, a.dtype.char, None if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX else a.tobytes())
+                    for a in arrays
+                ]
             ),
             ops.name,
             threads,
