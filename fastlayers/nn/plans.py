@@ -142,6 +142,42 @@ def _conv(g, m, x, rank):
     return y, rank
 
 
+def _conv_transpose(g, m, x, rank):
+    if rank != 4:
+        raise NoForm
+    inputs = [x, g.const(m.weight, "deconv_weight")] + ([] if m.bias is None else [g.const(m.bias, "deconv_bias")])
+    y = g.node(
+        "ConvTranspose",
+        inputs,
+        "conv_transpose",
+        kernel_shape=list(m.kernel_size),
+        strides=list(m.stride),
+        dilations=list(m.dilation),
+        pads=list(m.padding) * 2,
+        output_padding=list(m.output_padding),
+        group=m.groups,
+    )
+    return y, rank
+
+
+def _upsample(g, m, x, rank):
+    """Resize by ``scale_factor`` as torch's exporter writes it (a ``size`` needs the batch and
+    channels, unknown here: left to the module)."""
+    if rank != 4 or m.scale_factor is None or m.size is not None or m.recompute_scale_factor:
+        raise NoForm
+    sf = m.scale_factor
+    factors = tuple(float(v) for v in sf) if isinstance(sf, (tuple, list)) else (float(sf), float(sf))
+    if len(factors) != 2:
+        raise NoForm
+    scales = g.const(np.array([1.0, 1.0, *factors], np.float32), "scales")
+    if m.mode == "nearest":
+        attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    else:
+        corners = "align_corners" if m.align_corners else "pytorch_half_pixel"
+        attrs = {"mode": "linear", "coordinate_transformation_mode": corners}
+    return g.node("Resize", [x, "", scales], "upsample", **attrs), rank
+
+
 def _window(m, r, what):
     """(kernel, stride, padding, dilation) of a pooling module as tuples of ``r`` ints."""
     kernel = FC._tuple(m.kernel_size, r, f"{what} kernel_size")
@@ -245,6 +281,8 @@ FORMS = {
     "fastlayers.nn.modules.BatchNorm2d": _batch_norm,
     "fastlayers.nn.conv.Conv1d": _conv,
     "fastlayers.nn.conv.Conv2d": _conv,
+    "fastlayers.nn.conv.ConvTranspose2d": _conv_transpose,
+    "fastlayers.nn.conv.Upsample": _upsample,
     "fastlayers.nn.conv.MaxPool1d": _max_pool(1),
     "fastlayers.nn.conv.MaxPool2d": _max_pool(2),
     "fastlayers.nn.conv.AvgPool1d": _avg_pool(1),
