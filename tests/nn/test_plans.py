@@ -3,6 +3,8 @@ module-by-module path and its errors; rebuilt when the modules change."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,19 @@ def test_threads_share_a_compiled_stack(rng):
     in_threads(work, 8)
     for i, got in results.items():
         np.testing.assert_array_equal(got, expected[i % 4])
+
+
+def test_compiled_stacks_keep_memory_flat(rng):
+    stack = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 4))
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    for _ in range(20):
+        stack(x)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(300):
+        stack(x)
+    in_threads(lambda i: [stack(x) for _ in range(50)], 4)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 << 10
+    assert _compiled(stack, 4) is not None

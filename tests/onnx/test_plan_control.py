@@ -3,6 +3,8 @@ onnxruntime and the Python plan, with the cases that send a call back to the Pyt
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ import fastlayers
 from fastlayers.errors import InputError
 from fastlayers.onnx import lowering
 
-from ..conftest import assert_close, oracle
+from ..conftest import assert_close, in_threads, oracle
 
 pytest.importorskip("onnx")
 from onnx import TensorProto, helper
@@ -354,3 +356,30 @@ def test_an_if_whose_branches_differ_runs_in_python(rng, monkeypatch, case):
         data = _data_if(rng, [helper.make_node("Reshape", ["x", "bad_shape"], ["r"])], [5, 5])
         _, plans = _check(data, _signed_feeds(rng, [1, 1, 1, 1]))
         assert "If" in plans[0].summary[1]
+
+
+def test_loop_plans_keep_memory_flat(rng):
+    """Calls through a plan with a Scan and a Loop allocate nothing that stays, from one
+    thread or several."""
+    scan = fastlayers.load(_rnn_scan(rng, 1, 0))
+    loop = fastlayers.load(_counter_loop(rng))
+    feed = {
+        "s0": rng.standard_normal((B, H)).astype(np.float32),
+        "x": rng.standard_normal((T, B, I)).astype(np.float32),
+        "k": rng.standard_normal(1).astype(np.float32),
+    }
+    h0 = {"h0": rng.standard_normal((1, H)).astype(np.float32)}
+
+    def calls(count):
+        for _ in range(count):
+            scan.run(None, feed)
+            loop.run(None, h0)
+
+    calls(50)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    calls(300)
+    in_threads(lambda i: calls(50), 4)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 << 10
