@@ -82,22 +82,35 @@ static int64_t job_n, job_chunk, job_chunks;
 static __thread int in_pool = 0;
 static __thread int call_threads = 0;                         /* 0: the process-wide count */
 
-static int cpus_available(void) {
-#ifdef __linux__
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-#endif
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* How long a thread's count of the CPUs it may run on is reused: every kernel asks for the
+ * thread count, and the sched_getaffinity system call behind it cost more than a small
+ * product itself (a 3-layer batch-1 dense chain took 3x its time). An affinity change
+ * (taskset, os.sched_setaffinity) is seen within this time. */
+#define FL_AFFINITY_REUSE_NS (INT64_C(50) * 1000000)
+static __thread int affinity_cpus = 0;
+static __thread int64_t affinity_read_ns = 0;
+
+static int cpus_available(void) {
+    int64_t t = now_ns();
+    if (affinity_cpus > 0 && t - affinity_read_ns < FL_AFFINITY_REUSE_NS) return affinity_cpus;
+    int n = 0;
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+#endif
+    if (n <= 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? (int)online : 1;
+    }
+    affinity_cpus = n;
+    affinity_read_ns = t;
+    return n;
 }
 
 static int clamp_threads(int n) { return n < 1 ? 1 : (n > FL_MAX_THREADS ? FL_MAX_THREADS : n); }

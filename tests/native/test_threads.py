@@ -234,6 +234,31 @@ def test_idle_spin_from_the_environment(value, expect):
         assert "FASTLAYERS_IDLE_SPIN_US" in out.stdout
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and at least two CPUs",
+)
+def test_the_default_count_follows_the_thread_s_affinity():
+    """With no count set, a thread's kernels use the CPUs it may run on; the count is read
+    again at most every 50 ms (threadpool.c's FL_AFFINITY_REUSE_NS), so a thread pinned to one
+    CPU runs serially from then on."""
+    code = (
+        "import os, threading, time\nimport numpy as np\nfrom fastlayers.native import _core\n"
+        "print(_core.get_num_threads())\n"
+        "def pinned():\n"
+        "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "    time.sleep(0.1)\n"
+        "    a = np.ones((64, 64), np.float32)\n"
+        "    _core.matmul(a, a, np.empty((64, 64), np.float32))\n"
+        "    print(_core.get_num_threads())\n"
+        "threading.Thread(target=pinned).start()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FASTLAYERS_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(min(len(os.sched_getaffinity(0)), 256)), "1"], out.stdout
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_thread_s_own_count_gives_the_same_bits_as_the_process_count(threads):
     """``using_threads(n)`` runs the calling thread's kernels on n threads whatever the
