@@ -41,9 +41,10 @@ LEVELS = [
     ("layer support", ("fastlayers.layers.symbolic", "fastlayers.layers.streaming", "fastlayers.model.warmup")),
     ("layers", ("fastlayers.layers",)),
     # services over layers that the model classes call (model/: plan rewrites, summaries,
-    # model.to); model/graph.py itself is a model class
+    # model.to); model/graph.py itself is a model class, and model/plans.py (layer graphs
+    # written as ONNX graphs) sits beside it and onnx/
     ("model services", ("fastlayers.model",)),
-    ("models", ("fastlayers.model.graph", "fastlayers.nn", "fastlayers.onnx")),
+    ("models", ("fastlayers.model.graph", "fastlayers.model.plans", "fastlayers.nn", "fastlayers.onnx")),
     ("io", ("fastlayers.io",)),
     (
         "top",

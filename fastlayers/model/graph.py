@@ -23,6 +23,7 @@ from ..layers.input_layer import InputLayer
 from ..layers.symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .folding import fold_embeddings
 from .placement import on_device
+from .plans import compiled_call
 from .summary import model_summary
 from .warmup import FREE_SIZE, in_proportion, warm_up
 
@@ -143,6 +144,7 @@ class Model(Layer):
         self._host_plan = fold_embeddings(run_nodes, plan, self.outputs)
         self._host_chain = self._chain_of(self._host_plan)
         self._bound: dict = {}
+        self._plans: dict = {}  # input rank -> the graph compiled as an ONNX model (plans.py)
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -433,6 +435,10 @@ class Model(Layer):
         its layers bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
+            if self._single_input and ops.name == "cpu":
+                y = compiled_call(self, x, self._plans)
+                if y is not None:
+                    return y
             token = ops.enter_call()
             try:
                 return self._run_bound(x, ops)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import layers
+from fastlayers import layers, settings
 from fastlayers.backends import derived, use_ops
 from fastlayers.model import graph
 
@@ -72,6 +72,15 @@ def _models():
 
 
 MODELS = list(_models())
+#: These tests are of the layer path: a graph holding a convolution otherwise runs compiled
+#: (model/plans.py, tests/model/test_plans.py).
+LAYER_PATH = settings.LoadOptions(native_plans=False)
+
+
+@pytest.fixture(autouse=True)
+def layer_path():
+    with settings.applied(LAYER_PATH):
+        yield
 
 
 @pytest.mark.parametrize("name, model, shape", MODELS, ids=[m[0] for m in MODELS])
@@ -144,7 +153,8 @@ def test_threads_with_different_layouts_share_a_model(rng):
     want = [model._run_plan(x) for x in inputs]
 
     def work(i):
-        for _ in range(30):
-            np.testing.assert_array_equal(model(inputs[i]), want[i])
+        with settings.applied(LAYER_PATH):
+            for _ in range(30):
+                np.testing.assert_array_equal(model(inputs[i]), want[i])
 
     in_threads(work, 4)

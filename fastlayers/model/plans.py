@@ -1,0 +1,480 @@
+"""Keras-style graphs run as ONNX plans: one executor for a layer graph and its export.
+
+A ``Model`` (or ``Sequential``) with one input that holds a convolution
+(``SPATIAL``), and whose every layer has an ONNX form (``FORMS``, one writer per layer class,
+by its exact class), is written once per input rank as an in-memory ONNX graph
+(``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
+convolutions, native plans), as ``nn/plans.py`` does for torch-style stacks. Values stay
+channels-first from the first spatial layer on (``Value.moved``), so that the convolutions,
+the normalizations and activations after them and the residual sums between them run as one
+region the import fuses (BatchNormalization into the convolution, the sum into its
+epilogue); a layer that reads the channels last (Dense, Flatten, LayerNormalization) gets them
+back by a Transpose. The forms cover Dense, the activations with an ONNX operator, ReLU,
+Softmax, the dropouts, Flatten, BatchNormalization, LayerNormalization over trailing axes,
+Rescaling, the merges, Concatenate, Conv1D/Conv2D/DepthwiseConv2D, the max and average pools
+and the global pools. A graph of dense layers only keeps the layer path, whose bound steps
+cost less than a compiled model's call (docs/design.md).
+
+A call takes the compiled model where its input is a float32 numpy array (prepared by
+``Model``: cast and checked against the input's shape) and the backend is the cpu one with
+``native_plans`` on; a call that raises there runs layer by layer (the layers' own checks
+then name the error). What is compiled is rebuilt after any layer's weight array is replaced
+(``set_weights``, ``load_weights``, an assignment) and after ``clear_derived`` (an in-place
+edit); ``Model`` empties its table when its graph is rebuilt (``Sequential.add``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import settings
+from ..backends.derived import derived_generation
+from ..errors import FastlayersError
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+class NoForm(Exception):
+    """A layer (or its settings) that no ONNX form covers: the graph runs layer by layer."""
+
+
+class Value:
+    """A value of the written graph as a layer sees it: its ``name``, its ``rank`` and whether
+    it is held ``moved``: channels at axis 1 where the layers read them last (a spatial form's
+    output, so that the convolutions, their normalizations, activations and residual sums
+    between them run as one NCHW region the import fuses; ``plain`` moves it back)."""
+
+    __slots__ = ("name", "rank", "moved", "other")
+
+    def __init__(self, name: str, rank: int, moved: bool = False):
+        self.name, self.rank, self.moved = name, rank, moved
+        self.other: str | None = None  # its Transpose to the other layout, once written
+
+
+def _perm_to_first(rank):
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def _perm_to_last(rank):
+    return [0, *range(2, rank), 1]
+
+
+def plain(g, v: Value) -> str:
+    """``v`` in the layout the layers see (a Transpose back where it is held moved)."""
+    if not v.moved:
+        return v.name
+    if v.other is None:
+        v.other = g.node("Transpose", [v.name], "to_last", perm=_perm_to_last(v.rank))
+    return v.other
+
+
+def _first(g, v: Value) -> str:
+    """``v`` (a channels-last value of a spatial layer) with its channels at axis 1."""
+    if v.moved:
+        return v.name
+    if v.other is None:
+        v.other = g.node("Transpose", [v.name], "to_first", perm=_perm_to_first(v.rank))
+    return v.other
+
+
+def _activation(g, name, x, axis):
+    """The nodes of the activation ``name`` (``layers.core.ACTIVATIONS``) on value ``x``
+    (``axis``: the axis a softmax runs over)."""
+    simple = {
+        "relu": "Relu",
+        "sigmoid": "Sigmoid",
+        "tanh": "Tanh",
+        "softplus": "Softplus",
+        "softsign": "Softsign",
+        "selu": "Selu",
+        "exponential": "Exp",
+        "hard_silu": "HardSwish",
+    }
+    if name == "linear":
+        return x
+    if name in simple:
+        return g.node(simple[name], [x], name)
+    if name in ("softmax", "log_softmax"):
+        return g.node("Softmax" if name == "softmax" else "LogSoftmax", [x], name, axis=axis)
+    if name in ("gelu", "gelu_tanh"):
+        return g.node("Gelu", [x], name, approximate="none" if name == "gelu" else "tanh")
+    if name == "silu":
+        return g.node("Mul", [x, g.node("Sigmoid", [x], "sigmoid")], name)
+    if name == "relu6":
+        return g.node("Clip", [x, g.const(np.float32(0.0), "min"), g.const(np.float32(6.0), "max")], name)
+    if name == "leaky_relu":
+        return g.node("LeakyRelu", [x], name, alpha=0.2)
+    if name == "elu":
+        return g.node("Elu", [x], name, alpha=1.0)
+    if name == "hard_sigmoid":
+        return g.node("HardSigmoid", [x], name, alpha=1.0 / 6.0, beta=0.5)
+    raise NoForm
+
+
+def _elementwise(g, v: Value, name: str) -> Value:
+    """Activation ``name`` on ``v`` in the layout it is held in (a softmax over the channels,
+    the layers' last axis, is axis 1 of a moved value)."""
+    axis = 1 if v.moved else v.rank - 1
+    return Value(_activation(g, name, v.name, axis), v.rank, v.moved)
+
+
+def _dense(g, layer, xs):
+    (v,) = xs
+    y = g.node("MatMul", [plain(g, v), g.const(layer.kernel, "kernel")], "dense")
+    if layer.use_bias:
+        y = g.node("Add", [y, g.const(layer.bias, "bias")], "dense_bias")
+    return _elementwise(g, Value(y, v.rank), layer.activation)
+
+
+def _activation_layer(g, layer, xs):
+    return _elementwise(g, xs[0], layer.activation)
+
+
+def _relu(g, layer, xs):
+    (v,) = xs
+    if layer.threshold != 0.0 or layer.negative_slope != 0.0:
+        raise NoForm
+    if layer.max_value is None:
+        return Value(g.node("Relu", [v.name], "relu"), v.rank, v.moved)
+    bounds = [g.const(np.float32(0.0), "min"), g.const(np.float32(layer.max_value), "max")]
+    return Value(g.node("Clip", [v.name, *bounds], "relu_max"), v.rank, v.moved)
+
+
+def _softmax(g, layer, xs):
+    (v,) = xs
+    if not isinstance(layer.axis, int):
+        raise NoForm
+    return Value(g.node("Softmax", [plain(g, v)], "softmax", axis=layer.axis % v.rank), v.rank)
+
+
+def _identity(g, layer, xs):
+    return xs[0]
+
+
+def _flatten(g, layer, xs):
+    (v,) = xs
+    if v.rank < 2 or getattr(layer, "data_format", "channels_last") != "channels_last":
+        raise NoForm
+    return Value(g.node("Flatten", [plain(g, v)], "flatten", axis=1), 2)
+
+
+def _channel_vector(vector, axis, rank):
+    """A vector along ``axis`` of values of ``rank`` axes, shaped to broadcast over them."""
+    shape = [1] * rank
+    shape[axis] = -1
+    return np.asarray(vector, np.float32).reshape(shape[1:] if axis > 0 else shape)
+
+
+def _batch_norm(g, layer, xs):
+    (v,) = xs
+    axis = layer._axis % v.rank
+    if axis == 0:
+        raise NoForm
+    x = v.name
+    if v.moved:  # the channels, the layers' last axis, are axis 1 here
+        if axis != v.rank - 1:
+            x, v = plain(g, v), Value(plain(g, v), v.rank)
+        else:
+            axis = 1
+    scale, shift = (g.const(_channel_vector(t, axis, v.rank), "bn") for t in (layer._scale, layer._shift))
+    y = g.node("Add", [g.node("Mul", [x, scale], "bn_scale"), shift], "bn_shift")
+    return Value(y, v.rank, v.moved)
+
+
+def _layer_norm(g, layer, xs):
+    (v,) = xs
+    rank = v.rank
+    axes = list(layer._axes)
+    if layer._rms or axes != list(range(rank - len(axes), rank)) or not (layer.scale or layer.center):
+        raise NoForm
+    shape = tuple(layer.gamma.shape if layer.scale else layer.beta.shape)
+    gamma = layer.gamma if layer.scale else np.ones(shape, np.float32)
+    beta = layer.beta if layer.center else np.zeros(shape, np.float32)
+    inputs = [plain(g, v), g.const(gamma, "gamma"), g.const(beta, "beta")]
+    return Value(g.node("LayerNormalization", inputs, "layer_norm", axis=axes[0], epsilon=layer.epsilon), rank)
+
+
+def _rescaling(g, layer, xs):
+    (v,) = xs
+    scale, offset = layer._scale, layer._offset
+    if scale.ndim > 1 or offset.ndim > 1:
+        raise NoForm
+    if scale.size > 1 or offset.size > 1:  # a vector along the last axis
+        v = Value(plain(g, v), v.rank)
+    y = g.node("Mul", [v.name, g.const(scale, "scale")], "rescale")
+    return Value(g.node("Add", [y, g.const(offset, "offset")], "offset"), v.rank, v.moved)
+
+
+def _merge(op_type):
+    def form(g, layer, xs):
+        rank = xs[0].rank
+        if any(v.rank != rank for v in xs):
+            raise NoForm
+        moved = any(v.moved for v in xs)  # a residual sum stays in the spatial region
+        names = [_first(g, v) if moved else v.name for v in xs]
+        if op_type in ("Max", "Min"):
+            return Value(g.node(op_type, names, op_type.lower()), rank, moved)
+        y = names[0]
+        for x in names[1:]:
+            y = g.node(op_type, [y, x], op_type.lower())
+        return Value(y, rank, moved)
+
+    return form
+
+
+def _average(g, layer, xs):
+    total = _merge("Add")(g, layer, xs)
+    y = g.node("Mul", [total.name, g.const(np.float32(1.0 / len(xs)), "mean")], "average")
+    return Value(y, total.rank, total.moved)
+
+
+def _concatenate(g, layer, xs):
+    rank = xs[0].rank
+    if any(v.rank != rank for v in xs):
+        raise NoForm
+    axis = int(layer.axis) % rank
+    if all(v.moved for v in xs) and axis == rank - 1:  # along the channels: axis 1 here
+        return Value(g.node("Concat", [v.name for v in xs], "concat", axis=1), rank, True)
+    return Value(g.node("Concat", [plain(g, v) for v in xs], "concat", axis=axis), rank)
+
+
+def _spatial_in(g, layer, v: Value) -> str:
+    """``v`` as an NCHW-style Conv or pool input (a channels_first layer reads it as it is)."""
+    if layer.data_format == "channels_first":
+        return plain(g, v)
+    return _first(g, v)
+
+
+def _spatial_out(layer, y: str, rank: int) -> Value:
+    """A Conv or pool output: held moved for a channels_last layer."""
+    return Value(y, rank, layer.data_format != "channels_first")
+
+
+def _window_attrs(layer, kernel, dilation):
+    """The pads (or auto_pad) of a window of ``layer.padding``: 'valid', 'same' (Keras puts
+    the odd pad after: SAME_UPPER), 'causal' or explicit (before, after) pairs."""
+    padding = layer.padding
+    if padding == "valid":
+        return {"pads": [0] * (2 * len(kernel))}
+    if padding == "same":
+        return {"auto_pad": "SAME_UPPER"}
+    if padding == "causal":
+        return {"pads": [(kernel[0] - 1) * dilation[0], 0]}
+    return {"pads": [a for a, _ in padding] + [b for _, b in padding]}
+
+
+def _conv_value(g, layer, v: Value, w_oihw, bias, groups) -> Value:
+    """Conv of ``v`` with ``w_oihw``, then the layer's activation."""
+    inputs = [_spatial_in(g, layer, v), g.const(w_oihw, "kernel")]
+    if bias is not None:
+        inputs.append(g.const(bias, "bias"))
+    y = g.node(
+        "Conv",
+        inputs,
+        "conv",
+        kernel_shape=list(layer.kernel_size),
+        strides=list(layer.strides),
+        dilations=list(layer.dilation_rate),
+        group=groups,
+        **_window_attrs(layer, layer.kernel_size, layer.dilation_rate),
+    )
+    out = _spatial_out(layer, y, v.rank)
+    if layer.activation in ("softmax", "log_softmax") and not out.moved:  # over the last axis
+        return Value(_activation(g, layer.activation, y, v.rank - 1), v.rank)
+    return _elementwise(g, out, layer.activation)
+
+
+def _conv(g, layer, xs):
+    (v,) = xs
+    r = layer.rank
+    if v.rank != r + 2:
+        raise NoForm
+    w_oihw = np.transpose(layer.kernel, (r + 1, r, *range(r)))  # (*k, i, o) -> (o, i, *k)
+    return _conv_value(g, layer, v, w_oihw, layer.bias if layer.use_bias else None, layer.groups)
+
+
+def _depthwise_oihw(kernel):
+    """A depthwise kernel (kh, kw, channels, multiplier) as the grouped Conv's (channels *
+    multiplier, 1, kh, kw): output channel c * multiplier + m, as the layer orders them."""
+    kh, kw, c, m = kernel.shape
+    return np.transpose(kernel, (2, 3, 0, 1)).reshape(c * m, 1, kh, kw)
+
+
+def _depthwise(g, layer, xs):
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    kernel = layer.kernel
+    bias = layer.bias if layer.use_bias else None
+    return _conv_value(g, layer, v, _depthwise_oihw(kernel), bias, kernel.shape[2])
+
+
+def _pool(op_type):
+    def form(g, layer, xs):
+        (v,) = xs
+        if v.rank != layer.rank + 2:
+            raise NoForm
+        attrs = _window_attrs(layer, layer.pool_size, (1,) * layer.rank)
+        if op_type == "AveragePool":  # padded cells are not counted (Keras)
+            attrs["count_include_pad"] = 0
+        y = g.node(
+            op_type,
+            [_spatial_in(g, layer, v)],
+            op_type.lower(),
+            kernel_shape=list(layer.pool_size),
+            strides=list(layer.strides),
+            **attrs,
+        )
+        return _spatial_out(layer, y, v.rank)
+
+    return form
+
+
+def _global_pool(op_type):
+    def form(g, layer, xs):
+        (v,) = xs
+        if v.rank != layer.rank + 2:
+            raise NoForm
+        keep = int(layer.keepdims)
+        if v.moved:  # channels at axis 1: the spatial axes follow them
+            y = g.node(op_type, [v.name], op_type.lower(), axes=list(range(2, v.rank)), keepdims=keep)
+            return Value(y, v.rank, True) if keep else Value(y, 2)
+        y = g.node(op_type, [v.name], op_type.lower(), axes=list(layer._axes()), keepdims=keep)
+        return Value(y, v.rank if keep else 2)
+
+    return form
+
+
+_LAYERS = "fastlayers.layers"
+#: Layer class (by its full name: a subclass, whose call may differ, has none) -> its ONNX
+#: form: (graph, layer, input Values) -> output Value; raises NoForm where the layer's
+#: settings or its inputs' ranks have none.
+FORMS = {
+    f"{_LAYERS}.core.Dense": _dense,
+    f"{_LAYERS}.core.Activation": _activation_layer,
+    f"{_LAYERS}.core.ReLU": _relu,
+    f"{_LAYERS}.core.Softmax": _softmax,
+    f"{_LAYERS}.core.Dropout": _identity,
+    f"{_LAYERS}.core.SpatialDropout1D": _identity,
+    f"{_LAYERS}.core.SpatialDropout2D": _identity,
+    f"{_LAYERS}.core.Flatten": _flatten,
+    f"{_LAYERS}.core.Rescaling": _rescaling,
+    f"{_LAYERS}.normalization.BatchNormalization": _batch_norm,
+    f"{_LAYERS}.normalization.LayerNormalization": _layer_norm,
+    f"{_LAYERS}.merging.Add": _merge("Add"),
+    f"{_LAYERS}.merging.Subtract": _merge("Sub"),
+    f"{_LAYERS}.merging.Multiply": _merge("Mul"),
+    f"{_LAYERS}.merging.Maximum": _merge("Max"),
+    f"{_LAYERS}.merging.Minimum": _merge("Min"),
+    f"{_LAYERS}.merging.Average": _average,
+    f"{_LAYERS}.merging.Concatenate": _concatenate,
+    f"{_LAYERS}.convolutional.Conv1D": _conv,
+    f"{_LAYERS}.convolutional.Conv2D": _conv,
+    f"{_LAYERS}.convolutional.DepthwiseConv2D": _depthwise,
+    f"{_LAYERS}.pooling.MaxPooling1D": _pool("MaxPool"),
+    f"{_LAYERS}.pooling.MaxPooling2D": _pool("MaxPool"),
+    f"{_LAYERS}.pooling.AveragePooling1D": _pool("AveragePool"),
+    f"{_LAYERS}.pooling.AveragePooling2D": _pool("AveragePool"),
+    f"{_LAYERS}.pooling.GlobalMaxPooling1D": _global_pool("ReduceMax"),
+    f"{_LAYERS}.pooling.GlobalMaxPooling2D": _global_pool("ReduceMax"),
+    f"{_LAYERS}.pooling.GlobalAveragePooling1D": _global_pool("ReduceMean"),
+    f"{_LAYERS}.pooling.GlobalAveragePooling2D": _global_pool("ReduceMean"),
+}
+
+
+def _class_name(layer) -> str:
+    return f"{type(layer).__module__}.{type(layer).__qualname__}"
+
+
+def compile_graph(model, rank: int):
+    """``model`` (one input) as an ``OnnxModel`` taking one float32 input of ``rank`` axes and
+    giving the model's outputs, or None where some node has no form for it."""
+    from ..onnx.writer import GraphWriter  # here: a model without a convolution never imports onnx/
+
+    g = GraphWriter()
+    values = {id(model.inputs[0]): Value("input", rank)}
+    try:
+        for node in model._nodes:
+            if node.layer is model.inputs[0].node.layer:
+                continue
+            form = FORMS.get(_class_name(node.layer))
+            if form is None or node.extra_args or node.kwargs or len(node.outputs) != 1:
+                raise NoForm
+            found = [values.get(id(t)) for t in node.parents]
+            if None in found:
+                raise NoForm
+            values[id(node.outputs[0])] = form(g, node.layer, found)
+        ys = [plain(g, values[id(t)]) for t in model.outputs]
+    except NoForm:
+        return None
+    if "input" in ys or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
+        return None
+    return g.model(model.name, [("input", rank)], ys)
+
+
+#: The layers whose kernels a compiled graph runs better than the layers do: a graph holding
+#: none of them (dense networks, whose layer path binds each Dense to one native call already)
+#: keeps the layer-by-layer path, which costs less than a compiled model's call (measured in
+#: docs/design.md).
+SPATIAL = frozenset(
+    {
+        f"{_LAYERS}.convolutional.Conv1D",
+        f"{_LAYERS}.convolutional.Conv2D",
+        f"{_LAYERS}.convolutional.DepthwiseConv2D",
+    }
+)
+
+
+def _weights_held(model) -> tuple:
+    """(layer, attribute name, array) of every array the model's layers hold: their weights
+    and the constants derived from them (BatchNormalization's folded scale and shift,
+    Rescaling's), which ``set_weights``, ``load_weights`` and an assignment replace
+    (``_current``)."""
+    return tuple(
+        (layer, name, value)
+        for layer in model._layers
+        for name, value in vars(layer).items()
+        if type(value) is np.ndarray
+    )
+
+
+def _current(held) -> bool:
+    """Whether every array ``_weights_held`` listed is still its layer's."""
+    for layer, name, array in held:
+        if getattr(layer, name) is not array:
+            return False
+    return True
+
+
+_lock = threading.Lock()
+
+
+def compiled_call(model, x, plans: dict):
+    """``model``'s output on ``x`` (a prepared input) through its compiled model where one
+    serves (see the module docstring), else None. ``plans``: the model's own table, input
+    rank -> (weights held, derived generation, OnnxModel or None), emptied when its graph is
+    rebuilt."""
+    if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim:
+        return None
+    if not settings.current().native_plans:
+        return None
+    hit = plans.get(x.ndim)
+    if hit is None or hit[1] != derived_generation() or not _current(hit[0]):
+        with _lock:
+            held, generation = _weights_held(model), derived_generation()
+            compiled = compile_graph(model, x.ndim) if _holds_spatial(model) else None
+            plans[x.ndim] = hit = (held, generation, compiled)
+    compiled = hit[2]
+    if compiled is None:
+        return None
+    try:
+        y = compiled(x)
+    except FastlayersError:  # the layers' own checks name what is wrong
+        return None
+    return y if model._single_output or type(y) is list else [y]
+
+
+def _holds_spatial(model) -> bool:
+    return any(_class_name(layer) in SPATIAL for layer in model._layers)
