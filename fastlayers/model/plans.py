@@ -388,9 +388,10 @@ def _class_name(layer) -> str:
     return f"{type(layer).__module__}.{type(layer).__qualname__}"
 
 
-def compile_graph(model, rank: int):
-    """``model`` (one input) as an ``OnnxModel`` taking one float32 input of ``rank`` axes and
-    giving the model's outputs, or None where some node has no form for it."""
+def written(model, rank: int):
+    """``model`` (one input) written as an ONNX graph taking one float32 input ``"input"`` of
+    ``rank`` axes: (``onnx.writer.GraphWriter``, its output names in the model's order), or
+    None where some node has no form for it."""
     from ..onnx.writer import GraphWriter  # here: a model without a convolution never imports onnx/
 
     g = GraphWriter()
@@ -411,6 +412,16 @@ def compile_graph(model, rank: int):
         return None
     if "input" in ys or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
         return None
+    return g, ys
+
+
+def compile_graph(model, rank: int):
+    """``model`` (one input) as an ``OnnxModel`` taking one float32 input of ``rank`` axes and
+    giving the model's outputs, or None where some node has no form for it."""
+    found = written(model, rank)
+    if found is None:
+        return None
+    g, ys = found
     return g.model(model.name, [("input", rank)], ys)
 
 

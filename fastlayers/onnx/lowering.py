@@ -556,6 +556,9 @@ class NativePlans:
         self.nodes = node_count(model)
         #: builds that failed; no more builds once a plan did not pay or MAX_FAILED_BUILDS failed
         self.failures, self.off = 0, False
+        #: whether some key has a plan (while none has and no more are built, a call looks
+        #: up nothing: ``run`` returns at once)
+        self.serving = False
 
     def key(self, arrays, ops, threads):
         return (
@@ -574,6 +577,8 @@ class NativePlans:
     def run(self, arrays):
         """The call's {output name: array} from its key's plan; None where the Python plan
         takes the call (no plan yet, none possible, or the plan busy)."""
+        if self.off and not self.serving:
+            return None
         ops = get_ops()
         threads = ops.plan_threads()
         if threads is None:
@@ -588,6 +593,7 @@ class NativePlans:
                 self._keep(key, seen)
                 return None
             if not pays(self.nodes, 0, 0):  # the plan's own cost alone (steps read the inputs in place)
+                self.off = True  # the same for every key
                 self._keep(key, False)
                 return None
             with self.lock:
@@ -643,3 +649,4 @@ class NativePlans:
         if len(self.plans) >= MAX_PLANS and key not in self.plans:
             self.plans.clear()
         self.plans[key] = value
+        self.serving = any(isinstance(p, Plan) for p in self.plans.values())

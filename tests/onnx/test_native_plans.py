@@ -499,7 +499,8 @@ def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
 
 def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     """One rejected build (each traces a call) turns the model's plans off; a model whose
-    nodes could not save a plan's own cost is not traced at all."""
+    nodes could not save a plan's own cost is not traced at all, and its calls look up no
+    key from then on."""
     builds = []
     real = lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
@@ -517,7 +518,7 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     builds.clear()
     for _ in range(3):
         ours.run(None, {"x": big})
-    assert builds == [] and not ours._native.off and ours._native.plan_for([big]) is None
+    assert builds == [] and ours._native.off and not ours._native.serving and ours._native.plan_for([big]) is None
 
 
 def _conv_model(rng):

@@ -1,0 +1,146 @@
+"""Keras-style models holding convolutions: the compiled ONNX plan of the graph
+(``model/plans.py``), the same model run layer by layer (its bound layer steps), the written ONNX
+graph loaded from its bytes by fastlayers, and onnxruntime on those bytes; interleaved in one
+process (``interleaved.interleave``), same thread count, outputs checked equal first.
+
+Workloads: ``cnn`` (two 3x3 convolutions with BatchNormalization, ReLU, a max pool, a global
+average pool and a softmax Dense on (1, 32, 32, 3)), ``residual`` (two convolutions with
+BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16, 16, 32)),
+``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
+batch 8), and the demo model ``digits_cnn`` (fastlayers/data).
+
+Run: python bench/bench_keras_plans.py [--threads 1] [--calls 300 --rounds 7]
+The layer path runs under ``settings.applied(LoadOptions(native_plans=False))`` (about 1 µs of
+context per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def workloads(fastlayers, L):
+    def cnn():
+        return fastlayers.Sequential(
+            [
+                fastlayers.Input((32, 32, 3)),
+                L.Conv2D(16, 3, padding="same", activation="relu"),
+                L.BatchNormalization(),
+                L.MaxPooling2D(2),
+                L.Conv2D(32, 3, padding="same"),
+                L.BatchNormalization(),
+                L.ReLU(),
+                L.GlobalAveragePooling2D(),
+                L.Dense(10, activation="softmax"),
+            ]
+        )
+
+    def residual():
+        x = fastlayers.Input((16, 16, 32))
+        h = L.ReLU()(L.BatchNormalization()(L.Conv2D(32, 3, padding="same")(x)))
+        h = L.BatchNormalization()(L.Conv2D(32, 3, padding="same")(h))
+        h = L.ReLU()(L.Add()([h, x]))
+        h = L.AveragePooling2D(2)(L.DepthwiseConv2D(3, padding="same", activation="relu")(h))
+        return fastlayers.Model(x, L.GlobalMaxPooling2D()(h))
+
+    def vgg():
+        stack = [fastlayers.Input((64, 64, 3))]
+        for width in (16, 32, 64):
+            for _ in range(2):
+                stack += [L.Conv2D(width, 3, padding="same"), L.BatchNormalization(), L.ReLU()]
+            stack.append(L.MaxPooling2D(2))
+        return fastlayers.Sequential([*stack, L.GlobalAveragePooling2D(), L.Dense(10)])
+
+    data = Path(fastlayers.__file__).parent / "data"
+    return {
+        "cnn": (cnn, (1, 32, 32, 3)),
+        "residual": (residual, (1, 16, 16, 32)),
+        "vgg": (vgg, (1, 64, 64, 3)),
+        "vgg-b8": (vgg, (8, 64, 64, 3)),
+        "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
+    }
+
+
+def onnx_bytes(g, outputs, rank) -> bytes:
+    """The graph ``g`` (``onnx.writer.GraphWriter``) as ONNX file bytes, input ``"input"``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.onnx.writer import OPSET
+
+    nodes = [helper.make_node(n.op_type, n.inputs, n.outputs, n.name, **n.attrs) for n in g.graph.nodes]
+    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in g.graph.initializers.items()]
+    graph = helper.make_graph(
+        nodes,
+        "written",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None] * rank)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model).SerializeToString()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+
+    import onnxruntime as ort
+
+    import fastlayers
+    from bench.interleaved import interleave
+    from fastlayers import layers as L
+    from fastlayers import settings
+    from fastlayers.model import plans
+
+    fastlayers.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    layer_path = settings.LoadOptions(native_plans=False)
+    for name, (build, shape) in workloads(fastlayers, L).items():
+        if args.only and name not in args.only:
+            continue
+        model = build()
+        for layer in model.layers:  # BatchNormalization away from the identity
+            if type(layer).__name__ == "BatchNormalization":
+                layer.set_weights([rng.uniform(0.5, 1.5, w.shape).astype(np.float32) for w in layer.get_weights()])
+        g, outputs = plans.written(model, len(shape))
+        data = onnx_bytes(g, outputs, len(shape))
+        exported = fastlayers.load(data)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
+        session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        x = rng.standard_normal(shape).astype(np.float32)
+
+        def by_layers(x=x, model=model):
+            with settings.applied(layer_path):
+                return model(x)
+
+        engines = {
+            "fastlayers-compiled": lambda x=x, model=model: model(x),
+            "fastlayers-layers": by_layers,
+            "fastlayers-onnx": lambda x=x: exported(x),
+            "onnxruntime": lambda x=x: session.run(None, {"input": x}),
+        }
+        want = session.run(None, {"input": x})[0]
+        for engine, fn in engines.items():
+            for _ in range(3):
+                got = fn()
+            got = got[0] if isinstance(got, list) else got
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{name}: {engine}")
+        assert model._plans[len(shape)][2] is not None, f"{name}: not compiled"
+        interleave(engines, args.calls, args.rounds, f"{name} {shape}")
+
+
+if __name__ == "__main__":
+    main()

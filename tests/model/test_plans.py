@@ -1,0 +1,272 @@
+"""Keras-style graphs run as compiled ONNX plans (``model/plans.py``): against Keras and the
+layer path, which graphs compile and which keep the layer path, and what rebuilds them."""
+
+from __future__ import annotations
+
+import tracemalloc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import fastlayers
+from fastlayers import layers as L
+from fastlayers import settings
+from fastlayers.backends import use_ops
+from fastlayers.backends.derived import clear_derived
+from fastlayers.errors import ShapeError
+from fastlayers.model import plans
+
+from ..conftest import assert_close, in_threads
+
+LAYER_PATH = settings.LoadOptions(native_plans=False)
+
+
+def _graphs():
+    """name -> (builder(lib, K) -> model, input shape without the batch): ``lib`` holds Input,
+    Model and Sequential, ``K`` the layer classes (Keras's or fastlayers')."""
+
+    def cnn(lib, K):
+        return lib.Sequential(
+            [
+                lib.Input((12, 10, 3)),
+                K.Conv2D(8, 3, padding="same", activation="relu"),
+                K.BatchNormalization(),
+                K.MaxPooling2D(2, padding="same"),
+                K.Conv2D(6, 3, strides=2, padding="valid"),
+                K.BatchNormalization(),
+                K.ReLU(),
+                K.GlobalAveragePooling2D(),
+                K.Dense(5, activation="softmax"),
+            ]
+        )
+
+    def residual(lib, K):
+        x = lib.Input((9, 9, 8))
+        h = K.Conv2D(8, 3, padding="same", use_bias=False)(x)
+        h = K.BatchNormalization()(h)
+        h = K.Activation("relu")(h)
+        h = K.Conv2D(8, 3, padding="same", dilation_rate=2)(h)
+        h = K.Add()([h, x])
+        h = K.ReLU(max_value=6.0)(h)
+        h = K.DepthwiseConv2D(3, padding="same", depth_multiplier=2, activation="tanh")(h)
+        h = K.AveragePooling2D(3, strides=2, padding="same")(h)
+        return lib.Model(x, K.GlobalMaxPooling2D()(h))
+
+    def merges(lib, K):
+        x = lib.Input((7, 6, 4))
+        a = K.Conv2D(4, 1)(x)
+        b = K.Conv2D(4, 3, padding="same", groups=2, activation="sigmoid")(x)
+        h = K.Concatenate()([K.Average()([a, b]), K.Maximum()([a, x]), K.Subtract()([b, x])])
+        h = K.Multiply()([h, K.Conv2D(12, 1, activation="softmax")(h)])
+        h = K.Minimum()([h, K.Rescaling(0.5, offset=0.25)(h)])
+        h = K.Flatten()(K.MaxPooling2D((2, 3))(h))
+        return lib.Model(x, K.LayerNormalization()(K.Dense(6, activation="gelu")(h)))
+
+    def conv1d(lib, K):
+        x = lib.Input((17, 5))
+        h = K.Conv1D(6, 3, padding="causal", dilation_rate=2, activation="elu")(x)
+        h = K.Add()([h, K.Conv1D(6, 1)(x)])
+        h = K.AveragePooling1D(2)(h)
+        h = K.Conv1D(4, 5, strides=2, padding="same")(h)
+        h = K.LayerNormalization()(K.BatchNormalization()(h))
+        return lib.Model(x, K.GlobalAveragePooling1D(keepdims=True)(K.MaxPooling1D(2, padding="same")(h)))
+
+    def channels_first(lib, K):
+        return lib.Sequential(
+            [
+                lib.Input((3, 8, 7)),
+                K.Conv2D(5, 3, data_format="channels_first", activation="relu"),
+                K.MaxPooling2D(2, data_format="channels_first"),
+                K.GlobalAveragePooling2D(data_format="channels_first"),
+                K.Dense(2),
+            ]
+        )
+
+    def outputs(lib, K):
+        x = lib.Input((6, 6, 3))
+        h = K.Conv2D(4, 3, padding="same", activation="relu")(x)
+        return lib.Model(x, [K.GlobalMaxPooling2D(keepdims=True)(h), K.Dense(3)(K.Flatten()(h)), h])
+
+    return {
+        "cnn": (cnn, (12, 10, 3)),
+        "residual": (residual, (9, 9, 8)),
+        "merges": (merges, (7, 6, 4)),
+        "conv1d": (conv1d, (17, 5)),
+        "channels_first": (channels_first, (3, 8, 7)),
+        "outputs": (outputs, (6, 6, 3)),
+    }
+
+
+GRAPHS = _graphs()
+OURS = SimpleNamespace(Input=fastlayers.Input, Model=fastlayers.Model, Sequential=fastlayers.Sequential)
+
+
+def _compiled(model, rank):
+    """The compiled model serving ``model``'s calls of ``rank`` axes, or None."""
+    entry = model._plans.get(rank)
+    return None if entry is None else entry[2]
+
+
+def _layer_path(model, x):
+    with settings.applied(LAYER_PATH):
+        return model(x)
+
+
+def _listed(y):
+    return y if isinstance(y, list) else [y]
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_compiled_graphs_match_keras_and_the_layer_path(name, keras, rng):
+    build, shape = GRAPHS[name]
+    ref = build(SimpleNamespace(Input=keras.Input, Model=keras.Model, Sequential=keras.Sequential), keras.layers)
+    ref.set_weights([rng.uniform(0.5, 1.5, np.shape(w)).astype(np.float32) for w in ref.get_weights()])
+    model = build(OURS, L)
+    model.set_weights([np.asarray(w) for w in ref.get_weights()])
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, *shape)).astype(np.float32)
+        want = _listed(ref.predict(x, verbose=0))
+        for _ in range(3):  # the third call runs the native plan built at the second
+            got = _listed(model(x))
+            assert len(got) == len(want)
+            for g, w, lp in zip(got, want, _listed(_layer_path(model, x))):
+                assert g.shape == w.shape
+                assert_close(g, w, rtol=1e-4, atol=1e-4, what=name)
+                assert_close(g, lp, rtol=1e-5, atol=1e-5, what=name)
+        assert _compiled(model, len(shape) + 1) is not None
+
+
+def test_the_compiled_plan_fuses_across_the_layers(rng):
+    """BatchNormalization folds into the convolution before it and the residual sum runs in the
+    second convolution's epilogue: no Transpose is left between them."""
+    build, shape = GRAPHS["residual"]
+    model = build(OURS, L)
+    model(rng.standard_normal((1, *shape)).astype(np.float32))
+    ops = _compiled(model, 4).op_types
+    assert ops.count("FusedConv") == 3 and "BatchNormalization" not in ops and "Add" not in ops
+    assert ops.count("Transpose") == 1  # the input's, to channels-first
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        L.UpSampling2D(2),  # no form
+        L.Conv2D(3, 3, activation="mish"),  # an activation without an ONNX form
+        L.BatchNormalization(axis=1),  # over the height
+    ],
+    ids=["upsampling", "mish", "bn_axis_1"],
+)
+def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng):
+    model = fastlayers.Sequential([fastlayers.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same"), extra])
+    x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    if isinstance(extra, L.BatchNormalization):  # an axis other than the channels is compiled
+        model(x)
+        assert _compiled(model, 4) is not None
+        assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+        return
+    np.testing.assert_array_equal(model(x), _layer_path(model, x))
+    assert 4 in model._plans and _compiled(model, 4) is None
+
+
+def test_dense_graphs_keep_the_layer_path(rng):
+    """A graph of dense layers only is not compiled (its bound layer steps cost less)."""
+    model = fastlayers.Sequential([fastlayers.Input((6,)), L.Dense(8, activation="relu"), L.Dense(3)])
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model(x), _layer_path(model, x))
+    assert _compiled(model, 2) is None
+
+
+def _small(rng):
+    model = fastlayers.Sequential(
+        [fastlayers.Input((6, 6, 2)), L.Conv2D(3, 3), L.BatchNormalization(), L.Rescaling(2.0)]
+    )
+    return model, rng.standard_normal((1, 6, 6, 2)).astype(np.float32)
+
+
+def test_replaced_weights_and_in_place_edits_rebuild_the_plan(rng):
+    model, x = _small(rng)
+    model(x)
+    first = _compiled(model, 4)
+    conv, bn, scale = model.layers
+    conv.set_weights([w * 2 for w in conv.get_weights()])
+    assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+    assert _compiled(model, 4) is not first
+    conv.kernel = -conv.kernel  # assignment
+    assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+    bn.set_weights([w + 1 for w in bn.get_weights()])  # its folded scale and shift follow
+    assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+    scale._scale = np.array(3.0, np.float32)  # a constant a form reads
+    assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+    before = model(x)
+    conv.kernel[...] *= 2  # in place: needs clear_derived, as the layer path does
+    conv.bias[...] *= 2
+    clear_derived()
+    assert_close(model(x), 2 * before - 3.0 * bn._shift, rtol=1e-5, atol=1e-5)  # 3 (2 conv s + t)
+    assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sequential_grown_after_its_calls_compiles_again(rng):
+    model, x = _small(rng)
+    model(x)
+    model.add(L.Conv2D(2, 1))
+    y = model(x)
+    assert y.shape == (1, 4, 4, 2)
+    assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_no_compiled_plan_where_plans_are_off_or_on_another_backend(rng):
+    model, x = _small(rng)
+    _layer_path(model, x)
+    with use_ops("reference"):
+        want = model(x)
+    assert model._plans == {}
+    assert_close(model(x), want, rtol=1e-4, atol=1e-5)
+    assert _compiled(model, 4) is not None
+
+
+def test_bad_inputs_raise_the_layers_errors(rng):
+    model, x = _small(rng)
+    model(x)
+    with pytest.raises(ShapeError, match="6, 6, 2"):
+        model(np.zeros((1, 6, 6, 3), np.float32))
+    with pytest.raises(ShapeError):
+        model(np.zeros((1, 2, 2, 2), np.float32))  # smaller than the kernel
+    y = model(x.astype(np.float64))  # cast as the layer path casts
+    assert y.dtype == np.float32
+    assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_threads_share_a_compiled_graph_and_memory_stays_flat(rng):
+    build, shape = GRAPHS["residual"]
+    model = build(OURS, L)
+    inputs = [rng.standard_normal((b, *shape)).astype(np.float32) for b in (1, 2, 3, 1)]
+    want = [_layer_path(model, x) for x in inputs]
+
+    def work(i):
+        for _ in range(30):
+            assert_close(model(inputs[i]), want[i], rtol=1e-5, atol=1e-5)
+
+    in_threads(work, 4)
+    for _ in range(5):
+        model(inputs[0])
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(300):
+        model(inputs[0])
+    in_threads(lambda i: [model(inputs[0]) for _ in range(50)], 4)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 << 10
+    assert _compiled(model, 4) is not None
+
+
+def test_every_form_names_a_layer_class():
+    """FORMS keys are the full names of fastlayers' layer classes (a renamed class would
+    silently lose its form)."""
+    import importlib
+
+    for key in plans.FORMS:
+        module, _, name = key.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(module), name), type), key
+    assert plans.SPATIAL <= set(plans.FORMS)
