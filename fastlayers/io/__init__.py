@@ -94,6 +94,8 @@ def load(path, warm_up: bool | None = None, options: LoadOptions | None = None):
         trim_heap()  # what the import freed, before the warm-up packs weights beside it
         if options.threads is not None:
             model.num_threads = options.threads
+        if hasattr(model, "native_plans"):  # a layer graph keeps the choice for its calls
+            model.native_plans = options.native_plans
         if options.warm_up if warm_up is None else warm_up:
             if hasattr(model, "warm_up"):
                 with np.errstate(all="ignore"):  # weights from a file may overflow on zeros

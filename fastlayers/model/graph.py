@@ -110,6 +110,9 @@ class Model(Layer):
     #: Threads each call of this model uses (None: the process's count,
     #: ``fastlayers.set_num_threads``); ``fastlayers.LoadOptions(threads=...)`` sets it at load.
     num_threads: int | None = None
+    #: Whether calls may run the graph compiled as an ONNX plan (``model/plans.py``; None: the
+    #: ``native_plans`` setting in force at the call); ``fastlayers.load`` sets it from its options.
+    native_plans: bool | None = None
 
     def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
@@ -435,8 +438,8 @@ class Model(Layer):
         its layers bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
-            if self._single_input and ops.name == "cpu":
-                y = compiled_call(self, x, self._plans)
+            if self._single_input and ops.name == "cpu" and self.native_plans is not False:
+                y = compiled_call(self, x, self._plans, self.native_plans)
                 if y is not None:
                     return y
             token = ops.enter_call()

@@ -462,25 +462,29 @@ def _current(held) -> bool:
 _lock = threading.Lock()
 
 
-def compiled_call(model, x, plans: dict):
+def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     """``model``'s output on ``x`` (a prepared input) through its compiled model where one
     serves (see the module docstring), else None. ``plans``: the model's own table, input
     rank -> (weights held, derived generation, OnnxModel or None), emptied when its graph is
-    rebuilt."""
+    rebuilt; ``enabled``: the model's own choice (None: the ``native_plans`` setting in force)."""
     if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim:
         return None
-    if not settings.current().native_plans:
+    if not (settings.current().native_plans if enabled is None else enabled):
         return None
     hit = plans.get(x.ndim)
-    if hit is None or hit[1] != derived_generation() or not _current(hit[0]):
+    fresh = hit is None or hit[1] != derived_generation() or not _current(hit[0])
+    if hit is None or fresh:
         with _lock:
             held, generation = _weights_held(model), derived_generation()
             compiled = compile_graph(model, x.ndim) if _holds_spatial(model) else None
-            plans[x.ndim] = hit = (held, generation, compiled)
-    compiled = hit[2]
+            plans[x.ndim] = (held, generation, compiled)
+    else:
+        compiled = hit[2]
     if compiled is None:
         return None
     try:
+        if fresh:  # a first call, so that this one builds the native plan (at a key's second
+            compiled(x)  # call): the one a warm-up makes serves the first real call
         y = compiled(x)
     except FastlayersError:  # the layers' own checks name what is wrong
         return None

@@ -270,3 +270,17 @@ def test_every_form_names_a_layer_class():
         module, _, name = key.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), name), type), key
     assert plans.SPATIAL <= set(plans.FORMS)
+
+
+def test_load_options_choose_for_the_model_s_calls(rng):
+    """``fastlayers.load(..., options=LoadOptions(native_plans=False))`` keeps the layer path
+    for the model's later calls, whatever the setting in force then."""
+    from pathlib import Path
+
+    path = Path(fastlayers.__file__).parent / "data" / "digits_cnn.flm"
+    x = rng.standard_normal((2, 8, 8, 1)).astype(np.float32)
+    off = fastlayers.load(path, options=LAYER_PATH)
+    on = fastlayers.load(path)
+    assert off.native_plans is False and on.native_plans is True
+    assert_close(off(x), on(x), rtol=1e-5, atol=1e-5)
+    assert off._plans == {} and _compiled(on, 4) is not None
