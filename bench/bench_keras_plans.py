@@ -7,7 +7,9 @@ Workloads: ``cnn`` (two 3x3 convolutions with BatchNormalization, ReLU, a max po
 average pool and a softmax Dense on (1, 32, 32, 3)), ``residual`` (two convolutions with
 BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16, 16, 32)),
 ``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
-batch 8), and the demo model ``digits_cnn`` (fastlayers/data).
+batch 8), the demo model ``digits_cnn`` (fastlayers/data), and keras.applications' MobileNetV2,
+ResNet50 and EfficientNetB0 at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
+and saved by Keras on its torch backend, loaded by fastlayers; skipped without Keras).
 
 Run: python bench/bench_keras_plans.py [--threads 1] [--calls 300 --rounds 7]
 The layer path runs under ``settings.applied(LoadOptions(native_plans=False))`` (about 1 µs of
@@ -17,6 +19,7 @@ context per call).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -58,13 +61,42 @@ def workloads(fastlayers, L):
         return fastlayers.Sequential([*stack, L.GlobalAveragePooling2D(), L.Dense(10)])
 
     data = Path(fastlayers.__file__).parent / "data"
-    return {
+    apps = {name: (_application(name), (1, 224, 224, 3)) for name in APPLICATIONS}
+    return apps | {
         "cnn": (cnn, (1, 32, 32, 3)),
         "residual": (residual, (1, 16, 16, 32)),
         "vgg": (vgg, (1, 64, 64, 3)),
         "vgg-b8": (vgg, (8, 64, 64, 3)),
         "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
     }
+
+
+#: keras.applications architectures (random weights, BatchNormalization statistics moved away
+#: from the identity), built and saved by Keras and loaded by fastlayers.
+APPLICATIONS = {"mobilenet_v2": "MobileNetV2", "resnet50": "ResNet50", "efficientnet_b0": "EfficientNetB0"}
+
+
+def _application(name):
+    def build():
+        import os
+        import tempfile
+
+        os.environ.setdefault("KERAS_BACKEND", "torch")
+        import keras
+
+        import fastlayers
+
+        rng = np.random.default_rng(0)
+        model = getattr(keras.applications, APPLICATIONS[name])(input_shape=(224, 224, 3), weights=None)
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.set_weights([rng.uniform(0.5, 1.5, np.shape(w)).astype(np.float32) for w in layer.get_weights()])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{name}.keras"
+            model.save(path)
+            return fastlayers.load(path)
+
+    return build
 
 
 def onnx_bytes(g, outputs, rank) -> bytes:
@@ -110,8 +142,11 @@ def main() -> None:
     for name, (build, shape) in workloads(fastlayers, L).items():
         if args.only and name not in args.only:
             continue
+        if name in APPLICATIONS and importlib.util.find_spec("keras") is None:
+            print(f"{name}: skipped (no keras)")
+            continue
         model = build()
-        for layer in model.layers:  # BatchNormalization away from the identity
+        for layer in model.layers if name not in APPLICATIONS else []:  # BatchNormalization off the identity
             if type(layer).__name__ == "BatchNormalization":
                 layer.set_weights([rng.uniform(0.5, 1.5, w.shape).astype(np.float32) for w in layer.get_weights()])
         g, outputs = plans.written(model, len(shape))
@@ -121,6 +156,7 @@ def main() -> None:
         opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
         session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         x = rng.standard_normal(shape).astype(np.float32)
+        calls = args.calls if name not in APPLICATIONS else max(3, args.calls // 30)
 
         def by_layers(x=x, model=model):
             with settings.applied(layer_path):
@@ -139,7 +175,7 @@ def main() -> None:
             got = got[0] if isinstance(got, list) else got
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{name}: {engine}")
         assert model._plans[len(shape)][2] is not None, f"{name}: not compiled"
-        interleave(engines, args.calls, args.rounds, f"{name} {shape}")
+        interleave(engines, calls, args.rounds, f"{name} {shape}")
 
 
 if __name__ == "__main__":

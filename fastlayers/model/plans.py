@@ -183,6 +183,31 @@ def _batch_norm(g, layer, xs):
     return Value(y, v.rank, v.moved)
 
 
+def _normalization(g, layer, xs):
+    """Keras's Normalization: (x - mean) / std, or mean + x * std inverted, std = max(sqrt(
+    variance), 1e-7), the statistics shaped as the layer broadcasts them."""
+    (v,) = xs
+    mean = layer.mean_value if layer.mean_value is not None else layer.mean
+    var = layer.variance_value if layer.variance_value is not None else layer.variance
+    std = np.maximum(np.sqrt(np.asarray(var, np.float32)), np.float32(1e-7)).astype(np.float32)
+    mean = np.asarray(mean, np.float32)
+    shape = layer._broadcast
+    if len(shape) != v.rank or shape[0] != 1:  # statistics along the batch: left to the layer
+        raise NoForm
+    x = v.name
+    if v.moved and shape[1:-1] == (1,) * (v.rank - 2):  # per channel (or scalar): along axis 1
+        shape = (1, shape[-1]) + (1,) * (v.rank - 2)
+    elif v.moved:
+        v = Value(plain(g, v), v.rank)
+        x = v.name
+    mean_c, std_c = (g.const(t.reshape(shape) if t.ndim else t, "norm") for t in (mean, std))
+    if layer.invert:
+        y = g.node("Add", [g.node("Mul", [x, std_c], "norm_scale"), mean_c], "norm_shift")
+    else:
+        y = g.node("Div", [g.node("Sub", [x, mean_c], "norm_center"), std_c], "norm_scale")
+    return Value(y, v.rank, v.moved)
+
+
 def _layer_norm(g, layer, xs):
     (v,) = xs
     rank = v.rank
@@ -347,6 +372,80 @@ def _global_pool(op_type):
     return form
 
 
+def _separable(g, layer, xs):
+    """A depthwise convolution (no bias, no activation) and its pointwise one, as Keras runs it."""
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    kernel = layer.depthwise_kernel
+    depthwise = Value(
+        g.node(
+            "Conv",
+            [_spatial_in(g, layer, v), g.const(_depthwise_oihw(kernel), "depthwise_kernel")],
+            "depthwise",
+            kernel_shape=list(layer.kernel_size),
+            strides=list(layer.strides),
+            dilations=list(layer.dilation_rate),
+            group=kernel.shape[2],
+            **_window_attrs(layer, layer.kernel_size, layer.dilation_rate),
+        ),
+        4,
+        layer.data_format != "channels_first",
+    )
+    inputs = [_spatial_in(g, layer, depthwise), g.const(np.transpose(layer.pointwise_kernel, (3, 2, 0, 1)), "kernel")]
+    if layer.use_bias:
+        inputs.append(g.const(layer.bias, "bias"))
+    y = g.node("Conv", inputs, "pointwise", kernel_shape=[1, 1])
+    out = _spatial_out(layer, y, 4)
+    if layer.activation in ("softmax", "log_softmax") and not out.moved:
+        return Value(_activation(g, layer.activation, y, 3), 4)
+    return _elementwise(g, out, layer.activation)
+
+
+def _leaky_relu(g, layer, xs):
+    (v,) = xs
+    return Value(g.node("LeakyRelu", [v.name], "leaky_relu", alpha=layer.negative_slope), v.rank, v.moved)
+
+
+def _elu(g, layer, xs):
+    (v,) = xs
+    return Value(g.node("Elu", [v.name], "elu", alpha=layer.alpha), v.rank, v.moved)
+
+
+def _zero_padding(g, layer, xs):
+    """Pad of the spatial axes, which the import folds into the convolution or pool after it."""
+    (v,) = xs
+    rank = v.rank
+    if rank != layer._rank + 2:
+        raise NoForm
+    x = _spatial_in(g, layer, v)  # channels at axis 1: the spatial axes are 2 ...
+    before, after = [0] * rank, [0] * rank
+    for k, (a, b) in enumerate(layer._amount):
+        before[2 + k], after[2 + k] = a, b
+    pads = g.const(np.array(before + after, np.int64), "pads")
+    return _spatial_out(layer, g.node("Pad", [x, pads], "zero_pad"), rank)
+
+
+def _upsampling(g, layer, xs):
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    scales = g.const(np.array([1.0, 1.0, *layer.size], np.float32), "scales")
+    if layer.interpolation == "nearest":
+        attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    else:
+        corners = "align_corners" if layer.align_corners else "half_pixel"
+        attrs = {"mode": "linear", "coordinate_transformation_mode": corners}
+    y = g.node("Resize", [_spatial_in(g, layer, v), "", scales], "upsampling", **attrs)
+    return _spatial_out(layer, y, 4)
+
+
+def _reshape(g, layer, xs):
+    (v,) = xs
+    shape = g.const(np.array([0, *layer.target_shape], np.int64), "shape")  # 0: the batch kept
+    return Value(g.node("Reshape", [plain(g, v), shape], "reshape"), 1 + len(layer.target_shape))
+
+
 _LAYERS = "fastlayers.layers"
 #: Layer class (by its full name: a subclass, whose call may differ, has none) -> its ONNX
 #: form: (graph, layer, input Values) -> output Value; raises NoForm where the layer's
@@ -363,6 +462,7 @@ FORMS = {
     f"{_LAYERS}.core.Rescaling": _rescaling,
     f"{_LAYERS}.normalization.BatchNormalization": _batch_norm,
     f"{_LAYERS}.normalization.LayerNormalization": _layer_norm,
+    f"{_LAYERS}.normalization.Normalization": _normalization,
     f"{_LAYERS}.merging.Add": _merge("Add"),
     f"{_LAYERS}.merging.Subtract": _merge("Sub"),
     f"{_LAYERS}.merging.Multiply": _merge("Mul"),
@@ -373,6 +473,13 @@ FORMS = {
     f"{_LAYERS}.convolutional.Conv1D": _conv,
     f"{_LAYERS}.convolutional.Conv2D": _conv,
     f"{_LAYERS}.convolutional.DepthwiseConv2D": _depthwise,
+    f"{_LAYERS}.convolutional.SeparableConv2D": _separable,
+    f"{_LAYERS}.core.LeakyReLU": _leaky_relu,
+    f"{_LAYERS}.core.ELU": _elu,
+    f"{_LAYERS}.core.Reshape": _reshape,
+    f"{_LAYERS}.reshaping.ZeroPadding1D": _zero_padding,
+    f"{_LAYERS}.reshaping.ZeroPadding2D": _zero_padding,
+    f"{_LAYERS}.pooling.UpSampling2D": _upsampling,
     f"{_LAYERS}.pooling.MaxPooling1D": _pool("MaxPool"),
     f"{_LAYERS}.pooling.MaxPooling2D": _pool("MaxPool"),
     f"{_LAYERS}.pooling.AveragePooling1D": _pool("AveragePool"),
@@ -434,6 +541,7 @@ SPATIAL = frozenset(
         f"{_LAYERS}.convolutional.Conv1D",
         f"{_LAYERS}.convolutional.Conv2D",
         f"{_LAYERS}.convolutional.DepthwiseConv2D",
+        f"{_LAYERS}.convolutional.SeparableConv2D",
     }
 )
 

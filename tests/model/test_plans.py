@@ -88,7 +88,25 @@ def _graphs():
         h = K.Conv2D(4, 3, padding="same", activation="relu")(x)
         return lib.Model(x, [K.GlobalMaxPooling2D(keepdims=True)(h), K.Dense(3)(K.Flatten()(h)), h])
 
+    def padded(lib, K):
+        x = lib.Input((9, 8, 3))
+        h = K.ZeroPadding2D(((1, 2), (0, 1)))(x)
+        h = K.Conv2D(6, 3, strides=2)(h)
+        h = K.LeakyReLU(negative_slope=0.1)(h)
+        h = K.SeparableConv2D(5, 3, padding="same", depth_multiplier=2, activation="relu")(h)
+        h = K.ELU(alpha=0.7)(K.UpSampling2D(2)(h))
+        h = K.UpSampling2D((2, 3), interpolation="bilinear")(K.ZeroPadding2D(1)(h))
+        h = K.MaxPooling2D(3)(h)
+        return lib.Model(x, K.Dense(3)(K.Reshape((-1, 5))(h)))
+
+    def padded1d(lib, K):
+        x = lib.Input((11, 4))
+        h = K.Conv1D(5, 3)(K.ZeroPadding1D((2, 1))(x))
+        return lib.Model(x, K.Reshape((5, -1))(K.BatchNormalization()(h)))
+
     return {
+        "padded": (padded, (9, 8, 3)),
+        "padded1d": (padded1d, (11, 4)),
         "cnn": (cnn, (12, 10, 3)),
         "residual": (residual, (9, 9, 8)),
         "merges": (merges, (7, 6, 4)),
@@ -151,11 +169,11 @@ def test_the_compiled_plan_fuses_across_the_layers(rng):
 @pytest.mark.parametrize(
     "extra",
     [
-        L.UpSampling2D(2),  # no form
+        L.Cropping2D(1),  # no form
         L.Conv2D(3, 3, activation="mish"),  # an activation without an ONNX form
         L.BatchNormalization(axis=1),  # over the height
     ],
-    ids=["upsampling", "mish", "bn_axis_1"],
+    ids=["cropping", "mish", "bn_axis_1"],
 )
 def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng):
     model = fastlayers.Sequential([fastlayers.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same"), extra])
