@@ -104,7 +104,16 @@ def _graphs():
         h = K.Conv1D(5, 3)(K.ZeroPadding1D((2, 1))(x))
         return lib.Model(x, K.Reshape((5, -1))(K.BatchNormalization()(h)))
 
+    def normalized(lib, K):
+        x = lib.Input((6, 5, 3))
+        h = K.Normalization(mean=[0.1, 0.2, 0.3], variance=[1.0, 2.0, 0.5])(x)
+        h = K.Conv2D(4, 3, activation="relu")(h)
+        h = K.Normalization(mean=[1.0, -1.0, 0.5, 0.0], variance=[4.0, 1.0, 0.25, 2.0], invert=True)(h)
+        h = K.Normalization(axis=None, mean=0.5, variance=4.0)(h)
+        return lib.Model(x, K.Flatten()(h))
+
     return {
+        "normalized": (normalized, (6, 5, 3)),
         "padded": (padded, (9, 8, 3)),
         "padded1d": (padded1d, (11, 4)),
         "cnn": (cnn, (12, 10, 3)),
