@@ -10,10 +10,12 @@ the normalizations and activations after them and the residual sums between them
 region the import fuses (BatchNormalization into the convolution, the sum into its
 epilogue); a layer that reads the channels last (Dense, Flatten, LayerNormalization) gets them
 back by a Transpose. The forms cover Dense, the activations with an ONNX operator, ReLU,
-Softmax, the dropouts, Flatten, BatchNormalization, LayerNormalization over trailing axes,
-Rescaling, the merges, Concatenate, Conv1D/Conv2D/DepthwiseConv2D, the max and average pools
-and the global pools. A graph of dense layers only keeps the layer path, whose bound steps
-cost less than a compiled model's call (docs/design.md).
+LeakyReLU, ELU, Softmax, the dropouts, Flatten, Reshape, BatchNormalization,
+LayerNormalization over trailing axes, Normalization, Rescaling, the merges, Concatenate,
+Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
+UpSampling2D, the max and average pools and the global pools: keras.applications'
+MobileNetV2, ResNet50 and EfficientNetB0 compile whole. A graph of dense layers only keeps
+the layer path (docs/design.md).
 
 A call takes the compiled model where its input is a float32 numpy array (prepared by
 ``Model``: cast and checked against the input's shape) and the backend is the cpu one with
@@ -402,6 +404,46 @@ def _separable(g, layer, xs):
     return _elementwise(g, out, layer.activation)
 
 
+def _conv_transpose(g, layer, xs):
+    """ConvTranspose cropped as Keras crops the full transposed convolution
+    (``layers.convolutional.transpose_pads``), a negative crop after as output_padding."""
+    from ..layers.convolutional import transpose_pads  # loaded with the layer itself
+
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    begins, ends, extra = [], [], []
+    for a, (k, s, d) in enumerate(zip(layer.kernel_size, layer.strides, layer.dilation_rate)):
+        op = None if layer.output_padding is None else layer.output_padding[a]
+        padding = layer.padding if isinstance(layer.padding, str) else layer.padding[a]
+        # the full output ((n - 1) s + k_eff) less the crops, whatever n: read at n = 1
+        before, out_1 = transpose_pads(1, k, s, d, padding, op)
+        after = (k - 1) * d + 1 - before - out_1
+        begins.append(before)
+        ends.append(max(after, 0))
+        extra.append(max(-after, 0))
+    if any(e >= max(s, d) for e, s, d in zip(extra, layer.strides, layer.dilation_rate)):
+        raise NoForm
+    w = np.transpose(layer.kernel, (3, 2, 0, 1))  # (kh, kw, out, in) -> (in, out, kh, kw)
+    inputs = [_spatial_in(g, layer, v), g.const(w, "kernel")]
+    if layer.use_bias:
+        inputs.append(g.const(layer.bias, "bias"))
+    y = g.node(
+        "ConvTranspose",
+        inputs,
+        "conv_transpose",
+        kernel_shape=list(layer.kernel_size),
+        strides=list(layer.strides),
+        dilations=list(layer.dilation_rate),
+        pads=begins + ends,
+        output_padding=extra,
+    )
+    out = _spatial_out(layer, y, 4)
+    if layer.activation in ("softmax", "log_softmax") and not out.moved:
+        return Value(_activation(g, layer.activation, y, 3), 4)
+    return _elementwise(g, out, layer.activation)
+
+
 def _leaky_relu(g, layer, xs):
     (v,) = xs
     return Value(g.node("LeakyRelu", [v.name], "leaky_relu", alpha=layer.negative_slope), v.rank, v.moved)
@@ -474,6 +516,7 @@ FORMS = {
     f"{_LAYERS}.convolutional.Conv2D": _conv,
     f"{_LAYERS}.convolutional.DepthwiseConv2D": _depthwise,
     f"{_LAYERS}.convolutional.SeparableConv2D": _separable,
+    f"{_LAYERS}.convolutional.Conv2DTranspose": _conv_transpose,
     f"{_LAYERS}.core.LeakyReLU": _leaky_relu,
     f"{_LAYERS}.core.ELU": _elu,
     f"{_LAYERS}.core.Reshape": _reshape,
@@ -542,6 +585,7 @@ SPATIAL = frozenset(
         f"{_LAYERS}.convolutional.Conv2D",
         f"{_LAYERS}.convolutional.DepthwiseConv2D",
         f"{_LAYERS}.convolutional.SeparableConv2D",
+        f"{_LAYERS}.convolutional.Conv2DTranspose",
     }
 )
 
