@@ -158,7 +158,9 @@ def test_stream_chunks_equal_full_sequence(rng, backend, name, kwargs):
     cut = (lambda a, b: x[:, a:b]) if bf else (lambda a, b: x[a:b])
     parts = [m.stream(cut(0, 4), state), m.stream(cut(4, 5), state), m.stream(cut(5, 9), state)]
     assert state.steps == 9
-    assert_close(np.concatenate(parts, axis=1 if bf else 0), full, rtol=1e-6, atol=1e-7)
+    # the chunks' input products take other GEMM paths than the whole sequence's (a few
+    # rows against many): the project's per-op tolerance, not bits
+    assert_close(np.concatenate(parts, axis=1 if bf else 0), full, rtol=1e-5, atol=1e-6)
     other = state.copy()
     state.reset()
     assert np.all(state["h"] == 0) and not np.all(other["h"] == 0)
