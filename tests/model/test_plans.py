@@ -322,3 +322,17 @@ def test_load_options_choose_for_the_model_s_calls(rng):
     assert off.native_plans is False and on.native_plans is True
     assert_close(off(x), on(x), rtol=1e-5, atol=1e-5)
     assert off._plans == {} and _compiled(on, 4) is not None
+
+
+def test_a_model_used_as_a_layer_runs_its_own_compiled_plan(rng):
+    """Transfer learning's shape: a convolutional base (a Model) inside a Sequential with a
+    head. The outer graph has a Model node, which no form covers: it runs layer by layer and
+    the base, called as a layer, runs compiled."""
+    build, shape = GRAPHS["residual"]
+    base = build(OURS, L)
+    model = fastlayers.Sequential([fastlayers.Input(shape), base, L.Dense(3, activation="softmax")])
+    x = rng.standard_normal((2, *shape)).astype(np.float32)
+    for _ in range(3):
+        y = model(x)
+    assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+    assert _compiled(model, 4) is None and _compiled(base, 4) is not None
