@@ -438,7 +438,7 @@ class Model(Layer):
         its layers bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
-            if self._single_input and ops.name == "cpu" and self.native_plans is not False:
+            if ops.name == "cpu" and self.native_plans is not False:
                 y = compiled_call(self, x, self._plans, self.native_plans)
                 if y is not None:
                     return y

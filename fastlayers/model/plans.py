@@ -1,6 +1,6 @@
 """Keras-style graphs run as ONNX plans: one executor for a layer graph and its export.
 
-A ``Model`` (or ``Sequential``) with one input that holds a convolution
+A ``Model`` (or ``Sequential``) that holds a convolution
 (``SPATIAL``), and whose every layer has an ONNX form (``FORMS``, one writer per layer class,
 by its exact class), is written once per input rank as an in-memory ONNX graph
 (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
@@ -538,17 +538,26 @@ def _class_name(layer) -> str:
     return f"{type(layer).__module__}.{type(layer).__qualname__}"
 
 
-def written(model, rank: int):
-    """``model`` (one input) written as an ONNX graph taking one float32 input ``"input"`` of
-    ``rank`` axes: (``onnx.writer.GraphWriter``, its output names in the model's order), or
-    None where some node has no form for it."""
+def input_names(model) -> list[str]:
+    """The written graph's input names: ``"input"``, or ``"input_0"``... for several."""
+    n = len(model.inputs)
+    return ["input"] if n == 1 else [f"input_{k}" for k in range(n)]
+
+
+def written(model, ranks):
+    """``model`` written as an ONNX graph taking one float32 input of each of ``ranks`` axes
+    (an int: one input), named by ``input_names``: (``onnx.writer.GraphWriter``, its output
+    names in the model's order), or None where some node has no form for it."""
     from ..onnx.writer import GraphWriter  # here: a model without a convolution never imports onnx/
 
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    names = input_names(model)
     g = GraphWriter()
-    values = {id(model.inputs[0]): Value("input", rank)}
+    values = {id(t): Value(name, rank) for t, name, rank in zip(model.inputs, names, ranks)}
+    inputs = {id(t.node.layer) for t in model.inputs}
     try:
         for node in model._nodes:
-            if node.layer is model.inputs[0].node.layer:
+            if id(node.layer) in inputs:
                 continue
             form = FORMS.get(_class_name(node.layer))
             if form is None or node.extra_args or node.kwargs or len(node.outputs) != 1:
@@ -560,19 +569,20 @@ def written(model, rank: int):
         ys = [plain(g, values[id(t)]) for t in model.outputs]
     except NoForm:
         return None
-    if "input" in ys or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
+    if set(ys) & set(names) or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
         return None
     return g, ys
 
 
-def compile_graph(model, rank: int):
-    """``model`` (one input) as an ``OnnxModel`` taking one float32 input of ``rank`` axes and
-    giving the model's outputs, or None where some node has no form for it."""
-    found = written(model, rank)
+def compile_graph(model, ranks):
+    """``model`` as an ``OnnxModel`` taking one float32 input of each of ``ranks`` axes (an
+    int: one input) and giving the model's outputs, or None where some node has no form."""
+    found = written(model, ranks)
     if found is None:
         return None
     g, ys = found
-    return g.model(model.name, [("input", rank)], ys)
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    return g.model(model.name, list(zip(input_names(model), ranks)), ys)
 
 
 #: The layers whose kernels a compiled graph runs better than the layers do: a graph holding
@@ -614,30 +624,43 @@ def _current(held) -> bool:
 _lock = threading.Lock()
 
 
+def _ranks(x):
+    """The key of prepared inputs ``x`` (an array, or a list of one per input): its rank, or
+    the tuple of their ranks; None where one is not a float32 array of at least one axis."""
+    if type(x) is np.ndarray:
+        return x.ndim if x.dtype is _FLOAT32 and x.ndim else None
+    if any(type(a) is not np.ndarray or a.dtype is not _FLOAT32 or not a.ndim for a in x):
+        return None
+    return tuple(a.ndim for a in x)
+
+
 def compiled_call(model, x, plans: dict, enabled: bool | None = None):
-    """``model``'s output on ``x`` (a prepared input) through its compiled model where one
-    serves (see the module docstring), else None. ``plans``: the model's own table, input
-    rank -> (weights held, derived generation, OnnxModel or None), emptied when its graph is
-    rebuilt; ``enabled``: the model's own choice (None: the ``native_plans`` setting in force)."""
-    if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim:
+    """``model``'s output on ``x`` (its prepared input: an array, or a list of one per input)
+    through its compiled model where one serves (see the module docstring), else None.
+    ``plans``: the model's own table, input ranks -> (weights held, derived generation,
+    OnnxModel or None), emptied when its graph is rebuilt; ``enabled``: the model's own choice
+    (None: the ``native_plans`` setting in force)."""
+    key = _ranks(x)
+    if key is None:
         return None
     if not (settings.current().native_plans if enabled is None else enabled):
         return None
-    hit = plans.get(x.ndim)
+    hit = plans.get(key)
     fresh = hit is None or hit[1] != derived_generation() or not _current(hit[0])
     if hit is None or fresh:
         with _lock:
             held, generation = _weights_held(model), derived_generation()
-            compiled = compile_graph(model, x.ndim) if _holds_spatial(model) else None
-            plans[x.ndim] = (held, generation, compiled)
+            compiled = compile_graph(model, key) if _holds_spatial(model) else None
+            plans[key] = (held, generation, compiled)
     else:
         compiled = hit[2]
     if compiled is None:
         return None
+    xs = (x,) if type(x) is np.ndarray else x
     try:
         if fresh:  # a first call, so that this one builds the native plan (at a key's second
-            compiled(x)  # call): the one a warm-up makes serves the first real call
-        y = compiled(x)
+            compiled(*xs)  # call): the one a warm-up makes serves the first real call
+        y = compiled(*xs)
     except FastlayersError:  # the layers' own checks name what is wrong
         return None
     return y if model._single_output or type(y) is list else [y]

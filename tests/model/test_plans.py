@@ -336,3 +336,26 @@ def test_a_model_used_as_a_layer_runs_its_own_compiled_plan(rng):
         y = model(x)
     assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-6)
     assert _compiled(model, 4) is None and _compiled(base, 4) is not None
+
+
+def test_a_model_with_several_inputs_compiles(keras, rng):
+    """An image and a vector of features: a convolutional branch and a dense one concatenated
+    (inputs given as a list and as a dict by name, as Keras takes them)."""
+
+    def build(lib, K):
+        image, features = lib.Input((8, 8, 3), name="image"), lib.Input((5,), name="features")
+        h = K.GlobalAveragePooling2D()(K.Conv2D(6, 3, padding="same", activation="relu")(image))
+        f = K.Dense(4, activation="tanh")(features)
+        return lib.Model([image, features], K.Dense(2)(K.Concatenate()([h, f])))
+
+    ref = build(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers)
+    ref.set_weights([rng.uniform(-0.5, 0.5, np.shape(w)).astype(np.float32) for w in ref.get_weights()])
+    model = build(OURS, L)
+    model.set_weights([np.asarray(w) for w in ref.get_weights()])
+    xs = [rng.standard_normal((3, 8, 8, 3)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)]
+    want = np.asarray(ref(xs, training=False).detach().cpu())
+    for _ in range(3):
+        assert_close(model(xs), want, rtol=1e-4, atol=1e-5)
+    assert_close(model({"image": xs[0], "features": xs[1]}), want, rtol=1e-4, atol=1e-5)
+    assert_close(model(xs), _layer_path(model, xs), rtol=1e-5, atol=1e-6)
+    assert _compiled(model, (4, 2)) is not None
