@@ -622,6 +622,8 @@ def _current(held) -> bool:
 
 
 _lock = threading.Lock()
+#: The key under which a model's table holds whether its graph holds a SPATIAL layer.
+SPATIAL_KEY = "spatial"
 
 
 def _ranks(x):
@@ -640,6 +642,11 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     ``plans``: the model's own table, input ranks -> (weights held, derived generation,
     OnnxModel or None), emptied when its graph is rebuilt; ``enabled``: the model's own choice
     (None: the ``native_plans`` setting in force)."""
+    spatial = plans.get(SPATIAL_KEY)
+    if spatial is None:  # the graph's layers do not change while the table lives
+        spatial = plans[SPATIAL_KEY] = _holds_spatial(model)
+    if not spatial:
+        return None
     key = _ranks(x)
     if key is None:
         return None
@@ -650,7 +657,7 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     if hit is None or fresh:
         with _lock:
             held, generation = _weights_held(model), derived_generation()
-            compiled = compile_graph(model, key) if _holds_spatial(model) else None
+            compiled = compile_graph(model, key)
             plans[key] = (held, generation, compiled)
     else:
         compiled = hit[2]
