@@ -653,6 +653,8 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     if not (settings.current().native_plans if enabled is None else enabled):
         return None
     hit = plans.get(key)
+    if hit is not None and hit[2] is None:  # no form: the layers' configuration, not their arrays
+        return None
     fresh = hit is None or hit[1] != derived_generation() or not _current(hit[0])
     if hit is None or fresh:
         with _lock:

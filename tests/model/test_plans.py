@@ -195,9 +195,14 @@ def test_the_compiled_plan_fuses_across_the_layers(rng):
     ],
     ids=["cropping", "mish", "bn_axis_1"],
 )
-def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng):
+def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng, monkeypatch):
+    """... and is written once: later calls, even with the layers' arrays replaced, do not try
+    again (a form depends on the layers' configuration)."""
     model = fastlayers.Sequential([fastlayers.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same"), extra])
     x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    writes = []
+    real = plans.written
+    monkeypatch.setattr(plans, "written", lambda *a: writes.append(1) or real(*a))
     if isinstance(extra, L.BatchNormalization):  # an axis other than the channels is compiled
         model(x)
         assert _compiled(model, 4) is not None
@@ -205,6 +210,10 @@ def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng):
         return
     np.testing.assert_array_equal(model(x), _layer_path(model, x))
     assert 4 in model._plans and _compiled(model, 4) is None
+    model.layers[0].kernel = model.layers[0].kernel * 2
+    for _ in range(3):
+        np.testing.assert_array_equal(model(x), _layer_path(model, x))
+    assert writes == [1]
 
 
 def test_dense_graphs_keep_the_layer_path(rng):
