@@ -1,9 +1,8 @@
 """Keras-style graphs run as ONNX plans: one executor for a layer graph and its export.
 
-A ``Model`` (or ``Sequential``) that holds a convolution
-(``SPATIAL``), and whose every layer has an ONNX form (``FORMS``, one writer per layer class,
-by its exact class), is written once per input rank as an in-memory ONNX graph
-(``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
+A ``Model`` (or ``Sequential``) that holds a convolution (``SPATIAL``), and whose every
+layer has an ONNX form (``FORMS``, one writer per layer class, by its exact class), is written
+once per tuple of input ranks as an in-memory ONNX graph (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
 convolutions, native plans), as ``nn/plans.py`` does for torch-style stacks. Values stay
 channels-first from the first spatial layer on (``Value.moved``), so that the convolutions,
 the normalizations and activations after them and the residual sums between them run as one
@@ -17,12 +16,13 @@ UpSampling2D, the max and average pools and the global pools: keras.applications
 MobileNetV2, ResNet50 and EfficientNetB0 compile whole. A graph of dense layers only keeps
 the layer path (docs/design.md).
 
-A call takes the compiled model where its input is a float32 numpy array (prepared by
-``Model``: cast and checked against the input's shape) and the backend is the cpu one with
-``native_plans`` on; a call that raises there runs layer by layer (the layers' own checks
-then name the error). What is compiled is rebuilt after any layer's weight array is replaced
-(``set_weights``, ``load_weights``, an assignment) and after ``clear_derived`` (an in-place
-edit); ``Model`` empties its table when its graph is rebuilt (``Sequential.add``).
+A call takes the compiled model where its inputs are float32 numpy arrays (prepared by
+``Model``: cast and checked against the inputs' shapes), the backend is the cpu one and
+``native_plans`` is on (the model's own ``native_plans``, else the setting in force); a call
+that raises there runs layer by layer (the layers' own checks then name the error). What is
+compiled is rebuilt after any array a layer holds is replaced (``set_weights``,
+``load_weights``, an assignment) and after ``clear_derived`` (an in-place edit); ``Model``
+empties its table when its graph is rebuilt (``Sequential.add``).
 """
 
 from __future__ import annotations
