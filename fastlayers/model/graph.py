@@ -23,7 +23,7 @@ from ..layers.input_layer import InputLayer
 from ..layers.symbolic import Node, SymbolicTensor, call_symbolic, is_symbolic  # noqa: F401
 from .folding import fold_embeddings
 from .placement import on_device
-from .plans import compiled_call, warming_up
+from .plans import compiled_call
 from .summary import model_summary
 from .warmup import FREE_SIZE, in_proportion, warm_up
 
@@ -500,9 +500,8 @@ class Model(Layer):
 
     def warm_up(self) -> bool:
         """Run the model once on zeros of its inputs' shapes (batch 1, other free sizes
-        ``warmup.FREE_SIZE``), so that its weights are packed, its graph compiled where it
-        compiles (``model/plans.py``), its buffers allocated and fastlayers' threads started
-        before the first real call; ``fastlayers.load`` does this.
+        ``warmup.FREE_SIZE``), so that its weights are packed, its buffers allocated and
+        fastlayers' threads started before the first real call; ``fastlayers.load`` does this.
 
         Returns
         -------
@@ -514,8 +513,7 @@ class Model(Layer):
         """
         if not self.built or not warm_up_in_proportion(self):
             return False
-        with warming_up():  # a graph that compiles (model/plans.py) does so here, not at a real call
-            return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]), self.input_specs())
+        return warm_up(lambda arrays: self(arrays if len(arrays) > 1 else arrays[0]), self.input_specs())
 
     def input_specs(self) -> list[tuple]:
         """(batch shape with None for free sizes, dtype) of each input, in ``inputs`` order."""

@@ -16,9 +16,7 @@ UpSampling2D, the max and average pools and the global pools: keras.applications
 MobileNetV2, ResNet50 and EfficientNetB0 compile whole. A graph of dense layers only keeps
 the layer path (docs/design.md).
 
-A graph is compiled at the second call with given input ranks, or at once under
-``warming_up`` (``Model.warm_up``, which ``fastlayers.load`` runs). A call takes the compiled
-model where its inputs are float32 numpy arrays (prepared by
+A call takes the compiled model where its inputs are float32 numpy arrays (prepared by
 ``Model``: cast and checked against the inputs' shapes), the backend is the cpu one and
 ``native_plans`` is on (the model's own ``native_plans``, else the setting in force); a call
 that raises there runs layer by layer (the layers' own checks then name the error). What is
@@ -29,8 +27,6 @@ empties its table when its graph is rebuilt (``Sequential.add``).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import threading
 
 import numpy as np
@@ -628,21 +624,6 @@ def _current(held) -> bool:
 _lock = threading.Lock()
 #: The key under which a model's table holds whether its graph holds a SPATIAL layer.
 SPATIAL_KEY = "spatial"
-#: A table entry for input ranks called once: the graph is compiled at their second call (a
-#: model called once, a script's or a test's, never pays for the compile), or at once under
-#: ``warming_up`` (``Model.warm_up``: ``fastlayers.load``'s warm-up compiles it).
-SEEN = (None, None, False)
-_warming: contextvars.ContextVar[bool] = contextvars.ContextVar("fastlayers_compile_now", default=False)
-
-
-@contextlib.contextmanager
-def warming_up():
-    """Compile a model's graph at its first call in the block (``Model.warm_up``)."""
-    token = _warming.set(True)
-    try:
-        yield
-    finally:
-        _warming.reset(token)
 
 
 def _ranks(x):
@@ -659,8 +640,8 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     """``model``'s output on ``x`` (its prepared input: an array, or a list of one per input)
     through its compiled model where one serves (see the module docstring), else None.
     ``plans``: the model's own table, input ranks -> (weights held, derived generation,
-    OnnxModel or None) or ``SEEN``, emptied when its graph is rebuilt; ``enabled``: the model's
-    own choice (None: the ``native_plans`` setting in force)."""
+    OnnxModel or None), emptied when its graph is rebuilt; ``enabled``: the model's own choice
+    (None: the ``native_plans`` setting in force)."""
     spatial = plans.get(SPATIAL_KEY)
     if spatial is None:  # the graph's layers do not change while the table lives
         spatial = plans[SPATIAL_KEY] = _holds_spatial(model)
@@ -672,12 +653,9 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     if not (settings.current().native_plans if enabled is None else enabled):
         return None
     hit = plans.get(key)
-    if hit is None and not _warming.get():  # a first call: compiled at the second, or a warm-up
-        plans[key] = SEEN
-        return None
     if hit is not None and hit[2] is None:  # no form: the layers' configuration, not their arrays
         return None
-    fresh = hit is None or hit is SEEN or hit[1] != derived_generation() or not _current(hit[0])
+    fresh = hit is None or hit[1] != derived_generation() or not _current(hit[0])
     if hit is None or fresh:
         with _lock:
             held, generation = _weights_held(model), derived_generation()

@@ -142,7 +142,7 @@ OURS = SimpleNamespace(Input=fastlayers.Input, Model=fastlayers.Model, Sequentia
 def _compiled(model, rank):
     """The compiled model serving ``model``'s calls of ``rank`` axes, or None."""
     entry = model._plans.get(rank)
-    return None if entry is None or entry is plans.SEEN else entry[2]
+    return None if entry is None else entry[2]
 
 
 def _layer_path(model, x):
@@ -180,8 +180,7 @@ def test_the_compiled_plan_fuses_across_the_layers(rng):
     second convolution's epilogue: no Transpose is left between them."""
     build, shape = GRAPHS["residual"]
     model = build(OURS, L)
-    for _ in range(2):  # compiled at the second call
-        model(rng.standard_normal((1, *shape)).astype(np.float32))
+    model(rng.standard_normal((1, *shape)).astype(np.float32))
     ops = _compiled(model, 4).op_types
     assert ops.count("FusedConv") == 3 and "BatchNormalization" not in ops and "Add" not in ops
     assert ops.count("Transpose") == 1  # the input's, to channels-first
@@ -206,12 +205,10 @@ def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng, monke
     monkeypatch.setattr(plans, "written", lambda *a: writes.append(1) or real(*a))
     if isinstance(extra, L.BatchNormalization):  # an axis other than the channels is compiled
         model(x)
-        model(x)
         assert _compiled(model, 4) is not None
         assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
         return
-    for _ in range(2):
-        np.testing.assert_array_equal(model(x), _layer_path(model, x))
+    np.testing.assert_array_equal(model(x), _layer_path(model, x))
     assert 4 in model._plans and _compiled(model, 4) is None
     model.layers[0].kernel = model.layers[0].kernel * 2
     for _ in range(3):
@@ -237,9 +234,7 @@ def _small(rng):
 def test_replaced_weights_and_in_place_edits_rebuild_the_plan(rng):
     model, x = _small(rng)
     model(x)
-    model(x)
     first = _compiled(model, 4)
-    assert first is not None
     conv, bn, scale = model.layers
     conv.set_weights([w * 2 for w in conv.get_weights()])
     assert_close(model(x), _layer_path(model, x), rtol=1e-5, atol=1e-5)
@@ -273,8 +268,7 @@ def test_no_compiled_plan_where_plans_are_off_or_on_another_backend(rng):
     with use_ops("reference"):
         want = model(x)
     assert _compiled(model, 4) is None
-    for _ in range(2):
-        assert_close(model(x), want, rtol=1e-4, atol=1e-5)
+    assert_close(model(x), want, rtol=1e-4, atol=1e-5)
     assert _compiled(model, 4) is not None
 
 
@@ -374,16 +368,3 @@ def test_a_model_with_several_inputs_compiles(keras, rng):
     assert_close(model({"image": xs[0], "features": xs[1]}), want, rtol=1e-4, atol=1e-5)
     assert_close(model(xs), _layer_path(model, xs), rtol=1e-5, atol=1e-6)
     assert _compiled(model, (4, 2)) is not None
-
-
-def test_compiled_at_the_second_call_or_at_the_warm_up(rng):
-    """A model called once never compiles (a script's or a test's single call); the second
-    call with the same input ranks does, and ``warm_up`` (``fastlayers.load``) at once."""
-    model, x = _small(rng)
-    model(x)
-    assert model._plans[4] is plans.SEEN
-    model(x)
-    assert _compiled(model, 4) is not None
-    other, _ = _small(rng)
-    assert other.warm_up()
-    assert _compiled(other, 4) is not None
