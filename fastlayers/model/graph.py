@@ -147,7 +147,7 @@ class Model(Layer):
         self._host_plan = fold_embeddings(run_nodes, plan, self.outputs)
         self._host_chain = self._chain_of(self._host_plan)
         self._bound: dict = {}
-        self._plans: dict = {}  # input rank -> the graph compiled as an ONNX model (plans.py)
+        self._plans: dict = {}  # input ranks -> the graph compiled as an ONNX model (plans.py)
         names = [layer.name for layer in self._layers]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
@@ -434,8 +434,9 @@ class Model(Layer):
         """Run the plan on prepared inputs. On a device backend (``ops.device``) the inputs
         are moved to the device here and the outputs back to the host at the end; every layer
         in between computes on device arrays. A model nested in another one finds its inputs
-        on the device already and leaves its outputs there. On the host the plan runs with
-        its layers bound to the inputs' layout (``_run_bound``)."""
+        on the device already and leaves its outputs there. On the host a graph that compiles
+        runs as its compiled ONNX plan (``plans.compiled_call``), any other with its layers
+        bound to the inputs' layout (``_run_bound``)."""
         ops = self.ops
         if ops.device is None:
             if ops.name == "cpu" and self.native_plans is not False:
