@@ -292,25 +292,34 @@ def _window_attrs(layer, kernel, dilation):
     return {"pads": [a for a, _ in padding] + [b for _, b in padding]}
 
 
-def _conv_value(g, layer, v: Value, w_oihw, bias, groups) -> Value:
-    """Conv of ``v`` with ``w_oihw``, then the layer's activation."""
-    inputs = [_spatial_in(g, layer, v), g.const(w_oihw, "kernel")]
-    if bias is not None:
-        inputs.append(g.const(bias, "bias"))
-    y = g.node(
+def _conv_node(g, layer, x: str, w_oihw, bias, groups: int, hint: str = "conv") -> str:
+    """A Conv of ``x`` (channels at axis 1) with ``w_oihw`` and ``bias`` (or None) over the
+    layer's window (kernel, strides, dilation, padding)."""
+    inputs = [x, g.const(w_oihw, "kernel")] + ([] if bias is None else [g.const(bias, "bias")])
+    return g.node(
         "Conv",
         inputs,
-        "conv",
+        hint,
         kernel_shape=list(layer.kernel_size),
         strides=list(layer.strides),
         dilations=list(layer.dilation_rate),
         group=groups,
         **_window_attrs(layer, layer.kernel_size, layer.dilation_rate),
     )
-    out = _spatial_out(layer, y, v.rank)
-    if layer.activation in ("softmax", "log_softmax") and not out.moved:  # over the last axis
-        return Value(_activation(g, layer.activation, y, v.rank - 1), v.rank)
+
+
+def _activated(g, layer, y: str, rank: int) -> Value:
+    """The output ``y`` of the layer's convolution, held as ``_spatial_out`` holds it, with the
+    layer's activation (a softmax of a channels_first layer over its last axis)."""
+    out = _spatial_out(layer, y, rank)
+    if layer.activation in ("softmax", "log_softmax") and not out.moved:
+        return Value(_activation(g, layer.activation, y, rank - 1), rank)
     return _elementwise(g, out, layer.activation)
+
+
+def _conv_value(g, layer, v: Value, w_oihw, bias, groups) -> Value:
+    """Conv of ``v`` with ``w_oihw``, then the layer's activation."""
+    return _activated(g, layer, _conv_node(g, layer, _spatial_in(g, layer, v), w_oihw, bias, groups), v.rank)
 
 
 def _conv(g, layer, xs):
@@ -380,28 +389,12 @@ def _separable(g, layer, xs):
     if v.rank != 4:
         raise NoForm
     kernel = layer.depthwise_kernel
-    depthwise = Value(
-        g.node(
-            "Conv",
-            [_spatial_in(g, layer, v), g.const(_depthwise_oihw(kernel), "depthwise_kernel")],
-            "depthwise",
-            kernel_shape=list(layer.kernel_size),
-            strides=list(layer.strides),
-            dilations=list(layer.dilation_rate),
-            group=kernel.shape[2],
-            **_window_attrs(layer, layer.kernel_size, layer.dilation_rate),
-        ),
-        4,
-        layer.data_format != "channels_first",
-    )
+    y = _conv_node(g, layer, _spatial_in(g, layer, v), _depthwise_oihw(kernel), None, kernel.shape[2], "depthwise")
+    depthwise = _spatial_out(layer, y, 4)
     inputs = [_spatial_in(g, layer, depthwise), g.const(np.transpose(layer.pointwise_kernel, (3, 2, 0, 1)), "kernel")]
     if layer.use_bias:
         inputs.append(g.const(layer.bias, "bias"))
-    y = g.node("Conv", inputs, "pointwise", kernel_shape=[1, 1])
-    out = _spatial_out(layer, y, 4)
-    if layer.activation in ("softmax", "log_softmax") and not out.moved:
-        return Value(_activation(g, layer.activation, y, 3), 4)
-    return _elementwise(g, out, layer.activation)
+    return _activated(g, layer, g.node("Conv", inputs, "pointwise", kernel_shape=[1, 1]), 4)
 
 
 def _conv_transpose(g, layer, xs):
@@ -438,10 +431,7 @@ def _conv_transpose(g, layer, xs):
         pads=begins + ends,
         output_padding=extra,
     )
-    out = _spatial_out(layer, y, 4)
-    if layer.activation in ("softmax", "log_softmax") and not out.moved:
-        return Value(_activation(g, layer.activation, y, 3), 4)
-    return _elementwise(g, out, layer.activation)
+    return _activated(g, layer, y, 4)
 
 
 def _leaky_relu(g, layer, xs):
