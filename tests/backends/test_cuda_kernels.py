@@ -44,6 +44,7 @@ def run_under_simulator(test_file: str, timeout: int = 240) -> str:
 
 if not IN_CUDA_RUN:
 
+    @pytest.mark.simulator
     def test_cuda_kernels_under_simulator():
         out = run_under_simulator("tests/backends/test_cuda_kernels.py")
         print(out.strip().splitlines()[-1])

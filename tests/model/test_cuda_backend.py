@@ -39,6 +39,7 @@ def _python(code: str, **env_changes) -> subprocess.CompletedProcess:
 
 if not IN_CUDA_RUN:
 
+    @pytest.mark.simulator
     def test_cuda_backend_under_simulator():
         run_under_simulator("tests/model/test_cuda_backend.py")
 
