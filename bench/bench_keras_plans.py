@@ -8,7 +8,7 @@ average pool and a softmax Dense on (1, 32, 32, 3)), ``residual`` (two convoluti
 BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16, 16, 32)),
 ``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
 batch 8), the demo model ``digits_cnn`` (fastlayers/data), and keras.applications' MobileNetV2,
-ResNet50 and EfficientNetB0 at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
+MobileNetV3Small, ResNet50, EfficientNetB0 and ConvNeXtTiny at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
 and saved by Keras on its torch backend, loaded by fastlayers; skipped without Keras).
 
 Run: python bench/bench_keras_plans.py [--threads 1] [--calls 300 --rounds 7]
@@ -73,7 +73,13 @@ def workloads(fastlayers, L):
 
 #: keras.applications architectures (random weights, BatchNormalization statistics moved away
 #: from the identity), built and saved by Keras and loaded by fastlayers.
-APPLICATIONS = {"mobilenet_v2": "MobileNetV2", "resnet50": "ResNet50", "efficientnet_b0": "EfficientNetB0"}
+APPLICATIONS = {
+    "mobilenet_v2": "MobileNetV2",
+    "mobilenet_v3_small": "MobileNetV3Small",
+    "resnet50": "ResNet50",
+    "efficientnet_b0": "EfficientNetB0",
+    "convnext_tiny": "ConvNeXtTiny",
+}
 
 
 def _application(name):

@@ -9,12 +9,14 @@ the normalizations and activations after them and the residual sums between them
 region the import fuses (BatchNormalization into the convolution, the sum into its
 epilogue); a layer that reads the channels last (Dense, Flatten, LayerNormalization) gets them
 back by a Transpose. The forms cover Dense, the activations with an ONNX operator, ReLU,
-LeakyReLU, ELU, Softmax, the dropouts, Flatten, Reshape, BatchNormalization,
-LayerNormalization over trailing axes, Normalization, Rescaling, the merges, Concatenate,
+LeakyReLU, ELU, Softmax, the dropouts and StochasticDepth, Flatten, Reshape,
+BatchNormalization, LayerNormalization over trailing axes, Normalization, Rescaling,
+LayerScale, the merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
-UpSampling2D, the max and average pools and the global pools: keras.applications'
-MobileNetV2, ResNet50 and EfficientNetB0 compile whole. A graph of dense layers only keeps
-the layer path (docs/design.md).
+Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
+a Model or Sequential used as a layer (written inline): every keras.applications
+architecture compiles whole. A graph of dense layers only keeps the layer path
+(docs/design.md).
 
 A call takes the compiled model where its inputs are float32 numpy arrays (prepared by
 ``Model``: cast and checked against the inputs' shapes), the backend is the cpu one and
@@ -48,11 +50,13 @@ class Value:
     output, so that the convolutions, their normalizations, activations and residual sums
     between them run as one NCHW region the import fuses; ``plain`` moves it back)."""
 
-    __slots__ = ("name", "rank", "moved", "other")
+    __slots__ = ("name", "rank", "moved", "other", "shape")
 
     def __init__(self, name: str, rank: int, moved: bool = False):
         self.name, self.rank, self.moved = name, rank, moved
         self.other: str | None = None  # its Transpose to the other layout, once written
+        #: its shape as the layers see it (None where a size is not fixed), once known
+        self.shape: tuple | None = None
 
 
 def _perm_to_first(rank):
@@ -374,11 +378,10 @@ def _global_pool(op_type):
         if v.rank != layer.rank + 2:
             raise NoForm
         keep = int(layer.keepdims)
-        if v.moved:  # channels at axis 1: the spatial axes follow them
-            y = g.node(op_type, [v.name], op_type.lower(), axes=list(range(2, v.rank)), keepdims=keep)
-            return Value(y, v.rank, True) if keep else Value(y, 2)
-        y = g.node(op_type, [v.name], op_type.lower(), axes=list(layer._axes()), keepdims=keep)
-        return Value(y, v.rank if keep else 2)
+        # channels at axis 1 of a moved value: the spatial axes follow them
+        axes = list(range(2, v.rank)) if v.moved else list(layer._axes())
+        y = g.node(op_type, [v.name, g.const(np.array(axes, np.int64), "axes")], op_type.lower(), keepdims=keep)
+        return Value(y, v.rank, v.moved) if keep else Value(y, 2)
 
     return form
 
@@ -478,7 +481,68 @@ def _reshape(g, layer, xs):
     return Value(g.node("Reshape", [plain(g, v), shape], "reshape"), 1 + len(layer.target_shape))
 
 
+def _operands(g, xs) -> tuple[list[str], int, bool]:
+    """The names of ``xs`` as operands of one elementwise node, its rank and whether it is held
+    moved: in the moved layout where one is and all have one rank (a residual sum stays in
+    the spatial region; broadcasting holds as both are moved alike), else as the layers see them."""
+    rank = max(v.rank for v in xs)
+    moved = any(v.moved for v in xs) and all(v.rank == rank for v in xs)
+    return [_first(g, v) if moved else plain(g, v) for v in xs], rank, moved
+
+
+_BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}
+
+
+def _binary(g, layer, xs):
+    """A Keras operation node (``x + 3.0``, ``a * b``): each operand a tensor or a number."""
+    names, rank, moved = _operands(g, xs)
+    given = iter(names)
+    operands = [next(given) if c is None else g.const(np.float32(c), "operand") for c in layer.constants]
+    return Value(g.node(_BINARY[layer.op], operands, layer.op), rank, moved)
+
+
+def _custom_scale(g, layer, xs):
+    """InceptionResNetV2's residual sum: x0 + x1 * scale."""
+    (x0, x1), rank, moved = _operands(g, xs)
+    scaled = g.node("Mul", [x1, g.const(np.float32(layer.scale), "scale")], "scaled")
+    return Value(g.node("Add", [x0, scaled], "residual"), rank, moved)
+
+
+def _layer_scale(g, layer, xs):
+    """ConvNeXt's LayerScale: x * gamma along the channels (axis 1 of a moved value)."""
+    (v,) = xs
+    gamma = g.const(_channel_vector(layer.gamma, 1 if v.moved else v.rank - 1, v.rank), "gamma")
+    return Value(g.node("Mul", [v.name, gamma], "layer_scale"), v.rank, v.moved)
+
+
+def _cropping(g, layer, xs):
+    """A Slice of the spatial axes, in the layout the value is held in. Each cropped axis must
+    have a size the model fixes and keep at least one entry (else the layer's own error)."""
+    (v,) = xs
+    if v.rank != layer._rank + 2 or v.shape is None or (v.moved and layer.data_format == "channels_first"):
+        raise NoForm
+    axes = list(layer._spatial_axes())
+    sizes = [v.shape[a] for a in axes]
+    if any(n is None or a + b >= n for n, (a, b) in zip(sizes, layer._amount)):
+        raise NoForm
+    held = [a + 1 for a in axes] if v.moved else axes  # channels at axis 1: the rest move up one
+    begins = [a for a, _ in layer._amount]
+    ends = [n - b for n, (_, b) in zip(sizes, layer._amount)]
+    inputs = [v.name, *(g.const(np.array(t, np.int64), "crop") for t in (begins, ends, held))]
+    return Value(g.node("Slice", inputs, "cropping"), v.rank, v.moved)
+
+
+def _nested(g, layer, xs):
+    """A Model (or Sequential) used as a layer: its graph written inline on the values given."""
+    if len(xs) != len(layer.inputs):
+        raise NoForm
+    outputs = _write(g, layer, xs)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
 _LAYERS = "fastlayers.layers"
+#: The graph classes a model may use as a layer (written inline)
+_MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
 #: Layer class (by its full name: a subclass, whose call may differ, has none) -> its ONNX
 #: form: (graph, layer, input Values) -> output Value; raises NoForm where the layer's
 #: settings or its inputs' ranks have none.
@@ -521,6 +585,14 @@ FORMS = {
     f"{_LAYERS}.pooling.GlobalMaxPooling2D": _global_pool("ReduceMax"),
     f"{_LAYERS}.pooling.GlobalAveragePooling1D": _global_pool("ReduceMean"),
     f"{_LAYERS}.pooling.GlobalAveragePooling2D": _global_pool("ReduceMean"),
+    f"{_LAYERS}.merging.BinaryOp": _binary,
+    f"{_LAYERS}.merging.CustomScaleLayer": _custom_scale,
+    f"{_LAYERS}.core.LayerScale": _layer_scale,
+    f"{_LAYERS}.core.StochasticDepth": _identity,
+    f"{_LAYERS}.core.SpatialDropout3D": _identity,
+    f"{_LAYERS}.reshaping.Cropping1D": _cropping,
+    f"{_LAYERS}.reshaping.Cropping2D": _cropping,
+    **dict.fromkeys(_MODELS, _nested),
 }
 
 
@@ -534,6 +606,32 @@ def input_names(model) -> list[str]:
     return ["input"] if n == 1 else [f"input_{k}" for k in range(n)]
 
 
+def _write(g, model, given: list) -> list:
+    """The nodes of ``model``'s graph written on ``given`` (a Value per model input): the
+    Values of its outputs. Raises NoForm where a node has none."""
+    values = {id(t): v for t, v in zip(model.inputs, given)}
+    for t, v in zip(model.inputs, given):
+        v.shape = v.shape or tuple(t.shape)
+    inputs = {id(t.node.layer) for t in model.inputs}
+    for node in model._nodes:
+        if id(node.layer) in inputs:
+            continue
+        form = FORMS.get(_class_name(node.layer))
+        if form is None or node.extra_args or node.kwargs:
+            raise NoForm
+        found = [values.get(id(t)) for t in node.parents]
+        if None in found:
+            raise NoForm
+        out = form(g, node.layer, found)
+        outs = out if isinstance(out, list) else [out]
+        if len(outs) != len(node.outputs):
+            raise NoForm
+        for t, v in zip(node.outputs, outs):
+            v.shape = tuple(t.shape)
+            values[id(t)] = v
+    return [values[id(t)] for t in model.outputs]
+
+
 def written(model, ranks):
     """``model`` written as an ONNX graph taking one float32 input of each of ``ranks`` axes
     (an int: one input), named by ``input_names``: (``onnx.writer.GraphWriter``, its output
@@ -543,20 +641,9 @@ def written(model, ranks):
     ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
     names = input_names(model)
     g = GraphWriter()
-    values = {id(t): Value(name, rank) for t, name, rank in zip(model.inputs, names, ranks)}
-    inputs = {id(t.node.layer) for t in model.inputs}
     try:
-        for node in model._nodes:
-            if id(node.layer) in inputs:
-                continue
-            form = FORMS.get(_class_name(node.layer))
-            if form is None or node.extra_args or node.kwargs or len(node.outputs) != 1:
-                raise NoForm
-            found = [values.get(id(t)) for t in node.parents]
-            if None in found:
-                raise NoForm
-            values[id(node.outputs[0])] = form(g, node.layer, found)
-        ys = [plain(g, values[id(t)]) for t in model.outputs]
+        outputs = _write(g, model, [Value(name, rank) for name, rank in zip(names, ranks)])
+        ys = [plain(g, v) for v in outputs]
     except NoForm:
         return None
     if set(ys) & set(names) or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
@@ -597,10 +684,18 @@ def _weights_held(model) -> tuple:
     (``_current``)."""
     return tuple(
         (layer, name, value)
-        for layer in model._layers
+        for layer in _all_layers(model)
         for name, value in vars(layer).items()
         if type(value) is np.ndarray
     )
+
+
+def _all_layers(model):
+    """The layers of ``model``, those of the models it uses as layers included."""
+    for layer in model._layers:
+        yield layer
+        if _class_name(layer) in _MODELS:
+            yield from _all_layers(layer)
 
 
 def _current(held) -> bool:
@@ -666,4 +761,4 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
 
 
 def _holds_spatial(model) -> bool:
-    return any(_class_name(layer) in SPATIAL for layer in model._layers)
+    return any(_class_name(layer) in SPATIAL for layer in _all_layers(model))

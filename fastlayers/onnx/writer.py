@@ -9,8 +9,9 @@ import numpy as np
 from . import proto
 from .importer import from_model
 
-#: The default-domain opset the written graphs declare.
-OPSET = 17
+#: The default-domain opset the written graphs declare (20: Gelu; reductions take their axes
+#: as an input).
+OPSET = 20
 _FLOAT = 1  # TensorProto.FLOAT
 
 

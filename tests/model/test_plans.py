@@ -121,7 +121,17 @@ def _graphs():
         h = K.Conv2DTranspose(2, 3, dilation_rate=2, padding="same", activation="sigmoid")(h)
         return lib.Model(x, K.Conv2D(2, 3, padding="same")(h))
 
+    def cropped(lib, K):
+        x = lib.Input((9, 8, 3))
+        h = K.Cropping2D(((1, 2), (0, 1)))(x)  # channels last
+        h = K.Conv2D(4, 3, padding="same")(h)
+        h = K.Cropping2D(1)(h)  # held channels-first
+        h = K.Conv2D(4, 1)(h)
+        h = K.Cropping1D((2, 1))(K.Reshape((-1, 4))(h))
+        return lib.Model(x, K.Cropping1D(1)(K.Conv1D(3, 2)(h)))
+
     return {
+        "cropped": (cropped, (9, 8, 3)),
         "decoder": (decoder, (5, 6, 4)),
         "normalized": (normalized, (6, 5, 3)),
         "padded": (padded, (9, 8, 3)),
@@ -189,16 +199,19 @@ def test_the_compiled_plan_fuses_across_the_layers(rng):
 @pytest.mark.parametrize(
     "extra",
     [
-        L.Cropping2D(1),  # no form
+        L.Cropping2D(1),  # of sizes the model does not fix (an empty result is the layer's error)
         L.Conv2D(3, 3, activation="mish"),  # an activation without an ONNX form
         L.BatchNormalization(axis=1),  # over the height
     ],
-    ids=["cropping", "mish", "bn_axis_1"],
+    ids=["cropping_free_sizes", "mish", "bn_axis_1"],
 )
 def test_a_graph_with_a_layer_without_form_runs_layer_by_layer(extra, rng, monkeypatch):
     """... and is written once: later calls, even with the layers' arrays replaced, do not try
     again (a form depends on the layers' configuration)."""
-    model = fastlayers.Sequential([fastlayers.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same"), extra])
+    free = isinstance(extra, L.Cropping2D)
+    model = fastlayers.Sequential(
+        [fastlayers.Input((None, None, 3) if free else (8, 8, 3)), L.Conv2D(4, 3, padding="same"), extra]
+    )
     x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
     writes = []
     real = plans.written
@@ -333,10 +346,10 @@ def test_load_options_choose_for_the_model_s_calls(rng):
     assert _compiled(off, 4) is None and _compiled(on, 4) is not None
 
 
-def test_a_model_used_as_a_layer_runs_its_own_compiled_plan(rng):
+def test_a_model_used_as_a_layer_is_written_inline(rng):
     """Transfer learning's shape: a convolutional base (a Model) inside a Sequential with a
-    head. The outer graph has a Model node, which no form covers: it runs layer by layer and
-    the base, called as a layer, runs compiled."""
+    head. The base's graph is written inline: base and head run as one compiled model, rebuilt
+    when a weight of the base is replaced."""
     build, shape = GRAPHS["residual"]
     base = build(OURS, L)
     model = fastlayers.Sequential([fastlayers.Input(shape), base, L.Dense(3, activation="softmax")])
@@ -344,7 +357,31 @@ def test_a_model_used_as_a_layer_runs_its_own_compiled_plan(rng):
     for _ in range(3):
         y = model(x)
     assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-6)
-    assert _compiled(model, 4) is None and _compiled(base, 4) is not None
+    first = _compiled(model, 4)
+    assert first is not None and _compiled(base, 4) is None
+    conv = base.layers[1]
+    conv.kernel = conv.kernel * 2
+    y = model(x)
+    assert _compiled(model, 4) is not first
+    assert_close(y, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_operations_and_scaled_sums_compile(rng):
+    """BinaryOp (a Keras operation on tensors: ``x * 0.5``, ``a - b``), InceptionResNetV2's
+    CustomScaleLayer and ConvNeXt's LayerScale, on channels-first values and after them."""
+    x = fastlayers.Input((6, 5, 4))
+    h = L.Conv2D(4, 3, padding="same")(x)
+    h = L.BinaryOp("multiply", (None, 0.5))([h])
+    h = L.BinaryOp("subtract", (None, None))([h, x])
+    h = L.CustomScaleLayer(0.2)([x, L.BinaryOp("divide", (1.0, None))([L.BinaryOp("add", (None, 1.0))([L.ReLU()(h)])])])
+    h = L.LayerScale(1e-2, 4)(h)
+    h = L.LayerScale(3.0, 4)(L.Dense(4)(h))
+    model = fastlayers.Model(x, L.BinaryOp("add", (2.0, None))([h]))
+    y = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
+    for _ in range(2):
+        got = model(y)
+    assert _compiled(model, 4) is not None
+    assert_close(got, _layer_path(model, y), rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_with_several_inputs_compiles(keras, rng):
