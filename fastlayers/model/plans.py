@@ -10,8 +10,9 @@ region the import fuses (BatchNormalization into the convolution, the sum into i
 epilogue); a layer that reads the channels last (Dense, Flatten, LayerNormalization) gets them
 back by a Transpose. The forms cover Dense, the activations with an ONNX operator, ReLU,
 LeakyReLU, ELU, Softmax, the dropouts and StochasticDepth, Flatten, Reshape,
-BatchNormalization, LayerNormalization over trailing axes, Normalization, Rescaling,
-LayerScale, the merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
+BatchNormalization, LayerNormalization and RMSNormalization over trailing axes,
+Normalization, LocalResponseNormalization, Rescaling, LayerScale, Permute, RepeatVector, the
+merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
@@ -540,6 +541,59 @@ def _nested(g, layer, xs):
     return outputs[0] if len(outputs) == 1 else outputs
 
 
+def _rms_norm(g, layer, xs):
+    """RMSNormalization over trailing axes: x / sqrt(mean(x^2) + epsilon) * scale."""
+    (v,) = xs
+    rank = v.rank
+    axes = list(layer._axes)
+    if axes != list(range(rank - len(axes), rank)):
+        raise NoForm
+    x = plain(g, v)
+    mean = g.node(
+        "ReduceMean",
+        [g.node("Mul", [x, x], "square"), g.const(np.array(axes, np.int64), "axes")],
+        "mean_square",
+        keepdims=1,
+    )
+    root = g.node(
+        "Sqrt", [g.node("Add", [mean, g.const(np.float32(layer.epsilon), "epsilon")], "plus_epsilon")], "root"
+    )
+    y = g.node("Div", [x, root], "rms_normalized")
+    return Value(g.node("Mul", [y, g.const(layer.scale, "scale")], "rms_scaled"), rank)
+
+
+def _local_response_norm(g, layer, xs):
+    """LRN across the channels (axis 1 of the ONNX operator: a moved value as it is held)."""
+    (v,) = xs
+    if v.rank < 3:
+        raise NoForm
+    size = 2 * layer.depth_radius + 1
+    y = g.node(
+        "LRN",
+        [_spatial_in(g, layer, v)],
+        "lrn",
+        size=size,
+        alpha=layer.alpha * size,
+        beta=layer.beta,
+        bias=layer.bias,
+    )
+    return _spatial_out(layer, y, v.rank)
+
+
+def _permute(g, layer, xs):
+    (v,) = xs
+    return Value(g.node("Transpose", [plain(g, v)], "permute", perm=[0, *layer.dims]), v.rank)
+
+
+def _repeat_vector(g, layer, xs):
+    """(batch, features) -> (batch, n, features): a Reshape to (batch, 1, features) expanded."""
+    (v,) = xs
+    if v.rank != 2:
+        raise NoForm
+    y = g.node("Reshape", [plain(g, v), g.const(np.array([0, 1, -1], np.int64), "shape")], "one_step")
+    return Value(g.node("Expand", [y, g.const(np.array([1, layer.n, 1], np.int64), "repeats")], "repeat"), 3)
+
+
 _LAYERS = "fastlayers.layers"
 #: The graph classes a model may use as a layer (written inline)
 _MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
@@ -592,6 +646,10 @@ FORMS = {
     f"{_LAYERS}.core.SpatialDropout3D": _identity,
     f"{_LAYERS}.reshaping.Cropping1D": _cropping,
     f"{_LAYERS}.reshaping.Cropping2D": _cropping,
+    f"{_LAYERS}.normalization.RMSNormalization": _rms_norm,
+    f"{_LAYERS}.pooling.LocalResponseNormalization": _local_response_norm,
+    f"{_LAYERS}.core.Permute": _permute,
+    f"{_LAYERS}.core.RepeatVector": _repeat_vector,
     **dict.fromkeys(_MODELS, _nested),
 }
 

@@ -130,7 +130,16 @@ def _graphs():
         h = K.Cropping1D((2, 1))(K.Reshape((-1, 4))(h))
         return lib.Model(x, K.Cropping1D(1)(K.Conv1D(3, 2)(h)))
 
+    def reordered(lib, K):
+        x = lib.Input((6, 5, 4))
+        h = K.Conv2D(4, 3, padding="same")(x)
+        h = K.Conv2D(3, 1)(K.Permute((2, 1, 3))(h))
+        h = K.RMSNormalization(epsilon=1e-3)(h)
+        h = K.RepeatVector(4)(K.GlobalAveragePooling2D()(h))
+        return lib.Model(x, K.Conv1D(2, 2)(h))
+
     return {
+        "reordered": (reordered, (6, 5, 4)),
         "cropped": (cropped, (9, 8, 3)),
         "decoder": (decoder, (5, 6, 4)),
         "normalized": (normalized, (6, 5, 3)),
@@ -368,13 +377,15 @@ def test_a_model_used_as_a_layer_is_written_inline(rng):
 
 def test_keras_operations_and_scaled_sums_compile(rng):
     """BinaryOp (a Keras operation on tensors: ``x * 0.5``, ``a - b``), InceptionResNetV2's
-    CustomScaleLayer and ConvNeXt's LayerScale, on channels-first values and after them."""
+    CustomScaleLayer, ConvNeXt's LayerScale and LocalResponseNormalization (not in Keras), on
+    channels-first values and after them."""
     x = fastlayers.Input((6, 5, 4))
     h = L.Conv2D(4, 3, padding="same")(x)
     h = L.BinaryOp("multiply", (None, 0.5))([h])
     h = L.BinaryOp("subtract", (None, None))([h, x])
     h = L.CustomScaleLayer(0.2)([x, L.BinaryOp("divide", (1.0, None))([L.BinaryOp("add", (None, 1.0))([L.ReLU()(h)])])])
     h = L.LayerScale(1e-2, 4)(h)
+    h = L.LocalResponseNormalization(depth_radius=1, bias=2.0, alpha=1e-2, beta=0.75)(h)
     h = L.LayerScale(3.0, 4)(L.Dense(4)(h))
     model = fastlayers.Model(x, L.BinaryOp("add", (2.0, None))([h]))
     y = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
