@@ -394,8 +394,12 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
         key = node.name or f"conv{k}"
         w_hwio = get_ops().oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
         if scale is not None:
-            w_hwio *= scale
-        w_hwio[np.abs(w_hwio) < TINY_WEIGHT] = 0.0
+            w_hwio = w_hwio * scale
+        tiny = np.abs(w_hwio) < TINY_WEIGHT
+        if tiny.any():
+            if not w_hwio.flags.writeable:  # a written graph's weights are the layer's own
+                w_hwio = w_hwio.copy()
+            w_hwio[tiny] = 0.0
         attrs["_w_hwio"] = w_hwio
         node.inputs = [node.inputs[0], ""]
         if b is not None:

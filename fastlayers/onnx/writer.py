@@ -28,9 +28,16 @@ class GraphWriter:
         return f"{hint}_{self.count}"
 
     def const(self, array, hint: str) -> str:
-        """An initializer holding ``array`` (C-contiguous); its name."""
+        """An initializer holding ``array``, read-only; its name. An ndarray is held as it is
+        (a view: a layer's weights in ONNX's axis order cost no copy, and the import turns a
+        convolution's weights back into the layer's own order without one); the import makes
+        new arrays of what it changes (folding, packing), never writes into these."""
         name = self.name(hint)
-        self.graph.initializers[name] = np.ascontiguousarray(array)
+        held = np.asarray(array)
+        if held is array:
+            held = held.view()  # the caller's array keeps its own flags
+        held.flags.writeable = False
+        self.graph.initializers[name] = held
         return name
 
     def node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:

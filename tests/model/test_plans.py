@@ -416,3 +416,31 @@ def test_a_model_with_several_inputs_compiles(keras, rng):
     assert_close(model({"image": xs[0], "features": xs[1]}), want, rtol=1e-4, atol=1e-5)
     assert_close(model(xs), _layer_path(model, xs), rtol=1e-5, atol=1e-6)
     assert _compiled(model, (4, 2)) is not None
+
+
+def test_the_compile_reads_the_layers_arrays_without_copying_or_changing_them(rng, monkeypatch):
+    """The written graph holds the layers' weights as read-only views (no ONNX-order copy), and
+    the import's folding (BatchNormalization into the convolution, tiny weights zeroed) makes
+    new arrays: the layers' own arrays keep their values and stay writeable."""
+    build, shape = GRAPHS["cnn"]
+    model = build(OURS, L)
+    conv = model.layers[0]
+    conv.kernel[0, 0, 0, :2] = [1e-35, -1e-36]  # below the tiny-weight bound the import zeroes
+    before = {name: a.copy() for _, name, a in plans._weights_held(model) if _ is conv}
+    held = []
+    real = plans.written
+
+    def spy(*a):
+        found = real(*a)
+        held.extend(found[0].graph.initializers.values())
+        return found
+
+    monkeypatch.setattr(plans, "written", spy)
+    x = rng.standard_normal((2, *shape)).astype(np.float32)
+    got = model(x)
+    assert _compiled(model, 4) is not None
+    for name, a in before.items():
+        np.testing.assert_array_equal(getattr(conv, name), a)
+        assert getattr(conv, name).flags.writeable
+    assert any(np.shares_memory(h, conv.kernel) for h in held) and not any(h.flags.writeable for h in held)
+    assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
