@@ -7,7 +7,9 @@ Workloads: ``cnn`` (two 3x3 convolutions with BatchNormalization, ReLU, a max po
 average pool and a softmax Dense on (1, 32, 32, 3)), ``residual`` (two convolutions with
 BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16, 16, 32)),
 ``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
-batch 8), the demo model ``digits_cnn`` (fastlayers/data), and keras.applications' MobileNetV2,
+batch 8), ``text_cnn`` (an Embedding of 5000 x 64 on 100 int ids, a Conv1D of 128 filters, a
+global max pool and a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
+keras.applications' MobileNetV2,
 MobileNetV3Small, ResNet50, EfficientNetB0 and ConvNeXtTiny at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
 and saved by Keras on its torch backend, loaded by fastlayers; skipped without Keras).
 
@@ -60,6 +62,12 @@ def workloads(fastlayers, L):
             stack.append(L.MaxPooling2D(2))
         return fastlayers.Sequential([*stack, L.GlobalAveragePooling2D(), L.Dense(10)])
 
+    def text_cnn():
+        ids = fastlayers.Input((100,), dtype="int32")
+        h = L.Embedding(5000, 64)(ids)
+        h = L.Conv1D(128, 5, activation="relu")(h)
+        return fastlayers.Model(ids, L.Dense(10)(L.GlobalMaxPooling1D()(h)))
+
     data = Path(fastlayers.__file__).parent / "data"
     apps = {name: (_application(name), (1, 224, 224, 3)) for name in APPLICATIONS}
     return apps | {
@@ -67,9 +75,13 @@ def workloads(fastlayers, L):
         "residual": (residual, (1, 16, 16, 32)),
         "vgg": (vgg, (1, 64, 64, 3)),
         "vgg-b8": (vgg, (8, 64, 64, 3)),
+        "text_cnn": (text_cnn, (1, 100)),
         "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
     }
 
+
+#: Workloads on int64 token ids (below 5000) rather than float32 values.
+ON_IDS = {"text_cnn"}
 
 #: keras.applications architectures (random weights, BatchNormalization statistics moved away
 #: from the identity), built and saved by Keras and loaded by fastlayers.
@@ -105,8 +117,9 @@ def _application(name):
     return build
 
 
-def onnx_bytes(g, outputs, rank) -> bytes:
-    """The graph ``g`` (``onnx.writer.GraphWriter``) as ONNX file bytes, input ``"input"``."""
+def onnx_bytes(g, outputs, rank, ids=False) -> bytes:
+    """The graph ``g`` (``onnx.writer.GraphWriter``) as ONNX file bytes, input ``"input"``
+    (int64 where ``ids``, else float32)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -117,7 +130,7 @@ def onnx_bytes(g, outputs, rank) -> bytes:
     graph = helper.make_graph(
         nodes,
         "written",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None] * rank)],
+        [helper.make_tensor_value_info("input", TensorProto.INT64 if ids else TensorProto.FLOAT, [None] * rank)],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
         inits,
     )
@@ -155,13 +168,15 @@ def main() -> None:
         for layer in model.layers if name not in APPLICATIONS else []:  # BatchNormalization off the identity
             if type(layer).__name__ == "BatchNormalization":
                 layer.set_weights([rng.uniform(0.5, 1.5, w.shape).astype(np.float32) for w in layer.get_weights()])
-        g, outputs = plans.written(model, len(shape))
-        data = onnx_bytes(g, outputs, len(shape))
+        ids = name in ON_IDS
+        key = (plans.IDS, len(shape)) if ids else len(shape)
+        g, outputs = plans.written(model, key)
+        data = onnx_bytes(g, outputs, len(shape), ids)
         exported = fastlayers.load(data)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
         session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-        x = rng.standard_normal(shape).astype(np.float32)
+        x = rng.integers(0, 5000, shape) if ids else rng.standard_normal(shape).astype(np.float32)
         calls = args.calls if name not in APPLICATIONS else max(3, args.calls // 30)
 
         def by_layers(x=x, model=model):
@@ -180,7 +195,7 @@ def main() -> None:
                 got = fn()
             got = got[0] if isinstance(got, list) else got
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{name}: {engine}")
-        assert model._plans[len(shape)][2] is not None, f"{name}: not compiled"
+        assert model._plans[key][2] is not None, f"{name}: not compiled"
         interleave(engines, calls, args.rounds, f"{name} {shape}")
 
 

@@ -2,7 +2,7 @@
 
 A ``Model`` (or ``Sequential``) that holds a convolution (``SPATIAL``), and whose every
 layer has an ONNX form (``FORMS``, one writer per layer class, by its exact class), is written
-once per tuple of input ranks as an in-memory ONNX graph (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
+once per tuple of input ranks (and dtypes) as an in-memory ONNX graph (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
 convolutions, native plans), as ``nn/plans.py`` does for torch-style stacks. Values stay
 channels-first from the first spatial layer on (``Value.moved``), so that the convolutions,
 the normalizations and activations after them and the residual sums between them run as one
@@ -16,11 +16,13 @@ merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
-architecture compiles whole. A graph of dense layers only keeps the layer path
-(docs/design.md).
+architecture compiles whole. An Embedding without ``mask_zero`` reading an integer model input
+is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
+compiled model on them as int64 (Keras's text CNNs compile). A graph of dense layers only
+keeps the layer path (docs/design.md).
 
 A call takes the compiled model where its inputs are float32 numpy arrays (prepared by
-``Model``: cast and checked against the inputs' shapes), the backend is the cpu one and
+``Model``: cast and checked against the inputs' shapes) or such ids, the backend is the cpu one and
 ``native_plans`` is on (the model's own ``native_plans``, else the setting in force); a call
 that raises there runs layer by layer (the layers' own checks then name the error). What is
 compiled is rebuilt after any array a layer holds is replaced (``set_weights``,
@@ -51,10 +53,12 @@ class Value:
     output, so that the convolutions, their normalizations, activations and residual sums
     between them run as one NCHW region the import fuses; ``plain`` moves it back)."""
 
-    __slots__ = ("name", "rank", "moved", "other", "shape")
+    __slots__ = ("name", "rank", "moved", "other", "shape", "ids")
 
-    def __init__(self, name: str, rank: int, moved: bool = False):
+    def __init__(self, name: str, rank: int, moved: bool = False, ids: bool = False):
         self.name, self.rank, self.moved = name, rank, moved
+        #: int64 indices (a model input an Embedding reads), which only the Embedding form takes
+        self.ids = ids
         self.other: str | None = None  # its Transpose to the other layout, once written
         #: its shape as the layers see it (None where a size is not fixed), once known
         self.shape: tuple | None = None
@@ -594,6 +598,15 @@ def _repeat_vector(g, layer, xs):
     return Value(g.node("Expand", [y, g.const(np.array([1, layer.n, 1], np.int64), "repeats")], "repeat"), 3)
 
 
+def _embedding(g, layer, xs):
+    """Rows of the table by index: a Gather of int64 ids the call has checked against the
+    layer's rows (``compiled_call``); a mask (``mask_zero``) is the layer path's."""
+    (v,) = xs
+    if not v.ids or layer.mask_zero:
+        raise NoForm
+    return Value(g.node("Gather", [g.const(layer.embeddings, "embeddings"), v.name], "embedding", axis=0), v.rank + 1)
+
+
 _LAYERS = "fastlayers.layers"
 #: The graph classes a model may use as a layer (written inline)
 _MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
@@ -650,6 +663,7 @@ FORMS = {
     f"{_LAYERS}.pooling.LocalResponseNormalization": _local_response_norm,
     f"{_LAYERS}.core.Permute": _permute,
     f"{_LAYERS}.core.RepeatVector": _repeat_vector,
+    f"{_LAYERS}.core.Embedding": _embedding,
     **dict.fromkeys(_MODELS, _nested),
 }
 
@@ -677,8 +691,8 @@ def _write(g, model, given: list) -> list:
         form = FORMS.get(_class_name(node.layer))
         if form is None or node.extra_args or node.kwargs:
             raise NoForm
-        found = [values.get(id(t)) for t in node.parents]
-        if None in found:
+        found = [values[id(t)] for t in node.parents if id(t) in values]
+        if len(found) != len(node.parents) or (form is not _embedding and any(v.ids for v in found)):
             raise NoForm
         out = form(g, node.layer, found)
         outs = out if isinstance(out, list) else [out]
@@ -690,17 +704,29 @@ def _write(g, model, given: list) -> list:
     return [values[id(t)] for t in model.outputs]
 
 
-def written(model, ranks):
-    """``model`` written as an ONNX graph taking one float32 input of each of ``ranks`` axes
-    (an int: one input), named by ``input_names``: (``onnx.writer.GraphWriter``, its output
-    names in the model's order), or None where some node has no form for it."""
+def _key_items(model, key) -> tuple:
+    """The items of a table key (``_key``): one per model input."""
+    return (key,) if len(model.inputs) == 1 else tuple(key)
+
+
+def _rank_of(item) -> int:
+    """The rank of a key item: an int for float32, ``(IDS, rank)`` for int64 ids."""
+    return item if type(item) is int else item[1]
+
+
+def written(model, key):
+    """``model`` written as an ONNX graph taking inputs of ``key`` (``_key``: per input its
+    rank, float32, or ``(IDS, rank)``, int64 ids), named by ``input_names``:
+    (``onnx.writer.GraphWriter``, its output names in the model's order), or None where some
+    node has no form for it."""
     from ..onnx.writer import GraphWriter  # here: a model without a convolution never imports onnx/
 
-    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    items = _key_items(model, key)
     names = input_names(model)
     g = GraphWriter()
+    given = [Value(name, _rank_of(item), ids=type(item) is not int) for name, item in zip(names, items)]
     try:
-        outputs = _write(g, model, [Value(name, rank) for name, rank in zip(names, ranks)])
+        outputs = _write(g, model, given)
         ys = [plain(g, v) for v in outputs]
     except NoForm:
         return None
@@ -709,15 +735,17 @@ def written(model, ranks):
     return g, ys
 
 
-def compile_graph(model, ranks):
-    """``model`` as an ``OnnxModel`` taking one float32 input of each of ``ranks`` axes (an
-    int: one input) and giving the model's outputs, or None where some node has no form."""
-    found = written(model, ranks)
+def compile_graph(model, key):
+    """``model`` as an ``OnnxModel`` taking inputs of ``key`` (``written``) and giving the
+    model's outputs, or None where some node has no form."""
+    found = written(model, key)
     if found is None:
         return None
     g, ys = found
-    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
-    return g.model(model.name, list(zip(input_names(model), ranks)), ys)
+    names, items = input_names(model), _key_items(model, key)
+    ranks = [(name, _rank_of(item)) for name, item in zip(names, items)]
+    int64 = frozenset(name for name, item in zip(names, items) if type(item) is not int)
+    return g.model(model.name, ranks, ys, int64)
 
 
 #: The layers whose kernels a compiled graph runs better than the layers do: a graph holding
@@ -769,31 +797,77 @@ _lock = threading.Lock()
 SPATIAL_KEY = "spatial"
 
 
-def _ranks(x):
-    """The key of prepared inputs ``x`` (an array, or a list of one per input): its rank, or
-    the tuple of their ranks; None where one is not a float32 array of at least one axis."""
+#: A key item's mark for int64 ids (an input whose dtype the model keeps).
+IDS = "ids"
+_INT64 = np.dtype(np.int64)
+
+
+def _key(x):
+    """The key of prepared inputs ``x`` (an array, or a list of one per input): per input its
+    rank (float32) or ``(IDS, rank)`` (int64 ids, checked by ``_checked_ids``); one item for
+    one input, else their tuple. None where an input is another kind of array or has no axes."""
     if type(x) is np.ndarray:
-        return x.ndim if x.dtype is _FLOAT32 and x.ndim else None
-    if any(type(a) is not np.ndarray or a.dtype is not _FLOAT32 or not a.ndim for a in x):
+        return _key_item(x)
+    items = tuple(_key_item(a) for a in x)
+    return None if None in items else items
+
+
+def _key_item(a):
+    if type(a) is not np.ndarray or not a.ndim:
         return None
-    return tuple(a.ndim for a in x)
+    if a.dtype is _FLOAT32:
+        return a.ndim
+    return (IDS, a.ndim) if a.dtype == _INT64 else None
+
+
+#: The key under which a model's table holds its ids inputs (``_id_readers``).
+IDS_KEY = "ids"
+
+
+def _id_readers(model):
+    """(index, Embedding layers reading it) of each model input whose dtype the model keeps
+    (integer ids), or None where such an input feeds a layer other than an Embedding."""
+    found = []
+    for k, t in enumerate(model.inputs):
+        if not getattr(t.node.layer, "keep_dtype", False):
+            continue
+        readers = [node.layer for node in model._nodes if any(p is t for p in node.parents)]
+        if any(_class_name(layer) != f"{_LAYERS}.core.Embedding" for layer in readers):
+            return None
+        found.append((k, readers))
+    return tuple(found)
+
+
+def _checked_ids(x, readers):
+    """``x`` with each ids input checked and cast by the Embeddings reading it (their own
+    errors: an index outside the table, non-integer floats), as the layer path checks them."""
+    xs = [x] if type(x) is np.ndarray else list(x)
+    for k, layers in readers:
+        for layer in layers:
+            xs[k] = layer._prepare_inputs(xs[k])
+    return xs[0] if type(x) is np.ndarray else xs
 
 
 def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     """``model``'s output on ``x`` (its prepared input: an array, or a list of one per input)
     through its compiled model where one serves (see the module docstring), else None.
-    ``plans``: the model's own table, input ranks -> (weights held, derived generation,
+    ``plans``: the model's own table, ``_key`` -> (weights held, derived generation,
     OnnxModel or None), emptied when its graph is rebuilt; ``enabled``: the model's own choice
     (None: the ``native_plans`` setting in force)."""
     spatial = plans.get(SPATIAL_KEY)
     if spatial is None:  # the graph's layers do not change while the table lives
         spatial = plans[SPATIAL_KEY] = _holds_spatial(model)
-    if not spatial:
+        if spatial:
+            plans[IDS_KEY] = _id_readers(model)
+    if not spatial or not (settings.current().native_plans if enabled is None else enabled):
         return None
-    key = _ranks(x)
+    readers = plans[IDS_KEY]
+    if readers is None:
+        return None
+    if readers:
+        x = _checked_ids(x, readers)
+    key = _key(x)
     if key is None:
-        return None
-    if not (settings.current().native_plans if enabled is None else enabled):
         return None
     hit = plans.get(key)
     if hit is not None and hit[2] is None:  # no form: the layers' configuration, not their arrays

@@ -13,6 +13,7 @@ from .importer import from_model
 #: as an input).
 OPSET = 20
 _FLOAT = 1  # TensorProto.FLOAT
+_INT64 = 7  # TensorProto.INT64
 
 
 class GraphWriter:
@@ -46,10 +47,13 @@ class GraphWriter:
         self.graph.nodes.append(proto.NodeProto(op_type, "", out, list(inputs), [out], attrs))
         return out
 
-    def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str]):
+    def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str], int64_inputs=frozenset()):
         """The ``OnnxModel`` of the graph written, its inputs float32 values of the given
-        ranks (every dimension free), its outputs ``outputs``."""
+        ranks (every dimension free; int64 those named in ``int64_inputs``), its outputs
+        ``outputs``."""
         self.graph.name = name
-        self.graph.inputs = [proto.ValueInfo(i, _FLOAT, [None] * rank) for i, rank in inputs]
+        self.graph.inputs = [
+            proto.ValueInfo(i, _INT64 if i in int64_inputs else _FLOAT, [None] * rank) for i, rank in inputs
+        ]
         self.graph.outputs = [proto.ValueInfo(o, _FLOAT, None) for o in outputs]
         return from_model(proto.Model(8, {"": OPSET}, "fastlayers", self.graph), f"{name} (compiled)", own=True)

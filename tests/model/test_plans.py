@@ -14,7 +14,7 @@ from fastlayers import layers as L
 from fastlayers import settings
 from fastlayers.backends import use_ops
 from fastlayers.backends.derived import clear_derived
-from fastlayers.errors import ShapeError
+from fastlayers.errors import InputError, ShapeError
 from fastlayers.model import plans
 
 from ..conftest import assert_close, in_threads
@@ -444,3 +444,43 @@ def test_the_compile_reads_the_layers_arrays_without_copying_or_changing_them(rn
         assert getattr(conv, name).flags.writeable
     assert any(np.shares_memory(h, conv.kernel) for h in held) and not any(h.flags.writeable for h in held)
     assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+
+
+def _text_cnn(lib, K, mask_zero=False):
+    ids = lib.Input((12,), dtype="int32")
+    h = K.Embedding(50, 8, mask_zero=mask_zero)(ids)
+    h = K.Conv1D(6, 3, padding="same", activation="relu")(h)
+    return lib.Model(ids, K.Dense(4)(K.GlobalMaxPooling1D()(h)))
+
+
+def test_a_text_cnn_on_integer_ids_compiles(keras, rng):
+    """Embedding on int ids (Keras's text classifiers): a Gather of the ids, which the call
+    checks as the layer does (range, whole-number floats) before the compiled model runs."""
+    ref = _text_cnn(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers)
+    model = _text_cnn(OURS, L)
+    model.set_weights(ref.get_weights())
+    ids = rng.integers(0, 50, (3, 12)).astype(np.int32)
+    want = ref.predict(ids, verbose=0)
+    for x in (ids, ids.astype(np.int64), ids.astype(np.float32)):
+        for _ in range(2):
+            got = model(x)
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+    assert _compiled(model, (plans.IDS, 2)) is not None
+    bad = ids.copy()
+    bad[1, 3] = 50
+    with pytest.raises(InputError, match="Embedding"):
+        model(bad)
+    bad[1, 3] = -1  # a Gather would wrap it around
+    with pytest.raises(InputError, match="Embedding"):
+        model(bad)
+    with pytest.raises(InputError, match="non-integer"):
+        model(ids + np.float32(0.5))
+
+
+def test_masked_embeddings_keep_the_layer_path(rng):
+    """mask_zero: the mask reaches the layers after it, which the layer path applies."""
+    model = _text_cnn(OURS, L, mask_zero=True)
+    ids = rng.integers(0, 50, (2, 12)).astype(np.int32)
+    np.testing.assert_array_equal(model(ids), _layer_path(model, ids))
+    assert _compiled(model, (plans.IDS, 2)) is None
