@@ -1,6 +1,7 @@
 """Keras-style graphs run as ONNX plans: one executor for a layer graph and its export.
 
-A ``Model`` (or ``Sequential``) that holds a convolution (``SPATIAL``), and whose every
+A ``Model`` (or ``Sequential``) that holds a convolution or a recurrent layer
+(``COMPILE_KINDS``), and whose every
 layer has an ONNX form (``FORMS``, one writer per layer class, by its exact class), is written
 once per tuple of input ranks (and dtypes) as an in-memory ONNX graph (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
 convolutions, native plans), as ``nn/plans.py`` does for torch-style stacks. Values stay
@@ -16,10 +17,11 @@ merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
-architecture compiles whole. An Embedding without ``mask_zero`` reading an integer model input
-is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
-compiled model on them as int64 (Keras's text CNNs compile). A graph of dense layers only
-keeps the layer path (docs/design.md).
+architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
+ONNX's RNN, LSTM and GRU nodes. An Embedding without ``mask_zero`` reading an integer model
+input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
+compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
+dense layers only keeps the layer path (docs/design.md).
 
 A call takes the compiled model where its inputs are float32 numpy arrays (prepared by
 ``Model``: cast and checked against the inputs' shapes) or such ids, the backend is the cpu one and
@@ -607,6 +609,74 @@ def _embedding(g, layer, xs):
     return Value(g.node("Gather", [g.const(layer.embeddings, "embeddings"), v.name], "embedding", axis=0), v.rank + 1)
 
 
+#: Keras recurrent activations -> ONNX's names for them in a recurrent node's ``activations``.
+_RNN_ACTIVATIONS = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
+
+
+def _gate_blocks(w, order, units):
+    """``w`` (..., gates units) with its gate blocks in ``order`` (Keras's block indices)."""
+    return np.concatenate([w[..., g * units : (g + 1) * units] for g in order], axis=-1)
+
+
+def _recurrent(op_type, order):
+    """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node, batch first (layout 1):
+    gate blocks from Keras's order (LSTM i f c o, GRU z r h) to ONNX's (``order``: i o f c,
+    z r h), kernels transposed; go_backwards is the reverse direction, whose sequence Keras
+    returns in processing order. Masks and initial states (call arguments) are the layer path's."""
+
+    def form(g, layer, xs):
+        (v,) = xs
+        acts = [layer.activation] if op_type == "RNN" else [layer.recurrent_activation, layer.activation]
+        if v.rank != 3 or any(a not in _RNN_ACTIVATIONS for a in acts):
+            raise NoForm
+        units = layer.units
+        w = _gate_blocks(np.asarray(layer.kernel), order, units).T[None]
+        r = _gate_blocks(np.asarray(layer.recurrent_kernel), order, units).T[None]
+        attrs = {"hidden_size": units, "layout": 1, "direction": "reverse" if layer.go_backwards else "forward"}
+        names = [_RNN_ACTIVATIONS[a] for a in acts]
+        attrs["activations"] = (
+            names if op_type == "RNN" else [names[0], names[1], names[1]][: 3 if op_type == "LSTM" else 2]
+        )
+        bias = np.zeros((1, 2 * w.shape[1]), np.float32)
+        if layer.use_bias:
+            b = np.asarray(layer.bias, np.float32)
+            if op_type == "GRU" and layer.reset_after:  # (input bias, recurrent bias)
+                bias[0] = np.concatenate([_gate_blocks(b[0], order, units), _gate_blocks(b[1], order, units)])
+            else:
+                bias[0, : w.shape[1]] = _gate_blocks(b, order, units)
+        if op_type == "GRU":
+            attrs["linear_before_reset"] = int(layer.reset_after)
+        inputs = [plain(g, v), g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
+        count = 3 if op_type == "LSTM" else 2
+        y, *states = g.nodes(op_type, inputs, op_type.lower(), count, **attrs)
+        if layer.return_sequences:
+            out = g.node("Reshape", [y, g.const(np.array([0, 0, -1], np.int64), "shape")], "sequence")
+            if layer.go_backwards:  # Keras: in processing order
+                ends = g.const(np.array([np.iinfo(np.int64).min], np.int64), "end")
+                out = g.node(
+                    "Slice",
+                    [
+                        out,
+                        g.const(np.array([-1], np.int64), "start"),
+                        ends,
+                        g.const(np.array([1], np.int64), "axis"),
+                        g.const(np.array([-1], np.int64), "step"),
+                    ],
+                    "backwards",
+                )
+            first = Value(out, 3)
+        else:
+            first = None
+        last = [
+            Value(g.node("Reshape", [s, g.const(np.array([0, -1], np.int64), "shape")], "state"), 2) for s in states
+        ]
+        if not layer.return_state:
+            return first if first is not None else last[0]
+        return [first if first is not None else last[0], *last]
+
+    return form
+
+
 _LAYERS = "fastlayers.layers"
 #: The graph classes a model may use as a layer (written inline)
 _MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
@@ -664,6 +734,9 @@ FORMS = {
     f"{_LAYERS}.core.Permute": _permute,
     f"{_LAYERS}.core.RepeatVector": _repeat_vector,
     f"{_LAYERS}.core.Embedding": _embedding,
+    f"{_LAYERS}.recurrent.SimpleRNN": _recurrent("RNN", [0]),
+    f"{_LAYERS}.recurrent.LSTM": _recurrent("LSTM", [0, 3, 1, 2]),
+    f"{_LAYERS}.recurrent.GRU": _recurrent("GRU", [0, 1, 2]),
     **dict.fromkeys(_MODELS, _nested),
 }
 
@@ -748,17 +821,21 @@ def compile_graph(model, key):
     return g.model(model.name, ranks, ys, int64)
 
 
-#: The layers whose kernels a compiled graph runs better than the layers do: a graph holding
-#: none of them (dense networks, whose layer path binds each Dense to one native call already)
-#: keeps the layer-by-layer path, which costs less than a compiled model's call (measured in
-#: docs/design.md).
-SPATIAL = frozenset(
+#: The layers that make a graph worth compiling: convolutions (the compiled graph folds their
+#: normalizations and sums into them) and recurrent layers (the same kernels, run with less
+#: around them). A graph holding none of them (dense networks, whose layer path binds each
+#: Dense to one native call already) keeps the layer-by-layer path, which costs less than a
+#: compiled model's call (measured in docs/design.md).
+COMPILE_KINDS = frozenset(
     {
         f"{_LAYERS}.convolutional.Conv1D",
         f"{_LAYERS}.convolutional.Conv2D",
         f"{_LAYERS}.convolutional.DepthwiseConv2D",
         f"{_LAYERS}.convolutional.SeparableConv2D",
         f"{_LAYERS}.convolutional.Conv2DTranspose",
+        f"{_LAYERS}.recurrent.SimpleRNN",
+        f"{_LAYERS}.recurrent.LSTM",
+        f"{_LAYERS}.recurrent.GRU",
     }
 )
 
@@ -793,8 +870,8 @@ def _current(held) -> bool:
 
 
 _lock = threading.Lock()
-#: The key under which a model's table holds whether its graph holds a SPATIAL layer.
-SPATIAL_KEY = "spatial"
+#: The key under which a model's table holds whether its graph holds a layer of COMPILE_KINDS.
+KINDS_KEY = "kinds"
 
 
 #: A key item's mark for int64 ids (an input whose dtype the model keeps).
@@ -854,12 +931,12 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     ``plans``: the model's own table, ``_key`` -> (weights held, derived generation,
     OnnxModel or None), emptied when its graph is rebuilt; ``enabled``: the model's own choice
     (None: the ``native_plans`` setting in force)."""
-    spatial = plans.get(SPATIAL_KEY)
-    if spatial is None:  # the graph's layers do not change while the table lives
-        spatial = plans[SPATIAL_KEY] = _holds_spatial(model)
-        if spatial:
+    worth = plans.get(KINDS_KEY)
+    if worth is None:  # the graph's layers do not change while the table lives
+        worth = plans[KINDS_KEY] = _holds_compile_kind(model)
+        if worth:
             plans[IDS_KEY] = _id_readers(model)
-    if not spatial or not (settings.current().native_plans if enabled is None else enabled):
+    if not worth or not (settings.current().native_plans if enabled is None else enabled):
         return None
     readers = plans[IDS_KEY]
     if readers is None:
@@ -892,5 +969,5 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     return y if model._single_output or type(y) is list else [y]
 
 
-def _holds_spatial(model) -> bool:
-    return any(_class_name(layer) in SPATIAL for layer in _all_layers(model))
+def _holds_compile_kind(model) -> bool:
+    return any(_class_name(layer) in COMPILE_KINDS for layer in _all_layers(model))

@@ -47,6 +47,12 @@ class GraphWriter:
         self.graph.nodes.append(proto.NodeProto(op_type, "", out, list(inputs), [out], attrs))
         return out
 
+    def nodes(self, op_type: str, inputs: list[str], hint: str, count: int, **attrs) -> list[str]:
+        """A node of the default domain with ``count`` outputs; their names."""
+        outs = [self.name(hint) for _ in range(count)]
+        self.graph.nodes.append(proto.NodeProto(op_type, "", outs[0], list(inputs), outs, attrs))
+        return outs
+
     def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str], int64_inputs=frozenset()):
         """The ``OnnxModel`` of the graph written, its inputs float32 values of the given
         ranks (every dimension free; int64 those named in ``int64_inputs``), its outputs

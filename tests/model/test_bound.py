@@ -72,7 +72,7 @@ def _models():
 
 
 MODELS = list(_models())
-#: These tests are of the layer path: a graph holding a convolution otherwise runs compiled
+#: These tests are of the layer path: a graph holding a convolution or a recurrent layer otherwise runs compiled
 #: (model/plans.py, tests/model/test_plans.py).
 LAYER_PATH = settings.LoadOptions(native_plans=False)
 

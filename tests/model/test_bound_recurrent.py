@@ -11,6 +11,7 @@ import pytest
 
 import fastlayers
 from fastlayers import layers as fl
+from fastlayers import settings
 from fastlayers.backends import derived, use_ops
 from fastlayers.backends.cpu import recurrent as cpu_recurrent
 from fastlayers.native import _core
@@ -18,6 +19,15 @@ from fastlayers.native import _core
 from ..conftest import in_threads
 
 T, I, U = 6, 4, 5
+
+
+@pytest.fixture(autouse=True)
+def layer_path():
+    """These tests are of the layer path: a graph holding a recurrent layer otherwise runs
+    compiled (model/plans.py, tests/model/test_plans.py)."""
+    with settings.applied(settings.LoadOptions(native_plans=False)):
+        yield
+
 
 CASES = [
     ("LSTM", {}, False),

@@ -138,7 +138,23 @@ def _graphs():
         h = K.RepeatVector(4)(K.GlobalAveragePooling2D()(h))
         return lib.Model(x, K.Conv1D(2, 2)(h))
 
+    def recurrent(lib, K):
+        x = lib.Input((7, 5))
+        h = K.LSTM(6, return_sequences=True)(x)
+        h = K.GRU(5, return_sequences=True, go_backwards=True)(h)
+        h = K.SimpleRNN(4, activation="relu", return_sequences=True)(h)
+        h = K.GRU(3, reset_after=False, go_backwards=True, recurrent_activation="tanh")(h)
+        return lib.Model(x, K.Dense(2)(h))
+
+    def recurrent_states(lib, K):
+        x = lib.Input((6, 4))
+        y, h, c = K.LSTM(5, return_state=True, go_backwards=True, activation="relu", use_bias=False)(x)
+        s, sh = K.GRU(3, return_sequences=True, return_state=True)(x)
+        return lib.Model(x, [K.Concatenate()([y, h, c]), s, sh])
+
     return {
+        "recurrent": (recurrent, (7, 5)),
+        "recurrent_states": (recurrent_states, (6, 4)),
         "reordered": (reordered, (6, 5, 4)),
         "cropped": (cropped, (9, 8, 3)),
         "decoder": (decoder, (5, 6, 4)),
@@ -243,7 +259,7 @@ def test_dense_graphs_keep_the_layer_path(rng):
     model = fastlayers.Sequential([fastlayers.Input((6,)), L.Dense(8, activation="relu"), L.Dense(3)])
     x = rng.standard_normal((2, 6)).astype(np.float32)
     np.testing.assert_array_equal(model(x), _layer_path(model, x))
-    assert _compiled(model, 2) is None and model._plans == {plans.SPATIAL_KEY: False}
+    assert _compiled(model, 2) is None and model._plans == {plans.KINDS_KEY: False}
 
 
 def _small(rng):
@@ -338,7 +354,7 @@ def test_every_form_names_a_layer_class():
     for key in plans.FORMS:
         module, _, name = key.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), name), type), key
-    assert plans.SPATIAL <= set(plans.FORMS)
+    assert plans.COMPILE_KINDS <= set(plans.FORMS)
 
 
 def test_load_options_choose_for_the_model_s_calls(rng):
@@ -453,11 +469,18 @@ def _text_cnn(lib, K, mask_zero=False):
     return lib.Model(ids, K.Dense(4)(K.GlobalMaxPooling1D()(h)))
 
 
-def test_a_text_cnn_on_integer_ids_compiles(keras, rng):
-    """Embedding on int ids (Keras's text classifiers): a Gather of the ids, which the call
-    checks as the layer does (range, whole-number floats) before the compiled model runs."""
-    ref = _text_cnn(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers)
-    model = _text_cnn(OURS, L)
+def _text_rnn(lib, K):
+    ids = lib.Input((12,), dtype="int32")
+    h = K.GRU(6, return_sequences=True)(K.Embedding(50, 8)(ids))
+    return lib.Model(ids, K.Dense(4)(K.LSTM(5)(h)))
+
+
+@pytest.mark.parametrize("build", [_text_cnn, _text_rnn], ids=["cnn", "rnn"])
+def test_text_models_on_integer_ids_compile(build, keras, rng):
+    """Embedding on int ids (Keras's text classifiers and taggers): a Gather of the ids, which
+    the call checks as the layer does (range, whole-number floats) before the compiled model runs."""
+    ref = build(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers)
+    model = build(OURS, L)
     model.set_weights(ref.get_weights())
     ids = rng.integers(0, 50, (3, 12)).astype(np.int32)
     want = ref.predict(ids, verbose=0)
