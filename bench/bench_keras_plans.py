@@ -8,7 +8,8 @@ average pool and a softmax Dense on (1, 32, 32, 3)), ``residual`` (two convoluti
 BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16, 16, 32)),
 ``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
 batch 8), ``text_cnn`` (an Embedding of 5000 x 64 on 100 int ids, a Conv1D of 128 filters, a
-global max pool and a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
+global max pool and a Dense head), ``text_lstm`` (the same Embedding, an LSTM of 128 units
+returning sequences, a GRU of 64, a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
 keras.applications' MobileNetV2,
 MobileNetV3Small, ResNet50, EfficientNetB0 and ConvNeXtTiny at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
 and saved by Keras on its torch backend, loaded by fastlayers; skipped without Keras).
@@ -68,6 +69,11 @@ def workloads(fastlayers, L):
         h = L.Conv1D(128, 5, activation="relu")(h)
         return fastlayers.Model(ids, L.Dense(10)(L.GlobalMaxPooling1D()(h)))
 
+    def text_lstm():
+        ids = fastlayers.Input((100,), dtype="int32")
+        h = L.LSTM(128, return_sequences=True)(L.Embedding(5000, 64)(ids))
+        return fastlayers.Model(ids, L.Dense(10)(L.GRU(64)(h)))
+
     data = Path(fastlayers.__file__).parent / "data"
     apps = {name: (_application(name), (1, 224, 224, 3)) for name in APPLICATIONS}
     return apps | {
@@ -76,12 +82,13 @@ def workloads(fastlayers, L):
         "vgg": (vgg, (1, 64, 64, 3)),
         "vgg-b8": (vgg, (8, 64, 64, 3)),
         "text_cnn": (text_cnn, (1, 100)),
+        "text_lstm": (text_lstm, (1, 100)),
         "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
     }
 
 
 #: Workloads on int64 token ids (below 5000) rather than float32 values.
-ON_IDS = {"text_cnn"}
+ON_IDS = {"text_cnn", "text_lstm"}
 
 #: keras.applications architectures (random weights, BatchNormalization statistics moved away
 #: from the identity), built and saved by Keras and loaded by fastlayers.

@@ -619,10 +619,11 @@ def _gate_blocks(w, order, units):
 
 
 def _recurrent(op_type, order):
-    """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node, batch first (layout 1):
-    gate blocks from Keras's order (LSTM i f c o, GRU z r h) to ONNX's (``order``: i o f c,
-    z r h), kernels transposed; go_backwards is the reverse direction, whose sequence Keras
-    returns in processing order. Masks and initial states (call arguments) are the layer path's."""
+    """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node: gate blocks from
+    Keras's order (LSTM i f c o, GRU z r h) to ONNX's (``order``: i o f c, z r h), kernels
+    transposed, time first (layout 0, which onnxruntime also runs: Transposes around the
+    node); go_backwards is the reverse direction, whose sequence Keras returns in processing
+    order. Masks and initial states (call arguments) are the layer path's."""
 
     def form(g, layer, xs):
         (v,) = xs
@@ -632,11 +633,9 @@ def _recurrent(op_type, order):
         units = layer.units
         w = _gate_blocks(np.asarray(layer.kernel), order, units).T[None]
         r = _gate_blocks(np.asarray(layer.recurrent_kernel), order, units).T[None]
-        attrs = {"hidden_size": units, "layout": 1, "direction": "reverse" if layer.go_backwards else "forward"}
+        attrs = {"hidden_size": units, "direction": "reverse" if layer.go_backwards else "forward"}
         names = [_RNN_ACTIVATIONS[a] for a in acts]
-        attrs["activations"] = (
-            names if op_type == "RNN" else [names[0], names[1], names[1]][: 3 if op_type == "LSTM" else 2]
-        )
+        attrs["activations"] = [*names, names[-1]] if op_type == "LSTM" else names
         bias = np.zeros((1, 2 * w.shape[1]), np.float32)
         if layer.use_bias:
             b = np.asarray(layer.bias, np.float32)
@@ -646,30 +645,19 @@ def _recurrent(op_type, order):
                 bias[0, : w.shape[1]] = _gate_blocks(b, order, units)
         if op_type == "GRU":
             attrs["linear_before_reset"] = int(layer.reset_after)
-        inputs = [plain(g, v), g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
-        count = 3 if op_type == "LSTM" else 2
-        y, *states = g.nodes(op_type, inputs, op_type.lower(), count, **attrs)
-        if layer.return_sequences:
-            out = g.node("Reshape", [y, g.const(np.array([0, 0, -1], np.int64), "shape")], "sequence")
+        x_tbi = g.node("Transpose", [plain(g, v)], "time_first", perm=[1, 0, 2])
+        inputs = [x_tbi, g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
+        y, *states = g.nodes(op_type, inputs, op_type.lower(), 3 if op_type == "LSTM" else 2, **attrs)
+        first = None
+        if layer.return_sequences:  # y (T, 1, B, units) -> (B, T, units)
+            y_btu = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
+            out = g.node("Reshape", [y_btu, g.const(np.array([0, 0, -1], np.int64), "shape")], "sequence")
             if layer.go_backwards:  # Keras: in processing order
-                ends = g.const(np.array([np.iinfo(np.int64).min], np.int64), "end")
-                out = g.node(
-                    "Slice",
-                    [
-                        out,
-                        g.const(np.array([-1], np.int64), "start"),
-                        ends,
-                        g.const(np.array([1], np.int64), "axis"),
-                        g.const(np.array([-1], np.int64), "step"),
-                    ],
-                    "backwards",
-                )
+                steps = [np.array([v], np.int64) for v in (-1, np.iinfo(np.int64).min, 1, -1)]
+                out = g.node("Slice", [out, *(g.const(t, "slice") for t in steps)], "backwards")
             first = Value(out, 3)
-        else:
-            first = None
-        last = [
-            Value(g.node("Reshape", [s, g.const(np.array([0, -1], np.int64), "shape")], "state"), 2) for s in states
-        ]
+        axis = g.const(np.array([0], np.int64), "axis")
+        last = [Value(g.node("Squeeze", [s, axis], "state"), 2) for s in states]  # (1, B, units)
         if not layer.return_state:
             return first if first is not None else last[0]
         return [first if first is not None else last[0], *last]
