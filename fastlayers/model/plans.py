@@ -18,7 +18,7 @@ Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
 architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
-ONNX's RNN, LSTM and GRU nodes. An Embedding without ``mask_zero`` reading an integer model
+ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node. An Embedding without ``mask_zero`` reading an integer model
 input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -618,40 +618,63 @@ def _gate_blocks(w, order, units):
     return np.concatenate([w[..., g * units : (g + 1) * units] for g in order], axis=-1)
 
 
+def _rnn_arrays(layer, op_type, order):
+    """(W, R, B, activations) of one direction of ONNX's ``op_type`` node for the Keras
+    recurrent ``layer``: gate blocks from Keras's order (LSTM i f c o, GRU z r h) to ONNX's
+    (``order``: i o f c, z r h), kernels transposed, biases as [input, recurrent]. Raises NoForm
+    for activations ONNX's recurrent nodes do not name."""
+    acts = [layer.activation] if op_type == "RNN" else [layer.recurrent_activation, layer.activation]
+    if any(a not in _RNN_ACTIVATIONS for a in acts):
+        raise NoForm
+    units = layer.units
+    w = _gate_blocks(np.asarray(layer.kernel), order, units).T[None]
+    r = _gate_blocks(np.asarray(layer.recurrent_kernel), order, units).T[None]
+    bias = np.zeros((1, 2 * w.shape[1]), np.float32)
+    if layer.use_bias:
+        b = np.asarray(layer.bias, np.float32)
+        if op_type == "GRU" and layer.reset_after:  # (input bias, recurrent bias)
+            bias[0] = np.concatenate([_gate_blocks(b[0], order, units), _gate_blocks(b[1], order, units)])
+        else:
+            bias[0, : w.shape[1]] = _gate_blocks(b, order, units)
+    names = [_RNN_ACTIVATIONS[a] for a in acts]
+    return w, r, bias, [*names, names[-1]] if op_type == "LSTM" else names
+
+
+def _rnn_node(g, v: Value, op_type, arrays, layer, direction):
+    """ONNX's ``op_type`` node on ``v`` (batch, time, input), time first (layout 0, which
+    onnxruntime also runs: Transposes around the node) with the stacked ``arrays`` (W, R, B,
+    activations) of its directions: (Y (time, directions, batch, units), its final states)."""
+    w, r, bias, acts = arrays
+    attrs = {"hidden_size": layer.units, "direction": direction, "activations": acts}
+    if op_type == "GRU":
+        attrs["linear_before_reset"] = int(layer.reset_after)
+    x_tbi = g.node("Transpose", [plain(g, v)], "time_first", perm=[1, 0, 2])
+    inputs = [x_tbi, g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
+    y, *states = g.nodes(op_type, inputs, op_type.lower(), 3 if op_type == "LSTM" else 2, **attrs)
+    return y, states
+
+
+def _sequence_of(g, y) -> str:
+    """Y (time, directions, batch, units) as (batch, time, directions units): the directions'
+    outputs side by side (Keras's concat)."""
+    y_btdu = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
+    return g.node("Reshape", [y_btdu, g.const(np.array([0, 0, -1], np.int64), "shape")], "sequence")
+
+
 def _recurrent(op_type, order):
-    """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node: gate blocks from
-    Keras's order (LSTM i f c o, GRU z r h) to ONNX's (``order``: i o f c, z r h), kernels
-    transposed, time first (layout 0, which onnxruntime also runs: Transposes around the
-    node); go_backwards is the reverse direction, whose sequence Keras returns in processing
-    order. Masks and initial states (call arguments) are the layer path's."""
+    """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node (``_rnn_arrays``,
+    ``_rnn_node``); go_backwards is the reverse direction, whose sequence Keras returns in
+    processing order. Masks and initial states (call arguments) are the layer path's."""
 
     def form(g, layer, xs):
         (v,) = xs
-        acts = [layer.activation] if op_type == "RNN" else [layer.recurrent_activation, layer.activation]
-        if v.rank != 3 or any(a not in _RNN_ACTIVATIONS for a in acts):
+        if v.rank != 3:
             raise NoForm
-        units = layer.units
-        w = _gate_blocks(np.asarray(layer.kernel), order, units).T[None]
-        r = _gate_blocks(np.asarray(layer.recurrent_kernel), order, units).T[None]
-        attrs = {"hidden_size": units, "direction": "reverse" if layer.go_backwards else "forward"}
-        names = [_RNN_ACTIVATIONS[a] for a in acts]
-        attrs["activations"] = [*names, names[-1]] if op_type == "LSTM" else names
-        bias = np.zeros((1, 2 * w.shape[1]), np.float32)
-        if layer.use_bias:
-            b = np.asarray(layer.bias, np.float32)
-            if op_type == "GRU" and layer.reset_after:  # (input bias, recurrent bias)
-                bias[0] = np.concatenate([_gate_blocks(b[0], order, units), _gate_blocks(b[1], order, units)])
-            else:
-                bias[0, : w.shape[1]] = _gate_blocks(b, order, units)
-        if op_type == "GRU":
-            attrs["linear_before_reset"] = int(layer.reset_after)
-        x_tbi = g.node("Transpose", [plain(g, v)], "time_first", perm=[1, 0, 2])
-        inputs = [x_tbi, g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
-        y, *states = g.nodes(op_type, inputs, op_type.lower(), 3 if op_type == "LSTM" else 2, **attrs)
+        arrays = _rnn_arrays(layer, op_type, order)
+        y, states = _rnn_node(g, v, op_type, arrays, layer, "reverse" if layer.go_backwards else "forward")
         first = None
-        if layer.return_sequences:  # y (T, 1, B, units) -> (B, T, units)
-            y_btu = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
-            out = g.node("Reshape", [y_btu, g.const(np.array([0, 0, -1], np.int64), "shape")], "sequence")
+        if layer.return_sequences:
+            out = _sequence_of(g, y)
             if layer.go_backwards:  # Keras: in processing order
                 steps = [np.array([v], np.int64) for v in (-1, np.iinfo(np.int64).min, 1, -1)]
                 out = g.node("Slice", [out, *(g.const(t, "slice") for t in steps)], "backwards")
@@ -665,7 +688,56 @@ def _recurrent(op_type, order):
     return form
 
 
+def _bidirectional(g, layer, xs):
+    """Keras's Bidirectional (concat, sum or ave of its outputs, no states) as one
+    bidirectional node: its forward layer forward and its backward one reading time
+    backwards, of one class and configuration (else the layer path)."""
+    (v,) = xs
+    fwd, bwd = layer.forward_layer, layer.backward_layer
+    kind = _class_name(fwd)
+    op_type, order = _RNN_KINDS.get(kind, (None, None))
+    same = (
+        ("units", "activation", "use_bias", "return_sequences")
+        + (("recurrent_activation",) if op_type != "RNN" else ())
+        + (("reset_after",) if op_type == "GRU" else ())
+    )
+    if (
+        op_type is None
+        or v.rank != 3
+        or _class_name(bwd) != kind
+        or fwd.go_backwards
+        or not bwd.go_backwards
+        or layer.return_state
+        or layer.merge_mode not in ("concat", "sum", "ave")
+        or any(getattr(fwd, a) != getattr(bwd, a) for a in same)
+    ):
+        raise NoForm
+    f, b = _rnn_arrays(fwd, op_type, order), _rnn_arrays(bwd, op_type, order)
+    arrays = [np.concatenate([f[k], b[k]]) for k in range(3)] + [f[3] + b[3]]
+    y, states = _rnn_node(g, v, op_type, arrays, fwd, "bidirectional")
+    if layer.return_sequences:  # (T, 2, B, u): the backward outputs at their input steps
+        y_bt2u = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
+        rank = 3
+    else:  # the final states (2, B, u): the last outputs of the two directions
+        y_bt2u = g.node("Transpose", [states[0]], "batch_first", perm=[1, 0, 2])
+        rank = 2
+    axis = rank - 1  # the directions' axis of (B, [T,] 2, u)
+    if layer.merge_mode == "concat":
+        shape = [0, 0, -1] if rank == 3 else [0, -1]
+        out = g.node("Reshape", [y_bt2u, g.const(np.array(shape, np.int64), "shape")], "concat")
+    else:
+        reduce = "ReduceSum" if layer.merge_mode == "sum" else "ReduceMean"
+        out = g.node(reduce, [y_bt2u, g.const(np.array([axis], np.int64), "axes")], layer.merge_mode, keepdims=0)
+    return Value(out, rank)
+
+
 _LAYERS = "fastlayers.layers"
+#: Keras recurrent layer classes -> (ONNX node, their gate blocks in ONNX's order)
+_RNN_KINDS = {
+    f"{_LAYERS}.recurrent.SimpleRNN": ("RNN", [0]),
+    f"{_LAYERS}.recurrent.LSTM": ("LSTM", [0, 3, 1, 2]),
+    f"{_LAYERS}.recurrent.GRU": ("GRU", [0, 1, 2]),
+}
 #: The graph classes a model may use as a layer (written inline)
 _MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
 #: Layer class (by its full name: a subclass, whose call may differ, has none) -> its ONNX
@@ -722,9 +794,8 @@ FORMS = {
     f"{_LAYERS}.core.Permute": _permute,
     f"{_LAYERS}.core.RepeatVector": _repeat_vector,
     f"{_LAYERS}.core.Embedding": _embedding,
-    f"{_LAYERS}.recurrent.SimpleRNN": _recurrent("RNN", [0]),
-    f"{_LAYERS}.recurrent.LSTM": _recurrent("LSTM", [0, 3, 1, 2]),
-    f"{_LAYERS}.recurrent.GRU": _recurrent("GRU", [0, 1, 2]),
+    **{kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()},
+    f"{_LAYERS}.bidirectional.Bidirectional": _bidirectional,
     **dict.fromkeys(_MODELS, _nested),
 }
 
@@ -821,9 +892,8 @@ COMPILE_KINDS = frozenset(
         f"{_LAYERS}.convolutional.DepthwiseConv2D",
         f"{_LAYERS}.convolutional.SeparableConv2D",
         f"{_LAYERS}.convolutional.Conv2DTranspose",
-        f"{_LAYERS}.recurrent.SimpleRNN",
-        f"{_LAYERS}.recurrent.LSTM",
-        f"{_LAYERS}.recurrent.GRU",
+        *_RNN_KINDS,
+        f"{_LAYERS}.bidirectional.Bidirectional",
     }
 )
 

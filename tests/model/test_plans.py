@@ -143,8 +143,11 @@ def _graphs():
         h = K.LSTM(6, return_sequences=True)(x)
         h = K.GRU(5, return_sequences=True, go_backwards=True)(h)
         h = K.SimpleRNN(4, activation="relu", return_sequences=True)(h)
-        h = K.GRU(3, reset_after=False, go_backwards=True, recurrent_activation="tanh")(h)
-        return lib.Model(x, K.Dense(2)(h))
+        h = K.Bidirectional(K.LSTM(4, return_sequences=True))(h)
+        h = K.Bidirectional(K.SimpleRNN(3, return_sequences=True), merge_mode="sum")(h)
+        a = K.GRU(3, reset_after=False, go_backwards=True, recurrent_activation="tanh")(h)
+        b = K.Bidirectional(K.GRU(3), merge_mode="ave")(h)
+        return lib.Model(x, K.Dense(2)(K.Concatenate()([a, b, K.Bidirectional(K.LSTM(2))(h)])))
 
     def recurrent_states(lib, K):
         x = lib.Input((6, 4))
