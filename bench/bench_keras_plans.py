@@ -9,7 +9,9 @@ BatchNormalization, a residual Add, a depthwise convolution and pools on (1, 16,
 ``vgg`` (six 3x3 convolutions with BatchNormalization in three stages on (1, 64, 64, 3) and at
 batch 8), ``text_cnn`` (an Embedding of 5000 x 64 on 100 int ids, a Conv1D of 128 filters, a
 global max pool and a Dense head), ``text_lstm`` (the same Embedding, an LSTM of 128 units
-returning sequences, a GRU of 64, a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
+returning sequences, a GRU of 64, a Dense head), ``text_transformer`` (the same Embedding on
+64 ids, an encoder block: 4-head self-attention, residual sums, LayerNormalizations, a
+256-wide feed-forward; mean pooling and a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
 keras.applications' MobileNetV2,
 MobileNetV3Small, ResNet50, EfficientNetB0 and ConvNeXtTiny at (1, 224, 224, 3) with random weights (``APPLICATIONS``: built
 and saved by Keras on its torch backend, loaded by fastlayers; skipped without Keras).
@@ -74,6 +76,14 @@ def workloads(fastlayers, L):
         h = L.LSTM(128, return_sequences=True)(L.Embedding(5000, 64)(ids))
         return fastlayers.Model(ids, L.Dense(10)(L.GRU(64)(h)))
 
+    def text_transformer():
+        ids = fastlayers.Input((64,), dtype="int32")
+        h = L.Embedding(5000, 64)(ids)
+        h = L.LayerNormalization()(L.Add()([h, L.MultiHeadAttention(4, 16)(h, h)]))
+        f = L.Dense(64)(L.Dense(256, activation="relu")(h))
+        h = L.LayerNormalization()(L.Add()([h, f]))
+        return fastlayers.Model(ids, L.Dense(2)(L.GlobalAveragePooling1D()(h)))
+
     data = Path(fastlayers.__file__).parent / "data"
     apps = {name: (_application(name), (1, 224, 224, 3)) for name in APPLICATIONS}
     return apps | {
@@ -83,12 +93,13 @@ def workloads(fastlayers, L):
         "vgg-b8": (vgg, (8, 64, 64, 3)),
         "text_cnn": (text_cnn, (1, 100)),
         "text_lstm": (text_lstm, (1, 100)),
+        "text_transformer": (text_transformer, (1, 64)),
         "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
     }
 
 
 #: Workloads on int64 token ids (below 5000) rather than float32 values.
-ON_IDS = {"text_cnn", "text_lstm"}
+ON_IDS = {"text_cnn", "text_lstm", "text_transformer"}
 
 #: keras.applications architectures (random weights, BatchNormalization statistics moved away
 #: from the identity), built and saved by Keras and loaded by fastlayers.

@@ -1,7 +1,7 @@
 """Keras-style graphs run as ONNX plans: one executor for a layer graph and its export.
 
-A ``Model`` (or ``Sequential``) that holds a convolution or a recurrent layer
-(``COMPILE_KINDS``), and whose every
+A ``Model`` (or ``Sequential``) that holds a convolution, a recurrent layer or multi-head
+attention (``COMPILE_KINDS``), and whose every
 layer has an ONNX form (``FORMS``, one writer per layer class, by its exact class), is written
 once per tuple of input ranks (and dtypes) as an in-memory ONNX graph (``onnx.writer``) and imported as an exported file is (folding, fusions, channels-last
 convolutions, native plans), as ``nn/plans.py`` does for torch-style stacks. Values stay
@@ -18,7 +18,10 @@ Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
 architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
-ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node. An Embedding without ``mask_zero`` reading an integer model
+ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node;
+MultiHeadAttention (rank 3, no masks or scores) its products and softmax, which the import
+fuses (with the sums, LayerNormalizations and feed-forward Dense layers around it, one
+encoder step). An Embedding without ``mask_zero`` reading an integer model
 input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -731,7 +734,46 @@ def _bidirectional(g, layer, xs):
     return Value(out, rank)
 
 
+def _multi_head_attention(g, layer, xs, packed=("query", "value"), **other):
+    """Keras's MultiHeadAttention on rank-3 values (attention over axis 1), without a mask,
+    causal mask or returned scores: the projections as MatMuls, softmax(q k^T / sqrt(key_dim))
+    v per head, the output projection; the import fuses the product-softmax-product into one
+    attention step."""
+    named = dict(zip(packed, xs))
+    if other or set(packed) - {"query", "value", "key"} or any(v.rank != 3 for v in xs):
+        raise NoForm
+    if layer.attention_axes not in (None, (1,)) or len(layer._out_tail((None, None, 1))) != 1:
+        raise NoForm
+    H, kd, vd = layer.num_heads, layer.key_dim, layer.value_dim
+    q, v = named["query"], named["value"]
+    k = named.get("key", v)
+
+    def project(x: Value, name: str, d: int) -> str:
+        kernel = getattr(layer, f"{name}_kernel")
+        y = g.node("MatMul", [plain(g, x), g.const(kernel.reshape(kernel.shape[0], H * d), name)], name)
+        if layer.use_bias:
+            y = g.node("Add", [y, g.const(getattr(layer, f"{name}_bias").reshape(H * d), "bias")], f"{name}_bias")
+        heads = g.node("Reshape", [y, g.const(np.array([0, 0, H, d], np.int64), "heads")], f"{name}_heads")
+        return heads
+
+    qh = g.node("Transpose", [project(q, "query", kd)], "q", perm=[0, 2, 1, 3])  # (B, H, Tq, kd)
+    kt = g.node("Transpose", [project(k, "key", kd)], "k_t", perm=[0, 2, 3, 1])  # (B, H, kd, Tk)
+    vh = g.node("Transpose", [project(v, "value", vd)], "v", perm=[0, 2, 1, 3])  # (B, H, Tk, vd)
+    qs = g.node("Mul", [qh, g.const(np.float32(1.0 / np.sqrt(kd)), "scale")], "q_scaled")
+    weights = g.node("Softmax", [g.node("MatMul", [qs, kt], "scores")], "weights", axis=-1)
+    ctx = g.node("Transpose", [g.node("MatMul", [weights, vh], "context")], "context_t", perm=[0, 2, 1, 3])
+    ctx = g.node("Reshape", [ctx, g.const(np.array([0, 0, H * vd], np.int64), "merged")], "merged")
+    out = layer.output_kernel
+    y = g.node("MatMul", [ctx, g.const(out.reshape(H * vd, out.shape[-1]), "output")], "output")
+    if layer.use_bias:
+        y = g.node("Add", [y, g.const(layer.output_bias, "bias")], "output_bias")
+    return Value(y, 3)
+
+
 _LAYERS = "fastlayers.layers"
+#: The forms that take a node's call arguments (MultiHeadAttention's packed input names; any
+#: other argument, a mask or returned scores, is not a parameter of theirs: NoForm)
+_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention})
 #: Keras recurrent layer classes -> (ONNX node, their gate blocks in ONNX's order)
 _RNN_KINDS = {
     f"{_LAYERS}.recurrent.SimpleRNN": ("RNN", [0]),
@@ -796,6 +838,7 @@ FORMS = {
     f"{_LAYERS}.core.Embedding": _embedding,
     **{kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()},
     f"{_LAYERS}.bidirectional.Bidirectional": _bidirectional,
+    f"{_LAYERS}.attention.MultiHeadAttention": _multi_head_attention,
     **dict.fromkeys(_MODELS, _nested),
 }
 
@@ -821,12 +864,12 @@ def _write(g, model, given: list) -> list:
         if id(node.layer) in inputs:
             continue
         form = FORMS.get(_class_name(node.layer))
-        if form is None or node.extra_args or node.kwargs:
+        if form is None or node.extra_args or (node.kwargs and form not in _TAKES_CALL_ARGUMENTS):
             raise NoForm
         found = [values[id(t)] for t in node.parents if id(t) in values]
         if len(found) != len(node.parents) or (form is not _embedding and any(v.ids for v in found)):
             raise NoForm
-        out = form(g, node.layer, found)
+        out = form(g, node.layer, found, **node.kwargs)
         outs = out if isinstance(out, list) else [out]
         if len(outs) != len(node.outputs):
             raise NoForm
@@ -881,8 +924,8 @@ def compile_graph(model, key):
 
 
 #: The layers that make a graph worth compiling: convolutions (the compiled graph folds their
-#: normalizations and sums into them) and recurrent layers (the same kernels, run with less
-#: around them). A graph holding none of them (dense networks, whose layer path binds each
+#: normalizations and sums into them), recurrent layers (the same kernels, run with less
+#: around them) and multi-head attention (an encoder block becomes one fused step). A graph holding none of them (dense networks, whose layer path binds each
 #: Dense to one native call already) keeps the layer-by-layer path, which costs less than a
 #: compiled model's call (measured in docs/design.md).
 COMPILE_KINDS = frozenset(
@@ -894,6 +937,7 @@ COMPILE_KINDS = frozenset(
         f"{_LAYERS}.convolutional.Conv2DTranspose",
         *_RNN_KINDS,
         f"{_LAYERS}.bidirectional.Bidirectional",
+        f"{_LAYERS}.attention.MultiHeadAttention",
     }
 )
 

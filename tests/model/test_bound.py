@@ -68,13 +68,14 @@ def _models():
     h = layers.MaxPooling1D(2)(layers.Rescaling([1.0, 2.0, 0.5, -1.0, 3.0])(h))
     yield "conv1d_dag", fastlayers.Model(inp1, layers.GlobalAveragePooling1D()(h)), (11, 4)
     for name, shape in (("digits_cnn", (8, 8, 1)), ("digits_transformer", (8, 8)), ("digits_lstm", (8, 8))):
-        yield name, fastlayers.load(DATA / f"{name}.flm"), shape
+        yield name, fastlayers.load(DATA / f"{name}.flm", options=LAYER_PATH), shape
 
 
-MODELS = list(_models())
-#: These tests are of the layer path: a graph holding a convolution or a recurrent layer otherwise runs compiled
-#: (model/plans.py, tests/model/test_plans.py).
+#: These tests are of the layer path: a graph holding a convolution, a recurrent layer or
+#: attention otherwise runs compiled (model/plans.py, tests/model/test_plans.py); a loaded
+#: model keeps its load options' choice for its calls.
 LAYER_PATH = settings.LoadOptions(native_plans=False)
+MODELS = list(_models())
 
 
 @pytest.fixture(autouse=True)

@@ -155,7 +155,15 @@ def _graphs():
         s, sh = K.GRU(3, return_sequences=True, return_state=True)(x)
         return lib.Model(x, [K.Concatenate()([y, h, c]), s, sh])
 
+    def attention(lib, K):
+        x = lib.Input((6, 8))
+        h = K.Conv1D(8, 3, padding="same")(x)
+        h = K.LayerNormalization()(K.Add()([h, K.MultiHeadAttention(2, 4)(h, h)]))
+        c = K.MultiHeadAttention(3, 2, value_dim=5, use_bias=False, output_shape=7)(h, x, x)
+        return lib.Model(x, K.Dense(3)(K.Concatenate()([c, K.MultiHeadAttention(2, 3)(h, x, h)])))
+
     return {
+        "attention": (attention, (6, 8)),
         "recurrent": (recurrent, (7, 5)),
         "recurrent_states": (recurrent_states, (6, 4)),
         "reordered": (reordered, (6, 5, 4)),
