@@ -18,10 +18,11 @@ Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
 a Model or Sequential used as a layer (written inline): every keras.applications
 architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
-ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node;
-MultiHeadAttention (rank 3, no masks or scores) its products and softmax, which the import
-fuses (with the sums, LayerNormalizations and feed-forward Dense layers around it, one
-encoder step). An Embedding without ``mask_zero`` reading an integer model
+ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node.
+MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
+softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
+around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
+its table's first rows. An Embedding without ``mask_zero`` reading an integer model
 input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -770,6 +771,39 @@ def _multi_head_attention(g, layer, xs, packed=("query", "value"), **other):
     return Value(y, 3)
 
 
+def _self_attention(g, layer, xs):
+    """fastlayers' SelfAttention (query = key = value), without its causal mask or scores."""
+    if layer.use_causal_mask or layer.return_attention_scores:
+        raise NoForm
+    return _multi_head_attention(g, layer, [xs[0]] * 3, ("query", "value", "key"))
+
+
+def _positional_encoding(g, layer, xs):
+    """x (times sqrt(d) where ``scale_input``) + the table's first T rows, T read from x."""
+    (v,) = xs
+    if v.rank != 3:
+        raise NoForm
+    x = plain(g, v)
+    if layer.scale_input:
+        x = g.node("Mul", [x, g.const(layer._sqrt_d, "sqrt_d")], "scaled")
+    steps = g.node("Shape", [x], "steps", start=1, end=2)
+    zero = g.const(np.array([0], np.int64), "zero")
+    rows = g.node("Slice", [g.const(layer.table, "table"), zero, steps, zero], "positions")
+    return Value(g.node("Add", [x, rows], "encoded"), 3)
+
+
+def _feed_forward(g, layer, xs):
+    """fastlayers' PositionwiseFeedForward: two Dense products, the activation between."""
+    (v,) = xs
+    y = g.node("MatMul", [plain(g, v), g.const(layer.kernel1, "kernel1")], "hidden")
+    if layer.use_bias:
+        y = g.node("Add", [y, g.const(layer.bias1, "bias1")], "hidden_bias")
+    y = g.node("MatMul", [_activation(g, layer.activation, y, v.rank - 1), g.const(layer.kernel2, "kernel2")], "out")
+    if layer.use_bias:
+        y = g.node("Add", [y, g.const(layer.bias2, "bias2")], "out_bias")
+    return Value(y, v.rank)
+
+
 _LAYERS = "fastlayers.layers"
 #: The forms that take a node's call arguments (MultiHeadAttention's packed input names; any
 #: other argument, a mask or returned scores, is not a parameter of theirs: NoForm)
@@ -839,6 +873,9 @@ FORMS = {
     **{kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()},
     f"{_LAYERS}.bidirectional.Bidirectional": _bidirectional,
     f"{_LAYERS}.attention.MultiHeadAttention": _multi_head_attention,
+    f"{_LAYERS}.attention.SelfAttention": _self_attention,
+    f"{_LAYERS}.attention.PositionalEncoding": _positional_encoding,
+    f"{_LAYERS}.attention.PositionwiseFeedForward": _feed_forward,
     **dict.fromkeys(_MODELS, _nested),
 }
 
@@ -938,6 +975,7 @@ COMPILE_KINDS = frozenset(
         *_RNN_KINDS,
         f"{_LAYERS}.bidirectional.Bidirectional",
         f"{_LAYERS}.attention.MultiHeadAttention",
+        f"{_LAYERS}.attention.SelfAttention",
     }
 )
 

@@ -518,3 +518,30 @@ def test_masked_embeddings_keep_the_layer_path(rng):
     ids = rng.integers(0, 50, (2, 12)).astype(np.int32)
     np.testing.assert_array_equal(model(ids), _layer_path(model, ids))
     assert _compiled(model, (plans.IDS, 2)) is None
+
+
+def _encoder(causal=False, max_length=16):
+    ids = fastlayers.Input((None,), dtype="int32")
+    h = L.PositionalEncoding(max_length=max_length, scale_input=True)(L.Embedding(30, 8)(ids))
+    h = L.LayerNormalization()(L.Add()([h, L.SelfAttention(2, 4, use_causal_mask=causal)(h)]))
+    h = L.LayerNormalization()(L.Add()([h, L.PositionwiseFeedForward(16, activation="gelu")(h)]))
+    return fastlayers.Model(ids, L.Dense(3)(h))
+
+
+def test_fastlayers_transformer_parts_compile(rng):
+    """SelfAttention, PositionalEncoding (its rows sliced to each call's length) and
+    PositionwiseFeedForward against the layer path, at two sequence lengths; a sequence longer
+    than the table is the layer's error; a causal mask keeps the layer path."""
+    model = _encoder()
+    for steps in (5, 11):
+        ids = rng.integers(0, 30, (2, steps))
+        for _ in range(2):
+            got = model(ids)
+        assert_close(got, _layer_path(model, ids), rtol=1e-5, atol=1e-6)
+    assert _compiled(model, (plans.IDS, 2)) is not None
+    with pytest.raises(ShapeError, match="PositionalEncoding"):
+        model(rng.integers(0, 30, (1, 17)))
+    causal = _encoder(causal=True)
+    ids = rng.integers(0, 30, (2, 6))
+    np.testing.assert_array_equal(causal(ids), _layer_path(causal, ids))
+    assert _compiled(causal, (plans.IDS, 2)) is None
