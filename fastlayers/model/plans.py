@@ -22,7 +22,8 @@ ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional no
 MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
 softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
 around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
-its table's first rows. An Embedding without ``mask_zero`` reading an integer model
+its table's first rows; Attention (dot scores) and AdditiveAttention without masks or scores
+are their products, softmax and sums. An Embedding without ``mask_zero`` reading an integer model
 input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -804,6 +805,31 @@ def _feed_forward(g, layer, xs):
     return Value(y, v.rank)
 
 
+def _dense_attention(g, layer, xs):
+    """Keras's Attention (dot scores, times ``scale`` with use_scale) and AdditiveAttention
+    (sum over the features of scale * tanh(q + k)) on rank-3 [query, value(, key)], no masks
+    or returned scores: softmax over the keys, then the product with the values."""
+    if any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
+        raise NoForm
+    q, v = plain(g, xs[0]), plain(g, xs[1])
+    k = plain(g, xs[2]) if len(xs) == 3 else v
+    if _class_name(layer) == f"{_LAYERS}.attention.Attention":
+        if layer.score_mode != "dot":
+            raise NoForm
+        scores = g.node("MatMul", [q, g.node("Transpose", [k], "k_t", perm=[0, 2, 1])], "scores")
+        if layer.use_scale:
+            scores = g.node("Mul", [scores, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
+    else:  # (B, Tq, 1, d) + (B, 1, Tk, d)
+        q4 = g.node("Unsqueeze", [q, g.const(np.array([2], np.int64), "axis")], "q4")
+        k4 = g.node("Unsqueeze", [k, g.const(np.array([1], np.int64), "axis")], "k4")
+        t = g.node("Tanh", [g.node("Add", [q4, k4], "sum")], "tanh")
+        if layer.use_scale:
+            t = g.node("Mul", [t, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
+        scores = g.node("ReduceSum", [t, g.const(np.array([3], np.int64), "axes")], "scores", keepdims=0)
+    weights = g.node("Softmax", [scores], "weights", axis=-1)
+    return Value(g.node("MatMul", [weights, v], "attended"), 3)
+
+
 _LAYERS = "fastlayers.layers"
 #: The forms that take a node's call arguments (MultiHeadAttention's packed input names; any
 #: other argument, a mask or returned scores, is not a parameter of theirs: NoForm)
@@ -874,6 +900,8 @@ FORMS = {
     f"{_LAYERS}.bidirectional.Bidirectional": _bidirectional,
     f"{_LAYERS}.attention.MultiHeadAttention": _multi_head_attention,
     f"{_LAYERS}.attention.SelfAttention": _self_attention,
+    f"{_LAYERS}.attention.Attention": _dense_attention,
+    f"{_LAYERS}.attention.AdditiveAttention": _dense_attention,
     f"{_LAYERS}.attention.PositionalEncoding": _positional_encoding,
     f"{_LAYERS}.attention.PositionwiseFeedForward": _feed_forward,
     **dict.fromkeys(_MODELS, _nested),

@@ -160,7 +160,11 @@ def _graphs():
         h = K.Conv1D(8, 3, padding="same")(x)
         h = K.LayerNormalization()(K.Add()([h, K.MultiHeadAttention(2, 4)(h, h)]))
         c = K.MultiHeadAttention(3, 2, value_dim=5, use_bias=False, output_shape=7)(h, x, x)
-        return lib.Model(x, K.Dense(3)(K.Concatenate()([c, K.MultiHeadAttention(2, 3)(h, x, h)])))
+        d = K.Attention(use_scale=True)([h, x])
+        e = K.AdditiveAttention()([x, h, K.Conv1D(8, 1)(x)])
+        f = K.AdditiveAttention(use_scale=False)([h, x])
+        parts = [c, K.MultiHeadAttention(2, 3)(h, x, h), d, e, f, K.Attention()([x, h, x])]
+        return lib.Model(x, K.Dense(3)(K.Concatenate()(parts)))
 
     return {
         "attention": (attention, (6, 8)),
