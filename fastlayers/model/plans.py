@@ -15,8 +15,8 @@ BatchNormalization, LayerNormalization and RMSNormalization over trailing axes,
 Normalization, LocalResponseNormalization, Rescaling, LayerScale, Permute, RepeatVector, the
 merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
-Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools, and
-a Model or Sequential used as a layer (written inline): every keras.applications
+Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools,
+InceptionBlock and NiNBlock, and a Model or Sequential used as a layer (written inline): every keras.applications
 architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
 ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node.
 MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
@@ -830,6 +830,44 @@ def _dense_attention(g, layer, xs):
     return Value(g.node("MatMul", [weights, v], "attended"), 3)
 
 
+def _hwio_conv(g, layer, x: str, name: str, strides=(1, 1), **window) -> str:
+    """The block's convolution ``name`` (weights ``{name}_kernel`` HWIO, ``{name}_bias``) of
+    ``x`` (channels at axis 1), then the block's activation."""
+    w_hwio = getattr(layer, f"{name}_kernel")
+    inputs = [x, g.const(np.transpose(w_hwio, (3, 2, 0, 1)), "kernel"), g.const(getattr(layer, f"{name}_bias"), "bias")]
+    window = window or {"pads": [0, 0, 0, 0]}
+    y = g.node("Conv", inputs, name, kernel_shape=list(w_hwio.shape[:2]), strides=list(strides), **window)
+    return _activation(g, layer.activation, y, 1)
+
+
+def _inception(g, layer, xs):
+    """InceptionBlock: four branches (1x1; 1x1 then 3x3; 1x1 then 5x5; a 3x3 stride-1 max pool
+    then 1x1), every convolution 'same', concatenated along the channels."""
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    x = _spatial_in(g, layer, v)
+    b2 = _hwio_conv(g, layer, _hwio_conv(g, layer, x, "b2_reduce"), "b2", pads=[1, 1, 1, 1])
+    b3 = _hwio_conv(g, layer, _hwio_conv(g, layer, x, "b3_reduce"), "b3", pads=[2, 2, 2, 2])
+    pooled = g.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    branches = [_hwio_conv(g, layer, x, "b1"), b2, b3, _hwio_conv(g, layer, pooled, "b4")]
+    return _spatial_out(layer, g.node("Concat", branches, "branches", axis=1), 4)
+
+
+def _nin(g, layer, xs):
+    """NiNBlock: its convolution, the 1x1 convolutions, a global average pool where it ends in one."""
+    (v,) = xs
+    if v.rank != 4:
+        raise NoForm
+    window = _window_attrs(layer, layer.kernel_size, (1, 1))
+    y = _hwio_conv(g, layer, _spatial_in(g, layer, v), "conv", layer.strides, **window)
+    for i in range(len(layer.mlp_filters)):
+        y = _hwio_conv(g, layer, y, f"mlp{i}")
+    if layer.global_pool:
+        return Value(g.node("ReduceMean", [y, g.const(np.array([2, 3], np.int64), "axes")], "pool", keepdims=0), 2)
+    return _spatial_out(layer, y, 4)
+
+
 _LAYERS = "fastlayers.layers"
 #: The forms that take a node's call arguments (MultiHeadAttention's packed input names; any
 #: other argument, a mask or returned scores, is not a parameter of theirs: NoForm)
@@ -901,6 +939,8 @@ FORMS = {
     f"{_LAYERS}.attention.MultiHeadAttention": _multi_head_attention,
     f"{_LAYERS}.attention.SelfAttention": _self_attention,
     f"{_LAYERS}.attention.Attention": _dense_attention,
+    f"{_LAYERS}.blocks.InceptionBlock": _inception,
+    f"{_LAYERS}.blocks.NiNBlock": _nin,
     f"{_LAYERS}.attention.AdditiveAttention": _dense_attention,
     f"{_LAYERS}.attention.PositionalEncoding": _positional_encoding,
     f"{_LAYERS}.attention.PositionwiseFeedForward": _feed_forward,
@@ -1000,6 +1040,8 @@ COMPILE_KINDS = frozenset(
         f"{_LAYERS}.convolutional.DepthwiseConv2D",
         f"{_LAYERS}.convolutional.SeparableConv2D",
         f"{_LAYERS}.convolutional.Conv2DTranspose",
+        f"{_LAYERS}.blocks.InceptionBlock",
+        f"{_LAYERS}.blocks.NiNBlock",
         *_RNN_KINDS,
         f"{_LAYERS}.bidirectional.Bidirectional",
         f"{_LAYERS}.attention.MultiHeadAttention",

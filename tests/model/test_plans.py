@@ -549,3 +549,23 @@ def test_fastlayers_transformer_parts_compile(rng):
     ids = rng.integers(0, 30, (2, 6))
     np.testing.assert_array_equal(causal(ids), _layer_path(causal, ids))
     assert _compiled(causal, (plans.IDS, 2)) is None
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_inception_and_nin_blocks_compile(data_format, rng):
+    """InceptionBlock (four branches concatenated) and NiNBlock (strided 'same' and 'valid'
+    convolutions, 1x1 convolutions, with and without its global pool) against the layer path."""
+    shape = (9, 10, 3) if data_format == "channels_last" else (3, 9, 10)
+    x = fastlayers.Input(shape)
+    h = L.InceptionBlock(4, 3, 5, 2, 3, 2, data_format=data_format)(x)
+    h = L.NiNBlock(6, 3, strides=2, padding="same", mlp_filters=[5, 4], global_pool=False, data_format=data_format)(h)
+    a = L.GlobalAveragePooling2D(data_format=data_format)(h)
+    b = L.NiNBlock(3, (2, 3), padding="valid", activation="tanh", data_format=data_format)(h)
+    model = fastlayers.Model(x, L.Concatenate()([a, b]))
+    for layer in model.layers[1:]:  # non-zero biases
+        layer.set_weights([rng.standard_normal(w.shape).astype(np.float32) * 0.3 for w in layer.get_weights()])
+    y = rng.standard_normal((2, *shape)).astype(np.float32)
+    for _ in range(2):
+        got = model(y)
+    assert _compiled(model, 4) is not None
+    assert_close(got, _layer_path(model, y), rtol=1e-5, atol=1e-5)
