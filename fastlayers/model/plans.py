@@ -23,8 +23,8 @@ MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their prod
 softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
 around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
 its table's first rows; Attention (dot scores) and AdditiveAttention without masks or scores
-are their products, softmax and sums. An Embedding without ``mask_zero`` reading an integer model
-input is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
+are their products, softmax and sums. An Embedding without ``mask_zero`` reading a model input
+read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
 
@@ -1112,16 +1112,16 @@ IDS_KEY = "ids"
 
 
 def _id_readers(model):
-    """(index, Embedding layers reading it) of each model input whose dtype the model keeps
-    (integer ids), or None where such an input feeds a layer other than an Embedding."""
+    """(index, Embedding layers reading it) of each model input read by Embeddings only (ids:
+    integers, or floats holding whole numbers where the model's Input is float, as Keras casts
+    them), or None where an input whose dtype the model keeps (integers) feeds another layer."""
     found = []
     for k, t in enumerate(model.inputs):
-        if not getattr(t.node.layer, "keep_dtype", False):
-            continue
         readers = [node.layer for node in model._nodes if any(p is t for p in node.parents)]
-        if any(_class_name(layer) != f"{_LAYERS}.core.Embedding" for layer in readers):
+        if readers and all(_class_name(layer) == f"{_LAYERS}.core.Embedding" for layer in readers):
+            found.append((k, readers))
+        elif getattr(t.node.layer, "keep_dtype", False):
             return None
-        found.append((k, readers))
     return tuple(found)
 
 

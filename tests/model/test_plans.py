@@ -477,8 +477,8 @@ def test_the_compile_reads_the_layers_arrays_without_copying_or_changing_them(rn
     assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
 
 
-def _text_cnn(lib, K, mask_zero=False):
-    ids = lib.Input((12,), dtype="int32")
+def _text_cnn(lib, K, mask_zero=False, dtype="int32"):
+    ids = lib.Input((12,), dtype=dtype)
     h = K.Embedding(50, 8, mask_zero=mask_zero)(ids)
     h = K.Conv1D(6, 3, padding="same", activation="relu")(h)
     return lib.Model(ids, K.Dense(4)(K.GlobalMaxPooling1D()(h)))
@@ -490,7 +490,11 @@ def _text_rnn(lib, K):
     return lib.Model(ids, K.Dense(4)(K.LSTM(5)(h)))
 
 
-@pytest.mark.parametrize("build", [_text_cnn, _text_rnn], ids=["cnn", "rnn"])
+def _text_cnn_on_floats(lib, K):
+    return _text_cnn(lib, K, dtype="float32")  # Keras's default Input dtype: the Embedding casts
+
+
+@pytest.mark.parametrize("build", [_text_cnn, _text_rnn, _text_cnn_on_floats], ids=["cnn", "rnn", "float_input"])
 def test_text_models_on_integer_ids_compile(build, keras, rng):
     """Embedding on int ids (Keras's text classifiers and taggers): a Gather of the ids, which
     the call checks as the layer does (range, whole-number floats) before the compiled model runs."""
