@@ -999,7 +999,7 @@ def written(model, key):
     rank, float32, or ``(IDS, rank)``, int64 ids), named by ``input_names``:
     (``onnx.writer.GraphWriter``, its output names in the model's order), or None where some
     node has no form for it."""
-    from ..onnx.writer import GraphWriter  # here: a model without a convolution never imports onnx/
+    from ..onnx.writer import GraphWriter  # here: a model without COMPILE_KINDS never imports onnx/
 
     items = _key_items(model, key)
     names = input_names(model)
