@@ -43,9 +43,7 @@ class GraphWriter:
 
     def node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
         """A node of the default domain with one output; that output's name."""
-        out = self.name(hint)
-        self.graph.nodes.append(proto.NodeProto(op_type, "", out, list(inputs), [out], attrs))
-        return out
+        return self.nodes(op_type, inputs, hint, 1, **attrs)[0]
 
     def nodes(self, op_type: str, inputs: list[str], hint: str, count: int, **attrs) -> list[str]:
         """A node of the default domain with ``count`` outputs; their names."""
