@@ -1,7 +1,8 @@
 /* depthwise_conv2d and depthwise_conv2d_nchw (conv.h): a direct loop vectorized over channels,
  * four outputs per pass (3x3: the nine weights in registers; stride 1: the passes share their
  * loads); window rows outside x read a row of zeros. On NCHW planes, through pool.c's
- * phase-split buffer (below). Compiled once per ISA (kernels.inc). */
+ * phase-split buffer, as flat planes at stride 1, or straight from the rows at column stride 2
+ * on AVX-512 (below). Compiled once per ISA (kernels.inc). */
 
 #include <string.h>
 
@@ -487,6 +488,174 @@ static int conv_flat(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
     return p.status;
 }
 
+/* Planes at column stride 2 (undilated columns) on AVX-512, read straight from x: for FL_VW
+ * output columns k0 + k, tap columns j and j + 1 read x[2 (k0 + k) + j - pl] and the next
+ * float, the even and the odd lanes of the same two loads (one two-source permute each; no
+ * phase-split buffer, whose stores cost more than the taps). A row's columns go in groups of
+ * up to four vectors; a group that reads past either end of its rows loads through masks
+ * (zeros outside the row; masked lanes are not read) computed once per task. On AVX2 a
+ * two-source shuffle is several instructions and the phase-split buffer is faster. */
+#if FL_VW == 16 && defined(__AVX512F__)
+#define CONV_S2 1
+/* Most window columns the stride-2 path takes, and their pairs. */
+#define CONV_S2_COLS 8
+#define CONV_S2_PAIRS (CONV_S2_COLS / 2)
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    int64_t c, h, w, m, kh, kw, sh, dh, pt, pl, ho, wo, rb, blocks;
+    int code;
+    float alpha;
+} conv_s2_ctx;
+
+/* The load masks of a group of vectors: [u][pair][0 or 1], the two loads of tap columns
+ * (2 pair, 2 pair + 1) for vector u. */
+typedef __mmask16 conv_s2_masks[4][CONV_S2_PAIRS][2];
+
+/* Lanes lo <= k < hi of a vector (clamped to it). */
+FL_INLINE __mmask16 conv_s2_lanes(int64_t lo, int64_t hi) {
+    lo = FL_MIN(FL_MAX(lo, 0), 16);
+    hi = FL_MIN(FL_MAX(hi, lo), 16);
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+/* Whether the group of nv vectors at output column k0 reads only inside its rows [0, w). */
+FL_INLINE int conv_s2_inside(int64_t w, int64_t k0, int64_t nv, int64_t pl, int64_t kw) {
+    int64_t s0_last = 2 * (k0 + (nv - 1) * FL_VW) + ((kw - 1) & ~INT64_C(1)) - pl;
+    return 2 * k0 - pl >= 0 && s0_last + 2 * FL_VW <= w;
+}
+
+/* mk: the masks of the group of nv vectors at output column k0. */
+static void conv_s2_masks_of(int64_t w, int64_t k0, int64_t nv, int64_t pl, int64_t kw,
+                             conv_s2_masks mk) {
+    for (int64_t u = 0; u < nv; ++u)
+        for (int64_t j = 0; j < kw; j += 2) {
+            int64_t s0 = 2 * (k0 + u * FL_VW) + j - pl;
+            mk[u][j / 2][0] = conv_s2_lanes(-s0, w - s0);
+            mk[u][j / 2][1] = conv_s2_lanes(-s0 - FL_VW, w - s0 - FL_VW);
+        }
+}
+
+/* even[u] += sum over even j < kw of v_j[u] wr[j], odd[u] likewise over odd j, for u < nv:
+ * v_j[u][k] = row[2 (k0 + u FL_VW + k) + j - pl] for one input row, through the masks mk
+ * where given (zero outside row[0:w]), else plain loads. */
+FL_INLINE void conv_s2_row(const float *row, int64_t k0, int64_t pl, int64_t kw,
+                           const float *wr, int nv, const conv_s2_masks *mk, fl_vf *even,
+                           fl_vf *odd) {
+    for (int64_t j = 0; j < kw; j += 2) {
+        fl_vf we = fl_set1(wr[j]), wo = fl_set1(j + 1 < kw ? wr[j + 1] : 0.0f);
+        _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+            const float *s = row + 2 * (k0 + u * FL_VW) + j - pl;
+            fl_vf a = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][0], s) : fl_load(s);
+            fl_vf b = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][1], s + FL_VW)
+                         : fl_load(s + FL_VW);
+            even[u] += FL_SHUF(a, b, POOL_EVENS) * we;
+            if (j + 1 < kw) odd[u] += FL_SHUF(a, b, POOL_ODDS) * wo;
+        }
+    }
+}
+
+/* out[k0:k0 + nv FL_VW] (the last vector cut to `last` lanes) = f(bias + sum over window rows
+ * i inside x and columns j of x[ih0 + i dh, 2 k + j - pl] wt[i kw + j]) of one output row. */
+FL_INLINE void conv_s2_vecs(const conv_s2_ctx *p, const float *xp, int64_t ih0, const float *wt,
+                            int64_t kw, int64_t k0, int nv, const conv_s2_masks *mk, float bias,
+                            float *out, int64_t last) {
+    fl_vf even[4], odd[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        even[u] = fl_set1(bias);
+        odd[u] = fl_set1(0.0f);
+    }
+    for (int64_t i = 0; i < p->kh; ++i) {
+        int64_t ih = ih0 + i * p->dh;
+        if (ih >= 0 && ih < p->h)
+            conv_s2_row(xp + ih * p->w, k0, p->pl, kw, wt + i * kw, nv, mk, even, odd);
+    }
+    _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
+        fl_vf r = even[u] + odd[u];
+        pool_st(out + k0 + u * FL_VW, p->code == FL_LINEAR ? r : rows_vact(r, p->code, p->alpha),
+                u == nv - 1 ? last : FL_VW);
+    }
+}
+
+/* conv_s2_vecs for a group of nv (1 to 4) vectors: plain loads where it reads inside its rows,
+ * else through mk; 3 and 5 window columns as constants (the pairs unrolled). */
+FL_INLINE void conv_s2_group(const conv_s2_ctx *p, const float *xp, int64_t ih0, const float *wt,
+                             int64_t k0, int64_t nv, int inside, const conv_s2_masks *mk,
+                             float bias, float *out, int64_t last) {
+#define CONV_S2_KW(n, kw)                                                                  \
+    do {                                                                                   \
+        if (inside) conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, NULL, bias, out, last);       \
+        else conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, mk, bias, out, last);                \
+    } while (0)
+#define CONV_S2_NV(n)                                                                      \
+    do {                                                                                   \
+        if (p->kw == 3) CONV_S2_KW(n, 3);                                                  \
+        else if (p->kw == 5) CONV_S2_KW(n, 5);                                             \
+        else CONV_S2_KW(n, p->kw);                                                         \
+    } while (0)
+    if (nv == 4) CONV_S2_NV(4);
+    else if (nv == 3) CONV_S2_NV(3);
+    else if (nv == 2) CONV_S2_NV(2);
+    else CONV_S2_NV(1);
+#undef CONV_S2_NV
+#undef CONV_S2_KW
+}
+
+/* Units u = (n C m + co) blocks + block in [u0, u1) of the stride-2 path. */
+static void conv_s2_task(void *arg, int64_t u0, int64_t u1) {
+    conv_s2_ctx *p = (conv_s2_ctx *)arg;
+    int64_t cm = p->c * p->m, nt = p->kh * p->kw, wo = p->wo, w = p->w, pl = p->pl, kw = p->kw;
+    /* every row's groups: full groups of four vectors at k0 < k_last, then the last one */
+    int64_t k_last = (wo - 1) / (4 * FL_VW) * 4 * FL_VW, rest = wo - k_last;
+    int64_t nv_last = (rest + FL_VW - 1) / FL_VW, last = rest - (nv_last - 1) * FL_VW;
+    int in_first = conv_s2_inside(w, 0, 4, pl, kw);
+    int in_last = conv_s2_inside(w, k_last, nv_last, pl, kw);
+    conv_s2_masks mk_first, mk_last, mk_mid;
+    if (!in_first) conv_s2_masks_of(w, 0, 4, pl, kw, mk_first);
+    if (!in_last) conv_s2_masks_of(w, k_last, nv_last, pl, kw, mk_last);
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t plane = u / p->blocks, oh0 = u % p->blocks * p->rb;
+        int64_t oh1 = FL_MIN(oh0 + p->rb, p->ho);
+        int64_t n = plane / cm, co = plane % cm;
+        const float *xp = p->x + (n * p->c + co / p->m) * p->h * w, *wt = p->wk + co * nt;
+        float bias = p->bias ? p->bias[co] : 0.0f;
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+            float *out = p->y + (plane * p->ho + oh) * wo;
+            int64_t ih0 = oh * p->sh - p->pt;
+            for (int64_t k0 = 0; k0 < k_last; k0 += 4 * FL_VW) {
+                int inside = k0 == 0 ? in_first : conv_s2_inside(w, k0, 4, pl, kw);
+                const conv_s2_masks *mk = (const conv_s2_masks *)&mk_first;
+                if (!inside && k0 > 0) { /* not met where 2 w >= wo + kw: the middle reads inside */
+                    conv_s2_masks_of(w, k0, 4, pl, kw, mk_mid);
+                    mk = (const conv_s2_masks *)&mk_mid;
+                }
+                conv_s2_group(p, xp, ih0, wt, k0, 4, inside, mk, bias, out, FL_VW);
+            }
+            conv_s2_group(p, xp, ih0, wt, k_last, nv_last, in_last,
+                          (const conv_s2_masks *)&mk_last, bias, out, last);
+        }
+    }
+}
+
+/* depthwise_conv2d_nchw at column stride 2 (conv_s2_task). */
+static int conv_s2(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t m,
+                   int64_t kh, int64_t kw, int64_t sh, int64_t dh, int64_t pt, int64_t pl,
+                   int64_t ho, int64_t wo, const float *wk, const float *bias, int code,
+                   float alpha, float *y) {
+    int64_t planes = n * c * m, want = 4 * (int64_t)fl_pool_get_threads();
+    /* whole planes, or row blocks where there are too few planes for every thread */
+    int64_t rb = planes < want ? FL_MAX(1, ho * planes / want) : ho;
+    rb = FL_MIN(rb, ho);
+    int64_t blocks = (ho + rb - 1) / rb;
+    conv_s2_ctx p = {x, wk, bias, y, c, h, w, m, kh, kw, sh, dh, pt, pl, ho, wo, rb, blocks,
+                     code, alpha};
+    int64_t per_unit = FL_MAX(1, rb * wo * kh * kw);
+    fl_parallel(planes * blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / per_unit), conv_s2_task, &p);
+    return 0;
+}
+#endif
+
 /* y[n, c m + q] = f(b + sum_{i, j} x[n, c] window wk[c m + q, i, j]): x (N, C, H, W), wk
  * (C m, kh, kw), bias (C m,), y (N, C m, Ho, Wo). */
 int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
@@ -500,6 +669,10 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
         return -2;
     if (pool_flat_fits(sh, sw, w, wo, ho) && kw <= CONV_FLAT_COLS && kh <= CONV_FLAT_KH)
         return conv_flat(n, c, h, w, x, m, kh, kw, dh, dw, pt, pl, ho, wk, bias, code, alpha, y);
+#ifdef CONV_S2
+    if (sw == 2 && dw == 1 && kw <= CONV_S2_COLS)
+        return conv_s2(n, c, h, w, x, m, kh, kw, sh, dh, pt, pl, ho, wo, wk, bias, code, alpha, y);
+#endif
     pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
     if (!off) return -1;

@@ -440,19 +440,6 @@ int FL_FN(pad_nhwc)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, 
 /* Their per-thread buffer (pool_internal.h). */
 __thread fl_buf FL_FN(pool_plane_buf);
 
-/* The even and the odd lanes of the 2 FL_VW floats a, b (a first): stride-2 columns, one
- * shuffle each. */
-#if FL_VW == 16
-#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
-#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-#elif FL_VW == 8
-#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14
-#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15
-#else
-#define POOL_EVENS 0, 2, 4, 6
-#define POOL_ODDS 1, 3, 5, 7
-#endif
-
 /* Lane indices as floats (lane < n: the lanes of a vector's first n values). */
 static const float pool_lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 

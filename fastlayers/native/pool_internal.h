@@ -20,6 +20,19 @@ FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
         fl_store_n(p, v, nc);
 }
 
+/* The even and the odd lanes of the 2 FL_VW floats a, b (a first): stride-2 columns, one
+ * shuffle each. */
+#if FL_VW == 16
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif FL_VW == 8
+#define POOL_EVENS 0, 2, 4, 6, 8, 10, 12, 14
+#define POOL_ODDS 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define POOL_EVENS 0, 2, 4, 6
+#define POOL_ODDS 1, 3, 5, 7
+#endif
+
 /* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
 FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,
                          int64_t *first, int64_t *end) {

@@ -59,6 +59,11 @@ DEPTHWISE = (
         ((2, 2, 15, 21), (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), False),  # no top or left pad
         ((1, 2, 9, 12), (4, 4), (2, 2), (1, 1), ((1, 2), (2, 1)), False),  # an even kernel, uneven pads
         ((1, 2, 7, 64), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # 32 columns out
+        ((1, 2, 9, 150), (3, 7), (3, 2), (2, 1), ((2, 1), (3, 3)), False),  # 75 columns out: 2 groups
+        ((1, 2, 5, 40), (2, 8), (1, 2), (1, 1), ((0, 1), (4, 3)), True),  # 8 columns: the widest
+        ((1, 1, 3, 200), (1, 3), (1, 2), (1, 1), ((0, 0), (1, 100)), False),  # a middle group past w
+        ((1, 2, 11, 23), (3, 9), (2, 2), (1, 1), ((1, 1), (4, 4)), False),  # 9 columns: phase split
+        ((1, 2, 6, 5), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # rows narrower than a vector
     ]
 )
 
@@ -105,6 +110,21 @@ def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil
     got = CPU.depthwise_conv2d_nchw(x, w_ohw, b, s, pads, d, activation)
     assert got.shape == want.shape
     assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("shape", [(1, 1, 40, 56), (2, 3, 56, 56)])
+def test_depthwise_conv2d_nchw_stride_2_threads(rng, threads, shape):
+    """Stride 2, straight from the planes: one plane split in row blocks over the threads, and
+    several planes each whole; bias and ReLU6 in the epilogue."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    for k in (3, 5):
+        w_ohw = rng.standard_normal((shape[1], k, k)).astype(np.float32)
+        b = rng.standard_normal(shape[1]).astype(np.float32)
+        pads = ((k // 2, k // 2), (k // 2, k // 2))
+        want = REF.depthwise_conv2d_nchw(x, w_ohw, b, (2, 2), pads, (1, 1), "relu6")
+        got = CPU.depthwise_conv2d_nchw(x, w_ohw, b, (2, 2), pads, (1, 1), "relu6")
+        assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_nchw_kernel_errors():
