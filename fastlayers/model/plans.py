@@ -22,7 +22,7 @@ ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional no
 MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
 softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
 around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
-its table's first rows; Attention (dot scores) and AdditiveAttention without masks or scores
+its table's first rows; Attention (dot or concat scores) and AdditiveAttention without masks or scores
 are their products, softmax and sums. An Embedding without ``mask_zero`` reading a model input
 read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
@@ -806,26 +806,33 @@ def _feed_forward(g, layer, xs):
 
 
 def _dense_attention(g, layer, xs):
-    """Keras's Attention (dot scores, times ``scale`` with use_scale) and AdditiveAttention
-    (sum over the features of scale * tanh(q + k)) on rank-3 [query, value(, key)], no masks
-    or returned scores: softmax over the keys, then the product with the values."""
+    """Keras's Attention (dot scores, times ``scale`` with use_scale; or score_mode "concat":
+    concat_score_weight times the sum over the features of tanh(scale (q + k))) and
+    AdditiveAttention (sum over the features of scale * tanh(q + k)) on rank-3 [query,
+    value(, key)], no masks or returned scores: softmax over the keys, then the product with
+    the values."""
     if any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
         raise NoForm
     q, v = plain(g, xs[0]), plain(g, xs[1])
     k = plain(g, xs[2]) if len(xs) == 3 else v
-    if _class_name(layer) == f"{_LAYERS}.attention.Attention":
-        if layer.score_mode != "dot":
-            raise NoForm
+    concat = _class_name(layer) == f"{_LAYERS}.attention.Attention" and layer.score_mode == "concat"
+    if _class_name(layer) == f"{_LAYERS}.attention.Attention" and not concat:
         scores = g.node("MatMul", [q, g.node("Transpose", [k], "k_t", perm=[0, 2, 1])], "scores")
         if layer.use_scale:
             scores = g.node("Mul", [scores, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
     else:  # (B, Tq, 1, d) + (B, 1, Tk, d)
         q4 = g.node("Unsqueeze", [q, g.const(np.array([2], np.int64), "axis")], "q4")
         k4 = g.node("Unsqueeze", [k, g.const(np.array([1], np.int64), "axis")], "k4")
-        t = g.node("Tanh", [g.node("Add", [q4, k4], "sum")], "tanh")
-        if layer.use_scale:
+        s = g.node("Add", [q4, k4], "sum")
+        if concat and layer.use_scale:  # a scalar inside the tanh
+            s = g.node("Mul", [s, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled_sum")
+        t = g.node("Tanh", [s], "tanh")
+        if not concat and layer.use_scale:  # a vector over the features outside it
             t = g.node("Mul", [t, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
         scores = g.node("ReduceSum", [t, g.const(np.array([3], np.int64), "axes")], "scores", keepdims=0)
+        if concat:
+            weight = g.const(np.asarray(layer.concat_score_weight, np.float32), "concat_score_weight")
+            scores = g.node("Mul", [scores, weight], "weighted")
     weights = g.node("Softmax", [scores], "weights", axis=-1)
     return Value(g.node("MatMul", [weights, v], "attended"), 3)
 

@@ -163,7 +163,9 @@ def _graphs():
         d = K.Attention(use_scale=True)([h, x])
         e = K.AdditiveAttention()([x, h, K.Conv1D(8, 1)(x)])
         f = K.AdditiveAttention(use_scale=False)([h, x])
-        parts = [c, K.MultiHeadAttention(2, 3)(h, x, h), d, e, f, K.Attention()([x, h, x])]
+        cs = K.Attention(score_mode="concat", use_scale=True)([h, x])
+        cw = K.Attention(score_mode="concat")([x, h, K.Conv1D(8, 1)(h)])
+        parts = [c, K.MultiHeadAttention(2, 3)(h, x, h), d, e, f, K.Attention()([x, h, x]), cs, cw]
         return lib.Model(x, K.Dense(3)(K.Concatenate()(parts)))
 
     return {
