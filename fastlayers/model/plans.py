@@ -22,8 +22,8 @@ ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional no
 MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
 softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
 around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
-its table's first rows; Attention (dot or concat scores) and AdditiveAttention without masks or scores
-are their products, softmax and sums. An Embedding without ``mask_zero`` reading a model input
+its table's first rows; Attention (dot or concat scores), AdditiveAttention and HardAttention without
+masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding without ``mask_zero`` reading a model input
 read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -837,6 +837,26 @@ def _dense_attention(g, layer, xs):
     return Value(g.node("MatMul", [weights, v], "attended"), 3)
 
 
+def _hard_attention(g, layer, xs):
+    """HardAttention on rank-3 [query, value(, key)], no masks or returned weights: the one-hot
+    of the first maximum of the dot scores (times ``scale`` with use_scale) over the keys, zeros
+    for a query whose every key scores -inf, as the layer; then the product with the values."""
+    if any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
+        raise NoForm
+    q, v = plain(g, xs[0]), plain(g, xs[1])
+    k = plain(g, xs[2]) if len(xs) == 3 else v
+    scores = g.node("MatMul", [q, g.node("Transpose", [k], "k_t", perm=[0, 2, 1])], "scores")
+    if layer.use_scale:
+        scores = g.node("Mul", [scores, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
+    first = g.node("ArgMax", [scores], "first_max", axis=-1, keepdims=0)
+    keys = g.node("Shape", [scores], "keys", start=2, end=3)
+    weights = g.node("OneHot", [first, keys, g.const(np.array([0, 1], np.float32), "off_on")], "one_hot", axis=-1)
+    top = g.node("ReduceMax", [scores, g.const(np.array([2], np.int64), "axes")], "top", keepdims=1)
+    none = g.node("Equal", [top, g.const(np.array(-np.inf, np.float32), "minus_inf")], "none_live")
+    weights = g.node("Where", [none, g.const(np.zeros((), np.float32), "zero"), weights], "weights")
+    return Value(g.node("MatMul", [weights, v], "attended"), 3)
+
+
 def _hwio_conv(g, layer, x: str, name: str, strides=(1, 1), **window) -> str:
     """The block's convolution ``name`` (weights ``{name}_kernel`` HWIO, ``{name}_bias``) of
     ``x`` (channels at axis 1), then the block's activation."""
@@ -949,6 +969,7 @@ FORMS = {
     f"{_LAYERS}.blocks.InceptionBlock": _inception,
     f"{_LAYERS}.blocks.NiNBlock": _nin,
     f"{_LAYERS}.attention.AdditiveAttention": _dense_attention,
+    f"{_LAYERS}.attention.HardAttention": _hard_attention,
     f"{_LAYERS}.attention.PositionalEncoding": _positional_encoding,
     f"{_LAYERS}.attention.PositionwiseFeedForward": _feed_forward,
     **dict.fromkeys(_MODELS, _nested),

@@ -575,3 +575,31 @@ def test_inception_and_nin_blocks_compile(data_format, rng):
         got = model(y)
     assert _compiled(model, 4) is not None
     assert_close(got, _layer_path(model, y), rtol=1e-5, atol=1e-5)
+
+
+def test_hard_attention_compiles(rng):
+    """HardAttention (a fastlayers extra) against the layer path: the first of tied maxima, with
+    and without its scale; a query whose every key scores -inf takes zeros."""
+    x = fastlayers.Input((6, 4))
+    h = L.Conv1D(4, 1)(x)
+    a = L.HardAttention()([h, x])
+    b = L.HardAttention(use_scale=True)([x, h, L.Conv1D(4, 1)(h)])
+    model = fastlayers.Model(x, L.Concatenate()([a, b]))
+    y = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    y[:, 4] = y[:, 1]  # tied keys: the first wins
+    for _ in range(3):  # the third call runs the native plan built at the second
+        got = model(y)
+    assert _compiled(model, 3) is not None
+    assert_close(got, _layer_path(model, y), rtol=1e-5, atol=1e-6)
+
+    q, v, k = (fastlayers.Input((5, 3)) for _ in range(3))
+    model = fastlayers.Model([q, v, k], L.Conv1D(2, 1)(L.HardAttention()([q, v, k])))
+    qs, vs = rng.standard_normal((2, 2, 5, 3)).astype(np.float32)
+    ks = -np.abs(rng.standard_normal((2, 5, 3))).astype(np.float32) - 0.1  # every key below 0
+    qs[1, 2] = np.inf  # its scores: -inf for every key
+    for _ in range(3):
+        got = model([qs, vs, ks])
+    assert _compiled(model, (3, 3, 3)) is not None
+    want = _layer_path(model, [qs, vs, ks])
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1, 2], model.layers[-1].bias)  # zeros attended
