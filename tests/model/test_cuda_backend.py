@@ -115,7 +115,7 @@ if not IN_CUDA_RUN:
     def test_kernels_lower_for_the_real_cuda_target():
         """Typing and lowering for the GPU target, float32 only (tests/backends/cuda_lowering.py)."""
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         proc = subprocess.run(
             [sys.executable, "tests/backends/cuda_lowering.py"],
             cwd=ROOT,
@@ -490,6 +490,27 @@ else:
         )
         with pytest.raises(UnsupportedError, match=r"fastlayers\[cuda\]"):
             _runtime.load_cuda()
+
+    def test_numpy_without_row_stack_a_clear_error():
+        """numba-cuda's array implementations fail to import under numpy 2.5 (np.row_stack
+        removed): UnsupportedError naming both versions and the way out, not numba's typing
+        errors at the first kernel; other import errors pass through."""
+
+        def removed(name):
+            raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+        with pytest.raises(UnsupportedError, match=r"numba-cuda .*numpy .*row_stack.*numpy<2\.5") as info:
+            _runtime.check_numpy_support(removed)
+        assert np.__version__ in str(info.value)
+
+        def other(name):
+            raise AttributeError("something else")
+
+        with pytest.raises(AttributeError, match="something else"):
+            _runtime.check_numpy_support(other)
+        loaded = []
+        _runtime.check_numpy_support(loaded.append)
+        assert loaded == ["numba.cuda.np.arrayobj"]
 
     def test_recurrent_model_is_device_resident(ops, rng):
         """SimpleRNN read backwards, an LSTM returning its states, a GRU (reset before) started

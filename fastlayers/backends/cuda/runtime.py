@@ -8,6 +8,7 @@ simulator, on the CPU, which is how CI tests them without a GPU.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import threading
 import weakref
@@ -37,6 +38,8 @@ def load_cuda():
 
     if not simulated() and env_choice("FASTLAYERS_CUDA_CACHING_ALLOCATOR", ("0", "1"), "1") == "1":
         _install_caching_allocator()
+    if not simulated():
+        check_numpy_support()
     if not cuda.is_available():
         reason = ""
         try:
@@ -50,6 +53,33 @@ def load_cuda():
             "imported to run the kernels in numba's (slow) CUDA simulator; use 'cpu' otherwise"
         )
     return cuda
+
+
+def check_numpy_support(load=importlib.import_module) -> None:
+    """UnsupportedError where numba-cuda cannot compile kernels with the installed numpy.
+
+    numba-cuda 0.30.4 (in maintenance mode, NVIDIA/numba-cuda#907) registers an overload of
+    ``np.row_stack`` when its array implementations are imported, which they are at the first
+    kernel compile; numpy 2.5 removed ``np.row_stack``, so every kernel then failed with an
+    ``AttributeError`` from numba's typing (seen on an H200 with numpy 2.5.2). The simulator never
+    imports them. ``load`` imports a module by name (a parameter for the tests).
+    """
+    try:
+        load("numba.cuda.np.arrayobj")
+    except AttributeError as e:
+        if "row_stack" not in str(e):
+            raise
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = f"numba-cuda {version('numba-cuda')}"
+        except PackageNotFoundError:  # pragma: no cover - numba-cuda runs, so it is installed
+            found = "numba-cuda"
+        raise UnsupportedError(
+            f"backend 'cuda': {found} cannot compile kernels with numpy {np.__version__} (numpy 2.5 "
+            "removed np.row_stack, which numba-cuda still registers; NVIDIA/numba-cuda#907). "
+            "Install numpy<2.5 (pip install 'fastlayers[cuda]' pins it), or use 'cpu'"
+        ) from None
 
 
 def _install_caching_allocator() -> None:
