@@ -206,6 +206,14 @@ class Ops(Protocol):
         activation: str = ...,
         alpha: float = ...,
     ) -> Callable[[Floats4d], Floats4d]: ...
+    def conv1x1_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_oi: Floats2d,
+        b: Floats1d | None,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Callable[[Floats4d], Floats4d] | None: ...
     def depthwise_conv2d(
         self,
         x_nhwc: Floats4d,

@@ -7,6 +7,7 @@
  * (kernels.inc). */
 
 #include "conv_internal.h"
+#include "gemm_internal.h"
 #include "threadpool.h"
 
 /* Output columns per pass: V sum registers each (V = 1: 12 of AVX-512's 32 registers, 6 of
@@ -128,4 +129,74 @@ int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const floa
     conv_nchw_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, code, alpha};
     fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_nchw_task, &p);
     return 0;
+}
+
+/* Most columns of one image per sgemm call of conv1x1_nchw (one of sgemm's blocks of b); the
+ * columns split into near-equal blocks of whole panels. */
+#define CONV_PW_COLS (8 * FL_PANEL)
+
+typedef struct {
+    const float *x, *w, *bias;
+    float *y;
+    int64_t cin, hw, cout, blocks, cols;
+    int code, status;
+    float alpha;
+} conv_pw_ctx;
+
+/* row[0:len] = f(row[0:len] + b), f the elementwise activation `code`. */
+FL_INLINE void conv_pw_row(float *row, int64_t len, float b, const int code, float alpha) {
+    fl_vf bv = fl_set1(b);
+    int64_t j = 0;
+    for (; j + FL_VW <= len; j += FL_VW) fl_store(row + j, rows_vact(fl_load(row + j) + bv, code, alpha));
+    if (j < len) pool_st(row + j, rows_vact(pool_ld(row + j, len - j) + bv, code, alpha), len - j);
+}
+
+/* y[o, 0:len] = f(y[o, 0:len] + bias[o]) for the rows o < rows, ld floats apart. */
+static void conv_pw_epilogue(float *y, int64_t ld, int64_t rows, int64_t len, const float *bias, int code,
+                             float alpha) {
+    switch (code) { /* the code's branch once per block */
+#define CONV_PW_CASE(cd)                                                                                               \
+    case cd:                                                                                                           \
+        for (int64_t o = 0; o < rows; ++o) conv_pw_row(y + o * ld, len, bias ? bias[o] : 0.0f, cd, alpha);          \
+        break;
+        CONV_PW_CASE(FL_LINEAR) CONV_PW_CASE(FL_RELU) CONV_PW_CASE(FL_RELU6) CONV_PW_CASE(FL_LEAKY_RELU)
+        CONV_PW_CASE(FL_HARD_SIGMOID) CONV_PW_CASE(FL_SOFTSIGN) CONV_PW_CASE(FL_SIGMOID) CONV_PW_CASE(FL_SILU)
+        CONV_PW_CASE(FL_GELU) CONV_PW_CASE(FL_GELU_TANH) CONV_PW_CASE(FL_EXPONENTIAL) CONV_PW_CASE(FL_TANH)
+        CONV_PW_CASE(FL_HARD_SILU) CONV_PW_CASE(FL_ONNX_SIGMOID) CONV_PW_CASE(FL_ONNX_SILU) CONV_PW_CASE(FL_ONNX_TANH)
+#undef CONV_PW_CASE
+    default: break;
+    }
+}
+
+/* Blocks u in [u0, u1) (image u / blocks, columns from (u % blocks) cols): one sgemm of w (cout,
+ * cin) by those columns of the image's planes (cin, hw), then the block's epilogue while it is
+ * in L2. */
+static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
+    conv_pw_ctx *p = (conv_pw_ctx *)arg;
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t i = u / p->blocks, c0 = u % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
+        float *yb = p->y + i * p->cout * p->hw + c0;
+        int st = FL_FN(sgemm)(p->cout, len, p->cin, p->w, p->cin, p->x + i * p->cin * p->hw + c0, p->hw, 0, 0, yb,
+                              p->hw);
+        if (st) {
+            p->status = st;
+            return;
+        }
+        if (p->bias || p->code != FL_LINEAR) conv_pw_epilogue(yb, p->hw, p->cout, len, p->bias, p->code, p->alpha);
+    }
+}
+
+/* y[n, o] = f(b[o] + sum_ci w[o, ci] x[n, ci]) over the planes of hw values: a 1x1 convolution
+ * from NCHW planes x (N, cin, hw) to NCHW planes y (N, cout, hw), w (cout, cin): per image the
+ * product w @ x[n], no layout move on either side. */
+int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x, const float *wk,
+                        const float *bias, int code, float alpha, float *y) {
+    if (n <= 0 || hw <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || cin < 1) return -2;
+    int64_t blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
+    int64_t cols = ((hw + blocks - 1) / blocks + FL_PANEL - 1) / FL_PANEL * FL_PANEL;
+    blocks = (hw + cols - 1) / cols;
+    conv_pw_ctx p = {x, wk, bias, y, cin, hw, cout, blocks, cols, code, 0, alpha};
+    fl_parallel(n * blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / (cols * cout * cin)), conv_pw_task, &p);
+    return p.status;
 }

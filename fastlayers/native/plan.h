@@ -19,7 +19,9 @@
  *   where `tile` is 2 or 4, conv3x3_winograd on `pu` first, the direct conv2d where it finds
  *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py), or FL_PLAN_NOT_FINITE
  *   where pw is NULL (no packed weights held for that rare case); where `nchw_in`, x is
- *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in.
+ *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in; where
+ *   `nchw_out` (a 1x1 convolution), x and y are NCHW planes and pw the (C_out, C) weights:
+ *   conv1x1_nchw.
  * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
  * conv_transpose_step(a): conv.h's conv_transpose2d on the bound arguments (x (N, H, W, C_in),
  *   wt packed), or where `nchw` its conv_transpose2d_nchw (x (N, C_in, H, W) planes, wt as
@@ -143,7 +145,7 @@ typedef struct {
 typedef struct {
     int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
     const float *x, *pw, *bias, *res, *pu;
-    int code, res_code, tile, nchw_in;
+    int code, res_code, tile, nchw_in, nchw_out;
     float alpha, res_alpha;
     float *y;
 } fl_conv2d_args;

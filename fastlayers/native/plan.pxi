@@ -33,7 +33,7 @@ cdef extern from "plan.h" nogil:
         const float *bias
         const float *res
         const float *pu
-        int code, res_code, tile, nchw_in
+        int code, res_code, tile, nchw_in, nchw_out
         float alpha, res_alpha
         float *y
     ctypedef struct fl_pool_args:
@@ -576,14 +576,18 @@ cdef class NativePlan:
 
     def add_conv2d(self, x, pw, bias, y, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
                    int64_t dw, int64_t pt, int64_t pl, int64_t groups, int code, float alpha, res=None,
-                   int res_code=0, float res_alpha=0.0, int tile=0, pu=None, bint nchw_in=False):
+                   int res_code=0, float res_alpha=0.0, int tile=0, pu=None, bint nchw_in=False,
+                   bint nchw_out=False):
         """conv.h's conv2d from x (N, H, W, C) to y (N, Ho, Wo, C_out), both C-contiguous
         float32 (views of the arena), weights packed by ``conv_pack``, as ``conv2d``; ``res``
         (N, Ho, Wo, C_out) added with its code ``res_code`` in the epilogue where given. With
         ``tile`` 2 or 4 (3x3 windows, stride 1, one group, no residual), Winograd on ``pu``
         (``winograd_pack``'s output of that tile) first, the direct sums on ``pw`` where it
         meets a non-finite value, or with ``pw`` None the step fails with ``NOT_FINITE``. With ``nchw_in`` (one group, no residual), x is NCHW planes (N, C, H,
-        W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``."""
+        W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``. With
+        ``nchw_out`` (a 1x1 window, stride 1, no padding, one group, no residual), x (N, C, H, W)
+        and y (N, C_out, H, W) are NCHW planes and ``pw`` the (C_out, C) weights:
+        ``conv1x1_nchw``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
         cdef float *wp = NULL if pw is None and tile else _view(pw, "conv2d weights (needed but with a Winograd tile)")
@@ -592,10 +596,15 @@ cdef class NativePlan:
         cdef float *up = NULL if pu is None else _view(pu, "conv2d winograd weights")
         if x.ndim != 4 or y.ndim != 4 or y.shape[0] != x.shape[0]:
             raise ValueError(f"native plan conv2d: x {x.shape}, y {y.shape}")
-        cdef int64_t c = x.shape[1] if nchw_in else x.shape[3], cout = y.shape[3]
+        cdef int64_t c = x.shape[1] if nchw_in or nchw_out else x.shape[3]
+        cdef int64_t cout = y.shape[1] if nchw_out else y.shape[3]
         if min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0 or c % groups or cout % groups:
             raise ValueError("native plan conv2d: bad geometry")
-        if nchw_in:
+        if nchw_out:
+            if (nchw_in or max(kh, kw, sh, sw, groups) != 1 or pt or pl or res is not None or tile
+                    or pw.shape != (cout, c) or y.shape[2:] != x.shape[2:]):
+                raise ValueError("native plan conv2d: NCHW output from a 1x1 window on NCHW planes only")
+        elif nchw_in:
             if groups != 1 or res is not None or tile or pw.shape != (kh, kw, c, cout):
                 raise ValueError("native plan conv2d: NCHW input with one group and HWIO weights only")
         elif pw is not None and pw.size < groups * fl_packed_floats(kh * kw * (c // groups), cout // groups):
@@ -614,10 +623,11 @@ cdef class NativePlan:
         cdef fl_conv2d_args *a = <fl_conv2d_args *>self._push(fl_conv2d_step, sizeof(fl_conv2d_args),
                                                               (x, pw, bias, y, res, pu))
         a.n, a.c, a.x, a.kh, a.kw = x.shape[0], c, xp, kh, kw
-        a.h, a.w = (x.shape[2], x.shape[3]) if nchw_in else (x.shape[1], x.shape[2])
-        a.nchw_in = nchw_in
+        a.h, a.w = (x.shape[2], x.shape[3]) if nchw_in or nchw_out else (x.shape[1], x.shape[2])
+        a.nchw_in, a.nchw_out = nchw_in, nchw_out
         a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = sh, sw, dh, dw, pt, pl
-        a.ho, a.wo, a.groups, a.cout, a.pw, a.bias = y.shape[1], y.shape[2], groups, cout, wp, bp
+        a.ho, a.wo = (y.shape[2], y.shape[3]) if nchw_out else (y.shape[1], y.shape[2])
+        a.groups, a.cout, a.pw, a.bias = groups, cout, wp, bp
         a.code, a.alpha, a.y = code, alpha, yp
         a.res, a.res_code, a.res_alpha, a.tile, a.pu = rp, res_code, res_alpha, tile, up
 

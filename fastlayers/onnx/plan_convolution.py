@@ -10,7 +10,7 @@ import numpy as np
 from ..backends.derived import derived
 from ..backends.reference import fold_batch_norm
 from .layout import nchw_planes
-from .ops.conv import conv_transpose_form, conv_transpose_hwio
+from .ops.conv import conv_transpose_form, conv_transpose_hwio, oi_of_hwio
 from .plan_movement import lower_alias
 from .plan_values import NotLowered, Value, arena_view, channels_last, layout_of, memory_of, transposed
 from .windows import window
@@ -67,6 +67,30 @@ def lower_conv(low, node, ins, traced_ins, traced_outs, attrs):
     strides, pads, dilations, out_hw, _ = window("Conv", node_attrs, t.shape, (kh, kw), one_d)
     n, c = x.shape[0], x.shape[1]
     hw = (1, x.shape[2]) if one_d else tuple(x.shape[2:])
+    activation, alpha = node_attrs.get("activation", "linear"), float(node_attrs.get("alpha", 0.0))
+    if (
+        x.perm is None
+        and residual is None
+        and post is None
+        and kh == kw == 1
+        and group == 1
+        and max(strides) == 1
+        and not any(map(any, pads))
+    ):  # NCHW planes into NCHW planes, where the Python plan runs it so (``conv1x1_nchw_plan``)
+        w_oi = (
+            traced_ins[1].reshape(cout, c)
+            if node_attrs.get("_w_hwio") is None
+            else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
+        )
+        bound = low.ops.plan_conv1x1_nchw((n, c, *hw), w_oi, b, activation, alpha)
+        if bound is not None:
+            if layout_of(out) is not None or n * cout * math.prod(hw) != out.size:
+                raise NotLowered
+            low.use(x)
+            x_in = Value(x.buffer, x.offset, (n, c, *hw), x.dtype)
+            y_nchw = low.new((n, cout, *hw))
+            low.emit(lambda plan, arena: plan.add_conv2d(arena_view(arena, x_in), y=arena_view(arena, y_nchw), **bound))
+            return [Value(y_nchw.buffer, 0, out.shape, np.float32, None)]
     found = low.ops.plan_conv2d(
         (n, *hw, c),
         w_hwio,
@@ -75,8 +99,8 @@ def lower_conv(low, node, ins, traced_ins, traced_outs, attrs):
         pads,
         dilations,
         group,
-        node_attrs.get("activation", "linear"),
-        float(node_attrs.get("alpha", 0.0)),
+        activation,
+        alpha,
         residual,
         x.perm is None,  # NCHW planes: the direct kernel from them where it is the backend's choice
     )

@@ -367,6 +367,67 @@ def test_convolution_from_nchw_planes_checks_its_arguments():
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("activation", ["linear", "relu", "hard_silu", "gelu"])
+@pytest.mark.parametrize(
+    "n, cin, cout, shape_hw",
+    [
+        (1, 64, 256, (14, 14)),  # 196 columns: one block of seven panels
+        (4, 33, 17, (9, 31)),  # 279 columns: two blocks of 160 and 119 (vector tails)
+        (2, 5, 1, (1, 64)),  # one output channel, the fewest positions it takes
+        (1, 300, 70, (23, 23)),  # k past one sgemm block of b
+        (3, 16, 48, (1, 1000)),  # four blocks of 256 columns, the last of 232
+    ],
+)
+def test_pointwise_convolution_on_nchw_planes(isa, n_threads, n, cin, cout, shape_hw, activation):
+    """``conv1x1_nchw_plan``: a 1x1 convolution from NCHW planes into NCHW planes (per image w @
+    x, then the bias and activation per output plane): the reference's NHWC convolution, moved
+    back to NCHW."""
+    x = arr(0, (n, cin, *shape_hw))
+    w_oi, b = arr(1, (cout, cin), cin**-0.5), arr(2, (cout,))
+    want = REF.conv2d(
+        np.ascontiguousarray(x.transpose(0, 2, 3, 1)),
+        np.ascontiguousarray(w_oi.T)[None, None],
+        b,
+        activation=activation,
+    ).transpose(0, 3, 1, 2)
+    with threads(n_threads):
+        got = CPU.conv1x1_nchw_plan(x.shape, w_oi, b, activation)(x)
+        unbiased = CPU.conv1x1_nchw_plan(x.shape, w_oi, None, activation)(x)
+    assert got.shape == want.shape and got.flags.c_contiguous
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    want0 = REF.conv2d(
+        np.ascontiguousarray(x.transpose(0, 2, 3, 1)),
+        np.ascontiguousarray(w_oi.T)[None, None],
+        None,
+        activation=activation,
+    ).transpose(0, 3, 1, 2)
+    assert_close(unbiased, want0, rtol=1e-5, atol=1e-5)
+
+
+def test_pointwise_convolution_on_nchw_planes_where_it_pays():
+    """The planes path takes more input channels than the NHWC-out direct kernel and at least
+    POINTWISE_NCHW_MIN_POSITIONS positions, elementwise activations; the reference has none; the
+    kernel checks its arguments."""
+    w = arr(1, (16, 8))
+    assert CPU.conv1x1_nchw_plan((1, 8, 8, 8), w, None) is not None
+    assert CPU.conv1x1_nchw_plan((1, 8, 1, 1), w, None) is None  # a squeeze-and-excite vector
+    assert CPU.conv1x1_nchw_plan((1, 8, 7, 9), w, None) is None  # 63 positions
+    assert CPU.conv1x1_nchw_plan((1, 8, 8, 8), w, None, "softmax") is None
+    assert CPU.conv1x1_nchw_plan((1, 4, 8, 8), arr(1, (16, 4)), None) is None  # conv2d_nchw_in's
+    assert REF.conv1x1_nchw_plan((1, 8, 8, 8), w, None) is None
+    x, y = arr(0, (1, 8, 8, 8)), np.empty((1, 16, 8, 8), np.float32)
+    relu = _core.ACTIVATIONS.index("relu")
+    with pytest.raises(ValueError, match="conv1x1_nchw"):
+        _core.conv1x1_nchw(x, arr(1, (16, 7)), None, y, relu, 0.0)
+    with pytest.raises(ValueError, match="conv1x1_nchw"):
+        _core.conv1x1_nchw(x, w, None, np.empty((1, 16, 8, 9), np.float32), relu, 0.0)
+    with pytest.raises(ValueError, match="bias"):
+        _core.conv1x1_nchw(x, w, arr(2, (15,)), y, relu, 0.0)
+    with pytest.raises(ValueError, match="activation"):
+        _core.conv1x1_nchw(x, w, None, y, _core.ACTIVATIONS.index("softmax"), 0.0)
+
+
 @examples(40)
 @given(c=conv_case(), m=st.integers(1, 3), wide=st.sampled_from([1, 6]))
 def test_depthwise_cpu_matches_reference(isa, c, m, wide):

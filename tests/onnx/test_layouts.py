@@ -211,14 +211,14 @@ def test_residual_add_of_nhwc_memory_stays_nhwc_and_exact(tmp_path, rng, backend
     second = "x" if mixed else "b"
     nodes = [
         h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-        h.make_node("Conv", ["x", "w2"], ["b"]),
+        h.make_node("Conv", ["x", "w2"], ["b"], pads=[0, 1, 0, 1]),  # (a 1x1 one would stay NCHW)
         h.make_node("Add", ["a", second], ["y"]),
     ]
     model = make_graph(
         nodes,
         [h.make_tensor_value_info("x", 1, shape)],
         [h.make_tensor_value_info(n, 1, None) for n in ("y", "a", "b")],
-        [t("w1", [8, 8, 3, 3]), t("w2", [8, 8, 1, 1])],
+        [t("w1", [8, 8, 3, 3]), t("w2", [8, 8, 1, 3])],
     )
     path = tmp_path / "residual.onnx"
     onnx.save(model, str(path))

@@ -720,6 +720,65 @@ def test_one_dimensional_convolutions_and_pools_run_natively(rng, monkeypatch):
     assert {"FusedConv", "MaxPool", "ReduceMean"} <= set(native)
 
 
+def _pointwise_planes_model(rng, one_d):
+    """An NCHW input into a 1x1 convolution with Relu (8 -> 24 channels), another 1x1 one on its
+    NCHW planes (24 -> 12), then a 3x3 one (channels-last) with an Add of the second's output."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    k = (1,) if one_d else (1, 1)
+    inits = [
+        numpy_helper.from_array(f(24, 8, *k), "w1"),
+        numpy_helper.from_array(f(24), "b1"),
+        numpy_helper.from_array(f(12, 24, *k), "w2"),
+        numpy_helper.from_array(f(12, 12, *(3,) * len(k)), "w3"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Conv", ["c2", "w3"], ["c3"], pads=[1, 1] * len(k)),
+        helper.make_node("Add", ["c3", "c2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pointwise_planes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, *((70,) if one_d else (9, 11))])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "c2")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("one_d", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_pointwise_convolutions_of_nchw_planes_run_natively(rng, monkeypatch, batch, one_d):
+    """1x1 convolutions of an NCHW input and of their own NCHW output run on the planes
+    (``conv1x1_nchw``) in the native plan as in the Python plan: their bits, onnxruntime's
+    values; the 3x3 convolution after them reads a channels-last copy."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    bound = []
+    cpu = type(fastlayers.get_ops("cpu"))
+    real = cpu.plan_conv1x1_nchw
+    monkeypatch.setattr(cpu, "plan_conv1x1_nchw", lambda self, *a: bound.append(real(self, *a)) or bound[-1])
+    data = _pointwise_planes_model(np.random.default_rng(5), one_d)
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    shape = (batch, 8, *((70,) if one_d else (9, 11)))
+    for _ in range(3):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = ours.run(None, {"x": x})
+        for g, w, p in zip(got, session.run(None, {"x": x}), python.run(None, {"x": x})):
+            assert g.flags.c_contiguous
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(g, p)
+    native, fallbacks, _ = _serving(ours, {"x": x}).summary
+    assert fallbacks == () and "FusedConv" in native
+    assert len(bound) >= 2 and all(b is not None and b["nchw_out"] for b in bound)
+    kernels = [s.kernel for s in python.profile(x, repeats=1).steps]
+    assert kernels.count("cpu.conv1x1_nchw_plan") == 2
+
+
 def _upsampling_model(rng, one_d=False):
     """A segmentation head as text detectors export it: a ConvTranspose of the input's NCHW
     planes, a convolution, a strided ConvTranspose of its channels-last result with a fused

@@ -11,6 +11,9 @@ CpuOps), on the native core (``fastlayers.native._core``: ``native/conv_*.c`` an
 - conv2d_nchw_plan: an NCHW input of few channels (an image into a network's first layer,
   through a window of at most 3x3) convolved straight from its planes into NHWC (``conv2d_nchw_in``: a direct loop vectorized
   over output channels, no transpose or padded copy of the input); others made NHWC for conv2d.
+- conv1x1_nchw_plan: a 1x1 convolution (stride 1, unpadded, one group) of an NCHW input of
+  more channels and positions run as per image the product w (C_out, C) @ x (C, H W) on the
+  planes, its output NCHW planes (``conv1x1_nchw``): no move of the input to NHWC and back.
 - depthwise_conv2d: a direct loop vectorized over channels, four outputs per pass (3x3: the
   nine weights in registers; 5- and 7-wide windows at stride 1: passes of 8 outputs sharing
   their loads); window rows outside x are skipped.
@@ -55,6 +58,31 @@ NCHW_DIRECT_MAX_CIN = 4
 NCHW_DIRECT_MIN_COUT = 2
 NCHW_DIRECT_MAX_COUT = 32
 NCHW_DIRECT_MAX_WINDOW = 9
+#: Fewest positions per image for a 1x1 convolution of NCHW planes to run on them
+#: (``conv1x1_nchw``, per image the product w @ x over H W columns): fewer, such as a
+#: squeeze-and-excite block's pooled (N, C, 1, 1), run as rows of one product on packed
+#: weights (``conv2d``).
+POINTWISE_NCHW_MIN_POSITIONS = 64
+
+
+def pointwise_nchw_takes(x_shape, cout: int, code) -> bool:
+    """Whether a 1x1 convolution (stride 1, unpadded, one group) of NCHW planes of ``x_shape``
+    (N, C, H, W) into ``cout`` channels with activation ``code`` runs on the planes
+    (``conv1x1_nchw``): more channels than the direct NHWC-out kernel takes
+    (``NCHW_DIRECT_MAX_CIN``), at least ``POINTWISE_NCHW_MIN_POSITIONS`` positions, an
+    elementwise code. The Python plan (``conv1x1_nchw_plan``) and the native plan's step
+    (``steps.conv1x1_nchw_step``) decide the same way."""
+    n, c, h, w = x_shape
+    return (
+        n >= 1
+        and c > NCHW_DIRECT_MAX_CIN
+        and h * w >= POINTWISE_NCHW_MIN_POSITIONS
+        and cout >= 1
+        and code is not None
+        and code not in _SOFTMAX_CODES
+    )
+
+
 #: Winograd needs this many channels each way (fewer: its products are too thin), this many
 #: tiles (2x2 outputs, all images), and, for weights wider than WINOGRAD_WIDE channels squared,
 #: WINOGRAD_WIDE_TILES tiles (its U is 16/9 the size of the weights, read for few rows).
@@ -309,6 +337,19 @@ class ConvOps(ReferenceOps):
         def run(x):
             y = np.empty(out, np.float32)
             return _core.conv2d_nchw_in(_f32c(x), wk, bias, y, sh, sw, dh, dw, pt, pl, code, alpha)
+
+        return run
+
+    def conv1x1_nchw_plan(self, x_shape, w_oi, b, activation="linear", alpha=0.0):
+        n, c, h, w = x_shape
+        cout, code = w_oi.shape[0], CODES.get(activation)
+        if w_oi.shape[1] != c or not pointwise_nchw_takes(x_shape, cout, code):
+            return None
+        wk, bias, out = _f32c(w_oi), _bias(b), (n, cout, h, w)
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            return _core.conv1x1_nchw(_f32c(x), wk, bias, y, code, alpha)
 
         return run
 

@@ -29,6 +29,7 @@ from .conv import (
     _transpose_one_weights,
     _transpose_packed,
     _winograd_tile,
+    pointwise_nchw_takes,
 )
 
 #: Activation names whose native codes run elementwise (the softmaxes normalise rows).
@@ -100,6 +101,18 @@ def conv2d_step(
     if not tile and residual is not None:
         bound.update(res_code=res_code, res_alpha=float(residual[1]))
     return "conv2d", bound
+
+
+def conv1x1_nchw_step(x_shape, w_oi, b, activation: str, alpha: float):
+    """How a plan binds the 1x1 convolution of NCHW planes that ``conv1x1_nchw_plan`` runs on
+    inputs of ``x_shape`` (N, C, H, W), ``w_oi`` (C_out, C): kwargs of ``add_conv2d`` with
+    ``nchw_out`` (its output NCHW planes), or None where that plan would not take it (the
+    convolution then goes to ``conv2d_step``)."""
+    code = _ELEMENTWISE.get(activation)
+    if w_oi.shape[1] != x_shape[1] or not pointwise_nchw_takes(x_shape, w_oi.shape[0], code):
+        return None
+    geometry = dict(kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0, groups=1)
+    return dict(pw=_f32c(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)
 
 
 def conv_transpose_step(w_iohw, w_hwio, b, groups: int, activation: str, alpha: float, planes: bool):

@@ -476,6 +476,21 @@ class ReferenceOps:
             return lambda x: plan(x.reshape(n, h, w, c))
         return lambda x: plan(self.channels_last(x))
 
+    def conv1x1_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_oi: Floats2d,
+        b: Floats1d | None,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Callable[[Floats4d], Floats4d] | None:
+        """A 1x1 convolution (stride 1, no padding, one group) of C-contiguous NCHW inputs of
+        shape ``x_shape`` (N, C, H, W), ``w_oi`` (C_out, C): a function ``x_nchw -> y_nchw``
+        (N, C_out, H, W) that reads and writes planes, where the backend has one that pays;
+        None where it would rather run ``conv2d_nchw_plan`` (NHWC out). The reference has
+        none."""
+        return None
+
     def depthwise_conv2d(
         self,
         x_nhwc: Floats4d,
@@ -875,7 +890,8 @@ class ReferenceOps:
         for ``onnx/lowering.py`` to bind kernels to; None on backends without one (the
         reference runs every model through its Python plan). Backends that return a plan
         also give ``plan_activation_code(name, rows)``, ``plan_conv2d(x_shape, w_hwio, b,
-        strides, pads, dilation, groups, activation, alpha, residual)``, ``plan_dense(w_kn, b,
+        strides, pads, dilation, groups, activation, alpha, residual)``,
+        ``plan_conv1x1_nchw(x_shape, w_oi, b, activation, alpha)``, ``plan_dense(w_kn, b,
         rows, activation, alpha)``, ``plan_elementwise(program, operands)``, ``plan_sequence_loop(cell,
         x_bti, args, kw)`` and ``plan_sequence_loops(x_bti, calls)`` (``backends/cpu/steps.py``,
         ``programs.plan_step``, ``recurrent.sequence_loops``)."""

@@ -140,8 +140,22 @@ def _conv(inputs, attrs, opset):
     planes = nchw_planes(x) if group == 1 else None
     # the residual Add in the kernel's epilogue: x (and, at each call, r) views of NHWC memory
     in_kernel = residual is not None and post is None and not one_d and channels_last_memory(x) is not None
+    pointwise = None  # a 1x1 convolution of NCHW planes into NCHW planes, where the backend has one
+    if (
+        planes is not None
+        and residual is None
+        and post is None
+        and kh == kw == 1
+        and max(strides) == 1
+        and not any(map(any, pads))
+    ):
+        w_oi = w4[:, :, 0, 0] if w4 is not None else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
+        bias, activation, alpha = args[1], args[6], args[7]
+        pointwise = ops.conv1x1_nchw_plan(planes.shape, w_oi, bias, activation, alpha)
     if in_kernel:
         run = _with_residual_in_kernel(ops.conv2d_residual_plan(to_nhwc(x, False).shape, *args, *residual), residual)
+    elif pointwise is not None:
+        run = (lambda x: pointwise(x[:, :, None, :])[:, :, 0]) if one_d else pointwise
     elif planes is not None:  # an NCHW activation (an image): the backend's plan from NCHW to NHWC
         from_planes = ops.conv2d_nchw_plan(planes.shape, *args)
         run = (
@@ -159,6 +173,11 @@ def _conv(inputs, attrs, opset):
             plans.clear()
         plans[key] = run
     return [run(x, *rest)]
+
+
+def oi_of_hwio(w_hwio):
+    """A 1x1 convolution's (1, 1, C_in, C_out) weights as (C_out, C_in)."""
+    return np.ascontiguousarray(w_hwio[0, 0].T)
 
 
 def _with_residual_in_kernel(plan, residual):
