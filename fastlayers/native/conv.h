@@ -37,10 +37,10 @@
  *   y): y[n, oh, ow, o] = f(b + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
  *   wk[i, j, ci, o]) from NCHW planes x (N, C, H, W) to NHWC y (N, Ho, Wo, cout), wk (kh, kw,
  *   C, cout) as it is (one group; meant for few input channels);
- * conv1x1_nchw(n, cin, hw, cout, x, wk, bias, code, alpha, y): y[n, o, p] = f(b[o] + sum_ci
- *   wk[o, ci] x[n, ci, p]), a 1x1 convolution (stride 1, no padding, one group) from NCHW planes
- *   x (N, cin, hw) to NCHW planes y (N, cout, hw), wk (cout, cin): per image the product wk @
- *   x[n] on the pool's threads, no layout move. */
+ * conv1x1_nchw(n, cin, hw, cout, x, wk, ldw, bias, code, alpha, y): y[n, o, p] = f(b[o] +
+ *   sum_ci wk[o, ci] x[n, ci, p]), a 1x1 convolution (stride 1, no padding, one group) from
+ *   NCHW planes x (N, cin, hw) to NCHW planes y (N, cout, hw), wk (cout, cin) with rows ldw >=
+ *   cin floats apart: per image the product wk @ x[n] on the pool's threads, no layout move. */
 #ifndef FL_CONV_H
 #define FL_CONV_H
 #include <stdint.h>
@@ -94,6 +94,7 @@
                             float alpha, float *y),                                            \
       (n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, y))   \
     X(int, conv1x1_nchw, (int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x,     \
-                          const float *wk, const float *bias, int code, float alpha, float *y), \
-      (n, cin, hw, cout, x, wk, bias, code, alpha, y))
+                          const float *wk, int64_t ldw, const float *bias, int code,           \
+                          float alpha, float *y),                                              \
+      (n, cin, hw, cout, x, wk, ldw, bias, code, alpha, y))
 #endif

@@ -36,7 +36,8 @@ cdef extern from "dispatch.h" nogil:
                           int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
                           const float *bias, int code, float alpha, float *y)
     int fl_conv1x1_nchw(int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x,
-                        const float *wk, const float *bias, int code, float alpha, float *y)
+                        const float *wk, int64_t ldw, const float *bias, int code, float alpha,
+                        float *y)
 
 #: conv2d's ways: chosen by the kernel, the implicit GEMM, im2col + sgemm.
 CONV_AUTO, CONV_IMPLICIT, CONV_IM2COL = 0, 1, 2
@@ -291,10 +292,11 @@ def conv_transpose2d_nchw(cnp.ndarray x, cnp.ndarray wt, object bias, cnp.ndarra
 def conv1x1_nchw(cnp.ndarray x, cnp.ndarray w_oi, object bias, cnp.ndarray y, int code, float alpha):
     """y[n, o] = f(bias[o] + sum_ci w[o, ci] x[n, ci]) over each plane: a 1x1 convolution
     (stride 1, no padding, one group) from NCHW planes x (N, C_in, H, W) to NCHW planes y (N,
-    C_out, H, W), ``w_oi`` (C_out, C_in); per image the product ``w_oi @ x[n]``, no layout move.
-    Returns y."""
+    C_out, H, W), ``w_oi`` (C_out, C_in) with contiguous rows (any row stride: rows a multiple of
+    4 KiB apart share L1 sets, ``backends/cpu/conv.py`` pads them); per image the product ``w_oi @
+    x[n]``, no layout move. Returns y."""
     cdef float *xp = cptr(x, 4, "conv1x1_nchw x")
-    cdef float *wp = cptr(w_oi, 2, "conv1x1_nchw w")
+    cdef float *wp = fptr(w_oi, "conv1x1_nchw w")
     cdef float *yp = cptr(y, 4, "conv1x1_nchw y")
     cdef int64_t n = x.shape[0], cin = x.shape[1], cout = w_oi.shape[0], hw = x.shape[2] * x.shape[3]
     if (w_oi.shape[1] != cin or y.shape[0] != n or y.shape[1] != cout or y.shape[2] != x.shape[2]
@@ -302,8 +304,9 @@ def conv1x1_nchw(cnp.ndarray x, cnp.ndarray w_oi, object bias, cnp.ndarray y, in
         raise ValueError(f"conv1x1_nchw: x {(<object>x).shape}, w {(<object>w_oi).shape}, y {(<object>y).shape}")
     cdef float *bp = vptr(bias, cout, "conv1x1_nchw bias")
     check_code(code)
+    cdef int64_t ldw = ld(w_oi)
     cdef int st
     with nogil:
-        st = fl_conv1x1_nchw(n, cin, hw, cout, xp, wp, bp, code, alpha, yp)
+        st = fl_conv1x1_nchw(n, cin, hw, cout, xp, wp, ldw, bp, code, alpha, yp)
     check(st, "conv1x1_nchw")
     return y

@@ -138,7 +138,7 @@ int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const floa
 typedef struct {
     const float *x, *w, *bias;
     float *y;
-    int64_t cin, hw, cout, blocks, cols;
+    int64_t cin, ldw, hw, cout, blocks, cols;
     int code, status;
     float alpha;
 } conv_pw_ctx;
@@ -176,7 +176,7 @@ static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
         int64_t i = u / p->blocks, c0 = u % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
         float *yb = p->y + i * p->cout * p->hw + c0;
-        int st = FL_FN(sgemm)(p->cout, len, p->cin, p->w, p->cin, p->x + i * p->cin * p->hw + c0, p->hw, 0, 0, yb,
+        int st = FL_FN(sgemm)(p->cout, len, p->cin, p->w, p->ldw, p->x + i * p->cin * p->hw + c0, p->hw, 0, 0, yb,
                               p->hw);
         if (st) {
             p->status = st;
@@ -187,16 +187,16 @@ static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
 }
 
 /* y[n, o] = f(b[o] + sum_ci w[o, ci] x[n, ci]) over the planes of hw values: a 1x1 convolution
- * from NCHW planes x (N, cin, hw) to NCHW planes y (N, cout, hw), w (cout, cin): per image the
- * product w @ x[n], no layout move on either side. */
+ * from NCHW planes x (N, cin, hw) to NCHW planes y (N, cout, hw), w (cout, cin) with rows ldw
+ * floats apart: per image the product w @ x[n], no layout move on either side. */
 int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x, const float *wk,
-                        const float *bias, int code, float alpha, float *y) {
+                        int64_t ldw, const float *bias, int code, float alpha, float *y) {
     if (n <= 0 || hw <= 0 || cout <= 0) return 0;
-    if (!conv_code_ok(code) || cin < 1) return -2;
+    if (!conv_code_ok(code) || cin < 1 || ldw < cin) return -2;
     int64_t blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
     int64_t cols = ((hw + blocks - 1) / blocks + FL_PANEL - 1) / FL_PANEL * FL_PANEL;
     blocks = (hw + cols - 1) / cols;
-    conv_pw_ctx p = {x, wk, bias, y, cin, hw, cout, blocks, cols, code, 0, alpha};
+    conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, cols, code, 0, alpha};
     fl_parallel(n * blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / (cols * cout * cin)), conv_pw_task, &p);
     return p.status;
 }

@@ -20,8 +20,8 @@
  *   a non-finite value (the cpu backend's choice, backends/cpu/conv.py), or FL_PLAN_NOT_FINITE
  *   where pw is NULL (no packed weights held for that rare case); where `nchw_in`, x is
  *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in; where
- *   `nchw_out` (a 1x1 convolution), x and y are NCHW planes and pw the (C_out, C) weights:
- *   conv1x1_nchw.
+ *   `nchw_out` (a 1x1 convolution), x and y are NCHW planes and pw the (C_out, C) weights,
+ *   rows ldw floats apart: conv1x1_nchw.
  * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
  * conv_transpose_step(a): conv.h's conv_transpose2d on the bound arguments (x (N, H, W, C_in),
  *   wt packed), or where `nchw` its conv_transpose2d_nchw (x (N, C_in, H, W) planes, wt as
@@ -143,7 +143,7 @@ typedef struct {
 } fl_transpose_args;
 
 typedef struct {
-    int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout;
+    int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, ldw;
     const float *x, *pw, *bias, *res, *pu;
     int code, res_code, tile, nchw_in, nchw_out;
     float alpha, res_alpha;

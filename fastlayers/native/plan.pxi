@@ -27,7 +27,7 @@ cdef extern from "plan.h" nogil:
         const float *src
         float *dst
     ctypedef struct fl_conv2d_args:
-        int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout
+        int64_t n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, ldw
         const float *x
         const float *pw
         const float *bias
@@ -586,8 +586,8 @@ cdef class NativePlan:
         meets a non-finite value, or with ``pw`` None the step fails with ``NOT_FINITE``. With ``nchw_in`` (one group, no residual), x is NCHW planes (N, C, H,
         W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``. With
         ``nchw_out`` (a 1x1 window, stride 1, no padding, one group, no residual), x (N, C, H, W)
-        and y (N, C_out, H, W) are NCHW planes and ``pw`` the (C_out, C) weights:
-        ``conv1x1_nchw``."""
+        and y (N, C_out, H, W) are NCHW planes and ``pw`` the (C_out, C) weights, or (C_out, ldw)
+        with the weights in its first C columns: ``conv1x1_nchw``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
         cdef float *wp = NULL if pw is None and tile else _view(pw, "conv2d weights (needed but with a Winograd tile)")
@@ -602,7 +602,7 @@ cdef class NativePlan:
             raise ValueError("native plan conv2d: bad geometry")
         if nchw_out:
             if (nchw_in or max(kh, kw, sh, sw, groups) != 1 or pt or pl or res is not None or tile
-                    or pw.shape != (cout, c) or y.shape[2:] != x.shape[2:]):
+                    or pw.ndim != 2 or pw.shape[0] != cout or pw.shape[1] < c or y.shape[2:] != x.shape[2:]):
                 raise ValueError("native plan conv2d: NCHW output from a 1x1 window on NCHW planes only")
         elif nchw_in:
             if groups != 1 or res is not None or tile or pw.shape != (kh, kw, c, cout):
@@ -625,6 +625,7 @@ cdef class NativePlan:
         a.n, a.c, a.x, a.kh, a.kw = x.shape[0], c, xp, kh, kw
         a.h, a.w = (x.shape[2], x.shape[3]) if nchw_in or nchw_out else (x.shape[1], x.shape[2])
         a.nchw_in, a.nchw_out = nchw_in, nchw_out
+        a.ldw = pw.shape[1] if nchw_out else 0
         a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = sh, sw, dh, dw, pt, pl
         a.ho, a.wo = (y.shape[2], y.shape[3]) if nchw_out else (y.shape[1], y.shape[2])
         a.groups, a.cout, a.pw, a.bias = groups, cout, wp, bp

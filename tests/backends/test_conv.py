@@ -377,6 +377,7 @@ def test_convolution_from_nchw_planes_checks_its_arguments():
         (2, 5, 1, (1, 64)),  # one output channel, the fewest positions it takes
         (1, 300, 70, (23, 23)),  # k past one sgemm block of b
         (3, 16, 48, (1, 1000)),  # four blocks of 256 columns, the last of 232
+        (1, 1024, 40, (8, 8)),  # rows 4 KiB apart: held padded (pointwise_rows)
     ],
 )
 def test_pointwise_convolution_on_nchw_planes(isa, n_threads, n, cin, cout, shape_hw, activation):
@@ -396,6 +397,8 @@ def test_pointwise_convolution_on_nchw_planes(isa, n_threads, n, cin, cout, shap
         unbiased = CPU.conv1x1_nchw_plan(x.shape, w_oi, None, activation)(x)
     assert got.shape == want.shape and got.flags.c_contiguous
     assert_close(got, want, rtol=1e-5, atol=1e-5)
+    rows = conv_ops.pointwise_rows(w_oi)
+    assert rows.shape == (cout, cin + 16 if cin % 1024 == 0 else cin) and np.array_equal(rows[:, :cin], w_oi)
     want0 = REF.conv2d(
         np.ascontiguousarray(x.transpose(0, 2, 3, 1)),
         np.ascontiguousarray(w_oi.T)[None, None],

@@ -30,6 +30,7 @@ from .conv import (
     _transpose_packed,
     _winograd_tile,
     pointwise_nchw_takes,
+    pointwise_rows,
 )
 
 #: Activation names whose native codes run elementwise (the softmaxes normalise rows).
@@ -112,7 +113,7 @@ def conv1x1_nchw_step(x_shape, w_oi, b, activation: str, alpha: float):
     if w_oi.shape[1] != x_shape[1] or not pointwise_nchw_takes(x_shape, w_oi.shape[0], code):
         return None
     geometry = dict(kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0, groups=1)
-    return dict(pw=_f32c(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)
+    return dict(pw=pointwise_rows(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)
 
 
 def conv_transpose_step(w_iohw, w_hwio, b, groups: int, activation: str, alpha: float, planes: bool):
