@@ -138,7 +138,7 @@ int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const floa
 typedef struct {
     const float *x, *w, *bias;
     float *y;
-    int64_t cin, ldw, hw, cout, blocks, cols;
+    int64_t cin, ldw, hw, cout, blocks, cols, chunks, rows;
     int code, status;
     float alpha;
 } conv_pw_ctx;
@@ -168,21 +168,23 @@ static void conv_pw_epilogue(float *y, int64_t ld, int64_t rows, int64_t len, co
     }
 }
 
-/* Blocks u in [u0, u1) (image u / blocks, columns from (u % blocks) cols): one sgemm of w (cout,
- * cin) by those columns of the image's planes (cin, hw), then the block's epilogue while it is
- * in L2. */
+/* Units u in [u0, u1), u = (image i, column block, chunk of output rows): one sgemm of the
+ * chunk's rows of w (rows, cin) by the block's columns of the image's planes (cin, hw), then
+ * the block's epilogue while it is in L2. */
 static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
     conv_pw_ctx *p = (conv_pw_ctx *)arg;
     for (int64_t u = u0; u < u1; ++u) {
-        int64_t i = u / p->blocks, c0 = u % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
-        float *yb = p->y + i * p->cout * p->hw + c0;
-        int st = FL_FN(sgemm)(p->cout, len, p->cin, p->w, p->ldw, p->x + i * p->cin * p->hw + c0, p->hw, 0, 0, yb,
-                              p->hw);
+        int64_t r0 = u % p->chunks * p->rows, rows = FL_MIN(p->rows, p->cout - r0), v = u / p->chunks;
+        int64_t i = v / p->blocks, c0 = v % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
+        float *yb = p->y + (i * p->cout + r0) * p->hw + c0;
+        int st = FL_FN(sgemm)(rows, len, p->cin, p->w + r0 * p->ldw, p->ldw, p->x + i * p->cin * p->hw + c0, p->hw, 0,
+                              0, yb, p->hw);
         if (st) {
             p->status = st;
             return;
         }
-        if (p->bias || p->code != FL_LINEAR) conv_pw_epilogue(yb, p->hw, p->cout, len, p->bias, p->code, p->alpha);
+        if (p->bias || p->code != FL_LINEAR)
+            conv_pw_epilogue(yb, p->hw, rows, len, p->bias ? p->bias + r0 : 0, p->code, p->alpha);
     }
 }
 
@@ -196,7 +198,17 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
     int64_t blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
     int64_t cols = ((hw + blocks - 1) / blocks + FL_PANEL - 1) / FL_PANEL * FL_PANEL;
     blocks = (hw + cols - 1) / cols;
-    conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, cols, code, 0, alpha};
-    fl_parallel(n * blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / (cols * cout * cin)), conv_pw_task, &p);
+    /* fewer blocks than threads (one image of few positions): the output rows split too, in
+     * whole register tiles, each chunk worth a hand-off (each packs the block's columns of x
+     * again: one load and store of a value per `rows` multiply-adds with it) */
+    int64_t chunks = 1, threads = fl_pool_get_threads(), taps = cols * cout * cin;
+    if (n * blocks < threads && cout >= 2 * GEMM_MR) {
+        chunks = FL_MIN((threads + n * blocks - 1) / (n * blocks), cout / GEMM_MR);
+        chunks = FL_MAX(1, FL_MIN(chunks, taps / CONV_MIN_SHARE_TAPS));
+    }
+    int64_t rows = ((cout + chunks - 1) / chunks + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+    chunks = (cout + rows - 1) / rows;
+    conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, cols, chunks, rows, code, 0, alpha};
+    fl_parallel(n * blocks * chunks, FL_MAX(1, CONV_MIN_SHARE_TAPS * chunks / taps), conv_pw_task, &p);
     return p.status;
 }
