@@ -68,9 +68,9 @@ POINTWISE_NCHW_MIN_POSITIONS = 64
 def pointwise_rows(w_oi):
     """1x1 weights (C_out, C) as ``conv1x1_nchw`` reads them: float32 rows, (C_out, C + 16) with
     the weights in the first C columns where C is a multiple of 1024 (rows a multiple of 4 KiB
-    apart fall into one L1 set, and the sgemm's register tile reads 14 of them at once: 1024 ->
-    256 channels on 14x14 took 1.35 ms that way and 0.96 padded on the Zen 4 host), else as
-    they are. Shared by the Python and native plans (``derived_view``)."""
+    apart fall into one L1 set, and the sgemm's register tile reads 14 of them at once;
+    docs/design.md, "1x1 convolutions on NCHW planes"), else as they are. Shared by the Python
+    and native plans (``derived_view``)."""
 
     def rows(w):
         cout, c = w.shape
