@@ -519,8 +519,9 @@ static int conv_flat(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
 
 /* Planes at column stride 2 (undilated columns) on AVX-512, read straight from x: for FL_VW
  * output columns k0 + k, tap columns j and j + 1 read x[2 (k0 + k) + j - pl] and the next
- * float, the even and the odd lanes of the same two loads (one two-source permute each; no
- * phase-split buffer, whose stores cost more than the taps). A row's columns go in groups of
+ * float, the even and the odd lanes of the same two loads (one in-lane shuffle each, the sums
+ * kept in that shuffle's order until the store; no phase-split buffer, whose stores cost more
+ * than the taps). A row's columns go in groups of
  * up to four vectors; a group that reads past either end of its rows loads through masks
  * (zeros outside the row; masked lanes are not read) computed once per task. On AVX2 a
  * two-source shuffle is several instructions and the phase-split buffer is faster. */
@@ -529,6 +530,13 @@ static int conv_flat(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
 /* Most window columns the stride-2 path takes, and their pairs. */
 #define CONV_S2_COLS 8
 #define CONV_S2_PAIRS (CONV_S2_COLS / 2)
+/* The even and the odd floats of two vectors a, b within each 128-bit lane (vshufps, where
+ * the in-order two-source permute costs several times as much): position 4 l + q holds the
+ * pair's even (odd) float 2 l + q for q < 2, 8 + 2 l + q - 2 else; every tap's sums carry
+ * that order, put right once per output vector (CONV_S2_ORDER). */
+#define CONV_S2_EVENS 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30
+#define CONV_S2_ODDS 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31
+#define CONV_S2_ORDER 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15
 
 typedef struct {
     const float *x, *wk, *bias;
@@ -579,8 +587,8 @@ FL_INLINE void conv_s2_row(const float *row, int64_t k0, int64_t pl, int64_t kw,
             fl_vf a = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][0], s) : fl_load(s);
             fl_vf b = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][1], s + FL_VW)
                          : fl_load(s + FL_VW);
-            even[u] += FL_SHUF(a, b, POOL_EVENS) * we;
-            if (j + 1 < kw) odd[u] += FL_SHUF(a, b, POOL_ODDS) * wo;
+            even[u] += FL_SHUF(a, b, CONV_S2_EVENS) * we;
+            if (j + 1 < kw) odd[u] += FL_SHUF(a, b, CONV_S2_ODDS) * wo;
         }
     }
 }
@@ -602,6 +610,7 @@ FL_INLINE void conv_s2_vecs(const conv_s2_ctx *p, const float *xp, int64_t ih0, 
     }
     _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         fl_vf r = even[u] + odd[u];
+        r = FL_SHUF(r, r, CONV_S2_ORDER);
         pool_st(out + k0 + u * FL_VW, p->code == FL_LINEAR ? r : rows_vact(r, p->code, p->alpha),
                 u == nv - 1 ? last : FL_VW);
     }
