@@ -10,7 +10,7 @@ import numpy as np
 from ..backends.derived import derived
 from ..backends.reference import fold_batch_norm
 from .layout import nchw_planes
-from .ops.conv import conv_transpose_form, conv_transpose_hwio, oi_of_hwio
+from .ops.conv import conv_transpose_form, conv_transpose_hwio, oi_of_hwio, planes_pointwise
 from .plan_movement import lower_alias
 from .plan_values import NotLowered, Value, arena_view, channels_last, layout_of, memory_of, transposed
 from .windows import window
@@ -68,15 +68,8 @@ def lower_conv(low, node, ins, traced_ins, traced_outs, attrs):
     n, c = x.shape[0], x.shape[1]
     hw = (1, x.shape[2]) if one_d else tuple(x.shape[2:])
     activation, alpha = node_attrs.get("activation", "linear"), float(node_attrs.get("alpha", 0.0))
-    if (
-        x.perm is None
-        and residual is None
-        and post is None
-        and kh == kw == 1
-        and group == 1
-        and max(strides) == 1
-        and not any(map(any, pads))
-    ):  # NCHW planes into NCHW planes, where the Python plan runs it so (``conv1x1_nchw_plan``)
+    if x.perm is None and planes_pointwise((kh, kw), group, strides, pads, residual, post):
+        # NCHW planes into NCHW planes, where the Python plan runs it so (``conv1x1_nchw_plan``)
         w_oi = (
             traced_ins[1].reshape(cout, c)
             if node_attrs.get("_w_hwio") is None

@@ -83,16 +83,18 @@ def pointwise_rows(w_oi):
     return derived_view(w_oi, "conv1x1-nchw-rows", rows)
 
 
-def pointwise_nchw_takes(x_shape, cout: int, code) -> bool:
+def pointwise_nchw_takes(x_shape, w_oi, code) -> bool:
     """Whether a 1x1 convolution (stride 1, unpadded, one group) of NCHW planes of ``x_shape``
-    (N, C, H, W) into ``cout`` channels with activation ``code`` runs on the planes
+    (N, C, H, W) with weights ``w_oi`` (C_out, C) and activation ``code`` runs on the planes
     (``conv1x1_nchw``): more channels than the direct NHWC-out kernel takes
     (``NCHW_DIRECT_MAX_CIN``), at least ``POINTWISE_NCHW_MIN_POSITIONS`` positions, an
     elementwise code. The Python plan (``conv1x1_nchw_plan``) and the native plan's step
     (``steps.conv1x1_nchw_step``) decide the same way."""
     n, c, h, w = x_shape
+    cout, cin = w_oi.shape
     return (
         n >= 1
+        and cin == c
         and c > NCHW_DIRECT_MAX_CIN
         and h * w >= POINTWISE_NCHW_MIN_POSITIONS
         and cout >= 1
@@ -361,7 +363,7 @@ class ConvOps(ReferenceOps):
     def conv1x1_nchw_plan(self, x_shape, w_oi, b, activation="linear", alpha=0.0):
         n, c, h, w = x_shape
         cout, code = w_oi.shape[0], CODES.get(activation)
-        if w_oi.shape[1] != c or not pointwise_nchw_takes(x_shape, cout, code):
+        if not pointwise_nchw_takes(x_shape, w_oi, code):
             return None
         rows, bias, out = pointwise_rows(w_oi), _bias(b), (n, cout, h, w)
         wk = rows[:, :c]

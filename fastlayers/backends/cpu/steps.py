@@ -110,7 +110,7 @@ def conv1x1_nchw_step(x_shape, w_oi, b, activation: str, alpha: float):
     ``nchw_out`` (its output NCHW planes), or None where that plan would not take it (the
     convolution then goes to ``conv2d_step``)."""
     code = _ELEMENTWISE.get(activation)
-    if w_oi.shape[1] != x_shape[1] or not pointwise_nchw_takes(x_shape, w_oi.shape[0], code):
+    if not pointwise_nchw_takes(x_shape, w_oi, code):
         return None
     geometry = dict(kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0, groups=1)
     return dict(pw=pointwise_rows(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)

@@ -141,14 +141,7 @@ def _conv(inputs, attrs, opset):
     # the residual Add in the kernel's epilogue: x (and, at each call, r) views of NHWC memory
     in_kernel = residual is not None and post is None and not one_d and channels_last_memory(x) is not None
     pointwise = None  # a 1x1 convolution of NCHW planes into NCHW planes, where the backend has one
-    if (
-        planes is not None
-        and residual is None
-        and post is None
-        and kh == kw == 1
-        and max(strides) == 1
-        and not any(map(any, pads))
-    ):
+    if planes is not None and planes_pointwise((kh, kw), group, strides, pads, residual, post):
         w_oi = w4[:, :, 0, 0] if w4 is not None else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
         bias, activation, alpha = args[1], args[6], args[7]
         pointwise = ops.conv1x1_nchw_plan(planes.shape, w_oi, bias, activation, alpha)
@@ -173,6 +166,21 @@ def _conv(inputs, attrs, opset):
             plans.clear()
         plans[key] = run
     return [run(x, *rest)]
+
+
+def planes_pointwise(window, group, strides, pads, residual, post) -> bool:
+    """Whether a convolution of NCHW planes may run on them into NCHW planes (the backend's
+    ``conv1x1_nchw_plan``, where it takes the shape): a 1x1 window, stride 1, no padding, one
+    group, no residual Add or scale and shift taken in. The native plan's lowering
+    (``plan_convolution.lower_conv``) asks the same."""
+    return (
+        tuple(window) == (1, 1)
+        and group == 1
+        and max(strides) == 1
+        and not any(map(any, pads))
+        and residual is None
+        and post is None
+    )
 
 
 def oi_of_hwio(w_hwio):
