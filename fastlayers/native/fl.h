@@ -113,6 +113,10 @@ FL_INLINE fl_nan fl_nan_none(void) { return 0; }
 FL_INLINE fl_nan fl_nan_add(fl_nan m, fl_vf v) {
     return (fl_nan)(m | _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_UNORD_Q));
 }
+/* fl_nan_add(fl_nan_add(m, a), b) in one comparison. */
+FL_INLINE fl_nan fl_nan_add2(fl_nan m, fl_vf a, fl_vf b) {
+    return (fl_nan)(m | _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_UNORD_Q));
+}
 FL_INLINE fl_vf fl_nan_apply(fl_nan m, fl_vf acc) {
     return (fl_vf)_mm512_mask_blend_ps(m, (__m512)acc, _mm512_set1_ps(__builtin_nanf("")));
 }
@@ -120,6 +124,7 @@ FL_INLINE fl_vf fl_nan_apply(fl_nan m, fl_vf acc) {
 typedef fl_vi fl_nan;
 FL_INLINE fl_nan fl_nan_none(void) { return (fl_vi){0}; }
 FL_INLINE fl_nan fl_nan_add(fl_nan m, fl_vf v) { return m | (v != v); }
+FL_INLINE fl_nan fl_nan_add2(fl_nan m, fl_vf a, fl_vf b) { return m | (a != a) | (b != b); }
 FL_INLINE fl_vf fl_nan_apply(fl_nan m, fl_vf acc) { return fl_select(m, fl_set1(__builtin_nanf("")), acc); }
 #endif
 /* The first n lanes (0 <= n <= FL_VW) of p, zeros in the others, and a store of v's first n

@@ -856,6 +856,62 @@ static void pool_plane_task(void *arg, int64_t u0, int64_t u1) {
     }
 }
 
+/* 2x2 windows at stride 2 that lie inside their planes (no padding; the common layer that
+ * halves an image) in one pass from the input rows, without the phase-split buffer: for FL_VW
+ * output columns, the two input rows' 2 FL_VW columns are reduced in pairs (vertical), then
+ * their even and odd columns (one shuffle each) against each other. Its memory traffic is the
+ * input read once and the output written once, where the buffered path's row copies and
+ * offset loads cost as much again. A NaN in a window gives NaN. */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t h, w, ho, wo;
+    int is_max;
+} pool_2x2_ctx;
+
+/* NaN in the lanes where a or b is NaN, else m. */
+FL_INLINE fl_vf pool_2x2_nan(fl_vf m, fl_vf a, fl_vf b) {
+    return fl_nan_apply(fl_nan_add2(fl_nan_none(), a, b), m);
+}
+
+/* out[0:nc] = max or mean of the 2x2 windows of output columns [k0, k0 + nc) of rows r0, r1. */
+FL_INLINE void pool_2x2_vec(const float *r0, const float *r1, int64_t k0, int64_t nc,
+                            int is_max, float *out) {
+    int64_t c0 = FL_MIN(2 * nc, FL_VW), c1 = 2 * nc - c0;
+    const float *s0 = r0 + 2 * k0, *s1 = r1 + 2 * k0;
+    fl_vf a0 = pool_ld(s0, c0), b0 = pool_ld(s1, c0);
+    fl_vf a1 = c1 > 0 ? pool_ld(s0 + FL_VW, c1) : a0, b1 = c1 > 0 ? pool_ld(s1 + FL_VW, c1) : b0;
+    fl_vf r;
+    if (is_max) {
+        fl_vf v0 = pool_2x2_nan(fl_vmax(a0, b0), a0, b0), v1 = pool_2x2_nan(fl_vmax(a1, b1), a1, b1);
+        fl_vf e = FL_SHUF(v0, v1, POOL_EVENS), o = FL_SHUF(v0, v1, POOL_ODDS);
+        r = pool_2x2_nan(fl_vmax(e, o), e, o);
+    } else {
+        fl_vf v0 = a0 + b0, v1 = a1 + b1;
+        r = (FL_SHUF(v0, v1, POOL_EVENS) + FL_SHUF(v0, v1, POOL_ODDS)) * fl_set1(0.25f);
+    }
+    pool_st(out + k0, r, nc);
+}
+
+/* Output rows t = plane Ho + oh in [t0, t1) of the 2x2 stride-2 path. */
+static void pool_2x2_task(void *arg, int64_t t0, int64_t t1) {
+    const pool_2x2_ctx *p = (const pool_2x2_ctx *)arg;
+    int64_t wo = p->wo, w = p->w;
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t plane = t / p->ho, oh = t % p->ho;
+        const float *r0 = p->x + (plane * p->h + 2 * oh) * w, *r1 = r0 + w;
+        float *out = p->y + t * wo;
+        int64_t k0 = 0;
+        if (p->is_max) {
+            for (; k0 + FL_VW <= wo; k0 += FL_VW) pool_2x2_vec(r0, r1, k0, FL_VW, 1, out);
+            if (k0 < wo) pool_2x2_vec(r0, r1, k0, wo - k0, 1, out);
+        } else {
+            for (; k0 + FL_VW <= wo; k0 += FL_VW) pool_2x2_vec(r0, r1, k0, FL_VW, 0, out);
+            if (k0 < wo) pool_2x2_vec(r0, r1, k0, wo - k0, 0, out);
+        }
+    }
+}
+
 /* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
 int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -863,6 +919,12 @@ int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *
                        int count_include_pad, int64_t ho, int64_t wo, float *y) {
     if (n <= 0 || c <= 0 || ho <= 0 || wo <= 0) return 0;
     if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0) return -2;
+    if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt == 0 && pl == 0 &&
+        2 * ho <= h && 2 * wo <= w) {
+        pool_2x2_ctx p = {x, y, h, w, ho, wo, is_max};
+        fl_parallel(n * c * ho, FL_MAX(1, POOL_MIN_SHARE / (4 * wo)), pool_2x2_task, &p);
+        return 0;
+    }
     pool_plane_plan q = pool_plane_plan_of(n * c, kh, kw, sh, sw, dh, dw, ho, wo);
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
     float *cols = is_max ? 0 : (float *)malloc((size_t)(wo + FL_VW) * sizeof(float));

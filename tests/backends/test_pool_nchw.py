@@ -4,7 +4,9 @@ ReferenceOps on every ISA path: odd planes, widths around the vector width, 1x1 
 strides 1-3, pads, ceil-mode outputs, dilations, windows over 64 taps, NaN, the activation
 epilogue and a channel multiplier; at stride 1 with outputs as wide as the input and rows of at
 most 32 columns, whole planes as flat arrays (rows fewer than the input's, taps reaching beyond
-the row, planes over the bound)."""
+the row, planes over the bound); 2x2 windows at stride 2 inside the plane in one pass (odd
+sizes, one window, a NaN at each place of a window), and those with partial windows or
+padding on the buffered path."""
 
 from __future__ import annotations
 
@@ -46,6 +48,11 @@ CASES = [
     ((1, 3, 10, 17), (5, 3), (1, 1), (1, 1), ((0, 1), (1, 1)), False),  # flat planes: fewer rows out
     ((2, 2, 5, 3), (3, 5), (1, 1), (2, 9), ((2, 2), (18, 18)), False),  # taps reaching 18 columns out
     ((1, 2, 600, 30), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # a plane over the flat bound
+    ((2, 3, 8, 32), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), False),  # 2x2/2 inside: 16 columns out
+    ((1, 2, 9, 75), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), False),  # odd sizes: last row, column unread
+    ((1, 3, 2, 2), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), False),  # one window
+    ((1, 2, 5, 7), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), True),  # ceil mode: partial windows
+    ((1, 2, 6, 8), (2, 2), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # padded 2x2/2
 ]
 # the depthwise kernel's: the first six, those of whole planes as flat arrays (stride 1,
 # outputs as wide as the input), and more at stride 2
@@ -98,6 +105,11 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     got = CPU.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71))
     assert_close(got, REF.pool2d_nchw(wide, "max", (3, 3), (1, 1), ((1, 1), (1, 1)), (7, 71)))
     assert np.isnan(got).sum() == 3 * 9
+    halve = rng.standard_normal((2, 3, 10, 70)).astype(np.float32)  # 2x2/2: NaN at each window place
+    halve[0, 0, 0, 0] = halve[0, 1, 1, 3] = halve[1, 2, 2, 68] = halve[1, 0, 9, 69] = np.nan
+    got = CPU.pool2d_nchw(halve, "max", (2, 2), (2, 2), ((0, 0), (0, 0)), (5, 35))
+    assert_close(got, REF.pool2d_nchw(halve, "max", (2, 2), (2, 2), ((0, 0), (0, 0)), (5, 35)))
+    assert np.isnan(got).sum() == 4 and np.isnan(got[[0, 0, 1, 1], [0, 1, 2, 0], [0, 0, 1, 4], [0, 1, 34, 34]]).all()
 
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", DEPTHWISE)
