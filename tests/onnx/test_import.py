@@ -857,16 +857,19 @@ def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, 
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("through_transpose", [False, True])
-def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through_transpose, rng):
+@pytest.mark.parametrize("direction", ["bidirectional", "reverse"])
+def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through_transpose, direction, rng):
     """Gather(table, ids) -> [Transpose, whose shape is read too] -> RNN/GRU/LSTM with initial
-    states, both directions, negative ids: the folded node equals the same graph with the table as an input (unfolded)
-    and onnxruntime; ids out of range fail as the Gather would."""
+    states, both directions or one (whose loop is bound at the first call and run with each
+    call's ids and states after), negative ids: the folded node equals the same graph with the
+    table as an input (unfolded) and onnxruntime, call after call; ids out of range fail as the
+    Gather would."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     from fastlayers.io.onnx import from_proto
 
-    V, E, H, B, T, nd = 20, 5, 4, 3, 6, 2
+    V, E, H, B, T, nd = 20, 5, 4, 3, 6, 2 if direction == "bidirectional" else 1
     ids_time_major = (layout == 0) != through_transpose
     ids_shape = [T, B] if ids_time_major else [B, T]
     table = rng.standard_normal((V, E)).astype(np.float32)
@@ -892,7 +895,7 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
             ["x" if through_transpose else "emb", "W", "R", "Bias", "", *states],
             ["y", "yh"],
             hidden_size=H,
-            direction="bidirectional",
+            direction=direction,
             layout=layout,
         )
     )
@@ -911,11 +914,12 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
     assert f"Embedding{kind}" in folded.op_types and "Transpose" not in folded.op_types
     assert not [n for n in folded._nodes if n.op_type == "Gather" and n.inputs[0] == "table"]
     assert kind in plain.op_types
-    ids = rng.integers(-V, V, ids_shape)
-    got, want = folded(ids), plain(ids, table)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for _ in range(3):  # the first call binds the one-direction loop, the others run it
+        ids = rng.integers(-V, V, ids_shape)
+        got, want = folded(ids), plain(ids, table)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert_close(g, w, rtol=1e-5, atol=1e-5)
     if layout == 0:  # onnxruntime runs no batch-major (layout 1) recurrence
         ort = oracle("onnxruntime")
         session = ort.InferenceSession(

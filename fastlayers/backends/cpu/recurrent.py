@@ -518,9 +518,11 @@ def _recurrent_floats(cell, args, kw):
     return args[1].size + (0 if w_hp is None else w_hp.size)
 
 
-def _bindable(x_bti, kw):
-    """Whether a call on float inputs laid out as ``x_bti`` with keywords ``kw`` binds."""
-    return x_bti.ndim == 3 and kw.get("mask_bt") is None and kw.get("y0") is None
+def _bindable(x_bti, kw, ids=False):
+    """Whether a call on float inputs laid out as ``x_bti`` (or, with ``ids``, also on integer
+    ids (B, T) of a table's rows) with keywords ``kw`` binds."""
+    shaped = x_bti.ndim == 3 or (ids and x_bti.ndim == 2 and x_bti.dtype.kind in "iu")
+    return shaped and kw.get("mask_bt") is None and kw.get("y0") is None
 
 
 def _filler(loop, x_bti):
@@ -532,6 +534,8 @@ def _filler(loop, x_bti):
     h_init, c_init, y_init, last_init = held.h, held.c, held.y, held.last
     y_shape = None if y_init is None else y_init.shape
     float_c = x_bti.dtype == np.float32 and x_bti.flags.c_contiguous
+    if x_bti.ndim == 2:  # ids: the call's ids take the place of the traced ones, x stays None
+        middle = middle[1:]
 
     def fill(x, states=None):
         if states is None:
@@ -542,9 +546,10 @@ def _filler(loop, x_bti):
         last = last_init.copy()
         y = None if y_shape is None else np.empty(y_shape, np.float32)
         out = last if y is None else y
-        return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), (
-            (out, h) if c is None else (out, h, c)
-        )
+        result = (out, h) if c is None else (out, h, c)
+        if x.ndim == 2:
+            return (*head, None, np.ascontiguousarray(x, np.int64), *middle, None, h, c, y, last, *tail), result
+        return (*head, x if float_c else _c32(x), *middle, None, h, c, y, last, *tail), result
 
     return fill
 
@@ -572,9 +577,11 @@ def sequence_plan(cell, x_bti, args, kw):
     arguments that depend on the layout and the weights alone (packed weights, shares,
     activation codes) made once per thread count (``_per_thread_count``), the states and
     outputs made anew each call (from the bound initial states, or from ``states``, the call's
-    (h0,) or (h0, c0) of the same shapes). None where the native loop does not cover the call,
-    for integer ids, a mask or a carried output ``y0``."""
-    if not _bindable(x_bti, kw):
+    (h0,) or (h0, c0) of the same shapes). Integer ids (B, T) of the rows of the folded table
+    that ``args`` hold bind too (the caller checks them against the table: the loop reads
+    those rows unchecked). None where the native loop does not cover the call, for a mask or a
+    carried output ``y0``."""
+    if not _bindable(x_bti, kw, ids=True):
         return None
     loop = _LOOPS[cell](x_bti, *args, **kw)
     if loop is None:

@@ -331,13 +331,14 @@ def _bound_key(kind, inputs, ops):
     )
 
 
-def _bind_recurrent(kind, inputs, attrs, ops):
+def _bind_recurrent(kind, inputs, attrs, ops, table=None):
     """A function ``inputs -> outputs`` for calls like this one (``_bound_key``): the backend's
     sequence plans (``ops.sequence_plan``, ``sequences_plan`` for two directions), bound once
-    on the weights, run with each call's input and initial states. None where the compiled
-    loops do not cover the node."""
-    planned = recurrent_calls(kind, inputs, attrs)
-    if planned is None:
+    on the weights, run with each call's input and initial states. With an embedding
+    ``table``, inputs[0] holds checked ids (batch, time) and one direction binds. None where
+    the compiled loops do not cover the node."""
+    planned = recurrent_calls(kind, inputs, attrs, table)
+    if planned is None or (table is not None and len(planned[0]) != 1):
         return None
     calls, x_bti, _ = planned
     bound = [(cell, args[1:], kw) for cell, args, kw in calls]
@@ -349,12 +350,15 @@ def _bind_recurrent(kind, inputs, attrs, ops):
         run_all = ops.sequences_plan(x_bti, bound)
     layout, n_dir = attrs.get("layout", 0), len(calls)
     gates = 2 if kind == "LSTM" else 1
-    if n_dir == 1 and not attrs.get("_y_read", True):
+    if n_dir == 1 and table is None and not attrs.get("_y_read", True):
         return _one_direction_states_only(kind, plan, layout, gates)
 
     def run(inputs):
         x = inputs[0]
-        x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
+        if table is not None:
+            x_bti = x
+        else:
+            x_bti = np.ascontiguousarray(x if layout else np.swapaxes(x, 0, 1), dtype=np.float32)
         given = [
             inputs[i] if len(inputs) > i and inputs[i] is not None and inputs[i].size else None for i in (5, 6)[:gates]
         ]
@@ -436,6 +440,20 @@ def _embedding_recurrent_op(kind):
                     f"Gather index out of bounds for a table of {vocab} rows (indices in [{ids.min()}, {ids.max()}])"
                 )
             ids_bt = (ids.T if time_major else ids).astype(np.int64) % vocab
+            cache = attrs.get("_bound")  # per plan (OnnxModel): bound calls by key and table
+            key = None if cache is None else _bound_key(kind, [ids_bt, *rest], get_ops())
+            if key is not None:
+                key = (*key, id(table))
+                hit = cache.get(key)
+                if hit is None:
+                    bound = _bind_recurrent(kind, [ids_bt, *rest], attrs, get_ops(), table)
+                    if bound is not None:
+                        if len(cache) >= _MAX_BOUND_RECURRENT:
+                            cache.clear()
+                        # held with the arrays whose ids the key holds (as _recurrent_op's)
+                        hit = cache[key] = (bound, (table, *(rest[i] for i in (0, 1, 2, 6) if len(rest) > i)))
+                if hit is not None:
+                    return hit[0]([ids_bt, *rest])
             fast = recurrent_fast(kind, [ids_bt, *rest], attrs, table)
             if fast is not None:
                 return fast
@@ -511,4 +529,4 @@ for _kind, (_inputs, _outputs, _attrs) in _SCHEMAS.items():
         check=_recurrent_check,
         caches=("_bound",),
     )
-    FAMILY.add(f"Embedding{_kind}", _embedding_recurrent_op(_kind), internal=True)
+    FAMILY.add(f"Embedding{_kind}", _embedding_recurrent_op(_kind), internal=True, caches=("_bound",))
