@@ -185,6 +185,23 @@ def test_default_shares(two_threads, loops, monkeypatch, rng):
     assert call_threads == [0, 0, 1, 0]  # 1: the calling thread alone
 
 
+def test_serial_calls(monkeypatch):
+    """Under MIN_CALL_MADDS a call stays on the calling thread where its recurrent weights stay
+    in one core's L2 (OWN_THREAD_L2_SHARE of it) or it runs one step (a stream's); beyond, its
+    steps are shared, each thread's share then held in its L2 (GRU 256 units, 10 steps,
+    batch 1: 1.97M multiply-adds, 768 KiB of weights)."""
+    monkeypatch.setattr(R, "l2_cache_bytes", lambda: 1 << 20)
+    gru256 = 256 * 3 * 256
+    assert 10 * gru256 < 2 * R.MIN_CALL_MADDS
+    assert not R._serial(1, 10, gru256)
+    assert not R._serial(1, 2, gru256)
+    assert R._serial(1, 1, gru256)  # one step
+    assert R._serial(1, 10, 128 * 4 * 128)  # 256 KiB: within half the L2
+    assert not R._serial(1, 40, 128 * 4 * 128)  # over MIN_CALL_MADDS twice
+    monkeypatch.setattr(R, "l2_cache_bytes", lambda: 2 << 20)
+    assert R._serial(1, 10, gru256)  # within half a 2 MiB L2
+
+
 @pytest.mark.parametrize(
     "batch,threads,parts", [(8, 2, 2), (12, 3, 3), (12, 2, 2), (9, 2, 2), (8, 4, 2), (6, 2, 1), (4, 2, 1)]
 )

@@ -114,8 +114,13 @@ def _shares(batch, t_len, k, units, gate_blocks, weight_floats):
 
 def _serial(batch, t_len, weight_floats):
     """Whether a loop over ``t_len`` steps of ``batch`` rows with ``weight_floats`` recurrent
-    weights has too little work for a second thread (``MIN_CALL_MADDS``)."""
-    return t_len * batch * weight_floats < 2 * MIN_CALL_MADDS
+    weights has too little work for a second thread (``MIN_CALL_MADDS``): a one-step call
+    (a stream's) under it, or one of several steps whose weights stay in one core's L2 cache
+    from step to step (``OWN_THREAD_L2_SHARE`` of it). Larger weights, read from L3 at every
+    step by one thread, are split under it too: each thread's share then stays in its L2."""
+    if t_len * batch * weight_floats >= 2 * MIN_CALL_MADDS:
+        return False
+    return t_len < 2 or weight_floats * 4 <= OWN_THREAD_L2_SHARE * l2_cache_bytes()
 
 
 def _loop_call(loop_args, serial):
