@@ -912,6 +912,77 @@ static void pool_2x2_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
+/* 3x3 max windows at stride 2 with at most one row and one column of padding before the
+ * plane (ResNet's stem pool), in one pass from the input rows: for FL_VW output columns, the
+ * maximum over the window's rows of the 2 FL_VW input columns from column 2 k0 (the lanes
+ * past the row -inf), split into even and odd columns e, o (one shuffle each); output k then
+ * takes e[k], o[k] and its third column, o[k - 1] with a column of padding (the previous
+ * block's odd columns moved in by one lane) or e[k + 1] without (the next block's even
+ * ones). A NaN in a window gives NaN. */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t h, w, ho, wo, pt, pl;
+} pool_3x3_ctx;
+
+/* The maximum over rows r[0:nr] (1 to 3) of columns [c0, c0 + FL_VW), NaN where one is NaN,
+ * -inf past the row's w columns. */
+FL_INLINE fl_vf pool_3x3_rows(const float *const *r, int nr, int64_t c0, int64_t w) {
+    fl_vf ninf = fl_set1(-__builtin_inff());
+    int64_t rest = w - c0;
+    if (rest <= 0) return ninf;
+    fl_vf v[3] = {ninf, ninf, ninf};
+    for (int i = 0; i < nr; ++i)
+        v[i] = rest >= FL_VW ? fl_load(r[i] + c0)
+                             : fl_select(fl_load(pool_lanes) < (float)rest, fl_load_n(r[i] + c0, rest), ninf);
+    if (nr == 1) return v[0];
+    fl_nan nan = fl_nan_add2(fl_nan_none(), v[0], v[1]);
+    fl_vf m = fl_vmax(v[0], v[1]);
+    if (nr == 3) {
+        nan = fl_nan_add2(nan, v[2], v[2]);
+        m = fl_vmax(m, v[2]);
+    }
+    return fl_nan_apply(nan, m);
+}
+
+/* max(a, b, c), NaN where one is NaN. */
+FL_INLINE fl_vf pool_3x3_max3(fl_vf a, fl_vf b, fl_vf c) {
+    fl_nan nan = fl_nan_add2(fl_nan_add2(fl_nan_none(), a, b), c, c);
+    return fl_nan_apply(nan, fl_vmax(fl_vmax(a, b), c));
+}
+
+/* Output rows t = plane Ho + oh in [t0, t1) of the 3x3 stride-2 max path. */
+static void pool_3x3_task(void *arg, int64_t t0, int64_t t1) {
+    const pool_3x3_ctx *p = (const pool_3x3_ctx *)arg;
+    int64_t w = p->w, wo = p->wo;
+    fl_vf ninf = fl_set1(-__builtin_inff());
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t plane = t / p->ho, oh = t % p->ho;
+        const float *r[3];
+        int nr = 0;
+        for (int64_t ih = 2 * oh - p->pt; ih < 2 * oh - p->pt + 3; ++ih)
+            if (ih >= 0 && ih < p->h) r[nr++] = p->x + (plane * p->h + ih) * w;
+        float *out = p->y + t * wo;
+        fl_vf a = pool_3x3_rows(r, nr, 0, w), b = pool_3x3_rows(r, nr, FL_VW, w);
+        fl_vf e = FL_SHUF(a, b, POOL_EVENS), o = FL_SHUF(a, b, POOL_ODDS), o_prev = ninf;
+        for (int64_t k0 = 0; k0 < wo; k0 += FL_VW) {
+            fl_vf third, e_next = ninf, o_next = ninf;
+            if (p->pl == 0 || k0 + FL_VW < wo) {
+                a = pool_3x3_rows(r, nr, 2 * (k0 + FL_VW), w);
+                b = pool_3x3_rows(r, nr, 2 * (k0 + FL_VW) + FL_VW, w);
+                e_next = FL_SHUF(a, b, POOL_EVENS);
+                o_next = FL_SHUF(a, b, POOL_ODDS);
+            }
+            if (p->pl) third = FL_SHUF(o_prev, o, POOL_PREV); /* o[k - 1] */
+            else third = FL_SHUF(e, e_next, POOL_NEXT);        /* e[k + 1] */
+            pool_st(out + k0, pool_3x3_max3(e, o, third), wo - k0);
+            o_prev = o;
+            e = e_next;
+            o = o_next;
+        }
+    }
+}
+
 /* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
 int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -919,6 +990,12 @@ int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *
                        int count_include_pad, int64_t ho, int64_t wo, float *y) {
     if (n <= 0 || c <= 0 || ho <= 0 || wo <= 0) return 0;
     if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0) return -2;
+    if (is_max && kh == 3 && kw == 3 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt <= 1 &&
+        pl <= 1 && 2 * (ho - 1) - pt < h && 2 * (wo - 1) - pl < w) {
+        pool_3x3_ctx p = {x, y, h, w, ho, wo, pt, pl};
+        fl_parallel(n * c * ho, FL_MAX(1, POOL_MIN_SHARE / (9 * wo)), pool_3x3_task, &p);
+        return 0;
+    }
     if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt == 0 && pl == 0 &&
         2 * ho <= h && 2 * wo <= w) {
         pool_2x2_ctx p = {x, y, h, w, ho, wo, is_max};

@@ -32,6 +32,17 @@ FL_INLINE void pool_st(float *p, fl_vf v, int64_t nc) {
 #define POOL_EVENS 0, 2, 4, 6
 #define POOL_ODDS 1, 3, 5, 7
 #endif
+/* Lanes of (a, b) one lane further on (b's first last) and one lane back (a's last first). */
+#if FL_VW == 16
+#define POOL_NEXT 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+#define POOL_PREV 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
+#elif FL_VW == 8
+#define POOL_NEXT 1, 2, 3, 4, 5, 6, 7, 8
+#define POOL_PREV 7, 8, 9, 10, 11, 12, 13, 14
+#else
+#define POOL_NEXT 1, 2, 3, 4
+#define POOL_PREV 3, 4, 5, 6
+#endif
 
 /* Taps i < k of a window starting at a, step d, that land in [lo, hi): i in [*first, *end). */
 FL_INLINE void pool_taps(int64_t a, int64_t d, int64_t k, int64_t lo, int64_t hi,

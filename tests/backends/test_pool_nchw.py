@@ -4,9 +4,10 @@ ReferenceOps on every ISA path: odd planes, widths around the vector width, 1x1 
 strides 1-3, pads, ceil-mode outputs, dilations, windows over 64 taps, NaN, the activation
 epilogue and a channel multiplier; at stride 1 with outputs as wide as the input and rows of at
 most 32 columns, whole planes as flat arrays (rows fewer than the input's, taps reaching beyond
-the row, planes over the bound); 2x2 windows at stride 2 inside the plane in one pass (odd
-sizes, one window, a NaN at each place of a window), and those with partial windows or
-padding on the buffered path."""
+the row, planes over the bound); 2x2 windows at stride 2 inside the plane and 3x3 max windows
+at stride 2 with at most one row and column of padding before, each in one pass (odd sizes,
+ceil mode, one window, NaN in a window), and the others of those sizes on the buffered
+path."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ CASES = [
     ((1, 3, 2, 2), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), False),  # one window
     ((1, 2, 5, 7), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), True),  # ceil mode: partial windows
     ((1, 2, 6, 8), (2, 2), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # padded 2x2/2
+    ((1, 2, 20, 65), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # 3x3/2 pad 1: 33 columns out
+    ((2, 2, 9, 32), (3, 3), (2, 2), (1, 1), ((0, 0), (0, 0)), False),  # 3x3/2 unpadded: e[k + 1]
+    ((1, 2, 10, 31), (3, 3), (2, 2), (1, 1), ((1, 0), (1, 0)), True),  # ceil mode, pad before only
+    ((1, 2, 7, 6), (3, 3), (2, 2), (1, 1), ((0, 1), (1, 1)), True),  # pad left, none on top
+    ((1, 3, 3, 3), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # 2x2 outputs of a 3x3 plane
+    ((1, 2, 11, 11), (3, 3), (2, 2), (1, 1), ((2, 2), (2, 2)), False),  # two rows of pad: buffered
 ]
 # the depthwise kernel's: the first six, those of whole planes as flat arrays (stride 1,
 # outputs as wide as the input), and more at stride 2
@@ -110,6 +117,11 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     got = CPU.pool2d_nchw(halve, "max", (2, 2), (2, 2), ((0, 0), (0, 0)), (5, 35))
     assert_close(got, REF.pool2d_nchw(halve, "max", (2, 2), (2, 2), ((0, 0), (0, 0)), (5, 35)))
     assert np.isnan(got).sum() == 4 and np.isnan(got[[0, 0, 1, 1], [0, 1, 2, 0], [0, 0, 1, 4], [0, 1, 34, 34]]).all()
+    stem = rng.standard_normal((1, 2, 9, 40)).astype(np.float32)  # 3x3/2 pad 1: NaN in a row, a column
+    stem[0, 0, 0, 0] = stem[0, 1, 4, 39] = stem[0, 1, 8, 17] = np.nan
+    got = CPU.pool2d_nchw(stem, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (5, 20))
+    assert_close(got, REF.pool2d_nchw(stem, "max", (3, 3), (2, 2), ((1, 1), (1, 1)), (5, 20)))
+    assert np.isnan(got).sum() == 1 + 1 + 2  # an odd column (17) is in two windows, an even one in one
 
 
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", DEPTHWISE)
