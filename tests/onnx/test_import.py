@@ -858,17 +858,23 @@ def test_torch_recurrent_export_matches_onnxruntime(torch, tmp_path, rng, cell, 
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("through_transpose", [False, True])
 @pytest.mark.parametrize("direction", ["bidirectional", "reverse"])
-def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through_transpose, direction, rng):
+def test_embedding_gather_folds_into_recurrent_node(
+    kind, gates, layout, through_transpose, direction, rng, monkeypatch
+):
     """Gather(table, ids) -> [Transpose, whose shape is read too] -> RNN/GRU/LSTM with initial
     states, both directions or one (whose loop is bound at the first call and run with each
     call's ids and states after), negative ids: the folded node equals the same graph with the
     table as an input (unfolded) and onnxruntime, call after call; ids out of range fail as the
-    Gather would."""
+    Gather would; a shape's loop is bound (or found not to bind) once."""
     oracle("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     from fastlayers.io.onnx import from_proto
+    from fastlayers.onnx.ops import recurrent as onnx_recurrent
 
+    binds = []
+    bind = onnx_recurrent._bind_recurrent
+    monkeypatch.setattr(onnx_recurrent, "_bind_recurrent", lambda *a: binds.append(len(a)) or bind(*a))
     V, E, H, B, T, nd = 20, 5, 4, 3, 6, 2 if direction == "bidirectional" else 1
     ids_time_major = (layout == 0) != through_transpose
     ids_shape = [T, B] if ids_time_major else [B, T]
@@ -920,6 +926,7 @@ def test_embedding_gather_folds_into_recurrent_node(kind, gates, layout, through
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
             assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert binds.count(5) == 1  # the folded node's (with its table): once
     if layout == 0:  # onnxruntime runs no batch-major (layout 1) recurrence
         ort = oracle("onnxruntime")
         session = ort.InferenceSession(

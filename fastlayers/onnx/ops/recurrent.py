@@ -445,14 +445,13 @@ def _embedding_recurrent_op(kind):
             if key is not None:
                 key = (*key, id(table))
                 hit = cache.get(key)
-                if hit is None:
+                if hit is None:  # None bound where the loop does not bind (two directions)
                     bound = _bind_recurrent(kind, [ids_bt, *rest], attrs, get_ops(), table)
-                    if bound is not None:
-                        if len(cache) >= _MAX_BOUND_RECURRENT:
-                            cache.clear()
-                        # held with the arrays whose ids the key holds (as _recurrent_op's)
-                        hit = cache[key] = (bound, (table, *(rest[i] for i in (0, 1, 2, 6) if len(rest) > i)))
-                if hit is not None:
+                    if len(cache) >= _MAX_BOUND_RECURRENT:
+                        cache.clear()
+                    # held with the arrays whose ids the key holds (as _recurrent_op's)
+                    hit = cache[key] = (bound, (table, *(rest[i] for i in (0, 1, 2, 6) if len(rest) > i)))
+                if hit[0] is not None:
                     return hit[0]([ids_bt, *rest])
             fast = recurrent_fast(kind, [ids_bt, *rest], attrs, table)
             if fast is not None:
