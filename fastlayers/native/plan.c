@@ -351,8 +351,17 @@ int fl_batched_matmul_step(void *ctx) {
                            a->n);
 }
 
+/* Whether every id a loop reads names a row of its table (0 <= id < V); float loops pass. */
+static int rnn_ids_in_table(const fl_rnn_args *a) {
+    if (a->ids == NULL) return 1;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < a->batch * a->steps; ++i) bad |= (uint64_t)a->ids[i] >= (uint64_t)a->table_rows;
+    return !bad;
+}
+
 int fl_rnn_step(void *ctx) {
     const fl_rnn_step_args *a = ctx;
+    if (!rnn_ids_in_table(&a->a)) return FL_PLAN_BAD_INDEX;
     if (!a->serial) return fl_rnn_loop(&a->a);
     int previous = fl_pool_set_call_threads(1);
     int st = fl_rnn_loop(&a->a);
@@ -362,6 +371,8 @@ int fl_rnn_step(void *ctx) {
 
 int fl_rnn_loops_step(void *ctx) {
     const fl_rnn_loops_step_args *a = ctx;
+    for (int64_t i = 0; i < a->n; ++i)
+        if (!rnn_ids_in_table(&a->a[i])) return FL_PLAN_BAD_INDEX;
     return fl_rnn_loops(a->a, a->n);
 }
 

@@ -33,9 +33,11 @@
  *   of 0 sharing an operand across the batch.
  * dense_step(a): y (m, n) = f(x (m, k) @ w + bias), gemm.h's matmul on the packed weights pw,
  *   or on w (k, n) read in place (rows ldw apart) where pw is NULL.
- * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`.
+ * rnn_step(a): recurrent.h's rnn_loop, on the calling thread alone where `serial`; a loop
+ *   reading ids of its table's rows first checks them (FL_PLAN_BAD_INDEX where one is outside
+ *   [0, table_rows): the plan's ids arrive per call).
  * rnn_loops_step(a): recurrent.h's rnn_loops on the n loops (independent: a bidirectional
- *   layer's directions), one thread each.
+ *   layer's directions), one thread each; ids checked as rnn_step's.
  * activation_step(a): y = f(x) over `size` floats (rows.h's bias_act, code and alpha); where
  *   `row` > 0, over rows of `row` floats (the softmax codes normalize each).
  * add_act_step(a): out[k] = f(a[k] + b[k]) for k < n (rows.h's add_act; out may be a): a

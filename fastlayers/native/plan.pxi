@@ -774,22 +774,24 @@ cdef class NativePlan:
 
     def add_rnn(self, tuple call, bint serial):
         """recurrent.h's rnn_loop on ``call`` (``rnn_loop``'s arguments: its states and
-        outputs views of the arena), on the calling thread alone where ``serial``."""
+        outputs views of the arena, its ids too where it reads a table's rows), on the calling
+        thread alone where ``serial``. Ids are read when the step runs: one outside the table
+        fails the step with ``BAD_INDEX`` before the loop starts."""
         cdef fl_rnn_step_args *a = <fl_rnn_step_args *>self._push(fl_rnn_step, sizeof(fl_rnn_step_args), call)
-        _rnn_args(&a.a, call)
+        _rnn_args(&a.a, call, True)
         a.serial = serial
 
     def add_rnn_loops(self, list calls):
         """recurrent.h's rnn_loops on ``calls`` (each loop's ``rnn_loop`` arguments, their
         states and outputs views of the arena; independent loops, at most ``RNN_MAX_LOOPS``),
-        one thread each."""
+        one thread each; ids checked as ``add_rnn`` checks them."""
         cdef int64_t n = len(calls), i
         if n < 1 or n > FL_RNN_MAX_LOOPS:
             raise ValueError(f"native plan rnn_loops: {n} loops, expected 1 to {FL_RNN_MAX_LOOPS}")
         cdef fl_rnn_loops_step_args args
         memset(&args, 0, sizeof(args))
         for i in range(n):  # every loop checked before the step is added
-            _rnn_args(&args.a[i], calls[i])
+            _rnn_args(&args.a[i], calls[i], True)
         args.n = n
         cdef fl_rnn_loops_step_args *a = <fl_rnn_loops_step_args *>self._push(
             fl_rnn_loops_step, sizeof(fl_rnn_loops_step_args), tuple(calls))

@@ -40,6 +40,7 @@ typedef struct fl_rnn_args {
     const float *x;                  /* (B, T, I) C-contiguous, or NULL with ids */
     const int64_t *ids;              /* (B, T), or NULL */
     const float *table;              /* (V, G) with ids: rows of the projection, bias included */
+    int64_t table_rows;              /* V with ids, else 0 */
     const float *pw_ig, *b_g;        /* input weights packed per share; bias (G,) or NULL */
     const float *pw_hg, *pw_hn, *pw_hp;           /* recurrent weights packed per share */
     const float *b_hg;               /* GRU reset after: recurrent bias (G,) or NULL */

@@ -9,6 +9,7 @@ cdef extern from "recurrent.h":
         const float *x
         const int64_t *ids
         const float *table
+        int64_t table_rows
         const float *pw_ig
         const float *b_g
         const float *pw_hg
@@ -118,8 +119,10 @@ cdef void _rnn_status(int st) except *:
     check(st, "rnn_loop")
 
 
-cdef void _rnn_args(fl_rnn_args *a, tuple call) except *:
-    """``a`` from ``rnn_loop``'s arguments, checked."""
+cdef void _rnn_args(fl_rnn_args *a, tuple call, bint ids_per_call=False) except *:
+    """``a`` from ``rnn_loop``'s arguments, checked; with ``ids_per_call`` the ids array is a
+    buffer a native plan fills before each run of the loop (its values are checked then, by the
+    plan's rnn steps), else its ids are checked now."""
     cdef int kind, act, ract
     cdef int64_t row_parts
     cdef bint reverse, zero_masked, reset_after
@@ -141,6 +144,7 @@ cdef void _rnn_args(fl_rnn_args *a, tuple call) except *:
     a.units = a.ubounds[parts]
     g = blocks * a.units
     a.x = a.ids = a.table = a.pw_ig = NULL
+    a.table_rows = 0
     if x is not None:
         _arr(x, cnp.NPY_FLOAT32, 3, "x")
         if x.shape[0] != a.batch:
@@ -158,8 +162,9 @@ cdef void _rnn_args(fl_rnn_args *a, tuple call) except *:
         a.ids = ip = <const int64_t *>cnp.PyArray_DATA(ids)
         a.table = <const float *>cnp.PyArray_DATA(table)
         nrows, bad = table.shape[0], -1
+        a.table_rows = nrows
         with nogil:
-            for b in range(a.batch * a.steps):
+            for b in range(0 if ids_per_call else a.batch * a.steps):
                 if ip[b] < 0 or ip[b] >= nrows:
                     bad = b
                     break

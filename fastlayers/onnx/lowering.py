@@ -116,6 +116,12 @@ VERIFY_RTOL = 1e-4
 #: inputs in, the outputs out, a Python node's results into the arena; 26-36 bytes per ns
 #: measured) and gathers (layout moves, states; 2-7 bytes per ns), docs/design.md.
 STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0, 2000.0
+#: What a node of these operators lowered natively saves beyond ``STEP_US``: the Python
+#: around a bound recurrent loop (its states copied, its outputs made and viewed per
+#: direction), 13-20 us measured per node where its native loop took 5-8 (docs/design.md).
+EXTRA_STEP_US = dict.fromkeys(
+    ("LSTM", "GRU", "RNN", "EmbeddingLSTM", "EmbeddingGRU", "EmbeddingRNN", "FusedLSTMCell"), 10.0
+)
 #: What each byte of a native step's result saves besides: the Python plan writes each
 #: node's result into memory its allocator hands back cold in cache, where the plan's arena
 #: reuses buffers while they are warm (30-90 us per MB of results measured, docs/design.md).
@@ -125,6 +131,11 @@ RESULT_BYTES_PER_US = 33000.0
 #: measured where the steps took 3.4: a two-layer MLP of 8 rows, whose Python plan is one
 #: native call, ran 43 -> 54 us as a plan).
 PLAN_US = 15.0
+
+
+def _keyed_values(a) -> bool:
+    """Whether the input array ``a``'s values are part of a plan's key (``KEY_VALUES_MAX``)."""
+    return a.dtype.kind != "f" and a.size <= KEY_VALUES_MAX
 
 
 class DoesNotPay(Exception):
@@ -173,6 +184,7 @@ LOWERINGS = {
     "FusedLSTMCell": lower_fused_lstm_cell,
     "GRU": recurrent("GRU"),
     "RNN": recurrent("RNN"),
+    **{f"Embedding{kind}": recurrent(kind, embedding=True) for kind in ("LSTM", "GRU", "RNN")},
     **{name: activation(*act) for name, act in ACTIVATIONS.items()},
     "Gelu": lower_gelu,
     "FusedAdd": lower_fused_add,
@@ -322,6 +334,7 @@ def _walk(low, model, inputs):
                 if any(name and t is not None and not isinstance(v, Value) for name, t, v in zip(outs, t_outs, l_outs)):
                     raise NotLowered
                 low.native.append(node.op_type)
+                low.saved_us += EXTRA_STEP_US.get(node.op_type, 0.0)
                 if len(low.emits) > marks[0]:  # steps of its own (not a view of its input)
                     low.results += sum(t.nbytes for t in t_outs if t is not None)
             except NotLowered:  # what the lowering began is dropped
@@ -331,7 +344,7 @@ def _walk(low, model, inputs):
             results = list(zip(t_outs, l_outs))
             # stop tracing once the copies so far outweigh all the plan could still save
             runs, python_runs = len(low.native) + low.repeated[0], len(low.fallbacks) + low.repeated[1]
-            if not pays(runs + low.left, python_runs, low.moved, low.gathered, low.results):
+            if not pays(runs + low.left, python_runs, low.moved, low.gathered, low.results, low.saved_us):
                 raise DoesNotPay
         for name, (t, v) in zip(outs, results):
             if name:
@@ -368,12 +381,13 @@ def _place(buffers, end):
     return top
 
 
-def pays(native: int, fallbacks: int, moved: int, gathered: int = 0, results: int = 0) -> bool:
+def pays(native: int, fallbacks: int, moved: int, gathered: int = 0, results: int = 0, extra_us: float = 0.0) -> bool:
     """Whether a plan of ``native`` nodes lowered natively (their steps writing ``results``
-    bytes), ``fallbacks`` run in Python, ``moved`` bytes copied and ``gathered`` bytes gathered
-    that the Python plan does not move saves more than it costs."""
+    bytes; ``extra_us`` what some of them save beyond ``STEP_US``, ``EXTRA_STEP_US``),
+    ``fallbacks`` run in Python, ``moved`` bytes copied and ``gathered`` bytes gathered that the
+    Python plan does not move saves more than it costs."""
     cost = PLAN_US + FALLBACK_US * fallbacks + moved / COPY_BYTES_PER_US + gathered / GATHER_BYTES_PER_US
-    return STEP_US * native + results / RESULT_BYTES_PER_US > cost
+    return STEP_US * native + extra_us + results / RESULT_BYTES_PER_US > cost
 
 
 class Plan:
@@ -463,7 +477,7 @@ def _lower(model, arrays, ops):
     low = Lowering(model, ops)
     inputs = []
     for a in arrays:
-        if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX:
+        if not _keyed_values(a):
             inputs.append((a, low.new(a.shape, a.dtype)))
         else:
             inputs.append((a, None))
@@ -481,7 +495,7 @@ def _lower(model, arrays, ops):
     low.moved += 2 * sum(a.nbytes for (a, v), move in zip(inputs, movable) if v is not None and not move)
     low.moved += 2 * sum(np.asarray(t).nbytes for _, t, v in values if v is not None)
     runs, python_runs = len(low.native) + low.repeated[0], len(low.fallbacks) + low.repeated[1]
-    if not pays(runs, python_runs, low.moved, low.gathered, low.results):
+    if not pays(runs, python_runs, low.moved, low.gathered, low.results, low.saved_us):
         raise DoesNotPay
     end = low.step
     for b in low.buffers:
@@ -562,12 +576,7 @@ class NativePlans:
 
     def key(self, arrays, ops, threads):
         return (
-            tuple(
-                [
-                    (a.shape, a.dtype.char, None if a.dtype.kind == "f" or a.size > KEY_VALUES_MAX else a.tobytes())
-                    for a in arrays
-                ]
-            ),
+            tuple([(a.shape, a.dtype.char, a.tobytes() if _keyed_values(a) else None) for a in arrays]),
             ops.name,
             threads,
             derived_generation(),
@@ -626,8 +635,13 @@ class NativePlans:
         """The plan of ``key`` for calls like ``arrays``, kept; False where there is none."""
         try:
             plan = lower(self.model, arrays, ops) or False
-        except DoesNotPay:  # nor would it at other shapes, as a rule: no more traced calls
-            plan, self.off = False, True
+        except DoesNotPay:
+            plan = False
+            if not any(_keyed_values(a) for a in arrays):  # nor would it at other shapes, as a rule
+                self.off = True
+            else:  # what read the key's integer inputs was a constant; other keys read them as data
+                self._keep(key, plan)
+                return plan
         except Exception:  # noqa: BLE001 - a model the lowering does not cover runs in Python
             plan = False
         if plan is False and not self.off:

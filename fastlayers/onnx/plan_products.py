@@ -285,6 +285,30 @@ def reads_data(values) -> bool:
     return any(isinstance(v, Value) for v in values)
 
 
+def loop_input(arena, x_bti):
+    """A loop's input fields for the plan value ``x_bti``: float inputs (B, T, I) as ``x``, or
+    int64 ids (B, T) of its folded table's rows as ``ids`` (checked by ``table_rows``)."""
+    view = arena_view(arena, x_bti)
+    return {"x": view} if x_bti.dtype == np.float32 else {"x": None, "ids": view}
+
+
+def table_rows(low, ids, vocab, time_major) -> Value:
+    """The int64 (B, T) rows of a table of ``vocab`` rows that the plan value ``ids`` (int64 or
+    int32 (B, T), or (T, B) where ``time_major``) names, a negative id counted from the end: a
+    take step from the row numbers, which fails the call (``BAD_INDEX``, the Python plan then
+    raises the node's error) before the loop reads a row past the table."""
+    ids_bt = transposed(low, ids, (1, 0)) if time_major else ids
+    rows = low.new(ids_bt.shape, np.int64)
+    low.use(ids_bt)
+    numbers = np.arange(vocab, dtype=np.int64)
+
+    def bind(plan, arena):
+        plan.add_take(numbers, arena_view(arena, ids_bt).reshape(-1), arena_view(arena, rows).reshape(-1), 1, vocab, 1)
+
+    low.emit(bind)
+    return rows
+
+
 def emit_loop(low, loop, serial, x_bti, h, c):
     """Emits one direction's time loop (``loop``, ``plan_sequence_loop``'s, bound by
     ``add_rnn``) reading ``x_bti`` and carrying its states in the values ``h`` and ``c`` (None
@@ -296,7 +320,7 @@ def emit_loop(low, loop, serial, x_bti, h, c):
 
     def bind(plan, arena):
         call = loop._replace(
-            x=arena_view(arena, x_bti),
+            **loop_input(arena, x_bti),
             h=arena_view(arena, h),
             c=None if c is None else arena_view(arena, c),
             y=None if y is None else arena_view(arena, y),
@@ -308,19 +332,33 @@ def emit_loop(low, loop, serial, x_bti, h, c):
     return y
 
 
-def recurrent(kind):
+def recurrent(kind, embedding=False):
+    """The lowering of an ONNX ``kind`` (LSTM, GRU or RNN) node, or with ``embedding`` of its
+    ``Embedding<kind>`` form (inputs [table, ids, W, R, ...]: the ids checked and turned into
+    batch-major rows of the table folded into the input projection, ``table_rows``)."""
+
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         node_attrs = attrs["_attrs"]
+        table = None
+        if embedding:
+            if isinstance(ins[0], Value) or not isinstance(traced_ins[0], np.ndarray) or traced_ins[0].ndim != 2:
+                raise NotLowered
+            table, ins, traced_ins = traced_ins[0], ins[1:], traced_ins[1:]
         x = ins[0]
-        if (
-            not isinstance(x, Value)
-            or x.dtype != np.float32
-            or any(isinstance(v, Value) for v in ins[1:5] if v is not None)
-        ):
+        if not isinstance(x, Value) or any(isinstance(v, Value) for v in ins[1:5] if v is not None):
             raise NotLowered
-        planned = recurrent_calls(kind, traced_ins, node_attrs)
+        if x.dtype != np.float32 if table is None else x.dtype not in (np.int64, np.int32) or len(x.shape) != 2:
+            raise NotLowered
+        layout = node_attrs.get("layout", 0)
+        traced = list(traced_ins)
+        if table is not None:
+            time_major = node_attrs["_ids_time_major"]
+            ids = np.asarray(traced[0])
+            traced[0] = (ids.T if time_major else ids).astype(np.int64) % table.shape[0]
+        planned = recurrent_calls(kind, traced, node_attrs, table)
         if planned is not None and len(planned[0]) == 2:
-            return bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs)
+            x_bti = transposed(low, x, (1, 0, 2)) if table is None else table_rows(low, x, table.shape[0], time_major)
+            return bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs)
         if planned is None or len(planned[0]) != 1:
             raise NotLowered
         (cell, args, kw), x_bti_traced, _ = planned[0][0], planned[1], planned[2]
@@ -328,8 +366,10 @@ def recurrent(kind):
         if found is None:
             raise NotLowered
         loop, serial = found
-        layout = node_attrs.get("layout", 0)
-        x_bti = x if layout else transposed(low, x, (1, 0, 2))
+        if table is not None:
+            x_bti = table_rows(low, x, table.shape[0], time_major)
+        else:
+            x_bti = x if layout else transposed(low, x, (1, 0, 2))
         batch, steps = x_bti.shape[:2]
         h = state(low, ins, traced_ins, 5, loop.h.shape)
         c = None if loop.c is None else state(low, ins, traced_ins, 6, loop.c.shape)
@@ -384,8 +424,9 @@ def lower_fused_lstm_cell(low, node, ins, traced_ins, traced_outs, attrs):
     return [h, c][: len(traced_outs)]
 
 
-def bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs):
-    """A bidirectional LSTM / GRU / RNN (layout 0) as the backend runs its directions
+def bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs):
+    """A bidirectional LSTM / GRU / RNN (layout 0) reading the plan value ``x_bti`` (the input
+    batch-major, or the rows of its folded table) as the backend runs its directions
     (``plan_sequence_loops``): at once, one thread each (one ``rnn_loops`` step), or one after
     the other. Both directions' states are halves of one (2, B, H) buffer, the node's Y_h (and
     Y_c) as they are; their sequences halves of one (2, B, T, H) buffer, moved to Y (T, 2, B, H)
@@ -399,7 +440,6 @@ def bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs):
     loops, at_once = found
     loops = [(loop, None) for loop in loops] if at_once else loops
     first = loops[0][0]
-    x_bti = transposed(low, ins[0], (1, 0, 2))
     batch, steps = x_bti.shape[:2]
     hidden = first.h.shape[1]
     h_all = low.new((2, batch, hidden))
@@ -423,7 +463,7 @@ def bidirectional(low, kind, planned, ins, traced_ins, traced_outs, node_attrs):
     def bind(plan, arena):
         made = [
             loop._replace(
-                x=arena_view(arena, x_bti),
+                **loop_input(arena, x_bti),
                 h=arena_view(arena, h),
                 c=None if c is None else arena_view(arena, c),
                 y=None if y is None else arena_view(arena, y),

@@ -89,6 +89,7 @@ class Lowering:
         self.moved = 0  # bytes the plan copies that the Python plan does not (cost model)
         self.gathered = 0  # bytes the plan gathers (layout moves) that the Python plan does not
         self.results = 0  # bytes the native steps' results take (written into warm buffers)
+        self.saved_us = 0.0  # what the nodes lowered save beyond STEP_US each (EXTRA_STEP_US)
         self.node = None  # the node being lowered: (model, index), for the profile
         self.nodes: list = []  # per node lowered: (model, index, input shapes, output shapes, kind)
         # ids of the buffers read by steps that the plan cannot point at a caller's array

@@ -15,9 +15,10 @@ from fastlayers.native import _core
 from ..conftest import assert_close
 
 
-def _arena_views(plan, *shapes):
-    """Float32 views of ``plan``'s arena, one after the other, each 64-byte aligned."""
-    views, offset = [], 0
+def _arena_views(plan, *shapes, start=0):
+    """Float32 views of ``plan``'s arena, one after the other from byte ``start``, each 64-byte
+    aligned."""
+    views, offset = [], start
     for shape in shapes:
         n = int(np.prod(shape))
         views.append(plan.arena[offset : offset + 4 * n].view(np.float32).reshape(shape))
@@ -394,6 +395,44 @@ def test_rnn_step_matches_the_loop(rng, isa):
     assert_close(got_y, want_y, rtol=1e-6, atol=1e-6)
     assert_close(got_h, want_h, rtol=1e-6, atol=1e-6)
     assert_close(got_c, want_c, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("loops_step", [False, True])
+def test_rnn_step_reads_its_ids_per_call_and_refuses_one_outside_the_table(rng, isa, loops_step):
+    """A loop over rows of its folded table (ids in the arena): bound whatever the arena holds,
+    the loop's values for each call's ids; an id outside [0, rows) fails the step with
+    BAD_INDEX before the loop writes its states."""
+    from fastlayers.backends.cpu import recurrent
+    from fastlayers.backends.types import Cell
+
+    b, t, v, u = 3, 4, 7, 5
+    table = rng.standard_normal((v, 3 * u)).astype(np.float32)
+    w_hg = rng.standard_normal((u, 3 * u)).astype(np.float32)
+    h0 = rng.standard_normal((b, u)).astype(np.float32)
+    traced = rng.integers(0, v, (b, t))
+    args, serial = recurrent.sequence_loop(Cell.GRU, traced, (table, w_hg, None, None, h0), {})
+    plan = _core.NativePlan(1 << 14)
+    idv = plan.arena[: b * t * 8].view(np.int64).reshape(b, t)
+    idv[...] = 1 << 40  # bound whatever the arena holds: ids are read per call
+    hv, yv, lv = _arena_views(plan, (b, u), (b, t, u), (b, u), start=1024)
+    call = tuple(args._replace(ids=idv, h=hv, y=yv, last=lv))
+    if loops_step:  # rnn_loops_step's check (a bidirectional layer's steps)
+        plan.add_rnn_loops([call])
+    else:
+        plan.add_rnn(call, serial)
+    for _ in range(2):
+        ids = rng.integers(0, v, (b, t))
+        want_y, want_h = args.y.copy(), h0.copy()
+        _core.rnn_loop(*args._replace(ids=ids, y=want_y, h=want_h, last=args.last.copy()))
+        got_y, got_h = plan.run([ids, h0, np.zeros((b, u), np.float32)], [idv, hv, lv], [yv, hv])
+        np.testing.assert_array_equal(got_y, want_y)
+        np.testing.assert_array_equal(got_h, want_h)
+    for bad in (v, -1):
+        ids[1, 2] = bad
+        with pytest.raises(_core.PlanStepFailed) as info:
+            plan.run([ids, h0, np.zeros((b, u), np.float32)], [idv, hv, lv], [yv, hv])
+        assert (info.value.step, info.value.status) == (0, _core.BAD_INDEX)
+        np.testing.assert_array_equal(hv, h0)
 
 
 def test_arguments_are_checked_when_bound():

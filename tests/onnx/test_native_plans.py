@@ -498,17 +498,24 @@ def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
 
 
 def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
-    """One rejected build (each traces a call) turns the model's plans off; a model whose
-    nodes could not save a plan's own cost is not traced at all, and its calls look up no
-    key from then on."""
+    """One rejected build (each traces a call) turns the model's plans off; where the key held
+    small integer inputs (constants of that trace, data at other keys: a sample rate, a few
+    token ids) it turns off that key's only; a model whose nodes could not save a plan's own
+    cost is not traced at all, and its calls look up no key from then on."""
     builds = []
     real = lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
-    answers = iter([True, False])  # the check before tracing passes, the plan built does not pay
-    monkeypatch.setattr(lowering, "pays", lambda *a: next(answers))
+    # the check before tracing (three arguments) passes, the plan traced does not pay
+    monkeypatch.setattr(lowering, "pays", lambda *a: len(a) == 3)
     ours = fastlayers.load(_vad_model())
-    for sr in (16000, 16000, 8000, 8000, 8000):
+    for sr in (16000, 16000, 8000, 8000, 8000, 16000):
         ours.run(None, _feed(rng, sr))
+    assert builds == [1, 1] and not ours._native.off and not _plans(ours)
+    ours = fastlayers.load(_movement_model())
+    big = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    builds.clear()
+    for _ in range(3):
+        ours.run(None, {"x": big})
     assert builds == [1] and ours._native.off and not _plans(ours)
     monkeypatch.undo()
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
@@ -1525,7 +1532,7 @@ def test_a_quantized_embedding_and_gelus_run_natively(rng, monkeypatch):
 
 
 def test_the_new_steps_keep_memory_flat(rng, monkeypatch):
-    """Plans of map, take, reduce and bidirectional int8 steps allocate nothing per call but
+    """Plans of map, take, reduce, bidirectional int8 and embedding recurrence steps allocate nothing per call but
     their outputs: Python's heap flat over hundreds of calls, from the calling thread and from
     new threads."""
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
@@ -1544,6 +1551,10 @@ def test_the_new_steps_keep_memory_flat(rng, monkeypatch):
         (
             _bidirectional_quantized_model(np.random.default_rng(8), states=False),
             lambda: {"x": rng.standard_normal((30, 2, 12)).astype(np.float32)},
+        ),
+        (
+            _embedding_recurrent_model(np.random.default_rng(9), "LSTM", "forward", False, TensorProto.INT64),
+            lambda: {"ids": rng.integers(-30, 30, (4, 9)).astype(np.int64)},
         ),
     ]
     loaded = [(fastlayers.load(data), feed()) for data, feed in models]
@@ -1592,3 +1603,70 @@ def test_an_add_and_its_activation_run_as_one_native_step(rng, monkeypatch, acti
             np.testing.assert_array_equal(g, p)
     native, fallbacks, _ = _serving(ours, feed).summary
     assert "FusedAdd" in native and "Sin" in fallbacks
+
+
+def _embedding_recurrent_model(rng, kind, direction, time_major, ids_type, vocab=30, emb=6, hidden=8):
+    """Gather(table, ids) -> [Transpose] -> ``kind`` (layout 0) -> Tanh of Y, and Y_h: the
+    ids batch-major through a Transpose (as torch's batch_first exports) or time-major as
+    given, which the import folds into one ``Embedding<kind>`` node."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    nd = 2 if direction == "bidirectional" else 1
+    f = lambda *s: (0.4 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(f(vocab, emb), "table"),
+        numpy_helper.from_array(f(nd, gates * hidden, emb), "W"),
+        numpy_helper.from_array(f(nd, gates * hidden, hidden), "R"),
+        numpy_helper.from_array(f(nd, 2 * gates * hidden), "B"),
+    ]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"])]
+    if not time_major:
+        nodes.append(helper.make_node("Transpose", ["emb"], ["x"], perm=[1, 0, 2]))
+    nodes += [
+        helper.make_node(
+            kind, ["emb" if time_major else "x", "W", "R", "B"], ["Y", "Yh"], hidden_size=hidden, direction=direction
+        ),
+        helper.make_node("Tanh", ["Y"], ["out"]),
+    ]
+    ids_shape = ["T", "N"] if time_major else ["N", "T"]
+    graph = helper.make_graph(
+        nodes,
+        "embedding_recurrent",
+        [helper.make_tensor_value_info("ids", ids_type, ids_shape)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "Yh")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("time_major, ids_type", [(False, TensorProto.INT64), (True, TensorProto.INT32)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_embedding_recurrences_run_natively(rng, monkeypatch, kind, direction, time_major, ids_type, threads):
+    """An embedding folded into a recurrent layer (``Embedding<kind>``) as plan steps: the ids
+    (int64 or int32, batch- or time-major, negatives counted from the end) checked and turned
+    into rows of the folded table by a take step, then the time loop(s) reading those rows:
+    the Python plan's bits, onnxruntime's values; an id outside the table raises the Gather's
+    error, and the next call runs natively again."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    vocab, dtype = 30, np.int64 if ids_type == TensorProto.INT64 else np.int32
+    data = _embedding_recurrent_model(np.random.default_rng(5), kind, direction, time_major, ids_type, vocab)
+    with fastlayers.using_threads(threads):
+        ours, python, session = _engines(data, ort)
+        assert f"Embedding{kind}" in ours.op_types
+        for batch, steps in [(1, 1), (3, 7), (3, 7), (3, 7)]:
+            shape = (steps, batch) if time_major else (batch, steps)
+            feed = {"ids": rng.integers(-vocab, vocab, shape).astype(dtype)}
+            for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
+                assert_close(g, w, rtol=1e-4, atol=1e-5)
+                np.testing.assert_array_equal(g, p)
+        native, fallbacks, _ = _serving(ours, feed).summary
+        assert fallbacks == () and f"Embedding{kind}" in native
+        for bad in (vocab, -vocab - 1):
+            wrong = feed["ids"].copy()
+            wrong.flat[5] = bad
+            with pytest.raises(FastlayersError, match="out of bounds"):
+                ours.run(None, {"ids": wrong})
+        for g, p in zip(ours.run(None, feed), python.run(None, feed), strict=True):
+            np.testing.assert_array_equal(g, p)

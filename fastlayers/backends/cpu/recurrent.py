@@ -613,7 +613,7 @@ def sequence_loops(x_bti, calls):
     the thread count in force, for a native plan's steps: (each loop's ``rnn_loop`` arguments,
     True) where they run at once, one thread each (``rnn_loops``), else (each call's
     ``sequence_loop`` result, False), one after the other. None where a call does not bind."""
-    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw, ids=True) for _, _, kw in calls):
         return None
     threads = _core.get_num_threads()
     batch, steps = x_bti.shape[:2]
@@ -629,11 +629,12 @@ def sequence_loops(x_bti, calls):
 
 def sequence_loop(cell, x_bti, args, kw):
     """(``rnn_loop``'s arguments as a ``_LoopArgs``, serial) of the time loop ``cell`` over
-    float inputs laid out as ``x_bti`` (B, T, I) with ``args`` (the weights, then the initial
-    states) and options ``kw``, bound as ``sequence_plan`` binds it, for a native plan's step:
-    the caller replaces the input, states and outputs by its own arrays (``_replace``). None
-    where the loop does not cover the call."""
-    if not _bindable(x_bti, kw):
+    float inputs laid out as ``x_bti`` (B, T, I), or integer ids (B, T) of the rows of the
+    folded table ``args`` hold, with ``args`` (the weights, then the initial states) and
+    options ``kw``, bound as ``sequence_plan`` binds it, for a native plan's step: the caller
+    replaces the input (x or ids), states and outputs by its own arrays (``_replace``; ids it
+    has checked against the table). None where the loop does not cover the call."""
+    if not _bindable(x_bti, kw, ids=True):
         return None
     loop = _LOOPS[cell](x_bti, *args, **kw)
     return None if loop is None else (loop.args, loop.serial)
@@ -647,7 +648,7 @@ def sequences_plan(x_bti, calls):
     their arguments do not depend on the count); under one where it does not, each call's
     ``sequence_plan`` (made at the first such call) one after the other. None where a call does
     not bind."""
-    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw) for _, _, kw in calls):
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw, ids=True) for _, _, kw in calls):
         return None
     batch, steps = x_bti.shape[:2]
     if not all(_may_own_thread(batch, steps, _recurrent_floats(name, args, kw)) for name, args, kw in calls):
