@@ -323,6 +323,77 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
     else conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow, last);
 }
 
+/* Stride 1, undilated, on a unit's buffer (rows len floats apart, zero-padded): CONV_BAND_ROWS
+ * output rows at a time, so that each input vector is loaded once for every output row whose
+ * window reads it (3x3: 18 loads for 4 rows of a vector instead of 36), the taps' weights in
+ * registers, the accumulators' FMA chains independent across rows and vectors. */
+#define CONV_BAND_ROWS 4
+
+/* out[r wo + u FL_VW + 0:FL_VW] for r < rows, u < nv (the last vector cut to `last` lanes) =
+ * f(bias + sum over i < kh, j < kw of b[(r + i) len + j + u FL_VW + 0:FL_VW] wv[i kw + j]). */
+FL_INLINE void conv_band_vecs(const float *b, int64_t len, int kh, int kw, int rows, int nv,
+                              const float *wv, float bias, int code, float alpha, float *out,
+                              int64_t wo, int64_t last) {
+    fl_vf acc[CONV_BAND_ROWS][2];
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; ++r)
+        _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) acc[r][u] = fl_set1(bias);
+    _Pragma("GCC unroll 12") for (int q = 0; q < rows + kh - 1; ++q) {
+        _Pragma("GCC unroll 5") for (int j = 0; j < kw; ++j) {
+            fl_vf v[2];
+            _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) v[u] = fl_load(b + q * len + j + u * FL_VW);
+            _Pragma("GCC unroll 8") for (int r = 0; r < rows; ++r) {
+                int i = q - r;
+                if (i < 0 || i >= kh) continue;
+                _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) acc[r][u] += v[u] * fl_set1(wv[i * kw + j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; ++r)
+        _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) {
+            fl_vf z = code == FL_LINEAR ? acc[r][u] : rows_vact(acc[r][u], code, alpha);
+            pool_st(out + r * wo + u * FL_VW, z, u == nv - 1 ? last : FL_VW);
+        }
+}
+
+/* Output rows [0, rows) (rows <= CONV_BAND_ROWS) of width wo: groups of NV vectors (NV FL_VW
+ * columns), the last group one or two vectors, cut at wo. */
+FL_INLINE void conv_band_rows(const float *b, int64_t len, int kh, int kw, int rows, int nv,
+                              const float *wv, float bias, int code, float alpha, float *out,
+                              int64_t wo) {
+    int64_t ow = 0;
+    for (; wo - ow > nv * FL_VW; ow += nv * FL_VW)
+        conv_band_vecs(b + ow, len, kh, kw, rows, nv, wv, bias, code, alpha, out + ow, wo, FL_VW);
+    int64_t rest = wo - ow, last = rest - (rest - 1) / FL_VW * FL_VW;
+    if (rest > FL_VW)
+        conv_band_vecs(b + ow, len, kh, kw, rows, 2, wv, bias, code, alpha, out + ow, wo, last);
+    else
+        conv_band_vecs(b + ow, len, kh, kw, rows, 1, wv, bias, code, alpha, out + ow, wo, last);
+}
+
+/* Output rows [0, n_rows) of one plane's unit by conv_band_rows, bands of CONV_BAND_ROWS rows:
+ * window kh x kw (3x3 two vectors per group, 5x5 one: accumulators and weights within the 32
+ * registers). */
+FL_INLINE void conv_band_plane(const float *b, int64_t len, int kh, int kw, int64_t n_rows,
+                               const float *wt, float bias, int code, float alpha, float *out,
+                               int64_t wo) {
+    const float *wv = wt;
+    const int nv = kh * kw > 9 ? 1 : 2;
+    int64_t r0 = 0;
+    for (; r0 + CONV_BAND_ROWS <= n_rows; r0 += CONV_BAND_ROWS)
+        conv_band_rows(b + r0 * len, len, kh, kw, CONV_BAND_ROWS, nv, wv, bias, code, alpha,
+                       out + r0 * wo, wo);
+    if (CONV_BAND_ROWS > 4 && n_rows - r0 >= 4) {
+        conv_band_rows(b + r0 * len, len, kh, kw, 4, nv, wv, bias, code, alpha, out + r0 * wo, wo);
+        r0 += 4;
+    }
+    if (n_rows - r0 >= 2) {
+        conv_band_rows(b + r0 * len, len, kh, kw, 2, nv, wv, bias, code, alpha, out + r0 * wo, wo);
+        r0 += 2;
+    }
+    if (n_rows > r0)
+        conv_band_rows(b + r0 * len, len, kh, kw, 1, nv, wv, bias, code, alpha, out + r0 * wo, wo);
+}
+
 typedef struct {
     const float *x, *wk, *bias;
     float *y;
@@ -331,6 +402,7 @@ typedef struct {
     int64_t c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo;
     int code, status;
     float alpha;
+    int band; /* 3 or 5: a square window of that size at stride 1, undilated (conv_band_plane) */
 } conv_plane_ctx;
 
 /* Units u = (n C m + co) blocks + block in [u0, u1) of depthwise_conv2d_nchw. */
@@ -351,6 +423,15 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
                                  oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
         const float *wt = p->wk + co * nt;
         float bias = p->bias ? p->bias[co] : 0.0f;
+        float *y0 = p->y + (plane * p->ho + oh0) * p->wo;
+        if (p->band == 3) {
+            conv_band_plane(buf, p->q.len, 3, 3, oh1 - oh0, wt, bias, p->code, p->alpha, y0, p->wo);
+            continue;
+        }
+        if (p->band == 5) {
+            conv_band_plane(buf, p->q.len, 5, 5, oh1 - oh0, wt, bias, p->code, p->alpha, y0, p->wo);
+            continue;
+        }
         for (int64_t oh = oh0; oh < oh1; ++oh) {
             const float *b = buf + (oh - oh0) * p->sh * p->sw * p->q.len;
             float *out = p->y + (plane * p->ho + oh) * p->wo;
@@ -715,8 +796,9 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
     if (!off) return -1;
     pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
+    int band = sh == 1 && sw == 1 && dh == 1 && dw == 1 && kh == kw && (kh == 3 || kh == 5) ? (int)kh : 0;
     conv_plane_ctx p = {x, wk, bias, y, off, q, c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo,
-                        code, 0, alpha};
+                        code, 0, alpha, band};
     int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);
     fl_parallel(n * c * m * q.blocks, FL_MAX(1, CONV_MIN_SHARE_TAPS / per_unit), conv_plane_task,
                 &p);

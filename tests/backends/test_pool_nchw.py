@@ -78,6 +78,14 @@ DEPTHWISE = (
         ((1, 1, 3, 200), (1, 3), (1, 2), (1, 1), ((0, 0), (1, 100)), False),  # a middle group past w
         ((1, 2, 11, 23), (3, 9), (2, 2), (1, 1), ((1, 1), (4, 4)), False),  # 9 columns: phase split
         ((1, 2, 6, 5), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # rows narrower than a vector
+        # stride 1, 3x3 and 5x5 off the flat path: bands of 4 rows and their tails, the last
+        # group of columns one or two vectors, partial
+        ((1, 2, 7, 57), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # 7 rows: 4 + 2 + 1
+        ((1, 2, 11, 33), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # 33 columns: 2 + 1 vectors
+        ((2, 2, 6, 40), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), False),
+        ((1, 2, 10, 20), (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0)), False),  # unpadded: 8 x 18 out
+        ((1, 2, 9, 17), (5, 5), (1, 1), (1, 1), ((0, 1), (1, 0)), False),  # uneven pads: 6 x 14 out
+        ((1, 1, 3, 16), (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0)), False),  # one row out
     ]
 )
 
