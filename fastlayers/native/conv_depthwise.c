@@ -323,6 +323,7 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
     else conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow, last);
 }
 
+#if FL_VW >= 8
 /* Stride 1, undilated, on a unit's buffer (rows len floats apart, zero-padded): CONV_BAND_ROWS
  * output rows at a time, so that each input vector is loaded once for every output row whose
  * window reads it (3x3: 18 loads for 4 rows of a vector instead of 36), the taps' weights in
@@ -394,6 +395,8 @@ FL_INLINE void conv_band_plane(const float *b, int64_t len, int kh, int kw, int6
         conv_band_rows(b + r0 * len, len, kh, kw, 1, nv, wv, bias, code, alpha, out + r0 * wo, wo);
 }
 
+#endif
+
 typedef struct {
     const float *x, *wk, *bias;
     float *y;
@@ -423,6 +426,7 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
                                  oh0 * p->sh - p->pt, nr, p->pl, p->sw, p->q.len, 0.0f, buf);
         const float *wt = p->wk + co * nt;
         float bias = p->bias ? p->bias[co] : 0.0f;
+#if FL_VW >= 8 /* (the portable path's 4-lane vectors keep the rows: its 5x5 bands were 1.6x slower) */
         float *y0 = p->y + (plane * p->ho + oh0) * p->wo;
         if (p->band == 3) {
             conv_band_plane(buf, p->q.len, 3, 3, oh1 - oh0, wt, bias, p->code, p->alpha, y0, p->wo);
@@ -432,6 +436,7 @@ static void conv_plane_task(void *arg, int64_t u0, int64_t u1) {
             conv_band_plane(buf, p->q.len, 5, 5, oh1 - oh0, wt, bias, p->code, p->alpha, y0, p->wo);
             continue;
         }
+#endif
         for (int64_t oh = oh0; oh < oh1; ++oh) {
             const float *b = buf + (oh - oh0) * p->sh * p->sw * p->q.len;
             float *out = p->y + (plane * p->ho + oh) * p->wo;
@@ -796,7 +801,9 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
     int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
     if (!off) return -1;
     pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
-    int band = sh == 1 && sw == 1 && dh == 1 && dw == 1 && kh == kw && (kh == 3 || kh == 5) ? (int)kh : 0;
+    int band = FL_VW >= 8 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && kh == kw && (kh == 3 || kh == 5)
+                   ? (int)kh
+                   : 0;
     conv_plane_ctx p = {x, wk, bias, y, off, q, c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo,
                         code, 0, alpha, band};
     int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);

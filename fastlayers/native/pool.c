@@ -478,18 +478,7 @@ static void pool_plane_split2(const float *s, int64_t w, int64_t pl, int64_t len
 static void pool_plane_fill(float *d, int64_t n, float fill) {
     int64_t k = 0;
     for (; k + FL_VW <= n; k += FL_VW) fl_store(d + k, fl_set1(fill));
-    if (k < n) fl_store_n(d + k, fl_set1(fill), n - k);
-}
-
-/* d[lo:hi] = s[lo - pl:hi - pl], d[0:lo] and d[hi:len] = fill: a row at column stride 1 in
- * vectors (a row is a few vectors: calls to memcpy cost more than the copy). */
-static void pool_plane_row1(const float *s, int64_t pl, int64_t lo, int64_t hi, int64_t len,
-                            float fill, float *d) {
-    pool_plane_fill(d, lo, fill);
-    int64_t k = lo;
-    for (; k + FL_VW <= hi; k += FL_VW) fl_store(d + k, fl_load(s + k - pl));
-    if (k < hi) fl_store_n(d + k, fl_load_n(s + k - pl, hi - k), hi - k);
-    pool_plane_fill(d + hi, len - hi, fill);
+    for (; k < n; ++k) d[k] = fill;
 }
 
 /* A unit's input rows into its buffer, split in sw column phases (pool_internal.h). */
@@ -521,12 +510,10 @@ void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, 
                 continue;
             }
             const float *s = x + ih * w;
-            if (sw == 1) {
-                pool_plane_row1(s, pl, lo, hi, len, fill, d);
-                continue;
-            }
             pool_plane_fill(d, lo, fill);
-            for (int64_t k = lo; k < hi; ++k) d[k] = s[k * sw + q - pl];
+            if (sw == 1) memcpy(d + lo, s + lo - pl, (size_t)(hi - lo) * sizeof(float));
+            else
+                for (int64_t k = lo; k < hi; ++k) d[k] = s[k * sw + q - pl];
             pool_plane_fill(d + hi, len - hi, fill);
         }
     }
