@@ -642,7 +642,8 @@ def sequence_loop(cell, x_bti, args, kw):
 
 def sequences_plan(x_bti, calls):
     """A function ``(x, states=None) -> sequences([(name, (x, *args), kw) for name, args, kw
-    in calls])`` for float inputs laid out as ``x_bti``, bound as ``sequence_plan``'s (with
+    in calls])`` for float inputs laid out as ``x_bti`` (or integer ids (B, T) of the rows of
+    the folded tables the calls hold, checked by the caller), bound as ``sequence_plan``'s (with
     ``states`` one tuple of initial states per call): under a thread count where ``sequences``
     runs the calls at once, one ``rnn_loops`` call on their loops bound once (one thread each:
     their arguments do not depend on the count); under one where it does not, each call's

@@ -445,7 +445,7 @@ def _embedding_recurrent_op(kind):
             if key is not None:
                 key = (*key, id(table))
                 hit = cache.get(key)
-                if hit is None:  # None bound where the loop does not bind (two directions)
+                if hit is None:  # None bound where the loops do not bind
                     bound = _bind_recurrent(kind, [ids_bt, *rest], attrs, get_ops(), table)
                     if len(cache) >= _MAX_BOUND_RECURRENT:
                         cache.clear()
