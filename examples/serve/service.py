@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from importlib import resources
 
 import numpy as np
@@ -37,6 +38,11 @@ from fastlayers.errors import FastlayersError
 
 MAX_BODY_BYTES = 64 << 20
 NPY = "application/x-npy"
+# np.load reads a .npy header with ast.literal_eval; CPython's AST constructor (3.11 at least)
+# keeps its recursion depth per interpreter, and two threads building ASTs at once can fail
+# with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905): one request
+# thread reads a body at a time (a header parse takes microseconds).
+_NPY_LOCK = threading.Lock()
 JSON = "application/json"
 
 
@@ -89,7 +95,8 @@ def decode(body: bytes, content_type: str):
     """The inputs of a request body (an array or a dict name -> array)."""
     kind = content_type.split(";")[0].strip().lower()
     if kind == NPY:
-        return np.load(io.BytesIO(body), allow_pickle=False)
+        with _NPY_LOCK:
+            return np.load(io.BytesIO(body), allow_pickle=False)
     if kind in (JSON, ""):
         try:
             doc = json.loads(body)

@@ -156,6 +156,7 @@ class Ops(Protocol):
     ) -> Floats1d: ...
 
     # convolution and pooling (NHWC activations, HWIO kernels, unless the name says NCHW)
+    def conv_weights(self, w_hwio: Floats4d, groups: int = ...) -> Any: ...
     def conv2d(
         self,
         x_nhwc: Floats4d,

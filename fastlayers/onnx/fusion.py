@@ -11,6 +11,7 @@ import numpy as np
 from ..backends import get_ops
 from . import encoder
 from .nodes import Node, consumers, prune, readers_of
+from .weights import ConvWeights
 
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
 _FUSABLE_ACTIVATIONS = {
@@ -354,9 +355,10 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
     """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) (+ a Mul
     and / or an Add by one value or one per channel, ``_post_affine``) -> FusedConv, its
     weights pre-transposed to the backend's HWIO layout once (those below ``TINY_WEIGHT`` in
-    magnitude zero)."""
+    magnitude zero), then held in the backend's form (``weights.ConvWeights``)."""
     uses = consumers(nodes, outputs)
     removed: set[int] = set()
+    held = ConvWeights()
     for k, node in enumerate(nodes):
         w = constants.get(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
         if w is None or w.dtype != np.float32 or w.ndim not in (3, 4):
@@ -400,7 +402,7 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
             if not w_hwio.flags.writeable:  # a written graph's weights are the layer's own
                 w_hwio = w_hwio.copy()
             w_hwio[tiny] = 0.0
-        attrs["_w_hwio"] = w_hwio
+        attrs["_w_hwio"] = held(w_hwio, attrs.get("group", 1))  # the backend's form alone
         node.inputs = [node.inputs[0], ""]
         if b is not None:
             constants[f"{key}::b"] = np.asarray(b, np.float32)

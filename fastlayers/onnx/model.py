@@ -32,6 +32,7 @@ from .lowering import NativePlans
 from .nodes import owner
 from .ops import NODE_CACHES, OPS, bind
 from .tensors import DTYPES
+from .weights import held
 
 #: TensorProto.DataType -> the type string onnxruntime's ``NodeArg.type`` gives.
 ORT_TYPES = {
@@ -206,12 +207,13 @@ class OnnxModel:
         return [n.op_type for n in self._nodes]
 
     def _weights(self) -> list[np.ndarray]:
-        """The arrays the optimised graph holds: constants, fused nodes' weights, and those of
-        the subgraphs of its control-flow nodes."""
+        """The arrays the optimised graph holds (or the backend's forms it holds in their
+        place, ``weights.held``): constants, fused nodes' weights, and those of the subgraphs
+        of its control-flow nodes."""
         arrays = list(self._constants.values())
         for n in self._nodes:
             for v in n.attrs.values():
-                if isinstance(v, np.ndarray):
+                if isinstance(v, np.ndarray) or held(v):
                     arrays.append(v)
                 elif isinstance(v, Body):
                     arrays += v.model._weights()

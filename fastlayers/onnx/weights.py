@@ -5,14 +5,27 @@ product; the array the file gave (or the optimiser made: a transposed or folded 
 then be held beside the packed copy for the model's life. ``hold_dense_weights`` hands each
 constant that only dense nodes read to the backend (``Ops.dense_weights``), which gives the
 form it keeps (the cpu backend: the packed copy alone, unpacked anew for whoever reads it as an
-array), and the model keeps only that. Pickles carry the file, not these arrays
+array), and the model keeps only that. A convolution's weights (``FusedConv``'s ``_w_hwio``,
+made at load: transposed, BatchNorm folded in) go the same way through ``Ops.conv_weights``,
+asked as each convolution is fused so that its transposed copy is freed at once
+(``ConvWeights``; the cpu backend: the implicit GEMM's packed form alone, for one group of
+more than a few input channels). Pickles carry the file, not these arrays
 (``OnnxModel.source``).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..backends import get_ops
 from .nodes import Node
+
+
+def held(value) -> bool:
+    """Whether ``value`` is a backend's form held in place of a weight array
+    (``Ops.dense_weights``, ``Ops.conv_weights``): it has the array's shape, dtype and size,
+    gives the values through ``np.asarray`` and unpacks them anew (``unpacked``)."""
+    return not isinstance(value, np.ndarray) and callable(getattr(value, "unpacked", None))
 
 
 def hold_dense_weights(nodes, constants, outputs) -> list[Node]:
@@ -28,3 +41,28 @@ def hold_dense_weights(nodes, constants, outputs) -> list[Node]:
         if uses == {("FusedDense", 1)} and name not in outputs:
             constants[name] = ops.dense_weights(constants[name])
     return nodes
+
+
+class ConvWeights:
+    """What the convolutions of one graph hold in place of their weights (``Ops.conv_weights``
+    of the backend at load), asked per convolution as it is fused, so that each transposed
+    (and BatchNorm-folded) copy is freed at once; one form for equal weights (convolutions
+    that read one initializer get a transposed copy each)."""
+
+    def __init__(self):
+        self.ops = get_ops()
+        self.held: dict[tuple, list] = {}
+
+    def __call__(self, w_hwio, group: int):
+        if not isinstance(w_hwio, np.ndarray) or w_hwio.size == 0:
+            return w_hwio
+        # candidates by shape, dtype and the end values; equal ones by a full compare (of the
+        # forms kept, unpacked for it: no copy of the arrays is kept)
+        key = (w_hwio.shape, w_hwio.dtype.str, group, w_hwio.flat[0].tobytes(), w_hwio.flat[-1].tobytes())
+        same = self.held.setdefault(key, [])
+        for form in same:
+            if np.array_equal(form, w_hwio):
+                return form
+        form = self.ops.conv_weights(w_hwio, group)
+        same.append(form)
+        return form

@@ -19,7 +19,8 @@ from fastlayers import layers as L
 from fastlayers import native
 from fastlayers.backends import get_ops
 from fastlayers.backends.cpu import conv as conv_ops
-from fastlayers.geometry import window_out
+from fastlayers.backends.cpu import steps
+from fastlayers.geometry import window_out, window_out_2d
 from fastlayers.native import _core
 
 from ..conftest import assert_close, assert_close_to_scale
@@ -800,6 +801,70 @@ def test_no_input_channels_give_the_bias(isa):
     y = np.empty((1, 2, 3, 6), np.float32)
     _core.conv2d(x, _core.conv_pack(w, 1), b, y, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1, 0.0)
     np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(b, 0), y.shape))
+
+
+HELD_CASES = [
+    # (x NHWC, window, C_out, strides, pads): Winograd F(4x4) and F(2x2), implicit GEMM with
+    # vector tails, strided, a 1x1 window, batch and width 1
+    ((2, 16, 16, 16), (3, 3), 16, (1, 1), ((1, 1), (1, 1))),
+    ((1, 14, 14, 24), (3, 3), 40, (1, 1), ((1, 1), (1, 1))),
+    ((1, 9, 11, 5), (3, 3), 7, (2, 2), ((1, 0), (1, 2))),
+    ((3, 6, 5, 33), (1, 1), 17, (1, 1), ((0, 0), (0, 0))),
+    ((1, 1, 7, 9), (1, 5), 3, (1, 1), ((0, 0), (2, 2))),
+]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("case", HELD_CASES)
+def test_held_conv_weights_unpack_and_convolve_as_the_array(isa, n_threads, case):
+    """``conv_weights``: one group of more than a few input channels is held only in its packed
+    form; ``np.asarray`` gives the same bits back, and every plan of the backend (plain, with a
+    residual Add, from NCHW planes, the native plan's step) gives on it the bits it gives on the
+    array, Winograd's NaN fallback included; the reference and the other backends read it
+    through ``np.asarray``."""
+    x_shape, (kh, kw), cout, strides, pads = case
+    cin = x_shape[-1]
+    w = arr(cin, (kh, kw, cin, cout), (kh * kw * cin) ** -0.5)
+    b = arr(cout, (cout,))
+    held = CPU.conv_weights(w)
+    assert type(held) is conv_ops.PackedConvWeights
+    assert held.shape == w.shape and held.ndim == 4 and held.dtype == np.float32 and held.size == w.size
+    assert np.array_equal(np.asarray(held), w) and np.asarray(held).flags.c_contiguous
+    assert REF.conv_weights(w) is w
+    x = arr(1, x_shape)
+    r = arr(2, (*x_shape[:1], *window_out_2d(x_shape[1:3], (kh, kw), strides, (1, 1), pads), cout))
+    with threads(n_threads):
+        for act in ("linear", "relu", "softmax"):
+            args = (b, strides, pads, (1, 1), 1, act, 0.1)
+            want = CPU.conv2d_plan(x.shape, w, *args)(x)
+            assert np.array_equal(CPU.conv2d_plan(x.shape, held, *args)(x), want), act
+            assert np.array_equal(CPU.conv2d(x, held, *args), want), act
+            plain = CPU.conv2d_residual_plan(x.shape, w, *args, "relu")(x, r)
+            assert np.array_equal(CPU.conv2d_residual_plan(x.shape, held, *args, "relu")(x, r), plain), act
+            x_nchw = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+            from_planes = CPU.conv2d_nchw_plan(x_nchw.shape, w, *args)(x_nchw)
+            assert np.array_equal(CPU.conv2d_nchw_plan(x_nchw.shape, held, *args)(x_nchw), from_planes), act
+        bad = x.copy()
+        bad[0, 0, 0, 0] = np.nan  # Winograd's transforms fail: the exact sums on the packed form
+        args = (b, strides, pads, (1, 1), 1, "linear", 0.0)
+        want = CPU.conv2d(bad, w, *args)
+        assert np.array_equal(CPU.conv2d(bad, held, *args), want, equal_nan=True)
+    kind, bound = steps.conv2d_step(x.shape, held, b, strides, pads, (1, 1), 1, "linear", 0.0, None)
+    assert kind == "conv2d" and (bound["pw"] is held.packed or bound.get("tile"))
+    assert_close(REF.conv2d(x, held, *args), REF.conv2d(x, w, *args))
+
+
+def test_conv_weights_kept_as_they_are_where_nothing_packs_them():
+    """Several groups, a depthwise weight, few input channels (the direct NCHW kernel reads
+    them raw), another dtype: the array itself."""
+    for w, groups in (
+        (arr(0, (3, 3, 4, 8)), 2),
+        (arr(0, (3, 3, 1, 8)), 8),
+        (arr(0, (3, 3, 3, 16)), 1),
+        (arr(0, (3, 3, 8, 8)).astype(np.float64), 1),
+        (arr(0, (3, 3, 0, 8)), 1),
+    ):
+        assert CPU.conv_weights(w, groups) is w
 
 
 def test_replaced_weights_reach_the_winograd_path():

@@ -44,6 +44,20 @@ def test_conv2d(keras, backend, rng, kwargs, data_format):
     compare_layer(keras, rng, "Conv2D", {**kwargs, "data_format": data_format}, image(rng, (2, 7, 9, 6), data_format))
 
 
+def test_conv2d_on_weights_the_cpu_backend_holds_packed(backend, rng):
+    """Weights the cpu backend holds packed alone (``conv_weights``, as a loaded ONNX model
+    keeps them) convolve as their array does on every backend: a model loaded on the cpu
+    backend may be run on another."""
+    ops = fastlayers.backends.get_ops()
+    w = randn(rng, (3, 3, 6, 5))
+    held = fastlayers.backends.get_ops("cpu").conv_weights(w)
+    assert not isinstance(held, np.ndarray)
+    x, b = randn(rng, (2, 7, 6, 6)), randn(rng, (5,))
+    args = (b, (1, 2), ((1, 1), (0, 1)), (1, 1), 1, "relu")
+    got = ops.to_host(ops.conv2d(ops.to_device(x), held, *args))
+    assert_close(got, ops.to_host(ops.conv2d(ops.to_device(x), w, *args)), what="conv2d on held weights")
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 9, 6), (1, 7, 1, 6), (1, 3, 3, 6)], ids=["h1", "w1", "3x3"])
 def test_conv2d_edges(keras, backend, rng, shape):
     kernel = (1, 3) if shape[1] == 1 else (3, 1) if shape[2] == 1 else 3

@@ -1636,6 +1636,73 @@ def test_dense_weights_held_once_packed(tmp_path, rng):
     assert sorted(parsed.graph.initializers) == ["b", "v", "w"]
 
 
+def test_conv_weights_held_once_packed(tmp_path, rng):
+    """A convolution's weights (transposed at load, a BatchNormalization folded in) are held by
+    the loaded model in the backend's packed form alone, once where two convolutions share an
+    initializer; a stem of 3 input channels and a depthwise convolution keep their arrays.
+    Results as onnxruntime's on the Python plan, the native plan (1 and 2 threads), under the
+    reference backend and after a pickle; count_params and the profile see the weights."""
+    oracle("onnx")
+    import pickle
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.backends.cpu.conv import PackedConvWeights
+    from fastlayers.onnx import lowering
+
+    c = 24
+    consts = {
+        "w0": rng.standard_normal((c, 3, 3, 3)).astype(np.float32) / 5,
+        "w1": rng.standard_normal((c, c, 3, 3)).astype(np.float32) / 15,
+        "wd": rng.standard_normal((c, 1, 3, 3)).astype(np.float32) / 3,
+        "w2": rng.standard_normal((c, c, 1, 1)).astype(np.float32) / 5,
+        "gamma": rng.uniform(0.5, 1.5, c).astype(np.float32),
+        "beta": rng.standard_normal(c).astype(np.float32),
+        "mean": rng.standard_normal(c).astype(np.float32) / 10,
+        "var": rng.uniform(0.5, 1.5, c).astype(np.float32),
+    }
+    pad = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], pads=pad),
+        helper.make_node("Relu", ["a"], ["a1"]),
+        helper.make_node("Conv", ["a1", "w1"], ["b"], pads=pad),
+        helper.make_node("BatchNormalization", ["b", "gamma", "beta", "mean", "var"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["b2"]),
+        helper.make_node("Conv", ["b2", "wd"], ["d"], pads=pad, group=c, strides=[2, 2]),
+        helper.make_node("Conv", ["d", "w2"], ["e"]),
+        helper.make_node("Conv", ["e", "w2"], ["y"]),  # the same 1x1 weights again
+    ]
+    graph = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 20, 22])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    path = tmp_path / "convs.onnx"
+    onnx.save(graph, path)
+    feeds = {"x": rng.standard_normal((2, 3, 20, 22)).astype(np.float32)}
+    for threads in (1, 2):
+        with fastlayers.using_threads(threads):
+            model = fastlayers.load(path)
+            assert model.op_types == ["FusedConv"] * 5
+            weights = [n.attrs["_w_hwio"] for n in model._nodes]
+            assert [type(w) is PackedConvWeights for w in weights] == [False, True, False, True, True]
+            assert weights[3] is weights[4]
+            assert np.array_equal(np.asarray(weights[4]), consts["w2"][:, :, 0, 0].T[None, None])
+            for _ in range(4):  # the Python plan, then the native plan built for this shape
+                _matches_ort(lambda f: model.run(None, f), path, feeds, rtol=1e-5, atol=1e-4)
+            plans = [p for p in model._native.plans.values() if isinstance(p, lowering.Plan)]
+            assert plans and plans[0].summary[0].count("FusedConv") == 5 and not plans[0].summary[1]
+    assert model.count_params() == sum(v.size for v in consts.values()) - 4 * c + c  # BN folded into a bias
+    with fastlayers.use_ops("reference"):
+        _matches_ort(lambda f: model.run(None, f), path, feeds, rtol=1e-5, atol=1e-4)
+    again = pickle.loads(pickle.dumps(model))
+    assert all(np.array_equal(a, b) for a, b in zip(again.run(None, feeds), model.run(None, feeds)))
+    convs = [s for s in model.profile(feeds, repeats=1).steps if s.op_type == "FusedConv"]
+    assert len(convs) == 5
+
+
 def test_convolution_weights_too_small_to_matter_are_zero(tmp_path, rng):
     """A channel switched off in training (weights of 1e-38, folded BatchNormalization scale
     of 1e-37) has its weights zeroed in the FusedConv: products of them and activations would
@@ -1669,7 +1736,7 @@ def test_convolution_weights_too_small_to_matter_are_zero(tmp_path, rng):
     onnx.save(model, tmp_path / "tiny.onnx")
     ours = fastlayers.load(tmp_path / "tiny.onnx")
     assert ours.op_types == ["FusedConv"]
-    w_hwio = ours._plan[0][3]["_w_hwio"]
+    w_hwio = np.asarray(ours._plan[0][3]["_w_hwio"])
     assert not w_hwio[..., 1].any() and not w_hwio[..., 3].any() and not w_hwio[:, :, 0, 2].any()
     assert np.count_nonzero(w_hwio) == w_hwio.size - 27 - 27 - 9
     _matches_ort(ours, tmp_path / "tiny.onnx", {"x": rng.standard_normal((2, 3, 6, 7)).astype(np.float32)})

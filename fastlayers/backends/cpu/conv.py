@@ -47,6 +47,7 @@ from ...native import CODES, _core
 from ..derived import derived, derived_view
 from ..reference import ReferenceOps
 from ..reference.conv import roi_bins, source_coords
+from . import gemm
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
 #: An NCHW input of at most this many channels, into between these many output channels,
@@ -187,9 +188,81 @@ def _winograd_tile(n, ho, wo, cin, cout) -> int:
     return 2
 
 
+class PackedConvWeights:
+    """A convolution's (kh, kw, C_in, C_out) weights of one group held only in the form
+    ``_core.conv2d`` reads (``_core.conv_pack``: the (kh kw C_in, C_out) matrix in the sgemm's
+    panels), for a model that keeps no other copy (``hold_conv``). The kernels take ``packed``
+    as it is; Winograd's transformed weights and the other forms are derived from the values
+    unpacked anew (once per form, ``derived``), and anything that reads them as an array
+    (``np.asarray``, another backend) gets those values, the same bits."""
+
+    __slots__ = ("packed", "shape", "__weakref__")
+    dtype = np.dtype(np.float32)
+    ndim = 4
+
+    def __init__(self, packed, shape):
+        self.packed, self.shape = packed, tuple(int(d) for d in shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.nbytes)
+
+    def unpacked(self):
+        """The weights as a new (kh, kw, C_in, C_out) C-ordered float32 array."""
+        kh, kw, cin, cout = self.shape
+        return gemm.unpack(self.packed, kh * kw * cin, cout).reshape(self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.unpacked()
+        return w if dtype is None else w.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"PackedConvWeights(shape={self.shape})"
+
+
+def hold_conv(w_hwio, groups):
+    """What a model that reads the convolution weights ``w_hwio`` (kh, kw, C_in / groups,
+    C_out) only through the convolutions of this backend holds in their place: their packed
+    form alone (``PackedConvWeights``) for one group of more input channels than the direct
+    NCHW kernel reads raw (``NCHW_DIRECT_MAX_CIN``), else ``w_hwio`` itself."""
+    if (
+        type(w_hwio) is not np.ndarray
+        or w_hwio.dtype != np.float32
+        or w_hwio.ndim != 4
+        or groups != 1
+        or 0 in w_hwio.shape
+        or w_hwio.shape[2] <= NCHW_DIRECT_MAX_CIN
+    ):
+        return w_hwio
+    return PackedConvWeights(_core.conv_pack(_f32c(w_hwio), 1), w_hwio.shape)
+
+
+def conv_weights_array(w_hwio):
+    """``w_hwio`` as a float32 array the kernels read in place: an array as it is (C-ordered),
+    held weights unpacked once for as long as they live."""
+    if type(w_hwio) is PackedConvWeights:
+        return derived(w_hwio, "conv-hwio", PackedConvWeights.unpacked)
+    return _f32c(w_hwio)
+
+
 def _packed_conv(wk, groups):
-    """Each group's weights of ``wk`` packed for ``_core.conv2d`` (once per weight array)."""
+    """Each group's weights of ``wk`` packed for ``_core.conv2d`` (once per weight array; held
+    weights are that form already)."""
+    if type(wk) is PackedConvWeights and groups == 1:
+        return wk.packed
     return derived_view(wk, f"native-conv:{groups}", lambda w: _core.conv_pack(w, groups))
+
+
+def winograd_weights(wk, tile: int):
+    """``wk`` (3, 3, C_in, C_out) transformed for ``conv3x3_winograd`` at ``tile`` (2 or 4),
+    once per weight array (held weights: from their values unpacked for the transform)."""
+    if type(wk) is PackedConvWeights:
+        return derived(wk, f"native-winograd:{tile}", lambda w: _core.winograd_pack(w.unpacked(), tile=tile))
+    return derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,6 +290,9 @@ class ConvOps(ReferenceOps):
         alpha=0.0,
     ):
         return self.conv2d_plan(x_nhwc.shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)(x_nhwc)
+
+    def conv_weights(self, w_hwio, groups=1):
+        return hold_conv(w_hwio, groups)
 
     def conv2d_plan(
         self,
@@ -267,14 +343,16 @@ class ConvOps(ReferenceOps):
             return lambda x, r=None: run(x) if r is None else self.add_act(run(x), r, *residual)
 
         if n * h * w * c == 0 or ho <= 0 or wo <= 0 or cout == 0 or min(pt, pl) < 0:
+            w_ref = np.asarray(w_hwio)
             return plain(
-                lambda x: ReferenceOps.conv2d(self, x, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+                lambda x: ReferenceOps.conv2d(self, x, w_ref, b, strides, pads, dilation, groups, activation, alpha)
             )
         if groups > 1 and cin_g == 1 and groups == c:
             # one input channel per group: a depthwise convolution (multiplier cout / c)
             w_hwcm = w_hwio.reshape(kh, kw, c, cout // c)
             return plain(lambda x: self.depthwise_conv2d(x, w_hwcm, b, strides, pads, dilation, activation, alpha))
-        wk, bias, code, out = _f32c(w_hwio), _bias(b), _kernel_code(activation), (n, ho, wo, cout)
+        wk = w_hwio if type(w_hwio) is PackedConvWeights else _f32c(w_hwio)
+        bias, code, out = _bias(b), _kernel_code(activation), (n, ho, wo, cout)
         finish = code != CODES.get(activation)  # softmax or no native code: a pass after
         tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
 
@@ -282,7 +360,7 @@ class ConvOps(ReferenceOps):
             _core.conv2d(x, pw, bias, y, kh, kw, sh, sw, dh, dw, pt, pl, groups, code, alpha)
 
         if tile:
-            pu = derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
+            pu = winograd_weights(wk, tile)
 
             def run(x):
                 x, y = _f32c(x), np.empty(out, np.float32)
@@ -352,7 +430,7 @@ class ConvOps(ReferenceOps):
             or code in _SOFTMAX_CODES
         ):
             return super().conv2d_nchw_plan(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
-        wk, bias, out = _f32c(w_hwio), _bias(b), (n, ho, wo, cout)
+        wk, bias, out = conv_weights_array(w_hwio), _bias(b), (n, ho, wo, cout)
 
         def run(x):
             y = np.empty(out, np.float32)

@@ -52,10 +52,7 @@ class PackedWeights:
 
     def unpacked(self):
         """The weights as a new (k, n) C-ordered float32 array."""
-        k, n = self.shape
-        panels = -(-n // PANEL)
-        blocks = self.packed[: panels * k * PANEL].reshape(panels, k, PANEL)
-        return np.ascontiguousarray(blocks.transpose(1, 0, 2).reshape(k, panels * PANEL)[:, :n])
+        return unpack(self.packed, *self.shape)
 
     def __array__(self, dtype=None, copy=None):
         w = self.unpacked()
@@ -63,6 +60,14 @@ class PackedWeights:
 
     def __repr__(self) -> str:
         return f"PackedWeights(shape={self.shape})"
+
+
+def unpack(packed, k: int, n: int):
+    """The (k, n) matrix ``_core.pack`` packed into ``packed``, as a new C-ordered float32
+    array (its panels of ``PANEL`` columns read back, the last one's padding dropped)."""
+    panels = -(-n // PANEL)
+    blocks = packed[: panels * k * PANEL].reshape(panels, k, PANEL)
+    return np.ascontiguousarray(blocks.transpose(1, 0, 2).reshape(k, panels * PANEL)[:, :n])
 
 
 def hold(w_kn):

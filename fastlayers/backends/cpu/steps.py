@@ -9,19 +9,17 @@ the weights are packed by the same functions, so a plan and the backend share on
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ...geometry import window_out_2d
 from ...native import CODES, _core
-from ..derived import derived_view
 from . import gemm, recurrent
 from .conv import (
     NCHW_DIRECT_MAX_CIN,
     NCHW_DIRECT_MAX_COUT,
     NCHW_DIRECT_MAX_WINDOW,
     NCHW_DIRECT_MIN_COUT,
+    PackedConvWeights,
     _bias,
     _f32c,
     _packed_conv,
@@ -29,8 +27,10 @@ from .conv import (
     _transpose_one_weights,
     _transpose_packed,
     _winograd_tile,
+    conv_weights_array,
     pointwise_nchw_takes,
     pointwise_rows,
+    winograd_weights,
 )
 
 #: Activation names whose native codes run elementwise (the softmaxes normalise rows).
@@ -80,7 +80,7 @@ def conv2d_step(
         return "depthwise", dict(wk=wk, bias=_bias(b), **geometry, **then_add)
     if groups < 1 or c != cin_g * groups or cout % groups:
         return None
-    wk = _f32c(w_hwio)
+    wk = w_hwio if type(w_hwio) is PackedConvWeights else _f32c(w_hwio)
     if (
         planes
         and residual is None
@@ -89,13 +89,15 @@ def conv2d_step(
         and NCHW_DIRECT_MIN_COUT <= cout <= NCHW_DIRECT_MAX_COUT
         and kh * kw <= NCHW_DIRECT_MAX_WINDOW
     ):
-        return "conv2d", dict(pw=wk, bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry)
+        return "conv2d", dict(
+            pw=conv_weights_array(wk), bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry
+        )
     tile = _winograd_tile(n, ho, wo, c, cout) if kh == kw == 3 and sh == sw == dh == dw == 1 and groups == 1 else 0
     bound = dict(bias=_bias(b), kh=kh, kw=kw, groups=groups, **geometry)
     if tile:
         # no packed weights for the direct sums: a non-finite value fails the step
         # (NOT_FINITE) and the Python plan, which packs them when it first needs them, runs the call
-        pu = derived_view(wk, f"native-winograd:{tile}", functools.partial(_core.winograd_pack, tile=tile))
+        pu = winograd_weights(wk, tile)
         bound.update(pw=None, tile=tile, pu=pu, **then_add)
     else:
         bound.update(pw=_packed_conv(wk, groups))

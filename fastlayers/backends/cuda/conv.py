@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ...geometry import window_out_2d
+from ..derived import derived
 from ..reference.conv import resize_ratio
 from . import kernels as K
 from .device import DeviceOps, serialized_in_simulator
@@ -42,6 +43,8 @@ class ConvOps(DeviceOps):
         activation="linear",
         alpha=0.0,
     ):
+        if not isinstance(w_hwio, np.ndarray) and not is_device(w_hwio):  # another backend's conv_weights
+            w_hwio = derived(w_hwio, "host-array", np.asarray)
         n, h, w, c = x_nhwc.shape
         kh, kw, cin_g, cout = w_hwio.shape
         (sh, sw), (dh, dw) = strides, dilation

@@ -411,6 +411,13 @@ class ReferenceOps:
         y = rc.conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups)
         return self._conv_epilogue(y, b, activation, alpha)
 
+    def conv_weights(self, w_hwio: Floats4d, groups: int = 1) -> Any:
+        """What a model that reads the convolution weights ``w_hwio`` (kh, kw, C_in / groups,
+        C_out) only through ``conv2d`` and its plans holds in their place, so that it keeps one
+        copy of them: here ``w_hwio`` itself; the cpu backend gives the packed form alone for
+        most convolutions (``np.asarray`` of it gives the values back, unpacked anew)."""
+        return w_hwio
+
     def conv2d_plan(
         self,
         x_shape: Sequence[int],

@@ -26,7 +26,9 @@ def _window(xp, i, j, strides, dilation, out_hw):
 
 
 def conv2d(x_nhwc, w_hwio, strides, pads, dilation, groups):
-    """y[n, oh, ow, g co + o] = sum_{i, j, c} xpad[n, s oh + d i, s ow + d j, g ci + c] w[i, j, c, g co + o]."""
+    """y[n, oh, ow, g co + o] = sum_{i, j, c} xpad[n, s oh + d i, s ow + d j, g ci + c] w[i, j, c, g co + o]
+    (``w_hwio`` an array or what a backend's ``conv_weights`` gave, read through ``np.asarray``)."""
+    w_hwio = np.asarray(w_hwio)
     n, h, w, c = x_nhwc.shape
     kh, kw, cin_g, cout = w_hwio.shape
     (pt, pb), (pl, pr) = pads

@@ -184,8 +184,9 @@ def planes_pointwise(window, group, strides, pads, residual, post) -> bool:
 
 
 def oi_of_hwio(w_hwio):
-    """A 1x1 convolution's (1, 1, C_in, C_out) weights as (C_out, C_in)."""
-    return np.ascontiguousarray(w_hwio[0, 0].T)
+    """A 1x1 convolution's (1, 1, C_in, C_out) weights (an array or the backend's held form,
+    ``Ops.conv_weights``) as (C_out, C_in)."""
+    return np.ascontiguousarray(np.asarray(w_hwio)[0, 0].T)
 
 
 def _with_residual_in_kernel(plan, residual):
