@@ -19,9 +19,10 @@ Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the globa
 InceptionBlock and NiNBlock, and a Model or Sequential used as a layer (written inline): every keras.applications
 architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
 ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node.
-MultiHeadAttention and SelfAttention (rank 3, no masks or scores) are their products and
-softmax, which the import fuses with the sums, LayerNormalizations and feed-forward layers
-around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
+MultiHeadAttention and SelfAttention (rank 3, no masks or scores but the causal mask, an
+additive bias made from the shapes) are their products and softmax, which the import fuses
+into one attention step, and, without the causal mask, with the sums, LayerNormalizations
+and feed-forward layers around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
 its table's first rows; Attention (dot or concat scores), AdditiveAttention and HardAttention without
 masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding without ``mask_zero`` reading a model input
 read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
@@ -736,13 +737,32 @@ def _bidirectional(g, layer, xs):
     return Value(out, rank)
 
 
-def _multi_head_attention(g, layer, xs, packed=("query", "value"), **other):
-    """Keras's MultiHeadAttention on rank-3 values (attention over axis 1), without a mask,
-    causal mask or returned scores: the projections as MatMuls, softmax(q k^T / sqrt(key_dim))
-    v per head, the output projection; the import fuses the product-softmax-product into one
-    attention step."""
+def _causal_bias(g, qh: str, kt: str) -> str:
+    """The additive causal mask of heads ``qh`` (B, H, Tq, d) and ``kt`` (B, H, d, Tk): 0 where
+    key j <= query i, -inf above (Tq, Tk), made from their shapes (a constant of each call's
+    shapes for the import and its plans), as ``use_causal_mask`` masks."""
+
+    def positions(x: str, axis: int, hint: str) -> str:
+        length = g.node("Squeeze", [g.node("Shape", [x], f"{hint}_len", start=axis, end=axis + 1)], hint)
+        zero, one = (g.const(np.array(v, np.int64), "step") for v in (0, 1))
+        return g.node("Range", [zero, length, one], f"{hint}_positions")
+
+    rows = g.node("Unsqueeze", [positions(qh, 2, "query"), g.const(np.array([1], np.int64), "axis")], "rows")
+    cols = g.node("Unsqueeze", [positions(kt, 3, "key"), g.const(np.array([0], np.int64), "axis")], "cols")
+    allowed = g.node("LessOrEqual", [cols, rows], "allowed")
+    zero, masked = (g.const(np.array(v, np.float32), "bias") for v in (0.0, -np.inf))
+    return g.node("Where", [allowed, zero, masked], "causal")
+
+
+def _multi_head_attention(
+    g, layer, xs, packed=("query", "value"), use_causal_mask=False, return_attention_scores=False, **other
+):
+    """Keras's MultiHeadAttention on rank-3 values (attention over axis 1), without a mask or
+    returned scores: the projections as MatMuls, softmax(q k^T / sqrt(key_dim) (+ the causal
+    mask)) v per head, the output projection; the import fuses the product-softmax-product
+    into one attention step."""
     named = dict(zip(packed, xs))
-    if other or set(packed) - {"query", "value", "key"} or any(v.rank != 3 for v in xs):
+    if other or return_attention_scores or set(packed) - {"query", "value", "key"} or any(v.rank != 3 for v in xs):
         raise NoForm
     if layer.attention_axes not in (None, (1,)) or len(layer._out_tail((None, None, 1))) != 1:
         raise NoForm
@@ -762,7 +782,10 @@ def _multi_head_attention(g, layer, xs, packed=("query", "value"), **other):
     kt = g.node("Transpose", [project(k, "key", kd)], "k_t", perm=[0, 2, 3, 1])  # (B, H, kd, Tk)
     vh = g.node("Transpose", [project(v, "value", vd)], "v", perm=[0, 2, 1, 3])  # (B, H, Tk, vd)
     qs = g.node("Mul", [qh, g.const(np.float32(1.0 / np.sqrt(kd)), "scale")], "q_scaled")
-    weights = g.node("Softmax", [g.node("MatMul", [qs, kt], "scores")], "weights", axis=-1)
+    scores = g.node("MatMul", [qs, kt], "scores")
+    if use_causal_mask:
+        scores = g.node("Add", [scores, _causal_bias(g, qh, kt)], "scores_causal")
+    weights = g.node("Softmax", [scores], "weights", axis=-1)
     ctx = g.node("Transpose", [g.node("MatMul", [weights, vh], "context")], "context_t", perm=[0, 2, 1, 3])
     ctx = g.node("Reshape", [ctx, g.const(np.array([0, 0, H * vd], np.int64), "merged")], "merged")
     out = layer.output_kernel
@@ -773,10 +796,11 @@ def _multi_head_attention(g, layer, xs, packed=("query", "value"), **other):
 
 
 def _self_attention(g, layer, xs):
-    """fastlayers' SelfAttention (query = key = value), without its causal mask or scores."""
-    if layer.use_causal_mask or layer.return_attention_scores:
+    """fastlayers' SelfAttention (query = key = value), with its causal mask where it has
+    one, without returned scores."""
+    if layer.return_attention_scores:
         raise NoForm
-    return _multi_head_attention(g, layer, [xs[0]] * 3, ("query", "value", "key"))
+    return _multi_head_attention(g, layer, [xs[0]] * 3, ("query", "value", "key"), layer.use_causal_mask)
 
 
 def _positional_encoding(g, layer, xs):

@@ -168,8 +168,18 @@ def _graphs():
         parts = [c, K.MultiHeadAttention(2, 3)(h, x, h), d, e, f, K.Attention()([x, h, x]), cs, cw]
         return lib.Model(x, K.Dense(3)(K.Concatenate()(parts)))
 
+    def causal(lib, K):
+        x = lib.Input((6, 8))
+        h = K.Conv1D(8, 3, padding="same")(x)
+        h = K.LayerNormalization()(K.Add()([h, K.MultiHeadAttention(2, 4)(h, h, use_causal_mask=True)]))
+        half = K.Conv1D(8, 2, strides=2)(h)  # 3 steps: fewer keys than queries, then fewer queries
+        a = K.MultiHeadAttention(3, 2, value_dim=5)(h, half, use_causal_mask=True)
+        b = K.MultiHeadAttention(2, 3)(half, h, h, use_causal_mask=True)
+        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a])), b])
+
     return {
         "attention": (attention, (6, 8)),
+        "causal": (causal, (6, 8)),
         "recurrent": (recurrent, (7, 5)),
         "recurrent_states": (recurrent_states, (6, 4)),
         "reordered": (reordered, (6, 5, 4)),
@@ -540,8 +550,8 @@ def _encoder(causal=False, max_length=16):
 
 def test_fastlayers_transformer_parts_compile(rng):
     """SelfAttention, PositionalEncoding (its rows sliced to each call's length) and
-    PositionwiseFeedForward against the layer path, at two sequence lengths; a sequence longer
-    than the table is the layer's error; a causal mask keeps the layer path."""
+    PositionwiseFeedForward against the layer path, at two sequence lengths (causal too); a
+    sequence longer than the table is the layer's error."""
     model = _encoder()
     for steps in (5, 11):
         ids = rng.integers(0, 30, (2, steps))
@@ -552,9 +562,13 @@ def test_fastlayers_transformer_parts_compile(rng):
     with pytest.raises(ShapeError, match="PositionalEncoding"):
         model(rng.integers(0, 30, (1, 17)))
     causal = _encoder(causal=True)
-    ids = rng.integers(0, 30, (2, 6))
-    np.testing.assert_array_equal(causal(ids), _layer_path(causal, ids))
-    assert _compiled(causal, (plans.IDS, 2)) is None
+    for steps in (6, 9):
+        ids = rng.integers(0, 30, (2, steps))
+        for _ in range(3):  # the third call runs the native plan built at the second
+            got = causal(ids)
+        assert_close(got, _layer_path(causal, ids), rtol=1e-5, atol=1e-6)
+        assert_close(got[:, :3], causal(ids[:, :3]), rtol=1e-5, atol=1e-6)  # no step sees a later one
+    assert _compiled(causal, (plans.IDS, 2)) is not None
 
 
 @pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
