@@ -23,8 +23,8 @@ MultiHeadAttention and SelfAttention (rank 3, no masks or scores but the causal 
 additive bias made from the shapes) are their products and softmax, which the import fuses
 into one attention step, and, without the causal mask, with the sums, LayerNormalizations
 and feed-forward layers around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
-its table's first rows; Attention (dot or concat scores), AdditiveAttention and HardAttention without
-masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding without ``mask_zero`` reading a model input
+its table's first rows; Attention (dot or concat scores), AdditiveAttention (the causal mask
+too) and HardAttention without masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding without ``mask_zero`` reading a model input
 read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
@@ -737,18 +737,19 @@ def _bidirectional(g, layer, xs):
     return Value(out, rank)
 
 
-def _causal_bias(g, qh: str, kt: str) -> str:
-    """The additive causal mask of heads ``qh`` (B, H, Tq, d) and ``kt`` (B, H, d, Tk): 0 where
-    key j <= query i, -inf above (Tq, Tk), made from their shapes (a constant of each call's
-    shapes for the import and its plans), as ``use_causal_mask`` masks."""
+def _causal_bias(g, q: str, q_axis: int, k: str, k_axis: int) -> str:
+    """The additive causal mask (Tq, Tk) of queries along axis ``q_axis`` of ``q`` and keys
+    along axis ``k_axis`` of ``k``: 0 where key j <= query i, -inf above, made from their
+    shapes (a constant of each call's shapes for the import and its plans), as
+    ``use_causal_mask`` masks."""
 
     def positions(x: str, axis: int, hint: str) -> str:
         length = g.node("Squeeze", [g.node("Shape", [x], f"{hint}_len", start=axis, end=axis + 1)], hint)
         zero, one = (g.const(np.array(v, np.int64), "step") for v in (0, 1))
         return g.node("Range", [zero, length, one], f"{hint}_positions")
 
-    rows = g.node("Unsqueeze", [positions(qh, 2, "query"), g.const(np.array([1], np.int64), "axis")], "rows")
-    cols = g.node("Unsqueeze", [positions(kt, 3, "key"), g.const(np.array([0], np.int64), "axis")], "cols")
+    rows = g.node("Unsqueeze", [positions(q, q_axis, "query"), g.const(np.array([1], np.int64), "axis")], "rows")
+    cols = g.node("Unsqueeze", [positions(k, k_axis, "key"), g.const(np.array([0], np.int64), "axis")], "cols")
     allowed = g.node("LessOrEqual", [cols, rows], "allowed")
     zero, masked = (g.const(np.array(v, np.float32), "bias") for v in (0.0, -np.inf))
     return g.node("Where", [allowed, zero, masked], "causal")
@@ -784,7 +785,7 @@ def _multi_head_attention(
     qs = g.node("Mul", [qh, g.const(np.float32(1.0 / np.sqrt(kd)), "scale")], "q_scaled")
     scores = g.node("MatMul", [qs, kt], "scores")
     if use_causal_mask:
-        scores = g.node("Add", [scores, _causal_bias(g, qh, kt)], "scores_causal")
+        scores = g.node("Add", [scores, _causal_bias(g, qh, 2, kt, 3)], "scores_causal")
     weights = g.node("Softmax", [scores], "weights", axis=-1)
     ctx = g.node("Transpose", [g.node("MatMul", [weights, vh], "context")], "context_t", perm=[0, 2, 1, 3])
     ctx = g.node("Reshape", [ctx, g.const(np.array([0, 0, H * vd], np.int64), "merged")], "merged")
@@ -829,13 +830,13 @@ def _feed_forward(g, layer, xs):
     return Value(y, v.rank)
 
 
-def _dense_attention(g, layer, xs):
+def _dense_attention(g, layer, xs, use_causal_mask=False, return_attention_scores=False, **other):
     """Keras's Attention (dot scores, times ``scale`` with use_scale; or score_mode "concat":
     concat_score_weight times the sum over the features of tanh(scale (q + k))) and
     AdditiveAttention (sum over the features of scale * tanh(q + k)) on rank-3 [query,
-    value(, key)], no masks or returned scores: softmax over the keys, then the product with
-    the values."""
-    if any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
+    value(, key)], no masks but the causal one, no returned scores: softmax over the keys,
+    then the product with the values."""
+    if other or return_attention_scores or any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
         raise NoForm
     q, v = plain(g, xs[0]), plain(g, xs[1])
     k = plain(g, xs[2]) if len(xs) == 3 else v
@@ -857,6 +858,8 @@ def _dense_attention(g, layer, xs):
         if concat:
             weight = g.const(np.asarray(layer.concat_score_weight, np.float32), "concat_score_weight")
             scores = g.node("Mul", [scores, weight], "weighted")
+    if use_causal_mask:
+        scores = g.node("Add", [scores, _causal_bias(g, q, 1, k, 1)], "scores_causal")
     weights = g.node("Softmax", [scores], "weights", axis=-1)
     return Value(g.node("MatMul", [weights, v], "attended"), 3)
 
@@ -920,9 +923,9 @@ def _nin(g, layer, xs):
 
 
 _LAYERS = "fastlayers.layers"
-#: The forms that take a node's call arguments (MultiHeadAttention's packed input names; any
-#: other argument, a mask or returned scores, is not a parameter of theirs: NoForm)
-_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention})
+#: The forms that take a node's call arguments (MultiHeadAttention's packed input names, the
+#: attentions' causal mask; any other argument, a mask or returned scores, is refused: NoForm)
+_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention})
 #: Keras recurrent layer classes -> (ONNX node, their gate blocks in ONNX's order)
 _RNN_KINDS = {
     f"{_LAYERS}.recurrent.SimpleRNN": ("RNN", [0]),

@@ -175,7 +175,10 @@ def _graphs():
         half = K.Conv1D(8, 2, strides=2)(h)  # 3 steps: fewer keys than queries, then fewer queries
         a = K.MultiHeadAttention(3, 2, value_dim=5)(h, half, use_causal_mask=True)
         b = K.MultiHeadAttention(2, 3)(half, h, h, use_causal_mask=True)
-        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a])), b])
+        d = K.Attention(use_scale=True)([h, x], use_causal_mask=True)
+        e = K.AdditiveAttention()([half, h, x], use_causal_mask=True)
+        f = K.Attention(score_mode="concat")([h, half], use_causal_mask=True)
+        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a, d, f])), K.Concatenate()([b, e])])
 
     return {
         "attention": (attention, (6, 8)),
