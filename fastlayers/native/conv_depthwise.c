@@ -326,8 +326,9 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
 #if FL_VW >= 8
 /* Stride 1, undilated, on a unit's buffer (rows len floats apart, zero-padded): CONV_BAND_ROWS
  * output rows at a time, so that each input vector is loaded once for every output row whose
- * window reads it (3x3: 18 loads for 4 rows of a vector instead of 36), the taps' weights in
- * registers, the accumulators' FMA chains independent across rows and vectors. */
+ * window reads it (3x3: 18 loads for 4 rows of a vector instead of 36), the taps' weights
+ * broadcast from memory inside the FMAs, the accumulators' FMA chains independent across rows
+ * and vectors. */
 #define CONV_BAND_ROWS 4
 
 /* out[r wo + u FL_VW + 0:FL_VW] for r < rows, u < nv (the last vector cut to `last` lanes) =
@@ -336,7 +337,7 @@ FL_INLINE void conv_band_vecs(const float *b, int64_t len, int kh, int kw, int r
                               const float *wv, float bias, int code, float alpha, float *out,
                               int64_t wo, int64_t last) {
     fl_vf acc[CONV_BAND_ROWS][2];
-    _Pragma("GCC unroll 8") for (int r = 0; r < rows; ++r)
+    _Pragma("GCC unroll 4") for (int r = 0; r < rows; ++r)
         _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) acc[r][u] = fl_set1(bias);
     _Pragma("GCC unroll 12") for (int q = 0; q < rows + kh - 1; ++q) {
         _Pragma("GCC unroll 5") for (int j = 0; j < kw; ++j) {
@@ -377,22 +378,17 @@ FL_INLINE void conv_band_rows(const float *b, int64_t len, int kh, int kw, int r
 FL_INLINE void conv_band_plane(const float *b, int64_t len, int kh, int kw, int64_t n_rows,
                                const float *wt, float bias, int code, float alpha, float *out,
                                int64_t wo) {
-    const float *wv = wt;
     const int nv = kh * kw > 9 ? 1 : 2;
     int64_t r0 = 0;
     for (; r0 + CONV_BAND_ROWS <= n_rows; r0 += CONV_BAND_ROWS)
-        conv_band_rows(b + r0 * len, len, kh, kw, CONV_BAND_ROWS, nv, wv, bias, code, alpha,
+        conv_band_rows(b + r0 * len, len, kh, kw, CONV_BAND_ROWS, nv, wt, bias, code, alpha,
                        out + r0 * wo, wo);
-    if (CONV_BAND_ROWS > 4 && n_rows - r0 >= 4) {
-        conv_band_rows(b + r0 * len, len, kh, kw, 4, nv, wv, bias, code, alpha, out + r0 * wo, wo);
-        r0 += 4;
-    }
     if (n_rows - r0 >= 2) {
-        conv_band_rows(b + r0 * len, len, kh, kw, 2, nv, wv, bias, code, alpha, out + r0 * wo, wo);
+        conv_band_rows(b + r0 * len, len, kh, kw, 2, nv, wt, bias, code, alpha, out + r0 * wo, wo);
         r0 += 2;
     }
     if (n_rows > r0)
-        conv_band_rows(b + r0 * len, len, kh, kw, 1, nv, wv, bias, code, alpha, out + r0 * wo, wo);
+        conv_band_rows(b + r0 * len, len, kh, kw, 1, nv, wt, bias, code, alpha, out + r0 * wo, wo);
 }
 
 #endif
