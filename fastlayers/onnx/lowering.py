@@ -118,19 +118,23 @@ VERIFY_RTOL = 1e-4
 STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0, 2000.0
 #: What a node of these operators lowered natively saves beyond ``STEP_US``: the Python
 #: around a bound recurrent loop (its states copied, its outputs made and viewed per
-#: direction), 13-20 us measured per node where its native loop took 5-8 (docs/design.md).
-EXTRA_STEP_US = dict.fromkeys(
-    ("LSTM", "GRU", "RNN", "EmbeddingLSTM", "EmbeddingGRU", "EmbeddingRNN", "FusedLSTMCell"), 10.0
-)
+#: direction), 13-20 us measured per node where its native loop took 5-8; the moves of a
+#: convolution's NCHW input to channels-last and of its result back, which the plan's step
+#: reads and writes in place or gathers natively (a 16-channel 3x3 convolution on 14x14: its
+#: Python plan 21 us, as a plan 16; docs/design.md).
+EXTRA_STEP_US = {
+    **dict.fromkeys(("LSTM", "GRU", "RNN", "EmbeddingLSTM", "EmbeddingGRU", "EmbeddingRNN", "FusedLSTMCell"), 10.0),
+    **dict.fromkeys(("Conv", "FusedConv", "ConvTranspose"), 5.0),
+}
 #: What each byte of a native step's result saves besides: the Python plan writes each
 #: node's result into memory its allocator hands back cold in cache, where the plan's arena
 #: reuses buffers while they are warm (30-90 us per MB of results measured, docs/design.md).
 RESULT_BYTES_PER_US = 33000.0
 #: What a call through a plan costs beyond the Python plan's, whatever its steps: the key,
-#: the outputs copied out, the GIL released and taken back (10-15 us
-#: measured where the steps took 3.4: a two-layer MLP of 8 rows, whose Python plan is one
-#: native call, ran 43 -> 54 us as a plan).
-PLAN_US = 15.0
+#: the outputs copied out, the GIL released and taken back (a two-layer MLP of one row,
+#: whose Python plan is one native call, 4.8 -> 6.1 us as a plan; with the one step it saves,
+#: about 6 us; docs/design.md).
+PLAN_US = 6.0
 
 
 def _keyed_values(a) -> bool:
@@ -568,6 +572,8 @@ class NativePlans:
         self.lock = threading.Lock()
         #: the most nodes a plan of the model could lower (those of If branches included)
         self.nodes = node_count(model)
+        #: what its nodes could save beyond ``STEP_US`` each (``EXTRA_STEP_US``)
+        self.extra_us = sum(EXTRA_STEP_US.get(node.op_type, 0.0) for node in model._nodes)
         #: builds that failed; no more builds once a plan did not pay or MAX_FAILED_BUILDS failed
         self.failures, self.off = 0, False
         #: whether some key has a plan (while none has and no more are built, a call looks
@@ -601,7 +607,7 @@ class NativePlans:
             if seen < BUILD_AFTER:
                 self._keep(key, seen)
                 return None
-            if not pays(self.nodes, 0, 0):  # the plan's own cost alone (steps read the inputs in place)
+            if not pays(self.nodes, 0, 0, extra_us=self.extra_us):  # the plan's own cost alone
                 self.off = True  # the same for every key
                 self._keep(key, False)
                 return None

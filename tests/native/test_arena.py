@@ -153,7 +153,8 @@ def test_threads_share_the_arena_safely():
 
 
 def _conv_model():
-    """A two-convolution ONNX model whose intermediates are a few MiB each."""
+    """A two-convolution ONNX model whose intermediates are a few MiB each, on its Python plan
+    (whose nodes allocate from the arena per call; a native plan holds its own buffers)."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -174,7 +175,7 @@ def _conv_model():
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    return fastlayers.load(model.SerializeToString())
+    return fastlayers.load(model.SerializeToString(), options=fastlayers.LoadOptions(native_plans=False))
 
 
 def _faults_after_trims(model, x, expected):

@@ -380,6 +380,48 @@ def test_plans_can_be_turned_off_and_the_reference_backend_has_none(rng):
     assert not _plans(ours)
 
 
+def _one_node_model(op_type, x_shape, weight_shape, **attrs):
+    """A graph of one node of ``op_type`` on x with a constant weight and bias."""
+    rng = np.random.default_rng(0)
+    outputs = weight_shape[1] if op_type == "ConvTranspose" else weight_shape[0]
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(weight_shape) / 8).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(outputs).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [helper.make_node(op_type, ["x", "w", "b"], ["y"], **attrs)],
+        "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "op_type, x_shape, weight_shape, attrs, planned",
+    [
+        ("Conv", (1, 16, 14, 14), (16, 16, 3, 3), dict(pads=[1, 1, 1, 1]), True),
+        ("Conv", (1, 16, 14, 14), (16, 1, 3, 3), dict(pads=[1, 1, 1, 1], group=16), True),
+        ("ConvTranspose", (1, 16, 14, 14), (16, 8, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1]), True),
+        ("Gemm", (1, 64), (32, 64), dict(transB=1), False),
+    ],
+    ids=["conv", "depthwise", "conv_transpose", "gemm"],
+)
+def test_a_single_convolution_runs_as_a_plan(rng, op_type, x_shape, weight_shape, attrs, planned):
+    """A one-node model pays for a plan where its node is a convolution (the Python plan moves
+    its NCHW input to channels-last and its result back: ``EXTRA_STEP_US``), not where its
+    Python plan is one native call already (a Gemm); results as onnxruntime's either way."""
+    ort = oracle("onnxruntime")
+    data = _one_node_model(op_type, x_shape, weight_shape, **attrs)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours = fastlayers.load(data)
+    for _ in range(4):
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        assert_close(ours.run(None, {"x": x})[0], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert bool(_plans(ours)) == planned
+
+
 def test_the_cost_model():
     assert lowering.pays(native=30, fallbacks=2, moved=40_000)
     assert not lowering.pays(native=20, fallbacks=60, moved=20_000_000)
@@ -505,8 +547,8 @@ def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     builds = []
     real = lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
-    # the check before tracing (three arguments) passes, the plan traced does not pay
-    monkeypatch.setattr(lowering, "pays", lambda *a: len(a) == 3)
+    # the check before tracing (three positional arguments) passes, the plan traced does not pay
+    monkeypatch.setattr(lowering, "pays", lambda *a, **kw: len(a) == 3)
     ours = fastlayers.load(_vad_model())
     for sr in (16000, 16000, 8000, 8000, 8000, 16000):
         ours.run(None, _feed(rng, sr))

@@ -43,7 +43,8 @@ def _graph(tmp_path, rng):
 
 
 def test_profile_names_each_step_its_kernel_layout_and_shapes(tmp_path, rng):
-    model = fastlayers.load(_graph(tmp_path, rng))
+    """The Python plan's steps: each names the kernel the backend runs for it."""
+    model = fastlayers.load(_graph(tmp_path, rng), options=PYTHON_PLAN)
     x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
     profile = model.profile(x, repeats=3)
     assert [s.op_type for s in profile.steps] == model.op_types == ["FusedConv", "Resize", "ReduceMean", "Cos"]
