@@ -306,8 +306,13 @@ int FL_FN(conv_transpose2d_nchw)(int64_t n, int64_t cin, int64_t h, int64_t w, c
     int64_t co_blk = FL_MAX(1, FL_MIN(cout_g, CONV_TP_COLS_FLOATS / (kk * chunk * w)));
     int64_t co_blocks = (cout_g + co_blk - 1) / co_blk, base = n * groups * co_blocks;
     int64_t threads = fl_pool_get_threads(), bands = 1;
-    if (threads > 1 && base % threads && base < 4 * threads)
-        bands = FL_MAX(1, FL_MIN((4 * threads + base - 1) / base, ho / (2 * sh)));
+    /* row bands where the (image, group, channel block) units are too few for the threads, as
+     * many as the work has shares of GEMM_MIN_SHARE_FLOPS: a band recomputes the rows its
+     * neighbour's window overlaps, which a call too small to share would pay on one thread */
+    int64_t shares = FL_MIN(4 * threads, 2 * n * cout_g * groups * kk * (cin / groups) * h * w /
+                                             GEMM_MIN_SHARE_FLOPS);
+    if (threads > 1 && base % threads && base < shares)
+        bands = FL_MAX(1, FL_MIN((shares + base - 1) / base, ho / (2 * sh)));
     int64_t band_rows = (ho + bands - 1) / bands;
     conv_tp_ctx p = {x, wt, bias, y, cin, h, w, kh, kw, sh, sw, dh, dw, ct, cl, ho, wo, cout_g,
                      groups, co_blk, co_blocks, bands, band_rows, chunk,

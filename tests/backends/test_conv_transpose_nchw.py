@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fastlayers
 from fastlayers.backends.cpu import CpuOps
 from fastlayers.backends.reference import ReferenceOps
 from fastlayers.native import _core
@@ -57,13 +58,25 @@ def test_conv_transpose2d_nchw_matches_reference(rng, shape, cout_g, groups, k, 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("n, groups", [(1, 1), (1, 3), (2, 1)])
 def test_conv_transpose2d_nchw_on_threads(rng, threads, n, groups):
-    """One or three blocks of channels per image: the rows are split in bands (each band
-    computes the input rows it needs)."""
-    x = rng.standard_normal((n, 6 * groups, 23, 19)).astype(np.float32)
-    w = rng.standard_normal((6 * groups, 5, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(5 * groups).astype(np.float32)
+    """One or three blocks of channels per image, each with work for two shares at least: at 2
+    threads the rows are split in bands (each band computes the input rows it needs)."""
+    x = rng.standard_normal((n, 64 * groups, 23, 19)).astype(np.float32)
+    w = (rng.standard_normal((64 * groups, 8, 3, 3)) / 24).astype(np.float32)
+    b = rng.standard_normal(8 * groups).astype(np.float32)
     args = (b, (2, 2), (1, 1), (46, 38), (1, 1), groups, "tanh")
     assert_close(CPU.conv_transpose2d_nchw(x, w, *args), REF.conv_transpose2d_nchw(x, w, *args), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_transpose2d_nchw_too_small_to_share_is_not_split(rng):
+    """A call whose work is under two shares runs in one band at 2 threads, the same bits as
+    at 1 (bands would recompute the rows their windows overlap, on one thread)."""
+    x = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    args = (None, (2, 2), (1, 1), (28, 28), (1, 1), 1, "linear")
+    with fastlayers.using_threads(1):
+        one = CPU.conv_transpose2d_nchw(x, w, *args)
+    with fastlayers.using_threads(2):
+        np.testing.assert_array_equal(CPU.conv_transpose2d_nchw(x, w, *args), one)
 
 
 def test_conv_transpose2d_nchw_reference_matches_the_nhwc_one(rng):
