@@ -3,7 +3,7 @@
  * (gemm.c) over a block of tiles, y = A^T M A with the epilogue in registers: 2.25x fewer
  * multiplies than the direct sum; the transforms only add, subtract and halve. F(4x4, 3x3)
  * the same way on 6x6 patches (36 sgemms, 4x fewer multiplies), at about 5x F(2x2)'s rounding
- * error. Shared by blocks of tiles, or, with few blocks, in three steps whose products are
+ * error. Shared by blocks of tiles, or, with few tiles, in three steps whose products are
  * shared by e. Compiled once per ISA (kernels.inc). */
 
 #include "conv_internal.h"
@@ -16,6 +16,10 @@
  * out of L2 for wide layers) for enough rows (small blocks re-read U from memory). */
 #define CONV_WINO_FLOATS (INT64_C(1) << 17)
 #define CONV_WINO_MIN_TILES 96
+/* The two transforms' cost per element of V and M, in flops of the products' sgemm: a call's
+ * threads are shared by the work of all three steps (the transforms are about half of a call
+ * at 16-32 channels; docs/design.md). */
+#define CONV_WINO_TRANSFORM_FLOPS 16
 
 /* ---------------------------------------------------------------------------- Winograd */
 
@@ -308,29 +312,32 @@ int FL_FN(conv3x3_winograd)(int tile, int64_t n, int64_t h, int64_t w, int64_t c
     if (!conv_code_ok(code)) return -2;
     int na = tile + 2, ne = na * na;
     int64_t th = (ho + tile - 1) / tile, tw = (wo + tile - 1) / tile, tiles = n * th * tw;
-    int64_t flops = 2 * ne * tiles * cin * cout;
-    int64_t shares = FL_MIN(fl_pool_get_threads(), FL_MAX(1, flops / GEMM_MIN_SHARE_FLOPS));
+    int64_t work = 2 * ne * tiles * cin * cout +
+                   CONV_WINO_TRANSFORM_FLOPS * ne * tiles * (cin + cout);
+    int64_t shares = FL_MIN(fl_pool_get_threads(), FL_MAX(1, work / GEMM_MIN_SHARE_FLOPS));
     /* blocks whose V and M stay in L2; a U out of L2 read for enough rows per block */
     int64_t block = FL_MAX(GEMM_MR, CONV_WINO_FLOATS / (ne * (cin + cout)));
     if (ne * cin * cout > CONV_WINO_FLOATS / 2) block = FL_MAX(block, CONV_WINO_MIN_TILES);
     int64_t blocks = (tiles + block - 1) / block;
     conv_wino_ctx p = {x, pu, bias, y, 0, 0, h, w, cin, cout, pt, pl, ho, wo, th, tw, tiles,
                        0, fl_packed_floats(cin, cout), tile, na, ne, code, 0, alpha};
-    if (shares > 1 && blocks < 2 * shares) {
-        /* few blocks: the three steps shared in turn, the ne products by e (each thread then
-         * reads only its part of U) */
+    if (shares > 1 && blocks < 2 * shares && tiles < 2 * GEMM_MR * shares) {
+        /* few tiles (under two blocks of GEMM_MR rows a thread): the three steps shared in
+         * turn, the ne products by e (each thread then reads only its part of U) */
         float *buf = fl_buf_floats(&FL_FN(conv_call_buf),
                                    (size_t)(ne * tiles * (cin + cout)));
         if (!buf) return -1;
         p.v = buf;
         p.m = buf + ne * tiles * cin;
-        int64_t grain = FL_MAX(1, CONV_MIN_SHARE_TAPS / (ne * (cin + cout)));
+        int64_t grain = FL_MAX(1, FL_MIN((tiles + shares - 1) / shares,
+                                         CONV_MIN_SHARE_TAPS / (ne * (cin + cout))));
         fl_parallel(tiles, grain, conv_wino_input_task, &p);
         if (!p.status) fl_parallel(ne, 1, conv_wino_products_task, &p);
         if (!p.status) fl_parallel(tiles, grain, conv_wino_output_task, &p);
         return p.status ? p.status : p.nonfinite;
     }
-    /* shared by blocks: a multiple of the pool's chunks, so that each takes as many */
+    /* shared by blocks, each thread's V and M in its own buffer (the three steps would pass
+     * them between cores): a multiple of the pool's chunks, so that each takes as many */
     if (shares > 1) blocks = (blocks + 4 * shares - 1) / (4 * shares) * (4 * shares);
     p.block = FL_MIN(tiles, ((tiles + blocks - 1) / blocks + GEMM_MR - 1) / GEMM_MR * GEMM_MR);
     blocks = (tiles + p.block - 1) / p.block;

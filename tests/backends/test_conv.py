@@ -640,7 +640,8 @@ WINOGRAD_CASES = [  # (n, h, w, c_in, c_out, pads): odd outputs, one-sided / no 
     (1, 12, 11, 16, 20, ((1, 1), (1, 1))),
     (2, 30, 30, 16, 16, ((1, 1), (1, 1))),  # two blocks of tiles
     (1, 64, 64, 16, 16, ((1, 1), (1, 1))),  # four blocks: shared by blocks
-    (1, 16, 16, 48, 48, ((1, 1), (1, 1))),  # one block: the three steps shared in turn
+    (1, 16, 16, 48, 48, ((1, 1), (1, 1))),  # one block (F(2x2)): shared by smaller blocks
+    (1, 12, 12, 96, 96, ((1, 1), (1, 1))),  # few tiles: the three steps shared in turn
     (1, 95, 93, 16, 16, ((1, 1), (1, 1))),  # F(4x4) too shared by blocks, odd tile tails
 ]
 
@@ -697,20 +698,22 @@ def test_winograd_is_chosen_for_large_3x3_convolutions(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "n,hw,cin,cout,tile",
+    "n,hw,cin,cout,tile,tile_avx512",
     [
-        (1, 56, 64, 64, 4),
-        (1, 28, 128, 128, 4),
-        (8, 28, 16, 32, 4),
-        (1, 14, 64, 64, 2),  # 4x4 tiles padded 14 -> 16: F(2x2)
-        (1, 28, 128, 256, 2),  # more than 128 channels: F(2x2), for its precision
-        (1, 7, 512, 512, 0),
-        (1, 56, 8, 64, 0),
-        (1, 2, 32, 32, 0),
+        (1, 56, 64, 64, 4, 4),
+        (1, 28, 128, 128, 4, 4),
+        (8, 28, 16, 32, 4, 4),
+        (1, 14, 64, 64, 2, 4),  # 4x4 tiles padded 14 -> 16: F(2x2), but F(4x4) on the avx512 path
+        (8, 10, 32, 32, 2, 2),  # padded 10 -> 12: F(2x2) on every path
+        (1, 28, 128, 256, 2, 2),  # more than 128 channels: F(2x2), for its precision
+        (1, 7, 512, 512, 0, 0),
+        (1, 56, 8, 64, 0, 0),
+        (1, 2, 32, 32, 0, 0),
     ],
 )
-def test_winograd_tile_rule(n, hw, cin, cout, tile):
-    assert conv_ops._winograd_tile(n, hw, hw, cin, cout) == tile
+def test_winograd_tile_rule(isa, n, hw, cin, cout, tile, tile_avx512):
+    """The tile follows the ISA path the kernels run now."""
+    assert conv_ops._winograd_tile(n, hw, hw, cin, cout) == (tile_avx512 if isa == "avx512" else tile)
 
 
 @pytest.mark.parametrize("tile", [2, 4])

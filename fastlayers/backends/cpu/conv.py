@@ -113,9 +113,12 @@ _WINOGRAD_WIDE = 256
 _WINOGRAD_WIDE_TILES = 36
 #: F(4x4, 3x3) up to this many channels each way (its error against the exact convolution,
 #: about 3e-6 of the output's largest magnitude there, grows with the channels: 4.7e-6 at 256),
-#: where its 36 products per 4x4 tile come to at most this fraction of F(2x2)'s 16 per 2x2 tile.
+#: where its 36 products per 4x4 tile come to at most this fraction of F(2x2)'s 16 per 2x2 tile
+#: (on the avx512 path, whose 16 lanes and 32 registers suit F(4x4)'s 6x6 transforms, the
+#: larger fraction: 14x14 planes).
 _WINOGRAD4_MAX_CHANNELS = 128
 _WINOGRAD4_WORK = 0.6
+_WINOGRAD4_WORK_AVX512 = 0.75
 
 
 def _f32c(a):
@@ -174,7 +177,8 @@ def _winograd_tile(n, ho, wo, cin, cout) -> int:
 
     F(2x2, 3x3) beats ``conv2d`` from 16 channels each way and 4 tiles, except for wide weights
     on few tiles; F(4x4, 3x3) beats F(2x2) on planes whose 4x4 tiles leave little padding, and
-    is taken up to ``_WINOGRAD4_MAX_CHANNELS`` channels for its precision (docs/design.md,
+    is taken up to ``_WINOGRAD4_MAX_CHANNELS`` channels for its precision; the fraction depends
+    on the ISA path the kernels run now (docs/design.md,
     "Figures behind the code's constants")."""
     if min(cin, cout) < _WINOGRAD_MIN_CHANNELS:
         return 0
@@ -183,7 +187,8 @@ def _winograd_tile(n, ho, wo, cin, cout) -> int:
     if tiles2 < (_WINOGRAD_WIDE_TILES if wide else _WINOGRAD_MIN_TILES):
         return 0
     tiles4 = n * ((ho + 3) // 4) * ((wo + 3) // 4)
-    if max(cin, cout) <= _WINOGRAD4_MAX_CHANNELS and 36 * tiles4 <= _WINOGRAD4_WORK * 16 * tiles2:
+    work = _WINOGRAD4_WORK_AVX512 if _core.isa() == "avx512" else _WINOGRAD4_WORK
+    if max(cin, cout) <= _WINOGRAD4_MAX_CHANNELS and 36 * tiles4 <= work * 16 * tiles2:
         return 4
     return 2
 
