@@ -61,12 +61,15 @@ class Value:
     output, so that the convolutions, their normalizations, activations and residual sums
     between them run as one NCHW region the import fuses; ``plain`` moves it back)."""
 
-    __slots__ = ("name", "rank", "moved", "other", "shape", "ids")
+    __slots__ = ("name", "rank", "moved", "other", "shape", "ids", "mask")
 
-    def __init__(self, name: str, rank: int, moved: bool = False, ids: bool = False):
+    def __init__(self, name: str, rank: int, moved: bool = False, ids: bool = False, mask: bool = False):
         self.name, self.rank, self.moved = name, rank, moved
-        #: int64 indices (a model input an Embedding reads), which only the Embedding form takes
+        #: int64 indices (a model input an Embedding reads), which only the Embedding and
+        #: PaddingMask forms take
         self.ids = ids
+        #: a (batch, time) bool mask (``PaddingMask``'s), which only the recurrent forms take
+        self.mask = mask
         self.other: str | None = None  # its Transpose to the other layout, once written
         #: its shape as the layers see it (None where a size is not fixed), once known
         self.shape: tuple | None = None
@@ -608,11 +611,22 @@ def _repeat_vector(g, layer, xs):
 
 def _embedding(g, layer, xs):
     """Rows of the table by index: a Gather of int64 ids the call has checked against the
-    layer's rows (``compiled_call``); a mask (``mask_zero``) is the layer path's."""
+    layer's rows (``compiled_call``). With ``mask_zero`` the same: the graph carries its mask
+    to the recurrent layers in a ``PaddingMask`` node of its own (``_padding_mask``)."""
     (v,) = xs
-    if not v.ids or layer.mask_zero:
+    if not v.ids:
         raise NoForm
     return Value(g.node("Gather", [g.const(layer.embeddings, "embeddings"), v.name], "embedding", axis=0), v.rank + 1)
+
+
+def _padding_mask(g, layer, xs):
+    """``ids != 0`` (batch, time) as bool, the mask an ``Embedding(mask_zero=True)`` hands the
+    recurrent layers (``Masked<kind>`` nodes)."""
+    (v,) = xs
+    if not v.ids or v.rank != 2:
+        raise NoForm
+    zero = g.const(np.array(0, np.int64), "zero")
+    return Value(g.node("Not", [g.node("Equal", [v.name, zero], "padding")], "mask"), 2, mask=True)
 
 
 #: Keras recurrent activations -> ONNX's names for them in a recurrent node's ``activations``.
@@ -646,18 +660,41 @@ def _rnn_arrays(layer, op_type, order):
     return w, r, bias, [*names, names[-1]] if op_type == "LSTM" else names
 
 
-def _rnn_node(g, v: Value, op_type, arrays, layer, direction):
+def _rnn_node(g, v: Value, op_type, arrays, layer, direction, mask: Value | None = None):
     """ONNX's ``op_type`` node on ``v`` (batch, time, input), time first (layout 0, which
     onnxruntime also runs: Transposes around the node) with the stacked ``arrays`` (W, R, B,
-    activations) of its directions: (Y (time, directions, batch, units), its final states)."""
+    activations) of its directions: (Y (time, directions, batch, units), its final states).
+    With a ``mask`` (batch, time), fastlayers' ``Masked<op_type>`` node, which skips the
+    masked steps as the layer does (its ``zero_output_for_mask`` too)."""
     w, r, bias, acts = arrays
     attrs = {"hidden_size": layer.units, "direction": direction, "activations": acts}
     if op_type == "GRU":
         attrs["linear_before_reset"] = int(layer.reset_after)
     x_tbi = g.node("Transpose", [plain(g, v)], "time_first", perm=[1, 0, 2])
     inputs = [x_tbi, g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
-    y, *states = g.nodes(op_type, inputs, op_type.lower(), 3 if op_type == "LSTM" else 2, **attrs)
+    count = 3 if op_type == "LSTM" else 2
+    if mask is None:
+        y, *states = g.nodes(op_type, inputs, op_type.lower(), count, **attrs)
+    else:
+        from ..onnx.records import FASTLAYERS  # here: written graphs only import onnx/
+
+        attrs["zero_output_for_mask"] = int(layer.zero_output_for_mask)
+        y, *states = g.nodes(f"Masked{op_type}", [*inputs, mask.name], op_type.lower(), count, FASTLAYERS, **attrs)
     return y, states
+
+
+def _recurrent_inputs(layer, xs, n_states=0, has_mask=False):
+    """(sequence, mask or None) of a recurrent layer's node: a mask only where it is the
+    graph's ``PaddingMask``, and neither initial states nor an output that ``zero_output_for_mask``
+    would zero while its state is kept (a last output of a masked step); else NoForm."""
+    if n_states or len(xs) != 1 + bool(has_mask):
+        raise NoForm
+    v, mask = xs[0], (xs[1] if has_mask else None)
+    if v.rank != 3 or v.mask or (mask is not None and not mask.mask):
+        raise NoForm
+    if mask is not None and layer.zero_output_for_mask and not layer.return_sequences:
+        raise NoForm
+    return v, mask
 
 
 def _sequence_of(g, y) -> str:
@@ -670,14 +707,13 @@ def _sequence_of(g, y) -> str:
 def _recurrent(op_type, order):
     """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node (``_rnn_arrays``,
     ``_rnn_node``); go_backwards is the reverse direction, whose sequence Keras returns in
-    processing order. Masks and initial states (call arguments) are the layer path's."""
+    processing order. Under an ``Embedding(mask_zero=True)`` mask, fastlayers' masked node;
+    initial states (call arguments) are the layer path's."""
 
-    def form(g, layer, xs):
-        (v,) = xs
-        if v.rank != 3:
-            raise NoForm
+    def form(g, layer, xs, **call):
+        v, mask = _recurrent_inputs(layer, xs, **call)
         arrays = _rnn_arrays(layer, op_type, order)
-        y, states = _rnn_node(g, v, op_type, arrays, layer, "reverse" if layer.go_backwards else "forward")
+        y, states = _rnn_node(g, v, op_type, arrays, layer, "reverse" if layer.go_backwards else "forward", mask)
         first = None
         if layer.return_sequences:
             out = _sequence_of(g, y)
@@ -694,22 +730,23 @@ def _recurrent(op_type, order):
     return form
 
 
-def _bidirectional(g, layer, xs):
+def _bidirectional(g, layer, xs, **call):
     """Keras's Bidirectional (concat, sum or ave of its outputs, no states) as one
     bidirectional node: its forward layer forward and its backward one reading time
-    backwards, of one class and configuration (else the layer path)."""
-    (v,) = xs
+    backwards, of one class and configuration (else the layer path); under an
+    ``Embedding(mask_zero=True)`` mask, fastlayers' masked node."""
     fwd, bwd = layer.forward_layer, layer.backward_layer
+    v, mask = _recurrent_inputs(fwd, xs, **call)
     kind = _class_name(fwd)
     op_type, order = _RNN_KINDS.get(kind, (None, None))
     same = (
         ("units", "activation", "use_bias", "return_sequences")
         + (("recurrent_activation",) if op_type != "RNN" else ())
         + (("reset_after",) if op_type == "GRU" else ())
+        + ("zero_output_for_mask",)
     )
     if (
         op_type is None
-        or v.rank != 3
         or _class_name(bwd) != kind
         or fwd.go_backwards
         or not bwd.go_backwards
@@ -720,7 +757,7 @@ def _bidirectional(g, layer, xs):
         raise NoForm
     f, b = _rnn_arrays(fwd, op_type, order), _rnn_arrays(bwd, op_type, order)
     arrays = [np.concatenate([f[k], b[k]]) for k in range(3)] + [f[3] + b[3]]
-    y, states = _rnn_node(g, v, op_type, arrays, fwd, "bidirectional")
+    y, states = _rnn_node(g, v, op_type, arrays, fwd, "bidirectional", mask)
     if layer.return_sequences:  # (T, 2, B, u): the backward outputs at their input steps
         y_bt2u = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
         rank = 3
@@ -923,15 +960,21 @@ def _nin(g, layer, xs):
 
 
 _LAYERS = "fastlayers.layers"
-#: The forms that take a node's call arguments (MultiHeadAttention's packed input names, the
-#: attentions' causal mask; any other argument, a mask or returned scores, is refused: NoForm)
-_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention})
 #: Keras recurrent layer classes -> (ONNX node, their gate blocks in ONNX's order)
 _RNN_KINDS = {
     f"{_LAYERS}.recurrent.SimpleRNN": ("RNN", [0]),
     f"{_LAYERS}.recurrent.LSTM": ("LSTM", [0, 3, 1, 2]),
     f"{_LAYERS}.recurrent.GRU": ("GRU", [0, 1, 2]),
 }
+_RECURRENT_FORMS = {kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()}
+#: The forms that take a ``PaddingMask`` value (the recurrent layers under an Embedding's mask)
+_TAKES_MASKS = frozenset({*_RECURRENT_FORMS.values(), _bidirectional})
+#: The forms that take a node's call arguments (MultiHeadAttention's packed input names, the
+#: attentions' causal mask, the recurrent layers' count of states and mask; any other
+#: argument, a mask or returned scores, is refused: NoForm)
+_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention, *_TAKES_MASKS})
+#: The forms that take int64 ids (a model input read by Embeddings and their masks)
+_TAKES_IDS = frozenset({_embedding, _padding_mask})
 #: The graph classes a model may use as a layer (written inline)
 _MODELS = ("fastlayers.model.graph.Model", "fastlayers.model.graph.Sequential")
 #: Layer class (by its full name: a subclass, whose call may differ, has none) -> its ONNX
@@ -988,7 +1031,8 @@ FORMS = {
     f"{_LAYERS}.core.Permute": _permute,
     f"{_LAYERS}.core.RepeatVector": _repeat_vector,
     f"{_LAYERS}.core.Embedding": _embedding,
-    **{kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()},
+    f"{_LAYERS}.recurrent.PaddingMask": _padding_mask,
+    **_RECURRENT_FORMS,
     f"{_LAYERS}.bidirectional.Bidirectional": _bidirectional,
     f"{_LAYERS}.attention.MultiHeadAttention": _multi_head_attention,
     f"{_LAYERS}.attention.SelfAttention": _self_attention,
@@ -1027,7 +1071,11 @@ def _write(g, model, given: list) -> list:
         if form is None or node.extra_args or (node.kwargs and form not in _TAKES_CALL_ARGUMENTS):
             raise NoForm
         found = [values[id(t)] for t in node.parents if id(t) in values]
-        if len(found) != len(node.parents) or (form is not _embedding and any(v.ids for v in found)):
+        if (
+            len(found) != len(node.parents)
+            or (form not in _TAKES_IDS and any(v.ids for v in found))
+            or (form not in _TAKES_MASKS and any(v.mask for v in found))
+        ):
             raise NoForm
         out = form(g, node.layer, found, **node.kwargs)
         outs = out if isinstance(out, list) else [out]
@@ -1167,14 +1215,17 @@ IDS_KEY = "ids"
 
 
 def _id_readers(model):
-    """(index, Embedding layers reading it) of each model input read by Embeddings only (ids:
+    """(index, Embedding layers reading it) of each model input read by Embeddings (and their
+    masks, ``PaddingMask``) only (ids:
     integers, or floats holding whole numbers where the model's Input is float, as Keras casts
     them), or None where an input whose dtype the model keeps (integers) feeds another layer."""
     found = []
     for k, t in enumerate(model.inputs):
         readers = [node.layer for node in model._nodes if any(p is t for p in node.parents)]
-        if readers and all(_class_name(layer) == f"{_LAYERS}.core.Embedding" for layer in readers):
-            found.append((k, readers))
+        embeddings = [layer for layer in readers if _class_name(layer) == f"{_LAYERS}.core.Embedding"]
+        masks = [layer for layer in readers if _class_name(layer) == f"{_LAYERS}.recurrent.PaddingMask"]
+        if embeddings and len(embeddings) + len(masks) == len(readers):
+            found.append((k, embeddings))
         elif getattr(t.node.layer, "keep_dtype", False):
             return None
     return tuple(found)

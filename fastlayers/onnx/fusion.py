@@ -11,6 +11,7 @@ import numpy as np
 from ..backends import get_ops
 from . import encoder
 from .nodes import Node, consumers, prune, readers_of
+from .records import FASTLAYERS
 from .weights import ConvWeights
 
 #: Activations a dense node absorbs: ONNX op -> (fastlayers activation, attribute giving alpha).
@@ -810,12 +811,20 @@ def mark_attention_scores(nodes, outputs) -> list[Node]:
     return nodes
 
 
+#: The recurrent operators whose time loops may leave Y unwritten (``_y_read``).
+_RECURRENT_SEQUENCES = frozenset(
+    f"{prefix}{kind}"
+    for kind in ("RNN", "GRU", "LSTM")
+    for prefix in ("", "Embedding", f"{FASTLAYERS}::Masked", "EmbeddingMasked")
+)
+
+
 def mark_recurrent_sequences(nodes, outputs) -> list[Node]:
-    """RNN, GRU and LSTM nodes (and their ``Embedding<op>`` forms) get ``_y_read``: whether
+    """RNN, GRU and LSTM nodes (and their ``Embedding<op>`` and ``Masked<op>`` forms) get ``_y_read``: whether
     anything reads their Y output (without a reader the time loops write no output per step)."""
     uses = consumers(nodes, outputs)
     for node in nodes:
-        if node.op_type in ("RNN", "GRU", "LSTM", "EmbeddingRNN", "EmbeddingGRU", "EmbeddingLSTM"):
+        if node.op_type in _RECURRENT_SEQUENCES:
             node.attrs = dict(node.attrs, _y_read=bool(node.outputs) and uses.get(node.outputs[0], 0) > 0)
     return nodes
 
@@ -902,15 +911,17 @@ def fuse_one_hot_dense(nodes, constants, outputs) -> list[Node]:
 
 def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
     """Gather of rows of a constant 2-D float32 table (an embedding) feeding the X of an RNN,
-    GRU or LSTM node with constant W, directly or through a Transpose to time-major, whose output
-    nothing else reads (but Shape nodes, which then read the Gather's shape permuted) ->
-    ``Embedding<op>`` on the ids: its input projection becomes a gather of
+    GRU or LSTM node (or fastlayers' ``Masked<op>``) with constant W, directly or through a
+    Transpose to time-major, whose output nothing else reads (but Shape nodes, which then read
+    the Gather's shape permuted) -> ``Embedding<op>`` (``EmbeddingMasked<op>``) on the ids: its
+    input projection becomes a gather of
     rows of table @ W^T + bias (``fastlayers/folding.py``). The Gather stays for any other
     reader (exporters take the batch size from its shape); unread, it is pruned."""
     uses = consumers(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     for node in list(nodes):
-        if node.op_type not in ("RNN", "GRU", "LSTM") or node.inputs[1] not in constants:
+        kind = node.op_type.removeprefix(f"{FASTLAYERS}::Masked")
+        if kind not in ("RNN", "GRU", "LSTM") or node.inputs[1] not in constants:
             continue
         x = node.inputs[0]
         src = producer.get(x)
@@ -935,7 +946,7 @@ def fuse_embedding_recurrent(nodes, constants, outputs) -> list[Node]:
             nodes.insert(k + 1, Node("Gather", [f"{out}::unpermuted", f"{x}::perm"], [out], {"axis": 0}))
         node.inputs = [src.inputs[0], src.inputs[1], *node.inputs[1:]]
         node.attrs = dict(node.attrs, _ids_time_major=time_major)
-        node.op_type = f"Embedding{node.op_type}"
+        node.op_type = f"Embedding{kind}" if kind == node.op_type else f"EmbeddingMasked{kind}"
         shapes_of_ids(nodes, src, table.shape[1], constants)
     return nodes
 

@@ -92,6 +92,7 @@ from .plan_products import (
     recurrent,
 )
 from .plan_values import Buffer, Lowering, NotLowered, Value, arena_view, layout_of, logical_view, node_count
+from .records import FASTLAYERS
 
 #: Most plans a model keeps (one per key); more: the table is cleared and rebuilt.
 MAX_PLANS = 8
@@ -124,6 +125,11 @@ STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0
 #: Python plan 21 us, as a plan 16; docs/design.md).
 EXTRA_STEP_US = {
     **dict.fromkeys(("LSTM", "GRU", "RNN", "EmbeddingLSTM", "EmbeddingGRU", "EmbeddingRNN", "FusedLSTMCell"), 10.0),
+    **{
+        f"{prefix}{kind}": 10.0
+        for kind in ("LSTM", "GRU", "RNN")
+        for prefix in (f"{FASTLAYERS}::Masked", "EmbeddingMasked")
+    },
     **dict.fromkeys(("Conv", "FusedConv", "ConvTranspose"), 5.0),
 }
 #: What each byte of a native step's result saves besides: the Python plan writes each
@@ -189,6 +195,8 @@ LOWERINGS = {
     "GRU": recurrent("GRU"),
     "RNN": recurrent("RNN"),
     **{f"Embedding{kind}": recurrent(kind, embedding=True) for kind in ("LSTM", "GRU", "RNN")},
+    **{f"{FASTLAYERS}::Masked{kind}": recurrent(kind, masked=True) for kind in ("LSTM", "GRU", "RNN")},
+    **{f"EmbeddingMasked{kind}": recurrent(kind, embedding=True, masked=True) for kind in ("LSTM", "GRU", "RNN")},
     **{name: activation(*act) for name, act in ACTIVATIONS.items()},
     "Gelu": lower_gelu,
     "FusedAdd": lower_fused_add,

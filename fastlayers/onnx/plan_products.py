@@ -309,14 +309,22 @@ def table_rows(low, ids, vocab, time_major) -> Value:
     return rows
 
 
-def emit_loop(low, loop, serial, x_bti, h, c):
+def mask_bytes(mask):
+    """The plan value ``mask`` (B, T) bool as the loops read it: the same bytes as uint8."""
+    return None if mask is None else Value(mask.buffer, mask.offset, mask.shape, np.uint8)
+
+
+def emit_loop(low, loop, serial, x_bti, h, c, mask=None):
     """Emits one direction's time loop (``loop``, ``plan_sequence_loop``'s, bound by
-    ``add_rnn``) reading ``x_bti`` and carrying its states in the values ``h`` and ``c`` (None
-    for GRU / RNN), with a carried output of its own; returns its Y value, or None where the
-    loop writes none."""
+    ``add_rnn``) reading ``x_bti`` (and the (B, T) bool ``mask``: fastlayers' masked nodes)
+    and carrying its states in the values ``h`` and ``c`` (None for GRU / RNN), with a carried
+    output of its own; returns its Y value, or None where the loop writes none."""
     last = copied(low, None, loop.last.shape)
     y = None if loop.y is None else low.new(loop.y.shape)
     low.use(x_bti)
+    mask_u8 = mask_bytes(mask)
+    if mask is not None:
+        low.use(mask)
 
     def bind(plan, arena):
         call = loop._replace(
@@ -325,6 +333,7 @@ def emit_loop(low, loop, serial, x_bti, h, c):
             c=None if c is None else arena_view(arena, c),
             y=None if y is None else arena_view(arena, y),
             last=arena_view(arena, last),
+            mask=None if mask_u8 is None else arena_view(arena, mask_u8),
         )
         plan.add_rnn(tuple(call), serial)
 
@@ -332,18 +341,23 @@ def emit_loop(low, loop, serial, x_bti, h, c):
     return y
 
 
-def recurrent(kind, embedding=False):
-    """The lowering of an ONNX ``kind`` (LSTM, GRU or RNN) node, or with ``embedding`` of its
+def recurrent(kind, embedding=False, masked=False):
+    """The lowering of an ONNX ``kind`` (LSTM, GRU or RNN) node, with ``embedding`` of its
     ``Embedding<kind>`` form (inputs [table, ids, W, R, ...]: the ids checked and turned into
-    batch-major rows of the table folded into the input projection, ``table_rows``)."""
+    batch-major rows of the table folded into the input projection, ``table_rows``), with
+    ``masked`` of fastlayers' ``Masked<kind>`` (input 4 a (B, T) bool mask the loops read)."""
 
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         node_attrs = attrs["_attrs"]
-        table = None
+        table = mask = None
         if embedding:
             if isinstance(ins[0], Value) or not isinstance(traced_ins[0], np.ndarray) or traced_ins[0].ndim != 2:
                 raise NotLowered
             table, ins, traced_ins = traced_ins[0], ins[1:], traced_ins[1:]
+        if masked:
+            mask, traced_mask, ins, traced_ins = ins[4], traced_ins[4], ins[:4], traced_ins[:4]
+            if not isinstance(mask, Value) or mask.dtype != np.bool_ or len(mask.shape) != 2:
+                raise NotLowered
         x = ins[0]
         if not isinstance(x, Value) or any(isinstance(v, Value) for v in ins[1:5] if v is not None):
             raise NotLowered
@@ -356,9 +370,14 @@ def recurrent(kind, embedding=False):
             ids = np.asarray(traced[0])
             traced[0] = (ids.T if time_major else ids).astype(np.int64) % table.shape[0]
         planned = recurrent_calls(kind, traced, node_attrs, table)
+        if planned is not None and masked:
+            zero = bool(node_attrs.get("zero_output_for_mask", 0))
+            mask_bt = np.asarray(traced_mask)
+            calls = [(cell, args, {**kw, "mask_bt": mask_bt, "zero_masked": zero}) for cell, args, kw in planned[0]]
+            planned = (calls, *planned[1:])
         if planned is not None and len(planned[0]) == 2:
             x_bti = transposed(low, x, (1, 0, 2)) if table is None else table_rows(low, x, table.shape[0], time_major)
-            return bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs)
+            return bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs, mask)
         if planned is None or len(planned[0]) != 1:
             raise NotLowered
         (cell, args, kw), x_bti_traced, _ = planned[0][0], planned[1], planned[2]
@@ -373,7 +392,7 @@ def recurrent(kind, embedding=False):
         batch, steps = x_bti.shape[:2]
         h = state(low, ins, traced_ins, 5, loop.h.shape)
         c = None if loop.c is None else state(low, ins, traced_ins, 6, loop.c.shape)
-        y = emit_loop(low, loop, serial, x_bti, h, c)
+        y = emit_loop(low, loop, serial, x_bti, h, c, mask)
         outs = []
         if traced_outs[0] is not None and y is not None:  # Y: (T, 1, B, H) or (B, T, 1, H)
             y4 = Value(y.buffer, y.offset, (batch, 1, steps, y.shape[2]), y.dtype)
@@ -424,13 +443,13 @@ def lower_fused_lstm_cell(low, node, ins, traced_ins, traced_outs, attrs):
     return [h, c][: len(traced_outs)]
 
 
-def bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs):
+def bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs, mask=None):
     """A bidirectional LSTM / GRU / RNN (layout 0) reading the plan value ``x_bti`` (the input
     batch-major, or the rows of its folded table) as the backend runs its directions
     (``plan_sequence_loops``): at once, one thread each (one ``rnn_loops`` step), or one after
     the other. Both directions' states are halves of one (2, B, H) buffer, the node's Y_h (and
     Y_c) as they are; their sequences halves of one (2, B, T, H) buffer, moved to Y (T, 2, B, H)
-    by one gather."""
+    by one gather. Both read the (B, T) bool ``mask`` where there is one."""
     calls, x_bti_traced, _ = planned
     if node_attrs.get("layout", 0):
         raise NotLowered
@@ -457,8 +476,10 @@ def bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_
         y = None if y_all is None else half(y_all, d, (batch, steps, hidden))
         bound.append((loop, serial, h, c, y, copied(low, None, loop.last.shape)))
     low.use(x_bti)
-    for value in (h_all, c_all, y_all):
-        low.use(value)
+    for value in (h_all, c_all, y_all, mask):
+        if value is not None:
+            low.use(value)
+    mask_u8 = mask_bytes(mask)
 
     def bind(plan, arena):
         made = [
@@ -468,6 +489,7 @@ def bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_
                 c=None if c is None else arena_view(arena, c),
                 y=None if y is None else arena_view(arena, y),
                 last=arena_view(arena, last),
+                mask=None if mask_u8 is None else arena_view(arena, mask_u8),
             )
             for loop, _, h, c, y, last in bound
         ]

@@ -33,12 +33,12 @@ import numpy as np
 from ..backends import get_ops
 from ..errors import InputError, ModelFileError, ShapeError, UnsupportedError
 from .layout import stored as _stored
-from .records import AXIS, BOOL, A, Family, short
+from .records import AXIS, BOOL, FASTLAYERS, A, Family, short
 from .tensors import DTYPES
 
 MS = "com.microsoft"
 #: The opset versions of the non-default domains whose operators fastlayers implements.
-DOMAIN_OPSETS = {MS: 1}
+DOMAIN_OPSETS = {MS: 1, FASTLAYERS: 1}
 #: Integer types a quantized tensor may have, with their (min, max).
 QUANT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.uint8, np.int8, np.uint16, np.int16)}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))

@@ -98,6 +98,10 @@ POOL = {
     "strides": POSS,
 }
 
+#: fastlayers' own operator domain (version 1): operators its compiled Keras-style graphs
+#: write where ONNX has none (``MaskedLSTM`` ...), which a file may name too.
+FASTLAYERS = "ai.fastlayers"
+
 
 class Context:
     """What a cross-check may read: the file, the opset and the initializers."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import proto
 from .importer import from_model
+from .quant import DOMAIN_OPSETS
 
 #: The default-domain opset the written graphs declare (20: Gelu; reductions take their axes
 #: as an input).
@@ -45,10 +46,11 @@ class GraphWriter:
         """A node of the default domain with one output; that output's name."""
         return self.nodes(op_type, inputs, hint, 1, **attrs)[0]
 
-    def nodes(self, op_type: str, inputs: list[str], hint: str, count: int, **attrs) -> list[str]:
-        """A node of the default domain with ``count`` outputs; their names."""
+    def nodes(self, op_type: str, inputs: list[str], hint: str, count: int, domain: str = "", **attrs) -> list[str]:
+        """A node of the default domain (or of ``domain``: fastlayers' own, ``records.FASTLAYERS``)
+        with ``count`` outputs; their names."""
         outs = [self.name(hint) for _ in range(count)]
-        self.graph.nodes.append(proto.NodeProto(op_type, "", outs[0], list(inputs), outs, attrs))
+        self.graph.nodes.append(proto.NodeProto(op_type, domain, outs[0], list(inputs), outs, attrs))
         return outs
 
     def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str], int64_inputs=frozenset()):
@@ -60,4 +62,5 @@ class GraphWriter:
             proto.ValueInfo(i, _INT64 if i in int64_inputs else _FLOAT, [None] * rank) for i, rank in inputs
         ]
         self.graph.outputs = [proto.ValueInfo(o, _FLOAT, None) for o in outputs]
-        return from_model(proto.Model(8, {"": OPSET}, "fastlayers", self.graph), f"{name} (compiled)", own=True)
+        opsets = {"": OPSET, **{n.domain: DOMAIN_OPSETS[n.domain] for n in self.graph.nodes if n.domain}}
+        return from_model(proto.Model(8, opsets, "fastlayers", self.graph), f"{name} (compiled)", own=True)

@@ -535,12 +535,82 @@ def test_text_models_on_integer_ids_compile(build, keras, rng):
         model(ids + np.float32(0.5))
 
 
-def test_masked_embeddings_keep_the_layer_path(rng):
-    """mask_zero: the mask reaches the layers after it, which the layer path applies."""
+def test_masked_embeddings_compile_where_no_layer_reads_the_mask(rng):
+    """mask_zero before layers that do not take a mask (a text CNN): the Gather, as the layer
+    path runs it."""
     model = _text_cnn(OURS, L, mask_zero=True)
     ids = rng.integers(0, 50, (2, 12)).astype(np.int32)
-    np.testing.assert_array_equal(model(ids), _layer_path(model, ids))
-    assert _compiled(model, (plans.IDS, 2)) is None
+    for _ in range(2):
+        got = model(ids)
+    np.testing.assert_array_equal(got, _layer_path(model, ids))
+    assert _compiled(model, (plans.IDS, 2)) is not None
+
+
+#: Keras-style recurrent layers under an Embedding(mask_zero=True) mask: (layer class, options,
+#: wrapped in Bidirectional with this merge mode or None, a GRU returning sequences before it)
+MASKED_RECURRENT = {
+    "lstm": ("LSTM", {}, None, False),
+    "gru_sequences": ("GRU", {"return_sequences": True}, None, False),
+    "rnn_backwards": ("SimpleRNN", {"return_sequences": True, "go_backwards": True}, None, False),
+    "lstm_states_stacked": ("LSTM", {"return_sequences": True, "return_state": True}, None, True),
+    "gru_zero_output": ("GRU", {"return_sequences": True, "zero_output_for_mask": True}, None, False),
+    "bilstm_sequences": ("LSTM", {"return_sequences": True}, "concat", False),
+    "bigru_sum": ("GRU", {}, "sum", True),
+}
+
+
+def _masked_text_rnn(lib, K, kind, options, merge, stacked):
+    ids = lib.Input((None,), dtype="int32")
+    h = K.Dropout(0.1)(K.Embedding(20, 8, mask_zero=True)(ids))
+    if stacked:
+        h = K.GRU(5, return_sequences=True)(h)
+    layer = getattr(K, kind)(6, **options)
+    y = (K.Bidirectional(layer, merge_mode=merge) if merge else layer)(h)
+    return lib.Model(ids, y)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("case", sorted(MASKED_RECURRENT))
+def test_recurrent_layers_under_an_embedding_mask_compile(case, threads, keras, rng):
+    """SimpleRNN / LSTM / GRU (go_backwards, returned states, zero_output_for_mask,
+    Bidirectional, stacked) after Embedding(mask_zero=True): fastlayers' masked recurrent node
+    on the native plan's loops, which read each call's mask (pre- and post-padding, zeros
+    inside, a row of padding only), against Keras on torch and the layer path."""
+    spec = MASKED_RECURRENT[case]
+    ref = _masked_text_rnn(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers, *spec)
+    model = _masked_text_rnn(OURS, L, *spec)
+    model.set_weights([w * 2 for w in ref.get_weights()])
+    ref.set_weights(model.get_weights())
+    first = np.array([[0, 0, 3, 4, 5, 6, 7], [1, 2, 3, 0, 0, 0, 0], [0] * 7, [7, 0, 8, 0, 9, 1, 0]], np.int32)
+    for ids in (first, first, first, first[::-1].copy(), rng.integers(0, 3, (3, 5)).astype(np.int32)):
+        got = model(ids)
+        want = ref(ids)
+        want = list(want) if isinstance(want, (list, tuple)) else [want]
+        assert len(_listed(got)) == len(want)
+        for g, w in zip(_listed(got), want):
+            assert_close(g, keras.ops.convert_to_numpy(w), rtol=1e-4, atol=1e-5)
+        for g, w in zip(_listed(got), _listed(_layer_path(model, ids))):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    compiled = _compiled(model, (plans.IDS, 2))
+    assert compiled is not None
+    # the embedding's table folded into the first recurrence's input projection
+    kind = spec[0].replace("SimpleRNN", "RNN")
+    masked = {f"EmbeddingMasked{'GRU' if spec[3] else kind}", *([f"ai.fastlayers::Masked{kind}"] if spec[3] else [])}
+    plan = compiled._native.plan_for([first.astype(np.int64)])
+    assert plan is not None
+    native, fallbacks, _ = plan.summary
+    assert masked <= set(native) and not fallbacks
+
+
+def test_a_mask_given_by_the_caller_keeps_the_layer_path(rng):
+    """A recurrent layer's mask from another input (not an Embedding's): the layer path."""
+    x, m = fastlayers.Input((None, 4)), fastlayers.Input((None,), dtype="bool")
+    model = fastlayers.Model([x, m], L.LSTM(3)(x, mask=m))
+    xs = [rng.standard_normal((2, 5, 4)).astype(np.float32), np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)]
+    for _ in range(2):
+        got = model(xs)
+    np.testing.assert_array_equal(got, _layer_path(model, xs))
+    assert not any(type(e) is tuple and len(e) == 3 and e[2] is not None for e in model._plans.values())
 
 
 def _encoder(causal=False, max_length=16):

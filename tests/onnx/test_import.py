@@ -1031,3 +1031,83 @@ def test_attention_subgraph_left_or_run_as_written(rng, case):
     got = ours(feeds)
     for g, w in zip(got if isinstance(got, list) else [got], session.run(None, feeds)):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, domain_import=True):
+    """A graph of one ai.fastlayers Masked<kind> node and its standard twin reading
+    sequence_lens (the same weights): (masked model bytes, twin model bytes, outputs)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nd = 2 if direction == "bidirectional" else 1
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
+        for n, s in [
+            ("W", (nd, gates * hidden, inputs)),
+            ("R", (nd, gates * hidden, hidden)),
+            ("B", (nd, 2 * gates * hidden)),
+        ]
+    ]
+    outs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
+    attrs = {"hidden_size": hidden, "direction": direction, **({"linear_before_reset": 1} if kind == "GRU" else {})}
+    made = []
+    for masked in (True, False):
+        if masked:
+            node = helper.make_node(
+                f"Masked{kind}",
+                ["x", "W", "R", "B", "mask"],
+                outs,
+                domain="ai.fastlayers",
+                zero_output_for_mask=1,
+                **attrs,
+            )
+            extra = [helper.make_tensor_value_info("mask", TensorProto.BOOL, None)]
+        else:
+            node = helper.make_node(kind, ["x", "W", "R", "B", "lens"], outs, **attrs)
+            extra = [helper.make_tensor_value_info("lens", TensorProto.INT32, None)]
+        graph = helper.make_graph(
+            [node],
+            "masked",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, None), *extra],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+            inits,
+        )
+        opsets = [helper.make_opsetid("", 17)] + (
+            [helper.make_opsetid("ai.fastlayers", 1)] if masked and domain_import else []
+        )
+        made.append(helper.make_model(graph, opset_imports=opsets, ir_version=9).SerializeToString())
+    return made[0], made[1], outs
+
+
+@pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_masked_recurrence_matches_sequence_lens_on_onnxruntime(kind, gates, direction, rng):
+    """ai.fastlayers Masked<kind> (what compiled Keras graphs write under an Embedding's mask)
+    read from a file: with post-padding masks and zero_output_for_mask, its outputs are those
+    of ONNX's node with sequence_lens on onnxruntime (Y zero past each length), on the Python
+    plan and the native plan's loops."""
+    ort = oracle("onnxruntime")
+    masked, twin, _ = _masked_recurrent_model(kind, gates, direction, rng)
+    ours = fastlayers.load(masked)
+    session = ort.InferenceSession(twin, providers=["CPUExecutionProvider"])
+    for lens in ([6, 2, 4], [1, 6, 3], [6, 6, 6]):
+        x = rng.standard_normal((6, 3, 5)).astype(np.float32)
+        mask = np.arange(6)[None, :] < np.array(lens)[:, None]
+        want = session.run(None, {"x": x, "lens": np.array(lens, np.int32)})
+        for _ in range(3):  # the Python plan, then the native plan built at the second call
+            for got, w in zip(ours(x, mask), want):
+                assert_close(got, w, rtol=1e-4, atol=1e-5)
+    plan = ours._native.plan_for([x, mask])
+    assert plan is not None and f"ai.fastlayers::Masked{kind}" in plan.summary[0]
+
+
+def test_masked_recurrence_refuses_bad_masks_and_a_missing_domain(rng):
+    from fastlayers.errors import ShapeError
+
+    masked, _, _ = _masked_recurrent_model("LSTM", 4, "forward", rng)
+    ours = fastlayers.load(masked)
+    x = rng.standard_normal((6, 3, 5)).astype(np.float32)
+    with pytest.raises(ShapeError, match=r"MaskedLSTM: mask of shape \(3, 5\) \(bool\), expected \(3, 6\) bool"):
+        ours(x, np.ones((3, 5), bool))
+    unimported, _, _ = _masked_recurrent_model("LSTM", 4, "forward", rng, domain_import=False)
+    with pytest.raises(ModelFileError, match="no opset import for that domain"):
+        fastlayers.load(unimported)

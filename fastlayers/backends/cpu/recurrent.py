@@ -523,11 +523,12 @@ def _recurrent_floats(cell, args, kw):
     return args[1].size + (0 if w_hp is None else w_hp.size)
 
 
-def _bindable(x_bti, kw, ids=False):
+def _bindable(x_bti, kw, ids=False, masks=False):
     """Whether a call on float inputs laid out as ``x_bti`` (or, with ``ids``, also on integer
-    ids (B, T) of a table's rows) with keywords ``kw`` binds."""
+    ids (B, T) of a table's rows) with keywords ``kw`` binds (with ``masks``, under a mask too:
+    a native plan's step, which replaces it by its own)."""
     shaped = x_bti.ndim == 3 or (ids and x_bti.ndim == 2 and x_bti.dtype.kind in "iu")
-    return shaped and kw.get("mask_bt") is None and kw.get("y0") is None
+    return shaped and (masks or kw.get("mask_bt") is None) and kw.get("y0") is None
 
 
 def _filler(loop, x_bti):
@@ -613,7 +614,9 @@ def sequence_loops(x_bti, calls):
     the thread count in force, for a native plan's steps: (each loop's ``rnn_loop`` arguments,
     True) where they run at once, one thread each (``rnn_loops``), else (each call's
     ``sequence_loop`` result, False), one after the other. None where a call does not bind."""
-    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw, ids=True) for _, _, kw in calls):
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(
+        _bindable(x_bti, kw, ids=True, masks=True) for _, _, kw in calls
+    ):
         return None
     threads = _core.get_num_threads()
     batch, steps = x_bti.shape[:2]
@@ -632,9 +635,10 @@ def sequence_loop(cell, x_bti, args, kw):
     float inputs laid out as ``x_bti`` (B, T, I), or integer ids (B, T) of the rows of the
     folded table ``args`` hold, with ``args`` (the weights, then the initial states) and
     options ``kw``, bound as ``sequence_plan`` binds it, for a native plan's step: the caller
-    replaces the input (x or ids), states and outputs by its own arrays (``_replace``; ids it
-    has checked against the table). None where the loop does not cover the call."""
-    if not _bindable(x_bti, kw, ids=True):
+    replaces the input (x or ids), states, outputs and mask (``mask_bt``: a (B, T) uint8 array
+    of its own) by its own arrays (``_replace``; ids it has checked against the table). None
+    where the loop does not cover the call."""
+    if not _bindable(x_bti, kw, ids=True, masks=True):
         return None
     loop = _LOOPS[cell](x_bti, *args, **kw)
     return None if loop is None else (loop.args, loop.serial)
@@ -649,7 +653,9 @@ def sequences_plan(x_bti, calls):
     their arguments do not depend on the count); under one where it does not, each call's
     ``sequence_plan`` (made at the first such call) one after the other. None where a call does
     not bind."""
-    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(_bindable(x_bti, kw, ids=True) for _, _, kw in calls):
+    if not 2 <= len(calls) <= _core.RNN_MAX_LOOPS or not all(
+        _bindable(x_bti, kw, ids=True, masks=True) for _, _, kw in calls
+    ):
         return None
     batch, steps = x_bti.shape[:2]
     if not all(_may_own_thread(batch, steps, _recurrent_floats(name, args, kw)) for name, args, kw in calls):

@@ -10,7 +10,7 @@ from ...backends import get_ops
 from ...backends.derived import derived, derived_from, derived_generation, fold_projection
 from ...backends.types import Cell
 from ...errors import ShapeError, UnsupportedError
-from ..records import BOOL, FLOATS, FLT, POS, STRING, STRINGS, A, Family, fail, short
+from ..records import BOOL, FASTLAYERS, FLOATS, FLT, POS, STRING, STRINGS, A, Family, fail, short
 from ..tensors import f32
 
 #: This family's operator records (``ops.RECORDS`` gathers the families).
@@ -420,6 +420,40 @@ def _recurrent_op(kind):
     return run
 
 
+def _table_rows(table, ids, time_major):
+    """The batch-major int64 rows of ``table`` that the 2-D ``ids`` (time-major where
+    ``time_major``) name, negatives counted from the end as Gather counts them; IndexError
+    for an id outside the table."""
+    vocab = table.shape[0]
+    if ids.min() < -vocab or ids.max() >= vocab:  # as Gather: negatives count back
+        raise IndexError(
+            f"Gather index out of bounds for a table of {vocab} rows (indices in [{ids.min()}, {ids.max()}])"
+        )
+    return (ids.T if time_major else ids).astype(np.int64) % vocab
+
+
+def _embedding_masked_recurrent_op(kind):
+    """``EmbeddingMasked<kind>`` (``onnx.fuse_embedding_recurrent`` of a ``Masked<kind>``):
+    inputs [table, ids, W, R, B, mask], the masked recurrence run on rows of the table looked
+    up by ids, folded into the input projection where the loops run it."""
+    masked = _masked_recurrent_op(kind)
+
+    def run(inputs, attrs, opset):
+        table, ids, rest = inputs[0], inputs[1], inputs[2:]
+        time_major = attrs["_ids_time_major"]
+        if ids.ndim == 2 and ids.size:
+            ids_bt = _table_rows(table, ids, time_major)
+            out = masked([ids_bt, *rest], attrs, opset, table)
+            if out is not None:
+                return out
+        x = np.take(table, ids.astype(np.int64), axis=0)
+        if time_major != (attrs.get("layout", 0) == 0):
+            x = np.swapaxes(x, 0, 1)
+        return masked([x, *rest], attrs, opset)
+
+    return run
+
+
 def _embedding_recurrent_op(kind):
     """``Embedding<kind>`` (``onnx.fuse_embedding_recurrent``): inputs [table, ids, W, R, ...],
     the recurrence run on rows of the table looked up by ids (time-major ids when the attribute
@@ -434,12 +468,7 @@ def _embedding_recurrent_op(kind):
                 x_shape = (x_shape[1], x_shape[0], x_shape[2])
             _check_recurrent(kind, x_shape, [None, *rest], attrs)
         if ids.ndim == 2 and ids.size:
-            vocab = table.shape[0]
-            if ids.min() < -vocab or ids.max() >= vocab:  # as Gather: negatives count back
-                raise IndexError(
-                    f"Gather index out of bounds for a table of {vocab} rows (indices in [{ids.min()}, {ids.max()}])"
-                )
-            ids_bt = (ids.T if time_major else ids).astype(np.int64) % vocab
+            ids_bt = _table_rows(table, ids, time_major)
             cache = attrs.get("_bound")  # per plan (OnnxModel): bound calls by key and table
             key = None if cache is None else _bound_key(kind, [ids_bt, *rest], get_ops())
             if key is not None:
@@ -464,6 +493,47 @@ def _embedding_recurrent_op(kind):
     return run
 
 
+def _masked_recurrent_op(kind):
+    """``ai.fastlayers`` ``Masked<kind>``: ONNX's ``kind`` node (time-major or ``layout`` 1, no
+    initial states) whose input 4 is a (batch, time) bool mask in place of sequence_lens, as
+    Keras masks a recurrent layer: a masked step leaves the states as they are and outputs the
+    last step's output (zeros before the first valid step), or zeros with the attribute
+    ``zero_output_for_mask``; a reverse direction skips the same steps from the end. Y_h (and
+    Y_c) are the final states. What a compiled Keras-style graph writes for a recurrent layer
+    fed by ``Embedding(mask_zero=True)``; run on the backend's time loops, which take the mask
+    as the layer path does."""
+
+    name = f"Masked{kind}"
+
+    def run(inputs, attrs, opset, table=None):
+        """The node's outputs; with an embedding ``table``, inputs[0] holds batch-major ids
+        of its rows (None where the loops do not run that form)."""
+        x, w, r, b, mask = inputs[:5]
+        layout = attrs.get("layout", 0)
+        if table is None:
+            _check_recurrent(kind, x.shape, [x, w, r, b], attrs)
+            batch, steps = (x.shape[0], x.shape[1]) if layout else (x.shape[1], x.shape[0])
+        else:
+            batch, steps = x.shape
+            _check_recurrent(
+                kind, (batch, steps, table.shape[1]) if layout else (steps, batch, table.shape[1]), [x, w, r, b], attrs
+            )
+        if mask.dtype != np.bool_ or mask.shape != (batch, steps):
+            raise ShapeError(f"{name}: mask of shape {mask.shape} ({mask.dtype}), expected ({batch}, {steps}) bool")
+        planned = recurrent_calls(kind, [x, w, r, b], attrs, table)
+        if planned is None:
+            if table is not None:
+                return None
+            raise UnsupportedError(
+                f"{name}: only the default activations without clip, peepholes or input_forget are supported"
+            )
+        zero = bool(attrs.get("zero_output_for_mask", 0))
+        calls = [(cell, args, {**kw, "mask_bt": mask, "zero_masked": zero}) for cell, args, kw in planned[0]]
+        return _recurrent_outputs(kind, get_ops().recurrent_sequences(calls), attrs)
+
+    return run
+
+
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _RNN_ACTIVATIONS = {
     "sigmoid",
@@ -481,7 +551,7 @@ _RNN_ACTIVATIONS = {
 
 
 def _recurrent_check(node, attrs, ctx):
-    kind = node.op_type
+    kind = node.op_type.rpartition("::")[2].removeprefix("Masked")
     gates, n_dir = _GATES[kind], 2 if attrs.get("direction") == "bidirectional" else 1
     names = attrs.get("activations")
     if names:
@@ -529,3 +599,14 @@ for _kind, (_inputs, _outputs, _attrs) in _SCHEMAS.items():
         caches=("_bound",),
     )
     FAMILY.add(f"Embedding{_kind}", _embedding_recurrent_op(_kind), internal=True, caches=("_bound",))
+    FAMILY.add(f"EmbeddingMasked{_kind}", _embedding_masked_recurrent_op(_kind), internal=True)
+    FAMILY.add(
+        f"Masked{_kind}",
+        _masked_recurrent_op(_kind),
+        domain=FASTLAYERS,
+        inputs=(5, 5),
+        optional=None,
+        outputs=_outputs,
+        attrs=dict(_attrs, zero_output_for_mask=BOOL),
+        check=_recurrent_check,
+    )
