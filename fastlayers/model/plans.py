@@ -17,15 +17,18 @@ merges, Concatenate, CustomScaleLayer, Keras operation nodes (BinaryOp),
 Conv1D/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv2DTranspose, ZeroPadding1D/2D,
 Cropping1D/2D of fixed sizes, UpSampling2D, the max and average pools, the global pools,
 InceptionBlock and NiNBlock, and a Model or Sequential used as a layer (written inline): every keras.applications
-architecture compiles whole. SimpleRNN, LSTM and GRU (without masks or initial states) are
-ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node.
+architecture compiles whole. SimpleRNN, LSTM and GRU (without initial states) are
+ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional node; under an
+``Embedding(mask_zero=True)`` mask (the graph's ``PaddingMask`` node: ``ids != 0``),
+fastlayers' ``Masked<kind>`` nodes (``ai.fastlayers`` domain), which skip the masked steps as
+the layer does.
 MultiHeadAttention and SelfAttention (rank 3, no masks or scores but the causal mask, an
 additive bias made from the shapes) are their products and softmax, which the import fuses
 into one attention step, and, without the causal mask, with the sums, LayerNormalizations
 and feed-forward layers around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
 its table's first rows; Attention (dot or concat scores), AdditiveAttention (the causal mask
-too) and HardAttention without masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding without ``mask_zero`` reading a model input
-read by Embeddings only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
+too) and HardAttention without masks or scores are their products, softmax (HardAttention: a one-hot of the first maximum) and sums. An Embedding reading a model input
+read by Embeddings (and their masks) only (integers, or whole numbers in a float input) is a Gather: the call checks those ids as the layer does (``_checked_ids``) and runs the
 compiled model on them as int64 (Keras's text CNNs and recurrent taggers compile). A graph of
 dense layers only keeps the layer path (docs/design.md).
 
