@@ -22,8 +22,8 @@ ONNX's RNN, LSTM and GRU nodes, a Bidirectional one of them one bidirectional no
 ``Embedding(mask_zero=True)`` mask (the graph's ``PaddingMask`` node: ``ids != 0``),
 fastlayers' ``Masked<kind>`` nodes (``ai.fastlayers`` domain), which skip the masked steps as
 the layer does.
-MultiHeadAttention and SelfAttention (rank 3, no masks or scores but the causal mask, an
-additive bias made from the shapes) are their products and softmax, which the import fuses
+MultiHeadAttention and SelfAttention (rank 3, no masks but the causal mask, an additive bias
+made from the shapes; MultiHeadAttention's returned scores too, the softmax's output) are their products and softmax, which the import fuses
 into one attention step, and, without the causal mask, with the sums, LayerNormalizations
 and feed-forward layers around them (Dense or PositionwiseFeedForward) into one encoder step; PositionalEncoding adds
 its table's first rows; Attention (dot or concat scores), AdditiveAttention (the causal mask
@@ -798,12 +798,13 @@ def _causal_bias(g, q: str, q_axis: int, k: str, k_axis: int) -> str:
 def _multi_head_attention(
     g, layer, xs, packed=("query", "value"), use_causal_mask=False, return_attention_scores=False, **other
 ):
-    """Keras's MultiHeadAttention on rank-3 values (attention over axis 1), without a mask or
-    returned scores: the projections as MatMuls, softmax(q k^T / sqrt(key_dim) (+ the causal
-    mask)) v per head, the output projection; the import fuses the product-softmax-product
-    into one attention step."""
+    """Keras's MultiHeadAttention on rank-3 values (attention over axis 1), without a mask:
+    the projections as MatMuls, softmax(q k^T / sqrt(key_dim) (+ the causal mask)) v per head,
+    the output projection; the import fuses the product-softmax-product into one attention
+    step. With ``return_attention_scores``, the softmax's output (batch, heads, Tq, Tk) is the
+    second output (the import then keeps the products and the softmax apart)."""
     named = dict(zip(packed, xs))
-    if other or return_attention_scores or set(packed) - {"query", "value", "key"} or any(v.rank != 3 for v in xs):
+    if other or set(packed) - {"query", "value", "key"} or any(v.rank != 3 for v in xs):
         raise NoForm
     if layer.attention_axes not in (None, (1,)) or len(layer._out_tail((None, None, 1))) != 1:
         raise NoForm
@@ -833,7 +834,7 @@ def _multi_head_attention(
     y = g.node("MatMul", [ctx, g.const(out.reshape(H * vd, out.shape[-1]), "output")], "output")
     if layer.use_bias:
         y = g.node("Add", [y, g.const(layer.output_bias, "bias")], "output_bias")
-    return Value(y, 3)
+    return [Value(y, 3), Value(weights, 4)] if return_attention_scores else Value(y, 3)
 
 
 def _self_attention(g, layer, xs):
@@ -973,8 +974,9 @@ _RECURRENT_FORMS = {kind: _recurrent(op_type, order) for kind, (op_type, order) 
 #: The forms that take a ``PaddingMask`` value (the recurrent layers under an Embedding's mask)
 _TAKES_MASKS = frozenset({*_RECURRENT_FORMS.values(), _bidirectional})
 #: The forms that take a node's call arguments (MultiHeadAttention's packed input names, the
-#: attentions' causal mask, the recurrent layers' count of states and mask; any other
-#: argument, a mask or returned scores, is refused: NoForm)
+#: attentions' causal mask, MultiHeadAttention's returned scores, the recurrent layers' count
+#: of states and mask; any other argument, another mask or other returned scores, is refused:
+#: NoForm)
 _TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention, *_TAKES_MASKS})
 #: The forms that take int64 ids (a model input read by Embeddings and their masks)
 _TAKES_IDS = frozenset({_embedding, _padding_mask})

@@ -178,7 +178,10 @@ def _graphs():
         d = K.Attention(use_scale=True)([h, x], use_causal_mask=True)
         e = K.AdditiveAttention()([half, h, x], use_causal_mask=True)
         f = K.Attention(score_mode="concat")([h, half], use_causal_mask=True)
-        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a, d, f])), K.Concatenate()([b, e])])
+        # returned scores (batch, heads, Tq, Tk): the softmax's output, with and without the mask
+        sa, ss = K.MultiHeadAttention(2, 3)(h, half, return_attention_scores=True)
+        ca, cs = K.MultiHeadAttention(2, 2)(h, h, use_causal_mask=True, return_attention_scores=True)
+        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a, d, f, ca])), K.Concatenate()([b, e]), sa, ss, cs])
 
     return {
         "attention": (attention, (6, 8)),
