@@ -605,6 +605,21 @@ def test_recurrent_layers_under_an_embedding_mask_compile(case, threads, keras, 
     assert masked <= set(native) and not fallbacks
 
 
+def test_masked_recurrence_on_whole_numbers_in_a_float_input(rng):
+    """Keras's default float Input holding ids: the Embedding's check casts them, and the
+    compiled PaddingMask reads the int64 ids the compiled model takes."""
+    ids = fastlayers.Input((None,))
+    h = L.Embedding(12, 4, mask_zero=True)(ids)
+    model = fastlayers.Model(ids, L.Bidirectional(L.GRU(3, return_sequences=True))(h))
+    x = np.array([[0, 0, 5, 7, 1, 2, 9], [3, 0, 2, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]], np.float32)
+    for _ in range(3):
+        got = model(x)
+    assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+    assert _compiled(model, (plans.IDS, 2))._native.plan_for([x.astype(np.int64)]) is not None
+    with pytest.raises(InputError, match="non-integer"):
+        model(x + np.float32(0.5))
+
+
 def test_a_mask_given_by_the_caller_keeps_the_layer_path(rng):
     """A recurrent layer's mask from another input (not an Embedding's): the layer path."""
     x, m = fastlayers.Input((None, 4)), fastlayers.Input((None,), dtype="bool")
