@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..backends.types import Cell
-from .ops.recurrent import recurrent_calls
+from .ops.recurrent import masked_calls, recurrent_calls
 from .plan_movement import copied
 from .plan_values import NotLowered, Value, arena_view, operand, transposed
 from .qlinear import dynamic_matmul_constants
@@ -371,10 +371,7 @@ def recurrent(kind, embedding=False, masked=False):
             traced[0] = (ids.T if time_major else ids).astype(np.int64) % table.shape[0]
         planned = recurrent_calls(kind, traced, node_attrs, table)
         if planned is not None and masked:
-            zero = bool(node_attrs.get("zero_output_for_mask", 0))
-            mask_bt = np.asarray(traced_mask)
-            calls = [(cell, args, {**kw, "mask_bt": mask_bt, "zero_masked": zero}) for cell, args, kw in planned[0]]
-            planned = (calls, *planned[1:])
+            planned = (masked_calls(planned[0], np.asarray(traced_mask), node_attrs), *planned[1:])
         if planned is not None and len(planned[0]) == 2:
             x_bti = transposed(low, x, (1, 0, 2)) if table is None else table_rows(low, x, table.shape[0], time_major)
             return bidirectional(low, kind, planned, x_bti, ins, traced_ins, traced_outs, node_attrs, mask)

@@ -493,6 +493,13 @@ def _embedding_recurrent_op(kind):
     return run
 
 
+def masked_calls(calls, mask, attrs):
+    """``recurrent_calls``' backend calls under the (batch, time) bool ``mask`` of a
+    ``Masked<kind>`` node (its ``zero_output_for_mask`` too)."""
+    zero = bool(attrs.get("zero_output_for_mask", 0))
+    return [(cell, args, {**kw, "mask_bt": mask, "zero_masked": zero}) for cell, args, kw in calls]
+
+
 def _masked_recurrent_op(kind):
     """``ai.fastlayers`` ``Masked<kind>``: ONNX's ``kind`` node (time-major or ``layout`` 1, no
     initial states) whose input 4 is a (batch, time) bool mask in place of sequence_lens, as
@@ -527,9 +534,7 @@ def _masked_recurrent_op(kind):
             raise UnsupportedError(
                 f"{name}: only the default activations without clip, peepholes or input_forget are supported"
             )
-        zero = bool(attrs.get("zero_output_for_mask", 0))
-        calls = [(cell, args, {**kw, "mask_bt": mask, "zero_masked": zero}) for cell, args, kw in planned[0]]
-        return _recurrent_outputs(kind, get_ops().recurrent_sequences(calls), attrs)
+        return _recurrent_outputs(kind, get_ops().recurrent_sequences(masked_calls(planned[0], mask, attrs)), attrs)
 
     return run
 
