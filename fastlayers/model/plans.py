@@ -686,11 +686,12 @@ def _rnn_node(g, v: Value, op_type, arrays, layer, direction, mask: Value | None
     return y, states
 
 
-def _recurrent_inputs(layer, xs, n_states=0, has_mask=False):
+def _recurrent_inputs(layer, xs, n_states=0, has_mask=False, **other):
     """(sequence, mask or None) of a recurrent layer's node: a mask only where it is the
-    graph's ``PaddingMask``, and neither initial states nor an output that ``zero_output_for_mask``
-    would zero while its state is kept (a last output of a masked step); else NoForm."""
-    if n_states or len(xs) != 1 + bool(has_mask):
+    graph's ``PaddingMask``, and neither initial states, other call arguments, nor an output
+    that ``zero_output_for_mask`` would zero while its state is kept (a last output of a masked
+    step); else NoForm."""
+    if other or n_states or len(xs) != 1 + bool(has_mask):
         raise NoForm
     v, mask = xs[0], (xs[1] if has_mask else None)
     if v.rank != 3 or v.mask or (mask is not None and not mask.mask):
