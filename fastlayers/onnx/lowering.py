@@ -96,8 +96,9 @@ from .records import FASTLAYERS
 
 #: Most plans a model keeps (one per key); more: the table is cleared and rebuilt.
 MAX_PLANS = 8
-#: Integer and bool inputs of at most this many values are part of a plan's key (a sample
-#: rate, a flag): what depends on them alone is a constant of the plan.
+#: Integer and bool inputs of at most this many values and at most one axis are part of a
+#: plan's key (a sample rate, a flag, a few sizes): what depends on them alone is a constant of
+#: the plan. Inputs of two or more axes (token ids (batch, time), masks) are data however short.
 KEY_VALUES_MAX = 16
 #: Calls with a key before its plan is built (a one-off shape does not pay for a build).
 BUILD_AFTER = 2
@@ -145,7 +146,7 @@ PLAN_US = 6.0
 
 def _keyed_values(a) -> bool:
     """Whether the input array ``a``'s values are part of a plan's key (``KEY_VALUES_MAX``)."""
-    return a.dtype.kind != "f" and a.size <= KEY_VALUES_MAX
+    return a.dtype.kind != "f" and a.size <= KEY_VALUES_MAX and a.ndim <= 1
 
 
 class DoesNotPay(Exception):

@@ -620,6 +620,27 @@ def test_masked_recurrence_on_whole_numbers_in_a_float_input(rng):
         model(x + np.float32(0.5))
 
 
+def test_short_token_ids_are_data_of_one_native_plan(monkeypatch, rng):
+    """Ids of a short text (batch x time at most ``KEY_VALUES_MAX``) are not part of the native
+    plan's key (only integer inputs of at most one axis are): one plan serves every sentence of
+    that shape, built once."""
+    from fastlayers.onnx import lowering
+
+    builds = []
+    real = lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: builds.append(1) or real(*a))
+    ids = fastlayers.Input((None,), dtype="int32")
+    h = L.Embedding(30, 8, mask_zero=True)(ids)
+    model = fastlayers.Model(ids, L.Dense(2)(L.LSTM(6)(h)))
+    for _ in range(6):
+        x = rng.integers(0, 30, (1, 12)).astype(np.int32)
+        x[0, :3] = 0
+        got = model(x)
+        assert_close(got, _layer_path(model, x), rtol=1e-5, atol=1e-6)
+    assert builds == [1]
+    assert _compiled(model, (plans.IDS, 2))._native.plan_for([x.astype(np.int64)]) is not None
+
+
 def test_a_mask_given_by_the_caller_keeps_the_layer_path(rng):
     """A recurrent layer's mask from another input (not an Embedding's): the layer path."""
     x, m = fastlayers.Input((None, 4)), fastlayers.Input((None,), dtype="bool")
