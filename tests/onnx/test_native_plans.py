@@ -541,8 +541,8 @@ def test_the_profile_shows_the_plan_that_serves_the_calls(rng):
 
 def test_a_model_whose_plan_does_not_pay_stops_building(rng, monkeypatch):
     """One rejected build (each traces a call) turns the model's plans off; where the key held
-    small integer inputs (constants of that trace, data at other keys: a sample rate, a few
-    token ids) it turns off that key's only; a model whose nodes could not save a plan's own
+    small integer inputs (constants of that trace, data at other keys: a sample rate, a flag
+    of one axis) it turns off that key's only; a model whose nodes could not save a plan's own
     cost is not traced at all, and its calls look up no key from then on."""
     builds = []
     real = lowering.lower
