@@ -11,6 +11,7 @@ import numpy as np
 from ..backends import get_ops
 from . import encoder
 from .nodes import Node, consumers, prune, readers_of
+from .ops.recurrent import RECURRENT_NODES
 from .records import FASTLAYERS
 from .weights import ConvWeights
 
@@ -811,20 +812,12 @@ def mark_attention_scores(nodes, outputs) -> list[Node]:
     return nodes
 
 
-#: The recurrent operators whose time loops may leave Y unwritten (``_y_read``).
-_RECURRENT_SEQUENCES = frozenset(
-    f"{prefix}{kind}"
-    for kind in ("RNN", "GRU", "LSTM")
-    for prefix in ("", "Embedding", f"{FASTLAYERS}::Masked", "EmbeddingMasked")
-)
-
-
 def mark_recurrent_sequences(nodes, outputs) -> list[Node]:
     """RNN, GRU and LSTM nodes (and their ``Embedding<op>`` and ``Masked<op>`` forms) get ``_y_read``: whether
     anything reads their Y output (without a reader the time loops write no output per step)."""
     uses = consumers(nodes, outputs)
     for node in nodes:
-        if node.op_type in _RECURRENT_SEQUENCES:
+        if node.op_type in RECURRENT_NODES:
             node.attrs = dict(node.attrs, _y_read=bool(node.outputs) and uses.get(node.outputs[0], 0) > 0)
     return nodes
 

@@ -45,6 +45,7 @@ from ..backends import get_ops
 from ..backends.derived import derived_generation
 from .control import Body, taken_branch
 from .fold import NONDETERMINISTIC
+from .ops.recurrent import RECURRENT_NODES
 from .plan_control import lower_if, lower_loop, lower_scan
 from .plan_convolution import (
     GLOBAL_POOLS,
@@ -125,12 +126,7 @@ STEP_US, FALLBACK_US, COPY_BYTES_PER_US, GATHER_BYTES_PER_US = 5.0, 1.0, 20000.0
 #: reads and writes in place or gathers natively (a 16-channel 3x3 convolution on 14x14: its
 #: Python plan 21 us, as a plan 16; docs/design.md).
 EXTRA_STEP_US = {
-    **dict.fromkeys(("LSTM", "GRU", "RNN", "EmbeddingLSTM", "EmbeddingGRU", "EmbeddingRNN", "FusedLSTMCell"), 10.0),
-    **{
-        f"{prefix}{kind}": 10.0
-        for kind in ("LSTM", "GRU", "RNN")
-        for prefix in (f"{FASTLAYERS}::Masked", "EmbeddingMasked")
-    },
+    **dict.fromkeys((*RECURRENT_NODES, "FusedLSTMCell"), 10.0),
     **dict.fromkeys(("Conv", "FusedConv", "ConvTranspose"), 5.0),
 }
 #: What each byte of a native step's result saves besides: the Python plan writes each

@@ -540,6 +540,11 @@ def _masked_recurrent_op(kind):
 
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+#: Every node a recurrence is after the import (ONNX's, its ``Embedding<op>`` and
+#: ``EmbeddingMasked<op>`` fusions, fastlayers' ``Masked<op>``), by its key.
+RECURRENT_NODES = frozenset(
+    f"{prefix}{kind}" for kind in _GATES for prefix in ("", "Embedding", f"{FASTLAYERS}::Masked", "EmbeddingMasked")
+)
 _RNN_ACTIVATIONS = {
     "sigmoid",
     "tanh",
