@@ -13,7 +13,8 @@ sets when returning sequences). In graphs built from symbolic tensors, a recurre
 on the output of ``Embedding(mask_zero=True)`` (directly, through Dropout, Dense, Activation
 or normalization layers, or through recurrent layers returning sequences) gets the mask
 ``ids != 0`` automatically, as in Keras: a ``PaddingMask`` node computing it from the ids is
-added to the graph. On arrays, pass ``mask=embedding.compute_mask(ids)`` yourself.
+added to the graph. As in Keras 3, a call given ``initial_state=`` does not take that mask (pass
+``mask=`` to mask it). On arrays, pass ``mask=embedding.compute_mask(ids)`` yourself.
 
 Streaming: ``state = layer.get_stream_state(batch_size)`` then ``y = layer.stream(chunk, state)``
 for each chunk of timesteps; the outputs equal one call on the whole sequence.
@@ -257,8 +258,9 @@ class RecurrentLayer(Layer):
             return Layer.__call__(self, inputs, **kwargs)
         if kwargs:
             raise TypeError(f"{type(self).__name__} {self.name!r}: unexpected call argument(s) {sorted(kwargs)}")
-        if isinstance(inputs, (list, tuple)) and len(inputs) > 1 and initial_state is None:
-            inputs, initial_state = inputs[0], list(inputs[1:])  # Keras: layer([x, h0, c0])
+        listed = isinstance(inputs, (list, tuple)) and len(inputs) > 1 and initial_state is None
+        if listed:
+            inputs, initial_state = inputs[0], list(inputs[1:])  # tf.keras: layer([x, h0, c0])
         elif isinstance(inputs, (list, tuple)) and len(inputs) == 1:
             inputs = inputs[0]
         states = (
@@ -266,7 +268,10 @@ class RecurrentLayer(Layer):
             if initial_state is None
             else (list(initial_state) if isinstance(initial_state, (list, tuple)) else [initial_state])
         )
-        if mask is None and isinstance(inputs, SymbolicTensor):
+        # Keras 3 fills a layer's mask from its input only where the call has one tensor
+        # argument: with initial_state given by keyword, the sequence's mask is not applied
+        # (the list form masks, as tf.keras did)
+        if mask is None and isinstance(inputs, SymbolicTensor) and (listed or not states):
             mask = implicit_mask(inputs)
         if not states and mask is None:
             out = Layer.__call__(self, inputs)

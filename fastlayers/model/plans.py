@@ -663,42 +663,57 @@ def _rnn_arrays(layer, op_type, order):
     return w, r, bias, [*names, names[-1]] if op_type == "LSTM" else names
 
 
-def _rnn_node(g, v: Value, op_type, arrays, layer, direction, mask: Value | None = None):
+def _rnn_node(g, v: Value, op_type, arrays, layer, direction, mask: Value | None = None, states=()):
     """ONNX's ``op_type`` node on ``v`` (batch, time, input), time first (layout 0, which
     onnxruntime also runs: Transposes around the node) with the stacked ``arrays`` (W, R, B,
     activations) of its directions: (Y (time, directions, batch, units), its final states).
     With a ``mask`` (batch, time), fastlayers' ``Masked<op_type>`` node, which skips the
-    masked steps as the layer does (its ``zero_output_for_mask`` too)."""
+    masked steps as the layer does (its ``zero_output_for_mask`` too). ``states``: the
+    initial states as the layer takes them (h, and c for LSTM, each (batch, units); a
+    Bidirectional's forward ones, then its backward ones), stacked per direction into the
+    node's initial_h (and initial_c) (directions, batch, units)."""
     w, r, bias, acts = arrays
     attrs = {"hidden_size": layer.units, "direction": direction, "activations": acts}
     if op_type == "GRU":
         attrs["linear_before_reset"] = int(layer.reset_after)
     x_tbi = g.node("Transpose", [plain(g, v)], "time_first", perm=[1, 0, 2])
     inputs = [x_tbi, g.const(w, "w"), g.const(r, "r"), g.const(bias, "b")]
+    if states:
+        inputs.append("" if mask is None else mask.name)  # sequence_lens' place
+        per = len(states) // w.shape[0]  # states per direction: h (and c)
+        axis = g.const(np.array([0], np.int64), "axis")
+        for k in range(per):  # initial_h, then initial_c
+            stacked = [g.node("Unsqueeze", [plain(g, s), axis], "initial") for s in states[k::per]]
+            inputs.append(stacked[0] if len(stacked) == 1 else g.node("Concat", stacked, "initial", axis=0))
     count = 3 if op_type == "LSTM" else 2
     if mask is None:
-        y, *states = g.nodes(op_type, inputs, op_type.lower(), count, **attrs)
+        y, *states_out = g.nodes(op_type, inputs, op_type.lower(), count, **attrs)
     else:
         from ..onnx.records import FASTLAYERS  # here: written graphs only import onnx/
 
         attrs["zero_output_for_mask"] = int(layer.zero_output_for_mask)
-        y, *states = g.nodes(f"Masked{op_type}", [*inputs, mask.name], op_type.lower(), count, FASTLAYERS, **attrs)
-    return y, states
+        if not states:
+            inputs.append(mask.name)
+        y, *states_out = g.nodes(f"Masked{op_type}", inputs, op_type.lower(), count, FASTLAYERS, **attrs)
+    return y, states_out
 
 
 def _recurrent_inputs(layer, xs, n_states=0, has_mask=False, **other):
-    """(sequence, mask or None) of a recurrent layer's node: a mask only where it is the
-    graph's ``PaddingMask``, and neither initial states, other call arguments, nor an output
-    that ``zero_output_for_mask`` would zero while its state is kept (a last output of a masked
-    step); else NoForm."""
-    if other or n_states or len(xs) != 1 + bool(has_mask):
+    """(sequence, mask or None, initial states) of a recurrent layer's node: a mask only where
+    it is the graph's ``PaddingMask``, initial states (batch, units) values, no other call
+    arguments, and no output that ``zero_output_for_mask`` would zero while its state is kept
+    (a last output of a masked step); else NoForm."""
+    if other or len(xs) != 1 + n_states + bool(has_mask):
         raise NoForm
-    v, mask = xs[0], (xs[1] if has_mask else None)
+    v, states = xs[0], xs[1 : 1 + n_states]
+    mask = xs[1 + n_states] if has_mask else None
     if v.rank != 3 or v.mask or (mask is not None and not mask.mask):
+        raise NoForm
+    if any(s.rank != 2 or s.ids or s.mask for s in states):
         raise NoForm
     if mask is not None and layer.zero_output_for_mask and not layer.return_sequences:
         raise NoForm
-    return v, mask
+    return v, mask, states
 
 
 def _sequence_of(g, y) -> str:
@@ -712,12 +727,15 @@ def _recurrent(op_type, order):
     """A Keras SimpleRNN / LSTM / GRU as ONNX's RNN / LSTM / GRU node (``_rnn_arrays``,
     ``_rnn_node``); go_backwards is the reverse direction, whose sequence Keras returns in
     processing order. Under an ``Embedding(mask_zero=True)`` mask, fastlayers' masked node;
-    initial states (call arguments) are the layer path's."""
+    initial states (call arguments) are the node's."""
 
     def form(g, layer, xs, **call):
-        v, mask = _recurrent_inputs(layer, xs, **call)
+        v, mask, initial = _recurrent_inputs(layer, xs, **call)
+        if initial and len(initial) != len(layer.state_size):
+            raise NoForm
         arrays = _rnn_arrays(layer, op_type, order)
-        y, states = _rnn_node(g, v, op_type, arrays, layer, "reverse" if layer.go_backwards else "forward", mask)
+        direction = "reverse" if layer.go_backwards else "forward"
+        y, states = _rnn_node(g, v, op_type, arrays, layer, direction, mask, initial)
         first = None
         if layer.return_sequences:
             out = _sequence_of(g, y)
@@ -735,12 +753,15 @@ def _recurrent(op_type, order):
 
 
 def _bidirectional(g, layer, xs, **call):
-    """Keras's Bidirectional (concat, sum or ave of its outputs, no states) as one
-    bidirectional node: its forward layer forward and its backward one reading time
-    backwards, of one class and configuration (else the layer path); under an
-    ``Embedding(mask_zero=True)`` mask, fastlayers' masked node."""
+    """Keras's Bidirectional (concat, sum or ave of its outputs) as one bidirectional node: its
+    forward layer forward and its backward one reading time backwards, of one class and
+    configuration (else the layer path), initial states and returned final states (forward
+    ones, then backward ones) the node's; under an ``Embedding(mask_zero=True)`` mask,
+    fastlayers' masked node."""
     fwd, bwd = layer.forward_layer, layer.backward_layer
-    v, mask = _recurrent_inputs(fwd, xs, **call)
+    v, mask, initial = _recurrent_inputs(fwd, xs, **call)
+    if initial and len(initial) != 2 * len(fwd.state_size):
+        raise NoForm
     kind = _class_name(fwd)
     op_type, order = _RNN_KINDS.get(kind, (None, None))
     same = (
@@ -754,14 +775,13 @@ def _bidirectional(g, layer, xs, **call):
         or _class_name(bwd) != kind
         or fwd.go_backwards
         or not bwd.go_backwards
-        or layer.return_state
         or layer.merge_mode not in ("concat", "sum", "ave")
         or any(getattr(fwd, a) != getattr(bwd, a) for a in same)
     ):
         raise NoForm
     f, b = _rnn_arrays(fwd, op_type, order), _rnn_arrays(bwd, op_type, order)
     arrays = [np.concatenate([f[k], b[k]]) for k in range(3)] + [f[3] + b[3]]
-    y, states = _rnn_node(g, v, op_type, arrays, fwd, "bidirectional", mask)
+    y, states = _rnn_node(g, v, op_type, arrays, fwd, "bidirectional", mask, initial)
     if layer.return_sequences:  # (T, 2, B, u): the backward outputs at their input steps
         y_bt2u = g.node("Transpose", [y], "batch_first", perm=[2, 0, 1, 3])
         rank = 3
@@ -775,14 +795,26 @@ def _bidirectional(g, layer, xs, **call):
     else:
         reduce = "ReduceSum" if layer.merge_mode == "sum" else "ReduceMean"
         out = g.node(reduce, [y_bt2u, g.const(np.array([axis], np.int64), "axes")], layer.merge_mode, keepdims=0)
-    return Value(out, rank)
+    if not layer.return_state:
+        return Value(out, rank)
+    # Keras's order: the forward layer's final states (h, and c for LSTM), then the backward's
+    direction = [g.const(np.array(d, np.int64), "direction") for d in (0, 1)]
+    final = [Value(g.node("Gather", [s, direction[d]], "state", axis=0), 2) for d in (0, 1) for s in states]
+    return [Value(out, rank), *final]
 
 
 def _causal_bias(g, q: str, q_axis: int, k: str, k_axis: int) -> str:
     """The additive causal mask (Tq, Tk) of queries along axis ``q_axis`` of ``q`` and keys
-    along axis ``k_axis`` of ``k``: 0 where key j <= query i, -inf above, made from their
-    shapes (a constant of each call's shapes for the import and its plans), as
-    ``use_causal_mask`` masks."""
+    along axis ``k_axis`` of ``k``: 0 where key j <= query i, -inf above (``_causal_keys``),
+    as ``use_causal_mask`` masks."""
+    zero, masked = (g.const(np.array(v, np.float32), "bias") for v in (0.0, -np.inf))
+    return g.node("Where", [_causal_keys(g, q, q_axis, k, k_axis), zero, masked], "causal")
+
+
+def _causal_keys(g, q: str, q_axis: int, k: str, k_axis: int) -> str:
+    """Whether key j <= query i, (Tq, Tk) bool, of queries along axis ``q_axis`` of ``q`` and
+    keys along axis ``k_axis`` of ``k``, made from their shapes (a constant of each call's
+    shapes for the import and its plans)."""
 
     def positions(x: str, axis: int, hint: str) -> str:
         length = g.node("Squeeze", [g.node("Shape", [x], f"{hint}_len", start=axis, end=axis + 1)], hint)
@@ -791,9 +823,7 @@ def _causal_bias(g, q: str, q_axis: int, k: str, k_axis: int) -> str:
 
     rows = g.node("Unsqueeze", [positions(q, q_axis, "query"), g.const(np.array([1], np.int64), "axis")], "rows")
     cols = g.node("Unsqueeze", [positions(k, k_axis, "key"), g.const(np.array([0], np.int64), "axis")], "cols")
-    allowed = g.node("LessOrEqual", [cols, rows], "allowed")
-    zero, masked = (g.const(np.array(v, np.float32), "bias") for v in (0.0, -np.inf))
-    return g.node("Where", [allowed, zero, masked], "causal")
+    return g.node("LessOrEqual", [cols, rows], "allowed")
 
 
 def _multi_head_attention(
@@ -876,9 +906,10 @@ def _dense_attention(g, layer, xs, use_causal_mask=False, return_attention_score
     """Keras's Attention (dot scores, times ``scale`` with use_scale; or score_mode "concat":
     concat_score_weight times the sum over the features of tanh(scale (q + k))) and
     AdditiveAttention (sum over the features of scale * tanh(q + k)) on rank-3 [query,
-    value(, key)], no masks but the causal one, no returned scores: softmax over the keys,
-    then the product with the values."""
-    if other or return_attention_scores or any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
+    value(, key)], no masks but the causal one: softmax over the keys, then the product with
+    the values; with ``return_attention_scores``, that softmax (batch, Tq, Tk) is the second
+    output."""
+    if other or any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
         raise NoForm
     q, v = plain(g, xs[0]), plain(g, xs[1])
     k = plain(g, xs[2]) if len(xs) == 3 else v
@@ -903,27 +934,34 @@ def _dense_attention(g, layer, xs, use_causal_mask=False, return_attention_score
     if use_causal_mask:
         scores = g.node("Add", [scores, _causal_bias(g, q, 1, k, 1)], "scores_causal")
     weights = g.node("Softmax", [scores], "weights", axis=-1)
-    return Value(g.node("MatMul", [weights, v], "attended"), 3)
+    attended = Value(g.node("MatMul", [weights, v], "attended"), 3)
+    return [attended, Value(weights, 3)] if return_attention_scores else attended
 
 
-def _hard_attention(g, layer, xs):
-    """HardAttention on rank-3 [query, value(, key)], no masks or returned weights: the one-hot
-    of the first maximum of the dot scores (times ``scale`` with use_scale) over the keys, zeros
-    for a query whose every key scores -inf, as the layer; then the product with the values."""
-    if any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
+def _hard_attention(g, layer, xs, use_causal_mask=False, return_attention_scores=False, **other):
+    """HardAttention on rank-3 [query, value(, key)], no masks but the causal one: the one-hot
+    of the first maximum of the dot scores (times ``scale`` with use_scale; -inf for keys after
+    the query with ``use_causal_mask``) over the keys, zeros for a query whose every key scores
+    -inf, as the layer; then the product with the values. With ``return_attention_scores``,
+    the one-hot weights (batch, Tq, Tk) are the second output."""
+    if other or any(v.rank != 3 for v in xs) or len(xs) not in (2, 3):
         raise NoForm
     q, v = plain(g, xs[0]), plain(g, xs[1])
     k = plain(g, xs[2]) if len(xs) == 3 else v
     scores = g.node("MatMul", [q, g.node("Transpose", [k], "k_t", perm=[0, 2, 1])], "scores")
     if layer.use_scale:
         scores = g.node("Mul", [scores, g.const(np.asarray(layer.scale, np.float32), "scale")], "scaled")
+    if use_causal_mask:  # later keys -inf, NaN scores too (as the layer replaces them)
+        minus_inf = g.const(np.array(-np.inf, np.float32), "minus_inf")
+        scores = g.node("Where", [_causal_keys(g, q, 1, k, 1), scores, minus_inf], "scores_causal")
     first = g.node("ArgMax", [scores], "first_max", axis=-1, keepdims=0)
     keys = g.node("Shape", [scores], "keys", start=2, end=3)
     weights = g.node("OneHot", [first, keys, g.const(np.array([0, 1], np.float32), "off_on")], "one_hot", axis=-1)
     top = g.node("ReduceMax", [scores, g.const(np.array([2], np.int64), "axes")], "top", keepdims=1)
     none = g.node("Equal", [top, g.const(np.array(-np.inf, np.float32), "minus_inf")], "none_live")
     weights = g.node("Where", [none, g.const(np.zeros((), np.float32), "zero"), weights], "weights")
-    return Value(g.node("MatMul", [weights, v], "attended"), 3)
+    attended = Value(g.node("MatMul", [weights, v], "attended"), 3)
+    return [attended, Value(weights, 3)] if return_attention_scores else attended
 
 
 def _hwio_conv(g, layer, x: str, name: str, strides=(1, 1), **window) -> str:
@@ -978,7 +1016,7 @@ _TAKES_MASKS = frozenset({*_RECURRENT_FORMS.values(), _bidirectional})
 #: attentions' causal mask, MultiHeadAttention's returned scores, the recurrent layers' count
 #: of states and mask; any other argument, another mask or other returned scores, is refused:
 #: NoForm)
-_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention, *_TAKES_MASKS})
+_TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention, _hard_attention, *_TAKES_MASKS})
 #: The forms that take int64 ids (a model input read by Embeddings and their masks)
 _TAKES_IDS = frozenset({_embedding, _padding_mask})
 #: The graph classes a model may use as a layer (written inline)
@@ -1119,8 +1157,11 @@ def written(model, key):
         ys = [plain(g, v) for v in outputs]
     except NoForm:
         return None
-    if set(ys) & set(names) or len(set(ys)) != len(ys):  # an input or one value given twice: no copy to make
+    if set(ys) & set(names):  # an input given back: no work to compile
         return None
+    for k, y in enumerate(ys):  # one value given twice (a recurrent layer's output and its h)
+        if y in ys[:k]:
+            ys[k] = g.node("Identity", [y], "again")
     return g, ys
 
 

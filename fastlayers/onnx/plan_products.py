@@ -345,7 +345,8 @@ def recurrent(kind, embedding=False, masked=False):
     """The lowering of an ONNX ``kind`` (LSTM, GRU or RNN) node, with ``embedding`` of its
     ``Embedding<kind>`` form (inputs [table, ids, W, R, ...]: the ids checked and turned into
     batch-major rows of the table folded into the input projection, ``table_rows``), with
-    ``masked`` of fastlayers' ``Masked<kind>`` (input 4 a (B, T) bool mask the loops read)."""
+    ``masked`` of fastlayers' ``Masked<kind>`` (input 4 a (B, T) bool mask the loops read, the
+    initial states after it)."""
 
     def lower(low, node, ins, traced_ins, traced_outs, attrs):
         node_attrs = attrs["_attrs"]
@@ -355,7 +356,8 @@ def recurrent(kind, embedding=False, masked=False):
                 raise NotLowered
             table, ins, traced_ins = traced_ins[0], ins[1:], traced_ins[1:]
         if masked:
-            mask, traced_mask, ins, traced_ins = ins[4], traced_ins[4], ins[:4], traced_ins[:4]
+            mask, traced_mask = ins[4], traced_ins[4]
+            ins, traced_ins = [*ins[:4], None, *ins[5:]], [*traced_ins[:4], None, *traced_ins[5:]]
             if not isinstance(mask, Value) or mask.dtype != np.bool_ or len(mask.shape) != 2:
                 raise NotLowered
         x = ins[0]

@@ -181,7 +181,11 @@ def _graphs():
         # returned scores (batch, heads, Tq, Tk): the softmax's output, with and without the mask
         sa, ss = K.MultiHeadAttention(2, 3)(h, half, return_attention_scores=True)
         ca, cs = K.MultiHeadAttention(2, 2)(h, h, use_causal_mask=True, return_attention_scores=True)
-        return lib.Model(x, [K.Dense(3)(K.Concatenate()([h, a, d, f, ca])), K.Concatenate()([b, e]), sa, ss, cs])
+        # Attention and AdditiveAttention's scores (batch, Tq, Tk), causal and not
+        da, ds = K.Attention(use_scale=True)([h, half], return_attention_scores=True)
+        ea, es = K.AdditiveAttention()([half, h, x], use_causal_mask=True, return_attention_scores=True)
+        outputs = [K.Dense(3)(K.Concatenate()([h, a, d, f, ca])), K.Concatenate()([b, e, ea]), sa, ss, cs]
+        return lib.Model(x, [*outputs, da, ds, es])
 
     return {
         "attention": (attention, (6, 8)),
@@ -641,6 +645,94 @@ def test_short_token_ids_are_data_of_one_native_plan(monkeypatch, rng):
     assert _compiled(model, (plans.IDS, 2))._native.plan_for([x.astype(np.int64)]) is not None
 
 
+#: Recurrent layers started from initial states (a seq2seq decoder's from its encoder's final
+#: states): (layer class, options, Bidirectional merge mode or None, under an
+#: Embedding(mask_zero=True) mask)
+INITIAL_STATES = {
+    "lstm": ("LSTM", {"return_sequences": True}, None, False),
+    "gru_backwards": ("GRU", {"go_backwards": True, "return_state": True}, None, False),
+    "rnn": ("SimpleRNN", {}, None, False),
+    "bilstm": ("LSTM", {"return_sequences": True}, "concat", False),
+    "lstm_masked_encoder": ("LSTM", {"return_sequences": True, "return_state": True}, None, True),
+    "bigru_masked_encoder": ("GRU", {}, "ave", True),
+}
+
+
+def _seq2seq(lib, K, kind, options, merge, masked):
+    """An encoder of ids (Embedding, a recurrent layer returning its states) and a decoder of
+    the same kind on other features of the ids, started from the encoder's final states (both
+    directions' for a Bidirectional: the encoder is one too). With ``masked``, the Embedding's
+    mask_zero masks the encoder; the decoder, given initial_state, takes no mask (Keras 3)."""
+    ids = lib.Input((None,), dtype="int32")
+    h = K.Embedding(20, 8, mask_zero=masked)(ids)
+    make = lambda **kw: getattr(K, kind)(6, **kw)  # noqa: E731
+    encoder = make(return_state=True)
+    if merge:
+        _, *states = K.Bidirectional(encoder, merge_mode=merge)(h)
+    else:
+        _, *states = encoder(h)
+    decoder = make(**options)
+    features = K.Dense(5, activation="tanh")(h)
+    y = (K.Bidirectional(decoder, merge_mode=merge) if merge else decoder)(features, initial_state=states)
+    return lib.Model(ids, y)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("case", sorted(INITIAL_STATES))
+def test_recurrent_layers_from_initial_states_compile(case, threads, keras, rng):
+    """SimpleRNN / LSTM / GRU (go_backwards, returned states, Bidirectional, under a mask)
+    started from initial states other layers give: the node's initial_h / initial_c on the
+    native plan's loops, against Keras on torch and the layer path."""
+    spec = INITIAL_STATES[case]
+    ref = _seq2seq(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers, *spec)
+    model = _seq2seq(OURS, L, *spec)
+    model.set_weights([w * 2 for w in ref.get_weights()])
+    ref.set_weights(model.get_weights())
+    first = np.array([[0, 0, 3, 4, 5, 6, 7], [1, 2, 3, 0, 0, 0, 0], [7, 1, 8, 2, 9, 1, 3]], np.int32)
+    for ids in (first, first, first, first[::-1].copy(), rng.integers(1, 20, (2, 4)).astype(np.int32)):
+        got, want = _listed(model(ids)), ref(ids)
+        want = list(want) if isinstance(want, (list, tuple)) else [want]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_close(g, keras.ops.convert_to_numpy(w), rtol=1e-4, atol=1e-5)
+        for g, w in zip(got, _listed(_layer_path(model, ids))):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    compiled = _compiled(model, (plans.IDS, 2))
+    assert compiled is not None
+    plan = compiled._native.plan_for([first.astype(np.int64)])
+    assert plan is not None
+    native, fallbacks, _ = plan.summary
+    assert not fallbacks
+    kind = spec[0].replace("SimpleRNN", "RNN")
+    assert sum(op.endswith(kind) for op in native) >= 2  # the encoder's and the decoder's
+
+
+@pytest.mark.parametrize("merge", [None, "concat"])
+def test_a_masked_recurrence_from_initial_states_compiles(merge, rng):
+    """fastlayers' list form ``layer([x, *states])`` under an Embedding(mask_zero=True) mask (as
+    tf.keras masked it): the masked node with initial states after its mask, on the native
+    plan's loops, against the layer path; the mask is applied (a masked step repeats the last
+    output, zeros under Bidirectional's zero_output_for_mask)."""
+    ids = fastlayers.Input((None,), dtype="int32")
+    h = L.Embedding(20, 8, mask_zero=True)(ids)
+    encoder = L.LSTM(6, return_state=True)
+    _, *states = (L.Bidirectional(encoder) if merge else encoder)(h)
+    decoder = L.LSTM(6, return_sequences=True, return_state=True)
+    y = (L.Bidirectional(decoder, merge_mode=merge) if merge else decoder)([L.Dense(5)(h), *states])
+    model = fastlayers.Model(ids, y)
+    first = np.array([[0, 0, 3, 4, 5, 6, 7], [1, 2, 3, 0, 0, 0, 0], [7, 1, 8, 2, 9, 1, 3]], np.int32)
+    for x in (first, first, first, first[::-1].copy()):
+        got = _listed(model(x))
+        for g, w in zip(got, _listed(_layer_path(model, x))):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    padded = got[0][1, 3:]  # ids [1, 2, 3, 0, 0, 0, 0]: masked steps repeat the last output
+    np.testing.assert_array_equal(padded, 0 * padded if merge else np.broadcast_to(got[0][1, 2], padded.shape))
+    plan = _compiled(model, (plans.IDS, 2))._native.plan_for([first.astype(np.int64)])
+    assert plan is not None
+    native, fallbacks, _ = plan.summary
+    assert not fallbacks and sum(op.endswith("MaskedLSTM") for op in native) == 2
+
+
 def test_a_mask_given_by_the_caller_keeps_the_layer_path(rng):
     """A recurrent layer's mask from another input (not an Embedding's): the layer path."""
     x, m = fastlayers.Input((None, 4)), fastlayers.Input((None,), dtype="bool")
@@ -729,3 +821,22 @@ def test_hard_attention_compiles(rng):
     want = _layer_path(model, [qs, vs, ks])
     assert_close(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[1, 2], model.layers[-1].bias)  # zeros attended
+
+
+def test_hard_attention_with_a_causal_mask_and_its_weights_compiles(rng):
+    """HardAttention's use_causal_mask (a later key never chosen, with fewer keys than queries
+    and more) and its returned one-hot weights against the layer path."""
+    x = fastlayers.Input((6, 4))
+    h = L.Conv1D(4, 1)(x)
+    half = L.Conv1D(4, 2, strides=2)(h)  # 3 steps
+    a, w = L.HardAttention()([h, x], use_causal_mask=True, return_attention_scores=True)
+    b = L.HardAttention(use_scale=True)([half, h], use_causal_mask=True)
+    c, v = L.HardAttention()([h, half], return_attention_scores=True)
+    model = fastlayers.Model(x, [L.Concatenate()([a, c]), b, w, v])
+    y = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    for _ in range(3):  # the third call runs the native plan built at the second
+        got = model(y)
+    assert _compiled(model, 3) is not None
+    for g, lp in zip(got, _layer_path(model, y)):
+        assert_close(g, lp, rtol=1e-5, atol=1e-6)
+    assert not np.any(np.triu(got[2], 1)) and np.all(got[2].sum(-1) == 1)  # causal one-hot rows

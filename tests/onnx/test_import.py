@@ -1033,9 +1033,10 @@ def test_attention_subgraph_left_or_run_as_written(rng, case):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, domain_import=True):
+def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, domain_import=True, states=False):
     """A graph of one ai.fastlayers Masked<kind> node and its standard twin reading
-    sequence_lens (the same weights): (masked model bytes, twin model bytes, outputs)."""
+    sequence_lens (the same weights; with ``states``, both read the inputs initial_h (and
+    initial_c) after it): (masked model bytes, twin model bytes, outputs)."""
     from onnx import TensorProto, helper, numpy_helper
 
     nd = 2 if direction == "bidirectional" else 1
@@ -1049,12 +1050,13 @@ def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, dom
     ]
     outs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
     attrs = {"hidden_size": hidden, "direction": direction, **({"linear_before_reset": 1} if kind == "GRU" else {})}
+    initial = ["initial_h", "initial_c"][: 2 if kind == "LSTM" else 1] if states else []
     made = []
     for masked in (True, False):
         if masked:
             node = helper.make_node(
                 f"Masked{kind}",
-                ["x", "W", "R", "B", "mask"],
+                ["x", "W", "R", "B", "mask", *initial],
                 outs,
                 domain="ai.fastlayers",
                 zero_output_for_mask=1,
@@ -1062,12 +1064,16 @@ def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, dom
             )
             extra = [helper.make_tensor_value_info("mask", TensorProto.BOOL, None)]
         else:
-            node = helper.make_node(kind, ["x", "W", "R", "B", "lens"], outs, **attrs)
+            node = helper.make_node(kind, ["x", "W", "R", "B", "lens", *initial], outs, **attrs)
             extra = [helper.make_tensor_value_info("lens", TensorProto.INT32, None)]
         graph = helper.make_graph(
             [node],
             "masked",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, None), *extra],
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                *extra,
+                *(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in initial),
+            ],
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
             inits,
         )
@@ -1078,25 +1084,30 @@ def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, dom
     return made[0], made[1], outs
 
 
+@pytest.mark.parametrize("states", [False, True])
 @pytest.mark.parametrize("kind,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-def test_masked_recurrence_matches_sequence_lens_on_onnxruntime(kind, gates, direction, rng):
+def test_masked_recurrence_matches_sequence_lens_on_onnxruntime(kind, gates, direction, states, rng):
     """ai.fastlayers Masked<kind> (what compiled Keras graphs write under an Embedding's mask)
-    read from a file: with post-padding masks and zero_output_for_mask, its outputs are those
-    of ONNX's node with sequence_lens on onnxruntime (Y zero past each length), on the Python
-    plan and the native plan's loops."""
+    read from a file, with and without initial states: with post-padding masks and
+    zero_output_for_mask, its outputs are those of ONNX's node with sequence_lens on
+    onnxruntime (Y zero past each length), on the Python plan and the native plan's loops."""
     ort = oracle("onnxruntime")
-    masked, twin, _ = _masked_recurrent_model(kind, gates, direction, rng)
+    masked, twin, _ = _masked_recurrent_model(kind, gates, direction, rng, states=states)
     ours = fastlayers.load(masked)
     session = ort.InferenceSession(twin, providers=["CPUExecutionProvider"])
+    nd = 2 if direction == "bidirectional" else 1
+    initial = [rng.standard_normal((nd, 3, 7)).astype(np.float32) for _ in range(2 if kind == "LSTM" else 1)]
+    initial = initial if states else []
     for lens in ([6, 2, 4], [1, 6, 3], [6, 6, 6]):
         x = rng.standard_normal((6, 3, 5)).astype(np.float32)
         mask = np.arange(6)[None, :] < np.array(lens)[:, None]
-        want = session.run(None, {"x": x, "lens": np.array(lens, np.int32)})
+        named = dict(zip(["initial_h", "initial_c"], initial))
+        want = session.run(None, {"x": x, "lens": np.array(lens, np.int32), **named})
         for _ in range(3):  # the Python plan, then the native plan built at the second call
-            for got, w in zip(ours(x, mask), want):
+            for got, w in zip(ours(x, mask, *initial), want):
                 assert_close(got, w, rtol=1e-4, atol=1e-5)
-    plan = ours._native.plan_for([x, mask])
+    plan = ours._native.plan_for([x, mask, *initial])
     assert plan is not None and f"ai.fastlayers::Masked{kind}" in plan.summary[0]
 
 

@@ -501,8 +501,9 @@ def masked_calls(calls, mask, attrs):
 
 
 def _masked_recurrent_op(kind):
-    """``ai.fastlayers`` ``Masked<kind>``: ONNX's ``kind`` node (time-major or ``layout`` 1, no
-    initial states) whose input 4 is a (batch, time) bool mask in place of sequence_lens, as
+    """``ai.fastlayers`` ``Masked<kind>``: ONNX's ``kind`` node (time-major or ``layout`` 1,
+    initial_h (and initial_c) after the mask as ONNX places them) whose input 4 is a (batch,
+    time) bool mask in place of sequence_lens, as
     Keras masks a recurrent layer: a masked step leaves the states as they are and outputs the
     last step's output (zeros before the first valid step), or zeros with the attribute
     ``zero_output_for_mask``; a reverse direction skips the same steps from the end. Y_h (and
@@ -516,18 +517,18 @@ def _masked_recurrent_op(kind):
         """The node's outputs; with an embedding ``table``, inputs[0] holds batch-major ids
         of its rows (None where the loops do not run that form)."""
         x, w, r, b, mask = inputs[:5]
+        unmasked = [x, w, r, b, None, *inputs[5:]]  # the node's inputs, no sequence_lens
         layout = attrs.get("layout", 0)
         if table is None:
-            _check_recurrent(kind, x.shape, [x, w, r, b], attrs)
+            _check_recurrent(kind, x.shape, unmasked, attrs)
             batch, steps = (x.shape[0], x.shape[1]) if layout else (x.shape[1], x.shape[0])
         else:
             batch, steps = x.shape
-            _check_recurrent(
-                kind, (batch, steps, table.shape[1]) if layout else (steps, batch, table.shape[1]), [x, w, r, b], attrs
-            )
+            x_shape = (batch, steps, table.shape[1]) if layout else (steps, batch, table.shape[1])
+            _check_recurrent(kind, x_shape, unmasked, attrs)
         if mask.dtype != np.bool_ or mask.shape != (batch, steps):
             raise ShapeError(f"{name}: mask of shape {mask.shape} ({mask.dtype}), expected ({batch}, {steps}) bool")
-        planned = recurrent_calls(kind, [x, w, r, b], attrs, table)
+        planned = recurrent_calls(kind, unmasked, attrs, table)
         if planned is None:
             if table is not None:
                 return None
@@ -614,8 +615,7 @@ for _kind, (_inputs, _outputs, _attrs) in _SCHEMAS.items():
         f"Masked{_kind}",
         _masked_recurrent_op(_kind),
         domain=FASTLAYERS,
-        inputs=(5, 5),
-        optional=None,
+        inputs=(5, _inputs[1] - (_kind == "LSTM")),  # LSTM's P not taken
         outputs=_outputs,
         attrs=dict(_attrs, zero_output_for_mask=BOOL),
         check=_recurrent_check,
