@@ -12,7 +12,10 @@ global max pool and a Dense head), ``text_lstm`` (the same Embedding, an LSTM of
 returning sequences, a GRU of 64, a Dense head), ``text_lstm_masked`` (the same Embedding
 with ``mask_zero=True`` on ids whose first third is padding, a Bidirectional LSTM of 64 units
 returning sequences, an LSTM of 64, a Dense head: fastlayers' masked recurrent nodes, which
-onnxruntime does not read, so only the compiled model and the layer path run), ``text_transformer`` (the same Embedding on
+onnxruntime does not read, so only the compiled model and the layer path run), ``seq2seq``
+(the same Embedding on (4, 50) ids, an LSTM of 128 units returning its states, a second LSTM of
+128 started from them on a Dense projection of the embeddings, a Dense head per step),
+``text_transformer`` (the same Embedding on
 64 ids, an encoder block: 4-head self-attention, residual sums, LayerNormalizations, a
 256-wide feed-forward; mean pooling and a Dense head), the demo model ``digits_cnn`` (fastlayers/data), and
 keras.applications' MobileNetV2,
@@ -85,6 +88,13 @@ def workloads(fastlayers, L):
         h = L.Bidirectional(L.LSTM(64, return_sequences=True))(h)
         return fastlayers.Model(ids, L.Dense(10)(L.LSTM(64)(h)))
 
+    def seq2seq():
+        ids = fastlayers.Input((50,), dtype="int32")
+        h = L.Embedding(5000, 64)(ids)
+        _, *states = L.LSTM(128, return_state=True)(h)
+        y = L.LSTM(128, return_sequences=True)(L.Dense(64, activation="tanh")(h), initial_state=states)
+        return fastlayers.Model(ids, L.Dense(10)(y))
+
     def text_transformer():
         ids = fastlayers.Input((64,), dtype="int32")
         h = L.Embedding(5000, 64)(ids)
@@ -103,13 +113,14 @@ def workloads(fastlayers, L):
         "text_cnn": (text_cnn, (1, 100)),
         "text_lstm": (text_lstm, (1, 100)),
         "text_lstm_masked": (text_lstm_masked, (8, 100)),
+        "seq2seq": (seq2seq, (4, 50)),
         "text_transformer": (text_transformer, (1, 64)),
         "digits_cnn": (lambda: fastlayers.load(data / "digits_cnn.flm"), (1, 8, 8, 1)),
     }
 
 
 #: Workloads on int64 token ids (below 5000) rather than float32 values.
-ON_IDS = {"text_cnn", "text_lstm", "text_lstm_masked", "text_transformer"}
+ON_IDS = {"text_cnn", "text_lstm", "text_lstm_masked", "seq2seq", "text_transformer"}
 #: Workloads whose written graph holds fastlayers' own operators (no ONNX engine but ours).
 OWN_OPERATORS = {"text_lstm_masked"}
 
