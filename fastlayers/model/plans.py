@@ -1137,13 +1137,15 @@ def _key_items(model, key) -> tuple:
 
 
 def _rank_of(item) -> int:
-    """The rank of a key item: an int for float32, ``(IDS, rank)`` for int64 ids."""
+    """The rank of a key item: an int for float32, ``(IDS, rank)`` for int64 ids, ``(MASK,
+    rank)`` for a bool mask."""
     return item if type(item) is int else item[1]
 
 
 def written(model, key):
     """``model`` written as an ONNX graph taking inputs of ``key`` (``_key``: per input its
-    rank, float32, or ``(IDS, rank)``, int64 ids), named by ``input_names``:
+    rank, float32, ``(IDS, rank)``, int64 ids, or ``(MASK, rank)``, a recurrent layer's bool
+    mask), named by ``input_names``:
     (``onnx.writer.GraphWriter``, its output names in the model's order), or None where some
     node has no form for it."""
     from ..onnx.writer import GraphWriter  # here: a model without COMPILE_KINDS never imports onnx/
@@ -1151,7 +1153,15 @@ def written(model, key):
     items = _key_items(model, key)
     names = input_names(model)
     g = GraphWriter()
-    given = [Value(name, _rank_of(item), ids=type(item) is not int) for name, item in zip(names, items)]
+    given = [
+        Value(
+            name,
+            _rank_of(item),
+            ids=type(item) is not int and item[0] == IDS,
+            mask=type(item) is not int and item[0] == MASK,
+        )
+        for name, item in zip(names, items)
+    ]
     try:
         outputs = _write(g, model, given)
         ys = [plain(g, v) for v in outputs]
@@ -1174,8 +1184,9 @@ def compile_graph(model, key):
     g, ys = found
     names, items = input_names(model), _key_items(model, key)
     ranks = [(name, _rank_of(item)) for name, item in zip(names, items)]
-    int64 = frozenset(name for name, item in zip(names, items) if type(item) is not int)
-    return g.model(model.name, ranks, ys, int64)
+    int64 = frozenset(name for name, item in zip(names, items) if type(item) is not int and item[0] == IDS)
+    bools = frozenset(name for name, item in zip(names, items) if type(item) is not int and item[0] == MASK)
+    return g.model(model.name, ranks, ys, int64, bools)
 
 
 #: The layers that make a graph worth compiling: convolutions (the compiled graph folds their
@@ -1236,13 +1247,17 @@ KINDS_KEY = "kinds"
 
 #: A key item's mark for int64 ids (an input whose dtype the model keeps).
 IDS = "ids"
+#: A key item's mark for a bool mask (an input recurrent layers read as their mask only).
+MASK = "mask"
 _INT64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
 
 
 def _key(x):
     """The key of prepared inputs ``x`` (an array, or a list of one per input): per input its
-    rank (float32) or ``(IDS, rank)`` (int64 ids, checked by ``_checked_ids``); one item for
-    one input, else their tuple. None where an input is another kind of array or has no axes."""
+    rank (float32), ``(IDS, rank)`` (int64 ids, checked by ``_checked_ids``) or ``(MASK,
+    rank)`` (a bool mask, ``_as_masks``); one item for one input, else their tuple. None where
+    an input is another kind of array or has no axes."""
     if type(x) is np.ndarray:
         return _key_item(x)
     items = tuple(_key_item(a) for a in x)
@@ -1254,24 +1269,63 @@ def _key_item(a):
         return None
     if a.dtype is _FLOAT32:
         return a.ndim
-    return (IDS, a.ndim) if a.dtype == _INT64 else None
+    if a.dtype == _INT64:
+        return (IDS, a.ndim)
+    return (MASK, a.ndim) if a.dtype == _BOOL else None
 
 
-#: The key under which a model's table holds its ids inputs (``_id_readers``).
+#: The keys under which a model's table holds its ids inputs (``_id_readers``) and its mask
+#: inputs (``_mask_inputs``).
 IDS_KEY = "ids"
+MASKS_KEY = "masks"
 
 
-def _id_readers(model):
+def _mask_inputs(model) -> tuple:
+    """Indices of the model inputs that recurrent layers (and Bidirectional) read as their mask
+    only (a mask the caller gives, ``layer(x, mask=m)``): the compiled model takes them as bool,
+    x != 0 as the layers read a mask (``_as_masks``)."""
+    found = []
+    for k, t in enumerate(model.inputs):
+        uses = [(node, i) for node in model._nodes for i, p in enumerate(node.parents) if p is t]
+        if uses and all(_reads_as_mask(node, i) for node, i in uses):
+            found.append(k)
+    return tuple(found)
+
+
+def _reads_as_mask(node, i: int) -> bool:
+    """Whether parent ``i`` of a graph node is a recurrent layer's mask: [x, *states, mask]."""
+    kwargs = node.kwargs or {}
+    return (
+        FORMS.get(_class_name(node.layer)) in _TAKES_MASKS
+        and bool(kwargs.get("has_mask"))
+        and i == 1 + kwargs.get("n_states", 0)
+    )
+
+
+def _as_masks(x, masks):
+    """``x`` with each mask input (``_mask_inputs``) as bool, nonzero where the layers take a
+    step (their ``nonzero_mask``); device arrays as they are (no key: the layer path)."""
+    xs = [x] if type(x) is np.ndarray else list(x)
+    for k in masks:
+        if type(xs[k]) is np.ndarray and xs[k].dtype != _BOOL:
+            xs[k] = xs[k] != 0
+    return xs[0] if type(x) is np.ndarray else xs
+
+
+def _id_readers(model, masks=()):
     """(index, Embedding layers reading it) of each model input read by Embeddings (and their
     masks, ``PaddingMask``) only (ids:
     integers, or floats holding whole numbers where the model's Input is float, as Keras casts
-    them), or None where an input whose dtype the model keeps (integers) feeds another layer."""
+    them), or None where an input whose dtype the model keeps (integers) feeds another layer
+    (but as a recurrent layer's mask: an input of ``masks``)."""
     found = []
     for k, t in enumerate(model.inputs):
+        if k in masks:
+            continue
         readers = [node.layer for node in model._nodes if any(p is t for p in node.parents)]
         embeddings = [layer for layer in readers if _class_name(layer) == f"{_LAYERS}.core.Embedding"]
-        masks = [layer for layer in readers if _class_name(layer) == f"{_LAYERS}.recurrent.PaddingMask"]
-        if embeddings and len(embeddings) + len(masks) == len(readers):
+        padding = [layer for layer in readers if _class_name(layer) == f"{_LAYERS}.recurrent.PaddingMask"]
+        if embeddings and len(embeddings) + len(padding) == len(readers):
             found.append((k, embeddings))
         elif getattr(t.node.layer, "keep_dtype", False):
             return None
@@ -1298,7 +1352,8 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
     if worth is None:  # the graph's layers do not change while the table lives
         worth = plans[KINDS_KEY] = _holds_compile_kind(model)
         if worth:
-            plans[IDS_KEY] = _id_readers(model)
+            masks = plans[MASKS_KEY] = _mask_inputs(model)
+            plans[IDS_KEY] = _id_readers(model, masks)
     if not worth or not (settings.current().native_plans if enabled is None else enabled):
         return None
     readers = plans[IDS_KEY]
@@ -1306,6 +1361,8 @@ def compiled_call(model, x, plans: dict, enabled: bool | None = None):
         return None
     if readers:
         x = _checked_ids(x, readers)
+    if plans[MASKS_KEY]:
+        x = _as_masks(x, plans[MASKS_KEY])
     key = _key(x)
     if key is None:
         return None

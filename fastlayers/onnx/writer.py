@@ -15,6 +15,7 @@ from .quant import DOMAIN_OPSETS
 OPSET = 20
 _FLOAT = 1  # TensorProto.FLOAT
 _INT64 = 7  # TensorProto.INT64
+_BOOL = 9  # TensorProto.BOOL
 
 
 class GraphWriter:
@@ -53,14 +54,20 @@ class GraphWriter:
         self.graph.nodes.append(proto.NodeProto(op_type, domain, outs[0], list(inputs), outs, attrs))
         return outs
 
-    def model(self, name: str, inputs: list[tuple[str, int]], outputs: list[str], int64_inputs=frozenset()):
+    def model(
+        self,
+        name: str,
+        inputs: list[tuple[str, int]],
+        outputs: list[str],
+        int64_inputs=frozenset(),
+        bool_inputs=frozenset(),
+    ):
         """The ``OnnxModel`` of the graph written, its inputs float32 values of the given
-        ranks (every dimension free; int64 those named in ``int64_inputs``), its outputs
-        ``outputs``."""
+        ranks (every dimension free; int64 those named in ``int64_inputs``, bool those in
+        ``bool_inputs``), its outputs ``outputs``."""
         self.graph.name = name
-        self.graph.inputs = [
-            proto.ValueInfo(i, _INT64 if i in int64_inputs else _FLOAT, [None] * rank) for i, rank in inputs
-        ]
+        types = {**dict.fromkeys(int64_inputs, _INT64), **dict.fromkeys(bool_inputs, _BOOL)}
+        self.graph.inputs = [proto.ValueInfo(i, types.get(i, _FLOAT), [None] * rank) for i, rank in inputs]
         self.graph.outputs = [proto.ValueInfo(o, _FLOAT, None) for o in outputs]
         opsets = {"": OPSET, **{n.domain: DOMAIN_OPSETS[n.domain] for n in self.graph.nodes if n.domain}}
         return from_model(proto.Model(8, opsets, "fastlayers", self.graph), f"{name} (compiled)", own=True)

@@ -733,14 +733,55 @@ def test_a_masked_recurrence_from_initial_states_compiles(merge, rng):
     assert not fallbacks and sum(op.endswith("MaskedLSTM") for op in native) == 2
 
 
-def test_a_mask_given_by_the_caller_keeps_the_layer_path(rng):
-    """A recurrent layer's mask from another input (not an Embedding's): the layer path."""
-    x, m = fastlayers.Input((None, 4)), fastlayers.Input((None,), dtype="bool")
-    model = fastlayers.Model([x, m], L.LSTM(3)(x, mask=m))
-    xs = [rng.standard_normal((2, 5, 4)).astype(np.float32), np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)]
+def _caller_masked(lib, K, mask_dtype):
+    """Recurrent layers masked by a model input (``mask=``): an LSTM returning its states, a
+    Bidirectional GRU returning sequences (zero_output_for_mask) and a SimpleRNN from the LSTM's
+    h, each reading the same mask."""
+    x, m = lib.Input((None, 4)), lib.Input((None,), dtype=mask_dtype)
+    y, h, _ = K.LSTM(5, return_state=True)(x, mask=m)
+    s = K.Bidirectional(K.GRU(3, return_sequences=True))(x, mask=m)
+    r = K.SimpleRNN(5, go_backwards=True)(x, initial_state=[h], mask=m)
+    return lib.Model([x, m], [y, h, s, r])
+
+
+@pytest.mark.parametrize("mask_dtype", ["bool", "int32", "float32"])
+def test_masks_given_by_the_caller_compile(mask_dtype, keras, rng):
+    """A mask from a model input (bool, integers or floats: nonzero is a step taken) read by
+    recurrent layers only: the compiled model takes it as a bool input of fastlayers' masked
+    nodes, against Keras on torch and the layer path; the native plan serves; a mask of the
+    wrong shape is the layer path's error."""
+    ref = _caller_masked(SimpleNamespace(Input=keras.Input, Model=keras.Model), keras.layers, mask_dtype)
+    model = _caller_masked(OURS, L, mask_dtype)
+    model.set_weights([w * 2 for w in ref.get_weights()])
+    ref.set_weights(model.get_weights())
+    x = rng.standard_normal((3, 6, 4)).astype(np.float32)
+    m = np.array([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 1, 1]]).astype(mask_dtype)
+    for xs in ([x, m], [x, m], [x, m], [x[:, ::-1].copy(), m[::-1].copy()]):
+        got, want = model(xs), ref(xs)
+        for g, w in zip(got, want):
+            assert_close(g, keras.ops.convert_to_numpy(w), rtol=1e-4, atol=1e-5)
+        for g, w in zip(got, _layer_path(model, xs)):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    compiled = _compiled(model, (3, (plans.MASK, 2)))
+    assert compiled is not None
+    plan = compiled._native.plan_for([x, m != 0])
+    assert plan is not None
+    native, fallbacks, _ = plan.summary
+    assert not fallbacks and sum("Masked" in op for op in native) == 3
+    with pytest.raises(ShapeError, match="mask of shape"):
+        model([x, m[:, :5]])
+
+
+def test_a_mask_input_read_as_data_keeps_the_layer_path(rng):
+    """A mask input that another layer also reads as values: not a mask input, the layer path."""
+    x, m = fastlayers.Input((5, 4)), fastlayers.Input((5,))
+    y = L.LSTM(3)(x, mask=m)
+    model = fastlayers.Model([x, m], [y, L.Dense(2)(m)])
+    xs = [rng.standard_normal((2, 5, 4)).astype(np.float32), np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.float32)]
     for _ in range(2):
         got = model(xs)
-    np.testing.assert_array_equal(got, _layer_path(model, xs))
+    for g, w in zip(got, _layer_path(model, xs)):
+        np.testing.assert_array_equal(g, w)
     assert not any(type(e) is tuple and len(e) == 3 and e[2] is not None for e in model._plans.values())
 
 
