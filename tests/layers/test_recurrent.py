@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fastlayers
-from fastlayers import Input, Model, Sequential
+from fastlayers import Input, Model, Sequential, settings
 from fastlayers import layers as fl
 from fastlayers.errors import ShapeError, UnsupportedError
 
@@ -431,3 +431,31 @@ def test_keras_files_with_recurrent_layers_load(keras, rng, tmp_path, suffix):
     ours = fastlayers.load(path)
     for got, want in zip(ours(ids), to_numpy(keras, k_model(ids))):
         assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_keras_files_with_initial_states_load(keras, rng, tmp_path, suffix):
+    """A Keras-saved seq2seq under a mask_zero Embedding: the encoder takes the mask, the
+    decoder given ``initial_state=`` does not (Keras 3 fills a layer's mask only for a call
+    with one tensor argument), as fastlayers.load runs it, compiled or layer by layer."""
+    inp = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(20, I, mask_zero=True)(inp)
+    _, state_h, state_c = keras.layers.LSTM(U, return_state=True)(h)
+    d = keras.layers.Dense(5, activation="tanh")(h)
+    y = keras.layers.LSTM(U, return_sequences=True)(d, initial_state=[state_h, state_c])
+    b, *states = keras.layers.Bidirectional(keras.layers.GRU(U, return_state=True))(d, initial_state=[state_h] * 2)
+    k_model = keras.Model(inp, [y, b, *states])
+    random_weights(k_model, rng)
+    path = tmp_path / f"seq2seq{suffix}"
+    k_model.save(path)
+    ids = rng.integers(1, 20, (3, 7))
+    ids[0, 4:] = 0
+    ids[1, :2] = 0
+    want = to_numpy(keras, k_model(ids))
+    ours = fastlayers.load(path)
+    for _ in range(3):  # compiled from the second call on
+        for got, w in zip(ours(ids), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
+    with settings.applied(settings.LoadOptions(native_plans=False)):
+        for got, w in zip(ours(ids), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
