@@ -434,6 +434,32 @@ def test_keras_files_with_recurrent_layers_load(keras, rng, tmp_path, suffix):
 
 
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_keras_files_with_a_mask_input_load(keras, rng, tmp_path, suffix):
+    """A mask the caller gave (``layer(x, mask=m)``, m a model input) is kept from the file's
+    call (the masks Keras 3 records from an Embedding's NotEqual are dropped and recomputed):
+    Keras's outputs, compiled and layer by layer."""
+    x, m = keras.Input((None, I)), keras.Input((None,), dtype="bool")
+    y = keras.layers.LSTM(U, return_sequences=True)(x, mask=m)
+    b = keras.layers.Bidirectional(keras.layers.GRU(3))(keras.layers.Dense(4)(x), mask=m)
+    k_model = keras.Model([x, m], [y, b])
+    random_weights(k_model, rng)
+    path = tmp_path / f"masked{suffix}"
+    k_model.save(path)
+    xs = [
+        rng.standard_normal((3, 6, I)).astype(np.float32),
+        np.array([[1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1], [1] * 6], bool),
+    ]
+    want = to_numpy(keras, k_model(xs))
+    ours = fastlayers.load(path)
+    for _ in range(3):  # compiled from the second call on
+        for got, w in zip(ours(xs), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
+    with settings.applied(settings.LoadOptions(native_plans=False)):
+        for got, w in zip(ours(xs), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
 def test_keras_files_with_initial_states_load(keras, rng, tmp_path, suffix):
     """A Keras-saved seq2seq under a mask_zero Embedding: the encoder takes the mask, the
     decoder given ``initial_state=`` does not (Keras 3 fills a layer's mask only for a call

@@ -142,6 +142,7 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
             # Keras 3 records Embedding(mask_zero=True)'s mask as a NotEqual op feeding `mask=`
             # kwargs (dropped below); recurrent layers recompute that mask (PaddingMask). A
             # NotEqual used as an ordinary input leaves its consumers unresolved: a clear error.
+            # A mask the caller gave (`layer(x, mask=m)`, m an input or a layer's output) is kept.
             continue
         lname = e.get("name") or e["config"]["name"]
         if lname in layers:
@@ -166,7 +167,10 @@ def build_model(entry: dict, where: str, weight_elements: int | None = None, _ch
     for lname, e in entries.items():
         for index, node in enumerate(e.get("inbound_nodes", [])):
             first, extra, kwargs = _inbound_refs(node)
-            kwargs.pop("mask", None)
+            mask = kwargs.pop("mask", None)
+            mask_refs = _refs_in([mask], set())
+            if mask_refs and all(r[0] in layers for r in mask_refs):  # the caller's, not a NotEqual
+                kwargs["mask"] = mask
             kwargs.pop("training", None)
             producers = {r[:2] for r in _refs_in([first, extra, kwargs], set())} - done
             item = len(items)
