@@ -1010,12 +1010,12 @@ _RNN_KINDS = {
     f"{_LAYERS}.recurrent.GRU": ("GRU", [0, 1, 2]),
 }
 _RECURRENT_FORMS = {kind: _recurrent(op_type, order) for kind, (op_type, order) in _RNN_KINDS.items()}
-#: The forms that take a ``PaddingMask`` value (the recurrent layers under an Embedding's mask)
+#: The forms that take a mask value (the recurrent layers under an Embedding's ``PaddingMask``
+#: or a mask input, ``_mask_inputs``)
 _TAKES_MASKS = frozenset({*_RECURRENT_FORMS.values(), _bidirectional})
 #: The forms that take a node's call arguments (MultiHeadAttention's packed input names, the
-#: attentions' causal mask, MultiHeadAttention's returned scores, the recurrent layers' count
-#: of states and mask; any other argument, another mask or other returned scores, is refused:
-#: NoForm)
+#: attentions' causal mask and returned scores, the recurrent layers' count of states and
+#: mask; any other argument or another mask is refused: NoForm)
 _TAKES_CALL_ARGUMENTS = frozenset({_multi_head_attention, _dense_attention, _hard_attention, *_TAKES_MASKS})
 #: The forms that take int64 ids (a model input read by Embeddings and their masks)
 _TAKES_IDS = frozenset({_embedding, _padding_mask})
