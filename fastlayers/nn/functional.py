@@ -9,14 +9,48 @@ import numpy as np
 from ..arrays import as_float32
 from ..backends import get_ops
 from ..errors import InputError, ShapeError
+from .traced import Traced
 
 
 def _f32(x, what: str) -> np.ndarray:
     return as_float32(x, f"nn.functional.{what}")
 
 
+#: The module whose ONNX form each traceable function writes on a traced value
+#: (``nn/tracing.py``): by the function's name.
+_MODULE_OF = {
+    name: f"fastlayers.nn.modules.{module}"
+    for name, module in {
+        "relu": "ReLU",
+        "relu6": "ReLU6",
+        "selu": "SELU",
+        "sigmoid": "Sigmoid",
+        "hard_sigmoid": "Hardsigmoid",
+        "tanh": "Tanh",
+        "softsign": "Softsign",
+        "silu": "SiLU",
+        "leaky_relu": "LeakyReLU",
+        "elu": "ELU",
+        "gelu": "GELU",
+        "softplus": "Softplus",
+        "softmax": "Softmax",
+        "log_softmax": "LogSoftmax",
+    }.items()
+}
+
+
+def _traced(fn, name: str, x, value_kwargs: dict, **settings_of):
+    """``fn`` on a traced value (a module's ``forward`` being compiled, ``nn/tracing.py``):
+    the form of its module ``_MODULE_OF[name]`` with ``settings_of``."""
+    from . import tracing  # here: functions called on arrays never import the tracer
+
+    return tracing.functional(fn, _MODULE_OF[name], x, value_kwargs, **settings_of)
+
+
 def _act(name: str, alpha: float = 0.0):
     def fn(input, inplace: bool = False):
+        if isinstance(input, Traced):
+            return _traced(fn, name, input, {})
         return get_ops().activation(_f32(input, name), name, alpha)
 
     fn.__name__ = name
@@ -36,11 +70,17 @@ silu = _act("silu")
 
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
     """x for x >= 0, else negative_slope * x."""
+    if isinstance(input, Traced):
+        return _traced(
+            leaky_relu, "leaky_relu", input, {"negative_slope": negative_slope}, negative_slope=negative_slope
+        )
     return get_ops().activation(_f32(input, "leaky_relu"), "leaky_relu", negative_slope)
 
 
 def elu(input, alpha: float = 1.0, inplace: bool = False):
     """x for x > 0, else alpha * (exp(x) - 1)."""
+    if isinstance(input, Traced):
+        return _traced(elu, "elu", input, {"alpha": alpha}, alpha=alpha)
     return get_ops().activation(_f32(input, "elu"), "elu", alpha)
 
 
@@ -48,11 +88,16 @@ def gelu(input, approximate: str = "none"):
     """x * Phi(x) (``approximate="none"``, erf form) or its tanh approximation (``"tanh"``)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if isinstance(input, Traced):
+        return _traced(gelu, "gelu", input, {"approximate": approximate}, approximate=approximate)
     return get_ops().activation(_f32(input, "gelu"), "gelu" if approximate == "none" else "gelu_tanh")
 
 
 def softplus(input, beta: float = 1.0, threshold: float = 20.0):
     """log(1 + exp(beta x)) / beta, and x where beta x > threshold (torch's definition)."""
+    if isinstance(input, Traced):
+        kwargs = {"beta": beta, "threshold": threshold}
+        return _traced(softplus, "softplus", input, kwargs, **kwargs)
     x = _f32(input, "softplus")
     if beta == 1.0:
         y = get_ops().activation(x, "softplus")
@@ -63,6 +108,8 @@ def softplus(input, beta: float = 1.0, threshold: float = 20.0):
 
 def softmax(input, dim: int | None = None, dtype=None):
     """Softmax along ``dim``."""
+    if isinstance(input, Traced):
+        return _traced(softmax, "softmax", input, {"dim": dim}, dim=dim)
     x = _f32(input, "softmax")
     dim = _dim(dim, x, "softmax")
     return x.copy() if x.size == 0 else get_ops().softmax(x, dim)  # an empty batch: empty
@@ -70,6 +117,8 @@ def softmax(input, dim: int | None = None, dtype=None):
 
 def log_softmax(input, dim: int | None = None, dtype=None):
     """Log-softmax along ``dim``."""
+    if isinstance(input, Traced):
+        return _traced(log_softmax, "log_softmax", input, {"dim": dim}, dim=dim)
     x = _f32(input, "log_softmax")
     dim = _dim(dim, x, "log_softmax")
     return x.copy() if x.size == 0 else get_ops().log_softmax(x, dim)
@@ -85,6 +134,11 @@ def _dim(dim, x, what):
 
 def linear(input, weight, bias=None):
     """y = x W^T + b with W (out_features, in_features), as torch."""
+    if isinstance(input, Traced):  # a traced forward: its MatMul (and Add), the kernel's value
+        y = input @ np.ascontiguousarray(np.asarray(weight, np.float32).T)
+        y = y if bias is None else y + np.asarray(bias, np.float32)
+        y.value = linear(input.value, weight, bias)
+        return y
     x = _f32(input, "linear")
     if x.shape[-1] != weight.shape[1]:
         raise ShapeError(

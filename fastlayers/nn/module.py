@@ -16,6 +16,18 @@ from ..model.placement import on_device
 #: Counts the changes of any module's attributes, parameters, buffers or children
 #: (``state_version``): what is compiled from modules (``nn/plans.py``) is rebuilt after one.
 _STATE_VERSION = [0]
+#: The number of ``forward`` traces running in any thread (``nn/tracing.py``), and the tracer
+#: that calls of modules of one's own go through (``attach_tracer``).
+TRACES = [0]
+_TRACER: list = []
+
+
+def attach_tracer(tracer) -> None:
+    """Called by ``nn/tracing.py`` when it is imported (``nn/modules.py`` imports it): the
+    object whose ``traced_args(args)``, ``module_call(m, args, kwargs)`` and
+    ``compiled_call(m, args, kwargs)`` module calls go through while a trace runs and for
+    classes of one's own (``Module.traceable``)."""
+    _TRACER[:] = [tracer]
 
 
 def state_version() -> int:
@@ -54,6 +66,13 @@ class Module:
     #: Threads each call of this module uses (None: the process's count,
     #: ``fastlayers.set_num_threads``); ``fastlayers.LoadOptions(threads=...)`` sets it at load.
     num_threads: int | None = None
+    #: Whether calls trace this class's ``forward`` into a compiled model (``nn/tracing.py``):
+    #: the classes of one's own, not fastlayers' (whose forms are ``nn/plans.py``'s).
+    traceable = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.traceable = not cls.__module__.startswith("fastlayers.")
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -246,7 +265,18 @@ class Module:
     def __call__(self, *args, **kwargs):
         if self.num_threads is not None:
             with using_threads(self.num_threads):
-                return self.forward(*args, **kwargs)
+                return self._call(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
+        if (TRACES[0] or self.traceable) and _TRACER:
+            tracer = _TRACER[0]
+            if TRACES[0] and tracer.traced_args(args):  # inside a traced forward
+                return tracer.module_call(self, args, kwargs)
+            if self.traceable:
+                out = tracer.compiled_call(self, args, kwargs)
+                if out is not None:
+                    return out
         return self.forward(*args, **kwargs)
 
     def eval(self) -> Module:

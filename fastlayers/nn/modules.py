@@ -11,6 +11,7 @@ from ..backends import get_ops
 from ..backends.reference import fold_batch_norm
 from ..errors import ShapeError
 from . import functional as F
+from . import tracing  # noqa: F401 - attaches the tracer to the calls of modules of one's own
 from .module import Module
 from .plans import compiled_call
 

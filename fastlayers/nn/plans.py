@@ -236,7 +236,8 @@ def _global_pool(op_type, r):
     return form
 
 
-def _class_name(m) -> str:
+def class_name(m) -> str:
+    """A module's class by its full name, the key of ``FORMS``."""
     return f"{type(m).__module__}.{type(m).__qualname__}"
 
 
@@ -244,7 +245,7 @@ def _sequential(g, m, x, rank):
     for child in m._modules.values():
         if child is None:
             continue
-        form = FORMS.get(_class_name(child))
+        form = FORMS.get(class_name(child))
         if form is None:
             raise NoForm
         x, rank = form(g, child, x, rank)
@@ -301,14 +302,15 @@ FORMS = {
 PRODUCTS = frozenset({"fastlayers.nn.modules.Linear", "fastlayers.nn.conv.Conv1d", "fastlayers.nn.conv.Conv2d"})
 
 
-def _holds_product(m) -> bool:
-    return any(_class_name(c) in PRODUCTS or _holds_product(c) for c in m._modules.values() if c is not None)
+def holds_product(m) -> bool:
+    """Whether ``m``'s children (at any depth) hold a module of ``PRODUCTS``."""
+    return any(class_name(c) in PRODUCTS or holds_product(c) for c in m._modules.values() if c is not None)
 
 
 def compile_sequential(seq, rank: int):
     """``seq`` (a Sequential) as an ``OnnxModel`` taking one float32 input of ``rank`` axes,
     or None where some module has no form for it or none is a product (``PRODUCTS``)."""
-    if not _holds_product(seq):
+    if not holds_product(seq):
         return None
     g = GraphWriter()
     try:
