@@ -67,12 +67,14 @@ class Module:
     #: ``fastlayers.set_num_threads``); ``fastlayers.LoadOptions(threads=...)`` sets it at load.
     num_threads: int | None = None
     #: Whether calls trace this class's ``forward`` into a compiled model (``nn/tracing.py``):
-    #: the classes of one's own, not fastlayers' (whose forms are ``nn/plans.py``'s).
+    #: the classes of one's own (unless one sets ``traceable = False`` in its body), not
+    #: fastlayers' (whose forms are ``nn/plans.py``'s).
     traceable = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.traceable = not cls.__module__.startswith("fastlayers.")
+        if "traceable" not in cls.__dict__:
+            cls.traceable = not cls.__module__.startswith("fastlayers.")
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())

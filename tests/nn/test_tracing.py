@@ -189,6 +189,19 @@ def test_what_the_trace_cannot_write_keeps_the_module_path(rng):
     np.testing.assert_array_equal(plain(x), np.maximum(x, 0) * 2)
     assert tracing._COMPILED[plain][x.shape][1] is None
 
+    class Noisy(nn.Module):
+        traceable = False  # its forward draws numbers: a trace would keep the first draw
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x) + rng.standard_normal(3).astype(np.float32)
+
+    noisy = Noisy()
+    assert not np.array_equal(noisy(x), noisy(x)) and noisy not in tracing._COMPILED
+
 
 def test_the_first_call_runs_forward_once_and_errors_are_the_modules(rng):
     ref_calls = []
