@@ -11,7 +11,7 @@ arithmetic (``+ - * / @``, ``np.maximum`` / ``np.minimum`` / ``np.tanh`` / ``np.
 ``OnnxModel`` for that input shape (imported as an exported file is: fusions, native plans),
 kept where its outputs on the traced input agree with those arrays. Shapes read in
 ``forward`` (``x.shape[0]``) are constants of the graph, which is why each input shape has its
-own (at most ``MAX_SHAPES`` per module).
+own (at most ``MAX_SHAPES`` per module). A forward of several arrays is traced on all of them.
 
 Anything the trace cannot write ends it (``NotTraced``): a module without a form, a branch on
 a value (``if x.mean() > 0``), an index, another numpy function, a float64 result. That shape
@@ -76,23 +76,29 @@ def functional(fn, module_class: str, x: Traced, value_kwargs: dict, **settings_
     return Traced(name, fn(x.value, **value_kwargs))
 
 
-#: module -> {input shape: ((state version, derived generation), OnnxModel or None, output
-#: kind: None for one array, else tuple or list)}.
+#: module -> {input shapes (one per array): ((state version, derived generation), OnnxModel or
+#: None, output kind: None for one array, else tuple or list)}.
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def _trace_forward(m, x: np.ndarray):
-    """``m``'s forward traced on ``x``: (the module path's output, OnnxModel or None, output
-    kind); raises NotTraced (or what ``forward`` raised) where the trace cannot follow."""
+def _input_names(count: int) -> list[str]:
+    return ["input"] if count == 1 else [f"input_{k}" for k in range(count)]
+
+
+def _trace_forward(m, xs: tuple):
+    """``m``'s forward traced on the arrays ``xs``: (the module path's output, OnnxModel or
+    None, output kind); raises NotTraced (or what ``forward`` raised) where the trace cannot
+    follow."""
     from ..onnx.writer import GraphWriter  # here: modules that are never traced never import onnx/
 
     g = GraphWriter()
+    inputs = _input_names(len(xs))
     set_graph(g)
     with _lock:
         TRACES[0] += 1
     try:
-        out = m.forward(Traced("input", x))
+        out = m.forward(*(Traced(name, x) for name, x in zip(inputs, xs)))
     finally:
         set_graph(None)
         with _lock:
@@ -103,13 +109,13 @@ def _trace_forward(m, x: np.ndarray):
         raise NotTraced
     values = [o.value for o in outs]
     names = [o.name for o in outs]
-    if "input" in names:  # an input given back: no work to compile
+    if set(names) & set(inputs):  # an input given back: no work to compile
         return _shaped(kind, values), None, kind
     for k, name in enumerate(names):  # one value given twice
         if name in names[:k]:
             names[k] = g.node("Identity", [name], "again")
-    model = g.model(type(m).__name__, [("input", x.ndim)], names)
-    got = model(x)
+    model = g.model(type(m).__name__, [(name, x.ndim) for name, x in zip(inputs, xs)], names)
+    got = model(*xs)
     got = got if isinstance(got, list) else [got]
     agree = len(got) == len(values) and all(
         a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True) for a, b in zip(got, values)
@@ -122,17 +128,18 @@ def _shaped(kind, values):
 
 
 def compiled_call(m, args, kwargs):
-    """``m(*args, **kwargs)`` through its compiled model for this input shape where one
-    serves, the first call at a shape tracing it (see the module docstring); else None. A
-    shape known to keep the module path costs two lookups (a module of one's own without a
-    product is called as often as any)."""
-    if kwargs or len(args) != 1:
+    """``m(*args, **kwargs)`` (float32 arrays, no keywords) through its compiled model for
+    these input shapes where one serves, the first call at new shapes tracing it (see the
+    module docstring); else None. Shapes known to keep the module path cost two lookups (a
+    module of one's own without a product is called as often as any)."""
+    if kwargs or not args:
         return None
-    x = args[0]
-    if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim:
-        return None
+    for x in args:
+        if type(x) is not np.ndarray or x.dtype is not _FLOAT32 or not x.ndim:
+            return None
+    shapes = tuple(x.shape for x in args)
     entries = _COMPILED.get(m)
-    hit = None if entries is None else entries.get(x.shape)
+    hit = None if entries is None else entries.get(shapes)
     stamp = (state_version(), derived_generation())
     if hit is not None and hit[0] == stamp and hit[1] is None:
         return None
@@ -140,7 +147,7 @@ def compiled_call(m, args, kwargs):
         return None
     if hit is not None and hit[0] == stamp:
         try:
-            y = hit[1](x)
+            y = hit[1](*args)
         except FastlayersError:  # the modules' own checks name what is wrong
             return None
         return _shaped(hit[2], y if isinstance(y, list) else [y])
@@ -148,14 +155,14 @@ def compiled_call(m, args, kwargs):
         out, model, kind = None, None, None
     else:
         try:
-            out, model, kind = _trace_forward(m, x)
+            out, model, kind = _trace_forward(m, args)
         except Exception:  # noqa: BLE001 - what the trace cannot follow runs the module path
             out, model, kind = None, None, None
     with _lock:
         entries = _COMPILED.setdefault(m, {})
-        if len(entries) >= MAX_SHAPES and x.shape not in entries:
+        if len(entries) >= MAX_SHAPES and shapes not in entries:
             entries.clear()
-        entries[x.shape] = (stamp, model, kind)
+        entries[shapes] = (stamp, model, kind)
     return out
 
 

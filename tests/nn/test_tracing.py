@@ -21,9 +21,9 @@ from ..conftest import assert_close, in_threads
 MODULE_PATH = fastlayers.LoadOptions(native_plans=False)
 
 
-def _compiled(module, shape):
-    """The compiled model serving ``module``'s calls on inputs of ``shape``, or None."""
-    entry = tracing._COMPILED.get(module, {}).get(tuple(shape))
+def _compiled(module, *shapes):
+    """The compiled model serving ``module``'s calls on inputs of ``shapes``, or None."""
+    entry = tracing._COMPILED.get(module, {}).get(tuple(tuple(s) for s in shapes))
     return None if entry is None else entry[1]
 
 
@@ -142,6 +142,31 @@ def test_functional_calls_and_array_methods_compile(rng):
     assert _compiled(head, x.shape) is not None
 
 
+class _Pair(nn.Module):
+    """A forward of two arrays: features of each, concatenated, a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(12, 2)
+
+    def forward(self, x, y):
+        return self.head(np.concatenate([F.relu(self.a(x)), F.tanh(self.b(y))], axis=-1)), self.a(x) * 0.5
+
+
+def test_a_forward_of_several_arrays_compiles(rng):
+    pair = _Pair()
+    x, y = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 3)).astype(np.float32)
+    with fastlayers.settings.applied(MODULE_PATH):
+        want = pair(x, y)
+    for _ in range(3):
+        got = pair(x, y)
+        for g, w in zip(got, want):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+    model = _compiled(pair, x.shape, y.shape)
+    assert model is not None and model._native.plan_for([x, y]) is not None
+    assert _compiled(pair, x.shape, y.shape) is _compiled(pair, (3, 4), (3, 3))
+
+
 class _Branching(nn.Module):
     def __init__(self, calls):
         super().__init__()
@@ -187,7 +212,7 @@ def test_what_the_trace_cannot_write_keeps_the_module_path(rng):
     assert _compiled(clipped, x.shape) is None
     plain = _Activations()
     np.testing.assert_array_equal(plain(x), np.maximum(x, 0) * 2)
-    assert tracing._COMPILED[plain][x.shape][1] is None
+    assert tracing._COMPILED[plain][(x.shape,)][1] is None
 
     class Noisy(nn.Module):
         traceable = False  # its forward draws numbers: a trace would keep the first draw
