@@ -433,6 +433,19 @@ def test_keras_files_with_recurrent_layers_load(keras, rng, tmp_path, suffix):
         assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _loads_as_keras_runs(keras, k_model, path, x):
+    """The Keras model saved at ``path``, loaded by fastlayers, gives Keras's outputs on ``x``
+    compiled (from its second call on) and layer by layer."""
+    want = to_numpy(keras, k_model(x))
+    ours = fastlayers.load(path)
+    for _ in range(3):
+        for got, w in zip(ours(x), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
+    with settings.applied(settings.LoadOptions(native_plans=False)):
+        for got, w in zip(ours(x), want):
+            assert_close(got, w, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
 def test_keras_files_with_a_mask_input_load(keras, rng, tmp_path, suffix):
     """A mask the caller gave (``layer(x, mask=m)``, m a model input) is kept from the file's
@@ -449,14 +462,7 @@ def test_keras_files_with_a_mask_input_load(keras, rng, tmp_path, suffix):
         rng.standard_normal((3, 6, I)).astype(np.float32),
         np.array([[1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1], [1] * 6], bool),
     ]
-    want = to_numpy(keras, k_model(xs))
-    ours = fastlayers.load(path)
-    for _ in range(3):  # compiled from the second call on
-        for got, w in zip(ours(xs), want):
-            assert_close(got, w, rtol=1e-4, atol=1e-5)
-    with settings.applied(settings.LoadOptions(native_plans=False)):
-        for got, w in zip(ours(xs), want):
-            assert_close(got, w, rtol=1e-4, atol=1e-5)
+    _loads_as_keras_runs(keras, k_model, path, xs)
 
 
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
@@ -477,11 +483,4 @@ def test_keras_files_with_initial_states_load(keras, rng, tmp_path, suffix):
     ids = rng.integers(1, 20, (3, 7))
     ids[0, 4:] = 0
     ids[1, :2] = 0
-    want = to_numpy(keras, k_model(ids))
-    ours = fastlayers.load(path)
-    for _ in range(3):  # compiled from the second call on
-        for got, w in zip(ours(ids), want):
-            assert_close(got, w, rtol=1e-4, atol=1e-5)
-    with settings.applied(settings.LoadOptions(native_plans=False)):
-        for got, w in zip(ours(ids), want):
-            assert_close(got, w, rtol=1e-4, atol=1e-5)
+    _loads_as_keras_runs(keras, k_model, path, ids)
