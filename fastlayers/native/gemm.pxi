@@ -233,12 +233,14 @@ cdef class DenseChain:
     of ``x``, each product on the pool's threads as ``dense`` runs it, the values between layers
     in two buffers of the call's own.
 
-    ``layers``: (w (k, n) C-contiguous float32, bias (n,) C-contiguous float32 or None,
+    ``layers``: (w (k, n) float32, C-contiguous or the transpose of a C-contiguous (n, k) array
+    (torch's Linear weight read as ``weight.T``), bias (n,) C-contiguous float32 or None,
     activation code, alpha) per layer, each k the n before it; ``packer(w)`` gives a layer's
-    packed weights, asked for at each call where ``dense`` would use them (so that the packed
-    cache, ``backends.derived``, stays their one holder). Calling it on ``x`` returns the new
-    output array, or None where ``x`` is not a C-contiguous aligned float32 array of the first
-    layer's width (the caller then takes its general path)."""
+    packed weights, asked for at each call where ``dense`` would use them, always for a
+    transposed ``w`` (so that the packed cache, ``backends.derived``, stays their one holder,
+    and the chain gives ``dense``'s bits). Calling it on ``x`` returns the new output array, or
+    None where ``x`` is not a C-contiguous aligned float32 array of the first layer's width
+    (the caller then takes its general path)."""
 
     cdef list weights, biases
     cdef object packer
@@ -247,6 +249,7 @@ cdef class DenseChain:
     cdef int64_t *ks
     cdef int64_t *ns
     cdef int *codes
+    cdef int *trans
     cdef float *alphas
     cdef float **wps
     cdef float **bps
@@ -258,21 +261,27 @@ cdef class DenseChain:
         self.ks = <int64_t *>PyMem_Malloc(count * sizeof(int64_t))
         self.ns = <int64_t *>PyMem_Malloc(count * sizeof(int64_t))
         self.codes = <int *>PyMem_Malloc(count * sizeof(int))
+        self.trans = <int *>PyMem_Malloc(count * sizeof(int))
         self.alphas = <float *>PyMem_Malloc(count * sizeof(float))
         self.wps = <float **>PyMem_Malloc(count * sizeof(float *))
         self.bps = <float **>PyMem_Malloc(count * sizeof(float *))
-        if not (self.ks and self.ns and self.codes and self.alphas and self.wps and self.bps):
+        if not (self.ks and self.ns and self.codes and self.trans and self.alphas and self.wps and self.bps):
             raise MemoryError("DenseChain: its layer table could not be allocated")
         self.weights, self.biases, self.packer, self.layers, self.widest = [], [], packer, 0, 0
         cdef cnp.ndarray wa, ba
         for w, bias, code, alpha in layers:
             if (type(w) is not np.ndarray or (<cnp.ndarray>w).ndim != 2
                     or cnp.PyArray_TYPE(<cnp.ndarray>w) != cnp.NPY_FLOAT32
-                    or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>w)
+                    or not (cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>w)
+                            or cnp.PyArray_IS_F_CONTIGUOUS(<cnp.ndarray>w))
                     or not cnp.PyArray_ISALIGNED(<cnp.ndarray>w) or (<cnp.ndarray>w).size == 0):
                 raise ValueError(f"DenseChain: layer {self.layers}: weights must be a non-empty C-contiguous "
-                                 "float32 matrix")
+                                 "float32 matrix or the transpose of one")
             wa = <cnp.ndarray>w
+            # (a matrix of one row or column is both: read as C-contiguous)
+            self.trans[self.layers] = 0 if cnp.PyArray_IS_C_CONTIGUOUS(wa) else 1
+            if self.trans[self.layers] and packer is None:
+                raise ValueError(f"DenseChain: layer {self.layers}: transposed weights need a packer")
             if self.layers and wa.shape[0] != self.ns[self.layers - 1]:
                 raise ValueError(f"DenseChain: layer {self.layers} takes {wa.shape[0]} values, the layer "
                                  f"before gives {self.ns[self.layers - 1]}")
@@ -301,6 +310,7 @@ cdef class DenseChain:
         PyMem_Free(self.ks)
         PyMem_Free(self.ns)
         PyMem_Free(self.codes)
+        PyMem_Free(self.trans)
         PyMem_Free(self.alphas)
         PyMem_Free(self.wps)
         PyMem_Free(self.bps)
@@ -326,7 +336,7 @@ cdef class DenseChain:
         try:
             for i in range(self.layers):  # the packed weights where the product pays for them
                 pps[i] = NULL
-                if max(m, PACKED_ROWS_FLOOR) * self.ns[i] * self.ks[i] >= PACKED_MIN_MADDS:
+                if self.trans[i] or max(m, PACKED_ROWS_FLOOR) * self.ns[i] * self.ks[i] >= PACKED_MIN_MADDS:
                     pps[i] = fptr(self.packer(self.weights[i]), "dense chain packed weights")
             between = None
             if self.layers > 1:  # layer i < last writes half (i % 2) (one half for two layers)

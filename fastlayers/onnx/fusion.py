@@ -732,8 +732,10 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
 
     Each Mul is optional and may be a Div by its scale; a scale is a one-element constant or a
     value computed from shapes (the TorchScript exporter's sqrt(1 / sqrt(d)) on Q and on K^T).
-    A Transpose of the last two axes of K is read through; else K^T is taken as it is. Only
-    where each intermediate has one reader and is not a graph output."""
+    A Transpose of the last two axes of K is read through; else K^T is taken as it is. The
+    Softmax's axis is kept (``_axis``): a positive one (PaddlePaddle's axis=3 on 4-D scores)
+    is the last axis at run time or the node runs the graph's own Softmax. Only where each
+    intermediate has one reader and is not a graph output."""
     uses = consumers(nodes, outputs)
     producer = {o: n for n in nodes for o in n.outputs}
     from_shapes: set[str] = set()
@@ -768,9 +770,9 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
         return name, "", False, []
 
     for sm in nodes:
-        axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
-        if sm.op_type != "Softmax" or axis != -1 or index[id(sm)] in removed or uses.get(sm.outputs[0], 0) != 1:
+        if sm.op_type != "Softmax" or index[id(sm)] in removed or uses.get(sm.outputs[0], 0) != 1:
             continue
+        axis = sm.attrs.get("axis", -1 if opset >= 13 else 1)
         mm2 = next((n for n in nodes if sm.outputs[0] in n.inputs), None)
         if mm2 is None or mm2.op_type != "MatMul" or mm2.inputs[0] != sm.outputs[0]:
             continue
@@ -797,7 +799,7 @@ def fuse_attention(nodes, constants, outputs, opset) -> list[Node]:
         k = kt if k_transposed else transpose.inputs[0]
         mm2.op_type = "FusedAttention"
         mm2.inputs = [q, k, mm2.inputs[1], s_q, s_k, s_scores, mask]
-        mm2.attrs = {"_k_transposed": k_transposed, "_divide": (div_q, div_k, div_scores)}
+        mm2.attrs = {"_k_transposed": k_transposed, "_divide": (div_q, div_k, div_scores), "_axis": axis}
         removed.update(index[id(n)] for n in chain + via + [mm1] + via_q + via_k)
     return [n for k, n in enumerate(nodes) if k not in removed]
 

@@ -73,8 +73,8 @@ def stored(x):
     an NCHW / NCL view of NHWC / NLC memory (``nchw``) gives that memory, any other
     non-contiguous ``x`` a contiguous copy (and None)."""
     held = channels_last_memory(x)
-    if held is None:
-        return np.ascontiguousarray(x), None
+    if held is None:  # (ascontiguousarray makes a 0-d array 1-d: the reshape keeps its shape)
+        return np.ascontiguousarray(x).reshape(x.shape), None
     return held, (0, 3, 1, 2) if x.ndim == 4 else (0, 2, 1)
 
 

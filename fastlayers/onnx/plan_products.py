@@ -190,9 +190,9 @@ def lower_dynamic_lstm(low, node, ins, traced_ins, traced_outs, attrs):
 
 def lower_attention(low, node, ins, traced_ins, traced_outs, attrs):
     """FusedAttention where the Python plan makes it one call of the backend's attention
-    (float32 heads, one-value scales, a mask of at most the heads' rank): the same kernel as a
-    step, q, k and v read from the arena (k^T moved to k's rows as the backend copies it), the
-    result in C order."""
+    (float32 heads, one-value scales, a mask of at most the heads' rank, the softmax on the
+    scores' last axis): the same kernel as a step, q, k and v read from the arena (k^T moved to
+    k's rows as the backend copies it), the result in C order."""
     q, k, v, s_q, s_k, s_scores, mask = (list(ins) + [None] * 7)[:7]
     t_q, t_k, t_v, *t_rest = (list(traced_ins) + [None] * 7)[:7]
     node_attrs, out = attrs["_attrs"], traced_outs[0]
@@ -204,6 +204,7 @@ def lower_attention(low, node, ins, traced_ins, traced_outs, attrs):
         or out.dtype != np.float32
         or any(s is not None and np.size(s) != 1 for s, _ in t_scales)
         or (isinstance(mask, Value) and mask.dtype != np.float32)
+        or node_attrs.get("_axis", -1) % len(q.shape) != len(q.shape) - 1
     ):
         raise NotLowered
     if mask is None and t_rest[3] is not None:  # a constant of the plan (from keyed inputs)

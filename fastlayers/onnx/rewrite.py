@@ -6,7 +6,8 @@ order after constant folding and before the dense / convolution fusions:
   Sub of a scalar 0, Mul / Div by a scalar 1, Squeeze of the axes
   an Unsqueeze just added; a Reshape to a constant shape reads the input of a Reshape, Flatten,
   Squeeze or Unsqueeze before it (one Reshape for the chain; the nodes it skips are left for
-  ``onnx.prune``). Graph outputs keep their names;
+  ``onnx.prune``); a Reshape to ``Shape(u)`` of u, or of u and a one-element constant
+  through Add / Sub / Mul / Div, is dropped. Graph outputs keep their names;
 - ``fuse_silu``: x * Sigmoid(x) -> one Swish node (x sigmoid(x), the backend's ``silu``), x *
   HardSigmoid(x) with alpha 1/6 and beta 1/2 -> one HardSwish node;
 - ``fuse_layer_norm``: LayerNorm and RMSNorm over the last axis as exporters decompose them ->
@@ -225,11 +226,54 @@ def _collapse_reshapes(nodes, constants, readers):
             node.inputs = [src.inputs[0], node.inputs[1]]
 
 
+def _reshapes_to_own_shape(nodes, constants, readers):
+    """A Reshape to ``Shape(u)`` (the whole shape) of u itself, or of Add / Sub / Mul / Div of u
+    and a one-element constant, becomes an Identity (PaddlePaddle's exports reshape SVTR's
+    scaled queries back to their own shape). Arithmetic that only the Reshape reads takes the
+    constant with no axes, so that its result has u's shape on any rank (exact, the same
+    number); other arithmetic only where the constant has no axes already."""
+    producer = {o: n for n in nodes for o in n.outputs}
+
+    def source(name):
+        """``name`` read through Identity nodes."""
+        while name in producer and producer[name].op_type == "Identity":
+            name = producer[name].inputs[0]
+        return name
+
+    for node in nodes:
+        if node.op_type != "Reshape" or len(node.inputs) != 2:
+            continue
+        shape = producer.get(source(node.inputs[1]))
+        if shape is None or shape.op_type != "Shape" or shape.attrs.get("start", 0) != 0 or "end" in shape.attrs:
+            continue
+        u, data = source(shape.inputs[0]), node.inputs[0]
+        if source(data) != u:
+            src = producer.get(source(data))
+            if src is None or src.op_type not in ("Add", "Sub", "Mul", "Div") or len(src.inputs) != 2:
+                continue
+            operands = [source(i) for i in src.inputs]
+            if u not in operands:
+                continue
+            c = src.inputs[1] if operands[0] == u else src.inputs[0]
+            if source(c) == u or c not in constants or constants[c].size != 1:
+                continue
+            if constants[c].ndim:  # (a constant with no axes: the arithmetic has u's shape already)
+                if _only_reader(readers, data) is not node:
+                    continue
+                scalar = f"{c}__no_axes"
+                while scalar in constants:
+                    scalar += "_"
+                constants[scalar] = constants[c].reshape(())
+                src.inputs = [scalar if i == c else i for i in src.inputs]
+        node.op_type, node.inputs, node.attrs = "Identity", [data], {}
+
+
 def drop_noops(nodes, constants, outputs, input_dtypes) -> list:
     """Nodes that return an input unchanged removed, their readers reading that input (see the
     module docstring); ``input_dtypes``: graph input name -> numpy dtype."""
     readers = readers_of(nodes, outputs)
     _collapse_reshapes(nodes, constants, readers)
+    _reshapes_to_own_shape(nodes, constants, readers)
     dtypes = known_dtypes(nodes, constants, input_dtypes)
     producer = {o: n for n in nodes for o in n.outputs}
     alias: dict[str, str] = {}

@@ -7,8 +7,9 @@ import pytest
 
 import fastlayers
 from fastlayers.backends import get_ops
+from fastlayers.backends.cpu import gemm
 from fastlayers.backends.reference import ReferenceOps
-from fastlayers.native import _core
+from fastlayers.native import CODES, _core
 
 from ..conftest import assert_close, in_threads, oracle
 from .test_import import make_graph
@@ -139,10 +140,21 @@ def _layers(rng, widths, acts, biases):
 
 @pytest.mark.parametrize("widths", [(16, 33, 7, 300), (1, 1), (5, 17, 1, 9), (256, 512, 256)])
 @pytest.mark.parametrize("rows", [(1,), (3,), (2, 7), (129,)])
-def test_dense_chain_plan_matches_the_reference(isa, rng, widths, rows):
+@pytest.mark.parametrize("transposed", [False, True], ids=["w_kn", "w_nk.T"])
+def test_dense_chain_plan_matches_the_reference(isa, rng, widths, rows, transposed):
+    """The native chain on (k, n) weights, or on transposed views of (n, k) ones (torch's
+    ``weight.T``, read in place, natively): the reference's values and the backend's dense
+    layer by layer bit for bit. (Small products read (k, n) weights unpacked, the transposed
+    ones always packed, as ``dense`` does: the two forms round differently there.)"""
     acts = ["relu", "tanh", "leaky_relu", "gelu", "linear", "softmax"][: len(widths) - 1]
     layers = _layers(rng, widths, acts, [True, False, True, True, False][: len(widths) - 1])
     x = rng.standard_normal((*rows, widths[0])).astype(np.float32)
+    if transposed:
+        plain = get_ops().dense_chain_plan(layers)(x)
+        layers = [(np.ascontiguousarray(w.T).T, *rest) for w, *rest in layers]
+        codes = [CODES[act] for _, _, act, _ in layers]
+        chain = _core.DenseChain([(w, b, c, a) for (w, b, _, a), c in zip(layers, codes)], gemm.packed_weights)
+        np.testing.assert_allclose(chain(x), plain, rtol=2e-5, atol=2e-5)  # natively: no ValueError
     got = get_ops().dense_chain_plan(layers)(x)
     want = ReferenceOps().dense_chain_plan(layers)(x)
     assert got.shape == (*rows, widths[-1]) and got.dtype == np.float32
@@ -161,8 +173,12 @@ def test_dense_chain_plan_takes_its_general_path_outside_the_native_terms(rng):
     run = ops.dense_chain_plan(layers)
     assert_close(run(x.astype(np.float64)), want, rtol=1e-5, atol=1e-5)  # another type
     assert_close(run(np.repeat(x, 2, axis=1)[:, ::2]), want, rtol=1e-5, atol=1e-5)  # a strided view
-    # weights outside the native terms (a transposed view, an unknown activation) run layer by layer
-    odd = [(np.ascontiguousarray(layers[0][0].T).T, *layers[0][1:]), layers[1]]
+    # weights outside the native terms (a strided view, an unknown activation) run layer by layer
+    odd = [(np.repeat(layers[0][0], 2, axis=1)[:, ::2], *layers[0][1:]), layers[1]]
+    with pytest.raises(ValueError, match="weights must be"):
+        _core.DenseChain([(odd[0][0], None, 0, 0.0)], None)
+    with pytest.raises(ValueError, match="need a packer"):
+        _core.DenseChain([(np.ascontiguousarray(layers[0][0].T).T, None, 0, 0.0)], None)
     assert_close(ops.dense_chain_plan(odd)(x), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="takes 7 values"):
         _core.DenseChain([(layers[0][0], None, 0, 0.0), (np.zeros((7, 2), np.float32), None, 0, 0.0)], None)

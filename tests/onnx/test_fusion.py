@@ -179,6 +179,55 @@ def test_noops_kept_where_they_change_something(tmp_path, rng):
     _matches_ort(ours, tmp_path / "kept.onnx", feeds)
 
 
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_reshapes_to_their_own_shape_dropped(tmp_path, rng, rank):
+    """Reshape(u, Shape(u)) and Reshape(Mul(u, c), Shape(u)) with a (1,)-shaped c (the scaled
+    queries of PaddlePaddle's SVTR exports) are dropped, the Mul taking c with no axes: on a
+    0-d u the result keeps u's shape, as the Reshape made it. Kept where the Shape is partial
+    or the arithmetic reads a second input. Results as onnxruntime's."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["u"]),
+        helper.make_node("Shape", ["u"], ["su"]),
+        helper.make_node("Identity", ["u"], ["u2"]),  # read through, as Paddle's exports write it
+        helper.make_node("Mul", ["u2", "c"], ["m"]),
+        helper.make_node("Reshape", ["m", "su"], ["r"]),
+        helper.make_node("Reshape", ["r", "su"], ["r2"]),
+        helper.make_node("Neg", ["r2"], ["y"]),
+        # kept: a Shape from axis 0 to -1 on a rank-3 value (partial), and a Mul by an input
+        helper.make_node("Shape", ["u"], ["partial"], start=0, end=-1),
+        helper.make_node("Concat", ["partial", "minus_one"], ["shape2"], axis=0),
+        helper.make_node("Mul", ["u", "x"], ["ux"]),
+        helper.make_node("Reshape", ["ux", "su"], ["z"]),
+    ]
+    outputs = ["y", "z"]
+    if rank != 3:  # the partial Shape and its Reshape for rank 3 only
+        nodes = nodes[:7] + nodes[9:]
+    else:
+        nodes.append(helper.make_node("Reshape", ["u", "shape2"], ["w"]))
+        outputs.append("w")
+    shape = [2, 3, 4][:rank]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [
+            numpy_helper.from_array(np.array([0.25], np.float32), "c"),
+            numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+        ],
+    )
+    onnx.save(model, tmp_path / "own.onnx")
+    ours = fastlayers.load(tmp_path / "own.onnx")
+    kept = [n for n in ours._nodes if n.op_type == "Reshape"]
+    assert [n.outputs[0] for n in kept] == ["z", "w"][: 1 + (rank == 3)]
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    _matches_ort(ours, tmp_path / "own.onnx", feeds)
+    assert ours(feeds)[0].shape == tuple(shape)
+
+
 def test_output_renamed_for_every_reader(tmp_path, rng):
     """Relu's output is read through one Identity by Neg and is, through another, the output y:
     Relu then makes y, and Neg reads y."""

@@ -1014,8 +1014,9 @@ def test_attention_subgraph_fuses_and_matches_onnxruntime(rng, backend, name, ra
 
 @pytest.mark.parametrize("case", ["weights are an output", "softmax over another axis", "K broadcast over the batch"])
 def test_attention_subgraph_left_or_run_as_written(rng, case):
-    """Not fused where the weights are read elsewhere or the softmax is not over the keys; fused
-    but run with the graph's own broadcasting where K's leading axes differ from Q's."""
+    """Not fused where the weights are read elsewhere; fused but run with the graph's own
+    broadcasting where K's leading axes differ from Q's, and with its own Softmax where that is
+    not over the keys (a positive axis is the keys' only on scores of one rank)."""
     ort = oracle("onnxruntime")
     from fastlayers.io.onnx import from_proto
 
@@ -1026,11 +1027,93 @@ def test_attention_subgraph_left_or_run_as_written(rng, case):
     }[case]
     model, feeds = attention_graph(rng, 4, False, "scores", True, **kw)
     ours = from_proto(model)
-    assert ("FusedAttention" in ours.op_types) == (case == "K broadcast over the batch")
+    assert ("FusedAttention" in ours.op_types) == (case != "weights are an output")
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = ours(feeds)
     for g, w in zip(got if isinstance(got, list) else [got], session.run(None, feeds)):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_attention_with_a_positive_softmax_axis_fuses(rng, opset, rank):
+    """A Softmax over the scores' last axis given as a positive number (axis 3 on 4-D scores,
+    2 on 3-D; before opset 13 the 2-D coercion at the last axis, the same thing) fuses: one
+    FusedAttention node, onnxruntime's result."""
+    ort = oracle("onnxruntime")
+    from fastlayers.io.onnx import from_proto
+
+    model, feeds = attention_graph(rng, rank, False, "scores", True, softmax_axis=rank - 1)
+    model.opset_import[0].version = opset
+    ours = from_proto(model)
+    assert ours.op_types == ["FusedAttention"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_close(ours(feeds), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def svtr_attention_graph(rng, batch=2, tokens=6, heads=3, head_dim=5, scale_shape=(1,)):
+    """Self-attention as PaddlePaddle's exporter writes SVTR's blocks (PP-OCR recognisers):
+    qkv (batch, tokens, 3 C) -> Reshape (0, -1, 3, H, D) -> Transpose (2, 0, 3, 1, 4) -> Slice +
+    Squeeze per q, k, v; q * scale (a (1,) constant) reshaped to Shape(q) through Identity
+    nodes; MatMul(q, Transpose(k, 0 1 3 2)) -> Softmax(axis=3) -> MatMul(., v) -> Transpose ->
+    Reshape (0, -1, C). (model, feeds)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = heads * head_dim
+    consts = {
+        "split": np.array([0, -1, 3, heads, head_dim], np.int64),
+        "scale": np.full(scale_shape, head_dim**-0.5, np.float32),
+        "back": np.array([0, -1, c], np.int64),
+        "axis0": np.array([0], np.int64),
+        **{f"s{i}": np.array([i], np.int64) for i in range(4)},
+    }
+    nodes = [
+        helper.make_node("Reshape", ["qkv", "split"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+    ]
+    for i, name in enumerate("qkv"):
+        nodes += [
+            helper.make_node("Slice", ["t", f"s{i}", f"s{i + 1}", "axis0", "s1"], [f"{name}_sl"]),
+            helper.make_node("Squeeze", [f"{name}_sl", "axis0"], [name + "_"]),
+        ]
+    nodes += [
+        helper.make_node("Identity", ["q_"], ["q_id"]),
+        helper.make_node("Shape", ["q_"], ["q_shape"]),
+        helper.make_node("Mul", ["q_id", "scale"], ["qs"]),
+        helper.make_node("Reshape", ["qs", "q_shape"], ["qs_r"]),
+        helper.make_node("Identity", ["qs_r"], ["q_scaled"]),
+        helper.make_node("Transpose", ["k_"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q_scaled", "kt"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["w"], axis=3),
+        helper.make_node("Identity", ["w"], ["w_id"]),
+        helper.make_node("MatMul", ["w_id", "v_"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ot", "back"], ["y"]),
+    ]
+    model = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [batch, tokens, 3 * c])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    return model, {"qkv": rng.standard_normal((batch, tokens, 3 * c)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("scale_shape", [(1,), ()])
+def test_svtr_attention_from_paddle_fuses(rng, scale_shape):
+    """SVTR's attention as PaddlePaddle exports it (a positive Softmax axis, the scaled q
+    reshaped to its own shape) becomes one FusedAttention node reading the q, k and v slices:
+    no MatMul, Softmax or Mul left; onnxruntime's result."""
+    ort = oracle("onnxruntime")
+    from fastlayers.io.onnx import from_proto
+
+    model, feeds = svtr_attention_graph(rng, scale_shape=scale_shape)
+    ours = from_proto(model)
+    assert ours.op_types.count("FusedAttention") == 1
+    assert not {"MatMul", "Softmax", "Mul", "Shape"} & set(ours.op_types)
+    assert [n.op_type for n in ours._nodes].count("Reshape") == 2  # the split and the merge of the heads
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_close(ours(feeds), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 def _masked_recurrent_model(kind, gates, direction, rng, hidden=7, inputs=5, domain_import=True, states=False):

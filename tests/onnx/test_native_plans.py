@@ -1084,6 +1084,32 @@ def test_fused_attention_runs_natively(rng, monkeypatch, k_transposed, float_mas
     assert "FusedAttention" in plan.summary[0]
 
 
+@pytest.mark.parametrize("softmax_axis", [3, 2])
+def test_svtr_attention_runs_natively(rng, monkeypatch, softmax_axis):
+    """PaddlePaddle's SVTR attention (``svtr_attention_graph``), fused at load, runs as one
+    native attention step over its q, k and v slices with no fallback; with its Softmax over
+    the queries' axis instead (axis 2) the fused node stays a Python step of the plan that
+    runs the graph's own Softmax. The Python plan's values, onnxruntime's."""
+    from fastlayers.io.onnx import from_proto
+
+    from .test_import import svtr_attention_graph
+
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    model, feed = svtr_attention_graph(rng)
+    next(n for n in model.graph.node if n.op_type == "Softmax").attribute[0].i = softmax_axis
+    data = model.SerializeToString()
+    ours, python, session = _engines(data, ort)
+    assert "FusedAttention" in from_proto(model).op_types
+    for _ in range(3):
+        feed = {"qkv": rng.standard_normal(feed["qkv"].shape).astype(np.float32)}
+        for g, w, p in zip(ours.run(None, feed), session.run(None, feed), python.run(None, feed), strict=True):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            assert_close(g, p, rtol=1e-6, atol=1e-7)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert ("FusedAttention" in native, "FusedAttention" in fallbacks) == (softmax_axis == 3, softmax_axis == 2)
+
+
 def _engines(data, ort):
     """The model ``data`` loaded with native plans and without, and onnxruntime's session."""
     ours = fastlayers.load(data)

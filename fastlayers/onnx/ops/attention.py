@@ -9,6 +9,7 @@ from ...backends import get_ops
 from ...errors import ShapeError, UnsupportedError
 from ..records import BOOL, FLT, INT, POS, A, Family, fail
 from ..tensors import f32
+from .elementwise import softmax_on
 
 #: This family's operator records (``ops.RECORDS`` gathers the families).
 FAMILY = Family("attention")
@@ -21,9 +22,12 @@ def _fused_attention(inputs, attrs, opset):
     inputs Q, K (K^T where ``_k_transposed``), V, the scales of Q, of K and of the scores and
     an additive mask ("" where absent). One call of the backend's attention primitive where
     Q, K and V are float32 heads (rank 3 or 4, the same leading axes) and every scale has one
-    element; else the graph's own arithmetic, broadcasting as ONNX does."""
+    element and the Softmax's axis (``_axis``) is the scores' last; else the graph's own
+    arithmetic, broadcasting as ONNX does."""
     q, k, v, s_q, s_k, s_scores, mask = (list(inputs) + [None] * 7)[:7]
     k = np.swapaxes(k, -1, -2) if attrs["_k_transposed"] else k
+    axis = attrs.get("_axis", -1)
+    last = axis % max(q.ndim, k.ndim) == max(q.ndim, k.ndim) - 1
     divide_q, divide_k, divide_scores = attrs["_divide"]
     scales = [(s, d) for s, d in zip((s_q, s_k, s_scores), attrs["_divide"]) if s is not None]
     heads = (
@@ -34,7 +38,7 @@ def _fused_attention(inputs, attrs, opset):
         and k.shape[-2] == v.shape[-2]
         and q.shape[-1] == k.shape[-1]
     )
-    if heads and all(s.size == 1 for s, _ in scales) and (mask is None or mask.ndim <= q.ndim):
+    if heads and last and all(s.size == 1 for s, _ in scales) and (mask is None or mask.ndim <= q.ndim):
         scale = np.float32(1.0)
         for s, divide in scales:
             value = np.float32(s.reshape(-1)[0])
@@ -52,7 +56,7 @@ def _fused_attention(inputs, attrs, opset):
     )
     if mask is not None:
         scores = scores + mask
-    return [get_ops().matmul(get_ops().softmax(f32(scores), -1), v)]
+    return [get_ops().matmul(softmax_on(f32(scores), axis, opset), v)]
 
 
 @op("FusedEncoderLayer", internal=True)

@@ -405,16 +405,21 @@ def _gelu(inputs, attrs, opset):
     return [get_ops().activation(f32(inputs[0]), "gelu_tanh" if approx == "tanh" else "gelu")]
 
 
+def softmax_on(x, axis, opset, kind="softmax"):
+    """ONNX Softmax (``kind`` "log_softmax": LogSoftmax) of float32 ``x`` along ``axis`` as
+    ``opset`` reads it: that one axis from opset 13, before it the 2-D coercion, every axis
+    from ``axis`` on as one."""
+    ops = get_ops()
+    if opset >= 13:
+        return getattr(ops, kind)(x, axis)
+    axis %= max(x.ndim, 1)
+    flat = x.reshape(math.prod(x.shape[:axis]), -1)
+    return getattr(ops, kind)(flat, -1).reshape(x.shape)
+
+
 def _softmax_like(kind):
     def run(inputs, attrs, opset):
-        x = f32(inputs[0])
-        ops = get_ops()
-        if opset >= 13:
-            axis = attrs.get("axis", -1)
-            return [getattr(ops, kind)(x, axis)]
-        axis = attrs.get("axis", 1) % max(x.ndim, 1)  # opsets < 13: coerce to 2-D at axis
-        flat = x.reshape(math.prod(x.shape[:axis]), -1)
-        return [getattr(ops, kind)(flat, -1).reshape(x.shape)]
+        return [softmax_on(f32(inputs[0]), attrs.get("axis", -1 if opset >= 13 else 1), opset, kind)]
 
     return run
 
