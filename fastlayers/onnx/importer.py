@@ -174,7 +174,8 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = fusion.fuse_dense_chains(nodes, constants, outputs)
     dtypes = rewrite.known_dtypes(nodes, constants, input_dtypes)
     nodes = fusion.fuse_elementwise(nodes, constants, outputs, dtypes, opset)
-    return weights.hold_dense_weights(nodes, constants, outputs)
+    nodes = weights.hold_dense_weights(nodes, constants, outputs)
+    return weights.hold_recurrent_weights(nodes, constants, outputs)
 
 
 def optimize_bodies(nodes, opset, outer_dtypes) -> list[Node]:

@@ -9,8 +9,10 @@ array), and the model keeps only that. A convolution's weights (``FusedConv``'s 
 made at load: transposed, BatchNorm folded in) go the same way through ``Ops.conv_weights``,
 asked as each convolution is fused so that its transposed copy is freed at once
 (``ConvWeights``; the cpu backend: the implicit GEMM's packed form alone, for one group of
-more than a few input channels). Pickles carry the file, not these arrays
-(``OnnxModel.source``).
+more than a few input channels). A recurrent node's W and R, where its every reader runs on
+the backend's loops, are held as the loops' gate-reordered kernels alone
+(``hold_recurrent_weights``, ``ops.recurrent.RecurrentWeights``). Pickles carry the file, not
+these arrays (``OnnxModel.source``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_ops
+from .control import Body
 from .nodes import Node
+from .ops.recurrent import RecurrentWeights, loops_cover
+from .records import FASTLAYERS
 
 
 def held(value) -> bool:
@@ -40,6 +45,60 @@ def hold_dense_weights(nodes, constants, outputs) -> list[Node]:
     for name, uses in readers.items():
         if uses == {("FusedDense", 1)} and name not in outputs:
             constants[name] = ops.dense_weights(constants[name])
+    return nodes
+
+
+#: (prefix, inputs before W beyond the plain node's x, masked) of each recurrent node form
+#: (``ops.recurrent.RECURRENT_NODES``): ``Embedding<kind>`` reads the table and ids in place of x.
+_RECURRENT_FORMS = (
+    ("", 0, False),
+    ("Embedding", 1, False),
+    (f"{FASTLAYERS}::Masked", 0, True),
+    ("EmbeddingMasked", 1, True),
+)
+
+
+def _loops_run(node, constants):
+    """(kind, index of W) where ``node`` is a recurrent node whose every call runs on the
+    backend's loops (``loops_cover``; no sequence_lens, peepholes constant), else None."""
+    for prefix, offset, masked in _RECURRENT_FORMS:
+        kind = node.op_type[len(prefix) :] if node.op_type.startswith(prefix) else ""
+        if kind not in ("LSTM", "GRU", "RNN"):
+            continue
+        given = lambda i: len(node.inputs) > i and bool(node.inputs[i])  # noqa: E731
+        if not masked and given(4 + offset):  # sequence_lens: the reference runs uneven lengths
+            return None
+        p = None
+        if kind == "LSTM" and not masked and given(7 + offset):
+            p = constants.get(node.inputs[7 + offset])
+            if p is None:
+                return None
+        return (kind, 1 + offset) if loops_cover(kind, node.attrs, p) else None
+    return None
+
+
+def hold_recurrent_weights(nodes, constants, outputs) -> list[Node]:
+    """Each float32 constant read only as W or R by recurrent nodes of one kind that all run on
+    the backend's loops (never a graph output, nor held by a subgraph too) replaced in
+    ``constants`` by ``RecurrentWeights``: the loops' kernels alone, not those beside the
+    file's array."""
+    readers: dict[str, set] = {}
+    in_bodies = {id(a) for n in nodes for v in n.attrs.values() if isinstance(v, Body) for a in v.model._weights()}
+    for node in nodes:
+        run = _loops_run(node, constants)
+        for k, name in enumerate(node.inputs):
+            if name in constants:
+                role = run[0] if run is not None and k in (run[1], run[1] + 1) else None
+                readers.setdefault(name, set()).add(role)
+    for name, roles in readers.items():
+        value = constants[name]
+        if len(roles) != 1 or None in roles or name in outputs or id(value) in in_bodies:
+            continue
+        (kind,) = roles
+        gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+        if type(value) is np.ndarray and value.dtype == np.float32 and value.ndim == 3 and value.size:
+            if value.shape[1] % gates == 0:
+                constants[name] = RecurrentWeights(value, kind)
     return nodes
 
 

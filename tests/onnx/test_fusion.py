@@ -1752,6 +1752,75 @@ def test_conv_weights_held_once_packed(tmp_path, rng):
     assert len(convs) == 5
 
 
+# (kind, gates, node attributes, whether W and R are held as the loops' kernels)
+RECURRENT_HOLDS = [
+    ("LSTM", 4, {"direction": "bidirectional"}, True),
+    ("GRU", 3, {"linear_before_reset": 1, "direction": "reverse"}, True),
+    ("RNN", 1, {}, True),
+    ("LSTM", 4, {"clip": 3.0}, False),  # the reference computes it: the file's arrays
+]
+
+
+@pytest.mark.parametrize("kind,gates,attrs,held", RECURRENT_HOLDS, ids=[f"{c[0]}-{c[3]}" for c in RECURRENT_HOLDS])
+def test_recurrent_weights_held_once_as_kernels(tmp_path, rng, kind, gates, attrs, held):
+    """A recurrent node's W and R, where the backend's loops run it, are held as the loops'
+    gate-reordered kernels alone (``RecurrentWeights``), not beside the file's arrays: they
+    read back as the file's values, bit for bit; count_params sees them; results as
+    onnxruntime's over repeated calls, on the reference backend and after a pickle. A second
+    node sharing R with sequence_lens given keeps the arrays."""
+    oracle("onnx")
+    import pickle
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastlayers.onnx.ops.recurrent import RecurrentWeights
+
+    nd, hidden, inputs = 2 if attrs.get("direction") == "bidirectional" else 1, 7, 5
+    consts = {
+        "W": (rng.standard_normal((nd, gates * hidden, inputs)) * 0.5).astype(np.float32),
+        "R": (rng.standard_normal((nd, gates * hidden, hidden)) * 0.5).astype(np.float32),
+        "B": (rng.standard_normal((nd, 2 * gates * hidden)) * 0.5).astype(np.float32),
+    }
+    outs = ["y", "yh"]
+    nodes = [helper.make_node(kind, ["x", "W", "R", "B"], outs, hidden_size=hidden, **attrs)]
+    graph = make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, "b", inputs])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    path = tmp_path / "rnn.onnx"
+    onnx.save(graph, path)
+    model = fastlayers.load(path)
+    forms = {k: model._constants[k] for k in ("W", "R")}
+    assert all((type(f) is RecurrentWeights) == held for f in forms.values())
+    for k, f in forms.items():
+        np.testing.assert_array_equal(np.asarray(f), consts[k])
+        assert f.shape == consts[k].shape and f.dtype == np.float32
+    assert model.count_params() == sum(v.size for v in consts.values())
+    for _ in range(3):  # the Python plan, then the native plan
+        feeds = {"x": rng.standard_normal((6, 3, inputs)).astype(np.float32)}
+        _matches_ort(model, path, feeds, rtol=1e-5, atol=1e-5)
+    with fastlayers.use_ops("reference"):
+        _matches_ort(model, path, feeds, rtol=1e-5, atol=1e-5)
+    again = pickle.loads(pickle.dumps(model))
+    assert all(np.array_equal(a, c) for a, c in zip(again(feeds), model(feeds)))
+
+    # R also read by a node the reference runs (uneven sequence_lens): both keep the arrays
+    nodes.append(helper.make_node(kind, ["x", "W2", "R", "B", "lens"], ["y2"], hidden_size=hidden, **attrs))
+    graph.graph.node.append(nodes[-1])
+    graph.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["b"]))
+    graph.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
+    graph.graph.initializer.append(numpy_helper.from_array(consts["W"] + 1, "W2"))
+    onnx.save(graph, path)
+    model = fastlayers.load(path)
+    assert (type(model._constants["W"]) is RecurrentWeights) == held
+    assert all(type(model._constants[k]) is np.ndarray for k in ("R", "W2"))
+    feeds["lens"] = np.array([6, 2, 4], np.int32)
+    _matches_ort(model, path, feeds, rtol=1e-5, atol=1e-5)
+
+
 def test_convolution_weights_too_small_to_matter_are_zero(tmp_path, rng):
     """A channel switched off in training (weights of 1e-38, folded BatchNormalization scale
     of 1e-37) has its weights zeroed in the FusedConv: products of them and activations would

@@ -137,6 +137,64 @@ _DEFAULT_ACTIVATIONS = {
 }
 
 
+#: The loops' gate order from ONNX's LSTM blocks i, o, f, c: i, f, c, o (GRU and RNN as given).
+_LSTM_ORDER = (0, 2, 3, 1)
+
+
+def loop_kernel(w_gi, kind: str):
+    """One direction of an ONNX W or R, (gates * hidden, n) as the file holds it, as the
+    backend's loops read it: (n, gates * hidden) C-ordered float32, an LSTM's gate blocks in
+    ``_LSTM_ORDER``."""
+    w_gi = np.asarray(w_gi)
+    if kind == "LSTM":
+        w_gi = w_gi.reshape(4, w_gi.shape[0] // 4, -1)[list(_LSTM_ORDER)].reshape(w_gi.shape[0], -1)
+    return np.ascontiguousarray(w_gi.T, dtype=np.float32)
+
+
+def onnx_weight(kernel_ig, kind: str):
+    """``loop_kernel``'s input back: (gates * hidden, n) in ONNX's gate order, a new array."""
+    w_gi = kernel_ig.T
+    if kind == "LSTM":
+        w_gi = w_gi.reshape(4, w_gi.shape[0] // 4, -1)[list(np.argsort(_LSTM_ORDER))].reshape(w_gi.shape[0], -1)
+    return np.ascontiguousarray(w_gi)
+
+
+class RecurrentWeights:
+    """An ONNX W or R (directions, gates * hidden, n) held only as the loops' kernels, one per
+    direction (``loop_kernel``), for a graph whose recurrent nodes all run on the loops
+    (``weights.hold_recurrent_weights``): ``recurrent_calls`` reads ``kernels``; anything that
+    reads it as an array (``np.asarray``, ``unpacked``) gets the ONNX values anew, the same
+    bits (a gate reorder and a transpose)."""
+
+    __slots__ = ("kernels", "kind", "shape", "__weakref__")
+    dtype = np.dtype(np.float32)
+    ndim = 3
+
+    def __init__(self, w_dgi, kind: str):
+        self.kind = kind
+        self.kernels = tuple(loop_kernel(w_dgi[d], kind) for d in range(w_dgi.shape[0]))
+        self.shape = tuple(int(n) for n in w_dgi.shape)
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(k.nbytes) for k in self.kernels)
+
+    def unpacked(self):
+        """The weights as a new (directions, gates * hidden, n) float32 array, ONNX's order."""
+        return np.stack([onnx_weight(k, self.kind) for k in self.kernels])
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.unpacked()
+        return w if dtype is None else w.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"RecurrentWeights({self.kind}, shape={self.shape})"
+
+
 def recurrent_fast(kind, inputs, attrs, table=None):
     """The ONNX recurrence on the backend's compiled time loops (one input-projection GEMM, one
     recurrent product and one fused gate pass per step), when the node uses only what they do:
@@ -153,6 +211,23 @@ def recurrent_fast(kind, inputs, attrs, table=None):
     return _recurrent_outputs(kind, get_ops().recurrent_sequences(calls), attrs)
 
 
+def loops_cover(kind, attrs, p=None) -> bool:
+    """Whether the backend's loops compute a ``kind`` node with these attributes and peepholes
+    ``p`` (None: absent): its default activations, no clip, input_forget, activation alpha or
+    beta, no nonzero peephole. (sequence_lens, read per call, is not looked at.)"""
+    names = [n.lower() for n in attrs.get("activations", [])]
+    per_dir = len(_DEFAULT_ACTIVATIONS[kind][0])
+    if names and (names[:per_dir] not in _DEFAULT_ACTIVATIONS[kind] or names[per_dir:] not in ([], names[:per_dir])):
+        return False
+    return not (
+        attrs.get("clip") is not None
+        or attrs.get("input_forget", 0)
+        or (p is not None and np.any(p))
+        or attrs.get("activation_alpha")
+        or attrs.get("activation_beta")
+    )
+
+
 def recurrent_calls(kind, inputs, attrs, table=None):
     """``recurrent_fast``'s backend calls, one (cell, args, kwargs) per direction, the
     input as the calls read it (batch, time, input) and the initial states per direction; None
@@ -163,16 +238,7 @@ def recurrent_calls(kind, inputs, attrs, table=None):
     direction = attrs.get("direction", "forward")
     n_dir = 2 if direction == "bidirectional" else 1
     names = [n.lower() for n in attrs.get("activations", [])]
-    per_dir = len(_DEFAULT_ACTIVATIONS[kind][0])
-    if names and (names[:per_dir] not in _DEFAULT_ACTIVATIONS[kind] or names[per_dir:] not in ([], names[:per_dir])):
-        return None
-    if (
-        attrs.get("clip") is not None
-        or attrs.get("input_forget", 0)
-        or (p is not None and np.any(p))
-        or attrs.get("activation_alpha")
-        or attrs.get("activation_beta")
-    ):
+    if not loops_cover(kind, attrs, p):
         return None
     layout = attrs.get("layout", 0)
     if table is None:
@@ -186,15 +252,18 @@ def recurrent_calls(kind, inputs, attrs, table=None):
     if layout:
         h0, c0 = (None if s is None else np.swapaxes(s, 0, 1) for s in (h0, c0))
 
-    def kernel(m, d, kind, reorder=lambda a: a):
-        """Direction d of W or R as C-ordered (input, gates * hidden), computed once per weight
-        array (C order: the backend caches its own layouts per array and would otherwise copy
-        and repack a transposed view on every call)."""
-        return derived(m, f"onnx-{kind}-kernel:{d}", lambda a: np.ascontiguousarray(reorder(a[d]).T, dtype=np.float32))
+    def kernel(m, d):
+        """Direction d of W or R as the loops read it (``loop_kernel``): held so
+        (``RecurrentWeights``), or computed once per weight array (C order: the backend caches
+        its own layouts per array and would otherwise copy and repack a transposed view on
+        every call)."""
+        if type(m) is RecurrentWeights:
+            return m.kernels[d]
+        return derived(m, f"onnx-{kind.lower()}-kernel:{d}", lambda a: loop_kernel(a[d], kind))
 
-    def input_weights(d, reorder, bias):
+    def input_weights(d, bias):
         """(w_ig, b_ig) of direction d: the kernel and bias, or the folded embedding table."""
-        w_in = kernel(w, d, kind.lower(), reorder)
+        w_in = kernel(w, d)
         if table is None:
             return w_in, bias
         return derived_from((w, table, b), f"onnx-{kind}-fold:{d}", lambda *_: fold_projection(table, w_in, bias)), None
@@ -222,28 +291,27 @@ def recurrent_calls(kind, inputs, attrs, table=None):
         options = {"reverse": reverse, "return_sequences": y_read}
         h_init = np.zeros((batch, hidden), np.float32) if h0 is None else f32(h0[d])
         if kind == "LSTM":
-            order = [0, 2, 3, 1]
-            blocks = lambda m: m.reshape(4, hidden, -1)[order].reshape(4 * hidden, -1)  # noqa: E731
+            order = list(_LSTM_ORDER)
             c_init = np.zeros((batch, hidden), np.float32) if c0 is None else f32(c0[d])
             b_in = biases(d, lambda wb, rb: (wb + rb).reshape(4, hidden)[order].reshape(-1))[0]
-            w_ig, b_g = input_weights(d, blocks, b_in)
-            calls.append((Cell.LSTM, (x_bti, w_ig, kernel(r, d, "lstm", blocks), b_g, h_init, c_init), options))
+            w_ig, b_g = input_weights(d, b_in)
+            calls.append((Cell.LSTM, (x_bti, w_ig, kernel(r, d), b_g, h_init, c_init), options))
             states.append((h_init, c_init))
         elif kind == "GRU":
             b_in, b_rec = biases(d, lambda wb, rb: wb if lbr else wb + rb)
-            w_ig, b_ig = input_weights(d, lambda m: m, b_in)
+            w_ig, b_ig = input_weights(d, b_in)
             calls.append(
                 (
                     Cell.GRU,
-                    (x_bti, w_ig, kernel(r, d, "gru"), b_ig, b_rec, h_init),
+                    (x_bti, w_ig, kernel(r, d), b_ig, b_rec, h_init),
                     {"reset_after": lbr, **options},
                 )
             )
             states.append((h_init,))
         else:
             act = names[0] if names else "tanh"
-            w_ih, b_ih = input_weights(d, lambda m: m, biases(d, lambda wb, rb: wb + rb)[0])
-            calls.append((Cell.RNN, (x_bti, w_ih, kernel(r, d, "rnn"), b_ih, h_init), {"activation": act, **options}))
+            w_ih, b_ih = input_weights(d, biases(d, lambda wb, rb: wb + rb)[0])
+            calls.append((Cell.RNN, (x_bti, w_ih, kernel(r, d), b_ih, h_init), {"activation": act, **options}))
             states.append((h_init,))
     return calls, x_bti, states
 
