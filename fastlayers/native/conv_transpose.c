@@ -22,11 +22,12 @@ typedef struct {
     int status;
 } conv_t_ctx;
 
-/* o[0:n] += s[0:n] */
+/* o[0:n] += s[0:n] (the tail as one partial vector: rows of a small plane are shorter than
+ * a vector) */
 FL_INLINE void conv_add(float *o, const float *s, int64_t n) {
     int64_t j = 0;
     for (; j + FL_VW <= n; j += FL_VW) fl_store(o + j, fl_load(o + j) + fl_load(s + j));
-    for (; j < n; ++j) o[j] += s[j];
+    if (j < n) fl_store_n(o + j, fl_load_n(o + j, n - j) + fl_load_n(s + j, n - j), n - j);
 }
 
 /* Each task's bias repeated over an output row (few channels: the row's epilogue runs as one
