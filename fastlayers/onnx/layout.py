@@ -73,8 +73,8 @@ def stored(x):
     an NCHW / NCL view of NHWC / NLC memory (``nchw``) gives that memory, any other
     non-contiguous ``x`` a contiguous copy (and None)."""
     held = channels_last_memory(x)
-    if held is None:  # (ascontiguousarray makes a 0-d array 1-d: the reshape keeps its shape)
-        return np.ascontiguousarray(x).reshape(x.shape), None
+    if held is None:  # (ascontiguousarray makes a 0-d array 1-d: a 0-d x is returned as it is)
+        return (np.ascontiguousarray(x) if x.ndim else np.asarray(x)), None
     return held, (0, 3, 1, 2) if x.ndim == 4 else (0, 2, 1)
 
 
