@@ -105,8 +105,9 @@ FL_INLINE fl_vf fl_vmax(fl_vf a, fl_vf b) { return fl_select(b > a, b, a); }
 #endif
 /* The lanes that met a NaN in a running max (fl_vmax keeps a NaN already in its first operand,
  * not one in its second): fl_nan_none(), m = fl_nan_add(m, v) per value, fl_nan_apply(m, acc)
- * NaN in those lanes. A mask register on AVX-512: the vector form there went through a
- * general register and back per value, most of a 3x3 max pool's time. */
+ * NaN in those lanes; fl_nan_any(m) whether there is one. A mask register on AVX-512: the
+ * vector form there went through a general register and back per value, most of a 3x3 max
+ * pool's time. */
 #if FL_VW == 16 && defined(__AVX512F__)
 typedef __mmask16 fl_nan;
 FL_INLINE fl_nan fl_nan_none(void) { return 0; }
@@ -120,12 +121,18 @@ FL_INLINE fl_nan fl_nan_add2(fl_nan m, fl_vf a, fl_vf b) {
 FL_INLINE fl_vf fl_nan_apply(fl_nan m, fl_vf acc) {
     return (fl_vf)_mm512_mask_blend_ps(m, (__m512)acc, _mm512_set1_ps(__builtin_nanf("")));
 }
+FL_INLINE int fl_nan_any(fl_nan m) { return m != 0; }
 #else
 typedef fl_vi fl_nan;
 FL_INLINE fl_nan fl_nan_none(void) { return (fl_vi){0}; }
 FL_INLINE fl_nan fl_nan_add(fl_nan m, fl_vf v) { return m | (v != v); }
 FL_INLINE fl_nan fl_nan_add2(fl_nan m, fl_vf a, fl_vf b) { return m | (a != a) | (b != b); }
 FL_INLINE fl_vf fl_nan_apply(fl_nan m, fl_vf acc) { return fl_select(m, fl_set1(__builtin_nanf("")), acc); }
+FL_INLINE int fl_nan_any(fl_nan m) {
+    int any = 0;
+    for (int l = 0; l < FL_VW; ++l) any |= m[l] != 0;
+    return any;
+}
 #endif
 /* The first n lanes (0 <= n <= FL_VW) of p, zeros in the others, and a store of v's first n
  * lanes to p: a vector's worth of channels at a row's end. One masked load or store where the

@@ -592,9 +592,11 @@ typedef struct {
     int is_max, cip, sep, status;
 } pool_plane_ctx;
 
-/* row[k] = max (NaN wins) or sum over i < n (n >= 1) of s[i step + k], for k < count. */
-FL_INLINE void pool_rows_reduce(const float *s, int64_t n, int64_t step, int64_t count,
-                                int is_max, float *row) {
+/* row[k] = max (NaN wins) or sum over i < n (n >= 1) of s[i step + k], for k < count; returns
+ * whether a max met a NaN. */
+FL_INLINE int pool_rows_reduce(const float *s, int64_t n, int64_t step, int64_t count,
+                               int is_max, float *row) {
+    fl_nan met = fl_nan_none();
     for (int64_t k = 0; k < count; k += 4 * FL_VW) { /* four independent chains; the last cut */
         int nv = (int)FL_MIN(4, (count - k + FL_VW - 1) / FL_VW);
         int64_t last = count - k - (nv - 1) * FL_VW;
@@ -620,10 +622,15 @@ FL_INLINE void pool_rows_reduce(const float *s, int64_t n, int64_t step, int64_t
         }
         _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
             if (u >= nv) break;
-            fl_vf r = is_max ? fl_nan_apply(nan[u], acc[u]) : acc[u];
+            fl_vf r = acc[u];
+            if (is_max) {
+                r = fl_nan_apply(nan[u], r);
+                met = met | nan[u];
+            }
             pool_st(row + k + u * FL_VW, r, u == nv - 1 ? last : FL_VW);
         }
     }
+    return is_max && fl_nan_any(met);
 }
 
 /* row[0:w] = max (NaN wins; -inf where no window row lies in the plane x (H, W)) or sum (0
@@ -717,21 +724,30 @@ typedef struct {
     int is_max, status;
 } pool_flat_ctx;
 
+/* How pool_flat_row reduces its taps: their sum, their max with NaN winning, or their max
+ * where v holds no NaN (no NaN bookkeeping per tap: a compare and a mask or per tap were a
+ * fifth of a 3x3/1 max pool's horizontal pass). */
+enum { POOL_FLAT_SUM, POOL_FLAT_MAX, POOL_FLAT_MAX_NO_NAN };
+
 /* y[e] for e < total = max (NaN wins) or sum over taps j < kw of v[e + off[j]] where column
  * colf[e] + off[j] stays in its row (lo[j] <= colf[e] < hi[j]; the fill elsewhere), the sum
- * divided by div[e]. */
+ * divided by div[e]; mode a POOL_FLAT_ value. */
 FL_INLINE void pool_flat_row(const float *v, const float *colf, const float *div, int64_t total,
                              int64_t kw, const int64_t *off, const fl_vf *lo, const fl_vf *hi,
-                             int is_max, float *y) {
+                             int mode, int centred, float *y) {
+    int is_max = mode != POOL_FLAT_SUM;
     fl_vf fv = fl_set1(is_max ? -__builtin_inff() : 0.0f);
     for (int64_t e = 0; e < total; e += FL_VW) {
         fl_vf col = fl_load(colf + e), acc = fv;
         fl_nan nan = fl_nan_none();
         for (int64_t j = 0; j < kw; ++j) {
-            fl_vf t = fl_select((col >= lo[j]) & (col < hi[j]), fl_load(v + e + off[j]), fv);
+            /* centred (3 taps at -d, 0, d): the first can only leave its row on the left, the
+             * second never, the third only on the right */
+            fl_vi in = centred ? (j == 0 ? col >= lo[0] : col < hi[j]) : (col >= lo[j]) & (col < hi[j]);
+            fl_vf t = centred && j == 1 ? fl_load(v + e) : fl_select(in, fl_load(v + e + off[j]), fv);
             if (is_max) {
                 acc = fl_vmax(acc, t);
-                nan = fl_nan_add(nan, t);
+                if (mode == POOL_FLAT_MAX) nan = fl_nan_add(nan, t);
             } else {
                 acc += t;
             }
@@ -763,6 +779,7 @@ static void pool_flat_task(void *arg, int64_t u0, int64_t u1) {
     }
     for (int64_t u = u0; u < u1; ++u) {
         const float *x = p->x + u * p->h * w;
+        int met_nan = 0;
         for (int64_t oh = 0; oh < ho;) { /* runs of rows whose windows keep the same rows */
             int64_t i0, i1, j0, j1, end = oh + 1;
             pool_taps(oh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
@@ -772,21 +789,25 @@ static void pool_flat_task(void *arg, int64_t u0, int64_t u1) {
             }
             if (i0 == i1) pool_plane_fill(v + oh * w, (end - oh) * w, fill);
             else if (is_max)
-                pool_rows_reduce(x + (oh - p->pt + i0 * p->dh) * w, i1 - i0, p->dh * w,
-                                 (end - oh) * w, 1, v + oh * w);
+                met_nan |= pool_rows_reduce(x + (oh - p->pt + i0 * p->dh) * w, i1 - i0, p->dh * w,
+                                            (end - oh) * w, 1, v + oh * w);
             else
                 pool_rows_reduce(x + (oh - p->pt + i0 * p->dh) * w, i1 - i0, p->dh * w,
                                  (end - oh) * w, 0, v + oh * w);
             oh = end;
         }
         float *y = p->y + u * total;
-        if (is_max) {
-            if (p->kw == 3) pool_flat_row(v, p->colf, 0, total, 3, off, lo, hi, 1, y);
-            else pool_flat_row(v, p->colf, 0, total, p->kw, off, lo, hi, 1, y);
-        } else {
-            if (p->kw == 3) pool_flat_row(v, p->colf, p->div, total, 3, off, lo, hi, 0, y);
-            else pool_flat_row(v, p->colf, p->div, total, p->kw, off, lo, hi, 0, y);
-        }
+        int centred = p->kw == 3 && p->pl == p->dw;
+#define POOL_FLAT_ROW(mode)                                                                    \
+    do {                                                                                       \
+        if (centred) pool_flat_row(v, p->colf, p->div, total, 3, off, lo, hi, mode, 1, y);     \
+        else if (p->kw == 3) pool_flat_row(v, p->colf, p->div, total, 3, off, lo, hi, mode, 0, y); \
+        else pool_flat_row(v, p->colf, p->div, total, p->kw, off, lo, hi, mode, 0, y);         \
+    } while (0)
+        if (!is_max) POOL_FLAT_ROW(POOL_FLAT_SUM);
+        else if (met_nan) POOL_FLAT_ROW(POOL_FLAT_MAX);
+        else POOL_FLAT_ROW(POOL_FLAT_MAX_NO_NAN);
+#undef POOL_FLAT_ROW
     }
 }
 

@@ -132,6 +132,35 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
     assert np.isnan(got).sum() == 1 + 1 + 2  # an odd column (17) is in two windows, an even one in one
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize(
+    "shape, k, d, pads",
+    [
+        ((2, 3, 28, 28), (3, 3), (1, 1), ((1, 1), (1, 1))),  # 3 taps centred on the column
+        ((1, 2, 9, 17), (3, 3), (1, 2), ((2, 2), (2, 2))),  # centred, dilated
+        ((1, 3, 12, 20), (5, 5), (1, 1), ((2, 2), (2, 2))),
+        ((1, 2, 10, 16), (3, 3), (1, 1), ((0, 2), (2, 0))),  # 3 taps, all to the left
+    ],
+)
+def test_pool2d_nchw_flat_max_nan(rng, threads, shape, k, d, pads):
+    """The flat path's max (stride 1, outputs as wide as the input) with NaN at a row's first
+    and last column, inside a row, in the last partial vector and on the first and last rows,
+    in some planes only: NaN wins in every window over one, and the planes without NaN (which
+    skip the NaN bookkeeping of their horizontal taps) are the reference's values."""
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, 0] = x[0, 0, h // 2, w - 1] = x[0, 0, h - 1, w // 2] = np.nan
+    x[-1, -1, h - 1, w - 1] = x[-1, -1, 1, 3] = np.nan
+    x[0, 1, 2] = np.inf
+    x[0, 1, 3] = -np.inf
+    out = tuple(_out(shape[2 + a], k[a], 1, d[a], *pads[a], False) for a in range(2))
+    assert out[1] == w
+    got = CPU.pool2d_nchw(x, "max", k, (1, 1), pads, out, d)
+    want = REF.pool2d_nchw(x, "max", k, (1, 1), pads, out, d)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.isnan(got).any(axis=(2, 3)), np.isnan(x).any(axis=(2, 3)))
+
+
 @pytest.mark.parametrize("shape, k, s, d, pads, ceil", DEPTHWISE)
 @pytest.mark.parametrize("m, activation", [(1, "linear"), (1, "relu6"), (2, "silu")])
 def test_depthwise_conv2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, m, activation):
