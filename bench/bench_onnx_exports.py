@@ -170,6 +170,20 @@ def build(name, rng):
                     return self.mha(x, x, x, need_weights=False)[0]
 
             module = SelfAttention()
+        elif name == "encoder_layer":
+            # torch 2.13's TorchScript exporter traces the layer's default is_causal=False as a
+            # tensor, which scaled_dot_product_attention refuses; passed as a bool it exports
+            layer = module
+
+            class EncoderLayer(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.layer = layer
+
+                def forward(self, x):
+                    return self.layer(x, is_causal=False)
+
+            module = EncoderLayer()
         shape = (batch, steps, d)
     return module.eval(), rng.standard_normal(shape).astype(np.float32)
 
