@@ -519,8 +519,14 @@ void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, 
     }
 }
 
+/* How a horizontal pass reduces its taps (its is_max argument): their sum, their max with NaN
+ * winning, or their max where the vertical pass met no NaN, so that none can reach the taps
+ * (no NaN bookkeeping per tap: a compare and a mask or per tap were a fifth of a 3x3/1 max
+ * pool's horizontal pass). */
+enum { POOL_SUM, POOL_MAX, POOL_MAX_NO_NAN };
+
 /* out[0:nv FL_VW] (the last vector cut to `last` lanes) = max over taps t < nt of b[off[t] +
- * 0:nv FL_VW] (NaN wins), or their sum divided by div[0:nv FL_VW]. */
+ * 0:nv FL_VW] (NaN wins; is_max a POOL_ value), or their sum divided by div[0:nv FL_VW]. */
 FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, int is_max,
                                int nv, const float *div, float *out, int64_t last) {
     fl_vf acc[4];
@@ -535,7 +541,7 @@ FL_INLINE void pool_plane_vecs(const float *b, const int64_t *off, int64_t nt, i
             fl_vf v = fl_load(p + u * FL_VW);
             if (is_max) {
                 acc[u] = fl_vmax(acc[u], v);
-                nan[u] = fl_nan_add(nan[u], v);
+                if (is_max == POOL_MAX) nan[u] = fl_nan_add(nan[u], v);
             } else {
                 acc[u] += v;
             }
@@ -634,16 +640,17 @@ FL_INLINE int pool_rows_reduce(const float *s, int64_t n, int64_t step, int64_t 
 }
 
 /* row[0:w] = max (NaN wins; -inf where no window row lies in the plane x (H, W)) or sum (0
- * where none) over the window rows i < kh, r0 + i dh in [0, h), of x[r0 + i dh, 0:w]. */
-FL_INLINE void pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t r0, int64_t kh,
-                               int64_t dh, int is_max, float *row) {
+ * where none) over the window rows i < kh, r0 + i dh in [0, h), of x[r0 + i dh, 0:w]; returns
+ * whether a max met a NaN. */
+FL_INLINE int pool_plane_vreduce(const float *x, int64_t h, int64_t w, int64_t r0, int64_t kh,
+                                 int64_t dh, int is_max, float *row) {
     int64_t i0, i1;
     pool_taps(r0, dh, kh, 0, h, &i0, &i1);
     if (i0 == i1) {
         pool_plane_fill(row, w, is_max ? -__builtin_inff() : 0.0f);
-        return;
+        return 0;
     }
-    pool_rows_reduce(x + (r0 + i0 * dh) * w, i1 - i0, dh * w, w, is_max, row);
+    return pool_rows_reduce(x + (r0 + i0 * dh) * w, i1 - i0, dh * w, w, is_max, row);
 }
 
 /* Max pooling, and means over at most POOL_RUN taps at column step 1, are separable: per output
@@ -670,10 +677,11 @@ static void pool_plane_sep_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
         int64_t plane = u / p->q.blocks, oh0 = u % p->q.blocks * p->q.rb;
         int64_t oh1 = FL_MIN(oh0 + p->q.rb, p->ho);
         const float *x = p->x + plane * p->h * w;
+        int met_nan = 0;
         for (int64_t oh = oh0; oh < oh1; ++oh) {
             float *b = buf + (oh - oh0) * stride;
             float *dst = sw == 1 ? b + pl : rows + (oh - oh0) * rw;
-            if (is_max) pool_plane_vreduce(x, p->h, w, oh * p->sh - p->pt, p->kh, p->dh, 1, dst);
+            if (is_max) met_nan |= pool_plane_vreduce(x, p->h, w, oh * p->sh - p->pt, p->kh, p->dh, 1, dst);
             else pool_plane_vreduce(x, p->h, w, oh * p->sh - p->pt, p->kh, p->dh, 0, dst);
             if (sw == 1) {
                 pool_plane_fill(b, pl, fill);
@@ -688,8 +696,9 @@ static void pool_plane_sep_task(pool_plane_ctx *p, int64_t u0, int64_t u1) {
             const float *b = buf + (oh - oh0) * stride;
             float *out = p->y + (plane * p->ho + oh) * wo;
             if (is_max) {
-                if (kw == 3) pool_plane_row(b, p->off, 3, 1, wo, 0, out);
-                else pool_plane_row(b, p->off, kw, 1, wo, 0, out);
+                if (met_nan) pool_plane_row(b, p->off, kw, POOL_MAX, wo, 0, out);
+                else if (kw == 3) pool_plane_row(b, p->off, 3, POOL_MAX_NO_NAN, wo, 0, out);
+                else pool_plane_row(b, p->off, kw, POOL_MAX_NO_NAN, wo, 0, out);
                 continue;
             }
             int64_t ih0 = oh * p->sh - p->pt, i0, i1;
@@ -724,18 +733,13 @@ typedef struct {
     int is_max, status;
 } pool_flat_ctx;
 
-/* How pool_flat_row reduces its taps: their sum, their max with NaN winning, or their max
- * where v holds no NaN (no NaN bookkeeping per tap: a compare and a mask or per tap were a
- * fifth of a 3x3/1 max pool's horizontal pass). */
-enum { POOL_FLAT_SUM, POOL_FLAT_MAX, POOL_FLAT_MAX_NO_NAN };
-
 /* y[e] for e < total = max (NaN wins) or sum over taps j < kw of v[e + off[j]] where column
  * colf[e] + off[j] stays in its row (lo[j] <= colf[e] < hi[j]; the fill elsewhere), the sum
- * divided by div[e]; mode a POOL_FLAT_ value. */
+ * divided by div[e]; mode a POOL_ value. */
 FL_INLINE void pool_flat_row(const float *v, const float *colf, const float *div, int64_t total,
                              int64_t kw, const int64_t *off, const fl_vf *lo, const fl_vf *hi,
                              int mode, int centred, float *y) {
-    int is_max = mode != POOL_FLAT_SUM;
+    int is_max = mode != POOL_SUM;
     fl_vf fv = fl_set1(is_max ? -__builtin_inff() : 0.0f);
     for (int64_t e = 0; e < total; e += FL_VW) {
         fl_vf col = fl_load(colf + e), acc = fv;
@@ -747,7 +751,7 @@ FL_INLINE void pool_flat_row(const float *v, const float *colf, const float *div
             fl_vf t = centred && j == 1 ? fl_load(v + e) : fl_select(in, fl_load(v + e + off[j]), fv);
             if (is_max) {
                 acc = fl_vmax(acc, t);
-                if (mode == POOL_FLAT_MAX) nan = fl_nan_add(nan, t);
+                if (mode == POOL_MAX) nan = fl_nan_add(nan, t);
             } else {
                 acc += t;
             }
@@ -804,9 +808,9 @@ static void pool_flat_task(void *arg, int64_t u0, int64_t u1) {
         else if (p->kw == 3) pool_flat_row(v, p->colf, p->div, total, 3, off, lo, hi, mode, 0, y); \
         else pool_flat_row(v, p->colf, p->div, total, p->kw, off, lo, hi, mode, 0, y);         \
     } while (0)
-        if (!is_max) POOL_FLAT_ROW(POOL_FLAT_SUM);
-        else if (met_nan) POOL_FLAT_ROW(POOL_FLAT_MAX);
-        else POOL_FLAT_ROW(POOL_FLAT_MAX_NO_NAN);
+        if (!is_max) POOL_FLAT_ROW(POOL_SUM);
+        else if (met_nan) POOL_FLAT_ROW(POOL_MAX);
+        else POOL_FLAT_ROW(POOL_MAX_NO_NAN);
 #undef POOL_FLAT_ROW
     }
 }

@@ -140,13 +140,15 @@ def test_pool2d_nchw_threads_nan_and_wide_means(rng, threads):
         ((1, 2, 9, 17), (3, 3), (1, 2), ((2, 2), (2, 2))),  # centred, dilated
         ((1, 3, 12, 20), (5, 5), (1, 1), ((2, 2), (2, 2))),
         ((1, 2, 10, 16), (3, 3), (1, 1), ((0, 2), (2, 0))),  # 3 taps, all to the left
+        ((2, 3, 9, 45), (3, 3), (1, 1), ((1, 1), (1, 1))),  # rows too wide for the flat path
+        ((1, 3, 7, 70), (5, 5), (1, 1), ((2, 2), (2, 2))),
     ],
 )
-def test_pool2d_nchw_flat_max_nan(rng, threads, shape, k, d, pads):
-    """The flat path's max (stride 1, outputs as wide as the input) with NaN at a row's first
-    and last column, inside a row, in the last partial vector and on the first and last rows,
-    in some planes only: NaN wins in every window over one, and the planes without NaN (which
-    skip the NaN bookkeeping of their horizontal taps) are the reference's values."""
+def test_pool2d_nchw_separable_max_nan(rng, threads, shape, k, d, pads):
+    """The separable max at stride 1 (flat planes, and rows too wide for them) with NaN at a
+    row's first and last column, inside a row, in the last partial vector and on the first and
+    last rows, in some planes only: NaN wins in every window over one, and the planes without
+    NaN (which skip the NaN bookkeeping of their horizontal taps) are the reference's values."""
     n, c, h, w = shape
     x = rng.standard_normal(shape).astype(np.float32)
     x[0, 0, 0, 0] = x[0, 0, h // 2, w - 1] = x[0, 0, h - 1, w // 2] = np.nan
