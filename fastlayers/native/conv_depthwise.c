@@ -605,8 +605,11 @@ static int conv_flat(int64_t n, int64_t c, int64_t h, int64_t w, const float *x,
  * kept in that shuffle's order until the store; no phase-split buffer, whose stores cost more
  * than the taps). A row's columns go in groups of
  * up to four vectors; a group that reads past either end of its rows loads through masks
- * (zeros outside the row; masked lanes are not read) computed once per task. On AVX2 a
- * two-source shuffle is several instructions and the phase-split buffer is faster. */
+ * (zeros outside the row; masked lanes are not read) computed once per task: where only its
+ * first vector's first loads and its last vector's second loads leave the row (a plane's first
+ * and last groups, as a rule), those alone, held in registers (conv_s2_edges). The window rows
+ * inside x are found once per output row. On AVX2 a two-source shuffle is several
+ * instructions and the phase-split buffer is faster. */
 #if FL_VW == 16 && defined(__AVX512F__)
 #define CONV_S2 1
 /* Most window columns the stride-2 path takes, and their pairs. */
@@ -632,6 +635,14 @@ typedef struct {
  * (2 pair, 2 pair + 1) for vector u. */
 typedef __mmask16 conv_s2_masks[4][CONV_S2_PAIRS][2];
 
+/* The masks of a group whose loads leave its rows only in its first vector's first loads and its
+ * last vector's second loads (conv_s2_edges_of): first[pair], last[pair]. Passed by value, so
+ * that they stay in registers: the whole table of a group's masks lives on the stack, a mask
+ * loaded from it per masked load. */
+typedef struct {
+    __mmask16 first[CONV_S2_PAIRS], last[CONV_S2_PAIRS];
+} conv_s2_edges;
+
 /* Lanes lo <= k < hi of a vector (clamped to it). */
 FL_INLINE __mmask16 conv_s2_lanes(int64_t lo, int64_t hi) {
     lo = FL_MIN(FL_MAX(lo, 0), 16);
@@ -656,19 +667,37 @@ static void conv_s2_masks_of(int64_t w, int64_t k0, int64_t nv, int64_t pl, int6
         }
 }
 
+/* Whether the group of nv vectors with masks mk needs masks only where conv_s2_edges has them,
+ * and those masks in ed. */
+static int conv_s2_edges_of(const conv_s2_masks mk, int64_t nv, int64_t kw, conv_s2_edges *ed) {
+    for (int64_t u = 0; u < nv; ++u)
+        for (int64_t q = 0; q < (kw + 1) / 2; ++q) {
+            if (u > 0 && mk[u][q][0] != 0xFFFF) return 0;
+            if (u < nv - 1 && mk[u][q][1] != 0xFFFF) return 0;
+        }
+    for (int64_t q = 0; q < CONV_S2_PAIRS; ++q) {
+        ed->first[q] = q < (kw + 1) / 2 ? mk[0][q][0] : 0;
+        ed->last[q] = q < (kw + 1) / 2 ? mk[nv - 1][q][1] : 0;
+    }
+    return 1;
+}
+
 /* even[u] += sum over even j < kw of v_j[u] wr[j], odd[u] likewise over odd j, for u < nv:
  * v_j[u][k] = row[2 (k0 + u FL_VW + k) + j - pl] for one input row, through the masks mk
- * where given (zero outside row[0:w]), else plain loads. */
+ * where given (zero outside row[0:w]), else through ed's where use_ed, else plain loads. */
 FL_INLINE void conv_s2_row(const float *row, int64_t k0, int64_t pl, int64_t kw,
-                           const float *wr, int nv, const conv_s2_masks *mk, fl_vf *even,
-                           fl_vf *odd) {
+                           const float *wr, int nv, const conv_s2_masks *mk, conv_s2_edges ed,
+                           int use_ed, fl_vf *even, fl_vf *odd) {
     for (int64_t j = 0; j < kw; j += 2) {
         fl_vf we = fl_set1(wr[j]), wo = fl_set1(j + 1 < kw ? wr[j + 1] : 0.0f);
         _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
             const float *s = row + 2 * (k0 + u * FL_VW) + j - pl;
-            fl_vf a = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][0], s) : fl_load(s);
-            fl_vf b = mk ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][1], s + FL_VW)
-                         : fl_load(s + FL_VW);
+            fl_vf a = mk                     ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][0], s)
+                      : use_ed && u == 0      ? (fl_vf)_mm512_maskz_loadu_ps(ed.first[j / 2], s)
+                                              : fl_load(s);
+            fl_vf b = mk                     ? (fl_vf)_mm512_maskz_loadu_ps((*mk)[u][j / 2][1], s + FL_VW)
+                      : use_ed && u == nv - 1 ? (fl_vf)_mm512_maskz_loadu_ps(ed.last[j / 2], s + FL_VW)
+                                              : fl_load(s + FL_VW);
             even[u] += FL_SHUF(a, b, CONV_S2_EVENS) * we;
             if (j + 1 < kw) odd[u] += FL_SHUF(a, b, CONV_S2_ODDS) * wo;
         }
@@ -678,18 +707,18 @@ FL_INLINE void conv_s2_row(const float *row, int64_t k0, int64_t pl, int64_t kw,
 /* out[k0:k0 + nv FL_VW] (the last vector cut to `last` lanes) = f(bias + sum over window rows
  * i inside x and columns j of x[ih0 + i dh, 2 k + j - pl] wt[i kw + j]) of one output row. */
 FL_INLINE void conv_s2_vecs(const conv_s2_ctx *p, const float *xp, int64_t ih0, const float *wt,
-                            int64_t kw, int64_t k0, int nv, const conv_s2_masks *mk, float bias,
-                            float *out, int64_t last) {
+                            int64_t kw, int64_t k0, int nv, const conv_s2_masks *mk,
+                            conv_s2_edges ed, int use_ed, float bias, float *out, int64_t last) {
     fl_vf even[4], odd[4];
     _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         even[u] = fl_set1(bias);
         odd[u] = fl_set1(0.0f);
     }
-    for (int64_t i = 0; i < p->kh; ++i) {
-        int64_t ih = ih0 + i * p->dh;
-        if (ih >= 0 && ih < p->h)
-            conv_s2_row(xp + ih * p->w, k0, p->pl, kw, wt + i * kw, nv, mk, even, odd);
-    }
+    int64_t i0, i1, step = p->dh * p->w; /* the window rows inside x */
+    pool_taps(ih0, p->dh, p->kh, 0, p->h, &i0, &i1);
+    const float *row = xp + (ih0 + i0 * p->dh) * p->w, *wr = wt + i0 * kw;
+    for (int64_t i = i0; i < i1; ++i, row += step, wr += kw)
+        conv_s2_row(row, k0, p->pl, kw, wr, nv, mk, ed, use_ed, even, odd);
     _Pragma("GCC unroll 4") for (int u = 0; u < nv; ++u) {
         fl_vf r = even[u] + odd[u];
         r = FL_SHUF(r, r, CONV_S2_ORDER);
@@ -699,14 +728,16 @@ FL_INLINE void conv_s2_vecs(const conv_s2_ctx *p, const float *xp, int64_t ih0, 
 }
 
 /* conv_s2_vecs for a group of nv (1 to 4) vectors: plain loads where it reads inside its rows,
- * else through mk; 3 and 5 window columns as constants (the pairs unrolled). */
+ * else through ed where use_ed, else through mk; 3 and 5 window columns as constants (the pairs
+ * unrolled). */
 FL_INLINE void conv_s2_group(const conv_s2_ctx *p, const float *xp, int64_t ih0, const float *wt,
                              int64_t k0, int64_t nv, int inside, const conv_s2_masks *mk,
-                             float bias, float *out, int64_t last) {
+                             conv_s2_edges ed, int use_ed, float bias, float *out, int64_t last) {
 #define CONV_S2_KW(n, kw)                                                                  \
     do {                                                                                   \
-        if (inside) conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, NULL, bias, out, last);       \
-        else conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, mk, bias, out, last);                \
+        if (inside) conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, NULL, ed, 0, bias, out, last); \
+        else if (use_ed) conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, NULL, ed, 1, bias, out, last); \
+        else conv_s2_vecs(p, xp, ih0, wt, kw, k0, n, mk, ed, 0, bias, out, last);          \
     } while (0)
 #define CONV_S2_NV(n)                                                                      \
     do {                                                                                   \
@@ -732,8 +763,16 @@ static void conv_s2_task(void *arg, int64_t u0, int64_t u1) {
     int in_first = conv_s2_inside(w, 0, 4, pl, kw);
     int in_last = conv_s2_inside(w, k_last, nv_last, pl, kw);
     conv_s2_masks mk_first, mk_last, mk_mid;
-    if (!in_first) conv_s2_masks_of(w, 0, 4, pl, kw, mk_first);
-    if (!in_last) conv_s2_masks_of(w, k_last, nv_last, pl, kw, mk_last);
+    conv_s2_edges ed_first = {{0}, {0}}, ed_last = {{0}, {0}}, ed_none = {{0}, {0}};
+    int use_first = 0, use_last = 0;
+    if (!in_first) {
+        conv_s2_masks_of(w, 0, 4, pl, kw, mk_first);
+        use_first = conv_s2_edges_of(mk_first, 4, kw, &ed_first);
+    }
+    if (!in_last) {
+        conv_s2_masks_of(w, k_last, nv_last, pl, kw, mk_last);
+        use_last = conv_s2_edges_of(mk_last, nv_last, kw, &ed_last);
+    }
     for (int64_t u = u0; u < u1; ++u) {
         int64_t plane = u / p->blocks, oh0 = u % p->blocks * p->rb;
         int64_t oh1 = FL_MIN(oh0 + p->rb, p->ho);
@@ -746,14 +785,16 @@ static void conv_s2_task(void *arg, int64_t u0, int64_t u1) {
             for (int64_t k0 = 0; k0 < k_last; k0 += 4 * FL_VW) {
                 int inside = k0 == 0 ? in_first : conv_s2_inside(w, k0, 4, pl, kw);
                 const conv_s2_masks *mk = (const conv_s2_masks *)&mk_first;
+                int use_ed = k0 == 0 && use_first;
                 if (!inside && k0 > 0) { /* not met where 2 w >= wo + kw: the middle reads inside */
                     conv_s2_masks_of(w, k0, 4, pl, kw, mk_mid);
                     mk = (const conv_s2_masks *)&mk_mid;
                 }
-                conv_s2_group(p, xp, ih0, wt, k0, 4, inside, mk, bias, out, FL_VW);
+                conv_s2_group(p, xp, ih0, wt, k0, 4, inside, mk, use_ed ? ed_first : ed_none, use_ed,
+                              bias, out, FL_VW);
             }
-            conv_s2_group(p, xp, ih0, wt, k_last, nv_last, in_last,
-                          (const conv_s2_masks *)&mk_last, bias, out, last);
+            conv_s2_group(p, xp, ih0, wt, k_last, nv_last, in_last, (const conv_s2_masks *)&mk_last,
+                          use_last ? ed_last : ed_none, use_last, bias, out, last);
         }
     }
 }

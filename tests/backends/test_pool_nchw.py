@@ -78,6 +78,9 @@ DEPTHWISE = (
         ((1, 1, 3, 200), (1, 3), (1, 2), (1, 1), ((0, 0), (1, 100)), False),  # a middle group past w
         ((1, 2, 11, 23), (3, 9), (2, 2), (1, 1), ((1, 1), (4, 4)), False),  # 9 columns: phase split
         ((1, 2, 6, 5), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # rows narrower than a vector
+        # 17 columns out: two vectors, the first one's second loads past the row's end (every
+        # load through the group's mask table, not only the first and last vectors' edges)
+        ((1, 2, 6, 33), (5, 5), (2, 2), (1, 1), ((2, 2), (2, 2)), False),
         # stride 1, 3x3 and 5x5 off the flat path: bands of 4 rows and their tails, the last
         # group of columns one or two vectors, partial
         ((1, 2, 7, 57), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # 7 rows: 4 + 2 + 1
