@@ -126,6 +126,20 @@ def recurrent_module(torch, kind, bidirectional):
     return LastState()
 
 
+def _calling_module(torch, inner, call):
+    """A torch module whose forward(x) is call(inner, x)."""
+
+    class Calling(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return call(self.inner, x)
+
+    return Calling()
+
+
 def build(name, rng):
     """(torch module in eval mode, input array) of a workload."""
     torch = torch_module()
@@ -158,32 +172,12 @@ def build(name, rng):
     else:  # bench_attention
         module = bench_attention.build_torch(name, rng)
         d, _, _, _, n, batch, steps = bench_attention.shapes(name)
-        if n == 0:
-            mha = module
-
-            class SelfAttention(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.mha = mha
-
-                def forward(self, x):
-                    return self.mha(x, x, x, need_weights=False)[0]
-
-            module = SelfAttention()
+        if n == 0:  # self-attention: the same x as query, key and value
+            module = _calling_module(torch, module, lambda m, x: m(x, x, x, need_weights=False)[0])
         elif name == "encoder_layer":
             # torch 2.13's TorchScript exporter traces the layer's default is_causal=False as a
             # tensor, which scaled_dot_product_attention refuses; passed as a bool it exports
-            layer = module
-
-            class EncoderLayer(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.layer = layer
-
-                def forward(self, x):
-                    return self.layer(x, is_causal=False)
-
-            module = EncoderLayer()
+            module = _calling_module(torch, module, lambda m, x: m(x, is_causal=False))
         shape = (batch, steps, d)
     return module.eval(), rng.standard_normal(shape).astype(np.float32)
 
