@@ -763,7 +763,7 @@ static void conv_s2_task(void *arg, int64_t u0, int64_t u1) {
     int in_first = conv_s2_inside(w, 0, 4, pl, kw);
     int in_last = conv_s2_inside(w, k_last, nv_last, pl, kw);
     conv_s2_masks mk_first, mk_last, mk_mid;
-    conv_s2_edges ed_first = {{0}, {0}}, ed_last = {{0}, {0}}, ed_none = {{0}, {0}};
+    conv_s2_edges ed_first = {{0}, {0}}, ed_last = {{0}, {0}}; /* read only where used */
     int use_first = 0, use_last = 0;
     if (!in_first) {
         conv_s2_masks_of(w, 0, 4, pl, kw, mk_first);
@@ -790,11 +790,10 @@ static void conv_s2_task(void *arg, int64_t u0, int64_t u1) {
                     conv_s2_masks_of(w, k0, 4, pl, kw, mk_mid);
                     mk = (const conv_s2_masks *)&mk_mid;
                 }
-                conv_s2_group(p, xp, ih0, wt, k0, 4, inside, mk, use_ed ? ed_first : ed_none, use_ed,
-                              bias, out, FL_VW);
+                conv_s2_group(p, xp, ih0, wt, k0, 4, inside, mk, ed_first, use_ed, bias, out, FL_VW);
             }
             conv_s2_group(p, xp, ih0, wt, k_last, nv_last, in_last, (const conv_s2_masks *)&mk_last,
-                          use_last ? ed_last : ed_none, use_last, bias, out, last);
+                          ed_last, use_last, bias, out, last);
         }
     }
 }
