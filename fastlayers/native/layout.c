@@ -57,6 +57,46 @@
             r[i + (S)] = FL_SHUF(a, b, HI);                                                  \
         }
 
+#if FL_VW == 16 && defined(__AVX512F__)
+/* In-lane shuffles of a 4 x 4 transpose in each 128-bit lane: unpcklps / unpckhps interleave the
+ * low / high pairs of floats of two vectors, unpcklpd / unpckhpd their low / high pairs of
+ * pairs. */
+#define LAYOUT_UNPACK_LO 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29
+#define LAYOUT_UNPACK_HI 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31
+
+/* The vector whose 128-bit lane b holds p[b stride : b stride + 4], b < 4: four 4-float loads,
+ * the last three inserted into the vector as part of their load. */
+FL_INLINE fl_vf layout_lanes(const float *p, int64_t stride) {
+    __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(p));
+    v = _mm512_insertf32x4(v, _mm_loadu_ps(p + stride), 1);
+    v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 2 * stride), 2);
+    return (fl_vf)_mm512_insertf32x4(v, _mm_loadu_ps(p + 3 * stride), 3);
+}
+
+/* d[j dld + i] = s[i sld + j] for i < 16, j < 4 groups, four destination rows at a time:
+ * vector r of group a holds in lane b source row 4b + r's floats 4a .. 4a + 3, and the 4 x 4
+ * transposes in each lane (8 in-lane shuffles) turn the group's four vectors into destination
+ * rows 4a .. 4a + 3. A whole block takes 32 in-lane shuffles where the permute stages
+ * (LAYOUT_STAGES) take 64 two-source ones, and moves in three quarters of the time on Zen 4
+ * (docs/design.md, "The numpy steps between convolutions"). */
+FL_INLINE void layout_groups(const float *s, int64_t sld, float *d, int64_t dld, int groups) {
+    for (int a = 0; a < groups; ++a) {
+        fl_vf t[4];
+        for (int r = 0; r < 4; ++r) t[r] = layout_lanes(s + r * sld + 4 * a, 4 * sld);
+        fl_vf u0 = FL_SHUF(t[0], t[1], LAYOUT_UNPACK_LO), u1 = FL_SHUF(t[0], t[1], LAYOUT_UNPACK_HI);
+        fl_vf u2 = FL_SHUF(t[2], t[3], LAYOUT_UNPACK_LO), u3 = FL_SHUF(t[2], t[3], LAYOUT_UNPACK_HI);
+        fl_store(d + (4 * a) * dld, FL_SHUF(u0, u2, LAYOUT_LO2));
+        fl_store(d + (4 * a + 1) * dld, FL_SHUF(u0, u2, LAYOUT_HI2));
+        fl_store(d + (4 * a + 2) * dld, FL_SHUF(u1, u3, LAYOUT_LO2));
+        fl_store(d + (4 * a + 3) * dld, FL_SHUF(u1, u3, LAYOUT_HI2));
+    }
+}
+
+/* d[j dld + i] = s[i sld + j] for i, j < 16. */
+FL_INLINE void layout_block(const float *s, int64_t sld, float *d, int64_t dld) {
+    layout_groups(s, sld, d, dld, 4);
+}
+#else
 /* d[j dld + i] = s[i sld + j] for i, j < FL_VW: FL_VW loads, log2(FL_VW) stages of FL_VW
  * permutes, FL_VW stores. */
 FL_INLINE void layout_block(const float *s, int64_t sld, float *d, int64_t dld) {
@@ -65,6 +105,7 @@ FL_INLINE void layout_block(const float *s, int64_t sld, float *d, int64_t dld) 
     LAYOUT_STAGES(r)
     for (int i = 0; i < FL_VW; ++i) fl_store(d + i * dld, r[i]);
 }
+#endif
 
 /* The same for i < nr, j < nc (a tile's ragged edge, nr, nc <= FL_VW): masked loads and
  * stores around the same permutes. Float by float, the edge of a transpose whose rows are few
@@ -80,6 +121,17 @@ FL_INLINE void layout_edge(const float *s, int64_t sld, float *d, int64_t dld, i
         if (nr == FL_VW) fl_store(d + j * dld, r[j]);
         else fl_store_n(d + j * dld, r[j], nr);
     }
+}
+
+/* d[j dld + i] = s[i sld + j] for i < FL_VW, j < nc <= FL_VW / 2: half a block. */
+FL_INLINE void layout_half(const float *s, int64_t sld, float *d, int64_t dld, int64_t nc) {
+#if FL_VW == 16 && defined(__AVX512F__)
+    if (nc == FL_VW / 2) {
+        layout_groups(s, sld, d, dld, 2);
+        return;
+    }
+#endif
+    layout_edge(s, sld, d, dld, FL_VW, nc);
 }
 
 typedef struct {
@@ -109,7 +161,7 @@ static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
         if (FL_VW >= 16 && (dr * 4) % 4096 == 0) {
             for (int64_t j = c0; j < c1; j += FL_VW / 2) {
                 int64_t nc = FL_MIN(FL_VW / 2, c1 - j), i = r0;
-                for (; i < rv; i += FL_VW) layout_edge(s + i * sr + j, sr, d + j * dr + i, dr, FL_VW, nc);
+                for (; i < rv; i += FL_VW) layout_half(s + i * sr + j, sr, d + j * dr + i, dr, nc);
                 if (i < r1) layout_edge(s + i * sr + j, sr, d + j * dr + i, dr, r1 - i, nc);
             }
             continue;
