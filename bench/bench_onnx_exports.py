@@ -327,9 +327,11 @@ def main() -> None:
         runnable = {e: (lambda f=f: f(x)) for e, f in fns.items() if callable(f)}
         if "fastlayers" not in runnable:
             continue
+        runnable["fastlayers"]()  # the first call builds the plan: rounds are sized from warm calls
         start = time.perf_counter()
-        runnable["fastlayers"]()
-        calls = int(np.clip(args.round_seconds / (time.perf_counter() - start), 3, 300))
+        for _ in range(3):
+            runnable["fastlayers"]()
+        calls = int(np.clip(args.round_seconds * 3 / (time.perf_counter() - start), 3, 300))
         times = interleave(runnable, calls, args.rounds, f"{name}-{exporter}")
         rows.append((f"{name} ({exporter})", {e: float(np.median(t)) for e, t in times.items()}))
     print(f"\nthreads {args.threads}; median ms per call; ratio = fastlayers / engine\n")
