@@ -574,7 +574,9 @@ class OnnxModel:
         fastlayers.onnx.profile.Profile
             Per step of the optimised graph: operator, what it fused, kernel (the backend
             methods it called, or ``numpy``), output layout, input and output shapes,
-            milliseconds and share of the call. ``print(profile)`` shows them slowest first;
+            milliseconds and share of the call; ``outputs_ms``, the time after the last step
+            to hand the outputs back as C-ordered arrays (a move of an NCHW output held as NHWC
+            memory), part of ``total_ms``. ``print(profile)`` shows the steps slowest first;
             ``profile.by_op()`` sums them per operator. Where calls on these inputs run as a
             native plan (``LoadOptions.native_plans``), its nodes computed from the inputs
             instead, timed inside the plan: kernel ``native`` (bound in the plan), ``alias``
@@ -614,6 +616,7 @@ class OnnxModel:
             repeats,
             threads_in_use(),
             float(pause),
+            finish=lambda values: self._results(values, self.output_names),
         )
 
     def warm_up(self) -> bool:

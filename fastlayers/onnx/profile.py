@@ -47,7 +47,10 @@ class Profile:
     """The steps of one call of the model named ``model``, with the whole call's median time.
 
     ``str(profile)`` is a table of the steps, slowest first when ``sort`` is True;
-    ``by_op()`` sums them per operator.
+    ``by_op()`` sums them per operator. ``total_ms`` includes ``outputs_ms``, the median time
+    the call takes after its last step to hand the graph's outputs back as C-ordered arrays (an
+    NCHW output that a step left as NHWC memory is moved then: one transpose of the output);
+    0 for a native plan, whose run returns copies of its outputs within its own time.
     """
 
     model: str
@@ -56,6 +59,7 @@ class Profile:
     total_ms: float
     steps: list = field(default_factory=list)
     pause: float = 0.0
+    outputs_ms: float = 0.0
 
     def by_op(self) -> list[tuple[str, int, float, float]]:
         """(op type, steps, milliseconds, share of the call) per operator, slowest first."""
@@ -76,7 +80,8 @@ class Profile:
         spaced = f", each after a {self.pause * 1e3:g} ms pause" if self.pause else ""
         lines = [
             f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}{spaced}, "
-            f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps",
+            f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps"
+            + (f", outputs {self.outputs_ms:.3f} ms" if self.outputs_ms >= 0.0005 else ""),
             f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} {'layout':<7} shapes",
         ]
         for s in steps:
@@ -97,7 +102,8 @@ class Profile:
         Returns
         -------
         dict
-            ``model``, ``threads``, ``repeats``, ``pause`` (seconds), ``total_ms``; ``steps``: one dict per step with
+            ``model``, ``threads``, ``repeats``, ``pause`` (seconds), ``total_ms``, ``outputs_ms``;
+            ``steps``: one dict per step with
             ``index``, ``branch``, ``op_type``, ``name``, ``fused``, ``kernel``, ``layout``,
             ``input_shapes``, ``output_shapes``, ``ms``, ``share``; ``by_op``: one dict per
             operator with ``op_type``, ``steps``, ``ms``, ``share``, slowest first.
@@ -112,6 +118,7 @@ class Profile:
             "repeats": self.repeats,
             "pause": self.pause,
             "total_ms": self.total_ms,
+            "outputs_ms": self.outputs_ms,
             "steps": [
                 {
                     "index": s.index,
@@ -189,14 +196,18 @@ def fused_detail(attrs) -> str:
 MAX_PAUSE = 10.0
 
 
-def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pause: float = 0.0) -> Profile:
+def profile_plan(
+    name, plan, nodes, run, arrays, repeats: int, threads: int, pause: float = 0.0, finish=None
+) -> Profile:
     """The profile of the model ``name`` whose ``plan`` runs ``nodes``. ``run(arrays, clock,
     log)`` evaluates the plan and returns its value table, appending ``(step, seconds, backend
     calls, branch)`` to ``clock`` per step (``OnnxModel._timed_step``: ``branch``, for an If,
     holds the branch taken, its model, its own clock and value table); it runs once untimed
     with ``log`` recording the backend calls (each step's kernel), then ``repeats`` times,
     each after ``pause`` seconds of sleep; the median per step and per call. The steps of an
-    If's branch follow the If, whose own time is that of choosing the branch."""
+    If's branch follow the If, whose own time is that of choosing the branch. ``finish(values)``,
+    where given, makes the call's outputs from its value table as the call does: timed after
+    each run, part of the call's time and its median the profile's ``outputs_ms``."""
     calls: list = []
     with recording_calls(calls):
         first: list = []
@@ -226,16 +237,22 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pau
                 timed(branch[2], path + (branch[0],))
             per_step.setdefault(path, []).append(seconds)
 
-    totals = []
+    totals, finishing = [], []
     for _ in range(repeats):
         clock: list = []
         if pause:
             time.sleep(pause)
         t0 = time.perf_counter()
-        run(arrays, clock, None)
-        totals.append(time.perf_counter() - t0)
+        values = run(arrays, clock, None)
+        t1 = time.perf_counter()
+        if finish is not None:
+            finish(values)
+        t2 = time.perf_counter()
+        totals.append(t2 - t0)
+        finishing.append(t2 - t1)
         timed(clock, ())
     total_ms = float(np.median(totals) * 1e3)
+    outputs_ms = float(np.median(finishing) * 1e3) if finish is not None else 0.0
     steps: list = []
 
     def rows(prefix, label):
@@ -270,4 +287,4 @@ def profile_plan(name, plan, nodes, run, arrays, repeats: int, threads: int, pau
     rows((), "")
     for s in steps:
         s.share = s.ms / total_ms if total_ms else 0.0
-    return Profile(name, threads, repeats, total_ms, steps, pause)
+    return Profile(name, threads, repeats, total_ms, steps, pause, outputs_ms)

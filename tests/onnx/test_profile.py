@@ -309,3 +309,36 @@ def test_a_native_if_is_one_profile_row(tmp_path, rng):
     (choose,) = [s for s in profile.steps if s.op_type == "If"]
     assert choose.kernel == "native" and choose.ms > 0
     assert choose.fused.startswith("then: Tanh+Softmax+If+Add | else: ")
+
+
+def test_profile_counts_the_move_of_an_output_left_channels_last(tmp_path, rng):
+    """A convolution's NCHW output is held as NHWC memory by its step and moved to a C-ordered
+    array when the call hands it back: that move is part of the call's time, as
+    ``outputs_ms``, shown in the table's first line and in ``as_dict``."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    model = make_graph(
+        [h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+        [h.make_tensor_value_info("x", 1, [1, 16, 48, 48])],
+        [h.make_tensor_value_info("y", 1, None)],
+        [h.make_tensor("w", 1, w.shape, w.ravel())],
+    )
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    model = fastlayers.load(path, options=PYTHON_PLAN)
+    x = rng.standard_normal((1, 16, 48, 48)).astype(np.float32)
+    profile = model.profile(x, repeats=5)
+    (conv,) = profile.steps
+    assert conv.layout == "nhwc" and conv.output_shapes == [(1, 32, 48, 48)]
+    assert 0 < profile.outputs_ms < profile.total_ms
+    assert conv.ms + profile.outputs_ms <= profile.total_ms * 1.05
+    assert f"outputs {profile.outputs_ms:.3f} ms" in profile.table().splitlines()[0]
+    assert profile.as_dict()["outputs_ms"] == profile.outputs_ms
+    assert model(x).flags.c_contiguous
+
+
+def test_profile_of_outputs_already_in_order_shows_no_move(tmp_path, rng):
+    model = fastlayers.load(_graph(tmp_path, rng), options=PYTHON_PLAN)
+    profile = model.profile(rng.standard_normal((1, 3, 8, 8)).astype(np.float32), repeats=3)
+    assert 0 <= profile.outputs_ms < 0.1  # ms: a list of the arrays as they are
