@@ -42,6 +42,11 @@ class Step:
     branch: str = ""
 
 
+#: The table's first line names the outputs' time from this many milliseconds (a move of an
+#: output; below it, the few microseconds of handing back arrays already in order).
+_SHOWN_OUTPUTS_MS = 0.005
+
+
 @dataclass
 class Profile:
     """The steps of one call of the model named ``model``, with the whole call's median time.
@@ -81,7 +86,7 @@ class Profile:
         lines = [
             f"{self.model}: {self.total_ms:.3f} ms per call (median of {self.repeats}{spaced}, "
             f"{self.threads} thread{'s' if self.threads != 1 else ''}), {len(self.steps)} steps"
-            + (f", outputs {self.outputs_ms:.3f} ms" if self.outputs_ms >= 0.0005 else ""),
+            + (f", outputs {self.outputs_ms:.3f} ms" if self.outputs_ms >= _SHOWN_OUTPUTS_MS else ""),
             f"{'#':>4} {'ms':>9} {'share':>6}  {'op':<22} {'fused':<14} {'kernel':<26} {'layout':<7} shapes",
         ]
         for s in steps:
