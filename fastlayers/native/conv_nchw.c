@@ -1,24 +1,18 @@
 /* conv2d_nchw_in (conv.h): a convolution of few input channels read straight from NCHW planes
  * (a network's first layer on an image), written NHWC for the layers after it: no transpose of
  * the input to NHWC and no padded copy of it, which for 3 channels cost about as much as the
- * convolution. Vectorized over output channels: each pass holds a few output columns' sums of
- * one to four channel vectors and adds every tap's weight vectors times each column's input
- * value, the taps in the HWIO order of conv2d's sums. Compiled once per ISA
+ * convolution. Vectorized over output channels: each pass holds CONV_NCHW_P output columns'
+ * sums of one or two channel vectors and adds every tap's weight vectors times each column's
+ * input value, the taps in the HWIO order of conv2d's sums. Compiled once per ISA
  * (kernels.inc). */
 
 #include "conv_internal.h"
 #include "gemm_internal.h"
 #include "threadpool.h"
 
-/* Channel vectors per pass (V) and output columns per pass of V vectors: a pass holds P V sums,
- * the P columns' input values (broadcast) and one weight vector in registers, P V + P + 1 of
- * AVX-512's 32 (V <= 4) or of AVX2's and the portable path's 16 (V <= 2). Fewer broadcasts per
- * multiply-add reach the FMA rate: on Zen 4, 6 x 4 and 7 x 3 blocks run at its peak, 10 x 2 at
- * 94-97 % of it, 15 x 1 at half (docs/design.md). */
-#define CONV_NCHW_REGS (FL_VW >= 16 ? 32 : 16)
-#define CONV_NCHW_VMAX (FL_VW >= 16 ? 4 : 2)
-#define CONV_NCHW_COLS(V) ((CONV_NCHW_REGS - 1) / ((V) + 1))
-#define CONV_NCHW_PMAX CONV_NCHW_COLS(1)
+/* Output columns per pass: V sum registers each (V = 1: 12 of AVX-512's 32 registers, 6 of
+ * AVX2's 16; V = 2: 24 and 12). */
+#define CONV_NCHW_P (FL_VW >= 16 ? 12 : 6)
 
 typedef struct {
     const float *x, *w, *bias;
@@ -28,104 +22,41 @@ typedef struct {
     float alpha;
 } conv_nchw_ctx;
 
-/* Where a pass reads its input: window row i, channel ci, tap column j of output column u at
- * x[off + i rs + ci cs + j dw + u sw] (dw, sw the context's). */
-typedef struct {
-    const float *x;
-    int64_t off, rs, cs;
-} conv_nchw_src;
-
-/* Output columns [0, pc) (pc <= P) of a pass at yo (column stride cout), channels [o0, o0 + (V -
- * 1) FL_VW + nc) (V vectors, the last nc <= FL_VW wide): every tap of window rows [i0, i1) read
- * from src (inside x, or a padded copy of the columns it needs). Per tap, the P columns' input
- * values are broadcast once, then each weight vector is loaded and multiplied with all of them.
- * SW: the column stride as a constant (0: the context's). */
-FL_INLINE void conv_nchw_pass(const int P, const int V, const int SW, const conv_nchw_ctx *p, conv_nchw_src src,
-                              int64_t i0, int64_t i1, int64_t o0, int64_t nc, int64_t pc, float *yo) {
-    int64_t c = p->c, cout = p->cout, kw = p->kw, dw = p->dw, cs = src.cs, sw = SW ? SW : p->sw;
-    fl_vf s[CONV_NCHW_PMAX][CONV_NCHW_VMAX];
-    _Pragma("GCC unroll 16") for (int u = 0; u < P; ++u) {
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) s[u][v] = fl_set1(0.0f);
+/* y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V vectors, the
+ * last nc <= FL_VW wide): every tap column inside x, window rows [i0, i1); each input value
+ * loaded once for the V vectors. */
+FL_INLINE void conv_nchw_pass(const int P, const int V, const conv_nchw_ctx *p, int64_t n, int64_t oh,
+                              int64_t i0, int64_t i1, int64_t ow0, int64_t o0, int64_t nc, float *yrow) {
+    int64_t c = p->c, hw = p->h * p->w_in, cout = p->cout;
+    fl_vf s[CONV_NCHW_P][2];
+    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+        s[u][0] = fl_set1(0.0f);
+        s[u][1] = fl_set1(0.0f);
     }
-    /* the taps in HWIO order: the weights' rows one after another */
-    const float *wt = p->w + i0 * kw * c * cout + o0;
     for (int64_t i = i0; i < i1; ++i) {
-        const float *xj = src.x + (src.off + i * src.rs);
-        for (int64_t j = 0; j < kw; ++j, xj += dw) {
-            const float *xc = xj;
-            for (int64_t ci = 0; ci < c; ++ci, xc += cs, wt += cout) {
-                fl_vf xv[CONV_NCHW_PMAX];
-                _Pragma("GCC unroll 16") for (int u = 0; u < P; ++u) xv[u] = fl_set1(xc[u * sw]);
-                _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) {
-                    fl_vf wv = v + 1 < V ? fl_load(wt + v * FL_VW) : pool_ld(wt + v * FL_VW, nc);
-                    _Pragma("GCC unroll 16") for (int u = 0; u < P; ++u) s[u][v] += xv[u] * wv;
+        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + ow0 * p->sw - p->pl;
+        for (int64_t j = 0; j < p->kw; ++j)
+            for (int64_t ci = 0; ci < c; ++ci) {
+                const float *xc = xr + ci * hw + j * p->dw, *wt = p->w + ((i * p->kw + j) * c + ci) * cout + o0;
+                fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
+                _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+                    fl_vf xv = fl_set1(xc[u * p->sw]);
+                    s[u][0] += xv * w0;
+                    if (V == 2) s[u][1] += xv * w1;
                 }
             }
-        }
     }
     const float *bias = p->bias ? p->bias + o0 : 0;
-    _Pragma("GCC unroll 16") for (int u = 0; u < P; ++u) {
-        if (u >= pc) break;
-        float *o = yo + u * cout;
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) {
-            int64_t w = v + 1 < V ? FL_VW : nc;
-            pool_st(o + v * FL_VW, conv_epi(s[u][v], bias ? bias + v * FL_VW : 0, w, p->code, p->alpha), w);
+    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+        float *o = yrow + (ow0 + u) * cout + o0;
+        if (V == 2) {
+            fl_store(o, conv_epi(s[u][0], bias, FL_VW, p->code, p->alpha));
+            pool_st(o + FL_VW, conv_epi(s[u][1], bias ? bias + FL_VW : 0, nc, p->code, p->alpha), nc);
+        } else {
+            pool_st(o, conv_epi(s[u][0], bias, nc, p->code, p->alpha), nc);
         }
     }
 }
-
-/* The pass widths of V vectors: full passes of CONV_NCHW_COLS(V) columns and, for what a row's
- * full passes leave, passes of about a half and a quarter of that (a pixel's taps are one
- * dependent chain of multiply-adds, a pass's columns independent ones). */
-#define CONV_NCHW_HALF(V) ((CONV_NCHW_COLS(V) + 1) / 2)
-#define CONV_NCHW_QUARTER(V) ((CONV_NCHW_COLS(V) + 3) / 4)
-
-/* A full pass of v vectors from the planes, the column strides 1 and 2 as constants. */
-static void conv_nchw_full(int64_t v, const conv_nchw_ctx *p, conv_nchw_src src, int64_t i0, int64_t i1, int64_t o0,
-                           int64_t nc, float *yo) {
-#define CONV_NCHW_FULL(V)                                                                                              \
-    do {                                                                                                               \
-        const int P = CONV_NCHW_COLS(V);                                                                               \
-        if (p->sw == 1) conv_nchw_pass(P, V, 1, p, src, i0, i1, o0, nc, P, yo);                                        \
-        else if (p->sw == 2) conv_nchw_pass(P, V, 2, p, src, i0, i1, o0, nc, P, yo);                                   \
-        else conv_nchw_pass(P, V, 0, p, src, i0, i1, o0, nc, P, yo);                                                   \
-    } while (0)
-    switch (v) {
-    case 1: CONV_NCHW_FULL(1); break;
-    case 2: CONV_NCHW_FULL(2); break;
-#if CONV_NCHW_VMAX >= 4
-    case 3: CONV_NCHW_FULL(3); break;
-    case 4: CONV_NCHW_FULL(4); break;
-#endif
-    default: break;
-    }
-#undef CONV_NCHW_FULL
-}
-
-/* A pass of v vectors, P of the widths above (pc columns stored), from a padded copy. */
-static void conv_nchw_part(int64_t v, int P, const conv_nchw_ctx *p, conv_nchw_src src, int64_t i0, int64_t i1,
-                           int64_t o0, int64_t nc, int64_t pc, float *yo) {
-#define CONV_NCHW_PART(V)                                                                                              \
-    do {                                                                                                               \
-        if (P == CONV_NCHW_COLS(V)) conv_nchw_pass(CONV_NCHW_COLS(V), V, 0, p, src, i0, i1, o0, nc, pc, yo);           \
-        else if (P == CONV_NCHW_HALF(V)) conv_nchw_pass(CONV_NCHW_HALF(V), V, 0, p, src, i0, i1, o0, nc, pc, yo);      \
-        else conv_nchw_pass(CONV_NCHW_QUARTER(V), V, 0, p, src, i0, i1, o0, nc, pc, yo);                               \
-    } while (0)
-    switch (v) {
-    case 1: CONV_NCHW_PART(1); break;
-    case 2: CONV_NCHW_PART(2); break;
-#if CONV_NCHW_VMAX >= 4
-    case 3: CONV_NCHW_PART(3); break;
-    case 4: CONV_NCHW_PART(4); break;
-#endif
-    default: break;
-    }
-#undef CONV_NCHW_PART
-}
-
-/* Floats of the padded copy a part pass reads: kh window rows of C channels' runs of (P - 1) sw +
- * (kw - 1) dw + 1 columns. Where a copy would not fit, a pixel at a time. */
-#define CONV_NCHW_EDGE_FLOATS 2048
 
 /* One output pixel (n, oh, ow), channels [o0, o0 + nc), window rows [i0, i1): the taps whose
  * column lies inside x. */
@@ -135,54 +66,17 @@ static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64
     pool_taps(iw0, p->dw, p->kw, 0, p->w_in, &j0, &j1);
     fl_vf s = fl_set1(0.0f);
     for (int64_t i = i0; i < i1; ++i) {
-        int64_t xr = (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + iw0;
+        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + iw0;
         for (int64_t j = j0; j < j1; ++j)
             for (int64_t ci = 0; ci < c; ++ci)
-                s += fl_set1(p->x[xr + ci * hw + j * p->dw]) *
-                     pool_ld(p->w + ((i * p->kw + j) * c + ci) * cout + o0, nc);
+                s += fl_set1(xr[ci * hw + j * p->dw]) * pool_ld(p->w + ((i * p->kw + j) * c + ci) * cout + o0, nc);
     }
     pool_st(yrow + ow * cout + o0, conv_epi(s, p->bias ? p->bias + o0 : 0, nc, p->code, p->alpha), nc);
 }
 
-/* Columns [ow, ow_end) of y row (n, oh), channels [o0, o0 + (v - 1) FL_VW + nc), any of whose
- * windows may reach outside x: passes of the fewest columns of the widths above that cover
- * what is left, each over a copy of its window rows [i0, i1) with zeros outside x. */
-static void conv_nchw_edges(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1, int64_t ow,
-                            int64_t ow_end, int64_t v, int64_t o0, int64_t nc, float *buf, float *yrow) {
-    int full = CONV_NCHW_COLS(v), half = CONV_NCHW_HALF(v), quarter = CONV_NCHW_QUARTER(v);
-    int64_t c = p->c;
-    while (ow < ow_end) {
-        int64_t left = ow_end - ow;
-        int P = left > half ? full : left > quarter ? half : quarter;
-        int64_t span = (P - 1) * p->sw + (p->kw - 1) * p->dw + 1, iw0 = ow * p->sw - p->pl;
-        if (p->kh * c * span > CONV_NCHW_EDGE_FLOATS) {
-            for (; ow < ow_end; ++ow)
-                for (int64_t q = 0; q < v; ++q)
-                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
-            return;
-        }
-        int64_t lo = FL_MIN(FL_MAX(-iw0, 0), span), hi = FL_MAX(FL_MIN(p->w_in - iw0, span), lo);
-        for (int64_t i = i0; i < i1; ++i)
-            for (int64_t ci = 0; ci < c; ++ci) {
-                float *d = buf + (i * c + ci) * span;
-                int64_t at = ((n * c + ci) * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + iw0;
-                for (int64_t k = 0; k < lo; ++k) d[k] = 0.0f;
-                for (int64_t k = lo; k < hi; ++k) d[k] = p->x[at + k];
-                for (int64_t k = hi; k < span; ++k) d[k] = 0.0f;
-            }
-        conv_nchw_src src = {buf, 0, c * span, span};
-        int64_t pc = FL_MIN(left, P);
-        conv_nchw_part(v, P, p, src, i0, i1, o0, nc, pc, yrow + ow * p->cout + o0);
-        ow += pc;
-    }
-}
-
-/* Output rows t = n Ho + oh in [t0, t1), all columns and channels: per block of channel vectors,
- * the left edge's pass (taking interior columns up to a full pass), the interior's full passes
- * from the planes, then what is left of the row. */
+/* Output rows t = n Ho + oh in [t0, t1), all columns and channels. */
 static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
     const conv_nchw_ctx *p = (const conv_nchw_ctx *)arg;
-    float buf[CONV_NCHW_EDGE_FLOATS];
     /* interior columns [ow_lo, ow_hi): every tap column inside x */
     int64_t num = p->w_in - 1 - (p->kw - 1) * p->dw + p->pl;
     int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
@@ -191,17 +85,32 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
         int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
         pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
         float *yrow = p->y + t * p->wo * p->cout;
-        int64_t row = (n * p->c * p->h + oh * p->sh - p->pt) * p->w_in - p->pl;
+        /* channel blocks of two vectors (the last one partial), then one (partial) vector */
         for (int64_t o0 = 0; o0 < p->cout;) {
-            int64_t left = p->cout - o0, v = FL_MIN((left + FL_VW - 1) / FL_VW, CONV_NCHW_VMAX);
-            int64_t nc = FL_MIN(FL_VW, left - (v - 1) * FL_VW), P = CONV_NCHW_COLS(v);
-            int64_t ow = ow_lo ? FL_MIN(FL_MAX(ow_lo, P), p->wo) : 0;
-            conv_nchw_edges(p, n, oh, i0, i1, 0, ow, v, o0, nc, buf, yrow);
-            for (; ow + P <= ow_hi; ow += P) {
-                conv_nchw_src src = {p->x, row + ow * p->sw, p->dh * p->w_in, p->h * p->w_in};
-                conv_nchw_full(v, p, src, i0, i1, o0, nc, yrow + ow * p->cout + o0);
+            int64_t left = p->cout - o0, v = left > FL_VW ? 2 : 1, nc = FL_MIN(FL_VW, left - (v - 1) * FL_VW);
+            int64_t ow = 0;
+            for (; ow < ow_lo; ++ow)
+                for (int64_t q = 0; q < v; ++q)
+                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
+            for (; ow + CONV_NCHW_P <= ow_hi; ow += CONV_NCHW_P) {
+                if (v == 2) conv_nchw_pass(CONV_NCHW_P, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(CONV_NCHW_P, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
             }
-            conv_nchw_edges(p, n, oh, i0, i1, ow, p->wo, v, o0, nc, buf, yrow);
+            /* the interior columns left: narrower passes (a pixel's taps are one dependent
+             * chain of multiply-adds, a pass's columns independent ones) */
+            if (CONV_NCHW_P > 6 && ow + 6 <= ow_hi) {
+                if (v == 2) conv_nchw_pass(6, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(6, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                ow += 6;
+            }
+            if (ow + 3 <= ow_hi) {
+                if (v == 2) conv_nchw_pass(3, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                else conv_nchw_pass(3, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+                ow += 3;
+            }
+            for (; ow < p->wo; ++ow)
+                for (int64_t q = 0; q < v; ++q)
+                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
             o0 += (v - 1) * FL_VW + nc;
         }
     }
