@@ -313,18 +313,16 @@ def test_grouped_conv_on_threads(isa, n_threads):
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize(
-    "cin, cout", [(1, 1), (3, 16), (3, 17), (4, 32), (2, 7), (3, 40), (5, 16), (3, 64), (2, 103)]
-)
+@pytest.mark.parametrize("cin, cout", [(1, 1), (3, 16), (3, 17), (4, 32), (2, 7), (3, 40), (5, 16), (3, 64), (2, 103)])
 @pytest.mark.parametrize(
     "shape_hw, k, strides, pads, dilation",
     [
         ((37, 53), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a stem: 27 interior columns
-        ((5, 32), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 30 interior columns
-        ((4, 23), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 21
-        ((3, 47), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),  # 22 of 24 columns interior
-        ((4, 19), (3, 3), (3, 3), ((1, 1), (1, 1)), (1, 1)),  # a stride of 3 (not a constant)
-        ((12, 80), (9, 9), (1, 1), ((8, 8), (8, 8)), (2, 8)),  # edge copies too wide: pixels
+        ((5, 32), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 30 interior columns: passes of 12, 6
+        ((4, 23), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 21: passes of 12, 6, 3
+        ((3, 47), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),  # a 5x5 stem: 22 of 24 columns interior
+        ((4, 19), (3, 3), (3, 3), ((1, 1), (1, 1)), (1, 1)),  # a stride of 3
+        ((12, 80), (9, 9), (1, 1), ((8, 8), (8, 8)), (2, 8)),  # a wide dilated window: many border columns
         ((20, 31), (7, 7), (2, 2), ((3, 2), (3, 2)), (1, 1)),
         ((9, 40), (3, 3), (1, 1), ((0, 2), (1, 0)), (1, 2)),  # asymmetric pads, dilated columns
         ((8, 40), (5, 3), (1, 1), ((2, 2), (1, 1)), (2, 1)),
@@ -336,10 +334,8 @@ def test_grouped_conv_on_threads(isa, n_threads):
 def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, strides, pads, dilation):
     """``conv2d_nchw_plan``: an NCHW input convolved into NHWC, straight from its planes within
     the NCHW_DIRECT_* bounds, through an NHWC copy beyond; and the direct kernel itself on every
-    case (1 to 4 channel vectors per pass and blocks of them, their tails; full passes from the
-    planes at strides 1, 2 and 3; border columns and the interior's remainder in passes over
-    padded copies of their windows, or a pixel at a time where a copy would not fit; window
-    rows outside x): the reference's NHWC convolution each way."""
+    case (1 or 2 channel vectors per pass and blocks of them, their tails, border and interior
+    columns, window rows outside x): the reference's NHWC convolution each way."""
     x = arr(0, (2, cin, *shape_hw))
     w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
     args = (w, b, strides, pads, dilation, 1, "hard_silu", 0.0)
@@ -354,6 +350,26 @@ def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, st
     assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert_close(direct, want, rtol=1e-5, atol=1e-5)
     assert_close(REF.conv2d_nchw_plan(x.shape, *args)(x), want, rtol=1e-6, atol=1e-6)
+
+
+def test_convolution_from_nchw_planes_where_it_pays():
+    """``nchw_direct``: few input channels into 2 to 64, through windows up to 3x3, or up to
+    5x5 into at least 16 channels (a 5x5 stem); the rest through an NHWC copy and the
+    implicit GEMM."""
+    from fastlayers.backends.cpu.conv import nchw_direct
+
+    assert nchw_direct(3, 16, 3, 3) and nchw_direct(3, 64, 3, 3) and nchw_direct(4, 2, 1, 9)
+    assert nchw_direct(3, 32, 5, 5) and nchw_direct(1, 16, 5, 5) and nchw_direct(3, 64, 5, 5)
+    assert not nchw_direct(3, 8, 5, 5)  # one narrow channel vector through a wide window
+    assert not nchw_direct(3, 64, 7, 7) and not nchw_direct(3, 32, 1, 26)
+    assert not nchw_direct(5, 16, 3, 3) and not nchw_direct(3, 65, 3, 3) and not nchw_direct(3, 1, 3, 3)
+    x, w = arr(0, (1, 3, 40, 40)), arr(1, (5, 5, 3, 32), 75**-0.5)
+    assert_close(
+        CPU.conv2d_nchw_plan(x.shape, w, None, (2, 2), ((2, 2), (2, 2)))(x),
+        REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, None, (2, 2), ((2, 2), (2, 2))),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_convolution_from_nchw_planes_checks_its_arguments():

@@ -15,10 +15,6 @@ from ...geometry import window_out_2d
 from ...native import CODES, _core
 from . import gemm, recurrent
 from .conv import (
-    NCHW_DIRECT_MAX_CIN,
-    NCHW_DIRECT_MAX_COUT,
-    NCHW_DIRECT_MAX_WINDOW,
-    NCHW_DIRECT_MIN_COUT,
     PackedConvWeights,
     _bias,
     _f32c,
@@ -28,6 +24,7 @@ from .conv import (
     _transpose_packed,
     _winograd_tile,
     conv_weights_array,
+    nchw_direct,
     pointwise_nchw_takes,
     pointwise_rows,
     winograd_weights,
@@ -81,14 +78,7 @@ def conv2d_step(
     if groups < 1 or c != cin_g * groups or cout % groups:
         return None
     wk = w_hwio if type(w_hwio) is PackedConvWeights else _f32c(w_hwio)
-    if (
-        planes
-        and residual is None
-        and groups == 1
-        and 1 <= c <= NCHW_DIRECT_MAX_CIN
-        and NCHW_DIRECT_MIN_COUT <= cout <= NCHW_DIRECT_MAX_COUT
-        and kh * kw <= NCHW_DIRECT_MAX_WINDOW
-    ):
+    if planes and residual is None and groups == 1 and nchw_direct(c, cout, kh, kw):
         return "conv2d", dict(
             pw=conv_weights_array(wk), bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry
         )
