@@ -355,15 +355,19 @@ def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, st
 def test_convolution_from_nchw_planes_where_it_pays():
     """``nchw_direct``: few input channels into 2 to 64, through windows up to 3x3, or up to
     5x5 into at least 16 channels (a 5x5 stem); the rest through an NHWC copy and the
-    implicit GEMM."""
-    from fastlayers.backends.cpu.conv import nchw_direct
-
+    implicit GEMM; the native plan binds the same choice (``nchw_in``)."""
+    nchw_direct = conv_ops.nchw_direct
     assert nchw_direct(3, 16, 3, 3) and nchw_direct(3, 64, 3, 3) and nchw_direct(4, 2, 1, 9)
     assert nchw_direct(3, 32, 5, 5) and nchw_direct(1, 16, 5, 5) and nchw_direct(3, 64, 5, 5)
     assert not nchw_direct(3, 8, 5, 5)  # one narrow channel vector through a wide window
     assert not nchw_direct(3, 64, 7, 7) and not nchw_direct(3, 32, 1, 26)
     assert not nchw_direct(5, 16, 3, 3) and not nchw_direct(3, 65, 3, 3) and not nchw_direct(3, 1, 3, 3)
     x, w = arr(0, (1, 3, 40, 40)), arr(1, (5, 5, 3, 32), 75**-0.5)
+    for cout, direct in ((32, True), (8, False)):
+        kind, bound = steps.conv2d_step(
+            (1, 40, 40, 3), w[..., :cout], None, (2, 2), ((2, 2), (2, 2)), (1, 1), 1, "linear", 0.0, None, True
+        )
+        assert kind == "conv2d" and bound.get("nchw_in", False) == direct
     assert_close(
         CPU.conv2d_nchw_plan(x.shape, w, None, (2, 2), ((2, 2), (2, 2)))(x),
         REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, None, (2, 2), ((2, 2), (2, 2))),
