@@ -1,6 +1,6 @@
 """The native sgemm (``fastlayers.native``, gemm.c) against numpy on every ISA path: odd sizes
 around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8; for at most one vector of
-columns 14 x 16 or 8, 12 x 8, 12 x 4), k blocks (256, or near-equal ones of up to 384 for at
+columns 14 x 16 or 8, 12 x 8, 12 x 4) and their near-equal splits (32 rows as 11 + 11 + 10), k blocks (256, or near-equal ones of up to 384 for at
 most 64 rows of A) and column blocks (256, or 128 for at most 64 rows), the thin path of 1 to 8 rows (b in place or
 packed), the small-row path on a transposed b, strided operands, overwrite and accumulate,
 packed and per-call packing; and ``_gemm.matmul`` and ``_core.dense`` with their fused epilogue
@@ -25,7 +25,7 @@ def _expected(a, b, c0=None):
     return out if c0 is None else out + c0
 
 
-@pytest.mark.parametrize("m", [*range(1, 18), 29, 31, 64, 65, 337])
+@pytest.mark.parametrize("m", [*range(1, 20), 29, 31, 32, 43, 64, 65, 337])
 @pytest.mark.parametrize(
     "k, n",
     [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300), (40, 8), (300, 16), (33, 12), (20, 3), (800, 140)],
