@@ -33,18 +33,23 @@ FL_INLINE void conv_nchw_pass(const int P, const int V, const conv_nchw_ctx *p, 
         s[u][0] = fl_set1(0.0f);
         s[u][1] = fl_set1(0.0f);
     }
+    const int64_t sw = p->sw;
     for (int64_t i = i0; i < i1; ++i) {
-        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + ow0 * p->sw - p->pl;
-        for (int64_t j = 0; j < p->kw; ++j)
-            for (int64_t ci = 0; ci < c; ++ci) {
-                const float *xc = xr + ci * hw + j * p->dw, *wt = p->w + ((i * p->kw + j) * c + ci) * cout + o0;
+        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + ow0 * sw - p->pl;
+        const float *wt = p->w + i * p->kw * c * cout + o0;  /* tap (i, j, ci): cout floats apart */
+        for (int64_t j = 0; j < p->kw; ++j) {
+            const float *xc = xr + j * p->dw;
+            for (int64_t ci = 0; ci < c; ++ci, xc += hw, wt += cout) {
                 fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
                 _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
-                    fl_vf xv = fl_set1(xc[u * p->sw]);
+                    /* column u at the pass's fixed offset u sw from xc (offsets recomputed as a
+                     * running sum of sw made one dependent chain of adds per tap) */
+                    fl_vf xv = fl_set1(xc[u * sw]);
                     s[u][0] += xv * w0;
                     if (V == 2) s[u][1] += xv * w1;
                 }
             }
+        }
     }
     const float *bias = p->bias ? p->bias + o0 : 0;
     _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
