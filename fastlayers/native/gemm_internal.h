@@ -32,7 +32,7 @@
 
 /* Rows of the next tile over ncols columns when `left` rows remain: the fewest tiles that hold
  * them (of at most MR rows, the narrow tile's for ncols <= FL_VW), near-equal. A short last tile
- * reads the same panel of b for few rows: 32 rows as 14 + 14 + 4 ran 7 % slower than as
+ * reads the same panel of b for few rows: 32 rows as 14 + 14 + 4 ran 1-7 % slower than as
  * 11 + 11 + 10 (docs/design.md, "Tiles of near-equal rows"). */
 FL_INLINE int64_t gemm_next_rows_over(int64_t left, int64_t ncols) {
     int64_t mr = ncols <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
