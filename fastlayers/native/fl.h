@@ -195,6 +195,13 @@ FL_INLINE float fl_hmax(fl_vf v) {
     return m;
 }
 
+/* The float just above ln FLT_MIN: exp of it and of anything above is a normal float, exp
+ * of anything below is taken as 0. Where the clamp let a lane's 2^n p fall below the normal
+ * range, that multiply produced a denormal, which x86 cores compute in a microcode assist,
+ * about 100x slower, even where the lane is then set to 0: a GELU (tanh form) over a layer
+ * whose values reach +-10 ran 6x slower than over unit values (docs/design.md). */
+#define FL_EXP_LO (-87.33654022216797f)
+
 /* e^r and n with x = n ln 2 + r, n = round(x log2 e), r by Cody-Waite, e^r from the Cephes expf
  * polynomial (within 2e-7 relative of float64), for x in [-87.34, 88.73]: the common part of
  * fl_vexp and the attention softmax's exp of shifted scores. */
@@ -214,10 +221,10 @@ FL_INLINE fl_vf fl_vexp_reduced(fl_vf x, fl_vi *n_out) {
 }
 
 /* exp(x) lane by lane (fl_vexp_reduced), 2^n applied as two factors 2^(n/2) 2^(n - n/2) so
- * that n = 128 (x up to ln FLT_MAX) stays finite. exp(x) = 0 below -87.3 (where 2^n would
- * leave the normal range), inf above ln FLT_MAX, NaN stays NaN. */
+ * that n = 128 (x up to ln FLT_MAX) stays finite. exp(x) = 0 below FL_EXP_LO (where 2^n
+ * would leave the normal range), inf above ln FLT_MAX, NaN stays NaN. */
 FL_INLINE fl_vf fl_vexp(fl_vf x) {
-    const fl_vf lo = fl_set1(-87.3365478515625f), hi = fl_set1(88.72283935546875f);
+    const fl_vf lo = fl_set1(FL_EXP_LO), hi = fl_set1(88.72283935546875f);
     fl_vi ni;
     fl_vf p = fl_vexp_reduced(fl_vmax(fl_vmin(x, hi), lo), &ni);
     fl_vi half = ni >> 1;
@@ -227,11 +234,11 @@ FL_INLINE fl_vf fl_vexp(fl_vf x) {
     return fl_select(x != x, x, y);
 }
 
-/* exp(x) lane by lane for x <= 88 or NaN (fl_vexp_reduced, one range check: 0 below -87.3,
- * where 2^n would leave the normal range; NaN stays NaN): for arguments known not to overflow
- * (shifted softmax scores), where fl_vexp's clamps cost a third of the time. */
+/* exp(x) lane by lane for x <= 88 or NaN (fl_vexp_reduced, one range check: 0 below
+ * FL_EXP_LO, where 2^n would leave the normal range; NaN stays NaN): for arguments known not
+ * to overflow (shifted softmax scores), where fl_vexp's clamps cost a third of the time. */
 FL_INLINE fl_vf fl_vexp_bounded(fl_vf x) {
-    const fl_vf lo = fl_set1(-87.3365478515625f);
+    const fl_vf lo = fl_set1(FL_EXP_LO);
     fl_vi below = x < lo, ni;
     fl_vf p = fl_vexp_reduced(fl_select(below, lo, x), &ni);
     return fl_select(below, fl_set1(0.0f), p * (fl_vf)((ni + 127) << 23));

@@ -281,12 +281,12 @@ FL_INLINE fl_vf rnn_vtanh(fl_vf x) {
     return v * p / q;
 }
 
-/* The gate passes' sigmoid, 1 / (1 + exp(-x)) with exp's argument clamped to [-87.3, ln
+/* The gate passes' sigmoid, 1 / (1 + exp(-x)) with exp's argument clamped to [FL_EXP_LO, ln
  * FLT_MAX] (fl_vexp_reduced scaled by 2^n in one factor: n = 128, only at the top, gives inf's
  * bits and the sigmoid 0; no range checks, the clamps keep NaN). */
 FL_INLINE fl_vf rnn_vsigmoid(fl_vf x) {
     fl_vi n;
-    fl_vf p = fl_vexp_reduced(fl_vmin(fl_vmax(-x, fl_set1(-87.3365478515625f)),
+    fl_vf p = fl_vexp_reduced(fl_vmin(fl_vmax(-x, fl_set1(FL_EXP_LO)),
                                       fl_set1(88.72283935546875f)), &n);
     return 1.0f / (1.0f + p * (fl_vf)((n + 127) << 23));
 }
