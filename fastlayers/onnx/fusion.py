@@ -350,6 +350,125 @@ def fuse_dense_chains(nodes, constants, outputs) -> list[Node]:
 #: 56 in a stem convolution whose 27 weights of one channel were below 1e-35 (0.8 ms without
 #: them). What a zeroed weight took away is below 1e-30 of its activation, far under float32's
 #: resolution of any output that is not itself that small.
+#: Views of a convolution's result that keep each element's channel: what ``hoist_over_views``
+#: moves a following per-channel affine and activation in front of.
+_CHANNEL_VIEWS = ("Slice", "Squeeze")
+
+
+def _sliced_from_start(node, constants):
+    """(starts, ends, axes, steps) of a Slice whose arguments are constants (inputs from opset 10,
+    attributes before), as int64 vectors of one length; None where any is not."""
+    if len(node.inputs) > 1:
+        parts = [node.inputs[i] if len(node.inputs) > i and node.inputs[i] else None for i in (1, 2, 3, 4)]
+        if parts[0] is None or parts[1] is None or any(p is not None and p not in constants for p in parts):
+            return None
+        starts, ends = (np.asarray(constants[p]).reshape(-1) for p in parts[:2])
+        axes = np.asarray(constants[parts[2]]).reshape(-1) if parts[2] else np.arange(starts.size)
+        steps = np.asarray(constants[parts[3]]).reshape(-1) if parts[3] else np.ones(starts.size, np.int64)
+    else:
+        starts, ends = np.asarray(node.attrs.get("starts", [])), np.asarray(node.attrs.get("ends", []))
+        axes = np.asarray(node.attrs.get("axes", np.arange(starts.size)))
+        steps = np.ones(starts.size, np.int64)
+    found = (starts, ends, axes, steps)
+    if len({v.size for v in found}) != 1 or any(v.dtype.kind not in "iu" for v in found):
+        return None
+    return tuple(v.astype(np.int64) for v in found)
+
+
+def _channel_view_rank(node, constants, rank, channels):
+    """The rank of what the Slice or Squeeze ``node`` makes of a rank-``rank`` value holding
+    ``channels`` channels on axis 1, where each element it keeps keeps its channel, still on axis
+    1: a Slice from 0 by steps of 1 that keeps every channel (it may cut the other axes short),
+    a Squeeze of constant axes past 1. None for any other."""
+    if node.op_type == "Slice":
+        found = _sliced_from_start(node, constants)
+        if found is None:
+            return None
+        starts, ends, axes, steps = found
+        if (starts != 0).any() or (steps != 1).any() or ((axes < -rank) | (axes >= rank)).any():
+            return None
+        axes = axes % rank
+        return rank if len(set(axes.tolist())) == axes.size and (ends[axes == 1] >= channels).all() else None
+    if node.op_type == "Squeeze":
+        listed = node.attrs.get("axes")
+        if listed is None and len(node.inputs) > 1 and node.inputs[1] in constants:
+            listed = np.asarray(constants[node.inputs[1]]).reshape(-1).tolist()
+        if not listed or any(not -rank <= int(a) < rank for a in listed):
+            return None  # (no axes: every axis of length 1, the channels' too where there is one)
+        axes = {int(a) % rank for a in listed}
+        return rank - len(axes) if min(axes) > 1 and len(axes) == len(listed) else None
+    return None
+
+
+def hoist_over_views(nodes, constants, outputs) -> list[Node]:
+    """Conv -> views of its result that keep each element's channel (``_channel_view_rank``:
+    whole or cut-short Slices, Squeezes of spatial axes) -> Mul / Div / Add / Sub by one value
+    or one per channel, then at most one activation the epilogues know
+    (``_fused_activation``) -> the arithmetic and the activation first, on the convolution's
+    result, then the views: the same values (elementwise work commutes with taking a part
+    of the elements), and the convolution's bias and epilogue take what ``fold_affine`` and
+    ``fuse_conv`` then find right after it. tf2onnx and jax2tf spell a 1-D convolution's
+    bias and activation after such views (magika's Conv1D: Conv -> Slice -> Squeeze -> Add
+    -> GELU)."""
+    readers = readers_of(nodes, outputs)
+    position = {id(n): k for k, n in enumerate(nodes)}
+
+    def only_reader(name):
+        users = readers.get(name, [])
+        return users[0] if len(users) == 1 else None  # (a graph output is read by None too)
+
+    order = list(nodes)
+    for conv in nodes:
+        w = constants.get(conv.inputs[1]) if conv.op_type == "Conv" and len(conv.inputs) > 1 else None
+        if w is None or w.dtype != np.float32 or w.ndim not in (3, 4):
+            continue
+        channels, rank = w.shape[0], w.ndim
+        views, value, view_rank = [], conv.outputs[0], rank
+        while (nxt := only_reader(value)) is not None and nxt.op_type in _CHANNEL_VIEWS and nxt.inputs[0] == value:
+            made = _channel_view_rank(nxt, constants, view_rank, channels)
+            if made is None:
+                break
+            views.append(nxt)
+            value, view_rank = nxt.outputs[0], made
+        moved, vectors = [], []
+        while views and (nxt := only_reader(value)) is not None:
+            if nxt.op_type in ("Mul", "Div", "Add", "Sub") and not (
+                nxt.op_type in ("Div", "Sub") and nxt.inputs[0] != value
+            ):
+                vector = _channel_constant(nxt, value, constants, channels, view_rank)
+                if vector is None:
+                    break
+                vectors.append(vector)
+            elif nxt.inputs[0] == value and _fused_activation(nxt, constants) is not None:
+                vectors.append(None)
+                moved.append(nxt)
+                break
+            else:
+                break
+            moved.append(nxt)
+            value = nxt.outputs[0]
+        if not moved:
+            continue
+        # conv -> moved (on the convolution's rank) -> views -> what the last moved node made
+        last, before = moved[-1].outputs[0], views[-1].outputs[0]
+        source = conv.outputs[0]
+        for node, vector in zip(moved, vectors):
+            at = node.inputs.index(before)
+            node.inputs[at] = source
+            if vector is not None:
+                name = f"{node.outputs[0]}::per-channel"
+                constants[name] = vector.reshape((1, channels) + (1,) * (rank - 2))
+                node.inputs[1 - at] = name
+            before = source = node.outputs[0]
+        moved[-1].outputs = [f"{last}::before-views"]
+        views[0].inputs[0] = moved[-1].outputs[0]
+        views[-1].outputs = [last]
+        slots = sorted(position[id(n)] for n in views + moved)
+        for k, node in zip(slots, moved + views):
+            order[k] = node
+    return order
+
+
 TINY_WEIGHT = 2.0**-100
 
 

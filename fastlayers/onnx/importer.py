@@ -18,7 +18,10 @@ then optimises the graph once:
    -> one LayerNormalization node (``fuse_layer_norm``); Unsqueeze -> 2-D Convs with a kernel
    of 1 on the added axis -> Squeeze: 1-D Convs (``conv_1d``, tf2onnx's transposed form too);
 3. fusion (``fusion.py``): the exact and the tanh GELU spelled in arithmetic become one Gelu
-   node (``fuse_gelu``, ``fuse_gelu_tanh``); MatMul (+ Add) and Gemm with constant weights become one dense node
+   node (``fuse_gelu``, ``fuse_gelu_tanh``); a per-channel Mul / Add and an activation after
+   views of a Conv's result (Slices that keep its channels, Squeezes of spatial axes) move in
+   front of the views, where ``fold_affine`` and the Conv fusion take them
+   (``hoist_over_views``); MatMul (+ Add) and Gemm with constant weights become one dense node
    on the backend's BLAS + fused-epilogue primitive, absorbing a following activation (Relu, Sigmoid, Tanh,
    LeakyRelu, Gelu, Clip to [0, 6] or [0, inf), HardSigmoid with alpha 1/6, Swish: the
    backend's epilogues; another Clip, HardSigmoid or HardSwish stays a node); such a dense node
@@ -161,6 +164,8 @@ def optimize(nodes, constants, outputs, input_dtypes, opset, probe=None) -> list
     nodes = rewrite.fold_pads(nodes, constants, outputs, opset)
     # GELU chains first, so that the Gelu node they become is absorbed by a dense node
     nodes = fusion.fuse_gelu_tanh(fusion.fuse_gelu(nodes, constants, outputs), constants, outputs)
+    # a convolution's bias and activation spelled after views of its result, brought to it
+    nodes = rewrite.fold_affine(fusion.hoist_over_views(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_one_hot_dense(fusion.fuse_dense(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_embedding_recurrent(fusion.fuse_conv(nodes, constants, outputs), constants, outputs)
     nodes = fusion.fuse_conv_transpose(nodes, constants, outputs)

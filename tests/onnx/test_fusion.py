@@ -1858,3 +1858,135 @@ def test_convolution_weights_too_small_to_matter_are_zero(tmp_path, rng):
     assert not w_hwio[..., 1].any() and not w_hwio[..., 3].any() and not w_hwio[:, :, 0, 2].any()
     assert np.count_nonzero(w_hwio) == w_hwio.size - 27 - 27 - 9
     _matches_ort(ours, tmp_path / "tiny.onnx", {"x": rng.standard_normal((2, 3, 6, 7)).astype(np.float32)})
+
+
+def _views_after_conv_model(rng, views, tail, opset=13, channels=6):
+    """x (N, 4, 10, 1) -> Conv (3, 1) -> ``views`` (node makers: (input, output) -> nodes) ->
+    ``tail`` (the same) -> y, with the constants they name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {
+        "w": rng.standard_normal((channels, 4, 3, 1)).astype(np.float32),
+        "bias3": rng.standard_normal((1, channels, 1)).astype(np.float32),
+        "scale3": rng.standard_normal((channels, 1)).astype(np.float32),
+        "bias4": rng.standard_normal((channels, 1, 1)).astype(np.float32),
+        "scale4": rng.standard_normal((1, channels, 1, 1)).astype(np.float32),
+        "along": rng.standard_normal((1, 1, 8)).astype(np.float32),
+        "starts": np.zeros(4, np.int64),
+        "starts1": np.array([0, 1, 0, 0], np.int64),
+        "big": np.full(4, 1_000_000_000, np.int64),
+        "cut": np.array([2**31 - 1, 2**31 - 1, 5, 1], np.int64),
+        "axes": np.array([0, 1, 2, 3], np.int64),
+        "steps2": np.array([1, 1, 2, 1], np.int64),
+        "ax3": np.array([3], np.int64),
+        "zero1": np.zeros(1, np.int64),
+        "big1": np.full(1, 2**62, np.int64),
+        "last": np.array([-1], np.int64),
+    }
+    nodes, value = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 1])], "c"
+    for k, make in enumerate(views + tail):
+        made = make(value, f"v{k}")
+        nodes += made
+        value = made[-1].output[0]
+    nodes.append(helper.make_node("Identity", [value], ["y"]))
+    return make_graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 10, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+        opset=opset,
+    )
+
+
+def _node(op, *extra, **attrs):
+    from onnx import helper
+
+    return lambda x, y: [helper.make_node(op, [x, *extra], [y], **attrs)]
+
+
+def _tanh_gelu(x, y):
+    """x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2, as jax2tf spells it."""
+    from onnx import helper, numpy_helper
+
+    c = {
+        k: numpy_helper.from_array(np.array(v, np.float32), f"{y}_{k}")
+        for k, v in {"a": 0.044715, "s": 0.7978846, "one": 1.0, "half": 0.5}.items()
+    }
+    return [helper.make_node("Constant", [], [f"{y}_{k}"], value=t) for k, t in c.items()] + [
+        helper.make_node("Mul", [f"{y}_a", x], [f"{y}_m0"]),
+        helper.make_node("Mul", [x, f"{y}_m0"], [f"{y}_m1"]),
+        helper.make_node("Mul", [x, f"{y}_m1"], [f"{y}_m2"]),
+        helper.make_node("Add", [x, f"{y}_m2"], [f"{y}_in"]),
+        helper.make_node("Mul", [f"{y}_s", f"{y}_in"], [f"{y}_u"]),
+        helper.make_node("Tanh", [f"{y}_u"], [f"{y}_t"]),
+        helper.make_node("Add", [f"{y}_t", f"{y}_one"], [f"{y}_p"]),
+        helper.make_node("Mul", [x, f"{y}_half"], [f"{y}_h"]),
+        helper.make_node("Mul", [f"{y}_h", f"{y}_p"], [y]),
+    ]
+
+
+_WHOLE_SLICE = _node("Slice", "starts", "big", "axes")
+_CUT_SLICE = _node("Slice", "starts", "cut", "axes")
+_SQUEEZE_W = _node("Squeeze", "ax3")
+_LAST_AXIS_SLICE = _node("Slice", "zero1", "big1", "last")
+
+
+@pytest.mark.parametrize(
+    "views",
+    [[_WHOLE_SLICE, _SQUEEZE_W], [_CUT_SLICE], [_CUT_SLICE, _SQUEEZE_W], [_SQUEEZE_W, _LAST_AXIS_SLICE]],
+    ids=["whole-squeeze", "cut", "cut-squeeze", "squeeze-last"],
+)
+@pytest.mark.parametrize("tail", ["bias-gelu", "scale-bias-relu", "bias"])
+def test_bias_and_activation_after_views_of_a_convolution_join_it(tmp_path, rng, backend, views, tail):
+    """jax2tf's Conv1D (magika): Conv -> Slice -> Squeeze -> Add of a bias -> a tanh GELU in
+    arithmetic; the Add (and a Mul before it) and the activation move before the views, into
+    the convolution's bias and epilogue."""
+    oracle("onnx")
+    import onnx
+
+    rank = 3 if any(v is _SQUEEZE_W for v in views) else 4  # (the constants broadcast per channel)
+    bias, scale = _node("Add", f"bias{rank}"), _node("Mul", f"scale{rank}")
+    tails = {"bias-gelu": [bias, _tanh_gelu], "scale-bias-relu": [scale, bias, _node("Relu")], "bias": [bias]}
+    model = _views_after_conv_model(rng, views, tails[tail])
+    onnx.save(model, tmp_path / "views.onnx")
+    ours = fastlayers.load(tmp_path / "views.onnx")
+    assert ours.op_types[0] == "FusedConv"
+    assert not {"Add", "Mul", "Gelu", "Relu", "Tanh"} & set(ours.op_types), ours.op_types
+    _matches_ort(ours, tmp_path / "views.onnx", {"x": rng.standard_normal((2, 4, 10, 1)).astype(np.float32)})
+
+
+@pytest.mark.parametrize(
+    "views, tail",
+    [
+        ([_node("Slice", "starts1", "big", "axes")], [_node("Relu")]),  # channels from the second
+        ([_node("Slice", "starts", "big", "axes", "steps2")], [_node("Relu")]),  # every other row
+        ([_node("Squeeze")], [_node("Relu")]),  # no axes: the channels' too where there is one
+        ([_SQUEEZE_W], [_node("Add", "along")]),  # a constant along the length, not per channel
+        ([_SQUEEZE_W], [_node("Sub", "bias3"), _node("Exp")]),  # no epilogue for Exp
+    ],
+    ids=["channel-start", "step", "squeeze-all", "along", "exp"],
+)
+def test_arithmetic_after_views_that_move_elements_stays(tmp_path, rng, views, tail):
+    """Views that could move an element to another channel or position, constants that are not
+    one per channel, activations no epilogue knows: the nodes stay where they were."""
+    oracle("onnx")
+    import onnx
+
+    onnx.save(_views_after_conv_model(rng, views, tail), tmp_path / "views.onnx")
+    ours = fastlayers.load(tmp_path / "views.onnx")
+    assert ours.op_types[-1] not in ("Slice", "Squeeze"), ours.op_types
+    _matches_ort(ours, tmp_path / "views.onnx", {"x": rng.standard_normal((2, 4, 10, 1)).astype(np.float32)})
+
+
+def test_views_of_a_convolution_read_elsewhere_keep_their_arithmetic(tmp_path, rng):
+    """The convolution's result is also a graph output: its bias Add stays after the views."""
+    oracle("onnx")
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = _views_after_conv_model(rng, [_SQUEEZE_W], [_node("Add", "bias3")])
+    model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    onnx.save(model, tmp_path / "views.onnx")
+    ours = fastlayers.load(tmp_path / "views.onnx")
+    assert "Add" in ours.op_types
+    _matches_ort(ours, tmp_path / "views.onnx", {"x": rng.standard_normal((1, 4, 10, 1)).astype(np.float32)})
