@@ -627,12 +627,12 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
     /* a share of rows reads all of b, a share of columns all of a */
     x.by_rows = m >= FL_MAX(GEMM_ROW_SPLIT_MIN, n);
     int64_t units = x.by_rows ? m : (n + FL_PANEL - 1) / FL_PANEL;
-    int64_t grain = FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops);
+    int64_t grain = FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), work = flops;
     if (x.by_rows) grain = ((grain + GEMM_MR - 1) / GEMM_MR) * GEMM_MR;
     if (m <= GEMM_THIN_M) {
         /* column shares of whole thin tiles, one per thread, each worth its hand-off */
         int64_t tile = FL_MAX(1, (m == 1 ? GEMM_THIN_VECS1 : GEMM_THIN_VECS) * FL_VW / FL_PANEL);
-        int64_t work = 2 * n * FL_MAX(k, 1) * (m + GEMM_THIN_B_ROWS);
+        work = 2 * n * FL_MAX(k, 1) * (m + GEMM_THIN_B_ROWS);
         int64_t threads = fl_pool_get_threads();
         grain = FL_MAX(units * GEMM_MIN_THIN_SHARE_FLOPS / work, (units + threads - 1) / threads);
         grain = (grain + tile - 1) / tile * tile;
@@ -641,7 +641,8 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
         x.by_rows = 1;
         return gemm_rows_share(&x, 0, m);
     }
-    fl_parallel(units, grain, gemm_matmul_task, &x);
+    if (work < GEMM_WAKE_FLOPS) fl_parallel_awake(units, grain, gemm_matmul_task, &x);
+    else fl_parallel(units, grain, gemm_matmul_task, &x);
     if (!x.status && !x.by_rows && (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX))
         FL_FN(rows_bias_act_range)(0, m, n, c, ldc, bias, code, alpha, c, ldc);
     return x.status;
@@ -676,7 +677,10 @@ int FL_FN(matmul_batch)(int64_t batch, int64_t m, int64_t n, int64_t k, const fl
     if (batch > 1 && (batch % threads == 0 || batch >= 4 * threads ||
                       flops < GEMM_MIN_SHARE_FLOPS)) {
         gemm_batch_ctx x = {m, n, k, sa, lda, sb, ldb, sc, ldc, a, b, trans_b, 0, c};
-        fl_parallel(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
+        if (batch * flops < GEMM_WAKE_FLOPS)
+            fl_parallel_awake(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
+        else
+            fl_parallel(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
         return x.status;
     }
     for (int64_t i = 0; i < batch; ++i) {

@@ -27,6 +27,11 @@
 
 /* Fewest multiply-adds (x2) in one thread's share of a product. */
 #define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
+/* Work (2 flops per multiply-add; a thin product's stream of b counted as rows) below which a
+ * product or convolution leaves sleeping workers asleep (fl_parallel_awake): waking one cost
+ * the caller 20 us on a 2-vCPU KVM guest (Intel Xeon family 6 model 167), about what 2^22
+ * flops of a product take at one thread; from 2^23 the second thread saves more than that. */
+#define GEMM_WAKE_FLOPS (INT64_C(1) << 23)
 /* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
 #define GEMM_CHUNK_FLOATS (1 << 16)
 

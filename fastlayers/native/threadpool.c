@@ -321,7 +321,8 @@ static void run_serially(int64_t n, int64_t chunk, fl_task_fn fn, void *ctx) {
         fn(ctx, begin, begin + chunk < n ? begin + chunk : n);
 }
 
-void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
+/* fl_parallel, waking sleeping workers where `may_wake` (else fl_parallel_awake). */
+static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int may_wake) {
     if (n <= 0) return;
     int64_t chunks = fl_parallel_chunks(n, grain);
     if (chunks <= 1) {
@@ -363,7 +364,7 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
                           memory_order_release);
     atomic_store_explicit(&job_gen, gen, memory_order_release);
-    if (atomic_load(&sleepers) > 0) {
+    if (may_wake && atomic_load(&sleepers) > 0) {
         pthread_mutex_lock(&sleep_lock);
         keep_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
         pthread_cond_broadcast(&wake);
@@ -389,6 +390,12 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     atomic_store_explicit(&ticket, ((gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT) | FL_IDX_MASK,
                           memory_order_release);
     pthread_mutex_unlock(&busy);
+}
+
+void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) { parallel(n, grain, fn, ctx, 1); }
+
+void fl_parallel_awake(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
+    parallel(n, grain, fn, ctx, 0);
 }
 
 /* In a forked child only the forking thread exists: forget the parent's workers (their

@@ -208,6 +208,42 @@ def test_workers_woken_beside_a_pinned_caller_keep_their_cpus(two_threads, idle_
     assert all(os.sched_getaffinity(t) == allowed for t in workers)
 
 
+def _wakes(tid: int) -> int:
+    """Times the thread ``tid`` gave up its CPU of its own accord (a sleep on the pool's wake)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs this process may run on",
+)
+def test_small_products_leave_a_sleeping_worker_asleep(two_threads, idle_spin):
+    """Workers that sleep (no idle spin) are woken by a product worth a second thread, not by
+    one smaller than what the wake costs (``GEMM_WAKE_FLOPS``: a 1 x 512 x 214 product runs on
+    the caller alone), and both give the serial result."""
+    fastlayers.set_idle_spin(0.0)
+    big_a, big_b, big_want = _product(4, m=512, k=512, n=512)
+    small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
+
+    def big():
+        return _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
+
+    big()
+    time.sleep(0.01)  # the worker is asleep
+    workers = _workers()
+    assert len(workers) == 1
+    before = _wakes(workers[0])
+    for _ in range(50):
+        y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
+        np.testing.assert_allclose(y, small_want, rtol=1e-4, atol=1e-3)
+    time.sleep(0.01)
+    assert _wakes(workers[0]) == before
+    np.testing.assert_allclose(big(), big_want, rtol=1e-4, atol=1e-3)
+    time.sleep(0.01)
+    assert _wakes(workers[0]) > before
+
+
 def test_idle_spin_setting_is_checked_and_read_back(idle_spin):
     assert fastlayers.get_idle_spin() == pytest.approx(2e-4)  # the default (FASTLAYERS_IDLE_SPIN_US unset)
     fastlayers.set_idle_spin(0.05)
