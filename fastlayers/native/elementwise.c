@@ -130,6 +130,7 @@ int FL_FN(elementwise)(int64_t samples, int64_t inner, int64_t c, int n_operands
     ew_ctx x = {samples, inner, c, block, (inner + block - 1) / block, n_operands, n_insns, n_regs,
                 operands, insns, out, 0};
     int64_t units = samples * x.blocks;
-    fl_parallel(units, FL_MAX(1, EW_MIN_SHARE / block), ew_task, &x);
+    fl_parallel_values(units, FL_MAX(1, EW_MIN_SHARE / block),
+                       samples * inner * FL_MAX(1, n_insns / 2), ew_task, &x);
     return x.failed ? -1 : 0;
 }

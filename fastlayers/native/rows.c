@@ -189,7 +189,7 @@ int FL_FN(bias_act)(int64_t m, int64_t n, const float *x, int64_t ldx, const flo
     rows_bias_act_ctx c = {n, ldx, ldo, x, bias, out, code, alpha};
     int heavy = code != FL_LINEAR && code != FL_RELU && code != FL_RELU6 && code != FL_LEAKY_RELU;
     int64_t grain = FL_MAX(1, ROWS_MIN_SHARE / (heavy ? 4 : 1) / n);
-    fl_parallel(m, grain, rows_bias_act_task, &c);
+    fl_parallel_values(m, grain, m * n * (heavy ? 4 : 1), rows_bias_act_task, &c);
     return 0;
 }
 
@@ -215,7 +215,7 @@ int FL_FN(add_act)(int64_t n, const float *a, const float *b, int code, float al
         return -2;
     rows_add_act_ctx c = {a, b, out, code, alpha};
     int64_t blocks = n / ROWS_MIN_SHARE;
-    fl_parallel(blocks, 1, rows_add_act_task, &c);
+    fl_parallel_values(blocks, 1, n, rows_add_act_task, &c);
     int64_t done = blocks * ROWS_MIN_SHARE;
     if (done < n) rows_act_row(a + done, b + done, out + done, n - done, code, alpha);
     return 0;
@@ -243,7 +243,7 @@ int FL_FN(outer_add_act)(int64_t ni, int64_t nj, int64_t n, const float *a, cons
     if (code < 0 || code >= FL_N_ACTIVATIONS || code == FL_SOFTMAX || code == FL_LOG_SOFTMAX)
         return -2;
     rows_outer_ctx c = {a, b, out, nj, n, code, alpha};
-    fl_parallel(ni * nj, FL_MAX(1, ROWS_MIN_SHARE / n), rows_outer_task, &c);
+    fl_parallel_values(ni * nj, FL_MAX(1, ROWS_MIN_SHARE / n), ni * nj * n, rows_outer_task, &c);
     return 0;
 }
 
@@ -341,7 +341,7 @@ int FL_FN(layer_norm)(int64_t m, int64_t n, const float *x, const float *gamma,
                       const float *beta, float eps, int rms, float *out) {
     if (m <= 0 || n <= 0) return 0;
     rows_norm_ctx c = {n, x, gamma, beta, eps, rms, out};
-    fl_parallel(m, FL_MAX(1, ROWS_MIN_SHARE / 4 / n), rows_norm_task, &c);
+    fl_parallel_values(m, FL_MAX(1, ROWS_MIN_SHARE / 4 / n), 4 * m * n, rows_norm_task, &c);
     return 0;
 }
 
@@ -364,7 +364,7 @@ int FL_FN(scale_shift)(int64_t m, int64_t n, const float *x, const float *scale,
                        const float *shift, float *out) {
     if (m <= 0 || n <= 0) return 0;
     rows_scale_ctx c = {n, x, scale, shift, out};
-    fl_parallel(m, FL_MAX(1, ROWS_MIN_SHARE / n), rows_scale_task, &c);
+    fl_parallel_values(m, FL_MAX(1, ROWS_MIN_SHARE / n), m * n, rows_scale_task, &c);
     return 0;
 }
 
@@ -390,6 +390,7 @@ int FL_FN(scale_shift_planes)(int64_t planes, int64_t channels, int64_t plane, c
     if (planes <= 0 || plane <= 0) return 0;
     if (channels <= 0) return -2;
     planes_scale_ctx c = {channels, plane, x, scale, shift, out};
-    fl_parallel(planes, FL_MAX(1, ROWS_MIN_SHARE / plane), planes_scale_task, &c);
+    fl_parallel_values(planes, FL_MAX(1, ROWS_MIN_SHARE / plane), planes * plane,
+                       planes_scale_task, &c);
     return 0;
 }

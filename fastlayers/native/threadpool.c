@@ -392,7 +392,9 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int may
     pthread_mutex_unlock(&busy);
 }
 
-void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) { parallel(n, grain, fn, ctx, 1); }
+void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
+    parallel(n, grain, fn, ctx, 1);
+}
 
 void fl_parallel_awake(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
     parallel(n, grain, fn, ctx, 0);

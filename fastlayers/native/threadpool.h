@@ -34,6 +34,16 @@ void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
  * worker costs the caller (a system call, the worker's affinity moved off the caller's CPU:
  * 20 us on a 2-vCPU KVM guest, where a 512 x 214 product at batch 1 takes 9 us). */
 void fl_parallel_awake(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
+/* Values an elementwise pass (each value read and written about once) must hold to be worth
+ * waking a sleeping worker: about the caller's 20 us of the wake (docs/design.md, "Small jobs
+ * leave sleeping workers asleep"). */
+#define FL_WAKE_VALUES (INT64_C(1) << 18)
+/* fl_parallel for a pass over `values` values: fl_parallel_awake below FL_WAKE_VALUES. */
+static inline void fl_parallel_values(int64_t n, int64_t grain, int64_t values, fl_task_fn fn,
+                                      void *ctx) {
+    if (values < FL_WAKE_VALUES) fl_parallel_awake(n, grain, fn, ctx);
+    else fl_parallel(n, grain, fn, ctx);
+}
 /* Chunks fl_parallel(n, grain) would cut (1: the call runs serially on the caller). */
 int64_t fl_parallel_chunks(int64_t n, int64_t grain);
 /* Times the pool was created in this process (1 after the first parallel call; again 1 in a
