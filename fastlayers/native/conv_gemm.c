@@ -380,8 +380,8 @@ static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
         }
         p.row_units = n * ho;
         units = p.row_units * conv_column_blocks(&p, FL_MAX(1, CONV_PANEL_FLOATS / (k * FL_PANEL)));
-        (flops < GEMM_WAKE_FLOPS ? fl_parallel_awake : fl_parallel)(
-            units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_implicit_task, &p);
+        fl_parallel_part(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops),
+                         gemm_wake_permille(flops), conv_implicit_task, &p);
         return p.status;
     }
     if (identity) {                                  /* x is the im2col matrix */
@@ -395,7 +395,7 @@ static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
     units = (p.rows + GEMM_MR - 1) / GEMM_MR;
     int64_t chunk = FL_MIN(CONV_COLS_FLOATS / k, 4 * GEMM_CHUNK_FLOATS / cout) / GEMM_MR;
     p.chunk = FL_MIN(FL_MAX(chunk, 1), units) * GEMM_MR;
-    (flops < GEMM_WAKE_FLOPS ? fl_parallel_awake : fl_parallel)(
-        units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops), conv_im2col_task, &p);
+    fl_parallel_part(units, FL_MAX(1, units * GEMM_MIN_SHARE_FLOPS / flops),
+                     gemm_wake_permille(flops), conv_im2col_task, &p);
     return p.status;
 }

@@ -641,8 +641,7 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
         x.by_rows = 1;
         return gemm_rows_share(&x, 0, m);
     }
-    if (work < GEMM_WAKE_FLOPS) fl_parallel_awake(units, grain, gemm_matmul_task, &x);
-    else fl_parallel(units, grain, gemm_matmul_task, &x);
+    fl_parallel_part(units, grain, gemm_wake_permille(work), gemm_matmul_task, &x);
     if (!x.status && !x.by_rows && (code == FL_SOFTMAX || code == FL_LOG_SOFTMAX))
         FL_FN(rows_bias_act_range)(0, m, n, c, ldc, bias, code, alpha, c, ldc);
     return x.status;
@@ -677,10 +676,8 @@ int FL_FN(matmul_batch)(int64_t batch, int64_t m, int64_t n, int64_t k, const fl
     if (batch > 1 && (batch % threads == 0 || batch >= 4 * threads ||
                       flops < GEMM_MIN_SHARE_FLOPS)) {
         gemm_batch_ctx x = {m, n, k, sa, lda, sb, ldb, sc, ldc, a, b, trans_b, 0, c};
-        if (batch * flops < GEMM_WAKE_FLOPS)
-            fl_parallel_awake(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
-        else
-            fl_parallel(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops), gemm_batch_task, &x);
+        fl_parallel_part(batch, FL_MAX(1, GEMM_MIN_SHARE_FLOPS / flops),
+                         gemm_wake_permille(batch * flops), gemm_batch_task, &x);
         return x.status;
     }
     for (int64_t i = 0; i < batch; ++i) {

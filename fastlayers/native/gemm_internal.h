@@ -27,11 +27,16 @@
 
 /* Fewest multiply-adds (x2) in one thread's share of a product. */
 #define GEMM_MIN_SHARE_FLOPS (INT64_C(1) << 21)
-/* Work (2 flops per multiply-add; a thin product's stream of b counted as rows) below which a
- * product or convolution leaves sleeping workers asleep (fl_parallel_awake): waking one cost
- * the caller 20 us on a 2-vCPU KVM guest (Intel Xeon family 6 model 167), about what 2^22
- * flops of a product take at one thread; from 2^23 the second thread saves more than that. */
+/* Work (2 flops per multiply-add; a thin product's stream of b counted as rows) worth waking a
+ * sleeping worker for by itself (fl_parallel_part: a smaller job counts its share of it):
+ * waking one cost the caller 20 us on a 2-vCPU KVM guest (Intel Xeon family 6 model 167),
+ * about what 2^22 flops of a product take at one thread; from 2^23 the second thread saves
+ * more than that. */
 #define GEMM_WAKE_FLOPS (INT64_C(1) << 23)
+/* A product's or convolution's worth in thousandths of a wake (fl_parallel_part). */
+FL_INLINE int64_t gemm_wake_permille(int64_t flops) {
+    return flops >= GEMM_WAKE_FLOPS ? 1000 : flops * 1000 / GEMM_WAKE_FLOPS;
+}
 /* Output floats per chunk whose epilogue runs while the chunk is in L2 (256 KiB). */
 #define GEMM_CHUNK_FLOATS (1 << 16)
 

@@ -57,6 +57,9 @@ static int widest_call = 0;            /* most threads a call asked for since fl
 static int generation = 0;
 static int64_t serial_until_ns = 0;                           /* both read and written holding busy */
 static int64_t backoff_ns = FL_BACKOFF_MIN_NS;
+/* Thousandths of a wake the small jobs of the current burst have run without one, and when the
+ * last was published (fl_parallel_part; both read and written holding busy). */
+static int64_t burst_owed = 0, burst_last_ns = 0;
 static _Atomic int64_t spin_ns = FL_SPIN_NS_DEFAULT;
 
 static _Atomic uint64_t job_gen = 0;
@@ -321,8 +324,25 @@ static void run_serially(int64_t n, int64_t chunk, fl_task_fn fn, void *ctx) {
         fn(ctx, begin, begin + chunk < n ? begin + chunk : n);
 }
 
-/* fl_parallel, waking sleeping workers where `may_wake` (else fl_parallel_awake). */
-static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int may_wake) {
+/* Whether a job worth `permille` thousandths of a wake, published at `now` for `threads`
+ * threads, wakes the sleeping workers (fl_parallel_part); called holding busy. As in ski
+ * rental: the burst's small jobs run without the workers until what they lost by it (their
+ * work times (threads - 1) / threads) reaches the wake's price, then the workers are woken;
+ * a burst never costs more than twice what knowing its length ahead would have. */
+static int wake_pays(int64_t permille, int64_t now, int threads) {
+    if (permille < 1000) {
+        if (now - burst_last_ns > atomic_load_explicit(&spin_ns, memory_order_relaxed))
+            burst_owed = 0;                                   /* a new burst */
+        burst_last_ns = now;
+        burst_owed += permille;
+        if (burst_owed * (threads - 1) < INT64_C(1000) * threads) return 0;
+    }
+    burst_owed = 0;
+    return 1;
+}
+
+/* fl_parallel_part (fl_parallel: permille 1000). */
+static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int64_t permille) {
     if (n <= 0) return;
     int64_t chunks = fl_parallel_chunks(n, grain);
     if (chunks <= 1) {
@@ -364,7 +384,7 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int may
     atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
                           memory_order_release);
     atomic_store_explicit(&job_gen, gen, memory_order_release);
-    if (may_wake && atomic_load(&sleepers) > 0) {
+    if (atomic_load(&sleepers) > 0 && wake_pays(permille, start, threads)) {
         pthread_mutex_lock(&sleep_lock);
         keep_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
         pthread_cond_broadcast(&wake);
@@ -393,11 +413,11 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int may
 }
 
 void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
-    parallel(n, grain, fn, ctx, 1);
+    parallel(n, grain, fn, ctx, 1000);
 }
 
-void fl_parallel_awake(int64_t n, int64_t grain, fl_task_fn fn, void *ctx) {
-    parallel(n, grain, fn, ctx, 0);
+void fl_parallel_part(int64_t n, int64_t grain, int64_t permille, fl_task_fn fn, void *ctx) {
+    parallel(n, grain, fn, ctx, permille);
 }
 
 /* In a forked child only the forking thread exists: forget the parent's workers (their
@@ -411,6 +431,7 @@ static void after_fork_child(void) {
     generation = 0;
     serial_until_ns = 0;
     backoff_ns = FL_BACKOFF_MIN_NS;
+    burst_owed = burst_last_ns = 0;
     atomic_store(&job_gen, 0);
     atomic_store(&ticket, 0);
     atomic_store(&active, 0);

@@ -29,20 +29,24 @@ void fl_pool_set_threads(int n);
 int fl_pool_set_call_threads(int n);
 /* fn(ctx, begin, end) over [0, n) in chunks of at least `grain` units, on the pool's threads. */
 void fl_parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
-/* fl_parallel without waking a worker that sleeps: the caller and the workers still polling
- * take every chunk (the same chunks, so the same bits). For jobs smaller than what waking a
- * worker costs the caller (a system call, the worker's affinity moved off the caller's CPU:
- * 20 us on a 2-vCPU KVM guest, where a 512 x 214 product at batch 1 takes 9 us). */
-void fl_parallel_awake(int64_t n, int64_t grain, fl_task_fn fn, void *ctx);
+/* fl_parallel for a job worth `permille` thousandths of what waking a sleeping worker costs
+ * the caller (a system call, the worker's affinity moved off the caller's CPU: 20 us on a
+ * 2-vCPU KVM guest, where a 512 x 214 product at batch 1 takes 9 us); from 1000 it is
+ * fl_parallel. A smaller job wakes sleeping workers only once what the small jobs of the
+ * current burst (each less than the workers' spin time after the one before) lost by running
+ * without them adds up to a wake's worth (ski rental: at 2 threads, two wakes' worth of
+ * work); until then the caller and the workers still polling take every chunk (the same
+ * chunks, so the same bits). A tiny model called back to back keeps its worker awake; a call
+ * after a pause does not pay for a wake its few small jobs cannot repay. */
+void fl_parallel_part(int64_t n, int64_t grain, int64_t permille, fl_task_fn fn, void *ctx);
 /* Values an elementwise pass (each value read and written about once) must hold to be worth
- * waking a sleeping worker: about the caller's 20 us of the wake (docs/design.md, "Small jobs
- * leave sleeping workers asleep"). */
+ * a wake by itself: about the caller's 20 us of it (docs/design.md, "Small jobs wake
+ * sleeping workers only in bursts"). */
 #define FL_WAKE_VALUES (INT64_C(1) << 18)
-/* fl_parallel for a pass over `values` values: fl_parallel_awake below FL_WAKE_VALUES. */
+/* fl_parallel_part for a pass over `values` values. */
 static inline void fl_parallel_values(int64_t n, int64_t grain, int64_t values, fl_task_fn fn,
                                       void *ctx) {
-    if (values < FL_WAKE_VALUES) fl_parallel_awake(n, grain, fn, ctx);
-    else fl_parallel(n, grain, fn, ctx);
+    fl_parallel_part(n, grain, values * 1000 / FL_WAKE_VALUES, fn, ctx);
 }
 /* Chunks fl_parallel(n, grain) would cut (1: the call runs serially on the caller). */
 int64_t fl_parallel_chunks(int64_t n, int64_t grain);

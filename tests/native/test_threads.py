@@ -220,8 +220,9 @@ def _wakes(tid: int) -> int:
 )
 def test_small_products_leave_a_sleeping_worker_asleep(two_threads, idle_spin):
     """Workers that sleep (no idle spin) are woken by a product worth a second thread, not by
-    one smaller than what the wake costs (``GEMM_WAKE_FLOPS``: a 1 x 512 x 214 product runs on
-    the caller alone), and both give the serial result."""
+    ones smaller than what the wake costs (``GEMM_WAKE_FLOPS``: a 1 x 512 x 214 product runs on
+    the caller alone; with no spin they never add up to a burst), and both give the serial
+    result."""
     fastlayers.set_idle_spin(0.0)
     big_a, big_b, big_want = _product(4, m=512, k=512, n=512)
     small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
@@ -241,6 +242,29 @@ def test_small_products_leave_a_sleeping_worker_asleep(two_threads, idle_spin):
     assert _wakes(workers[0]) == before
     np.testing.assert_allclose(big(), big_want, rtol=1e-4, atol=1e-3)
     time.sleep(0.01)
+    assert _wakes(workers[0]) > before
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs this process may run on",
+)
+def test_a_burst_of_small_products_wakes_a_sleeping_worker(two_threads, idle_spin):
+    """Small products back to back (each within the workers' spin time of the last) add up to
+    a wake's worth and wake the sleeping worker, which then polls for the rest of the burst:
+    a tiny model called in a loop keeps its second thread."""
+    fastlayers.set_idle_spin(0.005)
+    big_a, big_b, _ = _product(4, m=512, k=512, n=512)
+    small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
+    _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
+    time.sleep(0.05)  # past the spin: the worker is asleep
+    workers = _workers()
+    assert len(workers) == 1
+    before = _wakes(workers[0])
+    for _ in range(50):
+        y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
+        np.testing.assert_allclose(y, small_want, rtol=1e-4, atol=1e-3)
+    time.sleep(0.05)
     assert _wakes(workers[0]) > before
 
 
