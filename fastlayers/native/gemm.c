@@ -229,9 +229,6 @@ void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const 
 #undef GEMM_ROWS
 }
 
-/* The same over columns of wide tiles. */
-FL_INLINE int64_t gemm_next_rows(int64_t left) { return gemm_next_rows_over(left, GEMM_TN); }
-
 /* One row of gemm_tile_epi for the activation `code` (a constant in each case below). */
 FL_INLINE void gemm_epi_row(float *row, int nr, const float *bias, const int code, float alpha) {
     for (int j = 0; j < nr; j += FL_VW) {
