@@ -228,3 +228,28 @@ def test_residual_add_of_nhwc_memory_stays_nhwc_and_exact(tmp_path, rng, backend
     np.testing.assert_array_equal(y, values["a"] + (x if mixed else values["b"]))
     if backend == "cpu" and not mixed:
         assert y.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+@pytest.mark.parametrize("op", ["GlobalMaxPool", "GlobalAveragePool"])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_global_pools_of_channels_last_memory(tmp_path, rng, backend, op, rank):
+    """A convolution's result (an NCL / NCHW view of channels-last memory) pooled over every
+    position, as magika's Conv1D -> GlobalMaxPool: onnxruntime's values."""
+    onnx = oracle("onnx")
+    h = onnx.helper
+    spatial = [11] if rank == 3 else [6, 5]
+    kernel = [3] if rank == 3 else [3, 3]
+    w = rng.standard_normal([7, 4, *kernel]).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"]), h.make_node(op, ["c"], ["y"])]
+    model = make_graph(
+        nodes,
+        [h.make_tensor_value_info("x", 1, [2, 4, *spatial])],
+        [h.make_tensor_value_info("y", 1, None)],
+        [h.make_tensor("w", 1, w.shape, w.reshape(-1))],
+    )
+    onnx.save(model, tmp_path / "pool.onnx")
+    x = rng.standard_normal((2, 4, *spatial)).astype(np.float32)
+    want = oracle("onnxruntime").InferenceSession(str(tmp_path / "pool.onnx")).run(None, {"x": x})[0]
+    got = fastlayers.load(tmp_path / "pool.onnx")(x)
+    assert got.shape == want.shape
+    assert_close(got, want, rtol=1e-5, atol=1e-5)

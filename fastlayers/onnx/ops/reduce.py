@@ -149,13 +149,14 @@ FAMILY.add("ArgMin", _arg(np.argmin), attrs=_ARG_ATTRS)
 
 def _global_pool(kind):
     """GlobalAveragePool / GlobalMaxPool: the mean or max over the spatial axes, keeping them as
-    1s; an NCHW view of NHWC memory is pooled in that memory by the backend."""
+    1s; an NCHW / NCL view of NHWC / NLC memory is pooled in that memory by the backend."""
 
     def run(inputs, attrs, opset):
         x = inputs[0]
-        held = channels_last_memory(x) if x.dtype == np.float32 and x.ndim == 4 else None
+        held = channels_last_memory(x) if x.dtype == np.float32 and x.ndim in (3, 4) else None
         if held is not None and held.size:
-            return [get_ops().global_pool(held, kind, (1, 2), keepdims=True).transpose(0, 3, 1, 2)]
+            pooled = get_ops().global_pool(held, kind, tuple(range(1, x.ndim - 1)), keepdims=True)
+            return [pooled.transpose(0, 3, 1, 2) if x.ndim == 4 else pooled.transpose(0, 2, 1)]
         axes = tuple(range(2, x.ndim))
         return [wide_mean(x, axes, keepdims=True) if kind == "avg" else np.max(x, axis=axes, keepdims=True)]
 
