@@ -1,5 +1,6 @@
 """Fusions at load: MatMul/Gemm (+ bias) (+ activation) -> one dense node, Conv (+ BN) (+
-activation) -> one convolution node with its weights laid out once, ConvTranspose (+
+activation) -> one convolution node with its weights laid out once (its bias and activation
+brought in from after views of its result, ``hoist_over_views``), ConvTranspose (+
 activation) and Add (+ activation) -> one node each, GELU chains -> Gelu, the
 exporters' attention -> one attention node, an embedding Gather into an RNN's input
 projection, and whole Transformer encoder layers (``encoder.py``) -> one node each."""
@@ -343,19 +344,12 @@ def fuse_dense_chains(nodes, constants, outputs) -> list[Node]:
     return [n for k, n in enumerate(nodes) if k not in removed]
 
 
-#: Convolution weights smaller than this are zero in a FusedConv. A channel that training
-#: switched off (a folded BatchNormalization's scale near 0) keeps weights of 1e-38 or so, and
-#: each product of such a weight and an activation is a subnormal float, which x86 cores
-#: compute in a microcode assist hundreds of cycles long: PP-OCRv5's classifier spent 14 ms of
-#: 56 in a stem convolution whose 27 weights of one channel were below 1e-35 (0.8 ms without
-#: them). What a zeroed weight took away is below 1e-30 of its activation, far under float32's
-#: resolution of any output that is not itself that small.
 #: Views of a convolution's result that keep each element's channel: what ``hoist_over_views``
 #: moves a following per-channel affine and activation in front of.
 _CHANNEL_VIEWS = ("Slice", "Squeeze")
 
 
-def _sliced_from_start(node, constants):
+def _slice_arguments(node, constants):
     """(starts, ends, axes, steps) of a Slice whose arguments are constants (inputs from opset 10,
     attributes before), as int64 vectors of one length; None where any is not."""
     if len(node.inputs) > 1:
@@ -381,7 +375,7 @@ def _channel_view_rank(node, constants, rank, channels):
     1: a Slice from 0 by steps of 1 that keeps every channel (it may cut the other axes short),
     a Squeeze of constant axes past 1. None for any other."""
     if node.op_type == "Slice":
-        found = _sliced_from_start(node, constants)
+        found = _slice_arguments(node, constants)
         if found is None:
             return None
         starts, ends, axes, steps = found
@@ -469,6 +463,13 @@ def hoist_over_views(nodes, constants, outputs) -> list[Node]:
     return order
 
 
+#: Convolution weights smaller than this are zero in a FusedConv. A channel that training
+#: switched off (a folded BatchNormalization's scale near 0) keeps weights of 1e-38 or so, and
+#: each product of such a weight and an activation is a subnormal float, which x86 cores
+#: compute in a microcode assist hundreds of cycles long: PP-OCRv5's classifier spent 14 ms of
+#: 56 in a stem convolution whose 27 weights of one channel were below 1e-35 (0.8 ms without
+#: them). What a zeroed weight took away is below 1e-30 of its activation, far under float32's
+#: resolution of any output that is not itself that small.
 TINY_WEIGHT = 2.0**-100
 
 
