@@ -214,6 +214,26 @@ def _wakes(tid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
 
 
+def _small_products_after_a_sleep(spin: float, pause: float):
+    """With the workers' idle spin ``spin`` s: a 512 x 512 product (which wakes the one
+    worker), a ``pause`` (it falls asleep), then 50 products of 1 x 512 x 214 back to back,
+    each checked; (the worker's thread id, its wakes before the small products, the big
+    product's operands and result), read ``pause`` after the last small one."""
+    fastlayers.set_idle_spin(spin)
+    big_a, big_b, big_want = _product(4, m=512, k=512, n=512)
+    small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
+    _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
+    time.sleep(pause)
+    workers = _workers()
+    assert len(workers) == 1
+    before = _wakes(workers[0])
+    for _ in range(50):
+        y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
+        np.testing.assert_allclose(y, small_want, rtol=1e-4, atol=1e-3)
+    time.sleep(pause)
+    return workers[0], before, (big_a, big_b, big_want)
+
+
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
     reason="needs Linux and two CPUs this process may run on",
@@ -223,26 +243,13 @@ def test_small_products_leave_a_sleeping_worker_asleep(two_threads, idle_spin):
     ones smaller than what the wake costs (``GEMM_WAKE_FLOPS``: a 1 x 512 x 214 product runs on
     the caller alone; with no spin they never add up to a burst), and both give the serial
     result."""
-    fastlayers.set_idle_spin(0.0)
-    big_a, big_b, big_want = _product(4, m=512, k=512, n=512)
-    small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
-
-    def big():
-        return _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
-
-    big()
-    time.sleep(0.01)  # the worker is asleep
-    workers = _workers()
-    assert len(workers) == 1
-    before = _wakes(workers[0])
-    for _ in range(50):
-        y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
-        np.testing.assert_allclose(y, small_want, rtol=1e-4, atol=1e-3)
+    worker, before, (big_a, big_b, big_want) = _small_products_after_a_sleep(0.0, 0.01)
+    assert _wakes(worker) == before
+    np.testing.assert_allclose(
+        _core.matmul(big_a, big_b, np.empty((512, 512), np.float32)), big_want, rtol=1e-4, atol=1e-3
+    )
     time.sleep(0.01)
-    assert _wakes(workers[0]) == before
-    np.testing.assert_allclose(big(), big_want, rtol=1e-4, atol=1e-3)
-    time.sleep(0.01)
-    assert _wakes(workers[0]) > before
+    assert _wakes(worker) > before
 
 
 @pytest.mark.skipif(
@@ -253,19 +260,8 @@ def test_a_burst_of_small_products_wakes_a_sleeping_worker(two_threads, idle_spi
     """Small products back to back (each within the workers' spin time of the last) add up to
     a wake's worth and wake the sleeping worker, which then polls for the rest of the burst:
     a tiny model called in a loop keeps its second thread."""
-    fastlayers.set_idle_spin(0.005)
-    big_a, big_b, _ = _product(4, m=512, k=512, n=512)
-    small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
-    _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
-    time.sleep(0.05)  # past the spin: the worker is asleep
-    workers = _workers()
-    assert len(workers) == 1
-    before = _wakes(workers[0])
-    for _ in range(50):
-        y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
-        np.testing.assert_allclose(y, small_want, rtol=1e-4, atol=1e-3)
-    time.sleep(0.05)
-    assert _wakes(workers[0]) > before
+    worker, before, _ = _small_products_after_a_sleep(0.005, 0.05)
+    assert _wakes(worker) > before
 
 
 def test_idle_spin_setting_is_checked_and_read_back(idle_spin):
