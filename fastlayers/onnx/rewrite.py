@@ -116,12 +116,20 @@ _KEEPS_FLOAT32 = {
     "FusedDense",
     "FusedDenseChain",
     "FusedAdd",
+    # (same-type operands: Max and Min of a float32 first operand are float32)
+    "Reciprocal",
+    "Max",
+    "Min",
 }
+#: Operators whose output has the element type of one of their inputs other than the first:
+#: op -> that input's index (a one-hot product's weights).
+_TYPE_OF_INPUT = {"OneHotDense": 2}
 
 
 def known_dtypes(nodes, constants, input_dtypes) -> dict:
     """The element types known at load, as the nodes compute them: graph inputs, constants,
-    Cast outputs, and the outputs of ``_MOVES_VALUES`` and ``_KEEPS_FLOAT32`` nodes on them."""
+    Cast outputs, and the outputs of ``_MOVES_VALUES``, ``_KEEPS_FLOAT32`` and
+    ``_TYPE_OF_INPUT`` nodes on them."""
     known = dict(input_dtypes)
     known.update((name, value.dtype) for name, value in constants.items())
     for node in nodes:
@@ -130,6 +138,10 @@ def known_dtypes(nodes, constants, input_dtypes) -> dict:
             known[node.outputs[0]] = np.dtype(DTYPES[node.attrs["to"]])
         elif node.op_type in _GIVES_BOOL:
             known[node.outputs[0]] = np.dtype(bool)
+        elif node.op_type in _TYPE_OF_INPUT and len(node.inputs) > _TYPE_OF_INPUT[node.op_type]:
+            typed = known.get(node.inputs[_TYPE_OF_INPUT[node.op_type]])
+            if typed is not None:
+                known[node.outputs[0]] = typed
         elif first is not None and (
             node.op_type in _MOVES_VALUES or (node.op_type in _KEEPS_FLOAT32 and first == np.float32)
         ):

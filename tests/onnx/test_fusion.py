@@ -1353,6 +1353,46 @@ def test_one_hot_times_weights_becomes_a_gather(tmp_path, rng, act, ids_type):
     _matches_ort(ours, path, {"ids": wide}, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tail", ["affine", "max-reciprocal"])
+def test_arithmetic_after_a_one_hot_product_makes_a_program(tmp_path, rng, tail):
+    """A OneHotDense node's result is float32 (its weights' type) as load sees it, and so are
+    Max and Reciprocal of float32 values: the arithmetic after them is one FusedElementwise
+    program (magika's layer norm after its one-hot embedding), with onnxruntime's values."""
+    oracle("onnx")
+    import onnx
+    from onnx import helper, numpy_helper
+
+    w = rng.standard_normal((7, 6)).astype(np.float32)
+    path, dtype = _one_hot_graph(tmp_path, w, 6)
+    model = onnx.load(str(path))
+    graph = model.graph
+    graph.output[0].name = "y2"
+    consts = {f"c{k}": rng.standard_normal((1, 1, 6)).astype(np.float32) for k in range(3)}
+    consts["half"] = np.array(0.5, np.float32)
+    if tail == "affine":
+        nodes = [
+            helper.make_node("Sub", ["y", "c0"], ["t0"]),
+            helper.make_node("Mul", ["t0", "c1"], ["t1"]),
+            helper.make_node("Add", ["t1", "c2"], ["y2"]),
+        ]
+        want = ["OneHotDense", "FusedElementwise"]
+    else:
+        nodes = [
+            helper.make_node("Max", ["half", "y"], ["t0"]),
+            helper.make_node("Reciprocal", ["t0"], ["t1"]),
+            helper.make_node("Mul", ["t1", "c1"], ["t2"]),
+            helper.make_node("Add", ["t2", "c2"], ["y2"]),
+        ]
+        want = ["OneHotDense", "Max", "Reciprocal", "FusedElementwise"]
+    graph.node.extend(nodes)
+    graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in consts.items())
+    onnx.save(model, str(path))
+    ours = fastlayers.load(path)
+    assert ours.op_types == want
+    ids = np.array([0, 6, 3, -1, 7, 100, 2, 2, 5, 1], dtype).reshape(2, 5, 1)
+    _matches_ort(ours, path, {"ids": ids}, rtol=1e-5, atol=1e-5)
+
+
 def test_one_hot_products_kept_where_a_gather_would_differ(tmp_path, rng):
     """Weights holding an inf (0 x inf is NaN in the product) or a one-hot value read elsewhere
     keep the graph's nodes."""
