@@ -11,7 +11,7 @@ import numpy as np
 
 from ..backends import get_ops
 from . import encoder
-from .nodes import Node, consumers, prune, readers_of
+from .nodes import Node, consumers, node_axes, prune, readers_of, slice_arguments
 from .ops.recurrent import RECURRENT_NODES
 from .records import FASTLAYERS
 from .weights import ConvWeights
@@ -349,33 +349,13 @@ def fuse_dense_chains(nodes, constants, outputs) -> list[Node]:
 _CHANNEL_VIEWS = ("Slice", "Squeeze")
 
 
-def _slice_arguments(node, constants):
-    """(starts, ends, axes, steps) of a Slice whose arguments are constants (inputs from opset 10,
-    attributes before), as int64 vectors of one length; None where any is not."""
-    if len(node.inputs) > 1:
-        parts = [node.inputs[i] if len(node.inputs) > i and node.inputs[i] else None for i in (1, 2, 3, 4)]
-        if parts[0] is None or parts[1] is None or any(p is not None and p not in constants for p in parts):
-            return None
-        starts, ends = (np.asarray(constants[p]).reshape(-1) for p in parts[:2])
-        axes = np.asarray(constants[parts[2]]).reshape(-1) if parts[2] else np.arange(starts.size)
-        steps = np.asarray(constants[parts[3]]).reshape(-1) if parts[3] else np.ones(starts.size, np.int64)
-    else:
-        starts, ends = np.asarray(node.attrs.get("starts", [])), np.asarray(node.attrs.get("ends", []))
-        axes = np.asarray(node.attrs.get("axes", np.arange(starts.size)))
-        steps = np.ones(starts.size, np.int64)
-    found = (starts, ends, axes, steps)
-    if len({v.size for v in found}) != 1 or any(v.dtype.kind not in "iu" for v in found):
-        return None
-    return tuple(v.astype(np.int64) for v in found)
-
-
 def _channel_view_rank(node, constants, rank, channels):
     """The rank of what the Slice or Squeeze ``node`` makes of a rank-``rank`` value holding
     ``channels`` channels on axis 1, where each element it keeps keeps its channel, still on axis
     1: a Slice from 0 by steps of 1 that keeps every channel (it may cut the other axes short),
     a Squeeze of constant axes past 1. None for any other."""
     if node.op_type == "Slice":
-        found = _slice_arguments(node, constants)
+        found = slice_arguments(node, constants)
         if found is None:
             return None
         starts, ends, axes, steps = found
@@ -384,9 +364,7 @@ def _channel_view_rank(node, constants, rank, channels):
         axes = axes % rank
         return rank if len(set(axes.tolist())) == axes.size and (ends[axes == 1] >= channels).all() else None
     if node.op_type == "Squeeze":
-        listed = node.attrs.get("axes")
-        if listed is None and len(node.inputs) > 1 and node.inputs[1] in constants:
-            listed = np.asarray(constants[node.inputs[1]]).reshape(-1).tolist()
+        listed = node_axes(node, constants)
         if not listed or any(not -rank <= int(a) < rank for a in listed):
             return None  # (no axes: every axis of length 1, the channels' too where there is one)
         axes = {int(a) % rank for a in listed}

@@ -40,6 +40,35 @@ def readers_of(nodes, outputs) -> dict[str, list]:
     return readers
 
 
+def node_axes(node, constants, slot=1):
+    """A node's ``axes``, from its attribute or its constant input ``slot``; None if unknown."""
+    if "axes" in node.attrs:
+        return [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > slot and node.inputs[slot] in constants:
+        return [int(a) for a in np.asarray(constants[node.inputs[slot]]).reshape(-1)]
+    return None
+
+
+def slice_arguments(node, constants):
+    """(starts, ends, axes, steps) of a Slice whose arguments are constants (inputs from opset 10,
+    attributes before), as int64 vectors of one length; None where any is not."""
+    if len(node.inputs) > 1:
+        parts = [node.inputs[i] if len(node.inputs) > i and node.inputs[i] else None for i in (1, 2, 3, 4)]
+        if parts[0] is None or parts[1] is None or any(p is not None and p not in constants for p in parts):
+            return None
+        starts, ends = (np.asarray(constants[p]).reshape(-1) for p in parts[:2])
+        axes = np.asarray(constants[parts[2]]).reshape(-1) if parts[2] else np.arange(starts.size)
+        steps = np.asarray(constants[parts[3]]).reshape(-1) if parts[3] else np.ones(starts.size, np.int64)
+    else:
+        starts, ends = np.asarray(node.attrs.get("starts", [])), np.asarray(node.attrs.get("ends", []))
+        axes = np.asarray(node.attrs.get("axes", np.arange(starts.size)))
+        steps = np.ones(starts.size, np.int64)
+    found = (starts, ends, axes, steps)
+    if len({v.size for v in found}) != 1 or any(v.dtype.kind not in "iu" for v in found):
+        return None
+    return tuple(v.astype(np.int64) for v in found)
+
+
 def owner(array):
     """The object that owns the memory of ``array`` (itself, or the end of its ``base`` chain)."""
     while isinstance(array, np.ndarray) and array.base is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .nodes import readers_of
+from .nodes import node_axes, readers_of, slice_arguments
 from .tensors import DTYPES
 
 
@@ -43,15 +43,6 @@ def _scalar_of(constants, name):
     """The value of a constant holding one number with no axes (no broadcasting), else None."""
     value = constants.get(name)
     return value.item() if value is not None and value.ndim == 0 else None
-
-
-def _axes(node, constants, slot=1):
-    """A node's ``axes``, from its attribute or its constant input ``slot``; None if unknown."""
-    if "axes" in node.attrs:
-        return [int(a) for a in node.attrs["axes"]]
-    if len(node.inputs) > slot and node.inputs[slot] in constants:
-        return [int(a) for a in np.asarray(constants[node.inputs[slot]]).reshape(-1)]
-    return None
 
 
 #: Operators whose output has their first input's element type, whatever it is, as run here.
@@ -183,20 +174,13 @@ def _passes_through(node, constants, dtypes, readers):
 def _whole_slice(node, constants) -> bool:
     """Whether a Slice keeps every element on any input: each of its axes from 0 to the largest
     int64 (torch's ``x[..., 0:]``, which clamps to the axis's length) by steps of 1, with
-    constant starts, ends and steps (inputs from opset 10, attributes before)."""
-    if len(node.inputs) > 1:
-        parts = [node.inputs[i] if len(node.inputs) > i and node.inputs[i] else None for i in (1, 2, 3, 4)]
-        if any(p is not None and p not in constants for p in parts) or parts[0] is None or parts[1] is None:
-            return False
-        starts, ends = constants[parts[0]], constants[parts[1]]
-        steps = constants[parts[3]] if parts[3] is not None else np.ones(1, np.int64)
-    else:
-        starts, ends = np.asarray(node.attrs.get("starts", [1])), np.asarray(node.attrs.get("ends", [0]))
-        steps = np.ones(1, np.int64)
+    constant arguments (``slice_arguments``)."""
+    found = slice_arguments(node, constants)
+    if found is None:
+        return False
+    starts, ends, _, steps = found
     return (
         starts.size > 0
-        and starts.dtype.kind in "iu"
-        and ends.dtype.kind in "iu"
         and bool(np.all(starts == 0))
         and bool(np.all(ends >= np.iinfo(np.int64).max))
         and bool(np.all(steps == 1))
@@ -210,13 +194,13 @@ def _collapse_reshapes(nodes, constants, readers):
     for node in nodes:
         if node.op_type == "Squeeze":  # of the axes an Unsqueeze just added: the Unsqueeze's input
             src = producer.get(node.inputs[0])
-            axes = _axes(node, constants)
+            axes = node_axes(node, constants)
             if (
                 src is not None
                 and src.op_type == "Unsqueeze"
                 and axes
                 and _only_reader(readers, src.outputs[0]) is node
-                and sorted(_axes(src, constants) or []) == sorted(axes)
+                and sorted(node_axes(src, constants) or []) == sorted(axes)
             ):
                 node.op_type, node.inputs, node.attrs = "Identity", [src.inputs[0]], {}
             continue
@@ -338,7 +322,7 @@ def _zero_pads(pad, constants, opset, rank):
                 return None
             value = float(fill.reshape(-1)[0]) if fill.size else 0.0
         if len(pad.inputs) > 3 and pad.inputs[3]:
-            axes = _axes(pad, constants, 3)
+            axes = node_axes(pad, constants, 3)
             if axes is None:
                 return None
     if pads is None or value != 0.0 or np.signbit(value) or len(pads) % 2:
@@ -572,7 +556,7 @@ def _last_axis_mean(node, constants) -> bool:
         node is not None
         and node.op_type == "ReduceMean"
         and node.attrs.get("keepdims", 1) == 1
-        and _axes(node, constants) == [-1]
+        and node_axes(node, constants) == [-1]
     )
 
 
@@ -802,7 +786,7 @@ def _width_one_region(nodes, start, axis, outputs, constants):
         if not any(i in values for i in data):
             continue
         if node.op_type == "Squeeze":
-            if [a % 4 for a in _axes(node, constants) or []] != [axis]:
+            if [a % 4 for a in node_axes(node, constants) or []] != [axis]:
                 return None
             squeezes.append(node)
             continue
@@ -839,7 +823,7 @@ def _channels_first_1d(nodes, constants, outputs, alias, dropped) -> None:
                 unsq is not None
                 and unsq.op_type == "Unsqueeze"
                 and _only_reader(readers, unsq.outputs[0]) is node
-                and [a % 4 for a in _axes(unsq, constants) or []] == [1]
+                and [a % 4 for a in node_axes(unsq, constants) or []] == [1]
             ):
                 unsq.op_type, unsq.inputs, unsq.attrs = "Transpose", unsq.inputs[:1], {"perm": [0, 2, 1]}
                 node.op_type, node.attrs = "Unsqueeze", {"axes": [2]}
@@ -848,7 +832,7 @@ def _channels_first_1d(nodes, constants, outputs, alias, dropped) -> None:
             if (
                 squeeze is not None
                 and squeeze.op_type == "Squeeze"
-                and [a % 4 for a in _axes(squeeze, constants) or []] == [1]
+                and [a % 4 for a in node_axes(squeeze, constants) or []] == [1]
             ):
                 squeeze.op_type, squeeze.inputs, squeeze.attrs = "Transpose", squeeze.inputs[:1], {"perm": [0, 2, 1]}
                 node.op_type, node.attrs = "Squeeze", {"axes": [2]}
@@ -879,7 +863,7 @@ def conv_1d(nodes, constants, outputs) -> list:
     dropped: set[int] = set()
     _channels_first_1d(nodes, constants, outputs, alias, dropped)
     for start, unsq in enumerate(nodes):
-        axes = _axes(unsq, constants) if unsq.op_type == "Unsqueeze" else None
+        axes = node_axes(unsq, constants) if unsq.op_type == "Unsqueeze" else None
         if axes is None or len(axes) != 1 or axes[0] % 4 not in (2, 3):
             continue
         axis = axes[0] % 4
