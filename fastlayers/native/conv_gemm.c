@@ -90,11 +90,12 @@ static void conv_implicit_span(const conv_ctx *p, const float *a, int64_t ars, i
             const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
             if (p->dw == 1) {
                 FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
-                                      nr, 0);
+                                      nr, 0, GEMM_NO_PREFETCH);
             } else {
                 for (int64_t i = 0; i < p->kh; ++i)
                     FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
-                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0);
+                                          pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0,
+                                          GEMM_NO_PREFETCH);
             }
             if (epi) {
                 gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};

@@ -89,13 +89,16 @@ int FL_FN(pack)(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, 
 
 /* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]:
  * one register tile. rows is a constant in each caller (gemm_tile_rows); kh > 1 sums the
- * window rows of an implicit convolution (ari apart), kh 1 is the plain product. */
+ * window rows of an implicit convolution (ari apart), kh 1 is the plain product. One line of
+ * pf per step of k into L2 until none is left. */
 FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                          int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                         int accumulate) {
+                         int accumulate, gemm_prefetch pf) {
     fl_vf c0[GEMM_MR], c1[GEMM_MR];
 #pragma GCC unroll 14
     for (int r = 0; r < rows; ++r) c0[r] = c1[r] = fl_set1(0.0f);
+    const char *next = pf.line;
+    int64_t next_lines = pf.lines;
     for (int64_t i = 0; i < kh; ++i) {
         const float *ap = a + i * ari;
         for (int64_t p = 0; p < kc; ++p) {
@@ -103,6 +106,11 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
             /* b's panel is read once per tile from L2: its lines asked for GEMM_PF_ROWS ahead */
             for (int j = 0; j < GEMM_TN; j += FL_LINE_FLOATS)
                 __builtin_prefetch(pb + GEMM_PF_ROWS * FL_PANEL + j, 0, 3);
+            if (next_lines > 0) {
+                __builtin_prefetch(next, 0, 2);
+                next += 64;
+                --next_lines;
+            }
 #pragma GCC unroll 14
             for (int r = 0; r < rows; ++r) {
                 /* row r at a base every third row, + 0, 1 or 2 row strides: the tile's row
@@ -212,13 +220,13 @@ static void gemm_tile_narrow_rows(int rows, int64_t kh, int64_t ari, int64_t kc,
  * nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR). */
 void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                           int accumulate) {
+                           int accumulate, gemm_prefetch pf) {
     if (nr <= FL_VW) {
         gemm_tile_narrow_rows(rows, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);
         return;
     }
 #define GEMM_ROWS(r) \
-    case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate); break;
+    case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate, pf); break;
     switch (rows) {
 #if GEMM_MR > 6
         GEMM_ROWS(14) GEMM_ROWS(13) GEMM_ROWS(12) GEMM_ROWS(11) GEMM_ROWS(10) GEMM_ROWS(9)
@@ -264,19 +272,36 @@ FL_INLINE const gemm_epi *gemm_tile_epi_of(const gemm_epi *epi) {
     return epi->bias || epi->code != FL_LINEAR ? epi : 0;
 }
 
+/* The block of packed b after the current one: `panels` panels of `rows` rows (32 floats each),
+ * panel j at pb + j pstride. */
+typedef struct {
+    const float *pb;
+    int64_t pstride, panels, rows;
+} gemm_block_next;
+
 /* c[:m, j0:j1] (+)= a[:m, :kc] (rows lda apart) @ the packed block pbk (panel j of this block
  * at pbk + j * pstride, rows 32 floats apart), for columns j0:j1 of c (j0 a multiple of 32
- * relative to the block). */
+ * relative to the block); while its tiles run, the wide ones bring `next` (NULL: none) into L2,
+ * its panel j shared among the tiles over panel j: the first tiles over a block then read it
+ * from L2, not from L3 or memory (docs/design.md, "The next block of weights, into L2"). */
 static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int64_t lda,
                        const float *pbk, int64_t pstride, float *c, int64_t ldc, int acc,
-                       const gemm_epi *epi) {
-    for (int64_t ir = 0, rows; ir < m; ir += rows) {
+                       const gemm_epi *epi, const gemm_block_next *next) {
+    int64_t tiles = (m + GEMM_MR - 1) / GEMM_MR, t = 0;
+    for (int64_t ir = 0, rows; ir < m; ir += rows, ++t) {
         rows = gemm_next_rows_over(m - ir, ncols);
         for (int64_t j = 0; j < ncols; j += GEMM_TN) {
             int nr = (int)FL_MIN(ncols - j, GEMM_TN);
             const float *pbj = pbk + (j / FL_PANEL) * pstride + j % FL_PANEL;
             float *cij = c + ir * ldc + j;
-            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, cij, ldc, nr, acc);
+            gemm_prefetch pf = {0, 0};
+            if (next && j / FL_PANEL < next->panels) {
+                /* row tile t of this panel: its share of the next block's same panel */
+                int64_t lines = next->rows * FL_PANEL * 4 / 64, l0 = lines * t / tiles;
+                pf.line = (const char *)(next->pb + (j / FL_PANEL) * next->pstride) + l0 * 64;
+                pf.lines = lines * (t + 1) / tiles - l0;
+            }
+            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, cij, ldc, nr, acc, pf);
             if (epi) {
                 gemm_epi at = {epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
                 FL_FN(gemm_tile_epi)(rows, cij, ldc, nr, &at);
@@ -469,6 +494,11 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
         for (int64_t jc = 0; jc < n; jc += nc) {
             int64_t ncols = FL_MIN(n - jc, nc);
             const float *pbk = pb + jc * k + pc * FL_PANEL;
+            /* the block after this one: the next columns, else the first of the next rows of b */
+            int64_t njc = jc + nc < n ? jc + nc : 0, npc = jc + nc < n ? pc : pc + kc;
+            gemm_block_next nb = {pb + njc * k + npc * FL_PANEL, k * FL_PANEL,
+                                  (FL_MIN(n - njc, nc) + FL_PANEL - 1) / FL_PANEL, FL_MIN(k - npc, kc_most)};
+            const gemm_block_next *next = npc < k ? &nb : 0;
             /* the epilogue on the tiles of the last block of k, their sums final */
             gemm_epi at = {0, FL_LINEAR, 0.0f}, *last = 0;
             if (epi && pc + kc >= k) {
@@ -476,7 +506,7 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
                 last = &at;
             }
             if (!buf) {
-                gemm_block(m, ncols, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc, last);
+                gemm_block(m, ncols, kc, a + pc, lda, pbk, k * FL_PANEL, c + jc, ldc, acc, last, next);
                 continue;
             }
             for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
@@ -484,7 +514,7 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
                 for (int64_t i = 0; i < mc; ++i)
                     memcpy(buf + i * ldbuf, a + (ic + i) * lda + pc, (size_t)kc * sizeof(float));
                 gemm_block(mc, ncols, kc, buf, ldbuf, pbk, k * FL_PANEL, c + ic * ldc + jc, ldc,
-                           acc, last);
+                           acc, last, ic + mc >= m ? next : 0);
             }
         }
     }
@@ -541,7 +571,7 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
             const float *bk = trans_b ? b + jc * ldb + pc : b + pc * ldb + jc;
             FL_FN(pack)(bk, ldb, trans_b, kc, nc, pbk);
             gemm_block(m, nc, kc, a + pc, lda, pbk, kc * FL_PANEL, c + jc, ldc,
-                       accumulate || pc > 0, 0);
+                       accumulate || pc > 0, 0, 0);
         }
     }
     return 0;

@@ -50,13 +50,22 @@ FL_INLINE int64_t gemm_next_rows_over(int64_t left, int64_t ncols) {
     return (left + tiles - 1) / tiles;
 }
 
+/* Lines of memory a tile asks L2 for while it runs, one per step of k (the next block of a
+ * product's packed b, gemm.c's gemm_block): `lines` lines of 64 bytes from `line`. */
+typedef struct {
+    const char *line;
+    int64_t lines;
+} gemm_prefetch;
+#define GEMM_NO_PREFETCH ((gemm_prefetch){0, 0})
+
 /* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]
  * (pb packed, gemm.h): the tile of exactly `rows` rows over nr <= GEMM_TN columns, the wide
  * tile (rows <= GEMM_MR) or for nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR); kh > 1
- * sums the window rows of an implicit convolution (ari apart), kh 1 is the plain product. */
+ * sums the window rows of an implicit convolution (ari apart), kh 1 is the plain product; the
+ * wide tile brings pf's lines into L2 meanwhile (GEMM_NO_PREFETCH: none). */
 void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                           int accumulate);
+                           int accumulate, gemm_prefetch pf);
 
 /* The bias and activation a product's caller asks of its tiles (gemm_tile_epi): bias NULL for
  * none, code an elementwise activation (not the softmax codes). */
