@@ -88,18 +88,15 @@ static void conv_implicit_span(const conv_ctx *p, const float *a, int64_t ars, i
         for (int64_t j = j0; j < j1; j += GEMM_TN) {
             int nr = (int)FL_MIN(j1 - j, GEMM_TN);
             const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
+            gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
             if (p->dw == 1) {
                 FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
-                                      nr, 0, GEMM_NO_PREFETCH);
+                                      nr, 0, GEMM_NO_PREFETCH, epi ? &at : 0);
             } else {
                 for (int64_t i = 0; i < p->kh; ++i)
                     FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
                                           pb + i * p->kw * c * FL_PANEL, yr + j, cout, nr, i > 0,
-                                          GEMM_NO_PREFETCH);
-            }
-            if (epi) {
-                gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
-                FL_FN(gemm_tile_epi)(rows, yr + j, cout, nr, &at);
+                                          GEMM_NO_PREFETCH, epi && i + 1 == p->kh ? &at : 0);
             }
         }
     }

@@ -93,7 +93,7 @@ int FL_FN(pack)(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, 
  * pf per step of k into L2 until none is left. */
 FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                          int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                         int accumulate, gemm_prefetch pf) {
+                         int accumulate, gemm_prefetch pf, const gemm_epi *epi) {
     fl_vf c0[GEMM_MR], c1[GEMM_MR];
 #pragma GCC unroll 14
     for (int r = 0; r < rows; ++r) c0[r] = c1[r] = fl_set1(0.0f);
@@ -124,6 +124,14 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
         }
     }
     if (nr == GEMM_TN) {
+        /* a bias and ReLU on the sums in registers: the operations gemm_tile_epi applies to
+         * them once stored, in the same order (the same bits), without reading them back */
+        int fused = epi && (epi->code == FL_LINEAR || epi->code == FL_RELU);
+        fl_vf bias0 = fl_set1(0.0f), bias1 = bias0;
+        if (fused && epi->bias) {
+            bias0 = fl_load(epi->bias);
+            bias1 = fl_load(epi->bias + FL_VW);
+        }
 #pragma GCC unroll 14
         for (int r = 0; r < rows; ++r) {
             float *row = c + r * ldc;
@@ -131,9 +139,20 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
                 c0[r] += fl_load(row);
                 c1[r] += fl_load(row + FL_VW);
             }
+            if (fused) {
+                if (epi->bias) {
+                    c0[r] += bias0;
+                    c1[r] += bias1;
+                }
+                if (epi->code == FL_RELU) {
+                    c0[r] = rows_vact(c0[r], FL_RELU, 0.0f);
+                    c1[r] = rows_vact(c1[r], FL_RELU, 0.0f);
+                }
+            }
             fl_store(row, c0[r]);
             fl_store(row + FL_VW, c1[r]);
         }
+        if (epi && !fused) FL_FN(gemm_tile_epi)(rows, c, ldc, nr, epi);
         return;
     }
     /* nr - FL_VW lanes of the second vector, masked; every row a constant index, so that the
@@ -150,6 +169,7 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
         fl_store(row, c0[r]);
         fl_store_n(row + FL_VW, c1[r], tail);
     }
+    if (epi) FL_FN(gemm_tile_epi)(rows, c, ldc, nr, epi);
 }
 
 /* c[0:rows, 0:nr] (+)= the same sums as gemm_tile for nr <= W columns (one vector of W floats
@@ -220,13 +240,14 @@ static void gemm_tile_narrow_rows(int rows, int64_t kh, int64_t ari, int64_t kc,
  * nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR). */
 void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                           int accumulate, gemm_prefetch pf) {
+                           int accumulate, gemm_prefetch pf, const gemm_epi *epi) {
     if (nr <= FL_VW) {
         gemm_tile_narrow_rows(rows, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);
+        if (epi) FL_FN(gemm_tile_epi)(rows, c, ldc, nr, epi);
         return;
     }
 #define GEMM_ROWS(r) \
-    case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate, pf); break;
+    case r: gemm_tile(r, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate, pf, epi); break;
     switch (rows) {
 #if GEMM_MR > 6
         GEMM_ROWS(14) GEMM_ROWS(13) GEMM_ROWS(12) GEMM_ROWS(11) GEMM_ROWS(10) GEMM_ROWS(9)
@@ -301,11 +322,13 @@ static void gemm_block(int64_t m, int64_t ncols, int64_t kc, const float *a, int
                 pf.line = (const char *)(next->pb + (j / FL_PANEL) * next->pstride) + l0 * 64;
                 pf.lines = lines * (t + 1) / tiles - l0;
             }
-            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, cij, ldc, nr, acc, pf);
-            if (epi) {
-                gemm_epi at = {epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
-                FL_FN(gemm_tile_epi)(rows, cij, ldc, nr, &at);
-            }
+            gemm_epi at = {0, FL_LINEAR, 0.0f};
+            if (epi) at = (gemm_epi){epi->bias ? epi->bias + j : 0, epi->code, epi->alpha};
+            int whole = nr % FL_VW == 0; /* a ragged last panel: the row epilogue on its columns */
+            FL_FN(gemm_tile_rows)((int)rows, 1, 0, kc, a + ir * lda, lda, pbj, cij, ldc, nr, acc, pf,
+                                  epi && whole ? &at : 0);
+            if (epi && !whole)
+                FL_FN(rows_bias_act_range)(0, rows, nr, cij, ldc, at.bias, at.code, at.alpha, cij, ldc);
         }
     }
 }
@@ -600,10 +623,10 @@ typedef struct {
 
 /* Rows [r0, r1) of c = f(a @ b + bias), in chunks whose epilogue runs while they are hot. */
 static int gemm_rows_share(gemm_matmul_ctx *x, int64_t r0, int64_t r1) {
-    /* on each tile while it is in L1 where its rows are whole vectors, else per chunk (whose
-     * flat path runs narrow rows as one array) */
+    /* on each tile while it is in L1 (gemm_packed; the per-call packed and thin paths: per
+     * chunk) */
     gemm_epi ask = {x->bias, x->code, x->alpha};
-    const gemm_epi *epi = x->n % FL_VW == 0 ? gemm_tile_epi_of(&ask) : 0;
+    const gemm_epi *epi = gemm_tile_epi_of(&ask);
     int64_t most = FL_MAX(GEMM_CHUNK_FLOATS / FL_MAX(x->n, 1), GEMM_MR);
     if (x->k * x->n > GEMM_B_CACHED_FLOATS) most = FL_MAX(most, GEMM_REREAD_ROWS);
     /* near-equal chunks of whole tiles: no short last chunk on the thin path */
@@ -631,13 +654,15 @@ static void gemm_matmul_task(void *p, int64_t u0, int64_t u1) {
         st = gemm_rows_share(x, u0, u1);
     } else {                                  /* units: 32-column panels */
         int64_t c0 = u0 * FL_PANEL, c1 = FL_MIN(u1 * FL_PANEL, x->n);
-        st = x->pb ? FL_FN(sgemm_packed)(x->m, c1 - c0, x->k, x->a, x->lda, x->pb + c0 * x->k, 0,
-                                         x->c + c0, x->ldc)
+        gemm_epi ask = {x->bias ? x->bias + c0 : 0, x->code, x->alpha};
+        st = x->pb ? gemm_packed(x->m, c1 - c0, x->k, x->a, x->lda, x->pb + c0 * x->k, 0,
+                                 x->c + c0, x->ldc, gemm_tile_epi_of(&ask))
                    : FL_FN(sgemm)(x->m, c1 - c0, x->k, x->a, x->lda,
                                   x->trans_b ? x->b + c0 * x->ldb : x->b + c0, x->ldb,
                                   x->trans_b, 0, x->c + c0, x->ldc);
-        if (!st && x->code != FL_SOFTMAX && x->code != FL_LOG_SOFTMAX &&
-            (x->code != FL_LINEAR || x->bias))
+        if (st > 0) st = 0;                   /* the epilogue applied on the tiles */
+        else if (!st && x->code != FL_SOFTMAX && x->code != FL_LOG_SOFTMAX &&
+                 (x->code != FL_LINEAR || x->bias))
             FL_FN(rows_bias_act_range)(0, x->m, c1 - c0, x->c + c0, x->ldc,
                                        x->bias ? x->bias + c0 : 0, x->code, x->alpha,
                                        x->c + c0, x->ldc);

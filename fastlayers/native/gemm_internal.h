@@ -58,15 +58,6 @@ typedef struct {
 } gemm_prefetch;
 #define GEMM_NO_PREFETCH ((gemm_prefetch){0, 0})
 
-/* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]
- * (pb packed, gemm.h): the tile of exactly `rows` rows over nr <= GEMM_TN columns, the wide
- * tile (rows <= GEMM_MR) or for nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR); kh > 1
- * sums the window rows of an implicit convolution (ari apart), kh 1 is the plain product; the
- * wide tile brings pf's lines into L2 meanwhile (GEMM_NO_PREFETCH: none). */
-void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
-                           int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
-                           int accumulate, gemm_prefetch pf);
-
 /* The bias and activation a product's caller asks of its tiles (gemm_tile_epi): bias NULL for
  * none, code an elementwise activation (not the softmax codes). */
 typedef struct {
@@ -75,11 +66,22 @@ typedef struct {
     float alpha;
 } gemm_epi;
 
+/* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]
+ * (pb packed, gemm.h): the tile of exactly `rows` rows over nr <= GEMM_TN columns, the wide
+ * tile (rows <= GEMM_MR) or for nr <= FL_VW the narrow one (rows <= GEMM_NARROW_MR); kh > 1
+ * sums the window rows of an implicit convolution (ari apart), kh 1 is the plain product; the
+ * wide tile brings pf's lines into L2 meanwhile (GEMM_NO_PREFETCH: none). Then, where epi is
+ * not NULL (its sums final, nr a multiple of FL_VW), the tile's epilogue (gemm_tile_epi's
+ * bits): the wide tile adds a bias and applies ReLU to its sums before it stores them. */
+void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
+                           int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
+                           int accumulate, gemm_prefetch pf, const gemm_epi *epi);
+
 /* c[r, 0:nr] = f(c[r, 0:nr] + bias[0:nr]) for r < rows (rows ldc floats apart, nr <= GEMM_TN
  * a multiple of FL_VW): a tile's epilogue once its sums are final, while it is in L1; the same
  * bits as the row epilogue (rows_bias_act_range) gives. Narrower rows keep the row epilogue,
  * whose flat path runs them as one array (a masked vector per row cost more than the pass it
- * saved: a 16 -> 8 channel 2x2 convolution on 320 x 320, 1.16 -> 1.64 ms). */
+ * saved: docs/design.md, "GEMM"). */
 void FL_FN(gemm_tile_epi)(int64_t rows, float *c, int64_t ldc, int nr, const gemm_epi *epi);
 
 FL_GEMM_KERNELS(FL_DECLARE)

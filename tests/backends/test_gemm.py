@@ -167,13 +167,15 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
 )
 @pytest.mark.parametrize("activation", sorted(set(CODES) - {"softmax", "log_softmax"}))
 @pytest.mark.parametrize("bias", [True, False])
-def test_tile_epilogue_is_the_row_epilogue_bit_for_bit(rng, m, k, n, lda, activation, bias):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tile_epilogue_is_the_row_epilogue_bit_for_bit(rng, m, k, n, lda, activation, bias, threads):
     """The bias and activation applied to each tile of a packed product once its sums are final
-    (columns a whole number of vectors) or per chunk (other widths) give the bits of the product
+    (in registers for a bias and ReLU; a ragged last panel's columns by the row epilogue right
+    after its tile), to shares of rows or of columns (2 threads), give the bits of the product
     followed by the row epilogue (``bias_act``), for every activation, blocks of k and of
     columns, and rows copied for aliasing."""
     before = fastlayers.get_num_threads()
-    fastlayers.set_num_threads(1)
+    fastlayers.set_num_threads(threads)
     try:
         a = (rng.standard_normal((m, lda)) * 2).astype(np.float32)[:, :k]
         w = rng.standard_normal((k, n)).astype(np.float32)
