@@ -76,22 +76,27 @@ static void conv_residual_rows(int64_t rows, int64_t n, float *y, const float *r
 
 /* Output columns [s0, s1) of output row yt (columns j0:j1 of the block), their windows read at
  * a (the window of column s0: row i at a + i ari, column ow at a + (ow - s0) ars): the tiles,
- * each with its epilogue where `epi`. */
+ * each with its epilogue where `epi`, bringing pf's lines into L2 meanwhile (shared among the
+ * tiles; without a width dilation). */
 static void conv_implicit_span(const conv_ctx *p, const float *a, int64_t ars, int64_t ari,
                                float *yt, int64_t s0, int64_t s1, int64_t j0, int64_t j1,
-                               int epi) {
+                               int epi, gemm_prefetch pf) {
     int64_t c = p->c, k = p->k, cout = p->cout;
+    int64_t mr = j1 - j0 <= FL_VW ? GEMM_NARROW_MR : GEMM_MR, q = 0;
+    int64_t tiles = (s1 - s0 + mr - 1) / mr * ((j1 - j0 + GEMM_TN - 1) / GEMM_TN);
     for (int64_t ow = s0, rows; ow < s1; ow += rows) {
         rows = gemm_next_rows_over(s1 - ow, j1 - j0);
         const float *ar = a + (ow - s0) * ars;
         float *yr = yt + ow * cout;
-        for (int64_t j = j0; j < j1; j += GEMM_TN) {
+        for (int64_t j = j0; j < j1; j += GEMM_TN, ++q) {
             int nr = (int)FL_MIN(j1 - j, GEMM_TN);
             const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
             gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
             if (p->dw == 1) {
+                int64_t l0 = pf.lines * q / tiles;  /* tile q's share of pf */
+                gemm_prefetch share = {pf.line + l0 * 64, pf.lines * (q + 1) / tiles - l0};
                 FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
-                                      nr, 0, GEMM_NO_PREFETCH, epi ? &at : 0);
+                                      nr, 0, share, epi ? &at : 0);
             } else {
                 for (int64_t i = 0; i < p->kh; ++i)
                     FL_FN(gemm_tile_rows)((int)rows, p->kw, p->dw * c, c, ar + i * ari, ars,
@@ -156,6 +161,15 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
         int64_t n = t / p->ho, oh = t % p->ho;
         int64_t ih0 = oh * p->sh - p->pt, ih1 = ih0 + (p->kh - 1) * p->dh;
         float *yt = p->y + t * wo * cout;
+        /* output row t's share of the next column block's packed weights, into L2: its first
+         * output rows then read them from L2, not from L3 or memory */
+        gemm_prefetch pf = GEMM_NO_PREFETCH;
+        if (j1 < cout) {
+            int64_t nj1 = FL_MIN(cout, j1 + p->block_cols);
+            int64_t lines = ((nj1 + FL_PANEL - 1) / FL_PANEL - j1 / FL_PANEL) * FL_PANEL * p->k * 4 / 64;
+            int64_t l0 = lines * t / p->row_units;
+            pf = (gemm_prefetch){(const char *)(p->pw + j1 * p->k) + l0 * 64, lines * (t + 1) / p->row_units - l0};
+        }
         /* the spans at the ends a whole tile each where they are copied (a tile of one row
          * costs about what a full one does) */
         int64_t mr = j1 - j0 <= FL_VW ? GEMM_NARROW_MR : GEMM_MR;
@@ -163,18 +177,18 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
         int64_t right = hi < wo ? FL_MAX(left, FL_MIN(hi, wo - mr)) : wo;
         if (ih0 >= 0 && ih1 < p->h && right > left) {
             const float *a = p->x + ((n * p->h + ih0) * w + left * p->sw - p->pl) * c;
-            conv_implicit_span(p, a, ars, p->dh * w * c, yt, left, right, j0, j1, epi);
+            conv_implicit_span(p, a, ars, p->dh * w * c, yt, left, right, j0, j1, epi, pf);
             if (left > 0) {
                 int64_t width = conv_padded_rows(p, n, oh, 0, left, buf);
-                conv_implicit_span(p, buf, ars, width * c, yt, 0, left, j0, j1, epi);
+                conv_implicit_span(p, buf, ars, width * c, yt, 0, left, j0, j1, epi, GEMM_NO_PREFETCH);
             }
             if (right < wo) {
                 int64_t width = conv_padded_rows(p, n, oh, right, wo, buf);
-                conv_implicit_span(p, buf, ars, width * c, yt, right, wo, j0, j1, epi);
+                conv_implicit_span(p, buf, ars, width * c, yt, right, wo, j0, j1, epi, GEMM_NO_PREFETCH);
             }
         } else {
             int64_t width = conv_padded_rows(p, n, oh, 0, wo, buf);
-            conv_implicit_span(p, buf, ars, width * c, yt, 0, wo, j0, j1, epi);
+            conv_implicit_span(p, buf, ars, width * c, yt, 0, wo, j0, j1, epi, pf);
         }
         if (epilogue && !epi)
             FL_FN(rows_bias_act_range)(0, wo, j1 - j0, yt + j0, cout,
