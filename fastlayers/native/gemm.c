@@ -612,6 +612,9 @@ int FL_FN(sgemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, c
  * once per that many rows of multiply-adds; a late epilogue costs far less than that). */
 #define GEMM_B_CACHED_FLOATS (1 << 17)
 #define GEMM_REREAD_ROWS 256
+/* Floats of A beyond which a share of columns no longer finds it in L2 (each share streams all
+ * of A from L3 again): such products get one share of columns per thread. */
+#define GEMM_A_CACHED_FLOATS (1 << 18)
 
 typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
@@ -688,6 +691,9 @@ int FL_FN(matmul)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, 
         int64_t threads = fl_pool_get_threads();
         grain = FL_MAX(units * GEMM_MIN_THIN_SHARE_FLOPS / work, (units + threads - 1) / threads);
         grain = (grain + tile - 1) / tile * tile;
+    } else if (!x.by_rows && m * k > GEMM_A_CACHED_FLOATS) {
+        int64_t threads = fl_pool_get_threads();
+        grain = FL_MAX(grain, (units + threads - 1) / threads);
     }
     if (fl_parallel_chunks(units, grain) <= 1) {
         x.by_rows = 1;
