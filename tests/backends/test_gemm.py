@@ -151,6 +151,24 @@ def test_matmul_on_weights_fuses_bias_and_activation(rng, threads, m, activation
     assert _gemm.packed_weights(w[:, 49:1049]) is not _gemm.packed_weights(view)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("m, k, n", [(400, 700, 1000), (70, 4000, 200), (300, 900, 333)])
+def test_matmul_column_shares_of_an_a_larger_than_l2(rng, threads, m, k, n):
+    """Fewer rows than columns and A over ``GEMM_A_CACHED_FLOATS``: one share of columns per
+    thread (a ragged last panel, several blocks of k), the same product as numpy's."""
+    before = fastlayers.get_num_threads()
+    fastlayers.set_num_threads(threads)
+    try:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        out = np.empty((m, n), np.float32)
+        _gemm.matmul(a, w, out, bias, CODES["relu"], weights=True)
+    finally:
+        fastlayers.set_num_threads(before or _core.get_num_threads())
+    assert_close(out, np.maximum(_expected(a, w) + bias, 0), rtol=1e-5, atol=1e-4 * np.sqrt(k / 300))
+
+
 @pytest.mark.parametrize(
     "m, k, n, lda",
     [
