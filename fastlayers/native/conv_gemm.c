@@ -93,8 +93,11 @@ static void conv_implicit_span(const conv_ctx *p, const float *a, int64_t ars, i
             const float *pb = p->pw + (j / FL_PANEL) * FL_PANEL * k + j % FL_PANEL;
             gemm_epi at = {p->bias ? p->bias + j : 0, p->code, p->alpha};
             if (p->dw == 1) {
-                int64_t l0 = pf.lines * q / tiles;  /* tile q's share of pf */
-                gemm_prefetch share = {pf.line + l0 * 64, pf.lines * (q + 1) / tiles - l0};
+                gemm_prefetch share = GEMM_NO_PREFETCH;
+                if (pf.lines > 0) {  /* tile q's share of pf */
+                    int64_t l0 = pf.lines * q / tiles;
+                    share = (gemm_prefetch){pf.line + l0 * 64, pf.lines * (q + 1) / tiles - l0};
+                }
                 FL_FN(gemm_tile_rows)((int)rows, p->kh, ari, p->kw * c, ar, ars, pb, yr + j, cout,
                                       nr, 0, share, epi ? &at : 0);
             } else {
