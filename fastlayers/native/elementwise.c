@@ -5,7 +5,9 @@
  * out[n, j] = program(operands at n, j): the positions of each sample split into blocks of a
  * whole number of channel periods, each instruction a vector loop over the block into a
  * register (a block of floats) or, for the last, into out. A channel operand is tiled over the
- * block once per sample and block size, so lane i of every block reads channel i % c. */
+ * block once per sample and block size, so lane i of every block reads channel i % c; a
+ * position operand is spread over the block's positions once per block (lane i reads the value
+ * of position i / c). */
 
 #include <math.h>
 #include <stdlib.h>
@@ -63,10 +65,21 @@ static void ew_unary(int op, const float *src, float *dst, int64_t n, float lo, 
     }
 }
 
+/* tile[i] = v[i / c] for i < len (len a multiple of c): each position's value over its c
+ * channels. */
+static void ew_spread(const float *v, int64_t c, int64_t len, float *tile) {
+    for (int64_t i = 0; i < len; i += c, ++v) {
+        fl_vf s = fl_set1(*v);
+        int64_t j = 0;
+        for (; j + FL_VW <= c; j += FL_VW) fl_store(tile + i + j, s);
+        if (j < c) fl_store_n(tile + i + j, s, c - j);
+    }
+}
+
 static void ew_task(void *p, int64_t u0, int64_t u1) {
     ew_ctx *x = (ew_ctx *)p;
     int64_t b = x->block;
-    /* registers, then one tile per channel operand */
+    /* registers, then one tile per channel or position operand */
     float *mem = (float *)malloc((size_t)(x->n_regs + x->n_operands) * (size_t)b * sizeof(float));
     if (!mem) {
         x->failed = 1;
@@ -86,6 +99,10 @@ static void ew_task(void *p, int64_t u0, int64_t u1) {
             }
             tiled_sample = n;
         }
+        for (int k = 0; k < x->n_operands; ++k) {  /* each position operand over this block */
+            const fl_ew_operand *o = &x->operands[k];
+            if (o->kind == FL_EW_POSITION) ew_spread(o->p + n * o->stride + start / x->c, x->c, len, tiles + k * b);
+        }
         for (int i = 0; i < x->n_insns; ++i) {
             const fl_ew_insn *in = &x->insns[i];
             float *dst = i == x->n_insns - 1 ? x->out + n * x->inner + start : regs + in->dst * b;
@@ -99,7 +116,7 @@ static void ew_task(void *p, int64_t u0, int64_t u1) {
                 } else if (s == 0 || in->op <= FL_EW_DIV) {
                     const fl_ew_operand *o = &x->operands[r];
                     if (o->kind == FL_EW_FULL) src[s] = o->p + n * o->stride + start;
-                    else if (o->kind == FL_EW_CHANNEL) src[s] = tiles + r * b;
+                    else if (o->kind == FL_EW_CHANNEL || o->kind == FL_EW_POSITION) src[s] = tiles + r * b;
                     else splat[s] = o->p[0];
                 }
             }

@@ -7,8 +7,10 @@
 /* Operand kinds: a tensor of the output's shape and memory order, each sample's inner values
  * contiguous (FULL: p[n * stride + j]), a vector over the channels, the memory's last axis
  * (CHANNEL: p[n * stride + j % c]; stride 0 for one vector for every sample), one value
- * (SCALAR: p[0]). */
-enum { FL_EW_FULL, FL_EW_CHANNEL, FL_EW_SCALAR };
+ * (SCALAR: p[0]), one value per position spread over its c channels (POSITION:
+ * p[n * stride + j / c]; a statistic over the channels of NHWC memory, as a decomposed norm
+ * computes it). */
+enum { FL_EW_FULL, FL_EW_CHANNEL, FL_EW_SCALAR, FL_EW_POSITION };
 
 typedef struct {
     int kind;

@@ -5,6 +5,7 @@ cdef extern from "elementwise.h" nogil:
         FL_EW_FULL
         FL_EW_CHANNEL
         FL_EW_SCALAR
+        FL_EW_POSITION
     ctypedef struct fl_ew_operand:
         int kind
         const float *p
@@ -20,8 +21,26 @@ cdef extern from "dispatch.h" nogil:
 
 #: Operation names of elementwise programs, in the order of their codes (elementwise.h).
 EW_OPS = ("add", "sub", "mul", "div", "act", "sqrt", "neg", "abs", "clip")
-#: Operand kinds (elementwise.h): a tensor of the output's shape, a channel vector, one value.
-EW_FULL, EW_CHANNEL, EW_SCALAR = 0, 1, 2
+#: Operand kinds (elementwise.h): a tensor of the output's shape, a channel vector, one value,
+#: one value per position (over its channels).
+EW_FULL, EW_CHANNEL, EW_SCALAR, EW_POSITION = 0, 1, 2, 3
+
+
+def ew_operand_floats(int kind, int64_t samples, int64_t inner, int64_t c, int64_t stride):
+    """The fewest values an operand of ``kind`` (elementwise.h) holds for a call over samples
+    x inner values of c channels with the sample stride ``stride``; -1 for an unknown kind or
+    no channels."""
+    if c < 1:
+        return -1
+    if kind == EW_FULL:
+        return samples * inner
+    if kind == EW_CHANNEL:
+        return (samples - 1) * stride + c
+    if kind == EW_SCALAR:
+        return 1
+    if kind == EW_POSITION:
+        return (samples - 1) * stride + inner // c
+    return -1
 
 
 cdef class ElementwiseProgram:
@@ -34,7 +53,8 @@ cdef class ElementwiseProgram:
     position, ``operands`` being (kind, float32 array, sample stride in floats) each: a FULL
     operand an array of samples * inner values whose samples are ``stride`` apart from its
     first value, each sample's values contiguous (a view of its memory, checked only for its
-    count of values), a channel vector or a value C-contiguous."""
+    count of values), a channel vector, a value or the values of the positions (inner / c per
+    sample) C-contiguous."""
 
     cdef fl_ew_insn *insns
     cdef int n_insns, n_regs, n_operands
@@ -76,7 +96,9 @@ cdef class ElementwiseProgram:
                 a = <cnp.ndarray>value
                 if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or (kind != EW_FULL and not cnp.PyArray_IS_C_CONTIGUOUS(a)):
                     raise ValueError(f"ElementwiseProgram: operand {i} is not float32 (C-contiguous where not FULL)")
-                need = samples * inner if kind == EW_FULL else (samples - 1) * stride + c if kind == EW_CHANNEL else 1
+                need = ew_operand_floats(kind, samples, inner, c, stride)
+                if need < 0 or stride < 0:
+                    raise ValueError(f"ElementwiseProgram: operand {i} of kind {kind} with stride {stride}")
                 if a.size < need or (kind == EW_FULL and a.size != need):
                     raise ValueError(f"ElementwiseProgram: operand {i} holds {a.size} values, needs {need}")
                 ops[i].kind, ops[i].p, ops[i].stride = kind, <const float *>cnp.PyArray_DATA(a), stride

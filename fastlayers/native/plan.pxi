@@ -839,8 +839,8 @@ cdef class NativePlan:
         arrays = []
         for i, (kind, value, stride) in enumerate(operands):
             a = np.ascontiguousarray(value, np.float32)
-            need = samples * inner if kind == EW_FULL else (samples - 1) * stride + c if kind == EW_CHANNEL else 1
-            if kind not in (EW_FULL, EW_CHANNEL, EW_SCALAR) or a.size < need or stride < 0 \
+            need = ew_operand_floats(kind, samples, inner, c, stride)
+            if need < 0 or a.size < need or stride < 0 \
                     or (kind == EW_FULL and (a.size != need or a is not value)):
                 raise ValueError(f"native plan elementwise: operand {i} of kind {kind} holds {a.size} "
                                  f"values, needs {need} (a tensor operand C-contiguous float32)")

@@ -662,6 +662,64 @@ def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, bat
     assert {"Slice", "Concat", "ReduceMean", "FusedDense"} <= set(native)
 
 
+def _channel_norm_model(rng, channels=24):
+    """A LayerNorm over the channels after a convolution, as exporters decompose it
+    (ConvNeXt's LayerNorm2d): ReduceMean over axis 1, Sub, Mul, ReduceMean, Add, Sqrt, Div, a
+    scale and shift per channel."""
+    f = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(f(channels, 5, 3, 3), "w"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(f(1, channels, 1, 1) + 1, "gamma"),
+        numpy_helper.from_array(f(1, channels, 1, 1), "beta"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c", "axis"], ["mean"], keepdims=1),
+        helper.make_node("Sub", ["c", "mean"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["d2"]),
+        helper.make_node("ReduceMean", ["d2", "axis"], ["var"], keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["n"]),
+        helper.make_node("Mul", ["n", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "channel_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5, 9, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_norm_over_channels_runs_natively(rng, monkeypatch, batch):
+    """The per-position mean and deviation of channels-last values spread over their channels
+    in the elementwise pass (position operands), not broadcast into tensors first: every node
+    native, the Python plan's bits (the same pass), onnxruntime's values."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _channel_norm_model(np.random.default_rng(3))
+    ours = fastlayers.load(data)
+    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x = rng.standard_normal((batch, 5, 9, 11)).astype(np.float32)
+        got = ours.run(None, {"x": x})[0]
+        assert_close(got, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got, python.run(None, {"x": x})[0])
+    native, fallbacks, moved = _serving(ours, {"x": x}).summary
+    assert fallbacks == ()
+    assert {"FusedConv", "ReduceMean", "FusedElementwise"} <= set(native)
+    # the result's copy out of the plan's memory (read and written) and nothing else: the mean
+    # and the deviation are not broadcast into tensors of their own
+    assert moved == 2 * got.nbytes
+
+
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
     """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
     call to the Python plan (its bits: NaN where a window reads it), and the plan serves the

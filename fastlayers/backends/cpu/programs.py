@@ -5,8 +5,10 @@ Per layout of a call's operands (shapes and strides, kept per plan) each operand
 of the result's shape whose memory is runs of contiguous values at a constant stride, in the
 same axis order for all (C-contiguous, NCHW views of NHWC memory as convolutions hand on,
 slices of them), a vector over the channels of 4-D values ((1, C, 1, 1), (C, 1, 1) or one per
-sample (N, C, 1, 1); where the channels are the memory's innermost axis) or one value; the
-result has the tensors' axis order in memory. Instructions whose operands
+sample (N, C, 1, 1); where the channels are the memory's innermost axis), one value per
+position (the result's shape but one along its innermost axis in memory: a mean or a variance
+over the channels of NHWC memory, or over the rows' values of (N, L) rows, spread over them in
+the pass) or one value; the result has the tensors' axis order in memory. Instructions whose operands
 are all vectors or single values (a squeeze-and-excite gate's activation) run first on those
 small arrays, one by one as the reference runs them; the native program takes the rest, its
 values in registers allocated by their lifetimes. Any other layout, type or shape runs the
@@ -25,7 +27,7 @@ from ...native import CODES, _core
 MAX_REGISTERS = 16
 #: Most layouts a plan keeps.
 MAX_LAYOUTS = 16
-FULL, CHANNEL, SCALAR = _core.EW_FULL, _core.EW_CHANNEL, _core.EW_SCALAR
+FULL, CHANNEL, SCALAR, POSITION = _core.EW_FULL, _core.EW_CHANNEL, _core.EW_SCALAR, _core.EW_POSITION
 
 
 def _layout_of(operands):
@@ -34,14 +36,15 @@ def _layout_of(operands):
     samples; inner values per sample; channels; each tensor operand's sample stride in floats):
     every tensor operand holds, in that order, ``samples`` runs of ``inner`` contiguous values at
     a constant stride (a C-contiguous array, NHWC memory behind an NCHW view, a slice of either);
-    channel vectors (along axis 1 of an (N, C, ...) result: NCHW views of NHWC memory, or (N,
-    C) rows) need the channels innermost in memory and, one per sample, the batch axis
-    outermost."""
+    channel vectors run along the innermost axis of memory (axis 1 of an (N, C, ...) result:
+    NCHW views of NHWC memory; (N, C) rows; (1, 1, L) over (1, C, L) rows), one per sample with
+    the batch axis outermost; a position operand (the result's shape but one along that axis)
+    holds a value per run of it. ``channels``: the length of that axis where either is there."""
     for o in operands:
         if type(o) is not np.ndarray or o.dtype != np.float32 or o.size == 0:
             return None
     shape = np.broadcast_shapes(*(o.shape for o in operands))
-    kinds, full, per_sample = [], [], False
+    kinds, full = [], []
     for o in operands:
         if o.size == 1:
             kinds.append(SCALAR)
@@ -49,20 +52,26 @@ def _layout_of(operands):
             kinds.append(FULL)
             full.append(o)
         else:
-            padded = (1,) * (len(shape) - o.ndim) + o.shape
-            if (
-                len(shape) < 2
-                or any(d != 1 for d in padded[2:])
-                or padded[1] != shape[1]
-                or padded[0] not in (1, shape[0])
-            ):
-                return None
-            kinds.append(CHANNEL)
-            per_sample |= padded[0] > 1
+            kinds.append(None)  # a vector or a value per position: known from the memory order
     if not full or any(st % 4 for o in full for st in o.strides):
         return None
     first = full[0]
     order = sorted((a for a in range(len(shape)) if shape[a] > 1), key=lambda a: -first.strides[a])
+    per_sample = False
+    for i, o in enumerate(operands):
+        if kinds[i] is not None:
+            continue
+        padded = (1,) * (len(shape) - o.ndim) + o.shape
+        inner_axis = order[-1] if order else -1
+        if inner_axis > 0 and all(
+            d == (shape[a] if a == inner_axis else 1) or (a == 0 and d == shape[0]) for a, d in enumerate(padded)
+        ):
+            kinds[i] = CHANNEL  # a vector along the innermost axis of memory, or one per sample
+            per_sample |= padded[0] > 1
+        elif _spread_over_last(o, shape, order):
+            kinds[i] = POSITION
+        else:
+            return None
     k = 0  # order[k:]: the axes contiguous in every tensor operand
     for o in full:
         j, expect = len(order), 1
@@ -72,11 +81,8 @@ def _layout_of(operands):
         k = max(k, j)
     if order and k == len(order):
         return None
-    c = 1
+    c = shape[order[-1]] if CHANNEL in kinds or POSITION in kinds else 1
     if CHANNEL in kinds:
-        if not order or order[-1] != 1:
-            return None
-        c = shape[1]
         if per_sample:
             if order[0] != 0 or k > 1:
                 return None
@@ -94,6 +100,29 @@ def _layout_of(operands):
         strides.append(stride)
     perm = [a for a in range(len(shape)) if shape[a] == 1] + order
     return shape, (perm, samples, inner, c, strides), kinds
+
+
+def _spread_over_last(o, shape, order) -> bool:
+    """Whether ``o`` holds one value per position of a result of ``shape`` whose memory has the
+    axes ``order`` (outermost first): the result's shape on every axis but the innermost in
+    memory, one there (a statistic over the channels of NHWC memory)."""
+    if len(order) < 2:
+        return False
+    padded = (1,) * (len(shape) - o.ndim) + o.shape
+    return all(padded[a] == (1 if a == order[-1] else shape[a]) for a in range(len(shape)))
+
+
+def _in_memory_order(x, perm):
+    """Position operand ``x`` (a view) with its axes in the memory order ``perm`` of the result
+    (the result's axes, outermost first)."""
+    x = np.asarray(x, np.float32)
+    return x.reshape((1,) * (len(perm) - x.ndim) + x.shape).transpose(perm)
+
+
+def _positions(x, perm):
+    """The values of position operand ``x`` in the memory order ``perm`` of the result,
+    C-contiguous and flat: one per position."""
+    return np.ascontiguousarray(_in_memory_order(x, perm)).reshape(-1)
 
 
 def _registers(insns, n_operands):
@@ -128,13 +157,15 @@ class _Layout:
 
     def __init__(self, program, n_operands, shape, memory, kinds):
         perm, self.samples, self.inner, self.c, strides = memory
+        self.perm = tuple(perm)
         self.memory_shape = tuple(shape[a] for a in perm)
         self.back = tuple(int(a) for a in np.argsort(perm))  # memory order -> the result's axes
         self.strides = dict(zip((k for k, kind in enumerate(kinds) if kind == FULL), strides))
         kind_of = list(kinds)
         for _, a, b, _ in program:
             used = [kind_of[v] for v in (a, b) if v >= 0]
-            kind_of.append(FULL if FULL in used else CHANNEL if CHANNEL in used else SCALAR)
+            # a value per position with any other: the native pass's, over the whole tensor
+            kind_of.append(FULL if FULL in used or POSITION in used else CHANNEL if CHANNEL in used else SCALAR)
         if kind_of[-1] != FULL:
             raise ValueError("the result is no tensor of the operands' shape")
         self.hoisted = [(insn, n_operands + k) for k, insn in enumerate(program) if kind_of[n_operands + k] != FULL]
@@ -173,6 +204,8 @@ class _Layout:
             elif kind == CHANNEL:
                 vec = np.ascontiguousarray(x, np.float32).reshape(-1)
                 args.append((kind, vec, self.c if vec.size > self.c else 0))
+            elif kind == POSITION:
+                args.append((kind, _positions(x, self.perm), self.inner // self.c))
             else:
                 args.append((kind, np.ascontiguousarray(x, np.float32).reshape(1), 0))
         out = np.empty(self.memory_shape, np.float32)
@@ -250,6 +283,14 @@ def plan_step(ops, program, operands, data=()):
         elif kind == CHANNEL:
             vec = np.ascontiguousarray(values[v], np.float32).reshape(-1)
             sources.append((kind, None, vec, layout.c if vec.size > layout.c else 0))
+        elif kind == POSITION and v in data:
+            # read per call from the plan's memory of the value: its memory order must be the
+            # result's (the stand-in operand is a view of that memory)
+            if not _in_memory_order(operands[v], layout.perm).flags.c_contiguous:
+                return None
+            sources.append((kind, v, None, layout.inner // layout.c))
+        elif kind == POSITION:
+            sources.append((kind, None, _positions(values[v], layout.perm), layout.inner // layout.c))
         elif v in data:
             return None
         else:
