@@ -10,7 +10,7 @@ import numpy as np
 from .ops.reduce import AXES_INPUT_FROM, reduce_axes
 from .plan_convolution import GLOBAL_POOLS, is_itself, lower_global_pool
 from .plan_movement import BROADCAST_CONSTANT_MAX, broadcast, lower_alias
-from .plan_values import MAP_DTYPES, QUANTIZED_DTYPES, NotLowered, Value, arena_view, layout_of, operand
+from .plan_values import MAP_DTYPES, QUANTIZED_DTYPES, NotLowered, Value, arena_view, layout_of, memory_of, operand
 
 #: Operators with a map step (``lower_map``), by the step's name for them; Add / Sub / Mul / Div
 #: where the elementwise program does not take them.
@@ -98,18 +98,19 @@ def lower_reduce(low, node, ins, traced_ins, traced_outs, attrs):
     if axes is None:
         raise NotLowered
     reduced = {a % t.ndim for a in axes}
-    kept = [(d, a in reduced) for a, d in enumerate(t.shape) if d > 1]  # axes of length 1 change nothing
-    flags = [r for _, r in kept]
-    first = flags.index(True) if True in flags else len(flags)
-    last = len(flags) - flags[::-1].index(True) if True in flags else len(flags)
-    if not all(flags[first:last]):
-        raise NotLowered
-    outer = math.prod(d for d, _ in kept[:first])
-    r = math.prod(d for d, _ in kept[first:last])
-    inner = math.prod(d for d, _ in kept[last:])
+    # a channels-last value in its own memory where that reduces neighbouring axes into the
+    # result's C order (a mean over the channels of NHWC memory: contiguous runs), else in C order
+    split = _reduce_split(t.shape, reduced, np.argsort(x.perm)) if x.perm is not None else None
+    if split is None:
+        split = _reduce_split(t.shape, reduced, range(t.ndim))
+        if split is None:
+            raise NotLowered
+        x = low.c_order(x)
+    else:
+        x = memory_of(x)
+    outer, r, inner = split
     if outer * inner != out.size:
         raise NotLowered
-    x = low.c_order(x)
     y = low.new(out.shape)
     low.use(x)
     op = REDUCTIONS[node.op_type]
@@ -119,6 +120,26 @@ def lower_reduce(low, node, ins, traced_ins, traced_outs, attrs):
 
     low.emit(bind)
     return [y]
+
+
+def _reduce_split(shape, reduced, memory_axes):
+    """(outer, r, inner) of a reduction over the axes ``reduced`` of a value of ``shape`` whose
+    memory holds its axes in the order ``memory_axes`` (outermost first), or None where the
+    reduced axes are not neighbours there or the kept ones are not in the result's C order."""
+    kept = [(a, shape[a], a in reduced) for a in memory_axes if shape[a] > 1]  # length 1 changes nothing
+    flags = [f for _, _, f in kept]
+    first = flags.index(True) if True in flags else len(flags)
+    last = len(flags) - flags[::-1].index(True) if True in flags else len(flags)
+    if not all(flags[first:last]):
+        return None
+    rest = [a for a, _, f in kept if not f]
+    if rest != sorted(rest):
+        return None
+    return (
+        math.prod(d for _, d, _ in kept[:first]),
+        math.prod(d for _, d, _ in kept[first:last]),
+        math.prod(d for _, d, _ in kept[last:]),
+    )
 
 
 #: ArgMax / ArgMin with a native step: the reduce step's index forms.

@@ -690,10 +690,13 @@ _REDUCTIONS = {
 
 
 @pytest.mark.parametrize("op", sorted(_REDUCTIONS))
-@pytest.mark.parametrize("shape", [(1, 9, 1), (4, 1, 5), (3, 17, 300), (700, 80, 1), (1, 3, 1)])
+@pytest.mark.parametrize(
+    "shape", [(1, 9, 1), (4, 1, 5), (3, 17, 300), (700, 80, 1), (1, 3, 1), (5, 8, 1), (2, 1001, 1), (6, 1, 1)]
+)
 def test_reduce_step_matches_numpy(rng, isa, op, shape):
-    """(outer, r, inner) -> (outer, inner): sums in double rounded once, max / min exact;
-    blocks of outer positions shared among the threads where large."""
+    """(outer, r, inner) -> (outer, inner): sums in double rounded once (a contiguous run, inner
+    1, in partial sums over lanes and their tail), max / min exact; blocks of outer positions
+    shared among the threads where large."""
     x = rng.standard_normal(shape).astype(np.float32)
     plan = _core.NativePlan(4 * (x.size + x.shape[0] * x.shape[2]) + 128)
     xv, yv = _arena_views(plan, x.shape, (x.shape[0], x.shape[2]))
