@@ -40,14 +40,30 @@ FL_INLINE fl_vf ew_op(int op, fl_vf x, fl_vf y) {
     }
 }
 
+/* dst[0:n] = a op b over one block, op, and whether a and b are arrays (else the splat
+ * values sa / sb), constants in each caller: one loop per case, no test per vector. */
+FL_INLINE void ew_binary_loop(const int op, const int va, const int vb, const float *a, fl_vf sa,
+                              const float *b, fl_vf sb, float *dst, int64_t n) {
+    int64_t j = 0;
+    for (; j + FL_VW <= n; j += FL_VW)
+        fl_store(dst + j, ew_op(op, va ? fl_load(a + j) : sa, vb ? fl_load(b + j) : sb));
+    if (j < n)
+        fl_store_n(dst + j, ew_op(op, va ? fl_load_n(a + j, n - j) : sa, vb ? fl_load_n(b + j, n - j) : sb), n - j);
+}
+
 /* dst[0:n] = a op b over one block (a or b NULL: the splat value av / bv). */
 static void ew_binary(int op, const float *a, float av, const float *b, float bv, float *dst, int64_t n) {
     fl_vf sa = fl_set1(av), sb = fl_set1(bv);
-    int64_t j = 0;
-    for (; j + FL_VW <= n; j += FL_VW)
-        fl_store(dst + j, ew_op(op, a ? fl_load(a + j) : sa, b ? fl_load(b + j) : sb));
-    if (j < n)
-        fl_store_n(dst + j, ew_op(op, a ? fl_load_n(a + j, n - j) : sa, b ? fl_load_n(b + j, n - j) : sb), n - j);
+    switch (op * 4 + (a != 0) * 2 + (b != 0)) {
+#define EW_CASES(o)                                                                            \
+    case o * 4 + 0: ew_binary_loop(o, 0, 0, a, sa, b, sb, dst, n); break;                      \
+    case o * 4 + 1: ew_binary_loop(o, 0, 1, a, sa, b, sb, dst, n); break;                      \
+    case o * 4 + 2: ew_binary_loop(o, 1, 0, a, sa, b, sb, dst, n); break;                      \
+    case o * 4 + 3: ew_binary_loop(o, 1, 1, a, sa, b, sb, dst, n); break;
+        EW_CASES(FL_EW_ADD) EW_CASES(FL_EW_SUB) EW_CASES(FL_EW_MUL) EW_CASES(FL_EW_DIV)
+#undef EW_CASES
+    default: break;
+    }
 }
 
 /* dst[0:n] = sqrt, -, |.| or clip(lo, hi) of src[0:n] (NaN kept by clip). */
