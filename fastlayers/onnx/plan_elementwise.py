@@ -306,8 +306,12 @@ def vector_parts(low, program, ins, traced_ins, shape):
     n = len(ins)
     full = [isinstance(v, Value) and v.shape == tuple(shape) for v in ins]
     data = [isinstance(v, Value) and not f for v, f in zip(ins, full)]
+    shapes = [np.shape(t) for t in traced_ins]
     for _, a, b, _ in program:
-        full.append(any(full[x] for x in (a, b) if x >= 0))
+        shapes.append(np.broadcast_shapes(*(shapes[x] for x in (a, b) if x >= 0)))
+        # a value of the result's shape is the main pass's to compute, from vectors alone too
+        # (a mean per position times a scale per channel)
+        full.append(any(full[x] for x in (a, b) if x >= 0) or shapes[-1] == tuple(shape))
         data.append(any(data[x] for x in (a, b) if x >= 0))
     needed = sorted(
         {

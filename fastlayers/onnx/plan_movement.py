@@ -231,11 +231,17 @@ def lower_movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
         if a.shape != t.shape or (b is not None and b.shape != t.shape) or t.dtype != data or a.dtype != dtype:
             raise NotLowered
         perm = kept_layout(t, [ins[k] for k in sources]) if node.op_type in KEEPS_AXES else layout_of(t)
-        y = low.new(t.shape, data, perm=perm)
         order = None if perm is None else np.argsort(perm)
         if order is not None:
             a = a.transpose(order)
             b = None if b is None else b.transpose(order)
+        alias = _run_of_source(a, b, span, [ins[k] for k in sources], data)
+        if alias is not None:  # the output is a run of one source's memory as it lies: a view
+            v, start = alias
+            low.use(v)
+            outs.append(Value(v.buffer, v.offset + start * data.itemsize, t.shape, data, perm=perm))
+            continue
+        y = low.new(t.shape, data, perm=perm)
         shape = y.memory_shape
         if b is None:  # every value from a source
             copied = a >= span
@@ -310,6 +316,25 @@ def lower_movement(low, node, ins, traced_ins, traced_outs, attrs, moved=None):
             low.moved += 2 * t.nbytes
         outs.append(y)
     return outs
+
+
+def _run_of_source(a, b, span, sources, dtype):
+    """(source value, first offset) where the output's values in memory order (``a``: source
+    j's offsets + (j + 1) span) are one run of consecutive values of a plan value's memory of
+    ``dtype`` (a whole Slice, a Transpose that keeps memory as it lies, a Split's pieces of
+    leading rows), else None; never where a fill is possible (``b``: Pad's second run)."""
+    if b is not None or a.size == 0:
+        return None
+    flat = a.reshape(-1)
+    j = int(flat[0]) // span - 1
+    if not 0 <= j < len(sources) or not isinstance(sources[j], Value) or sources[j].dtype != dtype:
+        return None
+    start = int(flat[0]) - (j + 1) * span
+    if start + flat.size > sources[j].size:
+        return None
+    if not np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size, dtype=flat.dtype)):
+        return None
+    return sources[j], start
 
 
 def box_of(mask):

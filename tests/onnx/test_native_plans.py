@@ -222,6 +222,59 @@ def test_data_movement_lowers_to_gathers(rng):
     )
 
 
+def _views_model():
+    """Movements whose result is a run of their input's memory as it lies: a Slice of the first
+    sample, a Transpose that moves an axis of length 1, a Split into leading rows."""
+    inits = [
+        numpy_helper.from_array(np.array([1], np.int64), "start"),
+        numpy_helper.from_array(np.array([2], np.int64), "end"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+        numpy_helper.from_array(np.array([2, 2], np.int64), "halves"),
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Slice", ["r", "start", "end", "axis0"], ["s"]),
+        helper.make_node("Unsqueeze", ["s", "axis2"], ["u"]),
+        helper.make_node("Transpose", ["u"], ["t"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Split", ["t", "halves"], ["p0", "p1"], axis=2),
+        helper.make_node("Add", ["p0", "p1"], ["y"]),
+        helper.make_node("Mul", ["p1", "two"], ["y2"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "views",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "y2")],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def test_movements_that_keep_memory_are_views(rng, monkeypatch):
+    """A Slice of the second sample, a Transpose of an axis of length 1 and a Split into leading
+    rows read the memory of their input as it lies: views of it in the plan (no step, nothing
+    moved), the values of onnxruntime."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    data = _views_model()
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            np.testing.assert_array_equal(g, w)
+    plan = _serving(ours, {"x": x})
+    native, fallbacks, moved = plan.summary
+    assert fallbacks == ()
+    assert {"Slice", "Transpose", "Split"} <= set(native)
+    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
+    kinds = {model._nodes[index].op_type: steps[k] for k, (model, index, *_) in enumerate(plan.nodes)}
+    assert kinds["Slice"] == kinds["Transpose"] == kinds["Split"] == 0
+    assert moved == 2 * 2 * (2 * 3 * 5) * 4  # two results of 30 floats copied out of the plan (read, written)
+
+
 def _nonzero_model():
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
