@@ -223,6 +223,7 @@ ANY_LAYOUT = frozenset(
     | set(ACTIVATIONS)
     | {"Gelu", "FusedAdd"}
     | MOVEMENTS
+    | ALIASES
 )
 
 

@@ -36,6 +36,10 @@ KEEPS_AXES = frozenset({"Slice", "Pad", "Concat", "Split", "Resize", "Upsample"}
 
 
 def lower_alias(low, node, ins, traced_ins, traced_outs, attrs):
+    """A node whose result is its input's memory under another shape (Reshape, Squeeze, ...):
+    a view of that memory. A channels-last input stays as it is held where the shapes differ
+    only by axes of length 1 (a Squeeze of a 1-D convolution's width); otherwise the view is of
+    its C-order form."""
     x, out = ins[0], traced_outs[0]
     if (
         not isinstance(x, Value)
@@ -45,8 +49,31 @@ def lower_alias(low, node, ins, traced_ins, traced_outs, attrs):
         or out.size != x.size
     ):
         raise NotLowered
+    perm = None
+    if x.perm is not None:
+        perm = perm_without_ones(x.shape, x.perm, out.shape)
+        if perm is False:
+            x = low.c_order(x)
+            perm = None
     low.use(x)
-    return [Value(x.buffer, x.offset, out.shape, x.dtype)] + [None] * (len(traced_outs) - 1)
+    return [Value(x.buffer, x.offset, out.shape, x.dtype, perm=perm)] + [None] * (len(traced_outs) - 1)
+
+
+def perm_without_ones(shape, perm, out_shape):
+    """The ``perm`` (None: C order) that holds a value of ``out_shape`` in the memory of a value
+    of ``shape`` held through ``perm``, where the two shapes differ only by axes of length 1
+    (their other axes in the same order); False where they differ otherwise."""
+    axes = [a for a in range(len(shape)) if shape[a] != 1]
+    out_axes = [a for a in range(len(out_shape)) if out_shape[a] != 1]
+    if [shape[a] for a in axes] != [out_shape[a] for a in out_axes]:
+        return False
+    to_out = dict(zip(axes, out_axes))
+    # the output's axes in memory order: its axes of length 1 first, then the others in the
+    # order the input's memory holds them
+    memory = [a for a in range(len(out_shape)) if out_shape[a] == 1]
+    memory += [to_out[a] for a in np.argsort(perm) if shape[a] != 1]
+    found = tuple(int(a) for a in np.argsort(memory))
+    return None if found == tuple(range(len(out_shape))) else found
 
 
 def factored(table: np.ndarray):

@@ -275,6 +275,67 @@ def test_movements_that_keep_memory_are_views(rng, monkeypatch):
     assert moved == 2 * 2 * (2 * 3 * 5) * 4  # two results of 30 floats copied out of the plan (read, written)
 
 
+def test_a_squeeze_keeps_a_channels_last_value_as_it_is_held(rng, monkeypatch):
+    """A Squeeze of the width of one 2-D convolution's output over (H, 1) (tf2onnx's 1-D
+    convolutions) stays channels-last: a view, no copy to C order, and the global pool after it
+    runs natively on it; onnxruntime's values."""
+    ort = oracle("onnxruntime")
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    f = lambda *s: (0.3 * np.random.default_rng(5).standard_normal(s)).astype(np.float32)  # noqa: E731
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[5, 1]),
+        helper.make_node("Squeeze", ["c", "width"], ["s"]),
+        helper.make_node("GlobalMaxPool", ["s"], ["p"]),
+        helper.make_node("Squeeze", ["p", "length"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(f(24, 8, 5, 1), "w"),
+        numpy_helper.from_array(np.array([3], np.int64), "width"),
+        numpy_helper.from_array(np.array([2], np.int64), "length"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "squeezed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 30, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        x = rng.standard_normal((2, 8, 30, 1)).astype(np.float32)
+        assert_close(ours.run(None, {"x": x})[0], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    plan = _serving(ours, {"x": x})
+    native, fallbacks, _ = plan.summary
+    assert fallbacks == ()
+    assert {"FusedConv", "Squeeze", "GlobalMaxPool"} <= set(native)
+    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
+    squeezes = [k for k, (model, index, *_) in enumerate(plan.nodes) if model._nodes[index].op_type == "Squeeze"]
+    assert squeezes and all(steps[k] == 0 for k in squeezes)
+
+
+def test_the_layout_of_a_view_without_axes_of_length_one():
+    """``perm_without_ones``: the axes of a channels-last value after a Squeeze / Unsqueeze /
+    Reshape that only drops or adds axes of length 1, checked against numpy's views."""
+    from fastlayers.onnx.plan_movement import perm_without_ones
+
+    for shape, perm, out_shape in [
+        ((1, 512, 508, 1), (0, 3, 1, 2), (1, 512, 508)),
+        ((2, 6, 5, 1), (0, 3, 1, 2), (2, 6, 5)),
+        ((2, 6, 5), (0, 2, 1), (2, 6, 1, 5)),
+        ((2, 6, 5), (0, 2, 1), (1, 2, 6, 5, 1)),
+        ((2, 1, 5, 7), (0, 3, 1, 2), (2, 5, 7)),
+    ]:
+        memory = np.arange(np.prod(shape)).reshape([shape[a] for a in np.argsort(perm)])
+        found = perm_without_ones(shape, perm, out_shape)
+        want = memory.transpose(perm).reshape(out_shape)  # numpy's values of the view
+        held = memory.reshape([out_shape[a] for a in np.argsort(found)]) if found is not None else memory
+        got = held.transpose(found) if found is not None else held.reshape(out_shape)
+        np.testing.assert_array_equal(got, want)
+    assert perm_without_ones((2, 6, 5), (0, 2, 1), (2, 30)) is False  # merges axes: no such view
+
+
 def _nonzero_model():
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
