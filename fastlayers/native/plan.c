@@ -80,8 +80,10 @@ int fl_take_step(void *ctx) {
 /* Values of inner positions a reduction accumulates at once (doubles on the stack). */
 #define FL_REDUCE_BLOCK 256
 
-/* Partial sums a reduction of a contiguous run keeps (independent chains of double adds). */
+/* Partial sums a reduction of a contiguous run keeps (independent chains of double adds;
+ * reduce_run adds eight pairwise). */
 #define FL_REDUCE_LANES 8
+_Static_assert(FL_REDUCE_LANES == 8, "reduce_run adds its partial sums as eight");
 
 /* The sum of f(x[i]) for i < r over a contiguous run, f the identity, |.| or the square
  * (op): FL_REDUCE_LANES partial sums in double, lane l over i = l mod FL_REDUCE_LANES, added
