@@ -121,6 +121,28 @@ def _serving(model, feed):
     return plan
 
 
+def _steps_per_op(plan):
+    """{op type: the native steps of each of its nodes in ``plan``} (0: a view of its input)."""
+    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
+    found: dict = {}
+    for k, (model, index, *_) in enumerate(plan.nodes):
+        found.setdefault(model._nodes[index].op_type, []).append(int(steps[k]))
+    return found
+
+
+def _exactly_onnxruntime(data, rng, shape):
+    """The model of ``data`` loaded, its outputs on 4 random inputs ``x`` of ``shape`` the same
+    bits as onnxruntime's: (model, the last input)."""
+    ort = oracle("onnxruntime")
+    ours = fastlayers.load(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
+            np.testing.assert_array_equal(g, w)
+    return ours, x
+
+
 def _plans(model):
     if not model._native:
         return []
@@ -206,14 +228,7 @@ def _movement_model():
 
 
 def test_data_movement_lowers_to_gathers(rng):
-    ort = oracle("onnxruntime")
-    data = _movement_model()
-    ours = fastlayers.load(data)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    for _ in range(4):
-        x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
-        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
-            np.testing.assert_array_equal(g, w)
+    ours, x = _exactly_onnxruntime(_movement_model(), rng, (2, 4, 3, 5))
     plan = _serving(ours, {"x": x})
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
@@ -256,22 +271,14 @@ def test_movements_that_keep_memory_are_views(rng, monkeypatch):
     """A Slice of the second sample, a Transpose of an axis of length 1 and a Split into leading
     rows read the memory of their input as it lies: views of it in the plan (no step, nothing
     moved), the values of onnxruntime."""
-    ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
-    data = _views_model()
-    ours = fastlayers.load(data)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    for _ in range(4):
-        x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
-        for g, w in zip(ours.run(None, {"x": x}), session.run(None, {"x": x})):
-            np.testing.assert_array_equal(g, w)
+    ours, x = _exactly_onnxruntime(_views_model(), rng, (2, 4, 3, 5))
     plan = _serving(ours, {"x": x})
     native, fallbacks, moved = plan.summary
     assert fallbacks == ()
     assert {"Slice", "Transpose", "Split"} <= set(native)
-    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
-    kinds = {model._nodes[index].op_type: steps[k] for k, (model, index, *_) in enumerate(plan.nodes)}
-    assert kinds["Slice"] == kinds["Transpose"] == kinds["Split"] == 0
+    steps = _steps_per_op(plan)
+    assert steps["Slice"] == steps["Transpose"] == steps["Split"] == [0]
     assert moved == 2 * 2 * (2 * 3 * 5) * 4  # two results of 30 floats copied out of the plan (read, written)
 
 
@@ -310,9 +317,7 @@ def test_a_squeeze_keeps_a_channels_last_value_as_it_is_held(rng, monkeypatch):
     native, fallbacks, _ = plan.summary
     assert fallbacks == ()
     assert {"FusedConv", "Squeeze", "GlobalMaxPool"} <= set(native)
-    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
-    squeezes = [k for k, (model, index, *_) in enumerate(plan.nodes) if model._nodes[index].op_type == "Squeeze"]
-    assert squeezes and all(steps[k] == 0 for k in squeezes)
+    assert _steps_per_op(plan)["Squeeze"] == [0, 0]
 
 
 def test_the_layout_of_a_view_without_axes_of_length_one():
@@ -834,10 +839,7 @@ def test_a_norm_over_channels_runs_natively(rng, monkeypatch, batch):
     # and the deviation are not broadcast into tensors of their own
     assert moved == 2 * got.nbytes
     # each ReduceMean one step over the channels-last memory as it is (no copy to C order first)
-    plan = _serving(ours, {"x": x})
-    steps = np.bincount(plan.owner, minlength=len(plan.nodes))
-    means = [k for k, (model, index, *_) in enumerate(plan.nodes) if model._nodes[index].op_type == "ReduceMean"]
-    assert len(means) == 2 and all(steps[k] == 1 for k in means)
+    assert _steps_per_op(_serving(ours, {"x": x}))["ReduceMean"] == [1, 1]
 
 
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
