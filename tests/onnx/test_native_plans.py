@@ -762,12 +762,8 @@ def _conv_model(rng):
 def test_a_convolutional_model_runs_natively_channels_last(rng, monkeypatch, batch):
     """Every node of a small CNN runs natively (its values held channels-last between the
     convolutions, as the Python plan holds them): the Python plan's values, onnxruntime's."""
-    ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)  # whatever the cost model finds for so small a model
-    data = _conv_model(np.random.default_rng(7))
-    ours = fastlayers.load(data)
-    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours, python, session = _engines(_conv_model(np.random.default_rng(7)), oracle("onnxruntime"))
     for _ in range(4):
         x = rng.standard_normal((batch, 3, 20, 22)).astype(np.float32)
         got = ours.run(None, {"x": x})
@@ -821,12 +817,8 @@ def test_a_norm_over_channels_runs_natively(rng, monkeypatch, batch):
     their memory and spread over the channels in the elementwise pass (position operands), not
     broadcast into tensors first: every node native, onnxruntime's values, the Python plan's
     within float32 rounding (its means are numpy's float32 sums, the plan's in double)."""
-    ort = oracle("onnxruntime")
     monkeypatch.setattr(lowering, "STEP_US", 1e6)
-    data = _channel_norm_model(np.random.default_rng(3))
-    ours = fastlayers.load(data)
-    python = fastlayers.load(data, options=fastlayers.LoadOptions(native_plans=False))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours, python, session = _engines(_channel_norm_model(np.random.default_rng(3)), oracle("onnxruntime"))
     for _ in range(3):
         x = rng.standard_normal((batch, 5, 9, 11)).astype(np.float32)
         got = ours.run(None, {"x": x})[0]
