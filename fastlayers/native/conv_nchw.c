@@ -6,6 +6,8 @@
  * input value, the taps in the HWIO order of conv2d's sums. Compiled once per ISA
  * (kernels.inc). */
 
+#include <string.h>
+
 #include "conv_internal.h"
 #include "gemm_internal.h"
 #include "threadpool.h"
@@ -13,6 +15,9 @@
 /* Output columns per pass: V sum registers each (V = 1: 12 of AVX-512's 32 registers, 6 of
  * AVX2's 16; V = 2: 24 and 12). */
 #define CONV_NCHW_P (FL_VW >= 16 ? 12 : 6)
+/* Most taps (j, ci) of a window row for the passes (their offsets lie on the stack); more run
+ * pixel by pixel (the library sends at most 4 channels through windows of at most 25 taps). */
+#define CONV_NCHW_ROW_TAPS 128
 
 typedef struct {
     const float *x, *w, *bias;
@@ -22,49 +27,54 @@ typedef struct {
     float alpha;
 } conv_nchw_ctx;
 
-/* y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V vectors, the
- * last nc <= FL_VW wide): every tap column inside x, window rows [i0, i1); each input value
- * loaded once for the V vectors. */
-FL_INLINE void conv_nchw_pass(const int P, const int V, const conv_nchw_ctx *p, int64_t n, int64_t oh,
-                              int64_t i0, int64_t i1, int64_t ow0, int64_t o0, int64_t nc, float *yrow) {
-    int64_t c = p->c, hw = p->h * p->w_in, cout = p->cout;
+/* The sums of y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V
+ * vectors, the last nc <= FL_VW wide; the epilogue is the row's, after its passes), window rows
+ * [i0, i1) read from xb: window row i0's channel 0 at xb, column u's first tap at u sw (sw = S
+ * where S > 0: a constant offset from the tap's address, not a register each), window rows rs
+ * floats apart and channels cs (x itself, or the zero-padded copy of an edge's windows); each
+ * input value loaded once for the V vectors, the taps (j, ci) of a window row one loop (of kw c
+ * iterations: for 3 channels the loop over them alone was too short to keep the multiply-adds
+ * going). */
+FL_INLINE void conv_nchw_pass(const int P, const int V, const int S, const conv_nchw_ctx *p, const float *xb,
+                              int64_t rs, int64_t cs, int64_t i0, int64_t i1, int64_t ow0, int64_t o0,
+                              int64_t nc, float *yrow) {
+    int64_t c = p->c, cout = p->cout, taps = p->kw * c;
+    const int64_t sw = S > 0 ? S : p->sw;
     fl_vf s[CONV_NCHW_P][2];
     _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
         s[u][0] = fl_set1(0.0f);
         s[u][1] = fl_set1(0.0f);
     }
-    const int64_t sw = p->sw;
+    int64_t off[CONV_NCHW_ROW_TAPS]; /* tap (j, ci) of a window row: j dw + ci cs from its start */
+    for (int64_t j = 0, t = 0; j < p->kw; ++j)
+        for (int64_t ci = 0; ci < c; ++ci, ++t) off[t] = j * p->dw + ci * cs;
     for (int64_t i = i0; i < i1; ++i) {
-        const float *xr = p->x + (n * c * p->h + oh * p->sh - p->pt + i * p->dh) * p->w_in + ow0 * sw - p->pl;
-        const float *wt = p->w + i * p->kw * c * cout + o0;  /* tap (i, j, ci): cout floats apart */
-        for (int64_t j = 0; j < p->kw; ++j) {
-            const float *xc = xr + j * p->dw;
-            for (int64_t ci = 0; ci < c; ++ci, xc += hw, wt += cout) {
-                fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
-                _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
-                    /* column u at the pass's fixed offset u sw from xc (offsets recomputed as a
-                     * running sum of sw made one dependent chain of adds per tap) */
-                    fl_vf xv = fl_set1(xc[u * sw]);
-                    s[u][0] += xv * w0;
-                    if (V == 2) s[u][1] += xv * w1;
-                }
+        const float *xr = xb + (i - i0) * rs;
+        const float *wt = p->w + i * taps * cout + o0; /* tap (i, j, ci): cout floats apart */
+        for (int64_t t = 0; t < taps; ++t, wt += cout) {
+            const float *xc = xr + off[t];
+            fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
+            _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+                fl_vf xv = fl_set1(xc[u * sw]);
+                s[u][0] += xv * w0;
+                if (V == 2) s[u][1] += xv * w1;
             }
         }
     }
-    const float *bias = p->bias ? p->bias + o0 : 0;
     _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
         float *o = yrow + (ow0 + u) * cout + o0;
         if (V == 2) {
-            fl_store(o, conv_epi(s[u][0], bias, FL_VW, p->code, p->alpha));
-            pool_st(o + FL_VW, conv_epi(s[u][1], bias ? bias + FL_VW : 0, nc, p->code, p->alpha), nc);
+            fl_store(o, s[u][0]);
+            pool_st(o + FL_VW, s[u][1], nc);
         } else {
-            pool_st(o, conv_epi(s[u][0], bias, nc, p->code, p->alpha), nc);
+            pool_st(o, s[u][0], nc);
         }
     }
 }
 
-/* One output pixel (n, oh, ow), channels [o0, o0 + nc), window rows [i0, i1): the taps whose
- * column lies inside x. */
+/* The sums of one output pixel (n, oh, ow), channels [o0, o0 + nc), window rows [i0, i1): the
+ * taps whose column lies inside x (output rows too narrow for a pass of 3 columns, windows too
+ * large for an edge copy). */
 static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1,
                             int64_t ow, int64_t o0, int64_t nc, float *yrow) {
     int64_t c = p->c, hw = p->h * p->w_in, cout = p->cout, iw0 = ow * p->sw - p->pl, j0, j1;
@@ -76,48 +86,108 @@ static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64
             for (int64_t ci = 0; ci < c; ++ci)
                 s += fl_set1(xr[ci * hw + j * p->dw]) * pool_ld(p->w + ((i * p->kw + j) * c + ci) * cout + o0, nc);
     }
-    pool_st(yrow + ow * cout + o0, conv_epi(s, p->bias ? p->bias + o0 : 0, nc, p->code, p->alpha), nc);
+    pool_st(yrow + ow * cout + o0, s, nc);
 }
 
-/* Output rows t = n Ho + oh in [t0, t1), all columns and channels. */
+/* The sums of output columns [ow0, ow1) of row (n, oh), pixel by pixel. */
+static void conv_nchw_pixels(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1, int64_t ow0,
+                             int64_t ow1, float *yrow) {
+    for (int64_t ow = ow0; ow < ow1; ++ow)
+        for (int64_t o0 = 0; o0 < p->cout; o0 += FL_VW)
+            conv_nchw_pixel(p, n, oh, i0, i1, ow, o0, FL_MIN(FL_VW, p->cout - o0), yrow);
+}
+
+/* Most floats of an edge pass's zero-padded window copy (16 KiB on the stack); larger windows
+ * run their edge columns pixel by pixel. */
+#define CONV_NCHW_EDGE_FLOATS 4096
+
+/* The pass of P columns [ow0, ow0 + P) of output row (n, oh) over every channel block, V = 2
+ * vectors a block (the last one partial), then one (partial) vector. */
+FL_INLINE void conv_nchw_passes(const int P, const int S, const conv_nchw_ctx *p, const float *xb, int64_t rs,
+                                int64_t cs, int64_t i0, int64_t i1, int64_t ow0, float *yrow) {
+    for (int64_t o0 = 0; o0 < p->cout;) {
+        int64_t left = p->cout - o0, nc = FL_MIN(FL_VW, left > FL_VW ? left - FL_VW : left);
+        if (left > FL_VW) {
+            conv_nchw_pass(P, 2, S, p, xb, rs, cs, i0, i1, ow0, o0, nc, yrow);
+            o0 += FL_VW + nc;
+        } else {
+            conv_nchw_pass(P, 1, S, p, xb, rs, cs, i0, i1, ow0, o0, nc, yrow);
+            o0 += nc;
+        }
+    }
+}
+
+/* The passes of P columns at column stride 1, 2 (constants) or another. */
+FL_INLINE void conv_nchw_strided(const int P, const conv_nchw_ctx *p, const float *xb, int64_t rs, int64_t cs,
+                                 int64_t i0, int64_t i1, int64_t ow0, float *yrow) {
+    if (p->sw == 1) conv_nchw_passes(P, 1, p, xb, rs, cs, i0, i1, ow0, yrow);
+    else if (p->sw == 2) conv_nchw_passes(P, 2, p, xb, rs, cs, i0, i1, ow0, yrow);
+    else conv_nchw_passes(P, 0, p, xb, rs, cs, i0, i1, ow0, yrow);
+}
+
+/* The sums of columns [ow0, ow0 + P) of output row (n, oh), window rows [i0, i1): read from x
+ * where every tap column lies inside it, else from a copy of the windows with zeros where they
+ * leave x (edges: as many multiply-adds as inside, not one dependent chain of them a pixel). */
+static void conv_nchw_segment(int P, const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1,
+                              int64_t ow0, int64_t ow_lo, int64_t ow_hi, float *yrow) {
+    int64_t c = p->c, hw = p->h * p->w_in, iw0 = ow0 * p->sw - p->pl;
+    const float *x0 = p->x + (n * c * p->h + oh * p->sh - p->pt + i0 * p->dh) * p->w_in + iw0;
+    const float *xb = x0;
+    int64_t rs = p->dh * p->w_in, cs = hw;
+    float buf[CONV_NCHW_EDGE_FLOATS];
+    if (ow0 < ow_lo || ow0 + P > ow_hi) {
+        int64_t span = (P - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+        if ((i1 - i0) * c * span > CONV_NCHW_EDGE_FLOATS) {
+            conv_nchw_pixels(p, n, oh, i0, i1, ow0, ow0 + P, yrow);
+            return;
+        }
+        /* buf row (i - i0) c + ci: x[n, ci, oh sh - pt + i dh, iw0:iw0 + span], zeros outside x */
+        int64_t lo = FL_MIN(FL_MAX(-iw0, 0), span), hi = FL_MAX(FL_MIN(p->w_in - iw0, span), lo);
+        for (int64_t r = 0; r < (i1 - i0) * c; ++r) {
+            float *b = buf + r * span;
+            const float *xr = x0 + (r / c) * rs + (r % c) * hw;
+            memset(b, 0, (size_t)lo * sizeof(float));
+            memcpy(b + lo, xr + lo, (size_t)(hi - lo) * sizeof(float));
+            memset(b + hi, 0, (size_t)(span - hi) * sizeof(float));
+        }
+        xb = buf, rs = c * span, cs = span;
+    }
+    if (P == CONV_NCHW_P) conv_nchw_strided(CONV_NCHW_P, p, xb, rs, cs, i0, i1, ow0, yrow);
+#if CONV_NCHW_P > 6
+    else if (P == 6) conv_nchw_strided(6, p, xb, rs, cs, i0, i1, ow0, yrow);
+#endif
+    else conv_nchw_strided(3, p, xb, rs, cs, i0, i1, ow0, yrow);
+}
+
+/* Output rows t = n Ho + oh in [t0, t1), all columns and channels: each row's sums, then its
+ * bias and activation while it is in cache. */
 static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
     const conv_nchw_ctx *p = (const conv_nchw_ctx *)arg;
     /* interior columns [ow_lo, ow_hi): every tap column inside x */
     int64_t num = p->w_in - 1 - (p->kw - 1) * p->dw + p->pl;
     int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
     int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, p->wo), ow_lo);
+    const int64_t wo = p->wo, pm = CONV_NCHW_P;
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
         pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
-        float *yrow = p->y + t * p->wo * p->cout;
-        /* channel blocks of two vectors (the last one partial), then one (partial) vector */
-        for (int64_t o0 = 0; o0 < p->cout;) {
-            int64_t left = p->cout - o0, v = left > FL_VW ? 2 : 1, nc = FL_MIN(FL_VW, left - (v - 1) * FL_VW);
-            int64_t ow = 0;
-            for (; ow < ow_lo; ++ow)
-                for (int64_t q = 0; q < v; ++q)
-                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
-            for (; ow + CONV_NCHW_P <= ow_hi; ow += CONV_NCHW_P) {
-                if (v == 2) conv_nchw_pass(CONV_NCHW_P, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
-                else conv_nchw_pass(CONV_NCHW_P, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
+        float *yrow = p->y + t * wo * p->cout;
+        if (wo < 3 || p->kw * p->c > CONV_NCHW_ROW_TAPS) {
+            conv_nchw_pixels(p, n, oh, i0, i1, 0, wo, yrow);
+        } else {
+            /* passes of CONV_NCHW_P columns; the last columns in the narrowest pass that covers
+             * them, ending at the row's end (recomputing up to 2 columns before it, to the same
+             * sums) */
+            for (int64_t ow = 0; ow < wo;) {
+                int64_t left = wo - ow;
+                int P = left >= pm || (left > 6 && wo >= pm) ? CONV_NCHW_P : left > 3 && wo >= 6 ? 6 : 3;
+                int64_t ow0 = FL_MIN(ow, wo - P);
+                conv_nchw_segment(P, p, n, oh, i0, i1, ow0, ow_lo, ow_hi, yrow);
+                ow = ow0 + P;
             }
-            /* the interior columns left: narrower passes (a pixel's taps are one dependent
-             * chain of multiply-adds, a pass's columns independent ones) */
-            if (CONV_NCHW_P > 6 && ow + 6 <= ow_hi) {
-                if (v == 2) conv_nchw_pass(6, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
-                else conv_nchw_pass(6, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
-                ow += 6;
-            }
-            if (ow + 3 <= ow_hi) {
-                if (v == 2) conv_nchw_pass(3, 2, p, n, oh, i0, i1, ow, o0, nc, yrow);
-                else conv_nchw_pass(3, 1, p, n, oh, i0, i1, ow, o0, nc, yrow);
-                ow += 3;
-            }
-            for (; ow < p->wo; ++ow)
-                for (int64_t q = 0; q < v; ++q)
-                    conv_nchw_pixel(p, n, oh, i0, i1, ow, o0 + q * FL_VW, q + 1 < v ? FL_VW : nc, yrow);
-            o0 += (v - 1) * FL_VW + nc;
         }
+        if (p->bias || p->code != FL_LINEAR)
+            FL_FN(rows_bias_act_range)(0, wo, p->cout, yrow, p->cout, p->bias, p->code, p->alpha, yrow, p->cout);
     }
 }
 

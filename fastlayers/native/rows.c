@@ -134,23 +134,24 @@ static void rows_softmax(const float *x, float *o, int64_t n, int log) {
 #define ROWS_FLAT_MAX_N 256
 #define ROWS_FLAT_PERIOD_ROWS FL_VW
 
-/* out[i, :] = f(x[i, :] + bias) for rows [r0, r1) of an (m, n) block. Contiguous rows (ldx =
- * ldo = n) whose length is not a multiple of FL_VW run as one flat pass, the bias repeating
- * with a period of the fewest whole rows that fill whole vectors, rather than row by row,
- * where each short row paid its call and its tail (a convolution's 24 channels: 2560 rows
- * spent 3x the flat pass's time). Each value takes the same formula either way. */
+/* out[i, :] = f(x[i, :] + bias) for rows [r0, r1) of an (m, n) block. Short contiguous rows
+ * (ldx = ldo = n <= ROWS_FLAT_MAX_N) run as one flat pass, the bias repeating with a period of
+ * the fewest whole rows that fill whole vectors (one row where n is a multiple of FL_VW),
+ * rather than row by row, where each short row paid its call, its code's branch and its tail
+ * (a convolution's 24 channels: 2560 rows spent 3x the flat pass's time; docs/design.md,
+ * "Stems from NCHW planes", for whole vectors). Each value takes the same formula either way. */
 void FL_FN(rows_bias_act_range)(int64_t r0, int64_t r1, int64_t n, const float *x, int64_t ldx,
                                 const float *bias, int code, float alpha, float *out,
                                 int64_t ldo) {
     if (code != FL_SOFTMAX && code != FL_LOG_SOFTMAX && (bias || out != x || code != FL_LINEAR) &&
-        n % FL_VW && n <= ROWS_FLAT_MAX_N && ldx == n && ldo == n && r1 - r0 > 1) {
+        n <= ROWS_FLAT_MAX_N && ldx == n && ldo == n && r1 - r0 > 1) {
         int64_t per = 1;                               /* rows per whole number of vectors */
         while (per * n % FL_VW) ++per;
         float tiled[ROWS_FLAT_PERIOD_ROWS * ROWS_FLAT_MAX_N];
-        if (bias)
+        if (bias && per > 1)
             for (int64_t r = 0; r < per; ++r) memcpy(tiled + r * n, bias, (size_t)n * sizeof(float));
-        rows_act_period(x + r0 * ldx, bias ? tiled : 0, per * n, out + r0 * ldo, (r1 - r0) * n,
-                        code, alpha);
+        rows_act_period(x + r0 * ldx, per > 1 ? (bias ? tiled : 0) : bias, per * n, out + r0 * ldo,
+                        (r1 - r0) * n, code, alpha);
         return;
     }
     for (int64_t i = r0; i < r1; ++i) {

@@ -329,6 +329,10 @@ def test_grouped_conv_on_threads(isa, n_threads):
         ((6, 5), (3, 3), (1, 1), ((4, 4), (4, 4)), (1, 1)),  # rows and columns wholly outside x
         ((1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # one position
         ((11, 70), (1, 1), (1, 3), ((0, 0), (0, 0)), (1, 1)),
+        ((4, 30), (3, 33), (1, 1), ((1, 1), (16, 16)), (1, 1)),  # 4-5 channels: over 128 taps a window row
+        ((10, 90), (9, 9), (1, 1), ((8, 8), (64, 64)), (1, 16)),  # edge windows too large to copy
+        ((3, 2), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # rows too narrow for a pass
+        ((3, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # passes of 6 and 3 that overlap
     ],
 )
 def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, strides, pads, dilation):
@@ -354,18 +358,28 @@ def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, st
 
 def test_convolution_from_nchw_planes_where_it_pays():
     """``nchw_direct``: few input channels into 2 to 64, through windows up to 3x3, or up to
-    5x5 into at least 16 channels (a 5x5 stem); the rest through an NHWC copy and the
-    implicit GEMM; the native plan binds the same choice (``nchw_in``)."""
+    5x5 into at least 16 channels (a 5x5 stem), or at strides of 2 up to 7x7 from at most 3
+    channels into at least 16 (a 7x7 stem); the rest through an NHWC copy and the implicit
+    GEMM; the native plan binds the same choice (``nchw_in``)."""
     nchw_direct = conv_ops.nchw_direct
     assert nchw_direct(3, 16, 3, 3) and nchw_direct(3, 64, 3, 3) and nchw_direct(4, 2, 1, 9)
     assert nchw_direct(3, 32, 5, 5) and nchw_direct(1, 16, 5, 5) and nchw_direct(3, 64, 5, 5)
     assert not nchw_direct(3, 8, 5, 5)  # one narrow channel vector through a wide window
     assert not nchw_direct(3, 64, 7, 7) and not nchw_direct(3, 32, 1, 26)
+    assert nchw_direct(3, 64, 7, 7, (2, 2)) and nchw_direct(1, 16, 7, 7, (2, 3))  # strided stems
+    assert not nchw_direct(4, 64, 7, 7, (2, 2)) and not nchw_direct(3, 8, 7, 7, (2, 2))
+    assert not nchw_direct(3, 64, 7, 7, (1, 2)) and not nchw_direct(3, 64, 9, 9, (2, 2))
     assert not nchw_direct(5, 16, 3, 3) and not nchw_direct(3, 65, 3, 3) and not nchw_direct(3, 1, 3, 3)
     x, w = arr(0, (1, 3, 40, 40)), arr(1, (5, 5, 3, 32), 75**-0.5)
     for cout, direct in ((32, True), (8, False)):
         kind, bound = steps.conv2d_step(
             (1, 40, 40, 3), w[..., :cout], None, (2, 2), ((2, 2), (2, 2)), (1, 1), 1, "linear", 0.0, None, True
+        )
+        assert kind == "conv2d" and bound.get("nchw_in", False) == direct
+    w7 = arr(1, (7, 7, 3, 64), 147**-0.5)
+    for strides, direct in (((2, 2), True), ((1, 1), False)):
+        kind, bound = steps.conv2d_step(
+            (1, 40, 40, 3), w7, None, strides, ((3, 3), (3, 3)), (1, 1), 1, "linear", 0.0, None, True
         )
         assert kind == "conv2d" and bound.get("nchw_in", False) == direct
     assert_close(

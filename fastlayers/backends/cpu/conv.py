@@ -52,7 +52,9 @@ from . import gemm
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
 #: An NCHW input of at most this many channels, into between these many output channels,
 #: through a window of at most this many taps (or of at most ``NCHW_DIRECT_MAX_WIDE_WINDOW``
-#: into at least ``NCHW_DIRECT_WIDE_MIN_COUT`` channels), is convolved straight from its planes
+#: into at least ``NCHW_DIRECT_WIDE_MIN_COUT`` channels; at a stride of at least 2 both ways,
+#: of at most ``NCHW_DIRECT_MAX_STRIDED_WINDOW`` from at most ``NCHW_DIRECT_STRIDED_MAX_CIN``
+#: channels into as many: a 7x7 stem), is convolved straight from its planes
 #: (``conv2d_nchw_in``) instead of made NHWC for ``conv2d``: beyond them the implicit GEMM's
 #: register tiles win over the direct loop (docs/design.md, "Figures behind the code's
 #: constants"). ``nchw_direct`` applies them.
@@ -62,6 +64,9 @@ NCHW_DIRECT_MAX_COUT = 64
 NCHW_DIRECT_MAX_WINDOW = 9
 NCHW_DIRECT_MAX_WIDE_WINDOW = 25
 NCHW_DIRECT_WIDE_MIN_COUT = 16
+NCHW_DIRECT_MAX_STRIDED_WINDOW = 49
+NCHW_DIRECT_STRIDED_MAX_CIN = 3
+
 #: Fewest positions per image for a 1x1 convolution of NCHW planes to run on them
 #: (``conv1x1_nchw``, per image the product w @ x over H W columns): fewer, such as a
 #: squeeze-and-excite block's pooled (N, C, 1, 1), run as rows of one product on packed
@@ -69,18 +74,18 @@ NCHW_DIRECT_WIDE_MIN_COUT = 16
 POINTWISE_NCHW_MIN_POSITIONS = 64
 
 
-def nchw_direct(c, cout, kh, kw):
+def nchw_direct(c, cout, kh, kw, strides=(1, 1)):
     """Whether a one-group convolution of ``c`` NCHW planes into ``cout`` channels through a
-    ``kh`` x ``kw`` window runs straight from the planes (``conv2d_nchw_in``, the bounds
-    above) rather than through an NHWC copy and the implicit GEMM."""
+    ``kh`` x ``kw`` window at ``strides`` runs straight from the planes (``conv2d_nchw_in``,
+    the bounds above) rather than through an NHWC copy and the implicit GEMM."""
     taps = kh * kw
+    wide = taps <= NCHW_DIRECT_MAX_WIDE_WINDOW or (
+        taps <= NCHW_DIRECT_MAX_STRIDED_WINDOW and min(strides) >= 2 and c <= NCHW_DIRECT_STRIDED_MAX_CIN
+    )
     return (
         1 <= c <= NCHW_DIRECT_MAX_CIN
         and NCHW_DIRECT_MIN_COUT <= cout <= NCHW_DIRECT_MAX_COUT
-        and (
-            taps <= NCHW_DIRECT_MAX_WINDOW
-            or (taps <= NCHW_DIRECT_MAX_WIDE_WINDOW and cout >= NCHW_DIRECT_WIDE_MIN_COUT)
-        )
+        and (taps <= NCHW_DIRECT_MAX_WINDOW or (wide and cout >= NCHW_DIRECT_WIDE_MIN_COUT))
     )
 
 
@@ -442,7 +447,7 @@ class ConvOps(ReferenceOps):
         code = CODES.get(activation)
         if (
             groups != 1
-            or not nchw_direct(c, cout, kh, kw)
+            or not nchw_direct(c, cout, kh, kw, strides)
             or n * h * w * cout == 0
             or ho <= 0
             or wo <= 0

@@ -78,7 +78,7 @@ def conv2d_step(
     if groups < 1 or c != cin_g * groups or cout % groups:
         return None
     wk = w_hwio if type(w_hwio) is PackedConvWeights else _f32c(w_hwio)
-    if planes and residual is None and groups == 1 and nchw_direct(c, cout, kh, kw):
+    if planes and residual is None and groups == 1 and nchw_direct(c, cout, kh, kw, (sh, sw)):
         return "conv2d", dict(
             pw=conv_weights_array(wk), bias=_bias(b), kh=kh, kw=kw, groups=1, nchw_in=True, **geometry
         )
