@@ -136,20 +136,28 @@ FL_INLINE void layout_half(const float *s, int64_t sld, float *d, int64_t dld, i
 
 typedef struct {
     int64_t rows, cols, src_batch, src_row, dst_batch, dst_row, tile_r, tile_c, row_tiles, col_tiles;
+    int64_t head; /* rows before the first whose destination lies on a whole vector's boundary */
     const float *src;
     float *dst;
 } layout_transpose_ctx;
 
-/* Tiles [t0, t1) of the (batch, row tile, column tile) grid: dst[b, j, i] = src[b, i, j]. */
+/* Tiles [t0, t1) of the (batch, row tile, column tile) grid: dst[b, j, i] = src[b, i, j]. Row
+ * tile rt covers rows [rt tile_r - s, (rt + 1) tile_r - s) (s = FL_VW - head where head > 0):
+ * blocks of FL_VW rows store whole aligned vectors of the destination, and only the first
+ * tile's first rows and the last tile's last are partial blocks (a destination 16 bytes off
+ * a line, as numpy allocates, split every store in two and took 1.4x the time). */
 static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
     const layout_transpose_ctx *c = (const layout_transpose_ctx *)p;
     int64_t per_batch = c->row_tiles * c->col_tiles, sr = c->src_row, dr = c->dst_row;
+    int64_t shift = c->head ? FL_VW - c->head : 0;
     for (int64_t t = t0; t < t1; ++t) {
         int64_t b = t / per_batch, rt = (t % per_batch) / c->col_tiles, ct = t % c->col_tiles;
-        int64_t r0 = rt * c->tile_r, c0 = ct * c->tile_c;
-        int64_t r1 = FL_MIN(c->rows, r0 + c->tile_r), c1 = FL_MIN(c->cols, c0 + c->tile_c);
+        int64_t r0 = FL_MAX(rt * c->tile_r - shift, 0), c0 = ct * c->tile_c;
+        int64_t r1 = FL_MIN(c->rows, (rt + 1) * c->tile_r - shift), c1 = FL_MIN(c->cols, c0 + c->tile_c);
         const float *restrict s = c->src + b * c->src_batch;
         float *restrict d = c->dst + b * c->dst_batch;
+        /* the rows before the first aligned block (the first tile's), as a partial block */
+        int64_t ra = rt == 0 ? FL_MIN(c->head, r1) : r0;
         /* a block of FL_VW destination rows at a time, along the tile's rows: FL_VW stores
          * streams, not one per destination row (rows a multiple of 4 KiB apart share an L1 set:
          * 48 streams made an NHWC -> NCHW move of 48 channels 12x slower than one of 16). With
@@ -157,17 +165,19 @@ static void layout_transpose_task(void *p, int64_t t0, int64_t t1) {
          * lines in flight in one set outnumber its ways. Source rows that far apart are read a
          * whole block at a time still: half blocks made their partial stores the cost
          * (docs/design.md, "The numpy steps between convolutions"). */
-        int64_t rv = r0 + (r1 - r0) / FL_VW * FL_VW;
+        int64_t rv = ra + (r1 - ra) / FL_VW * FL_VW;
         if (FL_VW >= 16 && (dr * 4) % 4096 == 0) {
             for (int64_t j = c0; j < c1; j += FL_VW / 2) {
-                int64_t nc = FL_MIN(FL_VW / 2, c1 - j), i = r0;
+                int64_t nc = FL_MIN(FL_VW / 2, c1 - j), i = ra;
+                if (r0 < ra) layout_edge(s + r0 * sr + j, sr, d + j * dr + r0, dr, ra - r0, nc);
                 for (; i < rv; i += FL_VW) layout_half(s + i * sr + j, sr, d + j * dr + i, dr, nc);
                 if (i < r1) layout_edge(s + i * sr + j, sr, d + j * dr + i, dr, r1 - i, nc);
             }
             continue;
         }
         for (int64_t j = c0; j < c1; j += FL_VW) {
-            int64_t nc = FL_MIN(FL_VW, c1 - j), i = r0;
+            int64_t nc = FL_MIN(FL_VW, c1 - j), i = ra;
+            if (r0 < ra) layout_edge(s + r0 * sr + j, sr, d + j * dr + r0, dr, ra - r0, nc);
             if (nc == FL_VW)
                 for (; i < rv; i += FL_VW) layout_block(s + i * sr + j, sr, d + j * dr + i, dr);
             else
@@ -182,9 +192,16 @@ int FL_FN(transpose)(int64_t batch, int64_t rows, int64_t cols, const float *src
                      int64_t dst_row) {
     if (batch <= 0 || rows <= 0 || cols <= 0) return 0;
     int64_t tile_c = FL_MIN(cols, LAYOUT_TILE_C), tile_r = FL_MIN(rows, LAYOUT_TILE / tile_c);
-    int64_t row_tiles = (rows + tile_r - 1) / tile_r, col_tiles = (cols + tile_c - 1) / tile_c;
+    /* where every destination row (of every batch) starts at the same offset within a vector,
+     * the rows before the first one on a vector's boundary (tile_r a multiple of FL_VW then) */
+    int64_t head = 0, align = FL_VW * (int64_t)sizeof(float), mis = (int64_t)((uintptr_t)dst % (uintptr_t)align);
+    if (mis && mis % (int64_t)sizeof(float) == 0 && (dst_row * 4) % align == 0 && (dst_batch * 4) % align == 0 &&
+        tile_r % FL_VW == 0 && rows > FL_VW)
+        head = (align - mis) / (int64_t)sizeof(float);
+    int64_t shift = head ? FL_VW - head : 0;
+    int64_t row_tiles = (rows + shift + tile_r - 1) / tile_r, col_tiles = (cols + tile_c - 1) / tile_c;
     layout_transpose_ctx c = {rows, cols, src_batch, src_row, dst_batch, dst_row, tile_r, tile_c,
-                              row_tiles, col_tiles, src, dst};
+                              row_tiles, col_tiles, head, src, dst};
     int64_t tile_floats = tile_r * tile_c;
     fl_parallel(batch * row_tiles * col_tiles, FL_MAX(1, LAYOUT_MIN_SHARE / tile_floats),
                 layout_transpose_task, &c);

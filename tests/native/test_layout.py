@@ -53,6 +53,28 @@ def test_transpose_matches_numpy(rng, threads, b, r, c):
     np.testing.assert_array_equal(dst, src.transpose(0, 2, 1))
 
 
+def _at_offset(shape, floats):
+    """An (uninitialized: NaN) float32 array of ``shape`` starting ``floats`` floats after a
+    64-byte boundary."""
+    raw = np.full(int(np.prod(shape)) + 32, np.nan, np.float32)
+    start = (-raw.ctypes.data % 64) // 4 + floats
+    return raw[start : start + int(np.prod(shape))].reshape(shape)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("offset", [0, 1, 4, 7, 8, 12, 15])
+@pytest.mark.parametrize("b, r, c", [(1, 12544, 64), (2, 48, 33), (1, 17, 5), (3, 32, 130), (1, 1024, 24)])
+def test_transpose_into_a_destination_off_a_vector(rng, threads, offset, b, r, c):
+    """A destination whose rows start a few floats past a vector's boundary (numpy allocates
+    on 16 bytes): the rows before the first aligned one as a partial block, tiles shifted so
+    that the others store whole aligned vectors."""
+    src = rng.standard_normal((b, r, c)).astype(np.float32)
+    dst = _at_offset((b, c, r), offset)
+    assert dst.ctypes.data % 64 == 4 * offset
+    _core.transpose(src, dst)
+    np.testing.assert_array_equal(dst, src.transpose(0, 2, 1))
+
+
 def test_transpose_of_strided_views(rng):
     """Batches and rows at any whole-float strides: the OIHW -> HWIO pattern."""
     w = rng.standard_normal((6, 5, 9)).astype(np.float32)  # (O, I, K)
