@@ -2,6 +2,9 @@
 #include "dispatch.h"
 
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 #if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -107,6 +110,21 @@ int fl_set_amx(int on) {
     if (on && !fl_amx_runs()) return -1;
     fl_amx = on != 0;
     return 0;
+}
+
+/* 512 KiB: AMD Zen 3's L2, the smallest of the hosts seen. */
+#define FL_L2_DEFAULT (INT64_C(512) << 10)
+
+int64_t fl_l2_bytes(void) {
+    static int64_t bytes = 0; /* every thread computes the same value: a race writes it alike */
+    if (!bytes) {
+        long got = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        got = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        bytes = got >= (64L << 10) ? (int64_t)got : FL_L2_DEFAULT;
+    }
+    return bytes;
 }
 
 int fl_set_isa(const char *name) {

@@ -3,6 +3,8 @@
  * wrappers fl_<name>(...) call the chosen ISA's kernel. */
 #ifndef FL_DISPATCH_H
 #define FL_DISPATCH_H
+#include <stdint.h>
+
 #include "kernels.h"
 
 typedef struct fl_kernels {
@@ -39,6 +41,11 @@ int fl_set_vnni(int on);
 extern int fl_amx;
 int fl_amx_runs(void);
 int fl_set_amx(int on);
+
+/* The bytes of one core's L2 cache, as the system reports it (sysconf), else 512 KiB (the
+ * smallest seen on the x86 hosts): blocks of work sized to stay in it (conv_gemm.c). Asked
+ * once. */
+int64_t fl_l2_bytes(void);
 
 #define FL_WRAPPER(ret, name, params, args) \
     static inline ret fl_##name params { return fl_k->name args; }
