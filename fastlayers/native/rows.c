@@ -138,8 +138,9 @@ static void rows_softmax(const float *x, float *o, int64_t n, int log) {
  * (ldx = ldo = n <= ROWS_FLAT_MAX_N) run as one flat pass, the bias repeating with a period of
  * the fewest whole rows that fill whole vectors (one row where n is a multiple of FL_VW),
  * rather than row by row, where each short row paid its call, its code's branch and its tail
- * (a convolution's 24 channels: 2560 rows spent 3x the flat pass's time; docs/design.md,
- * "Stems from NCHW planes", for whole vectors). Each value takes the same formula either way. */
+ * (a convolution's 24 channels: 2560 rows spent 3x the flat pass's time; for rows of whole
+ * vectors, docs/design.md, "Algorithms", few input channels from NCHW). Each value takes the
+ * same formula either way. */
 void FL_FN(rows_bias_act_range)(int64_t r0, int64_t r1, int64_t n, const float *x, int64_t ldx,
                                 const float *bias, int code, float alpha, float *out,
                                 int64_t ldo) {
