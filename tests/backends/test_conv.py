@@ -244,6 +244,23 @@ def test_residual_plan_on_every_form(isa, x_shape, k, groups):
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_window_over_the_height_of_a_width_one_input(isa, n_threads, groups):
+    """TensorFlow's 1-D convolutions over (L, 1): ``conv2d`` runs them along the width (one
+    output row of L columns), grouped or not, with a residual and without: the reference's
+    convolution over the height."""
+    x, b = arr(0, (2, 300, 1, 48)), arr(2, (64,))
+    k = arr(1, (5, 1, 48 // groups, 64), (5 * 48 // groups) ** -0.5)
+    args = (x, k, b, (1, 1), ((2, 2), (0, 0)), (1, 1), groups, "gelu_tanh", 0.0)
+    want = REF.conv2d(*args)
+    r = arr(3, want.shape)
+    with threads(n_threads):
+        assert_close(CPU.conv2d(*args), want, rtol=1e-5, atol=1e-5)
+        run = CPU.conv2d_residual_plan(x.shape, *args[1:], "relu", 0.0)
+        assert_close(run(x, r), REF.activation(want + r, "relu"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize(
     "x_shape, k_shape, strides, pads, dilation",
     [
@@ -292,6 +309,10 @@ def test_implicit_conv2d_reads_large_inputs_in_place(isa, n_threads, x_shape, k_
         ((2, 7, 45, 32), (3, 3, 32, 12), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # 12 outputs, stride 2
         ((1, 3, 40, 9), (1, 3, 9, 5), (1, 1), ((0, 0), (1, 1)), (1, 2)),  # 5 outputs, dilated
         ((1, 6, 50, 64), (1, 1, 64, 16), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # 1x1 to 16 outputs
+        # windows over the height of a width-1 input: seen along the width
+        ((2, 37, 1, 24), (5, 1, 24, 40), (2, 1), ((2, 1), (0, 0)), (2, 1)),
+        ((1, 70, 1, 32), (5, 1, 32, 70), (1, 3), ((0, 0), (0, 0)), (1, 1)),
+        ((1, 2, 1, 8), (2, 1, 8, 16), (1, 1), ((0, 1), (0, 0)), (1, 1)),
     ],
 )
 def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, strides, pads, dilation):
