@@ -69,6 +69,7 @@ ACTIVATIONS = {
     "Tanh": ("onnx_tanh", None, 0.0),
     "Softsign": ("softsign", None, 0.0),
     "LeakyRelu": ("leaky_relu", "alpha", 0.01),
+    "Exp": ("exponential", None, 0.0),
 }
 
 
@@ -431,20 +432,25 @@ def map_step(low, op, ins, traced, out) -> Value:
 
 
 #: Instructions of an elementwise program that a map step runs (``program_by_maps``), with
-#: numpy's form of each (the traced values of the steps between them).
+#: numpy's form of each (the traced values of the steps between them); the map step's square
+#: root in double rounds to the float32 one.
 PROGRAM_MAPS = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
     "div": np.divide,
     "clip": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+    "sqrt": np.sqrt,
+    "neg": np.negative,
+    "abs": np.abs,
 }
 
 
 def program_by_maps(low, program, ins, traced_ins, out):
     """A FusedElementwise the native pass does not take (a result of one value, operands of
-    other types) whose instructions are all arithmetic and clips (``PROGRAM_MAPS``): one map
-    step per instruction, each result a value of the plan."""
+    other types) whose instructions are all arithmetic, square roots, negations, absolute
+    values and clips (``PROGRAM_MAPS``): one map step per instruction, each result a value of
+    the plan."""
     if any(op not in PROGRAM_MAPS for op, *_ in program):
         raise NotLowered
     values, traced = list(ins), list(traced_ins)
@@ -454,6 +460,8 @@ def program_by_maps(low, program, ins, traced_ins, out):
         if op == "clip":  # its bounds: float32 values, infinite where the node had none
             bounds = [np.float32(param[0]), np.float32(param[1])]
             args, targs = [values[a], *bounds], [traced[a], *(np.asarray(v) for v in bounds)]
+        elif MAP_ARITY.get(op) == 1:
+            args, targs = [values[a]], [traced[a]]
         else:
             args, targs = [values[a], values[b]], [traced[a], traced[b]]
         with np.errstate(all="ignore"):

@@ -834,6 +834,48 @@ def test_a_norm_over_channels_runs_natively(rng, monkeypatch, batch):
     assert _steps_per_op(_serving(ours, {"x": x}))["ReduceMean"] == [1, 1]
 
 
+def _norm_of_all_then_exp_model():
+    """x (1, 64) / |-sqrt(mean(x^2) + eps)|, then Exp, and the root an output too: a program
+    over a value of one element (Add, Sqrt, Neg, Abs on the mean) and an Exp node."""
+    eps = numpy_helper.from_array(np.array(1e-3, np.float32), "eps")
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[0, 1], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["rms"]),
+        helper.make_node("Neg", ["rms"], ["nrms"]),
+        helper.make_node("Abs", ["nrms"], ["arms"]),
+        helper.make_node("Div", ["x", "arms"], ["n"]),
+        helper.make_node("Exp", ["n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "norm_exp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("y", "arms")],
+        [eps],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_square_roots_of_one_value_and_exp_run_natively(rng, monkeypatch):
+    """A program over a value of one element that takes a square root, a negation and an
+    absolute value (map steps, one per instruction) and an Exp node (the exponential
+    activation): every node native, onnxruntime's values (before: both ran in Python inside
+    the plan, as magika's LayerNorm and its last Exp did)."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ours, python, session = _engines(_norm_of_all_then_exp_model(), oracle("onnxruntime"))
+    for _ in range(3):
+        x = rng.standard_normal((1, 64)).astype(np.float32)
+        got, want = ours.run(None, {"x": x}), session.run(None, {"x": x})
+        for g, w, p in zip(got, want, python.run(None, {"x": x})):
+            assert_close(g, w, rtol=1e-5, atol=1e-6)
+            assert_close(g, p, rtol=1e-6, atol=1e-7)
+    native, fallbacks, _ = _serving(ours, {"x": x}).summary
+    assert fallbacks == ()
+    assert "Exp" in native and "FusedElementwise" in native
+
+
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
     """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
     call to the Python plan (its bits: NaN where a window reads it), and the plan serves the
