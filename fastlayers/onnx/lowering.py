@@ -90,6 +90,7 @@ from .plan_products import (
     lower_dynamic_matmul,
     lower_fused_lstm_cell,
     lower_layer_norm,
+    lower_one_hot_dense,
     recurrent,
 )
 from .plan_values import Buffer, Lowering, NotLowered, Value, arena_view, layout_of, logical_view, node_count
@@ -176,6 +177,7 @@ LOWERINGS = {
     "ConvTranspose": lower_conv_transpose,
     "BatchNormalization": lower_batch_norm,
     "FusedDense": lower_dense,
+    "OneHotDense": lower_one_hot_dense,
     "FusedDenseChain": lower_dense_chain,
     "MatMul": lower_dense,
     "Gemm": lower_dense,

@@ -8,7 +8,9 @@ import math
 import numpy as np
 
 from ..backends.types import Cell
+from .ops.linear import one_hot_table
 from .ops.recurrent import masked_calls, recurrent_calls
+from .plan_elementwise import map_step
 from .plan_movement import copied
 from .plan_values import NotLowered, Value, arena_view, operand, transposed
 from .qlinear import dynamic_matmul_constants
@@ -279,6 +281,45 @@ def lower_layer_norm(low, node, ins, traced_ins, traced_outs, attrs):
 
     low.emit(bind)
     return [y] + [None] * (len(traced_outs) - 1)
+
+
+def lower_one_hot_dense(low, node, ins, traced_ins, traced_outs, attrs):
+    """OneHotDense on ids computed by the plan (int32 or int64, last axis 1): the ids clipped
+    to [-1, V] (map steps: -1 and V both name row V of the table, the activation of the bias
+    alone, as an id outside [0, V) gets), then the take step of rows of the node's table
+    (``one_hot_table``, the Python plan's)."""
+    ids, t, out = ins[0], traced_ins[0], traced_outs[0]
+    if (
+        not isinstance(ids, Value)
+        or ids.dtype not in (np.int64, np.int32)
+        or reads_data(ins[1:])
+        or not isinstance(t, np.ndarray)
+        or t.ndim == 0
+        or t.shape[-1] != 1
+        or not isinstance(out, np.ndarray)
+        or out.dtype != np.float32
+    ):
+        raise NotLowered
+    w = traced_ins[2]
+    b = traced_ins[3] if len(traced_ins) > 3 else None
+    table = one_hot_table(w, b, attrs["_attrs"], low.ops)
+    v, e = w.shape
+    if out.size != t.size * e or table.shape != (v + 1, e):
+        raise NotLowered
+    lo, hi = np.asarray(-1, t.dtype), np.asarray(v, t.dtype)
+    above = np.maximum(t, lo)  # the map steps' integer maximum, then minimum
+    idx = map_step(
+        low, "min", [map_step(low, "max", [ids, lo], [t, lo], above), hi], [above, hi], np.minimum(above, hi)
+    )
+    y = low.new(out.shape, np.float32)
+    low.use(idx)
+    rows = table.reshape(-1)
+
+    def bind(plan, arena):
+        plan.add_take(rows, arena_view(arena, idx).reshape(-1), arena_view(arena, y).reshape(-1), 1, v + 1, e)
+
+    low.emit(bind)
+    return [y]
 
 
 def reads_data(values) -> bool:

@@ -876,6 +876,32 @@ def test_square_roots_of_one_value_and_exp_run_natively(rng, monkeypatch):
     assert "Exp" in native and "FusedElementwise" in native
 
 
+@pytest.mark.parametrize("ids_type", [6, 7])  # int32, int64
+def test_a_one_hot_product_runs_natively(tmp_path, rng, monkeypatch, ids_type):
+    """OneHotDense on ids the plan reads per call (magika's byte embedding): the ids clipped to
+    [-1, V], then a take of rows of the node's table, every id outside [0, V) the bias row
+    (negative ones too, which the take would count from the end): the Python plan's bits,
+    onnxruntime's values, no node run in Python."""
+    from .test_fusion import _one_hot_graph
+
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    w = rng.standard_normal((7, 6)).astype(np.float32)
+    path, dtype = _one_hot_graph(tmp_path, w, ids_type, "Gelu")
+    data = path.read_bytes()
+    ours, python, session = _engines(data, oracle("onnxruntime"))
+    for ids in (
+        np.array([0, 6, 3, -1, 7, 100, 2, 2, 5, 1], dtype),
+        np.array([-7, -8, -100, 6, 0, 8, 2**30, -(2**30), 3, 4], dtype),
+        rng.integers(-3, 10, 10).astype(dtype),
+    ):
+        feed = {"ids": ids.reshape(2, 5, 1)}
+        got = ours.run(None, feed)[0]
+        np.testing.assert_array_equal(got, python.run(None, feed)[0])
+        assert_close(got, session.run(None, feed)[0], rtol=1e-6, atol=1e-6)
+    native, fallbacks, _ = _serving(ours, feed).summary
+    assert fallbacks == () and "OneHotDense" in native
+
+
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
     """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
     call to the Python plan (its bits: NaN where a window reads it), and the plan serves the

@@ -69,13 +69,30 @@ def _fused_dense_chain(inputs, attrs, opset):
     return [backend_plan(attrs, make)(f32(inputs[0]))]
 
 
+def one_hot_table(w, b, attrs, ops):
+    """The rows a ``OneHotDense`` gathers on the backend ``ops``: activation(w + b) (V, E),
+    then row V activation(b) (the product of an all-zero one-hot row), float32 C-contiguous;
+    made once per backend into the node's cache (``_tables``)."""
+    tables = attrs.get("_tables")
+    table = None if tables is None else tables.get(ops.name)
+    if table is None:
+        name, alpha = attrs.get("activation", "linear"), attrs.get("alpha", 0.0)
+        rows = np.concatenate([w, np.zeros((1, w.shape[1]), np.float32)])
+        if b is not None:
+            rows = rows + b
+        table = np.ascontiguousarray(rows if name == "linear" else ops.activation(rows, name, alpha))
+        if tables is not None:
+            tables[ops.name] = table
+    return table
+
+
 @op("OneHotDense", internal=True, caches=("_tables",))
 def _one_hot_dense(inputs, attrs, opset):
     """fastlayers' fused node (``fusion.fuse_one_hot_dense``): activation(float(ids == classes)
     @ w + b) for ids whose last axis is 1 and classes arange(V) on their last axis: a gather of
-    rows of activation(w + b), the table made once per backend (``_tables``), row V (ids
-    outside [0, V), whose one-hot row is all zeros) activation(b). Other ids run the encoding
-    and the product as the graph wrote them."""
+    rows of activation(w + b) (``one_hot_table``), row V (ids outside [0, V), whose one-hot
+    row is all zeros) activation(b). Other ids run the encoding and the product as the graph
+    wrote them."""
     ids, classes, w = inputs[0], inputs[1], inputs[2]
     b = inputs[3] if len(inputs) > 3 else None
     name, alpha = attrs.get("activation", "linear"), attrs.get("alpha", 0.0)
@@ -85,15 +102,7 @@ def _one_hot_dense(inputs, attrs, opset):
         return [ops.dense(one_hot, w, b, name, alpha)]
     lead = broadcast_shape(ids.shape[:-1], classes.shape[:-1], "OneHotDense")
     shape = created(lead + (w.shape[1],), np.float32, "OneHotDense")
-    tables = attrs.get("_tables")
-    table = None if tables is None else tables.get(ops.name)
-    if table is None:
-        rows = np.concatenate([w, np.zeros((1, w.shape[1]), np.float32)])
-        if b is not None:
-            rows = rows + b
-        table = np.ascontiguousarray(rows if name == "linear" else ops.activation(rows, name, alpha))
-        if tables is not None:
-            tables[ops.name] = table
+    table = one_hot_table(w, b, attrs, ops)
     v = w.shape[0]
     flat = ids.reshape(-1)
     index = np.where((flat >= 0) & (flat < v), flat, v)
