@@ -207,6 +207,18 @@ class Ops(Protocol):
         activation: str = ...,
         alpha: float = ...,
     ) -> Callable[[Floats4d], Floats4d]: ...
+    def conv2d_planes_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        groups: int = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Callable[[Floats4d], Floats4d] | None: ...
     def conv1x1_nchw_plan(
         self,
         x_shape: Sequence[int],

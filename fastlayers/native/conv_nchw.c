@@ -3,8 +3,9 @@
  * the input to NHWC and no padded copy of it, which for 3 channels cost about as much as the
  * convolution. Vectorized over output channels: each pass holds CONV_NCHW_P output columns'
  * sums of one or two channel vectors and adds every tap's weight vectors times each column's
- * input value, the taps in the HWIO order of conv2d's sums. Compiled once per ISA
- * (kernels.inc). */
+ * input value, the taps in the HWIO order of conv2d's sums. Also conv1x1_nchw (NCHW planes
+ * into NCHW planes through a 1x1 window) and conv2d_planes (NCHW planes into NCHW planes for
+ * few output channels, vectorized over output columns). Compiled once per ISA (kernels.inc). */
 
 #include <string.h>
 
@@ -16,7 +17,7 @@
  * AVX2's 16; V = 2: 24 and 12). */
 #define CONV_NCHW_P (FL_VW >= 16 ? 12 : 6)
 /* Most taps (j, ci) of a window row for the passes (their offsets lie on the stack); more run
- * pixel by pixel (the library sends at most 4 channels through windows of at most 25 taps). */
+ * pixel by pixel (the library sends at most 4 channels through windows at most 9 wide). */
 #define CONV_NCHW_ROW_TAPS 128
 
 typedef struct {
@@ -285,5 +286,132 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
     chunks = (cout + rows - 1) / rows;
     conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, cols, chunks, rows, code, 0, alpha};
     fl_parallel(n * blocks * chunks, FL_MAX(1, CONV_MIN_SHARE_TAPS * chunks / taps), conv_pw_task, &p);
+    return p.status;
+}
+
+/* ------------------------------------------------------------------------- conv2d_planes */
+
+/* conv2d_planes (conv.h): a convolution of NCHW planes into NCHW planes for few output channels
+ * (CONV_PLANES_MAX_COUT), vectorized over output columns. The implicit GEMM vectorizes over
+ * output channels: with 8 of them a vector of 16 lanes is half empty, with one 15 of 16 lanes
+ * are (basic-pitch's 8 -> 8 3x39 and its convolutions into one channel). Here a pass holds O
+ * output channels of V vectors of consecutive output columns and adds each tap's weight
+ * (broadcast) times the V vectors of input it reads, the taps in the HWIO order (i, j, ci) of
+ * the implicit GEMM's sums. Each output row reads a per-thread copy of its window rows with
+ * the zeros of the padding, so that every vector load lies inside a row. Column stride 1 (the
+ * input vector of a tap is contiguous). */
+
+/* Most output channels: a pass of 8 channels by 3 vectors fills 24 of AVX-512's registers. */
+#define CONV_PLANES_MAX_COUT 8
+
+typedef struct {
+    const float *x, *w, *bias;
+    float *y;
+    int64_t c, h, wd, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout;
+    int64_t bw; /* floats of a window row's copy: whole vectors past wo, the window's reach */
+    int code, status;
+    float alpha;
+} conv_planes_ctx;
+
+/* y[n, o0 + o, oh, ow0 + 16 v + l] = sum over window rows [i0, i1), j, ci of w[i, j, ci, o0 + o]
+ * buf[(i - i0) c + ci][ow0 + 16 v + l + j dw] for o < O, v < V (lane l; FL_VW for 16), the
+ * columns from wo on not stored: O channels by V vectors of sums, each tap's input vectors
+ * loaded once for the O channels. */
+FL_INLINE void conv_planes_pass(const int O, const int V, const conv_planes_ctx *p, const float *buf, int64_t i0,
+                                int64_t i1, int64_t o0, int64_t ow0, float *yrow) {
+    int64_t c = p->c, cout = p->cout, plane = p->ho * p->wo;
+    fl_vf s[8][12];
+    _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
+        _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) s[o][v] = fl_set1(0.0f);
+    }
+    for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = 0; j < p->kw; ++j) {
+            const float *wt = p->w + ((i * p->kw + j) * c) * cout + o0;
+            const float *xr = buf + (i - i0) * c * p->bw + ow0 + j * p->dw;
+            for (int64_t ci = 0; ci < c; ++ci, wt += cout, xr += p->bw) {
+                fl_vf xv[12];
+                _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) xv[v] = fl_load(xr + v * FL_VW);
+                _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
+                    fl_vf wv = fl_set1(wt[o]);
+                    _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) s[o][v] += wv * xv[v];
+                }
+            }
+        }
+    _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
+        float *yo = yrow + (o0 + o) * plane;
+        _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) {
+            int64_t col = ow0 + v * FL_VW, left = p->wo - col;
+            if (left >= FL_VW) fl_store(yo + col, s[o][v]);
+            else if (left > 0) fl_store_n(yo + col, s[o][v], left);
+        }
+    }
+}
+
+/* Output columns [ow0, wo) of channels [o0, o0 + O): passes of VMAX vectors, then of fewer
+ * (VMAX / 2, VMAX / 4, one: the last vector partial). */
+FL_INLINE void conv_planes_columns(const int O, const int VMAX, const conv_planes_ctx *p, const float *buf,
+                                   int64_t i0, int64_t i1, int64_t o0, float *yrow) {
+    int64_t vectors = (p->wo + FL_VW - 1) / FL_VW, v0 = 0;
+    for (; v0 + VMAX <= vectors; v0 += VMAX) conv_planes_pass(O, VMAX, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+    if (VMAX >= 4 && v0 + VMAX / 2 <= vectors) {
+        conv_planes_pass(O, VMAX / 2, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+        v0 += VMAX / 2;
+    }
+    if (VMAX >= 12 && v0 + VMAX / 4 <= vectors) {
+        conv_planes_pass(O, VMAX / 4, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+        v0 += VMAX / 4;
+    }
+    for (; v0 < vectors; ++v0) conv_planes_pass(O, 1, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+}
+
+/* Output rows t = n Ho + oh in [t0, t1): the row's window rows copied with their padding, the
+ * channels in blocks of 8, 4, 2 and 1 (registers: 8 x 3, 4 x 6, 2 x 12, 1 x 12 vectors), then
+ * each channel's bias and activation while the row is in cache. */
+static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
+    conv_planes_ctx *p = (conv_planes_ctx *)arg;
+    int64_t c = p->c, bw = p->bw;
+    float *buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(p->kh * c * bw));
+    if (!buf) {
+        p->status = -1;
+        return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
+        pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
+        /* buf row (i - i0) c + ci: x[n, ci, oh sh - pt + i dh, u - pl] at u, zeros outside x */
+        int64_t lo = FL_MIN(p->pl, bw), hi = FL_MAX(FL_MIN(p->pl + p->wd, bw), lo);
+        for (int64_t i = i0; i < i1; ++i)
+            for (int64_t ci = 0; ci < c; ++ci) {
+                float *b = buf + ((i - i0) * c + ci) * bw;
+                const float *xr = p->x + ((n * c + ci) * p->h + oh * p->sh - p->pt + i * p->dh) * p->wd;
+                memset(b, 0, (size_t)lo * sizeof(float));
+                memcpy(b + lo, xr, (size_t)(hi - lo) * sizeof(float));
+                memset(b + hi, 0, (size_t)(bw - hi) * sizeof(float));
+            }
+        float *yrow = p->y + (n * p->cout * p->ho + oh) * p->wo;
+        int64_t o0 = 0;
+        for (; o0 + 8 <= p->cout; o0 += 8) conv_planes_columns(8, 3, p, buf, i0, i1, o0, yrow);
+        if (o0 + 4 <= p->cout) conv_planes_columns(4, 6, p, buf, i0, i1, o0, yrow), o0 += 4;
+        if (o0 + 2 <= p->cout) conv_planes_columns(2, 12, p, buf, i0, i1, o0, yrow), o0 += 2;
+        if (o0 < p->cout) conv_planes_columns(1, 12, p, buf, i0, i1, o0, yrow);
+        if (p->bias || p->code != FL_LINEAR)
+            conv_pw_epilogue(yrow, p->ho * p->wo, p->cout, p->wo, p->bias, p->code, p->alpha);
+    }
+}
+
+/* y[n, o, oh, ow] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow - pl + j dw]
+ * w[i, j, ci, o]) (zeros outside x): x (N, C, H, W), w (kh, kw, C, cout) as it is, y (N, cout,
+ * Ho, Wo), column stride 1, at most CONV_PLANES_MAX_COUT output channels. */
+int FL_FN(conv2d_planes)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw,
+                         int64_t sh, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                         int64_t cout, const float *wk, const float *bias, int code, float alpha, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 ||
+        cout > CONV_PLANES_MAX_COUT)
+        return -2;
+    /* whole vectors past wo (each pass loads them whole) plus the window's reach */
+    int64_t bw = ((wo + FL_VW - 1) / FL_VW) * FL_VW + (kw - 1) * dw;
+    conv_planes_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout, bw, code, 0, alpha};
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_planes_task, &p);
     return p.status;
 }

@@ -587,7 +587,9 @@ cdef class NativePlan:
         W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``. With
         ``nchw_out`` (a 1x1 window, stride 1, no padding, one group, no residual), x (N, C, H, W)
         and y (N, C_out, H, W) are NCHW planes and ``pw`` the (C_out, C) weights, or (C_out, ldw)
-        with the weights in its first C columns: ``conv1x1_nchw``."""
+        with the weights in its first C columns: ``conv1x1_nchw``. With both (one group, column
+        stride 1, at most 8 output channels, no residual), x and y (N, C_out, Ho, Wo) are NCHW
+        planes and ``pw`` the HWIO weights: ``conv2d_planes``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
         cdef float *wp = NULL if pw is None and tile else _view(pw, "conv2d weights (needed but with a Winograd tile)")
@@ -600,8 +602,12 @@ cdef class NativePlan:
         cdef int64_t cout = y.shape[1] if nchw_out else y.shape[3]
         if min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0 or c % groups or cout % groups:
             raise ValueError("native plan conv2d: bad geometry")
-        if nchw_out:
-            if (nchw_in or max(kh, kw, sh, sw, groups) != 1 or pt or pl or res is not None or tile
+        if nchw_out and nchw_in:
+            if (groups != 1 or sw != 1 or cout > 8 or res is not None or tile or pw.shape != (kh, kw, c, cout)):
+                raise ValueError("native plan conv2d: NCHW planes into NCHW planes for at most 8 channels, "
+                                 "column stride 1, one group and HWIO weights only")
+        elif nchw_out:
+            if (max(kh, kw, sh, sw, groups) != 1 or pt or pl or res is not None or tile
                     or pw.ndim != 2 or pw.shape[0] != cout or pw.shape[1] < c or y.shape[2:] != x.shape[2:]):
                 raise ValueError("native plan conv2d: NCHW output from a 1x1 window on NCHW planes only")
         elif nchw_in:
@@ -625,7 +631,7 @@ cdef class NativePlan:
         a.n, a.c, a.x, a.kh, a.kw = x.shape[0], c, xp, kh, kw
         a.h, a.w = (x.shape[2], x.shape[3]) if nchw_in or nchw_out else (x.shape[1], x.shape[2])
         a.nchw_in, a.nchw_out = nchw_in, nchw_out
-        a.ldw = pw.shape[1] if nchw_out else 0
+        a.ldw = pw.shape[1] if nchw_out and not nchw_in else 0
         a.sh, a.sw, a.dh, a.dw, a.pt, a.pl = sh, sw, dh, dw, pt, pl
         a.ho, a.wo = (y.shape[2], y.shape[3]) if nchw_out else (y.shape[1], y.shape[2])
         a.groups, a.cout, a.pw, a.bias = groups, cout, wp, bp

@@ -84,6 +84,20 @@ def lower_conv(low, node, ins, traced_ins, traced_outs, attrs):
             y_nchw = low.new((n, cout, *hw))
             low.emit(lambda plan, arena: plan.add_conv2d(arena_view(arena, x_in), y=arena_view(arena, y_nchw), **bound))
             return [Value(y_nchw.buffer, 0, out.shape, np.float32, None)]
+    if x.perm is None and residual is None and post is None:
+        # NCHW planes into NCHW planes for few output channels, where the Python plan runs it
+        # so (``conv2d_planes_plan``)
+        bound = low.ops.plan_conv2d_planes((n, c, *hw), w_hwio, b, strides, pads, dilations, group, activation, alpha)
+        if bound is not None:
+            if n * cout * math.prod(out_hw) != out.size:
+                raise NotLowered
+            low.use(x)
+            x_in = Value(x.buffer, x.offset, (n, c, *hw), x.dtype)
+            y_planes = low.new((n, cout, *out_hw))
+            low.emit(
+                lambda plan, arena: plan.add_conv2d(arena_view(arena, x_in), y=arena_view(arena, y_planes), **bound)
+            )
+            return [Value(y_planes.buffer, 0, out.shape, np.float32, None)]
     found = low.ops.plan_conv2d(
         (n, *hw, c),
         w_hwio,

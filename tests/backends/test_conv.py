@@ -377,6 +377,60 @@ def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, st
     assert_close(REF.conv2d_nchw_plan(x.shape, *args)(x), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("cout", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize(
+    "cin, shape_hw, k, strides, pads, dilation",
+    [
+        (8, (7, 40), (3, 9), (1, 1), ((1, 1), (4, 4)), (1, 1)),  # a 3x39-like window, rows of 40
+        (5, (6, 16), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # one whole vector a row
+        (9, (5, 17), (2, 3), (2, 1), ((0, 1), (2, 0)), (1, 1)),  # a vector and one column, stride 2 down
+        (3, (6, 49), (5, 3), (1, 1), ((2, 2), (0, 2)), (2, 3)),  # dilated both ways, asymmetric pads
+        (6, (3, 100), (3, 7), (1, 1), ((4, 4), (3, 3)), (1, 1)),  # window rows wholly outside x
+        (1, (5, 230), (3, 5), (1, 1), ((1, 1), (2, 2)), (1, 1)),  # 15 vectors: passes of 12, 6, 3, 1
+        (33, (3, 31), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # many input channels
+    ],
+)
+def test_convolution_of_planes_into_planes(isa, n_threads, cout, cin, shape_hw, k, strides, pads, dilation):
+    """``conv2d_planes``: NCHW planes into NCHW planes for up to 8 output channels (blocks of 8,
+    4, 2 and 1), passes of whole vectors of output columns and a partial last one, padded
+    window rows, strides down and dilations: the reference's NHWC convolution each way; and
+    the backend's plan where ``planes_direct`` takes the shape."""
+    x = arr(0, (2, cin, *shape_hw))
+    w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
+    args = (w, b, strides, pads, dilation, 1, "hard_silu", 0.0)
+    want = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *args).transpose(0, 3, 1, 2)
+    (pt, _), (pl, _) = pads
+    y = np.full(want.shape, np.nan, np.float32)
+    with threads(n_threads):
+        got = _core.conv2d_planes(x, w, b, y, strides[0], *dilation, pt, pl, _core.ACTIVATIONS.index("hard_silu"), 0.0)
+        plan = CPU.conv2d_planes_plan(x.shape, *args)
+    assert got is y
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    wo = want.shape[3]
+    assert (plan is not None) == conv_ops.planes_direct(cin, cout, *k, strides, wo, 1, 1)
+    if plan is not None:
+        assert_close(plan(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_convolution_of_planes_into_planes_where_it_pays():
+    """``planes_direct``: one group, at most 8 output channels, column stride 1, a window larger
+    than 1x1, rows of at least 16 columns, not the few-input-channel kernel's shapes; and the
+    kernel's own errors."""
+    planes = conv_ops.planes_direct
+    assert planes(8, 8, 3, 39, (1, 1), 264, 1, 1) and planes(32, 1, 7, 3, (1, 1), 88, 1, 0)
+    assert planes(8, 1, 5, 5, (2, 1), 16, 1, 0)
+    assert not planes(8, 9, 3, 3, (1, 1), 64, 1, 0) and not planes(8, 8, 3, 3, (1, 2), 64, 1, 0)
+    assert not planes(8, 8, 1, 1, (1, 1), 64, 1, 0) and not planes(8, 8, 3, 3, (1, 1), 15, 1, 0)
+    assert not planes(8, 8, 3, 3, (1, 1), 64, 2, 0) and not planes(8, 8, 3, 3, (1, 1), 64, 1, None)
+    assert not planes(3, 8, 3, 3, (1, 1), 64, 1, 0)  # 3 input channels: conv2d_nchw_in's
+    x, y = arr(0, (1, 4, 5, 20)), np.empty((1, 9, 5, 20), np.float32)
+    with pytest.raises(ValueError):
+        _core.conv2d_planes(x, arr(1, (3, 3, 4, 9)), None, y, 1, 1, 1, 1, 1, 0, 0.0)
+    with pytest.raises(ValueError):
+        _core.conv2d_planes(x, arr(1, (3, 3, 5, 8)), None, y[:, :8], 1, 1, 1, 1, 1, 0, 0.0)
+
+
 def test_convolution_from_nchw_planes_where_it_pays():
     """``nchw_direct``: few input channels into 2 to 64, through windows up to 3x3, or up to
     5x5 into at least 16 channels (a 5x5 stem), or at strides of 2 up to 7x7 from at most 3

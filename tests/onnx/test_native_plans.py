@@ -902,6 +902,49 @@ def test_a_one_hot_product_runs_natively(tmp_path, rng, monkeypatch, ids_type):
     assert fallbacks == () and "OneHotDense" in native
 
 
+def _few_output_channels_model(rng):
+    """x (N, 8, 12, 40) -> Conv 8 -> 8 (3 x 9, padded) + Relu -> Conv 8 -> 1 (5 x 5, padded):
+    basic-pitch's convolutions into few channels."""
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((8, 8, 3, 9)) * 0.1).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b1"),
+        numpy_helper.from_array((rng.standard_normal((1, 8, 5, 5)) * 0.1).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.standard_normal(1).astype(np.float32), "b2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 4, 1, 4]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[2, 2, 2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "few_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 12, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_convolutions_into_few_channels_run_on_planes(rng, monkeypatch, batch):
+    """Convolutions of NCHW planes into at most 8 channels run into NCHW planes
+    (``conv2d_planes``) in both plans: onnxruntime's values, the Python plan's within float32
+    rounding, and no layout move in the native plan (before: the input moved to channels-last
+    memory for the first)."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ours, python, session = _engines(_few_output_channels_model(np.random.default_rng(5)), oracle("onnxruntime"))
+    for _ in range(3):
+        x = rng.standard_normal((batch, 8, 12, 40)).astype(np.float32)
+        got = ours.run(None, {"x": x})[0]
+        assert_close(got, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        assert_close(got, python.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    native, fallbacks, _ = _serving(ours, {"x": x}).summary
+    assert fallbacks == () and native.count("FusedConv") == 2
+    # one step each: no move of the input to channels-last memory before the first
+    assert _steps_per_op(_serving(ours, {"x": x}))["FusedConv"] == [1, 1]
+
+
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
     """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
     call to the Python plan (its bits: NaN where a window reads it), and the plan serves the

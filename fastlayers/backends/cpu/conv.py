@@ -67,6 +67,14 @@ NCHW_DIRECT_WIDE_MIN_COUT = 16
 NCHW_DIRECT_MAX_STRIDED_WINDOW = 49
 NCHW_DIRECT_STRIDED_MAX_CIN = 3
 
+#: At most this many output channels, at a column stride of 1, through a window larger than
+#: 1x1, into rows of at least this many columns: a convolution of NCHW planes (one group, not
+#: the few-input-channel kernel's) runs on them into NCHW planes (``conv2d_planes``, vectorized
+#: over output columns), where the implicit GEMM's vectors over the output channels are mostly
+#: empty lanes (docs/design.md, "Few output channels from NCHW planes"). ``planes_direct``
+#: applies them.
+PLANES_MAX_COUT = 8
+PLANES_MIN_COLUMNS = 16
 #: Fewest positions per image for a 1x1 convolution of NCHW planes to run on them
 #: (``conv1x1_nchw``, per image the product w @ x over H W columns): fewer, such as a
 #: squeeze-and-excite block's pooled (N, C, 1, 1), run as rows of one product on packed
@@ -86,6 +94,23 @@ def nchw_direct(c, cout, kh, kw, strides=(1, 1)):
         1 <= c <= NCHW_DIRECT_MAX_CIN
         and NCHW_DIRECT_MIN_COUT <= cout <= NCHW_DIRECT_MAX_COUT
         and (taps <= NCHW_DIRECT_MAX_WINDOW or (wide and cout >= NCHW_DIRECT_WIDE_MIN_COUT))
+    )
+
+
+def planes_direct(c, cout, kh, kw, strides, wo, groups, code) -> bool:
+    """Whether a convolution of ``c`` NCHW planes into ``cout`` channels through a ``kh`` x
+    ``kw`` window at ``strides`` into rows of ``wo`` columns, ``groups`` groups and activation
+    ``code`` runs from the planes into NCHW planes (``conv2d_planes``, the bounds above). The
+    Python plan (``conv2d_planes_plan``) and the native plan's step
+    (``steps.conv2d_planes_step``) decide the same way."""
+    return (
+        groups == 1
+        and code is not None
+        and 1 <= cout <= PLANES_MAX_COUT
+        and strides[1] == 1
+        and kh * kw > 1
+        and wo >= PLANES_MIN_COLUMNS
+        and not nchw_direct(c, cout, kh, kw, strides)
     )
 
 
@@ -461,6 +486,40 @@ class ConvOps(ReferenceOps):
         def run(x):
             y = np.empty(out, np.float32)
             return _core.conv2d_nchw_in(_f32c(x), wk, bias, y, sh, sw, dh, dw, pt, pl, code, alpha)
+
+        return run
+
+    def conv2d_planes_plan(
+        self,
+        x_shape,
+        w_hwio,
+        b,
+        strides=(1, 1),
+        pads=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+        activation="linear",
+        alpha=0.0,
+    ):
+        n, c, h, w = x_shape
+        kh, kw, _, cout = w_hwio.shape
+        (sh, _), (dh, dw) = strides, dilation
+        (pt, _), (pl, _) = pads
+        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
+        code = CODES.get(activation)
+        code = None if code in _SOFTMAX_CODES else code
+        if (
+            n * c * h * w == 0
+            or ho <= 0
+            or min(pt, pl) < 0
+            or not planes_direct(c, cout, kh, kw, strides, wo, groups, code)
+        ):
+            return None
+        wk, bias, out = conv_weights_array(w_hwio), _bias(b), (n, cout, ho, wo)
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            return _core.conv2d_planes(_f32c(x), wk, bias, y, sh, dh, dw, pt, pl, code, alpha)
 
         return run
 

@@ -25,6 +25,7 @@ from .conv import (
     _winograd_tile,
     conv_weights_array,
     nchw_direct,
+    planes_direct,
     pointwise_nchw_takes,
     pointwise_rows,
     winograd_weights,
@@ -106,6 +107,36 @@ def conv1x1_nchw_step(x_shape, w_oi, b, activation: str, alpha: float):
         return None
     geometry = dict(kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pt=0, pl=0, groups=1)
     return dict(pw=pointwise_rows(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)
+
+
+def conv2d_planes_step(x_shape, w_hwio, b, strides, pads, dilation, groups: int, activation: str, alpha: float):
+    """How a plan binds the convolution of NCHW planes into NCHW planes that
+    ``conv2d_planes_plan`` runs on inputs of ``x_shape`` (N, C, H, W): kwargs of ``add_conv2d``
+    with ``nchw_in`` and ``nchw_out`` (``conv2d_planes``), or None where that plan would not
+    take it."""
+    n, c, h, w = x_shape
+    kh, kw, _, cout = w_hwio.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    (pt, _), (pl, _) = pads
+    ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
+    code = _ELEMENTWISE.get(activation)
+    if (
+        n * c * h * w == 0
+        or ho <= 0
+        or min(pt, pl) < 0
+        or not planes_direct(c, cout, kh, kw, strides, wo, groups, code)
+    ):
+        return None
+    geometry = dict(kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl, groups=1)
+    return dict(
+        pw=conv_weights_array(w_hwio),
+        bias=_bias(b),
+        code=code,
+        alpha=float(alpha),
+        nchw_in=True,
+        nchw_out=True,
+        **geometry,
+    )
 
 
 def conv_transpose_step(w_iohw, w_hwio, b, groups: int, activation: str, alpha: float, planes: bool):

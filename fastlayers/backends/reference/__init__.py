@@ -483,6 +483,24 @@ class ReferenceOps:
             return lambda x: plan(x.reshape(n, h, w, c))
         return lambda x: plan(self.channels_last(x))
 
+    def conv2d_planes_plan(
+        self,
+        x_shape: Sequence[int],
+        w_hwio: Floats4d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        groups: int = 1,
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Callable[[Floats4d], Floats4d] | None:
+        """A convolution of C-contiguous NCHW inputs of shape ``x_shape`` (N, C, H, W) into NCHW
+        planes: a function ``x_nchw -> y_nchw`` (N, C_out, Ho, Wo), where the backend has one
+        that pays for these shapes (few output channels); None where it would rather run
+        ``conv2d_nchw_plan`` (NHWC out). The reference has none."""
+        return None
+
     def conv1x1_nchw_plan(
         self,
         x_shape: Sequence[int],

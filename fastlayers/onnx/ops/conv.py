@@ -145,10 +145,16 @@ def _conv(inputs, attrs, opset):
         w_oi = w4[:, :, 0, 0] if w4 is not None else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
         bias, activation, alpha = args[1], args[6], args[7]
         pointwise = ops.conv1x1_nchw_plan(planes.shape, w_oi, bias, activation, alpha)
+    # NCHW planes into NCHW planes for few output channels, where the backend has a kernel
+    to_planes = None
+    if planes is not None and pointwise is None and residual is None and post is None:
+        to_planes = ops.conv2d_planes_plan(planes.shape, *args)
     if in_kernel:
         run = _with_residual_in_kernel(ops.conv2d_residual_plan(to_nhwc(x, False).shape, *args, *residual), residual)
     elif pointwise is not None:
         run = (lambda x: pointwise(x[:, :, None, :])[:, :, 0]) if one_d else pointwise
+    elif to_planes is not None:
+        run = (lambda x: to_planes(x[:, :, None, :])[:, :, 0]) if one_d else to_planes
     elif planes is not None:  # an NCHW activation (an image): the backend's plan from NCHW to NHWC
         from_planes = ops.conv2d_nchw_plan(planes.shape, *args)
         run = (
