@@ -72,7 +72,7 @@ NCHW_DIRECT_STRIDED_MAX_CIN = 3
 #: the few-input-channel kernel's) runs on them into NCHW planes (``conv2d_planes``, vectorized
 #: over output columns), where the implicit GEMM's vectors over the output channels are mostly
 #: empty lanes (docs/design.md, "Few output channels from NCHW planes"). ``planes_direct``
-#: applies them.
+#: applies them (``planes_takes`` for whole arguments).
 PLANES_MAX_COUT = 8
 PLANES_MIN_COLUMNS = 16
 #: Fewest positions per image for a 1x1 convolution of NCHW planes to run on them
@@ -100,9 +100,7 @@ def nchw_direct(c, cout, kh, kw, strides=(1, 1)):
 def planes_direct(c, cout, kh, kw, strides, wo, groups, code) -> bool:
     """Whether a convolution of ``c`` NCHW planes into ``cout`` channels through a ``kh`` x
     ``kw`` window at ``strides`` into rows of ``wo`` columns, ``groups`` groups and activation
-    ``code`` runs from the planes into NCHW planes (``conv2d_planes``, the bounds above). The
-    Python plan (``conv2d_planes_plan``) and the native plan's step
-    (``steps.conv2d_planes_step``) decide the same way."""
+    ``code`` runs from the planes into NCHW planes (``conv2d_planes``, the bounds above)."""
     return (
         groups == 1
         and code is not None
@@ -112,6 +110,22 @@ def planes_direct(c, cout, kh, kw, strides, wo, groups, code) -> bool:
         and wo >= PLANES_MIN_COLUMNS
         and not nchw_direct(c, cout, kh, kw, strides)
     )
+
+
+def planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation):
+    """(the activation's code, the output shape (N, C_out, Ho, Wo)) where a convolution of NCHW
+    planes of ``x_shape`` (N, C, H, W) with ``w_hwio`` runs on them into NCHW planes
+    (``conv2d_planes``: ``planes_direct`` on its shapes, a non-empty output, an elementwise
+    code), else None. The Python plan (``conv2d_planes_plan``) and the native plan's step
+    (``steps.conv2d_planes_step``) decide by it."""
+    n, c, h, w = x_shape
+    kh, kw, _, cout = w_hwio.shape
+    ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
+    code = CODES.get(activation)
+    code = None if code in _SOFTMAX_CODES else code
+    if n * c * h * w == 0 or ho <= 0 or min(pads[0][0], pads[1][0]) < 0:
+        return None
+    return (code, (n, cout, ho, wo)) if planes_direct(c, cout, kh, kw, strides, wo, groups, code) else None
 
 
 def pointwise_rows(w_oi):
@@ -501,21 +515,12 @@ class ConvOps(ReferenceOps):
         activation="linear",
         alpha=0.0,
     ):
-        n, c, h, w = x_shape
-        kh, kw, _, cout = w_hwio.shape
-        (sh, _), (dh, dw) = strides, dilation
-        (pt, _), (pl, _) = pads
-        ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
-        code = CODES.get(activation)
-        code = None if code in _SOFTMAX_CODES else code
-        if (
-            n * c * h * w == 0
-            or ho <= 0
-            or min(pt, pl) < 0
-            or not planes_direct(c, cout, kh, kw, strides, wo, groups, code)
-        ):
+        taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation)
+        if taken is None:
             return None
-        wk, bias, out = conv_weights_array(w_hwio), _bias(b), (n, cout, ho, wo)
+        code, out = taken
+        (sh, _), (dh, dw), (pt, _), (pl, _) = strides, dilation, *pads
+        wk, bias = conv_weights_array(w_hwio), _bias(b)
 
         def run(x):
             y = np.empty(out, np.float32)

@@ -25,7 +25,7 @@ from .conv import (
     _winograd_tile,
     conv_weights_array,
     nchw_direct,
-    planes_direct,
+    planes_takes,
     pointwise_nchw_takes,
     pointwise_rows,
     winograd_weights,
@@ -113,25 +113,17 @@ def conv2d_planes_step(x_shape, w_hwio, b, strides, pads, dilation, groups: int,
     """How a plan binds the convolution of NCHW planes into NCHW planes that
     ``conv2d_planes_plan`` runs on inputs of ``x_shape`` (N, C, H, W): kwargs of ``add_conv2d``
     with ``nchw_in`` and ``nchw_out`` (``conv2d_planes``), or None where that plan would not
-    take it."""
-    n, c, h, w = x_shape
-    kh, kw, _, cout = w_hwio.shape
-    (sh, sw), (dh, dw) = strides, dilation
-    (pt, _), (pl, _) = pads
-    ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
-    code = _ELEMENTWISE.get(activation)
-    if (
-        n * c * h * w == 0
-        or ho <= 0
-        or min(pt, pl) < 0
-        or not planes_direct(c, cout, kh, kw, strides, wo, groups, code)
-    ):
+    take it (``planes_takes``)."""
+    taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation)
+    if taken is None:
         return None
+    kh, kw = w_hwio.shape[:2]
+    (sh, sw), (dh, dw), (pt, _), (pl, _) = strides, dilation, *pads
     geometry = dict(kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl, groups=1)
     return dict(
         pw=conv_weights_array(w_hwio),
         bias=_bias(b),
-        code=code,
+        code=taken[0],
         alpha=float(alpha),
         nchw_in=True,
         nchw_out=True,
