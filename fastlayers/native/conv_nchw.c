@@ -303,6 +303,9 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
 
 /* Most output channels: a pass of 8 channels by 3 vectors fills 24 of AVX-512's registers. */
 #define CONV_PLANES_MAX_COUT 8
+/* Sums a pass holds: 24 of AVX-512's 32 registers, 8 of AVX2's 16 (the input vectors and a
+ * broadcast weight need the rest; 8 independent chains keep two FMA units busy). */
+#define CONV_PLANES_SUMS (FL_VW >= 16 ? 24 : 8)
 
 typedef struct {
     const float *x, *w, *bias;
@@ -357,7 +360,7 @@ FL_INLINE void conv_planes_columns(const int O, const int VMAX, const conv_plane
         conv_planes_pass(O, VMAX / 2, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
         v0 += VMAX / 2;
     }
-    if (VMAX >= 12 && v0 + VMAX / 4 <= vectors) {
+    if (VMAX >= 8 && v0 + VMAX / 4 <= vectors) {
         conv_planes_pass(O, VMAX / 4, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
         v0 += VMAX / 4;
     }
@@ -365,8 +368,9 @@ FL_INLINE void conv_planes_columns(const int O, const int VMAX, const conv_plane
 }
 
 /* Output rows t = n Ho + oh in [t0, t1): the row's window rows copied with their padding, the
- * channels in blocks of 8, 4, 2 and 1 (registers: 8 x 3, 4 x 6, 2 x 12, 1 x 12 vectors), then
- * each channel's bias and activation while the row is in cache. */
+ * channels in blocks of 8, 4, 2 and 1 (sums: 8 x 3, 4 x 6, 2 x 12, 1 x 12 vectors on AVX-512;
+ * 8 x 1, 4 x 2, 2 x 4, 1 x 8 on AVX2), then each channel's bias and activation while the row
+ * is in cache. */
 static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
     conv_planes_ctx *p = (conv_planes_ctx *)arg;
     int64_t c = p->c, bw = p->bw;
@@ -390,10 +394,11 @@ static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
             }
         float *yrow = p->y + (n * p->cout * p->ho + oh) * p->wo;
         int64_t o0 = 0;
-        for (; o0 + 8 <= p->cout; o0 += 8) conv_planes_columns(8, 3, p, buf, i0, i1, o0, yrow);
-        if (o0 + 4 <= p->cout) conv_planes_columns(4, 6, p, buf, i0, i1, o0, yrow), o0 += 4;
-        if (o0 + 2 <= p->cout) conv_planes_columns(2, 12, p, buf, i0, i1, o0, yrow), o0 += 2;
-        if (o0 < p->cout) conv_planes_columns(1, 12, p, buf, i0, i1, o0, yrow);
+        const int S = CONV_PLANES_SUMS;
+        for (; o0 + 8 <= p->cout; o0 += 8) conv_planes_columns(8, S / 8, p, buf, i0, i1, o0, yrow);
+        if (o0 + 4 <= p->cout) conv_planes_columns(4, S / 4, p, buf, i0, i1, o0, yrow), o0 += 4;
+        if (o0 + 2 <= p->cout) conv_planes_columns(2, FL_MIN(S / 2, 12), p, buf, i0, i1, o0, yrow), o0 += 2;
+        if (o0 < p->cout) conv_planes_columns(1, FL_MIN(S, 12), p, buf, i0, i1, o0, yrow);
         if (p->bias || p->code != FL_LINEAR)
             conv_pw_epilogue(yrow, p->ho * p->wo, p->cout, p->wo, p->bias, p->code, p->alpha);
     }
