@@ -42,6 +42,10 @@
  * copy stays in cache); a larger one is read in place and only the windows that leave it are
  * copied, per output row (docs/design.md, "Implicit-GEMM convolution"). */
 #define CONV_PAD_COPY_FLOATS (INT64_C(1) << 18)
+/* Fewest floats in a window row (kw C) for the dot method where it may run (conv_dot.c):
+ * shorter runs leave most of its lanes empty in turn (docs/design.md, "Convolutions into a
+ * few channels"). */
+#define CONV_DOT_MIN_RUN (FL_VW / 2)
 
 /* ------------------------------------------------------------------------------ conv2d */
 
@@ -378,6 +382,13 @@ static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
         FL_FN(rows_bias_act_range)(0, n * ho * wo, cout, y, cout, bias, code, alpha, y,
                                    cout);
         return whole;
+    }
+    int dot = groups == 1 && dw == 1 && cout <= CONV_DOT_MAX_COUT;
+    if (method == 3 || (method == 0 && dot && kw * c >= CONV_DOT_MIN_RUN)) {
+        if (!dot) return -2;
+        int st = FL_FN(conv2d_dot)(n, h, w, c, x, kh, kw, sh, sw, dh, pt, pl, ho, wo, cout, pw,
+                                   bias, code, alpha, y);
+        return st ? st : whole;
     }
     int identity = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h &&
                    wo == w && groups == 1;

@@ -17,6 +17,17 @@
 extern __thread fl_buf FL_FN(conv_call_buf);
 extern __thread fl_buf FL_FN(conv_task_buf);
 
+/* Most output channels of conv2d's dot method (conv_dot.c): above, the implicit GEMM's
+ * vectors over output channels fill enough lanes. */
+#define CONV_DOT_MAX_COUT 4
+
+/* conv2d (conv.h) for one group, no width dilation and 1 <= cout <= CONV_DOT_MAX_COUT, each
+ * output a dot product along its window rows (conv_dot.c); 0, -1 (no memory) or -2. */
+int FL_FN(conv2d_dot)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                      int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t pt, int64_t pl,
+                      int64_t ho, int64_t wo, int64_t cout, const float *pw, const float *bias,
+                      int code, float alpha, float *y);
+
 /* An elementwise activation code (the epilogues apply it per vector). */
 FL_INLINE int conv_code_ok(int code) {
     return code >= 0 && code < FL_N_ACTIVATIONS && code != FL_SOFTMAX && code != FL_LOG_SOFTMAX;

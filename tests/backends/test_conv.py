@@ -326,6 +326,63 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("cout", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "x_shape, kernel, strides, pads, dh",
+    [
+        ((2, 9, 23, 32), (7, 3), (1, 1), ((3, 3), (1, 1)), 1),  # runs of 96: whole vectors
+        ((1, 1, 301, 1), (1, 256), (1, 2), ((0, 0), (0, 0)), 1),  # a long 1-D filter at stride 2
+        ((1, 6, 40, 33), (3, 3), (1, 1), ((1, 1), (1, 1)), 1),  # runs of 99: a tail of 3
+        ((2, 7, 30, 8), (5, 5), (1, 1), ((2, 2), (2, 2)), 1),  # runs of 40
+        ((1, 8, 19, 3), (3, 3), (2, 3), ((0, 2), (2, 1)), 2),  # runs of 9, strides, dilated rows
+        ((1, 5, 11, 5), (3, 9), (1, 1), ((1, 1), (8, 8)), 1),  # windows leaving x both sides
+        ((1, 4, 3, 16), (3, 3), (1, 1), ((4, 4), (1, 1)), 1),  # rows wholly outside x, wo < a pass
+        ((3, 4, 5, 24), (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # 1x1: runs of the channels
+        ((1, 1, 1, 40), (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # one position
+        ((1, 37, 1, 12), (5, 1), (2, 1), ((2, 1), (0, 0)), 1),  # over the height of a width-1 input
+    ],
+)
+def test_conv2d_dot_products_on_threads(isa, n_threads, cout, x_shape, kernel, strides, pads, dh):
+    """CONV_DOT (each output a dot product along its window rows): whole runs and tails, edge
+    windows read from a padded copy, window rows outside x, columns fewer than a pass, batches,
+    against the reference; and the automatic choice takes it where the window rows hold at
+    least half a vector (the same bits)."""
+    x, b = arr(0, x_shape), arr(2, (cout,))
+    w = arr(1, (*kernel, x_shape[3], cout), (kernel[0] * kernel[1] * x_shape[3]) ** -0.5)
+    args = (x, w, b, strides, pads, (dh, 1), 1, "silu", 0.0)
+    with threads(n_threads):
+        got = native_conv(*args, _core.CONV_DOT)
+        auto = native_conv(*args, _core.CONV_AUTO)
+    assert_close(got, REF.conv2d(*args), rtol=1e-5, atol=1e-5)
+    run = (kernel[0] if x_shape[2] == 1 and kernel[1] == 1 else kernel[1]) * x_shape[3]
+    if run >= {"avx512": 16, "avx2": 8}.get(isa, 4) // 2:  # half the path's vector
+        np.testing.assert_array_equal(auto, got)
+
+
+def test_conv2d_dot_products_with_a_residual(isa):
+    """CONV_DOT with a residual Add and its activation after the epilogue."""
+    x, w, b, r = arr(0, (2, 6, 21, 16)), arr(1, (3, 3, 16, 2), 0.1), arr(2, (2,)), arr(3, (2, 6, 21, 2))
+    y = np.empty_like(r)
+    relu, tanh = native.CODES["relu"], native.CODES["tanh"]
+    _core.conv2d(x, _core.conv_pack(w, 1), b, y, 3, 3, 1, 1, 1, 1, 1, 1, 1, relu, 0.0, _core.CONV_DOT, r, tanh)
+    want = REF.conv2d(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "relu", 0.0)
+    assert_close(y, np.tanh(want + r), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "w_shape, groups, dw",
+    [((3, 3, 4, 5), 1, 1), ((3, 3, 2, 4), 2, 1), ((3, 3, 4, 2), 1, 2)],
+    ids=["5 outputs", "2 groups", "width dilation"],
+)
+def test_conv2d_dot_products_refuse_other_convolutions(w_shape, groups, dw):
+    x = arr(0, (1, 8, 8, 4))
+    pw = _core.conv_pack(arr(1, w_shape), groups)
+    y = np.empty((1, 6, 8 - 2 * dw, w_shape[3]), np.float32)
+    with pytest.raises(native.NativeError):
+        _core.conv2d(x, pw, None, y, 3, 3, 1, 1, 1, dw, 0, 0, groups, 0, 0.0, _core.CONV_DOT)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_grouped_conv_on_threads(isa, n_threads):
     x, k, b = arr(0, (2, 20, 21, 24)), arr(1, (3, 3, 6, 36), 54**-0.5), arr(2, (36,))
     args = (x, k, b, (1, 2), ((1, 1), (0, 2)), (1, 1), 4, "silu", 0.0)

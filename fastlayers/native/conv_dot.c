@@ -1,0 +1,178 @@
+/* conv2d's dot method (conv.h, CONV_DOT) for convolutions into at most CONV_DOT_MAX_COUT
+ * output channels: each output is the dot product of its window with the weights, vectorized
+ * along the window's rows. Without a width dilation a window row of NHWC x is kw C consecutive
+ * floats (its run), so the run is loaded a vector at a time and multiplied with the same run of
+ * each output channel's weights; the sums are reduced across lanes once per output. The
+ * implicit GEMM's tiles, vectorized over output channels, leave all but cout lanes of each
+ * vector empty there (15 of 16 for one output channel on AVX-512). Compiled once per ISA
+ * (kernels.inc). */
+
+#include "conv_internal.h"
+#include "dispatch.h"
+#include "gemm.h"
+#include "threadpool.h"
+
+/* Output columns a pass takes for `co` output channels: P x co sums, P runs and one weight
+ * vector in registers (32 on AVX-512, 16 on AVX2). */
+#if FL_VW == 16
+#define CONV_DOT_COLS(co) ((co) == 1 ? 8 : (co) == 2 ? 6 : 4)
+#else
+#define CONV_DOT_COLS(co) ((co) == 1 ? 6 : (co) == 2 ? 4 : (co) == 3 ? 3 : 2)
+#endif
+#define CONV_DOT_SUMS 16 /* the most sums of a pass, CONV_DOT_COLS(co) co */
+
+typedef struct {
+    const float *x;      /* (n, h, w, c) */
+    const float *wr;     /* (cout, kh, kv): each channel's window rows, zero past run */
+    const float *bias;
+    float *y;            /* (n, ho, wo, cout) */
+    int64_t h, w, c, kh, sh, sw, dh, pt, pl, ho, wo, cout;
+    int64_t run, kv;     /* floats of a window row (kw c), rounded up to whole vectors */
+    int code, status;
+    float alpha;
+} conv_dot_ctx;
+
+/* sum of v's lanes, as a tree (a serial sum's chain of FL_VW adds cost more than the
+ * products of a short window) */
+FL_INLINE float conv_dot_hsum(fl_vf v) {
+#if FL_VW == 16 && defined(__AVX512F__)
+    return _mm512_reduce_add_ps((__m512)v);
+#elif FL_VW == 8 && defined(__AVX__)
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#else
+    return fl_hsum(v);
+#endif
+}
+
+/* sums[p co + o] = sum_i rows[i][p cs : p cs + run] . wr[o, i, 0 : run] for p < P, o < CO:
+ * P output columns whose window rows start at rows[i] + p cs (NULL: a window row outside x,
+ * which adds nothing); `whole`: rows[i] hold kv floats (a padded copy), else the last vector
+ * is read only up to the run's end. */
+FL_INLINE void conv_dot_pass(const int P, const int CO, const conv_dot_ctx *q,
+                             const float *const *rows, int64_t cs, int whole, float *sums) {
+    fl_vf acc[CONV_DOT_SUMS];
+#pragma GCC unroll 16
+    for (int k = 0; k < CONV_DOT_SUMS; ++k) acc[k] = fl_set1(0.0f);
+    int64_t kv = q->kv, full = whole ? kv : q->run / FL_VW * FL_VW, tail = q->run - full;
+    for (int64_t i = 0; i < q->kh; ++i) {
+        const float *xr = rows[i], *wi = q->wr + i * kv;
+        if (!xr) continue;
+        for (int64_t v = 0; v < full; v += FL_VW) {
+            fl_vf xv[CONV_DOT_SUMS];
+#pragma GCC unroll 16
+            for (int p = 0; p < P; ++p) xv[p] = fl_load(xr + p * cs + v);
+#pragma GCC unroll 4
+            for (int o = 0; o < CO; ++o) {
+                fl_vf wv = fl_load(wi + o * q->kh * kv + v);
+#pragma GCC unroll 16
+                for (int p = 0; p < P; ++p) acc[p * CO + o] += xv[p] * wv;
+            }
+        }
+        if (tail > 0) {
+            fl_vf xv[CONV_DOT_SUMS];
+#pragma GCC unroll 16
+            for (int p = 0; p < P; ++p) xv[p] = fl_load_n(xr + p * cs + full, tail);
+#pragma GCC unroll 4
+            for (int o = 0; o < CO; ++o) {
+                fl_vf wv = fl_load(wi + o * q->kh * kv + full);
+#pragma GCC unroll 16
+                for (int p = 0; p < P; ++p) acc[p * CO + o] += xv[p] * wv;
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < P * CO; ++k) sums[k] = conv_dot_hsum(acc[k]);
+}
+
+/* Output row t = n Ho + oh, columns [0, wo): passes of CONV_DOT_COLS(CO) columns whose windows
+ * lie inside x's columns, read in place; the others one column at a time from a zero-padded
+ * copy of their window rows (buf, kh kv floats). Sums into yt (wo, CO). */
+FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, float *buf,
+                            float *yt) {
+    const int P = CONV_DOT_COLS(CO);
+    int64_t n = t / q->ho, oh = t % q->ho, c = q->c, cs = q->sw * c;
+    const float *rows[q->kh], *pads[q->kh];
+    for (int64_t i = 0; i < q->kh; ++i) {
+        int64_t ih = oh * q->sh - q->pt + i * q->dh;
+        rows[i] = ih >= 0 && ih < q->h ? q->x + (n * q->h + ih) * q->w * c : 0;
+        pads[i] = rows[i] ? buf + i * q->kv : 0;
+    }
+    /* columns [lo, hi) have windows inside x's columns */
+    int64_t lo = FL_MIN((q->pl + q->sw - 1) / q->sw, q->wo);
+    int64_t last = q->w * c - q->run + q->pl * c;  /* ow sw c <= last */
+    int64_t hi = FL_MAX(lo, FL_MIN(q->wo, last < 0 ? 0 : last / cs + 1));
+    const float *at[q->kh];
+    float sums[CONV_DOT_SUMS];
+    for (int64_t ow = 0; ow < q->wo;) {
+        if (ow >= lo && ow + P <= hi) {
+            for (int64_t i = 0; i < q->kh; ++i)
+                at[i] = rows[i] ? rows[i] + ow * cs - q->pl * c : 0;
+            conv_dot_pass(P, CO, q, at, cs, 0, sums);
+            for (int k = 0; k < P * CO; ++k) yt[ow * CO + k] = sums[k];
+            ow += P;
+            continue;
+        }
+        int64_t s0 = ow * cs - q->pl * c;  /* the window row's first float in x's row */
+        if (ow >= lo && ow < hi) {
+            for (int64_t i = 0; i < q->kh; ++i) at[i] = rows[i] ? rows[i] + s0 : 0;
+            conv_dot_pass(1, CO, q, at, cs, 0, sums);
+        } else {
+            int64_t a = FL_MAX(0, -s0), b = FL_MIN(q->run, q->w * c - s0);
+            for (int64_t i = 0; i < q->kh; ++i) {
+                if (!rows[i]) continue;
+                float *d = (float *)pads[i];
+                memset(d, 0, (size_t)q->kv * sizeof(float));
+                if (b > a) memcpy(d + a, rows[i] + s0 + a, (size_t)(b - a) * sizeof(float));
+            }
+            conv_dot_pass(1, CO, q, pads, cs, 1, sums);
+        }
+        for (int o = 0; o < CO; ++o) yt[ow * CO + o] = sums[o];
+        ++ow;
+    }
+}
+
+/* Output rows [t0, t1): their sums, then bias + activation on each row while it is in cache. */
+static void conv_dot_task(void *arg, int64_t t0, int64_t t1) {
+    conv_dot_ctx *q = (conv_dot_ctx *)arg;
+    float *buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(q->kh * q->kv));
+    if (!buf) {
+        q->status = -1;
+        return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+        float *yt = q->y + t * q->wo * q->cout;
+        switch (q->cout) {
+        case 1: conv_dot_row(1, q, t, buf, yt); break;
+        case 2: conv_dot_row(2, q, t, buf, yt); break;
+        case 3: conv_dot_row(3, q, t, buf, yt); break;
+        default: conv_dot_row(4, q, t, buf, yt); break;
+        }
+        if (q->bias || q->code != FL_LINEAR)
+            FL_FN(rows_bias_act_range)(0, q->wo, q->cout, yt, q->cout, q->bias, q->code, q->alpha,
+                                       yt, q->cout);
+    }
+}
+
+int FL_FN(conv2d_dot)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, int64_t kh,
+                      int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t pt, int64_t pl,
+                      int64_t ho, int64_t wo, int64_t cout, const float *pw, const float *bias,
+                      int code, float alpha, float *y) {
+    if (cout < 1 || cout > CONV_DOT_MAX_COUT || cout > FL_PANEL) return -2;
+    int64_t run = kw * c, kv = (run + FL_VW - 1) / FL_VW * FL_VW;
+    /* the packed weights (k, 32 columns: gemm.h) as each channel's window rows */
+    float *wr = fl_buf_floats(&FL_FN(conv_call_buf), (size_t)(cout * kh * kv));
+    if (!wr) return -1;
+    for (int64_t o = 0; o < cout; ++o)
+        for (int64_t i = 0; i < kh; ++i) {
+            float *d = wr + (o * kh + i) * kv;
+            for (int64_t r = 0; r < run; ++r) d[r] = pw[(i * run + r) * FL_PANEL + o];
+            for (int64_t r = run; r < kv; ++r) d[r] = 0.0f;
+        }
+    conv_dot_ctx q = {x, wr, bias, y, h, w, c, kh, sh, sw, dh, pt, pl, ho, wo, cout, run, kv,
+                      code, 0, alpha};
+    int64_t row_taps = FL_MAX(1, wo * cout * kh * run);
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / row_taps), conv_dot_task, &q);
+    return q.status;
+}
