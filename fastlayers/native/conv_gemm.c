@@ -354,11 +354,12 @@ int FL_FN(conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x, in
     if (!conv_code_ok(code) || (res && !conv_code_ok(res_code)) || groups < 1 || c % groups ||
         cout % groups)
         return -2;
-    if (w == 1 && kw == 1 && wo == 1 && pl == 0 && ho > 1) {
+    if (w == 1 && kw == 1 && wo == 1 && pl == 0 && ho > 1 && (method != 3 || dh == 1)) {
         /* a window over the height of a width-1 input (TensorFlow's 1-D convolutions over (L,
          * 1)): the same memory, packed weights (rows (i, ci)) and output seen along the width,
          * where one output row of Ho columns fills the implicit GEMM's tiles (rows of one
-         * column each had gone through im2col) */
+         * column each had gone through im2col); the dot method takes no width dilation, so
+         * where it is asked for a height dilation stays along the height */
         w = h, h = 1, kw = kh, kh = 1, sw = sh, sh = 1, dw = dh, dh = 1, pl = pt, pt = 0, wo = ho, ho = 1;
     }
     int st = conv2d_run(n, h, w, c, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, groups, cout, pw,

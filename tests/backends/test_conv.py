@@ -123,19 +123,25 @@ def native_conv(x, w, b, strides, pads, dilation, groups, act, alpha, method):
 
 
 @examples(40)
-@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]), method=st.sampled_from(["implicit", "im2col"]))
+@given(c=conv_case(), wide=st.sampled_from([1, 3, 9]), method=st.sampled_from(["implicit", "im2col", "dot"]))
 def test_conv2d_each_method_matches_reference(isa, c, wide, method):
-    """Both of conv2d's ways on every case they take: the implicit GEMM (one group; window rows
-    in one run, or one run per tap with a width dilation) and im2col + sgemm."""
-    if method == "implicit":
+    """Each of conv2d's ways on every case it takes: the implicit GEMM (one group; window rows
+    in one run, or one run per tap with a width dilation), im2col + sgemm, and the dot products
+    along the window rows (one group, no width dilation, at most 4 output channels)."""
+    if method != "im2col":
         c = dict(c, groups=1)
+    if method == "dot":
+        c = dict(c, d=(c["d"][0], 1))
     args = conv_args(c, wide)
+    if method == "dot":  # at most 4 of the drawn output channels
+        x, w, b, *rest = args
+        args = (x, np.ascontiguousarray(w[..., :4]), None if b is None else b[:4], *rest)
     if (
         window_out(c["h"], c["k"][0], c["s"][0], c["d"][0], c["pads"][0]) <= 0
         or window_out(c["w"], c["k"][1], c["s"][1], c["d"][1], c["pads"][1]) <= 0
     ):
         return
-    code = _core.CONV_IMPLICIT if method == "implicit" else _core.CONV_IM2COL
+    code = {"implicit": _core.CONV_IMPLICIT, "im2col": _core.CONV_IM2COL, "dot": _core.CONV_DOT}[method]
     assert_close(native_conv(*args, code), REF.conv2d(*args), rtol=1e-5, atol=1e-5)
 
 
@@ -155,6 +161,9 @@ RESIDUAL_CASES = [
     ((1, 4, 5, 32), (1, 1, 48), (1, 1), ((0, 0), (0, 0)), "auto"),
     ((1, 2, 3, 8), (1, 1, 32), (1, 1), ((0, 0), (0, 0)), "auto"),
     ((1, 6, 7, 16), (3, 3, 32), (1, 1), ((1, 1), (1, 1)), "im2col"),
+    # dot products along the window rows, and the 1x1 form the automatic choice gives them
+    ((2, 9, 11, 8), (3, 3, 2), (1, 1), ((1, 1), (1, 1)), "dot"),
+    ((1, 6, 7, 24), (1, 1, 3), (1, 1), ((0, 0), (0, 0)), "auto"),
 ]
 
 
@@ -168,7 +177,9 @@ def test_conv2d_adds_a_residual_in_its_epilogue(isa, n_threads, act, res_act, ca
     x = arr(1, x_shape)
     w = arr(2, (kh, kw, x_shape[3], cout), (kh * kw * x_shape[3]) ** -0.5)
     b = arr(3, (cout,))
-    method_code = {"implicit": _core.CONV_IMPLICIT, "im2col": _core.CONV_IM2COL, "auto": 0}[method]
+    method_code = {"implicit": _core.CONV_IMPLICIT, "im2col": _core.CONV_IM2COL, "dot": _core.CONV_DOT, "auto": 0}[
+        method
+    ]
     with threads(n_threads):
         y = native_conv(x, w, b, strides, pads, (1, 1), 1, act, 0.1, method_code)
         r = arr(4, y.shape)
@@ -340,6 +351,7 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
         ((3, 4, 5, 24), (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # 1x1: runs of the channels
         ((1, 1, 1, 40), (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # one position
         ((1, 37, 1, 12), (5, 1), (2, 1), ((2, 1), (0, 0)), 1),  # over the height of a width-1 input
+        ((1, 37, 1, 12), (5, 1), (2, 1), ((2, 1), (0, 0)), 2),  # the same dilated: along the height
     ],
 )
 def test_conv2d_dot_products_on_threads(isa, n_threads, cout, x_shape, kernel, strides, pads, dh):
@@ -354,8 +366,9 @@ def test_conv2d_dot_products_on_threads(isa, n_threads, cout, x_shape, kernel, s
         got = native_conv(*args, _core.CONV_DOT)
         auto = native_conv(*args, _core.CONV_AUTO)
     assert_close(got, REF.conv2d(*args), rtol=1e-5, atol=1e-5)
-    run = (kernel[0] if x_shape[2] == 1 and kernel[1] == 1 else kernel[1]) * x_shape[3]
-    if run >= {"avx512": 16, "avx2": 8}.get(isa, 4) // 2:  # half the path's vector
+    along = x_shape[2] == 1 and kernel[1] == 1  # a width-1 input: seen along the width
+    run = (kernel[0] if along else kernel[1]) * x_shape[3]
+    if run >= {"avx512": 16, "avx2": 8}.get(isa, 4) // 2 and not (along and dh > 1):  # half a vector
         np.testing.assert_array_equal(auto, got)
 
 
