@@ -20,6 +20,10 @@
 #define CONV_DOT_COLS(co) ((co) == 1 ? 6 : (co) == 2 ? 4 : (co) == 3 ? 3 : 2)
 #endif
 #define CONV_DOT_SUMS 16 /* the most sums of a pass, CONV_DOT_COLS(co) co */
+/* Units a thread is given at least where output rows are few, and the fewest output columns of
+ * a unit then. */
+#define CONV_DOT_UNITS_PER_THREAD 4
+#define CONV_DOT_MIN_SPAN 64
 
 typedef struct {
     const float *x;      /* (n, h, w, c) */
@@ -28,6 +32,7 @@ typedef struct {
     float *y;            /* (n, ho, wo, cout) */
     int64_t h, w, c, kh, sh, sw, dh, pt, pl, ho, wo, cout;
     int64_t run, kv;     /* floats of a window row (kw c), rounded up to whole vectors */
+    int64_t span, spans; /* output columns of a unit, units of an output row */
     int code, status;
     float alpha;
 } conv_dot_ctx;
@@ -86,11 +91,11 @@ FL_INLINE void conv_dot_pass(const int P, const int CO, const conv_dot_ctx *q,
     for (int k = 0; k < P * CO; ++k) sums[k] = conv_dot_hsum(acc[k]);
 }
 
-/* Output row t = n Ho + oh, columns [0, wo): passes of CONV_DOT_COLS(CO) columns whose windows
- * lie inside x's columns, read in place; the others one column at a time from a zero-padded
- * copy of their window rows (buf, kh kv floats). Sums into yt (wo, CO). */
-FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, float *buf,
-                            float *yt) {
+/* Output row t = n Ho + oh, columns [ow0, ow1): passes of CONV_DOT_COLS(CO) columns whose
+ * windows lie inside x's columns, read in place; the others one column at a time from a
+ * zero-padded copy of their window rows (buf, kh kv floats). Sums into yt (wo, CO). */
+FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, int64_t ow0,
+                            int64_t ow1, float *buf, float *yt) {
     const int P = CONV_DOT_COLS(CO);
     int64_t n = t / q->ho, oh = t % q->ho, c = q->c, cs = q->sw * c;
     const float *rows[q->kh], *pads[q->kh];
@@ -105,8 +110,8 @@ FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, floa
     int64_t hi = FL_MAX(lo, FL_MIN(q->wo, last < 0 ? 0 : last / cs + 1));
     const float *at[q->kh];
     float sums[CONV_DOT_SUMS];
-    for (int64_t ow = 0; ow < q->wo;) {
-        if (ow >= lo && ow + P <= hi) {
+    for (int64_t ow = ow0; ow < ow1;) {
+        if (ow >= lo && ow + P <= FL_MIN(hi, ow1)) {
             for (int64_t i = 0; i < q->kh; ++i)
                 at[i] = rows[i] ? rows[i] + ow * cs - q->pl * c : 0;
             conv_dot_pass(P, CO, q, at, cs, 0, sums);
@@ -133,24 +138,26 @@ FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, floa
     }
 }
 
-/* Output rows [t0, t1): their sums, then bias + activation on each row while it is in cache. */
-static void conv_dot_task(void *arg, int64_t t0, int64_t t1) {
+/* Units [u0, u1) (u = t spans + s: columns [s span, (s + 1) span) of output row t): their sums,
+ * then bias + activation on them while they are in cache. */
+static void conv_dot_task(void *arg, int64_t u0, int64_t u1) {
     conv_dot_ctx *q = (conv_dot_ctx *)arg;
     float *buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(q->kh * q->kv));
     if (!buf) {
         q->status = -1;
         return;
     }
-    for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t t = u / q->spans, ow0 = u % q->spans * q->span, ow1 = FL_MIN(q->wo, ow0 + q->span);
         float *yt = q->y + t * q->wo * q->cout;
         switch (q->cout) {
-        case 1: conv_dot_row(1, q, t, buf, yt); break;
-        case 2: conv_dot_row(2, q, t, buf, yt); break;
-        case 3: conv_dot_row(3, q, t, buf, yt); break;
-        default: conv_dot_row(4, q, t, buf, yt); break;
+        case 1: conv_dot_row(1, q, t, ow0, ow1, buf, yt); break;
+        case 2: conv_dot_row(2, q, t, ow0, ow1, buf, yt); break;
+        case 3: conv_dot_row(3, q, t, ow0, ow1, buf, yt); break;
+        default: conv_dot_row(4, q, t, ow0, ow1, buf, yt); break;
         }
         if (q->bias || q->code != FL_LINEAR)
-            FL_FN(rows_bias_act_range)(0, q->wo, q->cout, yt, q->cout, q->bias, q->code, q->alpha,
+            FL_FN(rows_bias_act_range)(ow0, ow1, q->cout, yt, q->cout, q->bias, q->code, q->alpha,
                                        yt, q->cout);
     }
 }
@@ -170,9 +177,15 @@ int FL_FN(conv2d_dot)(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
             for (int64_t r = 0; r < run; ++r) d[r] = pw[(i * run + r) * FL_PANEL + o];
             for (int64_t r = run; r < kv; ++r) d[r] = 0.0f;
         }
+    /* whole output rows, or where they are fewer than CONV_DOT_UNITS_PER_THREAD a thread (a
+     * 1-D filter is one row) spans of them of at least CONV_DOT_MIN_SPAN columns */
+    int64_t rows = n * ho, want = CONV_DOT_UNITS_PER_THREAD * fl_pool_get_threads(), span = wo;
+    if (rows < want)
+        span = FL_MIN(wo, FL_MAX(CONV_DOT_MIN_SPAN, (wo * rows + want - 1) / want));
+    int64_t spans = (wo + span - 1) / span;
     conv_dot_ctx q = {x, wr, bias, y, h, w, c, kh, sh, sw, dh, pt, pl, ho, wo, cout, run, kv,
-                      code, 0, alpha};
-    int64_t row_taps = FL_MAX(1, wo * cout * kh * run);
-    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / row_taps), conv_dot_task, &q);
+                      span, spans, code, 0, alpha};
+    int64_t unit_taps = FL_MAX(1, span * cout * kh * run);
+    fl_parallel(rows * spans, FL_MAX(1, CONV_MIN_SHARE_TAPS / unit_taps), conv_dot_task, &q);
     return q.status;
 }

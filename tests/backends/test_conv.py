@@ -343,6 +343,7 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
     [
         ((2, 9, 23, 32), (7, 3), (1, 1), ((3, 3), (1, 1)), 1),  # runs of 96: whole vectors
         ((1, 1, 301, 1), (1, 256), (1, 2), ((0, 0), (0, 0)), 1),  # a long 1-D filter at stride 2
+        ((1, 1, 2000, 2), (1, 33), (1, 1), ((0, 0), (16, 16)), 1),  # one row: spans of it on threads
         ((1, 6, 40, 33), (3, 3), (1, 1), ((1, 1), (1, 1)), 1),  # runs of 99: a tail of 3
         ((2, 7, 30, 8), (5, 5), (1, 1), ((2, 2), (2, 2)), 1),  # runs of 40
         ((1, 8, 19, 3), (3, 3), (2, 3), ((0, 2), (2, 1)), 2),  # runs of 9, strides, dilated rows
