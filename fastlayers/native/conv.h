@@ -10,7 +10,7 @@
  *   on each block of output rows while it is in cache); pw: each group's w (kh kw ci', co)
  *   packed (gemm.h), group g at pw + g fl_packed_floats(kh kw ci', co); method 0 picks, 1 the
  *   implicit GEMM (groups 1), 2 im2col + sgemm, 3 dot products along the window rows (groups
- *   1, dw 1, cout <= 4; else -2);
+ *   1, dw 1, cout <= 4, or 6 on AVX-512; else -2);
  * winograd_pack(tile, cin, cout, w, pu): Winograd F(tile x tile, 3x3), tile 2 or 4, na = tile
  *   + 2: pu[e] = U[e] (cin, cout) packed, e = na a + b < na^2, U[e] = (G w G^T)[a, b] of the
  *   3x3 kernel w (3, 3, cin, cout), pu[e] at pu + e fl_packed_floats(cin, cout);

@@ -44,7 +44,8 @@ cdef extern from "dispatch.h" nogil:
                         float *y)
 
 #: conv2d's ways: chosen by the kernel, the implicit GEMM, im2col + sgemm, dot products along
-#: the window rows (one group, no width dilation, at most 4 output channels).
+#: the window rows (one group, no width dilation, at most 4 output channels, 6 on the avx512
+#: path).
 CONV_AUTO, CONV_IMPLICIT, CONV_IM2COL, CONV_DOT = 0, 1, 2, 3
 
 
@@ -78,7 +79,7 @@ def conv2d(cnp.ndarray x, cnp.ndarray pw, object bias, cnp.ndarray y, int64_t kh
     given packed by ``conv_pack`` (kernel kh x kw, ``groups`` groups), strides ``sh``, ``sw``,
     dilations ``dh``, ``dw``; f the elementwise activation ``code``. ``method``: CONV_AUTO,
     CONV_IMPLICIT (one group), CONV_IM2COL or CONV_DOT (one group, ``dw`` 1, at most 4 output
-    channels). With ``res`` (C-contiguous float32 of y's shape,
+    channels, 6 on the avx512 path). With ``res`` (C-contiguous float32 of y's shape,
     not y), then y = g(y + res), g the elementwise activation ``res_code`` (a residual Add and
     its activation, run on each block of output rows while it is in cache)."""
     cdef float *xp = cptr(x, 4, "conv2d x")

@@ -15,7 +15,7 @@
 /* Output columns a pass takes for `co` output channels: P x co sums, P runs and one weight
  * vector in registers (32 on AVX-512, 16 on AVX2). */
 #if FL_VW == 16
-#define CONV_DOT_COLS(co) ((co) == 1 ? 8 : (co) == 2 ? 6 : 4)
+#define CONV_DOT_COLS(co) ((co) == 1 ? 8 : (co) == 2 ? 6 : (co) <= 4 ? 4 : 2)
 #else
 #define CONV_DOT_COLS(co) ((co) == 1 ? 6 : (co) == 2 ? 4 : (co) == 3 ? 3 : 2)
 #endif
@@ -68,7 +68,7 @@ FL_INLINE void conv_dot_pass(const int P, const int CO, const conv_dot_ctx *q,
             fl_vf xv[CONV_DOT_SUMS];
 #pragma GCC unroll 16
             for (int p = 0; p < P; ++p) xv[p] = fl_load(xr + p * cs + v);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int o = 0; o < CO; ++o) {
                 fl_vf wv = fl_load(wi + o * q->kh * kv + v);
 #pragma GCC unroll 16
@@ -79,7 +79,7 @@ FL_INLINE void conv_dot_pass(const int P, const int CO, const conv_dot_ctx *q,
             fl_vf xv[CONV_DOT_SUMS];
 #pragma GCC unroll 16
             for (int p = 0; p < P; ++p) xv[p] = fl_load_n(xr + p * cs + full, tail);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int o = 0; o < CO; ++o) {
                 fl_vf wv = fl_load(wi + o * q->kh * kv + full);
 #pragma GCC unroll 16
@@ -154,7 +154,12 @@ static void conv_dot_task(void *arg, int64_t u0, int64_t u1) {
         case 1: conv_dot_row(1, q, t, ow0, ow1, buf, yt); break;
         case 2: conv_dot_row(2, q, t, ow0, ow1, buf, yt); break;
         case 3: conv_dot_row(3, q, t, ow0, ow1, buf, yt); break;
-        default: conv_dot_row(4, q, t, ow0, ow1, buf, yt); break;
+        case 4: conv_dot_row(4, q, t, ow0, ow1, buf, yt); break;
+#if CONV_DOT_MAX_COUT > 4
+        case 5: conv_dot_row(5, q, t, ow0, ow1, buf, yt); break;
+        case 6: conv_dot_row(6, q, t, ow0, ow1, buf, yt); break;
+#endif
+        default: break;
         }
         if (q->bias || q->code != FL_LINEAR)
             FL_FN(rows_bias_act_range)(ow0, ow1, q->cout, yt, q->cout, q->bias, q->code, q->alpha,

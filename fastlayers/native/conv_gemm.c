@@ -46,6 +46,11 @@
  * shorter runs leave most of its lanes empty in turn (docs/design.md, "Convolutions into a
  * few channels"). */
 #define CONV_DOT_MIN_RUN (FL_VW / 2)
+/* ... and for more than CONV_DOT_NARROW_COUT output channels (AVX-512's 5 and 6), runs of at
+ * least CONV_DOT_WIDE_RUN floats: the implicit GEMM's vectors are fuller there, and shorter
+ * runs leave each output's reduction across lanes a larger share (same section). */
+#define CONV_DOT_NARROW_COUT 4
+#define CONV_DOT_WIDE_RUN 64
 
 /* ------------------------------------------------------------------------------ conv2d */
 
@@ -385,7 +390,9 @@ static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
         return whole;
     }
     int dot = groups == 1 && dw == 1 && cout <= CONV_DOT_MAX_COUT;
-    if (method == 3 || (method == 0 && dot && kw * c >= CONV_DOT_MIN_RUN)) {
+    int64_t run = kw * c;
+    if (method == 3 || (method == 0 && dot && run >= CONV_DOT_MIN_RUN &&
+                        (cout <= CONV_DOT_NARROW_COUT || run >= CONV_DOT_WIDE_RUN))) {
         if (!dot) return -2;
         int st = FL_FN(conv2d_dot)(n, h, w, c, x, kh, kw, sh, sw, dh, pt, pl, ho, wo, cout, pw,
                                    bias, code, alpha, y);

@@ -18,8 +18,12 @@ extern __thread fl_buf FL_FN(conv_call_buf);
 extern __thread fl_buf FL_FN(conv_task_buf);
 
 /* Most output channels of conv2d's dot method (conv_dot.c): above, the implicit GEMM's
- * vectors over output channels fill enough lanes. */
+ * vectors over output channels fill enough lanes (6 of AVX-512's 16, 4 of AVX2's 8). */
+#if FL_VW == 16
+#define CONV_DOT_MAX_COUT 6
+#else
 #define CONV_DOT_MAX_COUT 4
+#endif
 
 /* conv2d (conv.h) for one group, no width dilation and 1 <= cout <= CONV_DOT_MAX_COUT, each
  * output a dot product along its window rows (conv_dot.c); 0, -1 (no memory) or -2. */

@@ -337,7 +337,7 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-@pytest.mark.parametrize("cout", [1, 2, 3, 4])
+@pytest.mark.parametrize("cout", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize(
     "x_shape, kernel, strides, pads, dh",
     [
@@ -358,18 +358,24 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
 def test_conv2d_dot_products_on_threads(isa, n_threads, cout, x_shape, kernel, strides, pads, dh):
     """CONV_DOT (each output a dot product along its window rows): whole runs and tails, edge
     windows read from a padded copy, window rows outside x, columns fewer than a pass, batches,
-    against the reference; and the automatic choice takes it where the window rows hold at
-    least half a vector (the same bits)."""
+    against the reference, up to 4 output channels (6 on the avx512 path); and the automatic
+    choice takes it where the window rows hold at least half a vector, and 64 floats for 5 or 6
+    channels (the same bits)."""
     x, b = arr(0, x_shape), arr(2, (cout,))
     w = arr(1, (*kernel, x_shape[3], cout), (kernel[0] * kernel[1] * x_shape[3]) ** -0.5)
     args = (x, w, b, strides, pads, (dh, 1), 1, "silu", 0.0)
+    if cout > (6 if isa == "avx512" else 4):
+        with pytest.raises(native.NativeError):
+            native_conv(*args, _core.CONV_DOT)
+        return
     with threads(n_threads):
         got = native_conv(*args, _core.CONV_DOT)
         auto = native_conv(*args, _core.CONV_AUTO)
     assert_close(got, REF.conv2d(*args), rtol=1e-5, atol=1e-5)
     along = x_shape[2] == 1 and kernel[1] == 1  # a width-1 input: seen along the width
     run = (kernel[0] if along else kernel[1]) * x_shape[3]
-    if run >= {"avx512": 16, "avx2": 8}.get(isa, 4) // 2 and not (along and dh > 1):  # half a vector
+    half = {"avx512": 16, "avx2": 8}.get(isa, 4) // 2
+    if run >= half and (cout <= 4 or run >= 64) and not (along and dh > 1):
         np.testing.assert_array_equal(auto, got)
 
 
@@ -385,8 +391,8 @@ def test_conv2d_dot_products_with_a_residual(isa):
 
 @pytest.mark.parametrize(
     "w_shape, groups, dw",
-    [((3, 3, 4, 5), 1, 1), ((3, 3, 2, 4), 2, 1), ((3, 3, 4, 2), 1, 2)],
-    ids=["5 outputs", "2 groups", "width dilation"],
+    [((3, 3, 4, 7), 1, 1), ((3, 3, 2, 4), 2, 1), ((3, 3, 4, 2), 1, 2)],
+    ids=["7 outputs", "2 groups", "width dilation"],
 )
 def test_conv2d_dot_products_refuse_other_convolutions(w_shape, groups, dw):
     x = arr(0, (1, 8, 8, 4))
