@@ -93,12 +93,14 @@ FL_INLINE void conv_dot_pass(const int P, const int CO, const conv_dot_ctx *q,
 
 /* Output row t = n Ho + oh, columns [ow0, ow1): passes of CONV_DOT_COLS(CO) columns whose
  * windows lie inside x's columns, read in place; the others one column at a time from a
- * zero-padded copy of their window rows (buf, kh kv floats). Sums into yt (wo, CO). */
+ * zero-padded copy of their window rows (buf, kh kv floats). Sums into yt (wo, CO). ptrs: 3 kh
+ * pointers of the task's (its window rows, their copies, a pass's starts), off the stack: a
+ * window of many rows is the model's to choose. */
 FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, int64_t ow0,
-                            int64_t ow1, float *buf, float *yt) {
+                            int64_t ow1, float *buf, const float **ptrs, float *yt) {
     const int P = CONV_DOT_COLS(CO);
     int64_t n = t / q->ho, oh = t % q->ho, c = q->c, cs = q->sw * c;
-    const float *rows[q->kh], *pads[q->kh];
+    const float **rows = ptrs, **pads = ptrs + q->kh, **at = ptrs + 2 * q->kh;
     for (int64_t i = 0; i < q->kh; ++i) {
         int64_t ih = oh * q->sh - q->pt + i * q->dh;
         rows[i] = ih >= 0 && ih < q->h ? q->x + (n * q->h + ih) * q->w * c : 0;
@@ -108,7 +110,6 @@ FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, int6
     int64_t lo = FL_MIN((q->pl + q->sw - 1) / q->sw, q->wo);
     int64_t last = q->w * c - q->run + q->pl * c;  /* ow sw c <= last */
     int64_t hi = FL_MAX(lo, FL_MIN(q->wo, last < 0 ? 0 : last / cs + 1));
-    const float *at[q->kh];
     float sums[CONV_DOT_SUMS];
     for (int64_t ow = ow0; ow < ow1;) {
         if (ow >= lo && ow + P <= FL_MIN(hi, ow1)) {
@@ -142,22 +143,25 @@ FL_INLINE void conv_dot_row(const int CO, const conv_dot_ctx *q, int64_t t, int6
  * then bias + activation on them while they are in cache. */
 static void conv_dot_task(void *arg, int64_t u0, int64_t u1) {
     conv_dot_ctx *q = (conv_dot_ctx *)arg;
-    float *buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(q->kh * q->kv));
+    /* the padded copies (kh kv floats, whole vectors), then 3 kh pointers */
+    size_t copies = (size_t)(q->kh * q->kv), per = sizeof(const float *) / sizeof(float);
+    float *buf = fl_buf_floats(&FL_FN(conv_task_buf), copies + (size_t)(3 * q->kh) * per);
     if (!buf) {
         q->status = -1;
         return;
     }
+    const float **ptrs = (const float **)(void *)(buf + copies);
     for (int64_t u = u0; u < u1; ++u) {
         int64_t t = u / q->spans, ow0 = u % q->spans * q->span, ow1 = FL_MIN(q->wo, ow0 + q->span);
         float *yt = q->y + t * q->wo * q->cout;
         switch (q->cout) {
-        case 1: conv_dot_row(1, q, t, ow0, ow1, buf, yt); break;
-        case 2: conv_dot_row(2, q, t, ow0, ow1, buf, yt); break;
-        case 3: conv_dot_row(3, q, t, ow0, ow1, buf, yt); break;
-        case 4: conv_dot_row(4, q, t, ow0, ow1, buf, yt); break;
+        case 1: conv_dot_row(1, q, t, ow0, ow1, buf, ptrs, yt); break;
+        case 2: conv_dot_row(2, q, t, ow0, ow1, buf, ptrs, yt); break;
+        case 3: conv_dot_row(3, q, t, ow0, ow1, buf, ptrs, yt); break;
+        case 4: conv_dot_row(4, q, t, ow0, ow1, buf, ptrs, yt); break;
 #if CONV_DOT_MAX_COUT > 4
-        case 5: conv_dot_row(5, q, t, ow0, ow1, buf, yt); break;
-        case 6: conv_dot_row(6, q, t, ow0, ow1, buf, yt); break;
+        case 5: conv_dot_row(5, q, t, ow0, ow1, buf, ptrs, yt); break;
+        case 6: conv_dot_row(6, q, t, ow0, ow1, buf, ptrs, yt); break;
 #endif
         default: break;
         }

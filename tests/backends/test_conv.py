@@ -353,6 +353,7 @@ def test_conv2d_methods_on_threads(isa, n_threads, method, x_shape, k_shape, str
         ((1, 1, 1, 40), (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # one position
         ((1, 37, 1, 12), (5, 1), (2, 1), ((2, 1), (0, 0)), 1),  # over the height of a width-1 input
         ((1, 37, 1, 12), (5, 1), (2, 1), ((2, 1), (0, 0)), 2),  # the same dilated: along the height
+        ((1, 300, 5, 4), (257, 3), (1, 1), ((128, 128), (1, 1)), 1),  # a window of 257 rows
     ],
 )
 def test_conv2d_dot_products_on_threads(isa, n_threads, cout, x_shape, kernel, strides, pads, dh):
