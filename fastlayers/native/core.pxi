@@ -45,6 +45,9 @@ cdef extern from "threadpool.h":
     int64_t fl_pool_get_spin_ns()
     void fl_pool_set_spin_ns(int64_t ns)
     int64_t fl_parallel_chunks(int64_t n, int64_t grain)
+    int fl_pool_thread_index() nogil
+    ctypedef void (*fl_task_fn)(void *ctx, int64_t begin, int64_t end) noexcept nogil
+    void fl_parallel_part(int64_t n, int64_t grain, int64_t permille, fl_task_fn fn, void *ctx) nogil
 
 
 class NativeError(RuntimeError):
@@ -196,6 +199,48 @@ def parallel_chunks(int64_t n, int64_t grain):
     """Chunks a parallel call of n units with at least ``grain`` units per chunk is cut into
     on the calling thread's thread count (1: it runs serially)."""
     return fl_parallel_chunks(n, grain)
+
+
+from libc.stdint cimport int32_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef inline double now_seconds() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return t.tv_sec + t.tv_nsec * 1e-9
+
+
+ctypedef struct owners_ctx:
+    int32_t *owner
+    double seconds
+
+
+cdef void record_owners(void *ctx, int64_t begin, int64_t end) noexcept nogil:
+    cdef owners_ctx *p = <owners_ctx *>ctx
+    cdef int64_t u
+    cdef double until
+    for u in range(begin, end):
+        until = now_seconds() + p.seconds
+        while now_seconds() < until:
+            pass
+        p.owner[u] = fl_pool_thread_index()
+
+
+def parallel_owners(int64_t n, int64_t grain, double seconds=0.0, int64_t permille=1000):
+    """Which thread ran each of n units of a parallel call (0: the calling thread, i + 1:
+    worker i), each unit busy for ``seconds``; the call is worth ``permille`` thousandths of a
+    sleeping worker's wake (``fl_parallel_part``). For the tests of the pool's chunk spans."""
+    if n < 0 or grain < 1 or seconds < 0:
+        raise ValueError("parallel_owners: n >= 0, grain >= 1 and seconds >= 0")
+    owner = np.full(n, -1, np.int32)
+    cdef int32_t[::1] view = owner
+    cdef owners_ctx ctx
+    ctx.owner = &view[0] if n else NULL
+    ctx.seconds = seconds
+    with nogil:
+        fl_parallel_part(n, grain, permille, record_owners, &ctx)
+    return owner
 
 
 def pool_workers():

@@ -1,10 +1,17 @@
 /* fastlayers' thread pool: see threadpool.h.
  *
- * A job is published by bumping `job_gen`; its chunks are claimed by compare-and-swap on
- * `ticket` = (generation << 40) | next chunk, so a worker that wakes late for a finished job
- * can never claim a chunk of the next one. A worker counts itself in `active` before claiming
- * and out after its last chunk; the caller returns once every chunk is claimed and `active` is
- * 0, so the job's fields stay valid while any worker reads them.
+ * A job is published by bumping `job_gen`. Its chunks are cut into one span of consecutive
+ * chunks per thread taking part, the caller's first, then worker i's (span i + 1): each thread
+ * runs its own span from the front, then takes what is left of the others' from the back. The
+ * same share of every call's units thus falls to the same thread, and so the rows a kernel
+ * writes stay in the cache of the core whose next kernel reads them (a depthwise convolution
+ * after a pointwise one ran at its 1-thread time at 2 threads when the chunks went to whoever
+ * claimed next: half its input came from the other core's cache); a late thread's chunks still
+ * go to the threads that are there. A span is claimed by compare-and-swap on its word,
+ * (generation << 40) | (front << 20) | back, so a worker that wakes late for a finished job can
+ * never claim a chunk of the next one. A worker counts itself in `active` before claiming and
+ * out after its last chunk; the caller returns once every chunk is claimed and `active` is 0,
+ * so the job's fields stay valid while any worker reads them.
  */
 #define _GNU_SOURCE
 #include "threadpool.h"
@@ -45,7 +52,9 @@
 #define FL_BACKOFF_MIN_NS INT64_C(20000000)
 #define FL_BACKOFF_MAX_NS INT64_C(640000000)
 #define FL_GEN_SHIFT 40
-#define FL_IDX_MASK ((UINT64_C(1) << FL_GEN_SHIFT) - 1)
+#define FL_GEN_MASK ((UINT64_C(1) << 24) - 1)
+#define FL_SPAN_BITS 20
+#define FL_SPAN_MASK ((UINT64_C(1) << FL_SPAN_BITS) - 1)
 
 static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER;      /* held by the call using the pool */
 static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -63,7 +72,8 @@ static int64_t burst_owed = 0, burst_last_ns = 0;
 static _Atomic int64_t spin_ns = FL_SPIN_NS_DEFAULT;
 
 static _Atomic uint64_t job_gen = 0;
-static _Atomic uint64_t ticket = 0;
+static _Atomic uint64_t spans[FL_MAX_THREADS];                /* the job's spans of chunks */
+static _Atomic int job_parts = 0;                            /* ... how many */
 static _Atomic int active = 0;
 static _Atomic int sleepers = 0;
 static _Atomic int stop_workers = 0;
@@ -83,6 +93,7 @@ static void *job_ctx;
 static int64_t job_n, job_chunk, job_chunks;
 
 static __thread int in_pool = 0;
+static __thread int worker_index = 0;                         /* fl_pool_thread_index */
 static __thread int call_threads = 0;                         /* 0: the process-wide count */
 
 static int64_t now_ns(void) {
@@ -136,19 +147,42 @@ int fl_pool_set_call_threads(int n) {
 }
 int fl_pool_generation(void) { return generation; }
 int fl_pool_workers(void) { return n_workers; }
+int fl_pool_thread_index(void) { return worker_index; }
 
-/* Claim and run chunks of job `gen` until none is left. */
-static void run_chunks(uint64_t gen) {
+static uint64_t span_word(uint64_t gen, int64_t front, int64_t back) {
+    return ((gen & FL_GEN_MASK) << FL_GEN_SHIFT) | ((uint64_t)front << FL_SPAN_BITS) | (uint64_t)back;
+}
+
+/* One chunk of span s of job `gen`: its first (the span's own thread) or its last (another
+ * thread); -1 where none is left or the job is over. */
+static int64_t claim(int s, uint64_t gen, int from_back) {
+    uint64_t t = atomic_load_explicit(&spans[s], memory_order_acquire);
     for (;;) {
-        uint64_t t = atomic_load_explicit(&ticket, memory_order_acquire);
-        if ((t >> FL_GEN_SHIFT) != (gen & ((UINT64_C(1) << 24) - 1))) return;
-        int64_t c = (int64_t)(t & FL_IDX_MASK);
-        if (c >= job_chunks) return;
-        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue;
-        int64_t begin = c * job_chunk, end = begin + job_chunk;
-        job_fn(job_ctx, begin, end < job_n ? end : job_n);
+        if ((t >> FL_GEN_SHIFT) != (gen & FL_GEN_MASK)) return -1;
+        int64_t front = (int64_t)((t >> FL_SPAN_BITS) & FL_SPAN_MASK), back = (int64_t)(t & FL_SPAN_MASK);
+        if (front >= back) return -1;
+        uint64_t next = from_back ? t - 1 : t + (UINT64_C(1) << FL_SPAN_BITS);
+        if (atomic_compare_exchange_weak_explicit(&spans[s], &t, next, memory_order_acq_rel, memory_order_acquire))
+            return from_back ? back - 1 : front;
+    }
+}
+
+static void run_chunk(int64_t c) {
+    int64_t begin = c * job_chunk, end = begin + job_chunk;
+    job_fn(job_ctx, begin, end < job_n ? end : job_n);
+}
+
+/* Run chunks of job `gen` until none is left: span `home`'s from its front (none: -1), then
+ * the other spans' from their backs. */
+static void run_chunks(uint64_t gen, int home) {
+    int parts = atomic_load_explicit(&job_parts, memory_order_acquire);
+    int64_t c;
+    if (home >= parts) home = -1;
+    if (home >= 0)
+        while ((c = claim(home, gen, 0)) >= 0) run_chunk(c);
+    for (int k = 1; k <= parts; ++k) {
+        int s = ((home < 0 ? 0 : home) + k) % parts;
+        while ((c = claim(s, gen, 1)) >= 0) run_chunk(c);
     }
 }
 
@@ -204,6 +238,7 @@ static void keep_off_cpu(int cpu) {
 static void *worker_main(void *arg) {
     int me = (int)(intptr_t)arg;
     in_pool = 1;
+    worker_index = me + 1;
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "fastlayers");  /* as top -H, py-spy and /proc show it */
     worker_tid[me] = (int)syscall(SYS_gettid);
@@ -252,7 +287,7 @@ static void *worker_main(void *arg) {
         if (slept && !pinned_off) move_off_cpu(atomic_load_explicit(&job_cpu, memory_order_relaxed));
         slept = pinned_off = 0;
         atomic_fetch_add_explicit(&active, 1, memory_order_acq_rel);
-        run_chunks(gen);
+        run_chunks(gen, me + 1);
         atomic_fetch_sub_explicit(&active, 1, memory_order_release);
     }
 }
@@ -381,8 +416,11 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int64_t
     atomic_store_explicit(&job_cpu, sched_getcpu(), memory_order_relaxed);
 #endif
     uint64_t gen = atomic_load(&job_gen) + 1;
-    atomic_store_explicit(&ticket, (gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT,
-                          memory_order_release);
+    int parts = threads < job_chunks ? threads : (int)job_chunks;
+    for (int s = 0; s < parts; ++s)
+        atomic_store_explicit(&spans[s], span_word(gen, job_chunks * s / parts, job_chunks * (s + 1) / parts),
+                              memory_order_release);
+    atomic_store_explicit(&job_parts, parts, memory_order_release);
     atomic_store_explicit(&job_gen, gen, memory_order_release);
     if (atomic_load(&sleepers) > 0 && wake_pays(permille, start, threads)) {
         pthread_mutex_lock(&sleep_lock);
@@ -391,7 +429,7 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int64_t
         pthread_mutex_unlock(&sleep_lock);
     }
     in_pool = 1;
-    run_chunks(gen);
+    run_chunks(gen, 0);
     in_pool = 0;
     int64_t mine = now_ns();
     for (int polls = 0; atomic_load_explicit(&active, memory_order_acquire) != 0; ++polls) {
@@ -405,10 +443,6 @@ static void parallel(int64_t n, int64_t grain, fl_task_fn fn, void *ctx, int64_t
     } else {
         backoff_ns = FL_BACKOFF_MIN_NS;
     }
-    /* close the job: a worker holding a stale ticket value can no longer claim a chunk while
-     * the next call rewrites the job's fields */
-    atomic_store_explicit(&ticket, ((gen & ((UINT64_C(1) << 24) - 1)) << FL_GEN_SHIFT) | FL_IDX_MASK,
-                          memory_order_release);
     pthread_mutex_unlock(&busy);
 }
 
@@ -433,7 +467,7 @@ static void after_fork_child(void) {
     backoff_ns = FL_BACKOFF_MIN_NS;
     burst_owed = burst_last_ns = 0;
     atomic_store(&job_gen, 0);
-    atomic_store(&ticket, 0);
+    atomic_store(&job_parts, 0);
     atomic_store(&active, 0);
     atomic_store(&sleepers, 0);
     atomic_store(&stop_workers, 0);

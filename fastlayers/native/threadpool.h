@@ -1,8 +1,10 @@
 /* fastlayers' thread pool (pthreads): one call's work split into chunks that any thread takes.
  *
  * fl_parallel(n, grain, fn, ctx) runs fn(ctx, begin, end) over [0, n) in chunks of at least
- * `grain` units. The calling thread takes chunks too, so a descheduled worker delays only the
- * chunk it holds. Workers are created at the first parallel call (and again in a forked child:
+ * `grain` units. Each thread of the call first runs its own span of consecutive chunks (the
+ * caller the first, worker i the (i + 2)-th), so that the same share of consecutive calls'
+ * units falls to the same core; then it takes the others' leftover chunks from the back. The
+ * calling thread takes chunks too, so a descheduled worker delays only the chunk it holds. Workers are created at the first parallel call (and again in a forked child:
  * pthread_atfork), poll for the next job for a set time after a call (fl_pool_set_spin_ns),
  * then sleep on a condition variable.
  * One call uses the pool at a time: a call made while another holds it (another Python thread)
@@ -50,6 +52,9 @@ static inline void fl_parallel_values(int64_t n, int64_t grain, int64_t values, 
 }
 /* Chunks fl_parallel(n, grain) would cut (1: the call runs serially on the caller). */
 int64_t fl_parallel_chunks(int64_t n, int64_t grain);
+/* Which thread runs this: 0 outside the pool (a caller), i + 1 on worker i (the tests' view of
+ * which thread took a chunk). */
+int fl_pool_thread_index(void);
 /* Times the pool was created in this process (1 after the first parallel call; again 1 in a
  * forked child after its first parallel call): for the fork tests. */
 int fl_pool_generation(void);

@@ -264,6 +264,62 @@ def test_a_burst_of_small_products_wakes_a_sleeping_worker(two_threads, idle_spi
     assert _wakes(worker) > before
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("n", "grain"), [(0, 1), (1, 1), (7, 1), (16, 1), (1000, 3), (1000, 400)])
+def test_each_unit_of_a_parallel_call_runs_once(threads, n, grain):
+    """Every unit of a call is run, once, by the caller or one of its workers, whichever span
+    of chunks it lies in and whoever takes it (threads beyond the CPUs included)."""
+    before = _core.get_num_threads()
+    try:
+        fastlayers.set_num_threads(threads)
+        for _ in range(3):
+            owners = _core.parallel_owners(n, grain, 2e-6)
+            assert owners.shape == (n,)
+            assert ((owners >= 0) & (owners < threads)).all(), owners
+    finally:
+        fastlayers.set_num_threads(before)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs this process may run on",
+)
+def test_the_caller_and_a_polling_worker_each_run_their_own_span(two_threads, idle_spin):
+    """At 2 threads the caller runs the first half of a call's chunks and the worker the
+    second, call after call (each thread's kernels then read what its own earlier kernels
+    wrote, in its own core's cache). Each runs its span from the front and takes what is left
+    of the other's from the back, so whatever the scheduling, each span is a run of its own
+    thread's units followed by the other's. The worker polls between the calls (a long idle
+    spin) and so takes its span before the caller is done with its own; a descheduled worker
+    (another process on the machine) may still leave a call to the caller now and then, hence
+    most calls of a round, not all."""
+    fastlayers.set_idle_spin(0.5)
+    _core.parallel_owners(16, 1, 1e-4)  # starts the worker, which then polls
+    split = [0] * 8 + [1] * 8
+    for _ in range(3):
+        runs = [_core.parallel_owners(16, 1, 2e-4).tolist() for _ in range(10)]
+        for r in runs:
+            caller_span, worker_span = r[:8], r[8:]
+            assert caller_span == sorted(caller_span) and worker_span == sorted(worker_span, reverse=True), runs
+        if sum(r == split for r in runs) >= 5:
+            return
+    pytest.fail(f"the worker ran its own span in fewer than half of the calls: {runs}")
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs this process may run on",
+)
+def test_the_caller_takes_a_sleeping_worker_s_span(two_threads, idle_spin):
+    """A call too small to wake a sleeping worker runs the worker's span on the caller too
+    (taken from its back), every unit once."""
+    fastlayers.set_idle_spin(0.0)
+    _core.parallel_owners(16, 1, 1e-4)
+    time.sleep(0.02)  # the worker sleeps
+    owners = _core.parallel_owners(16, 1, 0.0, permille=1)
+    assert owners.tolist() == [0] * 16
+
+
 def test_idle_spin_setting_is_checked_and_read_back(idle_spin):
     assert fastlayers.get_idle_spin() == pytest.approx(2e-4)  # the default (FASTLAYERS_IDLE_SPIN_US unset)
     fastlayers.set_idle_spin(0.05)
