@@ -42,6 +42,7 @@ cdef extern from "threadpool.h":
     int fl_pool_set_call_threads(int n)
     int fl_pool_generation()
     int fl_pool_workers()
+    void fl_pool_clear_backoff()
     int64_t fl_pool_get_spin_ns()
     void fl_pool_set_spin_ns(int64_t ns)
     int64_t fl_parallel_chunks(int64_t n, int64_t grain)
@@ -246,6 +247,12 @@ def parallel_owners(int64_t n, int64_t grain, double seconds=0.0, int64_t permil
 def pool_workers():
     """Worker threads alive now (beside the calling thread)."""
     return fl_pool_workers()
+
+
+def pool_clear_backoff():
+    """End the pool's back-off now: the next parallel call shares its work even if an earlier
+    one waited for a descheduled worker (for the tests of waking and sharing)."""
+    fl_pool_clear_backoff()
 
 
 def heap_retain(int64_t mmap_threshold, int64_t trim_threshold):

@@ -148,6 +148,12 @@ int fl_pool_set_call_threads(int n) {
 int fl_pool_generation(void) { return generation; }
 int fl_pool_workers(void) { return n_workers; }
 int fl_pool_thread_index(void) { return worker_index; }
+void fl_pool_clear_backoff(void) {
+    pthread_mutex_lock(&busy);
+    serial_until_ns = 0;
+    backoff_ns = FL_BACKOFF_MIN_NS;
+    pthread_mutex_unlock(&busy);
+}
 
 static uint64_t span_word(uint64_t gen, int64_t front, int64_t back) {
     return ((gen & FL_GEN_MASK) << FL_GEN_SHIFT) | ((uint64_t)front << FL_SPAN_BITS) | (uint64_t)back;

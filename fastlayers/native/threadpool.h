@@ -60,6 +60,10 @@ int fl_pool_thread_index(void);
 int fl_pool_generation(void);
 /* Workers alive now. */
 int fl_pool_workers(void);
+/* End a back-off now (the next call shares its work, and a later stall backs off for the
+ * shortest time again): for the tests of waking and sharing, which a busy machine's earlier
+ * stalls would otherwise turn into serial calls. */
+void fl_pool_clear_backoff(void);
 /* How long (ns) an idle worker polls for the next job before it sleeps; set clamps to [0, 1 s].
  * Longer keeps the workers' cores running between spaced calls (faster calls after a pause,
  * at the cost of that much CPU per worker after each call). */

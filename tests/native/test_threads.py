@@ -142,6 +142,7 @@ def idle_spin():
 def _cpu_while_idle(seconds: float) -> float:
     """CPU seconds this process burns in ``seconds`` of sleep right after a parallel call."""
     a = np.ones((512, 256), np.float32)  # not _product: numpy's own product leaves BLAS threads spinning
+    _core.pool_clear_backoff()  # an earlier stall (a busy machine) would run the call serially
     _core.matmul(a, a[:256], np.empty((512, 256), np.float32))
     cpu = time.process_time()
     time.sleep(seconds)
@@ -150,14 +151,15 @@ def _cpu_while_idle(seconds: float) -> float:
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for a worker to spin beside the caller")
 def test_idle_spin_keeps_the_workers_polling_after_a_call(two_threads, idle_spin):
-    """With a long idle spin the worker burns CPU through the caller's sleep; with none it
-    sleeps at once (a call before each measurement starts the pool)."""
+    """With a long idle spin the worker burns CPU through the caller's sleep (all of it on a
+    quiet machine, half beside a busy process); with none it sleeps at once (a call before
+    each measurement starts the pool)."""
     fastlayers.set_idle_spin(0.2)
     spinning = _cpu_while_idle(0.1)
     fastlayers.set_idle_spin(0.0)
     _cpu_while_idle(0.01)  # a worker spinning from before goes to sleep after this call
     sleeping = _cpu_while_idle(0.1)
-    assert spinning > 0.04, spinning
+    assert spinning > 0.03, spinning
     assert sleeping < 0.02, sleeping
 
 
@@ -214,6 +216,26 @@ def _wakes(tid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
 
 
+def _wait_asleep(tid: int, seconds: float = 2.0) -> None:
+    """Wait up to ``seconds`` for the thread ``tid`` to sleep (state S: a woken worker beside a
+    busy process may still be waiting for a CPU, or polling, after the caller's pause)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        time.sleep(0.002)
+
+
+def _woken_since(tid: int, before: int, seconds: float = 2.0) -> bool:
+    """Whether the thread ``tid`` slept again (so was woken) since its count was ``before``,
+    waiting up to ``seconds`` for it (beside a busy process a woken worker may wait for a CPU)."""
+    deadline = time.monotonic() + seconds
+    while _wakes(tid) == before and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return _wakes(tid) > before
+
+
 def _small_products_after_a_sleep(spin: float, pause: float):
     """With the workers' idle spin ``spin`` s: a 512 x 512 product (which wakes the one
     worker), a ``pause`` (it falls asleep), then 50 products of 1 x 512 x 214 back to back,
@@ -222,10 +244,12 @@ def _small_products_after_a_sleep(spin: float, pause: float):
     fastlayers.set_idle_spin(spin)
     big_a, big_b, big_want = _product(4, m=512, k=512, n=512)
     small_a, small_b, small_want = _product(5, m=1, k=512, n=214)
+    _core.pool_clear_backoff()
     _core.matmul(big_a, big_b, np.empty((512, 512), np.float32))
     time.sleep(pause)
     workers = _workers()
     assert len(workers) == 1
+    _wait_asleep(workers[0])
     before = _wakes(workers[0])
     for _ in range(50):
         y = _core.matmul(small_a, small_b, np.empty((1, 214), np.float32))
@@ -245,11 +269,11 @@ def test_small_products_leave_a_sleeping_worker_asleep(two_threads, idle_spin):
     result."""
     worker, before, (big_a, big_b, big_want) = _small_products_after_a_sleep(0.0, 0.01)
     assert _wakes(worker) == before
+    _core.pool_clear_backoff()  # the first big product may have waited for a descheduled worker
     np.testing.assert_allclose(
         _core.matmul(big_a, big_b, np.empty((512, 512), np.float32)), big_want, rtol=1e-4, atol=1e-3
     )
-    time.sleep(0.01)
-    assert _wakes(worker) > before
+    assert _woken_since(worker, before)
 
 
 @pytest.mark.skipif(
@@ -261,7 +285,7 @@ def test_a_burst_of_small_products_wakes_a_sleeping_worker(two_threads, idle_spi
     a wake's worth and wake the sleeping worker, which then polls for the rest of the burst:
     a tiny model called in a loop keeps its second thread."""
     worker, before, _ = _small_products_after_a_sleep(0.005, 0.05)
-    assert _wakes(worker) > before
+    assert _woken_since(worker, before)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -292,11 +316,13 @@ def test_the_caller_and_a_polling_worker_each_run_their_own_span(two_threads, id
     thread's units followed by the other's. The worker polls between the calls (a long idle
     spin) and so takes its span before the caller is done with its own; a descheduled worker
     (another process on the machine) may still leave a call to the caller now and then, hence
-    most calls of a round, not all."""
+    most calls of a round, not all (and beside a busy process, whose stalls make the pool run
+    calls serially for a while, in some round of ten)."""
     fastlayers.set_idle_spin(0.5)
-    _core.parallel_owners(16, 1, 1e-4)  # starts the worker, which then polls
     split = [0] * 8 + [1] * 8
-    for _ in range(3):
+    for _ in range(10):
+        _core.pool_clear_backoff()
+        _core.parallel_owners(16, 1, 1e-4)  # starts or wakes the worker, which then polls
         runs = [_core.parallel_owners(16, 1, 2e-4).tolist() for _ in range(10)]
         for r in runs:
             caller_span, worker_span = r[:8], r[8:]
