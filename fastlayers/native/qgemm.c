@@ -516,16 +516,20 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
 #endif
 }
 
+/* The calling thread's tiles for a (qgemm_internal.h). */
+void FL_FN(qgemm_tiles)(const qgemm_a *a, int on) {
+#if defined(FL_ISA_AVX512)
+    if (a->amx && on) qgemm_amx_begin();
+    else if (a->amx) qgemm_amx_end();
+#else
+    (void)a, (void)on;
+#endif
+}
+
 /* c[:m, panels p0:p1] on the calling thread (qgemm_internal.h). */
 void FL_FN(qgemm_panels)(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
                          int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc) {
-#if defined(FL_ISA_AVX512)
-    if (a->amx) qgemm_amx_begin();
-#endif
     qgemm_block(a, pb, k, n, 0, m, p0, p1, o, c, ldc);
-#if defined(FL_ISA_AVX512)
-    if (a->amx) qgemm_amx_end();
-#endif
 }
 
 /* Bytes of prepared rows of a per block of units (qgemm_task): half of a 1 MiB L2 cache,

@@ -71,8 +71,12 @@ FL_INLINE void qgemm_put_fill(void *rows, int vnni, int64_t idx, int32_t v, int6
         for (int64_t p = 0; p < count; ++p) ((int16_t *)rows)[idx + p] = (int16_t)v;
 }
 
+/* Configure (on) or release (off) the calling thread's AMX tiles for products of a (nothing
+ * where a is not on AMX tiles): around a run of qgemm_panels calls. */
+void FL_FN(qgemm_tiles)(const qgemm_a *a, int on);
 /* Columns of panels p0:p1 (FL_QPANEL columns each) of the product of prepared a (m rows) and
- * packed b, on the calling thread: a share of a product the caller splits itself. */
+ * packed b, on the calling thread, its tiles configured (qgemm_tiles): a share of a product
+ * the caller splits itself. */
 void FL_FN(qgemm_panels)(const qgemm_a *a, int64_t m, int64_t n, int64_t k, const int8_t *pb,
                          int64_t p0, int64_t p1, const fl_qout *o, void *c, int64_t ldc);
 /* The product of prepared a (m rows) and packed b on the pool's threads. */

@@ -106,10 +106,14 @@ static void qlstm_gates(const float *xp, const int32_t *ar, float h_scale, const
 #define QLSTM_SHARE_UNITS (4 * FL_QPANEL)
 
 /* One step on the pool's threads (qlstm_step_task): each share of units computes its columns
- * of the four gate blocks' products and then its units' gates, so the gates are shared too. */
+ * of the four gate blocks' products and then its units' gates, so the gates are shared too.
+ * A thread takes its shares first to last, or last to first where `backward` (every other
+ * step): R read in the opposite order to the step before starts with the columns that step
+ * read last, still in the core's L2 where R is larger than it. */
 typedef struct {
     const qgemm_a *a;
     int64_t batch, hidden;
+    int backward;
     const int8_t *r_packed;
     int32_t *acc;
     const float *xp, *r_scale, *bias, *peep;
@@ -122,14 +126,19 @@ static void qlstm_step_task(void *p, int64_t u0, int64_t u1) {
     const qlstm_step_ctx *x = (const qlstm_step_ctx *)p;
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
     int64_t hidden = x->hidden, g = 4 * hidden;
-    int64_t j0 = u0 * QLSTM_SHARE_UNITS, j1 = FL_MIN(u1 * QLSTM_SHARE_UNITS, hidden);
-    for (int64_t b = 0; b < 4; ++b)
-        FL_FN(qgemm_panels)(x->a, x->batch, g, hidden, x->r_packed, (b * hidden + j0) / FL_QPANEL,
-                            (b * hidden + j1) / FL_QPANEL, &sums, x->acc, g);
-    for (int64_t r = 0; r < x->batch; ++r)
-        qlstm_gates(x->xp + r * g, x->acc + r * g, x->h_scale, x->r_scale, x->bias, x->peep,
-                    x->clip, x->input_forget, hidden, j0, j1, x->h + r * hidden,
-                    x->c + r * hidden);
+    FL_FN(qgemm_tiles)(x->a, 1);
+    for (int64_t i = 0; i < u1 - u0; ++i) {
+        int64_t u = x->backward ? u1 - 1 - i : u0 + i;
+        int64_t j0 = u * QLSTM_SHARE_UNITS, j1 = FL_MIN(j0 + QLSTM_SHARE_UNITS, hidden);
+        for (int64_t b = 0; b < 4; ++b)
+            FL_FN(qgemm_panels)(x->a, x->batch, g, hidden, x->r_packed, (b * hidden + j0) / FL_QPANEL,
+                                (b * hidden + j1) / FL_QPANEL, &sums, x->acc, g);
+        for (int64_t r = 0; r < x->batch; ++r)   /* the share's gates, its sums still in L1 */
+            qlstm_gates(x->xp + r * g, x->acc + r * g, x->h_scale, x->r_scale, x->bias, x->peep,
+                        x->clip, x->input_forget, hidden, j0, j1, x->h + r * hidden,
+                        x->c + r * hidden);
+    }
+    FL_FN(qgemm_tiles)(x->a, 0);
 }
 
 int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_proj, int reverse,
@@ -153,7 +162,7 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
      * sums and bits as the product shared alone and the gates on this thread) */
     int64_t units = (hidden + QLSTM_SHARE_UNITS - 1) / QLSTM_SHARE_UNITS;
     int64_t grain = FL_MAX(1, QLSTM_MIN_SHARE_MACS / (batch * QLSTM_SHARE_UNITS * g));
-    int fused = !amx && hidden % FL_QPANEL == 0, spread = fl_parallel_chunks(units, grain) > 1;
+    int fused = hidden % FL_QPANEL == 0, spread = fl_parallel_chunks(units, grain) > 1;
     int shared = fused && spread && batch * hidden >= QLSTM_SHARED_GATES_MIN;
     /* nothing to share (one thread, or inside another run's task): the same shares one after
      * another, each share's gates while its sums are still in L1 */
@@ -163,8 +172,8 @@ int FL_FN(qlstm)(int64_t steps, int64_t batch, int64_t hidden, const float *x_pr
         float h_scale = qlstm_quantize(h, batch, hidden, buf, vnni, amx, ra, za, bytes);
         const float *xp = x_proj + t * batch * g;
         if (shared || serial) {
-            qlstm_step_ctx x = {&prepared, batch, hidden, r_packed, acc, xp, r_scale, bias, peep,
-                                h_scale, clip, input_forget, h, c};
+            qlstm_step_ctx x = {&prepared, batch, hidden, (int)(s & 1), r_packed, acc, xp, r_scale,
+                                bias, peep, h_scale, clip, input_forget, h, c};
             if (shared) fl_parallel(units, grain, qlstm_step_task, &x);
             else qlstm_step_task(&x, 0, units);
         } else {
