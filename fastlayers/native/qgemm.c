@@ -682,7 +682,7 @@ typedef struct {
     int32_t shift, pad_u;        /* the shift to a_u, x's zero point as a_u (padding reads as it) */
     int rows_run;                /* a kernel row's taps are kw cin consecutive values of x */
     const uint8_t *x_end;        /* x's last value + 1 where its strides are positive, else NULL */
-    int64_t kq;
+    int64_t width;               /* values of a prepared row (qgemm_row_width) */
     void *rows;
     int32_t *ra;
 } qconv_prep;
@@ -739,7 +739,7 @@ FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint
         return;
     }
     uint8_t *dst = (uint8_t *)q->rows + idx, flip = q->x_signed ? 0x80 : 0;
-    if (stride == 1) qconv_copy(dst, src, count, flip, (uint8_t *)row + 4 * q->kq, q->x_end);
+    if (stride == 1) qconv_copy(dst, src, count, flip, (uint8_t *)row + q->width, q->x_end);
     else
         for (int64_t p = 0; p < count; ++p) dst[p] = src[p * stride] ^ flip;
 }
@@ -750,7 +750,7 @@ FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint
 static void qconv_gather(void *p, int64_t u0, int64_t u1) {
     const qconv_prep *q = (const qconv_prep *)p;
     const fl_qconv_geom *g = q->g;
-    int64_t m = g->n * g->oh * g->ow, width = 4 * q->kq, k = g->kh * g->kw * g->cin;
+    int64_t m = g->n * g->oh * g->ow, width = q->width, k = g->kh * g->kw * g->cin;
     int64_t i = u0 * QCONV_PREP_ROWS, end = FL_MIN(u1 * QCONV_PREP_ROWS, m);
     int64_t b = i / (g->oh * g->ow), oy = i / g->ow % g->oh, ox = i % g->ow;
     for (; i < end; ++i) {
@@ -815,9 +815,9 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
     int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->cin;
     if (m <= 0 || n <= 0) return 0;
-    int vnni = qgemm_vnni();
-    int64_t kq = (k + 3) / 4;
-    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni, 0);
+    int vnni = qgemm_vnni(), amx = qgemm_amx(m, vnni);
+    int64_t kq = (k + 3) / 4, width = qgemm_row_width(k, amx);
+    size_t rows_bytes = qgemm_rows_bytes(m, k, vnni, amx);
     int32_t *ra, *za_u;
     char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
     if (!buf) return -1;
@@ -843,10 +843,12 @@ int FL_FN(qconv)(const fl_qconv_geom *g, const void *x, int x_signed, int32_t x_
         if (nhwc.xs[d] < 0) x_end = 0;
         if (x_end) x_end += (extent - 1) * nhwc.xs[d];
     }
-    qconv_prep q = {&nhwc, (const uint8_t *)x, x_signed, vnni, shift, zp_u, rows_run, x_end, kq, buf, ra};
+    qconv_prep q = {&nhwc, (const uint8_t *)x, x_signed, vnni, shift, zp_u, rows_run, x_end, width, buf, ra};
     int64_t units = (m + QCONV_PREP_ROWS - 1) / QCONV_PREP_ROWS;
-    fl_parallel(units, FL_MAX(1, QCONV_MIN_SHARE_BYTES / (QCONV_PREP_ROWS * 4 * kq)), qconv_gather, &q);
-    qgemm_a prepared = {buf, 4 * kq, ra, za_u, kq, vnni, 0};
+    fl_parallel(units, FL_MAX(1, QCONV_MIN_SHARE_BYTES / (QCONV_PREP_ROWS * width)), qconv_gather, &q);
+    /* AMX's rows past m, read by the last tile */
+    qgemm_put_fill(buf, vnni, m * width, 0, (qgemm_row_count(m, amx) - m) * width);
+    qgemm_a prepared = {buf, width, ra, za_u, kq, vnni, amx};
     FL_FN(qgemm_run)(&prepared, m, n, k, pb, out ? out : &sums, c, ldc);
     return 0;
 }

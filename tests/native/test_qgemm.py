@@ -484,7 +484,8 @@ def test_convolution_gathers_windows_like_numpy(rng, x_type, layout, case, threa
     """``qconv`` (windows gathered straight into the product's rows) equals the int64
     reference: NHWC and the NHWC view of NCHW x, padding and out-of-range windows as the zero
     point, a group's channel slice, strides, dilations, k not a multiple of 4, 1-2 threads,
-    int32 sums and the requantizing store."""
+    int32 sums and the requantizing store; from 8 rows on AMX tiles where the CPU has them
+    (rows padded to whole tiles, k to whole 64-byte tile rows)."""
     shape, kernel, strides, dilations, (top, left), (bottom, right), (c0, cin), n_out = case
     n, h, w, c = shape
     x_nhwc = _values(rng, x_type, shape)
