@@ -707,31 +707,27 @@ FL_INLINE void qconv_copy(uint8_t *dst, const uint8_t *src, int64_t count, uint8
 #if defined(__SSE2__) && defined(__x86_64__)
 #include <emmintrin.h>
 #endif
-/* sum_j r[j] over a prepared uint8 row of width values (psadbw where x86-64 has it). */
-FL_INLINE uint32_t qconv_row_sum(const uint8_t *r, int64_t width) {
+/* sum_j (src[j] ^ flip) over count values of x (psadbw where x86-64 has it), read from x
+ * rather than from the row just written: loads of a row's bytes right after their stores of
+ * other sizes wait for the stores to reach the cache. */
+FL_INLINE int32_t qconv_run_sum(const uint8_t *src, int64_t count, uint8_t flip) {
     uint64_t s = 0;
     int64_t j = 0;
-#if defined(__AVX2__)
-    __m256i acc = _mm256_setzero_si256();
-    for (; j + 32 <= width; j += 32)
-        acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(r + j)),
-                                                     _mm256_setzero_si256()));
-    uint64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)lanes, acc);
-    s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-#endif
 #if defined(__SSE2__) && defined(__x86_64__)
-    for (; j + 8 <= width; j += 8)
-        s += (uint64_t)_mm_cvtsi128_si64(
-            _mm_sad_epu8(_mm_loadl_epi64((const __m128i *)(r + j)), _mm_setzero_si128()));
+    const __m128i f = _mm_set1_epi8((char)flip), f_low = _mm_move_epi64(f), zero = _mm_setzero_si128();
+    __m128i acc = zero;
+    for (; j + 16 <= count; j += 16)
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(src + j)), f), zero));
+    for (; j + 8 <= count; j += 8)   /* 8 bytes, the upper half zero (not flipped) */
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)(src + j)), f_low), zero));
+    s = (uint64_t)_mm_cvtsi128_si64(acc) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc));
 #endif
-    for (; j < width; ++j) s += r[j];
-    return (uint32_t)s;
+    for (; j < count; ++j) s += (uint8_t)(src[j] ^ flip);
+    return (int32_t)s;
 }
 
 /* One tap run of the gather: count values of x from src, stride apart, at index idx of row i
- * (whose values start at row); adds their a_u sum to *sum on the int16 path (on the uint8
- * path the row is summed once whole). */
+ * (whose values start at row); adds their a_u sum to *sum. */
 FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint8_t *src, int64_t stride,
                          int64_t count, int32_t *sum) {
     if (!q->vnni) {
@@ -739,9 +735,14 @@ FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint
         return;
     }
     uint8_t *dst = (uint8_t *)q->rows + idx, flip = q->x_signed ? 0x80 : 0;
-    if (stride == 1) qconv_copy(dst, src, count, flip, (uint8_t *)row + q->width, q->x_end);
-    else
-        for (int64_t p = 0; p < count; ++p) dst[p] = src[p * stride] ^ flip;
+    if (stride == 1) {
+        qconv_copy(dst, src, count, flip, (uint8_t *)row + q->width, q->x_end);
+        *sum += qconv_run_sum(src, count, flip);
+        return;
+    }
+    int32_t s = 0;
+    for (int64_t p = 0; p < count; ++p) s += dst[p] = src[p * stride] ^ flip;
+    *sum += s;
 }
 
 /* Rows u0 QCONV_PREP_ROWS .. u1 QCONV_PREP_ROWS of the gather: row (b, oy, ox) holds the
@@ -776,8 +777,7 @@ static void qconv_gather(void *p, int64_t u0, int64_t u1) {
                 qconv_put(q, row, idx, image + y * g->xs[1] + xw * g->xs[2], g->xs[3], g->cin, &sum);
             }
         }
-        qgemm_put_fill(q->rows, q->vnni, i * width + k, 0, width - k);
-        if (q->vnni) sum = (int32_t)qconv_row_sum((const uint8_t *)row, width);   /* zeros after k */
+        qgemm_put_fill(q->rows, q->vnni, i * width + k, 0, width - k);   /* zeros after k */
         q->ra[i] = sum;
         if (++ox == g->ow) {   /* the next output pixel */
             ox = 0;
