@@ -71,14 +71,38 @@ qgemm_dpbusd(__m512i acc, __m512i a, __m512i b) {
     return acc;
 }
 
-/* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x P panels, vpdpbusd. */
+/* out[i][p * 16 + j] = sum_k a_u[i, k] b_s[k, j0 + 16 p + j], R rows x P panels, vpdpbusd.
+ * With 1 or 2 rows, R x P accumulators are too few chains to cover vpdpbusd's latency: odd
+ * quads go to a second set, added at the end (int32 sums wrap the same in any order). */
 __attribute__((target("avx512vnni"), always_inline)) static inline void
 qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t lda, int64_t kq, const int8_t *bp,
                    int64_t pstride, int32_t out[QGEMM_MR_MAX][QGEMM_NP * FL_QPANEL]) {
-    __m512i acc[QGEMM_MR_MAX][QGEMM_NP];
+    __m512i acc[QGEMM_MR_MAX][QGEMM_NP], odd[2][QGEMM_NP];
+    const int pairs = R <= 2;
     for (int i = 0; i < R; ++i)
         for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_si512();
-    for (int64_t q = 0; q < kq; ++q) {
+    int64_t q = 0;
+    if (pairs) {
+        for (int i = 0; i < R; ++i)
+            for (int p = 0; p < P; ++p) odd[i][p] = _mm512_setzero_si512();
+        for (; q + 2 <= kq; q += 2) {
+            __m512i b0[QGEMM_NP], b1[QGEMM_NP];
+            for (int p = 0; p < P; ++p) {
+                b0[p] = _mm512_loadu_si512((const void *)(bp + p * pstride + q * 64));
+                b1[p] = _mm512_loadu_si512((const void *)(bp + p * pstride + q * 64 + 64));
+            }
+            for (int i = 0; i < R; ++i) {
+                int32_t quads[2];
+                memcpy(quads, au + i * lda + 4 * q, sizeof quads);
+                __m512i a0 = _mm512_set1_epi32(quads[0]), a1 = _mm512_set1_epi32(quads[1]);
+                for (int p = 0; p < P; ++p) {
+                    acc[i][p] = qgemm_dpbusd(acc[i][p], a0, b0[p]);
+                    odd[i][p] = qgemm_dpbusd(odd[i][p], a1, b1[p]);
+                }
+            }
+        }
+    }
+    for (; q < kq; ++q) {
         __m512i bv[QGEMM_NP];
         for (int p = 0; p < P; ++p) bv[p] = _mm512_loadu_si512((const void *)(bp + p * pstride + q * 64));
         for (int i = 0; i < R; ++i) {
@@ -88,6 +112,9 @@ qgemm_sums_vnni_rp(const int R, const int P, const uint8_t *au, int64_t lda, int
             for (int p = 0; p < P; ++p) acc[i][p] = qgemm_dpbusd(acc[i][p], av, bv[p]);
         }
     }
+    if (pairs)
+        for (int i = 0; i < R; ++i)
+            for (int p = 0; p < P; ++p) acc[i][p] = _mm512_add_epi32(acc[i][p], odd[i][p]);
     for (int i = 0; i < R; ++i)
         for (int p = 0; p < P; ++p) _mm512_storeu_si512((void *)(out[i] + p * FL_QPANEL), acc[i][p]);
 }
