@@ -80,6 +80,8 @@ def _expected(a, za, b, zb):
         (32, 65, 64),
         (33, 200, 97),
         (11, 768, 80),
+        (1, 19, 50),  # 1-2 rows on vpdpbusd: quads in pairs, then an odd last quad
+        (2, 75, 33),
     ],
 )
 def test_product_matches_int64_reference(rng, types, m, k, n):
