@@ -635,6 +635,28 @@ FL_INLINE int32_t qgemm_widen_run(int16_t *dst, const uint8_t *src, int64_t coun
     return (int32_t)sum;
 }
 
+#if defined(__SSE2__) && defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+/* sum_j (src[j] ^ flip) over count 8-bit values (psadbw where x86-64 has it): a prepared
+ * row's sum taken from its source, not from the row just written (loads of a row's bytes right
+ * after their stores of other sizes wait for the stores to reach the cache). */
+FL_INLINE int32_t qgemm_run_sum(const uint8_t *src, int64_t count, uint8_t flip) {
+    uint64_t s = 0;
+    int64_t j = 0;
+#if defined(__SSE2__) && defined(__x86_64__)
+    const __m128i f = _mm_set1_epi8((char)flip), f_low = _mm_move_epi64(f), zero = _mm_setzero_si128();
+    __m128i acc = zero;
+    for (; j + 16 <= count; j += 16)
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(src + j)), f), zero));
+    for (; j + 8 <= count; j += 8)   /* 8 bytes, the upper half zero (not flipped) */
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)(src + j)), f_low), zero));
+    s = (uint64_t)_mm_cvtsi128_si64(acc) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc));
+#endif
+    for (; j < count; ++j) s += (uint8_t)(src[j] ^ flip);
+    return (int32_t)s;
+}
+
 /* Puts count values of src (8-bit, int8 when is_signed, else uint8; stride elements apart) as
  * a_u (plus shift) at index idx of the prepared rows; returns their sum. */
 FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t *src, int64_t stride,
@@ -666,6 +688,36 @@ FL_INLINE int32_t qgemm_put_run(void *rows, int vnni, int64_t idx, const uint8_t
     return sum;
 }
 
+/* What qgemm_prepare_rows reads and writes. */
+typedef struct {
+    const uint8_t *a;
+    int64_t lda, k, width;
+    int a_signed, vnni, in_place;
+    const int32_t *za;
+    char *buf;
+    int32_t *ra, *za_u;
+} qgemm_prep;
+
+/* Rows i0:i1 of a prepared for the tiles: their a_u (in place: a itself), sums and zero
+ * points. */
+static void qgemm_prepare_rows(void *p, int64_t i0, int64_t i1) {
+    const qgemm_prep *x = (const qgemm_prep *)p;
+    int32_t shift = x->a_signed ? 128 : 0;
+    for (int64_t i = i0; i < i1; ++i) {
+        const uint8_t *row = x->a + i * x->lda;
+        if (x->in_place) {
+            x->ra[i] = qgemm_run_sum(row, x->k, 0);
+        } else {      /* zeros after k */
+            x->ra[i] = qgemm_put_run(x->buf, x->vnni, i * x->width, row, 1, x->a_signed, shift, x->k);
+            qgemm_put_fill(x->buf, x->vnni, i * x->width + x->k, 0, x->width - x->k);
+        }
+        x->za_u[i] = (int32_t)((uint32_t)x->za[i] + (uint32_t)shift);
+    }
+}
+
+/* Bytes of a's rows below which their preparation stays on one thread. */
+#define QGEMM_PREP_SHARE_BYTES (1 << 15)
+
 int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, int64_t lda,
                  const int32_t *za, const int8_t *pb, const fl_qout *out, void *c, int64_t ldc) {
     static const fl_qout sums = {FL_QOUT_INT32, 0, 0, 0, 0};
@@ -678,19 +730,8 @@ int FL_FN(qgemm)(int64_t m, int64_t n, int64_t k, const void *a, int a_signed, i
     int32_t *ra, *za_u;
     char *buf = qgemm_prepared_buffer(m, rows_bytes, &ra, &za_u);
     if (!buf) return -1;
-    int32_t shift = a_signed ? 128 : 0;
-    for (int64_t i = 0; i < m; ++i) {
-        const uint8_t *row = (const uint8_t *)a + i * lda;
-        if (in_place) {
-            int32_t sum = 0;
-            for (int64_t p = 0; p < k; ++p) sum += row[p];
-            ra[i] = sum;
-        } else {      /* zeros after k */
-            ra[i] = qgemm_put_run(buf, vnni, i * width, row, 1, a_signed, shift, k);
-            qgemm_put_fill(buf, vnni, i * width + k, 0, width - k);
-        }
-        za_u[i] = (int32_t)((uint32_t)za[i] + (uint32_t)shift);
-    }
+    qgemm_prep prep = {(const uint8_t *)a, lda, k, width, a_signed, vnni, in_place, za, buf, ra, za_u};
+    fl_parallel_values(m, FL_MAX(1, QGEMM_PREP_SHARE_BYTES / FL_MAX(k, 1)), m * k, qgemm_prepare_rows, &prep);
     if (!in_place)    /* AMX's rows past m, read by the last tile */
         qgemm_put_fill(buf, vnni, m * width, 0, (qgemm_row_count(m, amx) - m) * width);
     qgemm_a prepared = {in_place ? a : (const void *)buf, in_place ? lda : width, ra, za_u, kq, vnni, amx};
@@ -731,28 +772,6 @@ FL_INLINE void qconv_copy(uint8_t *dst, const uint8_t *src, int64_t count, uint8
     for (; p < count; ++p) dst[p] = src[p] ^ flip;
 }
 
-#if defined(__SSE2__) && defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-/* sum_j (src[j] ^ flip) over count values of x (psadbw where x86-64 has it), read from x
- * rather than from the row just written: loads of a row's bytes right after their stores of
- * other sizes wait for the stores to reach the cache. */
-FL_INLINE int32_t qconv_run_sum(const uint8_t *src, int64_t count, uint8_t flip) {
-    uint64_t s = 0;
-    int64_t j = 0;
-#if defined(__SSE2__) && defined(__x86_64__)
-    const __m128i f = _mm_set1_epi8((char)flip), f_low = _mm_move_epi64(f), zero = _mm_setzero_si128();
-    __m128i acc = zero;
-    for (; j + 16 <= count; j += 16)
-        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(src + j)), f), zero));
-    for (; j + 8 <= count; j += 8)   /* 8 bytes, the upper half zero (not flipped) */
-        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)(src + j)), f_low), zero));
-    s = (uint64_t)_mm_cvtsi128_si64(acc) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc));
-#endif
-    for (; j < count; ++j) s += (uint8_t)(src[j] ^ flip);
-    return (int32_t)s;
-}
-
 /* One tap run of the gather: count values of x from src, stride apart, at index idx of row i
  * (whose values start at row); adds their a_u sum to *sum. */
 FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint8_t *src, int64_t stride,
@@ -764,7 +783,7 @@ FL_INLINE void qconv_put(const qconv_prep *q, void *row, int64_t idx, const uint
     uint8_t *dst = (uint8_t *)q->rows + idx, flip = q->x_signed ? 0x80 : 0;
     if (stride == 1) {
         qconv_copy(dst, src, count, flip, (uint8_t *)row + q->width, q->x_end);
-        *sum += qconv_run_sum(src, count, flip);
+        *sum += qgemm_run_sum(src, count, flip);
         return;
     }
     int32_t s = 0;
