@@ -349,12 +349,14 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
     for (int i = 0; i < rows; ++i) {
         uint32_t ra = (uint32_t)a->ra[i0 + i], za = (uint32_t)a->za[i0 + i];
         int32_t *oi = out[i];
-        for (int64_t j = 0; j < cols; ++j)
-            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
-        if (o->kind == FL_QOUT_INT32) {
-            memcpy((int32_t *)c + i * ldc, oi, (size_t)cols * sizeof(int32_t));
+        if (o->kind == FL_QOUT_INT32) {   /* the sums straight into c (no copy of a run-time length) */
+            int32_t *ci = (int32_t *)c + i * ldc;
+            for (int64_t j = 0; j < cols; ++j)
+                ci[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
             continue;
         }
+        for (int64_t j = 0; j < cols; ++j)
+            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
         const float *scale = o->scale + j0;
         if (o->ibias) /* int32, with wrap-around: onnxruntime's Add of a quantized bias */
             for (int64_t j = 0; j < cols; ++j)
