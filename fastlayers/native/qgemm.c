@@ -529,9 +529,7 @@ typedef struct {
 static void qgemm_task(void *p, int64_t u0, int64_t u1) {
     qgemm_ctx *x = (qgemm_ctx *)p;
     int64_t panels = (x->n + FL_QPANEL - 1) / FL_QPANEL, block_units = x->row_units * x->groups;
-#if defined(FL_ISA_AVX512)
-    if (x->a->amx) qgemm_amx_begin();     /* this thread's tiles, released after its units */
-#endif
+    FL_FN(qgemm_tiles)(x->a, 1);          /* this thread's tiles, released after its units */
     for (int64_t u = u0; u < u1; ++u) {
         int64_t b = u / block_units, w = u % block_units;
         int64_t p0 = w / x->row_units * QGEMM_NP;
@@ -540,9 +538,7 @@ static void qgemm_task(void *p, int64_t u0, int64_t u1) {
         qgemm_block(x->a, x->pb, x->k, x->n, r0, FL_MIN(r0 + x->unit_rows, x->m), p0,
                     FL_MIN(p0 + QGEMM_NP, panels), x->o, x->c, x->ldc);
     }
-#if defined(FL_ISA_AVX512)
-    if (x->a->amx) qgemm_amx_end();
-#endif
+    FL_FN(qgemm_tiles)(x->a, 0);
 }
 
 /* The calling thread's tiles for a (qgemm_internal.h). */
