@@ -87,13 +87,28 @@ int FL_FN(pack)(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, 
     return 0;
 }
 
+#include "gemm_tile_asm.h"
+
 /* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]:
- * one register tile. rows is a constant in each caller (gemm_tile_rows); kh > 1 sums the
+ * one register tile (in assembly for whole panels on AVX-512: gemm_tile_asm.h). rows is a constant in each caller (gemm_tile_rows); kh > 1 sums the
  * window rows of an implicit convolution (ari apart), kh 1 is the plain product. One line of
  * pf per step of k into L2 until none is left. */
 FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                          int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                          int accumulate, gemm_prefetch pf, const gemm_epi *epi) {
+#ifdef GEMM_ASM_TILE
+    if (nr == GEMM_TN && kc > 0 && kh > 0) {
+        /* a bias and ReLU on the sums in registers, other activations on the stored tile */
+        int fused = !epi || epi->code == FL_LINEAR || epi->code == FL_RELU;
+        gemm_asm_args g = {a, ars * 4, ari * 4, pb, kc, kh, c, ldc * 4, pf.line, pf.lines,
+                           fused && epi ? epi->bias : 0,
+                           (accumulate ? GEMM_ASM_ACCUMULATE : 0) |
+                               (fused && epi && epi->code == FL_RELU ? GEMM_ASM_RELU : 0)};
+        gemm_tile_asm[rows](&g);
+        if (!fused) FL_FN(gemm_tile_epi)(rows, c, ldc, nr, epi);
+        return;
+    }
+#endif
     fl_vf c0[GEMM_MR], c1[GEMM_MR];
 #pragma GCC unroll 14
     for (int r = 0; r < rows; ++r) c0[r] = c1[r] = fl_set1(0.0f);
@@ -113,8 +128,8 @@ FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, co
             }
 #pragma GCC unroll 14
             for (int r = 0; r < rows; ++r) {
-                /* row r at a base every third row, + 0, 1 or 2 row strides: the tile's row
-                 * offsets take five base registers and one stride (no reloads from the stack) */
+                /* row r at a base every third row, + 0, 1 or 2 row strides (AVX2, portable,
+                 * AVX-512's ragged panels; its whole panels: gemm_tile_asm.h) */
                 const float *base = ap + (r / 3) * 3 * ars;
                 fl_vf ar = fl_set1(base[(r % 3) * ars + p]);
                 c0[r] += ar * b0;
