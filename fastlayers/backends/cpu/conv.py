@@ -48,6 +48,7 @@ from ..derived import derived, derived_view
 from ..reference import ReferenceOps
 from ..reference.conv import roi_bins, source_coords
 from . import gemm
+from .memory import LINE, line_aligned
 
 _SOFTMAX_CODES = (CODES["softmax"], CODES["log_softmax"])
 #: An NCHW input of at most this many channels, into between these many output channels,
@@ -309,11 +310,15 @@ def hold_conv(w_hwio, groups):
 
 
 def conv_weights_array(w_hwio):
-    """``w_hwio`` as a float32 array the kernels read in place: an array as it is (C-ordered),
-    held weights unpacked once for as long as they live."""
+    """``w_hwio`` as a float32 array the kernels read in place, its data on a cache line (the
+    direct kernels load whole vectors of it; from a line's middle each load spans two lines:
+    docs/design.md, "Algorithms", few input channels from NCHW): an array as it is where it starts
+    on one, else a copy of it once per weight; held weights unpacked once for as long as they
+    live."""
     if type(w_hwio) is PackedConvWeights:
-        return derived(w_hwio, "conv-hwio", PackedConvWeights.unpacked)
-    return _f32c(w_hwio)
+        return derived(w_hwio, "conv-hwio", lambda w: line_aligned(w.unpacked()))
+    w = _f32c(w_hwio)
+    return w if w.ctypes.data % LINE == 0 else derived(w, "conv-hwio-line", line_aligned)
 
 
 def _packed_conv(wk, groups):

@@ -38,6 +38,15 @@ def aligned_empty(shape, dtype=np.float32, align=LINE):
     return np.ndarray(shape, dtype, raw, -raw.ctypes.data % align)  # cheaper than slicing raw
 
 
+def line_aligned(a):
+    """``a`` where its data starts on a cache line, else a copy of it that does (C-ordered)."""
+    if a.ctypes.data % LINE == 0:
+        return a
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
 def weights_empty(shape, dtype=np.float32):
     """An uninitialized array for long-lived derived weights: on huge pages from
     ``HUGE_MIN_BYTES`` where the platform has ``MADV_HUGEPAGE``, else cache-line aligned."""
