@@ -5,8 +5,8 @@
  * of a step zmm30 and zmm31, the broadcast value zmm29; row r is read at base r / 3 (rax, rbx,
  * rdx, rdi, r8: three rows apart) plus r % 3 row strides (r10 scaled by 1 or 2), the bases
  * advancing along k, four steps of k per iteration. The compiler's own form of the loop kept
- * a pointer per row, reloaded five of them from the stack at every step and asked for b's
- * lines ahead: 2-11 % slower (docs/design.md, "GEMM"). Included by gemm.c alone; defines
+ * a pointer per row and reloaded five of them from the stack at every step (docs/design.md,
+ * "GEMM", the tile in assembly). Included by gemm.c alone, after gemm_internal.h; defines
  * GEMM_ASM_TILE where it applies. */
 #ifndef FL_GEMM_TILE_ASM_H
 #define FL_GEMM_TILE_ASM_H
@@ -58,12 +58,16 @@ _Static_assert(offsetof(gemm_asm_args, a) == 0 && offsetof(gemm_asm_args, ars) =
 #define GA_R12(o) GA_R11(o) GA_ROW(o, "(%%rdi,%%r10,2)", "22", "23")
 #define GA_R13(o) GA_R12(o) GA_ROW(o, "(%%r8)", "24", "25")
 #define GA_R14(o) GA_R13(o) GA_ROW(o, "(%%r8,%%r10,1)", "26", "27")
-/* one step of k for n rows: b's two vectors at byte offsets b0 and b1 of rsi (no prefetch of
- * the panel's lines: the hardware's own streams bring them, and the instructions cost more
- * than they saved; docs/design.md, "GEMM") */
-#define GA_STEP(n, off, b0, b1)                                                                \
+/* one step of k for n rows: b's two vectors at byte offsets b0 and b1 of rsi, and their
+ * lines GEMM_PF_ROWS (16) steps ahead (p0, p1) asked for, as gemm_tile does (docs/design.md,
+ * "GEMM", prefetch in the tile) */
+#define GA_STEP(n, off, b0, b1, p0, p1)                                                        \
     "vmovups " b0 "(%%rsi), %%zmm30\n\t"                                                       \
-    "vmovups " b1 "(%%rsi), %%zmm31\n\t" GA_R##n(off)
+    "vmovups " b1 "(%%rsi), %%zmm31\n\t"                                                       \
+    "prefetcht0 " p0 "(%%rsi)\n\t"                                                             \
+    "prefetcht0 " p1 "(%%rsi)\n\t" GA_R##n(off)
+_Static_assert(GEMM_PF_ROWS == 16 && FL_PANEL == 32,
+               "GA_STEP's prefetch offsets are 16 rows of 128 bytes ahead");
 /* X(c0, c1) over the two accumulators of each of tile rows [0, n) */
 #define GA_X1(X) X("0", "1")
 #define GA_X2(X) GA_X1(X) X("2", "3")
@@ -131,10 +135,10 @@ _Static_assert(offsetof(gemm_asm_args, a) == 0 && offsetof(gemm_asm_args, ars) =
             "add $256, %%r14\n\t"                                                              \
             "sub $4, %%r15\n\t"                                                                \
             "3:\n\t"                                                                           \
-            GA_STEP(n, "0", "0", "64")                                         \
-            GA_STEP(n, "4", "128", "192")                                      \
-            GA_STEP(n, "8", "256", "320")                                      \
-            GA_STEP(n, "12", "384", "448")                                     \
+            GA_STEP(n, "0", "0", "64", "2048", "2112")                                         \
+            GA_STEP(n, "4", "128", "192", "2176", "2240")                                      \
+            GA_STEP(n, "8", "256", "320", "2304", "2368")                                      \
+            GA_STEP(n, "12", "384", "448", "2432", "2496")                                     \
             "add $16, %%rax\n\t"                                                               \
             "add $16, %%rbx\n\t"                                                               \
             "add $16, %%rdx\n\t"                                                               \
@@ -148,7 +152,7 @@ _Static_assert(offsetof(gemm_asm_args, a) == 0 && offsetof(gemm_asm_args, ars) =
             "test %%rcx, %%rcx\n\t"                                                            \
             "jz 5f\n\t"                                                                        \
             "6:\n\t"                                                                           \
-            GA_STEP(n, "0", "0", "64")                                         \
+            GA_STEP(n, "0", "0", "64", "2048", "2112")                                         \
             "add $4, %%rax\n\t"                                                                \
             "add $4, %%rbx\n\t"                                                                \
             "add $4, %%rdx\n\t"                                                                \
