@@ -90,9 +90,10 @@ int FL_FN(pack)(const float *b, int64_t ldb, int trans_b, int64_t k, int64_t n, 
 #include "gemm_tile_asm.h"
 
 /* c[0:rows, 0:nr] (+)= sum over i < kh, p < kc of a[r ars + i ari + p] pb[(i kc + p) 32 + 0:nr]:
- * one register tile (in assembly for whole panels on AVX-512: gemm_tile_asm.h). rows is a constant in each caller (gemm_tile_rows); kh > 1 sums the
- * window rows of an implicit convolution (ari apart), kh 1 is the plain product. One line of
- * pf per step of k into L2 until none is left. */
+ * one register tile (whole panels on AVX-512 in assembly: gemm_tile_asm.h). rows is a
+ * constant in each caller (gemm_tile_rows); kh > 1 sums the window rows of an implicit
+ * convolution (ari apart), kh 1 is the plain product. One line of pf per step of k into L2
+ * until none is left. */
 FL_INLINE void gemm_tile(const int rows, int64_t kh, int64_t ari, int64_t kc, const float *a,
                          int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                          int accumulate, gemm_prefetch pf, const gemm_epi *epi) {
