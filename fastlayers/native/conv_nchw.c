@@ -28,6 +28,14 @@ typedef struct {
     float alpha;
 } conv_nchw_ctx;
 
+/* s + b where there is a bias (none: s itself, -0 kept), then ReLU: the first steps of the
+ * row epilogue (rows_bias_act_range), the same values, done on a pass's sums in registers;
+ * other activations run over the row after its passes (conv_nchw_task). */
+FL_INLINE fl_vf conv_nchw_epi(fl_vf s, const float *bias, fl_vf b, int code) {
+    if (bias) s += b;
+    return code == FL_RELU ? rows_vact(s, FL_RELU, 0.0f) : s;
+}
+
 /* The sums of y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V
  * vectors, the last nc <= FL_VW wide; the epilogue is the row's, after its passes), window rows
  * [i0, i1) read from xb: window row i0's channel 0 at xb, column u's first tap at u sw (sw = S
@@ -62,13 +70,17 @@ FL_INLINE void conv_nchw_pass(const int P, const int V, const int S, const conv_
             }
         }
     }
+    /* the bias and ReLU on the registers (conv_nchw_epi; other activations after the row) */
+    const float *bias = p->bias ? p->bias + o0 : 0;
+    fl_vf b0 = bias ? (V == 2 ? fl_load(bias) : pool_ld(bias, nc)) : fl_set1(0.0f);
+    fl_vf b1 = bias && V == 2 ? pool_ld(bias + FL_VW, nc) : fl_set1(0.0f);
     _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
         float *o = yrow + (ow0 + u) * cout + o0;
         if (V == 2) {
-            fl_store(o, s[u][0]);
-            pool_st(o + FL_VW, s[u][1], nc);
+            fl_store(o, conv_nchw_epi(s[u][0], bias, b0, p->code));
+            pool_st(o + FL_VW, conv_nchw_epi(s[u][1], bias, b1, p->code), nc);
         } else {
-            pool_st(o, s[u][0], nc);
+            pool_st(o, conv_nchw_epi(s[u][0], bias, b0, p->code), nc);
         }
     }
 }
@@ -87,7 +99,8 @@ static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64
             for (int64_t ci = 0; ci < c; ++ci)
                 s += fl_set1(xr[ci * hw + j * p->dw]) * pool_ld(p->w + ((i * p->kw + j) * c + ci) * cout + o0, nc);
     }
-    pool_st(yrow + ow * cout + o0, s, nc);
+    const float *bias = p->bias ? p->bias + o0 : 0;
+    pool_st(yrow + ow * cout + o0, conv_nchw_epi(s, bias, bias ? pool_ld(bias, nc) : s, p->code), nc);
 }
 
 /* The sums of output columns [ow0, ow1) of row (n, oh), pixel by pixel. */
@@ -147,9 +160,12 @@ static void conv_nchw_segment(int P, const conv_nchw_ctx *p, int64_t n, int64_t 
         for (int64_t r = 0; r < (i1 - i0) * c; ++r) {
             float *b = buf + r * span;
             const float *xr = x0 + (r / c) * rs + (r % c) * hw;
-            memset(b, 0, (size_t)lo * sizeof(float));
-            memcpy(b + lo, xr + lo, (size_t)(hi - lo) * sizeof(float));
-            memset(b + hi, 0, (size_t)(span - hi) * sizeof(float));
+            /* a vector at a time, lanes outside [lo, hi) zeros and not read (a few dozen
+             * floats a row, where calls of memset and memcpy cost more than the copy) */
+            for (int64_t k = 0; k < span; k += FL_VW) {
+                int64_t nk = FL_MIN(FL_VW, span - k), a = FL_MIN(FL_MAX(lo - k, 0), nk);
+                pool_st(b + k, fl_load_lanes(xr + k, a, FL_MAX(FL_MIN(hi - k, nk), a)), nk);
+            }
         }
         xb = buf, rs = c * span, cs = span;
     }
@@ -187,8 +203,8 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
                 ow = ow0 + P;
             }
         }
-        if (p->bias || p->code != FL_LINEAR)
-            FL_FN(rows_bias_act_range)(0, wo, p->cout, yrow, p->cout, p->bias, p->code, p->alpha, yrow, p->cout);
+        if (p->code != FL_LINEAR && p->code != FL_RELU) /* the bias is on the sums already */
+            FL_FN(rows_bias_act_range)(0, wo, p->cout, yrow, p->cout, 0, p->code, p->alpha, yrow, p->cout);
     }
 }
 

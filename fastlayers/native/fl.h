@@ -139,6 +139,8 @@ FL_INLINE int fl_nan_any(fl_nan m) {
  * ISA has them (lanes past n are neither read nor written, so p + n may be the end of an
  * allocation); the lane-by-lane loop they replace took several times the arithmetic of a
  * Winograd tile of 24 channels. */
+/* fl_load_lanes(p, a, e): lanes [a, e) of p (0 <= a <= e <= FL_VW), zeros in the others,
+ * the others not read (p + a may be an allocation's start: a row's edge under padding). */
 #if FL_VW == 16 && defined(__AVX512F__)
 FL_INLINE fl_vf fl_load_n(const float *p, int64_t n) {
     return (fl_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
@@ -146,16 +148,27 @@ FL_INLINE fl_vf fl_load_n(const float *p, int64_t n) {
 FL_INLINE void fl_store_n(float *p, fl_vf v, int64_t n) {
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
 }
+FL_INLINE fl_vf fl_load_lanes(const float *p, int64_t a, int64_t e) {
+    return (fl_vf)_mm512_maskz_loadu_ps((__mmask16)(((1u << e) - 1) & ~((1u << a) - 1)), p);
+}
 #elif FL_VW == 8 && defined(__AVX2__)
 FL_INLINE __m256i fl_lanes_below(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 FL_INLINE fl_vf fl_load_n(const float *p, int64_t n) { return (fl_vf)_mm256_maskload_ps(p, fl_lanes_below(n)); }
 FL_INLINE void fl_store_n(float *p, fl_vf v, int64_t n) { _mm256_maskstore_ps(p, fl_lanes_below(n), (__m256)v); }
+FL_INLINE fl_vf fl_load_lanes(const float *p, int64_t a, int64_t e) {
+    return (fl_vf)_mm256_maskload_ps(p, _mm256_andnot_si256(fl_lanes_below(a), fl_lanes_below(e)));
+}
 #else
 FL_INLINE fl_vf fl_load_n(const float *p, int64_t n) {
     fl_vf v = fl_set1(0.0f);
     for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+    return v;
+}
+FL_INLINE fl_vf fl_load_lanes(const float *p, int64_t a, int64_t e) {
+    fl_vf v = fl_set1(0.0f);
+    for (int64_t i = a; i < e; ++i) v[i] = p[i];
     return v;
 }
 FL_INLINE void fl_store_n(float *p, fl_vf v, int64_t n) {

@@ -455,6 +455,28 @@ def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, st
     assert_close(REF.conv2d_nchw_plan(x.shape, *args)(x), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["linear", "relu", "silu"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("cin, cout", [(3, 32), (3, 17), (1, 8)])
+def test_convolution_from_nchw_planes_epilogues(isa, activation, with_bias, cin, cout):
+    """``conv2d_nchw_in``'s epilogue: the bias and ReLU on a pass's sums in registers (interior
+    and edge passes, border pixels), other activations over the row after its passes, no bias
+    at all: the reference's values, NaN where the reference has NaN (ReLU included), and a
+    linear convolution with a bias exactly the same sums without it plus the bias."""
+    x = arr(0, (1, cin, 9, 41))
+    x[0, 0, 4, 20] = np.nan  # one input NaN: every output reading it is NaN, ReLU or not
+    w, b = arr(1, (5, 5, cin, cout), (25 * cin) ** -0.5), arr(2, (cout,))
+    bias = b if with_bias else None
+    code = _core.ACTIVATIONS.index(activation)
+    want = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, bias, (2, 2), ((2, 2), (2, 2)), (1, 1), 1, activation, 0.0)
+    got = _core.conv2d_nchw_in(x, w, bias, np.full(want.shape, 7.0, np.float32), 2, 2, 1, 1, 2, 2, code, 0.0)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    if activation == "linear" and with_bias:
+        bare = _core.conv2d_nchw_in(x, w, None, np.empty_like(want), 2, 2, 1, 1, 2, 2, code, 0.0)
+        np.testing.assert_array_equal(got, bare + b)  # the bias added to the same sums
+
+
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("cout", [1, 2, 3, 5, 7, 8])
 @pytest.mark.parametrize(
