@@ -260,17 +260,78 @@ static void conv_pw_epilogue(float *y, int64_t ld, int64_t rows, int64_t len, co
     }
 }
 
+/* Most columns past the last whole panel that conv_pw_dot takes: where the narrow tile's
+ * vector would be at most half full (a multiply-add a tile row per step of k for them, where
+ * the wide tile's two give a whole panel). */
+#define CONV_PW_DOT_COLS (FL_VW / 2)
+
+/* y[o, j] = sum over k < cin of w[o, k] xt[j, k] for o < R (rows ldw apart), j < Q (xt's rows
+ * ldt apart), y's rows ldy apart: R Q sums of FL_VW lanes along k (each vector of w and of xt
+ * loaded once for the block), then each sum's lanes added in order. */
+FL_INLINE void conv_pw_dot_block(const int R, const int Q, int64_t cin, const float *w, int64_t ldw,
+                                 const float *xt, int64_t ldt, float *y, int64_t ldy) {
+    fl_vf s[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 4") for (int q = 0; q < Q; ++q)
+        s[r][q] = fl_set1(0.0f);
+    for (int64_t k = 0; k < cin; k += FL_VW) {
+        int64_t nk = FL_MIN(FL_VW, cin - k);
+        fl_vf xv[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < Q; ++q) xv[q] = pool_ld(xt + q * ldt + k, nk);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+            fl_vf wv = pool_ld(w + r * ldw + k, nk);
+            _Pragma("GCC unroll 4") for (int q = 0; q < Q; ++q) s[r][q] += wv * xv[q];
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 4") for (int q = 0; q < Q; ++q)
+        y[r * ldy + q] = fl_hsum(s[r][q]);
+}
+
+/* y[o, j] = sum over k < cin of w[o, k] x[k, j] for o < rows, j < cols (<= CONV_PW_DOT_COLS):
+ * the columns past the block's last whole panel, vectorized along k (x's columns copied to
+ * rows of xt first), whole lanes where the narrow tile would fill at most half of its vector.
+ * Returns -1 where the copy's memory is not there. */
+static int conv_pw_dot(int64_t rows, int64_t cols, int64_t cin, const float *w, int64_t ldw, const float *x,
+                       int64_t ldx, float *y, int64_t ldy) {
+    int64_t ldt = (cin + FL_LINE_FLOATS - 1) / FL_LINE_FLOATS * FL_LINE_FLOATS;
+    float *xt = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(cols * ldt));
+    if (!xt) return -1;
+    for (int64_t k = 0; k < cin; ++k)
+        for (int64_t j = 0; j < cols; ++j) xt[j * ldt + k] = x[k * ldx + j];
+    for (int64_t j = 0; j < cols;) {
+        int64_t q = cols - j >= 4 ? 4 : cols - j >= 2 ? 2 : 1;
+        const float *xq = xt + j * ldt;
+        int64_t o = 0;
+#define CONV_PW_DOT_Q(Q)                                                                        \
+    for (; o + 4 <= rows; o += 4) conv_pw_dot_block(4, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy); \
+    for (; o < rows; ++o) conv_pw_dot_block(1, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy);
+        if (q == 4) {
+            CONV_PW_DOT_Q(4)
+        } else if (q == 2) {
+            CONV_PW_DOT_Q(2)
+        } else {
+            CONV_PW_DOT_Q(1)
+        }
+#undef CONV_PW_DOT_Q
+        j += q;
+    }
+    return 0;
+}
+
 /* Units u in [u0, u1), u = (image i, column block, chunk of output rows): one sgemm of the
- * chunk's rows of w (rows, cin) by the block's columns of the image's planes (cin, hw), then
- * the block's epilogue while it is in L2. */
+ * chunk's rows of w (rows, cin) by the block's columns of the image's planes (cin, hw), its
+ * last columns past a whole panel by conv_pw_dot where they are few, then the block's
+ * epilogue while it is in L2. */
 static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
     conv_pw_ctx *p = (conv_pw_ctx *)arg;
     for (int64_t u = u0; u < u1; ++u) {
         int64_t r0 = u % p->chunks * p->rows, rows = FL_MIN(p->rows, p->cout - r0), v = u / p->chunks;
         int64_t i = v / p->blocks, c0 = v % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
         float *yb = p->y + (i * p->cout + r0) * p->hw + c0;
-        int st = FL_FN(sgemm)(rows, len, p->cin, p->w + r0 * p->ldw, p->ldw, p->x + i * p->cin * p->hw + c0, p->hw, 0,
-                              0, yb, p->hw);
+        const float *xb = p->x + i * p->cin * p->hw + c0, *wb = p->w + r0 * p->ldw;
+        int64_t tail = len % FL_PANEL;
+        if (tail > CONV_PW_DOT_COLS || tail == len) tail = 0;
+        int st = FL_FN(sgemm)(rows, len - tail, p->cin, wb, p->ldw, xb, p->hw, 0, 0, yb, p->hw);
+        if (!st && tail) st = conv_pw_dot(rows, tail, p->cin, wb, p->ldw, xb + len - tail, p->hw, yb + len - tail, p->hw);
         if (st) {
             p->status = st;
             return;

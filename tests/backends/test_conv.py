@@ -589,7 +589,9 @@ def test_convolution_from_nchw_planes_checks_its_arguments():
 @pytest.mark.parametrize(
     "n, cin, cout, shape_hw",
     [
-        (1, 64, 256, (14, 14)),  # 196 columns: one block of seven panels
+        (1, 64, 256, (14, 14)),  # 196 columns: six panels, the last 4 columns by conv_pw_dot
+        (1, 1027, 30, (1, 69)),  # 5 columns past two panels; k not a whole number of vectors
+        (2, 20, 7, (3, 34)),  # 6 past three panels, fewer output rows than a block of 4
         (4, 33, 17, (9, 31)),  # 279 columns: two blocks of 160 and 119 (vector tails)
         (2, 5, 1, (1, 64)),  # one output channel, the fewest positions it takes
         (1, 300, 70, (23, 23)),  # k past one sgemm block of b
