@@ -468,7 +468,9 @@ def test_convolution_from_nchw_planes_epilogues(isa, activation, with_bias, cin,
     w, b = arr(1, (5, 5, cin, cout), (25 * cin) ** -0.5), arr(2, (cout,))
     bias = b if with_bias else None
     code = _core.ACTIVATIONS.index(activation)
-    want = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, bias, (2, 2), ((2, 2), (2, 2)), (1, 1), 1, activation, 0.0)
+    want = REF.conv2d(
+        np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, bias, (2, 2), ((2, 2), (2, 2)), (1, 1), 1, activation, 0.0
+    )
     got = _core.conv2d_nchw_in(x, w, bias, np.full(want.shape, 7.0, np.float32), 2, 2, 1, 1, 2, 2, code, 0.0)
     assert_close(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
