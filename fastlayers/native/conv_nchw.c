@@ -37,7 +37,8 @@ FL_INLINE fl_vf conv_nchw_epi(fl_vf s, const float *bias, fl_vf b, int code) {
 }
 
 /* The sums of y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V
- * vectors, the last nc <= FL_VW wide; the epilogue is the row's, after its passes), window rows
+ * vectors, the last nc <= FL_VW wide; the bias and ReLU added before the stores, another
+ * activation the row's, after its passes), window rows
  * [i0, i1) read from xb: window row i0's channel 0 at xb, column u's first tap at u sw (sw = S
  * where S > 0: a constant offset from the tap's address, not a register each), window rows rs
  * floats apart and channels cs (x itself, or the zero-padded copy of an edge's windows); each
@@ -301,9 +302,11 @@ static int conv_pw_dot(int64_t rows, int64_t cols, int64_t cin, const float *w, 
         int64_t q = cols - j >= 4 ? 4 : cols - j >= 2 ? 2 : 1;
         const float *xq = xt + j * ldt;
         int64_t o = 0;
-#define CONV_PW_DOT_Q(Q)                                                                        \
-    for (; o + 4 <= rows; o += 4) conv_pw_dot_block(4, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy); \
-    for (; o < rows; ++o) conv_pw_dot_block(1, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy);
+#define CONV_PW_DOT_Q(Q)                                                                                               \
+    for (; o + 4 <= rows; o += 4)                                                                                      \
+        conv_pw_dot_block(4, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy);                                 \
+    for (; o < rows; ++o)                                                                                              \
+        conv_pw_dot_block(1, Q, cin, w + o * ldw, ldw, xq, ldt, y + o * ldy + j, ldy);
         if (q == 4) {
             CONV_PW_DOT_Q(4)
         } else if (q == 2) {
@@ -331,7 +334,8 @@ static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
         int64_t tail = len % FL_PANEL;
         if (tail > CONV_PW_DOT_COLS || tail == len) tail = 0;
         int st = FL_FN(sgemm)(rows, len - tail, p->cin, wb, p->ldw, xb, p->hw, 0, 0, yb, p->hw);
-        if (!st && tail) st = conv_pw_dot(rows, tail, p->cin, wb, p->ldw, xb + len - tail, p->hw, yb + len - tail, p->hw);
+        if (!st && tail)
+            st = conv_pw_dot(rows, tail, p->cin, wb, p->ldw, xb + len - tail, p->hw, yb + len - tail, p->hw);
         if (st) {
             p->status = st;
             return;

@@ -138,9 +138,9 @@ FL_INLINE int fl_nan_any(fl_nan m) {
  * lanes to p: a vector's worth of channels at a row's end. One masked load or store where the
  * ISA has them (lanes past n are neither read nor written, so p + n may be the end of an
  * allocation); the lane-by-lane loop they replace took several times the arithmetic of a
- * Winograd tile of 24 channels. */
-/* fl_load_lanes(p, a, e): lanes [a, e) of p (0 <= a <= e <= FL_VW), zeros in the others,
- * the others not read (p + a may be an allocation's start: a row's edge under padding). */
+ * Winograd tile of 24 channels. fl_load_lanes(p, a, e): lanes [a, e) of p (0 <= a <= e <=
+ * FL_VW), zeros in the others, which are not read (p + a may be an allocation's start: the
+ * edge of a row under padding). */
 #if FL_VW == 16 && defined(__AVX512F__)
 FL_INLINE fl_vf fl_load_n(const float *p, int64_t n) {
     return (fl_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
