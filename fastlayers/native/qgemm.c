@@ -355,21 +355,26 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
                 ci[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
             continue;
         }
-        for (int64_t j = 0; j < cols; ++j)
-            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
         const float *scale = o->scale + j0;
-        if (o->ibias) /* int32, with wrap-around: onnxruntime's Add of a quantized bias */
-            for (int64_t j = 0; j < cols; ++j)
-                oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)o->ibias[j0 + j]);
+        /* int32, with wrap-around: onnxruntime's Add of a quantized bias */
+        const int32_t *ibias = o->ibias ? o->ibias + j0 : 0;
         if (o->kind == FL_QOUT_FLOAT) {
-            /* the product rounded before the bias is added (two loops: no fused multiply-add),
-             * as onnxruntime's output processor and numpy */
+            /* the corrected sums converted in the same pass; the product rounded before the
+             * bias is added (two loops: no fused multiply-add), as onnxruntime's output
+             * processor and numpy */
             float *ci = (float *)c + i * ldc;
-            for (int64_t j = 0; j < cols; ++j) ci[j] = (float)oi[j] * scale[j];
+            for (int64_t j = 0; j < cols; ++j) {
+                uint32_t acc = (uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j];
+                ci[j] = (float)(int32_t)(ibias ? acc + (uint32_t)ibias[j] : acc) * scale[j];
+            }
             if (o->bias)
                 for (int64_t j = 0; j < cols; ++j) ci[j] += o->bias[j0 + j];
             continue;
         }
+        for (int64_t j = 0; j < cols; ++j)
+            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
+        if (ibias)
+            for (int64_t j = 0; j < cols; ++j) oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)ibias[j]);
         /* requantized as MlasRequantizeOutput: float(acc + ibias) * scale clamped to
          * [lo - zero point, hi - zero point] (NaN to the low end: fmaxf returns the number),
          * rounded half to even, plus the zero point */
