@@ -340,6 +340,12 @@ static void qgemm_sums(const qgemm_a *a, int64_t i0, int rows, const int8_t *bp,
 #endif
 }
 
+/* A tile sum less its zero-point corrections (ra: a's row sum times b's zero point, za: a's
+ * zero point times b's column sum), wrapping as int32 does in onnxruntime. */
+FL_INLINE uint32_t qgemm_corrected(int32_t sum, uint32_t ra, int32_t bz, uint32_t za, int32_t cb) {
+    return (uint32_t)sum - ra * (uint32_t)bz - za * (uint32_t)cb;
+}
+
 /* c[i0 + i, j0 + j] for i < rows, j < cols (<= 16 QGEMM_NP): the sums less the zero-point
  * corrections, stored as ``o`` says (fl_qout; its vectors start at column j0; c points at
  * row i0 column j0). */
@@ -352,7 +358,7 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
         if (o->kind == FL_QOUT_INT32) {   /* the sums straight into c (no copy of a run-time length) */
             int32_t *ci = (int32_t *)c + i * ldc;
             for (int64_t j = 0; j < cols; ++j)
-                ci[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
+                ci[j] = (int32_t)qgemm_corrected(oi[j], ra, bz[j], za, cb[j]);
             continue;
         }
         const float *scale = o->scale + j0;
@@ -364,15 +370,14 @@ static void qgemm_store(const qgemm_a *a, int64_t i0, int rows, const int32_t *b
              * processor and numpy */
             float *ci = (float *)c + i * ldc;
             for (int64_t j = 0; j < cols; ++j) {
-                uint32_t acc = (uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j];
+                uint32_t acc = qgemm_corrected(oi[j], ra, bz[j], za, cb[j]);
                 ci[j] = (float)(int32_t)(ibias ? acc + (uint32_t)ibias[j] : acc) * scale[j];
             }
             if (o->bias)
                 for (int64_t j = 0; j < cols; ++j) ci[j] += o->bias[j0 + j];
             continue;
         }
-        for (int64_t j = 0; j < cols; ++j)
-            oi[j] = (int32_t)((uint32_t)oi[j] - ra * (uint32_t)bz[j] - za * (uint32_t)cb[j]);
+        for (int64_t j = 0; j < cols; ++j) oi[j] = (int32_t)qgemm_corrected(oi[j], ra, bz[j], za, cb[j]);
         if (ibias)
             for (int64_t j = 0; j < cols; ++j) oi[j] = (int32_t)((uint32_t)oi[j] + (uint32_t)ibias[j]);
         /* requantized as MlasRequantizeOutput: float(acc + ibias) * scale clamped to
