@@ -1,11 +1,12 @@
 /* conv2d_nchw_in (conv.h): a convolution of few input channels read straight from NCHW planes
  * (a network's first layer on an image), written NHWC for the layers after it: no transpose of
  * the input to NHWC and no padded copy of it, which for 3 channels cost about as much as the
- * convolution. Vectorized over output channels: each pass holds CONV_NCHW_P output columns'
- * sums of one or two channel vectors and adds every tap's weight vectors times each column's
- * input value, the taps in the HWIO order of conv2d's sums. Also conv1x1_nchw (NCHW planes
- * into NCHW planes through a 1x1 window) and conv2d_planes (NCHW planes into NCHW planes for
- * few output channels, vectorized over output columns). Compiled once per ISA (kernels.inc). */
+ * convolution. Vectorized over output channels: each pass holds the sums of up to
+ * CONV_NCHW_COLS output columns by up to CONV_NCHW_V channel vectors and adds every tap's
+ * weight vectors times each column's input value, the taps in the HWIO order of conv2d's sums.
+ * Also conv1x1_nchw (NCHW planes into NCHW planes through a 1x1 window) and conv2d_planes (NCHW
+ * planes into NCHW planes for few output channels, vectorized over output columns). Compiled
+ * once per ISA (kernels.inc). */
 
 #include <string.h>
 
@@ -13,12 +14,18 @@
 #include "gemm_internal.h"
 #include "threadpool.h"
 
-/* Output columns per pass: V sum registers each (V = 1: 12 of AVX-512's 32 registers, 6 of
- * AVX2's 16; V = 2: 24 and 12). */
-#define CONV_NCHW_P (FL_VW >= 16 ? 12 : 6)
-/* Most taps (j, ci) of a window row for the passes (their offsets lie on the stack); more run
+/* Most channel vectors a pass holds sums for: 4 (64 channels) on AVX-512, 2 (16) on AVX2. */
+#define CONV_NCHW_V (FL_VW >= 16 ? 4 : 2)
+/* Output columns of a pass of V channel vectors: as many as fill 24-28 of AVX-512's 32 registers
+ * with sums (the weight vectors and a broadcast input value need the rest), 12 of AVX2's 16;
+ * more columns a pass load each weight vector for more multiply-adds. */
+#define CONV_NCHW_COLS(V) \
+    (FL_VW >= 16 ? ((V) == 1 ? 24 : (V) == 2 ? 14 : (V) == 3 ? 9 : 6) : ((V) == 1 ? 12 : 6))
+/* Widest pass (columns) of any V. */
+#define CONV_NCHW_P CONV_NCHW_COLS(1)
+/* Most taps (i, j, ci) of a window for the passes (their offsets lie on the stack); more run
  * pixel by pixel (the library sends at most 4 channels through windows at most 9 wide). */
-#define CONV_NCHW_ROW_TAPS 128
+#define CONV_NCHW_TAPS 512
 
 typedef struct {
     const float *x, *w, *bias;
@@ -38,51 +45,45 @@ FL_INLINE fl_vf conv_nchw_epi(fl_vf s, const float *bias, fl_vf b, int code) {
 
 /* The sums of y row (n, oh), columns [ow0, ow0 + P), channels [o0, o0 + (V - 1) FL_VW + nc) (V
  * vectors, the last nc <= FL_VW wide; the bias and ReLU added before the stores, another
- * activation the row's, after its passes), window rows
- * [i0, i1) read from xb: window row i0's channel 0 at xb, column u's first tap at u sw (sw = S
- * where S > 0: a constant offset from the tap's address, not a register each), window rows rs
- * floats apart and channels cs (x itself, or the zero-padded copy of an edge's windows); each
- * input value loaded once for the V vectors, the taps (j, ci) of a window row one loop (of kw c
- * iterations: for 3 channels the loop over them alone was too short to keep the multiply-adds
- * going). */
+ * activation the row's, after its passes), window rows [i0, i1) read from xb: window row i0's
+ * channel 0 at xb, window rows rs floats apart (x itself, or the zero-padded copy of an edge's
+ * windows), tap t = (i kw + j) c + ci at off[t] - i0 rs from xb (conv_nchw_offsets), column u's
+ * at u sw more (sw = S where S > 0: a constant offset from the tap's address, not a register
+ * each); each input value loaded once for the V vectors, the taps of all window rows one loop
+ * (the loops over a window row's kw c taps, 9-21 of them for 3 channels, cost a pass about 5 %
+ * more in their entries and exits). */
 FL_INLINE void conv_nchw_pass(const int P, const int V, const int S, const conv_nchw_ctx *p, const float *xb,
-                              int64_t rs, int64_t cs, int64_t i0, int64_t i1, int64_t ow0, int64_t o0,
-                              int64_t nc, float *yrow) {
-    int64_t c = p->c, cout = p->cout, taps = p->kw * c;
+                              int64_t rs, const int64_t *off, int64_t i0, int64_t i1, int64_t ow0,
+                              int64_t o0, int64_t nc, float *yrow) {
+    int64_t cout = p->cout, taps = p->kw * p->c;
     const int64_t sw = S > 0 ? S : p->sw;
-    fl_vf s[CONV_NCHW_P][2];
-    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
-        s[u][0] = fl_set1(0.0f);
-        s[u][1] = fl_set1(0.0f);
+    fl_vf s[CONV_NCHW_P][CONV_NCHW_V];
+    _Pragma("GCC unroll 24") for (int u = 0; u < P; ++u) {
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) s[u][v] = fl_set1(0.0f);
     }
-    int64_t off[CONV_NCHW_ROW_TAPS]; /* tap (j, ci) of a window row: j dw + ci cs from its start */
-    for (int64_t j = 0, t = 0; j < p->kw; ++j)
-        for (int64_t ci = 0; ci < c; ++ci, ++t) off[t] = j * p->dw + ci * cs;
-    for (int64_t i = i0; i < i1; ++i) {
-        const float *xr = xb + (i - i0) * rs;
-        const float *wt = p->w + i * taps * cout + o0; /* tap (i, j, ci): cout floats apart */
-        for (int64_t t = 0; t < taps; ++t, wt += cout) {
-            const float *xc = xr + off[t];
-            fl_vf w0 = V == 2 ? fl_load(wt) : pool_ld(wt, nc), w1 = V == 2 ? pool_ld(wt + FL_VW, nc) : w0;
-            _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
-                fl_vf xv = fl_set1(xc[u * sw]);
-                s[u][0] += xv * w0;
-                if (V == 2) s[u][1] += xv * w1;
-            }
+    /* taps (i, j, ci) of window rows [i0, i1) in one loop: their weights cout floats apart */
+    const float *wt = p->w + i0 * taps * cout + o0;
+    const int64_t shift = i0 * rs;
+    for (int64_t t = i0 * taps, te = i1 * taps; t < te; ++t, wt += cout) {
+        const float *xc = xb + (off[t] - shift);
+        fl_vf wv[CONV_NCHW_V];
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) wv[v] =
+            v < V - 1 ? fl_load(wt + v * FL_VW) : pool_ld(wt + v * FL_VW, nc);
+        _Pragma("GCC unroll 24") for (int u = 0; u < P; ++u) {
+            fl_vf xv = fl_set1(xc[u * sw]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) s[u][v] += xv * wv[v];
         }
     }
     /* the bias and ReLU on the registers (conv_nchw_epi; other activations after the row) */
     const float *bias = p->bias ? p->bias + o0 : 0;
-    fl_vf b0 = bias ? (V == 2 ? fl_load(bias) : pool_ld(bias, nc)) : fl_set1(0.0f);
-    fl_vf b1 = bias && V == 2 ? pool_ld(bias + FL_VW, nc) : fl_set1(0.0f);
-    _Pragma("GCC unroll 12") for (int u = 0; u < P; ++u) {
+    fl_vf bv[CONV_NCHW_V];
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) bv[v] =
+        !bias ? fl_set1(0.0f) : v < V - 1 ? fl_load(bias + v * FL_VW) : pool_ld(bias + v * FL_VW, nc);
+    _Pragma("GCC unroll 24") for (int u = 0; u < P; ++u) {
         float *o = yrow + (ow0 + u) * cout + o0;
-        if (V == 2) {
-            fl_store(o, conv_nchw_epi(s[u][0], bias, b0, p->code));
-            pool_st(o + FL_VW, conv_nchw_epi(s[u][1], bias, b1, p->code), nc);
-        } else {
-            pool_st(o, conv_nchw_epi(s[u][0], bias, b0, p->code), nc);
-        }
+        _Pragma("GCC unroll 4") for (int v = 0; v < V - 1; ++v)
+            fl_store(o + v * FL_VW, conv_nchw_epi(s[u][v], bias, bv[v], p->code));
+        pool_st(o + (V - 1) * FL_VW, conv_nchw_epi(s[u][V - 1], bias, bv[V - 1], p->code), nc);
     }
 }
 
@@ -104,77 +105,102 @@ static void conv_nchw_pixel(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64
     pool_st(yrow + ow * cout + o0, conv_nchw_epi(s, bias, bias ? pool_ld(bias, nc) : s, p->code), nc);
 }
 
-/* The sums of output columns [ow0, ow1) of row (n, oh), pixel by pixel. */
+/* The sums of output columns [ow0, ow1) of row (n, oh), channels [o0, o0 + cn), pixel by
+ * pixel. */
 static void conv_nchw_pixels(const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1, int64_t ow0,
-                             int64_t ow1, float *yrow) {
+                             int64_t ow1, int64_t o0, int64_t cn, float *yrow) {
     for (int64_t ow = ow0; ow < ow1; ++ow)
-        for (int64_t o0 = 0; o0 < p->cout; o0 += FL_VW)
-            conv_nchw_pixel(p, n, oh, i0, i1, ow, o0, FL_MIN(FL_VW, p->cout - o0), yrow);
+        for (int64_t o = o0; o < o0 + cn; o += FL_VW)
+            conv_nchw_pixel(p, n, oh, i0, i1, ow, o, FL_MIN(FL_VW, o0 + cn - o), yrow);
 }
 
-/* Most floats of an edge pass's zero-padded window copy (16 KiB on the stack); larger windows
- * run their edge columns pixel by pixel. */
+/* Most floats of an edge pass's zero-padded window copy (16 KiB on the stack, rows of the widest
+ * pass's span: conv_nchw_edge_ld); larger windows run their edge columns pixel by pixel. */
 #define CONV_NCHW_EDGE_FLOATS 4096
 
-/* The pass of P columns [ow0, ow0 + P) of output row (n, oh) over every channel block, V = 2
- * vectors a block (the last one partial), then one (partial) vector. */
-FL_INLINE void conv_nchw_passes(const int P, const int S, const conv_nchw_ctx *p, const float *xb, int64_t rs,
-                                int64_t cs, int64_t i0, int64_t i1, int64_t ow0, float *yrow) {
-    for (int64_t o0 = 0; o0 < p->cout;) {
-        int64_t left = p->cout - o0, nc = FL_MIN(FL_VW, left > FL_VW ? left - FL_VW : left);
-        if (left > FL_VW) {
-            conv_nchw_pass(P, 2, S, p, xb, rs, cs, i0, i1, ow0, o0, nc, yrow);
-            o0 += FL_VW + nc;
-        } else {
-            conv_nchw_pass(P, 1, S, p, xb, rs, cs, i0, i1, ow0, o0, nc, yrow);
-            o0 += nc;
-        }
-    }
+/* The passes of V channel vectors (the last nc <= FL_VW wide) at column stride 1, 2
+ * (constants) or another. */
+FL_INLINE void conv_nchw_strided(const int P, const int V, const conv_nchw_ctx *p, const float *xb, int64_t rs,
+                                 const int64_t *off, int64_t i0, int64_t i1, int64_t ow0, int64_t o0, int64_t nc,
+                                 float *yrow) {
+    if (p->sw == 1) conv_nchw_pass(P, V, 1, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
+    else if (p->sw == 2) conv_nchw_pass(P, V, 2, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
+    else conv_nchw_pass(P, V, 0, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
 }
 
-/* The passes of P columns at column stride 1, 2 (constants) or another. */
-FL_INLINE void conv_nchw_strided(const int P, const conv_nchw_ctx *p, const float *xb, int64_t rs, int64_t cs,
-                                 int64_t i0, int64_t i1, int64_t ow0, float *yrow) {
-    if (p->sw == 1) conv_nchw_passes(P, 1, p, xb, rs, cs, i0, i1, ow0, yrow);
-    else if (p->sw == 2) conv_nchw_passes(P, 2, p, xb, rs, cs, i0, i1, ow0, yrow);
-    else conv_nchw_passes(P, 0, p, xb, rs, cs, i0, i1, ow0, yrow);
+/* A pass of P columns: the widest pass of V vectors (CONV_NCHW_COLS), half of it or 3. */
+FL_INLINE void conv_nchw_width(const int V, int P, const conv_nchw_ctx *p, const float *xb, int64_t rs,
+                               const int64_t *off, int64_t i0, int64_t i1, int64_t ow0, int64_t o0, int64_t nc,
+                               float *yrow) {
+    const int pm = CONV_NCHW_COLS(V), ph = (pm + 1) / 2;
+    if (P == pm) conv_nchw_strided(pm, V, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
+    else if (ph > 3 && P == ph) conv_nchw_strided(ph, V, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
+    else conv_nchw_strided(3, V, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow);
+}
+
+/* off[t] = i rs + j dw + ci cs for the taps t = (i kw + j) c + ci of the window (kh kw c of
+ * them): the offset of each tap's input from the window's start, window rows rs floats apart
+ * and channels cs. */
+static void conv_nchw_offsets(const conv_nchw_ctx *p, int64_t rs, int64_t cs, int64_t *off) {
+    for (int64_t i = 0, t = 0; i < p->kh; ++i)
+        for (int64_t j = 0; j < p->kw; ++j)
+            for (int64_t ci = 0; ci < p->c; ++ci, ++t) off[t] = i * rs + j * p->dw + ci * cs;
+}
+
+/* Floats of each row of an edge pass's window copy: the span of the widest pass. */
+static int64_t conv_nchw_edge_ld(const conv_nchw_ctx *p) {
+    return (CONV_NCHW_P - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+}
+
+/* Columns per pass of V vectors for the last `left` columns of a row of wo: the widest pass
+ * while it fits the row, else the narrowest of its half and 3 that covers them (ending at
+ * the row's end, recomputing columns before it to the same sums), else the widest that fits. */
+static int conv_nchw_cols(int V, int64_t left, int64_t wo) {
+    int pm = CONV_NCHW_COLS(V), ph = (pm + 1) / 2;
+    if (left >= pm || (left > ph && wo >= pm)) return pm;
+    if (ph > 3 && (left >= ph || (left > 3 && wo >= ph))) return ph;
+    return 3;
 }
 
 /* The sums of columns [ow0, ow0 + P) of output row (n, oh), window rows [i0, i1): read from x
  * where every tap column lies inside it, else from a copy of the windows with zeros where they
  * leave x (edges: as many multiply-adds as inside, not one dependent chain of them a pixel). */
-static void conv_nchw_segment(int P, const conv_nchw_ctx *p, int64_t n, int64_t oh, int64_t i0, int64_t i1,
-                              int64_t ow0, int64_t ow_lo, int64_t ow_hi, float *yrow) {
+static void conv_nchw_segment(int P, int V, const conv_nchw_ctx *p, const int64_t *off, const int64_t *off_edge,
+                              int64_t n, int64_t oh, int64_t i0, int64_t i1, int64_t ow0, int64_t ow_lo,
+                              int64_t ow_hi, int64_t o0, int64_t nc, float *buf, float *yrow) {
     int64_t c = p->c, hw = p->h * p->w_in, iw0 = ow0 * p->sw - p->pl;
     const float *x0 = p->x + (n * c * p->h + oh * p->sh - p->pt + i0 * p->dh) * p->w_in + iw0;
     const float *xb = x0;
-    int64_t rs = p->dh * p->w_in, cs = hw;
-    float buf[CONV_NCHW_EDGE_FLOATS];
+    int64_t rs = p->dh * p->w_in;
     if (ow0 < ow_lo || ow0 + P > ow_hi) {
-        int64_t span = (P - 1) * p->sw + (p->kw - 1) * p->dw + 1;
-        if ((i1 - i0) * c * span > CONV_NCHW_EDGE_FLOATS) {
-            conv_nchw_pixels(p, n, oh, i0, i1, ow0, ow0 + P, yrow);
+        int64_t span = (P - 1) * p->sw + (p->kw - 1) * p->dw + 1, ld = conv_nchw_edge_ld(p);
+        if (!off_edge) {
+            conv_nchw_pixels(p, n, oh, i0, i1, ow0, ow0 + P, o0, (V - 1) * FL_VW + nc, yrow);
             return;
         }
         /* buf row (i - i0) c + ci: x[n, ci, oh sh - pt + i dh, iw0:iw0 + span], zeros outside x */
         int64_t lo = FL_MIN(FL_MAX(-iw0, 0), span), hi = FL_MAX(FL_MIN(p->w_in - iw0, span), lo);
-        for (int64_t r = 0; r < (i1 - i0) * c; ++r) {
-            float *b = buf + r * span;
-            const float *xr = x0 + (r / c) * rs + (r % c) * hw;
-            /* a vector at a time, lanes outside [lo, hi) zeros and not read (a few dozen
-             * floats a row, where calls of memset and memcpy cost more than the copy) */
-            for (int64_t k = 0; k < span; k += FL_VW) {
-                int64_t nk = FL_MIN(FL_VW, span - k), a = FL_MIN(FL_MAX(lo - k, 0), nk);
-                pool_st(b + k, fl_load_lanes(xr + k, a, FL_MAX(FL_MIN(hi - k, nk), a)), nk);
+        float *b = buf;
+        for (int64_t i = i0; i < i1; ++i)
+            for (int64_t ci = 0; ci < c; ++ci, b += ld) {
+                const float *xr = x0 + (i - i0) * rs + ci * hw;
+                /* a vector at a time, lanes outside [lo, hi) zeros and not read (a few dozen
+                 * floats a row, where calls of memset and memcpy cost more than the copy) */
+                for (int64_t k = 0; k < span; k += FL_VW) {
+                    int64_t nk = FL_MIN(FL_VW, span - k), a = FL_MIN(FL_MAX(lo - k, 0), nk);
+                    pool_st(b + k, fl_load_lanes(xr + k, a, FL_MAX(FL_MIN(hi - k, nk), a)), nk);
+                }
             }
-        }
-        xb = buf, rs = c * span, cs = span;
+        xb = buf, rs = c * ld, off = off_edge;
     }
-    if (P == CONV_NCHW_P) conv_nchw_strided(CONV_NCHW_P, p, xb, rs, cs, i0, i1, ow0, yrow);
-#if CONV_NCHW_P > 6
-    else if (P == 6) conv_nchw_strided(6, p, xb, rs, cs, i0, i1, ow0, yrow);
+    switch (V) {
+    case 1: conv_nchw_width(1, P, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow); break;
+    case 2: conv_nchw_width(2, P, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow); break;
+#if CONV_NCHW_V > 2
+    case 3: conv_nchw_width(3, P, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow); break;
+    default: conv_nchw_width(4, P, p, xb, rs, off, i0, i1, ow0, o0, nc, yrow); break;
 #endif
-    else conv_nchw_strided(3, p, xb, rs, cs, i0, i1, ow0, yrow);
+    }
 }
 
 /* Output rows t = n Ho + oh in [t0, t1), all columns and channels: each row's sums, then its
@@ -185,23 +211,36 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
     int64_t num = p->w_in - 1 - (p->kw - 1) * p->dw + p->pl;
     int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
     int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, p->wo), ow_lo);
-    const int64_t wo = p->wo, pm = CONV_NCHW_P;
+    const int64_t wo = p->wo;
+    /* the taps' offsets in x and in an edge pass's copy (conv_nchw_offsets; no copy where
+     * the window's rows do not fit the copy: its columns pixel by pixel) */
+    int64_t off[CONV_NCHW_TAPS], off_edge[CONV_NCHW_TAPS], ld = conv_nchw_edge_ld(p);
+    float buf[CONV_NCHW_EDGE_FLOATS]; /* an edge pass's window copy */
+    int passes = wo >= 3 && p->kh * p->kw * p->c <= CONV_NCHW_TAPS;
+    int edge = passes && p->kh * p->c * ld <= CONV_NCHW_EDGE_FLOATS;
+    if (passes) conv_nchw_offsets(p, p->dh * p->w_in, p->h * p->w_in, off);
+    if (edge) conv_nchw_offsets(p, p->c * ld, ld, off_edge);
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
         pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
         float *yrow = p->y + t * wo * p->cout;
-        if (wo < 3 || p->kw * p->c > CONV_NCHW_ROW_TAPS) {
-            conv_nchw_pixels(p, n, oh, i0, i1, 0, wo, yrow);
+        if (!passes) {
+            conv_nchw_pixels(p, n, oh, i0, i1, 0, wo, 0, p->cout, yrow);
         } else {
-            /* passes of CONV_NCHW_P columns; the last columns in the narrowest pass that covers
-             * them, ending at the row's end (recomputing up to 2 columns before it, to the same
-             * sums) */
-            for (int64_t ow = 0; ow < wo;) {
-                int64_t left = wo - ow;
-                int P = left >= pm || (left > 6 && wo >= pm) ? CONV_NCHW_P : left > 3 && wo >= 6 ? 6 : 3;
-                int64_t ow0 = FL_MIN(ow, wo - P);
-                conv_nchw_segment(P, p, n, oh, i0, i1, ow0, ow_lo, ow_hi, yrow);
-                ow = ow0 + P;
+            /* blocks of up to CONV_NCHW_V channel vectors (the last partial), each in passes
+             * along the row (conv_nchw_cols) */
+            for (int64_t o0 = 0; o0 < p->cout;) {
+                int64_t left = p->cout - o0;
+                int V = (int)FL_MIN((left + FL_VW - 1) / FL_VW, CONV_NCHW_V);
+                int64_t nc = FL_MIN(left - (V - 1) * FL_VW, FL_VW);
+                for (int64_t ow = 0; ow < wo;) {
+                    int P = conv_nchw_cols(V, wo - ow, wo);
+                    int64_t ow0 = FL_MIN(ow, wo - P);
+                    conv_nchw_segment(P, V, p, off, edge ? off_edge : 0, n, oh, i0, i1, ow0, ow_lo, ow_hi, o0, nc,
+                                      buf, yrow);
+                    ow = ow0 + P;
+                }
+                o0 += (V - 1) * FL_VW + nc;
             }
         }
         if (p->code != FL_LINEAR && p->code != FL_RELU) /* the bias is on the sums already */

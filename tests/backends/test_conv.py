@@ -417,8 +417,10 @@ def test_grouped_conv_on_threads(isa, n_threads):
     "shape_hw, k, strides, pads, dilation",
     [
         ((37, 53), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a stem: 27 interior columns
-        ((5, 32), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 30 interior columns: passes of 12, 6
-        ((4, 23), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 21: passes of 12, 6, 3
+        ((6, 224), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # a MobileNet stem's rows of 112
+        ((5, 32), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 32 columns: a widest pass and a tail
+        ((3, 60), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 60: passes of 24, 14, 9 or 6, tails
+        ((4, 23), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # 23: half passes and passes of 3
         ((3, 47), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),  # a 5x5 stem: 22 of 24 columns interior
         ((4, 19), (3, 3), (3, 3), ((1, 1), (1, 1)), (1, 1)),  # a stride of 3
         ((12, 80), (9, 9), (1, 1), ((8, 8), (8, 8)), (2, 8)),  # a wide dilated window: many border columns
@@ -428,7 +430,8 @@ def test_grouped_conv_on_threads(isa, n_threads):
         ((6, 5), (3, 3), (1, 1), ((4, 4), (4, 4)), (1, 1)),  # rows and columns wholly outside x
         ((1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # one position
         ((11, 70), (1, 1), (1, 3), ((0, 0), (0, 0)), (1, 1)),
-        ((4, 30), (3, 33), (1, 1), ((1, 1), (16, 16)), (1, 1)),  # 4-5 channels: over 128 taps a window row
+        ((4, 30), (3, 33), (1, 1), ((1, 1), (16, 16)), (1, 1)),  # 4-5 channels: 396-495 taps a window
+        ((6, 30), (5, 33), (1, 1), ((2, 2), (16, 16)), (1, 1)),  # over 512 taps (4-5 channels): pixels
         ((10, 90), (9, 9), (1, 1), ((8, 8), (64, 64)), (1, 16)),  # edge windows too large to copy
         ((3, 2), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # rows too narrow for a pass
         ((3, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # passes of 6 and 3 that overlap
@@ -437,8 +440,9 @@ def test_grouped_conv_on_threads(isa, n_threads):
 def test_convolution_from_nchw_planes(isa, n_threads, cin, cout, shape_hw, k, strides, pads, dilation):
     """``conv2d_nchw_plan``: an NCHW input convolved into NHWC, straight from its planes within
     the NCHW_DIRECT_* bounds, through an NHWC copy beyond; and the direct kernel itself on every
-    case (1 or 2 channel vectors per pass and blocks of them, their tails, border and interior
-    columns, window rows outside x): the reference's NHWC convolution each way."""
+    case (1 to 4 channel vectors per pass and blocks of them, each pass width and the tails of
+    a row, border and interior columns, window rows outside x): the reference's NHWC
+    convolution each way."""
     x = arr(0, (2, cin, *shape_hw))
     w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
     args = (w, b, strides, pads, dilation, 1, "hard_silu", 0.0)
