@@ -218,6 +218,7 @@ class Ops(Protocol):
         groups: int = ...,
         activation: str = ...,
         alpha: float = ...,
+        output: bool = ...,
     ) -> Callable[[Floats4d], Floats4d] | None: ...
     def conv1x1_nchw_plan(
         self,

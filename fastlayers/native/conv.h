@@ -38,11 +38,12 @@
  *   y): y[n, oh, ow, o] = f(b + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
  *   wk[i, j, ci, o]) from NCHW planes x (N, C, H, W) to NHWC y (N, Ho, Wo, cout), wk (kh, kw,
  *   C, cout) as it is (one group; meant for few input channels);
- * conv2d_planes(n, c, h, w, x, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha,
- *   y): y[n, o, oh, ow] = f(b + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow - pl + j dw]
- *   wk[i, j, ci, o]) from NCHW planes x (N, C, H, W) to NCHW planes y (N, cout, Ho, Wo), wk
- *   (kh, kw, C, cout) as it is (one group, column stride 1, at most 8 output channels: a
- *   direct loop vectorized over output columns);
+ * conv2d_planes(n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code,
+ *   alpha, y): y[n, o, oh, ow] = f(b + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl +
+ *   j dw] wk[i, j, ci, o]) from NCHW planes x (N, C, H, W) to NCHW planes y (N, cout, Ho, Wo),
+ *   wk (kh, kw, C, cout) as it is (one group): for at most 8 output channels at column stride
+ *   1 a direct loop vectorized over output columns, else conv2d_nchw_in's (meant for few input
+ *   channels) with each output row transposed into the planes;
  * conv1x1_nchw(n, cin, hw, cout, x, wk, ldw, bias, code, alpha, y): y[n, o, p] = f(b[o] +
  *   sum_ci wk[o, ci] x[n, ci, p]), a 1x1 convolution (stride 1, no padding, one group) from
  *   NCHW planes x (N, cin, hw) to NCHW planes y (N, cout, hw), wk (cout, cin) with rows ldw >=
@@ -100,10 +101,10 @@
                             float alpha, float *y),                                            \
       (n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, y))   \
     X(int, conv2d_planes, (int64_t n, int64_t c, int64_t h, int64_t w, const float *x,         \
-                           int64_t kh, int64_t kw, int64_t sh, int64_t dh, int64_t dw, int64_t pt, \
-                           int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,     \
-                           const float *bias, int code, float alpha, float *y),                   \
-      (n, c, h, w, x, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, y))         \
+                           int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, \
+                           int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t cout,          \
+                           const float *wk, const float *bias, int code, float alpha, float *y),  \
+      (n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, y))     \
     X(int, conv1x1_nchw, (int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x,     \
                           const float *wk, int64_t ldw, const float *bias, int code,           \
                           float alpha, float *y),                                              \

@@ -36,9 +36,9 @@ cdef extern from "dispatch.h" nogil:
                           int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
                           const float *bias, int code, float alpha, float *y)
     int fl_conv2d_planes(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
-                         int64_t kw, int64_t sh, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
-                         int64_t ho, int64_t wo, int64_t cout, const float *wk, const float *bias,
-                         int code, float alpha, float *y)
+                         int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                         int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
+                         const float *bias, int code, float alpha, float *y)
     int fl_conv1x1_nchw(int64_t n, int64_t cin, int64_t hw, int64_t cout, const float *x,
                         const float *wk, int64_t ldw, const float *bias, int code, float alpha,
                         float *y)
@@ -205,25 +205,27 @@ def depthwise_conv2d_nchw(cnp.ndarray x, cnp.ndarray w_ohw, object bias, cnp.nda
 
 
 def conv2d_planes(cnp.ndarray x, cnp.ndarray w_hwio, object bias, cnp.ndarray y, int64_t sh,
-                  int64_t dh, int64_t dw, int64_t pt, int64_t pl, int code, float alpha):
-    """y[n, o, oh, ow] = f(bias + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow - pl + j dw]
+                  int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int code, float alpha):
+    """y[n, o, oh, ow] = f(bias + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
     w[i, j, ci, o]) (zeros outside x) from NCHW planes to NCHW planes: x (N, C, H, W),
-    ``w_hwio`` (kh, kw, C, C_out) as it is (one group, at most 8 output channels), y (N, C_out,
-    Ho, Wo), column stride 1; a direct loop vectorized over output columns. Returns y."""
+    ``w_hwio`` (kh, kw, C, C_out) as it is (one group), y (N, C_out, Ho, Wo); for at most 8
+    output channels at column stride 1 a direct loop vectorized over output columns, else
+    ``conv2d_nchw_in``'s loop (meant for few input channels) with each output row transposed
+    into the planes. Returns y."""
     cdef float *xp = cptr(x, 4, "conv2d_planes x")
     cdef float *wp = cptr(w_hwio, 4, "conv2d_planes w")
     cdef float *yp = cptr(y, 4, "conv2d_planes y")
     cdef int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3]
     cdef int64_t kh = w_hwio.shape[0], kw = w_hwio.shape[1], cout = w_hwio.shape[3]
-    if (w_hwio.shape[2] != c or y.shape[0] != n or y.shape[1] != cout or cout > 8
-            or min(kh, kw, sh, dh, dw, c) < 1 or pt < 0 or pl < 0):
+    if (w_hwio.shape[2] != c or y.shape[0] != n or y.shape[1] != cout
+            or min(kh, kw, sh, sw, dh, dw, c) < 1 or pt < 0 or pl < 0):
         raise ValueError("conv2d_planes: inconsistent shapes or steps")
     cdef float *bp = vptr(bias, cout, "conv2d_planes bias")
     check_code(code)
     cdef int st
     with nogil:
-        st = fl_conv2d_planes(n, c, h, w, xp, kh, kw, sh, dh, dw, pt, pl, y.shape[2], y.shape[3], cout, wp,
-                              bp, code, alpha, yp)
+        st = fl_conv2d_planes(n, c, h, w, xp, kh, kw, sh, sw, dh, dw, pt, pl, y.shape[2], y.shape[3], cout,
+                              wp, bp, code, alpha, yp)
     check(st, "conv2d_planes")
     return y
 

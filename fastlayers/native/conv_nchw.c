@@ -12,6 +12,7 @@
 
 #include "conv_internal.h"
 #include "gemm_internal.h"
+#include "layout_internal.h"
 #include "threadpool.h"
 
 /* Most channel vectors a pass holds sums for: 4 (64 channels) on AVX-512, 2 (16) on AVX2. */
@@ -31,7 +32,7 @@ typedef struct {
     const float *x, *w, *bias;
     float *y;
     int64_t c, h, w_in, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout;
-    int code;
+    int code, planes, status; /* planes: y NCHW planes (N, C_out, Ho, Wo), each row moved there */
     float alpha;
 } conv_nchw_ctx;
 
@@ -204,14 +205,20 @@ static void conv_nchw_segment(int P, int V, const conv_nchw_ctx *p, const int64_
 }
 
 /* Output rows t = n Ho + oh in [t0, t1), all columns and channels: each row's sums, then its
- * bias and activation while it is in cache. */
+ * bias and activation while it is in cache; for NCHW planes out, the row in a per-thread
+ * buffer first, then transposed into them. */
 static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
-    const conv_nchw_ctx *p = (const conv_nchw_ctx *)arg;
+    conv_nchw_ctx *p = (conv_nchw_ctx *)arg;
     /* interior columns [ow_lo, ow_hi): every tap column inside x */
     int64_t num = p->w_in - 1 - (p->kw - 1) * p->dw + p->pl;
     int64_t ow_lo = FL_MIN((p->pl + p->sw - 1) / p->sw, p->wo);
     int64_t ow_hi = FL_MAX(FL_MIN(num < 0 ? 0 : num / p->sw + 1, p->wo), ow_lo);
     const int64_t wo = p->wo;
+    float *row = 0; /* planes: the row's sums (wo, cout) before their move */
+    if (p->planes && !(row = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(wo * p->cout)))) {
+        p->status = -1;
+        return;
+    }
     /* the taps' offsets in x and in an edge pass's copy (conv_nchw_offsets; no copy where
      * the window's rows do not fit the copy: its columns pixel by pixel) */
     int64_t off[CONV_NCHW_TAPS], off_edge[CONV_NCHW_TAPS], ld = conv_nchw_edge_ld(p);
@@ -223,7 +230,7 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
         int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
         pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
-        float *yrow = p->y + t * wo * p->cout;
+        float *yrow = row ? row : p->y + t * wo * p->cout;
         if (!passes) {
             conv_nchw_pixels(p, n, oh, i0, i1, 0, wo, 0, p->cout, yrow);
         } else {
@@ -245,7 +252,23 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
         }
         if (p->code != FL_LINEAR && p->code != FL_RELU) /* the bias is on the sums already */
             FL_FN(rows_bias_act_range)(0, wo, p->cout, yrow, p->cout, 0, p->code, p->alpha, yrow, p->cout);
+        if (row) /* y[n, o, oh, ow] = row[ow, o] */
+            layout_small(row, p->cout, p->y + (n * p->cout * p->ho + oh) * wo, p->ho * wo, wo, p->cout);
     }
+}
+
+/* conv2d_nchw_in into NHWC rows (planes 0) or NCHW planes (planes 1). */
+static int conv_nchw_run(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw,
+                         int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                         int64_t wo, int64_t cout, const float *wk, const float *bias, int code, float alpha,
+                         int planes, float *y) {
+    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
+    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 ||
+        pl < 0)
+        return -2;
+    conv_nchw_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, code, planes, 0, alpha};
+    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_nchw_task, &p);
+    return p.status;
 }
 
 /* y[n, oh, ow, o] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
@@ -254,13 +277,7 @@ int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const floa
                           int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
                           int64_t pl, int64_t ho, int64_t wo, int64_t cout, const float *wk,
                           const float *bias, int code, float alpha, float *y) {
-    if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
-    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 ||
-        pl < 0)
-        return -2;
-    conv_nchw_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, code, alpha};
-    fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_nchw_task, &p);
-    return 0;
+    return conv_nchw_run(n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, 0, y);
 }
 
 /* Most columns of one image per sgemm call of conv1x1_nchw (one of sgemm's blocks of b); the
@@ -524,15 +541,18 @@ static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
-/* y[n, o, oh, ow] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow - pl + j dw]
+/* y[n, o, oh, ow] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
  * w[i, j, ci, o]) (zeros outside x): x (N, C, H, W), w (kh, kw, C, cout) as it is, y (N, cout,
- * Ho, Wo), column stride 1, at most CONV_PLANES_MAX_COUT output channels. */
+ * Ho, Wo): the passes above for at most CONV_PLANES_MAX_COUT output channels at column stride
+ * 1, else conv2d_nchw_in's (for few input channels), each output row moved into the planes. */
 int FL_FN(conv2d_planes)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw,
-                         int64_t sh, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
-                         int64_t cout, const float *wk, const float *bias, int code, float alpha, float *y) {
+                         int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
+                         int64_t wo, int64_t cout, const float *wk, const float *bias, int code, float alpha,
+                         float *y) {
+    if (cout > CONV_PLANES_MAX_COUT || sw != 1) /* conv2d_nchw_in's passes, each row moved to the planes */
+        return conv_nchw_run(n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, 1, y);
     if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
-    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 ||
-        cout > CONV_PLANES_MAX_COUT)
+    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0)
         return -2;
     /* whole vectors past wo (each pass loads them whole) plus the window's reach */
     int64_t bw = ((wo + FL_VW - 1) / FL_VW) * FL_VW + (kw - 1) * dw;

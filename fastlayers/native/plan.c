@@ -331,8 +331,8 @@ int fl_transpose_step(void *ctx) {
 int fl_conv2d_step(void *ctx) {
     const fl_conv2d_args *a = ctx;
     if (a->nchw_out && a->nchw_in)
-        return fl_conv2d_planes(a->n, a->c, a->h, a->w, a->x, a->kh, a->kw, a->sh, a->dh, a->dw, a->pt, a->pl, a->ho,
-                                a->wo, a->cout, a->pw, a->bias, a->code, a->alpha, a->y);
+        return fl_conv2d_planes(a->n, a->c, a->h, a->w, a->x, a->kh, a->kw, a->sh, a->sw, a->dh, a->dw, a->pt, a->pl,
+                                a->ho, a->wo, a->cout, a->pw, a->bias, a->code, a->alpha, a->y);
     if (a->nchw_out)
         return fl_conv1x1_nchw(a->n, a->c, a->h * a->w, a->cout, a->x, a->pw, a->ldw, a->bias, a->code, a->alpha, a->y);
     if (a->nchw_in)

@@ -21,7 +21,8 @@
  *   where pw is NULL (no packed weights held for that rare case); where `nchw_in`, x is
  *   NCHW planes (N, C, H, W) and pw the unpacked HWIO weights: conv2d_nchw_in; where
  *   `nchw_out` (a 1x1 convolution), x and y are NCHW planes and pw the (C_out, C) weights,
- *   rows ldw floats apart: conv1x1_nchw.
+ *   rows ldw floats apart: conv1x1_nchw; where both, x and y are NCHW planes and pw the
+ *   unpacked HWIO weights: conv2d_planes.
  * depthwise_step(a): conv.h's depthwise_conv2d on the bound arguments.
  * conv_transpose_step(a): conv.h's conv_transpose2d on the bound arguments (x (N, H, W, C_in),
  *   wt packed), or where `nchw` its conv_transpose2d_nchw (x (N, C_in, H, W) planes, wt as

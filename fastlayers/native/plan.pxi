@@ -587,9 +587,9 @@ cdef class NativePlan:
         W) and ``pw`` the HWIO weights (kh, kw, C, C_out) as they are: ``conv2d_nchw_in``. With
         ``nchw_out`` (a 1x1 window, stride 1, no padding, one group, no residual), x (N, C, H, W)
         and y (N, C_out, H, W) are NCHW planes and ``pw`` the (C_out, C) weights, or (C_out, ldw)
-        with the weights in its first C columns: ``conv1x1_nchw``. With both (one group, column
-        stride 1, at most 8 output channels, no residual), x and y (N, C_out, Ho, Wo) are NCHW
-        planes and ``pw`` the HWIO weights: ``conv2d_planes``."""
+        with the weights in its first C columns: ``conv1x1_nchw``. With both (one group, no
+        residual), x and y (N, C_out, Ho, Wo) are NCHW planes and ``pw`` the HWIO weights:
+        ``conv2d_planes``."""
         cdef float *xp = _view(x, "conv2d x")
         cdef float *yp = _view(y, "conv2d y")
         cdef float *wp = NULL if pw is None and tile else _view(pw, "conv2d weights (needed but with a Winograd tile)")
@@ -603,9 +603,9 @@ cdef class NativePlan:
         if min(kh, kw, sh, sw, dh, dw, groups) < 1 or pt < 0 or pl < 0 or c % groups or cout % groups:
             raise ValueError("native plan conv2d: bad geometry")
         if nchw_out and nchw_in:
-            if (groups != 1 or sw != 1 or cout > 8 or res is not None or tile or pw.shape != (kh, kw, c, cout)):
-                raise ValueError("native plan conv2d: NCHW planes into NCHW planes for at most 8 channels, "
-                                 "column stride 1, one group and HWIO weights only")
+            if groups != 1 or res is not None or tile or pw.shape != (kh, kw, c, cout):
+                raise ValueError("native plan conv2d: NCHW planes into NCHW planes with one group and HWIO "
+                                 "weights only")
         elif nchw_out:
             if (max(kh, kw, sh, sw, groups) != 1 or pt or pl or res is not None or tile
                     or pw.ndim != 2 or pw.shape[0] != cout or pw.shape[1] < c or y.shape[2:] != x.shape[2:]):

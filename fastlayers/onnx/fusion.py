@@ -455,7 +455,9 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
     """Conv with constant weights (+ BatchNormalization folded in) (+ an activation) (+ a Mul
     and / or an Add by one value or one per channel, ``_post_affine``) -> FusedConv, its
     weights pre-transposed to the backend's HWIO layout once (those below ``TINY_WEIGHT`` in
-    magnitude zero), then held in the backend's form (``weights.ConvWeights``)."""
+    magnitude zero), then held in the backend's form (``weights.ConvWeights``); one whose
+    result only the graph's outputs read is marked ``_planes_out`` (its result wanted as NCHW
+    planes, ``conv2d_planes_plan``'s ``output``)."""
     uses = consumers(nodes, outputs)
     removed: set[int] = set()
     held = ConvWeights()
@@ -493,6 +495,8 @@ def fuse_conv(nodes, constants, outputs) -> list[Node]:
         post = _post_affine(nodes, k, removed, uses, constants, w.shape[0], w.ndim)
         if post is not None:
             attrs["_post_affine"] = post
+        if node.outputs[0] in outputs and uses.get(node.outputs[0], 0) == 1:
+            attrs["_planes_out"] = True  # read only as the graph's output: wanted as NCHW planes
         key = node.name or f"conv{k}"
         w_hwio = get_ops().oihw_to_hwio(w[:, :, None, :] if w.ndim == 3 else w)
         if scale is not None:

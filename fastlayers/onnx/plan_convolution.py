@@ -85,9 +85,12 @@ def lower_conv(low, node, ins, traced_ins, traced_outs, attrs):
             low.emit(lambda plan, arena: plan.add_conv2d(arena_view(arena, x_in), y=arena_view(arena, y_nchw), **bound))
             return [Value(y_nchw.buffer, 0, out.shape, np.float32, None)]
     if x.perm is None and residual is None and post is None:
-        # NCHW planes into NCHW planes for few output channels, where the Python plan runs it
-        # so (``conv2d_planes_plan``)
-        bound = low.ops.plan_conv2d_planes((n, c, *hw), w_hwio, b, strides, pads, dilations, group, activation, alpha)
+        # NCHW planes into NCHW planes (few output channels, or the graph's output), where the
+        # Python plan runs it so (``conv2d_planes_plan``)
+        output = bool(node_attrs.get("_planes_out"))
+        bound = low.ops.plan_conv2d_planes(
+            (n, c, *hw), w_hwio, b, strides, pads, dilations, group, activation, alpha, output
+        )
         if bound is not None:
             if n * cout * math.prod(out_hw) != out.size:
                 raise NotLowered

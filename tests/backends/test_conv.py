@@ -509,7 +509,7 @@ def test_convolution_of_planes_into_planes(isa, n_threads, cout, cin, shape_hw, 
     (pt, _), (pl, _) = pads
     y = np.full(want.shape, np.nan, np.float32)
     with threads(n_threads):
-        got = _core.conv2d_planes(x, w, b, y, strides[0], *dilation, pt, pl, _core.ACTIVATIONS.index("hard_silu"), 0.0)
+        got = _core.conv2d_planes(x, w, b, y, *strides, *dilation, pt, pl, _core.ACTIVATIONS.index("hard_silu"), 0.0)
         plan = CPU.conv2d_planes_plan(x.shape, *args)
     assert got is y
     assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -530,11 +530,53 @@ def test_convolution_of_planes_into_planes_where_it_pays():
     assert not planes(8, 8, 1, 1, (1, 1), 64, 1, 0) and not planes(8, 8, 3, 3, (1, 1), 15, 1, 0)
     assert not planes(8, 8, 3, 3, (1, 1), 64, 2, 0) and not planes(8, 8, 3, 3, (1, 1), 64, 1, None)
     assert not planes(3, 8, 3, 3, (1, 1), 64, 1, 0)  # 3 input channels: conv2d_nchw_in's
+    # a graph's output: also conv2d_nchw_in's shapes (a 5x5 stem), not the others'
+    assert planes(3, 32, 5, 5, (2, 2), 112, 1, 0, output=True) and planes(3, 8, 3, 3, (1, 1), 64, 1, 0, output=True)
+    assert not planes(3, 32, 5, 5, (2, 2), 112, 1, 0) and not planes(8, 9, 3, 3, (1, 1), 64, 1, 0, output=True)
+    assert not planes(3, 32, 5, 5, (2, 2), 112, 2, 0, output=True)
+    assert not planes(3, 32, 5, 5, (2, 2), 112, 1, None, output=True)
     x, y = arr(0, (1, 4, 5, 20)), np.empty((1, 9, 5, 20), np.float32)
     with pytest.raises(ValueError):
-        _core.conv2d_planes(x, arr(1, (3, 3, 4, 9)), None, y, 1, 1, 1, 1, 1, 0, 0.0)
+        _core.conv2d_planes(x, arr(1, (3, 3, 5, 9)), None, y, 1, 1, 1, 1, 1, 1, 0, 0.0)
     with pytest.raises(ValueError):
-        _core.conv2d_planes(x, arr(1, (3, 3, 5, 8)), None, y[:, :8], 1, 1, 1, 1, 1, 0, 0.0)
+        _core.conv2d_planes(x, arr(1, (3, 3, 4, 8)), None, y, 1, 1, 1, 1, 1, 1, 0, 0.0)
+    with pytest.raises(ValueError):
+        _core.conv2d_planes(x, arr(1, (3, 3, 4, 9)), None, y, 1, 0, 1, 1, 1, 1, 0, 0.0)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("activation", ["linear", "relu", "hard_silu"])
+@pytest.mark.parametrize(
+    "cin, cout, shape_hw, k, strides, pads",
+    [
+        (3, 32, (23, 61), (5, 5), (2, 2), ((2, 2), (2, 2))),  # a 5x5 stem: 31 columns, an edge each side
+        (3, 64, (20, 45), (7, 7), (2, 2), ((3, 3), (3, 3))),  # a 7x7 stem: 4 channel vectors
+        (3, 16, (9, 70), (3, 3), (1, 1), ((1, 1), (1, 1))),  # 16 channels at stride 1
+        (1, 8, (9, 40), (3, 3), (1, 2), ((1, 1), (1, 1))),  # 8 channels at a column stride of 2
+        (4, 40, (5, 33), (3, 3), (2, 2), ((1, 1), (0, 0))),  # 40 channels: 3 vectors, the last partial
+    ],
+)
+def test_few_input_channels_into_planes(isa, n_threads, activation, cin, cout, shape_hw, k, strides, pads):
+    """``conv2d_planes`` beyond 8 output channels or at a column stride above 1:
+    ``conv2d_nchw_in``'s sums, each output row transposed into the NCHW planes (odd row
+    lengths, channel counts not a multiple of the vector, both batches), the activation on
+    the row before the move: exactly ``conv2d_nchw_in``'s NHWC result transposed; and the
+    backend's plan where the result is a graph's output."""
+    x = arr(0, (2, cin, *shape_hw))
+    w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
+    code = _core.ACTIVATIONS.index(activation)
+    (pt, _), (pl, _) = pads
+    want_nhwc = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, b, strides, pads, (1, 1), 1, activation)
+    with threads(n_threads):
+        nhwc = _core.conv2d_nchw_in(x, w, b, np.empty_like(want_nhwc), *strides, 1, 1, pt, pl, code, 0.0)
+        y = np.full(want_nhwc.transpose(0, 3, 1, 2).shape, np.nan, np.float32)
+        got = _core.conv2d_planes(x, w, b, y, *strides, 1, 1, pt, pl, code, 0.0)
+        plan = CPU.conv2d_planes_plan(x.shape, w, b, strides, pads, (1, 1), 1, activation, 0.0, output=True)
+    assert got is y
+    np.testing.assert_array_equal(got, nhwc.transpose(0, 3, 1, 2))
+    assert_close(got, want_nhwc.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    assert plan is not None
+    np.testing.assert_array_equal(plan(x), got)
 
 
 def test_convolution_from_nchw_planes_where_it_pays():

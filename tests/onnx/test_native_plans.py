@@ -945,6 +945,51 @@ def test_convolutions_into_few_channels_run_on_planes(rng, monkeypatch, batch):
     assert _steps_per_op(_serving(ours, {"x": x}))["FusedConv"] == [1, 1]
 
 
+def _stem_model(rng, reader):
+    """x (N, 3, 40, 44) -> Conv 3 -> 32 (5 x 5, stride 2, padded) + Relu -> y, and with
+    ``reader`` also a Sigmoid of it -> z: an image's first convolution, its result a graph's
+    output alone or read by another node too."""
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((32, 3, 5, 5)) * 0.2).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[2, 2, 2, 2], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if reader:
+        nodes.append(helper.make_node("Sigmoid", ["y"], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 40, 44])], outputs, inits
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("reader", [False, True])
+def test_a_stem_whose_result_is_the_output_writes_planes(rng, monkeypatch, reader):
+    """A convolution of an image's planes whose result only the graph's outputs read
+    (``_planes_out``) writes NCHW planes (``conv2d_planes``) in both plans: no move of its
+    result, C-contiguous NCHW out, onnxruntime's values, the same bits in both plans. Read by
+    another node too, it stays channels-last for that node (``conv2d_nchw_in``)."""
+    monkeypatch.setattr(lowering, "STEP_US", 1e6)
+    ours, python, session = _engines(_stem_model(np.random.default_rng(9), reader), oracle("onnxruntime"))
+    (conv,) = [n for n in python._nodes if n.op_type == "FusedConv"]
+    assert conv.attrs.get("_planes_out", False) == (not reader)
+    for batch in (1, 2, 1):
+        x = rng.standard_normal((batch, 3, 40, 44)).astype(np.float32)
+        got, want = ours.run(None, {"x": x}), session.run(None, {"x": x})
+        for g, p, w in zip(got, python.run(None, {"x": x}), want):
+            assert_close(g, w, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(g, p)
+        assert got[0].flags.c_contiguous or reader
+    native, fallbacks, _ = _serving(ours, {"x": x}).summary
+    assert fallbacks == () and "FusedConv" in native
+    if not reader:  # one step: the kernel writes the planes, no move after it
+        assert _steps_per_op(_serving(ours, {"x": x}))["FusedConv"] == [1]
+
+
 def test_a_nan_that_winograd_meets_goes_to_the_python_plan(rng, monkeypatch):
     """The plan's Winograd step holds no weights for the direct sums: a NaN it meets sends the
     call to the Python plan (its bits: NaN where a window reads it), and the plan serves the

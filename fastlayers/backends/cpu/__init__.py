@@ -547,8 +547,8 @@ class CpuOps(ConvOps):
     def plan_conv1x1_nchw(self, x_shape, w_oi, b, activation, alpha):
         return steps.conv1x1_nchw_step(x_shape, w_oi, b, activation, alpha)
 
-    def plan_conv2d_planes(self, x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha):
-        return steps.conv2d_planes_step(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha)
+    def plan_conv2d_planes(self, x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, output=False):
+        return steps.conv2d_planes_step(x_shape, w_hwio, b, strides, pads, dilation, groups, activation, alpha, output)
 
     def plan_conv_transpose(self, w_iohw, w_hwio, b, groups, activation, alpha, planes):
         return steps.conv_transpose_step(w_iohw, w_hwio, b, groups, activation, alpha, planes)

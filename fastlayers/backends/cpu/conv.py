@@ -98,14 +98,20 @@ def nchw_direct(c, cout, kh, kw, strides=(1, 1)):
     )
 
 
-def planes_direct(c, cout, kh, kw, strides, wo, groups, code) -> bool:
+def planes_direct(c, cout, kh, kw, strides, wo, groups, code, output=False) -> bool:
     """Whether a convolution of ``c`` NCHW planes into ``cout`` channels through a ``kh`` x
     ``kw`` window at ``strides`` into rows of ``wo`` columns, ``groups`` groups and activation
-    ``code`` runs from the planes into NCHW planes (``conv2d_planes``, the bounds above)."""
+    ``code`` runs from the planes into NCHW planes (``conv2d_planes``, the bounds above). Where
+    its result is wanted as NCHW planes (``output``: a graph's output, which an NHWC result
+    would be moved to), also every shape ``conv2d_nchw_in`` takes (``nchw_direct``): its rows
+    transposed into the planes from cache as it writes them cost less than a move of the whole
+    result after it."""
+    if groups != 1 or code is None:
+        return False
+    if output and nchw_direct(c, cout, kh, kw, strides):
+        return True
     return (
-        groups == 1
-        and code is not None
-        and 1 <= cout <= PLANES_MAX_COUT
+        1 <= cout <= PLANES_MAX_COUT
         and strides[1] == 1
         and kh * kw > 1
         and wo >= PLANES_MIN_COLUMNS
@@ -113,12 +119,12 @@ def planes_direct(c, cout, kh, kw, strides, wo, groups, code) -> bool:
     )
 
 
-def planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation):
+def planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation, output=False):
     """(the activation's code, the output shape (N, C_out, Ho, Wo)) where a convolution of NCHW
     planes of ``x_shape`` (N, C, H, W) with ``w_hwio`` runs on them into NCHW planes
-    (``conv2d_planes``: ``planes_direct`` on its shapes, a non-empty output, an elementwise
-    code), else None. The Python plan (``conv2d_planes_plan``) and the native plan's step
-    (``steps.conv2d_planes_step``) decide by it."""
+    (``conv2d_planes``: ``planes_direct`` on its shapes, ``output`` passed on, a non-empty
+    output, an elementwise code), else None. The Python plan (``conv2d_planes_plan``) and the
+    native plan's step (``steps.conv2d_planes_step``) decide by it."""
     n, c, h, w = x_shape
     kh, kw, _, cout = w_hwio.shape
     ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
@@ -126,7 +132,7 @@ def planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation):
     code = None if code in _SOFTMAX_CODES else code
     if n * c * h * w == 0 or ho <= 0 or min(pads[0][0], pads[1][0]) < 0:
         return None
-    return (code, (n, cout, ho, wo)) if planes_direct(c, cout, kh, kw, strides, wo, groups, code) else None
+    return (code, (n, cout, ho, wo)) if planes_direct(c, cout, kh, kw, strides, wo, groups, code, output) else None
 
 
 def pointwise_rows(w_oi):
@@ -519,17 +525,18 @@ class ConvOps(ReferenceOps):
         groups=1,
         activation="linear",
         alpha=0.0,
+        output=False,
     ):
-        taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation)
+        taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation, output)
         if taken is None:
             return None
         code, out = taken
-        (sh, _), (dh, dw), (pt, _), (pl, _) = strides, dilation, *pads
+        (sh, sw), (dh, dw), (pt, _), (pl, _) = strides, dilation, *pads
         wk, bias = conv_weights_array(w_hwio), _bias(b)
 
         def run(x):
             y = np.empty(out, np.float32)
-            return _core.conv2d_planes(_f32c(x), wk, bias, y, sh, dh, dw, pt, pl, code, alpha)
+            return _core.conv2d_planes(_f32c(x), wk, bias, y, sh, sw, dh, dw, pt, pl, code, alpha)
 
         return run
 

@@ -109,12 +109,14 @@ def conv1x1_nchw_step(x_shape, w_oi, b, activation: str, alpha: float):
     return dict(pw=pointwise_rows(w_oi), bias=_bias(b), code=code, alpha=float(alpha), nchw_out=True, **geometry)
 
 
-def conv2d_planes_step(x_shape, w_hwio, b, strides, pads, dilation, groups: int, activation: str, alpha: float):
+def conv2d_planes_step(
+    x_shape, w_hwio, b, strides, pads, dilation, groups: int, activation: str, alpha: float, output=False
+):
     """How a plan binds the convolution of NCHW planes into NCHW planes that
-    ``conv2d_planes_plan`` runs on inputs of ``x_shape`` (N, C, H, W): kwargs of ``add_conv2d``
-    with ``nchw_in`` and ``nchw_out`` (``conv2d_planes``), or None where that plan would not
-    take it (``planes_takes``)."""
-    taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation)
+    ``conv2d_planes_plan`` runs on inputs of ``x_shape`` (N, C, H, W) (``output``: its result a
+    graph's output): kwargs of ``add_conv2d`` with ``nchw_in`` and ``nchw_out``
+    (``conv2d_planes``), or None where that plan would not take it (``planes_takes``)."""
+    taken = planes_takes(x_shape, w_hwio, strides, pads, dilation, groups, activation, output)
     if taken is None:
         return None
     kh, kw = w_hwio.shape[:2]

@@ -494,10 +494,12 @@ class ReferenceOps:
         groups: int = 1,
         activation: str = "linear",
         alpha: float = 0.0,
+        output: bool = False,
     ) -> Callable[[Floats4d], Floats4d] | None:
         """A convolution of C-contiguous NCHW inputs of shape ``x_shape`` (N, C, H, W) into NCHW
         planes: a function ``x_nchw -> y_nchw`` (N, C_out, Ho, Wo), where the backend has one
-        that pays for these shapes (few output channels); None where it would rather run
+        that pays for these shapes (few output channels; with ``output``, the result being a
+        graph's output and so wanted as NCHW planes, more); None where it would rather run
         ``conv2d_nchw_plan`` (NHWC out). The reference has none."""
         return None
 

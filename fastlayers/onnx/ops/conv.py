@@ -145,10 +145,10 @@ def _conv(inputs, attrs, opset):
         w_oi = w4[:, :, 0, 0] if w4 is not None else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
         bias, activation, alpha = args[1], args[6], args[7]
         pointwise = ops.conv1x1_nchw_plan(planes.shape, w_oi, bias, activation, alpha)
-    # NCHW planes into NCHW planes for few output channels, where the backend has a kernel
+    # NCHW planes into NCHW planes (few output channels, or the graph's output), where the backend has a kernel
     to_planes = None
     if planes is not None and pointwise is None and residual is None and post is None:
-        to_planes = ops.conv2d_planes_plan(planes.shape, *args)
+        to_planes = ops.conv2d_planes_plan(planes.shape, *args, output=bool(attrs.get("_planes_out")))
     if in_kernel:
         run = _with_residual_in_kernel(ops.conv2d_residual_plan(to_nhwc(x, False).shape, *args, *residual), residual)
     elif pointwise is not None:
