@@ -25,9 +25,9 @@
 /* im2col block: its rows x k floats (1 MiB) stay in L2 while the sgemm reads them. */
 #define CONV_COLS_FLOATS (INT64_C(1) << 18)
 /* A column block's packed weights (k x columns floats, 256 KiB) stay in L2 while the implicit
- * GEMM's output rows read them; weights that fit in half of the core's L2 whole are one block
- * (fl_l2_bytes: the input is then read once, not once per block; docs/design.md,
- * "Implicit-GEMM convolution"). */
+ * GEMM's output rows read them; weights that fit in three quarters of the core's L2 whole are
+ * one block (fl_l2_bytes: the input is then read once, and a row's padded window copies made
+ * once, not once per block; docs/design.md, "Implicit-GEMM convolution"). */
 #define CONV_PANEL_FLOATS (INT64_C(1) << 16)
 /* Fewest output rows for im2col by row tiles on per-thread blocks; fewer share one im2col
  * matrix whose product is split by output columns (each thread reads part of the weights). */
@@ -424,7 +424,7 @@ static int conv2d_run(int64_t n, int64_t h, int64_t w, int64_t c, const float *x
         }
         p.row_units = n * ho;
         int64_t panels = (cout + FL_PANEL - 1) / FL_PANEL;
-        int64_t most = k * panels * FL_PANEL * (int64_t)sizeof(float) <= fl_l2_bytes() / 2
+        int64_t most = k * panels * FL_PANEL * (int64_t)sizeof(float) <= fl_l2_bytes() / 4 * 3
                            ? panels
                            : FL_MAX(1, CONV_PANEL_FLOATS / (k * FL_PANEL));
         units = p.row_units * conv_column_blocks(&p, most);
