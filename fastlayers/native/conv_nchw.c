@@ -5,8 +5,9 @@
  * CONV_NCHW_COLS output columns by up to CONV_NCHW_V channel vectors and adds every tap's
  * weight vectors times each column's input value, the taps in the HWIO order of conv2d's sums.
  * Also conv1x1_nchw (NCHW planes into NCHW planes through a 1x1 window) and conv2d_planes (NCHW
- * planes into NCHW planes for few output channels, vectorized over output columns). Compiled
- * once per ISA (kernels.inc). */
+ * planes into NCHW planes: for few output channels vectorized over output columns, else these
+ * passes with each output row transposed into the planes). Compiled once per ISA
+ * (kernels.inc). */
 
 #include <string.h>
 
@@ -25,7 +26,8 @@
 /* Widest pass (columns) of any V. */
 #define CONV_NCHW_P CONV_NCHW_COLS(1)
 /* Most taps (i, j, ci) of a window for the passes (their offsets lie on the stack); more run
- * pixel by pixel (the library sends at most 4 channels through windows at most 9 wide). */
+ * pixel by pixel (the library sends at most 4 channels through windows of at most 25 taps, or
+ * 3 through 49: 147 taps). */
 #define CONV_NCHW_TAPS 512
 
 typedef struct {
