@@ -118,7 +118,8 @@ static void conv_nchw_pixels(const conv_nchw_ctx *p, int64_t n, int64_t oh, int6
 }
 
 /* Most floats of an edge pass's zero-padded window copy (16 KiB on the stack, rows of the widest
- * pass's span: conv_nchw_edge_ld); larger windows run their edge columns pixel by pixel. */
+ * pass's span in whole vectors: conv_nchw_edge_ld); larger windows run their edge columns pixel
+ * by pixel. */
 #define CONV_NCHW_EDGE_FLOATS 4096
 
 /* The passes of V channel vectors (the last nc <= FL_VW wide) at column stride 1, 2
@@ -150,9 +151,11 @@ static void conv_nchw_offsets(const conv_nchw_ctx *p, int64_t rs, int64_t cs, in
             for (int64_t ci = 0; ci < p->c; ++ci, ++t) off[t] = i * rs + j * p->dw + ci * cs;
 }
 
-/* Floats of each row of an edge pass's window copy: the span of the widest pass. */
+/* Floats of each row of an edge pass's window copy: the span of the widest pass, rounded up to
+ * whole vectors. */
 static int64_t conv_nchw_edge_ld(const conv_nchw_ctx *p) {
-    return (CONV_NCHW_P - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+    int64_t span = (CONV_NCHW_P - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+    return (span + FL_VW - 1) / FL_VW * FL_VW;
 }
 
 /* Columns per pass of V vectors for the last `left` columns of a row of wo: the widest pass
@@ -183,17 +186,19 @@ static void conv_nchw_segment(int P, int V, const conv_nchw_ctx *p, const int64_
         }
         /* buf row (i - i0) c + ci: x[n, ci, oh sh - pt + i dh, iw0:iw0 + span], zeros outside x */
         int64_t lo = FL_MIN(FL_MAX(-iw0, 0), span), hi = FL_MAX(FL_MIN(p->w_in - iw0, span), lo);
-        float *b = buf;
-        for (int64_t i = i0; i < i1; ++i)
-            for (int64_t ci = 0; ci < c; ++ci, b += ld) {
-                const float *xr = x0 + (i - i0) * rs + ci * hw;
-                /* a vector at a time, lanes outside [lo, hi) zeros and not read (a few dozen
-                 * floats a row, where calls of memset and memcpy cost more than the copy) */
-                for (int64_t k = 0; k < span; k += FL_VW) {
-                    int64_t nk = FL_MIN(FL_VW, span - k), a = FL_MIN(FL_MAX(lo - k, 0), nk);
-                    pool_st(b + k, fl_load_lanes(xr + k, a, FL_MAX(FL_MIN(hi - k, nk), a)), nk);
-                }
+        /* a vector column k at a time over all the copy's rows, its lanes' bounds once: lanes
+         * outside [lo, hi) zeros and not read, whole vectors stored (the rows' stride ld a
+         * whole number of vectors; a few dozen floats a row, where calls of memset and memcpy
+         * cost more than the copy, and bounds worked out per row and vector cost the stem
+         * passes 3-5 %) */
+        for (int64_t k = 0; k < span; k += FL_VW) {
+            int64_t a = FL_MIN(FL_MAX(lo - k, 0), FL_VW), e = FL_MAX(FL_MIN(hi - k, FL_VW), a);
+            float *b = buf + k;
+            for (int64_t i = i0; i < i1; ++i) {
+                const float *xr = x0 + (i - i0) * rs + k;
+                for (int64_t ci = 0; ci < c; ++ci, b += ld) fl_store(b, fl_load_lanes(xr + ci * hw, a, e));
             }
+        }
         xb = buf, rs = c * ld, off = off_edge;
     }
     switch (V) {
@@ -224,7 +229,7 @@ static void conv_nchw_task(void *arg, int64_t t0, int64_t t1) {
     /* the taps' offsets in x and in an edge pass's copy (conv_nchw_offsets; no copy where
      * the window's rows do not fit the copy: its columns pixel by pixel) */
     int64_t off[CONV_NCHW_TAPS], off_edge[CONV_NCHW_TAPS], ld = conv_nchw_edge_ld(p);
-    float buf[CONV_NCHW_EDGE_FLOATS]; /* an edge pass's window copy */
+    float buf[CONV_NCHW_EDGE_FLOATS] __attribute__((aligned(64))); /* an edge pass's window copy */
     int passes = wo >= 3 && p->kh * p->kw * p->c <= CONV_NCHW_TAPS;
     int edge = passes && p->kh * p->c * ld <= CONV_NCHW_EDGE_FLOATS;
     if (passes) conv_nchw_offsets(p, p->dh * p->w_in, p->h * p->w_in, off);
