@@ -442,11 +442,19 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
  * output channels of V vectors of consecutive output columns and adds each tap's weight
  * (broadcast) times the V vectors of input it reads, the taps in the HWIO order (i, j, ci) of
  * the implicit GEMM's sums. Each output row reads a per-thread copy of its window rows with
- * the zeros of the padding, so that every vector load lies inside a row. Column stride 1 (the
- * input vector of a tap is contiguous). */
+ * the zeros of the padding, so that every vector load lies inside a row. At column stride 1 the
+ * copy is the padded row; at stride 2 its even and odd columns, one row each, so that a tap's
+ * input vector is contiguous at either stride (a stem of 3 -> 32 or 64 channels at stride 2
+ * writes its planes with no transpose of its sums). */
 
-/* Most output channels: a pass of 8 channels by 3 vectors fills 24 of AVX-512's registers. */
+/* Most output channels at column stride 1: a pass of 8 channels by 3 vectors fills 24 of
+ * AVX-512's registers (beyond, conv2d_nchw_in's passes, whose sums are moved into the planes). */
 #define CONV_PLANES_MAX_COUT 8
+/* Whether column stride 2 takes these passes for any number of output channels: on AVX-512
+ * (3x3 stems 21-29 % faster than conv2d_nchw_in's passes and their move, 7x7 9 %, 5x5 6 %), not
+ * on AVX2, whose passes of 8 channels by one vector are bound by their loads (the stems 11-22 %
+ * slower; docs/design.md "Few output channels from NCHW planes"). */
+#define CONV_PLANES_S2 (FL_VW >= 16)
 /* Sums a pass holds: 24 of AVX-512's 32 registers, 8 of AVX2's 16 (the input vectors and a
  * broadcast weight need the rest; 8 independent chains keep two FMA units busy). */
 #define CONV_PLANES_SUMS (FL_VW >= 16 ? 24 : 8)
@@ -454,116 +462,193 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
 typedef struct {
     const float *x, *w, *bias;
     float *y;
-    int64_t c, h, wd, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout;
-    int64_t bw; /* floats of a window row's copy: whole vectors past wo, the window's reach */
+    int64_t c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout;
+    int64_t bw; /* floats of a window row's copy (of each phase of it at stride 2): whole
+                 * vectors past wo, the window's reach */
     int code, status;
     float alpha;
 } conv_planes_ctx;
 
 /* y[n, o0 + o, oh, ow0 + 16 v + l] = sum over window rows [i0, i1), j, ci of w[i, j, ci, o0 + o]
- * buf[(i - i0) c + ci][ow0 + 16 v + l + j dw] for o < O, v < V (lane l; FL_VW for 16), the
- * columns from wo on not stored: O channels by V vectors of sums, each tap's input vectors
- * loaded once for the O channels. */
-FL_INLINE void conv_planes_pass(const int O, const int V, const conv_planes_ctx *p, const float *buf, int64_t i0,
-                                int64_t i1, int64_t o0, int64_t ow0, float *yrow) {
-    int64_t c = p->c, cout = p->cout, plane = p->ho * p->wo;
+ * x[n, ci, oh sh - pt + i dh, (ow0 + 16 v + l) sw - pl + j dw] for o < O, v < V (lane l; FL_VW
+ * for 16), the input from buf (window row 0's channel 0 there, even where that row lies outside
+ * x: phase q = j dw % sw of row i dh c + ci of conv_planes_copy's, at ow0 + 16 v + l + j dw /
+ * sw), the columns from wo on not stored: O channels by V vectors of
+ * sums, each tap's input vectors loaded once for the O channels. */
+FL_INLINE void conv_planes_pass(const int O, const int V, const conv_planes_ctx *p, const float *buf,
+                                const int64_t *off, int64_t i0, int64_t i1, int64_t o0, int64_t ow0, float *yrow) {
+    int64_t cout = p->cout, plane = p->ho * p->wo, taps = p->kw * p->c;
     fl_vf s[8][12];
     _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
         _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) s[o][v] = fl_set1(0.0f);
     }
-    for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = 0; j < p->kw; ++j) {
-            const float *wt = p->w + ((i * p->kw + j) * c) * cout + o0;
-            const float *xr = buf + (i - i0) * c * p->bw + ow0 + j * p->dw;
-            for (int64_t ci = 0; ci < c; ++ci, wt += cout, xr += p->bw) {
-                fl_vf xv[12];
-                _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) xv[v] = fl_load(xr + v * FL_VW);
-                _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
-                    fl_vf wv = fl_set1(wt[o]);
-                    _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) s[o][v] += wv * xv[v];
-                }
-            }
+    /* taps (i, j, ci) of window rows [i0, i1) in one loop (conv_planes_offsets): their weights
+     * cout floats apart */
+    const float *wt = p->w + i0 * taps * cout + o0, *xb = buf + ow0;
+    for (int64_t t = i0 * taps, te = i1 * taps; t < te; ++t, wt += cout) {
+        const float *xr = xb + off[t];
+        fl_vf xv[12];
+        _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) xv[v] = fl_load(xr + v * FL_VW);
+        _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
+            fl_vf wv = fl_set1(wt[o]);
+            _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) s[o][v] += wv * xv[v];
         }
+    }
+    /* the bias and ReLU on the registers (conv_nchw_epi; other activations after the row) */
     _Pragma("GCC unroll 8") for (int o = 0; o < O; ++o) {
         float *yo = yrow + (o0 + o) * plane;
+        const float *bias = p->bias ? p->bias + o0 + o : 0;
+        fl_vf bv = fl_set1(bias ? *bias : 0.0f);
         _Pragma("GCC unroll 12") for (int v = 0; v < V; ++v) {
             int64_t col = ow0 + v * FL_VW, left = p->wo - col;
-            if (left >= FL_VW) fl_store(yo + col, s[o][v]);
-            else if (left > 0) fl_store_n(yo + col, s[o][v], left);
+            fl_vf r = conv_nchw_epi(s[o][v], bias, bv, p->code);
+            if (left >= FL_VW) fl_store(yo + col, r);
+            else if (left > 0) fl_store_n(yo + col, r, left);
         }
     }
 }
 
 /* Output columns [ow0, wo) of channels [o0, o0 + O): passes of VMAX vectors, then of fewer
- * (VMAX / 2, VMAX / 4, one: the last vector partial). */
+ * (VMAX / 2, VMAX / 4, one: the last vector partial); with VMAX 3, a last 4 vectors as two
+ * passes of 2 and a last 2 as one (a pass of 8 channels by one vector is bound by its loads:
+ * 9 for 8 multiply-adds). */
 FL_INLINE void conv_planes_columns(const int O, const int VMAX, const conv_planes_ctx *p, const float *buf,
-                                   int64_t i0, int64_t i1, int64_t o0, float *yrow) {
+                                   const int64_t *off, int64_t i0, int64_t i1, int64_t o0, float *yrow) {
     int64_t vectors = (p->wo + FL_VW - 1) / FL_VW, v0 = 0;
-    for (; v0 + VMAX <= vectors; v0 += VMAX) conv_planes_pass(O, VMAX, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+    for (; v0 + VMAX <= vectors && (VMAX != 3 || vectors - v0 != 4); v0 += VMAX)
+        conv_planes_pass(O, VMAX, p, buf, off, i0, i1, o0, v0 * FL_VW, yrow);
+    if (VMAX == 3)
+        for (; v0 + 2 <= vectors; v0 += 2) conv_planes_pass(O, 2, p, buf, off, i0, i1, o0, v0 * FL_VW, yrow);
     if (VMAX >= 4 && v0 + VMAX / 2 <= vectors) {
-        conv_planes_pass(O, VMAX / 2, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+        conv_planes_pass(O, VMAX / 2, p, buf, off, i0, i1, o0, v0 * FL_VW, yrow);
         v0 += VMAX / 2;
     }
     if (VMAX >= 8 && v0 + VMAX / 4 <= vectors) {
-        conv_planes_pass(O, VMAX / 4, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+        conv_planes_pass(O, VMAX / 4, p, buf, off, i0, i1, o0, v0 * FL_VW, yrow);
         v0 += VMAX / 4;
     }
-    for (; v0 < vectors; ++v0) conv_planes_pass(O, 1, p, buf, i0, i1, o0, v0 * FL_VW, yrow);
+    for (; v0 < vectors; ++v0) conv_planes_pass(O, 1, p, buf, off, i0, i1, o0, v0 * FL_VW, yrow);
 }
 
-/* Output rows t = n Ho + oh in [t0, t1): the row's window rows copied with their padding, the
- * channels in blocks of 8, 4, 2 and 1 (sums: 8 x 3, 4 x 6, 2 x 12, 1 x 12 vectors on AVX-512;
- * 8 x 1, 4 x 2, 2 x 4, 1 x 8 on AVX2), then each channel's bias and activation while the row
- * is in cache. */
-static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
-    conv_planes_ctx *p = (conv_planes_ctx *)arg;
+/* Most floats of a band's copy of input rows (128 KiB a thread; more where one output row's
+ * window rows need more). */
+#define CONV_PLANES_BAND_FLOATS 32768
+
+/* buf rows ((ih - r0) c + ci) sw + q for the input rows ih in [r0, r1) of image n, q < sw: float
+ * k of row q is x[n, ci, ih, q + sw k - pl], zeros outside x (sw 1 or 2): each input row copied
+ * once for the band of output rows that read it (per output row, its 5x5 stem's 15 window rows
+ * were split 2.5 times each and took 12 % of the convolution). */
+static void conv_planes_copy(const conv_planes_ctx *p, int64_t n, int64_t r0, int64_t r1, float *buf) {
     int64_t c = p->c, bw = p->bw;
-    float *buf = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(p->kh * c * bw));
-    if (!buf) {
-        p->status = -1;
-        return;
-    }
-    for (int64_t t = t0; t < t1; ++t) {
-        int64_t n = t / p->ho, oh = t % p->ho, i0, i1;
-        pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
-        /* buf row (i - i0) c + ci: x[n, ci, oh sh - pt + i dh, u - pl] at u, zeros outside x */
+    const float *x0 = p->x + (n * c * p->h + r0) * p->wd;
+    if (p->sw == 1) {
         int64_t lo = FL_MIN(p->pl, bw), hi = FL_MAX(FL_MIN(p->pl + p->wd, bw), lo);
-        for (int64_t i = i0; i < i1; ++i)
+        for (int64_t r = 0; r < r1 - r0; ++r)
             for (int64_t ci = 0; ci < c; ++ci) {
-                float *b = buf + ((i - i0) * c + ci) * bw;
-                const float *xr = p->x + ((n * c + ci) * p->h + oh * p->sh - p->pt + i * p->dh) * p->wd;
+                float *b = buf + (r * c + ci) * bw;
+                const float *xr = x0 + (ci * p->h + r) * p->wd;
                 memset(b, 0, (size_t)lo * sizeof(float));
                 memcpy(b + lo, xr, (size_t)(hi - lo) * sizeof(float));
                 memset(b + hi, 0, (size_t)(bw - hi) * sizeof(float));
             }
-        float *yrow = p->y + (n * p->cout * p->ho + oh) * p->wo;
-        int64_t o0 = 0;
-        const int S = CONV_PLANES_SUMS;
-        for (; o0 + 8 <= p->cout; o0 += 8) conv_planes_columns(8, S / 8, p, buf, i0, i1, o0, yrow);
-        if (o0 + 4 <= p->cout) conv_planes_columns(4, S / 4, p, buf, i0, i1, o0, yrow), o0 += 4;
-        if (o0 + 2 <= p->cout) conv_planes_columns(2, FL_MIN(S / 2, 12), p, buf, i0, i1, o0, yrow), o0 += 2;
-        if (o0 < p->cout) conv_planes_columns(1, FL_MIN(S, 12), p, buf, i0, i1, o0, yrow);
-        if (p->bias || p->code != FL_LINEAR)
-            conv_pw_epilogue(yrow, p->ho * p->wo, p->cout, p->wo, p->bias, p->code, p->alpha);
+        return;
+    }
+    /* two vectors of the padded row at a time (x columns [u, u + 2 FL_VW)), split into their
+     * even and odd floats; each vector column's lane bounds once for all the rows (bw is whole
+     * vectors) */
+    for (int64_t k = 0; k < bw; k += FL_VW) {
+        int64_t u = 2 * k - p->pl, v = u + FL_VW;
+        int64_t a0 = FL_MIN(FL_MAX(-u, 0), FL_VW), e0 = FL_MAX(FL_MIN(p->wd - u, FL_VW), a0);
+        int64_t a1 = FL_MIN(FL_MAX(-v, 0), FL_VW), e1 = FL_MAX(FL_MIN(p->wd - v, FL_VW), a1);
+        for (int64_t r = 0; r < r1 - r0; ++r)
+            for (int64_t ci = 0; ci < c; ++ci) {
+                const float *xr = x0 + (ci * p->h + r) * p->wd;
+                float *b = buf + (r * c + ci) * 2 * bw + k;
+                fl_vf lo = fl_load_lanes(xr + u, a0, e0), hi = fl_load_lanes(xr + v, a1, e1);
+                fl_store(b, FL_SHUF(lo, hi, POOL_EVENS));
+                fl_store(b + bw, FL_SHUF(lo, hi, POOL_ODDS));
+            }
+    }
+}
+
+/* off[t] = (i dh c + ci) sw bw + (j dw % sw) bw + j dw / sw for the taps t = (i kw + j) c + ci:
+ * where conv_planes_copy puts the first input float of the tap's window row, phase and column,
+ * from window row 0's. */
+static void conv_planes_offsets(const conv_planes_ctx *p, int64_t *off) {
+    int64_t rs = p->sw * p->bw;
+    for (int64_t i = 0, t = 0; i < p->kh; ++i)
+        for (int64_t j = 0; j < p->kw; ++j)
+            for (int64_t ci = 0; ci < p->c; ++ci, ++t) {
+                int64_t u = j * p->dw;
+                off[t] = (i * p->dh * p->c + ci) * rs + (u % p->sw) * p->bw + u / p->sw;
+            }
+}
+
+/* Output rows t = n Ho + oh in [t0, t1), in bands: the band's input rows copied with their
+ * padding (conv_planes_copy), then for each output row the channels in blocks of 8, 4, 2 and 1
+ * (sums: 8 x 3, 4 x 6, 2 x 12, 1 x 12 vectors on AVX-512; 8 x 1, 4 x 2, 2 x 4, 1 x 8 on AVX2;
+ * the bias and ReLU on their registers), then another activation on each channel's row while it
+ * is in cache. */
+static void conv_planes_task(void *arg, int64_t t0, int64_t t1) {
+    conv_planes_ctx *p = (conv_planes_ctx *)arg;
+    /* bands of output rows whose input rows' copy fits CONV_PLANES_BAND_FLOATS (at least one) */
+    int64_t c = p->c, rs = p->sw * p->bw, reach = (p->kh - 1) * p->dh + 1;
+    int64_t band = FL_MAX(1, (CONV_PLANES_BAND_FLOATS / (c * rs) - reach) / p->sh + 1);
+    int64_t rows = FL_MIN((band - 1) * p->sh + reach, p->h);
+    /* the taps' offsets (conv_planes_offsets; 2 floats each) and then the band's copy */
+    int64_t taps = p->kh * p->kw * c;
+    float *mem = fl_buf_floats(&FL_FN(conv_task_buf), (size_t)(2 * taps + rows * c * rs));
+    if (!mem) {
+        p->status = -1;
+        return;
+    }
+    int64_t *off = (int64_t *)mem;
+    float *buf = mem + 2 * taps;
+    conv_planes_offsets(p, off);
+    for (int64_t tb = t0, te; tb < t1; tb = te) {
+        /* output rows [tb, te) of one image: their input rows [r0, r1) copied */
+        int64_t n = tb / p->ho;
+        te = FL_MIN(FL_MIN(t1, tb + band), (n + 1) * p->ho);
+        int64_t r0 = FL_MIN(FL_MAX((tb % p->ho) * p->sh - p->pt, 0), p->h);
+        int64_t r1 = FL_MAX(FL_MIN(((te - 1) % p->ho) * p->sh - p->pt + reach, p->h), r0);
+        conv_planes_copy(p, n, r0, r1, buf);
+        for (int64_t t = tb; t < te; ++t) {
+            int64_t oh = t % p->ho, i0, i1;
+            pool_taps(oh * p->sh - p->pt, p->dh, p->kh, 0, p->h, &i0, &i1);
+            const float *xw = buf + (oh * p->sh - p->pt - r0) * c * rs; /* window row 0 */
+            float *yrow = p->y + (n * p->cout * p->ho + oh) * p->wo;
+            int64_t o0 = 0;
+            const int S = CONV_PLANES_SUMS;
+            for (; o0 + 8 <= p->cout; o0 += 8) conv_planes_columns(8, S / 8, p, xw, off, i0, i1, o0, yrow);
+            if (o0 + 4 <= p->cout) conv_planes_columns(4, S / 4, p, xw, off, i0, i1, o0, yrow), o0 += 4;
+            if (o0 + 2 <= p->cout) conv_planes_columns(2, FL_MIN(S / 2, 12), p, xw, off, i0, i1, o0, yrow), o0 += 2;
+            if (o0 < p->cout) conv_planes_columns(1, FL_MIN(S, 12), p, xw, off, i0, i1, o0, yrow);
+            if (p->code != FL_LINEAR && p->code != FL_RELU) /* the bias is on the sums already */
+                conv_pw_epilogue(yrow, p->ho * p->wo, p->cout, p->wo, 0, p->code, p->alpha);
+        }
     }
 }
 
 /* y[n, o, oh, ow] = f(b[o] + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
  * w[i, j, ci, o]) (zeros outside x): x (N, C, H, W), w (kh, kw, C, cout) as it is, y (N, cout,
- * Ho, Wo): the passes above for at most CONV_PLANES_MAX_COUT output channels at column stride
- * 1, else conv2d_nchw_in's (for few input channels), each output row moved into the planes. */
+ * Ho, Wo): the passes above at column stride 2 (CONV_PLANES_S2), and at stride 1 for at most
+ * CONV_PLANES_MAX_COUT output channels; else conv2d_nchw_in's (for few input channels), each
+ * output row moved into the planes. */
 int FL_FN(conv2d_planes)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw,
                          int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho,
                          int64_t wo, int64_t cout, const float *wk, const float *bias, int code, float alpha,
                          float *y) {
-    if (cout > CONV_PLANES_MAX_COUT || sw != 1) /* conv2d_nchw_in's passes, each row moved to the planes */
+    if (sw == 1 ? cout > CONV_PLANES_MAX_COUT : sw > 2 || !CONV_PLANES_S2) /* conv2d_nchw_in's, rows moved */
         return conv_nchw_run(n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, wk, bias, code, alpha, 1, y);
     if (n <= 0 || ho <= 0 || wo <= 0 || cout <= 0) return 0;
-    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0)
+    if (!conv_code_ok(code) || c < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 ||
+        pl < 0)
         return -2;
-    /* whole vectors past wo (each pass loads them whole) plus the window's reach */
-    int64_t bw = ((wo + FL_VW - 1) / FL_VW) * FL_VW + (kw - 1) * dw;
-    conv_planes_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, dh, dw, pt, pl, ho, wo, cout, bw, code, 0, alpha};
+    /* whole vectors past wo (each pass loads them whole) plus the window's reach in a phase,
+     * whole vectors (conv_planes_copy's stores) */
+    int64_t bw = ((wo + FL_VW - 1) / FL_VW) * FL_VW + (kw - 1) * dw / sw;
+    bw = (bw + FL_VW - 1) / FL_VW * FL_VW;
+    conv_planes_ctx p = {x, wk, bias, y, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, cout, bw, code, 0, alpha};
     fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * cout * kh * kw * c)), conv_planes_task, &p);
     return p.status;
 }

@@ -495,6 +495,7 @@ def test_convolution_from_nchw_planes_epilogues(isa, activation, with_bias, cin,
         (6, (3, 100), (3, 7), (1, 1), ((4, 4), (3, 3)), (1, 1)),  # window rows wholly outside x
         (1, (5, 230), (3, 5), (1, 1), ((1, 1), (2, 2)), (1, 1)),  # 15 vectors: passes of 12, 6, 3, 1
         (33, (3, 31), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # many input channels
+        (64, (13, 100), (3, 3), (1, 1), ((1, 1), (1, 1)), (2, 1)),  # bands of 2 output rows, dilated rows
     ],
 )
 def test_convolution_of_planes_into_planes(isa, n_threads, cout, cin, shape_hw, k, strides, pads, dilation):
@@ -557,10 +558,11 @@ def test_convolution_of_planes_into_planes_where_it_pays():
     ],
 )
 def test_few_input_channels_into_planes(isa, n_threads, activation, cin, cout, shape_hw, k, strides, pads):
-    """``conv2d_planes`` beyond 8 output channels or at a column stride above 1:
-    ``conv2d_nchw_in``'s sums, each output row transposed into the NCHW planes (odd row
-    lengths, channel counts not a multiple of the vector, both batches), the activation on
-    the row before the move: exactly ``conv2d_nchw_in``'s NHWC result transposed; and the
+    """``conv2d_planes`` beyond 8 output channels or at a column stride above 1 (at stride 2 on
+    AVX-512 its own passes over the even and odd columns' copies, elsewhere
+    ``conv2d_nchw_in``'s sums with each output row transposed into the NCHW planes; odd row
+    lengths, channel counts not a multiple of the vector, both batches): exactly
+    ``conv2d_nchw_in``'s NHWC result transposed (the same sums in the same order); and the
     backend's plan where the result is a graph's output."""
     x = arr(0, (2, cin, *shape_hw))
     w, b = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5), arr(2, (cout,))
@@ -577,6 +579,44 @@ def test_few_input_channels_into_planes(isa, n_threads, activation, cin, cout, s
     assert_close(got, want_nhwc.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
     assert plan is not None
     np.testing.assert_array_equal(plan(x), got)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("activation, with_bias", [("relu", True), ("linear", False), ("hard_silu", True)])
+@pytest.mark.parametrize(
+    "cin, cout, shape_hw, k, strides, pads, dilation",
+    [
+        (3, 16, (7, 224), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # 112 columns: passes of 3, 2, 2 vectors
+        (3, 64, (9, 229), (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1)),  # 115 columns: 3, 3, 2 and a partial
+        (3, 32, (9, 61), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),  # 31 columns: one pass of 2 vectors
+        (4, 13, (5, 70), (3, 5), (1, 2), ((1, 1), (2, 2)), (1, 2)),  # 13 channels (8, 4, 1), dilated columns
+        (2, 9, (4, 40), (3, 3), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # no padding, x past the last window
+        (1, 24, (3, 5), (3, 3), (2, 2), ((1, 1), (4, 4)), (1, 1)),  # columns wholly outside x
+        (3, 8, (5, 99), (3, 4), (2, 2), ((1, 1), (1, 0)), (2, 1)),  # asymmetric pads, an even window
+        (16, 8, (21, 250), (5, 5), (2, 2), ((2, 2), (2, 2)), (2, 1)),  # bands of 2 output rows, dilated rows
+        (12, 40, (23, 130), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # bands of 8 rows, 40 channels
+    ],
+)
+def test_column_stride_two_into_planes(isa, n_threads, activation, with_bias, cin, cout, shape_hw, k, strides, pads,
+                                       dilation):
+    """``conv2d_planes`` at column stride 2, any number of output channels: every pass width
+    and a partial last vector, dilated and even windows, padding on one side, none, or wider
+    than x, images in several bands of output rows (``CONV_PLANES_BAND_FLOATS``); the
+    reference's convolution within float32 tolerance, and exactly ``conv2d_nchw_in``'s sums
+    transposed."""
+    x = arr(0, (2, cin, *shape_hw))
+    w = arr(1, (*k, cin, cout), (k[0] * k[1] * cin) ** -0.5)
+    b = arr(2, (cout,)) if with_bias else None
+    code = _core.ACTIVATIONS.index(activation)
+    (pt, _), (pl, _) = pads
+    want_nhwc = REF.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, b, strides, pads, dilation, 1, activation)
+    with threads(n_threads):
+        nhwc = _core.conv2d_nchw_in(x, w, b, np.empty_like(want_nhwc), *strides, *dilation, pt, pl, code, 0.0)
+        y = np.full(want_nhwc.transpose(0, 3, 1, 2).shape, np.nan, np.float32)
+        got = _core.conv2d_planes(x, w, b, y, *strides, *dilation, pt, pl, code, 0.0)
+    assert got is y
+    assert_close(got, want_nhwc.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got, nhwc.transpose(0, 3, 1, 2))
 
 
 def test_convolution_from_nchw_planes_where_it_pays():
