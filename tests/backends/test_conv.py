@@ -597,8 +597,9 @@ def test_few_input_channels_into_planes(isa, n_threads, activation, cin, cout, s
         (12, 40, (23, 130), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # bands of 8 rows, 40 channels
     ],
 )
-def test_column_stride_two_into_planes(isa, n_threads, activation, with_bias, cin, cout, shape_hw, k, strides, pads,
-                                       dilation):
+def test_column_stride_two_into_planes(
+    isa, n_threads, activation, with_bias, cin, cout, shape_hw, k, strides, pads, dilation
+):
     """``conv2d_planes`` at column stride 2, any number of output channels: every pass width
     and a partial last vector, dilated and even windows, padding on one side, none, or wider
     than x, images in several bands of output rows (``CONV_PLANES_BAND_FLOATS``); the
