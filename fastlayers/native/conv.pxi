@@ -209,9 +209,9 @@ def conv2d_planes(cnp.ndarray x, cnp.ndarray w_hwio, object bias, cnp.ndarray y,
     """y[n, o, oh, ow] = f(bias + sum_{i, j, ci} x[n, ci, oh sh - pt + i dh, ow sw - pl + j dw]
     w[i, j, ci, o]) (zeros outside x) from NCHW planes to NCHW planes: x (N, C, H, W),
     ``w_hwio`` (kh, kw, C, C_out) as it is (one group), y (N, C_out, Ho, Wo); for at most 8
-    output channels at column stride 1 a direct loop vectorized over output columns, else
-    ``conv2d_nchw_in``'s loop (meant for few input channels) with each output row transposed
-    into the planes. Returns y."""
+    output channels at column stride 1, or any number at column stride 2 on AVX-512, a direct
+    loop vectorized over output columns, else ``conv2d_nchw_in``'s loop (meant for few input
+    channels) with each output row transposed into the planes. Returns y."""
     cdef float *xp = cptr(x, 4, "conv2d_planes x")
     cdef float *wp = cptr(w_hwio, 4, "conv2d_planes w")
     cdef float *yp = cptr(y, 4, "conv2d_planes y")

@@ -473,8 +473,8 @@ typedef struct {
  * x[n, ci, oh sh - pt + i dh, (ow0 + 16 v + l) sw - pl + j dw] for o < O, v < V (lane l; FL_VW
  * for 16), the input from buf (window row 0's channel 0 there, even where that row lies outside
  * x: phase q = j dw % sw of row i dh c + ci of conv_planes_copy's, at ow0 + 16 v + l + j dw /
- * sw), the columns from wo on not stored: O channels by V vectors of
- * sums, each tap's input vectors loaded once for the O channels. */
+ * sw), the columns from wo on not stored: O channels by V vectors of sums, each tap's input
+ * vectors loaded once for the O channels. */
 FL_INLINE void conv_planes_pass(const int O, const int V, const conv_planes_ctx *p, const float *buf,
                                 const int64_t *off, int64_t i0, int64_t i1, int64_t o0, int64_t ow0, float *yrow) {
     int64_t cout = p->cout, plane = p->ho * p->wo, taps = p->kw * p->c;
