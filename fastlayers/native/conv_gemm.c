@@ -153,6 +153,8 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
     int64_t c = p->c, cout = p->cout, wo = p->wo, w = p->w;
     int64_t ars = p->sw * c;
     int epilogue = p->bias || p->code != FL_LINEAR;
+    /* an input larger than L2: each output row brings the next one's new input rows into L2 */
+    int prefetch_rows = p->dw == 1 && p->h * w * c * (int64_t)sizeof(float) > fl_l2_bytes();
     /* output columns whose windows lie inside x's columns */
     int64_t lo = FL_MIN((p->pl + p->sw - 1) / p->sw, wo);
     int64_t last = w - 1 - (p->kw - 1) * p->dw + p->pl;  /* ow sw <= last */
@@ -184,6 +186,15 @@ static void conv_implicit_task(void *arg, int64_t u0, int64_t u1) {
             int64_t lines = ((nj1 + FL_PANEL - 1) / FL_PANEL - j1 / FL_PANEL) * FL_PANEL * p->k * 4 / 64;
             int64_t l0 = lines * t / p->row_units;
             pf = (gemm_prefetch){(const char *)(p->pw + j1 * p->k) + l0 * 64, lines * (t + 1) / p->row_units - l0};
+        } else if (prefetch_rows && oh + 1 < p->ho) {
+            /* else the input rows the next output row reads and this one does not (below its
+             * last window row), into L2: an input larger than L2 comes from L3 or memory,
+             * which the tiles' reads in place (rows sw C floats apart) wait on */
+            int64_t r0 = FL_MAX(ih1 + 1, 0), r1 = FL_MIN(ih1 + p->sh, p->h - 1);
+            if (r1 >= r0) {
+                const char *first = (const char *)(p->x + (n * p->h + r0) * w * c);
+                pf = (gemm_prefetch){first, ((r1 - r0 + 1) * w * c * 4 + 63) / 64 + 1};
+            }
         }
         /* the spans at the ends a whole tile each where they are copied (a tile of one row
          * costs about what a full one does) */

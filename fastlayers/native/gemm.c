@@ -258,6 +258,8 @@ void FL_FN(gemm_tile_rows)(int rows, int64_t kh, int64_t ari, int64_t kc, const 
                            int64_t ars, const float *pb, float *c, int64_t ldc, int nr,
                            int accumulate, gemm_prefetch pf, const gemm_epi *epi) {
     if (nr <= FL_VW) {
+        /* pf's lines asked for at once (the narrow tile's loop has no room for them) */
+        for (int64_t l = 0; l < pf.lines; ++l) __builtin_prefetch(pf.line + l * 64, 0, 2);
         gemm_tile_narrow_rows(rows, kh, ari, kc, a, ars, pb, c, ldc, nr, accumulate);
         if (epi) FL_FN(gemm_tile_epi)(rows, c, ldc, nr, epi);
         return;

@@ -287,7 +287,8 @@ def test_a_window_over_the_height_of_a_width_one_input(isa, n_threads, groups):
 def test_implicit_conv2d_reads_large_inputs_in_place(isa, n_threads, x_shape, k_shape, strides, pads, dilation):
     """Inputs above CONV_PAD_COPY_FLOATS: the windows inside the input read it in place, the
     ends of each row (a whole tile each) and the rows along the top and bottom edges a copy of
-    their window rows with the padding; every output against the reference."""
+    their window rows with the padding (inputs above a 1 MiB L2 bring the next output row's
+    new input rows into L2 meanwhile); every output against the reference."""
     x, b = arr(0, x_shape), arr(2, k_shape[-1:])
     k = arr(1, k_shape, np.prod(k_shape[:3]) ** -0.5)
     assert np.prod(x_shape) > 1 << 18
