@@ -391,7 +391,8 @@ static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
     conv_pw_ctx *p = (conv_pw_ctx *)arg;
     for (int64_t u = u0; u < u1; ++u) {
         int64_t r0 = u % p->chunks * p->rows, rows = FL_MIN(p->rows, p->cout - r0), v = u / p->chunks;
-        int64_t i = v / p->blocks, c0 = v % p->blocks * p->cols, len = FL_MIN(p->cols, p->hw - c0);
+        int64_t i = v / p->blocks, c0 = v % p->blocks * p->cols;
+        int64_t len = v % p->blocks == p->blocks - 1 ? p->hw - c0 : p->cols; /* the last: the rest */
         float *yb = p->y + (i * p->cout + r0) * p->hw + c0;
         const float *xb = p->x + i * p->cin * p->hw + c0, *wb = p->w + r0 * p->ldw;
         int64_t tail = len % FL_PANEL;
@@ -418,10 +419,21 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
     int64_t blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
     int64_t cols = ((hw + blocks - 1) / blocks + FL_PANEL - 1) / FL_PANEL * FL_PANEL;
     blocks = (hw + cols - 1) / cols;
-    /* fewer blocks than threads (one image of few positions): the output rows split too, in
-     * whole register tiles, each chunk worth a hand-off (each packs the block's columns of x
-     * again: one load and store of a value per `rows` multiply-adds with it) */
-    int64_t chunks = 1, threads = fl_pool_get_threads(), taps = cols * cout * cin;
+    int64_t chunks = 1, threads = fl_pool_get_threads();
+    /* fewer blocks than threads (one image of few positions): blocks of whole panels, one a
+     * thread, where each holds at least two and a share of multiply-adds worth a hand-off, the
+     * last block taking the columns past them (each thread packs only its own columns of x,
+     * where splitting the output rows had each pack all of them; docs/design.md "1x1
+     * convolutions on NCHW planes") */
+    if (n * blocks < threads && n == 1) {
+        int64_t panels = hw / FL_PANEL / threads;
+        if (panels >= 2 && panels * FL_PANEL * cout * cin >= CONV_MIN_SHARE_TAPS)
+            cols = panels * FL_PANEL, blocks = threads;
+    }
+    int64_t taps = cols * cout * cin;
+    /* still fewer blocks than threads: the output rows split too, in whole register tiles,
+     * each chunk worth a hand-off (each packs the block's columns of x again: one load and
+     * store of a value per `rows` multiply-adds with it) */
     if (n * blocks < threads && cout >= 2 * GEMM_MR) {
         chunks = FL_MIN((threads + n * blocks - 1) / (n * blocks), cout / GEMM_MR);
         chunks = FL_MAX(1, FL_MIN(chunks, taps / CONV_MIN_SHARE_TAPS));

@@ -674,12 +674,13 @@ def test_convolution_from_nchw_planes_checks_its_arguments():
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("activation", ["linear", "relu", "hard_silu", "gelu"])
 @pytest.mark.parametrize(
     "n, cin, cout, shape_hw",
     [
         (1, 64, 256, (14, 14)),  # 196 columns: six panels, the last 4 columns by conv_pw_dot
+        (1, 1024, 256, (14, 14)),  # threads on blocks of whole panels, the last with the rest
         (1, 1027, 30, (1, 69)),  # 5 columns past two panels; k not a whole number of vectors
         (2, 20, 7, (3, 34)),  # 6 past three panels, fewer output rows than a block of 4
         (4, 33, 17, (9, 31)),  # 279 columns: two blocks of 160 and 119 (vector tails)
