@@ -429,7 +429,7 @@ class Plan:
 
 def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
     """The profile (``profile.Profile``) of ``repeats`` calls of native ``plan`` on ``arrays``
-    (each after ``pause`` seconds): per node lowered, the median over the calls of its steps'
+    (each after ``pause`` seconds; one untimed call before them): per node lowered, the median over the calls of its steps'
     time, its kernel ``native`` (its steps bound in the plan), ``alias`` (none: a view of its
     input's memory) or ``python`` (its function run inside the plan); None where another call
     runs the plan now."""
@@ -439,6 +439,8 @@ def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
     outputs = [v for _, v in plan.outputs]
     ns = np.zeros(len(plan.native), np.int64)
     per_call, totals = [], []
+    if plan.native.run(fed, plan.input_views, outputs, ns) is None:  # untimed, as the Python plan's first
+        return None
     for _ in range(repeats):
         if pause:
             time.sleep(pause)
@@ -607,21 +609,8 @@ class NativePlans:
         if threads is None:
             return None
         key = self.key(arrays, ops, threads)
-        plan = self.plans.get(key)
-        if plan is None or type(plan) is int:
-            seen = (plan or 0) + 1
-            if self.off:
-                return None
-            if seen < BUILD_AFTER:
-                self._keep(key, seen)
-                return None
-            if not pays(self.nodes, 0, 0, extra_us=self.extra_us):  # the plan's own cost alone
-                self.off = True  # the same for every key
-                self._keep(key, False)
-                return None
-            with self.lock:
-                plan = self._build(key, arrays, ops)
-        if plan is False:
+        plan = self._plan(key, arrays, ops, BUILD_AFTER)
+        if plan is None:
             return None
         try:
             if not plan.holders:  # native kernels do not signal floating-point errors to numpy
@@ -645,6 +634,25 @@ class NativePlans:
             model._step_failed(index, error)  # raises the node's error, named
             raise
 
+    def _plan(self, key, arrays, ops, build_after):
+        """The plan of ``key`` for calls like ``arrays``, built at the ``build_after``-th call
+        with the key (this one counted); None where there is none (yet)."""
+        plan = self.plans.get(key)
+        if plan is None or type(plan) is int:
+            seen = (plan or 0) + 1
+            if self.off:
+                return None
+            if seen < build_after:
+                self._keep(key, seen)
+                return None
+            if not pays(self.nodes, 0, 0, extra_us=self.extra_us):  # the plan's own cost alone
+                self.off = True  # the same for every key
+                self._keep(key, False)
+                return None
+            with self.lock:
+                plan = self._build(key, arrays, ops)
+        return plan if isinstance(plan, Plan) else None
+
     def _build(self, key, arrays, ops):
         """The plan of ``key`` for calls like ``arrays``, kept; False where there is none."""
         try:
@@ -665,13 +673,14 @@ class NativePlans:
         return plan
 
     def plan_for(self, arrays):
-        """The native plan that serves calls on ``arrays`` now, or None."""
+        """The native plan that serves calls on ``arrays`` from their ``BUILD_AFTER``-th on,
+        built now where none is yet (a profile's calls are those calls), or None where calls
+        on them run in Python."""
         ops = get_ops()
         threads = ops.plan_threads()
         if threads is None:
             return None
-        plan = self.plans.get(self.key(arrays, ops, threads))
-        return plan if isinstance(plan, Plan) else None
+        return self._plan(self.key(arrays, ops, threads), arrays, ops, 1)
 
     def _keep(self, key, value):
         if len(self.plans) >= MAX_PLANS and key not in self.plans:

@@ -581,7 +581,9 @@ class OnnxModel:
             native plan (``LoadOptions.native_plans``), its nodes computed from the inputs
             instead, timed inside the plan: kernel ``native`` (bound in the plan), ``alias``
             (a view of its input) or ``python`` (run in Python inside the plan); the model's
-            name is followed by "(native plan)".
+            name is followed by "(native plan)". The plan is built for the profile where calls
+            on these inputs would build one and none is built yet, so that a profile right
+            after ``load`` times what the calls after it run.
 
         Examples
         --------
