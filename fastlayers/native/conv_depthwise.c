@@ -323,6 +323,27 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
     else conv_plane_vecs(b + ow, off, wt, nt, 1, bias, code, alpha, out + ow, last);
 }
 
+#if FL_VW == 16 && defined(__AVX512F__)
+/* The floats lo[j:] then hi[:j] (j < FL_VW, a constant once unrolled): the window column j of
+ * the vector lo, from the two whole vectors it spans (one valignd). */
+FL_INLINE fl_vf conv_band_shift(fl_vf lo, fl_vf hi, int j) {
+    __m512i l = _mm512_castps_si512((__m512)lo), h = _mm512_castps_si512((__m512)hi);
+    switch (j) {
+    case 0: return lo;
+    case 1: return (fl_vf)_mm512_castsi512_ps(_mm512_alignr_epi32(h, l, 1));
+    case 2: return (fl_vf)_mm512_castsi512_ps(_mm512_alignr_epi32(h, l, 2));
+    case 3: return (fl_vf)_mm512_castsi512_ps(_mm512_alignr_epi32(h, l, 3));
+    default: return (fl_vf)_mm512_castsi512_ps(_mm512_alignr_epi32(h, l, 4));
+    }
+}
+/* Whole vectors of each buffer row, the window columns shifted out of them: a load at a column
+ * off a 64-byte line spans two lines, and such loads ran at one a cycle, half the rate of
+ * aligned ones, which made them, not the FMAs, the band's bound (docs/design.md). */
+#define CONV_BAND_SHIFTS 1
+#else
+#define CONV_BAND_SHIFTS 0
+#endif
+
 #if FL_VW >= 8
 /* Stride 1, undilated, on a unit's buffer (rows len floats apart, zero-padded): CONV_BAND_ROWS
  * output rows at a time, so that each input vector is loaded once for every output row whose
@@ -332,7 +353,10 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
 #define CONV_BAND_ROWS 4
 
 /* out[r wo + u FL_VW + 0:FL_VW] for r < rows, u < nv (the last vector cut to `last` lanes) =
- * f(bias + sum over i < kh, j < kw of b[(r + i) len + j + u FL_VW + 0:FL_VW] wv[i kw + j]). */
+ * f(bias + sum over i < kh, j < kw of b[(r + i) len + j + u FL_VW + 0:FL_VW] wv[i kw + j]).
+ * With CONV_BAND_SHIFTS, b's rows are read as nv + 1 whole vectors each: b + q len on a
+ * vector's boundary, and the vector past the group inside the row (depthwise_conv2d_nchw's
+ * buffer rows). */
 FL_INLINE void conv_band_vecs(const float *b, int64_t len, int kh, int kw, int rows, int nv,
                               const float *wv, float bias, int code, float alpha, float *out,
                               int64_t wo, int64_t last) {
@@ -340,9 +364,17 @@ FL_INLINE void conv_band_vecs(const float *b, int64_t len, int kh, int kw, int r
     _Pragma("GCC unroll 4") for (int r = 0; r < rows; ++r)
         _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) acc[r][u] = fl_set1(bias);
     _Pragma("GCC unroll 12") for (int q = 0; q < rows + kh - 1; ++q) {
+#if CONV_BAND_SHIFTS
+        fl_vf whole[3];
+        _Pragma("GCC unroll 3") for (int u = 0; u <= nv; ++u) whole[u] = fl_load(b + q * len + u * FL_VW);
+#endif
         _Pragma("GCC unroll 5") for (int j = 0; j < kw; ++j) {
             fl_vf v[2];
+#if CONV_BAND_SHIFTS
+            _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) v[u] = conv_band_shift(whole[u], whole[u + 1], j);
+#else
             _Pragma("GCC unroll 2") for (int u = 0; u < nv; ++u) v[u] = fl_load(b + q * len + j + u * FL_VW);
+#endif
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; ++r) {
                 int i = q - r;
                 if (i < 0 || i >= kh) continue;
@@ -834,12 +866,18 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
         return conv_s2(n, c, h, w, x, m, kh, kw, sh, dh, pt, pl, ho, wo, wk, bias, code, alpha, y);
 #endif
     pool_plane_plan q = pool_plane_plan_of(n * c * m, kh, kw, sh, sw, dh, dw, ho, wo);
-    int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
-    if (!off) return -1;
-    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
     int band = FL_VW >= 8 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && kh == kw && (kh == 3 || kh == 5)
                    ? (int)kh
                    : 0;
+    if (band && CONV_BAND_SHIFTS) {
+        /* buffer rows on vectors' boundaries (the buffer is 64-byte aligned): at least
+         * wo + kw - 1 + FL_VW columns, so the vector past a row's last group lies in the row */
+        q.len = (q.len + FL_VW - 1) / FL_VW * FL_VW;
+        q.floats = (q.rb + kh - 1) * q.len;
+    }
+    int64_t *off = (int64_t *)malloc((size_t)(kh * kw) * sizeof(int64_t));
+    if (!off) return -1;
+    pool_plane_offsets(kh, kw, dh, dw, sw, q.len, off);
     conv_plane_ctx p = {x, wk, bias, y, off, q, c, h, w, m, kh, kw, sh, sw, dh, pt, pl, ho, wo,
                         code, 0, alpha, band};
     int64_t per_unit = FL_MAX(1, q.rb * wo * kh * kw);

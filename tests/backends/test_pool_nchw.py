@@ -89,6 +89,9 @@ DEPTHWISE = (
         ((1, 2, 10, 20), (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0)), False),  # unpadded: 8 x 18 out
         ((1, 2, 9, 17), (5, 5), (1, 1), (1, 1), ((0, 1), (1, 0)), False),  # uneven pads: 6 x 14 out
         ((1, 1, 3, 16), (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0)), False),  # one row out
+        # whole groups (AVX-512 reads each buffer row as whole vectors, one past the group)
+        ((1, 2, 6, 64), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # 2 groups of 2 vectors
+        ((1, 2, 5, 48), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), False),  # 3 vectors of 16
     ]
 )
 
