@@ -1,7 +1,7 @@
 """The native transpose and row concatenation (``native/layout.c``) and the transpose's helpers
 (``fastlayers.native.layout``) against numpy on every ISA path and 1-3 threads: odd sizes around
 the transpose's tiles (16,384 floats, at most 128 columns) and its register blocks (FL_VW x FL_VW
-floats: 16, 8 or 4), one row or column, strided views; concatenations of any dtype, widths
+floats: 16, 8 or 4), one row or column, strided views, source rows a multiple of 1 KiB apart; concatenations of any dtype, widths
 around the vector copies, empty parts; and the errors of wrong shapes, strides and alignment."""
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ pytestmark = pytest.mark.usefixtures("isa")
         (2, 2048, 21),
         (1, 1024, 3),
         (1, 3072, 16),
+        # source rows a multiple of 1 KiB apart: blocks along the rows
+        (1, 49, 2048),
+        (2, 35, 1024),
+        (1, 7, 256),
+        (3, 100, 512),
     ],
 )
 def test_transpose_matches_numpy(rng, threads, b, r, c):
@@ -63,7 +68,9 @@ def _at_offset(shape, floats):
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("offset", [0, 1, 4, 7, 8, 12, 15])
-@pytest.mark.parametrize("b, r, c", [(1, 12544, 64), (2, 48, 33), (1, 17, 5), (3, 32, 130), (1, 1024, 24)])
+@pytest.mark.parametrize(
+    "b, r, c", [(1, 12544, 64), (2, 48, 33), (1, 17, 5), (3, 32, 130), (1, 1024, 24), (1, 49, 1024), (2, 40, 256)]
+)
 def test_transpose_into_a_destination_off_a_vector(rng, threads, offset, b, r, c):
     """A destination whose rows start a few floats past a vector's boundary (numpy allocates
     on 16 bytes): the rows before the first aligned one as a partial block, tiles shifted so
@@ -85,6 +92,10 @@ def test_transpose_of_strided_views(rng):
     dst = np.empty((3, 7, 5), np.float32)
     _core.transpose(wide, dst)
     np.testing.assert_array_equal(dst, wide.transpose(0, 2, 1))
+    aliased = rng.standard_normal((2, 37, 512)).astype(np.float32)[:, :, 3:103]  # rows 2 KiB apart
+    dst = np.empty((2, 100, 37), np.float32)
+    _core.transpose(aliased, dst)
+    np.testing.assert_array_equal(dst, aliased.transpose(0, 2, 1))
     far = rng.standard_normal((2, 40, 700)).astype(np.float32)[:, ::3, 5:300]  # rows 2,100 floats apart
     dst = np.empty((2, 295, 14), np.float32)
     _core.transpose(far, dst)
