@@ -481,6 +481,20 @@ static void pool_plane_fill(float *d, int64_t n, float fill) {
     for (; k < n; ++k) d[k] = fill;
 }
 
+/* d[0:n] = s[0:n], a row of the buffer: on AVX-512 in vectors, the last one masked (the
+ * inlined copy took 0.9x the time of a memcpy call per row in a 3x3 depthwise band on 56
+ * columns); elsewhere by memcpy (AVX2's masked stores are slow on AMD cores: pools on this
+ * buffer lost 10-16 % with them, docs/design.md). */
+FL_INLINE void pool_plane_copy(float *d, const float *s, int64_t n) {
+#if FL_VW == 16 && defined(__AVX512F__)
+    int64_t k = 0;
+    for (; k + FL_VW <= n; k += FL_VW) fl_store(d + k, fl_load(s + k));
+    if (k < n) fl_store_n(d + k, fl_load_n(s + k, n - k), n - k);
+#else
+    memcpy(d, s, (size_t)n * sizeof(float));
+#endif
+}
+
 /* A unit's input rows into its buffer, split in sw column phases (pool_internal.h). */
 void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, int64_t nr,
                               int64_t pl, int64_t sw, int64_t len, float fill, float *buf) {
@@ -511,7 +525,7 @@ void FL_FN(pool_plane_gather)(const float *x, int64_t h, int64_t w, int64_t r0, 
             }
             const float *s = x + ih * w;
             pool_plane_fill(d, lo, fill);
-            if (sw == 1) memcpy(d + lo, s + lo - pl, (size_t)(hi - lo) * sizeof(float));
+            if (sw == 1) pool_plane_copy(d + lo, s + lo - pl, hi - lo);
             else
                 for (int64_t k = lo; k < hi; ++k) d[k] = s[k * sw + q - pl];
             pool_plane_fill(d + hi, len - hi, fill);
