@@ -429,10 +429,10 @@ class Plan:
 
 def profile_plan(plan, name, arrays, repeats: int, threads: int, pause: float):
     """The profile (``profile.Profile``) of ``repeats`` calls of native ``plan`` on ``arrays``
-    (each after ``pause`` seconds; one untimed call before them): per node lowered, the median over the calls of its steps'
-    time, its kernel ``native`` (its steps bound in the plan), ``alias`` (none: a view of its
-    input's memory) or ``python`` (its function run inside the plan); None where another call
-    runs the plan now."""
+    (each after ``pause`` seconds; one untimed call before them): per node lowered, the median
+    over the calls of its steps' time, its kernel ``native`` (its steps bound in the plan),
+    ``alias`` (none: a view of its input's memory) or ``python`` (its function run inside the
+    plan); None where another call runs the plan now."""
     from .profile import Profile, Step, body_detail, node_detail
 
     fed = [arrays[k] for k in plan.fed]
