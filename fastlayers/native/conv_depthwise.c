@@ -324,8 +324,9 @@ FL_INLINE void conv_plane_row(const float *b, const int64_t *off, const float *w
 }
 
 #if FL_VW == 16 && defined(__AVX512F__)
-/* The floats lo[j:] then hi[:j] (j < FL_VW, a constant once unrolled): the window column j of
- * the vector lo, from the two whole vectors it spans (one valignd). */
+/* The floats lo[j:] then hi[:j] (j <= 4, a constant once unrolled: the bands' windows are 3
+ * or 5 columns wide): the window column j of the vector lo, from the two whole vectors it
+ * spans (one valignd). */
 FL_INLINE fl_vf conv_band_shift(fl_vf lo, fl_vf hi, int j) {
     __m512i l = _mm512_castps_si512((__m512)lo), h = _mm512_castps_si512((__m512)hi);
     switch (j) {
