@@ -102,9 +102,15 @@ FL_INLINE void layout_block(const float *s, int64_t sld, float *d, int64_t dld) 
 
 /* The same for i < nr, j < nc (a tile's ragged edge, nr, nc <= FL_VW): masked loads and
  * stores around the same permutes. Float by float, the edge of a transpose whose rows are few
- * (24 channels: 16 in blocks, 8 left) took most of the time of an NHWC -> NCHW move. */
+ * (24 channels: 16 in blocks, 8 left) took most of the time of an NHWC -> NCHW move; an edge of
+ * at most 2 FL_VW floats (a row or column or two) goes float by float. */
 FL_INLINE void layout_edge(const float *s, int64_t sld, float *d, int64_t dld, int64_t nr,
                            int64_t nc) {
+    if (nr * nc <= 2 * FL_VW) { /* a thin edge (a row or two): fewer moves than the permutes */
+        for (int64_t i = 0; i < nr; ++i)
+            for (int64_t j = 0; j < nc; ++j) d[j * dld + i] = s[i * sld + j];
+        return;
+    }
     fl_vf r[FL_VW];
     for (int i = 0; i < FL_VW; ++i)
         r[i] = i < nr ? (nc == FL_VW ? fl_load(s + i * sld) : fl_load_n(s + i * sld, nc))

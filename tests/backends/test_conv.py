@@ -786,7 +786,8 @@ def test_depthwise_3x3_on_threads(isa, n_threads, channels, strides, pads, dilat
 def test_depthwise_wide_windows(isa, n_threads, channels, shape_hw, k, strides, pads):
     """5- and 7-wide windows: the stride-1 passes of 8 (4 on AVX2) outputs sharing their loads,
     their column and channel tails, and the window rows outside x skipped, against the
-    reference."""
+    reference (on these planes 8 channels or more run in channel blocks; the passes on wider
+    planes: ``test_depthwise_blocks.py``)."""
     x, w, b = arr(0, (2, *shape_hw, channels)), arr(1, (*k, channels, 1)), arr(2, (channels,))
     args = (x, w, b, strides, pads, (1, 1), "hard_silu", 0.0)
     with threads(n_threads):

@@ -1,0 +1,190 @@
+/* Depthwise convolutions (multiplier 1) of small planes in blocks of FL_VW channels, for
+ * depthwise_conv2d (NHWC) and depthwise_conv2d_nchw (conv_depthwise.c; which shapes:
+ * conv_blocks_fit). Each block's pixels are moved into one zero-bordered buffer (the padding),
+ * each pixel's FL_VW channels a vector (NHWC: one load per pixel; NCHW: a transpose of the
+ * block's planes in registers, then its rows copied between the borders), its windows summed
+ * CONV_BLOCKS_P outputs of a row per pass with each tap's weight vector, and the outputs moved
+ * back (NCHW: transposed into their planes); a block's buffers stay in L1 / L2. No window needs
+ * clipping and every output is a full vector of channels: the plane kernels ran vectors of 16
+ * columns over rows of 7 or 14 and set up every row, and the NHWC kernel summed the pixels
+ * whose windows cross an edge one at a time (docs/design.md, "Depthwise convolutions on small
+ * planes"). Compiled once per ISA (kernels.inc). */
+
+#include <string.h>
+
+#include "conv_internal.h"
+#include "layout_internal.h"
+#include "pool_internal.h"
+#include "threadpool.h"
+
+/* The fewest channels the channel blocks take. */
+#define CONV_BLOCKS_MIN_C 8
+
+/* Most outputs of a row summed per pass (their sums, a weight vector and, at stride 1, the
+ * window row's inputs in registers), and the widest window whose inputs a pass keeps. */
+#define CONV_BLOCKS_P (FL_VW >= 16 ? 8 : 4)
+#define CONV_BLOCKS_KW 5
+
+typedef struct {
+    const float *x, *wk, *bias;
+    float *y;
+    int nhwc; /* x and y (N, H, W, C), wk (kh, kw, C); else x and y NCHW planes, wk (C, kh, kw) */
+    int64_t c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
+    int64_t hp, wp, p; /* the padded block's rows and columns, outputs per pass */
+    int code, status;
+    float alpha;
+} conv_blocks_ctx;
+
+/* Whether a depthwise convolution of c channels (multiplier m) on planes of h x w through a kh x
+ * kw window at column stride sw runs in channel blocks, on NHWC memory (nhwc) or NCHW planes.
+ * Where it beat the other kernels on the AMD EPYC Zen 5 host (docs/design.md): NCHW planes up
+ * to 28 x 28 and 7 x 7 windows up to 64 x 64 (the plane kernels' rows of 7 to 28 columns left
+ * their vectors part empty and set up every row); on NHWC, planes up to 8 x 8, 7 x 7 windows up
+ * to 28 x 28, 5 x 5 up to 16 x 16 and, on AVX-512, at stride 2 up to 28 x 28 (the NHWC kernel
+ * sums the pixels whose windows cross an edge one at a time, in one chain each). */
+FL_INLINE int conv_blocks_fit(int nhwc, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sw,
+                              int64_t m) {
+    if (FL_VW < 8 || m != 1 || c < CONV_BLOCKS_MIN_C) return 0;
+    int64_t plane = h * w;
+    if (!nhwc) return plane <= 28 * 28 || (kh * kw >= 49 && plane <= 64 * 64);
+    if (plane <= 8 * 8) return 1;
+    if (kw >= 7) return plane <= 28 * 28;
+    return kw >= 5 && (plane <= 16 * 16 || (FL_VW >= 16 && sw == 2 && plane <= 28 * 28));
+}
+
+/* ob[(oh wo + ow + u) FL_VW + 0:FL_VW] = f(bias + sum over taps (i, j) of xb[((oh sh + i dh) wp
+ * + (ow + u) sw + j dw) FL_VW + 0:FL_VW] wt[(i kw + j) FL_VW + 0:FL_VW]) for u < P: P pixels'
+ * sums of one row, each tap's weight vector loaded once for the P of them. Where KW > 0 (the
+ * window's width; S the column stride, dilation 1) each window row's (P - 1) S + KW input
+ * vectors are loaded once for its P KW products. */
+FL_INLINE void conv_blocks_pass(const int P, const int KW, const int S, const conv_blocks_ctx *p, const float *xb,
+                                const float *wt, const float *bias, int64_t nc, int64_t oh, int64_t ow,
+                                float *ob) {
+    fl_vf s[CONV_BLOCKS_P];
+    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] = fl_set1(0.0f);
+    int64_t step = p->sw * FL_VW, dj = p->dw * FL_VW;
+    for (int64_t i = 0; i < p->kh; ++i) {
+        const float *r = xb + ((oh * p->sh + i * p->dh) * p->wp + ow * p->sw) * FL_VW;
+        const float *wr = wt + i * p->kw * FL_VW;
+        if (KW > 0) {
+            fl_vf xv[(CONV_BLOCKS_P - 1) * 2 + CONV_BLOCKS_KW];
+            _Pragma("GCC unroll 20") for (int u = 0; u < (P - 1) * S + KW; ++u) xv[u] = fl_load(r + u * FL_VW);
+            _Pragma("GCC unroll 8") for (int j = 0; j < KW; ++j) {
+                fl_vf wv = fl_load(wr + j * FL_VW);
+                _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] += xv[u * S + j] * wv;
+            }
+            continue;
+        }
+        for (int64_t j = 0; j < p->kw; ++j) {
+            fl_vf wv = fl_load(wr + j * FL_VW);
+            _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] += fl_load(r + j * dj + u * step) * wv;
+        }
+    }
+    float *o = ob + (oh * p->wo + ow) * FL_VW;
+    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u)
+        fl_store(o + u * FL_VW, conv_epi(s[u], bias, nc, p->code, p->alpha));
+}
+
+/* The block's output rows in passes of P pixels (rows in order: a pass past a row's end writes
+ * the next row's first pixels, which that row's passes write again). */
+FL_INLINE void conv_blocks_rows(const int P, const int KW, const int S, const conv_blocks_ctx *p,
+                                const float *xb, const float *wt, const float *bias, int64_t nc, float *ob) {
+    for (int64_t oh = 0; oh < p->ho; ++oh)
+        for (int64_t ow = 0; ow < p->wo; ow += P) conv_blocks_pass(P, KW, S, p, xb, wt, bias, nc, oh, ow, ob);
+}
+
+/* conv_blocks_rows at the context's pass width (CONV_BLOCKS_P or one less, whichever wastes
+ * fewer pixels past a row's end) and window. */
+static void conv_blocks_run(const conv_blocks_ctx *p, const float *xb, const float *wt, const float *bias,
+                            int64_t nc, float *ob) {
+    int kept = p->dw == 1 && (p->sw == 1 || p->sw == 2) && (p->kw == 3 || p->kw == 5);
+    int kw = kept ? (int)p->kw : 0, s2 = p->sw == 2;
+#define CONV_BLOCKS_RUN(P)                                                              \
+    do {                                                                                \
+        if (kw == 3 && !s2) conv_blocks_rows(P, 3, 1, p, xb, wt, bias, nc, ob);         \
+        else if (kw == 5 && !s2) conv_blocks_rows(P, 5, 1, p, xb, wt, bias, nc, ob);    \
+        else if (kw == 3) conv_blocks_rows(P, 3, 2, p, xb, wt, bias, nc, ob);           \
+        else if (kw == 5) conv_blocks_rows(P, 5, 2, p, xb, wt, bias, nc, ob);           \
+        else conv_blocks_rows(P, 0, 0, p, xb, wt, bias, nc, ob);                        \
+    } while (0)
+    if (p->p == CONV_BLOCKS_P) CONV_BLOCKS_RUN(CONV_BLOCKS_P);
+    else CONV_BLOCKS_RUN(CONV_BLOCKS_P - 1);
+#undef CONV_BLOCKS_RUN
+}
+
+/* Units [u0, u1) = (image, block of FL_VW channels). */
+static void conv_blocks_task(void *arg, int64_t u0, int64_t u1) {
+    conv_blocks_ctx *p = (conv_blocks_ctx *)arg;
+    int64_t c = p->c, h = p->h, w = p->w, hw = h * w, howo = p->ho * p->wo, nt = p->kh * p->kw;
+    int64_t groups = (c + FL_VW - 1) / FL_VW, wp = p->wp;
+    int64_t in_floats = p->hp * wp * FL_VW;
+    /* the moved planes and then the outputs (a pass's last pixels run up to P - 1 past the
+     * plane's end), and the block's weights */
+    int64_t out_floats = (FL_MAX(hw, howo) + p->p) * FL_VW;
+    float *xb = fl_buf_floats(&FL_FN(pool_plane_buf), (size_t)(in_floats + out_floats + nt * FL_VW));
+    if (!xb) {
+        p->status = -1;
+        return;
+    }
+    float *ob = xb + in_floats, *wt = ob + out_floats;
+    /* the borders: rows above and below x's, columns left and right of each of its rows (the
+     * block's pixels overwrite the rest) */
+    int64_t right = wp - p->pl - w;
+    memset(xb, 0, (size_t)(p->pt * wp * FL_VW) * sizeof(float));
+    memset(xb + (p->pt + h) * wp * FL_VW, 0, (size_t)((p->hp - p->pt - h) * wp * FL_VW) * sizeof(float));
+    for (int64_t ih = 0; ih < h; ++ih) {
+        float *row = xb + (p->pt + ih) * wp * FL_VW;
+        memset(row, 0, (size_t)(p->pl * FL_VW) * sizeof(float));
+        memset(row + (p->pl + w) * FL_VW, 0, (size_t)(right * FL_VW) * sizeof(float));
+    }
+    int64_t row0 = p->pt * wp + p->pl; /* x's first pixel in the buffer */
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t n = u / groups, c0 = (u % groups) * FL_VW, nc = FL_MIN(FL_VW, c - c0);
+        const float *bias = p->bias ? p->bias + c0 : 0;
+        if (p->nhwc) { /* each pixel's channels [c0, c0 + nc) one (masked) load, zeros past c */
+            const float *xn = p->x + n * hw * c + c0;
+            for (int64_t ih = 0; ih < h; ++ih)
+                for (int64_t iw = 0; iw < w; ++iw)
+                    fl_store(xb + (row0 + ih * wp + iw) * FL_VW, pool_ld(xn + (ih * w + iw) * c, nc));
+            for (int64_t t = 0; t < nt; ++t) fl_store(wt + t * FL_VW, pool_ld(p->wk + t * c + c0, nc));
+            conv_blocks_run(p, xb, wt, bias, nc, ob);
+            float *yn = p->y + n * howo * c + c0;
+            for (int64_t q = 0; q < howo; ++q) pool_st(yn + q * c, fl_load(ob + q * FL_VW), nc);
+            continue;
+        }
+        if (nc < FL_VW) { /* a last block's lanes past c: zeros, not what a buffer held */
+            memset(ob, 0, (size_t)(hw * FL_VW) * sizeof(float));
+            memset(wt, 0, (size_t)(nt * FL_VW) * sizeof(float));
+        }
+        /* ob[px FL_VW + k] = x[n, c0 + k, px], then its rows between the borders */
+        layout_small(p->x + (n * c + c0) * hw, hw, ob, FL_VW, nc, hw);
+        for (int64_t ih = 0; ih < h; ++ih) {
+            float *d = xb + (row0 + ih * wp) * FL_VW;
+            const float *src = ob + ih * w * FL_VW;
+            for (int64_t k = 0; k < w * FL_VW; k += FL_VW) fl_store(d + k, fl_load(src + k)); /* (memcpy's call cost more) */
+        }
+        layout_small(p->wk + c0 * nt, nt, wt, FL_VW, nc, nt); /* wt[t FL_VW + k] = wk[c0 + k, t] */
+        conv_blocks_run(p, xb, wt, bias, nc, ob);
+        layout_small(ob, FL_VW, p->y + (n * c + c0) * howo, howo, howo, nc); /* y[n, c0 + k] */
+    }
+}
+
+/* A depthwise convolution (multiplier 1) of x (N, C, H, W), weights wk (C, kh, kw), into y (N,
+ * C, Ho, Wo); with nhwc x (N, H, W, C), wk (kh, kw, C), y (N, Ho, Wo, C): in channel blocks
+ * (conv_blocks_task). */
+static int conv_blocks(int nhwc, int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                       int64_t ho, int64_t wo, const float *wk, const float *bias, int code, float alpha,
+                       float *y) {
+    /* every window of the passes inside the buffer: ho rows, wo columns rounded up to whole
+     * passes, besides x's own rows and columns */
+    int64_t per = CONV_BLOCKS_P, less = CONV_BLOCKS_P - 1;
+    if ((wo + less - 1) / less * less < (wo + per - 1) / per * per) per = less; /* 7, 14, 28 */
+    int64_t wo_passes = (wo + per - 1) / per * per;
+    int64_t hp = FL_MAX(pt + h, (ho - 1) * sh + (kh - 1) * dh + 1);
+    int64_t wp = FL_MAX(pl + w, (wo_passes - 1) * sw + (kw - 1) * dw + 1);
+    conv_blocks_ctx p = {x, wk, bias, y, nhwc, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, hp, wp, per, code, 0, alpha};
+    int64_t units = n * ((c + FL_VW - 1) / FL_VW), per_unit = FL_MAX(1, ho * wo * kh * kw * FL_VW);
+    fl_parallel(units, FL_MAX(1, CONV_MIN_SHARE_TAPS / per_unit), conv_blocks_task, &p);
+    return p.status;
+}
