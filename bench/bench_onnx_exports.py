@@ -98,6 +98,18 @@ KERNELS = {
     "depthwise3x3s2_b1": (lambda nn: nn.Conv2d(128, 128, 3, 2, 1, groups=128), (1, 128, 56, 56), (1, 128, 14, 14)),
     "depthwise5x5_b1": (lambda nn: nn.Conv2d(120, 120, 5, 1, 2, groups=120), (1, 120, 28, 28), (1, 120, 14, 14)),
     "depthwise5x5s2_b1": (lambda nn: nn.Conv2d(72, 72, 5, 2, 2, groups=72), (1, 72, 56, 56), (1, 72, 14, 14)),
+    # MobileNetV3-Large's depthwise convolutions on 14 x 14 and 7 x 7
+    "depthwise3x3_14x14_b1": (
+        lambda nn: nn.Conv2d(480, 480, 3, 1, 1, groups=480),
+        (1, 480, 14, 14),
+        (1, 480, 7, 7),
+    ),
+    "depthwise5x5s2_14x14_b1": (
+        lambda nn: nn.Conv2d(672, 672, 5, 2, 2, groups=672),
+        (1, 672, 14, 14),
+        (1, 672, 7, 7),
+    ),
+    "depthwise5x5_7x7_b1": (lambda nn: nn.Conv2d(960, 960, 5, 1, 2, groups=960), (1, 960, 7, 7), (1, 960, 7, 7)),
     "avgpool2x2_b1": (lambda nn: nn.AvgPool2d(2), (1, 64, 112, 112), (1, 64, 28, 28)),
     "avgpool3x3s1_b1": (
         lambda nn: nn.AvgPool2d(3, 1, 1, count_include_pad=False),

@@ -298,6 +298,17 @@ class Ops(Protocol):
         activation: str = ...,
         alpha: float = ...,
     ) -> Floats4d: ...
+    def depthwise_conv2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_ohw: Floats3d,
+        b: Floats1d | None,
+        strides: Pair = ...,
+        pads: Pads2d = ...,
+        dilation: Pair = ...,
+        activation: str = ...,
+        alpha: float = ...,
+    ) -> Callable[[Floats4d], Floats4d]: ...
     def adaptive_pool2d(self, x_nhwc: Floats4d, kind: str, out_hw: Pair) -> Floats4d: ...
     def global_pool(self, x: FloatsXd, kind: str, axes: tuple[int, ...], keepdims: bool = ...) -> FloatsXd: ...
     def roi_pool(self, x_nhwc: Floats4d, rois: Floats2d, output_size: Pair, spatial_scale: float = ...) -> Floats4d: ...

@@ -670,14 +670,21 @@ class ConvOps(ReferenceOps):
     def depthwise_conv2d_nchw(
         self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), activation="linear", alpha=0.0
     ):
-        n, c, h, w = x_nchw.shape
+        return self.depthwise_conv2d_nchw_plan(x_nchw.shape, w_ohw, b, strides, pads, dilation, activation, alpha)(
+            x_nchw
+        )
+
+    def depthwise_conv2d_nchw_plan(
+        self, x_shape, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), activation="linear", alpha=0.0
+    ):
+        n, c, h, w = x_shape
         cm, kh, kw = w_ohw.shape
         (sh, sw), (dh, dw) = strides, dilation
         (pt, pb), (pl, pr) = pads
         ho, wo = window_out_2d((h, w), (kh, kw), strides, dilation, pads)
         code = CODES.get(activation)
         if (
-            x_nchw.size == 0
+            n * c * h * w == 0
             or ho <= 0
             or wo <= 0
             or cm == 0
@@ -685,12 +692,16 @@ class ConvOps(ReferenceOps):
             or code is None
             or code in _SOFTMAX_CODES
         ):  # softmax over channels: the reference's NHWC epilogue
-            return ReferenceOps.depthwise_conv2d_nchw(
-                self, x_nchw, w_ohw, b, strides, pads, dilation, activation, alpha
+            return lambda x: ReferenceOps.depthwise_conv2d_nchw(
+                self, x, w_ohw, b, strides, pads, dilation, activation, alpha
             )
-        y = np.empty((n, cm, ho, wo), np.float32)
-        _core.depthwise_conv2d_nchw(_f32c(x_nchw), _f32c(w_ohw), _bias(b), y, sh, sw, dh, dw, pt, pl, code, alpha)
-        return y
+        wk, bias, out = _f32c(w_ohw), _bias(b), (n, cm, ho, wo)
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            return _core.depthwise_conv2d_nchw(_f32c(x), wk, bias, y, sh, sw, dh, dw, pt, pl, code, alpha)
+
+        return run
 
     def global_pool(self, x, kind, axes, keepdims=False):
         # every axis between the batch and the channels: one (1, steps) window over NHWC rows

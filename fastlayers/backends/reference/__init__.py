@@ -648,6 +648,22 @@ class ReferenceOps:
         )
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
+    def depthwise_conv2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        w_ohw: Floats3d,
+        b: Floats1d | None,
+        strides: Pair = (1, 1),
+        pads: Pads2d = ((0, 0), (0, 0)),
+        dilation: Pair = (1, 1),
+        activation: str = "linear",
+        alpha: float = 0.0,
+    ) -> Callable[[Floats4d], Floats4d]:
+        """``depthwise_conv2d_nchw`` for C-contiguous NCHW inputs of shape ``x_shape`` (N, C, H,
+        W): a function ``x_nchw -> y_nchw`` with the weights, bias and geometry bound (a backend
+        with an NCHW kernel checks and converts them once here instead of at every call)."""
+        return lambda x: self.depthwise_conv2d_nchw(x, w_ohw, b, strides, pads, dilation, activation, alpha)
+
     def adaptive_pool2d(self, x_nhwc: Floats4d, kind: str, out_hw: Pair) -> Floats4d:
         """Max or average over torch's adaptive bins."""
         from . import conv as rc

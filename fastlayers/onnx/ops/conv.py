@@ -106,16 +106,16 @@ def _conv(inputs, attrs, opset):
     if wide:
         created([x.shape[0] * cout, *out_hw], np.float32, "Conv")
     post = attrs.get("_post_affine")  # FusedConv: y scale + shift per channel after all
-    planes = nchw_planes(x) if cin_g == 1 and group > 1 else None
-    if planes is not None:
-        # depthwise on NCHW planes: w (C m, kh, kw)
+    depthwise = None  # a depthwise convolution of NCHW planes into NCHW planes
+    dw_planes = nchw_planes(x) if cin_g == 1 and group > 1 else None
+    if dw_planes is not None:  # w (C m, kh, kw)
         w_ohw = (
             np.ascontiguousarray(w4[:, 0], dtype=np.float32)
             if w4 is not None
             else derived(w_hwio, "onnx-depthwise-ohw", lambda a: np.ascontiguousarray(a[:, :, 0].transpose(2, 0, 1)))
         )
-        y = get_ops().depthwise_conv2d_nchw(
-            planes,
+        depthwise = ops.depthwise_conv2d_nchw_plan(
+            dw_planes.shape,
             w_ohw,
             None if b is None else f32(b),
             strides,
@@ -124,9 +124,6 @@ def _conv(inputs, attrs, opset):
             attrs.get("activation", "linear"),
             attrs.get("alpha", 0.0),
         )
-        y = y[:, :, 0] if one_d else y
-        y = y if post is None else _scaled_shifted(y, post)
-        return [y if residual is None else add_activated(y, rest[0], *residual)]
     args = (
         w_hwio,
         None if b is None else f32(b),
@@ -139,7 +136,13 @@ def _conv(inputs, attrs, opset):
     )
     planes = nchw_planes(x) if group == 1 else None
     # the residual Add in the kernel's epilogue: x (and, at each call, r) views of NHWC memory
-    in_kernel = residual is not None and post is None and not one_d and channels_last_memory(x) is not None
+    in_kernel = (
+        depthwise is None
+        and residual is not None
+        and post is None
+        and not one_d
+        and channels_last_memory(x) is not None
+    )
     pointwise = None  # a 1x1 convolution of NCHW planes into NCHW planes, where the backend has one
     if planes is not None and planes_pointwise((kh, kw), group, strides, pads, residual, post):
         w_oi = w4[:, :, 0, 0] if w4 is not None else derived(w_hwio, "onnx-conv-oi", oi_of_hwio)
@@ -149,7 +152,9 @@ def _conv(inputs, attrs, opset):
     to_planes = None
     if planes is not None and pointwise is None and residual is None and post is None:
         to_planes = ops.conv2d_planes_plan(planes.shape, *args, output=bool(attrs.get("_planes_out")))
-    if in_kernel:
+    if depthwise is not None:
+        run = (lambda x: depthwise(x[:, :, None, :])[:, :, 0]) if one_d else depthwise
+    elif in_kernel:
         run = _with_residual_in_kernel(ops.conv2d_residual_plan(to_nhwc(x, False).shape, *args, *residual), residual)
     elif pointwise is not None:
         run = (lambda x: pointwise(x[:, :, None, :])[:, :, 0]) if one_d else pointwise
