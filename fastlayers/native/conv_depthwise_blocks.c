@@ -52,45 +52,64 @@ FL_INLINE int conv_blocks_fit(int nhwc, int64_t c, int64_t h, int64_t w, int64_t
     return kw >= 5 && (plane <= 16 * 16 || (FL_VW >= 16 && sw == 2 && plane <= 28 * 28));
 }
 
-/* ob[(oh wo + ow + u) FL_VW + 0:FL_VW] = f(bias + sum over taps (i, j) of xb[((oh sh + i dh) wp
- * + (ow + u) sw + j dw) FL_VW + 0:FL_VW] wt[(i kw + j) FL_VW + 0:FL_VW]) for u < P: P pixels'
- * sums of one row, each tap's weight vector loaded once for the P of them. Where KW > 0 (the
- * window's width; S the column stride, dilation 1) each window row's (P - 1) S + KW input
- * vectors are loaded once for its P KW products. */
-FL_INLINE void conv_blocks_pass(const int P, const int KW, const int S, const conv_blocks_ctx *p, const float *xb,
-                                const float *wt, const float *bias, int64_t nc, int64_t oh, int64_t ow,
-                                float *ob) {
-    fl_vf s[CONV_BLOCKS_P];
-    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] = fl_set1(0.0f);
+/* ob[((oh + r) wo + ow + u) FL_VW + 0:FL_VW] = f(bias + sum over taps (i, j) of xb[(((oh + r) sh
+ * + i dh) wp + (ow + u) sw + j dw) FL_VW + 0:FL_VW] wt[(i kw + j) FL_VW + 0:FL_VW]) for r < R, u <
+ * P: P pixels' sums of R rows (2 R P independent chains), each tap's weight vector loaded once
+ * for a row's P of them. Where KW > 0 (the window's width; S the column stride, dilation 1)
+ * each window row's (P - 1) S + KW input vectors are loaded once for its P KW products. */
+FL_INLINE void conv_blocks_pass(const int P, const int R, const int KW, const int S, const conv_blocks_ctx *p,
+                                const float *xb, const float *wt, const float *bias, int64_t nc, int64_t oh,
+                                int64_t ow, float *ob) {
+    fl_vf s[2][CONV_BLOCKS_P];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+        _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[r][u] = fl_set1(0.0f);
+    }
     int64_t step = p->sw * FL_VW, dj = p->dw * FL_VW;
     for (int64_t i = 0; i < p->kh; ++i) {
-        const float *r = xb + ((oh * p->sh + i * p->dh) * p->wp + ow * p->sw) * FL_VW;
         const float *wr = wt + i * p->kw * FL_VW;
-        if (KW > 0) {
-            fl_vf xv[(CONV_BLOCKS_P - 1) * 2 + CONV_BLOCKS_KW];
-            _Pragma("GCC unroll 20") for (int u = 0; u < (P - 1) * S + KW; ++u) xv[u] = fl_load(r + u * FL_VW);
-            _Pragma("GCC unroll 8") for (int j = 0; j < KW; ++j) {
-                fl_vf wv = fl_load(wr + j * FL_VW);
-                _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] += xv[u * S + j] * wv;
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+            const float *x = xb + (((oh + r) * p->sh + i * p->dh) * p->wp + ow * p->sw) * FL_VW;
+            if (KW > 0) {
+                fl_vf xv[(CONV_BLOCKS_P - 1) * 2 + CONV_BLOCKS_KW];
+                _Pragma("GCC unroll 20") for (int u = 0; u < (P - 1) * S + KW; ++u) xv[u] = fl_load(x + u * FL_VW);
+                _Pragma("GCC unroll 8") for (int j = 0; j < KW; ++j) {
+                    fl_vf wv = fl_load(wr + j * FL_VW);
+                    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[r][u] += xv[u * S + j] * wv;
+                }
+                continue;
             }
-            continue;
-        }
-        for (int64_t j = 0; j < p->kw; ++j) {
-            fl_vf wv = fl_load(wr + j * FL_VW);
-            _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[u] += fl_load(r + j * dj + u * step) * wv;
+            for (int64_t j = 0; j < p->kw; ++j) {
+                fl_vf wv = fl_load(wr + j * FL_VW);
+                _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) s[r][u] += fl_load(x + j * dj + u * step) * wv;
+            }
         }
     }
-    float *o = ob + (oh * p->wo + ow) * FL_VW;
-    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u)
-        fl_store(o + u * FL_VW, conv_epi(s[u], bias, nc, p->code, p->alpha));
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+        float *o = ob + ((oh + r) * p->wo + ow) * FL_VW;
+        _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u)
+            fl_store(o + u * FL_VW, conv_epi(s[r][u], bias, nc, p->code, p->alpha));
+    }
 }
 
-/* The block's output rows in passes of P pixels (rows in order: a pass past a row's end writes
- * the next row's first pixels, which that row's passes write again). */
+/* The block's output rows, two at a time where both rows' sums and one row's inputs fit the
+ * registers, in passes of P pixels, the last pass of a row ending at its last pixel (it sums
+ * some of the pass before's again). Rows narrower than P: one at a time, in order, a pass past
+ * a row's end writing the next row's first pixels, which that row's passes write again. */
 FL_INLINE void conv_blocks_rows(const int P, const int KW, const int S, const conv_blocks_ctx *p,
                                 const float *xb, const float *wt, const float *bias, int64_t nc, float *ob) {
-    for (int64_t oh = 0; oh < p->ho; ++oh)
-        for (int64_t ow = 0; ow < p->wo; ow += P) conv_blocks_pass(P, KW, S, p, xb, wt, bias, nc, oh, ow, ob);
+    const int two = 2 * P + (KW > 0 ? (P - 1) * S + KW : 1) + 1 <= (FL_VW >= 16 ? 31 : 15);
+    int64_t ho = p->ho, wo = p->wo, oh = 0;
+    if (wo < P || !two) {
+        for (; oh < ho; ++oh)
+            for (int64_t ow = 0; ow < wo; ow += P) conv_blocks_pass(P, 1, KW, S, p, xb, wt, bias, nc, oh, ow, ob);
+        return;
+    }
+    for (; oh + 2 <= ho; oh += 2)
+        for (int64_t ow = 0; ow < wo; ow += P)
+            conv_blocks_pass(P, 2, KW, S, p, xb, wt, bias, nc, oh, FL_MIN(ow, wo - P), ob);
+    if (oh < ho)
+        for (int64_t ow = 0; ow < wo; ow += P)
+            conv_blocks_pass(P, 1, KW, S, p, xb, wt, bias, nc, oh, FL_MIN(ow, wo - P), ob);
 }
 
 /* conv_blocks_rows at the context's pass width (CONV_BLOCKS_P or one less, whichever wastes
