@@ -266,7 +266,7 @@ int FL_FN(depthwise_conv2d)(int64_t n, int64_t h, int64_t w, int64_t c, const fl
     if (n <= 0 || ho <= 0 || wo <= 0 || c <= 0 || m <= 0) return 0;
     if (!conv_code_ok(code) || kh < 1 || kw < 1) return -2;
     if (conv_blocks_fit(1, c, h, w, kh, kw, sw, m))
-        return conv_blocks(1, n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y);
+        return FL_FN(depthwise_blocks)(1, n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y);
     conv_dw_ctx p = {x, wk, bias, y, h, w, c, kh, kw, m, sh, sw, dh, dw, pt, pl, ho, wo, code, 0,
                      alpha};
     fl_parallel(n * ho, FL_MAX(1, CONV_MIN_SHARE_TAPS / (wo * c * m * kh * kw)), conv_dw_task,
@@ -863,7 +863,7 @@ int FL_FN(depthwise_conv2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, con
         pt < 0 || pl < 0)
         return -2;
     if (conv_blocks_fit(0, c, h, w, kh, kw, sw, m))
-        return conv_blocks(0, n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y);
+        return FL_FN(depthwise_blocks)(0, n, c, h, w, x, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, wk, bias, code, alpha, y);
     if (pool_flat_fits(sh, sw, w, wo, ho) && kw <= CONV_FLAT_COLS && kh <= CONV_FLAT_KH)
         return conv_flat(n, c, h, w, x, m, kh, kw, dh, dw, pt, pl, ho, wk, bias, code, alpha, y);
 #ifdef CONV_S2

@@ -17,9 +17,6 @@
 #include "pool_internal.h"
 #include "threadpool.h"
 
-/* The fewest channels the channel blocks take. */
-#define CONV_BLOCKS_MIN_C 8
-
 /* Most outputs of a row summed per pass (their sums, a weight vector and, at stride 1, the
  * window row's inputs in registers), and the widest window whose inputs a pass keeps. */
 #define CONV_BLOCKS_P (FL_VW >= 16 ? 8 : 4)
@@ -34,23 +31,6 @@ typedef struct {
     int code, status;
     float alpha;
 } conv_blocks_ctx;
-
-/* Whether a depthwise convolution of c channels (multiplier m) on planes of h x w through a kh x
- * kw window at column stride sw runs in channel blocks, on NHWC memory (nhwc) or NCHW planes.
- * Where it beat the other kernels on the AMD EPYC Zen 5 host (docs/design.md): NCHW planes up
- * to 28 x 28 and 7 x 7 windows up to 64 x 64 (the plane kernels' rows of 7 to 28 columns left
- * their vectors part empty and set up every row); on NHWC, planes up to 8 x 8, 7 x 7 windows up
- * to 28 x 28, 5 x 5 up to 16 x 16 and, on AVX-512, at stride 2 up to 28 x 28 (the NHWC kernel
- * sums the pixels whose windows cross an edge one at a time, in one chain each). */
-FL_INLINE int conv_blocks_fit(int nhwc, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sw,
-                              int64_t m) {
-    if (FL_VW < 8 || m != 1 || c < CONV_BLOCKS_MIN_C) return 0;
-    int64_t plane = h * w;
-    if (!nhwc) return plane <= 28 * 28 || (kh * kw >= 49 && plane <= 64 * 64);
-    if (plane <= 8 * 8) return 1;
-    if (kw >= 7) return plane <= 28 * 28;
-    return kw >= 5 && (plane <= 16 * 16 || (FL_VW >= 16 && sw == 2 && plane <= 28 * 28));
-}
 
 /* ob[((oh + r) wo + ow + u) FL_VW + 0:FL_VW] = f(bias + sum over taps (i, j) of xb[(((oh + r) sh
  * + i dh) wp + (ow + u) sw + j dw) FL_VW + 0:FL_VW] wt[(i kw + j) FL_VW + 0:FL_VW]) for r < R, u <
@@ -188,13 +168,11 @@ static void conv_blocks_task(void *arg, int64_t u0, int64_t u1) {
     }
 }
 
-/* A depthwise convolution (multiplier 1) of x (N, C, H, W), weights wk (C, kh, kw), into y (N,
- * C, Ho, Wo); with nhwc x (N, H, W, C), wk (kh, kw, C), y (N, Ho, Wo, C): in channel blocks
- * (conv_blocks_task). */
-static int conv_blocks(int nhwc, int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
-                       int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
-                       int64_t ho, int64_t wo, const float *wk, const float *bias, int code, float alpha,
-                       float *y) {
+/* depthwise_blocks (conv_internal.h): conv_blocks_task over the (image, block) units. */
+int FL_FN(depthwise_blocks)(int nhwc, int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh,
+                            int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                            int64_t ho, int64_t wo, const float *wk, const float *bias, int code, float alpha,
+                            float *y) {
     /* every window of the passes inside the buffer: ho rows, wo columns rounded up to whole
      * passes, besides x's own rows and columns */
     int64_t per = CONV_BLOCKS_P, less = CONV_BLOCKS_P - 1;
