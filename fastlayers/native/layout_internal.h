@@ -1,9 +1,13 @@
 /* What layout.c shares with the other kernel files of its ISA (the convolutions that write
- * NCHW planes): the register transposes of FL_VW x FL_VW blocks and of their ragged edges, and
- * a whole (rows, cols) transpose out of a cache-resident buffer built on them. */
+ * NCHW planes, the pools that move small planes to NHWC): its kernels, the register transposes
+ * of FL_VW x FL_VW blocks and of their ragged edges, and a whole (rows, cols) transpose out of
+ * a cache-resident buffer built on them. */
 #ifndef FL_LAYOUT_INTERNAL_H
 #define FL_LAYOUT_INTERNAL_H
 #include "fl.h"
+#include "layout.h"
+
+FL_LAYOUT_KERNELS(FL_DECLARE)
 
 /* Stage S of the register transpose: rows i and i + S (i & S == 0) trade the lanes j whose bit S
  * differs from the row's, so that after the stages for every bit, lane j of row i holds what was

@@ -7,7 +7,7 @@ most 32 columns, whole planes as flat arrays (rows fewer than the input's, taps 
 the row, planes over the bound); 2x2 windows at stride 2 inside the plane and 3x3 max windows
 at stride 2 with at most one row and column of padding before, each in one pass (odd sizes,
 ceil mode, one window, NaN in a window), and the others of those sizes on the buffered
-path."""
+path; planes of at most 64 pixels with 8 channels or more on NHWC memory."""
 
 from __future__ import annotations
 
@@ -104,6 +104,36 @@ def test_pool2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, kind, ci
     want = REF.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
     got = CPU.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
     assert got.shape == want.shape == (*shape[:2], *out)
+    assert_close(got, want)
+
+
+# planes of at most 64 pixels with 8 channels or more: pooled on NHWC memory (pool2d_nchw moves
+# them there and back)
+SMALL_PLANES = [
+    ((1, 16, 7, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
+    ((2, 37, 7, 7), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), True),  # a channel tail, ceil mode
+    ((1, 24, 7, 7), (7, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), False),  # one window over the plane
+    ((1, 8, 8, 8), (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0)), False),
+    ((1, 9, 3, 5), (3, 3), (1, 2), (2, 1), ((2, 1), (1, 2)), True),  # dilation, uneven pads
+    ((2, 16, 1, 1), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # one pixel
+    ((1, 8, 16, 4), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # 64 pixels
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("shape, k, s, d, pads, ceil", SMALL_PLANES)
+@pytest.mark.parametrize("kind, cip", [("max", False), ("avg", False), ("avg", True)])
+def test_pool2d_nchw_small_planes(rng, threads, shape, k, s, d, pads, ceil, kind, cip):
+    """Small planes of many channels, against the reference, with NaN in one window (it wins
+    the max, and the mean) and -inf in another."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 3, 0, 0] = np.nan
+    x[-1, -1, -1, -1] = -np.inf
+    out = tuple(_out(shape[2 + a], k[a], s[a], d[a], *pads[a], ceil) for a in range(2))
+    want = REF.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
+    got = CPU.pool2d_nchw(x, kind, k, s, pads, out, d, cip)
+    assert got.shape == want.shape == (*shape[:2], *out)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert_close(got, want)
 
 
