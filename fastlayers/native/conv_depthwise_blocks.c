@@ -126,16 +126,7 @@ static void conv_blocks_task(void *arg, int64_t u0, int64_t u1) {
         return;
     }
     float *ob = xb + in_floats, *wt = ob + out_floats;
-    /* the borders: rows above and below x's, columns left and right of each of its rows (the
-     * block's pixels overwrite the rest) */
-    int64_t right = wp - p->pl - w;
-    memset(xb, 0, (size_t)(p->pt * wp * FL_VW) * sizeof(float));
-    memset(xb + (p->pt + h) * wp * FL_VW, 0, (size_t)((p->hp - p->pt - h) * wp * FL_VW) * sizeof(float));
-    for (int64_t ih = 0; ih < h; ++ih) {
-        float *row = xb + (p->pt + ih) * wp * FL_VW;
-        memset(row, 0, (size_t)(p->pl * FL_VW) * sizeof(float));
-        memset(row + (p->pl + w) * FL_VW, 0, (size_t)(right * FL_VW) * sizeof(float));
-    }
+    layout_borders(xb, p->hp, wp, p->pt, p->pl, h, w, 0.0f); /* the block's pixels overwrite the rest */
     int64_t row0 = p->pt * wp + p->pl; /* x's first pixel in the buffer */
     for (int64_t u = u0; u < u1; ++u) {
         int64_t n = u / groups, c0 = (u % groups) * FL_VW, nc = FL_MIN(FL_VW, c - c0);
@@ -155,13 +146,7 @@ static void conv_blocks_task(void *arg, int64_t u0, int64_t u1) {
             memset(ob, 0, (size_t)(hw * FL_VW) * sizeof(float));
             memset(wt, 0, (size_t)(nt * FL_VW) * sizeof(float));
         }
-        /* ob[px FL_VW + k] = x[n, c0 + k, px], then its rows between the borders */
-        layout_small(p->x + (n * c + c0) * hw, hw, ob, FL_VW, nc, hw);
-        for (int64_t ih = 0; ih < h; ++ih) {
-            float *d = xb + (row0 + ih * wp) * FL_VW;
-            const float *src = ob + ih * w * FL_VW;
-            for (int64_t k = 0; k < w * FL_VW; k += FL_VW) fl_store(d + k, fl_load(src + k)); /* (memcpy's call cost more) */
-        }
+        layout_planes_in(p->x + (n * c + c0) * hw, hw, nc, h, w, ob, xb + row0 * FL_VW, wp);
         layout_small(p->wk + c0 * nt, nt, wt, FL_VW, nc, nt); /* wt[t FL_VW + k] = wk[c0 + k, t] */
         conv_blocks_run(p, xb, wt, bias, nc, ob);
         layout_small(ob, FL_VW, p->y + (n * c + c0) * howo, howo, howo, nc); /* y[n, c0 + k] */

@@ -150,4 +150,32 @@ FL_INLINE void layout_small(const float *s, int64_t sld, float *d, int64_t dld, 
         }
     }
 }
+/* A block of nc <= FL_VW NCHW planes of h x w (plane floats apart from x) as pixels of FL_VW
+ * channels in a buffer with borders, rows wp pixels apart: xb[(ih wp + iw) FL_VW + k] = x[k
+ * plane + ih w + iw] (xb: x's first pixel in the buffer), through tmp (h w FL_VW floats): the
+ * block transposed whole, then its rows copied (a row of 7 or 14 pixels transposed alone was a
+ * ragged block each; memcpy's call cost more than the copy). Lanes past nc: what tmp held. */
+FL_INLINE void layout_planes_in(const float *x, int64_t plane, int64_t nc, int64_t h, int64_t w, float *tmp,
+                                float *xb, int64_t wp) {
+    layout_small(x, plane, tmp, FL_VW, nc, h * w);
+    for (int64_t ih = 0; ih < h; ++ih) {
+        float *d = xb + ih * wp * FL_VW;
+        const float *s = tmp + ih * w * FL_VW;
+        for (int64_t k = 0; k < w * FL_VW; k += FL_VW) fl_store(d + k, fl_load(s + k));
+    }
+}
+
+/* The borders of a buffer of hp x wp pixels of FL_VW floats around an image of h x w whose first
+ * pixel is at row pt, column pl: every float outside the image set to fill. */
+FL_INLINE void layout_borders(float *xb, int64_t hp, int64_t wp, int64_t pt, int64_t pl, int64_t h, int64_t w,
+                              float fill) {
+    fl_vf v = fl_set1(fill);
+    for (int64_t r = 0; r < hp; ++r) {
+        float *row = xb + r * wp * FL_VW;
+        int inside = r >= pt && r < pt + h;
+        for (int64_t q = 0; q < wp; ++q)
+            if (!inside || q < pl || q >= pl + w) fl_store(row + q * FL_VW, v);
+    }
+}
+
 #endif

@@ -1024,12 +1024,124 @@ static void pool_3x3_task(void *arg, int64_t t0, int64_t t1) {
 }
 
 /* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
-/* Planes of at most POOL_NHWC_MAX_PLANE pixels and POOL_NHWC_MIN_C channels or more are pooled
- * on NHWC memory: 3x3/1 max on 832 x 7 x 7 31 -> 17 us, 7x7 mean on 1024 x 7 x 7 22 -> 10 us on
- * the AMD EPYC Zen 5 host, while on 14 x 14 and larger the three passes lost (docs/design.md,
- * "Depthwise convolutions on small planes"). */
-#define POOL_NHWC_MAX_PLANE 64
-#define POOL_NHWC_MIN_C 8
+/* ------------------------------------------------------ NCHW pools of small planes in blocks */
+/* Planes of at most 16 x 16 (8 channels or more, windows of at most POOL_RUN taps; not the 2x2
+ * windows at stride 2 inside the plane, which pool_2x2_task moves faster) in blocks of FL_VW
+ * channels, as conv_depthwise_blocks.c runs depthwise convolutions: the block's planes
+ * moved into a buffer of pixels of FL_VW channels (layout_planes_in) with borders of -inf (max)
+ * or 0 (mean), every window then whole inside it, POOL_BLOCKS_P outputs of a row per pass, and
+ * the outputs moved back into their planes. The plane kernels ran vectors of FL_VW columns
+ * over rows of 7 or 14 and set up every row (docs/design.md, "Depthwise convolutions on small
+ * planes"). */
+#define POOL_BLOCKS_P (FL_VW >= 16 ? 8 : 4)
+
+FL_INLINE int pool_blocks_fit(int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw) {
+    return FL_VW >= 8 && c >= 8 && h * w <= 16 * 16 && kh * kw <= POOL_RUN;
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    const float *inv; /* inv[oh wo + ow]: 1 / the taps a mean adds (1 past the plane) */
+    int64_t c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, hp, wp;
+    int is_max, status;
+} pool_blocks_ctx;
+
+/* ob[(oh wo + ow + u) FL_VW + 0:FL_VW] for u < P = the max (MAX 2: NaN wins; 1: the block holds
+ * no NaN) or the sum times inv of xb[((oh sh + i dh) wp + (ow + u) sw + j dw) FL_VW + 0:FL_VW]
+ * over the taps (i, j). */
+FL_INLINE void pool_blocks_pass(const int P, const int MAX, const pool_blocks_ctx *p, const float *xb, int64_t oh,
+                                int64_t ow, float *ob) {
+    fl_vf acc[POOL_BLOCKS_P];
+    fl_nan nan[POOL_BLOCKS_P];
+    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) {
+        acc[u] = fl_set1(MAX ? -__builtin_inff() : 0.0f);
+        nan[u] = fl_nan_none();
+    }
+    int64_t step = p->sw * FL_VW;
+    for (int64_t i = 0; i < p->kh; ++i) {
+        const float *r = xb + ((oh * p->sh + i * p->dh) * p->wp + ow * p->sw) * FL_VW;
+        for (int64_t j = 0; j < p->kw; ++j, r += p->dw * FL_VW) {
+            _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u) {
+                fl_vf v = fl_load(r + u * step);
+                if (MAX) {
+                    acc[u] = fl_vmax(acc[u], v);
+                    if (MAX == 2) nan[u] = fl_nan_add(nan[u], v);
+                } else {
+                    acc[u] += v;
+                }
+            }
+        }
+    }
+    float *o = ob + (oh * p->wo + ow) * FL_VW;
+    const float *inv = p->inv + oh * p->wo + ow;
+    _Pragma("GCC unroll 8") for (int u = 0; u < P; ++u)
+        fl_store(o + u * FL_VW, MAX == 2 ? fl_nan_apply(nan[u], acc[u]) : MAX ? acc[u] : acc[u] * inv[u]);
+}
+
+/* Units [u0, u1) = (image, block of FL_VW channels); rows in order, a pass past a row's end
+ * writing the next row's first pixels, which that row's passes write again. */
+static void pool_blocks_task(void *arg, int64_t u0, int64_t u1) {
+    pool_blocks_ctx *p = (pool_blocks_ctx *)arg;
+    int64_t c = p->c, h = p->h, w = p->w, hw = h * w, howo = p->ho * p->wo, wp = p->wp;
+    int64_t groups = (c + FL_VW - 1) / FL_VW, in_floats = p->hp * wp * FL_VW;
+    float *xb = fl_buf_floats(&FL_FN(pool_plane_buf),
+                              (size_t)(in_floats + (FL_MAX(hw, howo) + POOL_BLOCKS_P) * FL_VW));
+    if (!xb) {
+        p->status = -1;
+        return;
+    }
+    float *ob = xb + in_floats;
+    layout_borders(xb, p->hp, wp, p->pt, p->pl, h, w, p->is_max ? -__builtin_inff() : 0.0f);
+    for (int64_t u = u0; u < u1; ++u) {
+        int64_t n = u / groups, c0 = (u % groups) * FL_VW, nc = FL_MIN(FL_VW, c - c0);
+        if (nc < FL_VW) memset(ob, 0, (size_t)(hw * FL_VW) * sizeof(float)); /* lanes past c: zeros */
+        layout_planes_in(p->x + (n * c + c0) * hw, hw, nc, h, w, ob, xb + (p->pt * wp + p->pl) * FL_VW, wp);
+        int mode = 0; /* the max tracks NaN only in a block that holds one (one test a pixel) */
+        if (p->is_max) {
+            fl_nan any = fl_nan_none();
+            for (int64_t q = 0; q < hw; ++q) any = fl_nan_add(any, fl_load(ob + q * FL_VW));
+            mode = fl_nan_any(any) ? 2 : 1;
+        }
+        for (int64_t oh = 0; oh < p->ho; ++oh)
+            for (int64_t ow = 0; ow < p->wo; ow += POOL_BLOCKS_P) {
+                if (mode == 2) pool_blocks_pass(POOL_BLOCKS_P, 2, p, xb, oh, ow, ob);
+                else if (mode == 1) pool_blocks_pass(POOL_BLOCKS_P, 1, p, xb, oh, ow, ob);
+                else pool_blocks_pass(POOL_BLOCKS_P, 0, p, xb, oh, ow, ob);
+            }
+        layout_small(ob, FL_VW, p->y + (n * c + c0) * howo, howo, howo, nc); /* y[n, c0 + k] */
+    }
+}
+
+/* pool2d_nchw in channel blocks (pool_blocks_task). */
+static int pool_blocks(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                       int64_t h_end, int64_t w_end, int count_include_pad, int64_t ho, int64_t wo, float *y) {
+    /* every window of the passes inside the buffer: ho rows, wo columns rounded up to whole
+     * passes, besides x's own rows and columns */
+    int64_t wo_passes = (wo + POOL_BLOCKS_P - 1) / POOL_BLOCKS_P * POOL_BLOCKS_P;
+    int64_t hp = FL_MAX(pt + h, (ho - 1) * sh + (kh - 1) * dh + 1);
+    int64_t wp = FL_MAX(pl + w, (wo_passes - 1) * sw + (kw - 1) * dw + 1);
+    float *inv = (float *)malloc((size_t)(ho * wo + POOL_BLOCKS_P) * sizeof(float));
+    if (!inv) return -1;
+    for (int64_t oh = 0; oh < ho; ++oh) {
+        int64_t i0, i1;
+        if (count_include_pad) pool_taps(oh * sh - pt, dh, kh, -pt, h_end, &i0, &i1);
+        else pool_taps(oh * sh - pt, dh, kh, 0, h, &i0, &i1);
+        for (int64_t ow = 0; ow < wo; ++ow) {
+            int64_t j0, j1;
+            if (count_include_pad) pool_taps(ow * sw - pl, dw, kw, -pl, w_end, &j0, &j1);
+            else pool_taps(ow * sw - pl, dw, kw, 0, w, &j0, &j1);
+            inv[oh * wo + ow] = 1.0f / (float)((i1 - i0) * (j1 - j0));
+        }
+    }
+    for (int64_t q = ho * wo; q < ho * wo + POOL_BLOCKS_P; ++q) inv[q] = 1.0f;
+    pool_blocks_ctx p = {x, y, inv, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, hp, wp, is_max, 0};
+    int64_t units = n * ((c + FL_VW - 1) / FL_VW), per_unit = FL_MAX(1, ho * wo * kh * kw * FL_VW);
+    fl_parallel(units, FL_MAX(1, POOL_MIN_SHARE / per_unit), pool_blocks_task, &p);
+    free(inv);
+    return p.status;
+}
 
 int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -1037,33 +1149,19 @@ int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *
                        int count_include_pad, int64_t ho, int64_t wo, float *y) {
     if (n <= 0 || c <= 0 || ho <= 0 || wo <= 0) return 0;
     if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0) return -2;
-    if (h * w <= POOL_NHWC_MAX_PLANE && c >= POOL_NHWC_MIN_C) {
-        /* planes of few pixels: moved to NHWC, pooled there with channels in vectors, moved
-         * back (the plane kernels ran vectors of FL_VW columns over rows of at most 8) */
-        int64_t hw = h * w, howo = ho * wo;
-        float *xt = (float *)malloc((size_t)(n * hw * c) * sizeof(float));
-        float *yt = (float *)malloc((size_t)(n * howo * c) * sizeof(float));
-        int st = -1;
-        if (xt && yt) {
-            FL_FN(transpose)(n, c, hw, x, c * hw, hw, xt, hw * c, c);
-            st = FL_FN(pool2d)(n, h, w, c, xt, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end,
-                               count_include_pad, ho, wo, yt);
-            if (st == 0) FL_FN(transpose)(n, howo, c, yt, howo * c, c, y, c * howo, howo);
-        }
-        free(xt);
-        free(yt);
-        return st;
-    }
-    if (is_max && kh == 3 && kw == 3 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt <= 1 &&
-        pl <= 1 && 2 * (ho - 1) - pt < h && 2 * (wo - 1) - pl < w) {
-        pool_3x3_ctx p = {x, y, h, w, ho, wo, pt, pl};
-        fl_parallel(n * c * ho, FL_MAX(1, POOL_MIN_SHARE / (9 * wo)), pool_3x3_task, &p);
-        return 0;
-    }
     if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt == 0 && pl == 0 &&
         2 * ho <= h && 2 * wo <= w) {
         pool_2x2_ctx p = {x, y, h, w, ho, wo, is_max};
         fl_parallel(n * c * ho, FL_MAX(1, POOL_MIN_SHARE / (4 * wo)), pool_2x2_task, &p);
+        return 0;
+    }
+    if (pool_blocks_fit(c, h, w, kh, kw))
+        return pool_blocks(n, c, h, w, x, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, count_include_pad,
+                           ho, wo, y);
+    if (is_max && kh == 3 && kw == 3 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && pt <= 1 &&
+        pl <= 1 && 2 * (ho - 1) - pt < h && 2 * (wo - 1) - pl < w) {
+        pool_3x3_ctx p = {x, y, h, w, ho, wo, pt, pl};
+        fl_parallel(n * c * ho, FL_MAX(1, POOL_MIN_SHARE / (9 * wo)), pool_3x3_task, &p);
         return 0;
     }
     pool_plane_plan q = pool_plane_plan_of(n * c, kh, kw, sh, sw, dh, dw, ho, wo);
