@@ -287,6 +287,17 @@ class Ops(Protocol):
         dilation: Pair = ...,
         count_include_pad: bool = ...,
     ) -> Floats4d: ...
+    def pool2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = ...,
+        count_include_pad: bool = ...,
+    ) -> Callable[[Floats4d], Floats4d]: ...
     def depthwise_conv2d_nchw(
         self,
         x_nchw: Floats4d,

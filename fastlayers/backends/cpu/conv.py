@@ -643,29 +643,25 @@ class ConvOps(ReferenceOps):
         )
 
     def pool2d_nchw(self, x_nchw, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_include_pad=False):
-        n, c, h, w = x_nchw.shape
-        (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
-        if x_nchw.size == 0 or ho <= 0 or wo <= 0 or min(pt, pl) < 0:
-            return ReferenceOps.pool2d_nchw(
-                self, x_nchw, kind, pool, strides, pads, out_hw, dilation, count_include_pad
-            )
-        y = np.empty((n, c, ho, wo), np.float32)
-        return _core.pool2d_nchw(
-            _f32c(x_nchw),
-            y,
-            kind == "max",
-            pool[0],
-            pool[1],
-            strides[0],
-            strides[1],
-            dilation[0],
-            dilation[1],
-            pt,
-            pl,
-            h + pb,
-            w + pr,
-            bool(count_include_pad),
+        return self.pool2d_nchw_plan(x_nchw.shape, kind, pool, strides, pads, out_hw, dilation, count_include_pad)(
+            x_nchw
         )
+
+    def pool2d_nchw_plan(self, x_shape, kind, pool, strides, pads, out_hw, dilation=(1, 1), count_include_pad=False):
+        n, c, h, w = x_shape
+        (ho, wo), (pt, pb), (pl, pr) = out_hw, pads[0], pads[1]
+        if n * c * h * w == 0 or ho <= 0 or wo <= 0 or min(pt, pl) < 0:
+            return lambda x: ReferenceOps.pool2d_nchw(
+                self, x, kind, pool, strides, pads, out_hw, dilation, count_include_pad
+            )
+        is_max, (kh, kw), (sh, sw), (dh, dw) = kind == "max", pool, strides, dilation
+        out, h_end, w_end, cip = (n, c, ho, wo), h + pb, w + pr, bool(count_include_pad)
+
+        def run(x):
+            y = np.empty(out, np.float32)
+            return _core.pool2d_nchw(_f32c(x), y, is_max, kh, kw, sh, sw, dh, dw, pt, pl, h_end, w_end, cip)
+
+        return run
 
     def depthwise_conv2d_nchw(
         self, x_nchw, w_ohw, b, strides=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), activation="linear", alpha=0.0

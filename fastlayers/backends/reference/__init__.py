@@ -625,6 +625,22 @@ class ReferenceOps:
         )
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
 
+    def pool2d_nchw_plan(
+        self,
+        x_shape: Sequence[int],
+        kind: str,
+        pool: Pair,
+        strides: Pair,
+        pads: Pads2d,
+        out_hw: Pair,
+        dilation: Pair = (1, 1),
+        count_include_pad: bool = False,
+    ) -> Callable[[Floats4d], Floats4d]:
+        """``pool2d_nchw`` for C-contiguous NCHW inputs of shape ``x_shape`` (N, C, H, W): a
+        function ``x_nchw -> y_nchw`` with the window bound (a backend with an NCHW kernel checks
+        it once here instead of at every call)."""
+        return lambda x: self.pool2d_nchw(x, kind, pool, strides, pads, out_hw, dilation, count_include_pad)
+
     def depthwise_conv2d_nchw(
         self,
         x_nchw: Floats4d,

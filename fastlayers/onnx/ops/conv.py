@@ -349,6 +349,11 @@ def _conv_transpose(inputs, attrs, opset):
 def _pool(kind):
     def run(inputs, attrs, opset):
         x = inputs[0]
+        plans, ops = attrs.get("_plans"), get_ops()
+        key = (x.shape, x.strides, x.dtype.char, id(ops))
+        bound = plans.get(key) if plans is not None else None
+        if bound is not None:  # the pool of this input's shape, layout and backend
+            return [bound(x)]
         planes = nchw_planes(x)
         x4, one_d = nhwc(x) if planes is None else (planes, x.ndim == 3)
         kernel = tuple(attrs["kernel_shape"])
@@ -361,15 +366,20 @@ def _pool(kind):
         )
         if wide:
             created([x.shape[0] * x.shape[1], *out_hw], np.float32, what)
+        cip = bool(attrs.get("count_include_pad", 0))
         if planes is not None:
-            y = get_ops().pool2d_nchw(
-                planes, kind, kernel, strides, pads, out_hw, dilations, bool(attrs.get("count_include_pad", 0))
-            )
-            return [y[:, :, 0] if one_d else y]
-        y = get_ops().pool2d(
-            x4, kind, kernel, strides, pads, out_hw, dilations, bool(attrs.get("count_include_pad", 0))
-        )
-        return [nchw(y, one_d)]
+            pool = ops.pool2d_nchw_plan(planes.shape, kind, kernel, strides, pads, out_hw, dilations, cip)
+            bound = (lambda x: pool(x[:, :, None, :])[:, :, 0]) if one_d else pool
+        else:
+
+            def bound(x):
+                return nchw(ops.pool2d(nhwc(x)[0], kind, kernel, strides, pads, out_hw, dilations, cip), one_d)
+
+        if plans is not None:
+            if len(plans) >= 64:  # bound the memory of many distinct shapes
+                plans.clear()
+            plans[key] = bound
+        return [bound(x)]
 
     return run
 
@@ -388,7 +398,7 @@ for _name, _kind, _flag in (("MaxPool", "max", "storage_order"), ("AveragePool",
         attrs=dict(POOL, **{_flag: BOOL}),
         required=("kernel_shape",),
         check=_pool_check,
-        caches=("_windows",),
+        caches=("_windows", "_plans"),
     )
 
 
