@@ -118,6 +118,8 @@ KERNELS = {
     ),
     "maxpool2x2_b1": (lambda nn: nn.MaxPool2d(2), (1, 64, 112, 112), (1, 64, 28, 28)),
     "maxpool3x3s1_b1": (lambda nn: nn.MaxPool2d(3, 1, 1), (1, 192, 28, 28), (1, 192, 14, 14)),
+    # GoogLeNet's pool branch on 14 x 14
+    "maxpool3x3s1_14x14_b1": (lambda nn: nn.MaxPool2d(3, 1, 1), (1, 480, 14, 14), (1, 480, 7, 7)),
 }
 
 
