@@ -1025,9 +1025,9 @@ static void pool_3x3_task(void *arg, int64_t t0, int64_t t1) {
 
 /* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
 /* ------------------------------------------------------ NCHW pools of small planes in blocks */
-/* Planes of at most 16 x 16 (8 channels or more, windows of at most POOL_RUN taps; not the 2x2
- * windows at stride 2 inside the plane, which pool_2x2_task moves faster) in blocks of FL_VW
- * channels, as conv_depthwise_blocks.c runs depthwise convolutions: the block's planes
+/* Planes of at most 8 x 8, and on AVX-512 of at most 16 x 16 with 64 channels or more (8
+ * channels or more, windows of at most POOL_RUN taps; not the 2x2 windows at stride 2 inside
+ * the plane, which pool_2x2_task moves faster), in blocks of FL_VW channels, as conv_depthwise_blocks.c runs depthwise convolutions: the block's planes
  * moved into a buffer of pixels of FL_VW channels (layout_planes_in) with borders of -inf (max)
  * or 0 (mean), every window then whole inside it, POOL_BLOCKS_P outputs of a row per pass, and
  * the outputs moved back into their planes. The plane kernels ran vectors of FL_VW columns
@@ -1036,7 +1036,8 @@ static void pool_3x3_task(void *arg, int64_t t0, int64_t t1) {
 #define POOL_BLOCKS_P (FL_VW >= 16 ? 8 : 4)
 
 FL_INLINE int pool_blocks_fit(int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw) {
-    return FL_VW >= 8 && c >= 8 && h * w <= 16 * 16 && kh * kw <= POOL_RUN;
+    if (FL_VW < 8 || c < 8 || kh * kw > POOL_RUN) return 0;
+    return h * w <= 8 * 8 || (FL_VW >= 16 && c >= 4 * FL_VW && h * w <= 16 * 16);
 }
 
 typedef struct {

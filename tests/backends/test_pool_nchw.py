@@ -7,7 +7,7 @@ most 32 columns, whole planes as flat arrays (rows fewer than the input's, taps 
 the row, planes over the bound); 2x2 windows at stride 2 inside the plane and 3x3 max windows
 at stride 2 with at most one row and column of padding before, each in one pass (odd sizes,
 ceil mode, one window, NaN in a window), and the others of those sizes on the buffered
-path; planes of at most 16 x 16 with 8 channels or more in blocks of a vector of channels."""
+path; small planes of many channels in blocks of a vector of channels."""
 
 from __future__ import annotations
 
@@ -107,12 +107,14 @@ def test_pool2d_nchw_matches_reference(rng, shape, k, s, d, pads, ceil, kind, ci
     assert_close(got, want)
 
 
-# planes of at most 16 x 16 with 8 channels or more: pooled in blocks of a vector of channels
-# (pool_blocks in native/pool.c), but 2x2 windows at stride 2 inside the plane
+# planes of at most 8 x 8 with 8 channels or more, and on AVX-512 of at most 16 x 16 with 64 or
+# more: pooled in blocks of a vector of channels (pool_blocks in native/pool.c), but 2x2 windows
+# at stride 2 inside the plane; the 14 x 14 and 16 x 16 cases of fewer channels on the plane kernels
 SMALL_PLANES = [
-    ((1, 20, 14, 14), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # passes of 8 past each row
-    ((1, 17, 14, 14), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),
-    ((1, 8, 16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), True),
+    ((1, 64, 14, 14), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),  # passes of 8 past each row
+    ((1, 70, 14, 14), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), False),  # a channel tail
+    ((1, 64, 16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), True),
+    ((1, 20, 14, 14), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
     ((1, 8, 9, 9), (9, 9), (1, 1), (1, 1), ((1, 1), (2, 0)), False),  # 81 taps: the plane kernels
     ((1, 16, 7, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
     ((2, 37, 7, 7), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), True),  # a channel tail, ceil mode
