@@ -1,13 +1,11 @@
 /* What layout.c shares with the other kernel files of its ISA (the convolutions that write
- * NCHW planes, the pools that move small planes to NHWC): its kernels, the register transposes
- * of FL_VW x FL_VW blocks and of their ragged edges, and a whole (rows, cols) transpose out of
- * a cache-resident buffer built on them. */
+ * NCHW planes, the depthwise convolutions and pools of small planes in blocks of channels):
+ * the register transposes of FL_VW x FL_VW blocks and of their ragged edges, a whole (rows,
+ * cols) transpose out of a cache-resident buffer built on them, and the channel blocks'
+ * bordered buffer. */
 #ifndef FL_LAYOUT_INTERNAL_H
 #define FL_LAYOUT_INTERNAL_H
 #include "fl.h"
-#include "layout.h"
-
-FL_LAYOUT_KERNELS(FL_DECLARE)
 
 /* Stage S of the register transpose: rows i and i + S (i & S == 0) trade the lanes j whose bit S
  * differs from the row's, so that after the stages for every bit, lane j of row i holds what was
@@ -150,6 +148,7 @@ FL_INLINE void layout_small(const float *s, int64_t sld, float *d, int64_t dld, 
         }
     }
 }
+
 /* A block of nc <= FL_VW NCHW planes of h x w (plane floats apart from x) as pixels of FL_VW
  * channels in a buffer with borders, rows wp pixels apart: xb[(ih wp + iw) FL_VW + k] = x[k
  * plane + ih w + iw] (xb: x's first pixel in the buffer), through tmp (h w FL_VW floats): the

@@ -7,7 +7,7 @@
  * the common layers take the same code with constant bounds, so it is unrolled. Work is shared
  * by output rows (n, oh) on the pool's threads. */
 
-#include "layout_internal.h"
+#include "layout_internal.h" /* the channel blocks' buffer */
 #include "pool_internal.h"
 
 /* Fewest tap-values (output values x window taps) in a thread's share: a hand-off costs a few
@@ -1023,16 +1023,15 @@ static void pool_3x3_task(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
-/* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
 /* ------------------------------------------------------ NCHW pools of small planes in blocks */
 /* Planes of at most 8 x 8, and on AVX-512 of at most 16 x 16 with 64 channels or more (8
  * channels or more, windows of at most POOL_RUN taps; not the 2x2 windows at stride 2 inside
- * the plane, which pool_2x2_task moves faster), in blocks of FL_VW channels, as conv_depthwise_blocks.c runs depthwise convolutions: the block's planes
- * moved into a buffer of pixels of FL_VW channels (layout_planes_in) with borders of -inf (max)
- * or 0 (mean), every window then whole inside it, POOL_BLOCKS_P outputs of a row per pass, and
- * the outputs moved back into their planes. The plane kernels ran vectors of FL_VW columns
- * over rows of 7 or 14 and set up every row (docs/design.md, "Depthwise convolutions on small
- * planes"). */
+ * the plane, which pool_2x2_task moves faster), in blocks of FL_VW channels as
+ * conv_depthwise_blocks.c runs depthwise convolutions: the block's planes moved into a buffer
+ * of pixels of FL_VW channels (layout_planes_in) with borders of -inf (max) or 0 (mean), every
+ * window then whole inside it, POOL_BLOCKS_P outputs of a row per pass, and the outputs moved
+ * back into their planes. The plane kernels ran vectors of FL_VW columns over rows of 7 or 14
+ * and set up every row (docs/design.md, "Depthwise convolutions on small planes"). */
 #define POOL_BLOCKS_P (FL_VW >= 16 ? 8 : 4)
 
 FL_INLINE int pool_blocks_fit(int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw) {
@@ -1144,6 +1143,7 @@ static int pool_blocks(int64_t n, int64_t c, int64_t h, int64_t w, const float *
     return p.status;
 }
 
+/* y[n, c, oh, ow] = max or mean over the window of x: x (N, C, H, W), y (N, C, Ho, Wo). */
 int FL_FN(pool2d_nchw)(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, int is_max,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                        int64_t pt, int64_t pl, int64_t h_end, int64_t w_end,
