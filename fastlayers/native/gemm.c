@@ -18,6 +18,13 @@
 #define GEMM_NC 256                  /* columns per block: KC x NC of b (256 KiB) stays in L2 */
 #define GEMM_FEW_ROWS 64             /* up to this many rows: blocks of GEMM_FEW_KC x GEMM_FEW_NC */
 #define GEMM_FEW_KC 384              /* their most rows of b (near-equal blocks; 14 rows of A in L1) */
+/* ... but up to this many rows of b in one block, not two (AVX-512's 14 x 32 tile; the AVX2
+ * tile gained nothing from it) */
+#if FL_VW == 16
+#define GEMM_FEW_KC_ONE 512
+#else
+#define GEMM_FEW_KC_ONE GEMM_FEW_KC
+#endif
 #define GEMM_FEW_NC 128              /* their columns (a 192 KiB block of b in L2) */
 #define GEMM_MC 336                  /* rows of A copied per block when lda aliases in L1 */
 #define GEMM_PF_ROWS 16              /* rows of b the register and thin tiles prefetch ahead */
@@ -519,7 +526,9 @@ static int gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t 
             lda = k + 16;
             aliased = 0;
         }
-        int64_t blocks = (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;   /* near-equal blocks of k */
+        /* near-equal blocks of k; k up to GEMM_FEW_KC_ONE in one, so that each tile's sums are
+         * stored once, not stored and read back (docs/design.md, "Few rows") */
+        int64_t blocks = k <= GEMM_FEW_KC_ONE ? 1 : (k + GEMM_FEW_KC - 1) / GEMM_FEW_KC;
         kc_most = (k + blocks - 1) / blocks;
         nc = GEMM_FEW_NC;
     }

@@ -1,7 +1,7 @@
 """The native sgemm (``fastlayers.native``, gemm.c) against numpy on every ISA path: odd sizes
 around its tiles (AVX-512 14 x 32, AVX2 6 x 16, portable 6 x 8; for at most one vector of
 columns 14 x 16 or 8, 12 x 8, 12 x 4) and their near-equal splits (32 rows as 11 + 11 + 10), k blocks (256, or near-equal ones of up to 384 for at
-most 64 rows of A) and column blocks (256, or 128 for at most 64 rows), the thin path of 1 to 8 rows (b in place or
+most 64 rows of A, on AVX-512 one block up to 512) and column blocks (256, or 128 for at most 64 rows), the thin path of 1 to 8 rows (b in place or
 packed), the small-row path on a transposed b, strided operands, overwrite and accumulate,
 packed and per-call packing; and ``_gemm.matmul`` and ``_core.dense`` with their fused epilogue
 on 1-3 threads."""
@@ -28,7 +28,7 @@ def _expected(a, b, c0=None):
 @pytest.mark.parametrize("m", [*range(1, 20), 29, 31, 32, 43, 64, 65, 337])
 @pytest.mark.parametrize(
     "k, n",
-    [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300), (40, 8), (300, 16), (33, 12), (20, 3), (800, 140)],
+    [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300), (40, 8), (300, 16), (33, 12), (20, 3), (500, 70), (800, 140)],
 )
 @pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
 def test_product_matches_numpy(rng, m, k, n, route):
@@ -174,8 +174,9 @@ def test_matmul_column_shares_of_an_a_larger_than_l2(rng, threads, m, k, n):
     [
         (9, 16, 32, 16),  # few rows, one block of k
         (64, 800, 40, 800),  # few rows, blocks of k, a tail of columns (per chunk)
-        (48, 500, 64, 500),  # few rows, blocks of k, whole vectors (per tile)
-        (40, 400, 300, 400),  # few rows, blocks of k and of columns, a narrow last block
+        (48, 500, 64, 500),  # few rows, one block of k (AVX-512) or two, whole vectors (per tile)
+        (40, 400, 300, 400),  # few rows, one block of k (AVX-512) or two, blocks of columns, a narrow last block
+        (40, 700, 300, 700),  # few rows, blocks of k and of columns on every path
         (100, 16, 32, 16),  # row tiles, one block of k
         (337, 257, 17, 257),  # two blocks of k, a narrow tail (per chunk)
         (337, 600, 48, 600),  # three blocks of k, whole vectors (per tile)
