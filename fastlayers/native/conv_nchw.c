@@ -294,7 +294,7 @@ int FL_FN(conv2d_nchw_in)(int64_t n, int64_t c, int64_t h, int64_t w, const floa
 typedef struct {
     const float *x, *w, *bias;
     float *y;
-    int64_t cin, ldw, hw, cout, blocks, cols, chunks, rows;
+    int64_t cin, ldw, hw, cout, blocks, panels, chunks, rows; /* panels: an image's, the last partial */
     int code, status;
     float alpha;
 } conv_pw_ctx;
@@ -391,8 +391,9 @@ static void conv_pw_task(void *arg, int64_t u0, int64_t u1) {
     conv_pw_ctx *p = (conv_pw_ctx *)arg;
     for (int64_t u = u0; u < u1; ++u) {
         int64_t r0 = u % p->chunks * p->rows, rows = FL_MIN(p->rows, p->cout - r0), v = u / p->chunks;
-        int64_t i = v / p->blocks, c0 = v % p->blocks * p->cols;
-        int64_t len = v % p->blocks == p->blocks - 1 ? p->hw - c0 : p->cols; /* the last: the rest */
+        /* block b: panels [b P / B, (b + 1) P / B) of the image's P, the last to its end */
+        int64_t i = v / p->blocks, b = v % p->blocks, c0 = b * p->panels / p->blocks * FL_PANEL;
+        int64_t len = (b == p->blocks - 1 ? p->hw : (b + 1) * p->panels / p->blocks * FL_PANEL) - c0;
         float *yb = p->y + (i * p->cout + r0) * p->hw + c0;
         const float *xb = p->x + i * p->cin * p->hw + c0, *wb = p->w + r0 * p->ldw;
         int64_t tail = len % FL_PANEL;
@@ -416,9 +417,7 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
                         int64_t ldw, const float *bias, int code, float alpha, float *y) {
     if (n <= 0 || hw <= 0 || cout <= 0) return 0;
     if (!conv_code_ok(code) || cin < 1 || ldw < cin) return -2;
-    int64_t blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
-    int64_t cols = ((hw + blocks - 1) / blocks + FL_PANEL - 1) / FL_PANEL * FL_PANEL;
-    blocks = (hw + cols - 1) / cols;
+    int64_t panels = (hw + FL_PANEL - 1) / FL_PANEL, blocks = (hw + CONV_PW_COLS - 1) / CONV_PW_COLS;
     int64_t chunks = 1, threads = fl_pool_get_threads();
     /* fewer blocks than threads (one image of few positions): blocks of whole panels, one a
      * thread, where each holds at least two and a share of multiply-adds worth a hand-off, the
@@ -426,11 +425,18 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
      * where splitting the output rows had each pack all of them; docs/design.md "1x1
      * convolutions on NCHW planes") */
     if (n * blocks < threads && n == 1) {
-        int64_t panels = hw / FL_PANEL / threads;
-        if (panels >= 2 && panels * FL_PANEL * cout * cin >= CONV_MIN_SHARE_TAPS)
-            cols = panels * FL_PANEL, blocks = threads;
+        int64_t per = hw / FL_PANEL / threads;
+        if (per >= 2 && per * FL_PANEL * cout * cin >= CONV_MIN_SHARE_TAPS) blocks = threads;
+    } else if (threads > 1) {
+        /* blocks that fall evenly to the threads where a few more (of at least 4 panels) do: 13
+         * blocks of 56 x 56 split 7 : 6 between two threads, 14 split 7 : 7 */
+        for (int64_t more = blocks; more < blocks + threads && 4 * more <= panels; ++more)
+            if (n * more % threads == 0) {
+                blocks = more;
+                break;
+            }
     }
-    int64_t taps = cols * cout * cin;
+    int64_t taps = (panels * FL_PANEL / blocks) * cout * cin;
     /* still fewer blocks than threads: the output rows split too, in whole register tiles,
      * each chunk worth a hand-off (each packs the block's columns of x again: one load and
      * store of a value per `rows` multiply-adds with it) */
@@ -440,7 +446,7 @@ int FL_FN(conv1x1_nchw)(int64_t n, int64_t cin, int64_t hw, int64_t cout, const 
     }
     int64_t rows = ((cout + chunks - 1) / chunks + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
     chunks = (cout + rows - 1) / rows;
-    conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, cols, chunks, rows, code, 0, alpha};
+    conv_pw_ctx p = {x, wk, bias, y, cin, ldw, hw, cout, blocks, panels, chunks, rows, code, 0, alpha};
     fl_parallel(n * blocks * chunks, FL_MAX(1, CONV_MIN_SHARE_TAPS * chunks / taps), conv_pw_task, &p);
     return p.status;
 }

@@ -683,7 +683,8 @@ def test_convolution_from_nchw_planes_checks_its_arguments():
         (1, 1024, 256, (14, 14)),  # threads on blocks of whole panels, the last with the rest
         (1, 1027, 30, (1, 69)),  # 5 columns past two panels; k not a whole number of vectors
         (2, 20, 7, (3, 34)),  # 6 past three panels, fewer output rows than a block of 4
-        (4, 33, 17, (9, 31)),  # 279 columns: two blocks of 160 and 119 (vector tails)
+        (4, 33, 17, (9, 31)),  # 279 columns: two blocks of 128 and 151 (vector tails)
+        (1, 64, 256, (56, 56)),  # 98 panels: 13 blocks of 7-8 panels, 14 of 7 on 2 threads
         (2, 5, 1, (1, 64)),  # one output channel, the fewest positions it takes
         (1, 300, 70, (23, 23)),  # k past one sgemm block of b
         (3, 16, 48, (1, 1000)),  # four blocks of 256 columns, the last of 232
