@@ -28,7 +28,20 @@ def _expected(a, b, c0=None):
 @pytest.mark.parametrize("m", [*range(1, 20), 29, 31, 32, 43, 64, 65, 337])
 @pytest.mark.parametrize(
     "k, n",
-    [(1, 1), (7, 33), (256, 32), (257, 31), (600, 100), (5, 300), (40, 8), (300, 16), (33, 12), (20, 3), (500, 70), (800, 140)],
+    [
+        (1, 1),
+        (7, 33),
+        (256, 32),
+        (257, 31),
+        (600, 100),
+        (5, 300),
+        (40, 8),
+        (300, 16),
+        (33, 12),
+        (20, 3),
+        (500, 70),
+        (800, 140),
+    ],
 )
 @pytest.mark.parametrize("route", ["packed", "per-call", "trans_b"])
 def test_product_matches_numpy(rng, m, k, n, route):
